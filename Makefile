@@ -1,0 +1,114 @@
+# wick: one binary, build/wick. Non-recursive; objects live under $(BUILD), never beside sources.
+#
+#   make               build build/wick (CUDA kernels too when nvcc is found)
+#   make test          build, then run every test stage (tests/run); ends with "N passed, N failed"
+#   make demo          convert stories260K and generate a story with it
+#   make MODE=asan     AddressSanitizer + UBSan build under build/asan (make MODE=asan test)
+#   make CUDA=0        CPU-only build, even where nvcc exists
+
+MODE ?= release
+CUDA ?= auto
+SHARED ?= ../shared
+
+ifeq ($(MODE),asan)
+BUILD    ?= build/asan
+MODEFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+else ifeq ($(MODE),release)
+BUILD    ?= build
+MODEFLAGS := -O2 -g
+else
+$(error MODE must be release or asan, not '$(MODE)')
+endif
+
+# Dependencies install themselves: when pkg-config cannot find one, run scripts/install-deps.
+PKGS := jansson libcurl libevent liblz4 libxxhash criterion
+ifneq ($(shell pkg-config --exists $(PKGS) 2>/dev/null && echo ok),ok)
+ifneq ($(shell scripts/install-deps 1>&2 && echo ok),ok)
+$(error scripts/install-deps failed; see the messages above)
+endif
+endif
+
+CC      ?= cc
+CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I. $(MODEFLAGS) \
+           $(shell pkg-config --cflags jansson) $(EXTRA_CFLAGS)
+LDFLAGS := -pthread $(MODEFLAGS) $(EXTRA_LDFLAGS)
+LDLIBS  := $(shell pkg-config --libs jansson) -lm
+
+# Files named *_avx2.c are compiled for AVX2/FMA/F16C and only called after a runtime CPU check.
+AVX2FLAGS := -mavx2 -mfma -mf16c
+
+# ---- CUDA: compiled whenever nvcc exists, unless CUDA=0 ------------------------------------
+NVCC := $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
+ifeq ($(CUDA),0)
+NVCC :=
+endif
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc was not found on PATH or in /usr/local/cuda/bin)
+endif
+endif
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS := -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-Wextra,-Werror
+
+# ---- sources -------------------------------------------------------------------------------
+LIB_SRC := $(wildcard common/*.c coldstart/*.c engine/*.c kernels/*.c kernels/cpu/*.c worker/*.c)
+LIB_SRC := $(filter-out worker/main.c kernels/cuda/%,$(LIB_SRC))
+ifneq ($(NVCC),)
+CU_SRC  := $(wildcard kernels/cuda/*.cu)
+CFLAGS  += -DWICK_CUDA=1
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+else
+LIB_SRC += kernels/cuda/cuda_none.c
+CU_SRC  :=
+endif
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+MAIN_OBJ := $(BUILD)/obj/worker/main.o
+TEST_SRC := $(wildcard tests/unit/*.c)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+TOOL_SRC := $(wildcard tests/tools/*.c)
+TOOLS    := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
+
+.PHONY: all test demo clean unit tools
+all: $(BUILD)/wick
+
+$(BUILD)/libwick.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/wick: $(MAIN_OBJ) $(BUILD)/libwick.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/unit: $(TEST_OBJ) $(BUILD)/libwick.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(shell pkg-config --libs criterion)
+
+$(BUILD)/tools/%: $(BUILD)/obj/tests/tools/%.o $(BUILD)/libwick.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2FLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
+
+unit: $(BUILD)/tests/unit
+tools: $(TOOLS)
+
+test: $(BUILD)/wick $(BUILD)/tests/unit $(TOOLS)
+	@WICK_BUILD=$(BUILD) WICK_SHARED=$(SHARED) MODE=$(MODE) tests/run
+
+demo: $(BUILD)/wick
+	@scripts/demo $(BUILD) $(SHARED)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,117 @@
+#include "common/wk.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int wk_errf(char *err, size_t errsz, int code, const char *fmt, ...)
+{
+	if (err && errsz) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errsz, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+const char *wk_status_name(int code)
+{
+	switch (code) {
+	case WK_OK: return "ok";
+	case WK_EIO: return "I/O error";
+	case WK_EFORMAT: return "format error";
+	case WK_ENOMEM: return "out of memory";
+	case WK_EINVAL: return "invalid argument";
+	case WK_EUNSUPPORTED: return "unsupported";
+	case WK_ELIMIT: return "limit exceeded";
+	case WK_ENOTFOUND: return "not found";
+	}
+	return "unknown error";
+}
+
+int wk_read_file(const char *path, size_t max, char **buf, size_t *len, char *err, size_t errsz)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return wk_errf(err, errsz, errno == ENOENT ? WK_ENOTFOUND : WK_EIO, "%s: %s", path,
+			       strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return wk_errf(err, errsz, WK_EIO, "%s: not a regular file", path);
+	}
+	if ((size_t)st.st_size > max) {
+		close(fd);
+		return wk_errf(err, errsz, WK_ELIMIT, "%s: %lld bytes, more than the limit of %zu",
+			       path, (long long)st.st_size, max);
+	}
+	char *p = malloc((size_t)st.st_size + 1);
+	if (!p) {
+		close(fd);
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", path);
+	}
+	size_t got = 0;
+	while (got < (size_t)st.st_size) {
+		ssize_t r = read(fd, p + got, (size_t)st.st_size - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			free(p);
+			close(fd);
+			return wk_errf(err, errsz, WK_EIO, "%s: read failed", path);
+		}
+		got += (size_t)r;
+	}
+	close(fd);
+	p[got] = 0;
+	*buf = p;
+	*len = got;
+	return WK_OK;
+}
+
+int wk_write_file(const char *path, const void *buf, size_t len, char *err, size_t errsz)
+{
+	char tmp[4096];
+	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+		return wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", path);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+	const char *p = buf;
+	size_t done = 0;
+	while (done < len) {
+		ssize_t w = write(fd, p + done, len - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int e = errno;
+			close(fd);
+			unlink(tmp);
+			return wk_errf(err, errsz, WK_EIO, "%s: write failed: %s", tmp, strerror(e));
+		}
+		done += (size_t)w;
+	}
+	if (fsync(fd) != 0 || close(fd) != 0) {
+		unlink(tmp);
+		return wk_errf(err, errsz, WK_EIO, "%s: fsync/close failed", tmp);
+	}
+	if (rename(tmp, path) != 0) {
+		unlink(tmp);
+		return wk_errf(err, errsz, WK_EIO, "%s: rename failed: %s", path, strerror(errno));
+	}
+	return WK_OK;
+}
+
+double wk_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,44 @@
+/*
+ * wk.h - status codes and error messages shared by every wick module.
+ *
+ * Library code never exits. A function that can fail returns 0 (WK_OK) or a negative
+ * WK_E* code, and writes a one-line message naming the problem into the caller's buffer
+ * (char *err, size_t errsz). err may be NULL when the caller does not want the message.
+ */
+#ifndef WK_H
+#define WK_H
+
+#include <stddef.h>
+
+enum wk_status {
+	WK_OK = 0,
+	WK_EIO = -1,          /* a read, write, open or mmap failed */
+	WK_EFORMAT = -2,      /* a file or message is malformed */
+	WK_ENOMEM = -3,       /* an allocation failed */
+	WK_EINVAL = -4,       /* the caller passed a bad argument or option */
+	WK_EUNSUPPORTED = -5, /* valid, but not something wick implements */
+	WK_ELIMIT = -6,       /* a size, count or length is past its configured maximum */
+	WK_ENOTFOUND = -7,    /* a named file, tensor or key does not exist */
+};
+
+#define WK_ERRSZ 512 /* a good size for callers' error buffers */
+
+/* Formats a message into err (when err != NULL) and returns code, so that failure paths read
+ * `return wk_errf(err, errsz, WK_EFORMAT, "%s: bad header", path);`. Never fails. */
+int wk_errf(char *err, size_t errsz, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* A short name for a status code ("format error", ...). Never returns NULL. */
+const char *wk_status_name(int code);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer of at most max bytes.
+ * Returns WK_OK and sets *buf (caller frees) and *len, or WK_EIO/WK_ELIMIT/WK_ENOMEM. */
+int wk_read_file(const char *path, size_t max, char **buf, size_t *len, char *err, size_t errsz);
+
+/* Writes len bytes to path atomically (path.tmp, fsync, rename). */
+int wk_write_file(const char *path, const void *buf, size_t len, char *err, size_t errsz);
+
+/* Monotonic seconds, for timing. */
+double wk_now(void);
+
+#endif

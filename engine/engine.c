@@ -1,0 +1,243 @@
+/*
+ * engine.c - opens a model directory, picks its family and backend, and runs it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine_int.h"
+#include "engine/tokenizer.h"
+
+static const struct family *families[] = {&fam_llama};
+
+int cfg_int(json_t *cfg, const char *key, long long def, long long lo, long long hi,
+	    long long *out, char *err, size_t errsz)
+{
+	json_t *v = json_object_get(cfg, key);
+	if (!v || json_is_null(v)) {
+		if (def < 0 && lo >= 0)
+			return wk_errf(err, errsz, WK_EFORMAT, "config.json: '%s' is required", key);
+		*out = def;
+		return WK_OK;
+	}
+	if (!json_is_integer(v))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: '%s' must be an integer", key);
+	long long x = json_integer_value(v);
+	if (x < lo || x > hi)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: '%s' is %lld, outside [%lld, %lld]", key, x, lo, hi);
+	*out = x;
+	return WK_OK;
+}
+
+int cfg_real(json_t *cfg, const char *key, double def, double *out, char *err, size_t errsz)
+{
+	json_t *v = json_object_get(cfg, key);
+	if (!v || json_is_null(v)) {
+		*out = def;
+		return WK_OK;
+	}
+	if (!json_is_number(v))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: '%s' must be a number", key);
+	*out = json_number_value(v);
+	return WK_OK;
+}
+
+int cfg_bool(json_t *cfg, const char *key, int def, int *out, char *err, size_t errsz)
+{
+	json_t *v = json_object_get(cfg, key);
+	if (!v || json_is_null(v)) {
+		*out = def;
+		return WK_OK;
+	}
+	if (!json_is_boolean(v))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: '%s' must be true or false", key);
+	*out = json_is_true(v);
+	return WK_OK;
+}
+
+static int shape_str(const struct st_tensor *t, char *buf, size_t n)
+{
+	size_t off = 0;
+	off += (size_t)snprintf(buf + off, n - off, "[");
+	for (int i = 0; i < t->rank && off < n; i++)
+		off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "",
+					(long long)t->shape[i]);
+	if (off < n)
+		snprintf(buf + off, n - off, "]");
+	return 0;
+}
+
+int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
+	       char *err, size_t errsz)
+{
+	const struct st_tensor *t = hf_tensor(e->hf, name);
+	if (!t)
+		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing",
+			       hf_dir(e->hf), name);
+	if (t->rank != 2 || t->shape[0] != rows || t->shape[1] != cols) {
+		char s[128];
+		shape_str(t, s, sizeof s);
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "%s: tensor '%s' has shape %s, but the config needs [%d, %d]",
+			       hf_dir(e->hf), name, s, rows, cols);
+	}
+	if (!e->be->supports(e->bctx, BE_OP_MATMUL, t->dtype))
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "%s: tensor '%s' is %s, which the %s backend cannot multiply",
+			       hf_dir(e->hf), name, dt_name(t->dtype), e->be->name);
+	*w = (struct be_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
+	return WK_OK;
+}
+
+int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,
+	       size_t errsz)
+{
+	const struct st_tensor *t = hf_tensor(e->hf, name);
+	if (!t)
+		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing",
+			       hf_dir(e->hf), name);
+	if (t->rank != 1 || t->shape[0] != len) {
+		char s[128];
+		shape_str(t, s, sizeof s);
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "%s: tensor '%s' has shape %s, but the config needs [%d]",
+			       hf_dir(e->hf), name, s, len);
+	}
+	float *v = malloc((size_t)len * sizeof *v);
+	if (!v)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	if (dt_to_f32(v, t->data, t->dtype, (size_t)len) != 0) {
+		free(v);
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: tensor '%s' has dtype %s",
+			       hf_dir(e->hf), name, dt_name(t->dtype));
+	}
+	*out = v;
+	return WK_OK;
+}
+
+static int token_id(json_t *cfg, const char *key)
+{
+	json_t *v = json_object_get(cfg, key);
+	if (json_is_array(v))
+		v = json_array_get(v, 0);
+	return json_is_integer(v) ? (int)json_integer_value(v) : -1;
+}
+
+static int open_backend(struct engine *e, const struct eng_opts *o, char *err, size_t errsz)
+{
+	const char *name = o && o->backend ? o->backend : "auto";
+	struct be_config bc = {.threads = o ? o->threads : 0, .device = 0};
+	e->be = be_find(name);
+	if (!e->be)
+		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda or auto)", name);
+	int rc = e->be->init(&e->bctx, &bc, err, errsz);
+	if (rc != WK_OK && !strcmp(name, "auto") && e->be != &be_cpu) {
+		fprintf(stderr, "wick: %s; using the cpu backend\n", err);
+		e->be = &be_cpu;
+		rc = e->be->init(&e->bctx, &bc, err, errsz);
+	}
+	if (rc != WK_OK)
+		e->be = NULL;
+	return rc;
+}
+
+int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine **out,
+	     char *err, size_t errsz)
+{
+	struct engine *e = calloc(1, sizeof *e);
+	if (!e)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	int rc = hf_open(model_dir, &e->hf, err, errsz);
+	if (rc != WK_OK)
+		goto fail;
+	json_t *cfg = hf_config(e->hf);
+	json_t *archs = json_object_get(cfg, "architectures");
+	const char *arch = json_string_value(json_array_get(archs, 0));
+	if (!arch) {
+		rc = wk_errf(err, errsz, WK_EFORMAT,
+			     "%s/config.json: 'architectures' must be a list naming the model class",
+			     model_dir);
+		goto fail;
+	}
+	snprintf(e->arch, sizeof e->arch, "%s", arch);
+	for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+		if (!strcmp(families[i]->arch, arch))
+			e->fam = families[i];
+	if (!e->fam) {
+		rc = wk_errf(err, errsz, WK_EUNSUPPORTED,
+			     "%s/config.json: architecture '%s' is not supported (supported: "
+			     "LlamaForCausalLM)", model_dir, arch);
+		goto fail;
+	}
+
+	char path[4096];
+	snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+	rc = tok_load(path, &e->tok, err, errsz);
+	if (rc == WK_ENOTFOUND)
+		e->tok = NULL; /* token ids still work */
+	else if (rc != WK_OK)
+		goto fail;
+
+	rc = open_backend(e, opts, err, errsz);
+	if (rc != WK_OK)
+		goto fail;
+
+	e->max_seq_opt = opts ? opts->max_seq : 0;
+	e->info.arch = e->arch;
+	e->info.backend = e->be->name;
+	e->info.bos = token_id(cfg, "bos_token_id");
+	e->info.eos = token_id(cfg, "eos_token_id");
+	for (size_t i = 0; i < hf_tensor_count(e->hf); i++) {
+		const struct st_tensor *t = hf_tensor_at(e->hf, i);
+		e->info.params += t->numel;
+		e->info.weight_bytes += t->nbytes;
+	}
+	rc = e->fam->load(e, err, errsz);
+	if (rc != WK_OK)
+		goto fail;
+	*out = e;
+	return WK_OK;
+fail:
+	eng_close(e);
+	return rc;
+}
+
+void eng_close(struct engine *e)
+{
+	if (!e)
+		return;
+	if (e->fam && e->model)
+		e->fam->free(e);
+	if (e->be)
+		e->be->shutdown(e->bctx);
+	tok_free(e->tok);
+	hf_close(e->hf);
+	free(e);
+}
+
+const struct eng_info *eng_info(const struct engine *e)
+{
+	return &e->info;
+}
+
+const struct tok *eng_tokenizer(const struct engine *e)
+{
+	return e->tok;
+}
+
+int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
+		char *err, size_t errsz)
+{
+	if (n <= 0 || pos0 < 0 || pos0 + n > e->info.max_seq)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "positions %d..%d are outside the context of %d tokens", pos0,
+			       pos0 + n - 1, e->info.max_seq);
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= e->info.vocab)
+			return wk_errf(err, errsz, WK_EINVAL,
+				       "token id %d is outside the vocabulary (0..%d)", tokens[i],
+				       e->info.vocab - 1);
+	return e->fam->forward(e, tokens, n, pos0, logits, all, err, errsz);
+}

@@ -1,0 +1,55 @@
+/*
+ * engine.h - load a model and run it: the only header the worker and the CLI need.
+ *
+ * MODEL is a Hugging Face directory (config.json + safetensors + tokenizer.json). The model
+ * family comes from config.json's "architectures"; an unknown one is refused by name.
+ * Supported now: LlamaForCausalLM (f32, bf16 or f16 weights).
+ *
+ * An engine holds one sequence's KV cache. It is not thread-safe: one caller at a time.
+ */
+#ifndef ENGINE_H
+#define ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tok;
+
+struct eng_opts {
+	const char *backend; /* "cpu", "cuda" or "auto" (NULL means auto) */
+	int threads;         /* CPU threads; <= 0 means all cores */
+	int max_seq;         /* KV cache length; <= 0 means the model's max_position_embeddings */
+};
+
+struct eng_info {
+	const char *arch;          /* config.json architectures[0] */
+	const char *backend;       /* the backend in use */
+	int vocab;                 /* config.json vocab_size: the logits' length */
+	int max_seq;               /* positions the KV cache holds */
+	int bos, eos;              /* from config.json; -1 when absent */
+	int64_t params;            /* parameters in the checkpoint */
+	uint64_t weight_bytes;     /* bytes of weights in the checkpoint */
+	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads */
+};
+
+struct engine;
+
+/* Opens model_dir and prepares the backend and KV cache. Errors name the file, tensor or
+ * config field at fault. Free with eng_close(). */
+int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine **out,
+	     char *err, size_t errsz);
+void eng_close(struct engine *e); /* NULL is fine */
+
+const struct eng_info *eng_info(const struct engine *e);
+/* The model's tokenizer (tokenizer.json beside the weights), or NULL when there is none. */
+const struct tok *eng_tokenizer(const struct engine *e);
+
+/* Runs tokens[0..n) at positions pos0 .. pos0+n-1, after the cached positions 0 .. pos0-1.
+ * Writes the logits [vocab] of the last token to logits, or with all=true the logits
+ * [n][vocab] of every token. Returns WK_OK, WK_EINVAL (a token id outside the vocabulary, or
+ * pos0 + n past max_seq), or a backend failure. */
+int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
+		char *err, size_t errsz);
+
+#endif

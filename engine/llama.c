@@ -1,0 +1,271 @@
+/*
+ * llama.c - the Llama family (LlamaForCausalLM): RMSNorm, rotary embeddings (Hugging Face
+ * rotate_half convention), grouped-query attention with a KV cache, SwiGLU MLP, tied or untied
+ * lm_head. Optional q/k/v/o biases (attention_bias) and MLP biases are not supported yet and
+ * are refused by name.
+ *
+ * The forward pass takes n tokens at once (prefill) or one (decode). Activations are f32;
+ * weights stay in the checkpoint's dtype where the backend reads them in place.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine_int.h"
+
+struct layer {
+	float *attn_norm, *mlp_norm; /* (dim) */
+	struct be_weight wq;         /* (n_heads * head_dim, dim) */
+	struct be_weight wk, wv;     /* (n_kv * head_dim, dim) */
+	struct be_weight wo;         /* (dim, n_heads * head_dim) */
+	struct be_weight gate, up;   /* (hidden, dim) */
+	struct be_weight down;       /* (dim, hidden) */
+};
+
+struct llama {
+	int dim, hidden, n_layers, n_heads, n_kv, head_dim, vocab, max_seq;
+	float eps, theta;
+	const struct st_tensor *embed; /* (vocab, dim) */
+	struct be_weight lm_head;      /* (vocab, dim); the embedding when tied */
+	float *final_norm;             /* (dim) */
+	struct layer *layers;          /* [n_layers] */
+	float *kcache, *vcache;        /* (n_layers, max_seq, n_kv * head_dim) */
+	/* scratch, sized for `cap` tokens */
+	int cap;
+	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden) */
+	int *pos;
+};
+
+static void free_scratch(struct llama *m)
+{
+	free(m->x);
+	free(m->xb);
+	free(m->q);
+	free(m->att);
+	free(m->g);
+	free(m->u);
+	free(m->tmp);
+	free(m->pos);
+	m->cap = 0;
+}
+
+static int grow_scratch(struct llama *m, int n)
+{
+	if (n <= m->cap)
+		return WK_OK;
+	free_scratch(m);
+	size_t qd = (size_t)m->n_heads * m->head_dim, big = (size_t)m->dim;
+	if (qd > big)
+		big = qd;
+	m->x = malloc((size_t)n * m->dim * sizeof(float));
+	m->xb = malloc((size_t)n * big * sizeof(float));
+	m->q = malloc((size_t)n * qd * sizeof(float));
+	m->att = malloc((size_t)n * qd * sizeof(float));
+	m->g = malloc((size_t)n * m->hidden * sizeof(float));
+	m->u = malloc((size_t)n * m->hidden * sizeof(float));
+	m->tmp = malloc((size_t)n * (m->vocab > (int)big ? (size_t)m->vocab : big) * sizeof(float));
+	m->pos = malloc((size_t)n * sizeof(int));
+	if (!m->x || !m->xb || !m->q || !m->att || !m->g || !m->u || !m->tmp || !m->pos) {
+		free_scratch(m);
+		return WK_ENOMEM;
+	}
+	m->cap = n;
+	return WK_OK;
+}
+
+static void llama_free(struct engine *e)
+{
+	struct llama *m = e->model;
+	if (!m)
+		return;
+	if (m->layers)
+		for (int l = 0; l < m->n_layers; l++) {
+			free(m->layers[l].attn_norm);
+			free(m->layers[l].mlp_norm);
+		}
+	free(m->layers);
+	free(m->final_norm);
+	free(m->kcache);
+	free(m->vcache);
+	free_scratch(m);
+	free(m);
+	e->model = NULL;
+}
+
+static int read_config(struct llama *m, json_t *cfg, int max_seq_opt, char *err, size_t errsz)
+{
+	long long dim, hidden, layers, heads, kv, vocab, maxpos, head_dim;
+	double eps, theta;
+	int rc;
+	if ((rc = cfg_int(cfg, "hidden_size", -1, 1, 1 << 16, &dim, err, errsz)) ||
+	    (rc = cfg_int(cfg, "intermediate_size", -1, 1, 1 << 20, &hidden, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_hidden_layers", -1, 1, 4096, &layers, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, heads, &kv, err, errsz)) ||
+	    (rc = cfg_int(cfg, "vocab_size", -1, 1, 1 << 24, &vocab, err, errsz)) ||
+	    (rc = cfg_int(cfg, "max_position_embeddings", 2048, 1, 1 << 24, &maxpos, err, errsz)) ||
+	    (rc = cfg_int(cfg, "head_dim", dim / heads, 2, 4096, &head_dim, err, errsz)) ||
+	    (rc = cfg_real(cfg, "rms_norm_eps", 1e-6, &eps, err, errsz)) ||
+	    (rc = cfg_real(cfg, "rope_theta", 10000.0, &theta, err, errsz)))
+		return rc;
+	if (heads % kv != 0)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: num_attention_heads %lld is not a multiple of "
+			       "num_key_value_heads %lld", heads, kv);
+	if (head_dim % 2 != 0)
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: head_dim %lld must be even",
+			       head_dim);
+	int bias = 0;
+	if ((rc = cfg_bool(cfg, "attention_bias", 0, &bias, err, errsz)))
+		return rc;
+	if (bias)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: attention_bias is not supported for Llama yet");
+	if ((rc = cfg_bool(cfg, "mlp_bias", 0, &bias, err, errsz)))
+		return rc;
+	if (bias)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: mlp_bias is not supported for Llama yet");
+	json_t *rs = json_object_get(cfg, "rope_scaling");
+	if (rs && !json_is_null(rs))
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: rope_scaling is not supported yet");
+	m->dim = (int)dim;
+	m->hidden = (int)hidden;
+	m->n_layers = (int)layers;
+	m->n_heads = (int)heads;
+	m->n_kv = (int)kv;
+	m->head_dim = (int)head_dim;
+	m->vocab = (int)vocab;
+	m->max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
+	m->eps = (float)eps;
+	m->theta = (float)theta;
+	return WK_OK;
+}
+
+static int llama_load(struct engine *e, char *err, size_t errsz)
+{
+	struct llama *m = calloc(1, sizeof *m);
+	if (!m)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	e->model = m;
+	json_t *cfg = hf_config(e->hf);
+	int rc = read_config(m, cfg, e->max_seq_opt, err, errsz);
+	if (rc)
+		return rc;
+	int tied = 0;
+	if ((rc = cfg_bool(cfg, "tie_word_embeddings", 0, &tied, err, errsz)))
+		return rc;
+
+	int qd = m->n_heads * m->head_dim, kvd = m->n_kv * m->head_dim;
+	struct be_weight emb;
+	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->vocab, m->dim, &emb, err, errsz)))
+		return rc;
+	m->embed = hf_tensor(e->hf, "model.embed_tokens.weight");
+	if (tied || !hf_tensor(e->hf, "lm_head.weight"))
+		m->lm_head = emb;
+	else if ((rc = eng_weight(e, "lm_head.weight", m->vocab, m->dim, &m->lm_head, err, errsz)))
+		return rc;
+	if ((rc = eng_vector(e, "model.norm.weight", m->dim, &m->final_norm, err, errsz)))
+		return rc;
+
+	m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
+	if (!m->layers)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int l = 0; l < m->n_layers; l++) {
+		struct layer *L = &m->layers[l];
+		char nm[256];
+#define NAME(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), nm)
+		if ((rc = eng_vector(e, NAME("input_layernorm.weight"), m->dim, &L->attn_norm, err, errsz)) ||
+		    (rc = eng_vector(e, NAME("post_attention_layernorm.weight"), m->dim, &L->mlp_norm, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("self_attn.q_proj.weight"), qd, m->dim, &L->wq, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("self_attn.k_proj.weight"), kvd, m->dim, &L->wk, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("self_attn.v_proj.weight"), kvd, m->dim, &L->wv, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("self_attn.o_proj.weight"), m->dim, qd, &L->wo, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("mlp.gate_proj.weight"), m->hidden, m->dim, &L->gate, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("mlp.up_proj.weight"), m->hidden, m->dim, &L->up, err, errsz)) ||
+		    (rc = eng_weight(e, NAME("mlp.down_proj.weight"), m->dim, m->hidden, &L->down, err, errsz)))
+			return rc;
+#undef NAME
+	}
+
+	size_t cache = (size_t)m->n_layers * m->max_seq * kvd;
+	m->kcache = calloc(cache, sizeof(float));
+	m->vcache = calloc(cache, sizeof(float));
+	if (!m->kcache || !m->vcache)
+		return wk_errf(err, errsz, WK_ENOMEM,
+			       "cannot allocate a KV cache of %d positions (%zu MiB); try a smaller "
+			       "max_seq", m->max_seq, 2 * cache * sizeof(float) >> 20);
+
+	/* Bytes one decode step reads: every matrix once, the lm_head, one embedding row. */
+	uint64_t per_tok = m->lm_head.rows * (uint64_t)m->lm_head.cols * dt_size(m->lm_head.dtype);
+	for (int l = 0; l < m->n_layers; l++) {
+		const struct be_weight *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv,
+						&m->layers[l].wo, &m->layers[l].gate, &m->layers[l].up,
+						&m->layers[l].down};
+		for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+			per_tok += (uint64_t)ws[i]->rows * ws[i]->cols * dt_size(ws[i]->dtype);
+	}
+	per_tok += (uint64_t)m->dim * dt_size(m->embed->dtype);
+	e->info.bytes_per_token = per_tok;
+	e->info.vocab = m->vocab;
+	e->info.max_seq = m->max_seq;
+	return WK_OK;
+}
+
+static int llama_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits,
+			 bool all, char *err, size_t errsz)
+{
+	struct llama *m = e->model;
+	const struct backend *be = e->be;
+	void *c = e->bctx;
+	if (grow_scratch(m, n) != WK_OK)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a batch of %d tokens", n);
+	int dim = m->dim, qd = m->n_heads * m->head_dim, kvd = m->n_kv * m->head_dim;
+	size_t esz = dt_size(m->embed->dtype);
+
+	for (int i = 0; i < n; i++) {
+		const char *row = (const char *)m->embed->data + (size_t)tokens[i] * dim * esz;
+		dt_to_f32(m->x + (size_t)i * dim, row, m->embed->dtype, (size_t)dim);
+		m->pos[i] = pos0 + i;
+	}
+	for (int l = 0; l < m->n_layers; l++) {
+		struct layer *L = &m->layers[l];
+		float *kc = m->kcache + (size_t)l * m->max_seq * kvd;
+		float *vc = m->vcache + (size_t)l * m->max_seq * kvd;
+		float *knew = kc + (size_t)pos0 * kvd, *vnew = vc + (size_t)pos0 * kvd;
+
+		be->rmsnorm(c, m->xb, m->x, L->attn_norm, n, dim, m->eps);
+		be->matmul(c, m->q, m->xb, &L->wq, n);
+		be->matmul(c, knew, m->xb, &L->wk, n);
+		be->matmul(c, vnew, m->xb, &L->wv, n);
+		be->rope(c, m->q, n, m->pos, m->n_heads, m->head_dim, m->head_dim, m->theta, false);
+		be->rope(c, knew, n, m->pos, m->n_kv, m->head_dim, m->head_dim, m->theta, false);
+		be->attention(c, m->att, m->q, kc, vc, n, pos0, m->n_heads, m->n_kv, m->head_dim, kvd,
+			      1.0f / sqrtf((float)m->head_dim));
+		be->matmul(c, m->tmp, m->att, &L->wo, n);
+		be->add(c, m->x, m->tmp, (size_t)n * dim);
+
+		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, n, dim, m->eps);
+		be->matmul(c, m->g, m->xb, &L->gate, n);
+		be->matmul(c, m->u, m->xb, &L->up, n);
+		be->silu_mul(c, m->g, m->u, (size_t)n * m->hidden);
+		be->matmul(c, m->tmp, m->g, &L->down, n);
+		be->add(c, m->x, m->tmp, (size_t)n * dim);
+	}
+	(void)qd;
+	const float *last = all ? m->x : m->x + (size_t)(n - 1) * dim;
+	int rows = all ? n : 1;
+	be->rmsnorm(c, m->xb, last, m->final_norm, rows, dim, m->eps);
+	be->matmul(c, logits, m->xb, &m->lm_head, rows);
+	return WK_OK;
+}
+
+const struct family fam_llama = {
+	.arch = "LlamaForCausalLM",
+	.load = llama_load,
+	.forward = llama_forward,
+	.free = llama_free,
+};

@@ -1,0 +1,28 @@
+# wick logits: the stable JSON format engines and backends are compared through, and the
+# consistency of prefill (all positions at once) with the cached decode path.
+source tests/e2e/lib.sh
+m=$(stories)
+"$WICK" logits "$m" --tokens 1,403,407,261,378 --all-positions >"$TMPD/all.json"
+"$WICK" logits "$m" --tokens 1,403,407 >"$TMPD/last.json"
+python3 - "$TMPD/all.json" "$TMPD/last.json" <<'PY'
+import json, sys, math
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+assert a["vocab"] == 512 and b["vocab"] == 512, "vocab must be config.json's vocab_size"
+assert a["positions"] == [0, 1, 2, 3, 4], a["positions"]
+assert b["positions"] == [2], b["positions"]
+assert len(a["logits"]) == 5 and all(len(r) == 512 for r in a["logits"])
+# position 2 of the 5-token prefill equals the last logits of the 3-token run
+d = max(abs(x - y) for x, y in zip(a["logits"][2], b["logits"][0]))
+assert d < 1e-4, f"prefill vs shorter run differ by {d}"
+assert all(math.isfinite(x) for r in a["logits"] for x in r)
+print("ok, max diff", d)
+PY
+# Errors are clear and exit 1, never a crash.
+set +e
+"$WICK" logits "$m" --tokens 1,99999 2>"$TMPD/e1"; rc=$?
+[ $rc -eq 1 ] && grep -q "outside the vocabulary" "$TMPD/e1" || fail "bad id: rc=$rc $(cat $TMPD/e1)"
+"$WICK" logits "$m" --tokens 1,x 2>"$TMPD/e2"; rc=$?
+[ $rc -eq 2 ] || fail "bad list: rc=$rc"
+"$WICK" logits "$TMPD/nope" --tokens 1 2>"$TMPD/e3"; rc=$?
+[ $rc -eq 1 ] && grep -q "nope" "$TMPD/e3" || fail "missing model: rc=$rc $(cat $TMPD/e3)"
+echo ok

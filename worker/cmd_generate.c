@@ -1,0 +1,274 @@
+/*
+ * cmd_generate.c - `wick generate` (stream text) and `wick logits` (raw logits as JSON).
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "worker/cmd.h"
+
+static void gen_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick generate MODEL [-p TEXT | --tokens IDS] [-n N] [options]\n\n"
+		"Streams the prompt and its continuation to stdout (statistics go to stderr).\n"
+		"  -p, --prompt TEXT     text to continue (BOS is added); default: BOS alone\n"
+		"      --tokens IDS      comma-separated token ids, used exactly as given\n"
+		"  -n, --max-tokens N    tokens to generate (default 256); stops early at EOS/BOS\n"
+		"      --temperature T   0 is greedy (default 1.0)\n"
+		"      --top-p P         nucleus sampling mass (default 0.9; 1 disables)\n"
+		"      --top-k K         keep the K most likely tokens (default 0: off)\n"
+		"      --seed S          random seed (default: from the clock)\n"
+		"      --backend B       cpu, cuda or auto (default auto)\n"
+		"      --threads T       CPU threads (default: all cores)\n");
+}
+
+/* Prints the part of the decoded text not printed yet. While the text ends in U+FFFD it may
+ * be an incomplete byte-fallback sequence, so that tail waits for the next token. */
+static void stream(const struct tok *t, const int *ids, int n, size_t *printed, bool final)
+{
+	char *text;
+	size_t len;
+	if (tok_decode(t, ids, n, true, &text, &len, NULL, 0) != WK_OK)
+		return;
+	size_t end = len;
+	while (!final && end >= 3 && !memcmp(text + end - 3, "\xef\xbf\xbd", 3))
+		end -= 3;
+	if (end > *printed) {
+		fwrite(text + *printed, 1, end - *printed, stdout);
+		fflush(stdout);
+		*printed = end;
+	}
+	free(text);
+}
+
+static int open_engine(const char *model, const char *backend, int threads, struct engine **e)
+{
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = backend, .threads = threads};
+	if (eng_open(model, &o, e, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick: %s\n", err);
+		return 1;
+	}
+	return 0;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+	enum { O_TOKENS = 256, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_BACKEND, O_THREADS };
+	static const struct option opts[] = {
+		{"prompt", required_argument, 0, 'p'}, {"tokens", required_argument, 0, O_TOKENS},
+		{"max-tokens", required_argument, 0, 'n'}, {"temperature", required_argument, 0, O_TEMP},
+		{"top-p", required_argument, 0, O_TOPP}, {"top-k", required_argument, 0, O_TOPK},
+		{"seed", required_argument, 0, O_SEED}, {"backend", required_argument, 0, O_BACKEND},
+		{"threads", required_argument, 0, O_THREADS}, {"help", no_argument, 0, 'h'},
+		{0, 0, 0, 0}};
+	const char *prompt = NULL, *tokens = NULL, *backend = "auto";
+	long steps = 256;
+	int threads = 0;
+	struct samp_cfg sc = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
+			      .seed = (uint64_t)time(NULL)};
+	int c;
+	char *end;
+	while ((c = getopt_long(argc, argv, "p:n:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'p': prompt = optarg; break;
+		case O_TOKENS: tokens = optarg; break;
+		case 'n':
+			steps = strtol(optarg, &end, 10);
+			if (*end || steps < 0 || steps > 1 << 24) {
+				fprintf(stderr, "wick generate: -n wants a count, not '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_TEMP: sc.temperature = strtof(optarg, &end); goto num;
+		case O_TOPP: sc.top_p = strtof(optarg, &end); goto num;
+		case O_TOPK: sc.top_k = (int)strtol(optarg, &end, 10); goto num;
+		case O_SEED: sc.seed = strtoull(optarg, &end, 10); goto num;
+		case O_THREADS: threads = (int)strtol(optarg, &end, 10); goto num;
+		case O_BACKEND: backend = optarg; break;
+		case 'h': gen_usage(stdout); return 0;
+		default: gen_usage(stderr); return 2;
+		}
+		continue;
+num:
+		if (*end || end == optarg) {
+			fprintf(stderr, "wick generate: '%s' is not a number\n", optarg);
+			return 2;
+		}
+	}
+	if (argc - optind != 1 || (prompt && tokens)) {
+		gen_usage(stderr);
+		return 2;
+	}
+	if (sc.top_p <= 0 || sc.top_p > 1 || sc.temperature < 0) {
+		fprintf(stderr, "wick generate: need 0 < top-p <= 1 and temperature >= 0\n");
+		return 2;
+	}
+
+	struct engine *e;
+	if (open_engine(argv[optind], backend, threads, &e))
+		return 1;
+	const struct eng_info *info = eng_info(e);
+	const struct tok *t = eng_tokenizer(e);
+	char err[WK_ERRSZ];
+	int *ids = NULL, n = 0, rc = 1;
+	float *logits = NULL;
+	struct sampler *s = NULL;
+
+	if (tokens) {
+		if (cmd_parse_ids(tokens, &ids, &n))
+			goto out;
+	} else if (prompt && t) {
+		if (tok_encode(t, prompt, strlen(prompt), true, &ids, &n, err, sizeof err)) {
+			fprintf(stderr, "wick generate: %s\n", err);
+			goto out;
+		}
+	} else if (prompt) {
+		fprintf(stderr, "wick generate: %s has no tokenizer.json; use --tokens\n", argv[optind]);
+		goto out;
+	} else {
+		if (info->bos < 0) {
+			fprintf(stderr, "wick generate: the model has no bos_token_id; give -p or --tokens\n");
+			goto out;
+		}
+		ids = malloc(sizeof *ids);
+		if (!ids)
+			goto out;
+		ids[0] = info->bos;
+		n = 1;
+	}
+	if (n + steps > info->max_seq)
+		steps = info->max_seq - n > 0 ? info->max_seq - n : 0;
+	int *all = realloc(ids, (size_t)(n + steps + 1) * sizeof *ids);
+	logits = malloc((size_t)info->vocab * sizeof *logits);
+	s = samp_create(info->vocab, &sc);
+	if (!all || !logits || !s) {
+		fprintf(stderr, "wick generate: out of memory\n");
+		goto out;
+	}
+	ids = all;
+
+	size_t printed = 0;
+	if (t)
+		stream(t, ids, n, &printed, false);
+	double t0 = wk_now(), t_first = 0;
+	int pos = 0, generated = 0;
+	while (generated < steps) {
+		int chunk = n - pos;
+		if (eng_forward(e, ids + pos, chunk, pos, logits, false, err, sizeof err)) {
+			fprintf(stderr, "\nwick generate: %s\n", err);
+			goto out;
+		}
+		pos = n;
+		if (generated == 0)
+			t_first = wk_now();
+		int next = samp_next(s, logits);
+		if (next == info->eos || next == info->bos)
+			break;
+		ids[n++] = next;
+		generated++;
+		if (t)
+			stream(t, ids, n, &printed, false);
+		else
+			printf("%s%d", generated > 1 ? " " : "", next);
+	}
+	if (t)
+		stream(t, ids, n, &printed, true);
+	printf("\n");
+	double t1 = wk_now();
+	fprintf(stderr, "wick: %d prompt + %d generated tokens, %.1f tok/s decode (%s backend)\n",
+		pos - (generated > 0 ? generated - 1 : 0), generated,
+		generated > 1 ? (generated - 1) / (t1 - t_first) : 0.0, info->backend);
+	(void)t0;
+	rc = 0;
+out:
+	samp_free(s);
+	free(logits);
+	free(ids);
+	eng_close(e);
+	return rc;
+}
+
+static void logits_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick logits MODEL --tokens 1,2,3 [--all-positions] [--backend B]\n\n"
+		"Runs the ids exactly as given (nothing is added) and prints\n"
+		"{\"vocab\": V, \"positions\": [...], \"logits\": [[...], ...]}: raw f32 logits, %%.9g,\n"
+		"for the last position (0-based) or, with --all-positions, for every one.\n");
+}
+
+int cmd_logits(int argc, char **argv)
+{
+	enum { O_TOKENS = 256, O_ALL, O_BACKEND, O_THREADS };
+	static const struct option opts[] = {
+		{"tokens", required_argument, 0, O_TOKENS}, {"all-positions", no_argument, 0, O_ALL},
+		{"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
+		{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+	const char *tokens = NULL, *backend = "auto";
+	bool all = false;
+	int threads = 0, c;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case O_TOKENS: tokens = optarg; break;
+		case O_ALL: all = true; break;
+		case O_BACKEND: backend = optarg; break;
+		case O_THREADS: threads = atoi(optarg); break;
+		case 'h': logits_usage(stdout); return 0;
+		default: logits_usage(stderr); return 2;
+		}
+	}
+	if (argc - optind != 1 || !tokens) {
+		logits_usage(stderr);
+		return 2;
+	}
+	int *ids, n;
+	if (cmd_parse_ids(tokens, &ids, &n))
+		return 2;
+	struct engine *e;
+	if (open_engine(argv[optind], backend, threads, &e)) {
+		free(ids);
+		return 1;
+	}
+	int V = eng_info(e)->vocab, rows = all ? n : 1, rc = 1;
+	char err[WK_ERRSZ];
+	float *lg = malloc((size_t)rows * V * sizeof *lg);
+	if (!lg) {
+		fprintf(stderr, "wick logits: out of memory\n");
+		goto out;
+	}
+	if (eng_forward(e, ids, n, 0, lg, all, err, sizeof err)) {
+		fprintf(stderr, "wick logits: %s\n", err);
+		goto out;
+	}
+	printf("{\"vocab\": %d, \"positions\": [", V);
+	for (int r = 0; r < rows; r++)
+		printf("%s%d", r ? ", " : "", all ? r : n - 1);
+	printf("], \"logits\": [");
+	for (int r = 0; r < rows; r++) {
+		printf("%s[", r ? ", " : "");
+		for (int i = 0; i < V; i++) {
+			float x = lg[(size_t)r * V + i];
+			if (isfinite(x))
+				printf(i ? ", %.9g" : "%.9g", x);
+			else
+				printf(i ? ", null" : "null");
+		}
+		printf("]");
+	}
+	printf("]}\n");
+	rc = 0;
+out:
+	free(lg);
+	free(ids);
+	eng_close(e);
+	return rc;
+}

@@ -1,0 +1,45 @@
+/*
+ * main.c - the wick binary: dispatches to a subcommand. The only place that exits.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "worker/cmd.h"
+
+static const struct {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *usage;
+} cmds[] = {
+	{"convert", cmd_convert, "convert llama2c MODEL.bin TOKENIZER.bin -o HF_DIR"},
+	{"inspect", cmd_inspect, "inspect MODEL"},
+	{"tokenize", cmd_tokenize, "tokenize MODEL_OR_TOKENIZER_JSON (--text T | --file F | --decode IDS)"},
+	{"generate", cmd_generate, "generate MODEL [-p TEXT | --tokens IDS] [-n N] [--temperature T] ..."},
+	{"logits", cmd_logits, "logits MODEL --tokens 1,2,3 [--all-positions]"},
+	{"bench", cmd_bench, "bench decode MODEL [-n N]"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: wick COMMAND [ARGS]   (wick COMMAND --help for details)\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+		fprintf(f, "  wick %s\n", cmds[i].usage);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+		if (!strcmp(argv[1], cmds[i].name))
+			return cmds[i].fn(argc - 1, argv + 1);
+	fprintf(stderr, "wick: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return 2;
+}
