@@ -1,0 +1,286 @@
+/*
+ * cmd_inspect.c - `wick inspect MODEL`: validate a checkpoint and summarise it.
+ *
+ * MODEL is a Hugging Face directory (config.json + model.safetensors or a sharded index) or a
+ * single .safetensors file. Opening validates every shard fully (coldstart/safetensors.c), so
+ * inspect doubles as a checker: a malformed file is reported on stderr, naming the file and
+ * tensor, with exit status 1.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "coldstart/hfmodel.h"
+#include "coldstart/safetensors.h"
+#include "common/wk.h"
+#include "worker/cmd.h"
+
+/* config.json fields worth showing, when present at the top level. */
+static const char *const fields[] = {
+	"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+	"num_key_value_heads", "vocab_size", "max_position_embeddings", "n_routed_experts",
+	"num_experts_per_tok", "torch_dtype",
+};
+
+struct summary {
+	size_t tensors;
+	uint64_t params;                  /* numel of all non-scale tensors */
+	size_t scale_tensors;
+	uint64_t scale_values;
+	uint64_t bytes;
+	size_t dt_tensors[DT_COUNT];
+	uint64_t dt_bytes[DT_COUNT];
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick inspect [--json] [--tensors] MODEL\n"
+		"\n"
+		"Validates and summarises a model. MODEL is a Hugging Face directory (config.json\n"
+		"plus model.safetensors or model.safetensors.index.json) or one .safetensors file.\n"
+		"\n"
+		"  --json       print the report as one JSON object\n"
+		"  --tensors    also list every tensor (name, dtype, shape, file offset)\n"
+		"  -h, --help   this text\n"
+		"\n"
+		"Exit status: 0 when every file is valid, 1 when one is not (the message names the\n"
+		"file and tensor), 2 on a usage error.\n");
+}
+
+/* FP8 checkpoints carry per-block scales next to the weights; they are not parameters. */
+static int is_scale(const char *name)
+{
+	static const char *const suffix[] = {"_scale_inv", ".weight_scale", ".input_scale"};
+	size_t n = strlen(name);
+	for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+		size_t k = strlen(suffix[i]);
+		if (n >= k && !strcmp(name + n - k, suffix[i]))
+			return 1;
+	}
+	return 0;
+}
+
+static void add(struct summary *s, const struct st_tensor *t)
+{
+	s->tensors++;
+	if (is_scale(t->name)) {
+		s->scale_tensors++;
+		s->scale_values += (uint64_t)t->numel;
+	} else {
+		s->params += (uint64_t)t->numel;
+	}
+	s->bytes += t->nbytes;
+	s->dt_tensors[t->dtype]++;
+	s->dt_bytes[t->dtype] += t->nbytes;
+}
+
+/* 1234567 -> "1,234,567" */
+static const char *commas(uint64_t v, char buf[32])
+{
+	char tmp[32];
+	int n = snprintf(tmp, sizeof tmp, "%" PRIu64, v), o = 0;
+	for (int i = 0; i < n; i++) {
+		if (i && (n - i) % 3 == 0)
+			buf[o++] = ',';
+		buf[o++] = tmp[i];
+	}
+	buf[o] = 0;
+	return buf;
+}
+
+static const char *human(uint64_t v, char buf[32])
+{
+	const char *u[] = {"", "K", "M", "G", "T", "P"};
+	double d = (double)v;
+	int i = 0;
+	while (d >= 1000 && i < 5) {
+		d /= 1000;
+		i++;
+	}
+	snprintf(buf, 32, i ? "%.2f %s" : "%.0f%s", d, u[i]);
+	return buf;
+}
+
+static json_t *shape_json(const struct st_tensor *t)
+{
+	json_t *a = json_array();
+	for (int d = 0; a && d < t->rank; d++)
+		json_array_append_new(a, json_integer(t->shape[d]));
+	return a;
+}
+
+static void print_text(const char *model, json_t *cfg, const struct st_file *single,
+		       size_t nshards, const struct summary *s)
+{
+	char b1[32], b2[32];
+	printf("model         %s\n", model);
+	if (cfg) {
+		json_t *arch = json_array_get(json_object_get(cfg, "architectures"), 0);
+		json_t *mt = json_object_get(cfg, "model_type");
+		printf("architecture  %s (model_type %s)\n",
+		       json_is_string(arch) ? json_string_value(arch) : "?",
+		       json_is_string(mt) ? json_string_value(mt) : "?");
+		for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+			json_t *v = json_object_get(cfg, fields[i]);
+			if (json_is_integer(v))
+				printf("  %-24s %lld\n", fields[i], (long long)json_integer_value(v));
+			else if (json_is_string(v))
+				printf("  %-24s %s\n", fields[i], json_string_value(v));
+		}
+		json_t *q = json_object_get(json_object_get(cfg, "quantization_config"),
+					    "quant_method");
+		if (json_is_string(q))
+			printf("  %-24s %s\n", "quant_method", json_string_value(q));
+	}
+	if (single) {
+		/* A lone file has no config; its __metadata__ is what there is. */
+		const char *fmt = st_meta(single, "format");
+		if (fmt)
+			printf("metadata      format=%s\n", fmt);
+	}
+	printf("shards        %zu\n", nshards);
+	printf("tensors       %s\n", commas(s->tensors, b1));
+	printf("parameters    %s (%s)\n", commas(s->params, b1), human(s->params, b2));
+	if (s->scale_tensors)
+		printf("scales        %s tensors, %s values (FP8 scales, not counted as parameters)"
+		       "\n", commas(s->scale_tensors, b1), commas(s->scale_values, b2));
+	printf("bytes         %s (%sB)\n", commas(s->bytes, b1), human(s->bytes, b2));
+	for (int d = 0; d < DT_COUNT; d++)
+		if (s->dt_tensors[d])
+			printf("  %-8s %10zu tensors %20s bytes\n", dt_name((enum dt_type)d),
+			       s->dt_tensors[d], commas(s->dt_bytes[d], b1));
+}
+
+static json_t *report_json(const char *model, json_t *cfg, size_t nshards,
+			   const struct summary *s)
+{
+	json_t *r = json_object(), *dts = json_object();
+	json_object_set_new(r, "model", json_string(model));
+	if (cfg) {
+		json_t *arch = json_array_get(json_object_get(cfg, "architectures"), 0);
+		json_t *mt = json_object_get(cfg, "model_type");
+		json_object_set(r, "architecture", json_is_string(arch) ? arch : json_null());
+		json_object_set(r, "model_type", json_is_string(mt) ? mt : json_null());
+		json_t *c = json_object();
+		for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+			json_t *v = json_object_get(cfg, fields[i]);
+			if (json_is_integer(v) || json_is_string(v))
+				json_object_set(c, fields[i], v);
+		}
+		json_t *q = json_object_get(json_object_get(cfg, "quantization_config"),
+					    "quant_method");
+		if (json_is_string(q))
+			json_object_set(c, "quant_method", q);
+		json_object_set_new(r, "config", c);
+	}
+	json_object_set_new(r, "shards", json_integer((json_int_t)nshards));
+	json_object_set_new(r, "tensors", json_integer((json_int_t)s->tensors));
+	json_object_set_new(r, "parameters", json_integer((json_int_t)s->params));
+	json_object_set_new(r, "scale_tensors", json_integer((json_int_t)s->scale_tensors));
+	json_object_set_new(r, "scale_values", json_integer((json_int_t)s->scale_values));
+	json_object_set_new(r, "bytes", json_integer((json_int_t)s->bytes));
+	for (int d = 0; d < DT_COUNT; d++) {
+		if (!s->dt_tensors[d])
+			continue;
+		json_t *o = json_object();
+		json_object_set_new(o, "tensors", json_integer((json_int_t)s->dt_tensors[d]));
+		json_object_set_new(o, "bytes", json_integer((json_int_t)s->dt_bytes[d]));
+		json_object_set_new(dts, dt_name((enum dt_type)d), o);
+	}
+	json_object_set_new(r, "dtypes", dts);
+	return r;
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"json", no_argument, NULL, 'j'},
+		{"tensors", no_argument, NULL, 't'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	int as_json = 0, list = 0, c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j': as_json = 1; break;
+		case 't': list = 1; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		usage(stderr);
+		return 2;
+	}
+	const char *model = argv[optind];
+	char err[WK_ERRSZ];
+	struct hf_model *hf = NULL;
+	struct st_file *st = NULL;
+	struct stat sb;
+	int rc;
+	if (stat(model, &sb) != 0) {
+		fprintf(stderr, "wick inspect: %s: no such file or directory\n", model);
+		return 1;
+	}
+	if (S_ISDIR(sb.st_mode))
+		rc = hf_open(model, &hf, err, sizeof err);
+	else
+		rc = st_open(model, &st, err, sizeof err);
+	if (rc) {
+		fprintf(stderr, "wick inspect: %s\n", err);
+		return 1;
+	}
+
+	size_t n = hf ? hf_tensor_count(hf) : st_count(st);
+	size_t nshards = hf ? hf_shard_count(hf) : 1;
+	json_t *cfg = hf ? hf_config(hf) : NULL;
+	struct summary s = {0};
+	for (size_t i = 0; i < n; i++)
+		add(&s, hf ? hf_tensor_at(hf, i) : st_at(st, i));
+
+	if (as_json) {
+		json_t *r = report_json(model, cfg, nshards, &s);
+		if (list) {
+			json_t *a = json_array();
+			for (size_t i = 0; i < n; i++) {
+				const struct st_tensor *t = hf ? hf_tensor_at(hf, i) : st_at(st, i);
+				json_t *o = json_object();
+				json_object_set_new(o, "name", json_string(t->name));
+				json_object_set_new(o, "dtype", json_string(dt_name(t->dtype)));
+				json_object_set_new(o, "shape", shape_json(t));
+				json_object_set_new(o, "offset", json_integer((json_int_t)t->offset));
+				json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
+				json_array_append_new(a, o);
+			}
+			json_object_set_new(r, "tensor_list", a);
+		}
+		json_dumpf(r, stdout, JSON_INDENT(2));
+		putchar('\n');
+		json_decref(r);
+	} else {
+		print_text(model, cfg, st, nshards, &s);
+		if (list) {
+			printf("\n%-60s %-8s %-24s %14s\n", "tensor", "dtype", "shape", "offset");
+			for (size_t i = 0; i < n; i++) {
+				const struct st_tensor *t = hf ? hf_tensor_at(hf, i) : st_at(st, i);
+				char sh[8 * 22 + 4];
+				size_t o = 0;
+				sh[o++] = '[';
+				for (int d = 0; d < t->rank; d++)
+					o += (size_t)snprintf(sh + o, sizeof sh - o, "%s%lld",
+							      d ? ", " : "", (long long)t->shape[d]);
+				snprintf(sh + o, sizeof sh - o, "]");
+				printf("%-60s %-8s %-24s %14" PRIu64 "\n", t->name,
+				       dt_name(t->dtype), sh, t->offset);
+			}
+		}
+	}
+	hf_close(hf);
+	st_close(st);
+	return 0;
+}
