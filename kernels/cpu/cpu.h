@@ -27,7 +27,10 @@ int cpu_pool_create(int nthreads, struct cpu_pool **out);
 void cpu_pool_destroy(struct cpu_pool *p); /* NULL is fine */
 int cpu_pool_size(const struct cpu_pool *p);
 /* Runs fn(ctx, i, ntasks) for every i in [0, ntasks) on the pool's threads (the caller's
- * thread takes part) and returns when all are done. p may be NULL: runs inline. */
+ * thread takes part) and returns when all are done. p may be NULL: runs inline. Tasks are
+ * claimed dynamically, in no fixed thread order. Not reentrant: fn must not run work on the
+ * same pool. Costs ~1 us when the workers are warm: after a job they spin for ~2 ms (yielding
+ * when the machine is oversubscribed), then sleep until the next one. */
 void cpu_pool_run(struct cpu_pool *p, void (*fn)(void *ctx, int task, int ntasks), void *ctx,
 		  int ntasks);
 

@@ -1,0 +1,37 @@
+/*
+ * cpu_int.h - internals shared by the CPU kernel files (ref.c, fast.c, fast_avx2.c,
+ * bandwidth.c). Not for use outside kernels/cpu/.
+ *
+ * The *_avx2 functions live in fast_avx2.c, which is compiled with -mavx2 -mfma -mf16c;
+ * call them only when cpu_has_avx2() is true.
+ */
+#ifndef CPU_INT_H
+#define CPU_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* Rows [r0, r1) of y[n][rows] = x[n][cols] . w[rows][cols]^T, for DT_F32/BF16/F16. */
+void cpu_matmul_rows_avx2(float *y, const float *x, const void *w, enum dt_type wt, int n,
+			  int rows, int cols, int r0, int r1);
+
+/* Attention for one query row (token i, head h): out[head_dim] = softmax(q.K^T * scale) V
+ * over cache rows 0 .. len-1, whose vectors start at k/v + t*kv_stride. */
+void cpu_attention_head_avx2(float *out, const float *q, const float *k, const float *v,
+			     int len, int head_dim, int kv_stride, float scale);
+
+/* Sums bytes (a multiple of 256) at buf, 32-byte aligned, as 64-bit lanes: a load-bound loop
+ * whose result only exists so that the loads cannot be optimised away. */
+uint64_t cpu_stream_sum_avx2(const void *buf, size_t bytes);
+
+/* Tests only: makes cpu_has_avx2() report false (on) or the truth (off), so the portable
+ * fallbacks can be checked on an AVX2 machine. Not thread-safe against running kernels. */
+void cpu_force_scalar(bool on);
+
+/* The number of scores the online-softmax attention kernels keep on the stack at a time. */
+#define CPU_ATTN_CHUNK 256
+
+#endif

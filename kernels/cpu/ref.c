@@ -1,0 +1,138 @@
+/*
+ * ref.c - the reference CPU kernels: scalar, single-threaded, written to be read.
+ *
+ * These define what each op computes (see cpu.h for shapes). Fast versions elsewhere are
+ * tested against them; keep them plain. Accumulation is in float, as the fast kernels and
+ * PyTorch's f32 path do, except where noted.
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu.h"
+
+static float weight_at(const void *w, enum dt_type wt, size_t i)
+{
+	switch (wt) {
+	case DT_F32: return ((const float *)w)[i];
+	case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)w)[i]);
+	case DT_F16: return dt_f16_to_f32(((const uint16_t *)w)[i]);
+	default: return NAN; /* callers only pass the three types above */
+	}
+}
+
+void cpu_ref_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n, int rows,
+		    int cols)
+{
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * cols;
+		for (int r = 0; r < rows; r++) {
+			float acc = 0.0f;
+			for (int c = 0; c < cols; c++)
+				acc += xt[c] * weight_at(w, wt, (size_t)r * cols + c);
+			y[(size_t)t * rows + r] = acc;
+		}
+	}
+}
+
+void cpu_ref_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps)
+{
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * dim;
+		float *yt = y + (size_t)t * dim;
+		float ss = 0.0f;
+		for (int i = 0; i < dim; i++)
+			ss += xt[i] * xt[i];
+		float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+		for (int i = 0; i < dim; i++)
+			yt[i] = xt[i] * inv * w[i];
+	}
+}
+
+/* The frequencies are computed as Hugging Face does, in float: inv_freq = 1 / theta^(2j/rot),
+ * angle = (float)pos * inv_freq; so positions far into the context round the same way. */
+void cpu_ref_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
+		  float theta, bool interleaved)
+{
+	int half = rot_dim / 2;
+	for (int t = 0; t < n; t++) {
+		for (int h = 0; h < n_heads; h++) {
+			float *v = x + ((size_t)t * n_heads + h) * head_dim;
+			for (int j = 0; j < half; j++) {
+				float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot_dim);
+				float angle = (float)pos[t] * inv_freq;
+				float c = cosf(angle), s = sinf(angle);
+				int i0 = interleaved ? 2 * j : j;
+				int i1 = interleaved ? 2 * j + 1 : j + half;
+				float a = v[i0], b = v[i1];
+				v[i0] = a * c - b * s;
+				v[i1] = b * c + a * s;
+			}
+		}
+	}
+}
+
+void cpu_ref_softmax(float *x, int n)
+{
+	if (n <= 0)
+		return;
+	float max = x[0];
+	for (int i = 1; i < n; i++)
+		if (x[i] > max)
+			max = x[i];
+	float sum = 0.0f;
+	for (int i = 0; i < n; i++) {
+		x[i] = expf(x[i] - max);
+		sum += x[i];
+	}
+	for (int i = 0; i < n; i++)
+		x[i] /= sum;
+}
+
+static float dot(const float *a, const float *b, int n)
+{
+	float acc = 0.0f;
+	for (int i = 0; i < n; i++)
+		acc += a[i] * b[i];
+	return acc;
+}
+
+/* Two passes over the cache, so that no score buffer is needed: the first finds the largest
+ * score, the second sums exp(score - max) and the weighted values into the output row. */
+void cpu_ref_attention(float *out, const float *q, const float *k, const float *v, int n,
+		       int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+{
+	int group = n_heads / n_kv;
+	for (int i = 0; i < n; i++) {
+		int len = pos0 + i + 1;
+		for (int h = 0; h < n_heads; h++) {
+			const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
+			float *oh = out + ((size_t)i * n_heads + h) * head_dim;
+			size_t koff = (size_t)(h / group) * head_dim;
+
+			float max = -INFINITY;
+			for (int t = 0; t < len; t++) {
+				float s = dot(qh, k + (size_t)t * kv_stride + koff, head_dim) * scale;
+				if (s > max)
+					max = s;
+			}
+			for (int d = 0; d < head_dim; d++)
+				oh[d] = 0.0f;
+			float sum = 0.0f;
+			for (int t = 0; t < len; t++) {
+				float s = dot(qh, k + (size_t)t * kv_stride + koff, head_dim) * scale;
+				float p = expf(s - max);
+				const float *vt = v + (size_t)t * kv_stride + koff;
+				sum += p;
+				for (int d = 0; d < head_dim; d++)
+					oh[d] += p * vt[d];
+			}
+			for (int d = 0; d < head_dim; d++)
+				oh[d] /= sum;
+		}
+	}
+}
+
+void cpu_ref_silu_mul(float *g, const float *u, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}

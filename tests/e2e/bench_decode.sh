@@ -1,0 +1,33 @@
+# `wick bench decode` on a small random Llama (gen_llama, ~5 MB): the table prints, and the
+# final JSON line carries positive, self-consistent numbers. The real measurement, on a
+# 0.5-1 GB model, is scripts/bench-decode.
+source tests/e2e/lib.sh
+m=$TMPD/llama
+"$WICK_TOOLS/gen_llama" -o "$m" --hidden 256 --intermediate 688 --layers 2 --heads 4 \
+  --kv-heads 2 --vocab 1000 --max-pos 128 --seed 3
+[ -f "$m/model.safetensors" ] && [ -f "$m/config.json" ] || fail "gen_llama wrote no model"
+
+out=$("$WICK" bench decode "$m" -n 8 --warmup 2 --threads 2 --bw-bytes 64 --bw-seconds 0.2)
+echo "$out"
+echo "$out" | grep -q '^tokens/s' || fail "no human table"
+json=$(echo "$out" | tail -n 1)
+python3 - "$json" <<'PY' || fail "bad JSON line: $json"
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["bench"] == "decode" and j["tokens"] == 8 and j["threads"] == 2, j
+for k in ("tokens_per_s", "bytes_per_token", "weight_gbps", "read_gbps", "ratio"):
+    assert j[k] > 0, k
+assert abs(j["weight_gbps"] - j["bytes_per_token"] * j["tokens_per_s"] / 1e9) <= 1e-3 * j["weight_gbps"]
+assert abs(j["ratio"] - j["weight_gbps"] / j["read_gbps"]) <= 1e-3 * j["ratio"]
+PY
+
+# Usage errors exit 2; an unknown sub-benchmark is refused by name.
+set +e
+"$WICK" bench 2>/dev/null; [ $? -eq 2 ] || fail "bare 'wick bench' should exit 2"
+"$WICK" bench nosuch 2>"$TMPD/err"; [ $? -eq 2 ] || fail "unknown benchmark should exit 2"
+grep -q nosuch "$TMPD/err" || fail "unknown benchmark not named"
+"$WICK" bench decode "$m" -n 0 2>/dev/null; [ $? -eq 2 ] || fail "-n 0 should exit 2"
+"$WICK" bench decode "$m" -n 1000 2>/dev/null; [ $? -eq 1 ] || fail "past max-pos should fail"
+set -e
+"$WICK" bench decode --help | grep -q 'usage: wick bench decode' || fail "no --help"
+echo ok

@@ -1,0 +1,365 @@
+/*
+ * test_kernels.c - the CPU kernels: the references against hand-computed values, and every
+ * fast kernel against its reference over odd shapes, with and without a pool, with AVX2
+ * and with the portable fallback.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_int.h"
+
+static uint64_t rng_state;
+
+static float rnd(void) /* uniform in [-1, 1) */
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
+}
+
+static float *rnd_vec(size_t n)
+{
+	float *v = malloc(n * sizeof *v);
+	cr_assert(v);
+	for (size_t i = 0; i < n; i++)
+		v[i] = rnd();
+	return v;
+}
+
+/* Random weights [rows][cols] in dtype wt. */
+static void *rnd_weights(enum dt_type wt, int rows, int cols)
+{
+	size_t n = (size_t)rows * cols;
+	void *w = malloc(n * dt_size(wt));
+	cr_assert(w);
+	for (size_t i = 0; i < n; i++) {
+		float f = rnd();
+		if (wt == DT_F32)
+			((float *)w)[i] = f;
+		else if (wt == DT_BF16)
+			((uint16_t *)w)[i] = dt_f32_to_bf16(f);
+		else
+			((uint16_t *)w)[i] = dt_f32_to_f16(f);
+	}
+	return w;
+}
+
+/* ---- references against known values ------------------------------------------------------ */
+
+Test(kernels, ref_matmul_known)
+{
+	float w[6] = {1, 2, 3, 4, 5, 6}; /* [2][3] */
+	float x[6] = {1, 0, -1, 2, 1, 0}; /* [2][3] */
+	float y[4];
+	cpu_ref_matmul(y, x, w, DT_F32, 2, 2, 3);
+	cr_assert_float_eq(y[0], -2.0f, 1e-6);
+	cr_assert_float_eq(y[1], -2.0f, 1e-6);
+	cr_assert_float_eq(y[2], 4.0f, 1e-6);
+	cr_assert_float_eq(y[3], 13.0f, 1e-6);
+
+	uint16_t wb[6], wh[6];
+	for (int i = 0; i < 6; i++) {
+		wb[i] = dt_f32_to_bf16(w[i]);
+		wh[i] = dt_f32_to_f16(w[i]);
+	}
+	float yb[4], yh[4];
+	cpu_ref_matmul(yb, x, wb, DT_BF16, 2, 2, 3);
+	cpu_ref_matmul(yh, x, wh, DT_F16, 2, 2, 3);
+	for (int i = 0; i < 4; i++) {
+		cr_assert_float_eq(yb[i], y[i], 1e-6);
+		cr_assert_float_eq(yh[i], y[i], 1e-6);
+	}
+}
+
+Test(kernels, ref_rmsnorm_known)
+{
+	float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 2, 0.5f}, y[4];
+	cpu_ref_rmsnorm(y, x, w, 1, 4, 0.0f);
+	float inv = 1.0f / sqrtf(30.0f / 4.0f);
+	cr_assert_float_eq(y[0], 1 * inv, 1e-6);
+	cr_assert_float_eq(y[2], 6 * inv, 1e-6);
+	cr_assert_float_eq(y[3], 2 * inv, 1e-6);
+	cpu_ref_rmsnorm(x, x, w, 1, 4, 0.0f); /* in place */
+	cr_assert_float_eq(x[1], y[1], 1e-7);
+}
+
+Test(kernels, ref_softmax_known)
+{
+	float x[3] = {1000.0f, 1000.0f, -INFINITY};
+	cpu_ref_softmax(x, 3);
+	cr_assert_float_eq(x[0], 0.5f, 1e-7);
+	cr_assert_float_eq(x[1], 0.5f, 1e-7);
+	cr_assert_float_eq(x[2], 0.0f, 1e-7);
+	float y[2] = {0.0f, logf(3.0f)};
+	cpu_ref_softmax(y, 2);
+	cr_assert_float_eq(y[0], 0.25f, 1e-6);
+	cr_assert_float_eq(y[1], 0.75f, 1e-6);
+}
+
+Test(kernels, ref_silu_mul_known)
+{
+	float g[3] = {0.0f, 1.0f, -2.0f}, u[3] = {5.0f, 2.0f, 1.0f};
+	cpu_ref_silu_mul(g, u, 3);
+	cr_assert_float_eq(g[0], 0.0f, 1e-7);
+	cr_assert_float_eq(g[1], 2.0f / (1.0f + expf(-1.0f)), 1e-6);
+	cr_assert_float_eq(g[2], -2.0f / (1.0f + expf(2.0f)), 1e-6);
+}
+
+Test(kernels, ref_rope_known)
+{
+	/* 2 heads of 6 dims, rot_dim 4: dims 4 and 5 of each head are left alone. */
+	rng_state = 7;
+	float x[12], orig[12];
+	for (int i = 0; i < 12; i++)
+		x[i] = orig[i] = rnd();
+	int pos0 = 0;
+	cpu_ref_rope(x, 1, &pos0, 2, 6, 4, 10000.0f, false);
+	for (int i = 0; i < 12; i++)
+		cr_assert_float_eq(x[i], orig[i], 1e-7, "position 0 is the identity");
+
+	int pos = 3;
+	float theta = 100.0f;
+	for (int il = 0; il < 2; il++) {
+		memcpy(x, orig, sizeof x);
+		cpu_ref_rope(x, 1, &pos, 2, 6, 4, theta, il);
+		for (int h = 0; h < 2; h++) {
+			const float *o = orig + h * 6;
+			float *v = x + h * 6;
+			for (int j = 0; j < 2; j++) {
+				float ang = 3.0f * powf(theta, -(float)(2 * j) / 4.0f);
+				int i0 = il ? 2 * j : j, i1 = il ? 2 * j + 1 : j + 2;
+				cr_assert_float_eq(v[i0], o[i0] * cosf(ang) - o[i1] * sinf(ang), 1e-5);
+				cr_assert_float_eq(v[i1], o[i1] * cosf(ang) + o[i0] * sinf(ang), 1e-5);
+			}
+			cr_assert_eq(v[4], o[4]);
+			cr_assert_eq(v[5], o[5]);
+		}
+	}
+}
+
+Test(kernels, ref_attention_known)
+{
+	/* One token at position 0 sees only itself: out = v[0]. Two equal keys average. */
+	float q[4] = {1, 2, 3, 4}, k[8] = {1, 1, 1, 1, 1, 1, 1, 1}, v[8] = {1, 2, 3, 4, 3, 4, 5, 6};
+	float out[4];
+	cpu_ref_attention(out, q, k, v, 1, 0, 1, 1, 4, 4, 0.5f);
+	for (int d = 0; d < 4; d++)
+		cr_assert_float_eq(out[d], v[d], 1e-6);
+	cpu_ref_attention(out, q, k, v, 1, 1, 1, 1, 4, 4, 0.5f);
+	for (int d = 0; d < 4; d++)
+		cr_assert_float_eq(out[d], (v[d] + v[4 + d]) / 2, 1e-6);
+}
+
+/* ---- pool ---------------------------------------------------------------------------------- */
+
+struct count_ctx {
+	atomic_int hits[1000];
+	atomic_int calls;
+};
+
+static void count_task(void *ctx, int task, int ntasks)
+{
+	struct count_ctx *c = ctx;
+	cr_assert(task >= 0 && task < ntasks);
+	atomic_fetch_add(&c->hits[task], 1);
+	atomic_fetch_add(&c->calls, 1);
+}
+
+static void check_pool(struct cpu_pool *p, int rounds)
+{
+	static struct count_ctx c;
+	for (int r = 0; r < rounds; r++) {
+		int ntasks = (r * 7) % 40 + (r % 5 == 0 ? 0 : 1); /* 0 .. 40 */
+		memset(&c, 0, sizeof c);
+		cpu_pool_run(p, count_task, &c, ntasks);
+		cr_assert_eq(atomic_load(&c.calls), ntasks);
+		for (int i = 0; i < ntasks; i++)
+			cr_assert_eq(atomic_load(&c.hits[i]), 1, "round %d task %d", r, i);
+	}
+}
+
+Test(kernels, pool_runs_each_task_once)
+{
+	check_pool(NULL, 50);
+	for (int threads = 1; threads <= 4; threads++) {
+		struct cpu_pool *p;
+		cr_assert_eq(cpu_pool_create(threads, &p), WK_OK);
+		cr_assert_eq(cpu_pool_size(p), threads);
+		check_pool(p, 3000);
+		cpu_pool_destroy(p);
+	}
+	cpu_pool_destroy(NULL);
+}
+
+Test(kernels, pool_wakes_sleeping_workers)
+{
+	struct cpu_pool *p;
+	cr_assert_eq(cpu_pool_create(3, &p), WK_OK);
+	for (int i = 0; i < 3; i++) {
+		usleep(10000); /* past the spin: workers are asleep on the condvar */
+		check_pool(p, 5);
+	}
+	cpu_pool_destroy(p);
+
+	cr_assert_eq(cpu_pool_create(0, &p), WK_OK);
+	cr_assert_eq(cpu_pool_size(p), (int)sysconf(_SC_NPROCESSORS_ONLN));
+	cpu_pool_destroy(p);
+}
+
+/* ---- fast against reference ---------------------------------------------------------------- */
+
+struct shape {
+	int n, rows, cols;
+};
+
+static const struct shape mm_shapes[] = {
+	{1, 1, 1},    {1, 13, 37},  {7, 13, 37},   {1, 64, 16},   {7, 29, 100},
+	{1, 130, 129}, {3, 5, 15},  {7, 67, 264},  {1, 260, 1030}, {2, 8, 2048},
+};
+
+static void check_matmul(struct cpu_pool *p, enum dt_type wt)
+{
+	rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)wt;
+	for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++) {
+		struct shape sh = mm_shapes[s];
+		float *x = rnd_vec((size_t)sh.n * sh.cols);
+		void *w = rnd_weights(wt, sh.rows, sh.cols);
+		size_t ny = (size_t)sh.n * sh.rows;
+		float *want = malloc(ny * sizeof *want), *got = malloc(ny * sizeof *got);
+		float *wf = malloc((size_t)sh.rows * sh.cols * sizeof *wf);
+		cr_assert(want && got && wf);
+		dt_to_f32(wf, w, wt, (size_t)sh.rows * sh.cols);
+		cpu_ref_matmul(want, x, w, wt, sh.n, sh.rows, sh.cols);
+		for (size_t i = 0; i < ny; i++)
+			got[i] = NAN;
+		cpu_matmul(p, got, x, w, wt, sh.n, sh.rows, sh.cols);
+		for (int t = 0; t < sh.n; t++)
+			for (int r = 0; r < sh.rows; r++) {
+				/* Weights convert to f32 exactly, so only the order of the sum differs:
+				 * bound the error by the sum of the magnitudes of its terms. */
+				float mag = 0.0f;
+				for (int c = 0; c < sh.cols; c++)
+					mag += fabsf(x[(size_t)t * sh.cols + c] * wf[(size_t)r * sh.cols + c]);
+				size_t i = (size_t)t * sh.rows + r;
+				cr_assert(fabsf(got[i] - want[i]) <= 1e-5f * mag + 1e-6f,
+					  "%s n=%d rows=%d cols=%d threads=%d: y[%d][%d] = %g, want %g",
+					  dt_name(wt), sh.n, sh.rows, sh.cols, cpu_pool_size(p), t, r,
+					  got[i], want[i]);
+			}
+		free(x);
+		free(w);
+		free(wf);
+		free(want);
+		free(got);
+	}
+}
+
+static void check_matmul_all(void)
+{
+	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16};
+	for (int ti = 0; ti < 3; ti++) {
+		check_matmul(NULL, types[ti]);
+		for (int threads = 2; threads <= 3; threads++) {
+			struct cpu_pool *p;
+			cr_assert_eq(cpu_pool_create(threads, &p), WK_OK);
+			check_matmul(p, types[ti]);
+			cpu_pool_destroy(p);
+		}
+	}
+}
+
+Test(kernels, matmul_fast_matches_ref)
+{
+	check_matmul_all();
+}
+
+Test(kernels, matmul_scalar_fallback_matches_ref)
+{
+	cpu_force_scalar(true);
+	check_matmul_all();
+	cpu_force_scalar(false);
+}
+
+struct attn_shape {
+	int n, pos0, n_heads, n_kv, head_dim;
+};
+
+static const struct attn_shape attn_shapes[] = {
+	{1, 0, 1, 1, 8},   {1, 0, 4, 2, 64},  {7, 0, 4, 2, 64},  {1, 300, 4, 1, 12},
+	{7, 250, 6, 3, 20}, {3, 600, 8, 8, 128}, {1, 5, 2, 2, 3},
+};
+
+static void check_attention(struct cpu_pool *p)
+{
+	rng_state = 12345;
+	for (size_t s = 0; s < sizeof attn_shapes / sizeof attn_shapes[0]; s++) {
+		struct attn_shape a = attn_shapes[s];
+		int kv_stride = a.n_kv * a.head_dim + 3; /* a padded cache row */
+		int len = a.pos0 + a.n;
+		size_t nq = (size_t)a.n * a.n_heads * a.head_dim;
+		float *q = rnd_vec(nq);
+		float *k = rnd_vec((size_t)len * kv_stride);
+		float *v = rnd_vec((size_t)len * kv_stride);
+		for (size_t i = 0; i < nq; i++)
+			q[i] *= 3.0f; /* peaky enough that the running max changes between chunks */
+		float *want = malloc(nq * sizeof *want), *got = malloc(nq * sizeof *got);
+		cr_assert(want && got);
+		float scale = 1.0f / sqrtf((float)a.head_dim);
+		cpu_ref_attention(want, q, k, v, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+				  kv_stride, scale);
+		cpu_attention(p, got, q, k, v, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim, kv_stride,
+			      scale);
+		for (size_t i = 0; i < nq; i++)
+			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
+				  "shape %zu threads %d: out[%zu] = %g, want %g", s, cpu_pool_size(p),
+				  i, got[i], want[i]);
+		free(q);
+		free(k);
+		free(v);
+		free(want);
+		free(got);
+	}
+}
+
+static void check_attention_all(void)
+{
+	check_attention(NULL);
+	struct cpu_pool *p;
+	cr_assert_eq(cpu_pool_create(3, &p), WK_OK);
+	check_attention(p);
+	cpu_pool_destroy(p);
+}
+
+Test(kernels, attention_fast_matches_ref)
+{
+	check_attention_all();
+}
+
+Test(kernels, attention_scalar_fallback_matches_ref)
+{
+	cpu_force_scalar(true);
+	check_attention_all();
+	cpu_force_scalar(false);
+}
+
+/* ---- bandwidth ----------------------------------------------------------------------------- */
+
+Test(kernels, read_bandwidth_is_positive)
+{
+	struct cpu_pool *p;
+	cr_assert_eq(cpu_pool_create(2, &p), WK_OK);
+	double gbps = cpu_read_bandwidth(p, 16u << 20, 0.05);
+	cr_assert(gbps > 0.1 && gbps < 10000, "%g GB/s", gbps);
+	cpu_force_scalar(true);
+	gbps = cpu_read_bandwidth(NULL, 1u << 20, 0.02);
+	cpu_force_scalar(false);
+	cr_assert(gbps > 0.1 && gbps < 10000, "%g GB/s", gbps);
+	cpu_pool_destroy(p);
+}

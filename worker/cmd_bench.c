@@ -1,0 +1,238 @@
+/*
+ * cmd_bench.c - `wick bench SUB ...`: benchmarks that print a human table and, last, one
+ * JSON line for scripts.
+ *
+ *   decode  batch-1 decode speed, compared with the machine's read bandwidth: a decode step
+ *           reads every weight once, so weight bytes per token x tokens/s against what a
+ *           plain streaming read achieves is the fraction of the roofline reached.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "kernels/cpu/cpu.h"
+#include "worker/cmd.h"
+
+#define BENCH_MAX_TOKENS 100000
+
+static void bench_usage(FILE *f)
+{
+	fprintf(f, "usage: wick bench SUB [ARGS]   (wick bench SUB --help for details)\n\n"
+		   "benchmarks:\n"
+		   "  wick bench decode MODEL [-n N] [--threads T] [--backend B]\n");
+}
+
+static void decode_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick bench decode MODEL [-n N] [options]\n\n"
+		"Decodes N tokens at batch 1 (token ids: BOS, then the argmax of each step; no\n"
+		"tokenizer needed) after a short warm-up, timing only the forward passes. Then\n"
+		"measures the CPU's read bandwidth with the same thread count, and reports\n"
+		"weight GB/s = bytes_per_token x tokens/s and ratio = weight GB/s / read GB/s.\n"
+		"Prints a table, then one JSON line.\n"
+		"  -n, --tokens N        tokens to time (default 64)\n"
+		"      --warmup W        untimed tokens first (default 4)\n"
+		"      --threads T       CPU threads (default: all cores)\n"
+		"      --backend B       cpu, cuda or auto (default cpu)\n"
+		"      --bw-bytes MIB    read-bandwidth buffer in MiB (default 1024)\n"
+		"      --bw-seconds S    read-bandwidth duration (default 1.0; 0 skips it)\n");
+}
+
+static int argmax(const float *v, int n)
+{
+	int best = 0;
+	for (int i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static int parse_int(const char *s, const char *what, int lo, int hi, int *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (end == s || *end || v < lo || v > hi) {
+		fprintf(stderr, "wick bench: %s wants an integer in %d..%d, not '%s'\n", what, lo, hi,
+			s);
+		return -1;
+	}
+	*out = (int)v;
+	return 0;
+}
+
+static int bench_decode(int argc, char **argv)
+{
+	int ntok = 64, warmup = 4, threads = 0, bw_mib = 1024;
+	double bw_seconds = 1.0;
+	const char *backend = "cpu";
+	static const struct option opts[] = {
+		{"tokens", required_argument, NULL, 'n'},
+		{"warmup", required_argument, NULL, 'w'},
+		{"threads", required_argument, NULL, 't'},
+		{"backend", required_argument, NULL, 'b'},
+		{"bw-bytes", required_argument, NULL, 'B'},
+		{"bw-seconds", required_argument, NULL, 'S'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+		int bad = 0;
+		switch (c) {
+		case 'n': bad = parse_int(optarg, "-n", 1, BENCH_MAX_TOKENS, &ntok); break;
+		case 'w': bad = parse_int(optarg, "--warmup", 0, BENCH_MAX_TOKENS, &warmup); break;
+		case 't': bad = parse_int(optarg, "--threads", 0, 1024, &threads); break;
+		case 'b': backend = optarg; break;
+		case 'B': bad = parse_int(optarg, "--bw-bytes", 1, 1 << 20, &bw_mib); break;
+		case 'S': {
+			char *end;
+			bw_seconds = strtod(optarg, &end);
+			bad = end == optarg || *end || bw_seconds < 0 || bw_seconds > 600;
+			if (bad)
+				fprintf(stderr, "wick bench: --bw-seconds wants 0..600\n");
+			break;
+		}
+		case 'h': decode_usage(stdout); return 0;
+		default: decode_usage(stderr); return 2;
+		}
+		if (bad)
+			return 2;
+	}
+	if (optind != argc - 1) {
+		decode_usage(stderr);
+		return 2;
+	}
+	const char *model = argv[optind];
+
+	char err[WK_ERRSZ];
+	struct engine *e = NULL;
+	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = warmup + ntok};
+	if (eng_open(model, &eo, &e, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench: %s\n", err);
+		return 1;
+	}
+	const struct eng_info *info = eng_info(e);
+	float *logits = malloc((size_t)info->vocab * sizeof *logits);
+	double *times = malloc((size_t)ntok * sizeof *times);
+	int rc = 1;
+	if (!logits || !times) {
+		fprintf(stderr, "wick bench: out of memory\n");
+		goto done;
+	}
+
+	if (info->max_seq < warmup + ntok) {
+		fprintf(stderr, "wick bench: the model holds %d positions, fewer than the %d warm-up "
+				"+ %d timed tokens\n", info->max_seq, warmup, ntok);
+		goto done;
+	}
+	int tok = info->bos >= 0 && info->bos < info->vocab ? info->bos : 0;
+	double total = 0.0;
+	for (int i = 0; i < warmup + ntok; i++) {
+		double t0 = wk_now();
+		if (eng_forward(e, &tok, 1, i, logits, false, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench: token %d: %s\n", i, err);
+			goto done;
+		}
+		double dt = wk_now() - t0;
+		if (i >= warmup) {
+			times[i - warmup] = dt;
+			total += dt;
+		}
+		tok = argmax(logits, info->vocab);
+	}
+	char arch[128], be_name[32];
+	snprintf(arch, sizeof arch, "%s", info->arch);
+	snprintf(be_name, sizeof be_name, "%s", info->backend);
+	uint64_t bpt = info->bytes_per_token, wbytes = info->weight_bytes;
+	int64_t params = info->params;
+	eng_close(e); /* frees its memory and threads before the bandwidth run */
+	e = NULL;
+
+	qsort(times, (size_t)ntok, sizeof *times, cmp_double);
+	double tps = ntok / total;
+	double weight_gbps = (double)bpt * tps / 1e9;
+
+	struct cpu_pool *pool = NULL;
+	double read_gbps = 0.0;
+	int nthreads = threads;
+	if (cpu_pool_create(threads, &pool) != WK_OK) {
+		fprintf(stderr, "wick bench: cannot start %d threads\n", threads);
+		goto done;
+	}
+	nthreads = cpu_pool_size(pool);
+	if (bw_seconds > 0) {
+		read_gbps = cpu_read_bandwidth(pool, (size_t)bw_mib << 20, bw_seconds);
+		if (read_gbps < 0) {
+			fprintf(stderr, "wick bench: cannot allocate %d MiB for the bandwidth run\n",
+				bw_mib);
+			cpu_pool_destroy(pool);
+			goto done;
+		}
+	}
+	cpu_pool_destroy(pool);
+	double ratio = read_gbps > 0 ? weight_gbps / read_gbps : 0.0;
+
+	printf("model            %s (%s)\n", model, arch);
+	printf("parameters       %.1f M, %.1f MB of weights\n", params / 1e6, wbytes / 1e6);
+	printf("backend          %s, %d threads\n", be_name, nthreads);
+	printf("tokens           %d timed (after %d warm-up)\n", ntok, warmup);
+	printf("ms/token         mean %.3f  p50 %.3f  min %.3f  max %.3f\n", 1e3 * total / ntok,
+	       1e3 * times[ntok / 2], 1e3 * times[0], 1e3 * times[ntok - 1]);
+	printf("tokens/s         %.2f\n", tps);
+	printf("bytes/token      %.1f MB\n", bpt / 1e6);
+	printf("weight GB/s      %.2f\n", weight_gbps);
+	if (bw_seconds > 0) {
+		printf("read GB/s        %.2f (%d MiB, %d threads, %.1f s)\n", read_gbps, bw_mib,
+		       nthreads, bw_seconds);
+		printf("ratio            %.3f of the measured read bandwidth\n", ratio);
+	}
+	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:I, s:f, s:f, s:f}", "bench",
+			      "decode", "model", model, "backend", be_name, "threads", nthreads,
+			      "tokens", ntok, "tokens_per_s", tps, "ms_per_token",
+			      1e3 * total / ntok, "bytes_per_token", (json_int_t)bpt,
+			      "weight_gbps", weight_gbps, "read_gbps", read_gbps, "ratio", ratio);
+	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+	json_decref(j);
+	if (!s) {
+		fprintf(stderr, "wick bench: out of memory\n");
+		goto done;
+	}
+	printf("%s\n", s);
+	free(s);
+	rc = 0;
+done:
+	eng_close(e);
+	free(logits);
+	free(times);
+	return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	if (argc < 2) {
+		bench_usage(stderr);
+		return 2;
+	}
+	const char *sub = argv[1];
+	if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
+		bench_usage(stdout);
+		return 0;
+	}
+	if (!strcmp(sub, "decode"))
+		return bench_decode(argc - 1, argv + 1);
+	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
+	bench_usage(stderr);
+	return 2;
+}
