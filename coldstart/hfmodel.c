@@ -21,7 +21,6 @@
 #include "common/wk.h"
 
 #define HF_PATH 4096
-#define HF_SHOWN 96
 
 struct hf_model {
 	char *dir;
@@ -33,18 +32,6 @@ struct hf_model {
 	const struct st_tensor **by_name;
 };
 
-static const char *shown(const char *s, char buf[static HF_SHOWN])
-{
-	size_t i = 0;
-	for (; s[i] && i < HF_SHOWN - 4; i++)
-		buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-	if (s[i]) {
-		memcpy(buf + i, "...", 3);
-		i += 3;
-	}
-	buf[i] = 0;
-	return buf;
-}
 
 static int join(char *out, const char *dir, const char *name, char *err, size_t errsz)
 {
@@ -111,7 +98,7 @@ static int valid_shard_name(const char *s)
 /* Opens the shards listed by the index (sorted, distinct) and checks every entry. */
 static int open_index(struct hf_model *m, const char *ipath, char *err, size_t errsz)
 {
-	char nb[HF_SHOWN], sb[HF_SHOWN], path[HF_PATH];
+	char nb[ST_SHOWN], sb[ST_SHOWN], path[HF_PATH];
 	json_t *idx = NULL;
 	const char **names = NULL;
 	int rc = load_object(ipath, HF_MAX_INDEX, &idx, err, errsz);
@@ -138,7 +125,7 @@ static int open_index(struct hf_model *m, const char *ipath, char *err, size_t e
 	json_object_foreach(wm, key, v) {
 		if (!json_is_string(v) || !valid_shard_name(json_string_value(v))) {
 			rc = wk_errf(err, errsz, WK_EFORMAT, "%s: weight_map['%s'] is not a plain "
-				     "file name in the model directory", ipath, shown(key, nb));
+				     "file name in the model directory", ipath, st_shown(key, nb));
 			goto fail;
 		}
 		names[k++] = json_string_value(v);
@@ -163,7 +150,7 @@ static int open_index(struct hf_model *m, const char *ipath, char *err, size_t e
 			goto fail;
 		if (!exists(path)) {
 			rc = wk_errf(err, errsz, WK_ENOTFOUND, "%s: shard '%s' named by the index is "
-				     "missing", path, shown(names[i], sb));
+				     "missing", path, st_shown(names[i], sb));
 			goto fail;
 		}
 		if ((rc = st_open(path, &m->shards[i], err, errsz)))
@@ -176,7 +163,7 @@ static int open_index(struct hf_model *m, const char *ipath, char *err, size_t e
 		size_t si = (size_t)(hit - names);
 		if (!st_find(m->shards[si], key)) {
 			rc = wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is mapped to '%s', "
-				     "which has no such tensor", ipath, shown(key, nb), shown(s, sb));
+				     "which has no such tensor", ipath, st_shown(key, nb), st_shown(s, sb));
 			goto fail;
 		}
 	}
@@ -189,7 +176,7 @@ fail:
 
 int hf_open(const char *dir, struct hf_model **out, char *err, size_t errsz)
 {
-	char path[HF_PATH], ipath[HF_PATH], nb[HF_SHOWN];
+	char path[HF_PATH], ipath[HF_PATH], nb[ST_SHOWN];
 	struct named *nm = NULL;
 	struct hf_model *m = NULL;
 	int rc;
@@ -248,7 +235,7 @@ int hf_open(const char *dir, struct hf_model **out, char *err, size_t errsz)
 	for (size_t i = 0; i < n; i++) {
 		if (i > 0 && !strcmp(nm[i].t->name, nm[i - 1].t->name)) {
 			rc = wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s' appears in both %s and "
-				     "%s", dir, shown(nm[i].t->name, nb),
+				     "%s", dir, st_shown(nm[i].t->name, nb),
 				     st_path(m->shards[nm[i - 1].shard]),
 				     st_path(m->shards[nm[i].shard]));
 			goto fail;
@@ -300,18 +287,7 @@ const struct st_tensor *hf_tensor_at(const struct hf_model *m, size_t i)
 
 const struct st_tensor *hf_tensor(const struct hf_model *m, const char *name)
 {
-	size_t lo = 0, hi = m->n;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(name, m->by_name[mid]->name);
-		if (c == 0)
-			return m->by_name[mid];
-		if (c < 0)
-			hi = mid;
-		else
-			lo = mid + 1;
-	}
-	return NULL;
+	return st_bsearch(m->by_name, m->n, name);
 }
 
 size_t hf_shard_count(const struct hf_model *m)

@@ -27,7 +27,6 @@
 /* Nesting depth of the header JSON. A valid header needs 3 (root, tensor entry, shape); the
  * cap only stops a hostile header from driving the parser's recursion deep. */
 #define ST_MAX_DEPTH 16
-#define ST_SHOWN 96 /* bytes of a name quoted in an error message */
 #define ST_WBUF (8u << 20)
 
 struct st_meta_kv {
@@ -49,8 +48,7 @@ struct st_file {
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-/* Copies s into buf for an error message: control bytes become '?', long names are cut. */
-static const char *shown(const char *s, char buf[static ST_SHOWN])
+const char *st_shown(const char *s, char buf[static ST_SHOWN])
 {
 	size_t i = 0;
 	for (; s[i] && i < ST_SHOWN - 4; i++)
@@ -154,7 +152,7 @@ static int parse_entry(const char *label, const char *name, json_t *e, uint64_t 
 
 	if (!json_is_object(e))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': entry is not a JSON object",
-			       label, shown(name, nb));
+			       label, st_shown(name, nb));
 	json_object_foreach(e, key, v) {
 		if (!strcmp(key, "dtype"))
 			dtype = v;
@@ -165,33 +163,33 @@ static int parse_entry(const char *label, const char *name, json_t *e, uint64_t 
 		else
 			return wk_errf(err, errsz, WK_EFORMAT,
 				       "%s: tensor '%s': unknown key '%s' (expected dtype, shape, "
-				       "data_offsets)", label, shown(name, nb), shown(key, kb));
+				       "data_offsets)", label, st_shown(name, nb), st_shown(key, kb));
 	}
 	if (!dtype || !shape || !offs)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': missing '%s'", label,
-			       shown(name, nb), !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
+			       st_shown(name, nb), !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
 
 	if (!json_is_string(dtype))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': dtype is not a string",
-			       label, shown(name, nb));
+			       label, st_shown(name, nb));
 	const char *dn = json_string_value(dtype);
 	t->dtype = dt_from_name(dn);
 	if (t->dtype == DT_INVALID) {
 		if (is_other_st_dtype(dn))
 			return wk_errf(err, errsz, WK_EUNSUPPORTED,
 				       "%s: tensor '%s': dtype %s is not supported by wick (it reads "
-				       "F32, BF16, F16, F8_E4M3, F8_E5M2)", label, shown(name, nb), dn);
+				       "F32, BF16, F16, F8_E4M3, F8_E5M2)", label, st_shown(name, nb), dn);
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': unknown dtype '%s'", label,
-			       shown(name, nb), shown(dn, kb));
+			       st_shown(name, nb), st_shown(dn, kb));
 	}
 
 	if (!json_is_array(shape))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': shape is not an array",
-			       label, shown(name, nb));
+			       label, st_shown(name, nb));
 	size_t rank = json_array_size(shape);
 	if (rank > ST_MAX_RANK)
 		return wk_errf(err, errsz, WK_ELIMIT, "%s: tensor '%s': rank %zu is over the limit "
-			       "of %d", label, shown(name, nb), rank, ST_MAX_RANK);
+			       "of %d", label, st_shown(name, nb), rank, ST_MAX_RANK);
 	t->rank = (int)rank;
 	t->numel = 1;
 	int overflow = 0;
@@ -199,7 +197,7 @@ static int parse_entry(const char *label, const char *name, json_t *e, uint64_t 
 		int64_t d;
 		if (get_uint(json_array_get(shape, i), &d))
 			return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': shape[%zu] is not a "
-				       "non-negative integer", label, shown(name, nb), i);
+				       "non-negative integer", label, st_shown(name, nb), i);
 		t->shape[i] = d;
 		if (d != 0 && t->numel > INT64_MAX / d)
 			overflow = 1; /* keep going: a later 0 dim makes the product 0 */
@@ -214,26 +212,26 @@ static int parse_entry(const char *label, const char *name, json_t *e, uint64_t 
 				overflow = 0;
 		if (overflow)
 			return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': shape's element "
-				       "count overflows 64 bits", label, shown(name, nb));
+				       "count overflows 64 bits", label, st_shown(name, nb));
 		t->numel = 0;
 	}
 	uint64_t esz = dt_size(t->dtype);
 	if ((uint64_t)t->numel > UINT64_MAX / esz)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': byte size of shape "
-			       "overflows 64 bits", label, shown(name, nb));
+			       "overflows 64 bits", label, st_shown(name, nb));
 	uint64_t need = (uint64_t)t->numel * esz;
 
 	int64_t b, en;
 	if (!json_is_array(offs) || json_array_size(offs) != 2 ||
 	    get_uint(json_array_get(offs, 0), &b) || get_uint(json_array_get(offs, 1), &en))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': data_offsets is not "
-			       "[begin, end] with non-negative integers", label, shown(name, nb));
+			       "[begin, end] with non-negative integers", label, st_shown(name, nb));
 	if (b > en)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': data_offsets [%lld, %lld] "
-			       "has begin > end", label, shown(name, nb), (long long)b, (long long)en);
+			       "has begin > end", label, st_shown(name, nb), (long long)b, (long long)en);
 	if ((uint64_t)en > data_len)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': data_offsets [%lld, %lld] "
-			       "run past the end of the %llu-byte data area", label, shown(name, nb),
+			       "run past the end of the %llu-byte data area", label, st_shown(name, nb),
 			       (long long)b, (long long)en, (unsigned long long)data_len);
 	if ((uint64_t)(en - b) != need) {
 		char sb[8 * 24 + 4];
@@ -245,7 +243,7 @@ static int parse_entry(const char *label, const char *name, json_t *e, uint64_t 
 		snprintf(sb + o, sizeof sb - o, "]");
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: tensor '%s': data_offsets [%lld, %lld] "
 			       "hold %lld bytes but shape %s of %s needs %llu", label,
-			       shown(name, nb), (long long)b, (long long)en, (long long)(en - b), sb,
+			       st_shown(name, nb), (long long)b, (long long)en, (long long)(en - b), sb,
 			       dt_name(t->dtype), (unsigned long long)need);
 	}
 	t->offset = hdr_end + (uint64_t)b;
@@ -320,7 +318,7 @@ int st_parse(const void *buf, size_t len, const char *label, struct st_file **ou
 		json_object_foreach(meta, key, v) {
 			if (!json_is_string(v)) {
 				rc = wk_errf(err, errsz, WK_EFORMAT, "%s: __metadata__ value of '%s' is "
-					     "not a string", label, shown(key, nb));
+					     "not a string", label, st_shown(key, nb));
 				goto fail;
 			}
 			pool += strlen(key) + 1 + json_string_length(v) + 1;
@@ -336,7 +334,7 @@ int st_parse(const void *buf, size_t len, const char *label, struct st_file **ou
 		}
 		if (kl > ST_MAX_NAME) {
 			rc = wk_errf(err, errsz, WK_ELIMIT, "%s: tensor '%s': name is %zu bytes, over "
-				     "the limit of %d", label, shown(key, nb), kl, ST_MAX_NAME);
+				     "the limit of %d", label, st_shown(key, nb), kl, ST_MAX_NAME);
 			goto fail;
 		}
 		pool += kl + 1;
@@ -359,7 +357,7 @@ int st_parse(const void *buf, size_t len, const char *label, struct st_file **ou
 		json_object_foreach(meta, key, v) {
 			if (strlen(json_string_value(v)) != json_string_length(v)) {
 				rc = wk_errf(err, errsz, WK_EFORMAT, "%s: __metadata__ value of '%s' "
-					     "contains a NUL", label, shown(key, nb));
+					     "contains a NUL", label, st_shown(key, nb));
 				goto fail;
 			}
 			f->meta[f->nmeta].key = pool_put(&pp, key);
@@ -388,10 +386,10 @@ int st_parse(const void *buf, size_t len, const char *label, struct st_file **ou
 			const struct st_tensor *p = &f->t[i - 1];
 			if (t->offset < p->offset + p->nbytes) {
 				rc = wk_errf(err, errsz, WK_EFORMAT, "%s: tensors '%s' [%llu, %llu] and "
-					     "'%s' [%llu, %llu] overlap", label, shown(p->name, nb),
+					     "'%s' [%llu, %llu] overlap", label, st_shown(p->name, nb),
 					     (unsigned long long)(p->offset - hdr_end),
 					     (unsigned long long)(p->offset - hdr_end + p->nbytes),
-					     shown(t->name, nb2),
+					     st_shown(t->name, nb2),
 					     (unsigned long long)(t->offset - hdr_end),
 					     (unsigned long long)(t->offset - hdr_end + t->nbytes));
 				goto fail;
@@ -493,12 +491,18 @@ const struct st_tensor *st_at(const struct st_file *f, size_t i)
 
 const struct st_tensor *st_find(const struct st_file *f, const char *name)
 {
-	size_t lo = 0, hi = f->n;
+	return st_bsearch((const struct st_tensor *const *)f->by_name, f->n, name);
+}
+
+const struct st_tensor *st_bsearch(const struct st_tensor *const *sorted, size_t n,
+				   const char *name)
+{
+	size_t lo = 0, hi = n;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(name, f->by_name[mid]->name);
+		int c = strcmp(name, sorted[mid]->name);
 		if (c == 0)
-			return f->by_name[mid];
+			return sorted[mid];
 		if (c < 0)
 			hi = mid;
 		else
@@ -585,7 +589,7 @@ static int build_header(const char *path, const struct st_out *t, size_t n,
 		json_object_foreach(meta, k, v) {
 			if (!json_is_string(v)) {
 				rc = wk_errf(err, errsz, WK_EINVAL, "%s: metadata value of '%s' is "
-					     "not a string", path, shown(k, nb));
+					     "not a string", path, st_shown(k, nb));
 				goto fail;
 			}
 		}
@@ -605,7 +609,7 @@ static int build_header(const char *path, const struct st_out *t, size_t n,
 		}
 		if (dt_size(o->dtype) == 0 || o->rank < 0 || o->rank > ST_MAX_RANK) {
 			rc = wk_errf(err, errsz, WK_EINVAL, "%s: tensor '%s': bad dtype or rank %d",
-				     path, shown(o->name, nb), o->rank);
+				     path, st_shown(o->name, nb), o->rank);
 			goto fail;
 		}
 		uint64_t numel = 1;
@@ -613,7 +617,7 @@ static int build_header(const char *path, const struct st_out *t, size_t n,
 		for (int d = 0; d < o->rank; d++) {
 			if (o->shape[d] < 0) {
 				rc = wk_errf(err, errsz, WK_EINVAL, "%s: tensor '%s': negative dim",
-					     path, shown(o->name, nb));
+					     path, st_shown(o->name, nb));
 				goto fail;
 			}
 			if (o->shape[d] == 0)
@@ -629,18 +633,18 @@ static int build_header(const char *path, const struct st_out *t, size_t n,
 		if ((over && !zero) || numel > (UINT64_MAX - off) / esz ||
 		    numel * esz > (uint64_t)INT64_MAX - off) {
 			rc = wk_errf(err, errsz, WK_EINVAL, "%s: tensor '%s': size overflows", path,
-				     shown(o->name, nb));
+				     st_shown(o->name, nb));
 			goto fail;
 		}
 		if (numel && !o->data) {
 			rc = wk_errf(err, errsz, WK_EINVAL, "%s: tensor '%s': NULL data", path,
-				     shown(o->name, nb));
+				     st_shown(o->name, nb));
 			goto fail;
 		}
 		uint64_t end = off + numel * esz;
 		if (json_object_get(root, o->name)) {
 			rc = wk_errf(err, errsz, WK_EINVAL, "%s: tensor '%s' appears twice", path,
-				     shown(o->name, nb));
+				     st_shown(o->name, nb));
 			goto fail;
 		}
 		json_t *e = json_object(), *sh = json_array(), *of = json_array();
@@ -665,7 +669,7 @@ static int build_header(const char *path, const struct st_out *t, size_t n,
 		/* set_new fails on a name that is not valid UTF-8 (and frees e). */
 		if (json_object_set_new(root, o->name, e)) {
 			rc = wk_errf(err, errsz, WK_EINVAL, "%s: tensor '%s': name is not valid "
-				     "UTF-8", path, shown(o->name, nb));
+				     "UTF-8", path, st_shown(o->name, nb));
 			goto fail;
 		}
 		off = end;

@@ -60,6 +60,18 @@ const struct st_tensor *st_find(const struct st_file *f, const char *name); /* N
 /* Value of a __metadata__ key, or NULL. */
 const char *st_meta(const struct st_file *f, const char *key);
 
+/* ---- helpers for other readers of named tensors ---- */
+
+#define ST_SHOWN 96 /* bytes of a name quoted in an error message */
+
+/* Copies s into buf for an error message: control bytes become '?', a long name is cut and
+ * ends in "...". Returns buf. Never fails. */
+const char *st_shown(const char *s, char buf[static ST_SHOWN]);
+
+/* Binary search of n tensor pointers sorted by strcmp of their names; NULL when absent. */
+const struct st_tensor *st_bsearch(const struct st_tensor *const *sorted, size_t n,
+				   const char *name);
+
 /* ---- writing ---- */
 
 /* One tensor to write. data holds numel * dt_size(dtype) bytes. */

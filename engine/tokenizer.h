@@ -4,15 +4,30 @@
  * Kinds:
  *   - SentencePiece-BPE (Llama-2 style): normalizer Prepend("▁") + Replace(" ", "▁") (or the
  *     older Metaspace pre-tokenizer), model BPE with byte_fallback and fuse_unk, decoder
- *     Replace("▁", " ") + ByteFallback + Fuse + Strip(" ", 1, 0).
- *   - byte-level BPE (GPT-2/GLM style) is designed to fit beside it (a later issue).
+ *     Replace("▁", " ") + ByteFallback + Fuse + Strip(" ", 1, 0) (or Metaspace).
+ *   - byte-level BPE (GPT-2/GLM style) is designed to fit beside it (a later issue); tok_load
+ *     refuses it with WK_EUNSUPPORTED, as it does any other component it does not implement
+ *     (Unigram/WordPiece models, NFKC normalizers, Regex patterns, BPE dropout, ...).
  *
- * Added tokens (the tokenizer.json "added_tokens" list, e.g. "<s>") are split out of the input
- * text before the model runs, as Hugging Face tokenizers does by default.
+ * Encoding matches Hugging Face tokenizers id for id on valid UTF-8 (tests/e2e/tokenizer_hf.sh):
+ * added tokens (the "added_tokens" list, e.g. "<s>") are split out of the raw text first,
+ * leftmost-longest, and each remaining segment is normalized on its own (so Prepend("▁")
+ * applies per segment, as in HF); BPE merges apply lowest rank first, leftmost on ties; a
+ * character missing from the vocabulary becomes its <0xXX> byte tokens (byte_fallback), else
+ * <unk> (consecutive ones fused with fuse_unk). The ids listed in added_tokens must be the
+ * ones HF would assign (the model vocab's id, else the next free id), or tok_load refuses
+ * the file. truncation and padding settings are ignored.
  *
  * Invalid UTF-8 in the input: each byte that is not part of a valid UTF-8 sequence is encoded
- * through byte fallback as its <0xXX> token, so decode(encode(s)) == s for any bytes s.
- * (Hugging Face's library only accepts valid Unicode strings; on valid UTF-8 the two agree.)
+ * through byte fallback as its <0xXX> token (as <unk> when the vocabulary has no byte tokens),
+ * so tok_decode(tok_encode(s)) == s for any bytes s that contain no added token and no "▁"
+ * (as in HF: text after an added token is a new segment with its own "▁" prefix, which
+ * decodes as a space, and a "▁" in the text decodes as a space).
+ * Hugging Face's library only accepts valid Unicode strings; on valid UTF-8 the two agree.
+ *
+ * Decoding: tok_decode returns the exact bytes (a <0xXX> run that is not valid UTF-8 stays
+ * as raw bytes, so text round-trips); tok_decode_utf8 returns what HF's decode returns, always
+ * valid UTF-8 (such a run becomes one U+FFFD per byte). They differ only on such runs.
  *
  * A struct tok is immutable after load and safe to use from many threads.
  */
@@ -24,7 +39,8 @@
 
 #define TOK_MAX_FILE (64u << 20)   /* bytes of tokenizer.json */
 #define TOK_MAX_VOCAB (1 << 22)    /* entries in the vocabulary */
-#define TOK_MAX_PIECE 256          /* bytes in one vocabulary piece */
+#define TOK_MAX_PIECE 256          /* bytes in one vocabulary piece or added token */
+#define TOK_MAX_TEXT (64u << 20)   /* bytes of text one tok_encode call takes */
 
 struct tok; /* opaque */
 
@@ -38,19 +54,29 @@ const char *tok_piece(const struct tok *t, int id); /* the vocabulary string, or
 int tok_id(const struct tok *t, const char *piece); /* -1 when absent */
 bool tok_is_special(const struct tok *t, int id);   /* an added token marked special */
 int tok_bos(const struct tok *t); /* id of the BOS the post-processor adds, or -1 */
-int tok_eos(const struct tok *t); /* id of "</s>" or the equivalent, or -1 */
+/* id of the first added or vocabulary token among "</s>", "<|endoftext|>", "<eos>",
+ * "<|end_of_text|>"; or -1 */
+int tok_eos(const struct tok *t);
 
-/* Encodes len bytes of text. With add_special, prepends what the post-processor template
- * adds (BOS for Llama). *ids is malloc'd (caller frees), *n its length.
- * Returns WK_OK, or WK_ENOMEM / WK_ELIMIT. */
+/* Encodes len bytes of text (any bytes; see above for invalid UTF-8). With add_special,
+ * adds what the post-processor template adds (BOS for Llama). *ids is malloc'd (caller
+ * frees; non-NULL even when *n is 0), *n its length. Returns WK_OK, or WK_ENOMEM, or
+ * WK_ELIMIT when len > TOK_MAX_TEXT. */
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_special,
 	       int **ids, int *n, char *err, size_t errsz);
 
 /* Decodes n ids through the tokenizer's decoder into a malloc'd NUL-terminated string
  * (*text, length *len; caller frees). With skip_special, special added tokens are dropped.
- * An id outside the vocabulary is WK_EINVAL. */
+ * Byte-fallback runs become their exact bytes, which may not be valid UTF-8: this is the
+ * inverse of tok_encode. An id outside the vocabulary is WK_EINVAL; else WK_OK or WK_ENOMEM. */
 int tok_decode(const struct tok *t, const int *ids, int n, bool skip_special,
 	       char **text, size_t *len, char *err, size_t errsz);
+
+/* As tok_decode, but exactly Hugging Face's decode: always valid UTF-8, a byte-fallback run
+ * that is not valid UTF-8 becomes one U+FFFD per byte. For text shown to users or put in
+ * JSON. */
+int tok_decode_utf8(const struct tok *t, const int *ids, int n, bool skip_special,
+		    char **text, size_t *len, char *err, size_t errsz);
 
 /* Writes a Llama-2 style SentencePiece-BPE tokenizer.json for a llama2.c tokenizer file
  * (tokenizer.bin: int32 max_token_length, then per token: f32 score, int32 len, bytes).

@@ -1,0 +1,262 @@
+/*
+ * cmd_tokenize.c - wick tokenize: encode text to ids, or decode ids to text, with a
+ * tokenizer.json. Prints JSON on stdout; errors go to stderr (exit 1, usage errors exit 2).
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/wk.h"
+#include "engine/tokenizer.h"
+#include "worker/cmd.h"
+
+static const char usage_text[] =
+	"usage: wick tokenize MODEL_OR_TOKENIZER_JSON (--text TEXT | --file F | --decode IDS |\n"
+	"                     --jsonl F) [--special]\n"
+	"\n"
+	"Encodes text with a Hugging Face tokenizer.json and prints {\"ids\": [...]}, or decodes\n"
+	"ids and prints {\"text\": \"...\"}. MODEL may be a model directory (its tokenizer.json is\n"
+	"used) or the tokenizer.json file itself.\n"
+	"\n"
+	"  --text TEXT   encode TEXT\n"
+	"  --file F      encode the bytes of file F (\"-\": stdin)\n"
+	"  --decode IDS  decode comma-separated ids, e.g. 1,15043,3186\n"
+	"  --jsonl F     batch mode: each line of F (\"-\": stdin) is either a JSON string, answered\n"
+	"                with one {\"ids\": [...]} line, or a JSON array of ids, answered with one\n"
+	"                {\"text\": \"...\"} line; blank lines are skipped\n"
+	"  --special     encoding: add the post-processor's special tokens (BOS for Llama);\n"
+	"                decoding: keep special tokens in the text (dropped otherwise)\n"
+	"  -h, --help    print this help\n"
+	"\n"
+	"Decoded text is what Hugging Face's decode returns: byte-fallback tokens that do not\n"
+	"form valid UTF-8 print as U+FFFD.\n";
+
+static void print_ids(const int *ids, int n)
+{
+	fputs("{\"ids\": [", stdout);
+	for (int i = 0; i < n; i++)
+		printf(i ? ", %d" : "%d", ids[i]);
+	fputs("]}\n", stdout);
+}
+
+/* Prints {"text": ...}; text is valid UTF-8 (tok_decode_utf8). */
+static int print_text(const char *text, size_t len)
+{
+	json_t *o = json_pack("{s:s%}", "text", text, len);
+	char *s = o ? json_dumps(o, JSON_PRESERVE_ORDER) : NULL;
+	json_decref(o);
+	if (!s) {
+		fprintf(stderr, "wick tokenize: could not format the decoded text as JSON\n");
+		return 1;
+	}
+	puts(s);
+	free(s);
+	return 0;
+}
+
+static int encode(const struct tok *t, const char *text, size_t len, bool special)
+{
+	char err[WK_ERRSZ];
+	int *ids, n;
+	if (tok_encode(t, text, len, special, &ids, &n, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick tokenize: %s\n", err);
+		return 1;
+	}
+	print_ids(ids, n);
+	free(ids);
+	return 0;
+}
+
+static int decode(const struct tok *t, const int *ids, int n, bool special)
+{
+	char err[WK_ERRSZ], *text;
+	size_t len;
+	if (tok_decode_utf8(t, ids, n, !special, &text, &len, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick tokenize: %s\n", err);
+		return 1;
+	}
+	int rc = print_text(text, len);
+	free(text);
+	return rc;
+}
+
+/* Reads all of path ("-": stdin), at most TOK_MAX_TEXT bytes. */
+static int read_input(const char *path, char **buf, size_t *len)
+{
+	char err[WK_ERRSZ];
+	if (strcmp(path, "-")) {
+		if (wk_read_file(path, TOK_MAX_TEXT, buf, len, err, sizeof err) == WK_OK)
+			return 0;
+		fprintf(stderr, "wick tokenize: %s\n", err);
+		return 1;
+	}
+	size_t cap = 1 << 16, n = 0;
+	char *p = malloc(cap + 1);
+	for (;;) {
+		if (!p) {
+			fprintf(stderr, "wick tokenize: out of memory reading stdin\n");
+			return 1;
+		}
+		n += fread(p + n, 1, cap - n, stdin);
+		if (n < cap)
+			break;
+		if (cap > TOK_MAX_TEXT) {
+			free(p);
+			fprintf(stderr, "wick tokenize: stdin: more than %u bytes\n", TOK_MAX_TEXT);
+			return 1;
+		}
+		char *q = realloc(p, 2 * cap + 1);
+		if (!q)
+			free(p);
+		p = q;
+		cap *= 2;
+	}
+	if (ferror(stdin)) {
+		free(p);
+		fprintf(stderr, "wick tokenize: error reading stdin\n");
+		return 1;
+	}
+	p[n] = 0;
+	*buf = p;
+	*len = n;
+	return 0;
+}
+
+/* One --jsonl line: a JSON string to encode, or an array of ids to decode. */
+static int jsonl_line(const struct tok *t, const char *path, size_t lineno, const char *line,
+		      size_t len, bool special)
+{
+	json_error_t jerr;
+	json_t *v = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+	int rc = 1;
+	if (json_is_string(v)) {
+		rc = encode(t, json_string_value(v), json_string_length(v), special);
+	} else if (json_is_array(v)) {
+		size_t n = json_array_size(v), i;
+		int *ids = malloc((n ? n : 1) * sizeof *ids);
+		json_t *x;
+		bool ok = ids && n <= (size_t)TOK_MAX_TEXT;
+		json_array_foreach(v, i, x) {
+			if (!ok)
+				break;
+			ok = json_is_integer(x) && json_integer_value(x) >= 0 &&
+			     json_integer_value(x) <= 0x7fffffff;
+			if (ok)
+				ids[i] = (int)json_integer_value(x);
+		}
+		if (ok)
+			rc = decode(t, ids, (int)n, special);
+		else
+			fprintf(stderr, "wick tokenize: %s:%zu: expected an array of token ids\n",
+				path, lineno);
+		free(ids);
+	} else if (!v) {
+		fprintf(stderr, "wick tokenize: %s:%zu: %s\n", path, lineno, jerr.text);
+	} else {
+		fprintf(stderr, "wick tokenize: %s:%zu: expected a JSON string or an array of ids\n",
+			path, lineno);
+	}
+	json_decref(v);
+	return rc;
+}
+
+static int run_jsonl(const struct tok *t, const char *path, bool special)
+{
+	char *buf;
+	size_t len;
+	if (read_input(path, &buf, &len))
+		return 1;
+	int rc = 0;
+	size_t lineno = 0;
+	for (char *p = buf, *end = buf + len; p < end && rc == 0;) {
+		char *nl = memchr(p, '\n', (size_t)(end - p));
+		size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+		lineno++;
+		size_t k = 0;
+		while (k < n && (p[k] == ' ' || p[k] == '\t' || p[k] == '\r'))
+			k++;
+		if (k < n)
+			rc = jsonl_line(t, path, lineno, p, n, special);
+		p += n + 1;
+	}
+	free(buf);
+	return rc;
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"text", required_argument, NULL, 't'},  {"file", required_argument, NULL, 'f'},
+		{"decode", required_argument, NULL, 'd'}, {"jsonl", required_argument, NULL, 'j'},
+		{"special", no_argument, NULL, 's'},     {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *text = NULL, *file = NULL, *dec = NULL, *jsonl = NULL;
+	bool special = false;
+	int modes = 0, c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 't': text = optarg; modes++; break;
+		case 'f': file = optarg; modes++; break;
+		case 'd': dec = optarg; modes++; break;
+		case 'j': jsonl = optarg; modes++; break;
+		case 's': special = true; break;
+		case 'h': fputs(usage_text, stdout); return 0;
+		default: fputs(usage_text, stderr); return 2;
+		}
+	}
+	if (optind != argc - 1 || modes != 1) {
+		fprintf(stderr, "wick tokenize: %s\n", optind != argc - 1 ?
+			"expected one MODEL_OR_TOKENIZER_JSON argument" :
+			"give exactly one of --text, --file, --decode, --jsonl");
+		fputs(usage_text, stderr);
+		return 2;
+	}
+	const char *model = argv[optind];
+	char path[4096], err[WK_ERRSZ];
+	struct stat st;
+	if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {
+		if (snprintf(path, sizeof path, "%s/tokenizer.json", model) >= (int)sizeof path) {
+			fprintf(stderr, "wick tokenize: %s: path too long\n", model);
+			return 1;
+		}
+	} else {
+		snprintf(path, sizeof path, "%s", model);
+	}
+	int *ids = NULL, n = 0;
+	if (dec && cmd_parse_ids(dec, &ids, &n) != 0)
+		return 2;
+	struct tok *t;
+	if (tok_load(path, &t, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick tokenize: %s\n", err);
+		free(ids);
+		return 1;
+	}
+	int rc;
+	if (text) {
+		rc = encode(t, text, strlen(text), special);
+	} else if (file) {
+		char *buf;
+		size_t len;
+		rc = read_input(file, &buf, &len);
+		if (rc == 0) {
+			rc = encode(t, buf, len, special);
+			free(buf);
+		}
+	} else if (dec) {
+		rc = decode(t, ids, n, special);
+	} else {
+		rc = run_jsonl(t, jsonl, special);
+	}
+	free(ids);
+	tok_free(t);
+	if (fflush(stdout) != 0 && rc == 0) {
+		fprintf(stderr, "wick tokenize: error writing the output\n");
+		rc = 1;
+	}
+	return rc;
+}
