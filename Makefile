@@ -30,9 +30,9 @@ endif
 
 CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I. $(MODEFLAGS) \
-           $(shell pkg-config --cflags jansson) $(EXTRA_CFLAGS)
+           $(shell pkg-config --cflags jansson liblz4 libxxhash) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(MODEFLAGS) $(EXTRA_LDFLAGS)
-LDLIBS  := $(shell pkg-config --libs jansson) -lm
+LDLIBS  := $(shell pkg-config --libs jansson liblz4 libxxhash) -lm
 
 # Files named *_avx2.c are compiled for AVX2/FMA/F16C and only called after a runtime CPU check.
 AVX2FLAGS := -mavx2 -mfma -mf16c
@@ -70,6 +70,7 @@ TOOL_SRC := $(wildcard tests/tools/*.c)
 TOOLS    := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 
 .PHONY: all test demo clean unit tools
+.SECONDARY:
 all: $(BUILD)/wick
 
 $(BUILD)/libwick.a: $(LIB_OBJ)
