@@ -159,7 +159,7 @@ num:
 	size_t printed = 0;
 	if (t)
 		stream(t, ids, n, &printed, false);
-	double t0 = wk_now(), t_first = 0;
+	double t0 = wk_now(), t_first = t0;
 	int pos = 0, generated = 0;
 	while (generated < steps) {
 		int chunk = n - pos;
@@ -183,11 +183,12 @@ num:
 	if (t)
 		stream(t, ids, n, &printed, true);
 	printf("\n");
+	fflush(stdout);
 	double t1 = wk_now();
-	fprintf(stderr, "wick: %d prompt + %d generated tokens, %.1f tok/s decode (%s backend)\n",
-		pos - (generated > 0 ? generated - 1 : 0), generated,
+	fprintf(stderr,
+		"wick: %d prompt + %d generated tokens; prefill %.1f ms, decode %.1f tok/s (%s backend)\n",
+		n - generated, generated, (t_first - t0) * 1e3,
 		generated > 1 ? (generated - 1) / (t1 - t_first) : 0.0, info->backend);
-	(void)t0;
 	rc = 0;
 out:
 	samp_free(s);
