@@ -11,6 +11,14 @@
 
 static const struct family *families[] = {&fam_llama};
 
+const struct family *eng_family(const char *arch)
+{
+	for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+		if (!strcmp(families[i]->arch, arch))
+			return families[i];
+	return NULL;
+}
+
 int cfg_int(json_t *cfg, const char *key, long long def, long long lo, long long hi,
 	    long long *out, char *err, size_t errsz)
 {
@@ -72,21 +80,21 @@ static int shape_str(const struct st_tensor *t, char *buf, size_t n)
 int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
 	       char *err, size_t errsz)
 {
-	const struct st_tensor *t = hf_tensor(e->hf, name);
+	const struct st_tensor *t = eng_tensor(e, name);
 	if (!t)
-		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing",
-			       hf_dir(e->hf), name);
+		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing", e->dir,
+			       name);
 	if (t->rank != 2 || t->shape[0] != rows || t->shape[1] != cols) {
 		char s[128];
 		shape_str(t, s, sizeof s);
 		return wk_errf(err, errsz, WK_EFORMAT,
 			       "%s: tensor '%s' has shape %s, but the config needs [%d, %d]",
-			       hf_dir(e->hf), name, s, rows, cols);
+			       e->dir, name, s, rows, cols);
 	}
 	if (!e->be->supports(e->bctx, BE_OP_MATMUL, t->dtype))
 		return wk_errf(err, errsz, WK_EUNSUPPORTED,
 			       "%s: tensor '%s' is %s, which the %s backend cannot multiply",
-			       hf_dir(e->hf), name, dt_name(t->dtype), e->be->name);
+			       e->dir, name, dt_name(t->dtype), e->be->name);
 	*w = (struct be_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
 	return WK_OK;
 }
@@ -94,16 +102,16 @@ int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be
 int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,
 	       size_t errsz)
 {
-	const struct st_tensor *t = hf_tensor(e->hf, name);
+	const struct st_tensor *t = eng_tensor(e, name);
 	if (!t)
-		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing",
-			       hf_dir(e->hf), name);
+		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing", e->dir,
+			       name);
 	if (t->rank != 1 || t->shape[0] != len) {
 		char s[128];
 		shape_str(t, s, sizeof s);
 		return wk_errf(err, errsz, WK_EFORMAT,
 			       "%s: tensor '%s' has shape %s, but the config needs [%d]",
-			       hf_dir(e->hf), name, s, len);
+			       e->dir, name, s, len);
 	}
 	float *v = malloc((size_t)len * sizeof *v);
 	if (!v)
@@ -111,7 +119,7 @@ int eng_vector(struct engine *e, const char *name, int len, float **out, char *e
 	if (dt_to_f32(v, t->data, t->dtype, (size_t)len) != 0) {
 		free(v);
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: tensor '%s' has dtype %s",
-			       hf_dir(e->hf), name, dt_name(t->dtype));
+			       e->dir, name, dt_name(t->dtype));
 	}
 	*out = v;
 	return WK_OK;
@@ -143,16 +151,45 @@ static int open_backend(struct engine *e, const struct eng_opts *o, char *err, s
 	return rc;
 }
 
+const struct st_tensor *eng_tensor(struct engine *e, const char *name)
+{
+	return e->snap ? snap_tensor(e->snap, 0, name) : hf_tensor(e->hf, name);
+}
+
+static int open_weights(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
+			size_t errsz)
+{
+	if (!snap_is_snapshot(dir)) {
+		int rc = hf_open(dir, &e->hf, err, errsz);
+		if (rc == WK_OK)
+			e->config = hf_config(e->hf);
+		return rc;
+	}
+	struct snap_open_opts so = {.verify = !(o && o->no_verify), .progress = true};
+	int rc = snap_open(dir, &so, &e->snap, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	if (snap_world(e->snap) != 1)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "%s: a snapshot of %d ranks needs the sharded engine, which is not "
+			       "built yet", dir, snap_world(e->snap));
+	e->config = snap_config(e->snap);
+	if (!json_is_object(e->config))
+		return wk_errf(err, errsz, WK_EFORMAT, "%s/manifest.json: 'config' is missing", dir);
+	return WK_OK;
+}
+
 int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine **out,
 	     char *err, size_t errsz)
 {
 	struct engine *e = calloc(1, sizeof *e);
 	if (!e)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	int rc = hf_open(model_dir, &e->hf, err, errsz);
+	snprintf(e->dir, sizeof e->dir, "%s", model_dir);
+	int rc = open_weights(e, model_dir, opts, err, errsz);
 	if (rc != WK_OK)
 		goto fail;
-	json_t *cfg = hf_config(e->hf);
+	json_t *cfg = e->config;
 	json_t *archs = json_object_get(cfg, "architectures");
 	const char *arch = json_string_value(json_array_get(archs, 0));
 	if (!arch) {
@@ -162,9 +199,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		goto fail;
 	}
 	snprintf(e->arch, sizeof e->arch, "%s", arch);
-	for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
-		if (!strcmp(families[i]->arch, arch))
-			e->fam = families[i];
+	e->fam = eng_family(arch);
 	if (!e->fam) {
 		rc = wk_errf(err, errsz, WK_EUNSUPPORTED,
 			     "%s/config.json: architecture '%s' is not supported (supported: "
@@ -189,8 +224,10 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->info.backend = e->be->name;
 	e->info.bos = token_id(cfg, "bos_token_id");
 	e->info.eos = token_id(cfg, "eos_token_id");
-	for (size_t i = 0; i < hf_tensor_count(e->hf); i++) {
-		const struct st_tensor *t = hf_tensor_at(e->hf, i);
+	size_t nt = e->snap ? snap_tensor_count(e->snap, 0) : hf_tensor_count(e->hf);
+	for (size_t i = 0; i < nt; i++) {
+		const struct st_tensor *t = e->snap ? snap_tensor_at(e->snap, 0, i)
+						    : hf_tensor_at(e->hf, i);
 		e->info.params += t->numel;
 		e->info.weight_bytes += t->nbytes;
 	}
@@ -214,6 +251,7 @@ void eng_close(struct engine *e)
 		e->be->shutdown(e->bctx);
 	tok_free(e->tok);
 	hf_close(e->hf);
+	snap_close(e->snap);
 	free(e);
 }
 

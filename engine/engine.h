@@ -20,6 +20,7 @@ struct eng_opts {
 	const char *backend; /* "cpu", "cuda" or "auto" (NULL means auto) */
 	int threads;         /* CPU threads; <= 0 means all cores */
 	int max_seq;         /* KV cache length; <= 0 means the model's max_position_embeddings */
+	bool no_verify;      /* snapshots: skip the chunk checksums */
 };
 
 struct eng_info {
@@ -51,5 +52,21 @@ const struct tok *eng_tokenizer(const struct engine *e);
  * pos0 + n past max_seq), or a backend failure. */
 int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
 		char *err, size_t errsz);
+
+/* ---- snapshots ---- */
+
+struct eng_snap_opts {
+	int tp, ep;          /* 1 until the sharded engine lands */
+	const char *dtype;   /* "keep", "bf16", "f32" ("fp8" arrives with the FP8 kernels) */
+	bool lz4;            /* compress chunks with lz4 where that saves >= 10% */
+	size_t chunk_size;   /* 0: the default */
+};
+
+/* Writes a snapshot of the Hugging Face model in hf_dir to out_dir: every tensor in the
+ * layout this engine's kernels read, per rank, in the format of coldstart/snapshot.h. The
+ * model family decides the layout; an unsupported architecture or option is refused by name.
+ */
+int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_opts *o,
+		 char *err, size_t errsz);
 
 #endif

@@ -8,8 +8,11 @@
 #include <jansson.h>
 
 #include "coldstart/hfmodel.h"
+#include "coldstart/snapshot.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
+
+struct plan;
 
 /* A model family: how to check a config, load the weights and run a forward pass. */
 struct family {
@@ -19,10 +22,19 @@ struct family {
 	int (*forward)(struct engine *e, const int *tokens, int n, int pos0, float *logits,
 		       bool all, char *err, size_t errsz);
 	void (*free)(struct engine *e);
+	/* Snapshot layout: which tensors a rank holds, in what dtype and shape. Appends specs
+	 * to *plan (see layout.c). */
+	int (*plan)(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *plan,
+		    char *err, size_t errsz);
 };
 
 struct engine {
+	/* Weights come from exactly one of these: a Hugging Face directory or a restored
+	 * snapshot. eng_tensor() hides which. */
 	struct hf_model *hf;
+	struct snap *snap;
+	json_t *config; /* borrowed from hf or snap */
+	char dir[4096];
 	struct tok *tok;
 	const struct backend *be;
 	void *bctx;
@@ -34,6 +46,25 @@ struct engine {
 };
 
 extern const struct family fam_llama; /* engine/llama.c */
+
+/* The family for config.json's architectures[0], or NULL. */
+const struct family *eng_family(const char *arch);
+
+/* A snapshot plan under construction (layout.c). */
+struct plan {
+	struct snap_spec *specs;
+	size_t n, cap;
+	struct hf_model *hf;
+	enum dt_type cast; /* DT_INVALID: keep each tensor's dtype */
+};
+
+/* Adds a spec that copies source tensor `name` of hf whole, cast to plan->cast for floating
+ * point weights of rank >= 2 when a cast is set. */
+int plan_copy(struct plan *p, const char *name, int rank_file, char *err, size_t errsz);
+
+/* The weight tensor `name` of the model, from whichever source it was opened from (rank 0
+ * of a snapshot), or NULL. */
+const struct st_tensor *eng_tensor(struct engine *e, const char *name);
 
 /* ---- config helpers: each returns WK_OK or WK_EFORMAT naming the field ---- */
 

@@ -151,7 +151,7 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 	if (!m)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	e->model = m;
-	json_t *cfg = hf_config(e->hf);
+	json_t *cfg = e->config;
 	int rc = read_config(m, cfg, e->max_seq_opt, err, errsz);
 	if (rc)
 		return rc;
@@ -163,8 +163,8 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 	struct be_weight emb;
 	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->vocab, m->dim, &emb, err, errsz)))
 		return rc;
-	m->embed = hf_tensor(e->hf, "model.embed_tokens.weight");
-	if (tied || !hf_tensor(e->hf, "lm_head.weight"))
+	m->embed = eng_tensor(e, "model.embed_tokens.weight");
+	if (tied || !eng_tensor(e, "lm_head.weight"))
 		m->lm_head = emb;
 	else if ((rc = eng_weight(e, "lm_head.weight", m->vocab, m->dim, &m->lm_head, err, errsz)))
 		return rc;
@@ -263,7 +263,21 @@ static int llama_forward(struct engine *e, const int *tokens, int n, int pos0, f
 	return WK_OK;
 }
 
+/* Layout: every tensor whole, on rank 0 (tensor parallelism arrives with sharding). */
+static int llama_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p,
+		      char *err, size_t errsz)
+{
+	(void)o;
+	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
+		int rc = plan_copy(p, hf_tensor_at(hf, i)->name, 0, err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}
+
 const struct family fam_llama = {
+	.plan = llama_plan,
 	.arch = "LlamaForCausalLM",
 	.load = llama_load,
 	.forward = llama_forward,

@@ -12,6 +12,8 @@ int cmd_tokenize(int argc, char **argv); /* worker/cmd_tokenize.c */
 int cmd_generate(int argc, char **argv); /* worker/cmd_generate.c */
 int cmd_logits(int argc, char **argv);   /* worker/cmd_generate.c */
 int cmd_bench(int argc, char **argv);    /* worker/cmd_bench.c */
+int cmd_snapshot(int argc, char **argv); /* worker/cmd_snapshot.c */
+int cmd_prefetch(int argc, char **argv); /* worker/cmd_prefetch.c */
 
 /* Parses "1,2,3" into a malloc'd array. Returns 0, or -1 with a message on stderr naming
  * what is wrong (empty list, not a number, out of int range). */

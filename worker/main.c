@@ -12,7 +12,9 @@ static const struct {
 	const char *usage;
 } cmds[] = {
 	{"convert", cmd_convert, "convert llama2c MODEL.bin TOKENIZER.bin -o HF_DIR"},
+	{"snapshot", cmd_snapshot, "snapshot HF_DIR -o SNAP [--tp N] [--ep N] [--dtype D] [--compress lz4]"},
 	{"inspect", cmd_inspect, "inspect MODEL"},
+	{"prefetch", cmd_prefetch, "prefetch SNAP [--threads N]"},
 	{"tokenize", cmd_tokenize, "tokenize MODEL_OR_TOKENIZER_JSON (--text T | --file F | --decode IDS)"},
 	{"generate", cmd_generate, "generate MODEL [-p TEXT | --tokens IDS] [-n N] [--temperature T] ..."},
 	{"logits", cmd_logits, "logits MODEL --tokens 1,2,3 [--all-positions]"},

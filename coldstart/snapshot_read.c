@@ -1,0 +1,637 @@
+/*
+ * snapshot_read.c - snap_open: restore every rank's image with a pool of reader threads, and
+ * the accessors of a restored snapshot.
+ *
+ * Pipeline. After the manifest is validated (snapshot_manifest.c), each rank file is opened
+ * twice (buffered, and O_DIRECT when the file system accepts it), its size and header block are
+ * checked against the manifest, and its image is allocated. Each rank's chunks are grouped into
+ * work items: a run of raw chunks up to read_size bytes (one read straight into the image, as
+ * raw chunks are contiguous in the file and in the image), or a run of lz4 chunks up to
+ * read_size bytes (one read into the thread's staging buffer, then one LZ4_decompress_safe per
+ * chunk into the image). The items of all ranks are interleaved into one queue, which reader
+ * threads drain with an atomic counter, so every rank file streams at once.
+ *
+ * Each item is read buffered when at least half of its pages are already in the page cache
+ * (mincore on a read-only mapping of the file: after `wick prefetch` or a recent run, memcpy
+ * from the cache beats going to the device), and with O_DIRECT otherwise. O_DIRECT needs
+ * aligned offsets, sizes and memory, which the format guarantees (everything 4 KiB) and the
+ * image and staging allocations provide; an EINVAL from an O_DIRECT read (tmpfs, some network
+ * file systems) turns O_DIRECT off for that file and the read is retried buffered.
+ *
+ * A rank file whose chunks are all raw and that is mostly in the page cache is not copied at
+ * all: its image is a private mapping of the file, and the readers only populate page tables
+ * (MADV_POPULATE_READ, cheap) and verify. On the machine this was written on, a warm 2.3 GB
+ * restore took ~1.8 s copying (kernel zeroing of the fresh image plus the copy dominate) and
+ * a fraction of that mapped.
+ *
+ * The first error stops every thread (they check a flag between items); its message wins.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <lz4.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "coldstart/snapshot_int.h"
+#include "common/wk.h"
+
+#define DEFAULT_READ (16u << 20)
+#define MAX_THREADS 256
+
+struct work {
+	int rank;
+	size_t c0, c1;               /* chunks [c0, c1) */
+	uint64_t foff, flen;         /* the file range they occupy, padding included */
+	bool lz4;
+};
+
+struct restore {
+	struct snap *s;
+	bool verify;
+	struct work *w;
+	size_t nw;
+	uint64_t total;              /* file bytes to read */
+	uint64_t stage_need;         /* largest lz4 item */
+	long page;
+	atomic_size_t next;
+	atomic_bool failed;
+	_Atomic uint64_t done, direct, buffered, mapped;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int running;
+	int rc;
+	char err[WK_ERRSZ];
+};
+
+struct reader {
+	struct restore *rs;
+	pthread_t th;
+	unsigned char *stage;
+	unsigned char *vec;          /* mincore output */
+	size_t vec_cap;
+	double verify_s, decompress_s;
+};
+
+/* ---- reading one item --------------------------------------------------------------------- */
+
+/* True when at least half of the pages of [off, off + len) are in the page cache. */
+static bool mostly_cached(struct reader *rd, const struct snap_rank *rk, uint64_t off,
+			  uint64_t len)
+{
+	uint64_t page = (uint64_t)rd->rs->page;
+	if (!rk->fmap || !len)
+		return false;
+	uint64_t start = off & ~(page - 1), end = off + len;
+	size_t np = (size_t)((end - start + page - 1) / page);
+	if (np > rd->vec_cap) {
+		unsigned char *v = realloc(rd->vec, np);
+		if (!v)
+			return false;
+		rd->vec = v;
+		rd->vec_cap = np;
+	}
+	if (mincore(rk->fmap + start, end - start, rd->vec))
+		return false;
+	size_t in = 0;
+	for (size_t i = 0; i < np; i++)
+		in += rd->vec[i] & 1;
+	return 2 * in >= np;
+}
+
+static int read_into(struct reader *rd, struct snap_rank *rk, unsigned char *dst, uint64_t len,
+		     uint64_t foff, char *err, size_t errsz)
+{
+	struct restore *rs = rd->rs;
+	bool direct = rk->fd_direct >= 0 && atomic_load(&rk->direct_ok) &&
+		      !mostly_cached(rd, rk, foff, len);
+	uint64_t done = 0;
+	while (done < len) {
+		ssize_t r = pread(direct ? rk->fd_direct : rk->fd, dst + done, len - done,
+				  (off_t)(foff + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && direct && errno == EINVAL) {
+			atomic_store(&rk->direct_ok, false);
+			direct = false;
+			continue;
+		}
+		if (r < 0)
+			return wk_errf(err, errsz, WK_EIO, "%s: read of bytes %" PRIu64 "..%" PRIu64
+				       " failed: %s", rk->path, foff + done, foff + len,
+				       strerror(errno));
+		if (r == 0)
+			return wk_errf(err, errsz, WK_EIO, "%s: end of file at byte %" PRIu64 " (was "
+				       "it truncated while being read?)", rk->path, foff + done);
+		atomic_fetch_add(direct ? &rs->direct : &rs->buffered, (uint64_t)r);
+		if (direct && r % SNAP_ALIGN)
+			direct = false; /* the rest would be misaligned */
+		done += (uint64_t)r;
+	}
+	return WK_OK;
+}
+
+/* Maps the page-cache pages of [foff, foff + len) of a mapped rank into its image. */
+static int populate(struct reader *rd, struct snap_rank *rk, uint64_t foff, uint64_t len,
+		    char *err, size_t errsz)
+{
+	uint64_t page = (uint64_t)rd->rs->page, start = foff & ~(page - 1);
+	if (madvise(rk->fmap + start, foff + len - start, MADV_POPULATE_READ) == 0) {
+		atomic_fetch_add(&rd->rs->mapped, len);
+		return WK_OK;
+	}
+	if (errno != EINVAL)
+		return wk_errf(err, errsz, WK_EIO, "%s: reading bytes %" PRIu64 "..%" PRIu64
+			       " failed: %s", rk->path, foff, foff + len, strerror(errno));
+	/* Before Linux 5.14: touch one byte per page. */
+	volatile unsigned char sink = 0;
+	for (uint64_t o = start; o < foff + len; o += page)
+		sink ^= rk->fmap[o];
+	(void)sink;
+	atomic_fetch_add(&rd->rs->mapped, len);
+	return WK_OK;
+}
+
+static int check_chunk(struct reader *rd, const struct snap_rank *rk, size_t ci, char *err,
+		       size_t errsz)
+{
+	const struct snap_chunk *c = &rk->c[ci];
+	char held[ST_SHOWN * 4];
+	double t0 = wk_now();
+	uint64_t h = XXH3_64bits(rk->image + c->offset, c->size);
+	rd->verify_s += wk_now() - t0;
+	if (h == c->xxh3)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EFORMAT, "%s: chunk %zu (bytes %" PRIu64 "..%" PRIu64 ") "
+		       "failed its checksum; %s", rk->path, ci, c->offset, c->offset + c->size,
+		       snap__chunk_tensors(rk, c->offset, c->size, held, sizeof held));
+}
+
+static int do_work(struct reader *rd, const struct work *w, char *err, size_t errsz)
+{
+	struct restore *rs = rd->rs;
+	struct snap_rank *rk = &rs->s->r[w->rank];
+	char held[ST_SHOWN * 4];
+	int rc;
+
+	if (rk->mapped) {
+		if ((rc = populate(rd, rk, w->foff, w->flen, err, errsz)))
+			return rc;
+	} else if (!w->lz4) {
+		if ((rc = read_into(rd, rk, rk->image + rk->c[w->c0].offset, w->flen, w->foff, err,
+				    errsz)))
+			return rc;
+	} else {
+		if (!rd->stage && !(rd->stage = aligned_alloc(SNAP_ALIGN, rs->stage_need)))
+			return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate a %" PRIu64
+				       "-byte staging buffer", rk->path, rs->stage_need);
+		if ((rc = read_into(rd, rk, rd->stage, w->flen, w->foff, err, errsz)))
+			return rc;
+	}
+	for (size_t ci = w->c0; ci < w->c1; ci++) {
+		const struct snap_chunk *c = &rk->c[ci];
+		if (w->lz4) {
+			double t0 = wk_now();
+			int got = LZ4_decompress_safe((const char *)rd->stage + (c->file_offset -
+										w->foff),
+						      (char *)rk->image + c->offset, (int)c->stored,
+						      (int)c->size);
+			rd->decompress_s += wk_now() - t0;
+			if (got < 0 || (uint64_t)got != c->size)
+				return wk_errf(err, errsz, WK_EFORMAT, "%s: chunk %zu (bytes %" PRIu64
+					       "..%" PRIu64 ") failed to decompress; %s", rk->path,
+					       ci, c->offset, c->offset + c->size,
+					       snap__chunk_tensors(rk, c->offset, c->size, held,
+								   sizeof held));
+		}
+		if (rs->verify && (rc = check_chunk(rd, rk, ci, err, errsz)))
+			return rc;
+	}
+	atomic_fetch_add(&rs->done, w->flen);
+	return WK_OK;
+}
+
+static void *reader_main(void *arg)
+{
+	struct reader *rd = arg;
+	struct restore *rs = rd->rs;
+	char err[WK_ERRSZ];
+	while (!atomic_load(&rs->failed)) {
+		size_t i = atomic_fetch_add(&rs->next, 1);
+		if (i >= rs->nw)
+			break;
+		int rc = do_work(rd, &rs->w[i], err, sizeof err);
+		if (rc) {
+			pthread_mutex_lock(&rs->mu);
+			if (!rs->rc) {
+				rs->rc = rc;
+				snprintf(rs->err, sizeof rs->err, "%s", err);
+			}
+			pthread_mutex_unlock(&rs->mu);
+			atomic_store(&rs->failed, true);
+			break;
+		}
+	}
+	pthread_mutex_lock(&rs->mu);
+	rs->running--;
+	pthread_cond_signal(&rs->cv);
+	pthread_mutex_unlock(&rs->mu);
+	return NULL;
+}
+
+/* ---- setup -------------------------------------------------------------------------------- */
+
+/* True when at least 90% of the pages of rank r's file are in the page cache. A large file
+ * is sampled (1024 windows of 16 pages, evenly spread): a full mincore of a 100 GB file
+ * would take a second. */
+static bool file_cached(const struct snap_rank *r, long page)
+{
+	const uint64_t pg = (uint64_t)page, win = 16 * pg;
+	unsigned char vec[16];
+	uint64_t step = r->size / 1024 / pg * pg, total = 0, in = 0;
+	if (step < win)
+		step = win;
+	for (uint64_t off = 0; off < r->size; off += step) {
+		uint64_t len = r->size - off < win ? r->size - off : win;
+		size_t np = (size_t)((len + pg - 1) / pg);
+		if (mincore(r->fmap + off, len, vec))
+			return false;
+		for (size_t i = 0; i < np; i++)
+			in += vec[i] & 1;
+		total += np;
+	}
+	return (double)in >= 0.9 * (double)total;
+}
+
+/* Opens rank r's file, checks its size and header block against the manifest, and gives it
+ * an image: a mapping of the file (see snap_open) or fresh memory. */
+static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, int ri,
+		     char *err, size_t errsz)
+{
+	struct snap_rank *r = &s->r[ri];
+	unsigned char hdr[SNAP_ALIGN], want[SNAP_ALIGN];
+	struct stat st;
+
+	r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
+	if (r->fd < 0)
+		return wk_errf(err, errsz, errno == ENOENT ? WK_ENOTFOUND : WK_EIO, "%s: %s (the "
+			       "manifest lists it)", r->path, errno == ENOENT ? "missing" :
+			       strerror(errno));
+	if (fstat(r->fd, &st) || !S_ISREG(st.st_mode))
+		return wk_errf(err, errsz, WK_EIO, "%s: not a regular file", r->path);
+	if ((uint64_t)st.st_size < r->size)
+		return wk_errf(err, errsz, WK_EFORMAT, "%s: truncated: %lld bytes, the manifest "
+			       "says %" PRIu64, r->path, (long long)st.st_size, r->size);
+	if ((uint64_t)st.st_size > r->size)
+		return wk_errf(err, errsz, WK_EFORMAT, "%s: %lld bytes, the manifest says %" PRIu64,
+			       r->path, (long long)st.st_size, r->size);
+	if (pread(r->fd, hdr, SNAP_ALIGN, 0) != SNAP_ALIGN)
+		return wk_errf(err, errsz, WK_EIO, "%s: cannot read the header block", r->path);
+	if (memcmp(hdr, SNAP_MAGIC, 8))
+		return wk_errf(err, errsz, WK_EFORMAT, "%s: not a wick snapshot rank file (bad "
+			       "magic)", r->path);
+	if (snap__get32(hdr + 8) != SNAP_VERSION)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: snapshot format version %u, this "
+			       "wick reads version %d", r->path, snap__get32(hdr + 8), SNAP_VERSION);
+	snap__header(want, (uint32_t)ri, (uint32_t)s->world, r->image_size, r->nc, r->xxh3);
+	if (memcmp(hdr, want, SNAP_ALIGN))
+		return wk_errf(err, errsz, WK_EFORMAT, "%s: header block does not match the "
+			       "manifest (rank %u of %u, image %" PRIu64 " bytes, %" PRIu64 " chunks;"
+			       " from another snapshot?)", r->path, snap__get32(hdr + 12),
+			       snap__get32(hdr + 32), snap__get64(hdr + 16), snap__get64(hdr + 24));
+
+	r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	atomic_store(&r->direct_ok, r->fd_direct >= 0);
+	void *m = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, r->fd, 0);
+	r->fmap = m == MAP_FAILED ? NULL : m;
+
+	bool all_raw = true;
+	for (size_t i = 0; i < r->nc; i++)
+		all_raw = all_raw && !r->c[i].lz4;
+	if (r->image_size && r->fmap && all_raw && o->map >= 0 && !s->alloc.alloc &&
+	    (o->map > 0 || file_cached(r, page))) {
+		r->mapped = true;
+		r->image = r->fmap + SNAP_ALIGN;
+	} else if (r->image_size) {
+		if (s->alloc.alloc) {
+			r->image = s->alloc.alloc(s->alloc.ctx, ri, r->image_size);
+			if (r->image && ((uintptr_t)r->image % SNAP_ALIGN)) {
+				s->alloc.release(s->alloc.ctx, ri, r->image, r->image_size);
+				r->image = NULL;
+				return wk_errf(err, errsz, WK_EINVAL, "%s: the allocator returned "
+					       "memory not aligned to %d", r->path, SNAP_ALIGN);
+			}
+		} else {
+			m = mmap(NULL, r->image_size, PROT_READ | PROT_WRITE,
+				 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			r->image = m == MAP_FAILED ? NULL : m;
+			r->image_mmapped = r->image != NULL;
+			if (r->image && r->image_size >= (2u << 20))
+				madvise(r->image, r->image_size, MADV_HUGEPAGE); /* fewer faults */
+		}
+		if (!r->image)
+			return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate its %" PRIu64
+				       "-byte image", r->path, r->image_size);
+	}
+	for (size_t i = 0; i < r->nt; i++)
+		r->t[i].data = r->image ? r->image + r->t[i].offset : NULL;
+	return WK_OK;
+}
+
+/* Groups the chunks of every rank into work items, interleaved across ranks. */
+static int plan(struct restore *rs, uint64_t read_size, char *err, size_t errsz)
+{
+	struct snap *s = rs->s;
+	size_t n = 0, *cur = calloc(SNAP_MAX_RANKS, sizeof *cur); /* world <= SNAP_MAX_RANKS */
+	for (int r = 0; r < s->world; r++)
+		n += s->r[r].nc;
+	rs->w = malloc((n ? n : 1) * sizeof *rs->w);
+	if (!cur || !rs->w) {
+		free(cur);
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", s->dir);
+	}
+	for (bool any = true; any;) {
+		any = false;
+		for (int r = 0; r < s->world; r++) {
+			const struct snap_rank *rk = &s->r[r];
+			size_t i = cur[r];
+			if (i >= rk->nc)
+				continue;
+			any = true;
+			struct work *w = &rs->w[rs->nw++];
+			w->rank = r;
+			w->c0 = i;
+			w->lz4 = rk->c[i].lz4;
+			w->foff = rk->c[i].file_offset;
+			uint64_t end = snap__align(rk->c[i].file_offset + rk->c[i].stored);
+			for (i++; i < rk->nc && rk->c[i].lz4 == w->lz4; i++) {
+				uint64_t e = snap__align(rk->c[i].file_offset + rk->c[i].stored);
+				if (e - w->foff > read_size)
+					break;
+				end = e;
+			}
+			w->c1 = cur[r] = i;
+			w->flen = end - w->foff;
+			rs->total += w->flen;
+			if (w->lz4 && w->flen > rs->stage_need)
+				rs->stage_need = w->flen;
+		}
+	}
+	free(cur);
+	return WK_OK;
+}
+
+static void draw(uint64_t done, uint64_t total, double el)
+{
+	int width = 30, fill = total ? (int)((double)width * (double)done / (double)total) : width;
+	double rate = el > 0 ? (double)done / el : 0;
+	double eta = rate > 0 ? (double)(total - done) / rate : 0;
+	fprintf(stderr, "\rrestore [%.*s%*s] %5.1f%%  %.2f/%.2f GB  %.2f GB/s  ETA %.0fs ", fill,
+		"##############################", width - fill, "",
+		total ? 100.0 * (double)done / (double)total : 100.0, (double)done / 1e9,
+		(double)total / 1e9, rate / 1e9, eta);
+}
+
+/* Starts the readers and waits for them, drawing progress when asked. */
+static int run_readers(struct restore *rs, int nthreads, bool progress, char *err, size_t errsz)
+{
+	struct reader *rd = calloc((size_t)nthreads, sizeof *rd);
+	int started = 0, rc = WK_OK;
+	if (!rd)
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", rs->s->dir);
+	pthread_mutex_init(&rs->mu, NULL);
+	pthread_cond_init(&rs->cv, NULL);
+	rs->running = nthreads;
+	for (int i = 0; i < nthreads; i++) {
+		rd[i].rs = rs;
+		if (pthread_create(&rd[i].th, NULL, reader_main, &rd[i]))
+			break;
+		started++;
+	}
+	pthread_mutex_lock(&rs->mu);
+	rs->running -= nthreads - started;
+	double t0 = wk_now();
+	while (rs->running > 0) {
+		if (!progress) {
+			pthread_cond_wait(&rs->cv, &rs->mu);
+			continue;
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100 * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&rs->cv, &rs->mu, &ts);
+		draw(atomic_load(&rs->done), rs->total, wk_now() - t0);
+	}
+	pthread_mutex_unlock(&rs->mu);
+	if (progress)
+		fprintf(stderr, "\r\033[K");
+	for (int i = 0; i < started; i++) {
+		pthread_join(rd[i].th, NULL);
+		rs->s->tm.verify_s += rd[i].verify_s;
+		rs->s->tm.decompress_s += rd[i].decompress_s;
+	}
+	for (int i = 0; i < nthreads; i++) {
+		free(rd[i].stage);
+		free(rd[i].vec);
+	}
+	free(rd);
+	pthread_cond_destroy(&rs->cv);
+	pthread_mutex_destroy(&rs->mu);
+	rs->s->tm.threads = started;
+	if (started == 0 && rs->nw)
+		rc = wk_errf(err, errsz, WK_ENOMEM, "%s: cannot start reader threads", rs->s->dir);
+	else if (rs->rc)
+		rc = wk_errf(err, errsz, rs->rc, "%s", rs->err);
+	return rc;
+}
+
+/* ---- snap_open ---------------------------------------------------------------------------- */
+
+int snap_open(const char *dir, const struct snap_open_opts *o, struct snap **out, char *err,
+	      size_t errsz)
+{
+	struct snap_open_opts def = {.verify = true};
+	struct restore rs = {0};
+	struct snap *s = NULL;
+	double t0 = wk_now();
+	int rc;
+
+	*out = NULL;
+	if (!o)
+		o = &def;
+	if (!dir)
+		return wk_errf(err, errsz, WK_EINVAL, "snapshot: no directory given");
+	uint64_t read_size = o->read_size ? snap__align(o->read_size) : DEFAULT_READ;
+	if (read_size > SNAP_MAX_CHUNK)
+		read_size = SNAP_MAX_CHUNK;
+	s = calloc(1, sizeof *s);
+	if (!s)
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", dir);
+	if (o->allocator) {
+		if (!o->allocator->alloc || !o->allocator->release) {
+			rc = wk_errf(err, errsz, WK_EINVAL, "%s: allocator without alloc/release",
+				     dir);
+			goto fail;
+		}
+		s->alloc = *o->allocator;
+	}
+	if ((rc = snap__manifest_load(dir, s, err, errsz)))
+		goto fail;
+	rs.page = sysconf(_SC_PAGESIZE);
+	if (rs.page <= 0)
+		rs.page = 4096;
+	for (int r = 0; r < s->world; r++)
+		if ((rc = open_rank(s, o, rs.page, r, err, errsz)))
+			goto fail;
+	rs.s = s;
+	rs.verify = o->verify;
+	if ((rc = plan(&rs, read_size, err, errsz)))
+		goto fail;
+	s->tm.open_s = wk_now() - t0;
+
+	/* Default: 4 per rank file, at most 16, and at most 2 per CPU: beyond that, threads only
+	 * fight over cores and caches when the data comes from the page cache or lz4 (on 2
+	 * cores, 8 threads restored a warm lz4 snapshot 2.5x slower than 2). */
+	int nthreads = o->threads;
+	if (nthreads <= 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		nthreads = 4 * s->world < 16 ? 4 * s->world : 16;
+		if (cpus > 0 && nthreads > 2 * cpus)
+			nthreads = 2 * cpus < 4 ? 4 : (int)(2 * cpus);
+	}
+	if (nthreads > MAX_THREADS)
+		nthreads = MAX_THREADS;
+	if ((size_t)nthreads > rs.nw)
+		nthreads = (int)rs.nw;
+	double t1 = wk_now();
+	if (nthreads > 0 &&
+	    (rc = run_readers(&rs, nthreads, o->progress && isatty(2), err, errsz)))
+		goto fail;
+	s->tm.read_s = wk_now() - t1;
+	s->tm.bytes_read = rs.total;
+	s->tm.bytes_direct = atomic_load(&rs.direct);
+	s->tm.bytes_buffered = atomic_load(&rs.buffered);
+	s->tm.bytes_mapped = atomic_load(&rs.mapped);
+	for (int r = 0; r < s->world; r++) {
+		s->tm.bytes_restored += s->r[r].image_size;
+		/* The files are not read again: give back the descriptors and mappings now. */
+		if (s->r[r].fmap && !s->r[r].mapped) {
+			munmap(s->r[r].fmap, s->r[r].size);
+			s->r[r].fmap = NULL;
+		}
+		close(s->r[r].fd);
+		if (s->r[r].fd_direct >= 0)
+			close(s->r[r].fd_direct);
+		s->r[r].fd = s->r[r].fd_direct = -1;
+	}
+	s->tm.total_s = wk_now() - t0;
+	free(rs.w);
+	*out = s;
+	return WK_OK;
+fail:
+	free(rs.w);
+	snap__free(s);
+	return rc;
+}
+
+void snap_close(struct snap *s)
+{
+	snap__free(s);
+}
+
+/* ---- accessors ---------------------------------------------------------------------------- */
+
+bool snap_is_snapshot(const char *dir)
+{
+	char p[SNAP_PATH];
+	struct stat st;
+	if (!dir || snprintf(p, sizeof p, "%s/manifest.json", dir) >= (int)sizeof p)
+		return false;
+	return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+json_t *snap_manifest(const struct snap *s)
+{
+	return s->m;
+}
+
+json_t *snap_config(const struct snap *s)
+{
+	return json_object_get(s->m, "config");
+}
+
+const char *snap_dir(const struct snap *s)
+{
+	return s->dir;
+}
+
+int snap_world(const struct snap *s)
+{
+	return s->world;
+}
+
+size_t snap_tensor_count(const struct snap *s, int rank)
+{
+	return rank >= 0 && rank < s->world ? s->r[rank].nt : 0;
+}
+
+const struct st_tensor *snap_tensor_at(const struct snap *s, int rank, size_t i)
+{
+	if (rank < 0 || rank >= s->world || i >= s->r[rank].nt)
+		return NULL;
+	return &s->r[rank].t[i];
+}
+
+const struct st_tensor *snap_tensor(const struct snap *s, int rank, const char *name)
+{
+	if (rank < 0 || rank >= s->world || !name)
+		return NULL;
+	const struct snap_rank *r = &s->r[rank];
+	size_t lo = 0, hi = r->nt;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(r->t[r->by_name[mid]].name, name);
+		if (c == 0)
+			return &r->t[r->by_name[mid]];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+const char *snap_tensor_layout(const struct snap *s, int rank, size_t i)
+{
+	if (rank < 0 || rank >= s->world || i >= s->r[rank].nt)
+		return NULL;
+	return s->r[rank].layout[i];
+}
+
+const void *snap_image(const struct snap *s, int rank, uint64_t *size)
+{
+	if (rank < 0 || rank >= s->world) {
+		if (size)
+			*size = 0;
+		return NULL;
+	}
+	if (size)
+		*size = s->r[rank].image_size;
+	return s->r[rank].image;
+}
+
+const struct snap_timings *snap_timings(const struct snap *s)
+{
+	return &s->tm;
+}
