@@ -31,11 +31,13 @@ enum be_op {
 	BE_OP_COUNT
 };
 
-/* A 2-D weight [rows][cols], row-major, in dtype. */
+/* A 2-D weight [rows][cols], row-major, in dtype. For DT_F8_E4M3, scale holds the
+ * [ceil(rows/128)][ceil(cols/128)] f32 block scales (dequantized = fp8 * scale); else NULL. */
 struct be_weight {
 	enum dt_type dtype;
 	int rows, cols;
 	const void *data;
+	const float *scale;
 };
 
 struct be_config {

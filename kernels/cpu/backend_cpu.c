@@ -39,14 +39,17 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 {
 	(void)ctx;
 	if (op == BE_OP_MATMUL)
-		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16;
+		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
 	return op >= 0 && op < BE_OP_COUNT;
 }
 
 static void matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
 {
 	struct cpu_ctx *c = ctx;
-	cpu_matmul(c->pool, y, x, w->data, w->dtype, n, w->rows, w->cols);
+	if (w->dtype == DT_F8_E4M3)
+		cpu_matmul_fp8(c->pool, y, x, w->data, w->scale, n, w->rows, w->cols);
+	else
+		cpu_matmul(c->pool, y, x, w->data, w->dtype, n, w->rows, w->cols);
 }
 
 static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim, float eps)

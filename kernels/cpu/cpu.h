@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/dtype.h"
 
@@ -39,6 +40,12 @@ void cpu_pool_run(struct cpu_pool *p, void (*fn)(void *ctx, int task, int ntasks
 /* y[n][rows] = x[n][cols] . w[rows][cols]^T */
 void cpu_ref_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n, int rows,
 		    int cols);
+/* FP8 block-scaled weights (the GLM-5-FP8 / DeepSeek-V3 convention): w[rows][cols] holds
+ * float8_e4m3fn bytes and scale[ceil(rows/128)][ceil(cols/128)] f32 block scales (the
+ * checkpoint's `weight_scale_inv`); the dequantized weight is fp8(w[r][c]) * scale[r/128][c/128].
+ * Edge blocks may be partial. y[n][rows] = x[n][cols] . dequant(w)^T */
+void cpu_ref_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
+			int rows, int cols);
 /* y[n][dim] = x / rms(x) * w, rms over each row, eps inside the sqrt. y may equal x. */
 void cpu_ref_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps);
 /* Rotary embedding in place on x[n][n_heads * head_dim]: for token i at position pos[i],
@@ -65,6 +72,10 @@ void cpu_ref_silu_mul(float *g, const float *u, size_t n);
 /* Splits rows over the pool; AVX2+FMA inner loops when the CPU has them. */
 void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enum dt_type wt,
 		int n, int rows, int cols);
+/* Same contract as cpu_ref_matmul_fp8: dequantizes per 128-block inside the dot product
+ * (no full-precision copy of the weights), SIMD when the CPU has AVX2. */
+void cpu_matmul_fp8(struct cpu_pool *p, float *y, const float *x, const uint8_t *w,
+		    const float *scale, int n, int rows, int cols);
 /* Splits (token, head) pairs over the pool. */
 void cpu_attention(struct cpu_pool *p, float *out, const float *q, const float *k,
 		   const float *v, int n, int pos0, int n_heads, int n_kv, int head_dim,
