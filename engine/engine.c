@@ -96,6 +96,25 @@ int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be
 			       "%s: tensor '%s' is %s, which the %s backend cannot multiply",
 			       e->dir, name, dt_name(t->dtype), e->be->name);
 	*w = (struct be_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
+	if (t->dtype != DT_F8_E4M3)
+		return WK_OK;
+	/* FP8 weights come with <name>_scale_inv: [ceil(rows/128)][ceil(cols/128)] f32. */
+	char sname[512];
+	snprintf(sname, sizeof sname, "%s_scale_inv", name);
+	const struct st_tensor *s = eng_tensor(e, sname);
+	int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+	if (!s)
+		return wk_errf(err, errsz, WK_ENOTFOUND,
+			       "%s: FP8 tensor '%s' has no block scales '%s'", e->dir, name, sname);
+	if (s->dtype != DT_F32 || s->rank != 2 || s->shape[0] != sr || s->shape[1] != sc) {
+		char sh[128];
+		shape_str(s, sh, sizeof sh);
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "%s: '%s' is %s %s, but 128x128 block scales of [%d, %d] are F32 "
+			       "[%lld, %lld]", e->dir, sname, dt_name(s->dtype), sh, rows, cols,
+			       (long long)sr, (long long)sc);
+	}
+	w->scale = s->data;
 	return WK_OK;
 }
 
