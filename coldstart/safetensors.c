@@ -511,6 +511,11 @@ const struct st_tensor *st_bsearch(const struct st_tensor *const *sorted, size_t
 	return NULL;
 }
 
+int st_advise(const struct st_file *f, int advice)
+{
+	return f->map ? madvise(f->map, f->len, advice) : 0;
+}
+
 const char *st_meta(const struct st_file *f, const char *key)
 {
 	for (size_t i = 0; i < f->nmeta; i++)

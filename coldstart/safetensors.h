@@ -59,6 +59,9 @@ const struct st_tensor *st_at(const struct st_file *f, size_t i); /* file order 
 const struct st_tensor *st_find(const struct st_file *f, const char *name); /* NULL if absent */
 /* Value of a __metadata__ key, or NULL. */
 const char *st_meta(const struct st_file *f, const char *key);
+/* madvise() on the file's mapping (e.g. MADV_SEQUENTIAL); a no-op for st_parse images.
+ * Returns 0 or -1 (errno set); failure is harmless, it is only advice. */
+int st_advise(const struct st_file *f, int advice);
 
 /* ---- helpers for other readers of named tensors ---- */
 

@@ -158,6 +158,8 @@ struct snap_open_opts {
 	bool progress;     /* draw a progress bar on stderr when it is a TTY */
 	const struct snap_allocator *allocator; /* NULL: anonymous mmap */
 	int map;           /* 0: auto, 1: whenever possible, -1: never (see snap_open) */
+	bool manifest_only; /* validate the manifest and the rank files' sizes and headers, but
+			     * restore nothing: every tensor's data is NULL (for inspect) */
 };
 
 struct snap; /* opaque: a restored snapshot, every rank's image in memory */

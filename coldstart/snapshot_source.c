@@ -168,7 +168,10 @@ int snap__source_identity(const char *src_dir, json_t **out, char *err, size_t e
 		}
 	}
 	snap__hex(XXH3_64bits_digest(all), hex);
-	if (json_object_set_new(root, "dir", json_string(src_dir)) ||
+	char *abs = realpath(src_dir, NULL); /* recorded absolute, for a reader elsewhere */
+	int bad_dir = json_object_set_new(root, "dir", json_string(abs ? abs : src_dir));
+	free(abs);
+	if (bad_dir ||
 	    json_object_set_new(root, "hash", json_string("xxh3(size,mtime_ns,head,tail)")) ||
 	    json_object_set(root, "files", files) ||
 	    json_object_set_new(root, "xxh3", json_string(hex))) {

@@ -192,6 +192,21 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 		return wk_errf(err, errsz, WK_EUNSUPPORTED,
 			       "%s: a snapshot of %d ranks needs the sharded engine, which is not "
 			       "built yet", dir, snap_world(e->snap));
+	json_t *m = snap_manifest(e->snap);
+	long long mtp = json_integer_value(json_object_get(m, "tp"));
+	long long mep = json_integer_value(json_object_get(m, "ep"));
+	if (o && ((o->tp > 0 && o->tp != mtp) || (o->ep > 0 && o->ep != mep)))
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "%s: the snapshot was made for tp %lld, ep %lld; it cannot run with "
+			       "tp %d, ep %d (make a snapshot for that layout)", dir, mtp, mep,
+			       o->tp > 0 ? o->tp : (int)mtp, o->ep > 0 ? o->ep : (int)mep);
+	if (o && o->source && (rc = snap_source_check(e->snap, o->source, err, errsz)) != WK_OK)
+		return rc;
+	const struct snap_timings *tm = snap_timings(e->snap);
+	e->info.startup.snapshot = true;
+	e->info.startup.read_s = tm->read_s;
+	e->info.startup.verify_s = tm->verify_s;
+	e->info.startup.bytes = tm->bytes_restored;
 	e->config = snap_config(e->snap);
 	if (!json_is_object(e->config))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s/manifest.json: 'config' is missing", dir);
@@ -204,10 +219,13 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	struct engine *e = calloc(1, sizeof *e);
 	if (!e)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	double t0 = wk_now();
 	snprintf(e->dir, sizeof e->dir, "%s", model_dir);
 	int rc = open_weights(e, model_dir, opts, err, errsz);
 	if (rc != WK_OK)
 		goto fail;
+	double t1 = wk_now();
+	e->info.startup.weights_s = t1 - t0;
 	json_t *cfg = e->config;
 	json_t *archs = json_object_get(cfg, "architectures");
 	const char *arch = json_string_value(json_array_get(archs, 0));
@@ -253,6 +271,9 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	rc = e->fam->load(e, err, errsz);
 	if (rc != WK_OK)
 		goto fail;
+	e->info.startup.ready_mono = wk_now();
+	e->info.startup.init_s = e->info.startup.ready_mono - t1;
+	e->info.startup.total_s = e->info.startup.ready_mono - t0;
 	*out = e;
 	return WK_OK;
 fail:

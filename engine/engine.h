@@ -21,6 +21,8 @@ struct eng_opts {
 	int threads;         /* CPU threads; <= 0 means all cores */
 	int max_seq;         /* KV cache length; <= 0 means the model's max_position_embeddings */
 	bool no_verify;      /* snapshots: skip the chunk checksums */
+	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
+	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
 };
 
 struct eng_info {
@@ -32,6 +34,16 @@ struct eng_info {
 	int64_t params;            /* parameters in the checkpoint */
 	uint64_t weight_bytes;     /* bytes of weights in the checkpoint */
 	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads */
+	struct eng_startup {       /* where eng_open's time went (seconds, CLOCK_MONOTONIC) */
+		bool snapshot;         /* the weights came from a snapshot */
+		double weights_s;      /* opening the checkpoint or restoring the snapshot */
+		double read_s;         /* of which moving bytes (snapshot reads; 0 for mmap) */
+		double verify_s;       /* checksum time, summed over reader threads */
+		double init_s;         /* backend, tokenizer, binding weights, KV cache */
+		double total_s;        /* all of eng_open */
+		double ready_mono;     /* wk_now() when eng_open returned */
+		uint64_t bytes;        /* bytes restored */
+	} startup;
 };
 
 struct engine;
@@ -68,5 +80,20 @@ struct eng_snap_opts {
  */
 int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_opts *o,
 		 char *err, size_t errsz);
+
+/* The naive load path, for `wick bench restore`: what a loader does with no snapshot, as the
+ * default loaders of the big serving engines do. It maps the Hugging Face safetensors files
+ * (MADV_SEQUENTIAL), then tensor by tensor in file order applies the same transform the
+ * snapshot applies and copies the result into fresh memory. The result holds each tensor's
+ * final bytes, so it can be compared with a restored snapshot. */
+struct eng_naive;
+int eng_naive_load(const char *hf_dir, const struct eng_snap_opts *o, struct eng_naive **out,
+		   char *err, size_t errsz);
+size_t eng_naive_count(const struct eng_naive *n);
+/* Tensor i's name, bytes and size; returns NULL past the end. */
+const char *eng_naive_tensor(const struct eng_naive *n, size_t i, const void **data,
+			     uint64_t *nbytes);
+uint64_t eng_naive_bytes(const struct eng_naive *n);
+void eng_naive_free(struct eng_naive *n);
 
 #endif

@@ -12,8 +12,52 @@ int cmd_tokenize(int argc, char **argv); /* worker/cmd_tokenize.c */
 int cmd_generate(int argc, char **argv); /* worker/cmd_generate.c */
 int cmd_logits(int argc, char **argv);   /* worker/cmd_generate.c */
 int cmd_bench(int argc, char **argv);    /* worker/cmd_bench.c */
+int bench_restore(int argc, char **argv); /* worker/bench_restore.c, via cmd_bench */
 int cmd_snapshot(int argc, char **argv); /* worker/cmd_snapshot.c */
 int cmd_prefetch(int argc, char **argv); /* worker/cmd_prefetch.c */
+
+/* ---- the engine flags shared by every command that loads a model ---- */
+
+#include <stdbool.h>
+
+#include "engine/engine.h"
+
+#define CMD_OPT_BASE 1000
+/* getopt_long entries for the engine flags; their values start at CMD_OPT_BASE. */
+#define CMD_ENGINE_OPTIONS                                                                  \
+	{"backend", required_argument, 0, CMD_OPT_BASE + 0},                               \
+	{"threads", required_argument, 0, CMD_OPT_BASE + 1},                               \
+	{"no-verify", no_argument, 0, CMD_OPT_BASE + 2},                                   \
+	{"tp", required_argument, 0, CMD_OPT_BASE + 3},                                    \
+	{"ep", required_argument, 0, CMD_OPT_BASE + 4},                                    \
+	{"source", required_argument, 0, CMD_OPT_BASE + 5},                                \
+	{"verbose", no_argument, 0, CMD_OPT_BASE + 6},                                     \
+	{"snapshot", required_argument, 0, CMD_OPT_BASE + 7},                              \
+	{"model", required_argument, 0, CMD_OPT_BASE + 7}
+
+#define CMD_ENGINE_HELP                                                                     \
+	"      --backend B       cpu, cuda or auto (default auto: cuda when a GPU is present)\n" \
+	"      --threads T       CPU threads (default: all cores)\n"                            \
+	"      --model M, --snapshot M   the model, instead of the positional MODEL\n"         \
+	"      --no-verify       snapshots: skip the chunk checksums\n"                         \
+	"      --tp N, --ep N    snapshots: the layout to run (default: the manifest's)\n"      \
+	"      --source HF_DIR   snapshots: refuse if this source changed since the snapshot\n" \
+	"      --verbose         print start-up timings as JSON on stderr\n"
+
+struct cmd_engine {
+	struct eng_opts o;
+	const char *model; /* from --model/--snapshot, or the positional argument */
+	bool verbose;
+};
+
+/* Handles an engine flag (c >= CMD_OPT_BASE). Returns 0, or 2 with a usage message on stderr. */
+int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg);
+/* Takes MODEL from the positional arguments left (argv[optind..argc)) unless --model gave it;
+ * the count of positionals must then be `want`. Returns 0 or 2 (usage). */
+int cmd_engine_model(struct cmd_engine *ce, int argc, char **argv, int optind_, int want);
+/* Opens the engine; prints the error and returns 1 on failure. For a snapshot it prints a
+ * one-line restore summary on stderr, and with --verbose the start-up timings as JSON. */
+int cmd_engine_open(struct cmd_engine *ce, struct engine **e);
 
 /* Parses "1,2,3" into a malloc'd array. Returns 0, or -1 with a message on stderr naming
  * what is wrong (empty list, not a number, out of int range). */

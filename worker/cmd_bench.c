@@ -24,7 +24,8 @@ static void bench_usage(FILE *f)
 {
 	fprintf(f, "usage: wick bench SUB [ARGS]   (wick bench SUB --help for details)\n\n"
 		   "benchmarks:\n"
-		   "  wick bench decode MODEL [-n N] [--threads T] [--backend B]\n");
+		   "  wick bench decode MODEL [-n N] [--threads T] [--backend B]\n"
+		   "  wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -234,6 +235,8 @@ int cmd_bench(int argc, char **argv)
 	}
 	if (!strcmp(sub, "decode"))
 		return bench_decode(argc - 1, argv + 1);
+	if (!strcmp(sub, "restore"))
+		return bench_restore(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

@@ -26,8 +26,7 @@ static void gen_usage(FILE *f)
 		"      --top-p P         nucleus sampling mass (default 0.9; 1 disables)\n"
 		"      --top-k K         keep the K most likely tokens (default 0: off)\n"
 		"      --seed S          random seed (default: from the clock)\n"
-		"      --backend B       cpu, cuda or auto (default auto)\n"
-		"      --threads T       CPU threads (default: all cores)\n");
+		CMD_ENGINE_HELP);
 }
 
 /* Prints the part of the decoded text not printed yet. While the text ends in U+FFFD it may
@@ -49,30 +48,18 @@ static void stream(const struct tok *t, const int *ids, int n, size_t *printed, 
 	free(text);
 }
 
-static int open_engine(const char *model, const char *backend, int threads, struct engine **e)
-{
-	char err[WK_ERRSZ];
-	struct eng_opts o = {.backend = backend, .threads = threads};
-	if (eng_open(model, &o, e, err, sizeof err) != WK_OK) {
-		fprintf(stderr, "wick: %s\n", err);
-		return 1;
-	}
-	return 0;
-}
-
 int cmd_generate(int argc, char **argv)
 {
-	enum { O_TOKENS = 256, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_BACKEND, O_THREADS };
+	enum { O_TOKENS = 256, O_TEMP, O_TOPP, O_TOPK, O_SEED };
 	static const struct option opts[] = {
 		{"prompt", required_argument, 0, 'p'}, {"tokens", required_argument, 0, O_TOKENS},
 		{"max-tokens", required_argument, 0, 'n'}, {"temperature", required_argument, 0, O_TEMP},
 		{"top-p", required_argument, 0, O_TOPP}, {"top-k", required_argument, 0, O_TOPK},
-		{"seed", required_argument, 0, O_SEED}, {"backend", required_argument, 0, O_BACKEND},
-		{"threads", required_argument, 0, O_THREADS}, {"help", no_argument, 0, 'h'},
-		{0, 0, 0, 0}};
-	const char *prompt = NULL, *tokens = NULL, *backend = "auto";
+		{"seed", required_argument, 0, O_SEED}, {"help", no_argument, 0, 'h'},
+		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
+	const char *prompt = NULL, *tokens = NULL;
 	long steps = 256;
-	int threads = 0;
+	struct cmd_engine ce = {0};
 	struct samp_cfg sc = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
 			      .seed = (uint64_t)time(NULL)};
 	int c;
@@ -92,10 +79,12 @@ int cmd_generate(int argc, char **argv)
 		case O_TOPP: sc.top_p = strtof(optarg, &end); goto num;
 		case O_TOPK: sc.top_k = (int)strtol(optarg, &end, 10); goto num;
 		case O_SEED: sc.seed = strtoull(optarg, &end, 10); goto num;
-		case O_THREADS: threads = (int)strtol(optarg, &end, 10); goto num;
-		case O_BACKEND: backend = optarg; break;
 		case 'h': gen_usage(stdout); return 0;
-		default: gen_usage(stderr); return 2;
+		default:
+			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
+				gen_usage(stderr);
+				return 2;
+			}
 		}
 		continue;
 num:
@@ -104,7 +93,7 @@ num:
 			return 2;
 		}
 	}
-	if (argc - optind != 1 || (prompt && tokens)) {
+	if (cmd_engine_model(&ce, argc, argv, optind, 0) || (prompt && tokens)) {
 		gen_usage(stderr);
 		return 2;
 	}
@@ -114,7 +103,7 @@ num:
 	}
 
 	struct engine *e;
-	if (open_engine(argv[optind], backend, threads, &e))
+	if (cmd_engine_open(&ce, &e))
 		return 1;
 	const struct eng_info *info = eng_info(e);
 	const struct tok *t = eng_tokenizer(e);
@@ -132,7 +121,7 @@ num:
 			goto out;
 		}
 	} else if (prompt) {
-		fprintf(stderr, "wick generate: %s has no tokenizer.json; use --tokens\n", argv[optind]);
+		fprintf(stderr, "wick generate: %s has no tokenizer.json; use --tokens\n", ce.model);
 		goto out;
 	} else {
 		if (info->bos < 0) {
@@ -201,33 +190,36 @@ out:
 static void logits_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: wick logits MODEL --tokens 1,2,3 [--all-positions] [--backend B]\n\n"
+		"usage: wick logits MODEL --tokens 1,2,3 [--all-positions] [options]\n\n"
 		"Runs the ids exactly as given (nothing is added) and prints\n"
 		"{\"vocab\": V, \"positions\": [...], \"logits\": [[...], ...]}: raw f32 logits, %%.9g,\n"
-		"for the last position (0-based) or, with --all-positions, for every one.\n");
+		"for the last position (0-based) or, with --all-positions, for every one.\n"
+		CMD_ENGINE_HELP);
 }
 
 int cmd_logits(int argc, char **argv)
 {
-	enum { O_TOKENS = 256, O_ALL, O_BACKEND, O_THREADS };
+	enum { O_TOKENS = 256, O_ALL };
 	static const struct option opts[] = {
 		{"tokens", required_argument, 0, O_TOKENS}, {"all-positions", no_argument, 0, O_ALL},
-		{"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
-		{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-	const char *tokens = NULL, *backend = "auto";
+		{"help", no_argument, 0, 'h'}, CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
+	const char *tokens = NULL;
 	bool all = false;
-	int threads = 0, c;
+	int c;
+	struct cmd_engine ce = {0};
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case O_TOKENS: tokens = optarg; break;
 		case O_ALL: all = true; break;
-		case O_BACKEND: backend = optarg; break;
-		case O_THREADS: threads = atoi(optarg); break;
 		case 'h': logits_usage(stdout); return 0;
-		default: logits_usage(stderr); return 2;
+		default:
+			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
+				logits_usage(stderr);
+				return 2;
+			}
 		}
 	}
-	if (argc - optind != 1 || !tokens) {
+	if (cmd_engine_model(&ce, argc, argv, optind, 0) || !tokens) {
 		logits_usage(stderr);
 		return 2;
 	}
@@ -235,7 +227,7 @@ int cmd_logits(int argc, char **argv)
 	if (cmd_parse_ids(tokens, &ids, &n))
 		return 2;
 	struct engine *e;
-	if (open_engine(argv[optind], backend, threads, &e)) {
+	if (cmd_engine_open(&ce, &e)) {
 		free(ids);
 		return 1;
 	}

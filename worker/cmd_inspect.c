@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "coldstart/hfmodel.h"
+#include "coldstart/snapshot.h"
 #include "coldstart/safetensors.h"
 #include "common/wk.h"
 #include "worker/cmd.h"
@@ -195,6 +196,71 @@ static json_t *report_json(const char *model, json_t *cfg, size_t nshards,
 	return r;
 }
 
+/* A snapshot: the manifest's summary (nothing is restored), then the same model summary. */
+static int inspect_snapshot(const char *dir, bool as_json)
+{
+	char err[WK_ERRSZ], b1[32], b2[32];
+	struct snap *sn;
+	struct snap_open_opts o = {.manifest_only = true};
+	if (snap_open(dir, &o, &sn, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick inspect: %s\n", err);
+		return 1;
+	}
+	json_t *m = snap_manifest(sn);
+	if (as_json) {
+		json_t *r = json_deep_copy(m);
+		json_t *ranks = json_object_get(r, "ranks");
+		size_t i;
+		json_t *rk;
+		json_array_foreach(ranks, i, rk) {
+			/* summarise: counts instead of the per-tensor and per-chunk lists */
+			json_object_set_new(rk, "tensor_count",
+					    json_integer((json_int_t)json_array_size(json_object_get(rk, "tensors"))));
+			json_object_set_new(rk, "chunk_count",
+					    json_integer((json_int_t)json_array_size(json_object_get(rk, "chunks"))));
+			json_object_del(rk, "tensors");
+			json_object_del(rk, "chunks");
+		}
+		json_dumpf(r, stdout, JSON_INDENT(2));
+		putchar('\n');
+		json_decref(r);
+		snap_close(sn);
+		return 0;
+	}
+	printf("snapshot      %s (format %s version %lld)\n", dir,
+	       json_string_value(json_object_get(m, "format")),
+	       (long long)json_integer_value(json_object_get(m, "version")));
+	printf("layout        world %d, tp %lld, ep %lld, dtype %s, compress %s, chunks of %s bytes\n",
+	       snap_world(sn), (long long)json_integer_value(json_object_get(m, "tp")),
+	       (long long)json_integer_value(json_object_get(m, "ep")),
+	       json_string_value(json_object_get(m, "dtype")),
+	       json_string_value(json_object_get(m, "compress")),
+	       commas((uint64_t)json_integer_value(json_object_get(m, "chunk_size")), b1));
+	json_t *src = json_object_get(m, "source");
+	if (json_is_object(src))
+		printf("source        %s (xxh3 %s)\n", json_string_value(json_object_get(src, "dir")),
+		       json_string_value(json_object_get(src, "xxh3")));
+	struct summary s = {0};
+	size_t i;
+	json_t *rk;
+	json_array_foreach(json_object_get(m, "ranks"), i, rk) {
+		size_t lz = 0, j;
+		json_t *c;
+		json_array_foreach(json_object_get(rk, "chunks"), j, c)
+			lz += json_is_true(json_object_get(c, "lz4"));
+		uint64_t disk = (uint64_t)json_integer_value(json_object_get(rk, "size"));
+		uint64_t img = (uint64_t)json_integer_value(json_object_get(rk, "image_size"));
+		printf("  %-12s %sB on disk, %sB restored, %zu tensors, %zu chunks (%zu lz4)\n",
+		       json_string_value(json_object_get(rk, "file")), human(disk, b1), human(img, b2),
+		       snap_tensor_count(sn, (int)i), json_array_size(json_object_get(rk, "chunks")), lz);
+		for (size_t t = 0; t < snap_tensor_count(sn, (int)i); t++)
+			add(&s, snap_tensor_at(sn, (int)i, t));
+	}
+	print_text(dir, snap_config(sn), NULL, (size_t)snap_world(sn), &s);
+	snap_close(sn);
+	return 0;
+}
+
 int cmd_inspect(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -227,6 +293,8 @@ int cmd_inspect(int argc, char **argv)
 		fprintf(stderr, "wick inspect: %s: no such file or directory\n", model);
 		return 1;
 	}
+	if (S_ISDIR(sb.st_mode) && snap_is_snapshot(model))
+		return inspect_snapshot(model, as_json);
 	if (S_ISDIR(sb.st_mode))
 		rc = hf_open(model, &hf, err, sizeof err);
 	else

@@ -3,7 +3,77 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/wk.h"
 #include "worker/cmd.h"
+
+static int count(const char *arg, const char *flag, int lo, int hi, int *out)
+{
+	char *end;
+	long v = strtol(arg, &end, 10);
+	if (end == arg || *end || v < lo || v > hi) {
+		fprintf(stderr, "wick: %s wants a number from %d to %d, not '%s'\n", flag, lo, hi, arg);
+		return 2;
+	}
+	*out = (int)v;
+	return 0;
+}
+
+int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
+{
+	switch (c - CMD_OPT_BASE) {
+	case 0: ce->o.backend = arg; return 0;
+	case 1: return count(arg, "--threads", 1, 1024, &ce->o.threads);
+	case 2: ce->o.no_verify = true; return 0;
+	case 3: return count(arg, "--tp", 1, 1024, &ce->o.tp);
+	case 4: return count(arg, "--ep", 1, 1024, &ce->o.ep);
+	case 5: ce->o.source = arg; return 0;
+	case 6: ce->verbose = true; return 0;
+	case 7: ce->model = arg; return 0;
+	}
+	return 2;
+}
+
+int cmd_engine_model(struct cmd_engine *ce, int argc, char **argv, int optind_, int want)
+{
+	int left = argc - optind_;
+	if (!ce->model && left > 0) {
+		ce->model = argv[optind_];
+		left--;
+	}
+	if (!ce->model) {
+		fprintf(stderr, "wick: no MODEL given\n");
+		return 2;
+	}
+	if (left != want) {
+		fprintf(stderr, "wick: unexpected argument '%s'\n", argv[argc - left]);
+		return 2;
+	}
+	return 0;
+}
+
+int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
+{
+	char err[WK_ERRSZ];
+	if (eng_open(ce->model, &ce->o, e, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick: %s\n", err);
+		return 1;
+	}
+	const struct eng_startup *s = &eng_info(*e)->startup;
+	if (s->snapshot)
+		fprintf(stderr, "wick: restored %.1f MB in %.1f ms (%.2f GB/s)%s; ready in %.1f ms\n",
+			s->bytes / 1e6, s->weights_s * 1e3,
+			s->weights_s > 0 ? s->bytes / s->weights_s / 1e9 : 0.0,
+			ce->o.no_verify ? ", checksums skipped" : ", checksums verified",
+			s->total_s * 1e3);
+	if (ce->verbose)
+		fprintf(stderr,
+			"{\"startup\": {\"model\": \"%s\", \"snapshot\": %s, \"weights_s\": %.6f, "
+			"\"read_s\": %.6f, \"verify_s\": %.6f, \"init_s\": %.6f, \"total_s\": %.6f, "
+			"\"bytes\": %llu, \"ready_mono\": %.6f}}\n",
+			ce->model, s->snapshot ? "true" : "false", s->weights_s, s->read_s, s->verify_s,
+			s->init_s, s->total_s, (unsigned long long)s->bytes, s->ready_mono);
+	return 0;
+}
 
 int cmd_parse_ids(const char *s, int **ids, int *n)
 {

@@ -1,0 +1,96 @@
+# Snapshots end to end: stories260K through `wick snapshot`, then generate/logits from the
+# snapshot, inspect, the refusals (corruption, truncation, wrong tp, changed source), an
+# interrupted `wick snapshot`, and a smoke run of `wick bench restore`.
+source tests/e2e/lib.sh
+m=$(stories)
+S=$TMPD/snap
+"$WICK" snapshot "$m" -o "$S"
+"$WICK" snapshot "$m" -o "$TMPD/snap-lz4" --compress lz4 --chunk-mib 1
+
+# Same text and bit-identical logits from the snapshot as from the Hugging Face directory.
+want=$("$WICK" generate "$m" -n 80 --temperature 0 2>/dev/null)
+for s in "$S" "$TMPD/snap-lz4"; do
+  got=$("$WICK" generate "$s" -n 80 --temperature 0 2>/dev/null)
+  [ "$got" = "$want" ] || fail "$s generates different text: $got"
+  "$WICK" logits --snapshot "$s" --tokens 1,403,407,261 --all-positions >"$TMPD/a.json"
+  "$WICK" logits "$m" --tokens 1,403,407,261 --all-positions >"$TMPD/b.json"
+  cmp -s "$TMPD/a.json" "$TMPD/b.json" || fail "$s: logits differ from the HF directory's"
+done
+"$WICK" generate "$S" -n 5 --temperature 0 --verbose 2>"$TMPD/v.txt" >/dev/null
+grep -q '"startup"' "$TMPD/v.txt" || fail "--verbose prints no start-up timings"
+
+# bf16 snapshot: matrices cast, runs, and logits stay close to f32.
+"$WICK" snapshot "$m" -o "$TMPD/snap-bf16" --dtype bf16
+"$WICK" inspect "$TMPD/snap-bf16" >"$TMPD/i.txt"
+grep -q 'dtype bf16' "$TMPD/i.txt" || fail "inspect: no dtype bf16"
+"$WICK" logits "$TMPD/snap-bf16" --tokens 1,403,407,261 >"$TMPD/c.json"
+python3 - "$TMPD/b.json" "$TMPD/c.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["logits"][-1]; b = json.load(open(sys.argv[2]))["logits"][0]
+d = max(abs(x - y) for x, y in zip(a, b)) / max(abs(x) for x in a)
+assert 0 < d < 0.05, f"bf16 relative difference {d}"
+PY
+
+# inspect reads the manifest
+"$WICK" inspect "$S" >"$TMPD/i.txt"
+grep -q 'wick-snapshot version 1' "$TMPD/i.txt" || fail "inspect SNAP"
+"$WICK" inspect "$S" --json | python3 -c 'import json,sys; m=json.load(sys.stdin); assert m["ranks"][0]["tensor_count"] == 47'
+
+set +e
+# One flipped byte in the rank file: refused, naming the chunk and the tensor.
+cp -r "$S" "$TMPD/bad"
+python3 - "$TMPD/bad/rank-000.bin" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[4096 + 300000] ^= 0x40; open(p, 'wb').write(b)
+PY
+"$WICK" generate "$TMPD/bad" -n 5 2>"$TMPD/e1"; rc=$?
+[ $rc -eq 1 ] && grep -q 'chunk 0' "$TMPD/e1" && grep -q "tensors* '" "$TMPD/e1" \
+  || fail "flipped byte: rc=$rc $(cat "$TMPD/e1")"
+"$WICK" generate "$TMPD/bad" -n 5 --no-verify >/dev/null 2>&1 || fail "--no-verify should load"
+
+# Truncated rank file: refused.
+cp -r "$S" "$TMPD/trunc"
+truncate -s -4096 "$TMPD/trunc/rank-000.bin"
+"$WICK" logits "$TMPD/trunc" --tokens 1 2>"$TMPD/e2"; rc=$?
+[ $rc -eq 1 ] && grep -q 'truncated' "$TMPD/e2" || fail "truncated: rc=$rc $(cat "$TMPD/e2")"
+
+# Another format version: refused by name.
+cp -r "$S" "$TMPD/v2"
+sed -i 's/"version": 1,/"version": 2,/' "$TMPD/v2/manifest.json"
+"$WICK" logits "$TMPD/v2" --tokens 1 2>"$TMPD/e3"; rc=$?
+[ $rc -eq 1 ] && grep -q 'version 2' "$TMPD/e3" || fail "version: rc=$rc $(cat "$TMPD/e3")"
+
+# A layout other than the snapshot's: refused.
+"$WICK" logits "$S" --tokens 1 --tp 2 2>"$TMPD/e4"; rc=$?
+[ $rc -eq 1 ] && grep -q 'tp 1' "$TMPD/e4" || fail "tp: rc=$rc $(cat "$TMPD/e4")"
+
+# The source changed since the snapshot: refused when the source is given.
+cp -r "$m" "$TMPD/src"
+"$WICK" snapshot "$TMPD/src" -o "$TMPD/snap-src" 2>/dev/null
+"$WICK" logits "$TMPD/snap-src" --tokens 1 --source "$TMPD/src" >/dev/null 2>&1 || fail "unchanged source refused"
+echo ' ' >>"$TMPD/src/config.json"
+"$WICK" logits "$TMPD/snap-src" --tokens 1 --source "$TMPD/src" 2>"$TMPD/e5"; rc=$?
+[ $rc -eq 1 ] && grep -q 'changed since the snapshot' "$TMPD/e5" || fail "source: rc=$rc $(cat "$TMPD/e5")"
+
+# kill -9 in the middle of `wick snapshot`: nothing valid-looking is left behind.
+"$WICK_TOOLS/gen_llama" -o "$TMPD/big" --hidden 1024 --intermediate 2816 --layers 8 --heads 16 \
+  --kv-heads 4 --vocab 8000 --dtype f32 --seed 3 >/dev/null
+"$WICK" snapshot "$TMPD/big" -o "$TMPD/killed" --compress lz4 --chunk-mib 1 2>/dev/null &
+pid=$!
+sleep 0.3
+kill -9 $pid; wait $pid 2>/dev/null
+[ ! -e "$TMPD/killed/manifest.json" ] || fail "a killed snapshot left a manifest"
+"$WICK" logits "$TMPD/killed" --tokens 1 >/dev/null 2>&1 && fail "a killed snapshot loads"
+set -e
+"$WICK" snapshot "$TMPD/big" -o "$TMPD/killed" 2>/dev/null
+"$WICK" logits "$TMPD/killed" --tokens 1,2 >/dev/null 2>&1 || fail "snapshot after a kill"
+ls "$TMPD" | grep -q 'killed\.' && fail "stale temporary directories were not cleaned: $(ls "$TMPD")"
+
+# bench restore: a smoke run (the real figures come from scripts/bench-restore).
+"$WICK" bench restore "$S" --source "$m" --runs 1 --startup-runs 2 >"$TMPD/br.txt"
+tail -n 1 "$TMPD/br.txt" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["bench"] == "restore" and j["bytes"] == 1040128, j
+assert all(v > 0 for v in j["warm_s"].values()) and 0 < j["fixed_startup_ms"] < 1000, j'
+echo ok

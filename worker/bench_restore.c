@@ -1,0 +1,407 @@
+/*
+ * bench_restore.c - `wick bench restore SNAP`: how fast a snapshot comes back into memory,
+ * against two baselines measured in the same run, with a warm page cache and a cold one:
+ *
+ *   plain    a sequential read of the snapshot's rank files with 1 MiB buffered reads, as
+ *            `cat` does: what the storage gives a simple reader;
+ *   naive    what wick would do with no snapshot (eng_naive_load): mmap the Hugging Face
+ *            safetensors with MADV_SEQUENTIAL and, tensor by tensor in file order, apply the
+ *            snapshot's transform and copy into the engine's memory;
+ *   restore  snap_open with checksums verified: the prefetch pipeline.
+ *
+ * Restore and naive must end with identical bytes; the run checks that before timing.
+ * "Cold" drops the files from the page cache with posix_fadvise(DONTNEED) before each run.
+ * It also measures the fixed cost of a cold start: a child `wick logits SNAP` from spawn to
+ * ready, minus the time it spent moving bytes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coldstart/hfmodel.h"
+#include "coldstart/snapshot.h"
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "worker/cmd.h"
+
+#define MAX_FILES 4096
+
+extern char **environ;
+
+struct files {
+	char *path[MAX_FILES];
+	int n;
+	uint64_t bytes;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n"
+		"                          [--threads T] [--startup-runs N]\n\n"
+		"Times restoring SNAP against a plain sequential read of its files and against the\n"
+		"naive load of its source checkpoint, warm and cold, checking that restore and naive\n"
+		"end with identical bytes; then the fixed cost of a cold start. Prints a table, then\n"
+		"one JSON line.\n"
+		"  --source HF_DIR    the checkpoint the snapshot was made from (default: the\n"
+		"                     manifest's source.dir)\n"
+		"  --runs N           runs per measurement; the median is reported (default 3)\n"
+		"  --no-cold          skip the cold-cache runs\n"
+		"  --threads T        restore reader threads (default: the pipeline's choice)\n"
+		"  --startup-runs N   child processes for the fixed start-up cost (default 5)\n");
+}
+
+static int add_file(struct files *f, const char *path)
+{
+	if (f->n == MAX_FILES)
+		return -1;
+	f->path[f->n] = strdup(path);
+	if (!f->path[f->n])
+		return -1;
+	int fd = open(path, O_RDONLY);
+	if (fd >= 0) {
+		off_t sz = lseek(fd, 0, SEEK_END);
+		f->bytes += sz > 0 ? (uint64_t)sz : 0;
+		close(fd);
+	}
+	f->n++;
+	return 0;
+}
+
+static void free_files(struct files *f)
+{
+	for (int i = 0; i < f->n; i++)
+		free(f->path[i]);
+	f->n = 0;
+}
+
+static void drop_cache(const struct files *f)
+{
+	for (int i = 0; i < f->n; i++) {
+		int fd = open(f->path[i], O_RDONLY);
+		if (fd < 0)
+			continue;
+		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		close(fd);
+	}
+}
+
+/* Seconds to read every file front to back with 1 MiB read()s, or < 0 on an error. */
+static double plain_read(const struct files *f)
+{
+	enum { BUF = 1 << 20 };
+	char *buf = malloc(BUF);
+	if (!buf)
+		return -1;
+	double t0 = wk_now();
+	for (int i = 0; i < f->n; i++) {
+		int fd = open(f->path[i], O_RDONLY);
+		if (fd < 0) {
+			free(buf);
+			return -1;
+		}
+		ssize_t r;
+		while ((r = read(fd, buf, BUF)) > 0)
+			;
+		close(fd);
+		if (r < 0) {
+			free(buf);
+			return -1;
+		}
+	}
+	double dt = wk_now() - t0;
+	free(buf);
+	return dt;
+}
+
+static double do_restore(const char *dir, int threads, char *err, size_t errsz)
+{
+	struct snap *s;
+	struct snap_open_opts o = {.verify = true, .threads = threads};
+	double t0 = wk_now();
+	if (snap_open(dir, &o, &s, err, errsz) != WK_OK)
+		return -1;
+	double dt = wk_now() - t0;
+	snap_close(s);
+	return dt;
+}
+
+static double do_naive(const char *src, const struct eng_snap_opts *so, char *err, size_t errsz)
+{
+	struct eng_naive *nv;
+	double t0 = wk_now();
+	if (eng_naive_load(src, so, &nv, err, errsz) != WK_OK)
+		return -1;
+	double dt = wk_now() - t0;
+	eng_naive_free(nv);
+	return dt;
+}
+
+/* Both paths must leave the same bytes in memory. Returns 0, or 1 with a message. */
+static int check_identical(const char *dir, const char *src, const struct eng_snap_opts *so,
+			   uint64_t *bytes)
+{
+	char err[WK_ERRSZ];
+	struct snap *s;
+	struct eng_naive *nv;
+	struct snap_open_opts o = {.verify = true};
+	if (snap_open(dir, &o, &s, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench restore: %s\n", err);
+		return 1;
+	}
+	if (eng_naive_load(src, so, &nv, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench restore: naive load: %s\n", err);
+		snap_close(s);
+		return 1;
+	}
+	int bad = 0;
+	size_t total = 0;
+	for (int r = 0; r < snap_world(s); r++)
+		total += snap_tensor_count(s, r);
+	if (total != eng_naive_count(nv)) {
+		fprintf(stderr, "wick bench restore: the snapshot holds %zu tensors, the naive load "
+				"%zu\n", total, eng_naive_count(nv));
+		bad = 1;
+	}
+	*bytes = 0;
+	for (size_t i = 0; !bad && i < eng_naive_count(nv); i++) {
+		const void *d;
+		uint64_t nb;
+		const char *name = eng_naive_tensor(nv, i, &d, &nb);
+		const struct st_tensor *t = NULL;
+		for (int r = 0; r < snap_world(s) && !t; r++)
+			t = snap_tensor(s, r, name);
+		if (!t || t->nbytes != nb || memcmp(t->data, d, nb) != 0) {
+			fprintf(stderr, "wick bench restore: tensor '%s' differs between the snapshot "
+					"and the naive load\n", name);
+			bad = 1;
+		}
+		*bytes += nb;
+	}
+	eng_naive_free(nv);
+	snap_close(s);
+	return bad;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One child `wick logits SNAP --tokens 0 --verbose`: seconds from spawn to ready, and the
+ * seconds it spent reading. Returns 0 or -1. */
+static int startup_once(const char *dir, double *to_ready, double *reading)
+{
+	int pfd[2];
+	if (pipe(pfd) != 0)
+		return -1;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+	posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
+	posix_spawn_file_actions_addclose(&fa, pfd[0]);
+	char *args[] = {"wick", "logits", (char *)dir, "--tokens", "0", "--verbose", NULL};
+	pid_t pid;
+	double t0 = wk_now();
+	int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, args, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(pfd[1]);
+	if (rc != 0) {
+		close(pfd[0]);
+		return -1;
+	}
+	char buf[8192];
+	size_t len = 0;
+	ssize_t r;
+	while (len < sizeof buf - 1 && (r = read(pfd[0], buf + len, sizeof buf - 1 - len)) > 0)
+		len += (size_t)r;
+	buf[len] = 0;
+	close(pfd[0]);
+	int st;
+	waitpid(pid, &st, 0);
+	char *line = strstr(buf, "{\"startup\"");
+	json_t *j = line ? json_loads(line, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+	json_t *s = json_object_get(j, "startup");
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !s) {
+		fprintf(stderr, "wick bench restore: the start-up child failed: %s\n", buf);
+		json_decref(j);
+		return -1;
+	}
+	*to_ready = json_number_value(json_object_get(s, "ready_mono")) - t0;
+	*reading = json_number_value(json_object_get(s, "read_s"));
+	json_decref(j);
+	return 0;
+}
+
+int bench_restore(int argc, char **argv)
+{
+	enum { O_SOURCE = 256, O_RUNS, O_NOCOLD, O_THREADS, O_SRUNS };
+	static const struct option opts[] = {
+		{"source", required_argument, 0, O_SOURCE}, {"runs", required_argument, 0, O_RUNS},
+		{"no-cold", no_argument, 0, O_NOCOLD}, {"threads", required_argument, 0, O_THREADS},
+		{"startup-runs", required_argument, 0, O_SRUNS}, {"help", no_argument, 0, 'h'},
+		{0, 0, 0, 0}};
+	const char *source = NULL;
+	int runs = 3, cold = 1, threads = 0, sruns = 5, c;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case O_SOURCE: source = optarg; break;
+		case O_RUNS: runs = atoi(optarg); break;
+		case O_NOCOLD: cold = 0; break;
+		case O_THREADS: threads = atoi(optarg); break;
+		case O_SRUNS: sruns = atoi(optarg); break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (argc - optind != 1 || runs < 1 || runs > 100 || sruns < 0 || sruns > 1000) {
+		usage(stderr);
+		return 2;
+	}
+	const char *dir = argv[optind];
+	char err[WK_ERRSZ], path[4096];
+	struct snap *man;
+	struct snap_open_opts mo = {.manifest_only = true};
+	if (snap_open(dir, &mo, &man, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench restore: %s\n", err);
+		return 1;
+	}
+	json_t *m = snap_manifest(man);
+	struct eng_snap_opts so = {.tp = (int)json_integer_value(json_object_get(m, "tp")),
+				   .ep = (int)json_integer_value(json_object_get(m, "ep")),
+				   .dtype = json_string_value(json_object_get(m, "dtype"))};
+	char src[4096];
+	snprintf(src, sizeof src, "%s",
+		 source ? source : json_string_value(json_object_get(json_object_get(m, "source"), "dir")));
+	struct files rank = {0}, hf = {0};
+	size_t i;
+	json_t *rk;
+	int rc = 1;
+	json_array_foreach(json_object_get(m, "ranks"), i, rk) {
+		snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(rk, "file")));
+		if (add_file(&rank, path))
+			goto out;
+	}
+	struct hf_model *h;
+	if (hf_open(src, &h, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench restore: the source checkpoint: %s\n", err);
+		goto out;
+	}
+	for (i = 0; i < hf_shard_count(h); i++)
+		if (add_file(&hf, st_path(hf_shard(h, i)))) {
+			hf_close(h);
+			goto out;
+		}
+	hf_close(h);
+
+	uint64_t bytes;
+	if (check_identical(dir, src, &so, &bytes))
+		goto out;
+
+	double t[3][2] = {{0}}; /* [plain, naive, restore][warm, cold] */
+	double *v = calloc((size_t)runs, sizeof *v);
+	if (!v)
+		goto out;
+	for (int mode = 0; mode < 1 + cold; mode++) {
+		for (int which = 0; which < 3; which++) {
+			for (int r = 0; r < runs; r++) {
+				const struct files *f = which == 1 ? &hf : &rank;
+				if (mode == 1)
+					drop_cache(f);
+				else if (r == 0)
+					plain_read(f); /* warm it */
+				v[r] = which == 0 ? plain_read(f)
+				       : which == 1 ? do_naive(src, &so, err, sizeof err)
+						    : do_restore(dir, threads, err, sizeof err);
+				if (v[r] < 0) {
+					fprintf(stderr, "wick bench restore: %s\n", err);
+					free(v);
+					goto out;
+				}
+			}
+			t[which][mode] = median(v, runs);
+		}
+	}
+	free(v);
+
+	double fixed = -1, ready = -1, reading = 0;
+	if (sruns > 0) {
+		double *a = calloc((size_t)sruns, sizeof *a), *b = calloc((size_t)sruns, sizeof *b);
+		double *fx = calloc((size_t)sruns, sizeof *fx);
+		int ok = a && b && fx;
+		startup_once(dir, &ready, &reading); /* warm-up: the binary and the files */
+		for (int r = 0; ok && r < sruns; r++) {
+			ok = startup_once(dir, &a[r], &b[r]) == 0;
+			if (ok)
+				fx[r] = a[r] - b[r];
+		}
+		if (ok) {
+			fixed = median(fx, sruns);
+			ready = median(a, sruns);
+			reading = median(b, sruns);
+		}
+		free(a);
+		free(b);
+		free(fx);
+		if (!ok)
+			goto out;
+	}
+
+	const char *names[3] = {"plain read (1 MiB buffered, rank files)",
+				"naive (mmap safetensors + transform)", "restore (wick snapshot)"};
+	printf("snapshot       %s: %.1f MB of weights in %d rank file(s) (%.1f MB on disk)\n", dir,
+	       bytes / 1e6, rank.n, rank.bytes / 1e6);
+	printf("source         %s: %.1f MB in %d file(s)\n", src, hf.bytes / 1e6, hf.n);
+	printf("identical      restore and naive leave the same bytes in memory\n");
+	printf("%-42s %10s %8s %10s %8s\n", "median of runs", "warm s", "GB/s", "cold s", "GB/s");
+	for (int w = 0; w < 3; w++) {
+		printf("%-42s %10.3f %8.2f", names[w], t[w][0], bytes / t[w][0] / 1e9);
+		if (cold)
+			printf(" %10.3f %8.2f", t[w][1], bytes / t[w][1] / 1e9);
+		printf("\n");
+	}
+	printf("restore / plain   warm %.2fx%s", t[0][0] / t[2][0], cold ? "" : "\n");
+	if (cold)
+		printf("   cold %.2fx\n", t[0][1] / t[2][1]);
+	printf("restore / naive   warm %.2fx%s", t[1][0] / t[2][0], cold ? "" : "\n");
+	if (cold)
+		printf("   cold %.2fx\n", t[1][1] / t[2][1]);
+	if (fixed >= 0)
+		printf("cold-start fixed cost  %.1f ms (spawn to ready %.1f ms, minus %.1f ms moving "
+		       "bytes; median of %d)\n", fixed * 1e3, ready * 1e3, reading * 1e3, sruns);
+	json_t *j = json_pack("{s:s, s:s, s:I, s:i, s:{s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
+			      " s:f, s:f, s:f, s:f, s:f}",
+			      "bench", "restore", "snapshot", dir, "bytes", (json_int_t)bytes, "runs", runs,
+			      "warm_s", "plain", t[0][0], "naive", t[1][0], "restore", t[2][0],
+			      "cold_s", "plain", t[0][1], "naive", t[1][1], "restore", t[2][1],
+			      "warm_restore_vs_plain", t[0][0] / t[2][0],
+			      "cold_restore_vs_plain", cold ? t[0][1] / t[2][1] : 0.0,
+			      "warm_restore_vs_naive", t[1][0] / t[2][0],
+			      "cold_restore_vs_naive", cold ? t[1][1] / t[2][1] : 0.0,
+			      "fixed_startup_ms", fixed * 1e3);
+	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+	if (s)
+		printf("%s\n", s);
+	free(s);
+	json_decref(j);
+	rc = 0;
+out:
+	free_files(&rank);
+	free_files(&hf);
+	snap_close(man);
+	return rc;
+}
