@@ -31,6 +31,11 @@ d = max(abs(x - y) for x, y in zip(a, b)) / max(abs(x) for x in a)
 assert 0 < d < 0.05, f"bf16 relative difference {d}"
 PY
 
+# prefetch warms the page cache; a missing snapshot is an error
+"$WICK" prefetch "$S" >"$TMPD/p.txt" || fail "prefetch"
+grep -q 'GB/s' "$TMPD/p.txt" || fail "prefetch prints no summary"
+! "$WICK" prefetch "$TMPD/none" 2>/dev/null || fail "prefetch of nothing succeeded"
+
 # inspect reads the manifest
 "$WICK" inspect "$S" >"$TMPD/i.txt"
 grep -q 'wick-snapshot version 1' "$TMPD/i.txt" || fail "inspect SNAP"
