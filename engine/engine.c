@@ -9,7 +9,7 @@
 #include "engine/engine_int.h"
 #include "engine/tokenizer.h"
 
-static const struct family *families[] = {&fam_llama};
+static const struct family *families[] = {&fam_llama, &fam_glm4, &fam_glm5};
 
 const struct family *eng_family(const char *arch)
 {
@@ -240,7 +240,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	if (!e->fam) {
 		rc = wk_errf(err, errsz, WK_EUNSUPPORTED,
 			     "%s/config.json: architecture '%s' is not supported (supported: "
-			     "LlamaForCausalLM)", model_dir, arch);
+			     "LlamaForCausalLM, Glm4MoeForCausalLM, GlmMoeDsaForCausalLM)", model_dir, arch);
 		goto fail;
 	}
 
@@ -257,6 +257,20 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		goto fail;
 
 	e->max_seq_opt = opts ? opts->max_seq : 0;
+	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
+	if (!e->fam->step)
+		e->max_seqs = 1;
+	if (e->max_seqs > 4096) {
+		rc = wk_errf(err, errsz, WK_EINVAL, "max_seqs %d is more than 4096", e->max_seqs);
+		goto fail;
+	}
+	e->info.max_seqs = e->max_seqs;
+	e->seq_len = calloc((size_t)e->max_seqs, sizeof *e->seq_len);
+	e->seq_used = calloc((size_t)e->max_seqs, sizeof *e->seq_used);
+	if (!e->seq_len || !e->seq_used) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		goto fail;
+	}
 	e->info.arch = e->arch;
 	e->info.backend = e->be->name;
 	e->info.bos = token_id(cfg, "bos_token_id");
@@ -290,6 +304,8 @@ void eng_close(struct engine *e)
 	if (e->be)
 		e->be->shutdown(e->bctx);
 	tok_free(e->tok);
+	free(e->seq_len);
+	free(e->seq_used);
 	hf_close(e->hf);
 	snap_close(e->snap);
 	free(e);
@@ -317,5 +333,69 @@ int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 			return wk_errf(err, errsz, WK_EINVAL,
 				       "token id %d is outside the vocabulary (0..%d)", tokens[i],
 				       e->info.vocab - 1);
-	return e->fam->forward(e, tokens, n, pos0, logits, all, err, errsz);
+	int rc = e->fam->forward(e, tokens, n, pos0, logits, all, err, errsz);
+	e->seq_used[0] = true;
+	e->seq_len[0] = rc == WK_OK ? pos0 + n : 0;
+	return rc;
+}
+
+int eng_seq_alloc(struct engine *e, int *seq)
+{
+	for (int i = 0; i < e->max_seqs; i++)
+		if (!e->seq_used[i]) {
+			e->seq_used[i] = true;
+			e->seq_len[i] = 0;
+			*seq = i;
+			return WK_OK;
+		}
+	return WK_ELIMIT;
+}
+
+void eng_seq_free(struct engine *e, int seq)
+{
+	if (seq >= 0 && seq < e->max_seqs) {
+		e->seq_used[seq] = false;
+		e->seq_len[seq] = 0;
+	}
+}
+
+int eng_seq_len(const struct engine *e, int seq)
+{
+	return seq >= 0 && seq < e->max_seqs ? e->seq_len[seq] : -1;
+}
+
+int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)
+{
+	if (n <= 0 || n > e->max_seqs)
+		return wk_errf(err, errsz, WK_EINVAL, "a step of %d items (the engine holds %d)", n,
+			       e->max_seqs);
+	for (int i = 0; i < n; i++) {
+		const struct eng_item *it = &items[i];
+		if (it->seq < 0 || it->seq >= e->max_seqs || !e->seq_used[it->seq])
+			return wk_errf(err, errsz, WK_EINVAL, "sequence %d is not allocated", it->seq);
+		for (int j = 0; j < i; j++)
+			if (items[j].seq == it->seq)
+				return wk_errf(err, errsz, WK_EINVAL, "sequence %d appears twice in a "
+					       "step", it->seq);
+		if (it->n <= 0 || e->seq_len[it->seq] + it->n > e->info.max_seq)
+			return wk_errf(err, errsz, WK_EINVAL,
+				       "sequence %d: %d + %d tokens exceed the context of %d",
+				       it->seq, e->seq_len[it->seq], it->n, e->info.max_seq);
+		for (int k = 0; k < it->n; k++)
+			if (it->tokens[k] < 0 || it->tokens[k] >= e->info.vocab)
+				return wk_errf(err, errsz, WK_EINVAL,
+					       "token id %d is outside the vocabulary (0..%d)",
+					       it->tokens[k], e->info.vocab - 1);
+	}
+	int rc;
+	if (e->fam->step)
+		rc = e->fam->step(e, items, n, err, errsz);
+	else
+		rc = e->fam->forward(e, items[0].tokens, items[0].n, e->seq_len[items[0].seq],
+				     items[0].logits, false, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	for (int i = 0; i < n; i++)
+		e->seq_len[items[i].seq] += items[i].n;
+	return WK_OK;
 }

@@ -20,6 +20,7 @@ struct eng_opts {
 	const char *backend; /* "cpu", "cuda" or "auto" (NULL means auto) */
 	int threads;         /* CPU threads; <= 0 means all cores */
 	int max_seq;         /* KV cache length; <= 0 means the model's max_position_embeddings */
+	int max_seqs;        /* sequences held at once (continuous batching); <= 0 means 1 */
 	bool no_verify;      /* snapshots: skip the chunk checksums */
 	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
@@ -29,11 +30,13 @@ struct eng_info {
 	const char *arch;          /* config.json architectures[0] */
 	const char *backend;       /* the backend in use */
 	int vocab;                 /* config.json vocab_size: the logits' length */
-	int max_seq;               /* positions the KV cache holds */
+	int max_seq;               /* positions the KV cache holds, per sequence */
+	int max_seqs;              /* sequences the engine holds at once */
 	int bos, eos;              /* from config.json; -1 when absent */
 	int64_t params;            /* parameters in the checkpoint */
 	uint64_t weight_bytes;     /* bytes of weights in the checkpoint */
 	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads */
+	int mtp_layers_skipped;    /* MTP (num_nextn_predict_layers) layers left unloaded */
 	struct eng_startup {       /* where eng_open's time went (seconds, CLOCK_MONOTONIC) */
 		bool snapshot;         /* the weights came from a snapshot */
 		double weights_s;      /* opening the checkpoint or restoring the snapshot */
@@ -64,6 +67,29 @@ const struct tok *eng_tokenizer(const struct engine *e);
  * pos0 + n past max_seq), or a backend failure. */
 int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
 		char *err, size_t errsz);
+
+/* ---- sequences: continuous batching ----
+ *
+ * The engine holds up to max_seqs sequences, each with its own KV cache. One eng_step runs a
+ * batch in which each item appends tokens to its sequence (a whole prompt, a chunk of one, or
+ * one decoded token) and gets the logits of its last token; the weights are read once for the
+ * whole batch. Sequence 0 is the one eng_forward() uses. */
+
+struct eng_item {
+	int seq;           /* from eng_seq_alloc */
+	const int *tokens; /* [n] appended at positions eng_seq_len(seq) .. +n-1 */
+	int n;
+	float *logits;     /* [vocab]: the logits of the last token */
+};
+
+/* Takes a free sequence (empty cache). WK_ELIMIT when all max_seqs are in use. */
+int eng_seq_alloc(struct engine *e, int *seq);
+void eng_seq_free(struct engine *e, int seq);
+int eng_seq_len(const struct engine *e, int seq);
+
+/* Runs one batched step. Each sequence may appear once. Returns WK_OK, or WK_EINVAL (a bad
+ * sequence, an id outside the vocabulary, or a sequence past max_seq) before any work. */
+int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz);
 
 /* ---- snapshots ---- */
 

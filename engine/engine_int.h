@@ -22,6 +22,11 @@ struct family {
 	int (*forward)(struct engine *e, const int *tokens, int n, int pos0, float *logits,
 		       bool all, char *err, size_t errsz);
 	void (*free)(struct engine *e);
+	/* Optional: a batched step over several sequences (continuous batching). Families
+	 * without it hold one sequence, and eng_step runs them through forward(). The items are
+	 * validated; positions start at e->seq_len[item.seq]. */
+	int (*step)(struct engine *e, const struct eng_item *items, int n, char *err,
+		    size_t errsz);
 	/* Snapshot layout: which tensors a rank holds, in what dtype and shape. Appends specs
 	 * to *plan (see layout.c). */
 	int (*plan)(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *plan,
@@ -43,9 +48,14 @@ struct engine {
 	struct eng_info info;
 	char arch[128];
 	int max_seq_opt;
+	int max_seqs;   /* sequences the family holds (1 without step) */
+	int *seq_len;   /* [max_seqs] tokens in each sequence's cache */
+	bool *seq_used; /* [max_seqs] */
 };
 
 extern const struct family fam_llama; /* engine/llama.c */
+extern const struct family fam_glm4;  /* engine/glm4.c: Glm4MoeForCausalLM */
+extern const struct family fam_glm5;  /* engine/glm5.c: GlmMoeDsaForCausalLM */
 
 /* The family for config.json's architectures[0], or NULL. */
 const struct family *eng_family(const char *arch);

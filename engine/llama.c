@@ -31,10 +31,12 @@ struct llama {
 	struct be_weight lm_head;      /* (vocab, dim); the embedding when tied */
 	float *final_norm;             /* (dim) */
 	struct layer *layers;          /* [n_layers] */
-	float *kcache, *vcache;        /* (n_layers, max_seq, n_kv * head_dim) */
-	/* scratch, sized for `cap` tokens */
+	int max_seqs;
+	float *kcache, *vcache;        /* (max_seqs, n_layers, max_seq, n_kv * head_dim) */
+	/* scratch, sized for `cap` tokens in a step */
 	int cap;
-	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden) */
+	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab) */
+	float *kt, *vt;                        /* (cap, n_kv * head_dim): new keys and values */
 	int *pos;
 };
 
@@ -47,6 +49,8 @@ static void free_scratch(struct llama *m)
 	free(m->g);
 	free(m->u);
 	free(m->tmp);
+	free(m->kt);
+	free(m->vt);
 	free(m->pos);
 	m->cap = 0;
 }
@@ -66,8 +70,11 @@ static int grow_scratch(struct llama *m, int n)
 	m->g = malloc((size_t)n * m->hidden * sizeof(float));
 	m->u = malloc((size_t)n * m->hidden * sizeof(float));
 	m->tmp = malloc((size_t)n * (m->vocab > (int)big ? (size_t)m->vocab : big) * sizeof(float));
+	m->kt = malloc((size_t)n * m->n_kv * m->head_dim * sizeof(float));
+	m->vt = malloc((size_t)n * m->n_kv * m->head_dim * sizeof(float));
 	m->pos = malloc((size_t)n * sizeof(int));
-	if (!m->x || !m->xb || !m->q || !m->att || !m->g || !m->u || !m->tmp || !m->pos) {
+	if (!m->x || !m->xb || !m->q || !m->att || !m->g || !m->u || !m->tmp || !m->kt || !m->vt ||
+	    !m->pos) {
 		free_scratch(m);
 		return WK_ENOMEM;
 	}
@@ -191,13 +198,15 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 #undef NAME
 	}
 
-	size_t cache = (size_t)m->n_layers * m->max_seq * kvd;
+	m->max_seqs = e->max_seqs;
+	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd;
 	m->kcache = calloc(cache, sizeof(float));
 	m->vcache = calloc(cache, sizeof(float));
 	if (!m->kcache || !m->vcache)
 		return wk_errf(err, errsz, WK_ENOMEM,
-			       "cannot allocate a KV cache of %d positions (%zu MiB); try a smaller "
-			       "max_seq", m->max_seq, 2 * cache * sizeof(float) >> 20);
+			       "cannot allocate KV caches of %d x %d positions (%zu MiB); try a "
+			       "smaller max_seq", m->max_seqs, m->max_seq,
+			       2 * cache * sizeof(float) >> 20);
 
 	/* Bytes one decode step reads: every matrix once, the lm_head, one embedding row. */
 	uint64_t per_tok = m->lm_head.rows * (uint64_t)m->lm_head.cols * dt_size(m->lm_head.dtype);
@@ -215,52 +224,92 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 	return WK_OK;
 }
 
-static int llama_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits,
-			 bool all, char *err, size_t errsz)
+/* One batched pass over every item's tokens. The matmuls see all T tokens at once, so each
+ * weight is read once per step; attention runs per item over its own sequence's cache.
+ * all_logits (one item only): logits of every token into items[0].logits [n][vocab]. */
+static int run(struct engine *e, const struct eng_item *items, int n_items, bool all_logits,
+	       char *err, size_t errsz)
 {
 	struct llama *m = e->model;
 	const struct backend *be = e->be;
 	void *c = e->bctx;
-	if (grow_scratch(m, n) != WK_OK)
-		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a batch of %d tokens", n);
-	int dim = m->dim, qd = m->n_heads * m->head_dim, kvd = m->n_kv * m->head_dim;
-	size_t esz = dt_size(m->embed->dtype);
+	int T = 0;
+	for (int i = 0; i < n_items; i++)
+		T += items[i].n;
+	int rows_out = all_logits ? T : n_items;
+	if (grow_scratch(m, T > rows_out ? T : rows_out) != WK_OK)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T);
+	int dim = m->dim, kvd = m->n_kv * m->head_dim;
+	size_t esz = dt_size(m->embed->dtype), layer_sz = (size_t)m->max_seq * kvd;
 
-	for (int i = 0; i < n; i++) {
-		const char *row = (const char *)m->embed->data + (size_t)tokens[i] * dim * esz;
-		dt_to_f32(m->x + (size_t)i * dim, row, m->embed->dtype, (size_t)dim);
-		m->pos[i] = pos0 + i;
-	}
+	for (int i = 0, t = 0; i < n_items; i++)
+		for (int j = 0; j < items[i].n; j++, t++) {
+			const char *row = (const char *)m->embed->data +
+					  (size_t)items[i].tokens[j] * dim * esz;
+			dt_to_f32(m->x + (size_t)t * dim, row, m->embed->dtype, (size_t)dim);
+			m->pos[t] = e->seq_len[items[i].seq] + j;
+		}
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
-		float *kc = m->kcache + (size_t)l * m->max_seq * kvd;
-		float *vc = m->vcache + (size_t)l * m->max_seq * kvd;
-		float *knew = kc + (size_t)pos0 * kvd, *vnew = vc + (size_t)pos0 * kvd;
+		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
+		be->matmul(c, m->q, m->xb, &L->wq, T);
+		be->matmul(c, m->kt, m->xb, &L->wk, T);
+		be->matmul(c, m->vt, m->xb, &L->wv, T);
+		be->rope(c, m->q, T, m->pos, m->n_heads, m->head_dim, m->head_dim, m->theta, false);
+		be->rope(c, m->kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim, m->theta, false);
+		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
+			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
+			float *kc = m->kcache + base, *vc = m->vcache + base;
+			int pos0 = e->seq_len[items[i].seq];
+			memcpy(kc + (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
+			       (size_t)items[i].n * kvd * sizeof(float));
+			memcpy(vc + (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
+			       (size_t)items[i].n * kvd * sizeof(float));
+			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
+			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, items[i].n, pos0,
+				      m->n_heads, m->n_kv, m->head_dim, kvd,
+				      1.0f / sqrtf((float)m->head_dim));
+		}
+		be->matmul(c, m->tmp, m->att, &L->wo, T);
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
 
-		be->rmsnorm(c, m->xb, m->x, L->attn_norm, n, dim, m->eps);
-		be->matmul(c, m->q, m->xb, &L->wq, n);
-		be->matmul(c, knew, m->xb, &L->wk, n);
-		be->matmul(c, vnew, m->xb, &L->wv, n);
-		be->rope(c, m->q, n, m->pos, m->n_heads, m->head_dim, m->head_dim, m->theta, false);
-		be->rope(c, knew, n, m->pos, m->n_kv, m->head_dim, m->head_dim, m->theta, false);
-		be->attention(c, m->att, m->q, kc, vc, n, pos0, m->n_heads, m->n_kv, m->head_dim, kvd,
-			      1.0f / sqrtf((float)m->head_dim));
-		be->matmul(c, m->tmp, m->att, &L->wo, n);
-		be->add(c, m->x, m->tmp, (size_t)n * dim);
-
-		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, n, dim, m->eps);
-		be->matmul(c, m->g, m->xb, &L->gate, n);
-		be->matmul(c, m->u, m->xb, &L->up, n);
-		be->silu_mul(c, m->g, m->u, (size_t)n * m->hidden);
-		be->matmul(c, m->tmp, m->g, &L->down, n);
-		be->add(c, m->x, m->tmp, (size_t)n * dim);
+		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, T, dim, m->eps);
+		be->matmul(c, m->g, m->xb, &L->gate, T);
+		be->matmul(c, m->u, m->xb, &L->up, T);
+		be->silu_mul(c, m->g, m->u, (size_t)T * m->hidden);
+		be->matmul(c, m->tmp, m->g, &L->down, T);
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
 	}
-	(void)qd;
-	const float *last = all ? m->x : m->x + (size_t)(n - 1) * dim;
-	int rows = all ? n : 1;
-	be->rmsnorm(c, m->xb, last, m->final_norm, rows, dim, m->eps);
-	be->matmul(c, logits, m->xb, &m->lm_head, rows);
+	if (all_logits) {
+		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->eps);
+		be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
+		return WK_OK;
+	}
+	/* Only each item's last token needs logits. */
+	for (int i = 0, t = 0; i < n_items; i++) {
+		t += items[i].n;
+		memcpy(m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim, dim * sizeof(float));
+	}
+	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
+	be->matmul(c, m->tmp, m->xb, &m->lm_head, n_items);
+	for (int i = 0; i < n_items; i++)
+		memcpy(items[i].logits, m->tmp + (size_t)i * m->vocab, m->vocab * sizeof(float));
 	return WK_OK;
+}
+
+static int llama_step(struct engine *e, const struct eng_item *items, int n, char *err,
+		      size_t errsz)
+{
+	return run(e, items, n, false, err, errsz);
+}
+
+/* Sequence 0, truncated to pos0 tokens, then tokens appended (eng_forward's contract). */
+static int llama_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits,
+			 bool all, char *err, size_t errsz)
+{
+	struct eng_item it = {.seq = 0, .tokens = tokens, .n = n, .logits = logits};
+	e->seq_len[0] = pos0;
+	return run(e, &it, 1, all, err, errsz);
 }
 
 /* Layout: every tensor whole, on rank 0 (tensor parallelism arrives with sharding). */
@@ -281,5 +330,6 @@ const struct family fam_llama = {
 	.arch = "LlamaForCausalLM",
 	.load = llama_load,
 	.forward = llama_forward,
+	.step = llama_step,
 	.free = llama_free,
 };

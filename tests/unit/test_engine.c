@@ -150,3 +150,58 @@ Test(engine, refuses_shape_mismatch)
 	cr_expect_eq(eng_open(dir, NULL, &e, err, sizeof err), WK_EFORMAT);
 	cr_expect(strstr(err, "gate_proj") != NULL, "%s", err);
 }
+
+/* Continuous batching: sequences stepped together (different lengths, prefill mixed with
+ * decode) give the logits each would get alone. */
+Test(engine, batched_sequences_match_single)
+{
+	struct engine *e;
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = "cpu", .max_seq = 64, .max_seqs = 3};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_info(e)->max_seqs, 3);
+	int V = eng_info(e)->vocab;
+	int p0[] = {1, 403, 407, 261, 378}, p1[] = {1, 30}, p2[] = {1, 411, 300, 261};
+	const int *prompts[3] = {p0, p1, p2};
+	int lens[3] = {5, 2, 4};
+	/* alone: prompt, then one extra token (42) */
+	float want[3][2][512];
+	for (int s = 0; s < 3; s++) {
+		cr_assert_eq(eng_forward(e, prompts[s], lens[s], 0, want[s][0], false, err, sizeof err), WK_OK);
+		int t = 42;
+		cr_assert_eq(eng_forward(e, &t, 1, lens[s], want[s][1], false, err, sizeof err), WK_OK);
+	}
+	int seq[3];
+	eng_seq_free(e, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
+	int extra;
+	cr_expect_eq(eng_seq_alloc(e, &extra), WK_ELIMIT);
+	float got[3][512];
+	/* step 1: sequences 0 and 1 prefill together */
+	struct eng_item it[3] = {{seq[0], p0, 5, got[0]}, {seq[1], p1, 2, got[1]}};
+	cr_assert_eq(eng_step(e, it, 2, err, sizeof err), WK_OK, "%s", err);
+	/* step 2: 0 and 1 decode while 2 prefills */
+	int t = 42;
+	float g2[3][512];
+	struct eng_item it2[3] = {{seq[2], p2, 4, got[2]}, {seq[0], &t, 1, g2[0]}, {seq[1], &t, 1, g2[1]}};
+	cr_assert_eq(eng_step(e, it2, 3, err, sizeof err), WK_OK, "%s", err);
+	struct eng_item it3 = {seq[2], &t, 1, g2[2]};
+	cr_assert_eq(eng_step(e, &it3, 1, err, sizeof err), WK_OK, "%s", err);
+	float maxd = 0;
+	for (int s = 0; s < 3; s++)
+		for (int v = 0; v < V; v++) {
+			float d1 = fabsf(got[s][v] - want[s][0][v]), d2 = fabsf(g2[s][v] - want[s][1][v]);
+			maxd = fmaxf(maxd, fmaxf(d1, d2));
+		}
+	cr_expect_lt(maxd, 1e-4f, "batched vs single differ by %g", maxd);
+	cr_expect_eq(eng_seq_len(e, seq[0]), 6);
+	cr_expect_eq(eng_seq_len(e, seq[2]), 5);
+	/* refusals: a sequence twice, a free sequence */
+	struct eng_item dup[2] = {{seq[0], &t, 1, g2[0]}, {seq[0], &t, 1, g2[1]}};
+	cr_expect_eq(eng_step(e, dup, 2, err, sizeof err), WK_EINVAL);
+	eng_seq_free(e, seq[1]);
+	struct eng_item freed = {seq[1], &t, 1, g2[1]};
+	cr_expect_eq(eng_step(e, &freed, 1, err, sizeof err), WK_EINVAL);
+	eng_close(e);
+}
