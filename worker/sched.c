@@ -1,0 +1,310 @@
+#include "worker/sched.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+
+struct sched {
+	struct engine *e;
+	const struct tok *tok;
+	FILE *log;
+	int vocab, eos, bos, max_seq, slots;
+	struct sched_req *wait_head, *wait_tail;
+	struct sched_req **run;  /* [slots]: running requests, NULL when free */
+	float *logits;           /* [slots][vocab] */
+	struct eng_item *items;  /* [slots] */
+	int *item_slot;          /* [slots] */
+	long steps;
+	double t0;
+};
+
+struct sched *sched_create(struct engine *e, FILE *log)
+{
+	struct sched *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	const struct eng_info *in = eng_info(e);
+	s->e = e;
+	s->tok = eng_tokenizer(e);
+	s->log = log;
+	s->vocab = in->vocab;
+	s->eos = in->eos;
+	s->bos = in->bos;
+	s->max_seq = in->max_seq;
+	s->slots = in->max_seqs;
+	s->run = calloc((size_t)s->slots, sizeof *s->run);
+	s->logits = malloc((size_t)s->slots * s->vocab * sizeof *s->logits);
+	s->items = calloc((size_t)s->slots, sizeof *s->items);
+	s->item_slot = calloc((size_t)s->slots, sizeof *s->item_slot);
+	if (!s->run || !s->logits || !s->items || !s->item_slot) {
+		sched_free(s);
+		return NULL;
+	}
+	s->t0 = wk_now();
+	return s;
+}
+
+void sched_req_free(struct sched_req *r)
+{
+	if (!r)
+		return;
+	free(r->prompt);
+	for (int i = 0; i < r->n_stop; i++)
+		free(r->stop[i]);
+	free(r->out);
+	free(r->text);
+	samp_free(r->sampler);
+	free(r);
+}
+
+void sched_free(struct sched *s)
+{
+	if (!s)
+		return;
+	for (struct sched_req *r = s->wait_head, *n; r; r = n) {
+		n = r->next;
+		sched_req_free(r);
+	}
+	if (s->run)
+		for (int i = 0; i < s->slots; i++)
+			if (s->run[i]) {
+				eng_seq_free(s->e, s->run[i]->seq);
+				sched_req_free(s->run[i]);
+			}
+	free(s->run);
+	free(s->logits);
+	free(s->items);
+	free(s->item_slot);
+	free(s);
+}
+
+int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errsz)
+{
+	if (r->n_prompt <= 0)
+		return wk_errf(err, errsz, WK_EINVAL, "the prompt is empty");
+	if (r->n_prompt >= s->max_seq)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "the prompt is %d tokens; the context holds %d", r->n_prompt,
+			       s->max_seq);
+	r->status = SCHED_RUNNING;
+	r->seq = -1;
+	r->next = NULL;
+	if (s->wait_tail)
+		s->wait_tail->next = r;
+	else
+		s->wait_head = r;
+	s->wait_tail = r;
+	return WK_OK;
+}
+
+void sched_cancel(struct sched *s, struct sched_req *r)
+{
+	(void)s;
+	r->cancel = true;
+}
+
+int sched_running(const struct sched *s)
+{
+	int n = 0;
+	for (int i = 0; i < s->slots; i++)
+		n += s->run[i] != NULL;
+	return n;
+}
+
+int sched_pending(const struct sched *s)
+{
+	int n = sched_running(s);
+	for (struct sched_req *r = s->wait_head; r; r = r->next)
+		n++;
+	return n;
+}
+
+long sched_steps(const struct sched *s)
+{
+	return s->steps;
+}
+
+/* Decodes the output; a stop string cuts the text (and ends the request). */
+static bool decode_and_stop(struct sched *s, struct sched_req *r)
+{
+	free(r->text);
+	r->text = NULL;
+	r->text_len = 0;
+	if (!s->tok) {
+		r->text = strdup("");
+		return false;
+	}
+	if (tok_decode_utf8(s->tok, r->out, r->n_out, true, &r->text, &r->text_len, NULL, 0) !=
+	    WK_OK) {
+		r->text = strdup("");
+		r->text_len = 0;
+		return false;
+	}
+	for (int i = 0; i < r->n_stop; i++) {
+		char *hit = strstr(r->text, r->stop[i]);
+		if (hit) {
+			*hit = 0;
+			r->text_len = (size_t)(hit - r->text);
+			return true;
+		}
+	}
+	return false;
+}
+
+static void finish(struct sched *s, int slot, enum sched_status st, enum sched_finish fin,
+		   void (*done)(void *, struct sched_req *), void *ctx)
+{
+	struct sched_req *r = s->run[slot];
+	s->run[slot] = NULL;
+	eng_seq_free(s->e, r->seq);
+	r->seq = -1;
+	r->status = st;
+	r->finish = fin;
+	r->t_done = wk_now();
+	if (!r->text)
+		decode_and_stop(s, r);
+	done(ctx, r);
+}
+
+static void finish_waiting(struct sched *s, enum sched_status st, bool only_flagged,
+			   void (*done)(void *, struct sched_req *), void *ctx, double now)
+{
+	struct sched_req **pp = &s->wait_head, *prev = NULL;
+	while (*pp) {
+		struct sched_req *r = *pp;
+		bool expired = r->deadline > 0 && now > r->deadline;
+		if (!only_flagged || r->cancel || expired) {
+			*pp = r->next;
+			if (s->wait_tail == r)
+				s->wait_tail = prev;
+			r->status = only_flagged ? (r->cancel ? SCHED_CANCELLED : SCHED_TIMED_OUT) : st;
+			r->t_done = now;
+			r->text = strdup("");
+			done(ctx, r);
+		} else {
+			prev = r;
+			pp = &r->next;
+		}
+	}
+}
+
+static void log_step(struct sched *s, int n, double t)
+{
+	if (!s->log)
+		return;
+	fprintf(s->log, "{\"step\": %ld, \"t\": %.6f, \"items\": [", s->steps, t - s->t0);
+	for (int i = 0; i < n; i++) {
+		struct sched_req *r = s->run[s->item_slot[i]];
+		fprintf(s->log, "%s{\"id\": \"%s\", \"phase\": \"%s\", \"tokens\": %d}", i ? ", " : "",
+			r->id, r->steps == 0 ? "prefill" : "decode", s->items[i].n);
+	}
+	fprintf(s->log, "]}\n");
+	fflush(s->log);
+}
+
+int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), void *ctx)
+{
+	double now = wk_now();
+	/* Cancels and deadlines first: they free their slots for this very step. */
+	finish_waiting(s, SCHED_CANCELLED, true, done, ctx, now);
+	for (int i = 0; i < s->slots; i++) {
+		struct sched_req *r = s->run[i];
+		if (r && r->cancel)
+			finish(s, i, SCHED_CANCELLED, SCHED_FIN_NONE, done, ctx);
+		else if (r && r->deadline > 0 && now > r->deadline)
+			finish(s, i, SCHED_TIMED_OUT, SCHED_FIN_NONE, done, ctx);
+	}
+	/* Admit waiting requests into free sequences. */
+	for (int i = 0; i < s->slots && s->wait_head; i++) {
+		if (s->run[i])
+			continue;
+		struct sched_req *r = s->wait_head;
+		int seq;
+		if (eng_seq_alloc(s->e, &seq) != WK_OK)
+			break;
+		r->sampler = samp_create(s->vocab, &r->samp);
+		if (!r->sampler) {
+			eng_seq_free(s->e, seq);
+			break;
+		}
+		s->wait_head = r->next;
+		if (!s->wait_head)
+			s->wait_tail = NULL;
+		r->next = NULL;
+		r->seq = seq;
+		r->t_admit = now;
+		s->run[i] = r;
+	}
+	int n = 0;
+	for (int i = 0; i < s->slots; i++) {
+		struct sched_req *r = s->run[i];
+		if (!r)
+			continue;
+		struct eng_item *it = &s->items[n];
+		it->seq = r->seq;
+		it->logits = s->logits + (size_t)i * s->vocab;
+		if (r->steps == 0) {
+			it->tokens = r->prompt;
+			it->n = r->n_prompt;
+		} else {
+			it->tokens = &r->out[r->n_out - 1];
+			it->n = 1;
+		}
+		s->item_slot[n++] = i;
+	}
+	if (n == 0)
+		return sched_pending(s);
+
+	char err[WK_ERRSZ];
+	log_step(s, n, now);
+	int rc = eng_step(s->e, s->items, n, err, sizeof err);
+	s->steps++;
+	if (rc != WK_OK) {
+		for (int i = 0; i < s->slots; i++)
+			if (s->run[i]) {
+				snprintf(s->run[i]->error, sizeof s->run[i]->error, "%s", err);
+				finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
+			}
+		finish_waiting(s, SCHED_FAILED, false, done, ctx, wk_now());
+		return rc;
+	}
+	double t = wk_now();
+	for (int k = 0; k < n; k++) {
+		int i = s->item_slot[k];
+		struct sched_req *r = s->run[i];
+		r->steps++;
+		int next = samp_next(r->sampler, s->logits + (size_t)i * s->vocab);
+		if (r->n_out == 0)
+			r->t_first = t;
+		if (next == s->eos) {
+			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
+			continue;
+		}
+		if (r->n_out == r->cap_out) {
+			int cap = r->cap_out ? 2 * r->cap_out : 64;
+			int *o = realloc(r->out, (size_t)cap * sizeof *o);
+			if (!o) {
+				snprintf(r->error, sizeof r->error, "out of memory");
+				finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
+				continue;
+			}
+			r->out = o;
+			r->cap_out = cap;
+		}
+		r->out[r->n_out++] = next;
+		if (r->n_stop && decode_and_stop(s, r)) {
+			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
+			continue;
+		}
+		if (r->n_stop) { /* no stop yet: decode again at the end */
+			free(r->text);
+			r->text = NULL;
+		}
+		if (r->n_out >= r->max_tokens || eng_seq_len(s->e, r->seq) + 1 >= s->max_seq)
+			finish(s, i, SCHED_DONE, SCHED_FIN_LENGTH, done, ctx);
+	}
+	return sched_pending(s);
+}

@@ -1,0 +1,89 @@
+/*
+ * sched.h - the continuous-batching scheduler: many requests, one engine.
+ *
+ * Each call to sched_step() runs one engine step. Before it, waiting requests are admitted
+ * into free sequences (up to the engine's max_seqs); a newly admitted request prefills its
+ * prompt in the same step in which the running ones decode a token, so a request that arrives
+ * mid-flight never waits for the others to finish. After the step each running request samples
+ * its next token and finishes on EOS, max_tokens, a stop string, its deadline or a cancel.
+ *
+ * Every step is recorded in the step log (a JSON line per step, when a FILE is given):
+ *   {"step": N, "t": seconds, "items": [{"id": ID, "phase": "prefill"|"decode", "tokens": K}]}
+ * which is how tests see that requests share steps.
+ *
+ * Not thread-safe: one thread drives a scheduler.
+ */
+#ifndef SCHED_H
+#define SCHED_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "common/wk.h"
+#include "engine/sampler.h"
+
+struct engine;
+
+#define SCHED_MAX_STOP 16
+#define SCHED_MAX_ID 128
+
+enum sched_status { SCHED_RUNNING, SCHED_DONE, SCHED_FAILED, SCHED_TIMED_OUT, SCHED_CANCELLED };
+enum sched_finish { SCHED_FIN_NONE, SCHED_FIN_STOP, SCHED_FIN_LENGTH };
+
+struct sched_req {
+	/* set by the caller before sched_submit */
+	char id[SCHED_MAX_ID + 1];
+	int *prompt;          /* token ids, malloc'd; owned by the scheduler after submit */
+	int n_prompt;
+	int max_tokens;
+	struct samp_cfg samp;
+	char *stop[SCHED_MAX_STOP]; /* malloc'd strings, owned after submit */
+	int n_stop;
+	double deadline;      /* wk_now() seconds; 0 = none */
+	void *user;           /* the caller's */
+
+	/* filled by the scheduler */
+	enum sched_status status;
+	enum sched_finish finish;
+	int *out;             /* generated ids [n_out] */
+	int n_out, cap_out;
+	char *text;           /* decoded output (after the stop string is cut), on finish */
+	size_t text_len;
+	char error[WK_ERRSZ];  /* for SCHED_FAILED */
+	double t_admit, t_first, t_done; /* wk_now() */
+	int steps;            /* engine steps this request took part in */
+
+	/* private */
+	int seq;
+	struct sampler *sampler;
+	bool cancel;
+	struct sched_req *next;
+};
+
+struct sched;
+
+/* Returns NULL when out of memory. log may be NULL. */
+struct sched *sched_create(struct engine *e, FILE *log);
+void sched_free(struct sched *s); /* frees requests still held */
+
+/* Queues r (admitted at the next step when a sequence is free). The prompt must be
+ * non-empty. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller
+ * reports prompt_too_long) with a message. */
+int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errsz);
+
+/* Marks r to be cancelled at the next step. */
+void sched_cancel(struct sched *s, struct sched_req *r);
+
+/* Runs one step. Finished requests are handed to done(user_ctx, r) after it, and are the
+ * caller's to free with sched_req_free. Returns the number of requests still held (waiting
+ * or running), or a WK_E* code when the engine failed: then every held request has been
+ * finished as SCHED_FAILED through done(). */
+int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), void *ctx);
+
+int sched_pending(const struct sched *s); /* waiting + running */
+int sched_running(const struct sched *s);
+long sched_steps(const struct sched *s);
+
+void sched_req_free(struct sched_req *r);
+
+#endif
