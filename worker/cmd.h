@@ -13,6 +13,7 @@ int cmd_generate(int argc, char **argv); /* worker/cmd_generate.c */
 int cmd_logits(int argc, char **argv);   /* worker/cmd_generate.c */
 int cmd_bench(int argc, char **argv);    /* worker/cmd_bench.c */
 int bench_restore(int argc, char **argv); /* worker/bench_restore.c, via cmd_bench */
+int bench_queue(int argc, char **argv);   /* worker/bench_queue.c, via cmd_bench */
 int cmd_snapshot(int argc, char **argv); /* worker/cmd_snapshot.c */
 int cmd_prefetch(int argc, char **argv); /* worker/cmd_prefetch.c */
 

@@ -25,7 +25,8 @@ static void bench_usage(FILE *f)
 	fprintf(f, "usage: wick bench SUB [ARGS]   (wick bench SUB --help for details)\n\n"
 		   "benchmarks:\n"
 		   "  wick bench decode MODEL [-n N] [--threads T] [--backend B]\n"
-		   "  wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n");
+		   "  wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n"
+		   "  wick bench queue MODEL [-n TOKENS] [--jobs N]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -237,6 +238,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_decode(argc - 1, argv + 1);
 	if (!strcmp(sub, "restore"))
 		return bench_restore(argc - 1, argv + 1);
+	if (!strcmp(sub, "queue"))
+		return bench_queue(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

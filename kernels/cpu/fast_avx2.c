@@ -14,6 +14,7 @@
  * Columns past the last multiple of 16 are done in scalar code.
  */
 #include <immintrin.h>
+#include <string.h>
 #include <math.h>
 
 #include "kernels/cpu/cpu_int.h"
@@ -72,8 +73,8 @@ static ALWAYS_INLINE float w_scalar(enum dt_type wt, const void *row, int c)
 }
 
 /* y[0..R) = dot(x, row r) for R consecutive rows starting at w (R = 1 or 4). */
-static ALWAYS_INLINE void dot_rows(enum dt_type wt, int R, float *y, const float *x,
-				   const void *w, int cols, size_t esz)
+static ALWAYS_INLINE void dot_rows(enum dt_type xt, enum dt_type wt, int R, float *y,
+				   const float *x, const void *w, int cols, size_t esz)
 {
 	__m256 acc0[4], acc1[4];
 	const void *row[4];
@@ -86,7 +87,7 @@ static ALWAYS_INLINE void dot_rows(enum dt_type wt, int R, float *y, const float
 	int c = 0;
 	for (; c + 16 <= cols; c += 16) {
 		__m256 x0, x1;
-		load_x16(wt, x + c, &x0, &x1);
+		load_x16(xt, x + c, &x0, &x1);
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
 			__m256 w0, w1;
@@ -107,8 +108,9 @@ static ALWAYS_INLINE void dot_rows(enum dt_type wt, int R, float *y, const float
 /* y[t][r] = dot(x[t], row r) for 4 rows and 2 tokens (x rows and y rows `cols` and `ystride`
  * apart): each converted weight vector feeds two FMAs, which roughly doubles the speed of a
  * batched prompt, where the weights come from cache and conversion is the bottleneck. */
-static ALWAYS_INLINE void dot_rows_t2(enum dt_type wt, float *y, size_t ystride, const float *x,
-				      const void *w, int cols, size_t esz)
+static ALWAYS_INLINE void dot_rows_t2(enum dt_type xt, enum dt_type wt, float *y,
+				      size_t ystride, const float *x, const void *w, int cols,
+				      size_t esz)
 {
 	__m256 acc[4][2];
 	const void *row[4];
@@ -121,8 +123,8 @@ static ALWAYS_INLINE void dot_rows_t2(enum dt_type wt, float *y, size_t ystride,
 	int c = 0;
 	for (; c + 16 <= cols; c += 16) {
 		__m256 xa0, xa1, xb0, xb1;
-		load_x16(wt, x + c, &xa0, &xa1);
-		load_x16(wt, xb + c, &xb0, &xb1);
+		load_x16(xt, x + c, &xa0, &xa1);
+		load_x16(xt, xb + c, &xb0, &xb1);
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			__m256 w0, w1;
@@ -146,22 +148,61 @@ static ALWAYS_INLINE void dot_rows_t2(enum dt_type wt, float *y, size_t ystride,
 	}
 }
 
+#define CONV_MAX_COLS 16384 /* 4 rows of f32 on the stack: 256 KiB */
+
+/* Converts 4 rows of bf16/f16 weights to f32 in buf [4][cols], in the lane order load_w16
+ * produces (so x must be loaded with load_x16(wt, ...) against it). */
+static ALWAYS_INLINE void convert_rows4(enum dt_type wt, float *buf, const void *w, int cols,
+					size_t esz)
+{
+	for (int r = 0; r < 4; r++) {
+		const void *row = (const char *)w + (size_t)r * cols * esz;
+		float *o = buf + (size_t)r * cols;
+		int c = 0;
+		for (; c + 16 <= cols; c += 16) {
+			__m256 w0, w1;
+			load_w16(wt, row, c, &w0, &w1);
+			_mm256_storeu_ps(o + c, w0);
+			_mm256_storeu_ps(o + c + 8, w1);
+		}
+		for (; c < cols; c++)
+			o[c] = w_scalar(wt, row, c);
+	}
+}
+
 /* Row blocks outermost and tokens inside, so each block of weights is read from memory once
- * and then from cache for the other tokens of a batched prompt. */
+ * and then from cache for the other tokens of a batched prompt. With 3 or more tokens a block
+ * of bf16/f16 rows is converted to f32 once and every token reads the converted copy, since
+ * conversion, not memory, is then what limits a batched step. */
 static ALWAYS_INLINE void matmul_rows(enum dt_type wt, float *y, const float *x, const void *w,
 				      int n, int rows, int cols, int r0, int r1)
 {
 	size_t esz = wt == DT_F32 ? 4 : 2;
 	int r = r0;
+	if (wt != DT_F32 && n >= 3 && cols <= CONV_MAX_COLS) {
+		float buf[4 * CONV_MAX_COLS] __attribute__((aligned(32)));
+		for (; r + 4 <= r1; r += 4) {
+			convert_rows4(wt, buf, (const char *)w + (size_t)r * cols * esz, cols, esz);
+			int t = 0;
+			for (; t + 2 <= n; t += 2)
+				dot_rows_t2(wt, DT_F32, y + (size_t)t * rows + r, (size_t)rows,
+					    x + (size_t)t * cols, buf, cols, 4);
+			for (; t < n; t++) {
+				float out[4];
+				dot_rows(wt, DT_F32, 4, out, x + (size_t)t * cols, buf, cols, 4);
+				memcpy(y + (size_t)t * rows + r, out, sizeof out);
+			}
+		}
+	}
 	for (; r + 4 <= r1; r += 4) {
 		const void *wr = (const char *)w + (size_t)r * cols * esz;
 		int t = 0;
 		for (; t + 2 <= n; t += 2)
-			dot_rows_t2(wt, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
-				    wr, cols, esz);
+			dot_rows_t2(wt, wt, y + (size_t)t * rows + r, (size_t)rows,
+				    x + (size_t)t * cols, wr, cols, esz);
 		for (; t < n; t++) {
 			float out[4];
-			dot_rows(wt, 4, out, x + (size_t)t * cols, wr, cols, esz);
+			dot_rows(wt, wt, 4, out, x + (size_t)t * cols, wr, cols, esz);
 			float *yt = y + (size_t)t * rows + r;
 			yt[0] = out[0];
 			yt[1] = out[1];
@@ -172,7 +213,7 @@ static ALWAYS_INLINE void matmul_rows(enum dt_type wt, float *y, const float *x,
 	for (; r < r1; r++) {
 		const void *wr = (const char *)w + (size_t)r * cols * esz;
 		for (int t = 0; t < n; t++)
-			dot_rows(wt, 1, y + (size_t)t * rows + r, x + (size_t)t * cols, wr, cols,
+			dot_rows(wt, wt, 1, y + (size_t)t * rows + r, x + (size_t)t * cols, wr, cols,
 				 esz);
 	}
 }
