@@ -103,6 +103,7 @@ struct snap_spec {
 	uint64_t nbytes;             /* numel * dt_size(dtype) */
 	snap_produce_fn produce;
 	void *ctx;
+	bool owned_name;             /* for the caller's bookkeeping: snap_write ignores it */
 	const char *layout;          /* optional tag from the engine ("tiled-64x64"), or NULL */
 };
 

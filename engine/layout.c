@@ -7,6 +7,7 @@
  * casts floating-point matrices (rank >= 2) and leaves vectors (norms, biases) as they are.
  * The sharding issue adds per-rank splits; the family's plan() owns those rules.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@
 #include "engine/engine_int.h"
 
 struct copy_ctx {
-	const struct st_tensor *src;
+	const struct st_tensor *src; /* first: by_source_offset reads it for every spec */
 };
 
 static int produce_copy(void *ctx, const struct snap_spec *t, void *dst, char *err,
@@ -54,6 +55,127 @@ static int produce_copy(void *ctx, const struct snap_spec *t, void *dst, char *e
 	return WK_OK;
 }
 
+/* ---- --dtype fp8: 128x128 block-scaled float8_e4m3fn, the GLM-5-FP8 convention ----------
+ * A weight W [rows][cols] becomes W8 (F8_E4M3) and W8_scale_inv (F32 [ceil(rows/128)]
+ * [ceil(cols/128)]) with W ~= e4m3(W8) * scale_inv, where each block's scale_inv is its
+ * amax / 448 (the largest finite e4m3 value), so the block's largest weight maps to 448. */
+
+#define QB 128
+
+struct quant_ctx {
+	const struct st_tensor *src; /* first, as in struct copy_ctx: by_source_offset reads it */
+	bool scales; /* this spec is the _scale_inv tensor */
+};
+
+/* Converts rows [r0, r0+nr) of src to f32 into buf, and computes each 128-column block's
+ * scale_inv into sc [ceil(cols/128)]. */
+static void block_row(const struct st_tensor *src, int r0, int nr, float *buf, float *sc)
+{
+	int64_t cols = src->shape[1];
+	size_t esz = dt_size(src->dtype);
+	dt_to_f32(buf, (const char *)src->data + (size_t)r0 * cols * esz, src->dtype,
+		  (size_t)nr * cols);
+	for (int64_t b = 0; b * QB < cols; b++) {
+		float amax = 0;
+		for (int r = 0; r < nr; r++)
+			for (int64_t c = b * QB; c < cols && c < (b + 1) * QB; c++) {
+				float a = fabsf(buf[(size_t)r * cols + c]);
+				if (a > amax)
+					amax = a;
+			}
+		sc[b] = amax > 0 ? amax / 448.0f : 1.0f;
+	}
+}
+
+static int produce_fp8(void *ctx, const struct snap_spec *t, void *dst, char *err, size_t errsz)
+{
+	const struct quant_ctx *q = ctx;
+	const struct st_tensor *src = q->src;
+	int64_t rows = src->shape[0], cols = src->shape[1], nb = (cols + QB - 1) / QB;
+	float *buf = malloc((size_t)QB * cols * sizeof *buf), *sc = malloc((size_t)nb * sizeof *sc);
+	if (!buf || !sc) {
+		free(buf);
+		free(sc);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory quantizing '%s'", t->name);
+	}
+	for (int64_t r0 = 0; r0 < rows; r0 += QB) {
+		int nr = (int)(rows - r0 < QB ? rows - r0 : QB);
+		block_row(src, (int)r0, nr, buf, sc);
+		if (q->scales) {
+			memcpy((float *)dst + (r0 / QB) * nb, sc, (size_t)nb * sizeof *sc);
+			continue;
+		}
+		uint8_t *o = (uint8_t *)dst + (size_t)r0 * cols;
+		for (int r = 0; r < nr; r++)
+			for (int64_t c = 0; c < cols; c++)
+				o[(size_t)r * cols + c] = dt_f32_to_e4m3(buf[(size_t)r * cols + c] / sc[c / QB]);
+	}
+	free(buf);
+	free(sc);
+	return WK_OK;
+}
+
+/* The GLM-5-FP8 convention: the decoder layers' linear projections are FP8; embeddings,
+ * lm_head, norms, the router gate and the indexer's weights_proj stay as they are. */
+static bool fp8_candidate(const struct st_tensor *t)
+{
+	size_t l = strlen(t->name);
+	return t->rank == 2 && (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16) &&
+	       !strncmp(t->name, "model.layers.", 13) && l > 12 &&
+	       !strcmp(t->name + l - 12, "_proj.weight") && !strstr(t->name, "weights_proj") &&
+	       !strstr(t->name, "eh_proj");
+}
+
+static int plan_add(struct plan *p, const struct snap_spec *sp, char *err, size_t errsz)
+{
+	if (p->n == p->cap) {
+		size_t cap = p->cap ? 2 * p->cap : 64;
+		struct snap_spec *s = realloc(p->specs, cap * sizeof *s);
+		if (!s)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		p->specs = s;
+		p->cap = cap;
+	}
+	p->specs[p->n++] = *sp;
+	return WK_OK;
+}
+
+static int plan_fp8(struct plan *p, const struct st_tensor *src, int rank_file, char *err,
+		    size_t errsz)
+{
+	int64_t rows = src->shape[0], cols = src->shape[1];
+	for (int k = 0; k < 2; k++) {
+		struct quant_ctx *q = malloc(sizeof *q);
+		char *name = malloc(strlen(src->name) + 16);
+		if (!q || !name) {
+			free(q);
+			free(name);
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		}
+		*q = (struct quant_ctx){.src = src, .scales = k == 1};
+		sprintf(name, "%s%s", src->name, k ? "_scale_inv" : "");
+		struct snap_spec sp = {.name = name, .rank_file = rank_file, .rank = 2,
+				       .produce = produce_fp8, .ctx = q, .owned_name = true};
+		if (k == 0) {
+			sp.dtype = DT_F8_E4M3;
+			sp.shape[0] = rows;
+			sp.shape[1] = cols;
+		} else {
+			sp.dtype = DT_F32;
+			sp.shape[0] = (rows + QB - 1) / QB;
+			sp.shape[1] = (cols + QB - 1) / QB;
+		}
+		sp.nbytes = (uint64_t)sp.shape[0] * sp.shape[1] * dt_size(sp.dtype);
+		int rc = plan_add(p, &sp, err, errsz);
+		if (rc != WK_OK) {
+			free(q);
+			free(name);
+			return rc;
+		}
+	}
+	return WK_OK;
+}
+
 static bool is_float(enum dt_type t)
 {
 	return t == DT_F32 || t == DT_BF16 || t == DT_F16;
@@ -65,33 +187,32 @@ int plan_copy(struct plan *p, const char *name, int rank_file, char *err, size_t
 	if (!src)
 		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing",
 			       hf_dir(p->hf), name);
-	if (p->n == p->cap) {
-		size_t cap = p->cap ? 2 * p->cap : 64;
-		struct snap_spec *s = realloc(p->specs, cap * sizeof *s);
-		if (!s)
-			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-		p->specs = s;
-		p->cap = cap;
-	}
+	if (p->cast == DT_F8_E4M3 && fp8_candidate(src))
+		return plan_fp8(p, src, rank_file, err, errsz);
 	struct copy_ctx *c = malloc(sizeof *c);
 	if (!c)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	c->src = src;
 	enum dt_type dt = src->dtype;
-	if (p->cast != DT_INVALID && src->rank >= 2 && is_float(dt))
+	if (p->cast != DT_INVALID && p->cast != DT_F8_E4M3 && src->rank >= 2 && is_float(dt))
 		dt = p->cast;
-	struct snap_spec *s = &p->specs[p->n++];
-	*s = (struct snap_spec){.name = src->name, .rank_file = rank_file, .dtype = dt,
-				.rank = src->rank, .nbytes = (uint64_t)src->numel * dt_size(dt),
-				.produce = produce_copy, .ctx = c};
-	memcpy(s->shape, src->shape, sizeof s->shape);
-	return WK_OK;
+	struct snap_spec sp = {.name = src->name, .rank_file = rank_file, .dtype = dt,
+			       .rank = src->rank, .nbytes = (uint64_t)src->numel * dt_size(dt),
+			       .produce = produce_copy, .ctx = c};
+	memcpy(sp.shape, src->shape, sizeof sp.shape);
+	int rc = plan_add(p, &sp, err, errsz);
+	if (rc != WK_OK)
+		free(c);
+	return rc;
 }
 
 static void plan_free(struct plan *p)
 {
-	for (size_t i = 0; i < p->n; i++)
+	for (size_t i = 0; i < p->n; i++) {
 		free(p->specs[i].ctx);
+		if (p->specs[i].owned_name)
+			free((char *)p->specs[i].name);
+	}
 	free(p->specs);
 }
 
@@ -110,9 +231,7 @@ static int make_plan(const char *hf_dir, const struct eng_snap_opts *o, struct p
 	else if (!strcmp(dtype, "f32"))
 		p->cast = DT_F32;
 	else if (!strcmp(dtype, "fp8"))
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "--dtype fp8 needs the FP8 block-scaled kernels, which are not built "
-			       "yet (use keep, bf16 or f32)");
+		p->cast = DT_F8_E4M3;
 	else if (strcmp(dtype, "keep") != 0)
 		return wk_errf(err, errsz, WK_EINVAL, "--dtype '%s': expected keep, fp8, bf16 or f32",
 			       dtype);

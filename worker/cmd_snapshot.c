@@ -18,7 +18,9 @@ static void usage(FILE *f)
 		"Writes a snapshot: each rank's tensors in the layout its kernels read, 4 KiB\n"
 		"aligned, with an xxh3 checksum per chunk, so that start-up only streams bytes.\n"
 		"  --tp N, --ep N     tensor / expert parallel degree (1 until sharding lands)\n"
-		"  --dtype D          keep (default), bf16 or f32: cast the weight matrices\n"
+		"  --dtype D          keep (default), bf16 or f32: cast the weight matrices; fp8:\n"
+		"                     decoder-layer projections to float8_e4m3fn with 128x128\n"
+		"                     block scales (the GLM-5-FP8 convention)\n"
 		"  --compress lz4     compress chunks where that saves at least 10%%\n"
 		"  --chunk-mib N      chunk size in MiB (default 16)\n");
 }

@@ -36,6 +36,22 @@ PY
 grep -q 'GB/s' "$TMPD/p.txt" || fail "prefetch prints no summary"
 ! "$WICK" prefetch "$TMPD/none" 2>/dev/null || fail "prefetch of nothing succeeded"
 
+# fp8 snapshot: decoder-layer projections quantized with 128x128 block scales (GLM-5-FP8
+# convention); the engine computes from the FP8 bytes; logits stay close.
+"$WICK" snapshot "$m" -o "$TMPD/snap-fp8" --dtype fp8
+"$WICK" inspect "$TMPD/snap-fp8" >"$TMPD/i.txt"
+grep -q 'F8_E4M3          35 tensors' "$TMPD/i.txt" || fail "fp8: $(cat "$TMPD/i.txt")"
+"$WICK" logits "$TMPD/snap-fp8" --tokens 1,403,407,261 >"$TMPD/d.json"
+python3 - "$TMPD/b.json" "$TMPD/d.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["logits"][-1]; b = json.load(open(sys.argv[2]))["logits"][0]
+d = max(abs(x - y) for x, y in zip(a, b)) / max(abs(x) for x in a)
+assert 0 < d < 0.15, f"fp8 relative difference {d}"
+print("fp8 relative difference", d)
+PY
+"$WICK" bench restore "$TMPD/snap-fp8" --source "$m" --runs 1 --no-cold --startup-runs 0 >/dev/null \
+  || fail "fp8: restore and the naive path (same quantization) disagree"
+
 # inspect reads the manifest
 "$WICK" inspect "$S" >"$TMPD/i.txt"
 grep -q 'wick-snapshot version 1' "$TMPD/i.txt" || fail "inspect SNAP"
