@@ -55,7 +55,9 @@ static void usage(FILE *f)
 		"  --runs N           runs per measurement; the median is reported (default 3)\n"
 		"  --no-cold          skip the cold-cache runs\n"
 		"  --threads T        restore reader threads (default: the pipeline's choice)\n"
-		"  --startup-runs N   child processes for the fixed start-up cost (default 5)\n");
+		"  --startup-runs N   child processes for the fixed start-up cost (default 5)\n"
+		"  --map M            restore into a mapping of the file: auto (default), always,\n"
+		"                     never\n");
 }
 
 static int add_file(struct files *f, const char *path)
@@ -121,10 +123,12 @@ static double plain_read(const struct files *f)
 	return dt;
 }
 
+static int map_mode; /* --map: 0 auto, 1 always, -1 never */
+
 static double do_restore(const char *dir, int threads, char *err, size_t errsz)
 {
 	struct snap *s;
-	struct snap_open_opts o = {.verify = true, .threads = threads};
+	struct snap_open_opts o = {.verify = true, .threads = threads, .map = map_mode};
 	double t0 = wk_now();
 	if (snap_open(dir, &o, &s, err, errsz) != WK_OK)
 		return -1;
@@ -249,11 +253,12 @@ static int startup_once(const char *dir, double *to_ready, double *reading)
 
 int bench_restore(int argc, char **argv)
 {
-	enum { O_SOURCE = 256, O_RUNS, O_NOCOLD, O_THREADS, O_SRUNS };
+	enum { O_SOURCE = 256, O_RUNS, O_NOCOLD, O_THREADS, O_SRUNS, O_MAP };
 	static const struct option opts[] = {
 		{"source", required_argument, 0, O_SOURCE}, {"runs", required_argument, 0, O_RUNS},
 		{"no-cold", no_argument, 0, O_NOCOLD}, {"threads", required_argument, 0, O_THREADS},
-		{"startup-runs", required_argument, 0, O_SRUNS}, {"help", no_argument, 0, 'h'},
+		{"startup-runs", required_argument, 0, O_SRUNS}, {"map", required_argument, 0, O_MAP},
+		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	const char *source = NULL;
 	int runs = 3, cold = 1, threads = 0, sruns = 5, c;
@@ -264,6 +269,9 @@ int bench_restore(int argc, char **argv)
 		case O_NOCOLD: cold = 0; break;
 		case O_THREADS: threads = atoi(optarg); break;
 		case O_SRUNS: sruns = atoi(optarg); break;
+		case O_MAP:
+			map_mode = !strcmp(optarg, "always") ? 1 : !strcmp(optarg, "never") ? -1 : 0;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
