@@ -21,7 +21,7 @@ $(error MODE must be release or asan, not '$(MODE)')
 endif
 
 # Dependencies install themselves: when pkg-config cannot find one, run scripts/install-deps.
-PKGS := jansson libcurl libevent liblz4 libxxhash criterion
+PKGS := jansson libcurl libevent liblz4 libxxhash hiredis criterion
 ifneq ($(shell pkg-config --exists $(PKGS) 2>/dev/null && echo ok),ok)
 ifneq ($(shell scripts/install-deps 1>&2 && echo ok),ok)
 $(error scripts/install-deps failed; see the messages above)
@@ -32,7 +32,7 @@ CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I. $(MODEFLAGS) \
            $(shell pkg-config --cflags jansson liblz4 libxxhash) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(MODEFLAGS) $(EXTRA_LDFLAGS)
-LDLIBS  := $(shell pkg-config --libs jansson liblz4 libxxhash) -lm
+LDLIBS  := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis) -lm
 
 # Files named *_avx2.c are compiled for AVX2/FMA/F16C and only called after a runtime CPU check.
 AVX2FLAGS := -mavx2 -mfma -mf16c

@@ -28,6 +28,14 @@ enum be_op {
 	BE_OP_ATTENTION,
 	BE_OP_SILU_MUL,
 	BE_OP_ADD,
+	/* GLM families */
+	BE_OP_LAYERNORM,
+	BE_OP_MOE_ROUTE,
+	BE_OP_GATHER_ROWS,
+	BE_OP_SCATTER_ADD_ROWS,
+	BE_OP_MLA_ABSORB, /* mla_absorb_q and mla_absorb_out */
+	BE_OP_MLA_ATTENTION,
+	BE_OP_DSA_TOPK,
 	BE_OP_COUNT
 };
 
@@ -38,6 +46,24 @@ struct be_weight {
 	int rows, cols;
 	const void *data;
 	const float *scale;
+};
+
+/* MoE router settings (see cpu_ref_moe_route in cpu.h). */
+struct be_route {
+	int n_experts, top_k, n_group, topk_group;
+	bool norm;   /* divide the chosen weights by their sum */
+	float scale; /* routed_scaling_factor */
+};
+
+/* Two-part-key attention for MLA (see struct cpu_mla in cpu.h for the full contract):
+ * k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads; sel NULL means dense causal. */
+struct be_mla {
+	int n_heads, d_a, d_b, d_v;
+	const float *k_a, *k_b, *v;
+	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
+	const int *sel, *nsel;
+	int sel_stride;
+	float scale;
 };
 
 struct be_config {
@@ -66,6 +92,33 @@ struct backend {
 			  float scale);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
+
+	/* ---- GLM families (reference definitions: kernels/cpu/glm_ref.c, contracts in cpu.h).
+	 * Optional: NULL on backends that do not run GLM; supports() says which. ---- */
+	void (*layernorm)(void *ctx, float *y, const float *x, const float *w, const float *b,
+			  int n, int dim, float eps);
+	/* idx [n][top_k], wt [n][top_k] from router logits [n][n_experts]; bias may be NULL */
+	void (*moe_route)(void *ctx, int *idx, float *wt, const float *logits, const float *bias,
+			  int n, const struct be_route *r);
+	void (*gather_rows)(void *ctx, float *dst, const float *src, const int *rows, int n,
+			    int dim);
+	void (*scatter_add_rows)(void *ctx, float *y, const float *x, const int *rows,
+				 const float *scale, int n, int dim);
+	/* kv_b = kv_b_proj [n_heads * (d_nope + d_v)][lora]:
+	 * qa [n][n_heads][lora + d_rope] = [q_nope . W_uk,h | q_pe] from q [n][n_heads][d_nope + d_rope] */
+	void (*mla_absorb_q)(void *ctx, float *qa, const float *q, const struct be_weight *kv_b,
+			     int n, int n_heads, int d_nope, int d_rope, int d_v);
+	/* o [n][n_heads][d_v] = W_uv,h . lat, lat [n][n_heads][lora] */
+	void (*mla_absorb_out)(void *ctx, float *o, const float *lat, const struct be_weight *kv_b,
+			       int n, int n_heads, int d_nope, int d_v);
+	/* out [n][n_heads][d_v] from q [n][n_heads][d_a + d_b] for tokens at pos0 .. pos0+n-1 */
+	void (*mla_attention)(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
+			      int pos0);
+	/* DSA indexer top-k: sel [n][topk] (ascending positions), nsel [n]; scores: pos0 + n
+	 * floats and work: (pos0 + n) * 8 bytes of scratch in the backend's memory. */
+	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const float *k,
+			 const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+			 float qk_scale, float w_scale, float *scores, void *work);
 };
 
 extern const struct backend be_cpu;  /* kernels/cpu/backend_cpu.c */

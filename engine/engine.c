@@ -9,7 +9,7 @@
 #include "engine/engine_int.h"
 #include "engine/tokenizer.h"
 
-static const struct family *families[] = {&fam_llama};
+static const struct family *families[] = {&fam_llama, &fam_glm4, &fam_glm5};
 
 const struct family *eng_family(const char *arch)
 {

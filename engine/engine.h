@@ -3,7 +3,8 @@
  *
  * MODEL is a Hugging Face directory (config.json + safetensors + tokenizer.json). The model
  * family comes from config.json's "architectures"; an unknown one is refused by name.
- * Supported now: LlamaForCausalLM (f32, bf16 or f16 weights).
+ * Supported now: LlamaForCausalLM (f32, bf16 or f16 weights); Glm4MoeForCausalLM and
+ * GlmMoeDsaForCausalLM (also FP8 E4M3 weights with 128x128 block scales).
  *
  * An engine holds one sequence's KV cache. It is not thread-safe: one caller at a time.
  */

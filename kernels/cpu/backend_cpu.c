@@ -7,6 +7,7 @@
 #include "common/wk.h"
 #include "engine/backend.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/glm_kernels.h"
 
 struct cpu_ctx {
 	struct cpu_pool *pool;
@@ -86,6 +87,148 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		y[i] += x[i];
 }
 
+/* ---- GLM families: the reference kernels of glm_ref.c, split over the pool where the work
+ * is per head or per (token, head) ---- */
+
+static void layernorm(void *ctx, float *y, const float *x, const float *w, const float *b, int n,
+		      int dim, float eps)
+{
+	(void)ctx;
+	cpu_ref_layernorm(y, x, w, b, n, dim, eps);
+}
+
+static void moe_route(void *ctx, int *idx, float *wt, const float *logits, const float *bias,
+		      int n, const struct be_route *r)
+{
+	(void)ctx;
+	cpu_ref_moe_route(idx, wt, logits, bias, n, r->n_experts, r->top_k, r->n_group,
+			  r->topk_group, r->norm, r->scale);
+}
+
+static void gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n, int dim)
+{
+	(void)ctx;
+	cpu_ref_gather_rows(dst, src, rows, n, dim);
+}
+
+static void scatter_add_rows(void *ctx, float *y, const float *x, const int *rows,
+			     const float *scale, int n, int dim)
+{
+	(void)ctx;
+	cpu_ref_scatter_add_rows(y, x, rows, scale, n, dim);
+}
+
+struct absorb_job {
+	float *out;
+	const float *in;
+	const struct be_weight *w;
+	int n, n_heads, d_nope, d_rope, d_v;
+	bool q;    /* absorb_q, else absorb_out */
+	bool avx2; /* the AVX2 versions (glm_avx2.c) */
+};
+
+static void absorb_task(void *ctx, int h, int ntasks)
+{
+	const struct absorb_job *j = ctx;
+	const struct be_weight *w = j->w;
+	(void)ntasks;
+	if (j->q)
+		(j->avx2 ? cpu_mla_absorb_q_avx2 : cpu_ref_mla_absorb_q)(
+			j->out, j->in, w->data, w->dtype, w->scale, w->cols, j->n, j->n_heads,
+			j->d_nope, j->d_rope, j->d_v, h, h + 1);
+	else
+		(j->avx2 ? cpu_mla_absorb_out_avx2 : cpu_ref_mla_absorb_out)(
+			j->out, j->in, w->data, w->dtype, w->scale, w->cols, j->n, j->n_heads,
+			j->d_nope, j->d_v, h, h + 1);
+}
+
+static void mla_absorb_q(void *ctx, float *qa, const float *q, const struct be_weight *kv_b,
+			 int n, int n_heads, int d_nope, int d_rope, int d_v)
+{
+	struct cpu_ctx *c = ctx;
+	struct absorb_job j = {qa, q, kv_b, n, n_heads, d_nope, d_rope, d_v, true, cpu_has_avx2()};
+	cpu_pool_run(c->pool, absorb_task, &j, n_heads);
+}
+
+static void mla_absorb_out(void *ctx, float *o, const float *lat, const struct be_weight *kv_b,
+			   int n, int n_heads, int d_nope, int d_v)
+{
+	struct cpu_ctx *c = ctx;
+	struct absorb_job j = {o, lat, kv_b, n, n_heads, d_nope, 0, d_v, false, cpu_has_avx2()};
+	cpu_pool_run(c->pool, absorb_task, &j, n_heads);
+}
+
+struct mla_job {
+	float *out;
+	const float *q;
+	struct cpu_mla s;
+	int n, pos0;
+	bool avx2;
+};
+
+static void mla_task(void *ctx, int task, int ntasks)
+{
+	const struct mla_job *j = ctx;
+	(void)ntasks;
+	int i = task / j->s.n_heads, h = task % j->s.n_heads;
+	(j->avx2 ? cpu_mla_attention_avx2 : cpu_ref_mla_attention)(j->out, j->q, &j->s, j->n,
+								   j->pos0, i, i + 1, h, h + 1);
+}
+
+static void mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
+			  int pos0)
+{
+	struct cpu_ctx *c = ctx;
+	struct mla_job j = {
+		.out = out, .q = q, .n = n, .pos0 = pos0, .avx2 = cpu_has_avx2(),
+		.s = {.n_heads = s->n_heads, .d_a = s->d_a, .d_b = s->d_b, .d_v = s->d_v,
+		      .k_a = s->k_a, .k_b = s->k_b, .v = s->v, .ka_stride = s->ka_stride,
+		      .ka_head = s->ka_head, .kb_stride = s->kb_stride, .v_stride = s->v_stride,
+		      .v_head = s->v_head, .sel = s->sel, .nsel = s->nsel,
+		      .sel_stride = s->sel_stride, .scale = s->scale},
+	};
+	cpu_pool_run(c->pool, mla_task, &j, n * s->n_heads);
+}
+
+struct dsa_job {
+	float *scores;
+	const float *q, *k, *w;
+	int len, n_heads, head_dim;
+	float qk_scale, w_scale;
+	bool avx2;
+};
+
+enum { DSA_KEYS_PER_TASK = 64 };
+
+static void dsa_task(void *ctx, int task, int ntasks)
+{
+	const struct dsa_job *j = ctx;
+	(void)ntasks;
+	int t1 = (task + 1) * DSA_KEYS_PER_TASK < j->len ? (task + 1) * DSA_KEYS_PER_TASK : j->len;
+	for (int t = task * DSA_KEYS_PER_TASK; t < t1; t++)
+		j->scores[t] = (j->avx2 ? cpu_dsa_score_avx2 : cpu_ref_dsa_score)(
+			j->q, j->k + (size_t)t * j->head_dim, j->w, j->n_heads, j->head_dim,
+			j->qk_scale, j->w_scale);
+}
+
+static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
+		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		     float qk_scale, float w_scale, float *scores, void *work)
+{
+	struct cpu_ctx *c = ctx;
+	for (int i = 0; i < n; i++) {
+		int len = pos0 + i + 1;
+		if (len > topk) {
+			struct dsa_job j = {scores, q + (size_t)i * n_heads * head_dim, k,
+					    w + (size_t)i * n_heads, len, n_heads, head_dim,
+					    qk_scale, w_scale, cpu_has_avx2()};
+			cpu_pool_run(c->pool, dsa_task, &j,
+				     (len + DSA_KEYS_PER_TASK - 1) / DSA_KEYS_PER_TASK);
+		}
+		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
+	}
+}
+
 const struct backend be_cpu = {
 	.name = "cpu",
 	.init = init,
@@ -97,4 +240,12 @@ const struct backend be_cpu = {
 	.attention = attention,
 	.silu_mul = silu_mul,
 	.add = add,
+	.layernorm = layernorm,
+	.moe_route = moe_route,
+	.gather_rows = gather_rows,
+	.scatter_add_rows = scatter_add_rows,
+	.mla_absorb_q = mla_absorb_q,
+	.mla_absorb_out = mla_absorb_out,
+	.mla_attention = mla_attention,
+	.dsa_topk = dsa_topk,
 };

@@ -82,6 +82,74 @@ void cpu_attention(struct cpu_pool *p, float *out, const float *q, const float *
 		   int kv_stride, float scale);
 bool cpu_has_avx2(void); /* AVX2, FMA and F16C, checked once at run time */
 
+/* ---- GLM families: reference kernels (glm_ref.c) ---------------------------------------- */
+
+#define CPU_MOE_MAX_EXPERTS 1024 /* routed experts per MoE layer the router handles */
+
+/* LayerNorm per row: y = (x - mean) / sqrt(var + eps) * w + b (b may be NULL). y may equal x. */
+void cpu_ref_layernorm(float *y, const float *x, const float *w, const float *b, int n, int dim,
+		       float eps);
+/* Sigmoid MoE router with noaux_tc selection (DeepSeek-V3 / GLM). For each token t:
+ * s = sigmoid(logits[t]) [n_experts]; choice = s + bias (bias may be NULL: zeros);
+ * when n_group > 1 each of the n_group equal groups scores the sum of its two best choice
+ * values and only the topk_group best groups stay eligible; idx[t][0..top_k) are the top_k
+ * eligible experts by choice, best first, the lower index winning ties; wt[t][k] =
+ * s[idx] (the bias only selects), divided by (sum + 1e-20) when norm, times scale.
+ * n_experts <= CPU_MOE_MAX_EXPERTS, n_experts % n_group == 0, topk_group <= n_group,
+ * top_k <= topk_group * n_experts / n_group. */
+void cpu_ref_moe_route(int *idx, float *wt, const float *logits, const float *bias, int n,
+		       int n_experts, int top_k, int n_group, int topk_group, bool norm,
+		       float scale);
+/* dst[i][dim] = src[rows[i]][dim] for i < n */
+void cpu_ref_gather_rows(float *dst, const float *src, const int *rows, int n, int dim);
+/* y[rows[i]][dim] += scale[i] * x[i][dim] for i < n, in order of i */
+void cpu_ref_scatter_add_rows(float *y, const float *x, const int *rows, const float *scale,
+			      int n, int dim);
+/* MLA absorption (DeepSeek-V2/V3, GLM-5). w = kv_b_proj [n_heads * (d_nope + d_v)][lora] in
+ * dtype wt (scale: FP8 block scales, else NULL); head h's rows are d_nope k rows (W_uk,h)
+ * then d_v value rows (W_uv,h). Heads h0 <= h < h1 only (the rest are left alone).
+ * absorb_q: q [n][n_heads][d_nope + d_rope] -> qa [n][n_heads][lora + d_rope] =
+ *           [q_nope . W_uk,h | q_pe].
+ * absorb_out: lat [n][n_heads][lora] -> o [n][n_heads][d_v] = W_uv,h . lat. */
+void cpu_ref_mla_absorb_q(float *qa, const float *q, const void *w, enum dt_type wt,
+			  const float *scale, int lora, int n, int n_heads, int d_nope,
+			  int d_rope, int d_v, int h0, int h1);
+void cpu_ref_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_type wt,
+			    const float *scale, int lora, int n, int n_heads, int d_nope, int d_v,
+			    int h0, int h1);
+/* Attention whose key has two parts, k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads
+ * (MLA's rope key). Key position t of head h: k_a + t*ka_stride + h*ka_head (ka_head 0: one
+ * key for all heads), k_b + t*kb_stride; value v + t*v_stride + h*v_head. */
+struct cpu_mla {
+	int n_heads, d_a, d_b, d_v;
+	const float *k_a, *k_b, *v;
+	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
+	/* Token i attends to positions sel[i*sel_stride + j], j < nsel[i] (ascending); when sel
+	 * is NULL, to 0 .. pos0 + i (dense causal). */
+	const int *sel, *nsel;
+	int sel_stride;
+	float scale; /* score = q.k * scale */
+};
+/* q [n][n_heads][d_a + d_b] -> out [n][n_heads][d_v], for tokens i0 <= i < i1 and heads
+ * h0 <= h < h1 only. */
+void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,
+			   int pos0, int i0, int i1, int h0, int h1);
+/* DSA lightning indexer score of one query against one key: sum over heads h of
+ * w[h] * w_scale * relu(q[h] . k * qk_scale). q [n_heads][head_dim], k [head_dim]. */
+float cpu_ref_dsa_score(const float *q, const float *k, const float *w, int n_heads,
+			int head_dim, float qk_scale, float w_scale);
+/* Exact top-k of scores[0..len): when len <= topk all positions, else the topk best scores
+ * with the lower position winning ties (NaN counts as -inf). Writes the chosen positions to
+ * sel in ascending order and their count to *nsel. work: len * 8 bytes. */
+void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, void *work);
+/* The indexer's selection for n queries at positions pos0.. : q [n][n_heads][head_dim],
+ * k [pos0 + n][head_dim] (the indexer key cache), w [n][n_heads] (weights_proj output).
+ * Query i scores keys 0 .. pos0 + i; sel [n][topk], nsel [n]. scores: pos0 + n floats and
+ * work: (pos0 + n) * 8 bytes of scratch. */
+void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w,
+		      int n, int pos0, int n_heads, int head_dim, int topk, float qk_scale,
+		      float w_scale, float *scores, void *work);
+
 /* ---- machine roofline ----------------------------------------------------------------- */
 
 /* Read bandwidth in GB/s (1e9 bytes/s): every pool thread streams its share of a buffer of

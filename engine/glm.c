@@ -1,0 +1,564 @@
+/*
+ * glm.c - what the GLM families share: config reading, the decoder skeleton (embedding,
+ * pre-norm residual layers, final norm, lm_head), the dense SwiGLU MLP of the first
+ * first_k_dense_replace layers and the MoE block of the rest.
+ *
+ * MoE (Hugging Face Glm4MoeMoE / DeepseekV3MoE, glm.md section 3.4): router logits
+ * x . gate.weight^T in f32; sigmoid scores; noaux_tc selection on scores +
+ * e_score_correction_bias, group-limited when n_group > 1; gate values are the unbiased
+ * scores of the chosen experts, normalised (norm_topk_prob) and times routed_scaling_factor;
+ * plus the shared experts (one MLP of width moe_intermediate_size * n_shared_experts) on
+ * every token. Only the chosen experts run: tokens are grouped per expert and each expert
+ * multiplies its batch once.
+ *
+ * Group limiting: groups other than the topk_group best are excluded from the choice. The
+ * Hugging Face code fills their scores with 0.0 instead of -inf (the DeepSeek reference and
+ * vLLM use -inf); the two agree unless a kept expert's biased score is negative. We exclude.
+ *
+ * The MTP layers (num_nextn_predict_layers, stored as model.layers.{num_hidden_layers}.*)
+ * are not loaded, as in transformers; eng_info.mtp_layers_skipped says how many.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/glm_int.h"
+
+#define GLM_MAX_EXPERTS 1024 /* the CPU router's limit (CPU_MOE_MAX_EXPERTS) */
+
+void *glm_own(struct glm_model *m, void *p)
+{
+	if (!p)
+		return NULL;
+	if (m->n_owned == m->cap_owned) {
+		size_t cap = m->cap_owned ? 2 * m->cap_owned : 256;
+		void **o = realloc(m->owned, cap * sizeof *o);
+		if (!o) {
+			free(p);
+			return NULL;
+		}
+		m->owned = o;
+		m->cap_owned = cap;
+	}
+	m->owned[m->n_owned++] = p;
+	return p;
+}
+
+static void *owned_copy(struct glm_model *m, const void *src, size_t bytes)
+{
+	void *p = glm_own(m, malloc(bytes ? bytes : 1));
+	if (p)
+		memcpy(p, src, bytes);
+	return p;
+}
+
+int glm_weight(struct engine *e, struct glm_model *m, const char *name, int rows, int cols,
+	       struct be_weight *w, char *err, size_t errsz)
+{
+	int rc = eng_weight(e, name, rows, cols, w, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	size_t esz = dt_size(w->dtype);
+	if ((uintptr_t)w->data % esz != 0 &&
+	    !(w->data = owned_copy(m, w->data, (size_t)rows * cols * esz)))
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	size_t nscale = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
+	if (w->scale && (uintptr_t)w->scale % sizeof(float) != 0 &&
+	    !(w->scale = owned_copy(m, w->scale, nscale * sizeof(float))))
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	return WK_OK;
+}
+
+int glm_vector(struct engine *e, struct glm_model *m, const char *name, int len, float **out,
+	       char *err, size_t errsz)
+{
+	int rc = eng_vector(e, name, len, out, err, errsz);
+	if (rc == WK_OK && !glm_own(m, *out))
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	return rc;
+}
+
+uint64_t glm_weight_bytes(const struct be_weight *w)
+{
+	uint64_t b = (uint64_t)w->rows * (uint64_t)w->cols * dt_size(w->dtype);
+	if (w->scale)
+		b += (uint64_t)((w->rows + 127) / 128) * (uint64_t)((w->cols + 127) / 128) * 4;
+	return b;
+}
+
+int glm_require_str(json_t *cfg, const char *key, const char *want, char *err, size_t errsz)
+{
+	json_t *v = json_object_get(cfg, key);
+	if (!v || json_is_null(v))
+		return WK_OK;
+	if (!json_is_string(v) || strcmp(json_string_value(v), want) != 0)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: '%s' must be \"%s\" (the only kind implemented)", key,
+			       want);
+	return WK_OK;
+}
+
+int glm_rope_cfg(json_t *cfg, double def_theta, double def_partial, double *theta,
+		 double *partial, char *err, size_t errsz)
+{
+	int rc;
+	json_t *rp = json_object_get(cfg, "rope_parameters");
+	json_t *rs = json_object_get(cfg, "rope_scaling");
+	if (rp && !json_is_null(rp) && !json_is_object(rp))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: 'rope_parameters' must be an object");
+	if (rs && !json_is_null(rs)) {
+		/* Old-style configs: rope_scaling null or {"rope_type": "default"}. */
+		json_t *t = json_is_object(rs) ? json_object_get(rs, "rope_type") : NULL;
+		if (!t)
+			t = json_is_object(rs) ? json_object_get(rs, "type") : NULL;
+		if (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0)
+			return wk_errf(err, errsz, WK_EUNSUPPORTED,
+				       "config.json: rope_scaling is not supported (only the default "
+				       "rope)");
+	}
+	if ((rc = cfg_real(cfg, "rope_theta", def_theta, theta, err, errsz)) ||
+	    (rc = cfg_real(cfg, "partial_rotary_factor", def_partial, partial, err, errsz)))
+		return rc;
+	if (json_is_object(rp)) {
+		if ((rc = glm_require_str(rp, "rope_type", "default", err, errsz)) ||
+		    (rc = cfg_real(rp, "rope_theta", *theta, theta, err, errsz)) ||
+		    (rc = cfg_real(rp, "partial_rotary_factor", *partial, partial, err, errsz)))
+		{
+			char why[256];
+			snprintf(why, sizeof why, "%s", err ? err : "");
+			return wk_errf(err, errsz, rc, "%s (in rope_parameters)", why);
+		}
+	}
+	if (!(*theta > 1.0))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: rope_theta %g must be > 1",
+			       *theta);
+	if (!(*partial > 0.0 && *partial <= 1.0))
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: partial_rotary_factor %g is outside (0, 1]", *partial);
+	return WK_OK;
+}
+
+/* ---- config -------------------------------------------------------------------------------- */
+
+static int read_cfg(struct glm_cfg *c, json_t *cfg, int max_seq_opt, char *err, size_t errsz)
+{
+	long long dim, vocab, layers, inter, moe_inter, ne, ns, topk, ng, tg, fkd, maxpos, mtp, freq;
+	double eps, rsf;
+	int norm, tied, mlp_bias;
+	int rc;
+	if ((rc = cfg_int(cfg, "hidden_size", -1, 1, 1 << 16, &dim, err, errsz)) ||
+	    (rc = cfg_int(cfg, "vocab_size", -1, 1, 1 << 24, &vocab, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_hidden_layers", -1, 1, 4096, &layers, err, errsz)) ||
+	    (rc = cfg_int(cfg, "intermediate_size", -1, 1, 1 << 20, &inter, err, errsz)) ||
+	    (rc = cfg_int(cfg, "moe_intermediate_size", -1, 1, 1 << 20, &moe_inter, err, errsz)) ||
+	    (rc = cfg_int(cfg, "n_routed_experts", -1, 1, GLM_MAX_EXPERTS, &ne, err, errsz)) ||
+	    (rc = cfg_int(cfg, "n_shared_experts", 1, 0, 64, &ns, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_experts_per_tok", -1, 1, ne, &topk, err, errsz)) ||
+	    (rc = cfg_int(cfg, "n_group", 1, 1, ne, &ng, err, errsz)) ||
+	    (rc = cfg_int(cfg, "topk_group", 1, 1, ng, &tg, err, errsz)) ||
+	    (rc = cfg_int(cfg, "first_k_dense_replace", -1, 0, layers, &fkd, err, errsz)) ||
+	    (rc = cfg_int(cfg, "moe_layer_freq", 1, 1, 1, &freq, err, errsz)) ||
+	    (rc = cfg_int(cfg, "max_position_embeddings", 131072, 1, 1 << 24, &maxpos, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_nextn_predict_layers", 0, 0, 64, &mtp, err, errsz)) ||
+	    (rc = cfg_real(cfg, "rms_norm_eps", 1e-5, &eps, err, errsz)) ||
+	    (rc = cfg_real(cfg, "routed_scaling_factor", 1.0, &rsf, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "norm_topk_prob", 1, &norm, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "tie_word_embeddings", 0, &tied, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "mlp_bias", 0, &mlp_bias, err, errsz)) ||
+	    (rc = glm_require_str(cfg, "scoring_func", "sigmoid", err, errsz)) ||
+	    (rc = glm_require_str(cfg, "topk_method", "noaux_tc", err, errsz)) ||
+	    (rc = glm_require_str(cfg, "hidden_act", "silu", err, errsz)))
+		return rc;
+	if (mlp_bias)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "config.json: mlp_bias is not supported");
+	/* FP8 checkpoints: only the DeepSeek-style block format (e4m3 weights with 128x128
+	 * weight_scale_inv, as GLM-5-FP8); GLM-4.x-FP8's compressed-tensors is another format. */
+	json_t *qc = json_object_get(cfg, "quantization_config");
+	if (qc && !json_is_null(qc)) {
+		const char *qm = json_string_value(json_object_get(qc, "quant_method"));
+		json_t *bs = json_object_get(qc, "weight_block_size");
+		if (!qm || strcmp(qm, "fp8") != 0)
+			return wk_errf(err, errsz, WK_EUNSUPPORTED,
+				       "config.json: quantization_config.quant_method '%s' is not "
+				       "supported (only \"fp8\" with 128x128 weight_scale_inv blocks)",
+				       qm ? qm : "?");
+		if (bs && (json_array_size(bs) != 2 ||
+			   json_integer_value(json_array_get(bs, 0)) != 128 ||
+			   json_integer_value(json_array_get(bs, 1)) != 128))
+			return wk_errf(err, errsz, WK_EUNSUPPORTED,
+				       "config.json: quantization_config.weight_block_size must be "
+				       "[128, 128]");
+	}
+	if (ne % ng != 0)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: n_routed_experts %lld is not a multiple of n_group %lld",
+			       ne, ng);
+	if (topk > tg * (ne / ng))
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: num_experts_per_tok %lld is more than the %lld experts "
+			       "in topk_group %lld groups", topk, tg * (ne / ng), tg);
+	if (!(eps > 0.0 && eps < 1.0))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: rms_norm_eps %g is outside (0, 1)",
+			       eps);
+	if (!(rsf > 0.0))
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: routed_scaling_factor %g must be positive", rsf);
+	*c = (struct glm_cfg){
+		.dim = (int)dim, .vocab = (int)vocab, .n_layers = (int)layers,
+		.max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos,
+		.inter = (int)inter, .moe_inter = (int)moe_inter, .n_experts = (int)ne,
+		.n_shared = (int)ns, .top_k = (int)topk, .n_group = (int)ng, .topk_group = (int)tg,
+		.norm_topk = norm, .routed_scale = (float)rsf, .eps = (float)eps, .tied = tied,
+		.mtp = (int)mtp,
+	};
+	return WK_OK;
+}
+
+/* Layer l is MoE: from mlp_layer_types ("dense"/"sparse") when present, else l >=
+ * first_k_dense_replace. */
+static int layer_kinds(json_t *cfg, struct glm_model *m, char *err, size_t errsz)
+{
+	long long fkd;
+	int rc = cfg_int(cfg, "first_k_dense_replace", -1, 0, m->c.n_layers, &fkd, err, errsz);
+	if (rc)
+		return rc;
+	json_t *types = json_object_get(cfg, "mlp_layer_types");
+	if (types && !json_is_null(types) &&
+	    (!json_is_array(types) || (int)json_array_size(types) != m->c.n_layers))
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: 'mlp_layer_types' must list num_hidden_layers (%d) "
+			       "entries", m->c.n_layers);
+	for (int l = 0; l < m->c.n_layers; l++) {
+		m->layers[l].moe = l >= fkd;
+		if (!json_is_array(types))
+			continue;
+		const char *t = json_string_value(json_array_get(types, (size_t)l));
+		if (!t || (strcmp(t, "dense") && strcmp(t, "sparse")))
+			return wk_errf(err, errsz, WK_EFORMAT,
+				       "config.json: mlp_layer_types[%d] must be \"dense\" or "
+				       "\"sparse\"", l);
+		m->layers[l].moe = !strcmp(t, "sparse");
+	}
+	return WK_OK;
+}
+
+/* ---- weights ------------------------------------------------------------------------------- */
+
+static int load_mlp(struct engine *e, struct glm_model *m, const char *prefix, int inter,
+		    struct glm_mlp *p, char *err, size_t errsz)
+{
+	char nm[320];
+	int dim = m->c.dim, rc;
+#define MNAME(s) (snprintf(nm, sizeof nm, "%s.%s", prefix, s), nm)
+	if ((rc = glm_weight(e, m, MNAME("gate_proj.weight"), inter, dim, &p->gate, err, errsz)) ||
+	    (rc = glm_weight(e, m, MNAME("up_proj.weight"), inter, dim, &p->up, err, errsz)) ||
+	    (rc = glm_weight(e, m, MNAME("down_proj.weight"), dim, inter, &p->down, err, errsz)))
+		return rc;
+#undef MNAME
+	return WK_OK;
+}
+
+static uint64_t mlp_bytes(const struct glm_mlp *p)
+{
+	return glm_weight_bytes(&p->gate) + glm_weight_bytes(&p->up) + glm_weight_bytes(&p->down);
+}
+
+static int load_ffn(struct engine *e, struct glm_model *m, int l, char *err, size_t errsz)
+{
+	struct glm_layer *L = &m->layers[l];
+	char pre[256], nm[320];
+	int rc;
+	snprintf(pre, sizeof pre, "model.layers.%d.mlp", l);
+	if (!L->moe)
+		return load_mlp(e, m, pre, m->c.inter, &L->mlp, err, errsz);
+	struct glm_moe *f = &L->ffn;
+	snprintf(nm, sizeof nm, "%s.gate.weight", pre);
+	if ((rc = glm_weight(e, m, nm, m->c.n_experts, m->c.dim, &f->router, err, errsz)))
+		return rc;
+	if (f->router.dtype != DT_F32 && f->router.dtype != DT_BF16 && f->router.dtype != DT_F16)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "%s: the router '%s' must be F32, BF16 or F16, not %s", e->dir, nm,
+			       dt_name(f->router.dtype));
+	snprintf(nm, sizeof nm, "%s.gate.e_score_correction_bias", pre);
+	if ((rc = glm_vector(e, m, nm, m->c.n_experts, &f->bias, err, errsz)))
+		return rc;
+	f->experts = glm_own(m, calloc((size_t)m->c.n_experts, sizeof *f->experts));
+	if (!f->experts)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int x = 0; x < m->c.n_experts; x++) {
+		snprintf(nm, sizeof nm, "%s.experts.%d", pre, x);
+		if ((rc = load_mlp(e, m, nm, m->c.moe_inter, &f->experts[x], err, errsz)))
+			return rc;
+	}
+	if (m->c.n_shared > 0) {
+		snprintf(nm, sizeof nm, "%s.shared_experts", pre);
+		if ((rc = load_mlp(e, m, nm, m->c.moe_inter * m->c.n_shared, &f->shared, err,
+				   errsz)))
+			return rc;
+	}
+	return WK_OK;
+}
+
+static const enum be_op glm_ops[] = {BE_OP_MATMUL,      BE_OP_RMSNORM,       BE_OP_ROPE,
+				     BE_OP_SILU_MUL,    BE_OP_ADD,           BE_OP_MOE_ROUTE,
+				     BE_OP_GATHER_ROWS, BE_OP_SCATTER_ADD_ROWS};
+
+int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t errsz)
+{
+	struct glm_model *m = calloc(1, sizeof *m);
+	if (!m)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	e->model = m;
+	m->attn_ops = ops;
+	json_t *cfg = e->config;
+	int rc = read_cfg(&m->c, cfg, e->max_seq_opt, err, errsz);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < sizeof glm_ops / sizeof glm_ops[0]; i++)
+		if (!e->be->supports(e->bctx, glm_ops[i], DT_F32))
+			return wk_errf(err, errsz, WK_EUNSUPPORTED,
+				       "the %s backend lacks an op the GLM families need (%d)",
+				       e->be->name, (int)glm_ops[i]);
+
+	struct be_weight emb;
+	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->c.vocab, m->c.dim, &emb, err,
+			     errsz)))
+		return rc;
+	m->embed = eng_tensor(e, "model.embed_tokens.weight");
+	if (m->embed->dtype != DT_F32 && m->embed->dtype != DT_BF16 && m->embed->dtype != DT_F16)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "%s: model.embed_tokens.weight must be F32, BF16 or F16, not %s",
+			       e->dir, dt_name(m->embed->dtype));
+	if (m->c.tied)
+		rc = glm_weight(e, m, "model.embed_tokens.weight", m->c.vocab, m->c.dim,
+				&m->lm_head, err, errsz);
+	else
+		rc = glm_weight(e, m, "lm_head.weight", m->c.vocab, m->c.dim, &m->lm_head, err,
+				errsz);
+	if (rc || (rc = glm_vector(e, m, "model.norm.weight", m->c.dim, &m->final_norm, err,
+				   errsz)))
+		return rc;
+
+	m->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *m->layers));
+	if (!m->layers)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	if ((rc = layer_kinds(cfg, m, err, errsz)))
+		return rc;
+	for (int l = 0; l < m->c.n_layers; l++) {
+		struct glm_layer *L = &m->layers[l];
+		char nm[256];
+		snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
+		if ((rc = glm_vector(e, m, nm, m->c.dim, &L->attn_norm, err, errsz)))
+			return rc;
+		snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", l);
+		if ((rc = glm_vector(e, m, nm, m->c.dim, &L->mlp_norm, err, errsz)) ||
+		    (rc = load_ffn(e, m, l, err, errsz)))
+			return rc;
+	}
+	if ((rc = ops->load(e, m, err, errsz)))
+		return rc;
+
+	/* Bytes one decode step reads: attention, the FFN's active part (router, shared and
+	 * top_k experts), the lm_head and one embedding row. */
+	uint64_t per_tok = glm_weight_bytes(&m->lm_head) + m->attn_bytes +
+			   (uint64_t)m->c.dim * dt_size(m->embed->dtype);
+	for (int l = 0; l < m->c.n_layers; l++) {
+		struct glm_layer *L = &m->layers[l];
+		if (!L->moe) {
+			per_tok += mlp_bytes(&L->mlp);
+			continue;
+		}
+		per_tok += glm_weight_bytes(&L->ffn.router) +
+			   (uint64_t)m->c.top_k * mlp_bytes(&L->ffn.experts[0]);
+		if (m->c.n_shared > 0)
+			per_tok += mlp_bytes(&L->ffn.shared);
+	}
+	e->info.bytes_per_token = per_tok;
+	e->info.vocab = m->c.vocab;
+	e->info.max_seq = m->c.max_seq;
+	e->info.mtp_layers_skipped = m->c.mtp;
+	return WK_OK;
+}
+
+void glm_free(struct engine *e)
+{
+	struct glm_model *m = e->model;
+	if (!m)
+		return;
+	if (m->attn_ops && m->attn_ops->free)
+		m->attn_ops->free(m);
+	for (size_t i = 0; i < m->n_owned; i++)
+		free(m->owned[i]);
+	free(m->owned);
+	free(m->pos);
+	free(m->x);
+	free(m->xb);
+	free(m->tmp);
+	free(m->g);
+	free(m->u);
+	free(m->logits);
+	free(m->idx);
+	free(m->wt);
+	free(m->rows);
+	free(m->rw);
+	free(m->xg);
+	free(m->yg);
+	free(m->count);
+	free(m);
+	e->model = NULL;
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+/* realloc that keeps *p on failure */
+static bool re(void *pp, size_t bytes)
+{
+	void **p = pp;
+	void *q = realloc(*p, bytes ? bytes : 1);
+	if (q)
+		*p = q;
+	return q != NULL;
+}
+
+static int grow(struct glm_model *m, int n, int pos0)
+{
+	if (n > m->cap) {
+		const struct glm_cfg *c = &m->c;
+		size_t wide = (size_t)c->inter;
+		size_t shw = (size_t)c->moe_inter * (c->n_shared > 1 ? c->n_shared : 1);
+		if (shw > wide)
+			wide = shw;
+		size_t nd = (size_t)n * c->dim * 4, nk = (size_t)n * c->top_k * 4;
+		if (!re(&m->pos, (size_t)n * 4) || !re(&m->x, nd) || !re(&m->xb, nd) ||
+		    !re(&m->tmp, nd) || !re(&m->g, n * wide * 4) || !re(&m->u, n * wide * 4) ||
+		    !re(&m->logits, (size_t)n * c->n_experts * 4) || !re(&m->idx, nk) ||
+		    !re(&m->wt, nk) || !re(&m->rows, nk) || !re(&m->rw, nk) || !re(&m->xg, nd) ||
+		    !re(&m->yg, nd) || !re(&m->count, ((size_t)c->n_experts + 1) * 4))
+			return WK_ENOMEM; /* cap unchanged; the buffers that grew stay valid */
+		m->cap = n;
+	}
+	return m->attn_ops->grow(m, n, pos0);
+}
+
+static void mlp_forward(const struct backend *be, void *c, struct glm_model *m,
+			const struct glm_mlp *p, float *y, const float *x, int n)
+{
+	int inter = p->gate.rows;
+	be->matmul(c, m->g, x, &p->gate, n);
+	be->matmul(c, m->u, x, &p->up, n);
+	be->silu_mul(c, m->g, m->u, (size_t)n * inter);
+	be->matmul(c, y, m->g, &p->down, n);
+}
+
+/* y [n][dim] = MoE(x); y is overwritten. */
+static void moe_forward(const struct backend *be, void *c, struct glm_model *m,
+			const struct glm_moe *f, float *y, const float *x, int n)
+{
+	const struct glm_cfg *g = &m->c;
+	int dim = g->dim, k = g->top_k, ne = g->n_experts;
+	if (g->n_shared > 0)
+		mlp_forward(be, c, m, &f->shared, y, x, n);
+	else
+		memset(y, 0, (size_t)n * dim * sizeof *y);
+	be->matmul(c, m->logits, x, &f->router, n);
+	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
+			     .topk_group = g->topk_group, .norm = g->norm_topk,
+			     .scale = g->routed_scale};
+	be->moe_route(c, m->idx, m->wt, m->logits, f->bias, n, &r);
+	/* Group the (token, slot) pairs by expert, tokens ascending within each expert. */
+	int *start = m->count;
+	memset(start, 0, ((size_t)ne + 1) * sizeof *start);
+	for (int i = 0; i < n * k; i++)
+		start[m->idx[i] + 1]++;
+	for (int ex = 0; ex < ne; ex++)
+		start[ex + 1] += start[ex];
+	for (int i = 0; i < n * k; i++) {
+		int at = start[m->idx[i]]++;
+		m->rows[at] = i / k;
+		m->rw[at] = m->wt[i];
+	}
+	for (int ex = ne; ex > 0; ex--)
+		start[ex] = start[ex - 1];
+	start[0] = 0;
+	for (int ex = 0; ex < ne; ex++) {
+		int cnt = start[ex + 1] - start[ex];
+		if (cnt == 0)
+			continue;
+		be->gather_rows(c, m->xg, x, m->rows + start[ex], cnt, dim);
+		mlp_forward(be, c, m, &f->experts[ex], m->yg, m->xg, cnt);
+		be->scatter_add_rows(c, y, m->yg, m->rows + start[ex], m->rw + start[ex], cnt, dim);
+	}
+}
+
+int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
+		char *err, size_t errsz)
+{
+	struct glm_model *m = e->model;
+	const struct backend *be = e->be;
+	void *c = e->bctx;
+	if (grow(m, n, pos0) != WK_OK)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a batch of %d tokens", n);
+	int dim = m->c.dim;
+	size_t esz = dt_size(m->embed->dtype);
+	for (int i = 0; i < n; i++) {
+		const char *row = (const char *)m->embed->data + (size_t)tokens[i] * dim * esz;
+		dt_to_f32(m->x + (size_t)i * dim, row, m->embed->dtype, (size_t)dim);
+		m->pos[i] = pos0 + i;
+	}
+	for (int l = 0; l < m->c.n_layers; l++) {
+		struct glm_layer *L = &m->layers[l];
+		be->rmsnorm(c, m->xb, m->x, L->attn_norm, n, dim, m->c.eps);
+		m->attn_ops->forward(e, m, l, m->tmp, m->xb, n, pos0);
+		be->add(c, m->x, m->tmp, (size_t)n * dim);
+
+		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, n, dim, m->c.eps);
+		if (L->moe)
+			moe_forward(be, c, m, &L->ffn, m->tmp, m->xb, n);
+		else
+			mlp_forward(be, c, m, &L->mlp, m->tmp, m->xb, n);
+		be->add(c, m->x, m->tmp, (size_t)n * dim);
+	}
+	const float *last = all ? m->x : m->x + (size_t)(n - 1) * dim;
+	int rows = all ? n : 1;
+	be->rmsnorm(c, m->xb, last, m->final_norm, rows, dim, m->c.eps);
+	be->matmul(c, logits, m->xb, &m->lm_head, rows);
+	return WK_OK;
+}
+
+/* ---- snapshot layout ------------------------------------------------------------------------ */
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* Every tensor whole on rank 0, except the MTP layers (not loaded). FP8 block scales and the
+ * router bias keep F32 whatever --dtype says: the kernels read them as F32. */
+int glm_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p, char *err,
+	     size_t errsz)
+{
+	(void)o;
+	long long layers;
+	int rc = cfg_int(hf_config(hf), "num_hidden_layers", -1, 1, 4096, &layers, err, errsz);
+	if (rc)
+		return rc;
+	enum dt_type cast = p->cast;
+	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
+		const char *name = hf_tensor_at(hf, i)->name;
+		int l;
+		if (sscanf(name, "model.layers.%d.", &l) == 1 && l >= layers)
+			continue;
+		p->cast = ends_with(name, "_scale_inv") ||
+					  ends_with(name, "e_score_correction_bias")
+				  ? DT_INVALID
+				  : cast;
+		rc = plan_copy(p, name, 0, err, errsz);
+		p->cast = cast;
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}

@@ -1,0 +1,191 @@
+/*
+ * glm4.c - the GLM-4.5 / 4.6 / 4.7 family (Glm4MoeForCausalLM, model_type glm4_moe):
+ * grouped-query attention with q/k/v biases (attention_bias; o_proj has none), optional
+ * per-head RMSNorm of q and k (use_qk_norm, eps rms_norm_eps, before RoPE), and partial RoPE:
+ * only the first head_dim * partial_rotary_factor dims of each head rotate, half-split
+ * (rotate_half, pairs j and j + rot/2) within them, as transformers' modeling_glm4_moe.py
+ * apply_rotary_pos_emb does (glm.md 3.5). The MLP/MoE and the skeleton are in glm.c.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/glm_int.h"
+
+struct g4_layer {
+	struct be_weight wq;     /* (n_heads * head_dim, dim) */
+	struct be_weight wk, wv; /* (n_kv * head_dim, dim) */
+	struct be_weight wo;     /* (dim, n_heads * head_dim) */
+	float *bq;               /* (n_heads * head_dim) or NULL */
+	float *bk, *bv;          /* (n_kv * head_dim) or NULL */
+	float *qn, *kn;          /* (head_dim) q_norm / k_norm, or NULL */
+};
+
+struct g4 {
+	int n_heads, n_kv, head_dim, rot;
+	struct g4_layer *layers; /* [n_layers] */
+	float *kcache, *vcache;  /* (n_layers, max_seq, n_kv * head_dim) */
+	int cap;
+	float *q, *att; /* (cap, n_heads * head_dim) */
+};
+
+static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errsz)
+{
+	json_t *cfg = e->config;
+	long long heads, kv, hd;
+	double theta, partial;
+	int bias, qk_norm, rc;
+	if ((rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, heads, &kv, err, errsz)) ||
+	    (rc = cfg_int(cfg, "head_dim", m->c.dim / heads, 2, 4096, &hd, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "attention_bias", 0, &bias, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "use_qk_norm", 0, &qk_norm, err, errsz)) ||
+	    (rc = glm_rope_cfg(cfg, 10000.0, 0.5, &theta, &partial, err, errsz)))
+		return rc;
+	if (heads % kv != 0)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: num_attention_heads %lld is not a multiple of "
+			       "num_key_value_heads %lld", heads, kv);
+	int rot = (int)(hd * partial); /* int(head_dim * partial_rotary_factor), as HF */
+	if (rot < 2 || rot % 2 != 0)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: head_dim %lld * partial_rotary_factor %g = %d rotary "
+			       "dims; it must be even and >= 2", hd, partial, rot);
+	struct g4 *a = glm_own(m, calloc(1, sizeof *a));
+	if (!a)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	m->attn = a;
+	m->c.theta = (float)theta;
+	a->n_heads = (int)heads;
+	a->n_kv = (int)kv;
+	a->head_dim = (int)hd;
+	a->rot = rot;
+	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim, dim = m->c.dim;
+	if (!e->be->supports(e->bctx, BE_OP_ATTENTION, DT_F32))
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the %s backend has no attention op",
+			       e->be->name);
+
+	a->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *a->layers));
+	if (!a->layers)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int l = 0; l < m->c.n_layers; l++) {
+		struct g4_layer *L = &a->layers[l];
+		char nm[256];
+#define NAME(s) (snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s", l, s), nm)
+		if ((rc = glm_weight(e, m, NAME("q_proj.weight"), qd, dim, &L->wq, err, errsz)) ||
+		    (rc = glm_weight(e, m, NAME("k_proj.weight"), kvd, dim, &L->wk, err, errsz)) ||
+		    (rc = glm_weight(e, m, NAME("v_proj.weight"), kvd, dim, &L->wv, err, errsz)) ||
+		    (rc = glm_weight(e, m, NAME("o_proj.weight"), dim, qd, &L->wo, err, errsz)))
+			return rc;
+		if (bias &&
+		    ((rc = glm_vector(e, m, NAME("q_proj.bias"), qd, &L->bq, err, errsz)) ||
+		     (rc = glm_vector(e, m, NAME("k_proj.bias"), kvd, &L->bk, err, errsz)) ||
+		     (rc = glm_vector(e, m, NAME("v_proj.bias"), kvd, &L->bv, err, errsz))))
+			return rc;
+		if (qk_norm &&
+		    ((rc = glm_vector(e, m, NAME("q_norm.weight"), a->head_dim, &L->qn, err, errsz)) ||
+		     (rc = glm_vector(e, m, NAME("k_norm.weight"), a->head_dim, &L->kn, err, errsz))))
+			return rc;
+#undef NAME
+		m->attn_bytes += glm_weight_bytes(&L->wq) + glm_weight_bytes(&L->wk) +
+				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
+	}
+	size_t cache = (size_t)m->c.n_layers * m->c.max_seq * kvd;
+	a->kcache = calloc(cache, sizeof(float));
+	a->vcache = calloc(cache, sizeof(float));
+	if (!a->kcache || !a->vcache)
+		return wk_errf(err, errsz, WK_ENOMEM,
+			       "cannot allocate a KV cache of %d positions (%zu MiB); try a smaller "
+			       "max_seq", m->c.max_seq, 2 * cache * sizeof(float) >> 20);
+	return WK_OK;
+}
+
+static int g4_grow(struct glm_model *m, int n, int pos0)
+{
+	struct g4 *a = m->attn;
+	(void)pos0;
+	if (n <= a->cap)
+		return WK_OK;
+	size_t qd = (size_t)a->n_heads * a->head_dim;
+	float *q = realloc(a->q, (size_t)n * qd * sizeof(float));
+	if (!q)
+		return WK_ENOMEM;
+	a->q = q;
+	float *att = realloc(a->att, (size_t)n * qd * sizeof(float));
+	if (!att)
+		return WK_ENOMEM;
+	a->att = att;
+	a->cap = n;
+	return WK_OK;
+}
+
+/* y[i] += b for each of n rows of width d */
+static void add_bias(const struct backend *be, void *c, float *y, const float *b, int n, int d)
+{
+	for (int i = 0; i < n; i++)
+		be->add(c, y + (size_t)i * d, b, (size_t)d);
+}
+
+static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
+		       int n, int pos0)
+{
+	struct g4 *a = m->attn;
+	struct g4_layer *L = &a->layers[l];
+	const struct backend *be = e->be;
+	void *c = e->bctx;
+	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim;
+	float *kc = a->kcache + (size_t)l * m->c.max_seq * kvd;
+	float *vc = a->vcache + (size_t)l * m->c.max_seq * kvd;
+	float *knew = kc + (size_t)pos0 * kvd, *vnew = vc + (size_t)pos0 * kvd;
+
+	be->matmul(c, a->q, x, &L->wq, n);
+	be->matmul(c, knew, x, &L->wk, n);
+	be->matmul(c, vnew, x, &L->wv, n);
+	if (L->bq) {
+		add_bias(be, c, a->q, L->bq, n, qd);
+		add_bias(be, c, knew, L->bk, n, kvd);
+		add_bias(be, c, vnew, L->bv, n, kvd);
+	}
+	if (L->qn) {
+		be->rmsnorm(c, a->q, a->q, L->qn, n * a->n_heads, a->head_dim, m->c.eps);
+		be->rmsnorm(c, knew, knew, L->kn, n * a->n_kv, a->head_dim, m->c.eps);
+	}
+	be->rope(c, a->q, n, m->pos, a->n_heads, a->head_dim, a->rot, m->c.theta, false);
+	be->rope(c, knew, n, m->pos, a->n_kv, a->head_dim, a->rot, m->c.theta, false);
+	be->attention(c, a->att, a->q, kc, vc, n, pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
+		      1.0f / sqrtf((float)a->head_dim));
+	be->matmul(c, out, a->att, &L->wo, n);
+}
+
+static void g4_free(struct glm_model *m)
+{
+	struct g4 *a = m->attn;
+	if (!a)
+		return;
+	free(a->kcache);
+	free(a->vcache);
+	free(a->q);
+	free(a->att);
+}
+
+static const struct glm_attn g4_attn = {
+	.load = g4_load,
+	.grow = g4_grow,
+	.forward = g4_forward,
+	.free = g4_free,
+};
+
+static int g4_family_load(struct engine *e, char *err, size_t errsz)
+{
+	return glm_load(e, &g4_attn, err, errsz);
+}
+
+const struct family fam_glm4 = {
+	.arch = "Glm4MoeForCausalLM",
+	.load = g4_family_load,
+	.forward = glm_forward,
+	.free = glm_free,
+	.plan = glm_plan,
+};

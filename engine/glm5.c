@@ -1,0 +1,454 @@
+/*
+ * glm5.c - the GLM-5 family (GlmMoeDsaForCausalLM, model_type glm_moe_dsa): DeepSeek-style
+ * multi-head latent attention (MLA) with the DSA lightning indexer on every "full" layer.
+ * The MLP/MoE and the decoder skeleton are in glm.c. Facts and sources: glm.md 3.2 and 3.3;
+ * where implementations disagree we follow transformers' modular_glm_moe_dsa.py (and the
+ * DeepseekV3/V32 modules it inherits):
+ *   - RoPE is interleaved (pairs 2i, 2i+1) on the MLA rope slice and on the indexer's rope
+ *     part (apply_rotary_pos_emb_interleave), whatever rope_interleave says; a config that
+ *     asks for anything else is refused rather than silently run differently.
+ *   - q_a_layernorm and kv_a_layernorm use eps 1e-6 (DeepseekV3RMSNorm's default: transformers
+ *     does not pass rms_norm_eps to them; vLLM/SGLang use rms_norm_eps, 1e-5).
+ *   - The indexer's k_norm is a LayerNorm with bias, eps 1e-6; its score is
+ *     sum_h w_h * relu(q_h . k / sqrt(index_head_dim)) with w = weights_proj(x) / sqrt(heads).
+ *   - Softmax scale qk_head_dim^-0.5 (rope_type default: no YaRN mscale; other rope types
+ *     are refused).
+ *   - indexer_types (or index_topk_freq / index_skip_topk_offset / index_topk_pattern, as
+ *     GlmMoeDsaConfig derives them): a "shared" layer has no indexer and reuses the previous
+ *     full layer's selection. GLM-5 itself is all "full".
+ *
+ * Per token and layer the caches hold only the compressed latent c_kv (kv_lora_rank, after
+ * kv_a_layernorm) and the rotated k_pe (qk_rope_head_dim): 576 values at GLM-5 sizes; plus
+ * the indexer's key (index_head_dim) on full layers.
+ *
+ * Two equal ways to attend (chosen per call by their arithmetic cost, or forced with
+ * WICK_GLM_MLA=absorb|expand for tests):
+ *   absorbed (decode): q~_h = q_nope,h . W_uk,h (kv_lora_rank), scores over [c_kv | k_pe],
+ *     context in latent space, then W_uv,h; kv_b_proj is never expanded per position.
+ *   expanded (prefill): [k_nope | v] = kv_b_proj(c_kv) for every position, then ordinary
+ *     attention with k = [k_nope,h | k_pe].
+ * The DSA selection (exact top-k, ties to the lower position) restricts both the same way;
+ * when every query has at most index_topk keys it selects them all and attention is dense.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/glm_int.h"
+
+#define MLA_NORM_EPS 1e-6f     /* q_a_layernorm, kv_a_layernorm (see above) */
+#define INDEXER_NORM_EPS 1e-6f /* indexer.k_norm LayerNorm */
+
+struct g5_layer {
+	struct be_weight q_a;      /* (q_lora, dim) */
+	float *q_a_norm;           /* (q_lora) */
+	struct be_weight q_b;      /* (n_heads * (d_nope + d_rope), q_lora) */
+	struct be_weight kv_a;     /* (lora + d_rope, dim): c_kv rows then k_pe rows */
+	float *kv_a_norm;          /* (lora) */
+	struct be_weight kv_b;     /* (n_heads * (d_nope + d_v), lora): per head k_nope rows, v rows */
+	struct be_weight o;        /* (dim, n_heads * d_v) */
+	bool full;                 /* runs its own indexer (else reuses the previous full layer's) */
+	struct be_weight iq;       /* indexer.wq_b (i_heads * i_dim, q_lora) */
+	struct be_weight ik;       /* indexer.wk (i_dim, dim) */
+	float *ik_norm_w, *ik_norm_b; /* (i_dim) indexer.k_norm LayerNorm */
+	struct be_weight iw;       /* indexer.weights_proj (i_heads, dim) */
+};
+
+enum mla_mode { MLA_AUTO, MLA_ABSORB, MLA_EXPAND };
+
+struct g5 {
+	int n_heads, q_lora, lora, d_nope, d_rope, d_v;
+	int i_heads, i_dim, topk; /* topk: min(index_topk, max_seq) */
+	float scale;
+	enum mla_mode mode;
+	struct g5_layer *layers;   /* [n_layers] */
+	float *ckv;                /* (n_layers, max_seq, lora) */
+	float *kpe;                /* (n_layers, max_seq, d_rope) */
+	float *ikc;                /* (n_layers, max_seq, i_dim) indexer keys (full layers) */
+	float *scores;             /* (max_seq) indexer scratch */
+	void *work;                /* (max_seq * 8 bytes) */
+	bool use_sel;              /* the last full layer's selection is sparse */
+	int cap, kvx_cap;
+	float *qc;                 /* (cap, q_lora) */
+	float *q;                  /* (cap, n_heads * (d_nope + d_rope)) */
+	float *kva;                /* (cap, lora + d_rope) */
+	float *qa;                 /* (cap, n_heads * (lora + d_rope)) */
+	float *lat;                /* (cap, n_heads * lora) */
+	float *att;                /* (cap, n_heads * d_v) */
+	float *iqv;                /* (cap, i_heads * i_dim) */
+	float *iwv;                /* (cap, i_heads) */
+	int *sel, *nsel;           /* (cap, topk), (cap) */
+	float *kvx;                /* (kvx_cap, n_heads * (d_nope + d_v)) expanded k_nope | v */
+};
+
+/* "full"/"shared" per layer, as GlmMoeDsaConfig derives indexer_types. */
+static int indexer_kinds(json_t *cfg, struct glm_model *m, struct g5 *a, char *err, size_t errsz)
+{
+	int nl = m->c.n_layers, rc;
+	json_t *types = json_object_get(cfg, "indexer_types");
+	json_t *pattern = json_object_get(cfg, "index_topk_pattern");
+	long long freq, offset;
+	if ((rc = cfg_int(cfg, "index_topk_freq", 1, -4096, 4096, &freq, err, errsz)) ||
+	    (rc = cfg_int(cfg, "index_skip_topk_offset", 2, -4096, 4096, &offset, err, errsz)))
+		return rc;
+	if (freq < 1)
+		freq = 1;
+	for (int l = 0; l < nl; l++) {
+		const char *t = NULL;
+		if (types && !json_is_null(types)) {
+			if (!json_is_array(types) || (int)json_array_size(types) != nl)
+				return wk_errf(err, errsz, WK_EFORMAT,
+					       "config.json: 'indexer_types' must list "
+					       "num_hidden_layers (%d) entries", nl);
+			t = json_string_value(json_array_get(types, (size_t)l));
+		} else if (json_is_string(pattern)) {
+			const char *p = json_string_value(pattern);
+			if ((int)strlen(p) != nl)
+				return wk_errf(err, errsz, WK_EFORMAT,
+					       "config.json: 'index_topk_pattern' must have "
+					       "num_hidden_layers (%d) letters", nl);
+			t = p[l] == 'F' ? "full" : p[l] == 'S' ? "shared" : "?";
+		} else if (pattern && !json_is_null(pattern)) {
+			if (!json_is_array(pattern) || (int)json_array_size(pattern) != nl)
+				return wk_errf(err, errsz, WK_EFORMAT,
+					       "config.json: 'index_topk_pattern' must list "
+					       "num_hidden_layers (%d) entries", nl);
+			t = json_string_value(json_array_get(pattern, (size_t)l));
+		} else {
+			long long k = l - offset + 1;
+			t = (k > 0 ? k : 0) % freq == 0 ? "full" : "shared";
+		}
+		if (!t || (strcmp(t, "full") && strcmp(t, "shared")))
+			return wk_errf(err, errsz, WK_EFORMAT,
+				       "config.json: indexer type of layer %d must be \"full\" or "
+				       "\"shared\"", l);
+		a->layers[l].full = !strcmp(t, "full");
+	}
+	if (!a->layers[0].full)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: layer 0 is a \"shared\" indexer layer, but there is no "
+			       "earlier full layer to share from");
+	return WK_OK;
+}
+
+static int read_cfg(struct engine *e, struct glm_model *m, struct g5 *a, char *err, size_t errsz)
+{
+	json_t *cfg = e->config;
+	long long heads, kvh, q_lora, lora, nope, rope, v, qk, ih, id, topk;
+	double theta, partial;
+	int bias, inter, iinter, rc;
+	if ((rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, 1 << 16, &kvh, err, errsz)) ||
+	    (rc = cfg_int(cfg, "q_lora_rank", -1, 1, 1 << 16, &q_lora, err, errsz)) ||
+	    (rc = cfg_int(cfg, "kv_lora_rank", -1, 1, 1 << 16, &lora, err, errsz)) ||
+	    (rc = cfg_int(cfg, "qk_nope_head_dim", -1, 1, 4096, &nope, err, errsz)) ||
+	    (rc = cfg_int(cfg, "qk_rope_head_dim", -1, 2, 4096, &rope, err, errsz)) ||
+	    (rc = cfg_int(cfg, "v_head_dim", -1, 1, 4096, &v, err, errsz)) ||
+	    (rc = cfg_int(cfg, "qk_head_dim", nope + rope, 2, 8192, &qk, err, errsz)) ||
+	    (rc = cfg_int(cfg, "index_n_heads", -1, 1, 4096, &ih, err, errsz)) ||
+	    (rc = cfg_int(cfg, "index_head_dim", -1, 2, 4096, &id, err, errsz)) ||
+	    (rc = cfg_int(cfg, "index_topk", -1, 1, 1 << 24, &topk, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "attention_bias", 0, &bias, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "rope_interleave", 1, &inter, err, errsz)) ||
+	    (rc = cfg_bool(cfg, "indexer_rope_interleave", 1, &iinter, err, errsz)) ||
+	    (rc = glm_rope_cfg(cfg, 10000.0, 1.0, &theta, &partial, err, errsz)))
+		return rc;
+	if (json_is_null(json_object_get(cfg, "q_lora_rank")))
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: q_lora_rank null (a plain q_proj) is not supported");
+	if (qk != nope + rope)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: qk_head_dim %lld is not qk_nope_head_dim %lld + "
+			       "qk_rope_head_dim %lld", qk, nope, rope);
+	if (rope % 2 != 0)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: qk_rope_head_dim %lld must be even", rope);
+	if (id < rope)
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: index_head_dim %lld is smaller than its rope part "
+			       "qk_rope_head_dim %lld", id, rope);
+	if (bias)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: attention_bias is not supported for MLA");
+	if (!inter || !iinter)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: %s is false, but GlmMoeDsa always applies interleaved "
+			       "RoPE (transformers modular_glm_moe_dsa.py)",
+			       !inter ? "rope_interleave" : "indexer_rope_interleave");
+	if (partial != 1.0)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "config.json: partial_rotary_factor %g: MLA rotates the whole "
+			       "qk_rope_head_dim slice", partial);
+	(void)kvh; /* MLA has no kv heads: every head reads the one latent */
+	a->n_heads = (int)heads;
+	a->q_lora = (int)q_lora;
+	a->lora = (int)lora;
+	a->d_nope = (int)nope;
+	a->d_rope = (int)rope;
+	a->d_v = (int)v;
+	a->i_heads = (int)ih;
+	a->i_dim = (int)id;
+	a->topk = topk < m->c.max_seq ? (int)topk : m->c.max_seq;
+	a->scale = 1.0f / sqrtf((float)qk);
+	m->c.theta = (float)theta;
+	const char *mode = getenv("WICK_GLM_MLA");
+	a->mode = !mode ? MLA_AUTO : !strcmp(mode, "absorb") ? MLA_ABSORB
+				   : !strcmp(mode, "expand") ? MLA_EXPAND : MLA_AUTO;
+	return WK_OK;
+}
+
+static const enum be_op g5_ops[] = {BE_OP_LAYERNORM, BE_OP_MLA_ABSORB, BE_OP_MLA_ATTENTION,
+				    BE_OP_DSA_TOPK};
+
+static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errsz)
+{
+	struct g5 *a = glm_own(m, calloc(1, sizeof *a));
+	if (!a)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	m->attn = a;
+	int rc = read_cfg(e, m, a, err, errsz);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < sizeof g5_ops / sizeof g5_ops[0]; i++)
+		if (!e->be->supports(e->bctx, g5_ops[i], DT_F32))
+			return wk_errf(err, errsz, WK_EUNSUPPORTED,
+				       "the %s backend lacks an op MLA/DSA needs (%d)", e->be->name,
+				       (int)g5_ops[i]);
+	a->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *a->layers));
+	if (!a->layers)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	if ((rc = indexer_kinds(e->config, m, a, err, errsz)))
+		return rc;
+	int dim = m->c.dim, H = a->n_heads;
+	for (int l = 0; l < m->c.n_layers; l++) {
+		struct g5_layer *L = &a->layers[l];
+		char nm[256];
+		/* Binds self_attn.<s> as a [r][c] weight, or a [r] vector. */
+#define W(s, r, c, w) \
+	glm_weight(e, m, (snprintf(nm, sizeof nm, P "%s", l, s), nm), r, c, w, err, errsz)
+#define V(s, r, v) glm_vector(e, m, (snprintf(nm, sizeof nm, P "%s", l, s), nm), r, v, err, errsz)
+#define P "model.layers.%d.self_attn."
+		int qd = H * (a->d_nope + a->d_rope), kvd = H * (a->d_nope + a->d_v);
+		if ((rc = W("q_a_proj.weight", a->q_lora, dim, &L->q_a)) ||
+		    (rc = V("q_a_layernorm.weight", a->q_lora, &L->q_a_norm)) ||
+		    (rc = W("q_b_proj.weight", qd, a->q_lora, &L->q_b)) ||
+		    (rc = W("kv_a_proj_with_mqa.weight", a->lora + a->d_rope, dim, &L->kv_a)) ||
+		    (rc = V("kv_a_layernorm.weight", a->lora, &L->kv_a_norm)) ||
+		    (rc = W("kv_b_proj.weight", kvd, a->lora, &L->kv_b)) ||
+		    (rc = W("o_proj.weight", dim, H * a->d_v, &L->o)))
+			return rc;
+		m->attn_bytes += glm_weight_bytes(&L->q_a) + glm_weight_bytes(&L->q_b) +
+				 glm_weight_bytes(&L->kv_a) + glm_weight_bytes(&L->kv_b) +
+				 glm_weight_bytes(&L->o);
+		if (!L->full)
+			continue;
+		if ((rc = W("indexer.wq_b.weight", a->i_heads * a->i_dim, a->q_lora, &L->iq)) ||
+		    (rc = W("indexer.wk.weight", a->i_dim, dim, &L->ik)) ||
+		    (rc = V("indexer.k_norm.weight", a->i_dim, &L->ik_norm_w)) ||
+		    (rc = V("indexer.k_norm.bias", a->i_dim, &L->ik_norm_b)) ||
+		    (rc = W("indexer.weights_proj.weight", a->i_heads, dim, &L->iw)))
+			return rc;
+#undef P
+#undef V
+#undef W
+		m->attn_bytes += glm_weight_bytes(&L->iq) + glm_weight_bytes(&L->ik) +
+				 glm_weight_bytes(&L->iw);
+	}
+	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->c.n_layers;
+	a->ckv = calloc(nl * T * a->lora, sizeof(float));
+	a->kpe = calloc(nl * T * a->d_rope, sizeof(float));
+	a->ikc = calloc(nl * T * a->i_dim, sizeof(float));
+	a->scores = malloc(T * sizeof(float));
+	a->work = malloc(T * 8);
+	if (!a->ckv || !a->kpe || !a->ikc || !a->scores || !a->work)
+		return wk_errf(err, errsz, WK_ENOMEM,
+			       "cannot allocate the MLA and indexer caches of %d positions (%zu "
+			       "MiB); try a smaller max_seq", m->c.max_seq,
+			       nl * T * (a->lora + a->d_rope + a->i_dim) * sizeof(float) >> 20);
+	return WK_OK;
+}
+
+/* Whether n queries at pos0 attend sparsely (some query has more than topk keys). */
+static bool sparse(const struct g5 *a, int n, int pos0)
+{
+	return pos0 + n > a->topk;
+}
+
+/* Whether to expand kv_b_proj over every position instead of absorbing it: whichever does
+ * fewer multiply-adds, unless WICK_GLM_MLA forces one. */
+static bool expand(const struct g5 *a, int n, int pos0)
+{
+	if (a->mode != MLA_AUTO)
+		return a->mode == MLA_EXPAND;
+	double T = pos0 + n, H = a->n_heads, keys = sparse(a, n, pos0) ? a->topk : T;
+	double kvb = H * (a->d_nope + a->d_v) * a->lora;
+	double ex = T * kvb + n * keys * H * (a->d_nope + a->d_rope + a->d_v);
+	double ab = n * kvb + n * keys * H * (2.0 * a->lora + a->d_rope);
+	return ex < ab;
+}
+
+static bool re(void *pp, size_t bytes)
+{
+	void **p = pp;
+	void *q = realloc(*p, bytes ? bytes : 1);
+	if (q)
+		*p = q;
+	return q != NULL;
+}
+
+static int g5_grow(struct glm_model *m, int n, int pos0)
+{
+	struct g5 *a = m->attn;
+	size_t H = (size_t)a->n_heads, f = sizeof(float);
+	if (n > a->cap) {
+		size_t N = (size_t)n;
+		if (!re(&a->qc, N * a->q_lora * f) ||
+		    !re(&a->q, N * H * (a->d_nope + a->d_rope) * f) ||
+		    !re(&a->kva, N * (a->lora + a->d_rope) * f) ||
+		    !re(&a->qa, N * H * (a->lora + a->d_rope) * f) ||
+		    !re(&a->lat, N * H * a->lora * f) || !re(&a->att, N * H * a->d_v * f) ||
+		    !re(&a->iqv, N * a->i_heads * a->i_dim * f) || !re(&a->iwv, N * a->i_heads * f) ||
+		    !re(&a->sel, N * a->topk * sizeof(int)) || !re(&a->nsel, N * sizeof(int)))
+			return WK_ENOMEM;
+		a->cap = n;
+	}
+	if (expand(a, n, pos0) && pos0 + n > a->kvx_cap) {
+		if (!re(&a->kvx, (size_t)(pos0 + n) * H * (a->d_nope + a->d_v) * f))
+			return WK_ENOMEM;
+		a->kvx_cap = pos0 + n;
+	}
+	return WK_OK;
+}
+
+static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
+		       int n, int pos0)
+{
+	struct g5 *a = m->attn;
+	struct g5_layer *L = &a->layers[l];
+	const struct backend *be = e->be;
+	void *c = e->bctx;
+	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
+	size_t T = (size_t)m->c.max_seq;
+	float theta = m->c.theta;
+
+	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj; rope slice */
+	be->matmul(c, a->qc, x, &L->q_a, n);
+	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, n, a->q_lora, MLA_NORM_EPS);
+	be->matmul(c, a->q, a->qc, &L->q_b, n);
+	be->rope(c, a->q + nope, n, m->pos, H, nope + rope, rope, theta, true);
+
+	/* cache: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
+	float *ckv = a->ckv + (size_t)l * T * lora, *kpe = a->kpe + (size_t)l * T * rope;
+	be->matmul(c, a->kva, x, &L->kv_a, n);
+	for (int i = 0; i < n; i++) {
+		const float *row = a->kva + (size_t)i * (lora + rope);
+		be->rmsnorm(c, ckv + (size_t)(pos0 + i) * lora, row, L->kv_a_norm, 1, lora,
+			    MLA_NORM_EPS);
+		memcpy(kpe + (size_t)(pos0 + i) * rope, row + lora, (size_t)rope * sizeof(float));
+	}
+	be->rope(c, kpe + (size_t)pos0 * rope, n, m->pos, 1, rope, rope, theta, true);
+
+	/* DSA indexer: keys always enter the cache; scores only when some query has more than
+	 * topk keys (else it would select them all). */
+	if (L->full) {
+		int id = a->i_dim;
+		float *ikc = a->ikc + (size_t)l * T * id, *knew = ikc + (size_t)pos0 * id;
+		be->matmul(c, knew, x, &L->ik, n);
+		be->layernorm(c, knew, knew, L->ik_norm_w, L->ik_norm_b, n, id, INDEXER_NORM_EPS);
+		be->rope(c, knew, n, m->pos, 1, id, rope, theta, true);
+		a->use_sel = sparse(a, n, pos0);
+		if (a->use_sel) {
+			be->matmul(c, a->iqv, a->qc, &L->iq, n);
+			be->rope(c, a->iqv, n, m->pos, a->i_heads, id, rope, theta, true);
+			be->matmul(c, a->iwv, x, &L->iw, n);
+			be->dsa_topk(c, a->sel, a->nsel, a->iqv, ikc, a->iwv, n, pos0, a->i_heads, id,
+				     a->topk, 1.0f / sqrtf((float)id),
+				     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
+		}
+	}
+	struct be_mla s = {.n_heads = H, .d_b = rope, .k_b = kpe, .kb_stride = (size_t)rope,
+			   .sel = a->use_sel ? a->sel : NULL, .nsel = a->nsel,
+			   .sel_stride = a->topk, .scale = a->scale};
+	if (expand(a, n, pos0)) {
+		size_t row = (size_t)H * (nope + dv);
+		be->matmul(c, a->kvx, ckv, &L->kv_b, pos0 + n);
+		s.d_a = nope;
+		s.d_v = dv;
+		s.k_a = a->kvx;
+		s.ka_stride = row;
+		s.ka_head = (size_t)(nope + dv);
+		s.v = a->kvx + nope;
+		s.v_stride = row;
+		s.v_head = (size_t)(nope + dv);
+		be->mla_attention(c, a->att, a->q, &s, n, pos0);
+	} else {
+		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, n, H, nope, rope, dv);
+		s.d_a = lora;
+		s.d_v = lora;
+		s.k_a = ckv;
+		s.ka_stride = (size_t)lora;
+		s.v = ckv;
+		s.v_stride = (size_t)lora;
+		be->mla_attention(c, a->lat, a->qa, &s, n, pos0);
+		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, n, H, nope, dv);
+	}
+	be->matmul(c, out, a->att, &L->o, n);
+}
+
+static void g5_free(struct glm_model *m)
+{
+	struct g5 *a = m->attn;
+	if (!a)
+		return;
+	free(a->ckv);
+	free(a->kpe);
+	free(a->ikc);
+	free(a->scores);
+	free(a->work);
+	free(a->qc);
+	free(a->q);
+	free(a->kva);
+	free(a->qa);
+	free(a->lat);
+	free(a->att);
+	free(a->iqv);
+	free(a->iwv);
+	free(a->sel);
+	free(a->nsel);
+	free(a->kvx);
+}
+
+int glm5_debug(struct engine *e, struct glm5_debug *d)
+{
+	if (e->fam != &fam_glm5 || !e->model)
+		return WK_EINVAL;
+	struct glm_model *m = e->model;
+	struct g5 *a = m->attn;
+	size_t l = (size_t)m->c.n_layers - 1, T = (size_t)m->c.max_seq;
+	*d = (struct glm5_debug){.ckv = a->ckv + l * T * a->lora, .kpe = a->kpe + l * T * a->d_rope,
+				 .lora = a->lora, .rope = a->d_rope, .sel = a->sel, .nsel = a->nsel,
+				 .sel_stride = a->topk, .sparse = a->use_sel};
+	return WK_OK;
+}
+
+static const struct glm_attn g5_attn = {
+	.load = g5_load,
+	.grow = g5_grow,
+	.forward = g5_forward,
+	.free = g5_free,
+};
+
+static int g5_family_load(struct engine *e, char *err, size_t errsz)
+{
+	return glm_load(e, &g5_attn, err, errsz);
+}
+
+const struct family fam_glm5 = {
+	.arch = "GlmMoeDsaForCausalLM",
+	.load = g5_family_load,
+	.forward = glm_forward,
+	.free = glm_free,
+	.plan = glm_plan,
+};

@@ -1,0 +1,127 @@
+/*
+ * glm_int.h - internals shared by the GLM families: glm.c (config, weights, the decoder
+ * skeleton, dense MLP and MoE), glm4.c (Glm4MoeForCausalLM: GQA attention) and glm5.c
+ * (GlmMoeDsaForCausalLM: MLA attention with the DSA indexer).
+ *
+ * Both families are the same decoder: x += attn(rmsnorm(x)); x += ffn(rmsnorm(x)); then
+ * final norm and lm_head. Only the attention differs, so glm.c owns everything else and calls
+ * the family's attention through struct glm_attn.
+ */
+#ifndef GLM_INT_H
+#define GLM_INT_H
+
+#include "engine/engine_int.h"
+
+/* A SwiGLU MLP: down(silu(gate(x)) * up(x)). */
+struct glm_mlp {
+	struct be_weight gate, up; /* (inter, dim) */
+	struct be_weight down;     /* (dim, inter) */
+};
+
+/* Routed experts + shared experts, sigmoid noaux_tc router. */
+struct glm_moe {
+	struct be_weight router; /* (n_experts, dim), F32 or BF16 as the checkpoint keeps it */
+	float *bias;             /* (n_experts) e_score_correction_bias, or NULL (zeros) */
+	struct glm_mlp *experts; /* [n_experts], each (moe_inter, dim) / (dim, moe_inter) */
+	struct glm_mlp shared;   /* width moe_inter * n_shared; unused when n_shared == 0 */
+};
+
+struct glm_layer {
+	float *attn_norm, *mlp_norm; /* (dim) */
+	bool moe;                    /* else the dense MLP */
+	struct glm_mlp mlp;          /* dense layers: width intermediate_size */
+	struct glm_moe ffn;          /* MoE layers */
+};
+
+/* Config fields both families read. */
+struct glm_cfg {
+	int dim, vocab, n_layers, max_seq;
+	int inter, moe_inter;                /* dense MLP width, one expert's width */
+	int n_experts, n_shared, top_k, n_group, topk_group;
+	bool norm_topk;
+	float routed_scale;
+	float eps, theta;                    /* rms_norm_eps, rope theta */
+	bool tied;
+	int mtp;                             /* num_nextn_predict_layers (skipped) */
+};
+
+struct glm_model;
+
+/* A family's attention. forward writes the attention output (before the residual add)
+ * out [n][dim] from the normalised input x [n][dim] of layer l, and updates its caches for
+ * positions pos0 .. pos0+n-1. */
+struct glm_attn {
+	int (*load)(struct engine *e, struct glm_model *m, char *err, size_t errsz);
+	int (*grow)(struct glm_model *m, int n, int pos0); /* scratch for n tokens; WK_ENOMEM */
+	void (*forward)(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
+			int n, int pos0);
+	void (*free)(struct glm_model *m);
+};
+
+struct glm_model {
+	struct glm_cfg c;
+	const struct glm_attn *attn_ops;
+	void *attn;                    /* the family's attention state */
+	const struct st_tensor *embed; /* (vocab, dim) */
+	struct be_weight lm_head;      /* (vocab, dim); the embedding when tied */
+	float *final_norm;             /* (dim) */
+	struct glm_layer *layers;      /* [n_layers] */
+	uint64_t attn_bytes;           /* attention weight bytes one decode step reads */
+	void **owned;                  /* allocations freed with the model */
+	size_t n_owned, cap_owned;
+	/* scratch for `cap` tokens */
+	int cap;
+	int *pos;                          /* (cap) */
+	float *x, *xb, *tmp;               /* (cap, dim) */
+	float *g, *u;                      /* (cap, widest MLP) */
+	float *logits;                     /* (cap, n_experts) */
+	int *idx;                          /* (cap, top_k) */
+	float *wt;                         /* (cap, top_k) */
+	int *rows;                         /* (cap * top_k) tokens grouped by expert */
+	float *rw;                         /* (cap * top_k) their gate values */
+	float *xg, *yg;                    /* (cap, dim) one expert's batch */
+	int *count;                        /* (n_experts + 1) */
+};
+
+/* Keeps p (malloc'd) until the model is freed. Returns p, or NULL (and frees p) when the list
+ * cannot grow. */
+void *glm_own(struct glm_model *m, void *p);
+/* eng_weight, plus: data that is not aligned for its dtype (or FP8 block scales that are not
+ * 4-aligned) is copied into owned aligned memory, so kernels may load it directly. */
+int glm_weight(struct engine *e, struct glm_model *m, const char *name, int rows, int cols,
+	       struct be_weight *w, char *err, size_t errsz);
+/* eng_vector into owned memory. */
+int glm_vector(struct engine *e, struct glm_model *m, const char *name, int len, float **out,
+	       char *err, size_t errsz);
+/* Bytes a weight occupies (with its block scales). */
+uint64_t glm_weight_bytes(const struct be_weight *w);
+/* Reads the rope settings: theta from rope_parameters.rope_theta or rope_theta (default
+ * def_theta); partial_rotary_factor from rope_parameters or the top level (default
+ * def_partial); any rope_type but "default" (and rope_scaling) is refused by name. */
+int glm_rope_cfg(json_t *cfg, double def_theta, double def_partial, double *theta,
+		 double *partial, char *err, size_t errsz);
+/* WK_OK when string field key is absent, null or equal to want; else WK_EUNSUPPORTED with a
+ * message naming the field. */
+int glm_require_str(json_t *cfg, const char *key, const char *want, char *err, size_t errsz);
+
+/* Opens a GLM model: config, embeddings, norms, MLP/MoE per layer, then ops->load. */
+int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t errsz);
+int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
+		char *err, size_t errsz);
+void glm_free(struct engine *e);
+int glm_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p, char *err,
+	     size_t errsz);
+
+/* Test hook (glm5.c): the MLA cache of the last layer, (max_seq, lora) and (max_seq, rope),
+ * and the DSA selection that the last full layer made in the latest forward call (sparse
+ * false: it attended densely). Returns WK_EINVAL when e is not a GLM-5 engine. */
+struct glm5_debug {
+	float *ckv, *kpe;
+	int lora, rope;
+	const int *sel, *nsel;
+	int sel_stride;
+	bool sparse;
+};
+int glm5_debug(struct engine *e, struct glm5_debug *d);
+
+#endif

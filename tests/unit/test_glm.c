@@ -1,0 +1,927 @@
+/*
+ * GLM families (engine/glm*.c) on tiny random checkpoints written here with st_write in the
+ * real Hugging Face layout: tensor names and dtypes of GLM-5-FP8 (FP8 E4M3 + 128x128
+ * _scale_inv, BF16 norms/router/embeddings, F32 router bias) and GLM-4.5. Dimensions are small
+ * but some exceed 128 and are not multiples of it, so FP8 edge blocks are partial.
+ *
+ * What is checked: incremental decode through the caches equals prefill at every position
+ * (both families, FP8 weights, absorbed and expanded MLA); DSA top-k: a top-k that covers
+ * every key is dense attention, and value/key vectors of unselected keys do not matter; the
+ * router: the correction bias selects but does not weigh, group limiting changes the choice,
+ * ties go to the lower index; config refusals; the CLI on these checkpoints.
+ */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coldstart/safetensors.h"
+#include "common/dtype.h"
+#include "common/wk.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/glm_int.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/glm_kernels.h"
+
+/* ---- a tiny checkpoint writer --------------------------------------------------------------- */
+
+#define MAXT 512
+
+struct ckpt {
+	struct st_out t[MAXT];
+	void *bufs[MAXT];
+	char *names[MAXT];
+	size_t n, nb;
+	uint64_t rng;
+};
+
+static float gauss(struct ckpt *c)
+{
+	float s = 0.0f;
+	for (int i = 0; i < 4; i++) {
+		c->rng ^= c->rng >> 12;
+		c->rng ^= c->rng << 25;
+		c->rng ^= c->rng >> 27;
+		s += (float)((c->rng * 0x2545F4914F6CDD1Dull) >> 40) / (float)(1u << 24);
+	}
+	return (s - 2.0f) * 1.7320508f;
+}
+
+static void push(struct ckpt *c, const char *name, enum dt_type dt, int rows, int cols,
+		 void *data)
+{
+	cr_assert_lt(c->n, MAXT);
+	struct st_out *o = &c->t[c->n];
+	c->names[c->n] = strdup(name);
+	o->name = c->names[c->n];
+	o->dtype = dt;
+	o->rank = cols ? 2 : 1;
+	o->shape[0] = rows;
+	o->shape[1] = cols;
+	o->data = data;
+	c->bufs[c->nb++] = data;
+	c->n++;
+}
+
+/* A [rows][cols] (cols 0: vector) tensor of values mean + std * N(0,1) in dtype dt; FP8 gets
+ * per-128x128-block scales in <name>_scale_inv. */
+static void tensor(struct ckpt *c, const char *name, enum dt_type dt, int rows, int cols,
+		   float mean, float std)
+{
+	size_t n = (size_t)rows * (cols ? cols : 1);
+	float *f = malloc(n * sizeof *f);
+	for (size_t i = 0; i < n; i++)
+		f[i] = mean + std * gauss(c);
+	if (dt == DT_F32) {
+		push(c, name, dt, rows, cols, f);
+		return;
+	}
+	if (dt == DT_BF16) {
+		uint16_t *h = malloc(n * 2);
+		for (size_t i = 0; i < n; i++)
+			h[i] = dt_f32_to_bf16(f[i]);
+		free(f);
+		push(c, name, dt, rows, cols, h);
+		return;
+	}
+	cr_assert_eq(dt, DT_F8_E4M3);
+	int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+	float *scale = malloc((size_t)sr * sc * sizeof *scale);
+	uint8_t *q = malloc(n);
+	for (int br = 0; br < sr; br++)
+		for (int bc = 0; bc < sc; bc++) {
+			float amax = 0.0f;
+			for (int r = br * 128; r < rows && r < br * 128 + 128; r++)
+				for (int k = bc * 128; k < cols && k < bc * 128 + 128; k++)
+					amax = fmaxf(amax, fabsf(f[(size_t)r * cols + k]));
+			float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+			scale[br * sc + bc] = s;
+			for (int r = br * 128; r < rows && r < br * 128 + 128; r++)
+				for (int k = bc * 128; k < cols && k < bc * 128 + 128; k++)
+					q[(size_t)r * cols + k] = dt_f32_to_e4m3(f[(size_t)r * cols + k] / s);
+		}
+	free(f);
+	push(c, name, DT_F8_E4M3, rows, cols, q);
+	char sn[512];
+	snprintf(sn, sizeof sn, "%s_scale_inv", name);
+	push(c, sn, DT_F32, sr, sc, scale);
+}
+
+/* A linear layer [out][in], unit-variance outputs for unit-variance inputs. */
+static void linear(struct ckpt *c, const char *name, enum dt_type dt, int out, int in)
+{
+	tensor(c, name, dt, out, in, 0.0f, 1.0f / sqrtf((float)in));
+}
+
+static void norm(struct ckpt *c, const char *name, int dim)
+{
+	tensor(c, name, DT_BF16, dim, 0, 1.0f, 0.1f);
+}
+
+static void ckpt_write(struct ckpt *c, const char *dir, const char *config)
+{
+	char path[512], err[WK_ERRSZ];
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	cr_assert_eq(st_write(path, c->t, c->n, NULL, err, sizeof err), WK_OK, "%s", err);
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs(config, f);
+	fclose(f);
+	for (size_t i = 0; i < c->nb; i++)
+		free(c->bufs[i]);
+	for (size_t i = 0; i < c->n; i++)
+		free(c->names[i]);
+	c->n = c->nb = 0;
+}
+
+static char *mkdir_tmp(void)
+{
+	char *d = strdup("/tmp/wick-glm-XXXXXX");
+	cr_assert_not_null(mkdtemp(d));
+	return d;
+}
+
+static void rm_rf(const char *d)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* ---- the two tiny models ------------------------------------------------------------------- */
+
+struct g5dims {
+	int topk, n_group, topk_group;
+	enum dt_type wdt; /* FP8 or BF16 for the quantizable weights */
+	uint64_t seed;
+	float bias_std;
+};
+
+enum { G5_DIM = 144, G5_H = 3, G5_QL = 40, G5_KVL = 24, G5_NOPE = 12, G5_ROPE = 8, G5_V = 40,
+       G5_IH = 2, G5_ID = 16, G5_E = 8, G5_K = 2, G5_MI = 20, G5_I = 48, G5_L = 3,
+       G5_VOCAB = 67 };
+
+/* GLM-5 (GlmMoeDsaForCausalLM): 3 layers (1 dense, 2 MoE), all with indexers, + 1 MTP layer. */
+static void write_glm5(const char *dir, const struct g5dims *d)
+{
+	struct ckpt c = {.rng = d->seed};
+	enum dt_type w = d->wdt;
+	char nm[256];
+	tensor(&c, "model.embed_tokens.weight", DT_BF16, G5_VOCAB, G5_DIM, 0.0f, 1.0f);
+	for (int l = 0; l < G5_L; l++) {
+#define N(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+		norm(&c, N("input_layernorm.weight"), G5_DIM);
+		norm(&c, N("post_attention_layernorm.weight"), G5_DIM);
+		linear(&c, N("self_attn.q_a_proj.weight"), w, G5_QL, G5_DIM);
+		norm(&c, N("self_attn.q_a_layernorm.weight"), G5_QL);
+		linear(&c, N("self_attn.q_b_proj.weight"), w, G5_H * (G5_NOPE + G5_ROPE), G5_QL);
+		linear(&c, N("self_attn.kv_a_proj_with_mqa.weight"), w, G5_KVL + G5_ROPE, G5_DIM);
+		norm(&c, N("self_attn.kv_a_layernorm.weight"), G5_KVL);
+		linear(&c, N("self_attn.kv_b_proj.weight"), w, G5_H * (G5_NOPE + G5_V), G5_KVL);
+		linear(&c, N("self_attn.o_proj.weight"), w, G5_DIM, G5_H * G5_V);
+		linear(&c, N("self_attn.indexer.wq_b.weight"), w, G5_IH * G5_ID, G5_QL);
+		linear(&c, N("self_attn.indexer.wk.weight"), w, G5_ID, G5_DIM);
+		norm(&c, N("self_attn.indexer.k_norm.weight"), G5_ID);
+		tensor(&c, N("self_attn.indexer.k_norm.bias"), DT_BF16, G5_ID, 0, 0.0f, 0.1f);
+		linear(&c, N("self_attn.indexer.weights_proj.weight"), DT_BF16, G5_IH, G5_DIM);
+		if (l == 0) {
+			linear(&c, N("mlp.gate_proj.weight"), w, G5_I, G5_DIM);
+			linear(&c, N("mlp.up_proj.weight"), w, G5_I, G5_DIM);
+			linear(&c, N("mlp.down_proj.weight"), w, G5_DIM, G5_I);
+			continue;
+		}
+		tensor(&c, N("mlp.gate.weight"), DT_BF16, G5_E, G5_DIM, 0.0f, 2.0f / sqrtf(G5_DIM));
+		tensor(&c, N("mlp.gate.e_score_correction_bias"), DT_F32, G5_E, 0, 0.0f, d->bias_std);
+		for (int e = 0; e < G5_E; e++) {
+			char p[200];
+			snprintf(p, sizeof p, "mlp.experts.%d.gate_proj.weight", e);
+			linear(&c, N(p), w, G5_MI, G5_DIM);
+			snprintf(p, sizeof p, "mlp.experts.%d.up_proj.weight", e);
+			linear(&c, N(p), w, G5_MI, G5_DIM);
+			snprintf(p, sizeof p, "mlp.experts.%d.down_proj.weight", e);
+			linear(&c, N(p), w, G5_DIM, G5_MI);
+		}
+		linear(&c, N("mlp.shared_experts.gate_proj.weight"), w, G5_MI, G5_DIM);
+		linear(&c, N("mlp.shared_experts.up_proj.weight"), w, G5_MI, G5_DIM);
+		linear(&c, N("mlp.shared_experts.down_proj.weight"), w, G5_DIM, G5_MI);
+#undef N
+	}
+	/* The MTP layer: present in the file, never loaded. */
+	snprintf(nm, sizeof nm, "model.layers.%d.eh_proj.weight", G5_L);
+	linear(&c, nm, DT_BF16, G5_DIM, 2 * G5_DIM);
+	snprintf(nm, sizeof nm, "model.layers.%d.enorm.weight", G5_L);
+	norm(&c, nm, G5_DIM);
+	norm(&c, "model.norm.weight", G5_DIM);
+	linear(&c, "lm_head.weight", DT_BF16, G5_VOCAB, G5_DIM);
+	char cfg[4096];
+	snprintf(cfg, sizeof cfg,
+		 "{\"architectures\": [\"GlmMoeDsaForCausalLM\"], \"model_type\": \"glm_moe_dsa\",\n"
+		 " \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
+		 " \"num_key_value_heads\": %d, \"q_lora_rank\": %d, \"kv_lora_rank\": %d,\n"
+		 " \"qk_nope_head_dim\": %d, \"qk_rope_head_dim\": %d, \"qk_head_dim\": %d,\n"
+		 " \"v_head_dim\": %d, \"head_dim\": %d, \"rope_interleave\": true,\n"
+		 " \"indexer_rope_interleave\": true, \"index_n_heads\": %d, \"index_head_dim\": %d,\n"
+		 " \"index_topk\": %d, \"intermediate_size\": %d, \"moe_intermediate_size\": %d,\n"
+		 " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"n_routed_experts\": %d,\n"
+		 " \"n_shared_experts\": 1, \"num_experts_per_tok\": %d, \"n_group\": %d,\n"
+		 " \"topk_group\": %d, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true,\n"
+		 " \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\",\n"
+		 " \"num_nextn_predict_layers\": 1, \"rms_norm_eps\": 1e-05,\n"
+		 " \"rope_parameters\": {\"rope_theta\": 1000000, \"rope_type\": \"default\"},\n"
+		 " \"attention_bias\": false, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\",\n"
+		 " \"max_position_embeddings\": 64, \"vocab_size\": %d, \"bos_token_id\": 0,\n"
+		 " \"eos_token_id\": [1, 2], \"pad_token_id\": 1, \"dtype\": \"bfloat16\",\n"
+		 " \"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\",\n"
+		 "   \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}\n",
+		 G5_DIM, G5_L, G5_H, G5_H, G5_QL, G5_KVL, G5_NOPE, G5_ROPE, G5_NOPE + G5_ROPE, G5_V,
+		 G5_ROPE, G5_IH, G5_ID, d->topk, G5_I, G5_MI, G5_E, G5_K, d->n_group, d->topk_group,
+		 G5_VOCAB);
+	ckpt_write(&c, dir, cfg);
+}
+
+enum { G4_DIM = 144, G4_H = 4, G4_KV = 2, G4_HD = 32, G4_E = 8, G4_K = 2, G4_MI = 24,
+       G4_I = 40, G4_L = 2, G4_VOCAB = 61 };
+
+/* GLM-4.5 (Glm4MoeForCausalLM): 2 layers (1 dense, 1 MoE), q/k/v bias, qk norm, partial
+ * rope 0.5, group-limited routing, + 1 MTP layer. */
+static void write_glm4(const char *dir, enum dt_type w, int n_group, int topk_group,
+		       float bias_std)
+{
+	struct ckpt c = {.rng = 77};
+	char nm[256];
+	tensor(&c, "model.embed_tokens.weight", DT_BF16, G4_VOCAB, G4_DIM, 0.0f, 1.0f);
+	for (int l = 0; l < G4_L; l++) {
+#define N(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+		norm(&c, N("input_layernorm.weight"), G4_DIM);
+		norm(&c, N("post_attention_layernorm.weight"), G4_DIM);
+		linear(&c, N("self_attn.q_proj.weight"), w, G4_H * G4_HD, G4_DIM);
+		tensor(&c, N("self_attn.q_proj.bias"), DT_BF16, G4_H * G4_HD, 0, 0.0f, 0.2f);
+		linear(&c, N("self_attn.k_proj.weight"), w, G4_KV * G4_HD, G4_DIM);
+		tensor(&c, N("self_attn.k_proj.bias"), DT_BF16, G4_KV * G4_HD, 0, 0.0f, 0.2f);
+		linear(&c, N("self_attn.v_proj.weight"), w, G4_KV * G4_HD, G4_DIM);
+		tensor(&c, N("self_attn.v_proj.bias"), DT_BF16, G4_KV * G4_HD, 0, 0.0f, 0.2f);
+		linear(&c, N("self_attn.o_proj.weight"), w, G4_DIM, G4_H * G4_HD);
+		norm(&c, N("self_attn.q_norm.weight"), G4_HD);
+		norm(&c, N("self_attn.k_norm.weight"), G4_HD);
+		if (l == 0) {
+			linear(&c, N("mlp.gate_proj.weight"), w, G4_I, G4_DIM);
+			linear(&c, N("mlp.up_proj.weight"), w, G4_I, G4_DIM);
+			linear(&c, N("mlp.down_proj.weight"), w, G4_DIM, G4_I);
+			continue;
+		}
+		tensor(&c, N("mlp.gate.weight"), DT_F32, G4_E, G4_DIM, 0.0f, 2.0f / sqrtf(G4_DIM));
+		tensor(&c, N("mlp.gate.e_score_correction_bias"), DT_F32, G4_E, 0, 0.0f, bias_std);
+		for (int e = 0; e < G4_E; e++) {
+			char p[200];
+			snprintf(p, sizeof p, "mlp.experts.%d.gate_proj.weight", e);
+			linear(&c, N(p), w, G4_MI, G4_DIM);
+			snprintf(p, sizeof p, "mlp.experts.%d.up_proj.weight", e);
+			linear(&c, N(p), w, G4_MI, G4_DIM);
+			snprintf(p, sizeof p, "mlp.experts.%d.down_proj.weight", e);
+			linear(&c, N(p), w, G4_DIM, G4_MI);
+		}
+		linear(&c, N("mlp.shared_experts.gate_proj.weight"), w, G4_MI, G4_DIM);
+		linear(&c, N("mlp.shared_experts.up_proj.weight"), w, G4_MI, G4_DIM);
+		linear(&c, N("mlp.shared_experts.down_proj.weight"), w, G4_DIM, G4_MI);
+#undef N
+	}
+	snprintf(nm, sizeof nm, "model.layers.%d.eh_proj.weight", G4_L);
+	linear(&c, nm, DT_BF16, G4_DIM, 2 * G4_DIM);
+	norm(&c, "model.norm.weight", G4_DIM);
+	linear(&c, "lm_head.weight", DT_BF16, G4_VOCAB, G4_DIM);
+	char cfg[4096];
+	snprintf(cfg, sizeof cfg,
+		 "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\",\n"
+		 " \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n"
+		 " \"num_key_value_heads\": %d, \"head_dim\": %d, \"partial_rotary_factor\": 0.5,\n"
+		 " \"rope_theta\": 1000000, \"rope_scaling\": null, \"attention_bias\": true,\n"
+		 " \"use_qk_norm\": true, \"intermediate_size\": %d, \"moe_intermediate_size\": %d,\n"
+		 " \"first_k_dense_replace\": 1, \"n_routed_experts\": %d, \"n_shared_experts\": 1,\n"
+		 " \"num_experts_per_tok\": %d, \"n_group\": %d, \"topk_group\": %d,\n"
+		 " \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true,\n"
+		 " \"num_nextn_predict_layers\": 1, \"rms_norm_eps\": 1e-05,\n"
+		 " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\",\n"
+		 " \"max_position_embeddings\": 64, \"vocab_size\": %d, \"eos_token_id\": [1, 2],\n"
+		 " \"pad_token_id\": 1}\n",
+		 G4_DIM, G4_L, G4_H, G4_KV, G4_HD, G4_I, G4_MI, G4_E, G4_K, n_group, topk_group,
+		 G4_VOCAB);
+	ckpt_write(&c, dir, cfg);
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static const int ids[] = {3, 17, 42, 5, 60, 11, 29, 8, 33, 50, 21, 7};
+#define NIDS ((int)(sizeof ids / sizeof ids[0]))
+
+static struct engine *open_model(const char *dir)
+{
+	struct engine *e;
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = "cpu", .threads = 2};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	return e;
+}
+
+/* Logits [n][vocab] of a prefill of ids[0..n). */
+static float *prefill(struct engine *e, int n)
+{
+	int V = eng_info(e)->vocab;
+	char err[WK_ERRSZ];
+	float *all = malloc(sizeof(float) * n * V);
+	cr_assert_eq(eng_forward(e, ids, n, 0, all, true, err, sizeof err), WK_OK, "%s", err);
+	return all;
+}
+
+/* max |a - b| / max |b| over one row */
+static double rel(const float *a, const float *b, int n)
+{
+	double d = 0, m = 0;
+	for (int i = 0; i < n; i++) {
+		cr_assert(isfinite(a[i]) && isfinite(b[i]));
+		d = fmax(d, fabs((double)a[i] - b[i]));
+		m = fmax(m, fabs((double)b[i]));
+	}
+	return m > 0 ? d / m : d;
+}
+
+/* Token-by-token decode of ids[0..n) on e matches ref [n][vocab] at every position. */
+static void check_decode(struct engine *e, const float *ref, int n, const char *what)
+{
+	int V = eng_info(e)->vocab;
+	char err[WK_ERRSZ];
+	float *one = malloc(sizeof(float) * V);
+	double worst = 0;
+	for (int i = 0; i < n; i++) {
+		cr_assert_eq(eng_forward(e, ids + i, 1, i, one, false, err, sizeof err), WK_OK, "%s",
+			     err);
+		worst = fmax(worst, rel(one, ref + (size_t)i * V, V));
+	}
+	cr_log_info("%s: decode vs prefill, worst relative difference %g", what, worst);
+	cr_expect_leq(worst, 1e-4, "%s: decode vs prefill differ by %g (relative)", what, worst);
+	free(one);
+}
+
+static void set_mla(const char *mode)
+{
+	if (mode)
+		setenv("WICK_GLM_MLA", mode, 1);
+	else
+		unsetenv("WICK_GLM_MLA");
+}
+
+TestSuite(glm);
+
+/* ---- (2) incremental decode == prefill ------------------------------------------------------ */
+
+Test(glm, glm5_fp8_decode_matches_prefill)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 1234, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	int n = NIDS;
+	/* The reference: prefill with kv_b_proj expanded over every position. */
+	set_mla("expand");
+	struct engine *e = open_model(dir);
+	const struct eng_info *in = eng_info(e);
+	cr_assert_eq(in->vocab, G5_VOCAB);
+	cr_assert_eq(in->max_seq, 64);
+	cr_assert_eq(in->mtp_layers_skipped, 1);
+	cr_assert_eq(in->bos, 0);
+	cr_assert_eq(in->eos, 1);
+	float *ref = prefill(e, n);
+	check_decode(e, ref, n, "expanded decode");
+	struct glm5_debug dbg;
+	cr_assert_eq(glm5_debug(e, &dbg), WK_OK);
+	cr_assert(dbg.sparse, "index_topk 4 < %d positions: the indexer must be selecting", n);
+	eng_close(e);
+
+	/* Absorbed decode (the production decode path) and absorbed prefill. */
+	set_mla("absorb");
+	e = open_model(dir);
+	check_decode(e, ref, n, "absorbed decode");
+	float *ab = prefill(e, n);
+	for (int i = 0; i < n; i++)
+		cr_expect_leq(rel(ab + (size_t)i * G5_VOCAB, ref + (size_t)i * G5_VOCAB, G5_VOCAB),
+			      1e-4, "absorbed prefill, position %d", i);
+	eng_close(e);
+
+	/* The default choice, with a prefill split in chunks (pos0 > 0 in the middle). */
+	set_mla(NULL);
+	e = open_model(dir);
+	char err[WK_ERRSZ];
+	float *chunk = malloc(sizeof(float) * n * G5_VOCAB);
+	cr_assert_eq(eng_forward(e, ids, 5, 0, chunk, true, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, ids + 5, n - 5, 5, chunk + 5 * G5_VOCAB, true, err, sizeof err),
+		     WK_OK, "%s", err);
+	for (int i = 0; i < n; i++)
+		cr_expect_leq(rel(chunk + (size_t)i * G5_VOCAB, ref + (size_t)i * G5_VOCAB, G5_VOCAB),
+			      1e-4, "chunked prefill, position %d", i);
+	eng_close(e);
+	free(chunk);
+	free(ab);
+	free(ref);
+	rm_rf(dir);
+	free(dir);
+}
+
+Test(glm, glm4_decode_matches_prefill)
+{
+	enum dt_type dts[] = {DT_BF16, DT_F8_E4M3};
+	for (int k = 0; k < 2; k++) {
+		char *dir = mkdir_tmp();
+		write_glm4(dir, dts[k], 4, 2, 0.1f);
+		struct engine *e = open_model(dir);
+		cr_assert_eq(eng_info(e)->vocab, G4_VOCAB);
+		cr_assert_eq(eng_info(e)->mtp_layers_skipped, 1);
+		float *ref = prefill(e, NIDS);
+		check_decode(e, ref, NIDS, dts[k] == DT_BF16 ? "glm4 bf16" : "glm4 fp8");
+		eng_close(e);
+		free(ref);
+		rm_rf(dir);
+		free(dir);
+	}
+}
+
+/* ---- (3) DSA ------------------------------------------------------------------------------- */
+
+/* index_topk >= the sequence: the indexer selects every causal key, i.e. dense attention.
+ * Model level: index_topk = the prompt length gives the same logits as an index_topk no
+ * prompt reaches. Kernel level: the top-k of a query with <= topk keys is all of them, and
+ * attention restricted to that selection is bit-identical to dense causal attention. */
+Test(glm, dsa_full_topk_is_dense)
+{
+	/* Three models with the same weights: index_topk 4 (sparse from the fifth position on),
+	 * the prompt length (every query keeps all its keys), and one no prompt reaches. */
+	int n = NIDS;
+	float *out[3];
+	int topks[3] = {4, NIDS, 1 << 20};
+	set_mla("expand"); /* the same attention path for all three */
+	for (int k = 0; k < 3; k++) {
+		char *dir = mkdir_tmp();
+		struct g5dims d = {.topk = topks[k], .n_group = 1, .topk_group = 1,
+				   .wdt = DT_F8_E4M3, .seed = 99, .bias_std = 0.1f};
+		write_glm5(dir, &d);
+		struct engine *e = open_model(dir);
+		out[k] = prefill(e, n);
+		eng_close(e);
+		rm_rf(dir);
+		free(dir);
+	}
+	set_mla(NULL);
+	size_t V = G5_VOCAB;
+	cr_expect_eq(memcmp(out[1], out[2], sizeof(float) * n * V), 0);
+	/* With index_topk 4 the first four queries go through the indexer's selection, which
+	 * keeps all of their keys: exactly dense. Later ones attend to 4 of their keys. */
+	for (int i = 0; i < 4; i++) /* not bitwise: the MoE batches other tokens differently */
+		cr_expect_leq(rel(out[0] + i * V, out[2] + i * V, (int)V), 1e-6, "position %d: %g", i,
+			      rel(out[0] + i * V, out[2] + i * V, (int)V));
+	cr_expect_gt(rel(out[0] + (n - 1) * V, out[2] + (n - 1) * V, (int)V), 1e-4,
+		     "index_topk 4 changed nothing at position %d", n - 1);
+	for (int k = 0; k < 3; k++)
+		free(out[k]);
+
+	/* Kernels: a random MLA problem of 9 queries, 3 heads, 20 cached positions. */
+	enum { T = 20, NQ = 9, P0 = T - NQ, H = 3, DA = 6, DB = 4, DV = 5, IH = 2, ID = 8 };
+	struct ckpt r = {.rng = 5};
+	float q[NQ * H * (DA + DB)], ka[T * H * DA], kb[T * DB], v[T * H * DV];
+	float iq[NQ * IH * ID], ik[T * ID], iw[NQ * IH], scores[T];
+	for (size_t i = 0; i < sizeof q / 4; i++) q[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof ka / 4; i++) ka[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof kb / 4; i++) kb[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof v / 4; i++) v[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof iq / 4; i++) iq[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof ik / 4; i++) ik[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
+	int sel[NQ * T], nsel[NQ];
+	char work[T * 8];
+	cpu_ref_dsa_topk(sel, nsel, iq, ik, iw, NQ, P0, IH, ID, T, 0.3f, 0.7f, scores, work);
+	for (int i = 0; i < NQ; i++) {
+		cr_assert_eq(nsel[i], P0 + i + 1);
+		for (int j = 0; j < nsel[i]; j++)
+			cr_assert_eq(sel[i * T + j], j);
+	}
+	struct cpu_mla s = {.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DV, .k_a = ka, .k_b = kb,
+			    .v = v, .ka_stride = H * DA, .ka_head = DA, .kb_stride = DB,
+			    .v_stride = H * DV, .v_head = DV, .sel = sel, .nsel = nsel,
+			    .sel_stride = T, .scale = 0.4f};
+	float o1[NQ * H * DV], o2[NQ * H * DV];
+	cpu_ref_mla_attention(o1, q, &s, NQ, P0, 0, NQ, 0, H);
+	s.sel = NULL;
+	cpu_ref_mla_attention(o2, q, &s, NQ, P0, 0, NQ, 0, H);
+	cr_expect_eq(memcmp(o1, o2, sizeof o1), 0);
+	/* The pooled backend op agrees with the reference (to rounding: it may be the AVX2
+	 * version). */
+	void *ctx;
+	char err[WK_ERRSZ];
+	struct be_config bc = {.threads = 3};
+	cr_assert_eq(be_cpu.init(&ctx, &bc, err, sizeof err), WK_OK);
+	struct be_mla bs = {.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DV, .k_a = ka, .k_b = kb,
+			    .v = v, .ka_stride = H * DA, .ka_head = DA, .kb_stride = DB,
+			    .v_stride = H * DV, .v_head = DV, .sel = NULL, .nsel = nsel,
+			    .sel_stride = T, .scale = 0.4f};
+	be_cpu.mla_attention(ctx, o1, q, &bs, NQ, P0); /* AVX2 when the CPU has it */
+	cr_expect_leq(rel(o1, o2, NQ * H * DV), 1e-5);
+	be_cpu.shutdown(ctx);
+}
+
+/* A small index_topk: the keys (c_kv) and values of positions the indexer did not select can
+ * be anything. After a prefill, the last layer's compressed cache rows that the final
+ * query's selection left out are overwritten with garbage and the final step re-run: its
+ * logits do not change (both MLA paths). Garbage in one selected row does change them. */
+Test(glm, dsa_unselected_keys_do_not_matter)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 3, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 4321, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	const char *modes[] = {"absorb", "expand"};
+	int n = NIDS, last = n - 1;
+	for (int k = 0; k < 2; k++) {
+		set_mla(modes[k]);
+		struct engine *e = open_model(dir);
+		char err[WK_ERRSZ];
+		float *base = malloc(sizeof(float) * G5_VOCAB), *again = malloc(sizeof(float) * G5_VOCAB);
+		float *pre = malloc(sizeof(float) * n * G5_VOCAB);
+		cr_assert_eq(eng_forward(e, ids, last, 0, pre, true, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(eng_forward(e, ids + last, 1, last, base, false, err, sizeof err), WK_OK);
+		struct glm5_debug g;
+		cr_assert_eq(glm5_debug(e, &g), WK_OK);
+		cr_assert(g.sparse);
+		cr_assert_eq(g.nsel[0], 3);
+		bool chosen[64] = {false};
+		for (int j = 0; j < g.nsel[0]; j++)
+			chosen[g.sel[j]] = true;
+		int dropped = 0, kept = -1;
+		for (int t = 0; t < last; t++) {
+			if (chosen[t]) {
+				kept = t;
+				continue;
+			}
+			dropped++;
+			for (int c = 0; c < g.lora; c++)
+				g.ckv[(size_t)t * g.lora + c] = 1e3f * (float)(c + t) - 7.0f;
+			for (int c = 0; c < g.rope; c++)
+				g.kpe[(size_t)t * g.rope + c] = -5e2f * (float)(c + 1);
+		}
+		cr_assert_geq(dropped, n - 1 - 3);
+		cr_assert_eq(eng_forward(e, ids + last, 1, last, again, false, err, sizeof err), WK_OK);
+		cr_expect_eq(memcmp(base, again, sizeof(float) * G5_VOCAB), 0,
+			     "%s: unselected cache rows changed the output", modes[k]);
+		/* Sanity: the same garbage in a selected row (not the query's own) matters. */
+		cr_assert_geq(kept, 0, "the selection holds only the query itself");
+		for (int c = 0; c < g.lora; c++)
+			g.ckv[(size_t)kept * g.lora + c] = 3.0f * (float)(c % 5) - 6.0f;
+		cr_assert_eq(eng_forward(e, ids + last, 1, last, again, false, err, sizeof err), WK_OK);
+		cr_expect_gt(rel(again, base, G5_VOCAB), 1e-3, "%s: a selected row did not matter",
+			     modes[k]);
+		free(base);
+		free(again);
+		free(pre);
+		eng_close(e);
+	}
+	set_mla(NULL);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* Exact top-k with deterministic ties: equal scores go to the lower position. */
+Test(glm, dsa_topk_ties)
+{
+	float scores[8] = {1, 3, 2, 3, 3, 0, 2, NAN};
+	int sel[8], nsel;
+	char work[64];
+	cpu_ref_dsa_select(sel, &nsel, scores, 8, 4, work);
+	cr_assert_eq(nsel, 4);
+	int want[4] = {1, 2, 3, 4}; /* 3, 3, 3 at 1, 3, 4; then 2 at 2 (not 6) */
+	for (int j = 0; j < 4; j++)
+		cr_expect_eq(sel[j], want[j], "sel[%d] = %d", j, sel[j]);
+}
+
+/* The AVX2 absorption kernels against the reference: FP8 (heads crossing 128-row blocks,
+ * lora past the row buffer and not a multiple of 8) and BF16. */
+Test(glm, absorb_avx2_matches_ref)
+{
+	if (!cpu_has_avx2())
+		cr_skip_test("no AVX2");
+	enum { H = 3, NOPE = 70, ROPE = 6, DV = 50, LORA = 1100, N = 3 };
+	int rows = H * (NOPE + DV);
+	struct ckpt c = {.rng = 3};
+	tensor(&c, "w8", DT_F8_E4M3, rows, LORA, 0.0f, 0.1f);
+	tensor(&c, "w16", DT_BF16, rows, LORA, 0.0f, 0.1f);
+	float *q = malloc(sizeof(float) * N * H * (NOPE + ROPE));
+	float *lat = malloc(sizeof(float) * N * H * LORA);
+	for (int i = 0; i < N * H * (NOPE + ROPE); i++) q[i] = gauss(&c);
+	for (int i = 0; i < N * H * LORA; i++) lat[i] = gauss(&c);
+	size_t qa = sizeof(float) * N * H * (LORA + ROPE);
+	float *a = malloc(qa), *b = malloc(qa);
+	for (int k = 0; k < 2; k++) {
+		const struct st_out *w = &c.t[k == 0 ? 0 : 2];
+		const float *sc = k == 0 ? c.t[1].data : NULL;
+		cpu_ref_mla_absorb_q(a, q, w->data, w->dtype, sc, LORA, N, H, NOPE, ROPE, DV, 0, H);
+		cpu_mla_absorb_q_avx2(b, q, w->data, w->dtype, sc, LORA, N, H, NOPE, ROPE, DV, 0, H);
+		cr_expect_leq(rel(b, a, N * H * (LORA + ROPE)), 1e-5, "absorb_q %s", dt_name(w->dtype));
+		cpu_ref_mla_absorb_out(a, lat, w->data, w->dtype, sc, LORA, N, H, NOPE, DV, 0, H);
+		cpu_mla_absorb_out_avx2(b, lat, w->data, w->dtype, sc, LORA, N, H, NOPE, DV, 0, H);
+		cr_expect_leq(rel(b, a, N * H * DV), 1e-5, "absorb_out %s", dt_name(w->dtype));
+	}
+	free(q);
+	free(lat);
+	free(a);
+	free(b);
+	for (size_t i = 0; i < c.nb; i++)
+		free(c.bufs[i]);
+	for (size_t i = 0; i < c.n; i++)
+		free(c.names[i]);
+}
+
+/* The AVX2 MLA attention (one pass, online softmax) and indexer score against the
+ * references, with a selection and dense, in both the expanded and the absorbed layouts. */
+Test(glm, attention_avx2_matches_ref)
+{
+	if (!cpu_has_avx2())
+		cr_skip_test("no AVX2");
+	enum { T = 40, NQ = 7, P0 = T - NQ, H = 4, DA = 37, DB = 10, DV = 29, IH = 3, ID = 21,
+	       TOPK = 9 };
+	struct ckpt r = {.rng = 17};
+	static float q[NQ * H * (DA + DB)], ka[T * H * DA], kb[T * DB], v[T * H * DV];
+	static float iq[NQ * IH * ID], ik[T * ID], iw[NQ * IH];
+	for (size_t i = 0; i < sizeof q / 4; i++) q[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof ka / 4; i++) ka[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof kb / 4; i++) kb[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof v / 4; i++) v[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof iq / 4; i++) iq[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof ik / 4; i++) ik[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
+	for (int i = 0; i < NQ; i++)
+		for (int t = 0; t < T; t++) {
+			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, iw + i * IH, IH, ID,
+						    0.2f, 0.6f);
+			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, iw + i * IH, IH,
+						     ID, 0.2f, 0.6f);
+			cr_expect_leq(fabsf(a - b), 1e-5f * (1.0f + fabsf(a)), "score %d %d", i, t);
+		}
+	int sel[NQ * TOPK], nsel[NQ];
+	float scores[T];
+	char work[T * 8];
+	cpu_ref_dsa_topk(sel, nsel, iq, ik, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f, scores, work);
+	/* expanded layout: per-head keys; absorbed: one key and value for all heads */
+	struct cpu_mla lay[2] = {
+		{.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DV, .k_a = ka, .k_b = kb, .v = v,
+		 .ka_stride = H * DA, .ka_head = DA, .kb_stride = DB, .v_stride = H * DV,
+		 .v_head = DV, .sel_stride = TOPK, .scale = 0.3f},
+		{.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DA, .k_a = ka, .k_b = kb, .v = ka,
+		 .ka_stride = DA, .ka_head = 0, .kb_stride = DB, .v_stride = DA, .v_head = 0,
+		 .sel_stride = TOPK, .scale = 0.3f},
+	};
+	static float o1[NQ * H * DA], o2[NQ * H * DA];
+	for (int k = 0; k < 4; k++) {
+		struct cpu_mla s = lay[k / 2];
+		if (k % 2) {
+			s.sel = sel;
+			s.nsel = nsel;
+		}
+		cpu_ref_mla_attention(o1, q, &s, NQ, P0, 0, NQ, 0, H);
+		cpu_mla_attention_avx2(o2, q, &s, NQ, P0, 0, NQ, 0, H);
+		cr_expect_leq(rel(o2, o1, NQ * H * s.d_v), 1e-5, "layout %d, sel %d", k / 2, k % 2);
+	}
+}
+
+/* ---- (4) router ----------------------------------------------------------------------------- */
+
+static float logit(float p)
+{
+	return logf(p / (1.0f - p));
+}
+
+/* The correction bias changes which experts are chosen, but the gate values are the chosen
+ * experts' unbiased sigmoid scores, normalised and scaled. */
+Test(glm, router_bias_selects_not_weighs)
+{
+	float p[8] = {0.9f, 0.85f, 0.3f, 0.2f, 0.5f, 0.1f, 0.05f, 0.4f};
+	float lg[8], zero[8] = {0}, bias[8] = {0};
+	for (int e = 0; e < 8; e++)
+		lg[e] = logit(p[e]);
+	int idx[2];
+	float wt[2];
+	cpu_ref_moe_route(idx, wt, lg, zero, 1, 8, 2, 1, 1, true, 2.5f);
+	cr_assert(idx[0] == 0 && idx[1] == 1);
+	bias[2] = 0.7f; /* 1.0 */
+	bias[3] = 0.75f; /* 0.95 */
+	cpu_ref_moe_route(idx, wt, lg, bias, 1, 8, 2, 1, 1, true, 2.5f);
+	cr_assert(idx[0] == 2 && idx[1] == 3, "bias must choose 2, 3; got %d, %d", idx[0], idx[1]);
+	float s2 = 1 / (1 + expf(-lg[2])), s3 = 1 / (1 + expf(-lg[3]));
+	cr_expect_float_eq(wt[0], s2 / (s2 + s3 + 1e-20f) * 2.5f, 1e-6);
+	cr_expect_float_eq(wt[1], s3 / (s2 + s3 + 1e-20f) * 2.5f, 1e-6);
+	/* A different bias that chooses the same experts: the same weights, bit for bit. */
+	float w2[2];
+	bias[2] = 5.0f;
+	bias[3] = 4.0f;
+	cpu_ref_moe_route(idx, w2, lg, bias, 1, 8, 2, 1, 1, true, 2.5f);
+	cr_assert(idx[0] == 2 && idx[1] == 3);
+	cr_expect(w2[0] == wt[0] && w2[1] == wt[1]);
+	/* Without norm_topk_prob: the raw scores times the factor. */
+	cpu_ref_moe_route(idx, w2, lg, bias, 1, 8, 2, 1, 1, false, 2.5f);
+	cr_expect_float_eq(w2[0], s2 * 2.5f, 1e-6);
+	/* Ties: the lower index first. */
+	float flat[8] = {0};
+	cpu_ref_moe_route(idx, wt, flat, NULL, 1, 8, 2, 1, 1, true, 1.0f);
+	cr_expect(idx[0] == 0 && idx[1] == 1);
+	cr_expect_float_eq(wt[0], 0.5f, 1e-6);
+}
+
+/* Group limiting: 4 groups of 2; the best single experts (0, 1) are in groups whose top-2 sums
+ * lose to groups 2 and 3, so with topk_group 2 the choice moves there. */
+Test(glm, router_group_limited)
+{
+	float p[8] = {0.9f, 0.01f, 0.8f, 0.01f, 0.6f, 0.6f, 0.55f, 0.56f};
+	float lg[8];
+	for (int e = 0; e < 8; e++)
+		lg[e] = logit(p[e]);
+	int idx[2];
+	float wt[2];
+	cpu_ref_moe_route(idx, wt, lg, NULL, 1, 8, 2, 4, 4, true, 1.0f);
+	cr_expect(idx[0] == 0 && idx[1] == 2, "all groups: %d %d", idx[0], idx[1]);
+	cpu_ref_moe_route(idx, wt, lg, NULL, 1, 8, 2, 4, 2, true, 1.0f);
+	cr_expect(idx[0] == 4 && idx[1] == 5, "2 groups: %d %d", idx[0], idx[1]);
+	cpu_ref_moe_route(idx, wt, lg, NULL, 1, 8, 2, 4, 1, true, 1.0f);
+	cr_expect(idx[0] == 4 && idx[1] == 5, "1 group: %d %d", idx[0], idx[1]);
+	/* The bias takes part in the group scores too: lift group 0's weak expert. */
+	float bias[8] = {0, 0.7f, 0, 0, 0, 0, 0, 0};
+	cpu_ref_moe_route(idx, wt, lg, bias, 1, 8, 2, 4, 1, true, 1.0f);
+	cr_expect(idx[0] == 0 && idx[1] == 1, "biased group 0: %d %d", idx[0], idx[1]);
+	float s0 = p[0], s1 = p[1];
+	cr_expect_float_eq(wt[1], s1 / (s0 + s1), 1e-5);
+
+	/* Model level: topk_group and the correction bias both change a GLM-4.5's logits. */
+	float *out[3];
+	int tg[3] = {4, 1, 4};
+	float bstd[3] = {0.0f, 0.0f, 1.0f};
+	for (int k = 0; k < 3; k++) {
+		char *dir = mkdir_tmp();
+		write_glm4(dir, DT_BF16, 4, tg[k], bstd[k]);
+		struct engine *e = open_model(dir);
+		out[k] = prefill(e, NIDS);
+		eng_close(e);
+		rm_rf(dir);
+		free(dir);
+	}
+	cr_expect_gt(rel(out[1], out[0], NIDS * G4_VOCAB), 1e-3, "topk_group had no effect");
+	cr_expect_gt(rel(out[2], out[0], NIDS * G4_VOCAB), 1e-3, "the bias had no effect");
+	for (int k = 0; k < 3; k++)
+		free(out[k]);
+}
+
+/* ---- config refusals ------------------------------------------------------------------------ */
+
+static void expect_refused(const char *dir, const char *from, const char *to, const char *needle)
+{
+	char path[512], err[WK_ERRSZ];
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	char *buf;
+	size_t len;
+	cr_assert_eq(wk_read_file(path, 1 << 20, &buf, &len, err, sizeof err), WK_OK);
+	char *at = strstr(buf, from);
+	cr_assert_not_null(at, "%s not in config", from);
+	char out[8192];
+	snprintf(out, sizeof out, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+	FILE *f = fopen(path, "w");
+	fputs(out, f);
+	fclose(f);
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .threads = 1};
+	int rc = eng_open(dir, &o, &e, err, sizeof err);
+	cr_expect_neq(rc, WK_OK, "%s -> %s was accepted", from, to);
+	cr_expect_not_null(strstr(err, needle), "message '%s' lacks '%s'", err, needle);
+	f = fopen(path, "w");
+	fputs(buf, f);
+	fclose(f);
+	free(buf);
+}
+
+Test(glm, config_refusals)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_BF16, .seed = 1,
+			   .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	expect_refused(dir, "\"qk_head_dim\": 20", "\"qk_head_dim\": 21", "qk_head_dim");
+	expect_refused(dir, "\"n_group\": 1", "\"n_group\": 3", "n_group");
+	expect_refused(dir, "\"topk_group\": 1", "\"topk_group\": 2", "topk_group");
+	expect_refused(dir, "\"rope_interleave\": true", "\"rope_interleave\": false",
+		       "rope_interleave");
+	expect_refused(dir, "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"", "rope_type");
+	expect_refused(dir, "\"scoring_func\": \"sigmoid\"", "\"scoring_func\": \"softmax\"",
+		       "scoring_func");
+	expect_refused(dir, "\"kv_lora_rank\": 24", "\"kv_lora_rank\": 25", "kv_a_proj_with_mqa");
+	expect_refused(dir, "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9",
+		       "num_experts_per_tok");
+	expect_refused(dir, "\"quant_method\": \"fp8\"", "\"quant_method\": \"compressed-tensors\"",
+		       "quant_method");
+	expect_refused(dir, "[128, 128]", "[64, 64]", "weight_block_size");
+	rm_rf(dir);
+	free(dir);
+}
+
+/* ---- snapshots ------------------------------------------------------------------------------ */
+
+/* A snapshot (with --dtype bf16, which must leave FP8 block scales F32) runs the same. The
+ * MTP layer is left out of it. */
+Test(glm, snapshot_roundtrip)
+{
+	char *dir = mkdir_tmp(), *snap = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 11, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	char err[WK_ERRSZ], out[600];
+	snprintf(out, sizeof out, "%s/s", snap);
+	struct eng_snap_opts so = {.tp = 1, .ep = 1, .dtype = "bf16"};
+	cr_assert_eq(eng_snapshot(dir, out, &so, err, sizeof err), WK_OK, "%s", err);
+	struct engine *a = open_model(dir), *b = open_model(out);
+	cr_expect_eq(eng_info(b)->mtp_layers_skipped, 1);
+	float *la = prefill(a, NIDS), *lb = prefill(b, NIDS);
+	for (int i = 0; i < NIDS; i++)
+		cr_expect_leq(rel(lb + (size_t)i * G5_VOCAB, la + (size_t)i * G5_VOCAB, G5_VOCAB), 1e-5,
+			      "position %d", i);
+	free(la);
+	free(lb);
+	eng_close(a);
+	eng_close(b);
+	rm_rf(dir);
+	rm_rf(snap);
+	free(dir);
+	free(snap);
+}
+
+/* ---- the CLI on these checkpoints ------------------------------------------------------------ */
+
+static bool find_wick(char *out, size_t n)
+{
+	char self[PATH_MAX];
+	ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (k <= 0)
+		return false;
+	self[k] = 0;
+	char *slash = strrchr(self, '/'); /* .../BUILD/tests/unit */
+	if (!slash)
+		return false;
+	*slash = 0;
+	slash = strrchr(self, '/');
+	if (!slash)
+		return false;
+	*slash = 0;
+	if (strlen(self) + 6 > n)
+		return false;
+	memcpy(out, self, strlen(self));
+	memcpy(out + strlen(self), "/wick", 6);
+	return access(out, X_OK) == 0;
+}
+
+static int run(const char *cmd, char *out, size_t n)
+{
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t got = fread(out, 1, n - 1, p);
+	out[got] = 0;
+	return pclose(p);
+}
+
+Test(glm, cli)
+{
+	char wick[PATH_MAX];
+	if (!find_wick(wick, sizeof wick))
+		cr_skip_test("no wick binary beside the test binary");
+	char *d5 = mkdir_tmp(), *d4 = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3, .seed = 7,
+			   .bias_std = 0.1f};
+	write_glm5(d5, &d);
+	write_glm4(d4, DT_BF16, 4, 2, 0.1f);
+	const char *dirs[2] = {d5, d4};
+	static char out[1 << 16];
+	for (int k = 0; k < 2; k++) {
+		char cmd[2 * PATH_MAX];
+		snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", wick, dirs[k]);
+		cr_expect_eq(run(cmd, out, sizeof out), 0, "%s", out);
+		cr_expect_not_null(strstr(out, k == 0 ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM"),
+				   "%s", out);
+		snprintf(cmd, sizeof cmd, "%s logits %s --tokens 3,17,42,5,60,11 --all-positions 2>&1",
+			 wick, dirs[k]);
+		cr_expect_eq(run(cmd, out, sizeof out), 0, "%s", out);
+		snprintf(cmd, sizeof cmd, "%s generate %s --tokens 3,17,42 -n 8 --temperature 0 2>&1",
+			 wick, dirs[k]);
+		cr_expect_eq(run(cmd, out, sizeof out), 0, "%s", out);
+	}
+	if (!getenv("WICK_GLM_KEEP")) { /* set it to look at the checkpoints afterwards */
+		rm_rf(d5);
+		rm_rf(d4);
+	} else {
+		cr_log_warn("kept %s (GLM-5) and %s (GLM-4.5)", d5, d4);
+	}
+	free(d5);
+	free(d4);
+}
