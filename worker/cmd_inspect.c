@@ -136,6 +136,11 @@ static void print_text(const char *model, json_t *cfg, const struct st_file *sin
 					    "quant_method");
 		if (json_is_string(q))
 			printf("  %-24s %s\n", "quant_method", json_string_value(q));
+		json_t *mtp = json_object_get(cfg, "num_nextn_predict_layers");
+		if (json_is_integer(mtp) && json_integer_value(mtp) > 0)
+			printf("  %-24s %lld (skipped at load: the engine does not run "
+			       "multi-token prediction)\n", "mtp layers",
+			       (long long)json_integer_value(mtp));
 	}
 	if (single) {
 		/* A lone file has no config; its __metadata__ is what there is. */

@@ -31,6 +31,18 @@ d = max(abs(x - y) for x, y in zip(a, b)) / max(abs(x) for x in a)
 assert 0 < d < 0.05, f"bf16 relative difference {d}"
 PY
 
+# The GLM test models through snapshots: bit-identical logits to their HF directories, and
+# restore equals the naive load path (the MTP layer is left out of both).
+for fam in glm5 glm4; do
+  "$WICK_TOOLS/gen_glm" --family $fam -o "$TMPD/$fam" --mtp --shards 2 --seed 5 >/dev/null
+  "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$fam.snap" --compress lz4 2>/dev/null
+  "$WICK" logits "$TMPD/$fam" --tokens 1,5,9,200,7,3,11 --all-positions >"$TMPD/$fam.a"
+  "$WICK" logits "$TMPD/$fam.snap" --tokens 1,5,9,200,7,3,11 --all-positions >"$TMPD/$fam.b" 2>/dev/null
+  cmp -s "$TMPD/$fam.a" "$TMPD/$fam.b" || fail "$fam: logits from the snapshot differ"
+  "$WICK" bench restore "$TMPD/$fam.snap" --runs 1 --no-cold --startup-runs 0 >/dev/null \
+    || fail "$fam: restore and naive load disagree"
+done
+
 # prefetch warms the page cache; a missing snapshot is an error
 "$WICK" prefetch "$S" >"$TMPD/p.txt" || fail "prefetch"
 grep -q 'GB/s' "$TMPD/p.txt" || fail "prefetch prints no summary"
