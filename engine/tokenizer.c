@@ -3,7 +3,8 @@
  *
  * Loading turns the JSON into the flat tables of struct tok (tokenizer_int.h); every
  * component kind wick does not implement is refused here, by name, so that encode and decode
- * never meet one. Encoding and decoding follow the Hugging Face pipeline described in
+ * never meet one. A pre-tokenizer ending in ByteLevel makes the byte-level kind
+ * (tokenizer_bytelevel.c). Encoding and decoding follow the Hugging Face pipeline described in
  * tokenizer_int.h; the BPE model itself is in tokenizer_bpe.c.
  */
 #include "engine/tokenizer.h"
@@ -15,8 +16,6 @@
 
 #include "common/wk.h"
 #include "engine/tokenizer_int.h"
-
-#define BYTE_LEVEL_MSG "byte-level BPE (ByteLevel, GPT-2/GLM style) is not supported yet"
 
 /* ---- loading: helpers -------------------------------------------------------------------- */
 
@@ -158,10 +157,76 @@ static int parse_normalizer(struct ld *l, struct tok *t, json_t *o)
 		struct tok_step *s = new_step(l, t->norm, &t->n_norm, "normalizer");
 		return s ? parse_replace(l, o, s, "normalizer") : WK_ELIMIT;
 	}
-	if (!strcmp(ty, "ByteLevel"))
-		return LD_ERR(l, WK_EUNSUPPORTED, "%s: normalizer ByteLevel: " BYTE_LEVEL_MSG,
-			      l->path);
+	if (!strcmp(ty, "NFC")) {
+		struct tok_step *s = new_step(l, t->norm, &t->n_norm, "normalizer");
+		if (!s)
+			return WK_ELIMIT;
+		s->type = TOK_STEP_NFC;
+		return WK_OK;
+	}
 	return LD_ERR(l, WK_EUNSUPPORTED, "%s: normalizer %s is not supported", l->path, ty);
+}
+
+/* Split and ByteLevel, alone or in a Sequence (any nesting), ByteLevel last. */
+static int parse_pre_step(struct ld *l, struct tok *t, json_t *o, int depth)
+{
+	const char *ty = type_of(o);
+	if (!ty)
+		return LD_ERR(l, WK_EFORMAT, "%s: pre_tokenizer: no type", l->path);
+	if (t->n_pre && t->pre[t->n_pre - 1].type == TOK_PRE_BYTE_LEVEL)
+		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer %s after ByteLevel is not "
+			      "supported", l->path, ty);
+	if (!strcmp(ty, "Sequence") && depth < 4) {
+		json_t *list = json_object_get(o, "pretokenizers");
+		if (!json_is_array(list))
+			return LD_ERR(l, WK_EFORMAT, "%s: pre_tokenizer Sequence: no pretokenizers "
+				      "list", l->path);
+		size_t i;
+		json_t *v;
+		json_array_foreach(list, i, v) {
+			int rc = parse_pre_step(l, t, v, depth + 1);
+			if (rc != WK_OK)
+				return rc;
+		}
+		return WK_OK;
+	}
+	if (strcmp(ty, "Split") && strcmp(ty, "ByteLevel"))
+		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer %s is not supported%s", l->path,
+			      ty, depth ? " in a Sequence" : "");
+	if (t->n_pre == TOK_MAX_STEPS)
+		return LD_ERR(l, WK_ELIMIT, "%s: pre_tokenizer: more than %d steps", l->path,
+			      TOK_MAX_STEPS);
+	struct tok_pre *p = &t->pre[t->n_pre++];
+	memset(p, 0, sizeof *p);
+	if (!strcmp(ty, "ByteLevel")) {
+		/* trim_offsets only changes offsets, which wick does not report */
+		p->type = TOK_PRE_BYTE_LEVEL;
+		p->prefix_space = opt_bool(o, "add_prefix_space", true);
+		p->use_regex = opt_bool(o, "use_regex", true);
+		p->re = (struct tok_regex){.family = TOK_RE_GPT2, .contractions = TOK_RE_CASE_EXACT};
+		return WK_OK;
+	}
+	p->type = TOK_PRE_SPLIT;
+	json_t *pat = json_object_get(o, "pattern");
+	json_t *rx = json_is_object(pat) ? json_object_get(pat, "Regex") : NULL;
+	const char *beh = json_string_value(json_object_get(o, "behavior"));
+	if (!json_is_object(pat) || !beh)
+		return LD_ERR(l, WK_EFORMAT, "%s: pre_tokenizer Split: needs a pattern and a "
+			      "behavior", l->path);
+	if (!json_is_string(rx))
+		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer Split: only Regex patterns "
+			      "are supported", l->path);
+	if (strcmp(beh, "Isolated"))
+		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not "
+			      "supported (only Isolated)", l->path, beh);
+	if (opt_bool(o, "invert", false))
+		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer Split: invert is not "
+			      "supported", l->path);
+	if (!tok_regex_parse(json_string_value(rx), &p->re))
+		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer Split: the regex '%.300s' is "
+			      "not supported (wick implements the GPT-2 and GPT-4/cl100k patterns, "
+			      "see engine/tokenizer_int.h)", l->path, json_string_value(rx));
+	return WK_OK;
 }
 
 static int parse_pre_tokenizer(struct ld *l, struct tok *t, json_t *o)
@@ -178,21 +243,12 @@ static int parse_pre_tokenizer(struct ld *l, struct tok *t, json_t *o)
 				  t->meta_repl, &t->meta_repl_len);
 		return rc == WK_OK ? parse_scheme(l, o, &t->meta_scheme) : rc;
 	}
-	if (!strcmp(ty, "ByteLevel"))
-		return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer ByteLevel: " BYTE_LEVEL_MSG,
-			      l->path);
-	if (!strcmp(ty, "Sequence")) {
-		json_t *list = json_object_get(o, "pretokenizers");
-		size_t i;
-		json_t *v;
-		json_array_foreach(list, i, v) {
-			const char *vt = type_of(v);
-			if (vt && !strcmp(vt, "ByteLevel"))
-				return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer Sequence with "
-					      "ByteLevel: " BYTE_LEVEL_MSG, l->path);
-		}
+	int rc = parse_pre_step(l, t, o, 0);
+	if (rc == WK_OK && t->n_pre && t->pre[t->n_pre - 1].type == TOK_PRE_BYTE_LEVEL) {
+		t->kind = TOK_KIND_BYTE_LEVEL_BPE;
+		tok_bl_alphabet(t);
 	}
-	return LD_ERR(l, WK_EUNSUPPORTED, "%s: pre_tokenizer %s is not supported", l->path, ty);
+	return rc;
 }
 
 static int parse_decoder(struct ld *l, struct tok *t, json_t *o, int depth)
@@ -217,11 +273,9 @@ static int parse_decoder(struct ld *l, struct tok *t, json_t *o, int depth)
 		}
 		return WK_OK;
 	}
-	if (!strcmp(ty, "ByteLevel"))
-		return LD_ERR(l, WK_EUNSUPPORTED, "%s: decoder ByteLevel: " BYTE_LEVEL_MSG, l->path);
 	struct tok_step *s = NULL;
 	if (!strcmp(ty, "Replace") || !strcmp(ty, "ByteFallback") || !strcmp(ty, "Fuse") ||
-	    !strcmp(ty, "Strip") || !strcmp(ty, "Metaspace")) {
+	    !strcmp(ty, "Strip") || !strcmp(ty, "Metaspace") || !strcmp(ty, "ByteLevel")) {
 		s = new_step(l, t->dec, &t->n_dec, "decoder");
 		if (!s)
 			return WK_ELIMIT;
@@ -234,6 +288,12 @@ static int parse_decoder(struct ld *l, struct tok *t, json_t *o, int depth)
 	}
 	if (!strcmp(ty, "Fuse")) {
 		s->type = TOK_STEP_FUSE;
+		return WK_OK;
+	}
+	if (!strcmp(ty, "ByteLevel")) {
+		/* its add_prefix_space/trim_offsets/use_regex do not change decoding */
+		s->type = TOK_STEP_BYTE_LEVEL;
+		tok_bl_alphabet(t);
 		return WK_OK;
 	}
 	if (!strcmp(ty, "Strip")) {
@@ -539,18 +599,45 @@ static json_t *special_ids(json_t *specials, json_t *item, const char **name)
 	return n ? json_object_get(json_object_get(specials, n), "ids") : NULL;
 }
 
+static int parse_template(struct ld *l, struct tok *t, json_t *o);
+
+/* TemplateProcessing; ByteLevel, which changes only offsets; a Sequence of those. */
 static int parse_post(struct ld *l, struct tok *t, json_t *o)
 {
 	if (!o || json_is_null(o))
 		return WK_OK;
 	const char *ty = type_of(o);
-	if (!ty || strcmp(ty, "TemplateProcessing")) {
-		if (ty && !strcmp(ty, "ByteLevel"))
-			return LD_ERR(l, WK_EUNSUPPORTED, "%s: post_processor ByteLevel: "
-				      BYTE_LEVEL_MSG, l->path);
+	if (ty && !strcmp(ty, "ByteLevel"))
+		return WK_OK;
+	if (ty && !strcmp(ty, "Sequence")) {
+		json_t *list = json_object_get(o, "processors");
+		if (!json_is_array(list))
+			return LD_ERR(l, WK_EFORMAT, "%s: post_processor Sequence: no processors list",
+				      l->path);
+		size_t i;
+		json_t *v;
+		json_array_foreach(list, i, v) {
+			const char *vt = type_of(v);
+			if (vt && !strcmp(vt, "Sequence"))
+				return LD_ERR(l, WK_EUNSUPPORTED, "%s: post_processor: nested Sequence "
+					      "is not supported", l->path);
+			if (vt && !strcmp(vt, "TemplateProcessing") && t->prefix)
+				return LD_ERR(l, WK_EUNSUPPORTED, "%s: post_processor: two "
+					      "TemplateProcessing steps are not supported", l->path);
+			int rc = parse_post(l, t, v);
+			if (rc != WK_OK)
+				return rc;
+		}
+		return WK_OK;
+	}
+	if (!ty || strcmp(ty, "TemplateProcessing"))
 		return LD_ERR(l, WK_EUNSUPPORTED, "%s: post_processor %s is not supported", l->path,
 			      ty ? ty : "(no type)");
-	}
+	return parse_template(l, t, o);
+}
+
+static int parse_template(struct ld *l, struct tok *t, json_t *o)
+{
 	json_t *single = json_object_get(o, "single"), *specials = json_object_get(o,
 										  "special_tokens");
 	if (!json_is_array(single))
@@ -698,7 +785,7 @@ int tok_load(const char *path, struct tok **out, char *err, size_t errsz)
 		t->byte_id[i] = -1;
 	if (!json_is_object(root))
 		rc = LD_ERR(&l, WK_EFORMAT, "%s: not a JSON object", path);
-	/* Byte-level first, so that its message names the real reason for the refusal. */
+	/* The pre-tokenizer first: it decides the kind (byte-level or not). */
 	if (rc == WK_OK)
 		rc = parse_pre_tokenizer(&l, t, json_object_get(root, "pre_tokenizer"));
 	if (rc == WK_OK)

@@ -5,11 +5,20 @@
  *   - SentencePiece-BPE (Llama-2 style): normalizer Prepend("▁") + Replace(" ", "▁") (or the
  *     older Metaspace pre-tokenizer), model BPE with byte_fallback and fuse_unk, decoder
  *     Replace("▁", " ") + ByteFallback + Fuse + Strip(" ", 1, 0) (or Metaspace).
- *   - byte-level BPE (GPT-2/GLM style) is designed to fit beside it (a later issue); tok_load
- *     refuses it with WK_EUNSUPPORTED, as it does any other component it does not implement
- *     (Unigram/WordPiece models, NFKC normalizers, Regex patterns, BPE dropout, ...).
+ *   - byte-level BPE (GPT-2, Llama-3, Qwen, GLM): normalizer NFC (or none), pre-tokenizer
+ *     Sequence[Split(Regex, Isolated), ByteLevel(use_regex false)] or a plain ByteLevel with
+ *     its GPT-2 regex (add_prefix_space honoured), model BPE over the 256-character byte
+ *     alphabet (ignore_merges honoured), decoder ByteLevel, post-processor ByteLevel and/or
+ *     TemplateProcessing. The Split regex must be one of the GPT-2 or GPT-4/cl100k patterns
+ *     that engine/tokenizer_int.h lists (Qwen2/3's, GLM-4/5's, Llama-3's); wick matches them
+ *     by hand, with Unicode 16.0 \p{L}/\p{N} as in HF's Oniguruma. NFC uses Unicode 9.0
+ *     data, as HF's normalizer crate does.
+ *   tok_load refuses anything else with WK_EUNSUPPORTED and a message naming it (Unigram and
+ *   WordPiece models, NFKC, other regexes, Split behaviours other than Isolated, BPE dropout,
+ *   ...).
  *
- * Encoding matches Hugging Face tokenizers id for id on valid UTF-8 (tests/e2e/tokenizer_hf.sh):
+ * Encoding matches Hugging Face tokenizers id for id on valid UTF-8 (tests/e2e/tokenizer_hf.sh,
+ * tests/e2e/tokenizer_bytelevel.sh):
  * added tokens (the "added_tokens" list, e.g. "<s>") are split out of the raw text first,
  * leftmost-longest, and each remaining segment is normalized on its own (so Prepend("▁")
  * applies per segment, as in HF); BPE merges apply lowest rank first, leftmost on ties; a
@@ -18,16 +27,22 @@
  * ones HF would assign (the model vocab's id, else the next free id), or tok_load refuses
  * the file. truncation and padding settings are ignored.
  *
- * Invalid UTF-8 in the input: each byte that is not part of a valid UTF-8 sequence is encoded
+ * Invalid UTF-8 in the input: the byte-level kind encodes every byte as it is (such a byte is
+ * outside \p{L}, \p{N} and \s for the regex), so tok_decode(tok_encode(s)) == s for any bytes
+ * s that contain no added token, are NFC (when the normalizer is) and start with a space
+ * (with add_prefix_space). For SentencePiece-BPE,
+ * each byte that is not part of a valid UTF-8 sequence is encoded
  * through byte fallback as its <0xXX> token (as <unk> when the vocabulary has no byte tokens),
  * so tok_decode(tok_encode(s)) == s for any bytes s that contain no added token and no "▁"
  * (as in HF: text after an added token is a new segment with its own "▁" prefix, which
  * decodes as a space, and a "▁" in the text decodes as a space).
  * Hugging Face's library only accepts valid Unicode strings; on valid UTF-8 the two agree.
  *
- * Decoding: tok_decode returns the exact bytes (a <0xXX> run that is not valid UTF-8 stays
- * as raw bytes, so text round-trips); tok_decode_utf8 returns what HF's decode returns, always
- * valid UTF-8 (such a run becomes one U+FFFD per byte). They differ only on such runs.
+ * Decoding: tok_decode returns the exact bytes (a <0xXX> run, or byte-level tokens, that are
+ * not valid UTF-8 stay as raw bytes, so text round-trips); tok_decode_utf8 returns what HF's
+ * decode returns, always valid UTF-8 (such a <0xXX> run becomes one U+FFFD per byte; the
+ * ByteLevel decoder follows Rust's from_utf8_lossy, one U+FFFD per maximal invalid
+ * subsequence). They differ only on such bytes.
  *
  * A struct tok is immutable after load and safe to use from many threads.
  */

@@ -28,7 +28,10 @@ int tok_normalize(const struct tok *t, const char *s, size_t n, struct tok_buf *
 		if (out->n == 0)
 			break; /* no normalizer step wick supports changes an empty string */
 		tmp->n = 0;
-		if (st->type == TOK_STEP_PREPEND) {
+		if (st->type == TOK_STEP_NFC) {
+			if (tok_nfc(out->p, out->n, tmp) != WK_OK)
+				return WK_ENOMEM;
+		} else if (st->type == TOK_STEP_PREPEND) {
 			if (tok_buf_add(tmp, st->s1, st->n1) != WK_OK ||
 			    tok_buf_add(tmp, out->p, out->n) != WK_OK)
 				return WK_ENOMEM;
@@ -72,9 +75,7 @@ static long codepoint(const unsigned char *p, size_t n)
 /* Unicode White_Space, which is what Rust's regex \s matches. */
 static bool is_space(long c)
 {
-	return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-	       (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-	       c == 0x205F || c == 0x3000;
+	return tok_unicode_is_space(c);
 }
 
 static bool is_word(long c)
@@ -192,6 +193,8 @@ static int split_added(struct enc *e, const struct tok_matcher *m, bool use, con
 static int seg_model(struct enc *e, const char *s, size_t n, bool at_start)
 {
 	const struct tok *t = e->t;
+	if (t->n_pre) /* s is in e->nb, so tmp and mb are free */
+		return tok_bl_segment(t, s, n, &e->s, &e->tmp, &e->mb, &e->out);
 	if (!t->metaspace)
 		return tok_bpe_word(t, s, n, &e->s, &e->out);
 	const char *r = t->meta_repl;
@@ -332,6 +335,62 @@ static int byte_token(const char *p, size_t n)
 		v = v * 16 + d;
 	}
 	return v;
+}
+
+/* Appends p[0..n) to out as Rust's String::from_utf8_lossy does: each maximal prefix of a
+ * valid sequence that does not complete (or a byte that starts none) becomes one U+FFFD. */
+static int lossy_utf8(const char *p, size_t n, struct tok_buf *out)
+{
+	const unsigned char *u = (const unsigned char *)p;
+	size_t i = 0, from = 0;
+	while (i < n) {
+		size_t k = tok_utf8_len(u + i, n - i);
+		if (k) {
+			i += k;
+			continue;
+		}
+		/* how much of a valid sequence u[i..] starts: the lead byte, then the bytes in
+		 * the ranges tok_utf8_len allows */
+		size_t bad = 1;
+		unsigned c = u[i], lo = 0x80, hi = 0xBF, need = 0;
+		if (c >= 0xC2 && c <= 0xDF)
+			need = 1;
+		else if (c >= 0xE0 && c <= 0xEF)
+			need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+		else if (c >= 0xF0 && c <= 0xF4)
+			need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+		if (need && i + 1 < n && u[i + 1] >= lo && u[i + 1] <= hi) {
+			bad = 2;
+			while (bad <= need && i + bad < n && (u[i + bad] & 0xC0) == 0x80)
+				bad++;
+		}
+		if (tok_buf_add(out, p + from, i - from) != WK_OK ||
+		    tok_buf_add(out, "\xEF\xBF\xBD", 3) != WK_OK)
+			return WK_ENOMEM;
+		i += bad;
+		from = i;
+	}
+	return tok_buf_add(out, p + from, n - from);
+}
+
+/* ByteLevel: every token's characters back to bytes, fused into one token. */
+static int step_byte_level(const struct tok *t, const struct tlist *in, struct tlist *out,
+			   bool utf8)
+{
+	struct tok_buf raw = {0};
+	int rc = WK_OK;
+	for (size_t i = 0; i < in->n && rc == WK_OK; i++)
+		rc = tok_bl_decode_token(t, in->b.p + in->sp[i].off, in->sp[i].len, &raw);
+	if (rc == WK_OK)
+		rc = tl_new(out);
+	if (rc == WK_OK) {
+		size_t start = out->b.n;
+		rc = utf8 ? lossy_utf8(raw.p ? raw.p : "", raw.n, &out->b)
+			  : tok_buf_add(&out->b, raw.p ? raw.p : "", raw.n);
+		out->sp[out->n - 1].len = out->b.n - start;
+	}
+	free(raw.p);
+	return rc;
 }
 
 static bool valid_utf8(const char *p, size_t n)
@@ -477,6 +536,9 @@ static int decode(const struct tok *t, const int *ids, int n, bool skip_special,
 			break;
 		case TOK_STEP_STRIP:
 			rc = step_strip(st, &a, &b);
+			break;
+		case TOK_STEP_BYTE_LEVEL:
+			rc = step_byte_level(t, &a, &b, utf8);
 			break;
 		default: /* TOK_STEP_REPLACE, TOK_STEP_METASPACE */
 			rc = step_replace(st, &a, &b);

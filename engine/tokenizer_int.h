@@ -11,10 +11,12 @@
  *            -> model: word -> initial symbols -> BPE merges  (models/bpe/{model,word}.rs)
  *            -> post-process: template prefix/suffix          (processors/template.rs)
  *
- * The kind-specific step is "word -> initial symbols": SentencePiece-BPE looks up each UTF-8
- * character and falls back to <0xXX> byte tokens. A byte-level kind (GPT-2/GLM) would add a
- * regex pre-tokenizer and map bytes to its printable alphabet there; the merge loop
- * (tok_bpe_merge) and the maps below are shared.
+ * The kind-specific steps are the pre-tokenizer and "word -> initial symbols":
+ * SentencePiece-BPE (Metaspace or none) looks up each UTF-8 character and falls back to
+ * <0xXX> byte tokens; byte-level BPE (GPT-2/Qwen/GLM) splits with a regex (Split, or
+ * ByteLevel's own; tokenizer_bytelevel.c) and maps each byte of a word to its printable
+ * alphabet, so every initial symbol is a vocabulary piece. The merge loop (tok_bpe_word)
+ * and the maps below are shared.
  */
 #ifndef TOKENIZER_INT_H
 #define TOKENIZER_INT_H
@@ -30,8 +32,8 @@
 #define TOK_MAX_STEPS 16          /* normalizer or decoder steps */
 
 enum tok_kind {
-	TOK_KIND_SPM_BPE, /* SentencePiece-style BPE over characters with byte fallback */
-	/* TOK_KIND_BYTE_LEVEL_BPE: GPT-2/GLM; refused at load for now. */
+	TOK_KIND_SPM_BPE,        /* SentencePiece-style BPE over characters with byte fallback */
+	TOK_KIND_BYTE_LEVEL_BPE, /* GPT-2/Qwen/GLM: a ByteLevel pre-tokenizer */
 };
 
 /* ---- maps -------------------------------------------------------------------------------- */
@@ -93,6 +95,8 @@ enum tok_step_type {
 	TOK_STEP_FUSE,          /* decoder: join all tokens into one */
 	TOK_STEP_STRIP,         /* decoder: strip up to start/stop chars s1 from each token */
 	TOK_STEP_METASPACE,     /* decoder: s1 -> ' ', dropped in token 0 unless scheme never */
+	TOK_STEP_NFC,           /* normalizer: Unicode NFC (tokenizer_nfc.c) */
+	TOK_STEP_BYTE_LEVEL,    /* decoder: byte-alphabet characters -> bytes, all tokens fused */
 };
 
 struct tok_step {
@@ -104,6 +108,41 @@ struct tok_step {
 };
 
 enum tok_prepend_scheme { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER };
+
+/* The pre-tokenizer regexes wick implements, by hand (tokenizer_bytelevel.c). Both families
+ * start with the English contractions:
+ *   GPT-2 (ByteLevel's own regex):
+ *     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *   GPT-4 / cl100k (Llama-3, Qwen2/3 with \p{N}, GLM-4/5 with \p{N}{1,3}):
+ *     CONTRACTIONS|[^\r\n\p{L}\p{N}]?\p{L}+|DIGITS| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|
+ *     \s+(?!\S)|\s+
+ * with CONTRACTIONS (?i:'s|'t|'re|'ve|'m|'ll|'d) or llama.cpp's (?:'[sS]|'[tT]|...) form, and
+ * DIGITS \p{N}, \p{N}{1,3} or \p{N}+. */
+enum tok_re_family { TOK_RE_GPT2, TOK_RE_GPT4 };
+enum tok_re_case {
+	TOK_RE_CASE_EXACT, /* 's|'t|... lower case only */
+	TOK_RE_CASE_FOLD,  /* (?i:...): Unicode simple case folding, so 's also matches 'S, 'ſ */
+	TOK_RE_CASE_ASCII, /* '[sS]|'[tT]|...: ASCII case only */
+};
+
+struct tok_regex {
+	enum tok_re_family family;
+	enum tok_re_case contractions;
+	int max_digits; /* longest \p{N} run in one match; 0: unbounded */
+};
+
+enum tok_pre_type {
+	TOK_PRE_SPLIT,      /* Split(Regex, Isolated): every match and gap is a piece */
+	TOK_PRE_BYTE_LEVEL, /* ByteLevel: optional prefix space and GPT-2 regex, then the byte
+			     * alphabet; always the last step */
+};
+
+struct tok_pre {
+	enum tok_pre_type type;
+	struct tok_regex re; /* SPLIT, and BYTE_LEVEL with use_regex */
+	bool use_regex;      /* BYTE_LEVEL */
+	bool prefix_space;   /* BYTE_LEVEL: add_prefix_space */
+};
 
 struct tok_added {
 	char *content;  /* the token's text */
@@ -153,6 +192,15 @@ struct tok {
 	size_t meta_repl_len;
 	enum tok_prepend_scheme meta_scheme;
 	bool meta_split;
+	struct tok_pre pre[TOK_MAX_STEPS]; /* byte-level kind: Split* then ByteLevel */
+	int n_pre;
+
+	/* the byte-level alphabet: byte b is the character bl_cp[b] (U+0021..U+0143), whose
+	 * UTF-8 form is bl_utf8[b][0..bl_len[b]); bl_byte[c] inverts it (-1: not in it) */
+	uint16_t bl_cp[256];
+	char bl_utf8[256][2];
+	uint8_t bl_len[256];
+	int16_t bl_byte[0x144];
 
 	/* decoder: NULL decoder joins tokens with " " as HF does */
 	struct tok_step dec[TOK_MAX_STEPS];
@@ -198,6 +246,42 @@ int tok_normalize(const struct tok *t, const char *s, size_t n, struct tok_buf *
 
 /* Whether code point c (>= 0) is matched by Rust's regex \w (tokenizer_unicode.c). */
 bool tok_unicode_is_word(long c);
+
+/* Character classes of the pre-tokenizer regexes (tokenizer_unicode.c): \p{L}, \p{N}, and
+ * \s (Unicode White_Space, as in Oniguruma and Rust's regex). c < 0 (a byte that is not valid
+ * UTF-8) is TOK_UC_OTHER. */
+enum tok_uclass { TOK_UC_OTHER, TOK_UC_LETTER, TOK_UC_NUMBER, TOK_UC_SPACE };
+enum tok_uclass tok_unicode_class(long c);
+bool tok_unicode_is_space(long c);
+
+/* The code point of the valid UTF-8 character at p[0..n) and its length in *len; for a
+ * byte that starts no valid sequence, -1 - byte and *len 1. n >= 1. */
+long tok_utf8_decode(const unsigned char *p, size_t n, size_t *len);
+
+/* Generated tables (tokenizer_ucd.c, tokenizer_nfc_data.c; see scripts/gen_unicode_*). */
+extern const uint32_t tok_ucd_letter[][2], tok_ucd_number[][2];
+extern const size_t tok_ucd_letter_n, tok_ucd_number_n;
+extern const uint32_t tok_nfc_ccc[][3], tok_nfc_decomp[][3], tok_nfc_comp[][3], tok_nfc_pool[];
+extern const size_t tok_nfc_ccc_n, tok_nfc_decomp_n, tok_nfc_comp_n;
+
+/* Appends the NFC form of s[0..n) to out (tokenizer_nfc.c). Bytes that are not valid UTF-8
+ * pass through unchanged and block composition across them. WK_OK or WK_ENOMEM. */
+int tok_nfc(const char *s, size_t n, struct tok_buf *out);
+
+/* Byte-level kind (tokenizer_bytelevel.c). */
+void tok_bl_alphabet(struct tok *t); /* fills bl_cp, bl_utf8, bl_len, bl_byte */
+/* Parses a Split/ByteLevel regex; false when it is not one of the families above. */
+bool tok_regex_parse(const char *pattern, struct tok_regex *re);
+/* End of the regex match that starts at s[pos] (pos < n): the patterns match at every
+ * position, so a find_iter over s is a walk from match end to match end. */
+size_t tok_regex_next(const struct tok_regex *re, const unsigned char *s, size_t n, size_t pos);
+/* Pre-tokenizes one normalized segment with t->pre and appends the BPE ids of each word to
+ * out. pre and map are scratch; s must not point into them. WK_OK or WK_ENOMEM. */
+int tok_bl_segment(const struct tok *t, const char *s, size_t n, struct tok_scratch *sc,
+		   struct tok_buf *pre, struct tok_buf *map, struct tok_ivec *out);
+/* The ByteLevel decoder's bytes for one token string: its characters mapped back to bytes
+ * when all are in the alphabet, else the string itself (as HF). WK_OK or WK_ENOMEM. */
+int tok_bl_decode_token(const struct tok *t, const char *p, size_t n, struct tok_buf *out);
 
 /* Appends the ids of one word (already normalized and pre-tokenized) to out: initial
  * symbols per the SentencePiece-BPE rules (vocabulary char, else <0xXX> bytes, else unk),

@@ -1,6 +1,8 @@
 /*
- * tokenizer_unicode.c - which non-ASCII code points Rust's regex \w matches, for added tokens
- * marked single_word (HF checks the characters around a match against \w).
+ * tokenizer_unicode.c - character classes: which non-ASCII code points Rust's regex \w
+ * matches, for added tokens marked single_word (HF checks the characters around a match
+ * against \w); and \p{L}, \p{N}, \s for the pre-tokenizer regexes, from the generated
+ * Unicode 16.0 tables in tokenizer_ucd.c.
  *
  * \w is Alphabetic + Mark + Decimal_Number + Connector_Punctuation + Join_Control (UTS #18
  * Annex C), the same in Rust's regex and Perl. The table was generated with Perl 5 (Unicode
@@ -176,6 +178,62 @@ static const uint32_t word_ranges[][2] = {
 	{0x20000, 0x2A6DF}, {0x2A700, 0x2B738}, {0x2B740, 0x2B81D}, {0x2B820, 0x2CEA1},
 	{0x2CEB0, 0x2EBE0}, {0x2F800, 0x2FA1D}, {0x30000, 0x3134A}, {0xE0100, 0xE01EF},
 };
+
+static bool in_ranges(const uint32_t (*r)[2], size_t n, long c)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if ((uint32_t)c < r[mid][0])
+			hi = mid;
+		else if ((uint32_t)c > r[mid][1])
+			lo = mid + 1;
+		else
+			return true;
+	}
+	return false;
+}
+
+bool tok_unicode_is_space(long c)
+{
+	return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+	       (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+	       c == 0x205F || c == 0x3000;
+}
+
+enum tok_uclass tok_unicode_class(long c)
+{
+	if (c < 0x80) {
+		if (c < 0)
+			return TOK_UC_OTHER;
+		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+			return TOK_UC_LETTER;
+		if (c >= '0' && c <= '9')
+			return TOK_UC_NUMBER;
+		return tok_unicode_is_space(c) ? TOK_UC_SPACE : TOK_UC_OTHER;
+	}
+	if (in_ranges(tok_ucd_letter, tok_ucd_letter_n, c))
+		return TOK_UC_LETTER;
+	if (in_ranges(tok_ucd_number, tok_ucd_number_n, c))
+		return TOK_UC_NUMBER;
+	return tok_unicode_is_space(c) ? TOK_UC_SPACE : TOK_UC_OTHER;
+}
+
+long tok_utf8_decode(const unsigned char *p, size_t n, size_t *len)
+{
+	size_t k = tok_utf8_len(p, n);
+	if (k == 0) {
+		*len = 1;
+		return -1 - (long)p[0];
+	}
+	*len = k;
+	if (k == 1)
+		return p[0];
+	long c = p[0] & (0x7F >> k);
+	for (size_t i = 1; i < k; i++)
+		c = c << 6 | (p[i] & 0x3F);
+	return c;
+}
 
 bool tok_unicode_is_word(long c)
 {

@@ -10,12 +10,13 @@
 #include <sys/stat.h>
 
 #include "common/wk.h"
+#include "engine/chat.h"
 #include "engine/tokenizer.h"
 #include "worker/cmd.h"
 
 static const char usage_text[] =
 	"usage: wick tokenize MODEL_OR_TOKENIZER_JSON (--text TEXT | --file F | --decode IDS |\n"
-	"                     --jsonl F) [--special]\n"
+	"                     --jsonl F | --chat F) [--special]\n"
 	"\n"
 	"Encodes text with a Hugging Face tokenizer.json and prints {\"ids\": [...]}, or decodes\n"
 	"ids and prints {\"text\": \"...\"}. MODEL may be a model directory (its tokenizer.json is\n"
@@ -27,6 +28,13 @@ static const char usage_text[] =
 	"  --jsonl F     batch mode: each line of F (\"-\": stdin) is either a JSON string, answered\n"
 	"                with one {\"ids\": [...]} line, or a JSON array of ids, answered with one\n"
 	"                {\"text\": \"...\"} line; blank lines are skipped\n"
+	"  --chat F      render the chat messages in JSON file F (\"-\": stdin; a list of\n"
+	"                {\"role\", \"content\"}) with the model's chat template, encode the\n"
+	"                result and print {\"text\": \"...\", \"ids\": [...]}\n"
+	"  --chat-format NAME   glm, glm45 or plain (default: from the model directory's chat\n"
+	"                template or config.json, see engine/chat.h)\n"
+	"  --no-think    --chat: GLM's thinking-off markers\n"
+	"  --no-generation-prompt   --chat: end after the last message\n"
 	"  --special     encoding: add the post-processor's special tokens (BOS for Llama);\n"
 	"                decoding: keep special tokens in the text (dropped otherwise)\n"
 	"  -h, --help    print this help\n"
@@ -163,6 +171,60 @@ static int jsonl_line(const struct tok *t, const char *path, size_t lineno, cons
 	return rc;
 }
 
+struct chat_opts {
+	const char *file, *format, *model_dir;
+	bool think, gen;
+};
+
+/* --chat: messages -> template text -> ids, printed as {"text": ..., "ids": [...]}. */
+static int run_chat(const struct tok *t, const struct chat_opts *c, bool special)
+{
+	char err[WK_ERRSZ], *buf, *text = NULL;
+	size_t len, tlen;
+	enum chat_format f = CHAT_PLAIN;
+	int rc = WK_OK;
+	if (c->format)
+		rc = chat_format_parse(c->format, &f, err, sizeof err);
+	else if (c->model_dir)
+		rc = chat_format_for_model(c->model_dir, &f, err, sizeof err);
+	if (rc != WK_OK) {
+		fprintf(stderr, "wick tokenize: %s\n", err);
+		return 1;
+	}
+	if (read_input(c->file, &buf, &len))
+		return 1;
+	struct chat_msg *m;
+	size_t n;
+	rc = chat_parse_json(buf, len, &m, &n, err, sizeof err);
+	free(buf);
+	if (rc == WK_OK) {
+		rc = chat_render(f, m, n, c->gen, c->think, &text, &tlen, err, sizeof err);
+		free(m);
+	}
+	int *ids = NULL, nids = 0;
+	if (rc == WK_OK)
+		rc = tok_encode(t, text, tlen, special, &ids, &nids, err, sizeof err);
+	if (rc != WK_OK) {
+		fprintf(stderr, "wick tokenize: --chat %s: %s\n", c->file, err);
+		free(text);
+		return 1;
+	}
+	json_t *o = json_pack("{s:s%,s:[]}", "text", text, tlen, "ids");
+	for (int i = 0; o && i < nids; i++)
+		json_array_append_new(json_object_get(o, "ids"), json_integer(ids[i]));
+	char *s = o ? json_dumps(o, JSON_PRESERVE_ORDER) : NULL;
+	json_decref(o);
+	free(text);
+	free(ids);
+	if (!s) {
+		fprintf(stderr, "wick tokenize: could not format the result as JSON\n");
+		return 1;
+	}
+	puts(s);
+	free(s);
+	return 0;
+}
+
 static int run_jsonl(const struct tok *t, const char *path, bool special)
 {
 	char *buf;
@@ -192,9 +254,13 @@ int cmd_tokenize(int argc, char **argv)
 		{"text", required_argument, NULL, 't'},  {"file", required_argument, NULL, 'f'},
 		{"decode", required_argument, NULL, 'd'}, {"jsonl", required_argument, NULL, 'j'},
 		{"special", no_argument, NULL, 's'},     {"help", no_argument, NULL, 'h'},
+		{"chat", required_argument, NULL, 'c'}, {"chat-format", required_argument, NULL, 'F'},
+		{"no-think", no_argument, NULL, 'T'},
+		{"no-generation-prompt", no_argument, NULL, 'G'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *text = NULL, *file = NULL, *dec = NULL, *jsonl = NULL;
+	struct chat_opts chat = {.think = true, .gen = true};
 	bool special = false;
 	int modes = 0, c;
 	optind = 1;
@@ -205,6 +271,10 @@ int cmd_tokenize(int argc, char **argv)
 		case 'd': dec = optarg; modes++; break;
 		case 'j': jsonl = optarg; modes++; break;
 		case 's': special = true; break;
+		case 'c': chat.file = optarg; modes++; break;
+		case 'F': chat.format = optarg; break;
+		case 'T': chat.think = false; break;
+		case 'G': chat.gen = false; break;
 		case 'h': fputs(usage_text, stdout); return 0;
 		default: fputs(usage_text, stderr); return 2;
 		}
@@ -212,21 +282,30 @@ int cmd_tokenize(int argc, char **argv)
 	if (optind != argc - 1 || modes != 1) {
 		fprintf(stderr, "wick tokenize: %s\n", optind != argc - 1 ?
 			"expected one MODEL_OR_TOKENIZER_JSON argument" :
-			"give exactly one of --text, --file, --decode, --jsonl");
+			"give exactly one of --text, --file, --decode, --jsonl, --chat");
 		fputs(usage_text, stderr);
 		return 2;
 	}
 	const char *model = argv[optind];
-	char path[4096], err[WK_ERRSZ];
+	char path[4096], err[WK_ERRSZ], dir[4096];
 	struct stat st;
 	if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {
 		if (snprintf(path, sizeof path, "%s/tokenizer.json", model) >= (int)sizeof path) {
 			fprintf(stderr, "wick tokenize: %s: path too long\n", model);
 			return 1;
 		}
+		snprintf(dir, sizeof dir, "%s", model);
 	} else {
 		snprintf(path, sizeof path, "%s", model);
+		/* a tokenizer.json: its directory may hold the model's config and template */
+		snprintf(dir, sizeof dir, "%s", model);
+		char *slash = strrchr(dir, '/');
+		if (slash)
+			*slash = 0;
+		else
+			snprintf(dir, sizeof dir, ".");
 	}
+	chat.model_dir = dir;
 	int *ids = NULL, n = 0;
 	if (dec && cmd_parse_ids(dec, &ids, &n) != 0)
 		return 2;
@@ -249,6 +328,8 @@ int cmd_tokenize(int argc, char **argv)
 		}
 	} else if (dec) {
 		rc = decode(t, ids, n, special);
+	} else if (chat.file) {
+		rc = run_chat(t, &chat, special);
 	} else {
 		rc = run_jsonl(t, jsonl, special);
 	}

