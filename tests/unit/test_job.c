@@ -1,0 +1,353 @@
+/* The job decoder and result encoder: every error code and limit. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/job.h"
+
+static char msg[512];
+
+static enum job_err dec(const char *s, struct job *j) { return job_decode(s, strlen(s), NULL, j, msg, sizeof msg); }
+
+/* Decodes s, expects code e, frees. */
+static void expect(const char *s, enum job_err e)
+{
+	struct job j;
+	enum job_err got = dec(s, &j);
+	cr_expect_eq(got, e, "%s -> %s (%s), want %s", s, job_err_code(got), msg, job_err_code(e));
+	if (e != JOB_OK)
+		cr_expect_neq(msg[0], 0, "no message for %s", s);
+	job_free(&j);
+}
+
+Test(job, minimal_prompt_and_defaults)
+{
+	struct job j;
+	cr_assert_eq(dec("{\"id\": \"a-1.b_c\", \"input\": {\"prompt\": \"Once\"}}", &j), JOB_OK, "%s", msg);
+	cr_expect_str_eq(j.id, "a-1.b_c");
+	cr_expect_str_eq(j.prompt, "Once");
+	cr_expect_str_eq(j.tenant, "");
+	cr_expect_eq(j.max_tokens, JOB_MAX_TOKENS_DEFAULT);
+	cr_expect_float_eq(j.temperature, 1.0f, 1e-9);
+	cr_expect_float_eq(j.top_p, 1.0f, 1e-9);
+	cr_expect_eq(j.top_k, 0);
+	cr_expect(!j.has_seed);
+	cr_expect_eq(j.n_stop, 0);
+	cr_expect_float_eq(j.timeout_s, JOB_TIMEOUT_DEFAULT, 1e-9);
+	job_free(&j);
+	job_free(&j); /* twice is fine */
+}
+
+Test(job, all_fields)
+{
+	struct job j;
+	const char *s = "{\"id\": \"x\", \"tenant\": \"acme\", \"timeout_s\": 2.5, \"extra\": [1],"
+			"\"input\": {\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+			"{\"role\": \"user\", \"content\": \"Hi \\u00e9\"}],"
+			"\"max_tokens\": 16, \"temperature\": 0, \"top_p\": 0.9, \"top_k\": 40,"
+			"\"seed\": 9007199254740993, \"stop\": [\"\\n\", \"END\"]}}";
+	cr_assert_eq(dec(s, &j), JOB_OK, "%s", msg);
+	cr_expect_str_eq(j.tenant, "acme");
+	cr_expect_float_eq(j.timeout_s, 2.5, 1e-9);
+	cr_expect_null(j.prompt);
+	cr_assert_eq(j.n_messages, 2);
+	cr_expect_str_eq(j.messages[0].role, "system");
+	cr_expect_str_eq(j.messages[1].content, "Hi \xc3\xa9");
+	cr_expect_eq(j.max_tokens, 16);
+	cr_expect_float_eq(j.temperature, 0.0f, 1e-9);
+	cr_expect_float_eq(j.top_p, 0.9f, 1e-6);
+	cr_expect_eq(j.top_k, 40);
+	cr_expect(j.has_seed);
+	cr_expect_eq(j.seed, 9007199254740993ull);
+	cr_assert_eq(j.n_stop, 2);
+	cr_expect_str_eq(j.stop[0], "\n");
+	cr_expect_str_eq(j.stop[1], "END");
+	job_free(&j);
+	/* a single stop string, nulls as absent, max_tokens 16.0 */
+	cr_assert_eq(dec("{\"id\": \"x\", \"tenant\": null, \"input\": {\"prompt\": \"p\", \"stop\": \"s\","
+			 " \"seed\": null, \"max_tokens\": 16.0}}", &j), JOB_OK, "%s", msg);
+	cr_expect_eq(j.n_stop, 1);
+	cr_expect_eq(j.max_tokens, 16);
+	job_free(&j);
+}
+
+Test(job, invalid_json)
+{
+	expect("", JOB_EINVALID_JSON);
+	expect("{", JOB_EINVALID_JSON);
+	expect("not json", JOB_EINVALID_JSON);
+	expect("[1, 2]", JOB_EINVALID_JSON);
+	expect("\"a string\"", JOB_EINVALID_JSON);
+	expect("{\"id\": \"a\", \"id\": \"b\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_JSON); /* duplicate key */
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"a\\u0000b\"}}", JOB_EINVALID_JSON);     /* NUL */
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"\xff\"}}", JOB_EINVALID_JSON);          /* bad UTF-8 */
+	struct job j;
+	cr_expect_eq(job_decode(NULL, 0, "q", &j, msg, sizeof msg), JOB_EINVALID_JSON);
+	cr_expect_str_eq(j.id, "q"); /* the queue's id survives, for the FAILED result */
+	job_free(&j);
+}
+
+Test(job, invalid_input)
+{
+	expect("{\"id\": \"a\"}", JOB_EINVALID_INPUT);                                       /* no input */
+	expect("{\"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);                      /* no id */
+	expect("{\"id\": \"a\", \"input\": \"x\"}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": 5}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"messages\": []}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": []}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": {}}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": [\"hi\"]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\"}]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": [{\"content\": \"x\"}]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"\", \"content\": \"x\"}]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": [1]}]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": 5, \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a b\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"..\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a/b\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"tenant\": \"t t\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"tenant\": 3, \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"timeout_s\": 0, \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"timeout_s\": 86401, \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"timeout_s\": \"5\", \"input\": {\"prompt\": \"x\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": \"5\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": 1.5}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"temperature\": -0.1}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"temperature\": 2.01}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"temperature\": \"hot\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"top_p\": 0}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"top_p\": 1.01}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"top_k\": -1}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"top_k\": 2.5}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"top_k\": 1000001}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"seed\": -1}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"seed\": 1.5}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": 5}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": [\"\"]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": [1]}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": \"\"}}", JOB_EINVALID_INPUT);
+}
+
+Test(job, ranges_at_their_edges)
+{
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"\", \"max_tokens\": 1}}", JOB_OK);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": 131072}}", JOB_OK);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": 0}}", JOB_EMAX_TOKENS);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": -5}}", JOB_EMAX_TOKENS);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": 131073}}", JOB_EMAX_TOKENS);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"max_tokens\": 1e12}}", JOB_EMAX_TOKENS);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"temperature\": 2, \"top_p\": 1, \"top_k\": 1000000}}", JOB_OK);
+	expect("{\"id\": \"a\", \"timeout_s\": 86400, \"input\": {\"prompt\": \"x\"}}", JOB_OK);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"seed\": 0}}", JOB_OK);
+}
+
+static char *repeat(char c, size_t n)
+{
+	char *s = malloc(n + 1);
+	memset(s, c, n);
+	s[n] = 0;
+	return s;
+}
+
+Test(job, limits)
+{
+	char *id = repeat('i', JOB_ID_MAX), *big = repeat('p', JOB_PROMPT_MAX + 1);
+	size_t cap = JOB_PROMPT_MAX + 4096;
+	char *s = malloc(cap);
+	snprintf(s, cap, "{\"id\": \"%s\", \"input\": {\"prompt\": \"x\"}}", id);
+	expect(s, JOB_OK);
+	snprintf(s, cap, "{\"id\": \"%sj\", \"input\": {\"prompt\": \"x\"}}", id);
+	expect(s, JOB_EINVALID_INPUT);
+	snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"prompt\": \"%s\"}}", big);
+	expect(s, JOB_EPROMPT_TOO_LONG);
+	big[JOB_PROMPT_MAX] = 0;
+	snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"prompt\": \"%s\"}}", big);
+	expect(s, JOB_OK);
+	/* messages: their total counts */
+	big[JOB_PROMPT_MAX / 2 + 1] = 0;
+	snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"%s\"},"
+		 "{\"role\": \"user\", \"content\": \"%s\"}]}}", big, big);
+	expect(s, JOB_EPROMPT_TOO_LONG);
+	free(big);
+	/* message count */
+	size_t off = (size_t)snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"messages\": [");
+	for (int i = 0; i <= JOB_MESSAGES_MAX; i++)
+		off += (size_t)snprintf(s + off, cap - off, "%s{\"role\": \"user\", \"content\": \"m\"}", i ? "," : "");
+	snprintf(s + off, cap - off, "]}}");
+	expect(s, JOB_EINVALID_INPUT);
+	/* stop strings: count and length */
+	off = (size_t)snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": [");
+	for (int i = 0; i <= JOB_STOP_MAX; i++)
+		off += (size_t)snprintf(s + off, cap - off, "%s\"s\"", i ? "," : "");
+	snprintf(s + off, cap - off, "]}}");
+	expect(s, JOB_EINVALID_INPUT);
+	char *stop = repeat('s', JOB_STOP_LEN_MAX + 1);
+	snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": \"%s\"}}", stop);
+	expect(s, JOB_EINVALID_INPUT);
+	stop[JOB_STOP_LEN_MAX] = 0;
+	snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": \"%s\"}}", stop);
+	expect(s, JOB_OK);
+	free(stop);
+	/* the whole document */
+	struct job j;
+	cr_expect_eq(job_decode("{}", JOB_BODY_MAX + 1, NULL, &j, msg, sizeof msg), JOB_EINVALID_INPUT);
+	job_free(&j);
+	free(s);
+	free(id);
+}
+
+Test(job, queue_id)
+{
+	struct job j;
+	const char *s = "{\"input\": {\"prompt\": \"x\"}}";
+	cr_assert_eq(job_decode(s, strlen(s), "from-queue", &j, msg, sizeof msg), JOB_OK, "%s", msg);
+	cr_expect_str_eq(j.id, "from-queue");
+	job_free(&j);
+	s = "{\"id\": \"other\", \"input\": {\"prompt\": \"x\"}}";
+	cr_expect_eq(job_decode(s, strlen(s), "from-queue", &j, msg, sizeof msg), JOB_EINVALID_INPUT);
+	cr_expect_str_eq(j.id, "from-queue");
+	job_free(&j);
+	/* an id known from the body is kept when a later member fails */
+	s = "{\"id\": \"mine\", \"input\": {\"prompt\": \"x\", \"max_tokens\": 0}}";
+	cr_expect_eq(job_decode(s, strlen(s), NULL, &j, msg, sizeof msg), JOB_EMAX_TOKENS);
+	cr_expect_str_eq(j.id, "mine");
+	job_free(&j);
+}
+
+Test(job, error_codes_and_status_names)
+{
+	const char *want[] = {"ok", "invalid_json", "invalid_input", "prompt_too_long", "max_tokens_range",
+			      "timeout", "cancelled", "engine_error", "internal"};
+	for (int e = JOB_OK; e <= JOB_EINTERNAL; e++)
+		cr_expect_str_eq(job_err_code((enum job_err)e), want[e]);
+	cr_expect_str_eq(job_err_code((enum job_err)99), "internal");
+	cr_expect_str_eq(job_status_name(JOB_COMPLETED), "COMPLETED");
+	cr_expect_str_eq(job_status_name(JOB_FAILED), "FAILED");
+	cr_expect_str_eq(job_status_name(JOB_TIMED_OUT), "TIMED_OUT");
+	cr_expect_str_eq(job_status_name(JOB_CANCELLED), "CANCELLED");
+}
+
+Test(job, id_validity)
+{
+	cr_expect(job_id_valid("A-z_0.9"));
+	cr_expect(!job_id_valid(""));
+	cr_expect(!job_id_valid(NULL));
+	cr_expect(!job_id_valid("."));
+	cr_expect(!job_id_valid(".."));
+	cr_expect(job_id_valid("..."));
+	cr_expect(!job_id_valid("a~1"));
+	cr_expect(!job_id_valid("é"));
+}
+
+/* Parses an encoded result with jansson, so the tests check real JSON. */
+static json_t *parse(const char *s)
+{
+	json_error_t e;
+	json_t *v = json_loads(s, 0, &e);
+	cr_assert_not_null(v, "not JSON (%s): %s", e.text, s);
+	return v;
+}
+
+Test(job, encode_completed)
+{
+	int toks[] = {1, 2, 3};
+	struct job_result r = {.id = "j1", .status = JOB_COMPLETED, .text = "Once upon\n\"a\"", .token_ids = toks,
+			       .n_tokens = 3, .finish_reason = "length", .prompt_tokens = 4,
+			       .completion_tokens = 3, .queue_seconds = 0.25, .gpu_seconds = 1.5,
+			       .cost_micro_usd = 12345678, .worker = "w1", .attempt = 2};
+	size_t len;
+	char *s = job_encode_result(&r, &len);
+	cr_assert_not_null(s);
+	cr_expect_eq(strlen(s), len);
+	cr_expect_not_null(strstr(s, "\"cost_usd\": 12.345678,"), "%s", s);
+	json_t *v = parse(s);
+	cr_expect_str_eq(json_string_value(json_object_get(v, "id")), "j1");
+	cr_expect_str_eq(json_string_value(json_object_get(v, "status")), "COMPLETED");
+	cr_expect_null(json_object_get(v, "error"));
+	json_t *out = json_object_get(v, "output");
+	cr_expect_str_eq(json_string_value(json_object_get(out, "text")), "Once upon\n\"a\"");
+	cr_expect_eq(json_array_size(json_object_get(out, "token_ids")), 3);
+	cr_expect_eq(json_integer_value(json_array_get(json_object_get(out, "token_ids"), 2)), 3);
+	cr_expect_str_eq(json_string_value(json_object_get(out, "finish_reason")), "length");
+	json_t *u = json_object_get(v, "usage");
+	cr_expect_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 4);
+	cr_expect_eq(json_integer_value(json_object_get(u, "completion_tokens")), 3);
+	cr_expect_float_eq(json_real_value(json_object_get(u, "queue_seconds")), 0.25, 1e-9);
+	cr_expect_float_eq(json_real_value(json_object_get(u, "gpu_seconds")), 1.5, 1e-9);
+	cr_expect_eq(json_integer_value(json_object_get(u, "cost_micro_usd")), 12345678);
+	cr_expect_str_eq(json_string_value(json_object_get(v, "worker")), "w1");
+	cr_expect_eq(json_integer_value(json_object_get(v, "attempt")), 2);
+	json_decref(v);
+	free(s);
+}
+
+Test(job, encode_cost_digits)
+{
+	struct { int64_t micro; const char *want; } c[] = {
+		{0, "\"cost_usd\": 0.000000,"}, {1, "\"cost_usd\": 0.000001,"}, {999999, "\"cost_usd\": 0.999999,"},
+		{1000000, "\"cost_usd\": 1.000000,"}, {-5, "\"cost_usd\": -0.000005,"},
+		{INT64_MAX, "\"cost_usd\": 9223372036854.775807,"}, {INT64_MIN, "\"cost_usd\": -9223372036854.775808,"}};
+	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+		struct job_result r = {.id = "x", .cost_micro_usd = c[i].micro};
+		char *s = job_encode_result(&r, NULL);
+		cr_expect_not_null(strstr(s, c[i].want), "%s", s);
+		json_decref(parse(s));
+		free(s);
+	}
+}
+
+Test(job, encode_errors)
+{
+	size_t len;
+	char *s = job_encode_error("bad", JOB_FAILED, JOB_EINVALID_JSON, "not JSON: \x01", "w", 1, &len);
+	json_t *v = parse(s);
+	cr_expect_str_eq(json_string_value(json_object_get(v, "status")), "FAILED");
+	json_t *e = json_object_get(v, "error");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "code")), "invalid_json");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "message")), "not JSON: \x01");
+	cr_expect(json_is_null(json_object_get(json_object_get(v, "output"), "finish_reason")));
+	json_decref(v);
+	free(s);
+	/* every non-COMPLETED status has an error; JOB_OK there means internal */
+	enum job_status sts[] = {JOB_TIMED_OUT, JOB_CANCELLED};
+	enum job_err errs[] = {JOB_ETIMEOUT, JOB_OK};
+	const char *codes[] = {"timeout", "internal"};
+	for (int i = 0; i < 2; i++) {
+		struct job_result r = {.id = "x", .status = sts[i], .err = errs[i], .text = "partial"};
+		s = job_encode_result(&r, NULL);
+		v = parse(s);
+		cr_expect_str_eq(json_string_value(json_object_get(json_object_get(v, "error"), "code")), codes[i]);
+		cr_expect_str_eq(json_string_value(json_object_get(json_object_get(v, "output"), "text")), "partial");
+		json_decref(v);
+		free(s);
+	}
+}
+
+Test(job, encode_invalid_utf8_and_nulls)
+{
+	/* a token that ends mid-character, a lone continuation byte, an overlong form, a surrogate */
+	const char text[] = "ok \xe2\x82 x \x80 \xc0\xaf \xed\xa0\x80 \xf0\x9f\x98\x80 end";
+	struct job_result r = {.id = NULL, .status = JOB_COMPLETED, .text = text, .worker = NULL};
+	char *s = job_encode_result(&r, NULL);
+	json_t *v = parse(s);
+	const char *t = json_string_value(json_object_get(json_object_get(v, "output"), "text"));
+	cr_expect_not_null(strstr(t, "ok \xef\xbf\xbd"), "%s", t);
+	cr_expect_not_null(strstr(t, "\xf0\x9f\x98\x80 end"), "%s", t);
+	cr_expect_str_eq(json_string_value(json_object_get(v, "id")), "");
+	json_decref(v);
+	free(s);
+	/* text_len: bytes with a NUL inside */
+	struct job_result r2 = {.id = "n", .text = "a\0b", .text_len = 3};
+	s = job_encode_result(&r2, NULL);
+	cr_expect_not_null(strstr(s, "\"a\\u0000b\""), "%s", s);
+	free(s);
+	/* NaN and infinite seconds still make JSON */
+	struct job_result r3 = {.id = "n", .queue_seconds = 0.0 / 0.0, .gpu_seconds = 1e300};
+	s = job_encode_result(&r3, NULL);
+	json_decref(parse(s));
+	free(s);
+}

@@ -1,0 +1,552 @@
+/* The redis queue driver against a real redis-server that each test starts on a free loopback
+ * port and kills at the end (also when the test fails or crashes: PR_SET_PDEATHSIG). Skipped
+ * with a message when redis-server is not installed (scripts/install-deps installs it). */
+#include <criterion/criterion.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "worker/queue.h"
+#include "worker/queue_impl.h"
+
+static pid_t server = -1;
+static int port;
+static char dir[64], url[160], err[WK_ERRSZ];
+
+static int free_port(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t l = sizeof a;
+	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(getsockname(s, (struct sockaddr *)&a, &l), 0);
+	close(s);
+	return ntohs(a.sin_port);
+}
+
+static bool have_redis(void) { return system("command -v redis-server >/dev/null 2>&1") == 0; }
+
+/* Starts redis-server on `port` (append-only file in dir when aof, plus extra arguments) and
+ * waits until it answers PING (ready) or, with !ready, until it answers anything. */
+static pid_t start_redis_with(bool aof, const char *const *extra, bool ready)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		freopen("/dev/null", "w", stdout);
+		char p[16];
+		snprintf(p, sizeof p, "%d", port);
+		const char *argv[32] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
+					"--appendonly", aof ? "yes" : "no", "--appendfsync", "always", "--dir", dir,
+					"--daemonize", "no"};
+		int n = 15;
+		for (int i = 0; extra && extra[i] && n < 31; i++)
+			argv[n++] = extra[i];
+		argv[n] = NULL;
+		execvp("redis-server", (char *const *)argv);
+		_exit(127);
+	}
+	for (int i = 0; i < 500; i++) {
+		struct timeval tv = {.tv_sec = 1};
+		redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+		if (c && !c->err) {
+			redisReply *r = redisCommand(c, "PING");
+			bool ok = r && (r->type == REDIS_REPLY_STATUS || !ready);
+			if (r)
+				freeReplyObject(r);
+			redisFree(c);
+			if (ok)
+				return pid;
+		} else if (c) {
+			redisFree(c);
+		}
+		usleep(10000);
+	}
+	return -1;
+}
+
+static pid_t start_redis(bool aof) { return start_redis_with(aof, NULL, true); }
+
+static void stop_redis(void)
+{
+	if (server > 0) {
+		kill(server, SIGKILL);
+		waitpid(server, NULL, 0);
+	}
+	server = -1;
+}
+
+static void setup(void)
+{
+	if (!have_redis())
+		return;
+	snprintf(dir, sizeof dir, "/tmp/wick-redis-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	port = free_port();
+	snprintf(url, sizeof url, "redis://127.0.0.1:%d/jobs", port);
+	server = start_redis(false);
+	cr_assert_gt(server, 0, "redis-server did not start on port %d", port);
+}
+
+static void teardown(void)
+{
+	stop_redis();
+	if (dir[0]) {
+		char cmd[128];
+		snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "could not remove %s\n", dir);
+	}
+}
+
+TestSuite(queue_redis, .init = setup, .fini = teardown, .timeout = 90);
+
+#define NEED_REDIS()                                                                               \
+	do {                                                                                       \
+		if (!have_redis())                                                                 \
+			cr_skip_test("redis-server is not installed (scripts/install-deps)");      \
+	} while (0)
+
+static struct queue *open_q(const char *u, const char *consumer, double lease)
+{
+	struct queue_opts o = {.consumer = consumer, .lease_s = lease, .reconnect_s = 20};
+	struct queue *q;
+	cr_assert_eq(queue_open(u, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	return q;
+}
+
+static void submit(struct queue *q, const char *id)
+{
+	char body[256];
+	int n = snprintf(body, sizeof body, "{\"id\": \"%s\", \"input\": {\"prompt\": \"hi\"}}", id);
+	cr_assert_eq(queue_submit(q, id, body, (size_t)n, err, sizeof err), WK_OK, "%s", err);
+}
+
+static int complete(struct queue *q, struct queue_job *j, int n)
+{
+	struct queue_result r[64];
+	char *res[64];
+	for (int i = 0; i < n; i++) {
+		size_t len;
+		res[i] = job_encode_error(j[i].id, JOB_COMPLETED, JOB_OK, NULL, queue_driver(q), j[i].attempt, &len);
+		r[i] = (struct queue_result){.job = &j[i], .json = res[i], .len = len};
+	}
+	int rc = queue_complete(q, r, n, err, sizeof err);
+	for (int i = 0; i < n; i++) {
+		free(res[i]);
+		queue_job_free(&j[i]);
+	}
+	return rc;
+}
+
+static long long redis_int(const char *cmd)
+{
+	redisContext *c = redisConnect("127.0.0.1", port);
+	cr_assert(c && !c->err);
+	redisReply *r = redisCommand(c, cmd);
+	cr_assert_not_null(r);
+	long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+	freeReplyObject(r);
+	redisFree(c);
+	return v;
+}
+
+static long long count_results(void)
+{
+	redisContext *c = redisConnect("127.0.0.1", port);
+	cr_assert(c && !c->err);
+	redisReply *r = redisCommand(c, "EVAL %s 0", "return #redis.call('KEYS', 'jobs:result:*')");
+	cr_assert(r && r->type == REDIS_REPLY_INTEGER);
+	long long v = r->integer;
+	freeReplyObject(r);
+	redisFree(c);
+	return v;
+}
+
+Test(queue_redis, url_parser, .init = NULL, .fini = NULL)
+{
+	struct queue_redis_url u;
+	cr_assert_eq(queue_redis_parse_url("redis://h:7000/s", &u, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(u.host, "h");
+	cr_expect_eq(u.port, 7000);
+	cr_expect_str_eq(u.stream, "s");
+	cr_expect_str_eq(u.group, "wick");
+	cr_expect_str_eq(u.dead, "s:dead");
+	cr_expect_eq(u.result_ttl, 7 * 86400);
+	cr_assert_eq(queue_redis_parse_url("redis://[::1]/a:b?group=g1&dead=d&max_deliveries=3&result_ttl=0",
+					   &u, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(u.host, "::1");
+	cr_expect_eq(u.port, 6379);
+	cr_expect_str_eq(u.stream, "a:b");
+	cr_expect_str_eq(u.group, "g1");
+	cr_expect_str_eq(u.dead, "d");
+	cr_expect_eq(u.max_deliveries, 3);
+	cr_expect_eq(u.result_ttl, 0);
+	const char *bad[] = {"redis://h", "redis://h:0/s", "redis://h:99999/s", "redis://h:x/s", "redis:///s",
+			     "redis://h/", "redis://h/a b", "redis://h/s?group=", "redis://h/s?bogus=1",
+			     "redis://h/s?max_deliveries=0", "redis://h/s?max_deliveries=x", "redis://u:p@h/s",
+			     "redis://h/s?group", "redis://[::1/s", "http://h/s"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		cr_expect_neq(queue_redis_parse_url(bad[i], &u, err, sizeof err), WK_OK, "%s parsed", bad[i]);
+}
+
+Test(queue_redis, submit_take_complete_cancel)
+{
+	NEED_REDIS();
+	struct queue *p = open_q(url, "producer", 30), *q = open_q(url, "w1", 30);
+	cr_expect_str_eq(queue_driver(q), "redis");
+	submit(p, "a");
+	submit(p, "b");
+	cr_assert_eq(queue_cancel(p, "b", err, sizeof err), WK_OK, "%s", err);
+	struct queue_job j[8];
+	int n;
+	cr_assert_eq(queue_take(q, j, 8, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 2);
+	for (int i = 0; i < n; i++) {
+		cr_expect_eq(j[i].attempt, 1);
+		cr_expect_gt(j[i].enqueued_at, 1.7e9);
+		cr_expect_not_null(strstr(j[i].body, j[i].id));
+		cr_expect_eq(j[i].cancelled, !strcmp(j[i].id, "b"), "%s", j[i].id);
+	}
+	int rc[8];
+	cr_expect_eq(queue_extend(q, j, n, 30, rc, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(redis_int("XLEN jobs"), 2);
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	char *res;
+	size_t len;
+	cr_assert_eq(queue_wait_result(p, "a", 2, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_not_null(strstr(res, "\"status\": \"COMPLETED\""), "%s", res);
+	free(res);
+	cr_expect_eq(queue_wait_result(p, "zzz", 0.2, &res, &len, err, sizeof err), WK_ENOTFOUND);
+	cr_expect_eq(queue_submit(p, "a", "{}", 2, err, sizeof err), WK_EINVAL);
+	cr_expect_eq(redis_int("XLEN jobs:results"), 2);
+	cr_expect_eq(redis_int("EXISTS jobs:result:b"), 1);
+	/* nothing pending now */
+	double t = wk_now();
+	cr_assert_eq(queue_take(q, j, 8, 0.3, &n, err, sizeof err), WK_OK);
+	cr_expect_eq(n, 0);
+	cr_expect_geq(wk_now() - t, 0.25);
+	/* --wait on a result that arrives later */
+	submit(p, "late");
+	cr_assert_eq(queue_take(q, j, 1, 1, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(complete(q, j, 1), WK_OK);
+	cr_assert_eq(queue_wait_result(p, "late", 2, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	free(res);
+	queue_close(q);
+	queue_close(p);
+	struct queue *x;
+	char u2[64];
+	snprintf(u2, sizeof u2, "redis://127.0.0.1:%d/jobs", free_port());
+	cr_expect_eq(queue_open(u2, NULL, &x, err, sizeof err), WK_EIO); /* nothing listens */
+}
+
+/* ---- 200 jobs, two consumers ---- */
+
+#define NJOBS 200
+static atomic_int delivered[NJOBS];
+static atomic_int finished;
+
+static void *consumer(void *arg)
+{
+	const char *name = arg;
+	struct queue_opts o = {.consumer = name, .lease_s = 30};
+	struct queue *q;
+	char e[WK_ERRSZ];
+	if (queue_open(url, &o, &q, e, sizeof e) != WK_OK)
+		return "open";
+	double t0 = wk_now();
+	while (atomic_load(&finished) < NJOBS && wk_now() - t0 < 30) {
+		struct queue_job j[8];
+		int n;
+		if (queue_take(q, j, 8, 0.2, &n, e, sizeof e) != WK_OK)
+			return "take";
+		struct queue_result r[8];
+		for (int i = 0; i < n; i++) {
+			atomic_fetch_add(&delivered[atoi(j[i].id + 1)], 1);
+			r[i] = (struct queue_result){.job = &j[i], .json = "{}", .len = 2};
+		}
+		if (n && queue_complete(q, r, n, e, sizeof e) != WK_OK)
+			return "complete";
+		atomic_fetch_add(&finished, n);
+		for (int i = 0; i < n; i++)
+			queue_job_free(&j[i]);
+	}
+	queue_close(q);
+	return NULL;
+}
+
+Test(queue_redis, two_consumers_200_jobs_one_result_each)
+{
+	NEED_REDIS();
+	struct queue *p = open_q(url, "producer", 30);
+	char id[16];
+	for (int i = 0; i < NJOBS; i++) {
+		snprintf(id, sizeof id, "j%03d", i);
+		submit(p, id);
+	}
+	pthread_t t[2];
+	char *names[2] = {"c1", "c2"};
+	for (int i = 0; i < 2; i++)
+		pthread_create(&t[i], NULL, consumer, names[i]);
+	for (int i = 0; i < 2; i++) {
+		void *r;
+		pthread_join(t[i], &r);
+		cr_expect_null(r, "consumer %d failed at %s", i, (char *)r);
+	}
+	for (int i = 0; i < NJOBS; i++)
+		cr_expect_eq(atomic_load(&delivered[i]), 1, "job %d delivered %d times", i, atomic_load(&delivered[i]));
+	cr_expect_eq(redis_int("XLEN jobs:results"), NJOBS);
+	cr_expect_eq(count_results(), NJOBS);
+	redisContext *c = redisConnect("127.0.0.1", port);
+	redisReply *r = redisCommand(c, "XPENDING jobs wick");
+	cr_expect_eq(r->element[0]->integer, 0, "entries still pending");
+	freeReplyObject(r);
+	redisFree(c);
+	queue_close(p);
+}
+
+/* A consumer that takes and dies: after the lease another consumer reclaims its entries. */
+Test(queue_redis, dead_consumer_is_reclaimed)
+{
+	NEED_REDIS();
+	struct queue *p = open_q(url, "producer", 30);
+	char id[16];
+	for (int i = 0; i < 10; i++) {
+		snprintf(id, sizeof id, "d%d", i);
+		submit(p, id);
+	}
+	pid_t kid = fork();
+	if (kid == 0) {
+		struct queue_opts o = {.consumer = "dies", .lease_s = 30};
+		struct queue *q;
+		struct queue_job j[16];
+		int n;
+		if (queue_open(url, &o, &q, err, sizeof err) != WK_OK || queue_take(q, j, 16, 1, &n, err, sizeof err) ||
+		    n != 10)
+			_exit(3);
+		_exit(0);
+	}
+	int st;
+	waitpid(kid, &st, 0);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d", st);
+	struct queue *q = open_q(url, "survivor", 0.5);
+	int got = 0;
+	double t0 = wk_now();
+	while (got < 10 && wk_now() - t0 < 10) {
+		struct queue_job j[16];
+		int n;
+		cr_assert_eq(queue_take(q, j, 16, 0.5, &n, err, sizeof err), WK_OK, "%s", err);
+		for (int i = 0; i < n; i++)
+			cr_expect_eq(j[i].attempt, 2, "%s attempt %d", j[i].id, j[i].attempt);
+		got += n;
+		cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	}
+	cr_expect_eq(got, 10);
+	cr_expect_geq(wk_now() - t0, 0.3, "reclaimed before the lease ran out");
+	struct queue_stats s;
+	queue_get_stats(q, &s);
+	cr_expect_eq(s.reclaimed, 10);
+	queue_close(q);
+	queue_close(p);
+}
+
+Test(queue_redis, dead_letter_after_max_deliveries)
+{
+	NEED_REDIS();
+	char u[200];
+	snprintf(u, sizeof u, "%s?max_deliveries=2&dead=graveyard", url);
+	struct queue *p = open_q(u, "producer", 30), *q = open_q(u, "w", 0.3), *q2 = open_q(u, "w2", 0.3);
+	submit(p, "poison");
+	struct queue_job j[2];
+	int n;
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 1);
+	cr_expect_eq(j[0].attempt, 1);
+	/* handed back on drain: the other consumer gets it at once (its reclaim is due) */
+	cr_assert_eq(queue_release(q, j, 1, err, sizeof err), WK_OK, "%s", err);
+	queue_job_free(&j[0]);
+	cr_assert_eq(queue_take(q2, j, 2, 1, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 1);
+	cr_expect_eq(j[0].attempt, 2);
+	struct queue_job stale = j[0];
+	stale.body = NULL;
+	queue_job_free(&j[0]);
+	/* q2 stalls past the lease; the third delivery is dead-lettered instead */
+	usleep(400000);
+	cr_assert_eq(queue_take(q, j, 2, 1.5, &n, err, sizeof err), WK_OK);
+	cr_expect_eq(n, 0);
+	char *res;
+	size_t len;
+	cr_assert_eq(queue_wait_result(p, "poison", 1, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_not_null(strstr(res, "\"status\": \"FAILED\""), "%s", res);
+	cr_expect_not_null(strstr(res, "dead-lettered"), "%s", res);
+	free(res);
+	cr_expect_eq(redis_int("XLEN graveyard"), 1);
+	struct queue_stats s;
+	queue_get_stats(q, &s);
+	cr_expect_eq(s.dead_lettered, 1);
+	/* q2 still thinks it holds the job: its extend says the lease is lost */
+	int rc[1];
+	cr_expect_eq(queue_extend(q2, &stale, 1, 1, rc, err, sizeof err), WK_ENOTFOUND);
+	queue_close(q);
+	queue_close(q2);
+	queue_close(p);
+}
+
+/* Entries written by other producers: malformed ones go to the dead stream, oversized ones
+ * get a FAILED result; neither reaches the worker. */
+Test(queue_redis, malformed_and_oversized_entries)
+{
+	NEED_REDIS();
+	struct queue_opts o = {.consumer = "w", .max_body = 100};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	redisContext *c = redisConnect("127.0.0.1", port);
+	freeReplyObject(redisCommand(c, "XADD jobs * nothing here"));
+	freeReplyObject(redisCommand(c, "XADD jobs * id bad/id job {}"));
+	char big[300];
+	memset(big, 'x', sizeof big - 1);
+	big[sizeof big - 1] = 0;
+	freeReplyObject(redisCommand(c, "XADD jobs * id big job %s", big));
+	freeReplyObject(redisCommand(c, "XADD jobs * id fine job {oops"));
+	redisFree(c);
+	struct queue_job j[8];
+	int n;
+	cr_assert_eq(queue_take(q, j, 8, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_expect_str_eq(j[0].id, "fine");
+	cr_expect_str_eq(j[0].body, "{oops");
+	struct queue_result r = {.job = &j[0], .json = "{}", .len = 2, .keep_input = true};
+	cr_assert_eq(queue_complete(q, &r, 1, err, sizeof err), WK_OK);
+	queue_job_free(&j[0]);
+	cr_expect_eq(redis_int("XLEN jobs:dead"), 4);
+	cr_expect_eq(redis_int("EXISTS jobs:result:big"), 1);
+	cr_expect_eq(redis_int("XLEN jobs:results"), 2);
+	queue_close(q);
+}
+
+/* ---- redis-server restarted mid-run ---- */
+
+/* Completes jobs while the server is down; the driver must wait for it to come back. (The
+ * server is restarted by the main thread: PR_SET_PDEATHSIG follows the thread that forked.) */
+struct completer {
+	struct queue *q;
+	struct queue_job *j;
+	int n, rc;
+};
+
+static void *complete_later(void *arg)
+{
+	struct completer *c = arg;
+	c->rc = complete(c->q, c->j, c->n);
+	return NULL;
+}
+
+Test(queue_redis, reconnects_after_a_restart)
+{
+	NEED_REDIS();
+	stop_redis();
+	server = start_redis(true); /* append-only file with fsync always: nothing is lost */
+	cr_assert_gt(server, 0);
+	struct queue *p = open_q(url, "producer", 30), *q = open_q(url, "w", 30);
+	char id[16];
+	for (int i = 0; i < 100; i++) {
+		snprintf(id, sizeof id, "r%03d", i);
+		submit(p, id);
+	}
+	int done = 0, seen[100] = {0};
+	struct queue_job j[10];
+	int n;
+	cr_assert_eq(queue_take(q, j, 10, 1, &n, err, sizeof err), WK_OK);
+	for (int i = 0; i < n; i++)
+		seen[atoi(j[i].id + 1)]++;
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	done += n;
+	/* kill it while a take holds 10 uncompleted jobs, then start it again later */
+	cr_assert_eq(queue_take(q, j, 10, 1, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 10);
+	stop_redis();
+	for (int i = 0; i < n; i++)
+		seen[atoi(j[i].id + 1)]++;
+	struct completer cp = {.q = q, .j = j, .n = n};
+	pthread_t t;
+	pthread_create(&t, NULL, complete_later, &cp);
+	usleep(700000);
+	server = start_redis(true);
+	pthread_join(t, NULL);
+	cr_assert_gt(server, 0, "redis-server did not restart");
+	cr_assert_eq(cp.rc, WK_OK, "%s", err);
+	done += n;
+	double t0 = wk_now();
+	while (done < 100 && wk_now() - t0 < 20) {
+		cr_assert_eq(queue_take(q, j, 10, 0.5, &n, err, sizeof err), WK_OK, "%s", err);
+		for (int i = 0; i < n; i++)
+			seen[atoi(j[i].id + 1)]++;
+		cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+		done += n;
+	}
+	cr_expect_eq(done, 100);
+	for (int i = 0; i < 100; i++)
+		cr_expect_eq(seen[i], 1, "job %d delivered %d times", i, seen[i]);
+	struct queue_stats s;
+	queue_get_stats(q, &s);
+	cr_expect_geq(s.reconnects, 1);
+	cr_expect_eq(count_results(), 100);
+	queue_close(q);
+	queue_close(p);
+}
+
+/* A restarted server that answers -LOADING while it reads its data is treated like one that
+ * refuses connections: the driver waits for it, and then finds the job that was saved. */
+Test(queue_redis, waits_while_redis_is_loading)
+{
+	NEED_REDIS();
+	struct queue *p = open_q(url, "producer", 30), *q = open_q(url, "w", 30);
+	submit(p, "saved");
+	redisContext *c = redisConnect("127.0.0.1", port);
+	for (int i = 0; i < 300; i++)
+		redisAppendCommand(c, "SET k%d v", i);
+	for (int i = 0; i < 300; i++) {
+		void *r;
+		cr_assert_eq(redisGetReply(c, &r), REDIS_OK);
+		freeReplyObject(r);
+	}
+	freeReplyObject(redisCommand(c, "SAVE"));
+	redisFree(c);
+	stop_redis();
+	/* 5 ms per key while loading, and clients answered (-LOADING) during the load */
+	const char *slow[] = {"--key-load-delay", "5000", "--loading-process-events-interval-bytes", "1024", NULL};
+	server = start_redis_with(false, slow, false);
+	cr_assert_gt(server, 0);
+	c = redisConnect("127.0.0.1", port);
+	redisReply *r = redisCommand(c, "PING");
+	bool loading = r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "LOADING", 7);
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	cr_assert(loading, "the restarted server is not loading (too fast?)");
+	struct queue_job j[2];
+	int n;
+	double t0 = wk_now();
+	cr_assert_eq(queue_take(q, j, 2, 5, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1, "the saved job was not delivered after loading");
+	cr_expect_str_eq(j[0].id, "saved");
+	cr_expect_gt(wk_now() - t0, 0.3);
+	struct queue_stats s;
+	queue_get_stats(q, &s);
+	cr_expect_geq(s.reconnects, 1);
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	queue_close(q);
+	queue_close(p);
+}

@@ -1,0 +1,509 @@
+/*
+ * job.c - decode a job, encode a result. Pure: see job.h.
+ *
+ * Decoding uses jansson. Encoding is written out by hand: the result must print cost_usd
+ * with exactly 6 decimals from an integer, and engine text may hold invalid UTF-8 (a token
+ * that ends mid-character), which jansson refuses but a result must still carry.
+ */
+#include "worker/job.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *job_err_code(enum job_err e)
+{
+	switch (e) {
+	case JOB_OK: return "ok";
+	case JOB_EINVALID_JSON: return "invalid_json";
+	case JOB_EINVALID_INPUT: return "invalid_input";
+	case JOB_EPROMPT_TOO_LONG: return "prompt_too_long";
+	case JOB_EMAX_TOKENS: return "max_tokens_range";
+	case JOB_ETIMEOUT: return "timeout";
+	case JOB_ECANCELLED: return "cancelled";
+	case JOB_EENGINE: return "engine_error";
+	case JOB_EINTERNAL: return "internal";
+	}
+	return "internal";
+}
+
+const char *job_status_name(enum job_status s)
+{
+	switch (s) {
+	case JOB_COMPLETED: return "COMPLETED";
+	case JOB_FAILED: return "FAILED";
+	case JOB_TIMED_OUT: return "TIMED_OUT";
+	case JOB_CANCELLED: return "CANCELLED";
+	}
+	return "FAILED";
+}
+
+bool job_id_valid(const char *s)
+{
+	size_t n = 0;
+	if (!s)
+		return false;
+	for (; s[n]; n++) {
+		char c = s[n];
+		if (n >= JOB_ID_MAX)
+			return false;
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == '-'))
+			return false;
+	}
+	/* "." and ".." would name directories in the spool */
+	return n > 0 && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* ---- decoding ---- */
+
+static enum job_err fail(char *err, size_t errsz, enum job_err e, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static enum job_err fail(char *err, size_t errsz, enum job_err e, const char *fmt, ...)
+{
+	if (err && errsz) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errsz, fmt, ap);
+		va_end(ap);
+	}
+	return e;
+}
+
+/* Copies a JSON string of 1..max bytes with no NUL into a new buffer. */
+static char *dup_string(const json_t *v, size_t max, size_t *len)
+{
+	size_t n = json_string_length(v);
+	if (n > max || memchr(json_string_value(v), 0, n))
+		return NULL;
+	char *p = malloc(n + 1);
+	if (p) {
+		memcpy(p, json_string_value(v), n);
+		p[n] = 0;
+	}
+	if (len)
+		*len = n;
+	return p;
+}
+
+static enum job_err decode_stop(const json_t *stop, struct job *j, char *err, size_t errsz)
+{
+	const json_t *one[1] = {stop};
+	const json_t *const *items = one;
+	size_t n = 1;
+	json_t *arr_items[JOB_STOP_MAX];
+	if (json_is_array(stop)) {
+		n = json_array_size(stop);
+		if (n > JOB_STOP_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.stop has %zu strings; at most %d are allowed", n, JOB_STOP_MAX);
+		for (size_t i = 0; i < n; i++)
+			arr_items[i] = json_array_get(stop, i);
+		items = (const json_t *const *)arr_items;
+	} else if (!json_is_string(stop)) {
+		return fail(err, errsz, JOB_EINVALID_INPUT,
+			    "input.stop must be a string or an array of strings");
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!json_is_string(items[i]))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.stop[%zu] is not a string", i);
+		size_t len = json_string_length(items[i]);
+		if (len == 0 || len > JOB_STOP_LEN_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.stop[%zu] has %zu bytes; each stop string needs 1 to %d", i,
+				    len, JOB_STOP_LEN_MAX);
+		if (!(j->stop[j->n_stop] = dup_string(items[i], JOB_STOP_LEN_MAX, NULL)))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.stop[%zu] contains a NUL byte (or out of memory)", i);
+		j->n_stop++;
+	}
+	return JOB_OK;
+}
+
+static enum job_err decode_messages(const json_t *msgs, struct job *j, char *err, size_t errsz)
+{
+	if (!json_is_array(msgs))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.messages must be an array");
+	size_t n = json_array_size(msgs), total = 0;
+	if (n == 0)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.messages is empty");
+	if (n > JOB_MESSAGES_MAX)
+		return fail(err, errsz, JOB_EINVALID_INPUT,
+			    "input.messages has %zu messages; at most %d are allowed", n,
+			    JOB_MESSAGES_MAX);
+	if (!(j->messages = calloc(n, sizeof *j->messages)))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		const json_t *m = json_array_get(msgs, i);
+		if (!json_is_object(m))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.messages[%zu] is not an object", i);
+		const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+		if (!json_is_string(role) || json_string_length(role) == 0 ||
+		    json_string_length(role) > JOB_ROLE_MAX || strlen(json_string_value(role)) != json_string_length(role))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.messages[%zu].role must be a string of 1 to %d bytes", i,
+				    JOB_ROLE_MAX);
+		if (!json_is_string(content))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.messages[%zu].content must be a string", i);
+		size_t len = json_string_length(content);
+		total += len;
+		if (total > JOB_PROMPT_MAX)
+			return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
+				    "input.messages hold more than %u bytes of content", JOB_PROMPT_MAX);
+		memcpy(j->messages[i].role, json_string_value(role), json_string_length(role) + 1);
+		j->n_messages = (int)i + 1;
+		if (!(j->messages[i].content = dup_string(content, JOB_PROMPT_MAX, NULL)))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.messages[%zu].content contains a NUL byte (or out of memory)", i);
+	}
+	return JOB_OK;
+}
+
+/* A JSON number as a double; false when v is not a number. */
+static bool number(const json_t *v, double *out)
+{
+	if (!json_is_number(v))
+		return false;
+	*out = json_number_value(v);
+	return true;
+}
+
+static enum job_err decode_input(const json_t *in, struct job *j, char *err, size_t errsz)
+{
+	if (!in)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "the job has no \"input\"");
+	if (!json_is_object(in))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "\"input\" must be an object");
+	const json_t *prompt = json_object_get(in, "prompt"), *msgs = json_object_get(in, "messages");
+	enum job_err e;
+	if (prompt && msgs)
+		return fail(err, errsz, JOB_EINVALID_INPUT,
+			    "input has both \"prompt\" and \"messages\"; give one");
+	if (!prompt && !msgs)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input needs \"prompt\" or \"messages\"");
+	if (prompt) {
+		if (!json_is_string(prompt))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.prompt must be a string");
+		size_t len = json_string_length(prompt);
+		if (len > JOB_PROMPT_MAX)
+			return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
+				    "input.prompt has %zu bytes; the limit is %u", len, JOB_PROMPT_MAX);
+		if (!(j->prompt = dup_string(prompt, JOB_PROMPT_MAX, NULL)))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.prompt contains a NUL byte (or out of memory)");
+	} else if ((e = decode_messages(msgs, j, err, errsz)) != JOB_OK) {
+		return e;
+	}
+
+	const json_t *v;
+	double d;
+	if ((v = json_object_get(in, "max_tokens")) && !json_is_null(v)) {
+		if (json_is_real(v)) {
+			/* 16.0 is a whole number some JSON writers produce; 1.5 is not */
+			d = json_real_value(v);
+			if (d != (double)(long long)d)
+				return fail(err, errsz, JOB_EINVALID_INPUT, "input.max_tokens must be an integer");
+		} else if (json_is_integer(v)) {
+			d = (double)json_integer_value(v);
+		} else {
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.max_tokens must be an integer");
+		}
+		if (d < 1 || d > JOB_MAX_TOKENS_MAX)
+			return fail(err, errsz, JOB_EMAX_TOKENS, "input.max_tokens is %.0f; it must be 1 to %d",
+				    d, JOB_MAX_TOKENS_MAX);
+		j->max_tokens = (int)d;
+	}
+	if ((v = json_object_get(in, "temperature")) && !json_is_null(v)) {
+		if (!number(v, &d) || d < 0 || d > JOB_TEMPERATURE_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.temperature must be a number from 0 to %g", JOB_TEMPERATURE_MAX);
+		j->temperature = (float)d;
+	}
+	if ((v = json_object_get(in, "top_p")) && !json_is_null(v)) {
+		if (!number(v, &d) || !(d > 0) || d > 1)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.top_p must be a number in (0, 1]");
+		j->top_p = (float)d;
+	}
+	if ((v = json_object_get(in, "top_k")) && !json_is_null(v)) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > JOB_TOP_K_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.top_k must be an integer from 0 to %d", JOB_TOP_K_MAX);
+		j->top_k = (int)json_integer_value(v);
+	}
+	if ((v = json_object_get(in, "seed")) && !json_is_null(v)) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.seed must be a non-negative integer");
+		j->seed = (uint64_t)json_integer_value(v);
+		j->has_seed = true;
+	}
+	if ((v = json_object_get(in, "stop")) && !json_is_null(v))
+		return decode_stop(v, j, err, errsz);
+	return JOB_OK;
+}
+
+enum job_err job_decode(const char *body, size_t len, const char *queue_id, struct job *j,
+			char *err, size_t errsz)
+{
+	memset(j, 0, sizeof *j);
+	j->max_tokens = JOB_MAX_TOKENS_DEFAULT;
+	j->temperature = 1.0f;
+	j->top_p = 1.0f;
+	j->timeout_s = JOB_TIMEOUT_DEFAULT;
+	if (queue_id && job_id_valid(queue_id))
+		strcpy(j->id, queue_id);
+	if (err && errsz)
+		err[0] = 0;
+
+	if (!body)
+		return fail(err, errsz, JOB_EINVALID_JSON, "the job has no body");
+	if (len > JOB_BODY_MAX)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "the job has %zu bytes; the limit is %u", len,
+			    JOB_BODY_MAX);
+	json_error_t jerr;
+	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return fail(err, errsz, JOB_EINVALID_JSON, "the job is not valid JSON: %s (line %d, column %d)",
+			    jerr.text, jerr.line, jerr.column);
+	enum job_err e = JOB_OK;
+	if (!json_is_object(root)) {
+		e = fail(err, errsz, JOB_EINVALID_JSON, "the job must be a JSON object");
+		goto out;
+	}
+	const json_t *v = json_object_get(root, "id");
+	if (v) {
+		if (!json_is_string(v) || !job_id_valid(json_string_value(v)) ||
+		    strlen(json_string_value(v)) != json_string_length(v)) {
+			e = fail(err, errsz, JOB_EINVALID_INPUT,
+				 "\"id\" must be a string matching [A-Za-z0-9._-]{1,%d}", JOB_ID_MAX);
+			goto out;
+		}
+		if (queue_id && strcmp(queue_id, json_string_value(v))) {
+			e = fail(err, errsz, JOB_EINVALID_INPUT,
+				 "\"id\" is '%s' but the queue delivered the job as '%.128s'",
+				 json_string_value(v), queue_id);
+			goto out;
+		}
+		strcpy(j->id, json_string_value(v));
+	} else if (!j->id[0]) {
+		e = fail(err, errsz, JOB_EINVALID_INPUT, "the job has no \"id\"");
+		goto out;
+	}
+	if ((v = json_object_get(root, "tenant")) && !json_is_null(v)) {
+		if (!json_is_string(v) || !job_id_valid(json_string_value(v)) ||
+		    strlen(json_string_value(v)) != json_string_length(v)) {
+			e = fail(err, errsz, JOB_EINVALID_INPUT,
+				 "\"tenant\" must be a string matching [A-Za-z0-9._-]{1,%d}", JOB_ID_MAX);
+			goto out;
+		}
+		strcpy(j->tenant, json_string_value(v));
+	}
+	if ((v = json_object_get(root, "timeout_s")) && !json_is_null(v)) {
+		double d;
+		if (!number(v, &d) || !(d > 0) || d > JOB_TIMEOUT_MAX) {
+			e = fail(err, errsz, JOB_EINVALID_INPUT,
+				 "\"timeout_s\" must be a number in (0, %.0f]", JOB_TIMEOUT_MAX);
+			goto out;
+		}
+		j->timeout_s = d;
+	}
+	e = decode_input(json_object_get(root, "input"), j, err, errsz);
+out:
+	json_decref(root);
+	return e;
+}
+
+void job_free(struct job *j)
+{
+	if (!j)
+		return;
+	free(j->prompt);
+	j->prompt = NULL;
+	for (int i = 0; i < j->n_messages; i++)
+		free(j->messages[i].content);
+	free(j->messages);
+	j->messages = NULL;
+	j->n_messages = 0;
+	for (int i = 0; i < j->n_stop; i++)
+		free(j->stop[i]);
+	j->n_stop = 0;
+}
+
+/* ---- encoding ---- */
+
+struct buf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+
+static void put(struct buf *b, const char *s, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 256;
+		while (cap < b->len + n + 1)
+			cap *= 2;
+		char *p = realloc(b->p, cap);
+		if (!p) {
+			b->oom = true;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = 0;
+}
+
+static void puts_(struct buf *b, const char *s) { put(b, s, strlen(s)); }
+
+static void putf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void putf(struct buf *b, const char *fmt, ...)
+{
+	char tmp[128];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	unsigned c = s[0];
+	size_t len;
+	unsigned min;
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xC2 && c <= 0xDF)
+		len = 2, min = 0x80;
+	else if (c >= 0xE0 && c <= 0xEF)
+		len = 3, min = 0x800;
+	else if (c >= 0xF0 && c <= 0xF4)
+		len = 4, min = 0x10000;
+	else
+		return 0;
+	if (n < len)
+		return 0;
+	unsigned cp = c & (0x7F >> len);
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i] & 0x3F);
+	}
+	if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+		return 0;
+	return len;
+}
+
+/* A JSON string; invalid UTF-8 bytes become U+FFFD. NULL is encoded as "". */
+static void put_str(struct buf *b, const char *s, size_t n)
+{
+	put(b, "\"", 1);
+	const unsigned char *u = (const unsigned char *)(s ? s : "");
+	size_t i = 0, run = 0;
+	while (i < n) {
+		unsigned c = u[i];
+		size_t k = c >= 0x20 && c != '"' && c != '\\' ? utf8_seq(u + i, n - i) : 0;
+		if (k) {
+			i += k;
+			run += k;
+			continue;
+		}
+		put(b, (const char *)u + i - run, run);
+		run = 0;
+		if (c == '"')
+			puts_(b, "\\\"");
+		else if (c == '\\')
+			puts_(b, "\\\\");
+		else if (c == '\n')
+			puts_(b, "\\n");
+		else if (c == '\t')
+			puts_(b, "\\t");
+		else if (c == '\r')
+			puts_(b, "\\r");
+		else if (c < 0x20)
+			putf(b, "\\u%04x", c);
+		else
+			puts_(b, "\xEF\xBF\xBD"); /* U+FFFD for an invalid byte */
+		i++;
+	}
+	put(b, (const char *)u + i - run, run);
+	put(b, "\"", 1);
+}
+
+static void put_cstr(struct buf *b, const char *s) { put_str(b, s, s ? strlen(s) : 0); }
+
+/* A finite double for JSON (JSON has no NaN or infinity: those print as 0). */
+static void put_seconds(struct buf *b, double x)
+{
+	if (!(x == x) || x > 1e15 || x < -1e15)
+		x = 0;
+	putf(b, "%.6f", x);
+}
+
+char *job_encode_result(const struct job_result *r, size_t *len)
+{
+	struct buf b = {0};
+	puts_(&b, "{\"id\": ");
+	put_cstr(&b, r->id);
+	puts_(&b, ", \"status\": \"");
+	puts_(&b, job_status_name(r->status));
+	puts_(&b, "\", \"output\": {\"text\": ");
+	put_str(&b, r->text, r->text ? (r->text_len ? r->text_len : strlen(r->text)) : 0);
+	puts_(&b, ", \"token_ids\": [");
+	for (int i = 0; r->token_ids && i < r->n_tokens; i++)
+		putf(&b, i ? ", %d" : "%d", r->token_ids[i]);
+	puts_(&b, "], \"finish_reason\": ");
+	if (r->finish_reason)
+		put_cstr(&b, r->finish_reason);
+	else
+		puts_(&b, "null");
+	puts_(&b, "}");
+	if (r->status != JOB_COMPLETED) {
+		enum job_err e = r->err == JOB_OK ? JOB_EINTERNAL : r->err;
+		puts_(&b, ", \"error\": {\"code\": \"");
+		puts_(&b, job_err_code(e));
+		puts_(&b, "\", \"message\": ");
+		put_cstr(&b, r->message);
+		puts_(&b, "}");
+	}
+	int64_t micro = r->cost_micro_usd;
+	uint64_t mag = micro < 0 ? (uint64_t)0 - (uint64_t)micro : (uint64_t)micro;
+	putf(&b, ", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"queue_seconds\": ",
+	     r->prompt_tokens, r->completion_tokens);
+	put_seconds(&b, r->queue_seconds);
+	puts_(&b, ", \"gpu_seconds\": ");
+	put_seconds(&b, r->gpu_seconds);
+	putf(&b, ", \"cost_usd\": %s%" PRIu64 ".%06" PRIu64 ", \"cost_micro_usd\": %" PRId64 "}",
+	     micro < 0 ? "-" : "", mag / 1000000, mag % 1000000, micro);
+	puts_(&b, ", \"worker\": ");
+	put_cstr(&b, r->worker);
+	putf(&b, ", \"attempt\": %d}", r->attempt);
+	if (b.oom) {
+		free(b.p);
+		return NULL;
+	}
+	if (len)
+		*len = b.len;
+	return b.p;
+}
+
+char *job_encode_error(const char *id, enum job_status status, enum job_err e, const char *message,
+		       const char *worker, int attempt, size_t *len)
+{
+	struct job_result r = {.id = id, .status = status, .err = e, .message = message,
+			       .worker = worker, .attempt = attempt};
+	return job_encode_result(&r, len);
+}

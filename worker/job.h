@@ -1,0 +1,127 @@
+/*
+ * job.h - the job JSON a queue delivers, and the result JSON a worker stores.
+ *
+ * Pure functions: no I/O, no globals, no clock. Safe to call from any thread, and the
+ * decoder is the target a fuzzer drives.
+ *
+ * Job (the contract in BRIEF.md):
+ *   {"id": "abc", "tenant": "t1", "timeout_s": 600,
+ *    "input": {"prompt": "..."  |  "messages": [{"role": "user", "content": "..."}, ...],
+ *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+ *              "seed": 1, "stop": "\n" | ["a", "b"]}}
+ * Unknown members are ignored, so producers may add fields. Every input has a limit below.
+ *
+ * Result:
+ *   {"id", "status": "COMPLETED"|"FAILED"|"TIMED_OUT"|"CANCELLED",
+ *    "output": {"text", "token_ids", "finish_reason"}, "error": {"code", "message"},
+ *    "usage": {"prompt_tokens", "completion_tokens", "queue_seconds", "gpu_seconds",
+ *              "cost_usd", "cost_micro_usd"}, "worker", "attempt"}
+ * "error" is present exactly when status is not COMPLETED. cost_usd is cost_micro_usd / 1e6,
+ * printed with 6 decimals from the integer, so the two never disagree.
+ */
+#ifndef JOB_H
+#define JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- limits (bytes are UTF-8 bytes of the decoded string) ---- */
+#define JOB_ID_MAX 128             /* id and tenant: [A-Za-z0-9._-]{1,128} */
+#define JOB_BODY_MAX (4u << 20)    /* a whole job document */
+#define JOB_PROMPT_MAX (1u << 20)  /* prompt, or the sum of all message contents */
+#define JOB_MESSAGES_MAX 512       /* messages in one chat */
+#define JOB_ROLE_MAX 32            /* bytes of a message role */
+#define JOB_STOP_MAX 16            /* stop strings */
+#define JOB_STOP_LEN_MAX 256       /* bytes of one stop string (at least 1) */
+#define JOB_MAX_TOKENS_MAX 131072  /* max_tokens must be 1..this */
+#define JOB_MAX_TOKENS_DEFAULT 256
+#define JOB_TEMPERATURE_MAX 2.0    /* temperature in [0, 2]; 0 is greedy */
+#define JOB_TOP_K_MAX 1000000      /* top_k in [0, this]; 0 disables */
+#define JOB_TIMEOUT_MAX 86400.0    /* timeout_s in (0, one day] */
+#define JOB_TIMEOUT_DEFAULT 600.0
+
+/* The error codes of the contract, in its order. JOB_OK is not an error. */
+enum job_err {
+	JOB_OK = 0,
+	JOB_EINVALID_JSON,    /* not JSON, or not a JSON object */
+	JOB_EINVALID_INPUT,   /* a member missing, of the wrong type, or past a limit */
+	JOB_EPROMPT_TOO_LONG, /* the engine's verdict (context length); also prompts > JOB_PROMPT_MAX */
+	JOB_EMAX_TOKENS,      /* max_tokens outside 1..JOB_MAX_TOKENS_MAX */
+	JOB_ETIMEOUT,         /* the job ran past timeout_s */
+	JOB_ECANCELLED,       /* cancelled through the queue's channel */
+	JOB_EENGINE,          /* the engine failed */
+	JOB_EINTERNAL,        /* anything else, dead-lettering included */
+};
+
+/* "invalid_json", ...; "internal" for an unknown value. Never NULL. */
+const char *job_err_code(enum job_err e);
+
+enum job_status { JOB_COMPLETED, JOB_FAILED, JOB_TIMED_OUT, JOB_CANCELLED };
+/* "COMPLETED", ...; never NULL. */
+const char *job_status_name(enum job_status s);
+
+struct job_message {
+	char role[JOB_ROLE_MAX + 1];
+	char *content; /* malloc'd, NUL-terminated (a NUL inside is refused) */
+};
+
+struct job {
+	char id[JOB_ID_MAX + 1];
+	char tenant[JOB_ID_MAX + 1]; /* "" when absent */
+	char *prompt;                /* malloc'd; NULL when messages are given */
+	struct job_message *messages;
+	int n_messages;
+	int max_tokens;
+	float temperature; /* default 1.0 */
+	float top_p;       /* (0, 1], default 1.0 */
+	int top_k;         /* default 0 (off) */
+	uint64_t seed;     /* default 0; has_seed says whether the job gave one */
+	bool has_seed;
+	char *stop[JOB_STOP_MAX]; /* malloc'd, NUL-terminated */
+	int n_stop;
+	double timeout_s;
+};
+
+/* True when s is a valid id: [A-Za-z0-9._-]{1,JOB_ID_MAX}, and not "." or "..". */
+bool job_id_valid(const char *s);
+
+/* Decodes body[0..len) into *j (which it clears first). queue_id is the id the queue
+ * delivered the job under, or NULL: when given, a body without "id" takes it, and a body
+ * whose "id" differs is invalid_input.
+ * Returns JOB_OK, or the contract's error code with a one-line message in err. On error
+ * j->id is still filled when an id is known (the body's valid id, else queue_id), so the
+ * caller can store a FAILED result under it; the caller calls job_free() either way. */
+enum job_err job_decode(const char *body, size_t len, const char *queue_id, struct job *j,
+			char *err, size_t errsz);
+void job_free(struct job *j); /* frees what job_decode allocated; safe twice, and on {0} */
+
+/* A result to encode. Strings may be NULL (encoded as "" except where noted). */
+struct job_result {
+	const char *id;
+	enum job_status status;
+	const char *text;           /* output text */
+	size_t text_len;            /* bytes of text; 0 with text != NULL means strlen(text) */
+	const int *token_ids;       /* may be NULL when n_tokens == 0 */
+	int n_tokens;
+	const char *finish_reason;  /* "stop", "length", ...; NULL: null */
+	enum job_err err;           /* used when status != COMPLETED (JOB_OK then means internal) */
+	const char *message;        /* error message */
+	int prompt_tokens, completion_tokens;
+	double queue_seconds, gpu_seconds;
+	int64_t cost_micro_usd;
+	const char *worker;
+	int attempt;
+};
+
+/* Encodes r as one line of JSON (no newline), malloc'd and NUL-terminated; *len (when not
+ * NULL) gets its length. Returns NULL only when out of memory. Strings that are not valid
+ * UTF-8 are encoded with U+FFFD in place of each bad byte, so a result always encodes. */
+char *job_encode_result(const struct job_result *r, size_t *len);
+
+/* A FAILED (or other non-COMPLETED) result with no output: the shortcut for jobs that never
+ * ran. Same return contract as job_encode_result. */
+char *job_encode_error(const char *id, enum job_status status, enum job_err e, const char *message,
+		       const char *worker, int attempt, size_t *len);
+
+#endif

@@ -1,0 +1,204 @@
+/*
+ * queue.c - picks the driver from the URL scheme, fills in defaults, checks arguments.
+ */
+#include "worker/queue_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+
+#define QUEUE_BATCH_MAX 4096 /* jobs in one take/complete/extend call */
+
+void queue_job_free(struct queue_job *j)
+{
+	if (!j)
+		return;
+	free(j->body);
+	j->body = NULL;
+	j->len = 0;
+}
+
+int queue_open(const char *url, const struct queue_opts *o, struct queue **qp, char *err, size_t errsz)
+{
+	*qp = NULL;
+	if (!url || !*url)
+		return wk_errf(err, errsz, WK_EINVAL, "no queue URL given");
+	const struct queue_ops *ops;
+	const char *rest = url;
+	if (!strncmp(url, "spool:", 6)) {
+		ops = &queue_spool_ops;
+		rest = url + 6;
+	} else if (!strncmp(url, "redis://", 8)) {
+		ops = &queue_redis_ops;
+	} else if (!strncmp(url, "sqs://", 6) || !strncmp(url, "http://", 7) ||
+		   !strncmp(url, "https://", 8)) {
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%.200s: this queue driver is not built yet",
+			       url);
+	} else {
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "%.200s: unknown queue URL (want spool:DIR, redis://HOST:PORT/STREAM, "
+			       "sqs://..., or http(s)://...)",
+			       url);
+	}
+	if (o && o->consumer && *o->consumer && !job_id_valid(o->consumer))
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "consumer name '%.128s' must match [A-Za-z0-9._-]{1,128}", o->consumer);
+	struct queue *q = calloc(1, sizeof *q);
+	if (!q)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	q->ops = ops;
+	if (o)
+		q->o = *o;
+	if (q->o.consumer && *q->o.consumer) {
+		snprintf(q->consumer, sizeof q->consumer, "%s", q->o.consumer);
+	} else {
+		char host[64] = "host";
+		gethostname(host, sizeof host - 1);
+		host[sizeof host - 1] = 0;
+		for (char *p = host; *p; p++)
+			if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
+			      (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
+				*p = '_';
+		snprintf(q->consumer, sizeof q->consumer, "%s-%ld", host, (long)getpid());
+	}
+	q->o.consumer = q->consumer;
+	if (!(q->o.lease_s > 0))
+		q->o.lease_s = 60;
+	if (q->o.max_deliveries <= 0)
+		q->o.max_deliveries = 5;
+	if (q->o.max_body == 0 || q->o.max_body > JOB_BODY_MAX)
+		q->o.max_body = JOB_BODY_MAX;
+	if (!(q->o.reconnect_s > 0))
+		q->o.reconnect_s = 60;
+	int rc = ops->open(q, rest, err, errsz);
+	if (rc != WK_OK) {
+		free(q);
+		return rc;
+	}
+	*qp = q;
+	return WK_OK;
+}
+
+void queue_close(struct queue *q)
+{
+	if (!q)
+		return;
+	q->ops->close(q);
+	free(q);
+}
+
+const char *queue_driver(const struct queue *q) { return q->ops->name; }
+
+static int check_n(int n, char *err, size_t errsz)
+{
+	if (n < 0 || n > QUEUE_BATCH_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "%d jobs in one call; the limit is %d", n,
+			       QUEUE_BATCH_MAX);
+	return WK_OK;
+}
+
+int queue_take(struct queue *q, struct queue_job *jobs, int max, double wait_s, int *n, char *err,
+	       size_t errsz)
+{
+	*n = 0;
+	int rc = check_n(max, err, errsz);
+	if (rc != WK_OK || max == 0)
+		return rc;
+	if (!(wait_s >= 0))
+		wait_s = 0;
+	memset(jobs, 0, (size_t)max * sizeof *jobs);
+	rc = q->ops->take(q, jobs, max, wait_s, n, err, errsz);
+	q->st.taken += (uint64_t)*n;
+	return rc;
+}
+
+int queue_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz)
+{
+	int rc = check_n(n, err, errsz);
+	if (rc != WK_OK || n == 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		r[i].rc = WK_OK;
+		if (!r[i].job || !r[i].json)
+			return wk_errf(err, errsz, WK_EINVAL, "result %d has no job or no JSON", i);
+	}
+	rc = q->ops->complete(q, r, n, err, errsz);
+	for (int i = 0; i < n; i++)
+		q->st.completed += r[i].rc == WK_OK;
+	return rc;
+}
+
+int queue_extend(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc_, char *err,
+		 size_t errsz)
+{
+	int rc = check_n(n, err, errsz);
+	if (rc != WK_OK || n == 0)
+		return rc;
+	if (!(lease_s > 0))
+		lease_s = q->o.lease_s;
+	return q->ops->extend(q, jobs, n, lease_s, rc_, err, errsz);
+}
+
+int queue_release(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz)
+{
+	int rc = check_n(n, err, errsz);
+	if (rc != WK_OK || n == 0)
+		return rc;
+	rc = q->ops->release(q, jobs, n, err, errsz);
+	if (rc == WK_OK)
+		q->st.released += (uint64_t)n;
+	return rc;
+}
+
+int queue_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz)
+{
+	int rc = check_n(n, err, errsz);
+	if (rc != WK_OK || n == 0)
+		return rc;
+	return q->ops->check_cancel(q, jobs, n, err, errsz);
+}
+
+int queue_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,
+		 size_t errsz)
+{
+	if (!job_id_valid(id))
+		return wk_errf(err, errsz, WK_EINVAL, "job id '%.140s' must match [A-Za-z0-9._-]{1,%d}",
+			       id ? id : "", JOB_ID_MAX);
+	if (len > q->o.max_body)
+		return wk_errf(err, errsz, WK_ELIMIT, "job %s has %zu bytes; the limit is %zu", id, len,
+			       q->o.max_body);
+	return q->ops->submit(q, id, json, len, err, errsz);
+}
+
+int queue_wait_result(struct queue *q, const char *id, double timeout_s, char **json, size_t *len,
+		      char *err, size_t errsz)
+{
+	*json = NULL;
+	if (!job_id_valid(id))
+		return wk_errf(err, errsz, WK_EINVAL, "job id '%.140s' is not valid", id ? id : "");
+	if (!q->ops->wait_result)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the %s driver cannot wait for results",
+			       q->ops->name);
+	return q->ops->wait_result(q, id, timeout_s, json, len, err, errsz);
+}
+
+int queue_cancel(struct queue *q, const char *id, char *err, size_t errsz)
+{
+	if (!job_id_valid(id))
+		return wk_errf(err, errsz, WK_EINVAL, "job id '%.140s' is not valid", id ? id : "");
+	if (!q->ops->cancel)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the %s driver cannot cancel jobs",
+			       q->ops->name);
+	return q->ops->cancel(q, id, err, errsz);
+}
+
+void queue_get_stats(const struct queue *q, struct queue_stats *s) { *s = q->st; }
+
+char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
+			 int attempt, size_t *len)
+{
+	return job_encode_error(id, JOB_FAILED, e, msg, q->consumer, attempt, len);
+}

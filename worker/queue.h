@@ -1,0 +1,127 @@
+/*
+ * queue.h - where jobs come from and where results go: one interface, a driver per URL scheme.
+ *
+ *   spool:DIR                                  worker/queue_spool.c  (embedded default)
+ *   redis://HOST:PORT/STREAM?group=G&dead=D&max_deliveries=N&result_ttl=S
+ *                                              worker/queue_redis.c  (hiredis)
+ *   sqs://..., http(s)://...                   (later; they fit the same table)
+ *
+ * A queue handle is used by one thread at a time (each thread opens its own). Every function
+ * returns WK_OK or a negative WK_E* code and writes a one-line message into err.
+ *
+ * Delivery guarantees (copied into the README):
+ *
+ * | driver | delivery                        | lease (heartbeat)                                | reclaim of a dead worker's job                               | dead-letter                                  |
+ * |--------|---------------------------------|--------------------------------------------------|--------------------------------------------------------------|----------------------------------------------|
+ * | spool  | at-least-once; result file fsync'd (file+dir) before the claim is removed | expiry in the claim's name `claimed/<id>~<attempt>~<pid>~<expiry>`; queue_extend renames it | expiry passed, or the owner pid is gone (same machine); the taker renames the claim to itself | after max_deliveries (default 5): input to `failed/`, FAILED result in `done/` |
+ * | redis  | at-least-once; result key SET before XACK | the entry's idle time; queue_extend re-XCLAIMs it (JUSTID) | XAUTOCLAIM of entries idle past the lease; own PEL re-read after a reconnect | after max_deliveries (XPENDING's count): entry XADDed to `STREAM:dead`, FAILED result key, XACK |
+ *
+ * Both: a redelivered job whose result already exists is acknowledged inside queue_take and
+ * never returned, so a crash between "store result" and "acknowledge" costs nothing. Job ids
+ * are the idempotency key: one id, at most one stored result (the first one stored wins on
+ * redis; on the spool a later complete replaces the file with an equal-status result).
+ */
+#ifndef QUEUE_H
+#define QUEUE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/job.h"
+
+struct queue;
+
+struct queue_opts {
+	const char *consumer;  /* this worker's name; NULL: "<hostname>-<pid>" */
+	double lease_s;        /* a claim's life without queue_extend; 0: 60 */
+	int max_deliveries;    /* deliveries before dead-lettering; 0: 5 (the URL may override) */
+	size_t max_body;       /* bytes of one job; 0: JOB_BODY_MAX. Larger jobs fail as invalid_input */
+	double reconnect_s;    /* network drivers: how long to keep reconnecting; 0: 60 */
+};
+
+/* One delivered job. The driver owns body until queue_job_free(). */
+struct queue_job {
+	char id[JOB_ID_MAX + 1];
+	char *body;            /* the raw job JSON, NUL-terminated (malloc'd) */
+	size_t len;
+	int attempt;           /* 1 on the first delivery */
+	double enqueued_at;    /* unix seconds when known, else 0 */
+	bool cancelled;        /* set by queue_take / queue_check_cancel */
+	char handle[200];      /* the driver's receipt: claim name, stream entry id, ... */
+};
+void queue_job_free(struct queue_job *j); /* frees body; safe twice */
+
+/* Result of one job for queue_complete. */
+struct queue_result {
+	struct queue_job *job;
+	const char *json;      /* the result JSON (job_encode_result) */
+	size_t len;
+	bool keep_input;       /* also keep the input for inspection (spool: failed/, redis: dead
+				* stream); set for jobs that could not be parsed. Redis copies
+				* job->body, so free bodies only after queue_complete */
+	int rc;                /* out: WK_OK, or this job's own failure */
+};
+
+struct queue_stats {
+	uint64_t taken, completed, redelivered_done, reclaimed, dead_lettered, released;
+	uint64_t syncs;        /* fsync/syncfs calls (spool) or round trips that store results (redis) */
+	uint64_t reconnects;
+};
+
+/* ---- lifecycle ---- */
+
+/* Opens the queue named by url (see the top). Creates what is missing: spool directories
+ * (mode 0700), the redis stream and group (XGROUP CREATE ... MKSTREAM from id 0). o may be
+ * NULL for defaults. */
+int queue_open(const char *url, const struct queue_opts *o, struct queue **q, char *err, size_t errsz);
+void queue_close(struct queue *q); /* NULL is fine; jobs still held stay claimed until reclaim */
+const char *queue_driver(const struct queue *q); /* "spool", "redis" */
+
+/* ---- the worker's side ---- */
+
+/* Takes up to max jobs into jobs[0..*n), waiting up to wait_s seconds for the first one
+ * (0: do not wait). Before new jobs it reclaims the expired leases of dead workers. Jobs past
+ * max_deliveries are dead-lettered, and jobs that already have a result are acknowledged;
+ * neither is returned. A job over max_body is answered FAILED (invalid_input) and not
+ * returned. *n == 0 with WK_OK means nothing came in time. jobs[i].cancelled is set for jobs
+ * already cancelled. Network drivers reconnect with backoff for up to reconnect_s before
+ * giving up with WK_EIO. */
+int queue_take(struct queue *q, struct queue_job *jobs, int max, double wait_s, int *n,
+	       char *err, size_t errsz);
+
+/* Stores each result durably, THEN acknowledges its job. Group commit: one call stores n
+ * results with a few syncs. Returns WK_OK when every r[i].rc is WK_OK, else the first
+ * failure (the others may still have succeeded: see r[i].rc). Does not free the jobs. */
+int queue_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz);
+
+/* Extends the lease of each job by lease_s from now. A job whose lease was lost (reclaimed by
+ * another worker) gets WK_ENOTFOUND in rc[i] (rc may be NULL); the call then returns
+ * WK_ENOTFOUND. Finishing such a job is still safe: results are idempotent. */
+int queue_extend(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc,
+		 char *err, size_t errsz);
+
+/* Hands jobs back undone (drain): they are delivered again at once, to any worker. */
+int queue_release(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
+
+/* Sets jobs[i].cancelled for each job cancelled through the queue's channel. */
+int queue_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
+
+/* ---- the producer's side (wick submit) ---- */
+
+/* Enqueues a job whose id is id (valid per job_id_valid) and whose JSON is json. Refuses with
+ * WK_EINVAL an id that is already queued (spool) or already has a result. */
+int queue_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,
+		 size_t errsz);
+
+/* Waits up to timeout_s for the result of id; on WK_OK *json (malloc'd, caller frees) holds
+ * it. WK_ENOTFOUND when none came in time. */
+int queue_wait_result(struct queue *q, const char *id, double timeout_s, char **json, size_t *len,
+		      char *err, size_t errsz);
+
+/* Asks that job id be cancelled (spool: cancel/<id>; redis: key STREAM:cancel:<id>). */
+int queue_cancel(struct queue *q, const char *id, char *err, size_t errsz);
+
+void queue_get_stats(const struct queue *q, struct queue_stats *s);
+
+#endif

@@ -1,0 +1,78 @@
+/*
+ * queue_impl.h - what a queue driver implements. Only worker/queue*.c include this.
+ *
+ * A driver is a table of functions plus its own state in q->impl. Every member is required
+ * except where marked optional; queue.c answers WK_EUNSUPPORTED for a missing optional one.
+ * The arguments are checked by queue.c (counts, ids) before a driver sees them.
+ */
+#ifndef QUEUE_IMPL_H
+#define QUEUE_IMPL_H
+
+#include "worker/queue.h"
+
+struct queue_ops {
+	const char *name;
+	/* rest: the URL after "scheme:" (spool) or the whole URL (network drivers) */
+	int (*open)(struct queue *q, const char *url, char *err, size_t errsz);
+	void (*close)(struct queue *q);
+	int (*take)(struct queue *q, struct queue_job *jobs, int max, double wait_s, int *n,
+		    char *err, size_t errsz);
+	int (*complete)(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz);
+	int (*extend)(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc,
+		      char *err, size_t errsz);
+	int (*release)(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
+	int (*check_cancel)(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
+	int (*submit)(struct queue *q, const char *id, const char *json, size_t len, char *err,
+		      size_t errsz);
+	int (*wait_result)(struct queue *q, const char *id, double timeout_s, char **json,
+			   size_t *len, char *err, size_t errsz); /* optional */
+	int (*cancel)(struct queue *q, const char *id, char *err, size_t errsz); /* optional */
+};
+
+struct queue {
+	const struct queue_ops *ops;
+	struct queue_opts o;   /* defaults filled in */
+	char consumer[128];    /* o.consumer points here */
+	struct queue_stats st;
+	void *impl;
+};
+
+extern const struct queue_ops queue_spool_ops;
+extern const struct queue_ops queue_redis_ops;
+
+/* The FAILED result a driver stores by itself (dead-letter, oversized body). malloc'd. */
+char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
+			 int attempt, size_t *len);
+
+/* The spool's file names, pure (fuzzed). A claim is "<id>~<attempt>~<pid>~<expiry_ms>"; a
+ * queued job is "<id>.json" or "<id>~<n>.json" with n earlier deliveries. id needs
+ * JOB_ID_MAX + 1 bytes. False when name is not one. */
+bool queue_spool_parse_claim(const char *name, char *id, int *attempt, long *pid,
+			     long long *expiry_ms);
+bool queue_spool_parse_new(const char *name, char *id, int *prev);
+
+/* redis:// URLs, pure (fuzzed). Defaults: port 6379, group "wick", dead "STREAM:dead",
+ * max_deliveries 0 (= the queue_opts value), result_ttl 7 days. */
+struct queue_redis_url {
+	char host[256];
+	int port;
+	char stream[101], group[101], dead[112];
+	int max_deliveries;
+	long long result_ttl; /* seconds; 0 = results never expire */
+};
+int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err, size_t errsz);
+
+/* One stream entry ([entry-id, [field, value, ...]]) as delivered, pure (fuzzed). body points
+ * into the reply. */
+enum { QUEUE_REDIS_ENTRY_OK, QUEUE_REDIS_ENTRY_BAD, QUEUE_REDIS_ENTRY_GONE, QUEUE_REDIS_ENTRY_TOO_BIG };
+struct queue_redis_entry {
+	char entry[48];        /* the stream entry id, "" when unreadable */
+	char id[JOB_ID_MAX + 1];
+	const char *body;
+	size_t len;
+	double enqueued_at;    /* from the entry id's milliseconds */
+};
+struct redisReply;
+int queue_redis_decode_entry(const struct redisReply *e, size_t max_body, struct queue_redis_entry *out);
+
+#endif

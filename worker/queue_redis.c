@@ -1,0 +1,1028 @@
+/*
+ * queue_redis.c - redis://HOST:PORT/STREAM?group=G&dead=DEAD&max_deliveries=N&result_ttl=S
+ *
+ * Redis Streams with a consumer group, through hiredis (blocking API, one connection per
+ * queue handle). Names, for STREAM = jobs:
+ *   jobs                 the job stream; an entry is {id: <job id>, job: <job JSON>}
+ *   jobs:result:<id>     the result JSON (a string key, SET NX: the first result wins;
+ *                        expires after result_ttl seconds, default 7 days, 0 = never)
+ *   jobs:results         a stream announcing results: {id: <job id>}, capped near 100,000
+ *   jobs:cancel:<id>     exists = cancel that job
+ *   jobs:queued:<id>     set by submit (with the result's ttl): one enqueue per id
+ *   jobs:dead            dead letters: {id, job, reason, entry} (the `dead` parameter)
+ * Group G (default "wick") is created from id 0 with MKSTREAM by every opener, so jobs
+ * submitted before any worker existed are seen.
+ *
+ * Take: our own pending entries first after a (re)connect (a reply lost with the connection
+ * left them in our PEL), then XAUTOCLAIM of entries idle longer than the lease (their worker
+ * died or stalled), then XREADGROUP ... BLOCK for new ones. The attempt number is XPENDING's
+ * delivery count. Complete: SET the result key, XADD the announcement, then XACK, pipelined
+ * in that order on one connection. A redelivered entry whose result key exists is XACKed
+ * without being returned.
+ *
+ * Failures: any I/O error, or a -LOADING reply (Redis replaying its log), drops the
+ * connection; the operation is retried on a new one with backoff (50 ms doubling to 2 s)
+ * for up to reconnect_s. Every operation is idempotent, so retrying a whole pipeline is safe.
+ * A -NOGROUP reply (Redis restarted without its data) re-creates the group.
+ */
+#include "worker/queue_impl.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+
+#define NAME_LEN 100          /* stream, group and dead-letter stream names */
+#define ENTRY_ID_MAX 48       /* "<ms>-<seq>" */
+#define RESULTS_MAXLEN 100000 /* approximate cap of the announcement stream */
+#define IO_TIMEOUT_S 10       /* a reply slower than this (beyond a BLOCK) is a dead server */
+
+struct rq {
+	struct queue_redis_url u;
+	redisContext *c;
+	double io_extra_s;     /* added to IO_TIMEOUT_S while a BLOCK is in flight */
+	bool scan_own;         /* re-read our own PEL before new entries */
+	bool connected_once;   /* a later connect is a reconnect */
+	char cursor[ENTRY_ID_MAX];
+	double next_reclaim;   /* wk_now() seconds */
+	char (*held)[ENTRY_ID_MAX]; /* entries taken and not yet completed or released */
+	int n_held, cap_held;
+};
+
+/* ---- URL: pure ---- */
+
+static bool name_ok(const char *s, size_t n)
+{
+	if (n == 0 || n > NAME_LEN)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == '-' || c == ':'))
+			return false;
+	}
+	return true;
+}
+
+int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err, size_t errsz)
+{
+	memset(u, 0, sizeof *u);
+	u->port = 6379;
+	u->max_deliveries = 0;
+	u->result_ttl = 7 * 86400;
+	snprintf(u->group, sizeof u->group, "wick");
+	if (strncmp(url, "redis://", 8))
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: not a redis:// URL", url);
+	const char *p = url + 8, *slash = strchr(p, '/');
+	if (!slash)
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: no stream (redis://HOST:PORT/STREAM)", url);
+	const char *hend = slash, *colon = NULL;
+	if (*p == '[') { /* [v6 address] */
+		const char *rb = memchr(p, ']', (size_t)(slash - p));
+		if (!rb)
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unclosed [ in the host", url);
+		if (rb + 1 < slash && rb[1] == ':')
+			colon = rb + 1;
+		else if (rb + 1 != slash)
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: junk after ]", url);
+		p++;
+		hend = rb;
+	} else {
+		colon = memchr(p, ':', (size_t)(slash - p));
+		if (colon)
+			hend = colon;
+	}
+	size_t hl = (size_t)(hend - p);
+	if (hl == 0 || hl >= sizeof u->host || memchr(p, '@', hl))
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad host (no user:password@ either)", url);
+	memcpy(u->host, p, hl);
+	if (colon) {
+		char *end;
+		long port = strtol(colon + 1, &end, 10);
+		if (end != slash || port < 1 || port > 65535)
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad port", url);
+		u->port = (int)port;
+	}
+	const char *s = slash + 1, *q = strchr(s, '?');
+	size_t sl = q ? (size_t)(q - s) : strlen(s);
+	if (!name_ok(s, sl))
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: the stream name must match [A-Za-z0-9._:-]{1,%d}",
+			       url, NAME_LEN);
+	memcpy(u->stream, s, sl);
+	snprintf(u->dead, sizeof u->dead, "%s:dead", u->stream);
+	while (q && *q) {
+		const char *k = q + 1, *amp = strchr(k, '&'), *eq = strchr(k, '=');
+		size_t kl = amp ? (size_t)(amp - k) : strlen(k);
+		if (!eq || eq > k + kl)
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: parameter without a value", url);
+		const char *v = eq + 1;
+		size_t vl = (size_t)(k + kl - v), nl = (size_t)(eq - k);
+		char num[24] = "";
+		if (vl < sizeof num)
+			memcpy(num, v, vl);
+		char *end;
+		long long x = strtoll(num, &end, 10);
+		bool isnum = vl > 0 && vl < sizeof num && *end == 0;
+		if (nl == 5 && !strncmp(k, "group", 5)) {
+			if (!name_ok(v, vl))
+				return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad group name", url);
+			memset(u->group, 0, sizeof u->group);
+			memcpy(u->group, v, vl);
+		} else if (nl == 4 && !strncmp(k, "dead", 4)) {
+			if (!name_ok(v, vl))
+				return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad dead-letter stream name", url);
+			memset(u->dead, 0, sizeof u->dead);
+			memcpy(u->dead, v, vl);
+		} else if (nl == 14 && !strncmp(k, "max_deliveries", 14)) {
+			if (!isnum || x < 1 || x > 1000)
+				return wk_errf(err, errsz, WK_EINVAL, "%.200s: max_deliveries must be 1 to 1000", url);
+			u->max_deliveries = (int)x;
+		} else if (nl == 10 && !strncmp(k, "result_ttl", 10)) {
+			if (!isnum || x < 0 || x > 365LL * 86400)
+				return wk_errf(err, errsz, WK_EINVAL, "%.200s: result_ttl must be 0 to one year in seconds", url);
+			u->result_ttl = x;
+		} else {
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unknown parameter '%.*s'", url, (int)nl, k);
+		}
+		q = amp;
+	}
+	return WK_OK;
+}
+
+/* ---- entries: pure ---- */
+
+int queue_redis_decode_entry(const struct redisReply *e, size_t max_body, struct queue_redis_entry *out)
+{
+	memset(out, 0, sizeof *out);
+	if (!e || e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+	    e->element[0]->type != REDIS_REPLY_STRING || e->element[0]->len >= ENTRY_ID_MAX)
+		return QUEUE_REDIS_ENTRY_BAD;
+	memcpy(out->entry, e->element[0]->str, e->element[0]->len);
+	char *end;
+	unsigned long long ms = strtoull(out->entry, &end, 10);
+	if (*end != '-')
+		return QUEUE_REDIS_ENTRY_BAD;
+	out->enqueued_at = (double)ms / 1000.0;
+	const redisReply *f = e->element[1];
+	if (f->type == REDIS_REPLY_NIL)
+		return QUEUE_REDIS_ENTRY_GONE; /* deleted or trimmed while pending */
+	if (f->type != REDIS_REPLY_ARRAY || f->elements % 2)
+		return QUEUE_REDIS_ENTRY_BAD;
+	const redisReply *id = NULL, *job = NULL;
+	for (size_t i = 0; i + 1 < f->elements; i += 2) {
+		const redisReply *k = f->element[i], *v = f->element[i + 1];
+		if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+			return QUEUE_REDIS_ENTRY_BAD;
+		if (k->len == 2 && !memcmp(k->str, "id", 2))
+			id = v;
+		else if (k->len == 3 && !memcmp(k->str, "job", 3))
+			job = v;
+	}
+	if (id && id->len <= JOB_ID_MAX && memchr(id->str, 0, id->len) == NULL) {
+		memcpy(out->id, id->str, id->len);
+		out->id[id->len] = 0;
+		if (!job_id_valid(out->id))
+			out->id[0] = 0;
+	}
+	if (!out->id[0] || !job)
+		return QUEUE_REDIS_ENTRY_BAD;
+	out->body = job->str;
+	out->len = job->len;
+	return job->len > max_body ? QUEUE_REDIS_ENTRY_TOO_BIG : QUEUE_REDIS_ENTRY_OK;
+}
+
+/* ---- commands ---- */
+
+struct args {
+	int n;
+	const char *v[16];
+	size_t l[16];
+	char num[4][24];
+	int nn;
+};
+
+static void a_s(struct args *a, const char *s) { a->v[a->n] = s, a->l[a->n++] = strlen(s); }
+static void a_b(struct args *a, const char *s, size_t l) { a->v[a->n] = s, a->l[a->n++] = l; }
+static void a_ll(struct args *a, long long x)
+{
+	snprintf(a->num[a->nn], sizeof a->num[0], "%lld", x);
+	a_s(a, a->num[a->nn++]);
+}
+static void send_args(redisContext *c, struct args *a)
+{
+	redisAppendCommandArgv(c, a->n, a->v, a->l);
+}
+
+static bool is_err(const redisReply *r, const char *prefix)
+{
+	return r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, prefix, strlen(prefix));
+}
+
+static void drop(struct rq *r)
+{
+	if (r->c)
+		redisFree(r->c);
+	r->c = NULL;
+}
+
+static void set_timeout(struct rq *r)
+{
+	if (!r->c)
+		return;
+	double s = IO_TIMEOUT_S + r->io_extra_s;
+	struct timeval tv = {.tv_sec = (time_t)s, .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+	redisSetTimeout(r->c, tv);
+}
+
+/* XGROUP CREATE stream group 0 MKSTREAM; BUSYGROUP (it exists) is success. */
+static int create_group(struct rq *r, char *err, size_t errsz)
+{
+	redisReply *rep = redisCommand(r->c, "XGROUP CREATE %s %s 0 MKSTREAM", r->u.stream, r->u.group);
+	if (!rep) {
+		drop(r);
+		return wk_errf(err, errsz, WK_EIO, "redis: connection lost");
+	}
+	int rc = WK_OK;
+	if (rep->type == REDIS_REPLY_ERROR && !is_err(rep, "BUSYGROUP"))
+		rc = wk_errf(err, errsz, is_err(rep, "LOADING") ? WK_EIO : WK_EFORMAT,
+			     "redis XGROUP CREATE %s %s: %s", r->u.stream, r->u.group, rep->str);
+	freeReplyObject(rep);
+	return rc;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+	nanosleep(&ts, NULL);
+}
+
+/* Connects (when not connected), retrying with backoff until deadline (wk_now() seconds).
+ * A server that answers -LOADING counts as not there yet. */
+static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	double delay = 0.05;
+	while (!r->c) {
+		struct timeval tv = {.tv_sec = 2};
+		redisContext *c = redisConnectWithTimeout(r->u.host, r->u.port, tv);
+		char why[160] = "";
+		if (c && !c->err) {
+			r->c = c;
+			set_timeout(r);
+			int rc = create_group(r, why, sizeof why);
+			if (rc == WK_OK) {
+				r->scan_own = true;
+				q->st.reconnects += r->connected_once;
+				r->connected_once = true;
+				return WK_OK;
+			}
+			if (rc != WK_EIO) {
+				drop(r);
+				return wk_errf(err, errsz, rc, "%s", why);
+			}
+			drop(r);
+		} else {
+			snprintf(why, sizeof why, "%s", c ? c->errstr : "out of memory");
+			if (c)
+				redisFree(c);
+		}
+		if (wk_now() + delay > deadline)
+			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: %s (gave up after %.0f s)", r->u.host,
+				       r->u.port, why[0] ? why : "unavailable", q->o.reconnect_s);
+		sleep_s(delay);
+		delay = delay * 2 < 2 ? delay * 2 : 2;
+	}
+	return WK_OK;
+}
+
+/* Runs a pipeline: fn appends ncmd commands, their replies land in rep[0..ncmd) (caller frees
+ * with free_replies). A lost connection or -LOADING reconnects and runs it again; -NOGROUP
+ * re-creates the group and runs it again. */
+typedef void (*append_fn)(struct queue *q, void *ctx);
+
+static void free_replies(redisReply **rep, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (rep[i])
+			freeReplyObject(rep[i]);
+		rep[i] = NULL;
+	}
+}
+
+static int exec(struct queue *q, append_fn fn, void *ctx, int ncmd, redisReply **rep, char *err,
+		size_t errsz)
+{
+	struct rq *r = q->impl;
+	double deadline = wk_now() + q->o.reconnect_s;
+	int nogroup = 0;
+	for (;;) {
+		int rc = ensure(q, deadline, err, errsz);
+		if (rc != WK_OK)
+			return rc;
+		fn(q, ctx);
+		bool broken = false, loading = false, nog = false;
+		for (int i = 0; i < ncmd; i++) {
+			void *x = NULL;
+			rep[i] = NULL;
+			if (broken || redisGetReply(r->c, &x) != REDIS_OK) {
+				broken = true;
+				continue;
+			}
+			rep[i] = x;
+			loading |= is_err(rep[i], "LOADING");
+			nog |= is_err(rep[i], "NOGROUP");
+		}
+		if (!broken && !loading && !(nog && nogroup++ < 3))
+			return WK_OK;
+		free_replies(rep, ncmd);
+		if (broken || loading)
+			drop(r);
+		else if ((rc = create_group(r, err, errsz)) != WK_OK && rc != WK_EIO)
+			return rc;
+		if (wk_now() > deadline)
+			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: lost the connection (gave up after %.0f s)",
+				       r->u.host, r->u.port, q->o.reconnect_s);
+	}
+}
+
+/* One command, no pipeline. */
+struct one {
+	struct args a;
+};
+static void append_one(struct queue *q, void *ctx)
+{
+	send_args(((struct rq *)q->impl)->c, &((struct one *)ctx)->a);
+}
+static int exec1(struct queue *q, struct args *a, redisReply **rep, char *err, size_t errsz)
+{
+	return exec(q, append_one, a, 1, rep, err, errsz);
+}
+
+static void key(char *out, size_t outsz, const struct rq *r, const char *what, const char *id)
+{
+	snprintf(out, outsz, "%s:%s%s%s", r->u.stream, what, id ? ":" : "", id ? id : "");
+}
+
+/* ---- held entries ---- */
+
+static int held_find(struct rq *r, const char *entry)
+{
+	for (int i = 0; i < r->n_held; i++)
+		if (!strcmp(r->held[i], entry))
+			return i;
+	return -1;
+}
+
+static void held_add(struct rq *r, const char *entry)
+{
+	if (held_find(r, entry) >= 0)
+		return;
+	if (r->n_held == r->cap_held) {
+		int cap = r->cap_held ? r->cap_held * 2 : 64;
+		void *p = realloc(r->held, (size_t)cap * sizeof *r->held);
+		if (!p)
+			return; /* only costs a possible duplicate delivery to ourselves */
+		r->held = p;
+		r->cap_held = cap;
+	}
+	snprintf(r->held[r->n_held++], ENTRY_ID_MAX, "%s", entry);
+}
+
+static void held_del(struct rq *r, const char *entry)
+{
+	int i = held_find(r, entry);
+	if (i >= 0)
+		memcpy(r->held[i], r->held[--r->n_held], ENTRY_ID_MAX);
+}
+
+/* ---- open / close ---- */
+
+static void redis_close(struct queue *q)
+{
+	struct rq *r = q->impl;
+	if (!r)
+		return;
+	drop(r);
+	free(r->held);
+	free(r);
+	q->impl = NULL;
+}
+
+static int redis_open(struct queue *q, const char *url, char *err, size_t errsz)
+{
+	struct rq *r = calloc(1, sizeof *r);
+	if (!r)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	q->impl = r;
+	int rc = queue_redis_parse_url(url, &r->u, err, errsz);
+	if (rc == WK_OK) {
+		if (r->u.max_deliveries > 0)
+			q->o.max_deliveries = r->u.max_deliveries;
+		snprintf(r->cursor, sizeof r->cursor, "0-0");
+		/* the first connection: fail fast (a wrong URL should not hang for a minute) */
+		rc = ensure(q, wk_now() + 1.0, err, errsz);
+	}
+	if (rc != WK_OK)
+		redis_close(q);
+	return rc;
+}
+
+/* ---- take ---- */
+
+/* A candidate entry, between reading it and returning it. */
+struct cand {
+	struct queue_redis_entry e;
+	int kind;            /* QUEUE_REDIS_ENTRY_* */
+	bool fresh;          /* from '>': first delivery, no XPENDING needed */
+};
+
+struct take_ctx {
+	struct cand *c;
+	int n;
+	const char *const *extra; /* unused */
+};
+
+static void append_checks(struct queue *q, void *ctx)
+{
+	struct rq *r = q->impl;
+	struct take_ctx *t = ctx;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	for (int i = 0; i < t->n; i++) {
+		struct args a = {0};
+		a_s(&a, "XPENDING"), a_s(&a, r->u.stream), a_s(&a, r->u.group);
+		a_s(&a, t->c[i].e.entry), a_s(&a, t->c[i].e.entry), a_s(&a, "1");
+		send_args(r->c, &a);
+		const char *id = t->c[i].kind == QUEUE_REDIS_ENTRY_BAD ? "-" : t->c[i].e.id;
+		key(k, sizeof k, r, "result", id);
+		a = (struct args){0};
+		a_s(&a, "EXISTS"), a_s(&a, k);
+		send_args(r->c, &a);
+		key(k, sizeof k, r, "cancel", id);
+		a = (struct args){0};
+		a_s(&a, "EXISTS"), a_s(&a, k);
+		send_args(r->c, &a);
+	}
+}
+
+/* What to do with an entry that is not returned. */
+struct settle {
+	const struct cand *c;
+	const char *result;  /* SET NX first, when not NULL */
+	size_t rlen;
+	const char *reason;  /* XADD to the dead stream, when not NULL */
+};
+struct settle_ctx {
+	struct settle *s;
+	int n;
+};
+
+static void append_settle(struct queue *q, void *ctx)
+{
+	struct rq *r = q->impl;
+	struct settle_ctx *t = ctx;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	for (int i = 0; i < t->n; i++) {
+		const struct settle *s = &t->s[i];
+		struct args a = {0};
+		if (s->result) {
+			key(k, sizeof k, r, "result", s->c->e.id);
+			a_s(&a, "SET"), a_s(&a, k), a_b(&a, s->result, s->rlen), a_s(&a, "NX");
+			if (r->u.result_ttl > 0)
+				a_s(&a, "EX"), a_ll(&a, r->u.result_ttl);
+			send_args(r->c, &a);
+			a = (struct args){0};
+			key(k, sizeof k, r, "results", NULL);
+			a_s(&a, "XADD"), a_s(&a, k), a_s(&a, "MAXLEN"), a_s(&a, "~"), a_ll(&a, RESULTS_MAXLEN);
+			a_s(&a, "*"), a_s(&a, "id"), a_s(&a, s->c->e.id);
+			send_args(r->c, &a);
+		}
+		if (s->reason) {
+			a = (struct args){0};
+			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "*");
+			a_s(&a, "id"), a_s(&a, s->c->e.id[0] ? s->c->e.id : "-");
+			a_s(&a, "job"), a_b(&a, s->c->e.body ? s->c->e.body : "", s->c->e.body ? s->c->e.len : 0);
+			a_s(&a, "reason"), a_s(&a, s->reason), a_s(&a, "entry"), a_s(&a, s->c->e.entry);
+			send_args(r->c, &a);
+		}
+		a = (struct args){0};
+		a_s(&a, "XACK"), a_s(&a, r->u.stream), a_s(&a, r->u.group), a_s(&a, s->c->e.entry);
+		send_args(r->c, &a);
+	}
+}
+
+static int settle_cmds(const struct settle *s) { return (s->result ? 2 : 0) + (s->reason ? 1 : 0) + 1; }
+
+/* Appends the entries of an XREADGROUP/XAUTOCLAIM entry list to cands. */
+static void collect(struct queue *q, const redisReply *list, bool fresh, struct cand *c, int *n, int max)
+{
+	struct rq *r = q->impl;
+	for (size_t i = 0; list && list->type == REDIS_REPLY_ARRAY && i < list->elements && *n < max; i++) {
+		struct cand *x = &c[*n];
+		x->kind = queue_redis_decode_entry(list->element[i], q->o.max_body, &x->e);
+		x->fresh = fresh;
+		if (!x->e.entry[0] || held_find(r, x->e.entry) >= 0)
+			continue; /* unreadable id, or one we are running: our own PEL re-read */
+		(*n)++;
+	}
+}
+
+/* XREADGROUP's reply [[stream, [entries]]] → the entries list. */
+static const redisReply *xread_entries(const redisReply *rep)
+{
+	if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 1)
+		return NULL;
+	const redisReply *s = rep->element[0];
+	if (s->type != REDIS_REPLY_ARRAY || s->elements != 2)
+		return NULL;
+	return s->element[1];
+}
+
+static int redis_take(struct queue *q, struct queue_job *jobs, int max, double wait_s, int *n,
+		      char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	double deadline = wk_now() + wait_s;
+	redisReply *reps[3] = {0}; /* replies that own the candidates' strings */
+	int nrep = 0, rc = WK_OK;
+	struct cand *c = calloc((size_t)max, sizeof *c);
+	if (!c)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	int nc = 0;
+	struct args a;
+	char cnt[24];
+
+	for (;;) {
+		nc = 0;
+		/* 1. our own pending entries, after a (re)connect */
+		if (r->scan_own) {
+			a = (struct args){0};
+			snprintf(cnt, sizeof cnt, "%d", max);
+			a_s(&a, "XREADGROUP"), a_s(&a, "GROUP"), a_s(&a, r->u.group), a_s(&a, q->consumer);
+			a_s(&a, "COUNT"), a_s(&a, cnt), a_s(&a, "STREAMS"), a_s(&a, r->u.stream), a_s(&a, "0");
+			if ((rc = exec1(q, &a, &reps[nrep], err, errsz)) != WK_OK)
+				goto out;
+			const redisReply *list = xread_entries(reps[nrep]);
+			collect(q, list, false, c, &nc, max);
+			size_t got = list && list->type == REDIS_REPLY_ARRAY ? list->elements : 0;
+			nrep++;
+			if ((int)got < max)
+				r->scan_own = false;
+		}
+		/* 2. entries idle past the lease: their worker died */
+		if (nc < max && wk_now() >= r->next_reclaim) {
+			a = (struct args){0};
+			snprintf(cnt, sizeof cnt, "%d", max - nc);
+			a_s(&a, "XAUTOCLAIM"), a_s(&a, r->u.stream), a_s(&a, r->u.group), a_s(&a, q->consumer);
+			a_ll(&a, (long long)(q->o.lease_s * 1000)), a_s(&a, r->cursor);
+			a_s(&a, "COUNT"), a_s(&a, cnt);
+			if ((rc = exec1(q, &a, &reps[nrep], err, errsz)) != WK_OK)
+				goto out;
+			redisReply *x = reps[nrep++];
+			if (x->type == REDIS_REPLY_ERROR) {
+				rc = wk_errf(err, errsz, WK_EFORMAT, "redis XAUTOCLAIM: %s (Redis 6.2 or newer is needed)",
+					     x->str);
+				goto out;
+			}
+			if (x->type == REDIS_REPLY_ARRAY && x->elements >= 2 &&
+			    x->element[0]->type == REDIS_REPLY_STRING && x->element[0]->len < ENTRY_ID_MAX) {
+				int before = nc;
+				collect(q, x->element[1], false, c, &nc, max);
+				q->st.reclaimed += (uint64_t)(nc - before);
+				memcpy(r->cursor, x->element[0]->str, x->element[0]->len);
+				r->cursor[x->element[0]->len] = 0;
+			}
+			if (!strcmp(r->cursor, "0-0")) {
+				double step = q->o.lease_s / 4;
+				r->next_reclaim = wk_now() + (step < 1 ? step : 1);
+			}
+		}
+		/* 3. new entries, blocking for the first one */
+		if (nc < max) {
+			double left = deadline - wk_now();
+			double until = r->next_reclaim - wk_now();
+			if (until < left)
+				left = until;
+			long long block = nc == 0 && left > 0.001 ? (long long)(left * 1000) : -1;
+			a = (struct args){0};
+			snprintf(cnt, sizeof cnt, "%d", max - nc);
+			a_s(&a, "XREADGROUP"), a_s(&a, "GROUP"), a_s(&a, r->u.group), a_s(&a, q->consumer);
+			a_s(&a, "COUNT"), a_s(&a, cnt);
+			if (block > 0)
+				a_s(&a, "BLOCK"), a_ll(&a, block);
+			a_s(&a, "STREAMS"), a_s(&a, r->u.stream), a_s(&a, ">");
+			r->io_extra_s = block > 0 ? (double)block / 1000 : 0;
+			set_timeout(r);
+			rc = exec1(q, &a, &reps[nrep], err, errsz);
+			r->io_extra_s = 0;
+			set_timeout(r);
+			if (rc != WK_OK)
+				goto out;
+			collect(q, xread_entries(reps[nrep]), true, c, &nc, max);
+			nrep++;
+		}
+		if (nc > 0)
+			break;
+		free_replies(reps, nrep);
+		nrep = 0;
+		if (wk_now() >= deadline)
+			goto out;
+	}
+
+	/* 4. delivery counts, done and cancel checks, in one round trip */
+	redisReply **chk = calloc((size_t)nc * 3, sizeof *chk);
+	struct settle *st = calloc((size_t)nc, sizeof *st);
+	char **owned = calloc((size_t)nc, sizeof *owned);
+	if (!chk || !st || !owned) {
+		free(chk), free(st), free(owned);
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		goto out;
+	}
+	struct take_ctx tc = {.c = c, .n = nc};
+	if ((rc = exec(q, append_checks, &tc, nc * 3, chk, err, errsz)) != WK_OK) {
+		free(chk), free(st), free(owned);
+		goto out;
+	}
+	int nst = 0, nset_cmds = 0;
+	for (int i = 0; i < nc; i++) {
+		struct cand *x = &c[i];
+		const redisReply *p = chk[3 * i], *done = chk[3 * i + 1], *can = chk[3 * i + 2];
+		int count = 1;
+		if (p->type == REDIS_REPLY_ARRAY && p->elements == 1 && p->element[0]->type == REDIS_REPLY_ARRAY &&
+		    p->element[0]->elements == 4 && p->element[0]->element[3]->type == REDIS_REPLY_INTEGER)
+			count = (int)p->element[0]->element[3]->integer;
+		else if (!x->fresh)
+			continue; /* no longer pending (acked by someone meanwhile) */
+		if (count < 1)
+			count = 1;
+		char msg[200];
+		struct settle *s = &st[nst];
+		s->c = x;
+		if (x->kind == QUEUE_REDIS_ENTRY_BAD || x->kind == QUEUE_REDIS_ENTRY_GONE) {
+			s->reason = x->kind == QUEUE_REDIS_ENTRY_BAD ? "malformed entry (needs fields id and job)"
+								      : "entry deleted while pending";
+			nset_cmds += settle_cmds(s), nst++;
+			continue;
+		}
+		if (done->type == REDIS_REPLY_INTEGER && done->integer > 0) {
+			nset_cmds += settle_cmds(s), nst++;
+			q->st.redelivered_done++;
+			continue;
+		}
+		if (count > q->o.max_deliveries || x->kind == QUEUE_REDIS_ENTRY_TOO_BIG) {
+			bool big = x->kind == QUEUE_REDIS_ENTRY_TOO_BIG;
+			if (big)
+				snprintf(msg, sizeof msg, "the job has %zu bytes; the limit is %zu", x->e.len,
+					 q->o.max_body);
+			else
+				snprintf(msg, sizeof msg,
+					 "dead-lettered: delivered %d times without a result (max_deliveries %d)",
+					 count - 1, q->o.max_deliveries);
+			owned[i] = queue_error_result(q, x->e.id, big ? JOB_EINVALID_INPUT : JOB_EINTERNAL, msg,
+						      big ? count : count - 1, &s->rlen);
+			s->result = owned[i];
+			s->reason = big ? "too large" : "max_deliveries";
+			if (!big)
+				q->st.dead_lettered++;
+			nset_cmds += settle_cmds(s), nst++;
+			continue;
+		}
+		struct queue_job *j = &jobs[*n];
+		memset(j, 0, sizeof *j);
+		if (!(j->body = malloc(x->e.len + 1)))
+			continue; /* stays pending; reclaimed later */
+		memcpy(j->body, x->e.body, x->e.len);
+		j->body[x->e.len] = 0;
+		j->len = x->e.len;
+		snprintf(j->id, sizeof j->id, "%s", x->e.id);
+		snprintf(j->handle, sizeof j->handle, "%s", x->e.entry);
+		j->attempt = count;
+		j->enqueued_at = x->e.enqueued_at;
+		j->cancelled = can->type == REDIS_REPLY_INTEGER && can->integer > 0;
+		held_add(r, x->e.entry);
+		(*n)++;
+	}
+	if (nst > 0) {
+		redisReply **sr = calloc((size_t)nset_cmds, sizeof *sr);
+		struct settle_ctx sc = {.s = st, .n = nst};
+		if (sr && exec(q, append_settle, &sc, nset_cmds, sr, err, errsz) == WK_OK)
+			free_replies(sr, nset_cmds);
+		free(sr); /* a failure here is harmless: those entries are settled on a later delivery */
+	}
+	free_replies(chk, nc * 3);
+	free(chk);
+	for (int i = 0; i < nc; i++)
+		free(owned[i]);
+	free(owned);
+	free(st);
+out:
+	free_replies(reps, nrep);
+	free(c);
+	return rc;
+}
+
+/* ---- complete ---- */
+
+struct complete_ctx {
+	struct queue_result *r;
+	int n;
+};
+
+static void append_complete(struct queue *q, void *ctx)
+{
+	struct rq *r = q->impl;
+	struct complete_ctx *t = ctx;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	for (int i = 0; i < t->n; i++) {
+		struct queue_result *x = &t->r[i];
+		struct args a = {0};
+		key(k, sizeof k, r, "result", x->job->id);
+		a_s(&a, "SET"), a_s(&a, k), a_b(&a, x->json, x->len), a_s(&a, "NX");
+		if (r->u.result_ttl > 0)
+			a_s(&a, "EX"), a_ll(&a, r->u.result_ttl);
+		send_args(r->c, &a);
+		a = (struct args){0};
+		key(k, sizeof k, r, "results", NULL);
+		a_s(&a, "XADD"), a_s(&a, k), a_s(&a, "MAXLEN"), a_s(&a, "~"), a_ll(&a, RESULTS_MAXLEN);
+		a_s(&a, "*"), a_s(&a, "id"), a_s(&a, x->job->id);
+		send_args(r->c, &a);
+		a = (struct args){0};
+		if (x->keep_input) {
+			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "*"), a_s(&a, "id"), a_s(&a, x->job->id);
+			a_s(&a, "job"), a_b(&a, x->job->body ? x->job->body : "", x->job->body ? x->job->len : 0);
+			a_s(&a, "reason"), a_s(&a, "failed input"), a_s(&a, "entry"), a_s(&a, x->job->handle);
+		} else {
+			a_s(&a, "PING"); /* keeps three replies per job */
+		}
+		send_args(r->c, &a);
+		a = (struct args){0};
+		a_s(&a, "XACK"), a_s(&a, r->u.stream), a_s(&a, r->u.group), a_s(&a, x->job->handle);
+		send_args(r->c, &a);
+	}
+}
+
+static int redis_complete(struct queue *q, struct queue_result *res, int n, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	redisReply **rep = calloc((size_t)n * 4, sizeof *rep);
+	if (!rep)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	struct complete_ctx t = {.r = res, .n = n};
+	int rc = exec(q, append_complete, &t, n * 4, rep, err, errsz);
+	q->st.syncs++;
+	if (rc == WK_OK) {
+		for (int i = 0; i < n; i++) {
+			const redisReply *set = rep[4 * i];
+			if (set->type == REDIS_REPLY_ERROR) {
+				res[i].rc = wk_errf(err, errsz, WK_EIO, "redis SET result of %s: %s", res[i].job->id,
+						    set->str);
+				if (rc == WK_OK)
+					rc = res[i].rc;
+			} else {
+				held_del(r, res[i].job->handle);
+			}
+		}
+	} else {
+		for (int i = 0; i < n; i++)
+			res[i].rc = rc;
+	}
+	free_replies(rep, n * 4);
+	free(rep);
+	return rc;
+}
+
+/* ---- extend, release: re-XCLAIM an entry only while we still own it ---- */
+
+/* KEYS[1] stream; ARGV: group, consumer, entry, idle_ms. Returns 1 when we owned it. */
+static const char owned_claim_lua[] =
+	"local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1) "
+	"if p[1] and p[1][2] == ARGV[2] then "
+	"redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[4], 'JUSTID') "
+	"return 1 end return 0";
+
+struct claim_ctx {
+	struct queue_job *jobs;
+	int n;
+	long long idle_ms;
+};
+
+static void append_claims(struct queue *q, void *ctx)
+{
+	struct rq *r = q->impl;
+	struct claim_ctx *t = ctx;
+	for (int i = 0; i < t->n; i++) {
+		struct args a = {0};
+		a_s(&a, "EVAL"), a_s(&a, owned_claim_lua), a_s(&a, "1"), a_s(&a, r->u.stream);
+		a_s(&a, r->u.group), a_s(&a, q->consumer), a_s(&a, t->jobs[i].handle), a_ll(&a, t->idle_ms);
+		send_args(r->c, &a);
+	}
+}
+
+static int claims(struct queue *q, struct queue_job *jobs, int n, long long idle_ms, int *rcs,
+		  char *err, size_t errsz)
+{
+	redisReply **rep = calloc((size_t)n, sizeof *rep);
+	if (!rep)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	struct claim_ctx t = {.jobs = jobs, .n = n, .idle_ms = idle_ms};
+	int rc = exec(q, append_claims, &t, n, rep, err, errsz);
+	for (int i = 0; i < n && rc == WK_OK; i++) {
+		int r1 = WK_OK;
+		if (rep[i]->type == REDIS_REPLY_ERROR)
+			r1 = wk_errf(err, errsz, WK_EIO, "redis: %s", rep[i]->str);
+		else if (rep[i]->type != REDIS_REPLY_INTEGER || rep[i]->integer != 1)
+			r1 = wk_errf(err, errsz, WK_ENOTFOUND, "job %s: lease lost (claimed by another consumer)",
+				     jobs[i].id);
+		if (rcs)
+			rcs[i] = r1;
+	}
+	if (rc == WK_OK && rcs)
+		for (int i = 0; i < n; i++)
+			if (rcs[i] != WK_OK && rc == WK_OK)
+				rc = rcs[i];
+	if (rep)
+		free_replies(rep, n);
+	free(rep);
+	return rc;
+}
+
+static int redis_extend(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc,
+			char *err, size_t errsz)
+{
+	(void)lease_s; /* the idle clock restarts; reclaimers use their own lease_s as the limit */
+	int tmp[n > 0 ? n : 1];
+	return claims(q, jobs, n, 0, rc ? rc : tmp, err, errsz);
+}
+
+static int redis_release(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	int tmp[n > 0 ? n : 1];
+	/* an idle time far past any lease: the next XAUTOCLAIM by anyone takes it */
+	int rc = claims(q, jobs, n, 1000LL * 86400 * 365, tmp, err, errsz);
+	for (int i = 0; i < n; i++)
+		held_del(r, jobs[i].handle);
+	return rc == WK_ENOTFOUND ? WK_OK : rc;
+}
+
+static void append_cancel_checks(struct queue *q, void *ctx)
+{
+	struct rq *r = q->impl;
+	struct claim_ctx *t = ctx;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	for (int i = 0; i < t->n; i++) {
+		struct args a = {0};
+		key(k, sizeof k, r, "cancel", t->jobs[i].id);
+		a_s(&a, "EXISTS"), a_s(&a, k);
+		send_args(r->c, &a);
+	}
+}
+
+static int redis_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz)
+{
+	redisReply **rep = calloc((size_t)n, sizeof *rep);
+	if (!rep)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	struct claim_ctx t = {.jobs = jobs, .n = n};
+	int rc = exec(q, append_cancel_checks, &t, n, rep, err, errsz);
+	for (int i = 0; i < n && rc == WK_OK; i++)
+		if (rep[i]->type == REDIS_REPLY_INTEGER && rep[i]->integer > 0)
+			jobs[i].cancelled = true;
+	if (rc == WK_OK)
+		free_replies(rep, n);
+	free(rep);
+	return rc;
+}
+
+/* ---- producer side ---- */
+
+/* KEYS: stream, result key, queued key; ARGV: id, job, ttl (0 = none). Refuses an id that
+ * already has a result (-1) or was already queued (-2); else XADDs and returns the entry id. */
+static const char submit_lua[] =
+	"if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end "
+	"local ok "
+	"if ARGV[3] == '0' then ok = redis.call('SET', KEYS[3], '1', 'NX') "
+	"else ok = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[3]) end "
+	"if not ok then return -2 end "
+	"return redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'job', ARGV[2])";
+
+static int redis_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,
+			size_t errsz)
+{
+	struct rq *r = q->impl;
+	char rk[NAME_LEN + JOB_ID_MAX + 16], qk[NAME_LEN + JOB_ID_MAX + 16];
+	redisReply *rep = NULL;
+	struct args a = {0};
+	key(rk, sizeof rk, r, "result", id);
+	key(qk, sizeof qk, r, "queued", id);
+	a_s(&a, "EVAL"), a_s(&a, submit_lua), a_s(&a, "3"), a_s(&a, r->u.stream), a_s(&a, rk), a_s(&a, qk);
+	a_s(&a, id), a_b(&a, json, len), a_ll(&a, r->u.result_ttl);
+	int rc = exec1(q, &a, &rep, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	if (rep->type == REDIS_REPLY_INTEGER)
+		rc = wk_errf(err, errsz, WK_EINVAL, "job %s %s", id,
+			     rep->integer == -1 ? "already has a result" : "was already queued");
+	else if (rep->type != REDIS_REPLY_STRING)
+		rc = wk_errf(err, errsz, WK_EIO, "redis XADD %s: %s", r->u.stream,
+			     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+	freeReplyObject(rep);
+	return rc;
+}
+
+static int redis_cancel(struct queue *q, const char *id, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	redisReply *rep = NULL;
+	struct args a = {0};
+	key(k, sizeof k, r, "cancel", id);
+	a_s(&a, "SET"), a_s(&a, k), a_s(&a, "1"), a_s(&a, "EX"), a_ll(&a, 7 * 86400);
+	int rc = exec1(q, &a, &rep, err, errsz);
+	if (rc == WK_OK)
+		freeReplyObject(rep);
+	return rc;
+}
+
+static int redis_wait_result(struct queue *q, const char *id, double timeout_s, char **json,
+			     size_t *len, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	char k[NAME_LEN + JOB_ID_MAX + 16], ann[NAME_LEN + 16], last[ENTRY_ID_MAX] = "0-0";
+	key(k, sizeof k, r, "result", id);
+	key(ann, sizeof ann, r, "results", NULL);
+	double deadline = wk_now() + timeout_s;
+	redisReply *rep = NULL;
+	/* the announcement stream's last id before the first GET: nothing is missed between */
+	struct args a = {0};
+	a_s(&a, "XREVRANGE"), a_s(&a, ann), a_s(&a, "+"), a_s(&a, "-"), a_s(&a, "COUNT"), a_s(&a, "1");
+	int rc = exec1(q, &a, &rep, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 && rep->element[0]->type == REDIS_REPLY_ARRAY &&
+	    rep->element[0]->elements == 2 && rep->element[0]->element[0]->len < ENTRY_ID_MAX)
+		memcpy(last, rep->element[0]->element[0]->str, rep->element[0]->element[0]->len + 1);
+	freeReplyObject(rep);
+	for (;;) {
+		a = (struct args){0};
+		a_s(&a, "GET"), a_s(&a, k);
+		if ((rc = exec1(q, &a, &rep, err, errsz)) != WK_OK)
+			return rc;
+		if (rep->type == REDIS_REPLY_STRING) {
+			*json = malloc(rep->len + 1);
+			if (!*json) {
+				freeReplyObject(rep);
+				return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+			}
+			memcpy(*json, rep->str, rep->len);
+			(*json)[rep->len] = 0;
+			if (len)
+				*len = rep->len;
+			freeReplyObject(rep);
+			return WK_OK;
+		}
+		freeReplyObject(rep);
+		double left = deadline - wk_now();
+		if (left <= 0)
+			return wk_errf(err, errsz, WK_ENOTFOUND, "no result for job %s after %.1f s", id, timeout_s);
+		long long block = (long long)(left * 1000) + 1;
+		if (block > 2000)
+			block = 2000;
+		a = (struct args){0};
+		a_s(&a, "XREAD"), a_s(&a, "COUNT"), a_s(&a, "1000"), a_s(&a, "BLOCK"), a_ll(&a, block);
+		a_s(&a, "STREAMS"), a_s(&a, ann), a_s(&a, last);
+		r->io_extra_s = (double)block / 1000;
+		set_timeout(r);
+		rc = exec1(q, &a, &rep, err, errsz);
+		r->io_extra_s = 0;
+		set_timeout(r);
+		if (rc != WK_OK)
+			return rc;
+		const redisReply *list = xread_entries(rep);
+		if (list && list->type == REDIS_REPLY_ARRAY && list->elements > 0) {
+			const redisReply *e = list->element[list->elements - 1];
+			if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 && e->element[0]->len < ENTRY_ID_MAX)
+				memcpy(last, e->element[0]->str, e->element[0]->len + 1);
+		}
+		freeReplyObject(rep); /* any announcement (or none): GET again */
+	}
+}
+
+const struct queue_ops queue_redis_ops = {
+	.name = "redis",
+	.open = redis_open,
+	.close = redis_close,
+	.take = redis_take,
+	.complete = redis_complete,
+	.extend = redis_extend,
+	.release = redis_release,
+	.check_cancel = redis_check_cancel,
+	.submit = redis_submit,
+	.wait_result = redis_wait_result,
+	.cancel = redis_cancel,
+};
