@@ -12,5 +12,7 @@ const struct backend *be_find(const char *name)
 		return &be_cpu;
 	if (!strcmp(name, "cuda"))
 		return &be_cuda;
+	if (!strcmp(name, "null"))
+		return &be_null;
 	return NULL;
 }

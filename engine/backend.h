@@ -123,8 +123,9 @@ struct backend {
 
 extern const struct backend be_cpu;  /* kernels/cpu/backend_cpu.c */
 extern const struct backend be_cuda; /* kernels/cuda/ (init fails when built without CUDA) */
+extern const struct backend be_null; /* kernels/backend_null.c: no arithmetic, for benchmarks */
 
-/* The backend named name ("cpu", "cuda"), or NULL. "auto" picks cuda when a device is
+/* The backend named name ("cpu", "cuda", "null"), or NULL. "auto" picks cuda when a device is
  * present, else cpu. */
 const struct backend *be_find(const char *name);
 

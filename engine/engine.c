@@ -158,7 +158,7 @@ static int open_backend(struct engine *e, const struct eng_opts *o, char *err, s
 	struct be_config bc = {.threads = o ? o->threads : 0, .device = 0};
 	e->be = be_find(name);
 	if (!e->be)
-		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda or auto)", name);
+		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda, null or auto)", name);
 	int rc = e->be->init(&e->bctx, &bc, err, errsz);
 	if (rc != WK_OK && !strcmp(name, "auto") && e->be != &be_cpu) {
 		fprintf(stderr, "wick: %s; using the cpu backend\n", err);

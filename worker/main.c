@@ -18,6 +18,8 @@ static const struct {
 	{"tokenize", cmd_tokenize, "tokenize MODEL_OR_TOKENIZER_JSON (--text T | --file F | --decode IDS)"},
 	{"generate", cmd_generate, "generate MODEL [-p TEXT | --tokens IDS] [-n N] [--temperature T] ..."},
 	{"logits", cmd_logits, "logits MODEL --tokens 1,2,3 [--all-positions]"},
+	{"worker", cmd_worker, "worker --model MODEL --queue URL [--concurrency N] [--idle-timeout S] ..."},
+	{"submit", cmd_submit, "submit --queue URL [--wait] (-p TEXT | --file JOB.json | --stdin)"},
 	{"bench", cmd_bench, "bench decode MODEL [-n N]"},
 };
 

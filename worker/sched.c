@@ -260,6 +260,7 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 
 	char err[WK_ERRSZ];
 	log_step(s, n, now);
+	double ts = wk_now();
 	int rc = eng_step(s->e, s->items, n, err, sizeof err);
 	s->steps++;
 	if (rc != WK_OK) {
@@ -272,10 +273,14 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 		return rc;
 	}
 	double t = wk_now();
+	int total = 0;
+	for (int k = 0; k < n; k++)
+		total += s->items[k].n;
 	for (int k = 0; k < n; k++) {
 		int i = s->item_slot[k];
 		struct sched_req *r = s->run[i];
 		r->steps++;
+		r->gpu_seconds += (t - ts) * s->items[k].n / total;
 		int next = samp_next(r->sampler, s->logits + (size_t)i * s->vocab);
 		if (r->n_out == 0)
 			r->t_first = t;

@@ -52,6 +52,8 @@ struct sched_req {
 	char error[WK_ERRSZ];  /* for SCHED_FAILED */
 	double t_admit, t_first, t_done; /* wk_now() */
 	int steps;            /* engine steps this request took part in */
+	double gpu_seconds;   /* its share of the steps' time: each step's duration split
+			       * over its items in proportion to the tokens each ran */
 
 	/* private */
 	int seq;

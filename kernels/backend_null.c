@@ -1,0 +1,88 @@
+/*
+ * backend_null.c - a backend that does no arithmetic: every op returns at once (outputs are
+ * zeroed where a caller would read them). It exists to measure everything around the engine
+ * (queues, scheduling, results) without the engine's cost: `wick worker --backend null`.
+ * A model on it "generates" token 0 until max_tokens.
+ */
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/backend.h"
+
+static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
+{
+	(void)cfg;
+	(void)err;
+	(void)errsz;
+	*ctx = NULL;
+	return WK_OK;
+}
+
+static void shutdown(void *ctx)
+{
+	(void)ctx;
+}
+
+static bool supports(void *ctx, enum be_op op, enum dt_type wt)
+{
+	(void)ctx;
+	(void)op;
+	(void)wt;
+	return true;
+}
+
+static void matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
+{
+	(void)ctx;
+	(void)x;
+	memset(y, 0, (size_t)n * w->rows * sizeof *y);
+}
+
+static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim, float eps)
+{
+	(void)ctx;
+	(void)x;
+	(void)w;
+	(void)eps;
+	memset(y, 0, (size_t)n * dim * sizeof *y);
+}
+
+static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
+		 int rot_dim, float theta, bool interleaved)
+{
+	(void)ctx, (void)x, (void)n, (void)pos, (void)n_heads, (void)head_dim, (void)rot_dim;
+	(void)theta, (void)interleaved;
+}
+
+static void attention(void *ctx, float *out, const float *q, const float *k, const float *v,
+		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+		      float scale)
+{
+	(void)ctx, (void)q, (void)k, (void)v, (void)pos0, (void)n_kv, (void)kv_stride, (void)scale;
+	memset(out, 0, (size_t)n * n_heads * head_dim * sizeof *out);
+}
+
+static void silu_mul(void *ctx, float *g, const float *u, size_t n)
+{
+	(void)ctx, (void)g, (void)u, (void)n;
+}
+
+static void add(void *ctx, float *y, const float *x, size_t n)
+{
+	(void)ctx, (void)y, (void)x, (void)n;
+}
+
+/* The Llama ops only: GLM's extra ops stay NULL, so a GLM model on this backend is refused
+ * by name at load. */
+const struct backend be_null = {
+	.name = "null",
+	.init = init,
+	.shutdown = shutdown,
+	.supports = supports,
+	.matmul = matmul,
+	.rmsnorm = rmsnorm,
+	.rope = rope,
+	.attention = attention,
+	.silu_mul = silu_mul,
+	.add = add,
+};

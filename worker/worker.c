@@ -1,0 +1,640 @@
+/*
+ * worker.c - `wick worker`: the production process. It cold-starts the engine, pulls jobs
+ * from a queue, runs them continuously batched, stores each result before acknowledging its
+ * job, and exits 0 when the queue has been quiet for --idle-timeout seconds (scale to zero).
+ *
+ * Lifecycle: STARTING (restore + engine init) -> READY -> BUSY <-> IDLE -> DRAINING -> exit.
+ *   --startup-timeout  a watchdog ends the process (exit 1, reason logged) if start-up stalls
+ *   SIGTERM/SIGINT     stop taking jobs, finish in-flight ones within --drain-timeout, hand
+ *                      the rest back to the queue, exit 0
+ *   --max-lifetime, --max-jobs   recycle: drain and exit 0
+ *
+ * One thread drives everything: take, schedule a step, store finished results (group commit),
+ * extend leases, check cancels. Jobs that cannot run (bad JSON, missing input, prompt too
+ * long...) end FAILED with the contract's error code and the worker keeps going.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "worker/cmd.h"
+#include "worker/job.h"
+#include "worker/queue.h"
+#include "worker/sched.h"
+
+#define MAX_CONCURRENCY 1024
+
+enum state { ST_STARTING, ST_READY, ST_BUSY, ST_IDLE, ST_DRAINING };
+static const char *const state_names[] = {"STARTING", "READY", "BUSY", "IDLE", "DRAINING"};
+
+struct held {               /* a job taken from the queue and not yet finished */
+	struct queue_job qj;
+	struct sched_req *req;  /* NULL once finished */
+	double taken_at;        /* wk_now() */
+	double enqueued_wall;   /* unix seconds, 0 unknown */
+	char tenant[JOB_ID_MAX + 1];
+	bool used;
+};
+
+struct worker {
+	struct cmd_engine ce;
+	const char *queue_url, *step_log_path, *name_opt;
+	int concurrency, max_jobs;
+	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, price_per_hour;
+	bool json_logs;
+
+	char name[160];
+	struct engine *e;
+	const struct tok *tok;
+	enum chat_format chat;
+	struct queue *q;
+	struct sched *s;
+	FILE *step_log;
+	struct held *held;      /* [concurrency] */
+	enum state state;
+	double t_start, t_last_activity, t_drain_deadline;
+	long jobs_taken, jobs_done, jobs_failed;
+	/* finished results waiting to be stored (group commit) */
+	struct queue_result *out;
+	char **out_json;
+	int n_out;
+};
+
+static volatile sig_atomic_t got_signal;
+static volatile sig_atomic_t startup_done;
+
+static void on_signal(int sig)
+{
+	got_signal = sig;
+}
+
+/* ---- logs: a human line on a TTY, one JSON object per line with --log-format json ---- */
+
+static void wlog(struct worker *w, const char *event, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void wlog(struct worker *w, const char *event, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	struct tm tm;
+	gmtime_r(&ts.tv_sec, &tm);
+	char when[64];
+	snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+	if (w->json_logs) {
+		json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s}", "ts", when, "worker", w->name,
+				      "state", state_names[w->state], "event", event, "msg", msg);
+		char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+		if (s)
+			fprintf(stderr, "%s\n", s);
+		free(s);
+		json_decref(j);
+	} else {
+		fprintf(stderr, "%s wick worker [%s] %s: %s\n", when, state_names[w->state], event, msg);
+	}
+}
+
+static void set_state(struct worker *w, enum state st)
+{
+	if (w->state == st)
+		return;
+	enum state old = w->state;
+	w->state = st;
+	wlog(w, "state", "%s -> %s", state_names[old], state_names[st]);
+}
+
+/* ---- start-up watchdog ---- */
+
+static void *watchdog(void *arg)
+{
+	struct worker *w = arg;
+	double deadline = w->t_start + w->startup_timeout;
+	while (!startup_done && wk_now() < deadline)
+		usleep(20000);
+	if (!startup_done) {
+		wlog(w, "startup_timeout", "start-up did not finish within %.0f s (restore or "
+					  "engine init stalled); exiting", w->startup_timeout);
+		_exit(1);
+	}
+	return NULL;
+}
+
+/* ---- results ---- */
+
+static int64_t cost_micro(const struct worker *w, double seconds)
+{
+	return (int64_t)llround(seconds * w->price_per_hour / 3600.0 * 1e6);
+}
+
+/* Queues a result for the next group commit. Takes ownership of json. */
+static void push_result(struct worker *w, struct held *h, char *json, size_t len, bool keep)
+{
+	if (!json) {
+		wlog(w, "error", "job %s: out of memory encoding its result", h->qj.id);
+		return;
+	}
+	w->out[w->n_out] = (struct queue_result){.job = &h->qj, .json = json, .len = len,
+						 .keep_input = keep};
+	w->out_json[w->n_out++] = json;
+}
+
+/* Stores every pending result, then frees their jobs' slots. A result that could not be
+ * stored leaves its job unacknowledged: the queue delivers it again after the lease. */
+static void flush_results(struct worker *w)
+{
+	if (!w->n_out)
+		return;
+	char err[WK_ERRSZ];
+	int rc = queue_complete(w->q, w->out, w->n_out, err, sizeof err);
+	for (int i = 0; i < w->n_out; i++) {
+		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
+		if (w->out[i].rc != WK_OK)
+			wlog(w, "error", "job %s: the result was not stored (%s); the queue will "
+					 "deliver it again", h->qj.id, rc ? err : "?");
+		free(w->out_json[i]);
+		queue_job_free(&h->qj);
+		h->used = false;
+		h->req = NULL;
+	}
+	w->n_out = 0;
+}
+
+static void fail_job(struct worker *w, struct held *h, enum job_status st, enum job_err code,
+		     const char *msg, bool keep_input)
+{
+	size_t len;
+	char *json = job_encode_error(h->qj.id, st, code, msg, w->name, h->qj.attempt, &len);
+	wlog(w, "job_failed", "job %s: %s (%s)", h->qj.id, job_err_code(code), msg);
+	w->jobs_failed++;
+	push_result(w, h, json, len, keep_input);
+}
+
+static void on_done(void *ctx, struct sched_req *r)
+{
+	struct worker *w = ctx;
+	struct held *h = r->user;
+	static const enum job_status map[] = {
+		[SCHED_RUNNING] = JOB_FAILED, [SCHED_DONE] = JOB_COMPLETED,
+		[SCHED_FAILED] = JOB_FAILED, [SCHED_TIMED_OUT] = JOB_TIMED_OUT,
+		[SCHED_CANCELLED] = JOB_CANCELLED};
+	enum job_status st = map[r->status];
+	enum job_err code = r->status == SCHED_TIMED_OUT  ? JOB_ETIMEOUT
+			    : r->status == SCHED_CANCELLED ? JOB_ECANCELLED
+			    : r->status == SCHED_FAILED    ? JOB_EENGINE
+							   : JOB_OK;
+	double queue_s = r->t_admit - h->taken_at;
+	if (h->enqueued_wall > 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double wall_now = ts.tv_sec + ts.tv_nsec * 1e-9;
+		queue_s += (wall_now - (wk_now() - h->taken_at)) - h->enqueued_wall;
+	}
+	if (queue_s < 0)
+		queue_s = 0;
+	struct job_result jr = {
+		.id = h->qj.id, .status = st, .text = r->text ? r->text : "",
+		.text_len = r->text_len, .token_ids = r->out, .n_tokens = r->n_out,
+		.finish_reason = r->finish == SCHED_FIN_STOP ? "stop"
+				 : r->finish == SCHED_FIN_LENGTH ? "length" : NULL,
+		.err = code,
+		.message = r->status == SCHED_FAILED ? r->error
+			   : r->status == SCHED_TIMED_OUT ? "the job ran past its timeout_s"
+			   : r->status == SCHED_CANCELLED ? "cancelled" : NULL,
+		.prompt_tokens = r->n_prompt, .completion_tokens = r->n_out,
+		.queue_seconds = queue_s, .gpu_seconds = r->gpu_seconds,
+		.cost_micro_usd = cost_micro(w, r->gpu_seconds), .worker = w->name,
+		.attempt = h->qj.attempt};
+	size_t len;
+	char *json = job_encode_result(&jr, &len);
+	if (st == JOB_COMPLETED)
+		w->jobs_done++;
+	else
+		w->jobs_failed++;
+	wlog(w, "job_done", "job %s: %s, %d prompt + %d completion tokens, %d steps, %.3f s",
+	     h->qj.id, job_status_name(st), r->n_prompt, r->n_out, r->steps, r->t_done - r->t_admit);
+	h->req = NULL;
+	sched_req_free(r);
+	push_result(w, h, json, len, false);
+}
+
+/* ---- admitting a job ---- */
+
+static int render_prompt(struct worker *w, const struct job *j, int **ids, int *n, char *err,
+			 size_t errsz)
+{
+	if (!w->tok)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the model has no tokenizer.json");
+	if (j->prompt)
+		return tok_encode(w->tok, j->prompt, strlen(j->prompt), true, ids, n, err, errsz);
+	struct chat_msg *m = calloc((size_t)j->n_messages, sizeof *m);
+	if (!m)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	int rc = WK_OK;
+	for (int i = 0; i < j->n_messages && rc == WK_OK; i++) {
+		rc = chat_role_parse(j->messages[i].role, &m[i].role, err, errsz);
+		m[i].content = j->messages[i].content;
+		m[i].len = strlen(j->messages[i].content);
+	}
+	char *text = NULL;
+	size_t len = 0;
+	if (rc == WK_OK)
+		rc = chat_render(w->chat, m, (size_t)j->n_messages, true, false, &text, &len, err,
+				 errsz);
+	free(m);
+	if (rc == WK_OK)
+		rc = tok_encode(w->tok, text, len, w->chat == CHAT_PLAIN, ids, n, err, errsz);
+	free(text);
+	return rc;
+}
+
+static void admit(struct worker *w, struct held *h)
+{
+	char err[WK_ERRSZ];
+	struct job j;
+	enum job_err je = job_decode(h->qj.body, h->qj.len, h->qj.id, &j, err, sizeof err);
+	snprintf(h->tenant, sizeof h->tenant, "%s", j.tenant);
+	if (je != JOB_OK) {
+		fail_job(w, h, JOB_FAILED, je, err, je == JOB_EINVALID_JSON);
+		job_free(&j);
+		return;
+	}
+	if (h->qj.cancelled) {
+		fail_job(w, h, JOB_CANCELLED, JOB_ECANCELLED, "cancelled before it ran", false);
+		job_free(&j);
+		return;
+	}
+	struct sched_req *r = calloc(1, sizeof *r);
+	if (!r) {
+		fail_job(w, h, JOB_FAILED, JOB_EINTERNAL, "out of memory", false);
+		job_free(&j);
+		return;
+	}
+	int rc = render_prompt(w, &j, &r->prompt, &r->n_prompt, err, sizeof err);
+	if (rc != WK_OK) {
+		fail_job(w, h, JOB_FAILED, rc == WK_EINVAL ? JOB_EINVALID_INPUT : JOB_EINTERNAL, err,
+			 false);
+		sched_req_free(r);
+		job_free(&j);
+		return;
+	}
+	snprintf(r->id, sizeof r->id, "%s", h->qj.id);
+	r->max_tokens = j.max_tokens;
+	r->samp = (struct samp_cfg){.temperature = j.temperature, .top_p = j.top_p,
+				    .top_k = j.top_k,
+				    .seed = j.has_seed ? j.seed : (uint64_t)time(NULL) ^ (uint64_t)h};
+	for (int i = 0; i < j.n_stop && i < SCHED_MAX_STOP; i++) {
+		r->stop[i] = j.stop[i];
+		j.stop[i] = NULL;
+		r->n_stop++;
+	}
+	r->deadline = h->taken_at + j.timeout_s;
+	r->user = h;
+	const struct eng_info *in = eng_info(w->e);
+	if (r->n_prompt + 1 > in->max_seq) {
+		snprintf(err, sizeof err, "the prompt is %d tokens; the context holds %d",
+			 r->n_prompt, in->max_seq);
+		fail_job(w, h, JOB_FAILED, JOB_EPROMPT_TOO_LONG, err, false);
+		sched_req_free(r);
+	} else if (sched_submit(w->s, r, err, sizeof err) != WK_OK) {
+		fail_job(w, h, JOB_FAILED, JOB_EPROMPT_TOO_LONG, err, false);
+		sched_req_free(r);
+	} else {
+		h->req = r;
+	}
+	job_free(&j);
+}
+
+static int held_count(const struct worker *w)
+{
+	int n = 0;
+	for (int i = 0; i < w->concurrency; i++)
+		n += w->held[i].used;
+	return n;
+}
+
+static void take_jobs(struct worker *w, double wait_s)
+{
+	int free_slots = w->concurrency - held_count(w);
+	if (w->max_jobs > 0 && free_slots > w->max_jobs - w->jobs_taken)
+		free_slots = (int)(w->max_jobs - w->jobs_taken);
+	if (free_slots <= 0)
+		return;
+	struct queue_job *jobs = calloc((size_t)free_slots, sizeof *jobs);
+	if (!jobs)
+		return;
+	char err[WK_ERRSZ];
+	int n = 0;
+	if (queue_take(w->q, jobs, free_slots, wait_s, &n, err, sizeof err) != WK_OK) {
+		wlog(w, "queue_error", "%s", err);
+		free(jobs);
+		usleep(200000);
+		return;
+	}
+	double now = wk_now();
+	for (int k = 0; k < n; k++) {
+		struct held *h = NULL;
+		for (int i = 0; i < w->concurrency && !h; i++)
+			if (!w->held[i].used)
+				h = &w->held[i];
+		*h = (struct held){.qj = jobs[k], .taken_at = now,
+				   .enqueued_wall = jobs[k].enqueued_at, .used = true};
+		w->jobs_taken++;
+		w->t_last_activity = now;
+		admit(w, h);
+	}
+	free(jobs);
+}
+
+/* Lease heartbeats and cancel checks for the jobs held, every lease/3 and 0.5 s. */
+static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
+{
+	double now = wk_now();
+	int n = 0;
+	struct queue_job *jobs[MAX_CONCURRENCY];
+	for (int i = 0; i < w->concurrency; i++)
+		if (w->held[i].used && w->held[i].req)
+			jobs[n++] = &w->held[i].qj;
+	if (!n)
+		return;
+	char err[WK_ERRSZ];
+	struct queue_job *tmp = malloc((size_t)n * sizeof *tmp);
+	if (!tmp)
+		return;
+	for (int i = 0; i < n; i++)
+		tmp[i] = *jobs[i];
+	if (now - *t_lease > w->lease_s / 3) {
+		*t_lease = now;
+		if (queue_extend(w->q, tmp, n, w->lease_s, NULL, err, sizeof err) != WK_OK)
+			wlog(w, "lease", "%s", err);
+	}
+	if (now - *t_cancel > 0.5) {
+		*t_cancel = now;
+		if (queue_check_cancel(w->q, tmp, n, err, sizeof err) == WK_OK)
+			for (int i = 0; i < n; i++)
+				if (tmp[i].cancelled && !jobs[i]->cancelled) {
+					jobs[i]->cancelled = true;
+					struct held *h = (struct held *)((char *)jobs[i] -
+									 offsetof(struct held, qj));
+					if (h->req)
+						sched_cancel(w->s, h->req);
+				}
+	}
+	for (int i = 0; i < n; i++) /* the driver may have renamed a claim: keep its receipt */
+		memcpy(jobs[i]->handle, tmp[i].handle, sizeof tmp[i].handle);
+	free(tmp);
+}
+
+/* Hands every job still held back to the queue (drain). */
+static void release_all(struct worker *w)
+{
+	char err[WK_ERRSZ];
+	for (int i = 0; i < w->concurrency; i++) {
+		struct held *h = &w->held[i];
+		if (!h->used)
+			continue;
+		if (queue_release(w->q, &h->qj, 1, err, sizeof err) != WK_OK)
+			wlog(w, "release", "job %s: %s", h->qj.id, err);
+		else
+			wlog(w, "released", "job %s handed back to the queue", h->qj.id);
+		queue_job_free(&h->qj);
+		h->used = false;
+	}
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick worker --model MODEL --queue URL [options]\n\n"
+		"Pulls jobs from URL (spool:DIR, redis://HOST:PORT/STREAM?group=G), runs them\n"
+		"continuously batched, stores each result before acknowledging the job, and exits 0\n"
+		"when the queue has been quiet for --idle-timeout seconds.\n"
+		"  --concurrency N       jobs held and batched at once (default 8)\n"
+		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
+		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
+		"  --drain-timeout S     on SIGTERM, finish in-flight jobs within S, then hand the\n"
+		"                        rest back (default 30)\n"
+		"  --max-lifetime S      drain and exit after S seconds (default 0: never)\n"
+		"  --max-jobs N          drain and exit after taking N jobs (default 0: no limit)\n"
+		"  --lease S             job lease, extended while a job runs (default 60)\n"
+		"  --price-per-hour USD  price of this machine, for per-request cost (default 0)\n"
+		"  --worker-id NAME      this worker's name (default HOST-PID)\n"
+		"  --step-log PATH       the scheduler's step log, one JSON line per step\n"
+		"  --log-format json     one JSON object per log line (default: text)\n"
+		"  --backend cpu|cuda|null   null answers at once (for measuring the queue)\n"
+		CMD_ENGINE_HELP);
+}
+
+static int parse_num(const char *arg, const char *flag, double lo, double hi, double *out)
+{
+	char *end;
+	double v = strtod(arg, &end);
+	if (end == arg || *end || !(v >= lo && v <= hi)) {
+		fprintf(stderr, "wick worker: %s wants a number in [%g, %g], not '%s'\n", flag, lo,
+			hi, arg);
+		return 2;
+	}
+	*out = v;
+	return 0;
+}
+
+int cmd_worker(int argc, char **argv)
+{
+	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
+	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT };
+	static const struct option opts[] = {
+		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
+		{"idle-timeout", required_argument, 0, O_IDLE},
+		{"startup-timeout", required_argument, 0, O_STARTUP},
+		{"drain-timeout", required_argument, 0, O_DRAIN},
+		{"max-lifetime", required_argument, 0, O_LIFE},
+		{"max-jobs", required_argument, 0, O_MAXJOBS}, {"lease", required_argument, 0, O_LEASE},
+		{"price-per-hour", required_argument, 0, O_PRICE},
+		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
+		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
+		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
+	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
+			   .drain_timeout = 30, .lease_s = 60, .json_logs = !isatty(2)};
+	w.json_logs = false;
+	double v;
+	int c, bad = 0;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case O_QUEUE: w.queue_url = optarg; break;
+		case O_CONC: bad = parse_num(optarg, "--concurrency", 1, MAX_CONCURRENCY, &v); w.concurrency = (int)v; break;
+		case O_IDLE: bad = parse_num(optarg, "--idle-timeout", 0, 1e9, &w.idle_timeout); break;
+		case O_STARTUP: bad = parse_num(optarg, "--startup-timeout", 0.001, 1e9, &w.startup_timeout); break;
+		case O_DRAIN: bad = parse_num(optarg, "--drain-timeout", 0, 1e9, &w.drain_timeout); break;
+		case O_LIFE: bad = parse_num(optarg, "--max-lifetime", 0, 1e12, &w.max_lifetime); break;
+		case O_MAXJOBS: bad = parse_num(optarg, "--max-jobs", 0, 1e12, &v); w.max_jobs = (int)v; break;
+		case O_LEASE: bad = parse_num(optarg, "--lease", 1, 86400, &w.lease_s); break;
+		case O_PRICE: bad = parse_num(optarg, "--price-per-hour", 0, 1e6, &w.price_per_hour); break;
+		case O_ID: w.name_opt = optarg; break;
+		case O_STEPLOG: w.step_log_path = optarg; break;
+		case O_LOGFMT:
+			if (strcmp(optarg, "json") && strcmp(optarg, "text")) {
+				fprintf(stderr, "wick worker: --log-format is json or text\n");
+				return 2;
+			}
+			w.json_logs = !strcmp(optarg, "json");
+			break;
+		case 'h': usage(stdout); return 0;
+		default:
+			if (c < CMD_OPT_BASE || cmd_engine_flag(&w.ce, c, optarg)) {
+				usage(stderr);
+				return 2;
+			}
+		}
+		if (bad)
+			return 2;
+	}
+	if (cmd_engine_model(&w.ce, argc, argv, optind, 0) || !w.queue_url) {
+		if (!w.queue_url)
+			fprintf(stderr, "wick worker: --queue URL is required\n");
+		usage(stderr);
+		return 2;
+	}
+	if (w.name_opt && !job_id_valid(w.name_opt)) {
+		fprintf(stderr, "wick worker: --worker-id must match [A-Za-z0-9._-]{1,128}\n");
+		return 2;
+	}
+	char host[64] = "host";
+	gethostname(host, sizeof host - 1);
+	for (char *p = host; *p; p++)
+		if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", *p))
+			*p = '-';
+	if (w.name_opt)
+		snprintf(w.name, sizeof w.name, "%s", w.name_opt);
+	else
+		snprintf(w.name, sizeof w.name, "%.100s-%d", host, (int)getpid());
+
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+
+	w.t_start = wk_now();
+	w.state = ST_STARTING;
+	wlog(&w, "start", "model %s, queue %s, concurrency %d", w.ce.model, w.queue_url,
+	     w.concurrency);
+	pthread_t wd;
+	bool have_wd = pthread_create(&wd, NULL, watchdog, &w) == 0;
+
+	int rc = 1;
+	char err[WK_ERRSZ];
+	w.ce.o.max_seqs = w.concurrency;
+	w.held = calloc((size_t)w.concurrency, sizeof *w.held);
+	w.out = calloc((size_t)w.concurrency, sizeof *w.out);
+	w.out_json = calloc((size_t)w.concurrency, sizeof *w.out_json);
+	if (!w.held || !w.out || !w.out_json)
+		goto out;
+	if (eng_open(w.ce.model, &w.ce.o, &w.e, err, sizeof err) != WK_OK) {
+		wlog(&w, "startup_failed", "%s", err);
+		goto out;
+	}
+	w.tok = eng_tokenizer(w.e);
+	w.chat = chat_format_for(eng_info(w.e)->arch);
+	if (w.step_log_path && !(w.step_log = fopen(w.step_log_path, "a"))) {
+		wlog(&w, "startup_failed", "%s: %s", w.step_log_path, strerror(errno));
+		goto out;
+	}
+	w.s = sched_create(w.e, w.step_log);
+	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s};
+	if (!w.s || queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK) {
+		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
+		goto out;
+	}
+	startup_done = 1;
+	const struct eng_startup *su = &eng_info(w.e)->startup;
+	wlog(&w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s), backend %s",
+	     (wk_now() - w.t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
+	     su->snapshot ? " restored from a snapshot" : "", eng_info(w.e)->backend);
+	set_state(&w, ST_READY);
+	w.t_last_activity = wk_now();
+
+	double t_lease = wk_now(), t_cancel = wk_now();
+	const char *why = "idle";
+	for (;;) {
+		double now = wk_now();
+		if (got_signal && w.state != ST_DRAINING) {
+			wlog(&w, "signal", "signal %d: draining (up to %.0f s)", (int)got_signal,
+			     w.drain_timeout);
+			set_state(&w, ST_DRAINING);
+			w.t_drain_deadline = now + w.drain_timeout;
+			why = "signal";
+		}
+		if (w.state != ST_DRAINING && w.max_lifetime > 0 && now - w.t_start > w.max_lifetime) {
+			set_state(&w, ST_DRAINING);
+			w.t_drain_deadline = now + w.drain_timeout;
+			why = "max_lifetime";
+		}
+		int held = held_count(&w);
+		if (w.state != ST_DRAINING && w.max_jobs > 0 && w.jobs_taken >= w.max_jobs && held == 0) {
+			why = "max_jobs";
+			break;
+		}
+		if (w.state == ST_DRAINING && (held == 0 || now > w.t_drain_deadline))
+			break;
+		if (w.state != ST_DRAINING) {
+			double idle_left = w.idle_timeout > 0
+						   ? w.idle_timeout - (now - w.t_last_activity) : 1.0;
+			if (held == 0 && w.idle_timeout > 0 && idle_left <= 0)
+				break;
+			double wait = held ? 0 : (idle_left < 0.5 ? (idle_left > 0 ? idle_left : 0) : 0.5);
+			take_jobs(&w, wait);
+		}
+		held = held_count(&w);
+		if (held && w.state != ST_DRAINING)
+			set_state(&w, ST_BUSY);
+		if (sched_pending(w.s) > 0) {
+			if (sched_step(w.s, on_done, &w) < 0)
+				wlog(&w, "engine_error", "the engine failed a step; its jobs failed");
+			w.t_last_activity = wk_now();
+		}
+		flush_results(&w);
+		housekeeping(&w, &t_lease, &t_cancel);
+		if (held_count(&w) == 0 && w.state == ST_BUSY)
+			set_state(&w, ST_IDLE);
+	}
+	flush_results(&w);
+	if (held_count(&w))
+		release_all(&w);
+	struct queue_stats qs;
+	queue_get_stats(w.q, &qs);
+	wlog(&w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
+			 "%llu syncs", why, w.jobs_taken, w.jobs_done, w.jobs_failed,
+	     wk_now() - w.t_start, (unsigned long long)qs.syncs);
+	rc = 0;
+out:
+	startup_done = 1;
+	if (have_wd)
+		pthread_join(wd, NULL);
+	sched_free(w.s);
+	queue_close(w.q);
+	eng_close(w.e);
+	if (w.step_log)
+		fclose(w.step_log);
+	free(w.held);
+	free(w.out);
+	free(w.out_json);
+	return rc;
+}
