@@ -12,9 +12,18 @@
  * scale, which is applied once per 128-column block per row. The NaN codes 0x7f/0xff come
  * out as +-480 (f16 0x3f80 * 2^8); real weights never hold them.
  *
- * Alternatives measured with tests/tools/fp8_bench.c on this machine (see the report in
- * that file): a 256-entry f32 table read with vpgatherdd, and the f32 bit trick
- * (code << 20, times 2^120, whose subnormal codes are f32 denormals).
+ * Alternatives, timed with `fp8_bench --variants` (tests/tools/fp8_bench.c) on the 2-core
+ * AMD EPYC (Zen 3) this was written on, n = 1, one thread, weights in L2, random codes:
+ *   f16 (this file)                                          ~10 GB/s of weights
+ *   f32 bit trick: code << 20, sign to bit 31, x 2^120       ~7-8 GB/s: exact only without
+ *     DAZ, and the subnormal codes become f32 denormals, which cost microcode assists
+ *   256-entry f32 table with vpgatherdd                      ~1.7 GB/s (gathers are slow)
+ *   exponent rebias in bf16 words, integer ops only          ~12-13 GB/s, but WRONG for
+ *     zero and subnormal codes: the ceiling of any exact integer-only scheme, which needs
+ *     extra work for those codes (a vpshufb-table version of it, exact, ran at ~9 GB/s)
+ * The f16 loop seems bound by vcvtph2ps (the same loop without it ran ~40% faster); it
+ * still decodes about one core's share of the memory bandwidth (~10 GB/s of ~20 with two
+ * threads), so a decode step is limited by memory more than by the conversion.
  *
  * n = 1 (decode): 4 rows share each load of x; the decoded weights go straight into FMAs
  * (two accumulators per row per block, then acc += block * scale).

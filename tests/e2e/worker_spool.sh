@@ -127,7 +127,7 @@ start=$(date +%s%N)
 kill -TERM $t1
 wait $t1 || fail "SIGTERM: exit $?"
 took=$(( ($(date +%s%N) - start) / 1000000 ))
-[ $took -lt 2000 ] || fail "the drain took $took ms"
+[ $took -lt 5000 ] || fail "the drain took $took ms (drain timeout 0.3 s)"
 grep -q 'reason signal' "$TMPD/t1.log" || fail "no drain in the log"
 [ -z "$(ls "$Q/claimed")" ] || fail "claims left after the drain: $(ls "$Q/claimed")"
 "$WICK" worker --model "$m" --queue "spool:$Q" --concurrency 8 --idle-timeout 1 2>/dev/null || fail "second worker"

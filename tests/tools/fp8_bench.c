@@ -11,13 +11,15 @@
  * load changes from second to second: it prints the best of each and the median ratio.
  *
  * --variants also times, single-threaded on an L2-resident matrix (the decode's arithmetic
- * cost alone) and with all threads on the big matrix, three n = 1 inner loops:
+ * cost alone) and with all threads on the big matrix, four n = 1 inner loops:
  *   f16     the library's kernel (fp8_avx2.c: vpmovsxbw, shift, and, vcvtph2ps)
  *   f32x    the f32 bit trick: (code << 20) with the sign moved to bit 31, times 2^120 as a
  *           float (e4m3 subnormals become f32 denormals, exact without DAZ)
  *   gather  a 256-entry f32 table read with vpgatherdd
  *   bias*   exponent rebias in bf16 words, integer ops only: WRONG for zero and subnormal
- *           codes, so only an upper bound for integer decoding (its diff column is large)
+ *           codes, so only an upper bound for integer decoding (its diff is not 0)
+ * The in-L2 column compares decoding cost; in the memory column only f16 (the library)
+ * prefetches, so the others trail it there for that reason too.
  * --bf16 times cpu_matmul on a bf16 matrix of the same element count, for comparison.
  *
  * Not a test: it prints numbers and checks only that the variants agree with each other.
@@ -283,6 +285,10 @@ int main(int argc, char **argv)
 	}
 	threads = cpu_pool_size(pool);
 	int rows = (int)(((size_t)mib << 20) / (size_t)cols) & ~127;
+	if (rows < 128) {
+		fprintf(stderr, "fp8_bench: --mib too small for %d columns\n", cols);
+		return 2;
+	}
 	size_t wbytes = (size_t)rows * cols;
 	int sc = cols / 128, sr = rows / 128;
 	uint8_t *w = big_alloc(wbytes);
