@@ -25,11 +25,13 @@
  * still decodes about one core's share of the memory bandwidth (~10 GB/s of ~20 with two
  * threads), so a decode step is limited by memory more than by the conversion.
  *
- * n = 1 (decode): 4 rows share each load of x; the decoded weights go straight into FMAs
- * (two accumulators per row per block, then acc += block * scale).
- * n > 1 (prefill): each 4-row x 1024-column tile is decoded once, scaled, into a 16 KiB
- * buffer in L1, and every token's dot products (two tokens at a time) are taken against it,
- * so the decode cost is paid once per weight and not once per token.
+ * n <= FUSED_MAX_N (decode, and an MoE expert's few tokens of a prompt): 4 rows share each
+ * load of x; the decoded weights go straight into FMAs, for one or two tokens at a time
+ * (per-block accumulators, then acc += block * scale), with the group of rows 24 KiB ahead
+ * prefetched.
+ * n > FUSED_MAX_N (prefill): each 4-row x 1024-column tile is decoded once, scaled, into a
+ * 16 KiB buffer in L1, and every token's dot products (two tokens at a time) are taken
+ * against it, so the decode cost is paid once per weight and not once per token.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -45,6 +47,11 @@
  * ~0.6-0.75 (tests/tools/fp8_bench.c; 16-64 KiB all did about as well). The prefetches go
  * to L2 (T1), which did a little better than T0: x (24 KiB at 6144 columns) stays in L1. */
 #define PREFETCH_BYTES (24 << 10)
+/* Up to this many tokens, decode in registers for each pair of tokens (dot_rows_t2); past
+ * it, decode each tile once into L1 for all of them (tile_rows). Measured one thread, in
+ * L2, 6144 columns: fused ~33 GFLOP/s at n = 2 (tile ~15-20), the two about even at 3-8
+ * (25-33), tile ahead from 16 (33-45 against 30). */
+#define FUSED_MAX_N 4
 
 static ALWAYS_INLINE float hsum(__m256 v)
 {
@@ -159,6 +166,84 @@ static ALWAYS_INLINE void dot_rows(int R, float *y, const float *x, const uint8_
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++)
 			y[r] = hsum(acc[r]);
+	}
+}
+
+/* dot_rows for two tokens (x rows and y rows `cols` and `ystride` apart): each decoded
+ * weight vector feeds two FMAs. The loop is bound by the conversion, so the second token
+ * costs little: small batches (an MoE expert's share of a prompt) run at about the
+ * speed of one token. */
+static ALWAYS_INLINE void dot_rows_t2(int R, float *y, size_t ystride, const float *x,
+				      const uint8_t *w, const float *srow, int cols,
+				      const uint8_t *pf)
+{
+	__m256 acc[4][2];
+	const uint8_t *row[4];
+	const float *xb = x + cols;
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+		row[r] = w + (size_t)r * cols;
+	}
+	for (int c0 = 0, b = 0; c0 < cols; c0 += BLK, b++) {
+		int c1 = c0 + BLK < cols ? c0 + BLK : cols;
+		__m256 ba[4], bb[4];
+		if (pf) {
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++) {
+				const char *q = (const char *)pf + (size_t)r * cols + c0;
+				_mm_prefetch(q, _MM_HINT_T1);
+				if (c1 - c0 > 64)
+					_mm_prefetch(q + 64, _MM_HINT_T1);
+			}
+		}
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			ba[r] = bb[r] = _mm256_setzero_ps();
+		int c = c0;
+		for (; c + 16 <= c1; c += 16) {
+			__m256 xa0 = _mm256_loadu_ps(x + c), xa1 = _mm256_loadu_ps(x + c + 8);
+			__m256 xb0 = _mm256_loadu_ps(xb + c), xb1 = _mm256_loadu_ps(xb + c + 8);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++) {
+				__m256 w0, w1;
+				decode16(row[r] + c, &w0, &w1);
+				ba[r] = _mm256_fmadd_ps(w0, xa0, ba[r]);
+				bb[r] = _mm256_fmadd_ps(w0, xb0, bb[r]);
+				ba[r] = _mm256_fmadd_ps(w1, xa1, ba[r]);
+				bb[r] = _mm256_fmadd_ps(w1, xb1, bb[r]);
+			}
+		}
+		if (c < c1) {
+			float xta[16] = {0}, xtb[16] = {0};
+			memcpy(xta, x + c, (size_t)(c1 - c) * sizeof *xta);
+			memcpy(xtb, xb + c, (size_t)(c1 - c) * sizeof *xtb);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++) {
+				__m256 w0, w1;
+				decode16_tail(row[r] + c, c1 - c, &w0, &w1);
+				ba[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xta), ba[r]);
+				bb[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xtb), bb[r]);
+				ba[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xta + 8), ba[r]);
+				bb[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xtb + 8), bb[r]);
+			}
+		}
+		__m256 s = _mm256_set1_ps(srow[b] * 256.0f);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			acc[r][0] = _mm256_fmadd_ps(ba[r], s, acc[r][0]);
+			acc[r][1] = _mm256_fmadd_ps(bb[r], s, acc[r][1]);
+		}
+	}
+	if (R == 4) {
+		_mm_storeu_ps(y, hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]));
+		_mm_storeu_ps(y + ystride, hsum4(acc[0][1], acc[1][1], acc[2][1], acc[3][1]));
+	} else {
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			y[r] = hsum(acc[r][0]);
+			y[ystride + r] = hsum(acc[r][1]);
+		}
 	}
 }
 
@@ -292,6 +377,20 @@ static bool group_of_4(int r, int r1)
 	return r + 4 <= r1 && r / BLK == (r + 3) / BLK;
 }
 
+/* Every token's y for R = 1 or 4 rows: pairs of tokens through dot_rows_t2, the last odd one
+ * through dot_rows. The rows come from memory on the first pass and from cache after. */
+static ALWAYS_INLINE void fused_rows(int R, float *y, int rows, const float *x, int n,
+				     const uint8_t *w, const float *srow, int cols,
+				     const uint8_t *pf)
+{
+	int t = 0;
+	for (; t + 2 <= n; t += 2, pf = NULL)
+		dot_rows_t2(R, y + (size_t)t * rows, (size_t)rows, x + (size_t)t * cols, w, srow,
+			    cols, pf);
+	if (t < n)
+		dot_rows(R, y + (size_t)t * rows, x + (size_t)t * cols, w, srow, cols, pf);
+}
+
 void cpu_fp8_rows_avx2(float *y, const float *x, const uint8_t *w, const float *scale, int n,
 		       int rows, int cols, int r0, int r1)
 {
@@ -299,7 +398,7 @@ void cpu_fp8_rows_avx2(float *y, const float *x, const uint8_t *w, const float *
 	/* groups of 4 rows between the one being read and the one being prefetched */
 	size_t group_bytes = (size_t)4 * (size_t)(cols > 0 ? cols : 1);
 	int ahead = (int)((PREFETCH_BYTES + group_bytes - 1) / group_bytes);
-	if (n == 1) {
+	if (n <= FUSED_MAX_N) {
 		for (int r = r0; r < r1;) {
 			const uint8_t *wr = w + (size_t)r * cols;
 			const float *srow = scale + (size_t)(r / BLK) * sc;
@@ -307,10 +406,10 @@ void cpu_fp8_rows_avx2(float *y, const float *x, const uint8_t *w, const float *
 				const uint8_t *pf = r + 4 * ahead + 4 <= r1
 							    ? wr + (size_t)4 * ahead * cols
 							    : NULL;
-				dot_rows(4, y + r, x, wr, srow, cols, pf);
+				fused_rows(4, y + r, rows, x, n, wr, srow, cols, pf);
 				r += 4;
 			} else {
-				dot_rows(1, y + r, x, wr, srow, cols, NULL);
+				fused_rows(1, y + r, rows, x, n, wr, srow, cols, NULL);
 				r++;
 			}
 		}

@@ -335,8 +335,11 @@ int main(int argc, char **argv)
 	       gbps, bw, ratio);
 
 	double side = fmax(1.0, seconds / ROUNDS); /* for the side measurements */
-	/* prefill-shaped: each weight is decoded once per call and used by every token */
-	for (int n = 4; n <= 16; n *= 4) {
+	/* small batches (an MoE expert's tokens of a prompt) and a prefill-sized one: each
+	 * weight is read once per call and used by every token */
+	static const int batch[] = {2, 4, 16};
+	for (size_t bi = 0; bi < sizeof batch / sizeof batch[0]; bi++) {
+		int n = batch[bi];
 		float *xn = malloc((size_t)n * cols * sizeof *xn),
 		      *yn = malloc((size_t)n * rows * sizeof *yn);
 		if (!xn || !yn)
