@@ -1,0 +1,92 @@
+# `wick worker` on Redis Streams with a real redis-server started here on a free loopback port
+# (with an append-only file, so a restart keeps the stream): two workers and 120 jobs with one
+# of them killed -9 mid-batch, then redis-server restarted mid-run, then a SIGTERM drain.
+# Every job must end with exactly one COMPLETED result key; none is lost or run twice.
+source tests/e2e/lib.sh
+command -v redis-server >/dev/null || fail "redis-server is not installed (scripts/install-deps)"
+m=$(stories)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_redis() {
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+    --dir "$TMPD" >/dev/null &
+  rpid=$!
+  for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && return; sleep 0.05; done
+  fail "redis-server did not start"
+}
+start_redis
+trap 'kill -9 $rpid 2>/dev/null; rm -rf "$TMPD"' EXIT
+Q="redis://127.0.0.1:$port/jobs?group=wick"
+
+submit_many() { # N MAX_TOKENS PREFIX
+  for i in $(seq 1 "$1"); do
+    "$WICK" submit --queue "$Q" --id "$3-$i" -p "Once upon a time" -n "$2" --temperature 0.8 \
+      --seed "$i" >/dev/null || fail "submit $3-$i"
+  done
+}
+
+check() { # PREFIX N
+  python3 - "$port" "$1" "$2" <<'PY'
+import json, subprocess, sys
+port, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def get(k):
+    return subprocess.run(["redis-cli", "-p", port, "--raw", "get", k], capture_output=True, text=True).stdout.strip()
+missing, bad = [], []
+for i in range(1, n + 1):
+    v = get(f"jobs:result:{prefix}-{i}")
+    if not v:
+        missing.append(i); continue
+    r = json.loads(v)
+    if r["status"] != "COMPLETED" or r["usage"]["completion_tokens"] <= 0:
+        bad.append((i, r["status"]))
+assert not missing, f"{len(missing)} jobs have no result, e.g. {missing[:5]}"
+assert not bad, f"not COMPLETED: {bad[:5]}"
+# each job announced once on jobs:results
+ids = subprocess.run(["redis-cli", "-p", port, "--raw", "xrange", "jobs:results", "-", "+"], capture_output=True, text=True).stdout.split()
+ann = [x for x in ids if x.startswith(prefix + "-")]
+dups = {x for x in ann if ann.count(x) > 1}
+assert not dups, f"results announced twice: {sorted(dups)[:5]}"
+print(f"{n} jobs, one COMPLETED result each")
+PY
+}
+
+# 1. Two workers; one is killed -9 mid-batch; its pending entries are reclaimed (short lease).
+submit_many 60 300 k
+"$WICK" worker --model "$m" --queue "$Q" --lease 2 --idle-timeout 3 --worker-id a 2>"$TMPD/a.log" &
+a=$!
+"$WICK" worker --model "$m" --queue "$Q" --lease 2 --idle-timeout 3 --worker-id b 2>"$TMPD/b.log" &
+b=$!
+sleep 0.5
+held=$(redis-cli -p "$port" xpending jobs wick | head -1)
+[ "$held" -gt 0 ] || fail "no job was in flight when worker a was killed"
+kill -9 $a
+wait $a 2>/dev/null || true
+wait $b || fail "worker b exited $?: $(tail -3 "$TMPD/b.log")"
+check k 60 || fail "after kill -9"
+
+# 2. redis-server restarted mid-run: the worker reconnects and finishes every job.
+submit_many 40 200 r
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 3 --worker-id c 2>"$TMPD/c.log" &
+c=$!
+sleep 0.6
+done_before=$(redis-cli -p "$port" --raw keys 'jobs:result:r-*' | grep -c . || true)
+[ "$done_before" -lt 40 ] || fail "every job finished before the restart"
+kill -9 $rpid
+wait $rpid 2>/dev/null || true
+sleep 0.5
+start_redis
+wait $c || fail "worker c exited $?: $(tail -5 "$TMPD/c.log")"
+check r 40 || fail "after a redis restart"
+
+# 3. SIGTERM during a batch: in-flight jobs finish or are handed back; another worker finishes.
+submit_many 16 400 t
+"$WICK" worker --model "$m" --queue "$Q" --concurrency 4 --drain-timeout 0.2 --idle-timeout 5 \
+  --worker-id d 2>"$TMPD/d.log" &
+d=$!
+sleep 0.5
+kill -TERM $d
+wait $d || fail "SIGTERM: exit $?"
+grep -q 'reason signal' "$TMPD/d.log" || fail "no drain in the log"
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id e 2>/dev/null || fail "worker e"
+check t 16 || fail "after SIGTERM"
+[ "$(redis-cli -p "$port" xpending jobs wick | head -1)" = 0 ] || fail "entries left pending"
+echo ok
