@@ -4,8 +4,12 @@
  * through the scheduler the worker uses; the ratio is the cost of sharing the steps.
  * (The queue drivers' jobs/s with a null engine join this command with the worker.)
  */
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,14 +18,123 @@
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "worker/cmd.h"
+#include "worker/queue.h"
 #include "worker/sched.h"
+
+extern char **environ;
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: wick bench queue MODEL [-n TOKENS] [--jobs N] [options]\n\n"
+	fprintf(f, "usage: wick bench queue MODEL [-n TOKENS] [--jobs N] [options]\n"
+		   "       wick bench queue MODEL --queue URL [--jobs N] [--concurrency C]\n\n"
 		   "Times N equal requests (default 8) of TOKENS generated tokens (default 64) at\n"
 		   "concurrency N against one request alone, through the worker's scheduler.\n"
-		   "Target: N together take less than 2x one alone.\n" CMD_ENGINE_HELP);
+		   "Target: N together take less than 2x one alone.\n\n"
+		   "With --queue: submits N one-token jobs (default 2000) to URL, then runs a real\n"
+		   "`wick worker --backend null` child on it (the engine answers at once, results are\n"
+		   "stored durably as in production) and reports jobs/s from ready to exit, with the\n"
+		   "queue's syncs per job. Target: >= 2,000 jobs/s.\n" CMD_ENGINE_HELP);
+}
+
+/* Submits `jobs` jobs, then times a `wick worker --backend null` child draining them. */
+static int queue_throughput(const char *model, const char *url, int jobs, int conc)
+{
+	char err[WK_ERRSZ];
+	struct queue *q;
+	if (queue_open(url, NULL, &q, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench queue: %s\n", err);
+		return 1;
+	}
+	double t0 = wk_now();
+	for (int i = 0; i < jobs; i++) {
+		char id[64], body[256];
+		snprintf(id, sizeof id, "bench-%d-%d", (int)getpid(), i);
+		int len = snprintf(body, sizeof body, "{\"id\": \"%s\", \"input\": {\"prompt\": "
+				   "\"Once upon a time\", \"max_tokens\": 1}}", id);
+		if (queue_submit(q, id, body, (size_t)len, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench queue: submit: %s\n", err);
+			queue_close(q);
+			return 1;
+		}
+	}
+	double t_submit = wk_now() - t0;
+	queue_close(q);
+
+	char njobs[32], nconc[32];
+	snprintf(njobs, sizeof njobs, "%d", jobs);
+	snprintf(nconc, sizeof nconc, "%d", conc);
+	char *args[] = {"wick", "worker", "--model", (char *)model, "--queue", (char *)url,
+			"--backend", "null", "--max-jobs", njobs, "--concurrency", nconc,
+			"--idle-timeout", "5", "--log-format", "json", NULL};
+	int pfd[2];
+	if (pipe(pfd) != 0)
+		return 1;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
+	posix_spawn_file_actions_addclose(&fa, pfd[0]);
+	pid_t pid;
+	double t1 = wk_now();
+	int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, args, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(pfd[1]);
+	if (rc != 0) {
+		close(pfd[0]);
+		return 1;
+	}
+	/* Read the child's JSON log lines: the "ready" line's time marks the start. */
+	FILE *f = fdopen(pfd[0], "r");
+	char line[4096];
+	double t_ready = 0;
+	long long syncs = -1, completed = -1;
+	while (f && fgets(line, sizeof line, f)) {
+		json_t *j = json_loads(line, 0, NULL);
+		const char *ev = json_string_value(json_object_get(j, "event"));
+		if (ev && !strcmp(ev, "ready"))
+			t_ready = wk_now();
+		if (ev && !strcmp(ev, "exit")) {
+			const char *msg = json_string_value(json_object_get(j, "msg"));
+			const char *p = msg ? strstr(msg, "completed") : NULL;
+			const char *sp = msg ? strstr(msg, "syncs") : NULL;
+			if (p) {
+				const char *b = p;
+				while (b > msg && b[-1] == ' ')
+					b--;
+				while (b > msg && b[-1] >= '0' && b[-1] <= '9')
+					b--;
+				completed = atoll(b);
+			}
+			if (sp) {
+				const char *b = sp;
+				while (b > msg && b[-1] == ' ')
+					b--;
+				while (b > msg && b[-1] >= '0' && b[-1] <= '9')
+					b--;
+				syncs = atoll(b);
+			}
+		}
+		json_decref(j);
+	}
+	if (f)
+		fclose(f);
+	int st;
+	waitpid(pid, &st, 0);
+	double t_end = wk_now();
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || t_ready == 0 || completed != jobs) {
+		fprintf(stderr, "wick bench queue: the worker did not finish the %d jobs (completed "
+				"%lld)\n", jobs, completed);
+		return 1;
+	}
+	double run = t_end - t_ready;
+	printf("queue            %s\n", url);
+	printf("submit           %d jobs in %.3f s (%.0f jobs/s)\n", jobs, t_submit, jobs / t_submit);
+	printf("worker (null)    %d jobs in %.3f s from ready to exit: %.0f jobs/s (target >= 2000), "
+	       "%.3f syncs per job, start-up %.1f ms\n", jobs, run, jobs / run,
+	       syncs >= 0 ? (double)syncs / jobs : -1.0, (t_ready - t1) * 1e3);
+	printf("{\"bench\":\"queue\",\"mode\":\"throughput\",\"queue\":\"%s\",\"jobs\":%d,"
+	       "\"worker_s\":%.6f,\"jobs_per_s\":%.1f,\"syncs_per_job\":%.4f,\"submit_per_s\":%.1f}\n",
+	       url, jobs, run, jobs / run, syncs >= 0 ? (double)syncs / jobs : -1.0, jobs / t_submit);
+	return 0;
 }
 
 static void on_done(void *ctx, struct sched_req *r)
@@ -72,14 +185,19 @@ int bench_queue(int argc, char **argv)
 {
 	static const struct option opts[] = {{"tokens", required_argument, 0, 'n'},
 					     {"jobs", required_argument, 0, 'j'},
+					     {"queue", required_argument, 0, 'q'},
+					     {"concurrency", required_argument, 0, 'c'},
 					     {"help", no_argument, 0, 'h'}, CMD_ENGINE_OPTIONS,
 					     {0, 0, 0, 0}};
-	int tokens = 64, jobs = 8, c;
+	int tokens = 64, jobs = -1, conc = 64, c;
+	const char *url = NULL;
 	struct cmd_engine ce = {.o = {.backend = "cpu"}};
 	while ((c = getopt_long(argc, argv, "n:j:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'n': tokens = atoi(optarg); break;
 		case 'j': jobs = atoi(optarg); break;
+		case 'q': url = optarg; break;
+		case 'c': conc = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -88,11 +206,15 @@ int bench_queue(int argc, char **argv)
 			}
 		}
 	}
+	if (jobs < 0)
+		jobs = url ? 2000 : 8;
 	if (cmd_engine_model(&ce, argc, argv, optind, 0) || tokens < 1 || tokens > 100000 ||
-	    jobs < 1 || jobs > 4096) {
+	    jobs < 1 || jobs > (url ? 1000000 : 4096) || conc < 1 || conc > 1024) {
 		usage(stderr);
 		return 2;
 	}
+	if (url)
+		return queue_throughput(ce.model, url, jobs, conc);
 	ce.o.max_seqs = jobs;
 	ce.o.max_seq = tokens + 4;
 	struct engine *e;
