@@ -1,12 +1,14 @@
 /*
  * engine.h - load a model and run it: the only header the worker and the CLI need.
  *
- * MODEL is a Hugging Face directory (config.json + safetensors + tokenizer.json). The model
+ * MODEL is a Hugging Face directory (config.json + safetensors + tokenizer.json) or a snapshot
+ * of one (coldstart/snapshot.h). The model
  * family comes from config.json's "architectures"; an unknown one is refused by name.
  * Supported now: LlamaForCausalLM (f32, bf16 or f16 weights); Glm4MoeForCausalLM and
  * GlmMoeDsaForCausalLM (also FP8 E4M3 weights with 128x128 block scales).
  *
- * An engine holds one sequence's KV cache. It is not thread-safe: one caller at a time.
+ * An engine holds up to max_seqs sequences, each with its own KV cache (see eng_step). It is
+ * not thread-safe: one caller at a time.
  */
 #ifndef ENGINE_H
 #define ENGINE_H
