@@ -150,24 +150,61 @@ static ALWAYS_INLINE void dot_rows_t2(enum dt_type xt, enum dt_type wt, float *y
 
 #define CONV_MAX_COLS 16384 /* 4 rows of f32 on the stack: 256 KiB */
 
-/* Converts 4 rows of bf16/f16 weights to f32 in buf [4][cols], in the lane order load_w16
- * produces (so x must be loaded with load_x16(wt, ...) against it). */
+/* Converts 4 rows of bf16/f16 weights to f32 in buf [4][cols], in natural column order. */
 static ALWAYS_INLINE void convert_rows4(enum dt_type wt, float *buf, const void *w, int cols,
 					size_t esz)
 {
 	for (int r = 0; r < 4; r++) {
-		const void *row = (const char *)w + (size_t)r * cols * esz;
+		const uint16_t *row = (const uint16_t *)((const char *)w + (size_t)r * cols * esz);
 		float *o = buf + (size_t)r * cols;
 		int c = 0;
-		for (; c + 16 <= cols; c += 16) {
-			__m256 w0, w1;
-			load_w16(wt, row, c, &w0, &w1);
-			_mm256_storeu_ps(o + c, w0);
-			_mm256_storeu_ps(o + c + 8, w1);
+		for (; c + 8 <= cols; c += 8) {
+			__m128i v = _mm_loadu_si128((const __m128i *)(row + c));
+			__m256 f = wt == DT_BF16
+					   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+					   : _mm256_cvtph_ps(v);
+			_mm256_storeu_ps(o + c, f);
 		}
 		for (; c < cols; c++)
 			o[c] = w_scalar(wt, row, c);
 	}
+}
+
+/* y[t][r] for 4 rows of f32 weights (w [4][cols]) and T tokens (T = 1..3): 12 accumulators,
+ * 3 x vectors and one weight vector fit the 16 ymm registers, so each weight load feeds T
+ * FMAs and each x load feeds 4: the step is bound by FMAs, not loads. */
+static ALWAYS_INLINE void dot4_f32(int T, float *y, size_t ystride, const float *x,
+				   const float *w, int cols)
+{
+	__m256 acc[3][4];
+#pragma GCC unroll 3
+	for (int t = 0; t < 3; t++)
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++)
+			acc[t][r] = _mm256_setzero_ps();
+	int c = 0;
+	for (; c + 8 <= cols; c += 8) {
+		__m256 xv[3];
+#pragma GCC unroll 3
+		for (int t = 0; t < T; t++)
+			xv[t] = _mm256_loadu_ps(x + (size_t)t * cols + c);
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			__m256 wv = _mm256_loadu_ps(w + (size_t)r * cols + c);
+#pragma GCC unroll 3
+			for (int t = 0; t < T; t++)
+				acc[t][r] = _mm256_fmadd_ps(wv, xv[t], acc[t][r]);
+		}
+	}
+#pragma GCC unroll 3
+	for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			float sum = hsum(acc[t][r]);
+			for (int cc = c; cc < cols; cc++)
+				sum += x[(size_t)t * cols + cc] * w[(size_t)r * cols + cc];
+			y[(size_t)t * ystride + r] = sum;
+		}
 }
 
 /* Row blocks outermost and tokens inside, so each block of weights is read from memory once
@@ -184,14 +221,15 @@ static ALWAYS_INLINE void matmul_rows(enum dt_type wt, float *y, const float *x,
 		for (; r + 4 <= r1; r += 4) {
 			convert_rows4(wt, buf, (const char *)w + (size_t)r * cols * esz, cols, esz);
 			int t = 0;
-			for (; t + 2 <= n; t += 2)
-				dot_rows_t2(wt, DT_F32, y + (size_t)t * rows + r, (size_t)rows,
-					    x + (size_t)t * cols, buf, cols, 4);
-			for (; t < n; t++) {
-				float out[4];
-				dot_rows(wt, DT_F32, 4, out, x + (size_t)t * cols, buf, cols, 4);
-				memcpy(y + (size_t)t * rows + r, out, sizeof out);
-			}
+			for (; t + 3 <= n; t += 3)
+				dot4_f32(3, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
+					 buf, cols);
+			if (n - t == 2)
+				dot4_f32(2, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
+					 buf, cols);
+			else if (n - t == 1)
+				dot4_f32(1, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
+					 buf, cols);
 		}
 	}
 	for (; r + 4 <= r1; r += 4) {
