@@ -473,8 +473,7 @@ int cmd_worker(int argc, char **argv)
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
-			   .drain_timeout = 30, .lease_s = 60, .json_logs = !isatty(2)};
-	w.json_logs = false;
+			   .drain_timeout = 30, .lease_s = 60};
 	double v;
 	int c, bad = 0;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
