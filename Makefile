@@ -69,7 +69,14 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 TOOLS    := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 
-.PHONY: all test demo clean unit tools
+# Fuzz targets (tests/fuzz/NAME.c): replayed over their committed corpora in `make test`;
+# `make fuzz FUZZ_SECONDS=60` runs each under libFuzzer (clang) in build/fuzz.
+FUZZ_TARGETS := $(basename $(notdir $(filter-out tests/fuzz/replay.c,$(wildcard tests/fuzz/*.c))))
+FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/%)
+FUZZ_SECONDS ?= 60
+FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis) -lm
+
+.PHONY: all test demo clean unit tools fuzz
 .SECONDARY:
 all: $(BUILD)/wick
 
@@ -100,10 +107,26 @@ $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
+$(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay.o $(BUILD)/libwick.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+fuzz:
+	$(MAKE) BUILD=build/fuzz CC=clang CUDA=0 \
+	  EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -Wno-error" \
+	  build/fuzz/libwick.a $(FUZZ_TARGETS:%=build/fuzz/obj/tests/fuzz/%.o)
+	@for t in $(FUZZ_TARGETS); do \
+	  clang -fsanitize=fuzzer,address,undefined -o build/fuzz/$$t build/fuzz/obj/tests/fuzz/$$t.o \
+	    build/fuzz/libwick.a $(FUZZ_LIBS) -pthread || exit 1; \
+	  mkdir -p build/fuzz/corpus/$$t && cp -n tests/fuzz/corpus/$$t/* build/fuzz/corpus/$$t/; \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  build/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus/$$t || exit 1; \
+	done
+
 unit: $(BUILD)/tests/unit
 tools: $(TOOLS)
 
-test: $(BUILD)/wick $(BUILD)/tests/unit $(TOOLS)
+test: $(BUILD)/wick $(BUILD)/tests/unit $(TOOLS) $(FUZZ_REPLAY)
 	@WICK_BUILD=$(BUILD) WICK_SHARED=$(SHARED) MODE=$(MODE) tests/run
 
 demo: $(BUILD)/wick
