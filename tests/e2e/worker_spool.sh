@@ -86,7 +86,7 @@ cp "$m/tokenizer.json" "$slow/"
 printf '{"id": "c-0", "input": {"prompt": "Once", "max_tokens": 10}}' >"$TMPD/job.json"
 "$WICK" submit --queue "spool:$Q" --file "$TMPD/job.json" >/dev/null
 : >"$Q/cancel/c-0"
-printf '{"id": "c-1", "input": {"prompt": "Once", "max_tokens": 8000}}' >"$TMPD/job.json"
+printf '{"id": "c-1", "input": {"prompt": "Once", "max_tokens": 8000, "temperature": 0}}' >"$TMPD/job.json"
 "$WICK" submit --queue "spool:$Q" --file "$TMPD/job.json" >/dev/null
 "$WICK" worker --model "$slow" --queue "spool:$Q" --idle-timeout 1 2>"$TMPD/w4.log" &
 pid=$!
