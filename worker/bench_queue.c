@@ -36,6 +36,20 @@ static void usage(FILE *f)
 		   "queue's syncs per job. Target: >= 2,000 jobs/s.\n" CMD_ENGINE_HELP);
 }
 
+/* The integer just before `word` in msg ("... 2000 completed ..."), or -1. */
+static long long number_before(const char *msg, const char *word)
+{
+	const char *p = msg ? strstr(msg, word) : NULL;
+	if (!p)
+		return -1;
+	while (p > msg && p[-1] == ' ')
+		p--;
+	const char *b = p;
+	while (b > msg && b[-1] >= '0' && b[-1] <= '9')
+		b--;
+	return b < p ? atoll(b) : -1;
+}
+
 /* Submits `jobs` jobs, then times a `wick worker --backend null` child draining them. */
 static int queue_throughput(const char *model, const char *url, int jobs, int conc)
 {
@@ -94,24 +108,8 @@ static int queue_throughput(const char *model, const char *url, int jobs, int co
 			t_ready = wk_now();
 		if (ev && !strcmp(ev, "exit")) {
 			const char *msg = json_string_value(json_object_get(j, "msg"));
-			const char *p = msg ? strstr(msg, "completed") : NULL;
-			const char *sp = msg ? strstr(msg, "syncs") : NULL;
-			if (p) {
-				const char *b = p;
-				while (b > msg && b[-1] == ' ')
-					b--;
-				while (b > msg && b[-1] >= '0' && b[-1] <= '9')
-					b--;
-				completed = atoll(b);
-			}
-			if (sp) {
-				const char *b = sp;
-				while (b > msg && b[-1] == ' ')
-					b--;
-				while (b > msg && b[-1] >= '0' && b[-1] <= '9')
-					b--;
-				syncs = atoll(b);
-			}
+			completed = number_before(msg, "completed");
+			syncs = number_before(msg, "syncs");
 		}
 		json_decref(j);
 	}
