@@ -47,7 +47,22 @@ ifeq ($(NVCC),)
 $(error CUDA=1 but nvcc was not found on PATH or in /usr/local/cuda/bin)
 endif
 endif
-CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+# The toolkit root: $(CUDA_HOME) when set, else the one nvcc reports (nvcc may be a wrapper
+# script elsewhere on PATH), else /usr/local/cuda. It must hold lib64/libcudart_static.a.
+ifneq ($(NVCC),)
+ifeq ($(origin CUDA_HOME),undefined)
+CUDA_HOME := $(shell for d in "$$($(NVCC) --dryrun -x cu /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p' | head -n1)" \
+                 "$(patsubst %/bin/nvcc,%,$(NVCC))" /usr/local/cuda; do \
+                 [ -n "$$d" ] && [ -f "$$d/lib64/libcudart_static.a" ] && { cd "$$d" && pwd -P; break; }; done)
+endif
+ifeq ($(CUDA_HOME),)
+ifeq ($(CUDA),1)
+$(error CUDA=1 but no CUDA toolkit with lib64/libcudart_static.a was found; set CUDA_HOME)
+endif
+$(warning nvcc found at $(NVCC) but no lib64/libcudart_static.a beside it; building without CUDA)
+NVCC :=
+endif
+endif
 NVCCFLAGS := -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-Wextra,-Werror
 
 # ---- sources -------------------------------------------------------------------------------
