@@ -30,9 +30,9 @@ endif
 
 CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I. $(MODEFLAGS) \
-           $(shell pkg-config --cflags jansson liblz4 libxxhash) $(EXTRA_CFLAGS)
+           $(shell pkg-config --cflags jansson liblz4 libxxhash libcurl libevent) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(MODEFLAGS) $(EXTRA_LDFLAGS)
-LDLIBS  := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis) -lm
+LDLIBS  := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm
 
 # Files named *_avx2.c are compiled for AVX2/FMA/F16C and only called after a runtime CPU check.
 AVX2FLAGS := -mavx2 -mfma -mf16c
@@ -89,7 +89,7 @@ TOOLS    := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 FUZZ_TARGETS := $(basename $(notdir $(filter-out tests/fuzz/replay.c,$(wildcard tests/fuzz/*.c))))
 FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/%)
 FUZZ_SECONDS ?= 60
-FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis) -lm
+FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm
 
 .PHONY: all test demo clean unit tools fuzz
 .SECONDARY:

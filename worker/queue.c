@@ -33,10 +33,10 @@ int queue_open(const char *url, const struct queue_opts *o, struct queue **qp, c
 		rest = url + 6;
 	} else if (!strncmp(url, "redis://", 8)) {
 		ops = &queue_redis_ops;
-	} else if (!strncmp(url, "sqs://", 6) || !strncmp(url, "http://", 7) ||
-		   !strncmp(url, "https://", 8)) {
-		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%.200s: this queue driver is not built yet",
-			       url);
+	} else if (!strncmp(url, "sqs://", 6)) {
+		ops = &queue_sqs_ops;
+	} else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
+		ops = &queue_http_ops;
 	} else {
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "%.200s: unknown queue URL (want spool:DIR, redis://HOST:PORT/STREAM, "

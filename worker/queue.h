@@ -4,7 +4,9 @@
  *   spool:DIR                                  worker/queue_spool.c  (embedded default)
  *   redis://HOST:PORT/STREAM?group=G&dead=D&max_deliveries=N&result_ttl=S
  *                                              worker/queue_redis.c  (hiredis)
- *   sqs://..., http(s)://...                   (later; they fit the same table)
+ *   sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=RESULTQUEUE&tls=0|1
+ *                                              worker/queue_sqs.c    (libcurl, SigV4, JSON protocol)
+ *   http(s)://.../job-take/...                 worker/queue_http.c   (RunPod's job API)
  *
  * A queue handle is used by one thread at a time (each thread opens its own). Every function
  * returns WK_OK or a negative WK_E* code and writes a one-line message into err.
@@ -38,6 +40,9 @@ struct queue_opts {
 	int max_deliveries;    /* deliveries before dead-lettering; 0: 5 (the URL may override) */
 	size_t max_body;       /* bytes of one job; 0: JOB_BODY_MAX. Larger jobs fail as invalid_input */
 	double reconnect_s;    /* network drivers: how long to keep reconnecting; 0: 60 */
+	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT,
+	 * RUNPOD_WEBHOOK_PING and RUNPOD_WEBHOOK_POST_STREAM */
+	const char *done_url, *ping_url, *stream_url;
 };
 
 /* One delivered job. The driver owns body until queue_job_free(). */

@@ -39,6 +39,8 @@ struct queue {
 
 extern const struct queue_ops queue_spool_ops;
 extern const struct queue_ops queue_redis_ops;
+extern const struct queue_ops queue_sqs_ops;  /* worker/queue_sqs.c */
+extern const struct queue_ops queue_http_ops; /* worker/queue_http.c (RunPod job API) */
 
 /* The FAILED result a driver stores by itself (dead-letter, oversized body). malloc'd. */
 char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,

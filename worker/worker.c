@@ -53,6 +53,7 @@ struct held {               /* a job taken from the queue and not yet finished *
 struct worker {
 	struct cmd_engine ce;
 	const char *queue_url, *step_log_path, *name_opt;
+	const char *done_url, *ping_url, *stream_url; /* http(s):// queues (RunPod) */
 	int concurrency, max_jobs;
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, price_per_hour;
 	bool json_logs;
@@ -440,6 +441,9 @@ static void usage(FILE *f)
 		"  --worker-id NAME      this worker's name (default HOST-PID)\n"
 		"  --step-log PATH       the scheduler's step log, one JSON line per step\n"
 		"  --log-format json     one JSON object per log line (default: text)\n"
+		"  --done-url URL, --ping-url URL, --stream-url URL\n"
+		"                        http(s):// (RunPod) queues: job-done, ping and stream URLs\n"
+		"                        (default: RUNPOD_WEBHOOK_POST_OUTPUT, _PING, _POST_STREAM)\n"
 		"  --backend cpu|cuda|null   null answers at once (for measuring the queue)\n"
 		CMD_ENGINE_HELP);
 }
@@ -460,7 +464,7 @@ static int parse_num(const char *arg, const char *flag, double lo, double hi, do
 int cmd_worker(int argc, char **argv)
 {
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
-	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT };
+	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -471,6 +475,9 @@ int cmd_worker(int argc, char **argv)
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
+		{"done-url", required_argument, 0, O_DONE_URL},
+		{"ping-url", required_argument, 0, O_PING_URL},
+		{"stream-url", required_argument, 0, O_STREAM_URL},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
 			   .drain_timeout = 30, .lease_s = 60};
@@ -489,6 +496,9 @@ int cmd_worker(int argc, char **argv)
 		case O_PRICE: bad = parse_num(optarg, "--price-per-hour", 0, 1e6, &w.price_per_hour); break;
 		case O_ID: w.name_opt = optarg; break;
 		case O_STEPLOG: w.step_log_path = optarg; break;
+		case O_DONE_URL: w.done_url = optarg; break;
+		case O_PING_URL: w.ping_url = optarg; break;
+		case O_STREAM_URL: w.stream_url = optarg; break;
 		case O_LOGFMT:
 			if (strcmp(optarg, "json") && strcmp(optarg, "text")) {
 				fprintf(stderr, "wick worker: --log-format is json or text\n");
@@ -557,7 +567,8 @@ int cmd_worker(int argc, char **argv)
 		goto out;
 	}
 	w.s = sched_create(w.e, w.step_log);
-	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s};
+	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s, .done_url = w.done_url,
+				.ping_url = w.ping_url, .stream_url = w.stream_url};
 	if (!w.s || queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK) {
 		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
 		goto out;
