@@ -20,6 +20,7 @@ static const struct {
 	{"logits", cmd_logits, "logits MODEL --tokens 1,2,3 [--all-positions]"},
 	{"worker", cmd_worker, "worker --model MODEL --queue URL [--concurrency N] [--idle-timeout S] ..."},
 	{"submit", cmd_submit, "submit --queue URL [--wait] (-p TEXT | --file JOB.json | --stdin)"},
+	{"usage", cmd_usage, "usage LEDGER... [--by request|tenant|worker|day] [--format table|json|csv]"},
 	{"bench", cmd_bench, "bench decode MODEL [-n N]"},
 };
 

@@ -17,8 +17,11 @@ struct sched {
 	float *logits;           /* [slots][vocab] */
 	struct eng_item *items;  /* [slots] */
 	int *item_slot;          /* [slots] */
+	struct sched_req **item_req; /* [slots]: the request of each item of the current step */
+	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
 	double t0;
+	double t_mark;           /* end of the last accounted slice (see sched.h) */
 };
 
 struct sched *sched_create(struct engine *e, FILE *log)
@@ -39,7 +42,8 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	s->logits = malloc((size_t)s->slots * s->vocab * sizeof *s->logits);
 	s->items = calloc((size_t)s->slots, sizeof *s->items);
 	s->item_slot = calloc((size_t)s->slots, sizeof *s->item_slot);
-	if (!s->run || !s->logits || !s->items || !s->item_slot) {
+	s->item_req = calloc((size_t)s->slots, sizeof *s->item_req);
+	if (!s->run || !s->logits || !s->items || !s->item_slot || !s->item_req) {
 		sched_free(s);
 		return NULL;
 	}
@@ -78,6 +82,7 @@ void sched_free(struct sched *s)
 	free(s->logits);
 	free(s->items);
 	free(s->item_slot);
+	free(s->item_req);
 	free(s);
 }
 
@@ -89,6 +94,8 @@ int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "the prompt is %d tokens; the context holds %d", r->n_prompt,
 			       s->max_seq);
+	if (sched_pending(s) == 0)
+		s->t_mark = wk_now(); /* busy from here: the first slice starts now */
 	r->status = SCHED_RUNNING;
 	r->seq = -1;
 	r->next = NULL;
@@ -125,6 +132,22 @@ int sched_pending(const struct sched *s)
 long sched_steps(const struct sched *s)
 {
 	return s->steps;
+}
+
+double sched_mark(const struct sched *s)
+{
+	return s->t_mark;
+}
+
+/* A finished request waits on the fin list until its slice is accounted (end of the step). */
+static void fin_push(struct sched *s, struct sched_req *r)
+{
+	r->next = NULL;
+	if (s->fin_tail)
+		s->fin_tail->next = r;
+	else
+		s->fin_head = r;
+	s->fin_tail = r;
 }
 
 /* Decodes the output; a stop string cuts the text (and ends the request). */
@@ -166,7 +189,9 @@ static void finish(struct sched *s, int slot, enum sched_status st, enum sched_f
 	r->t_done = wk_now();
 	if (!r->text)
 		decode_and_stop(s, r);
-	done(ctx, r);
+	(void)done;
+	(void)ctx;
+	fin_push(s, r);
 }
 
 static void finish_waiting(struct sched *s, enum sched_status st, bool only_flagged,
@@ -183,7 +208,9 @@ static void finish_waiting(struct sched *s, enum sched_status st, bool only_flag
 			r->status = only_flagged ? (r->cancel ? SCHED_CANCELLED : SCHED_TIMED_OUT) : st;
 			r->t_done = now;
 			r->text = strdup("");
-			done(ctx, r);
+			(void)done;
+			(void)ctx;
+			fin_push(s, r);
 		} else {
 			prev = r;
 			pp = &r->next;
@@ -205,9 +232,12 @@ static void log_step(struct sched *s, int n, double t)
 	fflush(s->log);
 }
 
-int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), void *ctx)
+/* One step without the accounting: finished requests go to the fin list. */
+static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r), void *ctx,
+		    int *n_items)
 {
 	double now = wk_now();
+	*n_items = 0;
 	/* Cancels and deadlines first: they free their slots for this very step. */
 	finish_waiting(s, SCHED_CANCELLED, true, done, ctx, now);
 	for (int i = 0; i < s->slots; i++) {
@@ -253,14 +283,15 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 			it->tokens = &r->out[r->n_out - 1];
 			it->n = 1;
 		}
+		s->item_req[n] = r;
 		s->item_slot[n++] = i;
 	}
+	*n_items = n;
 	if (n == 0)
-		return sched_pending(s);
+		return WK_OK;
 
 	char err[WK_ERRSZ];
 	log_step(s, n, now);
-	double ts = wk_now();
 	int rc = eng_step(s->e, s->items, n, err, sizeof err);
 	s->steps++;
 	if (rc != WK_OK) {
@@ -273,14 +304,10 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 		return rc;
 	}
 	double t = wk_now();
-	int total = 0;
-	for (int k = 0; k < n; k++)
-		total += s->items[k].n;
 	for (int k = 0; k < n; k++) {
 		int i = s->item_slot[k];
 		struct sched_req *r = s->run[i];
 		r->steps++;
-		r->gpu_seconds += (t - ts) * s->items[k].n / total;
 		int next = samp_next(r->sampler, s->logits + (size_t)i * s->vocab);
 		if (r->n_out == 0)
 			r->t_first = t;
@@ -311,5 +338,51 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 		if (r->n_out >= r->max_tokens || eng_seq_len(s->e, r->seq) + 1 >= s->max_seq)
 			finish(s, i, SCHED_DONE, SCHED_FIN_LENGTH, done, ctx);
 	}
-	return sched_pending(s);
+	return WK_OK;
+}
+
+/* Accounting: the busy time since the last slice ended (s->t_mark: the first submit when
+ * the scheduler was empty, else the end of the previous call) up to now is this call's
+ * slice. It is split over the step's items in proportion to the tokens each ran (a prefill
+ * counts its prompt tokens, a decode 1); a call that ran no item splits it equally over the
+ * requests it finished (cancels, deadlines); a call that did neither leaves the slice open
+ * for the next one. So the slices tile the busy time and the requests' gpu_seconds sum to it:
+ * the gaps between steps (admission, sampling, storing results) are charged to the step
+ * that follows them. */
+static void account(struct sched *s, int n_items, double t)
+{
+	double slice = t - s->t_mark;
+	if (slice < 0)
+		slice = 0;
+	if (n_items > 0) {
+		long total = 0;
+		for (int k = 0; k < n_items; k++)
+			total += s->items[k].n;
+		for (int k = 0; k < n_items; k++)
+			s->item_req[k]->gpu_seconds += slice * s->items[k].n / (double)total;
+		s->t_mark = t;
+	} else if (s->fin_head) {
+		int m = 0;
+		for (struct sched_req *r = s->fin_head; r; r = r->next)
+			m++;
+		for (struct sched_req *r = s->fin_head; r; r = r->next)
+			r->gpu_seconds += slice / m;
+		s->t_mark = t;
+	}
+}
+
+int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), void *ctx)
+{
+	int n_items = 0;
+	int rc = step_run(s, done, ctx, &n_items);
+	account(s, n_items, wk_now());
+	while (s->fin_head) {
+		struct sched_req *r = s->fin_head;
+		s->fin_head = r->next;
+		if (!s->fin_head)
+			s->fin_tail = NULL;
+		r->next = NULL;
+		done(ctx, r);
+	}
+	return rc == WK_OK ? sched_pending(s) : rc;
 }

@@ -52,8 +52,7 @@ struct sched_req {
 	char error[WK_ERRSZ];  /* for SCHED_FAILED */
 	double t_admit, t_first, t_done; /* wk_now() */
 	int steps;            /* engine steps this request took part in */
-	double gpu_seconds;   /* its share of the steps' time: each step's duration split
-			       * over its items in proportion to the tokens each ran */
+	double gpu_seconds;   /* its share of the busy time: see sched_mark() */
 
 	/* private */
 	int seq;
@@ -85,6 +84,18 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 int sched_pending(const struct sched *s); /* waiting + running */
 int sched_running(const struct sched *s);
 long sched_steps(const struct sched *s);
+
+/* Busy-time accounting. The scheduler is busy from the submit that finds it empty until the
+ * end of the sched_step() call after which nothing is pending. That time is cut into slices,
+ * one per sched_step() call: from the end of the previous call (or the first submit) to the
+ * end of this one, so the gaps between steps (admission, sampling, storing results) belong
+ * to the step after them. A slice is split over the step's items in proportion to the
+ * tokens each ran (prompt tokens for a prefill, 1 for a decode); a call that ran no item
+ * splits it equally over the requests it finished. Each request's gpu_seconds is the sum of
+ * its shares, final when done() is called, and the shares sum to the busy time.
+ * sched_mark() is the end of the last slice (or the first submit): the worker takes its
+ * BUSY -> IDLE and IDLE -> BUSY transition times from it. */
+double sched_mark(const struct sched *s);
 
 void sched_req_free(struct sched_req *r);
 

@@ -33,6 +33,9 @@
 #include "engine/tokenizer.h"
 #include "worker/cmd.h"
 #include "worker/job.h"
+#include "worker/ledger.h"
+#include "coldstart/snapshot.h"
+#include <xxhash.h>
 #include "worker/queue.h"
 #include "worker/sched.h"
 
@@ -48,6 +51,8 @@ struct held {               /* a job taken from the queue and not yet finished *
 	double enqueued_wall;   /* unix seconds, 0 unknown */
 	char tenant[JOB_ID_MAX + 1];
 	bool used;
+	struct ledger_req bill;  /* its request line, filled when it finishes */
+	char bill_status[16];
 };
 
 struct worker {
@@ -55,8 +60,14 @@ struct worker {
 	const char *queue_url, *step_log_path, *name_opt;
 	const char *done_url, *ping_url, *stream_url; /* http(s):// queues (RunPod) */
 	int concurrency, max_jobs;
-	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, price_per_hour;
+	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s;
 	bool json_logs;
+	/* usage accounting (worker/ledger.h) */
+	const char *ledger_path, *usage_url, *gpu_type;
+	int64_t price_micro;     /* per hour of the whole worker */
+	int gpus;
+	double tick_s;
+	struct ledger *ledger;   /* always open; without --ledger it keeps the totals only */
 
 	char name[160];
 	struct engine *e;
@@ -144,7 +155,20 @@ static void *watchdog(void *arg)
 
 static int64_t cost_micro(const struct worker *w, double seconds)
 {
-	return (int64_t)llround(seconds * w->price_per_hour / 3600.0 * 1e6);
+	return money_cost_micro(seconds, w->price_micro);
+}
+
+/* The request line a finished job gets in the ledger, written before its result is stored. */
+static void set_bill(struct held *h, enum job_status st, int prompt_tokens, int completion_tokens,
+		     double queue_s, double gpu_s, int64_t cost)
+{
+	snprintf(h->bill_status, sizeof h->bill_status, "%s", job_status_name(st));
+	h->bill = (struct ledger_req){.id = h->qj.id, .tenant = h->tenant,
+				      .status = h->bill_status, .attempt = h->qj.attempt,
+				      .queue_seconds = queue_s, .gpu_seconds = gpu_s,
+				      .prompt_tokens = prompt_tokens,
+				      .completion_tokens = completion_tokens,
+				      .cost_micro_usd = cost};
 }
 
 /* Queues a result for the next group commit. Takes ownership of json. */
@@ -166,7 +190,21 @@ static void flush_results(struct worker *w)
 	if (!w->n_out)
 		return;
 	char err[WK_ERRSZ];
-	int rc = queue_complete(w->q, w->out, w->n_out, err, sizeof err);
+	/* Bill first: the request lines are fsync'd before any result is stored, so a crash can
+	 * never leave a completed job unbilled. If the ledger cannot be written, no result is
+	 * stored: the jobs stay unacknowledged and are delivered again. */
+	struct ledger_req bills[MAX_CONCURRENCY];
+	for (int i = 0; i < w->n_out; i++)
+		bills[i] = ((struct held *)((char *)w->out[i].job - offsetof(struct held, qj)))->bill;
+	int rc = ledger_requests(w->ledger, bills, w->n_out, err, sizeof err);
+	if (rc != WK_OK) {
+		wlog(w, "ledger_error", "%s: %d results not stored; their jobs will be delivered "
+					"again", err, w->n_out);
+		for (int i = 0; i < w->n_out; i++)
+			w->out[i].rc = rc;
+	} else {
+		rc = queue_complete(w->q, w->out, w->n_out, err, sizeof err);
+	}
 	for (int i = 0; i < w->n_out; i++) {
 		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
 		if (w->out[i].rc != WK_OK)
@@ -187,6 +225,7 @@ static void fail_job(struct worker *w, struct held *h, enum job_status st, enum 
 	char *json = job_encode_error(h->qj.id, st, code, msg, w->name, h->qj.attempt, &len);
 	wlog(w, "job_failed", "job %s: %s (%s)", h->qj.id, job_err_code(code), msg);
 	w->jobs_failed++;
+	set_bill(h, st, 0, 0, 0, 0, 0);
 	push_result(w, h, json, len, keep_input);
 }
 
@@ -227,6 +266,7 @@ static void on_done(void *ctx, struct sched_req *r)
 		.attempt = h->qj.attempt};
 	size_t len;
 	char *json = job_encode_result(&jr, &len);
+	set_bill(h, st, r->n_prompt, r->n_out, queue_s, r->gpu_seconds, jr.cost_micro_usd);
 	if (st == JOB_COMPLETED)
 		w->jobs_done++;
 	else
@@ -321,8 +361,44 @@ static void admit(struct worker *w, struct held *h)
 		sched_req_free(r);
 	} else {
 		h->req = r;
+		if (ledger_current(w->ledger) != LEDGER_BUSY) /* the scheduler was empty */
+			ledger_state(w->ledger, LEDGER_BUSY, sched_mark(w->s), err, sizeof err);
 	}
 	job_free(&j);
+}
+
+/* A snapshot's id for the ledger: its directory name and the xxh64 of its manifest. */
+static void snapshot_id(const char *model, char *out, size_t n)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/manifest.json", model);
+	char *buf = NULL;
+	size_t len = 0;
+	char err[WK_ERRSZ];
+	if (!snap_is_snapshot(model) ||
+	    wk_read_file(path, SNAP_MAX_MANIFEST, &buf, &len, err, sizeof err) != WK_OK)
+		return;
+	const char *base;
+	size_t bl = strlen(model);
+	while (bl > 1 && model[bl - 1] == '/')
+		bl--;
+	base = model;
+	for (size_t i = 0; i + 1 < bl; i++)
+		if (model[i] == '/')
+			base = model + i + 1;
+	snprintf(out, n, "%.*s@%016llx", (int)(bl - (size_t)(base - model)), base,
+		 (unsigned long long)XXH64(buf, len, 0));
+	free(buf);
+}
+
+/* After a step: once nothing is pending the busy time ends where the last slice ended. */
+static void account_step_end(struct worker *w)
+{
+	char err[WK_ERRSZ];
+	if (sched_pending(w->s) == 0 && ledger_current(w->ledger) == LEDGER_BUSY &&
+	    ledger_state(w->ledger, w->state == ST_DRAINING ? LEDGER_DRAINING : LEDGER_IDLE,
+			 sched_mark(w->s), err, sizeof err) != WK_OK)
+		wlog(w, "ledger_error", "%s", err);
 }
 
 static int held_count(const struct worker *w)
@@ -413,6 +489,16 @@ static void release_all(struct worker *w)
 		struct held *h = &w->held[i];
 		if (!h->used)
 			continue;
+		/* the attempt's GPU time so far is billed (as overhead: it did not finish) */
+		struct sched_req *r = h->req;
+		snprintf(h->bill_status, sizeof h->bill_status, "RELEASED");
+		h->bill = (struct ledger_req){
+			.id = h->qj.id, .tenant = h->tenant, .status = h->bill_status,
+			.attempt = h->qj.attempt, .gpu_seconds = r ? r->gpu_seconds : 0,
+			.prompt_tokens = r ? r->n_prompt : 0, .completion_tokens = r ? r->n_out : 0,
+			.cost_micro_usd = cost_micro(w, r ? r->gpu_seconds : 0)};
+		if (ledger_requests(w->ledger, &h->bill, 1, err, sizeof err) != WK_OK)
+			wlog(w, "ledger_error", "job %s: %s", h->qj.id, err);
 		if (queue_release(w->q, &h->qj, 1, err, sizeof err) != WK_OK)
 			wlog(w, "release", "job %s: %s", h->qj.id, err);
 		else
@@ -464,7 +550,8 @@ static int parse_num(const char *arg, const char *flag, double lo, double hi, do
 int cmd_worker(int argc, char **argv)
 {
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
-	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL };
+	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
+	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -478,9 +565,18 @@ int cmd_worker(int argc, char **argv)
 		{"done-url", required_argument, 0, O_DONE_URL},
 		{"ping-url", required_argument, 0, O_PING_URL},
 		{"stream-url", required_argument, 0, O_STREAM_URL},
+		{"ledger", required_argument, 0, O_LEDGER},
+		{"ledger-tick", required_argument, 0, O_TICK},
+		{"price-per-gpu-second", required_argument, 0, O_PRICE_GPU_S},
+		{"gpus", required_argument, 0, O_GPUS},
+		{"gpu-type", required_argument, 0, O_GPU_TYPE},
+		{"usage-url", required_argument, 0, O_USAGE_URL},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
-			   .drain_timeout = 30, .lease_s = 60};
+			   .drain_timeout = 30, .lease_s = 60, .gpus = 8, .gpu_type = "H200",
+			   .price_micro = 36310000 /* $36.31/h: 8xH200 in the user's story */};
+	int64_t price_gpu_s = 0;
+	bool have_gpu_price = false;
 	double v;
 	int c, bad = 0;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -493,7 +589,23 @@ int cmd_worker(int argc, char **argv)
 		case O_LIFE: bad = parse_num(optarg, "--max-lifetime", 0, 1e12, &w.max_lifetime); break;
 		case O_MAXJOBS: bad = parse_num(optarg, "--max-jobs", 0, 1e12, &v); w.max_jobs = (int)v; break;
 		case O_LEASE: bad = parse_num(optarg, "--lease", 1, 86400, &w.lease_s); break;
-		case O_PRICE: bad = parse_num(optarg, "--price-per-hour", 0, 1e6, &w.price_per_hour); break;
+		case O_PRICE:
+		case O_PRICE_GPU_S:
+			if (money_parse_micro(optarg, c == O_PRICE ? &w.price_micro : &price_gpu_s) !=
+			    WK_OK) {
+				fprintf(stderr, "wick worker: %s wants a dollar amount like 36.31 "
+						"(at most 6 decimals), not '%s'\n",
+					c == O_PRICE ? "--price-per-hour" : "--price-per-gpu-second",
+					optarg);
+				return 2;
+			}
+			have_gpu_price = c == O_PRICE_GPU_S;
+			break;
+		case O_LEDGER: w.ledger_path = optarg; break;
+		case O_TICK: bad = parse_num(optarg, "--ledger-tick", 0.01, 3600, &w.tick_s); break;
+		case O_GPUS: bad = parse_num(optarg, "--gpus", 1, 1024, &v); w.gpus = (int)v; break;
+		case O_GPU_TYPE: w.gpu_type = optarg; break;
+		case O_USAGE_URL: w.usage_url = optarg; break;
 		case O_ID: w.name_opt = optarg; break;
 		case O_STEPLOG: w.step_log_path = optarg; break;
 		case O_DONE_URL: w.done_url = optarg; break;
@@ -550,6 +662,20 @@ int cmd_worker(int argc, char **argv)
 
 	int rc = 1;
 	char err[WK_ERRSZ];
+	const char *why = "idle";
+	if (have_gpu_price)
+		w.price_micro = price_gpu_s * 3600 * w.gpus;
+	char snap_id[300] = "";
+	snapshot_id(w.ce.model, snap_id, sizeof snap_id);
+	struct ledger_info li = {.worker = w.name, .model = w.ce.model, .gpu_type = w.gpu_type,
+				 .snapshot = *snap_id ? snap_id : NULL,
+				 .gpu_count = w.gpus, .price_micro_per_hour = w.price_micro,
+				 .tick_s = w.tick_s, .t_start = w.t_start};
+	if (ledger_open(w.ledger_path, &li, &w.ledger, err, sizeof err) != WK_OK) {
+		wlog(&w, "startup_failed", "%s", err);
+		goto out;
+	}
+	why = "startup_failed";
 	w.ce.o.max_seqs = w.concurrency;
 	w.held = calloc((size_t)w.concurrency, sizeof *w.held);
 	w.out = calloc((size_t)w.concurrency, sizeof *w.out);
@@ -580,9 +706,11 @@ int cmd_worker(int argc, char **argv)
 	     su->snapshot ? " restored from a snapshot" : "", eng_info(w.e)->backend);
 	set_state(&w, ST_READY);
 	w.t_last_activity = wk_now();
+	if (ledger_state(w.ledger, LEDGER_IDLE, w.t_last_activity, err, sizeof err) != WK_OK)
+		wlog(&w, "ledger_error", "%s", err);
+	why = "idle";
 
 	double t_lease = wk_now(), t_cancel = wk_now();
-	const char *why = "idle";
 	for (;;) {
 		double now = wk_now();
 		if (got_signal && w.state != ST_DRAINING) {
@@ -591,11 +719,16 @@ int cmd_worker(int argc, char **argv)
 			set_state(&w, ST_DRAINING);
 			w.t_drain_deadline = now + w.drain_timeout;
 			why = "signal";
+			account_step_end(&w);
+			if (sched_pending(w.s) == 0)
+				ledger_state(w.ledger, LEDGER_DRAINING, now, err, sizeof err);
 		}
 		if (w.state != ST_DRAINING && w.max_lifetime > 0 && now - w.t_start > w.max_lifetime) {
 			set_state(&w, ST_DRAINING);
 			w.t_drain_deadline = now + w.drain_timeout;
 			why = "max_lifetime";
+			if (sched_pending(w.s) == 0)
+				ledger_state(w.ledger, LEDGER_DRAINING, now, err, sizeof err);
 		}
 		int held = held_count(&w);
 		if (w.state != ST_DRAINING && w.max_jobs > 0 && w.jobs_taken >= w.max_jobs && held == 0) {
@@ -619,6 +752,7 @@ int cmd_worker(int argc, char **argv)
 			if (sched_step(w.s, on_done, &w) < 0)
 				wlog(&w, "engine_error", "the engine failed a step; its jobs failed");
 			w.t_last_activity = wk_now();
+			account_step_end(&w);
 		}
 		flush_results(&w);
 		housekeeping(&w, &t_lease, &t_cancel);
@@ -626,6 +760,8 @@ int cmd_worker(int argc, char **argv)
 			set_state(&w, ST_IDLE);
 	}
 	flush_results(&w);
+	if (ledger_current(w.ledger) == LEDGER_BUSY) /* drain timed out with jobs running */
+		ledger_state(w.ledger, LEDGER_DRAINING, sched_mark(w.s), err, sizeof err);
 	if (held_count(&w))
 		release_all(&w);
 	struct queue_stats qs;
@@ -638,6 +774,17 @@ out:
 	startup_done = 1;
 	if (have_wd)
 		pthread_join(wd, NULL);
+	if (w.ledger) {
+		struct ledger_totals tot;
+		double t_end = wk_now();
+		if (ledger_exit(w.ledger, why, t_end, &tot, err, sizeof err) != WK_OK)
+			wlog(&w, "ledger_error", "%s", err);
+		char bill[256];
+		ledger_bill_line(bill, sizeof bill, w.queue_url ? "worker" : "session",
+				 t_end - w.t_start, &tot, w.gpus, w.gpu_type, w.price_micro);
+		wlog(&w, "bill", "%s", bill);
+		ledger_close(w.ledger);
+	}
 	sched_free(w.s);
 	queue_close(w.q);
 	eng_close(w.e);
