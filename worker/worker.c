@@ -34,6 +34,7 @@
 #include "worker/cmd.h"
 #include "worker/job.h"
 #include "worker/ledger.h"
+#include "worker/export.h"
 #include "coldstart/snapshot.h"
 #include <xxhash.h>
 #include "worker/queue.h"
@@ -68,6 +69,7 @@ struct worker {
 	int gpus;
 	double tick_s;
 	struct ledger *ledger;   /* always open; without --ledger it keeps the totals only */
+	struct exporter *exporter; /* --usage-url */
 
 	char name[160];
 	struct engine *e;
@@ -523,7 +525,12 @@ static void usage(FILE *f)
 		"  --max-lifetime S      drain and exit after S seconds (default 0: never)\n"
 		"  --max-jobs N          drain and exit after taking N jobs (default 0: no limit)\n"
 		"  --lease S             job lease, extended while a job runs (default 60)\n"
-		"  --price-per-hour USD  price of this machine, for per-request cost (default 0)\n"
+		"  --ledger PATH         usage ledger (JSON Lines, fsync'd; see `wick usage`)\n"
+		"  --ledger-tick S       ledger tick period while running (default 1)\n"
+		"  --price-per-hour USD  price of the whole worker (default 36.31: 8xH200)\n"
+		"  --price-per-gpu-second USD   instead: price per GPU-second x --gpus\n"
+		"  --gpus N, --gpu-type NAME    what is billed (default 8 x H200)\n"
+		"  --usage-url URL       post the ledger's events as CloudEvents (needs --ledger)\n"
 		"  --worker-id NAME      this worker's name (default HOST-PID)\n"
 		"  --step-log PATH       the scheduler's step log, one JSON line per step\n"
 		"  --log-format json     one JSON object per log line (default: text)\n"
@@ -676,6 +683,15 @@ int cmd_worker(int argc, char **argv)
 		goto out;
 	}
 	why = "startup_failed";
+	if (w.usage_url && !w.ledger_path) {
+		wlog(&w, "startup_failed", "--usage-url needs --ledger PATH (events are sent from it)");
+		goto out;
+	}
+	if (w.usage_url && exporter_start(w.ledger_path, w.usage_url, &w.exporter, err,
+					  sizeof err) != WK_OK) {
+		wlog(&w, "startup_failed", "%s", err);
+		goto out;
+	}
 	w.ce.o.max_seqs = w.concurrency;
 	w.held = calloc((size_t)w.concurrency, sizeof *w.held);
 	w.out = calloc((size_t)w.concurrency, sizeof *w.out);
@@ -784,6 +800,15 @@ out:
 				 t_end - w.t_start, &tot, w.gpus, w.gpu_type, w.price_micro);
 		wlog(&w, "bill", "%s", bill);
 		ledger_close(w.ledger);
+	}
+	if (w.exporter) {
+		struct export_stats es;
+		if (exporter_finish(w.exporter, 10, &es, err, sizeof err) != WK_OK)
+			wlog(&w, "usage_export", "%s", err);
+		else
+			wlog(&w, "usage_export", "%llu events sent in %llu posts (%llu failed and "
+						 "retried)", (unsigned long long)es.events,
+			     (unsigned long long)es.posts, (unsigned long long)es.failed_posts);
 	}
 	sched_free(w.s);
 	queue_close(w.q);

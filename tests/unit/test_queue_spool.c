@@ -69,7 +69,7 @@ static int count_dir(const char *sub)
 
 static bool exists(const char *sub, const char *name)
 {
-	char p[512];
+	char p[2048];
 	snprintf(p, sizeof p, "%s/%s/%s", dir, sub, name);
 	return access(p, F_OK) == 0;
 }
@@ -237,7 +237,7 @@ Test(queue_spool, extend_and_release)
 	cr_expect_str_eq(j[0].id, "e");
 
 	/* a lost lease */
-	char p[400];
+	char p[2048];
 	snprintf(p, sizeof p, "%s/claimed/%s", dir, j[0].handle);
 	cr_assert_eq(unlink(p), 0);
 	cr_expect_eq(queue_extend(q, j, 1, 10, rc, err, sizeof err), WK_ENOTFOUND);

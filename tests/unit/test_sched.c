@@ -3,9 +3,11 @@
  * step log (not wall-clock timing).
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/wk.h"
 #include "engine/convert.h"
@@ -224,4 +226,67 @@ Test(sched, stop_strings_cancel_and_deadline)
 	cr_expect_eq(sched_submit(s, big, err, sizeof err), WK_EINVAL);
 	sched_req_free(big);
 	sched_free(s);
+}
+
+/* Conservation, as a property over random job mixes: the requests' gpu_seconds sum to the busy
+ * time that this test measures itself, from its own clock, at the moments the scheduler goes
+ * from empty to busy (just before the submit that finds it empty) and back (just after the
+ * step that leaves nothing pending). Gaps between steps (sleeps here, standing in for
+ * admission, sampling and storing results) and idle periods are part of the mix. */
+static void done_collect(void *ctx, struct sched_req *r)
+{
+	double *sum = ctx;
+	cr_assert(r->gpu_seconds >= 0, "%s: negative share", r->id);
+	*sum += r->gpu_seconds;
+	sched_req_free(r);
+}
+
+Test(sched, busy_time_is_conserved_over_random_mixes)
+{
+	for (unsigned seed = 1; seed <= 6; seed++) {
+		srand(seed);
+		struct sched *s = sched_create(eng, NULL);
+		cr_assert_not_null(s);
+		double sum = 0, busy = 0, t_busy = 0;
+		int submitted = 0;
+		for (int round = 0; round < 12; round++) {
+			int k = rand() % 5; /* a burst of 0..4 arrivals */
+			for (int i = 0; i < k; i++) {
+				struct sched_req *r = calloc(1, sizeof *r);
+				snprintf(r->id, sizeof r->id, "s%u-%d", seed, submitted++);
+				r->n_prompt = 1 + rand() % 20;
+				r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
+				for (int p = 0; p < r->n_prompt; p++)
+					r->prompt[p] = 1 + rand() % 500;
+				r->max_tokens = 1 + rand() % 40;
+				r->samp = (struct samp_cfg){.temperature = 1.0f, .seed = (uint64_t)rand()};
+				if (sched_pending(s) == 0)
+					t_busy = wk_now();
+				char err[WK_ERRSZ];
+				cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
+				if (rand() % 7 == 0)
+					sched_cancel(s, r);
+			}
+			int steps = rand() % 30;
+			for (int i = 0; i < steps && sched_pending(s) > 0; i++) {
+				if (rand() % 3 == 0)
+					usleep((useconds_t)(rand() % 2000)); /* a gap between steps */
+				cr_assert_geq(sched_step(s, done_collect, &sum), 0);
+				if (sched_pending(s) == 0)
+					busy += wk_now() - t_busy;
+			}
+			if (sched_pending(s) == 0)
+				usleep((useconds_t)(rand() % 3000)); /* idle: not busy time */
+		}
+		while (sched_pending(s) > 0) {
+			cr_assert_geq(sched_step(s, done_collect, &sum), 0);
+			if (sched_pending(s) == 0)
+				busy += wk_now() - t_busy;
+		}
+		cr_assert(submitted == 0 || busy > 0);
+		cr_assert(fabs(sum - busy) < 1e-3,
+			  "seed %u: the requests' gpu_seconds sum to %.6f s, busy time was %.6f s",
+			  seed, sum, busy);
+		sched_free(s);
+	}
 }

@@ -1,0 +1,160 @@
+# The usage ledger through the real worker on stories260K:
+#  1. conservation over random job mixes (sizes, lengths, arrival times, concurrency): the
+#     requests' gpu_seconds sum to the busy seconds of the state transitions (+-1 ms), the
+#     states sum to the lifetime (+-1 ms), billed = ceil(lifetime);
+#  2. kill -9 mid-batch: the ledger still parses, a torn tail is repaired on the next start
+#     (with a recovery event), `wick usage` gives the lifetime within 1 s of the truth, and
+#     every job with a stored result has its request line; each job is billed once;
+#  3. export to a collector (in this test) that fails the first posts: every event arrives,
+#     each exactly once by id, also across the kill -9.
+source tests/e2e/lib.sh
+m=$(stories)
+
+# ---- 1. conservation over random mixes ----
+python3 - "$WICK" "$m" "$TMPD" <<'PY'
+import json, math, os, random, subprocess, sys, time
+wick, model, tmp = sys.argv[1:4]
+for seed in (1, 2, 3):
+    rnd = random.Random(seed)
+    q = f"{tmp}/mix{seed}"
+    led = f"{tmp}/mix{seed}.jsonl"
+    conc = rnd.randint(1, 8)
+    n = rnd.randint(8, 20)
+    jobs = sorted((rnd.uniform(0, 2.0), i) for i in range(n))
+    w = subprocess.Popen([wick, "worker", "--model", model, "--queue", f"spool:{q}",
+                          "--idle-timeout", "1", "--concurrency", str(conc), "--ledger", led,
+                          "--ledger-tick", "0.2"], stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    for at, i in jobs:
+        d = at - (time.monotonic() - t0)
+        if d > 0:
+            time.sleep(d)
+        words = " ".join(rnd.choice(["Once", "upon", "a", "time", "the", "cat", "sat"])
+                         for _ in range(rnd.randint(1, 30)))
+        subprocess.run([wick, "submit", "--queue", f"spool:{q}", "--id", f"m{i}", "-p", words,
+                        "-n", str(rnd.randint(1, 80)), "--temperature", "0.9",
+                        "--seed", str(i)], check=True, stdout=subprocess.DEVNULL)
+    assert w.wait(timeout=60) == 0, "worker exit"
+    ev = [json.loads(l) for l in open(led)]
+    busy = sum(e["seconds"] for e in ev if e["type"] == "state" and e["state"] == "busy")
+    states = sum(e["seconds"] for e in ev if e["type"] == "state")
+    gpu = sum(e["gpu_seconds"] for e in ev if e["type"] == "request")
+    ex = [e for e in ev if e["type"] == "worker_exit"]
+    assert len(ex) == 1, ex
+    ex = ex[0]
+    reqs = {e["id"] for e in ev if e["type"] == "request"}
+    assert reqs == {f"m{i}" for i in range(n)}, f"request lines for {sorted(reqs)}"
+    assert abs(gpu - busy) <= 1e-3, f"seed {seed}: sum of gpu_seconds {gpu:.6f} != busy {busy:.6f}"
+    assert abs(states - ex["lifetime_seconds"]) <= 1e-3, (states, ex)
+    assert ex["billed_seconds"] == math.ceil(ex["lifetime_seconds"] - 1e-6), ex
+    assert ex["cost_micro_usd"] == (ex["billed_seconds"] * 36310000 + 1800) // 3600, ex
+    assert busy > 0 and ex["idle_seconds"] > 0
+    print(f"seed {seed}: {n} jobs, concurrency {conc}: busy {busy:.4f} s = sum of gpu_seconds "
+          f"{gpu:.4f} s; lifetime {ex['lifetime_seconds']:.3f} s, billed {ex['billed_seconds']} s")
+PY
+"$WICK" usage "$TMPD/mix1.jsonl" --format json >"$TMPD/u1.json" || fail "wick usage"
+python3 - "$TMPD/u1.json" <<'PY'
+import json, sys
+u = json.load(open(sys.argv[1]))
+t = u["totals"]
+assert abs(t["request_gpu_seconds"] - t["busy_seconds"]) <= 1e-3, t
+assert t["overhead_attempts"] == 0 and t["bad_lines"] == 0, t
+PY
+
+# ---- 2 and 3: kill -9 mid-batch, with the export on; then a second worker finishes ----
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 - "$port" "$TMPD/collected.json" <<'PY' &
+# A metering collector: keeps CloudEvents by id; fails the first 3 posts (after reading them).
+import json, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, out = int(sys.argv[1]), sys.argv[2]
+lock = threading.Lock()
+state = {"posts": 0, "failed": 0, "events": {}, "copies": 0}
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with lock:
+            state["posts"] += 1
+            if state["posts"] <= 3:
+                state["failed"] += 1
+                self.send_response(500); self.end_headers(); return
+            for ev in json.loads(body):
+                assert ev["specversion"] == "1.0" and ev["id"] and ev["type"].startswith("wick.")
+                if ev["id"] in state["events"]:
+                    state["copies"] += 1
+                state["events"][ev["id"]] = ev
+            json.dump({"posts": state["posts"], "failed": state["failed"], "copies": state["copies"],
+                       "ids": sorted(state["events"])}, open(out + ".tmp", "w"))
+            import os; os.replace(out + ".tmp", out)
+        self.send_response(200); self.end_headers()
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+PY
+cpid=$!
+trap 'kill $cpid 2>/dev/null; rm -rf "$TMPD"' EXIT
+for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', $port))" 2>/dev/null && break; sleep 0.05; done
+
+Q=$TMPD/kq
+L=$TMPD/kill.jsonl
+for i in $(seq 1 60); do
+  "$WICK" submit --queue "spool:$Q" --id "k$i" -p "Once upon a time" -n 400 --temperature 0.8 \
+    --seed "$i" >/dev/null || fail "submit"
+done
+start=$(date +%s.%N)
+"$WICK" worker --model "$m" --queue "spool:$Q" --concurrency 4 --lease 2 --idle-timeout 3 \
+  --ledger "$L" --usage-url "http://127.0.0.1:$port/events" 2>"$TMPD/k1.log" &
+k1=$!
+sleep 2.5
+kill -9 $k1
+killed=$(date +%s.%N)
+wait $k1 2>/dev/null || true
+done_before=$(ls "$Q/done" | wc -l)
+[ "$done_before" -gt 0 ] && [ "$done_before" -lt 60 ] || fail "not mid-batch: $done_before of 60 done at the kill"
+python3 -c "
+import json, sys
+for n, l in enumerate(open('$L'), 1):
+    json.loads(l)
+" || fail "the ledger does not parse after kill -9"
+# a crash mid-write: a torn last line
+printf '{"type":"request","ts":"2026-12-0' >>"$L"
+"$WICK" worker --model "$m" --queue "spool:$Q" --concurrency 8 --lease 2 --idle-timeout 1 \
+  --ledger "$L" --usage-url "http://127.0.0.1:$port/events" 2>"$TMPD/k2.log" || fail "second worker: $(tail -3 "$TMPD/k2.log")"
+grep -q "events sent" "$TMPD/k2.log" || fail "no export summary: $(grep usage_export "$TMPD/k2.log")"
+"$WICK" usage "$L" --by worker --format json >"$TMPD/uk.json" || fail "wick usage"
+"$WICK" usage "$L" --by request --format json >"$TMPD/ur.json" || fail "wick usage --by request"
+python3 - "$L" "$Q" "$TMPD/uk.json" "$TMPD/ur.json" "$TMPD/collected.json" "$start" "$killed" <<'PY'
+import json, os, sys
+led, q, uk, ur, col, start, killed = sys.argv[1:8]
+truth = float(killed) - float(start)
+ev = [json.loads(l) for l in open(led)]          # every line parses
+rec = [e for e in ev if e["type"] == "recovery"]
+assert rec and rec[0]["dropped_bytes"] == len('{"type":"request","ts":"2026-12-0'), rec
+assert rec[0]["crashed"] and rec[0]["crashed"][0]["worker"] != "", rec
+w = json.load(open(uk))["rows"]
+crashed = [r for r in w if r["exit"] == "crashed"]
+assert len(crashed) == 1 and len(w) == 2, w
+life = crashed[0]["lifetime_seconds"]
+assert abs(life - truth) <= 1.0, f"crashed worker: usage says {life:.3f} s, it lived {truth:.3f} s"
+assert crashed[0]["billed_seconds"] >= life
+# every stored result has its request line; each job billed once
+reqs = json.load(open(ur))["rows"]
+done = {f[:-5] for f in os.listdir(os.path.join(q, "done"))}
+assert done == {f"k{i}" for i in range(1, 61)}, f"{len(done)} results"
+billed = {}
+for r in reqs:
+    if r["billed"] == "yes":
+        billed[r["id"]] = billed.get(r["id"], 0) + 1
+for i in done:
+    res = json.load(open(os.path.join(q, "done", i + ".json")))
+    assert billed.get(i) == 1, f"{i}: billed {billed.get(i)} times"
+    lines = [r for r in reqs if r["id"] == i and r["status"] == res["status"]]
+    assert lines, f"{i} has a stored result and no request line"
+# export: every exportable event arrived, each exactly once by id
+c = json.load(open(col))
+want = {e["eid"] for e in ev if e["type"] in ("request", "state", "worker_exit")}
+got = set(c["ids"])
+assert c["failed"] == 3 and got == want, f"missing {len(want - got)}, extra {len(got - want)}"
+print(f"kill -9 after {truth:.2f} s: usage says {life:.2f} s; {len(done)} results, each billed once; "
+      f"{len(got)} events exported ({c['failed']} posts failed and were retried, {c['copies']} copies dropped by id)")
+PY
+echo ok
