@@ -104,7 +104,7 @@ void ledger_fmt_duration(char *buf, size_t n, double s)
 	if (!(s >= 0))
 		s = 0;
 	if (s < 60) {
-		snprintf(buf, n, "%.1fs", s);
+		snprintf(buf, n, s < 10 ? "%.3fs" : "%.1fs", s);
 		return;
 	}
 	long t = lround(s);

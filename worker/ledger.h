@@ -108,7 +108,7 @@ int ledger_repair(int fd, char **dropped, size_t *n_dropped, char *err, size_t e
 void ledger_bill_line(char *buf, size_t n, const char *what, double lifetime_s,
 		      const struct ledger_totals *t, int gpus, const char *gpu_type,
 		      int64_t price_micro_per_hour);
-/* "0.4s", "59.9s", "1m00s", "2h03m04s" */
+/* "0.412s", "59.9s", "1m00s", "2h03m04s" */
 void ledger_fmt_duration(char *buf, size_t n, double s);
 
 /* RFC 3339 UTC with milliseconds for a unix time in seconds. buf: >= 32 bytes. */
