@@ -218,6 +218,7 @@ static void flush_results(struct worker *w)
 		h->req = NULL;
 	}
 	w->n_out = 0;
+	w->t_last_activity = wk_now(); /* a slow store is not idle time */
 }
 
 static void fail_job(struct worker *w, struct held *h, enum job_status st, enum job_err code,
