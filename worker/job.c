@@ -74,6 +74,19 @@ static enum job_err fail(char *err, size_t errsz, enum job_err e, const char *fm
 }
 
 /* Copies a JSON string of 1..max bytes with no NUL into a new buffer. */
+static char *dup_string(const json_t *v, size_t max, size_t *len);
+
+/* dup_string for a member named what: a NUL byte blames the job; a failed malloc does not. */
+static enum job_err dup_member(const json_t *v, size_t max, char **out, const char *what,
+			       char *err, size_t errsz)
+{
+	if ((*out = dup_string(v, max, NULL)))
+		return JOB_OK;
+	if (memchr(json_string_value(v), 0, json_string_length(v)))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "%s contains a NUL byte", what);
+	return fail(err, errsz, JOB_EINTERNAL, "out of memory copying %s", what);
+}
+
 static char *dup_string(const json_t *v, size_t max, size_t *len)
 {
 	size_t n = json_string_length(v);
@@ -115,9 +128,12 @@ static enum job_err decode_stop(const json_t *stop, struct job *j, char *err, si
 			return fail(err, errsz, JOB_EINVALID_INPUT,
 				    "input.stop[%zu] has %zu bytes; each stop string needs 1 to %d", i,
 				    len, JOB_STOP_LEN_MAX);
-		if (!(j->stop[j->n_stop] = dup_string(items[i], JOB_STOP_LEN_MAX, NULL)))
-			return fail(err, errsz, JOB_EINVALID_INPUT,
-				    "input.stop[%zu] contains a NUL byte (or out of memory)", i);
+		char what[48];
+		snprintf(what, sizeof what, "input.stop[%zu]", i);
+		enum job_err e = dup_member(items[i], JOB_STOP_LEN_MAX, &j->stop[j->n_stop], what, err,
+					    errsz);
+		if (e != JOB_OK)
+			return e;
 		j->n_stop++;
 	}
 	return JOB_OK;
@@ -156,9 +172,12 @@ static enum job_err decode_messages(const json_t *msgs, struct job *j, char *err
 				    "input.messages hold more than %u bytes of content", JOB_PROMPT_MAX);
 		memcpy(j->messages[i].role, json_string_value(role), json_string_length(role) + 1);
 		j->n_messages = (int)i + 1;
-		if (!(j->messages[i].content = dup_string(content, JOB_PROMPT_MAX, NULL)))
-			return fail(err, errsz, JOB_EINVALID_INPUT,
-				    "input.messages[%zu].content contains a NUL byte (or out of memory)", i);
+		char what[48];
+		snprintf(what, sizeof what, "input.messages[%zu].content", i);
+		enum job_err e = dup_member(content, JOB_PROMPT_MAX, &j->messages[i].content, what,
+					    err, errsz);
+		if (e != JOB_OK)
+			return e;
 	}
 	return JOB_OK;
 }
@@ -192,9 +211,9 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 		if (len > JOB_PROMPT_MAX)
 			return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
 				    "input.prompt has %zu bytes; the limit is %u", len, JOB_PROMPT_MAX);
-		if (!(j->prompt = dup_string(prompt, JOB_PROMPT_MAX, NULL)))
-			return fail(err, errsz, JOB_EINVALID_INPUT,
-				    "input.prompt contains a NUL byte (or out of memory)");
+		if ((e = dup_member(prompt, JOB_PROMPT_MAX, &j->prompt, "input.prompt", err, errsz)) !=
+		    JOB_OK)
+			return e;
 	} else if ((e = decode_messages(msgs, j, err, errsz)) != JOB_OK) {
 		return e;
 	}
@@ -268,6 +287,14 @@ enum job_err job_decode(const char *body, size_t len, const char *queue_id, stru
 			    JOB_BODY_MAX);
 	json_error_t jerr;
 	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	/* jansson's lexer reports a failed allocation as a syntax error ("string or '}'
+	 * expected"), so a job is called invalid only when a second parse fails the same way:
+	 * a transient allocation failure must not fail a good job for good. */
+	if (!root)
+		root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	/* it reports others as out_of_memory, or (in lex_init) not at all */
+	if (!root && (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory parsing the job");
 	if (!root)
 		return fail(err, errsz, JOB_EINVALID_JSON, "the job is not valid JSON: %s (line %d, column %d)",
 			    jerr.text, jerr.line, jerr.column);
