@@ -3,7 +3,8 @@
 #   make               build build/wick (CUDA kernels too when nvcc is found)
 #   make test          build, then run every test stage (tests/run); ends with "N passed, N failed"
 #   make demo          convert stories260K and generate a story with it
-#   make MODE=asan     AddressSanitizer + UBSan build under build/asan (make MODE=asan test)
+#   make MODE=asan     AddressSanitizer + UBSan build under build/asan (make MODE=asan test);
+#                      plain `make test` runs the unit tests and fuzz corpora under it too
 #   make CUDA=0        CPU-only build, even where nvcc exists
 
 MODE ?= release
@@ -91,7 +92,7 @@ FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/%)
 FUZZ_SECONDS ?= 60
 FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm
 
-.PHONY: all test demo clean unit tools fuzz
+.PHONY: all test demo clean unit tools fuzz asan-unit
 .SECONDARY:
 all: $(BUILD)/wick
 
@@ -141,8 +142,18 @@ fuzz:
 unit: $(BUILD)/tests/unit
 tools: $(TOOLS)
 
-test: $(BUILD)/wick $(BUILD)/tests/unit $(TOOLS) $(FUZZ_REPLAY)
-	@WICK_BUILD=$(BUILD) WICK_SHARED=$(SHARED) MODE=$(MODE) tests/run
+# In release mode `make test` also builds the unit tests and fuzz replayers under ASan+UBSan
+# (build/asan, CPU-only) and tests/run runs them as the unit-asan and fuzz-asan stages.
+ifeq ($(MODE),release)
+ASAN_STAGE := asan-unit
+ASAN_ENV   := WICK_ASAN_BUILD=build/asan
+endif
+
+asan-unit:
+	$(MAKE) MODE=asan CUDA=0 build/asan/tests/unit $(FUZZ_TARGETS:%=build/asan/fuzz-replay/%)
+
+test: $(BUILD)/wick $(BUILD)/tests/unit $(TOOLS) $(FUZZ_REPLAY) $(ASAN_STAGE)
+	@WICK_BUILD=$(BUILD) WICK_SHARED=$(SHARED) MODE=$(MODE) $(ASAN_ENV) tests/run
 
 demo: $(BUILD)/wick
 	@scripts/demo $(BUILD) $(SHARED)
