@@ -45,7 +45,7 @@ static int write_cursor(const char *cpath, long long off, char *err, size_t errs
 	char tmp[4216], b[64];
 	snprintf(tmp, sizeof tmp, "%s.tmp", cpath);
 	int n = snprintf(b, sizeof b, "%lld\n", off);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0 || write(fd, b, (size_t)n) != n || fsync(fd) != 0) {
 		int e = errno;
 		if (fd >= 0)
@@ -118,7 +118,7 @@ int export_pass(const char *ledger_path, const char *url, uint64_t *sent, char *
 	*sent = 0;
 	char cpath[4200];
 	snprintf(cpath, sizeof cpath, "%s.cursor", ledger_path);
-	int lock = open(cpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	int lock = open(cpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (lock < 0)
 		return wk_errf(err, errsz, WK_EIO, "%s: %s", cpath, strerror(errno));
 	FILE *f = fopen(ledger_path, "r");

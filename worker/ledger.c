@@ -160,8 +160,38 @@ struct ledger {
 static double wall_of(const struct ledger *l, double t) { return t + l->wall_minus_mono; }
 
 /* Adds the common fields to ev (stolen) and appends it; caller holds l->mu. */
-static int emit(struct ledger *l, const char *type, json_t *ev, double t, bool sync, char *err,
-		size_t errsz)
+/* Appends whole lines (one write under the lock; on failure what was written is cut off
+ * again, so a live writer never leaves a torn line), then fsyncs when sync. */
+static int append_lines(struct ledger *l, const char *buf, size_t len, bool sync, char *err,
+			size_t errsz)
+{
+	int rc = WK_OK;
+	flock(l->fd, LOCK_EX);
+	size_t done = 0;
+	while (done < len) {
+		ssize_t w = write(l->fd, buf + done, len - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			rc = wk_errf(err, errsz, WK_EIO, "%s: writing the ledger: %s", l->path,
+				     w < 0 ? strerror(errno) : "write returned 0");
+			break;
+		}
+		done += (size_t)w;
+	}
+	if (rc != WK_OK && done > 0)
+		if (ftruncate(l->fd, lseek(l->fd, 0, SEEK_END) - (off_t)done) != 0)
+			rc = WK_EIO;
+	flock(l->fd, LOCK_UN);
+	if (rc == WK_OK && sync && fsync(l->fd) != 0)
+		rc = wk_errf(err, errsz, WK_EIO, "%s: fsync: %s", l->path, strerror(errno));
+	return rc;
+}
+
+/* Adds the common fields to ev (stolen) and appends it as a line: to *batch when given (the
+ * caller writes the batch with append_lines), else to the file at once. Caller holds l->mu. */
+static int emit_to(struct ledger *l, const char *type, json_t *ev, double t, bool sync,
+		   char **batch, size_t *batch_len, char *err, size_t errsz)
 {
 	if (l->fd < 0) { /* no file: totals only */
 		json_decref(ev);
@@ -184,22 +214,28 @@ static int emit(struct ledger *l, const char *type, json_t *ev, double t, bool s
 	if (!line)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	size_t len = strlen(line);
-	line[len] = '\n'; /* json_dumps' NUL becomes the newline; written as one piece */
+	line[len] = '\n'; /* json_dumps' NUL becomes the newline */
 	int rc = WK_OK;
-	flock(l->fd, LOCK_EX);
-	ssize_t w = write(l->fd, line, len + 1);
-	if (w != (ssize_t)(len + 1)) {
-		rc = wk_errf(err, errsz, WK_EIO, "%s: writing the ledger: %s", l->path,
-			     w < 0 ? strerror(errno) : "short write");
-		if (w > 0) /* never leave a torn line behind a live writer */
-			if (ftruncate(l->fd, lseek(l->fd, 0, SEEK_END) - w) != 0)
-				rc = WK_EIO;
+	if (batch) {
+		char *nb = realloc(*batch, *batch_len + len + 1);
+		if (!nb) {
+			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		} else {
+			memcpy(nb + *batch_len, line, len + 1);
+			*batch = nb;
+			*batch_len += len + 1;
+		}
+	} else {
+		rc = append_lines(l, line, len + 1, sync, err, errsz);
 	}
-	flock(l->fd, LOCK_UN);
 	free(line);
-	if (rc == WK_OK && sync && fsync(l->fd) != 0)
-		rc = wk_errf(err, errsz, WK_EIO, "%s: fsync: %s", l->path, strerror(errno));
 	return rc;
+}
+
+static int emit(struct ledger *l, const char *type, json_t *ev, double t, bool sync, char *err,
+		size_t errsz)
+{
+	return emit_to(l, type, ev, t, sync, NULL, NULL, err, errsz);
 }
 
 static json_t *jsec(double s) { return json_real(round(s * 1e6) / 1e6); }
@@ -388,7 +424,7 @@ int ledger_open(const char *path, const struct ledger_info *in, struct ledger **
 		free(l);
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	}
-	l->fd = path ? open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+	l->fd = path ? open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
 	if (path && l->fd < 0) {
 		int rc = wk_errf(err, errsz, WK_EIO, "%s: opening the ledger: %s", path,
 				 strerror(errno));
@@ -497,6 +533,8 @@ int ledger_requests(struct ledger *l, const struct ledger_req *r, int n, char *e
 	pthread_mutex_lock(&l->mu);
 	int rc = WK_OK;
 	double t = wk_now();
+	char *batch = NULL; /* all n lines, written at once: a group is billed whole or not at all */
+	size_t blen = 0;
 	for (int i = 0; i < n && rc == WK_OK; i++) {
 		json_t *ev = json_pack("{s:s, s:s, s:i, s:s, s:o, s:i, s:i, s:o}", "id", r[i].id,
 				       "tenant", r[i].tenant && *r[i].tenant ? r[i].tenant : "default",
@@ -508,12 +546,17 @@ int ledger_requests(struct ledger *l, const struct ledger_req *r, int n, char *e
 			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 			break;
 		}
-		rc = emit(l, "request", money(ev, r[i].cost_micro_usd), t, i == n - 1, err, errsz);
-		if (rc == WK_OK) {
+		rc = emit_to(l, "request", money(ev, r[i].cost_micro_usd), t, true, &batch, &blen, err,
+			     errsz);
+	}
+	if (rc == WK_OK && blen)
+		rc = append_lines(l, batch, blen, true, err, errsz);
+	free(batch);
+	if (rc == WK_OK)
+		for (int i = 0; i < n; i++) {
 			l->req_gpu += r[i].gpu_seconds;
 			l->reqs++;
 		}
-	}
 	pthread_mutex_unlock(&l->mu);
 	return rc;
 }

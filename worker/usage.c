@@ -6,9 +6,12 @@
  * A run that ended without worker_exit (killed -9, machine lost) is billed up to its last
  * event: ticks are written every second, so that is within a second of the truth.
  *
- * Requests: a job id is billed to its tenant once, for the attempt that finished it (the
- * first request line with a terminal status: COMPLETED, FAILED, TIMED_OUT, CANCELLED). Every
- * other attempt (RELEASED by a drain, or a duplicate run) is overhead, shown as such. With
+ * Requests: a job id is billed to its tenant once, for the attempt that finished it: the
+ * last request line with a terminal status (COMPLETED, FAILED, TIMED_OUT, CANCELLED). A job
+ * runs again after a terminal line only when that attempt's result was not stored (a queue
+ * that already holds a result acknowledges a redelivery without running it), so the last one
+ * is the result that stands. Every other attempt (RELEASED by a drain, or an earlier run
+ * whose result was lost) is overhead, shown as such. With
  * --bill-overhead proportional, each run's overhead (its billed cost minus its billed
  * requests' cost: start, idle and drain time, other attempts, and the rounding up to whole
  * seconds) is spread over that run's billed requests in proportion to their gpu_seconds, in
@@ -225,12 +228,12 @@ static void settle(struct book *b, bool spread)
 		r->cost = money_cost_micro((double)r->billed, r->price);
 	}
 	qsort(b->reqs, (size_t)b->n_reqs, sizeof *b->reqs, cmp_req_time);
-	for (int i = 0; i < b->n_reqs; i++) {
+	for (int i = b->n_reqs - 1; i >= 0; i--) { /* the last terminal attempt of each id */
 		struct req *q = &b->reqs[i];
 		if (!terminal(q->status))
 			continue;
 		bool seen = false;
-		for (int k = 0; k < i && !seen; k++)
+		for (int k = i + 1; k < b->n_reqs && !seen; k++)
 			seen = b->reqs[k].billed && !strcmp(b->reqs[k].id, q->id);
 		if (!seen) {
 			q->billed = true;
