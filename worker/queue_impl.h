@@ -77,4 +77,33 @@ struct queue_redis_entry {
 struct redisReply;
 int queue_redis_decode_entry(const struct redisReply *e, size_t max_body, struct queue_redis_entry *out);
 
+/* RunPod job-take bodies (http(s):// queues), pure (fuzzed). A body is one job {"id", "input",
+ * ...} (job-take) or a list of them (job-take-batch); empty, whitespace or null means no job.
+ * An OK job becomes wick's job JSON: {"id": ID, "input": INPUT}, plus INPUT's "tenant" and
+ * "timeout_s" when it has them; an INPUT that itself holds an "input" object is a whole wick
+ * job, used as it is with its "id" set to ID. The others are answered FAILED (invalid_input)
+ * by the driver under their id (BAD_*), or cannot be answered at all (NO_ID). */
+enum { QUEUE_HTTP_JOB_OK, QUEUE_HTTP_JOB_NO_ID, QUEUE_HTTP_JOB_BAD_ID, QUEUE_HTTP_JOB_BAD_INPUT,
+       QUEUE_HTTP_JOB_TOO_BIG };
+#define QUEUE_HTTP_RAW_ID_MAX 512 /* bytes of an id kept to answer it; longer ones are NO_ID */
+#define QUEUE_HTTP_TAKE_MAX 4096  /* jobs in one body */
+struct queue_http_job {
+	int kind;             /* QUEUE_HTTP_JOB_* */
+	char id[QUEUE_HTTP_RAW_ID_MAX + 1]; /* as sent (valid per job_id_valid only when OK); "" for NO_ID */
+	char *body;           /* OK: wick's job JSON, malloc'd, NUL-terminated; else NULL */
+	size_t len;
+	char why[200];        /* not OK: what is wrong, one line */
+};
+/* Decodes body[0..len) into *jobs (malloc'd; NULL when *n == 0; free with queue_http_jobs_free).
+ * Returns WK_OK, WK_EFORMAT (not JSON, or neither a job object nor a list), WK_ELIMIT (more
+ * than QUEUE_HTTP_TAKE_MAX jobs) or WK_ENOMEM, with *n == 0 on failure. */
+int queue_http_decode_take(const char *body, size_t len, size_t max_body,
+			   struct queue_http_job **jobs, int *n, char *err, size_t errsz);
+void queue_http_jobs_free(struct queue_http_job *jobs, int n);
+
+/* A RunPod URL from a template, pure: "$RUNPOD_POD_ID" becomes worker and "$ID" becomes job
+ * (worker when job is NULL), both percent-escaped; then query ("k=v&k2=v2", NULL for none) is
+ * appended after '?' or '&'. malloc'd; NULL when out of memory. */
+char *queue_http_url(const char *tmpl, const char *worker, const char *job, const char *query);
+
 #endif
