@@ -177,6 +177,65 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 	return false;
 }
 
+/* ---- streaming (on_token) ---- */
+
+/* Bytes at the end of t[0..len) that a stream holds back: trailing U+FFFDs (an incomplete
+ * UTF-8 sequence decodes to one until its last byte arrives) and the longest tail that is
+ * the start of a stop string. */
+static size_t held_back(const struct sched_req *r, const char *t, size_t len)
+{
+	size_t k = 0;
+	while (len - k >= 3 && !memcmp(t + len - k - 3, "\xEF\xBF\xBD", 3))
+		k += 3;
+	for (int i = 0; i < r->n_stop; i++)
+		for (size_t m = strlen(r->stop[i]); m-- > k + 1;)
+			if (m <= len && !memcmp(t + len - m, r->stop[i], m)) {
+				k = m;
+				break;
+			}
+	return k;
+}
+
+/* After a token: hands on_token the text that became final. With stop strings r->text holds
+ * the whole decoded output (decode_and_stop just ran); without, only a window of the last
+ * tokens is decoded, so a long stream costs O(1) per token. The window keeps a few tokens
+ * before the new ones so that the decoder treats the new ones as it does in the whole text
+ * (a SentencePiece decoder strips the first piece's leading space). */
+static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
+{
+	if (r->n_stop) {
+		size_t safe = r->text_len - held_back(r, r->text, r->text_len);
+		size_t n = safe > r->sent ? safe - r->sent : 0;
+		r->on_token(ctx, r, r->text + r->sent, n);
+		r->sent += n;
+		return;
+	}
+	char *t = NULL;
+	size_t len = 0;
+	if (!s->tok || tok_decode_utf8(s->tok, r->out + r->win, r->n_out - r->win, true, &t, &len,
+				       NULL, 0) != WK_OK) {
+		r->on_token(ctx, r, "", 0);
+		return;
+	}
+	size_t safe = len - held_back(r, t, len);
+	size_t n = safe > r->win_sent ? safe - r->win_sent : 0;
+	r->on_token(ctx, r, t + r->win_sent, n);
+	r->sent += n;
+	r->win_sent += n;
+	if (r->n_out - r->win >= 16 && r->win_sent == len) {
+		char *t2 = NULL;
+		size_t len2 = 0;
+		int from = r->n_out - 4;
+		if (tok_decode_utf8(s->tok, r->out + from, r->n_out - from, true, &t2, &len2, NULL,
+				    0) == WK_OK) {
+			r->win = from;
+			r->win_sent = len2;
+		}
+		free(t2);
+	}
+	free(t);
+}
+
 static void finish(struct sched *s, int slot, enum sched_status st, enum sched_finish fin,
 		   void (*done)(void *, struct sched_req *), void *ctx)
 {
@@ -189,8 +248,11 @@ static void finish(struct sched *s, int slot, enum sched_status st, enum sched_f
 	r->t_done = wk_now();
 	if (!r->text)
 		decode_and_stop(s, r);
+	if (r->on_token && st == SCHED_DONE && r->text_len > r->sent) {
+		r->on_token(ctx, r, r->text + r->sent, r->text_len - r->sent);
+		r->sent = r->text_len;
+	}
 	(void)done;
-	(void)ctx;
 	fin_push(s, r);
 }
 
@@ -331,6 +393,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
 			continue;
 		}
+		if (r->on_token)
+			stream_token(s, r, ctx);
 		if (r->n_stop) { /* no stop yet: decode again at the end */
 			free(r->text);
 			r->text = NULL;

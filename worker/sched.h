@@ -41,6 +41,13 @@ struct sched_req {
 	int n_stop;
 	double deadline;      /* wk_now() seconds; 0 = none */
 	void *user;           /* the caller's */
+	/* Optional streaming hook, called during sched_step (ctx is the step's ctx) once after
+	 * each token the request generates, with the text that became final since the last call
+	 * (len may be 0). Text that could still change is held back: a trailing U+FFFD (an
+	 * incomplete UTF-8 sequence) and a tail that could be the start of a stop string. What
+	 * is left comes in one more call when the request finishes SCHED_DONE, so the pieces add
+	 * up to r->text exactly. piece is valid only during the call. */
+	void (*on_token)(void *ctx, struct sched_req *r, const char *piece, size_t len);
 
 	/* filled by the scheduler */
 	enum sched_status status;
@@ -56,6 +63,9 @@ struct sched_req {
 
 	/* private */
 	int seq;
+	size_t sent;          /* bytes of text handed to on_token */
+	int win;              /* on_token, no stop strings: first token of the decode window */
+	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
 	bool cancel;
 	struct sched_req *next;

@@ -39,19 +39,21 @@
 #include <xxhash.h>
 #include "worker/queue.h"
 #include "worker/sched.h"
+#include "worker/http_api.h"
 
 #define MAX_CONCURRENCY 1024
 
 enum state { ST_STARTING, ST_READY, ST_BUSY, ST_IDLE, ST_DRAINING };
 static const char *const state_names[] = {"STARTING", "READY", "BUSY", "IDLE", "DRAINING"};
 
-struct held {               /* a job taken from the queue and not yet finished */
+struct held {               /* a job taken from the queue (or HTTP) and not yet finished */
 	struct queue_job qj;
 	struct sched_req *req;  /* NULL once finished */
 	double taken_at;        /* wk_now() */
 	double enqueued_wall;   /* unix seconds, 0 unknown */
 	char tenant[JOB_ID_MAX + 1];
 	bool used;
+	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
 };
@@ -70,6 +72,9 @@ struct worker {
 	double tick_s;
 	struct ledger *ledger;   /* always open; without --ledger it keeps the totals only */
 	struct exporter *exporter; /* --usage-url */
+	/* the OpenAI endpoint (--listen; worker/http_api.h) */
+	struct http_api_opts ho;
+	struct http_api *http;
 
 	char name[160];
 	struct engine *e;
@@ -135,6 +140,26 @@ static void set_state(struct worker *w, enum state st)
 	enum state old = w->state;
 	w->state = st;
 	wlog(w, "state", "%s -> %s", state_names[old], state_names[st]);
+	if (w->http)
+		http_api_set_state(w->http, state_names[st]);
+}
+
+/* A URL as logs may show it: without user:password@ and without the query string, where
+ * platforms put tokens. */
+static const char *redact_url(const char *url, char *buf, size_t n)
+{
+	const char *scheme = strstr(url, "://");
+	const char *auth = scheme ? scheme + 3 : url;
+	const char *slash = strchr(auth, '/');
+	const char *at = strchr(auth, '@');
+	if (at && (!slash || at < slash))
+		snprintf(buf, n, "%.*s%s", (int)(auth - url), url, at + 1);
+	else
+		snprintf(buf, n, "%s", url);
+	char *q = strchr(buf, '?');
+	if (q)
+		snprintf(q, n - (size_t)(q - buf), "?...");
+	return buf;
 }
 
 /* ---- start-up watchdog ---- */
@@ -185,6 +210,37 @@ static void push_result(struct worker *w, struct held *h, char *json, size_t len
 	w->out_json[w->n_out++] = json;
 }
 
+/* Moves the queue jobs' results to the front of out[] and returns their count. */
+static int queue_results_first(struct worker *w)
+{
+	int nq = 0;
+	for (int i = 0; i < w->n_out; i++) {
+		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
+		if (h->http)
+			continue;
+		struct queue_result r = w->out[i];
+		char *j = w->out_json[i];
+		w->out[i] = w->out[nq];
+		w->out_json[i] = w->out_json[nq];
+		w->out[nq] = r;
+		w->out_json[nq++] = j;
+	}
+	return nq;
+}
+
+/* Hands an HTTP request its result. One whose bill could not be written is not served. */
+static void answer_http(struct worker *w, struct held *h, const char *json, size_t len, int rc)
+{
+	char *e = NULL;
+	if (rc != WK_OK)
+		e = job_encode_error(h->qj.id, JOB_FAILED, JOB_EINTERNAL, "the usage ledger could "
+				     "not be written", w->name, h->qj.attempt, &len);
+	http_api_finish(w->http, h->http, rc != WK_OK ? (e ? e : "{}") : json,
+			rc != WK_OK && !e ? 2 : len);
+	free(e);
+	h->http = NULL;
+}
+
 /* Stores every pending result, then frees their jobs' slots. A result that could not be
  * stored leaves its job unacknowledged: the queue delivers it again after the lease. */
 static void flush_results(struct worker *w)
@@ -205,11 +261,14 @@ static void flush_results(struct worker *w)
 		for (int i = 0; i < w->n_out; i++)
 			w->out[i].rc = rc;
 	} else {
-		rc = queue_complete(w->q, w->out, w->n_out, err, sizeof err);
+		int nq = queue_results_first(w); /* HTTP requests are answered below */
+		rc = nq ? queue_complete(w->q, w->out, nq, err, sizeof err) : WK_OK;
 	}
 	for (int i = 0; i < w->n_out; i++) {
 		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
-		if (w->out[i].rc != WK_OK)
+		if (h->http)
+			answer_http(w, h, w->out_json[i], w->out[i].len, w->out[i].rc);
+		else if (w->out[i].rc != WK_OK)
 			wlog(w, "error", "job %s: the result was not stored (%s); the queue will "
 					 "deliver it again", h->qj.id, rc ? err : "?");
 		free(w->out_json[i]);
@@ -445,6 +504,70 @@ static void take_jobs(struct worker *w, double wait_s)
 	free(jobs);
 }
 
+/* ---- the HTTP endpoint (--listen): its requests share the batch with queue jobs ---- */
+
+static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t len)
+{
+	struct worker *w = ctx;
+	struct held *h = r->user;
+	http_api_token(w->http, h->http, r->n_out, piece, len);
+}
+
+static void take_http(struct worker *w, double wait_s)
+{
+	int free_slots = w->concurrency - held_count(w);
+	if (w->max_jobs > 0 && free_slots > w->max_jobs - w->jobs_taken)
+		free_slots = (int)(w->max_jobs - w->jobs_taken);
+	if (free_slots <= 0)
+		return;
+	struct http_flight *f[MAX_CONCURRENCY];
+	int n = http_api_take(w->http, f, free_slots, wait_s);
+	double now = wk_now();
+	for (int k = 0; k < n; k++) {
+		struct held *h = NULL;
+		for (int i = 0; i < w->concurrency && !h; i++)
+			if (!w->held[i].used)
+				h = &w->held[i];
+		*h = (struct held){.taken_at = now, .used = true, .http = f[k]};
+		http_flight_job(f[k], &h->qj);
+		h->enqueued_wall = h->qj.enqueued_at;
+		w->jobs_taken++;
+		w->t_last_activity = now;
+		admit(w, h);
+		if (h->req)
+			h->req->on_token = on_token;
+	}
+}
+
+/* Cancels the requests whose clients went away: their slots free at the next step. */
+static void http_cancels(struct worker *w)
+{
+	struct http_flight *f[64];
+	int n;
+	while ((n = http_api_cancelled(w->http, f, 64)) > 0)
+		for (int k = 0; k < n; k++)
+			for (int i = 0; i < w->concurrency; i++)
+				if (w->held[i].used && w->held[i].http == f[k] && w->held[i].req) {
+					wlog(w, "client_gone", "request %s: the client went away; "
+							       "cancelled", w->held[i].qj.id);
+					sched_cancel(w->s, w->held[i].req);
+				}
+}
+
+/* At exit with HTTP requests still running (the drain timed out): they cannot be handed
+ * back, so they end CANCELLED through one more step, billed for what they ran. */
+static void cancel_http(struct worker *w)
+{
+	bool any = false;
+	for (int i = 0; i < w->concurrency; i++)
+		if (w->held[i].used && w->held[i].http && w->held[i].req) {
+			sched_cancel(w->s, w->held[i].req);
+			any = true;
+		}
+	if (any && sched_step(w->s, on_done, w) < 0)
+		wlog(w, "engine_error", "the engine failed a step; its jobs failed");
+}
+
 /* Lease heartbeats and cancel checks for the jobs held, every lease/3 and 0.5 s. */
 static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 {
@@ -452,7 +575,7 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 	int n = 0;
 	struct queue_job *jobs[MAX_CONCURRENCY];
 	for (int i = 0; i < w->concurrency; i++)
-		if (w->held[i].used && w->held[i].req)
+		if (w->held[i].used && w->held[i].req && !w->held[i].http)
 			jobs[n++] = &w->held[i].qj;
 	if (!n)
 		return;
@@ -490,7 +613,7 @@ static void release_all(struct worker *w)
 	char err[WK_ERRSZ];
 	for (int i = 0; i < w->concurrency; i++) {
 		struct held *h = &w->held[i];
-		if (!h->used)
+		if (!h->used || h->http) /* HTTP requests were cancelled (cancel_http) */
 			continue;
 		/* the attempt's GPU time so far is billed (as overhead: it did not finish) */
 		struct sched_req *r = h->req;
@@ -514,10 +637,11 @@ static void release_all(struct worker *w)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: wick worker --model MODEL --queue URL [options]\n\n"
+		"usage: wick worker --model MODEL (--queue URL | --listen HOST:PORT) [options]\n\n"
 		"Pulls jobs from URL (spool:DIR, redis://HOST:PORT/STREAM?group=G), runs them\n"
 		"continuously batched, stores each result before acknowledging the job, and exits 0\n"
-		"when the queue has been quiet for --idle-timeout seconds.\n"
+		"when the queue has been quiet for --idle-timeout seconds. With --listen it also\n"
+		"serves the OpenAI API; its requests share the batch with the queue's jobs.\n"
 		"  --concurrency N       jobs held and batched at once (default 8)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
@@ -535,11 +659,12 @@ static void usage(FILE *f)
 		"  --worker-id NAME      this worker's name (default HOST-PID)\n"
 		"  --step-log PATH       the scheduler's step log, one JSON line per step\n"
 		"  --log-format json     one JSON object per log line (default: text)\n"
-		"  --done-url URL, --ping-url URL, --stream-url URL\n"
-		"                        http(s):// (RunPod) queues: job-done, ping and stream URLs\n"
-		"                        (default: RUNPOD_WEBHOOK_POST_OUTPUT, _PING, _POST_STREAM)\n"
+		"  --done-url URL, --ping-url URL\n"
+		"                        http(s):// (RunPod) queues: job-done and ping URLs\n"
+		"                        (default: RUNPOD_WEBHOOK_POST_OUTPUT, RUNPOD_WEBHOOK_PING)\n"
+		"  --stream-url URL      accepted for RunPod; wick does not stream partial output yet\n"
 		"  --backend cpu|cuda|null   null answers at once (for measuring the queue)\n"
-		CMD_ENGINE_HELP);
+		HTTP_API_HELP CMD_ENGINE_HELP);
 }
 
 static int parse_num(const char *arg, const char *flag, double lo, double hi, double *out)
@@ -579,7 +704,7 @@ int cmd_worker(int argc, char **argv)
 		{"gpus", required_argument, 0, O_GPUS},
 		{"gpu-type", required_argument, 0, O_GPU_TYPE},
 		{"usage-url", required_argument, 0, O_USAGE_URL},
-		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
+		CMD_ENGINE_OPTIONS, HTTP_API_OPTIONS, {0, 0, 0, 0}};
 	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
 			   .drain_timeout = 30, .lease_s = 60, .gpus = 8, .gpu_type = "H200",
 			   .price_micro = 36310000 /* $36.31/h: 8xH200 in the user's story */};
@@ -628,6 +753,11 @@ int cmd_worker(int argc, char **argv)
 			break;
 		case 'h': usage(stdout); return 0;
 		default:
+			if (c >= HTTP_OPT_BASE) {
+				if (http_api_flag(&w.ho, c, optarg))
+					return 2;
+				break;
+			}
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&w.ce, c, optarg)) {
 				usage(stderr);
 				return 2;
@@ -636,9 +766,9 @@ int cmd_worker(int argc, char **argv)
 		if (bad)
 			return 2;
 	}
-	if (cmd_engine_model(&w.ce, argc, argv, optind, 0) || !w.queue_url) {
-		if (!w.queue_url)
-			fprintf(stderr, "wick worker: --queue URL is required\n");
+	if (cmd_engine_model(&w.ce, argc, argv, optind, 0) || (!w.queue_url && !w.ho.listen)) {
+		if (!w.queue_url && !w.ho.listen)
+			fprintf(stderr, "wick worker: --queue URL or --listen HOST:PORT is required\n");
 		usage(stderr);
 		return 2;
 	}
@@ -663,8 +793,9 @@ int cmd_worker(int argc, char **argv)
 
 	w.t_start = wk_now();
 	w.state = ST_STARTING;
-	wlog(&w, "start", "model %s, queue %s, concurrency %d", w.ce.model, w.queue_url,
-	     w.concurrency);
+	char shown[512];
+	wlog(&w, "start", "model %s, queue %s, concurrency %d", w.ce.model,
+	     w.queue_url ? redact_url(w.queue_url, shown, sizeof shown) : "none", w.concurrency);
 	pthread_t wd;
 	bool have_wd = pthread_create(&wd, NULL, watchdog, &w) == 0;
 
@@ -673,6 +804,18 @@ int cmd_worker(int argc, char **argv)
 	const char *why = "idle";
 	if (have_gpu_price)
 		w.price_micro = price_gpu_s * 3600 * w.gpus;
+	if (w.ho.listen) { /* first: /health answers 503 while the engine starts */
+		char bound[300];
+		w.ho.model = w.ce.model;
+		w.ho.price_micro = w.price_micro;
+		int hrc = http_api_start(&w.ho, &w.http, bound, sizeof bound, err, sizeof err);
+		if (hrc != WK_OK) {
+			wlog(&w, "startup_failed", "%s", err);
+			rc = hrc == WK_EINVAL ? 2 : 1;
+			goto out;
+		}
+		wlog(&w, "listen", "serving the OpenAI API at http://%s/v1", bound);
+	}
 	char snap_id[300] = "";
 	snapshot_id(w.ce.model, snap_id, sizeof snap_id);
 	struct ledger_info li = {.worker = w.name, .model = w.ce.model, .gpu_type = w.gpu_type,
@@ -712,7 +855,7 @@ int cmd_worker(int argc, char **argv)
 	w.s = sched_create(w.e, w.step_log);
 	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s, .done_url = w.done_url,
 				.ping_url = w.ping_url, .stream_url = w.stream_url};
-	if (!w.s || queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK) {
+	if (!w.s || (w.queue_url && queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK)) {
 		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
 		goto out;
 	}
@@ -760,8 +903,13 @@ int cmd_worker(int argc, char **argv)
 			if (held == 0 && w.idle_timeout > 0 && idle_left <= 0)
 				break;
 			double wait = held ? 0 : (idle_left < 0.5 ? (idle_left > 0 ? idle_left : 0) : 0.5);
-			take_jobs(&w, wait);
+			if (w.http) /* alone it waits on its inbox; with a queue, the queue is polled */
+				take_http(&w, w.q ? 0 : wait);
+			if (w.q)
+				take_jobs(&w, w.http && wait > 0.05 ? 0.05 : wait);
 		}
+		if (w.http)
+			http_cancels(&w);
 		held = held_count(&w);
 		if (held && w.state != ST_DRAINING)
 			set_state(&w, ST_BUSY);
@@ -776,13 +924,18 @@ int cmd_worker(int argc, char **argv)
 		if (held_count(&w) == 0 && w.state == ST_BUSY)
 			set_state(&w, ST_IDLE);
 	}
+	if (w.http)
+		cancel_http(&w);
 	flush_results(&w);
 	if (ledger_current(w.ledger) == LEDGER_BUSY) /* drain timed out with jobs running */
 		ledger_state(w.ledger, LEDGER_DRAINING, sched_mark(w.s), err, sizeof err);
 	if (held_count(&w))
 		release_all(&w);
-	struct queue_stats qs;
-	queue_get_stats(w.q, &qs);
+	http_api_stop(w.http); /* every HTTP request has had its answer */
+	w.http = NULL;
+	struct queue_stats qs = {0};
+	if (w.q)
+		queue_get_stats(w.q, &qs);
 	wlog(&w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
 			 "%llu syncs", why, w.jobs_taken, w.jobs_done, w.jobs_failed,
 	     wk_now() - w.t_start, (unsigned long long)qs.syncs);
@@ -791,6 +944,7 @@ out:
 	startup_done = 1;
 	if (have_wd)
 		pthread_join(wd, NULL);
+	http_api_stop(w.http);
 	if (w.ledger) {
 		struct ledger_totals tot;
 		double t_end = wk_now();

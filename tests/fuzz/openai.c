@@ -1,0 +1,50 @@
+/* Fuzz target: an OpenAI request body through oai_to_job (chat and completion), the API keys
+ * file parser, and the response builders on a result: no crash, no leak; a request that is
+ * accepted always yields a job document job_decode accepts, and every error has a message. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "tests/fuzz/fuzz.h"
+#include "worker/http_int.h"
+#include "worker/job.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	for (int k = 0; k < 2; k++) {
+		struct oai_req r;
+		struct oai_err e;
+		int st = oai_to_job(k ? OAI_COMPLETION : OAI_CHAT, (const char *)data, size, "m",
+				    "chatcmpl-1", "t", 64, &r, &e);
+		if (st) {
+			if (r.job || st < 400 || st > 599 || !e.message[0])
+				abort();
+			json_decref(oai_error_json(&e));
+			continue;
+		}
+		struct job j;
+		char err[WK_ERRSZ];
+		if (job_decode(r.job, r.job_len, NULL, &j, err, sizeof err) != JOB_OK)
+			abort();
+		job_free(&j);
+		free(r.job);
+	}
+	struct http_key *keys = NULL;
+	int n = 0;
+	char err[WK_ERRSZ];
+	http_keys_parse((const char *)data, size, "fuzz", &keys, &n, err, sizeof err);
+	for (int i = 0; i < n; i++)
+		free(keys[i].key);
+	free(keys);
+	struct oai_result res;
+	if (oai_result_parse((const char *)data, size, &res) == WK_OK) {
+		json_decref(oai_response(OAI_CHAT, "x", 1, "m", &res));
+		json_decref(oai_chunk(OAI_COMPLETION, "x", 1, "m", res.text, res.text_len, false, NULL));
+		json_decref(oai_usage_chunk(OAI_CHAT, "x", 1, "m", &res));
+		struct oai_err e;
+		oai_result_error(&res, &e);
+		oai_result_free(&res);
+	}
+	return 0;
+}

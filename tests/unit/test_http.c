@@ -1,0 +1,369 @@
+/*
+ * The HTTP endpoint's pure parts (worker/http_openai.c): OpenAI requests into job documents,
+ * errors in OpenAI's shape, results into responses, and the API keys file.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/http_int.h"
+#include "worker/job.h"
+
+static json_t *job_of(enum oai_kind k, const char *body, struct oai_req *r)
+{
+	struct oai_err e;
+	int st = oai_to_job(k, body, strlen(body), "stories260K", "chatcmpl-1", "team-a", 100, r, &e);
+	cr_assert_eq(st, 0, "%d %s", st, e.message);
+	json_t *j = json_loads(r->job, 0, NULL);
+	cr_assert_not_null(j);
+	return j;
+}
+
+static struct oai_err err_of(enum oai_kind k, const char *body)
+{
+	struct oai_req r;
+	struct oai_err e;
+	int st = oai_to_job(k, body, strlen(body), "stories260K", "chatcmpl-1", "team-a", 100, &r, &e);
+	cr_assert_neq(st, 0, "accepted: %s", body);
+	cr_assert_eq(st, e.status);
+	cr_assert_null(r.job);
+	return e;
+}
+
+Test(http, chat_becomes_a_job)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_CHAT,
+			   "{\"model\": \"stories260K\", \"stream\": true, \"stream_options\": "
+			   "{\"include_usage\": true}, \"temperature\": 0.5, \"stop\": [\"x\"], "
+			   "\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, "
+			   "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Once \"}, "
+			   "{\"type\": \"text\", \"text\": \"upon\"}]}, {\"role\": \"assistant\", "
+			   "\"content\": null}], \"user\": \"ignored\", \"presence_penalty\": 0}",
+			   &r);
+	cr_expect(r.stream);
+	cr_expect(r.include_usage);
+	cr_expect_str_eq(json_string_value(json_object_get(j, "id")), "chatcmpl-1");
+	cr_expect_str_eq(json_string_value(json_object_get(j, "tenant")), "team-a");
+	json_t *in = json_object_get(j, "input");
+	json_t *m = json_object_get(in, "messages");
+	cr_assert_eq(json_array_size(m), 3);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 1), "content")),
+			 "Once upon");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 2), "content")), "");
+	cr_expect_eq(json_integer_value(json_object_get(in, "max_tokens")), 100,
+		     "no max_tokens means the server's limit");
+	cr_expect_eq(json_real_value(json_object_get(in, "temperature")), 0.5);
+	cr_expect_str_eq(json_string_value(json_array_get(json_object_get(in, "stop"), 0)), "x");
+	cr_expect_null(json_object_get(in, "user"));
+	json_decref(j);
+	free(r.job);
+}
+
+Test(http, completion_becomes_a_job)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_COMPLETION, "{\"prompt\": [\"Once\"], \"max_tokens\": 7, \"seed\": 3}",
+			   &r);
+	json_t *in = json_object_get(j, "input");
+	cr_expect_str_eq(json_string_value(json_object_get(in, "prompt")), "Once");
+	cr_expect_eq(json_integer_value(json_object_get(in, "max_tokens")), 7);
+	cr_expect_eq(json_integer_value(json_object_get(in, "seed")), 3);
+	cr_expect(!r.stream);
+	json_decref(j);
+	free(r.job);
+	/* max_completion_tokens wins over max_tokens for chat */
+	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+			     "\"max_tokens\": 50, \"max_completion_tokens\": 9}", &r);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"), "max_tokens")), 9);
+	json_decref(j);
+	free(r.job);
+}
+
+Test(http, errors_are_openai_shaped)
+{
+	struct oai_err e = err_of(OAI_CHAT, "{nope");
+	cr_expect_eq(e.status, 400);
+	cr_expect_str_eq(e.code, "invalid_json");
+	e = err_of(OAI_CHAT, "{\"model\": \"gpt-4o\", \"messages\": []}");
+	cr_expect_eq(e.status, 404);
+	cr_expect_str_eq(e.code, "model_not_found");
+	cr_expect_str_eq(e.param, "model");
+	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+			     "\"max_completion_tokens\": 101}");
+	cr_expect_str_eq(e.code, "max_tokens_range");
+	cr_expect_str_eq(e.param, "max_completion_tokens");
+	cr_expect(strstr(e.message, "1 to 100") != NULL, "%s", e.message);
+	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"n\": 2}");
+	cr_expect_str_eq(e.param, "n");
+	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+			     "\"top_p\": 7}");
+	cr_expect_str_eq(e.code, "invalid_input");
+	cr_expect(strstr(e.message, "top_p") == e.message, "the job's \"input.\" is dropped: %s",
+		  e.message);
+	e = err_of(OAI_COMPLETION, "{\"prompt\": [1, 2]}");
+	cr_expect_str_eq(e.param, "prompt");
+	e = err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}");
+	cr_expect_str_eq(e.param, "stream");
+	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+			     "\"image_url\"}]}]}");
+	cr_expect_eq(e.status, 400);
+	json_t *j = oai_error_json(&e);
+	json_t *o = json_object_get(j, "error");
+	cr_expect(json_is_string(json_object_get(o, "message")));
+	cr_expect_str_eq(json_string_value(json_object_get(o, "type")), "invalid_request_error");
+	cr_expect(json_is_string(json_object_get(o, "code")));
+	cr_expect(json_is_string(json_object_get(o, "param")));
+	json_decref(j);
+}
+
+Test(http, results_become_responses)
+{
+	const char *ok = "{\"id\": \"chatcmpl-1\", \"status\": \"COMPLETED\", \"output\": {\"text\": "
+			 "\"Lily\", \"token_ids\": [1], \"finish_reason\": \"length\"}, \"usage\": "
+			 "{\"prompt_tokens\": 3, \"completion_tokens\": 1, \"queue_seconds\": 0.1, "
+			 "\"gpu_seconds\": 0.2, \"cost_usd\": 0.000002, \"cost_micro_usd\": 2}}";
+	struct oai_result r;
+	cr_assert_eq(oai_result_parse(ok, strlen(ok), &r), WK_OK);
+	cr_expect(r.completed);
+	json_t *j = oai_response(OAI_CHAT, "chatcmpl-1", 5, "m", &r);
+	json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(c, "message"), "content")),
+			 "Lily");
+	cr_expect_str_eq(json_string_value(json_object_get(c, "finish_reason")), "length");
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")), 4);
+	cr_expect_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
+	json_decref(j);
+	j = oai_chunk(OAI_COMPLETION, "cmpl-1", 5, "m", "ab", 2, false, NULL);
+	c = json_array_get(json_object_get(j, "choices"), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(c, "text")), "ab");
+	cr_expect(json_is_null(json_object_get(c, "finish_reason")));
+	json_decref(j);
+	cr_expect_null(oai_chunk(OAI_CHAT, "x", 5, "m", "\xff", 1, false, NULL), "invalid UTF-8");
+	oai_result_free(&r);
+
+	static const struct { const char *code; int status; } map[] = {
+		{"prompt_too_long", 400}, {"invalid_input", 400}, {"timeout", 504},
+		{"cancelled", 503}, {"engine_error", 500}, {"internal", 500}};
+	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+		char doc[256];
+		snprintf(doc, sizeof doc, "{\"status\": \"FAILED\", \"error\": {\"code\": \"%s\", "
+					  "\"message\": \"m\"}}", map[i].code);
+		cr_assert_eq(oai_result_parse(doc, strlen(doc), &r), WK_OK);
+		cr_expect(!r.completed);
+		struct oai_err e;
+		oai_result_error(&r, &e);
+		cr_expect_eq(e.status, map[i].status, "%s", map[i].code);
+		cr_expect_str_eq(e.code, map[i].code);
+		oai_result_free(&r);
+	}
+	cr_expect_eq(oai_result_parse("[", 1, &r), WK_EFORMAT);
+}
+
+static void free_keys(struct http_key *k, int n)
+{
+	for (int i = 0; i < n; i++)
+		free(k[i].key);
+	free(k);
+}
+
+Test(http, keys_file)
+{
+	const char *good = "# comment\n\nsk-alpha team-a\r\n  sk-beta\tteam-b  \n";
+	struct http_key *k = NULL;
+	int n = 0;
+	char err[WK_ERRSZ];
+	cr_assert_eq(http_keys_parse(good, strlen(good), "keys", &k, &n, err, sizeof err), WK_OK, "%s",
+		     err);
+	cr_assert_eq(n, 2);
+	cr_expect_str_eq(http_keys_find(k, n, "sk-beta", 7), "team-b");
+	cr_expect_str_eq(http_keys_find(k, n, "sk-alpha", 8), "team-a");
+	cr_expect_null(http_keys_find(k, n, "sk-alph", 7));
+	cr_expect_null(http_keys_find(k, n, "sk-alphaa", 9));
+	cr_expect_null(http_keys_find(k, n, "", 0));
+	free_keys(k, n);
+
+	static const char *const bad[] = {"sk-1 t1\nsk-2\n", "sk-1 t1 x\n", "sk-1 t/1\n",
+					  "sk-1 t1\nsk-1 t2\n"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		k = NULL;
+		n = 0;
+		cr_expect_neq(http_keys_parse(bad[i], strlen(bad[i]), "keys", &k, &n, err, sizeof err),
+			      WK_OK, "%s", bad[i]);
+		cr_expect(strstr(err, "keys: line ") == err, "%s", err);
+		cr_expect(strstr(err, "sk-") == NULL, "a key in the message: %s", err);
+		free_keys(k, n);
+	}
+}
+
+/* ---- the server itself, with the test standing in for the worker thread ---- */
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "worker/http_api.h"
+
+struct call {
+	char url[256];
+	const char *body;      /* NULL: GET */
+	const char *key;
+	int abort_after;       /* >0: drop the connection after this many bytes */
+	long status;
+	char out[8192];
+	size_t len;
+};
+
+static size_t on_data(char *p, size_t sz, size_t n, void *arg)
+{
+	struct call *c = arg;
+	size_t k = sz * n;
+	if (c->len + k >= sizeof c->out)
+		k = sizeof c->out - 1 - c->len;
+	memcpy(c->out + c->len, p, k);
+	c->len += k;
+	c->out[c->len] = 0;
+	return c->abort_after && c->len >= (size_t)c->abort_after ? 0 : sz * n;
+}
+
+static void *do_call(void *arg)
+{
+	struct call *c = arg;
+	CURL *h = curl_easy_init();
+	struct curl_slist *hd = NULL;
+	char auth[300];
+	if (c->key) {
+		snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->key);
+		hd = curl_slist_append(hd, auth);
+	}
+	curl_easy_setopt(h, CURLOPT_URL, c->url);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+	if (c->body)
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->body);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
+	curl_easy_perform(h);
+	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->status);
+	curl_slist_free_all(hd);
+	curl_easy_cleanup(h);
+	return NULL;
+}
+
+static struct http_api *srv;
+static char base[160];
+
+static void start_server(void)
+{
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
+				  .max_tokens_limit = 50};
+	char bound[100], err[WK_ERRSZ];
+	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
+	snprintf(base, sizeof base, "http://%s", bound);
+}
+
+static void stop_server(void)
+{
+	http_api_stop(srv);
+	srv = NULL;
+}
+
+TestSuite(http_server, .init = start_server, .fini = stop_server);
+
+static long get(const char *path, const char *key, char *out, size_t n)
+{
+	struct call c = {.key = key};
+	snprintf(c.url, sizeof c.url, "%s%s", base, path);
+	do_call(&c);
+	snprintf(out, n, "%s", c.out);
+	return c.status;
+}
+
+Test(http_server, health_follows_the_state)
+{
+	char out[8192];
+	cr_expect_eq(get("/health", NULL, out, sizeof out), 503);
+	cr_expect(strstr(out, "\"STARTING\"") != NULL, "%s", out);
+	http_api_set_state(srv, "READY");
+	cr_expect_eq(get("/health", NULL, out, sizeof out), 200);
+	http_api_set_state(srv, "BUSY");
+	cr_expect_eq(get("/health", NULL, out, sizeof out), 200);
+	cr_expect_eq(get("/v1/models", NULL, out, sizeof out), 401);
+	cr_expect_eq(get("/v1/models", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "\"tiny\"") != NULL, "%s", out);
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_state{state=\"BUSY\"} 1") != NULL, "%s", out);
+	http_api_set_state(srv, "DRAINING");
+	cr_expect_eq(get("/health", NULL, out, sizeof out), 503);
+}
+
+/* Takes one flight, waiting up to 5 s. */
+static struct http_flight *take_one(struct queue_job *j)
+{
+	struct http_flight *f = NULL;
+	for (int i = 0; i < 50 && !http_api_take(srv, &f, 1, 0.1); i++)
+		;
+	cr_assert_not_null(f, "no request reached the inbox");
+	http_flight_job(f, j);
+	return f;
+}
+
+Test(http_server, a_request_round_trip)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123",
+			 .body = "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", "
+				 "\"content\": \"hi\"}], \"max_tokens\": 5}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/chat/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct queue_job j;
+	struct http_flight *f = take_one(&j);
+	cr_expect(strncmp(j.id, "chatcmpl-", 9) == 0, "%s", j.id);
+	cr_expect(strstr(j.body, "\"tenant\":\"default\"") != NULL, "%s", j.body);
+	cr_expect(strstr(j.body, "\"max_tokens\":5") != NULL, "%s", j.body);
+	http_api_token(srv, f, 1, "ignored: not streamed", 21);
+	char res[512];
+	snprintf(res, sizeof res, "{\"id\": \"%s\", \"status\": \"COMPLETED\", \"output\": {\"text\": "
+				  "\"Hello!\", \"token_ids\": [1, 2], \"finish_reason\": \"stop\"}, "
+				  "\"usage\": {\"prompt_tokens\": 2, \"completion_tokens\": 2}}", j.id);
+	http_api_finish(srv, f, res, strlen(res));
+	pthread_join(t, NULL);
+	free(j.body);
+	cr_expect_eq(c.status, 200, "%s", c.out);
+	cr_expect(strstr(c.out, "\"content\":\"Hello!\"") != NULL, "%s", c.out);
+	cr_expect(strstr(c.out, "\"total_tokens\":4") != NULL, "%s", c.out);
+}
+
+Test(http_server, a_client_that_leaves_mid_stream_is_reported)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123", .abort_after = 1,
+			 .body = "{\"prompt\": \"hi\", \"stream\": true}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct queue_job j;
+	struct http_flight *f = take_one(&j);
+	cr_expect(strstr(j.body, "\"max_tokens\":50") != NULL, "the limit is the default: %s",
+		  j.body);
+	http_api_token(srv, f, 1, "Once", 4);
+	pthread_join(t, NULL); /* the client read the first bytes and hung up */
+	cr_expect(strstr(c.out, "data: ") == c.out, "%s", c.out);
+	struct http_flight *gone = NULL;
+	for (int i = 0; i < 100 && !http_api_cancelled(srv, &gone, 1); i++) {
+		http_api_token(srv, f, 2 + i, " more", 5); /* writing is what reveals the close */
+		usleep(20000);
+	}
+	cr_expect_eq(gone, f, "the disconnect was not reported");
+	const char *res = "{\"status\": \"CANCELLED\", \"error\": {\"code\": \"cancelled\", "
+			  "\"message\": \"cancelled\"}}";
+	http_api_finish(srv, f, res, strlen(res));
+	free(j.body);
+	char out[8192];
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
+}

@@ -1,0 +1,1276 @@
+/*
+ * http_api.c - the HTTP endpoint's server: its thread, connections, routes, and the two
+ * queues that join it to the worker thread. The OpenAI shapes are in http_openai.c.
+ *
+ * Threads. The server thread owns the event_base, the evhttp and every evhttp object. The
+ * worker thread only calls the http_api_* functions of http_api.h, which touch the shared
+ * state below under h->mu:
+ *   inbox     requests checked and waiting for a batch slot (http_api_take pops them; h->cv
+ *             wakes a worker waiting in it)
+ *   cancels   flights whose client went away while the worker held them
+ *   outbox    pieces of text and final results for the server thread, which a byte written
+ *             to a pipe wakes (written only when the outbox goes from empty to non-empty)
+ *   metrics   counters, histograms, the state clock
+ * A flight (one completion request) is created and freed by the server thread. Between
+ * http_api_take and http_api_finish the worker holds it; its immutable fields (id, kind,
+ * stream, t_arrived) are read by both threads, n_seen/t_last only by the worker.
+ *
+ * Connections. evhttp has no per-connection hooks for a limit or a whole-request deadline, so
+ * the server makes each connection's bufferevent itself (evhttp_set_bevcb) and keeps a
+ * reference to it. A sweep every 250 ms finds the connections evhttp has freed (bufferevent_free
+ * clears the callbacks), drops its reference (which closes the socket: the bufferevent is
+ * BEV_OPT_CLOSE_ON_FREE, so evhttp only shuts down the write side), and times out connections
+ * that have not delivered a whole request within --http-timeout of opening or of their last
+ * response, by raising a timeout on the bufferevent as libevent itself would. A connection
+ * past --max-connections is closed at the next sweep (or answered 503 if its request arrives
+ * first).
+ */
+#include "worker/http_api.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "worker/http_int.h"
+#include "worker/job.h"
+#include "worker/ledger.h"
+
+#define BODY_MAX (1u << 20)
+#define HEADERS_MAX (16u << 10)
+#define SWEEP_S 0.25
+
+enum { S_STARTING, S_READY, S_BUSY, S_IDLE, S_DRAINING, S_N };
+static const char *const state_names[S_N] = {"STARTING", "READY", "BUSY", "IDLE", "DRAINING"};
+
+/* ---- histograms (Prometheus: cumulative buckets, sum, count) ---- */
+
+#define HIST_MAX 16
+struct hist {
+	const double *le;
+	int n;
+	uint64_t bucket[HIST_MAX + 1]; /* [n]: +Inf */
+	uint64_t count;
+	double sum;
+};
+static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+static const double tpot_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+				 0.5, 1, 2.5};
+
+static void hist_add(struct hist *h, double v)
+{
+	int i = 0;
+	while (i < h->n && v > h->le[i])
+		i++;
+	h->bucket[i]++;
+	h->count++;
+	h->sum += v;
+}
+
+/* ---- types ---- */
+
+struct hconn;
+
+struct http_flight {
+	/* immutable once queued */
+	char id[48];
+	enum oai_kind kind;
+	bool stream, include_usage;
+	long created;          /* unix seconds */
+	double t_arrived;      /* wk_now() */
+	double wall_arrived;   /* unix seconds */
+	char *body;            /* the job document until http_flight_job moves it */
+	size_t len;
+	/* the worker thread's */
+	int n_seen;
+	double t_last;
+	/* under h->mu */
+	bool in_inbox, in_cancels, worker_done, piece_sent;
+	struct http_flight *inbox_next, *cancel_next;
+	/* the server thread's */
+	struct evhttp_request *req; /* NULL once answered or when the client went away */
+	struct hconn *conn;         /* NULL when the connection is gone */
+	bool started;               /* the stream's headers are sent */
+	struct http_flight *all_prev, *all_next;
+};
+
+struct hconn {
+	struct http_api *h;
+	struct bufferevent *bev;   /* ours (a reference), evhttp's until it frees it */
+	double deadline;           /* wk_now(): the whole request must be in by then */
+	bool active;               /* a request is with us, not yet answered */
+	bool reject;               /* over --max-connections */
+	bool killed, closed, closecb_set;
+	struct http_flight *cur;
+	struct hconn *prev, *next;
+};
+
+enum msg_type { M_PIECE, M_DONE };
+struct msg {
+	struct msg *next;
+	struct http_flight *f;
+	enum msg_type type;
+	size_t len;
+	char data[];
+};
+
+struct http_api {
+	struct http_api_opts o;
+	char model[256];
+	struct http_key *keys;
+	int n_keys;
+	double t_start;
+	long created;
+
+	/* the server thread's */
+	struct event_base *base;
+	struct evhttp *http;
+	struct event *wake_ev, *sweep_ev;
+	int wake[2];
+	pthread_t thread;
+	bool thread_started;
+	struct hconn *conns;
+	int n_conns;
+	struct http_flight *flights; /* every live flight */
+	int n_flights;
+
+	/* shared, under mu */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct http_flight *in_head, *in_tail, *cancels;
+	int n_inbox;
+	struct msg *out_head, *out_tail;
+	bool signalled, stopping;
+	int state;
+	double state_since, state_s[S_N];
+	uint64_t by_code[600];
+	uint64_t prompt_tokens, completion_tokens;
+	int64_t cost_micro;
+	double gpu_seconds;
+	struct hist ttft, tpot;
+};
+
+/* ---- flags ---- */
+
+int http_api_flag(struct http_api_opts *o, int c, const char *arg)
+{
+	char *end;
+	double v;
+	switch (c - HTTP_OPT_BASE) {
+	case 0: o->listen = arg; return 0;
+	case 1:
+		if (!job_id_valid(arg)) {
+			fprintf(stderr, "wick: --served-name must match [A-Za-z0-9._-]{1,128}\n");
+			return 2;
+		}
+		o->served_name = arg;
+		return 0;
+	case 2: o->api_key = arg; return 0;
+	case 3: o->api_keys_file = arg; return 0;
+	case 4:
+		v = strtod(arg, &end);
+		if (end == arg || *end || !(v >= 1 && v <= 65536)) {
+			fprintf(stderr, "wick: --max-connections wants 1 to 65536, not '%s'\n", arg);
+			return 2;
+		}
+		o->max_connections = (int)v;
+		return 0;
+	case 5:
+		v = strtod(arg, &end);
+		if (end == arg || *end || !(v >= 0.1 && v <= 3600)) {
+			fprintf(stderr, "wick: --http-timeout wants seconds in [0.1, 3600], not '%s'\n",
+				arg);
+			return 2;
+		}
+		o->timeout_s = v;
+		return 0;
+	case 6:
+		v = strtod(arg, &end);
+		if (end == arg || *end || !(v >= 1 && v <= JOB_MAX_TOKENS_MAX) || v != (int)v) {
+			fprintf(stderr, "wick: --max-tokens-limit wants an integer 1 to %d, not '%s'\n",
+				JOB_MAX_TOKENS_MAX, arg);
+			return 2;
+		}
+		o->max_tokens_limit = (int)v;
+		return 0;
+	}
+	fprintf(stderr, "wick: unknown HTTP option\n");
+	return 2;
+}
+
+/* ---- the shared queues (any thread, under mu) ---- */
+
+static void wake_server_locked(struct http_api *h)
+{
+	if (h->signalled)
+		return;
+	h->signalled = true;
+	ssize_t w = write(h->wake[1], "x", 1);
+	(void)w; /* a full pipe already wakes the server */
+}
+
+static void post_locked(struct http_api *h, struct http_flight *f, enum msg_type t,
+			const char *data, size_t len)
+{
+	struct msg *m = malloc(sizeof *m + len + 1);
+	if (!m)
+		return; /* a lost piece: the final result still carries the whole text */
+	*m = (struct msg){.f = f, .type = t, .len = len};
+	memcpy(m->data, data, len);
+	m->data[len] = 0;
+	if (h->out_tail)
+		h->out_tail->next = m;
+	else
+		h->out_head = m;
+	h->out_tail = m;
+	wake_server_locked(h);
+}
+
+static void set_state_locked(struct http_api *h, int st, double now)
+{
+	h->state_s[h->state] += now - h->state_since;
+	h->state_since = now;
+	h->state = st;
+}
+
+/* ---- the worker side ---- */
+
+void http_api_set_state(struct http_api *h, const char *state)
+{
+	for (int i = 0; i < S_N; i++)
+		if (!strcmp(state, state_names[i])) {
+			pthread_mutex_lock(&h->mu);
+			set_state_locked(h, i, wk_now());
+			pthread_mutex_unlock(&h->mu);
+			return;
+		}
+}
+
+int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s)
+{
+	pthread_mutex_lock(&h->mu);
+	if (!h->in_head && wait_s > 0 && !h->stopping) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		long ns = ts.tv_nsec + (long)((wait_s - (long)wait_s) * 1e9);
+		ts.tv_sec += (time_t)wait_s + ns / 1000000000L;
+		ts.tv_nsec = ns % 1000000000L;
+		while (!h->in_head && !h->stopping &&
+		       pthread_cond_timedwait(&h->cv, &h->mu, &ts) != ETIMEDOUT)
+			;
+	}
+	int n = 0;
+	while (n < max && h->in_head) {
+		struct http_flight *f = h->in_head;
+		h->in_head = f->inbox_next;
+		if (!h->in_head)
+			h->in_tail = NULL;
+		f->inbox_next = NULL;
+		f->in_inbox = false;
+		h->n_inbox--;
+		out[n++] = f;
+	}
+	pthread_mutex_unlock(&h->mu);
+	return n;
+}
+
+void http_flight_job(struct http_flight *f, struct queue_job *j)
+{
+	memset(j, 0, sizeof *j);
+	snprintf(j->id, sizeof j->id, "%s", f->id);
+	j->body = f->body;
+	j->len = f->len;
+	j->attempt = 1;
+	j->enqueued_at = f->wall_arrived;
+	f->body = NULL;
+	f->len = 0;
+}
+
+int http_api_cancelled(struct http_api *h, struct http_flight **out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&h->mu);
+	while (n < max && h->cancels) {
+		struct http_flight *f = h->cancels;
+		h->cancels = f->cancel_next;
+		f->cancel_next = NULL;
+		f->in_cancels = false;
+		out[n++] = f;
+	}
+	pthread_mutex_unlock(&h->mu);
+	return n;
+}
+
+void http_api_token(struct http_api *h, struct http_flight *f, int n_tokens, const char *piece,
+		    size_t len)
+{
+	double now = wk_now();
+	pthread_mutex_lock(&h->mu);
+	if (n_tokens > f->n_seen) {
+		if (f->n_seen == 0)
+			hist_add(&h->ttft, now - f->t_arrived);
+		else
+			hist_add(&h->tpot, (now - f->t_last) / (n_tokens - f->n_seen));
+		f->n_seen = n_tokens;
+		f->t_last = now;
+	}
+	/* the first token starts the stream even when its text is held back */
+	if (f->stream && (len > 0 || !f->piece_sent)) {
+		f->piece_sent = true;
+		post_locked(h, f, M_PIECE, piece, len);
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+void http_api_finish(struct http_api *h, struct http_flight *f, const char *json, size_t len)
+{
+	pthread_mutex_lock(&h->mu);
+	if (f->in_cancels) {
+		struct http_flight **pp = &h->cancels;
+		while (*pp && *pp != f)
+			pp = &(*pp)->cancel_next;
+		if (*pp)
+			*pp = f->cancel_next;
+		f->in_cancels = false;
+	}
+	f->worker_done = true;
+	post_locked(h, f, M_DONE, json, len);
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* ---- responses (the server thread) ---- */
+
+static void count_code(struct http_api *h, int code)
+{
+	pthread_mutex_lock(&h->mu);
+	if (code >= 100 && code < 600)
+		h->by_code[code]++;
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* The connection is free for its next request, which must arrive within the timeout. */
+static void conn_idle(struct hconn *c)
+{
+	if (!c)
+		return;
+	c->active = false;
+	c->cur = NULL;
+	c->deadline = wk_now() + c->h->o.timeout_s;
+}
+
+/* Tells keep-alive clients how long an idle connection lives, so that they do not send a
+ * request on one the server is about to close. */
+static void keepalive_header(struct http_api *h, struct evhttp_request *req, struct hconn *c)
+{
+	char v[32];
+	snprintf(v, sizeof v, "timeout=%d", (int)h->o.timeout_s > 1 ? (int)h->o.timeout_s : 1);
+	struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
+	if (c && c->reject)
+		evhttp_add_header(hd, "Connection", "close");
+	else
+		evhttp_add_header(hd, "Keep-Alive", v);
+}
+
+static void reply_json(struct http_api *h, struct evhttp_request *req, struct hconn *c, int code,
+		       json_t *j)
+{
+	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	struct evbuffer *b = evbuffer_new();
+	if (!s || !b) {
+		free(s);
+		if (b)
+			evbuffer_free(b);
+		evhttp_send_error(req, 500, NULL);
+		count_code(h, 500);
+		conn_idle(c);
+		return;
+	}
+	evbuffer_add(b, s, strlen(s));
+	evbuffer_add(b, "\n", 1);
+	free(s);
+	struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
+	evhttp_add_header(hd, "Content-Type", "application/json");
+	keepalive_header(h, req, c);
+	evhttp_send_reply(req, code, NULL, b);
+	evbuffer_free(b);
+	count_code(h, code);
+	conn_idle(c);
+}
+
+static void reply_err(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+		      const struct oai_err *e)
+{
+	reply_json(h, req, c, e->status, oai_error_json(e));
+}
+
+static void reply_errf(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+		       int status, const char *type, const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
+static void reply_errf(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+		       int status, const char *type, const char *code, const char *fmt, ...)
+{
+	struct oai_err e = {.status = status, .type = type, .code = code};
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e.message, sizeof e.message, fmt, ap);
+	va_end(ap);
+	reply_err(h, req, c, &e);
+}
+
+/* Sends one SSE event "data: JSON" (or the literal text when j is NULL). */
+static void sse_send(struct http_flight *f, json_t *j, const char *literal)
+{
+	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	if (!s && !literal)
+		return;
+	struct evbuffer *b = evbuffer_new();
+	if (b) {
+		evbuffer_add_printf(b, "data: %s\n\n", s ? s : literal);
+		evhttp_send_reply_chunk(f->req, b);
+		evbuffer_free(b);
+	}
+	free(s);
+}
+
+static void sse_start(struct http_api *h, struct http_flight *f)
+{
+	struct evkeyvalq *hd = evhttp_request_get_output_headers(f->req);
+	evhttp_add_header(hd, "Content-Type", "text/event-stream");
+	evhttp_add_header(hd, "Cache-Control", "no-cache");
+	keepalive_header(h, f->req, f->conn);
+	evhttp_send_reply_start(f->req, 200, NULL);
+	f->started = true;
+	count_code(h, 200);
+	if (f->kind == OAI_CHAT)
+		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, true, NULL), NULL);
+}
+
+static void flight_free(struct http_api *h, struct http_flight *f)
+{
+	if (f->all_prev)
+		f->all_prev->all_next = f->all_next;
+	else
+		h->flights = f->all_next;
+	if (f->all_next)
+		f->all_next->all_prev = f->all_prev;
+	h->n_flights--;
+	if (f->conn && f->conn->cur == f)
+		f->conn->cur = NULL;
+	free(f->body);
+	free(f);
+}
+
+/* The client went away (its connection closed) while f was pending. */
+static void client_gone(struct http_api *h, struct http_flight *f)
+{
+	bool unqueued = false;
+	pthread_mutex_lock(&h->mu);
+	if (f->in_inbox) {
+		struct http_flight **pp = &h->in_head, *prev = NULL;
+		while (*pp && *pp != f) {
+			prev = *pp;
+			pp = &(*pp)->inbox_next;
+		}
+		if (*pp) {
+			*pp = f->inbox_next;
+			if (h->in_tail == f)
+				h->in_tail = prev;
+		}
+		f->in_inbox = false;
+		h->n_inbox--;
+		unqueued = true;
+	} else if (!f->worker_done && !f->in_cancels) {
+		f->in_cancels = true;
+		f->cancel_next = h->cancels;
+		h->cancels = f;
+	}
+	h->by_code[499]++;
+	pthread_mutex_unlock(&h->mu);
+	if (unqueued)
+		flight_free(h, f);
+}
+
+static void on_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
+{
+	if (!f->req || !f->stream)
+		return;
+	if (!f->started)
+		sse_start(h, f);
+	if (len)
+		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len, false, NULL),
+			 NULL);
+}
+
+static void on_done(struct http_api *h, struct http_flight *f, const char *json, size_t len)
+{
+	struct oai_result r;
+	bool parsed = oai_result_parse(json, len, &r) == WK_OK;
+	if (parsed) {
+		pthread_mutex_lock(&h->mu);
+		h->prompt_tokens += (uint64_t)r.prompt_tokens;
+		h->completion_tokens += (uint64_t)r.completion_tokens;
+		h->gpu_seconds += r.gpu_seconds;
+		h->cost_micro += r.cost_micro_usd;
+		pthread_mutex_unlock(&h->mu);
+	}
+	struct hconn *c = f->conn;
+	if (f->req) {
+		struct oai_err e;
+		if (!parsed)
+			oai_errf(&e, 500, "server_error", "internal", NULL, "the result was unreadable");
+		else if (!r.completed)
+			oai_result_error(&r, &e);
+		bool ok = parsed && r.completed;
+		if (f->stream && (f->started || ok)) {
+			if (!f->started)
+				sse_start(h, f);
+			if (ok) {
+				sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, false,
+						      r.finish_reason ? r.finish_reason : "stop"),
+					 NULL);
+				if (f->include_usage)
+					sse_send(f, oai_usage_chunk(f->kind, f->id, f->created,
+								    h->model, &r), NULL);
+			} else {
+				sse_send(f, oai_error_json(&e), NULL);
+			}
+			sse_send(f, NULL, "[DONE]");
+			evhttp_send_reply_end(f->req);
+			conn_idle(c);
+		} else if (ok) {
+			reply_json(h, f->req, c, 200, oai_response(f->kind, f->id, f->created, h->model,
+								   &r));
+		} else {
+			reply_err(h, f->req, c, &e);
+		}
+		f->req = NULL;
+	}
+	if (parsed)
+		oai_result_free(&r);
+	flight_free(h, f);
+}
+
+/* Drains the outbox (the pipe woke us). */
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+	(void)what;
+	struct http_api *h = arg;
+	char buf[256];
+	while (read(fd, buf, sizeof buf) > 0)
+		;
+	pthread_mutex_lock(&h->mu);
+	struct msg *m = h->out_head;
+	h->out_head = h->out_tail = NULL;
+	h->signalled = false;
+	bool stopping = h->stopping;
+	pthread_mutex_unlock(&h->mu);
+	while (m) {
+		struct msg *next = m->next;
+		if (m->type == M_PIECE)
+			on_piece(h, m->f, m->data, m->len);
+		else
+			on_done(h, m->f, m->data, m->len);
+		free(m);
+		m = next;
+	}
+	if (!stopping)
+		return;
+	/* The worker is done: whatever is left will not run. */
+	while (h->flights) {
+		struct http_flight *f = h->flights;
+		if (f->req) {
+			if (f->started) {
+				struct oai_err e;
+				oai_errf(&e, 503, "server_error", "unavailable", NULL,
+					 "the server is shutting down");
+				sse_send(f, oai_error_json(&e), NULL);
+				sse_send(f, NULL, "[DONE]");
+				evhttp_send_reply_end(f->req);
+			} else {
+				reply_errf(h, f->req, f->conn, 503, "server_error", "unavailable",
+					   "the server is shutting down");
+			}
+			f->req = NULL;
+		}
+		pthread_mutex_lock(&h->mu);
+		if (f->in_inbox) {
+			f->in_inbox = false; /* the inbox is abandoned as a whole below */
+			h->n_inbox--;
+		}
+		pthread_mutex_unlock(&h->mu);
+		flight_free(h, f);
+	}
+	pthread_mutex_lock(&h->mu);
+	h->in_head = h->in_tail = NULL;
+	h->cancels = NULL;
+	pthread_mutex_unlock(&h->mu);
+	struct timeval tv = {0, 300000}; /* let the last responses go out */
+	event_base_loopexit(h->base, &tv);
+}
+
+/* ---- connections ---- */
+
+static void sweep(evutil_socket_t fd, short what, void *arg);
+
+static struct bufferevent *make_bev(struct event_base *base, void *arg)
+{
+	struct http_api *h = arg;
+	if (h->n_conns >= h->o.max_connections)
+		sweep(-1, 0, h); /* count only the connections still open */
+	struct hconn *c = calloc(1, sizeof *c);
+	struct bufferevent *bev = c ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
+	if (!bev) {
+		free(c);
+		return NULL; /* evhttp makes its own; this connection goes untracked */
+	}
+	bufferevent_incref(bev);
+	c->h = h;
+	c->bev = bev;
+	c->reject = h->n_conns >= h->o.max_connections;
+	c->deadline = c->reject ? 0 : wk_now() + h->o.timeout_s;
+	c->next = h->conns;
+	if (h->conns)
+		h->conns->prev = c;
+	h->conns = c;
+	h->n_conns++;
+	return bev;
+}
+
+static struct hconn *conn_of(struct http_api *h, struct evhttp_request *req)
+{
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+	for (struct hconn *c = h->conns; c && bev; c = c->next)
+		if (c->bev == bev && !c->closed)
+			return c;
+	return NULL;
+}
+
+/* evhttp is freeing the connection (client gone, timeout, error, or shutdown). */
+static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+	(void)evcon;
+	struct hconn *c = arg;
+	c->closed = true;
+	struct http_flight *f = c->cur;
+	c->cur = NULL;
+	if (!f)
+		return;
+	f->conn = NULL;
+	if (f->req) {
+		/* detached by evhttp when the client went away mid-request: then it is ours */
+		if (!evhttp_request_get_connection(f->req))
+			evhttp_request_free(f->req);
+		f->req = NULL;
+	}
+	client_gone(c->h, f);
+}
+
+static void sweep(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct http_api *h = arg;
+	double now = wk_now();
+	for (struct hconn *c = h->conns, *next; c; c = next) {
+		next = c->next;
+		bufferevent_event_cb eventcb = NULL;
+		bufferevent_getcb(c->bev, NULL, NULL, &eventcb, NULL);
+		if (!eventcb) { /* evhttp freed it: drop our reference, which closes the socket */
+			struct http_flight *f = c->cur;
+			if (f) { /* not expected: on_conn_close runs first and takes it */
+				f->conn = NULL;
+				f->req = NULL; /* freed with the connection, or leaked: never reused */
+				c->cur = NULL;
+				client_gone(h, f);
+			}
+			if (c->prev)
+				c->prev->next = c->next;
+			else
+				h->conns = c->next;
+			if (c->next)
+				c->next->prev = c->prev;
+			h->n_conns--;
+			bufferevent_decref(c->bev);
+			free(c);
+			continue;
+		}
+		if (!c->active && !c->killed && now >= c->deadline) {
+			c->killed = true;
+			bufferevent_trigger_event(c->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, 0);
+		}
+	}
+}
+
+/* ---- routes ---- */
+
+/* The tenant of the request's key, or NULL after answering 401. */
+static const char *authenticate(struct http_api *h, struct evhttp_request *req, struct hconn *c)
+{
+	if (h->n_keys == 0)
+		return "default";
+	const char *a = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+	if (!a) {
+		reply_errf(h, req, c, 401, "invalid_request_error", "invalid_api_key",
+			   "no API key: send \"Authorization: Bearer KEY\"");
+		return NULL;
+	}
+	while (*a == ' ')
+		a++;
+	if (strncasecmp(a, "Bearer ", 7)) {
+		reply_errf(h, req, c, 401, "invalid_request_error", "invalid_api_key",
+			   "the Authorization header must be \"Bearer KEY\"");
+		return NULL;
+	}
+	a += 7;
+	while (*a == ' ')
+		a++;
+	size_t len = strlen(a);
+	while (len && (a[len - 1] == ' ' || a[len - 1] == '\t'))
+		len--;
+	const char *tenant = http_keys_find(h->keys, h->n_keys, a, len);
+	if (!tenant)
+		reply_errf(h, req, c, 401, "invalid_request_error", "invalid_api_key",
+			   "incorrect API key provided");
+	return tenant;
+}
+
+static void model_json_add(struct http_api *h, json_t *arr)
+{
+	json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:s}", "id", h->model, "object",
+					     "model", "created", (json_int_t)h->created, "owned_by",
+					     "wick"));
+}
+
+static void route_models(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			 const char *path)
+{
+	if (!strcmp(path, "/v1/models")) {
+		json_t *arr = json_array();
+		if (arr)
+			model_json_add(h, arr);
+		reply_json(h, req, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", arr));
+		return;
+	}
+	const char *id = path + strlen("/v1/models/");
+	if (strcmp(id, h->model)) {
+		reply_errf(h, req, c, 404, "invalid_request_error", "model_not_found",
+			   "The model '%.200s' does not exist; this server serves '%s'", id, h->model);
+		return;
+	}
+	json_t *arr = json_array();
+	if (arr)
+		model_json_add(h, arr);
+	reply_json(h, req, c, 200, json_incref(json_array_get(arr, 0)));
+	json_decref(arr);
+}
+
+static void route_health(struct http_api *h, struct evhttp_request *req, struct hconn *c)
+{
+	pthread_mutex_lock(&h->mu);
+	int st = h->state, queued = h->n_inbox;
+	pthread_mutex_unlock(&h->mu);
+	json_t *j = json_pack("{s:s, s:s, s:f, s:i, s:i}", "state", state_names[st], "model",
+			      h->model, "uptime_s", wk_now() - h->t_start, "requests_in_flight",
+			      h->n_flights, "requests_queued", queued);
+	reply_json(h, req, c, st == S_STARTING || st == S_DRAINING ? 503 : 200, j);
+}
+
+static void put_hist(struct evbuffer *b, const char *name, const char *help,
+		     const struct hist *hs)
+{
+	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	uint64_t cum = 0;
+	for (int i = 0; i < hs->n; i++) {
+		cum += hs->bucket[i];
+		evbuffer_add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, hs->le[i],
+				    (unsigned long long)cum);
+	}
+	evbuffer_add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+			    (unsigned long long)hs->count, name, hs->sum, name,
+			    (unsigned long long)hs->count);
+}
+
+static void route_metrics(struct http_api *h, struct evhttp_request *req, struct hconn *c)
+{
+	struct evbuffer *b = evbuffer_new();
+	if (!b) {
+		evhttp_send_error(req, 500, NULL);
+		return;
+	}
+	double now = wk_now();
+	pthread_mutex_lock(&h->mu);
+	evbuffer_add_printf(b, "# HELP wick_http_requests_total HTTP requests answered, by "
+			       "status code (499: the client went away first).\n"
+			       "# TYPE wick_http_requests_total counter\n");
+	for (int i = 100; i < 600; i++)
+		if (h->by_code[i])
+			evbuffer_add_printf(b, "wick_http_requests_total{code=\"%d\"} %llu\n", i,
+					    (unsigned long long)h->by_code[i]);
+	evbuffer_add_printf(b,
+		"# HELP wick_http_requests_in_flight Completion requests queued or running.\n"
+		"# TYPE wick_http_requests_in_flight gauge\nwick_http_requests_in_flight %d\n"
+		"# HELP wick_http_requests_queued Completion requests waiting for a batch slot.\n"
+		"# TYPE wick_http_requests_queued gauge\nwick_http_requests_queued %d\n"
+		"# HELP wick_http_connections Open HTTP connections.\n"
+		"# TYPE wick_http_connections gauge\nwick_http_connections %d\n"
+		"# HELP wick_prompt_tokens_total Prompt tokens of finished HTTP requests.\n"
+		"# TYPE wick_prompt_tokens_total counter\nwick_prompt_tokens_total %llu\n"
+		"# HELP wick_completion_tokens_total Generated tokens of finished HTTP requests.\n"
+		"# TYPE wick_completion_tokens_total counter\nwick_completion_tokens_total %llu\n"
+		"# HELP wick_request_gpu_seconds_total GPU seconds billed to HTTP requests.\n"
+		"# TYPE wick_request_gpu_seconds_total counter\nwick_request_gpu_seconds_total %.6f\n"
+		"# HELP wick_request_cost_usd_total What HTTP requests were billed.\n"
+		"# TYPE wick_request_cost_usd_total counter\nwick_request_cost_usd_total %.6f\n",
+		h->n_flights, h->n_inbox, h->n_conns, (unsigned long long)h->prompt_tokens,
+		(unsigned long long)h->completion_tokens, h->gpu_seconds, h->cost_micro / 1e6);
+	put_hist(b, "wick_time_to_first_token_seconds",
+		 "From a request's arrival to its first generated token.", &h->ttft);
+	put_hist(b, "wick_time_per_output_token_seconds",
+		 "Between consecutive generated tokens of a request.", &h->tpot);
+	evbuffer_add_printf(b, "# HELP wick_state_seconds_total Seconds spent in each state.\n"
+			       "# TYPE wick_state_seconds_total counter\n");
+	for (int i = 0; i < S_N; i++)
+		evbuffer_add_printf(b, "wick_state_seconds_total{state=\"%s\"} %.3f\n",
+				    state_names[i],
+				    h->state_s[i] + (i == h->state ? now - h->state_since : 0));
+	evbuffer_add_printf(b, "# HELP wick_state The current state (1).\n# TYPE wick_state gauge\n");
+	for (int i = 0; i < S_N; i++)
+		evbuffer_add_printf(b, "wick_state{state=\"%s\"} %d\n", state_names[i],
+				    i == h->state);
+	double up = now - h->t_start;
+	char cost[32];
+	money_fmt6(cost, sizeof cost, money_cost_micro(up, h->o.price_micro));
+	evbuffer_add_printf(b,
+		"# HELP wick_uptime_seconds Seconds since the process started.\n"
+		"# TYPE wick_uptime_seconds gauge\nwick_uptime_seconds %.3f\n"
+		"# HELP wick_price_usd_per_hour The machine's price.\n"
+		"# TYPE wick_price_usd_per_hour gauge\nwick_price_usd_per_hour %.6f\n"
+		"# HELP wick_cost_usd_total The session's cost so far: uptime at the price.\n"
+		"# TYPE wick_cost_usd_total counter\nwick_cost_usd_total %s\n",
+		up, h->o.price_micro / 1e6, cost);
+	pthread_mutex_unlock(&h->mu);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  "text/plain; version=0.0.4");
+	keepalive_header(h, req, c);
+	evhttp_send_reply(req, 200, NULL, b);
+	evbuffer_free(b);
+	count_code(h, 200);
+	conn_idle(c);
+}
+
+static void new_id(char *out, size_t n, const char *prefix)
+{
+	unsigned char r[12] = {0};
+	if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) { /* unique, if not unguessable */
+		static unsigned long long seq;
+		unsigned long long x = ++seq ^ (unsigned long long)time(NULL) << 20;
+		memcpy(r, &x, sizeof x);
+	}
+	int o = snprintf(out, n, "%s", prefix);
+	for (size_t i = 0; i < sizeof r && o + 2 < (int)n; i++)
+		o += snprintf(out + o, n - (size_t)o, "%02x", r[i]);
+}
+
+static void route_completion(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			     enum oai_kind kind, const char *tenant)
+{
+	pthread_mutex_lock(&h->mu);
+	int st = h->state;
+	pthread_mutex_unlock(&h->mu);
+	if (st == S_DRAINING) {
+		reply_errf(h, req, c, 503, "server_error", "unavailable",
+			   "the server is shutting down");
+		return;
+	}
+	if (!c) {
+		reply_errf(h, req, c, 503, "server_error", "unavailable", "out of memory");
+		return;
+	}
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	if (len == 0) {
+		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_json",
+			   "the request has no body");
+		return;
+	}
+	const char *body = (const char *)evbuffer_pullup(in, -1);
+	struct http_flight *f = calloc(1, sizeof *f);
+	if (!f || !body) {
+		free(f);
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+		return;
+	}
+	new_id(f->id, sizeof f->id, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+	struct oai_req r;
+	struct oai_err e;
+	if (oai_to_job(kind, body, len, h->model, f->id, tenant, h->o.max_tokens_limit, &r, &e)) {
+		free(f);
+		reply_err(h, req, c, &e);
+		return;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	f->kind = kind;
+	f->stream = r.stream;
+	f->include_usage = r.include_usage;
+	f->created = (long)ts.tv_sec;
+	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
+	f->t_arrived = wk_now();
+	f->body = r.job;
+	f->len = r.job_len;
+	f->req = req;
+	f->conn = c;
+	c->cur = f;
+	f->all_next = h->flights;
+	if (h->flights)
+		h->flights->all_prev = f;
+	h->flights = f;
+	h->n_flights++;
+	pthread_mutex_lock(&h->mu);
+	f->in_inbox = true;
+	if (h->in_tail)
+		h->in_tail->inbox_next = f;
+	else
+		h->in_head = f;
+	h->in_tail = f;
+	h->n_inbox++;
+	pthread_cond_signal(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+	struct http_api *h = arg;
+	struct hconn *c = conn_of(h, req);
+	if (c) {
+		c->active = true;
+		if (!c->closecb_set) {
+			evhttp_connection_set_closecb(evhttp_request_get_connection(req),
+						      on_conn_close, c);
+			c->closecb_set = true;
+		}
+		if (c->reject) {
+			reply_errf(h, req, c, 503, "server_error", "too_many_connections",
+				   "the server has %d connections open, its limit",
+				   h->o.max_connections);
+			return;
+		}
+	}
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	if (!path || !*path)
+		path = "/";
+	enum evhttp_cmd_type m = evhttp_request_get_command(req);
+	bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+	if (!strcmp(path, "/health")) {
+		if (get)
+			route_health(h, req, c);
+		else
+			reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed",
+				   "%s wants GET", path);
+		return;
+	}
+	const char *tenant = authenticate(h, req, c);
+	if (!tenant)
+		return;
+	bool models = !strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11);
+	bool chat = !strcmp(path, "/v1/chat/completions");
+	bool compl = !strcmp(path, "/v1/completions");
+	bool metrics = !strcmp(path, "/metrics");
+	if (!models && !chat && !compl && !metrics) {
+		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
+			   "no route %.200s (try /v1/chat/completions, /v1/completions, /v1/models, "
+			   "/health, /metrics)", path);
+		return;
+	}
+	if (((models || metrics) && !get) || ((chat || compl) && !post)) {
+		reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed", "%s wants %s",
+			   path, models || metrics ? "GET" : "POST");
+		return;
+	}
+	if (models)
+		route_models(h, req, c, path);
+	else if (metrics)
+		route_metrics(h, req, c);
+	else
+		route_completion(h, req, c, chat ? OAI_CHAT : OAI_COMPLETION, tenant);
+}
+
+/* ---- life cycle ---- */
+
+static void *server_main(void *arg)
+{
+	struct http_api *h = arg;
+	event_base_dispatch(h->base);
+	return NULL;
+}
+
+/* Splits "HOST:PORT" ("[V6]:PORT"). */
+static int split_listen(const char *s, char *host, size_t hostsz, int *port, char *err,
+			size_t errsz)
+{
+	const char *colon = strrchr(s, ':');
+	const char *h0 = s, *h1 = colon;
+	if (s[0] == '[') {
+		const char *close = strchr(s, ']');
+		if (!close || close[1] != ':')
+			return wk_errf(err, errsz, WK_EINVAL, "--listen '%s': want [IPV6]:PORT", s);
+		h0 = s + 1;
+		h1 = close;
+		colon = close + 1;
+	}
+	if (!colon || h1 == h0 || (size_t)(h1 - h0) >= hostsz)
+		return wk_errf(err, errsz, WK_EINVAL, "--listen '%s': want HOST:PORT, e.g. "
+			       "127.0.0.1:8000", s);
+	char *end;
+	long p = strtol(colon + 1, &end, 10);
+	if (end == colon + 1 || *end || p < 0 || p > 65535)
+		return wk_errf(err, errsz, WK_EINVAL, "--listen '%s': the port must be 0 to 65535", s);
+	memcpy(host, h0, (size_t)(h1 - h0));
+	host[h1 - h0] = 0;
+	*port = (int)p;
+	return WK_OK;
+}
+
+/* True when every address host resolves to is a loopback one. */
+static bool loopback_only(const char *host)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE}, *res = NULL;
+	if (getaddrinfo(host, NULL, &hints, &res) || !res)
+		return false;
+	bool ok = true;
+	for (struct addrinfo *a = res; a; a = a->ai_next) {
+		if (a->ai_family == AF_INET) {
+			uint32_t ip = ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr);
+			ok = ok && (ip >> 24) == 127;
+		} else if (a->ai_family == AF_INET6) {
+			const struct in6_addr *ip = &((struct sockaddr_in6 *)a->ai_addr)->sin6_addr;
+			ok = ok && (IN6_IS_ADDR_LOOPBACK(ip) ||
+				    (IN6_IS_ADDR_V4MAPPED(ip) && ip->s6_addr[12] == 127));
+		} else {
+			ok = false;
+		}
+	}
+	freeaddrinfo(res);
+	return ok;
+}
+
+static int load_keys(struct http_api *h, char *err, size_t errsz)
+{
+	const char *key = h->o.api_key ? h->o.api_key : getenv("WICK_API_KEY");
+	if (key && *key) {
+		size_t kl = strlen(key);
+		if (kl > HTTP_KEY_LEN_MAX)
+			return wk_errf(err, errsz, WK_EINVAL, "the API key is longer than %d bytes",
+				       HTTP_KEY_LEN_MAX);
+		for (size_t i = 0; i < kl; i++)
+			if ((unsigned char)key[i] < 0x21 || (unsigned char)key[i] > 0x7e)
+				return wk_errf(err, errsz, WK_EINVAL, "the API key must be printable "
+					       "ASCII without spaces");
+		if (!(h->keys = calloc(1, sizeof *h->keys)) || !(h->keys[0].key = strdup(key)))
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		h->keys[0].len = kl;
+		snprintf(h->keys[0].tenant, sizeof h->keys[0].tenant, "default");
+		h->n_keys = 1;
+	}
+	if (h->o.api_keys_file) {
+		char *buf = NULL;
+		size_t len = 0;
+		int rc = wk_read_file(h->o.api_keys_file, 1u << 20, &buf, &len, err, errsz);
+		if (rc == WK_OK)
+			rc = http_keys_parse(buf, len, h->o.api_keys_file, &h->keys, &h->n_keys, err,
+					     errsz);
+		free(buf);
+		if (rc != WK_OK)
+			return rc == WK_ENOMEM ? rc : WK_EINVAL;
+		if (h->n_keys == 0)
+			return wk_errf(err, errsz, WK_EINVAL, "%s holds no keys", h->o.api_keys_file);
+	}
+	return WK_OK;
+}
+
+static void free_api(struct http_api *h)
+{
+	if (!h)
+		return;
+	if (h->http)
+		evhttp_free(h->http); /* closes the connections: their closecbs run */
+	for (struct hconn *c = h->conns, *next; c; c = next) {
+		next = c->next;
+		bufferevent_decref(c->bev);
+		free(c);
+	}
+	while (h->flights)
+		flight_free(h, h->flights);
+	for (struct msg *m = h->out_head, *next; m; m = next) {
+		next = m->next;
+		free(m);
+	}
+	if (h->base)
+		event_base_loop(h->base, EVLOOP_NONBLOCK); /* run the bufferevents' finalizers */
+	if (h->wake_ev)
+		event_free(h->wake_ev);
+	if (h->sweep_ev)
+		event_free(h->sweep_ev);
+	if (h->base)
+		event_base_free(h->base);
+	if (h->wake[0] >= 0)
+		close(h->wake[0]);
+	if (h->wake[1] >= 0)
+		close(h->wake[1]);
+	for (int i = 0; i < h->n_keys; i++)
+		free(h->keys[i].key);
+	free(h->keys);
+	pthread_mutex_destroy(&h->mu);
+	pthread_cond_destroy(&h->cv);
+	free(h);
+}
+
+int http_api_start(const struct http_api_opts *o, struct http_api **out, char *bound,
+		   size_t boundsz, char *err, size_t errsz)
+{
+	*out = NULL;
+	struct http_api *h = calloc(1, sizeof *h);
+	if (!h)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	h->o = *o;
+	h->wake[0] = h->wake[1] = -1;
+	pthread_mutex_init(&h->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&h->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (!h->o.max_connections)
+		h->o.max_connections = 256;
+	if (!(h->o.timeout_s > 0))
+		h->o.timeout_s = 30;
+	if (!h->o.max_tokens_limit)
+		h->o.max_tokens_limit = 4096;
+	h->t_start = h->state_since = wk_now();
+	h->created = (long)time(NULL);
+	h->ttft = (struct hist){.le = ttft_le, .n = sizeof ttft_le / sizeof ttft_le[0]};
+	h->tpot = (struct hist){.le = tpot_le, .n = sizeof tpot_le / sizeof tpot_le[0]};
+
+	/* the model's name: --served-name, else the model directory's */
+	if (h->o.served_name) {
+		snprintf(h->model, sizeof h->model, "%s", h->o.served_name);
+	} else {
+		char real[PATH_MAX];
+		const char *p = o->model && realpath(o->model, real) ? real : o->model ? o->model : "model";
+		const char *base = strrchr(p, '/');
+		snprintf(h->model, sizeof h->model, "%.255s", base && base[1] ? base + 1 : p);
+	}
+
+	char host[256];
+	int port = 0, rc;
+	if ((rc = split_listen(o->listen ? o->listen : "", host, sizeof host, &port, err, errsz)) ||
+	    (rc = load_keys(h, err, errsz)))
+		goto fail;
+	if (h->n_keys == 0 && !loopback_only(host)) {
+		rc = wk_errf(err, errsz, WK_EINVAL, "--listen %s is not a loopback address: give "
+			     "an API key (--api-key, WICK_API_KEY or --api-keys) to serve on it",
+			     o->listen);
+		goto fail;
+	}
+	if (!(h->base = event_base_new()) || !(h->http = evhttp_new(h->base))) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		goto fail;
+	}
+	evhttp_set_max_body_size(h->http, BODY_MAX);
+	evhttp_set_max_headers_size(h->http, HEADERS_MAX);
+	struct timeval tv = {(time_t)h->o.timeout_s,
+			     (suseconds_t)((h->o.timeout_s - (time_t)h->o.timeout_s) * 1e6)};
+	evhttp_set_timeout_tv(h->http, &tv);
+	/* every method reaches on_request, which answers an unknown one 405 in JSON */
+	evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+				   EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
+				   EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+	evhttp_set_bevcb(h->http, make_bev, h);
+	evhttp_set_gencb(h->http, on_request, h);
+	struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(h->http, host,
+									(ev_uint16_t)port);
+	if (!bs) {
+		rc = wk_errf(err, errsz, WK_EIO, "cannot listen on %s: %s", o->listen,
+			     strerror(errno));
+		goto fail;
+	}
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	char addr[INET6_ADDRSTRLEN] = "?";
+	int bport = port;
+	if (!getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl)) {
+		if (ss.ss_family == AF_INET6) {
+			inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr, sizeof addr);
+			bport = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+		} else {
+			inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, sizeof addr);
+			bport = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+		}
+	}
+	snprintf(bound, boundsz, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", addr, bport);
+	if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) ||
+	    !(h->wake_ev = event_new(h->base, h->wake[0], EV_READ | EV_PERSIST, on_wake, h)) ||
+	    !(h->sweep_ev = event_new(h->base, -1, EV_PERSIST, sweep, h))) {
+		rc = wk_errf(err, errsz, WK_EIO, "cannot make the server's wake-up pipe: %s",
+			     strerror(errno));
+		goto fail;
+	}
+	struct timeval sw = {0, (suseconds_t)(SWEEP_S * 1e6)};
+	event_add(h->wake_ev, NULL);
+	event_add(h->sweep_ev, &sw);
+	/* signals go to the worker thread, which drains on SIGTERM */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int prc = pthread_create(&h->thread, NULL, server_main, h);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (prc) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "cannot start the server thread");
+		goto fail;
+	}
+	h->thread_started = true;
+	*out = h;
+	return WK_OK;
+fail:
+	free_api(h);
+	return rc;
+}
+
+void http_api_stop(struct http_api *h)
+{
+	if (!h)
+		return;
+	pthread_mutex_lock(&h->mu);
+	h->stopping = true;
+	wake_server_locked(h);
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+	if (h->thread_started)
+		pthread_join(h->thread, NULL);
+	free_api(h);
+}

@@ -1,0 +1,126 @@
+/*
+ * http_api.h - the OpenAI-compatible HTTP endpoint of `wick dev` and `wick worker --listen`.
+ *
+ * A libevent evhttp server runs on its own thread with its own event_base. It parses,
+ * authenticates and checks each request, turns a completion request into a job document (the
+ * contract in job.h, so the worker admits it exactly as it admits a queue job) and leaves it
+ * in an inbox. The worker thread takes requests from the inbox into its batch, reports each
+ * generated piece of text (streaming) and finally the request's result document; those go
+ * back to the HTTP thread through a pipe, so no evhttp object is ever touched by the worker.
+ *
+ * Routes (every one but /health needs "Authorization: Bearer KEY" when keys are configured):
+ *   POST /v1/chat/completions, POST /v1/completions   OpenAI request and response shapes;
+ *        "stream": true answers with Server-Sent Events ending "data: [DONE]"
+ *   GET  /v1/models, GET /v1/models/ID                 one model (--served-name, else the
+ *        model directory's name); a request naming another model is a 404
+ *   GET  /health    {"state": ...}: 200 in READY, IDLE, BUSY; 503 in STARTING, DRAINING
+ *   GET  /metrics   Prometheus text: requests by status, tokens, time-to-first-token and
+ *        per-token latency histograms, seconds per state, cost so far
+ * Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}; the codes are the
+ * contract's (invalid_json, invalid_input, max_tokens_range, ...) plus invalid_api_key,
+ * model_not_found, not_found, method_not_allowed, too_many_connections and unavailable.
+ * Requests that libevent refuses while parsing (a body over the limit: 413, a malformed
+ * request line or headers over the limit: 400) get libevent's own short HTML error page.
+ *
+ * Limits, all fixed at start: body (1 MiB), headers (16 KiB), concurrent connections (the
+ * extra ones are closed at once), max_tokens (--max-tokens-limit), and a slow-client timeout:
+ * a request must arrive whole within --http-timeout seconds of its connection opening (or of
+ * the previous response), and a connection that makes no read/write progress for that long
+ * while a response is being sent is closed. A client that disconnects mid-stream cancels its
+ * request (the worker gets it from http_api_cancelled). API keys are never logged.
+ */
+#ifndef HTTP_API_H
+#define HTTP_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/queue.h"
+
+/* ---- flags: `wick worker` and `wick dev` parse these with getopt_long ---- */
+
+#define HTTP_OPT_BASE 1100
+#define HTTP_API_OPTIONS                                                                    \
+	{"listen", required_argument, 0, HTTP_OPT_BASE + 0},                                \
+	{"served-name", required_argument, 0, HTTP_OPT_BASE + 1},                           \
+	{"api-key", required_argument, 0, HTTP_OPT_BASE + 2},                               \
+	{"api-keys", required_argument, 0, HTTP_OPT_BASE + 3},                              \
+	{"max-connections", required_argument, 0, HTTP_OPT_BASE + 4},                       \
+	{"http-timeout", required_argument, 0, HTTP_OPT_BASE + 5},                          \
+	{"max-tokens-limit", required_argument, 0, HTTP_OPT_BASE + 6}
+
+#define HTTP_API_HELP                                                                       \
+	"  --listen HOST:PORT    also serve the OpenAI API over HTTP (wick dev: 127.0.0.1:8000)\n" \
+	"  --served-name NAME    the model id the API shows (default: the model's directory name)\n" \
+	"  --api-key KEY         require \"Authorization: Bearer KEY\" (tenant \"default\"; also\n" \
+	"                        the env var WICK_API_KEY); needed to listen on a non-loopback address\n" \
+	"  --api-keys FILE       keys and their tenants, one \"KEY TENANT\" per line (# comments)\n" \
+	"  --max-connections N   concurrent HTTP connections (default 256)\n"                 \
+	"  --http-timeout S      slow clients: a request must arrive within S seconds, and a\n" \
+	"                        response that makes no progress for S seconds is cut (default 30)\n" \
+	"  --max-tokens-limit N  the largest max_tokens a request may ask for; also the default\n" \
+	"                        (default 4096; generation also stops at the context's end)\n"
+
+struct http_api_opts {
+	const char *listen;        /* "HOST:PORT" ("[::1]:PORT" for IPv6); NULL: no server */
+	const char *served_name;   /* NULL: the basename of model */
+	const char *model;         /* the model path (for the default name) */
+	const char *api_key;       /* NULL: WICK_API_KEY when set */
+	const char *api_keys_file;
+	int max_connections;       /* 0: 256 */
+	double timeout_s;          /* 0: 30 */
+	int max_tokens_limit;      /* 0: 4096 */
+	int64_t price_micro;       /* per hour of the whole machine, for /metrics' cost */
+};
+
+/* Handles one of the HTTP_API_OPTIONS (c >= HTTP_OPT_BASE). Returns 0, or 2 with a usage
+ * message on stderr. */
+int http_api_flag(struct http_api_opts *o, int c, const char *arg);
+
+/* ---- life cycle (the worker thread) ---- */
+
+struct http_api;
+struct http_flight; /* one HTTP request handed to the worker */
+
+/* Loads the keys, binds, and starts the server thread (in state STARTING). Fails with
+ * WK_EINVAL for a bad option (a malformed address or key file, or a non-loopback address
+ * without any key), WK_EIO when the address cannot be bound, WK_ENOMEM. *bound gets the
+ * address actually bound (HOST:PORT; port 0 picks a free one). */
+int http_api_start(const struct http_api_opts *o, struct http_api **out, char *bound,
+		   size_t boundsz, char *err, size_t errsz);
+
+/* Ends the server: requests still in the inbox and any flight never finished are answered
+ * 503, pending output is flushed (up to about a second), connections are closed and the
+ * thread joined. NULL is fine. */
+void http_api_stop(struct http_api *h);
+
+/* "STARTING", "READY", "BUSY", "IDLE" or "DRAINING": what /health answers, and the clock of
+ * /metrics' seconds per state. New completion requests get 503 while DRAINING. */
+void http_api_set_state(struct http_api *h, const char *state);
+
+/* ---- requests (the worker thread) ---- */
+
+/* Takes up to max new requests, waiting up to wait_s seconds for the first. Each flight is
+ * the worker's until it hands it back with http_api_finish. Returns the number taken. */
+int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s);
+
+/* Moves a flight's job document into j (id, body, len, attempt 1, enqueued_at), as a queue
+ * would deliver it; j's body is then the caller's (queue_job_free). */
+void http_flight_job(struct http_flight *f, struct queue_job *j);
+
+/* The flights whose clients went away since the last call (up to max); the worker cancels
+ * them. Returns how many. */
+int http_api_cancelled(struct http_api *h, struct http_flight **out, int max);
+
+/* After each generated token: n_tokens is the count so far, piece the text that became final
+ * (see sched_req.on_token). Streams the piece to its client and times the tokens. */
+void http_api_token(struct http_api *h, struct http_flight *f, int n_tokens, const char *piece,
+		    size_t len);
+
+/* The request's end: json is its result document (job_encode_result/job_encode_error;
+ * copied). The client gets the OpenAI response or error built from it, and f is no longer
+ * the worker's. */
+void http_api_finish(struct http_api *h, struct http_flight *f, const char *json, size_t len);
+
+#endif

@@ -1,0 +1,110 @@
+/*
+ * http_int.h - internals of the HTTP endpoint shared by http_api.c (the server) and
+ * http_openai.c (the OpenAI request and response shapes). Only those two files and their unit
+ * tests include it.
+ *
+ * http_openai.c is pure (no I/O, no clock, no globals): it turns an OpenAI request body into
+ * the contract's job document, and a result document back into OpenAI's response, stream
+ * chunk or error objects.
+ */
+#ifndef HTTP_INT_H
+#define HTTP_INT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/wk.h"
+
+enum oai_kind { OAI_CHAT, OAI_COMPLETION };
+
+/* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
+struct oai_err {
+	int status;          /* the HTTP status: 400, 401, 404, 500, 503, ... */
+	const char *type;    /* "invalid_request_error", "authentication_error", "server_error" */
+	const char *code;    /* "invalid_json", "model_not_found", ...; NULL: null */
+	const char *param;   /* the request member at fault, or NULL */
+	char message[WK_ERRSZ];
+};
+
+/* Sets *e and returns e->status. */
+int oai_errf(struct oai_err *e, int status, const char *type, const char *code,
+	     const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* {"error": {...}}; NULL only when out of memory. */
+json_t *oai_error_json(const struct oai_err *e);
+
+struct oai_req {
+	bool stream;
+	bool include_usage;  /* stream_options.include_usage */
+	char *job;           /* the job document (job.h), malloc'd; the caller frees */
+	size_t job_len;
+};
+
+/* Checks an OpenAI request body for kind and writes its job document into r: id and tenant
+ * as given, input from messages (chat; content as a string, null, or text parts) or prompt
+ * (a string or a list of one string), max_tokens (max_completion_tokens for chat wins; absent
+ * means max_tokens_limit), temperature, top_p, top_k, seed, stop. model, when present, must be
+ * model_name. The job document is then checked with job_decode, so every limit of the
+ * contract applies. Returns 0, or the HTTP status of the error in *e (400, or 404 for another
+ * model); r->job is NULL then. */
+int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
+	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
+	       struct oai_err *e);
+
+/* A result document (job.h), parsed. Strings point into root. */
+struct oai_result {
+	json_t *root;
+	bool completed;
+	const char *text;
+	size_t text_len;
+	const char *finish_reason; /* "stop", "length", or NULL */
+	const char *err_code, *err_message;
+	int64_t prompt_tokens, completion_tokens, cost_micro_usd;
+	double gpu_seconds, queue_seconds;
+};
+
+/* Returns WK_OK or WK_EFORMAT; on success the caller calls oai_result_free. */
+int oai_result_parse(const char *json, size_t len, struct oai_result *r);
+void oai_result_free(struct oai_result *r);
+
+/* The HTTP error for a result that did not complete (contract code -> status). */
+void oai_result_error(const struct oai_result *r, struct oai_err *e);
+
+/* The whole response of a completed request: chat.completion or text_completion. */
+json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
+		     const struct oai_result *r);
+
+/* One stream chunk: text[0..len) as delta.content (chat) or text (completion), with the
+ * assistant role on a chat's first chunk, and finish_reason (NULL: null). NULL when out of
+ * memory or text is not valid UTF-8. */
+json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *model,
+		  const char *text, size_t len, bool role, const char *finish_reason);
+
+/* The usage chunk of stream_options.include_usage: "choices": [] and "usage". */
+json_t *oai_usage_chunk(enum oai_kind kind, const char *id, long created, const char *model,
+			const struct oai_result *r);
+
+/* ---- API keys ---- */
+
+#define HTTP_KEYS_MAX 10000
+#define HTTP_KEY_LEN_MAX 256
+
+struct http_key {
+	char *key;
+	size_t len;
+	char tenant[129];
+};
+
+/* Parses a keys file's text: one "KEY TENANT" per line, blank lines and lines starting with
+ * '#' skipped; tenants as job ids ([A-Za-z0-9._-]{1,128}); a repeated key is an error. The
+ * keys are appended to *keys (realloc'd; *n counts them). Messages name the line, never the
+ * key. WK_OK, WK_EFORMAT, WK_ELIMIT or WK_ENOMEM. */
+int http_keys_parse(const char *text, size_t len, const char *path, struct http_key **keys,
+		    int *n, char *err, size_t errsz);
+
+/* The tenant of a key (compared in constant time over every key), or NULL. */
+const char *http_keys_find(const struct http_key *keys, int n, const char *key, size_t len);
+
+#endif

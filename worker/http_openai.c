@@ -1,0 +1,495 @@
+/*
+ * http_openai.c - OpenAI's request and response shapes for the HTTP endpoint, and the API key
+ * file. Pure: see http_int.h.
+ *
+ * A request becomes the contract's job document (job.h) and is then checked by job_decode,
+ * so the HTTP path and the queue path share every limit and message. What the contract cannot
+ * express (n > 1, logprobs, tools, echo, suffix, token-id prompts) is refused with a 400
+ * rather than silently ignored.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/http_int.h"
+#include "worker/job.h"
+
+#define IRE "invalid_request_error"
+
+int oai_errf(struct oai_err *e, int status, const char *type, const char *code,
+	     const char *param, const char *fmt, ...)
+{
+	e->status = status;
+	e->type = type;
+	e->code = code;
+	e->param = param;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e->message, sizeof e->message, fmt, ap);
+	va_end(ap);
+	return status;
+}
+
+json_t *oai_error_json(const struct oai_err *e)
+{
+	return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
+			 e->type ? e->type : IRE, "param", e->param, "code", e->code);
+}
+
+/* ---- requests ---- */
+
+/* A member that must be absent, null, or satisfy ok(v). */
+static bool absent(const json_t *v)
+{
+	return !v || json_is_null(v);
+}
+
+/* Copies the job's message without the "input." prefixes (the HTTP request has no "input"). */
+static void strip_input(char *dst, size_t n, const char *src)
+{
+	size_t o = 0;
+	while (*src && o + 1 < n) {
+		if (!strncmp(src, "input.", 6)) {
+			src += 6;
+			continue;
+		}
+		dst[o++] = *src++;
+	}
+	dst[o] = 0;
+}
+
+/* Chat message content: a string, null (empty), or a list of {"type": "text", "text": S}
+ * parts, concatenated. Returns a new JSON string, or NULL with *e set. */
+static json_t *content_text(const json_t *c, size_t i, struct oai_err *e)
+{
+	if (absent(c))
+		return json_string("");
+	if (json_is_string(c))
+		return json_stringn(json_string_value(c), json_string_length(c));
+	if (!json_is_array(c)) {
+		oai_errf(e, 400, IRE, "invalid_input", "messages",
+			 "messages[%zu].content must be a string, null or a list of text parts", i);
+		return NULL;
+	}
+	size_t total = 0, k;
+	json_t *part;
+	json_array_foreach(c, k, part) {
+		const json_t *t = json_object_get(part, "text");
+		if (!json_is_object(part) || !json_is_string(json_object_get(part, "type")) ||
+		    strcmp(json_string_value(json_object_get(part, "type")), "text") ||
+		    !json_is_string(t)) {
+			oai_errf(e, 400, IRE, "invalid_input", "messages",
+				 "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": "
+				 "STRING} parts are supported", i, k);
+			return NULL;
+		}
+		total += json_string_length(t);
+		if (total > JOB_PROMPT_MAX) {
+			oai_errf(e, 400, IRE, "prompt_too_long", "messages",
+				 "messages hold more than %u bytes of content", JOB_PROMPT_MAX);
+			return NULL;
+		}
+	}
+	char *buf = malloc(total + 1);
+	if (!buf) {
+		oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+		return NULL;
+	}
+	size_t o = 0;
+	json_array_foreach(c, k, part) {
+		const json_t *t = json_object_get(part, "text");
+		memcpy(buf + o, json_string_value(t), json_string_length(t));
+		o += json_string_length(t);
+	}
+	json_t *s = json_stringn(buf, o);
+	free(buf);
+	return s;
+}
+
+static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
+{
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return oai_errf(e, 400, IRE, "invalid_input", "messages",
+				"messages must be a non-empty array of {\"role\", \"content\"}");
+	json_t *out = json_array();
+	if (!out || json_object_set_new(input, "messages", out))
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	size_t i;
+	json_t *m;
+	json_array_foreach(msgs, i, m) {
+		const json_t *role = json_object_get(m, "role");
+		if (!json_is_object(m) || !json_is_string(role))
+			return oai_errf(e, 400, IRE, "invalid_input", "messages",
+					"messages[%zu] must be an object with a string \"role\"", i);
+		const char *r = json_string_value(role);
+		if (!strcmp(r, "developer"))
+			r = "system";
+		if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") &&
+		    strcmp(r, "tool"))
+			return oai_errf(e, 400, IRE, "invalid_input", "messages",
+					"messages[%zu].role '%.40s' is not system, developer, user, "
+					"assistant or tool", i, json_string_value(role));
+		json_t *text = content_text(json_object_get(m, "content"), i, e);
+		if (!text)
+			return e->status;
+		if (json_array_append_new(out, json_pack("{s:s, s:o}", "role", r, "content", text)))
+			return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	}
+	return 0;
+}
+
+static int completion_prompt(const json_t *p, json_t *input, struct oai_err *e)
+{
+	if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+		p = json_array_get(p, 0);
+	if (!json_is_string(p))
+		return oai_errf(e, 400, IRE, "invalid_input", "prompt",
+				"prompt must be a string (or a list of one string; token-id "
+				"prompts are not supported)");
+	if (json_object_set(input, "prompt", (json_t *)p))
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	return 0;
+}
+
+/* Members the contract cannot honour: refused so the client is not misled. */
+static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e)
+{
+	const json_t *v;
+	if (!absent(v = json_object_get(root, "n")) &&
+	    !(json_is_integer(v) && json_integer_value(v) == 1))
+		return oai_errf(e, 400, IRE, "invalid_input", "n", "only n = 1 is supported");
+	if (!absent(v = json_object_get(root, "logprobs")) && !json_is_false(v) &&
+	    !(json_is_integer(v) && json_integer_value(v) == 0))
+		return oai_errf(e, 400, IRE, "invalid_input", "logprobs",
+				"logprobs are not supported");
+	if (kind == OAI_CHAT) {
+		if (!absent(v = json_object_get(root, "tools")) &&
+		    !(json_is_array(v) && json_array_size(v) == 0))
+			return oai_errf(e, 400, IRE, "invalid_input", "tools",
+					"tools are not supported");
+	} else {
+		if (!absent(v = json_object_get(root, "echo")) && !json_is_false(v))
+			return oai_errf(e, 400, IRE, "invalid_input", "echo", "echo is not supported");
+		if (!absent(json_object_get(root, "suffix")))
+			return oai_errf(e, 400, IRE, "invalid_input", "suffix",
+					"suffix is not supported");
+		if (!absent(v = json_object_get(root, "best_of")) &&
+		    !(json_is_integer(v) && json_integer_value(v) == 1))
+			return oai_errf(e, 400, IRE, "invalid_input", "best_of",
+					"only best_of = 1 is supported");
+	}
+	return 0;
+}
+
+static int stream_flags(const json_t *root, struct oai_req *r, struct oai_err *e)
+{
+	const json_t *v = json_object_get(root, "stream");
+	if (!absent(v)) {
+		if (!json_is_boolean(v))
+			return oai_errf(e, 400, IRE, "invalid_input", "stream",
+					"stream must be true or false");
+		r->stream = json_is_true(v);
+	}
+	v = json_object_get(root, "stream_options");
+	if (!absent(v)) {
+		const json_t *u = json_object_get(v, "include_usage");
+		if (!json_is_object(v) || (!absent(u) && !json_is_boolean(u)))
+			return oai_errf(e, 400, IRE, "invalid_input", "stream_options",
+					"stream_options must be an object; include_usage a boolean");
+		r->include_usage = json_is_true(u);
+	}
+	return 0;
+}
+
+static int max_tokens(enum oai_kind kind, const json_t *root, int limit, json_t *input,
+		      struct oai_err *e)
+{
+	const char *name = "max_tokens";
+	const json_t *v = json_object_get(root, name);
+	if (kind == OAI_CHAT && !absent(json_object_get(root, "max_completion_tokens"))) {
+		name = "max_completion_tokens";
+		v = json_object_get(root, name);
+	}
+	json_int_t n = limit;
+	if (!absent(v)) {
+		if (!json_is_integer(v))
+			return oai_errf(e, 400, IRE, "invalid_input", name, "%s must be an integer",
+					name);
+		n = json_integer_value(v);
+		if (n < 1 || n > limit)
+			return oai_errf(e, 400, IRE, "max_tokens_range", name,
+					"%s is %lld; this server allows 1 to %d", name, (long long)n,
+					limit);
+	}
+	if (json_object_set_new(input, "max_tokens", json_integer(n)))
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	return 0;
+}
+
+int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
+	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
+	       struct oai_err *e)
+{
+	memset(r, 0, sizeof *r);
+	json_error_t je;
+	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+	if (!root)
+		return oai_errf(e, 400, IRE, "invalid_json", NULL,
+				"the body is not valid JSON: %s (line %d, column %d)", je.text,
+				je.line, je.column);
+	int st = 0;
+	json_t *input = json_object(), *job = NULL;
+	const json_t *v;
+	if (!input) {
+		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+		goto out;
+	}
+	if (!json_is_object(root)) {
+		st = oai_errf(e, 400, IRE, "invalid_json", NULL, "the body must be a JSON object");
+		goto out;
+	}
+	if (!absent(v = json_object_get(root, "model"))) {
+		if (!json_is_string(v)) {
+			st = oai_errf(e, 400, IRE, "invalid_input", "model", "model must be a string");
+			goto out;
+		}
+		if (strcmp(json_string_value(v), model_name) ||
+		    strlen(json_string_value(v)) != json_string_length(v)) {
+			st = oai_errf(e, 404, IRE, "model_not_found", "model",
+				      "The model '%.200s' does not exist; this server serves '%s'",
+				      json_string_value(v), model_name);
+			goto out;
+		}
+	}
+	if ((st = stream_flags(root, r, e)) || (st = unsupported(kind, root, e)))
+		goto out;
+	if (kind == OAI_CHAT)
+		st = chat_messages(json_object_get(root, "messages"), input, e);
+	else
+		st = completion_prompt(json_object_get(root, "prompt"), input, e);
+	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, e)))
+		goto out;
+	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
+	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
+		if (!absent(v = json_object_get(root, copied[i])) &&
+		    json_object_set(input, copied[i], (json_t *)v)) {
+			st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+			goto out;
+		}
+	job = json_pack("{s:s, s:s, s:O}", "id", id, "tenant", tenant, "input", input);
+	if (!job || !(r->job = json_dumps(job, JSON_COMPACT))) {
+		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+		goto out;
+	}
+	r->job_len = strlen(r->job);
+	struct job j;
+	char msg[WK_ERRSZ];
+	enum job_err jerr = job_decode(r->job, r->job_len, NULL, &j, msg, sizeof msg);
+	job_free(&j);
+	if (jerr != JOB_OK) {
+		char clean[WK_ERRSZ];
+		strip_input(clean, sizeof clean, msg);
+		st = oai_errf(e, jerr == JOB_EINTERNAL ? 500 : 400,
+			      jerr == JOB_EINTERNAL ? "server_error" : IRE, job_err_code(jerr), NULL,
+			      "%s", clean);
+		free(r->job);
+		r->job = NULL;
+	}
+out:
+	json_decref(job);
+	json_decref(input);
+	json_decref(root);
+	return st;
+}
+
+/* ---- results ---- */
+
+int oai_result_parse(const char *json, size_t len, struct oai_result *r)
+{
+	memset(r, 0, sizeof *r);
+	r->root = json_loadb(json, len, 0, NULL);
+	if (!json_is_object(r->root)) {
+		json_decref(r->root);
+		r->root = NULL;
+		return WK_EFORMAT;
+	}
+	const json_t *st = json_object_get(r->root, "status");
+	const json_t *out = json_object_get(r->root, "output");
+	const json_t *err = json_object_get(r->root, "error");
+	const json_t *u = json_object_get(r->root, "usage");
+	const json_t *t = json_object_get(out, "text");
+	r->completed = json_is_string(st) && !strcmp(json_string_value(st), "COMPLETED");
+	r->text = json_is_string(t) ? json_string_value(t) : "";
+	r->text_len = json_is_string(t) ? json_string_length(t) : 0;
+	r->finish_reason = json_string_value(json_object_get(out, "finish_reason"));
+	r->err_code = json_string_value(json_object_get(err, "code"));
+	r->err_message = json_string_value(json_object_get(err, "message"));
+	r->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
+	r->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
+	r->cost_micro_usd = json_integer_value(json_object_get(u, "cost_micro_usd"));
+	r->gpu_seconds = json_number_value(json_object_get(u, "gpu_seconds"));
+	r->queue_seconds = json_number_value(json_object_get(u, "queue_seconds"));
+	return WK_OK;
+}
+
+void oai_result_free(struct oai_result *r)
+{
+	json_decref(r->root);
+	r->root = NULL;
+}
+
+void oai_result_error(const struct oai_result *r, struct oai_err *e)
+{
+	const char *code = r->err_code ? r->err_code : "internal";
+	const char *msg = r->err_message ? r->err_message : "the request failed";
+	int status = 500;
+	const char *type = "server_error";
+	if (!strcmp(code, "invalid_json") || !strcmp(code, "invalid_input") ||
+	    !strcmp(code, "prompt_too_long") || !strcmp(code, "max_tokens_range")) {
+		status = 400;
+		type = IRE;
+	} else if (!strcmp(code, "timeout")) {
+		status = 504;
+	} else if (!strcmp(code, "cancelled")) {
+		status = 503;
+	}
+	oai_errf(e, status, type, code, NULL, "%s", msg);
+}
+
+static json_t *usage_json(const struct oai_result *r)
+{
+	return json_pack("{s:I, s:I, s:I, s:f, s:f, s:I}", "prompt_tokens",
+			 (json_int_t)r->prompt_tokens, "completion_tokens",
+			 (json_int_t)r->completion_tokens, "total_tokens",
+			 (json_int_t)(r->prompt_tokens + r->completion_tokens), "queue_seconds",
+			 r->queue_seconds, "gpu_seconds", r->gpu_seconds, "cost_micro_usd",
+			 (json_int_t)r->cost_micro_usd);
+}
+
+json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
+		     const struct oai_result *r)
+{
+	const char *fin = r->finish_reason ? r->finish_reason : "stop";
+	json_t *choice = kind == OAI_CHAT
+		? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
+			    "assistant", "content", r->text, r->text_len, "logprobs", "finish_reason",
+			    fin)
+		: json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", r->text, r->text_len,
+			    "logprobs", "finish_reason", fin);
+	if (!choice)
+		return NULL;
+	return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+			 kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
+			 (json_int_t)created, "model", model, "choices", choice, "usage",
+			 usage_json(r));
+}
+
+json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *model,
+		  const char *text, size_t len, bool role, const char *finish_reason)
+{
+	json_t *choice;
+	if (kind == OAI_CHAT) {
+		json_t *delta = json_object();
+		if (!delta)
+			return NULL;
+		if (role)
+			json_object_set_new(delta, "role", json_string("assistant"));
+		if (len || role) {
+			json_t *s = json_stringn(text, len);
+			if (!s) {
+				json_decref(delta);
+				return NULL;
+			}
+			json_object_set_new(delta, "content", s);
+		}
+		choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "delta", delta,
+				   "logprobs", "finish_reason", finish_reason);
+	} else {
+		choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text, len,
+				   "logprobs", "finish_reason", finish_reason);
+	}
+	if (!choice)
+		return NULL;
+	return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+			 kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+			 (json_int_t)created, "model", model, "choices", choice);
+}
+
+json_t *oai_usage_chunk(enum oai_kind kind, const char *id, long created, const char *model,
+			const struct oai_result *r)
+{
+	return json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", id, "object",
+			 kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+			 (json_int_t)created, "model", model, "choices", "usage", usage_json(r));
+}
+
+/* ---- API keys ---- */
+
+int http_keys_parse(const char *text, size_t len, const char *path, struct http_key **keys,
+		    int *n, char *err, size_t errsz)
+{
+	int line = 0;
+	size_t i = 0;
+	while (i < len) {
+		size_t e = i;
+		while (e < len && text[e] != '\n')
+			e++;
+		line++;
+		char buf[1024];
+		size_t l = e - i;
+		if (l >= sizeof buf)
+			return wk_errf(err, errsz, WK_ELIMIT, "%s: line %d is longer than %zu bytes",
+				       path, line, sizeof buf - 1);
+		memcpy(buf, text + i, l);
+		buf[l] = 0;
+		i = e + 1;
+		char *save = NULL, *key = strtok_r(buf, " \t\r", &save);
+		if (!key || key[0] == '#')
+			continue;
+		char *tenant = strtok_r(NULL, " \t\r", &save);
+		if (!tenant || strtok_r(NULL, " \t\r", &save))
+			return wk_errf(err, errsz, WK_EFORMAT, "%s: line %d: want \"KEY TENANT\"",
+				       path, line);
+		size_t kl = strlen(key);
+		if (kl > HTTP_KEY_LEN_MAX)
+			return wk_errf(err, errsz, WK_ELIMIT, "%s: line %d: the key is longer than "
+				       "%d bytes", path, line, HTTP_KEY_LEN_MAX);
+		for (size_t k = 0; k < kl; k++)
+			if ((unsigned char)key[k] < 0x21 || (unsigned char)key[k] > 0x7e)
+				return wk_errf(err, errsz, WK_EFORMAT, "%s: line %d: a key is "
+					       "printable ASCII", path, line);
+		if (!job_id_valid(tenant))
+			return wk_errf(err, errsz, WK_EFORMAT, "%s: line %d: the tenant must match "
+				       "[A-Za-z0-9._-]{1,128}", path, line);
+		if (http_keys_find(*keys, *n, key, kl))
+			return wk_errf(err, errsz, WK_EFORMAT, "%s: line %d: a key given twice",
+				       path, line);
+		if (*n >= HTTP_KEYS_MAX)
+			return wk_errf(err, errsz, WK_ELIMIT, "%s: more than %d keys", path,
+				       HTTP_KEYS_MAX);
+		struct http_key *k = realloc(*keys, (size_t)(*n + 1) * sizeof *k);
+		if (!k)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		*keys = k;
+		k[*n] = (struct http_key){.key = strdup(key), .len = kl};
+		if (!k[*n].key)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		snprintf(k[*n].tenant, sizeof k[*n].tenant, "%s", tenant);
+		(*n)++;
+	}
+	return WK_OK;
+}
+
+const char *http_keys_find(const struct http_key *keys, int n, const char *key, size_t len)
+{
+	const char *found = NULL;
+	for (int i = 0; i < n; i++) {
+		unsigned char d = keys[i].len != len;
+		for (size_t k = 0; k < keys[i].len; k++)
+			d |= (unsigned char)(keys[i].key[k] ^ (k < len ? key[k] : 0));
+		if (!d && !found)
+			found = keys[i].tenant;
+	}
+	return found;
+}
