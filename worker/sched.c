@@ -151,6 +151,44 @@ static void fin_push(struct sched *s, struct sched_req *r)
 }
 
 /* Decodes the output; a stop string cuts the text (and ends the request). */
+/* Decodes out[from..n_out) as it reads after what precedes it: up to SCHED_CTX tokens
+ * before `from` (of the output, or the prompt's last ones) are decoded with it and their own
+ * text is cut off again. A SentencePiece decoder strips the first piece's leading space,
+ * which inside the text is real: after the prompt "Once upon a time" the output is
+ * ", there was", and after "there was" it is " a little girl". Falls back to the tokens
+ * alone when the context's text is not a prefix (a byte split across the boundary). */
+#define SCHED_CTX 4
+static int decode_from(struct sched *s, const struct sched_req *r, int from, char **t,
+		       size_t *len)
+{
+	int n = r->n_out - from, k = 0, ctx[SCHED_CTX];
+	for (int i = from - 1; i >= 0 && k < SCHED_CTX; i--)
+		ctx[SCHED_CTX - 1 - k++] = r->out[i];
+	for (int i = r->n_prompt - 1; from - k <= 0 && i >= 0 && k < SCHED_CTX; i--)
+		ctx[SCHED_CTX - 1 - k++] = r->prompt[i];
+	int *ids = malloc((size_t)(k + n + 1) * sizeof *ids);
+	char *pre = NULL, *full = NULL;
+	size_t plen = 0, flen = 0;
+	if (ids && k > 0) {
+		memcpy(ids, ctx + SCHED_CTX - k, (size_t)k * sizeof *ids);
+		memcpy(ids + k, r->out + from, (size_t)n * sizeof *ids);
+		if (tok_decode_utf8(s->tok, ids, k, true, &pre, &plen, NULL, 0) == WK_OK &&
+		    tok_decode_utf8(s->tok, ids, k + n, true, &full, &flen, NULL, 0) == WK_OK &&
+		    flen >= plen && !memcmp(full, pre, plen)) {
+			memmove(full, full + plen, flen - plen + 1);
+			*t = full;
+			*len = flen - plen;
+			free(pre);
+			free(ids);
+			return WK_OK;
+		}
+	}
+	free(pre);
+	free(full);
+	free(ids);
+	return tok_decode_utf8(s->tok, r->out + from, n, true, t, len, NULL, 0);
+}
+
 static bool decode_and_stop(struct sched *s, struct sched_req *r)
 {
 	free(r->text);
@@ -160,8 +198,7 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 		r->text = strdup("");
 		return false;
 	}
-	if (tok_decode_utf8(s->tok, r->out, r->n_out, true, &r->text, &r->text_len, NULL, 0) !=
-	    WK_OK) {
+	if (decode_from(s, r, 0, &r->text, &r->text_len) != WK_OK) {
 		r->text = strdup("");
 		r->text_len = 0;
 		return false;
@@ -212,8 +249,7 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 	}
 	char *t = NULL;
 	size_t len = 0;
-	if (!s->tok || tok_decode_utf8(s->tok, r->out + r->win, r->n_out - r->win, true, &t, &len,
-				       NULL, 0) != WK_OK) {
+	if (!s->tok || decode_from(s, r, r->win, &t, &len) != WK_OK) {
 		r->on_token(ctx, r, "", 0);
 		return;
 	}
@@ -226,8 +262,7 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 		char *t2 = NULL;
 		size_t len2 = 0;
 		int from = r->n_out - 4;
-		if (tok_decode_utf8(s->tok, r->out + from, r->n_out - from, true, &t2, &len2, NULL,
-				    0) == WK_OK) {
+		if (decode_from(s, r, from, &t2, &len2) == WK_OK) {
 			r->win = from;
 			r->win_sent = len2;
 		}
