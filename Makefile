@@ -74,7 +74,7 @@ CU_SRC  := $(wildcard kernels/cuda/*.cu)
 CFLAGS  += -DWICK_CUDA=1
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
-LIB_SRC += kernels/cuda/cuda_none.c
+LIB_SRC += $(wildcard kernels/cuda/*_none.c)
 CU_SRC  :=
 endif
 

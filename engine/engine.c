@@ -152,10 +152,11 @@ static int token_id(json_t *cfg, const char *key)
 	return json_is_integer(v) ? (int)json_integer_value(v) : -1;
 }
 
-static int open_backend(struct engine *e, const struct eng_opts *o, char *err, size_t errsz)
+int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
+		     char *err, size_t errsz)
 {
 	const char *name = o && o->backend ? o->backend : "auto";
-	struct be_config bc = {.threads = o ? o->threads : 0, .device = 0};
+	struct be_config bc = {.threads = threads, .device = device};
 	e->be = be_find(name);
 	if (!e->be)
 		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda, null or auto)", name);
@@ -172,13 +173,84 @@ static int open_backend(struct engine *e, const struct eng_opts *o, char *err, s
 
 const struct st_tensor *eng_tensor(struct engine *e, const char *name)
 {
-	return e->snap ? snap_tensor(e->snap, 0, name) : hf_tensor(e->hf, name);
+	if (!e->snap)
+		return hf_tensor(e->hf, name);
+	const struct st_tensor *t = snap_tensor(e->snap, e->rank, name);
+	if (t && e->used) {
+		size_t i = (size_t)(t - snap_tensor_at(e->snap, e->rank, 0));
+		if (!e->used[i]) {
+			e->used[i] = true;
+			e->n_used++;
+		}
+		uintptr_t lo = (uintptr_t)t->data, hi = lo + t->nbytes;
+		if (!e->bound_lo || lo < e->bound_lo)
+			e->bound_lo = lo;
+		if (hi > e->bound_hi)
+			e->bound_hi = hi;
+	}
+	return t;
+}
+
+int eng_rank_stats(struct engine *e, int rank, struct eng_rank_stats *st)
+{
+	struct engine *r = e->shard ? NULL : e;
+	if (e->shard && rank >= 0 && rank < e->world)
+		r = shard_rank(e, rank);
+	if (!r || !r->snap || r->rank != rank || !r->used)
+		return WK_EINVAL;
+	*st = (struct eng_rank_stats){.tensors = snap_tensor_count(r->snap, rank),
+				      .used = r->n_used, .lo = r->bound_lo, .hi = r->bound_hi};
+	st->image = snap_image(r->snap, rank, &st->image_size);
+	return WK_OK;
+}
+
+/* Whether tensor i of rank r is the copy of its data that counts towards the model's size:
+ * replicated tensors on rank 0, TP shards on their lead rank (r < tp; a range that an earlier
+ * rank holds too, as GQA kv heads shared over shards, counts there), experts on r < ep. The
+ * layout tags say which is which (layout.c); untagged (version 1) tensors are rank 0's. */
+static bool counts_once(struct engine *e, int r, size_t i)
+{
+	const char *tag = snap_tensor_layout(e->snap, r, i);
+	if (tag && !strncmp(tag, "expert", 6))
+		return r < e->ep;
+	if (!tag || strncmp(tag, "tp ", 3))
+		return r == 0;
+	if (r >= e->tp)
+		return false;
+	const char *name = snap_tensor_at(e->snap, r, i)->name;
+	for (int q = 0; q < r; q++) {
+		const struct st_tensor *t = snap_tensor(e->snap, q, name);
+		size_t j = t ? (size_t)(t - snap_tensor_at(e->snap, q, 0)) : 0;
+		const char *qt = t ? snap_tensor_layout(e->snap, q, j) : NULL;
+		if (qt && !strcmp(qt, tag))
+			return false;
+	}
+	return true;
+}
+
+/* Parameters and bytes of the whole model in a snapshot, each tensor once. */
+static void count_params(struct engine *e)
+{
+	for (int r = 0; r < snap_world(e->snap); r++)
+		for (size_t i = 0; i < snap_tensor_count(e->snap, r); i++) {
+			if (!counts_once(e, r, i))
+				continue;
+			const struct st_tensor *t = snap_tensor_at(e->snap, r, i);
+			e->info.params += t->numel;
+			e->info.weight_bytes += t->nbytes;
+		}
 }
 
 static int open_weights(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
 			size_t errsz)
 {
 	if (!snap_is_snapshot(dir)) {
+		if (o && (o->tp > 1 || o->ep > 1))
+			return wk_errf(err, errsz, WK_EUNSUPPORTED,
+				       "%s: tp %d, ep %d run from a snapshot cut for them (wick "
+				       "snapshot %s -o SNAP --tp %d --ep %d)", dir, o->tp > 0 ? o->tp : 1,
+				       o->ep > 0 ? o->ep : 1, dir, o->tp > 0 ? o->tp : 1,
+				       o->ep > 0 ? o->ep : 1);
 		int rc = hf_open(dir, &e->hf, err, errsz);
 		if (rc == WK_OK)
 			e->config = hf_config(e->hf);
@@ -188,13 +260,22 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 	int rc = snap_open(dir, &so, &e->snap, err, errsz);
 	if (rc != WK_OK)
 		return rc;
-	if (snap_world(e->snap) != 1)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "%s: a snapshot of %d ranks needs the sharded engine, which is not "
-			       "built yet", dir, snap_world(e->snap));
 	json_t *m = snap_manifest(e->snap);
 	long long mtp = json_integer_value(json_object_get(m, "tp"));
 	long long mep = json_integer_value(json_object_get(m, "ep"));
+	e->world = snap_world(e->snap);
+	e->tp = mtp >= 1 && mtp <= e->world ? (int)mtp : 0;
+	e->ep = mep >= 1 && mep <= e->world ? (int)mep : 0;
+	if (!e->tp || !e->ep || e->world != (e->tp > e->ep ? e->tp : e->ep) || e->world % e->tp ||
+	    e->world % e->ep)
+		return wk_errf(err, errsz, WK_EFORMAT, "%s/manifest.json: tp %lld, ep %lld do not "
+			       "make a world of %d ranks (it must be max(tp, ep))", dir, mtp, mep,
+			       e->world);
+	long long lv = json_integer_value(json_object_get(json_object_get(m, "layout"), "version"));
+	if (e->world > 1 && lv != 2)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: a snapshot of %d ranks with layout "
+			       "version %lld; this wick runs sharded layout version 2 (make the "
+			       "snapshot again)", dir, e->world, lv);
 	if (o && ((o->tp > 0 && o->tp != mtp) || (o->ep > 0 && o->ep != mep)))
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "%s: the snapshot was made for tp %lld, ep %lld; it cannot run with "
@@ -219,6 +300,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	struct engine *e = calloc(1, sizeof *e);
 	if (!e)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	e->world = e->tp = e->ep = 1;
 	double t0 = wk_now();
 	snprintf(e->dir, sizeof e->dir, "%s", model_dir);
 	int rc = open_weights(e, model_dir, opts, err, errsz);
@@ -252,10 +334,6 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	else if (rc != WK_OK)
 		goto fail;
 
-	rc = open_backend(e, opts, err, errsz);
-	if (rc != WK_OK)
-		goto fail;
-
 	e->max_seq_opt = opts ? opts->max_seq : 0;
 	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
 	if (!e->fam->step)
@@ -272,17 +350,27 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		goto fail;
 	}
 	e->info.arch = e->arch;
-	e->info.backend = e->be->name;
 	e->info.bos = token_id(cfg, "bos_token_id");
 	e->info.eos = token_id(cfg, "eos_token_id");
-	size_t nt = e->snap ? snap_tensor_count(e->snap, 0) : hf_tensor_count(e->hf);
-	for (size_t i = 0; i < nt; i++) {
-		const struct st_tensor *t = e->snap ? snap_tensor_at(e->snap, 0, i)
-						    : hf_tensor_at(e->hf, i);
-		e->info.params += t->numel;
-		e->info.weight_bytes += t->nbytes;
+	if (e->snap) {
+		count_params(e);
+	} else {
+		for (size_t i = 0; i < hf_tensor_count(e->hf); i++) {
+			e->info.params += hf_tensor_at(e->hf, i)->numel;
+			e->info.weight_bytes += hf_tensor_at(e->hf, i)->nbytes;
+		}
 	}
-	rc = e->fam->load(e, err, errsz);
+	if (e->world > 1) {
+		rc = shard_open(e, opts, err, errsz); /* the rank engines load the model */
+	} else {
+		if (e->snap && !(e->used = calloc(snap_tensor_count(e->snap, 0) + 1, sizeof *e->used)))
+			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		else if ((rc = eng_open_backend(e, opts, opts ? opts->threads : 0, 0, err,
+						errsz)) == WK_OK)
+			rc = e->fam->load(e, err, errsz);
+		if (rc == WK_OK)
+			e->info.backend = e->be->name;
+	}
 	if (rc != WK_OK)
 		goto fail;
 	e->info.startup.ready_mono = wk_now();
@@ -299,10 +387,12 @@ void eng_close(struct engine *e)
 {
 	if (!e)
 		return;
+	shard_close(e);
 	if (e->fam && e->model)
 		e->fam->free(e);
 	if (e->be)
 		e->be->shutdown(e->bctx);
+	free(e->used);
 	tok_free(e->tok);
 	free(e->seq_len);
 	free(e->seq_used);
@@ -333,8 +423,10 @@ int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 			return wk_errf(err, errsz, WK_EINVAL,
 				       "token id %d is outside the vocabulary (0..%d)", tokens[i],
 				       e->info.vocab - 1);
-	int rc = e->fam->forward(e, tokens, n, pos0, logits, all, err, errsz);
 	e->seq_used[0] = true;
+	e->seq_len[0] = pos0; /* sequence 0 is truncated to pos0, then tokens appended */
+	int rc = e->shard ? shard_forward(e, tokens, n, pos0, logits, all, err, errsz)
+			  : e->fam->forward(e, tokens, n, pos0, logits, all, err, errsz);
 	e->seq_len[0] = rc == WK_OK ? pos0 + n : 0;
 	return rc;
 }
@@ -388,7 +480,9 @@ int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, s
 					       it->tokens[k], e->info.vocab - 1);
 	}
 	int rc;
-	if (e->fam->step)
+	if (e->shard)
+		rc = shard_step(e, items, n, err, errsz);
+	else if (e->fam->step)
 		rc = e->fam->step(e, items, n, err, errsz);
 	else
 		rc = e->fam->forward(e, items[0].tokens, items[0].n, e->seq_len[items[0].seq],

@@ -9,6 +9,10 @@
  *
  * An engine holds up to max_seqs sequences, each with its own KV cache (see eng_step). It is
  * not thread-safe: one caller at a time.
+ *
+ * A snapshot made with `--tp T --ep E` runs sharded over max(T, E) ranks, one thread each
+ * (engine/shard.c: on the CPU backend with in-process collectives, on GPUs with NCCL); the
+ * API is the same and the logits come back whole.
  */
 #ifndef ENGINE_H
 #define ENGINE_H
@@ -21,7 +25,7 @@ struct tok;
 
 struct eng_opts {
 	const char *backend; /* "cpu", "cuda" or "auto" (NULL means auto) */
-	int threads;         /* CPU threads; <= 0 means all cores */
+	int threads;         /* CPU threads; <= 0 means all cores (sharded: shared by the ranks) */
 	int max_seq;         /* KV cache length; <= 0 means the model's max_position_embeddings */
 	int max_seqs;        /* sequences held at once (continuous batching); <= 0 means 1 */
 	bool no_verify;      /* snapshots: skip the chunk checksums */
@@ -38,7 +42,8 @@ struct eng_info {
 	int bos, eos;              /* from config.json; -1 when absent */
 	int64_t params;            /* parameters in the checkpoint */
 	uint64_t weight_bytes;     /* bytes of weights in the checkpoint */
-	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads */
+	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads (sharded: on
+				    * rank 0, as the ranks read in parallel) */
 	int mtp_layers_skipped;    /* MTP (num_nextn_predict_layers) layers left unloaded */
 	struct eng_startup {       /* where eng_open's time went (seconds, CLOCK_MONOTONIC) */
 		bool snapshot;         /* the weights came from a snapshot */
@@ -97,7 +102,8 @@ int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, s
 /* ---- snapshots ---- */
 
 struct eng_snap_opts {
-	int tp, ep;          /* 1 until the sharded engine lands */
+	int tp, ep;          /* tensor / expert parallelism: world max(tp, ep) rank files (the
+			      * layout rules are at the top of engine/layout.c) */
 	const char *dtype;   /* "keep", "bf16", "f32" ("fp8" arrives with the FP8 kernels) */
 	bool lz4;            /* compress chunks with lz4 where that saves >= 10% */
 	size_t chunk_size;   /* 0: the default */
@@ -122,6 +128,9 @@ size_t eng_naive_count(const struct eng_naive *n);
 /* Tensor i's name, bytes and size; returns NULL past the end. */
 const char *eng_naive_tensor(const struct eng_naive *n, size_t i, const void **data,
 			     uint64_t *nbytes);
+/* The rank whose snapshot file holds tensor i (a sharded layout has one name on several
+ * ranks), or -1 past the end. */
+int eng_naive_rank(const struct eng_naive *n, size_t i);
 uint64_t eng_naive_bytes(const struct eng_naive *n);
 void eng_naive_free(struct eng_naive *n);
 

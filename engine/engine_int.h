@@ -9,7 +9,9 @@
 
 #include "coldstart/hfmodel.h"
 #include "coldstart/snapshot.h"
+#include "common/wk.h"
 #include "engine/backend.h"
+#include "engine/comm.h"
 #include "engine/engine.h"
 
 struct plan;
@@ -51,11 +53,103 @@ struct engine {
 	int max_seqs;   /* sequences the family holds (1 without step) */
 	int *seq_len;   /* [max_seqs] tokens in each sequence's cache */
 	bool *seq_used; /* [max_seqs] */
+
+	/* ---- sharding (shard.c) ----
+	 * Every engine is rank `rank` of `world`: 0 of 1 (tp 1, ep 1) when unsharded. A sharded
+	 * model is a top engine (the one eng_open returns: the snapshot, tokenizer and sequence
+	 * table, no model and no backend) owning `world` rank engines, each with its own backend,
+	 * its shard of the model and a thread. Rank engines borrow snap, config and the sequence
+	 * table from the top. */
+	int rank, world, tp, ep;
+	const struct comm_ops *comm; /* rank engines of a sharded model; else NULL */
+	void *comm_ctx;
+	int comm_rc;                 /* the first failed collective of this rank, or WK_OK */
+	char comm_err[WK_ERRSZ];
+	bool failed_elsewhere;       /* eng_agree failed because another rank did */
+	struct shard *shard;         /* the top engine of a sharded model; else NULL */
+	struct engine *top;          /* rank engines: the top; else NULL */
+	/* Snapshot tensors this engine looked up (eng_tensor), for eng_rank_stats. */
+	bool *used;                  /* [snap_tensor_count(snap, rank)] */
+	size_t n_used;
+	uintptr_t bound_lo, bound_hi; /* the byte range their data spans */
 };
 
 extern const struct family fam_llama; /* engine/llama.c */
 extern const struct family fam_glm4;  /* engine/glm4.c: Glm4MoeForCausalLM */
 extern const struct family fam_glm5;  /* engine/glm5.c: GlmMoeDsaForCausalLM */
+
+/* ---- sharded execution (shard.c) ----------------------------------------------------------
+ * Rank r holds TP shard r % tp and the routed experts of EP rank r % ep (layout.c). When tp
+ * (or ep) is less than world, world / tp ranks hold each TP shard: every rank computes its
+ * shard for every token (activations are replicated), and only the "lead" copy, ranks
+ * 0..tp-1, adds its partial sums into a reduction; the others add zeros. Likewise experts. */
+
+static inline int eng_tp_rank(const struct engine *e) { return e->rank % e->tp; }
+static inline int eng_ep_rank(const struct engine *e) { return e->rank % e->ep; }
+static inline bool eng_tp_lead(const struct engine *e) { return e->rank < e->tp; }
+static inline bool eng_ep_lead(const struct engine *e) { return e->rank < e->ep; }
+
+/* Attention heads of TP shard k: query heads [q0, q0 + nq), kv heads [kv0, kv0 + nkv). */
+struct shard_heads {
+	int q0, nq, kv0, nkv;
+};
+/* Query heads split evenly (heads % tp == 0). KV heads split evenly when kv % tp == 0;
+ * when tp is a multiple of kv instead, shard k holds the one kv head its query heads share
+ * (kv head k * kv / tp), replicated over tp / kv shards. Anything else is refused (WK_EINVAL
+ * naming the numbers). */
+int shard_heads(int heads, int kv, int tp, int k, struct shard_heads *out, char *err,
+		size_t errsz);
+/* [*lo, *hi) of n split evenly into `parts` parts, part k; WK_EINVAL naming `what` and
+ * `over` ("tp", "ep") when parts does not divide n. */
+int shard_even(long long n, int parts, int k, const char *what, const char *over, int *lo,
+	       int *hi, char *err, size_t errsz);
+
+/* Collectives of a rank engine over the world; nothing at world 1. A failure is kept in
+ * e->comm_rc (the run then fails; comm_cpu cannot fail with valid arguments). */
+void eng_all_reduce(struct engine *e, float *buf, size_t n);
+/* Every rank's rc to all: WK_OK when all ranks passed WK_OK. Else this rank's own rc, or
+ * (when it was fine but another was not) WK_EINVAL with e->failed_elsewhere set. Called by
+ * families after the steps that can fail on one rank (scratch allocation), before the first
+ * collective, so no rank waits for one that gave up. */
+int eng_agree(struct engine *e, int rc, char *err, size_t errsz);
+/* Vocab-parallel embedding: x [n][dim] = rows tokens[i] of the embedding, whose shard embed
+ * holds rows [vocab0, vocab0 + embed rows) of the whole; then summed over the ranks (each
+ * row is non-zero on exactly one lead rank, so the sum is exact). */
+void eng_embed(struct engine *e, float *x, const int *tokens, int n,
+	       const struct st_tensor *embed, int vocab0, int dim);
+/* Vocab-parallel lm_head output: local [rows][lv] on every rank becomes out [rows][lv * tp]
+ * (out may be NULL, and may equal local: it is written after the gather). gbuf: rows * lv *
+ * world floats of scratch (unused at world 1, where out receives a copy of local). */
+void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows, int lv,
+		      float *gbuf);
+
+/* The top engine of a sharded snapshot: starts the world's rank engines (backend, family
+ * load) and threads. Fills e->info from rank 0. */
+int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t errsz);
+void shard_close(struct engine *e); /* nothing when e is not a sharded top engine */
+/* Opens o->backend ("auto": cuda when a GPU is present, falling back to cpu with a note on
+ * stderr) with that many threads on that device into e->be / e->bctx (engine.c). */
+int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
+		     char *err, size_t errsz);
+/* Rank engine `rank` of a sharded top engine. */
+struct engine *shard_rank(struct engine *e, int rank);
+/* eng_forward / eng_step of a sharded model: the family's forward (or step) on every rank at
+ * once; rank 0 writes the logits. */
+int shard_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits,
+		  bool all, char *err, size_t errsz);
+int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
+	       size_t errsz);
+
+/* Test hook: what rank engine `rank` bound from its snapshot file. */
+struct eng_rank_stats {
+	size_t tensors;            /* in its rank file */
+	size_t used;               /* of which it looked up */
+	const void *image;         /* its rank's image (snap_image) */
+	uint64_t image_size;
+	uintptr_t lo, hi;          /* the byte range of the data it looked up */
+};
+/* WK_EINVAL when e has no such rank or was not opened from a snapshot. */
+int eng_rank_stats(struct engine *e, int rank, struct eng_rank_stats *st);
 
 /* The family for config.json's architectures[0], or NULL. */
 const struct family *eng_family(const char *arch);
@@ -66,11 +160,31 @@ struct plan {
 	size_t n, cap;
 	struct hf_model *hf;
 	enum dt_type cast; /* DT_INVALID: keep each tensor's dtype */
+	int tp, ep, world; /* world = max(tp, ep); 1, 1, 1: layout version 1 */
 };
 
 /* Adds a spec that copies source tensor `name` of hf whole, cast to plan->cast for floating
- * point weights of rank >= 2 when a cast is set. */
+ * point weights of rank >= 2 when a cast is set. Layout version 1 (unsharded). */
 int plan_copy(struct plan *p, const char *name, int rank_file, char *err, size_t errsz);
+
+/* ---- sharded layouts (version 2; the rules are at the top of layout.c) ----
+ * Each adds specs under the tensor's own name, tagged with its rule; an FP8 weight brings its
+ * _scale_inv along (a family's plan skips the _scale_inv names). All return WK_OK, or
+ * WK_ENOTFOUND/WK_EINVAL/WK_EFORMAT/WK_ENOMEM naming the tensor. */
+
+/* Rows [lo, hi) of dim 0 (axis 0) or columns of dim 1 (axis 1) into rank_file. */
+int plan_slice(struct plan *p, const char *name, int rank_file, int axis, int64_t lo,
+	       int64_t hi, const char *tag, char *err, size_t errsz);
+/* The whole tensor on every rank. */
+int plan_replicated(struct plan *p, const char *name, char *err, size_t errsz);
+/* An even split of the axis into tp parts: rank r gets part r % tp. */
+int plan_tp(struct plan *p, const char *name, int axis, char *err, size_t errsz);
+/* TP shard k (= rank % tp) gets [lo[k], hi[k]) of the axis; ranges may repeat (GQA kv heads
+ * replicated over the ranks that share them). */
+int plan_tp_ranges(struct plan *p, const char *name, int axis, const int64_t *lo,
+		   const int64_t *hi, char *err, size_t errsz);
+/* The whole tensor on the ranks of EP rank ep_rank (r % ep == ep_rank). */
+int plan_expert(struct plan *p, const char *name, int ep_rank, char *err, size_t errsz);
 
 /* The weight tensor `name` of the model, from whichever source it was opened from (rank 0
  * of a snapshot), or NULL. */

@@ -17,6 +17,11 @@
  *
  * The MTP layers (num_nextn_predict_layers, stored as model.layers.{num_hidden_layers}.*)
  * are not loaded, as in transformers; eng_info.mtp_layers_skipped says how many.
+ *
+ * Sharded (shard.c): a rank holds its vocabulary rows, its slice of the dense MLP and shared
+ * experts, its routed experts [ex0, ex1) and its attention heads (glm4.c, glm5.c); the
+ * attention and FFN outputs are partial sums completed by an all_reduce. glm_plan says how
+ * the snapshot is cut.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -272,7 +277,7 @@ static int load_ffn(struct engine *e, struct glm_model *m, int l, char *err, siz
 	int rc;
 	snprintf(pre, sizeof pre, "model.layers.%d.mlp", l);
 	if (!L->moe)
-		return load_mlp(e, m, pre, m->c.inter, &L->mlp, err, errsz);
+		return load_mlp(e, m, pre, m->c.l_inter, &L->mlp, err, errsz);
 	struct glm_moe *f = &L->ffn;
 	snprintf(nm, sizeof nm, "%s.gate.weight", pre);
 	if ((rc = glm_weight(e, m, nm, m->c.n_experts, m->c.dim, &f->router, err, errsz)))
@@ -287,18 +292,37 @@ static int load_ffn(struct engine *e, struct glm_model *m, int l, char *err, siz
 	f->experts = glm_own(m, calloc((size_t)m->c.n_experts, sizeof *f->experts));
 	if (!f->experts)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	for (int x = 0; x < m->c.n_experts; x++) {
+	for (int x = m->c.ex0; x < m->c.ex1; x++) {
 		snprintf(nm, sizeof nm, "%s.experts.%d", pre, x);
 		if ((rc = load_mlp(e, m, nm, m->c.moe_inter, &f->experts[x], err, errsz)))
 			return rc;
 	}
 	if (m->c.n_shared > 0) {
 		snprintf(nm, sizeof nm, "%s.shared_experts", pre);
-		if ((rc = load_mlp(e, m, nm, m->c.moe_inter * m->c.n_shared, &f->shared, err,
-				   errsz)))
+		if ((rc = load_mlp(e, m, nm, m->c.l_shared, &f->shared, err, errsz)))
 			return rc;
 	}
 	return WK_OK;
+}
+
+/* This rank's part of the dense MLP, shared experts, vocabulary and routed experts, by the
+ * rules glm_plan cut the snapshot with. */
+static int shard_cfg(const struct engine *e, struct glm_cfg *c, char *err, size_t errsz)
+{
+	int k = eng_tp_rank(e), lo, hi, rc;
+	if ((rc = shard_even(c->inter, e->tp, k, "intermediate_size", "tp", &lo, &hi, err,
+			     errsz)))
+		return rc;
+	c->l_inter = hi - lo;
+	if ((rc = shard_even((long long)c->moe_inter * c->n_shared, e->tp, k,
+			     "moe_intermediate_size * n_shared_experts", "tp", &lo, &hi, err, errsz)))
+		return rc;
+	c->l_shared = hi - lo;
+	if ((rc = shard_even(c->vocab, e->tp, k, "vocab_size", "tp", &c->vocab0, &hi, err, errsz)))
+		return rc;
+	c->l_vocab = hi - c->vocab0;
+	return shard_even(c->n_experts, e->ep, eng_ep_rank(e), "n_routed_experts", "ep", &c->ex0,
+			  &c->ex1, err, errsz);
 }
 
 static const enum be_op glm_ops[] = {BE_OP_MATMUL,      BE_OP_RMSNORM,       BE_OP_ROPE,
@@ -314,7 +338,7 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 	m->attn_ops = ops;
 	json_t *cfg = e->config;
 	int rc = read_cfg(&m->c, cfg, e->max_seq_opt, err, errsz);
-	if (rc)
+	if (rc || (rc = shard_cfg(e, &m->c, err, errsz)))
 		return rc;
 	for (size_t i = 0; i < sizeof glm_ops / sizeof glm_ops[0]; i++)
 		if (!e->be->supports(e->bctx, glm_ops[i], DT_F32))
@@ -323,7 +347,7 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 				       e->be->name, (int)glm_ops[i]);
 
 	struct be_weight emb;
-	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->c.vocab, m->c.dim, &emb, err,
+	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim, &emb, err,
 			     errsz)))
 		return rc;
 	m->embed = eng_tensor(e, "model.embed_tokens.weight");
@@ -332,10 +356,10 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 			       "%s: model.embed_tokens.weight must be F32, BF16 or F16, not %s",
 			       e->dir, dt_name(m->embed->dtype));
 	if (m->c.tied)
-		rc = glm_weight(e, m, "model.embed_tokens.weight", m->c.vocab, m->c.dim,
+		rc = glm_weight(e, m, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim,
 				&m->lm_head, err, errsz);
 	else
-		rc = glm_weight(e, m, "lm_head.weight", m->c.vocab, m->c.dim, &m->lm_head, err,
+		rc = glm_weight(e, m, "lm_head.weight", m->c.l_vocab, m->c.dim, &m->lm_head, err,
 				errsz);
 	if (rc || (rc = glm_vector(e, m, "model.norm.weight", m->c.dim, &m->final_norm, err,
 				   errsz)))
@@ -361,7 +385,8 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 		return rc;
 
 	/* Bytes one decode step reads: attention, the FFN's active part (router, shared and
-	 * top_k experts), the lm_head and one embedding row. */
+	 * top_k experts), the lm_head and one embedding row. Sharded: this rank's shards, and
+	 * its experts' expected share of the top_k (ranks run in parallel). */
 	uint64_t per_tok = glm_weight_bytes(&m->lm_head) + m->attn_bytes +
 			   (uint64_t)m->c.dim * dt_size(m->embed->dtype);
 	for (int l = 0; l < m->c.n_layers; l++) {
@@ -371,7 +396,8 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 			continue;
 		}
 		per_tok += glm_weight_bytes(&L->ffn.router) +
-			   (uint64_t)m->c.top_k * mlp_bytes(&L->ffn.experts[0]);
+			   (uint64_t)m->c.top_k * mlp_bytes(&L->ffn.experts[m->c.ex0]) *
+				   (uint64_t)(m->c.ex1 - m->c.ex0) / (uint64_t)m->c.n_experts;
 		if (m->c.n_shared > 0)
 			per_tok += mlp_bytes(&L->ffn.shared);
 	}
@@ -406,6 +432,8 @@ void glm_free(struct engine *e)
 	free(m->xg);
 	free(m->yg);
 	free(m->count);
+	free(m->lg);
+	free(m->gath);
 	free(m);
 	e->model = NULL;
 }
@@ -422,14 +450,18 @@ static bool re(void *pp, size_t bytes)
 	return q != NULL;
 }
 
-static int grow(struct glm_model *m, int n, int pos0)
+static int grow(struct glm_model *m, int n, int pos0, int world)
 {
 	if (n > m->cap) {
 		const struct glm_cfg *c = &m->c;
-		size_t wide = (size_t)c->inter;
-		size_t shw = (size_t)c->moe_inter * (c->n_shared > 1 ? c->n_shared : 1);
-		if (shw > wide)
-			wide = shw;
+		size_t wide = (size_t)c->l_inter;
+		if ((size_t)c->l_shared > wide)
+			wide = (size_t)c->l_shared;
+		if ((size_t)c->moe_inter > wide)
+			wide = (size_t)c->moe_inter;
+		size_t nv = (size_t)n * c->l_vocab * 4;
+		if (world > 1 && (!re(&m->lg, nv) || !re(&m->gath, nv * (size_t)world)))
+			return WK_ENOMEM;
 		size_t nd = (size_t)n * c->dim * 4, nk = (size_t)n * c->top_k * 4;
 		if (!re(&m->pos, (size_t)n * 4) || !re(&m->x, nd) || !re(&m->xb, nd) ||
 		    !re(&m->tmp, nd) || !re(&m->g, n * wide * 4) || !re(&m->u, n * wide * 4) ||
@@ -452,13 +484,16 @@ static void mlp_forward(const struct backend *be, void *c, struct glm_model *m,
 	be->matmul(c, y, m->g, &p->down, n);
 }
 
-/* y [n][dim] = MoE(x); y is overwritten. */
-static void moe_forward(const struct backend *be, void *c, struct glm_model *m,
-			const struct glm_moe *f, float *y, const float *x, int n)
+/* y [n][dim] = MoE(x); y is overwritten. Sharded: this rank's part of it (the shared
+ * expert's TP slice, its routed experts), zeros for parts another rank leads (shard.c);
+ * the caller's all_reduce completes the sum. */
+static void moe_forward(struct engine *e, const struct backend *be, void *c,
+			struct glm_model *m, const struct glm_moe *f, float *y, const float *x,
+			int n)
 {
 	const struct glm_cfg *g = &m->c;
 	int dim = g->dim, k = g->top_k, ne = g->n_experts;
-	if (g->n_shared > 0)
+	if (g->n_shared > 0 && eng_tp_lead(e))
 		mlp_forward(be, c, m, &f->shared, y, x, n);
 	else
 		memset(y, 0, (size_t)n * dim * sizeof *y);
@@ -482,7 +517,7 @@ static void moe_forward(const struct backend *be, void *c, struct glm_model *m,
 	for (int ex = ne; ex > 0; ex--)
 		start[ex] = start[ex - 1];
 	start[0] = 0;
-	for (int ex = 0; ex < ne; ex++) {
+	for (int ex = g->ex0; ex < g->ex1 && eng_ep_lead(e); ex++) {
 		int cnt = start[ex + 1] - start[ex];
 		if (cnt == 0)
 			continue;
@@ -498,32 +533,45 @@ int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 	struct glm_model *m = e->model;
 	const struct backend *be = e->be;
 	void *c = e->bctx;
-	if (grow(m, n, pos0) != WK_OK)
-		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a batch of %d tokens", n);
+	int rc = grow(m, n, pos0, e->world) != WK_OK
+			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a batch of %d tokens", n)
+			 : WK_OK;
+	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
+		return rc;
 	int dim = m->c.dim;
-	size_t esz = dt_size(m->embed->dtype);
-	for (int i = 0; i < n; i++) {
-		const char *row = (const char *)m->embed->data + (size_t)tokens[i] * dim * esz;
-		dt_to_f32(m->x + (size_t)i * dim, row, m->embed->dtype, (size_t)dim);
+	bool lead = eng_tp_lead(e);
+	for (int i = 0; i < n; i++)
 		m->pos[i] = pos0 + i;
-	}
+	eng_embed(e, m->x, tokens, n, m->embed, m->c.vocab0, dim);
 	for (int l = 0; l < m->c.n_layers; l++) {
 		struct glm_layer *L = &m->layers[l];
 		be->rmsnorm(c, m->xb, m->x, L->attn_norm, n, dim, m->c.eps);
 		m->attn_ops->forward(e, m, l, m->tmp, m->xb, n, pos0);
+		if (!lead)
+			memset(m->tmp, 0, (size_t)n * dim * sizeof *m->tmp);
+		eng_all_reduce(e, m->tmp, (size_t)n * dim);
 		be->add(c, m->x, m->tmp, (size_t)n * dim);
 
 		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, n, dim, m->c.eps);
-		if (L->moe)
-			moe_forward(be, c, m, &L->ffn, m->tmp, m->xb, n);
-		else
+		if (L->moe) {
+			moe_forward(e, be, c, m, &L->ffn, m->tmp, m->xb, n);
+		} else {
 			mlp_forward(be, c, m, &L->mlp, m->tmp, m->xb, n);
+			if (!lead)
+				memset(m->tmp, 0, (size_t)n * dim * sizeof *m->tmp);
+		}
+		eng_all_reduce(e, m->tmp, (size_t)n * dim);
 		be->add(c, m->x, m->tmp, (size_t)n * dim);
 	}
 	const float *last = all ? m->x : m->x + (size_t)(n - 1) * dim;
 	int rows = all ? n : 1;
 	be->rmsnorm(c, m->xb, last, m->final_norm, rows, dim, m->c.eps);
-	be->matmul(c, logits, m->xb, &m->lm_head, rows);
+	if (e->world == 1) {
+		be->matmul(c, logits, m->xb, &m->lm_head, rows);
+		return WK_OK;
+	}
+	be->matmul(c, m->lg, m->xb, &m->lm_head, rows);
+	eng_gather_vocab(e, logits, m->lg, rows, m->c.l_vocab, m->gath);
 	return WK_OK;
 }
 
@@ -535,12 +583,79 @@ static bool ends_with(const char *s, const char *suffix)
 	return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* Every tensor whole on rank 0, except the MTP layers (not loaded). FP8 block scales and the
- * router bias keep F32 whatever --dtype says: the kernels read them as F32. */
-int glm_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p, char *err,
-	     size_t errsz)
+/* Unsharded: every tensor whole on rank 0, except the MTP layers (not loaded). FP8 block
+ * scales and the router bias keep F32 whatever --dtype says: the kernels read them as F32.
+ *
+ * Sharded (layout.c has the mechanics, shard.c the run): embed_tokens and lm_head split their
+ * vocabulary rows over tp; the dense MLP and the shared experts split intermediate rows
+ * (gate_proj, up_proj) and columns (down_proj) over tp; routed expert e lives whole on EP rank
+ * e / (n_routed_experts / ep), contiguous blocks of experts, so that a rank's experts are
+ * adjacent in the checkpoint and in its file (balanced placement by measured load would need
+ * routing statistics we do not have at snapshot time); the router (mlp.gate.weight and
+ * e_score_correction_bias) and every norm are replicated, so every rank makes the same
+ * routing choice; the attention tensors follow the family's rule (attn). A tensor without a
+ * rule is refused rather than guessed. */
+static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
+			size_t errsz)
 {
-	(void)o;
+	json_t *cfg = hf_config(hf);
+	struct glm_cfg c;
+	int rc, lo, hi;
+	if ((rc = read_cfg(&c, cfg, 0, err, errsz)) ||
+	    (rc = shard_even(c.inter, p->tp, 0, "intermediate_size", "tp", &lo, &hi, err, errsz)) ||
+	    (rc = shard_even((long long)c.moe_inter * c.n_shared, p->tp, 0,
+			     "moe_intermediate_size * n_shared_experts", "tp", &lo, &hi, err, errsz)) ||
+	    (rc = shard_even(c.vocab, p->tp, 0, "vocab_size", "tp", &lo, &hi, err, errsz)) ||
+	    (rc = shard_even(c.n_experts, p->ep, 0, "n_routed_experts", "ep", &lo, &hi, err, errsz)))
+		return rc;
+	int per_rank = c.n_experts / p->ep;
+	enum { NO_RULE = 1 }; /* not a WK_ code: those are <= 0 */
+	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
+		const char *name = hf_tensor_at(hf, i)->name, *leaf;
+		int l, at = 0, x;
+		if (ends_with(name, "_scale_inv"))
+			continue; /* sliced with its FP8 weight */
+		if (sscanf(name, "model.layers.%d.%n", &l, &at) == 1 && at > 0) {
+			if (l >= c.n_layers)
+				continue; /* MTP */
+			leaf = name + at;
+			if (!strcmp(leaf, "input_layernorm.weight") ||
+			    !strcmp(leaf, "post_attention_layernorm.weight") ||
+			    !strcmp(leaf, "mlp.gate.weight") ||
+			    !strcmp(leaf, "mlp.gate.e_score_correction_bias"))
+				rc = plan_replicated(p, name, err, errsz);
+			else if (!strncmp(leaf, "self_attn.", 10))
+				rc = attn(p, cfg, name, leaf + 10, err, errsz);
+			else if (sscanf(leaf, "mlp.experts.%d.", &x) == 1 && x >= 0 && x < c.n_experts)
+				rc = plan_expert(p, name, x / per_rank, err, errsz);
+			else if (!strncmp(leaf, "mlp.", 4) && (ends_with(leaf, "gate_proj.weight") ||
+							       ends_with(leaf, "up_proj.weight")))
+				rc = plan_tp(p, name, 0, err, errsz);
+			else if (!strncmp(leaf, "mlp.", 4) && ends_with(leaf, "down_proj.weight"))
+				rc = plan_tp(p, name, 1, err, errsz);
+			else
+				rc = NO_RULE;
+		} else if (!strcmp(name, "model.embed_tokens.weight") ||
+			   !strcmp(name, "lm_head.weight")) {
+			rc = plan_tp(p, name, 0, err, errsz);
+		} else if (!strcmp(name, "model.norm.weight")) {
+			rc = plan_replicated(p, name, err, errsz);
+		} else {
+			rc = NO_RULE;
+		}
+		if (rc == NO_RULE)
+			return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: no sharding rule for '%s'",
+				       hf_dir(hf), name);
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}
+
+int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err, size_t errsz)
+{
+	if (p->world > 1)
+		return plan_sharded(hf, p, attn, err, errsz);
 	long long layers;
 	int rc = cfg_int(hf_config(hf), "num_hidden_layers", -1, 1, 4096, &layers, err, errsz);
 	if (rc)

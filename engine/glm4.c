@@ -58,8 +58,12 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	m->attn = a;
 	m->c.theta = (float)theta;
-	a->n_heads = (int)heads;
-	a->n_kv = (int)kv;
+	/* this rank's heads (shard.c), as g4_plan_attn cut them */
+	struct shard_heads sh;
+	if ((rc = shard_heads((int)heads, (int)kv, e->tp, eng_tp_rank(e), &sh, err, errsz)))
+		return rc;
+	a->n_heads = sh.nq;
+	a->n_kv = sh.nkv;
 	a->head_dim = (int)hd;
 	a->rot = rot;
 	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim, dim = m->c.dim;
@@ -170,6 +174,48 @@ static void g4_free(struct glm_model *m)
 	free(a->att);
 }
 
+/* Sharded layout of the attention: q_proj (weight and bias) rows by query heads, k_proj and
+ * v_proj rows by kv heads (shard_heads: split, or one shared kv head per shard when tp is a
+ * multiple of num_key_value_heads), o_proj columns by query heads; q_norm and k_norm (one
+ * head_dim vector shared by every head) replicated. */
+static int g4_plan_attn(struct plan *p, json_t *cfg, const char *name, const char *leaf,
+			char *err, size_t errsz)
+{
+	long long heads, kv, dim, hd;
+	int rc;
+	if ((rc = cfg_int(cfg, "hidden_size", -1, 1, 1 << 16, &dim, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, heads, &kv, err, errsz)) ||
+	    (rc = cfg_int(cfg, "head_dim", dim / heads, 2, 4096, &hd, err, errsz)))
+		return rc;
+	int64_t qlo[COMM_MAX_WORLD], qhi[COMM_MAX_WORLD], klo[COMM_MAX_WORLD], khi[COMM_MAX_WORLD];
+	for (int k = 0; k < p->tp; k++) {
+		struct shard_heads sh;
+		if ((rc = shard_heads((int)heads, (int)kv, p->tp, k, &sh, err, errsz)))
+			return rc;
+		qlo[k] = sh.q0 * hd;
+		qhi[k] = (sh.q0 + sh.nq) * hd;
+		klo[k] = sh.kv0 * hd;
+		khi[k] = (sh.kv0 + sh.nkv) * hd;
+	}
+	if (!strcmp(leaf, "q_proj.weight") || !strcmp(leaf, "q_proj.bias"))
+		return plan_tp_ranges(p, name, 0, qlo, qhi, err, errsz);
+	if (!strncmp(leaf, "k_proj.", 7) || !strncmp(leaf, "v_proj.", 7))
+		return plan_tp_ranges(p, name, 0, klo, khi, err, errsz);
+	if (!strcmp(leaf, "o_proj.weight"))
+		return plan_tp_ranges(p, name, 1, qlo, qhi, err, errsz);
+	if (!strcmp(leaf, "q_norm.weight") || !strcmp(leaf, "k_norm.weight"))
+		return plan_replicated(p, name, err, errsz);
+	return wk_errf(err, errsz, WK_EUNSUPPORTED, "no sharding rule for '%s'", name);
+}
+
+static int g4_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p,
+		   char *err, size_t errsz)
+{
+	(void)o;
+	return glm_plan(hf, p, g4_plan_attn, err, errsz);
+}
+
 static const struct glm_attn g4_attn = {
 	.load = g4_load,
 	.grow = g4_grow,
@@ -187,5 +233,5 @@ const struct family fam_glm4 = {
 	.load = g4_family_load,
 	.forward = glm_forward,
 	.free = glm_free,
-	.plan = glm_plan,
+	.plan = g4_plan,
 };

@@ -182,7 +182,11 @@ static int read_cfg(struct engine *e, struct glm_model *m, struct g5 *a, char *e
 			       "config.json: partial_rotary_factor %g: MLA rotates the whole "
 			       "qk_rope_head_dim slice", partial);
 	(void)kvh; /* MLA has no kv heads: every head reads the one latent */
-	a->n_heads = (int)heads;
+	/* this rank's heads (shard.c), as g5_plan_attn cut them; the latent is replicated */
+	struct shard_heads sh;
+	if ((rc = shard_heads((int)heads, 1, e->tp, eng_tp_rank(e), &sh, err, errsz)))
+		return rc;
+	a->n_heads = sh.nq;
 	a->q_lora = (int)q_lora;
 	a->lora = (int)lora;
 	a->d_nope = (int)nope;
@@ -433,6 +437,40 @@ int glm5_debug(struct engine *e, struct glm5_debug *d)
 	return WK_OK;
 }
 
+/* Sharded layout of MLA: q_b_proj rows (qk_nope + qk_rope per head), kv_b_proj rows
+ * (qk_nope + v per head) and o_proj columns (v per head) split by heads over tp; everything
+ * that is not per head is replicated: q_a_proj and q_a_layernorm (the query latent every head
+ * expands from), kv_a_proj_with_mqa and kv_a_layernorm (the compressed KV latent and the rope
+ * key all heads share, so every rank caches the full 576-wide latent, as TP MLA does in vLLM
+ * and SGLang), and the DSA indexer (its top-k is per token, for all heads). */
+static int g5_plan_attn(struct plan *p, json_t *cfg, const char *name, const char *leaf,
+			char *err, size_t errsz)
+{
+	long long heads;
+	int rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz);
+	if (rc)
+		return rc;
+	if (heads % p->tp)
+		return wk_errf(err, errsz, WK_EINVAL, "num_attention_heads %lld does not split over "
+			       "tp %d", heads, p->tp);
+	if (!strcmp(leaf, "q_b_proj.weight") || !strcmp(leaf, "kv_b_proj.weight"))
+		return plan_tp(p, name, 0, err, errsz);
+	if (!strcmp(leaf, "o_proj.weight"))
+		return plan_tp(p, name, 1, err, errsz);
+	if (!strcmp(leaf, "q_a_proj.weight") || !strcmp(leaf, "q_a_layernorm.weight") ||
+	    !strcmp(leaf, "kv_a_proj_with_mqa.weight") || !strcmp(leaf, "kv_a_layernorm.weight") ||
+	    !strncmp(leaf, "indexer.", 8))
+		return plan_replicated(p, name, err, errsz);
+	return wk_errf(err, errsz, WK_EUNSUPPORTED, "no sharding rule for '%s'", name);
+}
+
+static int g5_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p,
+		   char *err, size_t errsz)
+{
+	(void)o;
+	return glm_plan(hf, p, g5_plan_attn, err, errsz);
+}
+
 static const struct glm_attn g5_attn = {
 	.load = g5_load,
 	.grow = g5_grow,
@@ -450,5 +488,5 @@ const struct family fam_glm5 = {
 	.load = g5_family_load,
 	.forward = glm_forward,
 	.free = glm_free,
-	.plan = glm_plan,
+	.plan = g5_plan,
 };

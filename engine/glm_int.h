@@ -22,14 +22,16 @@ struct glm_mlp {
 struct glm_moe {
 	struct be_weight router; /* (n_experts, dim), F32 or BF16 as the checkpoint keeps it */
 	float *bias;             /* (n_experts) e_score_correction_bias, or NULL (zeros) */
-	struct glm_mlp *experts; /* [n_experts], each (moe_inter, dim) / (dim, moe_inter) */
-	struct glm_mlp shared;   /* width moe_inter * n_shared; unused when n_shared == 0 */
+	struct glm_mlp *experts; /* [n_experts], each (moe_inter, dim) / (dim, moe_inter); only
+				  * [ex0, ex1) are bound on a sharded rank */
+	struct glm_mlp shared;   /* width l_shared (moe_inter * n_shared / tp); unused when
+				  * n_shared == 0 */
 };
 
 struct glm_layer {
 	float *attn_norm, *mlp_norm; /* (dim) */
 	bool moe;                    /* else the dense MLP */
-	struct glm_mlp mlp;          /* dense layers: width intermediate_size */
+	struct glm_mlp mlp;          /* dense layers: width l_inter (intermediate_size / tp) */
 	struct glm_moe ffn;          /* MoE layers */
 };
 
@@ -43,6 +45,10 @@ struct glm_cfg {
 	float eps, theta;                    /* rms_norm_eps, rope theta */
 	bool tied;
 	int mtp;                             /* num_nextn_predict_layers (skipped) */
+	/* this rank's shard (shard.c; all of it when unsharded) */
+	int l_inter, l_shared;               /* dense MLP and shared-expert widths here */
+	int ex0, ex1;                        /* routed experts [ex0, ex1) live here */
+	int vocab0, l_vocab;                 /* embedding / lm_head rows [vocab0, +l_vocab) */
 };
 
 struct glm_model;
@@ -62,8 +68,8 @@ struct glm_model {
 	struct glm_cfg c;
 	const struct glm_attn *attn_ops;
 	void *attn;                    /* the family's attention state */
-	const struct st_tensor *embed; /* (vocab, dim) */
-	struct be_weight lm_head;      /* (vocab, dim); the embedding when tied */
+	const struct st_tensor *embed; /* (l_vocab, dim) */
+	struct be_weight lm_head;      /* (l_vocab, dim); the embedding when tied */
 	float *final_norm;             /* (dim) */
 	struct glm_layer *layers;      /* [n_layers] */
 	uint64_t attn_bytes;           /* attention weight bytes one decode step reads */
@@ -81,6 +87,7 @@ struct glm_model {
 	float *rw;                         /* (cap * top_k) their gate values */
 	float *xg, *yg;                    /* (cap, dim) one expert's batch */
 	int *count;                        /* (n_experts + 1) */
+	float *lg, *gath;                  /* sharded: (cap, l_vocab), (world, cap, l_vocab) */
 };
 
 /* Keeps p (malloc'd) until the model is freed. Returns p, or NULL (and frees p) when the list
@@ -109,7 +116,11 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
 		char *err, size_t errsz);
 void glm_free(struct engine *e);
-int glm_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p, char *err,
+/* The snapshot layout of both families. Sharded, a family's attention tensors follow its
+ * own rule: attn() plans the tensor `name` of layer l whose name ends in self_attn.<leaf>. */
+typedef int (*glm_attn_plan)(struct plan *p, json_t *cfg, const char *name, const char *leaf,
+			     char *err, size_t errsz);
+int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
 	     size_t errsz);
 
 /* Test hook (glm5.c): the MLA cache of the last layer, (max_seq, lora) and (max_seq, rope),

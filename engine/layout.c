@@ -5,7 +5,28 @@
  * Layout version 1 (recorded in the manifest's "layout"): tensors keep their Hugging Face
  * names and row-major [out][in] shapes, which is what the CPU kernels read in place; `--dtype`
  * casts floating-point matrices (rank >= 2) and leaves vectors (norms, biases) as they are.
- * The sharding issue adds per-rank splits; the family's plan() owns those rules.
+ *
+ * Layout version 2 (world > 1; `wick snapshot --tp T --ep E`): the same, per rank, each rank
+ * file holding only its shard under the tensor's own name. world = max(T, E), and T and E must
+ * divide it. Rank r holds TP shard k = r mod T and the routed experts of EP rank j = r mod E;
+ * when T < world the TP shards repeat on world/T ranks (likewise experts when E < world),
+ * which the engine runs redundantly (see shard.c). Each tensor is one of:
+ *   replicated      the whole tensor on every rank (norms, routers, ...);
+ *   tp rows / cols  rows (dim 0, the output features) or columns (dim 1, the input features)
+ *                   [lo, hi) of the whole, for TP shard k; usually an even split into T parts;
+ *   expert          a routed expert's tensors whole, on the ranks of its EP rank.
+ * Each spec carries its rule as the manifest's per-tensor "layout" tag ("replicated",
+ * "tp rows 0:80 of 160", "expert (ep rank 1)"). The family's plan() says which tensor splits
+ * how (llama.c, glm.c); this file does the slicing.
+ *
+ * FP8 weights with 128x128 block scales (<name>_scale_inv) are sliced together with their
+ * scales when the cut falls on the 128 grid (lo a multiple of 128, hi too or the end): the
+ * shard is then bit-exact FP8 with the matching block rows/columns of the scales, as GLM-5-FP8
+ * at tp 2, 4, 8 always is (every split dimension is a multiple of 128 per rank). A cut off the
+ * grid cannot keep one scale per 128x128 block of the shard, so that shard is stored
+ * dequantized to F32 (fp8 * scale, rounded once to f32) and its tag says "f32 from fp8"; only
+ * the tiny test models hit this. With `--dtype fp8` a shard is quantized on its own 128 grid,
+ * which is the global grid whenever the cut is on it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +35,7 @@
 #include <sys/mman.h>
 
 #include "common/wk.h"
+#include "engine/comm.h"
 #include "engine/engine_int.h"
 
 struct copy_ctx {
@@ -181,12 +203,21 @@ static bool is_float(enum dt_type t)
 	return t == DT_F32 || t == DT_BF16 || t == DT_F16;
 }
 
-int plan_copy(struct plan *p, const char *name, int rank_file, char *err, size_t errsz)
+static const struct st_tensor *source(struct plan *p, const char *name, char *err,
+				      size_t errsz)
 {
 	const struct st_tensor *src = hf_tensor(p->hf, name);
 	if (!src)
-		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing",
-			       hf_dir(p->hf), name);
+		wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing", hf_dir(p->hf),
+			name);
+	return src;
+}
+
+int plan_copy(struct plan *p, const char *name, int rank_file, char *err, size_t errsz)
+{
+	const struct st_tensor *src = source(p, name, err, errsz);
+	if (!src)
+		return WK_ENOTFOUND;
 	if (p->cast == DT_F8_E4M3 && fp8_candidate(src))
 		return plan_fp8(p, src, rank_file, err, errsz);
 	struct copy_ctx *c = malloc(sizeof *c);
@@ -206,6 +237,285 @@ int plan_copy(struct plan *p, const char *name, int rank_file, char *err, size_t
 	return rc;
 }
 
+/* ---- sharded layouts: slices -------------------------------------------------------------- */
+
+enum slice_mode {
+	SL_COPY,        /* the source's elements, cast when a cast applies (FP8 bytes as they are) */
+	SL_DEQUANT,     /* an FP8 shard cut off the 128 grid: fp8 * scale, in F32 */
+	SL_QUANT,       /* --dtype fp8: the shard quantized on its own 128 grid (the weight) */
+	SL_QUANT_SCALE, /* ... and its _scale_inv */
+};
+
+struct slice_ctx {
+	const struct st_tensor *src;   /* first: by_source_offset reads it */
+	const struct st_tensor *scale; /* SL_DEQUANT: the block scales of src */
+	int axis;                      /* 0: rows (dim 0), 1: columns (dim 1) */
+	int64_t lo, hi;
+	enum slice_mode mode;
+	char tag[SNAP_MAX_LAYOUT_TAG];
+};
+
+static int64_t rows_of(const struct st_tensor *t)
+{
+	return t->rank ? t->shape[0] : 1;
+}
+
+static int64_t cols_of(const struct st_tensor *t)
+{
+	int64_t r = rows_of(t);
+	return r ? t->numel / r : 0;
+}
+
+/* Stores n f32 values as dt (F32 or BF16, the cast targets). */
+static int store(void *dst, enum dt_type dt, const float *x, size_t n)
+{
+	if (dt == DT_F32) {
+		memcpy(dst, x, n * sizeof *x);
+		return 0;
+	}
+	if (dt != DT_BF16)
+		return -1;
+	for (size_t k = 0; k < n; k++) {
+		uint16_t h = dt_f32_to_bf16(x[k]);
+		memcpy((char *)dst + 2 * k, &h, 2);
+	}
+	return 0;
+}
+
+/* Row i of the slice as f32 (FP8 sources dequantized with their block scales) into out. */
+static void slice_row(const struct slice_ctx *c, int64_t i, float *out)
+{
+	const struct st_tensor *t = c->src;
+	int64_t C = cols_of(t), row = c->axis ? i : c->lo + i, c0 = c->axis ? c->lo : 0;
+	int64_t n = c->axis ? c->hi - c->lo : C;
+	const char *base = (const char *)t->data + ((size_t)row * C + c0) * dt_size(t->dtype);
+	if (t->dtype != DT_F8_E4M3) {
+		dt_to_f32(out, base, t->dtype, (size_t)n);
+		return;
+	}
+	const float *sc = (const float *)c->scale->data + (row / QB) * cols_of(c->scale);
+	for (int64_t j = 0; j < n; j++)
+		out[j] = dt_e4m3_to_f32((uint8_t)base[j]) * sc[(c0 + j) / QB];
+}
+
+static int produce_slice(void *ctx, const struct snap_spec *t, void *dst, char *err,
+			 size_t errsz)
+{
+	const struct slice_ctx *c = ctx;
+	const struct st_tensor *src = c->src;
+	int64_t R = c->axis ? rows_of(src) : c->hi - c->lo;
+	int64_t C = c->axis ? c->hi - c->lo : cols_of(src);
+	size_t ssz = dt_size(src->dtype), dsz = dt_size(t->dtype);
+	if (c->mode == SL_COPY && t->dtype == src->dtype) {
+		/* the bytes themselves: one block for rows, one run per row for columns */
+		int64_t SC = cols_of(src);
+		if (!c->axis) {
+			memcpy(dst, (const char *)src->data + (size_t)c->lo * SC * ssz, t->nbytes);
+			return WK_OK;
+		}
+		for (int64_t i = 0; i < R; i++)
+			memcpy((char *)dst + (size_t)(i * C) * ssz,
+			       (const char *)src->data + (size_t)(i * SC + c->lo) * ssz, (size_t)C * ssz);
+		return WK_OK;
+	}
+	bool quant = c->mode == SL_QUANT || c->mode == SL_QUANT_SCALE;
+	int64_t nr = quant ? QB : 1, nb = (C + QB - 1) / QB; /* rows at a time, scale blocks */
+	float *buf = malloc((size_t)(nr * C) * sizeof *buf), *sc = malloc((size_t)nb * sizeof *sc);
+	if (!buf || !sc) {
+		free(buf);
+		free(sc);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory slicing '%s'", t->name);
+	}
+	int rc = WK_OK;
+	for (int64_t r0 = 0; r0 < R && rc == WK_OK; r0 += nr) {
+		int64_t m = R - r0 < nr ? R - r0 : nr;
+		for (int64_t i = 0; i < m; i++)
+			slice_row(c, r0 + i, buf + i * C);
+		if (c->mode == SL_COPY || c->mode == SL_DEQUANT) {
+			if (store((char *)dst + (size_t)(r0 * C) * dsz, t->dtype, buf, (size_t)C))
+				rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "cannot cast '%s' to %s",
+					     t->name, dt_name(t->dtype));
+			continue;
+		}
+		/* one row of 128x128 blocks: scale_inv = block amax / 448, as produce_fp8 */
+		for (int64_t b = 0; b < nb; b++) {
+			float amax = 0;
+			for (int64_t i = 0; i < m; i++)
+				for (int64_t j = b * QB; j < C && j < (b + 1) * QB; j++)
+					amax = fmaxf(amax, fabsf(buf[i * C + j]));
+			sc[b] = amax > 0 ? amax / 448.0f : 1.0f;
+		}
+		if (c->mode == SL_QUANT_SCALE) {
+			memcpy((float *)dst + (r0 / QB) * nb, sc, (size_t)nb * sizeof *sc);
+			continue;
+		}
+		uint8_t *o = (uint8_t *)dst + (size_t)(r0 * C);
+		for (int64_t i = 0; i < m; i++)
+			for (int64_t j = 0; j < C; j++)
+				o[i * C + j] = dt_f32_to_e4m3(buf[i * C + j] / sc[j / QB]);
+	}
+	free(buf);
+	free(sc);
+	return rc;
+}
+
+/* Adds one slice spec. name: NULL for src->name, else malloc'd and owned by the spec. */
+static int add_slice(struct plan *p, const struct slice_ctx *proto,
+		     const struct st_tensor *shape_of, enum dt_type dt, char *name, int rank_file,
+		     char *err, size_t errsz)
+{
+	struct slice_ctx *c = malloc(sizeof *c);
+	if (!c) {
+		free(name);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	*c = *proto;
+	struct snap_spec sp = {.name = name ? name : c->src->name, .rank_file = rank_file, .dtype = dt,
+			       .rank = shape_of->rank, .produce = produce_slice, .ctx = c,
+			       .owned_name = name != NULL, .layout = c->tag};
+	memcpy(sp.shape, shape_of->shape, sizeof sp.shape);
+	int64_t lo = c->lo, hi = c->hi;
+	if (c->mode == SL_QUANT_SCALE) { /* the shard's own scale grid */
+		int64_t R = c->axis ? rows_of(c->src) : hi - lo;
+		int64_t C = c->axis ? hi - lo : cols_of(c->src);
+		sp.rank = 2;
+		sp.shape[0] = (R + QB - 1) / QB;
+		sp.shape[1] = (C + QB - 1) / QB;
+	} else {
+		sp.shape[c->axis] = hi - lo;
+	}
+	sp.nbytes = dt_size(dt);
+	for (int d = 0; d < sp.rank; d++)
+		sp.nbytes *= (uint64_t)sp.shape[d];
+	int rc = plan_add(p, &sp, err, errsz);
+	if (rc != WK_OK) {
+		free(c);
+		free(name);
+	}
+	return rc;
+}
+
+int plan_slice(struct plan *p, const char *name, int rank_file, int axis, int64_t lo,
+	       int64_t hi, const char *tag, char *err, size_t errsz)
+{
+	const struct st_tensor *src = source(p, name, err, errsz);
+	if (!src)
+		return WK_ENOTFOUND;
+	int64_t dim = axis ? cols_of(src) : rows_of(src);
+	if ((axis != 0 && (axis != 1 || src->rank != 2)) || lo < 0 || lo >= hi || hi > dim)
+		return wk_errf(err, errsz, WK_EINVAL, "%s: no slice %lld:%lld along dim %d of '%s'",
+			       hf_dir(p->hf), (long long)lo, (long long)hi, axis, name);
+	struct slice_ctx c = {.src = src, .axis = axis, .lo = lo, .hi = hi, .mode = SL_COPY};
+	snprintf(c.tag, sizeof c.tag, "%s", tag);
+	if (src->dtype == DT_F8_E4M3) {
+		char sname[ST_MAX_NAME + 16];
+		snprintf(sname, sizeof sname, "%s_scale_inv", name);
+		const struct st_tensor *s = hf_tensor(p->hf, sname);
+		if (!s || s->dtype != DT_F32 || s->rank != 2 ||
+		    s->shape[0] != (rows_of(src) + QB - 1) / QB ||
+		    s->shape[1] != (cols_of(src) + QB - 1) / QB)
+			return wk_errf(err, errsz, WK_EFORMAT, "%s: FP8 tensor '%s' has no F32 "
+				       "128x128 block scales '%s'", hf_dir(p->hf), name, sname);
+		if (lo % QB == 0 && (hi % QB == 0 || hi == dim)) {
+			int rc = add_slice(p, &c, src, DT_F8_E4M3, NULL, rank_file, err, errsz);
+			if (rc != WK_OK)
+				return rc;
+			struct slice_ctx cs = c;
+			cs.src = s;
+			cs.lo = lo / QB;
+			cs.hi = (hi + QB - 1) / QB;
+			return add_slice(p, &cs, s, DT_F32, NULL, rank_file, err, errsz);
+		}
+		c.mode = SL_DEQUANT;
+		c.scale = s;
+		size_t l = strlen(c.tag);
+		snprintf(c.tag + l, sizeof c.tag - l, "; f32 from fp8");
+		return add_slice(p, &c, src, DT_F32, NULL, rank_file, err, errsz);
+	}
+	if (p->cast == DT_F8_E4M3 && fp8_candidate(src)) {
+		char *sname = malloc(strlen(name) + 16);
+		if (!sname)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		sprintf(sname, "%s_scale_inv", name);
+		c.mode = SL_QUANT;
+		int rc = add_slice(p, &c, src, DT_F8_E4M3, NULL, rank_file, err, errsz);
+		if (rc != WK_OK) {
+			free(sname);
+			return rc;
+		}
+		c.mode = SL_QUANT_SCALE;
+		return add_slice(p, &c, src, DT_F32, sname, rank_file, err, errsz);
+	}
+	enum dt_type dt = src->dtype;
+	if (p->cast != DT_INVALID && p->cast != DT_F8_E4M3 && src->rank >= 2 && is_float(dt))
+		dt = p->cast;
+	return add_slice(p, &c, src, dt, NULL, rank_file, err, errsz);
+}
+
+int plan_replicated(struct plan *p, const char *name, char *err, size_t errsz)
+{
+	const struct st_tensor *src = source(p, name, err, errsz);
+	if (!src)
+		return WK_ENOTFOUND;
+	for (int r = 0; r < p->world; r++) {
+		int rc = plan_slice(p, name, r, 0, 0, rows_of(src), "replicated", err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}
+
+int plan_tp_ranges(struct plan *p, const char *name, int axis, const int64_t *lo,
+		   const int64_t *hi, char *err, size_t errsz)
+{
+	const struct st_tensor *src = source(p, name, err, errsz);
+	if (!src)
+		return WK_ENOTFOUND;
+	int64_t dim = axis ? cols_of(src) : rows_of(src);
+	for (int r = 0; r < p->world; r++) {
+		int k = r % p->tp;
+		char tag[SNAP_MAX_LAYOUT_TAG];
+		snprintf(tag, sizeof tag, "tp %s %lld:%lld of %lld", axis ? "cols" : "rows",
+			 (long long)lo[k], (long long)hi[k], (long long)dim);
+		int rc = plan_slice(p, name, r, axis, lo[k], hi[k], tag, err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}
+
+int plan_tp(struct plan *p, const char *name, int axis, char *err, size_t errsz)
+{
+	const struct st_tensor *src = source(p, name, err, errsz);
+	if (!src)
+		return WK_ENOTFOUND;
+	int64_t dim = axis ? cols_of(src) : rows_of(src), lo[COMM_MAX_WORLD], hi[COMM_MAX_WORLD];
+	if (dim % p->tp != 0)
+		return wk_errf(err, errsz, WK_EINVAL, "%s: '%s' has %lld %s, which do not split "
+			       "evenly over tp %d", hf_dir(p->hf), name, (long long)dim,
+			       axis ? "columns" : "rows", p->tp);
+	for (int k = 0; k < p->tp; k++) {
+		lo[k] = dim / p->tp * k;
+		hi[k] = dim / p->tp * (k + 1);
+	}
+	return plan_tp_ranges(p, name, axis, lo, hi, err, errsz);
+}
+
+int plan_expert(struct plan *p, const char *name, int ep_rank, char *err, size_t errsz)
+{
+	const struct st_tensor *src = source(p, name, err, errsz);
+	if (!src)
+		return WK_ENOTFOUND;
+	char tag[SNAP_MAX_LAYOUT_TAG];
+	snprintf(tag, sizeof tag, "expert (ep rank %d)", ep_rank);
+	for (int r = ep_rank; r < p->world; r += p->ep) {
+		int rc = plan_slice(p, name, r, 0, 0, rows_of(src), tag, err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}
+
 static void plan_free(struct plan *p)
 {
 	for (size_t i = 0; i < p->n; i++) {
@@ -221,11 +531,17 @@ static int make_plan(const char *hf_dir, const struct eng_snap_opts *o, struct p
 		     const char **arch_out, char *err, size_t errsz)
 {
 	int tp = o->tp > 0 ? o->tp : 1, ep = o->ep > 0 ? o->ep : 1;
+	int world = tp > ep ? tp : ep;
 	const char *dtype = o->dtype ? o->dtype : "keep";
-	if (tp != 1 || ep != 1)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "--tp %d --ep %d: sharded snapshots need the sharded engine, which is "
-			       "not built yet (use --tp 1 --ep 1)", tp, ep);
+	if (world > SNAP_MAX_RANKS)
+		return wk_errf(err, errsz, WK_EINVAL, "--tp %d --ep %d: a world of %d ranks is more "
+			       "than %d", tp, ep, world, SNAP_MAX_RANKS);
+	if (world % tp || world % ep)
+		return wk_errf(err, errsz, WK_EINVAL, "--tp %d --ep %d: the smaller must divide the "
+			       "larger (the world is max(tp, ep) ranks, shared by both)", tp, ep);
+	p->tp = tp;
+	p->ep = ep;
+	p->world = world;
 	if (!strcmp(dtype, "bf16"))
 		p->cast = DT_BF16;
 	else if (!strcmp(dtype, "f32"))
@@ -259,11 +575,23 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 	int rc = make_plan(hf_dir, o, &p, &arch, err, errsz);
 	if (rc != WK_OK)
 		goto out;
-	layout = json_pack("{s:i, s:s, s:s}", "version", 1, "family", arch, "rules",
-			   "hf-names, row-major [out][in], matrices cast to dtype");
+	if (p.world == 1)
+		layout = json_pack("{s:i, s:s, s:s}", "version", 1, "family", arch, "rules",
+				   "hf-names, row-major [out][in], matrices cast to dtype");
+	else
+		layout = json_pack("{s:i, s:s, s:i, s:i, s:s}", "version", 2, "family", arch, "tp",
+				   p.tp, "ep", p.ep, "rules",
+				   "hf-names, row-major [out][in], matrices cast to dtype; rank r "
+				   "holds tp shard r % tp and the experts of ep rank r % ep; each "
+				   "tensor's layout tag says replicated, tp rows/cols lo:hi of n, or "
+				   "expert");
+	if (!layout) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		goto out;
+	}
 	static const char *const copy[] = {"tokenizer.json", "tokenizer_config.json",
 					   "generation_config.json", "config.json", NULL};
-	struct snap_write_opts wo = {.world = 1, .tp = 1, .ep = 1,
+	struct snap_write_opts wo = {.world = p.world, .tp = p.tp, .ep = p.ep,
 				     .dtype = o->dtype ? o->dtype : "keep", .lz4 = o->lz4,
 				     .chunk_size = o->chunk_size, .config = hf_config(p.hf),
 				     .layout = layout,
@@ -284,6 +612,7 @@ struct eng_naive {
 		const char *name; /* points into names */
 		void *data;
 		uint64_t nbytes;
+		int rank;         /* the rank file the snapshot puts it in */
 	} *t;
 	char *names;
 	void *mem;
@@ -339,6 +668,7 @@ int eng_naive_load(const char *hf_dir, const struct eng_snap_opts *o, struct eng
 		nv->t[i].name = np;
 		nv->t[i].data = dst;
 		nv->t[i].nbytes = sp->nbytes;
+		nv->t[i].rank = sp->rank_file;
 		np += l;
 		dst += sp->nbytes;
 	}
@@ -367,6 +697,11 @@ const char *eng_naive_tensor(const struct eng_naive *n, size_t i, const void **d
 	*data = n->t[i].data;
 	*nbytes = n->t[i].nbytes;
 	return n->t[i].name;
+}
+
+int eng_naive_rank(const struct eng_naive *n, size_t i)
+{
+	return i < n->n ? n->t[i].rank : -1;
 }
 
 uint64_t eng_naive_bytes(const struct eng_naive *n)

@@ -6,6 +6,8 @@
  *
  * The forward pass takes n tokens at once (prefill) or one (decode). Activations are f32;
  * weights stay in the checkpoint's dtype where the backend reads them in place.
+ *
+ * Sharded (shard.c): tensor parallel only (no experts); llama_plan states the cut.
  */
 #include <math.h>
 #include <stdio.h>
@@ -24,8 +26,12 @@ struct layer {
 	struct be_weight down;       /* (dim, hidden) */
 };
 
+/* Shapes below are this rank's shard (shard.c): n_heads, n_kv, hidden and vocab are the
+ * local counts, of n_heads_all / n_kv_all / hidden_all / vocab_all; unsharded they are equal. */
 struct llama {
 	int dim, hidden, n_layers, n_heads, n_kv, head_dim, vocab, max_seq;
+	int n_heads_all, n_kv_all, hidden_all, vocab_all;
+	int vocab0;                    /* first vocabulary row of the embedding/lm_head shard */
 	float eps, theta;
 	const struct st_tensor *embed; /* (vocab, dim) */
 	struct be_weight lm_head;      /* (vocab, dim); the embedding when tied */
@@ -35,9 +41,10 @@ struct llama {
 	float *kcache, *vcache;        /* (max_seqs, n_layers, max_seq, n_kv * head_dim) */
 	/* scratch, sized for `cap` tokens in a step */
 	int cap;
-	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab) */
+	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab_all) */
 	float *kt, *vt;                        /* (cap, n_kv * head_dim): new keys and values */
-	int *pos;
+	float *gath;                           /* (world, cap, vocab): the lm_head all_gather */
+	int *pos, *tok;
 };
 
 static void free_scratch(struct llama *m)
@@ -51,11 +58,13 @@ static void free_scratch(struct llama *m)
 	free(m->tmp);
 	free(m->kt);
 	free(m->vt);
+	free(m->gath);
 	free(m->pos);
+	free(m->tok);
 	m->cap = 0;
 }
 
-static int grow_scratch(struct llama *m, int n)
+static int grow_scratch(struct llama *m, int n, int world)
 {
 	if (n <= m->cap)
 		return WK_OK;
@@ -69,12 +78,15 @@ static int grow_scratch(struct llama *m, int n)
 	m->att = malloc((size_t)n * qd * sizeof(float));
 	m->g = malloc((size_t)n * m->hidden * sizeof(float));
 	m->u = malloc((size_t)n * m->hidden * sizeof(float));
-	m->tmp = malloc((size_t)n * (m->vocab > (int)big ? (size_t)m->vocab : big) * sizeof(float));
+	m->tmp = malloc((size_t)n * (m->vocab_all > (int)big ? (size_t)m->vocab_all : big) *
+			sizeof(float));
 	m->kt = malloc((size_t)n * m->n_kv * m->head_dim * sizeof(float));
 	m->vt = malloc((size_t)n * m->n_kv * m->head_dim * sizeof(float));
+	m->gath = world > 1 ? malloc((size_t)world * n * m->vocab * sizeof(float)) : NULL;
 	m->pos = malloc((size_t)n * sizeof(int));
+	m->tok = malloc((size_t)n * sizeof(int));
 	if (!m->x || !m->xb || !m->q || !m->att || !m->g || !m->u || !m->tmp || !m->kt || !m->vt ||
-	    !m->pos) {
+	    (world > 1 && !m->gath) || !m->pos || !m->tok) {
 		free_scratch(m);
 		return WK_ENOMEM;
 	}
@@ -165,6 +177,24 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 	int tied = 0;
 	if ((rc = cfg_bool(cfg, "tie_word_embeddings", 0, &tied, err, errsz)))
 		return rc;
+	/* This rank's shard, by the rules llama_plan cut the snapshot with. */
+	struct shard_heads sh;
+	int k = eng_tp_rank(e), lo, hi, vhi;
+	if (e->ep != 1)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: LlamaForCausalLM has no experts, "
+			       "but the snapshot was made for ep %d", e->dir, e->ep);
+	if ((rc = shard_heads(m->n_heads, m->n_kv, e->tp, k, &sh, err, errsz)) ||
+	    (rc = shard_even(m->hidden, e->tp, k, "intermediate_size", "tp", &lo, &hi, err, errsz)) ||
+	    (rc = shard_even(m->vocab, e->tp, k, "vocab_size", "tp", &m->vocab0, &vhi, err, errsz)))
+		return rc;
+	m->n_heads_all = m->n_heads;
+	m->n_kv_all = m->n_kv;
+	m->hidden_all = m->hidden;
+	m->vocab_all = m->vocab;
+	m->n_heads = sh.nq;
+	m->n_kv = sh.nkv;
+	m->hidden = hi - lo;
+	m->vocab = vhi - m->vocab0;
 
 	int qd = m->n_heads * m->head_dim, kvd = m->n_kv * m->head_dim;
 	struct be_weight emb;
@@ -219,14 +249,17 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 	}
 	per_tok += (uint64_t)m->dim * dt_size(m->embed->dtype);
 	e->info.bytes_per_token = per_tok;
-	e->info.vocab = m->vocab;
+	e->info.vocab = m->vocab_all;
 	e->info.max_seq = m->max_seq;
 	return WK_OK;
 }
 
 /* One batched pass over every item's tokens. The matmuls see all T tokens at once, so each
  * weight is read once per step; attention runs per item over its own sequence's cache.
- * all_logits (one item only): logits of every token into items[0].logits [n][vocab]. */
+ * all_logits (one item only): logits of every token into items[0].logits [n][vocab].
+ * Sharded (shard.c): this rank's heads and MLP slice; o_proj and down_proj give partial sums
+ * that eng_all_reduce completes; embedding and lm_head are vocab-parallel. Items' logits are
+ * NULL on ranks other than 0. */
 static int run(struct engine *e, const struct eng_item *items, int n_items, bool all_logits,
 	       char *err, size_t errsz)
 {
@@ -237,18 +270,21 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	for (int i = 0; i < n_items; i++)
 		T += items[i].n;
 	int rows_out = all_logits ? T : n_items;
-	if (grow_scratch(m, T > rows_out ? T : rows_out) != WK_OK)
-		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T);
+	int rc = grow_scratch(m, T > rows_out ? T : rows_out, e->world) != WK_OK
+			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
+			 : WK_OK;
+	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
+		return rc;
 	int dim = m->dim, kvd = m->n_kv * m->head_dim;
-	size_t esz = dt_size(m->embed->dtype), layer_sz = (size_t)m->max_seq * kvd;
+	size_t layer_sz = (size_t)m->max_seq * kvd;
+	bool lead = eng_tp_lead(e); /* this rank's partial sums count (shard.c) */
 
 	for (int i = 0, t = 0; i < n_items; i++)
 		for (int j = 0; j < items[i].n; j++, t++) {
-			const char *row = (const char *)m->embed->data +
-					  (size_t)items[i].tokens[j] * dim * esz;
-			dt_to_f32(m->x + (size_t)t * dim, row, m->embed->dtype, (size_t)dim);
+			m->tok[t] = items[i].tokens[j];
 			m->pos[t] = e->seq_len[items[i].seq] + j;
 		}
+	eng_embed(e, m->x, m->tok, T, m->embed, m->vocab0, dim);
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
 		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
@@ -271,6 +307,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 				      1.0f / sqrtf((float)m->head_dim));
 		}
 		be->matmul(c, m->tmp, m->att, &L->wo, T);
+		if (!lead)
+			memset(m->tmp, 0, (size_t)T * dim * sizeof(float));
+		eng_all_reduce(e, m->tmp, (size_t)T * dim);
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
 
 		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, T, dim, m->eps);
@@ -278,11 +317,19 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->matmul(c, m->u, m->xb, &L->up, T);
 		be->silu_mul(c, m->g, m->u, (size_t)T * m->hidden);
 		be->matmul(c, m->tmp, m->g, &L->down, T);
+		if (!lead)
+			memset(m->tmp, 0, (size_t)T * dim * sizeof(float));
+		eng_all_reduce(e, m->tmp, (size_t)T * dim);
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
 	}
 	if (all_logits) {
 		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->eps);
-		be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
+		if (e->world == 1) {
+			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
+			return WK_OK;
+		}
+		be->matmul(c, m->tmp, m->xb, &m->lm_head, T);
+		eng_gather_vocab(e, items[0].logits, m->tmp, T, m->vocab, m->gath);
 		return WK_OK;
 	}
 	/* Only each item's last token needs logits. */
@@ -292,8 +339,12 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	}
 	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
 	be->matmul(c, m->tmp, m->xb, &m->lm_head, n_items);
+	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, m->tmp, n_items, m->vocab, m->gath);
+	if (e->rank != 0)
+		return WK_OK;
 	for (int i = 0; i < n_items; i++)
-		memcpy(items[i].logits, m->tmp + (size_t)i * m->vocab, m->vocab * sizeof(float));
+		memcpy(items[i].logits, m->tmp + (size_t)i * m->vocab_all,
+		       m->vocab_all * sizeof(float));
 	return WK_OK;
 }
 
@@ -308,17 +359,71 @@ static int llama_forward(struct engine *e, const int *tokens, int n, int pos0, f
 			 bool all, char *err, size_t errsz)
 {
 	struct eng_item it = {.seq = 0, .tokens = tokens, .n = n, .logits = logits};
-	e->seq_len[0] = pos0;
+	(void)pos0; /* eng_forward has set seq_len[0] = pos0 */
 	return run(e, &it, 1, all, err, errsz);
 }
 
-/* Layout: every tensor whole, on rank 0 (tensor parallelism arrives with sharding). */
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* Layout. Unsharded: every tensor whole on rank 0. Sharded (tp > 1; ep must be 1, there are
+ * no experts): embed_tokens and lm_head split their vocabulary rows; q_proj its rows by query
+ * heads, k_proj/v_proj by kv heads (shard_heads: split, or one shared head per shard when tp
+ * is a multiple of num_key_value_heads); o_proj its columns by query heads; gate_proj/up_proj
+ * rows and down_proj columns by intermediate_size / tp; the norms are replicated. A tensor
+ * with no rule is refused rather than guessed. */
 static int llama_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p,
 		      char *err, size_t errsz)
 {
 	(void)o;
+	int rc;
+	if (p->world == 1) {
+		for (size_t i = 0; i < hf_tensor_count(hf); i++)
+			if ((rc = plan_copy(p, hf_tensor_at(hf, i)->name, 0, err, errsz)) != WK_OK)
+				return rc;
+		return WK_OK;
+	}
+	if (p->ep != 1)
+		return wk_errf(err, errsz, WK_EINVAL, "--ep %d: LlamaForCausalLM has no experts "
+			       "(use --ep 1)", p->ep);
+	struct llama m;
+	if ((rc = read_config(&m, hf_config(hf), 0, err, errsz)))
+		return rc;
+	int64_t qlo[COMM_MAX_WORLD], qhi[COMM_MAX_WORLD], klo[COMM_MAX_WORLD], khi[COMM_MAX_WORLD];
+	int lo, hi;
+	for (int k = 0; k < p->tp; k++) {
+		struct shard_heads sh;
+		if ((rc = shard_heads(m.n_heads, m.n_kv, p->tp, k, &sh, err, errsz)) ||
+		    (rc = shard_even(m.hidden, p->tp, k, "intermediate_size", "tp", &lo, &hi, err, errsz)) ||
+		    (rc = shard_even(m.vocab, p->tp, k, "vocab_size", "tp", &lo, &hi, err, errsz)))
+			return rc;
+		qlo[k] = (int64_t)sh.q0 * m.head_dim;
+		qhi[k] = (int64_t)(sh.q0 + sh.nq) * m.head_dim;
+		klo[k] = (int64_t)sh.kv0 * m.head_dim;
+		khi[k] = (int64_t)(sh.kv0 + sh.nkv) * m.head_dim;
+	}
 	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
-		int rc = plan_copy(p, hf_tensor_at(hf, i)->name, 0, err, errsz);
+		const char *name = hf_tensor_at(hf, i)->name;
+		if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "lm_head.weight") ||
+		    ends_with(name, ".mlp.gate_proj.weight") || ends_with(name, ".mlp.up_proj.weight"))
+			rc = plan_tp(p, name, 0, err, errsz);
+		else if (ends_with(name, ".mlp.down_proj.weight"))
+			rc = plan_tp(p, name, 1, err, errsz);
+		else if (ends_with(name, ".self_attn.q_proj.weight"))
+			rc = plan_tp_ranges(p, name, 0, qlo, qhi, err, errsz);
+		else if (ends_with(name, ".self_attn.k_proj.weight") ||
+			 ends_with(name, ".self_attn.v_proj.weight"))
+			rc = plan_tp_ranges(p, name, 0, klo, khi, err, errsz);
+		else if (ends_with(name, ".self_attn.o_proj.weight"))
+			rc = plan_tp_ranges(p, name, 1, qlo, qhi, err, errsz);
+		else if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight"))
+			rc = plan_replicated(p, name, err, errsz);
+		else
+			rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: no tensor-parallel rule for "
+				     "'%s'", hf_dir(hf), name);
 		if (rc != WK_OK)
 			return rc;
 	}

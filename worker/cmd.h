@@ -20,6 +20,7 @@ int cmd_submit(int argc, char **argv);   /* worker/cmd_submit.c */
 int cmd_usage(int argc, char **argv);    /* worker/usage.c */
 int cmd_snapshot(int argc, char **argv); /* worker/cmd_snapshot.c */
 int cmd_prefetch(int argc, char **argv); /* worker/cmd_prefetch.c */
+int cmd_plan(int argc, char **argv);     /* worker/cmd_plan.c */
 
 /* ---- the engine flags shared by every command that loads a model ---- */
 

@@ -23,6 +23,7 @@ static const struct {
 	{"submit", cmd_submit, "submit --queue URL [--wait] (-p TEXT | --file JOB.json | --stdin)"},
 	{"usage", cmd_usage, "usage LEDGER... [--by request|tenant|worker|day] [--format table|json|csv]"},
 	{"bench", cmd_bench, "bench decode MODEL [-n N]"},
+	{"plan", cmd_plan, "plan --config CONFIG_JSON [--tp N] [--ep N] [--gpus N] [--gpu-mem SIZE] [--context N] ..."},
 };
 
 static void usage(FILE *f)

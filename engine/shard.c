@@ -1,0 +1,457 @@
+/*
+ * shard.c - the sharded engine: a model split over `world` ranks (tensor and expert
+ * parallelism), each rank an engine of its own run by one thread, joined by the collectives
+ * of comm.h. The snapshot decides what each rank holds (layout.c); the families (llama.c,
+ * glm*.c) compute their shard and call the collectives below where the split needs them.
+ *
+ * Shape of a run. eng_open restores the snapshot once (every rank file streams in parallel,
+ * snapshot_read.c), then makes one rank engine per rank: its own backend (CPU: threads / world
+ * pool threads each; CUDA: GPU r), its own shard of the model bound from rank file r only, its
+ * own KV caches. eng_forward / eng_step hand the same tokens to every rank thread at once (the
+ * caller's thread is rank 0); the scheduler and the sampler run once, outside, on the logits
+ * that rank 0 returns. On the CPU the collectives are comm_cpu (deterministic), on GPUs
+ * comm_nccl.
+ *
+ * What every rank computes (activations are replicated: every rank sees every token):
+ *   embedding    vocab-parallel: rows of its vocabulary range, zeros elsewhere; all_reduce
+ *   attention    its heads; the o_proj shard's partial sums are all_reduce'd (row-parallel)
+ *   dense MLP    its slice of intermediate_size (gate/up rows, down columns); all_reduce
+ *   MoE          the router on every rank (replicated, identical choices); each rank runs
+ *                only its own experts on the tokens routed to them, adds the shared
+ *                expert's TP partial, and one all_reduce combines everything
+ *   lm_head      vocab-parallel rows; all_gather; rank 0 lays the slices out as [n][vocab]
+ *
+ * Why all_reduce for expert combine, and no all-to-all dispatch: with TP attention every rank
+ * already holds every token's hidden state after the o_proj all_reduce, so dispatch needs no
+ * communication at all (each rank picks its experts' tokens out of the replicated router
+ * output), and the combine rides on the all_reduce the TP shared expert needs anyway: one
+ * collective per MoE layer, exact, deterministic. All-to-all dispatch (all_to_allv in comm.h)
+ * pays when tokens are partitioned over the ranks (data-parallel attention), where it sends
+ * each token only to the ranks of its top-k experts instead of replicating it; that is the
+ * GPU path's next step, not needed for correctness here.
+ *
+ * When tp (or ep) is less than world, several ranks hold the same TP shard (or experts): they
+ * compute it too, but only the first copy (the lead, rank < tp) adds it into the reductions.
+ *
+ * Failures: a rank that fails on its own (out of memory growing scratch) would leave the
+ * others waiting in the next collective, so the families call eng_agree after those steps;
+ * then every rank stops and the top reports the rank that failed first-hand.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "engine/engine_int.h"
+
+/* ---- layout arithmetic (also used by the families' plan()) -------------------------------- */
+
+int shard_heads(int heads, int kv, int tp, int k, struct shard_heads *out, char *err,
+		size_t errsz)
+{
+	if (heads % tp != 0)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "num_attention_heads %d does not split over tp %d", heads, tp);
+	out->nq = heads / tp;
+	out->q0 = k * out->nq;
+	if (kv % tp == 0) {
+		out->nkv = kv / tp;
+		out->kv0 = k * out->nkv;
+	} else if (tp % kv == 0) {
+		out->nkv = 1;
+		out->kv0 = k * kv / tp;
+	} else {
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "num_key_value_heads %d and tp %d: one must divide the other", kv, tp);
+	}
+	return WK_OK;
+}
+
+int shard_even(long long n, int parts, int k, const char *what, const char *over, int *lo,
+	       int *hi, char *err, size_t errsz)
+{
+	if (n % parts != 0)
+		return wk_errf(err, errsz, WK_EINVAL, "%s %lld does not split evenly over %s %d",
+			       what, n, over, parts);
+	*lo = (int)(n / parts * k);
+	*hi = (int)(n / parts * (k + 1));
+	return WK_OK;
+}
+
+/* ---- collectives for the families ----------------------------------------------------------- */
+
+static void keep(struct engine *e, int rc)
+{
+	if (rc != WK_OK && e->comm_rc == WK_OK)
+		e->comm_rc = rc; /* the message is in e->comm_err already */
+}
+
+void eng_all_reduce(struct engine *e, float *buf, size_t n)
+{
+	char err[WK_ERRSZ];
+	if (e->world == 1)
+		return;
+	int rc = e->comm->all_reduce(e->comm_ctx, e->rank, buf, n, err, sizeof err);
+	if (rc != WK_OK && e->comm_rc == WK_OK)
+		snprintf(e->comm_err, sizeof e->comm_err, "%s", err);
+	keep(e, rc);
+}
+
+int eng_agree(struct engine *e, int rc, char *err, size_t errsz)
+{
+	if (e->world == 1)
+		return rc;
+	int all = 0;
+	char cerr[WK_ERRSZ];
+	int vrc = e->comm->vote(e->comm_ctx, e->rank, rc == WK_OK, &all, cerr, sizeof cerr);
+	if (vrc != WK_OK) {
+		if (e->comm_rc == WK_OK)
+			snprintf(e->comm_err, sizeof e->comm_err, "%s", cerr);
+		keep(e, vrc);
+		return rc != WK_OK ? rc : wk_errf(err, errsz, vrc, "%s", cerr);
+	}
+	if (all)
+		return WK_OK;
+	if (rc != WK_OK)
+		return rc;
+	e->failed_elsewhere = true;
+	return wk_errf(err, errsz, WK_EINVAL, "rank %d stopped because another rank failed",
+		       e->rank);
+}
+
+void eng_embed(struct engine *e, float *x, const int *tokens, int n,
+	       const struct st_tensor *embed, int vocab0, int dim)
+{
+	size_t esz = dt_size(embed->dtype);
+	int lv = (int)embed->shape[0];
+	bool lead = eng_tp_lead(e);
+	for (int i = 0; i < n; i++) {
+		int t = tokens[i] - vocab0;
+		float *row = x + (size_t)i * dim;
+		if (lead && t >= 0 && t < lv)
+			dt_to_f32(row, (const char *)embed->data + (size_t)t * dim * esz,
+				  embed->dtype, (size_t)dim);
+		else
+			memset(row, 0, (size_t)dim * sizeof *row);
+	}
+	eng_all_reduce(e, x, (size_t)n * dim);
+}
+
+void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows, int lv,
+		      float *gbuf)
+{
+	size_t blk = (size_t)rows * lv;
+	if (e->world == 1) {
+		if (out && out != local)
+			memcpy(out, local, blk * sizeof *out);
+		return;
+	}
+	char err[WK_ERRSZ];
+	int rc = e->comm->all_gather(e->comm_ctx, e->rank, local, gbuf, blk * sizeof *local, err,
+				     sizeof err);
+	if (rc != WK_OK && e->comm_rc == WK_OK)
+		snprintf(e->comm_err, sizeof e->comm_err, "%s", err);
+	keep(e, rc);
+	if (!out || rc != WK_OK)
+		return;
+	/* ranks 0..tp-1 hold the vocabulary slices in order; later ranks repeat them */
+	size_t V = (size_t)lv * e->tp;
+	for (int i = 0; i < rows; i++)
+		for (int k = 0; k < e->tp; k++)
+			memcpy(out + (size_t)i * V + (size_t)k * lv,
+			       gbuf + (size_t)k * blk + (size_t)i * lv, (size_t)lv * sizeof *out);
+}
+
+/* ---- rank engines and their threads ---------------------------------------------------------- */
+
+struct shard {
+	int world;
+	struct engine *r[COMM_MAX_WORLD];
+	const struct comm_ops *comm;
+	void *comm_ctx;
+	pthread_t th[COMM_MAX_WORLD];
+	int started; /* threads running: ranks 1..started */
+	bool sync_ok;
+	pthread_mutex_t mu;
+	pthread_cond_t go, done;
+	unsigned gen;
+	int pending;
+	bool quit;
+	/* the job: one call of the family on every rank */
+	int (*job)(struct shard *sh, int rank, char *err, size_t errsz);
+	const int *tokens;
+	int n, pos0;
+	float *logits;
+	bool all;
+	const struct eng_item *items;
+	struct eng_item *ritems[COMM_MAX_WORLD]; /* per rank: items with its own logits */
+	int rc[COMM_MAX_WORLD];
+	char err[COMM_MAX_WORLD][WK_ERRSZ];
+};
+
+struct engine *shard_rank(struct engine *e, int rank)
+{
+	return e->shard && rank >= 0 && rank < e->shard->world ? e->shard->r[rank] : NULL;
+}
+
+/* Runs the job on rank r and folds in a collective that failed during it. */
+static void run_rank(struct shard *sh, int r)
+{
+	struct engine *re = sh->r[r];
+	re->failed_elsewhere = false;
+	int rc = sh->job(sh, r, sh->err[r], sizeof sh->err[r]);
+	if (rc == WK_OK && re->comm_rc != WK_OK) {
+		rc = re->comm_rc;
+		snprintf(sh->err[r], sizeof sh->err[r], "%s", re->comm_err);
+	}
+	sh->rc[r] = rc;
+}
+
+struct worker_arg {
+	struct shard *sh;
+	int rank;
+};
+
+static void *worker_main(void *arg)
+{
+	struct worker_arg wa = *(struct worker_arg *)arg;
+	free(arg);
+	struct shard *sh = wa.sh;
+	unsigned seen = 0;
+	for (;;) {
+		pthread_mutex_lock(&sh->mu);
+		while (sh->gen == seen && !sh->quit)
+			pthread_cond_wait(&sh->go, &sh->mu);
+		if (sh->quit) {
+			pthread_mutex_unlock(&sh->mu);
+			return NULL;
+		}
+		seen = sh->gen;
+		pthread_mutex_unlock(&sh->mu);
+		run_rank(sh, wa.rank);
+		pthread_mutex_lock(&sh->mu);
+		if (--sh->pending == 0)
+			pthread_cond_signal(&sh->done);
+		pthread_mutex_unlock(&sh->mu);
+	}
+}
+
+/* Runs sh->job on every rank at once (rank 0 on this thread) and returns the error of the
+ * rank that failed first-hand, if any. */
+static int dispatch(struct shard *sh, char *err, size_t errsz)
+{
+	pthread_mutex_lock(&sh->mu);
+	sh->pending = sh->world - 1;
+	sh->gen++;
+	pthread_cond_broadcast(&sh->go);
+	pthread_mutex_unlock(&sh->mu);
+	run_rank(sh, 0);
+	pthread_mutex_lock(&sh->mu);
+	while (sh->pending > 0)
+		pthread_cond_wait(&sh->done, &sh->mu);
+	pthread_mutex_unlock(&sh->mu);
+	int pick = -1;
+	for (int r = 0; r < sh->world; r++)
+		if (sh->rc[r] != WK_OK && (pick < 0 || (sh->r[pick]->failed_elsewhere &&
+							!sh->r[r]->failed_elsewhere)))
+			pick = r;
+	if (pick < 0)
+		return WK_OK;
+	return wk_errf(err, errsz, sh->rc[pick], "rank %d of %d: %s", pick, sh->world,
+		       sh->err[pick]);
+}
+
+static int job_forward(struct shard *sh, int r, char *err, size_t errsz)
+{
+	struct engine *re = sh->r[r];
+	return re->fam->forward(re, sh->tokens, sh->n, sh->pos0, r == 0 ? sh->logits : NULL,
+				sh->all, err, errsz);
+}
+
+static int job_step(struct shard *sh, int r, char *err, size_t errsz)
+{
+	struct engine *re = sh->r[r];
+	struct eng_item *it = sh->ritems[r];
+	for (int i = 0; i < sh->n; i++) {
+		it[i] = sh->items[i];
+		if (r != 0)
+			it[i].logits = NULL;
+	}
+	if (re->fam->step)
+		return re->fam->step(re, it, sh->n, err, errsz);
+	return re->fam->forward(re, it[0].tokens, it[0].n, re->seq_len[it[0].seq], it[0].logits,
+				false, err, errsz);
+}
+
+int shard_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits,
+		  bool all, char *err, size_t errsz)
+{
+	struct shard *sh = e->shard;
+	sh->job = job_forward;
+	sh->tokens = tokens;
+	sh->n = n;
+	sh->pos0 = pos0;
+	sh->logits = logits;
+	sh->all = all;
+	return dispatch(sh, err, errsz);
+}
+
+int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
+	       size_t errsz)
+{
+	struct shard *sh = e->shard;
+	sh->job = job_step;
+	sh->items = items;
+	sh->n = n;
+	return dispatch(sh, err, errsz);
+}
+
+static void rank_close(struct engine *re)
+{
+	if (!re)
+		return;
+	if (re->fam && re->model)
+		re->fam->free(re);
+	if (re->be)
+		re->be->shutdown(re->bctx);
+	free(re->used);
+	free(re);
+}
+
+void shard_close(struct engine *e)
+{
+	struct shard *sh = e->shard;
+	if (!sh)
+		return;
+	if (sh->sync_ok) {
+		pthread_mutex_lock(&sh->mu);
+		sh->quit = true;
+		pthread_cond_broadcast(&sh->go);
+		pthread_mutex_unlock(&sh->mu);
+		for (int r = 1; r <= sh->started; r++)
+			pthread_join(sh->th[r], NULL);
+		pthread_mutex_destroy(&sh->mu);
+		pthread_cond_destroy(&sh->go);
+		pthread_cond_destroy(&sh->done);
+	}
+	for (int r = 0; r < sh->world; r++) {
+		rank_close(sh->r[r]);
+		free(sh->ritems[r]);
+	}
+	if (sh->comm && sh->comm_ctx)
+		sh->comm->destroy(sh->comm_ctx);
+	free(sh);
+	e->shard = NULL;
+}
+
+/* Makes rank engine r: borrows the top's snapshot, config and sequence table; opens its own
+ * backend and loads its shard. */
+static int rank_open(struct engine *e, const struct eng_opts *o, int r, int threads, char *err,
+		     size_t errsz)
+{
+	struct shard *sh = e->shard;
+	struct engine *re = calloc(1, sizeof *re);
+	if (!re)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	sh->r[r] = re;
+	snprintf(re->dir, sizeof re->dir, "%s", e->dir);
+	snprintf(re->arch, sizeof re->arch, "%s", e->arch);
+	re->snap = e->snap;
+	re->config = e->config;
+	re->fam = e->fam;
+	re->max_seq_opt = e->max_seq_opt;
+	re->max_seqs = e->max_seqs;
+	re->seq_len = e->seq_len;
+	re->seq_used = e->seq_used;
+	re->rank = r;
+	re->world = e->world;
+	re->tp = e->tp;
+	re->ep = e->ep;
+	re->comm = sh->comm;
+	re->comm_ctx = sh->comm_ctx;
+	re->top = e;
+	re->used = calloc(snap_tensor_count(e->snap, r) + 1, sizeof *re->used);
+	sh->ritems[r] = malloc((size_t)e->max_seqs * sizeof *sh->ritems[r]);
+	if (!re->used || !sh->ritems[r])
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	int rc = eng_open_backend(re, o, threads, r, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	if ((rc = re->fam->load(re, err, errsz)) != WK_OK) {
+		char why[WK_ERRSZ];
+		snprintf(why, sizeof why, "%s", err ? err : "");
+		return wk_errf(err, errsz, rc, "rank %d of %d: %s", r, e->world, why);
+	}
+	return WK_OK;
+}
+
+int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t errsz)
+{
+	int W = e->world;
+	struct shard *sh = calloc(1, sizeof *sh);
+	if (!sh)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	e->shard = sh;
+	sh->world = W;
+	if (pthread_mutex_init(&sh->mu, NULL) || pthread_cond_init(&sh->go, NULL) ||
+	    pthread_cond_init(&sh->done, NULL))
+		return wk_errf(err, errsz, WK_ENOMEM, "cannot create the rank threads' locks");
+	sh->sync_ok = true;
+
+	/* One backend for every rank, decided here: "auto" means cuda only when it starts. */
+	const char *bname = o && o->backend ? o->backend : "auto";
+	const struct backend *be = be_find(bname);
+	if (!be)
+		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda, null or auto)",
+			       bname);
+	if (be == &be_cuda && !strcmp(bname, "auto")) {
+		void *ctx;
+		struct be_config bc = {.threads = 1, .device = 0};
+		if (be_cuda.init(&ctx, &bc, err, errsz) == WK_OK) {
+			if (be_cuda.shutdown)
+				be_cuda.shutdown(ctx);
+		} else {
+			fprintf(stderr, "wick: %s; using the cpu backend\n", err);
+			be = &be_cpu;
+		}
+	}
+	struct eng_opts ro = {0};
+	if (o)
+		ro = *o;
+	ro.backend = be->name;
+	/* The collectives follow the backend: NCCL between GPUs, in-process between CPU ranks
+	 * (and for the null backend, which computes nothing). */
+	sh->comm = be == &be_cuda ? &comm_nccl : &comm_cpu;
+	int rc = sh->comm->init(&sh->comm_ctx, W, err, errsz);
+	if (rc != WK_OK) {
+		sh->comm_ctx = NULL;
+		return rc;
+	}
+	/* CPU ranks share the cores: each gets threads / world of them (at least one). */
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int threads = o && o->threads > 0 ? o->threads : cores > 0 ? (int)cores : 1;
+	threads = threads / W > 0 ? threads / W : 1;
+	for (int r = 0; r < W; r++)
+		if ((rc = rank_open(e, &ro, r, threads, err, errsz)) != WK_OK)
+			return rc;
+	struct engine *r0 = sh->r[0];
+	e->info.backend = r0->be->name;
+	e->info.vocab = r0->info.vocab;
+	e->info.max_seq = r0->info.max_seq;
+	e->info.bytes_per_token = r0->info.bytes_per_token;
+	e->info.mtp_layers_skipped = r0->info.mtp_layers_skipped;
+	for (int r = 1; r < W; r++) {
+		struct worker_arg *wa = malloc(sizeof *wa);
+		if (!wa)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		*wa = (struct worker_arg){.sh = sh, .rank = r};
+		if (pthread_create(&sh->th[r], NULL, worker_main, wa) != 0) {
+			free(wa);
+			return wk_errf(err, errsz, WK_ENOMEM, "cannot start the thread of rank %d", r);
+		}
+		sh->started = r;
+	}
+	return WK_OK;
+}
