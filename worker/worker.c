@@ -63,6 +63,8 @@ struct worker {
 	const char *queue_url, *step_log_path, *name_opt;
 	const char *done_url, *ping_url, *stream_url; /* http(s):// queues (RunPod) */
 	int concurrency, max_jobs;
+	int cap;                /* slots: concurrency, twice that with a committer */
+	int n_committing;       /* held slots whose results the committer has */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s;
 	bool json_logs;
 	/* usage accounting (worker/ledger.h) */
@@ -83,7 +85,7 @@ struct worker {
 	struct queue *q;
 	struct sched *s;
 	FILE *step_log;
-	struct held *held;      /* [concurrency] */
+	struct held *held;      /* [cap] */
 	enum state state;
 	double t_start, t_last_activity, t_drain_deadline;
 	long jobs_taken, jobs_done, jobs_failed;
@@ -91,6 +93,15 @@ struct worker {
 	struct queue_result *out;
 	char **out_json;
 	int n_out;
+	/* The committer (spool queues): a thread with its own queue handle that writes the
+	 * ledger lines and stores the results of one batch while this thread runs the next
+	 * steps; the slots of a batch stay held until it is reaped. */
+	struct queue *qc;
+	pthread_t committer;
+	pthread_mutex_t cmu;
+	pthread_cond_t ccv;
+	struct commit *c_todo, *c_done; /* handed over, not started / finished, not reaped */
+	bool c_busy, c_stop, have_committer;
 };
 
 static volatile sig_atomic_t got_signal;
@@ -243,15 +254,170 @@ static void answer_http(struct worker *w, struct held *h, const char *json, size
 
 /* Stores every pending result, then frees their jobs' slots. A result that could not be
  * stored leaves its job unacknowledged: the queue delivers it again after the lease. */
+/* ---- the committer ---- */
+
+struct commit {
+	int n;
+	struct queue_result *r;   /* [n] */
+	char **json;              /* [n] */
+	struct ledger_req *bills; /* [n] */
+	int rc;
+	char err[WK_ERRSZ];
+	struct commit *next;
+};
+
+static void commit_free(struct commit *c)
+{
+	if (!c)
+		return;
+	free(c->r);
+	free(c->json);
+	free(c->bills);
+	free(c);
+}
+
+static void *commit_main(void *arg)
+{
+	struct worker *w = arg;
+	pthread_mutex_lock(&w->cmu);
+	for (;;) {
+		while (!w->c_todo && !w->c_stop)
+			pthread_cond_wait(&w->ccv, &w->cmu);
+		struct commit *c = w->c_todo;
+		if (!c)
+			break; /* stopping, nothing left */
+		w->c_todo = NULL;
+		w->c_busy = true;
+		pthread_mutex_unlock(&w->cmu);
+		/* bill first, then store: as flush_results does inline */
+		c->rc = ledger_requests(w->ledger, c->bills, c->n, c->err, sizeof c->err);
+		if (c->rc != WK_OK)
+			for (int i = 0; i < c->n; i++)
+				c->r[i].rc = c->rc;
+		else
+			c->rc = queue_complete(w->qc, c->r, c->n, c->err, sizeof c->err);
+		pthread_mutex_lock(&w->cmu);
+		c->next = w->c_done;
+		w->c_done = c;
+		w->c_busy = false;
+		pthread_cond_broadcast(&w->ccv);
+	}
+	pthread_mutex_unlock(&w->cmu);
+	return NULL;
+}
+
+/* Hands results [0, n) of w->out to the committer, appended to the batch it has not started
+ * yet when there is one (so batches grow while it stores the previous one). */
+static bool commit_handoff(struct worker *w, int n)
+{
+	pthread_mutex_lock(&w->cmu);
+	struct commit *c = w->c_todo;
+	int base = c ? c->n : 0;
+	if (!c && !(c = calloc(1, sizeof *c))) {
+		pthread_mutex_unlock(&w->cmu);
+		return false;
+	}
+	struct queue_result *r = realloc(c->r, (size_t)(base + n) * sizeof *r);
+	if (r)
+		c->r = r;
+	char **json = r ? realloc(c->json, (size_t)(base + n) * sizeof *json) : NULL;
+	if (json)
+		c->json = json;
+	struct ledger_req *bills = json ? realloc(c->bills, (size_t)(base + n) * sizeof *bills) : NULL;
+	if (bills)
+		c->bills = bills;
+	if (!bills) {
+		if (!w->c_todo)
+			commit_free(c);
+		pthread_mutex_unlock(&w->cmu);
+		return false;
+	}
+	for (int i = 0; i < n; i++) {
+		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
+		c->r[base + i] = w->out[i];
+		c->json[base + i] = w->out_json[i];
+		c->bills[base + i] = h->bill;
+	}
+	c->n = base + n;
+	w->c_todo = c;
+	pthread_cond_broadcast(&w->ccv);
+	pthread_mutex_unlock(&w->cmu);
+	return true;
+}
+
+/* Frees the slots of the batches the committer finished. With wait, first waits until it
+ * has nothing left (drain, exit). Returns the number of slots freed. */
+static int commit_reap(struct worker *w, bool wait)
+{
+	if (!w->have_committer)
+		return 0;
+	pthread_mutex_lock(&w->cmu);
+	while (wait && (w->c_todo || w->c_busy))
+		pthread_cond_wait(&w->ccv, &w->cmu);
+	struct commit *c = w->c_done;
+	w->c_done = NULL;
+	pthread_mutex_unlock(&w->cmu);
+	int freed = 0;
+	while (c) {
+		struct commit *next = c->next;
+		for (int i = 0; i < c->n; i++) {
+			struct held *h =
+				(struct held *)((char *)c->r[i].job - offsetof(struct held, qj));
+			if (c->r[i].rc != WK_OK)
+				wlog(w, "error", "job %s: the result was not stored (%s); the queue "
+						 "will deliver it again", h->qj.id, c->err);
+			free(c->json[i]);
+			queue_job_free(&h->qj);
+			h->used = false;
+			h->req = NULL;
+			freed++;
+		}
+		commit_free(c);
+		c = next;
+	}
+	w->n_committing -= freed;
+	if (freed)
+		w->t_last_activity = wk_now();
+	return freed;
+}
+
+/* Sleeps until the committer finishes a batch (or timeout_s): for when every slot waits on
+ * it and there is nothing else to do. */
+static void commit_wait(struct worker *w, double timeout_s)
+{
+	pthread_mutex_lock(&w->cmu);
+	if (!w->c_done && (w->c_todo || w->c_busy)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double at = ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
+		ts.tv_sec = (time_t)at;
+		ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+		pthread_cond_timedwait(&w->ccv, &w->cmu, &ts);
+	}
+	pthread_mutex_unlock(&w->cmu);
+}
+
 static void flush_results(struct worker *w)
 {
 	if (!w->n_out)
 		return;
 	char err[WK_ERRSZ];
+	if (w->have_committer) {
+		int nq = queue_results_first(w); /* HTTP requests are answered inline, below */
+		if (nq && commit_handoff(w, nq)) {
+			w->n_committing += nq;
+			memmove(w->out, w->out + nq, (size_t)(w->n_out - nq) * sizeof *w->out);
+			memmove(w->out_json, w->out_json + nq,
+				(size_t)(w->n_out - nq) * sizeof *w->out_json);
+			w->n_out -= nq;
+			if (!w->n_out)
+				return;
+		}
+	}
 	/* Bill first: the request lines are fsync'd before any result is stored, so a crash can
 	 * never leave a completed job unbilled. If the ledger cannot be written, no result is
 	 * stored: the jobs stay unacknowledged and are delivered again. */
-	struct ledger_req bills[MAX_CONCURRENCY];
+	struct ledger_req bills[2 * MAX_CONCURRENCY];
 	for (int i = 0; i < w->n_out; i++)
 		bills[i] = ((struct held *)((char *)w->out[i].job - offsetof(struct held, qj)))->bill;
 	int rc = ledger_requests(w->ledger, bills, w->n_out, err, sizeof err);
@@ -466,14 +632,26 @@ static void account_step_end(struct worker *w)
 static int held_count(const struct worker *w)
 {
 	int n = 0;
-	for (int i = 0; i < w->concurrency; i++)
+	for (int i = 0; i < w->cap; i++)
 		n += w->held[i].used;
+	return n;
+}
+
+/* Jobs that may be taken now: the engine runs `concurrency` at once; slots whose results the
+ * committer is storing do not count against it, only against the slot array. */
+static int free_slots_now(const struct worker *w)
+{
+	int held = held_count(w);
+	int active = held - w->n_committing;
+	int n = w->concurrency - active;
+	if (n > w->cap - held)
+		n = w->cap - held;
 	return n;
 }
 
 static void take_jobs(struct worker *w, double wait_s)
 {
-	int free_slots = w->concurrency - held_count(w);
+	int free_slots = free_slots_now(w);
 	if (w->max_jobs > 0 && free_slots > w->max_jobs - w->jobs_taken)
 		free_slots = (int)(w->max_jobs - w->jobs_taken);
 	if (free_slots <= 0)
@@ -492,7 +670,7 @@ static void take_jobs(struct worker *w, double wait_s)
 	double now = wk_now();
 	for (int k = 0; k < n; k++) {
 		struct held *h = NULL;
-		for (int i = 0; i < w->concurrency && !h; i++)
+		for (int i = 0; i < w->cap && !h; i++)
 			if (!w->held[i].used)
 				h = &w->held[i];
 		*h = (struct held){.qj = jobs[k], .taken_at = now,
@@ -515,17 +693,17 @@ static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t l
 
 static void take_http(struct worker *w, double wait_s)
 {
-	int free_slots = w->concurrency - held_count(w);
+	int free_slots = free_slots_now(w);
 	if (w->max_jobs > 0 && free_slots > w->max_jobs - w->jobs_taken)
 		free_slots = (int)(w->max_jobs - w->jobs_taken);
 	if (free_slots <= 0)
 		return;
-	struct http_flight *f[MAX_CONCURRENCY];
+	struct http_flight *f[2 * MAX_CONCURRENCY];
 	int n = http_api_take(w->http, f, free_slots, wait_s);
 	double now = wk_now();
 	for (int k = 0; k < n; k++) {
 		struct held *h = NULL;
-		for (int i = 0; i < w->concurrency && !h; i++)
+		for (int i = 0; i < w->cap && !h; i++)
 			if (!w->held[i].used)
 				h = &w->held[i];
 		*h = (struct held){.taken_at = now, .used = true, .http = f[k]};
@@ -546,7 +724,7 @@ static void http_cancels(struct worker *w)
 	int n;
 	while ((n = http_api_cancelled(w->http, f, 64)) > 0)
 		for (int k = 0; k < n; k++)
-			for (int i = 0; i < w->concurrency; i++)
+			for (int i = 0; i < w->cap; i++)
 				if (w->held[i].used && w->held[i].http == f[k] && w->held[i].req) {
 					wlog(w, "client_gone", "request %s: the client went away; "
 							       "cancelled", w->held[i].qj.id);
@@ -559,7 +737,7 @@ static void http_cancels(struct worker *w)
 static void cancel_http(struct worker *w)
 {
 	bool any = false;
-	for (int i = 0; i < w->concurrency; i++)
+	for (int i = 0; i < w->cap; i++)
 		if (w->held[i].used && w->held[i].http && w->held[i].req) {
 			sched_cancel(w->s, w->held[i].req);
 			any = true;
@@ -573,8 +751,8 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 {
 	double now = wk_now();
 	int n = 0;
-	struct queue_job *jobs[MAX_CONCURRENCY];
-	for (int i = 0; i < w->concurrency; i++)
+	struct queue_job *jobs[2 * MAX_CONCURRENCY];
+	for (int i = 0; i < w->cap; i++)
 		if (w->held[i].used && w->held[i].req && !w->held[i].http)
 			jobs[n++] = &w->held[i].qj;
 	if (!n)
@@ -611,7 +789,7 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 static void release_all(struct worker *w)
 {
 	char err[WK_ERRSZ];
-	for (int i = 0; i < w->concurrency; i++) {
+	for (int i = 0; i < w->cap; i++) {
 		struct held *h = &w->held[i];
 		if (!h->used || h->http) /* HTTP requests were cancelled (cancel_http) */
 			continue;
@@ -837,9 +1015,10 @@ int cmd_worker(int argc, char **argv)
 		goto out;
 	}
 	w.ce.o.max_seqs = w.concurrency;
-	w.held = calloc((size_t)w.concurrency, sizeof *w.held);
-	w.out = calloc((size_t)w.concurrency, sizeof *w.out);
-	w.out_json = calloc((size_t)w.concurrency, sizeof *w.out_json);
+	w.cap = 2 * w.concurrency; /* a committer may hold a batch while the engine runs the next */
+	w.held = calloc((size_t)w.cap, sizeof *w.held);
+	w.out = calloc((size_t)w.cap, sizeof *w.out);
+	w.out_json = calloc((size_t)w.cap, sizeof *w.out_json);
 	if (!w.held || !w.out || !w.out_json)
 		goto out;
 	if (eng_open(w.ce.model, &w.ce.o, &w.e, err, sizeof err) != WK_OK) {
@@ -858,6 +1037,17 @@ int cmd_worker(int argc, char **argv)
 	if (!w.s || (w.queue_url && queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK)) {
 		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
 		goto out;
+	}
+	/* On a spool the file-system work of storing results is done by a committer thread
+	 * with its own handle, overlapped with the next steps. */
+	if (w.q && !strcmp(queue_driver(w.q), "spool")) {
+		if (queue_open(w.queue_url, &qo, &w.qc, err, sizeof err) != WK_OK) {
+			wlog(&w, "startup_failed", "%s", err);
+			goto out;
+		}
+		pthread_mutex_init(&w.cmu, NULL);
+		pthread_cond_init(&w.ccv, NULL);
+		w.have_committer = pthread_create(&w.committer, NULL, commit_main, &w) == 0;
 	}
 	startup_done = 1;
 	const struct eng_startup *su = &eng_info(w.e)->startup;
@@ -920,6 +1110,9 @@ int cmd_worker(int argc, char **argv)
 			account_step_end(&w);
 		}
 		flush_results(&w);
+		if (w.have_committer && !commit_reap(&w, false) && sched_pending(w.s) == 0 &&
+		    held_count(&w) > 0)
+			commit_wait(&w, 0.05); /* every held slot waits on the committer */
 		housekeeping(&w, &t_lease, &t_cancel);
 		if (held_count(&w) == 0 && w.state == ST_BUSY)
 			set_state(&w, ST_IDLE);
@@ -927,15 +1120,20 @@ int cmd_worker(int argc, char **argv)
 	if (w.http)
 		cancel_http(&w);
 	flush_results(&w);
+	commit_reap(&w, true); /* every batch handed over is stored before anything is released */
 	if (ledger_current(w.ledger) == LEDGER_BUSY) /* drain timed out with jobs running */
 		ledger_state(w.ledger, LEDGER_DRAINING, sched_mark(w.s), err, sizeof err);
 	if (held_count(&w))
 		release_all(&w);
 	http_api_stop(w.http); /* every HTTP request has had its answer */
 	w.http = NULL;
-	struct queue_stats qs = {0};
+	struct queue_stats qs = {0}, qcs = {0};
 	if (w.q)
 		queue_get_stats(w.q, &qs);
+	if (w.qc) {
+		queue_get_stats(w.qc, &qcs);
+		qs.syncs += qcs.syncs;
+	}
 	wlog(&w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
 			 "%llu syncs", why, w.jobs_taken, w.jobs_done, w.jobs_failed,
 	     wk_now() - w.t_start, (unsigned long long)qs.syncs);
@@ -965,7 +1163,16 @@ out:
 						 "retried)", (unsigned long long)es.events,
 			     (unsigned long long)es.posts, (unsigned long long)es.failed_posts);
 	}
+	if (w.have_committer) {
+		pthread_mutex_lock(&w.cmu);
+		w.c_stop = true;
+		pthread_cond_broadcast(&w.ccv);
+		pthread_mutex_unlock(&w.cmu);
+		pthread_join(w.committer, NULL);
+		commit_reap(&w, false);
+	}
 	sched_free(w.s);
+	queue_close(w.qc);
 	queue_close(w.q);
 	eng_close(w.e);
 	if (w.step_log)
