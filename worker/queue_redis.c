@@ -16,13 +16,14 @@
  * Take: our own pending entries first after a (re)connect (a reply lost with the connection
  * left them in our PEL), then XAUTOCLAIM of entries idle longer than the lease (their worker
  * died or stalled), then XREADGROUP ... BLOCK for new ones. The attempt number is XPENDING's
- * delivery count. Complete: SET the result key, XADD the announcement, then XACK, pipelined
- * in that order on one connection. A redelivered entry whose result key exists is XACKed
- * without being returned.
+ * delivery count. Complete: one script stores the result key (SET NX) and XADDs the
+ * announcement only when it stored it, then XACK, pipelined in that order on one connection.
+ * A redelivered entry whose result key exists is XACKed without being returned.
  *
  * Failures: any I/O error, or a -LOADING reply (Redis replaying its log), drops the
  * connection; the operation is retried on a new one with backoff (50 ms doubling to 2 s)
- * for up to reconnect_s. Every operation is idempotent, so retrying a whole pipeline is safe.
+ * for up to reconnect_s. Every operation is idempotent (the announcement rides on SET NX in
+ * the script), so retrying a whole pipeline after a lost reply is safe.
  * A -NOGROUP reply (Redis restarted without its data) re-creates the group.
  */
 #include "worker/queue_impl.h"
@@ -733,23 +734,33 @@ struct complete_ctx {
 	int n;
 };
 
+/* Stores a result and announces it only when this call stored it: a pipeline re-sent after a
+ * lost reply, or a second worker finishing a job it lost the lease of, finds the key and
+ * announces nothing. KEYS[1] result key, KEYS[2] results stream; ARGV: json, ttl (0: none),
+ * job id, results maxlen. Returns 1 when stored, 0 when a result was already there. */
+static const char store_result_lua[] =
+	"local ok "
+	"if tonumber(ARGV[2]) > 0 then ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) "
+	"else ok = redis.call('SET', KEYS[1], ARGV[1], 'NX') end "
+	"if ok then redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'id', ARGV[3]) "
+	"return 1 end return 0";
+
 static void append_complete(struct queue *q, void *ctx)
 {
 	struct rq *r = q->impl;
 	struct complete_ctx *t = ctx;
-	char k[NAME_LEN + JOB_ID_MAX + 16];
+	char k[NAME_LEN + JOB_ID_MAX + 16], ks[NAME_LEN + 16];
 	for (int i = 0; i < t->n; i++) {
 		struct queue_result *x = &t->r[i];
 		struct args a = {0};
 		key(k, sizeof k, r, "result", x->job->id);
-		a_s(&a, "SET"), a_s(&a, k), a_b(&a, x->json, x->len), a_s(&a, "NX");
-		if (r->u.result_ttl > 0)
-			a_s(&a, "EX"), a_ll(&a, r->u.result_ttl);
+		key(ks, sizeof ks, r, "results", NULL);
+		a_s(&a, "EVAL"), a_s(&a, store_result_lua), a_s(&a, "2"), a_s(&a, k), a_s(&a, ks);
+		a_b(&a, x->json, x->len), a_ll(&a, r->u.result_ttl > 0 ? r->u.result_ttl : 0);
+		a_s(&a, x->job->id), a_ll(&a, RESULTS_MAXLEN);
 		send_args(r->c, &a);
 		a = (struct args){0};
-		key(k, sizeof k, r, "results", NULL);
-		a_s(&a, "XADD"), a_s(&a, k), a_s(&a, "MAXLEN"), a_s(&a, "~"), a_ll(&a, RESULTS_MAXLEN);
-		a_s(&a, "*"), a_s(&a, "id"), a_s(&a, x->job->id);
+		a_s(&a, "PING"); /* keeps four replies per job */
 		send_args(r->c, &a);
 		a = (struct args){0};
 		if (x->keep_input) {
@@ -757,7 +768,7 @@ static void append_complete(struct queue *q, void *ctx)
 			a_s(&a, "job"), a_b(&a, x->job->body ? x->job->body : "", x->job->body ? x->job->len : 0);
 			a_s(&a, "reason"), a_s(&a, "failed input"), a_s(&a, "entry"), a_s(&a, x->job->handle);
 		} else {
-			a_s(&a, "PING"); /* keeps three replies per job */
+			a_s(&a, "PING"); /* keeps four replies per job */
 		}
 		send_args(r->c, &a);
 		a = (struct args){0};
