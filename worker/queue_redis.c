@@ -544,6 +544,18 @@ static const redisReply *xread_entries(const redisReply *rep)
 	return s->element[1];
 }
 
+/* Our own pending entries, as an XREADGROUP entry list ([id, fields], fields nil for an entry
+ * deleted from the stream), without delivering them again: XREADGROUP ... 0 would add one to
+ * each entry's delivery count at every reconnect, and a flapping Redis would then dead-letter
+ * healthy jobs. KEYS[1] stream; ARGV: group, consumer, count. */
+static const char own_pending_lua[] =
+	"local p = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', ARGV[3], ARGV[2]) "
+	"local out = {} "
+	"for i, e in ipairs(p) do "
+	"local r = redis.call('XRANGE', KEYS[1], e[1], e[1]) "
+	"if r[1] then out[#out + 1] = r[1] else out[#out + 1] = {e[1], false} end end "
+	"return out";
+
 static int redis_take(struct queue *q, struct queue_job *jobs, int max, double wait_s, int *n,
 		      char *err, size_t errsz)
 {
@@ -564,11 +576,17 @@ static int redis_take(struct queue *q, struct queue_job *jobs, int max, double w
 		if (r->scan_own) {
 			a = (struct args){0};
 			snprintf(cnt, sizeof cnt, "%d", max);
-			a_s(&a, "XREADGROUP"), a_s(&a, "GROUP"), a_s(&a, r->u.group), a_s(&a, q->consumer);
-			a_s(&a, "COUNT"), a_s(&a, cnt), a_s(&a, "STREAMS"), a_s(&a, r->u.stream), a_s(&a, "0");
+			a_s(&a, "EVAL"), a_s(&a, own_pending_lua), a_s(&a, "1"), a_s(&a, r->u.stream);
+			a_s(&a, r->u.group), a_s(&a, q->consumer), a_s(&a, cnt);
 			if ((rc = exec1(q, &a, &reps[nrep], err, errsz)) != WK_OK)
 				goto out;
-			const redisReply *list = xread_entries(reps[nrep]);
+			if (reps[nrep]->type == REDIS_REPLY_ERROR) {
+				rc = wk_errf(err, errsz, WK_EFORMAT, "redis: reading our pending entries: %s",
+					     reps[nrep]->str);
+				nrep++;
+				goto out;
+			}
+			const redisReply *list = reps[nrep];
 			collect(q, list, false, c, &nc, max);
 			size_t got = list && list->type == REDIS_REPLY_ARRAY ? list->elements : 0;
 			nrep++;
