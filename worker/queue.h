@@ -4,7 +4,7 @@
  *   spool:DIR                                  worker/queue_spool.c  (embedded default)
  *   redis://HOST:PORT/STREAM?group=G&dead=D&max_deliveries=N&result_ttl=S
  *                                              worker/queue_redis.c  (hiredis)
- *   sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=RESULTQUEUE&tls=0|1
+ *   sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=RESULTQUEUE&tls=0|1&max_deliveries=N
  *                                              worker/queue_sqs.c    (libcurl, SigV4, JSON protocol)
  *   http(s)://.../job-take/...                 worker/queue_http.c   (RunPod's job API)
  *
@@ -17,11 +17,16 @@
  * |--------|---------------------------------|--------------------------------------------------|--------------------------------------------------------------|----------------------------------------------|
  * | spool  | at-least-once; result file fsync'd (file+dir) before the claim is removed | expiry in the claim's name `claimed/<id>~<attempt>~<pid>~<expiry>`; queue_extend renames it | expiry passed, or the owner pid is gone (same machine); the taker renames the claim to itself | after max_deliveries (default 5): input to `failed/`, FAILED result in `done/` |
  * | redis  | at-least-once; result key SET before XACK | the entry's idle time; queue_extend re-XCLAIMs it (JUSTID) | XAUTOCLAIM of entries idle past the lease; own PEL re-read after a reconnect | after max_deliveries (XPENDING's count): entry XADDed to `STREAM:dead`, FAILED result key, XACK |
+ * | sqs    | at-least-once; result sent to the results queue (SendMessageBatch) before DeleteMessageBatch | the message's visibility timeout (= lease); queue_extend calls ChangeMessageVisibilityBatch | SQS itself: the message turns visible again when the lease runs out | the queue's RedrivePolicy (SQS moves it to its DLQ after maxReceiveCount receives); without one, after max_deliveries (ApproximateReceiveCount): FAILED result, message deleted |
  *
- * Both: a redelivered job whose result already exists is acknowledged inside queue_take and
- * never returned, so a crash between "store result" and "acknowledge" costs nothing. Job ids
- * are the idempotency key: one id, at most one stored result (the first one stored wins on
- * redis; on the spool a later complete replaces the file with an equal-status result).
+ * spool and redis: a redelivered job whose result already exists is acknowledged inside
+ * queue_take and never returned, so a crash between "store result" and "acknowledge" costs
+ * nothing. Job ids are the idempotency key: one id, at most one stored result (the first one
+ * stored wins on redis; on the spool a later complete replaces the file with an equal-status
+ * result). sqs cannot look a result up, so a job redelivered after such a crash runs again
+ * unless the same worker process completed it (it remembers its ids): with a `.fifo` results
+ * queue the second result is dropped by SQS (MessageDeduplicationId = job id, 5-minute window);
+ * with a standard one results are at-least-once and consumers key them by id.
  */
 #ifndef QUEUE_H
 #define QUEUE_H
@@ -40,10 +45,12 @@ struct queue_opts {
 	int max_deliveries;    /* deliveries before dead-lettering; 0: 5 (the URL may override) */
 	size_t max_body;       /* bytes of one job; 0: JOB_BODY_MAX. Larger jobs fail as invalid_input */
 	double reconnect_s;    /* network drivers: how long to keep reconnecting; 0: 60 */
-	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT,
-	 * RUNPOD_WEBHOOK_PING and RUNPOD_WEBHOOK_POST_STREAM */
+	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT and
+	 * RUNPOD_WEBHOOK_PING (stream_url is accepted and not used yet) */
 	const char *done_url, *ping_url, *stream_url;
 };
+
+#define QUEUE_HANDLE_MAX 1024 /* bytes of a receipt; SQS receipt handles reach 1,024 */
 
 /* One delivered job. The driver owns body until queue_job_free(). */
 struct queue_job {
@@ -53,7 +60,8 @@ struct queue_job {
 	int attempt;           /* 1 on the first delivery */
 	double enqueued_at;    /* unix seconds when known, else 0 */
 	bool cancelled;        /* set by queue_take / queue_check_cancel */
-	char handle[200];      /* the driver's receipt: claim name, stream entry id, ... */
+	char handle[QUEUE_HANDLE_MAX + 1]; /* the driver's receipt: claim name, stream entry id,
+					 * SQS receipt handle, ... */
 };
 void queue_job_free(struct queue_job *j); /* frees body; safe twice */
 
@@ -77,11 +85,11 @@ struct queue_stats {
 /* ---- lifecycle ---- */
 
 /* Opens the queue named by url (see the top). Creates what is missing: spool directories
- * (mode 0700), the redis stream and group (XGROUP CREATE ... MKSTREAM from id 0). o may be
- * NULL for defaults. */
+ * (mode 0700), the redis stream and group (XGROUP CREATE ... MKSTREAM from id 0), the SQS
+ * job and results queues (CreateQueue). o may be NULL for defaults. */
 int queue_open(const char *url, const struct queue_opts *o, struct queue **q, char *err, size_t errsz);
 void queue_close(struct queue *q); /* NULL is fine; jobs still held stay claimed until reclaim */
-const char *queue_driver(const struct queue *q); /* "spool", "redis" */
+const char *queue_driver(const struct queue *q); /* "spool", "redis", "sqs", "http" */
 
 /* ---- the worker's side ---- */
 

@@ -77,6 +77,43 @@ struct queue_redis_entry {
 struct redisReply;
 int queue_redis_decode_entry(const struct redisReply *e, size_t max_body, struct queue_redis_entry *out);
 
+/* sqs:// URLs, pure (fuzzed). sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=Q&tls=0|1&
+ * max_deliveries=N. Defaults: tls 1, the scheme's port, region from a sqs.R.amazonaws.com
+ * host else us-east-1, results "<QUEUE>-results" (".fifo" kept last), max_deliveries 0 (= the
+ * queue_opts value). Queue names match [A-Za-z0-9_-]{1,80} with an optional ".fifo" inside
+ * the 80; the results queue must differ from the job queue. */
+struct queue_sqs_url {
+	char host[256];
+	int port;             /* 0: 443 with tls, else 80 */
+	bool tls;
+	char account[65], queue[81], results[81], region[33];
+	int max_deliveries;
+};
+int queue_sqs_parse_url(const char *url, struct queue_sqs_url *u, char *err, size_t errsz);
+
+/* One message of a ReceiveMessage response (SQS JSON protocol), pure (fuzzed). The id is the
+ * String message attribute "id", else the body's "id", else the MessageId with characters
+ * outside [A-Za-z0-9._-] replaced by '_': always a valid job id. Messages without a usable
+ * ReceiptHandle (missing, empty, longer than QUEUE_HANDLE_MAX) cannot be acknowledged and are
+ * left out; they come back after their visibility timeout. */
+enum { QUEUE_SQS_MSG_OK, QUEUE_SQS_MSG_BAD, QUEUE_SQS_MSG_TOO_BIG };
+#define QUEUE_SQS_RECEIVE_MAX 10 /* messages in one ReceiveMessage (SQS's own limit) */
+struct queue_sqs_msg {
+	int kind;             /* QUEUE_SQS_MSG_*: BAD = no string Body */
+	char id[JOB_ID_MAX + 1];
+	char receipt[QUEUE_HANDLE_MAX + 1];
+	char *body;           /* malloc'd, NUL-terminated; NULL unless kind is OK */
+	size_t len;           /* bytes of the body (also when TOO_BIG) */
+	int attempt;          /* ApproximateReceiveCount; 1 when absent or unreadable */
+	double sent_at;       /* SentTimestamp in unix seconds; 0 when absent */
+};
+/* Decodes resp[0..len) into *msgs (malloc'd; NULL when *n == 0; free with queue_sqs_msgs_free).
+ * Bodies over max_body are TOO_BIG. Returns WK_OK, WK_EFORMAT (not a JSON object, or
+ * "Messages" not an array) or WK_ENOMEM, with *n == 0 on failure. */
+int queue_sqs_decode_receive(const char *resp, size_t len, size_t max_body,
+			     struct queue_sqs_msg **msgs, int *n, char *err, size_t errsz);
+void queue_sqs_msgs_free(struct queue_sqs_msg *m, int n);
+
 /* RunPod job-take bodies (http(s):// queues), pure (fuzzed). A body is one job {"id", "input",
  * ...} (job-take) or a list of them (job-take-batch); empty, whitespace or null means no job.
  * An OK job becomes wick's job JSON: {"id": ID, "input": INPUT}, plus INPUT's "tenant" and

@@ -179,7 +179,7 @@ Test(queue_spool, refuses_duplicates_and_bad_ids)
 	struct queue *q2;
 	cr_expect_eq(queue_open("spool:", NULL, &q2, err, sizeof err), WK_EINVAL);
 	cr_expect_eq(queue_open("ftp://x", NULL, &q2, err, sizeof err), WK_EINVAL);
-	cr_expect_eq(queue_open("sqs://h/1/q", NULL, &q2, err, sizeof err), WK_EUNSUPPORTED);
+	cr_expect_eq(queue_open("sqs://h/1", NULL, &q2, err, sizeof err), WK_EINVAL);
 	cr_expect_eq(queue_open("spool:/proc/nope/q", NULL, &q2, err, sizeof err), WK_EIO);
 }
 

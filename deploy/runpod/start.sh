@@ -1,0 +1,39 @@
+#!/bin/sh
+# deploy/runpod/start.sh - the container command of a RunPod serverless endpoint running wick.
+# RunPod starts the container with its job API in the environment; wick's http(s):// queue
+# driver (worker/queue_http.c) speaks that API, so no Python handler is involved:
+#
+#   RUNPOD_WEBHOOK_GET_JOB      -> --queue (the job-take URL; "$ID" stays literal, wick fills it)
+#   RUNPOD_WEBHOOK_POST_OUTPUT  -> read by wick: job-done URL (or --done-url)
+#   RUNPOD_WEBHOOK_PING         -> read by wick: heartbeat URL listing held jobs (or --ping-url)
+#   RUNPOD_PING_INTERVAL        -> read by wick: heartbeat period, ms (default 10000)
+#   RUNPOD_POD_ID               -> read by wick: the worker id in the URLs
+#   RUNPOD_AI_API_KEY           -> read by wick: sent as the Authorization header
+#   RUNPOD_WEBHOOK_POST_STREAM  -> not used: wick posts whole results (--stream-url is accepted
+#                                  and ignored)
+#
+# Settings of this script (endpoint environment variables; wick does not read them):
+#   WICK_SNAPSHOT      the snapshot on the network volume (default /runpod-volume/snapshots/glm5-fp8)
+#   WICK_IDLE_TIMEOUT  backstop idle exit, seconds (default 300; RunPod's own idle timeout
+#                      should stop the worker first, see deploy/README.md)
+#   WICK_CONCURRENCY   jobs batched at once (default 32)
+set -eu
+
+: "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
+: "${RUNPOD_WEBHOOK_POST_OUTPUT:?is not set: wick posts results there}"
+snap=${WICK_SNAPSHOT:-/runpod-volume/snapshots/glm5-fp8}
+# The ledger outlives the worker on the network volume when that is writable by this user.
+ledgers=/runpod-volume/wick-ledgers
+if ! mkdir -p "$ledgers" 2>/dev/null || [ ! -w "$ledgers" ]; then
+	ledgers=/var/lib/wick
+fi
+
+# Warm the page cache from the network volume; pieces still cached from the last start of this
+# worker (FlashBoot) are skipped.
+wick prefetch --threads 32 "$snap"
+
+exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
+	--concurrency "${WICK_CONCURRENCY:-32}" --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
+	--drain-timeout 25 --startup-timeout 1800 \
+	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \
+	--price-per-gpu-second 0.00155 --gpus 8 --gpu-type H200 --log-format json

@@ -1,0 +1,546 @@
+/* The sqs driver: its URL parser and ReceiveMessage decoder (pure), then the driver itself
+ * against a real moto_server that each test starts on a free loopback port and kills at the
+ * end (also when the test crashes: PR_SET_PDEATHSIG). The moto tests skip with a message when
+ * moto_server is not installed (it is in our machine image; Debian does not package it). */
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "worker/queue.h"
+#include "worker/queue_impl.h"
+
+static char err[WK_ERRSZ];
+
+/* ---- URL parser ---- */
+
+Test(queue_sqs, url_parser)
+{
+	struct queue_sqs_url u;
+	cr_assert_eq(queue_sqs_parse_url("sqs://127.0.0.1:4566/123456789012/jobs?region=eu-west-1&results=out"
+					 "&tls=0&max_deliveries=3", &u, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_str_eq(u.host, "127.0.0.1");
+	cr_assert_eq(u.port, 4566);
+	cr_assert_str_eq(u.account, "123456789012");
+	cr_assert_str_eq(u.queue, "jobs");
+	cr_assert_str_eq(u.results, "out");
+	cr_assert_str_eq(u.region, "eu-west-1");
+	cr_assert(!u.tls);
+	cr_assert_eq(u.max_deliveries, 3);
+
+	/* defaults: https on the scheme's port, the region from an AWS host, <QUEUE>-results */
+	cr_assert_eq(queue_sqs_parse_url("sqs://sqs.eu-central-1.amazonaws.com/123456789012/jobs", &u, err,
+					 sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(u.port, 0);
+	cr_assert(u.tls);
+	cr_assert_str_eq(u.region, "eu-central-1");
+	cr_assert_str_eq(u.results, "jobs-results");
+	cr_assert_eq(u.max_deliveries, 0);
+	cr_assert_eq(queue_sqs_parse_url("sqs://localhost/000000000000/q", &u, err, sizeof err), WK_OK);
+	cr_assert_str_eq(u.region, "us-east-1");
+
+	/* FIFO: the default results queue is FIFO too */
+	cr_assert_eq(queue_sqs_parse_url("sqs://h/1/jobs.fifo", &u, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_str_eq(u.queue, "jobs.fifo");
+	cr_assert_str_eq(u.results, "jobs-results.fifo");
+
+	/* IPv6 */
+	cr_assert_eq(queue_sqs_parse_url("sqs://[::1]:9324/000000000000/q?tls=1", &u, err, sizeof err), WK_OK,
+		     "%s", err);
+	cr_assert_str_eq(u.host, "::1");
+	cr_assert_eq(u.port, 9324);
+
+	/* an 80-character name is fine; its default results name is not */
+	char name[81], url[200];
+	memset(name, 'a', 80);
+	name[80] = 0;
+	snprintf(url, sizeof url, "sqs://h/1/%s?results=r", name);
+	cr_assert_eq(queue_sqs_parse_url(url, &u, err, sizeof err), WK_OK, "%s", err);
+	snprintf(url, sizeof url, "sqs://h/1/%s", name);
+	cr_assert_eq(queue_sqs_parse_url(url, &u, err, sizeof err), WK_EINVAL);
+	cr_assert(strstr(err, "results="), "%s", err);
+
+	static const struct {
+		const char *url, *why;
+	} bad[] = {
+		{"redis://h/1/q", "not an sqs:// URL"},
+		{"sqs://host", "no account and queue"},
+		{"sqs://host/123", "ACCOUNT/QUEUE"},
+		{"sqs://host/123/", "queue name"},
+		{"sqs:///1/q", "bad host"},
+		{"sqs://user:pw@host/1/q", "bad port"},
+		{"sqs://us@er@host/1/q", "bad host"},
+		{"sqs://h:0/1/q", "bad port"},
+		{"sqs://h:99999/1/q", "bad port"},
+		{"sqs://h:/1/q", "bad port"},
+		{"sqs://[::1/1/q", "unclosed ["},
+		{"sqs://h/1/q?tls=2", "tls is 0"},
+		{"sqs://h/1/q?region=EU", "region"},
+		{"sqs://h/1/bad.name", "queue name"},
+		{"sqs://h/1/.fifo", "queue name"},
+		{"sqs://h/1/q/extra", "queue name"},
+		{"sqs://h/acc.x/q", "account"},
+		{"sqs://h/1/q?results=q", "must differ"},
+		{"sqs://h/1/q?results=a+b", "results queue name"},
+		{"sqs://h/1/q?foo=1", "unknown parameter 'foo'"},
+		{"sqs://h/1/q?max_deliveries=0", "max_deliveries"},
+		{"sqs://h/1/q?max_deliveries=x", "max_deliveries"},
+		{"sqs://h/1/q?region", "without a value"},
+		{"sqs://h/1/q?", "without a value"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		err[0] = 0;
+		cr_expect_eq(queue_sqs_parse_url(bad[i].url, &u, err, sizeof err), WK_EINVAL, "%s accepted", bad[i].url);
+		cr_expect(strstr(err, bad[i].why), "%s: '%s' lacks '%s'", bad[i].url, err, bad[i].why);
+	}
+	memset(name, 'b', 80);
+	snprintf(url, sizeof url, "sqs://h/1/%sb", name); /* 81 characters */
+	cr_assert_eq(queue_sqs_parse_url(url, &u, err, sizeof err), WK_EINVAL);
+}
+
+/* ---- ReceiveMessage decoder ---- */
+
+static struct queue_sqs_msg *decode(const char *json, size_t max_body, int *n, int want_rc)
+{
+	struct queue_sqs_msg *m = NULL;
+	int rc = queue_sqs_decode_receive(json, strlen(json), max_body, &m, n, err, sizeof err);
+	cr_assert_eq(rc, want_rc, "rc %d (%s) for %s", rc, err, json);
+	return m;
+}
+
+Test(queue_sqs, decode_receive)
+{
+	int n;
+	struct queue_sqs_msg *m = decode("{}", 1000, &n, WK_OK);
+	cr_assert_eq(n, 0);
+	cr_assert_null(m);
+	m = decode("{\"Messages\": []}", 1000, &n, WK_OK);
+	cr_assert_eq(n, 0);
+
+	const char *full =
+		"{\"Messages\": [{\"MessageId\": \"m-1\", \"ReceiptHandle\": \"rh1\", \"Body\": \"{\\\"id\\\": \\\"a\\\"}\","
+		" \"Attributes\": {\"ApproximateReceiveCount\": \"3\", \"SentTimestamp\": \"1700000000123\"},"
+		" \"MessageAttributes\": {\"id\": {\"DataType\": \"String\", \"StringValue\": \"job-1\"}}},"
+		/* no attribute: the body's id */
+		"{\"MessageId\": \"m-2\", \"ReceiptHandle\": \"rh2\", \"Body\": \"{\\\"id\\\": \\\"from-body\\\"}\"},"
+		/* no id anywhere: the MessageId, sanitised */
+		"{\"MessageId\": \"ab/c:d\", \"ReceiptHandle\": \"rh3\", \"Body\": \"not json\","
+		" \"Attributes\": {\"ApproximateReceiveCount\": \"x\"}},"
+		/* an invalid attribute id and a Number attribute fall through to the body */
+		"{\"MessageId\": \"m-4\", \"ReceiptHandle\": \"rh4\", \"Body\": \"{\\\"id\\\": \\\"b4\\\"}\","
+		" \"MessageAttributes\": {\"id\": {\"DataType\": \"String\", \"StringValue\": \"a b\"}}},"
+		"{\"MessageId\": \"m-5\", \"ReceiptHandle\": \"rh5\", \"Body\": \"{\\\"id\\\": \\\"b5\\\"}\","
+		" \"MessageAttributes\": {\"id\": {\"DataType\": \"Number\", \"StringValue\": \"5\"}}},"
+		/* no receipt: cannot be acknowledged, left out */
+		"{\"MessageId\": \"m-6\", \"Body\": \"{}\"},"
+		"{\"MessageId\": \"m-7\", \"ReceiptHandle\": \"\", \"Body\": \"{}\"},"
+		"{\"MessageId\": \"m-8\", \"ReceiptHandle\": 7, \"Body\": \"{}\"},"
+		/* no body; a NUL inside a body; a MessageId that would be '..' */
+		"{\"MessageId\": \"m-9\", \"ReceiptHandle\": \"rh9\"},"
+		"{\"MessageId\": \"..\", \"ReceiptHandle\": \"rh10\", \"Body\": \"a\\u0000b\"}]}";
+	m = decode(full, 1000, &n, WK_OK);
+	cr_assert_eq(n, 7);
+	cr_assert_str_eq(m[0].id, "job-1");
+	cr_assert_str_eq(m[0].receipt, "rh1");
+	cr_assert_eq(m[0].kind, QUEUE_SQS_MSG_OK);
+	cr_assert_str_eq(m[0].body, "{\"id\": \"a\"}");
+	cr_assert_eq(m[0].len, strlen(m[0].body));
+	cr_assert_eq(m[0].attempt, 3);
+	cr_assert_float_eq(m[0].sent_at, 1700000000.123, 1e-6);
+	cr_assert_str_eq(m[1].id, "from-body");
+	cr_assert_eq(m[1].attempt, 1);
+	cr_assert_eq(m[1].sent_at, 0);
+	cr_assert_str_eq(m[2].id, "ab_c_d");
+	cr_assert_eq(m[2].attempt, 1);
+	cr_assert_str_eq(m[3].id, "b4");
+	cr_assert_str_eq(m[4].id, "b5");
+	cr_assert_str_eq(m[5].id, "m-9");
+	cr_assert_eq(m[5].kind, QUEUE_SQS_MSG_BAD);
+	cr_assert_null(m[5].body);
+	cr_assert_str_eq(m[6].id, "__");
+	cr_assert_eq(m[6].kind, QUEUE_SQS_MSG_OK);
+	cr_assert_eq(m[6].len, 3);
+	cr_assert_eq(memcmp(m[6].body, "a\0b", 4), 0);
+	for (int i = 0; i < n; i++)
+		cr_assert(job_id_valid(m[i].id), "%s", m[i].id);
+	queue_sqs_msgs_free(m, n);
+
+	/* bodies over max_body are TOO_BIG, with their length */
+	m = decode("{\"Messages\": [{\"ReceiptHandle\": \"r\", \"Body\": \"0123456789\"}]}", 9, &n, WK_OK);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(m[0].kind, QUEUE_SQS_MSG_TOO_BIG);
+	cr_assert_eq(m[0].len, 10);
+	cr_assert_null(m[0].body);
+	cr_assert_str_eq(m[0].id, "r"); /* no MessageId: from the receipt */
+	queue_sqs_msgs_free(m, n);
+
+	/* receipts: 1,024 characters fit, 1,025 do not */
+	char *big = malloc(4096);
+	for (int len = 1024; len <= 1025; len++) {
+		int o = snprintf(big, 4096, "{\"Messages\": [{\"MessageId\": \"x\", \"Body\": \"{}\", \"ReceiptHandle\": \"");
+		memset(big + o, 'R', (size_t)len);
+		snprintf(big + o + len, 4096 - (size_t)(o + len), "\"}]}");
+		m = decode(big, 100, &n, WK_OK);
+		cr_assert_eq(n, len == 1024 ? 1 : 0, "receipt of %d", len);
+		if (n)
+			cr_assert_eq(strlen(m[0].receipt), 1024);
+		queue_sqs_msgs_free(m, n);
+	}
+	/* never more than SQS's 10 */
+	int o = snprintf(big, 4096, "{\"Messages\": [");
+	for (int i = 0; i < 12; i++)
+		o += snprintf(big + o, 4096 - (size_t)o, "%s{\"ReceiptHandle\": \"r%d\", \"Body\": \"{}\"}", i ? "," : "", i);
+	snprintf(big + o, 4096 - (size_t)o, "]}");
+	m = decode(big, 100, &n, WK_OK);
+	cr_assert_eq(n, QUEUE_SQS_RECEIVE_MAX);
+	queue_sqs_msgs_free(m, n);
+	free(big);
+
+	/* whole-response errors */
+	decode("not json", 100, &n, WK_EFORMAT);
+	cr_assert(strstr(err, "not a JSON object"), "%s", err);
+	decode("[1, 2]", 100, &n, WK_EFORMAT);
+	decode("{\"Messages\": {}}", 100, &n, WK_EFORMAT);
+	cr_assert(strstr(err, "not an array"), "%s", err);
+	cr_assert_eq(n, 0);
+	/* junk elements are skipped */
+	m = decode("{\"Messages\": [1, null, \"x\", []]}", 100, &n, WK_OK);
+	cr_assert_eq(n, 0);
+}
+
+/* ---- the driver against moto_server ---- */
+
+static pid_t server = -1;
+static int port;
+static char moto[256];
+
+static bool find_moto(void)
+{
+	FILE *p = popen("command -v moto_server 2>/dev/null", "r");
+	moto[0] = 0;
+	if (p) {
+		if (!fgets(moto, sizeof moto, p))
+			moto[0] = 0;
+		pclose(p);
+	}
+	moto[strcspn(moto, "\n")] = 0;
+	if (!moto[0] && access("/root/.pyenv/shims/moto_server", X_OK) == 0)
+		snprintf(moto, sizeof moto, "/root/.pyenv/shims/moto_server");
+	return moto[0] != 0;
+}
+
+static int free_port(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t l = sizeof a;
+	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(getsockname(s, (struct sockaddr *)&a, &l), 0);
+	close(s);
+	return ntohs(a.sin_port);
+}
+
+static bool port_open(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				.sin_port = htons((uint16_t)port)};
+	bool ok = connect(s, (struct sockaddr *)&a, sizeof a) == 0;
+	close(s);
+	return ok;
+}
+
+static void start_moto(void)
+{
+	server = fork();
+	if (server == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		freopen("/dev/null", "w", stdout);
+		freopen("/dev/null", "w", stderr);
+		char p[16];
+		snprintf(p, sizeof p, "%d", port);
+		execl(moto, "moto_server", "-H", "127.0.0.1", "-p", p, (char *)NULL);
+		_exit(127);
+	}
+}
+
+static void setup(void)
+{
+	setenv("AWS_ACCESS_KEY_ID", "test", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "test", 1);
+	unsetenv("AWS_SESSION_TOKEN");
+	if (!find_moto())
+		return;
+	port = free_port();
+	start_moto();
+	for (int i = 0; i < 600 && !port_open(); i++)
+		usleep(20000);
+	cr_assert(port_open(), "moto_server did not start on port %d", port);
+}
+
+static void teardown(void)
+{
+	if (server > 0) {
+		kill(server, SIGKILL);
+		waitpid(server, NULL, 0);
+	}
+	server = -1;
+}
+
+#define NEED_MOTO()                                                                                \
+	do {                                                                                       \
+		if (server <= 0)                                                                   \
+			cr_skip_test("moto_server not installed");                                \
+	} while (0)
+
+static double reconnect_s = 5;
+
+static struct queue *open_q(const char *name, const char *params, double lease)
+{
+	char url[256];
+	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/%s?tls=0%s", port, name, params);
+	struct queue_opts o = {.consumer = "t", .lease_s = lease, .reconnect_s = reconnect_s};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_str_eq(queue_driver(q), "sqs");
+	return q;
+}
+
+static void submit(struct queue *q, const char *id)
+{
+	char body[256];
+	int n = snprintf(body, sizeof body, "{\"id\": \"%s\", \"input\": {\"prompt\": \"hi\"}}", id);
+	cr_assert_eq(queue_submit(q, id, body, (size_t)n, err, sizeof err), WK_OK, "%s", err);
+}
+
+static int complete(struct queue *q, struct queue_job *j, int n)
+{
+	struct queue_result r[16];
+	char *res[16];
+	for (int i = 0; i < n; i++) {
+		size_t len;
+		res[i] = job_encode_error(j[i].id, JOB_COMPLETED, JOB_OK, NULL, "t", j[i].attempt, &len);
+		r[i] = (struct queue_result){.job = &j[i], .json = res[i], .len = len};
+	}
+	int rc = queue_complete(q, r, n, err, sizeof err);
+	for (int i = 0; i < n; i++) {
+		free(res[i]);
+		queue_job_free(&j[i]);
+	}
+	return rc;
+}
+
+static int take(struct queue *q, struct queue_job *j, int max, double wait)
+{
+	int n = -1;
+	cr_assert_eq(queue_take(q, j, max, wait, &n, err, sizeof err), WK_OK, "%s", err);
+	return n;
+}
+
+TestSuite(queue_sqs_moto, .init = setup, .fini = teardown, .timeout = 90);
+
+Test(queue_sqs_moto, submit_take_complete_wait)
+{
+	NEED_MOTO();
+	struct queue *q = open_q("jobs", "", 30);
+	for (int i = 0; i < 12; i++) {
+		char id[16];
+		snprintf(id, sizeof id, "j%d", i);
+		submit(q, id);
+	}
+	struct queue_job j[16];
+	int got = 0, seen[12] = {0};
+	for (int round = 0; round < 10 && got < 12; round++) {
+		int n = take(q, j, 16, 1);
+		for (int i = 0; i < n; i++) {
+			cr_assert_eq(j[i].attempt, 1);
+			cr_assert_gt(j[i].enqueued_at, 1e9);
+			cr_assert_gt(strlen(j[i].handle), 0);
+			cr_assert(strstr(j[i].body, j[i].id), "%s / %s", j[i].id, j[i].body);
+			int k = atoi(j[i].id + 1);
+			cr_assert_eq(seen[k]++, 0, "%s delivered twice", j[i].id);
+		}
+		cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+		got += n;
+	}
+	cr_assert_eq(got, 12);
+	cr_assert_eq(take(q, j, 16, 0), 0);
+
+	char *res = NULL;
+	size_t len = 0;
+	cr_assert_eq(queue_wait_result(q, "j7", 5, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(strstr(res, "\"j7\"") && strstr(res, "COMPLETED"), "%s", res);
+	cr_assert_eq(strlen(res), len);
+	free(res);
+	/* taken from the results queue: a second wait finds nothing */
+	cr_assert_eq(queue_wait_result(q, "j7", 1, &res, &len, err, sizeof err), WK_ENOTFOUND);
+	cr_assert_eq(queue_cancel(q, "j1", err, sizeof err), WK_EUNSUPPORTED);
+
+	/* the same id again: this process completed it, so it is deleted without running */
+	submit(q, "j3");
+	cr_assert_eq(take(q, j, 4, 1), 0);
+	struct queue_stats st;
+	queue_get_stats(q, &st);
+	cr_assert_eq(st.taken, 12);
+	cr_assert_eq(st.completed, 12);
+	cr_assert_eq(st.redelivered_done, 1);
+	cr_assert_geq(st.syncs, 2);
+	queue_close(q);
+}
+
+Test(queue_sqs_moto, release_extend_dead_letter)
+{
+	NEED_MOTO();
+	struct queue *q = open_q("dl", "&max_deliveries=2", 30);
+	submit(q, "x");
+	struct queue_job j[4];
+	for (int attempt = 1; attempt <= 2; attempt++) {
+		cr_assert_eq(take(q, j, 4, 2), 1);
+		cr_assert_str_eq(j[0].id, "x");
+		cr_assert_eq(j[0].attempt, attempt);
+		int rc[1];
+		cr_assert_eq(queue_extend(q, j, 1, 10, rc, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(rc[0], WK_OK);
+		cr_assert_eq(queue_release(q, j, 1, err, sizeof err), WK_OK, "%s", err);
+		queue_job_free(&j[0]);
+	}
+	/* the third delivery is past max_deliveries: a FAILED result, the message deleted */
+	cr_assert_eq(take(q, j, 4, 2), 0);
+	struct queue_stats st;
+	queue_get_stats(q, &st);
+	cr_assert_eq(st.dead_lettered, 1);
+	cr_assert_eq(st.released, 2);
+	char *res = NULL;
+	size_t len;
+	cr_assert_eq(queue_wait_result(q, "x", 5, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(strstr(res, "FAILED") && strstr(res, "dead-lettered"), "%s", res);
+	free(res);
+	cr_assert_eq(take(q, j, 4, 1), 0);
+
+	/* a receipt SQS does not know: the lease is lost */
+	memset(j, 0, sizeof j);
+	snprintf(j[0].id, sizeof j[0].id, "gone");
+	snprintf(j[0].handle, sizeof j[0].handle, "not-a-receipt");
+	int rc[1] = {99};
+	cr_assert_eq(queue_extend(q, j, 1, 10, rc, err, sizeof err), WK_ENOTFOUND, "%s", err);
+	cr_assert_eq(rc[0], WK_ENOTFOUND);
+	cr_assert(strstr(err, "gone"), "%s", err);
+	queue_close(q);
+}
+
+Test(queue_sqs_moto, visibility_expiry_redelivers)
+{
+	NEED_MOTO();
+	struct queue *a = open_q("vis.fifo", "", 1), *b = open_q("vis.fifo", "", 1);
+	submit(a, "v");
+	struct queue_job j[2];
+	cr_assert_eq(take(a, j, 2, 2), 1);
+	/* a "dies" holding it: after the 1 s lease, b receives it as attempt 2 */
+	struct queue_job k[2];
+	int n = 0;
+	for (int i = 0; i < 5 && n == 0; i++)
+		n = take(b, k, 2, 1);
+	cr_assert_eq(n, 1);
+	cr_assert_str_eq(k[0].id, "v");
+	cr_assert_eq(k[0].attempt, 2);
+	/* both finish it; the FIFO results queue keeps one result */
+	cr_assert_eq(complete(b, k, 1), WK_OK, "%s", err);
+	cr_assert_eq(complete(a, j, 1), WK_OK, "%s", err);
+	char *res = NULL;
+	size_t len;
+	cr_assert_eq(queue_wait_result(b, "v", 5, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	free(res);
+	cr_assert_eq(queue_wait_result(b, "v", 1, &res, &len, err, sizeof err), WK_ENOTFOUND);
+	queue_close(a);
+	queue_close(b);
+}
+
+Test(queue_sqs_moto, errors_are_clear)
+{
+	struct queue *q;
+	struct queue_opts o = {.reconnect_s = 0.3};
+	char url[160];
+	/* no credentials */
+	unsetenv("AWS_ACCESS_KEY_ID");
+	snprintf(url, sizeof url, "sqs://127.0.0.1:1/123456789012/q?tls=0");
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_assert(strstr(err, "AWS_ACCESS_KEY_ID"), "%s", err);
+	/* nothing listening: the action is named, the credentials are not */
+	setenv("AWS_ACCESS_KEY_ID", "AKIDSECRETKEYID", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value", 1);
+	int p = free_port();
+	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/q?tls=0", p);
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EIO);
+	cr_assert(strstr(err, "GetQueueUrl") && strstr(err, "gave up"), "%s", err);
+	cr_assert_null(strstr(err, "AKIDSECRETKEYID"), "%s", err);
+	cr_assert_null(strstr(err, "very-secret-value"), "%s", err);
+	cr_assert_eq(queue_open("sqs://h/1/q?tls=7", &o, &q, err, sizeof err), WK_EINVAL);
+	NEED_MOTO();
+	/* invalid UTF-8 cannot travel in an SQS message */
+	q = open_q("u", "", 30);
+	cr_assert_eq(queue_submit(q, "bad", "{\"x\": \"\xff\"}", 10, err, sizeof err), WK_EINVAL);
+	cr_assert(strstr(err, "UTF-8"), "%s", err);
+	queue_close(q);
+}
+
+Test(queue_sqs_moto, reconnects_after_a_restart)
+{
+	NEED_MOTO();
+	reconnect_s = 60;
+	struct queue *q = open_q("rs", "", 30);
+	submit(q, "before");
+	teardown();
+	start_moto(); /* the same port, empty: the driver retries, then creates its queues again */
+	submit(q, "after");
+	struct queue_stats st;
+	queue_get_stats(q, &st);
+	cr_assert_geq(st.reconnects, 1);
+	struct queue_job j[4];
+	cr_assert_eq(take(q, j, 4, 2), 1);
+	cr_assert_str_eq(j[0].id, "after"); /* "before" went with the old server */
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	char *res = NULL;
+	size_t len;
+	cr_assert_eq(queue_wait_result(q, "after", 5, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	free(res);
+	queue_close(q);
+}
+
+Test(queue_sqs_moto, oversized_messages)
+{
+	NEED_MOTO();
+	struct queue *q = open_q("big", "", 30);
+	/* SQS refuses a job over its message size: the action and AWS's words come back */
+	size_t n = 1100 * 1024;
+	char *job = malloc(n + 64);
+	int o = snprintf(job, 64, "{\"id\": \"big\", \"input\": {\"prompt\": \"");
+	memset(job + o, 'x', n);
+	snprintf(job + o + n, 64, "\"}}");
+	cr_assert_eq(queue_submit(q, "big", job, strlen(job), err, sizeof err), WK_EINVAL);
+	cr_assert(strstr(err, "SendMessage") && strstr(err, "InvalidParameterValue") && strstr(err, "HTTP 400"),
+		  "%s", err);
+	/* a result too large for the results queue is replaced by a FAILED one, so the job ends */
+	submit(q, "r");
+	struct queue_job j[2];
+	cr_assert_eq(take(q, j, 2, 2), 1);
+	struct job_result jr = {.id = "r", .status = JOB_COMPLETED, .text = job, .worker = "t", .attempt = 1};
+	size_t len;
+	char *res = job_encode_result(&jr, &len);
+	struct queue_result r = {.job = &j[0], .json = res, .len = len};
+	cr_assert_eq(queue_complete(q, &r, 1, err, sizeof err), WK_OK, "%s", err);
+	free(res);
+	queue_job_free(&j[0]);
+	cr_assert_eq(queue_wait_result(q, "r", 5, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(strstr(res, "FAILED") && strstr(res, "refused by the results queue"), "%s", res);
+	free(res);
+	cr_assert_eq(take(q, j, 2, 1), 0); /* deleted: it does not come back */
+	free(job);
+	queue_close(q);
+}
