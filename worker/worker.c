@@ -816,7 +816,9 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: wick worker --model MODEL (--queue URL | --listen HOST:PORT) [options]\n\n"
-		"Pulls jobs from URL (spool:DIR, redis://HOST:PORT/STREAM?group=G), runs them\n"
+		"Pulls jobs from URL (spool:DIR, redis://HOST:PORT/STREAM?group=G,\n"
+		"sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=Q, or a RunPod job-take URL\n"
+		"http(s)://.../job-take/$RUNPOD_POD_ID), runs them\n"
 		"continuously batched, stores each result before acknowledging the job, and exits 0\n"
 		"when the queue has been quiet for --idle-timeout seconds. With --listen it also\n"
 		"serves the OpenAI API; its requests share the batch with the queue's jobs.\n"
