@@ -2,6 +2,10 @@
 set -euo pipefail
 : "${WICK:=build/wick}" "${WICK_BUILD:=build}" "${WICK_SHARED:=../shared}" "${WICK_TOOLS:=$WICK_BUILD/tools}"
 STORIES_SRC=$WICK_SHARED/models/stories260K
+# npm must trust the system CA store (it may hold a TLS proxy's certificate)
+if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 TMPD=$(mktemp -d "${TMPDIR:-/tmp}/wick-test.XXXXXX")
 trap 'rm -rf "$TMPD"' EXIT
 
@@ -18,3 +22,21 @@ stories() {
 }
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# idle_exit_within LOG IDLE_TIMEOUT: the worker's log shows an idle exit no later than
+# IDLE_TIMEOUT + 1 s after its last transition to IDLE (or READY, when it never ran a job).
+idle_exit_within() {
+  python3 - "$1" "$2" <<'PY' || fail "idle exit of $1"
+import datetime, re, sys
+log, idle = sys.argv[1], float(sys.argv[2])
+t = lambda l: datetime.datetime.strptime(l[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+quiet = exit_ = None
+for l in open(log):
+    if re.search(r"state: \w+ -> (IDLE|READY)", l): quiet = t(l)
+    if "exit: reason idle" in l: exit_ = t(l)
+assert quiet and exit_, "no idle exit in the log"
+d = exit_ - quiet
+assert d <= idle + 1.0, f"exited {d:.2f} s after going quiet (idle timeout {idle} s)"
+print(f"{log.rsplit('/', 1)[-1]}: idle exit {d:.2f} s after going quiet (idle timeout {idle} s)")
+PY
+}

@@ -49,6 +49,22 @@ print(f"{n} jobs, one COMPLETED result each")
 PY
 }
 
+# 0. 200 jobs, two workers: one COMPLETED result each, and each worker exits 0 by itself within
+#    idle-timeout + 1 s of going quiet.
+submit_many 200 12 a
+for w in 1 2; do
+  "$WICK" worker --model "$m" --queue "$Q" --concurrency 8 --idle-timeout 1 --worker-id w$w \
+    2>"$TMPD/w$w.log" &
+  eval wp$w=$!
+done
+wait $wp1 || fail "worker w1 exited $?"
+wait $wp2 || fail "worker w2 exited $?"
+check a 200 || fail "200 jobs, two workers"
+for w in 1 2; do
+  grep -q job_done "$TMPD/w$w.log" || fail "worker w$w took no job"
+  idle_exit_within "$TMPD/w$w.log" 1
+done
+
 # 1. Two workers; one is killed -9 mid-batch; its pending entries are reclaimed (short lease).
 submit_many 60 300 k
 "$WICK" worker --model "$m" --queue "$Q" --lease 2 --idle-timeout 3 --worker-id a 2>"$TMPD/a.log" &

@@ -43,7 +43,8 @@ done
 wait $pid1 || fail "worker 1 exited $?"
 wait $pid2 || fail "worker 2 exited $?"
 check_results a 200 || fail "results"
-grep -q 'exit: reason idle' "$TMPD/w1.log" || fail "worker 1 did not idle-exit: $(tail -3 "$TMPD/w1.log")"
+idle_exit_within "$TMPD/w1.log" 1
+idle_exit_within "$TMPD/w2.log" 1
 # Both workers took jobs, and jobs shared steps (the step log).
 for w in 1 2; do
   n=$(grep -c 'job_done' "$TMPD/w$w.log" || true)
