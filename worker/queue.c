@@ -12,6 +12,31 @@
 
 #define QUEUE_BATCH_MAX 4096 /* jobs in one take/complete/extend call */
 
+int queue_split_host(const char *url, const char **p, const char *slash, size_t *hl,
+		     const char **colon, char *err, size_t errsz)
+{
+	const char *h = *p, *hend = slash;
+	*colon = NULL;
+	if (*h == '[') { /* [v6 address] */
+		const char *rb = memchr(h, ']', (size_t)(slash - h));
+		if (!rb)
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unclosed [ in the host", url);
+		if (rb + 1 < slash && rb[1] == ':')
+			*colon = rb + 1;
+		else if (rb + 1 != slash)
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: junk after ]", url);
+		h++;
+		hend = rb;
+	} else {
+		*colon = memchr(h, ':', (size_t)(slash - h));
+		if (*colon)
+			hend = *colon;
+	}
+	*p = h;
+	*hl = (size_t)(hend - h);
+	return WK_OK;
+}
+
 void queue_job_free(struct queue_job *j)
 {
 	if (!j)

@@ -42,6 +42,12 @@ extern const struct queue_ops queue_redis_ops;
 extern const struct queue_ops queue_sqs_ops;  /* worker/queue_sqs.c */
 extern const struct queue_ops queue_http_ops; /* worker/queue_http.c (RunPod job API) */
 
+/* Splits the authority of a network queue URL: *p points just after "scheme://" and slash at
+ * the '/' that ends the authority. On WK_OK *p is the host's first byte ([v6] brackets
+ * dropped), *hl its length, and *colon the ':' before the port or NULL. */
+int queue_split_host(const char *url, const char **p, const char *slash, size_t *hl,
+		     const char **colon, char *err, size_t errsz);
+
 /* The FAILED result a driver stores by itself (dead-letter, oversized body). malloc'd. */
 char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
 			 int attempt, size_t *len);

@@ -83,23 +83,11 @@ int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err,
 	const char *p = url + 8, *slash = strchr(p, '/');
 	if (!slash)
 		return wk_errf(err, errsz, WK_EINVAL, "%.200s: no stream (redis://HOST:PORT/STREAM)", url);
-	const char *hend = slash, *colon = NULL;
-	if (*p == '[') { /* [v6 address] */
-		const char *rb = memchr(p, ']', (size_t)(slash - p));
-		if (!rb)
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unclosed [ in the host", url);
-		if (rb + 1 < slash && rb[1] == ':')
-			colon = rb + 1;
-		else if (rb + 1 != slash)
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: junk after ]", url);
-		p++;
-		hend = rb;
-	} else {
-		colon = memchr(p, ':', (size_t)(slash - p));
-		if (colon)
-			hend = colon;
-	}
-	size_t hl = (size_t)(hend - p);
+	const char *colon;
+	size_t hl;
+	int hrc = queue_split_host(url, &p, slash, &hl, &colon, err, errsz);
+	if (hrc != WK_OK)
+		return hrc;
 	if (hl == 0 || hl >= sizeof u->host || memchr(p, '@', hl))
 		return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad host (no user:password@ either)", url);
 	memcpy(u->host, p, hl);

@@ -127,23 +127,11 @@ int queue_sqs_parse_url(const char *url, struct queue_sqs_url *u, char *err, siz
 	if (!slash)
 		return wk_errf(err, errsz, WK_EINVAL, "%.200s: no account and queue (sqs://HOST[:PORT]/ACCOUNT/QUEUE)",
 			       url);
-	const char *hend = slash, *colon = NULL;
-	if (*p == '[') { /* [v6 address] */
-		const char *rb = memchr(p, ']', (size_t)(slash - p));
-		if (!rb)
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unclosed [ in the host", url);
-		if (rb + 1 < slash && rb[1] == ':')
-			colon = rb + 1;
-		else if (rb + 1 != slash)
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: junk after ]", url);
-		p++;
-		hend = rb;
-	} else {
-		colon = memchr(p, ':', (size_t)(slash - p));
-		if (colon)
-			hend = colon;
-	}
-	size_t hl = (size_t)(hend - p);
+	const char *colon;
+	size_t hl;
+	int hrc = queue_split_host(url, &p, slash, &hl, &colon, err, errsz);
+	if (hrc != WK_OK)
+		return hrc;
 	bool host_ok = hl > 0 && hl < sizeof u->host;
 	for (size_t i = 0; host_ok && i < hl; i++) /* no user@, no spaces, nothing curl would misread */
 		host_ok = (p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') ||
