@@ -256,7 +256,7 @@ static void sleep_s(double s)
 static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
 {
 	struct rq *r = q->impl;
-	double delay = 0.05;
+	double delay = 0.05, t0 = wk_now();
 	while (!r->c) {
 		struct timeval tv = {.tv_sec = 2};
 		redisContext *c = redisConnectWithTimeout(r->u.host, r->u.port, tv);
@@ -282,8 +282,9 @@ static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
 				redisFree(c);
 		}
 		if (wk_now() + delay > deadline)
-			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: %s (gave up after %.0f s)", r->u.host,
-				       r->u.port, why[0] ? why : "unavailable", q->o.reconnect_s);
+			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: %s (gave up after %.1f s%s)",
+				       r->u.host, r->u.port, why[0] ? why : "unavailable", wk_now() - t0,
+				       r->connected_once ? "" : "; a first connection is tried for 1 s");
 		sleep_s(delay);
 		delay = delay * 2 < 2 ? delay * 2 : 2;
 	}
