@@ -394,7 +394,7 @@ static void keepalive_header(struct http_api *h, struct evhttp_request *req, str
 static void reply_json(struct http_api *h, struct evhttp_request *req, struct hconn *c, int code,
 		       json_t *j)
 {
-	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
 	json_decref(j);
 	struct evbuffer *b = evbuffer_new();
 	if (!s || !b) {
@@ -441,7 +441,7 @@ static void reply_errf(struct http_api *h, struct evhttp_request *req, struct hc
 /* Sends one SSE event "data: JSON" (or the literal text when j is NULL). */
 static void sse_send(struct http_flight *f, json_t *j, const char *literal)
 {
-	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
 	json_decref(j);
 	if (!s && !literal)
 		return;
