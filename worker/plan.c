@@ -787,6 +787,11 @@ int plan_compute(const struct plan_model *m, const struct plan_opts *o, struct p
 
 	workspace(m, r);
 	kv_cache(m, r);
+	if (r->kv_gpu == 0 || r->context <= 0) /* a config with no layers or no head width */
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "the config gives %s: check num_hidden_layers, the head dimensions and "
+			       "max_position_embeddings (or --context)",
+			       r->kv_gpu == 0 ? "no KV-cache bytes per token" : "no context length");
 	uint64_t used = r->gpu + r->ws.total + o->reserve;
 	r->budget = (int64_t)o->gpu_mem - (int64_t)used;
 	r->fits_weights = r->budget >= 0;
