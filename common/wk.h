@@ -8,6 +8,7 @@
 #ifndef WK_H
 #define WK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum wk_status {
@@ -40,5 +41,14 @@ int wk_write_file(const char *path, const void *buf, size_t len, char *err, size
 
 /* Monotonic seconds, for timing. */
 double wk_now(void);
+
+/* A growing NUL-terminated string. A failed allocation sets oom and later appends do nothing,
+ * so a caller checks once at the end. {0} is an empty buffer; free(b.p) releases it. */
+struct wk_buf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+void wk_buf_add(struct wk_buf *b, const void *s, size_t n);
 
 #endif

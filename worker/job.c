@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/wk.h"
+
 const char *job_err_code(enum job_err e)
 {
 	switch (e) {
@@ -364,37 +366,12 @@ void job_free(struct job *j)
 
 /* ---- encoding ---- */
 
-struct buf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
+static void put(struct wk_buf *b, const char *s, size_t n) { wk_buf_add(b, s, n); }
 
-static void put(struct buf *b, const char *s, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		while (cap < b->len + n + 1)
-			cap *= 2;
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = 0;
-}
+static void puts_(struct wk_buf *b, const char *s) { put(b, s, strlen(s)); }
 
-static void puts_(struct buf *b, const char *s) { put(b, s, strlen(s)); }
-
-static void putf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void putf(struct buf *b, const char *fmt, ...)
+static void putf(struct wk_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void putf(struct wk_buf *b, const char *fmt, ...)
 {
 	char tmp[128];
 	va_list ap;
@@ -435,7 +412,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 }
 
 /* A JSON string; invalid UTF-8 bytes become U+FFFD. NULL is encoded as "". */
-static void put_str(struct buf *b, const char *s, size_t n)
+static void put_str(struct wk_buf *b, const char *s, size_t n)
 {
 	put(b, "\"", 1);
 	const unsigned char *u = (const unsigned char *)(s ? s : "");
@@ -470,10 +447,10 @@ static void put_str(struct buf *b, const char *s, size_t n)
 	put(b, "\"", 1);
 }
 
-static void put_cstr(struct buf *b, const char *s) { put_str(b, s, s ? strlen(s) : 0); }
+static void put_cstr(struct wk_buf *b, const char *s) { put_str(b, s, s ? strlen(s) : 0); }
 
 /* A finite double for JSON (JSON has no NaN or infinity: those print as 0). */
-static void put_seconds(struct buf *b, double x)
+static void put_seconds(struct wk_buf *b, double x)
 {
 	if (!(x == x) || x > 1e15 || x < -1e15)
 		x = 0;
@@ -482,7 +459,7 @@ static void put_seconds(struct buf *b, double x)
 
 char *job_encode_result(const struct job_result *r, size_t *len)
 {
-	struct buf b = {0};
+	struct wk_buf b = {0};
 	puts_(&b, "{\"id\": ");
 	put_cstr(&b, r->id);
 	puts_(&b, ", \"status\": \"");

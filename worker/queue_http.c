@@ -79,36 +79,9 @@
 
 /* ---- URLs and bodies: pure ---- */
 
-struct sbuf {
-	char *p;
-	size_t n, cap;
-	bool oom;
-};
+static void sb_add(struct wk_buf *b, const char *s, size_t n) { wk_buf_add(b, s, n); }
 
-static void sb_add(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->oom || n > SIZE_MAX / 4 - b->n) {
-		b->oom = true;
-		return;
-	}
-	if (b->n + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		while (cap < b->n + n + 1)
-			cap *= 2;
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->n, s, n);
-	b->n += n;
-	b->p[b->n] = 0;
-}
-
-static void sb_esc(struct sbuf *b, const char *s)
+static void sb_esc(struct wk_buf *b, const char *s)
 {
 	char *e = curl_easy_escape(NULL, s, 0);
 	if (!e) {
@@ -121,7 +94,7 @@ static void sb_esc(struct sbuf *b, const char *s)
 
 char *queue_http_url(const char *tmpl, const char *worker, const char *job, const char *query)
 {
-	struct sbuf b = {0};
+	struct wk_buf b = {0};
 	static const char pod[] = "$RUNPOD_POD_ID", idv[] = "$ID";
 	for (const char *p = tmpl; *p;) {
 		if (!strncmp(p, pod, sizeof pod - 1)) {
@@ -136,7 +109,7 @@ char *queue_http_url(const char *tmpl, const char *worker, const char *job, cons
 	}
 	sb_add(&b, "", 0);
 	if (query && *query && !b.oom) {
-		char last = b.n ? b.p[b.n - 1] : 0;
+		char last = b.len ? b.p[b.len - 1] : 0;
 		if (last != '?' && last != '&')
 			sb_add(&b, strchr(b.p, '?') ? "&" : "?", 1);
 		sb_add(&b, query, strlen(query));
@@ -154,7 +127,7 @@ static char *replace_first(const char *tmpl, const char *from, const char *to)
 	const char *at = strstr(tmpl, from);
 	if (!at)
 		return NULL;
-	struct sbuf b = {0};
+	struct wk_buf b = {0};
 	sb_add(&b, tmpl, (size_t)(at - tmpl));
 	sb_add(&b, to, strlen(to));
 	sb_add(&b, at + strlen(from), strlen(at + strlen(from)));
@@ -312,11 +285,11 @@ static char *done_body(const char *json, size_t len, size_t *out_len)
 			const json_t *e = json_object_get(res, "error");
 			const char *code = json_string_value(json_object_get(e, "code"));
 			const char *msg = json_string_value(json_object_get(e, "message"));
-			struct sbuf b = {0};
+			struct wk_buf b = {0};
 			sb_add(&b, code ? code : "internal", strlen(code ? code : "internal"));
 			sb_add(&b, ": ", 2);
 			sb_add(&b, msg ? msg : st, strlen(msg ? msg : st));
-			int bad = b.oom || json_object_set_new(o, "error", json_stringn(b.p, b.n));
+			int bad = b.oom || json_object_set_new(o, "error", json_stringn(b.p, b.len));
 			free(b.p);
 			if (bad)
 				goto out;
@@ -581,7 +554,7 @@ static struct req *new_post(struct hq *h, const char *id, char *body, size_t len
 	r->url = queue_http_url(h->done_tmpl, h->worker, id, "isStream=false");
 	r->e = curl_easy_init();
 	/* runpod-python sends the JSON with this content type; X-Request-ID is the job id */
-	struct sbuf rid = {0};
+	struct wk_buf rid = {0};
 	sb_add(&rid, "X-Request-ID: ", 14);
 	sb_esc(&rid, id);
 	const char *lines[] = {"Content-Type: application/x-www-form-urlencoded", h->auth,
@@ -780,12 +753,12 @@ static void stop_done(struct hq *h, struct req *r, CURLcode cc, long status)
 static void start_ping(struct hq *h)
 {
 	struct req *r = &h->ping;
-	struct sbuf q = {0};
+	struct wk_buf q = {0};
 	if (h->held.n > 0) {
 		sb_add(&q, "job_id=", 7);
 		for (int i = 0; i < h->held.n; i++) {
 			size_t l = strlen(h->held.v[i]);
-			if (q.n + l + 1 > PING_IDS_MAX)
+			if (q.len + l + 1 > PING_IDS_MAX)
 				break; /* like runpod-python's 64 KiB mirror */
 			if (i)
 				sb_add(&q, ",", 1);
@@ -1098,7 +1071,7 @@ static int http_open(struct queue *q, const char *url, char *err, size_t errsz)
 			rc = wk_errf(err, errsz, WK_EINVAL, "RUNPOD_AI_API_KEY contains a line break");
 			goto fail;
 		}
-		struct sbuf a = {0};
+		struct wk_buf a = {0};
 		sb_add(&a, "Authorization: ", 15);
 		sb_add(&a, key, strlen(key));
 		if (a.oom)
