@@ -37,6 +37,31 @@ int queue_split_host(const char *url, const char **p, const char *slash, size_t 
 	return WK_OK;
 }
 
+int queue_next_param(const char *url, const char **q, struct queue_param *p, char *err,
+		     size_t errsz)
+{
+	if (!*q || !**q)
+		return 0;
+	const char *k = *q + 1, *amp = strchr(k, '&'), *eq = strchr(k, '=');
+	size_t kl = amp ? (size_t)(amp - k) : strlen(k);
+	if (!eq || eq > k + kl)
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: parameter without a value", url);
+	*p = (struct queue_param){.k = k, .kl = (size_t)(eq - k), .v = eq + 1};
+	p->vl = (size_t)(k + kl - p->v);
+	char num[24] = "", *end;
+	if (p->vl < sizeof num)
+		memcpy(num, p->v, p->vl);
+	p->num = strtoll(num, &end, 10);
+	p->isnum = p->vl > 0 && p->vl < sizeof num && *end == 0;
+	*q = amp;
+	return 1;
+}
+
+bool queue_param_is(const struct queue_param *p, const char *name)
+{
+	return p->kl == strlen(name) && !strncmp(p->k, name, p->kl);
+}
+
 void queue_job_free(struct queue_job *j)
 {
 	if (!j)

@@ -48,6 +48,19 @@ extern const struct queue_ops queue_http_ops; /* worker/queue_http.c (RunPod job
 int queue_split_host(const char *url, const char **p, const char *slash, size_t *hl,
 		     const char **colon, char *err, size_t errsz);
 
+/* The parameters of a network queue URL, "?k=v&k2=v2", one at a time: *q points at the '?'
+ * or '&' before the next one (NULL or "" at the end). Returns 1 with *p filled and *q moved
+ * on, 0 at the end, or WK_EINVAL for a parameter without a value. */
+struct queue_param {
+	const char *k, *v;    /* not NUL-terminated: kl and vl bytes */
+	size_t kl, vl;
+	bool isnum;           /* v is a whole decimal number, in num */
+	long long num;
+};
+int queue_next_param(const char *url, const char **q, struct queue_param *p, char *err,
+		     size_t errsz);
+bool queue_param_is(const struct queue_param *p, const char *name);
+
 /* The FAILED result a driver stores by itself (dead-letter, oversized body). malloc'd. */
 char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
 			 int attempt, size_t *len);

@@ -105,42 +105,33 @@ int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err,
 			       url, NAME_LEN);
 	memcpy(u->stream, s, sl);
 	snprintf(u->dead, sizeof u->dead, "%s:dead", u->stream);
-	while (q && *q) {
-		const char *k = q + 1, *amp = strchr(k, '&'), *eq = strchr(k, '=');
-		size_t kl = amp ? (size_t)(amp - k) : strlen(k);
-		if (!eq || eq > k + kl)
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: parameter without a value", url);
-		const char *v = eq + 1;
-		size_t vl = (size_t)(k + kl - v), nl = (size_t)(eq - k);
-		char num[24] = "";
-		if (vl < sizeof num)
-			memcpy(num, v, vl);
-		char *end;
-		long long x = strtoll(num, &end, 10);
-		bool isnum = vl > 0 && vl < sizeof num && *end == 0;
-		if (nl == 5 && !strncmp(k, "group", 5)) {
-			if (!name_ok(v, vl))
+	struct queue_param pr;
+	int more;
+	while ((more = queue_next_param(url, &q, &pr, err, errsz)) > 0) {
+		if (queue_param_is(&pr, "group")) {
+			if (!name_ok(pr.v, pr.vl))
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad group name", url);
 			memset(u->group, 0, sizeof u->group);
-			memcpy(u->group, v, vl);
-		} else if (nl == 4 && !strncmp(k, "dead", 4)) {
-			if (!name_ok(v, vl))
+			memcpy(u->group, pr.v, pr.vl);
+		} else if (queue_param_is(&pr, "dead")) {
+			if (!name_ok(pr.v, pr.vl))
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad dead-letter stream name", url);
 			memset(u->dead, 0, sizeof u->dead);
-			memcpy(u->dead, v, vl);
-		} else if (nl == 14 && !strncmp(k, "max_deliveries", 14)) {
-			if (!isnum || x < 1 || x > 1000)
+			memcpy(u->dead, pr.v, pr.vl);
+		} else if (queue_param_is(&pr, "max_deliveries")) {
+			if (!pr.isnum || pr.num < 1 || pr.num > 1000)
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: max_deliveries must be 1 to 1000", url);
-			u->max_deliveries = (int)x;
-		} else if (nl == 10 && !strncmp(k, "result_ttl", 10)) {
-			if (!isnum || x < 0 || x > 365LL * 86400)
+			u->max_deliveries = (int)pr.num;
+		} else if (queue_param_is(&pr, "result_ttl")) {
+			if (!pr.isnum || pr.num < 0 || pr.num > 365LL * 86400)
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: result_ttl must be 0 to one year in seconds", url);
-			u->result_ttl = x;
+			u->result_ttl = pr.num;
 		} else {
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unknown parameter '%.*s'", url, (int)nl, k);
+			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unknown parameter '%.*s'", url, (int)pr.kl, pr.k);
 		}
-		q = amp;
 	}
+	if (more < 0)
+		return more;
 	return WK_OK;
 }
 

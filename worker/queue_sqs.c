@@ -165,46 +165,37 @@ int queue_sqs_parse_url(const char *url, struct queue_sqs_url *u, char *err, siz
 			       "(\".fifo\" at the end for a FIFO queue, within the 80)", url);
 	memcpy(u->queue, qn, ql);
 	bool have_region = false, have_results = false;
-	while (q && *q) {
-		const char *k = q + 1, *amp = strchr(k, '&'), *eq = strchr(k, '=');
-		size_t kl = amp ? (size_t)(amp - k) : strlen(k);
-		if (!eq || eq > k + kl)
-			return wk_errf(err, errsz, WK_EINVAL, "%.200s: parameter without a value", url);
-		const char *v = eq + 1;
-		size_t vl = (size_t)(k + kl - v), nl = (size_t)(eq - k);
-		char num[24] = "";
-		if (vl < sizeof num)
-			memcpy(num, v, vl);
-		char *end;
-		long long x = strtoll(num, &end, 10);
-		bool isnum = vl > 0 && vl < sizeof num && *end == 0;
-		if (nl == 6 && !strncmp(k, "region", 6)) {
-			if (!chars_ok(v, vl, sizeof u->region - 1, "-"))
+	struct queue_param pr;
+	int more;
+	while ((more = queue_next_param(url, &q, &pr, err, errsz)) > 0) {
+		if (queue_param_is(&pr, "region")) {
+			if (!chars_ok(pr.v, pr.vl, sizeof u->region - 1, "-"))
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: the region must match [a-z0-9-]{1,32}", url);
 			memset(u->region, 0, sizeof u->region);
-			memcpy(u->region, v, vl);
+			memcpy(u->region, pr.v, pr.vl);
 			have_region = true;
-		} else if (nl == 7 && !strncmp(k, "results", 7)) {
-			if (!qname_ok(v, vl))
+		} else if (queue_param_is(&pr, "results")) {
+			if (!qname_ok(pr.v, pr.vl))
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: the results queue name must match "
 					       "[A-Za-z0-9_-]{1,80} (optionally ending in .fifo)", url);
 			memset(u->results, 0, sizeof u->results);
-			memcpy(u->results, v, vl);
+			memcpy(u->results, pr.v, pr.vl);
 			have_results = true;
-		} else if (nl == 3 && !strncmp(k, "tls", 3)) {
-			if (!isnum || (x != 0 && x != 1))
+		} else if (queue_param_is(&pr, "tls")) {
+			if (!pr.isnum || (pr.num != 0 && pr.num != 1))
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: tls is 0 (http) or 1 (https)", url);
-			u->tls = x == 1;
-		} else if (nl == 14 && !strncmp(k, "max_deliveries", 14)) {
-			if (!isnum || x < 1 || x > 1000)
+			u->tls = pr.num == 1;
+		} else if (queue_param_is(&pr, "max_deliveries")) {
+			if (!pr.isnum || pr.num < 1 || pr.num > 1000)
 				return wk_errf(err, errsz, WK_EINVAL, "%.200s: max_deliveries must be 1 to 1000", url);
-			u->max_deliveries = (int)x;
+			u->max_deliveries = (int)pr.num;
 		} else {
 			return wk_errf(err, errsz, WK_EINVAL, "%.200s: unknown parameter '%.*s' (want region, "
-				       "results, tls, max_deliveries)", url, (int)nl, k);
+				       "results, tls, max_deliveries)", url, (int)pr.kl, pr.k);
 		}
-		q = amp;
 	}
+	if (more < 0)
+		return more;
 	if (!have_region) {
 		/* sqs.<region>.amazonaws.com[.cn] names its region */
 		const char *h = u->host, *dot = strchr(h + 4, '.');
