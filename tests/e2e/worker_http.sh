@@ -180,10 +180,12 @@ PY
 
 # 5. SIGTERM during a batch: in-flight jobs finish or are handed back (a retryable job-done)
 #    within the drain timeout; another worker finishes them; none is lost or run twice.
-rp enqueue t 8 400 greedy
+rp enqueue t 8 1500 greedy
 run_worker t1 "$slow" --concurrency 4 --drain-timeout 0.2 --idle-timeout 5
 pt=$!
-sleep 1
+# mid-batch however fast the machine: 1,500 tokens take seconds on the slow model
+for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/t1.log" 2>/dev/null && break; sleep 0.05; done
+sleep 0.3
 start=$(date +%s%N)
 kill -TERM "$(wpid t1)"
 wait $pt
