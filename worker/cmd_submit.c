@@ -309,7 +309,7 @@ int cmd_submit(int argc, char **argv)
 	fwrite(res, 1, rlen, stdout);
 	if (rlen == 0 || res[rlen - 1] != '\n')
 		putchar('\n');
-	json_t *r = json_loadb(res, rlen, 0, NULL);
+	json_t *r = json_loadb(res, rlen, JSON_ALLOW_NUL, NULL);
 	const char *st = json_string_value(json_object_get(r, "status"));
 	rc = st && !strcmp(st, "COMPLETED") ? 0 : 1;
 	json_decref(r);

@@ -308,7 +308,8 @@ out:
 int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 {
 	memset(r, 0, sizeof *r);
-	r->root = json_loadb(json, len, 0, NULL);
+	/* a model can emit byte 0 (a byte-fallback token): the text may hold \u0000 */
+	r->root = json_loadb(json, len, JSON_ALLOW_NUL, NULL);
 	if (!json_is_object(r->root)) {
 		json_decref(r->root);
 		r->root = NULL;

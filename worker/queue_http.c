@@ -271,7 +271,7 @@ int queue_http_decode_take(const char *body, size_t len, size_t max_body,
 /* {"output": RESULT} for COMPLETED, else {"error": "CODE: MESSAGE", "output": RESULT}. */
 static char *done_body(const char *json, size_t len, size_t *out_len)
 {
-	json_t *res = json_loadb(json, len, 0, NULL);
+	json_t *res = json_loadb(json, len, JSON_ALLOW_NUL, NULL);
 	json_t *o = json_object();
 	const char *st = json_string_value(json_object_get(res, "status"));
 	char *s = NULL;

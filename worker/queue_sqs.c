@@ -808,7 +808,7 @@ static json_t *result_entry(struct sq *s, int i, const struct out *o)
 {
 	char eid[16];
 	snprintf(eid, sizeof eid, "e%d", i);
-	json_t *r = json_loadb(o->json, o->len, 0, NULL);
+	json_t *r = json_loadb(o->json, o->len, JSON_ALLOW_NUL, NULL);
 	const char *status = json_string_value(json_object_get(r, "status"));
 	json_t *attrs = json_pack("{s:{s:s, s:s}}", "id", "DataType", "String", "StringValue", o->id);
 	if (status && attrs)

@@ -162,6 +162,30 @@ Test(http, results_become_responses)
 	cr_expect_eq(oai_result_parse("[", 1, &r), WK_EFORMAT);
 }
 
+/* A model can emit a NUL byte (a byte-fallback token <0x00>): the result carries it as
+ * \u0000 and the response must carry it too, not fail as "unreadable". */
+Test(http, a_result_with_a_nul_byte_is_served)
+{
+	size_t len;
+	char *json = job_encode_result(&(struct job_result){.id = "cmpl-1", .status = JOB_COMPLETED,
+							    .text = "a\0b", .text_len = 3,
+							    .worker = "w", .attempt = 1},
+				       &len);
+	cr_assert_not_null(json);
+	cr_expect_not_null(strstr(json, "a\\u0000b"), "%s", json);
+	struct oai_result r;
+	cr_assert_eq(oai_result_parse(json, len, &r), WK_OK, "%s", json);
+	cr_expect(r.completed);
+	cr_expect_eq(r.text_len, 3);
+	cr_expect_eq(memcmp(r.text, "a\0b", 3), 0);
+	json_t *j = oai_response(OAI_COMPLETION, "cmpl-1", 5, "m", &r);
+	const json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
+	cr_expect_eq(json_string_length(t), 3);
+	json_decref(j);
+	oai_result_free(&r);
+	free(json);
+}
+
 static void free_keys(struct http_key *k, int n)
 {
 	for (int i = 0; i < n; i++)

@@ -281,7 +281,7 @@ static json_t *admin(const char *path, const char *body)
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
 	CURLcode cc = curl_easy_perform(e);
 	curl_easy_cleanup(e);
-	json_t *j = cc == CURLE_OK && b.p ? json_loads(b.p, 0, NULL) : NULL;
+	json_t *j = cc == CURLE_OK && b.p ? json_loads(b.p, JSON_ALLOW_NUL, NULL) : NULL;
 	free(b.p);
 	return j;
 }
@@ -452,6 +452,32 @@ Test(queue_http_server, take_complete_and_ping)
 	cr_expect_eq(complete_as(q, &jobs[2], JOB_COMPLETED), WK_OK, "%s", err);
 	for (int k = 0; k < 3; k++)
 		queue_job_free(&jobs[k]);
+	queue_close(q);
+}
+
+/* A result whose text holds a NUL byte (\u0000) is posted as the output, not as an error. */
+Test(queue_http_server, a_result_with_a_nul_byte_is_posted)
+{
+	NEED_SERVER();
+	enqueue("n", 1);
+	struct queue *q = open_q("w1");
+	struct queue_job j[1];
+	cr_assert_eq(take_n(q, j, 1, 1), 1);
+	size_t len;
+	char *res = job_encode_result(&(struct job_result){.id = j[0].id, .status = JOB_COMPLETED,
+							   .text = "x\0y", .text_len = 3,
+							   .worker = "t", .attempt = 1},
+				      &len);
+	struct queue_result r = {.job = &j[0], .json = res, .len = len};
+	cr_expect_eq(queue_complete(q, &r, 1, err, sizeof err), WK_OK, "%s", err);
+	free(res);
+	json_t *st = admin("state", NULL);
+	json_t *b = json_object_get(json_array_get(json_object_get(state_job(st, "n-1"), "results"), 0), "body");
+	cr_expect_null(json_object_get(b, "error"));
+	const json_t *t = json_object_get(json_object_get(json_object_get(b, "output"), "output"), "text");
+	cr_expect_eq(json_string_length(t), 3, "the text came back as %s", json_string_value(t));
+	json_decref(st);
+	queue_job_free(&j[0]);
 	queue_close(q);
 }
 
