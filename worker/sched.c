@@ -204,7 +204,8 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 		return false;
 	}
 	for (int i = 0; i < r->n_stop; i++) {
-		char *hit = strstr(r->text, r->stop[i]);
+		/* memmem: the text may hold a NUL byte before the stop string */
+		char *hit = memmem(r->text, r->text_len, r->stop[i], strlen(r->stop[i]));
 		if (hit) {
 			*hit = 0;
 			r->text_len = (size_t)(hit - r->text);
