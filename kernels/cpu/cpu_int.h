@@ -14,9 +14,15 @@
 
 #include "kernels/cpu/cpu.h"
 
-/* Rows [r0, r1) of y[n][rows] = x[n][cols] . w[rows][cols]^T, for DT_F32/BF16/F16. */
-void cpu_matmul_rows_avx2(float *y, const float *x, const void *w, enum dt_type wt, int n,
-			  int rows, int cols, int r0, int r1);
+/* x [n][cols] copied for the batched matmul (3 or more tokens, bf16/f16 weights): rows *xs
+ * floats apart, columns in the order the weights are widened in. NULL when the matmul does
+ * without (f32 weights, fewer tokens) or out of memory; free() it after the matmul. */
+float *cpu_pack_x_avx2(const float *x, enum dt_type wt, int n, int cols, size_t *xs);
+
+/* Rows [r0, r1) of y[n][rows] = x[n][cols] . w[rows][cols]^T, for DT_F32/BF16/F16. xp/xs:
+ * from cpu_pack_x_avx2 for the same x, or NULL (then x alone serves, more slowly). */
+void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, const void *w,
+			  enum dt_type wt, int n, int rows, int cols, int r0, int r1);
 
 /* Attention for one query row (token i, head h): out[head_dim] = softmax(q.K^T * scale) V
  * over cache rows 0 .. len-1, whose vectors start at k/v + t*kv_stride. */

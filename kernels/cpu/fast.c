@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -59,6 +60,8 @@ void cpu_force_scalar(bool on)
 struct mm_job {
 	float *y;
 	const float *x;
+	const float *xp; /* x packed for the AVX2 batched path, or NULL */
+	size_t xs;
 	const void *w;
 	enum dt_type wt;
 	int n, rows, cols;
@@ -92,7 +95,8 @@ static void matmul_task(void *ctx, int task, int ntasks)
 	if (r0 >= r1)
 		return;
 	if (j->avx2)
-		cpu_matmul_rows_avx2(j->y, j->x, j->w, j->wt, j->n, j->rows, j->cols, r0, r1);
+		cpu_matmul_rows_avx2(j->y, j->x, j->xp, j->xs, j->w, j->wt, j->n, j->rows, j->cols,
+				     r0, r1);
 	else
 		matmul_rows_scalar(j, r0, r1);
 }
@@ -105,7 +109,9 @@ void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enu
 {
 	if (n <= 0 || rows <= 0)
 		return;
-	struct mm_job j = {y, x, w, wt, n, rows, cols, rows, cpu_has_avx2()};
+	struct mm_job j = {y, x, NULL, 0, w, wt, n, rows, cols, rows, cpu_has_avx2()};
+	float *xp = j.avx2 ? cpu_pack_x_avx2(x, wt, n, cols, &j.xs) : NULL;
+	j.xp = xp;
 	int threads = cpu_pool_size(p);
 	if (threads > 1) {
 		size_t row_bytes = (size_t)cols * dt_size(wt) * (size_t)n;
@@ -118,6 +124,7 @@ void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enu
 	}
 	int ntasks = (rows + j.rows_per_task - 1) / j.rows_per_task;
 	cpu_pool_run(p, matmul_task, &j, ntasks);
+	free(xp);
 }
 
 /* ---- attention --------------------------------------------------------------------------- */

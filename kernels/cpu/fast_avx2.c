@@ -2,18 +2,27 @@
  * fast_avx2.c - AVX2/FMA/F16C inner loops. Compiled with -mavx2 -mfma -mf16c; reached only
  * through fast.c and bandwidth.c after cpu_has_avx2().
  *
- * Matmul: a decode step is bound by reading the weights, so the loops aim to keep the loads
- * flowing: 4 rows at a time share each load of x, 16 columns per step, two accumulators per
- * row (8 independent FMA chains). Weights are widened to f32 in registers:
+ * Matmul, one or two tokens (a decode step of one sequence): bound by reading the weights, so
+ * the loops aim to keep the loads flowing: 4 rows at a time share each load of x, 16 columns
+ * per step, two accumulators per row (8 independent FMA chains). Weights are widened to f32
+ * in registers:
  *   bf16: a 256-bit load holds 16 values; unpacking its 16-bit words with zeros (lo, hi)
  *         puts each value in the top half of a 32-bit lane, which is its f32. The unpacks
  *         work within 128-bit lanes, so x is loaded as columns (0-3, 8-11) and (4-7, 12-15)
- *         to match (2 lane permutes per 16 columns, shared by the 4 rows). This measured a
- *         little faster here than shift+and or vpmovzxwd+shift.
+ *         to match (2 lane permutes per 16 columns, shared by the 4 rows).
  *   f16:  vcvtph2ps, 8 at a time.   f32: plain loads.
+ * Three or more tokens (a batched step, a prompt): FMAs and the widening, not memory, limit,
+ * so each weight is widened once and used for every token: blocks of 4 rows, 512 columns at
+ * a time widened into an L1-resident f32 buffer (block4), x copied once per matmul in the
+ * matching column order (cpu_pack_x_avx2), 3 tokens per pass over the buffer (12
+ * accumulators), and the next chunk of weights prefetched meanwhile. On the 2-core test
+ * machine this took eight sequences' decode step from 2.6x to about 2.0-2.2x the time of
+ * one sequence's (`wick bench queue`).
  * Columns past the last multiple of 16 are done in scalar code.
  */
 #include <immintrin.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -148,89 +157,223 @@ static ALWAYS_INLINE void dot_rows_t2(enum dt_type xt, enum dt_type wt, float *y
 	}
 }
 
-#define CONV_MAX_COLS 16384 /* 4 rows of f32 on the stack: 256 KiB */
+#define KC 512 /* columns per chunk: 4 rows of f32 weights, 8 KiB, stay in L1 */
+#define TB 24  /* tokens per block4 call: x for a block of them stays in L2 */
+#define WS (KC + 16) /* buf's row stride: rows 64 bytes off one another's L1 sets */
 
-/* Converts 4 rows of bf16/f16 weights to f32 in buf [4][cols], in natural column order. */
-static ALWAYS_INLINE void convert_rows4(enum dt_type wt, float *buf, const void *w, int cols,
-					size_t esz)
+/* Weight columns [c, c+16) of one bf16/f16 row as two f32 vectors, in the order copy_x puts
+ * x in. bf16: one 256-bit load holds 16 values, two to each 32-bit lane; shifting a lane
+ * left by 16 gives its even column as f32, masking off the low half its odd one, so w0 holds
+ * columns 0, 2, ..., 14 and w1 columns 1, 3, ..., 15 (no zero register needed, which the
+ * converting kernel cannot spare). f16: vcvtph2ps, in natural order. */
+static ALWAYS_INLINE void widen16(enum dt_type wt, const uint16_t *row, int c, __m256i hi,
+				  __m256 *w0, __m256 *w1)
 {
-	for (int r = 0; r < 4; r++) {
-		const uint16_t *row = (const uint16_t *)((const char *)w + (size_t)r * cols * esz);
-		float *o = buf + (size_t)r * cols;
-		int c = 0;
-		for (; c + 8 <= cols; c += 8) {
-			__m128i v = _mm_loadu_si128((const __m128i *)(row + c));
-			__m256 f = wt == DT_BF16
-					   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
-					   : _mm256_cvtph_ps(v);
-			_mm256_storeu_ps(o + c, f);
-		}
-		for (; c < cols; c++)
-			o[c] = w_scalar(wt, row, c);
+	if (wt == DT_BF16) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)(row + c));
+		*w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+		*w1 = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+	} else {
+		*w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + c)));
+		*w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + c + 8)));
 	}
 }
 
-/* y[t][r] for 4 rows of f32 weights (w [4][cols]) and T tokens (T = 1..3): 12 accumulators,
- * 3 x vectors and one weight vector fit the 16 ymm registers, so each weight load feeds T
- * FMAs and each x load feeds 4: the step is bound by FMAs, not loads. */
-static ALWAYS_INLINE void dot4_f32(int T, float *y, size_t ystride, const float *x,
-				   const float *w, int cols)
+/* Converts columns [c0, c0 + kc) of 4 rows of bf16/f16 weights (`cols` apart) to f32 in
+ * buf [4][WS], 16 columns at a time in widen16's order; kc is a multiple of 16. (Widening in
+ * natural order, vpmovzxwd + shift, cost twice as much here.) */
+static ALWAYS_INLINE void convert_chunk4(enum dt_type wt, float *buf, const void *w, int cols,
+					 int c0, int kc)
 {
-	__m256 acc[3][4];
+	__m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+#pragma GCC unroll 4
+	for (int r = 0; r < 4; r++) {
+		const uint16_t *row = (const uint16_t *)w + (size_t)r * cols + c0;
+		float *o = buf + r * WS;
+		for (int c = 0; c < kc; c += 16) {
+			__m256 w0, w1;
+			widen16(wt, row, c, hi, &w0, &w1);
+			_mm256_store_ps(o + c, w0);
+			_mm256_store_ps(o + c + 8, w1);
+		}
+	}
+}
+
+/* x [n][cols] into xp [n][xs] (64-byte aligned rows), each 16 columns in widen16's order;
+ * a dot product does not mind the order, as long as x and w agree. */
+static ALWAYS_INLINE void copy_x(enum dt_type wt, float *xp, size_t xs, const float *x, int n,
+				 int cols)
+{
+	for (int t = 0; t < n; t++) {
+		const float *s = x + (size_t)t * cols;
+		float *d = xp + (size_t)t * xs;
+		int c = 0;
+		for (; wt == DT_BF16 && c + 16 <= cols; c += 16) {
+			__m256 a = _mm256_loadu_ps(s + c), b = _mm256_loadu_ps(s + c + 8);
+			/* per lane (a0 a2 b0 b2 | a4 a6 b4 b6), then the 64-bit pairs put in order */
+			__m256 ev = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+			__m256 od = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+			ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8));
+			od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8));
+			_mm256_store_ps(d + c, ev);
+			_mm256_store_ps(d + c + 8, od);
+		}
+		memcpy(d + c, s + c, (size_t)(cols - c) * 4);
+	}
+}
+
+/* acc[t][r] += x[t][0..kc) * w[r][0..kc) as 8-lane partial sums, for 4 rows of f32 weights
+ * (buf [4][WS]) and T = 1..3 tokens (`xs` apart): 12 accumulators, 3 x vectors and one
+ * weight vector fill the 16 ymm registers, so each weight load feeds T FMAs and each x load
+ * feeds 4, and the loop is bound by FMAs (unrolled twice: 95% of peak here for T = 2 against
+ * 79% without). With pf, also prefetches 2 rows of the next chunk (kc / 4 bytes of each). */
+static ALWAYS_INLINE void kernel4(int T, __m256 *acc, const float *x, size_t xs,
+				  const float *w, int kc, const char *pf0, const char *pf1)
+{
+	__m256 a[3][4];
 #pragma GCC unroll 3
-	for (int t = 0; t < 3; t++)
+	for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++)
-			acc[t][r] = _mm256_setzero_ps();
-	int c = 0;
-	for (; c + 8 <= cols; c += 8) {
+			a[t][r] = acc[t * 4 + r];
+#pragma GCC unroll 2
+	for (int c = 0; c < kc; c += 8) {
 		__m256 xv[3];
+		if (pf0 && !(c & 31)) {
+			_mm_prefetch(pf0 + c * 2, _MM_HINT_T0);
+			_mm_prefetch(pf1 + c * 2, _MM_HINT_T0);
+		}
 #pragma GCC unroll 3
 		for (int t = 0; t < T; t++)
-			xv[t] = _mm256_loadu_ps(x + (size_t)t * cols + c);
+			xv[t] = _mm256_loadu_ps(x + (size_t)t * xs + c);
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
-			__m256 wv = _mm256_loadu_ps(w + (size_t)r * cols + c);
+			__m256 wv = _mm256_load_ps(w + r * WS + c);
 #pragma GCC unroll 3
 			for (int t = 0; t < T; t++)
-				acc[t][r] = _mm256_fmadd_ps(wv, xv[t], acc[t][r]);
+				a[t][r] = _mm256_fmadd_ps(wv, xv[t], a[t][r]);
 		}
 	}
 #pragma GCC unroll 3
 	for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			float sum = hsum(acc[t][r]);
-			for (int cc = c; cc < cols; cc++)
-				sum += x[(size_t)t * cols + cc] * w[(size_t)r * cols + cc];
-			y[(size_t)t * ystride + r] = sum;
-		}
+		for (int r = 0; r < 4; r++)
+			acc[t * 4 + r] = a[t][r];
 }
 
-/* Row blocks outermost and tokens inside, so each block of weights is read from memory once
- * and then from cache for the other tokens of a batched prompt. With 3 or more tokens a block
- * of bf16/f16 rows is converted to f32 once and every token reads the converted copy, since
- * conversion, not memory, is then what limits a batched step. */
-static ALWAYS_INLINE void matmul_rows(enum dt_type wt, float *y, const float *x, const void *w,
-				      int n, int rows, int cols, int r0, int r1)
+/* kernel4 for T = 1 or 2 tokens that reads the bf16/f16 weights themselves (4 rows `cols`
+ * apart, from column c0) and leaves them converted in buf for the other tokens: the
+ * conversion's loads, unpacks and stores then fill slots the FMAs leave free, instead of
+ * taking a pass of their own (8 accumulators, 4 x vectors, the mask and 2 for the weights
+ * fit the 16 registers; 3 tokens would not). Prefetches the 4 rows of the next chunk from pf[]. */
+static ALWAYS_INLINE void kernel4_convert(int T, enum dt_type wt, __m256 *acc, const float *x,
+					  size_t xs, const void *w, int cols, int c0, int kc,
+					  float *buf, const char *const *pf)
+{
+	__m256 a[2][4];
+	const uint16_t *row[4];
+	__m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+#pragma GCC unroll 4
+	for (int r = 0; r < 4; r++) {
+		row[r] = (const uint16_t *)w + (size_t)r * cols + c0;
+#pragma GCC unroll 2
+		for (int t = 0; t < T; t++)
+			a[t][r] = acc[t * 4 + r];
+	}
+	for (int c = 0; c < kc; c += 16) {
+		__m256 x0[2], x1[2];
+		if (!(c & 31))
+#pragma GCC unroll 4
+			for (int r = 0; r < 4; r++)
+				_mm_prefetch(pf[r] + c * 2, _MM_HINT_T0);
+#pragma GCC unroll 2
+		for (int t = 0; t < T; t++) {
+			x0[t] = _mm256_loadu_ps(x + (size_t)t * xs + c);
+			x1[t] = _mm256_loadu_ps(x + (size_t)t * xs + c + 8);
+		}
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			__m256 w0, w1;
+			widen16(wt, row[r], c, hi, &w0, &w1);
+			_mm256_store_ps(buf + r * WS + c, w0);
+			_mm256_store_ps(buf + r * WS + c + 8, w1);
+#pragma GCC unroll 2
+			for (int t = 0; t < T; t++) {
+				a[t][r] = _mm256_fmadd_ps(w0, x0[t], a[t][r]);
+				a[t][r] = _mm256_fmadd_ps(w1, x1[t], a[t][r]);
+			}
+		}
+	}
+#pragma GCC unroll 2
+	for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++)
+			acc[t * 4 + r] = a[t][r];
+}
+
+/* y for 4 rows starting at w and all n tokens, bf16/f16 weights: the columns go by in
+ * chunks of KC, each chunk of the 4 rows converted to f32 once into an L1-resident buffer
+ * that every token then reads, while the next chunk is prefetched. The first n % 3 tokens
+ * convert as they go (kernel4_convert), the rest go 3 at a time. The partial sums stay
+ * vectors in acc [n][4] until the last chunk. */
+static ALWAYS_INLINE void block4(enum dt_type wt, float *y, int rows, const float *x,
+				 size_t xs, __m256 *acc, const void *w, int cols, int r, int n)
+{
+	float buf[4 * WS] __attribute__((aligned(32)));
+	int c16 = cols & ~15, rem = n % 3;
+	for (int i = 0; i < n * 4; i++)
+		acc[i] = _mm256_setzero_ps();
+	for (int c0 = 0; c0 < c16; c0 += KC) {
+		int kc = c16 - c0 < KC ? c16 - c0 : KC;
+		/* the next chunk (after the last, the next block's first); prefetches past the
+		 * end of the weights never fault */
+		const char *pf[4];
+		for (int i = 0; i < 4; i++)
+			pf[i] = (const char *)((const uint16_t *)w +
+					       (c0 + KC < c16 ? (size_t)i * cols + c0 + KC
+							     : (size_t)(4 + i) * cols));
+		if (rem == 2)
+			kernel4_convert(2, wt, acc, x + c0, xs, w, cols, c0, kc, buf, pf);
+		else if (rem == 1)
+			kernel4_convert(1, wt, acc, x + c0, xs, w, cols, c0, kc, buf, pf);
+		else
+			convert_chunk4(wt, buf, w, cols, c0, kc);
+		for (int t = rem, g = 0; t + 3 <= n; t += 3, g++) {
+			bool p = !rem && g < 2; /* rows 2g, 2g + 1 of the next chunk */
+			kernel4(3, acc + t * 4, x + (size_t)t * xs + c0, xs, buf, kc,
+				p ? pf[2 * g] : NULL, p ? pf[2 * g + 1] : NULL);
+		}
+	}
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * xs;
+		for (int i = 0; i < 4; i++) {
+			float sum = hsum(acc[t * 4 + i]);
+			const void *row = (const uint16_t *)w + (size_t)i * cols;
+			for (int c = c16; c < cols; c++)
+				sum += xt[c] * w_scalar(wt, row, c);
+			y[(size_t)t * rows + r + i] = sum;
+		}
+	}
+}
+
+/* y[t][r] for rows [r0, r1) and n tokens. One or two tokens read the weights straight from
+ * memory (that step is bound by memory). With xp (x packed by cpu_pack_x_avx2, for three or
+ * more tokens and bf16/f16 weights) blocks of 4 rows go through block4, each block's weights
+ * read from memory and converted once for all the tokens, since conversion and FMAs, not
+ * memory, then limit; TB tokens at a time, so that their x stays in L2. */
+static ALWAYS_INLINE void matmul_rows(enum dt_type wt, float *y, const float *x,
+				      const float *xp, size_t xs, const void *w, int n, int rows,
+				      int cols, int r0, int r1)
 {
 	size_t esz = wt == DT_F32 ? 4 : 2;
 	int r = r0;
-	if (wt != DT_F32 && n >= 3 && cols <= CONV_MAX_COLS) {
-		float buf[4 * CONV_MAX_COLS] __attribute__((aligned(32)));
-		for (; r + 4 <= r1; r += 4) {
-			convert_rows4(wt, buf, (const char *)w + (size_t)r * cols * esz, cols, esz);
-			int t = 0;
-			for (; t + 3 <= n; t += 3)
-				dot4_f32(3, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
-					 buf, cols);
-			if (n - t == 2)
-				dot4_f32(2, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
-					 buf, cols);
-			else if (n - t == 1)
-				dot4_f32(1, y + (size_t)t * rows + r, (size_t)rows, x + (size_t)t * cols,
-					 buf, cols);
-		}
+	if (xp && wt != DT_F32) {
+		__m256 acc[TB * 4];
+		for (; r + 4 <= r1; r += 4)
+			for (int t0 = 0; t0 < n; t0 += TB)
+				block4(wt, y + (size_t)t0 * rows, rows, xp + (size_t)t0 * xs, xs, acc,
+				       (const char *)w + (size_t)r * cols * esz, cols, r,
+				       n - t0 < TB ? n - t0 : TB);
 	}
 	for (; r + 4 <= r1; r += 4) {
 		const void *wr = (const char *)w + (size_t)r * cols * esz;
@@ -256,13 +399,26 @@ static ALWAYS_INLINE void matmul_rows(enum dt_type wt, float *y, const float *x,
 	}
 }
 
-void cpu_matmul_rows_avx2(float *y, const float *x, const void *w, enum dt_type wt, int n,
-			  int rows, int cols, int r0, int r1)
+float *cpu_pack_x_avx2(const float *x, enum dt_type wt, int n, int cols, size_t *xs)
+{
+	if (wt == DT_F32 || n < 3)
+		return NULL;
+	/* rows a multiple of 64 bytes, plus 64, so that the tokens' vectors for one column do
+	 * not all fall in one L1 set (rows of 2^k floats would) */
+	*xs = (((size_t)cols + 15) & ~(size_t)15) + 16;
+	float *xp = aligned_alloc(64, (size_t)n * *xs * sizeof *xp);
+	if (xp)
+		copy_x(wt, xp, *xs, x, n, cols);
+	return xp;
+}
+
+void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, const void *w,
+			  enum dt_type wt, int n, int rows, int cols, int r0, int r1)
 {
 	switch (wt) {
-	case DT_BF16: matmul_rows(DT_BF16, y, x, w, n, rows, cols, r0, r1); break;
-	case DT_F16: matmul_rows(DT_F16, y, x, w, n, rows, cols, r0, r1); break;
-	default: matmul_rows(DT_F32, y, x, w, n, rows, cols, r0, r1); break;
+	case DT_BF16: matmul_rows(DT_BF16, y, x, xp, xs, w, n, rows, cols, r0, r1); break;
+	case DT_F16: matmul_rows(DT_F16, y, x, xp, xs, w, n, rows, cols, r0, r1); break;
+	default: matmul_rows(DT_F32, y, x, NULL, 0, w, n, rows, cols, r0, r1); break;
 	}
 }
 

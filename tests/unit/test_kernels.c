@@ -222,6 +222,9 @@ struct shape {
 static const struct shape mm_shapes[] = {
 	{1, 1, 1},    {1, 13, 37},  {7, 13, 37},   {1, 64, 16},   {7, 29, 100},
 	{1, 130, 129}, {3, 5, 15},  {7, 67, 264},  {1, 260, 1030}, {2, 8, 2048},
+	/* the batched path: n % 3 = 2, 0, 1; chunks of 512 columns and a tail; a token block
+	 * of 24 and a remainder */
+	{8, 12, 1030}, {9, 16, 530}, {4, 9, 48},  {30, 8, 520},  {26, 5, 2048},
 };
 
 static void check_matmul(struct cpu_pool *p, enum dt_type wt)
