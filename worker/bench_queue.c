@@ -10,6 +10,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,12 @@ static void on_done(void *ctx, struct sched_req *r)
 	sched_req_free(r);
 }
 
+static double median3(const double v[3])
+{
+	double a = v[0], b = v[1], c = v[2];
+	return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+}
+
 /* Seconds for `jobs` requests of `tokens` tokens each, submitted together. */
 static double run(struct engine *e, int jobs, int tokens, long *steps)
 {
@@ -218,22 +225,35 @@ int bench_queue(int argc, char **argv)
 	struct engine *e;
 	if (cmd_engine_open(&ce, &e))
 		return 1;
+	/* one alone and all together in turn, ROUNDS times after a warm-up: medians, and the
+	 * median of each round's ratio, so that a noisy moment on a shared machine weighs
+	 * little */
+	enum { ROUNDS = 3 };
 	long s1 = 0, sn = 0;
-	run(e, 1, tokens, &s1); /* warm-up */
-	double one = run(e, 1, tokens, &s1), all = run(e, jobs, tokens, &sn);
+	double one[ROUNDS], all[ROUNDS], ratio[ROUNDS];
+	bool ok = run(e, 1, tokens, &s1) > 0;
+	for (int i = 0; ok && i < ROUNDS; i++) {
+		one[i] = run(e, 1, tokens, &s1);
+		all[i] = run(e, jobs, tokens, &sn);
+		ok = one[i] > 0 && all[i] > 0;
+		if (ok)
+			ratio[i] = all[i] / one[i];
+	}
 	eng_close(e);
-	if (one <= 0 || all <= 0) {
+	if (!ok) {
 		fprintf(stderr, "wick bench queue: a run failed\n");
 		return 1;
 	}
+	double m1 = median3(one), mn = median3(all), mr = median3(ratio);
 	printf("model            %s (%s backend)\n", ce.model, ce.o.backend);
-	printf("one request      %.3f s (%ld steps, %d tokens)\n", one, s1, tokens);
-	printf("%d requests       %.3f s (%ld steps, %d tokens each, concurrency %d)\n", jobs, all,
+	printf("one request      %.3f s (%ld steps, %d tokens; median of %d)\n", m1, s1, tokens,
+	       ROUNDS);
+	printf("%d requests       %.3f s (%ld steps, %d tokens each, concurrency %d)\n", jobs, mn,
 	       sn, tokens, jobs);
-	printf("ratio            %.2fx the time of one, for %dx the tokens (target < 2x)\n",
-	       all / one, jobs);
+	printf("ratio            %.2fx the time of one, for %dx the tokens (target < 2x; rounds "
+	       "%.2f %.2f %.2f)\n", mr, jobs, ratio[0], ratio[1], ratio[2]);
 	printf("{\"bench\":\"queue\",\"mode\":\"batching\",\"jobs\":%d,\"tokens\":%d,\"one_s\":%.6f,"
-	       "\"all_s\":%.6f,\"ratio\":%.4f,\"steps_one\":%ld,\"steps_all\":%ld}\n",
-	       jobs, tokens, one, all, all / one, s1, sn);
+	       "\"all_s\":%.6f,\"ratio\":%.4f,\"steps_one\":%ld,\"steps_all\":%ld,\"rounds\":%d}\n",
+	       jobs, tokens, m1, mn, mr, s1, sn, ROUNDS);
 	return 0;
 }

@@ -21,6 +21,23 @@ assert abs(j["weight_gbps"] - j["bytes_per_token"] * j["tokens_per_s"] / 1e9) <=
 assert abs(j["ratio"] - j["weight_gbps"] / j["read_gbps"]) <= 1e-3 * j["ratio"]
 PY
 
+# `wick bench queue` (batching): eight equal requests at concurrency 8 against one alone, in
+# turn for 3 rounds; each round's ratio is printed and the JSON ratio is their median.
+out=$("$WICK" bench queue "$m" -n 6 --jobs 8 --threads 2)
+echo "$out"
+python3 - "$out" <<'PY' || fail "bad bench queue output"
+import json, re, statistics, sys
+out = sys.argv[1]
+j = json.loads(out.strip().splitlines()[-1])
+assert j["bench"] == "queue" and j["mode"] == "batching" and j["jobs"] == 8, j
+assert j["rounds"] == 3 and j["tokens"] == 6, j
+# one sequence takes a step per token; eight together take the same number of steps
+assert j["steps_one"] == 6 and j["steps_all"] == 6, j
+assert j["one_s"] > 0 and j["all_s"] > 0, j
+rounds = [float(x) for x in re.search(r"rounds ([\d.]+) ([\d.]+) ([\d.]+)", out).groups()]
+assert abs(statistics.median(rounds) - j["ratio"]) < 0.006, (rounds, j["ratio"])
+PY
+
 # Usage errors exit 2; an unknown sub-benchmark is refused by name.
 set +e
 "$WICK" bench 2>/dev/null; [ $? -eq 2 ] || fail "bare 'wick bench' should exit 2"
