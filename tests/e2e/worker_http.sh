@@ -207,10 +207,12 @@ print(f"{len(back)} jobs handed back and finished by another worker")' || fail "
 
 # 6. kill -9: the worker's pings stop, the server requeues its jobs after the lease (3 s),
 #    another worker finishes them.
-rp enqueue k 4 400 greedy
+rp enqueue k 4 1500 greedy
 run_worker k1 "$slow" --concurrency 4 --idle-timeout 5
 pk=$!
-sleep 1
+# mid-batch however fast the machine: 1,500 tokens take seconds on the slow model
+for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/k1.log" 2>/dev/null && break; sleep 0.05; done
+sleep 0.3
 kill -KILL "$(wpid k1)"
 wait $pk 2>/dev/null || true
 run_worker k2 "$m" --concurrency 8 --idle-timeout 4.5

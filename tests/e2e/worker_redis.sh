@@ -71,7 +71,9 @@ submit_many 60 300 k
 a=$!
 "$WICK" worker --model "$m" --queue "$Q" --lease 2 --idle-timeout 3 --worker-id b 2>"$TMPD/b.log" &
 b=$!
-sleep 0.5
+# mid-batch however fast the machine: killed once a is busy
+for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/a.log" 2>/dev/null && break; sleep 0.05; done
+sleep 0.1
 held=$(redis-cli -p "$port" xpending jobs wick | head -1)
 [ "$held" -gt 0 ] || fail "no job was in flight when worker a was killed"
 kill -9 $a

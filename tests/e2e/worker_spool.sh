@@ -111,7 +111,9 @@ k1=$!
 "$WICK" worker --model "$m" --queue "spool:$Q" --concurrency 8 --lease 2 --idle-timeout 3 \
   2>"$TMPD/k2.log" &
 k2=$!
-sleep 0.4
+# mid-batch however fast the machine: killed once k1 is busy
+for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/k1.log" 2>/dev/null && break; sleep 0.05; done
+sleep 0.1
 kill -9 $k1
 wait $k1 2>/dev/null || true
 wait $k2 || fail "the surviving worker exited $?"
