@@ -336,6 +336,10 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	e->model = m;
 	m->attn_ops = ops;
+	m->max_seqs = e->max_seqs > 0 ? e->max_seqs : 1;
+	m->seg = glm_own(m, calloc((size_t)m->max_seqs, sizeof *m->seg));
+	if (!m->seg)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	json_t *cfg = e->config;
 	int rc = read_cfg(&m->c, cfg, e->max_seq_opt, err, errsz);
 	if (rc || (rc = shard_cfg(e, &m->c, err, errsz)))
@@ -419,6 +423,7 @@ void glm_free(struct engine *e)
 		free(m->owned[i]);
 	free(m->owned);
 	free(m->pos);
+	free(m->tok);
 	free(m->x);
 	free(m->xb);
 	free(m->tmp);
@@ -450,28 +455,36 @@ static bool re(void *pp, size_t bytes)
 	return q != NULL;
 }
 
-static int grow(struct glm_model *m, int n, int pos0, int world)
+/* Scratch for a step of T token rows in nseg segments; lg_rows rows of whole-vocabulary
+ * logits (and, sharded, gath for the all_gather of lg_rows rows). */
+static int grow(struct glm_model *m, int T, int nseg, int lg_rows, int world)
 {
+	const struct glm_cfg *c = &m->c;
+	if (lg_rows > m->lg_cap) {
+		size_t nv = (size_t)lg_rows * c->vocab * 4;
+		if (!re(&m->lg, nv) ||
+		    (world > 1 && !re(&m->gath, (size_t)lg_rows * c->l_vocab * world * 4)))
+			return WK_ENOMEM;
+		m->lg_cap = lg_rows;
+	}
+	int n = T > nseg ? T : nseg;
 	if (n > m->cap) {
-		const struct glm_cfg *c = &m->c;
 		size_t wide = (size_t)c->l_inter;
 		if ((size_t)c->l_shared > wide)
 			wide = (size_t)c->l_shared;
 		if ((size_t)c->moe_inter > wide)
 			wide = (size_t)c->moe_inter;
-		size_t nv = (size_t)n * c->l_vocab * 4;
-		if (world > 1 && (!re(&m->lg, nv) || !re(&m->gath, nv * (size_t)world)))
-			return WK_ENOMEM;
 		size_t nd = (size_t)n * c->dim * 4, nk = (size_t)n * c->top_k * 4;
-		if (!re(&m->pos, (size_t)n * 4) || !re(&m->x, nd) || !re(&m->xb, nd) ||
-		    !re(&m->tmp, nd) || !re(&m->g, n * wide * 4) || !re(&m->u, n * wide * 4) ||
-		    !re(&m->logits, (size_t)n * c->n_experts * 4) || !re(&m->idx, nk) ||
-		    !re(&m->wt, nk) || !re(&m->rows, nk) || !re(&m->rw, nk) || !re(&m->xg, nd) ||
-		    !re(&m->yg, nd) || !re(&m->count, ((size_t)c->n_experts + 1) * 4))
+		if (!re(&m->pos, (size_t)n * 4) || !re(&m->tok, (size_t)n * 4) || !re(&m->x, nd) ||
+		    !re(&m->xb, nd) || !re(&m->tmp, nd) || !re(&m->g, n * wide * 4) ||
+		    !re(&m->u, n * wide * 4) || !re(&m->logits, (size_t)n * c->n_experts * 4) ||
+		    !re(&m->idx, nk) || !re(&m->wt, nk) || !re(&m->rows, nk) || !re(&m->rw, nk) ||
+		    !re(&m->xg, nd) || !re(&m->yg, nd) ||
+		    !re(&m->count, ((size_t)c->n_experts + 1) * 4))
 			return WK_ENOMEM; /* cap unchanged; the buffers that grew stay valid */
 		m->cap = n;
 	}
-	return m->attn_ops->grow(m, n, pos0);
+	return m->attn_ops->grow(m, T, m->seg, nseg);
 }
 
 static void mlp_forward(const struct backend *be, void *c, struct glm_model *m,
@@ -527,52 +540,96 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 	}
 }
 
-int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
-		char *err, size_t errsz)
+/* One batched pass over every item's tokens (continuous batching), as llama.c's run: the
+ * embedding, norms, MLP/MoE and lm_head see all T tokens at once; the family's attention
+ * takes the step's segments. all_logits (one item only): logits of every token into
+ * items[0].logits [T][vocab]; else each item's last token into its logits. Sharded (shard.c):
+ * this rank's part, partial sums completed by eng_all_reduce, vocab-parallel embedding and
+ * lm_head; items' logits are NULL on ranks other than 0. */
+static int run(struct engine *e, const struct eng_item *items, int n_items, bool all_logits,
+	       char *err, size_t errsz)
 {
 	struct glm_model *m = e->model;
 	const struct backend *be = e->be;
 	void *c = e->bctx;
-	int rc = grow(m, n, pos0, e->world) != WK_OK
-			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a batch of %d tokens", n)
+	int T = 0;
+	for (int i = 0; i < n_items; i++) {
+		m->seg[i] = (struct glm_seg){.seq = items[i].seq, .pos0 = e->seq_len[items[i].seq],
+					     .n = items[i].n, .off = T};
+		T += items[i].n;
+	}
+	/* whole-vocabulary rows needed outside the items' own buffers */
+	int lg_rows = e->world > 1 ? (all_logits ? T : n_items) : (all_logits ? 0 : n_items);
+	int rc = grow(m, T, n_items, lg_rows, e->world) != WK_OK
+			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
 			 : WK_OK;
 	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
 		return rc;
 	int dim = m->c.dim;
 	bool lead = eng_tp_lead(e);
-	for (int i = 0; i < n; i++)
-		m->pos[i] = pos0 + i;
-	eng_embed(e, m->x, tokens, n, m->embed, m->c.vocab0, dim);
+	for (int i = 0; i < n_items; i++)
+		for (int j = 0; j < items[i].n; j++) {
+			m->tok[m->seg[i].off + j] = items[i].tokens[j];
+			m->pos[m->seg[i].off + j] = m->seg[i].pos0 + j;
+		}
+	eng_embed(e, m->x, m->tok, T, m->embed, m->c.vocab0, dim);
 	for (int l = 0; l < m->c.n_layers; l++) {
 		struct glm_layer *L = &m->layers[l];
-		be->rmsnorm(c, m->xb, m->x, L->attn_norm, n, dim, m->c.eps);
-		m->attn_ops->forward(e, m, l, m->tmp, m->xb, n, pos0);
+		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
+		m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, m->seg, n_items);
 		if (!lead)
-			memset(m->tmp, 0, (size_t)n * dim * sizeof *m->tmp);
-		eng_all_reduce(e, m->tmp, (size_t)n * dim);
-		be->add(c, m->x, m->tmp, (size_t)n * dim);
+			memset(m->tmp, 0, (size_t)T * dim * sizeof *m->tmp);
+		eng_all_reduce(e, m->tmp, (size_t)T * dim);
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
 
-		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, n, dim, m->c.eps);
+		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, T, dim, m->c.eps);
 		if (L->moe) {
-			moe_forward(e, be, c, m, &L->ffn, m->tmp, m->xb, n);
+			moe_forward(e, be, c, m, &L->ffn, m->tmp, m->xb, T);
 		} else {
-			mlp_forward(be, c, m, &L->mlp, m->tmp, m->xb, n);
+			mlp_forward(be, c, m, &L->mlp, m->tmp, m->xb, T);
 			if (!lead)
-				memset(m->tmp, 0, (size_t)n * dim * sizeof *m->tmp);
+				memset(m->tmp, 0, (size_t)T * dim * sizeof *m->tmp);
 		}
-		eng_all_reduce(e, m->tmp, (size_t)n * dim);
-		be->add(c, m->x, m->tmp, (size_t)n * dim);
+		eng_all_reduce(e, m->tmp, (size_t)T * dim);
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
 	}
-	const float *last = all ? m->x : m->x + (size_t)(n - 1) * dim;
-	int rows = all ? n : 1;
-	be->rmsnorm(c, m->xb, last, m->final_norm, rows, dim, m->c.eps);
-	if (e->world == 1) {
-		be->matmul(c, logits, m->xb, &m->lm_head, rows);
+	if (all_logits) {
+		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->c.eps);
+		if (e->world == 1) {
+			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
+			return WK_OK;
+		}
+		be->matmul(c, m->lg, m->xb, &m->lm_head, T);
+		eng_gather_vocab(e, items[0].logits, m->lg, T, m->c.l_vocab, m->gath);
 		return WK_OK;
 	}
-	be->matmul(c, m->lg, m->xb, &m->lm_head, rows);
-	eng_gather_vocab(e, logits, m->lg, rows, m->c.l_vocab, m->gath);
+	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
+	 * vocabulary slices gathered in order into lg, rank 0 only. */
+	for (int i = 0; i < n_items; i++)
+		memcpy(m->xb + (size_t)i * dim,
+		       m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim, dim * sizeof(float));
+	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
+	be->matmul(c, m->lg, m->xb, &m->lm_head, n_items);
+	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
+	if (e->rank != 0)
+		return WK_OK;
+	for (int i = 0; i < n_items; i++)
+		memcpy(items[i].logits, m->lg + (size_t)i * m->c.vocab, m->c.vocab * sizeof(float));
 	return WK_OK;
+}
+
+int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)
+{
+	return run(e, items, n, false, err, errsz);
+}
+
+/* Sequence 0, truncated to pos0 tokens, then tokens appended (eng_forward's contract). */
+int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
+		char *err, size_t errsz)
+{
+	struct eng_item it = {.seq = 0, .tokens = tokens, .n = n, .logits = logits};
+	(void)pos0; /* eng_forward has set seq_len[0] = pos0 */
+	return run(e, &it, 1, all, err, errsz);
 }
 
 /* ---- snapshot layout ------------------------------------------------------------------------ */

@@ -26,9 +26,10 @@ struct g4_layer {
 struct g4 {
 	int n_heads, n_kv, head_dim, rot;
 	struct g4_layer *layers; /* [n_layers] */
-	float *kcache, *vcache;  /* (n_layers, max_seq, n_kv * head_dim) */
+	float *kcache, *vcache;  /* (max_seqs, n_layers, max_seq, n_kv * head_dim) */
 	int cap;
 	float *q, *att; /* (cap, n_heads * head_dim) */
+	float *kt, *vt; /* (cap, n_kv * head_dim) the step's new keys and values */
 };
 
 static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errsz)
@@ -96,32 +97,34 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		m->attn_bytes += glm_weight_bytes(&L->wq) + glm_weight_bytes(&L->wk) +
 				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
-	size_t cache = (size_t)m->c.n_layers * m->c.max_seq * kvd;
+	size_t cache = (size_t)m->max_seqs * m->c.n_layers * m->c.max_seq * kvd;
 	a->kcache = calloc(cache, sizeof(float));
 	a->vcache = calloc(cache, sizeof(float));
 	if (!a->kcache || !a->vcache)
 		return wk_errf(err, errsz, WK_ENOMEM,
-			       "cannot allocate a KV cache of %d positions (%zu MiB); try a smaller "
-			       "max_seq", m->c.max_seq, 2 * cache * sizeof(float) >> 20);
+			       "cannot allocate KV caches of %d positions for %d sequences (%zu MiB); "
+			       "try a smaller max_seq or concurrency", m->c.max_seq, m->max_seqs,
+			       2 * cache * sizeof(float) >> 20);
 	return WK_OK;
 }
 
-static int g4_grow(struct glm_model *m, int n, int pos0)
+static int g4_grow(struct glm_model *m, int T, const struct glm_seg *seg, int nseg)
 {
 	struct g4 *a = m->attn;
-	(void)pos0;
-	if (n <= a->cap)
+	(void)seg;
+	(void)nseg;
+	if (T <= a->cap)
 		return WK_OK;
-	size_t qd = (size_t)a->n_heads * a->head_dim;
-	float *q = realloc(a->q, (size_t)n * qd * sizeof(float));
-	if (!q)
-		return WK_ENOMEM;
-	a->q = q;
-	float *att = realloc(a->att, (size_t)n * qd * sizeof(float));
-	if (!att)
-		return WK_ENOMEM;
-	a->att = att;
-	a->cap = n;
+	size_t qd = (size_t)a->n_heads * a->head_dim, kvd = (size_t)a->n_kv * a->head_dim;
+	float **bufs[] = {&a->q, &a->att, &a->kt, &a->vt};
+	size_t width[] = {qd, qd, kvd, kvd};
+	for (int i = 0; i < 4; i++) {
+		float *p = realloc(*bufs[i], (size_t)T * width[i] * sizeof(float));
+		if (!p)
+			return WK_ENOMEM;
+		*bufs[i] = p;
+	}
+	a->cap = T;
 	return WK_OK;
 }
 
@@ -133,34 +136,42 @@ static void add_bias(const struct backend *be, void *c, float *y, const float *b
 }
 
 static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
-		       int n, int pos0)
+		       int T, const struct glm_seg *seg, int nseg)
 {
 	struct g4 *a = m->attn;
 	struct g4_layer *L = &a->layers[l];
 	const struct backend *be = e->be;
 	void *c = e->bctx;
 	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim;
-	float *kc = a->kcache + (size_t)l * m->c.max_seq * kvd;
-	float *vc = a->vcache + (size_t)l * m->c.max_seq * kvd;
-	float *knew = kc + (size_t)pos0 * kvd, *vnew = vc + (size_t)pos0 * kvd;
 
-	be->matmul(c, a->q, x, &L->wq, n);
-	be->matmul(c, knew, x, &L->wk, n);
-	be->matmul(c, vnew, x, &L->wv, n);
+	be->matmul(c, a->q, x, &L->wq, T);
+	be->matmul(c, a->kt, x, &L->wk, T);
+	be->matmul(c, a->vt, x, &L->wv, T);
 	if (L->bq) {
-		add_bias(be, c, a->q, L->bq, n, qd);
-		add_bias(be, c, knew, L->bk, n, kvd);
-		add_bias(be, c, vnew, L->bv, n, kvd);
+		add_bias(be, c, a->q, L->bq, T, qd);
+		add_bias(be, c, a->kt, L->bk, T, kvd);
+		add_bias(be, c, a->vt, L->bv, T, kvd);
 	}
 	if (L->qn) {
-		be->rmsnorm(c, a->q, a->q, L->qn, n * a->n_heads, a->head_dim, m->c.eps);
-		be->rmsnorm(c, knew, knew, L->kn, n * a->n_kv, a->head_dim, m->c.eps);
+		be->rmsnorm(c, a->q, a->q, L->qn, T * a->n_heads, a->head_dim, m->c.eps);
+		be->rmsnorm(c, a->kt, a->kt, L->kn, T * a->n_kv, a->head_dim, m->c.eps);
 	}
-	be->rope(c, a->q, n, m->pos, a->n_heads, a->head_dim, a->rot, m->c.theta, false);
-	be->rope(c, knew, n, m->pos, a->n_kv, a->head_dim, a->rot, m->c.theta, false);
-	be->attention(c, a->att, a->q, kc, vc, n, pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
-		      1.0f / sqrtf((float)a->head_dim));
-	be->matmul(c, out, a->att, &L->wo, n);
+	be->rope(c, a->q, T, m->pos, a->n_heads, a->head_dim, a->rot, m->c.theta, false);
+	be->rope(c, a->kt, T, m->pos, a->n_kv, a->head_dim, a->rot, m->c.theta, false);
+	size_t layer = (size_t)m->c.max_seq * kvd;
+	for (int s = 0; s < nseg; s++) {
+		const struct glm_seg *g = &seg[s];
+		size_t base = ((size_t)g->seq * m->c.n_layers + l) * layer;
+		float *kc = a->kcache + base, *vc = a->vcache + base;
+		memcpy(kc + (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
+		       (size_t)g->n * kvd * sizeof(float));
+		memcpy(vc + (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
+		       (size_t)g->n * kvd * sizeof(float));
+		be->attention(c, a->att + (size_t)g->off * qd, a->q + (size_t)g->off * qd, kc, vc,
+			      g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
+			      1.0f / sqrtf((float)a->head_dim));
+	}
+	be->matmul(c, out, a->att, &L->wo, T);
 }
 
 static void g4_free(struct glm_model *m)
@@ -172,6 +183,8 @@ static void g4_free(struct glm_model *m)
 	free(a->vcache);
 	free(a->q);
 	free(a->att);
+	free(a->kt);
+	free(a->vt);
 }
 
 /* Sharded layout of the attention: q_proj (weight and bias) rows by query heads, k_proj and
@@ -232,6 +245,7 @@ const struct family fam_glm4 = {
 	.arch = "Glm4MoeForCausalLM",
 	.load = g4_family_load,
 	.forward = glm_forward,
+	.step = glm_step,
 	.free = glm_free,
 	.plan = g4_plan,
 };

@@ -64,13 +64,17 @@ struct g5 {
 	float scale;
 	enum mla_mode mode;
 	struct g5_layer *layers;   /* [n_layers] */
-	float *ckv;                /* (n_layers, max_seq, lora) */
-	float *kpe;                /* (n_layers, max_seq, d_rope) */
-	float *ikc;                /* (n_layers, max_seq, i_dim) indexer keys (full layers) */
+	/* caches, per sequence: index ((seq * n_layers + layer) * max_seq + position) */
+	float *ckv;                /* (max_seqs, n_layers, max_seq, lora) */
+	float *kpe;                /* (max_seqs, n_layers, max_seq, d_rope) */
+	float *ikc;                /* (max_seqs, n_layers, max_seq, i_dim) indexer keys (full
+				    * layers) */
 	float *scores;             /* (max_seq) indexer scratch */
 	void *work;                /* (max_seq * 8 bytes) */
-	bool use_sel;              /* the last full layer's selection is sparse */
+	bool *use_sel;             /* (max_seqs) per segment of the step: the last full layer's
+				    * selection is sparse */
 	int cap, kvx_cap;
+	float *iks;                /* (cap, i_dim) the step's new indexer keys */
 	float *qc;                 /* (cap, q_lora) */
 	float *q;                  /* (cap, n_heads * (d_nope + d_rope)) */
 	float *kva;                /* (cap, lora + d_rope) */
@@ -260,16 +264,18 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		m->attn_bytes += glm_weight_bytes(&L->iq) + glm_weight_bytes(&L->ik) +
 				 glm_weight_bytes(&L->iw);
 	}
-	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->c.n_layers;
+	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
 	a->ckv = calloc(nl * T * a->lora, sizeof(float));
 	a->kpe = calloc(nl * T * a->d_rope, sizeof(float));
 	a->ikc = calloc(nl * T * a->i_dim, sizeof(float));
 	a->scores = malloc(T * sizeof(float));
 	a->work = malloc(T * 8);
-	if (!a->ckv || !a->kpe || !a->ikc || !a->scores || !a->work)
+	a->use_sel = calloc((size_t)m->max_seqs, sizeof *a->use_sel);
+	if (!a->ckv || !a->kpe || !a->ikc || !a->scores || !a->work || !a->use_sel)
 		return wk_errf(err, errsz, WK_ENOMEM,
-			       "cannot allocate the MLA and indexer caches of %d positions (%zu "
-			       "MiB); try a smaller max_seq", m->c.max_seq,
+			       "cannot allocate the MLA and indexer caches of %d positions for %d "
+			       "sequences (%zu MiB); try a smaller max_seq or concurrency",
+			       m->c.max_seq, m->max_seqs,
 			       nl * T * (a->lora + a->d_rope + a->i_dim) * sizeof(float) >> 20);
 	return WK_OK;
 }
@@ -302,82 +308,53 @@ static bool re(void *pp, size_t bytes)
 	return q != NULL;
 }
 
-static int g5_grow(struct glm_model *m, int n, int pos0)
+static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int nseg)
 {
 	struct g5 *a = m->attn;
 	size_t H = (size_t)a->n_heads, f = sizeof(float);
-	if (n > a->cap) {
-		size_t N = (size_t)n;
+	if (T > a->cap) {
+		size_t N = (size_t)T;
 		if (!re(&a->qc, N * a->q_lora * f) ||
 		    !re(&a->q, N * H * (a->d_nope + a->d_rope) * f) ||
 		    !re(&a->kva, N * (a->lora + a->d_rope) * f) ||
 		    !re(&a->qa, N * H * (a->lora + a->d_rope) * f) ||
 		    !re(&a->lat, N * H * a->lora * f) || !re(&a->att, N * H * a->d_v * f) ||
 		    !re(&a->iqv, N * a->i_heads * a->i_dim * f) || !re(&a->iwv, N * a->i_heads * f) ||
-		    !re(&a->sel, N * a->topk * sizeof(int)) || !re(&a->nsel, N * sizeof(int)))
+		    !re(&a->iks, N * a->i_dim * f) || !re(&a->sel, N * a->topk * sizeof(int)) ||
+		    !re(&a->nsel, N * sizeof(int)))
 			return WK_ENOMEM;
-		a->cap = n;
+		a->cap = T;
 	}
-	if (expand(a, n, pos0) && pos0 + n > a->kvx_cap) {
-		if (!re(&a->kvx, (size_t)(pos0 + n) * H * (a->d_nope + a->d_v) * f))
-			return WK_ENOMEM;
-		a->kvx_cap = pos0 + n;
+	for (int s = 0; s < nseg; s++) {
+		int end = seg[s].pos0 + seg[s].n;
+		if (expand(a, seg[s].n, seg[s].pos0) && end > a->kvx_cap) {
+			if (!re(&a->kvx, (size_t)end * H * (a->d_nope + a->d_v) * f))
+				return WK_ENOMEM;
+			a->kvx_cap = end;
+		}
 	}
 	return WK_OK;
 }
 
-static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
-		       int n, int pos0)
+/* Attention of one segment over its sequence's caches of layer l, into a->att (absorbed:
+ * a->lat, from a->qa, which the caller has filled when absorb_done; the caller then maps
+ * lat to att). */
+static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
+		      const struct glm_seg *g, float *ckv, float *kpe, bool use_sel,
+		      bool absorb_done)
 {
 	struct g5 *a = m->attn;
-	struct g5_layer *L = &a->layers[l];
 	const struct backend *be = e->be;
 	void *c = e->bctx;
 	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
-	size_t T = (size_t)m->c.max_seq;
-	float theta = m->c.theta;
-
-	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj; rope slice */
-	be->matmul(c, a->qc, x, &L->q_a, n);
-	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, n, a->q_lora, MLA_NORM_EPS);
-	be->matmul(c, a->q, a->qc, &L->q_b, n);
-	be->rope(c, a->q + nope, n, m->pos, H, nope + rope, rope, theta, true);
-
-	/* cache: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
-	float *ckv = a->ckv + (size_t)l * T * lora, *kpe = a->kpe + (size_t)l * T * rope;
-	be->matmul(c, a->kva, x, &L->kv_a, n);
-	for (int i = 0; i < n; i++) {
-		const float *row = a->kva + (size_t)i * (lora + rope);
-		be->rmsnorm(c, ckv + (size_t)(pos0 + i) * lora, row, L->kv_a_norm, 1, lora,
-			    MLA_NORM_EPS);
-		memcpy(kpe + (size_t)(pos0 + i) * rope, row + lora, (size_t)rope * sizeof(float));
-	}
-	be->rope(c, kpe + (size_t)pos0 * rope, n, m->pos, 1, rope, rope, theta, true);
-
-	/* DSA indexer: keys always enter the cache; scores only when some query has more than
-	 * topk keys (else it would select them all). */
-	if (L->full) {
-		int id = a->i_dim;
-		float *ikc = a->ikc + (size_t)l * T * id, *knew = ikc + (size_t)pos0 * id;
-		be->matmul(c, knew, x, &L->ik, n);
-		be->layernorm(c, knew, knew, L->ik_norm_w, L->ik_norm_b, n, id, INDEXER_NORM_EPS);
-		be->rope(c, knew, n, m->pos, 1, id, rope, theta, true);
-		a->use_sel = sparse(a, n, pos0);
-		if (a->use_sel) {
-			be->matmul(c, a->iqv, a->qc, &L->iq, n);
-			be->rope(c, a->iqv, n, m->pos, a->i_heads, id, rope, theta, true);
-			be->matmul(c, a->iwv, x, &L->iw, n);
-			be->dsa_topk(c, a->sel, a->nsel, a->iqv, ikc, a->iwv, n, pos0, a->i_heads, id,
-				     a->topk, 1.0f / sqrtf((float)id),
-				     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
-		}
-	}
+	size_t off = (size_t)g->off;
 	struct be_mla s = {.n_heads = H, .d_b = rope, .k_b = kpe, .kb_stride = (size_t)rope,
-			   .sel = a->use_sel ? a->sel : NULL, .nsel = a->nsel,
+			   .sel = use_sel ? a->sel + off * a->topk : NULL, .nsel = a->nsel + off,
 			   .sel_stride = a->topk, .scale = a->scale};
-	if (expand(a, n, pos0)) {
+	const float *q = a->q + off * H * (nope + rope);
+	if (expand(a, g->n, g->pos0)) {
 		size_t row = (size_t)H * (nope + dv);
-		be->matmul(c, a->kvx, ckv, &L->kv_b, pos0 + n);
+		be->matmul(c, a->kvx, ckv, &L->kv_b, g->pos0 + g->n);
 		s.d_a = nope;
 		s.d_v = dv;
 		s.k_a = a->kvx;
@@ -386,19 +363,103 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		s.v = a->kvx + nope;
 		s.v_stride = row;
 		s.v_head = (size_t)(nope + dv);
-		be->mla_attention(c, a->att, a->q, &s, n, pos0);
-	} else {
-		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, n, H, nope, rope, dv);
-		s.d_a = lora;
-		s.d_v = lora;
-		s.k_a = ckv;
-		s.ka_stride = (size_t)lora;
-		s.v = ckv;
-		s.v_stride = (size_t)lora;
-		be->mla_attention(c, a->lat, a->qa, &s, n, pos0);
-		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, n, H, nope, dv);
+		be->mla_attention(c, a->att + off * H * dv, q, &s, g->n, g->pos0);
+		return;
 	}
-	be->matmul(c, out, a->att, &L->o, n);
+	float *qa = a->qa + off * H * (lora + rope), *lat = a->lat + off * H * lora;
+	if (!absorb_done)
+		be->mla_absorb_q(c, qa, q, &L->kv_b, g->n, H, nope, rope, dv);
+	s.d_a = lora;
+	s.d_v = lora;
+	s.k_a = ckv;
+	s.ka_stride = (size_t)lora;
+	s.v = ckv;
+	s.v_stride = (size_t)lora;
+	be->mla_attention(c, lat, qa, &s, g->n, g->pos0);
+	if (!absorb_done)
+		be->mla_absorb_out(c, a->att + off * H * dv, lat, &L->kv_b, g->n, H, nope, dv);
+}
+
+static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
+		       int T, const struct glm_seg *seg, int nseg)
+{
+	struct g5 *a = m->attn;
+	struct g5_layer *L = &a->layers[l];
+	const struct backend *be = e->be;
+	void *c = e->bctx;
+	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
+	size_t S = (size_t)m->c.max_seq, nl = (size_t)m->c.n_layers;
+	float theta = m->c.theta;
+#define CACHE(base, seq, width) ((base) + (((size_t)(seq) * nl + (size_t)l) * S) * (width))
+
+	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj; rope slice */
+	be->matmul(c, a->qc, x, &L->q_a, T);
+	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, T, a->q_lora, MLA_NORM_EPS);
+	be->matmul(c, a->q, a->qc, &L->q_b, T);
+	be->rope(c, a->q + nope, T, m->pos, H, nope + rope, rope, theta, true);
+
+	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
+	be->matmul(c, a->kva, x, &L->kv_a, T);
+	for (int s = 0; s < nseg; s++) {
+		const struct glm_seg *g = &seg[s];
+		float *ckv = CACHE(a->ckv, g->seq, lora), *kpe = CACHE(a->kpe, g->seq, rope);
+		for (int i = 0; i < g->n; i++) {
+			const float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
+			be->rmsnorm(c, ckv + (size_t)(g->pos0 + i) * lora, row, L->kv_a_norm, 1, lora,
+				    MLA_NORM_EPS);
+			memcpy(kpe + (size_t)(g->pos0 + i) * rope, row + lora,
+			       (size_t)rope * sizeof(float));
+		}
+		be->rope(c, kpe + (size_t)g->pos0 * rope, g->n, m->pos + g->off, 1, rope, rope,
+			 theta, true);
+	}
+
+	/* DSA indexer: keys always enter the caches; scores only for segments where some query
+	 * has more than topk keys (else it would select them all). */
+	if (L->full) {
+		int id = a->i_dim;
+		bool any = false;
+		be->matmul(c, a->iks, x, &L->ik, T);
+		be->layernorm(c, a->iks, a->iks, L->ik_norm_w, L->ik_norm_b, T, id,
+			      INDEXER_NORM_EPS);
+		be->rope(c, a->iks, T, m->pos, 1, id, rope, theta, true);
+		for (int s = 0; s < nseg; s++) {
+			memcpy(CACHE(a->ikc, seg[s].seq, id) + (size_t)seg[s].pos0 * id,
+			       a->iks + (size_t)seg[s].off * id, (size_t)seg[s].n * id * sizeof(float));
+			a->use_sel[s] = sparse(a, seg[s].n, seg[s].pos0);
+			any |= a->use_sel[s];
+		}
+		if (any) {
+			be->matmul(c, a->iqv, a->qc, &L->iq, T);
+			be->rope(c, a->iqv, T, m->pos, a->i_heads, id, rope, theta, true);
+			be->matmul(c, a->iwv, x, &L->iw, T);
+		}
+		for (int s = 0; s < nseg; s++) {
+			const struct glm_seg *g = &seg[s];
+			size_t off = (size_t)g->off;
+			if (a->use_sel[s])
+				be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
+					     a->iqv + off * a->i_heads * id, CACHE(a->ikc, g->seq, id),
+					     a->iwv + off * a->i_heads, g->n, g->pos0, a->i_heads, id,
+					     a->topk, 1.0f / sqrtf((float)id),
+					     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
+		}
+	}
+
+	/* Attention per segment. When every segment absorbs (decode steps), kv_b_proj's two
+	 * halves are applied to all T rows at once, so the weight is read once per step. */
+	bool all_absorb = true;
+	for (int s = 0; s < nseg; s++)
+		all_absorb &= !expand(a, seg[s].n, seg[s].pos0);
+	if (all_absorb)
+		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, T, H, nope, rope, dv);
+	for (int s = 0; s < nseg; s++)
+		g5_attend(e, m, L, &seg[s], CACHE(a->ckv, seg[s].seq, lora),
+			  CACHE(a->kpe, seg[s].seq, rope), a->use_sel[s], all_absorb);
+	if (all_absorb)
+		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, T, H, nope, dv);
+	be->matmul(c, out, a->att, &L->o, T);
+#undef CACHE
 }
 
 static void g5_free(struct glm_model *m)
@@ -409,6 +470,8 @@ static void g5_free(struct glm_model *m)
 	free(a->ckv);
 	free(a->kpe);
 	free(a->ikc);
+	free(a->use_sel);
+	free(a->iks);
 	free(a->scores);
 	free(a->work);
 	free(a->qc);
@@ -433,7 +496,7 @@ int glm5_debug(struct engine *e, struct glm5_debug *d)
 	size_t l = (size_t)m->c.n_layers - 1, T = (size_t)m->c.max_seq;
 	*d = (struct glm5_debug){.ckv = a->ckv + l * T * a->lora, .kpe = a->kpe + l * T * a->d_rope,
 				 .lora = a->lora, .rope = a->d_rope, .sel = a->sel, .nsel = a->nsel,
-				 .sel_stride = a->topk, .sparse = a->use_sel};
+				 .sel_stride = a->topk, .sparse = a->use_sel[0]};
 	return WK_OK;
 }
 
@@ -487,6 +550,7 @@ const struct family fam_glm5 = {
 	.arch = "GlmMoeDsaForCausalLM",
 	.load = g5_family_load,
 	.forward = glm_forward,
+	.step = glm_step,
 	.free = glm_free,
 	.plan = g5_plan,
 };

@@ -53,14 +53,24 @@ struct glm_cfg {
 
 struct glm_model;
 
-/* A family's attention. forward writes the attention output (before the residual add)
- * out [n][dim] from the normalised input x [n][dim] of layer l, and updates its caches for
- * positions pos0 .. pos0+n-1. */
+/* One sequence's part of a step: token rows [off, off + n) of the step append to sequence
+ * seq at positions pos0 .. pos0 + n - 1 (m->pos holds each row's position). */
+struct glm_seg {
+	int seq, pos0, n, off;
+};
+
+/* A family's attention, over the T token rows of a step (continuous batching: several
+ * sequences, each with its own caches, sequence s's at index s of max_seqs). forward writes
+ * the attention output (before the residual add) out [T][dim] from the normalised input
+ * x [T][dim] of layer l, and appends each segment's keys to its sequence's caches. The
+ * projections see all T rows at once, so each weight is read once per step; attention runs
+ * per segment. */
 struct glm_attn {
 	int (*load)(struct engine *e, struct glm_model *m, char *err, size_t errsz);
-	int (*grow)(struct glm_model *m, int n, int pos0); /* scratch for n tokens; WK_ENOMEM */
+	/* scratch for a step of T rows in these segments; WK_ENOMEM */
+	int (*grow)(struct glm_model *m, int T, const struct glm_seg *seg, int nseg);
 	void (*forward)(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
-			int n, int pos0);
+			int T, const struct glm_seg *seg, int nseg);
 	void (*free)(struct glm_model *m);
 };
 
@@ -75,9 +85,12 @@ struct glm_model {
 	uint64_t attn_bytes;           /* attention weight bytes one decode step reads */
 	void **owned;                  /* allocations freed with the model */
 	size_t n_owned, cap_owned;
+	int max_seqs;                      /* sequences held (e->max_seqs): caches are per seq */
 	/* scratch for `cap` tokens */
 	int cap;
 	int *pos;                          /* (cap) */
+	int *tok;                          /* (cap) */
+	struct glm_seg *seg;               /* (max_seqs) the current step's segments */
 	float *x, *xb, *tmp;               /* (cap, dim) */
 	float *g, *u;                      /* (cap, widest MLP) */
 	float *logits;                     /* (cap, n_experts) */
@@ -87,7 +100,9 @@ struct glm_model {
 	float *rw;                         /* (cap * top_k) their gate values */
 	float *xg, *yg;                    /* (cap, dim) one expert's batch */
 	int *count;                        /* (n_experts + 1) */
-	float *lg, *gath;                  /* sharded: (cap, l_vocab), (world, cap, l_vocab) */
+	float *lg, *gath;                  /* (lg_cap, vocab) logits; sharded: (world, lg_cap,
+					    * l_vocab) for the all_gather */
+	int lg_cap;
 };
 
 /* Keeps p (malloc'd) until the model is freed. Returns p, or NULL (and frees p) when the list
@@ -115,6 +130,7 @@ int glm_require_str(json_t *cfg, const char *key, const char *want, char *err, s
 int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t errsz);
 int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
 		char *err, size_t errsz);
+int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz);
 void glm_free(struct engine *e);
 /* The snapshot layout of both families. Sharded, a family's attention tensors follow its
  * own rule: attn() plans the tensor `name` of layer l whose name ends in self_attn.<leaf>. */
@@ -123,9 +139,10 @@ typedef int (*glm_attn_plan)(struct plan *p, json_t *cfg, const char *name, cons
 int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
 	     size_t errsz);
 
-/* Test hook (glm5.c): the MLA cache of the last layer, (max_seq, lora) and (max_seq, rope),
- * and the DSA selection that the last full layer made in the latest forward call (sparse
- * false: it attended densely). Returns WK_EINVAL when e is not a GLM-5 engine. */
+/* Test hook (glm5.c): sequence 0's MLA cache of the last layer, (max_seq, lora) and
+ * (max_seq, rope), and the DSA selection that the last full layer made for the first segment
+ * of the latest step (sparse false: it attended densely). Returns WK_EINVAL when e is not a
+ * GLM-5 engine. */
 struct glm5_debug {
 	float *ckv, *kpe;
 	int lora, rope;

@@ -448,6 +448,82 @@ Test(glm, glm4_decode_matches_prefill)
 	}
 }
 
+/* Continuous batching: three sequences stepped together (prefills of different lengths mixed
+ * with decodes; MLA expanded for the prefills and absorbed for the decodes; the DSA indexer
+ * selecting in one segment and dense in another) give the logits each gets alone. */
+static void check_batched(const char *dir, int V, const char *what)
+{
+	char err[WK_ERRSZ];
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 3};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_info(e)->max_seqs, 3, "%s: the family must batch", what);
+	/* prompts: ids[0..7), ids[2..4), ids[4..9); then each decodes two tokens */
+	const int *p[3] = {ids, ids + 2, ids + 4};
+	int len[3] = {7, 2, 5}, dec[2] = {9, 13};
+	float *want = malloc(sizeof(float) * 3 * 3 * V), *got = malloc(sizeof(float) * 3 * 3 * V);
+	cr_assert(want && got);
+#define W(s, k) (want + ((size_t)(s) * 3 + (k)) * V)
+#define G(s, k) (got + ((size_t)(s) * 3 + (k)) * V)
+	for (int s = 0; s < 3; s++) {
+		cr_assert_eq(eng_forward(e, p[s], len[s], 0, W(s, 0), false, err, sizeof err), WK_OK,
+			     "%s", err);
+		for (int k = 0; k < 2; k++)
+			cr_assert_eq(eng_forward(e, &dec[k], 1, len[s] + k, W(s, k + 1), false, err,
+						 sizeof err), WK_OK, "%s", err);
+	}
+	eng_seq_free(e, 0);
+	int seq[3];
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
+	/* step 1: 0 and 1 prefill; step 2: 2 prefills while 0 and 1 decode; step 3: all decode;
+	 * step 4: 2 decodes alone */
+	struct eng_item s1[2] = {{seq[0], p[0], len[0], G(0, 0)}, {seq[1], p[1], len[1], G(1, 0)}};
+	cr_assert_eq(eng_step(e, s1, 2, err, sizeof err), WK_OK, "%s", err);
+	struct eng_item s2[3] = {{seq[2], p[2], len[2], G(2, 0)}, {seq[0], &dec[0], 1, G(0, 1)},
+				 {seq[1], &dec[0], 1, G(1, 1)}};
+	cr_assert_eq(eng_step(e, s2, 3, err, sizeof err), WK_OK, "%s", err);
+	struct eng_item s3[3] = {{seq[1], &dec[1], 1, G(1, 2)}, {seq[2], &dec[0], 1, G(2, 1)},
+				 {seq[0], &dec[1], 1, G(0, 2)}};
+	cr_assert_eq(eng_step(e, s3, 3, err, sizeof err), WK_OK, "%s", err);
+	struct eng_item s4 = {seq[2], &dec[1], 1, G(2, 2)};
+	cr_assert_eq(eng_step(e, &s4, 1, err, sizeof err), WK_OK, "%s", err);
+	double worst = 0;
+	for (int s = 0; s < 3; s++)
+		for (int k = 0; k < 3; k++) {
+			double r = rel(G(s, k), W(s, k), V);
+			cr_expect_leq(r, 1e-4, "%s: sequence %d, logits %d: batched vs alone %g", what,
+				      s, k, r);
+			worst = r > worst ? r : worst;
+		}
+	fprintf(stderr, "glm batched: %s: worst relative difference %.2g\n", what, worst);
+#undef W
+#undef G
+	free(want);
+	free(got);
+	eng_close(e);
+}
+
+Test(glm, batched_sequences_match_single)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 99, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	set_mla(NULL);
+	check_batched(dir, G5_VOCAB, "glm5 fp8, index_topk 4");
+	set_mla("absorb");
+	check_batched(dir, G5_VOCAB, "glm5 fp8, absorbed");
+	set_mla(NULL);
+	rm_rf(dir);
+	free(dir);
+	dir = mkdir_tmp();
+	write_glm4(dir, DT_BF16, 4, 2, 0.1f);
+	check_batched(dir, G4_VOCAB, "glm4 bf16");
+	rm_rf(dir);
+	free(dir);
+}
+
 /* ---- (3) DSA ------------------------------------------------------------------------------- */
 
 /* index_topk >= the sequence: the indexer selects every causal key, i.e. dense attention.
