@@ -27,3 +27,102 @@ int cuda_device_count(void)
 {
 	return 0;
 }
+
+/* ---- cuda_kernels.h without CUDA: every call is refused ---- */
+
+#include "kernels/cuda/cuda_kernels.h"
+
+static int none(char *err, size_t errsz)
+{
+	return wk_errf(err, errsz, WK_EUNSUPPORTED, "this wick was built without CUDA");
+}
+
+int wk_cuda_alloc(void **p, size_t bytes, char *err, size_t errsz)
+{
+	(void)bytes;
+	*p = NULL;
+	return none(err, errsz);
+}
+
+void wk_cuda_free(void *p)
+{
+	(void)p;
+}
+
+int wk_cuda_upload(void *dst, const void *src, size_t bytes, char *err, size_t errsz)
+{
+	(void)dst, (void)src, (void)bytes;
+	return none(err, errsz);
+}
+
+int wk_cuda_download(void *dst, const void *src, size_t bytes, char *err, size_t errsz)
+{
+	(void)dst, (void)src, (void)bytes;
+	return none(err, errsz);
+}
+
+int wk_cuda_sync(char *err, size_t errsz)
+{
+	return none(err, errsz);
+}
+
+int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n, int rows,
+		   int cols, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)w, (void)wt, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
+int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
+		       int rows, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)w, (void)scale, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
+int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps,
+		    char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)w, (void)n, (void)dim, (void)eps;
+	return none(err, errsz);
+}
+
+int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
+		 float theta, bool interleaved, char *err, size_t errsz)
+{
+	(void)x, (void)n, (void)pos, (void)n_heads, (void)head_dim, (void)rot_dim, (void)theta,
+		(void)interleaved;
+	return none(err, errsz);
+}
+
+int wk_cuda_attention(float *out, const float *q, const float *k, const float *v, int n,
+		      int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale,
+		      char *err, size_t errsz)
+{
+	(void)out, (void)q, (void)k, (void)v, (void)n, (void)pos0, (void)n_heads, (void)n_kv,
+		(void)head_dim, (void)kv_stride, (void)scale;
+	return none(err, errsz);
+}
+
+int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz)
+{
+	(void)g, (void)u, (void)n;
+	return none(err, errsz);
+}
+
+int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)n;
+	return none(err, errsz);
+}
+
+int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err, size_t errsz)
+{
+	(void)idx, (void)logits, (void)n, (void)vocab;
+	return none(err, errsz);
+}
+
+int wk_cuda_lab(void)
+{
+	return WK_EUNSUPPORTED;
+}

@@ -1,0 +1,386 @@
+/*
+ * kernels.cu - the CUDA kernels of cuda_kernels.h, first versions (see there). Each kernel's
+ * comment names its CPU reference; tests/unit/test_cuda.c compares them on random inputs
+ * wherever a GPU is present.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" {
+#include "common/wk.h"
+#include "kernels/cuda/cuda_kernels.h"
+}
+
+#define FP8_BLOCK 128 /* the block of the FP8 weight scales (CPU_FP8_BLOCK) */
+
+static int check(cudaError_t e, const char *what, char *err, size_t errsz)
+{
+	if (e == cudaSuccess)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EIO, "CUDA %s: %s", what, cudaGetErrorString(e));
+}
+
+/* after a launch: the launch's own error (bad configuration), not the kernel's outcome */
+static int launched(const char *what, char *err, size_t errsz)
+{
+	return check(cudaGetLastError(), what, err, errsz);
+}
+
+static unsigned blocks(size_t threads, unsigned per)
+{
+	return (unsigned)((threads + per - 1) / per);
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+extern "C" int wk_cuda_alloc(void **p, size_t bytes, char *err, size_t errsz)
+{
+	*p = NULL;
+	return check(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc", err, errsz);
+}
+
+extern "C" void wk_cuda_free(void *p)
+{
+	if (p)
+		cudaFree(p);
+}
+
+extern "C" int wk_cuda_upload(void *dst, const void *src, size_t bytes, char *err, size_t errsz)
+{
+	return check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload", err, errsz);
+}
+
+extern "C" int wk_cuda_download(void *dst, const void *src, size_t bytes, char *err,
+				size_t errsz)
+{
+	return check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download", err, errsz);
+}
+
+extern "C" int wk_cuda_sync(char *err, size_t errsz)
+{
+	return check(cudaDeviceSynchronize(), "kernel", err, errsz);
+}
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
+__device__ float block_sum(float v)
+{
+	__shared__ float part[32];
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_sum(v);
+	__syncthreads(); /* part may still be read by a previous call */
+	if (lane == 0)
+		part[wid] = v;
+	__syncthreads();
+	v = lane < nw ? part[lane] : 0.0f;
+	return warp_sum(v);
+}
+
+__device__ float block_max(float v)
+{
+	__shared__ float part[32];
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		part[wid] = v;
+	__syncthreads();
+	v = lane < nw ? part[lane] : -INFINITY;
+	return warp_max(v);
+}
+
+__device__ __forceinline__ float load_w(const float *w, size_t i) { return w[i]; }
+__device__ __forceinline__ float load_w(const __nv_bfloat16 *w, size_t i)
+{
+	return __bfloat162float(w[i]);
+}
+__device__ __forceinline__ float load_w(const __half *w, size_t i) { return __half2float(w[i]); }
+
+/* ---- matmul (cpu_ref_matmul, cpu_ref_matmul_fp8) ------------------------------------------ */
+
+/* One warp per weight row, all n tokens: the row is read from memory once and from cache
+ * for the other tokens. */
+template <typename T>
+__global__ void k_matmul(float *y, const float *x, const T *w, int n, int rows, int cols)
+{
+	int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+	if (row >= rows)
+		return;
+	const T *wr = w + (size_t)row * cols;
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * cols;
+		float s = 0.0f;
+		for (int c = lane; c < cols; c += 32)
+			s += load_w(wr, (size_t)c) * xt[c];
+		s = warp_sum(s);
+		if (lane == 0)
+			y[(size_t)t * rows + row] = s;
+	}
+}
+
+/* As k_matmul, the sum taken per 128-column block and scaled by the block's scale. */
+__global__ void k_matmul_fp8(float *y, const float *x, const __nv_fp8_e4m3 *w,
+			     const float *scale, int n, int rows, int cols)
+{
+	int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+	if (row >= rows)
+		return;
+	int sc = (cols + FP8_BLOCK - 1) / FP8_BLOCK;
+	const __nv_fp8_e4m3 *wr = w + (size_t)row * cols;
+	const float *srow = scale + (size_t)(row / FP8_BLOCK) * sc;
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * cols;
+		float acc = 0.0f;
+		for (int b = 0; b < sc; b++) {
+			int c0 = b * FP8_BLOCK, c1 = min(c0 + FP8_BLOCK, cols);
+			float s = 0.0f;
+			for (int c = c0 + lane; c < c1; c += 32)
+				s += float(wr[c]) * xt[c];
+			acc += s * srow[b]; /* lanes' partials scale alike: one sum at the end */
+		}
+		acc = warp_sum(acc);
+		if (lane == 0)
+			y[(size_t)t * rows + row] = acc;
+	}
+}
+
+extern "C" int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n,
+			      int rows, int cols, char *err, size_t errsz)
+{
+	if (n <= 0 || rows <= 0)
+		return WK_OK;
+	unsigned b = blocks((size_t)rows * 32, 256);
+	switch (wt) {
+	case DT_F32: k_matmul<<<b, 256>>>(y, x, (const float *)w, n, rows, cols); break;
+	case DT_BF16: k_matmul<<<b, 256>>>(y, x, (const __nv_bfloat16 *)w, n, rows, cols); break;
+	case DT_F16: k_matmul<<<b, 256>>>(y, x, (const __half *)w, n, rows, cols); break;
+	default:
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "CUDA matmul: weights in %s",
+			       dt_name(wt));
+	}
+	return launched("matmul", err, errsz);
+}
+
+extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale,
+				  int n, int rows, int cols, char *err, size_t errsz)
+{
+	if (n <= 0 || rows <= 0)
+		return WK_OK;
+	k_matmul_fp8<<<blocks((size_t)rows * 32, 256), 256>>>(
+		y, x, (const __nv_fp8_e4m3 *)w, scale, n, rows, cols);
+	return launched("matmul_fp8", err, errsz);
+}
+
+/* ---- rmsnorm (cpu_ref_rmsnorm): one block per row ------------------------------------------ */
+
+__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
+{
+	const float *xr = x + (size_t)blockIdx.x * dim;
+	float *yr = y + (size_t)blockIdx.x * dim;
+	float ss = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		yr[i] = xr[i] * inv * w[i];
+}
+
+extern "C" int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim,
+			       float eps, char *err, size_t errsz)
+{
+	if (n <= 0)
+		return WK_OK;
+	k_rmsnorm<<<n, 256>>>(y, x, w, dim, eps);
+	return launched("rmsnorm", err, errsz);
+}
+
+/* ---- rope (cpu_ref_rope): one thread per rotated pair ---------------------------------------- */
+
+__global__ void k_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
+		       float theta, bool interleaved)
+{
+	int half = rot_dim / 2;
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	if (i >= (size_t)n * n_heads * half)
+		return;
+	int j = (int)(i % half);
+	size_t th = i / half; /* token * n_heads + head */
+	int t = (int)(th / n_heads);
+	float *v = x + th * head_dim;
+	float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot_dim);
+	float s, c;
+	sincosf((float)pos[t] * inv_freq, &s, &c);
+	int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+	float a = v[i0], b = v[i1];
+	v[i0] = a * c - b * s;
+	v[i1] = b * c + a * s;
+}
+
+extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim,
+			    int rot_dim, float theta, bool interleaved, char *err, size_t errsz)
+{
+	size_t pairs = (size_t)n * n_heads * (rot_dim / 2);
+	if (pairs == 0)
+		return WK_OK;
+	k_rope<<<blocks(pairs, 256), 256>>>(x, n, pos, n_heads, head_dim, rot_dim, theta,
+					    interleaved);
+	return launched("rope", err, errsz);
+}
+
+/* ---- attention (cpu_ref_attention): one block per (token, query head) ------------------------ */
+
+/* Scores in shared memory (len floats), the softmax over them, then each thread sums the
+ * values of its output dimensions. */
+__global__ void k_attention(float *out, const float *q, const float *k, const float *v,
+			    int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+			    float scale)
+{
+	extern __shared__ float sc[];
+	int i = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+	int len = pos0 + i + 1, group = n_heads / n_kv;
+	const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
+	size_t koff = (size_t)(h / group) * head_dim;
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int t = wid; t < len; t += nw) { /* a warp per key */
+		const float *kt = k + (size_t)t * kv_stride + koff;
+		float s = 0.0f;
+		for (int d = lane; d < head_dim; d += 32)
+			s += qh[d] * kt[d];
+		s = warp_sum(s);
+		if (lane == 0)
+			sc[t] = s * scale;
+	}
+	__syncthreads();
+	float m = -INFINITY;
+	for (int t = threadIdx.x; t < len; t += blockDim.x)
+		m = fmaxf(m, sc[t]);
+	m = block_max(m);
+	float sum = 0.0f;
+	for (int t = threadIdx.x; t < len; t += blockDim.x) {
+		float p = expf(sc[t] - m);
+		sc[t] = p;
+		sum += p;
+	}
+	sum = block_sum(sum); /* its __syncthreads also orders the writes of sc above */
+	float *oh = out + ((size_t)i * n_heads + h) * head_dim;
+	for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+		float o = 0.0f;
+		for (int t = 0; t < len; t++)
+			o += sc[t] * v[(size_t)t * kv_stride + koff + d];
+		oh[d] = o / sum;
+	}
+}
+
+extern "C" int wk_cuda_attention(float *out, const float *q, const float *k, const float *v,
+				 int n, int pos0, int n_heads, int n_kv, int head_dim,
+				 int kv_stride, float scale, char *err, size_t errsz)
+{
+	if (n <= 0)
+		return WK_OK;
+	if (pos0 + n > WK_CUDA_ATTN_MAX)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "CUDA attention: %d positions (this kernel holds up to %d)", pos0 + n,
+			       WK_CUDA_ATTN_MAX);
+	k_attention<<<n * n_heads, 128, (size_t)(pos0 + n) * sizeof(float)>>>(
+		out, q, k, v, pos0, n_heads, n_kv, head_dim, kv_stride, scale);
+	return launched("attention", err, errsz);
+}
+
+/* ---- elementwise (cpu_ref_silu_mul, add) ---------------------------------------------------- */
+
+__global__ void k_silu_mul(float *g, const float *u, size_t n)
+{
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	if (i < n) {
+		float a = g[i];
+		g[i] = a / (1.0f + expf(-a)) * u[i];
+	}
+}
+
+__global__ void k_add(float *y, const float *x, size_t n)
+{
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	if (i < n)
+		y[i] += x[i];
+}
+
+extern "C" int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz)
+{
+	if (n == 0)
+		return WK_OK;
+	k_silu_mul<<<blocks(n, 256), 256>>>(g, u, n);
+	return launched("silu_mul", err, errsz);
+}
+
+extern "C" int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz)
+{
+	if (n == 0)
+		return WK_OK;
+	k_add<<<blocks(n, 256), 256>>>(y, x, n);
+	return launched("add", err, errsz);
+}
+
+/* ---- argmax (greedy sampling on the device): one block per row ------------------------------ */
+
+__global__ void k_argmax(int *idx, const float *logits, int vocab)
+{
+	__shared__ float bv[32];
+	__shared__ int bi[32];
+	const float *r = logits + (size_t)blockIdx.x * vocab;
+	float best = -INFINITY;
+	int at = 0x7fffffff;
+	for (int j = threadIdx.x; j < vocab; j += blockDim.x)
+		if (r[j] > best) { /* strided ascending: the first of equals stays */
+			best = r[j];
+			at = j;
+		}
+	for (int o = 16; o > 0; o >>= 1) {
+		float ob = __shfl_xor_sync(0xffffffffu, best, o);
+		int oi = __shfl_xor_sync(0xffffffffu, at, o);
+		if (ob > best || (ob == best && oi < at)) {
+			best = ob;
+			at = oi;
+		}
+	}
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	if (lane == 0) {
+		bv[wid] = best;
+		bi[wid] = at;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		for (int w = 1; w < nw; w++)
+			if (bv[w] > best || (bv[w] == best && bi[w] < at)) {
+				best = bv[w];
+				at = bi[w];
+			}
+		idx[blockIdx.x] = at == 0x7fffffff ? 0 : at;
+	}
+}
+
+extern "C" int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err,
+			      size_t errsz)
+{
+	if (n <= 0)
+		return WK_OK;
+	k_argmax<<<n, 256>>>(idx, logits, vocab);
+	return launched("argmax", err, errsz);
+}
