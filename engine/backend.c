@@ -2,12 +2,12 @@
 
 #include "engine/backend.h"
 
-int cuda_device_count(void); /* kernels/cuda: 0 when built without CUDA or with no GPU */
-
 const struct backend *be_find(const char *name)
 {
+	/* auto: cpu. The CUDA backend has been compiled but never run on a GPU; it becomes the
+	 * default where a device is present once scripts/gpu-check has passed on one. */
 	if (!name || !strcmp(name, "auto"))
-		return cuda_device_count() > 0 ? &be_cuda : &be_cpu;
+		return &be_cpu;
 	if (!strcmp(name, "cpu"))
 		return &be_cpu;
 	if (!strcmp(name, "cuda"))

@@ -119,14 +119,26 @@ struct backend {
 	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const float *k,
 			 const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 			 float qk_scale, float w_scale, float *scores, void *work);
+
+	/* ---- device memory. Optional: NULL on backends that work on host memory (then the
+	 * engine uses malloc/free and memcpy). ---- */
+	void *(*mem_alloc)(void *ctx, size_t bytes); /* NULL when out of memory */
+	void (*mem_free)(void *ctx, void *p);
+	void (*to_device)(void *ctx, void *dst, const void *host, size_t bytes);
+	void (*to_host)(void *ctx, void *host, const void *src, size_t bytes); /* waits */
+	void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);   /* device to device */
+	/* Replaces w->data (and w->scale) with the backend's own copy, freed at shutdown. */
+	int (*upload_weight)(void *ctx, struct be_weight *w, char *err, size_t errsz);
+	/* Waits for the device; WK_EIO with the message once any op has failed (sticky). */
+	int (*sync)(void *ctx, char *err, size_t errsz);
 };
 
 extern const struct backend be_cpu;  /* kernels/cpu/backend_cpu.c */
 extern const struct backend be_cuda; /* kernels/cuda/ (init fails when built without CUDA) */
 extern const struct backend be_null; /* kernels/backend_null.c: no arithmetic, for benchmarks */
 
-/* The backend named name ("cpu", "cuda", "null"), or NULL. "auto" picks cuda when a device is
- * present, else cpu. */
+/* The backend named name ("cpu", "cuda", "null"), or NULL. "auto" picks cpu: the CUDA
+ * backend is chosen by name until it has passed scripts/gpu-check on a GPU. */
 const struct backend *be_find(const char *name);
 
 #endif

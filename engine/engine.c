@@ -77,8 +77,8 @@ static int shape_str(const struct st_tensor *t, char *buf, size_t n)
 	return 0;
 }
 
-int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
-	       char *err, size_t errsz)
+static int weight_find(struct engine *e, const char *name, int rows, int cols,
+		       struct be_weight *w, char *err, size_t errsz)
 {
 	const struct st_tensor *t = eng_tensor(e, name);
 	if (!t)
@@ -118,6 +118,73 @@ int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be
 	return WK_OK;
 }
 
+/* eng_weight's binding, then the copy to a device backend. */
+static int weight_bind(struct engine *e, const char *name, int rows, int cols,
+		       struct be_weight *w, char *err, size_t errsz)
+{
+	int rc = weight_find(e, name, rows, cols, w, err, errsz);
+	if (rc == WK_OK && e->be->upload_weight)
+		rc = e->be->upload_weight(e->bctx, w, err, errsz);
+	return rc;
+}
+
+int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
+	       char *err, size_t errsz)
+{
+	return weight_bind(e, name, rows, cols, w, err, errsz);
+}
+
+bool eng_host_mem(const struct engine *e)
+{
+	return !e->be->mem_alloc;
+}
+
+void *eng_alloc(struct engine *e, size_t bytes)
+{
+	if (e->be->mem_alloc)
+		return e->be->mem_alloc(e->bctx, bytes);
+	return malloc(bytes ? bytes : 1);
+}
+
+void eng_release(struct engine *e, void *p)
+{
+	if (!p)
+		return;
+	if (e->be && e->be->mem_free)
+		e->be->mem_free(e->bctx, p);
+	else
+		free(p);
+}
+
+void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes)
+{
+	if (e->be->to_device)
+		e->be->to_device(e->bctx, dst, host, bytes);
+	else if (dst != host)
+		memcpy(dst, host, bytes);
+}
+
+void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes)
+{
+	if (e->be->to_host)
+		e->be->to_host(e->bctx, host, src, bytes);
+	else if (host != src)
+		memcpy(host, src, bytes);
+}
+
+void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
+{
+	if (e->be->copy)
+		e->be->copy(e->bctx, dst, src, bytes);
+	else if (dst != src)
+		memmove(dst, src, bytes);
+}
+
+int eng_sync(struct engine *e, char *err, size_t errsz)
+{
+	return e->be->sync ? e->be->sync(e->bctx, err, errsz) : WK_OK;
+}
+
 int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,
 	       size_t errsz)
 {
@@ -140,6 +207,16 @@ int eng_vector(struct engine *e, const char *name, int len, float **out, char *e
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: tensor '%s' has dtype %s",
 			       e->dir, name, dt_name(t->dtype));
 	}
+	if (!eng_host_mem(e)) {
+		float *d = eng_alloc(e, (size_t)len * sizeof *d);
+		if (d)
+			eng_to_dev(e, d, v, (size_t)len * sizeof *d);
+		free(v);
+		if (!d)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of %s memory for '%s'",
+				       e->be->name, name);
+		v = d;
+	}
 	*out = v;
 	return WK_OK;
 }
@@ -157,7 +234,7 @@ int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, in
 {
 	const char *name = o && o->backend ? o->backend : "auto";
 	struct be_config bc = {.threads = threads, .device = device};
-	e->be = be_find(name);
+	e->be = o && o->backend_ops ? o->backend_ops : be_find(name);
 	if (!e->be)
 		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda, null or auto)", name);
 	int rc = e->be->init(&e->bctx, &bc, err, errsz);

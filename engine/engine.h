@@ -23,6 +23,8 @@
 
 struct tok;
 
+struct backend;
+
 struct eng_opts {
 	const char *backend; /* "cpu", "cuda" or "auto" (NULL means auto) */
 	int threads;         /* CPU threads; <= 0 means all cores (sharded: shared by the ranks) */
@@ -31,6 +33,7 @@ struct eng_opts {
 	bool no_verify;      /* snapshots: skip the chunk checksums */
 	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
+	const struct backend *backend_ops; /* tests: this backend instead of o->backend */
 };
 
 struct eng_info {

@@ -127,8 +127,9 @@ void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows
  * load) and threads. Fills e->info from rank 0. */
 int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t errsz);
 void shard_close(struct engine *e); /* nothing when e is not a sharded top engine */
-/* Opens o->backend ("auto": cuda when a GPU is present, falling back to cpu with a note on
- * stderr) with that many threads on that device into e->be / e->bctx (engine.c). */
+/* Opens o->backend ("auto": see be_find; a device backend that fails to start falls back to
+ * cpu with a note on stderr) with that many threads on that device into e->be / e->bctx
+ * (engine.c). */
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz);
 /* Rank engine `rank` of a sharded top engine. */
@@ -200,11 +201,24 @@ int cfg_real(json_t *cfg, const char *key, double def, double *out, char *err, s
 int cfg_bool(json_t *cfg, const char *key, int def, int *out, char *err, size_t errsz);
 
 /* Binds a 2-D weight tensor by name, checking dtype (matmul-capable on the backend) and shape
- * [rows][cols]. */
+ * [rows][cols]. On a device backend the weight is copied to the device (upload_weight). */
 int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
 	       char *err, size_t errsz);
-/* Copies a 1-D tensor of length len (any float dtype) into a new f32 array. */
+/* Copies a 1-D tensor of length len (any float dtype) into a new f32 array in the backend's
+ * memory (eng_alloc: release it with eng_release). */
 int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,
 	       size_t errsz);
+
+/* The backend's memory (engine.c): activations and caches live where the backend's ops read
+ * them. On a host-memory backend (cpu, null) these are malloc, free and memcpy. */
+bool eng_host_mem(const struct engine *e);
+void *eng_alloc(struct engine *e, size_t bytes); /* NULL when out of memory */
+void eng_release(struct engine *e, void *p);
+void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes);
+void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes);
+void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes);
+/* After a step: WK_OK, or the backend's sticky error (a failed kernel), which fails the
+ * step and every later one. */
+int eng_sync(struct engine *e, char *err, size_t errsz);
 
 #endif

@@ -44,50 +44,58 @@ struct llama {
 	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab_all) */
 	float *kt, *vt;                        /* (cap, n_kv * head_dim): new keys and values */
 	float *gath;                           /* (world, cap, vocab): the lm_head all_gather */
-	int *pos, *tok;
+	int *pos;                              /* (cap) positions, in the backend's memory */
+	int *pos_h, *tok;                      /* (cap) the same positions, tokens: host */
+	float *xh;                             /* (cap, dim) host staging of the embedding on a
+						* device backend; NULL on the host */
 };
 
-static void free_scratch(struct llama *m)
+static void free_scratch(struct engine *e, struct llama *m)
 {
-	free(m->x);
-	free(m->xb);
-	free(m->q);
-	free(m->att);
-	free(m->g);
-	free(m->u);
-	free(m->tmp);
-	free(m->kt);
-	free(m->vt);
+	float **dev[] = {&m->x, &m->xb, &m->q, &m->att, &m->g, &m->u, &m->tmp, &m->kt, &m->vt};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+		eng_release(e, *dev[i]);
+		*dev[i] = NULL;
+	}
+	eng_release(e, m->pos);
 	free(m->gath);
-	free(m->pos);
+	free(m->pos_h);
 	free(m->tok);
+	free(m->xh);
+	m->pos = m->pos_h = m->tok = NULL;
+	m->gath = m->xh = NULL;
 	m->cap = 0;
 }
 
-static int grow_scratch(struct llama *m, int n, int world)
+/* Scratch for n tokens: activations in the backend's memory (eng_alloc), token ids and
+ * positions on the host too. */
+static int grow_scratch(struct engine *e, struct llama *m, int n, int world)
 {
 	if (n <= m->cap)
 		return WK_OK;
-	free_scratch(m);
-	size_t qd = (size_t)m->n_heads * m->head_dim, big = (size_t)m->dim;
+	free_scratch(e, m);
+	size_t qd = (size_t)m->n_heads * m->head_dim, big = (size_t)m->dim, N = (size_t)n;
 	if (qd > big)
 		big = qd;
-	m->x = malloc((size_t)n * m->dim * sizeof(float));
-	m->xb = malloc((size_t)n * big * sizeof(float));
-	m->q = malloc((size_t)n * qd * sizeof(float));
-	m->att = malloc((size_t)n * qd * sizeof(float));
-	m->g = malloc((size_t)n * m->hidden * sizeof(float));
-	m->u = malloc((size_t)n * m->hidden * sizeof(float));
-	m->tmp = malloc((size_t)n * (m->vocab_all > (int)big ? (size_t)m->vocab_all : big) *
-			sizeof(float));
-	m->kt = malloc((size_t)n * m->n_kv * m->head_dim * sizeof(float));
-	m->vt = malloc((size_t)n * m->n_kv * m->head_dim * sizeof(float));
-	m->gath = world > 1 ? malloc((size_t)world * n * m->vocab * sizeof(float)) : NULL;
-	m->pos = malloc((size_t)n * sizeof(int));
-	m->tok = malloc((size_t)n * sizeof(int));
+	size_t tmp = m->vocab_all > (int)big ? (size_t)m->vocab_all : big;
+	m->x = eng_alloc(e, N * m->dim * sizeof(float));
+	m->xb = eng_alloc(e, N * big * sizeof(float));
+	m->q = eng_alloc(e, N * qd * sizeof(float));
+	m->att = eng_alloc(e, N * qd * sizeof(float));
+	m->g = eng_alloc(e, N * m->hidden * sizeof(float));
+	m->u = eng_alloc(e, N * m->hidden * sizeof(float));
+	m->tmp = eng_alloc(e, N * tmp * sizeof(float));
+	m->kt = eng_alloc(e, N * m->n_kv * m->head_dim * sizeof(float));
+	m->vt = eng_alloc(e, N * m->n_kv * m->head_dim * sizeof(float));
+	m->pos = eng_alloc(e, N * sizeof(int));
+	m->gath = world > 1 ? malloc((size_t)world * N * m->vocab * sizeof(float)) : NULL;
+	m->pos_h = malloc(N * sizeof(int));
+	m->tok = malloc(N * sizeof(int));
+	m->xh = eng_host_mem(e) ? NULL : malloc(N * m->dim * sizeof(float));
 	if (!m->x || !m->xb || !m->q || !m->att || !m->g || !m->u || !m->tmp || !m->kt || !m->vt ||
-	    (world > 1 && !m->gath) || !m->pos || !m->tok) {
-		free_scratch(m);
+	    !m->pos || (world > 1 && !m->gath) || !m->pos_h || !m->tok ||
+	    (!eng_host_mem(e) && !m->xh)) {
+		free_scratch(e, m);
 		return WK_ENOMEM;
 	}
 	m->cap = n;
@@ -101,14 +109,14 @@ static void llama_free(struct engine *e)
 		return;
 	if (m->layers)
 		for (int l = 0; l < m->n_layers; l++) {
-			free(m->layers[l].attn_norm);
-			free(m->layers[l].mlp_norm);
+			eng_release(e, m->layers[l].attn_norm);
+			eng_release(e, m->layers[l].mlp_norm);
 		}
 	free(m->layers);
-	free(m->final_norm);
-	free(m->kcache);
-	free(m->vcache);
-	free_scratch(m);
+	eng_release(e, m->final_norm);
+	eng_release(e, m->kcache);
+	eng_release(e, m->vcache);
+	free_scratch(e, m);
 	free(m);
 	e->model = NULL;
 }
@@ -228,10 +236,14 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 #undef NAME
 	}
 
+	if (!eng_host_mem(e) && e->world > 1)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "a sharded snapshot on the %s backend is not supported yet (its "
+			       "collectives run on host memory); use --backend cpu", e->be->name);
 	m->max_seqs = e->max_seqs;
 	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd;
-	m->kcache = calloc(cache, sizeof(float));
-	m->vcache = calloc(cache, sizeof(float));
+	m->kcache = eng_alloc(e, cache * sizeof(float));
+	m->vcache = eng_alloc(e, cache * sizeof(float));
 	if (!m->kcache || !m->vcache)
 		return wk_errf(err, errsz, WK_ENOMEM,
 			       "cannot allocate KV caches of %d x %d positions (%zu MiB); try a "
@@ -270,7 +282,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	for (int i = 0; i < n_items; i++)
 		T += items[i].n;
 	int rows_out = all_logits ? T : n_items;
-	int rc = grow_scratch(m, T > rows_out ? T : rows_out, e->world) != WK_OK
+	int rc = grow_scratch(e, m, T > rows_out ? T : rows_out, e->world) != WK_OK
 			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
 			 : WK_OK;
 	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
@@ -282,9 +294,13 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	for (int i = 0, t = 0; i < n_items; i++)
 		for (int j = 0; j < items[i].n; j++, t++) {
 			m->tok[t] = items[i].tokens[j];
-			m->pos[t] = e->seq_len[items[i].seq] + j;
+			m->pos_h[t] = e->seq_len[items[i].seq] + j;
 		}
-	eng_embed(e, m->x, m->tok, T, m->embed, m->vocab0, dim);
+	eng_to_dev(e, m->pos, m->pos_h, (size_t)T * sizeof(int));
+	/* the embedding rows are read on the host (from the checkpoint) */
+	float *xe = m->xh ? m->xh : m->x;
+	eng_embed(e, xe, m->tok, T, m->embed, m->vocab0, dim);
+	eng_to_dev(e, m->x, xe, (size_t)T * dim * sizeof(float));
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
 		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
@@ -297,10 +313,10 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
 			float *kc = m->kcache + base, *vc = m->vcache + base;
 			int pos0 = e->seq_len[items[i].seq];
-			memcpy(kc + (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
-			       (size_t)items[i].n * kvd * sizeof(float));
-			memcpy(vc + (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
-			       (size_t)items[i].n * kvd * sizeof(float));
+			eng_dcopy(e, kc + (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
+				  (size_t)items[i].n * kvd * sizeof(float));
+			eng_dcopy(e, vc + (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
+				  (size_t)items[i].n * kvd * sizeof(float));
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
 			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, items[i].n, pos0,
 				      m->n_heads, m->n_kv, m->head_dim, kvd,
@@ -324,18 +340,22 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	}
 	if (all_logits) {
 		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->eps);
-		if (e->world == 1) {
+		if (e->world == 1 && eng_host_mem(e)) {
 			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
-			return WK_OK;
+			return eng_sync(e, err, errsz);
 		}
 		be->matmul(c, m->tmp, m->xb, &m->lm_head, T);
-		eng_gather_vocab(e, items[0].logits, m->tmp, T, m->vocab, m->gath);
-		return WK_OK;
+		if (e->world == 1)
+			eng_to_host(e, items[0].logits, m->tmp, (size_t)T * m->vocab * sizeof(float));
+		else
+			eng_gather_vocab(e, items[0].logits, m->tmp, T, m->vocab, m->gath);
+		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits. */
 	for (int i = 0, t = 0; i < n_items; i++) {
 		t += items[i].n;
-		memcpy(m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim, dim * sizeof(float));
+		eng_dcopy(e, m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim,
+			  dim * sizeof(float));
 	}
 	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
 	be->matmul(c, m->tmp, m->xb, &m->lm_head, n_items);
@@ -343,9 +363,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	if (e->rank != 0)
 		return WK_OK;
 	for (int i = 0; i < n_items; i++)
-		memcpy(items[i].logits, m->tmp + (size_t)i * m->vocab_all,
-		       m->vocab_all * sizeof(float));
-	return WK_OK;
+		eng_to_host(e, items[i].logits, m->tmp + (size_t)i * m->vocab_all,
+			    m->vocab_all * sizeof(float));
+	return eng_sync(e, err, errsz);
 }
 
 static int llama_step(struct engine *e, const struct eng_item *items, int n, char *err,

@@ -1,23 +1,37 @@
 /*
- * backend_cuda.cu - the CUDA backend. For now only device discovery and a health kernel;
- * the eager-mode FP8 kernels arrive with the CUDA issue. Until then init() reports that the
- * ops are not implemented, so --backend cuda fails cleanly.
+ * backend_cuda.cu - the CUDA backend: the Llama family's ops on one GPU, with the first-version
+ * kernels of cuda_kernels.h. Weights are copied to the device when the model binds them
+ * (upload_weight), activations and KV caches are device memory (mem_alloc), and the engine
+ * copies in (the embedded tokens) and out (the logits) around each step.
+ *
+ * Every CUDA call is checked. The first failure is sticky: it is kept, every later op does
+ * nothing, and sync() returns it, so the step fails with the CUDA error and the worker hands
+ * its jobs back instead of serving garbage (never a hang: sync waits only for work that was
+ * launched).
+ *
+ * Not yet run on a GPU (scripts/gpu-check is the first run). The GLM ops (MoE routing, MLA,
+ * the DSA indexer) are not here yet: supports() says so and a GLM model is refused at load.
+ * Sharded runs on CUDA are refused too (the collectives run on host memory).
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "common/wk.h"
 #include "engine/backend.h"
+#include "kernels/cuda/cuda_kernels.h"
 }
 
-/* Touches the FP8 type so that the toolkit's fp8 header is compiled for sm_90a in CI. */
-__global__ void wick_fp8_probe(const __nv_fp8_e4m3 *in, float *out, int n)
-{
-	int i = blockIdx.x * blockDim.x + threadIdx.x;
-	if (i < n)
-		out[i] = float(in[i]);
-}
+struct cuda_ctx {
+	int device;
+	void **owned; /* uploaded weights, freed at shutdown */
+	size_t n_owned, cap_owned;
+	int rc;            /* WK_OK until an op fails */
+	char err[WK_ERRSZ]; /* the first failure */
+};
 
 extern "C" int cuda_device_count(void)
 {
@@ -27,26 +41,255 @@ extern "C" int cuda_device_count(void)
 	return n;
 }
 
+/* Keeps the first failure; true when ops may still run. */
+static bool ok(struct cuda_ctx *c, int rc, const char *err)
+{
+	if (rc != WK_OK && c->rc == WK_OK) {
+		c->rc = rc;
+		snprintf(c->err, sizeof c->err, "%s", err);
+	}
+	return c->rc == WK_OK;
+}
+
+static bool ok_cuda(struct cuda_ctx *c, cudaError_t e, const char *what)
+{
+	if (e == cudaSuccess)
+		return c->rc == WK_OK;
+	char m[WK_ERRSZ];
+	snprintf(m, sizeof m, "CUDA %s: %s", what, cudaGetErrorString(e));
+	return ok(c, WK_EIO, m);
+}
+
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
 {
-	(void)ctx;
-	(void)cfg;
-	if (cuda_device_count() == 0)
+	int n = cuda_device_count();
+	if (n == 0)
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "no CUDA device is visible");
-	return wk_errf(err, errsz, WK_EUNSUPPORTED,
-		       "the CUDA kernels are not implemented yet; use --backend cpu");
+	if (cfg->device < 0 || cfg->device >= n)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA device %d does not exist (%d visible)",
+			       cfg->device, n);
+	cudaError_t e = cudaSetDevice(cfg->device);
+	if (e != cudaSuccess)
+		return wk_errf(err, errsz, WK_EIO, "CUDA device %d: %s", cfg->device,
+			       cudaGetErrorString(e));
+	struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
+	if (!c)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	c->device = cfg->device;
+	*ctx = c;
+	return WK_OK;
+}
+
+static void shutdown(void *ctx)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->n_owned; i++)
+		cudaFree(c->owned[i]);
+	free(c->owned);
+	free(c);
 }
 
 static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 {
 	(void)ctx;
-	(void)op;
-	(void)wt;
-	return false;
+	switch (op) {
+	case BE_OP_MATMUL:
+		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
+	case BE_OP_RMSNORM:
+	case BE_OP_ROPE:
+	case BE_OP_ATTENTION:
+	case BE_OP_SILU_MUL:
+	case BE_OP_ADD:
+		return true;
+	default:
+		return false; /* the GLM ops: not on CUDA yet */
+	}
 }
 
-extern "C" const struct backend be_cuda = {
-	"cuda", init, NULL, supports, NULL, NULL, NULL, NULL, NULL, NULL,
-	/* GLM ops: not on CUDA yet */
-	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-};
+/* ---- ops ------------------------------------------------------------------------------------ */
+
+static void matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc != WK_OK)
+		return;
+	int rc = w->dtype == DT_F8_E4M3
+			 ? wk_cuda_matmul_fp8(y, x, (const uint8_t *)w->data, w->scale, n, w->rows,
+					      w->cols, err, sizeof err)
+			 : wk_cuda_matmul(y, x, w->data, w->dtype, n, w->rows, w->cols, err, sizeof err);
+	ok(c, rc, err);
+}
+
+static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
+		    float eps)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_rmsnorm(y, x, w, n, dim, eps, err, sizeof err), err);
+}
+
+static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
+		 int rot_dim, float theta, bool interleaved)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_rope(x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved, err,
+				   sizeof err), err);
+}
+
+static void attention(void *ctx, float *out, const float *q, const float *k, const float *v,
+		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+		      float scale)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_attention(out, q, k, v, n, pos0, n_heads, n_kv, head_dim, kv_stride,
+					scale, err, sizeof err), err);
+}
+
+static void silu_mul(void *ctx, float *g, const float *u, size_t n)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_silu_mul(g, u, n, err, sizeof err), err);
+}
+
+static void add(void *ctx, float *y, const float *x, size_t n)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
+}
+
+/* ---- memory --------------------------------------------------------------------------------- */
+
+static void *mem_alloc(void *ctx, size_t bytes)
+{
+	(void)ctx;
+	void *p = NULL;
+	if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+		cudaGetLastError(); /* an out-of-memory is the caller's to report, not sticky */
+		return NULL;
+	}
+	return p;
+}
+
+static void mem_free(void *ctx, void *p)
+{
+	(void)ctx;
+	if (p)
+		cudaFree(p);
+}
+
+static void to_device(void *ctx, void *dst, const void *host, size_t bytes)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc == WK_OK)
+		ok_cuda(c, cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "copy to device");
+}
+
+static void to_host(void *ctx, void *host, const void *src, size_t bytes)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc == WK_OK)
+		ok_cuda(c, cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
+	else
+		memset(host, 0, bytes); /* the step fails at sync; leave nothing uninitialised */
+}
+
+static void copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc == WK_OK)
+		ok_cuda(c, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device copy");
+}
+
+/* A device copy of bytes at host, kept until shutdown. */
+static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void **out, char *err,
+		      size_t errsz)
+{
+	if (c->n_owned == c->cap_owned) {
+		size_t cap = c->cap_owned ? 2 * c->cap_owned : 256;
+		void **p = (void **)realloc(c->owned, cap * sizeof *p);
+		if (!p)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		c->owned = p;
+		c->cap_owned = cap;
+	}
+	void *d = NULL;
+	cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
+	if (e == cudaSuccess) {
+		e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+		if (e != cudaSuccess)
+			cudaFree(d);
+	}
+	if (e != cudaSuccess)
+		return wk_errf(err, errsz, e == cudaErrorMemoryAllocation ? WK_ENOMEM : WK_EIO,
+			       "CUDA: uploading %zu bytes of weights: %s", bytes,
+			       cudaGetErrorString(e));
+	c->owned[c->n_owned++] = d;
+	*out = d;
+	return WK_OK;
+}
+
+static int upload_weight(void *ctx, struct be_weight *w, char *err, size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	void *d;
+	size_t bytes = (size_t)w->rows * w->cols * dt_size(w->dtype);
+	int rc = own_upload(c, w->data, bytes, &d, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	w->data = d;
+	if (w->scale) {
+		size_t sb = (size_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128) * sizeof(float);
+		if ((rc = own_upload(c, w->scale, sb, &d, err, errsz)) != WK_OK)
+			return rc;
+		w->scale = (const float *)d;
+	}
+	return WK_OK;
+}
+
+static int dev_sync(void *ctx, char *err, size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc == WK_OK)
+		ok_cuda(c, cudaDeviceSynchronize(), "kernel");
+	if (c->rc != WK_OK)
+		return wk_errf(err, errsz, c->rc, "the CUDA backend failed: %s", c->err);
+	return WK_OK;
+}
+
+static struct backend make_backend(void)
+{
+	struct backend b;
+	memset(&b, 0, sizeof b);
+	b.name = "cuda";
+	b.init = init;
+	b.shutdown = shutdown;
+	b.supports = supports;
+	b.matmul = matmul;
+	b.rmsnorm = rmsnorm;
+	b.rope = rope;
+	b.attention = attention;
+	b.silu_mul = silu_mul;
+	b.add = add;
+	b.mem_alloc = mem_alloc;
+	b.mem_free = mem_free;
+	b.to_device = to_device;
+	b.to_host = to_host;
+	b.copy = copy;
+	b.upload_weight = upload_weight;
+	b.sync = dev_sync;
+	return b;
+}
+
+extern "C" const struct backend be_cuda = make_backend();
