@@ -22,7 +22,8 @@
  * injected inside jansson's parser (json_loadb, json_loads: this tool wraps them to know) is
  * not ours and is counted apart: jansson 2.14's parser is not safe against allocation failure
  * (its lexer ignores a failed append to its token buffer and trips assert(0) in
- * lex_scan_string; its error path can free a half-built value twice, which crashes later).
+ * lex_scan_string, or reports a NUL byte it never read and leaks; its error path can free a
+ * half-built value twice, which crashes later).
  * Any other crash, leak, or error without a message fails the run.
  */
 #include <dlfcn.h>
@@ -286,7 +287,10 @@ int main(int argc, char **argv)
 	}
 	unlink(logpath);
 	long base_allocs = 0, n, errors = 0, library_aborts = 0;
-	enum { C_OK, C_DONE, C_LEAK = 3, C_NOMSG, C_CLEANFAIL };
+	enum { C_OK, C_DONE, C_LEAK = 3, C_NOMSG, C_CLEANFAIL, C_JANSSON_LEAK };
+	/* jansson seeds its hash tables at random on first use; a fixed seed, set before the
+	 * children fork, makes every run of this tool take the same allocations */
+	json_object_seed(0x5eed);
 	for (n = 1;; n++) {
 		if (ftruncate(logfd, 0) != 0 || lseek(logfd, 0, SEEK_SET) != 0)
 			return 1;
@@ -311,7 +315,9 @@ int main(int argc, char **argv)
 			if (after != before) {
 				fprintf(stderr, "failing allocation %ld of %ld leaks %ld bytes (rc %d: %s)\n",
 					n, made, after - before, rc, err);
-				_exit(C_LEAK);
+				/* a failure inside jansson's parser: its error path leaks (it also
+				 * reports a NUL byte it never read), as it can crash; not ours */
+				_exit(failed_in_parser ? C_JANSSON_LEAK : C_LEAK);
 			}
 			if (rc == BLAMES_THE_JOB) {
 				fprintf(stderr, "failing allocation %ld makes the job look invalid: %s\n",
@@ -343,6 +349,10 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		int code = WEXITSTATUS(st);
+		if (code == C_JANSSON_LEAK) {
+			library_aborts++;
+			continue;
+		}
 		if (code == C_OK || code == C_OK + 10) {
 			errors += code == C_OK + 10;
 			continue;
@@ -358,7 +368,8 @@ int main(int argc, char **argv)
 	close(logfd);
 	free(job_body);
 	printf("allocfail %s: %ld allocations, each failed in turn: %ld clean errors, %ld "
-	       "tolerated, no crash, no leak (%ld crashed after a failure inside jansson's parser)\n", argv[1],
+	       "tolerated, no crash, no leak (%ld crashed or leaked after a failure inside jansson's "
+	       "parser)\n", argv[1],
 	       base_allocs, errors, n - 1 - errors - library_aborts, library_aborts);
 	return 0;
 }

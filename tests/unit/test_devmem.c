@@ -19,6 +19,7 @@
 
 #include "common/wk.h"
 #include "engine/backend.h"
+#include "engine/convert.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 
@@ -216,22 +217,37 @@ static const struct backend be_devsim = {
 	.sync = ds_sync,
 };
 
-static char *stories(void)
+static char model_dir[256];
+
+/* stories260K converted into a fresh directory (the unit stage runs before any e2e script
+ * has converted it under build/). */
+static void convert(void)
 {
-	const char *b = getenv("WICK_BUILD");
-	char *p = malloc(512);
-	snprintf(p, 512, "%s/models/stories260K", b ? b : "build");
-	return p;
+	const char *sh = getenv("WICK_SHARED") ? getenv("WICK_SHARED") : "../shared";
+	char bin[512], tok[512], err[WK_ERRSZ];
+	snprintf(model_dir, sizeof model_dir, "/tmp/wick-devmem-XXXXXX");
+	cr_assert_not_null(mkdtemp(model_dir));
+	snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", sh);
+	snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", sh);
+	cr_assert_eq(conv_llama2c(bin, tok, model_dir, err, sizeof err), WK_OK, "convert: %s", err);
 }
+
+static void cleanup(void)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", model_dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(devmem, .init = convert, .fini = cleanup);
 
 static struct engine *open_with(const struct backend *be, int max_seqs)
 {
-	char *dir = stories(), err[WK_ERRSZ];
+	char err[WK_ERRSZ];
 	struct engine *e;
 	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = max_seqs,
 			     .backend_ops = be};
-	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s: %s", dir, err);
-	free(dir);
+	cr_assert_eq(eng_open(model_dir, &o, &e, err, sizeof err), WK_OK, "%s: %s", model_dir, err);
 	return e;
 }
 
