@@ -597,11 +597,11 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->c.eps);
 		if (e->world == 1) {
 			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
-			return WK_OK;
+			return eng_sync(e, err, errsz);
 		}
 		be->matmul(c, m->lg, m->xb, &m->lm_head, T);
 		eng_gather_vocab(e, items[0].logits, m->lg, T, m->c.l_vocab, m->gath);
-		return WK_OK;
+		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
 	 * vocabulary slices gathered in order into lg, rank 0 only. */
@@ -615,7 +615,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		return WK_OK;
 	for (int i = 0; i < n_items; i++)
 		memcpy(items[i].logits, m->lg + (size_t)i * m->c.vocab, m->c.vocab * sizeof(float));
-	return WK_OK;
+	return eng_sync(e, err, errsz);
 }
 
 int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)

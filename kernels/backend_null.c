@@ -3,24 +3,46 @@
  * zeroed where a caller would read them). It exists to measure everything around the engine
  * (queues, scheduling, results) without the engine's cost: `wick worker --backend null`.
  * A model on it "generates" token 0 until max_tokens.
+ *
+ * Fault injection for tests: with WICK_NULL_FAIL_STEP=N in the environment, the Nth step
+ * (counted by sync, which the engine calls at the end of each) and every later one fail, as
+ * a device with a sticky error would (tests/e2e/engine_failure.sh).
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/wk.h"
 #include "engine/backend.h"
 
+struct null_ctx {
+	long steps, fail_at; /* fail_at 0: never */
+};
+
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
 {
 	(void)cfg;
-	(void)err;
-	(void)errsz;
-	*ctx = NULL;
+	struct null_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	const char *f = getenv("WICK_NULL_FAIL_STEP");
+	c->fail_at = f ? atol(f) : 0;
+	*ctx = c;
 	return WK_OK;
 }
 
 static void shutdown(void *ctx)
 {
-	(void)ctx;
+	free(ctx);
+}
+
+static int null_sync(void *ctx, char *err, size_t errsz)
+{
+	struct null_ctx *c = ctx;
+	if (++c->steps >= c->fail_at && c->fail_at > 0)
+		return wk_errf(err, errsz, WK_EIO, "injected device failure at step %ld "
+			       "(WICK_NULL_FAIL_STEP=%ld)", c->steps, c->fail_at);
+	return WK_OK;
 }
 
 static bool supports(void *ctx, enum be_op op, enum dt_type wt)
@@ -85,4 +107,5 @@ const struct backend be_null = {
 	.attention = attention,
 	.silu_mul = silu_mul,
 	.add = add,
+	.sync = null_sync,
 };

@@ -20,6 +20,8 @@ struct sched {
 	struct sched_req **item_req; /* [slots]: the request of each item of the current step */
 	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
+	int engine_rc;           /* WK_OK until a step fails in the engine */
+	char engine_err[WK_ERRSZ];
 	double t0;
 	double t_mark;           /* end of the last accounted slice (see sched.h) */
 };
@@ -132,6 +134,13 @@ int sched_pending(const struct sched *s)
 long sched_steps(const struct sched *s)
 {
 	return s->steps;
+}
+
+int sched_engine_failed(const struct sched *s, const char **why)
+{
+	if (why)
+		*why = s->engine_err;
+	return s->engine_rc;
 }
 
 double sched_mark(const struct sched *s)
@@ -393,6 +402,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 	int rc = eng_step(s->e, s->items, n, err, sizeof err);
 	s->steps++;
 	if (rc != WK_OK) {
+		s->engine_rc = rc;
+		snprintf(s->engine_err, sizeof s->engine_err, "%s", err);
 		for (int i = 0; i < s->slots; i++)
 			if (s->run[i]) {
 				snprintf(s->run[i]->error, sizeof s->run[i]->error, "%s", err);

@@ -94,6 +94,9 @@ int sched_step(struct sched *s, void (*done)(void *ctx, struct sched_req *r), vo
 int sched_pending(const struct sched *s); /* waiting + running */
 int sched_running(const struct sched *s);
 long sched_steps(const struct sched *s);
+/* WK_OK, or the code of the first step the engine failed (its message in *why, when not
+ * NULL): after that the engine is not to be trusted (a sticky device error). */
+int sched_engine_failed(const struct sched *s, const char **why);
 
 /* Busy-time accounting. The scheduler is busy from the submit that finds it empty until the
  * end of the sched_step() call after which nothing is pending. That time is cut into slices,

@@ -8,6 +8,8 @@
  *   SIGTERM/SIGINT     stop taking jobs, finish in-flight ones within --drain-timeout, hand
  *                      the rest back to the queue, exit 0
  *   --max-lifetime, --max-jobs   recycle: drain and exit 0
+ *   an engine failure  (a failed step: a sticky device error, say) the jobs it held go back
+ *                      to the queue for a healthy worker, and the worker exits 3 (unhealthy)
  *
  * One thread drives everything: take, schedule a step, store finished results (group commit),
  * extend leases, check cancels. Jobs that cannot run (bad JSON, missing input, prompt too
@@ -56,6 +58,9 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
+	/* what an attempt the engine failed had run, for its RELEASED line (req is gone) */
+	double spent_gpu_s;
+	int spent_prompt, spent_out;
 };
 
 struct worker {
@@ -461,6 +466,19 @@ static void on_done(void *ctx, struct sched_req *r)
 {
 	struct worker *w = ctx;
 	struct held *h = r->user;
+	if (r->status == SCHED_FAILED && !h->http && sched_engine_failed(w->s, NULL) != WK_OK) {
+		/* the engine failed, not the job: it goes back to the queue (release_all) for a
+		 * healthy worker, and this one exits; the queue's delivery count still ends a job
+		 * that fails everywhere */
+		wlog(w, "job_engine_failed", "job %s: the engine failed; it will be handed back",
+		     h->qj.id);
+		h->spent_gpu_s = r->gpu_seconds;
+		h->spent_prompt = r->n_prompt;
+		h->spent_out = r->n_out;
+		h->req = NULL;
+		sched_req_free(r);
+		return;
+	}
 	static const enum job_status map[] = {
 		[SCHED_RUNNING] = JOB_FAILED, [SCHED_DONE] = JOB_COMPLETED,
 		[SCHED_FAILED] = JOB_FAILED, [SCHED_TIMED_OUT] = JOB_TIMED_OUT,
@@ -795,12 +813,14 @@ static void release_all(struct worker *w)
 			continue;
 		/* the attempt's GPU time so far is billed (as overhead: it did not finish) */
 		struct sched_req *r = h->req;
+		double gpu_s = r ? r->gpu_seconds : h->spent_gpu_s;
 		snprintf(h->bill_status, sizeof h->bill_status, "RELEASED");
 		h->bill = (struct ledger_req){
 			.id = h->qj.id, .tenant = h->tenant, .status = h->bill_status,
-			.attempt = h->qj.attempt, .gpu_seconds = r ? r->gpu_seconds : 0,
-			.prompt_tokens = r ? r->n_prompt : 0, .completion_tokens = r ? r->n_out : 0,
-			.cost_micro_usd = cost_micro(w, r ? r->gpu_seconds : 0)};
+			.attempt = h->qj.attempt, .gpu_seconds = gpu_s,
+			.prompt_tokens = r ? r->n_prompt : h->spent_prompt,
+			.completion_tokens = r ? r->n_out : h->spent_out,
+			.cost_micro_usd = cost_micro(w, gpu_s)};
 		if (ledger_requests(w->ledger, &h->bill, 1, err, sizeof err) != WK_OK)
 			wlog(w, "ledger_error", "job %s: %s", h->qj.id, err);
 		if (queue_release(w->q, &h->qj, 1, err, sizeof err) != WK_OK)
@@ -822,6 +842,7 @@ static void usage(FILE *f)
 		"continuously batched, stores each result before acknowledging the job, and exits 0\n"
 		"when the queue has been quiet for --idle-timeout seconds. With --listen it also\n"
 		"serves the OpenAI API; its requests share the batch with the queue's jobs.\n"
+		"When the engine fails a step, the jobs held go back to the queue and it exits 3.\n"
 		"  --concurrency N       jobs held and batched at once (default 8)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
@@ -1110,6 +1131,14 @@ int cmd_worker(int argc, char **argv)
 				wlog(&w, "engine_error", "the engine failed a step; its jobs failed");
 			w.t_last_activity = wk_now();
 			account_step_end(&w);
+			const char *what;
+			if (sched_engine_failed(w.s, &what) != WK_OK) {
+				/* a failed engine is not trusted again (a sticky device error) */
+				wlog(&w, "unhealthy", "the engine failed (%s): handing the jobs back "
+						      "and exiting", what);
+				why = "engine_failed";
+				break;
+			}
 		}
 		flush_results(&w);
 		if (w.have_committer && !commit_reap(&w, false) && sched_pending(w.s) == 0 &&
@@ -1139,7 +1168,7 @@ int cmd_worker(int argc, char **argv)
 	wlog(&w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
 			 "%llu syncs", why, w.jobs_taken, w.jobs_done, w.jobs_failed,
 	     wk_now() - w.t_start, (unsigned long long)qs.syncs);
-	rc = 0;
+	rc = sched_engine_failed(w.s, NULL) != WK_OK ? 3 : 0;
 out:
 	startup_done = 1;
 	if (have_wd)
