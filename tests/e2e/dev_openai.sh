@@ -147,7 +147,8 @@ mixed=$!
 wait_ready $P $mixed
 curls=()
 for i in 1 2 3; do
-  curl -sf "http://127.0.0.1:$P/v1/completions" -d '{"prompt": "The dog", "max_tokens": 60}' \
+  curl -sf "http://127.0.0.1:$P/v1/completions" \
+    -d '{"prompt": "The dog", "max_tokens": 60, "temperature": 0}' \
     >"$TMPD/mixed-$i.json" &
   curls+=($!)
 done

@@ -200,10 +200,11 @@ echo "$out" | grep -q 'attempts \[1, 2' || fail "no job was redelivered after th
 [ "$(sqs count k)" = 0 ] || fail "jobs left in the queue after kill -9"
 
 # 3. SIGTERM during a batch (drain timeout 0: whatever is in flight goes back at once, so the
-#    hand-back is exercised however fast the model is); another worker ends them.
+#    hand-back is exercised however fast the model is); another worker ends them. One job at
+#    a time: the 16 take long enough together that the signal always finds one running.
 Q="$B/t?tls=0"
 submit_many "$Q" 16 400 t
-"$WICK" worker --model "$m" --queue "$Q" --concurrency 4 --drain-timeout 0 --idle-timeout 5 \
+"$WICK" worker --model "$m" --queue "$Q" --concurrency 1 --drain-timeout 0 --idle-timeout 5 \
   --worker-id d 2>"$TMPD/d.log" &
 d=$!
 for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/d.log" && break; sleep 0.05; done
