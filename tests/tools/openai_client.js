@@ -199,7 +199,8 @@ async function disconnect(a) {
     ac.abort();
   }
   const resB = await request(a, {
-    model: a.model, stream: true, max_tokens: 5, messages: [{ role: 'user', content: 'The dog' }],
+    model: a.model, stream: true, max_tokens: 5, temperature: 0,
+    messages: [{ role: 'user', content: 'The dog' }],
   });
   check(resB.status === 200, `B: HTTP ${resB.status}`);
   const b = await sse(resB);
