@@ -74,6 +74,8 @@ struct queue_result {
 				* stream); set for jobs that could not be parsed. Redis copies
 				* job->body, so free bodies only after queue_complete */
 	int rc;                /* out: WK_OK, or this job's own failure */
+	bool replaced;         /* out: the queue refused this result and took a FAILED one in
+				* its place (RunPod's job-done); the job has ended, rc says so */
 };
 
 struct queue_stats {

@@ -1223,8 +1223,10 @@ static int http_complete(struct queue *q, struct queue_result *res, int n, char 
 		posts[i] = new_post(h, res[i].job->id, body, len, true);
 	}
 	int rc = post_and_wait(h, posts, jobs, n, rcs, err, errsz);
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
 		res[i].rc = rcs[i];
+		res[i].replaced = rcs[i] == WK_EFORMAT; /* post_done: the FAILED fallback stood */
+	}
 	pthread_mutex_lock(&h->mu);
 	sync_stats(q);
 	pthread_mutex_unlock(&h->mu);

@@ -259,6 +259,18 @@ static void answer_http(struct worker *w, struct held *h, const char *json, size
 
 /* Stores every pending result, then frees their jobs' slots. A result that could not be
  * stored leaves its job unacknowledged: the queue delivers it again after the lease. */
+/* A result that did not stand: either the queue took a FAILED one in its place (the job
+ * ended), or nothing was stored and the queue delivers the job again. */
+static void log_unstored(struct worker *w, const struct queue_result *r, const char *id,
+			 const char *err)
+{
+	if (r->replaced)
+		wlog(w, "result_refused", "job %s: %s", id, err);
+	else
+		wlog(w, "error", "job %s: the result was not stored (%s); the queue will deliver "
+				 "it again", id, err);
+}
+
 /* ---- the committer ---- */
 
 struct commit {
@@ -369,8 +381,7 @@ static int commit_reap(struct worker *w, bool wait)
 			struct held *h =
 				(struct held *)((char *)c->r[i].job - offsetof(struct held, qj));
 			if (c->r[i].rc != WK_OK)
-				wlog(w, "error", "job %s: the result was not stored (%s); the queue "
-						 "will deliver it again", h->qj.id, c->err);
+				log_unstored(w, &c->r[i], h->qj.id, c->err);
 			free(c->json[i]);
 			queue_job_free(&h->qj);
 			h->used = false;
@@ -440,8 +451,7 @@ static void flush_results(struct worker *w)
 		if (h->http)
 			answer_http(w, h, w->out_json[i], w->out[i].len, w->out[i].rc);
 		else if (w->out[i].rc != WK_OK)
-			wlog(w, "error", "job %s: the result was not stored (%s); the queue will "
-					 "deliver it again", h->qj.id, rc ? err : "?");
+			log_unstored(w, &w->out[i], h->qj.id, rc ? err : "?");
 		free(w->out_json[i]);
 		queue_job_free(&h->qj);
 		h->used = false;

@@ -381,6 +381,8 @@ static int take_n(struct queue *q, struct queue_job *jobs, int max, int want)
 	return got;
 }
 
+static bool last_replaced; /* complete_as: the queue took a FAILED result in its place */
+
 static int complete_as(struct queue *q, struct queue_job *j, enum job_status st)
 {
 	size_t len;
@@ -391,6 +393,7 @@ static int complete_as(struct queue *q, struct queue_job *j, enum job_status st)
 	struct queue_result r = {.job = j, .json = res, .len = len};
 	int rc = queue_complete(q, &r, 1, err, sizeof err);
 	cr_expect_eq(rc, r.rc);
+	last_replaced = r.replaced;
 	free(res);
 	return rc;
 }
@@ -490,6 +493,7 @@ Test(queue_http_server, failed_posts_are_retried)
 	struct queue_job j[1];
 	cr_assert_eq(take_n(q, j, 1, 1), 1);
 	cr_expect_eq(complete_as(q, &j[0], JOB_COMPLETED), WK_OK, "%s", err);
+	cr_expect(!last_replaced);
 	json_t *st = admin("state", NULL);
 	cr_expect_eq(json_integer_value(json_object_get(st, "failed_posts")), 3);
 	cr_expect_eq(json_array_size(json_object_get(state_job(st, "f-1"), "results")), 1);
@@ -508,6 +512,7 @@ Test(queue_http_server, a_refused_result_ends_failed)
 	cr_assert_eq(take_n(q, j, 1, 1), 1);
 	cr_expect_neq(complete_as(q, &j[0], JOB_COMPLETED), WK_OK);
 	cr_expect(strstr(err, "413") && strstr(err, "FAILED"), "%s", err);
+	cr_expect(last_replaced, "the worker must know the job ended (not to be delivered again)");
 	json_t *st = admin("state", NULL);
 	json_t *r1 = state_job(st, "r-1");
 	cr_expect_str_eq(json_string_value(json_object_get(r1, "status")), "FAILED", "never COMPLETED without output");
