@@ -64,6 +64,24 @@ PY
 "$WICK" bench restore "$TMPD/snap-fp8" --source "$m" --runs 1 --no-cold --startup-runs 0 >/dev/null \
   || fail "fp8: restore and the naive path (same quantization) disagree"
 
+# fp8 from a BF16 GLM-5: the tensors GLM-5-FP8 stores in FP8 (every *_proj, kv_a_proj_with_mqa,
+# the indexer's wq_b and wk), each with its scale_inv; indexer.weights_proj, the router and the
+# norms stay BF16; the snapshot runs.
+"$WICK_TOOLS/gen_glm" --family glm5 --dtype bf16 -o "$TMPD/g5bf" >/dev/null
+"$WICK" snapshot "$TMPD/g5bf" -o "$TMPD/g5-fp8" --dtype fp8 >/dev/null
+python3 - "$TMPD/g5-fp8/manifest.json" <<'PY' || fail "fp8 from a BF16 GLM-5"
+import json, sys
+t = {x["name"]: x["dtype"] for r in json.load(open(sys.argv[1]))["ranks"] for x in r["tensors"]}
+a = "model.layers.0.self_attn."
+for n in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "indexer.wq_b",
+          "indexer.wk"):
+    assert t[a + n + ".weight"] == "F8_E4M3" and t[a + n + ".weight_scale_inv"] == "F32", n
+assert t[a + "indexer.weights_proj.weight"] == "BF16"
+assert t["model.layers.1.mlp.gate.weight"] == "BF16" and t[a + "kv_a_layernorm.weight"] == "BF16"
+assert t["model.layers.1.mlp.experts.0.down_proj.weight"] == "F8_E4M3"
+PY
+"$WICK" logits "$TMPD/g5-fp8" --tokens 1,5,9 >/dev/null || fail "the fp8 GLM-5 snapshot does not run"
+
 # inspect reads the manifest
 "$WICK" inspect "$S" >"$TMPD/i.txt"
 grep -q 'wick-snapshot version 1' "$TMPD/i.txt" || fail "inspect SNAP"
