@@ -140,3 +140,9 @@ void wk_buf_add(struct wk_buf *b, const void *s, size_t n)
 	b->len += n;
 	b->p[b->len] = 0;
 }
+
+bool wk_ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+	return a >= b && !strcmp(s + a - b, suffix);
+}

@@ -51,4 +51,7 @@ struct wk_buf {
 };
 void wk_buf_add(struct wk_buf *b, const void *s, size_t n);
 
+/* Whether string s ends with suffix. */
+bool wk_ends_with(const char *s, const char *suffix);
+
 #endif

@@ -634,12 +634,6 @@ int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 
 /* ---- snapshot layout ------------------------------------------------------------------------ */
 
-static bool ends_with(const char *s, const char *suffix)
-{
-	size_t a = strlen(s), b = strlen(suffix);
-	return a >= b && !strcmp(s + a - b, suffix);
-}
-
 /* Unsharded: every tensor whole on rank 0, except the MTP layers (not loaded). FP8 block
  * scales and the router bias keep F32 whatever --dtype says: the kernels read them as F32.
  *
@@ -670,7 +664,7 @@ static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn,
 	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
 		const char *name = hf_tensor_at(hf, i)->name, *leaf;
 		int l, at = 0, x;
-		if (ends_with(name, "_scale_inv"))
+		if (wk_ends_with(name, "_scale_inv"))
 			continue; /* sliced with its FP8 weight */
 		if (sscanf(name, "model.layers.%d.%n", &l, &at) == 1 && at > 0) {
 			if (l >= c.n_layers)
@@ -685,10 +679,10 @@ static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn,
 				rc = attn(p, cfg, name, leaf + 10, err, errsz);
 			else if (sscanf(leaf, "mlp.experts.%d.", &x) == 1 && x >= 0 && x < c.n_experts)
 				rc = plan_expert(p, name, x / per_rank, err, errsz);
-			else if (!strncmp(leaf, "mlp.", 4) && (ends_with(leaf, "gate_proj.weight") ||
-							       ends_with(leaf, "up_proj.weight")))
+			else if (!strncmp(leaf, "mlp.", 4) && (wk_ends_with(leaf, "gate_proj.weight") ||
+							       wk_ends_with(leaf, "up_proj.weight")))
 				rc = plan_tp(p, name, 0, err, errsz);
-			else if (!strncmp(leaf, "mlp.", 4) && ends_with(leaf, "down_proj.weight"))
+			else if (!strncmp(leaf, "mlp.", 4) && wk_ends_with(leaf, "down_proj.weight"))
 				rc = plan_tp(p, name, 1, err, errsz);
 			else
 				rc = NO_RULE;
@@ -723,8 +717,8 @@ int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
 		int l;
 		if (sscanf(name, "model.layers.%d.", &l) == 1 && l >= layers)
 			continue;
-		p->cast = ends_with(name, "_scale_inv") ||
-					  ends_with(name, "e_score_correction_bias")
+		p->cast = wk_ends_with(name, "_scale_inv") ||
+					  wk_ends_with(name, "e_score_correction_bias")
 				  ? DT_INVALID
 				  : cast;
 		rc = plan_copy(p, name, 0, err, errsz);

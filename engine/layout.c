@@ -139,12 +139,6 @@ static int produce_fp8(void *ctx, const struct snap_spec *t, void *dst, char *er
 
 /* The GLM-5-FP8 convention: the decoder layers' linear projections are FP8; embeddings,
  * lm_head, norms, the router gate and the indexer's weights_proj stay as they are. */
-static bool ends_in(const char *s, const char *suffix)
-{
-	size_t a = strlen(s), b = strlen(suffix);
-	return a >= b && !strcmp(s + a - b, suffix);
-}
-
 /* The decoder-layer matrices that GLM-5-FP8 stores in FP8 (glm.md 2.2): every *_proj (the
  * attention's q_a/q_b/kv_b/o, the MLPs' and experts' gate/up/down), kv_a_proj_with_mqa, and
  * the indexer's wq_b and wk; not indexer.weights_proj, the MTP layer's eh_proj, the router,
@@ -154,8 +148,8 @@ static bool fp8_candidate(const struct st_tensor *t)
 	const char *n = t->name;
 	return t->rank == 2 && (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16) &&
 	       !strncmp(n, "model.layers.", 13) &&
-	       (ends_in(n, "_proj.weight") || ends_in(n, "kv_a_proj_with_mqa.weight") ||
-		ends_in(n, "indexer.wq_b.weight") || ends_in(n, "indexer.wk.weight")) &&
+	       (wk_ends_with(n, "_proj.weight") || wk_ends_with(n, "kv_a_proj_with_mqa.weight") ||
+		wk_ends_with(n, "indexer.wq_b.weight") || wk_ends_with(n, "indexer.wk.weight")) &&
 	       !strstr(n, "weights_proj") && !strstr(n, "eh_proj");
 }
 

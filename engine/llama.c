@@ -383,12 +383,6 @@ static int llama_forward(struct engine *e, const int *tokens, int n, int pos0, f
 	return run(e, &it, 1, all, err, errsz);
 }
 
-static bool ends_with(const char *s, const char *suffix)
-{
-	size_t a = strlen(s), b = strlen(suffix);
-	return a >= b && !strcmp(s + a - b, suffix);
-}
-
 /* Layout. Unsharded: every tensor whole on rank 0. Sharded (tp > 1; ep must be 1, there are
  * no experts): embed_tokens and lm_head split their vocabulary rows; q_proj its rows by query
  * heads, k_proj/v_proj by kv heads (shard_heads: split, or one shared head per shard when tp
@@ -428,18 +422,18 @@ static int llama_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct
 	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
 		const char *name = hf_tensor_at(hf, i)->name;
 		if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "lm_head.weight") ||
-		    ends_with(name, ".mlp.gate_proj.weight") || ends_with(name, ".mlp.up_proj.weight"))
+		    wk_ends_with(name, ".mlp.gate_proj.weight") || wk_ends_with(name, ".mlp.up_proj.weight"))
 			rc = plan_tp(p, name, 0, err, errsz);
-		else if (ends_with(name, ".mlp.down_proj.weight"))
+		else if (wk_ends_with(name, ".mlp.down_proj.weight"))
 			rc = plan_tp(p, name, 1, err, errsz);
-		else if (ends_with(name, ".self_attn.q_proj.weight"))
+		else if (wk_ends_with(name, ".self_attn.q_proj.weight"))
 			rc = plan_tp_ranges(p, name, 0, qlo, qhi, err, errsz);
-		else if (ends_with(name, ".self_attn.k_proj.weight") ||
-			 ends_with(name, ".self_attn.v_proj.weight"))
+		else if (wk_ends_with(name, ".self_attn.k_proj.weight") ||
+			 wk_ends_with(name, ".self_attn.v_proj.weight"))
 			rc = plan_tp_ranges(p, name, 0, klo, khi, err, errsz);
-		else if (ends_with(name, ".self_attn.o_proj.weight"))
+		else if (wk_ends_with(name, ".self_attn.o_proj.weight"))
 			rc = plan_tp_ranges(p, name, 1, qlo, qhi, err, errsz);
-		else if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight"))
+		else if (wk_ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight"))
 			rc = plan_replicated(p, name, err, errsz);
 		else
 			rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: no tensor-parallel rule for "
