@@ -199,12 +199,19 @@ echo "$out"
 echo "$out" | grep -q 'attempts \[1, 2' || fail "no job was redelivered after the kill (ka finished $taken)"
 [ "$(sqs count k)" = 0 ] || fail "jobs left in the queue after kill -9"
 
-# 3. SIGTERM during a batch (drain timeout 0: whatever is in flight goes back at once, so the
-#    hand-back is exercised however fast the model is); another worker ends them. One job at
-#    a time: the 16 take long enough together that the signal always finds one running.
+# 3. SIGTERM during a batch (drain timeout 0: whatever is in flight goes back at once);
+#    another worker ends them. One job at a time, on a slow random model: each job decodes
+#    1000 tokens greedily (this model and prompt never meet EOS) for about 1.5 s, so the signal
+#    finds one running (stories260K ran 400 tokens in 40 ms, and the signal could land in the
+#    gap between two receives).
+slow=$TMPD/slow
+"$WICK_TOOLS/gen_llama" -o "$slow" --hidden 384 --intermediate 1024 --layers 6 --heads 6 \
+  --kv-heads 2 --vocab 512 --max-pos 1024 --dtype f32 --seed 9 >/dev/null
+cp "$m/tokenizer.json" "$slow/"
 Q="$B/t?tls=0"
-submit_many "$Q" 16 400 t
-"$WICK" worker --model "$m" --queue "$Q" --concurrency 1 --drain-timeout 0 --idle-timeout 5 \
+seq 1 6 | xargs -P 4 -I{} "$WICK" submit --queue "$Q" --id "t-{}" -p "Once upon a time" \
+  -n 1000 --temperature 0 >/dev/null || fail "submit t"
+"$WICK" worker --model "$slow" --queue "$Q" --concurrency 1 --drain-timeout 0 --idle-timeout 5 \
   --worker-id d 2>"$TMPD/d.log" &
 d=$!
 for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/d.log" && break; sleep 0.05; done
@@ -216,8 +223,8 @@ python3 -c "import sys; t = float(sys.argv[2]) - float(sys.argv[1]); assert t < 
   "$t0" "$(date +%s.%N)" || fail "slow drain"
 grep -q 'reason signal' "$TMPD/d.log" || fail "no drain in the log"
 grep -q 'handed back to the queue' "$TMPD/d.log" || fail "no job was in flight past the drain: $(tail -3 "$TMPD/d.log")"
-"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id e 2>"$TMPD/e.log" || fail "worker e"
-out=$(sqs check t-results t 16) || fail "after SIGTERM"
+"$WICK" worker --model "$slow" --queue "$Q" --idle-timeout 1 --worker-id e 2>"$TMPD/e.log" || fail "worker e"
+out=$(sqs check t-results t 6) || fail "after SIGTERM"
 echo "$out"
 echo "$out" | grep -q 'attempts \[1, 2' || fail "the jobs handed back were not delivered again"
 [ "$(sqs count t)" = 0 ] || fail "jobs left in the queue after SIGTERM"
