@@ -127,6 +127,7 @@ struct backend {
 	void (*to_device)(void *ctx, void *dst, const void *host, size_t bytes);
 	void (*to_host)(void *ctx, void *host, const void *src, size_t bytes); /* waits */
 	void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);   /* device to device */
+	void (*zero)(void *ctx, void *dst, size_t bytes);
 	/* Replaces w->data (and w->scale) with the backend's own copy, freed at shutdown. */
 	int (*upload_weight)(void *ctx, struct be_weight *w, char *err, size_t errsz);
 	/* Waits for the device; WK_EIO with the message once any op has failed (sticky). */

@@ -146,6 +146,16 @@ void *eng_alloc(struct engine *e, size_t bytes)
 	return malloc(bytes ? bytes : 1);
 }
 
+void *eng_calloc(struct engine *e, size_t bytes)
+{
+	if (!e->be->mem_alloc)
+		return calloc(1, bytes ? bytes : 1); /* zero pages are mapped lazily */
+	void *p = e->be->mem_alloc(e->bctx, bytes);
+	if (p)
+		eng_dzero(e, p, bytes);
+	return p;
+}
+
 void eng_release(struct engine *e, void *p)
 {
 	if (!p)
@@ -178,6 +188,25 @@ void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
 		e->be->copy(e->bctx, dst, src, bytes);
 	else if (dst != src)
 		memmove(dst, src, bytes);
+}
+
+void eng_dzero(struct engine *e, void *dst, size_t bytes)
+{
+	if (e->be->zero)
+		e->be->zero(e->bctx, dst, bytes);
+	else
+		memset(dst, 0, bytes);
+}
+
+bool eng_regrow(struct engine *e, void *p, size_t bytes)
+{
+	void **pp = p;
+	void *q = eng_alloc(e, bytes ? bytes : 1);
+	if (!q)
+		return false;
+	eng_release(e, *pp);
+	*pp = q;
+	return true;
 }
 
 int eng_sync(struct engine *e, char *err, size_t errsz)

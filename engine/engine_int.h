@@ -213,10 +213,15 @@ int eng_vector(struct engine *e, const char *name, int len, float **out, char *e
  * them. On a host-memory backend (cpu, null) these are malloc, free and memcpy. */
 bool eng_host_mem(const struct engine *e);
 void *eng_alloc(struct engine *e, size_t bytes); /* NULL when out of memory */
+void *eng_calloc(struct engine *e, size_t bytes);  /* eng_alloc, zeroed (host: calloc) */
 void eng_release(struct engine *e, void *p);
 void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes);
 void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes);
 void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes);
+void eng_dzero(struct engine *e, void *dst, size_t bytes);
+/* *p = eng_alloc(bytes) when that succeeds (the old block, if any, released: contents are
+ * not kept, this is for scratch); false, *p unchanged, when out of memory. */
+bool eng_regrow(struct engine *e, void *p, size_t bytes);
 /* After a step: WK_OK, or the backend's sticky error (a failed kernel), which fails the
  * step and every later one. */
 int eng_sync(struct engine *e, char *err, size_t errsz);

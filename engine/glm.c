@@ -51,6 +51,25 @@ void *glm_own(struct glm_model *m, void *p)
 	return p;
 }
 
+/* glm_own for backend memory (eng_alloc'd): released with eng_release. */
+static void *own_dev(struct glm_model *m, void *p)
+{
+	if (!p)
+		return NULL;
+	if (m->n_downed == m->cap_downed) {
+		size_t cap = m->cap_downed ? 2 * m->cap_downed : 256;
+		void **o = realloc(m->downed, cap * sizeof *o);
+		if (!o) {
+			eng_release(m->e, p);
+			return NULL;
+		}
+		m->downed = o;
+		m->cap_downed = cap;
+	}
+	m->downed[m->n_downed++] = p;
+	return p;
+}
+
 static void *owned_copy(struct glm_model *m, const void *src, size_t bytes)
 {
 	void *p = glm_own(m, malloc(bytes ? bytes : 1));
@@ -63,8 +82,8 @@ int glm_weight(struct engine *e, struct glm_model *m, const char *name, int rows
 	       struct be_weight *w, char *err, size_t errsz)
 {
 	int rc = eng_weight(e, name, rows, cols, w, err, errsz);
-	if (rc != WK_OK)
-		return rc;
+	if (rc != WK_OK || !eng_host_mem(e))
+		return rc; /* a device copy is aligned */
 	size_t esz = dt_size(w->dtype);
 	if ((uintptr_t)w->data % esz != 0 &&
 	    !(w->data = owned_copy(m, w->data, (size_t)rows * cols * esz)))
@@ -80,7 +99,7 @@ int glm_vector(struct engine *e, struct glm_model *m, const char *name, int len,
 	       char *err, size_t errsz)
 {
 	int rc = eng_vector(e, name, len, out, err, errsz);
-	if (rc == WK_OK && !glm_own(m, *out))
+	if (rc == WK_OK && !(eng_host_mem(e) ? glm_own(m, *out) : own_dev(m, *out)))
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	return rc;
 }
@@ -335,6 +354,7 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 	if (!m)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	e->model = m;
+	m->e = e;
 	m->attn_ops = ops;
 	m->max_seqs = e->max_seqs > 0 ? e->max_seqs : 1;
 	m->seg = glm_own(m, calloc((size_t)m->max_seqs, sizeof *m->seg));
@@ -349,6 +369,10 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 			return wk_errf(err, errsz, WK_EUNSUPPORTED,
 				       "the %s backend lacks an op the GLM families need (%d)",
 				       e->be->name, (int)glm_ops[i]);
+	if (!eng_host_mem(e) && e->world > 1)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "a sharded snapshot on the %s backend is not supported yet (its "
+			       "collectives run on host memory); use --backend cpu", e->be->name);
 
 	struct be_weight emb;
 	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim, &emb, err,
@@ -422,23 +446,17 @@ void glm_free(struct engine *e)
 	for (size_t i = 0; i < m->n_owned; i++)
 		free(m->owned[i]);
 	free(m->owned);
-	free(m->pos);
-	free(m->tok);
-	free(m->x);
-	free(m->xb);
-	free(m->tmp);
-	free(m->g);
-	free(m->u);
-	free(m->logits);
-	free(m->idx);
-	free(m->wt);
-	free(m->rows);
-	free(m->rw);
-	free(m->xg);
-	free(m->yg);
-	free(m->count);
-	free(m->lg);
-	free(m->gath);
+	for (size_t i = 0; i < m->n_downed; i++)
+		eng_release(e, m->downed[i]);
+	free(m->downed);
+	void *dev[] = {m->pos, m->x, m->xb, m->tmp, m->g, m->u, m->logits, m->idx, m->wt,
+		       m->rows, m->rw, m->xg, m->yg, m->lg};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		eng_release(e, dev[i]);
+	void *host[] = {m->pos_h, m->tok, m->xh, m->idx_h, m->wt_h, m->rows_h, m->rw_h, m->count,
+			m->gath};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
 	free(m);
 	e->model = NULL;
 }
@@ -457,12 +475,12 @@ static bool re(void *pp, size_t bytes)
 
 /* Scratch for a step of T token rows in nseg segments; lg_rows rows of whole-vocabulary
  * logits (and, sharded, gath for the all_gather of lg_rows rows). */
-static int grow(struct glm_model *m, int T, int nseg, int lg_rows, int world)
+static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_rows, int world)
 {
 	const struct glm_cfg *c = &m->c;
 	if (lg_rows > m->lg_cap) {
 		size_t nv = (size_t)lg_rows * c->vocab * 4;
-		if (!re(&m->lg, nv) ||
+		if (!eng_regrow(e, &m->lg, nv) ||
 		    (world > 1 && !re(&m->gath, (size_t)lg_rows * c->l_vocab * world * 4)))
 			return WK_ENOMEM;
 		m->lg_cap = lg_rows;
@@ -475,13 +493,18 @@ static int grow(struct glm_model *m, int T, int nseg, int lg_rows, int world)
 		if ((size_t)c->moe_inter > wide)
 			wide = (size_t)c->moe_inter;
 		size_t nd = (size_t)n * c->dim * 4, nk = (size_t)n * c->top_k * 4;
-		if (!re(&m->pos, (size_t)n * 4) || !re(&m->tok, (size_t)n * 4) || !re(&m->x, nd) ||
-		    !re(&m->xb, nd) || !re(&m->tmp, nd) || !re(&m->g, n * wide * 4) ||
-		    !re(&m->u, n * wide * 4) || !re(&m->logits, (size_t)n * c->n_experts * 4) ||
-		    !re(&m->idx, nk) || !re(&m->wt, nk) || !re(&m->rows, nk) || !re(&m->rw, nk) ||
-		    !re(&m->xg, nd) || !re(&m->yg, nd) ||
+		if (!eng_regrow(e, &m->pos, (size_t)n * 4) || !re(&m->pos_h, (size_t)n * 4) ||
+		    !re(&m->tok, (size_t)n * 4) || !eng_regrow(e, &m->x, nd) ||
+		    (!eng_host_mem(e) && !re(&m->xh, nd)) || !eng_regrow(e, &m->xb, nd) ||
+		    !eng_regrow(e, &m->tmp, nd) || !eng_regrow(e, &m->g, n * wide * 4) ||
+		    !eng_regrow(e, &m->u, n * wide * 4) ||
+		    !eng_regrow(e, &m->logits, (size_t)n * c->n_experts * 4) ||
+		    !eng_regrow(e, &m->idx, nk) || !re(&m->idx_h, nk) ||
+		    !eng_regrow(e, &m->wt, nk) || !re(&m->wt_h, nk) || !eng_regrow(e, &m->rows, nk) ||
+		    !re(&m->rows_h, nk) || !eng_regrow(e, &m->rw, nk) || !re(&m->rw_h, nk) ||
+		    !eng_regrow(e, &m->xg, nd) || !eng_regrow(e, &m->yg, nd) ||
 		    !re(&m->count, ((size_t)c->n_experts + 1) * 4))
-			return WK_ENOMEM; /* cap unchanged; the buffers that grew stay valid */
+			return WK_ENOMEM; /* cap unchanged; the buffers that grew are valid */
 		m->cap = n;
 	}
 	return m->attn_ops->grow(m, T, m->seg, nseg);
@@ -509,27 +532,33 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 	if (g->n_shared > 0 && eng_tp_lead(e))
 		mlp_forward(be, c, m, &f->shared, y, x, n);
 	else
-		memset(y, 0, (size_t)n * dim * sizeof *y);
+		eng_dzero(e, y, (size_t)n * dim * sizeof *y);
 	be->matmul(c, m->logits, x, &f->router, n);
 	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
 			     .scale = g->routed_scale};
 	be->moe_route(c, m->idx, m->wt, m->logits, f->bias, n, &r);
-	/* Group the (token, slot) pairs by expert, tokens ascending within each expert. */
+	/* Group the (token, slot) pairs by expert, tokens ascending within each expert, on the
+	 * host (a device waits here once per MoE layer), and send the plan back. */
+	size_t nk = (size_t)n * k;
+	eng_to_host(e, m->idx_h, m->idx, nk * sizeof *m->idx_h);
+	eng_to_host(e, m->wt_h, m->wt, nk * sizeof *m->wt_h);
 	int *start = m->count;
 	memset(start, 0, ((size_t)ne + 1) * sizeof *start);
-	for (int i = 0; i < n * k; i++)
-		start[m->idx[i] + 1]++;
+	for (size_t i = 0; i < nk; i++)
+		start[m->idx_h[i] + 1]++;
 	for (int ex = 0; ex < ne; ex++)
 		start[ex + 1] += start[ex];
-	for (int i = 0; i < n * k; i++) {
-		int at = start[m->idx[i]]++;
-		m->rows[at] = i / k;
-		m->rw[at] = m->wt[i];
+	for (size_t i = 0; i < nk; i++) {
+		int at = start[m->idx_h[i]]++;
+		m->rows_h[at] = (int)(i / k);
+		m->rw_h[at] = m->wt_h[i];
 	}
 	for (int ex = ne; ex > 0; ex--)
 		start[ex] = start[ex - 1];
 	start[0] = 0;
+	eng_to_dev(e, m->rows, m->rows_h, nk * sizeof *m->rows);
+	eng_to_dev(e, m->rw, m->rw_h, nk * sizeof *m->rw);
 	for (int ex = g->ex0; ex < g->ex1 && eng_ep_lead(e); ex++) {
 		int cnt = start[ex + 1] - start[ex];
 		if (cnt == 0)
@@ -558,9 +587,11 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 					     .n = items[i].n, .off = T};
 		T += items[i].n;
 	}
-	/* whole-vocabulary rows needed outside the items' own buffers */
-	int lg_rows = e->world > 1 ? (all_logits ? T : n_items) : (all_logits ? 0 : n_items);
-	int rc = grow(m, T, n_items, lg_rows, e->world) != WK_OK
+	/* whole-vocabulary rows needed outside the items' own buffers (in host memory, the
+	 * logits of every position go straight into items[0].logits) */
+	bool host = eng_host_mem(e);
+	int lg_rows = all_logits ? (e->world > 1 || !host ? T : 0) : n_items;
+	int rc = grow(e, m, T, n_items, lg_rows, e->world) != WK_OK
 			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
 			 : WK_OK;
 	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
@@ -570,15 +601,19 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	for (int i = 0; i < n_items; i++)
 		for (int j = 0; j < items[i].n; j++) {
 			m->tok[m->seg[i].off + j] = items[i].tokens[j];
-			m->pos[m->seg[i].off + j] = m->seg[i].pos0 + j;
+			m->pos_h[m->seg[i].off + j] = m->seg[i].pos0 + j;
 		}
-	eng_embed(e, m->x, m->tok, T, m->embed, m->c.vocab0, dim);
+	eng_to_dev(e, m->pos, m->pos_h, (size_t)T * sizeof *m->pos);
+	/* the embedding rows are read on the host (from the checkpoint) */
+	float *xe = host ? m->x : m->xh;
+	eng_embed(e, xe, m->tok, T, m->embed, m->c.vocab0, dim);
+	eng_to_dev(e, m->x, xe, (size_t)T * dim * sizeof *xe);
 	for (int l = 0; l < m->c.n_layers; l++) {
 		struct glm_layer *L = &m->layers[l];
 		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
 		m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, m->seg, n_items);
 		if (!lead)
-			memset(m->tmp, 0, (size_t)T * dim * sizeof *m->tmp);
+			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
 
@@ -588,33 +623,37 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		} else {
 			mlp_forward(be, c, m, &L->mlp, m->tmp, m->xb, T);
 			if (!lead)
-				memset(m->tmp, 0, (size_t)T * dim * sizeof *m->tmp);
+				eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		}
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
 	}
 	if (all_logits) {
 		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->c.eps);
-		if (e->world == 1) {
+		if (e->world == 1 && host) {
 			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
 			return eng_sync(e, err, errsz);
 		}
 		be->matmul(c, m->lg, m->xb, &m->lm_head, T);
-		eng_gather_vocab(e, items[0].logits, m->lg, T, m->c.l_vocab, m->gath);
+		if (e->world == 1)
+			eng_to_host(e, items[0].logits, m->lg, (size_t)T * m->c.vocab * sizeof(float));
+		else
+			eng_gather_vocab(e, items[0].logits, m->lg, T, m->c.l_vocab, m->gath);
 		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
 	 * vocabulary slices gathered in order into lg, rank 0 only. */
 	for (int i = 0; i < n_items; i++)
-		memcpy(m->xb + (size_t)i * dim,
-		       m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim, dim * sizeof(float));
+		eng_dcopy(e, m->xb + (size_t)i * dim,
+			  m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim, dim * sizeof(float));
 	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
 	be->matmul(c, m->lg, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
 	if (e->rank != 0)
 		return WK_OK;
 	for (int i = 0; i < n_items; i++)
-		memcpy(items[i].logits, m->lg + (size_t)i * m->c.vocab, m->c.vocab * sizeof(float));
+		eng_to_host(e, items[i].logits, m->lg + (size_t)i * m->c.vocab,
+			    m->c.vocab * sizeof(float));
 	return eng_sync(e, err, errsz);
 }
 

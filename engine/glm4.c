@@ -23,6 +23,8 @@ struct g4_layer {
 	float *qn, *kn;          /* (head_dim) q_norm / k_norm, or NULL */
 };
 
+/* Vectors, caches and scratch are the backend's memory (glm_int.h). */
+
 struct g4 {
 	int n_heads, n_kv, head_dim, rot;
 	struct g4_layer *layers; /* [n_layers] */
@@ -98,8 +100,8 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
 	size_t cache = (size_t)m->max_seqs * m->c.n_layers * m->c.max_seq * kvd;
-	a->kcache = calloc(cache, sizeof(float));
-	a->vcache = calloc(cache, sizeof(float));
+	a->kcache = eng_calloc(e, cache * sizeof(float));
+	a->vcache = eng_calloc(e, cache * sizeof(float));
 	if (!a->kcache || !a->vcache)
 		return wk_errf(err, errsz, WK_ENOMEM,
 			       "cannot allocate KV caches of %d positions for %d sequences (%zu MiB); "
@@ -118,12 +120,9 @@ static int g4_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 	size_t qd = (size_t)a->n_heads * a->head_dim, kvd = (size_t)a->n_kv * a->head_dim;
 	float **bufs[] = {&a->q, &a->att, &a->kt, &a->vt};
 	size_t width[] = {qd, qd, kvd, kvd};
-	for (int i = 0; i < 4; i++) {
-		float *p = realloc(*bufs[i], (size_t)T * width[i] * sizeof(float));
-		if (!p)
+	for (int i = 0; i < 4; i++)
+		if (!eng_regrow(m->e, bufs[i], (size_t)T * width[i] * sizeof(float)))
 			return WK_ENOMEM;
-		*bufs[i] = p;
-	}
 	a->cap = T;
 	return WK_OK;
 }
@@ -163,10 +162,10 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		const struct glm_seg *g = &seg[s];
 		size_t base = ((size_t)g->seq * m->c.n_layers + l) * layer;
 		float *kc = a->kcache + base, *vc = a->vcache + base;
-		memcpy(kc + (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
-		       (size_t)g->n * kvd * sizeof(float));
-		memcpy(vc + (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
-		       (size_t)g->n * kvd * sizeof(float));
+		eng_dcopy(e, kc + (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
+			  (size_t)g->n * kvd * sizeof(float));
+		eng_dcopy(e, vc + (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
+			  (size_t)g->n * kvd * sizeof(float));
 		be->attention(c, a->att + (size_t)g->off * qd, a->q + (size_t)g->off * qd, kc, vc,
 			      g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
 			      1.0f / sqrtf((float)a->head_dim));
@@ -179,12 +178,9 @@ static void g4_free(struct glm_model *m)
 	struct g4 *a = m->attn;
 	if (!a)
 		return;
-	free(a->kcache);
-	free(a->vcache);
-	free(a->q);
-	free(a->att);
-	free(a->kt);
-	free(a->vt);
+	float *bufs[] = {a->kcache, a->vcache, a->q, a->att, a->kt, a->vt};
+	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+		eng_release(m->e, bufs[i]);
 }
 
 /* Sharded layout of the attention: q_proj (weight and bias) rows by query heads, k_proj and

@@ -265,11 +265,11 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->iw);
 	}
 	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
-	a->ckv = calloc(nl * T * a->lora, sizeof(float));
-	a->kpe = calloc(nl * T * a->d_rope, sizeof(float));
-	a->ikc = calloc(nl * T * a->i_dim, sizeof(float));
-	a->scores = malloc(T * sizeof(float));
-	a->work = malloc(T * 8);
+	a->ckv = eng_calloc(e, nl * T * a->lora * sizeof(float));
+	a->kpe = eng_calloc(e, nl * T * a->d_rope * sizeof(float));
+	a->ikc = eng_calloc(e, nl * T * a->i_dim * sizeof(float));
+	a->scores = eng_alloc(e, T * sizeof(float));
+	a->work = eng_alloc(e, T * 8);
 	a->use_sel = calloc((size_t)m->max_seqs, sizeof *a->use_sel);
 	if (!a->ckv || !a->kpe || !a->ikc || !a->scores || !a->work || !a->use_sel)
 		return wk_errf(err, errsz, WK_ENOMEM,
@@ -299,13 +299,10 @@ static bool expand(const struct g5 *a, int n, int pos0)
 	return ex < ab;
 }
 
-static bool re(void *pp, size_t bytes)
+/* Scratch in the backend's memory (glm_int.h); its contents are not kept. */
+static bool re(struct glm_model *m, void *pp, size_t bytes)
 {
-	void **p = pp;
-	void *q = realloc(*p, bytes ? bytes : 1);
-	if (q)
-		*p = q;
-	return q != NULL;
+	return eng_regrow(m->e, pp, bytes);
 }
 
 static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int nseg)
@@ -314,21 +311,21 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 	size_t H = (size_t)a->n_heads, f = sizeof(float);
 	if (T > a->cap) {
 		size_t N = (size_t)T;
-		if (!re(&a->qc, N * a->q_lora * f) ||
-		    !re(&a->q, N * H * (a->d_nope + a->d_rope) * f) ||
-		    !re(&a->kva, N * (a->lora + a->d_rope) * f) ||
-		    !re(&a->qa, N * H * (a->lora + a->d_rope) * f) ||
-		    !re(&a->lat, N * H * a->lora * f) || !re(&a->att, N * H * a->d_v * f) ||
-		    !re(&a->iqv, N * a->i_heads * a->i_dim * f) || !re(&a->iwv, N * a->i_heads * f) ||
-		    !re(&a->iks, N * a->i_dim * f) || !re(&a->sel, N * a->topk * sizeof(int)) ||
-		    !re(&a->nsel, N * sizeof(int)))
+		if (!re(m, &a->qc, N * a->q_lora * f) ||
+		    !re(m, &a->q, N * H * (a->d_nope + a->d_rope) * f) ||
+		    !re(m, &a->kva, N * (a->lora + a->d_rope) * f) ||
+		    !re(m, &a->qa, N * H * (a->lora + a->d_rope) * f) ||
+		    !re(m, &a->lat, N * H * a->lora * f) || !re(m, &a->att, N * H * a->d_v * f) ||
+		    !re(m, &a->iqv, N * a->i_heads * a->i_dim * f) || !re(m, &a->iwv, N * a->i_heads * f) ||
+		    !re(m, &a->iks, N * a->i_dim * f) || !re(m, &a->sel, N * a->topk * sizeof(int)) ||
+		    !re(m, &a->nsel, N * sizeof(int)))
 			return WK_ENOMEM;
 		a->cap = T;
 	}
 	for (int s = 0; s < nseg; s++) {
 		int end = seg[s].pos0 + seg[s].n;
 		if (expand(a, seg[s].n, seg[s].pos0) && end > a->kvx_cap) {
-			if (!re(&a->kvx, (size_t)end * H * (a->d_nope + a->d_v) * f))
+			if (!re(m, &a->kvx, (size_t)end * H * (a->d_nope + a->d_v) * f))
 				return WK_ENOMEM;
 			a->kvx_cap = end;
 		}
@@ -407,8 +404,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			const float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
 			be->rmsnorm(c, ckv + (size_t)(g->pos0 + i) * lora, row, L->kv_a_norm, 1, lora,
 				    MLA_NORM_EPS);
-			memcpy(kpe + (size_t)(g->pos0 + i) * rope, row + lora,
-			       (size_t)rope * sizeof(float));
+			eng_dcopy(e, kpe + (size_t)(g->pos0 + i) * rope, row + lora,
+				  (size_t)rope * sizeof(float));
 		}
 		be->rope(c, kpe + (size_t)g->pos0 * rope, g->n, m->pos + g->off, 1, rope, rope,
 			 theta, true);
@@ -424,8 +421,9 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			      INDEXER_NORM_EPS);
 		be->rope(c, a->iks, T, m->pos, 1, id, rope, theta, true);
 		for (int s = 0; s < nseg; s++) {
-			memcpy(CACHE(a->ikc, seg[s].seq, id) + (size_t)seg[s].pos0 * id,
-			       a->iks + (size_t)seg[s].off * id, (size_t)seg[s].n * id * sizeof(float));
+			eng_dcopy(e, CACHE(a->ikc, seg[s].seq, id) + (size_t)seg[s].pos0 * id,
+				  a->iks + (size_t)seg[s].off * id,
+				  (size_t)seg[s].n * id * sizeof(float));
 			a->use_sel[s] = sparse(a, seg[s].n, seg[s].pos0);
 			any |= a->use_sel[s];
 		}
@@ -467,24 +465,11 @@ static void g5_free(struct glm_model *m)
 	struct g5 *a = m->attn;
 	if (!a)
 		return;
-	free(a->ckv);
-	free(a->kpe);
-	free(a->ikc);
 	free(a->use_sel);
-	free(a->iks);
-	free(a->scores);
-	free(a->work);
-	free(a->qc);
-	free(a->q);
-	free(a->kva);
-	free(a->qa);
-	free(a->lat);
-	free(a->att);
-	free(a->iqv);
-	free(a->iwv);
-	free(a->sel);
-	free(a->nsel);
-	free(a->kvx);
+	void *bufs[] = {a->ckv, a->kpe, a->ikc, a->iks, a->scores, a->work, a->qc, a->q, a->kva,
+			a->qa, a->lat, a->att, a->iqv, a->iwv, a->sel, a->nsel, a->kvx};
+	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+		eng_release(m->e, bufs[i]);
 }
 
 int glm5_debug(struct engine *e, struct glm5_debug *d)

@@ -21,7 +21,7 @@ struct glm_mlp {
 /* Routed experts + shared experts, sigmoid noaux_tc router. */
 struct glm_moe {
 	struct be_weight router; /* (n_experts, dim), F32 or BF16 as the checkpoint keeps it */
-	float *bias;             /* (n_experts) e_score_correction_bias, or NULL (zeros) */
+	float *bias;             /* (n_experts) e_score_correction_bias (backend memory) */
 	struct glm_mlp *experts; /* [n_experts], each (moe_inter, dim) / (dim, moe_inter); only
 				  * [ex0, ex1) are bound on a sharded rank */
 	struct glm_mlp shared;   /* width l_shared (moe_inter * n_shared / tp); unused when
@@ -29,7 +29,7 @@ struct glm_moe {
 };
 
 struct glm_layer {
-	float *attn_norm, *mlp_norm; /* (dim) */
+	float *attn_norm, *mlp_norm; /* (dim), backend memory */
 	bool moe;                    /* else the dense MLP */
 	struct glm_mlp mlp;          /* dense layers: width l_inter (intermediate_size / tp) */
 	struct glm_moe ffn;          /* MoE layers */
@@ -74,34 +74,45 @@ struct glm_attn {
 	void (*free)(struct glm_model *m);
 };
 
+/* Memory: weights, norm vectors, activations and caches are the backend's (eng_weight,
+ * eng_vector, eng_alloc: device memory on a device backend, which the host never touches;
+ * tests/unit/test_devmem.c checks that). Token ids, positions and the routing plan are built
+ * on the host (the *_h arrays) and copied over; the routing choice comes back to the host
+ * once per MoE layer to group tokens by expert. */
 struct glm_model {
+	struct engine *e;
 	struct glm_cfg c;
 	const struct glm_attn *attn_ops;
 	void *attn;                    /* the family's attention state */
 	const struct st_tensor *embed; /* (l_vocab, dim) */
 	struct be_weight lm_head;      /* (l_vocab, dim); the embedding when tied */
-	float *final_norm;             /* (dim) */
+	float *final_norm;             /* (dim), backend memory */
 	struct glm_layer *layers;      /* [n_layers] */
 	uint64_t attn_bytes;           /* attention weight bytes one decode step reads */
-	void **owned;                  /* allocations freed with the model */
+	void **owned;                  /* host allocations freed with the model */
 	size_t n_owned, cap_owned;
+	void **downed;                 /* backend allocations (eng_alloc) freed with it */
+	size_t n_downed, cap_downed;
 	int max_seqs;                      /* sequences held (e->max_seqs): caches are per seq */
-	/* scratch for `cap` tokens */
+	/* scratch for `cap` tokens; backend memory unless marked host */
 	int cap;
-	int *pos;                          /* (cap) */
-	int *tok;                          /* (cap) */
-	struct glm_seg *seg;               /* (max_seqs) the current step's segments */
+	int *pos, *pos_h;                  /* (cap) positions; pos_h host */
+	int *tok;                          /* (cap) host */
+	struct glm_seg *seg;               /* (max_seqs) host: the current step's segments */
 	float *x, *xb, *tmp;               /* (cap, dim) */
+	float *xh;                         /* (cap, dim) host: the embedded tokens, when the
+					    * backend's memory is not the host's (else NULL) */
 	float *g, *u;                      /* (cap, widest MLP) */
 	float *logits;                     /* (cap, n_experts) */
-	int *idx;                          /* (cap, top_k) */
-	float *wt;                         /* (cap, top_k) */
-	int *rows;                         /* (cap * top_k) tokens grouped by expert */
-	float *rw;                         /* (cap * top_k) their gate values */
+	int *idx, *idx_h;                  /* (cap, top_k) the experts chosen; idx_h host */
+	float *wt, *wt_h;                  /* (cap, top_k) their gate values; wt_h host */
+	int *rows, *rows_h;                /* (cap * top_k) tokens grouped by expert */
+	float *rw, *rw_h;                  /* (cap * top_k) their gate values */
 	float *xg, *yg;                    /* (cap, dim) one expert's batch */
-	int *count;                        /* (n_experts + 1) */
-	float *lg, *gath;                  /* (lg_cap, vocab) logits; sharded: (world, lg_cap,
-					    * l_vocab) for the all_gather */
+	int *count;                        /* (n_experts + 1) host */
+	float *lg;                         /* (lg_cap, vocab) logits */
+	float *gath;                       /* host, sharded: (world, lg_cap, l_vocab) for the
+					    * all_gather */
 	int lg_cap;
 };
 
@@ -112,7 +123,7 @@ void *glm_own(struct glm_model *m, void *p);
  * 4-aligned) is copied into owned aligned memory, so kernels may load it directly. */
 int glm_weight(struct engine *e, struct glm_model *m, const char *name, int rows, int cols,
 	       struct be_weight *w, char *err, size_t errsz);
-/* eng_vector into owned memory. */
+/* eng_vector, kept until the model is freed. */
 int glm_vector(struct engine *e, struct glm_model *m, const char *name, int len, float **out,
 	       char *err, size_t errsz);
 /* Bytes a weight occupies (with its block scales). */

@@ -26,6 +26,7 @@
 #include "engine/glm_int.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/glm_kernels.h"
+#include "tests/unit/devsim.h"
 
 /* ---- a tiny checkpoint writer --------------------------------------------------------------- */
 
@@ -522,6 +523,81 @@ Test(glm, batched_sequences_match_single)
 	check_batched(dir, G4_VOCAB, "glm4 bf16");
 	rm_rf(dir);
 	free(dir);
+}
+
+/* The GLM families on a device backend's memory: through devsim (devsim.h) every weight,
+ * vector, cache and activation is memory the host cannot touch outside the backend's ops and
+ * copies (a stray host access is a SIGSEGV), and the logits are bit for bit the CPU
+ * backend's: a prefill of every position, decode steps, and batched steps of two sequences
+ * (a prefill beside a decode). This is the engine side of GLM on CUDA. */
+static void check_devsim(const char *dir, int V, const char *what)
+{
+	char err[WK_ERRSZ];
+	struct engine *e[2];
+	for (int k = 0; k < 2; k++) {
+		struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 2,
+				     .backend_ops = k ? &be_devsim : NULL};
+		cr_assert_eq(eng_open(dir, &o, &e[k], err, sizeof err), WK_OK, "%s: %s", what, err);
+	}
+	cr_assert_str_eq(eng_info(e[1])->backend, "devsim");
+	float *lg[2];
+	for (int k = 0; k < 2; k++) {
+		lg[k] = malloc(sizeof(float) * NIDS * V);
+		cr_assert_not_null(lg[k]);
+		cr_assert_eq(eng_forward(e[k], ids, NIDS, 0, lg[k], true, err, sizeof err), WK_OK,
+			     "%s: %s", what, err);
+	}
+	cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * NIDS * V), 0,
+		     "%s: prefill logits differ on devsim", what);
+	for (int i = 0; i < 3; i++) {
+		for (int k = 0; k < 2; k++)
+			cr_assert_eq(eng_forward(e[k], ids + i, 1, NIDS + i, lg[k], false, err,
+						 sizeof err), WK_OK, "%s: %s", what, err);
+		cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * V), 0,
+			     "%s: decode step %d differs on devsim", what, i);
+	}
+	/* sequence 0 decodes on while sequence 1 prefills, then both decode */
+	for (int k = 0; k < 2; k++) {
+		int s1;
+		cr_assert_eq(eng_seq_alloc(e[k], &s1), WK_OK);
+		struct eng_item a[2] = {{0, ids + 3, 1, lg[k]}, {s1, ids, 6, lg[k] + V}};
+		cr_assert_eq(eng_step(e[k], a, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
+		struct eng_item b[2] = {{s1, ids + 6, 1, lg[k] + 2 * V}, {0, ids + 4, 1, lg[k] + 3 * V}};
+		cr_assert_eq(eng_step(e[k], b, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
+	}
+	cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * 4 * V), 0,
+		     "%s: batched steps differ on devsim", what);
+	struct devsim_counts n;
+	devsim_counts(e[1]->bctx, &n);
+	cr_expect_gt(n.ops, 100, "%s: only %d ops ran on devsim", what, n.ops);
+	cr_log_info("%s on devsim: %d ops, %d copies, %d regions", what, n.ops, n.copies, n.regions);
+	for (int k = 0; k < 2; k++) {
+		eng_close(e[k]);
+		free(lg[k]);
+	}
+}
+
+Test(glm, device_memory_only_through_the_backend)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 2, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 5, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	set_mla("expand");
+	check_devsim(dir, G5_VOCAB, "glm5 fp8, expanded");
+	set_mla("absorb");
+	check_devsim(dir, G5_VOCAB, "glm5 fp8, absorbed");
+	set_mla(NULL);
+	rm_rf(dir);
+	free(dir);
+	enum dt_type dts[] = {DT_BF16, DT_F8_E4M3};
+	for (int k = 0; k < 2; k++) {
+		dir = mkdir_tmp();
+		write_glm4(dir, dts[k], 4, 2, 0.1f);
+		check_devsim(dir, G4_VOCAB, dts[k] == DT_BF16 ? "glm4 bf16" : "glm4 fp8");
+		rm_rf(dir);
+		free(dir);
+	}
 }
 
 /* ---- (3) DSA ------------------------------------------------------------------------------- */

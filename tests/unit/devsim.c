@@ -1,0 +1,273 @@
+/*
+ * devsim.c - the devsim test backend (devsim.h).
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/dtype.h"
+#include "common/wk.h"
+#include "tests/unit/devsim.h"
+
+struct region {
+	void *p;
+	size_t len;
+};
+
+struct devsim {
+	void *cpu; /* the CPU backend's context */
+	struct region *r;
+	int n, cap;
+	int ops, copies;
+};
+
+static size_t page_round(size_t n)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	return (n + pg - 1) / pg * pg;
+}
+
+static void protect_all(struct devsim *d, int prot)
+{
+	for (int i = 0; i < d->n; i++)
+		cr_assert_eq(mprotect(d->r[i].p, d->r[i].len, prot), 0);
+}
+
+#define OPEN(d) protect_all(d, PROT_READ | PROT_WRITE)
+#define CLOSE(d) protect_all(d, PROT_NONE)
+
+static void *region_new(struct devsim *d, size_t bytes)
+{
+	size_t len = page_round(bytes ? bytes : 1);
+	void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (d->n == d->cap) {
+		d->cap = d->cap ? 2 * d->cap : 64;
+		d->r = realloc(d->r, (size_t)d->cap * sizeof *d->r);
+		cr_assert_not_null(d->r);
+	}
+	d->r[d->n++] = (struct region){p, len};
+	return p;
+}
+
+static int ds_init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
+{
+	struct devsim *d = calloc(1, sizeof *d);
+	cr_assert_not_null(d);
+	int rc = be_cpu.init(&d->cpu, cfg, err, errsz);
+	*ctx = d;
+	return rc;
+}
+
+static void ds_shutdown(void *ctx)
+{
+	struct devsim *d = ctx;
+	for (int i = 0; i < d->n; i++)
+		munmap(d->r[i].p, d->r[i].len);
+	free(d->r);
+	be_cpu.shutdown(d->cpu);
+	free(d);
+}
+
+void devsim_counts(void *ctx, struct devsim_counts *out)
+{
+	struct devsim *d = ctx;
+	*out = (struct devsim_counts){.ops = d->ops, .copies = d->copies, .regions = d->n};
+}
+
+static bool ds_supports(void *ctx, enum be_op op, enum dt_type wt)
+{
+	struct devsim *d = ctx;
+	return be_cpu.supports(d->cpu, op, wt);
+}
+
+/* Each op: the regions open only while the CPU kernel runs. */
+#define WRAP(call)                      \
+	do {                            \
+		struct devsim *d = ctx; \
+		OPEN(d);                \
+		be_cpu.call;            \
+		CLOSE(d);               \
+		d->ops++;               \
+	} while (0)
+#define CPU ((struct devsim *)ctx)->cpu
+
+static void ds_matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
+{
+	WRAP(matmul(CPU, y, x, w, n));
+}
+
+static void ds_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
+		       float eps)
+{
+	WRAP(rmsnorm(CPU, y, x, w, n, dim, eps));
+}
+
+static void ds_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
+		    int rot_dim, float theta, bool interleaved)
+{
+	WRAP(rope(CPU, x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved));
+}
+
+static void ds_attention(void *ctx, float *out, const float *q, const float *k, const float *v,
+			 int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+			 float scale)
+{
+	WRAP(attention(CPU, out, q, k, v, n, pos0, n_heads, n_kv, head_dim, kv_stride, scale));
+}
+
+static void ds_silu_mul(void *ctx, float *g, const float *u, size_t n)
+{
+	WRAP(silu_mul(CPU, g, u, n));
+}
+
+static void ds_add(void *ctx, float *y, const float *x, size_t n)
+{
+	WRAP(add(CPU, y, x, n));
+}
+
+static void ds_layernorm(void *ctx, float *y, const float *x, const float *w, const float *b,
+			 int n, int dim, float eps)
+{
+	WRAP(layernorm(CPU, y, x, w, b, n, dim, eps));
+}
+
+static void ds_moe_route(void *ctx, int *idx, float *wt, const float *logits, const float *bias,
+			 int n, const struct be_route *r)
+{
+	WRAP(moe_route(CPU, idx, wt, logits, bias, n, r));
+}
+
+static void ds_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n,
+			   int dim)
+{
+	WRAP(gather_rows(CPU, dst, src, rows, n, dim));
+}
+
+static void ds_scatter_add_rows(void *ctx, float *y, const float *x, const int *rows,
+				const float *scale, int n, int dim)
+{
+	WRAP(scatter_add_rows(CPU, y, x, rows, scale, n, dim));
+}
+
+static void ds_mla_absorb_q(void *ctx, float *qa, const float *q, const struct be_weight *kv_b,
+			    int n, int n_heads, int d_nope, int d_rope, int d_v)
+{
+	WRAP(mla_absorb_q(CPU, qa, q, kv_b, n, n_heads, d_nope, d_rope, d_v));
+}
+
+static void ds_mla_absorb_out(void *ctx, float *o, const float *lat,
+			      const struct be_weight *kv_b, int n, int n_heads, int d_nope, int d_v)
+{
+	WRAP(mla_absorb_out(CPU, o, lat, kv_b, n, n_heads, d_nope, d_v));
+}
+
+static void ds_mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s,
+			     int n, int pos0)
+{
+	WRAP(mla_attention(CPU, out, q, s, n, pos0));
+}
+
+static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
+			const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+			float qk_scale, float w_scale, float *scores, void *work)
+{
+	WRAP(dsa_topk(CPU, sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+		      w_scale, scores, work));
+}
+
+static void *ds_alloc(void *ctx, size_t bytes)
+{
+	return region_new(ctx, bytes);
+}
+
+static void ds_free(void *ctx, void *p)
+{
+	struct devsim *d = ctx;
+	for (int i = 0; i < d->n; i++)
+		if (d->r[i].p == p) {
+			munmap(p, d->r[i].len);
+			d->r[i] = d->r[--d->n];
+			return;
+		}
+	cr_assert_fail("freeing %p, which devsim did not allocate", p);
+}
+
+static void ds_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	struct devsim *d = ctx;
+	OPEN(d);
+	memmove(dst, src, bytes);
+	CLOSE(d);
+	d->copies++;
+}
+
+static void ds_zero(void *ctx, void *dst, size_t bytes)
+{
+	struct devsim *d = ctx;
+	OPEN(d);
+	memset(dst, 0, bytes);
+	CLOSE(d);
+	d->copies++;
+}
+
+static void *upload(struct devsim *d, const void *host, size_t bytes)
+{
+	void *p = region_new(d, bytes);
+	cr_assert_not_null(p);
+	ds_copy(d, p, host, bytes);
+	return p;
+}
+
+static int ds_upload(void *ctx, struct be_weight *w, char *err, size_t errsz)
+{
+	(void)err;
+	(void)errsz;
+	struct devsim *d = ctx;
+	w->data = upload(d, w->data, (size_t)w->rows * w->cols * dt_size(w->dtype));
+	if (w->scale)
+		w->scale = upload(d, w->scale,
+				  (size_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128) *
+					  sizeof(float));
+	return WK_OK;
+}
+
+static int ds_sync(void *ctx, char *err, size_t errsz)
+{
+	(void)ctx;
+	(void)err;
+	(void)errsz;
+	return WK_OK;
+}
+
+const struct backend be_devsim = {
+	.name = "devsim",
+	.init = ds_init,
+	.shutdown = ds_shutdown,
+	.supports = ds_supports,
+	.matmul = ds_matmul,
+	.rmsnorm = ds_rmsnorm,
+	.rope = ds_rope,
+	.attention = ds_attention,
+	.silu_mul = ds_silu_mul,
+	.add = ds_add,
+	.layernorm = ds_layernorm,
+	.moe_route = ds_moe_route,
+	.gather_rows = ds_gather_rows,
+	.scatter_add_rows = ds_scatter_add_rows,
+	.mla_absorb_q = ds_mla_absorb_q,
+	.mla_absorb_out = ds_mla_absorb_out,
+	.mla_attention = ds_mla_attention,
+	.dsa_topk = ds_dsa_topk,
+	.mem_alloc = ds_alloc,
+	.mem_free = ds_free,
+	.to_device = ds_copy,
+	.to_host = ds_copy,
+	.copy = ds_copy,
+	.zero = ds_zero,
+	.upload_weight = ds_upload,
+	.sync = ds_sync,
+};

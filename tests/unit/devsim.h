@@ -1,0 +1,25 @@
+/*
+ * devsim.h - "devsim", a test backend for the engine's side of a device backend, checked
+ * without a GPU: it runs the CPU backend's kernels on memory that the host cannot touch. Its
+ * mem_alloc and upload_weight hand out page-aligned regions kept PROT_NONE except while one
+ * of its own ops or copies runs, so any place where the engine reads or writes activations,
+ * caches, norm vectors or weights directly (instead of through eng_to_dev / eng_to_host /
+ * eng_dcopy / eng_dzero and the backend's ops) crashes the test with SIGSEGV. This is the
+ * plumbing the CUDA backend relies on (device pointers are just as untouchable from the host
+ * there). Every op of the Llama and GLM families is wrapped. Used by test_devmem.c
+ * (stories260K) and test_glm.c (GLM-5 and GLM-4.5).
+ */
+#ifndef WICK_TEST_DEVSIM_H
+#define WICK_TEST_DEVSIM_H
+
+#include "engine/backend.h"
+
+extern const struct backend be_devsim;
+
+/* Ops and copies counted since init, so a test knows the paths ran. */
+struct devsim_counts {
+	int ops, copies, regions;
+};
+void devsim_counts(void *ctx, struct devsim_counts *out);
+
+#endif
