@@ -168,6 +168,7 @@ void eng_release(struct engine *e, void *p)
 
 void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes)
 {
+	eng_count(e, ENG_K_TO_DEVICE);
 	if (e->be->to_device)
 		e->be->to_device(e->bctx, dst, host, bytes);
 	else if (dst != host)
@@ -176,6 +177,7 @@ void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes)
 
 void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes)
 {
+	eng_count(e, ENG_K_TO_HOST);
 	if (e->be->to_host)
 		e->be->to_host(e->bctx, host, src, bytes);
 	else if (host != src)
@@ -184,6 +186,7 @@ void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes)
 
 void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
 {
+	eng_count(e, ENG_K_COPY);
 	if (e->be->copy)
 		e->be->copy(e->bctx, dst, src, bytes);
 	else if (dst != src)
@@ -192,6 +195,7 @@ void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
 
 void eng_dzero(struct engine *e, void *dst, size_t bytes)
 {
+	eng_count(e, ENG_K_ZERO);
 	if (e->be->zero)
 		e->be->zero(e->bctx, dst, bytes);
 	else
@@ -274,7 +278,23 @@ int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, in
 	}
 	if (rc != WK_OK)
 		e->be = NULL;
+	else if (o && o->count_launches && (rc = eng_count_wrap(e, err, errsz)) != WK_OK) {
+		e->be->shutdown(e->bctx);
+		e->be = NULL;
+	}
 	return rc;
+}
+
+int eng_launches(const struct engine *e, int rank, struct eng_launches *out)
+{
+	if (e->shard) {
+		if (rank < 0 || rank >= e->world)
+			return WK_EINVAL;
+		e = shard_rank((struct engine *)e, rank);
+	} else if (rank != 0) {
+		return WK_EINVAL;
+	}
+	return e ? eng_count_read(e, out) : WK_EINVAL;
 }
 
 const struct st_tensor *eng_tensor(struct engine *e, const char *name)

@@ -34,6 +34,7 @@ struct eng_opts {
 	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
 	const struct backend *backend_ops; /* tests: this backend instead of o->backend */
+	bool count_launches; /* count every op and copy (eng_launches; `wick bench launches`) */
 };
 
 struct eng_info {
@@ -66,6 +67,20 @@ struct engine;
  * config field at fault. Free with eng_close(). */
 int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine **out,
 	     char *err, size_t errsz);
+
+/* What a GPU would launch (eng_opts.count_launches, engine/count.c): the backend ops and the
+ * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
+ * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
+ * 0. WK_EINVAL when the engine does not count or there is no such rank. */
+#define ENG_LAUNCH_KINDS 18
+struct eng_launches {
+	long n[ENG_LAUNCH_KINDS];
+	long collectives;
+};
+int eng_launches(const struct engine *e, int rank, struct eng_launches *out);
+/* The name of kind k ("matmul", "to_host", ...), and whether it is a copy rather than a
+ * kernel; NULL past the last kind. */
+const char *eng_launch_kind(int k, bool *is_copy);
 void eng_close(struct engine *e); /* NULL is fine */
 
 const struct eng_info *eng_info(const struct engine *e);

@@ -45,6 +45,8 @@ struct engine {
 	struct tok *tok;
 	const struct backend *be;
 	void *bctx;
+	bool counting;      /* be is count.c's wrapper (eng_opts.count_launches) */
+	long n_collectives; /* collectives issued (counted when counting) */
 	const struct family *fam;
 	void *model; /* the family's state */
 	struct eng_info info;
@@ -130,6 +132,17 @@ void shard_close(struct engine *e); /* nothing when e is not a sharded top engin
 /* Opens o->backend ("auto": see be_find; a device backend that fails to start falls back to
  * cpu with a note on stderr) with that many threads on that device into e->be / e->bctx
  * (engine.c). */
+/* count.c: wraps e's started backend in the launch counter; reads the counts; eng_count
+ * adds one of a kind (the copy helpers below count themselves). */
+enum eng_kind {
+	ENG_K_MATMUL, ENG_K_RMSNORM, ENG_K_ROPE, ENG_K_ATTENTION, ENG_K_SILU_MUL, ENG_K_ADD,
+	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
+	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK, ENG_K_ZERO,
+	ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
+};
+int eng_count_wrap(struct engine *e, char *err, size_t errsz);
+void eng_count(struct engine *e, enum eng_kind kind);
+int eng_count_read(const struct engine *e, struct eng_launches *out);
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz);
 /* Rank engine `rank` of a sharded top engine. */

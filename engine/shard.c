@@ -93,6 +93,7 @@ void eng_all_reduce(struct engine *e, float *buf, size_t n)
 	char err[WK_ERRSZ];
 	if (e->world == 1)
 		return;
+	e->n_collectives++;
 	int rc = e->comm->all_reduce(e->comm_ctx, e->rank, buf, n, err, sizeof err);
 	if (rc != WK_OK && e->comm_rc == WK_OK)
 		snprintf(e->comm_err, sizeof e->comm_err, "%s", err);
@@ -105,6 +106,7 @@ int eng_agree(struct engine *e, int rc, char *err, size_t errsz)
 		return rc;
 	int all = 0;
 	char cerr[WK_ERRSZ];
+	e->n_collectives++;
 	int vrc = e->comm->vote(e->comm_ctx, e->rank, rc == WK_OK, &all, cerr, sizeof cerr);
 	if (vrc != WK_OK) {
 		if (e->comm_rc == WK_OK)
@@ -149,6 +151,7 @@ void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows
 		return;
 	}
 	char err[WK_ERRSZ];
+	e->n_collectives++;
 	int rc = e->comm->all_gather(e->comm_ctx, e->rank, local, gbuf, blk * sizeof *local, err,
 				     sizeof err);
 	if (rc != WK_OK && e->comm_rc == WK_OK)

@@ -26,7 +26,8 @@ static void bench_usage(FILE *f)
 		   "benchmarks:\n"
 		   "  wick bench decode MODEL [-n N] [--threads T] [--backend B]\n"
 		   "  wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n"
-		   "  wick bench queue MODEL [-n TOKENS] [--jobs N]\n");
+		   "  wick bench queue MODEL [-n TOKENS] [--jobs N]\n"
+		   "  wick bench launches MODEL [--context N] [--steps S] [--backend B]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -240,6 +241,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_restore(argc - 1, argv + 1);
 	if (!strcmp(sub, "queue"))
 		return bench_queue(argc - 1, argv + 1);
+	if (!strcmp(sub, "launches"))
+		return bench_launches(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

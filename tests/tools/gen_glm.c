@@ -608,7 +608,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: gen_glm --family glm5|glm4 -o DIR [--seed S] [--shards N] [--mtp] [sizes]\n"
-		"       gen_glm --preset bench-1g -o DIR [--seed S] [--shards N]\n"
+		"       gen_glm --preset bench-1g|glm5-structure -o DIR [--seed S] [--shards N]\n"
 		"sizes (tiny defaults in brackets, glm5 / glm4 where they differ):\n"
 		"  --hidden 200  --layers 4  --first-dense 1  --heads 4/6  --vocab 300  --max-pos 256\n"
 		"  --intermediate 320  --moe-intermediate 80  --experts 16  --experts-per-tok 4\n"
@@ -617,7 +617,9 @@ static void usage(FILE *f)
 		"        --v-head-dim 32  --index-heads 4  --index-head-dim 32  --index-topk 4\n"
 		"        --dtype fp8|bf16 (fp8)\n"
 		"  glm4: --kv-heads 2  --head-dim 40  --partial-rotary 0.5  --no-qk-norm\n"
-		"--preset bench-1g: GLM-5 FP8, ~1.4 GiB, ~340 MiB read per decoded token, 4 shards.\n");
+		"--preset bench-1g: GLM-5 FP8, ~1.4 GiB, ~340 MiB read per decoded token, 4 shards.\n"
+		"--preset glm5-structure: GLM-5's 78 layers, 256 experts (top 8) and indexers at\n"
+		"  tiny sizes, for counting launches (wick bench launches).\n");
 }
 
 static int parse_int(const char *s, const char *what, int *out)
@@ -670,6 +672,36 @@ static void preset_bench(struct dims *d)
 	d->index_dim = 128;
 	d->index_topk = 256;
 	d->shards = 4;
+}
+
+/* GLM-5's structure (glm.md 1: 78 layers, the first 3 dense; 256 routed experts, 8 per token,
+ * no group limit; one shared expert; an indexer on every layer) at tiny dimensions, for
+ * counting what a decode step launches (`wick bench launches`): the count follows the
+ * structure, not the sizes. index_topk 64 instead of 2048, so that a context past 64 runs
+ * the sparse (selecting) path as GLM-5 does past 2048. */
+static void preset_structure(struct dims *d)
+{
+	defaults(d, GLM5);
+	d->hidden = 64;
+	d->layers = 78;
+	d->first_dense = 3;
+	d->heads = 8;
+	d->vocab = 256;
+	d->max_pos = 512;
+	d->inter = 64;
+	d->moe_inter = 32;
+	d->experts = 256;
+	d->topk = 8;
+	d->n_group = 1;
+	d->topk_group = 1;
+	d->q_lora = 32;
+	d->kv_lora = 32;
+	d->nope = 16;
+	d->rope = 8;
+	d->v_head = 16;
+	d->index_heads = 4;
+	d->index_dim = 16;
+	d->index_topk = 64;
 }
 
 static const char *check(const struct dims *d)
@@ -740,15 +772,19 @@ int main(int argc, char **argv)
 			preset = argv[i] + 9;
 	}
 	if (preset) {
-		if (strcmp(preset, "bench-1g")) {
-			fprintf(stderr, "gen_glm: unknown --preset '%s' (there is bench-1g)\n", preset);
+		if (strcmp(preset, "bench-1g") && strcmp(preset, "glm5-structure")) {
+			fprintf(stderr, "gen_glm: unknown --preset '%s' (there are bench-1g and "
+					"glm5-structure)\n", preset);
 			return 2;
 		}
 		if (fam && strcmp(fam, "glm5")) {
-			fprintf(stderr, "gen_glm: --preset bench-1g is a glm5 model\n");
+			fprintf(stderr, "gen_glm: --preset %s is a glm5 model\n", preset);
 			return 2;
 		}
-		preset_bench(&d);
+		if (!strcmp(preset, "bench-1g"))
+			preset_bench(&d);
+		else
+			preset_structure(&d);
 	} else if (fam && (!strcmp(fam, "glm5") || !strcmp(fam, "glm4"))) {
 		defaults(&d, !strcmp(fam, "glm5") ? GLM5 : GLM4);
 	} else {

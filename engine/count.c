@@ -1,0 +1,251 @@
+/*
+ * count.c - the launch counter (eng_opts.count_launches): a backend that wraps the engine's
+ * own and counts every op and copy before passing it on. On the CUDA backend each op is one
+ * kernel launch and each copy or zero one cudaMemcpyAsync / cudaMemsetAsync, so these counts
+ * are the launches of a step; on the CPU backend they are what the same step would launch on
+ * a GPU (the families issue the same ops on every backend). `wick bench launches` reports
+ * them per decode step.
+ *
+ * The wrapper keeps the inner backend's optional members optional: a member the inner
+ * backend lacks stays NULL, so host-memory backends stay host-memory (eng_host_mem). Copies
+ * and zeroing are counted where the engine asks for them (eng_to_dev, eng_to_host,
+ * eng_dcopy, eng_dzero), so that a host-memory backend, where they are a memcpy or nothing,
+ * counts what a device would do.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine_int.h"
+
+struct counter {
+	struct backend be; /* what the engine calls: the inner backend's members, counted */
+	const struct backend *in;
+	void *ctx;
+	long n[ENG_LAUNCH_KINDS];
+};
+
+
+static const char *const kind_names[ENG_LAUNCH_KINDS] = {
+	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
+	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
+	"dsa_topk", "zero", "to_device", "to_host", "copy",
+};
+
+const char *eng_launch_kind(int k, bool *is_copy)
+{
+	if (k < 0 || k >= ENG_LAUNCH_KINDS)
+		return NULL;
+	if (is_copy)
+		*is_copy = k >= ENG_K_TO_DEVICE;
+	return kind_names[k];
+}
+
+#define IN(ctx) ((struct counter *)(ctx))
+#define COUNT(ctx, kind, call)                    \
+	do {                                      \
+		IN(ctx)->n[kind]++;               \
+		IN(ctx)->in->call;                \
+	} while (0)
+
+static void c_matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
+{
+	COUNT(ctx, ENG_K_MATMUL, matmul(IN(ctx)->ctx, y, x, w, n));
+}
+
+static void c_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
+		      float eps)
+{
+	COUNT(ctx, ENG_K_RMSNORM, rmsnorm(IN(ctx)->ctx, y, x, w, n, dim, eps));
+}
+
+static void c_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
+		   int rot_dim, float theta, bool interleaved)
+{
+	COUNT(ctx, ENG_K_ROPE, rope(IN(ctx)->ctx, x, n, pos, n_heads, head_dim, rot_dim, theta,
+				interleaved));
+}
+
+static void c_attention(void *ctx, float *out, const float *q, const float *k, const float *v,
+			int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+			float scale)
+{
+	COUNT(ctx, ENG_K_ATTENTION, attention(IN(ctx)->ctx, out, q, k, v, n, pos0, n_heads, n_kv,
+					  head_dim, kv_stride, scale));
+}
+
+static void c_silu_mul(void *ctx, float *g, const float *u, size_t n)
+{
+	COUNT(ctx, ENG_K_SILU_MUL, silu_mul(IN(ctx)->ctx, g, u, n));
+}
+
+static void c_add(void *ctx, float *y, const float *x, size_t n)
+{
+	COUNT(ctx, ENG_K_ADD, add(IN(ctx)->ctx, y, x, n));
+}
+
+static void c_layernorm(void *ctx, float *y, const float *x, const float *w, const float *b,
+			int n, int dim, float eps)
+{
+	COUNT(ctx, ENG_K_LAYERNORM, layernorm(IN(ctx)->ctx, y, x, w, b, n, dim, eps));
+}
+
+static void c_moe_route(void *ctx, int *idx, float *wt, const float *logits, const float *bias,
+			int n, const struct be_route *r)
+{
+	COUNT(ctx, ENG_K_MOE_ROUTE, moe_route(IN(ctx)->ctx, idx, wt, logits, bias, n, r));
+}
+
+static void c_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n,
+			  int dim)
+{
+	COUNT(ctx, ENG_K_GATHER_ROWS, gather_rows(IN(ctx)->ctx, dst, src, rows, n, dim));
+}
+
+static void c_scatter_add_rows(void *ctx, float *y, const float *x, const int *rows,
+			       const float *scale, int n, int dim)
+{
+	COUNT(ctx, ENG_K_SCATTER_ADD_ROWS, scatter_add_rows(IN(ctx)->ctx, y, x, rows, scale, n, dim));
+}
+
+static void c_mla_absorb_q(void *ctx, float *qa, const float *q, const struct be_weight *kv_b,
+			   int n, int n_heads, int d_nope, int d_rope, int d_v)
+{
+	COUNT(ctx, ENG_K_MLA_ABSORB_Q, mla_absorb_q(IN(ctx)->ctx, qa, q, kv_b, n, n_heads, d_nope,
+						d_rope, d_v));
+}
+
+static void c_mla_absorb_out(void *ctx, float *o, const float *lat, const struct be_weight *kv_b,
+			     int n, int n_heads, int d_nope, int d_v)
+{
+	COUNT(ctx, ENG_K_MLA_ABSORB_OUT, mla_absorb_out(IN(ctx)->ctx, o, lat, kv_b, n, n_heads, d_nope,
+						    d_v));
+}
+
+static void c_mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
+			    int pos0)
+{
+	COUNT(ctx, ENG_K_MLA_ATTENTION, mla_attention(IN(ctx)->ctx, out, q, s, n, pos0));
+}
+
+static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
+		       const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		       float qk_scale, float w_scale, float *scores, void *work)
+{
+	COUNT(ctx, ENG_K_DSA_TOPK, dsa_topk(IN(ctx)->ctx, sel, nsel, q, k, w, n, pos0, n_heads,
+					head_dim, topk, qk_scale, w_scale, scores, work));
+}
+
+static void c_zero(void *ctx, void *dst, size_t bytes)
+{
+	IN(ctx)->in->zero(IN(ctx)->ctx, dst, bytes);
+}
+
+static void c_to_device(void *ctx, void *dst, const void *host, size_t bytes)
+{
+	IN(ctx)->in->to_device(IN(ctx)->ctx, dst, host, bytes);
+}
+
+static void c_to_host(void *ctx, void *host, const void *src, size_t bytes)
+{
+	IN(ctx)->in->to_host(IN(ctx)->ctx, host, src, bytes);
+}
+
+static void c_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	IN(ctx)->in->copy(IN(ctx)->ctx, dst, src, bytes);
+}
+
+static bool c_supports(void *ctx, enum be_op op, enum dt_type wt)
+{
+	return IN(ctx)->in->supports(IN(ctx)->ctx, op, wt);
+}
+
+static void *c_mem_alloc(void *ctx, size_t bytes)
+{
+	return IN(ctx)->in->mem_alloc(IN(ctx)->ctx, bytes);
+}
+
+static void c_mem_free(void *ctx, void *p)
+{
+	IN(ctx)->in->mem_free(IN(ctx)->ctx, p);
+}
+
+static int c_upload_weight(void *ctx, struct be_weight *w, char *err, size_t errsz)
+{
+	return IN(ctx)->in->upload_weight(IN(ctx)->ctx, w, err, errsz);
+}
+
+static int c_sync(void *ctx, char *err, size_t errsz)
+{
+	return IN(ctx)->in->sync(IN(ctx)->ctx, err, errsz);
+}
+
+static void c_shutdown(void *ctx)
+{
+	struct counter *k = ctx;
+	k->in->shutdown(k->ctx);
+	free(k);
+}
+
+/* Replaces the engine's started backend with the counting wrapper around it. */
+int eng_count_wrap(struct engine *e, char *err, size_t errsz)
+{
+	struct counter *k = calloc(1, sizeof *k);
+	if (!k)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	const struct backend *in = e->be;
+	k->in = in;
+	k->ctx = e->bctx;
+	struct backend *b = &k->be;
+	b->name = in->name;
+	b->init = NULL; /* already started */
+	b->shutdown = c_shutdown;
+	b->supports = c_supports;
+	/* every member the inner backend has, counted; the rest stay NULL */
+#define KEEP(m, f) b->m = in->m ? f : NULL
+	KEEP(matmul, c_matmul);
+	KEEP(rmsnorm, c_rmsnorm);
+	KEEP(rope, c_rope);
+	KEEP(attention, c_attention);
+	KEEP(silu_mul, c_silu_mul);
+	KEEP(add, c_add);
+	KEEP(layernorm, c_layernorm);
+	KEEP(moe_route, c_moe_route);
+	KEEP(gather_rows, c_gather_rows);
+	KEEP(scatter_add_rows, c_scatter_add_rows);
+	KEEP(mla_absorb_q, c_mla_absorb_q);
+	KEEP(mla_absorb_out, c_mla_absorb_out);
+	KEEP(mla_attention, c_mla_attention);
+	KEEP(dsa_topk, c_dsa_topk);
+	KEEP(mem_alloc, c_mem_alloc);
+	KEEP(mem_free, c_mem_free);
+	KEEP(to_device, c_to_device);
+	KEEP(to_host, c_to_host);
+	KEEP(copy, c_copy);
+	KEEP(zero, c_zero);
+	KEEP(upload_weight, c_upload_weight);
+	KEEP(sync, c_sync);
+#undef KEEP
+	e->be = b;
+	e->bctx = k;
+	e->counting = true;
+	return WK_OK;
+}
+
+void eng_count(struct engine *e, enum eng_kind kind)
+{
+	if (e->counting)
+		IN(e->bctx)->n[kind]++;
+}
+
+int eng_count_read(const struct engine *e, struct eng_launches *out)
+{
+	if (!e->counting)
+		return WK_EINVAL;
+	const struct counter *k = e->bctx;
+	memset(out, 0, sizeof *out);
+	memcpy(out->n, k->n, sizeof out->n);
+	out->collectives = e->n_collectives;
+	return WK_OK;
+}

@@ -1,0 +1,54 @@
+# `wick bench launches`: the ops and copies of a decode step, counted, match what the
+# families issue, computed here from the structure. stories260K (Llama): 7 matmuls per layer
+# + lm_head, one attention per layer. GLM-5's structure (gen_glm --preset glm5-structure: 78
+# layers, 3 dense, 256 experts top-8, an indexer per layer) past index_topk (sparse): every
+# MoE layer routes once and runs 8 distinct experts, each a gather, 3 matmuls, a silu_mul and
+# a scatter; the attention issues 7 matmuls (q_a, q_b, kv_a, indexer wk, wq_b,
+# weights_proj, o_proj). Also: the sharded count is one rank's, with its collectives.
+source tests/e2e/lib.sh
+m=$(stories)
+out=$("$WICK" bench launches "$m" --context 8 --steps 3 --threads 2)
+echo "$out"
+echo "$out" | grep -q '^launches' || fail "no human table"
+python3 - "$(echo "$out" | tail -n 1)" "$m/config.json" <<'PY' || fail "stories260K counts"
+import json, sys
+j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
+L, k = cfg["num_hidden_layers"], json.loads(sys.argv[1])["by_kind"]
+assert j["bench"] == "launches" and j["steps"] == 3 and j["context"] == 8, j
+assert k["matmul"] == 7 * L + 1, k
+assert k["attention"] == L and k["silu_mul"] == L and k["add"] == 2 * L, k
+assert k["rmsnorm"] == 2 * L + 1, k
+assert j["launches"] == j["kernels"] + j["copies"] + j["collectives"], j
+print(f"stories260K: {j['launches']:.0f} launches per step, as computed")
+PY
+
+g=$TMPD/g5s
+"$WICK_TOOLS/gen_glm" --preset glm5-structure -o "$g" >/dev/null || fail "gen_glm"
+out=$("$WICK" bench launches "$g" --context 100 --steps 2 --threads 2)
+echo "$out"
+python3 - "$(echo "$out" | tail -n 1)" "$g/config.json" <<'PY' || fail "GLM-5 structure counts"
+import json, sys
+j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
+k = j["by_kind"]
+L, dense, topk = cfg["num_hidden_layers"], cfg["first_k_dense_replace"], cfg["num_experts_per_tok"]
+moe = L - dense
+assert L == 78 and dense == 3 and cfg["n_routed_experts"] == 256 and topk == 8, cfg
+assert k["mla_attention"] == L and k["dsa_topk"] == L, k          # sparse: 100 > index_topk
+assert k["moe_route"] == moe and k["gather_rows"] == moe * topk, k
+assert k["scatter_add_rows"] == moe * topk, k
+assert k["matmul"] == 7 * L + 3 * dense + moe * (3 + 1 + 3 * topk) + 1, k
+assert k["to_host"] == 2 * moe + 1 and k["to_device"] == 2 * moe + 2, k
+print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']})")
+PY
+
+# sharded (tp 2 x ep 2 over 4 ranks): rank 0's count, with its all_reduces
+s=$TMPD/g5s-snap
+"$WICK" snapshot "$g" -o "$s" --tp 2 --ep 2 >/dev/null || fail "snapshot"
+out=$("$WICK" bench launches "$s" --context 100 --steps 2 --threads 2)
+python3 - "$(echo "$out" | tail -n 1)" <<'PY' || fail "sharded counts: $out"
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["collectives"] >= 2 * 78, j   # an all_reduce after the attention and the FFN
+print(f"sharded tp 2 x ep 2, rank 0: {j['launches']:.0f} launches, {j['collectives']:.0f} collectives")
+PY
+echo ok

@@ -1,0 +1,169 @@
+/*
+ * bench_launches.c - `wick bench launches MODEL`: what one decode step launches on a GPU.
+ *
+ * Eager mode pays a launch for every kernel and copy: a naive GLM-5 decode step launches
+ * 1,600-2,300 kernels per GPU, and the target is <= 400. This counts them (engine/count.c:
+ * every backend op and copy the engine issues, plus a sharded rank's collectives) over
+ * decode steps at batch 1 after a prefill of --context tokens, and prints them per step by
+ * kind. The families issue the same ops on every backend, so a count on the CPU backend is
+ * what the CUDA backend launches for the same step (one kernel per op, one async copy per
+ * copy); the structure, not the dimensions, decides the count, so a checkpoint with GLM-5's
+ * layers, experts, top-k and indexer at small dimensions (gen_glm --preset glm5-structure)
+ * counts what GLM-5 launches. Prints a table, then one JSON line.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "worker/cmd.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wick bench launches MODEL [options]\n\n"
+		"Counts the kernel launches and copies of a batch-1 decode step (what the CUDA\n"
+		"backend launches; counted on any backend): a prefill of --context tokens, then\n"
+		"--steps decode steps; prints the average per step by kind, then one JSON line.\n"
+		"  -c, --context N    tokens before the decode steps (default 64)\n"
+		"  -s, --steps S      decode steps counted (default 4)\n"
+		"      --backend B    cpu, cuda, null or auto (default cpu)\n"
+		"      --threads T    CPU threads (default: all cores)\n"
+		"      --target N     launches per step to compare with (default 400)\n");
+}
+
+static int parse_pos(const char *s, const char *what, int hi, int *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (end == s || *end || v < 1 || v > hi) {
+		fprintf(stderr, "wick bench: %s wants an integer in 1..%d, not '%s'\n", what, hi, s);
+		return -1;
+	}
+	*out = (int)v;
+	return 0;
+}
+
+int bench_launches(int argc, char **argv)
+{
+	int context = 64, steps = 4, threads = 0, target = 400;
+	const char *backend = "cpu";
+	static const struct option opts[] = {
+		{"context", required_argument, NULL, 'c'},
+		{"steps", required_argument, NULL, 's'},
+		{"backend", required_argument, NULL, 'b'},
+		{"threads", required_argument, NULL, 't'},
+		{"target", required_argument, NULL, 'T'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
+		int bad = 0;
+		switch (c) {
+		case 'c': bad = parse_pos(optarg, "--context", 1 << 20, &context); break;
+		case 's': bad = parse_pos(optarg, "--steps", 10000, &steps); break;
+		case 'b': backend = optarg; break;
+		case 't': bad = parse_pos(optarg, "--threads", 1024, &threads); break;
+		case 'T': bad = parse_pos(optarg, "--target", 1 << 30, &target); break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+		if (bad)
+			return 2;
+	}
+	if (optind != argc - 1) {
+		usage(stderr);
+		return 2;
+	}
+	const char *model = argv[optind];
+	char err[WK_ERRSZ];
+	struct engine *e = NULL;
+	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps,
+			      .count_launches = true};
+	if (eng_open(model, &eo, &e, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench: %s\n", err);
+		return 1;
+	}
+	const struct eng_info *info = eng_info(e);
+	int rc = 1, V = info->vocab;
+	int *ids = malloc((size_t)context * sizeof *ids);
+	float *logits = malloc((size_t)V * sizeof *logits);
+	struct eng_launches before, after;
+	if (!ids || !logits) {
+		fprintf(stderr, "wick bench: out of memory\n");
+		goto done;
+	}
+	if (info->max_seq < context + steps) {
+		fprintf(stderr, "wick bench: the model holds %d positions, fewer than --context %d + "
+				"--steps %d\n", info->max_seq, context, steps);
+		goto done;
+	}
+	for (int i = 0; i < context; i++) /* any tokens: the count does not depend on them */
+		ids[i] = (int)((1 + 7919u * (unsigned)i) % (unsigned)V);
+	if (eng_forward(e, ids, context, 0, logits, false, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench: prefill: %s\n", err);
+		goto done;
+	}
+	if (eng_launches(e, 0, &before) != WK_OK) {
+		fprintf(stderr, "wick bench: the engine did not count its launches\n");
+		goto done;
+	}
+	for (int i = 0; i < steps; i++) {
+		int tok = samp_argmax(logits, V);
+		if (eng_forward(e, &tok, 1, context + i, logits, false, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench: decode step %d: %s\n", i, err);
+			goto done;
+		}
+	}
+	eng_launches(e, 0, &after);
+
+	double kernels = 0, copies = 0;
+	double coll = (double)(after.collectives - before.collectives) / steps;
+	printf("model            %s (%s)\n", model, info->arch);
+	printf("backend          %s\n", info->backend);
+	printf("decode step      batch 1 at position %d..%d, %d steps averaged\n", context,
+	       context + steps - 1, steps);
+	printf("%-18s %10s\n", "kind", "per step");
+	json_t *by = json_object();
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		bool is_copy;
+		const char *name = eng_launch_kind(k, &is_copy);
+		double n = (double)(after.n[k] - before.n[k]) / steps;
+		if (n == 0)
+			continue;
+		printf("%-18s %10.1f%s\n", name, n, is_copy ? "  (copy)" : "");
+		*(is_copy ? &copies : &kernels) += n;
+		json_object_set_new(by, name, json_real(n));
+	}
+	double total = kernels + copies + coll;
+	printf("%-18s %10.1f\n", "kernels", kernels);
+	printf("%-18s %10.1f\n", "copies", copies);
+	if (coll > 0)
+		printf("%-18s %10.1f\n", "collectives", coll);
+	printf("%-18s %10.1f  (target %d: %.2fx)\n", "launches", total, target, total / target);
+	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:i, s:o}", "bench",
+			      "launches", "model", model, "backend", info->backend, "context",
+			      context, "steps", steps, "kernels", kernels, "copies", copies,
+			      "collectives", coll, "launches", total, "target", target, "by_kind",
+			      by);
+	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+	json_decref(j);
+	if (!s) {
+		fprintf(stderr, "wick bench: out of memory\n");
+		goto done;
+	}
+	printf("%s\n", s);
+	free(s);
+	rc = 0;
+done:
+	eng_close(e);
+	free(ids);
+	free(logits);
+	return rc;
+}
