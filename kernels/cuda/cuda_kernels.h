@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "kernels/cpu/cpu.h" /* struct cpu_mla, whose pointers here are device memory */
 
 int cuda_device_count(void);
 
@@ -29,6 +30,8 @@ int wk_cuda_upload(void *dst, const void *src, size_t bytes, char *err, size_t e
 int wk_cuda_download(void *dst, const void *src, size_t bytes, char *err, size_t errsz);
 /* Waits for the device; returns the first error of the kernels launched since. */
 int wk_cuda_sync(char *err, size_t errsz);
+/* y[0..bytes) = 0, queued on the default stream (cudaMemsetAsync) */
+int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz);
 
 /* y[n][rows] = x[n][cols] . w[rows][cols]^T, w in DT_F32, DT_BF16 or DT_F16 */
 int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n, int rows,
@@ -49,6 +52,48 @@ int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz
 int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz); /* y += x */
 /* idx[i] = argmax of logits[i][0..vocab), ties to the lower index (samp_argmax) */
 int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err, size_t errsz);
+
+/* ---- GLM families (glm_kernels.cu; references in kernels/cpu/glm_ref.c) ---- */
+
+/* cpu_ref_layernorm; b may be NULL; y may equal x */
+int wk_cuda_layernorm(float *y, const float *x, const float *w, const float *b, int n, int dim,
+		      float eps, char *err, size_t errsz);
+/* cpu_ref_moe_route: idx [n][top_k] and wt [n][top_k], bias may be NULL. The experts and
+ * their order equal the reference's, ties to the lower index; the sigmoid may differ from
+ * the CPU's in the last bit in rare cases, so experts within an ulp could swap. WK_EINVAL
+ * unless n_experts <= WK_CUDA_MOE_MAX_EXPERTS, n_experts % n_group == 0,
+ * 1 <= topk_group <= n_group and top_k <= topk_group * n_experts / n_group. */
+int wk_cuda_moe_route(int *idx, float *wt, const float *logits, const float *bias, int n,
+		      int n_experts, int top_k, int n_group, int topk_group, bool norm,
+		      float scale, char *err, size_t errsz);
+#define WK_CUDA_MOE_MAX_EXPERTS 1024 /* as CPU_MOE_MAX_EXPERTS */
+/* cpu_ref_gather_rows: dst[i] = src[rows[i]] */
+int wk_cuda_gather_rows(float *dst, const float *src, const int *rows, int n, int dim,
+			char *err, size_t errsz);
+/* cpu_ref_scatter_add_rows: y[rows[i]] += scale[i] * x[i]. rows[0..n) must be distinct (no
+ * atomics; the engine's moe_forward passes one expert's tokens, each once). */
+int wk_cuda_scatter_add_rows(float *y, const float *x, const int *rows, const float *scale,
+			     int n, int dim, char *err, size_t errsz);
+/* cpu_ref_mla_absorb_q / _out: w = kv_b_proj in DT_F32, DT_BF16, DT_F16 or DT_F8_E4M3 (scale:
+ * its [ceil(rows/128)][ceil(lora/128)] block scales, else NULL); heads h0 <= h < h1 only. */
+int wk_cuda_mla_absorb_q(float *qa, const float *q, const void *w, enum dt_type wt,
+			 const float *scale, int lora, int n, int n_heads, int d_nope, int d_rope,
+			 int d_v, int h0, int h1, char *err, size_t errsz);
+int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_type wt,
+			   const float *scale, int lora, int n, int n_heads, int d_nope, int d_v,
+			   int h0, int h1, char *err, size_t errsz);
+/* cpu_ref_mla_attention, online softmax: any number of keys; the pointers in *s are device
+ * memory (s itself is not). WK_EINVAL when d_a + d_b + d_v > 12160 (shared memory). */
+int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
+			  int i0, int i1, int h0, int h1, char *err, size_t errsz);
+/* cpu_ref_dsa_topk: sel/nsel equal the reference's for equal scores (exact top-k, ties to
+ * the lower position); the scores themselves are summed in another order. scores: pos0 + n
+ * floats of scratch, left holding the last query's scores when it had more than topk keys,
+ * as the reference leaves them; work is not used. Queries with more than topk keys run one
+ * at a time (two launches each). */
+int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
+		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
+		     float *scores, void *work, char *err, size_t errsz);
 
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
  * bandwidth measured first. WK_OK, or WK_EIO when a step failed (printed). */

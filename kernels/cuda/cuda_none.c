@@ -122,6 +122,76 @@ int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err, s
 	return none(err, errsz);
 }
 
+int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz)
+{
+	(void)y, (void)bytes;
+	return none(err, errsz);
+}
+
+int wk_cuda_layernorm(float *y, const float *x, const float *w, const float *b, int n, int dim,
+		      float eps, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)w, (void)b, (void)n, (void)dim, (void)eps;
+	return none(err, errsz);
+}
+
+int wk_cuda_moe_route(int *idx, float *wt, const float *logits, const float *bias, int n,
+		      int n_experts, int top_k, int n_group, int topk_group, bool norm,
+		      float scale, char *err, size_t errsz)
+{
+	(void)idx, (void)wt, (void)logits, (void)bias, (void)n, (void)n_experts, (void)top_k,
+		(void)n_group, (void)topk_group, (void)norm, (void)scale;
+	return none(err, errsz);
+}
+
+int wk_cuda_gather_rows(float *dst, const float *src, const int *rows, int n, int dim,
+			char *err, size_t errsz)
+{
+	(void)dst, (void)src, (void)rows, (void)n, (void)dim;
+	return none(err, errsz);
+}
+
+int wk_cuda_scatter_add_rows(float *y, const float *x, const int *rows, const float *scale,
+			     int n, int dim, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)rows, (void)scale, (void)n, (void)dim;
+	return none(err, errsz);
+}
+
+int wk_cuda_mla_absorb_q(float *qa, const float *q, const void *w, enum dt_type wt,
+			 const float *scale, int lora, int n, int n_heads, int d_nope, int d_rope,
+			 int d_v, int h0, int h1, char *err, size_t errsz)
+{
+	(void)qa, (void)q, (void)w, (void)wt, (void)scale, (void)lora, (void)n, (void)n_heads,
+		(void)d_nope, (void)d_rope, (void)d_v, (void)h0, (void)h1;
+	return none(err, errsz);
+}
+
+int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_type wt,
+			   const float *scale, int lora, int n, int n_heads, int d_nope, int d_v,
+			   int h0, int h1, char *err, size_t errsz)
+{
+	(void)o, (void)lat, (void)w, (void)wt, (void)scale, (void)lora, (void)n, (void)n_heads,
+		(void)d_nope, (void)d_v, (void)h0, (void)h1;
+	return none(err, errsz);
+}
+
+int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
+			  int i0, int i1, int h0, int h1, char *err, size_t errsz)
+{
+	(void)out, (void)q, (void)s, (void)n, (void)pos0, (void)i0, (void)i1, (void)h0, (void)h1;
+	return none(err, errsz);
+}
+
+int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
+		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
+		     float *scores, void *work, char *err, size_t errsz)
+{
+	(void)sel, (void)nsel, (void)q, (void)k, (void)w, (void)n, (void)pos0, (void)n_heads,
+		(void)head_dim, (void)topk, (void)qk_scale, (void)w_scale, (void)scores, (void)work;
+	return none(err, errsz);
+}
+
 int wk_cuda_lab(void)
 {
 	return WK_EUNSUPPORTED;

@@ -1,5 +1,6 @@
 /*
- * kernels.cu - the CUDA kernels of cuda_kernels.h, first versions (see there). Each kernel's
+ * kernels.cu - the CUDA kernels of cuda_kernels.h, first versions (see there), but for the GLM
+ * families' (glm_kernels.cu); the helpers both use are in cuda_int.cuh. Each kernel's
  * comment names its CPU reference; tests/unit/test_cuda.c compares them on random inputs
  * wherever a GPU is present.
  */
@@ -13,26 +14,7 @@ extern "C" {
 #include "common/wk.h"
 #include "kernels/cuda/cuda_kernels.h"
 }
-
-#define FP8_BLOCK 128 /* the block of the FP8 weight scales (CPU_FP8_BLOCK) */
-
-static int check(cudaError_t e, const char *what, char *err, size_t errsz)
-{
-	if (e == cudaSuccess)
-		return WK_OK;
-	return wk_errf(err, errsz, WK_EIO, "CUDA %s: %s", what, cudaGetErrorString(e));
-}
-
-/* after a launch: the launch's own error (bad configuration), not the kernel's outcome */
-static int launched(const char *what, char *err, size_t errsz)
-{
-	return check(cudaGetLastError(), what, err, errsz);
-}
-
-static unsigned blocks(size_t threads, unsigned per)
-{
-	return (unsigned)((threads + per - 1) / per);
-}
+#include "kernels/cuda/cuda_int.cuh"
 
 /* ---- memory ----------------------------------------------------------------------------- */
 
@@ -64,55 +46,12 @@ extern "C" int wk_cuda_sync(char *err, size_t errsz)
 	return check(cudaDeviceSynchronize(), "kernel", err, errsz);
 }
 
-/* ---- helpers ---------------------------------------------------------------------------- */
-
-__device__ __forceinline__ float warp_sum(float v)
+extern "C" int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz)
 {
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
+	if (bytes == 0)
+		return WK_OK;
+	return check(cudaMemsetAsync(y, 0, bytes, 0), "zero", err, errsz);
 }
-
-__device__ __forceinline__ float warp_max(float v)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-	return v;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
-__device__ float block_sum(float v)
-{
-	__shared__ float part[32];
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	v = warp_sum(v);
-	__syncthreads(); /* part may still be read by a previous call */
-	if (lane == 0)
-		part[wid] = v;
-	__syncthreads();
-	v = lane < nw ? part[lane] : 0.0f;
-	return warp_sum(v);
-}
-
-__device__ float block_max(float v)
-{
-	__shared__ float part[32];
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	v = warp_max(v);
-	__syncthreads();
-	if (lane == 0)
-		part[wid] = v;
-	__syncthreads();
-	v = lane < nw ? part[lane] : -INFINITY;
-	return warp_max(v);
-}
-
-__device__ __forceinline__ float load_w(const float *w, size_t i) { return w[i]; }
-__device__ __forceinline__ float load_w(const __nv_bfloat16 *w, size_t i)
-{
-	return __bfloat162float(w[i]);
-}
-__device__ __forceinline__ float load_w(const __half *w, size_t i) { return __half2float(w[i]); }
 
 /* ---- matmul (cpu_ref_matmul, cpu_ref_matmul_fp8) ------------------------------------------ */
 

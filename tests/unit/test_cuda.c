@@ -1,7 +1,8 @@
 /*
  * test_cuda.c - every CUDA kernel (kernels/cuda/cuda_kernels.h) against its CPU reference
  * (kernels/cpu/cpu.h) on the same random inputs: only the order of the sums differs, so the
- * results must agree within 1e-4 of the largest output (the issue's bound is 1e-3). Where no
+ * results must agree within 1e-4 of the largest output (the issue's bound is 1e-3), and the
+ * discrete choices (the router's experts, the DSA indexer's positions) exactly. Where no
  * GPU is visible (this machine, or a build without CUDA) each test is skipped with a message;
  * scripts/gpu-check runs them on a GPU machine.
  */
@@ -278,4 +279,501 @@ Test(cuda_kernels, without_a_gpu_calls_fail_cleanly)
 	cr_expect_null(p);
 	cr_expect(err[0] != 0, "no message");
 	cr_expect_neq(wk_cuda_sync(err, sizeof err), WK_OK);
+}
+
+/* ---- GLM families (glm_kernels.cu against kernels/cpu/glm_ref.c) ---------------------------- */
+
+static void *dev_alloc(size_t bytes)
+{
+	void *d;
+	cr_assert_eq(wk_cuda_alloc(&d, bytes, err, sizeof err), WK_OK, "%s", err);
+	return d;
+}
+
+static float *fill_vec(size_t n, float v)
+{
+	float *x = malloc(n * sizeof *x);
+	cr_assert_not_null(x);
+	for (size_t i = 0; i < n; i++)
+		x[i] = v;
+	return x;
+}
+
+static int rnd_int(int n) /* uniform in [0, n) */
+{
+	int r = (int)((rnd() + 1.0f) * 0.5f * (float)n);
+	return r < n ? r : n - 1;
+}
+
+Test(cuda_kernels, zero_clears_the_range)
+{
+	NEED_GPU();
+	size_t n = 1000;
+	float *x = rnd_vec(n), *got = malloc(n * 4);
+	float *dx = to_dev(x, n * 4);
+	cr_assert_eq(wk_cuda_zero(dx + 100, 500 * 4, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(wk_cuda_zero(dx, 0, err, sizeof err), WK_OK, "%s", err);
+	from_dev(got, dx, n * 4);
+	for (size_t i = 0; i < n; i++)
+		cr_expect_eq(got[i], i >= 100 && i < 600 ? 0.0f : x[i], "element %zu", i);
+	wk_cuda_free(dx);
+	free(x);
+	free(got);
+}
+
+Test(cuda_kernels, layernorm_matches_ref)
+{
+	NEED_GPU();
+	static const int shapes[][2] = {{5, 1000}, {3, 7}, {1, 128}};
+	for (size_t s = 0; s < 3; s++)
+		for (int with_b = 0; with_b < 2; with_b++) {
+			int n = shapes[s][0], dim = shapes[s][1];
+			size_t N = (size_t)n * dim;
+			float *x = rnd_vec(N), *w = rnd_vec(dim), *b = rnd_vec(dim);
+			for (size_t i = 0; i < N; i++)
+				x[i] = x[i] * 3.0f + 0.5f; /* a mean away from 0 */
+			float *want = malloc(N * 4), *got = malloc(N * 4);
+			cpu_ref_layernorm(want, x, w, with_b ? b : NULL, n, dim, 1e-5f);
+			float *dx = to_dev(x, N * 4), *dw = to_dev(w, dim * 4),
+			      *db = to_dev(b, dim * 4);
+			/* in place, as the engine calls it */
+			cr_assert_eq(wk_cuda_layernorm(dx, dx, dw, with_b ? db : NULL, n, dim,
+						       1e-5f, err, sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dx, N * 4);
+			double r = rel(got, want, N);
+			cr_expect_leq(r, TOL, "layernorm n=%d dim=%d b=%d: %g", n, dim, with_b, r);
+			wk_cuda_free(dx);
+			wk_cuda_free(dw);
+			wk_cuda_free(db);
+			free(x);
+			free(w);
+			free(b);
+			free(want);
+			free(got);
+		}
+}
+
+/* The router's choices are compared exactly, so the sigmoid must round alike on both sides:
+ * the kernel's exp is the correctly rounded one, and glibc's expf is too but for rare inputs,
+ * which are nudged by an ulp until it is (so the test does not depend on the libm). */
+static void route_safe_logits(float *lg, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		while (expf(-lg[i]) != (float)exp(-(double)lg[i]))
+			lg[i] = nextafterf(lg[i], INFINITY);
+}
+
+Test(cuda_kernels, moe_route_matches_ref)
+{
+	NEED_GPU();
+	/* experts, top_k, n_group, topk_group, norm, bias, discrete (many exact ties) */
+	static const struct {
+		int ne, k, ng, kg, norm, bias, ties;
+	} cases[] = {
+		{256, 8, 8, 4, 1, 1, 0}, /* DeepSeek-V3 / GLM-5: group-limited */
+		{256, 8, 8, 4, 1, 1, 1}, /* the same with ties everywhere */
+		{160, 8, 1, 1, 1, 1, 0}, /* GLM-4.5: no groups */
+		{128, 6, 1, 1, 0, 0, 1}, /* no bias, unnormalised, ties */
+		{1024, 16, 32, 3, 1, 1, 1}, /* the most experts, groups of 32 */
+		{64, 12, 64, 12, 1, 0, 1}, /* groups of one expert */
+		{96, 5, 4, 2, 1, 1, 0},
+	};
+	int n = 7;
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		int ne = cases[c].ne, k = cases[c].k, ng = cases[c].ng, kg = cases[c].kg;
+		size_t N = (size_t)n * ne;
+		float *lg = rnd_vec(N), *bias = rnd_vec(ne);
+		for (size_t i = 0; i < N; i++)
+			lg[i] = cases[c].ties ? (float)(rnd_int(12) - 6) * 0.75f + 0.1f
+					      : lg[i] * 4.0f;
+		for (int e = 0; e < ne; e++)
+			bias[e] = cases[c].ties ? (float)rnd_int(3) * 0.5f : bias[e] * 0.3f;
+		route_safe_logits(lg, N);
+		int *want_i = malloc((size_t)n * k * sizeof(int)),
+		    *got_i = malloc((size_t)n * k * sizeof(int));
+		float *want_w = malloc((size_t)n * k * 4), *got_w = malloc((size_t)n * k * 4);
+		const float *hb = cases[c].bias ? bias : NULL;
+		cpu_ref_moe_route(want_i, want_w, lg, hb, n, ne, k, ng, kg, cases[c].norm, 2.5f);
+		float *dl = to_dev(lg, N * 4), *db = to_dev(bias, (size_t)ne * 4);
+		int *di = dev_alloc((size_t)n * k * sizeof(int));
+		float *dw = dev_alloc((size_t)n * k * 4);
+		cr_assert_eq(wk_cuda_moe_route(di, dw, dl, cases[c].bias ? db : NULL, n, ne, k, ng,
+					       kg, cases[c].norm, 2.5f, err, sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(got_i, di, (size_t)n * k * sizeof(int));
+		from_dev(got_w, dw, (size_t)n * k * 4);
+		for (int i = 0; i < n * k; i++)
+			cr_expect_eq(got_i[i], want_i[i],
+				     "case %zu: token %d slot %d: expert %d, want %d", c, i / k,
+				     i % k, got_i[i], want_i[i]);
+		double r = rel(got_w, want_w, (size_t)n * k);
+		cr_expect_leq(r, TOL, "case %zu: weights %g", c, r);
+		wk_cuda_free(dl);
+		wk_cuda_free(db);
+		wk_cuda_free(di);
+		wk_cuda_free(dw);
+		free(lg);
+		free(bias);
+		free(want_i);
+		free(got_i);
+		free(want_w);
+		free(got_w);
+	}
+	/* refused before any launch */
+	int dummy;
+	cr_expect_eq(wk_cuda_moe_route(&dummy, NULL, NULL, NULL, 1, WK_CUDA_MOE_MAX_EXPERTS + 1, 1,
+				       1, 1, true, 1.0f, err, sizeof err),
+		     WK_EINVAL);
+	cr_expect_eq(wk_cuda_moe_route(&dummy, NULL, NULL, NULL, 1, 10, 1, 3, 1, true, 1.0f, err,
+				       sizeof err),
+		     WK_EINVAL, "groups must divide the experts");
+	cr_expect_eq(wk_cuda_moe_route(&dummy, NULL, NULL, NULL, 1, 16, 9, 4, 2, true, 1.0f, err,
+				       sizeof err),
+		     WK_EINVAL, "top_k past the kept groups' experts");
+}
+
+Test(cuda_kernels, gather_scatter_rows_match_ref)
+{
+	NEED_GPU();
+	int nsrc = 20, n = 9, dim = 1000;
+	int rows[9] = {3, 0, 19, 7, 8, 12, 1, 15, 4}; /* distinct, as one expert's tokens */
+	float *src = rnd_vec((size_t)nsrc * dim), *y = rnd_vec((size_t)nsrc * dim);
+	float *sc = rnd_vec(n), *x = rnd_vec((size_t)n * dim);
+	float *want = malloc((size_t)nsrc * dim * 4), *got = malloc((size_t)nsrc * dim * 4);
+	int *dr = to_dev(rows, sizeof rows);
+	float *dsrc = to_dev(src, (size_t)nsrc * dim * 4), *dg = dev_alloc((size_t)n * dim * 4);
+	cpu_ref_gather_rows(want, src, rows, n, dim);
+	cr_assert_eq(wk_cuda_gather_rows(dg, dsrc, dr, n, dim, err, sizeof err), WK_OK, "%s", err);
+	from_dev(got, dg, (size_t)n * dim * 4);
+	cr_expect_eq(memcmp(got, want, (size_t)n * dim * 4), 0, "gather_rows copies exactly");
+	float *dy = to_dev(y, (size_t)nsrc * dim * 4), *dx = to_dev(x, (size_t)n * dim * 4);
+	float *dsc = to_dev(sc, (size_t)n * 4);
+	memcpy(want, y, (size_t)nsrc * dim * 4);
+	cpu_ref_scatter_add_rows(want, x, rows, sc, n, dim);
+	cr_assert_eq(wk_cuda_scatter_add_rows(dy, dx, dr, dsc, n, dim, err, sizeof err), WK_OK,
+		     "%s", err);
+	from_dev(got, dy, (size_t)nsrc * dim * 4);
+	double r = rel(got, want, (size_t)nsrc * dim);
+	cr_expect_leq(r, TOL, "scatter_add_rows: %g", r);
+	wk_cuda_free(dr);
+	wk_cuda_free(dsrc);
+	wk_cuda_free(dg);
+	wk_cuda_free(dy);
+	wk_cuda_free(dx);
+	wk_cuda_free(dsc);
+	free(src);
+	free(y);
+	free(sc);
+	free(x);
+	free(want);
+	free(got);
+}
+
+/* A random [rows][cols] weight in dtype t (host bytes); *scale gets FP8 block scales (else
+ * NULL), sized [ceil(rows/128)][ceil(cols/128)]. */
+static void *rnd_weight(enum dt_type t, int rows, int cols, float **scale)
+{
+	size_t nw = (size_t)rows * cols;
+	char *w = malloc(nw * dt_size(t));
+	cr_assert_not_null(w);
+	*scale = NULL;
+	for (size_t i = 0; i < nw; i++) {
+		float f = rnd();
+		uint16_t h;
+		switch (t) {
+		case DT_F32: memcpy(w + i * 4, &f, 4); break;
+		case DT_BF16:
+			h = dt_f32_to_bf16(f);
+			memcpy(w + i * 2, &h, 2);
+			break;
+		case DT_F16:
+			h = dt_f32_to_f16(f);
+			memcpy(w + i * 2, &h, 2);
+			break;
+		default: ((uint8_t *)w)[i] = dt_f32_to_e4m3(f * 400.0f); break;
+		}
+	}
+	if (t == DT_F8_E4M3) {
+		size_t ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
+		*scale = rnd_vec(ns);
+		for (size_t i = 0; i < ns; i++)
+			(*scale)[i] = (*scale)[i] / 400.0f + 1.0f / 256.0f; /* distinct per block */
+	}
+	return w;
+}
+
+Test(cuda_kernels, mla_absorb_matches_ref)
+{
+	NEED_GPU();
+	/* lora, heads, d_nope, d_rope, d_v, n, h0, h1: partial 128-blocks of the FP8 scales in
+	 * both directions, token counts across the kernel's chunk of 8, a head range */
+	static const int cases[][8] = {
+		{300, 4, 24, 8, 20, 3, 0, 4},
+		{300, 4, 24, 8, 20, 11, 1, 3},
+		{512, 3, 192, 64, 256, 1, 0, 3}, /* GLM-5's sizes, fewer heads */
+		{64, 2, 16, 4, 16, 9, 0, 2},
+	};
+	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3};
+	for (size_t ti = 0; ti < 4; ti++)
+		for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+			int lora = cases[c][0], H = cases[c][1], nope = cases[c][2],
+			    rope = cases[c][3];
+			int dv = cases[c][4], n = cases[c][5], h0 = cases[c][6], h1 = cases[c][7];
+			int rows = H * (nope + dv);
+			enum dt_type t = types[ti];
+			float *scale;
+			void *w = rnd_weight(t, rows, lora, &scale);
+			size_t nq = (size_t)n * H * (nope + rope),
+			       nqa = (size_t)n * H * (lora + rope);
+			size_t nl = (size_t)n * H * lora, no = (size_t)n * H * dv;
+			float *q = rnd_vec(nq), *lat = rnd_vec(nl);
+			/* heads outside h0..h1 are left alone: both start from the same values */
+			float *want_qa = fill_vec(nqa, 7.0f), *got_qa = malloc(nqa * 4);
+			float *want_o = fill_vec(no, 7.0f), *got_o = malloc(no * 4);
+			float *dqa = to_dev(want_qa, nqa * 4), *dout = to_dev(want_o, no * 4);
+			cpu_ref_mla_absorb_q(want_qa, q, w, t, scale, lora, n, H, nope, rope, dv,
+					     h0, h1);
+			cpu_ref_mla_absorb_out(want_o, lat, w, t, scale, lora, n, H, nope, dv, h0,
+					       h1);
+			size_t ns = (size_t)((rows + 127) / 128) * ((lora + 127) / 128);
+			void *dw = to_dev(w, (size_t)rows * lora * dt_size(t));
+			float *ds = scale ? to_dev(scale, ns * 4) : NULL;
+			float *dq = to_dev(q, nq * 4), *dlat = to_dev(lat, nl * 4);
+			cr_assert_eq(wk_cuda_mla_absorb_q(dqa, dq, dw, t, ds, lora, n, H, nope,
+							  rope, dv, h0, h1, err, sizeof err),
+				     WK_OK, "%s", err);
+			cr_assert_eq(wk_cuda_mla_absorb_out(dout, dlat, dw, t, ds, lora, n, H, nope,
+							    dv, h0, h1, err, sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got_qa, dqa, nqa * 4);
+			from_dev(got_o, dout, no * 4);
+			double rq = rel(got_qa, want_qa, nqa), ro = rel(got_o, want_o, no);
+			cr_expect_leq(rq, TOL, "absorb_q %s case %zu: %g", dt_name(t), c, rq);
+			cr_expect_leq(ro, TOL, "absorb_out %s case %zu: %g", dt_name(t), c, ro);
+			wk_cuda_free(dqa);
+			wk_cuda_free(dout);
+			wk_cuda_free(dw);
+			wk_cuda_free(ds);
+			wk_cuda_free(dq);
+			wk_cuda_free(dlat);
+			free(w);
+			free(scale);
+			free(q);
+			free(lat);
+			free(want_qa);
+			free(got_qa);
+			free(want_o);
+			free(got_o);
+		}
+	float dummy;
+	cr_expect_eq(wk_cuda_mla_absorb_q(&dummy, &dummy, &dummy, DT_F8_E4M3, NULL, 8, 1, 1, 1, 1,
+					  1, 0, 1, err, sizeof err),
+		     WK_EINVAL, "FP8 needs its scales");
+}
+
+/* The random sparse selection of an MLA test: for query i, nsel[i] <= min(topk, keys)
+ * ascending positions among its pos0 + i + 1 keys. */
+static void rnd_sel(int *sel, int *nsel, int n, int pos0, int topk)
+{
+	for (int i = 0; i < n; i++) {
+		int len = pos0 + i + 1, want = rnd_int(topk < len ? topk : len) + 1, got = 0;
+		for (int t = 0; t < len && got < want; t++) /* each position with odds want/len */
+			if (rnd_int(len) < want || len - t == want - got)
+				sel[i * topk + got++] = t;
+		nsel[i] = got;
+	}
+}
+
+Test(cuda_kernels, mla_attention_matches_ref)
+{
+	NEED_GPU();
+	/* lora: more latent dimensions than the kernel's threads, not a multiple of 32 */
+	int H = 4, nope = 24, rope = 8, dv = 20, lora = 300, n = 5, pos0 = 150, topk = 130;
+	int T = pos0 + n, kvrow = H * (nope + dv);
+	/* expanded layout (kv_b applied to every position): k_a and v interleave per head in
+	 * one row, as engine/glm5.c lays them out; absorbed layout: one latent c_kv row serves as
+	 * key and value for all heads */
+	float *kvx = rnd_vec((size_t)T * kvrow), *ckv = rnd_vec((size_t)T * lora);
+	float *kpe = rnd_vec((size_t)T * rope);
+	int *sel = malloc((size_t)n * topk * sizeof(int)), nsel[5];
+	rnd_sel(sel, nsel, n, pos0, topk);
+	float *dkvx = to_dev(kvx, (size_t)T * kvrow * 4), *dckv = to_dev(ckv, (size_t)T * lora * 4);
+	float *dkpe = to_dev(kpe, (size_t)T * rope * 4);
+	int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int)), *dnsel = to_dev(nsel, sizeof nsel);
+	for (int layout = 0; layout < 2; layout++)
+		for (int sparse = 0; sparse < 2; sparse++)
+			for (int part = 0; part < 2; part++) {
+				struct cpu_mla s = {.n_heads = H,
+						    .d_b = rope,
+						    .k_b = kpe,
+						    .kb_stride = (size_t)rope,
+						    .sel = sparse ? sel : NULL,
+						    .nsel = nsel,
+						    .sel_stride = topk,
+						    .scale = 1.0f / sqrtf((float)(nope + rope))};
+				if (layout == 0) {
+					s.d_a = nope;
+					s.d_v = dv;
+					s.k_a = kvx;
+					s.ka_stride = s.v_stride = (size_t)kvrow;
+					s.ka_head = s.v_head = (size_t)(nope + dv);
+					s.v = kvx + nope;
+				} else {
+					s.d_a = s.d_v = lora;
+					s.k_a = s.v = ckv;
+					s.ka_stride = s.v_stride = (size_t)lora;
+				}
+				int dq = s.d_a + s.d_b;
+				/* part: tokens 1..4 and heads 1..3 only; the rest is left alone */
+				int i0 = part ? 1 : 0, i1 = part ? 4 : n, h0 = part ? 1 : 0,
+				    h1 = part ? 3 : H;
+				size_t nqv = (size_t)n * H * dq, no = (size_t)n * H * s.d_v;
+				float *q = rnd_vec(nqv), *want = fill_vec(no, 7.0f),
+				      *got = malloc(no * 4);
+				float *dqv = to_dev(q, nqv * 4), *dout = to_dev(want, no * 4);
+				cpu_ref_mla_attention(want, q, &s, n, pos0, i0, i1, h0, h1);
+				struct cpu_mla ds = s;
+				ds.k_b = dkpe;
+				ds.k_a = layout == 0 ? dkvx : dckv;
+				ds.v = layout == 0 ? dkvx + nope : dckv;
+				ds.sel = sparse ? dsel : NULL;
+				ds.nsel = dnsel;
+				cr_assert_eq(wk_cuda_mla_attention(dout, dqv, &ds, n, pos0, i0, i1,
+								   h0, h1, err, sizeof err),
+					     WK_OK, "%s", err);
+				from_dev(got, dout, no * 4);
+				double r = rel(got, want, no);
+				cr_expect_leq(r, TOL,
+					      "mla_attention layout=%d sparse=%d part=%d: %g",
+					      layout, sparse, part, r);
+				wk_cuda_free(dqv);
+				wk_cuda_free(dout);
+				free(q);
+				free(want);
+				free(got);
+			}
+	struct cpu_mla big = {.n_heads = 1, .d_a = 8192, .d_b = 64, .d_v = 8192};
+	float dummy;
+	cr_expect_eq(wk_cuda_mla_attention(&dummy, &dummy, &big, 1, 0, 0, 1, 0, 1, err, sizeof err),
+		     WK_EINVAL, "past the kernel's shared memory the call is refused");
+	wk_cuda_free(dkvx);
+	wk_cuda_free(dckv);
+	wk_cuda_free(dkpe);
+	wk_cuda_free(dsel);
+	wk_cuda_free(dnsel);
+	free(kvx);
+	free(ckv);
+	free(kpe);
+	free(sel);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x < y) - (x > y);
+}
+
+Test(cuda_kernels, dsa_topk_matches_ref)
+{
+	NEED_GPU();
+	/* n, pos0, topk: every query past topk, or the first queries within it and the rest
+	 * past; exact: q, k, w small dyadic numbers and the scales powers of two, so that every
+	 * score is exact in f32 whatever the order of the sums (the GPU's equal the CPU's bit
+	 * for bit, and many distinct keys tie exactly) */
+	static const int cases[][4] = {
+		{6, 300, 64, 0}, {40, 40, 64, 0}, {2, 2000, 512, 1}, {30, 100, 64, 1}};
+	int IH = 4, ID = 32;
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		int n = cases[c][0], pos0 = cases[c][1], topk = cases[c][2], T = pos0 + n;
+		bool exact = cases[c][3];
+		float qk = exact ? 0.25f : 1.0f / sqrtf((float)ID), ws = 0.5f;
+		float *q = rnd_vec((size_t)n * IH * ID), *k = rnd_vec((size_t)T * ID);
+		float *w = rnd_vec((size_t)n * IH);
+		if (exact) {
+			for (size_t i = 0; i < (size_t)n * IH * ID; i++)
+				q[i] = (float)(rnd_int(5) - 2) * 0.25f;
+			for (size_t i = 0; i < (size_t)T * ID; i++)
+				k[i] = (float)(rnd_int(5) - 2) * 0.25f;
+			for (size_t i = 0; i < (size_t)n * IH; i++)
+				w[i] = (float)(rnd_int(7) - 3) * 0.5f;
+		}
+		/* exact ties: repeated key rows, and all-zero rows (score 0 for every query) */
+		for (int t = 0; t < T; t++) {
+			if (t % 7 == 3 && t >= 10)
+				memcpy(k + (size_t)t * ID, k + (size_t)(t - 10) * ID,
+				       (size_t)ID * 4);
+			if (t % 11 == 5)
+				memset(k + (size_t)t * ID, 0, (size_t)ID * 4);
+		}
+		/* The scores are summed in another order on the GPU: unless exact, the test needs
+		 * the topk-th and next best to be exactly equal (from equal rows) or well apart. */
+		float *sc = malloc((size_t)T * 4);
+		int ties = 0; /* queries whose topk-th best ties with the next */
+		for (int i = 0; i < n; i++) {
+			int len = pos0 + i + 1;
+			if (len <= topk)
+				continue;
+			float mx = 0;
+			for (int t = 0; t < len; t++) {
+				sc[t] = cpu_ref_dsa_score(q + (size_t)i * IH * ID,
+							  k + (size_t)t * ID, w + (size_t)i * IH,
+							  IH, ID, qk, ws);
+				mx = fmaxf(mx, fabsf(sc[t]));
+			}
+			qsort(sc, (size_t)len, 4, cmp_desc);
+			float gap = sc[topk - 1] - sc[topk];
+			ties += gap == 0;
+			cr_assert(exact || gap == 0 || gap > 1e-4f * mx,
+				  "case %zu query %d: scores %g and %g too close for the test", c,
+				  i, sc[topk - 1], sc[topk]);
+		}
+		cr_assert(!exact || ties > 0, "case %zu: no tie at the top-k boundary to test", c);
+		int *want = malloc((size_t)n * topk * sizeof(int)),
+		    *got = malloc((size_t)n * topk * sizeof(int));
+		int *wn = malloc((size_t)n * sizeof(int)), *gn = malloc((size_t)n * sizeof(int));
+		float *want_sc = fill_vec((size_t)T, 7.0f), *got_sc = malloc((size_t)T * 4);
+		char *work = malloc((size_t)T * 8);
+		float *dq = to_dev(q, (size_t)n * IH * ID * 4), *dk = to_dev(k, (size_t)T * ID * 4);
+		float *dw = to_dev(w, (size_t)n * IH * 4), *dsc = to_dev(want_sc, (size_t)T * 4);
+		cpu_ref_dsa_topk(want, wn, q, k, w, n, pos0, IH, ID, topk, qk, ws, want_sc, work);
+		int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
+		    *dn = dev_alloc((size_t)n * sizeof(int));
+		void *dwork = dev_alloc((size_t)T * 8);
+		cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, dw, n, pos0, IH, ID, topk, qk, ws,
+					      dsc, dwork, err, sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(got, dsel, (size_t)n * topk * sizeof(int));
+		from_dev(gn, dn, (size_t)n * sizeof(int));
+		from_dev(got_sc, dsc, (size_t)T * 4);
+		for (int i = 0; i < n; i++) {
+			cr_expect_eq(gn[i], wn[i], "case %zu query %d: nsel %d, want %d", c, i,
+				     gn[i], wn[i]);
+			for (int j = 0; j < wn[i] && j < gn[i]; j++)
+				cr_expect_eq(got[(size_t)i * topk + j], want[(size_t)i * topk + j],
+					     "case %zu query %d: sel[%d] = %d, want %d", c, i, j,
+					     got[(size_t)i * topk + j], want[(size_t)i * topk + j]);
+		}
+		/* both leave the last query's scores in the scratch */
+		double r = rel(got_sc, want_sc, (size_t)T);
+		cr_expect_leq(r, 1e-3, "case %zu: scores %g", c, r);
+		wk_cuda_free(dq);
+		wk_cuda_free(dk);
+		wk_cuda_free(dw);
+		wk_cuda_free(dsc);
+		wk_cuda_free(dsel);
+		wk_cuda_free(dn);
+		wk_cuda_free(dwork);
+		free(q);
+		free(k);
+		free(w);
+		free(sc);
+		free(want);
+		free(got);
+		free(wn);
+		free(gn);
+		free(want_sc);
+		free(got_sc);
+		free(work);
+	}
 }

@@ -1,0 +1,95 @@
+/*
+ * cuda_int.cuh - internals shared by the CUDA kernel files (kernels.cu, glm_kernels.cu): the
+ * launch-error checks, the warp/block reductions and the weight loads. Not for use outside
+ * kernels/cuda/.
+ *
+ * Everything here is static or inline, so each .cu file gets its own copy (block_sum's
+ * shared scratch included); nothing is exported from a translation unit.
+ */
+#ifndef WICK_CUDA_INT_CUH
+#define WICK_CUDA_INT_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" {
+#include "common/wk.h"
+}
+
+#define FP8_BLOCK 128 /* the block of the FP8 weight scales (CPU_FP8_BLOCK) */
+
+/* WK_OK, or WK_EIO with "CUDA <what>: <CUDA's message>" in err. */
+static inline int check(cudaError_t e, const char *what, char *err, size_t errsz)
+{
+	if (e == cudaSuccess)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EIO, "CUDA %s: %s", what, cudaGetErrorString(e));
+}
+
+/* after a launch: the launch's own error (bad configuration), not the kernel's outcome */
+static inline int launched(const char *what, char *err, size_t errsz)
+{
+	return check(cudaGetLastError(), what, err, errsz);
+}
+
+static inline unsigned blocks(size_t threads, unsigned per)
+{
+	return (unsigned)((threads + per - 1) / per);
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. Every
+ * thread of the block must call it (it synchronises). */
+static __device__ float block_sum(float v)
+{
+	__shared__ float part[32];
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_sum(v);
+	__syncthreads(); /* part may still be read by a previous call */
+	if (lane == 0)
+		part[wid] = v;
+	__syncthreads();
+	v = lane < nw ? part[lane] : 0.0f;
+	return warp_sum(v);
+}
+
+static __device__ float block_max(float v)
+{
+	__shared__ float part[32];
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		part[wid] = v;
+	__syncthreads();
+	v = lane < nw ? part[lane] : -INFINITY;
+	return warp_max(v);
+}
+
+/* Element i of a weight, widened to f32 (exactly: bf16, f16 and e4m3 all fit in f32). An
+ * FP8 element still needs its block scale (see wk_cuda_matmul_fp8). */
+__device__ __forceinline__ float load_w(const float *w, size_t i) { return w[i]; }
+__device__ __forceinline__ float load_w(const __nv_bfloat16 *w, size_t i)
+{
+	return __bfloat162float(w[i]);
+}
+__device__ __forceinline__ float load_w(const __half *w, size_t i) { return __half2float(w[i]); }
+__device__ __forceinline__ float load_w(const __nv_fp8_e4m3 *w, size_t i) { return float(w[i]); }
+
+#endif

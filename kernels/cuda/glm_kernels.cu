@@ -1,0 +1,743 @@
+/*
+ * glm_kernels.cu - the GLM families' CUDA kernels of cuda_kernels.h: LayerNorm, the sigmoid
+ * noaux_tc MoE router, row gather/scatter for expert batches, MLA absorption and attention,
+ * and the DSA lightning indexer's exact top-k. First versions, written for correctness; each
+ * has the contract of its CPU reference in kernels/cpu/glm_ref.c (named at each kernel), and
+ * tests/unit/test_cuda.c compares them on the same inputs wherever a GPU is present.
+ *
+ * Where the CPU reference makes a discrete choice (the router's experts, the indexer's
+ * positions), the kernel reproduces its tie rule exactly, not just "a" top-k: the engine's
+ * batching and the tests rely on identical indices.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" {
+#include "common/wk.h"
+#include "kernels/cuda/cuda_kernels.h"
+}
+#include "kernels/cuda/cuda_int.cuh"
+
+#define NO_INDEX 0x7fffffff /* "no index" in the argmax reductions: above every real index */
+
+/* ---- weights: element (r, c) of kv_b_proj as f32, as cpu_glm_row_f32 dequantizes it ---------- */
+
+template <typename T>
+__device__ __forceinline__ float wget(const T *w, const float *scale, int cols, size_t r, int c)
+{
+	(void)scale;
+	return load_w(w, r * (size_t)cols + (size_t)c);
+}
+
+/* FP8: scale [ceil(rows/128)][ceil(cols/128)], one f32 per 128x128 block */
+__device__ __forceinline__ float wget(const __nv_fp8_e4m3 *w, const float *scale, int cols,
+				      size_t r, int c)
+{
+	size_t sc = ((size_t)cols + FP8_BLOCK - 1) / FP8_BLOCK;
+	return load_w(w, r * (size_t)cols + (size_t)c) *
+	       scale[(r / FP8_BLOCK) * sc + c / FP8_BLOCK];
+}
+
+/* ---- layernorm (cpu_ref_layernorm): one block per row ---------------------------------------- */
+
+/* Two passes like the reference (mean, then the variance about it). In place is safe: each
+ * thread writes only the elements it alone reads, after both reductions. */
+__global__ void k_layernorm(float *y, const float *x, const float *w, const float *b, int dim,
+			    float eps)
+{
+	const float *xr = x + (size_t)blockIdx.x * dim;
+	float *yr = y + (size_t)blockIdx.x * dim;
+	float s = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		s += xr[i];
+	float mean = block_sum(s) / (float)dim;
+	float v = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+		float d = xr[i] - mean;
+		v += d * d;
+	}
+	float inv = 1.0f / sqrtf(block_sum(v) / (float)dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+extern "C" int wk_cuda_layernorm(float *y, const float *x, const float *w, const float *b, int n,
+				 int dim, float eps, char *err, size_t errsz)
+{
+	if (n <= 0)
+		return WK_OK;
+	k_layernorm<<<n, 256>>>(y, x, w, b, dim, eps);
+	return launched("layernorm", err, errsz);
+}
+
+/* ---- moe_route (cpu_ref_moe_route): one block per token -------------------------------------- */
+
+/* The reference's argmax_ok is a sequential scan, best = first eligible i, replaced when
+ * v[i] > v[best]. Its answer is the first eligible index when that one's value is NaN
+ * (nothing compares greater than NaN), else the lowest index of the largest non-NaN value.
+ * struct amax carries what a parallel reduction needs to give that same answer: the best
+ * non-NaN (value, index), ties to the lower index, and the first eligible index. */
+struct amax {
+	float v; /* value at i; meaningless when i == NO_INDEX */
+	int i; /* best non-NaN index so far, or NO_INDEX */
+	int first; /* lowest eligible index seen, or NO_INDEX */
+};
+
+__device__ __forceinline__ amax amax_none(void)
+{
+	amax a = {-INFINITY, NO_INDEX, NO_INDEX};
+	return a;
+}
+
+/* Adds element i; one thread's calls come in ascending i. */
+__device__ __forceinline__ void amax_add(amax &a, float v, int i)
+{
+	if (a.first == NO_INDEX)
+		a.first = i;
+	if (!isnan(v) && (a.i == NO_INDEX || v > a.v)) {
+		a.v = v;
+		a.i = i;
+	}
+}
+
+/* Commutative and associative (a max under a total order), so any reduction tree agrees. */
+__device__ __forceinline__ amax amax_join(amax a, amax b)
+{
+	bool take_b =
+		b.i != NO_INDEX && (a.i == NO_INDEX || b.v > a.v || (b.v == a.v && b.i < a.i));
+	amax r = take_b ? b : a;
+	r.first = min(a.first, b.first);
+	return r;
+}
+
+/* Every lane gets the warp's join. All 32 lanes must call it. */
+__device__ __forceinline__ amax warp_amax(amax a)
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		amax b;
+		b.v = __shfl_xor_sync(0xffffffffu, a.v, o);
+		b.i = __shfl_xor_sync(0xffffffffu, a.i, o);
+		b.first = __shfl_xor_sync(0xffffffffu, a.first, o);
+		a = amax_join(a, b);
+	}
+	return a;
+}
+
+/* argmax_ok's answer from the reduction over all of v's eligible elements: -1 when none. */
+__device__ __forceinline__ int amax_result(amax a, const float *v)
+{
+	if (a.first == NO_INDEX)
+		return -1;
+	return isnan(v[a.first]) ? a.first : a.i;
+}
+
+/* argmax_ok(v, ok, n) over the block (ok NULL: all eligible); every thread gets the answer.
+ * Every thread must call it: it synchronises first, so the caller's earlier writes of v and
+ * ok (shared memory) are seen and the previous call's scratch is free. */
+__device__ int block_argmax_ok(const float *v, const unsigned char *ok, int n)
+{
+	__shared__ float pv[32];
+	__shared__ int pi[32], pf[32];
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	__syncthreads();
+	amax a = amax_none();
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		if (!ok || ok[i])
+			amax_add(a, v[i], i);
+	a = warp_amax(a);
+	if (lane == 0) {
+		pv[wid] = a.v;
+		pi[wid] = a.i;
+		pf[wid] = a.first;
+	}
+	__syncthreads();
+	a = amax_none();
+	if (lane < nw) {
+		a.v = pv[lane];
+		a.i = pi[lane];
+		a.first = pf[lane];
+	}
+	return amax_result(warp_amax(a), v);
+}
+
+/* argmax_ok over one warp's elements v[0..n) except skip (-1: none); every lane gets it. */
+__device__ int warp_argmax_skip(const float *v, int n, int skip)
+{
+	amax a = amax_none();
+	for (int i = threadIdx.x & 31; i < n; i += 32)
+		if (i != skip)
+			amax_add(a, v[i], i);
+	return amax_result(warp_amax(a), v);
+}
+
+#define ROUTE_THREADS 256
+
+/* Step by step as the reference, on shared copies of the token's scores:
+ *   1. s = sigmoid(logits), choice = s + bias;
+ *   2. (n_group > 1) a warp per group sums its two best choices; topk_group block argmaxes
+ *      keep the best groups; experts of the other groups become ineligible;
+ *   3. top_k block argmaxes pick the experts, best first; thread 0 normalises the weights
+ *      in the reference's order of additions.
+ * Every float operation is the reference's, in its order, so idx and wt equal the reference's
+ * bit for bit but where the sigmoid's exp rounds differently (see there). */
+__global__ void k_moe_route(int *idx, float *wt, const float *logits, const float *bias,
+			    int n_experts, int top_k, int n_group, int topk_group, bool norm,
+			    float scale)
+{
+	__shared__ float s[WK_CUDA_MOE_MAX_EXPERTS], choice[WK_CUDA_MOE_MAX_EXPERTS];
+	__shared__ float gscore[WK_CUDA_MOE_MAX_EXPERTS]; /* [n_group], then the chosen s */
+	__shared__ unsigned char ok[WK_CUDA_MOE_MAX_EXPERTS], gok[WK_CUDA_MOE_MAX_EXPERTS];
+	__shared__ unsigned char keep[WK_CUDA_MOE_MAX_EXPERTS];
+	const float *lt = logits + (size_t)blockIdx.x * n_experts;
+	int gsize = n_experts / n_group;
+	for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+		/* The reference calls glibc's expf, within 0.502 ulp of exact; CUDA's expf is
+		 * within 2 ulp. exp in double rounded to float is the correctly rounded expf, so s
+		 * equals the reference's in all but rare last-bit cases; near-equal experts
+		 * could still swap there, never equal ones (equal inputs, equal s). */
+		float ex = (float)exp(-(double)lt[e]);
+		s[e] = 1.0f / (1.0f + ex);
+		choice[e] = s[e] + (bias ? bias[e] : 0.0f);
+		ok[e] = 1;
+	}
+	if (n_group > 1) {
+		__syncthreads(); /* choice is complete */
+		int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+		for (int g = wid; g < n_group; g += nw) { /* warp-uniform loop */
+			const float *c = choice + (size_t)g * gsize;
+			int a = warp_argmax_skip(c, gsize, -1);
+			float sum = c[a];
+			if (gsize > 1)
+				sum += c[warp_argmax_skip(c, gsize, a)];
+			if (lane == 0) {
+				gscore[g] = sum;
+				gok[g] = 1;
+				keep[g] = 0;
+			}
+		}
+		for (int k = 0; k < topk_group; k++) { /* block_argmax_ok syncs first */
+			int g = block_argmax_ok(gscore, gok, n_group);
+			if (threadIdx.x == 0) {
+				keep[g] = 1;
+				gok[g] = 0;
+			}
+		}
+		__syncthreads(); /* keep is complete */
+		for (int e = threadIdx.x; e < n_experts; e += blockDim.x)
+			ok[e] = keep[e / gsize];
+	}
+	int *it = idx + (size_t)blockIdx.x * top_k;
+	float *wv = wt + (size_t)blockIdx.x * top_k;
+	float *chosen = gscore; /* free again: block_argmax_ok below syncs before it is written */
+	for (int k = 0; k < top_k; k++) {
+		int e = block_argmax_ok(choice, ok, n_experts);
+		if (threadIdx.x == 0) {
+			ok[e] = 0; /* e >= 0: the host checked top_k <= eligible experts */
+			it[k] = e;
+			chosen[k] = s[e]; /* the unbiased score: the bias only chooses */
+		}
+	}
+	if (threadIdx.x == 0) {
+		float sum = 0.0f;
+		for (int k = 0; k < top_k; k++)
+			sum += chosen[k];
+		for (int k = 0; k < top_k; k++)
+			wv[k] = (norm ? chosen[k] / (sum + 1e-20f) : chosen[k]) * scale;
+	}
+}
+
+extern "C" int wk_cuda_moe_route(int *idx, float *wt, const float *logits, const float *bias, int n,
+				 int n_experts, int top_k, int n_group, int topk_group, bool norm,
+				 float scale, char *err, size_t errsz)
+{
+	if (n_experts < 1 || n_experts > WK_CUDA_MOE_MAX_EXPERTS || n_group < 1 ||
+	    n_experts % n_group != 0 || topk_group < 1 || topk_group > n_group || top_k < 0 ||
+	    top_k > topk_group * (n_experts / n_group))
+		return wk_errf(
+			err, errsz, WK_EINVAL,
+			"CUDA moe_route: %d experts in %d groups, top %d of the best %d groups "
+			"(at most %d experts, in equal groups)",
+			n_experts, n_group, top_k, topk_group, WK_CUDA_MOE_MAX_EXPERTS);
+	if (n <= 0 || top_k == 0)
+		return WK_OK;
+	k_moe_route<<<n, ROUTE_THREADS>>>(idx, wt, logits, bias, n_experts, top_k, n_group,
+					  topk_group, norm, scale);
+	return launched("moe_route", err, errsz);
+}
+
+/* ---- gather_rows, scatter_add_rows (cpu_ref_gather_rows, _scatter_add_rows): a block per row - */
+
+__global__ void k_gather_rows(float *dst, const float *src, const int *rows, int dim)
+{
+	const float *s = src + (size_t)rows[blockIdx.x] * dim;
+	float *d = dst + (size_t)blockIdx.x * dim;
+	for (int c = threadIdx.x; c < dim; c += blockDim.x)
+		d[c] = s[c];
+}
+
+/* Block i adds row i into y[rows[i]], with no atomics: the rows must be distinct (see
+ * cuda_kernels.h), and then the reference's "in order of i" does not matter. */
+__global__ void k_scatter_add_rows(float *y, const float *x, const int *rows, const float *scale,
+				   int dim)
+{
+	float *yr = y + (size_t)rows[blockIdx.x] * dim;
+	const float *xr = x + (size_t)blockIdx.x * dim;
+	float a = scale[blockIdx.x];
+	for (int c = threadIdx.x; c < dim; c += blockDim.x)
+		yr[c] += a * xr[c];
+}
+
+extern "C" int wk_cuda_gather_rows(float *dst, const float *src, const int *rows, int n, int dim,
+				   char *err, size_t errsz)
+{
+	if (n <= 0 || dim <= 0)
+		return WK_OK;
+	k_gather_rows<<<n, 256>>>(dst, src, rows, dim);
+	return launched("gather_rows", err, errsz);
+}
+
+extern "C" int wk_cuda_scatter_add_rows(float *y, const float *x, const int *rows,
+					const float *scale, int n, int dim, char *err, size_t errsz)
+{
+	if (n <= 0 || dim <= 0)
+		return WK_OK;
+	k_scatter_add_rows<<<n, 256>>>(y, x, rows, scale, dim);
+	return launched("scatter_add_rows", err, errsz);
+}
+
+/* ---- MLA absorption (cpu_ref_mla_absorb_q, cpu_ref_mla_absorb_out) --------------------------- */
+
+#define ABSORB_TOK 8 /* tokens per block of k_absorb_q, accumulated in registers */
+#define ABSORB_THREADS 128
+#define MAX_GRID_YZ 65535 /* gridDim.y and .z limit */
+
+/* Block (x, y, z): columns c = x*128 + thread of qa's latent part, head h0 + y, token chunks
+ * z, z + gridDim.z, ... of ABSORB_TOK tokens. Each thread walks W_uk,h's d_nope rows down its
+ * column c (reads coalesced across the block) and accumulates
+ *   qa[i][h][c] = sum_d q[i][h][d] * W[h*(d_nope+d_v) + d][c]
+ * for the chunk's tokens, in the reference's order of d. Blocks x == 0 also copy q_pe. */
+template <typename T>
+__global__ void k_absorb_q(float *qa, const float *q, const T *w, const float *scale, int lora,
+			   int n, int n_heads, int d_nope, int d_rope, int d_v, int h0)
+{
+	int c = blockIdx.x * blockDim.x + threadIdx.x, h = h0 + blockIdx.y;
+	size_t r0 = (size_t)h * (d_nope + d_v);
+	size_t qstride = (size_t)n_heads * (d_nope + d_rope); /* one token to the next, in q */
+	for (int i0 = blockIdx.z * ABSORB_TOK; i0 < n; i0 += gridDim.z * ABSORB_TOK) {
+		int m = min(ABSORB_TOK, n - i0);
+		const float *qh = q + ((size_t)i0 * n_heads + h) * (d_nope + d_rope);
+		float *oh = qa + ((size_t)i0 * n_heads + h) * (lora + d_rope);
+		size_t ostride = (size_t)n_heads * (lora + d_rope);
+		if (c < lora) {
+			float acc[ABSORB_TOK];
+#pragma unroll
+			for (int t = 0; t < ABSORB_TOK; t++)
+				acc[t] = 0.0f;
+			for (int d = 0; d < d_nope; d++) {
+				float wv = wget(w, scale, lora, r0 + d, c);
+#pragma unroll
+				for (int t = 0; t < ABSORB_TOK; t++)
+					if (t < m)
+						acc[t] += qh[t * qstride + d] * wv;
+			}
+#pragma unroll
+			for (int t = 0; t < ABSORB_TOK; t++)
+				if (t < m)
+					oh[t * ostride + c] = acc[t];
+		}
+		if (blockIdx.x == 0)
+			for (int t = 0; t < m; t++)
+				for (int d = threadIdx.x; d < d_rope; d += blockDim.x)
+					oh[t * ostride + lora + d] = qh[t * qstride + d_nope + d];
+	}
+}
+
+/* One warp per (head, value row d): o[i][h][d] = W[h*(d_nope+d_v) + d_nope + d] . lat[i][h]
+ * for every token i (the row stays in L1/L2 after the first token). */
+template <typename T>
+__global__ void k_absorb_out(float *o, const float *lat, const T *w, const float *scale, int lora,
+			     int n, int n_heads, int d_nope, int d_v, int h0, int h1)
+{
+	size_t gw = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+	int lane = threadIdx.x & 31;
+	if (gw >= (size_t)(h1 - h0) * d_v) /* whole warps leave together: gw is per warp */
+		return;
+	int h = h0 + (int)(gw / d_v), d = (int)(gw % d_v);
+	size_t r = (size_t)h * (d_nope + d_v) + d_nope + d;
+	for (int i = 0; i < n; i++) {
+		const float *l = lat + ((size_t)i * n_heads + h) * lora;
+		float acc = 0.0f;
+		for (int c = lane; c < lora; c += 32)
+			acc += l[c] * wget(w, scale, lora, r, c);
+		acc = warp_sum(acc);
+		if (lane == 0)
+			o[((size_t)i * n_heads + h) * d_v + d] = acc;
+	}
+}
+
+/* Shared checks of the two absorb calls; WK_OK or WK_EINVAL. */
+static int absorb_args(const char *what, enum dt_type wt, const float *scale, int lora, int n_heads,
+		       int h0, int h1, char *err, size_t errsz)
+{
+	if (wt != DT_F32 && wt != DT_BF16 && wt != DT_F16 && wt != DT_F8_E4M3)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "CUDA %s: kv_b in %s", what,
+			       dt_name(wt));
+	if (wt == DT_F8_E4M3 && !scale)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: FP8 kv_b without its scales", what);
+	if (lora <= 0 || h0 < 0 || h1 > n_heads || h1 - h0 > MAX_GRID_YZ)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: heads %d..%d of %d, lora %d", what,
+			       h0, h1, n_heads, lora);
+	return WK_OK;
+}
+
+template <typename T>
+static void absorb_q_launch(float *qa, const float *q, const void *w, const float *scale, int lora,
+			    int n, int n_heads, int d_nope, int d_rope, int d_v, int h0, int h1)
+{
+	int chunks = (n + ABSORB_TOK - 1) / ABSORB_TOK;
+	dim3 grid(blocks((size_t)lora, ABSORB_THREADS), (unsigned)(h1 - h0),
+		  (unsigned)(chunks < MAX_GRID_YZ ? chunks : MAX_GRID_YZ));
+	k_absorb_q<T><<<grid, ABSORB_THREADS>>>(qa, q, (const T *)w, scale, lora, n, n_heads,
+						d_nope, d_rope, d_v, h0);
+}
+
+template <typename T>
+static void absorb_out_launch(float *o, const float *lat, const void *w, const float *scale,
+			      int lora, int n, int n_heads, int d_nope, int d_v, int h0, int h1)
+{
+	k_absorb_out<T><<<blocks((size_t)(h1 - h0) * d_v * 32, 256), 256>>>(
+		o, lat, (const T *)w, scale, lora, n, n_heads, d_nope, d_v, h0, h1);
+}
+
+extern "C" int wk_cuda_mla_absorb_q(float *qa, const float *q, const void *w, enum dt_type wt,
+				    const float *scale, int lora, int n, int n_heads, int d_nope,
+				    int d_rope, int d_v, int h0, int h1, char *err, size_t errsz)
+{
+	int rc = absorb_args("mla_absorb_q", wt, scale, lora, n_heads, h0, h1, err, errsz);
+	if (rc != WK_OK || n <= 0 || h1 <= h0)
+		return rc;
+	switch (wt) {
+	case DT_F32:
+		absorb_q_launch<float>(qa, q, w, scale, lora, n, n_heads, d_nope, d_rope, d_v, h0,
+				       h1);
+		break;
+	case DT_BF16:
+		absorb_q_launch<__nv_bfloat16>(qa, q, w, scale, lora, n, n_heads, d_nope, d_rope,
+					       d_v, h0, h1);
+		break;
+	case DT_F16:
+		absorb_q_launch<__half>(qa, q, w, scale, lora, n, n_heads, d_nope, d_rope, d_v, h0,
+					h1);
+		break;
+	default: /* DT_F8_E4M3, checked above */
+		absorb_q_launch<__nv_fp8_e4m3>(qa, q, w, scale, lora, n, n_heads, d_nope, d_rope,
+					       d_v, h0, h1);
+	}
+	return launched("mla_absorb_q", err, errsz);
+}
+
+extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_type wt,
+				      const float *scale, int lora, int n, int n_heads, int d_nope,
+				      int d_v, int h0, int h1, char *err, size_t errsz)
+{
+	int rc = absorb_args("mla_absorb_out", wt, scale, lora, n_heads, h0, h1, err, errsz);
+	if (rc != WK_OK || n <= 0 || h1 <= h0 || d_v <= 0)
+		return rc;
+	switch (wt) {
+	case DT_F32:
+		absorb_out_launch<float>(o, lat, w, scale, lora, n, n_heads, d_nope, d_v, h0, h1);
+		break;
+	case DT_BF16:
+		absorb_out_launch<__nv_bfloat16>(o, lat, w, scale, lora, n, n_heads, d_nope, d_v,
+						 h0, h1);
+		break;
+	case DT_F16:
+		absorb_out_launch<__half>(o, lat, w, scale, lora, n, n_heads, d_nope, d_v, h0, h1);
+		break;
+	default:
+		absorb_out_launch<__nv_fp8_e4m3>(o, lat, w, scale, lora, n, n_heads, d_nope, d_v,
+						 h0, h1);
+	}
+	return launched("mla_absorb_out", err, errsz);
+}
+
+/* ---- mla_attention (cpu_ref_mla_attention): one block per (token, head) ---------------------- */
+
+#define MLA_THREADS 128
+#define MLA_TILE 64 /* keys scored per step */
+#define MLA_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
+
+/* Online softmax over tiles of MLA_TILE keys, so any number of keys fits:
+ *   1. each warp scores keys of the tile (q . [k_a | k_b] * scale, lanes over dimensions);
+ *   2. every thread reads the tile's scores, raises the running max m to mn and rescales by
+ *      corr = exp(m - mn); the scores become p = exp(score - mn);
+ *   3. thread d (and d + 128, ...) adds sum_j p_j v_j[d] to its running output acc[d], and
+ *      every thread adds sum_j p_j to its copy of the running denominator l.
+ * Shared memory (all dynamic): q [d_a + d_b], acc [d_v], p [MLA_TILE], the tile's key
+ * positions tk [MLA_TILE]. */
+__global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, int pos0, int i0,
+				int h0)
+{
+	extern __shared__ float sm[];
+	int dq = s.d_a + s.d_b;
+	float *qs = sm, *acc = sm + dq, *p = acc + s.d_v;
+	int *tk = (int *)(p + MLA_TILE);
+	int i = i0 + blockIdx.x, h = h0 + blockIdx.y;
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	const int *keys = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
+	int nk = s.sel ? s.nsel[i] : pos0 + i + 1;
+	const float *qh = q + ((size_t)i * s.n_heads + h) * dq;
+	const float *vh = s.v + (size_t)h * s.v_head;
+	for (int d = threadIdx.x; d < dq; d += blockDim.x)
+		qs[d] = qh[d];
+	for (int d = threadIdx.x; d < s.d_v; d += blockDim.x)
+		acc[d] = 0.0f;
+	float m = -INFINITY, l = 0.0f;
+	for (int j0 = 0; j0 < nk; j0 += MLA_TILE) { /* block-uniform loop */
+		int cnt = min(MLA_TILE, nk - j0);
+		for (int j = threadIdx.x; j < cnt; j += blockDim.x)
+			tk[j] = keys ? keys[j0 + j] : j0 + j;
+		__syncthreads(); /* tk (and, the first time, qs) written */
+		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
+			size_t t = (size_t)tk[j];
+			const float *ka = s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
+			const float *kb = s.k_b + t * s.kb_stride;
+			float dot = 0.0f;
+			for (int d = lane; d < s.d_a; d += 32)
+				dot += qs[d] * ka[d];
+			for (int d = lane; d < s.d_b; d += 32)
+				dot += qs[s.d_a + d] * kb[d];
+			dot = warp_sum(dot);
+			if (lane == 0)
+				p[j] = dot * s.scale;
+		}
+		__syncthreads(); /* scores written */
+		float mt = -INFINITY;
+		for (int j = 0; j < cnt; j++)
+			mt = fmaxf(mt, p[j]);
+		float mn = fmaxf(m, mt); /* the same in every thread: same reads */
+		/* all scores -inf so far: nothing to rescale, and exp(-inf - -inf) would be NaN */
+		bool none = mn == -INFINITY;
+		float corr = none ? 1.0f : expf(m - mn);
+		__syncthreads(); /* every thread has read the scores before they become p */
+		for (int j = threadIdx.x; j < cnt; j += blockDim.x)
+			p[j] = none ? 0.0f : expf(p[j] - mn);
+		__syncthreads(); /* p written */
+		float ls = 0.0f;
+		for (int j = 0; j < cnt; j++)
+			ls += p[j];
+		l = l * corr + ls;
+		for (int d = threadIdx.x; d < s.d_v; d += blockDim.x) {
+			float a = acc[d] * corr;
+			for (int j = 0; j < cnt; j++)
+				a += p[j] * vh[(size_t)tk[j] * s.v_stride + d];
+			acc[d] = a; /* only this thread touches acc[d] */
+		}
+		m = mn;
+		__syncthreads(); /* p and tk are rewritten by the next tile */
+	}
+	/* no keys (nsel 0): 0/0, NaN, as the reference */
+	float *oh = out + ((size_t)i * s.n_heads + h) * s.d_v;
+	for (int d = threadIdx.x; d < s.d_v; d += blockDim.x)
+		oh[d] = acc[d] / l;
+}
+
+extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,
+				     int pos0, int i0, int i1, int h0, int h1, char *err,
+				     size_t errsz)
+{
+	(void)n;
+	size_t smem = ((size_t)s->d_a + s->d_b + s->d_v + 2 * MLA_TILE) * sizeof(float);
+	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 || smem > MLA_SMEM_MAX)
+		return wk_errf(
+			err, errsz, WK_EINVAL,
+			"CUDA mla_attention: d_a %d + d_b %d + d_v %d floats (this kernel holds "
+			"up to %d in shared memory)",
+			s->d_a, s->d_b, s->d_v, MLA_SMEM_MAX / 4 - 2 * MLA_TILE);
+	if (i0 < 0 || h0 < 0 || h1 > s->n_heads || h1 - h0 > MAX_GRID_YZ)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA mla_attention: tokens %d..%d, heads %d..%d of %d", i0, i1, h0,
+			       h1, s->n_heads);
+	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
+		return WK_OK;
+	dim3 grid((unsigned)(i1 - i0), (unsigned)(h1 - h0));
+	k_mla_attention<<<grid, MLA_THREADS, smem>>>(out, q, *s, pos0, i0, h0);
+	return launched("mla_attention", err, errsz);
+}
+
+/* ---- dsa_topk (cpu_ref_dsa_topk): scores per query, then an exact radix select --------------- */
+
+/* One warp per key t < len: scores[t] = cpu_ref_dsa_score(q, k + t*head_dim, w, ...), heads
+ * summed in the reference's order. */
+__global__ void k_dsa_score(float *scores, const float *q, const float *k, const float *w, int len,
+			    int n_heads, int head_dim, float qk_scale, float w_scale)
+{
+	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+	int lane = threadIdx.x & 31;
+	if (t >= (size_t)len) /* whole warps leave together */
+		return;
+	const float *kt = k + t * head_dim;
+	float total = 0.0f;
+	for (int h = 0; h < n_heads; h++) {
+		const float *qh = q + (size_t)h * head_dim;
+		float dot = 0.0f;
+		for (int d = lane; d < head_dim; d += 32)
+			dot += qh[d] * kt[d];
+		dot = warp_sum(dot) * qk_scale;
+		total += w[h] * w_scale * (dot > 0.0f ? dot : 0.0f);
+	}
+	if (lane == 0)
+		scores[t] = total;
+}
+
+/* A 32-bit key whose unsigned order is the reference's order of scores: NaN counts as -inf
+ * and -0 equals +0 (so they tie, and the lower position wins as there). */
+__device__ __forceinline__ unsigned order_key(float f)
+{
+	unsigned u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN */
+		u = 0xff800000u; /* -inf */
+	if ((u & 0x7fffffffu) == 0)
+		u = 0; /* +0 */
+	return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+/* Inclusive prefix sum of v over the block (blockDim.x a multiple of 32); *total gets the
+ * block's sum. Every thread must call it. scratch: 32 ints of shared memory. */
+__device__ int block_scan(int v, int *scratch, int *total)
+{
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int o = 1; o < 32; o <<= 1) {
+		int u = __shfl_up_sync(0xffffffffu, v, o);
+		if (lane >= o)
+			v += u;
+	}
+	if (lane == 31)
+		scratch[wid] = v;
+	__syncthreads();
+	if (wid == 0) { /* the warps' totals, scanned in place */
+		int x = lane < nw ? scratch[lane] : 0;
+		for (int o = 1; o < 32; o <<= 1) {
+			int u = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= o)
+				x += u;
+		}
+		scratch[lane] = x;
+	}
+	__syncthreads();
+	if (wid > 0)
+		v += scratch[wid - 1];
+	*total = scratch[nw - 1];
+	__syncthreads(); /* scratch is free for the next call */
+	return v;
+}
+
+#define SEL_THREADS 1024
+
+/* One block: the reference's top-k of scores[0..len) (len > topk), positions ascending.
+ * The order is (key desc, position asc) with key = order_key(score), a total order, so the
+ * chosen set is unique: every key above the k-th largest key K, then the lowest positions
+ * among those equal to K. K comes from a radix select, 8 bits a pass from the top: a
+ * histogram of the next digit among keys matching the digits fixed so far, and the digit
+ * where the count from the top reaches the number still needed. Then one pass in position
+ * order writes each chosen position at its rank among the chosen: (keys > K before it) +
+ * min(keys == K before it, need). No scratch beyond shared memory. */
+__global__ void k_dsa_select(int *sel, int *nsel, const float *scores, int len, int topk)
+{
+	__shared__ unsigned hist[256];
+	__shared__ unsigned s_prefix;
+	__shared__ int s_need;
+	__shared__ int scratch[32];
+	unsigned prefix = 0, mask = 0;
+	int need = topk; /* still to take among the keys that match prefix under mask */
+	for (int shift = 24; shift >= 0; shift -= 8) {
+		for (int b = threadIdx.x; b < 256; b += blockDim.x)
+			hist[b] = 0;
+		__syncthreads();
+		for (int t = threadIdx.x; t < len; t += blockDim.x) {
+			unsigned key = order_key(scores[t]);
+			if ((key & mask) == prefix)
+				atomicAdd(&hist[(key >> shift) & 255u], 1u);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			/* at least need keys match: find b with above < need <= above + hist[b] */
+			int above = 0, b = 255;
+			for (; b > 0; b--) {
+				if (above + (int)hist[b] >= need)
+					break;
+				above += (int)hist[b];
+			}
+			s_prefix = prefix | ((unsigned)b << shift);
+			s_need = need - above;
+		}
+		__syncthreads();
+		prefix = s_prefix; /* rewritten only after the next pass's two barriers */
+		need = s_need;
+		mask |= 255u << shift;
+	}
+	/* prefix is K; topk - need keys are above it, need of those equal to it are taken */
+	int gt_base = 0, eq_base = 0; /* counts in the chunks before this one */
+	for (int c0 = 0; c0 < len; c0 += blockDim.x) { /* block-uniform loop */
+		int t = c0 + (int)threadIdx.x;
+		unsigned key = t < len ? order_key(scores[t]) : 0;
+		int gt = t < len && key > prefix, eq = t < len && key == prefix;
+		int packed = gt | eq << 16, total; /* a chunk counts <= 1024 each: no carry */
+		int excl = block_scan(packed, scratch, &total) - packed;
+		int gt_before = gt_base + (excl & 0xffff), eq_before = eq_base + (excl >> 16);
+		if (gt || (eq && eq_before < need))
+			sel[gt_before + min(eq_before, need)] = t;
+		gt_base += total & 0xffff;
+		eq_base += total >> 16;
+	}
+	if (threadIdx.x == 0)
+		*nsel = topk;
+}
+
+/* Queries with no more keys than topk take them all: sel[i][j] = j, nsel[i] = pos0 + i + 1. */
+__global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
+{
+	int i = blockIdx.x, len = pos0 + i + 1;
+	for (int j = threadIdx.x; j < len; j += blockDim.x)
+		sel[(size_t)i * topk + j] = j;
+	if (threadIdx.x == 0)
+		nsel[i] = len;
+}
+
+extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w,
+				int n, int pos0, int n_heads, int head_dim, int topk,
+				float qk_scale, float w_scale, float *scores, void *work, char *err,
+				size_t errsz)
+{
+	(void)work; /* the radix select needs no scratch beyond the scores */
+	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d", topk, pos0,
+			       n_heads, head_dim);
+	if (n <= 0)
+		return WK_OK;
+	/* query i has pos0 + i + 1 keys: the first max(0, topk - pos0) queries take them all */
+	int all = topk - pos0 < n ? (topk - pos0 > 0 ? topk - pos0 : 0) : n;
+	if (all > 0) {
+		k_dsa_all<<<all, 128>>>(sel, nsel, pos0, topk);
+		int rc = launched("dsa_topk", err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	/* The rest one at a time: the scratch holds one query's scores (as the reference's). */
+	for (int i = all; i < n; i++) {
+		int len = pos0 + i + 1;
+		k_dsa_score<<<blocks((size_t)len * 32, 256), 256>>>(
+			scores, q + (size_t)i * n_heads * head_dim, k, w + (size_t)i * n_heads, len,
+			n_heads, head_dim, qk_scale, w_scale);
+		k_dsa_select<<<1, SEL_THREADS>>>(sel + (size_t)i * topk, nsel + i, scores, len,
+						 topk);
+		int rc = launched("dsa_topk", err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	return WK_OK;
+}
