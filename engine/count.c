@@ -2,8 +2,9 @@
  * count.c - the launch counter (eng_opts.count_launches): a backend that wraps the engine's
  * own and counts every op and copy before passing it on. On the CUDA backend each op is one
  * kernel launch and each copy or zero one cudaMemcpyAsync / cudaMemsetAsync, so these counts
- * are the launches of a step; on the CPU backend they are what the same step would launch on
- * a GPU (the families issue the same ops on every backend). `wick bench launches` reports
+ * are the launches of a step (dsa_topk aside: two kernels per query that selects, one for
+ * the rest); on the CPU backend they are what the same step would launch on a GPU (the
+ * families issue the same ops on every backend). `wick bench launches` reports
  * them per decode step.
  *
  * The wrapper keeps the inner backend's optional members optional: a member the inner

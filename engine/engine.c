@@ -134,6 +134,12 @@ int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be
 	return weight_bind(e, name, rows, cols, w, err, errsz);
 }
 
+int eng_weight_host(struct engine *e, const char *name, int rows, int cols,
+		    struct be_weight *w, char *err, size_t errsz)
+{
+	return weight_find(e, name, rows, cols, w, err, errsz);
+}
+
 bool eng_host_mem(const struct engine *e)
 {
 	return !e->be->mem_alloc;

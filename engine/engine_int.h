@@ -217,6 +217,10 @@ int cfg_bool(json_t *cfg, const char *key, int def, int *out, char *err, size_t 
  * [rows][cols]. On a device backend the weight is copied to the device (upload_weight). */
 int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
 	       char *err, size_t errsz);
+/* eng_weight's checks, but w stays the host copy (the embedding: its rows are read on the
+ * host, so a device backend does not hold it twice). */
+int eng_weight_host(struct engine *e, const char *name, int rows, int cols,
+		    struct be_weight *w, char *err, size_t errsz);
 /* Copies a 1-D tensor of length len (any float dtype) into a new f32 array in the backend's
  * memory (eng_alloc: release it with eng_release). */
 int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,

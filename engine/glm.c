@@ -375,8 +375,8 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 			       "collectives run on host memory); use --backend cpu", e->be->name);
 
 	struct be_weight emb;
-	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim, &emb, err,
-			     errsz)))
+	if ((rc = eng_weight_host(e, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim, &emb,
+				  err, errsz)))
 		return rc;
 	m->embed = eng_tensor(e, "model.embed_tokens.weight");
 	if (m->embed->dtype != DT_F32 && m->embed->dtype != DT_BF16 && m->embed->dtype != DT_F16)

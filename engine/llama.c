@@ -206,12 +206,14 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 
 	int qd = m->n_heads * m->head_dim, kvd = m->n_kv * m->head_dim;
 	struct be_weight emb;
-	if ((rc = eng_weight(e, "model.embed_tokens.weight", m->vocab, m->dim, &emb, err, errsz)))
+	if ((rc = eng_weight_host(e, "model.embed_tokens.weight", m->vocab, m->dim, &emb, err,
+				   errsz)))
 		return rc;
 	m->embed = eng_tensor(e, "model.embed_tokens.weight");
-	if (tied || !eng_tensor(e, "lm_head.weight"))
-		m->lm_head = emb;
-	else if ((rc = eng_weight(e, "lm_head.weight", m->vocab, m->dim, &m->lm_head, err, errsz)))
+	/* tied: the embedding again, this time bound (uploaded) as the lm_head's weight */
+	const char *head = tied || !eng_tensor(e, "lm_head.weight") ? "model.embed_tokens.weight"
+								     : "lm_head.weight";
+	if ((rc = eng_weight(e, head, m->vocab, m->dim, &m->lm_head, err, errsz)))
 		return rc;
 	if ((rc = eng_vector(e, "model.norm.weight", m->dim, &m->final_norm, err, errsz)))
 		return rc;

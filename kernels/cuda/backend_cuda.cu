@@ -9,9 +9,10 @@
  * its jobs back instead of serving garbage (never a hang: sync waits only for work that was
  * launched).
  *
- * Not yet run on a GPU (scripts/gpu-check is the first run). The GLM ops (MoE routing, MLA,
- * the DSA indexer) are not here yet: supports() says so and a GLM model is refused at load.
- * Sharded runs on CUDA are refused too (the collectives run on host memory).
+ * Not yet run on a GPU (scripts/gpu-check is the first run). Both families run here: the
+ * Llama family on kernels.cu, GLM-5 and GLM-4.5 also on glm_kernels.cu (MoE routing, MLA,
+ * the DSA indexer; tests/unit/test_glm.c checks their engine side on devsim). Sharded runs
+ * on CUDA are refused (the collectives run on host memory).
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -102,9 +103,17 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	case BE_OP_ATTENTION:
 	case BE_OP_SILU_MUL:
 	case BE_OP_ADD:
+	case BE_OP_LAYERNORM:
+	case BE_OP_MOE_ROUTE:
+	case BE_OP_GATHER_ROWS:
+	case BE_OP_SCATTER_ADD_ROWS:
+	case BE_OP_MLA_ATTENTION:
+	case BE_OP_DSA_TOPK:
 		return true;
+	case BE_OP_MLA_ABSORB:
+		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
 	default:
-		return false; /* the GLM ops: not on CUDA yet */
+		return false;
 	}
 }
 
@@ -170,6 +179,92 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 }
 
 /* ---- memory --------------------------------------------------------------------------------- */
+
+/* ---- the GLM ops (glm_kernels.cu) ---- */
+
+/* Runs one kernel call `call` (which reports into err) unless the context has failed. */
+#define RUN(call)                                           \
+	do {                                                \
+		struct cuda_ctx *c = (struct cuda_ctx *)ctx; \
+		char err[WK_ERRSZ];                         \
+		if (c->rc == WK_OK)                         \
+			ok(c, call, err);                   \
+	} while (0)
+
+static void layernorm(void *ctx, float *y, const float *x, const float *w, const float *b, int n,
+		      int dim, float eps)
+{
+	RUN(wk_cuda_layernorm(y, x, w, b, n, dim, eps, err, sizeof err));
+}
+
+static void moe_route(void *ctx, int *idx, float *wt, const float *logits, const float *bias,
+		      int n, const struct be_route *r)
+{
+	RUN(wk_cuda_moe_route(idx, wt, logits, bias, n, r->n_experts, r->top_k, r->n_group,
+			      r->topk_group, r->norm, r->scale, err, sizeof err));
+}
+
+static void gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n, int dim)
+{
+	RUN(wk_cuda_gather_rows(dst, src, rows, n, dim, err, sizeof err));
+}
+
+static void scatter_add_rows(void *ctx, float *y, const float *x, const int *rows,
+			     const float *scale, int n, int dim)
+{
+	RUN(wk_cuda_scatter_add_rows(y, x, rows, scale, n, dim, err, sizeof err));
+}
+
+static void mla_absorb_q(void *ctx, float *qa, const float *q, const struct be_weight *kv_b,
+			 int n, int n_heads, int d_nope, int d_rope, int d_v)
+{
+	RUN(wk_cuda_mla_absorb_q(qa, q, kv_b->data, kv_b->dtype, kv_b->scale, kv_b->cols, n,
+				 n_heads, d_nope, d_rope, d_v, 0, n_heads, err, sizeof err));
+}
+
+static void mla_absorb_out(void *ctx, float *o, const float *lat, const struct be_weight *kv_b,
+			   int n, int n_heads, int d_nope, int d_v)
+{
+	RUN(wk_cuda_mla_absorb_out(o, lat, kv_b->data, kv_b->dtype, kv_b->scale, kv_b->cols, n,
+				   n_heads, d_nope, d_v, 0, n_heads, err, sizeof err));
+}
+
+static void mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
+			  int pos0)
+{
+	struct cpu_mla m;
+	memset(&m, 0, sizeof m);
+	m.n_heads = s->n_heads;
+	m.d_a = s->d_a;
+	m.d_b = s->d_b;
+	m.d_v = s->d_v;
+	m.k_a = s->k_a;
+	m.k_b = s->k_b;
+	m.v = s->v;
+	m.ka_stride = s->ka_stride;
+	m.ka_head = s->ka_head;
+	m.kb_stride = s->kb_stride;
+	m.v_stride = s->v_stride;
+	m.v_head = s->v_head;
+	m.sel = s->sel;
+	m.nsel = s->nsel;
+	m.sel_stride = s->sel_stride;
+	m.scale = s->scale;
+	RUN(wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err, sizeof err));
+}
+
+static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
+		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		     float qk_scale, float w_scale, float *scores, void *work)
+{
+	RUN(wk_cuda_dsa_topk(sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+			     w_scale, scores, work, err, sizeof err));
+}
+
+static void zero(void *ctx, void *dst, size_t bytes)
+{
+	RUN(wk_cuda_zero(dst, bytes, err, sizeof err));
+}
 
 static void *mem_alloc(void *ctx, size_t bytes)
 {
@@ -282,6 +377,15 @@ static struct backend make_backend(void)
 	b.attention = attention;
 	b.silu_mul = silu_mul;
 	b.add = add;
+	b.layernorm = layernorm;
+	b.moe_route = moe_route;
+	b.gather_rows = gather_rows;
+	b.scatter_add_rows = scatter_add_rows;
+	b.mla_absorb_q = mla_absorb_q;
+	b.mla_absorb_out = mla_absorb_out;
+	b.mla_attention = mla_attention;
+	b.dsa_topk = dsa_topk;
+	b.zero = zero;
 	b.mem_alloc = mem_alloc;
 	b.mem_free = mem_free;
 	b.to_device = to_device;

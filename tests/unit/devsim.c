@@ -84,6 +84,26 @@ static bool ds_supports(void *ctx, enum be_op op, enum dt_type wt)
 	return be_cpu.supports(d->cpu, op, wt);
 }
 
+/* The other direction: an op may only be handed device memory (a host pointer would crash a
+ * GPU kernel). NULL passes: optional arguments. */
+static void dev(void *ctx, const void *p, const char *what)
+{
+	struct devsim *d = ctx;
+	if (!p)
+		return;
+	for (int i = 0; i < d->n; i++)
+		if ((const char *)p >= (const char *)d->r[i].p &&
+		    (const char *)p < (const char *)d->r[i].p + d->r[i].len)
+			return;
+	cr_assert_fail("devsim: %s (%p) is not device memory", what, p);
+}
+
+static void dev_w(void *ctx, const struct be_weight *w, const char *what)
+{
+	dev(ctx, w->data, what);
+	dev(ctx, w->scale, what);
+}
+
 /* Each op: the regions open only while the CPU kernel runs. */
 #define WRAP(call)                      \
 	do {                            \
@@ -97,18 +117,26 @@ static bool ds_supports(void *ctx, enum be_op op, enum dt_type wt)
 
 static void ds_matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
 {
+	dev(ctx, y, "matmul y");
+	dev(ctx, x, "matmul x");
+	dev_w(ctx, w, "matmul weight");
 	WRAP(matmul(CPU, y, x, w, n));
 }
 
 static void ds_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 		       float eps)
 {
+	dev(ctx, y, "rmsnorm y");
+	dev(ctx, x, "rmsnorm x");
+	dev(ctx, w, "rmsnorm weight");
 	WRAP(rmsnorm(CPU, y, x, w, n, dim, eps));
 }
 
 static void ds_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
 		    int rot_dim, float theta, bool interleaved)
 {
+	dev(ctx, x, "rope x");
+	dev(ctx, pos, "rope positions");
 	WRAP(rope(CPU, x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved));
 }
 
@@ -116,58 +144,94 @@ static void ds_attention(void *ctx, float *out, const float *q, const float *k, 
 			 int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
 			 float scale)
 {
+	dev(ctx, out, "attention out");
+	dev(ctx, q, "attention q");
+	dev(ctx, k, "attention k");
+	dev(ctx, v, "attention v");
 	WRAP(attention(CPU, out, q, k, v, n, pos0, n_heads, n_kv, head_dim, kv_stride, scale));
 }
 
 static void ds_silu_mul(void *ctx, float *g, const float *u, size_t n)
 {
+	dev(ctx, g, "silu_mul g");
+	dev(ctx, u, "silu_mul u");
 	WRAP(silu_mul(CPU, g, u, n));
 }
 
 static void ds_add(void *ctx, float *y, const float *x, size_t n)
 {
+	dev(ctx, y, "add y");
+	dev(ctx, x, "add x");
 	WRAP(add(CPU, y, x, n));
 }
 
 static void ds_layernorm(void *ctx, float *y, const float *x, const float *w, const float *b,
 			 int n, int dim, float eps)
 {
+	dev(ctx, y, "layernorm y");
+	dev(ctx, x, "layernorm x");
+	dev(ctx, w, "layernorm w");
+	dev(ctx, b, "layernorm b");
 	WRAP(layernorm(CPU, y, x, w, b, n, dim, eps));
 }
 
 static void ds_moe_route(void *ctx, int *idx, float *wt, const float *logits, const float *bias,
 			 int n, const struct be_route *r)
 {
+	dev(ctx, idx, "moe_route idx");
+	dev(ctx, wt, "moe_route wt");
+	dev(ctx, logits, "moe_route logits");
+	dev(ctx, bias, "moe_route bias");
 	WRAP(moe_route(CPU, idx, wt, logits, bias, n, r));
 }
 
 static void ds_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n,
 			   int dim)
 {
+	dev(ctx, dst, "gather dst");
+	dev(ctx, src, "gather src");
+	dev(ctx, rows, "gather rows");
 	WRAP(gather_rows(CPU, dst, src, rows, n, dim));
 }
 
 static void ds_scatter_add_rows(void *ctx, float *y, const float *x, const int *rows,
 				const float *scale, int n, int dim)
 {
+	dev(ctx, y, "scatter y");
+	dev(ctx, x, "scatter x");
+	dev(ctx, rows, "scatter rows");
+	dev(ctx, scale, "scatter scale");
 	WRAP(scatter_add_rows(CPU, y, x, rows, scale, n, dim));
 }
 
 static void ds_mla_absorb_q(void *ctx, float *qa, const float *q, const struct be_weight *kv_b,
 			    int n, int n_heads, int d_nope, int d_rope, int d_v)
 {
+	dev(ctx, qa, "absorb_q qa");
+	dev(ctx, q, "absorb_q q");
+	dev_w(ctx, kv_b, "absorb_q kv_b");
 	WRAP(mla_absorb_q(CPU, qa, q, kv_b, n, n_heads, d_nope, d_rope, d_v));
 }
 
 static void ds_mla_absorb_out(void *ctx, float *o, const float *lat,
 			      const struct be_weight *kv_b, int n, int n_heads, int d_nope, int d_v)
 {
+	dev(ctx, o, "absorb_out o");
+	dev(ctx, lat, "absorb_out lat");
+	dev_w(ctx, kv_b, "absorb_out kv_b");
 	WRAP(mla_absorb_out(CPU, o, lat, kv_b, n, n_heads, d_nope, d_v));
 }
 
 static void ds_mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s,
 			     int n, int pos0)
 {
+	dev(ctx, out, "mla out");
+	dev(ctx, q, "mla q");
+	dev(ctx, s->k_a, "mla k_a");
+	dev(ctx, s->k_b, "mla k_b");
+	dev(ctx, s->v, "mla v");
+	dev(ctx, s->sel, "mla sel");
+	dev(ctx, s->nsel, "mla nsel");
 	WRAP(mla_attention(CPU, out, q, s, n, pos0));
 }
 
@@ -175,6 +239,13 @@ static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const fl
 			const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 			float qk_scale, float w_scale, float *scores, void *work)
 {
+	dev(ctx, sel, "dsa sel");
+	dev(ctx, nsel, "dsa nsel");
+	dev(ctx, q, "dsa q");
+	dev(ctx, k, "dsa k");
+	dev(ctx, w, "dsa w");
+	dev(ctx, scores, "dsa scores");
+	dev(ctx, work, "dsa work");
 	WRAP(dsa_topk(CPU, sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
 		      w_scale, scores, work));
 }
@@ -198,6 +269,8 @@ static void ds_free(void *ctx, void *p)
 
 static void ds_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
+	dev(ctx, dst, "copy dst");
+	dev(ctx, src, "copy src");
 	struct devsim *d = ctx;
 	OPEN(d);
 	memmove(dst, src, bytes);
@@ -207,9 +280,30 @@ static void ds_copy(void *ctx, void *dst, const void *src, size_t bytes)
 
 static void ds_zero(void *ctx, void *dst, size_t bytes)
 {
+	dev(ctx, dst, "zero dst");
 	struct devsim *d = ctx;
 	OPEN(d);
 	memset(dst, 0, bytes);
+	CLOSE(d);
+	d->copies++;
+}
+
+static void ds_to_device(void *ctx, void *dst, const void *host, size_t bytes)
+{
+	dev(ctx, dst, "to_device dst");
+	struct devsim *d = ctx;
+	OPEN(d);
+	memmove(dst, host, bytes);
+	CLOSE(d);
+	d->copies++;
+}
+
+static void ds_to_host(void *ctx, void *host, const void *src, size_t bytes)
+{
+	dev(ctx, src, "to_host src");
+	struct devsim *d = ctx;
+	OPEN(d);
+	memmove(host, src, bytes);
 	CLOSE(d);
 	d->copies++;
 }
@@ -218,7 +312,7 @@ static void *upload(struct devsim *d, const void *host, size_t bytes)
 {
 	void *p = region_new(d, bytes);
 	cr_assert_not_null(p);
-	ds_copy(d, p, host, bytes);
+	ds_to_device(d, p, host, bytes);
 	return p;
 }
 
@@ -264,8 +358,8 @@ const struct backend be_devsim = {
 	.dsa_topk = ds_dsa_topk,
 	.mem_alloc = ds_alloc,
 	.mem_free = ds_free,
-	.to_device = ds_copy,
-	.to_host = ds_copy,
+	.to_device = ds_to_device,
+	.to_host = ds_to_host,
 	.copy = ds_copy,
 	.zero = ds_zero,
 	.upload_weight = ds_upload,

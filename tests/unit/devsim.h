@@ -6,7 +6,8 @@
  * caches, norm vectors or weights directly (instead of through eng_to_dev / eng_to_host /
  * eng_dcopy / eng_dzero and the backend's ops) crashes the test with SIGSEGV. This is the
  * plumbing the CUDA backend relies on (device pointers are just as untouchable from the host
- * there). Every op of the Llama and GLM families is wrapped. Used by test_devmem.c
+ * there). The other direction too: every pointer an op or a device copy is handed must be
+ * devsim memory (a GPU kernel cannot read host memory), else the test fails naming it. Every op of the Llama and GLM families is wrapped. Used by test_devmem.c
  * (stories260K) and test_glm.c (GLM-5 and GLM-4.5).
  */
 #ifndef WICK_TEST_DEVSIM_H
