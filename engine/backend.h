@@ -66,6 +66,22 @@ struct be_mla {
 	float scale;
 };
 
+/* One routed expert's weights as the backend holds them (the layout of struct cpu_expert in
+ * kernels/cpu/cpu.h): gate, up [inter][dim], down [dim][inter]; FP8 block scales or NULL. */
+struct be_expert {
+	const void *gate, *up, *down;
+	const float *gate_s, *up_s, *down_s;
+};
+
+/* A MoE layer's routed experts on this rank, for the grouped op moe_experts. */
+struct be_experts {
+	int ex0, n_local;        /* experts [ex0, ex0 + n_local) live here */
+	int top_k, dim, inter;
+	enum dt_type dtype;      /* every expert's weights have this one */
+	struct be_expert *experts; /* host array [n_local] of the backend's weight pointers */
+	void *dev;               /* the backend's own copy of the table (moe_bind), or NULL */
+};
+
 struct be_config {
 	int threads; /* CPU threads; <= 0 means all cores */
 	int device;  /* GPU ordinal for device backends */
@@ -119,6 +135,16 @@ struct backend {
 	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const float *k,
 			 const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 			 float qk_scale, float w_scale, float *scores, void *work);
+
+	/* Grouped MoE. Optional (NULL: the engine runs the experts one by one with gather_rows,
+	 * matmul, silu_mul and scatter_add_rows). moe_bind (itself optional) prepares a layer's
+	 * table once at load; moe_scratch: the bytes of backend memory moe_experts needs for n
+	 * tokens; moe_experts: y [n][dim] += the routed experts' outputs for the routing idx, wt
+	 * [n][top_k] (cpu_ref_moe_experts's contract: the slots of a token added in order). */
+	int (*moe_bind)(void *ctx, struct be_experts *ex, char *err, size_t errsz);
+	size_t (*moe_scratch)(void *ctx, int n, const struct be_experts *ex);
+	void (*moe_experts)(void *ctx, float *y, const float *x, const int *idx, const float *wt,
+			    int n, const struct be_experts *ex, void *scratch);
 
 	/* ---- device memory. Optional: NULL on backends that work on host memory (then the
 	 * engine uses malloc/free and memcpy). ---- */

@@ -2,9 +2,10 @@
  * count.c - the launch counter (eng_opts.count_launches): a backend that wraps the engine's
  * own and counts every op and copy before passing it on. On the CUDA backend each op is one
  * kernel launch and each copy or zero one cudaMemcpyAsync / cudaMemsetAsync, so these counts
- * are the launches of a step (dsa_topk aside: two kernels per query that selects, one for
- * the rest); on the CPU backend they are what the same step would launch on a GPU (the
- * families issue the same ops on every backend). `wick bench launches` reports
+ * are the launches of a step, with two op kinds weighed by the kernels they launch there
+ * (eng_launch_kind: moe_experts 4, dsa_topk 2 for a decoding query that selects); on the CPU
+ * backend they are what the same step would launch on a GPU (the families issue the same
+ * ops on every backend). `wick bench launches` reports
  * them per decode step.
  *
  * The wrapper keeps the inner backend's optional members optional: a member the inner
@@ -30,15 +31,17 @@ struct counter {
 static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
-	"dsa_topk", "zero", "to_device", "to_host", "copy",
+	"dsa_topk", "moe_experts", "zero", "to_device", "to_host", "copy",
 };
 
-const char *eng_launch_kind(int k, bool *is_copy)
+const char *eng_launch_kind(int k, bool *is_copy, int *launches)
 {
 	if (k < 0 || k >= ENG_LAUNCH_KINDS)
 		return NULL;
 	if (is_copy)
 		*is_copy = k >= ENG_K_TO_DEVICE;
+	if (launches) /* kernels per op on the CUDA backend (kernels/cuda) */
+		*launches = k == ENG_K_MOE_EXPERTS ? 4 : k == ENG_K_DSA_TOPK ? 2 : 1;
 	return kind_names[k];
 }
 
@@ -157,6 +160,22 @@ static void c_copy(void *ctx, void *dst, const void *src, size_t bytes)
 	IN(ctx)->in->copy(IN(ctx)->ctx, dst, src, bytes);
 }
 
+static void c_moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
+			  int n, const struct be_experts *ex, void *scratch)
+{
+	COUNT(ctx, ENG_K_MOE_EXPERTS, moe_experts(IN(ctx)->ctx, y, x, idx, wt, n, ex, scratch));
+}
+
+static int c_moe_bind(void *ctx, struct be_experts *ex, char *err, size_t errsz)
+{
+	return IN(ctx)->in->moe_bind(IN(ctx)->ctx, ex, err, errsz);
+}
+
+static size_t c_moe_scratch(void *ctx, int n, const struct be_experts *ex)
+{
+	return IN(ctx)->in->moe_scratch(IN(ctx)->ctx, n, ex);
+}
+
 static bool c_supports(void *ctx, enum be_op op, enum dt_type wt)
 {
 	return IN(ctx)->in->supports(IN(ctx)->ctx, op, wt);
@@ -219,6 +238,9 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(mla_absorb_out, c_mla_absorb_out);
 	KEEP(mla_attention, c_mla_attention);
 	KEEP(dsa_topk, c_dsa_topk);
+	KEEP(moe_bind, c_moe_bind);
+	KEEP(moe_scratch, c_moe_scratch);
+	KEEP(moe_experts, c_moe_experts);
 	KEEP(mem_alloc, c_mem_alloc);
 	KEEP(mem_free, c_mem_free);
 	KEEP(to_device, c_to_device);

@@ -467,6 +467,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		goto fail;
 
 	e->max_seq_opt = opts ? opts->max_seq : 0;
+	e->experts_one_by_one = opts && opts->experts_one_by_one;
 	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
 	if (!e->fam->step)
 		e->max_seqs = 1;

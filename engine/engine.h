@@ -35,6 +35,7 @@ struct eng_opts {
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
 	const struct backend *backend_ops; /* tests: this backend instead of o->backend */
 	bool count_launches; /* count every op and copy (eng_launches; `wick bench launches`) */
+	bool experts_one_by_one; /* MoE: never the backend's grouped op (a baseline to compare) */
 };
 
 struct eng_info {
@@ -72,15 +73,16 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 18
+#define ENG_LAUNCH_KINDS 19
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long collectives;
 };
 int eng_launches(const struct engine *e, int rank, struct eng_launches *out);
-/* The name of kind k ("matmul", "to_host", ...), and whether it is a copy rather than a
- * kernel; NULL past the last kind. */
-const char *eng_launch_kind(int k, bool *is_copy);
+/* The name of kind k ("matmul", "to_host", ...), whether it is a copy rather than a kernel,
+ * and how many launches one op of the kind is on the CUDA backend (moe_experts: 4; dsa_topk:
+ * 2, as for a decode step's query that selects); NULL past the last kind. */
+const char *eng_launch_kind(int k, bool *is_copy, int *launches);
 void eng_close(struct engine *e); /* NULL is fine */
 
 const struct eng_info *eng_info(const struct engine *e);

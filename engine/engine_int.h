@@ -52,6 +52,7 @@ struct engine {
 	struct eng_info info;
 	char arch[128];
 	int max_seq_opt;
+	bool experts_one_by_one; /* eng_opts: never the backend's grouped MoE op */
 	int max_seqs;   /* sequences the family holds (1 without step) */
 	int *seq_len;   /* [max_seqs] tokens in each sequence's cache */
 	bool *seq_used; /* [max_seqs] */
@@ -137,7 +138,8 @@ void shard_close(struct engine *e); /* nothing when e is not a sharded top engin
 enum eng_kind {
 	ENG_K_MATMUL, ENG_K_RMSNORM, ENG_K_ROPE, ENG_K_ATTENTION, ENG_K_SILU_MUL, ENG_K_ADD,
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
-	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK, ENG_K_ZERO,
+	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
+	ENG_K_MOE_EXPERTS, ENG_K_ZERO,
 	ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);

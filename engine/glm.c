@@ -289,6 +289,42 @@ static uint64_t mlp_bytes(const struct glm_mlp *p)
 	return glm_weight_bytes(&p->gate) + glm_weight_bytes(&p->up) + glm_weight_bytes(&p->down);
 }
 
+/* The backend's grouped op for this rank's experts of layer f, when it has one and the
+ * experts share one dtype (else they run one by one: f->grouped stays false). */
+static int bind_grouped(struct engine *e, struct glm_model *m, struct glm_moe *f, char *err,
+			size_t errsz)
+{
+	const struct backend *be = e->be;
+	int nl = m->c.ex1 - m->c.ex0, rc;
+	if (!be->moe_experts || !be->moe_scratch || nl <= 0 || e->experts_one_by_one)
+		return WK_OK;
+	enum dt_type dt = f->experts[m->c.ex0].gate.dtype;
+	for (int i = 0; i < nl; i++) {
+		const struct glm_mlp *x = &f->experts[m->c.ex0 + i];
+		const struct be_weight *w[3] = {&x->gate, &x->up, &x->down};
+		for (int k = 0; k < 3; k++)
+			if (w[k]->dtype != dt || (dt == DT_F8_E4M3 && !w[k]->scale))
+				return WK_OK;
+	}
+	struct be_expert *t = glm_own(m, calloc((size_t)nl, sizeof *t));
+	if (!t)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int i = 0; i < nl; i++) {
+		const struct glm_mlp *x = &f->experts[m->c.ex0 + i];
+		t[i] = (struct be_expert){x->gate.data, x->up.data, x->down.data,
+					  x->gate.scale, x->up.scale, x->down.scale};
+	}
+	f->bex = (struct be_experts){.ex0 = m->c.ex0, .n_local = nl, .top_k = m->c.top_k,
+				     .dim = m->c.dim, .inter = m->c.moe_inter, .dtype = dt,
+				     .experts = t};
+	if (be->moe_bind && (rc = be->moe_bind(e->bctx, &f->bex, err, errsz)) != WK_OK)
+		return rc;
+	f->grouped = true;
+	if (!m->bex0)
+		m->bex0 = &f->bex;
+	return WK_OK;
+}
+
 static int load_ffn(struct engine *e, struct glm_model *m, int l, char *err, size_t errsz)
 {
 	struct glm_layer *L = &m->layers[l];
@@ -321,7 +357,7 @@ static int load_ffn(struct engine *e, struct glm_model *m, int l, char *err, siz
 		if ((rc = load_mlp(e, m, nm, m->c.l_shared, &f->shared, err, errsz)))
 			return rc;
 	}
-	return WK_OK;
+	return bind_grouped(e, m, f, err, errsz);
 }
 
 /* This rank's part of the dense MLP, shared experts, vocabulary and routed experts, by the
@@ -450,7 +486,7 @@ void glm_free(struct engine *e)
 		eng_release(e, m->downed[i]);
 	free(m->downed);
 	void *dev[] = {m->pos, m->x, m->xb, m->tmp, m->g, m->u, m->logits, m->idx, m->wt,
-		       m->rows, m->rw, m->xg, m->yg, m->lg};
+		       m->rows, m->rw, m->xg, m->yg, m->lg, m->moe_scr};
 	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
 		eng_release(e, dev[i]);
 	void *host[] = {m->pos_h, m->tok, m->xh, m->idx_h, m->wt_h, m->rows_h, m->rw_h, m->count,
@@ -503,7 +539,9 @@ static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_r
 		    !eng_regrow(e, &m->wt, nk) || !re(&m->wt_h, nk) || !eng_regrow(e, &m->rows, nk) ||
 		    !re(&m->rows_h, nk) || !eng_regrow(e, &m->rw, nk) || !re(&m->rw_h, nk) ||
 		    !eng_regrow(e, &m->xg, nd) || !eng_regrow(e, &m->yg, nd) ||
-		    !re(&m->count, ((size_t)c->n_experts + 1) * 4))
+		    !re(&m->count, ((size_t)c->n_experts + 1) * 4) ||
+		    (m->bex0 && !eng_regrow(e, &m->moe_scr,
+					    e->be->moe_scratch(e->bctx, n, m->bex0))))
 			return WK_ENOMEM; /* cap unchanged; the buffers that grew are valid */
 		m->cap = n;
 	}
@@ -538,8 +576,14 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
 			     .scale = g->routed_scale};
 	be->moe_route(c, m->idx, m->wt, m->logits, f->bias, n, &r);
-	/* Group the (token, slot) pairs by expert, tokens ascending within each expert, on the
-	 * host (a device waits here once per MoE layer), and send the plan back. */
+	if (f->grouped) { /* routing, grouping and experts stay on the backend */
+		if (eng_ep_lead(e))
+			be->moe_experts(c, y, x, m->idx, m->wt, n, &f->bex, m->moe_scr);
+		return;
+	}
+	/* One expert at a time: group the (token, slot) pairs by expert, tokens ascending within
+	 * each expert, on the host (a device waits here once per MoE layer), and send the plan
+	 * back. */
 	size_t nk = (size_t)n * k;
 	eng_to_host(e, m->idx_h, m->idx, nk * sizeof *m->idx_h);
 	eng_to_host(e, m->wt_h, m->wt, nk * sizeof *m->wt_h);

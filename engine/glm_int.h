@@ -26,6 +26,8 @@ struct glm_moe {
 				  * [ex0, ex1) are bound on a sharded rank */
 	struct glm_mlp shared;   /* width l_shared (moe_inter * n_shared / tp); unused when
 				  * n_shared == 0 */
+	bool grouped;            /* the backend runs this rank's experts in one op (bex) */
+	struct be_experts bex;
 };
 
 struct glm_layer {
@@ -114,6 +116,8 @@ struct glm_model {
 	float *gath;                       /* host, sharded: (world, lg_cap, l_vocab) for the
 					    * all_gather */
 	int lg_cap;
+	const struct be_experts *bex0;     /* the first grouped MoE layer's, for sizing moe_scr */
+	void *moe_scr;                     /* moe_experts' scratch for cap tokens */
 };
 
 /* Keeps p (malloc'd) until the model is freed. Returns p, or NULL (and frees p) when the list

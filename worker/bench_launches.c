@@ -48,6 +48,75 @@ static int parse_pos(const char *s, const char *what, int hi, int *out)
 	return 0;
 }
 
+/* One measurement: the launches per decode step, averaged over steps, after a prefill. */
+struct count_run {
+	char arch[128], backend[32];
+	double per_kind[ENG_LAUNCH_KINDS]; /* ops per step */
+	double kernels, copies, coll, total; /* launches per step */
+};
+
+static int count_step(const char *model, const struct eng_opts *eo, int context, int steps,
+		      struct count_run *r)
+{
+	char err[WK_ERRSZ];
+	struct engine *e = NULL;
+	if (eng_open(model, eo, &e, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench: %s\n", err);
+		return 1;
+	}
+	const struct eng_info *info = eng_info(e);
+	int rc = 1, V = info->vocab;
+	int *ids = malloc((size_t)context * sizeof *ids);
+	float *logits = malloc((size_t)V * sizeof *logits);
+	struct eng_launches before, after;
+	memset(r, 0, sizeof *r);
+	snprintf(r->arch, sizeof r->arch, "%s", info->arch);
+	snprintf(r->backend, sizeof r->backend, "%s", info->backend);
+	if (!ids || !logits) {
+		fprintf(stderr, "wick bench: out of memory\n");
+		goto done;
+	}
+	if (info->max_seq < context + steps) {
+		fprintf(stderr, "wick bench: the model holds %d positions, fewer than --context %d + "
+				"--steps %d\n", info->max_seq, context, steps);
+		goto done;
+	}
+	for (int i = 0; i < context; i++) /* any tokens: the count does not depend on them */
+		ids[i] = (int)((1 + 7919u * (unsigned)i) % (unsigned)V);
+	if (eng_forward(e, ids, context, 0, logits, false, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench: prefill: %s\n", err);
+		goto done;
+	}
+	if (eng_launches(e, 0, &before) != WK_OK) {
+		fprintf(stderr, "wick bench: the engine did not count its launches\n");
+		goto done;
+	}
+	for (int i = 0; i < steps; i++) {
+		int tok = samp_argmax(logits, V);
+		if (eng_forward(e, &tok, 1, context + i, logits, false, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench: decode step %d: %s\n", i, err);
+			goto done;
+		}
+	}
+	eng_launches(e, 0, &after);
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		bool is_copy;
+		int per;
+		eng_launch_kind(k, &is_copy, &per);
+		double n = (double)(after.n[k] - before.n[k]) / steps;
+		r->per_kind[k] = n;
+		*(is_copy ? &r->copies : &r->kernels) += n * per;
+	}
+	r->coll = (double)(after.collectives - before.collectives) / steps;
+	r->total = r->kernels + r->copies + r->coll;
+	rc = 0;
+done:
+	eng_close(e);
+	free(ids);
+	free(logits);
+	return rc;
+}
+
 int bench_launches(int argc, char **argv)
 {
 	int context = 64, steps = 4, threads = 0, target = 400;
@@ -82,88 +151,54 @@ int bench_launches(int argc, char **argv)
 		return 2;
 	}
 	const char *model = argv[optind];
-	char err[WK_ERRSZ];
-	struct engine *e = NULL;
+	struct count_run grouped, one;
 	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps,
 			      .count_launches = true};
-	if (eng_open(model, &eo, &e, err, sizeof err) != WK_OK) {
-		fprintf(stderr, "wick bench: %s\n", err);
+	if (count_step(model, &eo, context, steps, &grouped))
 		return 1;
-	}
-	const struct eng_info *info = eng_info(e);
-	int rc = 1, V = info->vocab;
-	int *ids = malloc((size_t)context * sizeof *ids);
-	float *logits = malloc((size_t)V * sizeof *logits);
-	struct eng_launches before, after;
-	if (!ids || !logits) {
-		fprintf(stderr, "wick bench: out of memory\n");
-		goto done;
-	}
-	if (info->max_seq < context + steps) {
-		fprintf(stderr, "wick bench: the model holds %d positions, fewer than --context %d + "
-				"--steps %d\n", info->max_seq, context, steps);
-		goto done;
-	}
-	for (int i = 0; i < context; i++) /* any tokens: the count does not depend on them */
-		ids[i] = (int)((1 + 7919u * (unsigned)i) % (unsigned)V);
-	if (eng_forward(e, ids, context, 0, logits, false, err, sizeof err) != WK_OK) {
-		fprintf(stderr, "wick bench: prefill: %s\n", err);
-		goto done;
-	}
-	if (eng_launches(e, 0, &before) != WK_OK) {
-		fprintf(stderr, "wick bench: the engine did not count its launches\n");
-		goto done;
-	}
-	for (int i = 0; i < steps; i++) {
-		int tok = samp_argmax(logits, V);
-		if (eng_forward(e, &tok, 1, context + i, logits, false, err, sizeof err) != WK_OK) {
-			fprintf(stderr, "wick bench: decode step %d: %s\n", i, err);
-			goto done;
-		}
-	}
-	eng_launches(e, 0, &after);
+	eo.experts_one_by_one = true; /* the baseline: MoE experts one at a time */
+	if (count_step(model, &eo, context, steps, &one))
+		return 1;
 
-	double kernels = 0, copies = 0;
-	double coll = (double)(after.collectives - before.collectives) / steps;
-	printf("model            %s (%s)\n", model, info->arch);
-	printf("backend          %s\n", info->backend);
+	printf("model            %s (%s)\n", model, grouped.arch);
+	printf("backend          %s\n", grouped.backend);
 	printf("decode step      batch 1 at position %d..%d, %d steps averaged\n", context,
 	       context + steps - 1, steps);
 	printf("%-18s %10s\n", "kind", "per step");
 	json_t *by = json_object();
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
 		bool is_copy;
-		const char *name = eng_launch_kind(k, &is_copy);
-		double n = (double)(after.n[k] - before.n[k]) / steps;
+		int per;
+		const char *name = eng_launch_kind(k, &is_copy, &per);
+		double n = grouped.per_kind[k];
 		if (n == 0)
 			continue;
-		printf("%-18s %10.1f%s\n", name, n, is_copy ? "  (copy)" : "");
-		*(is_copy ? &copies : &kernels) += n;
+		if (per > 1)
+			printf("%-18s %10.1f  (x %d kernels each)\n", name, n, per);
+		else
+			printf("%-18s %10.1f%s\n", name, n, is_copy ? "  (copy)" : "");
 		json_object_set_new(by, name, json_real(n));
 	}
-	double total = kernels + copies + coll;
-	printf("%-18s %10.1f\n", "kernels", kernels);
-	printf("%-18s %10.1f\n", "copies", copies);
-	if (coll > 0)
-		printf("%-18s %10.1f\n", "collectives", coll);
-	printf("%-18s %10.1f  (target %d: %.2fx)\n", "launches", total, target, total / target);
-	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:i, s:o}", "bench",
-			      "launches", "model", model, "backend", info->backend, "context",
-			      context, "steps", steps, "kernels", kernels, "copies", copies,
-			      "collectives", coll, "launches", total, "target", target, "by_kind",
-			      by);
+	printf("%-18s %10.1f\n", "kernels", grouped.kernels);
+	printf("%-18s %10.1f\n", "copies", grouped.copies);
+	if (grouped.coll > 0)
+		printf("%-18s %10.1f\n", "collectives", grouped.coll);
+	printf("%-18s %10.1f  (target %d: %.2fx)\n", "launches", grouped.total, target,
+	       grouped.total / target);
+	printf("%-18s %10.1f  (grouped MoE: %.2fx fewer)\n", "experts one by one", one.total,
+	       grouped.total > 0 ? one.total / grouped.total : 0.0);
+	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o}",
+			      "bench", "launches", "model", model, "backend", grouped.backend,
+			      "context", context, "steps", steps, "kernels", grouped.kernels,
+			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
+			      grouped.total, "one_by_one", one.total, "target", target, "by_kind", by);
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	json_decref(j);
 	if (!s) {
 		fprintf(stderr, "wick bench: out of memory\n");
-		goto done;
+		return 1;
 	}
 	printf("%s\n", s);
 	free(s);
-	rc = 0;
-done:
-	eng_close(e);
-	free(ids);
-	free(logits);
-	return rc;
+	return 0;
 }

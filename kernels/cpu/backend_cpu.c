@@ -2,7 +2,9 @@
  * backend_cpu.c - the CPU backend: the engine's op table wired to the kernels of cpu.h.
  * Activations and weights are host memory, so the optional memory members stay NULL.
  */
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/wk.h"
 #include "engine/backend.h"
@@ -116,6 +118,116 @@ static void scatter_add_rows(void *ctx, float *y, const float *x, const int *row
 {
 	(void)ctx;
 	cpu_ref_scatter_add_rows(y, x, rows, scale, n, dim);
+}
+
+/* Grouped MoE: the slots of local experts grouped by expert (tokens ascending within each),
+ * each expert's batch multiplied once (gate, up, SiLU, down, threaded matmuls), the outputs
+ * z kept per slot and added to each token in slot order, as cpu_ref_moe_experts does. */
+
+_Static_assert(sizeof(struct be_expert) == sizeof(struct cpu_expert) &&
+		       offsetof(struct be_expert, down_s) == offsetof(struct cpu_expert, down_s),
+	       "struct be_expert must have struct cpu_expert's layout");
+
+static size_t al64(size_t b)
+{
+	return (b + 63) & ~(size_t)63;
+}
+
+/* The scratch's parts: start [n_local + 1], cur [n_local], gtok [nk], gpos [nk] ints; xg
+ * [nk][dim], g and u [nk][inter], z [nk][dim] floats. */
+struct moe_parts {
+	int *start, *cur, *gtok, *gpos;
+	float *xg, *g, *u, *z;
+};
+
+static size_t moe_layout(const struct be_experts *ex, int n, void *base, struct moe_parts *p)
+{
+	size_t nk = (size_t)n * ex->top_k, off = 0;
+	char *b = base;
+	size_t sz[8] = {((size_t)ex->n_local + 1) * sizeof(int), (size_t)ex->n_local * sizeof(int),
+			nk * sizeof(int), nk * sizeof(int), nk * ex->dim * sizeof(float),
+			nk * ex->inter * sizeof(float), nk * ex->inter * sizeof(float),
+			nk * ex->dim * sizeof(float)};
+	void *at[8];
+	for (int i = 0; i < 8; i++) {
+		at[i] = b ? b + off : NULL;
+		off += al64(sz[i]);
+	}
+	if (p)
+		*p = (struct moe_parts){at[0], at[1], at[2], at[3], at[4], at[5], at[6], at[7]};
+	return off;
+}
+
+static size_t moe_scratch(void *ctx, int n, const struct be_experts *ex)
+{
+	(void)ctx;
+	return moe_layout(ex, n, NULL, NULL);
+}
+
+static void expert_mm(struct cpu_pool *pool, float *y, const float *x, const void *w,
+		      const float *scale, enum dt_type wdt, int n, int rows, int cols)
+{
+	if (wdt == DT_F8_E4M3)
+		cpu_matmul_fp8(pool, y, x, w, scale, n, rows, cols);
+	else
+		cpu_matmul(pool, y, x, w, wdt, n, rows, cols);
+}
+
+static void moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
+			int n, const struct be_experts *ex, void *scratch)
+{
+	struct cpu_ctx *c = ctx;
+	struct moe_parts p;
+	moe_layout(ex, n, scratch, &p);
+	int k = ex->top_k, dim = ex->dim, inter = ex->inter, nl = ex->n_local;
+	size_t nk = (size_t)n * k;
+	memset(p.start, 0, ((size_t)nl + 1) * sizeof *p.start);
+	for (size_t i = 0; i < nk; i++) {
+		int e = idx[i] - ex->ex0;
+		if (e >= 0 && e < nl)
+			p.start[e + 1]++;
+	}
+	for (int e = 0; e < nl; e++) {
+		p.start[e + 1] += p.start[e];
+		p.cur[e] = p.start[e];
+	}
+	for (size_t i = 0; i < nk; i++) {
+		int e = idx[i] - ex->ex0;
+		if (e < 0 || e >= nl) {
+			p.gpos[i] = -1;
+			continue;
+		}
+		int at = p.cur[e]++;
+		p.gtok[at] = (int)(i / k);
+		p.gpos[i] = at;
+	}
+	cpu_ref_gather_rows(p.xg, x, p.gtok, p.start[nl], dim);
+	for (int e = 0; e < nl; e++) {
+		int s = p.start[e], cnt = p.start[e + 1] - s;
+		if (cnt == 0)
+			continue;
+		const struct be_expert *w = &ex->experts[e];
+		float *g = p.g + (size_t)s * inter, *u = p.u + (size_t)s * inter;
+		expert_mm(c->pool, g, p.xg + (size_t)s * dim, w->gate, w->gate_s, ex->dtype, cnt,
+			  inter, dim);
+		expert_mm(c->pool, u, p.xg + (size_t)s * dim, w->up, w->up_s, ex->dtype, cnt, inter,
+			  dim);
+		cpu_ref_silu_mul(g, u, (size_t)cnt * inter);
+		expert_mm(c->pool, p.z + (size_t)s * dim, g, w->down, w->down_s, ex->dtype, cnt, dim,
+			  inter);
+	}
+	for (int t = 0; t < n; t++) {
+		float *yt = y + (size_t)t * dim;
+		for (int j = 0; j < k; j++) {
+			int at = p.gpos[(size_t)t * k + j];
+			if (at < 0)
+				continue;
+			float s = wt[(size_t)t * k + j];
+			const float *z = p.z + (size_t)at * dim;
+			for (int d = 0; d < dim; d++)
+				yt[d] += s * z[d];
+		}
+	}
 }
 
 struct absorb_job {
@@ -244,6 +356,8 @@ const struct backend be_cpu = {
 	.moe_route = moe_route,
 	.gather_rows = gather_rows,
 	.scatter_add_rows = scatter_add_rows,
+	.moe_scratch = moe_scratch,
+	.moe_experts = moe_experts,
 	.mla_absorb_q = mla_absorb_q,
 	.mla_absorb_out = mla_absorb_out,
 	.mla_attention = mla_attention,

@@ -105,6 +105,22 @@ void cpu_ref_gather_rows(float *dst, const float *src, const int *rows, int n, i
 /* y[rows[i]][dim] += scale[i] * x[i][dim] for i < n, in order of i */
 void cpu_ref_scatter_add_rows(float *y, const float *x, const int *rows, const float *scale,
 			      int n, int dim);
+/* One routed expert's SwiGLU MLP: gate, up [inter][dim] and down [dim][inter] in one dtype
+ * (FP8: each with its [ceil(rows/128)][ceil(cols/128)] block scales, else the scales NULL). */
+struct cpu_expert {
+	const void *gate, *up, *down;
+	const float *gate_s, *up_s, *down_s;
+};
+/* The routed experts of an MoE layer in one op (grouped): for token t < n and slot j < top_k
+ * whose expert e = idx[t*top_k + j] lies in [ex0, ex0 + n_local), with z = down_e(silu(
+ * gate_e(x[t])) * up_e(x[t])): y[t] += wt[t*top_k + j] * z, the slots of a token added in
+ * order j = 0, 1, ... (so the result does not depend on how tokens are grouped); slots of
+ * other experts (another rank's) are skipped. experts[e - ex0] are expert e's weights, of
+ * dtype wdt. Each z is computed as cpu_ref_matmul / cpu_ref_matmul_fp8 and cpu_ref_silu_mul
+ * compute it for one row. scratch: 2 * inter + dim floats. */
+void cpu_ref_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
+			 int top_k, const struct cpu_expert *experts, int ex0, int n_local,
+			 enum dt_type wdt, int dim, int inter, float *scratch);
 /* MLA absorption (DeepSeek-V2/V3, GLM-5). w = kv_b_proj [n_heads * (d_nope + d_v)][lora] in
  * dtype wt (scale: FP8 block scales, else NULL); head h's rows are d_nope k rows (W_uk,h)
  * then d_v value rows (W_uv,h). Heads h0 <= h < h1 only (the rest are left alone).

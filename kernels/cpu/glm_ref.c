@@ -142,6 +142,40 @@ void cpu_ref_moe_route(int *idx, float *wt, const float *logits, const float *bi
 	}
 }
 
+/* w [rows][cols] . x, one row of output per weight row: the matmul references for one token */
+static void mv(float *y, const float *x, const void *w, const float *scale, enum dt_type wdt,
+	       int rows, int cols)
+{
+	if (wdt == DT_F8_E4M3)
+		cpu_ref_matmul_fp8(y, x, w, scale, 1, rows, cols);
+	else
+		cpu_ref_matmul(y, x, w, wdt, 1, rows, cols);
+}
+
+void cpu_ref_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
+			 int top_k, const struct cpu_expert *experts, int ex0, int n_local,
+			 enum dt_type wdt, int dim, int inter, float *scratch)
+{
+	float *g = scratch, *u = g + inter, *z = u + inter;
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * dim;
+		float *yt = y + (size_t)t * dim;
+		for (int j = 0; j < top_k; j++) {
+			int e = idx[(size_t)t * top_k + j] - ex0;
+			if (e < 0 || e >= n_local)
+				continue;
+			const struct cpu_expert *ex = &experts[e];
+			mv(g, xt, ex->gate, ex->gate_s, wdt, inter, dim);
+			mv(u, xt, ex->up, ex->up_s, wdt, inter, dim);
+			cpu_ref_silu_mul(g, u, (size_t)inter);
+			mv(z, g, ex->down, ex->down_s, wdt, dim, inter);
+			float s = wt[(size_t)t * top_k + j];
+			for (int d = 0; d < dim; d++)
+				yt[d] += s * z[d];
+		}
+	}
+}
+
 void cpu_ref_gather_rows(float *dst, const float *src, const int *rows, int n, int dim)
 {
 	for (int i = 0; i < n; i++)

@@ -250,6 +250,29 @@ static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const fl
 		      w_scale, scores, work));
 }
 
+static size_t ds_moe_scratch(void *ctx, int n, const struct be_experts *ex)
+{
+	struct devsim *d = ctx;
+	return be_cpu.moe_scratch(d->cpu, n, ex);
+}
+
+static void ds_moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
+			   int n, const struct be_experts *ex, void *scratch)
+{
+	dev(ctx, y, "moe_experts y");
+	dev(ctx, x, "moe_experts x");
+	dev(ctx, idx, "moe_experts idx");
+	dev(ctx, wt, "moe_experts wt");
+	dev(ctx, scratch, "moe_experts scratch");
+	for (int i = 0; i < ex->n_local; i++) {
+		const struct be_expert *w = &ex->experts[i];
+		const void *p[6] = {w->gate, w->up, w->down, w->gate_s, w->up_s, w->down_s};
+		for (int k = 0; k < 6; k++)
+			dev(ctx, p[k], "moe_experts weight");
+	}
+	WRAP(moe_experts(CPU, y, x, idx, wt, n, ex, scratch));
+}
+
 static void *ds_alloc(void *ctx, size_t bytes)
 {
 	return region_new(ctx, bytes);
@@ -337,31 +360,38 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	return WK_OK;
 }
 
+#define DEVSIM_OPS \
+	.name = "devsim", \
+	.init = ds_init, \
+	.shutdown = ds_shutdown, \
+	.supports = ds_supports, \
+	.matmul = ds_matmul, \
+	.rmsnorm = ds_rmsnorm, \
+	.rope = ds_rope, \
+	.attention = ds_attention, \
+	.silu_mul = ds_silu_mul, \
+	.add = ds_add, \
+	.layernorm = ds_layernorm, \
+	.moe_route = ds_moe_route, \
+	.gather_rows = ds_gather_rows, \
+	.scatter_add_rows = ds_scatter_add_rows, \
+	.mla_absorb_q = ds_mla_absorb_q, \
+	.mla_absorb_out = ds_mla_absorb_out, \
+	.mla_attention = ds_mla_attention, \
+	.dsa_topk = ds_dsa_topk, \
+	.mem_alloc = ds_alloc, \
+	.mem_free = ds_free, \
+	.to_device = ds_to_device, \
+	.to_host = ds_to_host, \
+	.copy = ds_copy, \
+	.zero = ds_zero, \
+	.upload_weight = ds_upload,  \
+	.sync = ds_sync
+
 const struct backend be_devsim = {
-	.name = "devsim",
-	.init = ds_init,
-	.shutdown = ds_shutdown,
-	.supports = ds_supports,
-	.matmul = ds_matmul,
-	.rmsnorm = ds_rmsnorm,
-	.rope = ds_rope,
-	.attention = ds_attention,
-	.silu_mul = ds_silu_mul,
-	.add = ds_add,
-	.layernorm = ds_layernorm,
-	.moe_route = ds_moe_route,
-	.gather_rows = ds_gather_rows,
-	.scatter_add_rows = ds_scatter_add_rows,
-	.mla_absorb_q = ds_mla_absorb_q,
-	.mla_absorb_out = ds_mla_absorb_out,
-	.mla_attention = ds_mla_attention,
-	.dsa_topk = ds_dsa_topk,
-	.mem_alloc = ds_alloc,
-	.mem_free = ds_free,
-	.to_device = ds_to_device,
-	.to_host = ds_to_host,
-	.copy = ds_copy,
-	.zero = ds_zero,
-	.upload_weight = ds_upload,
-	.sync = ds_sync,
+	DEVSIM_OPS,
+	.moe_scratch = ds_moe_scratch,
+	.moe_experts = ds_moe_experts,
 };
+
+const struct backend be_devsim_ungrouped = {DEVSIM_OPS};

@@ -16,6 +16,8 @@
 #include "engine/backend.h"
 
 extern const struct backend be_devsim;
+/* The same without the grouped MoE op: the engine runs the experts one by one. */
+extern const struct backend be_devsim_ungrouped;
 
 /* Ops and copies counted since init, so a test knows the paths ran. */
 struct devsim_counts {

@@ -52,6 +52,14 @@ static float gauss(struct ckpt *c)
 	return (s - 2.0f) * 1.7320508f;
 }
 
+static unsigned next_u8(struct ckpt *c)
+{
+	c->rng ^= c->rng >> 12;
+	c->rng ^= c->rng << 25;
+	c->rng ^= c->rng >> 27;
+	return (unsigned)((c->rng * 0x2545F4914F6CDD1Dull) >> 56);
+}
+
 static void push(struct ckpt *c, const char *name, enum dt_type dt, int rows, int cols,
 		 void *data)
 {
@@ -527,37 +535,47 @@ Test(glm, batched_sequences_match_single)
 
 /* The GLM families on a device backend's memory: through devsim (devsim.h) every weight,
  * vector, cache and activation is memory the host cannot touch outside the backend's ops and
- * copies (a stray host access is a SIGSEGV), and the logits are bit for bit the CPU
- * backend's: a prefill of every position, decode steps, and batched steps of two sequences
- * (a prefill beside a decode). This is the engine side of GLM on CUDA. */
+ * copies (a stray host access is a SIGSEGV, a host pointer handed to an op a failure), and
+ * the logits are bit for bit the CPU backend's: a prefill of every position, decode steps,
+ * and batched steps of two sequences (a prefill beside a decode). Also without the grouped
+ * MoE op (the experts one by one, gathered and scattered): the same within float rounding
+ * (the experts' outputs are summed in another order). This is the engine side of GLM on
+ * CUDA. */
 static void check_devsim(const char *dir, int V, const char *what)
 {
+	enum { NE = 3 }; /* cpu, devsim, devsim without grouped MoE */
+	const struct backend *bes[NE] = {NULL, &be_devsim, &be_devsim_ungrouped};
 	char err[WK_ERRSZ];
-	struct engine *e[2];
-	for (int k = 0; k < 2; k++) {
+	struct engine *e[NE];
+	float *lg[NE];
+	for (int k = 0; k < NE; k++) {
 		struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 2,
-				     .backend_ops = k ? &be_devsim : NULL};
+				     .backend_ops = bes[k]};
 		cr_assert_eq(eng_open(dir, &o, &e[k], err, sizeof err), WK_OK, "%s: %s", what, err);
-	}
-	cr_assert_str_eq(eng_info(e[1])->backend, "devsim");
-	float *lg[2];
-	for (int k = 0; k < 2; k++) {
 		lg[k] = malloc(sizeof(float) * NIDS * V);
 		cr_assert_not_null(lg[k]);
+	}
+	cr_assert_str_eq(eng_info(e[1])->backend, "devsim");
+	/* compares the first rows * V logits of every engine with the CPU's */
+#define SAME(rows, ...)                                                                      \
+	do {                                                                                  \
+		cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * (rows) * V), 0, __VA_ARGS__); \
+		for (int r_ = 0; r_ < (rows); r_++)                                           \
+			cr_expect_leq(rel(lg[2] + (size_t)r_ * V, lg[0] + (size_t)r_ * V, V),  \
+				      1e-5, __VA_ARGS__);                                     \
+	} while (0)
+	for (int k = 0; k < NE; k++)
 		cr_assert_eq(eng_forward(e[k], ids, NIDS, 0, lg[k], true, err, sizeof err), WK_OK,
 			     "%s: %s", what, err);
-	}
-	cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * NIDS * V), 0,
-		     "%s: prefill logits differ on devsim", what);
+	SAME(NIDS, "%s: prefill logits differ on devsim", what);
 	for (int i = 0; i < 3; i++) {
-		for (int k = 0; k < 2; k++)
+		for (int k = 0; k < NE; k++)
 			cr_assert_eq(eng_forward(e[k], ids + i, 1, NIDS + i, lg[k], false, err,
 						 sizeof err), WK_OK, "%s: %s", what, err);
-		cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * V), 0,
-			     "%s: decode step %d differs on devsim", what, i);
+		SAME(1, "%s: decode step %d differs on devsim", what, i);
 	}
 	/* sequence 0 decodes on while sequence 1 prefills, then both decode */
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < NE; k++) {
 		int s1;
 		cr_assert_eq(eng_seq_alloc(e[k], &s1), WK_OK);
 		struct eng_item a[2] = {{0, ids + 3, 1, lg[k]}, {s1, ids, 6, lg[k] + V}};
@@ -565,13 +583,17 @@ static void check_devsim(const char *dir, int V, const char *what)
 		struct eng_item b[2] = {{s1, ids + 6, 1, lg[k] + 2 * V}, {0, ids + 4, 1, lg[k] + 3 * V}};
 		cr_assert_eq(eng_step(e[k], b, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
 	}
-	cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * 4 * V), 0,
-		     "%s: batched steps differ on devsim", what);
-	struct devsim_counts n;
-	devsim_counts(e[1]->bctx, &n);
-	cr_expect_gt(n.ops, 100, "%s: only %d ops ran on devsim", what, n.ops);
-	cr_log_info("%s on devsim: %d ops, %d copies, %d regions", what, n.ops, n.copies, n.regions);
-	for (int k = 0; k < 2; k++) {
+	SAME(4, "%s: batched steps differ on devsim", what);
+#undef SAME
+	struct devsim_counts n[2];
+	devsim_counts(e[1]->bctx, &n[0]);
+	devsim_counts(e[2]->bctx, &n[1]);
+	cr_expect_gt(n[0].ops, 100, "%s: only %d ops ran on devsim", what, n[0].ops);
+	cr_expect_gt(n[1].ops, n[0].ops, "%s: the experts one by one took no more ops (%d, %d)",
+		     what, n[1].ops, n[0].ops);
+	cr_log_info("%s on devsim: %d ops, %d copies, %d regions; experts one by one: %d ops, "
+		    "%d copies", what, n[0].ops, n[0].copies, n[0].regions, n[1].ops, n[1].copies);
+	for (int k = 0; k < NE; k++) {
 		eng_close(e[k]);
 		free(lg[k]);
 	}
@@ -853,6 +875,113 @@ static float logit(float p)
 
 /* The correction bias changes which experts are chosen, but the gate values are the chosen
  * experts' unbiased sigmoid scores, normalised and scaled. */
+/* The CPU backend's grouped MoE op (experts batched, threaded matmuls) against
+ * cpu_ref_moe_experts (token by token): FP8 with partial 128-blocks and BF16, 16 local
+ * experts of 24 (ex0 4: slots naming experts 0..3 and 20..23 are another rank's and skipped),
+ * several tokens on one expert, y accumulated onto non-zero values. */
+Test(glm, grouped_experts_match_reference)
+{
+	enum { DIM = 200, INTER = 144, NL = 16, EX0 = 4, K = 8, N = 37 };
+	struct ckpt c = {.rng = 4242};
+	enum dt_type dts[] = {DT_F8_E4M3, DT_BF16};
+	void *ctx;
+	char err[WK_ERRSZ];
+	struct be_config bc = {.threads = 2};
+	cr_assert_eq(be_cpu.init(&ctx, &bc, err, sizeof err), WK_OK);
+	float *x = malloc(sizeof(float) * N * DIM), *wt = malloc(sizeof(float) * N * K);
+	float *y0 = malloc(sizeof(float) * N * DIM), *y1 = malloc(sizeof(float) * N * DIM);
+	int *idx = malloc(sizeof(int) * N * K);
+	float *ref_scr = malloc(sizeof(float) * (2 * INTER + DIM));
+	cr_assert(x && wt && y0 && y1 && idx && ref_scr);
+	for (int i = 0; i < N * DIM; i++) {
+		x[i] = gauss(&c);
+		y0[i] = y1[i] = 0.5f * gauss(&c);
+	}
+	for (int t = 0; t < N; t++)
+		for (int j = 0; j < K; j++) {
+			/* distinct experts per token from 24; tokens 0..9 all choose the same ones */
+			idx[t * K + j] = ((t < 10 ? 7 : t * 5) + j * 3) % 24;
+			wt[t * K + j] = 0.1f + 0.05f * (float)j;
+		}
+	for (int t = 0; t < N; t++)
+		for (int j = 0; j < K; j++)
+			for (int i = 0; i < j; i++)
+				cr_assert_neq(idx[t * K + i], idx[t * K + j], "test setup: token %d", t);
+	for (int d = 0; d < 2; d++) {
+		enum dt_type w = dts[d];
+		struct be_expert ex[NL];
+		void *bufs[NL * 6];
+		int nb = 0;
+		for (int e = 0; e < NL; e++) {
+			int shape[3][2] = {{INTER, DIM}, {INTER, DIM}, {DIM, INTER}};
+			const void *data[3];
+			const float *scale[3] = {NULL, NULL, NULL};
+			for (int k = 0; k < 3; k++) {
+				int r = shape[k][0], cc = shape[k][1];
+				size_t nel = (size_t)r * cc;
+				void *p = malloc(nel * dt_size(w));
+				cr_assert_not_null(p);
+				bufs[nb++] = p;
+				if (w == DT_F8_E4M3) {
+					uint8_t *b = p;
+					for (size_t i = 0; i < nel; i++) {
+						uint8_t v = (uint8_t)(next_u8(&c));
+						b[i] = (v & 0x7f) == 0x7f ? 0x30 : v; /* no NaN codes */
+					}
+					size_t ns = (size_t)((r + 127) / 128) * ((cc + 127) / 128);
+					float *sc = malloc(ns * sizeof *sc);
+					cr_assert_not_null(sc);
+					bufs[nb++] = sc;
+					for (size_t i = 0; i < ns; i++)
+						sc[i] = 0.002f * (1.0f + (float)i);
+					scale[k] = sc;
+				} else {
+					float *f = malloc(nel * sizeof *f);
+					cr_assert_not_null(f);
+					for (size_t i = 0; i < nel; i++)
+						f[i] = gauss(&c) / sqrtf((float)cc);
+					uint16_t *h = p;
+					for (size_t i = 0; i < nel; i++)
+						h[i] = dt_f32_to_bf16(f[i]);
+					free(f);
+				}
+				data[k] = p;
+			}
+			ex[e] = (struct be_expert){data[0], data[1], data[2], scale[0], scale[1], scale[2]};
+		}
+		struct be_experts be = {.ex0 = EX0, .n_local = NL, .top_k = K, .dim = DIM,
+					.inter = INTER, .dtype = w, .experts = ex};
+		float *a = malloc(sizeof(float) * N * DIM), *b = malloc(sizeof(float) * N * DIM);
+		void *scr = malloc(be_cpu.moe_scratch(ctx, N, &be));
+		cr_assert(a && b && scr);
+		for (int n = 1; n <= N; n += N - 1) { /* one token, then all */
+			memcpy(a, y0, sizeof(float) * N * DIM);
+			memcpy(b, y0, sizeof(float) * N * DIM);
+			cpu_ref_moe_experts(a, x, idx, wt, n, K, (const struct cpu_expert *)ex, EX0, NL,
+					    w, DIM, INTER, ref_scr);
+			be_cpu.moe_experts(ctx, b, x, idx, wt, n, &be, scr);
+			double worst = 0;
+			for (int t = 0; t < n; t++)
+				worst = fmax(worst, rel(b + (size_t)t * DIM, a + (size_t)t * DIM, DIM));
+			cr_expect_leq(worst, 1e-5, "%s, %d tokens: grouped vs reference %g",
+				      dt_name(w), n, worst);
+			cr_expect_neq(memcmp(a, y0, sizeof(float) * n * DIM), 0, "nothing was added");
+		}
+		free(a);
+		free(b);
+		free(scr);
+		for (int i = 0; i < nb; i++)
+			free(bufs[i]);
+	}
+	be_cpu.shutdown(ctx);
+	free(x);
+	free(wt);
+	free(y0);
+	free(y1);
+	free(idx);
+	free(ref_scr);
+}
+
 Test(glm, router_bias_selects_not_weighs)
 {
 	float p[8] = {0.9f, 0.85f, 0.3f, 0.2f, 0.5f, 0.1f, 0.05f, 0.4f};
