@@ -61,6 +61,9 @@ static bool ok_cuda(struct cuda_ctx *c, cudaError_t e, const char *what)
 	return ok(c, WK_EIO, m);
 }
 
+static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void **out, char *err,
+		      size_t errsz);
+
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
 {
 	int n = cuda_device_count();
@@ -261,6 +264,35 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float
 			     w_scale, scores, work, err, sizeof err));
 }
 
+/* Grouped MoE (moe_kernels.cu): the layer's table of expert weight pointers is copied to the
+ * device once, at bind; each call is 4 launches. */
+static int moe_bind(void *ctx, struct be_experts *ex, char *err, size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	static_assert(sizeof(struct be_expert) == sizeof(struct cpu_expert),
+		      "struct be_expert must have struct cpu_expert's layout");
+	void *d;
+	int rc = own_upload(c, ex->experts, (size_t)ex->n_local * sizeof(struct cpu_expert), &d, err,
+			    errsz);
+	if (rc == WK_OK)
+		ex->dev = d;
+	return rc;
+}
+
+static size_t moe_scratch(void *ctx, int n, const struct be_experts *ex)
+{
+	(void)ctx;
+	return wk_cuda_moe_experts_scratch(n, ex->top_k, ex->n_local, ex->dim, ex->inter);
+}
+
+static void moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
+			int n, const struct be_experts *ex, void *scratch)
+{
+	RUN(wk_cuda_moe_experts(y, x, idx, wt, n, ex->top_k, (const struct cpu_expert *)ex->dev,
+				ex->ex0, ex->n_local, ex->dtype, ex->dim, ex->inter, scratch, err,
+				sizeof err));
+}
+
 static void zero(void *ctx, void *dst, size_t bytes)
 {
 	RUN(wk_cuda_zero(dst, bytes, err, sizeof err));
@@ -386,6 +418,9 @@ static struct backend make_backend(void)
 	b.mla_attention = mla_attention;
 	b.dsa_topk = dsa_topk;
 	b.zero = zero;
+	b.moe_bind = moe_bind;
+	b.moe_scratch = moe_scratch;
+	b.moe_experts = moe_experts;
 	b.mem_alloc = mem_alloc;
 	b.mem_free = mem_free;
 	b.to_device = to_device;

@@ -1,7 +1,7 @@
 /*
- * cuda_int.cuh - internals shared by the CUDA kernel files (kernels.cu, glm_kernels.cu): the
- * launch-error checks, the warp/block reductions and the weight loads. Not for use outside
- * kernels/cuda/.
+ * cuda_int.cuh - internals shared by the CUDA kernel files (kernels.cu, glm_kernels.cu,
+ * moe_kernels.cu): the launch-error checks, the warp/block reductions and scan, and the
+ * weight loads. Not for use outside kernels/cuda/.
  *
  * Everything here is static or inline, so each .cu file gets its own copy (block_sum's
  * shared scratch included); nothing is exported from a translation unit.
@@ -80,6 +80,36 @@ static __device__ float block_max(float v)
 	__syncthreads();
 	v = lane < nw ? part[lane] : -INFINITY;
 	return warp_max(v);
+}
+
+/* Inclusive prefix sum of v over the block (blockDim.x a multiple of 32); *total gets the
+ * block's sum. Every thread must call it. scratch: 32 ints of shared memory. */
+static __device__ int block_scan(int v, int *scratch, int *total)
+{
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int o = 1; o < 32; o <<= 1) {
+		int u = __shfl_up_sync(0xffffffffu, v, o);
+		if (lane >= o)
+			v += u;
+	}
+	if (lane == 31)
+		scratch[wid] = v;
+	__syncthreads();
+	if (wid == 0) { /* the warps' totals, scanned in place */
+		int x = lane < nw ? scratch[lane] : 0;
+		for (int o = 1; o < 32; o <<= 1) {
+			int u = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= o)
+				x += u;
+		}
+		scratch[lane] = x;
+	}
+	__syncthreads();
+	if (wid > 0)
+		v += scratch[wid - 1];
+	*total = scratch[nw - 1];
+	__syncthreads(); /* scratch is free for the next call */
+	return v;
 }
 
 /* Element i of a weight, widened to f32 (exactly: bf16, f16 and e4m3 all fit in f32). An

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
-#include "kernels/cpu/cpu.h" /* struct cpu_mla, whose pointers here are device memory */
+#include "kernels/cpu/cpu.h" /* struct cpu_mla, cpu_expert: their pointers here are device memory */
 
 int cuda_device_count(void);
 
@@ -94,6 +94,25 @@ int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, i
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
 		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
 		     float *scores, void *work, char *err, size_t errsz);
+
+/* ---- grouped MoE experts (moe_kernels.cu) ---- */
+
+/* cpu_ref_moe_experts on the device in 4 launches (plan, gate/up + SiLU, down, combine),
+ * whatever n is; none when n, top_k or n_local is 0. y [n][dim] += the local experts'
+ * outputs for the routing idx, wt [n][top_k] (device memory); slots whose expert is outside
+ * [ex0, ex0 + n_local) are skipped. experts: a DEVICE array of n_local struct cpu_expert
+ * whose pointers are device memory, all weights in wdt (DT_F32, DT_BF16, DT_F16 or
+ * DT_F8_E4M3 with its block scales). The host never reads the table, so it cannot refuse
+ * an FP8 expert without scales: that expert's outputs become NaN (the engine checks the
+ * scales when it builds the table). scratch: wk_cuda_moe_experts_scratch() bytes of device
+ * memory, in use until the kernels finish. Results do not depend on the grouping (each
+ * token's slots are added in order j). WK_EINVAL for another wdt, negative sizes, dim or
+ * inter <= 0, n * top_k > INT_MAX, or a NULL table or scratch when there is work. */
+size_t wk_cuda_moe_experts_scratch(int n, int top_k, int n_local, int dim, int inter);
+int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
+			int top_k, const struct cpu_expert *experts, int ex0, int n_local,
+			enum dt_type wdt, int dim, int inter, void *scratch, char *err,
+			size_t errsz);
 
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
  * bandwidth measured first. WK_OK, or WK_EIO when a step failed (printed). */

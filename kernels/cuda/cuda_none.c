@@ -192,6 +192,22 @@ int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const 
 	return none(err, errsz);
 }
 
+size_t wk_cuda_moe_experts_scratch(int n, int top_k, int n_local, int dim, int inter)
+{
+	(void)n, (void)top_k, (void)n_local, (void)dim, (void)inter;
+	return 0;
+}
+
+int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
+			int top_k, const struct cpu_expert *experts, int ex0, int n_local,
+			enum dt_type wdt, int dim, int inter, void *scratch, char *err,
+			size_t errsz)
+{
+	(void)y, (void)x, (void)idx, (void)wt, (void)n, (void)top_k, (void)experts, (void)ex0,
+		(void)n_local, (void)wdt, (void)dim, (void)inter, (void)scratch;
+	return none(err, errsz);
+}
+
 int wk_cuda_lab(void)
 {
 	return WK_EUNSUPPORTED;

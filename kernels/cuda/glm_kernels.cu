@@ -605,36 +605,6 @@ __device__ __forceinline__ unsigned order_key(float f)
 	return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-/* Inclusive prefix sum of v over the block (blockDim.x a multiple of 32); *total gets the
- * block's sum. Every thread must call it. scratch: 32 ints of shared memory. */
-__device__ int block_scan(int v, int *scratch, int *total)
-{
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	for (int o = 1; o < 32; o <<= 1) {
-		int u = __shfl_up_sync(0xffffffffu, v, o);
-		if (lane >= o)
-			v += u;
-	}
-	if (lane == 31)
-		scratch[wid] = v;
-	__syncthreads();
-	if (wid == 0) { /* the warps' totals, scanned in place */
-		int x = lane < nw ? scratch[lane] : 0;
-		for (int o = 1; o < 32; o <<= 1) {
-			int u = __shfl_up_sync(0xffffffffu, x, o);
-			if (lane >= o)
-				x += u;
-		}
-		scratch[lane] = x;
-	}
-	__syncthreads();
-	if (wid > 0)
-		v += scratch[wid - 1];
-	*total = scratch[nw - 1];
-	__syncthreads(); /* scratch is free for the next call */
-	return v;
-}
-
 #define SEL_THREADS 1024
 
 /* One block: the reference's top-k of scores[0..len) (len > topk), positions ascending.

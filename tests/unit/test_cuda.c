@@ -777,3 +777,183 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		free(work);
 	}
 }
+
+/* ---- grouped MoE experts (moe_kernels.cu against cpu_ref_moe_experts) ------------------------ */
+
+/* One rank's n_local experts in dtype t: host weights for the reference (host), their device
+ * copies (dev, a host array of device pointers) and the device table the kernel reads (tab). */
+struct moe_set {
+	int n_local;
+	struct cpu_expert *host, *dev, *tab;
+};
+
+static void moe_set_make(struct moe_set *m, enum dt_type t, int n_local, int dim, int inter)
+{
+	m->n_local = n_local;
+	m->host = calloc((size_t)n_local, sizeof *m->host);
+	m->dev = calloc((size_t)n_local, sizeof *m->dev);
+	cr_assert(m->host && m->dev);
+	int rows[3] = {inter, inter, dim}, cols[3] = {dim, dim, inter}; /* gate, up, down */
+	for (int e = 0; e < n_local; e++) {
+		const void **hw[3] = {&m->host[e].gate, &m->host[e].up, &m->host[e].down};
+		const float **hs[3] = {&m->host[e].gate_s, &m->host[e].up_s, &m->host[e].down_s};
+		const void **dw[3] = {&m->dev[e].gate, &m->dev[e].up, &m->dev[e].down};
+		const float **ds[3] = {&m->dev[e].gate_s, &m->dev[e].up_s, &m->dev[e].down_s};
+		for (int k = 0; k < 3; k++) {
+			float *s;
+			void *w = rnd_weight(t, rows[k], cols[k], &s);
+			size_t ns = (size_t)((rows[k] + 127) / 128) * ((cols[k] + 127) / 128);
+			*hw[k] = w;
+			*hs[k] = s;
+			*dw[k] = to_dev(w, (size_t)rows[k] * cols[k] * dt_size(t));
+			*ds[k] = s ? to_dev(s, ns * 4) : NULL;
+		}
+	}
+	m->tab = to_dev(m->dev, (size_t)n_local * sizeof *m->dev);
+}
+
+static void moe_set_free(struct moe_set *m)
+{
+	for (int e = 0; e < m->n_local; e++) {
+		const struct cpu_expert *h = &m->host[e], *d = &m->dev[e];
+		free((void *)h->gate), free((void *)h->up), free((void *)h->down);
+		free((void *)h->gate_s), free((void *)h->up_s), free((void *)h->down_s);
+		wk_cuda_free((void *)d->gate), wk_cuda_free((void *)d->up);
+		wk_cuda_free((void *)d->down), wk_cuda_free((void *)d->gate_s);
+		wk_cuda_free((void *)d->up_s), wk_cuda_free((void *)d->down_s);
+	}
+	wk_cuda_free(m->tab);
+	free(m->host);
+	free(m->dev);
+}
+
+/* Token t's top_k distinct experts of n_experts, in random order; local: how many of them
+ * come from [ex0, ex0 + n_local) at most (0: another rank's only). force: an expert put in
+ * slot t % top_k, or -1. */
+static void moe_pick(int *it, int top_k, int n_experts, int ex0, int n_local, bool local,
+		     int force, int t)
+{
+	int perm[64], np = 0;
+	for (int e = 0; e < n_experts; e++)
+		if (local || e < ex0 || e >= ex0 + n_local)
+			perm[np++] = e;
+	cr_assert(np >= top_k && np <= 64);
+	for (int i = np - 1; i > 0; i--) {
+		int j = rnd_int(i + 1), x = perm[i];
+		perm[i] = perm[j];
+		perm[j] = x;
+	}
+	for (int i = 0; force >= 0 && i < np; i++)
+		if (perm[i] == force) {
+			perm[i] = perm[t % top_k];
+			perm[t % top_k] = force;
+		}
+	memcpy(it, perm, (size_t)top_k * sizeof *it);
+}
+
+Test(cuda_kernels, moe_experts_matches_ref)
+{
+	NEED_GPU();
+	/* 32 experts, this rank's 4..19: the slots of 0..3 and 20..31 are skipped */
+	int top_k = 8, n_local = 16, ex0 = 4, n_experts = 32;
+	/* FP8 dims cut 128-blocks short (200 = 128 + 72, 144 = 128 + 16); one token, whose 8
+	 * slots are fewer than the 16 experts (the grid's bound), and many */
+	static const struct {
+		enum dt_type t;
+		int n, dim, inter;
+	} cases[] = {
+		{DT_F8_E4M3, 37, 200, 144}, {DT_F8_E4M3, 1, 200, 144}, {DT_BF16, 37, 96, 70},
+		{DT_BF16, 1, 96, 70},       {DT_F32, 37, 64, 50},      {DT_F32, 1, 64, 50},
+		{DT_F16, 9, 130, 33},
+	};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		enum dt_type t = cases[c].t;
+		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter;
+		size_t ny = (size_t)n * dim, ns = (size_t)n * top_k;
+		struct moe_set m;
+		moe_set_make(&m, t, n_local, dim, inter);
+		int *idx = malloc(ns * sizeof *idx);
+		float *wt = rnd_vec(ns), *x = rnd_vec(ny), *y0 = rnd_vec(ny);
+		/* tokens 0..5 all choose expert 5; the last of many tokens has no local slot */
+		for (int i = 0; i < n; i++)
+			moe_pick(idx + (size_t)i * top_k, top_k, n_experts, ex0, n_local,
+				 n < 10 || i < n - 1, i < 6 ? 5 : -1, i);
+		for (size_t i = 0; i < ny; i++)
+			y0[i] *= 50.0f; /* y is added to, not overwritten */
+		float *want = malloc(ny * 4), *got = malloc(ny * 4), *again = malloc(ny * 4);
+		float *scr = malloc(((size_t)2 * inter + dim) * 4);
+		memcpy(want, y0, ny * 4);
+		cpu_ref_moe_experts(want, x, idx, wt, n, top_k, m.host, ex0, n_local, t, dim, inter,
+				    scr);
+		float *dx = to_dev(x, ny * 4), *dwt = to_dev(wt, ns * 4);
+		float *dy = to_dev(y0, ny * 4), *dy2 = to_dev(y0, ny * 4);
+		int *didx = to_dev(idx, ns * sizeof *idx);
+		void *dscr = dev_alloc(wk_cuda_moe_experts_scratch(n, top_k, n_local, dim, inter));
+		for (int run = 0; run < 2; run++)
+			cr_assert_eq(wk_cuda_moe_experts(run ? dy2 : dy, dx, didx, dwt, n, top_k,
+							 m.tab, ex0, n_local, t, dim, inter, dscr,
+							 err, sizeof err),
+				     WK_OK, "%s", err);
+		from_dev(got, dy, ny * 4);
+		from_dev(again, dy2, ny * 4);
+		double r = rel(got, want, ny);
+		cr_expect_leq(r, 1e-3, "%s n=%d dim=%d inter=%d: %g", dt_name(t), n, dim, inter, r);
+		/* the plan's grouping order may change between runs; the values may not */
+		cr_expect(memcmp(got, again, ny * 4) == 0, "%s n=%d: two runs differ", dt_name(t), n);
+		if (n >= 10) /* the token without a local slot is left as it was */
+			cr_expect(memcmp(got + ny - dim, y0 + ny - dim, (size_t)dim * 4) == 0,
+				  "%s: the last token's y changed", dt_name(t));
+		wk_cuda_free(dx);
+		wk_cuda_free(dwt);
+		wk_cuda_free(dy);
+		wk_cuda_free(dy2);
+		wk_cuda_free(didx);
+		wk_cuda_free(dscr);
+		moe_set_free(&m);
+		free(idx);
+		free(wt);
+		free(x);
+		free(y0);
+		free(want);
+		free(got);
+		free(again);
+		free(scr);
+	}
+	/* refused, or nothing to do, before any launch */
+	float dummy;
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 1, 8, NULL, 0, 16, DT_F8_E5M2,
+					 64, 64, NULL, err, sizeof err),
+		     WK_EINVAL, "E5M2 experts");
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, -1, 8, NULL, 0, 16, DT_F32, 64,
+					 64, NULL, err, sizeof err),
+		     WK_EINVAL, "negative n");
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 0, 8, NULL, 0, 16, DT_F32, 64,
+					 64, NULL, err, sizeof err),
+		     WK_OK, "no tokens: nothing to do");
+	/* an FP8 expert without its scales, which the host cannot see in the device's table:
+	 * NaN for its tokens, not a fault */
+	struct moe_set m;
+	moe_set_make(&m, DT_F8_E4M3, 1, 16, 16);
+	struct cpu_expert bad = m.dev[0];
+	bad.down_s = NULL;
+	int e0 = 0;
+	float w1 = 1.0f, *xv = rnd_vec(16), yv[16];
+	struct cpu_expert *dbad = to_dev(&bad, sizeof bad);
+	int *di = to_dev(&e0, sizeof e0);
+	float *dw1 = to_dev(&w1, 4), *dxv = to_dev(xv, 64), *dyv = to_dev(xv, 64);
+	void *ds = dev_alloc(wk_cuda_moe_experts_scratch(1, 1, 1, 16, 16));
+	cr_assert_eq(wk_cuda_moe_experts(dyv, dxv, di, dw1, 1, 1, dbad, 0, 1, DT_F8_E4M3, 16, 16,
+					 ds, err, sizeof err),
+		     WK_OK, "%s", err);
+	from_dev(yv, dyv, 64);
+	for (int i = 0; i < 16; i++)
+		cr_expect(isnan(yv[i]), "element %d is %g without scales", i, yv[i]);
+	wk_cuda_free(dbad);
+	wk_cuda_free(di);
+	wk_cuda_free(dw1);
+	wk_cuda_free(dxv);
+	wk_cuda_free(dyv);
+	wk_cuda_free(ds);
+	moe_set_free(&m);
+	free(xv);
+}
