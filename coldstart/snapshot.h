@@ -75,6 +75,7 @@
 #define SNAP_FORMAT "wick-snapshot"
 #define SNAP_VERSION 1
 #define SNAP_ALIGN 4096
+#define SNAP_SINK_ALIGN 256                    /* a sink's images (cudaMalloc's guarantee) */
 #define SNAP_MAX_MANIFEST (256u << 20)
 #define SNAP_MAX_RANKS 64
 #define SNAP_DEFAULT_CHUNK (16u << 20)
@@ -151,7 +152,34 @@ struct snap_allocator {
 	void *ctx;
 };
 
+/* Restoring straight into another memory, a GPU's, that the host cannot read: no host image
+ * is made. After the manifest is read, accept(ctx, world) says whether to stream (false:
+ * restore into host memory as without a sink). Then each rank's image is image(ctx, rank,
+ * size) in the sink's memory, SNAP_SINK_ALIGN-aligned (NULL when out of memory; freed with
+ * release). Each reader thread takes two staging buffers from stage_alloc (pinned host
+ * memory, so that the copies run at full speed; SNAP_ALIGN-aligned for O_DIRECT; bytes: the
+ * largest work item) and alternates between them: it reads a work item into one
+ * (decompressing lz4 chunks into it), verifies its chunks there, and hands the item's image
+ * bytes to put, which starts an asynchronous copy into the image and returns; before a
+ * buffer is filled again, wait(ctx, buffer) returns once every copy from it is done. So the
+ * disk reads, checksums and copies overlap, and host memory is bounded by 2 buffers per
+ * reader. snap_open waits for every copy before it returns, failed or not. put and wait are
+ * called from many threads at once. Tensor data pointers then point into the sink's images
+ * (snap_on_sink). */
+struct snap_sink {
+	bool (*accept)(void *ctx, int world);
+	void *(*image)(void *ctx, int rank, size_t size);
+	void (*release)(void *ctx, int rank, void *image);
+	void *(*stage_alloc)(void *ctx, size_t size);
+	void (*stage_free)(void *ctx, void *buf);
+	int (*put)(void *ctx, int rank, void *dst, const void *buf, size_t bytes, char *err,
+		   size_t errsz); /* bytes from the start of buf */
+	int (*wait)(void *ctx, const void *buf, char *err, size_t errsz);
+	void *ctx;
+};
+
 struct snap_open_opts {
+	const struct snap_sink *sink; /* NULL: restore into host memory */
 	bool verify;       /* check every chunk's xxh3 as it arrives (default: caller sets true) */
 	int threads;       /* reader threads; <= 0 picks a default: 4 per rank file, at most 16
 			    * and at most max(4, 2 per CPU) */
@@ -208,6 +236,8 @@ const char *snap_tensor_layout(const struct snap *s, int rank, size_t i);
 /* A rank's whole image (SNAP_ALIGN-aligned, *size bytes), e.g. for one upload to a GPU. */
 const void *snap_image(const struct snap *s, int rank, uint64_t *size);
 const struct snap_timings *snap_timings(const struct snap *s);
+/* True when the images are in a sink's memory (tensor data not readable by the host). */
+bool snap_on_sink(const struct snap *s);
 
 /* Compares src_dir with the source identity recorded in the manifest (see the format notes).
  * Returns WK_OK, or WK_EINVAL naming the first file that was added, removed, resized, touched

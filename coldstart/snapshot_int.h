@@ -56,6 +56,8 @@ struct snap {
 	struct snap_rank *r;          /* world entries */
 	struct snap_timings tm;
 	struct snap_allocator alloc;  /* .alloc NULL: anonymous mmap */
+	struct snap_sink sink;        /* .image NULL: host images */
+	bool on_sink;                 /* the images are the sink's (sink.accept said so) */
 };
 
 /* Reads dir/manifest.json and validates every field (see snapshot.h): fills s->dir, s->m,

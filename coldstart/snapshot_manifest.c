@@ -155,7 +155,9 @@ void snap__free(struct snap *s)
 	for (int i = 0; s->r && i < s->world; i++) {
 		struct snap_rank *r = &s->r[i];
 		if (r->image) {
-			if (r->image_mmapped)
+			if (s->on_sink)
+				s->sink.release(s->sink.ctx, i, r->image);
+			else if (r->image_mmapped)
 				munmap(r->image, r->image_size);
 			else if (s->alloc.release)
 				s->alloc.release(s->alloc.ctx, i, r->image, r->image_size);

@@ -60,6 +60,7 @@ struct restore {
 	size_t nw;
 	uint64_t total;              /* file bytes to read */
 	uint64_t stage_need;         /* largest lz4 item */
+	uint64_t item_need;          /* largest item's image bytes (a sink's staging buffers) */
 	long page;
 	atomic_size_t next;
 	atomic_bool failed;
@@ -75,6 +76,9 @@ struct reader {
 	struct restore *rs;
 	pthread_t th;
 	unsigned char *stage;
+	unsigned char *ring[2];      /* a sink's staging buffers, used in turn */
+	bool ring_busy[2];           /* copies from ring[i] may be in flight */
+	int ring_next;
 	unsigned char *vec;          /* mincore output */
 	size_t vec_cap;
 	double verify_s, decompress_s;
@@ -159,13 +163,14 @@ static int populate(struct reader *rd, struct snap_rank *rk, uint64_t foff, uint
 	return WK_OK;
 }
 
-static int check_chunk(struct reader *rd, const struct snap_rank *rk, size_t ci, char *err,
-		       size_t errsz)
+/* Verifies chunk ci, whose image bytes are at bytes. */
+static int check_chunk(struct reader *rd, const struct snap_rank *rk, size_t ci,
+		       const unsigned char *bytes, char *err, size_t errsz)
 {
 	const struct snap_chunk *c = &rk->c[ci];
 	char held[ST_SHOWN * 4];
 	double t0 = wk_now();
-	uint64_t h = XXH3_64bits(rk->image + c->offset, c->size);
+	uint64_t h = XXH3_64bits(bytes, c->size);
 	rd->verify_s += wk_now() - t0;
 	if (h == c->xxh3)
 		return WK_OK;
@@ -174,13 +179,102 @@ static int check_chunk(struct reader *rd, const struct snap_rank *rk, size_t ci,
 		       snap__chunk_tensors(rk, c->offset, c->size, held, sizeof held));
 }
 
+/* Decompresses chunk ci of an lz4 item read into rd->stage (from file offset foff) to dst. */
+static int inflate(struct reader *rd, const struct snap_rank *rk, size_t ci, uint64_t foff,
+		   unsigned char *dst, char *err, size_t errsz)
+{
+	const struct snap_chunk *c = &rk->c[ci];
+	char held[ST_SHOWN * 4];
+	double t0 = wk_now();
+	int got = LZ4_decompress_safe((const char *)rd->stage + (c->file_offset - foff),
+				      (char *)dst, (int)c->stored, (int)c->size);
+	rd->decompress_s += wk_now() - t0;
+	if (got >= 0 && (uint64_t)got == c->size)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EFORMAT, "%s: chunk %zu (bytes %" PRIu64 "..%" PRIu64 ") "
+		       "failed to decompress; %s", rk->path, ci, c->offset, c->offset + c->size,
+		       snap__chunk_tensors(rk, c->offset, c->size, held, sizeof held));
+}
+
+static int stage_lz4(struct reader *rd, struct snap_rank *rk, const struct work *w, char *err,
+		     size_t errsz)
+{
+	struct restore *rs = rd->rs;
+	if (!rd->stage && !(rd->stage = aligned_alloc(SNAP_ALIGN, rs->stage_need)))
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate a %" PRIu64
+			       "-byte staging buffer", rk->path, rs->stage_need);
+	return read_into(rd, rk, rd->stage, w->flen, w->foff, err, errsz);
+}
+
+/* A work item through a sink: read (and decompress) into the next staging buffer, verify
+ * there, and start the copy into the sink's image. */
+static int do_work_sink(struct reader *rd, const struct work *w, char *err, size_t errsz)
+{
+	struct restore *rs = rd->rs;
+	const struct snap_sink *k = &rs->s->sink;
+	struct snap_rank *rk = &rs->s->r[w->rank];
+	int i = rd->ring_next, rc;
+	if (!rd->ring[i] && !(rd->ring[i] = k->stage_alloc(k->ctx, rs->item_need)))
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate a %" PRIu64 "-byte "
+			       "staging buffer", rk->path, rs->item_need);
+	if ((uintptr_t)rd->ring[i] % SNAP_ALIGN)
+		return wk_errf(err, errsz, WK_EINVAL, "%s: the sink's staging buffer is not aligned "
+			       "to %d", rk->path, SNAP_ALIGN);
+	if (rd->ring_busy[i] && (rc = k->wait(k->ctx, rd->ring[i], err, errsz)))
+		return rc;
+	rd->ring_busy[i] = false;
+	unsigned char *buf = rd->ring[i];
+	uint64_t img0 = rk->c[w->c0].offset;
+	uint64_t len = rk->c[w->c1 - 1].offset + rk->c[w->c1 - 1].size - img0;
+	if (!w->lz4 && (rc = read_into(rd, rk, buf, w->flen, w->foff, err, errsz)))
+		return rc;
+	if (w->lz4 && (rc = stage_lz4(rd, rk, w, err, errsz)))
+		return rc;
+	for (size_t ci = w->c0; ci < w->c1; ci++) {
+		unsigned char *at = buf + (rk->c[ci].offset - img0);
+		if (w->lz4 && (rc = inflate(rd, rk, ci, w->foff, at, err, errsz)))
+			return rc;
+		if (rs->verify && (rc = check_chunk(rd, rk, ci, at, err, errsz)))
+			return rc;
+	}
+	if ((rc = k->put(k->ctx, w->rank, rk->image + img0, buf, len, err, errsz)))
+		return rc;
+	rd->ring_busy[i] = true;
+	rd->ring_next = !i;
+	atomic_fetch_add(&rs->done, w->flen);
+	return WK_OK;
+}
+
+/* Waits for the copies from a reader's staging buffers and frees them. */
+static int ring_drain(struct reader *rd, char *err, size_t errsz)
+{
+	const struct snap_sink *k = &rd->rs->s->sink;
+	int rc = WK_OK;
+	for (int i = 0; i < 2; i++) {
+		if (rd->ring_busy[i]) {
+			char e2[WK_ERRSZ];
+			int r2 = k->wait(k->ctx, rd->ring[i], e2, sizeof e2);
+			if (r2 && !rc) {
+				rc = r2;
+				snprintf(err, errsz, "%s", e2);
+			}
+			rd->ring_busy[i] = false;
+		}
+		if (rd->ring[i])
+			k->stage_free(k->ctx, rd->ring[i]);
+		rd->ring[i] = NULL;
+	}
+	return rc;
+}
+
 static int do_work(struct reader *rd, const struct work *w, char *err, size_t errsz)
 {
 	struct restore *rs = rd->rs;
 	struct snap_rank *rk = &rs->s->r[w->rank];
-	char held[ST_SHOWN * 4];
 	int rc;
 
+	if (rs->s->on_sink)
+		return do_work_sink(rd, w, err, errsz);
 	if (rk->mapped) {
 		if ((rc = populate(rd, rk, w->foff, w->flen, err, errsz)))
 			return rc;
@@ -188,30 +282,14 @@ static int do_work(struct reader *rd, const struct work *w, char *err, size_t er
 		if ((rc = read_into(rd, rk, rk->image + rk->c[w->c0].offset, w->flen, w->foff, err,
 				    errsz)))
 			return rc;
-	} else {
-		if (!rd->stage && !(rd->stage = aligned_alloc(SNAP_ALIGN, rs->stage_need)))
-			return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate a %" PRIu64
-				       "-byte staging buffer", rk->path, rs->stage_need);
-		if ((rc = read_into(rd, rk, rd->stage, w->flen, w->foff, err, errsz)))
-			return rc;
+	} else if ((rc = stage_lz4(rd, rk, w, err, errsz))) {
+		return rc;
 	}
 	for (size_t ci = w->c0; ci < w->c1; ci++) {
-		const struct snap_chunk *c = &rk->c[ci];
-		if (w->lz4) {
-			double t0 = wk_now();
-			int got = LZ4_decompress_safe((const char *)rd->stage + (c->file_offset -
-										w->foff),
-						      (char *)rk->image + c->offset, (int)c->stored,
-						      (int)c->size);
-			rd->decompress_s += wk_now() - t0;
-			if (got < 0 || (uint64_t)got != c->size)
-				return wk_errf(err, errsz, WK_EFORMAT, "%s: chunk %zu (bytes %" PRIu64
-					       "..%" PRIu64 ") failed to decompress; %s", rk->path,
-					       ci, c->offset, c->offset + c->size,
-					       snap__chunk_tensors(rk, c->offset, c->size, held,
-								   sizeof held));
-		}
-		if (rs->verify && (rc = check_chunk(rd, rk, ci, err, errsz)))
+		unsigned char *at = rk->image + rk->c[ci].offset;
+		if (w->lz4 && (rc = inflate(rd, rk, ci, w->foff, at, err, errsz)))
+			return rc;
+		if (rs->verify && (rc = check_chunk(rd, rk, ci, at, err, errsz)))
 			return rc;
 	}
 	atomic_fetch_add(&rs->done, w->flen);
@@ -223,11 +301,14 @@ static void *reader_main(void *arg)
 	struct reader *rd = arg;
 	struct restore *rs = rd->rs;
 	char err[WK_ERRSZ];
-	while (!atomic_load(&rs->failed)) {
-		size_t i = atomic_fetch_add(&rs->next, 1);
-		if (i >= rs->nw)
-			break;
-		int rc = do_work(rd, &rs->w[i], err, sizeof err);
+	for (bool last = false; !last;) {
+		size_t i = atomic_load(&rs->failed) ? rs->nw : atomic_fetch_add(&rs->next, 1);
+		int rc = WK_OK;
+		last = i >= rs->nw;
+		if (!last)
+			rc = do_work(rd, &rs->w[i], err, sizeof err);
+		else if (rs->s->on_sink)
+			rc = ring_drain(rd, err, sizeof err); /* after a failure too */
 		if (rc) {
 			pthread_mutex_lock(&rs->mu);
 			if (!rs->rc) {
@@ -236,7 +317,6 @@ static void *reader_main(void *arg)
 			}
 			pthread_mutex_unlock(&rs->mu);
 			atomic_store(&rs->failed, true);
-			break;
 		}
 	}
 	pthread_mutex_lock(&rs->mu);
@@ -318,11 +398,19 @@ static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, 
 	for (size_t i = 0; i < r->nc; i++)
 		all_raw = all_raw && !r->c[i].lz4;
 	if (r->image_size && r->fmap && all_raw && o->map >= 0 && !s->alloc.alloc &&
-	    (o->map > 0 || file_cached(r, page))) {
+	    !s->on_sink && (o->map > 0 || file_cached(r, page))) {
 		r->mapped = true;
 		r->image = r->fmap + SNAP_ALIGN;
 	} else if (r->image_size) {
-		if (s->alloc.alloc) {
+		if (s->on_sink) {
+			r->image = s->sink.image(s->sink.ctx, ri, r->image_size);
+			if (r->image && ((uintptr_t)r->image % SNAP_SINK_ALIGN)) {
+				s->sink.release(s->sink.ctx, ri, r->image);
+				r->image = NULL;
+				return wk_errf(err, errsz, WK_EINVAL, "%s: the sink's image is not "
+					       "aligned to %d", r->path, SNAP_SINK_ALIGN);
+			}
+		} else if (s->alloc.alloc) {
 			r->image = s->alloc.alloc(s->alloc.ctx, ri, r->image_size);
 			if (r->image && ((uintptr_t)r->image % SNAP_ALIGN)) {
 				s->alloc.release(s->alloc.ctx, ri, r->image, r->image_size);
@@ -340,7 +428,8 @@ static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, 
 		}
 		if (!r->image)
 			return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate its %" PRIu64
-				       "-byte image", r->path, r->image_size);
+				       "-byte image%s", r->path, r->image_size,
+				       s->on_sink ? " in the sink's memory" : "");
 	}
 	for (size_t i = 0; i < r->nt; i++)
 		r->t[i].data = r->image ? r->image + r->t[i].offset : NULL;
@@ -384,6 +473,9 @@ static int plan(struct restore *rs, uint64_t read_size, char *err, size_t errsz)
 			rs->total += w->flen;
 			if (w->lz4 && w->flen > rs->stage_need)
 				rs->stage_need = w->flen;
+			uint64_t span = rk->c[i - 1].offset + rk->c[i - 1].size - rk->c[w->c0].offset;
+			if (span > rs->item_need)
+				rs->item_need = span;
 		}
 	}
 	free(cur);
@@ -516,8 +608,19 @@ int snap_open(const char *dir, const struct snap_open_opts *o, struct snap **out
 		}
 		s->alloc = *o->allocator;
 	}
+	const struct snap_sink *k = o->manifest_only ? NULL : o->sink;
+	if (k && (o->allocator || !k->image || !k->release || !k->stage_alloc ||
+		  !k->stage_free || !k->put || !k->wait)) {
+		rc = wk_errf(err, errsz, WK_EINVAL, "%s: %s", dir, o->allocator ? "both a sink and "
+			     "an allocator" : "a sink without image/release/stage/put/wait");
+		goto fail;
+	}
 	if ((rc = snap__manifest_load(dir, s, err, errsz)))
 		goto fail;
+	if (k && (!k->accept || k->accept(k->ctx, s->world))) {
+		s->sink = *k;
+		s->on_sink = true;
+	}
 	rs.page = sysconf(_SC_PAGESIZE);
 	if (rs.page <= 0)
 		rs.page = 4096;
@@ -687,4 +790,9 @@ const void *snap_image(const struct snap *s, int rank, uint64_t *size)
 const struct snap_timings *snap_timings(const struct snap *s)
 {
 	return &s->tm;
+}
+
+bool snap_on_sink(const struct snap *s)
+{
+	return s->on_sink;
 }

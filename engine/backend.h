@@ -156,6 +156,17 @@ struct backend {
 	void (*zero)(void *ctx, void *dst, size_t bytes);
 	/* Replaces w->data (and w->scale) with the backend's own copy, freed at shutdown. */
 	int (*upload_weight)(void *ctx, struct be_weight *w, char *err, size_t errsz);
+	/* Restoring a snapshot straight into device memory (coldstart's snap_sink), with the
+	 * weights then used where they landed (no upload_weight). Optional, all four or none;
+	 * called from the restore's reader threads at once. stage_alloc: pinned host memory,
+	 * 4 KiB-aligned (NULL when out of memory); stage_put starts a copy of bytes from the
+	 * start of a staging buffer to device memory and returns; stage_wait returns once every
+	 * copy from that buffer is done. */
+	void *(*stage_alloc)(void *ctx, size_t bytes);
+	void (*stage_free)(void *ctx, void *stage);
+	int (*stage_put)(void *ctx, void *dst, const void *stage, size_t bytes, char *err,
+			 size_t errsz);
+	int (*stage_wait)(void *ctx, const void *stage, char *err, size_t errsz);
 	/* Waits for the device; WK_EIO with the message once any op has failed (sticky). */
 	int (*sync)(void *ctx, char *err, size_t errsz);
 };

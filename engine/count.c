@@ -201,6 +201,28 @@ static int c_sync(void *ctx, char *err, size_t errsz)
 	return IN(ctx)->in->sync(IN(ctx)->ctx, err, errsz);
 }
 
+/* The restore's staging (load time, from the reader threads): passed through, not counted. */
+static void *c_stage_alloc(void *ctx, size_t bytes)
+{
+	return IN(ctx)->in->stage_alloc(IN(ctx)->ctx, bytes);
+}
+
+static void c_stage_free(void *ctx, void *stage)
+{
+	IN(ctx)->in->stage_free(IN(ctx)->ctx, stage);
+}
+
+static int c_stage_put(void *ctx, void *dst, const void *stage, size_t bytes, char *err,
+		       size_t errsz)
+{
+	return IN(ctx)->in->stage_put(IN(ctx)->ctx, dst, stage, bytes, err, errsz);
+}
+
+static int c_stage_wait(void *ctx, const void *stage, char *err, size_t errsz)
+{
+	return IN(ctx)->in->stage_wait(IN(ctx)->ctx, stage, err, errsz);
+}
+
 static void c_shutdown(void *ctx)
 {
 	struct counter *k = ctx;
@@ -248,6 +270,10 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(copy, c_copy);
 	KEEP(zero, c_zero);
 	KEEP(upload_weight, c_upload_weight);
+	KEEP(stage_alloc, c_stage_alloc);
+	KEEP(stage_free, c_stage_free);
+	KEEP(stage_put, c_stage_put);
+	KEEP(stage_wait, c_stage_wait);
 	KEEP(sync, c_sync);
 #undef KEEP
 	e->be = b;

@@ -77,10 +77,23 @@ static int shape_str(const struct st_tensor *t, char *buf, size_t n)
 	return 0;
 }
 
-static int weight_find(struct engine *e, const char *name, int rows, int cols,
+/* The tensor name, host-readable when host is set. */
+static int tensor_get(struct engine *e, const char *name, bool host,
+		      const struct st_tensor **t, char *err, size_t errsz)
+{
+	if (host)
+		return eng_tensor_host(e, name, t, err, errsz);
+	*t = eng_tensor(e, name);
+	return WK_OK;
+}
+
+static int weight_find(struct engine *e, const char *name, int rows, int cols, bool host,
 		       struct be_weight *w, char *err, size_t errsz)
 {
-	const struct st_tensor *t = eng_tensor(e, name);
+	const struct st_tensor *t;
+	int rc = tensor_get(e, name, host, &t, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 	if (!t)
 		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing", e->dir,
 			       name);
@@ -101,7 +114,9 @@ static int weight_find(struct engine *e, const char *name, int rows, int cols,
 	/* FP8 weights come with <name>_scale_inv: [ceil(rows/128)][ceil(cols/128)] f32. */
 	char sname[512];
 	snprintf(sname, sizeof sname, "%s_scale_inv", name);
-	const struct st_tensor *s = eng_tensor(e, sname);
+	const struct st_tensor *s;
+	if ((rc = tensor_get(e, sname, host, &s, err, errsz)) != WK_OK)
+		return rc;
 	int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
 	if (!s)
 		return wk_errf(err, errsz, WK_ENOTFOUND,
@@ -118,26 +133,63 @@ static int weight_find(struct engine *e, const char *name, int rows, int cols,
 	return WK_OK;
 }
 
-/* eng_weight's binding, then the copy to a device backend. */
-static int weight_bind(struct engine *e, const char *name, int rows, int cols,
-		       struct be_weight *w, char *err, size_t errsz)
+static bool on_device(const struct engine *e)
 {
-	int rc = weight_find(e, name, rows, cols, w, err, errsz);
-	if (rc == WK_OK && e->be->upload_weight)
-		rc = e->be->upload_weight(e->bctx, w, err, errsz);
-	return rc;
+	return e->snap && snap_on_sink(e->snap);
 }
 
+/* eng_weight's binding, then the copy to a device backend (none when the snapshot was
+ * restored into its memory: the weight is used where it landed). */
 int eng_weight(struct engine *e, const char *name, int rows, int cols, struct be_weight *w,
 	       char *err, size_t errsz)
 {
-	return weight_bind(e, name, rows, cols, w, err, errsz);
+	int rc = weight_find(e, name, rows, cols, false, w, err, errsz);
+	if (rc == WK_OK && e->be->upload_weight && !on_device(e))
+		rc = e->be->upload_weight(e->bctx, w, err, errsz);
+	return rc;
 }
 
 int eng_weight_host(struct engine *e, const char *name, int rows, int cols,
 		    struct be_weight *w, char *err, size_t errsz)
 {
-	return weight_find(e, name, rows, cols, w, err, errsz);
+	return weight_find(e, name, rows, cols, true, w, err, errsz);
+}
+
+struct host_copy {
+	struct st_tensor t; /* data: buf */
+	void *buf;
+	struct host_copy *next;
+};
+
+int eng_tensor_host(struct engine *e, const char *name, const struct st_tensor **out,
+		    char *err, size_t errsz)
+{
+	const struct st_tensor *t = eng_tensor(e, name);
+	*out = t;
+	if (!t || !on_device(e))
+		return WK_OK;
+	for (struct host_copy *h = e->host_copies; h; h = h->next)
+		if (!strcmp(h->t.name, t->name)) {
+			*out = &h->t;
+			return WK_OK;
+		}
+	struct host_copy *h = calloc(1, sizeof *h);
+	void *buf = malloc(t->nbytes ? t->nbytes : 1);
+	if (!h || !buf) {
+		free(h);
+		free(buf);
+		*out = NULL;
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a host copy of '%s'",
+			       name);
+	}
+	e->be->to_host(e->bctx, buf, t->data, t->nbytes); /* load time: not counted */
+	h->t = *t;
+	h->t.data = buf;
+	h->buf = buf;
+	h->next = e->host_copies;
+	e->host_copies = h;
+	*out = &h->t;
+	return WK_OK;
 }
 
 bool eng_host_mem(const struct engine *e)
@@ -227,7 +279,10 @@ int eng_sync(struct engine *e, char *err, size_t errsz)
 int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,
 	       size_t errsz)
 {
-	const struct st_tensor *t = eng_tensor(e, name);
+	const struct st_tensor *t;
+	int rc = eng_tensor_host(e, name, &t, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 	if (!t)
 		return wk_errf(err, errsz, WK_ENOTFOUND, "%s: tensor '%s' is missing", e->dir,
 			       name);
@@ -373,6 +428,62 @@ static void count_params(struct engine *e)
 		}
 }
 
+/* ---- restoring into the backend's device memory (coldstart's snap_sink) ---- */
+
+static bool sink_accept(void *ctx, int world)
+{
+	(void)ctx;
+	return world == 1; /* sharded: the rank engines' backends start later (shard.c) */
+}
+
+static void *sink_image(void *ctx, int rank, size_t size)
+{
+	struct engine *e = ctx;
+	(void)rank;
+	return e->be->mem_alloc(e->bctx, size);
+}
+
+static void sink_release(void *ctx, int rank, void *image)
+{
+	struct engine *e = ctx;
+	(void)rank;
+	e->be->mem_free(e->bctx, image);
+}
+
+static void *sink_stage_alloc(void *ctx, size_t size)
+{
+	struct engine *e = ctx;
+	return e->be->stage_alloc(e->bctx, size);
+}
+
+static void sink_stage_free(void *ctx, void *buf)
+{
+	struct engine *e = ctx;
+	e->be->stage_free(e->bctx, buf);
+}
+
+static int sink_put(void *ctx, int rank, void *dst, const void *buf, size_t bytes, char *err,
+		    size_t errsz)
+{
+	struct engine *e = ctx;
+	(void)rank;
+	return e->be->stage_put(e->bctx, dst, buf, bytes, err, errsz);
+}
+
+static int sink_wait(void *ctx, const void *buf, char *err, size_t errsz)
+{
+	struct engine *e = ctx;
+	return e->be->stage_wait(e->bctx, buf, err, errsz);
+}
+
+/* A backend that can take a snapshot straight into its memory is started before the
+ * restore; the engine's other backends start after it (eng_open, shard.c). */
+static bool streams(const struct backend *b)
+{
+	return b && b->mem_alloc && b->mem_free && b->to_host && b->stage_alloc &&
+	       b->stage_free && b->stage_put && b->stage_wait;
+}
+
 static int open_weights(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
 			size_t errsz)
 {
@@ -389,7 +500,27 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 		return rc;
 	}
 	struct snap_open_opts so = {.verify = !(o && o->no_verify), .progress = true};
-	int rc = snap_open(dir, &so, &e->snap, err, errsz);
+	struct snap_sink sink = {
+		.accept = sink_accept, .image = sink_image, .release = sink_release,
+		.stage_alloc = sink_stage_alloc, .stage_free = sink_stage_free, .put = sink_put,
+		.wait = sink_wait, .ctx = e,
+	};
+	const struct backend *b = o && o->backend_ops ? o->backend_ops
+						      : be_find(o && o->backend ? o->backend : "auto");
+	int rc;
+	if (streams(b)) {
+		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK)
+			return rc;
+		if (streams(e->be))
+			so.sink = &sink;
+	}
+	rc = snap_open(dir, &so, &e->snap, err, errsz);
+	if (rc == WK_OK && e->be && !snap_on_sink(e->snap)) {
+		e->be->shutdown(e->bctx); /* sharded: each rank starts its own */
+		e->be = NULL;
+		e->bctx = NULL;
+		e->counting = false;
+	}
 	if (rc != WK_OK)
 		return rc;
 	json_t *m = snap_manifest(e->snap);
@@ -420,6 +551,7 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 	e->info.startup.read_s = tm->read_s;
 	e->info.startup.verify_s = tm->verify_s;
 	e->info.startup.bytes = tm->bytes_restored;
+	e->info.startup.to_device = snap_on_sink(e->snap);
 	e->config = snap_config(e->snap);
 	if (!json_is_object(e->config))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s/manifest.json: 'config' is missing", dir);
@@ -498,8 +630,8 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	} else {
 		if (e->snap && !(e->used = calloc(snap_tensor_count(e->snap, 0) + 1, sizeof *e->used)))
 			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-		else if ((rc = eng_open_backend(e, opts, opts ? opts->threads : 0, 0, err,
-						errsz)) == WK_OK)
+		else if (e->be || (rc = eng_open_backend(e, opts, opts ? opts->threads : 0, 0, err,
+							 errsz)) == WK_OK)
 			rc = e->fam->load(e, err, errsz);
 		if (rc == WK_OK)
 			e->info.backend = e->be->name;
@@ -523,8 +655,18 @@ void eng_close(struct engine *e)
 	shard_close(e);
 	if (e->fam && e->model)
 		e->fam->free(e);
+	if (e->snap && snap_on_sink(e->snap)) {
+		snap_close(e->snap); /* its images are the backend's memory */
+		e->snap = NULL;
+	}
 	if (e->be)
 		e->be->shutdown(e->bctx);
+	while (e->host_copies) {
+		struct host_copy *h = e->host_copies;
+		e->host_copies = h->next;
+		free(h->buf);
+		free(h);
+	}
 	free(e->used);
 	tok_free(e->tok);
 	free(e->seq_len);

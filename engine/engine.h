@@ -59,6 +59,8 @@ struct eng_info {
 		double total_s;        /* all of eng_open */
 		double ready_mono;     /* wk_now() when eng_open returned */
 		uint64_t bytes;        /* bytes restored */
+		bool to_device;        /* restored straight into the backend's device memory
+					* (the snapshot streamed through pinned staging) */
 	} startup;
 };
 

@@ -75,6 +75,9 @@ struct engine {
 	bool *used;                  /* [snap_tensor_count(snap, rank)] */
 	size_t n_used;
 	uintptr_t bound_lo, bound_hi; /* the byte range their data spans */
+	/* A snapshot restored into device memory (snap_on_sink): host copies of the tensors
+	 * read on the host (the embedding, vectors), made once by eng_tensor_host. */
+	struct host_copy *host_copies;
 };
 
 extern const struct family fam_llama; /* engine/llama.c */
@@ -205,6 +208,11 @@ int plan_expert(struct plan *p, const char *name, int ep_rank, char *err, size_t
 /* The weight tensor `name` of the model, from whichever source it was opened from (rank 0
  * of a snapshot), or NULL. */
 const struct st_tensor *eng_tensor(struct engine *e, const char *name);
+/* eng_tensor, with data the host can read: the same tensor, or, when the snapshot was
+ * restored into device memory, a host copy kept until eng_close. *out NULL when missing;
+ * WK_ENOMEM. */
+int eng_tensor_host(struct engine *e, const char *name, const struct st_tensor **out,
+		    char *err, size_t errsz);
 
 /* ---- config helpers: each returns WK_OK or WK_EFORMAT naming the field ---- */
 

@@ -414,7 +414,8 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 	if ((rc = eng_weight_host(e, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim, &emb,
 				  err, errsz)))
 		return rc;
-	m->embed = eng_tensor(e, "model.embed_tokens.weight");
+	if ((rc = eng_tensor_host(e, "model.embed_tokens.weight", &m->embed, err, errsz)))
+		return rc;
 	if (m->embed->dtype != DT_F32 && m->embed->dtype != DT_BF16 && m->embed->dtype != DT_F16)
 		return wk_errf(err, errsz, WK_EUNSUPPORTED,
 			       "%s: model.embed_tokens.weight must be F32, BF16 or F16, not %s",

@@ -209,7 +209,8 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 	if ((rc = eng_weight_host(e, "model.embed_tokens.weight", m->vocab, m->dim, &emb, err,
 				   errsz)))
 		return rc;
-	m->embed = eng_tensor(e, "model.embed_tokens.weight");
+	if ((rc = eng_tensor_host(e, "model.embed_tokens.weight", &m->embed, err, errsz)))
+		return rc;
 	/* tied: the embedding again, this time bound (uploaded) as the lm_head's weight */
 	const char *head = tied || !eng_tensor(e, "lm_head.weight") ? "model.embed_tokens.weight"
 								     : "lm_head.weight";

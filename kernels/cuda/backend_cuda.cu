@@ -1,7 +1,10 @@
 /*
- * backend_cuda.cu - the CUDA backend: the Llama family's ops on one GPU, with the first-version
- * kernels of cuda_kernels.h. Weights are copied to the device when the model binds them
- * (upload_weight), activations and KV caches are device memory (mem_alloc), and the engine
+ * backend_cuda.cu - the CUDA backend: the model families' ops on one GPU, with the
+ * first-version kernels of cuda_kernels.h. A snapshot streams into one device allocation per
+ * rank through pinned staging buffers (the stage ops: cudaMemcpyAsync on a copy stream while
+ * the reader threads read and verify the next chunks) and the weights are used where they
+ * land; from a Hugging Face directory they are copied when the model binds them
+ * (upload_weight). Activations and KV caches are device memory (mem_alloc), and the engine
  * copies in (the embedded tokens) and out (the logits) around each step.
  *
  * Every CUDA call is checked. The first failure is sticky: it is kept, every later op does
@@ -16,6 +19,7 @@
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +30,20 @@ extern "C" {
 #include "kernels/cuda/cuda_kernels.h"
 }
 
+/* A pinned staging buffer of the snapshot restore, and the event after its last copy. */
+struct stage {
+	void *host;
+	cudaEvent_t done;
+};
+
 struct cuda_ctx {
 	int device;
 	void **owned; /* uploaded weights, freed at shutdown */
 	size_t n_owned, cap_owned;
+	pthread_mutex_t stage_mu; /* the restore's reader threads share the staging table */
+	struct stage *stages;
+	size_t n_stages, cap_stages;
+	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
 };
@@ -80,6 +94,7 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 	if (!c)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	c->device = cfg->device;
+	pthread_mutex_init(&c->stage_mu, NULL);
 	*ctx = c;
 	return WK_OK;
 }
@@ -92,6 +107,15 @@ static void shutdown(void *ctx)
 	for (size_t i = 0; i < c->n_owned; i++)
 		cudaFree(c->owned[i]);
 	free(c->owned);
+	for (size_t i = 0; i < c->n_stages; i++) {
+		cudaEventSynchronize(c->stages[i].done);
+		cudaEventDestroy(c->stages[i].done);
+		cudaFreeHost(c->stages[i].host);
+	}
+	free(c->stages);
+	if (c->copy_stream)
+		cudaStreamDestroy(c->copy_stream);
+	pthread_mutex_destroy(&c->stage_mu);
 	free(c);
 }
 
@@ -339,6 +363,119 @@ static void copy(void *ctx, void *dst, const void *src, size_t bytes)
 		ok_cuda(c, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device copy");
 }
 
+/* ---- the snapshot restore's staging (engine/backend.h): pinned buffers, one copy stream,
+ * an event per buffer recorded after each copy from it. Called from the reader threads, each
+ * of which must select the device first (the current device is per thread). ---- */
+
+static long stage_find(struct cuda_ctx *c, const void *host) /* under stage_mu */
+{
+	for (size_t i = 0; i < c->n_stages; i++)
+		if (c->stages[i].host == host)
+			return (long)i;
+	return -1;
+}
+
+static void *stage_alloc(void *ctx, size_t bytes)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	void *p = NULL;
+	cudaEvent_t ev;
+	if (cudaSetDevice(c->device) != cudaSuccess ||
+	    cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+		cudaGetLastError();
+		cudaFreeHost(p);
+		return NULL;
+	}
+	bool ok_ = true;
+	pthread_mutex_lock(&c->stage_mu);
+	if (!c->copy_stream &&
+	    cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking) != cudaSuccess) {
+		cudaGetLastError();
+		c->copy_stream = NULL;
+		ok_ = false;
+	}
+	if (ok_ && c->n_stages == c->cap_stages) {
+		size_t cap = c->cap_stages ? 2 * c->cap_stages : 16;
+		struct stage *s = (struct stage *)realloc(c->stages, cap * sizeof *s);
+		if (s) {
+			c->stages = s;
+			c->cap_stages = cap;
+		} else {
+			ok_ = false;
+		}
+	}
+	if (ok_)
+		c->stages[c->n_stages++] = {p, ev};
+	pthread_mutex_unlock(&c->stage_mu);
+	if (!ok_) {
+		cudaEventDestroy(ev);
+		cudaFreeHost(p);
+		return NULL;
+	}
+	return p;
+}
+
+static void stage_free(void *ctx, void *host)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	pthread_mutex_lock(&c->stage_mu);
+	long i = stage_find(c, host);
+	struct stage s = {};
+	if (i >= 0) {
+		s = c->stages[i];
+		c->stages[i] = c->stages[--c->n_stages];
+	}
+	pthread_mutex_unlock(&c->stage_mu);
+	if (i < 0)
+		return;
+	cudaSetDevice(c->device);
+	cudaEventSynchronize(s.done);
+	cudaEventDestroy(s.done);
+	cudaFreeHost(s.host);
+}
+
+static int stage_put(void *ctx, void *dst, const void *host, size_t bytes, char *err,
+		     size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	cudaError_t e = cudaSetDevice(c->device);
+	pthread_mutex_lock(&c->stage_mu);
+	long i = stage_find(c, host);
+	if (i >= 0 && e == cudaSuccess)
+		e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->copy_stream);
+	if (i >= 0 && e == cudaSuccess)
+		e = cudaEventRecord(c->stages[i].done, c->copy_stream);
+	pthread_mutex_unlock(&c->stage_mu);
+	if (i < 0)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA: %p is not a staging buffer", host);
+	if (e != cudaSuccess)
+		return wk_errf(err, errsz, WK_EIO, "CUDA: copying %zu restored bytes to device %d: "
+			       "%s", bytes, c->device, cudaGetErrorString(e));
+	return WK_OK;
+}
+
+static int stage_wait(void *ctx, const void *host, char *err, size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	pthread_mutex_lock(&c->stage_mu);
+	long i = stage_find(c, host);
+	cudaEvent_t ev = i >= 0 ? c->stages[i].done : NULL;
+	pthread_mutex_unlock(&c->stage_mu);
+	if (i < 0)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA: %p is not a staging buffer", host);
+	cudaError_t e = cudaSetDevice(c->device);
+	if (e == cudaSuccess)
+		e = cudaEventSynchronize(ev);
+	if (e != cudaSuccess)
+		return wk_errf(err, errsz, WK_EIO, "CUDA: waiting for restored bytes on device %d: "
+			       "%s", c->device, cudaGetErrorString(e));
+	return WK_OK;
+}
+
 /* A device copy of bytes at host, kept until shutdown. */
 static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void **out, char *err,
 		      size_t errsz)
@@ -427,6 +564,10 @@ static struct backend make_backend(void)
 	b.to_host = to_host;
 	b.copy = copy;
 	b.upload_weight = upload_weight;
+	b.stage_alloc = stage_alloc;
+	b.stage_free = stage_free;
+	b.stage_put = stage_put;
+	b.stage_wait = stage_wait;
 	b.sync = dev_sync;
 	return b;
 }

@@ -2,6 +2,7 @@
  * devsim.c - the devsim test backend (devsim.h).
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,11 +17,23 @@ struct region {
 	size_t len;
 };
 
+/* A staging buffer of the snapshot restore and the copy from it not yet done: devsim's
+ * copies are asynchronous in the strictest way, made only at stage_wait, so a restore that
+ * refilled a buffer before waiting for it would copy the wrong bytes. */
+struct stage {
+	void *buf;
+	void *dst; /* pending copy, or NULL */
+	size_t bytes;
+};
+
 struct devsim {
 	void *cpu; /* the CPU backend's context */
 	struct region *r;
 	int n, cap;
-	int ops, copies;
+	int ops, copies, uploads, stage_puts;
+	pthread_mutex_t mu; /* the restore's reader threads */
+	struct stage st[64];
+	int n_st;
 };
 
 static size_t page_round(size_t n)
@@ -57,6 +70,7 @@ static int ds_init(void **ctx, const struct be_config *cfg, char *err, size_t er
 {
 	struct devsim *d = calloc(1, sizeof *d);
 	cr_assert_not_null(d);
+	pthread_mutex_init(&d->mu, NULL);
 	int rc = be_cpu.init(&d->cpu, cfg, err, errsz);
 	*ctx = d;
 	return rc;
@@ -68,6 +82,8 @@ static void ds_shutdown(void *ctx)
 	for (int i = 0; i < d->n; i++)
 		munmap(d->r[i].p, d->r[i].len);
 	free(d->r);
+	cr_assert_eq(d->n_st, 0, "devsim: %d staging buffers not freed", d->n_st);
+	pthread_mutex_destroy(&d->mu);
 	be_cpu.shutdown(d->cpu);
 	free(d);
 }
@@ -75,7 +91,8 @@ static void ds_shutdown(void *ctx)
 void devsim_counts(void *ctx, struct devsim_counts *out)
 {
 	struct devsim *d = ctx;
-	*out = (struct devsim_counts){.ops = d->ops, .copies = d->copies, .regions = d->n};
+	*out = (struct devsim_counts){.ops = d->ops, .copies = d->copies, .regions = d->n,
+				      .uploads = d->uploads, .stage_puts = d->stage_puts};
 }
 
 static bool ds_supports(void *ctx, enum be_op op, enum dt_type wt)
@@ -344,11 +361,83 @@ static int ds_upload(void *ctx, struct be_weight *w, char *err, size_t errsz)
 	(void)err;
 	(void)errsz;
 	struct devsim *d = ctx;
+	d->uploads++;
 	w->data = upload(d, w->data, (size_t)w->rows * w->cols * dt_size(w->dtype));
 	if (w->scale)
 		w->scale = upload(d, w->scale,
 				  (size_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128) *
 					  sizeof(float));
+	return WK_OK;
+}
+
+static void *ds_stage_alloc(void *ctx, size_t bytes)
+{
+	struct devsim *d = ctx;
+	void *p = aligned_alloc(4096, page_round(bytes));
+	pthread_mutex_lock(&d->mu);
+	cr_assert_lt(d->n_st, 64, "devsim: too many staging buffers");
+	d->st[d->n_st++] = (struct stage){.buf = p};
+	pthread_mutex_unlock(&d->mu);
+	return p;
+}
+
+static struct stage *stage_of(struct devsim *d, const void *buf) /* under mu */
+{
+	for (int i = 0; i < d->n_st; i++)
+		if (d->st[i].buf == buf)
+			return &d->st[i];
+	cr_assert_fail("devsim: %p is not a staging buffer", buf);
+	return NULL;
+}
+
+/* The pending copy from s, if any (under mu). */
+static void stage_flush(struct devsim *d, struct stage *s)
+{
+	if (!s->dst)
+		return;
+	OPEN(d);
+	memcpy(s->dst, s->buf, s->bytes);
+	CLOSE(d);
+	s->dst = NULL;
+}
+
+static void ds_stage_free(void *ctx, void *buf)
+{
+	struct devsim *d = ctx;
+	pthread_mutex_lock(&d->mu);
+	struct stage *s = stage_of(d, buf);
+	cr_assert_null(s->dst, "devsim: a staging buffer freed with a copy not waited for");
+	*s = d->st[--d->n_st];
+	pthread_mutex_unlock(&d->mu);
+	free(buf);
+}
+
+static int ds_stage_put(void *ctx, void *dst, const void *buf, size_t bytes, char *err,
+			size_t errsz)
+{
+	(void)err;
+	(void)errsz;
+	struct devsim *d = ctx;
+	pthread_mutex_lock(&d->mu);
+	dev(ctx, dst, "stage_put dst");
+	dev(ctx, (char *)dst + bytes - 1, "stage_put dst end");
+	struct stage *s = stage_of(d, buf);
+	cr_assert_null(s->dst, "devsim: a staging buffer refilled before stage_wait (its copy "
+		       "could still be reading it)");
+	*s = (struct stage){.buf = s->buf, .dst = dst, .bytes = bytes};
+	d->stage_puts++;
+	pthread_mutex_unlock(&d->mu);
+	return WK_OK;
+}
+
+static int ds_stage_wait(void *ctx, const void *buf, char *err, size_t errsz)
+{
+	(void)err;
+	(void)errsz;
+	struct devsim *d = ctx;
+	pthread_mutex_lock(&d->mu);
+	stage_flush(d, stage_of(d, buf));
+	pthread_mutex_unlock(&d->mu);
 	return WK_OK;
 }
 
@@ -386,6 +475,10 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.copy = ds_copy, \
 	.zero = ds_zero, \
 	.upload_weight = ds_upload,  \
+	.stage_alloc = ds_stage_alloc, \
+	.stage_free = ds_stage_free, \
+	.stage_put = ds_stage_put, \
+	.stage_wait = ds_stage_wait, \
 	.sync = ds_sync
 
 const struct backend be_devsim = {

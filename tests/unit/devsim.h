@@ -8,7 +8,8 @@
  * plumbing the CUDA backend relies on (device pointers are just as untouchable from the host
  * there). The other direction too: every pointer an op or a device copy is handed must be
  * devsim memory (a GPU kernel cannot read host memory), else the test fails naming it. Every op of the Llama and GLM families is wrapped. Used by test_devmem.c
- * (stories260K) and test_glm.c (GLM-5 and GLM-4.5).
+ * (stories260K) and test_glm.c (GLM-5 and GLM-4.5). It also takes a snapshot restore
+ * straight into its memory (the stage ops), its copies made only at stage_wait.
  */
 #ifndef WICK_TEST_DEVSIM_H
 #define WICK_TEST_DEVSIM_H
@@ -22,6 +23,8 @@ extern const struct backend be_devsim_ungrouped;
 /* Ops and copies counted since init, so a test knows the paths ran. */
 struct devsim_counts {
 	int ops, copies, regions;
+	int uploads;    /* upload_weight calls (none when a snapshot streamed in) */
+	int stage_puts; /* the restore's copies from staging buffers */
 };
 void devsim_counts(void *ctx, struct devsim_counts *out);
 

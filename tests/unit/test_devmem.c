@@ -17,6 +17,7 @@
 #include "engine/backend.h"
 #include "engine/convert.h"
 #include "engine/engine.h"
+#include "engine/engine_int.h"
 #include "engine/sampler.h"
 #include "tests/unit/devsim.h"
 
@@ -44,14 +45,19 @@ static void cleanup(void)
 
 TestSuite(devmem, .init = convert, .fini = cleanup);
 
-static struct engine *open_with(const struct backend *be, int max_seqs)
+static struct engine *open_dir(const char *dir, const struct backend *be, int max_seqs)
 {
 	char err[WK_ERRSZ];
 	struct engine *e;
 	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = max_seqs,
 			     .backend_ops = be};
-	cr_assert_eq(eng_open(model_dir, &o, &e, err, sizeof err), WK_OK, "%s: %s", model_dir, err);
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s: %s", dir, err);
 	return e;
+}
+
+static struct engine *open_with(const struct backend *be, int max_seqs)
+{
+	return open_dir(model_dir, be, max_seqs);
 }
 
 Test(devmem, stories_through_untouchable_memory_matches_cpu)
@@ -116,3 +122,37 @@ Test(devmem, the_host_cannot_touch_devsim_memory, .signal = SIGSEGV)
 	p[0] = 1.0f; /* SIGSEGV */
 }
 #endif
+
+/* A snapshot streams into devsim's memory through staging buffers (the path of a GPU), and
+ * the weights are used where they landed: no upload, the same logits as the CPU backend on
+ * the checkpoint, bit for bit. With small chunks, lz4 and raw, in many pieces. */
+Test(devmem, snapshot_streams_into_device_memory)
+{
+	char snap[300], err[WK_ERRSZ];
+	snprintf(snap, sizeof snap, "%s/snap", model_dir);
+	struct eng_snap_opts so = {.tp = 1, .ep = 1, .lz4 = true, .chunk_size = 16 << 10};
+	cr_assert_eq(eng_snapshot(model_dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
+	struct engine *cpu = open_with(NULL, 1), *dev = open_dir(snap, &be_devsim, 1);
+	const struct eng_info *in = eng_info(dev);
+	cr_assert(in->startup.snapshot && in->startup.to_device);
+	struct devsim_counts n;
+	devsim_counts(dev->bctx, &n);
+	cr_expect_eq(n.uploads, 0, "weights uploaded again after the restore");
+	cr_expect_gt(n.stage_puts, 4, "the snapshot came in %d pieces", n.stage_puts);
+	int toks[] = {1, 403, 407, 261, 378, 30, 411}, nt = 7, V = 512;
+	float *want = malloc(sizeof(float) * nt * V), *got = malloc(sizeof(float) * nt * V);
+	cr_assert_eq(eng_forward(cpu, toks, nt, 0, want, true, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(dev, toks, nt, 0, got, true, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(memcmp(got, want, sizeof(float) * nt * V), 0, "prefill logits differ");
+	int t = samp_argmax(want + (nt - 1) * V, V);
+	for (int i = nt; i < nt + 4; i++) {
+		cr_assert_eq(eng_forward(cpu, &t, 1, i, want, false, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(eng_forward(dev, &t, 1, i, got, false, err, sizeof err), WK_OK, "%s", err);
+		cr_expect_eq(memcmp(got, want, sizeof(float) * V), 0, "decode step %d differs", i);
+		t = samp_argmax(want, V);
+	}
+	eng_close(cpu);
+	eng_close(dev);
+	free(want);
+	free(got);
+}

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "coldstart/safetensors.h"
+#include "coldstart/snapshot.h"
 #include "common/dtype.h"
 #include "common/wk.h"
 #include "engine/backend.h"
@@ -589,6 +590,12 @@ static void check_devsim(const char *dir, int V, const char *what)
 	devsim_counts(e[1]->bctx, &n[0]);
 	devsim_counts(e[2]->bctx, &n[1]);
 	cr_expect_gt(n[0].ops, 100, "%s: only %d ops ran on devsim", what, n[0].ops);
+	/* from a snapshot the weights stream into devsim's memory and are used where they land;
+	 * from a checkpoint they are uploaded one by one */
+	bool snap = snap_is_snapshot(dir);
+	cr_expect_eq(eng_info(e[1])->startup.to_device, snap, "%s", what);
+	cr_expect(snap ? n[0].uploads == 0 && n[0].stage_puts > 0 : n[0].uploads > 0,
+		  "%s: %d uploads, %d staged copies", what, n[0].uploads, n[0].stage_puts);
 	cr_expect_gt(n[1].ops, n[0].ops, "%s: the experts one by one took no more ops (%d, %d)",
 		     what, n[1].ops, n[0].ops);
 	cr_log_info("%s on devsim: %d ops, %d copies, %d regions; experts one by one: %d ops, "
@@ -610,6 +617,14 @@ Test(glm, device_memory_only_through_the_backend)
 	set_mla("absorb");
 	check_devsim(dir, G5_VOCAB, "glm5 fp8, absorbed");
 	set_mla(NULL);
+	/* a snapshot restored straight into devsim's memory (lz4, small chunks) */
+	char *sd = mkdir_tmp(), out[600], err[WK_ERRSZ];
+	snprintf(out, sizeof out, "%s/s", sd);
+	struct eng_snap_opts so = {.tp = 1, .ep = 1, .lz4 = true, .chunk_size = 64 << 10};
+	cr_assert_eq(eng_snapshot(dir, out, &so, err, sizeof err), WK_OK, "%s", err);
+	check_devsim(out, G5_VOCAB, "glm5 fp8 snapshot, streamed");
+	rm_rf(sd);
+	free(sd);
 	rm_rf(dir);
 	free(dir);
 	enum dt_type dts[] = {DT_BF16, DT_F8_E4M3};
