@@ -171,6 +171,18 @@ struct backend {
 	int (*sync)(void *ctx, char *err, size_t errsz);
 };
 
+/* Restoring a snapshot into a backend's memory (engine/backend.c): be_streams says whether b
+ * has what it takes (device memory, to_host and the four stage ops); be_snap_sink makes the
+ * coldstart sink that does it for an unsharded snapshot (accept: world 1), on the started
+ * backend k->be whose context is k->ctx (k must outlive the restore). */
+struct snap_sink;
+struct be_sink {
+	const struct backend *be;
+	void *ctx;
+};
+bool be_streams(const struct backend *b);
+struct snap_sink be_snap_sink(struct be_sink *k);
+
 extern const struct backend be_cpu;  /* kernels/cpu/backend_cpu.c */
 extern const struct backend be_cuda; /* kernels/cuda/ (init fails when built without CUDA) */
 extern const struct backend be_null; /* kernels/backend_null.c: no arithmetic, for benchmarks */

@@ -428,62 +428,6 @@ static void count_params(struct engine *e)
 		}
 }
 
-/* ---- restoring into the backend's device memory (coldstart's snap_sink) ---- */
-
-static bool sink_accept(void *ctx, int world)
-{
-	(void)ctx;
-	return world == 1; /* sharded: the rank engines' backends start later (shard.c) */
-}
-
-static void *sink_image(void *ctx, int rank, size_t size)
-{
-	struct engine *e = ctx;
-	(void)rank;
-	return e->be->mem_alloc(e->bctx, size);
-}
-
-static void sink_release(void *ctx, int rank, void *image)
-{
-	struct engine *e = ctx;
-	(void)rank;
-	e->be->mem_free(e->bctx, image);
-}
-
-static void *sink_stage_alloc(void *ctx, size_t size)
-{
-	struct engine *e = ctx;
-	return e->be->stage_alloc(e->bctx, size);
-}
-
-static void sink_stage_free(void *ctx, void *buf)
-{
-	struct engine *e = ctx;
-	e->be->stage_free(e->bctx, buf);
-}
-
-static int sink_put(void *ctx, int rank, void *dst, const void *buf, size_t bytes, char *err,
-		    size_t errsz)
-{
-	struct engine *e = ctx;
-	(void)rank;
-	return e->be->stage_put(e->bctx, dst, buf, bytes, err, errsz);
-}
-
-static int sink_wait(void *ctx, const void *buf, char *err, size_t errsz)
-{
-	struct engine *e = ctx;
-	return e->be->stage_wait(e->bctx, buf, err, errsz);
-}
-
-/* A backend that can take a snapshot straight into its memory is started before the
- * restore; the engine's other backends start after it (eng_open, shard.c). */
-static bool streams(const struct backend *b)
-{
-	return b && b->mem_alloc && b->mem_free && b->to_host && b->stage_alloc &&
-	       b->stage_free && b->stage_put && b->stage_wait;
-}
-
 static int open_weights(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
 			size_t errsz)
 {
@@ -500,19 +444,20 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 		return rc;
 	}
 	struct snap_open_opts so = {.verify = !(o && o->no_verify), .progress = true};
-	struct snap_sink sink = {
-		.accept = sink_accept, .image = sink_image, .release = sink_release,
-		.stage_alloc = sink_stage_alloc, .stage_free = sink_stage_free, .put = sink_put,
-		.wait = sink_wait, .ctx = e,
-	};
+	/* A backend that can take the snapshot straight into its memory starts before the
+	 * restore (only unsharded: the rank engines' backends start later, in shard.c). */
+	struct snap_sink sink;
 	const struct backend *b = o && o->backend_ops ? o->backend_ops
 						      : be_find(o && o->backend ? o->backend : "auto");
 	int rc;
-	if (streams(b)) {
+	if (be_streams(b)) {
 		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK)
 			return rc;
-		if (streams(e->be))
+		e->sink = (struct be_sink){e->be, e->bctx};
+		if (be_streams(e->be)) {
+			sink = be_snap_sink(&e->sink);
 			so.sink = &sink;
+		}
 	}
 	rc = snap_open(dir, &so, &e->snap, err, errsz);
 	if (rc == WK_OK && e->be && !snap_on_sink(e->snap)) {

@@ -78,6 +78,7 @@ struct engine {
 	/* A snapshot restored into device memory (snap_on_sink): host copies of the tensors
 	 * read on the host (the embedding, vectors), made once by eng_tensor_host. */
 	struct host_copy *host_copies;
+	struct be_sink sink;          /* the restore's sink context */
 };
 
 extern const struct family fam_llama; /* engine/llama.c */

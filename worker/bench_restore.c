@@ -13,6 +13,11 @@
  * "Cold" drops the files from the page cache with posix_fadvise(DONTNEED) before each run.
  * It also measures the fixed cost of a cold start: a child `wick logits SNAP` from spawn to
  * ready, minus the time it spent moving bytes.
+ *
+ * With --backend B on a backend with device memory (cuda), it also restores the snapshot
+ * straight into the device through pinned staging buffers, checks the device's bytes against
+ * a host restore, and sets it beside the link's own speed in the same run: the same bytes
+ * copied to the device from one pinned buffer, nothing read from disk.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +33,7 @@
 #include "coldstart/hfmodel.h"
 #include "coldstart/snapshot.h"
 #include "common/wk.h"
+#include "engine/backend.h"
 #include "engine/engine.h"
 #include "worker/cmd.h"
 
@@ -57,7 +63,9 @@ static void usage(FILE *f)
 		"  --threads T        restore reader threads (default: the pipeline's choice)\n"
 		"  --startup-runs N   child processes for the fixed start-up cost (default 5)\n"
 		"  --map M            restore into a mapping of the file: auto (default), always,\n"
-		"                     never\n");
+		"                     never\n"
+		"  --backend B        also restore into B's device memory (cuda) against a pinned\n"
+		"                     copy of the same bytes (default cpu: nothing to add)\n");
 }
 
 static int add_file(struct files *f, const char *path)
@@ -193,6 +201,126 @@ static int check_identical(const char *dir, const char *src, const struct eng_sn
 	return bad;
 }
 
+/* ---- into device memory ---- */
+
+static double median(double *v, int n);
+
+/* The device's images (rank r of s) against a host restore of the same snapshot. */
+static int device_identical(const struct backend *b, void *ctx, const struct snap *dev,
+			    const char *dir, char *err, size_t errsz)
+{
+	struct snap *host;
+	struct snap_open_opts o = {.verify = true};
+	int rc = snap_open(dir, &o, &host, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	for (int r = 0; rc == WK_OK && r < snap_world(dev); r++) {
+		uint64_t n, m;
+		const void *d = snap_image(dev, r, &n), *h = snap_image(host, r, &m);
+		void *back = malloc(n ? n : 1);
+		if (!back) {
+			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		} else {
+			if (n)
+				b->to_host(ctx, back, d, n);
+			if (n != m || memcmp(back, h, n))
+				rc = wk_errf(err, errsz, WK_EFORMAT, "rank %d: the device's image differs "
+					     "from the host restore's", r);
+		}
+		free(back);
+	}
+	snap_close(host);
+	return rc;
+}
+
+/* The link alone: bytes copied to the device in 64 MiB pieces from one pinned buffer. */
+static double link_once(const struct backend *b, void *ctx, void *dev, uint64_t dev_bytes,
+			void *stage, uint64_t piece, uint64_t bytes, char *err, size_t errsz)
+{
+	double t0 = wk_now();
+	for (uint64_t off = 0; off < bytes; off += piece) {
+		uint64_t n = bytes - off < piece ? bytes - off : piece;
+		uint64_t at = off % dev_bytes;
+		if (at + n > dev_bytes)
+			at = 0;
+		if (b->stage_put(ctx, (char *)dev + at, stage, n, err, errsz) != WK_OK)
+			return -1;
+	}
+	if (b->stage_wait(ctx, stage, err, errsz) != WK_OK)
+		return -1;
+	return wk_now() - t0;
+}
+
+int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
+			 struct bench_device *out, char *err, size_t errsz)
+{
+	void *ctx;
+	struct be_config bc = {.threads = 1, .device = 0};
+	int rc = b->init(&ctx, &bc, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	struct be_sink k = {b, ctx};
+	struct snap_sink sk = be_snap_sink(&k);
+	struct snap_open_opts o = {.verify = true, .threads = threads, .sink = &sk};
+	double *v = calloc((size_t)runs, sizeof *v);
+	const uint64_t piece = 64u << 20;
+	void *stage = NULL, *dev = NULL;
+	uint64_t big = 0;
+	if (!v) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		goto done;
+	}
+	for (int r = 0; r < runs; r++) {
+		struct snap *s;
+		double t0 = wk_now();
+		if ((rc = snap_open(dir, &o, &s, err, errsz)) != WK_OK)
+			goto done;
+		v[r] = wk_now() - t0;
+		if (!snap_on_sink(s)) {
+			snap_close(s);
+			rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "a snapshot of %d ranks is not "
+				     "restored into one device (make one with tp 1, ep 1)",
+				     snap_world(s));
+			goto done;
+		}
+		out->bytes = 0;
+		for (int i = 0; i < snap_world(s); i++) {
+			uint64_t n;
+			snap_image(s, i, &n);
+			out->bytes += n;
+			big = n > big ? n : big;
+		}
+		if (r == 0)
+			rc = device_identical(b, ctx, s, dir, err, errsz);
+		snap_close(s);
+		if (rc != WK_OK)
+			goto done;
+	}
+	out->restore_s = median(v, runs);
+	stage = b->stage_alloc(ctx, piece);
+	dev = b->mem_alloc(ctx, big ? big : 1);
+	if (!stage || !dev) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "no memory for the pinned-copy baseline");
+		goto done;
+	}
+	memset(stage, 0x5a, piece);
+	for (int r = 0; r < runs; r++)
+		if ((v[r] = link_once(b, ctx, dev, big ? big : 1, stage, piece, out->bytes, err,
+				      errsz)) < 0) {
+			rc = WK_EIO;
+			goto done;
+		}
+	out->link_s = median(v, runs);
+done:
+	if (stage)
+		b->stage_free(ctx, stage);
+	if (dev)
+		b->mem_free(ctx, dev);
+	free(v);
+	b->shutdown(ctx);
+	return rc;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -252,14 +380,15 @@ static int startup_once(const char *dir, double *to_ready, double *reading)
 
 int bench_restore(int argc, char **argv)
 {
-	enum { O_SOURCE = 256, O_RUNS, O_NOCOLD, O_THREADS, O_SRUNS, O_MAP };
+	enum { O_SOURCE = 256, O_RUNS, O_NOCOLD, O_THREADS, O_SRUNS, O_MAP, O_BACKEND };
 	static const struct option opts[] = {
 		{"source", required_argument, 0, O_SOURCE}, {"runs", required_argument, 0, O_RUNS},
 		{"no-cold", no_argument, 0, O_NOCOLD}, {"threads", required_argument, 0, O_THREADS},
 		{"startup-runs", required_argument, 0, O_SRUNS}, {"map", required_argument, 0, O_MAP},
+		{"backend", required_argument, 0, O_BACKEND},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
-	const char *source = NULL;
+	const char *source = NULL, *backend = "cpu";
 	int runs = 3, cold = 1, threads = 0, sruns = 5, c;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
@@ -268,6 +397,7 @@ int bench_restore(int argc, char **argv)
 		case O_NOCOLD: cold = 0; break;
 		case O_THREADS: threads = atoi(optarg); break;
 		case O_SRUNS: sruns = atoi(optarg); break;
+		case O_BACKEND: backend = optarg; break;
 		case O_MAP:
 			map_mode = !strcmp(optarg, "always") ? 1 : !strcmp(optarg, "never") ? -1 : 0;
 			break;
@@ -281,6 +411,12 @@ int bench_restore(int argc, char **argv)
 	}
 	const char *dir = argv[optind];
 	char err[WK_ERRSZ], path[4096];
+	const struct backend *be = be_find(backend);
+	if (!be) {
+		fprintf(stderr, "wick bench restore: unknown backend '%s' (cpu, cuda, null)\n",
+			backend);
+		return 2;
+	}
 	struct snap *man;
 	struct snap_open_opts mo = {.manifest_only = true};
 	if (snap_open(dir, &mo, &man, err, sizeof err) != WK_OK) {
@@ -345,6 +481,12 @@ int bench_restore(int argc, char **argv)
 	}
 	free(v);
 
+	struct bench_device db = {0};
+	if (be_streams(be) && bench_restore_device(dir, be, runs, threads, &db, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench restore: into %s memory: %s\n", be->name, err);
+		goto out;
+	}
+
 	double fixed = -1, ready = -1, reading = 0;
 	if (sruns > 0) {
 		double *a = calloc((size_t)sruns, sizeof *a), *b = calloc((size_t)sruns, sizeof *b);
@@ -387,6 +529,18 @@ int bench_restore(int argc, char **argv)
 	printf("restore / naive   warm %.2fx%s", t[1][0] / t[2][0], cold ? "" : "\n");
 	if (cold)
 		printf("   cold %.2fx\n", t[1][1] / t[2][1]);
+	if (db.restore_s > 0) {
+		printf("into %s memory (warm, %.1f MB of images; the device's bytes checked against "
+		       "the host restore)\n", be->name, db.bytes / 1e6);
+		printf("%-42s %10.3f %8.2f\n", "restore through pinned staging", db.restore_s,
+		       db.bytes / db.restore_s / 1e9);
+		printf("%-42s %10.3f %8.2f\n", "pinned copy (one buffer, no disk)", db.link_s,
+		       db.bytes / db.link_s / 1e9);
+		printf("restore / pinned copy   %.2f of the link\n", db.link_s / db.restore_s);
+	} else if (strcmp(be->name, "cpu")) {
+		printf("into %s memory: not measured (the backend keeps weights in host memory)\n",
+		       be->name);
+	}
 	if (fixed >= 0)
 		printf("cold-start fixed cost  %.1f ms (spawn to ready %.1f ms, minus %.1f ms moving "
 		       "bytes; median of %d)\n", fixed * 1e3, ready * 1e3, reading * 1e3, sruns);
@@ -400,6 +554,14 @@ int bench_restore(int argc, char **argv)
 			      "warm_restore_vs_naive", t[1][0] / t[2][0],
 			      "cold_restore_vs_naive", cold ? t[1][1] / t[2][1] : 0.0,
 			      "fixed_startup_ms", fixed * 1e3);
+	if (j && db.restore_s > 0)
+		json_object_set_new(j, "device", json_pack("{s:s, s:I, s:f, s:f, s:f, s:f}", "backend",
+							   be->name, "bytes", (json_int_t)db.bytes,
+							   "restore_s", db.restore_s, "link_s",
+							   db.link_s, "restore_gbps",
+							   db.bytes / db.restore_s / 1e9,
+							   "restore_vs_link",
+							   db.link_s / db.restore_s));
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	if (s)
 		printf("%s\n", s);

@@ -26,6 +26,19 @@ int cmd_plan(int argc, char **argv);     /* worker/cmd_plan.c */
 /* ---- the engine flags shared by every command that loads a model ---- */
 
 #include <stdbool.h>
+#include <stdint.h>
+
+/* `wick bench restore --backend B`'s device part (bench_restore.c): starts backend b (device
+ * 0), restores the unsharded snapshot dir into its memory runs times through pinned staging
+ * (b must pass be_streams), checks the first run's bytes against a host restore, then copies
+ * the same number of bytes from one pinned buffer (the link alone). Medians in *out. */
+struct backend;
+struct bench_device {
+	double restore_s, link_s;
+	uint64_t bytes; /* image bytes */
+};
+int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
+			 struct bench_device *out, char *err, size_t errsz);
 
 #include "engine/engine.h"
 

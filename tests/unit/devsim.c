@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/dtype.h"
 #include "common/wk.h"
@@ -18,12 +19,14 @@ struct region {
 };
 
 /* A staging buffer of the snapshot restore and the copy from it not yet done: devsim's
- * copies are asynchronous in the strictest way, made only at stage_wait, so a restore that
- * refilled a buffer before waiting for it would copy the wrong bytes. */
+ * copies are asynchronous in the strictest way, made only at stage_wait (or at the next put
+ * from the same buffer), and the buffer's bytes are hashed at put and checked when the copy
+ * is made, so refilling a buffer before waiting for it fails the test by name. */
 struct stage {
 	void *buf;
 	void *dst; /* pending copy, or NULL */
 	size_t bytes;
+	uint64_t hash; /* of buf[0, bytes) at put */
 };
 
 struct devsim {
@@ -395,6 +398,8 @@ static void stage_flush(struct devsim *d, struct stage *s)
 {
 	if (!s->dst)
 		return;
+	cr_assert_eq(XXH3_64bits(s->buf, s->bytes), s->hash, "devsim: a staging buffer was "
+		     "refilled before stage_wait (its copy could still be reading it)");
 	OPEN(d);
 	memcpy(s->dst, s->buf, s->bytes);
 	CLOSE(d);
@@ -422,9 +427,9 @@ static int ds_stage_put(void *ctx, void *dst, const void *buf, size_t bytes, cha
 	dev(ctx, dst, "stage_put dst");
 	dev(ctx, (char *)dst + bytes - 1, "stage_put dst end");
 	struct stage *s = stage_of(d, buf);
-	cr_assert_null(s->dst, "devsim: a staging buffer refilled before stage_wait (its copy "
-		       "could still be reading it)");
-	*s = (struct stage){.buf = s->buf, .dst = dst, .bytes = bytes};
+	stage_flush(d, s); /* copies still in flight from the same, unchanged buffer */
+	*s = (struct stage){.buf = s->buf, .dst = dst, .bytes = bytes,
+			    .hash = XXH3_64bits(buf, bytes)};
 	d->stage_puts++;
 	pthread_mutex_unlock(&d->mu);
 	return WK_OK;

@@ -20,6 +20,7 @@
 #include "engine/engine_int.h"
 #include "engine/sampler.h"
 #include "tests/unit/devsim.h"
+#include "worker/cmd.h"
 
 static char model_dir[256];
 
@@ -155,4 +156,25 @@ Test(devmem, snapshot_streams_into_device_memory)
 	eng_close(dev);
 	free(want);
 	free(got);
+}
+
+/* `wick bench restore --backend B`'s device part on devsim: the device's bytes match a host
+ * restore, both timings are measured; a sharded snapshot is refused by name. */
+Test(devmem, bench_restore_into_device_memory)
+{
+	char snap[300], snap2[300], err[WK_ERRSZ];
+	snprintf(snap, sizeof snap, "%s/bsnap", model_dir);
+	snprintf(snap2, sizeof snap2, "%s/bsnap2", model_dir);
+	struct eng_snap_opts so = {.tp = 1, .ep = 1, .chunk_size = 16 << 10};
+	cr_assert_eq(eng_snapshot(model_dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
+	struct bench_device bd = {0};
+	cr_assert_eq(bench_restore_device(snap, &be_devsim, 3, 2, &bd, err, sizeof err), WK_OK,
+		     "%s", err);
+	cr_expect_gt(bd.bytes, 900000, "%llu image bytes", (unsigned long long)bd.bytes);
+	cr_expect(bd.restore_s > 0 && bd.link_s > 0, "%g %g", bd.restore_s, bd.link_s);
+	struct eng_snap_opts s2 = {.tp = 2, .ep = 1};
+	cr_assert_eq(eng_snapshot(model_dir, snap2, &s2, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(bench_restore_device(snap2, &be_devsim, 1, 2, &bd, err, sizeof err),
+		     WK_EUNSUPPORTED);
+	cr_expect(strstr(err, "a snapshot of 2 ranks"), "%s", err);
 }
