@@ -60,8 +60,8 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 	}
 	const struct eng_startup *s = &eng_info(*e)->startup;
 	if (s->snapshot)
-		fprintf(stderr, "wick: restored %.1f MB in %.1f ms (%.2f GB/s)%s; ready in %.1f ms\n",
-			s->bytes / 1e6, s->weights_s * 1e3,
+		fprintf(stderr, "wick: restored %.1f MB%s in %.1f ms (%.2f GB/s)%s; ready in %.1f ms\n",
+			s->bytes / 1e6, s->to_device ? " into device memory" : "", s->weights_s * 1e3,
 			s->weights_s > 0 ? s->bytes / s->weights_s / 1e9 : 0.0,
 			ce->o.no_verify ? ", checksums skipped" : ", checksums verified",
 			s->total_s * 1e3);
@@ -69,9 +69,10 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 		fprintf(stderr,
 			"{\"startup\": {\"model\": \"%s\", \"snapshot\": %s, \"weights_s\": %.6f, "
 			"\"read_s\": %.6f, \"verify_s\": %.6f, \"init_s\": %.6f, \"total_s\": %.6f, "
-			"\"bytes\": %llu, \"ready_mono\": %.6f}}\n",
+			"\"bytes\": %llu, \"to_device\": %s, \"ready_mono\": %.6f}}\n",
 			ce->model, s->snapshot ? "true" : "false", s->weights_s, s->read_s, s->verify_s,
-			s->init_s, s->total_s, (unsigned long long)s->bytes, s->ready_mono);
+			s->init_s, s->total_s, (unsigned long long)s->bytes,
+			s->to_device ? "true" : "false", s->ready_mono);
 	return 0;
 }
 
