@@ -82,6 +82,9 @@ struct be_experts {
 	void *dev;               /* the backend's own copy of the table (moe_bind), or NULL */
 };
 
+/* The most weights one matmul_n takes. */
+#define BE_MATMUL_MAX 8
+
 struct be_config {
 	int threads; /* CPU threads; <= 0 means all cores */
 	int device;  /* GPU ordinal for device backends */
@@ -99,6 +102,11 @@ struct backend {
 
 	/* y[n][w->rows] = x[n][w->cols] . w^T */
 	void (*matmul)(void *ctx, float *y, const float *x, const struct be_weight *w, int n);
+	/* The matmuls that read one input, as one op (one launch on a GPU): y[k] = x . w[k]^T
+	 * for k < count (2 .. BE_MATMUL_MAX; every w[k]->cols the same, dtypes may differ),
+	 * each exactly as matmul computes it. Optional (NULL: the engine calls matmul). */
+	void (*matmul_n)(void *ctx, float *const *y, const float *x,
+			 const struct be_weight *const *w, int count, int n);
 	void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 			float eps);
 	void (*rope)(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,

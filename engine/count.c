@@ -57,6 +57,12 @@ static void c_matmul(void *ctx, float *y, const float *x, const struct be_weight
 	COUNT(ctx, ENG_K_MATMUL, matmul(IN(ctx)->ctx, y, x, w, n));
 }
 
+static void c_matmul_n(void *ctx, float *const *y, const float *x,
+		       const struct be_weight *const *w, int count, int n)
+{
+	COUNT(ctx, ENG_K_MATMUL, matmul_n(IN(ctx)->ctx, y, x, w, count, n));
+}
+
 static void c_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 		      float eps)
 {
@@ -247,6 +253,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	/* every member the inner backend has, counted; the rest stay NULL */
 #define KEEP(m, f) b->m = in->m ? f : NULL
 	KEEP(matmul, c_matmul);
+	KEEP(matmul_n, c_matmul_n);
 	KEEP(rmsnorm, c_rmsnorm);
 	KEEP(rope, c_rope);
 	KEEP(attention, c_attention);

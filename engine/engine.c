@@ -260,6 +260,17 @@ void eng_dzero(struct engine *e, void *dst, size_t bytes)
 		memset(dst, 0, bytes);
 }
 
+void eng_matmul_n(struct engine *e, float *const *y, const float *x,
+		  const struct be_weight *const *w, int count, int n)
+{
+	if (count > 1 && count <= BE_MATMUL_MAX && e->be->matmul_n && !e->unfused) {
+		e->be->matmul_n(e->bctx, y, x, w, count, n);
+		return;
+	}
+	for (int k = 0; k < count; k++)
+		e->be->matmul(e->bctx, y[k], x, w[k], n);
+}
+
 bool eng_regrow(struct engine *e, void *p, size_t bytes)
 {
 	void **pp = p;
@@ -545,6 +556,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 
 	e->max_seq_opt = opts ? opts->max_seq : 0;
 	e->experts_one_by_one = opts && opts->experts_one_by_one;
+	e->unfused = opts && opts->unfused;
 	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
 	if (!e->fam->step)
 		e->max_seqs = 1;

@@ -36,6 +36,8 @@ struct eng_opts {
 	const struct backend *backend_ops; /* tests: this backend instead of o->backend */
 	bool count_launches; /* count every op and copy (eng_launches; `wick bench launches`) */
 	bool experts_one_by_one; /* MoE: never the backend's grouped op (a baseline to compare) */
+	bool unfused;            /* a baseline: one matmul per weight (never matmul_n), and
+				  * the caches written through copies */
 };
 
 struct eng_info {

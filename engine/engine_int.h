@@ -53,6 +53,7 @@ struct engine {
 	char arch[128];
 	int max_seq_opt;
 	bool experts_one_by_one; /* eng_opts: never the backend's grouped MoE op */
+	bool unfused;            /* eng_opts: no matmul_n, caches written through copies */
 	int max_seqs;   /* sequences the family holds (1 without step) */
 	int *seq_len;   /* [max_seqs] tokens in each sequence's cache */
 	bool *seq_used; /* [max_seqs] */
@@ -250,6 +251,10 @@ void eng_dzero(struct engine *e, void *dst, size_t bytes);
 /* *p = eng_alloc(bytes) when that succeeds (the old block, if any, released: contents are
  * not kept, this is for scratch); false, *p unchanged, when out of memory. */
 bool eng_regrow(struct engine *e, void *p, size_t bytes);
+/* y[k] = x . w[k]^T for k < count (<= BE_MATMUL_MAX, the same cols): one matmul_n where the
+ * backend has it (and eng_opts.unfused is off), else count matmuls. */
+void eng_matmul_n(struct engine *e, float *const *y, const float *x,
+		  const struct be_weight *const *w, int count, int n);
 /* After a step: WK_OK, or the backend's sticky error (a failed kernel), which fails the
  * step and every later one. */
 int eng_sync(struct engine *e, char *err, size_t errsz);

@@ -549,14 +549,21 @@ static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_r
 	return m->attn_ops->grow(m, T, m->seg, nseg);
 }
 
-static void mlp_forward(const struct backend *be, void *c, struct glm_model *m,
-			const struct glm_mlp *p, float *y, const float *x, int n)
+/* y = down(silu(m->g) * m->u), the MLP once its gate and up projections are in m->g, m->u. */
+static void mlp_down(struct engine *e, struct glm_model *m, const struct glm_mlp *p, float *y,
+		     int n)
 {
-	int inter = p->gate.rows;
-	be->matmul(c, m->g, x, &p->gate, n);
-	be->matmul(c, m->u, x, &p->up, n);
-	be->silu_mul(c, m->g, m->u, (size_t)n * inter);
-	be->matmul(c, y, m->g, &p->down, n);
+	e->be->silu_mul(e->bctx, m->g, m->u, (size_t)n * p->gate.rows);
+	e->be->matmul(e->bctx, y, m->g, &p->down, n);
+}
+
+static void mlp_forward(struct engine *e, struct glm_model *m, const struct glm_mlp *p,
+			float *y, const float *x, int n)
+{
+	float *o[2] = {m->g, m->u};
+	const struct be_weight *w[2] = {&p->gate, &p->up};
+	eng_matmul_n(e, o, x, w, 2, n);
+	mlp_down(e, m, p, y, n);
 }
 
 /* y [n][dim] = MoE(x); y is overwritten. Sharded: this rank's part of it (the shared
@@ -568,11 +575,16 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 {
 	const struct glm_cfg *g = &m->c;
 	int dim = g->dim, k = g->top_k, ne = g->n_experts;
-	if (g->n_shared > 0 && eng_tp_lead(e))
-		mlp_forward(be, c, m, &f->shared, y, x, n);
-	else
+	if (g->n_shared > 0 && eng_tp_lead(e)) {
+		/* the router and the shared expert's gate and up read x: one op */
+		float *o[3] = {m->logits, m->g, m->u};
+		const struct be_weight *w[3] = {&f->router, &f->shared.gate, &f->shared.up};
+		eng_matmul_n(e, o, x, w, 3, n);
+		mlp_down(e, m, &f->shared, y, n);
+	} else {
 		eng_dzero(e, y, (size_t)n * dim * sizeof *y);
-	be->matmul(c, m->logits, x, &f->router, n);
+		be->matmul(c, m->logits, x, &f->router, n);
+	}
 	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
 			     .scale = g->routed_scale};
@@ -609,7 +621,7 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 		if (cnt == 0)
 			continue;
 		be->gather_rows(c, m->xg, x, m->rows + start[ex], cnt, dim);
-		mlp_forward(be, c, m, &f->experts[ex], m->yg, m->xg, cnt);
+		mlp_forward(e, m, &f->experts[ex], m->yg, m->xg, cnt);
 		be->scatter_add_rows(c, y, m->yg, m->rows + start[ex], m->rw + start[ex], cnt, dim);
 	}
 }
@@ -666,7 +678,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		if (L->moe) {
 			moe_forward(e, be, c, m, &L->ffn, m->tmp, m->xb, T);
 		} else {
-			mlp_forward(be, c, m, &L->mlp, m->tmp, m->xb, T);
+			mlp_forward(e, m, &L->mlp, m->tmp, m->xb, T);
 			if (!lead)
 				eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		}
@@ -688,10 +700,15 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	}
 	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
 	 * vocabulary slices gathered in order into lg, rank 0 only. */
-	for (int i = 0; i < n_items; i++)
-		eng_dcopy(e, m->xb + (size_t)i * dim,
-			  m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim, dim * sizeof(float));
-	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
+	const float *last = m->x; /* decode only (a token per item): the rows are the last ones */
+	if (T > n_items || e->unfused) {
+		for (int i = 0; i < n_items; i++)
+			eng_dcopy(e, m->xb + (size_t)i * dim,
+				  m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim,
+				  dim * sizeof(float));
+		last = m->xb;
+	}
+	be->rmsnorm(c, m->xb, last, m->final_norm, n_items, dim, m->c.eps);
 	be->matmul(c, m->lg, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
 	if (e->rank != 0)

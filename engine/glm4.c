@@ -143,29 +143,36 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	void *c = e->bctx;
 	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim;
 
-	be->matmul(c, a->q, x, &L->wq, T);
-	be->matmul(c, a->kt, x, &L->wk, T);
-	be->matmul(c, a->vt, x, &L->wv, T);
+	/* q, k, v read x: one op. With one segment, k and v land straight in its caches (biased,
+	 * normalised and rotated there); with several, through the step's rows. */
+	size_t layer = (size_t)m->c.max_seq * kvd;
+	size_t at0 = ((size_t)seg[0].seq * m->c.n_layers + l) * layer + (size_t)seg[0].pos0 * kvd;
+	bool direct = nseg == 1 && !e->unfused;
+	float *kt = direct ? a->kcache + at0 : a->kt, *vt = direct ? a->vcache + at0 : a->vt;
+	float *o[3] = {a->q, kt, vt};
+	const struct be_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+	eng_matmul_n(e, o, x, w, 3, T);
 	if (L->bq) {
 		add_bias(be, c, a->q, L->bq, T, qd);
-		add_bias(be, c, a->kt, L->bk, T, kvd);
-		add_bias(be, c, a->vt, L->bv, T, kvd);
+		add_bias(be, c, kt, L->bk, T, kvd);
+		add_bias(be, c, vt, L->bv, T, kvd);
 	}
 	if (L->qn) {
 		be->rmsnorm(c, a->q, a->q, L->qn, T * a->n_heads, a->head_dim, m->c.eps);
-		be->rmsnorm(c, a->kt, a->kt, L->kn, T * a->n_kv, a->head_dim, m->c.eps);
+		be->rmsnorm(c, kt, kt, L->kn, T * a->n_kv, a->head_dim, m->c.eps);
 	}
 	be->rope(c, a->q, T, m->pos, a->n_heads, a->head_dim, a->rot, m->c.theta, false);
-	be->rope(c, a->kt, T, m->pos, a->n_kv, a->head_dim, a->rot, m->c.theta, false);
-	size_t layer = (size_t)m->c.max_seq * kvd;
+	be->rope(c, kt, T, m->pos, a->n_kv, a->head_dim, a->rot, m->c.theta, false);
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
 		size_t base = ((size_t)g->seq * m->c.n_layers + l) * layer;
 		float *kc = a->kcache + base, *vc = a->vcache + base;
-		eng_dcopy(e, kc + (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
-			  (size_t)g->n * kvd * sizeof(float));
-		eng_dcopy(e, vc + (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
-			  (size_t)g->n * kvd * sizeof(float));
+		if (!direct) {
+			eng_dcopy(e, kc + (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
+				  (size_t)g->n * kvd * sizeof(float));
+			eng_dcopy(e, vc + (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
+				  (size_t)g->n * kvd * sizeof(float));
+		}
 		be->attention(c, a->att + (size_t)g->off * qd, a->q + (size_t)g->off * qd, kc, vc,
 			      g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
 			      1.0f / sqrtf((float)a->head_dim));

@@ -46,6 +46,8 @@ struct g5_layer {
 	float *q_a_norm;           /* (q_lora) */
 	struct be_weight q_b;      /* (n_heads * (d_nope + d_rope), q_lora) */
 	struct be_weight kv_a;     /* (lora + d_rope, dim): c_kv rows then k_pe rows */
+	struct be_weight kv_c, kv_r; /* kv_a's c_kv rows and k_pe rows as two weights (split:
+				      * a view; FP8 needs lora a multiple of the 128-row block) */
 	float *kv_a_norm;          /* (lora) */
 	struct be_weight kv_b;     /* (n_heads * (d_nope + d_v), lora): per head k_nope rows, v rows */
 	struct be_weight o;        /* (dim, n_heads * d_v) */
@@ -63,6 +65,7 @@ struct g5 {
 	int i_heads, i_dim, topk; /* topk: min(index_topk, max_seq) */
 	float scale;
 	enum mla_mode mode;
+	bool split;                /* kv_a is bound as kv_c and kv_r (see g5_forward) */
 	struct g5_layer *layers;   /* [n_layers] */
 	/* caches, per sequence: index ((seq * n_layers + layer) * max_seq + position) */
 	float *ckv;                /* (max_seqs, n_layers, max_seq, lora) */
@@ -77,7 +80,8 @@ struct g5 {
 	float *iks;                /* (cap, i_dim) the step's new indexer keys */
 	float *qc;                 /* (cap, q_lora) */
 	float *q;                  /* (cap, n_heads * (d_nope + d_rope)) */
-	float *kva;                /* (cap, lora + d_rope) */
+	float *kva;                /* (cap, lora + d_rope); split: c_kv (cap, lora) */
+	float *kvr;                /* split: (cap, d_rope) the step's k_pe rows */
 	float *qa;                 /* (cap, n_heads * (lora + d_rope)) */
 	float *lat;                /* (cap, n_heads * lora) */
 	float *att;                /* (cap, n_heads * d_v) */
@@ -230,6 +234,7 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 	if ((rc = indexer_kinds(e->config, m, a, err, errsz)))
 		return rc;
 	int dim = m->c.dim, H = a->n_heads;
+	a->split = true;
 	for (int l = 0; l < m->c.n_layers; l++) {
 		struct g5_layer *L = &a->layers[l];
 		char nm[256];
@@ -247,6 +252,15 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		    (rc = W("kv_b_proj.weight", kvd, a->lora, &L->kv_b)) ||
 		    (rc = W("o_proj.weight", dim, H * a->d_v, &L->o)))
 			return rc;
+		/* kv_a as two weights, so that its c_kv and k_pe rows land in two places */
+		a->split &= L->kv_a.dtype != DT_F8_E4M3 || a->lora % 128 == 0;
+		L->kv_c = L->kv_r = L->kv_a;
+		L->kv_c.rows = a->lora;
+		L->kv_r.rows = a->d_rope;
+		L->kv_r.data = (const char *)L->kv_a.data +
+			       (size_t)a->lora * dim * dt_size(L->kv_a.dtype);
+		if (L->kv_a.scale)
+			L->kv_r.scale = L->kv_a.scale + (size_t)(a->lora / 128) * ((dim + 127) / 128);
 		m->attn_bytes += glm_weight_bytes(&L->q_a) + glm_weight_bytes(&L->q_b) +
 				 glm_weight_bytes(&L->kv_a) + glm_weight_bytes(&L->kv_b) +
 				 glm_weight_bytes(&L->o);
@@ -314,6 +328,7 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 		if (!re(m, &a->qc, N * a->q_lora * f) ||
 		    !re(m, &a->q, N * H * (a->d_nope + a->d_rope) * f) ||
 		    !re(m, &a->kva, N * (a->lora + a->d_rope) * f) ||
+		    !re(m, &a->kvr, N * a->d_rope * f) ||
 		    !re(m, &a->qa, N * H * (a->lora + a->d_rope) * f) ||
 		    !re(m, &a->lat, N * H * a->lora * f) || !re(m, &a->att, N * H * a->d_v * f) ||
 		    !re(m, &a->iqv, N * a->i_heads * a->i_dim * f) || !re(m, &a->iwv, N * a->i_heads * f) ||
@@ -389,18 +404,66 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	float theta = m->c.theta;
 #define CACHE(base, seq, width) ((base) + (((size_t)(seq) * nl + (size_t)l) * S) * (width))
 
-	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj; rope slice */
-	be->matmul(c, a->qc, x, &L->q_a, T);
+	/* Whether the indexer selects for some segment (a full layer decides, the others reuse
+	 * its choice); then the projections of the layer input x as one op: q_a_proj,
+	 * kv_a_proj_with_mqa, and the indexer's key and head-weight projections. */
+	bool any = false;
+	for (int s = 0; s < nseg; s++) {
+		if (L->full)
+			a->use_sel[s] = sparse(a, seg[s].n, seg[s].pos0);
+		any |= L->full && a->use_sel[s];
+	}
+	/* With kv_a split and one segment (a sequence's prefill, a batch-1 decode step), c_kv,
+	 * k_pe and the indexer keys land straight in their caches, normalised and rotated there:
+	 * no copies. */
+	const struct glm_seg *g0 = &seg[0];
+	bool direct = nseg == 1 && !e->unfused, split = a->split && !e->unfused;
+	float *ckv0 = CACHE(a->ckv, g0->seq, lora) + (size_t)g0->pos0 * lora;
+	float *kpe0 = CACHE(a->kpe, g0->seq, rope) + (size_t)g0->pos0 * rope;
+	float *ik0 = CACHE(a->ikc, g0->seq, a->i_dim) + (size_t)g0->pos0 * a->i_dim;
+	float *xo[5] = {a->qc}, *ikeys = direct ? ik0 : a->iks;
+	const struct be_weight *xw[5] = {&L->q_a};
+	int nx = 1;
+	if (split) {
+		xo[nx] = direct ? ckv0 : a->kva;
+		xw[nx++] = &L->kv_c;
+		xo[nx] = direct ? kpe0 : a->kvr;
+		xw[nx++] = &L->kv_r;
+	} else {
+		xo[nx] = a->kva;
+		xw[nx++] = &L->kv_a;
+	}
+	if (L->full) {
+		xo[nx] = ikeys;
+		xw[nx++] = &L->ik;
+	}
+	if (L->full && any) {
+		xo[nx] = a->iwv;
+		xw[nx++] = &L->iw;
+	}
+	eng_matmul_n(e, xo, x, xw, nx, T);
+
+	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
+	 * indexer's query projection, which reads q_c too); rope slices */
 	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, T, a->q_lora, MLA_NORM_EPS);
-	be->matmul(c, a->q, a->qc, &L->q_b, T);
+	float *qo[2] = {a->q, a->iqv};
+	const struct be_weight *qw[2] = {&L->q_b, &L->iq};
+	eng_matmul_n(e, qo, a->qc, qw, any ? 2 : 1, T);
 	be->rope(c, a->q + nope, T, m->pos, H, nope + rope, rope, theta, true);
 
 	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
-	be->matmul(c, a->kva, x, &L->kv_a, T);
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
 		float *ckv = CACHE(a->ckv, g->seq, lora), *kpe = CACHE(a->kpe, g->seq, rope);
-		for (int i = 0; i < g->n; i++) {
+		float *cr = ckv + (size_t)g->pos0 * lora, *kr = kpe + (size_t)g->pos0 * rope;
+		if (split) {
+			const float *c_in = direct ? cr : a->kva + (size_t)g->off * lora;
+			be->rmsnorm(c, cr, c_in, L->kv_a_norm, g->n, lora, MLA_NORM_EPS);
+			if (!direct)
+				eng_dcopy(e, kr, a->kvr + (size_t)g->off * rope,
+					  (size_t)g->n * rope * sizeof(float));
+		}
+		for (int i = 0; i < g->n && !split; i++) {
 			const float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
 			be->rmsnorm(c, ckv + (size_t)(g->pos0 + i) * lora, row, L->kv_a_norm, 1, lora,
 				    MLA_NORM_EPS);
@@ -415,23 +478,14 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * has more than topk keys (else it would select them all). */
 	if (L->full) {
 		int id = a->i_dim;
-		bool any = false;
-		be->matmul(c, a->iks, x, &L->ik, T);
-		be->layernorm(c, a->iks, a->iks, L->ik_norm_w, L->ik_norm_b, T, id,
-			      INDEXER_NORM_EPS);
-		be->rope(c, a->iks, T, m->pos, 1, id, rope, theta, true);
-		for (int s = 0; s < nseg; s++) {
+		be->layernorm(c, ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, id, INDEXER_NORM_EPS);
+		be->rope(c, ikeys, T, m->pos, 1, id, rope, theta, true);
+		for (int s = 0; s < nseg && !direct; s++)
 			eng_dcopy(e, CACHE(a->ikc, seg[s].seq, id) + (size_t)seg[s].pos0 * id,
 				  a->iks + (size_t)seg[s].off * id,
 				  (size_t)seg[s].n * id * sizeof(float));
-			a->use_sel[s] = sparse(a, seg[s].n, seg[s].pos0);
-			any |= a->use_sel[s];
-		}
-		if (any) {
-			be->matmul(c, a->iqv, a->qc, &L->iq, T);
+		if (any)
 			be->rope(c, a->iqv, T, m->pos, a->i_heads, id, rope, theta, true);
-			be->matmul(c, a->iwv, x, &L->iw, T);
-		}
 		for (int s = 0; s < nseg; s++) {
 			const struct glm_seg *g = &seg[s];
 			size_t off = (size_t)g->off;
@@ -467,6 +521,7 @@ static void g5_free(struct glm_model *m)
 		return;
 	free(a->use_sel);
 	void *bufs[] = {a->ckv, a->kpe, a->ikc, a->iks, a->scores, a->work, a->qc, a->q, a->kva,
+			a->kvr,
 			a->qa, a->lat, a->att, a->iqv, a->iwv, a->sel, a->nsel, a->kvx};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
 		eng_release(m->e, bufs[i]);

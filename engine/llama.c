@@ -307,19 +307,28 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
 		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
-		be->matmul(c, m->q, m->xb, &L->wq, T);
-		be->matmul(c, m->kt, m->xb, &L->wk, T);
-		be->matmul(c, m->vt, m->xb, &L->wv, T);
+		/* q, k, v read xb: one op. With one sequence in the step, k and v land straight in
+		 * its caches (rotated there); with several, they go through the step's rows. */
+		size_t base0 = ((size_t)items[0].seq * m->n_layers + l) * layer_sz,
+		       at0 = (size_t)e->seq_len[items[0].seq] * kvd;
+		bool direct = n_items == 1 && !e->unfused;
+		float *kt = direct ? m->kcache + base0 + at0 : m->kt;
+		float *vt = direct ? m->vcache + base0 + at0 : m->vt;
+		float *qkv[3] = {m->q, kt, vt};
+		const struct be_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+		eng_matmul_n(e, qkv, m->xb, wqkv, 3, T);
 		be->rope(c, m->q, T, m->pos, m->n_heads, m->head_dim, m->head_dim, m->theta, false);
-		be->rope(c, m->kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim, m->theta, false);
+		be->rope(c, kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim, m->theta, false);
 		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
 			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
 			float *kc = m->kcache + base, *vc = m->vcache + base;
 			int pos0 = e->seq_len[items[i].seq];
-			eng_dcopy(e, kc + (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
-				  (size_t)items[i].n * kvd * sizeof(float));
-			eng_dcopy(e, vc + (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
-				  (size_t)items[i].n * kvd * sizeof(float));
+			if (!direct) {
+				eng_dcopy(e, kc + (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
+					  (size_t)items[i].n * kvd * sizeof(float));
+				eng_dcopy(e, vc + (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
+					  (size_t)items[i].n * kvd * sizeof(float));
+			}
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
 			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, items[i].n, pos0,
 				      m->n_heads, m->n_kv, m->head_dim, kvd,
@@ -332,8 +341,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
 
 		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, T, dim, m->eps);
-		be->matmul(c, m->g, m->xb, &L->gate, T);
-		be->matmul(c, m->u, m->xb, &L->up, T);
+		float *gu[2] = {m->g, m->u};
+		const struct be_weight *wgu[2] = {&L->gate, &L->up};
+		eng_matmul_n(e, gu, m->xb, wgu, 2, T);
 		be->silu_mul(c, m->g, m->u, (size_t)T * m->hidden);
 		be->matmul(c, m->tmp, m->g, &L->down, T);
 		if (!lead)
@@ -355,12 +365,16 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits. */
-	for (int i = 0, t = 0; i < n_items; i++) {
-		t += items[i].n;
-		eng_dcopy(e, m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim,
-			  dim * sizeof(float));
+	const float *last = m->x; /* decode only (a token per item): the rows are the last ones */
+	if (T > n_items || e->unfused) {
+		for (int i = 0, t = 0; i < n_items; i++) {
+			t += items[i].n;
+			eng_dcopy(e, m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim,
+				  dim * sizeof(float));
+		}
+		last = m->xb;
 	}
-	be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
+	be->rmsnorm(c, m->xb, last, m->final_norm, n_items, dim, m->eps);
 	be->matmul(c, m->tmp, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, m->tmp, n_items, m->vocab, m->gath);
 	if (e->rank != 0)

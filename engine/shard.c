@@ -366,6 +366,7 @@ static int rank_open(struct engine *e, const struct eng_opts *o, int r, int thre
 	re->fam = e->fam;
 	re->max_seq_opt = e->max_seq_opt;
 	re->experts_one_by_one = e->experts_one_by_one;
+	re->unfused = e->unfused;
 	re->max_seqs = e->max_seqs;
 	re->seq_len = e->seq_len;
 	re->seq_used = e->seq_used;

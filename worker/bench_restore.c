@@ -277,10 +277,10 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 			goto done;
 		v[r] = wk_now() - t0;
 		if (!snap_on_sink(s)) {
-			snap_close(s);
 			rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "a snapshot of %d ranks is not "
 				     "restored into one device (make one with tp 1, ep 1)",
 				     snap_world(s));
+			snap_close(s);
 			goto done;
 		}
 		out->bytes = 0;

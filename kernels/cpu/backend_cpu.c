@@ -55,6 +55,13 @@ static void matmul(void *ctx, float *y, const float *x, const struct be_weight *
 		cpu_matmul(c->pool, y, x, w->data, w->dtype, n, w->rows, w->cols);
 }
 
+static void matmul_n(void *ctx, float *const *y, const float *x,
+		     const struct be_weight *const *w, int count, int n)
+{
+	for (int k = 0; k < count; k++)
+		matmul(ctx, y[k], x, w[k], n);
+}
+
 static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim, float eps)
 {
 	(void)ctx;
@@ -347,6 +354,7 @@ const struct backend be_cpu = {
 	.shutdown = shutdown,
 	.supports = supports,
 	.matmul = matmul,
+	.matmul_n = matmul_n,
 	.rmsnorm = rmsnorm,
 	.rope = rope,
 	.attention = attention,

@@ -159,6 +159,20 @@ static void matmul(void *ctx, float *y, const float *x, const struct be_weight *
 	ok(c, rc, err);
 }
 
+static void matmul_n(void *ctx, float *const *y, const float *x,
+		     const struct be_weight *const *w, int count, int n)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct wk_mm p[WK_MATMUL_MAX];
+	static_assert(WK_MATMUL_MAX == BE_MATMUL_MAX, "matmul_n limits differ");
+	if (c->rc != WK_OK)
+		return;
+	for (int k = 0; k < count && k < WK_MATMUL_MAX; k++)
+		p[k] = {y[k], w[k]->data, w[k]->scale, w[k]->dtype, w[k]->rows};
+	ok(c, wk_cuda_matmul_n(p, count, x, n, count > 0 ? w[0]->cols : 0, err, sizeof err), err);
+}
+
 static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 		    float eps)
 {
@@ -541,6 +555,7 @@ static struct backend make_backend(void)
 	b.shutdown = shutdown;
 	b.supports = supports;
 	b.matmul = matmul;
+	b.matmul_n = matmul_n;
 	b.rmsnorm = rmsnorm;
 	b.rope = rope;
 	b.attention = attention;

@@ -39,6 +39,19 @@ int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int
 /* FP8 e4m3 block-scaled weights: scale[ceil(rows/128)][ceil(cols/128)] (cpu_ref_matmul_fp8) */
 int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
 		       int rows, int cols, char *err, size_t errsz);
+/* Several weights over one input x [n][cols] in one launch: parts[k].y [n][parts[k].rows] =
+ * x . parts[k].w^T, each row computed exactly as wk_cuda_matmul / wk_cuda_matmul_fp8 do
+ * (scale: FP8 block scales, else NULL); count 1..WK_MATMUL_MAX. */
+#define WK_MATMUL_MAX 8
+struct wk_mm {
+	float *y;
+	const void *w;
+	const float *scale;
+	enum dt_type dtype;
+	int rows;
+};
+int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n, int cols,
+		     char *err, size_t errsz);
 int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps,
 		    char *err, size_t errsz);
 int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,

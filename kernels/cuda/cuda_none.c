@@ -80,6 +80,13 @@ int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *
 	return none(err, errsz);
 }
 
+int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n, int cols,
+		     char *err, size_t errsz)
+{
+	(void)parts, (void)count, (void)x, (void)n, (void)cols;
+	return none(err, errsz);
+}
+
 int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps,
 		    char *err, size_t errsz)
 {

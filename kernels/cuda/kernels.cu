@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <string.h>
 
 extern "C" {
 #include "common/wk.h"
@@ -56,13 +57,12 @@ extern "C" int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz)
 /* ---- matmul (cpu_ref_matmul, cpu_ref_matmul_fp8) ------------------------------------------ */
 
 /* One warp per weight row, all n tokens: the row is read from memory once and from cache
- * for the other tokens. */
+ * for the other tokens. The row's work is a device function, so that k_matmul_n computes
+ * every row exactly as k_matmul does. */
 template <typename T>
-__global__ void k_matmul(float *y, const float *x, const T *w, int n, int rows, int cols)
+__device__ void row_matmul(float *y, const float *x, const T *w, int n, int rows, int cols,
+			   int row, int lane)
 {
-	int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-	if (row >= rows)
-		return;
 	const T *wr = w + (size_t)row * cols;
 	for (int t = 0; t < n; t++) {
 		const float *xt = x + (size_t)t * cols;
@@ -75,13 +75,18 @@ __global__ void k_matmul(float *y, const float *x, const T *w, int n, int rows, 
 	}
 }
 
-/* As k_matmul, the sum taken per 128-column block and scaled by the block's scale. */
-__global__ void k_matmul_fp8(float *y, const float *x, const __nv_fp8_e4m3 *w,
-			     const float *scale, int n, int rows, int cols)
+template <typename T>
+__global__ void k_matmul(float *y, const float *x, const T *w, int n, int rows, int cols)
 {
 	int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-	if (row >= rows)
-		return;
+	if (row < rows)
+		row_matmul(y, x, w, n, rows, cols, row, lane);
+}
+
+/* As row_matmul, the sum taken per 128-column block and scaled by the block's scale. */
+__device__ void row_matmul_fp8(float *y, const float *x, const __nv_fp8_e4m3 *w,
+			       const float *scale, int n, int rows, int cols, int row, int lane)
+{
 	int sc = (cols + FP8_BLOCK - 1) / FP8_BLOCK;
 	const __nv_fp8_e4m3 *wr = w + (size_t)row * cols;
 	const float *srow = scale + (size_t)(row / FP8_BLOCK) * sc;
@@ -99,6 +104,77 @@ __global__ void k_matmul_fp8(float *y, const float *x, const __nv_fp8_e4m3 *w,
 		if (lane == 0)
 			y[(size_t)t * rows + row] = acc;
 	}
+}
+
+__global__ void k_matmul_fp8(float *y, const float *x, const __nv_fp8_e4m3 *w,
+			     const float *scale, int n, int rows, int cols)
+{
+	int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+	if (row < rows)
+		row_matmul_fp8(y, x, w, scale, n, rows, cols, row, lane);
+}
+
+/* Several weights over one input in one launch (wk_cuda_matmul_n): warp g takes global row g
+ * of the weights stacked in order; a warp never straddles two weights (one row per warp). */
+struct mm_set {
+	int count, cols;
+	int start[WK_MATMUL_MAX + 1]; /* first global row of each weight; start[count]: total */
+	struct wk_mm p[WK_MATMUL_MAX];
+};
+
+__global__ void k_matmul_n(struct mm_set s, const float *x, int n)
+{
+	int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+	if (g >= s.start[s.count])
+		return;
+	int k = 0;
+	while (g >= s.start[k + 1])
+		k++;
+	const struct wk_mm *p = &s.p[k];
+	int row = g - s.start[k];
+	switch (p->dtype) {
+	case DT_F32:
+		row_matmul(p->y, x, (const float *)p->w, n, p->rows, s.cols, row, lane);
+		break;
+	case DT_BF16:
+		row_matmul(p->y, x, (const __nv_bfloat16 *)p->w, n, p->rows, s.cols, row, lane);
+		break;
+	case DT_F16:
+		row_matmul(p->y, x, (const __half *)p->w, n, p->rows, s.cols, row, lane);
+		break;
+	default: /* DT_F8_E4M3, checked at launch */
+		row_matmul_fp8(p->y, x, (const __nv_fp8_e4m3 *)p->w, p->scale, n, p->rows, s.cols,
+			       row, lane);
+		break;
+	}
+}
+
+extern "C" int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n,
+				int cols, char *err, size_t errsz)
+{
+	if (count < 1 || count > WK_MATMUL_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA matmul_n: %d weights (1..%d)", count,
+			       WK_MATMUL_MAX);
+	struct mm_set s;
+	memset(&s, 0, sizeof s);
+	s.count = count;
+	s.cols = cols;
+	for (int k = 0; k < count; k++) {
+		enum dt_type t = parts[k].dtype;
+		if (t != DT_F32 && t != DT_BF16 && t != DT_F16 && t != DT_F8_E4M3)
+			return wk_errf(err, errsz, WK_EUNSUPPORTED, "CUDA matmul_n: weights in %s",
+				       dt_name(t));
+		if (parts[k].rows < 0 || (t == DT_F8_E4M3 && !parts[k].scale))
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA matmul_n: weight %d: %d rows%s",
+				       k, parts[k].rows, t == DT_F8_E4M3 && !parts[k].scale
+				       ? ", FP8 without block scales" : "");
+		s.p[k] = parts[k];
+		s.start[k + 1] = s.start[k] + parts[k].rows;
+	}
+	if (n <= 0 || s.start[count] == 0)
+		return WK_OK;
+	k_matmul_n<<<blocks((size_t)s.start[count] * 32, 256), 256>>>(s, x, n);
+	return launched("matmul_n", err, errsz);
 }
 
 extern "C" int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n,

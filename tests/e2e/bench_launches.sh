@@ -1,11 +1,14 @@
 # `wick bench launches`: the ops and copies of a decode step, counted, match what the
-# families issue, computed here from the structure. stories260K (Llama): 7 matmuls per layer
-# + lm_head, one attention per layer. GLM-5's structure (gen_glm --preset glm5-structure: 78
-# layers, 3 dense, 256 experts top-8, an indexer per layer) past index_topk (sparse): every
-# MoE layer routes once and runs its experts in one grouped op (4 kernels on CUDA), or, the
-# baseline, 8 distinct experts one by one (a gather, 3 matmuls, a silu_mul and a scatter
-# each, and the routing plan to the host and back: 52 launches); the attention issues 7
-# matmuls (q_a, q_b, kv_a, indexer wk, wq_b, weights_proj, o_proj). Also: the sharded count
+# families issue, computed here from the structure. stories260K (Llama): 4 matmuls per layer
+# (q, k and v as one matmul_n, o, gate and up as one, down) + lm_head, one attention per
+# layer, k and v written straight into the caches. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
+# top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes once and runs
+# its experts in one grouped op (4 kernels on CUDA); the attention's 7 projections are 3 ops
+# (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj), and
+# the router with the shared expert's gate and up is one; a batch-1 step's keys land in their
+# caches without copies. The unfused baseline: 8 distinct experts one by one (a gather, 3
+# matmuls, a silu_mul and a scatter each, and the routing plan to the host and back: 52
+# launches), every weight its own matmul, and 2 cache copies a layer. Also: the sharded count
 # is one rank's, with its collectives.
 source tests/e2e/lib.sh
 m=$(stories)
@@ -17,7 +20,9 @@ import json, sys
 j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
 L, k = cfg["num_hidden_layers"], json.loads(sys.argv[1])["by_kind"]
 assert j["bench"] == "launches" and j["steps"] == 3 and j["context"] == 8, j
-assert k["matmul"] == 7 * L + 1, k
+assert k["matmul"] == 4 * L + 1, k
+assert "copy" not in k, k                          # k and v land in the caches
+assert j["unfused"] - j["launches"] == 3 * L + 2 * L + 1, j   # matmuls, cache copies, last row
 assert k["attention"] == L and k["silu_mul"] == L and k["add"] == 2 * L, k
 assert k["rmsnorm"] == 2 * L + 1, k
 assert j["launches"] == j["kernels"] + j["copies"] + j["collectives"], j
@@ -38,11 +43,12 @@ assert L == 78 and dense == 3 and cfg["n_routed_experts"] == 256 and topk == 8, 
 assert k["mla_attention"] == L and k["dsa_topk"] == L, k          # sparse: 100 > index_topk
 assert k["moe_route"] == moe and k["moe_experts"] == moe, k
 assert "gather_rows" not in k and "scatter_add_rows" not in k, k
-assert k["matmul"] == 7 * L + 3 * dense + moe * (3 + 1) + 1, k   # + shared expert, router
+assert k["matmul"] == 3 * L + 2 * dense + 2 * moe + 1, k   # + MLPs, shared expert, router
 assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing round trip
-assert j["one_by_one"] - j["launches"] == moe * (6 * topk + 4 - 4), j
+assert "copy" not in k, k                          # c_kv, k_pe, index keys land in caches
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
-      f"experts one by one {j['one_by_one']:.0f}")
+      f"unfused {j['unfused']:.0f}")
 PY
 
 # sharded (tp 2 x ep 2 over 4 ranks): rank 0's count, with its all_reduces

@@ -10,11 +10,14 @@ REF=scripts/glm_ref.py
 TOKENS=1,5,9,13,200,7,42,99,3,250,17,8 # 12 tokens; index_topk is 4, so DSA drops keys
 
 # Tiny checkpoints: GLM-5 FP8 (single file; three shards with an MTP layer, same seed so the
-# same weights), GLM-5 in BF16 without expert groups (as the real n_group 1), GLM-4.5 BF16
+# same weights), GLM-5 FP8 with kv_lora_rank 128 (a whole FP8 block: the engine binds
+# kv_a_proj_with_mqa's c_kv and k_pe rows as two weights, the second's block scales offset),
+# GLM-5 in BF16 without expert groups (as the real n_group 1), GLM-4.5 BF16
 # with qk-norm, and a sharded GLM-4.5 without qk-norm plus MTP.
 G="$WICK_TOOLS/gen_glm"
 "$G" --family glm5 -o "$TMPD/g5" --seed 7 >/dev/null || fail "gen_glm glm5"
 "$G" --family glm5 -o "$TMPD/g5s" --seed 7 --shards 3 --mtp >/dev/null || fail "gen_glm glm5 sharded"
+"$G" --family glm5 -o "$TMPD/g5k" --seed 5 --kv-lora-rank 128 >/dev/null || fail "gen_glm glm5 kv 128"
 "$G" --family glm5 -o "$TMPD/g5b" --seed 6 --dtype bf16 --n-group 1 --topk-group 1 >/dev/null ||
   fail "gen_glm glm5 bf16"
 "$G" --family glm4 -o "$TMPD/g4" --seed 8 >/dev/null || fail "gen_glm glm4"
@@ -24,7 +27,7 @@ G="$WICK_TOOLS/gen_glm"
   fail "gen_glm --shards 3 did not write three shards and an index"
 
 # ---- the reference on its own ----------------------------------------------------------------
-for m in g5 g5s g5b g4 g4s; do
+for m in g5 g5s g5k g5b g4 g4s; do
   $PY $REF "$TMPD/$m" --tokens $TOKENS --all-positions >"$TMPD/$m.ref.json" || fail "glm_ref.py on $m"
 done
 $PY $REF "$TMPD/g5" --tokens $TOKENS --all-positions >"$TMPD/g5.ref2.json"
@@ -39,7 +42,7 @@ tmp, ref, tokens = sys.argv[1:4]
 sys.path.insert(0, os.path.dirname(ref))
 import glm_ref
 
-for m in ("g5", "g5b", "g4", "g4s"):
+for m in ("g5", "g5k", "g5b", "g4", "g4s"):
     j = json.load(open(f"{tmp}/{m}.ref.json"))
     a = np.array(j["logits"], dtype=np.float64)
     assert a.shape == (12, j["vocab"]) and np.isfinite(a).all(), m
@@ -86,7 +89,7 @@ print("reference self-checks ok")
 PY
 
 # ---- wick against the reference ---------------------------------------------------------------
-for m in g5 g5s g5b g4 g4s; do
+for m in g5 g5s g5k g5b g4 g4s; do
   "$WICK" logits "$TMPD/$m" --tokens $TOKENS --all-positions >"$TMPD/$m.wick.json" 2>"$TMPD/$m.err" ||
     fail "wick logits on $m: $(head -c 300 "$TMPD/$m.err")"
   $PY - "$TMPD/$m.wick.json" "$TMPD/$m.ref.json" "$m" <<'PY' || fail "$m: wick differs from the reference"

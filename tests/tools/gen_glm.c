@@ -695,7 +695,7 @@ static void preset_structure(struct dims *d)
 	d->n_group = 1;
 	d->topk_group = 1;
 	d->q_lora = 32;
-	d->kv_lora = 32;
+	d->kv_lora = 128; /* a whole FP8 block, as GLM-5's 512 */
 	d->nope = 16;
 	d->rope = 8;
 	d->v_head = 16;

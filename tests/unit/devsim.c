@@ -143,6 +143,17 @@ static void ds_matmul(void *ctx, float *y, const float *x, const struct be_weigh
 	WRAP(matmul(CPU, y, x, w, n));
 }
 
+static void ds_matmul_n(void *ctx, float *const *y, const float *x,
+			const struct be_weight *const *w, int count, int n)
+{
+	dev(ctx, x, "matmul_n x");
+	for (int k = 0; k < count; k++) {
+		dev(ctx, y[k], "matmul_n y");
+		dev_w(ctx, w[k], "matmul_n weight");
+	}
+	WRAP(matmul_n(CPU, y, x, w, count, n));
+}
+
 static void ds_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 		       float eps)
 {
@@ -460,6 +471,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.shutdown = ds_shutdown, \
 	.supports = ds_supports, \
 	.matmul = ds_matmul, \
+	.matmul_n = ds_matmul_n, \
 	.rmsnorm = ds_rmsnorm, \
 	.rope = ds_rope, \
 	.attention = ds_attention, \

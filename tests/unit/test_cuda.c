@@ -957,3 +957,63 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	moe_set_free(&m);
 	free(xv);
 }
+
+/* matmul_n: four weights of every dtype over one input in one launch, each output bit for
+ * bit what its own matmul gives (the same row code), and within TOL of the reference. */
+Test(cuda_kernels, matmul_n_matches_matmul)
+{
+	NEED_GPU();
+	enum { K = 4 };
+	int n = 3, cols = 300, rows[K] = {37, 64, 5, 130};
+	enum dt_type types[K] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3};
+	float *x = rnd_vec((size_t)n * cols), *dx = to_dev(x, (size_t)n * cols * 4);
+	struct wk_mm parts[K];
+	void *dw[K];
+	float *scale[K] = {NULL}, *dscale[K] = {NULL}, *want[K];
+	for (int k = 0; k < K; k++) {
+		void *w = rnd_weight(types[k], rows[k], cols, &scale[k]);
+		size_t nb = (size_t)rows[k] * cols * dt_size(types[k]);
+		dw[k] = to_dev(w, nb);
+		if (scale[k])
+			dscale[k] = to_dev(scale[k], (size_t)((rows[k] + 127) / 128) *
+							 ((cols + 127) / 128) * 4);
+		want[k] = malloc((size_t)n * rows[k] * 4);
+		if (types[k] == DT_F8_E4M3)
+			cpu_ref_matmul_fp8(want[k], x, w, scale[k], n, rows[k], cols);
+		else
+			cpu_ref_matmul(want[k], x, w, types[k], n, rows[k], cols);
+		free(w);
+		parts[k] = (struct wk_mm){.y = dev_alloc((size_t)n * rows[k] * 4), .w = dw[k],
+					  .scale = dscale[k], .dtype = types[k], .rows = rows[k]};
+	}
+	cr_assert_eq(wk_cuda_matmul_n(parts, K, dx, n, cols, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < K; k++) {
+		size_t ny = (size_t)n * rows[k];
+		float *got = malloc(ny * 4), *one = malloc(ny * 4), *dy = dev_alloc(ny * 4);
+		from_dev(got, parts[k].y, ny * 4);
+		if (types[k] == DT_F8_E4M3)
+			cr_assert_eq(wk_cuda_matmul_fp8(dy, dx, dw[k], dscale[k], n, rows[k], cols, err,
+							sizeof err), WK_OK, "%s", err);
+		else
+			cr_assert_eq(wk_cuda_matmul(dy, dx, dw[k], types[k], n, rows[k], cols, err,
+						    sizeof err), WK_OK, "%s", err);
+		from_dev(one, dy, ny * 4);
+		cr_expect_eq(memcmp(got, one, ny * 4), 0, "%s: matmul_n differs from matmul",
+			     dt_name(types[k]));
+		cr_expect_leq(rel(got, want[k], ny), TOL, "%s: against the reference",
+			      dt_name(types[k]));
+		free(got);
+		free(one);
+		free(want[k]);
+		free(scale[k]);
+		wk_cuda_free(dy);
+		wk_cuda_free(parts[k].y);
+		wk_cuda_free(dw[k]);
+		wk_cuda_free(dscale[k]);
+	}
+	struct wk_mm bad = parts[3];
+	bad.scale = NULL;
+	cr_expect_eq(wk_cuda_matmul_n(&bad, 1, dx, n, cols, err, sizeof err), WK_EINVAL);
+	wk_cuda_free(dx);
+	free(x);
+}

@@ -527,6 +527,14 @@ Test(glm, batched_sequences_match_single)
 	set_mla(NULL);
 	rm_rf(dir);
 	free(dir);
+	/* BF16: kv_a_proj_with_mqa bound as two weights, c_kv and k_pe written straight into the
+	 * caches for one sequence, through the step's rows for several */
+	dir = mkdir_tmp();
+	d.wdt = DT_BF16;
+	write_glm5(dir, &d);
+	check_batched(dir, G5_VOCAB, "glm5 bf16, index_topk 4");
+	rm_rf(dir);
+	free(dir);
 	dir = mkdir_tmp();
 	write_glm4(dir, DT_BF16, 4, 2, 0.1f);
 	check_batched(dir, G4_VOCAB, "glm4 bf16");
