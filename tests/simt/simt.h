@@ -1,0 +1,184 @@
+/*
+ * simt.h - a small CUDA emulator, so that the CUDA kernels' tests (tests/unit/test_cuda.c)
+ * run on a plain CPU in every `make test`. tests/simt/cu2cpp.py rewrites the kernel files of
+ * kernels/cuda into C++ (launches become simt_run calls), the shim headers in
+ * tests/simt/include make <cuda_runtime.h> and friends this file, and g++ compiles the result
+ * (the Makefile's simt target, $(BUILD)/simt/unit).
+ *
+ * What it does: each CUDA thread is a fiber on its own stack. The blocks of a launch run one
+ * after another; in a block, each warp runs until all its lanes wait at __syncthreads (or
+ * have returned), then the next warp, forwards and backwards in turn, so one warp races ahead
+ * of the others as it may on a GPU. __syncthreads() is a real barrier (a deadlock, or threads
+ * of a block waiting at different __syncthreads, aborts with a message) and a warp shuffle
+ * waits for the warp's lanes. Shared memory (static and dynamic) is poisoned with 0x7fffffff
+ * words at the start of every block, device memory at cudaMalloc: a float read before it is
+ * written is NaN, an int INT_MAX. So a missing barrier usually shows as a read of the poison
+ * or of another warp's older or newer value. Launches check the block and grid sizes and the
+ * dynamic shared memory as CUDA does and report cudaErrorInvalidConfiguration.
+ *
+ * What it does NOT prove, and the GPU (scripts/gpu-check) remains the judge of:
+ *   - speed: nothing here says how fast a kernel is on a GPU;
+ *   - the GPU memory model: threads switch only at barriers and shuffles, in the two orders
+ *     above, so a race is found only where those orders expose it; blocks never run at the
+ *     same time, so races between blocks are not tested at all; device memory is host
+ *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
+ *     checks that for the backend);
+ *   - real warp scheduling: no lockstep, no divergence cost, no independent-thread-scheduling
+ *     hazards (code that needs __syncwarp and lacks it passes);
+ *   - atomics ordering: atomics run one at a time in the emulator's order, not the GPU's;
+ *   - arithmetic: expf and friends are the host's libm and nothing is fused into an FMA, so
+ *     results can differ from the GPU's in the last bits (the tests compare with tolerances);
+ *   - limits beyond the launch configuration: registers, occupancy, static shared memory.
+ *
+ * Only what kernels/cuda/kernels.cu, glm_kernels.cu and moe_kernels.cu use is here; a kernel
+ * using more fails to compile, and the missing piece is added here. Not thread-safe: one
+ * host thread launches at a time (Criterion runs each test in its own process).
+ */
+#ifndef WICK_SIMT_H
+#define WICK_SIMT_H
+
+#include <cmath>
+#include <functional>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+using std::isnan;
+
+extern "C" { /* common/dtype.c */
+float dt_f16_to_f32(uint16_t h);
+float dt_e4m3_to_f32(uint8_t b);
+}
+
+/* ---- the thread's coordinates ---------------------------------------------------------- */
+
+struct dim3 {
+	unsigned x, y, z;
+	dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+/* set by the scheduler before it resumes a thread */
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+/* ---- qualifiers and types -------------------------------------------------------------- */
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+/* cu2cpp.py rewrites `__shared__ T x[N];` as a static plus a simt_shared call */
+
+struct __nv_bfloat16 {
+	uint16_t x;
+};
+struct __half {
+	uint16_t x;
+};
+struct __nv_fp8_e4m3 {
+	uint8_t x;
+	explicit operator float() const { return dt_e4m3_to_f32(x); }
+};
+
+static inline float __bfloat162float(__nv_bfloat16 b)
+{
+	uint32_t u = (uint32_t)b.x << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline float __half2float(__half h) { return dt_f16_to_f32(h.x); }
+static inline unsigned __float_as_uint(float f)
+{
+	unsigned u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+
+/* ---- barriers, shuffles, shared memory ------------------------------------------------- */
+
+/* Waits until every thread of the block that has not returned is here; site names the call
+ * (a block whose threads wait at different sites aborts). */
+void simt_syncthreads(const char *site);
+#define SIMT_STR_(x) #x
+#define SIMT_STR(x) SIMT_STR_(x)
+#define __syncthreads() simt_syncthreads(__FILE__ ":" SIMT_STR(__LINE__))
+
+/* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
+int simt_lane(void);
+/* Every lane of the warp calls it; *v becomes lane src's *v. */
+void simt_warp_exchange(uint64_t *v, int src);
+
+/* A __shared__ variable: poisons [p, p + n) the first time a thread of a block gets here. */
+void simt_shared(void *p, size_t n);
+/* The launch's dynamic shared memory (extern __shared__). */
+void *simt_dyn_smem(void);
+
+template <typename T> static inline T simt_shfl(T v, int src)
+{
+	static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type over 8 bytes");
+	uint64_t b = 0;
+	memcpy(&b, &v, sizeof v);
+	simt_warp_exchange(&b, src);
+	T r;
+	memcpy(&r, &b, sizeof r);
+	return r;
+}
+/* The mask is not checked: the kernels here shuffle with whole warps only. */
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int o)
+{
+	(void)mask;
+	return simt_shfl(v, simt_lane() ^ o);
+}
+template <typename T> static inline T __shfl_up_sync(unsigned mask, T v, int o)
+{
+	(void)mask;
+	int lane = simt_lane();
+	return simt_shfl(v, lane >= o ? lane - o : lane);
+}
+
+/* One thread runs at a time, so these are plain read-modify-writes. */
+template <typename T, typename U> static inline T atomicAdd(T *p, U v)
+{
+	T old = *p;
+	*p = old + (T)v;
+	return old;
+}
+
+/* ---- the runtime API: device memory is host memory, launches run to completion --------- */
+
+typedef int cudaError_t;
+enum {
+	cudaSuccess = 0,
+	cudaErrorMemoryAllocation = 2,
+	cudaErrorInvalidConfiguration = 9,
+};
+enum cudaMemcpyKind {
+	cudaMemcpyHostToHost,
+	cudaMemcpyHostToDevice,
+	cudaMemcpyDeviceToHost,
+	cudaMemcpyDeviceToDevice,
+};
+typedef void *cudaStream_t;
+
+cudaError_t cudaMalloc(void **p, size_t n);
+template <typename T> cudaError_t cudaMalloc(T **p, size_t n)
+{
+	return cudaMalloc((void **)p, n);
+}
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemset(void *p, int v, size_t n);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s = 0);
+cudaError_t cudaDeviceSynchronize(void);
+/* the last launch error, then cudaSuccess */
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+
+/* kernel<<<grid, block, smem>>>(args) as cu2cpp.py writes it: body runs once per thread of
+ * every block. A bad configuration launches nothing and sets cudaGetLastError. */
+void simt_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+
+#endif
