@@ -116,6 +116,10 @@ struct backend {
 			  float scale);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
+	/* The residual add and the norm after it as one op: x [n][dim] += d, then y = rmsnorm(x)
+	 * . w, each exactly as add and rmsnorm compute it. Optional (NULL: add, then rmsnorm). */
+	void (*add_rmsnorm)(void *ctx, float *x, const float *d, float *y, const float *w, int n,
+			    int dim, float eps);
 
 	/* ---- GLM families (reference definitions: kernels/cpu/glm_ref.c, contracts in cpu.h).
 	 * Optional: NULL on backends that do not run GLM; supports() says which. ---- */

@@ -271,6 +271,17 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		e->be->matmul(e->bctx, y[k], x, w[k], n);
 }
 
+void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,
+		     int n, int dim, float eps)
+{
+	if (e->be->add_rmsnorm && !e->unfused) {
+		e->be->add_rmsnorm(e->bctx, x, d, y, w, n, dim, eps);
+		return;
+	}
+	e->be->add(e->bctx, x, d, (size_t)n * dim);
+	e->be->rmsnorm(e->bctx, y, x, w, n, dim, eps);
+}
+
 bool eng_regrow(struct engine *e, void *p, size_t bytes)
 {
 	void **pp = p;

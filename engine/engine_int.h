@@ -144,7 +144,7 @@ enum eng_kind {
 	ENG_K_MATMUL, ENG_K_RMSNORM, ENG_K_ROPE, ENG_K_ATTENTION, ENG_K_SILU_MUL, ENG_K_ADD,
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
-	ENG_K_MOE_EXPERTS, ENG_K_ZERO,
+	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM,
 	ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
@@ -255,6 +255,10 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes);
  * backend has it (and eng_opts.unfused is off), else count matmuls. */
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n);
+/* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and
+ * eng_opts.unfused is off), else add and rmsnorm. */
+void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,
+		     int n, int dim, float eps);
 /* After a step: WK_OK, or the backend's sticky error (a failed kernel), which fails the
  * step and every later one. */
 int eng_sync(struct engine *e, char *err, size_t errsz);

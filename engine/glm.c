@@ -665,16 +665,19 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	float *xe = host ? m->x : m->xh;
 	eng_embed(e, xe, m->tok, T, m->embed, m->c.vocab0, dim);
 	eng_to_dev(e, m->x, xe, (size_t)T * dim * sizeof *xe);
+	/* Each residual add is fused with the norm after it (the next layer's, or the final
+	 * one): m->tmp holds the last FFN's output until then. */
 	for (int l = 0; l < m->c.n_layers; l++) {
 		struct glm_layer *L = &m->layers[l];
-		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
+		if (l == 0)
+			be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
+		else
+			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->c.eps);
 		m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, m->seg, n_items);
 		if (!lead)
 			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
-		be->add(c, m->x, m->tmp, (size_t)T * dim);
-
-		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, T, dim, m->c.eps);
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->mlp_norm, T, dim, m->c.eps);
 		if (L->moe) {
 			moe_forward(e, be, c, m, &L->ffn, m->tmp, m->xb, T);
 		} else {
@@ -683,10 +686,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 				eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		}
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
-		be->add(c, m->x, m->tmp, (size_t)T * dim);
 	}
 	if (all_logits) {
-		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->c.eps);
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->c.eps);
 		if (e->world == 1 && host) {
 			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
 			return eng_sync(e, err, errsz);
@@ -700,15 +702,16 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	}
 	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
 	 * vocabulary slices gathered in order into lg, rank 0 only. */
-	const float *last = m->x; /* decode only (a token per item): the rows are the last ones */
-	if (T > n_items || e->unfused) {
+	if (T == n_items && !e->unfused) { /* decode only: the rows are the last ones */
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, n_items, dim, m->c.eps);
+	} else {
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
 		for (int i = 0; i < n_items; i++)
 			eng_dcopy(e, m->xb + (size_t)i * dim,
 				  m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim,
 				  dim * sizeof(float));
-		last = m->xb;
+		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
 	}
-	be->rmsnorm(c, m->xb, last, m->final_norm, n_items, dim, m->c.eps);
 	be->matmul(c, m->lg, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
 	if (e->rank != 0)

@@ -306,7 +306,12 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	eng_to_dev(e, m->x, xe, (size_t)T * dim * sizeof(float));
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
-		be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
+		/* each residual add is fused with the norm after it: m->tmp holds the last MLP's
+		 * output until the next layer's norm (or the final one) */
+		if (l == 0)
+			be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
+		else
+			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->eps);
 		/* q, k, v read xb: one op. With one sequence in the step, k and v land straight in
 		 * its caches (rotated there); with several, they go through the step's rows. */
 		size_t base0 = ((size_t)items[0].seq * m->n_layers + l) * layer_sz,
@@ -336,23 +341,20 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		}
 		be->matmul(c, m->tmp, m->att, &L->wo, T);
 		if (!lead)
-			memset(m->tmp, 0, (size_t)T * dim * sizeof(float));
+			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof(float));
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
-		be->add(c, m->x, m->tmp, (size_t)T * dim);
-
-		be->rmsnorm(c, m->xb, m->x, L->mlp_norm, T, dim, m->eps);
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->mlp_norm, T, dim, m->eps);
 		float *gu[2] = {m->g, m->u};
 		const struct be_weight *wgu[2] = {&L->gate, &L->up};
 		eng_matmul_n(e, gu, m->xb, wgu, 2, T);
 		be->silu_mul(c, m->g, m->u, (size_t)T * m->hidden);
 		be->matmul(c, m->tmp, m->g, &L->down, T);
 		if (!lead)
-			memset(m->tmp, 0, (size_t)T * dim * sizeof(float));
+			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof(float));
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
-		be->add(c, m->x, m->tmp, (size_t)T * dim);
 	}
 	if (all_logits) {
-		be->rmsnorm(c, m->xb, m->x, m->final_norm, T, dim, m->eps);
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->eps);
 		if (e->world == 1 && eng_host_mem(e)) {
 			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
 			return eng_sync(e, err, errsz);
@@ -365,16 +367,17 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits. */
-	const float *last = m->x; /* decode only (a token per item): the rows are the last ones */
-	if (T > n_items || e->unfused) {
+	if (T == n_items && !e->unfused) { /* decode only: the rows are the last ones */
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, n_items, dim, m->eps);
+	} else {
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
 		for (int i = 0, t = 0; i < n_items; i++) {
 			t += items[i].n;
 			eng_dcopy(e, m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim,
 				  dim * sizeof(float));
 		}
-		last = m->xb;
+		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
 	}
-	be->rmsnorm(c, m->xb, last, m->final_norm, n_items, dim, m->eps);
 	be->matmul(c, m->tmp, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, m->tmp, n_items, m->vocab, m->gath);
 	if (e->rank != 0)

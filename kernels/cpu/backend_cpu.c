@@ -55,6 +55,17 @@ static void matmul(void *ctx, float *y, const float *x, const struct be_weight *
 		cpu_matmul(c->pool, y, x, w->data, w->dtype, n, w->rows, w->cols);
 }
 
+static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
+		    float eps);
+static void add(void *ctx, float *y, const float *x, size_t n);
+
+static void add_rmsnorm(void *ctx, float *x, const float *d, float *y, const float *w, int n,
+			int dim, float eps)
+{
+	add(ctx, x, d, (size_t)n * dim);
+	rmsnorm(ctx, y, x, w, n, dim, eps);
+}
+
 static void matmul_n(void *ctx, float *const *y, const float *x,
 		     const struct be_weight *const *w, int count, int n)
 {
@@ -355,6 +366,7 @@ const struct backend be_cpu = {
 	.supports = supports,
 	.matmul = matmul,
 	.matmul_n = matmul_n,
+	.add_rmsnorm = add_rmsnorm,
 	.rmsnorm = rmsnorm,
 	.rope = rope,
 	.attention = attention,

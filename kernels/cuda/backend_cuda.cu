@@ -219,6 +219,15 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
 }
 
+static void add_rmsnorm(void *ctx, float *x, const float *d, float *y, const float *w, int n,
+			int dim, float eps)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_add_rmsnorm(x, d, y, w, n, dim, eps, err, sizeof err), err);
+}
+
 /* ---- memory --------------------------------------------------------------------------------- */
 
 /* ---- the GLM ops (glm_kernels.cu) ---- */
@@ -556,6 +565,7 @@ static struct backend make_backend(void)
 	b.supports = supports;
 	b.matmul = matmul;
 	b.matmul_n = matmul_n;
+	b.add_rmsnorm = add_rmsnorm;
 	b.rmsnorm = rmsnorm;
 	b.rope = rope;
 	b.attention = attention;

@@ -227,6 +227,33 @@ extern "C" int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, 
 	return launched("rmsnorm", err, errsz);
 }
 
+/* k_add, then k_rmsnorm, in one pass over the row: each thread's elements and partial sum
+ * are k_rmsnorm's, so the result is the same bit for bit. */
+__global__ void k_add_rmsnorm(float *x, const float *d, float *y, const float *w, int dim,
+			      float eps)
+{
+	float *xr = x + (size_t)blockIdx.x * dim, *yr = y + (size_t)blockIdx.x * dim;
+	const float *dr = d + (size_t)blockIdx.x * dim;
+	float ss = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+		float v = xr[i] + dr[i];
+		xr[i] = v;
+		ss += v * v;
+	}
+	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		yr[i] = xr[i] * inv * w[i];
+}
+
+extern "C" int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int n,
+				   int dim, float eps, char *err, size_t errsz)
+{
+	if (n <= 0)
+		return WK_OK;
+	k_add_rmsnorm<<<n, 256>>>(x, d, y, w, dim, eps);
+	return launched("add_rmsnorm", err, errsz);
+}
+
 /* ---- rope (cpu_ref_rope): one thread per rotated pair ---------------------------------------- */
 
 __global__ void k_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,

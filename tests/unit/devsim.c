@@ -143,6 +143,16 @@ static void ds_matmul(void *ctx, float *y, const float *x, const struct be_weigh
 	WRAP(matmul(CPU, y, x, w, n));
 }
 
+static void ds_add_rmsnorm(void *ctx, float *x, const float *dx, float *y, const float *w,
+			   int n, int dim, float eps)
+{
+	dev(ctx, x, "add_rmsnorm x");
+	dev(ctx, dx, "add_rmsnorm d");
+	dev(ctx, y, "add_rmsnorm y");
+	dev(ctx, w, "add_rmsnorm w");
+	WRAP(add_rmsnorm(CPU, x, dx, y, w, n, dim, eps)); /* (WRAP's d is devsim) */
+}
+
 static void ds_matmul_n(void *ctx, float *const *y, const float *x,
 			const struct be_weight *const *w, int count, int n)
 {
@@ -472,6 +482,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.supports = ds_supports, \
 	.matmul = ds_matmul, \
 	.matmul_n = ds_matmul_n, \
+	.add_rmsnorm = ds_add_rmsnorm, \
 	.rmsnorm = ds_rmsnorm, \
 	.rope = ds_rope, \
 	.attention = ds_attention, \

@@ -1017,3 +1017,41 @@ Test(cuda_kernels, matmul_n_matches_matmul)
 	wk_cuda_free(dx);
 	free(x);
 }
+
+/* add_rmsnorm: the residual add and the norm in one launch, bit for bit the two kernels. */
+Test(cuda_kernels, add_rmsnorm_matches_add_then_rmsnorm)
+{
+	NEED_GPU();
+	int n = 3, dim = 1000;
+	size_t N = (size_t)n * dim;
+	float *x = rnd_vec(N), *d = rnd_vec(N), *w = rnd_vec(dim);
+	float *xa = to_dev(x, N * 4), *xb = to_dev(x, N * 4), *dd = to_dev(d, N * 4);
+	float *dw = to_dev(w, dim * 4), *ya = dev_alloc(N * 4), *yb = dev_alloc(N * 4);
+	cr_assert_eq(wk_cuda_add(xa, dd, N, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(wk_cuda_rmsnorm(ya, xa, dw, n, dim, 1e-5f, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(wk_cuda_add_rmsnorm(xb, dd, yb, dw, n, dim, 1e-5f, err, sizeof err), WK_OK,
+		     "%s", err);
+	float *a = malloc(N * 4), *b = malloc(N * 4), *want = malloc(N * 4);
+	from_dev(a, xa, N * 4);
+	from_dev(b, xb, N * 4);
+	cr_expect_eq(memcmp(a, b, N * 4), 0, "the sums differ");
+	from_dev(a, ya, N * 4);
+	from_dev(b, yb, N * 4);
+	cr_expect_eq(memcmp(a, b, N * 4), 0, "the norms differ");
+	for (size_t i = 0; i < N; i++)
+		x[i] += d[i];
+	cpu_ref_rmsnorm(want, x, w, n, dim, 1e-5f);
+	cr_expect_leq(rel(b, want, N), TOL, "against the reference");
+	wk_cuda_free(xa);
+	wk_cuda_free(xb);
+	wk_cuda_free(dd);
+	wk_cuda_free(dw);
+	wk_cuda_free(ya);
+	wk_cuda_free(yb);
+	free(x);
+	free(d);
+	free(w);
+	free(a);
+	free(b);
+	free(want);
+}
