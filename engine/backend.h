@@ -116,6 +116,10 @@ struct backend {
 			  float scale);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
+	/* FP8 activations (eng_opts.fp8_act): y [n][cols] = x quantized per token per 128
+	 * channels and back (cpu_ref_act_quant), what FP8-weight matmuls then read. Optional:
+	 * without it the engine refuses fp8_act. */
+	void (*act_quant)(void *ctx, float *y, const float *x, int n, int cols);
 	/* The residual add and the norm after it as one op: x [n][dim] += d, then y = rmsnorm(x)
 	 * . w, each exactly as add and rmsnorm compute it. Optional (NULL: add, then rmsnorm). */
 	void (*add_rmsnorm)(void *ctx, float *x, const float *d, float *y, const float *w, int n,

@@ -31,7 +31,8 @@ struct counter {
 static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
-	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "to_device", "to_host", "copy",
+	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "to_device", "to_host",
+	"copy",
 };
 
 const char *eng_launch_kind(int k, bool *is_copy, int *launches)
@@ -61,6 +62,11 @@ static void c_add_rmsnorm(void *ctx, float *x, const float *d, float *y, const f
 			  int dim, float eps)
 {
 	COUNT(ctx, ENG_K_ADD_RMSNORM, add_rmsnorm(IN(ctx)->ctx, x, d, y, w, n, dim, eps));
+}
+
+static void c_act_quant(void *ctx, float *y, const float *x, int n, int cols)
+{
+	COUNT(ctx, ENG_K_ACT_QUANT, act_quant(IN(ctx)->ctx, y, x, n, cols));
 }
 
 static void c_matmul_n(void *ctx, float *const *y, const float *x,
@@ -261,6 +267,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(matmul, c_matmul);
 	KEEP(matmul_n, c_matmul_n);
 	KEEP(add_rmsnorm, c_add_rmsnorm);
+	KEEP(act_quant, c_act_quant);
 	KEEP(rmsnorm, c_rmsnorm);
 	KEEP(rope, c_rope);
 	KEEP(attention, c_attention);

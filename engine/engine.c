@@ -260,8 +260,36 @@ void eng_dzero(struct engine *e, void *dst, size_t bytes)
 		memset(dst, 0, bytes);
 }
 
-void eng_matmul_n(struct engine *e, float *const *y, const float *x,
-		  const struct be_weight *const *w, int count, int n)
+/* fp8_act: x quantized into e->aq (grown as needed; on failure the step fails at eng_sync
+ * and x is used as it is meanwhile). */
+static const float *quantized(struct engine *e, const float *x, int n, int cols)
+{
+	size_t need = (size_t)n * cols;
+	if (need > e->aq_cap) {
+		if (!eng_regrow(e, &e->aq, need * sizeof(float))) {
+			if (e->step_rc == WK_OK) {
+				e->step_rc = WK_ENOMEM;
+				snprintf(e->step_err, sizeof e->step_err, "out of %s memory for %zu "
+					 "quantized activations", e->be->name, need);
+			}
+			e->aq_cap = 0;
+			return x;
+		}
+		e->aq_cap = need;
+	}
+	e->be->act_quant(e->bctx, e->aq, x, n, cols);
+	return e->aq;
+}
+
+void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n)
+{
+	if (e->fp8_act && w->dtype == DT_F8_E4M3)
+		x = quantized(e, x, n, w->cols);
+	e->be->matmul(e->bctx, y, x, w, n);
+}
+
+static void matmuls(struct engine *e, float *const *y, const float *x,
+		    const struct be_weight *const *w, int count, int n)
 {
 	if (count > 1 && count <= BE_MATMUL_MAX && e->be->matmul_n && !e->unfused) {
 		e->be->matmul_n(e->bctx, y, x, w, count, n);
@@ -269,6 +297,32 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 	}
 	for (int k = 0; k < count; k++)
 		e->be->matmul(e->bctx, y[k], x, w[k], n);
+}
+
+void eng_matmul_n(struct engine *e, float *const *y, const float *x,
+		  const struct be_weight *const *w, int count, int n)
+{
+	if (!e->fp8_act) {
+		matmuls(e, y, x, w, count, n);
+		return;
+	}
+	/* the FP8 weights read x quantized once, the others x */
+	float *yq[BE_MATMUL_MAX], *yp[BE_MATMUL_MAX];
+	const struct be_weight *wq[BE_MATMUL_MAX], *wp[BE_MATMUL_MAX];
+	int nq = 0, np = 0;
+	for (int k = 0; k < count && k < BE_MATMUL_MAX; k++) {
+		if (w[k]->dtype == DT_F8_E4M3) {
+			yq[nq] = y[k];
+			wq[nq++] = w[k];
+		} else {
+			yp[np] = y[k];
+			wp[np++] = w[k];
+		}
+	}
+	if (nq)
+		matmuls(e, yq, quantized(e, x, n, wq[0]->cols), wq, nq, n);
+	if (np)
+		matmuls(e, yp, x, wp, np, n);
 }
 
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,
@@ -295,7 +349,12 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes)
 
 int eng_sync(struct engine *e, char *err, size_t errsz)
 {
-	return e->be->sync ? e->be->sync(e->bctx, err, errsz) : WK_OK;
+	int rc = e->be->sync ? e->be->sync(e->bctx, err, errsz) : WK_OK;
+	if (rc == WK_OK && e->step_rc != WK_OK) {
+		rc = wk_errf(err, errsz, e->step_rc, "%s", e->step_err);
+		e->step_rc = WK_OK;
+	}
+	return rc;
 }
 
 int eng_vector(struct engine *e, const char *name, int len, float **out, char *err,
@@ -358,6 +417,11 @@ int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, in
 		fprintf(stderr, "wick: %s; using the cpu backend\n", err);
 		e->be = &be_cpu;
 		rc = e->be->init(&e->bctx, &bc, err, errsz);
+	}
+	if (rc == WK_OK && o && o->fp8_act && !e->be->act_quant) {
+		rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "the %s backend cannot quantize "
+			     "activations to FP8", e->be->name);
+		e->be->shutdown(e->bctx);
 	}
 	if (rc != WK_OK)
 		e->be = NULL;
@@ -568,6 +632,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->max_seq_opt = opts ? opts->max_seq : 0;
 	e->experts_one_by_one = opts && opts->experts_one_by_one;
 	e->unfused = opts && opts->unfused;
+	e->fp8_act = opts && opts->fp8_act;
 	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
 	if (!e->fam->step)
 		e->max_seqs = 1;
@@ -623,6 +688,8 @@ void eng_close(struct engine *e)
 	shard_close(e);
 	if (e->fam && e->model)
 		e->fam->free(e);
+	if (e->be)
+		eng_release(e, e->aq);
 	if (e->snap && snap_on_sink(e->snap)) {
 		snap_close(e->snap); /* its images are the backend's memory */
 		e->snap = NULL;

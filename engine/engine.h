@@ -38,6 +38,8 @@ struct eng_opts {
 	bool experts_one_by_one; /* MoE: never the backend's grouped op (a baseline to compare) */
 	bool unfused;            /* a baseline: one matmul per weight (never matmul_n), and
 				  * the caches written through copies */
+	bool fp8_act;            /* FP8 activations: the input of every FP8-weight matmul
+				  * quantized per token per 128 channels (DeepGEMM's 1x128) */
 };
 
 struct eng_info {
@@ -77,7 +79,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 20
+#define ENG_LAUNCH_KINDS 21
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long collectives;

@@ -54,6 +54,11 @@ struct engine {
 	int max_seq_opt;
 	bool experts_one_by_one; /* eng_opts: never the backend's grouped MoE op */
 	bool unfused;            /* eng_opts: no matmul_n, caches written through copies */
+	bool fp8_act;            /* eng_opts: FP8-weight matmuls read quantized activations */
+	float *aq;               /* fp8_act: the quantized input (backend memory), aq_cap floats */
+	size_t aq_cap;
+	int step_rc;             /* a failure inside a step's ops (eng_sync returns it), or WK_OK */
+	char step_err[WK_ERRSZ];
 	int max_seqs;   /* sequences the family holds (1 without step) */
 	int *seq_len;   /* [max_seqs] tokens in each sequence's cache */
 	bool *seq_used; /* [max_seqs] */
@@ -144,7 +149,7 @@ enum eng_kind {
 	ENG_K_MATMUL, ENG_K_RMSNORM, ENG_K_ROPE, ENG_K_ATTENTION, ENG_K_SILU_MUL, ENG_K_ADD,
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
-	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM,
+	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT,
 	ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
@@ -255,6 +260,8 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes);
  * backend has it (and eng_opts.unfused is off), else count matmuls. */
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n);
+/* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight. */
+void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and
  * eng_opts.unfused is off), else add and rmsnorm. */
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,

@@ -296,7 +296,8 @@ static int bind_grouped(struct engine *e, struct glm_model *m, struct glm_moe *f
 {
 	const struct backend *be = e->be;
 	int nl = m->c.ex1 - m->c.ex0, rc;
-	if (!be->moe_experts || !be->moe_scratch || nl <= 0 || e->experts_one_by_one)
+	if (!be->moe_experts || !be->moe_scratch || nl <= 0 || e->experts_one_by_one ||
+	    e->fp8_act) /* the grouped op multiplies unquantized activations */
 		return WK_OK;
 	enum dt_type dt = f->experts[m->c.ex0].gate.dtype;
 	for (int i = 0; i < nl; i++) {
@@ -554,7 +555,7 @@ static void mlp_down(struct engine *e, struct glm_model *m, const struct glm_mlp
 		     int n)
 {
 	e->be->silu_mul(e->bctx, m->g, m->u, (size_t)n * p->gate.rows);
-	e->be->matmul(e->bctx, y, m->g, &p->down, n);
+	eng_matmul(e, y, m->g, &p->down, n);
 }
 
 static void mlp_forward(struct engine *e, struct glm_model *m, const struct glm_mlp *p,
@@ -583,7 +584,7 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 		mlp_down(e, m, &f->shared, y, n);
 	} else {
 		eng_dzero(e, y, (size_t)n * dim * sizeof *y);
-		be->matmul(c, m->logits, x, &f->router, n);
+		eng_matmul(e, m->logits, x, &f->router, n);
 	}
 	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
@@ -690,10 +691,10 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	if (all_logits) {
 		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->c.eps);
 		if (e->world == 1 && host) {
-			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
+			eng_matmul(e, items[0].logits, m->xb, &m->lm_head, T);
 			return eng_sync(e, err, errsz);
 		}
-		be->matmul(c, m->lg, m->xb, &m->lm_head, T);
+		eng_matmul(e, m->lg, m->xb, &m->lm_head, T);
 		if (e->world == 1)
 			eng_to_host(e, items[0].logits, m->lg, (size_t)T * m->c.vocab * sizeof(float));
 		else
@@ -712,7 +713,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 				  dim * sizeof(float));
 		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
 	}
-	be->matmul(c, m->lg, m->xb, &m->lm_head, n_items);
+	eng_matmul(e, m->lg, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
 	if (e->rank != 0)
 		return WK_OK;

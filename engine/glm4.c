@@ -177,7 +177,7 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			      g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
 			      1.0f / sqrtf((float)a->head_dim));
 	}
-	be->matmul(c, out, a->att, &L->wo, T);
+	eng_matmul(e, out, a->att, &L->wo, T);
 }
 
 static void g4_free(struct glm_model *m)

@@ -366,7 +366,7 @@ static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 	const float *q = a->q + off * H * (nope + rope);
 	if (expand(a, g->n, g->pos0)) {
 		size_t row = (size_t)H * (nope + dv);
-		be->matmul(c, a->kvx, ckv, &L->kv_b, g->pos0 + g->n);
+		eng_matmul(e, a->kvx, ckv, &L->kv_b, g->pos0 + g->n);
 		s.d_a = nope;
 		s.d_v = dv;
 		s.k_a = a->kvx;
@@ -510,7 +510,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			  CACHE(a->kpe, seg[s].seq, rope), a->use_sel[s], all_absorb);
 	if (all_absorb)
 		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, T, H, nope, dv);
-	be->matmul(c, out, a->att, &L->o, T);
+	eng_matmul(e, out, a->att, &L->o, T);
 #undef CACHE
 }
 

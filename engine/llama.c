@@ -339,7 +339,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 				      m->n_heads, m->n_kv, m->head_dim, kvd,
 				      1.0f / sqrtf((float)m->head_dim));
 		}
-		be->matmul(c, m->tmp, m->att, &L->wo, T);
+		eng_matmul(e, m->tmp, m->att, &L->wo, T);
 		if (!lead)
 			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof(float));
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
@@ -348,7 +348,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		const struct be_weight *wgu[2] = {&L->gate, &L->up};
 		eng_matmul_n(e, gu, m->xb, wgu, 2, T);
 		be->silu_mul(c, m->g, m->u, (size_t)T * m->hidden);
-		be->matmul(c, m->tmp, m->g, &L->down, T);
+		eng_matmul(e, m->tmp, m->g, &L->down, T);
 		if (!lead)
 			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof(float));
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
@@ -356,10 +356,10 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	if (all_logits) {
 		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->eps);
 		if (e->world == 1 && eng_host_mem(e)) {
-			be->matmul(c, items[0].logits, m->xb, &m->lm_head, T);
+			eng_matmul(e, items[0].logits, m->xb, &m->lm_head, T);
 			return eng_sync(e, err, errsz);
 		}
-		be->matmul(c, m->tmp, m->xb, &m->lm_head, T);
+		eng_matmul(e, m->tmp, m->xb, &m->lm_head, T);
 		if (e->world == 1)
 			eng_to_host(e, items[0].logits, m->tmp, (size_t)T * m->vocab * sizeof(float));
 		else
@@ -378,7 +378,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		}
 		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
 	}
-	be->matmul(c, m->tmp, m->xb, &m->lm_head, n_items);
+	eng_matmul(e, m->tmp, m->xb, &m->lm_head, n_items);
 	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, m->tmp, n_items, m->vocab, m->gath);
 	if (e->rank != 0)
 		return WK_OK;

@@ -53,7 +53,8 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	{"source", required_argument, 0, CMD_OPT_BASE + 5},                                \
 	{"verbose", no_argument, 0, CMD_OPT_BASE + 6},                                     \
 	{"snapshot", required_argument, 0, CMD_OPT_BASE + 7},                              \
-	{"model", required_argument, 0, CMD_OPT_BASE + 7}
+	{"model", required_argument, 0, CMD_OPT_BASE + 7},                                 \
+	{"fp8-act", no_argument, 0, CMD_OPT_BASE + 8}
 
 #define CMD_ENGINE_HELP                                                                     \
 	"      --backend B       cpu, cuda or auto (default auto: cuda when a GPU is present)\n" \
@@ -62,7 +63,9 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	"      --no-verify       snapshots: skip the chunk checksums\n"                         \
 	"      --tp N, --ep N    snapshots: the layout to run (default: the manifest's)\n"      \
 	"      --source HF_DIR   snapshots: refuse if this source changed since the snapshot\n" \
-	"      --verbose         print start-up timings as JSON on stderr\n"
+	"      --verbose         print start-up timings as JSON on stderr\n"                    \
+	"      --fp8-act         quantize the input of FP8-weight matmuls to FP8 (per token,\n"  \
+	"                        128 channels a scale; default: f32 activations)\n"
 
 struct cmd_engine {
 	struct eng_opts o;

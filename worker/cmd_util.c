@@ -29,6 +29,7 @@ int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 	case 5: ce->o.source = arg; return 0;
 	case 6: ce->verbose = true; return 0;
 	case 7: ce->model = arg; return 0;
+	case 8: ce->o.fp8_act = true; return 0;
 	}
 	return 2;
 }

@@ -66,6 +66,12 @@ static void add_rmsnorm(void *ctx, float *x, const float *d, float *y, const flo
 	rmsnorm(ctx, y, x, w, n, dim, eps);
 }
 
+static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
+{
+	(void)ctx;
+	cpu_ref_act_quant(y, x, n, cols);
+}
+
 static void matmul_n(void *ctx, float *const *y, const float *x,
 		     const struct be_weight *const *w, int count, int n)
 {
@@ -367,6 +373,7 @@ const struct backend be_cpu = {
 	.matmul = matmul,
 	.matmul_n = matmul_n,
 	.add_rmsnorm = add_rmsnorm,
+	.act_quant = act_quant,
 	.rmsnorm = rmsnorm,
 	.rope = rope,
 	.attention = attention,

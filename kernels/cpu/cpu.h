@@ -46,6 +46,15 @@ void cpu_ref_matmul(float *y, const float *x, const void *w, enum dt_type wt, in
  * Edge blocks may be partial. y[n][rows] = x[n][cols] . dequant(w)^T */
 void cpu_ref_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
 			int rows, int cols);
+/* Activation quantization for FP8 x FP8 matmuls (the DeepSeek-V3 / DeepGEMM scheme): each
+ * token's row is cut into 128-channel blocks (the last may be partial), each block gets the
+ * scale s = amax / 448 (1 when the block is all zeros), and y = e4m3(x / s) * s: the value
+ * an FP8 GEMM with 1x128 activation scales multiplies, so an FP8-weight matmul over y is
+ * that GEMM up to f32 rounding. y may equal x. */
+void cpu_ref_act_quant(float *y, const float *x, int n, int cols);
+/* v rounded to the float8_e4m3fn grid (nearest, ties to even; saturating at +-448): what
+ * dt_e4m3_to_f32(dt_f32_to_e4m3(v)) gives, computed without the byte. */
+float cpu_e4m3_round(float v);
 /* y[n][dim] = x / rms(x) * w, rms over each row, eps inside the sqrt. y may equal x. */
 void cpu_ref_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps);
 /* Rotary embedding in place on x[n][n_heads * head_dim]: for token i at position pos[i],

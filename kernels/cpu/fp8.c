@@ -62,6 +62,39 @@ void cpu_ref_matmul_fp8(float *y, const float *x, const uint8_t *w, const float 
 	}
 }
 
+/* ---- activation quantization ---------------------------------------------------------- */
+
+float cpu_e4m3_round(float v)
+{
+	float a = fabsf(v);
+	if (!(a > 0.0f))
+		return v; /* zeros (and NaN) */
+	int ex;
+	frexpf(a, &ex); /* a = m * 2^ex, m in [0.5, 1): the binade is 2^(ex - 1) */
+	int e = ex - 1 < -6 ? -6 : ex - 1; /* below 2^-6: subnormal spacing 2^-9 */
+	float q = ldexpf(1.0f, e - 3);     /* 3 mantissa bits */
+	float r = rintf(a / q) * q;        /* ties to even in the default rounding mode */
+	if (r > 448.0f)
+		r = 448.0f;
+	return v < 0 ? -r : r;
+}
+
+void cpu_ref_act_quant(float *y, const float *x, int n, int cols)
+{
+	for (int t = 0; t < n; t++)
+		for (int c0 = 0; c0 < cols; c0 += CPU_FP8_BLOCK) {
+			const float *xb = x + (size_t)t * cols + c0;
+			float *yb = y + (size_t)t * cols + c0;
+			int m = cols - c0 < CPU_FP8_BLOCK ? cols - c0 : CPU_FP8_BLOCK;
+			float amax = 0.0f;
+			for (int c = 0; c < m; c++)
+				amax = fmaxf(amax, fabsf(xb[c]));
+			float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+			for (int c = 0; c < m; c++)
+				yb[c] = cpu_e4m3_round(xb[c] / s) * s;
+		}
+}
+
 /* ---- fast: split over the pool --------------------------------------------------------- */
 
 struct fp8_job {

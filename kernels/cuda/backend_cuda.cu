@@ -219,6 +219,14 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
 }
 
+static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_act_quant(y, x, n, cols, err, sizeof err), err);
+}
+
 static void add_rmsnorm(void *ctx, float *x, const float *d, float *y, const float *w, int n,
 			int dim, float eps)
 {
@@ -566,6 +574,7 @@ static struct backend make_backend(void)
 	b.matmul = matmul;
 	b.matmul_n = matmul_n;
 	b.add_rmsnorm = add_rmsnorm;
+	b.act_quant = act_quant;
 	b.rmsnorm = rmsnorm;
 	b.rope = rope;
 	b.attention = attention;

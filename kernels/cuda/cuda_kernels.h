@@ -63,6 +63,9 @@ int wk_cuda_attention(float *out, const float *q, const float *k, const float *v
 #define WK_CUDA_ATTN_MAX 8192
 int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz);
 int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz); /* y += x */
+/* y [n][cols] = x quantized to FP8 per token per 128 channels and back (cpu_ref_act_quant,
+ * bit for bit); y may equal x */
+int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char *err, size_t errsz);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: wk_cuda_add and wk_cuda_rmsnorm in one launch */
 int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int n, int dim,
 			float eps, char *err, size_t errsz);

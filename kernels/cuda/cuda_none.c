@@ -117,6 +117,12 @@ int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz
 	return none(err, errsz);
 }
 
+int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)n, (void)cols;
+	return none(err, errsz);
+}
+
 int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int n, int dim,
 			float eps, char *err, size_t errsz)
 {

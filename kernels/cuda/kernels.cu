@@ -227,6 +227,51 @@ extern "C" int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, 
 	return launched("rmsnorm", err, errsz);
 }
 
+/* ---- FP8 activations (cpu_ref_act_quant): one warp per token and 128-channel block ------- */
+
+/* v on the float8_e4m3fn grid, nearest, ties to even, saturating (cpu_e4m3_round) */
+__device__ float e4m3_round(float v)
+{
+	float a = fabsf(v);
+	if (!(a > 0.0f))
+		return v;
+	int ex;
+	frexpf(a, &ex);
+	int e = ex - 1 < -6 ? -6 : ex - 1;
+	float q = ldexpf(1.0f, e - 3);
+	float r = rintf(a / q) * q;
+	if (r > 448.0f)
+		r = 448.0f;
+	return v < 0 ? -r : r;
+}
+
+__global__ void k_act_quant(float *y, const float *x, int n, int cols)
+{
+	int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+	int nb = (cols + 127) / 128;
+	if (g >= n * nb)
+		return;
+	size_t at = (size_t)(g / nb) * cols + (size_t)(g % nb) * 128;
+	int m = min(128, cols - (g % nb) * 128);
+	float amax = 0.0f;
+	for (int c = lane; c < m; c += 32)
+		amax = fmaxf(amax, fabsf(x[at + c]));
+	amax = warp_max(amax);
+	float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+	for (int c = lane; c < m; c += 32)
+		y[at + c] = e4m3_round(x[at + c] / s) * s;
+}
+
+extern "C" int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char *err,
+				 size_t errsz)
+{
+	if (n <= 0 || cols <= 0)
+		return WK_OK;
+	size_t warps = (size_t)n * ((cols + 127) / 128);
+	k_act_quant<<<blocks(warps * 32, 256), 256>>>(y, x, n, cols);
+	return launched("act_quant", err, errsz);
+}
+
 /* k_add, then k_rmsnorm, in one pass over the row: each thread's elements and partial sum
  * are k_rmsnorm's, so the result is the same bit for bit. */
 __global__ void k_add_rmsnorm(float *x, const float *d, float *y, const float *w, int dim,

@@ -153,6 +153,13 @@ static void ds_add_rmsnorm(void *ctx, float *x, const float *dx, float *y, const
 	WRAP(add_rmsnorm(CPU, x, dx, y, w, n, dim, eps)); /* (WRAP's d is devsim) */
 }
 
+static void ds_act_quant(void *ctx, float *y, const float *x, int n, int cols)
+{
+	dev(ctx, y, "act_quant y");
+	dev(ctx, x, "act_quant x");
+	WRAP(act_quant(CPU, y, x, n, cols));
+}
+
 static void ds_matmul_n(void *ctx, float *const *y, const float *x,
 			const struct be_weight *const *w, int count, int n)
 {
@@ -483,6 +490,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.matmul = ds_matmul, \
 	.matmul_n = ds_matmul_n, \
 	.add_rmsnorm = ds_add_rmsnorm, \
+	.act_quant = ds_act_quant, \
 	.rmsnorm = ds_rmsnorm, \
 	.rope = ds_rope, \
 	.attention = ds_attention, \

@@ -1055,3 +1055,30 @@ Test(cuda_kernels, add_rmsnorm_matches_add_then_rmsnorm)
 	free(b);
 	free(want);
 }
+
+/* act_quant: FP8 activations per token per 128 channels, bit for bit the CPU reference (a
+ * partial last block, a zero block, magnitudes from subnormal to saturating). */
+Test(cuda_kernels, act_quant_matches_ref)
+{
+	NEED_GPU();
+	int n = 4, cols = 300;
+	size_t N = (size_t)n * cols;
+	float *x = rnd_vec(N), *want = malloc(N * 4), *got = malloc(N * 4);
+	for (size_t i = 0; i < N; i++)
+		x[i] *= ldexpf(1.0f, (int)(i % 23) - 12);
+	for (int c = 128; c < 256; c++)
+		x[cols + c] = 0.0f;
+	cpu_ref_act_quant(want, x, n, cols);
+	float *dx = to_dev(x, N * 4), *dy = dev_alloc(N * 4);
+	cr_assert_eq(wk_cuda_act_quant(dy, dx, n, cols, err, sizeof err), WK_OK, "%s", err);
+	from_dev(got, dy, N * 4);
+	cr_expect_eq(memcmp(got, want, N * 4), 0, "act_quant differs from cpu_ref_act_quant");
+	cr_assert_eq(wk_cuda_act_quant(dx, dx, n, cols, err, sizeof err), WK_OK, "%s", err);
+	from_dev(got, dx, N * 4);
+	cr_expect_eq(memcmp(got, want, N * 4), 0, "in place");
+	wk_cuda_free(dx);
+	wk_cuda_free(dy);
+	free(x);
+	free(want);
+	free(got);
+}

@@ -314,3 +314,68 @@ Test(fp8, empty_shapes)
 	cpu_matmul_fp8(NULL, y, x, w, s, 1, 2, 0); /* no columns: zero */
 	cr_assert(y[0] == 0 && y[1] == 0);
 }
+
+/* ---- activation quantization ------------------------------------------------------------- */
+
+/* cpu_e4m3_round is the byte round trip (dt_f32_to_e4m3: nearest, ties to even, saturating)
+ * without the byte: every code's value and the midpoints between neighbours (the ties), a
+ * hair either side of them, and random values over 2^-12 .. 2^10. */
+Test(fp8, e4m3_round_is_the_byte_round_trip)
+{
+	int checked = 0;
+	for (int c = 0; c < 0x7e; c++) {
+		float a = dt_e4m3_to_f32((uint8_t)c), b = dt_e4m3_to_f32((uint8_t)(c + 1));
+		float mid = (a + b) / 2;
+		float vs[] = {a, mid, nextafterf(mid, 0), nextafterf(mid, 1e9f), -a, -mid};
+		for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++, checked++) {
+			float want = dt_e4m3_to_f32(dt_f32_to_e4m3(vs[k]));
+			cr_assert(same_bits(cpu_e4m3_round(vs[k]), want), "%a: %a, want %a", vs[k],
+				  cpu_e4m3_round(vs[k]), want);
+		}
+	}
+	for (int i = 0; i < 100000; i++, checked++) {
+		float v = fp8_rnd() * ldexpf(1.0f, (int)(fp8_next() % 22) - 12);
+		float want = dt_e4m3_to_f32(dt_f32_to_e4m3(v));
+		cr_assert(same_bits(cpu_e4m3_round(v), want), "%a: %a, want %a", v, cpu_e4m3_round(v),
+			  want);
+	}
+	cr_assert_eq(cpu_e4m3_round(1e6f), 448.0f);
+	cr_assert_eq(cpu_e4m3_round(-500.0f), -448.0f);
+	cr_assert(checked > 100000);
+}
+
+/* Per token per 128 channels: each block's largest |x| comes back exactly (it maps to 448),
+ * every value is on its block's e4m3 grid and within half a step of x, a zero block stays
+ * zero, the partial last block has its own scale. */
+Test(fp8, act_quant_blocks)
+{
+	enum { N = 3, C = 300 };
+	float x[N * C], y[N * C];
+	for (int i = 0; i < N * C; i++)
+		x[i] = fp8_rnd() * (i % C < 128 ? 1.0f : i % C < 256 ? 100.0f : 0.01f);
+	for (int c = 128; c < 256; c++)
+		x[C + c] = 0.0f; /* token 1's second block */
+	cpu_ref_act_quant(y, x, N, C);
+	for (int t = 0; t < N; t++)
+		for (int c0 = 0; c0 < C; c0 += 128) {
+			int m = C - c0 < 128 ? C - c0 : 128;
+			const float *xb = x + t * C + c0, *yb = y + t * C + c0;
+			float amax = 0;
+			for (int c = 0; c < m; c++)
+				amax = fmaxf(amax, fabsf(xb[c]));
+			float s = amax > 0 ? amax / 448.0f : 1.0f;
+			for (int c = 0; c < m; c++) {
+				cr_assert(same_bits(yb[c], cpu_e4m3_round(xb[c] / s) * s));
+				if (fabsf(xb[c]) == amax)
+					cr_assert_float_eq(yb[c], xb[c], amax * 1e-6f);
+				/* e4m3 has 3 mantissa bits: |error| <= 2^-4 |x| (normal) or 2^-10 s */
+				cr_assert_leq(fabsf(yb[c] - xb[c]),
+					      fmaxf(fabsf(xb[c]) / 16.0f, s / 1024.0f) * 1.0001f);
+			}
+			if (amax == 0)
+				for (int c = 0; c < m; c++)
+					cr_assert_eq(yb[c], 0.0f);
+		}
+	cpu_ref_act_quant(x, x, N, C); /* in place */
+	cr_assert_eq(memcmp(x, y, sizeof x), 0);
+}

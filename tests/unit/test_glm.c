@@ -1229,3 +1229,83 @@ Test(glm, cli)
 	free(d5);
 	free(d4);
 }
+
+/* ---- FP8 activations ------------------------------------------------------------------------ */
+
+/* eng_opts.fp8_act quantizes the input of every FP8-weight matmul per token per 128 channels
+ * (the quantizer itself is tested in test_fp8.c). Here: over 320 positions of a tiny GLM-5 FP8
+ * the quantization runs (act_quant before the FP8 matmuls, the experts one by one so that
+ * they read quantized input too, logits finite and changed) and devsim's logits are the
+ * CPU's bit for bit (act_quant and its scratch live in device memory). How far FP8
+ * activations move the logits of random tiny weights is logged, not bounded: a flipped
+ * e4m3 rounding changes MoE and DSA choices and cascades (issue 9's gross-error gate, GPU
+ * against CPU with FP8 activations on both, runs in scripts/gpu-check). */
+Test(glm, fp8_activations)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 21, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	enum { SEQS = 5, LEN = 64 };
+	const struct backend *bes[3] = {NULL, NULL, &be_devsim};
+	struct engine *e[3];
+	char err[WK_ERRSZ];
+	for (int k = 0; k < 3; k++) {
+		struct eng_opts o = {.backend = "cpu", .threads = 2, .fp8_act = k > 0,
+				     .backend_ops = bes[k], .count_launches = k == 1};
+		cr_assert_eq(eng_open(dir, &o, &e[k], err, sizeof err), WK_OK, "%s", err);
+	}
+	cr_assert_eq(eng_info(e[0])->max_seq, LEN);
+	int V = G5_VOCAB, tok[LEN], top1 = 0, n = 0;
+	float *lg[3];
+	for (int k = 0; k < 3; k++)
+		lg[k] = malloc(sizeof(float) * LEN * V);
+	double cos_sum = 0, maxd = 0;
+	uint64_t r = 12345;
+	for (int s = 0; s < SEQS; s++) {
+		for (int i = 0; i < LEN; i++) {
+			r = r * 6364136223846793005ull + 1442695040888963407ull;
+			tok[i] = (int)((r >> 33) % (uint64_t)V);
+		}
+		for (int k = 0; k < 3; k++)
+			cr_assert_eq(eng_forward(e[k], tok, LEN, 0, lg[k], true, err, sizeof err),
+				     WK_OK, "%s", err);
+		cr_expect_eq(memcmp(lg[1], lg[2], sizeof(float) * LEN * V), 0,
+			     "devsim differs from the CPU with FP8 activations");
+		for (int i = 0; i < LEN; i++, n++) {
+			const float *a = lg[0] + (size_t)i * V, *b = lg[1] + (size_t)i * V;
+			double ab = 0, aa = 0, bb = 0;
+			int ia = 0, ib = 0;
+			for (int v = 0; v < V; v++) {
+				cr_assert(isfinite(b[v]));
+				ab += (double)a[v] * b[v];
+				aa += (double)a[v] * a[v];
+				bb += (double)b[v] * b[v];
+				ia = a[v] > a[ia] ? v : ia;
+				ib = b[v] > b[ib] ? v : ib;
+				maxd = fmax(maxd, fabs((double)a[v] - b[v]));
+			}
+			cos_sum += ab / sqrt(aa * bb);
+			top1 += ia == ib;
+		}
+	}
+	struct eng_launches L;
+	cr_assert_eq(eng_launches(e[1], 0, &L), WK_OK);
+	long aq = 0, mx = 0;
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		const char *name = eng_launch_kind(k, NULL, NULL);
+		aq += strcmp(name, "act_quant") ? 0 : L.n[k];
+		mx += strcmp(name, "moe_experts") ? 0 : L.n[k];
+	}
+	cr_log_info("fp8 activations vs f32 over %d positions: mean cosine %.4f, top-1 %.3f, max "
+		    "|d| %.3g; %ld act_quant ops", n, cos_sum / n, (double)top1 / n, maxd, aq);
+	cr_expect_geq(aq, (long)SEQS * G5_L, "only %ld act_quant ops", aq);
+	cr_expect_eq(mx, 0, "the grouped MoE op ran with FP8 activations");
+	cr_expect_gt(maxd, 1e-4, "FP8 activations changed nothing (max |d| %g)", maxd);
+	for (int k = 0; k < 3; k++) {
+		eng_close(e[k]);
+		free(lg[k]);
+	}
+	rm_rf(dir);
+	free(dir);
+}
