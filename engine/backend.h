@@ -82,8 +82,17 @@ struct be_experts {
 	void *dev;               /* the backend's own copy of the table (moe_bind), or NULL */
 };
 
-/* The most weights one matmul_n takes. */
+/* The most weights one matmul_n takes, and the most tensors one rope_n rotates. */
 #define BE_MATMUL_MAX 8
+#define BE_ROPE_MAX 8
+
+/* One tensor of a rope_n: x [n][n_heads * head_dim] in place, token i at position pos[i]. */
+struct be_rope {
+	float *x;
+	int n;
+	const int *pos;
+	int n_heads, head_dim, rot_dim;
+};
 
 struct be_config {
 	int threads; /* CPU threads; <= 0 means all cores */
@@ -111,6 +120,10 @@ struct backend {
 			float eps);
 	void (*rope)(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
 		     int rot_dim, float theta, bool interleaved);
+	/* rope over several tensors (count 2 .. BE_ROPE_MAX, one theta and style) as one op,
+	 * each exactly as rope rotates it. Optional (NULL: the engine calls rope). */
+	void (*rope_n)(void *ctx, const struct be_rope *r, int count, float theta,
+		       bool interleaved);
 	void (*attention)(void *ctx, float *out, const float *q, const float *k, const float *v,
 			  int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
 			  float scale);

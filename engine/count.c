@@ -64,6 +64,12 @@ static void c_add_rmsnorm(void *ctx, float *x, const float *d, float *y, const f
 	COUNT(ctx, ENG_K_ADD_RMSNORM, add_rmsnorm(IN(ctx)->ctx, x, d, y, w, n, dim, eps));
 }
 
+static void c_rope_n(void *ctx, const struct be_rope *r, int count, float theta,
+		     bool interleaved)
+{
+	COUNT(ctx, ENG_K_ROPE, rope_n(IN(ctx)->ctx, r, count, theta, interleaved));
+}
+
 static void c_act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	COUNT(ctx, ENG_K_ACT_QUANT, act_quant(IN(ctx)->ctx, y, x, n, cols));
@@ -268,6 +274,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(matmul_n, c_matmul_n);
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	KEEP(act_quant, c_act_quant);
+	KEEP(rope_n, c_rope_n);
 	KEEP(rmsnorm, c_rmsnorm);
 	KEEP(rope, c_rope);
 	KEEP(attention, c_attention);

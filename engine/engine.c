@@ -325,6 +325,18 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		matmuls(e, yp, x, wp, np, n);
 }
 
+void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
+		bool interleaved)
+{
+	if (count > 1 && count <= BE_ROPE_MAX && e->be->rope_n && !e->unfused) {
+		e->be->rope_n(e->bctx, r, count, theta, interleaved);
+		return;
+	}
+	for (int k = 0; k < count; k++)
+		e->be->rope(e->bctx, r[k].x, r[k].n, r[k].pos, r[k].n_heads, r[k].head_dim,
+			    r[k].rot_dim, theta, interleaved);
+}
+
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,
 		     int n, int dim, float eps)
 {

@@ -260,6 +260,10 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes);
  * backend has it (and eng_opts.unfused is off), else count matmuls. */
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n);
+/* rope over r[0..count) (count <= BE_ROPE_MAX): one rope_n where the backend has it (and
+ * eng_opts.unfused is off), else count ropes. */
+void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
+		bool interleaved);
 /* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight. */
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and

@@ -161,8 +161,9 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		be->rmsnorm(c, a->q, a->q, L->qn, T * a->n_heads, a->head_dim, m->c.eps);
 		be->rmsnorm(c, kt, kt, L->kn, T * a->n_kv, a->head_dim, m->c.eps);
 	}
-	be->rope(c, a->q, T, m->pos, a->n_heads, a->head_dim, a->rot, m->c.theta, false);
-	be->rope(c, kt, T, m->pos, a->n_kv, a->head_dim, a->rot, m->c.theta, false);
+	struct be_rope rot[2] = {{a->q, T, m->pos, a->n_heads, a->head_dim, a->rot},
+				 {kt, T, m->pos, a->n_kv, a->head_dim, a->rot}};
+	eng_rope_n(e, rot, 2, m->c.theta, false);
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
 		size_t base = ((size_t)g->seq * m->c.n_layers + l) * layer;

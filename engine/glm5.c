@@ -443,13 +443,10 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	}
 	eng_matmul_n(e, xo, x, xw, nx, T);
 
-	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
-	 * indexer's query projection, which reads q_c too); rope slices */
-	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, T, a->q_lora, MLA_NORM_EPS);
-	float *qo[2] = {a->q, a->iqv};
-	const struct be_weight *qw[2] = {&L->q_b, &L->iq};
-	eng_matmul_n(e, qo, a->qc, qw, any ? 2 : 1, T);
-	be->rope(c, a->q + nope, T, m->pos, H, nope + rope, rope, theta, true);
+	/* The rotations of the layer, applied together once every rotated tensor exists (below):
+	 * q's rope slice, the indexer's queries, k_pe in the caches, the indexer's keys. */
+	struct be_rope rot[BE_ROPE_MAX];
+	int nrot = 0;
 
 	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
 	for (int s = 0; s < nseg; s++) {
@@ -470,22 +467,38 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			eng_dcopy(e, kpe + (size_t)(g->pos0 + i) * rope, row + lora,
 				  (size_t)rope * sizeof(float));
 		}
-		be->rope(c, kpe + (size_t)g->pos0 * rope, g->n, m->pos + g->off, 1, rope, rope,
-			 theta, true);
+		rot[nrot++] = (struct be_rope){kpe + (size_t)g->pos0 * rope, g->n, m->pos + g->off,
+					       1, rope, rope};
+		if (nrot == BE_ROPE_MAX - 3) { /* room for q, the indexer's queries and keys */
+			eng_rope_n(e, rot, nrot, theta, true);
+			nrot = 0;
+		}
 	}
+	if (L->full)
+		be->layernorm(c, ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, a->i_dim,
+			      INDEXER_NORM_EPS);
+
+	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
+	 * indexer's query projection, which reads q_c too); then every rotation */
+	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, T, a->q_lora, MLA_NORM_EPS);
+	float *qo[2] = {a->q, a->iqv};
+	const struct be_weight *qw[2] = {&L->q_b, &L->iq};
+	eng_matmul_n(e, qo, a->qc, qw, any ? 2 : 1, T);
+	rot[nrot++] = (struct be_rope){a->q + nope, T, m->pos, H, nope + rope, rope};
+	if (any)
+		rot[nrot++] = (struct be_rope){a->iqv, T, m->pos, a->i_heads, a->i_dim, rope};
+	if (L->full)
+		rot[nrot++] = (struct be_rope){ikeys, T, m->pos, 1, a->i_dim, rope};
+	eng_rope_n(e, rot, nrot, theta, true);
 
 	/* DSA indexer: keys always enter the caches; scores only for segments where some query
 	 * has more than topk keys (else it would select them all). */
 	if (L->full) {
 		int id = a->i_dim;
-		be->layernorm(c, ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, id, INDEXER_NORM_EPS);
-		be->rope(c, ikeys, T, m->pos, 1, id, rope, theta, true);
 		for (int s = 0; s < nseg && !direct; s++)
 			eng_dcopy(e, CACHE(a->ikc, seg[s].seq, id) + (size_t)seg[s].pos0 * id,
 				  a->iks + (size_t)seg[s].off * id,
 				  (size_t)seg[s].n * id * sizeof(float));
-		if (any)
-			be->rope(c, a->iqv, T, m->pos, a->i_heads, id, rope, theta, true);
 		for (int s = 0; s < nseg; s++) {
 			const struct glm_seg *g = &seg[s];
 			size_t off = (size_t)g->off;

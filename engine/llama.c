@@ -322,8 +322,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		float *qkv[3] = {m->q, kt, vt};
 		const struct be_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
 		eng_matmul_n(e, qkv, m->xb, wqkv, 3, T);
-		be->rope(c, m->q, T, m->pos, m->n_heads, m->head_dim, m->head_dim, m->theta, false);
-		be->rope(c, kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim, m->theta, false);
+		struct be_rope rot[2] = {{m->q, T, m->pos, m->n_heads, m->head_dim, m->head_dim},
+					 {kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim}};
+		eng_rope_n(e, rot, 2, m->theta, false);
 		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
 			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
 			float *kc = m->kcache + base, *vc = m->vcache + base;

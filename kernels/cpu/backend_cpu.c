@@ -66,6 +66,15 @@ static void add_rmsnorm(void *ctx, float *x, const float *d, float *y, const flo
 	rmsnorm(ctx, y, x, w, n, dim, eps);
 }
 
+static void rope_n(void *ctx, const struct be_rope *r, int count, float theta,
+		   bool interleaved)
+{
+	(void)ctx;
+	for (int k = 0; k < count; k++)
+		cpu_ref_rope(r[k].x, r[k].n, r[k].pos, r[k].n_heads, r[k].head_dim, r[k].rot_dim,
+			     theta, interleaved);
+}
+
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	(void)ctx;
@@ -374,6 +383,7 @@ const struct backend be_cpu = {
 	.matmul_n = matmul_n,
 	.add_rmsnorm = add_rmsnorm,
 	.act_quant = act_quant,
+	.rope_n = rope_n,
 	.rmsnorm = rmsnorm,
 	.rope = rope,
 	.attention = attention,

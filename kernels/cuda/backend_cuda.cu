@@ -219,6 +219,21 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
 }
 
+static void rope_n(void *ctx, const struct be_rope *r, int count, float theta,
+		   bool interleaved)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct wk_rope w[WK_ROPE_MAX];
+	static_assert(WK_ROPE_MAX == BE_ROPE_MAX, "rope_n limits differ");
+	static_assert(sizeof(struct wk_rope) == sizeof(struct be_rope), "rope_n layouts differ");
+	if (c->rc != WK_OK)
+		return;
+	for (int k = 0; k < count && k < WK_ROPE_MAX; k++)
+		w[k] = {r[k].x, r[k].n, r[k].pos, r[k].n_heads, r[k].head_dim, r[k].rot_dim};
+	ok(c, wk_cuda_rope_n(w, count, theta, interleaved, err, sizeof err), err);
+}
+
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -575,6 +590,7 @@ static struct backend make_backend(void)
 	b.matmul_n = matmul_n;
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
+	b.rope_n = rope_n;
 	b.rmsnorm = rmsnorm;
 	b.rope = rope;
 	b.attention = attention;

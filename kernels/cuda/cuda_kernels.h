@@ -56,6 +56,16 @@ int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, fl
 		    char *err, size_t errsz);
 int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
 		 float theta, bool interleaved, char *err, size_t errsz);
+/* wk_cuda_rope over several tensors in one launch, each rotated exactly as alone */
+#define WK_ROPE_MAX 8
+struct wk_rope {
+	float *x;
+	int n;
+	const int *pos;
+	int n_heads, head_dim, rot_dim;
+};
+int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
+		   size_t errsz);
 /* Causal GQA over the cache (cpu_ref_attention); pos0 + n <= WK_CUDA_ATTN_MAX */
 int wk_cuda_attention(float *out, const float *q, const float *k, const float *v, int n,
 		      int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale,

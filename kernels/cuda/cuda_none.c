@@ -117,6 +117,13 @@ int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz
 	return none(err, errsz);
 }
 
+int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
+		   size_t errsz)
+{
+	(void)r, (void)count, (void)theta, (void)interleaved;
+	return none(err, errsz);
+}
+
 int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char *err, size_t errsz)
 {
 	(void)y, (void)x, (void)n, (void)cols;

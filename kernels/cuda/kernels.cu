@@ -301,13 +301,11 @@ extern "C" int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const flo
 
 /* ---- rope (cpu_ref_rope): one thread per rotated pair ---------------------------------------- */
 
-__global__ void k_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
-		       float theta, bool interleaved)
+/* Rotates pair i (token, head, j) of x: k_rope's thread, also k_rope_n's. */
+__device__ void rope_pair(float *x, const int *pos, int n_heads, int head_dim, int rot_dim,
+			  float theta, bool interleaved, size_t i)
 {
 	int half = rot_dim / 2;
-	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-	if (i >= (size_t)n * n_heads * half)
-		return;
 	int j = (int)(i % half);
 	size_t th = i / half; /* token * n_heads + head */
 	int t = (int)(th / n_heads);
@@ -319,6 +317,53 @@ __global__ void k_rope(float *x, int n, const int *pos, int n_heads, int head_di
 	float a = v[i0], b = v[i1];
 	v[i0] = a * c - b * s;
 	v[i1] = b * c + a * s;
+}
+
+__global__ void k_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
+		       float theta, bool interleaved)
+{
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	if (i < (size_t)n * n_heads * (rot_dim / 2))
+		rope_pair(x, pos, n_heads, head_dim, rot_dim, theta, interleaved, i);
+}
+
+/* Several tensors in one launch: thread g takes pair g of the tensors' pairs in order. */
+struct rope_set {
+	int count;
+	size_t start[WK_ROPE_MAX + 1];
+	struct wk_rope r[WK_ROPE_MAX];
+};
+
+__global__ void k_rope_n(struct rope_set s, float theta, bool interleaved)
+{
+	size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	if (g >= s.start[s.count])
+		return;
+	int k = 0;
+	while (g >= s.start[k + 1])
+		k++;
+	const struct wk_rope *r = &s.r[k];
+	rope_pair(r->x, r->pos, r->n_heads, r->head_dim, r->rot_dim, theta, interleaved,
+		  g - s.start[k]);
+}
+
+extern "C" int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta,
+			      bool interleaved, char *err, size_t errsz)
+{
+	if (count < 1 || count > WK_ROPE_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA rope_n: %d tensors (1..%d)", count,
+			       WK_ROPE_MAX);
+	struct rope_set s;
+	memset(&s, 0, sizeof s);
+	s.count = count;
+	for (int k = 0; k < count; k++) {
+		s.r[k] = r[k];
+		s.start[k + 1] = s.start[k] + (size_t)r[k].n * r[k].n_heads * (r[k].rot_dim / 2);
+	}
+	if (s.start[count] == 0)
+		return WK_OK;
+	k_rope_n<<<blocks(s.start[count], 256), 256>>>(s, theta, interleaved);
+	return launched("rope_n", err, errsz);
 }
 
 extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim,

@@ -2,7 +2,7 @@
 # families issue, computed here from the structure. stories260K (Llama): 4 matmuls per layer
 # (q, k and v as one matmul_n, o, gate and up as one, down) + lm_head, one attention per
 # layer, k and v written straight into the caches, each residual add fused with the norm after
-# it (add_rmsnorm). GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
+# it (add_rmsnorm), q and k rotated by one rope_n. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
 # top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes once and runs
 # its experts in one grouped op (4 kernels on CUDA); the attention's 7 projections are 3 ops
 # (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj), and
@@ -23,9 +23,10 @@ L, k = cfg["num_hidden_layers"], json.loads(sys.argv[1])["by_kind"]
 assert j["bench"] == "launches" and j["steps"] == 3 and j["context"] == 8, j
 assert k["matmul"] == 4 * L + 1, k
 assert "copy" not in k, k                          # k and v land in the caches
-assert j["unfused"] - j["launches"] == 3 * L + 2 * L + 1 + 2 * L, j   # matmuls, copies, adds
+assert j["unfused"] - j["launches"] == 3 * L + 2 * L + 1 + 2 * L + L, j   # matmuls, copies, adds, ropes
 assert k["attention"] == L and k["silu_mul"] == L and "add" not in k, k
 assert k["add_rmsnorm"] == 2 * L and k["rmsnorm"] == 1, k   # residual adds fused with norms
+assert k["rope"] == L, k                                    # q and k rotated by one rope_n
 assert j["launches"] == j["kernels"] + j["copies"] + j["collectives"], j
 print(f"stories260K: {j['launches']:.0f} launches per step, as computed")
 PY
@@ -48,7 +49,8 @@ assert k["matmul"] == 3 * L + 2 * dense + 2 * moe + 1, k   # + MLPs, shared expe
 assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing round trip
 assert "copy" not in k, k                          # c_kv, k_pe, index keys land in caches
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L, j
+assert k["rope"] == L, k          # q, k_pe and the indexer's queries and keys in one rope_n
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY

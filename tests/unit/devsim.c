@@ -153,6 +153,16 @@ static void ds_add_rmsnorm(void *ctx, float *x, const float *dx, float *y, const
 	WRAP(add_rmsnorm(CPU, x, dx, y, w, n, dim, eps)); /* (WRAP's d is devsim) */
 }
 
+static void ds_rope_n(void *ctx, const struct be_rope *r, int count, float theta,
+		      bool interleaved)
+{
+	for (int k = 0; k < count; k++) {
+		dev(ctx, r[k].x, "rope_n x");
+		dev(ctx, r[k].pos, "rope_n pos");
+	}
+	WRAP(rope_n(CPU, r, count, theta, interleaved));
+}
+
 static void ds_act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	dev(ctx, y, "act_quant y");
@@ -491,6 +501,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.matmul_n = ds_matmul_n, \
 	.add_rmsnorm = ds_add_rmsnorm, \
 	.act_quant = ds_act_quant, \
+	.rope_n = ds_rope_n, \
 	.rmsnorm = ds_rmsnorm, \
 	.rope = ds_rope, \
 	.attention = ds_attention, \

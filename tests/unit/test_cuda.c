@@ -1082,3 +1082,39 @@ Test(cuda_kernels, act_quant_matches_ref)
 	free(want);
 	free(got);
 }
+
+/* rope_n: three tensors of different shapes and positions in one launch, bit for bit what
+ * rope gives each alone. */
+Test(cuda_kernels, rope_n_matches_rope)
+{
+	NEED_GPU();
+	enum { K = 3 };
+	int n[K] = {5, 5, 2}, heads[K] = {4, 2, 1}, hd[K] = {24, 16, 8}, rot[K] = {8, 8, 8};
+	int pos_h[5] = {0, 3, 7, 100, 4095};
+	int *dpos = to_dev(pos_h, sizeof pos_h);
+	struct wk_rope r[K];
+	float *a[K], *b[K];
+	for (int k = 0; k < K; k++) {
+		size_t N = (size_t)n[k] * heads[k] * hd[k];
+		float *x = rnd_vec(N);
+		a[k] = to_dev(x, N * 4);
+		b[k] = to_dev(x, N * 4);
+		free(x);
+		r[k] = (struct wk_rope){a[k], n[k], dpos + (k == 2 ? 3 : 0), heads[k], hd[k], rot[k]};
+		cr_assert_eq(wk_cuda_rope(b[k], n[k], dpos + (k == 2 ? 3 : 0), heads[k], hd[k], rot[k],
+					  10000.0f, true, err, sizeof err), WK_OK, "%s", err);
+	}
+	cr_assert_eq(wk_cuda_rope_n(r, K, 10000.0f, true, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < K; k++) {
+		size_t N = (size_t)n[k] * heads[k] * hd[k];
+		float *ga = malloc(N * 4), *gb = malloc(N * 4);
+		from_dev(ga, a[k], N * 4);
+		from_dev(gb, b[k], N * 4);
+		cr_expect_eq(memcmp(ga, gb, N * 4), 0, "tensor %d differs from rope alone", k);
+		free(ga);
+		free(gb);
+		wk_cuda_free(a[k]);
+		wk_cuda_free(b[k]);
+	}
+	wk_cuda_free(dpos);
+}
