@@ -46,6 +46,15 @@ void cpu_ref_matmul(float *y, const float *x, const void *w, enum dt_type wt, in
  * Edge blocks may be partial. y[n][rows] = x[n][cols] . dequant(w)^T */
 void cpu_ref_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
 			int rows, int cols);
+/* FP8 x FP8 GEMM with block scales (the DeepGEMM scheme, the prefill path once activations
+ * are quantized): xq [n][cols] e4m3 bytes with xs [n][ceil(cols/128)] f32, one scale per
+ * token per 128 channels (cpu_ref_act_quant's blocks); w [rows][cols] e4m3 with ws
+ * [ceil(rows/128)][ceil(cols/128)] as cpu_ref_matmul_fp8's scale. For each 128-column block
+ * b (the last may be partial) s_b = the f32 sum, in column order, of e4m3(xq[t][c]) *
+ * e4m3(w[r][c]) (each product exact); y[t][r] = the f32 sum over b, in order, of
+ * s_b * (xs[t][b] * ws[r/128][b]). */
+void cpu_ref_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+		      const float *ws, int n, int rows, int cols);
 /* Activation quantization for FP8 x FP8 matmuls (the DeepSeek-V3 / DeepGEMM scheme): each
  * token's row is cut into 128-channel blocks (the last may be partial), each block gets the
  * scale s = amax / 448 (1 when the block is all zeros), and y = e4m3(x / s) * s: the value

@@ -1,6 +1,7 @@
 /*
  * fp8.c - FP8 (float8_e4m3fn) block-scaled matmul on the CPU: the reference, the portable
- * fallback, and the split over the pool (the AVX2 inner loops are in fp8_avx2.c).
+ * fallback, and the split over the pool (the AVX2 inner loops are in fp8_avx2.c); the
+ * reference of the FP8 x FP8 GEMM (cpu_ref_gemm_fp8) and of activation quantization.
  *
  * Weights are the GLM-5-FP8 / DeepSeek-V3 layout: w[rows][cols] e4m3fn bytes and
  * scale[ceil(rows/128)][ceil(cols/128)] f32 (`weight_scale_inv`); the weight is
@@ -56,6 +57,32 @@ void cpu_ref_matmul_fp8(float *y, const float *x, const uint8_t *w, const float 
 				for (int c = c0; c < c1; c++)
 					bsum += xt[c] * dt_e4m3_to_f32(wr[c]);
 				acc += bsum * srow[b];
+			}
+			y[(size_t)t * rows + r] = acc;
+		}
+	}
+}
+
+/* Both operands FP8: the order of cpu_ref_matmul_fp8 (a block sum, then its scales), with
+ * the activation's scale joining the weight's. */
+void cpu_ref_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+		      const float *ws, int n, int rows, int cols)
+{
+	int sc = (cols + CPU_FP8_BLOCK - 1) / CPU_FP8_BLOCK;
+	for (int t = 0; t < n; t++) {
+		const uint8_t *xt = xq + (size_t)t * cols;
+		const float *xst = xs + (size_t)t * sc;
+		for (int r = 0; r < rows; r++) {
+			const uint8_t *wr = w + (size_t)r * cols;
+			const float *wsr = ws + (size_t)(r / CPU_FP8_BLOCK) * sc;
+			float acc = 0.0f;
+			for (int b = 0; b < sc; b++) {
+				int c0 = b * CPU_FP8_BLOCK;
+				int c1 = c0 + CPU_FP8_BLOCK < cols ? c0 + CPU_FP8_BLOCK : cols;
+				float bsum = 0.0f;
+				for (int c = c0; c < c1; c++)
+					bsum += dt_e4m3_to_f32(xt[c]) * dt_e4m3_to_f32(wr[c]);
+				acc += bsum * (xst[b] * wsr[b]);
 			}
 			y[(size_t)t * rows + r] = acc;
 		}

@@ -379,3 +379,94 @@ Test(fp8, act_quant_blocks)
 	cpu_ref_act_quant(x, x, N, C); /* in place */
 	cr_assert_eq(memcmp(x, y, sizeof x), 0);
 }
+
+/* ---- FP8 x FP8 GEMM (cpu_ref_gemm_fp8) ------------------------------------------------------ */
+
+/* Exact on powers of two: every token code 1 (0x38), every weight code 2 (0x40), 2 x 2 scale
+ * blocks with partial edges, so y[t][r] = 128 * 2 * xs[t][0] * ws[r/128][0] + 2 * 2 *
+ * xs[t][1] * ws[r/128][1]. */
+Test(fp8, gemm_ref_known_blocks)
+{
+	enum { N = 2, ROWS = 131, COLS = 130 };
+	uint8_t xq[N * COLS], *w = malloc((size_t)ROWS * COLS);
+	const float xs[N][2] = {{0.5f, 4.0f}, {-2.0f, 0.125f}};
+	const float ws[2][2] = {{0.25f, 8.0f}, {-1.0f, 0.5f}};
+	float y[N * ROWS];
+	cr_assert(w);
+	memset(xq, 0x38, sizeof xq);
+	memset(w, 0x40, (size_t)ROWS * COLS);
+	cpu_ref_gemm_fp8(y, xq, &xs[0][0], w, &ws[0][0], N, ROWS, COLS);
+	for (int t = 0; t < N; t++)
+		for (int r = 0; r < ROWS; r++) {
+			int rb = r / 128;
+			float want = 256 * xs[t][0] * ws[rb][0] + 4 * xs[t][1] * ws[rb][1];
+			cr_assert_eq(y[t * ROWS + r], want, "y[%d][%d] = %g, want %g", t, r,
+				     y[t * ROWS + r], want);
+		}
+	free(w);
+}
+
+/* max |got - want| / max |want| */
+static double fp8_rel(const float *got, const float *want, size_t n)
+{
+	double d = 0, m = 0;
+	for (size_t i = 0; i < n; i++) {
+		cr_assert(isfinite(got[i]), "element %zu is %g", i, got[i]);
+		d = fmax(d, fabs((double)got[i] - want[i]));
+		m = fmax(m, fabs((double)want[i]));
+	}
+	return m > 0 ? d / m : d;
+}
+
+/* The GEMM is the f32 matmul of its dequantized operands (e4m3(xq) * xs, e4m3(w) * ws) and
+ * also cpu_ref_matmul_fp8 over the dequantized tokens (the --fp8-act path), up to f32
+ * rounding: random codes (subnormals and negatives included) and scales, partial blocks. */
+Test(fp8, gemm_ref_matches_dequantized)
+{
+	static const int shapes[][3] = {{1, 1, 1}, {3, 130, 300}, {2, 257, 129}, {5, 64, 128},
+					{4, 200, 512}};
+	fp8_rng = 0x9e3779b97f4a7c15ull;
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+		int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+		uint8_t *xq = malloc((size_t)n * cols), *w = malloc((size_t)rows * cols);
+		float *xs = malloc((size_t)n * sc * 4), *ws = malloc((size_t)sr * sc * 4);
+		float *x = malloc((size_t)n * cols * 4), *wf = malloc((size_t)rows * cols * 4);
+		float *got = malloc((size_t)n * rows * 4), *want = malloc((size_t)n * rows * 4);
+		float *want8 = malloc((size_t)n * rows * 4);
+		cr_assert(xq && w && xs && ws && x && wf && got && want && want8);
+		for (int i = 0; i < n * sc; i++)
+			xs[i] = (fp8_rnd() + 1.5f) / 448.0f; /* amax / 448 of some block */
+		for (int i = 0; i < sr * sc; i++)
+			ws[i] = (fp8_rnd() + 1.5f) * 1e-3f;
+		for (int t = 0; t < n; t++)
+			for (int c = 0; c < cols; c++) {
+				xq[t * cols + c] = fp8_rnd_code();
+				x[t * cols + c] = dt_e4m3_to_f32(xq[t * cols + c]) * xs[t * sc + c / 128];
+			}
+		for (int r = 0; r < rows; r++)
+			for (int c = 0; c < cols; c++) {
+				size_t i = (size_t)r * cols + c;
+				w[i] = fp8_rnd_code();
+				wf[i] = dt_e4m3_to_f32(w[i]) * ws[(r / 128) * sc + c / 128];
+			}
+		cpu_ref_gemm_fp8(got, xq, xs, w, ws, n, rows, cols);
+		cpu_ref_matmul(want, x, wf, DT_F32, n, rows, cols);
+		cpu_ref_matmul_fp8(want8, x, w, ws, n, rows, cols);
+		double r1 = fp8_rel(got, want, (size_t)n * rows);
+		double r2 = fp8_rel(got, want8, (size_t)n * rows);
+		cr_expect_leq(r1, 1e-5, "n=%d rows=%d cols=%d: %g against the dequantized matmul", n,
+			      rows, cols, r1);
+		cr_expect_leq(r2, 1e-5, "n=%d rows=%d cols=%d: %g against matmul_fp8", n, rows, cols,
+			      r2);
+		free(xq);
+		free(w);
+		free(xs);
+		free(ws);
+		free(x);
+		free(wf);
+		free(got);
+		free(want);
+		free(want8);
+	}
+}
