@@ -151,21 +151,22 @@ tools: $(TOOLS)
 # the emulated kernels and the CPU library's objects: libwick's, less everything CUDA and
 # cuda_none.o, archived again so that only what the tests use is linked.
 SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu
-SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o
+SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
+SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o
 SIMT_CXXFLAGS := -std=c++17 -pthread -Itests/simt/include -Itests/simt -I$(BUILD)/simt -I. $(MODEFLAGS)
 
 $(BUILD)/simt/%.cpp: %.cu tests/simt/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 tests/simt/cu2cpp.py $< $@
 
-$(BUILD)/simt/%.cuh: %.cuh tests/simt/cu2cpp.py
+$(SIMT_CUH): $(BUILD)/simt/%.cuh: %.cuh tests/simt/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 tests/simt/cu2cpp.py $< $@
 
-$(BUILD)/simt/%.o: $(BUILD)/simt/%.cpp $(BUILD)/simt/kernels/cuda/cuda_int.cuh
+$(BUILD)/simt/%.o: $(BUILD)/simt/%.cpp $(SIMT_CUH)
 	$(CXX) $(SIMT_CXXFLAGS) -w -MMD -MP -c -o $@ $<
 
-$(BUILD)/simt/simt.o: tests/simt/simt.cpp
+$(BUILD)/simt/simt.o $(BUILD)/simt/mma.o: $(BUILD)/simt/%.o: tests/simt/%.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIMT_CXXFLAGS) -Wall -Wextra -Werror -MMD -MP -c -o $@ $<
 

@@ -1,6 +1,7 @@
 /*
- * simt.cpp - the emulator of simt.h: the fibers, the block scheduler, the barriers and the
- * runtime API. See simt.h for what it does and does not prove.
+ * simt.cpp - the emulator of simt.h: the fibers, the block scheduler, the barriers and
+ * shuffles, cp.async, and the runtime API (the mma is in mma.cpp). See simt.h for what it
+ * does and does not prove.
  *
  * Fibers: a thread's first entry is through makecontext/setcontext; after that, switches
  * use _setjmp/_longjmp, which (unlike swapcontext) make no system call to save the signal
@@ -30,12 +31,21 @@ enum {
 	POISON = 0x7fffffff, /* a NaN as a float, INT_MAX as an int */
 };
 
+/* a cp.async not yet landed */
+struct async_copy {
+	void *dst;
+	const void *src;
+	int n, src_n;
+};
+
 struct fiber {
 	jmp_buf jb; /* where it continues, once started */
 	ucontext_t uc; /* its first entry */
 	char *stack;
 	dim3 tid;
 	bool started, done;
+	std::vector<async_copy> copies; /* its cp.async copies not yet landed, in order */
+	std::vector<size_t> group_ends; /* committed group k: copies[..group_ends[k]) */
 };
 
 /* the block barrier: arrived threads wait until gen changes */
@@ -45,10 +55,13 @@ struct barrier {
 	const char *site;
 };
 
+enum { GATHER_MAX = 64 }; /* bytes a lane, simt_warp_gather */
+
 struct warp {
 	int arrived, lanes;
 	unsigned long gen;
 	uint64_t v[32];
+	unsigned char gather[32][GATHER_MAX];
 };
 
 static fiber fibers[MAX_THREADS]; /* not movable: uc points into itself */
@@ -197,6 +210,54 @@ void simt_warp_exchange(uint64_t *v, int src)
 	*v = r;
 }
 
+int simt_warp_gather(const void *mine, void *all, size_t n)
+{
+	if (n > GATHER_MAX)
+		fail("warp gather of more than 64 bytes a lane");
+	int t = linear_tid();
+	warp &w = warps[t / 32];
+	memcpy(w.gather[t & 31], mine, n);
+	warp_wait(w); /* every lane has written */
+	for (int l = 0; l < w.lanes; l++)
+		memcpy((char *)all + (size_t)l * n, w.gather[l], n);
+	warp_wait(w); /* every lane has read */
+	return w.lanes;
+}
+
+/* ---- cp.async: copies land when a wait retires their group ------------------------------ */
+
+void simt_cp_async(void *dst, const void *src, int n, int src_n)
+{
+	if ((n != 4 && n != 8 && n != 16) || src_n < 0 || src_n > n)
+		fail("cp.async of a size it does not have");
+	if ((uintptr_t)dst % (unsigned)n != 0 || (src_n > 0 && (uintptr_t)src % (unsigned)n != 0))
+		fail("cp.async to or from a misaligned address");
+	cur->copies.push_back({dst, src, n, src_n});
+}
+
+void simt_cp_async_commit(void)
+{
+	cur->group_ends.push_back(cur->copies.size());
+}
+
+void simt_cp_async_wait(int pending)
+{
+	fiber *f = cur;
+	size_t groups = f->group_ends.size();
+	if (pending < 0 || groups <= (size_t)pending)
+		return;
+	size_t done = groups - (size_t)pending, end = f->group_ends[done - 1];
+	for (size_t i = 0; i < end; i++) {
+		const async_copy &c = f->copies[i];
+		memcpy(c.dst, c.src, (size_t)c.src_n);
+		memset((char *)c.dst + c.src_n, 0, (size_t)(c.n - c.src_n));
+	}
+	f->copies.erase(f->copies.begin(), f->copies.begin() + (long)end);
+	f->group_ends.erase(f->group_ends.begin(), f->group_ends.begin() + (long)done);
+	for (size_t &e : f->group_ends)
+		e -= end;
+}
+
 void simt_shared(void *p, size_t n)
 {
 	for (shared_var &s : shared_vars)
@@ -233,6 +294,8 @@ static void run_block(size_t nt)
 			for (unsigned x = 0; x < blockDim.x; x++, i++) {
 				fibers[i].tid = dim3(x, y, z);
 				fibers[i].done = false;
+				fibers[i].copies.clear(); /* a returned thread's copies never land */
+				fibers[i].group_ends.clear();
 			}
 	live = (int)nt;
 	/* Warp by warp, each run until all its lanes wait at __syncthreads or have returned (a

@@ -30,9 +30,18 @@
  *     results can differ from the GPU's in the last bits (the tests compare with tolerances);
  *   - limits beyond the launch configuration: registers, occupancy, static shared memory.
  *
- * Only what kernels/cuda/kernels.cu, glm_kernels.cu and moe_kernels.cu use is here; a kernel
- * using more fails to compile, and the missing piece is added here. Not thread-safe: one
- * host thread launches at a time (Criterion runs each test in its own process).
+ * The tensor-core mma and cp.async of kernels/cuda/mma.cuh (gemm_fp8.cu) are emulated from
+ * their documentation (the PTX ISA): tests/simt/mma.cpp computes an mma from the whole warp's
+ * fragments by the documented fragment layout, so a kernel that feeds the wrong bytes to a
+ * lane, or reads the wrong lane's result, fails here; but if we misread the document, the
+ * emulator and the kernel agree and are both wrong, and the hardware's own accumulation
+ * precision is not modelled (the emulator rounds each mma's sum once). A cp.async copy lands
+ * only at the cp.async.wait_group that must retire it, so a read before the wait sees poison.
+ *
+ * Only what kernels/cuda/kernels.cu, glm_kernels.cu, moe_kernels.cu and gemm_fp8.cu use is
+ * here; a kernel using more fails to compile, and the missing piece is added here. Not
+ * thread-safe: one host thread launches at a time (Criterion runs each test in its own
+ * process).
  */
 #ifndef WICK_SIMT_H
 #define WICK_SIMT_H
@@ -62,12 +71,17 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 /* ---- qualifiers and types -------------------------------------------------------------- */
 
+#define WICK_SIMT 1 /* kernels/cuda/mma.cuh takes the emulator's instructions */
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 /* cu2cpp.py rewrites `__shared__ T x[N];` as a static plus a simt_shared call */
 
+struct alignas(16) uint4 {
+	unsigned x, y, z, w;
+};
 struct __nv_bfloat16 {
 	uint16_t x;
 };
@@ -138,6 +152,23 @@ template <typename T> static inline T __shfl_up_sync(unsigned mask, T v, int o)
 	int lane = simt_lane();
 	return simt_shfl(v, lane >= o ? lane - o : lane);
 }
+
+/* Every lane of the warp calls it with its n bytes (n <= 64); all [lane * n ..) gets each
+ * lane's bytes in lane order. Returns the number of lanes in the warp. */
+int simt_warp_gather(const void *mine, void *all, size_t n);
+
+/* ---- tensor cores and asynchronous copies (kernels/cuda/mma.cuh) ----------------------- */
+
+/* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 with d as C and D (tests/simt/mma.cpp):
+ * every lane of a full warp calls it; fragments as the PTX ISA documents them. */
+void simt_mma_e4m3_16832(float d[4], const uint32_t a[4], const uint32_t b[2]);
+/* cp.async of n bytes (4, 8 or 16; both addresses n-aligned): src_n bytes from src, then
+ * zeros. Queued in the calling thread's open group; copied when a wait retires the group. */
+void simt_cp_async(void *dst, const void *src, int n, int src_n);
+void simt_cp_async_commit(void); /* closes the thread's open group */
+/* Completes the thread's committed groups but the newest `pending`. Groups still pending
+ * when the thread returns are dropped: their bytes never land. */
+void simt_cp_async_wait(int pending);
 
 /* One thread runs at a time, so these are plain read-modify-writes. */
 template <typename T, typename U> static inline T atomicAdd(T *p, U v)
