@@ -150,7 +150,8 @@ tools: $(TOOLS)
 # $(BUILD)/simt/unit is tests/unit/test_cuda.c (the unit tests' own object, project flags) on
 # the emulated kernels and the CPU library's objects: libwick's, less everything CUDA and
 # cuda_none.o, archived again so that only what the tests use is linked.
-SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu
+SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu \
+                 kernels/cuda/gemm_fp8.cu
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
 SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o
 SIMT_CXXFLAGS := -std=c++17 -pthread -Itests/simt/include -Itests/simt -I$(BUILD)/simt -I. $(MODEFLAGS)

@@ -143,8 +143,20 @@ int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *w
 			enum dt_type wdt, int dim, int inter, void *scratch, char *err,
 			size_t errsz);
 
+/* ---- FP8 GEMM for prefill (gemm_fp8.cu) ---- */
+
+/* cpu_ref_gemm_fp8 on the tensor cores (mma.sync, sm_89+): y [n][rows] = the e4m3 tokens xq
+ * [n][cols] with their per-token 1x128 scales xs [n][ceil(cols/128)] times the e4m3 weight
+ * w [rows][cols] with its 128x128 block scales ws [ceil(rows/128)][ceil(cols/128)]^T, each
+ * 128-deep block summed on its own and promoted to the f32 total with its scales (the
+ * DeepGEMM scheme). Any shape; cols % 16 == 0 with 16-byte aligned xq and w is the fast
+ * path. Nothing happens when n or rows is 0; WK_EINVAL for cols < 0 or rows > 8,388,480. */
+int wk_cuda_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+		     const float *ws, int n, int rows, int cols, char *err, size_t errsz);
+
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
- * bandwidth measured first. WK_OK, or WK_EIO when a step failed (printed). */
+ * bandwidth measured first, and the FP8 GEMM's TFLOPS. WK_OK, or WK_EIO when a step failed
+ * (printed). */
 int wk_cuda_lab(void);
 
 #endif

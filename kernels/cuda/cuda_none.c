@@ -235,6 +235,13 @@ int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *w
 	return none(err, errsz);
 }
 
+int wk_cuda_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+		     const float *ws, int n, int rows, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)xq, (void)xs, (void)w, (void)ws, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
 int wk_cuda_lab(void)
 {
 	return WK_EUNSUPPORTED;
