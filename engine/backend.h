@@ -85,6 +85,16 @@ struct be_experts {
 /* The most weights one matmul_n takes, and the most tensors one rope_n rotates. */
 #define BE_MATMUL_MAX 8
 #define BE_ROPE_MAX 8
+#define BE_NORM_MAX 8
+
+/* One norm of a norm_n: y [n][dim] = rmsnorm(x) . w, or (layer) layernorm(x) . w + b. */
+struct be_norm {
+	float *y;
+	const float *x, *w, *b;
+	int n, dim;
+	float eps;
+	bool layer;
+};
 
 /* One tensor of a rope_n: x [n][n_heads * head_dim] in place, token i at position pos[i]. */
 struct be_rope {
@@ -120,6 +130,9 @@ struct backend {
 			float eps);
 	void (*rope)(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
 		     int rot_dim, float theta, bool interleaved);
+	/* Several rmsnorms and layernorms (count 2 .. BE_NORM_MAX) as one op, each exactly as
+	 * rmsnorm / layernorm computes it. Optional (NULL: the engine calls them one by one). */
+	void (*norm_n)(void *ctx, const struct be_norm *r, int count);
 	/* rope over several tensors (count 2 .. BE_ROPE_MAX, one theta and style) as one op,
 	 * each exactly as rope rotates it. Optional (NULL: the engine calls rope). */
 	void (*rope_n)(void *ctx, const struct be_rope *r, int count, float theta,

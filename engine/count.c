@@ -64,6 +64,11 @@ static void c_add_rmsnorm(void *ctx, float *x, const float *d, float *y, const f
 	COUNT(ctx, ENG_K_ADD_RMSNORM, add_rmsnorm(IN(ctx)->ctx, x, d, y, w, n, dim, eps));
 }
 
+static void c_norm_n(void *ctx, const struct be_norm *r, int count)
+{
+	COUNT(ctx, ENG_K_RMSNORM, norm_n(IN(ctx)->ctx, r, count));
+}
+
 static void c_rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 		     bool interleaved)
 {
@@ -275,6 +280,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	KEEP(act_quant, c_act_quant);
 	KEEP(rope_n, c_rope_n);
+	KEEP(norm_n, c_norm_n);
 	KEEP(rmsnorm, c_rmsnorm);
 	KEEP(rope, c_rope);
 	KEEP(attention, c_attention);

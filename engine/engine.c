@@ -325,6 +325,21 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		matmuls(e, yp, x, wp, np, n);
 }
 
+void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
+{
+	if (count > 1 && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused) {
+		e->be->norm_n(e->bctx, r, count);
+		return;
+	}
+	for (int k = 0; k < count; k++) {
+		if (r[k].layer)
+			e->be->layernorm(e->bctx, r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim,
+					 r[k].eps);
+		else
+			e->be->rmsnorm(e->bctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
+	}
+}
+
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
 		bool interleaved)
 {

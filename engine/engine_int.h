@@ -260,6 +260,9 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes);
  * backend has it (and eng_opts.unfused is off), else count matmuls. */
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n);
+/* the norms r[0..count) (count <= BE_NORM_MAX): one norm_n where the backend has it (and
+ * eng_opts.unfused is off), else one rmsnorm or layernorm each. */
+void eng_norm_n(struct engine *e, const struct be_norm *r, int count);
 /* rope over r[0..count) (count <= BE_ROPE_MAX): one rope_n where the backend has it (and
  * eng_opts.unfused is off), else count ropes. */
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,

@@ -443,10 +443,17 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	}
 	eng_matmul_n(e, xo, x, xw, nx, T);
 
-	/* The rotations of the layer, applied together once every rotated tensor exists (below):
+	/* The norms of what x-matmul produced (q_c; c_kv into the caches; the indexer's keys) as
+	 * one op, and the rotations of the layer as one op once every rotated tensor exists:
 	 * q's rope slice, the indexer's queries, k_pe in the caches, the indexer's keys. */
 	struct be_rope rot[BE_ROPE_MAX];
-	int nrot = 0;
+	struct be_norm nrm[BE_NORM_MAX];
+	int nrot = 0, nn = 0;
+	nrm[nn++] = (struct be_norm){a->qc, a->qc, L->q_a_norm, NULL, T, a->q_lora, MLA_NORM_EPS,
+				     false};
+	if (L->full)
+		nrm[nn++] = (struct be_norm){ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, a->i_dim,
+					     INDEXER_NORM_EPS, true};
 
 	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
 	for (int s = 0; s < nseg; s++) {
@@ -455,7 +462,12 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		float *cr = ckv + (size_t)g->pos0 * lora, *kr = kpe + (size_t)g->pos0 * rope;
 		if (split) {
 			const float *c_in = direct ? cr : a->kva + (size_t)g->off * lora;
-			be->rmsnorm(c, cr, c_in, L->kv_a_norm, g->n, lora, MLA_NORM_EPS);
+			nrm[nn++] = (struct be_norm){cr, c_in, L->kv_a_norm, NULL, g->n, lora,
+						     MLA_NORM_EPS, false};
+			if (nn == BE_NORM_MAX) {
+				eng_norm_n(e, nrm, nn);
+				nn = 0;
+			}
 			if (!direct)
 				eng_dcopy(e, kr, a->kvr + (size_t)g->off * rope,
 					  (size_t)g->n * rope * sizeof(float));
@@ -474,13 +486,10 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			nrot = 0;
 		}
 	}
-	if (L->full)
-		be->layernorm(c, ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, a->i_dim,
-			      INDEXER_NORM_EPS);
+	eng_norm_n(e, nrm, nn);
 
 	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
 	 * indexer's query projection, which reads q_c too); then every rotation */
-	be->rmsnorm(c, a->qc, a->qc, L->q_a_norm, T, a->q_lora, MLA_NORM_EPS);
 	float *qo[2] = {a->q, a->iqv};
 	const struct be_weight *qw[2] = {&L->q_b, &L->iq};
 	eng_matmul_n(e, qo, a->qc, qw, any ? 2 : 1, T);

@@ -66,6 +66,19 @@ static void add_rmsnorm(void *ctx, float *x, const float *d, float *y, const flo
 	rmsnorm(ctx, y, x, w, n, dim, eps);
 }
 
+static void layernorm(void *ctx, float *y, const float *x, const float *w, const float *b, int n,
+		      int dim, float eps);
+
+static void norm_n(void *ctx, const struct be_norm *r, int count)
+{
+	for (int k = 0; k < count; k++) {
+		if (r[k].layer)
+			layernorm(ctx, r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps);
+		else
+			rmsnorm(ctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
+	}
+}
+
 static void rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 		   bool interleaved)
 {
@@ -384,6 +397,7 @@ const struct backend be_cpu = {
 	.add_rmsnorm = add_rmsnorm,
 	.act_quant = act_quant,
 	.rope_n = rope_n,
+	.norm_n = norm_n,
 	.rmsnorm = rmsnorm,
 	.rope = rope,
 	.attention = attention,

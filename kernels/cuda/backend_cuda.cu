@@ -219,6 +219,19 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
 }
 
+static void norm_n(void *ctx, const struct be_norm *r, int count)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct wk_norm w[WK_NORM_MAX];
+	static_assert(WK_NORM_MAX == BE_NORM_MAX, "norm_n limits differ");
+	if (c->rc != WK_OK)
+		return;
+	for (int k = 0; k < count && k < WK_NORM_MAX; k++)
+		w[k] = {r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps, r[k].layer};
+	ok(c, wk_cuda_norm_n(w, count, err, sizeof err), err);
+}
+
 static void rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 		   bool interleaved)
 {
@@ -591,6 +604,7 @@ static struct backend make_backend(void)
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
 	b.rope_n = rope_n;
+	b.norm_n = norm_n;
 	b.rmsnorm = rmsnorm;
 	b.rope = rope;
 	b.attention = attention;

@@ -82,6 +82,36 @@ static __device__ float block_max(float v)
 	return warp_max(v);
 }
 
+/* One row of rmsnorm (cpu_ref_rmsnorm) by a whole block: k_rmsnorm's and k_norm_n's code. */
+static __device__ void row_rmsnorm(float *yr, const float *xr, const float *w, int dim,
+				   float eps)
+{
+	float ss = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		yr[i] = xr[i] * inv * w[i];
+}
+
+/* One row of layernorm (cpu_ref_layernorm), b optional: k_layernorm's and k_norm_n's code. */
+static __device__ void row_layernorm(float *yr, const float *xr, const float *w, const float *b,
+				     int dim, float eps)
+{
+	float s = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		s += xr[i];
+	float mean = block_sum(s) / (float)dim;
+	float v = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+		float d = xr[i] - mean;
+		v += d * d;
+	}
+	float inv = 1.0f / sqrtf(block_sum(v) / (float)dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
 /* Inclusive prefix sum of v over the block (blockDim.x a multiple of 32); *total gets the
  * block's sum. Every thread must call it. scratch: 32 ints of shared memory. */
 static __device__ int block_scan(int v, int *scratch, int *total)

@@ -56,6 +56,17 @@ int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, fl
 		    char *err, size_t errsz);
 int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
 		 float theta, bool interleaved, char *err, size_t errsz);
+/* Several rmsnorms (layer false) and layernorms (b optional) in one launch, each row as
+ * wk_cuda_rmsnorm / wk_cuda_layernorm computes it */
+#define WK_NORM_MAX 8
+struct wk_norm {
+	float *y;
+	const float *x, *w, *b;
+	int n, dim;
+	float eps;
+	bool layer;
+};
+int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, size_t errsz);
 /* wk_cuda_rope over several tensors in one launch, each rotated exactly as alone */
 #define WK_ROPE_MAX 8
 struct wk_rope {

@@ -117,6 +117,12 @@ int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz
 	return none(err, errsz);
 }
 
+int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, size_t errsz)
+{
+	(void)r, (void)count;
+	return none(err, errsz);
+}
+
 int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
 		   size_t errsz)
 {

@@ -48,20 +48,7 @@ __device__ __forceinline__ float wget(const __nv_fp8_e4m3 *w, const float *scale
 __global__ void k_layernorm(float *y, const float *x, const float *w, const float *b, int dim,
 			    float eps)
 {
-	const float *xr = x + (size_t)blockIdx.x * dim;
-	float *yr = y + (size_t)blockIdx.x * dim;
-	float s = 0.0f;
-	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		s += xr[i];
-	float mean = block_sum(s) / (float)dim;
-	float v = 0.0f;
-	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-		float d = xr[i] - mean;
-		v += d * d;
-	}
-	float inv = 1.0f / sqrtf(block_sum(v) / (float)dim + eps);
-	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+	row_layernorm(y + (size_t)blockIdx.x * dim, x + (size_t)blockIdx.x * dim, w, b, dim, eps);
 }
 
 extern "C" int wk_cuda_layernorm(float *y, const float *x, const float *w, const float *b, int n,
@@ -71,6 +58,45 @@ extern "C" int wk_cuda_layernorm(float *y, const float *x, const float *w, const
 		return WK_OK;
 	k_layernorm<<<n, 256>>>(y, x, w, b, dim, eps);
 	return launched("layernorm", err, errsz);
+}
+
+/* ---- norm_n: several rmsnorms and layernorms in one launch, one block per row --------------- */
+
+struct norm_set {
+	int count;
+	int start[WK_NORM_MAX + 1]; /* first block of each norm; start[count]: all rows */
+	struct wk_norm r[WK_NORM_MAX];
+};
+
+__global__ void k_norm_n(struct norm_set s)
+{
+	int g = blockIdx.x, k = 0;
+	while (g >= s.start[k + 1])
+		k++;
+	const struct wk_norm *r = &s.r[k];
+	size_t at = (size_t)(g - s.start[k]) * r->dim;
+	if (r->layer)
+		row_layernorm(r->y + at, r->x + at, r->w, r->b, r->dim, r->eps);
+	else
+		row_rmsnorm(r->y + at, r->x + at, r->w, r->dim, r->eps);
+}
+
+extern "C" int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, size_t errsz)
+{
+	if (count < 1 || count > WK_NORM_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: %d norms (1..%d)", count,
+			       WK_NORM_MAX);
+	struct norm_set s;
+	memset(&s, 0, sizeof s);
+	s.count = count;
+	for (int k = 0; k < count; k++) {
+		s.r[k] = r[k];
+		s.start[k + 1] = s.start[k] + (r[k].n > 0 ? r[k].n : 0);
+	}
+	if (s.start[count] == 0)
+		return WK_OK;
+	k_norm_n<<<s.start[count], 256>>>(s);
+	return launched("norm_n", err, errsz);
 }
 
 /* ---- moe_route (cpu_ref_moe_route): one block per token -------------------------------------- */

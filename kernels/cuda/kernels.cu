@@ -208,14 +208,7 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
 {
-	const float *xr = x + (size_t)blockIdx.x * dim;
-	float *yr = y + (size_t)blockIdx.x * dim;
-	float ss = 0.0f;
-	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		ss += xr[i] * xr[i];
-	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
-	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		yr[i] = xr[i] * inv * w[i];
+	row_rmsnorm(y + (size_t)blockIdx.x * dim, x + (size_t)blockIdx.x * dim, w, dim, eps);
 }
 
 extern "C" int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim,

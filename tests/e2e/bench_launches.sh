@@ -50,7 +50,8 @@ assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing r
 assert "copy" not in k, k                          # c_kv, k_pe, index keys land in caches
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
 assert k["rope"] == L, k          # q, k_pe and the indexer's queries and keys in one rope_n
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L, j
+assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L + 2 * L, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY

@@ -153,6 +153,17 @@ static void ds_add_rmsnorm(void *ctx, float *x, const float *dx, float *y, const
 	WRAP(add_rmsnorm(CPU, x, dx, y, w, n, dim, eps)); /* (WRAP's d is devsim) */
 }
 
+static void ds_norm_n(void *ctx, const struct be_norm *r, int count)
+{
+	for (int k = 0; k < count; k++) {
+		dev(ctx, r[k].y, "norm_n y");
+		dev(ctx, r[k].x, "norm_n x");
+		dev(ctx, r[k].w, "norm_n w");
+		dev(ctx, r[k].b, "norm_n b");
+	}
+	WRAP(norm_n(CPU, r, count));
+}
+
 static void ds_rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 		      bool interleaved)
 {
@@ -502,6 +513,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.add_rmsnorm = ds_add_rmsnorm, \
 	.act_quant = ds_act_quant, \
 	.rope_n = ds_rope_n, \
+	.norm_n = ds_norm_n, \
 	.rmsnorm = ds_rmsnorm, \
 	.rope = ds_rope, \
 	.attention = ds_attention, \

@@ -1189,3 +1189,54 @@ Test(cuda_kernels, rope_n_matches_rope)
 	}
 	wk_cuda_free(dpos);
 }
+
+/* norm_n: an rmsnorm in place, a layernorm with a bias and one without, in one launch, bit
+ * for bit what each gives alone. */
+Test(cuda_kernels, norm_n_matches_norms)
+{
+	NEED_GPU();
+	enum { K = 3 };
+	int n[K] = {3, 2, 4}, dim[K] = {300, 64, 1000};
+	bool layer[K] = {false, true, true};
+	struct wk_norm r[K];
+	float *a[K], *b[K], *w[K], *bias = NULL;
+	for (int k = 0; k < K; k++) {
+		size_t N = (size_t)n[k] * dim[k];
+		float *x = rnd_vec(N), *wv = rnd_vec(dim[k]);
+		a[k] = to_dev(x, N * 4);
+		b[k] = dev_alloc(N * 4);
+		w[k] = to_dev(wv, dim[k] * 4);
+		if (k == 1) {
+			float *bv = rnd_vec(dim[k]);
+			bias = to_dev(bv, dim[k] * 4);
+			free(bv);
+		}
+		float *bb = k == 1 ? bias : NULL;
+		float *out = k == 0 ? a[k] : dev_alloc(N * 4);
+		r[k] = (struct wk_norm){out, a[k], w[k], bb, n[k], dim[k], 1e-6f, layer[k]};
+		if (layer[k])
+			cr_assert_eq(wk_cuda_layernorm(b[k], a[k], w[k], bb, n[k], dim[k], 1e-6f, err,
+						       sizeof err), WK_OK, "%s", err);
+		else
+			cr_assert_eq(wk_cuda_rmsnorm(b[k], a[k], w[k], n[k], dim[k], 1e-6f, err,
+						     sizeof err), WK_OK, "%s", err);
+		free(x);
+		free(wv);
+	}
+	cr_assert_eq(wk_cuda_norm_n(r, K, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < K; k++) {
+		size_t N = (size_t)n[k] * dim[k];
+		float *ga = malloc(N * 4), *gb = malloc(N * 4);
+		from_dev(ga, r[k].y, N * 4);
+		from_dev(gb, b[k], N * 4);
+		cr_expect_eq(memcmp(ga, gb, N * 4), 0, "norm %d differs from its kernel alone", k);
+		free(ga);
+		free(gb);
+		if (k)
+			wk_cuda_free(r[k].y);
+		wk_cuda_free(a[k]);
+		wk_cuda_free(b[k]);
+		wk_cuda_free(w[k]);
+	}
+	wk_cuda_free(bias);
+}
