@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "common/wk.h"
@@ -161,6 +162,42 @@ out:
 	return rc;
 }
 
+/* Fills dev (bytes) with random data, never zeros (they can time faster than real data,
+ * METHOD.md): f32 values in [lo, hi) (f32), or bf16 values in [-1, 1) (!f32) whose bytes are
+ * also finite e4m3 codes (no 0x7f / 0xff), so one buffer serves the bf16 and the FP8 cases.
+ * Uploaded in 64 MiB pieces. Returns WK_OK or WK_EIO. */
+static int fill_random(void *dev, size_t bytes, bool f32, float lo, float hi)
+{
+	const size_t piece = (size_t)64 << 20;
+	unsigned char *h = (unsigned char *)malloc(piece);
+	if (!h)
+		return WK_EIO;
+	int rc = WK_OK;
+	for (size_t off = 0; off < bytes && rc == WK_OK; off += piece) {
+		size_t n = bytes - off < piece ? bytes - off : piece;
+		for (size_t i = 0; i + 4 <= n; i += 4) {
+			float v = lo + (hi - lo) * (float)(lab_next() >> 8) / 16777216.0f;
+			if (f32) {
+				memcpy(h + i, &v, 4);
+				continue;
+			}
+			uint32_t u;
+			memcpy(&u, &v, 4);
+			for (int k = 0; k < 2; k++) { /* two bf16 per 4 bytes */
+				uint16_t b = (uint16_t)((k ? lab_next() : u) >> 16);
+				for (int j = 0; j < 2; j++) {
+					unsigned char c = (unsigned char)(b >> (8 * j));
+					h[i + 2 * k + j] = (c & 0x7f) == 0x7f ? (unsigned char)(c ^ 1) : c;
+				}
+			}
+		}
+		if (cudaMemcpy((char *)dev + off, h, n, cudaMemcpyHostToDevice) != cudaSuccess)
+			rc = WK_EIO;
+	}
+	free(h);
+	return rc;
+}
+
 extern "C" int wk_cuda_lab(void)
 {
 	char err[WK_ERRSZ];
@@ -177,11 +214,14 @@ extern "C" int wk_cuda_lab(void)
 		fprintf(stderr, "cuda_lab: %s\n", err);
 		goto out;
 	}
-	/* contents do not matter for timing, but NaN inputs could: zero them */
-	cudaMemset(src, 0, copy_bytes);
-	cudaMemset(w, 0, (size_t)rows * cols * 2);
-	cudaMemset(scale, 0, (size_t)(rows / 128) * (cols / 128) * 4);
-	cudaMemset(x, 0, (size_t)8 * cols * 4);
+	/* random, finite inputs: never time on zeros */
+	if (fill_random(src, copy_bytes, false, -1, 1) || fill_random(w, (size_t)rows * cols * 2,
+								      false, -1, 1) ||
+	    fill_random(scale, (size_t)(rows / 128) * (cols / 128) * 4, true, 0.5f, 1.5f) ||
+	    fill_random(x, (size_t)8 * cols * 4, true, -1, 1)) {
+		fprintf(stderr, "cuda_lab: cannot fill the inputs\n");
+		goto out;
+	}
 	{
 		float copy = time_ms([&] {
 			return cudaMemcpy(dst, src, copy_bytes, cudaMemcpyDeviceToDevice) == cudaSuccess
