@@ -6,7 +6,8 @@
 #   make MODE=asan     AddressSanitizer + UBSan build under build/asan (make MODE=asan test);
 #                      plain `make test` runs the unit tests and fuzz corpora under it too
 #   make CUDA=0        CPU-only build, even where nvcc exists
-#   make simt          the CUDA kernels' tests under the CPU emulator tests/simt (make test runs it)
+#   make simt          the CUDA kernels' tests and a wick with the CUDA backend, under the CPU
+#                      emulator tests/simt (make test runs both)
 
 MODE ?= release
 CUDA ?= auto
@@ -144,14 +145,17 @@ fuzz:
 unit: $(BUILD)/tests/unit
 tools: $(TOOLS)
 
-# ---- the CUDA kernels' tests on the CPU, under the emulator in tests/simt (no nvcc) ---------
-# cu2cpp.py rewrites each kernel file into C++ under $(BUILD)/simt and g++ compiles it against
+# ---- CUDA on the CPU, under the emulator in tests/simt (no nvcc) ----------------------------
+# cu2cpp.py rewrites each CUDA file into C++ under $(BUILD)/simt and g++ compiles it against
 # tests/simt/simt.h (-w: the generated code keeps CUDA's idioms, #pragma unroll among them).
 # $(BUILD)/simt/unit is tests/unit/test_cuda.c (the unit tests' own object, project flags) on
-# the emulated kernels and the CPU library's objects: libwick's, less everything CUDA and
-# cuda_none.o, archived again so that only what the tests use is linked.
+# the emulated CUDA files (backend_cuda.cu's cuda_device_count among them) and the CPU
+# library's objects: libwick's, less everything CUDA and cuda_none.o, archived again so that
+# only what the tests use is linked. $(BUILD)/simt/wick is the whole wick with the CUDA
+# backend (backend_cuda.cu) emulated, and comm_none.c for the collectives (sharded runs on
+# CUDA are refused anyway); tests/e2e/cuda_emulated.sh runs it.
 SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu \
-                 kernels/cuda/gemm_fp8.cu
+                 kernels/cuda/gemm_fp8.cu kernels/cuda/backend_cuda.cu
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
 SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o
 SIMT_CXXFLAGS := -std=c++17 -pthread -Itests/simt/include -Itests/simt -I$(BUILD)/simt -I. $(MODEFLAGS)
@@ -178,18 +182,23 @@ $(BUILD)/simt/libwick-cpu.a: $(filter-out $(BUILD)/obj/kernels/cuda/%,$(LIB_OBJ)
 $(BUILD)/simt/unit: $(BUILD)/obj/tests/unit/test_cuda.o $(SIMT_OBJ) $(BUILD)/simt/libwick-cpu.a
 	$(CXX) $(LDFLAGS) -o $@ $^ $(CPU_LDLIBS) $(shell pkg-config --libs criterion)
 
-simt: $(BUILD)/simt/unit
+$(BUILD)/simt/wick: $(MAIN_OBJ) $(SIMT_OBJ) $(BUILD)/obj/kernels/cuda/comm_none.o \
+                    $(BUILD)/simt/libwick-cpu.a
+	$(CXX) $(LDFLAGS) -o $@ $^ $(CPU_LDLIBS)
+
+simt: $(BUILD)/simt/unit $(BUILD)/simt/wick
 
 # In release mode `make test` also builds the unit tests and fuzz replayers under ASan+UBSan
 # (build/asan, CPU-only) and tests/run runs them as the unit-asan and fuzz-asan stages.
-# It also runs the CUDA kernels' tests under the emulator (the cuda-simt stage), in release
-# mode only: under ASan they pass, but ASan warns at each fiber's first stack switch that it
-# cannot follow it, and they take minutes instead of seconds.
+# It also runs the CUDA kernels' tests under the emulator (the cuda-simt stage) and the
+# emulated wick (e2e/cuda_emulated), in release mode only: under ASan they pass, but ASan
+# warns at each fiber's first stack switch that it cannot follow it, and they take minutes
+# instead of seconds.
 ifeq ($(MODE),release)
 ASAN_STAGE := asan-unit
 ASAN_ENV   := WICK_ASAN_BUILD=build/asan
-SIMT_STAGE := $(BUILD)/simt/unit
-SIMT_ENV   := WICK_SIMT=$(BUILD)/simt/unit
+SIMT_STAGE := $(BUILD)/simt/unit $(BUILD)/simt/wick
+SIMT_ENV   := WICK_SIMT=$(BUILD)/simt/unit WICK_SIMT_WICK=$(BUILD)/simt/wick
 endif
 
 asan-unit:

@@ -4,7 +4,7 @@
 Three rewrites, each keeping the line count so that #line maps errors (and the sites that
 simt_syncthreads reports) to IN:
   kernel<<<grid, block[, smem[, stream]]>>>(args)
-      -> simt_run(grid, block, smem, [=]() { kernel(args); })
+      -> simt_run(grid, block, smem, stream, [=]() { kernel(args); })
   extern __shared__ T name[];
       -> T *name = (T *)simt_dyn_smem();
   __shared__ T a[N], b;
@@ -52,13 +52,13 @@ def launches(src):
         if not m:
             return out + src
         cfg = split_top(m.group(2))
-        cfg += ['0'] * (3 - len(cfg))
+        cfg += ['0'] * (4 - len(cfg))
         i, depth = m.end(), 1  # the ')' closing the arguments
         while depth:
             depth += {'(': 1, ')': -1}.get(src[i], 0)
             i += 1
-        out += src[:m.start()] + 'simt_run(%s, %s, %s, [=]() { %s(%s); })' % (
-            cfg[0], cfg[1], cfg[2], m.group(1), src[m.end():i - 1])
+        out += src[:m.start()] + 'simt_run(%s, %s, %s, %s, [=]() { %s(%s); })' % (
+            cfg[0], cfg[1], cfg[2], cfg[3], m.group(1), src[m.end():i - 1])
         src = src[i:]
 
 

@@ -20,6 +20,11 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <atomic>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <set>
 #include <vector>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -74,7 +79,7 @@ static barrier bar;
 static warp warps[MAX_THREADS / 32];
 static std::vector<uint64_t> dyn_smem;
 static unsigned long block_serial;
-static cudaError_t last_err;
+static thread_local cudaError_t last_err;
 
 struct shared_var {
 	void *p;
@@ -277,6 +282,134 @@ void *simt_dyn_smem(void)
 	return dyn_smem.data();
 }
 
+/* ---- the runtime's state: allocations, streams, the injected fault ------------------------ */
+
+/* A queued copy (src non-NULL) or memset on a stream; seq orders all queued work. */
+struct stream_op {
+	void *dst;
+	const void *src;
+	size_t n;
+	int value;
+	uint64_t seq;
+};
+
+struct CUstream_st {
+	unsigned flags;
+	std::vector<stream_op> q; /* not yet made, in order */
+};
+
+struct CUevent_st {
+	cudaStream_t s; /* NULL: never recorded, or recorded on the default stream */
+	uint64_t seq;   /* the stream's work up to here */
+};
+
+static std::mutex rt_mu; /* everything below */
+static std::map<uintptr_t, size_t> dev_allocs, pinned_allocs; /* base -> bytes */
+static std::set<cudaStream_t> streams;
+static std::set<cudaEvent_t> events;
+static uint64_t op_seq;
+
+/* WICK_SIMT_FAULT_LAUNCH: the launch that faults; FAULTED until a wait notices, then STICKY */
+enum fault_state { NO_FAULT, FAULTED, STICKY };
+static std::atomic<int> fault{NO_FAULT};
+static std::atomic<bool> launching;
+static unsigned long launches, fault_at;
+
+/* The error every call returns once the context is lost; cudaSuccess before. */
+static cudaError_t sticky(void)
+{
+	return fault.load() == STICKY ? cudaErrorIllegalAddress : cudaSuccess;
+}
+
+/* A call that waits for the device notices a fault. */
+static cudaError_t notice(void)
+{
+	int f = FAULTED;
+	fault.compare_exchange_strong(f, STICKY);
+	return sticky();
+}
+
+enum region { R_HOST, R_PINNED, R_DEVICE, R_BAD };
+
+/* Whether [a, a + n) lies inside one allocation of m; *overlap set when it crosses an edge. */
+static bool inside(const std::map<uintptr_t, size_t> &m, uintptr_t a, size_t n, bool *overlap)
+{
+	auto next = m.upper_bound(a); /* the first allocation starting after a */
+	if (next != m.begin()) {
+		auto at = std::prev(next);
+		if (a - at->first < at->second) { /* starts inside it */
+			if (a + n <= at->first + at->second)
+				return true;
+			*overlap = true;
+			return false;
+		}
+	}
+	if (next != m.end() && next->first < a + n)
+		*overlap = true;
+	return false;
+}
+
+/* Where [p, p + n) lies (n > 0); R_BAD when it straddles an allocation's edge. */
+static region where(const void *p, size_t n) /* under rt_mu */
+{
+	uintptr_t a = (uintptr_t)p;
+	bool overlap = false;
+	if (inside(dev_allocs, a, n, &overlap))
+		return R_DEVICE;
+	if (inside(pinned_allocs, a, n, &overlap))
+		return R_PINNED;
+	return overlap ? R_BAD : R_HOST;
+}
+
+static bool is_host(region r)
+{
+	return r == R_HOST || r == R_PINNED;
+}
+
+/* Whether dst and src lie where kind says. */
+static bool kind_ok(void *dst, const void *src, size_t n, cudaMemcpyKind kind) /* under rt_mu */
+{
+	region d = where(dst, n), s = where(src, n);
+	switch (kind) {
+	case cudaMemcpyHostToHost: return is_host(d) && is_host(s);
+	case cudaMemcpyHostToDevice: return d == R_DEVICE && is_host(s);
+	case cudaMemcpyDeviceToHost: return is_host(d) && s == R_DEVICE;
+	case cudaMemcpyDeviceToDevice: return d == R_DEVICE && s == R_DEVICE;
+	}
+	return false;
+}
+
+static void make_op(const stream_op &o)
+{
+	if (o.src)
+		memmove(o.dst, o.src, o.n);
+	else
+		memset(o.dst, o.value, o.n);
+}
+
+/* Makes s's queued work up to seq (all of it: UINT64_MAX). */
+static void drain(cudaStream_t s, uint64_t seq) /* under rt_mu */
+{
+	size_t k = 0;
+	for (; k < s->q.size() && s->q[k].seq <= seq; k++)
+		make_op(s->q[k]);
+	s->q.erase(s->q.begin(), s->q.begin() + (long)k);
+}
+
+/* Before work on the default stream: the blocking streams' queues (legacy semantics). */
+static void drain_blocking(void) /* under rt_mu */
+{
+	for (cudaStream_t s : streams)
+		if (!(s->flags & cudaStreamNonBlocking))
+			drain(s, UINT64_MAX);
+}
+
+static void drain_all(void) /* under rt_mu */
+{
+	for (cudaStream_t s : streams)
+		drain(s, UINT64_MAX);
+}
+
 /* ---- launches ---------------------------------------------------------------------------- */
 
 static void run_block(size_t nt)
@@ -331,13 +464,44 @@ static void run_block(size_t nt)
 	}
 }
 
-void simt_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &fn)
+static void launch_fault_init(void)
 {
+	const char *f = getenv("WICK_SIMT_FAULT_LAUNCH");
+	fault_at = f ? strtoul(f, NULL, 10) : 0;
+}
+
+void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+	      const std::function<void()> &fn)
+{
+	static std::once_flag once;
+	std::call_once(once, launch_fault_init);
+	if (launching.exchange(true)) {
+		fprintf(stderr, "simt: two host threads launch kernels at once\n");
+		abort();
+	}
+	{
+		std::lock_guard<std::mutex> g(rt_mu);
+		if (stream && !streams.count(stream)) {
+			last_err = cudaErrorInvalidResourceHandle;
+			launching = false;
+			return;
+		}
+		if (stream)
+			drain(stream, UINT64_MAX);
+		drain_blocking();
+	}
+	if (++launches == fault_at)
+		fault = FAULTED;
+	if (fault.load() != NO_FAULT) { /* the context is lost: nothing runs any more */
+		launching = false;
+		return;
+	}
 	size_t nt = (size_t)block.x * block.y * block.z;
 	if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
 	    grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
 	    grid.y > 65535 || grid.z > 65535 || smem > MAX_DYN_SMEM) {
 		last_err = cudaErrorInvalidConfiguration;
+		launching = false;
 		return;
 	}
 	for (size_t i = 0; i < nt; i++)
@@ -354,52 +518,256 @@ void simt_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &f
 				run_block(nt);
 			}
 	body = NULL;
+	launching = false;
 }
 
 /* ---- the runtime API --------------------------------------------------------------------- */
 
+cudaError_t cudaGetDeviceCount(int *n)
+{
+	*n = 1;
+	return sticky();
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+	if (sticky())
+		return sticky();
+	return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, size_t> &m)
+{
+	*p = NULL;
+	if (sticky())
+		return sticky();
+	size_t sz = (n + align - 1) / align * align;
+	void *q = sz ? aligned_alloc(align, sz) : NULL;
+	if (!q)
+		return cudaErrorMemoryAllocation;
+	poison(q, sz);
+	std::lock_guard<std::mutex> g(rt_mu);
+	m[(uintptr_t)q] = sz;
+	*p = q;
+	return cudaSuccess;
+}
+
+/* cudaFree and cudaFreeHost wait for the device first, as CUDA's do. */
+static cudaError_t release(void *p, std::map<uintptr_t, size_t> &m)
+{
+	if (!p)
+		return sticky();
+	std::lock_guard<std::mutex> g(rt_mu);
+	auto it = m.find((uintptr_t)p);
+	if (it == m.end())
+		return cudaErrorInvalidValue;
+	drain_all();
+	m.erase(it);
+	free(p);
+	return sticky();
+}
+
 cudaError_t cudaMalloc(void **p, size_t n)
 {
-	size_t sz = (n + 255) / 256 * 256;
-	*p = sz ? aligned_alloc(256, sz) : NULL;
-	if (!*p)
-		return cudaErrorMemoryAllocation;
-	poison(*p, sz);
-	return cudaSuccess;
+	return alloc(p, n, 256, dev_allocs);
 }
 
 cudaError_t cudaFree(void *p)
 {
-	free(p);
-	return cudaSuccess;
+	return release(p, dev_allocs);
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
+{
+	if (flags & ~(unsigned)cudaHostAllocPortable) {
+		*p = NULL;
+		return cudaErrorInvalidValue;
+	}
+	return alloc(p, n, 4096, pinned_allocs);
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+	return release(p, pinned_allocs);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
-	(void)kind;
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (notice())
+		return sticky();
+	if (n == 0)
+		return cudaSuccess;
+	if (!kind_ok(dst, src, n, kind))
+		return cudaErrorInvalidValue;
+	drain_blocking();
 	memmove(dst, src, n);
 	return cudaSuccess;
 }
 
+/* A copy (src non-NULL) or memset on s: made now on the default stream, queued on another. */
+static cudaError_t enqueue(void *dst, const void *src, size_t n, int v, cudaStream_t s,
+			   bool pageable)
+{
+	if (s && !streams.count(s))
+		return cudaErrorInvalidResourceHandle;
+	stream_op o = {dst, src, n, v, ++op_seq};
+	if (!s || pageable) { /* in order: after what s holds already */
+		if (s)
+			drain(s, UINT64_MAX);
+		drain_blocking();
+		make_op(o);
+	} else {
+		s->q.push_back(o);
+	}
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+			    cudaStream_t s)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (sticky())
+		return sticky();
+	if (n == 0)
+		return cudaSuccess;
+	if (!kind_ok(dst, src, n, kind))
+		return cudaErrorInvalidValue;
+	bool pageable = where(dst, n) == R_HOST || where(src, n) == R_HOST;
+	return enqueue(dst, src, n, 0, s, pageable);
+}
+
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
-	memset(p, v, n);
-	return cudaSuccess;
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (notice())
+		return sticky();
+	if (n == 0)
+		return cudaSuccess;
+	if (where(p, n) != R_DEVICE)
+		return cudaErrorInvalidValue;
+	return enqueue(p, NULL, n, v, 0, false);
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
-	(void)s;
-	return cudaMemset(p, v, n);
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (sticky())
+		return sticky();
+	if (n == 0)
+		return cudaSuccess;
+	if (where(p, n) != R_DEVICE)
+		return cudaErrorInvalidValue;
+	return enqueue(p, NULL, n, v, s, false);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+	*s = NULL;
+	if (sticky())
+		return sticky();
+	if (flags & ~(unsigned)cudaStreamNonBlocking)
+		return cudaErrorInvalidValue;
+	std::lock_guard<std::mutex> g(rt_mu);
+	*s = new CUstream_st{flags, {}};
+	streams.insert(*s);
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (s && !streams.count(s))
+		return cudaErrorInvalidResourceHandle;
+	if (notice())
+		return sticky();
+	if (s)
+		drain(s, UINT64_MAX);
+	else
+		drain_blocking();
+	return cudaSuccess;
+}
+
+/* Its queue is made first (CUDA lets it finish after the call returns). */
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (!s || !streams.count(s))
+		return cudaErrorInvalidResourceHandle;
+	drain(s, UINT64_MAX);
+	streams.erase(s);
+	for (cudaEvent_t e : events)
+		if (e->s == s)
+			e->s = NULL;
+	delete s;
+	return sticky();
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+	*e = NULL;
+	if (sticky())
+		return sticky();
+	if (flags & ~(unsigned)cudaEventDisableTiming)
+		return cudaErrorInvalidValue;
+	std::lock_guard<std::mutex> g(rt_mu);
+	*e = new CUevent_st{NULL, 0};
+	events.insert(*e);
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+	return cudaEventCreateWithFlags(e, cudaEventDefault);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (sticky())
+		return sticky();
+	if (!events.count(e) || (s && !streams.count(s)))
+		return cudaErrorInvalidResourceHandle;
+	e->s = s; /* the default stream's work is done already */
+	e->seq = op_seq;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (!events.count(e))
+		return cudaErrorInvalidResourceHandle;
+	if (notice())
+		return sticky();
+	if (e->s)
+		drain(e->s, e->seq);
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (!events.count(e))
+		return cudaErrorInvalidResourceHandle;
+	events.erase(e);
+	delete e;
+	return sticky();
 }
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (notice())
+		return sticky();
+	drain_all();
 	return cudaSuccess;
 }
 
 cudaError_t cudaGetLastError(void)
 {
+	if (sticky())
+		return sticky();
 	cudaError_t e = last_err;
 	last_err = cudaSuccess;
 	return e;
@@ -409,14 +777,12 @@ const char *cudaGetErrorString(cudaError_t e)
 {
 	switch (e) {
 	case cudaSuccess: return "no error";
+	case cudaErrorInvalidValue: return "invalid argument";
 	case cudaErrorMemoryAllocation: return "out of memory";
 	case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+	case cudaErrorInvalidDevice: return "invalid device ordinal";
+	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
 	default: return "unknown error";
 	}
-}
-
-/* kernels/cuda/cuda_kernels.h: the emulated device (kernels/cuda/cuda_none.c is not linked) */
-extern "C" int cuda_device_count(void)
-{
-	return 1;
 }

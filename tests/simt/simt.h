@@ -1,9 +1,10 @@
 /*
  * simt.h - a small CUDA emulator, so that the CUDA kernels' tests (tests/unit/test_cuda.c)
- * run on a plain CPU in every `make test`. tests/simt/cu2cpp.py rewrites the kernel files of
- * kernels/cuda into C++ (launches become simt_run calls), the shim headers in
- * tests/simt/include make <cuda_runtime.h> and friends this file, and g++ compiles the result
- * (the Makefile's simt target, $(BUILD)/simt/unit).
+ * and the CUDA backend end to end (tests/e2e/cuda_emulated.sh) run on a plain CPU in every
+ * `make test`. tests/simt/cu2cpp.py rewrites the CUDA files of kernels/cuda into C++
+ * (launches become simt_run calls), the shim headers in tests/simt/include make
+ * <cuda_runtime.h> and friends this file, and g++ compiles the result (the Makefile's simt
+ * target: $(BUILD)/simt/unit, and $(BUILD)/simt/wick, the whole wick with backend_cuda.cu).
  *
  * What it does: each CUDA thread is a fiber on its own stack. The blocks of a launch run one
  * after another; in a block, each warp runs until all its lanes wait at __syncthreads (or
@@ -38,10 +39,27 @@
  * precision is not modelled (the emulator rounds each mma's sum once). A cp.async copy lands
  * only at the cp.async.wait_group that must retire it, so a read before the wait sees poison.
  *
- * Only what kernels/cuda/kernels.cu, glm_kernels.cu, moe_kernels.cu and gemm_fp8.cu use is
- * here; a kernel using more fails to compile, and the missing piece is added here. Not
- * thread-safe: one host thread launches at a time (Criterion runs each test in its own
- * process).
+ * The backend (kernels/cuda/backend_cuda.cu) runs on the runtime API below: one device whose
+ * memory is host memory, copies checked against their kind, the copies of a stream made only
+ * when the host waits for them (so a staging buffer refilled too early, or restored weights
+ * read before their event, give wrong bytes), and an injected sticky fault. That checks the
+ * backend's wiring (each op's arguments, copy directions, the restore's staging and events,
+ * the sticky error) against the CPU backend. It does NOT prove, beyond the list above:
+ *   - host/device separation in the backend's own code: host code that reads device memory,
+ *     or a host pointer handed to a kernel, works here (devsim, tests/unit/devsim.c, checks
+ *     the engine's side of that boundary, not backend_cuda.cu's);
+ *   - ordering on the GPU: kernels run at once, in issue order, so only the restore's copy
+ *     stream can lag; per-thread devices (one device here: a reader thread that forgets
+ *     cudaSetDevice passes), copy/compute overlap and bandwidth are not modelled;
+ *   - the driver's errors: only the emulator's refusals (bad configuration, a copy of the
+ *     wrong kind, an unknown handle) and the one injected fault occur; a real out-of-memory,
+ *     a launch out of registers, a timeout or an ECC error never does;
+ *   - NCCL: comm_none.c is linked; sharded runs on CUDA are refused anyway.
+ *
+ * Only what kernels/cuda/kernels.cu, glm_kernels.cu, moe_kernels.cu, gemm_fp8.cu and
+ * backend_cuda.cu use is here; a file using more fails to compile, and the missing piece is
+ * added here. Kernels are launched from one host thread at a time (a second aborts); the
+ * runtime calls are thread-safe (see below).
  */
 #ifndef WICK_SIMT_H
 #define WICK_SIMT_H
@@ -178,13 +196,45 @@ template <typename T, typename U> static inline T atomicAdd(T *p, U v)
 	return old;
 }
 
-/* ---- the runtime API: device memory is host memory, launches run to completion --------- */
+/* ---- the runtime API (simt.cpp), for the kernel files and kernels/cuda/backend_cuda.cu ----
+ *
+ * One device, number 0; device memory is host memory. cudaMalloc poisons what it returns and
+ * records it; cudaHostAlloc (pinned memory) likewise. A copy or memset whose pointers do not
+ * lie where its kind says (device memory inside one cudaMalloc allocation, host memory outside
+ * every one) is refused with cudaErrorInvalidValue: stricter than CUDA, which under unified
+ * addressing takes some such copies, so a to_device wired as a to_host fails here.
+ *
+ * Streams: kernels, cudaMemcpy, cudaMemset and the Async calls on the default stream (0) run
+ * to completion before they return, as if the GPU were infinitely fast. A copy or memset on a
+ * stream of cudaStreamCreateWithFlags is queued on that stream and made only when the host
+ * next waits for it: cudaEventSynchronize of an event recorded after it, cudaStreamSynchronize,
+ * cudaDeviceSynchronize, or cudaFree, cudaFreeHost or cudaStreamDestroy (which wait for all);
+ * its source is read then, not when it was queued. So a pinned staging buffer refilled before
+ * its event was waited for lands its new bytes, and device memory read before the wait (by a
+ * kernel or a copy on the default stream) still holds cudaMalloc's poison. A copy whose host
+ * side is pageable is made at once (CUDA stages pageable memory before returning). A blocking
+ * stream's queue (cudaStreamDefault) is made before each default-stream call, the legacy
+ * default stream's implicit synchronisation; a cudaStreamNonBlocking stream's is not.
+ *
+ * Errors: the last error is per host thread, as CUDA's. WICK_SIMT_FAULT_LAUNCH=N in the
+ * environment makes the Nth kernel launch of the process (from 1) fault as an illegal memory
+ * access would on a GPU: it and every launch after it run nothing; the next call that waits
+ * for the device (a synchronous copy or memset, a synchronize) returns
+ * cudaErrorIllegalAddress, and from then on every call does (the context is lost: sticky).
+ *
+ * Thread safety: the runtime calls may come from several host threads at once (the restore's
+ * readers); kernels are launched from one thread at a time (a second at once aborts).
+ */
 
 typedef int cudaError_t;
 enum {
 	cudaSuccess = 0,
+	cudaErrorInvalidValue = 1,
 	cudaErrorMemoryAllocation = 2,
 	cudaErrorInvalidConfiguration = 9,
+	cudaErrorInvalidDevice = 101,
+	cudaErrorInvalidResourceHandle = 400,
+	cudaErrorIllegalAddress = 700,
 };
 enum cudaMemcpyKind {
 	cudaMemcpyHostToHost,
@@ -192,7 +242,19 @@ enum cudaMemcpyKind {
 	cudaMemcpyDeviceToHost,
 	cudaMemcpyDeviceToDevice,
 };
-typedef void *cudaStream_t;
+enum {
+	cudaStreamDefault = 0, /* blocking: the legacy default stream waits for it */
+	cudaStreamNonBlocking = 1,
+	cudaEventDefault = 0,
+	cudaEventDisableTiming = 2,
+	cudaHostAllocDefault = 0,
+	cudaHostAllocPortable = 1,
+};
+typedef struct CUstream_st *cudaStream_t; /* 0 is the default stream */
+typedef struct CUevent_st *cudaEvent_t;
+
+cudaError_t cudaGetDeviceCount(int *n); /* 1 */
+cudaError_t cudaSetDevice(int device);  /* cudaErrorInvalidDevice but for 0 */
 
 cudaError_t cudaMalloc(void **p, size_t n);
 template <typename T> cudaError_t cudaMalloc(T **p, size_t n)
@@ -200,16 +262,37 @@ template <typename T> cudaError_t cudaMalloc(T **p, size_t n)
 	return cudaMalloc((void **)p, n);
 }
 cudaError_t cudaFree(void *p);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags); /* 4 KiB-aligned */
+template <typename T> cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags)
+{
+	return cudaHostAlloc((void **)p, n, flags);
+}
+cudaError_t cudaFreeHost(void *p);
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+			    cudaStream_t s = 0);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s = 0);
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
+cudaError_t cudaEventSynchronize(cudaEvent_t e); /* success when never recorded, as CUDA */
+cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaDeviceSynchronize(void);
-/* the last launch error, then cudaSuccess */
+
+/* the calling thread's last error, then cudaSuccess (a sticky error stays) */
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 
-/* kernel<<<grid, block, smem>>>(args) as cu2cpp.py writes it: body runs once per thread of
- * every block. A bad configuration launches nothing and sets cudaGetLastError. */
-void simt_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+/* kernel<<<grid, block, smem, stream>>>(args) as cu2cpp.py writes it: body runs once per
+ * thread of every block, after the work queued on stream (and on blocking streams). A bad
+ * configuration launches nothing and sets cudaGetLastError. */
+void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+	      const std::function<void()> &body);
 
 #endif

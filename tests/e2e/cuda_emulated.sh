@@ -1,0 +1,142 @@
+# The CUDA backend end to end, on the CPU: scripts/gpu-check's end-to-end checks run against
+# $WICK_SIMT_WICK, the whole wick with kernels/cuda/*.cu and backend_cuda.cu rewritten for the
+# CUDA emulator in tests/simt (make test builds it in release mode: build/simt/wick), so that
+# a wiring bug in backend_cuda.cu (an op's arguments, a copy's direction, the restore's
+# staging, the sticky error) shows here before the first GPU run. tests/simt/simt.h says what
+# the emulation does not prove; the GPU (scripts/gpu-check) is still the judge.
+#   1. stories260K's golden text with --backend cuda at temperature 0, from a Hugging Face
+#      directory and from an lz4 snapshot streamed into (emulated) device memory: the CPU's text;
+#   2. tiny GLM-5 (FP8) and GLM-4.5 logits at every position, cuda against cpu, relative 1e-3
+#      as gpu-check, from the directory and from an lz4 snapshot; GLM-5 also with MLA absorbed
+#      (as decode steps run it) against the CPU's expanded prefill;
+#   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there);
+#   4. the restore's staging buffers reused: a 54 MB snapshot through one reader thread, the
+#      device's bytes against a host restore (wick bench restore);
+#   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
+#      error, and a worker hands its job back and exits 3; a healthy one then completes it.
+source tests/e2e/lib.sh
+case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
+: "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
+[ -x "$WICK_SIMT_WICK" ] || fail "$WICK_SIMT_WICK is missing (make build/simt/wick)"
+EMU=$WICK_SIMT_WICK
+t0=$EPOCHREALTIME
+section() { echo "== $* (at $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s)"; }
+
+# close LABEL CPU.json CUDA.json: max over positions of max|cuda - cpu| / max|cpu| <= 1e-3
+close() {
+  python3 - "$@" <<'PY' || fail "$1: the emulated CUDA backend's logits differ from the CPU's"
+import json, sys
+label, a, b = sys.argv[1], *(json.load(open(p)) for p in sys.argv[2:4])
+assert a["vocab"] == b["vocab"] and a["positions"] == b["positions"], "shapes differ"
+worst = 0.0
+for ra, rb in zip(a["logits"], b["logits"]):
+    worst = max(worst, max(abs(x - y) for x, y in zip(ra, rb)) / (max(abs(x) for x in ra) or 1.0))
+print(f"   {label}: {len(a['logits'])} positions x {a['vocab']}, max |cuda - cpu| / max|cpu| = {worst:.2e}")
+sys.exit(0 if worst <= 1e-3 else 1)
+PY
+}
+
+section "stories260K's golden text on cuda"
+m=$(stories)
+want="Once upon a time, there was a little girl named Lily."
+cpu=$("$WICK" generate "$m" -n 24 --temperature 0 --backend cpu 2>/dev/null)
+[[ $cpu == "$want"* ]] || fail "the CPU's text is not the golden one: '$cpu'"
+got=$("$EMU" generate "$m" -n 24 --temperature 0 --backend cuda 2>"$TMPD/gen.err") \
+  || fail "generate --backend cuda: $(tail -n 3 "$TMPD/gen.err")"
+grep -q '(cuda backend)' "$TMPD/gen.err" || fail "not run on the cuda backend: $(cat "$TMPD/gen.err")"
+[ "$got" = "$cpu" ] || fail "cuda tells another story: '$got'"
+echo "   $got"
+"$WICK" snapshot "$m" -o "$TMPD/stories-snap" --compress lz4 >/dev/null 2>&1 || fail "snapshot stories260K"
+got=$("$EMU" generate "$TMPD/stories-snap" -n 24 --temperature 0 --backend cuda 2>"$TMPD/gen.err") \
+  || fail "generate from the snapshot: $(tail -n 3 "$TMPD/gen.err")"
+grep -q 'restored .* into device memory' "$TMPD/gen.err" \
+  || fail "the snapshot was not restored into device memory: $(cat "$TMPD/gen.err")"
+[ "$got" = "$cpu" ] || fail "cuda from a snapshot tells another story: '$got'"
+echo "   from an lz4 snapshot, $(grep -o 'restored .* into device memory' "$TMPD/gen.err"): the same text"
+
+section "tiny GLM-5 and GLM-4.5 logits, cuda against cpu"
+"$WICK_TOOLS/gen_glm" --family glm5 -o "$TMPD/glm5" --seed 7 >/dev/null || fail "gen_glm glm5"
+"$WICK_TOOLS/gen_glm" --family glm4 -o "$TMPD/glm4" --seed 8 >/dev/null || fail "gen_glm glm4"
+ids=1,5,9,42,7,3,100,64
+for fam in glm5 glm4; do
+  "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$fam-snap" --compress lz4 >/dev/null 2>&1 || fail "snapshot $fam"
+  "$WICK" logits "$TMPD/$fam" --tokens $ids --all-positions --backend cpu >"$TMPD/$fam.cpu.json" \
+    2>/dev/null || fail "$fam: cpu logits"
+  for src in "$fam" "$fam-snap"; do
+    "$EMU" logits "$TMPD/$src" --tokens $ids --all-positions --backend cuda \
+      >"$TMPD/$src.cuda.json" 2>"$TMPD/err" || fail "$src: cuda logits: $(tail -n 3 "$TMPD/err")"
+    if [ "$src" != "$fam" ]; then
+      grep -q 'into device memory' "$TMPD/err" || fail "$src: not restored into device memory"
+    fi
+    close "$src" "$TMPD/$fam.cpu.json" "$TMPD/$src.cuda.json"
+  done
+done
+# a prefill this short expands kv_b_proj; decode steps absorb it (mla_absorb_q/out): forced
+WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --backend cuda \
+  >"$TMPD/absorb.cuda.json" 2>"$TMPD/err" || fail "glm5 absorbed: $(tail -n 3 "$TMPD/err")"
+close "glm5, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb.cuda.json"
+
+# FP8 activations: both backends quantize each matmul input per token per 128 channels with
+# kernels that agree bit for bit, but their matmuls sum in other orders, so an input lying
+# within an f32 ulp or two of an e4m3 rounding tie can take the other code, and on random
+# tiny weights one flipped code cascades (with ids 1,5,9,42,7,3,100,64 the first matmul
+# input of token 3 has x/scale = -247.99999 on the CPU, -248.00002 here, the tie between
+# 240 and 256, and the logits part by 2e-2 from position 3 on). These ids hold no such tie
+# (no code differs; the closest input is 6e-7 from one, relative): a failure here may be a
+# new tie after a change in either side's arithmetic rather than a bug, but it must be
+# looked at, not loosened. gpu-check's gate on a GPU is the cosine one (issue 9).
+section "GLM-5 with FP8 activations, cuda against cpu"
+ids=3,141,59,26,53,58,97,93
+"$WICK" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cpu \
+  >"$TMPD/q.cpu.json" 2>/dev/null || fail "fp8-act: cpu logits"
+"$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cuda \
+  >"$TMPD/q.cuda.json" 2>"$TMPD/err" || fail "fp8-act: cuda logits: $(tail -n 3 "$TMPD/err")"
+close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
+
+# A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
+# one reader refills each several times, and the emulator makes a copy only when its event
+# is waited for, reading the buffer then, so a refill before the wait lands the wrong bytes.
+section "restore through reused staging buffers"
+"$WICK_TOOLS/gen_llama" -o "$TMPD/big" --hidden 512 --intermediate 1536 --layers 6 --heads 8 \
+  --kv-heads 4 --vocab 8192 >/dev/null || fail "gen_llama"
+"$WICK" snapshot "$TMPD/big" -o "$TMPD/big-snap" >/dev/null 2>&1 || fail "snapshot the 54 MB model"
+"$EMU" bench restore "$TMPD/big-snap" --backend cuda --threads 1 --runs 1 --no-cold \
+  --startup-runs 0 >"$TMPD/bench.txt" 2>&1 || { cat "$TMPD/bench.txt"; fail "bench restore --backend cuda"; }
+grep -q "the device's bytes checked against the host restore" "$TMPD/bench.txt" \
+  || { cat "$TMPD/bench.txt"; fail "bench restore did not check the device's bytes"; }
+echo "   $(grep '^into cuda memory' "$TMPD/bench.txt")"
+
+section "a device fault is sticky and fails the step"
+set +e
+WICK_SIMT_FAULT_LAUNCH=30 "$EMU" logits "$TMPD/glm5" --tokens $ids --backend cuda \
+  >"$TMPD/fault.json" 2>"$TMPD/fault.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "logits after a device fault exited 0"
+[ ! -s "$TMPD/fault.json" ] || fail "logits after a device fault printed logits"
+grep -q 'the CUDA backend failed: CUDA .*an illegal memory access' "$TMPD/fault.err" \
+  || fail "the fault is not reported: $(cat "$TMPD/fault.err")"
+echo "   wick logits: exit $rc, $(cat "$TMPD/fault.err")"
+Q=$TMPD/q
+"$WICK" submit --queue "spool:$Q" --id f1 -p "Once upon a time" -n 8 --temperature 0 >/dev/null || fail "submit"
+set +e
+WICK_SIMT_FAULT_LAUNCH=300 "$EMU" worker --model "$TMPD/stories-snap" --backend cuda \
+  --queue "spool:$Q" --idle-timeout 0.5 2>"$TMPD/bad.log"
+rc=$?
+set -e
+[ $rc -eq 3 ] || fail "the faulted worker exited $rc, not 3: $(tail -n 3 "$TMPD/bad.log")"
+grep -q 'unhealthy: .*illegal memory access' "$TMPD/bad.log" || fail "no unhealthy line: $(tail -n 3 "$TMPD/bad.log")"
+grep -q 'job f1 handed back' "$TMPD/bad.log" || fail "f1 was not handed back"
+[ -z "$(ls "$Q/done")" ] || fail "the faulted worker stored a result"
+"$EMU" worker --model "$TMPD/stories-snap" --backend cuda --queue "spool:$Q" --idle-timeout 0.3 \
+  2>"$TMPD/good.log" || fail "the healthy worker: $(tail -n 3 "$TMPD/good.log")"
+want=$("$WICK" generate "$m" -p "Once upon a time" -n 8 --temperature 0 2>/dev/null)
+python3 - "$Q/done/f1.json" "${want#Once upon a time}" <<'PY' || fail "f1 after the hand-back"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["status"] == "COMPLETED" and r["attempt"] == 2, r
+assert r["output"]["text"] == sys.argv[2], (r["output"]["text"], sys.argv[2])
+print(f"   worker: exit 3 and f1 handed back; a healthy one completed it on attempt 2: {r['output']['text']!r}")
+PY
+section "done"
+echo ok
