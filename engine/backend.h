@@ -142,6 +142,9 @@ struct backend {
 			  float scale);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
+	/* idx[i] = argmax of logits [n][vocab] row i, lowest index on ties (greedy sampling on
+	 * the device: only the ids cross to the host). Optional. */
+	void (*argmax)(void *ctx, int *idx, const float *logits, int n, int vocab);
 	/* FP8 activations (eng_opts.fp8_act): y [n][cols] = x quantized per token per 128
 	 * channels and back (cpu_ref_act_quant), what FP8-weight matmuls then read. Optional:
 	 * without it the engine refuses fp8_act. */

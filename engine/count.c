@@ -31,8 +31,8 @@ struct counter {
 static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
-	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "to_device", "to_host",
-	"copy",
+	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "to_device",
+	"to_host", "copy",
 };
 
 const char *eng_launch_kind(int k, bool *is_copy, int *launches)
@@ -73,6 +73,11 @@ static void c_rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 		     bool interleaved)
 {
 	COUNT(ctx, ENG_K_ROPE, rope_n(IN(ctx)->ctx, r, count, theta, interleaved));
+}
+
+static void c_argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
+{
+	COUNT(ctx, ENG_K_ARGMAX, argmax(IN(ctx)->ctx, idx, logits, n, vocab));
 }
 
 static void c_act_quant(void *ctx, float *y, const float *x, int n, int cols)
@@ -279,6 +284,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(matmul_n, c_matmul_n);
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	KEEP(act_quant, c_act_quant);
+	KEEP(argmax, c_argmax);
 	KEEP(rope_n, c_rope_n);
 	KEEP(norm_n, c_norm_n);
 	KEEP(rmsnorm, c_rmsnorm);

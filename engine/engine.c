@@ -7,6 +7,7 @@
 
 #include "common/wk.h"
 #include "engine/engine_int.h"
+#include "engine/sampler.h"
 #include "engine/tokenizer.h"
 
 static const struct family *families[] = {&fam_llama, &fam_glm4, &fam_glm5};
@@ -338,6 +339,51 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 		else
 			e->be->rmsnorm(e->bctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
 	}
+}
+
+int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
+		int vocab, char *err, size_t errsz)
+{
+	bool any = false;
+	for (int i = 0; i < n; i++) {
+		if (items[i].logits)
+			eng_to_host(e, items[i].logits, lg + (size_t)i * vocab, vocab * sizeof(float));
+		any |= items[i].token != NULL;
+	}
+	if (!any)
+		return WK_OK;
+	if (eng_host_mem(e) || !e->be->argmax) {
+		bool host = eng_host_mem(e);
+		float *row = host ? NULL : malloc((size_t)vocab * sizeof *row);
+		if (!host && !row)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a logits row");
+		for (int i = 0; i < n; i++) {
+			if (!items[i].token)
+				continue;
+			const float *r = lg + (size_t)i * vocab;
+			if (!host) {
+				eng_to_host(e, row, r, (size_t)vocab * sizeof *row);
+				r = row;
+			}
+			*items[i].token = samp_argmax(r, vocab);
+		}
+		free(row);
+		return WK_OK;
+	}
+	if (n > e->tok_cap) {
+		int *h = realloc(e->tok_h, (size_t)n * sizeof *h);
+		if (h)
+			e->tok_h = h;
+		if (!h || !eng_regrow(e, &e->tok_d, (size_t)n * sizeof(int)))
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory for %d token ids", n);
+		e->tok_cap = n;
+	}
+	e->be->argmax(e->bctx, e->tok_d, lg, n, vocab);
+	eng_to_host(e, e->tok_h, e->tok_d, (size_t)n * sizeof(int));
+	for (int i = 0; i < n; i++)
+		if (items[i].token)
+			*items[i].token = e->tok_h[i];
+	return WK_OK;
 }
 
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
@@ -715,8 +761,11 @@ void eng_close(struct engine *e)
 	shard_close(e);
 	if (e->fam && e->model)
 		e->fam->free(e);
-	if (e->be)
+	if (e->be) {
 		eng_release(e, e->aq);
+		eng_release(e, e->tok_d);
+	}
+	free(e->tok_h);
 	if (e->snap && snap_on_sink(e->snap)) {
 		snap_close(e->snap); /* its images are the backend's memory */
 		e->snap = NULL;

@@ -79,7 +79,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 21
+#define ENG_LAUNCH_KINDS 22
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long collectives;
@@ -113,7 +113,10 @@ struct eng_item {
 	int seq;           /* from eng_seq_alloc */
 	const int *tokens; /* [n] appended at positions eng_seq_len(seq) .. +n-1 */
 	int n;
-	float *logits;     /* [vocab]: the logits of the last token */
+	float *logits;     /* [vocab]: the logits of the last token, or NULL */
+	int *token;        /* or NULL: the argmax of those logits (lowest id on ties), chosen on
+			    * the backend's device where it can, so that only the id crosses to
+			    * the host (greedy decoding); with logits NULL they are not copied */
 };
 
 /* Takes a free sequence (empty cache). WK_ELIMIT when all max_seqs are in use. */

@@ -57,6 +57,8 @@ struct engine {
 	bool fp8_act;            /* eng_opts: FP8-weight matmuls read quantized activations */
 	float *aq;               /* fp8_act: the quantized input (backend memory), aq_cap floats */
 	size_t aq_cap;
+	int *tok_d, *tok_h;      /* eng_outputs: the step's argmax ids (backend / host memory) */
+	int tok_cap;
 	int step_rc;             /* a failure inside a step's ops (eng_sync returns it), or WK_OK */
 	char step_err[WK_ERRSZ];
 	int max_seqs;   /* sequences the family holds (1 without step) */
@@ -149,7 +151,7 @@ enum eng_kind {
 	ENG_K_MATMUL, ENG_K_RMSNORM, ENG_K_ROPE, ENG_K_ATTENTION, ENG_K_SILU_MUL, ENG_K_ADD,
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
-	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT,
+	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
 	ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
@@ -267,6 +269,12 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count);
  * eng_opts.unfused is off), else count ropes. */
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
 		bool interleaved);
+/* A step's outputs from lg [n][vocab] (backend memory; rank 0 of a sharded model, where the
+ * gathered rows are host memory): each item's logits row to items[i].logits when set, its
+ * argmax to *items[i].token when set (on the backend when it has argmax and lg is device
+ * memory: one launch and n ids copied). WK_ENOMEM. */
+int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
+		int vocab, char *err, size_t errsz);
 /* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight. */
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and

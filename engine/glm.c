@@ -717,10 +717,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
 	if (e->rank != 0)
 		return WK_OK;
-	for (int i = 0; i < n_items; i++)
-		eng_to_host(e, items[i].logits, m->lg + (size_t)i * m->c.vocab,
-			    m->c.vocab * sizeof(float));
-	return eng_sync(e, err, errsz);
+	rc = eng_outputs(e, items, n_items, m->lg, m->c.vocab, err, errsz);
+	return rc != WK_OK ? rc : eng_sync(e, err, errsz);
 }
 
 int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)

@@ -383,10 +383,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, m->tmp, n_items, m->vocab, m->gath);
 	if (e->rank != 0)
 		return WK_OK;
-	for (int i = 0; i < n_items; i++)
-		eng_to_host(e, items[i].logits, m->tmp + (size_t)i * m->vocab_all,
-			    m->vocab_all * sizeof(float));
-	return eng_sync(e, err, errsz);
+	rc = eng_outputs(e, items, n_items, m->tmp, m->vocab_all, err, errsz);
+	return rc != WK_OK ? rc : eng_sync(e, err, errsz);
 }
 
 static int llama_step(struct engine *e, const struct eng_item *items, int n, char *err,

@@ -279,8 +279,10 @@ static int job_step(struct shard *sh, int r, char *err, size_t errsz)
 	struct eng_item *it = sh->ritems[r];
 	for (int i = 0; i < sh->n; i++) {
 		it[i] = sh->items[i];
-		if (r != 0)
+		if (r != 0) {
 			it[i].logits = NULL;
+			it[i].token = NULL;
+		}
 	}
 	if (re->fam->step)
 		return re->fam->step(re, it, sh->n, err, errsz);
@@ -317,8 +319,12 @@ static void rank_close(struct engine *re)
 		return;
 	if (re->fam && re->model)
 		re->fam->free(re);
-	if (re->be)
+	if (re->be) {
+		eng_release(re, re->aq);
+		eng_release(re, re->tok_d);
 		re->be->shutdown(re->bctx);
+	}
+	free(re->tok_h);
 	free(re->used);
 	free(re);
 }

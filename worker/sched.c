@@ -15,6 +15,7 @@ struct sched {
 	struct sched_req *wait_head, *wait_tail;
 	struct sched_req **run;  /* [slots]: running requests, NULL when free */
 	float *logits;           /* [slots][vocab] */
+	int *next_tok;           /* [slots]: a greedy request's next token, from the engine */
 	struct eng_item *items;  /* [slots] */
 	int *item_slot;          /* [slots] */
 	struct sched_req **item_req; /* [slots]: the request of each item of the current step */
@@ -43,9 +44,10 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	s->run = calloc((size_t)s->slots, sizeof *s->run);
 	s->logits = malloc((size_t)s->slots * s->vocab * sizeof *s->logits);
 	s->items = calloc((size_t)s->slots, sizeof *s->items);
+	s->next_tok = calloc((size_t)s->slots, sizeof *s->next_tok);
 	s->item_slot = calloc((size_t)s->slots, sizeof *s->item_slot);
 	s->item_req = calloc((size_t)s->slots, sizeof *s->item_req);
-	if (!s->run || !s->logits || !s->items || !s->item_slot || !s->item_req) {
+	if (!s->run || !s->logits || !s->items || !s->next_tok || !s->item_slot || !s->item_req) {
 		sched_free(s);
 		return NULL;
 	}
@@ -82,6 +84,7 @@ void sched_free(struct sched *s)
 			}
 	free(s->run);
 	free(s->logits);
+	free(s->next_tok);
 	free(s->items);
 	free(s->item_slot);
 	free(s->item_req);
@@ -382,7 +385,11 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			continue;
 		struct eng_item *it = &s->items[n];
 		it->seq = r->seq;
-		it->logits = s->logits + (size_t)i * s->vocab;
+		/* greedy: the engine picks the token where the logits are (a GPU returns only
+		 * the id); else the logits come back for the request's sampler */
+		bool greedy = r->samp.temperature <= 0;
+		it->logits = greedy ? NULL : s->logits + (size_t)i * s->vocab;
+		it->token = greedy ? &s->next_tok[i] : NULL;
 		if (r->steps == 0) {
 			it->tokens = r->prompt;
 			it->n = r->n_prompt;
@@ -417,7 +424,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		int i = s->item_slot[k];
 		struct sched_req *r = s->run[i];
 		r->steps++;
-		int next = samp_next(r->sampler, s->logits + (size_t)i * s->vocab);
+		int next = s->items[k].token ? s->next_tok[i]
+					     : samp_next(r->sampler, s->logits + (size_t)i * s->vocab);
 		if (r->n_out == 0)
 			r->t_first = t;
 		if (next == s->eos) {

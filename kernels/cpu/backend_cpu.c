@@ -88,6 +88,13 @@ static void rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 			     theta, interleaved);
 }
 
+static void argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
+{
+	(void)ctx;
+	for (int i = 0; i < n; i++)
+		idx[i] = cpu_ref_argmax(logits + (size_t)i * vocab, vocab);
+}
+
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	(void)ctx;
@@ -396,6 +403,7 @@ const struct backend be_cpu = {
 	.matmul_n = matmul_n,
 	.add_rmsnorm = add_rmsnorm,
 	.act_quant = act_quant,
+	.argmax = argmax,
 	.rope_n = rope_n,
 	.norm_n = norm_n,
 	.rmsnorm = rmsnorm,

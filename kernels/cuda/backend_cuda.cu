@@ -247,6 +247,14 @@ static void rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 	ok(c, wk_cuda_rope_n(w, count, theta, interleaved, err, sizeof err), err);
 }
 
+static void argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_argmax(idx, logits, n, vocab, err, sizeof err), err);
+}
+
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -603,6 +611,7 @@ static struct backend make_backend(void)
 	b.matmul_n = matmul_n;
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
+	b.argmax = argmax;
 	b.rope_n = rope_n;
 	b.norm_n = norm_n;
 	b.rmsnorm = rmsnorm;

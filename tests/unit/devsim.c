@@ -174,6 +174,13 @@ static void ds_rope_n(void *ctx, const struct be_rope *r, int count, float theta
 	WRAP(rope_n(CPU, r, count, theta, interleaved));
 }
 
+static void ds_argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
+{
+	dev(ctx, idx, "argmax idx");
+	dev(ctx, logits, "argmax logits");
+	WRAP(argmax(CPU, idx, logits, n, vocab));
+}
+
 static void ds_act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	dev(ctx, y, "act_quant y");
@@ -512,6 +519,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.matmul_n = ds_matmul_n, \
 	.add_rmsnorm = ds_add_rmsnorm, \
 	.act_quant = ds_act_quant, \
+	.argmax = ds_argmax, \
 	.rope_n = ds_rope_n, \
 	.norm_n = ds_norm_n, \
 	.rmsnorm = ds_rmsnorm, \

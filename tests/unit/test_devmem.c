@@ -86,7 +86,7 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 	cr_assert_eq(eng_seq_alloc(dev, &s0), WK_OK);
 	cr_assert_eq(eng_seq_alloc(dev, &s1), WK_OK);
 	float g0[512], g1[512];
-	struct eng_item a[2] = {{s0, toks, 4, g0}, {s1, toks, 2, g1}};
+	struct eng_item a[2] = {{s0, toks, 4, g0, NULL}, {s1, toks, 2, g1, NULL}};
 	cr_assert_eq(eng_step(dev, a, 2, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_forward(cpu, toks, 4, 0, want, false, err, sizeof err), WK_OK, "%s", err);
 	/* the batch's 6 tokens take another matmul path than 4 alone: the order of the sums
@@ -97,7 +97,7 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 		lmax = fmaxf(lmax, fabsf(want[v]));
 	}
 	cr_expect_leq(dmax, 1e-5f * lmax, "batched sequence 0 differs by %g", dmax);
-	struct eng_item b[2] = {{s0, &t, 1, g0}, {s1, &t, 1, g1}};
+	struct eng_item b[2] = {{s0, &t, 1, g0, NULL}, {s1, &t, 1, g1, NULL}};
 	cr_assert_eq(eng_step(dev, b, 2, err, sizeof err), WK_OK, "%s", err);
 	eng_close(cpu);
 	eng_close(dev);
@@ -177,4 +177,45 @@ Test(devmem, bench_restore_into_device_memory)
 	cr_assert_eq(bench_restore_device(snap2, &be_devsim, 1, 2, &bd, err, sizeof err),
 		     WK_EUNSUPPORTED);
 	cr_expect(strstr(err, "a snapshot of 2 ranks"), "%s", err);
+}
+
+/* Greedy steps pick the token where the logits are: items with a token pointer and no logits
+ * get the argmax from the backend (devsim: its argmax op on device memory; only the ids come
+ * back), the same ids the CPU's logits give samp_argmax; an item may ask for both. */
+Test(devmem, greedy_tokens_chosen_on_the_device)
+{
+	int toks[] = {1, 403, 407, 261, 378, 30, 411}, V = 512;
+	char err[WK_ERRSZ];
+	struct engine *cpu = open_with(NULL, 2), *dev = open_with(&be_devsim, 2);
+	int sc[2], sd[2];
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(eng_seq_alloc(cpu, &sc[k]), WK_OK);
+		cr_assert_eq(eng_seq_alloc(dev, &sd[k]), WK_OK);
+	}
+	float lc[2][512], ld[512];
+	int td[2] = {-1, -1};
+	const int *in[2] = {toks, toks + 3};
+	int len[2] = {5, 4};
+	for (int step = 0; step < 6; step++) {
+		struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL},
+					{sc[1], in[1], len[1], lc[1], NULL}};
+		struct eng_item d[2] = {{sd[0], in[0], len[0], NULL, &td[0]},
+					{sd[1], in[1], len[1], step % 2 ? ld : NULL, &td[1]}};
+		cr_assert_eq(eng_step(cpu, c, 2, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(eng_step(dev, d, 2, err, sizeof err), WK_OK, "%s", err);
+		for (int k = 0; k < 2; k++)
+			cr_expect_eq(td[k], samp_argmax(lc[k], V), "step %d item %d: %d, want %d", step,
+				     k, td[k], samp_argmax(lc[k], V));
+		if (step % 2)
+			cr_expect_eq(memcmp(ld, lc[1], sizeof ld), 0, "step %d: logits beside the id",
+				     step);
+		static int next[2];
+		for (int k = 0; k < 2; k++) {
+			next[k] = td[k];
+			in[k] = &next[k];
+			len[k] = 1;
+		}
+	}
+	eng_close(cpu);
+	eng_close(dev);
 }

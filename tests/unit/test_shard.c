@@ -182,12 +182,12 @@ Test(shard, stories_batched_step_matches_unsharded)
 		for (int s = 0; s < 3; s++)
 			cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
 		float tmp[3][512];
-		struct eng_item a[2] = {{seq[0], p0, 5, tmp[0]}, {seq[1], p1, 2, tmp[1]}};
+		struct eng_item a[2] = {{seq[0], p0, 5, tmp[0], NULL}, {seq[1], p1, 2, tmp[1], NULL}};
 		cr_assert_eq(eng_step(e, a, 2, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item b[3] = {{seq[2], p2, 4, tmp[2]}, {seq[0], &t, 1, got[which][0]},
-					{seq[1], &t, 1, got[which][1]}};
+		struct eng_item b[3] = {{seq[2], p2, 4, tmp[2], NULL}, {seq[0], &t, 1, got[which][0], NULL},
+					{seq[1], &t, 1, got[which][1], NULL}};
 		cr_assert_eq(eng_step(e, b, 3, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item c = {seq[2], &t, 1, got[which][2]};
+		struct eng_item c = {seq[2], &t, 1, got[which][2], NULL};
 		cr_assert_eq(eng_step(e, &c, 1, err, sizeof err), WK_OK, "%s", err);
 		cr_expect_eq(eng_seq_len(e, seq[2]), 5);
 		eng_close(e);
@@ -218,12 +218,12 @@ static void glm_batched_matches(const char *hf, const char *label, int tp, int e
 		int seq[3];
 		for (int s = 0; s < 3; s++)
 			cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
-		struct eng_item a[2] = {{seq[0], p[0], len[0], g}, {seq[1], p[1], len[1], g + V}};
+		struct eng_item a[2] = {{seq[0], p[0], len[0], g, NULL}, {seq[1], p[1], len[1], g + V, NULL}};
 		cr_assert_eq(eng_step(e, a, 2, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item b[3] = {{seq[2], p[2], len[2], g + 2 * V}, {seq[0], &t, 1, g + 3 * V},
-					{seq[1], &t, 1, tmp}};
+		struct eng_item b[3] = {{seq[2], p[2], len[2], g + 2 * V, NULL}, {seq[0], &t, 1, g + 3 * V, NULL},
+					{seq[1], &t, 1, tmp, NULL}};
 		cr_assert_eq(eng_step(e, b, 3, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item c[2] = {{seq[2], &t, 1, g + 4 * V}, {seq[1], &t, 1, tmp + V}};
+		struct eng_item c[2] = {{seq[2], &t, 1, g + 4 * V, NULL}, {seq[1], &t, 1, tmp + V, NULL}};
 		cr_assert_eq(eng_step(e, c, 2, err, sizeof err), WK_OK, "%s", err);
 		free(tmp);
 		eng_close(e);
