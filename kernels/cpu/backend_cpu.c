@@ -8,6 +8,7 @@
 
 #include "common/wk.h"
 #include "engine/backend.h"
+#include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/glm_kernels.h"
 
@@ -92,7 +93,7 @@ static void argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
 {
 	(void)ctx;
 	for (int i = 0; i < n; i++)
-		idx[i] = cpu_ref_argmax(logits + (size_t)i * vocab, vocab);
+		idx[i] = samp_argmax(logits + (size_t)i * vocab, vocab);
 }
 
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)

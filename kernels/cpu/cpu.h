@@ -82,8 +82,6 @@ void cpu_ref_softmax(float *x, int n); /* in place, numerically stable */
  * scores are q.k * scale. */
 void cpu_ref_attention(float *out, const float *q, const float *k, const float *v, int n,
 		       int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
-/* The index of the largest of x[0..n), the lowest on ties (samp_argmax's rule). */
-int cpu_ref_argmax(const float *x, int n);
 /* g[i] = silu(g[i]) * u[i] for i < n */
 void cpu_ref_silu_mul(float *g, const float *u, size_t n);
 

@@ -136,12 +136,3 @@ void cpu_ref_silu_mul(float *g, const float *u, size_t n)
 	for (size_t i = 0; i < n; i++)
 		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
-
-int cpu_ref_argmax(const float *x, int n)
-{
-	int best = 0;
-	for (int i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
-}
