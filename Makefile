@@ -72,10 +72,16 @@ NVCCFLAGS := -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler
 # ---- sources -------------------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c coldstart/*.c engine/*.c kernels/*.c kernels/cpu/*.c worker/*.c)
 LIB_SRC := $(filter-out worker/main.c kernels/cuda/%,$(LIB_SRC))
+# The kernel lab (kernels/cuda/lab.cu) is linked into build/tools/cuda_lab alone, with
+# cuBLASLt (its matrix ceilings) when the toolkit has it: wick and libwick never depend on it.
+LAB_CU  := kernels/cuda/lab.cu
+comma   := ,
 ifneq ($(NVCC),)
-CU_SRC  := $(wildcard kernels/cuda/*.cu)
+CU_SRC  := $(filter-out $(LAB_CU),$(wildcard kernels/cuda/*.cu))
 CFLAGS  += -DWICK_CUDA=1
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+CUBLASLT := $(and $(wildcard $(CUDA_HOME)/lib64/libcublasLt.so),$(wildcard $(CUDA_HOME)/include/cublasLt.h))
+LAB_LIBS := $(if $(CUBLASLT),-L$(CUDA_HOME)/lib64 -lcublasLt -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64)
 else
 LIB_SRC += $(wildcard kernels/cuda/*_none.c)
 CU_SRC  :=
@@ -113,6 +119,15 @@ $(BUILD)/tests/unit: $(TEST_OBJ) $(BUILD)/libwick.a
 $(BUILD)/tools/%: $(BUILD)/obj/tests/tools/%.o $(BUILD)/libwick.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+ifneq ($(NVCC),)
+$(BUILD)/tools/cuda_lab: $(BUILD)/obj/tests/tools/cuda_lab.o $(LAB_CU:%.cu=$(BUILD)/obj/%.cu.o) \
+                         $(BUILD)/libwick.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(LAB_LIBS)
+
+$(LAB_CU:%.cu=$(BUILD)/obj/%.cu.o): NVCCFLAGS += $(if $(CUBLASLT),-DWICK_CUBLASLT=1)
+endif
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
