@@ -175,6 +175,15 @@ struct backend {
 	/* out [n][n_heads][d_v] from q [n][n_heads][d_a + d_b] for tokens at pos0 .. pos0+n-1 */
 	void (*mla_attention)(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
 			      int pos0);
+	/* The absorbed chain as one op (one launch on a GPU), each stage exactly as its single
+	 * op computes it: mla_absorb_q (q -> qa), mla_attention over the latent cache as s
+	 * describes it (qa -> lat), mla_absorb_out (lat -> o [n][n_heads][d_v]). s: d_a = d_v =
+	 * kv_b->cols (lora), d_b = d_rope; s->n_heads heads. qa [n][n_heads][lora + d_rope] and
+	 * lat [n][n_heads][lora] are the caller's scratch in the backend's memory, left holding
+	 * the stages' results. Optional (NULL: the engine calls the three). */
+	void (*mla_absorbed)(void *ctx, float *o, float *qa, float *lat, const float *q,
+			     const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
+			     int d_nope, int d_v);
 	/* DSA indexer top-k: sel [n][topk] (ascending positions), nsel [n]; scores: pos0 + n
 	 * floats and work: (pos0 + n) * 8 bytes of scratch in the backend's memory. */
 	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const float *k,

@@ -31,9 +31,10 @@ struct counter {
 static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
-	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "to_device",
-	"to_host", "copy",
+	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "mla_absorbed",
+	"to_device", "to_host", "copy",
 };
+_Static_assert(ENG_K_COPY + 1 == ENG_LAUNCH_KINDS, "a launch kind without its name");
 
 const char *eng_launch_kind(int k, bool *is_copy, int *launches)
 {
@@ -164,6 +165,14 @@ static void c_mla_attention(void *ctx, float *out, const float *q, const struct 
 			    int pos0)
 {
 	COUNT(ctx, ENG_K_MLA_ATTENTION, mla_attention(IN(ctx)->ctx, out, q, s, n, pos0));
+}
+
+static void c_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
+			   const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
+			   int d_nope, int d_v)
+{
+	COUNT(ctx, ENG_K_MLA_ABSORBED, mla_absorbed(IN(ctx)->ctx, o, qa, lat, q, kv_b, s, n, pos0,
+						    d_nope, d_v));
 }
 
 static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
@@ -299,6 +308,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(mla_absorb_q, c_mla_absorb_q);
 	KEEP(mla_absorb_out, c_mla_absorb_out);
 	KEEP(mla_attention, c_mla_attention);
+	KEEP(mla_absorbed, c_mla_absorbed);
 	KEEP(dsa_topk, c_dsa_topk);
 	KEEP(moe_bind, c_moe_bind);
 	KEEP(moe_scratch, c_moe_scratch);

@@ -152,13 +152,19 @@ enum eng_kind {
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
 	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
-	ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
+	ENG_K_MLA_ABSORBED, ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
 void eng_count(struct engine *e, enum eng_kind kind);
 int eng_count_read(const struct engine *e, struct eng_launches *out);
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz);
+/* A rank engine takes over a context started for it (a sharded restore's sink): be and ctx
+ * become its own to shut down; counted says ctx is already eng_count_wrap's (else it is
+ * wrapped when o asks to count). */
+int eng_adopt_backend(struct engine *e, const struct backend *be, void *ctx, bool counted,
+		      const struct eng_opts *o, char *err, size_t errsz);
+void eng_free_host_copies(struct engine *e); /* eng_tensor_host's copies */
 /* Rank engine `rank` of a sharded top engine. */
 struct engine *shard_rank(struct engine *e, int rank);
 /* eng_forward / eng_step of a sharded model: the family's forward (or step) on every rank at

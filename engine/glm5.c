@@ -350,7 +350,7 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 
 /* Attention of one segment over its sequence's caches of layer l, into a->att (absorbed:
  * a->lat, from a->qa, which the caller has filled when absorb_done; the caller then maps
- * lat to att). */
+ * lat to att; else the backend's mla_absorbed runs the chain as one op where it has one). */
 static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 		      const struct glm_seg *g, float *ckv, float *kpe, bool use_sel,
 		      bool absorb_done)
@@ -379,14 +379,19 @@ static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 		return;
 	}
 	float *qa = a->qa + off * H * (lora + rope), *lat = a->lat + off * H * lora;
-	if (!absorb_done)
-		be->mla_absorb_q(c, qa, q, &L->kv_b, g->n, H, nope, rope, dv);
 	s.d_a = lora;
 	s.d_v = lora;
 	s.k_a = ckv;
 	s.ka_stride = (size_t)lora;
 	s.v = ckv;
 	s.v_stride = (size_t)lora;
+	if (!absorb_done && be->mla_absorbed && !e->unfused) {
+		be->mla_absorbed(c, a->att + off * H * dv, qa, lat, q, &L->kv_b, &s, g->n, g->pos0,
+				 nope, dv);
+		return;
+	}
+	if (!absorb_done)
+		be->mla_absorb_q(c, qa, q, &L->kv_b, g->n, H, nope, rope, dv);
 	be->mla_attention(c, lat, qa, &s, g->n, g->pos0);
 	if (!absorb_done)
 		be->mla_absorb_out(c, a->att + off * H * dv, lat, &L->kv_b, g->n, H, nope, dv);
@@ -520,17 +525,19 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		}
 	}
 
-	/* Attention per segment. When every segment absorbs (decode steps), kv_b_proj's two
-	 * halves are applied to all T rows at once, so the weight is read once per step. */
-	bool all_absorb = true;
+	/* Attention per segment. When every segment of a batch absorbs (decode steps), kv_b_proj's
+	 * two halves are applied to all T rows at once, so the weight is read once per step,
+	 * not once per sequence. A segment alone (a batch-1 decode step) instead runs its chain
+	 * as one op (g5_attend: mla_absorbed, one launch for three) where the backend has it. */
+	bool batched = nseg > 1 || !be->mla_absorbed || e->unfused;
 	for (int s = 0; s < nseg; s++)
-		all_absorb &= !expand(a, seg[s].n, seg[s].pos0);
-	if (all_absorb)
+		batched &= !expand(a, seg[s].n, seg[s].pos0);
+	if (batched)
 		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, T, H, nope, rope, dv);
 	for (int s = 0; s < nseg; s++)
 		g5_attend(e, m, L, &seg[s], CACHE(a->ckv, seg[s].seq, lora),
-			  CACHE(a->kpe, seg[s].seq, rope), a->use_sel[s], all_absorb);
-	if (all_absorb)
+			  CACHE(a->kpe, seg[s].seq, rope), a->use_sel[s], batched);
+	if (batched)
 		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, T, H, nope, dv);
 	eng_matmul(e, out, a->att, &L->o, T);
 #undef CACHE

@@ -356,6 +356,16 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 	cpu_pool_run(c->pool, mla_task, &j, n * s->n_heads);
 }
 
+/* The three ops in turn: the CPU gains nothing from one op, and this keeps their results. */
+static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
+			 const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
+			 int d_nope, int d_v)
+{
+	mla_absorb_q(ctx, qa, q, kv_b, n, s->n_heads, d_nope, s->d_b, d_v);
+	mla_attention(ctx, lat, qa, s, n, pos0);
+	mla_absorb_out(ctx, o, lat, kv_b, n, s->n_heads, d_nope, d_v);
+}
+
 struct dsa_job {
 	float *scores;
 	const float *q, *k, *w;
@@ -421,5 +431,6 @@ const struct backend be_cpu = {
 	.mla_absorb_q = mla_absorb_q,
 	.mla_absorb_out = mla_absorb_out,
 	.mla_attention = mla_attention,
+	.mla_absorbed = mla_absorbed,
 	.dsa_topk = dsa_topk,
 };

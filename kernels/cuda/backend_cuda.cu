@@ -323,8 +323,8 @@ static void mla_absorb_out(void *ctx, float *o, const float *lat, const struct b
 				   n_heads, d_nope, d_v, 0, n_heads, err, sizeof err));
 }
 
-static void mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
-			  int pos0)
+/* The kernels' form of an MLA attention's description. */
+static struct cpu_mla to_cpu_mla(const struct be_mla *s)
 {
 	struct cpu_mla m;
 	memset(&m, 0, sizeof m);
@@ -344,7 +344,23 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 	m.nsel = s->nsel;
 	m.sel_stride = s->sel_stride;
 	m.scale = s->scale;
+	return m;
+}
+
+static void mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
+			  int pos0)
+{
+	struct cpu_mla m = to_cpu_mla(s);
 	RUN(wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err, sizeof err));
+}
+
+static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
+			 const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
+			 int d_nope, int d_v)
+{
+	struct cpu_mla m = to_cpu_mla(s);
+	RUN(wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype, kv_b->scale, kv_b->cols,
+				 &m, n, pos0, d_nope, d_v, err, sizeof err));
 }
 
 static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
@@ -626,6 +642,7 @@ static struct backend make_backend(void)
 	b.mla_absorb_q = mla_absorb_q;
 	b.mla_absorb_out = mla_absorb_out;
 	b.mla_attention = mla_attention;
+	b.mla_absorbed = mla_absorbed;
 	b.dsa_topk = dsa_topk;
 	b.zero = zero;
 	b.moe_bind = moe_bind;

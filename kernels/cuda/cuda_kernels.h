@@ -126,6 +126,15 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
  * memory (s itself is not). WK_EINVAL when d_a + d_b + d_v > 12160 (shared memory). */
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 			  int i0, int i1, int h0, int h1, char *err, size_t errsz);
+/* wk_cuda_mla_absorb_q, wk_cuda_mla_attention and wk_cuda_mla_absorb_out over all n tokens
+ * and s->n_heads heads as one launch, each of qa, lat and o bit for bit what the three write:
+ * qa [n][n_heads][lora + s->d_b] from q, lat [n][n_heads][lora] = the attention *s over qa,
+ * o [n][n_heads][d_v] from lat; w and scale as for absorb. *s is the absorbed (latent)
+ * attention: s->d_a and s->d_v must be lora. WK_EINVAL when they are not, or where absorb
+ * or mla_attention would refuse. */
+int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
+			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
+			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz);
 /* cpu_ref_dsa_topk: sel/nsel equal the reference's for equal scores (exact top-k, ties to
  * the lower position); the scores themselves are summed in another order. scores: pos0 + n
  * floats of scratch, left holding the last query's scores when it had more than topk keys,

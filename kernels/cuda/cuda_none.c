@@ -216,6 +216,15 @@ int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, i
 	return none(err, errsz);
 }
 
+int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
+			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
+			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz)
+{
+	(void)o, (void)qa, (void)lat, (void)q, (void)w, (void)wt, (void)scale, (void)lora, (void)s,
+		(void)n, (void)pos0, (void)d_nope, (void)d_v;
+	return none(err, errsz);
+}
+
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
 		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
 		     float *scores, void *work, char *err, size_t errsz)

@@ -340,6 +340,32 @@ extern "C" int wk_cuda_scatter_add_rows(float *y, const float *x, const int *row
 #define ABSORB_THREADS 128
 #define MAX_GRID_YZ 65535 /* gridDim.y and .z limit */
 
+/* Latent column c of qa for m <= M tokens (q and qa advance by qstride and ostride from one
+ * token to the next): qa[t][c] = sum_d q[t][d] * W[r0 + d][c], d = 0 .. d_nope-1 in the
+ * reference's order, each token's sum on its own. Both k_absorb_q (M = ABSORB_TOK) and
+ * k_mla_absorbed (M = 1) compute each element with it, so they agree bit for bit. */
+template <typename T, int M>
+__device__ __forceinline__ void absorb_q_col(float *oh, size_t ostride, const float *qh,
+					     size_t qstride, int m, const T *w, const float *scale,
+					     int lora, size_t r0, int d_nope, int c)
+{
+	float acc[M];
+#pragma unroll
+	for (int t = 0; t < M; t++)
+		acc[t] = 0.0f;
+	for (int d = 0; d < d_nope; d++) {
+		float wv = wget(w, scale, lora, r0 + d, c);
+#pragma unroll
+		for (int t = 0; t < M; t++)
+			if (t < m)
+				acc[t] += qh[t * qstride + d] * wv;
+	}
+#pragma unroll
+	for (int t = 0; t < M; t++)
+		if (t < m)
+			oh[t * ostride + c] = acc[t];
+}
+
 /* Block (x, y, z): columns c = x*128 + thread of qa's latent part, head h0 + y, token chunks
  * z, z + gridDim.z, ... of ABSORB_TOK tokens. Each thread walks W_uk,h's d_nope rows down its
  * column c (reads coalesced across the block) and accumulates
@@ -357,28 +383,27 @@ __global__ void k_absorb_q(float *qa, const float *q, const T *w, const float *s
 		const float *qh = q + ((size_t)i0 * n_heads + h) * (d_nope + d_rope);
 		float *oh = qa + ((size_t)i0 * n_heads + h) * (lora + d_rope);
 		size_t ostride = (size_t)n_heads * (lora + d_rope);
-		if (c < lora) {
-			float acc[ABSORB_TOK];
-#pragma unroll
-			for (int t = 0; t < ABSORB_TOK; t++)
-				acc[t] = 0.0f;
-			for (int d = 0; d < d_nope; d++) {
-				float wv = wget(w, scale, lora, r0 + d, c);
-#pragma unroll
-				for (int t = 0; t < ABSORB_TOK; t++)
-					if (t < m)
-						acc[t] += qh[t * qstride + d] * wv;
-			}
-#pragma unroll
-			for (int t = 0; t < ABSORB_TOK; t++)
-				if (t < m)
-					oh[t * ostride + c] = acc[t];
-		}
+		if (c < lora)
+			absorb_q_col<T, ABSORB_TOK>(oh, ostride, qh, qstride, m, w, scale, lora, r0,
+						    d_nope, c);
 		if (blockIdx.x == 0)
 			for (int t = 0; t < m; t++)
 				for (int d = threadIdx.x; d < d_rope; d += blockDim.x)
 					oh[t * ostride + lora + d] = qh[t * qstride + d_nope + d];
 	}
+}
+
+/* W[r] . l over lora columns by one warp: lane's columns c = lane, lane + 32, ... summed in
+ * order, then across the warp (every lane gets the dot). k_absorb_out and k_mla_absorbed
+ * both compute each output with it. */
+template <typename T>
+__device__ __forceinline__ float absorb_out_dot(const float *l, const T *w, const float *scale,
+						int lora, size_t r, int lane)
+{
+	float acc = 0.0f;
+	for (int c = lane; c < lora; c += 32)
+		acc += l[c] * wget(w, scale, lora, r, c);
+	return warp_sum(acc);
 }
 
 /* One warp per (head, value row d): o[i][h][d] = W[h*(d_nope+d_v) + d_nope + d] . lat[i][h]
@@ -395,10 +420,7 @@ __global__ void k_absorb_out(float *o, const float *lat, const T *w, const float
 	size_t r = (size_t)h * (d_nope + d_v) + d_nope + d;
 	for (int i = 0; i < n; i++) {
 		const float *l = lat + ((size_t)i * n_heads + h) * lora;
-		float acc = 0.0f;
-		for (int c = lane; c < lora; c += 32)
-			acc += l[c] * wget(w, scale, lora, r, c);
-		acc = warp_sum(acc);
+		float acc = absorb_out_dot(l, w, scale, lora, r, lane);
 		if (lane == 0)
 			o[((size_t)i * n_heads + h) * d_v + d] = acc;
 	}
@@ -503,15 +525,15 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
  *   3. thread d (and d + 128, ...) adds sum_j p_j v_j[d] to its running output acc[d], and
  *      every thread adds sum_j p_j to its copy of the running denominator l.
  * Shared memory (all dynamic): q [d_a + d_b], acc [d_v], p [MLA_TILE], the tile's key
- * positions tk [MLA_TILE]. */
-__global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, int pos0, int i0,
-				int h0)
+ * positions tk [MLA_TILE].
+ * mla_attend is query i, head h of it, run by the whole block (every thread calls it; sm:
+ * that shared memory); k_mla_attention and k_mla_absorbed both run it. */
+__device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q,
+					   const struct cpu_mla &s, int pos0, int i, int h)
 {
-	extern __shared__ float sm[];
 	int dq = s.d_a + s.d_b;
 	float *qs = sm, *acc = sm + dq, *p = acc + s.d_v;
 	int *tk = (int *)(p + MLA_TILE);
-	int i = i0 + blockIdx.x, h = h0 + blockIdx.y;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	const int *keys = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
 	int nk = s.sel ? s.nsel[i] : pos0 + i + 1;
@@ -571,18 +593,35 @@ __global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, in
 		oh[d] = acc[d] / l;
 }
 
+__global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, int pos0, int i0,
+				int h0)
+{
+	extern __shared__ float sm[];
+	mla_attend(sm, out, q, s, pos0, i0 + blockIdx.x, h0 + blockIdx.y);
+}
+
+/* The dynamic shared memory of mla_attend for *s; WK_EINVAL, naming what, past the limit. */
+static int mla_smem(const char *what, const struct cpu_mla *s, size_t *smem, char *err,
+		    size_t errsz)
+{
+	*smem = ((size_t)s->d_a + s->d_b + s->d_v + 2 * MLA_TILE) * sizeof(float);
+	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 || *smem > MLA_SMEM_MAX)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA %s: d_a %d + d_b %d + d_v %d floats (this kernel holds up to "
+			       "%d in shared memory)",
+			       what, s->d_a, s->d_b, s->d_v, MLA_SMEM_MAX / 4 - 2 * MLA_TILE);
+	return WK_OK;
+}
+
 extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,
 				     int pos0, int i0, int i1, int h0, int h1, char *err,
 				     size_t errsz)
 {
 	(void)n;
-	size_t smem = ((size_t)s->d_a + s->d_b + s->d_v + 2 * MLA_TILE) * sizeof(float);
-	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 || smem > MLA_SMEM_MAX)
-		return wk_errf(
-			err, errsz, WK_EINVAL,
-			"CUDA mla_attention: d_a %d + d_b %d + d_v %d floats (this kernel holds "
-			"up to %d in shared memory)",
-			s->d_a, s->d_b, s->d_v, MLA_SMEM_MAX / 4 - 2 * MLA_TILE);
+	size_t smem;
+	int rc = mla_smem("mla_attention", s, &smem, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 	if (i0 < 0 || h0 < 0 || h1 > s->n_heads || h1 - h0 > MAX_GRID_YZ)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA mla_attention: tokens %d..%d, heads %d..%d of %d", i0, i1, h0,
@@ -592,6 +631,86 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 	dim3 grid((unsigned)(i1 - i0), (unsigned)(h1 - h0));
 	k_mla_attention<<<grid, MLA_THREADS, smem>>>(out, q, *s, pos0, i0, h0);
 	return launched("mla_attention", err, errsz);
+}
+
+/* ---- mla_absorbed: absorb_q, mla_attention and absorb_out in one launch --------------------- */
+
+/* One block of MLA_THREADS per (token i0 + x, head y), its three stages apart by barriers:
+ *   1. qa[i][h] (absorb_q_col per latent column, then q_pe copied), to global memory;
+ *   2. mla_attend over it (reading qa back, as k_mla_attention reads q) into lat[i][h];
+ *   3. o[i][h][d] = absorb_out_dot(W_uv row d, lat[i][h]), one warp per row d.
+ * Each element comes from the single kernels' own device code, so qa, lat and o equal theirs
+ * bit for bit. The block reads back only what its own threads wrote before a __syncthreads,
+ * which makes those global writes visible to the block. s: the latent attention, d_a = d_v
+ * = lora, d_b = d_rope. */
+template <typename T>
+__global__ void k_mla_absorbed(float *o, float *qa, float *lat, const float *q, const T *w,
+			       const float *scale, struct cpu_mla s, int pos0, int d_nope, int d_v)
+{
+	extern __shared__ float sm[];
+	int i = blockIdx.x, h = blockIdx.y, lora = s.d_a, d_rope = s.d_b, H = s.n_heads;
+	size_t r0 = (size_t)h * (d_nope + d_v), ih = (size_t)i * H + h;
+	const float *qh = q + ih * (d_nope + d_rope);
+	float *qah = qa + ih * (lora + d_rope);
+	for (int c = threadIdx.x; c < lora; c += blockDim.x)
+		absorb_q_col<T, 1>(qah, 0, qh, 0, 1, w, scale, lora, r0, d_nope, c);
+	for (int d = threadIdx.x; d < d_rope; d += blockDim.x)
+		qah[lora + d] = qh[d_nope + d];
+	__syncthreads(); /* qa[i][h] written */
+	mla_attend(sm, lat, qa, s, pos0, i, h);
+	__syncthreads(); /* lat[i][h] written */
+	const float *lh = lat + ih * lora;
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int d = wid; d < d_v; d += nw) { /* warp-uniform loop */
+		float v = absorb_out_dot(lh, w, scale, lora, r0 + d_nope + d, lane);
+		if (lane == 0)
+			o[ih * d_v + d] = v;
+	}
+}
+
+template <typename T>
+static void absorbed_launch(float *o, float *qa, float *lat, const float *q, const void *w,
+			    const float *scale, const struct cpu_mla *s, int n, int pos0,
+			    int d_nope, int d_v, size_t smem)
+{
+	dim3 grid((unsigned)n, (unsigned)s->n_heads);
+	k_mla_absorbed<T><<<grid, MLA_THREADS, smem>>>(o, qa, lat, q, (const T *)w, scale, *s,
+							pos0, d_nope, d_v);
+}
+
+extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q,
+				    const void *w, enum dt_type wt, const float *scale, int lora,
+				    const struct cpu_mla *s, int n, int pos0, int d_nope, int d_v,
+				    char *err, size_t errsz)
+{
+	size_t smem;
+	int rc = absorb_args("mla_absorbed", wt, scale, lora, s->n_heads, 0, s->n_heads, err,
+			     errsz);
+	if (rc != WK_OK || (rc = mla_smem("mla_absorbed", s, &smem, err, errsz)) != WK_OK)
+		return rc;
+	if (s->d_a != lora || s->d_v != lora || d_nope < 0 || d_v < 0)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA mla_absorbed: the latent attention's d_a %d and d_v %d must "
+			       "both be kv_b's lora %d (d_nope %d, d_v %d)",
+			       s->d_a, s->d_v, lora, d_nope, d_v);
+	if (n <= 0 || s->n_heads <= 0)
+		return WK_OK;
+	switch (wt) {
+	case DT_F32:
+		absorbed_launch<float>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v, smem);
+		break;
+	case DT_BF16:
+		absorbed_launch<__nv_bfloat16>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v,
+					       smem);
+		break;
+	case DT_F16:
+		absorbed_launch<__half>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v, smem);
+		break;
+	default: /* DT_F8_E4M3, checked above */
+		absorbed_launch<__nv_fp8_e4m3>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v,
+					       smem);
+	}
+	return launched("mla_absorbed", err, errsz);
 }
 
 /* ---- dsa_topk (cpu_ref_dsa_topk): scores per query, then an exact radix select --------------- */

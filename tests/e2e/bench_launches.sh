@@ -7,10 +7,11 @@
 # its experts in one grouped op (4 kernels on CUDA); the attention's 7 projections are 3 ops
 # (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj), and
 # the router with the shared expert's gate and up is one; a batch-1 step's keys land in their
-# caches without copies. The unfused baseline: 8 distinct experts one by one (a gather, 3
-# matmuls, a silu_mul and a scatter each, and the routing plan to the host and back: 52
-# launches), every weight its own matmul, and 2 cache copies a layer. Also: the sharded count
-# is one rank's, with its collectives.
+# caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed).
+# The unfused baseline: 8 distinct experts one by one (a gather, 3 matmuls, a silu_mul and a
+# scatter each, and the routing plan to the host and back: 52 launches), every weight its own
+# matmul, 2 cache copies a layer, and MLA's three ops. Also: the sharded count is one rank's,
+# with its collectives.
 source tests/e2e/lib.sh
 m=$(stories)
 out=$("$WICK" bench launches "$m" --context 8 --steps 3 --threads 2)
@@ -42,7 +43,8 @@ k = j["by_kind"]
 L, dense, topk = cfg["num_hidden_layers"], cfg["first_k_dense_replace"], cfg["num_experts_per_tok"]
 moe = L - dense
 assert L == 78 and dense == 3 and cfg["n_routed_experts"] == 256 and topk == 8, cfg
-assert k["mla_attention"] == L and k["dsa_topk"] == L, k          # sparse: 100 > index_topk
+assert k["mla_absorbed"] == L and k["dsa_topk"] == L, k           # sparse: 100 > index_topk
+assert "mla_attention" not in k and "mla_absorb_q" not in k and "mla_absorb_out" not in k, k
 assert k["moe_route"] == moe and k["moe_experts"] == moe, k
 assert "gather_rows" not in k and "scatter_add_rows" not in k, k
 assert k["matmul"] == 3 * L + 2 * dense + 2 * moe + 1, k   # + MLPs, shared expert, router
@@ -51,7 +53,7 @@ assert "copy" not in k, k                          # c_kv, k_pe, index keys land
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
 assert k["rope"] == L, k          # q, k_pe and the indexer's queries and keys in one rope_n
 assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L + 2 * L, j
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L + 2 * L + 2 * L, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY
@@ -64,6 +66,7 @@ python3 - "$(echo "$out" | tail -n 1)" <<'PY' || fail "sharded counts: $out"
 import json, sys
 j = json.loads(sys.argv[1])
 assert j["collectives"] >= 2 * 78, j   # an all_reduce after the attention and the FFN
+assert j["by_kind"]["mla_absorbed"] == 78 and "mla_attention" not in j["by_kind"], j
 print(f"sharded tp 2 x ep 2, rank 0: {j['launches']:.0f} launches, {j['collectives']:.0f} collectives")
 PY
 echo ok

@@ -311,6 +311,23 @@ static void ds_mla_attention(void *ctx, float *out, const float *q, const struct
 	WRAP(mla_attention(CPU, out, q, s, n, pos0));
 }
 
+static void ds_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
+			    const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
+			    int d_nope, int d_v)
+{
+	dev(ctx, o, "mla_absorbed o");
+	dev(ctx, qa, "mla_absorbed qa");
+	dev(ctx, lat, "mla_absorbed lat");
+	dev(ctx, q, "mla_absorbed q");
+	dev_w(ctx, kv_b, "mla_absorbed kv_b");
+	dev(ctx, s->k_a, "mla_absorbed k_a");
+	dev(ctx, s->k_b, "mla_absorbed k_b");
+	dev(ctx, s->v, "mla_absorbed v");
+	dev(ctx, s->sel, "mla_absorbed sel");
+	dev(ctx, s->nsel, "mla_absorbed nsel");
+	WRAP(mla_absorbed(CPU, o, qa, lat, q, kv_b, s, n, pos0, d_nope, d_v));
+}
+
 static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
 			const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 			float qk_scale, float w_scale, float *scores, void *work)
@@ -534,6 +551,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.mla_absorb_q = ds_mla_absorb_q, \
 	.mla_absorb_out = ds_mla_absorb_out, \
 	.mla_attention = ds_mla_attention, \
+	.mla_absorbed = ds_mla_absorbed, \
 	.dsa_topk = ds_dsa_topk, \
 	.mem_alloc = ds_alloc, \
 	.mem_free = ds_free, \

@@ -1240,3 +1240,133 @@ Test(cuda_kernels, norm_n_matches_norms)
 	}
 	wk_cuda_free(bias);
 }
+
+/* mla_absorbed: absorb_q, the latent attention and absorb_out in one launch; its qa, lat and
+ * o bit for bit what the three kernels give one after another, dense and DSA-selected, over
+ * token counts across absorb_q's chunk of 8, for every kv_b dtype; and the chain against the
+ * CPU references. */
+Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
+{
+	NEED_GPU();
+	/* lora, heads, d_nope, d_rope, d_v, n, pos0, topk */
+	static const int cases[][8] = {
+		{300, 3, 24, 8, 20, 1, 140, 64},  /* a decode step, selecting */
+		{300, 2, 24, 8, 20, 9, 30, 16},   /* more tokens than a chunk of absorb_q */
+		{512, 2, 192, 64, 256, 3, 40, 32}, /* GLM-5's sizes, fewer heads */
+		{64, 4, 16, 4, 40, 5, 0, 4},      /* a prefill that absorbs; d_v past lora/2 */
+	};
+	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+		for (size_t ti = 0; ti < 4; ti++)
+			for (int sparse = 0; sparse < 2; sparse++) {
+				int lora = cases[c][0], H = cases[c][1], nope = cases[c][2];
+				int rope = cases[c][3], dv = cases[c][4], n = cases[c][5];
+				int pos0 = cases[c][6], topk = cases[c][7], T = pos0 + n;
+				int rows = H * (nope + dv);
+				enum dt_type t = types[ti];
+				float *scale;
+				void *w = rnd_weight(t, rows, lora, &scale);
+				size_t nq = (size_t)n * H * (nope + rope);
+				size_t nqa = (size_t)n * H * (lora + rope), nl = (size_t)n * H * lora;
+				size_t no = (size_t)n * H * dv;
+				float *q = rnd_vec(nq), *ckv = rnd_vec((size_t)T * lora);
+				float *kpe = rnd_vec((size_t)T * rope);
+				int *sel = malloc((size_t)n * topk * sizeof(int));
+				int *nsel = malloc((size_t)n * sizeof(int));
+				cr_assert(sel && nsel);
+				rnd_sel(sel, nsel, n, pos0, topk);
+				struct cpu_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora,
+						    .k_a = ckv, .k_b = kpe, .v = ckv,
+						    .ka_stride = (size_t)lora, .kb_stride = (size_t)rope,
+						    .v_stride = (size_t)lora,
+						    .sel = sparse ? sel : NULL, .nsel = nsel,
+						    .sel_stride = topk,
+						    .scale = 1.0f / sqrtf((float)(nope + rope))};
+				/* the CPU's chain */
+				float *rqa = malloc(nqa * 4), *rlat = malloc(nl * 4);
+				float *ro = malloc(no * 4);
+				cpu_ref_mla_absorb_q(rqa, q, w, t, scale, lora, n, H, nope, rope, dv, 0,
+						     H);
+				cpu_ref_mla_attention(rlat, rqa, &s, n, pos0, 0, n, 0, H);
+				cpu_ref_mla_absorb_out(ro, rlat, w, t, scale, lora, n, H, nope, dv, 0,
+						       H);
+				size_t ns = (size_t)((rows + 127) / 128) * ((lora + 127) / 128);
+				void *dw = to_dev(w, (size_t)rows * lora * dt_size(t));
+				float *ds = scale ? to_dev(scale, ns * 4) : NULL;
+				float *dq = to_dev(q, nq * 4);
+				struct cpu_mla dm = s;
+				dm.k_a = dm.v = to_dev(ckv, (size_t)T * lora * 4);
+				dm.k_b = to_dev(kpe, (size_t)T * rope * 4);
+				int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int));
+				dm.nsel = to_dev(nsel, (size_t)n * sizeof(int));
+				dm.sel = sparse ? dsel : NULL;
+				float *buf[6], *got[6]; /* qa, lat, o: the three kernels, then fused */
+				size_t len[6] = {nqa, nl, no, nqa, nl, no};
+				for (int k = 0; k < 6; k++) {
+					float *fill = fill_vec(len[k], 7.0f);
+					buf[k] = to_dev(fill, len[k] * 4);
+					got[k] = fill;
+				}
+				cr_assert_eq(wk_cuda_mla_absorb_q(buf[0], dq, dw, t, ds, lora, n, H, nope,
+								  rope, dv, 0, H, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_mla_attention(buf[1], buf[0], &dm, n, pos0, 0, n, 0,
+								   H, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_mla_absorb_out(buf[2], buf[1], dw, t, ds, lora, n, H,
+								    nope, dv, 0, H, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_mla_absorbed(buf[5], buf[3], buf[4], dq, dw, t, ds,
+								  lora, &dm, n, pos0, nope, dv, err,
+								  sizeof err),
+					     WK_OK, "%s", err);
+				for (int k = 0; k < 6; k++)
+					from_dev(got[k], buf[k], len[k] * 4);
+				static const char *const stage[3] = {"qa", "lat", "o"};
+				for (int k = 0; k < 3; k++)
+					cr_expect_eq(memcmp(got[k], got[k + 3], len[k] * 4), 0,
+						     "case %zu %s sparse=%d: the fused %s differs from "
+						     "its kernel's", c, dt_name(t), sparse, stage[k],
+						     stage[k]);
+				double r = rel(got[5], ro, no);
+				cr_expect_leq(r, TOL, "case %zu %s sparse=%d: o against the CPU's "
+					      "chain: %g", c, dt_name(t), sparse, r);
+				for (int k = 0; k < 6; k++) {
+					wk_cuda_free(buf[k]);
+					free(got[k]);
+				}
+				wk_cuda_free(dw);
+				wk_cuda_free(ds);
+				wk_cuda_free(dq);
+				wk_cuda_free((void *)dm.k_a);
+				wk_cuda_free((void *)dm.k_b);
+				wk_cuda_free(dsel);
+				wk_cuda_free((void *)dm.nsel);
+				free(w);
+				free(scale);
+				free(q);
+				free(ckv);
+				free(kpe);
+				free(sel);
+				free(nsel);
+				free(rqa);
+				free(rlat);
+				free(ro);
+			}
+	/* refused by name: a latent attention whose widths are not kv_b's lora, FP8 without
+	 * its scales, past the attention's shared memory */
+	float dummy;
+	struct cpu_mla bad = {.n_heads = 1, .d_a = 8, .d_b = 2, .d_v = 4};
+	cr_expect_eq(wk_cuda_mla_absorbed(&dummy, &dummy, &dummy, &dummy, &dummy, DT_F32, NULL, 8,
+					  &bad, 1, 0, 1, 1, err, sizeof err),
+		     WK_EINVAL);
+	cr_expect(strstr(err, "mla_absorbed"), "%s", err);
+	bad.d_v = 8;
+	cr_expect_eq(wk_cuda_mla_absorbed(&dummy, &dummy, &dummy, &dummy, &dummy, DT_F8_E4M3,
+					  NULL, 8, &bad, 1, 0, 1, 1, err, sizeof err),
+		     WK_EINVAL, "FP8 needs its scales");
+	bad.d_a = bad.d_v = 8192;
+	cr_expect_eq(wk_cuda_mla_absorbed(&dummy, &dummy, &dummy, &dummy, &dummy, DT_F32, NULL,
+					  8192, &bad, 1, 0, 1, 1, err, sizeof err),
+		     WK_EINVAL, "past the kernel's shared memory the call is refused");
+}
