@@ -159,12 +159,6 @@ void eng_count(struct engine *e, enum eng_kind kind);
 int eng_count_read(const struct engine *e, struct eng_launches *out);
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz);
-/* A rank engine takes over a context started for it (a sharded restore's sink): be and ctx
- * become its own to shut down; counted says ctx is already eng_count_wrap's (else it is
- * wrapped when o asks to count). */
-int eng_adopt_backend(struct engine *e, const struct backend *be, void *ctx, bool counted,
-		      const struct eng_opts *o, char *err, size_t errsz);
-void eng_free_host_copies(struct engine *e); /* eng_tensor_host's copies */
 /* Rank engine `rank` of a sharded top engine. */
 struct engine *shard_rank(struct engine *e, int rank);
 /* eng_forward / eng_step of a sharded model: the family's forward (or step) on every rank at
