@@ -167,8 +167,9 @@ tools: $(TOOLS)
 # the emulated CUDA files (backend_cuda.cu's cuda_device_count among them) and the CPU
 # library's objects: libwick's, less everything CUDA and cuda_none.o, archived again so that
 # only what the tests use is linked. $(BUILD)/simt/wick is the whole wick with the CUDA
-# backend (backend_cuda.cu) emulated, and comm_none.c for the collectives (sharded runs on
-# CUDA are refused anyway); tests/e2e/cuda_emulated.sh runs it.
+# backend (backend_cuda.cu) emulated, and tests/simt/comm_simt.c for the collectives (NCCL's
+# entry, comm_cpu's work: the emulated devices share host memory, so a sharded engine runs
+# there with a thread per rank); tests/e2e/cuda_emulated.sh runs it.
 SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu \
                  kernels/cuda/gemm_fp8.cu kernels/cuda/backend_cuda.cu
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
@@ -197,7 +198,11 @@ $(BUILD)/simt/libwick-cpu.a: $(filter-out $(BUILD)/obj/kernels/cuda/%,$(LIB_OBJ)
 $(BUILD)/simt/unit: $(BUILD)/obj/tests/unit/test_cuda.o $(SIMT_OBJ) $(BUILD)/simt/libwick-cpu.a
 	$(CXX) $(LDFLAGS) -o $@ $^ $(CPU_LDLIBS) $(shell pkg-config --libs criterion)
 
-$(BUILD)/simt/wick: $(MAIN_OBJ) $(SIMT_OBJ) $(BUILD)/obj/kernels/cuda/comm_none.o \
+$(BUILD)/simt/comm_simt.o: tests/simt/comm_simt.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/simt/wick: $(MAIN_OBJ) $(SIMT_OBJ) $(BUILD)/simt/comm_simt.o \
                     $(BUILD)/simt/libwick-cpu.a
 	$(CXX) $(LDFLAGS) -o $@ $^ $(CPU_LDLIBS)
 

@@ -1,7 +1,10 @@
 #include <string.h>
+#include <unistd.h>
 
 #include "coldstart/snapshot.h"
+#include "common/wk.h"
 #include "engine/backend.h"
+#include "engine/comm.h"
 
 const struct backend *be_find(const char *name)
 {
@@ -20,24 +23,52 @@ const struct backend *be_find(const char *name)
 
 /* ---- a coldstart sink over a backend's memory and stage ops ---- */
 
+int be_rank_threads(int threads, int world)
+{
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int t = threads > 0 ? threads : cores > 0 ? (int)cores : 1;
+	return t / world > 0 ? t / world : 1;
+}
+
+/* Rank r's backend and context. */
+static const struct backend *rbe(const struct be_sink *k, int rank)
+{
+	return rank == 0 ? k->be : k->raw;
+}
+
 static bool sink_accept(void *ctx, int world)
 {
-	(void)ctx;
-	return world == 1;
+	struct be_sink *k = ctx;
+	_Static_assert(BE_SINK_MAX == COMM_MAX_WORLD, "a sink holds every rank");
+	if (world < 1 || world > BE_SINK_MAX || (world > 1 && (!k->raw || !k->raw->init)))
+		return false;
+	k->rctx[0] = k->ctx;
+	for (int r = 1; r < world; r++) {
+		char err[WK_ERRSZ];
+		struct be_config c = {.threads = be_rank_threads(k->threads, world), .device = r};
+		if (k->raw->init(&k->rctx[r], &c, err, sizeof err) != WK_OK) {
+			/* too few devices, say: restored into host memory, and the rank engines
+			 * starting their own backends name the problem */
+			for (int q = 1; q < r; q++)
+				k->raw->shutdown(k->rctx[q]);
+			memset(k->rctx + 1, 0, sizeof k->rctx - sizeof k->rctx[0]);
+			return false;
+		}
+	}
+	k->world = world;
+	return true;
 }
 
 static void *sink_image(void *ctx, int rank, size_t size)
 {
 	struct be_sink *k = ctx;
-	(void)rank;
-	return k->be->mem_alloc(k->ctx, size);
+	return rbe(k, rank)->mem_alloc(k->rctx[rank], size);
 }
 
 static void sink_release(void *ctx, int rank, void *image)
 {
 	struct be_sink *k = ctx;
-	(void)rank;
-	k->be->mem_free(k->ctx, image);
+	rbe(k, rank)->mem_free(k->rctx[rank], image);
 }
 
 static void *sink_stage_alloc(void *ctx, size_t size)
@@ -46,9 +77,12 @@ static void *sink_stage_alloc(void *ctx, size_t size)
 	return k->be->stage_alloc(k->ctx, size);
 }
 
+/* The other ranks forget the buffer, then rank 0, which allocated it, frees it. */
 static void sink_stage_free(void *ctx, void *buf)
 {
 	struct be_sink *k = ctx;
+	for (int r = k->world - 1; r >= 1; r--)
+		k->raw->stage_free(k->rctx[r], buf);
 	k->be->stage_free(k->ctx, buf);
 }
 
@@ -56,14 +90,16 @@ static int sink_put(void *ctx, int rank, void *dst, const void *buf, size_t byte
 		    size_t errsz)
 {
 	struct be_sink *k = ctx;
-	(void)rank;
-	return k->be->stage_put(k->ctx, dst, buf, bytes, err, errsz);
+	return rbe(k, rank)->stage_put(k->rctx[rank], dst, buf, bytes, err, errsz);
 }
 
 static int sink_wait(void *ctx, const void *buf, char *err, size_t errsz)
 {
 	struct be_sink *k = ctx;
-	return k->be->stage_wait(k->ctx, buf, err, errsz);
+	int rc = k->be->stage_wait(k->ctx, buf, err, errsz);
+	for (int r = 1; r < k->world && rc == WK_OK; r++)
+		rc = k->raw->stage_wait(k->rctx[r], buf, err, errsz);
+	return rc;
 }
 
 bool be_streams(const struct backend *b)
@@ -74,8 +110,26 @@ bool be_streams(const struct backend *b)
 
 struct snap_sink be_snap_sink(struct be_sink *k)
 {
+	k->world = 1;
+	k->rctx[0] = k->ctx;
 	return (struct snap_sink){.accept = sink_accept, .image = sink_image,
 				  .release = sink_release, .stage_alloc = sink_stage_alloc,
 				  .stage_free = sink_stage_free, .put = sink_put,
 				  .wait = sink_wait, .ctx = k};
+}
+
+void *be_sink_take(struct be_sink *k, int rank)
+{
+	if (rank < 0 || rank >= k->world || k->taken[rank] || !k->rctx[rank])
+		return NULL;
+	k->taken[rank] = true;
+	return k->rctx[rank];
+}
+
+void be_sink_close(struct be_sink *k)
+{
+	for (int r = 1; r < k->world; r++)
+		if (k->rctx[r] && !k->taken[r])
+			k->raw->shutdown(k->rctx[r]);
+	k->world = 1;
 }

@@ -215,27 +215,50 @@ struct backend {
 	 * called from the restore's reader threads at once. stage_alloc: pinned host memory,
 	 * 4 KiB-aligned (NULL when out of memory); stage_put starts a copy of bytes from the
 	 * start of a staging buffer to device memory and returns; stage_wait returns once every
-	 * copy from that buffer is done. */
+	 * copy from that buffer is done. Another context of the same backend (another device)
+	 * may be handed a staging buffer this one allocated: its stage_put registers it,
+	 * stage_wait returns at once if it made no copy from it, and stage_free forgets it
+	 * without freeing it (a sharded restore shares its buffers among the ranks). */
 	void *(*stage_alloc)(void *ctx, size_t bytes);
 	void (*stage_free)(void *ctx, void *stage);
 	int (*stage_put)(void *ctx, void *dst, const void *stage, size_t bytes, char *err,
 			 size_t errsz);
 	int (*stage_wait)(void *ctx, const void *stage, char *err, size_t errsz);
+	/* Makes the context's device the calling thread's current one (the current device is
+	 * per thread): a sharded engine calls it on each rank's thread before the rank's ops,
+	 * and before closing the rank. Optional. */
+	void (*attach)(void *ctx);
 	/* Waits for the device; WK_EIO with the message once any op has failed (sticky). */
 	int (*sync)(void *ctx, char *err, size_t errsz);
 };
 
 /* Restoring a snapshot into a backend's memory (engine/backend.c): be_streams says whether b
  * has what it takes (device memory, to_host and the four stage ops); be_snap_sink makes the
- * coldstart sink that does it for an unsharded snapshot (accept: world 1), on the started
- * backend k->be whose context is k->ctx (k must outlive the restore). */
+ * coldstart sink that does it, on the started backend k->be whose context is k->ctx, rank 0's
+ * (k must outlive the restore). A sharded snapshot (world > 1): accept starts a context of
+ * k->raw (the backend itself: k->be may be a wrapper that cannot start one) on device r for
+ * each further rank r, with be_rank_threads(k->threads, world) threads; each rank file lands
+ * in its own device's memory, through staging buffers the ranks share (stage ops, above).
+ * The rank engines then take their contexts (be_sink_take); be_sink_close shuts down those
+ * never taken. */
+#define BE_SINK_MAX 64 /* = COMM_MAX_WORLD */
 struct snap_sink;
 struct be_sink {
 	const struct backend *be;
 	void *ctx;
+	const struct backend *raw;
+	int threads; /* as be_config's, for the whole process */
+	int world;   /* set by accept */
+	void *rctx[BE_SINK_MAX]; /* rank r's context; [0] = ctx */
+	bool taken[BE_SINK_MAX];
 };
 bool be_streams(const struct backend *b);
 struct snap_sink be_snap_sink(struct be_sink *k);
+/* Rank r's context, now the caller's to shut down; NULL when the sink started none. */
+void *be_sink_take(struct be_sink *k, int rank);
+void be_sink_close(struct be_sink *k);
+/* CPU threads for each of world ranks out of threads (<= 0: all cores): at least one. */
+int be_rank_threads(int threads, int world);
 
 extern const struct backend be_cpu;  /* kernels/cpu/backend_cpu.c */
 extern const struct backend be_cuda; /* kernels/cuda/ (init fails when built without CUDA) */

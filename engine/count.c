@@ -244,6 +244,11 @@ static int c_sync(void *ctx, char *err, size_t errsz)
 	return IN(ctx)->in->sync(IN(ctx)->ctx, err, errsz);
 }
 
+static void c_attach(void *ctx) /* not a launch */
+{
+	IN(ctx)->in->attach(IN(ctx)->ctx);
+}
+
 /* The restore's staging (load time, from the reader threads): passed through, not counted. */
 static void *c_stage_alloc(void *ctx, size_t bytes)
 {
@@ -325,6 +330,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(stage_put, c_stage_put);
 	KEEP(stage_wait, c_stage_wait);
 	KEEP(sync, c_sync);
+	KEEP(attach, c_attach);
 #undef KEEP
 	e->be = b;
 	e->bctx = k;

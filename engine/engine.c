@@ -505,6 +505,30 @@ int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, in
 	return rc;
 }
 
+int eng_adopt_backend(struct engine *e, const struct backend *be, void *ctx, bool counted,
+		      const struct eng_opts *o, char *err, size_t errsz)
+{
+	e->be = be;
+	e->bctx = ctx;
+	e->counting = counted;
+	int rc = WK_OK;
+	if (!counted && o && o->count_launches && (rc = eng_count_wrap(e, err, errsz)) != WK_OK) {
+		be->shutdown(ctx);
+		e->be = NULL;
+	}
+	return rc;
+}
+
+void eng_free_host_copies(struct engine *e)
+{
+	while (e->host_copies) {
+		struct host_copy *h = e->host_copies;
+		e->host_copies = h->next;
+		free(h->buf);
+		free(h);
+	}
+}
+
 int eng_launches(const struct engine *e, int rank, struct eng_launches *out)
 {
 	if (e->shard) {
@@ -604,7 +628,8 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 	}
 	struct snap_open_opts so = {.verify = !(o && o->no_verify), .progress = true};
 	/* A backend that can take the snapshot straight into its memory starts before the
-	 * restore (only unsharded: the rank engines' backends start later, in shard.c). */
+	 * restore (rank 0's; a sharded snapshot's sink starts the other ranks' as it accepts,
+	 * and the rank engines take them over in shard.c). */
 	struct snap_sink sink;
 	const struct backend *b = o && o->backend_ops ? o->backend_ops
 						      : be_find(o && o->backend ? o->backend : "auto");
@@ -612,7 +637,8 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 	if (be_streams(b)) {
 		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK)
 			return rc;
-		e->sink = (struct be_sink){e->be, e->bctx};
+		e->sink = (struct be_sink){.be = e->be, .ctx = e->bctx, .raw = b,
+					   .threads = o ? o->threads : 0};
 		if (be_streams(e->be)) {
 			sink = be_snap_sink(&e->sink);
 			so.sink = &sink;
@@ -620,7 +646,7 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 	}
 	rc = snap_open(dir, &so, &e->snap, err, errsz);
 	if (rc == WK_OK && e->be && !snap_on_sink(e->snap)) {
-		e->be->shutdown(e->bctx); /* sharded: each rank starts its own */
+		e->be->shutdown(e->bctx); /* restored into host memory: each rank starts its own */
 		e->be = NULL;
 		e->bctx = NULL;
 		e->counting = false;
@@ -772,12 +798,8 @@ void eng_close(struct engine *e)
 	}
 	if (e->be)
 		e->be->shutdown(e->bctx);
-	while (e->host_copies) {
-		struct host_copy *h = e->host_copies;
-		e->host_copies = h->next;
-		free(h->buf);
-		free(h);
-	}
+	be_sink_close(&e->sink); /* the ranks' contexts no rank engine took */
+	eng_free_host_copies(e);
 	free(e->used);
 	tok_free(e->tok);
 	free(e->seq_len);

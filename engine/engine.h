@@ -24,6 +24,7 @@
 struct tok;
 
 struct backend;
+struct comm_ops;
 
 struct eng_opts {
 	const char *backend; /* "cpu", "cuda" or "auto" (NULL means auto) */
@@ -34,6 +35,8 @@ struct eng_opts {
 	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
 	const struct backend *backend_ops; /* tests: this backend instead of o->backend */
+	const struct comm_ops *comm_ops;   /* tests: these collectives instead of the
+					    * backend's (sharded snapshots) */
 	bool count_launches; /* count every op and copy (eng_launches; `wick bench launches`) */
 	bool experts_one_by_one; /* MoE: never the backend's grouped op (a baseline to compare) */
 	bool unfused;            /* a baseline: one matmul per weight (never matmul_n), and

@@ -127,16 +127,19 @@ void eng_all_reduce(struct engine *e, float *buf, size_t n);
  * families after the steps that can fail on one rank (scratch allocation), before the first
  * collective, so no rank waits for one that gave up. */
 int eng_agree(struct engine *e, int rc, char *err, size_t errsz);
-/* Vocab-parallel embedding: x [n][dim] = rows tokens[i] of the embedding, whose shard embed
- * holds rows [vocab0, vocab0 + embed rows) of the whole; then summed over the ranks (each
- * row is non-zero on exactly one lead rank, so the sum is exact). */
-void eng_embed(struct engine *e, float *x, const int *tokens, int n,
+/* Vocab-parallel embedding: x [n][dim] (the backend's memory) = rows tokens[i] of the
+ * embedding, whose shard embed holds rows [vocab0, vocab0 + embed rows) of the whole, read on
+ * the host into xh [n][dim] (NULL on host-memory backends: straight into x), moved to x, and
+ * summed over the ranks there (each row is non-zero on exactly one lead rank, so the sum is
+ * exact). */
+void eng_embed(struct engine *e, float *x, float *xh, const int *tokens, int n,
 	       const struct st_tensor *embed, int vocab0, int dim);
 /* Vocab-parallel lm_head output: local [rows][lv] on every rank becomes out [rows][lv * tp]
- * (out may be NULL, and may equal local: it is written after the gather). gbuf: rows * lv *
- * world floats of scratch (unused at world 1, where out receives a copy of local). */
-void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows, int lv,
-		      float *gbuf);
+ * (out may be NULL, and may equal local: it is written after the gather). out is host memory
+ * when out_host, else the backend's. gbuf: rows * lv * world floats of the backend's memory
+ * (unused at world 1, where out receives a copy of local). */
+void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *local,
+		      int rows, int lv, float *gbuf);
 
 /* The top engine of a sharded snapshot: starts the world's rank engines (backend, family
  * load) and threads. Fills e->info from rank 0. */
@@ -159,6 +162,12 @@ void eng_count(struct engine *e, enum eng_kind kind);
 int eng_count_read(const struct engine *e, struct eng_launches *out);
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz);
+/* A rank engine takes over a context started for it (a sharded restore's sink): be and ctx
+ * become its own to shut down; counted says ctx is already eng_count_wrap's (else it is
+ * wrapped when o asks to count). */
+int eng_adopt_backend(struct engine *e, const struct backend *be, void *ctx, bool counted,
+		      const struct eng_opts *o, char *err, size_t errsz);
+void eng_free_host_copies(struct engine *e); /* eng_tensor_host's copies */
 /* Rank engine `rank` of a sharded top engine. */
 struct engine *shard_rank(struct engine *e, int rank);
 /* eng_forward / eng_step of a sharded model: the family's forward (or step) on every rank at

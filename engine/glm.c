@@ -406,10 +406,6 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 			return wk_errf(err, errsz, WK_EUNSUPPORTED,
 				       "the %s backend lacks an op the GLM families need (%d)",
 				       e->be->name, (int)glm_ops[i]);
-	if (!eng_host_mem(e) && e->world > 1)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "a sharded snapshot on the %s backend is not supported yet (its "
-			       "collectives run on host memory); use --backend cpu", e->be->name);
 
 	struct be_weight emb;
 	if ((rc = eng_weight_host(e, "model.embed_tokens.weight", m->c.l_vocab, m->c.dim, &emb,
@@ -488,11 +484,10 @@ void glm_free(struct engine *e)
 		eng_release(e, m->downed[i]);
 	free(m->downed);
 	void *dev[] = {m->pos, m->x, m->xb, m->tmp, m->g, m->u, m->logits, m->idx, m->wt,
-		       m->rows, m->rw, m->xg, m->yg, m->lg, m->moe_scr};
+		       m->rows, m->rw, m->xg, m->yg, m->lg, m->moe_scr, m->gath};
 	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
 		eng_release(e, dev[i]);
-	void *host[] = {m->pos_h, m->tok, m->xh, m->idx_h, m->wt_h, m->rows_h, m->rw_h, m->count,
-			m->gath};
+	void *host[] = {m->pos_h, m->tok, m->xh, m->idx_h, m->wt_h, m->rows_h, m->rw_h, m->count};
 	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
 		free(host[i]);
 	free(m);
@@ -519,7 +514,7 @@ static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_r
 	if (lg_rows > m->lg_cap) {
 		size_t nv = (size_t)lg_rows * c->vocab * 4;
 		if (!eng_regrow(e, &m->lg, nv) ||
-		    (world > 1 && !re(&m->gath, (size_t)lg_rows * c->l_vocab * world * 4)))
+		    (world > 1 && !eng_regrow(e, &m->gath, (size_t)lg_rows * c->l_vocab * world * 4)))
 			return WK_ENOMEM;
 		m->lg_cap = lg_rows;
 	}
@@ -663,9 +658,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		}
 	eng_to_dev(e, m->pos, m->pos_h, (size_t)T * sizeof *m->pos);
 	/* the embedding rows are read on the host (from the checkpoint) */
-	float *xe = host ? m->x : m->xh;
-	eng_embed(e, xe, m->tok, T, m->embed, m->c.vocab0, dim);
-	eng_to_dev(e, m->x, xe, (size_t)T * dim * sizeof *xe);
+	eng_embed(e, m->x, host ? NULL : m->xh, m->tok, T, m->embed, m->c.vocab0, dim);
 	/* Each residual add is fused with the norm after it (the next layer's, or the final
 	 * one): m->tmp holds the last FFN's output until then. */
 	for (int l = 0; l < m->c.n_layers; l++) {
@@ -698,7 +691,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		if (e->world == 1)
 			eng_to_host(e, items[0].logits, m->lg, (size_t)T * m->c.vocab * sizeof(float));
 		else
-			eng_gather_vocab(e, items[0].logits, m->lg, T, m->c.l_vocab, m->gath);
+			eng_gather_vocab(e, items[0].logits, true, m->lg, T, m->c.l_vocab, m->gath);
 		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
@@ -714,7 +707,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
 	}
 	eng_matmul(e, m->lg, m->xb, &m->lm_head, n_items);
-	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, m->lg, n_items, m->c.l_vocab, m->gath);
+	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, false, m->lg, n_items, m->c.l_vocab,
+			 m->gath);
 	if (e->rank != 0)
 		return WK_OK;
 	rc = eng_outputs(e, items, n_items, m->lg, m->c.vocab, err, errsz);

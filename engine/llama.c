@@ -58,7 +58,7 @@ static void free_scratch(struct engine *e, struct llama *m)
 		*dev[i] = NULL;
 	}
 	eng_release(e, m->pos);
-	free(m->gath);
+	eng_release(e, m->gath);
 	free(m->pos_h);
 	free(m->tok);
 	free(m->xh);
@@ -88,7 +88,7 @@ static int grow_scratch(struct engine *e, struct llama *m, int n, int world)
 	m->kt = eng_alloc(e, N * m->n_kv * m->head_dim * sizeof(float));
 	m->vt = eng_alloc(e, N * m->n_kv * m->head_dim * sizeof(float));
 	m->pos = eng_alloc(e, N * sizeof(int));
-	m->gath = world > 1 ? malloc((size_t)world * N * m->vocab * sizeof(float)) : NULL;
+	m->gath = world > 1 ? eng_alloc(e, (size_t)world * N * m->vocab * sizeof(float)) : NULL;
 	m->pos_h = malloc(N * sizeof(int));
 	m->tok = malloc(N * sizeof(int));
 	m->xh = eng_host_mem(e) ? NULL : malloc(N * m->dim * sizeof(float));
@@ -239,10 +239,6 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 #undef NAME
 	}
 
-	if (!eng_host_mem(e) && e->world > 1)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "a sharded snapshot on the %s backend is not supported yet (its "
-			       "collectives run on host memory); use --backend cpu", e->be->name);
 	m->max_seqs = e->max_seqs;
 	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd;
 	m->kcache = eng_alloc(e, cache * sizeof(float));
@@ -301,9 +297,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		}
 	eng_to_dev(e, m->pos, m->pos_h, (size_t)T * sizeof(int));
 	/* the embedding rows are read on the host (from the checkpoint) */
-	float *xe = m->xh ? m->xh : m->x;
-	eng_embed(e, xe, m->tok, T, m->embed, m->vocab0, dim);
-	eng_to_dev(e, m->x, xe, (size_t)T * dim * sizeof(float));
+	eng_embed(e, m->x, m->xh, m->tok, T, m->embed, m->vocab0, dim);
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
 		/* each residual add is fused with the norm after it: m->tmp holds the last MLP's
@@ -364,7 +358,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		if (e->world == 1)
 			eng_to_host(e, items[0].logits, m->tmp, (size_t)T * m->vocab * sizeof(float));
 		else
-			eng_gather_vocab(e, items[0].logits, m->tmp, T, m->vocab, m->gath);
+			eng_gather_vocab(e, items[0].logits, true, m->tmp, T, m->vocab, m->gath);
 		return eng_sync(e, err, errsz);
 	}
 	/* Only each item's last token needs logits. */
@@ -380,7 +374,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
 	}
 	eng_matmul(e, m->tmp, m->xb, &m->lm_head, n_items);
-	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, m->tmp, n_items, m->vocab, m->gath);
+	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, false, m->tmp, n_items, m->vocab,
+			 m->gath);
 	if (e->rank != 0)
 		return WK_OK;
 	rc = eng_outputs(e, items, n_items, m->tmp, m->vocab_all, err, errsz);

@@ -123,31 +123,38 @@ int eng_agree(struct engine *e, int rc, char *err, size_t errsz)
 		       e->rank);
 }
 
-void eng_embed(struct engine *e, float *x, const int *tokens, int n,
+void eng_embed(struct engine *e, float *x, float *xh, const int *tokens, int n,
 	       const struct st_tensor *embed, int vocab0, int dim)
 {
 	size_t esz = dt_size(embed->dtype);
 	int lv = (int)embed->shape[0];
 	bool lead = eng_tp_lead(e);
+	float *h = xh ? xh : x;
 	for (int i = 0; i < n; i++) {
 		int t = tokens[i] - vocab0;
-		float *row = x + (size_t)i * dim;
+		float *row = h + (size_t)i * dim;
 		if (lead && t >= 0 && t < lv)
 			dt_to_f32(row, (const char *)embed->data + (size_t)t * dim * esz,
 				  embed->dtype, (size_t)dim);
 		else
 			memset(row, 0, (size_t)dim * sizeof *row);
 	}
+	eng_to_dev(e, x, h, (size_t)n * dim * sizeof *x);
 	eng_all_reduce(e, x, (size_t)n * dim);
 }
 
-void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows, int lv,
-		      float *gbuf)
+void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *local,
+		      int rows, int lv, float *gbuf)
 {
 	size_t blk = (size_t)rows * lv;
+	bool host = eng_host_mem(e);
 	if (e->world == 1) {
-		if (out && out != local)
-			memcpy(out, local, blk * sizeof *out);
+		if (out && out != local) {
+			if (out_host)
+				eng_to_host(e, out, local, blk * sizeof *out);
+			else
+				eng_dcopy(e, out, local, blk * sizeof *out);
+		}
 		return;
 	}
 	char err[WK_ERRSZ];
@@ -161,10 +168,38 @@ void eng_gather_vocab(struct engine *e, float *out, const float *local, int rows
 		return;
 	/* ranks 0..tp-1 hold the vocabulary slices in order; later ranks repeat them */
 	size_t V = (size_t)lv * e->tp;
+	const float *g = gbuf;
+	float *stage = NULL;
+	if (!host && out_host) { /* one copy of the slices to the host, laid out there */
+		stage = malloc(blk * e->tp * sizeof *stage);
+		if (!stage) {
+			if (e->comm_rc == WK_OK) {
+				e->comm_rc = WK_ENOMEM;
+				snprintf(e->comm_err, sizeof e->comm_err,
+					 "out of memory for %zu gathered logits", blk * e->tp);
+			}
+			return;
+		}
+		eng_to_host(e, stage, gbuf, blk * e->tp * sizeof *stage);
+		g = stage;
+	}
+	if (host || out_host) {
+		for (int i = 0; i < rows; i++)
+			for (int k = 0; k < e->tp; k++)
+				memcpy(out + (size_t)i * V + (size_t)k * lv,
+				       g + (size_t)k * blk + (size_t)i * lv, (size_t)lv * sizeof *out);
+		free(stage);
+		return;
+	}
+	/* in device memory: one row's slices are already in order, [tp][1][lv] = [1][V] */
+	if (rows == 1) {
+		eng_dcopy(e, out, gbuf, V * sizeof *out);
+		return;
+	}
 	for (int i = 0; i < rows; i++)
 		for (int k = 0; k < e->tp; k++)
-			memcpy(out + (size_t)i * V + (size_t)k * lv,
-			       gbuf + (size_t)k * blk + (size_t)i * lv, (size_t)lv * sizeof *out);
+			eng_dcopy(e, out + (size_t)i * V + (size_t)k * lv,
+				  gbuf + (size_t)k * blk + (size_t)i * lv, (size_t)lv * sizeof *out);
 }
 
 /* ---- rank engines and their threads ---------------------------------------------------------- */
@@ -204,6 +239,8 @@ static void run_rank(struct shard *sh, int r)
 {
 	struct engine *re = sh->r[r];
 	re->failed_elsewhere = false;
+	if (re->be->attach)
+		re->be->attach(re->bctx);
 	int rc = sh->job(sh, r, sh->err[r], sizeof sh->err[r]);
 	if (rc == WK_OK && re->comm_rc != WK_OK) {
 		rc = re->comm_rc;
@@ -313,15 +350,30 @@ int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
 	return dispatch(sh, err, errsz);
 }
 
-static void rank_close(struct engine *re)
+/* A rank's model and scratch; its backend stays (rank_close), since a snapshot restored
+ * into the devices' memory is released through the ranks' contexts after this. */
+static void rank_free(struct engine *re)
 {
 	if (!re)
 		return;
+	if (re->be && re->be->attach)
+		re->be->attach(re->bctx);
 	if (re->fam && re->model)
 		re->fam->free(re);
 	if (re->be) {
 		eng_release(re, re->aq);
 		eng_release(re, re->tok_d);
+	}
+	eng_free_host_copies(re);
+}
+
+static void rank_close(struct engine *re)
+{
+	if (!re)
+		return;
+	if (re->be) {
+		if (re->be->attach)
+			re->be->attach(re->bctx);
 		re->be->shutdown(re->bctx);
 	}
 	free(re->tok_h);
@@ -344,6 +396,12 @@ void shard_close(struct engine *e)
 		pthread_mutex_destroy(&sh->mu);
 		pthread_cond_destroy(&sh->go);
 		pthread_cond_destroy(&sh->done);
+	}
+	for (int r = 0; r < sh->world; r++)
+		rank_free(sh->r[r]);
+	if (e->snap && snap_on_sink(e->snap)) { /* its images are the ranks' device memory */
+		snap_close(e->snap);
+		e->snap = NULL;
 	}
 	for (int r = 0; r < sh->world; r++) {
 		rank_close(sh->r[r]);
@@ -388,7 +446,19 @@ static int rank_open(struct engine *e, const struct eng_opts *o, int r, int thre
 	sh->ritems[r] = malloc((size_t)e->max_seqs * sizeof *sh->ritems[r]);
 	if (!re->used || !sh->ritems[r])
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	int rc = eng_open_backend(re, o, threads, r, err, errsz);
+	/* restored into the devices' memory: the sink's contexts, rank 0's from the top */
+	void *ctx = e->snap && snap_on_sink(e->snap) ? be_sink_take(&e->sink, r) : NULL;
+	int rc;
+	if (ctx && r == 0) {
+		rc = eng_adopt_backend(re, e->be, ctx, e->counting, o, err, errsz);
+		e->be = NULL;
+		e->bctx = NULL;
+		e->counting = false;
+	} else if (ctx) {
+		rc = eng_adopt_backend(re, e->sink.raw, ctx, false, o, err, errsz);
+	} else {
+		rc = eng_open_backend(re, o, threads, r, err, errsz);
+	}
 	if (rc != WK_OK)
 		return rc;
 	if ((rc = re->fam->load(re, err, errsz)) != WK_OK) {
@@ -435,16 +505,14 @@ int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t err
 	ro.backend = be->name;
 	/* The collectives follow the backend: NCCL between GPUs, in-process between CPU ranks
 	 * (and for the null backend, which computes nothing). */
-	sh->comm = be == &be_cuda ? &comm_nccl : &comm_cpu;
+	sh->comm = o && o->comm_ops ? o->comm_ops : be == &be_cuda ? &comm_nccl : &comm_cpu;
 	int rc = sh->comm->init(&sh->comm_ctx, W, err, errsz);
 	if (rc != WK_OK) {
 		sh->comm_ctx = NULL;
 		return rc;
 	}
 	/* CPU ranks share the cores: each gets threads / world of them (at least one). */
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	int threads = o && o->threads > 0 ? o->threads : cores > 0 ? (int)cores : 1;
-	threads = threads / W > 0 ? threads / W : 1;
+	int threads = be_rank_threads(o ? o->threads : 0, W);
 	for (int r = 0; r < W; r++)
 		if ((rc = rank_open(e, &ro, r, threads, err, errsz)) != WK_OK)
 			return rc;

@@ -259,7 +259,7 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	int rc = b->init(&ctx, &bc, err, errsz);
 	if (rc != WK_OK)
 		return rc;
-	struct be_sink k = {b, ctx};
+	struct be_sink k = {.be = b, .ctx = ctx}; /* no raw: unsharded snapshots only */
 	struct snap_sink sk = be_snap_sink(&k);
 	struct snap_open_opts o = {.verify = true, .threads = threads, .sink = &sk};
 	double *v = calloc((size_t)runs, sizeof *v);

@@ -34,6 +34,7 @@ extern "C" {
 struct stage {
 	void *host;
 	cudaEvent_t done;
+	bool borrowed; /* another context's buffer (a sharded restore): forgotten, not freed */
 };
 
 struct cuda_ctx {
@@ -104,13 +105,15 @@ static void shutdown(void *ctx)
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	if (!c)
 		return;
+	cudaSetDevice(c->device); /* the frees below are this device's */
 	for (size_t i = 0; i < c->n_owned; i++)
 		cudaFree(c->owned[i]);
 	free(c->owned);
 	for (size_t i = 0; i < c->n_stages; i++) {
 		cudaEventSynchronize(c->stages[i].done);
 		cudaEventDestroy(c->stages[i].done);
-		cudaFreeHost(c->stages[i].host);
+		if (!c->stages[i].borrowed)
+			cudaFreeHost(c->stages[i].host);
 	}
 	free(c->stages);
 	if (c->copy_stream)
@@ -458,23 +461,16 @@ static long stage_find(struct cuda_ctx *c, const void *host) /* under stage_mu *
 	return -1;
 }
 
-static void *stage_alloc(void *ctx, size_t bytes)
+/* Adds host (with an event of this device, the current one) to the table, making the copy
+ * stream on first use; -1 when out of memory or CUDA refuses. Under stage_mu. */
+static long stage_add(struct cuda_ctx *c, void *host, bool borrowed)
 {
-	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-	void *p = NULL;
 	cudaEvent_t ev;
-	if (cudaSetDevice(c->device) != cudaSuccess ||
-	    cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
-		cudaGetLastError();
-		return NULL;
-	}
 	if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
 		cudaGetLastError();
-		cudaFreeHost(p);
-		return NULL;
+		return -1;
 	}
 	bool ok_ = true;
-	pthread_mutex_lock(&c->stage_mu);
 	if (!c->copy_stream &&
 	    cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking) != cudaSuccess) {
 		cudaGetLastError();
@@ -491,11 +487,28 @@ static void *stage_alloc(void *ctx, size_t bytes)
 			ok_ = false;
 		}
 	}
-	if (ok_)
-		c->stages[c->n_stages++] = {p, ev};
-	pthread_mutex_unlock(&c->stage_mu);
 	if (!ok_) {
 		cudaEventDestroy(ev);
+		return -1;
+	}
+	c->stages[c->n_stages] = {host, ev, borrowed};
+	return (long)c->n_stages++;
+}
+
+static void *stage_alloc(void *ctx, size_t bytes)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	void *p = NULL;
+	/* portable: every device's copies read it as pinned memory (a sharded restore) */
+	if (cudaSetDevice(c->device) != cudaSuccess ||
+	    cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	pthread_mutex_lock(&c->stage_mu);
+	long i = stage_add(c, p, false);
+	pthread_mutex_unlock(&c->stage_mu);
+	if (i < 0) {
 		cudaFreeHost(p);
 		return NULL;
 	}
@@ -518,7 +531,8 @@ static void stage_free(void *ctx, void *host)
 	cudaSetDevice(c->device);
 	cudaEventSynchronize(s.done);
 	cudaEventDestroy(s.done);
-	cudaFreeHost(s.host);
+	if (!s.borrowed)
+		cudaFreeHost(s.host);
 }
 
 static int stage_put(void *ctx, void *dst, const void *host, size_t bytes, char *err,
@@ -528,13 +542,16 @@ static int stage_put(void *ctx, void *dst, const void *host, size_t bytes, char 
 	cudaError_t e = cudaSetDevice(c->device);
 	pthread_mutex_lock(&c->stage_mu);
 	long i = stage_find(c, host);
+	if (i < 0 && e == cudaSuccess) /* another device's buffer: registered here */
+		i = stage_add(c, (void *)host, true);
 	if (i >= 0 && e == cudaSuccess)
 		e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->copy_stream);
 	if (i >= 0 && e == cudaSuccess)
 		e = cudaEventRecord(c->stages[i].done, c->copy_stream);
 	pthread_mutex_unlock(&c->stage_mu);
-	if (i < 0)
-		return wk_errf(err, errsz, WK_EINVAL, "CUDA: %p is not a staging buffer", host);
+	if (i < 0 && e == cudaSuccess)
+		return wk_errf(err, errsz, WK_ENOMEM, "CUDA: no room to stage copies to device %d",
+			       c->device);
 	if (e != cudaSuccess)
 		return wk_errf(err, errsz, WK_EIO, "CUDA: copying %zu restored bytes to device %d: "
 			       "%s", bytes, c->device, cudaGetErrorString(e));
@@ -548,8 +565,8 @@ static int stage_wait(void *ctx, const void *host, char *err, size_t errsz)
 	long i = stage_find(c, host);
 	cudaEvent_t ev = i >= 0 ? c->stages[i].done : NULL;
 	pthread_mutex_unlock(&c->stage_mu);
-	if (i < 0)
-		return wk_errf(err, errsz, WK_EINVAL, "CUDA: %p is not a staging buffer", host);
+	if (i < 0) /* no copy from it on this device */
+		return WK_OK;
 	cudaError_t e = cudaSetDevice(c->device);
 	if (e == cudaSuccess)
 		e = cudaEventSynchronize(ev);
@@ -605,6 +622,15 @@ static int upload_weight(void *ctx, struct be_weight *w, char *err, size_t errsz
 	return WK_OK;
 }
 
+/* A sharded engine drives every GPU from one process, rank r's ops on rank r's thread: the
+ * rank's thread makes its device current before them (shard.c, each step and at close). */
+static void attach(void *ctx)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc == WK_OK)
+		ok_cuda(c, cudaSetDevice(c->device), "selecting the device");
+}
+
 static int dev_sync(void *ctx, char *err, size_t errsz)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -658,6 +684,7 @@ static struct backend make_backend(void)
 	b.stage_free = stage_free;
 	b.stage_put = stage_put;
 	b.stage_wait = stage_wait;
+	b.attach = attach;
 	b.sync = dev_sync;
 	return b;
 }

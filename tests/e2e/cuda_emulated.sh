@@ -13,7 +13,12 @@
 #   4. the restore's staging buffers reused: a 54 MB snapshot through one reader thread, the
 #      device's bytes against a host restore (wick bench restore);
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
-#      error, and a worker hands its job back and exits 3; a healthy one then completes it.
+#      error, and a worker hands its job back and exits 3; a healthy one then completes it;
+#   6. sharded snapshots on emulated devices (WICK_SIMT_DEVICES; the collectives are comm_cpu's
+#      under NCCL's name, tests/simt/comm_simt.c): one process, a thread per rank, rank r on
+#      device r, each rank file streamed into its device's memory: GLM-5 tp 2 x ep 4 (4 ranks)
+#      and GLM-4.5 tp 2 logits against the CPU's unsharded ones (1e-3), stories260K tp 2's
+#      golden text through generate and through a worker; too few devices is refused by name.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -137,6 +142,51 @@ r = json.load(open(sys.argv[1]))
 assert r["status"] == "COMPLETED" and r["attempt"] == 2, r
 assert r["output"]["text"] == sys.argv[2], (r["output"]["text"], sys.argv[2])
 print(f"   worker: exit 3 and f1 handed back; a healthy one completed it on attempt 2: {r['output']['text']!r}")
+PY
+section "sharded snapshots on emulated devices"
+ids=1,5,9,42,7,3,100,64
+for c in "glm5 2 4" "glm4 2 1"; do # world = max(tp, ep) ranks, one device each
+  set -- $c
+  fam=$1 tp=$2 ep=$3 w=$(( $2 > $3 ? $2 : $3 ))
+  s="$fam-tp$tp-ep$ep"
+  "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$s" --tp "$tp" --ep "$ep" >/dev/null 2>&1 \
+    || fail "snapshot $fam tp $tp ep $ep"
+  WICK_SIMT_DEVICES=$w "$EMU" logits "$TMPD/$s" --tokens $ids --all-positions \
+    --backend cuda >"$TMPD/$s.cuda.json" 2>"$TMPD/err" \
+    || fail "$s: cuda logits: $(tail -n 3 "$TMPD/err")"
+  grep -q "restored .* into device memory" "$TMPD/err" \
+    || fail "$s: the rank files were not restored into device memory: $(cat "$TMPD/err")"
+  close "$fam tp $tp x ep $ep, $w ranks on $w devices" "$TMPD/$fam.cpu.json" "$TMPD/$s.cuda.json"
+done
+WICK_GLM_MLA=absorb WICK_SIMT_DEVICES=4 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids \
+  --all-positions --backend cuda >"$TMPD/absorb-tp2.cuda.json" 2>"$TMPD/err" \
+  || fail "glm5 tp 2 x ep 4 absorbed: $(tail -n 3 "$TMPD/err")"
+close "glm5 tp 2 x ep 4, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb-tp2.cuda.json"
+set +e
+WICK_SIMT_DEVICES=3 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids --backend cuda \
+  >/dev/null 2>"$TMPD/few.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "4 ranks on 3 devices exited 0"
+grep -q 'CUDA device 3 does not exist (3 visible)' "$TMPD/few.err" \
+  || fail "4 ranks on 3 devices: $(cat "$TMPD/few.err")"
+echo "   4 ranks on 3 devices: exit $rc, $(tail -n 1 "$TMPD/few.err")"
+"$WICK" snapshot "$m" -o "$TMPD/stories-tp2" --tp 2 >/dev/null 2>&1 || fail "snapshot stories260K tp 2"
+got=$(WICK_SIMT_DEVICES=2 "$EMU" generate "$TMPD/stories-tp2" -n 24 --temperature 0 \
+  --backend cuda 2>"$TMPD/gen.err") || fail "generate tp 2: $(tail -n 3 "$TMPD/gen.err")"
+[ "$got" = "$cpu" ] || fail "cuda tp 2 tells another story: '$got'"
+echo "   stories260K tp 2 on 2 devices: the golden text"
+Q2=$TMPD/q2
+"$WICK" submit --queue "spool:$Q2" --id s1 -p "Once upon a time" -n 8 --temperature 0 >/dev/null || fail "submit"
+WICK_SIMT_DEVICES=2 "$EMU" worker --model "$TMPD/stories-tp2" --backend cuda --queue "spool:$Q2" \
+  --idle-timeout 0.3 2>"$TMPD/tp2.log" || fail "the tp 2 worker: $(tail -n 3 "$TMPD/tp2.log")"
+want=$("$WICK" generate "$m" -p "Once upon a time" -n 8 --temperature 0 2>/dev/null)
+python3 - "$Q2/done/s1.json" "${want#Once upon a time}" <<'PY' || fail "s1 on the tp 2 worker"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["status"] == "COMPLETED", r
+assert r["output"]["text"] == sys.argv[2], (r["output"]["text"], sys.argv[2])
+print(f"   a worker on stories260K tp 2 (2 devices, one process): {r['output']['text']!r}")
 PY
 section "done"
 echo ok

@@ -312,7 +312,9 @@ static uint64_t op_seq;
 /* WICK_SIMT_FAULT_LAUNCH: the launch that faults; FAULTED until a wait notices, then STICKY */
 enum fault_state { NO_FAULT, FAULTED, STICKY };
 static std::atomic<int> fault{NO_FAULT};
-static std::atomic<bool> launching;
+/* One kernel at a time: the fibers and the grid's state are global. A sharded engine
+ * launches from a thread per rank (one per emulated device); their kernels take turns. */
+static std::mutex launch_mu;
 static unsigned long launches, fault_at;
 
 /* The error every call returns once the context is lost; cudaSuccess before. */
@@ -475,15 +477,11 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 {
 	static std::once_flag once;
 	std::call_once(once, launch_fault_init);
-	if (launching.exchange(true)) {
-		fprintf(stderr, "simt: two host threads launch kernels at once\n");
-		abort();
-	}
+	std::lock_guard<std::mutex> turn(launch_mu);
 	{
 		std::lock_guard<std::mutex> g(rt_mu);
 		if (stream && !streams.count(stream)) {
 			last_err = cudaErrorInvalidResourceHandle;
-			launching = false;
 			return;
 		}
 		if (stream)
@@ -492,16 +490,13 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	}
 	if (++launches == fault_at)
 		fault = FAULTED;
-	if (fault.load() != NO_FAULT) { /* the context is lost: nothing runs any more */
-		launching = false;
+	if (fault.load() != NO_FAULT) /* the context is lost: nothing runs any more */
 		return;
-	}
 	size_t nt = (size_t)block.x * block.y * block.z;
 	if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
 	    grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
 	    grid.y > 65535 || grid.z > 65535 || smem > MAX_DYN_SMEM) {
 		last_err = cudaErrorInvalidConfiguration;
-		launching = false;
 		return;
 	}
 	for (size_t i = 0; i < nt; i++)
@@ -518,14 +513,24 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 				run_block(nt);
 			}
 	body = NULL;
-	launching = false;
 }
 
 /* ---- the runtime API --------------------------------------------------------------------- */
 
+/* WICK_SIMT_DEVICES (1..8, default 1) devices, all on the one host memory: enough for a
+ * sharded engine's rank r to select device r; memory is not kept apart by device. */
+static int n_devices(void)
+{
+	const char *v = getenv("WICK_SIMT_DEVICES");
+	int n = v ? atoi(v) : 1;
+	return n < 1 ? 1 : n > 8 ? 8 : n;
+}
+
+static thread_local int cur_device;
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
-	*n = 1;
+	*n = n_devices();
 	return sticky();
 }
 
@@ -533,7 +538,16 @@ cudaError_t cudaSetDevice(int device)
 {
 	if (sticky())
 		return sticky();
-	return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+	if (device < 0 || device >= n_devices())
+		return cudaErrorInvalidDevice;
+	cur_device = device;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+	*device = cur_device;
+	return sticky();
 }
 
 static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, size_t> &m)

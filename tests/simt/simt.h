@@ -49,12 +49,15 @@
  *     or a host pointer handed to a kernel, works here (devsim, tests/unit/devsim.c, checks
  *     the engine's side of that boundary, not backend_cuda.cu's);
  *   - ordering on the GPU: kernels run at once, in issue order, so only the restore's copy
- *     stream can lag; per-thread devices (one device here: a reader thread that forgets
- *     cudaSetDevice passes), copy/compute overlap and bandwidth are not modelled;
+ *     stream can lag; copy/compute overlap and bandwidth are not modelled;
+ *   - devices kept apart: WICK_SIMT_DEVICES devices (default 1) can be selected, per host
+ *     thread, but share one memory, so a pointer used on the wrong device works here; host
+ *     threads' kernels take turns (one launch at a time);
  *   - the driver's errors: only the emulator's refusals (bad configuration, a copy of the
  *     wrong kind, an unknown handle) and the one injected fault occur; a real out-of-memory,
  *     a launch out of registers, a timeout or an ECC error never does;
- *   - NCCL: comm_none.c is linked; sharded runs on CUDA are refused anyway.
+ *   - NCCL: the emulated wick links tests/simt/comm_simt.c, comm_cpu's collectives under
+ *     NCCL's name (right only because every device shares host memory here).
  *
  * Only what kernels/cuda/kernels.cu, glm_kernels.cu, moe_kernels.cu, gemm_fp8.cu and
  * backend_cuda.cu use is here; a file using more fails to compile, and the missing piece is
@@ -253,8 +256,9 @@ enum {
 typedef struct CUstream_st *cudaStream_t; /* 0 is the default stream */
 typedef struct CUevent_st *cudaEvent_t;
 
-cudaError_t cudaGetDeviceCount(int *n); /* 1 */
-cudaError_t cudaSetDevice(int device);  /* cudaErrorInvalidDevice but for 0 */
+cudaError_t cudaGetDeviceCount(int *n); /* $WICK_SIMT_DEVICES (1..8), default 1 */
+cudaError_t cudaSetDevice(int device);  /* per host thread; cudaErrorInvalidDevice past n */
+cudaError_t cudaGetDevice(int *device);
 
 cudaError_t cudaMalloc(void **p, size_t n);
 template <typename T> cudaError_t cudaMalloc(T **p, size_t n)

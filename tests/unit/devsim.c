@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "common/wk.h"
+#include "engine/comm.h"
 #include "tests/unit/devsim.h"
 
 struct region {
@@ -27,6 +28,7 @@ struct stage {
 	void *dst; /* pending copy, or NULL */
 	size_t bytes;
 	uint64_t hash; /* of buf[0, bytes) at put */
+	bool borrowed;  /* another devsim context allocated it (a sharded restore) */
 };
 
 struct devsim {
@@ -54,18 +56,28 @@ static void protect_all(struct devsim *d, int prot)
 #define OPEN(d) protect_all(d, PROT_READ | PROT_WRITE)
 #define CLOSE(d) protect_all(d, PROT_NONE)
 
+/* Every live devsim context, for comm_devsim to find which one a buffer belongs to. The
+ * lock covers the list and every context's region table while it changes size. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct devsim *live[64];
+static int n_live;
+static void *stage_bufs[256]; /* every context's staging buffers (lock order: mu, live_mu) */
+static int n_stage_bufs;
+
 static void *region_new(struct devsim *d, size_t bytes)
 {
 	size_t len = page_round(bytes ? bytes : 1);
 	void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return NULL;
+	pthread_mutex_lock(&live_mu);
 	if (d->n == d->cap) {
 		d->cap = d->cap ? 2 * d->cap : 64;
 		d->r = realloc(d->r, (size_t)d->cap * sizeof *d->r);
 		cr_assert_not_null(d->r);
 	}
 	d->r[d->n++] = (struct region){p, len};
+	pthread_mutex_unlock(&live_mu);
 	return p;
 }
 
@@ -75,6 +87,10 @@ static int ds_init(void **ctx, const struct be_config *cfg, char *err, size_t er
 	cr_assert_not_null(d);
 	pthread_mutex_init(&d->mu, NULL);
 	int rc = be_cpu.init(&d->cpu, cfg, err, errsz);
+	pthread_mutex_lock(&live_mu);
+	cr_assert_lt(n_live, 64, "devsim: too many contexts");
+	live[n_live++] = d;
+	pthread_mutex_unlock(&live_mu);
 	*ctx = d;
 	return rc;
 }
@@ -82,6 +98,11 @@ static int ds_init(void **ctx, const struct be_config *cfg, char *err, size_t er
 static void ds_shutdown(void *ctx)
 {
 	struct devsim *d = ctx;
+	pthread_mutex_lock(&live_mu);
+	for (int i = 0; i < n_live; i++)
+		if (live[i] == d)
+			live[i] = live[--n_live];
+	pthread_mutex_unlock(&live_mu);
 	for (int i = 0; i < d->n; i++)
 		munmap(d->r[i].p, d->r[i].len);
 	free(d->r);
@@ -374,12 +395,15 @@ static void *ds_alloc(void *ctx, size_t bytes)
 static void ds_free(void *ctx, void *p)
 {
 	struct devsim *d = ctx;
+	pthread_mutex_lock(&live_mu);
 	for (int i = 0; i < d->n; i++)
 		if (d->r[i].p == p) {
 			munmap(p, d->r[i].len);
 			d->r[i] = d->r[--d->n];
+			pthread_mutex_unlock(&live_mu);
 			return;
 		}
+	pthread_mutex_unlock(&live_mu);
 	cr_assert_fail("freeing %p, which devsim did not allocate", p);
 }
 
@@ -453,17 +477,32 @@ static void *ds_stage_alloc(void *ctx, size_t bytes)
 	pthread_mutex_lock(&d->mu);
 	cr_assert_lt(d->n_st, 64, "devsim: too many staging buffers");
 	d->st[d->n_st++] = (struct stage){.buf = p};
+	pthread_mutex_lock(&live_mu);
+	cr_assert_lt(n_stage_bufs, 256, "devsim: too many staging buffers");
+	stage_bufs[n_stage_bufs++] = p;
+	pthread_mutex_unlock(&live_mu);
 	pthread_mutex_unlock(&d->mu);
 	return p;
 }
 
-static struct stage *stage_of(struct devsim *d, const void *buf) /* under mu */
+/* The buffer's entry; one another context allocated is registered by its first put (add),
+ * else NULL. A buffer no devsim context allocated fails the test. (Under mu.) */
+static struct stage *stage_of(struct devsim *d, const void *buf, bool add)
 {
 	for (int i = 0; i < d->n_st; i++)
 		if (d->st[i].buf == buf)
 			return &d->st[i];
-	cr_assert_fail("devsim: %p is not a staging buffer", buf);
-	return NULL;
+	bool known = false;
+	pthread_mutex_lock(&live_mu);
+	for (int i = 0; i < n_stage_bufs && !known; i++)
+		known = stage_bufs[i] == buf;
+	pthread_mutex_unlock(&live_mu);
+	cr_assert(known, "devsim: %p is not a staging buffer", buf);
+	if (!add)
+		return NULL;
+	cr_assert_lt(d->n_st, 64, "devsim: too many staging buffers");
+	d->st[d->n_st] = (struct stage){.buf = (void *)buf, .borrowed = true};
+	return &d->st[d->n_st++];
 }
 
 /* The pending copy from s, if any (under mu). */
@@ -483,11 +522,22 @@ static void ds_stage_free(void *ctx, void *buf)
 {
 	struct devsim *d = ctx;
 	pthread_mutex_lock(&d->mu);
-	struct stage *s = stage_of(d, buf);
-	cr_assert_null(s->dst, "devsim: a staging buffer freed with a copy not waited for");
-	*s = d->st[--d->n_st];
+	struct stage *s = stage_of(d, buf, false);
+	bool own = s && !s->borrowed;
+	if (s) {
+		cr_assert_null(s->dst, "devsim: a staging buffer freed with a copy not waited for");
+		*s = d->st[--d->n_st];
+	}
+	if (own) {
+		pthread_mutex_lock(&live_mu);
+		for (int i = 0; i < n_stage_bufs; i++)
+			if (stage_bufs[i] == buf)
+				stage_bufs[i] = stage_bufs[--n_stage_bufs];
+		pthread_mutex_unlock(&live_mu);
+	}
 	pthread_mutex_unlock(&d->mu);
-	free(buf);
+	if (own)
+		free(buf);
 }
 
 static int ds_stage_put(void *ctx, void *dst, const void *buf, size_t bytes, char *err,
@@ -499,10 +549,10 @@ static int ds_stage_put(void *ctx, void *dst, const void *buf, size_t bytes, cha
 	pthread_mutex_lock(&d->mu);
 	dev(ctx, dst, "stage_put dst");
 	dev(ctx, (char *)dst + bytes - 1, "stage_put dst end");
-	struct stage *s = stage_of(d, buf);
+	struct stage *s = stage_of(d, buf, true);
 	stage_flush(d, s); /* copies still in flight from the same, unchanged buffer */
 	*s = (struct stage){.buf = s->buf, .dst = dst, .bytes = bytes,
-			    .hash = XXH3_64bits(buf, bytes)};
+			    .hash = XXH3_64bits(buf, bytes), .borrowed = s->borrowed};
 	d->stage_puts++;
 	pthread_mutex_unlock(&d->mu);
 	return WK_OK;
@@ -514,7 +564,9 @@ static int ds_stage_wait(void *ctx, const void *buf, char *err, size_t errsz)
 	(void)errsz;
 	struct devsim *d = ctx;
 	pthread_mutex_lock(&d->mu);
-	stage_flush(d, stage_of(d, buf));
+	struct stage *s = stage_of(d, buf, false);
+	if (s) /* none: this context made no copy from it */
+		stage_flush(d, s);
 	pthread_mutex_unlock(&d->mu);
 	return WK_OK;
 }
@@ -573,3 +625,110 @@ const struct backend be_devsim = {
 };
 
 const struct backend be_devsim_ungrouped = {DEVSIM_OPS};
+
+/* ---- comm_devsim: the collectives of a sharded engine on devsim ranks --------------------------
+ * comm_cpu's, with each rank's buffers checked to be devsim memory of one context (NCCL takes
+ * device pointers only) and that context's regions open while the collective runs: a rank
+ * opens its own on entry and closes them on return, and comm_cpu's barriers keep every peer
+ * inside the op while it reads or writes another rank's buffer. */
+
+static struct devsim *owner(const void *p, const char *what)
+{
+	pthread_mutex_lock(&live_mu);
+	for (int k = 0; k < n_live; k++) {
+		struct devsim *d = live[k];
+		for (int i = 0; i < d->n; i++)
+			if ((const char *)p >= (const char *)d->r[i].p &&
+			    (const char *)p < (const char *)d->r[i].p + d->r[i].len) {
+				pthread_mutex_unlock(&live_mu);
+				return d;
+			}
+	}
+	pthread_mutex_unlock(&live_mu);
+	cr_assert_fail("devsim comm: %s (%p) is not device memory", what, p);
+	return NULL;
+}
+
+static struct devsim *owner2(const void *a, const void *b, const char *what)
+{
+	struct devsim *d = owner(a, what);
+	cr_assert_eq(owner(b, what), d, "devsim comm: %s: send and recv on different devices",
+		     what);
+	return d;
+}
+
+static int dc_init(void **ctx, int world, char *err, size_t errsz)
+{
+	return comm_cpu.init(ctx, world, err, errsz);
+}
+
+static void dc_destroy(void *ctx)
+{
+	comm_cpu.destroy(ctx);
+}
+
+#define IN_OPEN(d, call)             \
+	do {                         \
+		OPEN(d);             \
+		int rc_ = comm_cpu.call; \
+		CLOSE(d);            \
+		return rc_;          \
+	} while (0)
+
+static int dc_all_reduce(void *ctx, int rank, float *buf, size_t n, char *err, size_t errsz)
+{
+	struct devsim *d = owner(buf, "all_reduce buf");
+	IN_OPEN(d, all_reduce(ctx, rank, buf, n, err, errsz));
+}
+
+static int dc_all_gather(void *ctx, int rank, const void *send, void *recv, size_t bytes,
+			 char *err, size_t errsz)
+{
+	struct devsim *d = owner2(send, recv, "all_gather");
+	IN_OPEN(d, all_gather(ctx, rank, send, recv, bytes, err, errsz));
+}
+
+static int dc_reduce_scatter(void *ctx, int rank, const float *send, float *recv, size_t n,
+			     char *err, size_t errsz)
+{
+	struct devsim *d = owner2(send, recv, "reduce_scatter");
+	IN_OPEN(d, reduce_scatter(ctx, rank, send, recv, n, err, errsz));
+}
+
+static int dc_all_to_all(void *ctx, int rank, const void *send, void *recv, size_t bytes,
+			 char *err, size_t errsz)
+{
+	struct devsim *d = owner2(send, recv, "all_to_all");
+	IN_OPEN(d, all_to_all(ctx, rank, send, recv, bytes, err, errsz));
+}
+
+static int dc_all_to_allv(void *ctx, int rank, const void *send, const size_t *scount,
+			  const size_t *sdispl, void *recv, const size_t *rcount,
+			  const size_t *rdispl, char *err, size_t errsz)
+{
+	struct devsim *d = owner2(send, recv, "all_to_allv");
+	IN_OPEN(d, all_to_allv(ctx, rank, send, scount, sdispl, recv, rcount, rdispl, err, errsz));
+}
+
+static int dc_barrier(void *ctx, int rank, char *err, size_t errsz)
+{
+	return comm_cpu.barrier(ctx, rank, err, errsz);
+}
+
+static int dc_vote(void *ctx, int rank, int yes, int *all_yes, char *err, size_t errsz)
+{
+	return comm_cpu.vote(ctx, rank, yes, all_yes, err, errsz);
+}
+
+const struct comm_ops comm_devsim = {
+	.name = "devsim",
+	.init = dc_init,
+	.destroy = dc_destroy,
+	.all_reduce = dc_all_reduce,
+	.all_gather = dc_all_gather,
+	.reduce_scatter = dc_reduce_scatter,
+	.all_to_all = dc_all_to_all,
+	.all_to_allv = dc_all_to_allv,
+	.barrier = dc_barrier,
+	.vote = dc_vote,
+};

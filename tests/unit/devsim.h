@@ -20,6 +20,11 @@ extern const struct backend be_devsim;
 /* The same without the grouped MoE op: the engine runs the experts one by one. */
 extern const struct backend be_devsim_ungrouped;
 
+/* The collectives of a sharded engine whose ranks run on devsim (eng_opts.comm_ops):
+ * comm_cpu's, refusing buffers that are not devsim memory, as NCCL needs device pointers. */
+struct comm_ops;
+extern const struct comm_ops comm_devsim;
+
 /* Ops and copies counted since init, so a test knows the paths ran. */
 struct devsim_counts {
 	int ops, copies, regions;

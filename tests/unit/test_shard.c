@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "engine/engine_int.h"
 #include "engine/sampler.h"
+#include "tests/unit/devsim.h"
 #include <jansson.h>
 
 static char root[256];
@@ -290,6 +291,101 @@ Test(shard, glm4_prefill_and_decode_match_unsharded)
 	char *hf = gen_glm("g4", "glm4", "--seed 8 --heads 8 --kv-heads 2");
 	glm_decode_matches(hf, "glm4", 2, 2);
 	glm_decode_matches(hf, "glm4", 4, 1);
+	free(hf);
+}
+
+/* ---- sharded on device memory ------------------------------------------------------------------
+ * Every rank on devsim (tests/unit/devsim.h: the CPU's kernels on memory the host cannot
+ * touch, every op handed only device memory) with comm_devsim (comm_cpu's collectives, which
+ * refuse buffers that are not device memory, as NCCL does): a sharded snapshot, each rank file
+ * streamed into its own rank's device memory through staging buffers the ranks share (no
+ * weight uploaded), runs a prefill
+ * with every position's logits, a batched step of two sequences, one-sequence decodes and
+ * greedy tokens picked on each rank's device, and gives the CPU's sharded logits bit for bit
+ * (the same kernels and the same reduction order). This is the plumbing the CUDA backend with
+ * NCCL relies on: the embedding moved to the device before its all_reduce, the lm_head's
+ * vocabulary slices gathered and laid out in device memory, each rank's thread on its own
+ * device. */
+
+static float *device_run(const char *dir, const struct backend *be, bool one_by_one,
+			 int *vocab, int *ids)
+{
+	struct engine *e;
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = 3,
+			     .backend_ops = be, .comm_ops = be ? &comm_devsim : NULL,
+			     .experts_one_by_one = one_by_one};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s: %s", dir, err);
+	if (be) { /* each rank file streamed into its own rank's device memory */
+		cr_assert_str_eq(eng_info(e)->backend, "devsim");
+		cr_assert(eng_info(e)->startup.to_device, "%s: not restored into device memory", dir);
+		for (int r = 0; r < e->world; r++) {
+			struct devsim_counts c;
+			devsim_counts(shard_rank(e, r)->bctx, &c);
+			cr_assert_eq(c.uploads, 0, "%s: rank %d uploaded %d weights", dir, r, c.uploads);
+			cr_assert_gt(c.stage_puts, 0, "%s: rank %d received no restored bytes", dir, r);
+		}
+	}
+	int V = *vocab = eng_info(e)->vocab;
+	float *lg = malloc(sizeof(float) * (size_t)V * (NG + 8));
+	cr_assert_eq(eng_forward(e, gtoks, NG, 0, lg, true, err, sizeof err), WK_OK, "%s", err);
+	float *g = lg + (size_t)NG * V;
+	int a, b;
+	cr_assert_eq(eng_seq_alloc(e, &a), WK_OK);
+	cr_assert_eq(eng_seq_alloc(e, &b), WK_OK);
+	int t = 4;
+	struct eng_item two[2] = {{a, gtoks, 3, g, NULL}, {b, gtoks + 2, 4, g + V, NULL}};
+	cr_assert_eq(eng_step(e, two, 2, err, sizeof err), WK_OK, "%s", err);
+	struct eng_item dec[2] = {{a, &t, 1, g + 2 * V, &ids[0]}, {b, &t, 1, g + 3 * V, &ids[1]}};
+	cr_assert_eq(eng_step(e, dec, 2, err, sizeof err), WK_OK, "%s", err);
+	for (int i = 0; i < 3; i++) {
+		struct eng_item one = {a, i ? &ids[1 + i] : &ids[0], 1, g + (4 + i) * (size_t)V, &ids[2 + i]};
+		cr_assert_eq(eng_step(e, &one, 1, err, sizeof err), WK_OK, "%s", err);
+	}
+	struct eng_item quiet = {b, &t, 1, NULL, &ids[5]}; /* only the id crosses */
+	cr_assert_eq(eng_step(e, &quiet, 1, err, sizeof err), WK_OK, "%s", err);
+	eng_close(e);
+	return lg;
+}
+
+static void device_matches(const char *hf, const char *label, int tp, int ep,
+			   const struct backend *be)
+{
+	char name[64];
+	snprintf(name, sizeof name, "%s-dev-tp%d-ep%d", label, tp, ep);
+	char *sn = snapshot(hf, name, tp, ep, "keep");
+	int V, V2, ids[6], ids2[6];
+	bool obo = be == &be_devsim_ungrouped; /* the CPU then runs its experts one by one too */
+	float *want = device_run(sn, NULL, obo, &V, ids);
+	float *got = device_run(sn, be, obo, &V2, ids2);
+	cr_assert_eq(V, V2);
+	size_t n = (size_t)V * (NG + 7);
+	size_t bad = 0;
+	while (bad < n && !memcmp(&got[bad], &want[bad], sizeof *got))
+		bad++;
+	cr_expect_eq(bad, n, "%s: logit %zu (row %zu) differs on device memory: %g vs %g", name,
+		     bad, bad / V, bad < n ? got[bad] : 0, bad < n ? want[bad] : 0);
+	cr_expect_arr_eq(ids2, ids, sizeof ids, "%s: greedy ids differ on device memory", name);
+	for (int i = 0; i < 6; i++)
+		cr_expect(ids[i] >= 0 && ids[i] < V, "%s: id %d = %d", name, i, ids[i]);
+	if (bad == n)
+		fprintf(stderr, "shard: %s on devsim: %zu logits bit for bit\n", name, n);
+	free(got);
+	free(want);
+	free(sn);
+}
+
+Test(shard, sharded_on_device_memory_matches_cpu)
+{
+	char *st = stories();
+	device_matches(st, "stories", 2, 1, &be_devsim);
+	free(st);
+	char *hf = gen_glm("g5d", "glm5", "--seed 7");
+	device_matches(hf, "glm5", 2, 2, &be_devsim);
+	device_matches(hf, "glm5-ungrouped", 2, 4, &be_devsim_ungrouped);
+	free(hf);
+	hf = gen_glm("g4d", "glm4", "--seed 8 --heads 8 --kv-heads 2");
+	device_matches(hf, "glm4", 2, 1, &be_devsim);
 	free(hf);
 }
 
