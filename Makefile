@@ -171,9 +171,10 @@ tools: $(TOOLS)
 # entry, comm_cpu's work: the emulated devices share host memory, so a sharded engine runs
 # there with a thread per rank); tests/e2e/cuda_emulated.sh runs it.
 SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu \
-                 kernels/cuda/gemm_fp8.cu kernels/cuda/backend_cuda.cu
+                 kernels/cuda/gemm_fp8.cu kernels/cuda/gemm_wgmma.cu kernels/cuda/backend_cuda.cu
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
-SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o
+SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o \
+                 $(BUILD)/simt/wgmma.o
 SIMT_CXXFLAGS := -std=c++17 -pthread -Itests/simt/include -Itests/simt -I$(BUILD)/simt -I. $(MODEFLAGS)
 
 $(BUILD)/simt/%.cpp: %.cu tests/simt/cu2cpp.py
@@ -187,7 +188,7 @@ $(SIMT_CUH): $(BUILD)/simt/%.cuh: %.cuh tests/simt/cu2cpp.py
 $(BUILD)/simt/%.o: $(BUILD)/simt/%.cpp $(SIMT_CUH)
 	$(CXX) $(SIMT_CXXFLAGS) -w -MMD -MP -c -o $@ $<
 
-$(BUILD)/simt/simt.o $(BUILD)/simt/mma.o: $(BUILD)/simt/%.o: tests/simt/%.cpp
+$(BUILD)/simt/simt.o $(BUILD)/simt/mma.o $(BUILD)/simt/wgmma.o: $(BUILD)/simt/%.o: tests/simt/%.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIMT_CXXFLAGS) -Wall -Wextra -Werror -MMD -MP -c -o $@ $<
 

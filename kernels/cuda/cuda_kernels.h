@@ -174,6 +174,11 @@ int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *w
 int wk_cuda_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 		     const float *ws, int n, int rows, int cols, char *err, size_t errsz);
 
+/* wk_cuda_gemm_fp8's contract on Hopper's warpgroup tensor cores (wgmma, sm_90a;
+ * gemm_wgmma.cu): the same inputs, outputs, shapes and errors. */
+int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+			   const float *ws, int n, int rows, int cols, char *err, size_t errsz);
+
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
  * bandwidth measured first, and the FP8 GEMM's TFLOPS. WK_OK, or WK_EIO when a step failed
  * (printed). */

@@ -90,6 +90,7 @@ static const struct {
 	gemm_fp8_fn fn;
 } lab_gemms[] = {
 	{"mma.sync", wk_cuda_gemm_fp8},
+	{"wgmma", wk_cuda_gemm_fp8_wgmma},
 };
 
 /* Each GEMM of lab_gemms on n x rows x cols (n tokens through a rows x cols weight; n, rows

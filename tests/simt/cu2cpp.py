@@ -4,7 +4,8 @@
 Three rewrites, each keeping the line count so that #line maps errors (and the sites that
 simt_syncthreads reports) to IN:
   kernel<<<grid, block[, smem[, stream]]>>>(args)
-      -> simt_run(grid, block, smem, stream, [=]() { kernel(args); })
+      -> simt_run(grid, block, smem, stream, [=]() { kernel(args); }, "kernel")
+     (the kernel's name as written: its cudaFuncSetAttribute shared-memory opt-in)
   extern __shared__ T name[];
       -> T *name = (T *)simt_dyn_smem();
   __shared__ T a[N], b;
@@ -57,8 +58,8 @@ def launches(src):
         while depth:
             depth += {'(': 1, ')': -1}.get(src[i], 0)
             i += 1
-        out += src[:m.start()] + 'simt_run(%s, %s, %s, %s, [=]() { %s(%s); })' % (
-            cfg[0], cfg[1], cfg[2], cfg[3], m.group(1), src[m.end():i - 1])
+        out += src[:m.start()] + 'simt_run(%s, %s, %s, %s, [=]() { %s(%s); }, "%s")' % (
+            cfg[0], cfg[1], cfg[2], cfg[3], m.group(1), src[m.end():i - 1], m.group(1))
         src = src[i:]
 
 

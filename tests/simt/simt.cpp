@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -32,6 +33,7 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 enum {
 	MAX_THREADS = 1024, /* per block, as CUDA */
 	MAX_DYN_SMEM = 48 * 1024, /* dynamic shared memory without an opt-in attribute */
+	MAX_DYN_SMEM_OPTIN = 227 * 1024, /* with one (cudaFuncSetAttribute), as sm_90 */
 	STACK = 256 * 1024, /* each fiber's, above one guard page */
 	POISON = 0x7fffffff, /* a NaN as a float, INT_MAX as an int */
 };
@@ -282,6 +284,31 @@ void *simt_dyn_smem(void)
 	return dyn_smem.data();
 }
 
+uint32_t simt_smem_addr(const void *p)
+{
+	uintptr_t a = (uintptr_t)p, b = (uintptr_t)dyn_smem.data();
+	if (a < b || a >= b + dyn_smem.size() * sizeof dyn_smem[0])
+		fail("a shared-window address of a pointer outside the dynamic shared memory");
+	return (uint32_t)(a - b);
+}
+
+void *simt_smem_ptr(uint32_t addr, size_t n)
+{
+	if ((size_t)addr + n > dyn_smem.size() * sizeof dyn_smem[0])
+		fail("a shared-memory operand outside the dynamic shared memory");
+	return (char *)dyn_smem.data() + addr;
+}
+
+int simt_thread_index(void)
+{
+	return linear_tid();
+}
+
+unsigned long simt_block_serial(void)
+{
+	return block_serial;
+}
+
 /* ---- the runtime's state: allocations, streams, the injected fault ------------------------ */
 
 /* A queued copy (src non-NULL) or memset on a stream; seq orders all queued work. */
@@ -466,6 +493,41 @@ static void run_block(size_t nt)
 	}
 }
 
+/* cudaFuncAttributeMaxDynamicSharedMemorySize by kernel name, spaces removed (under rt_mu) */
+static std::map<std::string, size_t> smem_optin;
+
+static std::string kernel_key(const char *name)
+{
+	std::string k;
+	for (const char *c = name; *c; c++)
+		if (*c != ' ' && *c != '\t' && *c != '\n')
+			k += *c;
+	return k;
+}
+
+static size_t smem_limit(const char *kernel)
+{
+	if (!kernel)
+		return MAX_DYN_SMEM;
+	std::lock_guard<std::mutex> g(rt_mu);
+	auto it = smem_optin.find(kernel_key(kernel));
+	if (it != smem_optin.end() && it->second > MAX_DYN_SMEM)
+		return it->second;
+	return MAX_DYN_SMEM;
+}
+
+cudaError_t simt_func_set_attribute(const char *kernel, cudaFuncAttribute a, int v)
+{
+	if (sticky())
+		return sticky();
+	if (!kernel || a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 ||
+	    v > MAX_DYN_SMEM_OPTIN)
+		return cudaErrorInvalidValue;
+	std::lock_guard<std::mutex> g(rt_mu);
+	smem_optin[kernel_key(kernel)] = (size_t)v;
+	return cudaSuccess;
+}
+
 static void launch_fault_init(void)
 {
 	const char *f = getenv("WICK_SIMT_FAULT_LAUNCH");
@@ -473,7 +535,7 @@ static void launch_fault_init(void)
 }
 
 void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-	      const std::function<void()> &fn)
+	      const std::function<void()> &fn, const char *kernel)
 {
 	static std::once_flag once;
 	std::call_once(once, launch_fault_init);
@@ -495,7 +557,7 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	size_t nt = (size_t)block.x * block.y * block.z;
 	if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
 	    grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
-	    grid.y > 65535 || grid.z > 65535 || smem > MAX_DYN_SMEM) {
+	    grid.y > 65535 || grid.z > 65535 || smem > smem_limit(kernel)) {
 		last_err = cudaErrorInvalidConfiguration;
 		return;
 	}

@@ -38,6 +38,10 @@
  * emulator and the kernel agree and are both wrong, and the hardware's own accumulation
  * precision is not modelled (the emulator rounds each mma's sum once). A cp.async copy lands
  * only at the cp.async.wait_group that must retire it, so a read before the wait sees poison.
+ * Hopper's wgmma (kernels/cuda/wgmma.cuh, gemm_wgmma.cu) likewise (tests/simt/wgmma.cpp):
+ * the descriptors' 128-byte swizzle and the accumulator fragment as we read the PTX ISA, the
+ * result computed at the wgmma.wait_group that retires it, from shared memory as it is then;
+ * the async proxy (fence.proxy.async) is not modelled.
  *
  * The backend (kernels/cuda/backend_cuda.cu) runs on the runtime API below: one device whose
  * memory is host memory, copies checked against their kind, the copies of a stream made only
@@ -191,6 +195,23 @@ void simt_cp_async_commit(void); /* closes the thread's open group */
  * when the thread returns are dropped: their bytes never land. */
 void simt_cp_async_wait(int pending);
 
+/* ---- Hopper's warpgroup tensor cores (kernels/cuda/wgmma.cuh; tests/simt/wgmma.cpp) ----- */
+
+/* The shared-window address of p, a pointer into the launch's dynamic shared memory (the
+ * window starts at 0 at the dynamic memory's start); aborts for any other pointer. */
+uint32_t simt_smem_addr(const void *p);
+/* [addr, addr + n) of the shared window as a pointer; aborts when it leaves the window. */
+void *simt_smem_ptr(uint32_t addr, size_t n);
+/* The thread's index in its block (x fastest), and the serial number of the running block. */
+int simt_thread_index(void);
+unsigned long simt_block_serial(void);
+/* wgmma.fence / commit_group / wait_group and wgmma.mma_async.m64nNk32.f32.e4m3.e4m3 with A
+ * and B from descriptors (d: the thread's n / 2 accumulators); see wgmma.cpp. */
+void simt_wgmma_fence(void);
+void simt_wgmma_commit(void);
+void simt_wgmma_wait(int pending);
+void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d);
+
 /* One thread runs at a time, so these are plain read-modify-writes. */
 template <typename T, typename U> static inline T atomicAdd(T *p, U v)
 {
@@ -297,6 +318,14 @@ const char *cudaGetErrorString(cudaError_t e);
  * thread of every block, after the work queued on stream (and on blocking streams). A bad
  * configuration launches nothing and sets cudaGetLastError. */
 void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-	      const std::function<void()> &body);
+	      const std::function<void()> &body, const char *kernel = 0);
+
+/* Dynamic shared memory above 48 KiB, as CUDA: launches of kernel may then use up to v
+ * bytes (at most 227 KiB). The kernel is known by its name as the source writes it (spaces
+ * aside): cu2cpp.py passes each launch's to simt_run, and this macro stringizes the
+ * attribute's (a template kernel must be named with its arguments, k<true>, in both). */
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+cudaError_t simt_func_set_attribute(const char *kernel, cudaFuncAttribute a, int v);
+#define cudaFuncSetAttribute(kernel, a, v) simt_func_set_attribute(#kernel, a, v)
 
 #endif

@@ -223,6 +223,68 @@ Test(cuda_kernels, gemm_fp8_matches_ref)
 		}
 }
 
+/* The FP8 x FP8 GEMM on Hopper's warpgroup tensor cores (wgmma, gemm_wgmma.cu) against
+ * cpu_ref_gemm_fp8, as gemm_fp8_matches_ref: random finite e4m3 codes and scales, partial
+ * tiles in every dimension (the block tile is 128 x 128, a stage one 128-deep scale block,
+ * the ring 4 stages: 640 and 1040 columns wrap it), cols % 16 != 0 (ordinary stores instead
+ * of cp.async) and operands one byte off a 16-byte boundary. Within 1e-3; every output is
+ * poisoned first. Under the emulator this checks the 128-byte swizzle, the descriptors and
+ * the accumulator fragment against our reading of the PTX ISA (tests/simt/wgmma.cpp); on a
+ * GPU, against the hardware. */
+Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
+{
+	NEED_GPU();
+	static const int shapes[][3] = {{1, 64, 128},    {7, 200, 300}, {130, 256, 640},
+					{129, 130, 1040}, {33, 130, 208}, {64, 128, 256},
+					{5, 64, 40},      {2, 3, 1}};
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		for (int off = 0; off < 2; off++) {
+			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+			if (off && cols % 16 != 0)
+				continue; /* already the ordinary-store path */
+			int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+			size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
+			uint8_t *xq = malloc(nx + 1), *w = malloc(nw + 1);
+			float *xs = malloc((size_t)n * sc * 4), *ws = malloc((size_t)sr * sc * 4);
+			float *want = malloc(ny * 4), *got = malloc(ny * 4);
+			cr_assert(xq && w && xs && ws && want && got);
+			for (size_t i = 0; i < nx; i++)
+				xq[i] = dt_f32_to_e4m3(rnd() * 448.0f);
+			for (size_t i = 0; i < nw; i++)
+				w[i] = dt_f32_to_e4m3(rnd() * 448.0f);
+			for (int i = 0; i < n * sc; i++)
+				xs[i] = (rnd() + 1.5f) / 448.0f;
+			for (int i = 0; i < sr * sc; i++)
+				ws[i] = (rnd() + 1.5f) * 1e-3f;
+			cpu_ref_gemm_fp8(want, xq, xs, w, ws, n, rows, cols);
+			uint8_t *dxq = to_dev_off(xq, nx, off), *dw = to_dev_off(w, nw, off);
+			float *dxs = to_dev(xs, (size_t)n * sc * 4), *dws = to_dev(ws, (size_t)sr * sc * 4);
+			float *dy;
+			cr_assert_eq(wk_cuda_alloc((void **)&dy, ny * 4, err, sizeof err), WK_OK);
+			for (size_t i = 0; i < ny; i++)
+				got[i] = NAN;
+			cr_assert_eq(wk_cuda_upload(dy, got, ny * 4, err, sizeof err), WK_OK, "%s", err);
+			cr_assert_eq(wk_cuda_gemm_fp8_wgmma(dy, dxq + off, dxs, dw + off, dws, n, rows,
+							    cols, err, sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dy, ny * 4);
+			double r = rel(got, want, ny);
+			cr_expect_leq(r, 1e-3, "gemm_fp8_wgmma n=%d rows=%d cols=%d off=%d: %g", n, rows,
+				      cols, off, r);
+			wk_cuda_free(dxq);
+			wk_cuda_free(dw);
+			wk_cuda_free(dxs);
+			wk_cuda_free(dws);
+			wk_cuda_free(dy);
+			free(xq);
+			free(w);
+			free(xs);
+			free(ws);
+			free(want);
+			free(got);
+		}
+}
+
 Test(cuda_kernels, rmsnorm_silu_add_match_ref)
 {
 	NEED_GPU();

@@ -1,0 +1,148 @@
+/*
+ * wgmma.cuh - the Hopper (sm_90a) instructions of the wgmma GEMM (gemm_wgmma.cu), each behind
+ * a small device function: the warpgroup matrix multiply from shared-memory descriptors, its
+ * fence / commit / wait, the proxy fence that orders ordinary shared-memory writes before the
+ * tensor cores read them, and the shared-window address of a pointer. Not for use outside
+ * kernels/cuda/. The asynchronous copies that fill shared memory are mma.cuh's cp.async.
+ *
+ * On the device each is one PTX instruction (inline asm under __CUDA_ARCH__). Under the CPU
+ * emulator (tests/simt, WICK_SIMT) each calls the emulator's version (tests/simt/wgmma.cpp),
+ * written from the same PTX ISA sections: if our reading of them is wrong, kernel and
+ * emulator are wrong together, and the GPU (scripts/gpu-check) is the judge.
+ *
+ * PTX ISA (9.0 text) sections followed:
+ *   9.7.15.5.1.1.3  the accumulator fragment of wgmma.mma_async.m64nNk32 (f32: N/2 registers);
+ *   9.7.15.5.1.2    shared-memory matrix layouts: K-major, 128-byte swizzle, the canonical
+ *                   layout Swizzle<3,4,3> o ((8,m),(T,2k)):((8T,SBO),(1,T)) with T = 16
+ *                   one-byte elements: a row of 128 bytes, 8 rows an atom of 1024 bytes, SBO
+ *                   from one 8-row group to the next, LBO unused (1);
+ *   9.7.15.5.1.2.2  the matrix descriptor (start, LBO, SBO encoded >> 4 in 14 bits each,
+ *                   base offset bits 49-51, swizzle mode bits 62-63, 1 = 128B);
+ *   "wgmma.mma_async" (D = A.B + D, or A.B when scale-d is false; A and B both from
+ *                   descriptors, K-major: e4m3 has no transpose), "wgmma.fence",
+ *                   "wgmma.commit_group", "wgmma.wait_group" (same chapter, 9.7.15);
+ *   "membar/fence"  fence.proxy.async: generic-proxy writes made visible to the async proxy,
+ *                   through which the tensor cores read shared memory.
+ */
+#ifndef WICK_WGMMA_CUH
+#define WICK_WGMMA_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma.cuh: wgmma needs sm_90a (the build targets -gencode arch=compute_90a,code=sm_90a)"
+#endif
+
+/* The shared-window address of a pointer into shared memory (what descriptors encode). */
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+#if defined(__CUDA_ARCH__)
+	return (uint32_t)__cvta_generic_to_shared(p);
+#elif defined(WICK_SIMT)
+	return simt_smem_addr(p);
+#else
+	(void)p;
+	return 0;
+#endif
+}
+
+/* A K-major, 128-byte-swizzled shared-memory matrix descriptor: rows of 128 bytes (128 e4m3
+ * along k), 8-row groups sbo bytes apart, starting at shared address addr (16-byte aligned;
+ * the atoms themselves 1024-byte aligned, so the base offset is 0; addr may sit 32, 64 or
+ * 96 bytes into a row to pick the k slice of one m64nNk32). */
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t sbo)
+{
+	return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) /* LBO: unused, 1 */
+	       | ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62); /* 128B swizzle */
+}
+
+/* Orders this thread's earlier register accesses before the warpgroup's next wgmma. */
+__device__ __forceinline__ void wgmma_fence(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#elif defined(WICK_SIMT)
+	simt_wgmma_fence();
+#endif
+}
+
+/* Closes the group of this warpgroup's wgmmas issued since the last commit. */
+__device__ __forceinline__ void wgmma_commit(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#elif defined(WICK_SIMT)
+	simt_wgmma_commit();
+#endif
+}
+
+/* Waits until at most N of this warpgroup's committed groups are pending: only then are the
+ * accumulators of the others readable, and their shared memory free to overwrite. */
+template <int N> __device__ __forceinline__ void wgmma_wait(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#elif defined(WICK_SIMT)
+	simt_wgmma_wait(N);
+#endif
+}
+
+/* Makes this thread's earlier ordinary (generic-proxy) shared-memory writes, cp.async's
+ * included, visible to the async proxy: before a barrier after which wgmma reads them. */
+__device__ __forceinline__ void fence_proxy_async(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* Keeps the compiler from moving accesses of the accumulators across a wgmma fence/wait. */
+__device__ __forceinline__ void wgmma_reg_fence(float &r)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("" : "+f"(r)::"memory");
+#else
+	(void)r;
+#endif
+}
+
+/* d[64x128] (f32, this thread's 64 of them) = A[64x32] . B[128x32]^T (+ d when scale_d),
+ * e4m3 x e4m3, A and B from descriptors (K-major). Issued by all 128 threads of a warpgroup
+ * with the same descriptors; asynchronous: d and the shared memory may be touched only
+ * after wgmma_commit and a wgmma_wait that retires it. The accumulator fragment (PTX ISA
+ * 9.7.15.5.1.1.3): warp w of the warpgroup, lane l, g = l / 4, q = l % 4, register i:
+ *   row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 q + i % 2. */
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t da, uint64_t db,
+						      int scale_d)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+		     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+		     "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+		     "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+		     "%61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+		       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+		       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),
+		       "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+		       "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+		       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),
+		       "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+		       "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+		       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+		       "+f"(d[62]), "+f"(d[63])
+		     : "l"(da), "l"(db), "r"(scale_d));
+#elif defined(WICK_SIMT)
+	simt_wgmma_e4m3(d, 128, da, db, scale_d);
+#else
+	(void)d, (void)da, (void)db, (void)scale_d;
+#endif
+}
+
+#endif
