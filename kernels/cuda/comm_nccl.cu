@@ -3,10 +3,21 @@
  * every local GPU, rank r is device r, one thread per rank (comm.h has the contract).
  *
  * init() creates all the ranks' communicators at once with ncclCommInitAll over devices
- * 0..world-1 (no MPI, no unique-id exchange), and one non-blocking stream per rank. Each op
- * makes the rank's device current, enqueues the NCCL call on the rank's stream and waits for
- * the stream: blocking, as comm.h promises. (When the CUDA backend runs its kernels on a
- * stream of its own, the ops will take that stream and stop synchronizing.)
+ * 0..world-1 (no MPI, no unique-id exchange), and one stream per rank. The stream is a
+ * blocking one: the CUDA backend launches its kernels on the legacy default stream, and a
+ * blocking stream's work starts only after the default stream's earlier work (and the
+ * default stream's later work waits for it), so a collective reads what the kernels before it
+ * wrote. A non-blocking stream would race them. Each op makes the rank's device current,
+ * enqueues the NCCL call on the rank's stream and waits for the stream: blocking, as comm.h
+ * promises.
+ *
+ * Never a hang: a rank whose device has failed (a sticky CUDA error) gets an error from its
+ * next NCCL call at once, while its peers' collectives would wait on their GPUs forever for
+ * its share. So the first rank to fail marks the communicator failed; every rank waits for
+ * its stream by polling, and on seeing the mark (or after WICK_NCCL_TIMEOUT seconds, default
+ * 600, with no completion) calls ncclCommAbort on its communicator, which ends the kernels
+ * still waiting, and returns an error; later ops fail at once without enqueueing anything.
+ * The engine then fails the step and the worker exits as for any device failure.
  *   all_reduce      ncclAllReduce(float, sum), in place
  *   all_gather      ncclAllGather of bytes (rank-major output, as comm.h says)
  *   reduce_scatter  ncclReduceScatter(float, sum)
@@ -31,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 extern "C" {
 #include "common/wk.h"
@@ -41,6 +53,8 @@ struct nccl_api {
 	void *lib;
 	ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
 	ncclResult_t (*CommDestroy)(ncclComm_t);
+	ncclResult_t (*CommAbort)(ncclComm_t);
+	ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
 	ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
 				  ncclComm_t, cudaStream_t);
 	ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
@@ -61,6 +75,10 @@ struct ncomm {
 	ncclComm_t comm[COMM_MAX_WORLD];
 	cudaStream_t stream[COMM_MAX_WORLD];
 	float *word[COMM_MAX_WORLD]; /* one float per device, for barrier() */
+	bool aborted[COMM_MAX_WORLD]; /* ncclCommAbort freed comm[r] */
+	int failed;                   /* a rank failed: atomically set, read by every rank */
+	char why[WK_ERRSZ];           /* the first failure, written by the rank that set it */
+	double timeout_s;
 };
 
 template <typename F> static bool sym(void *lib, const char *name, F *out)
@@ -77,6 +95,8 @@ static int load_api(struct nccl_api *a, char *err, size_t errsz)
 			       "(%s)", dlerror());
 	if (!sym(a->lib, "ncclCommInitAll", &a->CommInitAll) ||
 	    !sym(a->lib, "ncclCommDestroy", &a->CommDestroy) ||
+	    !sym(a->lib, "ncclCommAbort", &a->CommAbort) ||
+	    !sym(a->lib, "ncclCommGetAsyncError", &a->CommGetAsyncError) ||
 	    !sym(a->lib, "ncclAllReduce", &a->AllReduce) ||
 	    !sym(a->lib, "ncclAllGather", &a->AllGather) ||
 	    !sym(a->lib, "ncclReduceScatter", &a->ReduceScatter) ||
@@ -100,7 +120,7 @@ static void destroy(void *ctx)
 		return;
 	for (int r = 0; r < c->world; r++) {
 		cudaSetDevice(r);
-		if (c->comm[r])
+		if (c->comm[r] && !c->aborted[r])
 			c->api.CommDestroy(c->comm[r]);
 		if (c->stream[r])
 			cudaStreamDestroy(c->stream[r]);
@@ -143,8 +163,8 @@ static int init(void **ctx, int world, char *err, size_t errsz)
 	}
 	for (int r = 0; r < world; r++) {
 		if ((ce = cudaSetDevice(r)) != cudaSuccess ||
-		    (ce = cudaStreamCreateWithFlags(&c->stream[r], cudaStreamNonBlocking)) !=
-			    cudaSuccess ||
+		    (ce = cudaStreamCreateWithFlags(&c->stream[r], cudaStreamDefault)) !=
+			    cudaSuccess || /* blocking: ordered with the kernels (see the top) */
 		    (ce = cudaMalloc((void **)&c->word[r], sizeof(float))) != cudaSuccess) {
 			rc = wk_errf(err, errsz, WK_EIO, "comm nccl: GPU %d: %s", r,
 				     cudaGetErrorString(ce));
@@ -152,35 +172,81 @@ static int init(void **ctx, int world, char *err, size_t errsz)
 			return rc;
 		}
 	}
+	const char *t = getenv("WICK_NCCL_TIMEOUT");
+	c->timeout_s = t && atof(t) > 0 ? atof(t) : 600.0;
 	*ctx = c;
 	return WK_OK;
 }
 
-/* Makes the rank's GPU current: rank threads are the callers' own. */
+/* The first failure marks the communicator for every rank; returns the error. */
+static int fail_all(struct ncomm *c, int rank, const char *op, const char *what, char *err,
+		    size_t errsz)
+{
+	int rc = wk_errf(err, errsz, WK_EIO, "comm nccl: %s on GPU %d: %s", op, rank, what);
+	if (__atomic_exchange_n(&c->failed, 1, __ATOMIC_ACQ_REL) == 0)
+		snprintf(c->why, sizeof c->why, "%s", err ? err : what);
+	return rc;
+}
+
+/* Makes the rank's GPU current: rank threads are the callers' own. Refuses once any rank
+ * failed: a collective enqueued then could never complete. */
 static int enter(struct ncomm *c, int rank, const char *op, char *err, size_t errsz)
 {
 	if (rank < 0 || rank >= c->world)
 		return wk_errf(err, errsz, WK_EINVAL, "comm nccl: %s: rank %d of %d", op, rank,
 			       c->world);
+	if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
+		return wk_errf(err, errsz, WK_EIO, "comm nccl: %s on GPU %d: the communicator "
+			       "failed earlier", op, rank);
 	cudaError_t ce = cudaSetDevice(rank);
 	if (ce != cudaSuccess)
-		return wk_errf(err, errsz, WK_EIO, "comm nccl: %s: GPU %d: %s", op, rank,
-			       cudaGetErrorString(ce));
+		return fail_all(c, rank, op, cudaGetErrorString(ce), err, errsz);
 	return WK_OK;
 }
 
-/* Checks the NCCL result, then waits for the rank's stream. */
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Checks the NCCL result, then waits for the rank's stream: polling, so that a peer's
+ * failure or the timeout aborts the wait instead of hanging (see the top). The first
+ * millisecond spins (a decode step's collectives take microseconds), then it sleeps 50 us
+ * between polls. */
 static int finish(struct ncomm *c, int rank, ncclResult_t nr, const char *op, char *err,
 		  size_t errsz)
 {
 	if (nr != ncclSuccess)
-		return wk_errf(err, errsz, WK_EIO, "comm nccl: %s on GPU %d: %s", op, rank,
-			       c->api.GetErrorString(nr));
-	cudaError_t ce = cudaStreamSynchronize(c->stream[rank]);
-	if (ce != cudaSuccess)
-		return wk_errf(err, errsz, WK_EIO, "comm nccl: %s on GPU %d: %s", op, rank,
-			       cudaGetErrorString(ce));
-	return WK_OK;
+		return fail_all(c, rank, op, c->api.GetErrorString(nr), err, errsz);
+	double t0 = now_s();
+	for (long polls = 0;; polls++) {
+		cudaError_t ce = cudaStreamQuery(c->stream[rank]);
+		if (ce == cudaSuccess)
+			return WK_OK;
+		if (ce != cudaErrorNotReady)
+			return fail_all(c, rank, op, cudaGetErrorString(ce), err, errsz);
+		ncclResult_t ae = ncclSuccess;
+		if (c->api.CommGetAsyncError(c->comm[rank], &ae) == ncclSuccess && ae != ncclSuccess &&
+		    ae != ncclInProgress)
+			fail_all(c, rank, op, c->api.GetErrorString(ae), err, errsz);
+		bool late = now_s() - t0 > c->timeout_s;
+		if (late)
+			fail_all(c, rank, op, "timed out (WICK_NCCL_TIMEOUT)", err, errsz);
+		if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) {
+			c->api.CommAbort(c->comm[rank]); /* ends this rank's waiting kernels */
+			c->aborted[rank] = true;
+			cudaStreamSynchronize(c->stream[rank]);
+			cudaGetLastError();
+			return wk_errf(err, errsz, WK_EIO, "comm nccl: %s on GPU %d aborted: %s", op,
+				       rank, c->why);
+		}
+		if (polls > 2000 && now_s() - t0 > 1e-3) {
+			struct timespec ts = {0, 50000};
+			nanosleep(&ts, NULL);
+		}
+	}
 }
 
 static int all_reduce(void *ctx, int rank, float *buf, size_t n, char *err, size_t errsz)
