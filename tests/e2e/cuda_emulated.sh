@@ -87,11 +87,13 @@ close "glm5, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb.cuda.json"
 # tiny weights one flipped code cascades (with ids 1,5,9,42,7,3,100,64 the first matmul
 # input of token 3 has x/scale = -247.99999 on the CPU, -248.00002 here, the tie between
 # 240 and 256, and the logits part by 2e-2 from position 3 on). These ids hold no such tie
-# (no code differs; the closest input is 6e-7 from one, relative): a failure here may be a
-# new tie after a change in either side's arithmetic rather than a bug, but it must be
-# looked at, not loosened. gpu-check's gate on a GPU is the cosine one (issue 9).
+# under the first GEMV's sums (4.9e-7) nor under the 16-byte GEMV's (4.8e-7). A failure here
+# may be a new tie after a change in either side's arithmetic rather than a bug, but it must
+# be looked at, not loosened: 3,141,59,26,53,58,97,93, clean under the first GEMV, parted by
+# 3.5e-2 from position 5 on under the 16-byte one, positions 0-4 still within 4e-7 (a flipped
+# code, not a wrong sum). gpu-check's gate on a GPU is the cosine one (issue 9).
 section "GLM-5 with FP8 activations, cuda against cpu"
-ids=3,141,59,26,53,58,97,93
+ids=11,22,33,44,55,66,77,88
 "$WICK" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cpu \
   >"$TMPD/q.cpu.json" 2>/dev/null || fail "fp8-act: cpu logits"
 "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cuda \

@@ -1151,6 +1151,129 @@ Test(cuda_kernels, matmul_n_matches_matmul)
 	free(x);
 }
 
+/* The decode GEMV's paths (kernels.cu) for every weight dtype against the CPU reference:
+ * 16-byte loads with one-warp and many-warp teams (short and long rows), 1, 2, 4 and 8
+ * tokens a pass with masked tokens (n = 3, 5) and a second pass (n = 9), partial row groups
+ * (rows % 4) and partial FP8 scale blocks (rows % 128, cols % 128), and the scalar path
+ * (cols * elem_size % 16 != 0; w or x off a 16-byte boundary). y is poisoned first, so a
+ * missing store shows as a NaN. */
+Test(cuda_kernels, matmul_paths_match_ref)
+{
+	NEED_GPU();
+	/* n, rows, cols, w offset (elements), x offset (floats) */
+	static const int cases[][5] = {
+		{1, 7, 2048, 0, 0}, {3, 13, 4096, 0, 0}, {8, 130, 1152, 0, 0}, {9, 33, 640, 0, 0},
+		{2, 9, 1040, 0, 0}, {5, 6, 200, 0, 0},   {1, 1030, 256, 0, 0}, {4, 300, 7, 0, 0},
+		{1, 1, 16, 0, 0},   {3, 11, 2048, 1, 0}, {8, 5, 1024, 0, 1},   {9, 130, 272, 0, 0},
+	};
+	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3};
+	for (size_t ti = 0; ti < 4; ti++)
+		for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++) {
+			enum dt_type t = types[ti];
+			int n = cases[s][0], rows = cases[s][1], cols = cases[s][2];
+			int wo = cases[s][3] * (int)dt_size(t), xo = cases[s][4] * 4;
+			size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+			size_t nw = (size_t)rows * cols * dt_size(t);
+			float *scale, *x = rnd_vec(nx), *want = malloc(ny * 4), *got = malloc(ny * 4);
+			void *w = rnd_weight(t, rows, cols, &scale);
+			cr_assert(want && got);
+			if (t == DT_F8_E4M3)
+				cpu_ref_matmul_fp8(want, x, w, scale, n, rows, cols);
+			else
+				cpu_ref_matmul(want, x, w, t, n, rows, cols);
+			char *dx = to_dev_off(x, nx * 4, xo), *dw = to_dev_off(w, nw, wo);
+			float *ds = scale ? to_dev(scale, (size_t)((rows + 127) / 128) *
+							    ((cols + 127) / 128) * 4)
+					  : NULL;
+			for (size_t i = 0; i < ny; i++)
+				got[i] = NAN;
+			float *dy = to_dev(got, ny * 4);
+			int rc = t == DT_F8_E4M3
+					 ? wk_cuda_matmul_fp8(dy, (float *)(dx + xo), (uint8_t *)(dw + wo),
+							      ds, n, rows, cols, err, sizeof err)
+					 : wk_cuda_matmul(dy, (float *)(dx + xo), dw + wo, t, n, rows, cols,
+							  err, sizeof err);
+			cr_assert_eq(rc, WK_OK, "%s", err);
+			from_dev(got, dy, ny * 4);
+			double r = rel(got, want, ny);
+			cr_expect_leq(r, TOL, "%s n=%d rows=%d cols=%d w+%d x+%d: %g", dt_name(t), n, rows,
+				      cols, wo, xo, r);
+			wk_cuda_free(dx);
+			wk_cuda_free(dw);
+			wk_cuda_free(ds);
+			wk_cuda_free(dy);
+			free(x);
+			free(w);
+			free(scale);
+			free(want);
+			free(got);
+		}
+}
+
+/* matmul_n over weights of one dtype (the kernel wk_cuda_matmul itself runs) and of mixed
+ * dtypes (a kernel of its own), on the 16-byte path with teams of one and several warps,
+ * 9 tokens: each output bit for bit its own matmul's, and within TOL of the reference. */
+Test(cuda_kernels, matmul_n_sets_match_matmul)
+{
+	NEED_GPU();
+	enum { K = 4 };
+	int n = 9, cols = 2064, rows[K] = {5, 130, 37, 1030};
+	static const enum dt_type sets[][K] = {{DT_F8_E4M3, DT_F8_E4M3, DT_F8_E4M3, DT_F8_E4M3},
+					       {DT_BF16, DT_BF16, DT_BF16, DT_BF16},
+					       {DT_F8_E4M3, DT_BF16, DT_F32, DT_F16}};
+	float *x = rnd_vec((size_t)n * cols), *dx = to_dev(x, (size_t)n * cols * 4);
+	for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+		struct wk_mm parts[K];
+		void *dw[K];
+		float *scale[K], *dscale[K] = {NULL}, *want[K];
+		for (int k = 0; k < K; k++) {
+			enum dt_type t = sets[si][k];
+			void *w = rnd_weight(t, rows[k], cols, &scale[k]);
+			dw[k] = to_dev(w, (size_t)rows[k] * cols * dt_size(t));
+			if (scale[k])
+				dscale[k] = to_dev(scale[k], (size_t)((rows[k] + 127) / 128) *
+								 ((cols + 127) / 128) * 4);
+			want[k] = malloc((size_t)n * rows[k] * 4);
+			if (t == DT_F8_E4M3)
+				cpu_ref_matmul_fp8(want[k], x, w, scale[k], n, rows[k], cols);
+			else
+				cpu_ref_matmul(want[k], x, w, t, n, rows[k], cols);
+			free(w);
+			parts[k] = (struct wk_mm){.y = dev_alloc((size_t)n * rows[k] * 4), .w = dw[k],
+						  .scale = dscale[k], .dtype = t, .rows = rows[k]};
+		}
+		cr_assert_eq(wk_cuda_matmul_n(parts, K, dx, n, cols, err, sizeof err), WK_OK, "%s",
+			     err);
+		for (int k = 0; k < K; k++) {
+			enum dt_type t = sets[si][k];
+			size_t ny = (size_t)n * rows[k];
+			float *got = malloc(ny * 4), *one = malloc(ny * 4), *dy = dev_alloc(ny * 4);
+			from_dev(got, parts[k].y, ny * 4);
+			if (t == DT_F8_E4M3)
+				cr_assert_eq(wk_cuda_matmul_fp8(dy, dx, dw[k], dscale[k], n, rows[k], cols,
+								err, sizeof err), WK_OK, "%s", err);
+			else
+				cr_assert_eq(wk_cuda_matmul(dy, dx, dw[k], t, n, rows[k], cols, err,
+							    sizeof err), WK_OK, "%s", err);
+			from_dev(one, dy, ny * 4);
+			cr_expect_eq(memcmp(got, one, ny * 4), 0, "set %zu, %s x %d: matmul_n differs "
+				     "from matmul", si, dt_name(t), rows[k]);
+			cr_expect_leq(rel(got, want[k], ny), TOL, "set %zu, %s x %d: against the "
+				      "reference", si, dt_name(t), rows[k]);
+			free(got);
+			free(one);
+			free(want[k]);
+			free(scale[k]);
+			wk_cuda_free(dy);
+			wk_cuda_free(parts[k].y);
+			wk_cuda_free(dw[k]);
+			wk_cuda_free(dscale[k]);
+		}
+	}
+	wk_cuda_free(dx);
+	free(x);
+}
+
 /* add_rmsnorm: the residual add and the norm in one launch, bit for bit the two kernels. */
 Test(cuda_kernels, add_rmsnorm_matches_add_then_rmsnorm)
 {
