@@ -1,18 +1,14 @@
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
-
-struct cand {
-	float p;
-	int id;
-};
 
 struct sampler {
 	int vocab;
 	struct samp_cfg cfg;
 	uint64_t rng;
-	struct cand *c; /* [vocab] scratch */
+	struct samp_cand *c; /* [vocab] scratch */
 };
 
 struct sampler *samp_create(int vocab, const struct samp_cfg *cfg)
@@ -60,58 +56,171 @@ static double uniform(uint64_t *state)
 	return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* The filters' order: p descending, then id ascending (a total order: ids differ). */
+static int before(const struct samp_cand *x, const struct samp_cand *y)
+{
+	return x->p != y->p ? x->p > y->p : x->id < y->id;
+}
+
 static int by_prob_desc(const void *a, const void *b)
 {
-	const struct cand *x = a, *y = b;
-	if (x->p != y->p)
-		return x->p < y->p ? 1 : -1;
-	return x->id - y->id;
+	return before(a, b) ? -1 : before(b, a);
+}
+
+double samp_draw(struct sampler *s)
+{
+	return uniform(&s->rng);
+}
+
+/* The top_p cut over c[0..m): the kept length, or -1 when the running sum of p / mass never
+ * reaches top_p within m. */
+static int top_p_cut(const struct samp_cand *c, int m, double mass, float top_p)
+{
+	double acc = 0;
+	for (int i = 0; i < m; i++) {
+		acc += c[i].p / mass;
+		if (acc >= top_p)
+			return i + 1;
+	}
+	return -1;
+}
+
+static bool top_p_on(float top_p)
+{
+	return top_p > 0 && top_p < 1;
+}
+
+int samp_pick_cand(const struct samp_cand *c, int m, double mass, float top_p, double u)
+{
+	int n = m;
+	if (top_p_on(top_p)) {
+		int keep = top_p_cut(c, m, mass, top_p);
+		n = keep > 0 ? keep : m;
+	}
+	double sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += c[i].p;
+	double r = u * sum, acc = 0;
+	for (int i = 0; i < n; i++) {
+		acc += c[i].p;
+		if (r < acc)
+			return c[i].id;
+	}
+	return c[n - 1].id; /* rounding left r at the very top */
+}
+
+static void swap(struct samp_cand *a, struct samp_cand *b)
+{
+	struct samp_cand t = *a;
+	*a = *b;
+	*b = t;
+}
+
+/* Partitions c[lo..hi) (hi - lo >= 3) around a median-of-three pivot: returns q with
+ * c[lo..q) before c[q] and c(q..hi) after it. */
+static int partition(struct samp_cand *c, int lo, int hi)
+{
+	int mid = lo + (hi - lo) / 2;
+	if (before(&c[hi - 1], &c[lo]))
+		swap(&c[lo], &c[hi - 1]);
+	if (before(&c[mid], &c[lo]))
+		swap(&c[mid], &c[lo]);
+	if (before(&c[hi - 1], &c[mid]))
+		swap(&c[mid], &c[hi - 1]);
+	swap(&c[mid], &c[hi - 1]); /* the median, out of the way */
+	int q = lo;
+	for (int i = lo; i < hi - 1; i++)
+		if (before(&c[i], &c[hi - 1]))
+			swap(&c[i], &c[q++]);
+	swap(&c[q], &c[hi - 1]);
+	return q;
+}
+
+/* Moves the first k of c[0..n) in the filters' order to c[0..k), in no order (quickselect:
+ * O(n) expected; the order is total, so there are no equal keys to degrade it). */
+static void select_k(struct samp_cand *c, int n, int k)
+{
+	int lo = 0, hi = n;
+	while (hi - lo > 2) {
+		int q = partition(c, lo, hi);
+		if (q == k || q + 1 == k)
+			return;
+		if (q > k)
+			hi = q;
+		else
+			lo = q + 1;
+	}
+	if (hi - lo == 2 && before(&c[lo + 1], &c[lo]))
+		swap(&c[lo], &c[lo + 1]);
+}
+
+/* Moves to c[0..m) (in no order) the shortest head of c[0..n), in the filters' order, whose
+ * p sum to at least need, and returns m (n when the whole sums to less). */
+static int select_mass(struct samp_cand *c, int n, double need)
+{
+	int lo = 0, hi = n; /* c[0..lo) taken; the answer ends in (lo, hi] */
+	while (hi - lo > 16) {
+		int q = partition(c, lo, hi);
+		double m = 0;
+		for (int i = lo; i <= q; i++)
+			m += c[i].p;
+		if (m >= need) {
+			hi = q + 1;
+		} else {
+			need -= m;
+			lo = q + 1;
+		}
+	}
+	qsort(c + lo, (size_t)(hi - lo), sizeof *c, by_prob_desc);
+	for (double acc = 0; lo < hi; lo++) {
+		acc += c[lo].p;
+		if (acc >= need)
+			return lo + 1;
+	}
+	return hi;
+}
+
+/* The top_p selection asks for this much more mass than top_p (relative to the whole), so
+ * that the exact cut (top_p_cut, summing in another order) lands inside what was selected;
+ * if it does not, the whole row is sorted. */
+#define SELECT_SLACK 0x1p-20
+
+int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double u,
+	      struct samp_cand *c)
+{
+	float mx = logits[samp_argmax(logits, vocab)];
+	double total = 0;
+	for (int i = 0; i < vocab; i++) {
+		float p = expf((logits[i] - mx) / cfg->temperature);
+		c[i] = (struct samp_cand){p, i};
+		total += p;
+	}
+	bool top_k = cfg->top_k > 0 && cfg->top_k < vocab, top_p = top_p_on(cfg->top_p);
+	if (!top_k && !top_p)
+		return samp_pick_cand(c, vocab, total, 1, u);
+	if (top_k) { /* typically small: sorted whole, so mass sums in the filters' order */
+		select_k(c, vocab, cfg->top_k);
+		qsort(c, (size_t)cfg->top_k, sizeof *c, by_prob_desc);
+		double mass = 0;
+		for (int i = 0; i < cfg->top_k; i++)
+			mass += c[i].p;
+		return samp_pick_cand(c, cfg->top_k, mass, cfg->top_p, u);
+	}
+	/* top_p alone: mass sums in id order (the full sort summed in the filters' order; the two
+	 * differ in the last bits only, which moves the cut only when the running sum lands that
+	 * close to top_p). */
+	int m = select_mass(c, vocab, fmin(total, (cfg->top_p + SELECT_SLACK) * total));
+	qsort(c, (size_t)m, sizeof *c, by_prob_desc);
+	if (m < vocab && top_p_cut(c, m, total, cfg->top_p) < 0) {
+		qsort(c, (size_t)vocab, sizeof *c, by_prob_desc); /* never seen; correct anyway */
+		m = vocab;
+	}
+	return samp_pick_cand(c, m, total, cfg->top_p, u);
 }
 
 int samp_next(struct sampler *s, const float *logits)
 {
-	int v = s->vocab;
 	if (s->cfg.temperature <= 0)
-		return samp_argmax(logits, v);
-
-	float mx = logits[samp_argmax(logits, v)];
-	double sum = 0;
-	for (int i = 0; i < v; i++) {
-		float p = expf((logits[i] - mx) / s->cfg.temperature);
-		s->c[i] = (struct cand){p, i};
-		sum += p;
-	}
-	int n = v;
-
-	if ((s->cfg.top_k > 0 && s->cfg.top_k < v) || (s->cfg.top_p > 0 && s->cfg.top_p < 1)) {
-		qsort(s->c, (size_t)v, sizeof *s->c, by_prob_desc);
-		if (s->cfg.top_k > 0 && s->cfg.top_k < n)
-			n = s->cfg.top_k;
-		sum = 0;
-		for (int i = 0; i < n; i++)
-			sum += s->c[i].p;
-		if (s->cfg.top_p > 0 && s->cfg.top_p < 1) {
-			/* Keep the smallest prefix whose mass reaches top_p (at least one). */
-			double acc = 0;
-			int keep = n;
-			for (int i = 0; i < n; i++) {
-				acc += s->c[i].p / sum;
-				if (acc >= s->cfg.top_p) {
-					keep = i + 1;
-					break;
-				}
-			}
-			n = keep;
-			sum = 0;
-			for (int i = 0; i < n; i++)
-				sum += s->c[i].p;
-		}
-	}
-	double r = uniform(&s->rng) * sum, acc = 0;
-	for (int i = 0; i < n; i++) {
-		acc += s->c[i].p;
-		if (r < acc)
-			return s->c[i].id;
-	}
-	return s->c[n - 1].id; /* rounding left r at the very top */
+		return samp_argmax(logits, s->vocab);
+	return samp_pick(logits, s->vocab, &s->cfg, samp_draw(s), s->c);
 }

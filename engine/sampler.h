@@ -23,8 +23,37 @@ struct sampler;
 struct sampler *samp_create(int vocab, const struct samp_cfg *cfg);
 void samp_free(struct sampler *s); /* NULL is fine */
 
-/* Picks a token id in [0, vocab). logits is read, and left unchanged. */
+/* Picks a token id in [0, vocab). logits is read, and left unchanged. Non-greedy, it is
+ * samp_pick(logits, vocab, cfg, samp_draw(s), scratch): one draw per call. */
 int samp_next(struct sampler *s, const float *logits);
+
+/* ---- the draw and the pick apart, so that the candidates may come from anywhere (a device
+ * that selected them where the logits are: backend.h's sample_cand) ----
+ *
+ * The pick, with p_i = expf((l_i - max l) / temperature) (f32) and the order "p descending,
+ * then id ascending": without top_k and top_p the candidates are every id in id order; with
+ * top_k (0 < top_k < vocab) the first top_k in that order, mass = their sum in that order;
+ * else mass = the sum of all p in id order. With top_p in (0, 1) only the shortest prefix
+ * whose running sum of p / mass reaches top_p is kept (all when none does). Then r = u *
+ * (the sum of the kept p, in order), and the token is the first whose running sum passes r. */
+
+struct samp_cand {
+	float p;    /* unnormalised: expf((l - max) / temperature) */
+	int32_t id;
+};
+
+/* The next uniform draw in [0, 1): the RNG advances exactly as one non-greedy samp_next. */
+double samp_draw(struct sampler *s);
+
+/* The pick above from the candidates c[0..m) (the filter's order: a prefix, in order, of the
+ * candidates that holds at least the top_p-kept ones), mass as above, u from samp_draw. m > 0. */
+int samp_pick_cand(const struct samp_cand *c, int m, double mass, float top_p, double u);
+
+/* The pick from a whole logits row (cfg->temperature > 0): selects the candidates without
+ * sorting the vocabulary (top_k: a selection, then a sort of those; top_p: a selection by
+ * mass, then a sort of those). scratch: [vocab]. samp_next's result for the same draw. */
+int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double u,
+	      struct samp_cand *scratch);
 
 /* The index of the largest logit (lowest index on ties). */
 int samp_argmax(const float *logits, int n);

@@ -1,5 +1,8 @@
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 #include "engine/sampler.h"
 
@@ -80,4 +83,168 @@ Test(sampler, follows_the_distribution)
 	double frac = (double)ones / n;
 	cr_expect(fabs(frac - 0.75) < 0.02, "got %f", frac);
 	samp_free(s);
+}
+
+/* ---- the selection against the full sort ---- */
+
+/* samp_next as it was before the selection: every candidate sorted. The reference the new
+ * path must reproduce. */
+struct old_cand {
+	float p;
+	int id;
+};
+
+static int old_by_prob_desc(const void *a, const void *b)
+{
+	const struct old_cand *x = a, *y = b;
+	if (x->p != y->p)
+		return x->p < y->p ? 1 : -1;
+	return x->id - y->id;
+}
+
+static int old_pick(const float *logits, int v, const struct samp_cfg *cfg, double u,
+		    struct old_cand *c)
+{
+	float mx = logits[samp_argmax(logits, v)];
+	double sum = 0;
+	for (int i = 0; i < v; i++) {
+		float p = expf((logits[i] - mx) / cfg->temperature);
+		c[i] = (struct old_cand){p, i};
+		sum += p;
+	}
+	int n = v;
+	if ((cfg->top_k > 0 && cfg->top_k < v) || (cfg->top_p > 0 && cfg->top_p < 1)) {
+		qsort(c, (size_t)v, sizeof *c, old_by_prob_desc);
+		if (cfg->top_k > 0 && cfg->top_k < n)
+			n = cfg->top_k;
+		sum = 0;
+		for (int i = 0; i < n; i++)
+			sum += c[i].p;
+		if (cfg->top_p > 0 && cfg->top_p < 1) {
+			double acc = 0;
+			int keep = n;
+			for (int i = 0; i < n; i++) {
+				acc += c[i].p / sum;
+				if (acc >= cfg->top_p) {
+					keep = i + 1;
+					break;
+				}
+			}
+			n = keep;
+			sum = 0;
+			for (int i = 0; i < n; i++)
+				sum += c[i].p;
+		}
+	}
+	double r = u * sum, acc = 0;
+	for (int i = 0; i < n; i++) {
+		acc += c[i].p;
+		if (r < acc)
+			return c[i].id;
+	}
+	return c[n - 1].id;
+}
+
+static uint64_t rnd_state = 42;
+static uint32_t rnd(void)
+{
+	rnd_state = rnd_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rnd_state >> 33);
+}
+static float rnd01(void) { return (float)rnd() / 2147483648.0f; }
+
+/* Random logits: smooth, spiky, or from a few levels (many exact ties). */
+static void random_logits(float *l, int v)
+{
+	int kind = rnd() % 3;
+	for (int i = 0; i < v; i++) {
+		float x = rnd01();
+		l[i] = kind == 0 ? x * 8 - 4 : kind == 1 ? (x < 0.01f ? 10 + x : x * 3) : (float)(rnd() % 5);
+	}
+}
+
+static struct samp_cfg random_cfg(int v)
+{
+	static const float ps[] = {1, 0.9f, 0.5f, 0.99f, 1e-6f, 0.3f, 0.999999f, 0};
+	struct samp_cfg c = {.temperature = 0.2f + 2 * rnd01(), .top_p = ps[rnd() % 8]};
+	int k = rnd() % 5;
+	c.top_k = k == 0 ? 0 : k == 1 ? 1 : k == 2 ? 1 + (int)(rnd() % 50) : (int)(rnd() % (v + 2));
+	c.seed = rnd();
+	return c;
+}
+
+Test(sampler, selection_gives_the_full_sorts_tokens)
+{
+	int cases = 3000, draws = 0;
+	float *l = malloc(6000 * sizeof *l);
+	struct old_cand *oc = malloc(6000 * sizeof *oc);
+	for (int t = 0; t < cases; t++) {
+		int v = 1 + (int)(rnd() % (t % 10 == 0 ? 6000 : 300));
+		random_logits(l, v);
+		struct samp_cfg c = random_cfg(v);
+		struct sampler *s = samp_create(v, &c);
+		uint64_t rng = c.seed;
+		for (int d = 0; d < 4; d++, draws++) {
+			/* the draw samp_next makes: splitmix64 as sampler.c, one per call */
+			uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+			z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+			z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+			z ^= z >> 31;
+			double u = (double)(z >> 11) * (1.0 / 9007199254740992.0);
+			int want = old_pick(l, v, &c, u, oc), got = samp_next(s, l);
+			cr_assert_eq(got, want, "case %d draw %d: vocab %d, T %g, top_k %d, top_p %g: %d, not %d",
+				     t, d, v, c.temperature, c.top_k, c.top_p, got, want);
+		}
+		samp_free(s);
+	}
+	free(l);
+	free(oc);
+	cr_log_info("%d draws over %d cases equal the full sort's", draws, cases);
+}
+
+Test(sampler, pick_from_candidates_equals_the_pick_from_logits)
+{
+	/* the candidates as a device would give them: the filter's prefix, a few past the cut */
+	int v = 500;
+	float l[500];
+	struct samp_cand *scratch = malloc(v * sizeof *scratch);
+	struct old_cand oc[500];
+	for (int t = 0; t < 500; t++) {
+		random_logits(l, v);
+		struct samp_cfg c = random_cfg(v);
+		double u = rnd01();
+		float mx = l[samp_argmax(l, v)];
+		double total = 0;
+		for (int i = 0; i < v; i++) {
+			oc[i] = (struct old_cand){expf((l[i] - mx) / c.temperature), i};
+			total += oc[i].p;
+		}
+		bool top_k = c.top_k > 0 && c.top_k < v, top_p = c.top_p > 0 && c.top_p < 1;
+		int m = v;
+		double mass = total;
+		if (top_k || top_p)
+			qsort(oc, (size_t)v, sizeof *oc, old_by_prob_desc);
+		if (top_k) {
+			m = c.top_k;
+			mass = 0;
+			for (int i = 0; i < m; i++)
+				mass += oc[i].p;
+		}
+		if (top_p) { /* keep up to 3 past the cut */
+			double acc = 0;
+			int keep = m;
+			for (int i = 0; i < m; i++)
+				if ((acc += oc[i].p / mass) >= c.top_p) {
+					keep = i + 1;
+					break;
+				}
+			m = keep + 3 < m ? keep + 3 : m;
+		}
+		struct samp_cand cand[500];
+		for (int i = 0; i < m; i++)
+			cand[i] = (struct samp_cand){oc[i].p, oc[i].id};
+		cr_assert_eq(samp_pick_cand(cand, m, mass, c.top_p, u),
+			     samp_pick(l, v, &c, u, scratch), "case %d", t);
+	}
+	free(scratch);
 }
