@@ -8,32 +8,35 @@
  * registers (DeepGEMM's scheme; on Hopper the tensor cores' FP8 sums keep fewer bits than f32,
  * and promotion bounds that to 128 products).
  *
- * Tiling:
- *   - a block of 256 threads (two warpgroups) computes a 128 (tokens) x 128 (weight rows)
- *     tile of y; the weight rows [128 blockIdx.y, +128) are one weight-scale block;
- *   - k runs in stages of 128 columns, exactly one scale block, through a WS_STAGES-deep ring
- *     in shared memory; a stage holds the token tile then the weight tile, each 128 rows of
- *     128 bytes in the K-major 128-byte-swizzled layout wgmma reads (wgmma.cuh): row r at
- *     128 r, its 16-byte chunk c at chunk c ^ (r % 8), atoms of 8 rows 1024-byte aligned;
- *   - warpgroup h multiplies tokens 64 h .. +64 by all 128 weight rows: per stage four
- *     wgmma.m64n128k32 (k slices 32 bytes apart inside the swizzled rows), commit, wait,
- *     promote; 64 f32 partials and 64 f32 totals a thread;
- *   - every thread also fills the ring: 16-byte cp.async copies (zero-filled past the
- *     edges), issued WS_STAGES - 1 stages ahead, written straight to their swizzled places;
- *     when cols % 16 != 0 or an operand is not 16-byte aligned, the stage is filled by
- *     ordinary byte loads instead (same layout and zeros), slower but any shape. Either way
- *     the writes are ordinary (generic-proxy) ones, so each thread fences them to the async
- *     proxy (fence.proxy.async) before the barrier after which wgmma reads them.
- * Partial tiles in every dimension are zero in shared memory; padded tokens get scale 0 and
- * padded outputs are not stored.
+ * Two kernels share the tiles, the layout and the promotion:
+ *   - a block computes a 128 (tokens) x 128 (weight rows) tile of y with two consumer
+ *     warpgroups; the weight rows [128 blockIdx.y, +128) are one weight-scale block;
+ *   - k runs in stages of 128 columns, exactly one scale block, through a ring in shared
+ *     memory; a stage holds the token tile then the weight tile, each 128 rows of 128 bytes
+ *     in the K-major 128-byte-swizzled layout wgmma reads (wgmma.cuh): row r at 128 r, its
+ *     16-byte chunk c at chunk c ^ (r % 8), atoms of 8 rows 1024-byte aligned;
+ *   - consumer warpgroup h multiplies tokens 64 h .. +64 by all 128 weight rows: per stage
+ *     four wgmma.m64n128k32 (k slices 32 bytes apart inside the swizzled rows), commit,
+ *     wait, promote; 64 f32 partials and 64 f32 totals a thread.
+ * k_gemm_wgmma_tma (cols % 16 == 0 and 16-byte aligned operands, the prefill case): a third
+ * warpgroup is the producer, its thread 0 filling a 5-deep ring with the bulk tensor copy
+ * engine (TMA: cp.async.bulk.tensor through 128-byte-swizzled CUtensorMaps made by
+ * cuTensorMapEncodeTiled, got from the driver via cudaGetDriverEntryPointByVersion, so no
+ * -lcuda), on "full"/"empty" mbarriers; the consumers run free of each other (no block
+ * barrier in the loop) and release a slot before promoting. setmaxnreg moves registers from
+ * the producer to the consumers. Out-of-bounds rows and columns arrive as zeros.
+ * k_gemm_wgmma (any other shape or alignment): the two warpgroups also fill a 4-deep ring
+ * themselves, with 16-byte cp.async copies (zero-filled past the edges) or, when cols % 16
+ * != 0 or an operand is misaligned, ordinary byte loads; those are generic-proxy writes, so
+ * each thread fences them to the async proxy (fence.proxy.async) before the __syncthreads
+ * after which wgmma reads them.
+ * Padded tokens get scale 0 and padded outputs are not stored.
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): the bulk tensor copy engine (TMA,
- * cp.async.bulk.tensor with a CUtensorMap) completing on mbarriers, a producer warp with the
- * two consumer warpgroups free-running on their own barriers (here all threads load, and one
- * __syncthreads per stage keeps the warpgroups in step, so the promotion's FMAs are not
- * overlapped with the other warpgroup's wgmma), setmaxnreg, a persistent grid and a
- * TMA-store epilogue. tests/tools/cuda_lab times this version beside the mma.sync one and
- * cuBLASLt.
+ * What is not here yet (issue 9's 1,000 TFLOPS): a persistent grid with a tile scheduler,
+ * two consumer tiles per block (128 x 256) or a 2-CTA cluster multicasting the weight tile,
+ * overlapping one k block's promotion with the next block's wgmma in the same warpgroup,
+ * and a TMA-store epilogue. Nothing has run on a GPU yet: tests/tools/cuda_lab times this
+ * beside the mma.sync kernel and cuBLASLt when scripts/gpu-check runs on one.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -161,6 +164,133 @@ __global__ void __launch_bounds__(WTHREADS, 1)
 	}
 }
 
+/* ---- the TMA version: a producer warpgroup, two consumer warpgroups, mbarriers ----------
+ *
+ * The same tiles, stages, layout and promotion as k_gemm_wgmma, but the ring (TSTAGES deep)
+ * is filled by the bulk tensor copy engine: thread 0 of warpgroup 0 (the producer; the
+ * warpgroup gives its registers back with setmaxnreg) waits for a slot to be empty, expects
+ * its 32 KiB on the slot's "full" mbarrier and starts two 128 x 128-byte box copies (tx, tw:
+ * 128-byte-swizzled tensor maps; out-of-bounds rows and columns arrive as zeros). Warpgroups
+ * 1 and 2 (the consumers, 64 tokens each) wait for "full", run their four wgmmas, wait for
+ * them, arrive on the slot's "empty" mbarrier (all 256 consumer threads) and promote while
+ * the producer refills it: no __syncthreads in the loop, so the two consumers run free of
+ * each other. Needs cols % 16 == 0 and 16-byte aligned operands (the tensor maps' stride
+ * and address rules); the launcher falls back to k_gemm_wgmma otherwise. */
+#define TSTAGES 5
+#define TTHREADS 384
+#define TSMEM (TSTAGES * WSTAGE + 1024 + 2 * TSTAGES * 8)
+
+__global__ void __launch_bounds__(TTHREADS, 1)
+	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
+			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
+			 int n, int rows, int cols)
+{
+	extern __shared__ uint4 wgmma_tma_smem[];
+	uint8_t *raw = (uint8_t *)wgmma_tma_smem;
+	uint8_t *ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+	uint32_t ring0 = smem_u32(ring), full0 = ring0 + TSTAGES * WSTAGE, empty0 = full0 + 8 * TSTAGES;
+	int tid = (int)threadIdx.x, wg = tid >> 7;
+	int m0 = (int)blockIdx.x * WM, r0 = (int)blockIdx.y * WN;
+	int kbs = (cols + WK - 1) / WK;
+
+	if (tid == 0) {
+		for (int s = 0; s < TSTAGES; s++) {
+			mbar_init(full0 + 8 * s, 1);
+			mbar_init(empty0 + 8 * s, 2 * 128);
+		}
+		mbar_init_fence();
+	}
+	__syncthreads();
+
+	if (wg == 0) { /* the producer */
+		regs_dec<40>();
+		if (tid == 0)
+			for (int kb = 0; kb < kbs; kb++) {
+				int s = kb % TSTAGES;
+				unsigned ph = (unsigned)(kb / TSTAGES) & 1;
+				mbar_wait(empty0 + 8 * s, ph ^ 1);
+				mbar_arrive_expect_tx(full0 + 8 * s, WSTAGE);
+				tma_load_2d(ring0 + s * WSTAGE, &tx, kb * WK, m0, full0 + 8 * s);
+				tma_load_2d(ring0 + s * WSTAGE + WTILE, &tw, kb * WK, r0, full0 + 8 * s);
+			}
+		return;
+	}
+
+	regs_inc<232>();
+	int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, q = lane & 3;
+	int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
+	float acc[64], part[64];
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		acc[i] = 0.0f;
+	for (int kb = 0; kb < kbs; kb++) {
+		int s = kb % TSTAGES;
+		float sw = ws[(size_t)blockIdx.y * kbs + kb];
+		float s0 = t0 < n ? xs[(size_t)t0 * kbs + kb] * sw : 0.0f;
+		float s1 = t0 + 8 < n ? xs[(size_t)(t0 + 8) * kbs + kb] * sw : 0.0f;
+		mbar_wait(full0 + 8 * s, (unsigned)(kb / TSTAGES) & 1);
+		uint32_t a = ring0 + s * WSTAGE + cw * 64 * 128, b = ring0 + s * WSTAGE + WTILE;
+		wgmma_fence();
+#pragma unroll
+		for (int ks = 0; ks < WK / 32; ks++)
+			wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(a + ks * 32, 1024),
+					      wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
+		wgmma_commit();
+		wgmma_wait<0>();
+		mbar_arrive(empty0 + 8 * s); /* the slot is read: the producer may refill it */
+#pragma unroll
+		for (int i = 0; i < 64; i++) {
+			wgmma_reg_fence(part[i]);
+			acc[i] += part[i] * ((i & 2) ? s1 : s0);
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < 64; i++) {
+		int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
+		if (t < n && r < rows)
+			y[(size_t)t * rows + r] = acc[i];
+	}
+}
+
+/* cuTensorMapEncodeTiled, from the driver through the runtime (no -lcuda); NULL when the
+ * driver has none. */
+typedef decltype(&cuTensorMapEncodeTiled) encode_tiled_fn;
+
+static encode_tiled_fn encode_tiled(void)
+{
+	static encode_tiled_fn fn;
+	static bool tried;
+	if (!tried) { /* a race here only looks the entry point up twice */
+		void *p = NULL;
+		cudaDriverEntryPointQueryResult q;
+		if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+						     cudaEnableDefault, &q) == cudaSuccess &&
+		    q == cudaDriverEntryPointSuccess)
+			fn = (encode_tiled_fn)p;
+		tried = true;
+	}
+	return fn;
+}
+
+/* The tensor map of a [nrows][cols] e4m3 matrix at p read in 128 x 128-byte boxes, 128-byte
+ * swizzled, zeros out of bounds. cols % 16 == 0, p 16-byte aligned. WK_OK or WK_EIO. */
+static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, char *err,
+		      size_t errsz)
+{
+	encode_tiled_fn enc = encode_tiled();
+	if (!enc)
+		return wk_errf(err, errsz, WK_EIO, "CUDA gemm_fp8_wgmma: no cuTensorMapEncodeTiled");
+	cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)nrows}, strides[1] = {(cuuint64_t)cols};
+	cuuint32_t box[2] = {WK, WM}, one[2] = {1, 1};
+	CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dims, strides, box, one,
+			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+			 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS)
+		return wk_errf(err, errsz, WK_EIO, "CUDA gemm_fp8_wgmma: cuTensorMapEncodeTiled: %d",
+			       (int)r);
+	return WK_OK;
+}
+
 extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs,
 				      const uint8_t *w, const float *ws, int n, int rows, int cols,
 				      char *err, size_t errsz)
@@ -172,6 +302,17 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 		return WK_OK;
 	dim3 grid((unsigned)(n / WM + (n % WM != 0)), (unsigned)(rows / WN + (rows % WN != 0)));
 	bool vec = cols % 16 == 0 && ((uintptr_t)xq | (uintptr_t)w) % 16 == 0;
+	if (vec && cols > 0) {
+		CUtensorMap tx, tw;
+		if (tensor_map(&tx, xq, n, cols, err, errsz) || tensor_map(&tw, w, rows, cols, err, errsz))
+			return WK_EIO;
+		cudaError_t e = cudaFuncSetAttribute(k_gemm_wgmma_tma,
+						     cudaFuncAttributeMaxDynamicSharedMemorySize, TSMEM);
+		if (e != cudaSuccess)
+			return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
+		k_gemm_wgmma_tma<<<grid, TTHREADS, TSMEM>>>(y, tx, tw, xs, ws, n, rows, cols);
+		return launched("gemm_fp8_wgmma", err, errsz);
+	}
 	cudaError_t e = vec ? cudaFuncSetAttribute(k_gemm_wgmma<true>,
 						   cudaFuncAttributeMaxDynamicSharedMemorySize, WSMEM)
 			    : cudaFuncSetAttribute(k_gemm_wgmma<false>,

@@ -27,6 +27,7 @@
 #ifndef WICK_WGMMA_CUH
 #define WICK_WGMMA_CUH
 
+#include <cuda.h> /* CUtensorMap: the type only; nothing links libcuda */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -142,6 +143,123 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
 	simt_wgmma_e4m3(d, 128, da, db, scale_d);
 #else
 	(void)d, (void)da, (void)db, (void)scale_d;
+#endif
+}
+
+/* ---- mbarriers and the bulk tensor copy (TMA) ------------------------------------------
+ * PTX ISA "mbarrier" (init, arrive, arrive.expect_tx, try_wait.parity; a phase
+ * completes when its pending arrivals reach 0 and its transaction count is back to 0, then
+ * the next phase starts with the init count) and "cp.async.bulk.tensor" (a 2-D
+ * box of the tensor map's global tensor copied to shared memory, out-of-bounds elements
+ * filled with zeros, the box's bytes signalled to the mbarrier by complete_tx; with the
+ * map's 128-byte swizzle, box row r's 16-byte chunk c lands at chunk c ^ (r % 8) of its
+ * 128-byte row, the destination 1024-byte aligned: the layout wgmma_desc_sw128 describes). */
+
+/* Initialises the mbarrier at shared address bar (8 bytes, 8-aligned) for count arrivals.
+ * One thread; then mbar_init_fence and a __syncthreads before anyone uses it. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#elif defined(WICK_SIMT)
+	simt_mbar_init(bar, count);
+#else
+	(void)bar, (void)count;
+#endif
+}
+
+/* Makes the initialised mbarriers visible to the async proxy (the copy engine). */
+__device__ __forceinline__ void mbar_init_fence(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* One arrival on bar that also expects bytes more of transactions (the copies it starts). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, unsigned bytes)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+		     "r"(bytes)
+		     : "memory");
+#elif defined(WICK_SIMT)
+	simt_mbar_arrive(bar, bytes);
+#else
+	(void)bar, (void)bytes;
+#endif
+}
+
+/* One arrival on bar. */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#elif defined(WICK_SIMT)
+	simt_mbar_arrive(bar, 0);
+#else
+	(void)bar;
+#endif
+}
+
+/* Waits until the phase of parity `parity` of bar has completed (a fresh barrier counts the
+ * phase before its first, parity 1, as complete). Never hangs on the device: after about
+ * 2^24 failed tries (far beyond any stage's time) it traps, so a protocol bug is a launch
+ * error instead of a hung GPU. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity)
+{
+#if defined(__CUDA_ARCH__)
+	for (unsigned tries = 0;; tries++) {
+		unsigned done;
+		asm volatile("{\n.reg .pred p;\n"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done)
+			     : "r"(bar), "r"(parity)
+			     : "memory");
+		if (done)
+			return;
+		if (tries > (1u << 24))
+			__trap();
+	}
+#elif defined(WICK_SIMT)
+	simt_mbar_wait(bar, parity);
+#else
+	(void)bar, (void)parity;
+#endif
+}
+
+/* Starts the copy of the box at (c0 = column, c1 = row) of map's tensor to shared address
+ * dst (1024-byte aligned), completing on bar with the box's bytes. One thread issues it. */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+					    uint32_t bar)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+		     "l"(map), "r"(c0), "r"(c1), "r"(bar)
+		     : "memory");
+#elif defined(WICK_SIMT)
+	simt_tma_load_2d(dst, map, c0, c1, bar);
+#else
+	(void)dst, (void)map, (void)c0, (void)c1, (void)bar;
+#endif
+}
+
+/* setmaxnreg (sm_90a): a warpgroup gives registers back (dec) or takes them (inc); every
+ * thread of the warpgroup executes it. Nothing under the emulator. */
+template <int N> __device__ __forceinline__ void regs_dec(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+template <int N> __device__ __forceinline__ void regs_inc(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
 }
 

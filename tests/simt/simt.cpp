@@ -309,6 +309,16 @@ unsigned long simt_block_serial(void)
 	return block_serial;
 }
 
+void simt_yield(void)
+{
+	to_sched();
+}
+
+void simt_progress(void)
+{
+	progress++;
+}
+
 /* ---- the runtime's state: allocations, streams, the injected fault ------------------------ */
 
 /* A queued copy (src non-NULL) or memset on a stream; seq orders all queued work. */
@@ -485,7 +495,7 @@ static void run_block(size_t nt)
 			char m[160];
 			snprintf(m, sizeof m,
 				 "deadlock: %d of %d threads left, %d at __syncthreads (%s), the "
-				 "rest in warp shuffles",
+				 "rest in warp shuffles or mbarrier waits",
 				 live, (int)nt, bar.arrived, bar.arrived ? bar.site : "-");
 			threadIdx = dim3(0, 0, 0);
 			fail(m);

@@ -41,7 +41,9 @@
  * Hopper's wgmma (kernels/cuda/wgmma.cuh, gemm_wgmma.cu) likewise (tests/simt/wgmma.cpp):
  * the descriptors' 128-byte swizzle and the accumulator fragment as we read the PTX ISA, the
  * result computed at the wgmma.wait_group that retires it, from shared memory as it is then;
- * the async proxy (fence.proxy.async) is not modelled.
+ * the async proxy (fence.proxy.async) is not modelled. Its mbarriers and the bulk tensor
+ * copy (TMA) are emulated too: a copy lands when a thread next waits on its mbarrier, and a
+ * round in which every thread only spins on mbarriers is reported as a deadlock.
  *
  * The backend (kernels/cuda/backend_cuda.cu) runs on the runtime API below: one device whose
  * memory is host memory, copies checked against their kind, the copies of a stream made only
@@ -102,6 +104,7 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 /* cu2cpp.py rewrites `__shared__ T x[N];` as a static plus a simt_shared call */
 
 struct alignas(16) uint4 {
@@ -211,6 +214,17 @@ void simt_wgmma_fence(void);
 void simt_wgmma_commit(void);
 void simt_wgmma_wait(int pending);
 void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d);
+/* mbarriers at shared addresses, and cp.async.bulk.tensor.2d (map: a CUtensorMap of
+ * tests/simt/include/cuda.h): the copy is recorded on its mbarrier and lands when a thread
+ * next waits on that mbarrier; see wgmma.cpp. arrive with tx > 0 is arrive.expect_tx. */
+void simt_mbar_init(uint32_t bar, unsigned count);
+void simt_mbar_arrive(uint32_t bar, unsigned tx);
+void simt_mbar_wait(uint32_t bar, unsigned parity);
+void simt_tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t bar);
+/* The thread lets the others run (a spin-wait's turn); simt_progress counts an event that
+ * may release a waiter (the scheduler's deadlock check: a round of only yields aborts). */
+void simt_yield(void);
+void simt_progress(void);
 
 /* One thread runs at a time, so these are plain read-modify-writes. */
 template <typename T, typename U> static inline T atomicAdd(T *p, U v)
@@ -312,6 +326,16 @@ cudaError_t cudaDeviceSynchronize(void);
 
 /* the calling thread's last error, then cudaSuccess (a sticky error stays) */
 cudaError_t cudaGetLastError(void);
+
+/* The driver's entry points the kernels ask for: cuTensorMapEncodeTiled only (cuda.h). */
+enum cudaDriverEntryPointQueryResult {
+	cudaDriverEntryPointSuccess = 0,
+	cudaDriverEntryPointSymbolNotFound = 1,
+};
+enum { cudaEnableDefault = 0 };
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version,
+					     unsigned long long flags,
+					     cudaDriverEntryPointQueryResult *status);
 const char *cudaGetErrorString(cudaError_t e);
 
 /* kernel<<<grid, block, smem, stream>>>(args) as cu2cpp.py writes it: body runs once per

@@ -1,7 +1,8 @@
 /*
- * wgmma.cpp - the emulator's warpgroup tensor-core instructions (simt.h, for
- * kernels/cuda/wgmma.cuh): wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 with A and B
- * from shared-memory descriptors, wgmma.fence, wgmma.commit_group and wgmma.wait_group.
+ * wgmma.cpp - the emulator's Hopper instructions (simt.h, for kernels/cuda/wgmma.cuh):
+ * wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 with A and B from shared-memory
+ * descriptors, wgmma.fence, wgmma.commit_group and wgmma.wait_group; and, at the end,
+ * mbarriers, cp.async.bulk.tensor.2d and the driver's cuTensorMapEncodeTiled.
  *
  * Written from the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution, its 9.0 text):
  *   - 9.7.15.5.1.2.2 "Matrix Descriptor Format": start address, leading and stride byte
@@ -45,9 +46,11 @@
  * fence.proxy.async passes here.
  */
 #include "simt.h"
+#include "cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <map>
 #include <vector>
 
 enum { MAX_THREADS = 1024 };
@@ -200,4 +203,175 @@ void simt_wgmma_wait(int pending)
 	t.group_ends.erase(t.group_ends.begin(), t.group_ends.begin() + (long)done);
 	for (size_t &e : t.group_ends)
 		e -= end;
+}
+
+/* ---- mbarriers, the bulk tensor copy and its tensor map ---------------------------------
+ *
+ * From the PTX ISA's "mbarrier" section: an mbarrier counts pending arrivals (from its init
+ * count) and a transaction count (bytes expected by arrive.expect_tx, less those delivered
+ * by complete_tx); when both are 0 its current phase completes and the next begins with the
+ * init count. try_wait.parity(P) succeeds when the phase of parity P has completed, i.e. the
+ * current phase's parity is not P (so on a fresh barrier, P = 1 succeeds at once). From
+ * "cp.async.bulk.tensor" and the driver's cuTensorMapEncodeTiled: the box at (c0, c1) of a
+ * 2-D tensor is copied to shared memory row after row (boxDim[0] bytes a row here, one-byte
+ * elements), elements outside the tensor as zeros, the whole box's bytes counted to the
+ * mbarrier; with the 128-byte swizzle, the destination is 1024-byte aligned and each 16-byte
+ * chunk's address has bits 4-6 XORed with bits 7-9 (the same Swizzle<3,4,3> as the wgmma
+ * layout above; our reading). A copy is recorded on its mbarrier and lands when a thread
+ * next waits on that mbarrier: so bytes read before the wait are still poison. Only what
+ * gemm_wgmma.cu uses is here; anything else aborts. */
+
+struct tmap { /* the emulator's CUtensorMap contents */
+	const uint8_t *base;
+	uint64_t dim[2], stride;
+	uint32_t box[2];
+	int swizzle;
+};
+static_assert(sizeof(tmap) <= sizeof(CUtensorMap), "a tensor map holds a tmap");
+
+struct tma_copy {
+	uint32_t dst;
+	tmap map;
+	int c0, c1;
+};
+
+struct mbar {
+	unsigned count, pending;
+	long tx;
+	unsigned phase;
+	std::vector<tma_copy> copies; /* not yet landed */
+};
+
+static std::map<uint32_t, mbar> mbars;
+static unsigned long mbars_serial;
+
+static mbar &mbar_at(uint32_t bar, bool init)
+{
+	if (mbars_serial != simt_block_serial()) { /* barriers live in a block's shared memory */
+		mbars.clear();
+		mbars_serial = simt_block_serial();
+	}
+	if (bar % 8 != 0)
+		fail("an mbarrier not 8-byte aligned");
+	simt_smem_ptr(bar, 8); /* inside the shared memory */
+	auto it = mbars.find(bar);
+	if (it == mbars.end() && !init)
+		fail("an mbarrier used before mbarrier.init");
+	return mbars[bar];
+}
+
+static void complete_if_done(mbar &b)
+{
+	if (b.pending == 0 && b.tx == 0) {
+		b.phase++;
+		b.pending = b.count;
+		simt_progress();
+	}
+}
+
+static void land(mbar &b)
+{
+	for (const tma_copy &c : b.copies) {
+		const tmap &m = c.map;
+		uint8_t *smem = (uint8_t *)simt_smem_ptr(c.dst, (size_t)m.box[0] * m.box[1]);
+		for (uint32_t r = 0; r < m.box[1]; r++)
+			for (uint32_t k = 0; k < m.box[0]; k++) {
+				int64_t x = (int64_t)c.c0 + k, y = (int64_t)c.c1 + r;
+				bool in = x >= 0 && y >= 0 && (uint64_t)x < m.dim[0] && (uint64_t)y < m.dim[1];
+				uint32_t a = c.dst + r * m.box[0] + k;
+				if (m.swizzle)
+					a ^= ((a >> 7) & 7) << 4;
+				smem[a - c.dst] = in ? m.base[(uint64_t)y * m.stride + (uint64_t)x] : 0;
+			}
+		b.tx -= (long)m.box[0] * m.box[1];
+	}
+	b.copies.clear();
+	if (b.tx < 0)
+		fail("an mbarrier got more transaction bytes than were expected");
+	complete_if_done(b);
+}
+
+void simt_mbar_init(uint32_t bar, unsigned count)
+{
+	if (count == 0)
+		fail("mbarrier.init with a count of 0");
+	mbar &b = mbar_at(bar, true);
+	b = mbar{count, count, 0, 0, {}};
+}
+
+void simt_mbar_arrive(uint32_t bar, unsigned tx)
+{
+	mbar &b = mbar_at(bar, false);
+	if (b.pending == 0)
+		fail("an arrival on an mbarrier with none pending");
+	b.tx += tx;
+	b.pending--;
+	simt_progress();
+	complete_if_done(b);
+}
+
+void simt_mbar_wait(uint32_t bar, unsigned parity)
+{
+	for (;;) {
+		mbar &b = mbar_at(bar, false);
+		land(b);
+		if ((b.phase & 1) != (parity & 1))
+			return;
+		simt_yield();
+	}
+}
+
+void simt_tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t bar)
+{
+	tma_copy c;
+	memcpy(&c.map, map, sizeof c.map);
+	if (!c.map.base)
+		fail("cp.async.bulk.tensor with a tensor map cuTensorMapEncodeTiled did not fill");
+	if (c.map.swizzle && dst % 1024 != 0)
+		fail("a 128-byte-swizzled bulk tensor copy to shared memory not 1024-byte aligned");
+	if (dst % 128 != 0)
+		fail("a bulk tensor copy to shared memory not 128-byte aligned");
+	c.dst = dst;
+	c.c0 = c0;
+	c.c1 = c1;
+	mbar_at(bar, false).copies.push_back(c);
+}
+
+CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
+				cuuint32_t tensorRank, void *globalAddress,
+				const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
+				const cuuint32_t *boxDim, const cuuint32_t *elementStrides,
+				CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+				CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
+{
+	(void)l2Promotion;
+	/* the driver's rules for what is used here: a 16-byte aligned address, strides
+	 * multiples of 16 bytes, boxes of 1..256 elements, a 128-byte swizzle's inner box at
+	 * most 128 bytes */
+	if (tensorDataType != CU_TENSOR_MAP_DATA_TYPE_UINT8 || tensorRank != 2 ||
+	    interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || oobFill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE ||
+	    (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_128B) ||
+	    (uintptr_t)globalAddress % 16 != 0 || globalStrides[0] % 16 != 0 ||
+	    globalDim[0] == 0 || globalDim[1] == 0 || boxDim[0] == 0 || boxDim[0] > 256 ||
+	    boxDim[1] == 0 || boxDim[1] > 256 || boxDim[0] % 16 != 0 ||
+	    (swizzle == CU_TENSOR_MAP_SWIZZLE_128B && boxDim[0] > 128) || elementStrides[0] != 1 ||
+	    elementStrides[1] != 1)
+		return CUDA_ERROR_INVALID_VALUE;
+	tmap m = {(const uint8_t *)globalAddress, {globalDim[0], globalDim[1]}, globalStrides[0],
+		  {boxDim[0], boxDim[1]}, swizzle == CU_TENSOR_MAP_SWIZZLE_128B};
+	memset(tensorMap, 0, sizeof *tensorMap);
+	memcpy(tensorMap, &m, sizeof m);
+	return CUDA_SUCCESS;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version,
+					     unsigned long long flags,
+					     cudaDriverEntryPointQueryResult *status)
+{
+	(void)version, (void)flags;
+	bool found = strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
+	*fn = found ? (void *)&cuTensorMapEncodeTiled : NULL;
+	if (status)
+		*status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+	return cudaSuccess;
 }

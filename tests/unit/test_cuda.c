@@ -225,18 +225,19 @@ Test(cuda_kernels, gemm_fp8_matches_ref)
 
 /* The FP8 x FP8 GEMM on Hopper's warpgroup tensor cores (wgmma, gemm_wgmma.cu) against
  * cpu_ref_gemm_fp8, as gemm_fp8_matches_ref: random finite e4m3 codes and scales, partial
- * tiles in every dimension (the block tile is 128 x 128, a stage one 128-deep scale block,
- * the ring 4 stages: 640 and 1040 columns wrap it), cols % 16 != 0 (ordinary stores instead
- * of cp.async) and operands one byte off a 16-byte boundary. Within 1e-3; every output is
- * poisoned first. Under the emulator this checks the 128-byte swizzle, the descriptors and
- * the accumulator fragment against our reading of the PTX ISA (tests/simt/wgmma.cpp); on a
- * GPU, against the hardware. */
+ * tiles in every dimension (the block tile is 128 x 128, a stage one 128-deep scale block;
+ * 1040 and 1536 columns wrap the TMA kernel's 5-stage ring, 640 the cp.async one's 4), the
+ * TMA kernel where cols % 16 == 0 and the operands are aligned, the cp.async one when they
+ * are one byte off a 16-byte boundary, ordinary stores when cols % 16 != 0. Within 1e-3;
+ * every output is poisoned first. Under the emulator this checks the 128-byte swizzle, the
+ * descriptors, the accumulator fragment, the mbarrier protocol and the tensor maps against
+ * our reading of the PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware. */
 Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 {
 	NEED_GPU();
 	static const int shapes[][3] = {{1, 64, 128},    {7, 200, 300}, {130, 256, 640},
 					{129, 130, 1040}, {33, 130, 208}, {64, 128, 256},
-					{5, 64, 40},      {2, 3, 1}};
+					{70, 256, 1536},  {5, 64, 40},  {2, 3, 1}};
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 		for (int off = 0; off < 2; off++) {
 			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
