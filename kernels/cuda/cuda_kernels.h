@@ -6,8 +6,9 @@
  * error; an error inside the kernel shows at the next wk_cuda_sync). In a build without CUDA
  * (kernels/cuda/cuda_none.c) every call returns WK_EUNSUPPORTED.
  *
- * These are the first versions, written for correctness (one warp per output row, one
- * block per query head): the kernel lab (tests/tools/cuda_lab.c) measures them against the
+ * Most are first versions, written for correctness (one block per query head, one warp per
+ * row); the matmuls (the decode GEMV, kernels.cu) are written to stream the weights at HBM
+ * bandwidth. The kernel lab (lab.cu, tests/tools/cuda_lab.c) measures them against the
  * device's copy bandwidth, and faster variants replace them behind the same contracts.
  * Compiled here on every build with nvcc; not yet run on a GPU.
  */
