@@ -330,7 +330,8 @@ static const struct {
 #define GEMV_MAX_COLS 18432
 #define GEMV_SCALES (144 * 144) /* >= ceil(rows / 128) * ceil(cols / 128) of every shape */
 /* The weights: copies of a small shape side by side, the calls of a timed run taking the
- * next copy each, so that they stream from HBM rather than from the 50 MB L2 (METHOD.md). */
+ * next copy each, so that they stream from HBM rather than from the 60 MB L2 (METHOD.md;
+ * 20 calls of the smallest shape, 14.7 MB each, span 294 MB). */
 #define GEMV_W_BYTES ((size_t)512 << 20)
 #define GEMV_CALLS 20 /* back-to-back calls per timed run: per-call time, launch gaps included */
 
