@@ -2,8 +2,8 @@
  * count.c - the launch counter (eng_opts.count_launches): a backend that wraps the engine's
  * own and counts every op and copy before passing it on. On the CUDA backend each op is one
  * kernel launch and each copy or zero one cudaMemcpyAsync / cudaMemsetAsync, so these counts
- * are the launches of a step, with two op kinds weighed by the kernels they launch there
- * (eng_launch_kind: moe_experts 4, dsa_topk 2 for a decoding query that selects); on the CPU
+ * are the launches of a step, with the grouped MoE op weighed by the kernels it launches
+ * there (eng_launch_kind: moe_experts 4; dsa_topk is one for a decoding query); on the CPU
  * backend they are what the same step would launch on a GPU (the families issue the same
  * ops on every backend). `wick bench launches` reports
  * them per decode step.
@@ -43,7 +43,7 @@ const char *eng_launch_kind(int k, bool *is_copy, int *launches)
 	if (is_copy)
 		*is_copy = k >= ENG_K_TO_DEVICE;
 	if (launches) /* kernels per op on the CUDA backend (kernels/cuda) */
-		*launches = k == ENG_K_MOE_EXPERTS ? 4 : k == ENG_K_DSA_TOPK ? 2 : 1;
+		*launches = k == ENG_K_MOE_EXPERTS ? 4 : 1;
 	return kind_names[k];
 }
 

@@ -89,8 +89,8 @@ struct eng_launches {
 };
 int eng_launches(const struct engine *e, int rank, struct eng_launches *out);
 /* The name of kind k ("matmul", "to_host", ...), whether it is a copy rather than a kernel,
- * and how many launches one op of the kind is on the CUDA backend (moe_experts: 4; dsa_topk:
- * 2, as for a decode step's query that selects); NULL past the last kind. */
+ * and how many launches one op of the kind is on the CUDA backend (moe_experts: 4; the rest
+ * 1); NULL past the last kind. */
 const char *eng_launch_kind(int k, bool *is_copy, int *launches);
 void eng_close(struct engine *e); /* NULL is fine */
 

@@ -45,6 +45,9 @@ struct cuda_ctx {
 	struct stage *stages;
 	size_t n_stages, cap_stages;
 	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
+	float *dsa_scores;        /* dsa_topk's score rows, grown on demand (dsa_cap floats) */
+	size_t dsa_cap;
+	unsigned *dsa_count;      /* DSA_GROUPS zeroed counters */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
 };
@@ -118,6 +121,8 @@ static void shutdown(void *ctx)
 	free(c->stages);
 	if (c->copy_stream)
 		cudaStreamDestroy(c->copy_stream);
+	cudaFree(c->dsa_scores);
+	cudaFree(c->dsa_count);
 	pthread_mutex_destroy(&c->stage_mu);
 	free(c);
 }
@@ -366,12 +371,46 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 				 &m, n, pos0, d_nope, d_v, err, sizeof err));
 }
 
+/* dsa_topk scores a group of queries at once in the backend's own scratch: up to DSA_GROUPS
+ * rows of pos0 + n floats, within DSA_BUDGET floats (a 4,096-token prefill at 16K keys
+ * fits whole). Grown when a step needs more (cudaFree and cudaMalloc wait for the device: a
+ * rare, load-time-like cost); where that fails, the engine's scratch, one query at a time. */
+#define DSA_GROUPS 4096
+#define DSA_BUDGET ((size_t)64 << 20)
+
 static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
 		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 		     float qk_scale, float w_scale, float *scores, void *work)
 {
-	RUN(wk_cuda_dsa_topk(sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
-			     w_scale, scores, work, err, sizeof err));
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	(void)work;
+	if (c->rc != WK_OK || n <= 0)
+		return;
+	if (!c->dsa_count) {
+		if (!ok_cuda(c, cudaMalloc((void **)&c->dsa_count, DSA_GROUPS * sizeof(unsigned)),
+			     "dsa_topk counters") ||
+		    !ok_cuda(c, cudaMemset(c->dsa_count, 0, DSA_GROUPS * sizeof(unsigned)),
+			     "dsa_topk counters"))
+			return;
+	}
+	size_t row = (size_t)pos0 + (size_t)n, rows = n < DSA_GROUPS ? (size_t)n : DSA_GROUPS;
+	if (rows * row > DSA_BUDGET)
+		rows = DSA_BUDGET / row > 0 ? DSA_BUDGET / row : 1;
+	if (c->dsa_cap < rows * row && rows > 1) {
+		cudaFree(c->dsa_scores);
+		c->dsa_scores = NULL;
+		c->dsa_cap = 0;
+		if (cudaMalloc((void **)&c->dsa_scores, rows * row * sizeof(float)) == cudaSuccess)
+			c->dsa_cap = rows * row;
+		else
+			cudaGetLastError(); /* out of memory: the engine's scratch below */
+	}
+	bool own = c->dsa_cap >= row;
+	ok(c, wk_cuda_dsa_topk(sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+			       w_scale, own ? c->dsa_scores : scores, own ? c->dsa_cap : row,
+			       c->dsa_count, DSA_GROUPS, err, sizeof err),
+	   err);
 }
 
 /* Grouped MoE (moe_kernels.cu): the layer's table of expert weight pointers is copied to the

@@ -137,13 +137,16 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
 			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz);
 /* cpu_ref_dsa_topk: sel/nsel equal the reference's for equal scores (exact top-k, ties to
- * the lower position); the scores themselves are summed in another order. scores: pos0 + n
- * floats of scratch, left holding the last query's scores when it had more than topk keys,
- * as the reference leaves them; work is not used. Queries with more than topk keys run one
- * at a time (two launches each). */
+ * the lower position); the scores themselves are summed in another order. Queries with more
+ * than topk keys run in groups of up to max_group (<= 65535) whose score rows, pos0 + n
+ * floats each, fit in scores (score_floats >= pos0 + n): one launch a group, scoring and then
+ * selecting (the last block of each query selects), so a decode step's query is one launch
+ * and a prefill's are a few, not two per query. count: max_group unsigned ints of device
+ * memory, zero before and left zero. */
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
 		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
-		     float *scores, void *work, char *err, size_t errsz);
+		     float *scores, size_t score_floats, unsigned *count, int max_group, char *err,
+		     size_t errsz);
 
 /* ---- grouped MoE experts (moe_kernels.cu) ---- */
 

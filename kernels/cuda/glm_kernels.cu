@@ -715,16 +715,11 @@ extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float
 
 /* ---- dsa_topk (cpu_ref_dsa_topk): scores per query, then an exact radix select --------------- */
 
-/* One warp per key t < len: scores[t] = cpu_ref_dsa_score(q, k + t*head_dim, w, ...), heads
- * summed in the reference's order. */
-__global__ void k_dsa_score(float *scores, const float *q, const float *k, const float *w, int len,
-			    int n_heads, int head_dim, float qk_scale, float w_scale)
+/* One warp, key kt: *out = cpu_ref_dsa_score(q, kt, w, ...), heads summed in the reference's
+ * order (lane 0 writes). */
+__device__ void dsa_score_warp(float *out, const float *q, const float *kt, const float *w,
+			       int n_heads, int head_dim, float qk_scale, float w_scale, int lane)
 {
-	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
-	int lane = threadIdx.x & 31;
-	if (t >= (size_t)len) /* whole warps leave together */
-		return;
-	const float *kt = k + t * head_dim;
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
 		const float *qh = q + (size_t)h * head_dim;
@@ -735,7 +730,7 @@ __global__ void k_dsa_score(float *scores, const float *q, const float *k, const
 		total += w[h] * w_scale * (dot > 0.0f ? dot : 0.0f);
 	}
 	if (lane == 0)
-		scores[t] = total;
+		*out = total;
 }
 
 /* A 32-bit key whose unsigned order is the reference's order of scores: NaN counts as -inf
@@ -750,48 +745,52 @@ __device__ __forceinline__ unsigned order_key(float f)
 	return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-#define SEL_THREADS 1024
+#define DSA_THREADS 1024 /* a block: 32 keys scored, then (the last block) the select */
 
-/* One block: the reference's top-k of scores[0..len) (len > topk), positions ascending.
- * The order is (key desc, position asc) with key = order_key(score), a total order, so the
- * chosen set is unique: every key above the k-th largest key K, then the lowest positions
- * among those equal to K. K comes from a radix select, 8 bits a pass from the top: a
- * histogram of the next digit among keys matching the digits fixed so far, and the digit
+struct dsa_smem { /* the select's shared memory */
+	unsigned hist[256];
+	unsigned prefix;
+	int need;
+	int scratch[32];
+};
+
+/* The whole block: the reference's top-k of scores[0..len) (len > topk), positions
+ * ascending. The order is (key desc, position asc) with key = order_key(score), a total
+ * order, so the chosen set is unique: every key above the k-th largest key K, then the lowest
+ * positions among those equal to K. K comes from a radix select, 8 bits a pass from the top:
+ * a histogram of the next digit among keys matching the digits fixed so far, and the digit
  * where the count from the top reaches the number still needed. Then one pass in position
  * order writes each chosen position at its rank among the chosen: (keys > K before it) +
  * min(keys == K before it, need). No scratch beyond shared memory. */
-__global__ void k_dsa_select(int *sel, int *nsel, const float *scores, int len, int topk)
+__device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int len, int topk,
+				 struct dsa_smem *sm)
 {
-	__shared__ unsigned hist[256];
-	__shared__ unsigned s_prefix;
-	__shared__ int s_need;
-	__shared__ int scratch[32];
 	unsigned prefix = 0, mask = 0;
 	int need = topk; /* still to take among the keys that match prefix under mask */
 	for (int shift = 24; shift >= 0; shift -= 8) {
 		for (int b = threadIdx.x; b < 256; b += blockDim.x)
-			hist[b] = 0;
+			sm->hist[b] = 0;
 		__syncthreads();
 		for (int t = threadIdx.x; t < len; t += blockDim.x) {
 			unsigned key = order_key(scores[t]);
 			if ((key & mask) == prefix)
-				atomicAdd(&hist[(key >> shift) & 255u], 1u);
+				atomicAdd(&sm->hist[(key >> shift) & 255u], 1u);
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
 			/* at least need keys match: find b with above < need <= above + hist[b] */
 			int above = 0, b = 255;
 			for (; b > 0; b--) {
-				if (above + (int)hist[b] >= need)
+				if (above + (int)sm->hist[b] >= need)
 					break;
-				above += (int)hist[b];
+				above += (int)sm->hist[b];
 			}
-			s_prefix = prefix | ((unsigned)b << shift);
-			s_need = need - above;
+			sm->prefix = prefix | ((unsigned)b << shift);
+			sm->need = need - above;
 		}
 		__syncthreads();
-		prefix = s_prefix; /* rewritten only after the next pass's two barriers */
-		need = s_need;
+		prefix = sm->prefix; /* rewritten only after the next pass's two barriers */
+		need = sm->need;
 		mask |= 255u << shift;
 	}
 	/* prefix is K; topk - need keys are above it, need of those equal to it are taken */
@@ -801,7 +800,7 @@ __global__ void k_dsa_select(int *sel, int *nsel, const float *scores, int len, 
 		unsigned key = t < len ? order_key(scores[t]) : 0;
 		int gt = t < len && key > prefix, eq = t < len && key == prefix;
 		int packed = gt | eq << 16, total; /* a chunk counts <= 1024 each: no carry */
-		int excl = block_scan(packed, scratch, &total) - packed;
+		int excl = block_scan(packed, sm->scratch, &total) - packed;
 		int gt_before = gt_base + (excl & 0xffff), eq_before = eq_base + (excl >> 16);
 		if (gt || (eq && eq_before < need))
 			sel[gt_before + min(eq_before, need)] = t;
@@ -810,6 +809,44 @@ __global__ void k_dsa_select(int *sel, int *nsel, const float *scores, int len, 
 	}
 	if (threadIdx.x == 0)
 		*nsel = topk;
+}
+
+struct dsa_args {
+	int *sel, *nsel;
+	float *scores; /* [group][stride] */
+	size_t stride;
+	const float *q, *k, *w;
+	int pos0, i0, n_heads, head_dim, topk;
+	float qk_scale, w_scale;
+	unsigned *count; /* [group], zero, left zero */
+};
+
+/* A group of queries in one launch: blockIdx.y is query i0 + y, whose keys [0, len) are
+ * scored one warp each across gridDim.x blocks; the last of those blocks to finish (a
+ * counter per query, the writes fenced before it is bumped) selects that query's top-k from
+ * the scores, so scoring and selecting cost one launch, not two. */
+__global__ void k_dsa_topk_n(struct dsa_args a)
+{
+	__shared__ struct dsa_smem sm;
+	__shared__ int s_last;
+	int g = blockIdx.y, i = a.i0 + g, len = a.pos0 + i + 1;
+	float *sc = a.scores + (size_t)g * a.stride;
+	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+	if (t < (size_t)len) /* whole warps alike */
+		dsa_score_warp(sc + t, a.q + (size_t)i * a.n_heads * a.head_dim,
+			       a.k + t * a.head_dim, a.w + (size_t)i * a.n_heads, a.n_heads,
+			       a.head_dim, a.qk_scale, a.w_scale, threadIdx.x & 31);
+	__threadfence(); /* this block's scores are visible before the counter moves */
+	__syncthreads();
+	if (threadIdx.x == 0)
+		s_last = atomicAdd(&a.count[g], 1u) == gridDim.x - 1;
+	__syncthreads();
+	if (!s_last)
+		return;
+	__threadfence();
+	dsa_select_block(a.sel + (size_t)i * a.topk, a.nsel + i, sc, len, a.topk, &sm);
+	if (threadIdx.x == 0)
+		a.count[g] = 0; /* ready for the next launch */
 }
 
 /* Queries with no more keys than topk take them all: sel[i][j] = j, nsel[i] = pos0 + i + 1. */
@@ -824,16 +861,19 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
 
 extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w,
 				int n, int pos0, int n_heads, int head_dim, int topk,
-				float qk_scale, float w_scale, float *scores, void *work, char *err,
-				size_t errsz)
+				float qk_scale, float w_scale, float *scores, size_t score_floats,
+				unsigned *count, int max_group, char *err, size_t errsz)
 {
-	(void)work; /* the radix select needs no scratch beyond the scores */
-	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0)
+	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0 || max_group < 1)
 		return wk_errf(err, errsz, WK_EINVAL,
-			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d", topk, pos0,
-			       n_heads, head_dim);
+			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d, groups of %d", topk,
+			       pos0, n_heads, head_dim, max_group);
 	if (n <= 0)
 		return WK_OK;
+	size_t stride = (size_t)pos0 + (size_t)n; /* the longest query's keys */
+	if (score_floats < stride)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA dsa_topk: %zu floats of scores for "
+			       "queries of up to %zu keys", score_floats, stride);
 	/* query i has pos0 + i + 1 keys: the first max(0, topk - pos0) queries take them all */
 	int all = topk - pos0 < n ? (topk - pos0 > 0 ? topk - pos0 : 0) : n;
 	if (all > 0) {
@@ -842,14 +882,17 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 		if (rc != WK_OK)
 			return rc;
 	}
-	/* The rest one at a time: the scratch holds one query's scores (as the reference's). */
-	for (int i = all; i < n; i++) {
-		int len = pos0 + i + 1;
-		k_dsa_score<<<blocks((size_t)len * 32, 256), 256>>>(
-			scores, q + (size_t)i * n_heads * head_dim, k, w + (size_t)i * n_heads, len,
-			n_heads, head_dim, qk_scale, w_scale);
-		k_dsa_select<<<1, SEL_THREADS>>>(sel + (size_t)i * topk, nsel + i, scores, len,
-						 topk);
+	/* The rest in groups whose score rows fit the scratch: one launch a group. */
+	size_t fit = score_floats / stride;
+	int group = fit < (size_t)max_group ? (int)fit : max_group;
+	if (group > 65535)
+		group = 65535;
+	for (int i0 = all; i0 < n; i0 += group) {
+		int g = n - i0 < group ? n - i0 : group, len = pos0 + i0 + g; /* longest here */
+		struct dsa_args a = {sel, nsel, scores, stride, q, k, w, pos0, i0, n_heads,
+				     head_dim, topk, qk_scale, w_scale, count};
+		dim3 grid((unsigned)(((size_t)len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
+		k_dsa_topk_n<<<grid, DSA_THREADS>>>(a);
 		int rc = launched("dsa_topk", err, errsz);
 		if (rc != WK_OK)
 			return rc;

@@ -147,6 +147,9 @@ void simt_syncthreads(const char *site);
 #define SIMT_STR_(x) #x
 #define SIMT_STR(x) SIMT_STR_(x)
 #define __syncthreads() simt_syncthreads(__FILE__ ":" SIMT_STR(__LINE__))
+/* Blocks run one after another here, so every earlier block's writes are already visible:
+ * a fence orders nothing (the GPU's memory model is not modelled; see the top). */
+static inline void __threadfence(void) {}
 
 /* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
 int simt_lane(void);

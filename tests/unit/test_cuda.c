@@ -866,38 +866,55 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		int *want = malloc((size_t)n * topk * sizeof(int)),
 		    *got = malloc((size_t)n * topk * sizeof(int));
 		int *wn = malloc((size_t)n * sizeof(int)), *gn = malloc((size_t)n * sizeof(int));
-		float *want_sc = fill_vec((size_t)T, 7.0f), *got_sc = malloc((size_t)T * 4);
+		float *want_sc = fill_vec((size_t)T, 7.0f);
 		char *work = malloc((size_t)T * 8);
 		float *dq = to_dev(q, (size_t)n * IH * ID * 4), *dk = to_dev(k, (size_t)T * ID * 4);
-		float *dw = to_dev(w, (size_t)n * IH * 4), *dsc = to_dev(want_sc, (size_t)T * 4);
+		float *dw = to_dev(w, (size_t)n * IH * 4);
 		cpu_ref_dsa_topk(want, wn, q, k, w, n, pos0, IH, ID, topk, qk, ws, want_sc, work);
-		int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
-		    *dn = dev_alloc((size_t)n * sizeof(int));
-		void *dwork = dev_alloc((size_t)T * 8);
-		cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, dw, n, pos0, IH, ID, topk, qk, ws,
-					      dsc, dwork, err, sizeof err),
-			     WK_OK, "%s", err);
-		from_dev(got, dsel, (size_t)n * topk * sizeof(int));
-		from_dev(gn, dn, (size_t)n * sizeof(int));
-		from_dev(got_sc, dsc, (size_t)T * 4);
-		for (int i = 0; i < n; i++) {
-			cr_expect_eq(gn[i], wn[i], "case %zu query %d: nsel %d, want %d", c, i,
-				     gn[i], wn[i]);
-			for (int j = 0; j < wn[i] && j < gn[i]; j++)
-				cr_expect_eq(got[(size_t)i * topk + j], want[(size_t)i * topk + j],
-					     "case %zu query %d: sel[%d] = %d, want %d", c, i, j,
-					     got[(size_t)i * topk + j], want[(size_t)i * topk + j]);
+		/* one query a launch (scratch for one row), then groups: 4 rows of scratch and
+		 * groups of 3 (the groups' counters reused), and every query in one launch */
+		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
+		unsigned *zero = calloc(65535, sizeof *zero);
+		unsigned *dcount = to_dev(zero, 65535 * sizeof *zero);
+		for (size_t v = 0; v < sizeof shape / sizeof shape[0]; v++) {
+			size_t rows = shape[v][0] ? (size_t)shape[v][0] : (size_t)n;
+			float *dsc = dev_alloc(rows * T * 4);
+			int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
+			    *dn = dev_alloc((size_t)n * sizeof(int));
+			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, dw, n, pos0, IH, ID, topk, qk,
+						      ws, dsc, rows * T, dcount, shape[v][1], err,
+						      sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dsel, (size_t)n * topk * sizeof(int));
+			from_dev(gn, dn, (size_t)n * sizeof(int));
+			for (int i = 0; i < n; i++) {
+				cr_expect_eq(gn[i], wn[i], "case %zu/%zu query %d: nsel %d, want %d",
+					     c, v, i, gn[i], wn[i]);
+				for (int j = 0; j < wn[i] && j < gn[i]; j++)
+					cr_expect_eq(got[(size_t)i * topk + j],
+						     want[(size_t)i * topk + j],
+						     "case %zu/%zu query %d: sel[%d] = %d, want %d", c,
+						     v, i, j, got[(size_t)i * topk + j],
+						     want[(size_t)i * topk + j]);
+			}
+			unsigned *left = malloc(65535 * sizeof *left);
+			from_dev(left, dcount, 65535 * sizeof *left);
+			cr_expect_arr_eq(left, zero, 65535 * sizeof *left,
+					 "case %zu/%zu: the counters were not left zero", c, v);
+			free(left);
+			wk_cuda_free(dsc);
+			wk_cuda_free(dsel);
+			wk_cuda_free(dn);
 		}
-		/* both leave the last query's scores in the scratch */
-		double r = rel(got_sc, want_sc, (size_t)T);
-		cr_expect_leq(r, 1e-3, "case %zu: scores %g", c, r);
+		char e2[WK_ERRSZ]; /* a scratch shorter than one row is refused */
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, dw, n, pos0, IH, ID, topk, qk, ws,
+					      NULL, (size_t)T - 1, dcount, 1, e2, sizeof e2),
+			     WK_EINVAL);
+		wk_cuda_free(dcount);
+		free(zero);
 		wk_cuda_free(dq);
 		wk_cuda_free(dk);
 		wk_cuda_free(dw);
-		wk_cuda_free(dsc);
-		wk_cuda_free(dsel);
-		wk_cuda_free(dn);
-		wk_cuda_free(dwork);
 		free(q);
 		free(k);
 		free(w);
@@ -907,7 +924,6 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		free(wn);
 		free(gn);
 		free(want_sc);
-		free(got_sc);
 		free(work);
 	}
 }
