@@ -619,8 +619,9 @@ extern "C" int wk_cuda_lab(void)
 		printf("\n");
 		rc = lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x);
 		printf("\n%-34s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
-		if (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.fp8_prefill) != WK_OK ||
-		    lab_gemm_fp8(LARGE, LARGE, LARGE, blas.fp8_large) != WK_OK)
+		if (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.fp8_prefill) != WK_OK)
+			rc = WK_EIO;
+		if (lab_gemm_fp8(LARGE, LARGE, LARGE, blas.fp8_large) != WK_OK)
 			rc = WK_EIO;
 	}
 out:
