@@ -234,7 +234,7 @@ __device__ __forceinline__ void mm_chunk(float *d, const uint4 *wv, const float 
 		}
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
-			if (t < nv) {
+			if (t == 0 || t < nv) { /* nv >= 1 */
 				float xv[4];
 				ld_x4(xv, xc + (size_t)t * cols + 4 * q);
 #pragma unroll
@@ -257,16 +257,16 @@ __device__ __forceinline__ void mm_vec(float *acc, const T *const *wr, const flo
 	const float *xt = x + (size_t)t0 * cols;
 	constexpr int U = MM_U;
 	for (int k0 = tl; k0 < nch; k0 += tt * U) {
+		/* all U x MM_R loads issued before any use, without branches: a chunk past the
+		 * row's end loads the row's last chunk again and is not used */
 		uint4 wv[U][MM_R];
 #pragma unroll
-		for (int u = 0; u < U; u++)
+		for (int u = 0; u < U; u++) {
+			size_t k = (size_t)min(k0 + u * tt, nch - 1) * E;
 #pragma unroll
-			for (int r = 0; r < MM_R; r++) {
-				uint4 z = {0u, 0u, 0u, 0u};
-				wv[u][r] = k0 + u * tt < nch
-						   ? ld_stream16(wr[r] + (size_t)(k0 + u * tt) * E)
-						   : z;
-			}
+			for (int r = 0; r < MM_R; r++)
+				wv[u][r] = ld_stream16(wr[r] + k);
+		}
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			if (k0 + u * tt >= nch)
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(NT))
  * time, each row computed by the same mm_rows as k_matmul's. The four paths together need
  * more registers than one, so this kernel is not held to k_matmul's register bound. */
 template <int NT>
-__global__ void __launch_bounds__(MM_THREADS) k_matmul_mixed(struct mm_set s, const float *x, int n)
+__global__ void __launch_bounds__(MM_THREADS, 1) k_matmul_mixed(struct mm_set s, const float *x, int n)
 {
 	__shared__ float red[MM_THREADS];
 	struct mm_at a = mm_where(s);
