@@ -24,7 +24,9 @@
  * cuTensorMapEncodeTiled, got from the driver via cudaGetDriverEntryPointByVersion, so no
  * -lcuda), on "full"/"empty" mbarriers; the consumers run free of each other (no block
  * barrier in the loop) and release a slot before promoting. setmaxnreg moves registers from
- * the producer to the consumers. Out-of-bounds rows and columns arrive as zeros.
+ * the producer to the consumers. Out-of-bounds rows and columns arrive as zeros. The grid is
+ * persistent (a block per multiprocessor, each looping over tiles), so the producer fills
+ * the next tile's first stages while the consumers store the last one's outputs.
  * k_gemm_wgmma (any other shape or alignment): the two warpgroups also fill a 4-deep ring
  * themselves, with 16-byte cp.async copies (zero-filled past the edges) or, when cols % 16
  * != 0 or an operand is misaligned, ordinary byte loads; those are generic-proxy writes, so
@@ -32,10 +34,9 @@
  * after which wgmma reads them.
  * Padded tokens get scale 0 and padded outputs are not stored.
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): a persistent grid with a tile scheduler,
- * two consumer tiles per block (128 x 256) or a 2-CTA cluster multicasting the weight tile,
- * overlapping one k block's promotion with the next block's wgmma in the same warpgroup,
- * and a TMA-store epilogue. Nothing has run on a GPU yet: tests/tools/cuda_lab times this
+ * What is not here yet (issue 9's 1,000 TFLOPS): larger tiles (128 x 256) or a 2-CTA cluster
+ * multicasting the weight tile, overlapping one k block's promotion with the next block's
+ * wgmma in the same warpgroup, a tile order tuned for L2, and a TMA-store epilogue. Nothing has run on a GPU yet: tests/tools/cuda_lab times this
  * beside the mma.sync kernel and cuBLASLt when scripts/gpu-check runs on one.
  */
 #include <cuda_runtime.h>
@@ -174,8 +175,11 @@ __global__ void __launch_bounds__(WTHREADS, 1)
  * 1 and 2 (the consumers, 64 tokens each) wait for "full", run their four wgmmas, wait for
  * them, arrive on the slot's "empty" mbarrier (all 256 consumer threads) and promote while
  * the producer refills it: no __syncthreads in the loop, so the two consumers run free of
- * each other. Needs cols % 16 == 0 and 16-byte aligned operands (the tensor maps' stride
- * and address rules); the launcher falls back to k_gemm_wgmma otherwise. */
+ * each other. Persistent: block b takes tiles b, b + gridDim.x, ... (tile t: token tile
+ * t % mtiles of weight tile t / mtiles), and both sides count k blocks over all their tiles
+ * (it), which is what keeps the ring's slots and mbarrier phases in step. Needs cols % 16 ==
+ * 0 and 16-byte aligned operands (the tensor maps' stride and address rules); the launcher
+ * falls back to k_gemm_wgmma otherwise. */
 #define TSTAGES 5
 #define TTHREADS 384
 #define TSMEM (TSTAGES * WSTAGE + 1024 + 2 * TSTAGES * 8)
@@ -183,14 +187,13 @@ __global__ void __launch_bounds__(WTHREADS, 1)
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
 			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
-			 int n, int rows, int cols)
+			 int n, int rows, int cols, int mtiles, int tiles)
 {
 	extern __shared__ uint4 wgmma_tma_smem[];
 	uint8_t *raw = (uint8_t *)wgmma_tma_smem;
 	uint8_t *ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 	uint32_t ring0 = smem_u32(ring), full0 = ring0 + TSTAGES * WSTAGE, empty0 = full0 + 8 * TSTAGES;
 	int tid = (int)threadIdx.x, wg = tid >> 7;
-	int m0 = (int)blockIdx.x * WM, r0 = (int)blockIdx.y * WN;
 	int kbs = (cols + WK - 1) / WK;
 
 	if (tid == 0) {
@@ -204,51 +207,60 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 
 	if (wg == 0) { /* the producer */
 		regs_dec<40>();
-		if (tid == 0)
-			for (int kb = 0; kb < kbs; kb++) {
-				int s = kb % TSTAGES;
-				unsigned ph = (unsigned)(kb / TSTAGES) & 1;
+		if (tid != 0)
+			return;
+		int it = 0; /* k blocks issued so far, over all this block's tiles: the ring's clock */
+		for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
+			int m0 = tile % mtiles * WM, r0 = tile / mtiles * WN;
+			for (int kb = 0; kb < kbs; kb++, it++) {
+				int s = it % TSTAGES;
+				unsigned ph = (unsigned)(it / TSTAGES) & 1;
 				mbar_wait(empty0 + 8 * s, ph ^ 1);
 				mbar_arrive_expect_tx(full0 + 8 * s, WSTAGE);
 				tma_load_2d(ring0 + s * WSTAGE, &tx, kb * WK, m0, full0 + 8 * s);
 				tma_load_2d(ring0 + s * WSTAGE + WTILE, &tw, kb * WK, r0, full0 + 8 * s);
 			}
+		}
 		return;
 	}
 
 	regs_inc<232>();
 	int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, q = lane & 3;
-	int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
-	float acc[64], part[64];
+	int it = 0;
+	for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
+		int m0 = tile % mtiles * WM, r0 = tile / mtiles * WN, nb = tile / mtiles;
+		int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
+		float acc[64], part[64];
 #pragma unroll
-	for (int i = 0; i < 64; i++)
-		acc[i] = 0.0f;
-	for (int kb = 0; kb < kbs; kb++) {
-		int s = kb % TSTAGES;
-		float sw = ws[(size_t)blockIdx.y * kbs + kb];
-		float s0 = t0 < n ? xs[(size_t)t0 * kbs + kb] * sw : 0.0f;
-		float s1 = t0 + 8 < n ? xs[(size_t)(t0 + 8) * kbs + kb] * sw : 0.0f;
-		mbar_wait(full0 + 8 * s, (unsigned)(kb / TSTAGES) & 1);
-		uint32_t a = ring0 + s * WSTAGE + cw * 64 * 128, b = ring0 + s * WSTAGE + WTILE;
-		wgmma_fence();
+		for (int i = 0; i < 64; i++)
+			acc[i] = 0.0f;
+		for (int kb = 0; kb < kbs; kb++, it++) {
+			int s = it % TSTAGES;
+			float sw = ws[(size_t)nb * kbs + kb];
+			float s0 = t0 < n ? xs[(size_t)t0 * kbs + kb] * sw : 0.0f;
+			float s1 = t0 + 8 < n ? xs[(size_t)(t0 + 8) * kbs + kb] * sw : 0.0f;
+			mbar_wait(full0 + 8 * s, (unsigned)(it / TSTAGES) & 1);
+			uint32_t a = ring0 + s * WSTAGE + cw * 64 * 128, b = ring0 + s * WSTAGE + WTILE;
+			wgmma_fence();
 #pragma unroll
-		for (int ks = 0; ks < WK / 32; ks++)
-			wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(a + ks * 32, 1024),
-					      wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
-		wgmma_commit();
-		wgmma_wait<0>();
-		mbar_arrive(empty0 + 8 * s); /* the slot is read: the producer may refill it */
+			for (int ks = 0; ks < WK / 32; ks++)
+				wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(a + ks * 32, 1024),
+						      wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
+			wgmma_commit();
+			wgmma_wait<0>();
+			mbar_arrive(empty0 + 8 * s); /* the slot is read: the producer may refill it */
+#pragma unroll
+			for (int i = 0; i < 64; i++) {
+				wgmma_reg_fence(part[i]);
+				acc[i] += part[i] * ((i & 2) ? s1 : s0);
+			}
+		}
 #pragma unroll
 		for (int i = 0; i < 64; i++) {
-			wgmma_reg_fence(part[i]);
-			acc[i] += part[i] * ((i & 2) ? s1 : s0);
+			int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
+			if (t < n && r < rows)
+				y[(size_t)t * rows + r] = acc[i];
 		}
-	}
-#pragma unroll
-	for (int i = 0; i < 64; i++) {
-		int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
-		if (t < n && r < rows)
-			y[(size_t)t * rows + r] = acc[i];
 	}
 }
 
@@ -302,7 +314,7 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 		return WK_OK;
 	dim3 grid((unsigned)(n / WM + (n % WM != 0)), (unsigned)(rows / WN + (rows % WN != 0)));
 	bool vec = cols % 16 == 0 && ((uintptr_t)xq | (uintptr_t)w) % 16 == 0;
-	if (vec && cols > 0) {
+	if (vec && cols > 0 && (int64_t)grid.x * grid.y <= 0x7fffffff) {
 		CUtensorMap tx, tw;
 		if (tensor_map(&tx, xq, n, cols, err, errsz) || tensor_map(&tw, w, rows, cols, err, errsz))
 			return WK_EIO;
@@ -310,7 +322,18 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 						     cudaFuncAttributeMaxDynamicSharedMemorySize, TSMEM);
 		if (e != cudaSuccess)
 			return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
-		k_gemm_wgmma_tma<<<grid, TTHREADS, TSMEM>>>(y, tx, tw, xs, ws, n, rows, cols);
+		/* persistent: a block per multiprocessor, each taking tiles gridDim.x apart (the
+		 * token tiles of one weight tile next to each other, for L2) */
+		int dev = 0, sms = 0;
+		e = cudaGetDevice(&dev);
+		if (e == cudaSuccess)
+			e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+		if (e != cudaSuccess)
+			return check(e, "gemm_fp8_wgmma multiprocessors", err, errsz);
+		int mtiles = (int)grid.x, tiles = (int)grid.x * (int)grid.y; /* checked above */
+		unsigned blocks = (unsigned)(tiles < sms ? tiles : sms > 0 ? sms : 1);
+		k_gemm_wgmma_tma<<<blocks, TTHREADS, TSMEM>>>(y, tx, tw, xs, ws, n, rows, cols, mtiles,
+							      tiles);
 		return launched("gemm_fp8_wgmma", err, errsz);
 	}
 	cudaError_t e = vec ? cudaFuncSetAttribute(k_gemm_wgmma<true>,

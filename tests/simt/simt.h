@@ -339,6 +339,11 @@ enum { cudaEnableDefault = 0 };
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version,
 					     unsigned long long flags,
 					     cudaDriverEntryPointQueryResult *status);
+
+/* cudaDevAttrMultiProcessorCount only: 3 emulated multiprocessors (tests/simt/wgmma.cpp), so
+ * that a persistent kernel's blocks each take several tiles here. */
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 const char *cudaGetErrorString(cudaError_t e);
 
 /* kernel<<<grid, block, smem, stream>>>(args) as cu2cpp.py writes it: body runs once per
