@@ -175,6 +175,14 @@ static void c_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const flo
 						    d_nope, d_v));
 }
 
+static void c_moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
+				const float *bias, const struct be_route *r, int *idx, float *wt,
+				int n, const struct be_experts *ex, void *scratch)
+{ /* the grouped op's 4 launches, the router inside the first */
+	COUNT(ctx, ENG_K_MOE_EXPERTS,
+	      moe_route_experts(IN(ctx)->ctx, y, x, logits, bias, r, idx, wt, n, ex, scratch));
+}
+
 static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
 		       const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 		       float qk_scale, float w_scale, float *scores, void *work)
@@ -318,6 +326,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(moe_bind, c_moe_bind);
 	KEEP(moe_scratch, c_moe_scratch);
 	KEEP(moe_experts, c_moe_experts);
+	KEEP(moe_route_experts, c_moe_route_experts);
 	KEEP(mem_alloc, c_mem_alloc);
 	KEEP(mem_free, c_mem_free);
 	KEEP(to_device, c_to_device);

@@ -584,6 +584,12 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
 			     .scale = g->routed_scale};
+	if (f->grouped && be->moe_route_experts) { /* routing in the grouped op's first launch */
+		if (eng_ep_lead(e))
+			be->moe_route_experts(c, y, x, m->logits, f->bias, &r, m->idx, m->wt, n,
+					      &f->bex, m->moe_scr);
+		return;
+	}
 	be->moe_route(c, m->idx, m->wt, m->logits, f->bias, n, &r);
 	if (f->grouped) { /* routing, grouping and experts stay on the backend */
 		if (eng_ep_lead(e))

@@ -284,6 +284,14 @@ static void moe_experts(void *ctx, float *y, const float *x, const int *idx, con
 	}
 }
 
+static void moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
+			      const float *bias, const struct be_route *r, int *idx, float *wt,
+			      int n, const struct be_experts *ex, void *scratch)
+{
+	moe_route(ctx, idx, wt, logits, bias, n, r);
+	moe_experts(ctx, y, x, idx, wt, n, ex, scratch);
+}
+
 struct absorb_job {
 	float *out;
 	const float *in;
@@ -428,6 +436,7 @@ const struct backend be_cpu = {
 	.scatter_add_rows = scatter_add_rows,
 	.moe_scratch = moe_scratch,
 	.moe_experts = moe_experts,
+	.moe_route_experts = moe_route_experts,
 	.mla_absorb_q = mla_absorb_q,
 	.mla_absorb_out = mla_absorb_out,
 	.mla_attention = mla_attention,

@@ -47,7 +47,8 @@ struct cuda_ctx {
 	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
 	float *dsa_scores;        /* dsa_topk's score rows, grown on demand (dsa_cap floats) */
 	size_t dsa_cap;
-	unsigned *dsa_count;      /* DSA_GROUPS zeroed counters */
+	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
+				   * moe_route_experts): zero, each launch leaving them zero */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
 };
@@ -378,6 +379,17 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 #define DSA_GROUPS 4096
 #define DSA_BUDGET ((size_t)64 << 20)
 
+/* The zeroed counters, made on first use; NULL (the failure kept) when CUDA refuses. */
+static unsigned *counters(struct cuda_ctx *c)
+{
+	if (!c->dsa_count &&
+	    (!ok_cuda(c, cudaMalloc((void **)&c->dsa_count, DSA_GROUPS * sizeof(unsigned)),
+		      "counters") ||
+	     !ok_cuda(c, cudaMemset(c->dsa_count, 0, DSA_GROUPS * sizeof(unsigned)), "counters")))
+		return NULL;
+	return c->dsa_count;
+}
+
 static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
 		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 		     float qk_scale, float w_scale, float *scores, void *work)
@@ -387,13 +399,8 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float
 	(void)work;
 	if (c->rc != WK_OK || n <= 0)
 		return;
-	if (!c->dsa_count) {
-		if (!ok_cuda(c, cudaMalloc((void **)&c->dsa_count, DSA_GROUPS * sizeof(unsigned)),
-			     "dsa_topk counters") ||
-		    !ok_cuda(c, cudaMemset(c->dsa_count, 0, DSA_GROUPS * sizeof(unsigned)),
-			     "dsa_topk counters"))
-			return;
-	}
+	if (!counters(c))
+		return;
 	size_t row = (size_t)pos0 + (size_t)n, rows = n < DSA_GROUPS ? (size_t)n : DSA_GROUPS;
 	if (rows * row > DSA_BUDGET)
 		rows = DSA_BUDGET / row > 0 ? DSA_BUDGET / row : 1;
@@ -440,6 +447,22 @@ static void moe_experts(void *ctx, float *y, const float *x, const int *idx, con
 	RUN(wk_cuda_moe_experts(y, x, idx, wt, n, ex->top_k, (const struct cpu_expert *)ex->dev,
 				ex->ex0, ex->n_local, ex->dtype, ex->dim, ex->inter, scratch, err,
 				sizeof err));
+}
+
+static void moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
+			      const float *bias, const struct be_route *r, int *idx, float *wt,
+			      int n, const struct be_experts *ex, void *scratch)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	unsigned *count = c->rc == WK_OK ? counters(c) : NULL;
+	if (count)
+		ok(c, wk_cuda_moe_route_experts(y, x, logits, bias, r->n_experts, r->n_group,
+						r->topk_group, r->norm, r->scale, idx, wt, n,
+						ex->top_k, (const struct cpu_expert *)ex->dev, ex->ex0,
+						ex->n_local, ex->dtype, ex->dim, ex->inter, scratch,
+						count, err, sizeof err),
+		   err);
 }
 
 static void zero(void *ctx, void *dst, size_t bytes)
@@ -713,6 +736,7 @@ static struct backend make_backend(void)
 	b.moe_bind = moe_bind;
 	b.moe_scratch = moe_scratch;
 	b.moe_experts = moe_experts;
+	b.moe_route_experts = moe_route_experts;
 	b.mem_alloc = mem_alloc;
 	b.mem_free = mem_free;
 	b.to_device = to_device;

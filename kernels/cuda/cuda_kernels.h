@@ -108,6 +108,9 @@ int wk_cuda_moe_route(int *idx, float *wt, const float *logits, const float *bia
 		      int n_experts, int top_k, int n_group, int topk_group, bool norm,
 		      float scale, char *err, size_t errsz);
 #define WK_CUDA_MOE_MAX_EXPERTS 1024 /* as CPU_MOE_MAX_EXPERTS */
+/* wk_cuda_moe_route's refusals, without launching anything. */
+int wk_cuda_moe_route_check(int n_experts, int top_k, int n_group, int topk_group, char *err,
+			    size_t errsz);
 /* cpu_ref_gather_rows: dst[i] = src[rows[i]] */
 int wk_cuda_gather_rows(float *dst, const float *src, const int *rows, int n, int dim,
 			char *err, size_t errsz);
@@ -166,6 +169,17 @@ int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *w
 			int top_k, const struct cpu_expert *experts, int ex0, int n_local,
 			enum dt_type wdt, int dim, int inter, void *scratch, char *err,
 			size_t errsz);
+/* wk_cuda_moe_route into idx, wt (device, [n][top_k]) and then wk_cuda_moe_experts with that
+ * routing, in 4 launches instead of 5: the router's blocks and the plan are one launch (the
+ * last router block to finish plans), each computing exactly what the two ops do, so idx,
+ * wt and y equal theirs bit for bit. count: one unsigned of device memory, zero before and
+ * left zero. Refuses what either would. */
+int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, const float *bias,
+			      int n_experts, int n_group, int topk_group, bool norm, float scale,
+			      int *idx, float *wt, int n, int top_k,
+			      const struct cpu_expert *experts, int ex0, int n_local,
+			      enum dt_type wdt, int dim, int inter, void *scratch,
+			      unsigned *count, char *err, size_t errsz);
 
 /* ---- FP8 GEMM for prefill (gemm_fp8.cu) ---- */
 

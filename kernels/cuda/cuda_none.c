@@ -270,3 +270,24 @@ int wk_cuda_lab(void)
 {
 	return WK_EUNSUPPORTED;
 }
+
+int wk_cuda_moe_route_check(int n_experts, int top_k, int n_group, int topk_group, char *err,
+			    size_t errsz)
+{
+	(void)n_experts, (void)top_k, (void)n_group, (void)topk_group;
+	return none(err, errsz);
+}
+
+int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, const float *bias,
+			      int n_experts, int n_group, int topk_group, bool norm, float scale,
+			      int *idx, float *wt, int n, int top_k,
+			      const struct cpu_expert *experts, int ex0, int n_local,
+			      enum dt_type wdt, int dim, int inter, void *scratch,
+			      unsigned *count, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)logits, (void)bias, (void)n_experts, (void)n_group,
+		(void)topk_group, (void)norm, (void)scale, (void)idx, (void)wt, (void)n,
+		(void)top_k, (void)experts, (void)ex0, (void)n_local, (void)wdt, (void)dim,
+		(void)inter, (void)scratch, (void)count;
+	return none(err, errsz);
+}

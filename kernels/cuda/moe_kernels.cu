@@ -35,6 +35,7 @@ extern "C" {
 #include "kernels/cuda/cuda_kernels.h"
 }
 #include "kernels/cuda/cuda_int.cuh"
+#include "kernels/cuda/moe_route.cuh"
 
 #define MOE_THREADS 256
 #define MOE_ROWS (MOE_THREADS / 32) /* output rows per block of 2 and 3: a warp each */
@@ -85,10 +86,10 @@ static size_t plan_layout(char *base, int n, int top_k, int n_local, int dim, in
 
 /* ---- 1. plan: one block ---------------------------------------------------------------- */
 
-__global__ void k_moe_plan(struct moe_plan p, const int *idx, int nslots, int top_k, int ex0,
-			   int n_local)
+/* The whole block (any size). scan: 32 ints of shared memory. */
+__device__ void plan_block(struct moe_plan p, const int *idx, int nslots, int top_k, int ex0,
+			   int n_local, int *scan)
 {
-	__shared__ int scan[32];
 	for (int e = threadIdx.x; e < n_local; e += blockDim.x)
 		p.count[e] = 0;
 	__syncthreads(); /* a block's global writes are visible to it after a barrier */
@@ -122,6 +123,46 @@ __global__ void k_moe_plan(struct moe_plan p, const int *idx, int nslots, int to
 		}
 		p.pos[s] = g;
 	}
+}
+
+__global__ void k_moe_plan(struct moe_plan p, const int *idx, int nslots, int top_k, int ex0,
+			   int n_local)
+{
+	__shared__ int scan[32];
+	plan_block(p, idx, nslots, top_k, ex0, n_local, scan);
+}
+
+/* The router and the plan in one launch: block t routes token t (moe_route.cuh, as
+ * k_moe_route), and the last block to finish (a counter, the routing fenced before it is
+ * bumped, left zero) plans the grouped slots from every token's choice, as k_moe_plan. */
+struct route_args {
+	const float *logits, *bias;
+	int n_experts, n_group, topk_group;
+	bool norm;
+	float scale;
+	int *idx;
+	float *wt;
+	unsigned *count;
+};
+
+__global__ void k_moe_route_plan(struct route_args r, struct moe_plan p, int nslots, int top_k,
+				 int ex0, int n_local)
+{
+	__shared__ int scan[32];
+	__shared__ int s_last;
+	route_token(r.idx, r.wt, r.logits, r.bias, r.n_experts, top_k, r.n_group, r.topk_group,
+		    r.norm, r.scale, (int)blockIdx.x);
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		s_last = atomicAdd(r.count, 1u) == gridDim.x - 1;
+	__syncthreads();
+	if (!s_last)
+		return;
+	__threadfence();
+	plan_block(p, r.idx, nslots, top_k, ex0, n_local, scan);
+	if (threadIdx.x == 0)
+		*r.count = 0;
 }
 
 /* ---- 2, 3. the experts' matmuls: a warp per output row ------------------------------------- */
@@ -279,11 +320,66 @@ static int experts_launch(const struct moe_plan &p, const float *x,
 	return launched("moe_experts down", err, errsz);
 }
 
+static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
+		      int n, int top_k, const struct cpu_expert *experts, int n_local,
+		      enum dt_type wdt, int dim, int inter, char *err, size_t errsz);
+
+/* The checks both entry points make; *skip when there is nothing to do. */
+static int experts_args(int n, int top_k, int n_local, enum dt_type wdt, int dim, int inter,
+			const struct cpu_expert *experts, const void *scratch, bool *skip,
+			char *err, size_t errsz);
+
 extern "C" int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *wt,
 				   int n, int top_k, const struct cpu_expert *experts, int ex0,
 				   int n_local, enum dt_type wdt, int dim, int inter,
 				   void *scratch, char *err, size_t errsz)
 {
+	bool skip;
+	int rc = experts_args(n, top_k, n_local, wdt, dim, inter, experts, scratch, &skip, err,
+			      errsz);
+	if (rc != WK_OK || skip)
+		return rc;
+	int nslots = n * top_k;
+	struct moe_plan p;
+	plan_layout((char *)scratch, n, top_k, n_local, dim, inter, &p);
+	k_moe_plan<<<1, PLAN_THREADS>>>(p, idx, nslots, top_k, ex0, n_local);
+	if ((rc = launched("moe_experts plan", err, errsz)) != WK_OK)
+		return rc;
+	return after_plan(p, y, x, wt, n, top_k, experts, n_local, wdt, dim, inter, err, errsz);
+}
+
+extern "C" int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits,
+					 const float *bias, int n_experts, int n_group,
+					 int topk_group, bool norm, float scale, int *idx, float *wt,
+					 int n, int top_k, const struct cpu_expert *experts, int ex0,
+					 int n_local, enum dt_type wdt, int dim, int inter,
+					 void *scratch, unsigned *count, char *err, size_t errsz)
+{
+	bool skip;
+	int rc = wk_cuda_moe_route_check(n_experts, top_k, n_group, topk_group, err, errsz);
+	if (rc == WK_OK)
+		rc = experts_args(n, top_k, n_local, wdt, dim, inter, experts, scratch, &skip, err,
+				  errsz);
+	if (rc != WK_OK || skip)
+		return rc;
+	if (!count)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA moe_route_experts: no counter");
+	int nslots = n * top_k;
+	struct moe_plan p;
+	plan_layout((char *)scratch, n, top_k, n_local, dim, inter, &p);
+	struct route_args r = {logits, bias, n_experts, n_group, topk_group, norm, scale, idx, wt,
+			       count};
+	k_moe_route_plan<<<n, ROUTE_THREADS>>>(r, p, nslots, top_k, ex0, n_local);
+	if ((rc = launched("moe_experts route and plan", err, errsz)) != WK_OK)
+		return rc;
+	return after_plan(p, y, x, wt, n, top_k, experts, n_local, wdt, dim, inter, err, errsz);
+}
+
+static int experts_args(int n, int top_k, int n_local, enum dt_type wdt, int dim, int inter,
+			const struct cpu_expert *experts, const void *scratch, bool *skip,
+			char *err, size_t errsz)
+{
+	*skip = false;
 	if (wdt != DT_F32 && wdt != DT_BF16 && wdt != DT_F16 && wdt != DT_F8_E4M3)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA moe_experts: expert weights in %s (F32, BF16, F16 or F8_E4M3 "
@@ -295,18 +391,22 @@ extern "C" int wk_cuda_moe_experts(float *y, const float *x, const int *idx, con
 			       "CUDA moe_experts: %d tokens, top %d, %d local experts, dim %d, "
 			       "inter %d",
 			       n, top_k, n_local, dim, inter);
-	if (n == 0 || top_k == 0 || n_local == 0)
-		return WK_OK; /* no slot is local: y stays as it is */
+	if (n == 0 || top_k == 0 || n_local == 0) {
+		*skip = true; /* no slot is local: y stays as it is */
+		return WK_OK;
+	}
 	if (!experts || !scratch)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA moe_experts: no %s",
 			       experts ? "scratch" : "expert table");
-	int nslots = n * top_k;
-	struct moe_plan p;
-	plan_layout((char *)scratch, n, top_k, n_local, dim, inter, &p);
-	k_moe_plan<<<1, PLAN_THREADS>>>(p, idx, nslots, top_k, ex0, n_local);
-	int rc = launched("moe_experts plan", err, errsz);
-	if (rc != WK_OK)
-		return rc;
+	return WK_OK;
+}
+
+/* The experts' launches once the plan is in the scratch: gate/up, down, combine. */
+static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
+		      int n, int top_k, const struct cpu_expert *experts, int n_local,
+		      enum dt_type wdt, int dim, int inter, char *err, size_t errsz)
+{
+	int nslots = n * top_k, rc;
 	/* the most experts the plan can find active; blocks beyond loop, above MAX_GRID_Y */
 	int most = n_local < nslots ? n_local : nslots;
 	unsigned ey = (unsigned)(most < MAX_GRID_Y ? most : MAX_GRID_Y);

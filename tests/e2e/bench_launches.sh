@@ -3,8 +3,8 @@
 # (q, k and v as one matmul_n, o, gate and up as one, down) + lm_head, one attention per
 # layer, k and v written straight into the caches, each residual add fused with the norm after
 # it (add_rmsnorm), q and k rotated by one rope_n. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
-# top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes once and runs
-# its experts in one grouped op (4 kernels on CUDA); the attention's 7 projections are 3 ops
+# top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes and runs its
+# experts in one grouped op (4 kernels on CUDA, the router inside the first); the attention's 7 projections are 3 ops
 # (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj), and
 # the router with the shared expert's gate and up is one; a batch-1 step's keys land in their
 # caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed).
@@ -45,7 +45,7 @@ moe = L - dense
 assert L == 78 and dense == 3 and cfg["n_routed_experts"] == 256 and topk == 8, cfg
 assert k["mla_absorbed"] == L and k["dsa_topk"] == L, k           # sparse: 100 > index_topk
 assert "mla_attention" not in k and "mla_absorb_q" not in k and "mla_absorb_out" not in k, k
-assert k["moe_route"] == moe and k["moe_experts"] == moe, k
+assert "moe_route" not in k and k["moe_experts"] == moe, k     # the router inside the grouped op
 assert "gather_rows" not in k and "scatter_add_rows" not in k, k
 assert k["matmul"] == 3 * L + 2 * dense + 2 * moe + 1, k   # + MLPs, shared expert, router
 assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing round trip
@@ -53,7 +53,7 @@ assert "copy" not in k, k                          # c_kv, k_pe, index keys land
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
 assert k["rope"] == L, k          # q, k_pe and the indexer's queries and keys in one rope_n
 assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L + 2 * L + 2 * L, j
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4 + 1) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L + 2 * L + 2 * L, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY

@@ -387,6 +387,26 @@ static void ds_moe_experts(void *ctx, float *y, const float *x, const int *idx, 
 	WRAP(moe_experts(CPU, y, x, idx, wt, n, ex, scratch));
 }
 
+static void ds_moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
+				 const float *bias, const struct be_route *r, int *idx, float *wt,
+				 int n, const struct be_experts *ex, void *scratch)
+{
+	dev(ctx, logits, "moe_route_experts logits");
+	dev(ctx, bias, "moe_route_experts bias");
+	dev(ctx, idx, "moe_route_experts idx");
+	dev(ctx, wt, "moe_route_experts wt");
+	dev(ctx, y, "moe_route_experts y");
+	dev(ctx, x, "moe_route_experts x");
+	dev(ctx, scratch, "moe_route_experts scratch");
+	for (int i = 0; i < ex->n_local; i++) {
+		const struct be_expert *w = &ex->experts[i];
+		const void *p[6] = {w->gate, w->up, w->down, w->gate_s, w->up_s, w->down_s};
+		for (int k = 0; k < 6; k++)
+			dev(ctx, p[k], "moe_route_experts weight");
+	}
+	WRAP(moe_route_experts(CPU, y, x, logits, bias, r, idx, wt, n, ex, scratch));
+}
+
 static void *ds_alloc(void *ctx, size_t bytes)
 {
 	return region_new(ctx, bytes);
@@ -622,6 +642,7 @@ const struct backend be_devsim = {
 	DEVSIM_OPS,
 	.moe_scratch = ds_moe_scratch,
 	.moe_experts = ds_moe_experts,
+	.moe_route_experts = ds_moe_route_experts,
 };
 
 const struct backend be_devsim_ungrouped = {DEVSIM_OPS};

@@ -1001,6 +1001,82 @@ static void moe_pick(int *it, int top_k, int n_experts, int ex0, int n_local, bo
 	memcpy(it, perm, (size_t)top_k * sizeof *it);
 }
 
+/* The router fused with the grouped experts (one launch for the router and the plan) gives
+ * the two ops' idx, wt and y bit for bit, and leaves its counter zero. */
+Test(cuda_kernels, moe_route_experts_matches_the_two_ops)
+{
+	NEED_GPU();
+	int ne = 32, ng = 4, tg = 2, top_k = 8, n_local = 16, ex0 = 4;
+	static const struct {
+		enum dt_type t;
+		int n, dim, inter;
+	} cases[] = {{DT_F8_E4M3, 37, 200, 144}, {DT_F8_E4M3, 1, 200, 144}, {DT_BF16, 9, 96, 70}};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		enum dt_type t = cases[c].t;
+		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter;
+		size_t ny = (size_t)n * dim, ns = (size_t)n * top_k;
+		struct moe_set m;
+		moe_set_make(&m, t, n_local, dim, inter);
+		float *lg = rnd_vec((size_t)n * ne), *bias = rnd_vec((size_t)ne);
+		float *x = rnd_vec(ny), *y0 = rnd_vec(ny);
+		for (int e = 0; e < ne; e++)
+			bias[e] = fabsf(bias[e]) * 0.1f;
+		float *dl = to_dev(lg, (size_t)n * ne * 4), *db = to_dev(bias, (size_t)ne * 4);
+		float *dx = to_dev(x, ny * 4), *dy[2] = {to_dev(y0, ny * 4), to_dev(y0, ny * 4)};
+		int *di[2] = {dev_alloc(ns * 4), dev_alloc(ns * 4)};
+		float *dw[2] = {dev_alloc(ns * 4), dev_alloc(ns * 4)};
+		size_t scr = wk_cuda_moe_experts_scratch(n, top_k, n_local, dim, inter);
+		void *ds[2] = {dev_alloc(scr), dev_alloc(scr)};
+		unsigned zero = 0, *dc = to_dev(&zero, sizeof zero);
+		cr_assert_eq(wk_cuda_moe_route(di[0], dw[0], dl, db, n, ne, top_k, ng, tg, true, 2.5f,
+					       err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_moe_experts(dy[0], dx, di[0], dw[0], n, top_k, m.tab, ex0,
+						 n_local, t, dim, inter, ds[0], err, sizeof err),
+			     WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_moe_route_experts(dy[1], dx, dl, db, ne, ng, tg, true, 2.5f,
+						       di[1], dw[1], n, top_k, m.tab, ex0, n_local,
+						       t, dim, inter, ds[1], dc, err, sizeof err),
+			     WK_OK, "%s", err);
+		int *hi[2] = {malloc(ns * 4), malloc(ns * 4)};
+		float *hw[2] = {malloc(ns * 4), malloc(ns * 4)}, *hy[2] = {malloc(ny * 4), malloc(ny * 4)};
+		for (int k = 0; k < 2; k++) {
+			from_dev(hi[k], di[k], ns * 4);
+			from_dev(hw[k], dw[k], ns * 4);
+			from_dev(hy[k], dy[k], ny * 4);
+		}
+		unsigned left;
+		from_dev(&left, dc, sizeof left);
+		cr_expect(memcmp(hi[0], hi[1], ns * 4) == 0, "%s n=%d: idx differ", dt_name(t), n);
+		cr_expect(memcmp(hw[0], hw[1], ns * 4) == 0, "%s n=%d: wt differ", dt_name(t), n);
+		cr_expect(memcmp(hy[0], hy[1], ny * 4) == 0, "%s n=%d: y differs", dt_name(t), n);
+		cr_expect(memcmp(hy[0], y0, ny * 4) != 0, "%s n=%d: y unchanged", dt_name(t), n);
+		cr_expect_eq(left, 0u, "%s n=%d: the counter was left at %u", dt_name(t), n, left);
+		for (int k = 0; k < 2; k++) {
+			wk_cuda_free(dy[k]);
+			wk_cuda_free(di[k]);
+			wk_cuda_free(dw[k]);
+			wk_cuda_free(ds[k]);
+			free(hi[k]);
+			free(hw[k]);
+			free(hy[k]);
+		}
+		wk_cuda_free(dl);
+		wk_cuda_free(db);
+		wk_cuda_free(dx);
+		wk_cuda_free(dc);
+		moe_set_free(&m);
+		free(lg);
+		free(bias);
+		free(x);
+		free(y0);
+	}
+	float dummy;
+	cr_expect_eq(wk_cuda_moe_route_experts(&dummy, &dummy, NULL, NULL, 10, 3, 1, true, 1.0f,
+					       NULL, NULL, 1, 1, NULL, 0, 4, DT_F32, 8, 8, NULL,
+					       NULL, err, sizeof err),
+		     WK_EINVAL, "10 experts in 3 groups");
+}
+
 Test(cuda_kernels, moe_experts_matches_ref)
 {
 	NEED_GPU();
