@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "common/dtype.h"
+#include "engine/sampler.h" /* struct samp_cand */
 
 enum be_op {
 	BE_OP_MATMUL,
@@ -104,6 +105,17 @@ struct be_rope {
 	int n_heads, head_dim, rot_dim;
 };
 
+/* sample_cand's per-row settings and result (struct cpu_samp, cpu_cand_head in cpu.h). */
+#define BE_CAND_MAX 1024 /* = WK_CUDA_CAND_MAX */
+struct be_samp {
+	float temperature, top_p;
+	int top_k;
+};
+struct be_cand_head {
+	double mass;
+	int count, pad;
+};
+
 struct be_config {
 	int threads; /* CPU threads; <= 0 means all cores */
 	int device;  /* GPU ordinal for device backends */
@@ -145,6 +157,14 @@ struct backend {
 	/* idx[i] = argmax of logits [n][vocab] row i, lowest index on ties (greedy sampling on
 	 * the device: only the ids cross to the host). Optional. */
 	void (*argmax)(void *ctx, int *idx, const float *logits, int n, int vocab);
+	/* Sampling candidates (cpu_ref_sample_cand's contract in cpu.h; layouts: struct
+	 * be_samp, be_cand_head here, samp_cand in sampler.h): for logits [n][vocab] with
+	 * settings s [n], the list engine/sampler.c's pick needs into cand [n][cap] and head [n]
+	 * (count -1: longer than cap). All in the backend's memory; cap <= BE_CAND_MAX. Only
+	 * the candidates then cross to the host. Optional. */
+	void (*sample_cand)(void *ctx, struct samp_cand *cand, struct be_cand_head *head,
+			    const float *logits, const struct be_samp *s, int n, int vocab,
+			    int cap);
 	/* FP8 activations (eng_opts.fp8_act): y [n][cols] = x quantized per token per 128
 	 * channels and back (cpu_ref_act_quant), what FP8-weight matmuls then read. Optional:
 	 * without it the engine refuses fp8_act. */

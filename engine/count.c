@@ -32,7 +32,7 @@ static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
 	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "mla_absorbed",
-	"to_device", "to_host", "copy",
+	"sample_cand", "to_device", "to_host", "copy",
 };
 _Static_assert(ENG_K_COPY + 1 == ENG_LAUNCH_KINDS, "a launch kind without its name");
 
@@ -79,6 +79,12 @@ static void c_rope_n(void *ctx, const struct be_rope *r, int count, float theta,
 static void c_argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
 {
 	COUNT(ctx, ENG_K_ARGMAX, argmax(IN(ctx)->ctx, idx, logits, n, vocab));
+}
+
+static void c_sample_cand(void *ctx, struct samp_cand *cand, struct be_cand_head *head,
+			  const float *logits, const struct be_samp *s, int n, int vocab, int cap)
+{
+	COUNT(ctx, ENG_K_SAMPLE_CAND, sample_cand(IN(ctx)->ctx, cand, head, logits, s, n, vocab, cap));
 }
 
 static void c_act_quant(void *ctx, float *y, const float *x, int n, int cols)
@@ -307,6 +313,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	KEEP(act_quant, c_act_quant);
 	KEEP(argmax, c_argmax);
+	KEEP(sample_cand, c_sample_cand);
 	KEEP(rope_n, c_rope_n);
 	KEEP(norm_n, c_norm_n);
 	KEEP(rmsnorm, c_rmsnorm);

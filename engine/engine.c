@@ -341,24 +341,22 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 	}
 }
 
-int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
-		int vocab, char *err, size_t errsz)
+/* Whether item it asks for a sampled token (sampled true) or for the argmax (false). */
+static bool wants(const struct eng_item *it, bool sampled)
 {
-	bool any = false;
-	for (int i = 0; i < n; i++) {
-		if (items[i].logits)
-			eng_to_host(e, items[i].logits, lg + (size_t)i * vocab, vocab * sizeof(float));
-		any |= items[i].token != NULL;
-	}
-	if (!any)
-		return WK_OK;
+	return it->token && (it->sample.temperature > 0) == sampled;
+}
+
+static int outputs_argmax(struct engine *e, const struct eng_item *items, int n,
+			  const float *lg, int vocab, char *err, size_t errsz)
+{
 	if (eng_host_mem(e) || !e->be->argmax) {
 		bool host = eng_host_mem(e);
 		float *row = host ? NULL : malloc((size_t)vocab * sizeof *row);
 		if (!host && !row)
 			return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a logits row");
 		for (int i = 0; i < n; i++) {
-			if (!items[i].token)
+			if (!wants(&items[i], false))
 				continue;
 			const float *r = lg + (size_t)i * vocab;
 			if (!host) {
@@ -381,9 +379,104 @@ int eng_outputs(struct engine *e, const struct eng_item *items, int n, const flo
 	e->be->argmax(e->bctx, e->tok_d, lg, n, vocab);
 	eng_to_host(e, e->tok_h, e->tok_d, (size_t)n * sizeof(int));
 	for (int i = 0; i < n; i++)
-		if (items[i].token)
+		if (wants(&items[i], false))
 			*items[i].token = e->tok_h[i];
 	return WK_OK;
+}
+
+static int cand_cap(const struct engine *e)
+{
+	return e->cand_cap > 0 ? e->cand_cap : ENG_CAND_CAP;
+}
+
+/* sample_cand's buffers for n rows: [n] heads, then [n][cap] candidates. */
+static size_t cand_bytes(const struct engine *e, int n)
+{
+	return (size_t)n * (sizeof(struct be_cand_head) +
+			    (size_t)cand_cap(e) * sizeof(struct samp_cand));
+}
+
+static bool cand_grow(struct engine *e, int n)
+{
+	if (n <= e->cand_rows)
+		return true;
+	struct be_samp *sh = realloc(e->samp_h, (size_t)n * sizeof *sh);
+	if (sh)
+		e->samp_h = sh;
+	void *ch = sh ? realloc(e->cand_h, cand_bytes(e, n)) : NULL;
+	if (ch)
+		e->cand_h = ch;
+	if (!ch || !eng_regrow(e, &e->samp_d, (size_t)n * sizeof *sh) ||
+	    !eng_regrow(e, &e->cand_d, cand_bytes(e, n)))
+		return false;
+	e->cand_rows = n;
+	return true;
+}
+
+/* The sampled items' tokens: the device's candidates where it selects them (one op and one
+ * copy for the step, plus a logits row for each row past ENG_CAND_CAP), else the host's pick
+ * over each row. */
+static int outputs_sampled(struct engine *e, const struct eng_item *items, int n,
+			   const float *lg, int vocab, char *err, size_t errsz)
+{
+	bool host = eng_host_mem(e), dev = !host && e->be->sample_cand;
+	if (!e->pick)
+		e->pick = malloc((size_t)vocab * sizeof *e->pick);
+	if (!host && !e->pick_row)
+		e->pick_row = malloc((size_t)vocab * sizeof *e->pick_row);
+	if (!e->pick || (!host && !e->pick_row))
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for sampling scratch");
+	if (dev && !cand_grow(e, n))
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for %d rows of candidates", n);
+	const struct be_cand_head *head = e->cand_h;
+	const struct samp_cand *cand = (const struct samp_cand *)(head + n);
+	if (dev) {
+		for (int i = 0; i < n; i++) /* temperature 0: the device skips the row */
+			e->samp_h[i] = wants(&items[i], true)
+					       ? (struct be_samp){items[i].sample.temperature,
+								  items[i].sample.top_p,
+								  items[i].sample.top_k}
+					       : (struct be_samp){0, 1, 0};
+		eng_to_dev(e, e->samp_d, e->samp_h, (size_t)n * sizeof *e->samp_h);
+		struct be_cand_head *hd = e->cand_d;
+		e->be->sample_cand(e->bctx, (struct samp_cand *)(hd + n), hd, lg, e->samp_d, n, vocab,
+				   cand_cap(e));
+		eng_to_host(e, e->cand_h, e->cand_d, cand_bytes(e, n));
+	}
+	for (int i = 0; i < n; i++) {
+		const struct eng_item *it = &items[i];
+		if (!wants(it, true))
+			continue;
+		if (dev && head[i].count > 0) {
+			*it->token = samp_pick_cand(cand + (size_t)i * cand_cap(e), head[i].count,
+						    head[i].mass, it->sample.top_p, it->sample.u);
+			continue;
+		}
+		const float *r = lg + (size_t)i * vocab;
+		if (!host) {
+			eng_to_host(e, e->pick_row, r, (size_t)vocab * sizeof *e->pick_row);
+			r = e->pick_row;
+		}
+		struct samp_cfg cfg = {it->sample.temperature, it->sample.top_p, it->sample.top_k, 0};
+		*it->token = samp_pick(r, vocab, &cfg, it->sample.u, e->pick);
+	}
+	return WK_OK;
+}
+
+int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
+		int vocab, char *err, size_t errsz)
+{
+	bool greedy = false, sampled = false;
+	for (int i = 0; i < n; i++) {
+		if (items[i].logits)
+			eng_to_host(e, items[i].logits, lg + (size_t)i * vocab, vocab * sizeof(float));
+		greedy |= wants(&items[i], false);
+		sampled |= wants(&items[i], true);
+	}
+	int rc = greedy ? outputs_argmax(e, items, n, lg, vocab, err, errsz) : WK_OK;
+	if (rc == WK_OK && sampled)
+		rc = outputs_sampled(e, items, n, lg, vocab, err, errsz);
+	return rc;
 }
 
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
@@ -790,8 +883,14 @@ void eng_close(struct engine *e)
 	if (e->be) {
 		eng_release(e, e->aq);
 		eng_release(e, e->tok_d);
+		eng_release(e, e->samp_d);
+		eng_release(e, e->cand_d);
 	}
 	free(e->tok_h);
+	free(e->samp_h);
+	free(e->cand_h);
+	free(e->pick);
+	free(e->pick_row);
 	if (e->snap && snap_on_sink(e->snap)) {
 		snap_close(e->snap); /* its images are the backend's memory */
 		e->snap = NULL;

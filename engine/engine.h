@@ -82,7 +82,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 23
+#define ENG_LAUNCH_KINDS 24
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long collectives;
@@ -120,7 +120,24 @@ struct eng_item {
 	int *token;        /* or NULL: the argmax of those logits (lowest id on ties), chosen on
 			    * the backend's device where it can, so that only the id crosses to
 			    * the host (greedy decoding); with logits NULL they are not copied */
+	/* With token and sample.temperature > 0, *token is sampled instead: samp_pick's token
+	 * (engine/sampler.h) for these settings and the draw u (the request's samp_draw), so
+	 * what samp_next would give. Where the logits are in device memory and the backend
+	 * has sample_cand, the device selects the candidates and only they cross to the host
+	 * (a row with more than ENG_CAND_CAP of them, e.g. temperature alone over a large
+	 * vocabulary, copies its logits instead); the device's expf and sums may differ from
+	 * the host's in the last bits, which moves a draw that close to a boundary. */
+	struct eng_sample {
+		float temperature, top_p;
+		int top_k;
+		double u;
+	} sample;
 };
+/* The most candidates per row a device's sample_cand sends to the host: 8 KiB per row (at
+ * batch 64, 0.5 MiB a step instead of GLM's 38 MiB of logits), enough for any top_k up to
+ * 1024 and for top_p on a trained model's usual distributions; one block of the CUDA kernel
+ * sorts them in shared memory (8 KiB of keys). */
+#define ENG_CAND_CAP 1024
 
 /* Takes a free sequence (empty cache). WK_ELIMIT when all max_seqs are in use. */
 int eng_seq_alloc(struct engine *e, int *seq);

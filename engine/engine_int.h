@@ -59,6 +59,15 @@ struct engine {
 	size_t aq_cap;
 	int *tok_d, *tok_h;      /* eng_outputs: the step's argmax ids (backend / host memory) */
 	int tok_cap;
+	/* eng_outputs' sampled rows: sample_cand's settings [cand_rows] and its heads
+	 * [cand_rows] then candidates [cand_rows][ENG_CAND_CAP] (backend / host memory); the
+	 * host pick's scratch [vocab] and a logits row [vocab] (host memory) */
+	struct be_samp *samp_d, *samp_h;
+	void *cand_d, *cand_h;
+	int cand_rows;
+	int cand_cap; /* candidates per row; 0: ENG_CAND_CAP (tests set less before a step) */
+	struct samp_cand *pick;
+	float *pick_row;
 	int step_rc;             /* a failure inside a step's ops (eng_sync returns it), or WK_OK */
 	char step_err[WK_ERRSZ];
 	int max_seqs;   /* sequences the family holds (1 without step) */
@@ -155,7 +164,7 @@ enum eng_kind {
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
 	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
-	ENG_K_MLA_ABSORBED, ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
+	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
 void eng_count(struct engine *e, enum eng_kind kind);
@@ -281,7 +290,9 @@ void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float thet
 /* A step's outputs from lg [n][vocab] (backend memory; rank 0 of a sharded model, where the
  * gathered rows are host memory): each item's logits row to items[i].logits when set, its
  * argmax to *items[i].token when set (on the backend when it has argmax and lg is device
- * memory: one launch and n ids copied). WK_ENOMEM. */
+ * memory: one launch and n ids copied), or with temperature > 0 its sampled token (with
+ * sample_cand and lg device memory: one launch, one copy of the candidates, and a logits row
+ * for each row with more than ENG_CAND_CAP). WK_ENOMEM. */
 int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
 		int vocab, char *err, size_t errsz);
 /* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight. */

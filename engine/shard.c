@@ -363,6 +363,8 @@ static void rank_free(struct engine *re)
 	if (re->be) {
 		eng_release(re, re->aq);
 		eng_release(re, re->tok_d);
+		eng_release(re, re->samp_d);
+		eng_release(re, re->cand_d);
 	}
 	eng_free_host_copies(re);
 }
@@ -377,6 +379,10 @@ static void rank_close(struct engine *re)
 		re->be->shutdown(re->bctx);
 	}
 	free(re->tok_h);
+	free(re->samp_h);
+	free(re->cand_h);
+	free(re->pick);
+	free(re->pick_row);
 	free(re->used);
 	free(re);
 }

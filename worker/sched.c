@@ -14,8 +14,7 @@ struct sched {
 	int vocab, eos, bos, max_seq, slots;
 	struct sched_req *wait_head, *wait_tail;
 	struct sched_req **run;  /* [slots]: running requests, NULL when free */
-	float *logits;           /* [slots][vocab] */
-	int *next_tok;           /* [slots]: a greedy request's next token, from the engine */
+	int *next_tok;           /* [slots]: each request's next token, from the engine */
 	struct eng_item *items;  /* [slots] */
 	int *item_slot;          /* [slots] */
 	struct sched_req **item_req; /* [slots]: the request of each item of the current step */
@@ -42,12 +41,11 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	s->max_seq = in->max_seq;
 	s->slots = in->max_seqs;
 	s->run = calloc((size_t)s->slots, sizeof *s->run);
-	s->logits = malloc((size_t)s->slots * s->vocab * sizeof *s->logits);
 	s->items = calloc((size_t)s->slots, sizeof *s->items);
 	s->next_tok = calloc((size_t)s->slots, sizeof *s->next_tok);
 	s->item_slot = calloc((size_t)s->slots, sizeof *s->item_slot);
 	s->item_req = calloc((size_t)s->slots, sizeof *s->item_req);
-	if (!s->run || !s->logits || !s->items || !s->next_tok || !s->item_slot || !s->item_req) {
+	if (!s->run || !s->items || !s->next_tok || !s->item_slot || !s->item_req) {
 		sched_free(s);
 		return NULL;
 	}
@@ -83,7 +81,6 @@ void sched_free(struct sched *s)
 				sched_req_free(s->run[i]);
 			}
 	free(s->run);
-	free(s->logits);
 	free(s->next_tok);
 	free(s->items);
 	free(s->item_slot);
@@ -385,11 +382,14 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			continue;
 		struct eng_item *it = &s->items[n];
 		it->seq = r->seq;
-		/* greedy: the engine picks the token where the logits are (a GPU returns only
-		 * the id); else the logits come back for the request's sampler */
+		/* the engine picks the token where the logits are (a GPU returns the argmax, or
+		 * the few candidates a sampled pick needs), with the request's own draw:
+		 * samp_next's token, and its RNG advanced as samp_next advances it */
 		bool greedy = r->samp.temperature <= 0;
-		it->logits = greedy ? NULL : s->logits + (size_t)i * s->vocab;
-		it->token = greedy ? &s->next_tok[i] : NULL;
+		it->logits = NULL;
+		it->token = &s->next_tok[i];
+		it->sample = (struct eng_sample){r->samp.temperature, r->samp.top_p, r->samp.top_k,
+						 greedy ? 0 : samp_draw(r->sampler)};
 		if (r->steps == 0) {
 			it->tokens = r->prompt;
 			it->n = r->n_prompt;
@@ -424,8 +424,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		int i = s->item_slot[k];
 		struct sched_req *r = s->run[i];
 		r->steps++;
-		int next = s->items[k].token ? s->next_tok[i]
-					     : samp_next(r->sampler, s->logits + (size_t)i * s->vocab);
+		int next = s->next_tok[i];
 		if (r->n_out == 0)
 			r->t_first = t;
 		if (next == s->eos) {

@@ -96,6 +96,27 @@ static void argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
 		idx[i] = samp_argmax(logits + (size_t)i * vocab, vocab);
 }
 
+/* The reference, with its scratch allocated per call: out of memory flags every row as
+ * overflowing, which the engine then samples from the logits. */
+static void sample_cand(void *ctx, struct samp_cand *cand, struct be_cand_head *head,
+			const float *logits, const struct be_samp *s, int n, int vocab, int cap)
+{
+	_Static_assert(sizeof(struct samp_cand) == sizeof(struct cpu_cand) &&
+			       sizeof(struct be_cand_head) == sizeof(struct cpu_cand_head) &&
+			       sizeof(struct be_samp) == sizeof(struct cpu_samp),
+		       "sample_cand layouts differ");
+	(void)ctx;
+	struct cpu_cand *work = malloc((size_t)vocab * sizeof *work);
+	if (!work) {
+		for (int i = 0; i < n; i++)
+			head[i] = (struct be_cand_head){0, -1, 0};
+		return;
+	}
+	cpu_ref_sample_cand((struct cpu_cand *)cand, (struct cpu_cand_head *)head, logits,
+			    (const struct cpu_samp *)s, n, vocab, cap, work);
+	free(work);
+}
+
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	(void)ctx;
@@ -423,6 +444,7 @@ const struct backend be_cpu = {
 	.add_rmsnorm = add_rmsnorm,
 	.act_quant = act_quant,
 	.argmax = argmax,
+	.sample_cand = sample_cand,
 	.rope_n = rope_n,
 	.norm_n = norm_n,
 	.rmsnorm = rmsnorm,

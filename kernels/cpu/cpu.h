@@ -184,6 +184,39 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const
 		      int n, int pos0, int n_heads, int head_dim, int topk, float qk_scale,
 		      float w_scale, float *scores, void *work);
 
+/* ---- sampling candidates (sample_ref.c; backend.h's sample_cand) --------------------------
+ *
+ * What engine/sampler.c's pick (samp_pick_cand) needs from a logits row, selected where the
+ * logits are so that only the candidates cross to the host. For row i with settings s[i]:
+ * temperature <= 0: nothing (count 0). Else p_j = expf((l_j - max_l) / temperature) (f32)
+ * and, in the order (p descending, then id ascending):
+ *   - 0 < top_k < vocab: the first top_k; mass = their sum (double) in that order;
+ *     else all ids; mass = the sum of every p in id order;
+ *   - 0 < top_p < 1: of those, only the shortest head whose running sum (double) reaches
+ *     min(mass, (top_p + CPU_CAND_SLACK) * mass) (all of them when none does);
+ *   - neither filter: every id, in id order.
+ * cand[i][0..count) = {p, id} of that list in that order, head[i] = {mass, count}; count =
+ * -1 (overflow; cand[i] unspecified) when the list is longer than cap. The slack makes the
+ * list reach a little past top_p, so that the pick's own cut (its running sum of p / mass,
+ * in another order, on p a device computed with its own expf) falls inside the list. */
+#define CPU_CAND_SLACK (1.0 / 1048576) /* 2^-20 of the mass */
+struct cpu_samp {
+	float temperature, top_p;
+	int32_t top_k;
+};
+struct cpu_cand {
+	float p;
+	int32_t id;
+};
+struct cpu_cand_head {
+	double mass;
+	int32_t count, pad;
+};
+/* logits [n][vocab], s [n], cand [n][cap], head [n]; work: vocab candidates of scratch. */
+void cpu_ref_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head, const float *logits,
+			 const struct cpu_samp *s, int n, int vocab, int cap,
+			 struct cpu_cand *work);
+
 /* ---- machine roofline ----------------------------------------------------------------- */
 
 /* Read bandwidth in GB/s (1e9 bytes/s): every pool thread streams its share of a buffer of

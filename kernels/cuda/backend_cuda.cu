@@ -264,6 +264,23 @@ static void argmax(void *ctx, int *idx, const float *logits, int n, int vocab)
 		ok(c, wk_cuda_argmax(idx, logits, n, vocab, err, sizeof err), err);
 }
 
+static void sample_cand(void *ctx, struct samp_cand *cand, struct be_cand_head *head,
+			const float *logits, const struct be_samp *s, int n, int vocab, int cap)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	static_assert(BE_CAND_MAX == WK_CUDA_CAND_MAX, "sample_cand limits differ");
+	static_assert(sizeof(struct samp_cand) == sizeof(struct cpu_cand) &&
+			      sizeof(struct be_cand_head) == sizeof(struct cpu_cand_head) &&
+			      sizeof(struct be_samp) == sizeof(struct cpu_samp),
+		      "sample_cand layouts differ");
+	if (c->rc == WK_OK)
+		ok(c,
+		   wk_cuda_sample_cand((struct cpu_cand *)cand, (struct cpu_cand_head *)head, logits,
+				       (const struct cpu_samp *)s, n, vocab, cap, err, sizeof err),
+		   err);
+}
+
 static void act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -716,6 +733,7 @@ static struct backend make_backend(void)
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
 	b.argmax = argmax;
+	b.sample_cand = sample_cand;
 	b.rope_n = rope_n;
 	b.norm_n = norm_n;
 	b.rmsnorm = rmsnorm;

@@ -93,6 +93,12 @@ int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int 
 			float eps, char *err, size_t errsz);
 /* idx[i] = argmax of logits[i][0..vocab), ties to the lower index (samp_argmax) */
 int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err, size_t errsz);
+/* Sampling candidates (sample_kernels.cu; cpu_ref_sample_cand): cand [n][cap], head [n] for
+ * logits [n][vocab] with settings s [n] (device memory); cap 1..WK_CUDA_CAND_MAX */
+#define WK_CUDA_CAND_MAX 1024
+int wk_cuda_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head, const float *logits,
+			const struct cpu_samp *s, int n, int vocab, int cap, char *err,
+			size_t errsz);
 
 /* ---- GLM families (glm_kernels.cu; references in kernels/cpu/glm_ref.c) ---- */
 

@@ -155,6 +155,14 @@ int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err, s
 	return none(err, errsz);
 }
 
+int wk_cuda_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head, const float *logits,
+			const struct cpu_samp *s, int n, int vocab, int cap, char *err,
+			size_t errsz)
+{
+	(void)cand, (void)head, (void)logits, (void)s, (void)n, (void)vocab, (void)cap;
+	return none(err, errsz);
+}
+
 int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz)
 {
 	(void)y, (void)bytes;

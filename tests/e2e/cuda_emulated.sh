@@ -14,7 +14,9 @@
 #      device's bytes against a host restore (wick bench restore);
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
 #      error, and a worker hands its job back and exits 3; a healthy one then completes it;
-#   6. sharded snapshots on emulated devices (WICK_SIMT_DEVICES; the collectives are comm_cpu's
+#   6. seeded non-greedy jobs (top_p, top_k, temperature alone, top_k 1) on a cuda worker, the
+#      token chosen from the candidates the device selects: the CPU worker's token ids;
+#   7. sharded snapshots on emulated devices (WICK_SIMT_DEVICES; the collectives are comm_cpu's
 #      under NCCL's name, tests/simt/comm_simt.c): one process, a thread per rank, rank r on
 #      device r, each rank file streamed into its device's memory: GLM-5 tp 2 x ep 4 (4 ranks)
 #      and GLM-4.5 tp 2 logits against the CPU's unsharded ones (1e-3), stories260K tp 2's
@@ -144,6 +146,29 @@ r = json.load(open(sys.argv[1]))
 assert r["status"] == "COMPLETED" and r["attempt"] == 2, r
 assert r["output"]["text"] == sys.argv[2], (r["output"]["text"], sys.argv[2])
 print(f"   worker: exit 3 and f1 handed back; a healthy one completed it on attempt 2: {r['output']['text']!r}")
+PY
+section "seeded sampled jobs: cuda worker against cpu worker"
+# Non-greedy jobs take their token from the candidates the device selects (sample_cand; the
+# draw and the pick on the host): with the same seeds, the CPU worker's texts.
+for b in cpu cuda; do
+  mkdir -p "$TMPD/qs-$b"
+  for j in "p1 0.8 0.9 0 5" "p2 1.1 0.95 40 6" "p3 1.0 1 0 7" "p4 0.6 1 1 8"; do
+    set -- $j
+    printf '{"id": "%s", "input": {"prompt": "Once upon a time", "max_tokens": 24, "temperature": %s, "top_p": %s, "top_k": %s, "seed": %s}}' \
+      "$@" >"$TMPD/$1.json"
+    "$WICK" submit --queue "spool:$TMPD/qs-$b" --file "$TMPD/$1.json" >/dev/null || fail "submit $1"
+  done
+  W=$WICK; [ $b = cuda ] && W=$EMU
+  "$W" worker --model "$TMPD/stories-snap" --backend $b --queue "spool:$TMPD/qs-$b" \
+    --concurrency 4 --idle-timeout 0.3 2>"$TMPD/qs-$b.log" || fail "the $b worker: $(tail -n 3 "$TMPD/qs-$b.log")"
+done
+python3 - "$TMPD/qs-cpu/done" "$TMPD/qs-cuda/done" <<'PY' || fail "sampled jobs differ between the workers"
+import json, os, sys
+for j in ("p1", "p2", "p3", "p4"):
+    a, b = (json.load(open(os.path.join(d, j + ".json"))) for d in sys.argv[1:3])
+    assert a["status"] == b["status"] == "COMPLETED", (a, b)
+    assert a["output"]["token_ids"] == b["output"]["token_ids"], (j, a["output"], b["output"])
+    print(f"   {j}: {b['output']['text']!r}")
 PY
 section "sharded snapshots on emulated devices"
 ids=1,5,9,42,7,3,100,64

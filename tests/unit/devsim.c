@@ -202,6 +202,16 @@ static void ds_argmax(void *ctx, int *idx, const float *logits, int n, int vocab
 	WRAP(argmax(CPU, idx, logits, n, vocab));
 }
 
+static void ds_sample_cand(void *ctx, struct samp_cand *cand, struct be_cand_head *head,
+			   const float *logits, const struct be_samp *s, int n, int vocab, int cap)
+{
+	dev(ctx, cand, "sample_cand cand");
+	dev(ctx, head, "sample_cand head");
+	dev(ctx, logits, "sample_cand logits");
+	dev(ctx, s, "sample_cand settings");
+	WRAP(sample_cand(CPU, cand, head, logits, s, n, vocab, cap));
+}
+
 static void ds_act_quant(void *ctx, float *y, const float *x, int n, int cols)
 {
 	dev(ctx, y, "act_quant y");
@@ -609,6 +619,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.add_rmsnorm = ds_add_rmsnorm, \
 	.act_quant = ds_act_quant, \
 	.argmax = ds_argmax, \
+	.sample_cand = ds_sample_cand, \
 	.rope_n = ds_rope_n, \
 	.norm_n = ds_norm_n, \
 	.rmsnorm = ds_rmsnorm, \

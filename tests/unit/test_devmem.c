@@ -86,7 +86,7 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 	cr_assert_eq(eng_seq_alloc(dev, &s0), WK_OK);
 	cr_assert_eq(eng_seq_alloc(dev, &s1), WK_OK);
 	float g0[512], g1[512];
-	struct eng_item a[2] = {{s0, toks, 4, g0, NULL}, {s1, toks, 2, g1, NULL}};
+	struct eng_item a[2] = {{s0, toks, 4, g0, NULL, {}}, {s1, toks, 2, g1, NULL, {}}};
 	cr_assert_eq(eng_step(dev, a, 2, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_forward(cpu, toks, 4, 0, want, false, err, sizeof err), WK_OK, "%s", err);
 	/* the batch's 6 tokens take another matmul path than 4 alone: the order of the sums
@@ -97,7 +97,7 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 		lmax = fmaxf(lmax, fabsf(want[v]));
 	}
 	cr_expect_leq(dmax, 1e-5f * lmax, "batched sequence 0 differs by %g", dmax);
-	struct eng_item b[2] = {{s0, &t, 1, g0, NULL}, {s1, &t, 1, g1, NULL}};
+	struct eng_item b[2] = {{s0, &t, 1, g0, NULL, {}}, {s1, &t, 1, g1, NULL, {}}};
 	cr_assert_eq(eng_step(dev, b, 2, err, sizeof err), WK_OK, "%s", err);
 	eng_close(cpu);
 	eng_close(dev);
@@ -197,10 +197,10 @@ Test(devmem, greedy_tokens_chosen_on_the_device)
 	const int *in[2] = {toks, toks + 3};
 	int len[2] = {5, 4};
 	for (int step = 0; step < 6; step++) {
-		struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL},
-					{sc[1], in[1], len[1], lc[1], NULL}};
-		struct eng_item d[2] = {{sd[0], in[0], len[0], NULL, &td[0]},
-					{sd[1], in[1], len[1], step % 2 ? ld : NULL, &td[1]}};
+		struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL, {}},
+					{sc[1], in[1], len[1], lc[1], NULL, {}}};
+		struct eng_item d[2] = {{sd[0], in[0], len[0], NULL, &td[0], {}},
+					{sd[1], in[1], len[1], step % 2 ? ld : NULL, &td[1], {}}};
 		cr_assert_eq(eng_step(cpu, c, 2, err, sizeof err), WK_OK, "%s", err);
 		cr_assert_eq(eng_step(dev, d, 2, err, sizeof err), WK_OK, "%s", err);
 		for (int k = 0; k < 2; k++)
@@ -218,4 +218,83 @@ Test(devmem, greedy_tokens_chosen_on_the_device)
 	}
 	eng_close(cpu);
 	eng_close(dev);
+}
+
+/* Sampled steps pick the token where the logits are too: items with a token pointer and a
+ * temperature get samp_next's token for their settings and draw, from the candidates the
+ * backend's sample_cand selects on device memory (only they come back) or, for a row with
+ * more candidates than the cap, from its logits row copied back. Over batched steps and
+ * settings (top_p alone, top_k and top_p, top_k 1, tiny top_p, temperature alone), the ids
+ * equal samp_next's on the CPU backend's logits with the same seeds, with the engine's cap
+ * (every row fits: stories260K has 512 ids) and with a cap of 16 (most rows fall back). */
+Test(devmem, sampled_tokens_chosen_on_the_device)
+{
+	static const struct samp_cfg cfgs[] = {
+		{0.8f, 0.9f, 0, 11}, {1.2f, 0.95f, 40, 12}, {1.0f, 1, 1, 13},
+		{0.7f, 1e-6f, 0, 14}, {1.0f, 1, 0, 15}, {2.0f, 0.5f, 300, 16},
+	};
+	int toks[] = {1, 403, 407, 261, 378, 30, 411}, V = 512, ncfg = 6;
+	char err[WK_ERRSZ];
+	struct engine *cpu = open_with(NULL, 2), *dev[2] = {open_with(&be_devsim, 2),
+							    open_with(&be_devsim, 2)};
+	dev[1]->cand_cap = 16;
+	int differ = 0;
+	for (int pair = 0; pair < ncfg; pair++) { /* rows with settings pair and pair + 1 */
+		const struct samp_cfg *cf[2] = {&cfgs[pair], &cfgs[(pair + 1) % ncfg]};
+		int sc[2], sd[2][2];
+		struct sampler *rc[2], *rd[2][2];
+		for (int k = 0; k < 2; k++) {
+			cr_assert_eq(eng_seq_alloc(cpu, &sc[k]), WK_OK);
+			rc[k] = samp_create(V, cf[k]);
+			for (int e = 0; e < 2; e++) {
+				cr_assert_eq(eng_seq_alloc(dev[e], &sd[e][k]), WK_OK);
+				rd[e][k] = samp_create(V, cf[k]);
+			}
+		}
+		float lc[2][512];
+		int td[2][2] = {{-1, -1}, {-1, -1}}, next[2];
+		const int *in[2] = {toks, toks + 3};
+		int len[2] = {5, 4};
+		for (int step = 0; step < 5; step++) {
+			struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL, {}},
+						{sc[1], in[1], len[1], lc[1], NULL, {}}};
+			cr_assert_eq(eng_step(cpu, c, 2, err, sizeof err), WK_OK, "%s", err);
+			for (int e = 0; e < 2; e++) {
+				struct eng_item d[2];
+				for (int k = 0; k < 2; k++)
+					d[k] = (struct eng_item){sd[e][k], in[k], len[k], NULL, &td[e][k],
+						{cf[k]->temperature, cf[k]->top_p, cf[k]->top_k,
+						 samp_draw(rd[e][k])}};
+				cr_assert_eq(eng_step(dev[e], d, 2, err, sizeof err), WK_OK, "%s", err);
+			}
+			for (int k = 0; k < 2; k++) {
+				int want = samp_next(rc[k], lc[k]);
+				for (int e = 0; e < 2; e++)
+					cr_expect_eq(td[e][k], want, "settings %d, step %d, cap %s: %d, want %d",
+						     (pair + k) % ncfg, step, e ? "16" : "default", td[e][k],
+						     want);
+				differ += want != samp_argmax(lc[k], V);
+				next[k] = want;
+				in[k] = &next[k];
+				len[k] = 1;
+			}
+		}
+		for (int k = 0; k < 2; k++) {
+			eng_seq_free(cpu, sc[k]);
+			samp_free(rc[k]);
+			for (int e = 0; e < 2; e++) {
+				eng_seq_free(dev[e], sd[e][k]);
+				samp_free(rd[e][k]);
+			}
+		}
+	}
+	cr_expect_gt(differ, 0, "every sampled token was the argmax: nothing was sampled");
+	/* the cap of 16 copied logits rows back; the default cap never needed to */
+	struct devsim_counts n0, n1;
+	devsim_counts(dev[0]->bctx, &n0);
+	devsim_counts(dev[1]->bctx, &n1);
+	cr_expect_gt(n1.copies, n0.copies, "no row fell back to its logits under a cap of 16");
+	eng_close(cpu);
+	eng_close(dev[0]);
+	eng_close(dev[1]);
 }

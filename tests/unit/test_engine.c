@@ -179,15 +179,15 @@ Test(engine, batched_sequences_match_single)
 	cr_expect_eq(eng_seq_alloc(e, &extra), WK_ELIMIT);
 	float got[3][512];
 	/* step 1: sequences 0 and 1 prefill together */
-	struct eng_item it[3] = {{seq[0], p0, 5, got[0], NULL}, {seq[1], p1, 2, got[1], NULL}};
+	struct eng_item it[3] = {{seq[0], p0, 5, got[0], NULL, {}}, {seq[1], p1, 2, got[1], NULL, {}}};
 	cr_assert_eq(eng_step(e, it, 2, err, sizeof err), WK_OK, "%s", err);
 	/* step 2: 0 and 1 decode while 2 prefills */
 	int t = 42;
 	float g2[3][512];
-	struct eng_item it2[3] = {{seq[2], p2, 4, got[2], NULL}, {seq[0], &t, 1, g2[0], NULL},
-				 {seq[1], &t, 1, g2[1], NULL}};
+	struct eng_item it2[3] = {{seq[2], p2, 4, got[2], NULL, {}}, {seq[0], &t, 1, g2[0], NULL, {}},
+				 {seq[1], &t, 1, g2[1], NULL, {}}};
 	cr_assert_eq(eng_step(e, it2, 3, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item it3 = {seq[2], &t, 1, g2[2], NULL};
+	struct eng_item it3 = {seq[2], &t, 1, g2[2], NULL, {}};
 	cr_assert_eq(eng_step(e, &it3, 1, err, sizeof err), WK_OK, "%s", err);
 	float maxd = 0;
 	for (int s = 0; s < 3; s++)
@@ -199,10 +199,10 @@ Test(engine, batched_sequences_match_single)
 	cr_expect_eq(eng_seq_len(e, seq[0]), 6);
 	cr_expect_eq(eng_seq_len(e, seq[2]), 5);
 	/* refusals: a sequence twice, a free sequence */
-	struct eng_item dup[2] = {{seq[0], &t, 1, g2[0], NULL}, {seq[0], &t, 1, g2[1], NULL}};
+	struct eng_item dup[2] = {{seq[0], &t, 1, g2[0], NULL, {}}, {seq[0], &t, 1, g2[1], NULL, {}}};
 	cr_expect_eq(eng_step(e, dup, 2, err, sizeof err), WK_EINVAL);
 	eng_seq_free(e, seq[1]);
-	struct eng_item freed = {seq[1], &t, 1, g2[1], NULL};
+	struct eng_item freed = {seq[1], &t, 1, g2[1], NULL, {}};
 	cr_expect_eq(eng_step(e, &freed, 1, err, sizeof err), WK_EINVAL);
 	eng_close(e);
 }

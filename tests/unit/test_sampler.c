@@ -182,20 +182,17 @@ Test(sampler, selection_gives_the_full_sorts_tokens)
 		int v = 1 + (int)(rnd() % (t % 10 == 0 ? 6000 : 300));
 		random_logits(l, v);
 		struct samp_cfg c = random_cfg(v);
-		struct sampler *s = samp_create(v, &c);
-		uint64_t rng = c.seed;
+		/* the same seed twice: samp_draw on one gives the draws samp_next makes on the
+		 * other, one per call */
+		struct sampler *s = samp_create(v, &c), *r = samp_create(v, &c);
 		for (int d = 0; d < 4; d++, draws++) {
-			/* the draw samp_next makes: splitmix64 as sampler.c, one per call */
-			uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-			z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-			z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-			z ^= z >> 31;
-			double u = (double)(z >> 11) * (1.0 / 9007199254740992.0);
+			double u = samp_draw(r);
 			int want = old_pick(l, v, &c, u, oc), got = samp_next(s, l);
 			cr_assert_eq(got, want, "case %d draw %d: vocab %d, T %g, top_k %d, top_p %g: %d, not %d",
 				     t, d, v, c.temperature, c.top_k, c.top_p, got, want);
 		}
 		samp_free(s);
+		samp_free(r);
 	}
 	free(l);
 	free(oc);
