@@ -691,6 +691,25 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 	return cudaSuccess;
 }
 
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+			 size_t height, cudaMemcpyKind kind)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (notice())
+		return sticky();
+	if (width == 0 || height == 0)
+		return cudaSuccess;
+	if (width > dpitch || width > spitch)
+		return cudaErrorInvalidValue; /* CUDA: cudaErrorInvalidPitchValue */
+	for (size_t r = 0; r < height; r++) /* each row within an allocation of the right kind */
+		if (!kind_ok((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind))
+			return cudaErrorInvalidValue;
+	drain_blocking();
+	for (size_t r = 0; r < height; r++)
+		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+	return cudaSuccess;
+}
+
 /* A copy (src non-NULL) or memset on s: made now on the default stream, queued on another. */
 static cudaError_t enqueue(void *dst, const void *src, size_t n, int v, cudaStream_t s,
 			   bool pageable)

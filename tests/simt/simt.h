@@ -312,6 +312,8 @@ template <typename T> cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags)
 cudaError_t cudaFreeHost(void *p);
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+			 size_t height, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
 			    cudaStream_t s = 0);
 cudaError_t cudaMemset(void *p, int v, size_t n);
