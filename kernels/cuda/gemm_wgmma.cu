@@ -26,7 +26,9 @@
  * barrier in the loop) and release a slot before promoting. setmaxnreg moves registers from
  * the producer to the consumers. Out-of-bounds rows and columns arrive as zeros. The grid is
  * persistent (a block per multiprocessor, each looping over tiles), so the producer fills
- * the next tile's first stages while the consumers store the last one's outputs.
+ * the next tile's first stages while the consumers store the last one's outputs, and each
+ * consumer issues k block kb's wgmmas before it promotes block kb - 1 (two sets of partials,
+ * wgmma_wait<1>), so its promotion overlaps its own tensor-core work.
  * k_gemm_wgmma (any other shape or alignment): the two warpgroups also fill a 4-deep ring
  * themselves, with 16-byte cp.async copies (zero-filled past the edges) or, when cols % 16
  * != 0 or an operand is misaligned, ordinary byte loads; those are generic-proxy writes, so
@@ -35,8 +37,8 @@
  * Padded tokens get scale 0 and padded outputs are not stored.
  *
  * What is not here yet (issue 9's 1,000 TFLOPS): larger tiles (128 x 256) or a 2-CTA cluster
- * multicasting the weight tile, overlapping one k block's promotion with the next block's
- * wgmma in the same warpgroup, a tile order tuned for L2, and a TMA-store epilogue. Nothing has run on a GPU yet: tests/tools/cuda_lab times this
+ * multicasting the weight tile, a tile order tuned for L2, a TMA-store epilogue, and any
+ * tuning on a GPU (stages, tile shape, register split). Nothing has run on a GPU yet: tests/tools/cuda_lab times this
  * beside the mma.sync kernel and cuBLASLt when scripts/gpu-check runs on one.
  */
 #include <cuda_runtime.h>
@@ -184,6 +186,45 @@ __global__ void __launch_bounds__(WTHREADS, 1)
 #define TTHREADS 384
 #define TSMEM (TSTAGES * WSTAGE + 1024 + 2 * TSTAGES * 8)
 
+/* The scales of k block kb for a consumer thread's tokens t0 and t0 + 8 times the weight
+ * block nb's: s[0], s[1] (0 past n, and 0 for the padding block kb == kbs). */
+__device__ __forceinline__ void tma_block_scales(float s[2], const float *xs, const float *ws,
+						 int t0, int n, int nb, int kbs, int kb)
+{
+	float sw = kb < kbs ? ws[(size_t)nb * kbs + kb] : 0.0f;
+	s[0] = t0 < n && kb < kbs ? xs[(size_t)t0 * kbs + kb] * sw : 0.0f;
+	s[1] = t0 + 8 < n && kb < kbs ? xs[(size_t)(t0 + 8) * kbs + kb] * sw : 0.0f;
+}
+
+/* Waits for slot it % TSTAGES to be full, then issues and commits its four wgmmas into p
+ * (fresh: scale-d 0 first), consumer warpgroup cw's 64 token rows by the 128 weight rows. */
+__device__ __forceinline__ void tma_block_issue(float (&p)[64], uint32_t ring0, uint32_t full0,
+						int it, int cw)
+{
+	int s = it % TSTAGES;
+	mbar_wait(full0 + 8 * s, (unsigned)(it / TSTAGES) & 1);
+	uint32_t a = ring0 + s * WSTAGE + cw * 64 * 128, b = ring0 + s * WSTAGE + WTILE;
+	wgmma_fence();
+#pragma unroll
+	for (int ks = 0; ks < WK / 32; ks++)
+		wgmma_m64n128k32_e4m3(p, wgmma_desc_sw128(a + ks * 32, 1024),
+				      wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
+	wgmma_commit();
+}
+
+/* After a wgmma_wait that retired block it's group: frees its slot for the producer and
+ * promotes p (rows g: scale s[0], rows g + 8: s[1]) into acc. */
+__device__ __forceinline__ void tma_block_retire(float (&acc)[64], float (&p)[64],
+						 const float s[2], uint32_t empty0, int it)
+{
+	mbar_arrive(empty0 + 8 * (it % TSTAGES));
+#pragma unroll
+	for (int i = 0; i < 64; i++) {
+		wgmma_reg_fence(p[i]);
+		acc[i] += p[i] * s[(i >> 1) & 1];
+	}
+}
+
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
 			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
@@ -212,13 +253,14 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 		int it = 0; /* k blocks issued so far, over all this block's tiles: the ring's clock */
 		for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
 			int m0 = tile % mtiles * WM, r0 = tile / mtiles * WN;
-			for (int kb = 0; kb < kbs; kb++, it++) {
-				int s = it % TSTAGES;
+			/* an even number of blocks, the padding one a copy of the last (see below) */
+			for (int kb = 0; kb < kbs + (kbs & 1); kb++, it++) {
+				int s = it % TSTAGES, kc = (kb < kbs ? kb : kbs - 1) * WK;
 				unsigned ph = (unsigned)(it / TSTAGES) & 1;
 				mbar_wait(empty0 + 8 * s, ph ^ 1);
 				mbar_arrive_expect_tx(full0 + 8 * s, WSTAGE);
-				tma_load_2d(ring0 + s * WSTAGE, &tx, kb * WK, m0, full0 + 8 * s);
-				tma_load_2d(ring0 + s * WSTAGE + WTILE, &tw, kb * WK, r0, full0 + 8 * s);
+				tma_load_2d(ring0 + s * WSTAGE, &tx, kc, m0, full0 + 8 * s);
+				tma_load_2d(ring0 + s * WSTAGE + WTILE, &tw, kc, r0, full0 + 8 * s);
 			}
 		}
 		return;
@@ -230,31 +272,37 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 	for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
 		int m0 = tile % mtiles * WM, r0 = tile / mtiles * WN, nb = tile / mtiles;
 		int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
-		float acc[64], part[64];
+		/* Two sets of partials, pa for even k blocks and pb for odd ones: block kb's
+		 * wgmmas are issued before block kb - 1 is promoted (wgmma_wait<1>), so this
+		 * warpgroup's promotion overlaps its own tensor-core work. */
+		float acc[64], pa[64], pb[64];
+		float sa[2], sb[2]; /* the scales of the blocks in pa and pb */
 #pragma unroll
 		for (int i = 0; i < 64; i++)
 			acc[i] = 0.0f;
-		for (int kb = 0; kb < kbs; kb++, it++) {
-			int s = it % TSTAGES;
-			float sw = ws[(size_t)nb * kbs + kb];
-			float s0 = t0 < n ? xs[(size_t)t0 * kbs + kb] * sw : 0.0f;
-			float s1 = t0 + 8 < n ? xs[(size_t)(t0 + 8) * kbs + kb] * sw : 0.0f;
-			mbar_wait(full0 + 8 * s, (unsigned)(it / TSTAGES) & 1);
-			uint32_t a = ring0 + s * WSTAGE + cw * 64 * 128, b = ring0 + s * WSTAGE + WTILE;
-			wgmma_fence();
-#pragma unroll
-			for (int ks = 0; ks < WK / 32; ks++)
-				wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(a + ks * 32, 1024),
-						      wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
-			wgmma_commit();
-			wgmma_wait<0>();
-			mbar_arrive(empty0 + 8 * s); /* the slot is read: the producer may refill it */
-#pragma unroll
-			for (int i = 0; i < 64; i++) {
-				wgmma_reg_fence(part[i]);
-				acc[i] += part[i] * ((i & 2) ? s1 : s0);
-			}
+		/* kbs >= 1 here (cols > 0). An odd kbs runs one more block, a copy of the last
+		 * one (finite codes) with scales 0, so that the loop has no branch around a wgmma
+		 * (ptxas serializes wgmmas on divergent paths: C7518, seen with such a branch). */
+		int kbe = kbs + (kbs & 1);
+		tma_block_scales(sa, xs, ws, t0, n, nb, kbs, 0);
+		tma_block_issue(pa, ring0, full0, it, cw);
+		for (int kb = 1; kb < kbe - 1; kb += 2, it += 2) {
+			tma_block_scales(sb, xs, ws, t0, n, nb, kbs, kb);
+			tma_block_issue(pb, ring0, full0, it + 1, cw);
+			wgmma_wait<1>();
+			tma_block_retire(acc, pa, sa, empty0, it);
+			tma_block_scales(sa, xs, ws, t0, n, nb, kbs, kb + 1);
+			tma_block_issue(pa, ring0, full0, it + 2, cw);
+			wgmma_wait<1>();
+			tma_block_retire(acc, pb, sb, empty0, it + 1);
 		}
+		tma_block_scales(sb, xs, ws, t0, n, nb, kbs, kbe - 1);
+		tma_block_issue(pb, ring0, full0, it + 1, cw);
+		wgmma_wait<1>();
+		tma_block_retire(acc, pa, sa, empty0, it);
+		wgmma_wait<0>();
+		tma_block_retire(acc, pb, sb, empty0, it + 1);
+		it += 2;
 #pragma unroll
 		for (int i = 0; i < 64; i++) {
 			int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
