@@ -174,10 +174,10 @@ __global__ void __launch_bounds__(WTHREADS, 1)
  * warpgroup gives its registers back with setmaxnreg) waits for a slot to be empty, expects
  * its 32 KiB on the slot's "full" mbarrier and starts two 128 x 128-byte box copies (tx, tw:
  * 128-byte-swizzled tensor maps; out-of-bounds rows and columns arrive as zeros). Warpgroups
- * 1 and 2 (the consumers, 64 tokens each) wait for "full", run their four wgmmas, wait for
- * them, arrive on the slot's "empty" mbarrier (all 256 consumer threads) and promote while
- * the producer refills it: no __syncthreads in the loop, so the two consumers run free of
- * each other. Persistent: block b takes tiles b, b + gridDim.x, ... (tile t: token tile
+ * 1 and 2 (the consumers, 64 tokens each) wait for "full" and issue their four wgmmas; once
+ * the group has retired (a block later, see below) they arrive on the slot's "empty"
+ * mbarrier (all 256 consumer threads) and promote while the producer refills it: no
+ * __syncthreads in the loop, so the two consumers run free of each other. Persistent: block b takes tiles b, b + gridDim.x, ... (tile t: token tile
  * t % mtiles of weight tile t / mtiles), and both sides count k blocks over all their tiles
  * (it), which is what keeps the ring's slots and mbarrier phases in step. Needs cols % 16 ==
  * 0 and 16-byte aligned operands (the tensor maps' stride and address rules); the launcher
