@@ -233,6 +233,10 @@ struct backend {
 	void (*to_device)(void *ctx, void *dst, const void *host, size_t bytes);
 	void (*to_host)(void *ctx, void *host, const void *src, size_t bytes); /* waits */
 	void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);   /* device to device */
+	/* height rows of width bytes, device to device, row r from src + r * spitch to dst +
+	 * r * dpitch, as one copy. Optional (NULL: the engine copies row by row). */
+	void (*copy_2d)(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+			size_t width, size_t height);
 	void (*zero)(void *ctx, void *dst, size_t bytes);
 	/* Replaces w->data (and w->scale) with the backend's own copy, freed at shutdown. */
 	int (*upload_weight)(void *ctx, struct be_weight *w, char *err, size_t errsz);

@@ -217,6 +217,12 @@ static void c_copy(void *ctx, void *dst, const void *src, size_t bytes)
 	IN(ctx)->in->copy(IN(ctx)->ctx, dst, src, bytes);
 }
 
+static void c_copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+		      size_t width, size_t height)
+{ /* counted by eng_dcopy_2d, as eng_dcopy counts copy */
+	IN(ctx)->in->copy_2d(IN(ctx)->ctx, dst, dpitch, src, spitch, width, height);
+}
+
 static void c_moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
 			  int n, const struct be_experts *ex, void *scratch)
 {
@@ -339,6 +345,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(to_device, c_to_device);
 	KEEP(to_host, c_to_host);
 	KEEP(copy, c_copy);
+	KEEP(copy_2d, c_copy_2d);
 	KEEP(zero, c_zero);
 	KEEP(upload_weight, c_upload_weight);
 	KEEP(stage_alloc, c_stage_alloc);

@@ -252,6 +252,18 @@ void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
 		memmove(dst, src, bytes);
 }
 
+void eng_dcopy_2d(struct engine *e, void *dst, size_t dpitch, const void *src, size_t spitch,
+		  size_t width, size_t height)
+{
+	if (!e->be->copy_2d) {
+		for (size_t r = 0; r < height; r++)
+			eng_dcopy(e, (char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+		return;
+	}
+	eng_count(e, ENG_K_COPY);
+	e->be->copy_2d(e->bctx, dst, dpitch, src, spitch, width, height);
+}
+
 void eng_dzero(struct engine *e, void *dst, size_t bytes)
 {
 	eng_count(e, ENG_K_ZERO);

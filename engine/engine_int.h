@@ -272,6 +272,10 @@ void eng_release(struct engine *e, void *p);
 void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes);
 void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes);
 void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes);
+/* height rows of width bytes between the backend's buffers with pitches: one copy where the
+ * backend has copy_2d, else one a row. */
+void eng_dcopy_2d(struct engine *e, void *dst, size_t dpitch, const void *src, size_t spitch,
+		  size_t width, size_t height);
 void eng_dzero(struct engine *e, void *dst, size_t bytes);
 /* *p = eng_alloc(bytes) when that succeeds (the old block, if any, released: contents are
  * not kept, this is for scratch); false, *p unchanged, when out of memory. */

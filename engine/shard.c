@@ -191,15 +191,15 @@ void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *
 		free(stage);
 		return;
 	}
-	/* in device memory: one row's slices are already in order, [tp][1][lv] = [1][V] */
+	/* in device memory: one row's slices are already in order, [tp][1][lv] = [1][V]; else
+	 * rank k's rows go to column block k of out, one 2-D copy each */
 	if (rows == 1) {
 		eng_dcopy(e, out, gbuf, V * sizeof *out);
 		return;
 	}
-	for (int i = 0; i < rows; i++)
-		for (int k = 0; k < e->tp; k++)
-			eng_dcopy(e, out + (size_t)i * V + (size_t)k * lv,
-				  gbuf + (size_t)k * blk + (size_t)i * lv, (size_t)lv * sizeof *out);
+	for (int k = 0; k < e->tp; k++)
+		eng_dcopy_2d(e, out + (size_t)k * lv, V * sizeof *out, gbuf + (size_t)k * blk,
+			     (size_t)lv * sizeof *out, (size_t)lv * sizeof *out, (size_t)rows);
 }
 
 /* ---- rank engines and their threads ---------------------------------------------------------- */

@@ -528,6 +528,15 @@ static void copy(void *ctx, void *dst, const void *src, size_t bytes)
 		ok_cuda(c, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device copy");
 }
 
+static void copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+		    size_t width, size_t height)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc == WK_OK && width && height)
+		ok_cuda(c, cudaMemcpy2D(dst, dpitch, src, spitch, width, height,
+					cudaMemcpyDeviceToDevice), "device copy (2-D)");
+}
+
 /* ---- the snapshot restore's staging (engine/backend.h): pinned buffers, one copy stream,
  * an event per buffer recorded after each copy from it. Called from the reader threads, each
  * of which must select the device first (the current device is per thread). ---- */
@@ -760,6 +769,7 @@ static struct backend make_backend(void)
 	b.to_device = to_device;
 	b.to_host = to_host;
 	b.copy = copy;
+	b.copy_2d = copy_2d;
 	b.upload_weight = upload_weight;
 	b.stage_alloc = stage_alloc;
 	b.stage_free = stage_free;

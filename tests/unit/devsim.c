@@ -448,6 +448,23 @@ static void ds_copy(void *ctx, void *dst, const void *src, size_t bytes)
 	d->copies++;
 }
 
+static void ds_copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+		       size_t width, size_t height)
+{
+	if (!width || !height)
+		return;
+	dev(ctx, dst, "copy_2d dst");
+	dev(ctx, (const char *)dst + (height - 1) * dpitch + width - 1, "copy_2d dst end");
+	dev(ctx, src, "copy_2d src");
+	dev(ctx, (const char *)src + (height - 1) * spitch + width - 1, "copy_2d src end");
+	struct devsim *d = ctx;
+	OPEN(d);
+	for (size_t r = 0; r < height; r++)
+		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+	CLOSE(d);
+	d->copies++;
+}
+
 static void ds_zero(void *ctx, void *dst, size_t bytes)
 {
 	dev(ctx, dst, "zero dst");
@@ -641,6 +658,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.to_device = ds_to_device, \
 	.to_host = ds_to_host, \
 	.copy = ds_copy, \
+	.copy_2d = ds_copy_2d, \
 	.zero = ds_zero, \
 	.upload_weight = ds_upload,  \
 	.stage_alloc = ds_stage_alloc, \
