@@ -380,6 +380,17 @@ static size_t ds_moe_scratch(void *ctx, int n, const struct be_experts *ex)
 	return be_cpu.moe_scratch(d->cpu, n, ex);
 }
 
+/* Every weight pointer of a layer's local experts is device memory. */
+static void dev_experts(void *ctx, const struct be_experts *ex, const char *what)
+{
+	for (int i = 0; i < ex->n_local; i++) {
+		const struct be_expert *w = &ex->experts[i];
+		const void *p[6] = {w->gate, w->up, w->down, w->gate_s, w->up_s, w->down_s};
+		for (int k = 0; k < 6; k++)
+			dev(ctx, p[k], what);
+	}
+}
+
 static void ds_moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
 			   int n, const struct be_experts *ex, void *scratch)
 {
@@ -388,12 +399,7 @@ static void ds_moe_experts(void *ctx, float *y, const float *x, const int *idx, 
 	dev(ctx, idx, "moe_experts idx");
 	dev(ctx, wt, "moe_experts wt");
 	dev(ctx, scratch, "moe_experts scratch");
-	for (int i = 0; i < ex->n_local; i++) {
-		const struct be_expert *w = &ex->experts[i];
-		const void *p[6] = {w->gate, w->up, w->down, w->gate_s, w->up_s, w->down_s};
-		for (int k = 0; k < 6; k++)
-			dev(ctx, p[k], "moe_experts weight");
-	}
+	dev_experts(ctx, ex, "moe_experts weight");
 	WRAP(moe_experts(CPU, y, x, idx, wt, n, ex, scratch));
 }
 
@@ -408,12 +414,7 @@ static void ds_moe_route_experts(void *ctx, float *y, const float *x, const floa
 	dev(ctx, y, "moe_route_experts y");
 	dev(ctx, x, "moe_route_experts x");
 	dev(ctx, scratch, "moe_route_experts scratch");
-	for (int i = 0; i < ex->n_local; i++) {
-		const struct be_expert *w = &ex->experts[i];
-		const void *p[6] = {w->gate, w->up, w->down, w->gate_s, w->up_s, w->down_s};
-		for (int k = 0; k < 6; k++)
-			dev(ctx, p[k], "moe_route_experts weight");
-	}
+	dev_experts(ctx, ex, "moe_route_experts weight");
 	WRAP(moe_route_experts(CPU, y, x, logits, bias, r, idx, wt, n, ex, scratch));
 }
 
