@@ -169,6 +169,13 @@ struct backend {
 	 * channels and back (cpu_ref_act_quant), what FP8-weight matmuls then read. Optional:
 	 * without it the engine refuses fp8_act. */
 	void (*act_quant)(void *ctx, float *y, const float *x, int n, int cols);
+	/* FP8 activations on FP8 weights for a step of many tokens (a prefill, eng_opts.fp8_act):
+	 * y[k] [n][w[k]->rows] = x quantized as act_quant does, times w[k]^T, for k < count
+	 * (1 .. BE_MATMUL_MAX, every w[k] DT_F8_E4M3 with the same cols): the quantized codes
+	 * and scales straight into the tensor cores' GEMM. Optional (NULL: act_quant, then
+	 * matmul_n); the engine uses it from ENG_GEMM_TOKENS tokens up. */
+	void (*matmul_fp8act)(void *ctx, float *const *y, const float *x,
+			      const struct be_weight *const *w, int count, int n);
 	/* The residual add and the norm after it as one op: x [n][dim] += d, then y = rmsnorm(x)
 	 * . w, each exactly as add and rmsnorm compute it. Optional (NULL: add, then rmsnorm). */
 	void (*add_rmsnorm)(void *ctx, float *x, const float *d, float *y, const float *w, int n,

@@ -181,6 +181,14 @@ static void c_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const flo
 						    d_nope, d_v));
 }
 
+static void c_matmul_fp8act(void *ctx, float *const *y, const float *x,
+			    const struct be_weight *const *w, int count, int n)
+{ /* the quantization, then a GEMM per weight */
+	IN(ctx)->n[ENG_K_ACT_QUANT]++;
+	IN(ctx)->n[ENG_K_MATMUL] += count;
+	IN(ctx)->in->matmul_fp8act(IN(ctx)->ctx, y, x, w, count, n);
+}
+
 static void c_moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
 				const float *bias, const struct be_route *r, int *idx, float *wt,
 				int n, const struct be_experts *ex, void *scratch)
@@ -340,6 +348,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(moe_scratch, c_moe_scratch);
 	KEEP(moe_experts, c_moe_experts);
 	KEEP(moe_route_experts, c_moe_route_experts);
+	KEEP(matmul_fp8act, c_matmul_fp8act);
 	KEEP(mem_alloc, c_mem_alloc);
 	KEEP(mem_free, c_mem_free);
 	KEEP(to_device, c_to_device);

@@ -294,8 +294,22 @@ static const float *quantized(struct engine *e, const float *x, int n, int cols)
 	return e->aq;
 }
 
+/* From this many tokens a step's FP8 matmuls with FP8 activations run as GEMMs on the tensor
+ * cores (backend matmul_fp8act), below it as act_quant and the decode GEMV, which reads each
+ * weight once per 8 tokens. */
+#define ENG_GEMM_TOKENS 64
+
+static bool gemm(const struct engine *e, int n)
+{
+	return e->fp8_act && n >= ENG_GEMM_TOKENS && e->be->matmul_fp8act && !e->unfused;
+}
+
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n)
 {
+	if (w->dtype == DT_F8_E4M3 && gemm(e, n)) {
+		e->be->matmul_fp8act(e->bctx, &y, x, &w, 1, n);
+		return;
+	}
 	if (e->fp8_act && w->dtype == DT_F8_E4M3)
 		x = quantized(e, x, n, w->cols);
 	e->be->matmul(e->bctx, y, x, w, n);
@@ -332,7 +346,9 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 			wp[np++] = w[k];
 		}
 	}
-	if (nq)
+	if (nq && gemm(e, n))
+		e->be->matmul_fp8act(e->bctx, yq, x, wq, nq, n);
+	else if (nq)
 		matmuls(e, yq, quantized(e, x, n, wq[0]->cols), wq, nq, n);
 	if (np)
 		matmuls(e, yp, x, wp, np, n);

@@ -47,6 +47,9 @@ struct cuda_ctx {
 	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
 	float *dsa_scores;        /* dsa_topk's score rows, grown on demand (dsa_cap floats) */
 	size_t dsa_cap;
+	uint8_t *aq_codes;        /* matmul_fp8act's e4m3 activations (aq_cap bytes) and */
+	float *aq_scales;         /* their scales (aq_scap floats), grown on demand */
+	size_t aq_cap, aq_scap;
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
 				   * moe_route_experts): zero, each launch leaving them zero */
 	int rc;            /* WK_OK until an op fails */
@@ -122,6 +125,8 @@ static void shutdown(void *ctx)
 	free(c->stages);
 	if (c->copy_stream)
 		cudaStreamDestroy(c->copy_stream);
+	cudaFree(c->aq_codes);
+	cudaFree(c->aq_scales);
 	cudaFree(c->dsa_scores);
 	cudaFree(c->dsa_count);
 	pthread_mutex_destroy(&c->stage_mu);
@@ -278,6 +283,39 @@ static void sample_cand(void *ctx, struct samp_cand *cand, struct be_cand_head *
 		ok(c,
 		   wk_cuda_sample_cand((struct cpu_cand *)cand, (struct cpu_cand_head *)head, logits,
 				       (const struct cpu_samp *)s, n, vocab, cap, err, sizeof err),
+		   err);
+}
+
+/* x quantized once into e4m3 codes and scales (wk_cuda_act_codes: act_quant's arithmetic),
+ * then one FP8 GEMM per weight on the warpgroup tensor cores. */
+static void matmul_fp8act(void *ctx, float *const *y, const float *x,
+			  const struct be_weight *const *w, int count, int n)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc != WK_OK || count <= 0 || n <= 0)
+		return;
+	int cols = w[0]->cols;
+	size_t need = (size_t)n * cols, nsc = (size_t)n * ((cols + 127) / 128);
+	if (need > c->aq_cap || nsc > c->aq_scap) {
+		cudaFree(c->aq_codes);
+		cudaFree(c->aq_scales);
+		c->aq_codes = NULL;
+		c->aq_scales = NULL;
+		c->aq_cap = c->aq_scap = 0;
+		if (!ok_cuda(c, cudaMalloc((void **)&c->aq_codes, need), "FP8 activations") ||
+		    !ok_cuda(c, cudaMalloc((void **)&c->aq_scales, nsc * sizeof(float)),
+			     "FP8 activation scales"))
+			return;
+		c->aq_cap = need;
+		c->aq_scap = nsc;
+	}
+	if (!ok(c, wk_cuda_act_codes(c->aq_codes, c->aq_scales, x, n, cols, err, sizeof err), err))
+		return;
+	for (int k = 0; k < count && c->rc == WK_OK; k++)
+		ok(c, wk_cuda_gemm_fp8_wgmma(y[k], c->aq_codes, c->aq_scales,
+					     (const uint8_t *)w[k]->data, w[k]->scale, n, w[k]->rows,
+					     cols, err, sizeof err),
 		   err);
 }
 
@@ -741,6 +779,7 @@ static struct backend make_backend(void)
 	b.matmul_n = matmul_n;
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
+	b.matmul_fp8act = matmul_fp8act;
 	b.argmax = argmax;
 	b.sample_cand = sample_cand;
 	b.rope_n = rope_n;

@@ -88,6 +88,10 @@ int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz); /*
 /* y [n][cols] = x quantized to FP8 per token per 128 channels and back (cpu_ref_act_quant,
  * bit for bit); y may equal x */
 int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char *err, size_t errsz);
+/* The same quantization as codes: xq [n][cols] e4m3 and xs [n][ceil(cols/128)] scales, with
+ * xq * xs (per block) bit for bit wk_cuda_act_quant's y; what the FP8 GEMMs take. */
+int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols, char *err,
+		      size_t errsz);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: wk_cuda_add and wk_cuda_rmsnorm in one launch */
 int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int n, int dim,
 			float eps, char *err, size_t errsz);

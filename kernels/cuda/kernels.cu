@@ -616,21 +616,61 @@ __device__ float e4m3_round(float v)
 	return v < 0 ? -r : r;
 }
 
+/* The float8_e4m3fn byte of r, a value on its grid (e4m3_round's): sign, 4 exponent bits
+ * (bias 7; 0 for the subnormals, steps of 2^-9), 3 mantissa bits. */
+__device__ uint8_t e4m3_bits(float r)
+{
+	uint8_t sign = r < 0.0f || (r == 0.0f && signbit(r)) ? 0x80 : 0;
+	float a = fabsf(r);
+	if (a == 0.0f)
+		return sign;
+	int ex;
+	frexpf(a, &ex);
+	int e = ex - 1; /* a in [2^e, 2^(e + 1)) */
+	if (e < -6)
+		return sign | (uint8_t)(a * 512.0f); /* subnormal: a = m * 2^-9 */
+	int mant = (int)((ldexpf(a, -e) - 1.0f) * 8.0f);
+	return sign | (uint8_t)((e + 7) << 3) | (uint8_t)mant;
+}
+
+/* A warp's token block g of x [n][cols] (128 channels, the last one short): its first
+ * element's offset, its width, and its scale amax / 448 (1 when all zero). */
+__device__ float act_block(const float *x, int cols, int nb, int g, int lane, size_t *at, int *m)
+{
+	*at = (size_t)(g / nb) * cols + (size_t)(g % nb) * 128;
+	*m = min(128, cols - (g % nb) * 128);
+	float amax = 0.0f;
+	for (int c = lane; c < *m; c += 32)
+		amax = fmaxf(amax, fabsf(x[*at + c]));
+	amax = warp_max(amax);
+	return amax > 0.0f ? amax / 448.0f : 1.0f;
+}
+
 __global__ void k_act_quant(float *y, const float *x, int n, int cols)
 {
 	int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-	int nb = (cols + 127) / 128;
+	int nb = (cols + 127) / 128, m;
 	if (g >= n * nb)
 		return;
-	size_t at = (size_t)(g / nb) * cols + (size_t)(g % nb) * 128;
-	int m = min(128, cols - (g % nb) * 128);
-	float amax = 0.0f;
-	for (int c = lane; c < m; c += 32)
-		amax = fmaxf(amax, fabsf(x[at + c]));
-	amax = warp_max(amax);
-	float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+	size_t at;
+	float s = act_block(x, cols, nb, g, lane, &at, &m);
 	for (int c = lane; c < m; c += 32)
 		y[at + c] = e4m3_round(x[at + c] / s) * s;
+}
+
+/* The same quantization kept as e4m3 codes and scales, what the FP8 GEMMs read. */
+__global__ void k_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols)
+{
+	int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+	int nb = (cols + 127) / 128, m;
+	if (g >= n * nb)
+		return;
+	size_t at;
+	float s = act_block(x, cols, nb, g, lane, &at, &m);
+	for (int c = lane; c < m; c += 32) /* on the grid already: the conversion is exact */
+		xq[at + c] = e4m3_bits(e4m3_round(x[at + c] / s));
+	if (lane == 0)
+		xs[g] = s;
 }
 
 extern "C" int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char *err,
@@ -641,6 +681,16 @@ extern "C" int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char
 	size_t warps = (size_t)n * ((cols + 127) / 128);
 	k_act_quant<<<blocks(warps * 32, 256), 256>>>(y, x, n, cols);
 	return launched("act_quant", err, errsz);
+}
+
+extern "C" int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols,
+				 char *err, size_t errsz)
+{
+	if (n <= 0 || cols <= 0)
+		return WK_OK;
+	size_t warps = (size_t)n * ((cols + 127) / 128);
+	k_act_codes<<<blocks(warps * 32, 256), 256>>>(xq, xs, x, n, cols);
+	return launched("act_codes", err, errsz);
 }
 
 /* k_add, then k_rmsnorm, in one pass over the row: each thread's elements and partial sum

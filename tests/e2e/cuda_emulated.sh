@@ -9,7 +9,8 @@
 #   2. tiny GLM-5 (FP8) and GLM-4.5 logits at every position, cuda against cpu, relative 1e-3
 #      as gpu-check, from the directory and from an lz4 snapshot; GLM-5 also with MLA absorbed
 #      (as decode steps run it) against the CPU's expanded prefill;
-#   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there);
+#   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there), and
+#      70-token prefills whose FP8 matmuls run as GEMMs, by the gross-error gate;
 #   4. the restore's staging buffers reused: a 54 MB snapshot through one reader thread, the
 #      device's bytes against a host restore (wick bench restore);
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
@@ -101,6 +102,33 @@ ids=11,22,33,44,55,66,77,88
 "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cuda \
   >"$TMPD/q.cuda.json" 2>"$TMPD/err" || fail "fp8-act: cuda logits: $(tail -n 3 "$TMPD/err")"
 close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
+
+# A prefill of 64 tokens or more with FP8 activations runs its FP8 matmuls as GEMMs
+# (matmul_fp8act: the activations as e4m3 codes and scales, then the wgmma GEMM) instead of
+# the decode GEMV; the summation order differs, so rounding ties flip as above, and the
+# check is issue 9's gross-error gate: mean cosine >= 0.85 and top-1 >= 0.40 over 5 x 70
+# positions (a wrong scale, operand or shape in the wiring gives cosines near 0).
+section "GLM-5 prefill GEMMs with FP8 activations, cuda against cpu"
+for s in 1 2 3 4 5; do
+  ids=$(python3 -c "import random; random.seed($s); print(','.join(str(random.randrange(300)) for _ in range(70)))")
+  "$WICK" logits "$TMPD/glm5" --tokens "$ids" --all-positions --fp8-act --backend cpu \
+    >"$TMPD/g$s.cpu.json" 2>/dev/null || fail "fp8-act prefill: cpu logits"
+  "$EMU" logits "$TMPD/glm5" --tokens "$ids" --all-positions --fp8-act --backend cuda \
+    >"$TMPD/g$s.cuda.json" 2>"$TMPD/err" || fail "fp8-act prefill: cuda logits: $(tail -n 3 "$TMPD/err")"
+done
+python3 - "$TMPD" <<'PY' || fail "the GEMM prefill with FP8 activations fails the gross-error gate"
+import json, math, sys
+cos = top = n = 0
+for s in range(1, 6):
+    a = json.load(open(f"{sys.argv[1]}/g{s}.cpu.json"))["logits"]
+    b = json.load(open(f"{sys.argv[1]}/g{s}.cuda.json"))["logits"]
+    for ra, rb in zip(a, b):
+        cos += sum(x * y for x, y in zip(ra, rb)) / math.sqrt(sum(x * x for x in ra) * sum(y * y for y in rb))
+        top += max(range(len(ra)), key=ra.__getitem__) == max(range(len(rb)), key=rb.__getitem__)
+        n += 1
+print(f"   {n} positions of 70-token prefills: mean cosine {cos / n:.4f}, top-1 agreement {top / n:.3f}")
+sys.exit(0 if n >= 300 and cos / n >= 0.85 and top / n >= 0.40 else 1)
+PY
 
 # A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
 # one reader refills each several times, and the emulator makes a copy only when its event

@@ -1433,6 +1433,50 @@ Test(cuda_kernels, act_quant_matches_ref)
 	free(got);
 }
 
+/* act_codes: the same quantization kept as e4m3 bytes and per-block scales, which the FP8
+ * GEMMs read: byte * scale is act_quant's value bit for bit, and every byte is a finite
+ * e4m3 code (subnormals, a zero block and the 448 end included). */
+Test(cuda_kernels, act_codes_are_act_quants_values)
+{
+	NEED_GPU();
+	int n = 5, cols = 300, nb = 3;
+	size_t N = (size_t)n * cols;
+	float *x = rnd_vec(N), *want = malloc(N * 4), *xs = malloc((size_t)n * nb * 4);
+	uint8_t *xq = malloc(N);
+	for (size_t i = 0; i < N; i++)
+		x[i] *= ldexpf(1.0f, (int)(i % 23) - 12);
+	for (int c = 128; c < 256; c++)
+		x[cols + c] = 0.0f;
+	x[2 * cols + 7] = -0.0f;
+	cpu_ref_act_quant(want, x, n, cols);
+	float *dx = to_dev(x, N * 4), *ds = dev_alloc((size_t)n * nb * 4);
+	uint8_t *dq = dev_alloc(N);
+	cr_assert_eq(wk_cuda_act_codes(dq, ds, dx, n, cols, err, sizeof err), WK_OK, "%s", err);
+	from_dev(xq, dq, N);
+	from_dev(xs, ds, (size_t)n * nb * 4);
+	int sub = 0, top = 0;
+	for (int t = 0; t < n; t++)
+		for (int c = 0; c < cols; c++) {
+			size_t i = (size_t)t * cols + c;
+			uint8_t b = xq[i];
+			cr_assert((b & 0x7f) != 0x7f, "token %d col %d: NaN code 0x%02x", t, c, b);
+			float v = dt_e4m3_to_f32(b) * xs[t * nb + c / 128];
+			cr_assert(memcmp(&v, &want[i], 4) == 0, "token %d col %d: code 0x%02x x %g = %g, "
+				  "act_quant %g", t, c, b, xs[t * nb + c / 128], v, want[i]);
+			sub += b && (b & 0x78) == 0;
+			top += (b & 0x7f) == 0x7e;
+		}
+	cr_expect(sub > 0 && top >= n, "subnormal codes %d, 448s %d: the cases were not covered",
+		  sub, top);
+	wk_cuda_free(dx);
+	wk_cuda_free(ds);
+	wk_cuda_free(dq);
+	free(x);
+	free(want);
+	free(xs);
+	free(xq);
+}
+
 /* rope_n: three tensors of different shapes and positions in one launch, bit for bit what
  * rope gives each alone. */
 Test(cuda_kernels, rope_n_matches_rope)
