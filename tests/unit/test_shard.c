@@ -375,6 +375,48 @@ static void device_matches(const char *hf, const char *label, int tp, int ep,
 	free(sn);
 }
 
+/* Counting launches (wick bench launches) on a sharded snapshot restored into device memory:
+ * rank 0 takes over the top engine's counted context, the other ranks count the contexts
+ * the restore started for them; every rank counts the same kernels for a decode step. */
+Test(shard, launches_counted_on_every_device_rank)
+{
+	char *hf = gen_glm("g5c", "glm5", "--seed 7");
+	char *sn = snapshot(hf, "g5c-tp2-ep2", 2, 2, "keep");
+	struct engine *e;
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = 1,
+			     .backend_ops = &be_devsim, .comm_ops = &comm_devsim,
+			     .count_launches = true};
+	cr_assert_eq(eng_open(sn, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(eng_info(e)->startup.to_device);
+	int V = eng_info(e)->vocab, t = 5;
+	float *lg = malloc(sizeof(float) * (size_t)V * NG);
+	cr_assert_eq(eng_forward(e, gtoks, NG, 0, lg, false, err, sizeof err), WK_OK, "%s", err);
+	struct eng_launches before[2], after[2];
+	for (int r = 0; r < 2; r++)
+		cr_assert_eq(eng_launches(e, r, &before[r]), WK_OK, "rank %d", r);
+	cr_assert_eq(eng_forward(e, &t, 1, NG, lg, false, err, sizeof err), WK_OK, "%s", err);
+	long k[2] = {0, 0};
+	for (int r = 0; r < 2; r++) {
+		cr_assert_eq(eng_launches(e, r, &after[r]), WK_OK, "rank %d", r);
+		for (int i = 0; i < ENG_LAUNCH_KINDS; i++) {
+			bool copy;
+			int per;
+			eng_launch_kind(i, &copy, &per);
+			if (!copy)
+				k[r] += (after[r].n[i] - before[r].n[i]) * per;
+		}
+		cr_expect_gt(after[r].collectives - before[r].collectives, 0, "rank %d", r);
+	}
+	cr_expect_gt(k[0], 0);
+	cr_expect_eq(k[0], k[1], "rank 0 launched %ld kernels, rank 1 %ld", k[0], k[1]);
+	fprintf(stderr, "shard: a devsim tp2 x ep2 decode step: %ld kernels on each rank\n", k[0]);
+	eng_close(e);
+	free(lg);
+	free(sn);
+	free(hf);
+}
+
 Test(shard, sharded_on_device_memory_matches_cpu)
 {
 	char *st = stories();
