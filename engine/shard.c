@@ -467,6 +467,10 @@ static int rank_open(struct engine *e, const struct eng_opts *o, int r, int thre
 	}
 	if (rc != WK_OK)
 		return rc;
+	/* the load runs on this thread: its device is the rank's (a context the restore started
+	 * was made current on this thread only while it was created) */
+	if (re->be->attach)
+		re->be->attach(re->bctx);
 	if ((rc = re->fam->load(re, err, errsz)) != WK_OK) {
 		char why[WK_ERRSZ];
 		snprintf(why, sizeof why, "%s", err ? err : "");

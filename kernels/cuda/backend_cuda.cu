@@ -525,22 +525,46 @@ static void zero(void *ctx, void *dst, size_t bytes)
 	RUN(wk_cuda_zero(dst, bytes, err, sizeof err));
 }
 
+/* Allocations and frees run on the context's device whatever the calling thread's current
+ * one is (a sharded restore allocates every rank's image from one thread), and leave the
+ * thread's current device as they found it. */
+static int dev_enter(const struct cuda_ctx *c)
+{
+	int prev = -1;
+	if (cudaGetDevice(&prev) != cudaSuccess)
+		prev = -1;
+	if (prev != c->device)
+		cudaSetDevice(c->device);
+	return prev;
+}
+
+static void dev_leave(const struct cuda_ctx *c, int prev)
+{
+	if (prev >= 0 && prev != c->device)
+		cudaSetDevice(prev);
+}
+
 static void *mem_alloc(void *ctx, size_t bytes)
 {
-	(void)ctx;
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	void *p = NULL;
+	int prev = dev_enter(c);
 	if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
 		cudaGetLastError(); /* an out-of-memory is the caller's to report, not sticky */
-		return NULL;
+		p = NULL;
 	}
+	dev_leave(c, prev);
 	return p;
 }
 
 static void mem_free(void *ctx, void *p)
 {
-	(void)ctx;
-	if (p)
-		cudaFree(p);
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (!p)
+		return;
+	int prev = dev_enter(c);
+	cudaFree(p);
+	dev_leave(c, prev);
 }
 
 static void to_device(void *ctx, void *dst, const void *host, size_t bytes)
@@ -715,12 +739,14 @@ static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void *
 		c->cap_owned = cap;
 	}
 	void *d = NULL;
+	int prev = dev_enter(c);
 	cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
 	if (e == cudaSuccess) {
 		e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
 		if (e != cudaSuccess)
 			cudaFree(d);
 	}
+	dev_leave(c, prev);
 	if (e != cudaSuccess)
 		return wk_errf(err, errsz, e == cudaErrorMemoryAllocation ? WK_ENOMEM : WK_EIO,
 			       "CUDA: uploading %zu bytes of weights: %s", bytes,

@@ -120,8 +120,12 @@ static void destroy(void *ctx)
 		return;
 	for (int r = 0; r < c->world; r++) {
 		cudaSetDevice(r);
-		if (c->comm[r] && !c->aborted[r])
-			c->api.CommDestroy(c->comm[r]);
+		if (c->comm[r] && !c->aborted[r]) { /* after a failure, peers may be gone: abort */
+			if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
+				c->api.CommAbort(c->comm[r]);
+			else
+				c->api.CommDestroy(c->comm[r]);
+		}
 		if (c->stream[r])
 			cudaStreamDestroy(c->stream[r]);
 		if (c->word[r])
