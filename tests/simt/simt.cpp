@@ -342,6 +342,8 @@ struct CUevent_st {
 
 static std::mutex rt_mu; /* everything below */
 static std::map<uintptr_t, size_t> dev_allocs, pinned_allocs; /* base -> bytes */
+static std::map<uintptr_t, int> dev_of; /* device allocation base -> the device it is on */
+static thread_local int cur_device;     /* cudaSetDevice's, per host thread */
 static std::set<cudaStream_t> streams;
 static std::set<cudaEvent_t> events;
 static uint64_t op_seq;
@@ -405,10 +407,24 @@ static bool is_host(region r)
 	return r == R_HOST || r == R_PINNED;
 }
 
-/* Whether dst and src lie where kind says. */
+/* Whether device memory at p is the current device's: a copy touching another device's
+ * memory is refused (stricter than CUDA, which copies between peers), so that memory placed
+ * on the wrong device shows at the first copy to or from it. */
+static bool on_current(const void *p) /* under rt_mu */
+{
+	auto next = dev_allocs.upper_bound((uintptr_t)p);
+	if (next == dev_allocs.begin())
+		return true;
+	auto d = dev_of.find(std::prev(next)->first);
+	return d == dev_of.end() || d->second == cur_device;
+}
+
+/* Whether dst and src lie where kind says, device memory on the current device. */
 static bool kind_ok(void *dst, const void *src, size_t n, cudaMemcpyKind kind) /* under rt_mu */
 {
 	region d = where(dst, n), s = where(src, n);
+	if ((d == R_DEVICE && !on_current(dst)) || (s == R_DEVICE && !on_current(src)))
+		return false;
 	switch (kind) {
 	case cudaMemcpyHostToHost: return is_host(d) && is_host(s);
 	case cudaMemcpyHostToDevice: return d == R_DEVICE && is_host(s);
@@ -598,8 +614,6 @@ static int n_devices(void)
 	return n < 1 ? 1 : n > 8 ? 8 : n;
 }
 
-static thread_local int cur_device;
-
 cudaError_t cudaGetDeviceCount(int *n)
 {
 	*n = n_devices();
@@ -649,13 +663,19 @@ static cudaError_t release(void *p, std::map<uintptr_t, size_t> &m)
 		return cudaErrorInvalidValue;
 	drain_all();
 	m.erase(it);
+	dev_of.erase((uintptr_t)p);
 	free(p);
 	return sticky();
 }
 
 cudaError_t cudaMalloc(void **p, size_t n)
 {
-	return alloc(p, n, 256, dev_allocs);
+	cudaError_t e = alloc(p, n, 256, dev_allocs);
+	if (e == cudaSuccess && *p) {
+		std::lock_guard<std::mutex> g(rt_mu);
+		dev_of[(uintptr_t)*p] = cur_device;
+	}
+	return e;
 }
 
 cudaError_t cudaFree(void *p)

@@ -57,7 +57,9 @@
  *   - ordering on the GPU: kernels run at once, in issue order, so only the restore's copy
  *     stream can lag; copy/compute overlap and bandwidth are not modelled;
  *   - devices kept apart: WICK_SIMT_DEVICES devices (default 1) can be selected, per host
- *     thread, but share one memory, so a pointer used on the wrong device works here; host
+ *     thread, and share one memory; each cudaMalloc is tagged with the current device and a
+ *     copy to or from another device's memory is refused (stricter than CUDA), but a kernel's
+ *     pointers are not checked, so a kernel reading another device's memory works here; host
  *     threads' kernels take turns (one launch at a time);
  *   - the driver's errors: only the emulator's refusals (bad configuration, a copy of the
  *     wrong kind, an unknown handle) and the one injected fault occur; a real out-of-memory,
