@@ -44,14 +44,19 @@ static bool sink_accept(void *ctx, int world)
 		return false;
 	k->rctx[0] = k->ctx;
 	for (int r = 1; r < world; r++) {
+		if (k->rctx[r] && !k->taken[r])
+			continue; /* started by an earlier restore through this sink */
 		char err[WK_ERRSZ];
 		struct be_config c = {.threads = be_rank_threads(k->threads, world), .device = r};
 		if (k->raw->init(&k->rctx[r], &c, err, sizeof err) != WK_OK) {
 			/* too few devices, say: restored into host memory, and the rank engines
 			 * starting their own backends name the problem */
-			for (int q = 1; q < r; q++)
-				k->raw->shutdown(k->rctx[q]);
+			for (int q = 1; q < BE_SINK_MAX; q++)
+				if (k->rctx[q] && !k->taken[q])
+					k->raw->shutdown(k->rctx[q]);
 			memset(k->rctx + 1, 0, sizeof k->rctx - sizeof k->rctx[0]);
+			memset(k->taken, 0, sizeof k->taken);
+			k->world = 1;
 			return false;
 		}
 	}
@@ -128,8 +133,10 @@ void *be_sink_take(struct be_sink *k, int rank)
 
 void be_sink_close(struct be_sink *k)
 {
-	for (int r = 1; r < k->world; r++)
+	for (int r = 1; r < BE_SINK_MAX; r++)
 		if (k->rctx[r] && !k->taken[r])
 			k->raw->shutdown(k->rctx[r]);
+	memset(k->rctx + 1, 0, sizeof k->rctx - sizeof k->rctx[0]);
+	memset(k->taken, 0, sizeof k->taken);
 	k->world = 1;
 }

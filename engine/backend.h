@@ -277,7 +277,8 @@ struct backend {
  * each further rank r, with be_rank_threads(k->threads, world) threads; each rank file lands
  * in its own device's memory, through staging buffers the ranks share (stage ops, above).
  * The rank engines then take their contexts (be_sink_take); be_sink_close shuts down those
- * never taken. */
+ * never taken. A later restore through the same sink reuses the contexts still held (wick
+ * bench restore times restores, not context starts). */
 #define BE_SINK_MAX 64 /* = COMM_MAX_WORLD */
 struct snap_sink;
 struct be_sink {

@@ -15,14 +15,16 @@
  * ready, minus the time it spent moving bytes.
  *
  * With --backend B on a backend with device memory (cuda), it also restores the snapshot
- * straight into the device through pinned staging buffers, checks the device's bytes against
- * a host restore, and sets it beside the link's own speed in the same run: the same bytes
- * copied to the device from one pinned buffer, nothing read from disk.
+ * straight into the devices through pinned staging buffers (a sharded snapshot's rank r into
+ * device r, as a worker starts), checks every device's bytes against a host restore, and sets
+ * it beside the links' own speed in the same run: the same bytes copied to each device from a
+ * pinned buffer of its own, every device at once, nothing read from disk.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,8 +66,10 @@ static void usage(FILE *f)
 		"  --startup-runs N   child processes for the fixed start-up cost (default 5)\n"
 		"  --map M            restore into a mapping of the file: auto (default), always,\n"
 		"                     never\n"
-		"  --backend B        also restore into B's device memory (cuda) against a pinned\n"
-		"                     copy of the same bytes (default cpu: nothing to add)\n");
+		"  --backend B        also restore into B's device memory (cuda; a sharded\n"
+		"                     snapshot's rank r into device r) against pinned copies of the\n"
+		"                     same bytes to the same devices at once (default cpu: nothing\n"
+		"                     to add)\n");
 }
 
 static int add_file(struct files *f, const char *path)
@@ -205,10 +209,12 @@ static int check_identical(const char *dir, const char *src, const struct eng_sn
 
 static double median(double *v, int n);
 
-/* The device's images (rank r of s) against a host restore of the same snapshot. */
-static int device_identical(const struct backend *b, void *ctx, const struct snap *dev,
-			    const char *dir, char *err, size_t errsz)
+/* Each rank's device image (rank r of dev, in k's context r) against a host restore of the
+ * same snapshot. */
+static int device_identical(const struct be_sink *k, const struct snap *dev, const char *dir,
+			    char *err, size_t errsz)
 {
+	const struct backend *b = k->be;
 	struct snap *host;
 	struct snap_open_opts o = {.verify = true};
 	int rc = snap_open(dir, &o, &host, err, errsz);
@@ -221,34 +227,74 @@ static int device_identical(const struct backend *b, void *ctx, const struct sna
 		if (!back) {
 			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		} else {
+			if (b->attach)
+				b->attach(k->rctx[r]);
 			if (n)
-				b->to_host(ctx, back, d, n);
+				b->to_host(k->rctx[r], back, d, n);
 			if (n != m || memcmp(back, h, n))
 				rc = wk_errf(err, errsz, WK_EFORMAT, "rank %d: the device's image differs "
 					     "from the host restore's", r);
 		}
 		free(back);
 	}
+	if (rc == WK_OK && b->sync)
+		for (int r = 0; rc == WK_OK && r < snap_world(dev); r++)
+			rc = b->sync(k->rctx[r], err, errsz);
 	snap_close(host);
 	return rc;
 }
 
-/* The link alone: bytes copied to the device in 64 MiB pieces from one pinned buffer. */
-static double link_once(const struct backend *b, void *ctx, void *dev, uint64_t dev_bytes,
-			void *stage, uint64_t piece, uint64_t bytes, char *err, size_t errsz)
+/* The link alone, one device: bytes copied to dev in pieces from one pinned buffer. */
+struct link_job {
+	const struct backend *b;
+	void *ctx, *dev, *stage;
+	uint64_t dev_bytes, piece, bytes;
+	int rc;
+	char err[WK_ERRSZ];
+};
+
+static void *link_run(void *arg)
 {
-	double t0 = wk_now();
-	for (uint64_t off = 0; off < bytes; off += piece) {
-		uint64_t n = bytes - off < piece ? bytes - off : piece;
-		uint64_t at = off % dev_bytes;
-		if (at + n > dev_bytes)
+	struct link_job *j = arg;
+	if (j->b->attach)
+		j->b->attach(j->ctx);
+	j->rc = WK_OK;
+	for (uint64_t off = 0; off < j->bytes && j->rc == WK_OK; off += j->piece) {
+		uint64_t n = j->bytes - off < j->piece ? j->bytes - off : j->piece;
+		uint64_t at = off % j->dev_bytes;
+		if (at + n > j->dev_bytes)
 			at = 0;
-		if (b->stage_put(ctx, (char *)dev + at, stage, n, err, errsz) != WK_OK)
-			return -1;
+		j->rc = j->b->stage_put(j->ctx, (char *)j->dev + at, j->stage, n, j->err,
+					sizeof j->err);
 	}
-	if (b->stage_wait(ctx, stage, err, errsz) != WK_OK)
-		return -1;
-	return wk_now() - t0;
+	if (j->rc == WK_OK)
+		j->rc = j->b->stage_wait(j->ctx, j->stage, j->err, sizeof j->err);
+	return NULL;
+}
+
+/* Every rank's link at once, one thread per device (a sharded restore fills them all at
+ * once): seconds from the first copy to the last device done, or < 0 with the message. */
+static double link_once(struct link_job *jobs, int world, char *err, size_t errsz)
+{
+	pthread_t th[BE_SINK_MAX];
+	bool started[BE_SINK_MAX] = {false};
+	double t0 = wk_now();
+	for (int r = 1; r < world; r++)
+		started[r] = pthread_create(&th[r], NULL, link_run, &jobs[r]) == 0;
+	link_run(&jobs[0]);
+	for (int r = 1; r < world; r++) {
+		if (started[r])
+			pthread_join(th[r], NULL);
+		else
+			link_run(&jobs[r]);
+	}
+	double dt = wk_now() - t0;
+	for (int r = 0; r < world; r++)
+		if (jobs[r].rc != WK_OK) {
+			wk_errf(err, errsz, jobs[r].rc, "%s", jobs[r].err);
+			return -1;
+		}
+	return dt;
 }
 
 int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
@@ -259,64 +305,76 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	int rc = b->init(&ctx, &bc, err, errsz);
 	if (rc != WK_OK)
 		return rc;
-	struct be_sink k = {.be = b, .ctx = ctx}; /* no raw: unsharded snapshots only */
+	/* a sharded snapshot: the sink starts rank r's context on device r, kept for every run */
+	struct be_sink k = {.be = b, .ctx = ctx, .raw = b, .threads = 1};
 	struct snap_sink sk = be_snap_sink(&k);
 	struct snap_open_opts o = {.verify = true, .threads = threads, .sink = &sk};
 	double *v = calloc((size_t)runs, sizeof *v);
 	const uint64_t piece = 64u << 20;
-	void *stage = NULL, *dev = NULL;
-	uint64_t big = 0;
+	struct link_job jobs[BE_SINK_MAX];
+	memset(jobs, 0, sizeof jobs);
+	int world = 1;
 	if (!v) {
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto done;
 	}
-	for (int r = 0; r < runs; r++) {
+	/* run -1, not timed: starts the other ranks' contexts and checks every device's bytes */
+	for (int r = -1; r < runs; r++) {
 		struct snap *s;
 		double t0 = wk_now();
 		if ((rc = snap_open(dir, &o, &s, err, errsz)) != WK_OK)
 			goto done;
-		v[r] = wk_now() - t0;
+		if (r >= 0)
+			v[r] = wk_now() - t0;
+		world = snap_world(s);
 		if (!snap_on_sink(s)) {
-			rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "a snapshot of %d ranks is not "
-				     "restored into one device (make one with tp 1, ep 1)",
-				     snap_world(s));
+			rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "a snapshot of %d ranks is "
+				     "restored into %d %s devices, one a rank, and they could not "
+				     "all be started (too few visible?)", world, world, b->name);
 			snap_close(s);
 			goto done;
 		}
 		out->bytes = 0;
-		for (int i = 0; i < snap_world(s); i++) {
-			uint64_t n;
-			snap_image(s, i, &n);
-			out->bytes += n;
-			big = n > big ? n : big;
+		for (int i = 0; i < world; i++) {
+			snap_image(s, i, &jobs[i].bytes);
+			out->bytes += jobs[i].bytes;
 		}
-		if (r == 0)
-			rc = device_identical(b, ctx, s, dir, err, errsz);
+		if (r < 0)
+			rc = device_identical(&k, s, dir, err, errsz);
 		snap_close(s);
 		if (rc != WK_OK)
 			goto done;
 	}
+	out->devices = world;
 	out->restore_s = median(v, runs);
-	stage = b->stage_alloc(ctx, piece);
-	dev = b->mem_alloc(ctx, big ? big : 1);
-	if (!stage || !dev) {
-		rc = wk_errf(err, errsz, WK_ENOMEM, "no memory for the pinned-copy baseline");
-		goto done;
+	for (int i = 0; i < world; i++) {
+		struct link_job *j = &jobs[i];
+		*j = (struct link_job){.b = b, .ctx = k.rctx[i], .piece = piece,
+				       .bytes = j->bytes, .dev_bytes = j->bytes ? j->bytes : 1};
+		j->stage = b->stage_alloc(j->ctx, piece);
+		j->dev = b->mem_alloc(j->ctx, j->dev_bytes);
+		if (!j->stage || !j->dev) {
+			rc = wk_errf(err, errsz, WK_ENOMEM, "no memory on device %d for the "
+				     "pinned-copy baseline", i);
+			goto done;
+		}
+		memset(j->stage, 0x5a, piece);
 	}
-	memset(stage, 0x5a, piece);
 	for (int r = 0; r < runs; r++)
-		if ((v[r] = link_once(b, ctx, dev, big ? big : 1, stage, piece, out->bytes, err,
-				      errsz)) < 0) {
+		if ((v[r] = link_once(jobs, world, err, errsz)) < 0) {
 			rc = WK_EIO;
 			goto done;
 		}
 	out->link_s = median(v, runs);
 done:
-	if (stage)
-		b->stage_free(ctx, stage);
-	if (dev)
-		b->mem_free(ctx, dev);
+	for (int i = 0; i < world; i++) {
+		if (jobs[i].stage)
+			b->stage_free(jobs[i].ctx, jobs[i].stage);
+		if (jobs[i].dev)
+			b->mem_free(jobs[i].ctx, jobs[i].dev);
+	}
 	free(v);
+	be_sink_close(&k);
 	b->shutdown(ctx);
 	return rc;
 }
@@ -530,11 +588,13 @@ int bench_restore(int argc, char **argv)
 	if (cold)
 		printf("   cold %.2fx\n", t[1][1] / t[2][1]);
 	if (db.restore_s > 0) {
-		printf("into %s memory (warm, %.1f MB of images; the device's bytes checked against "
-		       "the host restore)\n", be->name, db.bytes / 1e6);
+		printf("into %s memory (warm, %.1f MB of images on %d device%s, one a rank; every "
+		       "device's bytes checked against the host restore)\n", be->name,
+		       db.bytes / 1e6, db.devices, db.devices == 1 ? "" : "s");
 		printf("%-42s %10.3f %8.2f\n", "restore through pinned staging", db.restore_s,
 		       db.bytes / db.restore_s / 1e9);
-		printf("%-42s %10.3f %8.2f\n", "pinned copy (one buffer, no disk)", db.link_s,
+		printf("%-42s %10.3f %8.2f\n", db.devices == 1 ? "pinned copy (one buffer, no disk)"
+		       : "pinned copies (a buffer a device, no disk)", db.link_s,
 		       db.bytes / db.link_s / 1e9);
 		printf("restore / pinned copy   %.2f of the link\n", db.link_s / db.restore_s);
 	} else if (strcmp(be->name, "cpu")) {
@@ -555,8 +615,9 @@ int bench_restore(int argc, char **argv)
 			      "cold_restore_vs_naive", cold ? t[1][1] / t[2][1] : 0.0,
 			      "fixed_startup_ms", fixed * 1e3);
 	if (j && db.restore_s > 0)
-		json_object_set_new(j, "device", json_pack("{s:s, s:I, s:f, s:f, s:f, s:f}", "backend",
-							   be->name, "bytes", (json_int_t)db.bytes,
+		json_object_set_new(j, "device", json_pack("{s:s, s:i, s:I, s:f, s:f, s:f, s:f}",
+							   "backend", be->name, "devices",
+							   db.devices, "bytes", (json_int_t)db.bytes,
 							   "restore_s", db.restore_s, "link_s",
 							   db.link_s, "restore_gbps",
 							   db.bytes / db.restore_s / 1e9,

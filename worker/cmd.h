@@ -28,14 +28,17 @@ int cmd_plan(int argc, char **argv);     /* worker/cmd_plan.c */
 #include <stdbool.h>
 #include <stdint.h>
 
-/* `wick bench restore --backend B`'s device part (bench_restore.c): starts backend b (device
- * 0), restores the unsharded snapshot dir into its memory runs times through pinned staging
- * (b must pass be_streams), checks the first run's bytes against a host restore, then copies
- * the same number of bytes from one pinned buffer (the link alone). Medians in *out. */
+/* `wick bench restore --backend B`'s device part (bench_restore.c): starts backend b on
+ * device 0 (and, for a sharded snapshot, the sink starts rank r's on device r), restores the
+ * snapshot dir into the devices' memory once untimed, checking every rank's bytes against a
+ * host restore, then runs times (b must pass be_streams); then copies each rank's number of
+ * bytes to its device from a pinned buffer of its own, all devices at once (the links
+ * alone). Medians in *out. */
 struct backend;
 struct bench_device {
 	double restore_s, link_s;
-	uint64_t bytes; /* image bytes */
+	uint64_t bytes; /* image bytes, all ranks */
+	int devices;    /* one a rank */
 };
 int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
 			 struct bench_device *out, char *err, size_t errsz);

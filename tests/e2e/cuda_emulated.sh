@@ -21,7 +21,8 @@
 #      under NCCL's name, tests/simt/comm_simt.c): one process, a thread per rank, rank r on
 #      device r, each rank file streamed into its device's memory: GLM-5 tp 2 x ep 4 (4 ranks)
 #      and GLM-4.5 tp 2 logits against the CPU's unsharded ones (1e-3), stories260K tp 2's
-#      golden text through generate and through a worker; too few devices is refused by name.
+#      golden text through generate and through a worker; too few devices is refused by name;
+#      wick bench restore of the 4-rank snapshot into 4 devices, every device's bytes checked.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -139,7 +140,7 @@ section "restore through reused staging buffers"
 "$WICK" snapshot "$TMPD/big" -o "$TMPD/big-snap" >/dev/null 2>&1 || fail "snapshot the 54 MB model"
 "$EMU" bench restore "$TMPD/big-snap" --backend cuda --threads 1 --runs 1 --no-cold \
   --startup-runs 0 >"$TMPD/bench.txt" 2>&1 || { cat "$TMPD/bench.txt"; fail "bench restore --backend cuda"; }
-grep -q "the device's bytes checked against the host restore" "$TMPD/bench.txt" \
+grep -q "device's bytes checked against the host restore" "$TMPD/bench.txt" \
   || { cat "$TMPD/bench.txt"; fail "bench restore did not check the device's bytes"; }
 echo "   $(grep '^into cuda memory' "$TMPD/bench.txt")"
 
@@ -226,6 +227,21 @@ set -e
 grep -q 'CUDA device 3 does not exist (3 visible)' "$TMPD/few.err" \
   || fail "4 ranks on 3 devices: $(cat "$TMPD/few.err")"
 echo "   4 ranks on 3 devices: exit $rc, $(tail -n 1 "$TMPD/few.err")"
+# the cold start of a sharded worker, measured: each rank file into its own device
+WICK_SIMT_DEVICES=4 "$EMU" bench restore "$TMPD/glm5-tp2-ep4" --backend cuda --runs 1 \
+  --no-cold --startup-runs 0 >"$TMPD/bench4.txt" 2>&1 \
+  || { cat "$TMPD/bench4.txt"; fail "bench restore --backend cuda of 4 ranks"; }
+grep -q "on 4 devices, one a rank; every device's bytes checked" "$TMPD/bench4.txt" \
+  || { cat "$TMPD/bench4.txt"; fail "bench restore did not restore 4 ranks into 4 devices"; }
+grep -q '"devices":4' "$TMPD/bench4.txt" || fail "bench restore's JSON has no 4 devices"
+echo "   $(grep '^into cuda memory' "$TMPD/bench4.txt")"
+set +e
+WICK_SIMT_DEVICES=3 "$EMU" bench restore "$TMPD/glm5-tp2-ep4" --backend cuda --runs 1 \
+  --no-cold --startup-runs 0 >"$TMPD/bench3.txt" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "a snapshot of 4 ranks is restored into 4 cuda devices" "$TMPD/bench3.txt" \
+  || { cat "$TMPD/bench3.txt"; fail "bench restore of 4 ranks on 3 devices: exit $rc"; }
 "$WICK" snapshot "$m" -o "$TMPD/stories-tp2" --tp 2 >/dev/null 2>&1 || fail "snapshot stories260K tp 2"
 got=$(WICK_SIMT_DEVICES=2 "$EMU" generate "$TMPD/stories-tp2" -n 24 --temperature 0 \
   --backend cuda 2>"$TMPD/gen.err") || fail "generate tp 2: $(tail -n 3 "$TMPD/gen.err")"
