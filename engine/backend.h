@@ -109,7 +109,8 @@ struct be_rope {
 #define BE_CAND_MAX 1024 /* = WK_CUDA_CAND_MAX */
 struct be_samp {
 	float temperature, top_p;
-	int top_k;
+	int top_k, pad;
+	double u;
 };
 struct be_cand_head {
 	double mass;

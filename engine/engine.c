@@ -442,7 +442,8 @@ static bool cand_grow(struct engine *e, int n)
 }
 
 /* The sampled items' tokens: the device's candidates where it selects them (one op and one
- * copy for the step, plus a logits row for each row past ENG_CAND_CAP), else the host's pick
+ * copy for the step, plus a logits row for each filtered row past ENG_CAND_CAP; temperature
+ * alone is one candidate, the device's pick with the item's draw), else the host's pick
  * over each row. */
 static int outputs_sampled(struct engine *e, const struct eng_item *items, int n,
 			   const float *lg, int vocab, char *err, size_t errsz)
@@ -463,8 +464,9 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 			e->samp_h[i] = wants(&items[i], true)
 					       ? (struct be_samp){items[i].sample.temperature,
 								  items[i].sample.top_p,
-								  items[i].sample.top_k}
-					       : (struct be_samp){0, 1, 0};
+								  items[i].sample.top_k, 0,
+								  items[i].sample.u}
+					       : (struct be_samp){0, 1, 0, 0, 0};
 		eng_to_dev(e, e->samp_d, e->samp_h, (size_t)n * sizeof *e->samp_h);
 		struct be_cand_head *hd = e->cand_d;
 		e->be->sample_cand(e->bctx, (struct samp_cand *)(hd + n), hd, lg, e->samp_d, n, vocab,

@@ -124,9 +124,10 @@ struct eng_item {
 	 * (engine/sampler.h) for these settings and the draw u (the request's samp_draw), so
 	 * what samp_next would give. Where the logits are in device memory and the backend
 	 * has sample_cand, the device selects the candidates and only they cross to the host
-	 * (a row with more than ENG_CAND_CAP of them, e.g. temperature alone over a large
-	 * vocabulary, copies its logits instead); the device's expf and sums may differ from
-	 * the host's in the last bits, which moves a draw that close to a boundary. */
+	 * (temperature alone: the device makes the pick with u, and one candidate crosses; a
+	 * filtered list longer than ENG_CAND_CAP copies its logits instead); the device's expf
+	 * and sums may differ from the host's in the last bits, which moves a draw that close
+	 * to a boundary. */
 	struct eng_sample {
 		float temperature, top_p;
 		int top_k;

@@ -194,7 +194,10 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const
  *     else all ids; mass = the sum of every p in id order;
  *   - 0 < top_p < 1: of those, only the shortest head whose running sum (double) reaches
  *     min(mass, (top_p + CPU_CAND_SLACK) * mass) (all of them when none does);
- *   - neither filter: every id, in id order.
+ *   - neither filter: the pick itself, with the row's draw u, as samp_pick makes it over
+ *     every id in id order: the first id j whose running sum (double, id order) of p exceeds
+ *     u * mass (the last id when rounding leaves none), a list of one; so temperature alone
+ *     over a vocabulary of any size sends one candidate, not the whole row.
  * cand[i][0..count) = {p, id} of that list in that order, head[i] = {mass, count}; count =
  * -1 (overflow; cand[i] unspecified) when the list is longer than cap. The slack makes the
  * list reach a little past top_p, so that the pick's own cut (its running sum of p / mass,
@@ -202,7 +205,8 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const
 #define CPU_CAND_SLACK (1.0 / 1048576) /* 2^-20 of the mass */
 struct cpu_samp {
 	float temperature, top_p;
-	int32_t top_k;
+	int32_t top_k, pad;
+	double u; /* the request's draw in [0, 1): used where neither filter is on */
 };
 struct cpu_cand {
 	float p;

@@ -1,7 +1,8 @@
 /*
  * sample_ref.c - cpu_ref_sample_cand, the reference for the sampling candidates (contract in
  * cpu.h): the plain way, every candidate sorted. engine/sampler.c reaches the same list by
- * selection, and kernels/cuda/sample_kernels.cu by radix selects on the device.
+ * selection, and kernels/cuda/sample_kernels.cu by radix selects on the device. With neither
+ * filter on, the list is the pick itself (samp_pick's arithmetic exactly).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -36,6 +37,18 @@ static void row_cand(struct cpu_cand *cand, struct cpu_cand_head *h, const float
 	bool top_k = s->top_k > 0 && s->top_k < vocab, top_p = s->top_p > 0 && s->top_p < 1;
 	int count = vocab;
 	h->mass = total;
+	if (!top_k && !top_p) { /* the pick itself, as samp_pick_cand over the row in id order */
+		double r = s->u * total, acc = 0;
+		int id = vocab - 1;
+		for (int j = 0; j < vocab; j++)
+			if (r < (acc += w[j].p)) {
+				id = j;
+				break;
+			}
+		cand[0] = w[id];
+		h->count = 1;
+		return;
+	}
 	if (top_k || top_p)
 		qsort(w, (size_t)vocab, sizeof *w, by_prob_desc);
 	if (top_k) {

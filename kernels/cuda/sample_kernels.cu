@@ -3,7 +3,8 @@
  * (cpu_ref_sample_cand's contract, kernels/cpu/cpu.h), selected where the logits are, so
  * that a few kilobytes per row cross to the host instead of the whole row (151,552 floats
  * for GLM). The pick itself (engine/sampler.c, samp_pick_cand) runs on the host with the
- * request's own draw.
+ * request's own draw, but for temperature alone (no top_k, no top_p), where every id is a
+ * candidate: the kernel makes that pick with the draw (pick_id_order) and sends the one id.
  *
  * One block per row. Every element's order key is 64 bits, (bits of p) << 32 | ~id: p >= 0,
  * so its bits order as it does, and unsigned order of the keys is the filters' order (p
@@ -114,6 +115,50 @@ static __device__ unsigned long long select_key(const float *r, float mx, float 
 	return prefix;
 }
 
+/* Temperature alone: the id samp_pick draws with u over the row in id order, the first whose
+ * running sum of p passes u times the whole. Thread t sums a contiguous run of ids (so the
+ * runs, in thread order, are id order); thread 0 turns the runs' sums into where each starts;
+ * the one thread whose run holds u times the whole walks it. The sums group the additions
+ * otherwise than the host's single running sum (double: the last bits), so only a draw that
+ * close to a boundary could land on the neighbour; with none found (rounding at the very top)
+ * the last id, as the host. Every thread of the block calls it and gets the id. */
+static __device__ int pick_id_order(const float *r, float mx, float temperature, int vocab,
+				    double u)
+{
+	__shared__ double start[CAND_THREADS + 1];
+	__shared__ int s_id;
+	int per = (vocab + (int)blockDim.x - 1) / (int)blockDim.x;
+	int j0 = min((int)threadIdx.x * per, vocab), j1 = min(j0 + per, vocab);
+	double run = 0;
+	for (int j = j0; j < j1; j++)
+		run += cand_p(r[j], mx, temperature);
+	start[threadIdx.x] = run;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		double acc = 0;
+		for (int t = 0; t < (int)blockDim.x; t++) {
+			double v = start[t];
+			start[t] = acc;
+			acc += v;
+		}
+		start[blockDim.x] = acc;
+		s_id = vocab - 1;
+	}
+	__syncthreads();
+	double want = u * start[blockDim.x], acc = start[threadIdx.x];
+	if (j0 < j1 && want >= acc && want < start[threadIdx.x + 1]) {
+		int id = j1 - 1;
+		for (int j = j0; j < j1; j++)
+			if (want < (acc += cand_p(r[j], mx, temperature))) {
+				id = j;
+				break;
+			}
+		s_id = id;
+	}
+	__syncthreads();
+	return s_id;
+}
+
 /* Row blockIdx.x of logits [n][vocab]: cand [n][cap], head [n] as cpu_ref_sample_cand. */
 __global__ void k_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head,
 			      const float *logits, const struct cpu_samp *sp, int vocab, int cap)
@@ -139,12 +184,12 @@ __global__ void k_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head,
 		total += cand_p(r[j], mx, s.temperature);
 	total = block_sum_d(total);
 	bool top_k = s.top_k > 0 && s.top_k < vocab, top_p = s.top_p > 0 && s.top_p < 1;
-	if (!top_k && !top_p) { /* every id, in id order */
-		if (vocab <= cap)
-			for (int j = threadIdx.x; j < vocab; j += blockDim.x)
-				cand[j] = cpu_cand{cand_p(r[j], mx, s.temperature), j};
-		if (threadIdx.x == 0)
-			*h = cpu_cand_head{total, vocab <= cap ? vocab : -1, 0};
+	if (!top_k && !top_p) { /* the pick itself */
+		int id = pick_id_order(r, mx, s.temperature, vocab, s.u);
+		if (threadIdx.x == 0) {
+			cand[0] = cpu_cand{cand_p(r[id], mx, s.temperature), id};
+			*h = cpu_cand_head{total, 1, 0};
+		}
 		return;
 	}
 	unsigned long long lo = 0;

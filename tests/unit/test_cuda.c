@@ -1711,8 +1711,19 @@ static void cand_logits(float *l, int vocab, int kind)
 static int whole_list(struct cpu_cand *w, double *mass, const float *l, int vocab,
 		      const struct cpu_samp *s)
 {
+	if (!(s->top_k > 0 && s->top_k < vocab)) { /* every id in id order (the reference picks) */
+		float mx = l[0];
+		for (int j = 1; j < vocab; j++)
+			mx = l[j] > mx ? l[j] : mx;
+		*mass = 0;
+		for (int j = 0; j < vocab; j++) {
+			w[j] = (struct cpu_cand){expf((l[j] - mx) / s->temperature), j};
+			*mass += w[j].p;
+		}
+		return vocab;
+	}
 	struct cpu_cand_head h;
-	struct cpu_samp all = {s->temperature, 1, s->top_k};
+	struct cpu_samp all = {s->temperature, 1, s->top_k, 0, 0};
 	cpu_ref_sample_cand(w, &h, l, &all, 1, vocab, vocab, w + vocab);
 	*mass = h.mass;
 	return h.count;
@@ -1763,7 +1774,9 @@ static bool near_boundary(const float *l, int vocab, const struct cpu_samp *s, d
  * 1e-6: a GPU's expf differs from the host's in the last bits), the same mass within 1e-6, the
  * same count but where the top_p target is within 1e-9 of a running sum; then the token the
  * pick makes from the device's list equals samp_pick's from the row for 16 draws each, but
- * where the draw is within 1e-5 of a boundary (counted). */
+ * where the draw is within 1e-5 of a boundary (counted). With neither filter, the list is the
+ * pick made with the row's draw: the reference's is samp_pick's token exactly, the device's
+ * too but within 1e-5 of a boundary, whatever the cap (a vocabulary of 3,000 with cap 16). */
 Test(cuda_kernels, sample_cand_matches_ref)
 {
 	NEED_GPU();
@@ -1771,7 +1784,7 @@ Test(cuda_kernels, sample_cand_matches_ref)
 	static const float temps[] = {0, 0.3f, 1, 2.5f};
 	static const float top_ps[] = {1, 0.9f, 0.5f, 1e-6f, 0.999999f, 0};
 	enum { ROWS = 4, DRAWS = 16 };
-	int rows = 0, overflows = 0, draws = 0, near = 0, near_differ = 0;
+	int rows = 0, overflows = 0, draws = 0, near = 0, near_differ = 0, picks = 0;
 	for (int c = 0; c < 60; c++) {
 		int vocab = vocabs[c % 5], cap = c % 3 == 0 ? 16 : WK_CUDA_CAND_MAX;
 		float *l = malloc((size_t)ROWS * vocab * sizeof *l);
@@ -1779,7 +1792,8 @@ Test(cuda_kernels, sample_cand_matches_ref)
 		for (int i = 0; i < ROWS; i++) {
 			cand_logits(l + (size_t)i * vocab, vocab, (c + i) % 4);
 			int ks[] = {0, 1, 5, 40, vocab - 1, vocab, vocab + 5, 2000};
-			s[i] = (struct cpu_samp){temps[rnd_int(4)], top_ps[rnd_int(6)], ks[rnd_int(8)]};
+			s[i] = (struct cpu_samp){temps[rnd_int(4)], top_ps[rnd_int(6)], ks[rnd_int(8)],
+						 0, (rnd() + 1.0) * 0.5};
 		}
 		if (!(s[0].temperature > 0))
 			s[0].temperature = 1;
@@ -1808,6 +1822,21 @@ Test(cuda_kernels, sample_cand_matches_ref)
 			}
 			cr_assert(fabs(gh[i].mass - wh[i].mass) <= 1e-6 * wh[i].mass,
 				  "%s: mass %.17g, not %.17g", tag, gh[i].mass, wh[i].mass);
+			struct samp_cfg cfg = {s[i].temperature, s[i].top_p, s[i].top_k, 0};
+			if (!(s[i].top_k > 0 && s[i].top_k < vocab) &&
+			    !(s[i].top_p > 0 && s[i].top_p < 1)) { /* the pick, with s[i].u */
+				int tw = samp_pick(li, vocab, &cfg, s[i].u, (struct samp_cand *)w);
+				cr_assert(wh[i].count == 1 && wc[0].id == tw, "%s: the reference picks "
+					  "%d (count %d), samp_pick %d", tag, wc[0].id, wh[i].count, tw);
+				cr_assert_eq(gh[i].count, 1, "%s", tag);
+				bool nb = near_boundary(li, vocab, &s[i], s[i].u, 1e-5, w);
+				near += nb;
+				near_differ += nb && gc[0].id != tw;
+				picks++;
+				cr_assert(gc[0].id == tw || nb, "%s: draw %.17g gives %d, not %d", tag,
+					  s[i].u, gc[0].id, tw);
+				continue;
+			}
 			if (gh[i].count != wh[i].count) {
 				double share = fmin(1, s[i].top_p + CPU_CAND_SLACK);
 				cr_assert(s[i].top_p > 0 && s[i].top_p < 1 &&
@@ -1822,7 +1851,6 @@ Test(cuda_kernels, sample_cand_matches_ref)
 					  gc[j].id, gc[j].p, wc[j].id, wc[j].p);
 			if (gh[i].count <= 0)
 				continue;
-			struct samp_cfg cfg = {s[i].temperature, s[i].top_p, s[i].top_k, 0};
 			for (int d = 0; d < DRAWS; d++, draws++) {
 				double u = (rnd() + 1.0) * 0.5;
 				int tg = samp_pick_cand((const struct samp_cand *)gc, gh[i].count,
@@ -1844,7 +1872,8 @@ Test(cuda_kernels, sample_cand_matches_ref)
 		free(w);
 	}
 	cr_assert_gt(overflows, 0, "no row overflowed its cap");
-	cr_log_info("sample_cand: %d rows, %d past the cap; %d draws give samp_pick's token but "
-		    "%d of the %d within 1e-5 of a boundary", rows, overflows, draws, near_differ,
-		    near);
+	cr_assert_gt(picks, 20, "too few rows with neither filter");
+	cr_log_info("sample_cand: %d rows, %d past the cap, %d picked on the device; %d draws "
+		    "give samp_pick's token but %d of the %d within 1e-5 of a boundary", rows,
+		    overflows, picks, draws + picks, near_differ, near);
 }
