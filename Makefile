@@ -172,7 +172,8 @@ tools: $(TOOLS)
 # there with a thread per rank); tests/e2e/cuda_emulated.sh runs it.
 SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu \
                  kernels/cuda/sample_kernels.cu \
-                 kernels/cuda/gemm_fp8.cu kernels/cuda/gemm_wgmma.cu kernels/cuda/backend_cuda.cu
+                 kernels/cuda/gemm_fp8.cu kernels/cuda/gemm_wgmma.cu kernels/cuda/gemm_fp8w.cu \
+                 kernels/cuda/backend_cuda.cu
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
 SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o \
                  $(BUILD)/simt/wgmma.o

@@ -207,6 +207,24 @@ int wk_cuda_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t
 int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 			   const float *ws, int n, int rows, int cols, char *err, size_t errsz);
 
+/* ---- FP8 weights x f32 activations for prefill (gemm_fp8w.cu) ---- */
+
+/* Columns of a row of wk_cuda_act_split's output: cols rounded up to 64 (a GEMM stage). */
+#define WK_CUDA_SPLIT_COLS(cols) (((cols) + 63) / 64 * 64)
+/* x [n][cols] f32 as two bf16 halves for wk_cuda_gemm_fp8w: xb [2][n][WK_CUDA_SPLIT_COLS(cols)]
+ * (bf16 bits), xb[0] = hi = bf16(x) (nearest, ties to even), xb[1] = lo = bf16(x - hi), zeros
+ * past cols; hi + lo is x within 2^-16 of |x|. WK_EINVAL for n < 0 or cols < 0. */
+int wk_cuda_act_split(uint16_t *xb, const float *x, int n, int cols, char *err, size_t errsz);
+/* cpu_ref_matmul_fp8 on Hopper's warpgroup tensor cores (wgmma, sm_90a): y [n][rows] =
+ * x . w^T, x given as wk_cuda_act_split's xb (same n and cols, 16-byte aligned), w e4m3
+ * [rows][cols] with block scales ws [ceil(rows/128)][ceil(cols/128)]; each 128-deep block
+ * summed on the tensor cores (both halves, weights converted to bf16 exactly) and promoted
+ * with its scale. Within ~1e-5 of the f32 reference's largest output. Any shape; cols % 16
+ * == 0 with w 16-byte aligned is the fast path. Nothing happens when n or rows is 0;
+ * WK_EINVAL for cols < 0, rows > 8,388,480 or a misaligned xb. */
+int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
+		      int rows, int cols, char *err, size_t errsz);
+
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
  * bandwidth measured first, and the FP8 GEMM's TFLOPS. WK_OK, or WK_EIO when a step failed
  * (printed). */

@@ -300,6 +300,19 @@ int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, con
 	return none(err, errsz);
 }
 
+int wk_cuda_act_split(uint16_t *xb, const float *x, int n, int cols, char *err, size_t errsz)
+{
+	(void)xb, (void)x, (void)n, (void)cols;
+	return none(err, errsz);
+}
+
+int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
+		      int rows, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)xb, (void)w, (void)ws, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
 int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols, char *err,
 		      size_t errsz)
 {

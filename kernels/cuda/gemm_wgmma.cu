@@ -64,12 +64,6 @@ extern "C" {
 static_assert(WK == FP8_BLOCK && WN == FP8_BLOCK, "a stage is one scale block");
 static_assert(2 * WTILE / 16 == 8 * WTHREADS, "each thread fills 8 chunks of 16 bytes a stage");
 
-/* Where byte k (0..127) of row r (0..127) of a tile lives: the 128-byte swizzle. */
-__device__ __forceinline__ int swz(int r, int k)
-{
-	return r * 128 + ((((k >> 4) ^ r) & 7) << 4) + (k & 15);
-}
-
 /* Fills stage st with columns [k0, k0 + 128) of the token rows [m0, m0 + 128) of xq [n][cols]
  * and the weight rows [r0, r0 + 128) of w [rows][cols], zero outside. VEC: cols % 16 == 0
  * and both 16-byte aligned: cp.async (lands at cp_async_wait); else ordinary stores. */
@@ -83,23 +77,12 @@ __device__ __forceinline__ void fill_stage(uint8_t *st, const uint8_t *xq, const
 		int t = c >> 10, row = (c >> 3) & 127, ch = c & 7;
 		const uint8_t *src = t ? w : xq;
 		int r = (t ? r0 : m0) + row, nr = t ? rows : n, col = k0 + ch * 16;
-		uint8_t *d = st + t * WTILE + swz(row, ch * 16);
+		uint8_t *d = st + t * WTILE + wgmma_swz(row, ch * 16);
 		if (VEC) {
 			bool in = r < nr && col < cols;
 			cp_async16(d, in ? src + (size_t)r * cols + col : src, in ? 16 : 0);
 		} else {
-			const uint8_t *s = src + (size_t)r * cols;
-#pragma unroll
-			for (int q = 0; q < 4; q++) {
-				uint32_t v = 0;
-#pragma unroll
-				for (int b = 0; b < 4; b++) {
-					int k = col + q * 4 + b;
-					if (r < nr && k < cols)
-						v |= (uint32_t)s[k] << (8 * b);
-				}
-				*(uint32_t *)(d + q * 4) = v;
-			}
+			copy16_bytes(d, src + (size_t)r * cols, r < nr, col, cols);
 		}
 	}
 }
@@ -158,13 +141,7 @@ __global__ void __launch_bounds__(WTHREADS, 1)
 		}
 	}
 
-	/* register i: row t0 + 8 ((i / 2) % 2), column r0 + 8 (i / 4) + 2 q + i % 2 */
-#pragma unroll
-	for (int i = 0; i < 64; i++) {
-		int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
-		if (t < n && r < rows)
-			y[(size_t)t * rows + r] = acc[i];
-	}
+	wgmma_store_tile(y, acc, t0, r0, q, n, rows);
 }
 
 /* ---- the TMA version: a producer warpgroup, two consumer warpgroups, mbarriers ----------
@@ -303,12 +280,7 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 		wgmma_wait<0>();
 		tma_block_retire(acc, pb, sb, empty0, it + 1);
 		it += 2;
-#pragma unroll
-		for (int i = 0; i < 64; i++) {
-			int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
-			if (t < n && r < rows)
-				y[(size_t)t * rows + r] = acc[i];
-		}
+		wgmma_store_tile(y, acc, t0, r0, q, n, rows);
 	}
 }
 

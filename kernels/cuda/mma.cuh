@@ -64,6 +64,26 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *src, int src_
 #endif
 }
 
+/* cp_async16's slow twin for unaligned or ragged operands: stores the 16 bytes row[col ..
+ * col + 16) to smem (4-byte aligned) with ordinary loads and stores, zeros past cols and
+ * all zeros when !in (row is then not read). Done at once, so no wait; a wgmma reader still
+ * needs fence.proxy.async before its barrier. */
+__device__ __forceinline__ void copy16_bytes(uint8_t *smem, const uint8_t *row, bool in, int col,
+					     int cols)
+{
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		uint32_t v = 0;
+#pragma unroll
+		for (int b = 0; b < 4; b++) {
+			int k = col + q * 4 + b;
+			if (in && k < cols)
+				v |= (uint32_t)row[k] << (8 * b);
+		}
+		*(uint32_t *)(smem + q * 4) = v;
+	}
+}
+
 /* Closes the group of this thread's copies started since the last commit (may be empty). */
 __device__ __forceinline__ void cp_async_commit(void)
 {

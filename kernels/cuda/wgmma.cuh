@@ -1,9 +1,12 @@
 /*
- * wgmma.cuh - the Hopper (sm_90a) instructions of the wgmma GEMM (gemm_wgmma.cu), each behind
- * a small device function: the warpgroup matrix multiply from shared-memory descriptors, its
+ * wgmma.cuh - the Hopper (sm_90a) instructions of the wgmma GEMMs (gemm_wgmma.cu: e4m3 x
+ * e4m3; gemm_fp8w.cu: bf16 x bf16), each behind a small device function: the warpgroup
+ * matrix multiply from shared-memory descriptors (m64n128k32 e4m3, m64n128k16 bf16), its
  * fence / commit / wait, the proxy fence that orders ordinary shared-memory writes before the
- * tensor cores read them, and the shared-window address of a pointer. Not for use outside
- * kernels/cuda/. The asynchronous copies that fill shared memory are mma.cuh's cp.async.
+ * tensor cores read them, and the shared-window address of a pointer; plus what both GEMMs'
+ * tiles share: the 128-byte swizzle of a tile (wgmma_swz) and the store of an m64n128
+ * accumulator fragment (wgmma_store_tile). Not for use outside kernels/cuda/. The
+ * asynchronous copies that fill shared memory are mma.cuh's cp.async.
  *
  * On the device each is one PTX instruction (inline asm under __CUDA_ARCH__). Under the CPU
  * emulator (tests/simt, WICK_SIMT) each calls the emulator's version (tests/simt/wgmma.cpp),
@@ -19,7 +22,8 @@
  *   9.7.15.5.1.2.2  the matrix descriptor (start, LBO, SBO encoded >> 4 in 14 bits each,
  *                   base offset bits 49-51, swizzle mode bits 62-63, 1 = 128B);
  *   "wgmma.mma_async" (D = A.B + D, or A.B when scale-d is false; A and B both from
- *                   descriptors, K-major: e4m3 has no transpose), "wgmma.fence",
+ *                   descriptors, K-major: e4m3 has no transpose; .bf16 takes m64nNk16 and
+ *                   the imm-trans-a / imm-trans-b operands, 0 for K-major), "wgmma.fence",
  *                   "wgmma.commit_group", "wgmma.wait_group" (same chapter, 9.7.15);
  *   "membar/fence"  fence.proxy.async: generic-proxy writes made visible to the async proxy,
  *                   through which the tensor cores read shared memory.
@@ -108,6 +112,27 @@ __device__ __forceinline__ void wgmma_reg_fence(float &r)
 #endif
 }
 
+/* The 64 f32 accumulators of an m64n128 wgmma as inline-asm operands %0..%63, and their
+ * list in the instruction's text: shared by the e4m3 and bf16 forms below. */
+#define WGMMA_D64_TEXT                                                                      \
+	"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+	"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "      \
+	"%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "      \
+	"%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "      \
+	"%61, %62, %63}"
+#define WGMMA_D64_OPS(d)                                                                    \
+	"+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),  \
+	"+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),         \
+	"+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),      \
+	"+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+	"+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),      \
+	"+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),      \
+	"+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),      \
+	"+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
+	"+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),      \
+	"+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),      \
+	"+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 /* d[64x128] (f32, this thread's 64 of them) = A[64x32] . B[128x32]^T (+ d when scale_d),
  * e4m3 x e4m3, A and B from descriptors (K-major). Issued by all 128 threads of a warpgroup
  * with the same descriptors; asynchronous: d and the shared memory may be touched only
@@ -119,31 +144,61 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
 {
 #if defined(__CUDA_ARCH__)
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-		     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
-		     "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
-		     "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
-		     "%61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-		       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-		       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),
-		       "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-		       "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-		       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),
-		       "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
-		       "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-		       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-		       "+f"(d[62]), "+f"(d[63])
+		     "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WGMMA_D64_TEXT
+		     ", %64, %65, p, 1, 1;\n}\n"
+		     : WGMMA_D64_OPS(d)
 		     : "l"(da), "l"(db), "r"(scale_d));
 #elif defined(WICK_SIMT)
 	simt_wgmma_e4m3(d, 128, da, db, scale_d);
 #else
 	(void)d, (void)da, (void)db, (void)scale_d;
 #endif
+}
+
+/* The same for bf16: d[64x128] = A[64x16] . B[128x16]^T (+ d when scale_d), bf16 x bf16
+ * with f32 accumulators, A and B from descriptors, both K-major (imm-trans-a = imm-trans-b =
+ * 0). PTX ISA "wgmma.mma_async" (.bf16: shape m64nNk16; the descriptor form takes
+ * imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b); the shared-memory layout is the same
+ * 128-byte swizzle as e4m3's with T = 8 two-byte elements (rows of 64 bf16 = 128 bytes), so
+ * wgmma_desc_sw128 describes it unchanged and a k16 slice is again 32 bytes along the row.
+ * The accumulator fragment is read as the e4m3 one's: the ISA's figures draw D of
+ * m64nNk16 as they draw it for m64nNk32 (D's layout depends on N, not on K or the types). */
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t da, uint64_t db,
+						      int scale_d)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_D64_TEXT
+		     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+		     : WGMMA_D64_OPS(d)
+		     : "l"(da), "l"(db), "r"(scale_d));
+#elif defined(WICK_SIMT)
+	simt_wgmma_bf16(d, 128, da, db, scale_d);
+#else
+	(void)d, (void)da, (void)db, (void)scale_d;
+#endif
+}
+
+/* Where byte k (0..127) of row r (0..127) of a 128-row tile of 128-byte rows lives in the
+ * 128-byte swizzle (16-byte chunk k / 16 at chunk (k / 16) ^ (r % 8)); the tile 1024-byte
+ * aligned. One byte is one e4m3 or half a bf16. */
+__device__ __forceinline__ int wgmma_swz(int r, int k)
+{
+	return r * 128 + ((((k >> 4) ^ r) & 7) << 4) + (k & 15);
+}
+
+/* Stores the 64 accumulators of an m64n128 fragment (register i: row t0 + 8 ((i / 2) % 2),
+ * column r0 + 8 (i / 4) + 2 q + i % 2; t0 = the thread's first token, q = lane % 4) into
+ * y [n][rows], skipping rows >= n and columns >= rows. */
+__device__ __forceinline__ void wgmma_store_tile(float *y, const float (&acc)[64], int t0, int r0,
+						 int q, int n, int rows)
+{
+#pragma unroll
+	for (int i = 0; i < 64; i++) {
+		int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
+		if (t < n && r < rows)
+			y[(size_t)t * rows + r] = acc[i];
+	}
 }
 
 /* ---- mbarriers and the bulk tensor copy (TMA) ------------------------------------------

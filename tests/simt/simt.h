@@ -38,7 +38,8 @@
  * emulator and the kernel agree and are both wrong, and the hardware's own accumulation
  * precision is not modelled (the emulator rounds each mma's sum once). A cp.async copy lands
  * only at the cp.async.wait_group that must retire it, so a read before the wait sees poison.
- * Hopper's wgmma (kernels/cuda/wgmma.cuh, gemm_wgmma.cu) likewise (tests/simt/wgmma.cpp):
+ * Hopper's wgmma (kernels/cuda/wgmma.cuh; e4m3 for gemm_wgmma.cu, bf16 for gemm_fp8w.cu)
+ * likewise (tests/simt/wgmma.cpp):
  * the descriptors' 128-byte swizzle and the accumulator fragment as we read the PTX ISA, the
  * result computed at the wgmma.wait_group that retires it, from shared memory as it is then;
  * the async proxy (fence.proxy.async) is not modelled. Its mbarriers and the bulk tensor
@@ -67,10 +68,10 @@
  *   - NCCL: the emulated wick links tests/simt/comm_simt.c, comm_cpu's collectives under
  *     NCCL's name (right only because every device shares host memory here).
  *
- * Only what kernels/cuda/kernels.cu, glm_kernels.cu, moe_kernels.cu, gemm_fp8.cu and
- * backend_cuda.cu use is here; a file using more fails to compile, and the missing piece is
- * added here. Kernels are launched from one host thread at a time (a second aborts); the
- * runtime calls are thread-safe (see below).
+ * Only what kernels/cuda/kernels.cu, glm_kernels.cu, moe_kernels.cu, gemm_fp8.cu,
+ * gemm_wgmma.cu, gemm_fp8w.cu and backend_cuda.cu use is here; a file using more fails to
+ * compile, and the missing piece is added here. Kernels are launched from one host thread at
+ * a time (a second aborts); the runtime calls are thread-safe (see below).
  */
 #ifndef WICK_SIMT_H
 #define WICK_SIMT_H
@@ -136,6 +137,16 @@ static inline unsigned __float_as_uint(float f)
 	unsigned u;
 	memcpy(&u, &f, 4);
 	return u;
+}
+static inline float __uint_as_float(unsigned u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+	return uint4{x, y, z, w};
 }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int min(int a, int b) { return a < b ? a : b; }
@@ -219,6 +230,9 @@ void simt_wgmma_fence(void);
 void simt_wgmma_commit(void);
 void simt_wgmma_wait(int pending);
 void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d);
+/* wgmma.mma_async.m64nNk16.f32.bf16.bf16, A and B K-major from descriptors (the same
+ * 128-byte swizzle, 16 two-byte elements in a row's 32-byte k slice). */
+void simt_wgmma_bf16(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d);
 /* mbarriers at shared addresses, and cp.async.bulk.tensor.2d (map: a CUtensorMap of
  * tests/simt/include/cuda.h): the copy is recorded on its mbarrier and lands when a thread
  * next waits on that mbarrier; see wgmma.cpp. arrive with tx > 0 is arrive.expect_tx. */

@@ -1,7 +1,8 @@
 /*
  * wgmma.cpp - the emulator's Hopper instructions (simt.h, for kernels/cuda/wgmma.cuh):
- * wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 with A and B from shared-memory
- * descriptors, wgmma.fence, wgmma.commit_group and wgmma.wait_group; and, at the end,
+ * wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 and m64nNk16.f32.bf16.bf16 with A and
+ * B from shared-memory descriptors (both K-major), wgmma.fence, wgmma.commit_group and
+ * wgmma.wait_group; and, at the end,
  * mbarriers, cp.async.bulk.tensor.2d and the driver's cuTensorMapEncodeTiled.
  *
  * Written from the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution, its 9.0 text):
@@ -11,7 +12,8 @@
  *     emulated: the 128-byte swizzle with base offset 0 (the atoms on 1024-byte boundaries);
  *     any other descriptor aborts.
  *   - 9.7.15.5.1.2 "Shared Memory Matrix Layout", K-major, 128-byte swizzle: the canonical
- *     layout Swizzle<3,4,3> o ((8,m),(T,2k)):((8T,SBO),(1,T)), T = 16 one-byte elements.
+ *     layout Swizzle<3,4,3> o ((8,m),(T,2k)):((8T,SBO),(1,T)), T = 16 one-byte elements
+ *     (e4m3) or T = 8 two-byte ones (bf16): the same bytes either way, 128 a row.
  *     So element (row r, k) of an operand is at start + (r / 8) SBO + (r % 8) 128 + k, and
  *     Swizzle<3,4,3> XORs that address's bits 4-6 with its bits 7-9 (we read the swizzle as
  *     one of the address, which is what "base offset 0 when the pattern starts on a
@@ -22,7 +24,8 @@
  *     the figures for the other shapes draw it: warp w of the warpgroup holds rows 16 w ..
  *     16 w + 15; lane l (g = l / 4, q = l % 4), register i holds row 16 w + g + 8 ((i / 2) %
  *     2), column 8 (i / 4) + 2 q + i % 2 (the mma.m16n8 accumulator repeated every 8
- *     columns).
+ *     columns). The bf16 form m64nNk16 is read with the same D fragment (the ISA draws D
+ *     of m64nNk16 as of m64nNk32) and its k16 slice as the 32 bytes of the e4m3 one's k32.
  *   - "wgmma.mma_async": D = A . B + D, or A . B when scale-d is false; A is M x K
  *     row-major (K-major), B K x N column-major (K-major); asynchronous: its registers and
  *     shared memory may be accessed only after a wgmma.wait_group retires its group, and
@@ -36,14 +39,20 @@
  * N/2 elements of D, reading A and B from shared memory as they are AT THE WAIT. So a kernel
  * that reads its accumulators before the wait sees old values, one that refills a stage
  * before the wait feeds the new bytes, and a missing commit or wait drops the result: each
- * fails the test. Each element's 32 products (exact in double: e4m3 x e4m3 has at most 8
- * significant bits) are summed exactly, added to D in double and rounded once to f32; the
+ * fails the test. Each element's 32 e4m3 products (exact in double: e4m3 x e4m3 has at most
+ * 8 significant bits) are summed exactly, added to D in double and rounded once to f32; the
  * hardware accumulates FP8 products with fewer bits, so results differ in the low bits.
+ * The 16 bf16 products of an m64nNk16 (16 significant bits each) are summed in double the
+ * same way (exact unless their exponents spread over more than ~37 binades) and rounded
+ * once; the hardware's order and rounding inside one bf16 wgmma are not modelled either.
  *
  * What it cannot prove: if we misread the document (the swizzle, the descriptor's fields,
  * the accumulator figure), emulator and kernel agree and are both wrong; the GPU run of
  * scripts/gpu-check is the judge. Nor does it model the async proxy: a missing
- * fence.proxy.async passes here.
+ * fence.proxy.async passes here. For bf16 in particular it cannot tell whether the
+ * hardware wants the imm-trans flags we pass (0: both K-major) or whether T = 8 two-byte
+ * elements really puts a bf16 row's k16 slices 32 bytes apart under the 128-byte swizzle:
+ * both are our reading, and a wrong one would show only on a GPU.
  */
 #include "simt.h"
 #include "cuda.h"
@@ -55,11 +64,14 @@
 
 enum { MAX_THREADS = 1024 };
 
+enum wgmma_type { WG_E4M3, WG_BF16 }; /* A's and B's element type */
+
 struct wgmma_op {
 	float *d;
 	int n;
 	uint64_t da, db;
 	int scale_d;
+	wgmma_type type;
 };
 
 /* one thread's wgmma state; reset lazily when a new block starts */
@@ -135,22 +147,42 @@ static void operand_row(uint64_t desc, int r, uint8_t out[32])
 	}
 }
 
+/* The k values of row r of the operand desc describes, by element type: 32 e4m3 bytes, or
+ * 16 bf16 (little-endian pairs of the same 32 bytes; k16). Returns how many. */
+static int row_values(uint64_t desc, int r, wgmma_type type, double out[32])
+{
+	uint8_t b[32];
+	operand_row(desc, r, b);
+	if (type == WG_E4M3) {
+		for (int k = 0; k < 32; k++)
+			out[k] = e4m3[b[k]];
+		return 32;
+	}
+	for (int k = 0; k < 16; k++) {
+		uint32_t u = (uint32_t)(b[2 * k] | b[2 * k + 1] << 8) << 16;
+		float f;
+		memcpy(&f, &u, 4);
+		out[k] = f;
+	}
+	return 16;
+}
+
 static void compute(const wgmma_op &op)
 {
 	int t = simt_thread_index(), w = (t >> 5) & 3, lane = t & 31;
-	uint8_t arow[2][32], brow[32];
+	double arow[2][32], brow[32];
 	int r0, c;
 	d_at(w, lane, 0, &r0, &c);
-	operand_row(op.da, r0, arow[0]);
-	operand_row(op.da, r0 + 8, arow[1]);
+	int kn = row_values(op.da, r0, op.type, arow[0]);
+	row_values(op.da, r0 + 8, op.type, arow[1]);
 	for (int i = 0; i < op.n / 2; i++) {
 		int r;
 		d_at(w, lane, i, &r, &c);
-		operand_row(op.db, c, brow);
-		const uint8_t *a = arow[r == r0 ? 0 : 1];
+		row_values(op.db, c, op.type, brow);
+		const double *a = arow[r == r0 ? 0 : 1];
 		double s = 0;
-		for (int k = 0; k < 32; k++)
-			s += (double)e4m3[a[k]] * e4m3[brow[k]];
+		for (int k = 0; k < kn; k++)
+			s += a[k] * brow[k];
 		op.d[i] = (float)(op.scale_d ? s + op.d[i] : s);
 	}
 }
@@ -160,7 +192,8 @@ void simt_wgmma_fence(void)
 	me().fenced = true;
 }
 
-void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d)
+static void issue(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d,
+		  wgmma_type type)
 {
 	static bool ready;
 	if (!ready) {
@@ -168,7 +201,7 @@ void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scal
 		ready = true;
 	}
 	if (n < 8 || n > 256 || n % 8 != 0)
-		fail("an N that m64nNk32 does not have");
+		fail("an N that m64nNk32 / m64nNk16 does not have");
 	if ((blockDim.x * blockDim.y * blockDim.z) % 128 != 0)
 		fail("wgmma in a block that is not whole warpgroups");
 	wg_thread &t = me();
@@ -180,7 +213,17 @@ void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scal
 	for (int l = 0; l < 32; l++)
 		if (all[l][0] != desc_a || all[l][1] != desc_b)
 			fail("the lanes of a warp gave different descriptors");
-	t.ops.push_back({d, n, desc_a, desc_b, scale_d});
+	t.ops.push_back({d, n, desc_a, desc_b, scale_d, type});
+}
+
+void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d)
+{
+	issue(d, n, desc_a, desc_b, scale_d, WG_E4M3);
+}
+
+void simt_wgmma_bf16(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d)
+{
+	issue(d, n, desc_a, desc_b, scale_d, WG_BF16);
 }
 
 void simt_wgmma_commit(void)

@@ -287,6 +287,100 @@ Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 		}
 }
 
+/* max over tokens of max_r |got - want| / max_r |want|: each token's row on its own scale */
+static double rel_rows(const float *got, const float *want, int n, int rows)
+{
+	double worst = 0;
+	for (int t = 0; t < n; t++) {
+		double r = rel(got + (size_t)t * rows, want + (size_t)t * rows, (size_t)rows);
+		worst = fmax(worst, r);
+	}
+	return worst;
+}
+
+/* FP8 weights times f32 activations on the warpgroup tensor cores (gemm_fp8w.cu) against
+ * cpu_ref_matmul_fp8, the f32 reference the default (f32-activation) prefill must match:
+ * the split first, bit for bit against dt_f32_to_bf16 (hi, lo = bf16(x - hi), zeros in the
+ * padding), then the GEMM within 1e-5 of each token row's largest output (the split leaves
+ * 2^-16 of each product; dropping lo alone costs ~2^-9). Random finite e4m3 codes
+ * (subnormals and negatives included), block scales, activations over 6 binades; partial
+ * tiles in every dimension (the block tile is 128 x 128, a stage 64 columns, a scale block
+ * two), n from 64 to 300, cols % 16 != 0 (ordinary loads of the codes) and a weight one
+ * byte off a 16-byte boundary; every output poisoned first. Under the emulator this checks
+ * the bf16 swizzled tiles, descriptors, fragment and promotion against our reading of the
+ * PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware. */
+Test(cuda_kernels, gemm_fp8w_matches_ref)
+{
+	NEED_GPU();
+	static const int shapes[][3] = {{64, 128, 128},  {65, 200, 300}, {130, 256, 640},
+					{129, 130, 1040}, {200, 64, 40},  {300, 384, 512},
+					{96, 130, 208},   {70, 3, 1}};
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		for (int off = 0; off < 2; off++) {
+			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+			if (off && cols % 16 != 0)
+				continue; /* already the ordinary-load path */
+			int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+			int cp = WK_CUDA_SPLIT_COLS(cols);
+			size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
+			size_t nb = 2 * (size_t)n * cp;
+			float *x = malloc(nx * 4), *ws = malloc((size_t)sr * sc * 4);
+			uint8_t *w = malloc(nw + 1);
+			uint16_t *xb = malloc(nb * 2);
+			float *want = malloc(ny * 4), *got = malloc(ny * 4);
+			cr_assert(x && ws && w && xb && want && got);
+			for (size_t i = 0; i < nx; i++)
+				x[i] = rnd() * ldexpf(1.0f, (int)(i % 7) - 3);
+			for (size_t i = 0; i < nw; i++)
+				w[i] = dt_f32_to_e4m3(rnd() * 448.0f);
+			for (int i = 0; i < sr * sc; i++)
+				ws[i] = (rnd() + 1.5f) * 1e-3f;
+			cpu_ref_matmul_fp8(want, x, w, ws, n, rows, cols);
+			float *dx = to_dev(x, nx * 4), *dws = to_dev(ws, (size_t)sr * sc * 4), *dy;
+			uint8_t *dw = to_dev_off(w, nw, off);
+			uint16_t *dxb;
+			cr_assert_eq(wk_cuda_alloc((void **)&dxb, nb * 2, err, sizeof err), WK_OK);
+			cr_assert_eq(wk_cuda_alloc((void **)&dy, ny * 4, err, sizeof err), WK_OK);
+			cr_assert_eq(wk_cuda_act_split(dxb, dx, n, cols, err, sizeof err), WK_OK, "%s",
+				     err);
+			from_dev(xb, dxb, nb * 2);
+			for (int t = 0; t < n; t++)
+				for (int c = 0; c < cp; c++) {
+					float v = c < cols ? x[(size_t)t * cols + c] : 0.0f;
+					uint16_t hi = dt_f32_to_bf16(v);
+					uint16_t lo = dt_f32_to_bf16(v - dt_bf16_to_f32(hi));
+					size_t i = (size_t)t * cp + c;
+					cr_assert(xb[i] == hi && xb[(size_t)n * cp + i] == lo,
+						  "act_split n=%d cols=%d: token %d column %d: %04x %04x, "
+						  "want %04x %04x", n, cols, t, c, xb[i],
+						  xb[(size_t)n * cp + i], hi, lo);
+				}
+			for (size_t i = 0; i < ny; i++)
+				got[i] = NAN;
+			cr_assert_eq(wk_cuda_upload(dy, got, ny * 4, err, sizeof err), WK_OK, "%s", err);
+			cr_assert_eq(wk_cuda_gemm_fp8w(dy, dxb, dw + off, dws, n, rows, cols, err,
+						       sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dy, ny * 4);
+			double r = rel_rows(got, want, n, rows);
+			cr_expect_leq(r, 1e-5, "gemm_fp8w n=%d rows=%d cols=%d off=%d: %g", n, rows,
+				      cols, off, r);
+			cr_log_info("gemm_fp8w n=%d rows=%d cols=%d off=%d: %.3g", n, rows, cols, off,
+				    r);
+			wk_cuda_free(dx);
+			wk_cuda_free(dws);
+			wk_cuda_free(dw);
+			wk_cuda_free(dxb);
+			wk_cuda_free(dy);
+			free(x);
+			free(ws);
+			free(w);
+			free(xb);
+			free(want);
+			free(got);
+		}
+}
+
 Test(cuda_kernels, rmsnorm_silu_add_match_ref)
 {
 	NEED_GPU();
