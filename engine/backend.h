@@ -177,6 +177,14 @@ struct backend {
 	 * matmul_n); the engine uses it from ENG_GEMM_TOKENS tokens up. */
 	void (*matmul_fp8act)(void *ctx, float *const *y, const float *x,
 			      const struct be_weight *const *w, int count, int n);
+	/* f32 activations on FP8 weights for a step of many tokens (a prefill without
+	 * fp8_act): y[k] [n][w[k]->rows] = x . w[k]^T for k < count (1 .. BE_MATMUL_MAX, every
+	 * w[k] DT_F8_E4M3 with the same cols), matmul's result (cpu_ref_matmul_fp8) within
+	 * ~1e-5 of its largest output: on the tensor cores, x split once into bf16 hi and lo
+	 * halves (the CUDA backend: gemm_fp8w.cu). Optional (NULL: matmul_n, the decode GEMV);
+	 * the engine uses it from ENG_GEMM_TOKENS tokens up. */
+	void (*matmul_fp8w)(void *ctx, float *const *y, const float *x,
+			    const struct be_weight *const *w, int count, int n);
 	/* The residual add and the norm after it as one op: x [n][dim] += d, then y = rmsnorm(x)
 	 * . w, each exactly as add and rmsnorm compute it. Optional (NULL: add, then rmsnorm). */
 	void (*add_rmsnorm)(void *ctx, float *x, const float *d, float *y, const float *w, int n,

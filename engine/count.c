@@ -32,7 +32,7 @@ static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
 	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "mla_absorbed",
-	"sample_cand", "to_device", "to_host", "copy",
+	"sample_cand", "act_split", "to_device", "to_host", "copy",
 };
 _Static_assert(ENG_K_COPY + 1 == ENG_LAUNCH_KINDS, "a launch kind without its name");
 
@@ -187,6 +187,14 @@ static void c_matmul_fp8act(void *ctx, float *const *y, const float *x,
 	IN(ctx)->n[ENG_K_ACT_QUANT]++;
 	IN(ctx)->n[ENG_K_MATMUL] += count;
 	IN(ctx)->in->matmul_fp8act(IN(ctx)->ctx, y, x, w, count, n);
+}
+
+static void c_matmul_fp8w(void *ctx, float *const *y, const float *x,
+			  const struct be_weight *const *w, int count, int n)
+{ /* the bf16 split, then a GEMM per weight */
+	IN(ctx)->n[ENG_K_ACT_SPLIT]++;
+	IN(ctx)->n[ENG_K_MATMUL] += count;
+	IN(ctx)->in->matmul_fp8w(IN(ctx)->ctx, y, x, w, count, n);
 }
 
 static void c_moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
@@ -349,6 +357,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(moe_experts, c_moe_experts);
 	KEEP(moe_route_experts, c_moe_route_experts);
 	KEEP(matmul_fp8act, c_matmul_fp8act);
+	KEEP(matmul_fp8w, c_matmul_fp8w);
 	KEEP(mem_alloc, c_mem_alloc);
 	KEEP(mem_free, c_mem_free);
 	KEEP(to_device, c_to_device);

@@ -294,20 +294,27 @@ static const float *quantized(struct engine *e, const float *x, int n, int cols)
 	return e->aq;
 }
 
-/* From this many tokens a step's FP8 matmuls with FP8 activations run as GEMMs on the tensor
- * cores (backend matmul_fp8act), below it as act_quant and the decode GEMV, which reads each
- * weight once per 8 tokens. */
+/* From this many tokens a step's FP8 matmuls run as GEMMs on the tensor cores (backend
+ * matmul_fp8act with FP8 activations, matmul_fp8w with f32 ones), below it as the decode
+ * GEMV (after act_quant with FP8 activations), which reads each weight once per 8 tokens. */
 #define ENG_GEMM_TOKENS 64
 
-static bool gemm(const struct engine *e, int n)
+typedef void (*gemm_fn)(void *ctx, float *const *y, const float *x,
+			const struct be_weight *const *w, int count, int n);
+
+/* The backend's GEMM for the FP8 weights of a step of n tokens, or NULL (the GEMV). */
+static gemm_fn gemm(const struct engine *e, int n)
 {
-	return e->fp8_act && n >= ENG_GEMM_TOKENS && e->be->matmul_fp8act && !e->unfused;
+	if (n < ENG_GEMM_TOKENS || e->unfused)
+		return NULL;
+	return e->fp8_act ? e->be->matmul_fp8act : e->be->matmul_fp8w;
 }
 
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n)
 {
-	if (w->dtype == DT_F8_E4M3 && gemm(e, n)) {
-		e->be->matmul_fp8act(e->bctx, &y, x, &w, 1, n);
+	gemm_fn g = w->dtype == DT_F8_E4M3 ? gemm(e, n) : NULL;
+	if (g) {
+		g(e->bctx, &y, x, &w, 1, n);
 		return;
 	}
 	if (e->fp8_act && w->dtype == DT_F8_E4M3)
@@ -329,11 +336,12 @@ static void matmuls(struct engine *e, float *const *y, const float *x,
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n)
 {
-	if (!e->fp8_act) {
+	gemm_fn g = gemm(e, n);
+	if (!e->fp8_act && !g) {
 		matmuls(e, y, x, w, count, n);
 		return;
 	}
-	/* the FP8 weights read x quantized once, the others x */
+	/* the FP8 weights read x quantized once (or go to the GEMM), the others x */
 	float *yq[BE_MATMUL_MAX], *yp[BE_MATMUL_MAX];
 	const struct be_weight *wq[BE_MATMUL_MAX], *wp[BE_MATMUL_MAX];
 	int nq = 0, np = 0;
@@ -346,10 +354,10 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 			wp[np++] = w[k];
 		}
 	}
-	if (nq && gemm(e, n))
-		e->be->matmul_fp8act(e->bctx, yq, x, wq, nq, n);
+	if (nq && g)
+		g(e->bctx, yq, x, wq, nq, n);
 	else if (nq)
-		matmuls(e, yq, quantized(e, x, n, wq[0]->cols), wq, nq, n);
+		matmuls(e, yq, e->fp8_act ? quantized(e, x, n, wq[0]->cols) : x, wq, nq, n);
 	if (np)
 		matmuls(e, yp, x, wp, np, n);
 }

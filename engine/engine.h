@@ -82,7 +82,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 24
+#define ENG_LAUNCH_KINDS 25
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long collectives;

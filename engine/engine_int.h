@@ -164,7 +164,7 @@ enum eng_kind {
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
 	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
-	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
+	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
 void eng_count(struct engine *e, enum eng_kind kind);
@@ -281,7 +281,9 @@ void eng_dzero(struct engine *e, void *dst, size_t bytes);
  * not kept, this is for scratch); false, *p unchanged, when out of memory. */
 bool eng_regrow(struct engine *e, void *p, size_t bytes);
 /* y[k] = x . w[k]^T for k < count (<= BE_MATMUL_MAX, the same cols): one matmul_n where the
- * backend has it (and eng_opts.unfused is off), else count matmuls. */
+ * backend has it (and eng_opts.unfused is off), else count matmuls; from ENG_GEMM_TOKENS
+ * (engine.c) tokens up, the FP8 weights through the backend's GEMM where it has one
+ * (matmul_fp8act with fp8_act, else matmul_fp8w). */
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n);
 /* the norms r[0..count) (count <= BE_NORM_MAX): one norm_n where the backend has it (and
@@ -299,7 +301,8 @@ void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float thet
  * for each row with more than ENG_CAND_CAP). WK_ENOMEM. */
 int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
 		int vocab, char *err, size_t errsz);
-/* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight. */
+/* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight; an FP8 weight
+ * in a step of ENG_GEMM_TOKENS tokens or more through the backend's GEMM, as eng_matmul_n. */
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and
  * eng_opts.unfused is off), else add and rmsnorm. */

@@ -50,6 +50,8 @@ struct cuda_ctx {
 	uint8_t *aq_codes;        /* matmul_fp8act's e4m3 activations (aq_cap bytes) and */
 	float *aq_scales;         /* their scales (aq_scap floats), grown on demand */
 	size_t aq_cap, aq_scap;
+	uint16_t *xb;             /* matmul_fp8w's bf16 halves of x (xb_cap elements), grown */
+	size_t xb_cap;            /* on demand */
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
 				   * moe_route_experts): zero, each launch leaving them zero */
 	int rc;            /* WK_OK until an op fails */
@@ -127,6 +129,7 @@ static void shutdown(void *ctx)
 		cudaStreamDestroy(c->copy_stream);
 	cudaFree(c->aq_codes);
 	cudaFree(c->aq_scales);
+	cudaFree(c->xb);
 	cudaFree(c->dsa_scores);
 	cudaFree(c->dsa_count);
 	pthread_mutex_destroy(&c->stage_mu);
@@ -316,6 +319,34 @@ static void matmul_fp8act(void *ctx, float *const *y, const float *x,
 		ok(c, wk_cuda_gemm_fp8_wgmma(y[k], c->aq_codes, c->aq_scales,
 					     (const uint8_t *)w[k]->data, w[k]->scale, n, w[k]->rows,
 					     cols, err, sizeof err),
+		   err);
+}
+
+/* x split once into bf16 hi and lo halves (wk_cuda_act_split), then one GEMM per FP8 weight
+ * on the warpgroup tensor cores (wk_cuda_gemm_fp8w): matmul's result within ~1e-5. */
+static void matmul_fp8w(void *ctx, float *const *y, const float *x,
+			const struct be_weight *const *w, int count, int n)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc != WK_OK || count <= 0 || n <= 0)
+		return;
+	int cols = w[0]->cols;
+	size_t need = 2 * (size_t)n * WK_CUDA_SPLIT_COLS((size_t)cols);
+	if (need > c->xb_cap) {
+		cudaFree(c->xb);
+		c->xb = NULL;
+		c->xb_cap = 0;
+		if (!ok_cuda(c, cudaMalloc((void **)&c->xb, need * sizeof(uint16_t)),
+			     "bf16 halves of the activations"))
+			return;
+		c->xb_cap = need;
+	}
+	if (!ok(c, wk_cuda_act_split(c->xb, x, n, cols, err, sizeof err), err))
+		return;
+	for (int k = 0; k < count && c->rc == WK_OK; k++)
+		ok(c, wk_cuda_gemm_fp8w(y[k], c->xb, (const uint8_t *)w[k]->data, w[k]->scale, n,
+					w[k]->rows, cols, err, sizeof err),
 		   err);
 }
 
@@ -806,6 +837,7 @@ static struct backend make_backend(void)
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
 	b.matmul_fp8act = matmul_fp8act;
+	b.matmul_fp8w = matmul_fp8w;
 	b.argmax = argmax;
 	b.sample_cand = sample_cand;
 	b.rope_n = rope_n;

@@ -11,6 +11,8 @@
 #      (as decode steps run it) against the CPU's expanded prefill;
 #   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there), and
 #      70-token prefills whose FP8 matmuls run as GEMMs, by the gross-error gate;
+#      then GLM-5 and GLM-4.5 (cast to FP8) prefills of 150 and 70 tokens with f32
+#      activations, whose FP8 matmuls run as bf16-split GEMMs (matmul_fp8w): relative 1e-3;
 #   4. the restore's staging buffers reused: a 54 MB snapshot through one reader thread, the
 #      device's bytes against a host restore (wick bench restore);
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
@@ -131,6 +133,24 @@ print(f"   {n} positions of 70-token prefills: mean cosine {cos / n:.4f}, top-1 
 sys.exit(0 if n >= 300 and cos / n >= 0.85 and top / n >= 0.40 else 1)
 PY
 
+# With f32 activations (the default) a prefill of 64 tokens or more runs its FP8 matmuls as
+# GEMMs too (matmul_fp8w: x split into bf16 hi and lo halves, then the bf16 wgmma GEMM of
+# gemm_fp8w.cu) instead of the decode GEMV, and must still match the CPU's f32 logits within
+# 1e-3 like any other step (the split leaves ~2^-16 of each product; the GEMM test's bound is
+# 1e-5): GLM-5 over 150 tokens (two token tiles, the last partial; hidden 200 is not a
+# multiple of 16, so the weights' byte-load path too) and GLM-4.5 cast to FP8 by the
+# snapshot over 70. A doubled block scale in the kernel parts these by ~2.
+section "GLM-5 and GLM-4.5 FP8 prefill GEMMs with f32 activations, cuda against cpu"
+"$WICK" snapshot "$TMPD/glm4" -o "$TMPD/glm4-fp8" --dtype fp8 >/dev/null 2>&1 || fail "snapshot glm4 --dtype fp8"
+for c in "glm5 150 11" "glm4-fp8 70 12"; do
+  set -- $c
+  ids=$(python3 -c "import random; random.seed($3); print(','.join(str(random.randrange(300)) for _ in range($2)))")
+  "$WICK" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cpu \
+    >"$TMPD/f32-$1.cpu.json" 2>/dev/null || fail "$1 f32 prefill: cpu logits"
+  "$EMU" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cuda \
+    >"$TMPD/f32-$1.cuda.json" 2>"$TMPD/err" || fail "$1 f32 prefill: cuda logits: $(tail -n 3 "$TMPD/err")"
+  close "$1, a $2-token prefill through matmul_fp8w" "$TMPD/f32-$1.cpu.json" "$TMPD/f32-$1.cuda.json"
+done
 # A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
 # one reader refills each several times, and the emulator makes a copy only when its event
 # is waited for, reading the buffer then, so a refill before the wait lands the wrong bytes.
