@@ -10,7 +10,9 @@
  * copies of the weights so that small shapes stream from HBM and not from L2. Prefill is bound by the tensor cores, so each FP8
  * GEMM's figure is TFLOPS (2 n rows cols per call) on a prefill shape and a larger one,
  * checked first against the CPU reference, printed beside cuBLASLt's FP8 on the same shape;
- * the target is 1,000 (issue 9). Timed with CUDA events, median of 5 after a warm-up (the
+ * the target is 1,000 (issue 9). The f32-activation GEMM (gemm_fp8w.cu: FP8 weights, x split
+ * into bf16 halves, bf16 wgmmas) is printed beside cuBLASLt's bf16 on the same shapes; it
+ * does twice a bf16 GEMM's tensor-core work, so half that ceiling is its bound. Timed with CUDA events, median of 5 after a warm-up (the
  * matrix products: MM_CALLS calls per timing). Run by tests/tools/cuda_lab (and
  * scripts/gpu-check).
  *
@@ -104,6 +106,56 @@ static const struct {
 	{"wgmma", wk_cuda_gemm_fp8_wgmma},
 };
 
+/* One GEMM row of the prefill table: run() (one call: WK_OK, or an error in err) once on a
+ * NaN-poisoned dy [n][rows], tokens toks[0..4) compared with want [4][rows] (within tol of
+ * each row's largest), then timed MM_CALLS calls at a time; prints name's line with its
+ * TFLOPS (2 n rows cols a call) and their share of blas (<= 0: not measured). got: rows
+ * floats of scratch. WK_OK, or WK_EIO with a FAILED line saying why. */
+template <typename F>
+static int lab_gemm_row(const char *name, F run, void *dy, const float *want, const int toks[4],
+			int n, int rows, int cols, double tol, double blas, float *got, char *err,
+			size_t errsz)
+{
+	double worst = 0;
+	bool ok = cudaMemset(dy, 0xff, (size_t)n * rows * 4) == cudaSuccess && /* NaN: unwritten */
+		  run() == WK_OK && wk_cuda_sync(err, errsz) == WK_OK;
+	for (int k = 0; k < 4 && ok; k++) {
+		const float *wk = want + (size_t)k * rows;
+		if (wk_cuda_download(got, (const float *)dy + (size_t)toks[k] * rows,
+				     (size_t)rows * 4, err, errsz)) {
+			ok = false;
+			break;
+		}
+		double d = 0, m = 0;
+		for (int r = 0; r < rows; r++) {
+			d = fmax(d, isfinite(got[r]) ? fabs((double)got[r] - wk[r]) : INFINITY);
+			m = fmax(m, fabs((double)wk[r]));
+		}
+		worst = fmax(worst, m > 0 ? d / m : d);
+	}
+	if (ok && !(worst <= tol)) {
+		snprintf(err, errsz, "WRONG: %.3g of the largest output off", worst);
+		ok = false;
+	}
+	float ms = !ok ? -1.0f : time_ms([&] {
+		int r = WK_OK;
+		for (int c = 0; c < MM_CALLS && r == WK_OK; c++)
+			r = run();
+		return r;
+	}) / MM_CALLS;
+	if (ms <= 0) {
+		printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+		return WK_EIO;
+	}
+	double tflops = 2.0 * n * rows * cols / (ms * 1e-3) / 1e12;
+	char share[16] = "-";
+	if (blas > 0)
+		snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
+	printf("%-34s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
+	       share, ms, worst);
+	return WK_OK;
+}
+
 /* Each GEMM of lab_gemms on n x rows x cols (n tokens through a rows x cols weight; n, rows
  * and cols multiples of 128) on random finite codes and scales (never zeros: they can run
  * faster than data), after four tokens' rows were compared with cpu_ref_gemm_fp8 (1e-3 of
@@ -151,53 +203,17 @@ out:
 	for (size_t g = 0; g < sizeof lab_gemms / sizeof lab_gemms[0]; g++) {
 		gemm_fp8_fn fn = lab_gemms[g].fn;
 		snprintf(name, sizeof name, "gemm fp8 %dx%dx%d %s", n, rows, cols, lab_gemms[g].name);
-		double worst = 0;
-		if (!ready || cudaMemset(dy, 0xff, ny * 4) != cudaSuccess || /* NaN: unwritten */
-		    fn((float *)dy, (const uint8_t *)dxq, (const float *)dxs, (const uint8_t *)dw,
-		       (const float *)dws, n, rows, cols, err, sizeof err) ||
-		    wk_cuda_sync(err, sizeof err)) {
+		if (!ready) {
 			printf("%-34s %10s   (%s)\n", name, "FAILED", err);
 			rc = WK_EIO;
 			continue;
 		}
-		bool ok = true;
-		for (int k = 0; k < 4 && ok; k++) {
-			const float *wk = want + (size_t)k * rows;
-			if (wk_cuda_download(got, (const float *)dy + (size_t)toks[k] * rows,
-					     (size_t)rows * 4, err, sizeof err)) {
-				ok = false;
-				break;
-			}
-			double d = 0, m = 0;
-			for (int r = 0; r < rows; r++) {
-				d = fmax(d, isfinite(got[r]) ? fabs((double)got[r] - wk[r]) : INFINITY);
-				m = fmax(m, fabs((double)wk[r]));
-			}
-			worst = fmax(worst, m > 0 ? d / m : d);
-		}
-		if (ok && !(worst <= 1e-3)) {
-			snprintf(err, sizeof err, "WRONG: %.3g of the largest output off", worst);
-			ok = false;
-		}
-		float ms = !ok ? -1.0f : time_ms([&] {
-			int r = WK_OK;
-			for (int c = 0; c < MM_CALLS && r == WK_OK; c++)
-				r = fn((float *)dy, (const uint8_t *)dxq, (const float *)dxs,
-				       (const uint8_t *)dw, (const float *)dws, n, rows, cols, err,
-				       sizeof err);
-			return r;
-		}) / MM_CALLS;
-		if (ms <= 0) {
-			printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+		if (lab_gemm_row(name, [&] {
+			    return fn((float *)dy, (const uint8_t *)dxq, (const float *)dxs,
+				      (const uint8_t *)dw, (const float *)dws, n, rows, cols, err,
+				      sizeof err);
+		    }, dy, want, toks, n, rows, cols, 1e-3, blas, got, err, sizeof err) != WK_OK)
 			rc = WK_EIO;
-			continue;
-		}
-		double tflops = 2.0 * n * rows * cols / (ms * 1e-3) / 1e12;
-		char share[16] = "-";
-		if (blas > 0)
-			snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
-		printf("%-34s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
-		       share, ms, worst);
 	}
 	free(xq);
 	free(w);
@@ -208,6 +224,67 @@ out:
 	wk_cuda_free(dxq);
 	wk_cuda_free(dw);
 	wk_cuda_free(dxs);
+	wk_cuda_free(dws);
+	wk_cuda_free(dy);
+	return rc;
+}
+
+/* The f32-activation GEMM (gemm_fp8w.cu) on n x rows x cols (multiples of 128): what the
+ * backend's matmul_fp8w runs, the split of x into bf16 halves and the GEMM, timed together,
+ * on random finite f32 activations in [-1, 1), e4m3 codes and block scales, after four
+ * tokens' rows were compared with cpu_ref_matmul_fp8 (1e-5 of the largest: the kernel's
+ * contract). One line, its TFLOPS as a share of blas (cuBLASLt's bf16 TFLOPS on the same
+ * shape: the GEMM runs bf16 wgmmas, two per product); WK_OK or WK_EIO. */
+static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
+{
+	const size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
+	const size_t nws = (size_t)(rows / 128) * (cols / 128) * 4;
+	const size_t nxb = 2 * (size_t)n * WK_CUDA_SPLIT_COLS(cols) * 2;
+	char err[WK_ERRSZ] = "", name[64];
+	float *x = (float *)malloc(nx * 4), *ws = (float *)malloc(nws);
+	uint8_t *w = (uint8_t *)malloc(nw);
+	float *want = (float *)malloc((size_t)4 * rows * 4), *got = (float *)malloc((size_t)rows * 4);
+	void *dx = NULL, *dxb = NULL, *dw = NULL, *dws = NULL, *dy = NULL;
+	const int toks[] = {0, 1, n / 2 + 1, n - 1};
+	int rc = WK_EIO;
+	snprintf(name, sizeof name, "gemm fp8w %dx%dx%d (f32 x)", n, rows, cols);
+	if (!x || !ws || !w || !want || !got) {
+		snprintf(err, sizeof err, "out of host memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < nx; i++)
+		x[i] = (float)(lab_next() >> 8) / 8388608.0f - 1.0f;
+	for (size_t i = 0; i < nw; i++)
+		w[i] = lab_code();
+	for (size_t i = 0; i < nws / 4; i++)
+		ws[i] = lab_scale(1e-3f);
+	for (int k = 0; k < 4; k++)
+		cpu_ref_matmul_fp8(want + (size_t)k * rows, x + (size_t)toks[k] * cols, w, ws, 1, rows,
+				   cols);
+	if (wk_cuda_alloc(&dx, nx * 4, err, sizeof err) || wk_cuda_alloc(&dxb, nxb, err, sizeof err) ||
+	    wk_cuda_alloc(&dw, nw, err, sizeof err) || wk_cuda_alloc(&dws, nws, err, sizeof err) ||
+	    wk_cuda_alloc(&dy, ny * 4, err, sizeof err) ||
+	    wk_cuda_upload(dx, x, nx * 4, err, sizeof err) ||
+	    wk_cuda_upload(dw, w, nw, err, sizeof err) ||
+	    wk_cuda_upload(dws, ws, nws, err, sizeof err))
+		goto fail;
+	rc = lab_gemm_row(name, [&] {
+		int r = wk_cuda_act_split((uint16_t *)dxb, (const float *)dx, n, cols, err, sizeof err);
+		return r ? r : wk_cuda_gemm_fp8w((float *)dy, (const uint16_t *)dxb, (const uint8_t *)dw,
+						 (const float *)dws, n, rows, cols, err, sizeof err);
+	}, dy, want, toks, n, rows, cols, 1e-5, blas, got, err, sizeof err);
+	goto out;
+fail:
+	printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+out:
+	free(x);
+	free(ws);
+	free(w);
+	free(want);
+	free(got);
+	wk_cuda_free(dx);
+	wk_cuda_free(dxb);
+	wk_cuda_free(dw);
 	wk_cuda_free(dws);
 	wk_cuda_free(dy);
 	return rc;
@@ -454,9 +531,11 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
-/* cuBLASLt's FP8 TFLOPS on the GEMM lab's two shapes: the matrix ceilings of its table. */
+/* cuBLASLt's FP8 and bf16 TFLOPS on the GEMM lab's two shapes: the matrix ceilings of its
+ * table (bf16 for the f32-activation GEMM, whose tensor-core work is bf16). */
 struct blas_ceilings {
 	double fp8_prefill, fp8_large; /* <= 0: not measured */
+	double bf16_prefill, bf16_large;
 };
 
 #define PREFILL_N 4096 /* tokens x weight rows x columns of the prefill shape (issue 9) */
@@ -556,7 +635,7 @@ out:
 	return tflops;
 }
 
-/* The matrix ceilings: cuBLASLt bf16 on LARGE^3, FP8 on the prefill and LARGE^3 shapes (and
+/* The matrix ceilings: cuBLASLt bf16 and FP8 on the prefill and LARGE^3 shapes (and
  * FP8 with fast accumulation on LARGE^3, for reference), on random finite inputs. Prints a
  * line each; a failure prints its line and leaves that ceiling unmeasured. */
 static void lab_ceilings(struct blas_ceilings *c)
@@ -567,7 +646,7 @@ static void lab_ceilings(struct blas_ceilings *c)
 	char err[WK_ERRSZ] = "", name[64];
 	const float one_h = 1.0f;
 	cublasStatus_t st = cublasLtCreate(&lt);
-	c->fp8_prefill = c->fp8_large = 0;
+	c->fp8_prefill = c->fp8_large = c->bf16_prefill = c->bf16_large = 0;
 	if (st != CUBLAS_STATUS_SUCCESS) {
 		printf("%-34s %10s   (cublasLtCreate: %s)\n", "cuBLASLt", "FAILED",
 		       cublasLtGetStatusString(st));
@@ -580,8 +659,12 @@ static void lab_ceilings(struct blas_ceilings *c)
 		printf("%-34s %10s   (%s)\n", "cuBLASLt", "FAILED", err[0] ? err : "cannot fill the inputs");
 		goto out;
 	}
+	snprintf(name, sizeof name, "cuBLASLt bf16 %dx%dx%d", PREFILL_N, PREFILL_ROWS, PREFILL_COLS);
+	c->bf16_prefill = lab_blas(lt, name, false, false, PREFILL_ROWS, PREFILL_N, PREFILL_COLS, a,
+				   b, d, (const float *)one, ws, wsz);
 	snprintf(name, sizeof name, "cuBLASLt bf16 %dx%dx%d", LARGE, LARGE, LARGE);
-	lab_blas(lt, name, false, false, LARGE, LARGE, LARGE, a, b, d, (const float *)one, ws, wsz);
+	c->bf16_large = lab_blas(lt, name, false, false, LARGE, LARGE, LARGE, a, b, d,
+				 (const float *)one, ws, wsz);
 	snprintf(name, sizeof name, "cuBLASLt fp8 %dx%dx%d", PREFILL_N, PREFILL_ROWS, PREFILL_COLS);
 	c->fp8_prefill = lab_blas(lt, name, true, false, PREFILL_ROWS, PREFILL_N, PREFILL_COLS, a, b,
 				  d, (const float *)one, ws, wsz);
@@ -601,7 +684,7 @@ out:
 #else
 static void lab_ceilings(struct blas_ceilings *c)
 {
-	c->fp8_prefill = c->fp8_large = 0;
+	c->fp8_prefill = c->fp8_large = c->bf16_prefill = c->bf16_large = 0;
 	printf("%-34s %10s   (built without cuBLASLt: no libcublasLt in the CUDA toolkit)\n",
 	       "cuBLASLt", "SKIPPED");
 }
@@ -649,6 +732,10 @@ extern "C" int wk_cuda_lab(void)
 		if (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.fp8_prefill) != WK_OK)
 			rc = WK_EIO;
 		if (lab_gemm_fp8(LARGE, LARGE, LARGE, blas.fp8_large) != WK_OK)
+			rc = WK_EIO;
+		if (lab_gemm_fp8w(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.bf16_prefill) != WK_OK)
+			rc = WK_EIO;
+		if (lab_gemm_fp8w(LARGE, LARGE, LARGE, blas.bf16_large) != WK_OK)
 			rc = WK_EIO;
 	}
 out:

@@ -1,7 +1,9 @@
 /*
  * cuda_lab - the kernel lab's benchmark (kernels/cuda/lab.cu): a table of each CUDA kernel's
  * achieved bandwidth against the device's copy bandwidth, measured first in the same run,
- * then the FP8 GEMM's TFLOPS on 4096 x 7168 x 2048 (checked against the CPU first).
+ * then the FP8 GEMMs' TFLOPS on 4096 x 7168 x 2048 and 8192^3 (checked against the CPU
+ * first): FP8 x FP8 beside cuBLASLt's FP8, and FP8 weights x f32 activations (gemm_fp8w.cu)
+ * beside cuBLASLt's bf16.
  * Exit 0 when it ran, 77 with no GPU (or a build without CUDA), 1 when a step failed.
  */
 #include <stdio.h>
