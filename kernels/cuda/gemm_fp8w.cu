@@ -27,23 +27,30 @@
  *     tiles (128 rows of 128 bytes each, K-major, 128-byte swizzled: what wgmma reads) and
  *     the weight tile's e4m3 codes (128 rows of 64 bytes, plain; ordinary byte loads when
  *     cols % 16 != 0 or w is not 16-byte aligned);
- *   - per stage all 256 threads convert the codes into one bf16 weight tile in the swizzled
- *     layout (fence.proxy.async, barrier), then warpgroup h issues, for tokens 64 h .. +64
- *     and all 128 weight rows, four k16 slices x two halves = eight wgmma.m64n128k16.bf16
- *     into its partials (scale-d 0 on a block's first), commits and waits; after a scale
- *     block's second stage (or the last) the partials are promoted: acc += part * ws.
+ *   - the codes of a stage are converted by all 256 threads into one of two bf16 weight
+ *     tiles in the swizzled layout; warpgroup h issues, for tokens 64 h .. +64 and all 128
+ *     weight rows, four k16 slices x two halves = eight wgmma.m64n128k16.bf16 into its
+ *     partials (scale-d 0 on a scale block's first stage) and commits; while they run, the
+ *     block waits for the next stage's copies, starts the copies FSTAGES - 1 stages ahead
+ *     and converts the next stage's codes into the other bf16 tile (fence.proxy.async);
+ *     then each warpgroup waits for its wgmmas and, after a scale block's second stage (or
+ *     the last), promotes: acc += part * ws. Two barriers a stage (see k_gemm_fp8w).
  * Padded tokens and columns are zeros (the split's padding, cp.async's zero fill) and
  * padded outputs are not stored.
  *
  * What is not here yet: a producer warpgroup on TMA and mbarriers with a persistent grid
- * (gemm_wgmma.cu's k_gemm_wgmma_tma), overlapping the conversion of stage j + 1 with stage
- * j's wgmmas (a second bf16 weight tile), the conversion in registers (weights as the A
- * operand, the Marlin/Machete layout), and any tuning on a GPU. The tensor-core work is twice
+ * (gemm_wgmma.cu's k_gemm_wgmma_tma), a second set of partials so that promotion overlaps
+ * the next stage's wgmmas, the conversion in registers (weights as the A operand, the
+ * Marlin/Machete layout), and any tuning on a GPU. The tensor-core work is twice
  * a bf16 GEMM's (the two halves). Nothing has run on a GPU yet: tests/tools/cuda_lab times it
  * beside cuBLASLt's bf16 GEMM when scripts/gpu-check runs on one. Under the emulator
  * (tests/simt/wgmma.cpp) the test checks the split, the swizzled bf16 layout, the
  * descriptors, the accumulator fragment and the promotion against our reading of the PTX
  * ISA; the hardware's own accumulation order and rounding inside a wgmma is not modelled.
+ * The emulator reads a wgmma's operands at its issue and at its wait and aborts when they
+ * differ, so converting into the tile being read, or dropping the barrier at the end of a
+ * stage (the other tile whole before the next issue), fails there by name; reading a stage
+ * before its copies' wait reads poison.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -64,12 +71,14 @@ extern "C" {
 #define FXT (FM * FK * 2)         /* bytes of one half's token tile: 16 KiB */
 #define FWR (FN * FK)             /* bytes of the weight tile's codes: 8 KiB */
 #define FSTAGE (2 * FXT + FWR)    /* a stage: hi tokens, lo tokens, weight codes */
-#define FWB (FN * FK * 2)         /* the weight tile as bf16: 16 KiB */
-#define FSMEM (FSTAGES * FSTAGE + FWB + 1024) /* + room to align to 1024 bytes */
+#define FWB (FN * FK * 2)         /* the weight tile as bf16: 16 KiB, two of them */
+#define FSMEM (FSTAGES * FSTAGE + 2 * FWB + 1024) /* + room to align to 1024 bytes */
 
 static_assert(2 * FK == 128 && FN == FP8_BLOCK && 2 * FK == FP8_BLOCK,
 	      "a bf16 stage is one swizzle row; two stages a scale block");
-static_assert(FSTAGE % 1024 == 0 && FXT % 1024 == 0, "the swizzled tiles stay 1024-aligned");
+static_assert(FSTAGE % 1024 == 0 && FXT % 1024 == 0 && FWB % 1024 == 0,
+	      "the swizzled tiles stay 1024-aligned");
+static_assert(FSTAGES >= 3, "stage j + 1 lands while stage j is multiplied");
 static_assert((2 * FXT + FWR) / 16 == 10 * FTHREADS, "each thread fills 10 chunks a stage");
 static_assert(FWB / 16 == 4 * FTHREADS, "each thread converts 4 chunks a stage");
 static_assert(WK_CUDA_SPLIT_COLS(1) == FK, "the split pads rows to a stage");
@@ -162,6 +171,29 @@ __device__ __forceinline__ void convert_weights(uint8_t *wb, const uint8_t *wr)
 	}
 }
 
+/* Issues stage st's eight wgmmas (four k16 slices, hi then lo tokens, the same bf16 weight
+ * slice) for warpgroup wg's 64 tokens into part, fresh when first (a scale block's first
+ * stage), and commits them. */
+__device__ __forceinline__ void stage_issue(float (&part)[64], uint32_t st, uint32_t wbt, int wg,
+					    bool first)
+{
+	uint32_t a = st + wg * 64 * 128;
+	wgmma_fence();
+#pragma unroll
+	for (int ks = 0; ks < FK / 16; ks++) {
+		uint64_t db = wgmma_desc_sw128(wbt + ks * 32, 1024);
+		wgmma_m64n128k16_bf16(part, wgmma_desc_sw128(a + ks * 32, 1024), db, !first || ks > 0);
+		wgmma_m64n128k16_bf16(part, wgmma_desc_sw128(a + FXT + ks * 32, 1024), db, 1);
+	}
+	wgmma_commit();
+}
+
+/* Stage j's pipeline: its wgmmas read slot j % FSTAGES and bf16 weight tile wb[j % 2]; while
+ * they run, the block waits for stage j + 1's copies, starts stage j + FSTAGES - 1's into
+ * the slot stage j - 1 used, and converts stage j + 1's codes into wb[(j + 1) % 2] (both
+ * freed by stage j - 1's wgmmas, retired before the barrier that opens stage j's copies
+ * wait); then waits for its own wgmmas, promotes after a scale block's second stage (or the
+ * last), and a barrier makes wb[(j + 1) % 2] whole before stage j + 1 is issued. */
 template <bool VEC>
 __global__ void __launch_bounds__(FTHREADS, 1)
 	k_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
@@ -170,7 +202,7 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 	extern __shared__ uint4 fp8w_smem[];
 	uint8_t *raw = (uint8_t *)fp8w_smem;
 	uint8_t *ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
-	uint8_t *wb = ring + FSTAGES * FSTAGE;
+	uint8_t *wb = ring + FSTAGES * FSTAGE; /* two bf16 weight tiles */
 	int tid = (int)threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
 	int m0 = (int)blockIdx.x * FM, r0 = (int)blockIdx.y * FN;
 	int colsp = WK_CUDA_SPLIT_COLS(cols), stages = colsp / FK, kbs = (cols + 127) / 128;
@@ -186,28 +218,26 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 			fill_stage<VEC>(ring + s * FSTAGE, xb, w, m0, n, colsp, r0, rows, s * FK, cols);
 		cp_async_commit();
 	}
+	if (stages > 0) { /* stage 0's codes into wb[0] */
+		cp_async_wait<FSTAGES - 2>();
+		__syncthreads();
+		convert_weights(wb, ring + 2 * FXT);
+		fence_proxy_async(); /* stage 0's token tiles and wb[0], for the tensor cores */
+		__syncthreads();
+	}
 	for (int j = 0; j < stages; j++) {
-		uint8_t *st = ring + (j % FSTAGES) * FSTAGE;
-		cp_async_wait<FSTAGES - 2>(); /* this thread's copies of stage j have landed */
-		__syncthreads(); /* everyone's; stage j - 1 and wb are no longer read */
+		stage_issue(part, smem_u32(ring + (j % FSTAGES) * FSTAGE), smem_u32(wb + (j & 1) * FWB),
+			    wg, (j & 1) == 0);
+		cp_async_wait<FSTAGES - 3>(); /* this thread's copies of stage j + 1 have landed */
+		__syncthreads(); /* everyone's; stage j - 1's slot and wb[(j + 1) % 2] are free */
 		if (j + FSTAGES - 1 < stages)
 			fill_stage<VEC>(ring + ((j + FSTAGES - 1) % FSTAGES) * FSTAGE, xb, w, m0, n,
 					colsp, r0, rows, (j + FSTAGES - 1) * FK, cols);
 		cp_async_commit();
-		convert_weights(wb, st + 2 * FXT);
-		fence_proxy_async(); /* the token tiles' and wb's writes, for the tensor cores */
-		__syncthreads();
-
-		uint32_t a = smem_u32(st) + wg * 64 * 128, b = smem_u32(wb);
-		wgmma_fence();
-#pragma unroll
-		for (int ks = 0; ks < FK / 16; ks++) {
-			uint64_t db = wgmma_desc_sw128(b + ks * 32, 1024);
-			wgmma_m64n128k16_bf16(part, wgmma_desc_sw128(a + ks * 32, 1024), db,
-					      (j & 1) || ks > 0);
-			wgmma_m64n128k16_bf16(part, wgmma_desc_sw128(a + FXT + ks * 32, 1024), db, 1);
-		}
-		wgmma_commit();
+		if (j + 1 < stages)
+			convert_weights(wb + ((j + 1) & 1) * FWB,
+					ring + ((j + 1) % FSTAGES) * FSTAGE + 2 * FXT);
+		fence_proxy_async(); /* stage j + 1's token tiles and weight tile */
 		wgmma_wait<0>();
 		if ((j & 1) || j == stages - 1) { /* the scale block's last stage: promote */
 			float sw = ws[(size_t)blockIdx.y * kbs + j / 2];
@@ -217,6 +247,7 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 				acc[i] += part[i] * sw;
 			}
 		}
+		__syncthreads(); /* wb[(j + 1) % 2] whole before stage j + 1 is issued */
 	}
 	wgmma_store_tile(y, acc, m0 + wg * 64 + warp * 16 + (lane >> 2), r0, lane & 3, n, rows);
 }

@@ -41,7 +41,8 @@
  * Hopper's wgmma (kernels/cuda/wgmma.cuh; e4m3 for gemm_wgmma.cu, bf16 for gemm_fp8w.cu)
  * likewise (tests/simt/wgmma.cpp):
  * the descriptors' 128-byte swizzle and the accumulator fragment as we read the PTX ISA, the
- * result computed at the wgmma.wait_group that retires it, from shared memory as it is then;
+ * result computed at the wgmma.wait_group that retires it, from shared memory as it is then,
+ * and aborting when that differs from what shared memory held at the issue;
  * the async proxy (fence.proxy.async) is not modelled. Its mbarriers and the bulk tensor
  * copy (TMA) are emulated too: a copy lands when a thread next waits on its mbarrier, and a
  * round in which every thread only spins on mbarriers is reported as a deadlock.

@@ -37,9 +37,12 @@
  * issued it with the same descriptors and that the thread called wgmma.fence since its last
  * wait. wgmma.wait_group computes the retired operations then, in order: each thread its own
  * N/2 elements of D, reading A and B from shared memory as they are AT THE WAIT. So a kernel
- * that reads its accumulators before the wait sees old values, one that refills a stage
- * before the wait feeds the new bytes, and a missing commit or wait drops the result: each
- * fails the test. Each element's 32 e4m3 products (exact in double: e4m3 x e4m3 has at most
+ * that reads its accumulators before the wait sees old values, and a missing commit or wait
+ * drops the result: each fails the test. The hardware may read the operands at any time
+ * between the issue and the wait, so the products are also computed AT THE ISSUE and the
+ * wait aborts when shared memory gave other ones: a stage refilled, or a tile rewritten,
+ * before the wait, and one issued before every thread finished writing it (a missing
+ * barrier, as far as the scheduler's warp orders expose it), are reported by name. Each element's 32 e4m3 products (exact in double: e4m3 x e4m3 has at most
  * 8 significant bits) are summed exactly, added to D in double and rounded once to f32; the
  * hardware accumulates FP8 products with fewer bits, so results differ in the low bits.
  * The 16 bf16 products of an m64nNk16 (16 significant bits each) are summed in double the
@@ -72,6 +75,7 @@ struct wgmma_op {
 	uint64_t da, db;
 	int scale_d;
 	wgmma_type type;
+	std::vector<double> at_issue; /* A . B from shared memory as it was at the issue */
 };
 
 /* one thread's wgmma state; reset lazily when a new block starts */
@@ -167,7 +171,8 @@ static int row_values(uint64_t desc, int r, wgmma_type type, double out[32])
 	return 16;
 }
 
-static void compute(const wgmma_op &op)
+/* The thread's n / 2 elements of A . B from shared memory as it is now, into s. */
+static void products(const wgmma_op &op, double *s)
 {
 	int t = simt_thread_index(), w = (t >> 5) & 3, lane = t & 31;
 	double arow[2][32], brow[32];
@@ -180,10 +185,22 @@ static void compute(const wgmma_op &op)
 		d_at(w, lane, i, &r, &c);
 		row_values(op.db, c, op.type, brow);
 		const double *a = arow[r == r0 ? 0 : 1];
-		double s = 0;
+		s[i] = 0;
 		for (int k = 0; k < kn; k++)
-			s += a[k] * brow[k];
-		op.d[i] = (float)(op.scale_d ? s + op.d[i] : s);
+			s[i] += a[k] * brow[k];
+	}
+}
+
+static void compute(const wgmma_op &op)
+{
+	double s[128];
+	products(op, s);
+	for (int i = 0; i < op.n / 2; i++) {
+		if (memcmp(&s[i], &op.at_issue[i], sizeof s[i]) != 0)
+			fail("a wgmma's operands in shared memory changed between its issue and the "
+			     "wait that retired it (the tensor cores may read them at any time in "
+			     "between)");
+		op.d[i] = (float)(op.scale_d ? s[i] + op.d[i] : s[i]);
 	}
 }
 
@@ -213,7 +230,8 @@ static void issue(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d
 	for (int l = 0; l < 32; l++)
 		if (all[l][0] != desc_a || all[l][1] != desc_b)
 			fail("the lanes of a warp gave different descriptors");
-	t.ops.push_back({d, n, desc_a, desc_b, scale_d, type});
+	t.ops.push_back({d, n, desc_a, desc_b, scale_d, type, std::vector<double>((size_t)n / 2)});
+	products(t.ops.back(), t.ops.back().at_issue.data());
 }
 
 void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d)
