@@ -219,6 +219,26 @@ static void ds_act_quant(void *ctx, float *y, const float *x, int n, int cols)
 	WRAP(act_quant(CPU, y, x, n, cols));
 }
 
+/* The CPU has no matmul_fp8w; its contract is matmul's result (within ~1e-5), which the
+ * CPU's matmul gives exactly, so devsim runs that for each weight after the checks: what
+ * this tests is the engine's choice of the op and its arguments (FP8 weights of one width,
+ * device memory), and the logits stay the CPU's bit for bit. */
+static void ds_matmul_fp8w(void *ctx, float *const *y, const float *x,
+			   const struct be_weight *const *w, int count, int n)
+{
+	cr_assert(count >= 1 && count <= BE_MATMUL_MAX, "devsim: matmul_fp8w of %d weights",
+		  count);
+	dev(ctx, x, "matmul_fp8w x");
+	for (int k = 0; k < count; k++) {
+		cr_assert(w[k]->dtype == DT_F8_E4M3 && w[k]->cols == w[0]->cols,
+			  "devsim: matmul_fp8w weight %d is %s with %d columns", k,
+			  dt_name(w[k]->dtype), w[k]->cols);
+		dev(ctx, y[k], "matmul_fp8w y");
+		dev_w(ctx, w[k], "matmul_fp8w weight");
+	}
+	WRAP(matmul_n(CPU, y, x, w, count, n));
+}
+
 static void ds_matmul_n(void *ctx, float *const *y, const float *x,
 			const struct be_weight *const *w, int count, int n)
 {
@@ -634,6 +654,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.supports = ds_supports, \
 	.matmul = ds_matmul, \
 	.matmul_n = ds_matmul_n, \
+	.matmul_fp8w = ds_matmul_fp8w, \
 	.add_rmsnorm = ds_add_rmsnorm, \
 	.act_quant = ds_act_quant, \
 	.argmax = ds_argmax, \

@@ -7,7 +7,9 @@
  * eng_dcopy / eng_dzero and the backend's ops) crashes the test with SIGSEGV. This is the
  * plumbing the CUDA backend relies on (device pointers are just as untouchable from the host
  * there). The other direction too: every pointer an op or a device copy is handed must be
- * devsim memory (a GPU kernel cannot read host memory), else the test fails naming it. Every op of the Llama and GLM families is wrapped. Used by test_devmem.c
+ * devsim memory (a GPU kernel cannot read host memory), else the test fails naming it. Every
+ * op of the Llama and GLM families is wrapped, and matmul_fp8w (the f32-activation prefill
+ * GEMM, which the CPU lacks) as the CPU's matmul, exact. Used by test_devmem.c
  * (stories260K) and test_glm.c (GLM-5 and GLM-4.5). It also takes a snapshot restore
  * straight into its memory (the stage ops), its copies made only at stage_wait.
  */

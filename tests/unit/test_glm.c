@@ -1230,6 +1230,69 @@ Test(glm, cli)
 	free(d4);
 }
 
+/* A step's act_split launches (the f32-activation GEMM's split: one per matmul_fp8w op). */
+static long act_splits(const struct engine *e)
+{
+	struct eng_launches L;
+	long n = 0;
+	cr_assert_eq(eng_launches(e, 0, &L), WK_OK);
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++)
+		n += strcmp(eng_launch_kind(k, NULL, NULL), "act_split") ? 0 : L.n[k];
+	return n;
+}
+
+/* With f32 activations a step of ENG_GEMM_TOKENS (64) tokens or more sends its FP8 matmuls
+ * to the backend's GEMM (matmul_fp8w; devsim runs it as the CPU's matmul, so the logits stay
+ * the CPU's bit for bit), one of 63 tokens to the GEMV; an unfused engine never uses it, nor
+ * one with FP8 activations (whose GEMM is matmul_fp8act, which devsim lacks). Counted on
+ * devsim over a tiny GLM-5 FP8. */
+Test(glm, f32_prefill_fp8_weights_take_the_gemm)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 23, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	enum { LEN = 64 };
+	struct engine *cpu, *e[3]; /* devsim: fused, unfused, FP8 activations */
+	char err[WK_ERRSZ];
+	struct eng_opts oc = {.backend = "cpu", .threads = 2};
+	cr_assert_eq(eng_open(dir, &oc, &cpu, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < 3; k++) {
+		struct eng_opts o = {.backend = "cpu", .threads = 2, .backend_ops = &be_devsim,
+				     .count_launches = true, .unfused = k == 1, .fp8_act = k == 2};
+		cr_assert_eq(eng_open(dir, &o, &e[k], err, sizeof err), WK_OK, "%s", err);
+	}
+	cr_assert_eq(eng_info(cpu)->max_seq, LEN);
+	int V = G5_VOCAB, tok[LEN];
+	for (int i = 0; i < LEN; i++)
+		tok[i] = (i * 37 + 11) % V;
+	float *want = malloc(sizeof(float) * LEN * V), *got = malloc(sizeof(float) * LEN * V);
+	cr_assert(want && got);
+	cr_assert_eq(eng_forward(cpu, tok, LEN, 0, want, true, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < 3; k++)
+		cr_assert_eq(eng_forward(e[k], tok, LEN, 0, got, true, err, sizeof err), WK_OK, "%s",
+			     err);
+	long splits = act_splits(e[0]);
+	cr_assert_eq(eng_forward(e[0], tok, LEN, 0, got, true, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(memcmp(got, want, sizeof(float) * LEN * V), 0,
+		     "devsim's GEMM prefill differs from the CPU's");
+	cr_log_info("a %d-token GLM-5 prefill: %ld act_split ops", LEN, splits);
+	cr_expect_geq(splits, (long)G5_L, "a %d-token prefill ran %ld matmul_fp8w ops", LEN, splits);
+	cr_expect_eq(act_splits(e[0]), 2 * splits, "a second prefill ran another count");
+	cr_assert_eq(eng_forward(e[0], tok, LEN - 1, 0, got, true, err, sizeof err), WK_OK, "%s",
+		     err);
+	cr_expect_eq(act_splits(e[0]), 2 * splits, "a %d-token step took the GEMM", LEN - 1);
+	cr_expect_eq(act_splits(e[1]), 0, "the unfused engine took the GEMM");
+	cr_expect_eq(act_splits(e[2]), 0, "the f32 GEMM ran with FP8 activations");
+	eng_close(cpu);
+	for (int k = 0; k < 3; k++)
+		eng_close(e[k]);
+	free(want);
+	free(got);
+	rm_rf(dir);
+	free(dir);
+}
+
 /* ---- FP8 activations ------------------------------------------------------------------------ */
 
 /* eng_opts.fp8_act quantizes the input of every FP8-weight matmul per token per 128 channels
