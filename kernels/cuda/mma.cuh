@@ -1,6 +1,8 @@
 /*
  * mma.cuh - the tensor-core and asynchronous-copy instructions the GEMM kernels use
- * (gemm_fp8.cu), each behind a small device function. Not for use outside kernels/cuda/.
+ * (gemm_fp8.cu; the cp.async ones also gemm_wgmma.cu and gemm_fp8w.cu), each behind a small
+ * device function, and copy16_bytes, the byte-by-byte fill for operands cp.async cannot
+ * take. Not for use outside kernels/cuda/.
  *
  * On the device each is one PTX instruction (inline asm under __CUDA_ARCH__). Under the CPU
  * emulator (tests/simt, which defines WICK_SIMT) each calls the emulator's version: the mma
