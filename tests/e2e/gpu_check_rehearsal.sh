@@ -37,7 +37,8 @@ fi
 [ $rc -eq 0 ] || { cat "$out"; fail "the rehearsal exited $rc"; }
 for check in "cuda kernel tests" "stories260K golden on cuda" "stories260K snapshot on cuda" \
   "tiny glm5 logits gpu vs cpu" "tiny glm4 logits gpu vs cpu" "tiny glm5 tp2 x ep2 on 2 GPUs" \
-  "GLM-5 structure decode on cuda" "fp8 activations gpu vs cpu" "restore into GPU memory" \
+  "GLM-5 structure decode on cuda" "fp8 activations gpu vs cpu" \
+  "f32-activation prefill GEMM gpu vs cpu" "restore into GPU memory" \
   "restore into 2 GPUs (tp 2)"; do
   echo "$table" | grep -q "^$check  *PASS" || { echo "$table"; fail "'$check' did not pass"; }
 done
