@@ -74,13 +74,20 @@ struct be_expert {
 	const float *gate_s, *up_s, *down_s;
 };
 
-/* A MoE layer's routed experts on this rank, for the grouped op moe_experts. */
+/* A MoE layer's routed experts on this rank, for the grouped op moe_experts, and optionally
+ * its shared expert (every token's, weight 1: y = shared(x) + sum_j wt_j expert_j(x)). */
 struct be_experts {
 	int ex0, n_local;        /* experts [ex0, ex0 + n_local) live here */
 	int top_k, dim, inter;
 	enum dt_type dtype;      /* every expert's weights have this one */
 	struct be_expert *experts; /* host array [n_local] of the backend's weight pointers */
 	void *dev;               /* the backend's own copy of the table (moe_bind), or NULL */
+	/* The shared expert (host struct, the backend's weight pointers; gate, up
+	 * [shared_inter][dim], down [dim][shared_inter], all in shared_dtype: DT_F32, DT_BF16,
+	 * DT_F16, or DT_F8_E4M3 with scales), or NULL: then shared_inter is 0. */
+	const struct be_expert *shared;
+	enum dt_type shared_dtype;
+	int shared_inter;
 };
 
 /* The most weights one matmul_n takes, and the most tensors one rope_n rotates. */
@@ -230,13 +237,16 @@ struct backend {
 	 * matmul, silu_mul and scatter_add_rows). moe_bind (itself optional) prepares a layer's
 	 * table once at load; moe_scratch: the bytes of backend memory moe_experts needs for n
 	 * tokens; moe_experts: y [n][dim] += the routed experts' outputs for the routing idx, wt
-	 * [n][top_k] (cpu_ref_moe_experts's contract: the slots of a token added in order). */
+	 * [n][top_k] (cpu_ref_moe_experts's contract: the slots of a token added in order); with
+	 * ex->shared, y is overwritten instead: y = the shared expert's output, then each token's
+	 * slots added to it in order (what matmul_n, silu_mul and matmul into y, then the routed
+	 * op, compute). */
 	int (*moe_bind)(void *ctx, struct be_experts *ex, char *err, size_t errsz);
 	size_t (*moe_scratch)(void *ctx, int n, const struct be_experts *ex);
 	void (*moe_experts)(void *ctx, float *y, const float *x, const int *idx, const float *wt,
 			    int n, const struct be_experts *ex, void *scratch);
 	/* moe_route into idx, wt [n][top_k] (the backend's memory), then moe_experts with that
-	 * routing, as one op (4 launches on CUDA instead of 5), each exactly as those compute
+	 * routing, as one op (3 launches on CUDA instead of 4), each exactly as those compute
 	 * it. Optional (NULL: the engine calls the two). */
 	void (*moe_route_experts)(void *ctx, float *y, const float *x, const float *logits,
 				  const float *bias, const struct be_route *r, int *idx, float *wt,

@@ -3,7 +3,7 @@
  * own and counts every op and copy before passing it on. On the CUDA backend each op is one
  * kernel launch and each copy or zero one cudaMemcpyAsync / cudaMemsetAsync, so these counts
  * are the launches of a step, with the grouped MoE op weighed by the kernels it launches
- * there (eng_launch_kind: moe_experts 4; dsa_topk is one for a decoding query); on the CPU
+ * there (eng_launch_kind: moe_experts 3, the plan, gate/up and down with the combine; dsa_topk is one for a decoding query); on the CPU
  * backend they are what the same step would launch on a GPU (the families issue the same
  * ops on every backend). `wick bench launches` reports
  * them per decode step.
@@ -43,7 +43,7 @@ const char *eng_launch_kind(int k, bool *is_copy, int *launches)
 	if (is_copy)
 		*is_copy = k >= ENG_K_TO_DEVICE;
 	if (launches) /* kernels per op on the CUDA backend (kernels/cuda) */
-		*launches = k == ENG_K_MOE_EXPERTS ? 4 : 1;
+		*launches = k == ENG_K_MOE_EXPERTS ? 3 : 1;
 	return kind_names[k];
 }
 
@@ -200,7 +200,7 @@ static void c_matmul_fp8w(void *ctx, float *const *y, const float *x,
 static void c_moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
 				const float *bias, const struct be_route *r, int *idx, float *wt,
 				int n, const struct be_experts *ex, void *scratch)
-{ /* the grouped op's 4 launches, the router inside the first */
+{ /* the grouped op's 3 launches, the router inside the first */
 	COUNT(ctx, ENG_K_MOE_EXPERTS,
 	      moe_route_experts(IN(ctx)->ctx, y, x, logits, bias, r, idx, wt, n, ex, scratch));
 }

@@ -318,10 +318,27 @@ static int bind_grouped(struct engine *e, struct glm_model *m, struct glm_moe *f
 	f->bex = (struct be_experts){.ex0 = m->c.ex0, .n_local = nl, .top_k = m->c.top_k,
 				     .dim = m->c.dim, .inter = m->c.moe_inter, .dtype = dt,
 				     .experts = t};
+	/* The shared expert joins the op where this rank adds both it and its routed experts
+	 * (sharded: the shared expert is led by TP ranks, the routed ones by EP ranks; a rank
+	 * leading only one of them runs the shared expert apart, moe_forward) and its three
+	 * weights share a dtype the op takes (its own: a TP slice that cuts FP8 blocks is
+	 * stored dequantized). */
+	const struct glm_mlp *sh = &f->shared;
+	enum dt_type sdt = sh->gate.dtype;
+	if (m->c.n_shared > 0 && eng_tp_lead(e) && eng_ep_lead(e) && !e->unfused &&
+	    sh->up.dtype == sdt && sh->down.dtype == sdt &&
+	    (sdt == DT_F32 || sdt == DT_BF16 || sdt == DT_F16 ||
+	     (sdt == DT_F8_E4M3 && sh->gate.scale && sh->up.scale && sh->down.scale))) {
+		f->bex_shared = (struct be_expert){sh->gate.data, sh->up.data, sh->down.data,
+						   sh->gate.scale, sh->up.scale, sh->down.scale};
+		f->bex.shared = &f->bex_shared;
+		f->bex.shared_dtype = sdt;
+		f->bex.shared_inter = m->c.l_shared;
+	}
 	if (be->moe_bind && (rc = be->moe_bind(e->bctx, &f->bex, err, errsz)) != WK_OK)
 		return rc;
 	f->grouped = true;
-	if (!m->bex0)
+	if (!m->bex0 || (f->bex.shared && !m->bex0->shared)) /* the largest scratch */
 		m->bex0 = &f->bex;
 	return WK_OK;
 }
@@ -564,14 +581,20 @@ static void mlp_forward(struct engine *e, struct glm_model *m, const struct glm_
 
 /* y [n][dim] = MoE(x); y is overwritten. Sharded: this rank's part of it (the shared
  * expert's TP slice, its routed experts), zeros for parts another rank leads (shard.c);
- * the caller's all_reduce completes the sum. */
+ * the caller's all_reduce completes the sum. With the grouped op the shared expert runs
+ * inside it (bex.shared: y = shared(x), then the routed slots added, as here apart) where
+ * this rank leads both; a rank that leads only the shared expert or only the routed ones
+ * runs the shared expert apart (matmul_n with the router, silu_mul, down) or not at all. */
 static void moe_forward(struct engine *e, const struct backend *be, void *c,
 			struct glm_model *m, const struct glm_moe *f, float *y, const float *x,
 			int n)
 {
 	const struct glm_cfg *g = &m->c;
 	int dim = g->dim, k = g->top_k, ne = g->n_experts;
-	if (g->n_shared > 0 && eng_tp_lead(e)) {
+	if (f->grouped && f->bex.shared) {
+		/* the shared expert runs inside the grouped op, which overwrites y */
+		eng_matmul(e, m->logits, x, &f->router, n);
+	} else if (g->n_shared > 0 && eng_tp_lead(e)) {
 		/* the router and the shared expert's gate and up read x: one op */
 		float *o[3] = {m->logits, m->g, m->u};
 		const struct be_weight *w[3] = {&f->router, &f->shared.gate, &f->shared.up};

@@ -27,7 +27,8 @@ struct glm_moe {
 	struct glm_mlp shared;   /* width l_shared (moe_inter * n_shared / tp); unused when
 				  * n_shared == 0 */
 	bool grouped;            /* the backend runs this rank's experts in one op (bex) */
-	struct be_experts bex;
+	struct be_experts bex;   /* bex.shared: the shared expert inside that op (bex_shared) */
+	struct be_expert bex_shared;
 };
 
 struct glm_layer {
@@ -116,7 +117,8 @@ struct glm_model {
 	float *gath;                       /* host, sharded: (world, lg_cap, l_vocab) for the
 					    * all_gather */
 	int lg_cap;
-	const struct be_experts *bex0;     /* the first grouped MoE layer's, for sizing moe_scr */
+	const struct be_experts *bex0;     /* a grouped MoE layer's (one with the shared expert
+					    * if any has it), for sizing moe_scr */
 	void *moe_scr;                     /* moe_experts' scratch for cap tokens */
 };
 

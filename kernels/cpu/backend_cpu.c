@@ -197,7 +197,9 @@ static void scatter_add_rows(void *ctx, float *y, const float *x, const int *row
 
 /* Grouped MoE: the slots of local experts grouped by expert (tokens ascending within each),
  * each expert's batch multiplied once (gate, up, SiLU, down, threaded matmuls), the outputs
- * z kept per slot and added to each token in slot order, as cpu_ref_moe_experts does. */
+ * z kept per slot and added to each token in slot order, as cpu_ref_moe_experts does. A
+ * shared expert runs over all n tokens first with the same matmuls, its down projection
+ * straight into y (as the engine's matmul_n, silu_mul and matmul would). */
 
 _Static_assert(sizeof(struct be_expert) == sizeof(struct cpu_expert) &&
 		       offsetof(struct be_expert, down_s) == offsetof(struct cpu_expert, down_s),
@@ -209,27 +211,30 @@ static size_t al64(size_t b)
 }
 
 /* The scratch's parts: start [n_local + 1], cur [n_local], gtok [nk], gpos [nk] ints; xg
- * [nk][dim], g and u [nk][inter], z [nk][dim] floats. */
+ * [nk][dim], g and u [nk][inter], z [nk][dim] floats; the shared expert's gs and us [n]
+ * [shared_inter] (empty without one). */
 struct moe_parts {
 	int *start, *cur, *gtok, *gpos;
-	float *xg, *g, *u, *z;
+	float *xg, *g, *u, *z, *gs, *us;
 };
 
 static size_t moe_layout(const struct be_experts *ex, int n, void *base, struct moe_parts *p)
 {
 	size_t nk = (size_t)n * ex->top_k, off = 0;
+	size_t ns = ex->shared ? (size_t)n * ex->shared_inter : 0;
 	char *b = base;
-	size_t sz[8] = {((size_t)ex->n_local + 1) * sizeof(int), (size_t)ex->n_local * sizeof(int),
-			nk * sizeof(int), nk * sizeof(int), nk * ex->dim * sizeof(float),
-			nk * ex->inter * sizeof(float), nk * ex->inter * sizeof(float),
-			nk * ex->dim * sizeof(float)};
-	void *at[8];
-	for (int i = 0; i < 8; i++) {
+	size_t sz[10] = {((size_t)ex->n_local + 1) * sizeof(int), (size_t)ex->n_local * sizeof(int),
+			 nk * sizeof(int), nk * sizeof(int), nk * ex->dim * sizeof(float),
+			 nk * ex->inter * sizeof(float), nk * ex->inter * sizeof(float),
+			 nk * ex->dim * sizeof(float), ns * sizeof(float), ns * sizeof(float)};
+	void *at[10];
+	for (int i = 0; i < 10; i++) {
 		at[i] = b ? b + off : NULL;
 		off += al64(sz[i]);
 	}
 	if (p)
-		*p = (struct moe_parts){at[0], at[1], at[2], at[3], at[4], at[5], at[6], at[7]};
+		*p = (struct moe_parts){at[0], at[1], at[2], at[3], at[4],
+					at[5], at[6], at[7], at[8], at[9]};
 	return off;
 }
 
@@ -246,6 +251,16 @@ static void expert_mm(struct cpu_pool *pool, float *y, const float *x, const voi
 		cpu_matmul_fp8(pool, y, x, w, scale, n, rows, cols);
 	else
 		cpu_matmul(pool, y, x, w, wdt, n, rows, cols);
+}
+
+/* z [n][dim] = down(silu(gate . x) * up . x) for x [n][dim]; g, u [n][inter] scratch */
+static void expert_mlp(struct cpu_pool *pool, float *z, const float *x, float *g, float *u,
+		       const struct be_expert *w, enum dt_type wdt, int n, int dim, int inter)
+{
+	expert_mm(pool, g, x, w->gate, w->gate_s, wdt, n, inter, dim);
+	expert_mm(pool, u, x, w->up, w->up_s, wdt, n, inter, dim);
+	cpu_ref_silu_mul(g, u, (size_t)n * inter);
+	expert_mm(pool, z, g, w->down, w->down_s, wdt, n, dim, inter);
 }
 
 static void moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
@@ -277,19 +292,16 @@ static void moe_experts(void *ctx, float *y, const float *x, const int *idx, con
 		p.gpos[i] = at;
 	}
 	cpu_ref_gather_rows(p.xg, x, p.gtok, p.start[nl], dim);
+	if (ex->shared && n > 0)
+		expert_mlp(c->pool, y, x, p.gs, p.us, ex->shared, ex->shared_dtype, n, dim,
+			   ex->shared_inter);
 	for (int e = 0; e < nl; e++) {
 		int s = p.start[e], cnt = p.start[e + 1] - s;
 		if (cnt == 0)
 			continue;
-		const struct be_expert *w = &ex->experts[e];
-		float *g = p.g + (size_t)s * inter, *u = p.u + (size_t)s * inter;
-		expert_mm(c->pool, g, p.xg + (size_t)s * dim, w->gate, w->gate_s, ex->dtype, cnt,
-			  inter, dim);
-		expert_mm(c->pool, u, p.xg + (size_t)s * dim, w->up, w->up_s, ex->dtype, cnt, inter,
-			  dim);
-		cpu_ref_silu_mul(g, u, (size_t)cnt * inter);
-		expert_mm(c->pool, p.z + (size_t)s * dim, g, w->down, w->down_s, ex->dtype, cnt, dim,
-			  inter);
+		expert_mlp(c->pool, p.z + (size_t)s * dim, p.xg + (size_t)s * dim,
+			   p.g + (size_t)s * inter, p.u + (size_t)s * inter, &ex->experts[e],
+			   ex->dtype, cnt, dim, inter);
 	}
 	for (int t = 0; t < n; t++) {
 		float *yt = y + (size_t)t * dim;

@@ -135,10 +135,18 @@ struct cpu_expert {
  * order j = 0, 1, ... (so the result does not depend on how tokens are grouped); slots of
  * other experts (another rank's) are skipped. experts[e - ex0] are expert e's weights, of
  * dtype wdt. Each z is computed as cpu_ref_matmul / cpu_ref_matmul_fp8 and cpu_ref_silu_mul
- * compute it for one row. scratch: 2 * inter + dim floats. */
+ * compute it for one row. shared (NULL: none): the layer's shared expert; with it y[t] is
+ * first overwritten with its output for x[t] (every token, weight 1), then the slots are
+ * added to that. scratch: 2 * max(inter, shared->inter) + dim floats. */
+struct cpu_shared_expert {
+	struct cpu_expert w; /* gate, up [inter][dim], down [dim][inter] */
+	enum dt_type dtype;
+	int inter;
+};
 void cpu_ref_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
 			 int top_k, const struct cpu_expert *experts, int ex0, int n_local,
-			 enum dt_type wdt, int dim, int inter, float *scratch);
+			 enum dt_type wdt, int dim, int inter,
+			 const struct cpu_shared_expert *shared, float *scratch);
 /* MLA absorption (DeepSeek-V2/V3, GLM-5). w = kv_b_proj [n_heads * (d_nope + d_v)][lora] in
  * dtype wt (scale: FP8 block scales, else NULL); head h's rows are d_nope k rows (W_uk,h)
  * then d_v value rows (W_uv,h). Heads h0 <= h < h1 only (the rest are left alone).

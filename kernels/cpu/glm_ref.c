@@ -152,23 +152,33 @@ static void mv(float *y, const float *x, const void *w, const float *scale, enum
 		cpu_ref_matmul(y, x, w, wdt, 1, rows, cols);
 }
 
+/* z [dim] = down(silu(gate . x) * up . x) for one token; g, u: inter floats of scratch */
+static void expert_mv(float *z, const float *x, const struct cpu_expert *ex, enum dt_type wdt,
+		      int dim, int inter, float *g, float *u)
+{
+	mv(g, x, ex->gate, ex->gate_s, wdt, inter, dim);
+	mv(u, x, ex->up, ex->up_s, wdt, inter, dim);
+	cpu_ref_silu_mul(g, u, (size_t)inter);
+	mv(z, g, ex->down, ex->down_s, wdt, dim, inter);
+}
+
 void cpu_ref_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
 			 int top_k, const struct cpu_expert *experts, int ex0, int n_local,
-			 enum dt_type wdt, int dim, int inter, float *scratch)
+			 enum dt_type wdt, int dim, int inter,
+			 const struct cpu_shared_expert *shared, float *scratch)
 {
-	float *g = scratch, *u = g + inter, *z = u + inter;
+	int wide = shared && shared->inter > inter ? shared->inter : inter;
+	float *g = scratch, *u = g + wide, *z = u + wide;
 	for (int t = 0; t < n; t++) {
 		const float *xt = x + (size_t)t * dim;
 		float *yt = y + (size_t)t * dim;
+		if (shared)
+			expert_mv(yt, xt, &shared->w, shared->dtype, dim, shared->inter, g, u);
 		for (int j = 0; j < top_k; j++) {
 			int e = idx[(size_t)t * top_k + j] - ex0;
 			if (e < 0 || e >= n_local)
 				continue;
-			const struct cpu_expert *ex = &experts[e];
-			mv(g, xt, ex->gate, ex->gate_s, wdt, inter, dim);
-			mv(u, xt, ex->up, ex->up_s, wdt, inter, dim);
-			cpu_ref_silu_mul(g, u, (size_t)inter);
-			mv(z, g, ex->down, ex->down_s, wdt, dim, inter);
+			expert_mv(z, xt, &experts[e], wdt, dim, inter, g, u);
 			float s = wt[(size_t)t * top_k + j];
 			for (int d = 0; d < dim; d++)
 				yt[d] += s * z[d];

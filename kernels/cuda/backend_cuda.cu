@@ -510,7 +510,8 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float
 }
 
 /* Grouped MoE (moe_kernels.cu): the layer's table of expert weight pointers is copied to the
- * device once, at bind; each call is 4 launches. */
+ * device once, at bind; the shared expert's pointers travel by value with each launch. Each
+ * call is 3 launches. */
 static int moe_bind(void *ctx, struct be_experts *ex, char *err, size_t errsz)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -524,18 +525,33 @@ static int moe_bind(void *ctx, struct be_experts *ex, char *err, size_t errsz)
 	return rc;
 }
 
+static struct wk_moe moe_layer(const struct be_experts *ex)
+{
+	struct wk_moe m = {};
+	m.experts = (const struct cpu_expert *)ex->dev;
+	m.ex0 = ex->ex0;
+	m.n_local = ex->n_local;
+	m.wdt = ex->dtype;
+	m.dim = ex->dim;
+	m.inter = ex->inter;
+	m.shared = (const struct cpu_expert *)ex->shared;
+	m.shared_wdt = ex->shared_dtype;
+	m.shared_inter = ex->shared_inter;
+	return m;
+}
+
 static size_t moe_scratch(void *ctx, int n, const struct be_experts *ex)
 {
 	(void)ctx;
-	return wk_cuda_moe_experts_scratch(n, ex->top_k, ex->n_local, ex->dim, ex->inter);
+	struct wk_moe m = moe_layer(ex);
+	return wk_cuda_moe_experts_scratch(n, ex->top_k, &m);
 }
 
 static void moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
 			int n, const struct be_experts *ex, void *scratch)
 {
-	RUN(wk_cuda_moe_experts(y, x, idx, wt, n, ex->top_k, (const struct cpu_expert *)ex->dev,
-				ex->ex0, ex->n_local, ex->dtype, ex->dim, ex->inter, scratch, err,
-				sizeof err));
+	struct wk_moe m = moe_layer(ex);
+	RUN(wk_cuda_moe_experts(y, x, idx, wt, n, ex->top_k, &m, scratch, err, sizeof err));
 }
 
 static void moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
@@ -545,12 +561,11 @@ static void moe_route_experts(void *ctx, float *y, const float *x, const float *
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	unsigned *count = c->rc == WK_OK ? counters(c) : NULL;
+	struct wk_moe m = moe_layer(ex);
 	if (count)
 		ok(c, wk_cuda_moe_route_experts(y, x, logits, bias, r->n_experts, r->n_group,
 						r->topk_group, r->norm, r->scale, idx, wt, n,
-						ex->top_k, (const struct cpu_expert *)ex->dev, ex->ex0,
-						ex->n_local, ex->dtype, ex->dim, ex->inter, scratch,
-						count, err, sizeof err),
+						ex->top_k, &m, scratch, count, err, sizeof err),
 		   err);
 }
 

@@ -163,33 +163,52 @@ int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const 
 
 /* ---- grouped MoE experts (moe_kernels.cu) ---- */
 
-/* cpu_ref_moe_experts on the device in 4 launches (plan, gate/up + SiLU, down, combine),
- * whatever n is; none when n, top_k or n_local is 0. y [n][dim] += the local experts'
- * outputs for the routing idx, wt [n][top_k] (device memory); slots whose expert is outside
- * [ex0, ex0 + n_local) are skipped. experts: a DEVICE array of n_local struct cpu_expert
- * whose pointers are device memory, all weights in wdt (DT_F32, DT_BF16, DT_F16 or
- * DT_F8_E4M3 with its block scales). The host never reads the table, so it cannot refuse
- * an FP8 expert without scales: that expert's outputs become NaN (the engine checks the
- * scales when it builds the table). scratch: wk_cuda_moe_experts_scratch() bytes of device
- * memory, in use until the kernels finish. Results do not depend on the grouping (each
- * token's slots are added in order j). WK_EINVAL for another wdt, negative sizes, dim or
- * inter <= 0, n * top_k > INT_MAX, or a NULL table or scratch when there is work. */
-size_t wk_cuda_moe_experts_scratch(int n, int top_k, int n_local, int dim, int inter);
+/* A layer's grouped experts as the kernels read them. experts: a DEVICE array of n_local
+ * struct cpu_expert ([ex0, ex0 + n_local) of the layer's experts) whose pointers are device
+ * memory, gate/up [inter][dim] and down [dim][inter], all weights in wdt (DT_F32, DT_BF16,
+ * DT_F16 or DT_F8_E4M3 with its block scales). shared: the layer's shared expert, a HOST
+ * struct whose pointers are device memory (the kernels take it by value), of width
+ * shared_inter, its weights in shared_wdt (one of the same four: a TP slice that cuts FP8
+ * blocks is stored dequantized); NULL for none. split_combine: the combine as a launch of
+ * its own after down, the unfused path the tests hold the fused one to. */
+struct wk_moe {
+	const struct cpu_expert *experts;
+	int ex0, n_local;
+	enum dt_type wdt;
+	int dim, inter;
+	const struct cpu_expert *shared;
+	enum dt_type shared_wdt;
+	int shared_inter;
+	bool split_combine;
+};
+
+/* cpu_ref_moe_experts (with m's shared expert, if any) on the device in 3 launches whatever
+ * n is: the plan, gate/up + SiLU, and down with the combine (the last block to finish a
+ * token's rows adds them: a counter per token, every block's rows fenced before it counts,
+ * the counters left zero); 4 with split_combine. None when n is 0, or top_k or n_local is 0
+ * and there is no shared expert. y [n][dim] += the local experts' outputs for the routing
+ * idx, wt [n][top_k] (device memory), or with a shared expert y = its output, then the slots
+ * added; slots whose expert is outside [ex0, ex0 + n_local) are skipped. The host never
+ * reads the table, so it cannot refuse an FP8 expert without scales: that expert's outputs
+ * become NaN (the engine checks the scales when it builds the table). scratch:
+ * wk_cuda_moe_experts_scratch() bytes of device memory, in use until the kernels finish.
+ * Results do not depend on the grouping or on which block combines (each token's slots are
+ * added in order j, after the shared expert's output). WK_EINVAL for another wdt, negative
+ * sizes, dim or inter <= 0, shared_inter <= 0 with a shared expert, n * top_k > INT_MAX, or
+ * a NULL table or scratch when there is work; the same for shared_wdt. */
+size_t wk_cuda_moe_experts_scratch(int n, int top_k, const struct wk_moe *m);
 int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
-			int top_k, const struct cpu_expert *experts, int ex0, int n_local,
-			enum dt_type wdt, int dim, int inter, void *scratch, char *err,
+			int top_k, const struct wk_moe *m, void *scratch, char *err,
 			size_t errsz);
 /* wk_cuda_moe_route into idx, wt (device, [n][top_k]) and then wk_cuda_moe_experts with that
- * routing, in 4 launches instead of 5: the router's blocks and the plan are one launch (the
+ * routing, in 3 launches instead of 4: the router's blocks and the plan are one launch (the
  * last router block to finish plans), each computing exactly what the two ops do, so idx,
  * wt and y equal theirs bit for bit. count: one unsigned of device memory, zero before and
  * left zero. Refuses what either would. */
 int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, const float *bias,
 			      int n_experts, int n_group, int topk_group, bool norm, float scale,
-			      int *idx, float *wt, int n, int top_k,
-			      const struct cpu_expert *experts, int ex0, int n_local,
-			      enum dt_type wdt, int dim, int inter, void *scratch,
-			      unsigned *count, char *err, size_t errsz);
+			      int *idx, float *wt, int n, int top_k, const struct wk_moe *m,
+			      void *scratch, unsigned *count, char *err, size_t errsz);
 
 /* ---- FP8 GEMM for prefill (gemm_fp8.cu) ---- */
 

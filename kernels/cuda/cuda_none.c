@@ -244,19 +244,17 @@ int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const 
 	return none(err, errsz);
 }
 
-size_t wk_cuda_moe_experts_scratch(int n, int top_k, int n_local, int dim, int inter)
+size_t wk_cuda_moe_experts_scratch(int n, int top_k, const struct wk_moe *m)
 {
-	(void)n, (void)top_k, (void)n_local, (void)dim, (void)inter;
+	(void)n, (void)top_k, (void)m;
 	return 0;
 }
 
 int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *wt, int n,
-			int top_k, const struct cpu_expert *experts, int ex0, int n_local,
-			enum dt_type wdt, int dim, int inter, void *scratch, char *err,
+			int top_k, const struct wk_moe *m, void *scratch, char *err,
 			size_t errsz)
 {
-	(void)y, (void)x, (void)idx, (void)wt, (void)n, (void)top_k, (void)experts, (void)ex0,
-		(void)n_local, (void)wdt, (void)dim, (void)inter, (void)scratch;
+	(void)y, (void)x, (void)idx, (void)wt, (void)n, (void)top_k, (void)m, (void)scratch;
 	return none(err, errsz);
 }
 
@@ -288,15 +286,12 @@ int wk_cuda_moe_route_check(int n_experts, int top_k, int n_group, int topk_grou
 
 int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, const float *bias,
 			      int n_experts, int n_group, int topk_group, bool norm, float scale,
-			      int *idx, float *wt, int n, int top_k,
-			      const struct cpu_expert *experts, int ex0, int n_local,
-			      enum dt_type wdt, int dim, int inter, void *scratch,
-			      unsigned *count, char *err, size_t errsz)
+			      int *idx, float *wt, int n, int top_k, const struct wk_moe *m,
+			      void *scratch, unsigned *count, char *err, size_t errsz)
 {
 	(void)y, (void)x, (void)logits, (void)bias, (void)n_experts, (void)n_group,
 		(void)topk_group, (void)norm, (void)scale, (void)idx, (void)wt, (void)n,
-		(void)top_k, (void)experts, (void)ex0, (void)n_local, (void)wdt, (void)dim,
-		(void)inter, (void)scratch, (void)count;
+		(void)top_k, (void)m, (void)scratch, (void)count;
 	return none(err, errsz);
 }
 

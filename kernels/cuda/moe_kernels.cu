@@ -1,23 +1,29 @@
 /*
- * moe_kernels.cu - a MoE layer's routed experts as one grouped op (wk_cuda_moe_experts, with
- * the contract of cpu_ref_moe_experts in kernels/cpu/glm_ref.c), in four launches whatever
- * the number of tokens:
+ * moe_kernels.cu - a MoE layer's routed experts, and optionally its shared expert, as one
+ * grouped op (wk_cuda_moe_experts, with the contract of cpu_ref_moe_experts in
+ * kernels/cpu/glm_ref.c), in three launches whatever the number of tokens:
  *
  *   1. plan (one block): count the slots of each local expert, prefix-sum the counts, list
  *      the active experts (count > 0) compactly and place every local slot into its expert's
  *      group: tok[g] = the token of grouped slot g, pos[t][j] = g, or -1 for a slot of
- *      another rank's expert;
+ *      another rank's expert; zero the per-token counters of 3;
  *   2. gate/up: block (x, y) computes rows x*MOE_ROWS .. of h[g] = silu(gate_e . x[tok[g]]) *
- *      (up_e . x[tok[g]]) for every slot g of active expert y (and y + gridDim.y, ...);
- *   3. down: the same over dim rows, z[g] = down_e . h[g];
- *   4. combine: one block per token, y[t] += wt[t][j] * z[pos[t][j]], j = 0, 1, ... as the
- *      reference adds them.
+ *      (up_e . x[tok[g]]) for every slot g of active expert y (and y + gridDim.y, ...); the
+ *      shared expert is one more group, after the active experts, whose slot t is token t
+ *      (its rows in hs);
+ *   3. down: the same over dim rows, z[g] = down_e . h[g] (the shared expert's zs[t]); then
+ *      the combine: each block, once a group's rows are written and fenced, counts them on
+ *      the group's tokens, and the block that completes a token (every row block of every
+ *      group of the token counted) writes y[t] = (zs[t] or y[t]) + wt[t][j] * z[pos[t][j]],
+ *      j = 0, 1, ... as the reference adds them, and puts its counter back to zero.
  *
  * The host never reads the plan back (that would cost a copy and a wait), so the grids of 2
- * and 3 are sized by what the plan could find: min(n_local, n * top_k) experts, blocks past
- * the active count leaving at once. Each grouped slot's row is computed from its own
- * (expert, token) alone, so the order of slots within a group, which the plan's atomics make
- * arbitrary, changes no value: the result is deterministic.
+ * and 3 are sized by what the plan could find: min(n_local, n * top_k) experts (one more
+ * with the shared expert), blocks past the active count leaving at once. Each grouped slot's
+ * row is computed from its own (expert, token) alone, so the order of slots within a group,
+ * which the plan's atomics make arbitrary, changes no value; nor does which block combines a
+ * token, which the atomics also decide: the result is deterministic. With split_combine the
+ * combine is a fourth launch, one block per token, with the same device code.
  *
  * First version, written for correctness: a warp per output row, MOE_TOK slots per pass
  * over the row so that it is read from memory once per MOE_TOK slots (and from cache
@@ -55,6 +61,21 @@ struct moe_plan {
 	int *pos; /* [n * top_k] grouped slot of slot s, or -1 */
 	float *h; /* [n * top_k][inter] SiLU(gate) * up of grouped slot g */
 	float *z; /* [n * top_k][dim] the expert's output for grouped slot g */
+	unsigned *done; /* [n] row blocks of token t's groups written (3's combine) */
+	float *hs; /* [n][shared_inter] the shared expert's SiLU(gate) * up (empty without it) */
+	float *zs; /* [n][dim] its output */
+};
+
+/* What 2 and 3 read besides the plan: the routing's weights, the layer (m, with the shared
+ * expert by value: sh_inter 0 for none) and y. */
+struct moe_args {
+	const float *x, *wt;
+	float *y;
+	const struct cpu_expert *experts;
+	struct cpu_expert sh;
+	enum dt_type wdt, sh_wdt;
+	int n, top_k, dim, inter, sh_inter;
+	bool combine; /* 3 combines (else the combine launch does) */
 };
 
 static size_t al256(size_t b)
@@ -62,23 +83,28 @@ static size_t al256(size_t b)
 	return (b + 255) & ~(size_t)255;
 }
 
-/* The scratch's size; with base, also the parts' addresses in *p. Arguments are >= 0. */
-static size_t plan_layout(char *base, int n, int top_k, int n_local, int dim, int inter,
+/* The scratch's size; with base, also the parts' addresses in *p. n, top_k >= 0 and m's
+ * sizes checked (experts_args) or clamped (the size alone). */
+static size_t plan_layout(char *base, int n, int top_k, const struct wk_moe *m,
 			  struct moe_plan *p)
 {
-	size_t ns = (size_t)n * (size_t)top_k, nl = (size_t)n_local;
-	size_t sz[9] = {nl * 4, nl * 4, nl * 4, nl * 4, 4, ns * 4, ns * 4,
-			ns * (size_t)inter * 4, ns * (size_t)dim * 4};
-	char *at[9];
+	size_t ns = (size_t)n * (size_t)top_k, nl = m->n_local > 0 ? (size_t)m->n_local : 0;
+	size_t dim = m->dim > 0 ? (size_t)m->dim : 0, inter = m->inter > 0 ? (size_t)m->inter : 0;
+	size_t sh = m->shared && m->shared_inter > 0 ? (size_t)m->shared_inter : 0;
+	size_t nt = (size_t)n, nsh = sh ? nt : 0;
+	size_t sz[12] = {nl * 4, nl * 4, nl * 4, nl * 4, 4, ns * 4, ns * 4,
+			 ns * inter * 4, ns * dim * 4, nt * 4, nsh * sh * 4, nsh * dim * 4};
+	char *at[12];
 	size_t off = 0;
-	for (int i = 0; i < 9; i++) {
+	for (int i = 0; i < 12; i++) {
 		at[i] = base ? base + off : NULL;
 		off += al256(sz[i]);
 	}
 	if (p) {
-		struct moe_plan q = {(int *)at[0], (int *)at[1], (int *)at[2],
-				     (int *)at[3], (int *)at[4], (int *)at[5],
-				     (int *)at[6], (float *)at[7], (float *)at[8]};
+		struct moe_plan q = {(int *)at[0], (int *)at[1], (int *)at[2], (int *)at[3],
+				     (int *)at[4], (int *)at[5], (int *)at[6], (float *)at[7],
+				     (float *)at[8], (unsigned *)at[9], (float *)at[10],
+				     (float *)at[11]};
 		*p = q;
 	}
 	return off;
@@ -86,12 +112,15 @@ static size_t plan_layout(char *base, int n, int top_k, int n_local, int dim, in
 
 /* ---- 1. plan: one block ---------------------------------------------------------------- */
 
-/* The whole block (any size). scan: 32 ints of shared memory. */
-__device__ void plan_block(struct moe_plan p, const int *idx, int nslots, int top_k, int ex0,
+/* The whole block (any size), for n tokens of top_k slots. scan: 32 ints of shared memory. */
+__device__ void plan_block(struct moe_plan p, const int *idx, int n, int top_k, int ex0,
 			   int n_local, int *scan)
 {
+	int nslots = n * top_k;
 	for (int e = threadIdx.x; e < n_local; e += blockDim.x)
 		p.count[e] = 0;
+	for (int t = threadIdx.x; t < n; t += blockDim.x)
+		p.done[t] = 0;
 	__syncthreads(); /* a block's global writes are visible to it after a barrier */
 	for (int s = threadIdx.x; s < nslots; s += blockDim.x) {
 		int e = idx[s] - ex0;
@@ -125,11 +154,11 @@ __device__ void plan_block(struct moe_plan p, const int *idx, int nslots, int to
 	}
 }
 
-__global__ void k_moe_plan(struct moe_plan p, const int *idx, int nslots, int top_k, int ex0,
+__global__ void k_moe_plan(struct moe_plan p, const int *idx, int n, int top_k, int ex0,
 			   int n_local)
 {
 	__shared__ int scan[32];
-	plan_block(p, idx, nslots, top_k, ex0, n_local, scan);
+	plan_block(p, idx, n, top_k, ex0, n_local, scan);
 }
 
 /* The router and the plan in one launch: block t routes token t (moe_route.cuh, as
@@ -145,8 +174,8 @@ struct route_args {
 	unsigned *count;
 };
 
-__global__ void k_moe_route_plan(struct route_args r, struct moe_plan p, int nslots, int top_k,
-				 int ex0, int n_local)
+__global__ void k_moe_route_plan(struct route_args r, struct moe_plan p, int top_k, int ex0,
+				 int n_local)
 {
 	__shared__ int scan[32];
 	__shared__ int s_last;
@@ -160,7 +189,7 @@ __global__ void k_moe_route_plan(struct route_args r, struct moe_plan p, int nsl
 	if (!s_last)
 		return;
 	__threadfence();
-	plan_block(p, r.idx, nslots, top_k, ex0, n_local, scan);
+	plan_block(p, r.idx, (int)gridDim.x, top_k, ex0, n_local, scan);
 	if (threadIdx.x == 0)
 		*r.count = 0;
 }
@@ -217,215 +246,302 @@ __device__ void warp_dots(float *acc, const T *w, const float *s, int r, int col
 			acc[k] = warp_sum(acc[k]);
 }
 
+/* warp_dots on w of dtype dt (one of the four experts_args lets through; warp-uniform) */
+__device__ __forceinline__ void dots(float *acc, enum dt_type dt, const void *w, const float *s,
+				     int r, int cols, const float *const *in, int m)
+{
+	switch (dt) {
+	case DT_F32:
+		warp_dots(acc, (const float *)w, s, r, cols, in, m);
+		break;
+	case DT_BF16:
+		warp_dots(acc, (const __nv_bfloat16 *)w, s, r, cols, in, m);
+		break;
+	case DT_F16:
+		warp_dots(acc, (const __half *)w, s, r, cols, in, m);
+		break;
+	default: /* DT_F8_E4M3 */
+		warp_dots(acc, (const __nv_fp8_e4m3 *)w, s, r, cols, in, m);
+	}
+}
+
+/* Group i of 2 and 3: active expert i's grouped slots, or (i == n_active) the shared
+ * expert's, one slot per token. */
+struct moe_group {
+	struct cpu_expert ex;
+	enum dt_type dt;
+	int g0, g1, inter;
+	const int *tok; /* token of slot g; NULL: g itself */
+	float *h, *z;   /* [g][inter], [g][dim] */
+};
+
+__device__ __forceinline__ struct moe_group group_at(const struct moe_plan &p,
+						     const struct moe_args &a, int i, int na)
+{
+	struct moe_group gr;
+	if (i < na) {
+		int e = p.active[i];
+		gr.ex = a.experts[e];
+		gr.dt = a.wdt;
+		gr.g0 = p.start[e];
+		gr.g1 = gr.g0 + p.count[e];
+		gr.inter = a.inter;
+		gr.tok = p.tok;
+		gr.h = p.h;
+		gr.z = p.z;
+	} else {
+		gr.ex = a.sh;
+		gr.dt = a.sh_wdt;
+		gr.g0 = 0;
+		gr.g1 = a.n;
+		gr.inter = a.sh_inter;
+		gr.tok = NULL;
+		gr.h = p.hs;
+		gr.z = p.zs;
+	}
+	return gr;
+}
+
 /* h[g][r] = silu(gate_e[r] . x[tok[g]]) * (up_e[r] . x[tok[g]]) for the slots g of the
- * block's experts, with silu(v) = v / (1 + exp(-v)) as cpu_ref_silu_mul. Warps whose row is
- * past inter leave at once (no block barriers here). */
-template <typename T>
-__global__ void k_moe_gate_up(struct moe_plan p, const float *x,
-			      const struct cpu_expert *experts, int dim, int inter)
+ * block's groups, with silu(v) = v / (1 + exp(-v)) as cpu_ref_silu_mul. Warps whose row is
+ * past a group's width skip it (no block barriers here). */
+__global__ void k_moe_gate_up(struct moe_plan p, struct moe_args a)
 {
 	int r = blockIdx.x * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-	if (r >= inter)
-		return;
-	int na = *p.n_active;
-	for (int a = blockIdx.y; a < na; a += gridDim.y) {
-		int e = p.active[a];
-		struct cpu_expert ex = experts[e];
-		int g1 = p.start[e] + p.count[e];
-		for (int g0 = p.start[e]; g0 < g1; g0 += MOE_TOK) {
-			int m = min(MOE_TOK, g1 - g0);
+	int na = *p.n_active, ng = na + (a.sh_inter > 0);
+	for (int i = blockIdx.y; i < ng; i += gridDim.y) {
+		struct moe_group gr = group_at(p, a, i, na);
+		if (r >= gr.inter)
+			continue;
+		for (int g0 = gr.g0; g0 < gr.g1; g0 += MOE_TOK) {
+			int m = min(MOE_TOK, gr.g1 - g0);
 			const float *in[MOE_TOK];
 #pragma unroll
 			for (int k = 0; k < MOE_TOK; k++)
-				in[k] = k < m ? x + (size_t)p.tok[g0 + k] * dim : NULL;
+				in[k] = k < m ? a.x + (size_t)(gr.tok ? gr.tok[g0 + k] : g0 + k) * a.dim
+					      : NULL;
 			float gs[MOE_TOK], us[MOE_TOK];
-			warp_dots(gs, (const T *)ex.gate, ex.gate_s, r, dim, in, m);
-			warp_dots(us, (const T *)ex.up, ex.up_s, r, dim, in, m);
+			dots(gs, gr.dt, gr.ex.gate, gr.ex.gate_s, r, a.dim, in, m);
+			dots(us, gr.dt, gr.ex.up, gr.ex.up_s, r, a.dim, in, m);
 			if (lane == 0)
 				for (int k = 0; k < m; k++)
-					p.h[(size_t)(g0 + k) * inter + r] =
+					gr.h[(size_t)(g0 + k) * gr.inter + r] =
 						gs[k] / (1.0f + expf(-gs[k])) * us[k];
 		}
 	}
 }
 
-/* z[g][r] = down_e[r] . h[g] for the slots g of the block's experts. */
-template <typename T>
-__global__ void k_moe_down(struct moe_plan p, const struct cpu_expert *experts, int dim,
-			   int inter)
+/* y[t][c] = (zs[t][c] with a shared expert, else y[t][c]) + wt[t][j] * z[pos[t][j]][c] for
+ * j = 0, 1, ... with pos >= 0, one addition at a time in the reference's order; columns c =
+ * c0, c0 + step, ... */
+__device__ void combine_token(const struct moe_plan &p, const struct moe_args &a, int t, int c0,
+			      int step)
 {
-	int r = blockIdx.x * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-	if (r >= dim)
-		return;
-	int na = *p.n_active;
-	for (int a = blockIdx.y; a < na; a += gridDim.y) {
-		int e = p.active[a];
-		struct cpu_expert ex = experts[e];
-		int g1 = p.start[e] + p.count[e];
-		for (int g0 = p.start[e]; g0 < g1; g0 += MOE_TOK) {
-			int m = min(MOE_TOK, g1 - g0);
-			const float *in[MOE_TOK];
-#pragma unroll
-			for (int k = 0; k < MOE_TOK; k++)
-				in[k] = k < m ? p.h + (size_t)(g0 + k) * inter : NULL;
-			float zs[MOE_TOK];
-			warp_dots(zs, (const T *)ex.down, ex.down_s, r, inter, in, m);
-			if (lane == 0)
-				for (int k = 0; k < m; k++)
-					p.z[(size_t)(g0 + k) * dim + r] = zs[k];
-		}
-	}
-}
-
-/* ---- 4. combine: one block per token ------------------------------------------------------- */
-
-/* y[t][c] += wt[t][j] * z[pos[t][j]][c] for j = 0, 1, ... with pos >= 0, one addition at a
- * time in the reference's order. */
-__global__ void k_moe_combine(float *y, const int *pos, const float *wt, const float *z,
-			      int top_k, int dim)
-{
-	size_t t = blockIdx.x;
-	const int *pt = pos + t * top_k;
-	const float *wv = wt + t * top_k;
-	float *yt = y + t * dim;
-	for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-		float v = yt[c];
-		for (int j = 0; j < top_k; j++) {
+	const int *pt = p.pos + (size_t)t * a.top_k;
+	const float *wv = a.wt + (size_t)t * a.top_k;
+	const float *zs = a.sh_inter > 0 ? p.zs + (size_t)t * a.dim : NULL;
+	float *yt = a.y + (size_t)t * a.dim;
+	for (int c = c0; c < a.dim; c += step) {
+		float v = zs ? zs[c] : yt[c];
+		for (int j = 0; j < a.top_k; j++) {
 			int g = pt[j];
 			if (g >= 0)
-				v += wv[j] * z[(size_t)g * dim + c];
+				v += wv[j] * p.z[(size_t)g * a.dim + c];
 		}
 		yt[c] = v;
 	}
 }
 
-/* ---- entry points ---------------------------------------------------------------------------- */
-
-extern "C" size_t wk_cuda_moe_experts_scratch(int n, int top_k, int n_local, int dim, int inter)
+/* After the block wrote its rows of group gr (the whole block; gr block-uniform): each slot's
+ * token counts the block's part, and the block that counts a token's last part (gridDim.x
+ * row blocks for each of its local slots and its shared expert) combines it and zeroes its
+ * counter. ready: blockDim.x ints, n_ready: one, of shared memory. */
+__device__ void count_and_combine(const struct moe_plan &p, const struct moe_args &a,
+				  const struct moe_group &gr, int *ready, int *n_ready)
 {
-	return plan_layout(NULL, n > 0 ? n : 0, top_k > 0 ? top_k : 0, n_local > 0 ? n_local : 0,
-			   dim > 0 ? dim : 0, inter > 0 ? inter : 0, NULL);
+	__threadfence(); /* this block's z rows are visible before any counter moves */
+	__syncthreads();
+	for (int c0 = gr.g0; c0 < gr.g1; c0 += blockDim.x) { /* block-uniform */
+		if (threadIdx.x == 0)
+			*n_ready = 0;
+		__syncthreads();
+		int g = c0 + (int)threadIdx.x;
+		if (g < gr.g1) {
+			int t = gr.tok ? gr.tok[g] : g;
+			unsigned parts = a.sh_inter > 0;
+			for (int j = 0; j < a.top_k; j++)
+				parts += p.pos[(size_t)t * a.top_k + j] >= 0;
+			if (atomicAdd(&p.done[t], 1u) == parts * gridDim.x - 1)
+				ready[atomicAdd(n_ready, 1)] = t;
+		}
+		__syncthreads();
+		int nr = *n_ready;
+		if (nr > 0)
+			__threadfence(); /* then every other block's rows of these tokens */
+		for (int k = 0; k < nr; k++) {
+			combine_token(p, a, ready[k], (int)threadIdx.x, (int)blockDim.x);
+			if (threadIdx.x == 0)
+				p.done[ready[k]] = 0;
+		}
+		__syncthreads(); /* ready and n_ready are reused */
+	}
 }
 
-template <typename T>
-static int experts_launch(const struct moe_plan &p, const float *x,
-			  const struct cpu_expert *experts, dim3 gu, dim3 dn, int dim, int inter,
-			  char *err, size_t errsz)
+/* z[g][r] = down_e[r] . h[g] for the slots g of the block's groups, then (a.combine) the
+ * combine of the tokens this block completes. */
+__global__ void k_moe_down(struct moe_plan p, struct moe_args a)
 {
-	k_moe_gate_up<T><<<gu, MOE_THREADS>>>(p, x, experts, dim, inter);
-	int rc = launched("moe_experts gate/up", err, errsz);
-	if (rc != WK_OK)
-		return rc;
-	k_moe_down<T><<<dn, MOE_THREADS>>>(p, experts, dim, inter);
-	return launched("moe_experts down", err, errsz);
+	__shared__ int ready[MOE_THREADS];
+	__shared__ int n_ready;
+	int r = blockIdx.x * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	int na = *p.n_active, ng = na + (a.sh_inter > 0);
+	for (int i = blockIdx.y; i < ng; i += gridDim.y) { /* block-uniform */
+		struct moe_group gr = group_at(p, a, i, na);
+		for (int g0 = gr.g0; g0 < gr.g1 && r < a.dim; g0 += MOE_TOK) {
+			int m = min(MOE_TOK, gr.g1 - g0);
+			const float *in[MOE_TOK];
+#pragma unroll
+			for (int k = 0; k < MOE_TOK; k++)
+				in[k] = k < m ? gr.h + (size_t)(g0 + k) * gr.inter : NULL;
+			float zs[MOE_TOK];
+			dots(zs, gr.dt, gr.ex.down, gr.ex.down_s, r, gr.inter, in, m);
+			if (lane == 0)
+				for (int k = 0; k < m; k++)
+					gr.z[(size_t)(g0 + k) * a.dim + r] = zs[k];
+		}
+		if (a.combine)
+			count_and_combine(p, a, gr, ready, &n_ready);
+	}
+}
+
+/* split_combine: one block per token */
+__global__ void k_moe_combine(struct moe_plan p, struct moe_args a)
+{
+	combine_token(p, a, (int)blockIdx.x, (int)threadIdx.x, (int)blockDim.x);
+}
+
+/* ---- entry points ---------------------------------------------------------------------------- */
+
+extern "C" size_t wk_cuda_moe_experts_scratch(int n, int top_k, const struct wk_moe *m)
+{
+	return m ? plan_layout(NULL, n > 0 ? n : 0, top_k > 0 ? top_k : 0, m, NULL) : 0;
 }
 
 static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
-		      int n, int top_k, const struct cpu_expert *experts, int n_local,
-		      enum dt_type wdt, int dim, int inter, char *err, size_t errsz);
+		      int n, int top_k, const struct wk_moe *m, char *err, size_t errsz);
 
 /* The checks both entry points make; *skip when there is nothing to do. */
-static int experts_args(int n, int top_k, int n_local, enum dt_type wdt, int dim, int inter,
-			const struct cpu_expert *experts, const void *scratch, bool *skip,
-			char *err, size_t errsz);
+static int experts_args(int n, int top_k, const struct wk_moe *m, const void *scratch,
+			bool *skip, char *err, size_t errsz);
 
 extern "C" int wk_cuda_moe_experts(float *y, const float *x, const int *idx, const float *wt,
-				   int n, int top_k, const struct cpu_expert *experts, int ex0,
-				   int n_local, enum dt_type wdt, int dim, int inter,
-				   void *scratch, char *err, size_t errsz)
+				   int n, int top_k, const struct wk_moe *m, void *scratch,
+				   char *err, size_t errsz)
 {
 	bool skip;
-	int rc = experts_args(n, top_k, n_local, wdt, dim, inter, experts, scratch, &skip, err,
-			      errsz);
+	int rc = experts_args(n, top_k, m, scratch, &skip, err, errsz);
 	if (rc != WK_OK || skip)
 		return rc;
-	int nslots = n * top_k;
 	struct moe_plan p;
-	plan_layout((char *)scratch, n, top_k, n_local, dim, inter, &p);
-	k_moe_plan<<<1, PLAN_THREADS>>>(p, idx, nslots, top_k, ex0, n_local);
+	plan_layout((char *)scratch, n, top_k, m, &p);
+	k_moe_plan<<<1, PLAN_THREADS>>>(p, idx, n, top_k, m->ex0, m->n_local);
 	if ((rc = launched("moe_experts plan", err, errsz)) != WK_OK)
 		return rc;
-	return after_plan(p, y, x, wt, n, top_k, experts, n_local, wdt, dim, inter, err, errsz);
+	return after_plan(p, y, x, wt, n, top_k, m, err, errsz);
 }
 
 extern "C" int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits,
 					 const float *bias, int n_experts, int n_group,
 					 int topk_group, bool norm, float scale, int *idx, float *wt,
-					 int n, int top_k, const struct cpu_expert *experts, int ex0,
-					 int n_local, enum dt_type wdt, int dim, int inter,
-					 void *scratch, unsigned *count, char *err, size_t errsz)
+					 int n, int top_k, const struct wk_moe *m, void *scratch,
+					 unsigned *count, char *err, size_t errsz)
 {
 	bool skip;
 	int rc = wk_cuda_moe_route_check(n_experts, top_k, n_group, topk_group, err, errsz);
 	if (rc == WK_OK)
-		rc = experts_args(n, top_k, n_local, wdt, dim, inter, experts, scratch, &skip, err,
-				  errsz);
+		rc = experts_args(n, top_k, m, scratch, &skip, err, errsz);
 	if (rc != WK_OK || skip)
 		return rc;
 	if (!count)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA moe_route_experts: no counter");
-	int nslots = n * top_k;
 	struct moe_plan p;
-	plan_layout((char *)scratch, n, top_k, n_local, dim, inter, &p);
+	plan_layout((char *)scratch, n, top_k, m, &p);
 	struct route_args r = {logits, bias, n_experts, n_group, topk_group, norm, scale, idx, wt,
 			       count};
-	k_moe_route_plan<<<n, ROUTE_THREADS>>>(r, p, nslots, top_k, ex0, n_local);
+	k_moe_route_plan<<<n, ROUTE_THREADS>>>(r, p, top_k, m->ex0, m->n_local);
 	if ((rc = launched("moe_experts route and plan", err, errsz)) != WK_OK)
 		return rc;
-	return after_plan(p, y, x, wt, n, top_k, experts, n_local, wdt, dim, inter, err, errsz);
+	return after_plan(p, y, x, wt, n, top_k, m, err, errsz);
 }
 
-static int experts_args(int n, int top_k, int n_local, enum dt_type wdt, int dim, int inter,
-			const struct cpu_expert *experts, const void *scratch, bool *skip,
-			char *err, size_t errsz)
+static int experts_args(int n, int top_k, const struct wk_moe *m, const void *scratch,
+			bool *skip, char *err, size_t errsz)
 {
 	*skip = false;
-	if (wdt != DT_F32 && wdt != DT_BF16 && wdt != DT_F16 && wdt != DT_F8_E4M3)
-		return wk_errf(err, errsz, WK_EINVAL,
-			       "CUDA moe_experts: expert weights in %s (F32, BF16, F16 or F8_E4M3 "
-			       "only)",
-			       dt_name(wdt));
-	if (n < 0 || top_k < 0 || n_local < 0 || dim <= 0 || inter <= 0 ||
-	    (size_t)n * (size_t)top_k > INT_MAX)
+	if (!m)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA moe_experts: no layer");
+	for (int k = 0; k < 2; k++) {
+		enum dt_type wdt = k ? m->shared_wdt : m->wdt;
+		if (k && !m->shared)
+			break;
+		if (wdt != DT_F32 && wdt != DT_BF16 && wdt != DT_F16 && wdt != DT_F8_E4M3)
+			return wk_errf(err, errsz, WK_EINVAL,
+				       "CUDA moe_experts: %s weights in %s (F32, BF16, F16 or "
+				       "F8_E4M3 only)",
+				       k ? "the shared expert's" : "expert", dt_name(wdt));
+	}
+	if (n < 0 || top_k < 0 || m->n_local < 0 || m->dim <= 0 || m->inter <= 0 ||
+	    (m->shared && m->shared_inter <= 0) || (size_t)n * (size_t)top_k > INT_MAX)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA moe_experts: %d tokens, top %d, %d local experts, dim %d, "
-			       "inter %d",
-			       n, top_k, n_local, dim, inter);
-	if (n == 0 || top_k == 0 || n_local == 0) {
-		*skip = true; /* no slot is local: y stays as it is */
+			       "inter %d, shared expert's inter %d",
+			       n, top_k, m->n_local, m->dim, m->inter,
+			       m->shared ? m->shared_inter : 0);
+	if (n == 0 || (!m->shared && (top_k == 0 || m->n_local == 0))) {
+		*skip = true; /* no slot is local and no shared expert: y stays as it is */
 		return WK_OK;
 	}
-	if (!experts || !scratch)
+	if ((m->n_local > 0 && !m->experts) || !scratch)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA moe_experts: no %s",
-			       experts ? "scratch" : "expert table");
+			       scratch ? "expert table" : "scratch");
 	return WK_OK;
 }
 
-/* The experts' launches once the plan is in the scratch: gate/up, down, combine. */
+/* The experts' launches once the plan is in the scratch: gate/up, down with the combine (or
+ * down, then the combine). */
 static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
-		      int n, int top_k, const struct cpu_expert *experts, int n_local,
-		      enum dt_type wdt, int dim, int inter, char *err, size_t errsz)
+		      int n, int top_k, const struct wk_moe *m, char *err, size_t errsz)
 {
 	int nslots = n * top_k, rc;
-	/* the most experts the plan can find active; blocks beyond loop, above MAX_GRID_Y */
-	int most = n_local < nslots ? n_local : nslots;
-	unsigned ey = (unsigned)(most < MAX_GRID_Y ? most : MAX_GRID_Y);
-	dim3 gu(blocks((size_t)inter, MOE_ROWS), ey), dn(blocks((size_t)dim, MOE_ROWS), ey);
-	switch (wdt) {
-	case DT_F32:
-		rc = experts_launch<float>(p, x, experts, gu, dn, dim, inter, err, errsz);
-		break;
-	case DT_BF16:
-		rc = experts_launch<__nv_bfloat16>(p, x, experts, gu, dn, dim, inter, err, errsz);
-		break;
-	case DT_F16:
-		rc = experts_launch<__half>(p, x, experts, gu, dn, dim, inter, err, errsz);
-		break;
-	default: /* DT_F8_E4M3, checked above */
-		rc = experts_launch<__nv_fp8_e4m3>(p, x, experts, gu, dn, dim, inter, err, errsz);
+	struct moe_args a = {};
+	a.x = x;
+	a.wt = wt;
+	a.y = y;
+	a.experts = m->experts;
+	a.wdt = m->wdt;
+	if (m->shared) {
+		a.sh = *m->shared;
+		a.sh_wdt = m->shared_wdt;
+		a.sh_inter = m->shared_inter;
 	}
-	if (rc != WK_OK)
+	a.n = n;
+	a.top_k = top_k;
+	a.dim = m->dim;
+	a.inter = m->inter;
+	a.combine = !m->split_combine;
+	/* the most groups the plan can find active (and the shared expert's); blocks beyond
+	 * loop, above MAX_GRID_Y */
+	int most = (m->n_local < nslots ? m->n_local : nslots) + (a.sh_inter > 0);
+	int wide = a.sh_inter > a.inter ? a.sh_inter : a.inter;
+	unsigned ey = (unsigned)(most < MAX_GRID_Y ? most : MAX_GRID_Y);
+	dim3 gu(blocks((size_t)wide, MOE_ROWS), ey), dn(blocks((size_t)a.dim, MOE_ROWS), ey);
+	k_moe_gate_up<<<gu, MOE_THREADS>>>(p, a);
+	if ((rc = launched("moe_experts gate/up", err, errsz)) != WK_OK)
 		return rc;
-	k_moe_combine<<<n, MOE_THREADS>>>(y, p.pos, wt, p.z, top_k, dim);
+	k_moe_down<<<dn, MOE_THREADS>>>(p, a);
+	rc = launched(a.combine ? "moe_experts down and combine" : "moe_experts down", err, errsz);
+	if (rc != WK_OK || a.combine)
+		return rc;
+	k_moe_combine<<<n, MOE_THREADS>>>(p, a);
 	return launched("moe_experts combine", err, errsz);
 }

@@ -4,9 +4,10 @@
 # layer, k and v written straight into the caches, each residual add fused with the norm after
 # it (add_rmsnorm), q and k rotated by one rope_n. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
 # top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes and runs its
-# experts in one grouped op (4 kernels on CUDA, the router inside the first); the attention's 7 projections are 3 ops
-# (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj), and
-# the router with the shared expert's gate and up is one; a batch-1 step's keys land in their
+# experts, the shared expert among them, in one grouped op (3 kernels on CUDA: the router
+# inside the first, the shared expert's gate/up and down inside the second and third, the
+# combine inside the third) after the router's matmul; the attention's 7 projections are 3 ops
+# (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj); a batch-1 step's keys land in their
 # caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed).
 # The unfused baseline: 8 distinct experts one by one (a gather, 3 matmuls, a silu_mul and a
 # scatter each, and the routing plan to the host and back: 52 launches), every weight its own
@@ -47,13 +48,17 @@ assert k["mla_absorbed"] == L and k["dsa_topk"] == L, k           # sparse: 100 
 assert "mla_attention" not in k and "mla_absorb_q" not in k and "mla_absorb_out" not in k, k
 assert "moe_route" not in k and k["moe_experts"] == moe, k     # the router inside the grouped op
 assert "gather_rows" not in k and "scatter_add_rows" not in k, k
-assert k["matmul"] == 3 * L + 2 * dense + 2 * moe + 1, k   # + MLPs, shared expert, router
+assert k["matmul"] == 3 * L + 2 * dense + moe + 1, k   # + dense MLPs, routers, lm_head
+assert k["silu_mul"] == dense, k        # the shared experts' SiLU is inside the grouped op
 assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing round trip
 assert "copy" not in k, k                          # c_kv, k_pe, index keys land in caches
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
 assert k["rope"] == L, k          # q, k_pe and the indexer's queries and keys in one rope_n
 assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 4 + 1) + 4 * L + dense + 2 * moe + 2 * L + 1 + 2 * L + 3 * L + 2 * L + 2 * L, j
+# per MoE layer: 8 experts' 6 ops, 4 plan copies and moe_route for the grouped op's 3; the
+# shared expert's gate, up, silu_mul and down (inside it); then the attention's matmuls,
+# the dense MLPs' gate + up, cache copies, adds, norms, ropes, MLA
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 3 * L + 2 * L + 2 * L, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY
@@ -67,6 +72,8 @@ import json, sys
 j = json.loads(sys.argv[1])
 assert j["collectives"] >= 2 * 78, j   # an all_reduce after the attention and the FFN
 assert j["by_kind"]["mla_absorbed"] == 78 and "mla_attention" not in j["by_kind"], j
+# rank 0 leads the shared expert's TP slice and its routed experts: one grouped op with both
+assert j["by_kind"]["matmul"] == 3 * 78 + 2 * 3 + 75 + 1 and j["by_kind"]["silu_mul"] == 3, j
 print(f"sharded tp 2 x ep 2, rank 0: {j['launches']:.0f} launches, {j['collectives']:.0f} collectives")
 PY
 echo ok

@@ -400,11 +400,13 @@ static size_t ds_moe_scratch(void *ctx, int n, const struct be_experts *ex)
 	return be_cpu.moe_scratch(d->cpu, n, ex);
 }
 
-/* Every weight pointer of a layer's local experts is device memory. */
+/* Every weight pointer of a layer's local experts and its shared expert is device memory. */
 static void dev_experts(void *ctx, const struct be_experts *ex, const char *what)
 {
-	for (int i = 0; i < ex->n_local; i++) {
-		const struct be_expert *w = &ex->experts[i];
+	for (int i = -1; i < ex->n_local; i++) {
+		const struct be_expert *w = i < 0 ? ex->shared : &ex->experts[i];
+		if (!w)
+			continue;
 		const void *p[6] = {w->gate, w->up, w->down, w->gate_s, w->up_s, w->down_s};
 		for (int k = 0; k < 6; k++)
 			dev(ctx, p[k], what);

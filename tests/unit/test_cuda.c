@@ -1072,6 +1072,14 @@ static void moe_set_free(struct moe_set *m)
 	free(m->dev);
 }
 
+/* The kernels' view of m's experts [ex0, ex0 + n_local) in t (no shared expert). */
+static struct wk_moe moe_of(const struct moe_set *m, enum dt_type t, int ex0, int dim,
+			    int inter)
+{
+	return (struct wk_moe){.experts = m->tab, .ex0 = ex0, .n_local = m->n_local, .wdt = t,
+			       .dim = dim, .inter = inter};
+}
+
 /* Token t's top_k distinct experts of n_experts, in random order; local: how many of them
  * come from [ex0, ex0 + n_local) at most (0: another rank's only). force: an expert put in
  * slot t % top_k, or -1. */
@@ -1120,17 +1128,18 @@ Test(cuda_kernels, moe_route_experts_matches_the_two_ops)
 		float *dx = to_dev(x, ny * 4), *dy[2] = {to_dev(y0, ny * 4), to_dev(y0, ny * 4)};
 		int *di[2] = {dev_alloc(ns * 4), dev_alloc(ns * 4)};
 		float *dw[2] = {dev_alloc(ns * 4), dev_alloc(ns * 4)};
-		size_t scr = wk_cuda_moe_experts_scratch(n, top_k, n_local, dim, inter);
+		struct wk_moe mo = moe_of(&m, t, ex0, dim, inter);
+		size_t scr = wk_cuda_moe_experts_scratch(n, top_k, &mo);
 		void *ds[2] = {dev_alloc(scr), dev_alloc(scr)};
 		unsigned zero = 0, *dc = to_dev(&zero, sizeof zero);
 		cr_assert_eq(wk_cuda_moe_route(di[0], dw[0], dl, db, n, ne, top_k, ng, tg, true, 2.5f,
 					       err, sizeof err), WK_OK, "%s", err);
-		cr_assert_eq(wk_cuda_moe_experts(dy[0], dx, di[0], dw[0], n, top_k, m.tab, ex0,
-						 n_local, t, dim, inter, ds[0], err, sizeof err),
+		cr_assert_eq(wk_cuda_moe_experts(dy[0], dx, di[0], dw[0], n, top_k, &mo, ds[0], err,
+						 sizeof err),
 			     WK_OK, "%s", err);
 		cr_assert_eq(wk_cuda_moe_route_experts(dy[1], dx, dl, db, ne, ng, tg, true, 2.5f,
-						       di[1], dw[1], n, top_k, m.tab, ex0, n_local,
-						       t, dim, inter, ds[1], dc, err, sizeof err),
+						       di[1], dw[1], n, top_k, &mo, ds[1], dc, err,
+						       sizeof err),
 			     WK_OK, "%s", err);
 		int *hi[2] = {malloc(ns * 4), malloc(ns * 4)};
 		float *hw[2] = {malloc(ns * 4), malloc(ns * 4)}, *hy[2] = {malloc(ny * 4), malloc(ny * 4)};
@@ -1166,9 +1175,10 @@ Test(cuda_kernels, moe_route_experts_matches_the_two_ops)
 		free(y0);
 	}
 	float dummy;
+	struct wk_moe none = {.n_local = 4, .wdt = DT_F32, .dim = 8, .inter = 8};
 	cr_expect_eq(wk_cuda_moe_route_experts(&dummy, &dummy, NULL, NULL, 10, 3, 1, true, 1.0f,
-					       NULL, NULL, 1, 1, NULL, 0, 4, DT_F32, 8, 8, NULL,
-					       NULL, err, sizeof err),
+					       NULL, NULL, 1, 1, &none, NULL, NULL, err,
+					       sizeof err),
 		     WK_EINVAL, "10 experts in 3 groups");
 }
 
@@ -1178,21 +1188,34 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	/* 32 experts, this rank's 4..19: the slots of 0..3 and 20..31 are skipped */
 	int top_k = 8, n_local = 16, ex0 = 4, n_experts = 32;
 	/* FP8 dims cut 128-blocks short (200 = 128 + 72, 144 = 128 + 16); one token, whose 8
-	 * slots are fewer than the 16 experts (the grid's bound), and many */
+	 * slots are fewer than the 16 experts (the grid's bound), and many; sh: a shared
+	 * expert's width (narrower, as a TP slice, or wider than the routed experts'), 0: none,
+	 * in st (F32 beside FP8: a TP slice stored dequantized) */
 	static const struct {
 		enum dt_type t;
-		int n, dim, inter;
+		int n, dim, inter, sh;
+		enum dt_type st;
 	} cases[] = {
-		{DT_F8_E4M3, 37, 200, 144}, {DT_F8_E4M3, 1, 200, 144}, {DT_BF16, 37, 96, 70},
-		{DT_BF16, 1, 96, 70},       {DT_F32, 37, 64, 50},      {DT_F32, 1, 64, 50},
-		{DT_F16, 9, 130, 33},
+		{DT_F8_E4M3, 37, 200, 144, 0, 0},    {DT_F8_E4M3, 1, 200, 144, 0, 0},
+		{DT_BF16, 37, 96, 70, 0, 0},         {DT_BF16, 1, 96, 70, 0, 0},
+		{DT_F32, 37, 64, 50, 0, 0},          {DT_F32, 1, 64, 50, 0, 0},
+		{DT_F16, 9, 130, 33, 0, 0},          {DT_F8_E4M3, 37, 200, 144, 72, DT_F8_E4M3},
+		{DT_F8_E4M3, 1, 200, 144, 300, DT_F8_E4M3}, {DT_BF16, 9, 96, 70, 70, DT_BF16},
+		{DT_F8_E4M3, 9, 200, 144, 72, DT_F32},
 	};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-		enum dt_type t = cases[c].t;
-		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter;
+		enum dt_type t = cases[c].t, st = cases[c].st;
+		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter, sh = cases[c].sh;
 		size_t ny = (size_t)n * dim, ns = (size_t)n * top_k;
-		struct moe_set m;
+		struct moe_set m, shared;
 		moe_set_make(&m, t, n_local, dim, inter);
+		if (sh)
+			moe_set_make(&shared, st, 1, dim, sh);
+		struct wk_moe mo = moe_of(&m, t, ex0, dim, inter);
+		mo.shared = sh ? &shared.dev[0] : NULL;
+		mo.shared_wdt = st;
+		mo.shared_inter = sh;
+		struct cpu_shared_expert rsh = {sh ? shared.host[0] : (struct cpu_expert){0}, st, sh};
 		int *idx = malloc(ns * sizeof *idx);
 		float *wt = rnd_vec(ns), *x = rnd_vec(ny), *y0 = rnd_vec(ny);
 		/* tokens 0..5 all choose expert 5; the last of many tokens has no local slot */
@@ -1202,28 +1225,31 @@ Test(cuda_kernels, moe_experts_matches_ref)
 		for (size_t i = 0; i < ny; i++)
 			y0[i] *= 50.0f; /* y is added to, not overwritten */
 		float *want = malloc(ny * 4), *got = malloc(ny * 4), *again = malloc(ny * 4);
-		float *scr = malloc(((size_t)2 * inter + dim) * 4);
+		float *scr = malloc(((size_t)2 * (sh > inter ? sh : inter) + dim) * 4);
 		memcpy(want, y0, ny * 4);
 		cpu_ref_moe_experts(want, x, idx, wt, n, top_k, m.host, ex0, n_local, t, dim, inter,
-				    scr);
+				    sh ? &rsh : NULL, scr);
 		float *dx = to_dev(x, ny * 4), *dwt = to_dev(wt, ns * 4);
 		float *dy = to_dev(y0, ny * 4), *dy2 = to_dev(y0, ny * 4);
 		int *didx = to_dev(idx, ns * sizeof *idx);
-		void *dscr = dev_alloc(wk_cuda_moe_experts_scratch(n, top_k, n_local, dim, inter));
+		void *dscr = dev_alloc(wk_cuda_moe_experts_scratch(n, top_k, &mo));
 		for (int run = 0; run < 2; run++)
-			cr_assert_eq(wk_cuda_moe_experts(run ? dy2 : dy, dx, didx, dwt, n, top_k,
-							 m.tab, ex0, n_local, t, dim, inter, dscr,
-							 err, sizeof err),
+			cr_assert_eq(wk_cuda_moe_experts(run ? dy2 : dy, dx, didx, dwt, n, top_k, &mo,
+							 dscr, err, sizeof err),
 				     WK_OK, "%s", err);
 		from_dev(got, dy, ny * 4);
 		from_dev(again, dy2, ny * 4);
 		double r = rel(got, want, ny);
-		cr_expect_leq(r, 1e-3, "%s n=%d dim=%d inter=%d: %g", dt_name(t), n, dim, inter, r);
-		/* the plan's grouping order may change between runs; the values may not */
+		cr_expect_leq(r, 1e-3, "%s n=%d dim=%d inter=%d shared %d %s: %g", dt_name(t), n,
+			      dim, inter, sh, dt_name(st), r);
+		/* the plan's grouping order and the combining blocks may change between runs; the
+		 * values may not */
 		cr_expect(memcmp(got, again, ny * 4) == 0, "%s n=%d: two runs differ", dt_name(t), n);
-		if (n >= 10) /* the token without a local slot is left as it was */
+		if (n >= 10 && !sh) /* the token without a local slot is left as it was */
 			cr_expect(memcmp(got + ny - dim, y0 + ny - dim, (size_t)dim * 4) == 0,
 				  "%s: the last token's y changed", dt_name(t));
+		if (sh)
+			moe_set_free(&shared);
 		wk_cuda_free(dx);
 		wk_cuda_free(dwt);
 		wk_cuda_free(dy);
@@ -1242,15 +1268,30 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	}
 	/* refused, or nothing to do, before any launch */
 	float dummy;
-	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 1, 8, NULL, 0, 16, DT_F8_E5M2,
-					 64, 64, NULL, err, sizeof err),
+	struct cpu_expert nowt = {0};
+	struct wk_moe e5 = {.n_local = 16, .wdt = DT_F8_E5M2, .dim = 64, .inter = 64};
+	struct wk_moe f32 = {.n_local = 16, .wdt = DT_F32, .dim = 64, .inter = 64};
+	struct wk_moe shw = {.wdt = DT_F32, .dim = 64, .inter = 64, .shared = &nowt};
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 1, 8, &e5, NULL, err,
+					 sizeof err),
 		     WK_EINVAL, "E5M2 experts");
-	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, -1, 8, NULL, 0, 16, DT_F32, 64,
-					 64, NULL, err, sizeof err),
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, -1, 8, &f32, NULL, err,
+					 sizeof err),
 		     WK_EINVAL, "negative n");
-	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 0, 8, NULL, 0, 16, DT_F32, 64,
-					 64, NULL, err, sizeof err),
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 0, 8, &f32, NULL, err,
+					 sizeof err),
 		     WK_OK, "no tokens: nothing to do");
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 1, 8, &shw, NULL, err,
+					 sizeof err),
+		     WK_EINVAL, "a shared expert of width 0");
+	shw.shared_inter = 64;
+	shw.shared_wdt = DT_F8_E5M2;
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 1, 8, &shw, NULL, err,
+					 sizeof err),
+		     WK_EINVAL, "an E5M2 shared expert");
+	cr_expect_eq(wk_cuda_moe_experts(&dummy, &dummy, NULL, NULL, 1, 8, NULL, NULL, err,
+					 sizeof err),
+		     WK_EINVAL, "no layer");
 	/* an FP8 expert without its scales, which the host cannot see in the device's table:
 	 * NaN for its tokens, not a fault */
 	struct moe_set m;
@@ -1262,9 +1303,10 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	struct cpu_expert *dbad = to_dev(&bad, sizeof bad);
 	int *di = to_dev(&e0, sizeof e0);
 	float *dw1 = to_dev(&w1, 4), *dxv = to_dev(xv, 64), *dyv = to_dev(xv, 64);
-	void *ds = dev_alloc(wk_cuda_moe_experts_scratch(1, 1, 1, 16, 16));
-	cr_assert_eq(wk_cuda_moe_experts(dyv, dxv, di, dw1, 1, 1, dbad, 0, 1, DT_F8_E4M3, 16, 16,
-					 ds, err, sizeof err),
+	struct wk_moe mbad = {.experts = dbad, .n_local = 1, .wdt = DT_F8_E4M3, .dim = 16,
+			      .inter = 16};
+	void *ds = dev_alloc(wk_cuda_moe_experts_scratch(1, 1, &mbad));
+	cr_assert_eq(wk_cuda_moe_experts(dyv, dxv, di, dw1, 1, 1, &mbad, ds, err, sizeof err),
 		     WK_OK, "%s", err);
 	from_dev(yv, dyv, 64);
 	for (int i = 0; i < 16; i++)
@@ -1277,6 +1319,95 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	wk_cuda_free(ds);
 	moe_set_free(&m);
 	free(xv);
+}
+
+/* The fused grouped op (the shared expert as one more group of gate/up and down, the combine
+ * inside down) gives the unfused ops' y bit for bit: the shared expert run alone as a
+ * one-expert grouped op (top 1, weight 1, onto -0.0, so y is its output exactly), then the
+ * routed experts onto it, each with the combine as a launch of its own. Without a shared
+ * expert, the combine inside down gives the separate combine's y. */
+Test(cuda_kernels, moe_experts_fused_matches_unfused)
+{
+	NEED_GPU();
+	int top_k = 8, n_local = 16, ex0 = 4, n_experts = 32;
+	static const struct {
+		enum dt_type t;
+		int n, dim, inter, sh;
+		enum dt_type st;
+	} cases[] = {{DT_F8_E4M3, 37, 200, 144, 72, DT_F8_E4M3},
+		     {DT_F8_E4M3, 1, 200, 144, 300, DT_F8_E4M3},
+		     {DT_BF16, 9, 96, 70, 70, DT_BF16},
+		     {DT_F8_E4M3, 9, 200, 144, 72, DT_F32},
+		     {DT_F32, 5, 64, 50, 0, DT_F32}};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		enum dt_type t = cases[c].t, st = cases[c].st;
+		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter, sh = cases[c].sh;
+		size_t ny = (size_t)n * dim, ns = (size_t)n * top_k;
+		struct moe_set m, shared;
+		moe_set_make(&m, t, n_local, dim, inter);
+		moe_set_make(&shared, st, 1, dim, sh ? sh : inter);
+		int *idx = malloc(ns * sizeof *idx), *zeros = calloc((size_t)n, sizeof *zeros);
+		float *wt = rnd_vec(ns), *x = rnd_vec(ny), *y0 = rnd_vec(ny);
+		float *ones = malloc((size_t)n * 4), *neg0 = malloc(ny * 4);
+		float *fused = malloc(ny * 4), *unfused = malloc(ny * 4);
+		cr_assert(idx && zeros && ones && neg0 && fused && unfused);
+		for (int i = 0; i < n; i++)
+			moe_pick(idx + (size_t)i * top_k, top_k, n_experts, ex0, n_local, true,
+				 i < 6 ? 5 : -1, i);
+		for (int i = 0; i < n; i++)
+			ones[i] = 1.0f;
+		for (size_t i = 0; i < ny; i++)
+			neg0[i] = -0.0f;
+		struct wk_moe routed = moe_of(&m, t, ex0, dim, inter), fu = routed;
+		if (sh) {
+			fu.shared = &shared.dev[0];
+			fu.shared_wdt = st;
+			fu.shared_inter = sh;
+		}
+		struct wk_moe alone = moe_of(&shared, st, 0, dim, sh ? sh : inter);
+		alone.split_combine = routed.split_combine = true;
+		float *dx = to_dev(x, ny * 4), *dwt = to_dev(wt, ns * 4), *d1 = to_dev(ones, n * 4);
+		int *didx = to_dev(idx, ns * sizeof *idx), *d0 = to_dev(zeros, n * sizeof *zeros);
+		float *dyf = to_dev(y0, ny * 4), *dyu = to_dev(sh ? neg0 : y0, ny * 4);
+		size_t b0 = wk_cuda_moe_experts_scratch(n, top_k, &fu);
+		size_t b1 = wk_cuda_moe_experts_scratch(n, 1, &alone);
+		void *dscr = dev_alloc(b0 > b1 ? b0 : b1);
+		cr_assert_eq(wk_cuda_moe_experts(dyf, dx, didx, dwt, n, top_k, &fu, dscr, err,
+						 sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(fused, dyf, ny * 4);
+		if (sh)
+			cr_assert_eq(wk_cuda_moe_experts(dyu, dx, d0, d1, n, 1, &alone, dscr, err,
+							 sizeof err),
+				     WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_moe_experts(dyu, dx, didx, dwt, n, top_k, &routed, dscr, err,
+						 sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(unfused, dyu, ny * 4);
+		cr_expect(memcmp(fused, unfused, ny * 4) == 0,
+			  "%s n=%d shared %d %s: the fused op's y differs from the unfused ops'",
+			  dt_name(t), n, sh, dt_name(st));
+		cr_expect(memcmp(fused, y0, ny * 4) != 0, "%s n=%d: y unchanged", dt_name(t), n);
+		wk_cuda_free(dx);
+		wk_cuda_free(dwt);
+		wk_cuda_free(d1);
+		wk_cuda_free(didx);
+		wk_cuda_free(d0);
+		wk_cuda_free(dyf);
+		wk_cuda_free(dyu);
+		wk_cuda_free(dscr);
+		moe_set_free(&m);
+		moe_set_free(&shared);
+		free(idx);
+		free(zeros);
+		free(wt);
+		free(x);
+		free(y0);
+		free(ones);
+		free(neg0);
+		free(fused);
+		free(unfused);
+	}
 }
 
 /* matmul_n: four weights of every dtype over one input in one launch, each output bit for

@@ -973,21 +973,29 @@ Test(glm, grouped_experts_match_reference)
 			ex[e] = (struct be_expert){data[0], data[1], data[2], scale[0], scale[1], scale[2]};
 		}
 		struct be_experts be = {.ex0 = EX0, .n_local = NL, .top_k = K, .dim = DIM,
-					.inter = INTER, .dtype = w, .experts = ex};
+					.inter = INTER, .dtype = w, .experts = ex,
+					.shared = &ex[0], .shared_dtype = w, .shared_inter = INTER};
 		float *a = malloc(sizeof(float) * N * DIM), *b = malloc(sizeof(float) * N * DIM);
 		void *scr = malloc(be_cpu.moe_scratch(ctx, N, &be));
 		cr_assert(a && b && scr);
-		for (int n = 1; n <= N; n += N - 1) { /* one token, then all */
+		/* one token, then all; then with expert 0's weights as a shared expert too */
+		for (int it = 0, n = 1, sh = 0; it < 4; it++, n = it % 2 ? N : 1, sh = it >= 2) {
+			struct cpu_shared_expert rsh = {{ex[0].gate, ex[0].up, ex[0].down,
+							 ex[0].gate_s, ex[0].up_s, ex[0].down_s},
+							w, INTER};
+			be.shared = sh ? &ex[0] : NULL;
+			be.shared_dtype = w;
+			be.shared_inter = sh ? INTER : 0;
 			memcpy(a, y0, sizeof(float) * N * DIM);
 			memcpy(b, y0, sizeof(float) * N * DIM);
 			cpu_ref_moe_experts(a, x, idx, wt, n, K, (const struct cpu_expert *)ex, EX0, NL,
-					    w, DIM, INTER, ref_scr);
+					    w, DIM, INTER, sh ? &rsh : NULL, ref_scr);
 			be_cpu.moe_experts(ctx, b, x, idx, wt, n, &be, scr);
 			double worst = 0;
 			for (int t = 0; t < n; t++)
 				worst = fmax(worst, rel(b + (size_t)t * DIM, a + (size_t)t * DIM, DIM));
-			cr_expect_leq(worst, 1e-5, "%s, %d tokens: grouped vs reference %g",
-				      dt_name(w), n, worst);
+			cr_expect_leq(worst, 1e-5, "%s, %d tokens, shared %d: grouped vs reference %g",
+				      dt_name(w), n, sh, worst);
 			cr_expect_neq(memcmp(a, y0, sizeof(float) * n * DIM), 0, "nothing was added");
 		}
 		free(a);
