@@ -333,20 +333,23 @@ __global__ void k_moe_gate_up(struct moe_plan p, struct moe_args a)
 
 /* y[t][c] = (zs[t][c] with a shared expert, else y[t][c]) + wt[t][j] * z[pos[t][j]][c] for
  * j = 0, 1, ... with pos >= 0, one addition at a time in the reference's order; columns c =
- * c0, c0 + step, ... */
+ * c0, c0 + step, ... z and zs are read volatile (from L2, not this SM's L1): inside 3 other
+ * blocks wrote them, and a line this SM cached for an earlier token may hold a neighbouring
+ * row from before its writes (the CUDA guide's condition for __threadfence ordering). */
 __device__ void combine_token(const struct moe_plan &p, const struct moe_args &a, int t, int c0,
 			      int step)
 {
 	const int *pt = p.pos + (size_t)t * a.top_k;
 	const float *wv = a.wt + (size_t)t * a.top_k;
-	const float *zs = a.sh_inter > 0 ? p.zs + (size_t)t * a.dim : NULL;
+	const volatile float *z = p.z;
+	const volatile float *zs = a.sh_inter > 0 ? p.zs + (size_t)t * a.dim : NULL;
 	float *yt = a.y + (size_t)t * a.dim;
 	for (int c = c0; c < a.dim; c += step) {
 		float v = zs ? zs[c] : yt[c];
 		for (int j = 0; j < a.top_k; j++) {
 			int g = pt[j];
 			if (g >= 0)
-				v += wv[j] * p.z[(size_t)g * a.dim + c];
+				v += wv[j] * z[(size_t)g * a.dim + c];
 		}
 		yt[c] = v;
 	}

@@ -901,7 +901,9 @@ static float logit(float p)
 /* The CPU backend's grouped MoE op (experts batched, threaded matmuls) against
  * cpu_ref_moe_experts (token by token): FP8 with partial 128-blocks and BF16, 16 local
  * experts of 24 (ex0 4: slots naming experts 0..3 and 20..23 are another rank's and skipped),
- * several tokens on one expert, y accumulated onto non-zero values. */
+ * several tokens on one expert, y accumulated onto non-zero values. With a shared expert
+ * (expert 0's weights) the op's y is also bit for bit what the engine's unfused path gives:
+ * the shared expert's matmuls and silu_mul into y, then the routed experts added. */
 Test(glm, grouped_experts_match_reference)
 {
 	enum { DIM = 200, INTER = 144, NL = 16, EX0 = 4, K = 8, N = 37 };
@@ -991,6 +993,27 @@ Test(glm, grouped_experts_match_reference)
 			cpu_ref_moe_experts(a, x, idx, wt, n, K, (const struct cpu_expert *)ex, EX0, NL,
 					    w, DIM, INTER, sh ? &rsh : NULL, ref_scr);
 			be_cpu.moe_experts(ctx, b, x, idx, wt, n, &be, scr);
+			if (sh) {
+				struct be_weight gw = {w, INTER, DIM, ex[0].gate, ex[0].gate_s};
+				struct be_weight uw = {w, INTER, DIM, ex[0].up, ex[0].up_s};
+				struct be_weight dw = {w, DIM, INTER, ex[0].down, ex[0].down_s};
+				float *g = malloc(sizeof(float) * N * INTER), *u = malloc(sizeof(float) * N * INTER);
+				float *un = malloc(sizeof(float) * N * DIM);
+				cr_assert(g && u && un);
+				be_cpu.matmul(ctx, g, x, &gw, n);
+				be_cpu.matmul(ctx, u, x, &uw, n);
+				be_cpu.silu_mul(ctx, g, u, (size_t)n * INTER);
+				be_cpu.matmul(ctx, un, g, &dw, n);
+				be.shared = NULL;
+				be_cpu.moe_experts(ctx, un, x, idx, wt, n, &be, scr);
+				be.shared = &ex[0];
+				cr_expect_eq(memcmp(un, b, sizeof(float) * n * DIM), 0,
+					     "%s, %d tokens: the shared expert inside the op differs "
+					     "from it apart", dt_name(w), n);
+				free(g);
+				free(u);
+				free(un);
+			}
 			double worst = 0;
 			for (int t = 0; t < n; t++)
 				worst = fmax(worst, rel(b + (size_t)t * DIM, a + (size_t)t * DIM, DIM));
