@@ -89,7 +89,7 @@ struct eng_launches {
 };
 int eng_launches(const struct engine *e, int rank, struct eng_launches *out);
 /* The name of kind k ("matmul", "to_host", ...), whether it is a copy rather than a kernel,
- * and how many launches one op of the kind is on the CUDA backend (moe_experts: 4; the rest
+ * and how many launches one op of the kind is on the CUDA backend (moe_experts: 3; the rest
  * 1); NULL past the last kind. */
 const char *eng_launch_kind(int k, bool *is_copy, int *launches);
 void eng_close(struct engine *e); /* NULL is fine */
