@@ -525,9 +525,16 @@ static int moe_bind(void *ctx, struct be_experts *ex, char *err, size_t errsz)
 	return rc;
 }
 
-static struct wk_moe moe_layer(const struct be_experts *ex)
+/* From this many tokens the grouped experts' combine is a launch of its own: the combine
+ * inside the down launch counts every slot with an atomic from every row block (a decode
+ * step's few; a 4,096-token prefill's some 25 million a layer), where one more launch costs a
+ * prefill nothing. Both ways give the same bits (test_cuda). */
+#define MOE_SPLIT_TOKENS 64
+
+static struct wk_moe moe_layer(const struct be_experts *ex, int n)
 {
 	struct wk_moe m = {};
+	m.split_combine = n >= MOE_SPLIT_TOKENS;
 	m.experts = (const struct cpu_expert *)ex->dev;
 	m.ex0 = ex->ex0;
 	m.n_local = ex->n_local;
@@ -543,14 +550,14 @@ static struct wk_moe moe_layer(const struct be_experts *ex)
 static size_t moe_scratch(void *ctx, int n, const struct be_experts *ex)
 {
 	(void)ctx;
-	struct wk_moe m = moe_layer(ex);
+	struct wk_moe m = moe_layer(ex, n);
 	return wk_cuda_moe_experts_scratch(n, ex->top_k, &m);
 }
 
 static void moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
 			int n, const struct be_experts *ex, void *scratch)
 {
-	struct wk_moe m = moe_layer(ex);
+	struct wk_moe m = moe_layer(ex, n);
 	RUN(wk_cuda_moe_experts(y, x, idx, wt, n, ex->top_k, &m, scratch, err, sizeof err));
 }
 
@@ -561,7 +568,7 @@ static void moe_route_experts(void *ctx, float *y, const float *x, const float *
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	unsigned *count = c->rc == WK_OK ? counters(c) : NULL;
-	struct wk_moe m = moe_layer(ex);
+	struct wk_moe m = moe_layer(ex, n);
 	if (count)
 		ok(c, wk_cuda_moe_route_experts(y, x, logits, bias, r->n_experts, r->n_group,
 						r->topk_group, r->norm, r->scale, idx, wt, n,
