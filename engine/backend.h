@@ -95,13 +95,19 @@ struct be_experts {
 #define BE_ROPE_MAX 8
 #define BE_NORM_MAX 8
 
-/* One norm of a norm_n: y [n][dim] = rmsnorm(x) . w, or (layer) layernorm(x) . w + b. */
+/* One norm of a norm_n: y [n][dim] = rmsnorm(x) . w, or (layer) layernorm(x) . w + b; with
+ * rope_dim > 0, each row's first rope_dim elements then rotated in place as rope(y, n,
+ * rope_pos, 1, dim, rope_dim, theta, true) would (interleaved pairs; GLM-5's indexer keys:
+ * normalised, then rotated). */
 struct be_norm {
 	float *y;
 	const float *x, *w, *b;
 	int n, dim;
 	float eps;
 	bool layer;
+	const int *rope_pos;
+	int rope_dim;
+	float theta;
 };
 
 /* One tensor of a rope_n: x [n][n_heads * head_dim] in place, token i at position pos[i]. */
@@ -146,12 +152,22 @@ struct backend {
 	 * each exactly as matmul computes it. Optional (NULL: the engine calls matmul). */
 	void (*matmul_n)(void *ctx, float *const *y, const float *x,
 			 const struct be_weight *const *w, int count, int n);
+	/* matmul_n (count 1 .. BE_MATMUL_MAX) with output k then rotated as rope(r[k].x, r[k].n,
+	 * r[k].pos, r[k].n_heads, r[k].head_dim, r[k].rot_dim, theta, true) would (interleaved
+	 * pairs, GLM-5's), where
+	 * r[k].rot_dim > 0 (r[k].x inside y[k]: its rope slices); bit for bit matmul_n, then
+	 * rope_n. The CUDA GEMV rotates in its store, so the rotations cost no launch. Optional
+	 * (NULL: matmul_n, then rope_n). */
+	void (*matmul_rope_n)(void *ctx, float *const *y, const float *x,
+			      const struct be_weight *const *w, int count, int n,
+			      const struct be_rope *r, float theta);
 	void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 			float eps);
 	void (*rope)(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,
 		     int rot_dim, float theta, bool interleaved);
-	/* Several rmsnorms and layernorms (count 2 .. BE_NORM_MAX) as one op, each exactly as
-	 * rmsnorm / layernorm computes it. Optional (NULL: the engine calls them one by one). */
+	/* Several rmsnorms and layernorms (count 1 .. BE_NORM_MAX) as one op, each exactly as
+	 * rmsnorm / layernorm computes it, then its rotation if it has one (struct be_norm).
+	 * Optional (NULL: the engine calls them, and rope, one by one). */
 	void (*norm_n)(void *ctx, const struct be_norm *r, int count);
 	/* rope over several tensors (count 2 .. BE_ROPE_MAX, one theta and style) as one op,
 	 * each exactly as rope rotates it. Optional (NULL: the engine calls rope). */

@@ -98,6 +98,13 @@ static void c_matmul_n(void *ctx, float *const *y, const float *x,
 	COUNT(ctx, ENG_K_MATMUL, matmul_n(IN(ctx)->ctx, y, x, w, count, n));
 }
 
+static void c_matmul_rope_n(void *ctx, float *const *y, const float *x,
+			    const struct be_weight *const *w, int count, int n,
+			    const struct be_rope *r, float theta)
+{
+	COUNT(ctx, ENG_K_MATMUL, matmul_rope_n(IN(ctx)->ctx, y, x, w, count, n, r, theta));
+}
+
 static void c_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 		      float eps)
 {
@@ -332,6 +339,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 #define KEEP(m, f) b->m = in->m ? f : NULL
 	KEEP(matmul, c_matmul);
 	KEEP(matmul_n, c_matmul_n);
+	KEEP(matmul_rope_n, c_matmul_rope_n);
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	KEEP(act_quant, c_act_quant);
 	KEEP(argmax, c_argmax);

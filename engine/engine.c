@@ -362,9 +362,31 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		matmuls(e, yp, x, wp, np, n);
 }
 
+void eng_matmul_rope_n(struct engine *e, float *const *y, const float *x,
+		       const struct be_weight *const *w, int count, int n,
+		       const struct be_rope *r, float theta)
+{
+	if (count >= 1 && count <= BE_MATMUL_MAX && e->be->matmul_rope_n && !e->unfused &&
+	    !e->fp8_act && !gemm(e, n)) { /* the GEMV path: its store rotates */
+		e->be->matmul_rope_n(e->bctx, y, x, w, count, n, r, theta);
+		return;
+	}
+	eng_matmul_n(e, y, x, w, count, n);
+	struct be_rope rot[BE_MATMUL_MAX];
+	int nrot = 0;
+	for (int k = 0; k < count && k < BE_MATMUL_MAX; k++)
+		if (r[k].rot_dim > 0)
+			rot[nrot++] = r[k];
+	if (nrot)
+		eng_rope_n(e, rot, nrot, theta, true);
+}
+
 void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 {
-	if (count > 1 && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused) {
+	bool rot = false;
+	for (int k = 0; k < count; k++)
+		rot |= r[k].rope_dim > 0;
+	if ((count > 1 || rot) && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused) {
 		e->be->norm_n(e->bctx, r, count);
 		return;
 	}
@@ -374,6 +396,9 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 					 r[k].eps);
 		else
 			e->be->rmsnorm(e->bctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
+		if (r[k].rope_dim > 0)
+			e->be->rope(e->bctx, r[k].y, r[k].n, r[k].rope_pos, 1, r[k].dim,
+				    r[k].rope_dim, r[k].theta, true);
 	}
 }
 

@@ -286,8 +286,16 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes);
  * (matmul_fp8act with fp8_act, else matmul_fp8w). */
 void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 		  const struct be_weight *const *w, int count, int n);
-/* the norms r[0..count) (count <= BE_NORM_MAX): one norm_n where the backend has it (and
- * eng_opts.unfused is off), else one rmsnorm or layernorm each. */
+/* eng_matmul_n, then output k rotated by r[k] where r[k].rot_dim > 0 (r[k].x inside y[k];
+ * interleaved pairs, theta): one matmul_rope_n where the backend has it and the matmuls run
+ * its GEMV (no fp8_act, fewer than ENG_GEMM_TOKENS tokens, not unfused), else eng_matmul_n
+ * and one eng_rope_n. */
+void eng_matmul_rope_n(struct engine *e, float *const *y, const float *x,
+		       const struct be_weight *const *w, int count, int n,
+		       const struct be_rope *r, float theta);
+/* the norms r[0..count) (count <= BE_NORM_MAX), each with its rotation if it has one: one
+ * norm_n where the backend has it (and eng_opts.unfused is off), else one rmsnorm or
+ * layernorm (and rope) each. */
 void eng_norm_n(struct engine *e, const struct be_norm *r, int count);
 /* rope over r[0..count) (count <= BE_ROPE_MAX): one rope_n where the backend has it (and
  * eng_opts.unfused is off), else count ropes. */

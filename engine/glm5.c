@@ -428,14 +428,17 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	float *ik0 = CACHE(a->ikc, g0->seq, a->i_dim) + (size_t)g0->pos0 * a->i_dim;
 	float *xo[5] = {a->qc}, *ikeys = direct ? ik0 : a->iks;
 	const struct be_weight *xw[5] = {&L->q_a};
+	struct be_rope xr[5] = {{0}}; /* k_pe rotated as it is stored */
 	int nx = 1;
 	if (split) {
 		xo[nx] = direct ? ckv0 : a->kva;
 		xw[nx++] = &L->kv_c;
 		xo[nx] = direct ? kpe0 : a->kvr;
+		xr[nx] = (struct be_rope){xo[nx], T, m->pos, 1, rope, rope};
 		xw[nx++] = &L->kv_r;
 	} else {
 		xo[nx] = a->kva;
+		xr[nx] = (struct be_rope){a->kva + lora, T, m->pos, 1, lora + rope, rope};
 		xw[nx++] = &L->kv_a;
 	}
 	if (L->full) {
@@ -446,19 +449,18 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		xo[nx] = a->iwv;
 		xw[nx++] = &L->iw;
 	}
-	eng_matmul_n(e, xo, x, xw, nx, T);
+	eng_matmul_rope_n(e, xo, x, xw, nx, T, xr, theta);
 
-	/* The norms of what x-matmul produced (q_c; c_kv into the caches; the indexer's keys) as
-	 * one op, and the rotations of the layer as one op once every rotated tensor exists:
-	 * q's rope slice, the indexer's queries, k_pe in the caches, the indexer's keys. */
-	struct be_rope rot[BE_ROPE_MAX];
+	/* The norms of what x-matmul produced (q_c; c_kv into the caches; the indexer's keys,
+	 * then rotated) as one op. The other rotations ride in the matmuls that produce them:
+	 * k_pe above, q's rope slice and the indexer's queries below. */
 	struct be_norm nrm[BE_NORM_MAX];
-	int nrot = 0, nn = 0;
+	int nn = 0;
 	nrm[nn++] = (struct be_norm){a->qc, a->qc, L->q_a_norm, NULL, T, a->q_lora, MLA_NORM_EPS,
-				     false};
+				     false, NULL, 0, 0};
 	if (L->full)
 		nrm[nn++] = (struct be_norm){ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, a->i_dim,
-					     INDEXER_NORM_EPS, true};
+					     INDEXER_NORM_EPS, true, m->pos, rope, theta};
 
 	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
 	for (int s = 0; s < nseg; s++) {
@@ -468,7 +470,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		if (split) {
 			const float *c_in = direct ? cr : a->kva + (size_t)g->off * lora;
 			nrm[nn++] = (struct be_norm){cr, c_in, L->kv_a_norm, NULL, g->n, lora,
-						     MLA_NORM_EPS, false};
+						     MLA_NORM_EPS, false, NULL, 0, 0};
 			if (nn == BE_NORM_MAX) {
 				eng_norm_n(e, nrm, nn);
 				nn = 0;
@@ -484,26 +486,16 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			eng_dcopy(e, kpe + (size_t)(g->pos0 + i) * rope, row + lora,
 				  (size_t)rope * sizeof(float));
 		}
-		rot[nrot++] = (struct be_rope){kpe + (size_t)g->pos0 * rope, g->n, m->pos + g->off,
-					       1, rope, rope};
-		if (nrot == BE_ROPE_MAX - 3) { /* room for q, the indexer's queries and keys */
-			eng_rope_n(e, rot, nrot, theta, true);
-			nrot = 0;
-		}
 	}
 	eng_norm_n(e, nrm, nn);
 
 	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
-	 * indexer's query projection, which reads q_c too); then every rotation */
+	 * indexer's query projection, which reads q_c too), each rotated as it is stored */
 	float *qo[2] = {a->q, a->iqv};
 	const struct be_weight *qw[2] = {&L->q_b, &L->iq};
-	eng_matmul_n(e, qo, a->qc, qw, any ? 2 : 1, T);
-	rot[nrot++] = (struct be_rope){a->q + nope, T, m->pos, H, nope + rope, rope};
-	if (any)
-		rot[nrot++] = (struct be_rope){a->iqv, T, m->pos, a->i_heads, a->i_dim, rope};
-	if (L->full)
-		rot[nrot++] = (struct be_rope){ikeys, T, m->pos, 1, a->i_dim, rope};
-	eng_rope_n(e, rot, nrot, theta, true);
+	struct be_rope qr[2] = {{a->q + nope, T, m->pos, H, nope + rope, rope},
+				{a->iqv, T, m->pos, a->i_heads, a->i_dim, rope}};
+	eng_matmul_rope_n(e, qo, a->qc, qw, any ? 2 : 1, T, qr, theta);
 
 	/* DSA indexer: keys always enter the caches; scores only for segments where some query
 	 * has more than topk keys (else it would select them all). */

@@ -77,6 +77,9 @@ static void norm_n(void *ctx, const struct be_norm *r, int count)
 			layernorm(ctx, r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps);
 		else
 			rmsnorm(ctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
+		if (r[k].rope_dim > 0)
+			cpu_ref_rope(r[k].y, r[k].n, r[k].rope_pos, 1, r[k].dim, r[k].rope_dim,
+				     r[k].theta, true);
 	}
 }
 
@@ -128,6 +131,18 @@ static void matmul_n(void *ctx, float *const *y, const float *x,
 {
 	for (int k = 0; k < count; k++)
 		matmul(ctx, y[k], x, w[k], n);
+}
+
+/* matmul_n, then each output's rotation (the op a GPU runs as one launch) */
+static void matmul_rope_n(void *ctx, float *const *y, const float *x,
+			  const struct be_weight *const *w, int count, int n,
+			  const struct be_rope *r, float theta)
+{
+	matmul_n(ctx, y, x, w, count, n);
+	for (int k = 0; k < count; k++)
+		if (r[k].rot_dim > 0)
+			cpu_ref_rope(r[k].x, r[k].n, r[k].pos, r[k].n_heads, r[k].head_dim,
+				     r[k].rot_dim, theta, true);
 }
 
 static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim, float eps)
@@ -453,6 +468,7 @@ const struct backend be_cpu = {
 	.supports = supports,
 	.matmul = matmul,
 	.matmul_n = matmul_n,
+	.matmul_rope_n = matmul_rope_n,
 	.add_rmsnorm = add_rmsnorm,
 	.act_quant = act_quant,
 	.argmax = argmax,

@@ -179,6 +179,35 @@ static void matmul(void *ctx, float *y, const float *x, const struct be_weight *
 	ok(c, rc, err);
 }
 
+/* matmul_n's parts; with rope (matmul_rope_n), each output's rotation as the GEMV's store
+ * does it, where its slices sit in whole heads of the output at even rows (r[k].x inside
+ * y[k]'s first row); *rest gets the rotations that do not, for a rope_n after. */
+static int mm_parts(struct wk_mm *p, float *const *y, const struct be_weight *const *w,
+		    int count, int n, const struct be_rope *r, float theta, struct wk_rope *rest)
+{
+	int nrest = 0;
+	for (int k = 0; k < count && k < WK_MATMUL_MAX; k++) {
+		p[k] = {y[k], w[k]->data, w[k]->scale, w[k]->dtype, w[k]->rows, NULL, 0, 0, 0, 0, 0};
+		if (!r || r[k].rot_dim <= 0)
+			continue;
+		ptrdiff_t off = r[k].x - y[k];
+		if (r[k].n == n && off >= 0 && off + r[k].rot_dim <= r[k].head_dim &&
+		    (long long)r[k].n_heads * r[k].head_dim == w[k]->rows &&
+		    !((r[k].head_dim | (int)off | r[k].rot_dim) & 1)) {
+			p[k].rope_pos = r[k].pos;
+			p[k].rope_heads = r[k].n_heads;
+			p[k].rope_hd = r[k].head_dim;
+			p[k].rope_off = (int)off;
+			p[k].rope_dim = r[k].rot_dim;
+			p[k].rope_theta = theta;
+		} else {
+			rest[nrest++] = {r[k].x, r[k].n, r[k].pos, r[k].n_heads, r[k].head_dim,
+					 r[k].rot_dim};
+		}
+	}
+	return nrest;
+}
+
 static void matmul_n(void *ctx, float *const *y, const float *x,
 		     const struct be_weight *const *w, int count, int n)
 {
@@ -188,9 +217,26 @@ static void matmul_n(void *ctx, float *const *y, const float *x,
 	static_assert(WK_MATMUL_MAX == BE_MATMUL_MAX, "matmul_n limits differ");
 	if (c->rc != WK_OK)
 		return;
-	for (int k = 0; k < count && k < WK_MATMUL_MAX; k++)
-		p[k] = {y[k], w[k]->data, w[k]->scale, w[k]->dtype, w[k]->rows};
+	mm_parts(p, y, w, count, n, NULL, 0, NULL);
 	ok(c, wk_cuda_matmul_n(p, count, x, n, count > 0 ? w[0]->cols : 0, err, sizeof err), err);
+}
+
+/* The rotations in the GEMV's store: one launch for the matmuls and their rotations. */
+static void matmul_rope_n(void *ctx, float *const *y, const float *x,
+			  const struct be_weight *const *w, int count, int n,
+			  const struct be_rope *r, float theta)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct wk_mm p[WK_MATMUL_MAX];
+	struct wk_rope rest[WK_MATMUL_MAX];
+	static_assert(WK_ROPE_MAX >= WK_MATMUL_MAX, "a rope_n takes what the store could not");
+	if (c->rc != WK_OK)
+		return;
+	int nrest = mm_parts(p, y, w, count, n, r, theta, rest);
+	ok(c, wk_cuda_matmul_n(p, count, x, n, count > 0 ? w[0]->cols : 0, err, sizeof err), err);
+	if (c->rc == WK_OK && nrest)
+		ok(c, wk_cuda_rope_n(rest, nrest, theta, true, err, sizeof err), err);
 }
 
 static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
@@ -248,7 +294,8 @@ static void norm_n(void *ctx, const struct be_norm *r, int count)
 	if (c->rc != WK_OK)
 		return;
 	for (int k = 0; k < count && k < WK_NORM_MAX; k++)
-		w[k] = {r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps, r[k].layer};
+		w[k] = {r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps, r[k].layer,
+			r[k].rope_pos, r[k].rope_dim, r[k].theta};
 	ok(c, wk_cuda_norm_n(w, count, err, sizeof err), err);
 }
 
@@ -859,6 +906,7 @@ static struct backend make_backend(void)
 	b.supports = supports;
 	b.matmul = matmul;
 	b.matmul_n = matmul_n;
+	b.matmul_rope_n = matmul_rope_n;
 	b.add_rmsnorm = add_rmsnorm;
 	b.act_quant = act_quant;
 	b.matmul_fp8act = matmul_fp8act;

@@ -112,6 +112,48 @@ static __device__ void row_layernorm(float *yr, const float *xr, const float *w,
 		yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
+/* ---- rope's arithmetic, shared by k_rope, k_rope_n, matmul_n's rotated outputs and
+ * norm_n's rotated rows, so that a rotation fused into another launch gives the bits of the
+ * rope launch. The products and sums are rounded one by one (no FMA contraction, which the
+ * compiler may otherwise choose differently in each kernel). ---- */
+
+/* sin and cos of position pos for pair j of a rot_dim slice */
+__device__ __forceinline__ void rope_cs(int pos, int j, int rot_dim, float theta, float *s,
+					float *c)
+{
+	float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot_dim);
+	sincosf((float)pos * inv_freq, s, c);
+}
+
+/* the pair (a, b) rotated: a c - b s, b c + a s */
+__device__ __forceinline__ float rope_first(float a, float b, float c, float s)
+{
+	return __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
+
+__device__ __forceinline__ float rope_second(float a, float b, float c, float s)
+{
+	return __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+/* Rotates pair i (token, head, j) of x: k_rope's thread, also k_rope_n's
+ * and norm_n's rotated rows'. */
+static __device__ void rope_pair(float *x, const int *pos, int n_heads, int head_dim, int rot_dim,
+			  float theta, bool interleaved, size_t i)
+{
+	int half = rot_dim / 2;
+	int j = (int)(i % half);
+	size_t th = i / half; /* token * n_heads + head */
+	int t = (int)(th / n_heads);
+	float *v = x + th * head_dim;
+	float s, c;
+	rope_cs(pos[t], j, rot_dim, theta, &s, &c);
+	int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+	float a = v[i0], b = v[i1];
+	v[i0] = rope_first(a, b, c, s);
+	v[i1] = rope_second(a, b, c, s);
+}
+
 /* Inclusive prefix sum of v over the block (blockDim.x a multiple of 32); *total gets the
  * block's sum. Every thread must call it. scratch: 32 ints of shared memory. */
 static __device__ int block_scan(int v, int *scratch, int *total)

@@ -42,7 +42,11 @@ int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *
 		       int rows, int cols, char *err, size_t errsz);
 /* Several weights over one input x [n][cols] in one launch: parts[k].y [n][parts[k].rows] =
  * x . parts[k].w^T, each row computed exactly as wk_cuda_matmul / wk_cuda_matmul_fp8 do
- * (scale: FP8 block scales, else NULL); count 1..WK_MATMUL_MAX. */
+ * (scale: FP8 block scales, else NULL); count 1..WK_MATMUL_MAX. With rope_dim > 0 the output
+ * is rotated before it is stored, bit for bit as wk_cuda_rope(y + rope_off, n, rope_pos,
+ * rope_heads, rope_hd, rope_dim, rope_theta, interleaved) would after it: rows = rope_heads *
+ * rope_hd, and rope_hd, rope_off, rope_dim even with rope_off + rope_dim <= rope_hd (so each
+ * pair lies in one group of 4 rows); zero-initialised fields mean no rotation. */
 #define WK_MATMUL_MAX 8
 struct wk_mm {
 	float *y;
@@ -50,6 +54,9 @@ struct wk_mm {
 	const float *scale;
 	enum dt_type dtype;
 	int rows;
+	const int *rope_pos;
+	int rope_heads, rope_hd, rope_off, rope_dim;
+	float rope_theta;
 };
 int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n, int cols,
 		     char *err, size_t errsz);
@@ -58,7 +65,9 @@ int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, fl
 int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
 		 float theta, bool interleaved, char *err, size_t errsz);
 /* Several rmsnorms (layer false) and layernorms (b optional) in one launch, each row as
- * wk_cuda_rmsnorm / wk_cuda_layernorm computes it */
+ * wk_cuda_rmsnorm / wk_cuda_layernorm computes it; with rope_dim > 0, each row's first
+ * rope_dim elements then rotated (interleaved pairs, row i at position rope_pos[i]) bit for
+ * bit as wk_cuda_rope(y, n, rope_pos, 1, dim, rope_dim, rope_theta, true) would after it. */
 #define WK_NORM_MAX 8
 struct wk_norm {
 	float *y;
@@ -66,6 +75,9 @@ struct wk_norm {
 	int n, dim;
 	float eps;
 	bool layer;
+	const int *rope_pos;
+	int rope_dim;
+	float rope_theta;
 };
 int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, size_t errsz);
 /* wk_cuda_rope over several tensors in one launch, each rotated exactly as alone */

@@ -336,10 +336,14 @@ __device__ __forceinline__ void warp_halve(float *v, int lane, int o)
 /* Sums acc[MM_R * NT] over the team and stores y[t0 + t][row0 + r] for the rows and tokens
  * that exist. Every thread of the block calls it (a team of more than one warp
  * synchronises the block; tt is the same for the whole block). red: MM_THREADS floats of
- * shared memory. */
+ * shared memory. rp (block-uniform; NULL or rope_dim 0: none): the rows of its rope slices
+ * rotated before the store, as wk_cuda_rope would (interleaved pairs: rows 2j, 2j + 1 of a
+ * slice, both in the team's group of 4 since the slices start at even rows; the pair's
+ * other sum is one shuffle away, in the lane holding row r ^ 1 of the same token). */
 template <int NT>
 __device__ __forceinline__ void mm_store(float *acc, float *y, int n, int rows, int t0,
-					 int row0, int tl, int tt, float *red)
+					 int row0, int tl, int tt, float *red,
+					 const struct wk_mm *rp)
 {
 	constexpr int V = MM_R * NT; /* 4 .. 32, a power of two */
 	const int lane = threadIdx.x & 31;
@@ -367,6 +371,16 @@ __device__ __forceinline__ void mm_store(float *acc, float *y, int n, int rows, 
 		}
 		__syncthreads(); /* red is free for the next token group */
 	}
+	if (rp && rp->rope_dim > 0) { /* every lane of the warp: the shuffle */
+		float other = __shfl_xor_sync(0xffffffffu, v, NT * (tt > 32 ? 1 : 32 / V));
+		int r = idx / NT, t = idx % NT, row = row0 + r;
+		int j = row % rp->rope_hd - rp->rope_off;
+		if (mine && row < rows && t0 + t < n && j >= 0 && j < rp->rope_dim) {
+			float s, c;
+			rope_cs(rp->rope_pos[t0 + t], j / 2, rp->rope_dim, rp->rope_theta, &s, &c);
+			v = j & 1 ? rope_second(other, v, c, s) : rope_first(v, other, c, s);
+		}
+	}
 	if (mine) {
 		int r = idx / NT, t = idx % NT;
 		if (row0 + r < rows && t0 + t < n)
@@ -379,7 +393,8 @@ __device__ __forceinline__ void mm_store(float *acc, float *y, int n, int rows, 
  * still joins the block's barriers). scale: FP8 block scales, else unused. */
 template <typename T, int NT>
 __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale, int n,
-			int rows, int cols, int g, int tl, int tt, bool live, float *red)
+			int rows, int cols, int g, int tl, int tt, bool live, float *red,
+			const struct wk_mm *rp)
 {
 	const int row0 = g * MM_R;
 	const T *wr[MM_R];
@@ -403,7 +418,7 @@ __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale
 			else
 				mm_scalar<T, NT>(acc, wr, x, srow, cols, t0, nv, tl, tt);
 		}
-		mm_store<NT>(acc, y, n, rows, t0, row0, tl, tt, red);
+		mm_store<NT>(acc, y, n, rows, t0, row0, tl, tt, red, rp);
 	}
 }
 
@@ -457,7 +472,7 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(NT))
 	struct mm_at a = mm_where(s);
 	const struct wk_mm *p = &s.p[a.k];
 	mm_rows<T, NT>(p->y, x, (const T *)p->w, p->scale, n, p->rows, s.cols, a.g, a.tl, a.tt,
-		       a.live, red);
+		       a.live, red, p);
 }
 
 /* wk_cuda_matmul_n over weights of several dtypes: each block's dtype is chosen at run
@@ -472,19 +487,19 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_matmul_mixed(struct mm_set s,
 	switch (p->dtype) {
 	case DT_F32:
 		mm_rows<float, NT>(p->y, x, (const float *)p->w, NULL, n, p->rows, s.cols, a.g,
-				   a.tl, a.tt, a.live, red);
+				   a.tl, a.tt, a.live, red, p);
 		break;
 	case DT_BF16:
 		mm_rows<__nv_bfloat16, NT>(p->y, x, (const __nv_bfloat16 *)p->w, NULL, n, p->rows,
-					   s.cols, a.g, a.tl, a.tt, a.live, red);
+					   s.cols, a.g, a.tl, a.tt, a.live, red, p);
 		break;
 	case DT_F16:
 		mm_rows<__half, NT>(p->y, x, (const __half *)p->w, NULL, n, p->rows, s.cols, a.g,
-				    a.tl, a.tt, a.live, red);
+				    a.tl, a.tt, a.live, red, p);
 		break;
 	default: /* DT_F8_E4M3, checked at launch */
 		mm_rows<__nv_fp8_e4m3, NT>(p->y, x, (const __nv_fp8_e4m3 *)p->w, p->scale, n,
-					   p->rows, s.cols, a.g, a.tl, a.tt, a.live, red);
+					   p->rows, s.cols, a.g, a.tl, a.tt, a.live, red, p);
 		break;
 	}
 }
@@ -557,6 +572,16 @@ extern "C" int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const floa
 			return wk_errf(err, errsz, WK_EINVAL, "CUDA matmul_n: weight %d: %d rows%s",
 				       k, parts[k].rows, t == DT_F8_E4M3 && !parts[k].scale
 				       ? ", FP8 without block scales" : "");
+		const struct wk_mm *p = &parts[k];
+		if (p->rope_dim > 0 &&
+		    (!p->rope_pos || p->rope_heads < 1 || p->rope_hd < 2 || p->rope_off < 0 ||
+		     (p->rope_hd | p->rope_off | p->rope_dim) & 1 ||
+		     p->rope_off + p->rope_dim > p->rope_hd ||
+		     (long long)p->rope_heads * p->rope_hd != p->rows))
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA matmul_n: weight %d's rotation "
+				       "(%d heads of %d, %d rotated from %d) does not fit its %d rows "
+				       "in even pairs", k, p->rope_heads, p->rope_hd, p->rope_dim,
+				       p->rope_off, p->rows);
 	}
 	return mm_launch(parts, count, x, n, cols, "matmul_n", err, errsz);
 }
@@ -569,7 +594,7 @@ extern "C" int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_t
 	if (wt != DT_F32 && wt != DT_BF16 && wt != DT_F16)
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "CUDA matmul: weights in %s",
 			       dt_name(wt));
-	struct wk_mm p = {y, w, NULL, wt, rows};
+	struct wk_mm p = {y, w, NULL, wt, rows, NULL, 0, 0, 0, 0, 0};
 	return mm_launch(&p, 1, x, n, cols, "matmul", err, errsz);
 }
 
@@ -578,7 +603,7 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 {
 	if (n <= 0 || rows <= 0)
 		return WK_OK;
-	struct wk_mm p = {y, w, scale, DT_F8_E4M3, rows};
+	struct wk_mm p = {y, w, scale, DT_F8_E4M3, rows, NULL, 0, 0, 0, 0, 0};
 	return mm_launch(&p, 1, x, n, cols, "matmul_fp8", err, errsz);
 }
 
@@ -721,24 +746,6 @@ extern "C" int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const flo
 }
 
 /* ---- rope (cpu_ref_rope): one thread per rotated pair ---------------------------------------- */
-
-/* Rotates pair i (token, head, j) of x: k_rope's thread, also k_rope_n's. */
-__device__ void rope_pair(float *x, const int *pos, int n_heads, int head_dim, int rot_dim,
-			  float theta, bool interleaved, size_t i)
-{
-	int half = rot_dim / 2;
-	int j = (int)(i % half);
-	size_t th = i / half; /* token * n_heads + head */
-	int t = (int)(th / n_heads);
-	float *v = x + th * head_dim;
-	float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot_dim);
-	float s, c;
-	sincosf((float)pos[t] * inv_freq, &s, &c);
-	int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
-	float a = v[i0], b = v[i1];
-	v[i0] = a * c - b * s;
-	v[i1] = b * c + a * s;
-}
 
 __global__ void k_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
 		       float theta, bool interleaved)

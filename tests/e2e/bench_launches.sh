@@ -8,7 +8,9 @@
 # inside the first, the shared expert's gate/up and down inside the second and third, the
 # combine inside the third) after the router's matmul; the attention's 7 projections are 3 ops
 # (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj); a batch-1 step's keys land in their
-# caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed).
+# caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed);
+# nothing is rotated by a rope op of its own (q, k_pe and the indexer's queries in the stores
+# of the matmuls that make them, the indexer's keys in their norm's launch).
 # The unfused baseline: 8 distinct experts one by one (a gather, 3 matmuls, a silu_mul and a
 # scatter each, and the routing plan to the host and back: 52 launches), every weight its own
 # matmul, 2 cache copies a layer, and MLA's three ops. Also: the sharded count is one rank's,
@@ -53,12 +55,13 @@ assert k["silu_mul"] == dense, k        # the shared experts' SiLU is inside the
 assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing round trip
 assert "copy" not in k, k                          # c_kv, k_pe, index keys land in caches
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
-assert k["rope"] == L, k          # q, k_pe and the indexer's queries and keys in one rope_n
+assert "rope" not in k, k   # q, k_pe and the indexer's queries rotated in their matmuls' stores,
+                            # the indexer's keys in their norm_n after the norm
 assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
 # per MoE layer: 8 experts' 6 ops, 4 plan copies and moe_route for the grouped op's 3; the
 # shared expert's gate, up, silu_mul and down (inside it); then the attention's matmuls,
-# the dense MLPs' gate + up, cache copies, adds, norms, ropes, MLA
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 3 * L + 2 * L + 2 * L, j
+# the dense MLPs' gate + up, cache copies, adds, ropes (4 a layer, none left), norms, MLA
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 4 * L + 2 * L + 2 * L, j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY
@@ -74,6 +77,7 @@ assert j["collectives"] >= 2 * 78, j   # an all_reduce after the attention and t
 assert j["by_kind"]["mla_absorbed"] == 78 and "mla_attention" not in j["by_kind"], j
 # rank 0 leads the shared expert's TP slice and its routed experts: one grouped op with both
 assert j["by_kind"]["matmul"] == 3 * 78 + 2 * 3 + 75 + 1 and j["by_kind"]["silu_mul"] == 3, j
+assert "rope" not in j["by_kind"], j
 print(f"sharded tp 2 x ep 2, rank 0: {j['launches']:.0f} launches, {j['collectives']:.0f} collectives")
 PY
 echo ok

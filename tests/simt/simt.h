@@ -139,6 +139,10 @@ static inline unsigned __float_as_uint(float f)
 	memcpy(&u, &f, 4);
 	return u;
 }
+/* one rounding each, as CUDA's: the host's float arithmetic (nothing is fused here) */
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __uint_as_float(unsigned u)
 {
 	float f;

@@ -181,6 +181,7 @@ static void ds_norm_n(void *ctx, const struct be_norm *r, int count)
 		dev(ctx, r[k].x, "norm_n x");
 		dev(ctx, r[k].w, "norm_n w");
 		dev(ctx, r[k].b, "norm_n b");
+		dev(ctx, r[k].rope_pos, "norm_n rope_pos");
 	}
 	WRAP(norm_n(CPU, r, count));
 }
@@ -248,6 +249,22 @@ static void ds_matmul_n(void *ctx, float *const *y, const float *x,
 		dev_w(ctx, w[k], "matmul_n weight");
 	}
 	WRAP(matmul_n(CPU, y, x, w, count, n));
+}
+
+static void ds_matmul_rope_n(void *ctx, float *const *y, const float *x,
+			     const struct be_weight *const *w, int count, int n,
+			     const struct be_rope *r, float theta)
+{
+	dev(ctx, x, "matmul_rope_n x");
+	for (int k = 0; k < count; k++) {
+		dev(ctx, y[k], "matmul_rope_n y");
+		dev_w(ctx, w[k], "matmul_rope_n weight");
+		if (r[k].rot_dim > 0) {
+			dev(ctx, r[k].x, "matmul_rope_n rotated");
+			dev(ctx, r[k].pos, "matmul_rope_n pos");
+		}
+	}
+	WRAP(matmul_rope_n(CPU, y, x, w, count, n, r, theta));
 }
 
 static void ds_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
@@ -656,6 +673,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.supports = ds_supports, \
 	.matmul = ds_matmul, \
 	.matmul_n = ds_matmul_n, \
+	.matmul_rope_n = ds_matmul_rope_n, \
 	.matmul_fp8w = ds_matmul_fp8w, \
 	.add_rmsnorm = ds_add_rmsnorm, \
 	.act_quant = ds_act_quant, \

@@ -1738,6 +1738,152 @@ Test(cuda_kernels, rope_n_matches_rope)
 	wk_cuda_free(dpos);
 }
 
+/* matmul_n with rotations in its store (the engine's matmul_rope_n on CUDA): each output
+ * bit for bit matmul_n's, then wk_cuda_rope over its rope slices; and within TOL of the CPU's
+ * matmul and rope. Token counts 1, 2, 3, 5 and 9 (every pass size, and two passes), one-warp
+ * and multi-warp teams (a short wide weight), rope slices at the head's start and inside it,
+ * a part without rotation, one dtype and a mixed set. A slice at an odd row is refused. */
+Test(cuda_kernels, matmul_n_rotations_match_matmul_then_rope)
+{
+	NEED_GPU();
+	enum { K = 3 };
+	static const int ns[] = {1, 2, 3, 5, 9};
+	static const int heads[K] = {4, 2, 0}, hd[K] = {64, 40, 0}, off[K] = {48, 0, 0},
+			 rot[K] = {16, 32, 0}, rows0[K] = {256, 80, 96};
+	static const enum dt_type sets[][K] = {{DT_F8_E4M3, DT_F8_E4M3, DT_F8_E4M3},
+					       {DT_BF16, DT_F8_E4M3, DT_F32}};
+	int pos_h[9] = {0, 3, 7, 100, 4095, 1, 2, 31, 65000};
+	int *dpos = to_dev(pos_h, sizeof pos_h);
+	for (int c = 0; c < 2; c++) {
+		int cols = c == 0 ? 2048 : 256; /* 2048 wide, 256 rows: teams of several warps */
+		for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+			for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+				int n = ns[ni];
+				float *x = rnd_vec((size_t)n * cols), *dx = to_dev(x, (size_t)n * cols * 4);
+				struct wk_mm fused[K], plain[K];
+				void *dw[K];
+				float *scale[K], *dscale[K] = {NULL};
+				float *ref[K];
+				for (int k = 0; k < K; k++) {
+					enum dt_type t = sets[si][k];
+					void *w = rnd_weight(t, rows0[k], cols, &scale[k]);
+					dw[k] = to_dev(w, (size_t)rows0[k] * cols * dt_size(t));
+					if (scale[k])
+						dscale[k] = to_dev(scale[k], (size_t)((rows0[k] + 127) / 128) *
+										 ((cols + 127) / 128) * 4);
+					ref[k] = malloc((size_t)n * rows0[k] * 4);
+					if (t == DT_F8_E4M3)
+						cpu_ref_matmul_fp8(ref[k], x, w, scale[k], n, rows0[k], cols);
+					else
+						cpu_ref_matmul(ref[k], x, w, t, n, rows0[k], cols);
+					if (rot[k])
+						cpu_ref_rope(ref[k] + off[k], n, pos_h, heads[k], hd[k], rot[k],
+							     10000.0f, true);
+					free(w);
+					size_t ny = (size_t)n * rows0[k] * 4;
+					plain[k] = (struct wk_mm){.y = dev_alloc(ny), .w = dw[k],
+								  .scale = dscale[k], .dtype = t,
+								  .rows = rows0[k]};
+					fused[k] = plain[k];
+					fused[k].y = dev_alloc(ny);
+					fused[k].rope_pos = dpos;
+					fused[k].rope_heads = heads[k];
+					fused[k].rope_hd = hd[k];
+					fused[k].rope_off = off[k];
+					fused[k].rope_dim = rot[k];
+					fused[k].rope_theta = 10000.0f;
+				}
+				cr_assert_eq(wk_cuda_matmul_n(fused, K, dx, n, cols, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_matmul_n(plain, K, dx, n, cols, err, sizeof err),
+					     WK_OK, "%s", err);
+				for (int k = 0; k < K; k++) {
+					if (rot[k])
+						cr_assert_eq(wk_cuda_rope(plain[k].y + off[k], n, dpos, heads[k],
+									  hd[k], rot[k], 10000.0f, true,
+									  err, sizeof err), WK_OK, "%s", err);
+					size_t ny = (size_t)n * rows0[k];
+					float *gf = malloc(ny * 4), *gp = malloc(ny * 4);
+					from_dev(gf, fused[k].y, ny * 4);
+					from_dev(gp, plain[k].y, ny * 4);
+					cr_expect_eq(memcmp(gf, gp, ny * 4), 0, "cols %d, set %zu, n %d, part "
+						     "%d: the store's rotation differs from rope's", cols,
+						     si, n, k);
+					cr_expect_leq(rel(gf, ref[k], ny), TOL, "cols %d, set %zu, n %d, "
+						      "part %d: against the reference", cols, si, n, k);
+					free(gf);
+					free(gp);
+					free(ref[k]);
+					free(scale[k]);
+					wk_cuda_free(fused[k].y);
+					wk_cuda_free(plain[k].y);
+					wk_cuda_free(dw[k]);
+					wk_cuda_free(dscale[k]);
+				}
+				wk_cuda_free(dx);
+				free(x);
+			}
+		}
+	}
+	/* a slice starting at an odd row would split its pairs across groups of 4 rows */
+	float *dy = dev_alloc(256 * 4), *dx = dev_alloc(256 * 4);
+	float *w32 = rnd_vec(256 * 256), *dw = to_dev(w32, 256 * 256 * 4);
+	struct wk_mm bad = {.y = dy, .w = dw, .dtype = DT_F32, .rows = 256, .rope_pos = dpos,
+			    .rope_heads = 4, .rope_hd = 64, .rope_off = 47, .rope_dim = 16,
+			    .rope_theta = 10000.0f};
+	cr_expect_eq(wk_cuda_matmul_n(&bad, 1, dx, 1, 256, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "rotation"), "%s", err);
+	wk_cuda_free(dy);
+	wk_cuda_free(dx);
+	wk_cuda_free(dw);
+	free(w32);
+	wk_cuda_free(dpos);
+}
+
+/* norm_n with a rotation after the norm (GLM-5's indexer keys): an rmsnorm and a layernorm
+ * with a bias, each row's first rope_dim rotated, bit for bit norm_n without, then rope. */
+Test(cuda_kernels, norm_n_rotation_matches_norm_then_rope)
+{
+	NEED_GPU();
+	enum { K = 2, N = 5, DIM = 128, ROT = 64 };
+	int pos_h[N] = {0, 9, 100, 4095, 70000};
+	int *dpos = to_dev(pos_h, sizeof pos_h);
+	float *x = rnd_vec((size_t)N * DIM), *wv = rnd_vec(DIM), *bv = rnd_vec(DIM);
+	float *dx = to_dev(x, (size_t)N * DIM * 4), *dwv = to_dev(wv, DIM * 4), *dbv = to_dev(bv, DIM * 4);
+	struct wk_norm fused[K], plain[K];
+	for (int k = 0; k < K; k++) {
+		plain[k] = (struct wk_norm){dev_alloc((size_t)N * DIM * 4), dx, dwv, k ? dbv : NULL, N,
+					    DIM, 1e-6f, k == 1, NULL, 0, 0};
+		fused[k] = plain[k];
+		fused[k].y = dev_alloc((size_t)N * DIM * 4);
+		fused[k].rope_pos = dpos;
+		fused[k].rope_dim = ROT;
+		fused[k].rope_theta = 10000.0f;
+	}
+	cr_assert_eq(wk_cuda_norm_n(fused, K, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(wk_cuda_norm_n(plain, K, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < K; k++) {
+		cr_assert_eq(wk_cuda_rope(plain[k].y, N, dpos, 1, DIM, ROT, 10000.0f, true, err,
+					  sizeof err), WK_OK, "%s", err);
+		float gf[N * DIM], gp[N * DIM];
+		from_dev(gf, fused[k].y, sizeof gf);
+		from_dev(gp, plain[k].y, sizeof gp);
+		cr_expect_eq(memcmp(gf, gp, sizeof gf), 0, "norm %d: rotated in the norm's launch "
+			     "differs from rope after it", k);
+		wk_cuda_free(fused[k].y);
+		wk_cuda_free(plain[k].y);
+	}
+	fused[0].rope_dim = 7;
+	cr_expect_eq(wk_cuda_norm_n(fused, 1, err, sizeof err), WK_EINVAL);
+	wk_cuda_free(dx);
+	wk_cuda_free(dwv);
+	wk_cuda_free(dbv);
+	wk_cuda_free(dpos);
+	free(x);
+	free(wv);
+	free(bv);
+}
+
 /* norm_n: an rmsnorm in place, a layernorm with a bias and one without, in one launch, bit
  * for bit what each gives alone. */
 Test(cuda_kernels, norm_n_matches_norms)
@@ -1761,7 +1907,7 @@ Test(cuda_kernels, norm_n_matches_norms)
 		}
 		float *bb = k == 1 ? bias : NULL;
 		float *out = k == 0 ? a[k] : dev_alloc(N * 4);
-		r[k] = (struct wk_norm){out, a[k], w[k], bb, n[k], dim[k], 1e-6f, layer[k]};
+		r[k] = (struct wk_norm){out, a[k], w[k], bb, n[k], dim[k], 1e-6f, layer[k], NULL, 0, 0};
 		if (layer[k])
 			cr_assert_eq(wk_cuda_layernorm(b[k], a[k], w[k], bb, n[k], dim[k], 1e-6f, err,
 						       sizeof err), WK_OK, "%s", err);
