@@ -19,7 +19,9 @@
  * aligned, zero-padded rows whatever cols is.
  *
  * k_gemm_fp8w, the GEMM (the tiles, swizzle, descriptors and store of gemm_wgmma.cu's
- * k_gemm_wgmma, through wgmma.cuh):
+ * k_gemm_wgmma, through wgmma.cuh; the tile's pipeline is fp8w_tile.cuh's fp8w_tile, which
+ * moe_kernels.cu's grouped MoE GEMMs share, the tile's token rows named by an index array
+ * in shared memory: here m0 + i, there a gather through the MoE plan's tok[]):
  *   - a block computes a 128 (tokens) x 128 (weight rows) tile of y with two warpgroups; the
  *     weight rows [128 blockIdx.y, +128) are one weight-scale block;
  *   - k runs in stages of 64 columns (one 128-byte swizzle row of bf16; two stages a scale
@@ -60,37 +62,7 @@ extern "C" {
 #include "kernels/cuda/cuda_kernels.h"
 }
 #include "kernels/cuda/cuda_int.cuh"
-#include "kernels/cuda/mma.cuh"
-#include "kernels/cuda/wgmma.cuh"
-
-#define FM 128                    /* tokens per block tile: two warpgroups of 64 */
-#define FN 128                    /* weight rows per block tile: one scale block */
-#define FK 64                     /* columns per stage: 64 bf16, one 128-byte swizzle row */
-#define FSTAGES 4                 /* the ring's depth */
-#define FTHREADS 256              /* two warpgroups */
-#define FXT (FM * FK * 2)         /* bytes of one half's token tile: 16 KiB */
-#define FWR (FN * FK)             /* bytes of the weight tile's codes: 8 KiB */
-#define FSTAGE (2 * FXT + FWR)    /* a stage: hi tokens, lo tokens, weight codes */
-#define FWB (FN * FK * 2)         /* the weight tile as bf16: 16 KiB, two of them */
-#define FSMEM (FSTAGES * FSTAGE + 2 * FWB + 1024) /* + room to align to 1024 bytes */
-
-static_assert(2 * FK == 128 && FN == FP8_BLOCK && 2 * FK == FP8_BLOCK,
-	      "a bf16 stage is one swizzle row; two stages a scale block");
-static_assert(FSTAGE % 1024 == 0 && FXT % 1024 == 0 && FWB % 1024 == 0,
-	      "the swizzled tiles stay 1024-aligned");
-static_assert(FSTAGES >= 3, "stage j + 1 lands while stage j is multiplied");
-static_assert((2 * FXT + FWR) / 16 == 10 * FTHREADS, "each thread fills 10 chunks a stage");
-static_assert(FWB / 16 == 4 * FTHREADS, "each thread converts 4 chunks a stage");
-static_assert(WK_CUDA_SPLIT_COLS(1) == FK, "the split pads rows to a stage");
-
-/* f32 -> bf16 bits, nearest, ties to even (dt_f32_to_bf16); NaN stays NaN. */
-__device__ __forceinline__ uint32_t bf16_rn(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (u >> 16) | 0x40u;
-	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
+#include "kernels/cuda/fp8w_tile.cuh"
 
 /* xb [2][n][colsp]: hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in f32), zeros past
  * cols. A thread an element, grid-stride. */
@@ -108,148 +80,22 @@ __global__ void k_act_split(uint16_t *xb, const float *x, int n, int cols, int c
 	}
 }
 
-/* e4m3 code b -> bf16 bits, exact (dt_e4m3_to_f32's value; 0x7f / 0xff are NaN). The
- * magnitude is built as an f32 with exponent field e + 120 (bias 127 - 7); a subnormal
- * code (e == 0) is built as e == 1 and 2^-6 taken off, exact, so no f32 subnormal (and no
- * flush-to-zero) is involved. */
-__device__ __forceinline__ uint32_t e4m3_bf16(uint32_t b)
-{
-	uint32_t em = b & 0x7fu, s = (b & 0x80u) << 8;
-	float f = __uint_as_float(((em | (em < 8 ? 8u : 0u)) << 20) + (120u << 23));
-	if (em < 8)
-		f -= 0x1p-6f;
-	return em == 0x7fu ? s | 0x7fc0u : s | (__float_as_uint(f) >> 16);
-}
-
-/* Fills stage st with columns [k0, k0 + 64): the hi and lo token rows [m0, m0 + 128) of xb
- * [2][n][colsp] (swizzled; zeros past n) and the codes of weight rows [r0, r0 + 128) of w
- * [rows][cols] (plain, 64 bytes a row; zeros outside). VEC: cols % 16 == 0 and w 16-byte
- * aligned, all by cp.async; else the weight codes by ordinary loads. */
-template <bool VEC>
-__device__ __forceinline__ void fill_stage(uint8_t *st, const uint16_t *xb, const uint8_t *w,
-					   int m0, int n, int colsp, int r0, int rows, int k0,
-					   int cols)
-{
-#pragma unroll
-	for (int h = 0; h < 10; h++) {
-		int c = (int)threadIdx.x + h * FTHREADS;
-		if (c < 2 * FXT / 16) { /* a token chunk: half c / 1024, row, 8 bf16 */
-			int half = c >> 10, row = (c >> 3) & 127, ch = c & 7, t = m0 + row;
-			bool in = t < n;
-			const uint16_t *src = xb + ((size_t)half * n + t) * colsp + k0 + ch * 8;
-			cp_async16(st + half * FXT + wgmma_swz(row, ch * 16), in ? src : xb,
-				   in ? 16 : 0);
-		} else { /* a weight chunk: row, 16 codes */
-			int cw = c - 2 * FXT / 16, row = cw >> 2, col = k0 + (cw & 3) * 16;
-			int r = r0 + row;
-			uint8_t *d = st + 2 * FXT + row * FK + (cw & 3) * 16;
-			if (VEC) {
-				bool in = r < rows && col < cols;
-				cp_async16(d, in ? w + (size_t)r * cols + col : w, in ? 16 : 0);
-			} else {
-				copy16_bytes(d, w + (size_t)r * cols, r < rows, col, cols);
-			}
-		}
-	}
-}
-
-/* The stage's weight codes wr [128][64] into wb, the bf16 tile in the swizzled layout: a
- * thread converts 4 chunks of 8 codes. */
-__device__ __forceinline__ void convert_weights(uint8_t *wb, const uint8_t *wr)
-{
-#pragma unroll
-	for (int h = 0; h < 4; h++) {
-		int c = (int)threadIdx.x + h * FTHREADS, row = c >> 3, ch = c & 7;
-		const uint32_t *s = (const uint32_t *)(wr + row * FK + ch * 8);
-		uint32_t v[2] = {s[0], s[1]}, o[4];
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t b = v[j >> 1] >> (16 * (j & 1));
-			o[j] = e4m3_bf16(b & 0xffu) | e4m3_bf16((b >> 8) & 0xffu) << 16;
-		}
-		*(uint4 *)(wb + wgmma_swz(row, ch * 16)) = make_uint4(o[0], o[1], o[2], o[3]);
-	}
-}
-
-/* Issues stage st's eight wgmmas (four k16 slices, hi then lo tokens, the same bf16 weight
- * slice) for warpgroup wg's 64 tokens into part, fresh when first (a scale block's first
- * stage), and commits them. */
-__device__ __forceinline__ void stage_issue(float (&part)[64], uint32_t st, uint32_t wbt, int wg,
-					    bool first)
-{
-	uint32_t a = st + wg * 64 * 128;
-	wgmma_fence();
-#pragma unroll
-	for (int ks = 0; ks < FK / 16; ks++) {
-		uint64_t db = wgmma_desc_sw128(wbt + ks * 32, 1024);
-		wgmma_m64n128k16_bf16(part, wgmma_desc_sw128(a + ks * 32, 1024), db, !first || ks > 0);
-		wgmma_m64n128k16_bf16(part, wgmma_desc_sw128(a + FXT + ks * 32, 1024), db, 1);
-	}
-	wgmma_commit();
-}
-
-/* Stage j's pipeline: its wgmmas read slot j % FSTAGES and bf16 weight tile wb[j % 2]; while
- * they run, the block waits for stage j + 1's copies, starts stage j + FSTAGES - 1's into
- * the slot stage j - 1 used, and converts stage j + 1's codes into wb[(j + 1) % 2] (both
- * freed by stage j - 1's wgmmas, retired before the barrier that opens stage j's copies
- * wait); then waits for its own wgmmas, promotes after a scale block's second stage (or the
- * last), and a barrier makes wb[(j + 1) % 2] whole before stage j + 1 is issued. */
+/* A 128 x 128 tile of y = x . w^T: tokens [128 blockIdx.x, +128), weight rows
+ * [128 blockIdx.y, +128) (fp8w_tile). */
 template <bool VEC>
 __global__ void __launch_bounds__(FTHREADS, 1)
 	k_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
 		    int rows, int cols)
 {
 	extern __shared__ uint4 fp8w_smem[];
-	uint8_t *raw = (uint8_t *)fp8w_smem;
-	uint8_t *ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
-	uint8_t *wb = ring + FSTAGES * FSTAGE; /* two bf16 weight tiles */
-	int tid = (int)threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-	int m0 = (int)blockIdx.x * FM, r0 = (int)blockIdx.y * FN;
-	int colsp = WK_CUDA_SPLIT_COLS(cols), stages = colsp / FK, kbs = (cols + 127) / 128;
-
-	float acc[64], part[64];
-#pragma unroll
-	for (int i = 0; i < 64; i++)
-		acc[i] = 0.0f;
-
-#pragma unroll
-	for (int s = 0; s < FSTAGES - 1; s++) {
-		if (s < stages)
-			fill_stage<VEC>(ring + s * FSTAGE, xb, w, m0, n, colsp, r0, rows, s * FK, cols);
-		cp_async_commit();
-	}
-	if (stages > 0) { /* stage 0's codes into wb[0] */
-		cp_async_wait<FSTAGES - 2>();
-		__syncthreads();
-		convert_weights(wb, ring + 2 * FXT);
-		fence_proxy_async(); /* stage 0's token tiles and wb[0], for the tensor cores */
-		__syncthreads();
-	}
-	for (int j = 0; j < stages; j++) {
-		stage_issue(part, smem_u32(ring + (j % FSTAGES) * FSTAGE), smem_u32(wb + (j & 1) * FWB),
-			    wg, (j & 1) == 0);
-		cp_async_wait<FSTAGES - 3>(); /* this thread's copies of stage j + 1 have landed */
-		__syncthreads(); /* everyone's; stage j - 1's slot and wb[(j + 1) % 2] are free */
-		if (j + FSTAGES - 1 < stages)
-			fill_stage<VEC>(ring + ((j + FSTAGES - 1) % FSTAGES) * FSTAGE, xb, w, m0, n,
-					colsp, r0, rows, (j + FSTAGES - 1) * FK, cols);
-		cp_async_commit();
-		if (j + 1 < stages)
-			convert_weights(wb + ((j + 1) & 1) * FWB,
-					ring + ((j + 1) % FSTAGES) * FSTAGE + 2 * FXT);
-		fence_proxy_async(); /* stage j + 1's token tiles and weight tile */
-		wgmma_wait<0>();
-		if ((j & 1) || j == stages - 1) { /* the scale block's last stage: promote */
-			float sw = ws[(size_t)blockIdx.y * kbs + j / 2];
-#pragma unroll
-			for (int i = 0; i < 64; i++) {
-				wgmma_reg_fence(part[i]);
-				acc[i] += part[i] * sw;
-			}
-		}
-		__syncthreads(); /* wb[(j + 1) % 2] whole before stage j + 1 is issued */
-	}
-	wgmma_store_tile(y, acc, m0 + wg * 64 + warp * 16 + (lane >> 2), r0, lane & 3, n, rows);
+	__shared__ int srow[FM];
+	int m0 = (int)blockIdx.x * FM;
+	for (int i = (int)threadIdx.x; i < FM; i += FTHREADS)
+		srow[i] = m0 + i < n ? m0 + i : -1;
+	__syncthreads();
+	fp8w_tile<VEC ? FILL_ASYNC : FILL_BYTES>((uint8_t *)fp8w_smem, srow, y + (size_t)m0 * rows,
+						 n - m0, xb, n, w, ws, (int)blockIdx.y * FN, rows,
+						 cols, VEC);
 }
 
 extern "C" int wk_cuda_act_split(uint16_t *xb, const float *x, int n, int cols, char *err,

@@ -28,6 +28,28 @@
  * First version, written for correctness: a warp per output row, MOE_TOK slots per pass
  * over the row so that it is read from memory once per MOE_TOK slots (and from cache
  * after the first pass); x and h are read from cache, not staged in shared memory.
+ *
+ * Prefill (n >= MOE_GEMM_TOKENS = 64 tokens, FP8 e4m3 weights with 128x128 block scales for
+ * the routed experts and the shared one; other dtypes keep the path above): 2 and 3 run as
+ * grouped GEMMs on the tensor cores with gemm_fp8w.cu's tile machinery (fp8w_tile.cuh: f32
+ * activations as bf16 hi + lo, bf16 wgmma, per-block weight-scale promotion), in six
+ * launches: the plan (it also lays out tiles: tstart[e], ceil(count_e / 128) tiles each, and
+ * the totals), x split into bf16 halves once per token (wk_cuda_act_split), gate and up
+ * (grid z) on tiles of 128 grouped slots of one expert (or of the shared expert's tokens),
+ * the token rows gathered through tok[] by cp.async into the swizzled tile, then SiLU(gate) *
+ * up split into bf16 halves per grouped slot (k_moe_silu_split), down on the same tiles
+ * (rows are the slots themselves), then the combine as its own launch (k_moe_combine: the
+ * shared expert's output first, then the slots in order j, as above: the result is
+ * deterministic). A block finds its tile by bisection over tstart; the grid is the most
+ * tiles the plan could find, sum ceil(c_e / 128) <= (n top_k + 127 A) / 128 + 1 for A =
+ * min(n_local, n top_k) active experts, plus ceil(n / 128) for the shared expert, blocks
+ * past the work leaving at once. The scratch then also holds the split x, up, and the split
+ * h. Only the CPU emulator has run it (tests/unit/test_cuda.c's moe_experts_gemm_matches_ref
+ * within 1e-5 of cpu_ref_moe_experts, cuda_emulated.sh's 150-token GLM-5 prefill within 1e-3
+ * of the CPU's logits); no GPU yet: the lab's "moe experts GEMM" row times it on GLM-5's
+ * shape. ptxas (sm_90a): gate/up and down 255 registers, 120 bytes of stack frame, no spills.
+ * Not yet: gate and up in one tile with SiLU in the epilogue (two accumulators do not fit
+ * beside the pipeline's registers), the combine inside down, any tuning.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,6 +63,7 @@ extern "C" {
 #include "kernels/cuda/cuda_kernels.h"
 }
 #include "kernels/cuda/cuda_int.cuh"
+#include "kernels/cuda/fp8w_tile.cuh"
 #include "kernels/cuda/moe_route.cuh"
 
 #define MOE_THREADS 256
@@ -48,6 +71,7 @@ extern "C" {
 #define MOE_TOK 4 /* slots per pass over a weight row, accumulated in registers */
 #define PLAN_THREADS 1024
 #define MAX_GRID_Y 65535
+#define MOE_GEMM_TOKENS 64 /* tokens from which FP8 experts take the grouped GEMM (ENG_GEMM_TOKENS) */
 
 /* The plan in the caller's scratch, each part 256-byte aligned (see plan_layout). Slots
  * are numbered s = t * top_k + j; grouped slots g are the local ones, expert by expert. */
@@ -57,6 +81,9 @@ struct moe_plan {
 	int *cur; /* [n_local] placement cursor; start + count once placed */
 	int *active; /* [n_local] local experts with count > 0, ascending; n_active of them */
 	int *n_active; /* [1] */
+	int *n_tiles; /* [1] the grouped GEMM's 128-slot tiles of the active experts (sum of tiles) */
+	int *n_slots; /* [1] local slots: grouped slots 0 .. n_slots - 1 are in use */
+	int *tstart; /* [n_local] expert e's first tile (ceil(count / 128) tiles each) */
 	int *tok; /* [n * top_k] token of grouped slot g */
 	int *pos; /* [n * top_k] grouped slot of slot s, or -1 */
 	float *h; /* [n * top_k][inter] SiLU(gate) * up of grouped slot g */
@@ -64,7 +91,21 @@ struct moe_plan {
 	unsigned *done; /* [n] row blocks of token t's groups written (3's combine) */
 	float *hs; /* [n][shared_inter] the shared expert's SiLU(gate) * up (empty without it) */
 	float *zs; /* [n][dim] its output */
+	/* the grouped GEMM's (gemm_layout; NULL without it): */
+	uint16_t *xb; /* [2][n][SPLIT(dim)] x as bf16 hi, lo (wk_cuda_act_split) */
+	float *u; /* [n * top_k][inter] up_e . x[tok[g]]; gate's in h */
+	float *us; /* [n][shared_inter] the shared expert's, gate's in hs */
+	uint16_t *hb; /* [2][n * top_k][SPLIT(inter)] SiLU(gate) * up as bf16 hi, lo */
+	uint16_t *hsb; /* [2][n][SPLIT(shared_inter)] the shared expert's */
 };
+
+/* Whether n tokens take the grouped GEMM: enough of them (prefill) and FP8 weights throughout
+ * (other dtypes keep the warp-per-row path). */
+static bool use_gemm(int n, const struct wk_moe *m)
+{
+	return n >= MOE_GEMM_TOKENS && m->wdt == DT_F8_E4M3 &&
+	       (!m->shared || m->shared_wdt == DT_F8_E4M3);
+}
 
 /* What 2 and 3 read besides the plan: the routing's weights, the layer (m, with the shared
  * expert by value: sh_inter 0 for none) and y. */
@@ -74,7 +115,7 @@ struct moe_args {
 	const struct cpu_expert *experts;
 	struct cpu_expert sh;
 	enum dt_type wdt, sh_wdt;
-	int n, top_k, dim, inter, sh_inter;
+	int n, top_k, dim, inter, sh_inter, n_local;
 	bool combine; /* 3 combines (else the combine launch does) */
 };
 
@@ -91,20 +132,33 @@ static size_t plan_layout(char *base, int n, int top_k, const struct wk_moe *m,
 	size_t ns = (size_t)n * (size_t)top_k, nl = m->n_local > 0 ? (size_t)m->n_local : 0;
 	size_t dim = m->dim > 0 ? (size_t)m->dim : 0, inter = m->inter > 0 ? (size_t)m->inter : 0;
 	size_t sh = m->shared && m->shared_inter > 0 ? (size_t)m->shared_inter : 0;
-	size_t nt = (size_t)n, nsh = sh ? nt : 0;
-	size_t sz[12] = {nl * 4, nl * 4, nl * 4, nl * 4, 4, ns * 4, ns * 4,
-			 ns * inter * 4, ns * dim * 4, nt * 4, nsh * sh * 4, nsh * dim * 4};
-	char *at[12];
+	size_t nt = (size_t)n, nsh = sh ? nt : 0, gm = use_gemm(n, m);
+	size_t sz[18] = {nl * 4, nl * 4, nl * 4, nl * 4, 16, ns * 4, ns * 4,
+			 ns * inter * 4, ns * dim * 4, nt * 4, nsh * sh * 4, nsh * dim * 4,
+			 nl * 4,
+			 gm * 4 * nt * WK_CUDA_SPLIT_COLS(dim), gm * ns * inter * 4,
+			 gm * nsh * sh * 4, gm * 4 * ns * WK_CUDA_SPLIT_COLS(inter),
+			 gm * 4 * nsh * WK_CUDA_SPLIT_COLS(sh)};
+	char *at[18];
 	size_t off = 0;
-	for (int i = 0; i < 12; i++) {
+	for (int i = 0; i < 18; i++) {
 		at[i] = base ? base + off : NULL;
 		off += al256(sz[i]);
 	}
 	if (p) {
+		int *sums = (int *)at[4];
 		struct moe_plan q = {(int *)at[0], (int *)at[1], (int *)at[2], (int *)at[3],
-				     (int *)at[4], (int *)at[5], (int *)at[6], (float *)at[7],
+				     sums, sums ? sums + 1 : NULL, sums ? sums + 2 : NULL,
+				     (int *)at[12], (int *)at[5], (int *)at[6], (float *)at[7],
 				     (float *)at[8], (unsigned *)at[9], (float *)at[10],
-				     (float *)at[11]};
+				     (float *)at[11], NULL, NULL, NULL, NULL, NULL};
+		if (gm) {
+			q.xb = (uint16_t *)at[13];
+			q.u = (float *)at[14];
+			q.us = (float *)at[15];
+			q.hb = (uint16_t *)at[16];
+			q.hsb = (uint16_t *)at[17];
+		}
 		*p = q;
 	}
 	return off;
@@ -128,21 +182,29 @@ __device__ void plan_block(struct moe_plan p, const int *idx, int n, int top_k, 
 			atomicAdd(&p.count[e], 1);
 	}
 	__syncthreads();
-	int off = 0, na = 0; /* grouped slots and active experts before this chunk */
+	int off = 0, na = 0, nt = 0; /* grouped slots, active experts, tiles before this chunk */
 	for (int c0 = 0; c0 < n_local; c0 += blockDim.x) { /* block-uniform loop */
 		int e = c0 + (int)threadIdx.x;
-		int c = e < n_local ? p.count[e] : 0, act = c > 0, tc, ta;
+		int c = e < n_local ? p.count[e] : 0, act = c > 0, tiles = (c + FM - 1) / FM;
+		int tc, ta, tt;
 		int before = block_scan(c, scan, &tc) - c;
 		int abefore = block_scan(act, scan, &ta) - act;
-		if (e < n_local)
+		int tbefore = block_scan(tiles, scan, &tt) - tiles;
+		if (e < n_local) {
 			p.start[e] = p.cur[e] = off + before;
+			p.tstart[e] = nt + tbefore;
+		}
 		if (act)
 			p.active[na + abefore] = e;
 		off += tc;
 		na += ta;
+		nt += tt;
 	}
-	if (threadIdx.x == 0)
+	if (threadIdx.x == 0) {
 		*p.n_active = na;
+		*p.n_tiles = nt;
+		*p.n_slots = off;
+	}
 	__syncthreads(); /* cur is complete */
 	for (int s = threadIdx.x; s < nslots; s += blockDim.x) {
 		int e = idx[s] - ex0, g = -1;
@@ -423,6 +485,139 @@ __global__ void k_moe_combine(struct moe_plan p, struct moe_args a)
 	combine_token(p, a, (int)blockIdx.x, (int)threadIdx.x, (int)blockDim.x);
 }
 
+/* ---- 2, 3 for many tokens: grouped GEMMs on the tensor cores (fp8w_tile.cuh) -------------- */
+
+/* Tile b of a grouped GEMM (block-uniform): a routed expert's 128 grouped slots from g0
+ * (b < n_tiles: the expert whose tiles [tstart, tstart + ceil(count / 128)) hold b, found by
+ * bisection over tstart, non-decreasing), or the shared expert's tokens from g0 (b - n_tiles
+ * below ceil(n / 128)); false past both: the block has nothing to do. */
+struct moe_tile {
+	int e, g0, g1; /* e: local expert, -1 for the shared one; slots [g0, g1) */
+};
+
+__device__ __forceinline__ bool tile_at(const struct moe_plan &p, const struct moe_args &a,
+					int b, struct moe_tile *t)
+{
+	int nt = *p.n_tiles;
+	if (b < nt) {
+		int lo = 0, hi = a.n_local - 1; /* the last e with tstart[e] <= b: it has tiles */
+		while (lo < hi) {
+			int mid = (lo + hi + 1) / 2;
+			if (p.tstart[mid] <= b)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		t->e = lo;
+		t->g0 = p.start[lo] + (b - p.tstart[lo]) * FM;
+		t->g1 = min(t->g0 + FM, p.start[lo] + p.count[lo]);
+		return true;
+	}
+	b -= nt;
+	if (a.sh_inter <= 0 || b >= (a.n + FM - 1) / FM)
+		return false;
+	t->e = -1;
+	t->g0 = b * FM;
+	t->g1 = min(t->g0 + FM, a.n);
+	return true;
+}
+
+/* The tile's weight: w [rows][cols] with scales ws, filled by cp.async when cols % 16 == 0
+ * and w is 16-byte aligned, else by ordinary loads (FILL_EITHER). Without scales
+ * (an FP8 expert the host could not refuse, see scale_at) the tile's outputs are NaN. */
+__device__ __forceinline__ void gemm_tile(const int *srow, float *y, int n_out,
+					  const uint16_t *xb, int nsrc, const void *w,
+					  const float *ws, int r0, int rows, int cols)
+{
+	extern __shared__ uint4 moe_smem[];
+	if (!ws) { /* block-uniform */
+		int wr = min(FN, rows - r0);
+		for (int i = (int)threadIdx.x; i < n_out * wr; i += FTHREADS)
+			y[(size_t)(i / wr) * rows + r0 + i % wr] = NAN;
+		return;
+	}
+	fp8w_tile<FILL_EITHER>((uint8_t *)moe_smem, srow, y, n_out, xb, nsrc, (const uint8_t *)w,
+			       ws, r0, rows, cols, cols % 16 == 0 && (uintptr_t)w % 16 == 0);
+}
+
+/* gate (blockIdx.z 0, into h / hs) or up (1, into u / us) = x[tok[g]] . w^T for tile
+ * blockIdx.x's slots g and weight rows [128 blockIdx.y, +128): the token rows gathered
+ * from the split x through tok[]. */
+__global__ void __launch_bounds__(FTHREADS, 1) k_moe_gemm_gate_up(struct moe_plan p, struct moe_args a)
+{
+	__shared__ int srow[FM];
+	struct moe_tile t;
+	if (!tile_at(p, a, (int)blockIdx.x, &t))
+		return;
+	bool up = blockIdx.z != 0, sh = t.e < 0;
+	int rows = sh ? a.sh_inter : a.inter, r0 = (int)blockIdx.y * FN;
+	if (r0 >= rows)
+		return;
+	for (int i = (int)threadIdx.x; i < FM; i += FTHREADS)
+		srow[i] = t.g0 + i < t.g1 ? (sh ? t.g0 + i : p.tok[t.g0 + i]) : -1;
+	__syncthreads();
+	float *y = sh ? (up ? p.us : p.hs) : (up ? p.u : p.h);
+	const void *w; /* the parameter a.sh by value: its address would put a on the stack */
+	const float *ws;
+	if (sh) {
+		w = up ? a.sh.up : a.sh.gate;
+		ws = up ? a.sh.up_s : a.sh.gate_s;
+	} else {
+		const struct cpu_expert *ex = &a.experts[t.e];
+		w = up ? ex->up : ex->gate;
+		ws = up ? ex->up_s : ex->gate_s;
+	}
+	gemm_tile(srow, y + (size_t)t.g0 * rows, t.g1 - t.g0, p.xb, a.n, w, ws, r0, rows, a.dim);
+}
+
+/* hb / hsb = the bf16 halves of silu(gate) * up (as k_moe_gate_up's epilogue), per grouped
+ * slot in use and per token for the shared expert, zeros past inter. Grid-stride. */
+__global__ void k_moe_silu_split(struct moe_plan p, struct moe_args a)
+{
+	size_t ns = (size_t)a.n * a.top_k, nr = (size_t)*p.n_slots * WK_CUDA_SPLIT_COLS(a.inter);
+	size_t nsh = a.sh_inter > 0 ? (size_t)a.n * WK_CUDA_SPLIT_COLS(a.sh_inter) : 0;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nr + nsh;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		bool sh = i >= nr;
+		size_t k = sh ? i - nr : i;
+		int w = sh ? a.sh_inter : a.inter, wp = WK_CUDA_SPLIT_COLS(w);
+		size_t g = k / (size_t)wp, half = (sh ? (size_t)a.n : ns) * wp;
+		int c = (int)(k % (size_t)wp);
+		float v = 0.0f;
+		if (c < w) {
+			size_t at = g * w + c;
+			float gs = sh ? p.hs[at] : p.h[at], us = sh ? p.us[at] : p.u[at];
+			v = gs / (1.0f + expf(-gs)) * us;
+		}
+		uint16_t *hb = sh ? p.hsb : p.hb;
+		uint32_t hi = bf16_rn(v);
+		hb[k] = (uint16_t)hi;
+		hb[half + k] = (uint16_t)bf16_rn(v - __uint_as_float(hi << 16));
+	}
+}
+
+/* z / zs = h[g] . down^T for tile blockIdx.x's slots g (its own rows of hb / hsb) and dim
+ * rows [128 blockIdx.y, +128). */
+__global__ void __launch_bounds__(FTHREADS, 1) k_moe_gemm_down(struct moe_plan p, struct moe_args a)
+{
+	__shared__ int srow[FM];
+	struct moe_tile t;
+	int r0 = (int)blockIdx.y * FN;
+	if (!tile_at(p, a, (int)blockIdx.x, &t) || r0 >= a.dim)
+		return;
+	bool sh = t.e < 0;
+	for (int i = (int)threadIdx.x; i < FM; i += FTHREADS)
+		srow[i] = t.g0 + i < t.g1 ? t.g0 + i : -1;
+	__syncthreads();
+	const void *w = sh ? a.sh.down : a.experts[t.e].down;
+	const float *ws = sh ? a.sh.down_s : a.experts[t.e].down_s;
+	float *y = (sh ? p.zs : p.z) + (size_t)t.g0 * a.dim;
+	if (sh)
+		gemm_tile(srow, y, t.g1 - t.g0, p.hsb, a.n, w, ws, r0, a.dim, a.sh_inter);
+	else
+		gemm_tile(srow, y, t.g1 - t.g0, p.hb, a.n * a.top_k, w, ws, r0, a.dim, a.inter);
+}
+
 /* ---- entry points ---------------------------------------------------------------------------- */
 
 extern "C" size_t wk_cuda_moe_experts_scratch(int n, int top_k, const struct wk_moe *m)
@@ -512,6 +707,9 @@ static int experts_args(int n, int top_k, const struct wk_moe *m, const void *sc
 
 /* The experts' launches once the plan is in the scratch: gate/up, down with the combine (or
  * down, then the combine). */
+static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, char *err,
+			 size_t errsz);
+
 static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
 		      int n, int top_k, const struct wk_moe *m, char *err, size_t errsz)
 {
@@ -531,7 +729,10 @@ static int after_plan(const struct moe_plan &p, float *y, const float *x, const 
 	a.top_k = top_k;
 	a.dim = m->dim;
 	a.inter = m->inter;
+	a.n_local = m->n_local;
 	a.combine = !m->split_combine;
+	if (use_gemm(n, m))
+		return grouped_gemms(p, a, err, errsz);
 	/* the most groups the plan can find active (and the shared expert's); blocks beyond
 	 * loop, above MAX_GRID_Y */
 	int most = (m->n_local < nslots ? m->n_local : nslots) + (a.sh_inter > 0);
@@ -546,5 +747,49 @@ static int after_plan(const struct moe_plan &p, float *y, const float *x, const 
 	if (rc != WK_OK || a.combine)
 		return rc;
 	k_moe_combine<<<n, MOE_THREADS>>>(p, a);
+	return launched("moe_experts combine", err, errsz);
+}
+
+/* use_gemm's launches once the plan is in the scratch: the split of x, gate and up (grid z),
+ * SiLU(gate) * up split, down, then the combine (the split_combine launch, whatever
+ * a.combine says: the GEMMs' blocks do not count tokens). The grids are what the plan could
+ * find: sum over experts of ceil(count / 128) tiles is below (n * top_k + 127 A) / 128 + 1
+ * for A = min(n_local, n * top_k) active experts, plus the shared expert's ceil(n / 128). */
+static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, char *err,
+			 size_t errsz)
+{
+	size_t ns = (size_t)a.n * (size_t)a.top_k, na = (size_t)a.n_local < ns ? a.n_local : ns;
+	size_t tiles = (ns + (FM - 1) * na + FM - 1) / FM + (a.sh_inter > 0 ? blocks(a.n, FM) : 0);
+	int wide = a.sh_inter > a.inter ? a.sh_inter : a.inter, rc;
+	if (tiles > INT_MAX || blocks((size_t)wide, FN) > MAX_GRID_Y ||
+	    blocks((size_t)a.dim, FN) > MAX_GRID_Y)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA moe_experts: %d tokens, top %d, dim %d, inter %d: past the "
+			       "grouped GEMM's grid",
+			       a.n, a.top_k, a.dim, wide);
+	if ((rc = wk_cuda_act_split(p.xb, a.x, a.n, a.dim, err, errsz)) != WK_OK)
+		return rc;
+	cudaError_t e = cudaFuncSetAttribute(k_moe_gemm_gate_up,
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, FSMEM);
+	if (e == cudaSuccess)
+		e = cudaFuncSetAttribute(k_moe_gemm_down,
+					 cudaFuncAttributeMaxDynamicSharedMemorySize, FSMEM);
+	if (e != cudaSuccess)
+		return check(e, "moe_experts GEMM shared memory", err, errsz);
+	dim3 gu((unsigned)tiles, blocks((size_t)wide, FN), 2);
+	k_moe_gemm_gate_up<<<gu, FTHREADS, FSMEM>>>(p, a);
+	if ((rc = launched("moe_experts gate/up GEMM", err, errsz)) != WK_OK)
+		return rc;
+	size_t elems = ns * WK_CUDA_SPLIT_COLS(a.inter) +
+		       (a.sh_inter > 0 ? (size_t)a.n * WK_CUDA_SPLIT_COLS(a.sh_inter) : 0);
+	unsigned sb = blocks(elems, 256);
+	k_moe_silu_split<<<sb < 8192 ? sb : 8192, 256>>>(p, a);
+	if ((rc = launched("moe_experts SiLU split", err, errsz)) != WK_OK)
+		return rc;
+	dim3 dn((unsigned)tiles, blocks((size_t)a.dim, FN));
+	k_moe_gemm_down<<<dn, FTHREADS, FSMEM>>>(p, a);
+	if ((rc = launched("moe_experts down GEMM", err, errsz)) != WK_OK)
+		return rc;
+	k_moe_combine<<<a.n, MOE_THREADS>>>(p, a);
 	return launched("moe_experts combine", err, errsz);
 }

@@ -12,7 +12,8 @@
 #   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there), and
 #      70-token prefills whose FP8 matmuls run as GEMMs, by the gross-error gate;
 #      then GLM-5 and GLM-4.5 (cast to FP8) prefills of 150 and 70 tokens with f32
-#      activations, whose FP8 matmuls run as bf16-split GEMMs (matmul_fp8w): relative 1e-3;
+#      activations, whose FP8 matmuls run as bf16-split GEMMs (matmul_fp8w), GLM-5's MoE
+#      experts as grouped GEMMs (moe_kernels.cu): relative 1e-3;
 #   4. the restore's staging buffers reused: a 54 MB snapshot through one reader thread, the
 #      device's bytes against a host restore (wick bench restore);
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
@@ -139,7 +140,11 @@ PY
 # 1e-3 like any other step (the split leaves ~2^-16 of each product; the GEMM test's bound is
 # 1e-5): GLM-5 over 150 tokens (two token tiles, the last partial; hidden 200 is not a
 # multiple of 16, so the weights' byte-load path too) and GLM-4.5 cast to FP8 by the
-# snapshot over 70. A doubled block scale in the kernel parts these by ~2.
+# snapshot over 70. A doubled block scale in the kernel parts these by ~2. GLM-5's 150 tokens
+# also take the grouped MoE GEMMs (moe_kernels.cu, from 64 tokens with FP8 experts: 16
+# experts, top 4, ~38 slots an expert, its shared expert one more group); a slot index in
+# place of the plan's tok[] in their gather gives NaN logits here. Groups of more than one
+# 128-slot tile are test_cuda.c's moe_experts_gemm_matches_ref.
 section "GLM-5 and GLM-4.5 FP8 prefill GEMMs with f32 activations, cuda against cpu"
 "$WICK" snapshot "$TMPD/glm4" -o "$TMPD/glm4-fp8" --dtype fp8 >/dev/null 2>&1 || fail "snapshot glm4 --dtype fp8"
 for c in "glm5 150 11" "glm4-fp8 70 12"; do

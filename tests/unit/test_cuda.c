@@ -1305,12 +1305,31 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	float *dw1 = to_dev(&w1, 4), *dxv = to_dev(xv, 64), *dyv = to_dev(xv, 64);
 	struct wk_moe mbad = {.experts = dbad, .n_local = 1, .wdt = DT_F8_E4M3, .dim = 16,
 			      .inter = 16};
-	void *ds = dev_alloc(wk_cuda_moe_experts_scratch(1, 1, &mbad));
+	void *ds = dev_alloc(wk_cuda_moe_experts_scratch(64, 1, &mbad));
 	cr_assert_eq(wk_cuda_moe_experts(dyv, dxv, di, dw1, 1, 1, &mbad, ds, err, sizeof err),
 		     WK_OK, "%s", err);
 	from_dev(yv, dyv, 64);
 	for (int i = 0; i < 16; i++)
 		cr_expect(isnan(yv[i]), "element %d is %g without scales", i, yv[i]);
+	/* the same for 64 tokens, which take the grouped GEMMs: NaN, not a fault */
+	int e64[64] = {0};
+	float w64[64], *x64 = rnd_vec(64 * 16), *y64 = malloc(64 * 16 * 4);
+	for (int i = 0; i < 64; i++)
+		w64[i] = 1.0f;
+	int *di64 = to_dev(e64, sizeof e64);
+	float *dw64 = to_dev(w64, sizeof w64), *dx64 = to_dev(x64, 64 * 16 * 4);
+	float *dy64 = to_dev(x64, 64 * 16 * 4);
+	cr_assert_eq(wk_cuda_moe_experts(dy64, dx64, di64, dw64, 64, 1, &mbad, ds, err, sizeof err),
+		     WK_OK, "%s", err);
+	from_dev(y64, dy64, 64 * 16 * 4);
+	for (int i = 0; i < 64 * 16; i++)
+		cr_expect(isnan(y64[i]), "64 tokens: element %d is %g without scales", i, y64[i]);
+	wk_cuda_free(di64);
+	wk_cuda_free(dw64);
+	wk_cuda_free(dx64);
+	wk_cuda_free(dy64);
+	free(x64);
+	free(y64);
 	wk_cuda_free(dbad);
 	wk_cuda_free(di);
 	wk_cuda_free(dw1);
@@ -1319,6 +1338,93 @@ Test(cuda_kernels, moe_experts_matches_ref)
 	wk_cuda_free(ds);
 	moe_set_free(&m);
 	free(xv);
+}
+
+/* Many tokens (>= 64) with FP8 experts take the grouped GEMMs (moe_kernels.cu's
+ * grouped_gemms: bf16 hi/lo wgmma tiles of 128 grouped slots, the tokens gathered through the
+ * plan's tok[]), which must give cpu_ref_moe_experts within the f32 GEMM's 1e-5: uneven
+ * groups (expert 5 in 140 tokens: two tiles, the second short), experts 7 and 12 chosen by
+ * no token (empty groups), expert 9 by token 3 alone (a group of 1), ragged dims (cp.async
+ * and ordinary-load weight paths both), with and without a shared expert (one more group,
+ * narrower or wider). */
+Test(cuda_kernels, moe_experts_gemm_matches_ref)
+{
+	NEED_GPU();
+	int top_k = 8, n_local = 16, ex0 = 4, n_experts = 32;
+	static const struct {
+		int n, dim, inter, sh;
+	} cases[] = {{150, 200, 144, 0}, {64, 192, 72, 300}, {300, 136, 144, 72}};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		enum dt_type t = DT_F8_E4M3;
+		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter, sh = cases[c].sh;
+		size_t ny = (size_t)n * dim, ns = (size_t)n * top_k;
+		struct moe_set m, shared;
+		moe_set_make(&m, t, n_local, dim, inter);
+		if (sh)
+			moe_set_make(&shared, t, 1, dim, sh);
+		struct wk_moe mo = moe_of(&m, t, ex0, dim, inter);
+		mo.shared = sh ? &shared.dev[0] : NULL;
+		mo.shared_wdt = t;
+		mo.shared_inter = sh;
+		struct cpu_shared_expert rsh = {sh ? shared.host[0] : (struct cpu_expert){0}, t, sh};
+		int *idx = malloc(ns * sizeof *idx), pool[32], np = 0;
+		for (int e = 0; e < n_experts; e++)
+			if (e != 7 + ex0 && e != 9 + ex0 && e != 12 + ex0 && e != 5 + ex0)
+				pool[np++] = e;
+		for (int i = 0; i < n; i++) { /* top_k distinct experts of the pool, shuffled */
+			int *it = idx + (size_t)i * top_k;
+			for (int k = np - 1; k > 0; k--) {
+				int j = rnd_int(k + 1), v = pool[k];
+				pool[k] = pool[j];
+				pool[j] = v;
+			}
+			memcpy(it, pool, (size_t)top_k * sizeof *it);
+			if (i < 140)
+				it[i % top_k] = 5 + ex0;
+			if (i == 3)
+				it[(i + 1) % top_k] = 9 + ex0;
+		}
+		float *wt = rnd_vec(ns), *x = rnd_vec(ny), *y0 = rnd_vec(ny);
+		float *want = malloc(ny * 4), *got = malloc(ny * 4), *again = malloc(ny * 4);
+		float *scr = malloc(((size_t)2 * (sh > inter ? sh : inter) + dim) * 4);
+		cr_assert(idx && want && got && again && scr);
+		memcpy(want, y0, ny * 4);
+		cpu_ref_moe_experts(want, x, idx, wt, n, top_k, m.host, ex0, n_local, t, dim, inter,
+				    sh ? &rsh : NULL, scr);
+		float *dx = to_dev(x, ny * 4), *dwt = to_dev(wt, ns * 4);
+		float *dy = to_dev(y0, ny * 4), *dy2 = to_dev(y0, ny * 4);
+		int *didx = to_dev(idx, ns * sizeof *idx);
+		void *dscr = dev_alloc(wk_cuda_moe_experts_scratch(n, top_k, &mo));
+		for (int run = 0; run < 2; run++)
+			cr_assert_eq(wk_cuda_moe_experts(run ? dy2 : dy, dx, didx, dwt, n, top_k, &mo,
+							 dscr, err, sizeof err),
+				     WK_OK, "%s", err);
+		from_dev(got, dy, ny * 4);
+		from_dev(again, dy2, ny * 4);
+		double r = rel(got, want, ny);
+		cr_expect_leq(r, 1e-5, "GEMM n=%d dim=%d inter=%d shared %d: %g", n, dim, inter, sh,
+			      r);
+		cr_log_info("moe_experts GEMM n=%d dim=%d inter=%d shared %d: %.3g", n, dim, inter,
+			    sh, r);
+		cr_expect(memcmp(got, again, ny * 4) == 0, "GEMM n=%d: two runs differ", n);
+		if (sh)
+			moe_set_free(&shared);
+		wk_cuda_free(dx);
+		wk_cuda_free(dwt);
+		wk_cuda_free(dy);
+		wk_cuda_free(dy2);
+		wk_cuda_free(didx);
+		wk_cuda_free(dscr);
+		moe_set_free(&m);
+		free(idx);
+		free(wt);
+		free(x);
+		free(y0);
+		free(want);
+		free(got);
+		free(again);
+		free(scr);
+	}
 }
 
 /* The fused grouped op (the shared expert as one more group of gate/up and down, the combine
