@@ -12,7 +12,10 @@
  * checked first against the CPU reference, printed beside cuBLASLt's FP8 on the same shape;
  * the target is 1,000 (issue 9). The f32-activation GEMM (gemm_fp8w.cu: FP8 weights, x split
  * into bf16 halves, bf16 wgmmas) is printed beside cuBLASLt's bf16 on the same shapes; it
- * does twice a bf16 GEMM's tensor-core work, so half that ceiling is its bound. Timed with CUDA events, median of 5 after a warm-up (the
+ * does twice a bf16 GEMM's tensor-core work, so half that ceiling is its bound. The grouped
+ * MoE experts' GEMMs (moe_kernels.cu) on a GLM-5 MoE layer (4,096 tokens, dim 6144,
+ * moe_intermediate 2048, 256 experts, top 8; lab_moe_gemm) are printed beside the same bf16
+ * ceiling; that row has never run (no GPU yet). Timed with CUDA events, median of 5 after a warm-up (the
  * matrix products: MM_CALLS calls per timing). Run by tests/tools/cuda_lab (and
  * scripts/gpu-check).
  *
@@ -325,6 +328,168 @@ static int fill_random(void *dev, size_t bytes, bool f32, float lo, float hi)
 			rc = WK_EIO;
 	}
 	free(h);
+	return rc;
+}
+
+/* The grouped MoE experts (moe_kernels.cu) on a GLM-5 MoE layer: n tokens, dim 6144,
+ * moe_intermediate 2048, 256 experts (all on this device), top 8 chosen uniformly at random
+ * per token (~128 slots an expert at 4,096 tokens), FP8 weights with block scales, no shared
+ * expert: what a prefill runs (from 64 tokens the grouped GEMMs: the split of x, gate and up,
+ * SiLU * up split, down, the combine), timed with a zeroing of y (the op adds to y) of ~0.1
+ * GB. Checked first: four tokens' y rows against cpu_ref_moe_experts on the downloaded
+ * weights of their experts (1e-4 of the largest). TFLOPS count 2 * 3 * dim * inter per slot,
+ * printed beside blas (cuBLASLt's bf16 on the dense prefill shape; the GEMMs run bf16 wgmmas,
+ * two per product, so half of it is their bound). 9.7 GB of weights; WK_OK or WK_EIO. */
+#define MOE_DIM 6144
+#define MOE_INTER 2048
+#define MOE_EXPERTS 256
+#define MOE_TOPK 8
+static int lab_moe_gemm(int n, double blas)
+{
+	const size_t mat = (size_t)MOE_DIM * MOE_INTER, nsc = (size_t)(MOE_DIM / 128) * (MOE_INTER / 128);
+	const size_t ns = (size_t)n * MOE_TOPK, ny = (size_t)n * MOE_DIM;
+	char err[WK_ERRSZ] = "", name[64];
+	struct cpu_expert *tab = (struct cpu_expert *)calloc(MOE_EXPERTS, sizeof *tab);
+	struct cpu_expert *host = (struct cpu_expert *)calloc(MOE_EXPERTS, sizeof *host);
+	int *idx = (int *)malloc(ns * sizeof *idx);
+	float *wt = (float *)malloc(ns * 4), *x = (float *)malloc(ny * 4);
+	float *want = (float *)malloc(MOE_DIM * 4), *got = (float *)malloc(MOE_DIM * 4);
+	float *cscr = (float *)malloc((2 * MOE_INTER + MOE_DIM) * 4);
+	void *dw = NULL, *dws = NULL, *dtab = NULL, *didx = NULL, *dwt = NULL, *dx = NULL;
+	void *dy = NULL, *dscr = NULL;
+	const int toks[4] = {0, 1, n / 2 + 1, n - 1};
+	struct wk_moe m = {};
+	double worst = 0;
+	float ms = -1.0f;
+	int rc = WK_EIO;
+	snprintf(name, sizeof name, "moe experts GEMM %d tok (GLM-5)", n);
+	if (!tab || !host || !idx || !wt || !x || !want || !got || !cscr) {
+		snprintf(err, sizeof err, "out of host memory");
+		goto fail;
+	}
+	for (int t = 0; t < n; t++) { /* top 8 distinct of 256: a partial shuffle */
+		int perm[MOE_EXPERTS];
+		for (int e = 0; e < MOE_EXPERTS; e++)
+			perm[e] = e;
+		for (int j = 0; j < MOE_TOPK; j++) {
+			int k = j + (int)(lab_next() % (uint32_t)(MOE_EXPERTS - j)), v = perm[j];
+			perm[j] = perm[k];
+			perm[k] = v;
+			idx[(size_t)t * MOE_TOPK + j] = perm[j];
+			wt[(size_t)t * MOE_TOPK + j] = lab_scale(0.125f);
+		}
+	}
+	for (size_t i = 0; i < ny; i++)
+		x[i] = (float)(lab_next() >> 8) / 8388608.0f - 1.0f;
+	m.n_local = MOE_EXPERTS;
+	m.wdt = DT_F8_E4M3;
+	m.dim = MOE_DIM;
+	m.inter = MOE_INTER;
+	if (wk_cuda_alloc(&dw, 3 * MOE_EXPERTS * mat, err, sizeof err) ||
+	    wk_cuda_alloc(&dws, 3 * MOE_EXPERTS * nsc * 4, err, sizeof err) ||
+	    wk_cuda_alloc(&dtab, MOE_EXPERTS * sizeof *tab, err, sizeof err) ||
+	    wk_cuda_alloc(&didx, ns * sizeof *idx, err, sizeof err) ||
+	    wk_cuda_alloc(&dwt, ns * 4, err, sizeof err) || wk_cuda_alloc(&dx, ny * 4, err, sizeof err) ||
+	    wk_cuda_alloc(&dy, ny * 4, err, sizeof err) ||
+	    wk_cuda_alloc(&dscr, wk_cuda_moe_experts_scratch(n, MOE_TOPK, &m), err, sizeof err))
+		goto fail;
+	if (fill_random(dw, 3 * MOE_EXPERTS * mat, false, -1, 1) ||
+	    fill_random(dws, 3 * MOE_EXPERTS * nsc * 4, true, 0.5e-3f, 1.5e-3f)) {
+		snprintf(err, sizeof err, "cannot fill the weights");
+		goto fail;
+	}
+	for (int e = 0; e < MOE_EXPERTS; e++) { /* gate, up [inter][dim]; down [dim][inter] */
+		const uint8_t *w = (const uint8_t *)dw + 3 * e * mat;
+		const float *sc = (const float *)dws + 3 * e * nsc;
+		tab[e] = (struct cpu_expert){w, w + mat, w + 2 * mat, sc, sc + nsc, sc + 2 * nsc};
+	}
+	m.experts = (const struct cpu_expert *)dtab;
+	if (wk_cuda_upload(dtab, tab, MOE_EXPERTS * sizeof *tab, err, sizeof err) ||
+	    wk_cuda_upload(didx, idx, ns * sizeof *idx, err, sizeof err) ||
+	    wk_cuda_upload(dwt, wt, ns * 4, err, sizeof err) ||
+	    wk_cuda_upload(dx, x, ny * 4, err, sizeof err) || wk_cuda_zero(dy, ny * 4, err, sizeof err) ||
+	    wk_cuda_moe_experts((float *)dy, (const float *)dx, (const int *)didx, (const float *)dwt,
+				n, MOE_TOPK, &m, dscr, err, sizeof err) ||
+	    wk_cuda_sync(err, sizeof err))
+		goto fail;
+	for (int k = 0; k < 4; k++) {
+		int t = toks[k];
+		for (int j = 0; j < MOE_TOPK; j++) { /* the token's experts' weights, once */
+			int e = idx[(size_t)t * MOE_TOPK + j];
+			if (host[e].gate)
+				continue;
+			uint8_t *w = (uint8_t *)malloc(3 * mat);
+			float *sc = (float *)malloc(3 * nsc * 4);
+			if (!w || !sc) {
+				free(w);
+				free(sc);
+				snprintf(err, sizeof err, "out of host memory");
+				goto fail;
+			}
+			host[e] = (struct cpu_expert){w, w + mat, w + 2 * mat, sc, sc + nsc, sc + 2 * nsc};
+			if (wk_cuda_download(w, tab[e].gate, 3 * mat, err, sizeof err) ||
+			    wk_cuda_download(sc, tab[e].gate_s, 3 * nsc * 4, err, sizeof err))
+				goto fail;
+		}
+		memset(want, 0, MOE_DIM * 4);
+		cpu_ref_moe_experts(want, x + (size_t)t * MOE_DIM, idx + (size_t)t * MOE_TOPK,
+				    wt + (size_t)t * MOE_TOPK, 1, MOE_TOPK, host, 0, MOE_EXPERTS,
+				    DT_F8_E4M3, MOE_DIM, MOE_INTER, NULL, cscr);
+		if (wk_cuda_download(got, (const float *)dy + (size_t)t * MOE_DIM, MOE_DIM * 4, err,
+				     sizeof err))
+			goto fail;
+		double d = 0, mx = 0;
+		for (int c = 0; c < MOE_DIM; c++) {
+			d = fmax(d, isfinite(got[c]) ? fabs((double)got[c] - want[c]) : INFINITY);
+			mx = fmax(mx, fabs((double)want[c]));
+		}
+		worst = fmax(worst, mx > 0 ? d / mx : d);
+	}
+	if (!(worst <= 1e-4)) {
+		snprintf(err, sizeof err, "WRONG: %.3g of the largest output off", worst);
+		goto fail;
+	}
+	ms = time_ms([&] {
+		int r = wk_cuda_zero(dy, ny * 4, err, sizeof err);
+		return r ? r : wk_cuda_moe_experts((float *)dy, (const float *)dx, (const int *)didx,
+						   (const float *)dwt, n, MOE_TOPK, &m, dscr, err,
+						   sizeof err);
+	});
+	if (ms <= 0)
+		goto fail;
+	{
+		double tflops = 2.0 * ns * 3.0 * MOE_DIM * MOE_INTER / (ms * 1e-3) / 1e12;
+		char share[16] = "-";
+		if (blas > 0)
+			snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
+		printf("%-34s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
+		       share, ms, worst);
+	}
+	rc = WK_OK;
+	goto out;
+fail:
+	printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+out:
+	for (int e = 0; host && e < MOE_EXPERTS; e++) {
+		free((void *)host[e].gate);
+		free((void *)host[e].gate_s);
+	}
+	free(tab);
+	free(host);
+	free(idx);
+	free(wt);
+	free(x);
+	free(want);
+	free(got);
+	free(cscr);
+	wk_cuda_free(dw);
+	wk_cuda_free(dws);
+	wk_cuda_free(dtab);
+	wk_cuda_free(didx);
+	wk_cuda_free(dwt);
+	wk_cuda_free(dx);
+	wk_cuda_free(dy);
+	wk_cuda_free(dscr);
 	return rc;
 }
 
@@ -736,6 +901,8 @@ extern "C" int wk_cuda_lab(void)
 		if (lab_gemm_fp8w(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.bf16_prefill) != WK_OK)
 			rc = WK_EIO;
 		if (lab_gemm_fp8w(LARGE, LARGE, LARGE, blas.bf16_large) != WK_OK)
+			rc = WK_EIO;
+		if (lab_moe_gemm(PREFILL_N, blas.bf16_prefill) != WK_OK)
 			rc = WK_EIO;
 	}
 out:
