@@ -47,7 +47,9 @@
  * h. Only the CPU emulator has run it (tests/unit/test_cuda.c's moe_experts_gemm_matches_ref
  * within 1e-5 of cpu_ref_moe_experts, cuda_emulated.sh's 150-token GLM-5 prefill within 1e-3
  * of the CPU's logits); no GPU yet: the lab's "moe experts GEMM" row times it on GLM-5's
- * shape. ptxas (sm_90a): gate/up and down 255 registers, 120 bytes of stack frame, no spills.
+ * shape. ptxas (sm_90a): gate/up 232 registers, down 248, no stack frame, no spills (the
+ * shared expert's weights read from the parameter by value: taking &a.sh put a on the
+ * stack; down's two calls of gemm_tile, one per source, spilled less than one with selects).
  * Not yet: gate and up in one tile with SiLU in the epilogue (two accumulators do not fit
  * beside the pipeline's registers), the combine inside down, any tuning.
  */
