@@ -73,7 +73,7 @@ extern "C" {
 #define MOE_TOK 4 /* slots per pass over a weight row, accumulated in registers */
 #define PLAN_THREADS 1024
 #define MAX_GRID_Y 65535
-#define MOE_GEMM_TOKENS 64 /* tokens from which FP8 experts take the grouped GEMM (ENG_GEMM_TOKENS) */
+#define MOE_GEMM_TOKENS 64 /* from these tokens FP8 experts take the grouped GEMMs */
 
 /* The plan in the caller's scratch, each part 256-byte aligned (see plan_layout). Slots
  * are numbered s = t * top_k + j; grouped slots g are the local ones, expert by expert. */
@@ -545,7 +545,8 @@ __device__ __forceinline__ void gemm_tile(const int *srow, float *y, int n_out,
 /* gate (blockIdx.z 0, into h / hs) or up (1, into u / us) = x[tok[g]] . w^T for tile
  * blockIdx.x's slots g and weight rows [128 blockIdx.y, +128): the token rows gathered
  * from the split x through tok[]. */
-__global__ void __launch_bounds__(FTHREADS, 1) k_moe_gemm_gate_up(struct moe_plan p, struct moe_args a)
+__global__ void __launch_bounds__(FTHREADS, 1)
+	k_moe_gemm_gate_up(struct moe_plan p, struct moe_args a)
 {
 	__shared__ int srow[FM];
 	struct moe_tile t;
@@ -600,7 +601,8 @@ __global__ void k_moe_silu_split(struct moe_plan p, struct moe_args a)
 
 /* z / zs = h[g] . down^T for tile blockIdx.x's slots g (its own rows of hb / hsb) and dim
  * rows [128 blockIdx.y, +128). */
-__global__ void __launch_bounds__(FTHREADS, 1) k_moe_gemm_down(struct moe_plan p, struct moe_args a)
+__global__ void __launch_bounds__(FTHREADS, 1)
+	k_moe_gemm_down(struct moe_plan p, struct moe_args a)
 {
 	__shared__ int srow[FM];
 	struct moe_tile t;
