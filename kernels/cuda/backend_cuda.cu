@@ -50,11 +50,10 @@ struct cuda_ctx {
 	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
 	float *dsa_scores;        /* dsa_topk's score rows, grown on demand (dsa_cap floats) */
 	size_t dsa_cap;
-	uint8_t *aq_codes;        /* matmul_fp8act's e4m3 activations (aq_cap bytes) and */
-	float *aq_scales;         /* their scales (aq_scap floats), grown on demand */
-	size_t aq_cap, aq_scap;
-	uint16_t *xb;             /* matmul_fp8w's bf16 halves of x (xb_cap elements), grown */
-	size_t xb_cap;            /* on demand */
+	uint8_t *aq_codes;        /* matmul_fp8act's e4m3 activations and their scales, and */
+	float *aq_scales;         /* matmul_fp8w's bf16 halves of x: grown on demand (dev_grow; */
+	uint16_t *xb;             /* the caps in bytes) */
+	size_t aq_cap, aq_scap, xb_cap;
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
 				   * moe_route_experts): zero, each launch leaving them zero */
 	int rc;            /* WK_OK until an op fails */
@@ -339,6 +338,21 @@ static void sample_cand(void *ctx, struct samp_cand *cand, struct be_cand_head *
 		   err);
 }
 
+/* *p holds at least bytes of device memory, *cap of them (grown, its contents dropped);
+ * false, the context failed, when CUDA refuses. */
+static bool dev_grow(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes, const char *what)
+{
+	if (bytes <= *cap)
+		return true;
+	cudaFree(*p);
+	*p = NULL;
+	*cap = 0;
+	if (!ok_cuda(c, cudaMalloc(p, bytes), what))
+		return false;
+	*cap = bytes;
+	return true;
+}
+
 /* x quantized once into e4m3 codes and scales (wk_cuda_act_codes: act_quant's arithmetic),
  * then one FP8 GEMM per weight on the warpgroup tensor cores. */
 static void matmul_fp8act(void *ctx, float *const *y, const float *x,
@@ -349,21 +363,11 @@ static void matmul_fp8act(void *ctx, float *const *y, const float *x,
 	if (c->rc != WK_OK || count <= 0 || n <= 0)
 		return;
 	int cols = w[0]->cols;
-	size_t need = (size_t)n * cols, nsc = (size_t)n * ((cols + 127) / 128);
-	if (need > c->aq_cap || nsc > c->aq_scap) {
-		cudaFree(c->aq_codes);
-		cudaFree(c->aq_scales);
-		c->aq_codes = NULL;
-		c->aq_scales = NULL;
-		c->aq_cap = c->aq_scap = 0;
-		if (!ok_cuda(c, cudaMalloc((void **)&c->aq_codes, need), "FP8 activations") ||
-		    !ok_cuda(c, cudaMalloc((void **)&c->aq_scales, nsc * sizeof(float)),
-			     "FP8 activation scales"))
-			return;
-		c->aq_cap = need;
-		c->aq_scap = nsc;
-	}
-	if (!ok(c, wk_cuda_act_codes(c->aq_codes, c->aq_scales, x, n, cols, err, sizeof err), err))
+	size_t nsc = (size_t)n * ((cols + 127) / 128);
+	if (!dev_grow(c, (void **)&c->aq_codes, &c->aq_cap, (size_t)n * cols, "FP8 activations") ||
+	    !dev_grow(c, (void **)&c->aq_scales, &c->aq_scap, nsc * sizeof(float),
+		      "FP8 activation scales") ||
+	    !ok(c, wk_cuda_act_codes(c->aq_codes, c->aq_scales, x, n, cols, err, sizeof err), err))
 		return;
 	for (int k = 0; k < count && c->rc == WK_OK; k++)
 		ok(c, wk_cuda_gemm_fp8_wgmma(y[k], c->aq_codes, c->aq_scales,
@@ -382,17 +386,9 @@ static void matmul_fp8w(void *ctx, float *const *y, const float *x,
 	if (c->rc != WK_OK || count <= 0 || n <= 0)
 		return;
 	int cols = w[0]->cols;
-	size_t need = 2 * (size_t)n * WK_CUDA_SPLIT_COLS((size_t)cols);
-	if (need > c->xb_cap) {
-		cudaFree(c->xb);
-		c->xb = NULL;
-		c->xb_cap = 0;
-		if (!ok_cuda(c, cudaMalloc((void **)&c->xb, need * sizeof(uint16_t)),
-			     "bf16 halves of the activations"))
-			return;
-		c->xb_cap = need;
-	}
-	if (!ok(c, wk_cuda_act_split(c->xb, x, n, cols, err, sizeof err), err))
+	size_t need = 2 * (size_t)n * WK_CUDA_SPLIT_COLS((size_t)cols) * sizeof(uint16_t);
+	if (!dev_grow(c, (void **)&c->xb, &c->xb_cap, need, "bf16 halves of the activations") ||
+	    !ok(c, wk_cuda_act_split(c->xb, x, n, cols, err, sizeof err), err))
 		return;
 	for (int k = 0; k < count && c->rc == WK_OK; k++)
 		ok(c, wk_cuda_gemm_fp8w(y[k], c->xb, (const uint8_t *)w[k]->data, w[k]->scale, n,

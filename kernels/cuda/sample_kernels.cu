@@ -121,9 +121,10 @@ static __device__ unsigned long long select_key(const float *r, float mx, float 
  * the one thread whose run holds u times the whole walks it. The sums group the additions
  * otherwise than the host's single running sum (double: the last bits), so only a draw that
  * close to a boundary could land on the neighbour; with none found (rounding at the very top)
- * the last id, as the host. Every thread of the block calls it and gets the id. */
+ * the last id, as the host. Every thread of the block calls it and gets the id, and the
+ * row's whole mass (the runs' sums added in order) in *total. */
 static __device__ int pick_id_order(const float *r, float mx, float temperature, int vocab,
-				    double u)
+				    double u, double *total)
 {
 	__shared__ double start[CAND_THREADS + 1];
 	__shared__ int s_id;
@@ -145,7 +146,8 @@ static __device__ int pick_id_order(const float *r, float mx, float temperature,
 		s_id = vocab - 1;
 	}
 	__syncthreads();
-	double want = u * start[blockDim.x], acc = start[threadIdx.x];
+	*total = start[blockDim.x];
+	double want = u * *total, acc = start[threadIdx.x];
 	if (j0 < j1 && want >= acc && want < start[threadIdx.x + 1]) {
 		int id = j1 - 1;
 		for (int j = j0; j < j1; j++)
@@ -179,19 +181,20 @@ __global__ void k_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head,
 	for (int j = threadIdx.x; j < vocab; j += blockDim.x)
 		mx = fmaxf(mx, r[j]);
 	mx = block_max(mx);
-	double total = 0;
-	for (int j = threadIdx.x; j < vocab; j += blockDim.x)
-		total += cand_p(r[j], mx, s.temperature);
-	total = block_sum_d(total);
 	bool top_k = s.top_k > 0 && s.top_k < vocab, top_p = s.top_p > 0 && s.top_p < 1;
-	if (!top_k && !top_p) { /* the pick itself */
-		int id = pick_id_order(r, mx, s.temperature, vocab, s.u);
+	double total;
+	if (!top_k && !top_p) { /* the pick itself; its runs' sums give the mass */
+		int id = pick_id_order(r, mx, s.temperature, vocab, s.u, &total);
 		if (threadIdx.x == 0) {
 			cand[0] = cpu_cand{cand_p(r[id], mx, s.temperature), id};
 			*h = cpu_cand_head{total, 1, 0};
 		}
 		return;
 	}
+	total = 0;
+	for (int j = threadIdx.x; j < vocab; j += blockDim.x)
+		total += cand_p(r[j], mx, s.temperature);
+	total = block_sum_d(total);
 	unsigned long long lo = 0;
 	double mass = total;
 	if (top_k) {
