@@ -140,3 +140,28 @@ void be_sink_close(struct be_sink *k)
 	memset(k->taken, 0, sizeof k->taken);
 	k->world = 1;
 }
+
+void be_chain_each(const struct backend *b, void *ctx, const struct be_link *l, int count)
+{
+	for (int i = 0; i < count; i++) {
+		const struct be_link *k = &l[i];
+		switch (k->kind) {
+		case BE_LINK_MATMUL:
+			if (k->rope)
+				b->matmul_rope_n(ctx, k->y, k->x_in, k->w, k->count, k->n, k->r,
+						 k->theta);
+			else if (k->count > 1 && b->matmul_n)
+				b->matmul_n(ctx, k->y, k->x_in, k->w, k->count, k->n);
+			else
+				for (int j = 0; j < k->count; j++)
+					b->matmul(ctx, k->y[j], k->x_in, k->w[j], k->n);
+			break;
+		case BE_LINK_ADD_RMSNORM:
+			b->add_rmsnorm(ctx, k->x, k->d, k->y_norm, k->w_norm, k->n, k->dim, k->eps);
+			break;
+		case BE_LINK_NORM:
+			b->norm_n(ctx, k->norm, k->n_norm);
+			break;
+		}
+	}
+}

@@ -118,6 +118,34 @@ struct be_rope {
 	int n_heads, head_dim, rot_dim;
 };
 
+/* One op of a chain (backend member chain): a matmul_n / matmul_rope_n (BE_LINK_MATMUL:
+ * count weights over x; with rope, rotated as matmul_rope_n rotates, r[k].rot_dim 0 for an
+ * output left as it is; count 1 without rope is a plain matmul), an add_rmsnorm
+ * (BE_LINK_ADD_RMSNORM: x += d, then y = rmsnorm(x) . w over n rows of dim) or a norm_n
+ * (BE_LINK_NORM). */
+#define BE_CHAIN_MAX 6
+enum be_link_kind { BE_LINK_MATMUL, BE_LINK_ADD_RMSNORM, BE_LINK_NORM };
+struct be_link {
+	enum be_link_kind kind;
+	int n;
+	/* BE_LINK_MATMUL */
+	float *y[BE_MATMUL_MAX];
+	const struct be_weight *w[BE_MATMUL_MAX];
+	struct be_rope r[BE_MATMUL_MAX];
+	const float *x_in;
+	int count;
+	bool rope;
+	float theta;
+	/* BE_LINK_ADD_RMSNORM */
+	float *x, *y_norm;
+	const float *d, *w_norm;
+	int dim;
+	float eps;
+	/* BE_LINK_NORM */
+	struct be_norm norm[BE_NORM_MAX];
+	int n_norm;
+};
+
 /* sample_cand's per-row settings and result (struct cpu_samp, cpu_cand_head in cpu.h). */
 #define BE_CAND_MAX 1024 /* = WK_CUDA_CAND_MAX */
 struct be_samp {
@@ -212,6 +240,12 @@ struct backend {
 	 * . w, each exactly as add and rmsnorm compute it. Optional (NULL: add, then rmsnorm). */
 	void (*add_rmsnorm)(void *ctx, float *x, const float *d, float *y, const float *w, int n,
 			    int dim, float eps);
+	/* Ops that follow one another (l [count], 2 .. BE_CHAIN_MAX), each exactly as its own
+	 * op computes it, in order: what be_chain_each does, as one launch on a GPU (the CUDA
+	 * backend's chained launch, kernels/cuda/kernels.cu k_chain). The engine builds chains of
+	 * the decode step's GEMVs and norms (eng_chain_begin). Optional (NULL: the ops one by
+	 * one). */
+	void (*chain)(void *ctx, const struct be_link *l, int count);
 
 	/* ---- GLM families (reference definitions: kernels/cpu/glm_ref.c, contracts in cpu.h).
 	 * Optional: NULL on backends that do not run GLM; supports() says which. ---- */
@@ -340,5 +374,9 @@ extern const struct backend be_null; /* kernels/backend_null.c: no arithmetic, f
 /* The backend named name ("cpu", "cuda", "null"), or NULL. "auto" picks cpu: the CUDA
  * backend is chosen by name until it has passed scripts/gpu-check on a GPU. */
 const struct backend *be_find(const char *name);
+
+/* The links of a chain run one by one through b's own ops (matmul, matmul_n or
+ * matmul_rope_n; add_rmsnorm; norm_n): the chain op's meaning, and its fallback. */
+void be_chain_each(const struct backend *b, void *ctx, const struct be_link *l, int count);
 
 #endif

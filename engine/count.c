@@ -5,7 +5,8 @@
  * are the launches of a step, with the grouped MoE op weighed by the kernels it launches
  * there (eng_launch_kind: moe_experts 3, the plan, gate/up and down with the combine; dsa_topk is one for a decoding query); on the CPU
  * backend they are what the same step would launch on a GPU (the families issue the same
- * ops on every backend). `wick bench launches` reports
+ * ops on every backend). A chain (backend member chain) is one launch on the CUDA backend
+ * whatever it holds, and counts one here on every backend. `wick bench launches` reports
  * them per decode step.
  *
  * The wrapper keeps the inner backend's optional members optional: a member the inner
@@ -25,6 +26,7 @@ struct counter {
 	const struct backend *in;
 	void *ctx;
 	long n[ENG_LAUNCH_KINDS];
+	long chained[ENG_LAUNCH_KINDS]; /* ops run inside chains (not launches of their own) */
 };
 
 
@@ -32,7 +34,7 @@ static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
 	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "mla_absorbed",
-	"sample_cand", "act_split", "to_device", "to_host", "copy",
+	"sample_cand", "act_split", "chain", "to_device", "to_host", "copy",
 };
 _Static_assert(ENG_K_COPY + 1 == ENG_LAUNCH_KINDS, "a launch kind without its name");
 
@@ -188,6 +190,23 @@ static void c_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const flo
 						    d_nope, d_v));
 }
 
+/* One launch on a GPU for the whole chain; its ops are tallied apart (eng_launches'
+ * chained). A backend without chain (the CPU's) runs the ops one by one, uncounted: the
+ * count is what the CUDA backend launches for the same step. */
+static void c_chain(void *ctx, const struct be_link *l, int count)
+{
+	struct counter *k = IN(ctx);
+	k->n[ENG_K_CHAIN]++;
+	for (int i = 0; i < count; i++)
+		k->chained[l[i].kind == BE_LINK_MATMUL	       ? ENG_K_MATMUL
+			   : l[i].kind == BE_LINK_ADD_RMSNORM ? ENG_K_ADD_RMSNORM
+							      : ENG_K_RMSNORM]++;
+	if (k->in->chain)
+		k->in->chain(k->ctx, l, count);
+	else
+		be_chain_each(k->in, k->ctx, l, count);
+}
+
 static void c_matmul_fp8act(void *ctx, float *const *y, const float *x,
 			    const struct be_weight *const *w, int count, int n)
 { /* the quantization, then a GEMM per weight */
@@ -341,6 +360,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(matmul_n, c_matmul_n);
 	KEEP(matmul_rope_n, c_matmul_rope_n);
 	KEEP(add_rmsnorm, c_add_rmsnorm);
+	b->chain = c_chain; /* always: the GPU's count, whatever the inner backend */
 	KEEP(act_quant, c_act_quant);
 	KEEP(argmax, c_argmax);
 	KEEP(sample_cand, c_sample_cand);
@@ -400,6 +420,7 @@ int eng_count_read(const struct engine *e, struct eng_launches *out)
 	const struct counter *k = e->bctx;
 	memset(out, 0, sizeof *out);
 	memcpy(out->n, k->n, sizeof out->n);
+	memcpy(out->chained, k->chained, sizeof out->chained);
 	out->collectives = e->n_collectives;
 	return WK_OK;
 }

@@ -227,6 +227,7 @@ void eng_release(struct engine *e, void *p)
 
 void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes)
 {
+	eng_chain_flush(e);
 	eng_count(e, ENG_K_TO_DEVICE);
 	if (e->be->to_device)
 		e->be->to_device(e->bctx, dst, host, bytes);
@@ -236,6 +237,7 @@ void eng_to_dev(struct engine *e, void *dst, const void *host, size_t bytes)
 
 void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes)
 {
+	eng_chain_flush(e);
 	eng_count(e, ENG_K_TO_HOST);
 	if (e->be->to_host)
 		e->be->to_host(e->bctx, host, src, bytes);
@@ -245,6 +247,7 @@ void eng_to_host(struct engine *e, void *host, const void *src, size_t bytes)
 
 void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
 {
+	eng_chain_flush(e);
 	eng_count(e, ENG_K_COPY);
 	if (e->be->copy)
 		e->be->copy(e->bctx, dst, src, bytes);
@@ -255,6 +258,7 @@ void eng_dcopy(struct engine *e, void *dst, const void *src, size_t bytes)
 void eng_dcopy_2d(struct engine *e, void *dst, size_t dpitch, const void *src, size_t spitch,
 		  size_t width, size_t height)
 {
+	eng_chain_flush(e);
 	if (!e->be->copy_2d) {
 		for (size_t r = 0; r < height; r++)
 			eng_dcopy(e, (char *)dst + r * dpitch, (const char *)src + r * spitch, width);
@@ -266,6 +270,7 @@ void eng_dcopy_2d(struct engine *e, void *dst, size_t dpitch, const void *src, s
 
 void eng_dzero(struct engine *e, void *dst, size_t bytes)
 {
+	eng_chain_flush(e);
 	eng_count(e, ENG_K_ZERO);
 	if (e->be->zero)
 		e->be->zero(e->bctx, dst, bytes);
@@ -277,6 +282,7 @@ void eng_dzero(struct engine *e, void *dst, size_t bytes)
  * and x is used as it is meanwhile). */
 static const float *quantized(struct engine *e, const float *x, int n, int cols)
 {
+	eng_chain_flush(e);
 	size_t need = (size_t)n * cols;
 	if (need > e->aq_cap) {
 		if (!eng_regrow(e, &e->aq, need * sizeof(float))) {
@@ -310,15 +316,81 @@ static gemm_fn gemm(const struct engine *e, int n)
 	return e->fp8_act ? e->be->matmul_fp8act : e->be->matmul_fp8w;
 }
 
+/* ---- chained launches (engine_int.h) ---- */
+
+void eng_chain_begin(struct engine *e)
+{
+	e->chaining = e->be->chain && !e->unfused && !e->fp8_act;
+}
+
+/* Runs what is held: a chain of two or more, or the one op itself. */
+void eng_chain_flush(struct engine *e)
+{
+	if (e->n_chain > 1)
+		e->be->chain(e->bctx, e->chain, e->n_chain);
+	else if (e->n_chain == 1)
+		be_chain_each(e->be, e->bctx, e->chain, 1);
+	e->n_chain = 0;
+}
+
+void eng_chain_end(struct engine *e)
+{
+	eng_chain_flush(e);
+	e->chaining = false;
+}
+
+/* The next link to fill (zeroed), or NULL when nothing is held (not chaining): the caller
+ * runs its op now, after what was held. */
+static struct be_link *chain_link(struct engine *e, enum be_link_kind kind, int n)
+{
+	if (!e->chaining) {
+		eng_chain_flush(e);
+		return NULL;
+	}
+	if (e->n_chain == BE_CHAIN_MAX)
+		eng_chain_flush(e);
+	struct be_link *l = &e->chain[e->n_chain++];
+	memset(l, 0, sizeof *l);
+	l->kind = kind;
+	l->n = n;
+	return l;
+}
+
+/* A GEMV over count weights as a link (r: rotations, or NULL); false when not chaining. */
+static bool chain_matmul(struct engine *e, float *const *y, const float *x,
+			 const struct be_weight *const *w, int count, int n, const struct be_rope *r,
+			 float theta)
+{
+	if (count < 1 || count > BE_MATMUL_MAX)
+		return false;
+	struct be_link *l = chain_link(e, BE_LINK_MATMUL, n);
+	if (!l)
+		return false;
+	l->x_in = x;
+	l->count = count;
+	l->rope = r != NULL;
+	l->theta = theta;
+	for (int k = 0; k < count; k++) {
+		l->y[k] = y[k];
+		l->w[k] = w[k];
+		if (r)
+			l->r[k] = r[k];
+	}
+	return true;
+}
+
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n)
 {
 	gemm_fn g = w->dtype == DT_F8_E4M3 ? gemm(e, n) : NULL;
 	if (g) {
+		eng_chain_flush(e);
 		g(e->bctx, &y, x, &w, 1, n);
 		return;
 	}
 	if (e->fp8_act && w->dtype == DT_F8_E4M3)
 		x = quantized(e, x, n, w->cols);
+	else if (chain_matmul(e, &y, x, &w, 1, n, NULL, 0))
+		return;
 	e->be->matmul(e->bctx, y, x, w, n);
 }
 
@@ -338,9 +410,11 @@ void eng_matmul_n(struct engine *e, float *const *y, const float *x,
 {
 	gemm_fn g = gemm(e, n);
 	if (!e->fp8_act && !g) {
-		matmuls(e, y, x, w, count, n);
+		if (!chain_matmul(e, y, x, w, count, n, NULL, 0))
+			matmuls(e, y, x, w, count, n);
 		return;
 	}
+	eng_chain_flush(e);
 	/* the FP8 weights read x quantized once (or go to the GEMM), the others x */
 	float *yq[BE_MATMUL_MAX], *yp[BE_MATMUL_MAX];
 	const struct be_weight *wq[BE_MATMUL_MAX], *wp[BE_MATMUL_MAX];
@@ -368,7 +442,8 @@ void eng_matmul_rope_n(struct engine *e, float *const *y, const float *x,
 {
 	if (count >= 1 && count <= BE_MATMUL_MAX && e->be->matmul_rope_n && !e->unfused &&
 	    !e->fp8_act && !gemm(e, n)) { /* the GEMV path: its store rotates */
-		e->be->matmul_rope_n(e->bctx, y, x, w, count, n, r, theta);
+		if (!chain_matmul(e, y, x, w, count, n, r, theta))
+			e->be->matmul_rope_n(e->bctx, y, x, w, count, n, r, theta);
 		return;
 	}
 	eng_matmul_n(e, y, x, w, count, n);
@@ -386,6 +461,15 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 	bool rot = false;
 	for (int k = 0; k < count; k++)
 		rot |= r[k].rope_dim > 0;
+	struct be_link *l = count >= 1 && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused
+				    ? chain_link(e, BE_LINK_NORM, 0)
+				    : NULL;
+	if (l) {
+		memcpy(l->norm, r, (size_t)count * sizeof *r);
+		l->n_norm = count;
+		return;
+	}
+	eng_chain_flush(e);
 	if ((count > 1 || rot) && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused) {
 		e->be->norm_n(e->bctx, r, count);
 		return;
@@ -545,6 +629,7 @@ int eng_outputs(struct engine *e, const struct eng_item *items, int n, const flo
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
 		bool interleaved)
 {
+	eng_chain_flush(e);
 	if (count > 1 && count <= BE_ROPE_MAX && e->be->rope_n && !e->unfused) {
 		e->be->rope_n(e->bctx, r, count, theta, interleaved);
 		return;
@@ -557,6 +642,19 @@ void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float thet
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,
 		     int n, int dim, float eps)
 {
+	struct be_link *l = e->be->add_rmsnorm && !e->unfused
+				    ? chain_link(e, BE_LINK_ADD_RMSNORM, n)
+				    : NULL;
+	if (l) {
+		l->x = x;
+		l->d = d;
+		l->y_norm = y;
+		l->w_norm = w;
+		l->dim = dim;
+		l->eps = eps;
+		return;
+	}
+	eng_chain_flush(e);
 	if (e->be->add_rmsnorm && !e->unfused) {
 		e->be->add_rmsnorm(e->bctx, x, d, y, w, n, dim, eps);
 		return;
@@ -578,6 +676,7 @@ bool eng_regrow(struct engine *e, void *p, size_t bytes)
 
 int eng_sync(struct engine *e, char *err, size_t errsz)
 {
+	eng_chain_end(e);
 	int rc = e->be->sync ? e->be->sync(e->bctx, err, errsz) : WK_OK;
 	if (rc == WK_OK && e->step_rc != WK_OK) {
 		rc = wk_errf(err, errsz, e->step_rc, "%s", e->step_err);

@@ -82,9 +82,10 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 25
+#define ENG_LAUNCH_KINDS 26
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
+	long chained[ENG_LAUNCH_KINDS]; /* ops of each kind run inside chains (kind "chain") */
 	long collectives;
 };
 int eng_launches(const struct engine *e, int rank, struct eng_launches *out);

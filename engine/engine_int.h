@@ -55,6 +55,10 @@ struct engine {
 	bool experts_one_by_one; /* eng_opts: never the backend's grouped MoE op */
 	bool unfused;            /* eng_opts: no matmul_n, caches written through copies */
 	bool fp8_act;            /* eng_opts: FP8-weight matmuls read quantized activations */
+	/* eng_chain_begin .. eng_chain_end: the GEMVs and norms asked for, not yet run */
+	bool chaining;
+	int n_chain;
+	struct be_link chain[BE_CHAIN_MAX];
 	float *aq;               /* fp8_act: the quantized input (backend memory), aq_cap floats */
 	size_t aq_cap;
 	int *tok_d, *tok_h;      /* eng_outputs: the step's argmax ids (backend / host memory) */
@@ -164,7 +168,8 @@ enum eng_kind {
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
 	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
-	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_TO_DEVICE, ENG_K_TO_HOST, ENG_K_COPY,
+	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_CHAIN, ENG_K_TO_DEVICE,
+	ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
 void eng_count(struct engine *e, enum eng_kind kind);
@@ -312,6 +317,16 @@ int eng_outputs(struct engine *e, const struct eng_item *items, int n, const flo
 /* y = x . w^T as be->matmul, with fp8_act's quantized input for an FP8 weight; an FP8 weight
  * in a step of ENG_GEMM_TOKENS tokens or more through the backend's GEMM, as eng_matmul_n. */
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n);
+/* Chained launches (backend member chain). Between eng_chain_begin and eng_chain_end, the
+ * GEMVs (eng_matmul, eng_matmul_n and eng_matmul_rope_n where they would run the backend's
+ * matmul, matmul_n or matmul_rope_n), eng_add_rmsnorm and eng_norm_n are held and then run as
+ * one op (up to BE_CHAIN_MAX of them; one held alone runs as itself). Any other eng_ op that
+ * touches the backend runs what is held first. The caller must not call the backend itself
+ * while ops are held: it ends the chain first. Nothing is held where the backend lacks chain,
+ * or with eng_opts.unfused or fp8_act. eng_chain_end with nothing held does nothing. */
+void eng_chain_begin(struct engine *e);
+void eng_chain_end(struct engine *e);
+void eng_chain_flush(struct engine *e); /* runs what is held; the chain goes on */
 /* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and
  * eng_opts.unfused is off), else add and rmsnorm. */
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,

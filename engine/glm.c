@@ -566,6 +566,7 @@ static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_r
 static void mlp_down(struct engine *e, struct glm_model *m, const struct glm_mlp *p, float *y,
 		     int n)
 {
+	eng_chain_end(e); /* silu_mul is not held */
 	e->be->silu_mul(e->bctx, m->g, m->u, (size_t)n * p->gate.rows);
 	eng_matmul(e, y, m->g, &p->down, n);
 }
@@ -607,6 +608,7 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
 			     .scale = g->routed_scale};
+	eng_chain_end(e); /* the router's matmul ends the layer's second chain */
 	if (f->grouped && be->moe_route_experts) { /* routing in the grouped op's first launch */
 		if (eng_ep_lead(e))
 			be->moe_route_experts(c, y, x, m->logits, f->bias, &r, m->idx, m->wt, n,
@@ -692,11 +694,18 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	 * one): m->tmp holds the last FFN's output until then. */
 	for (int l = 0; l < m->c.n_layers; l++) {
 		struct glm_layer *L = &m->layers[l];
+		/* Two chained launches a layer where the backend chains (eng_chain_begin): the
+		 * norm with the attention's first projections (the family's forward ends it before
+		 * its first op that is not held), and o_proj (the forward begins it) with the
+		 * residual add, the norm and the FFN's first matmul (ended before the MoE op or
+		 * the MLP's SiLU). */
 		if (l == 0)
 			be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
-		else
+		eng_chain_begin(e);
+		if (l > 0)
 			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->c.eps);
 		m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, m->seg, n_items);
+		eng_chain_begin(e); /* on, where the forward did not begin it before o_proj */
 		if (!lead)
 			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
@@ -708,6 +717,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 			if (!lead)
 				eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
 		}
+		eng_chain_end(e);
 		eng_all_reduce(e, m->tmp, (size_t)T * dim);
 	}
 	if (all_logits) {
@@ -726,6 +736,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
 	 * vocabulary slices gathered in order into lg, rank 0 only. */
 	if (T == n_items && !e->unfused) { /* decode only: the rows are the last ones */
+		eng_chain_begin(e); /* the final norm and lm_head: one launch */
 		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, n_items, dim, m->c.eps);
 	} else {
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
@@ -736,6 +747,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
 	}
 	eng_matmul(e, m->lg, m->xb, &m->lm_head, n_items);
+	eng_chain_end(e);
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, false, m->lg, n_items, m->c.l_vocab,
 			 m->gath);
 	if (e->rank != 0)

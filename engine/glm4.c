@@ -152,6 +152,7 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	float *o[3] = {a->q, kt, vt};
 	const struct be_weight *w[3] = {&L->wq, &L->wk, &L->wv};
 	eng_matmul_n(e, o, x, w, 3, T);
+	eng_chain_end(e); /* the chain glm.c began with the layer's norm: the ops below are not held */
 	if (L->bq) {
 		add_bias(be, c, a->q, L->bq, T, qd);
 		add_bias(be, c, kt, L->bk, T, kvd);

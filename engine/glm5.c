@@ -463,6 +463,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 					     INDEXER_NORM_EPS, true, m->pos, rope, theta};
 
 	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
+	if (!split)
+		eng_chain_end(e); /* rmsnorm row by row below, not held */
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
 		float *ckv = CACHE(a->ckv, g->seq, lora), *kpe = CACHE(a->kpe, g->seq, rope);
@@ -496,6 +498,9 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	struct be_rope qr[2] = {{a->q + nope, T, m->pos, H, nope + rope, rope},
 				{a->iqv, T, m->pos, a->i_heads, a->i_dim, rope}};
 	eng_matmul_rope_n(e, qo, a->qc, qw, any ? 2 : 1, T, qr, theta);
+	/* the chain glm.c began with the layer's norm ends here (a decode step's: that norm,
+	 * these three ops and the norms between, one launch); the indexer and MLA are not held */
+	eng_chain_end(e);
 
 	/* DSA indexer: keys always enter the caches; scores only for segments where some query
 	 * has more than topk keys (else it would select them all). */
@@ -531,6 +536,9 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			  CACHE(a->kpe, seg[s].seq, rope), a->use_sel[s], batched);
 	if (batched)
 		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, T, H, nope, dv);
+	/* o_proj begins the next chain: glm.c adds the residual and norm and the FFN's first
+	 * matmul */
+	eng_chain_begin(e);
 	eng_matmul(e, out, a->att, &L->o, T);
 #undef CACHE
 }

@@ -93,6 +93,7 @@ void eng_all_reduce(struct engine *e, float *buf, size_t n)
 	char err[WK_ERRSZ];
 	if (e->world == 1)
 		return;
+	eng_chain_flush(e);
 	e->n_collectives++;
 	int rc = e->comm->all_reduce(e->comm_ctx, e->rank, buf, n, err, sizeof err);
 	if (rc != WK_OK && e->comm_rc == WK_OK)
@@ -126,6 +127,7 @@ int eng_agree(struct engine *e, int rc, char *err, size_t errsz)
 void eng_embed(struct engine *e, float *x, float *xh, const int *tokens, int n,
 	       const struct st_tensor *embed, int vocab0, int dim)
 {
+	eng_chain_flush(e);
 	size_t esz = dt_size(embed->dtype);
 	int lv = (int)embed->shape[0];
 	bool lead = eng_tp_lead(e);
@@ -146,6 +148,7 @@ void eng_embed(struct engine *e, float *x, float *xh, const int *tokens, int n,
 void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *local,
 		      int rows, int lv, float *gbuf)
 {
+	eng_chain_flush(e);
 	size_t blk = (size_t)rows * lv;
 	bool host = eng_host_mem(e);
 	if (e->world == 1) {

@@ -10,7 +10,9 @@
  * what the CUDA backend launches for the same step (one kernel per op, one async copy per
  * copy); the structure, not the dimensions, decides the count, so a checkpoint with GLM-5's
  * layers, experts, top-k and indexer at small dimensions (gen_glm --preset glm5-structure)
- * counts what GLM-5 launches. Prints a table, then one JSON line.
+ * counts what GLM-5 launches. A chain (engine_int.h eng_chain_begin: ops that follow one
+ * another as one launch) counts one; the ops inside chains are listed under it. Prints a
+ * table, then one JSON line.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -54,6 +56,7 @@ static int parse_pos(const char *s, const char *what, int hi, int *out)
 struct count_run {
 	char arch[128], backend[32];
 	double per_kind[ENG_LAUNCH_KINDS]; /* ops per step */
+	double chained[ENG_LAUNCH_KINDS];  /* ops per step run inside chains */
 	double kernels, copies, coll, total; /* launches per step */
 };
 
@@ -107,6 +110,7 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 		eng_launch_kind(k, &is_copy, &per);
 		double n = (double)(after.n[k] - before.n[k]) / steps;
 		r->per_kind[k] = n;
+		r->chained[k] = (double)(after.chained[k] - before.chained[k]) / steps;
 		*(is_copy ? &r->copies : &r->kernels) += n * per;
 	}
 	r->coll = (double)(after.collectives - before.collectives) / steps;
@@ -182,6 +186,14 @@ int bench_launches(int argc, char **argv)
 			printf("%-18s %10.1f%s\n", name, n, is_copy ? "  (copy)" : "");
 		json_object_set_new(by, name, json_real(n));
 	}
+	json_t *inside = json_object();
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		const char *name = eng_launch_kind(k, NULL, NULL);
+		if (grouped.chained[k] == 0)
+			continue;
+		printf("  %-16s %10.1f  (inside the chains)\n", name, grouped.chained[k]);
+		json_object_set_new(inside, name, json_real(grouped.chained[k]));
+	}
 	printf("%-18s %10.1f\n", "kernels", grouped.kernels);
 	printf("%-18s %10.1f\n", "copies", grouped.copies);
 	if (grouped.coll > 0)
@@ -190,11 +202,12 @@ int bench_launches(int argc, char **argv)
 	       grouped.total / target);
 	printf("%-18s %10.1f  (experts one by one, one matmul per weight; fused: %.2fx fewer)\n",
 	       "unfused", one.total, grouped.total > 0 ? one.total / grouped.total : 0.0);
-	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o}",
+	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o, s:o}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
-			      grouped.total, "unfused", one.total, "target", target, "by_kind", by);
+			      grouped.total, "unfused", one.total, "target", target, "by_kind", by,
+			      "chained", inside);
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	json_decref(j);
 	if (!s) {

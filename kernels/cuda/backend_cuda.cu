@@ -55,6 +55,7 @@ struct cuda_ctx {
 	uint16_t *xb;             /* the caps in bytes) */
 	size_t aq_cap, aq_scap, xb_cap;
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
+				   * moe_route_experts), then WK_CHAIN_SYNC of the chained launches:
 				   * moe_route_experts): zero, each launch leaving them zero */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
@@ -284,6 +285,13 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
 }
 
+static void wk_norms(struct wk_norm *w, const struct be_norm *r, int count)
+{
+	for (int k = 0; k < count && k < WK_NORM_MAX; k++)
+		w[k] = {r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps, r[k].layer,
+			r[k].rope_pos, r[k].rope_dim, r[k].theta};
+}
+
 static void norm_n(void *ctx, const struct be_norm *r, int count)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -292,9 +300,7 @@ static void norm_n(void *ctx, const struct be_norm *r, int count)
 	static_assert(WK_NORM_MAX == BE_NORM_MAX, "norm_n limits differ");
 	if (c->rc != WK_OK)
 		return;
-	for (int k = 0; k < count && k < WK_NORM_MAX; k++)
-		w[k] = {r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps, r[k].layer,
-			r[k].rope_pos, r[k].rope_dim, r[k].theta};
+	wk_norms(w, r, count);
 	ok(c, wk_cuda_norm_n(w, count, err, sizeof err), err);
 }
 
@@ -514,10 +520,10 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 /* The zeroed counters, made on first use; NULL (the failure kept) when CUDA refuses. */
 static unsigned *counters(struct cuda_ctx *c)
 {
+	size_t bytes = (DSA_GROUPS + WK_CHAIN_SYNC) * sizeof(unsigned);
 	if (!c->dsa_count &&
-	    (!ok_cuda(c, cudaMalloc((void **)&c->dsa_count, DSA_GROUPS * sizeof(unsigned)),
-		      "counters") ||
-	     !ok_cuda(c, cudaMemset(c->dsa_count, 0, DSA_GROUPS * sizeof(unsigned)), "counters")))
+	    (!ok_cuda(c, cudaMalloc((void **)&c->dsa_count, bytes), "counters") ||
+	     !ok_cuda(c, cudaMemset(c->dsa_count, 0, bytes), "counters")))
 		return NULL;
 	return c->dsa_count;
 }
@@ -892,6 +898,58 @@ static int dev_sync(void *ctx, char *err, size_t errsz)
 	return WK_OK;
 }
 
+/* ---- chained launches ---------------------------------------------------------------------- */
+
+/* The links as one launch (wk_cuda_chain). A matmul whose rotations the GEMV's store cannot
+ * make (mm_parts leaves some for a rope_n) makes the whole chain run op by op instead. */
+static void chain(void *ctx, const struct be_link *l, int count)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct wk_link wl[WK_CHAIN_MAX];
+	static_assert(WK_CHAIN_MAX == BE_CHAIN_MAX, "chain limits differ");
+	if (c->rc != WK_OK)
+		return;
+	if (count < 1 || count > WK_CHAIN_MAX) {
+		ok(c, wk_errf(err, sizeof err, WK_EINVAL, "CUDA chain: %d links (1..%d)", count,
+			      WK_CHAIN_MAX), err);
+		return;
+	}
+	for (int i = 0; i < count; i++) {
+		const struct be_link *k = &l[i];
+		struct wk_link *q = &wl[i];
+		memset(q, 0, sizeof *q);
+		q->n = k->n;
+		if (k->kind == BE_LINK_MATMUL) {
+			struct wk_rope rest[WK_MATMUL_MAX];
+			q->kind = WK_LINK_MATMUL;
+			if (mm_parts(q->mm, k->y, k->w, k->count, k->n, k->rope ? k->r : NULL,
+				     k->theta, rest) > 0) {
+				be_chain_each(&be_cuda, ctx, l, count);
+				return;
+			}
+			q->mm_count = k->count;
+			q->cols = k->count > 0 ? k->w[0]->cols : 0;
+			q->x = k->x_in;
+		} else if (k->kind == BE_LINK_ADD_RMSNORM) {
+			q->kind = WK_LINK_ADD_RMSNORM;
+			q->ax = k->x;
+			q->ay = k->y_norm;
+			q->d = k->d;
+			q->w = k->w_norm;
+			q->dim = k->dim;
+			q->eps = k->eps;
+		} else {
+			q->kind = WK_LINK_NORM;
+			q->norm_count = k->n_norm;
+			wk_norms(q->norm, k->norm, k->n_norm);
+		}
+	}
+	unsigned *sync = counters(c);
+	if (sync)
+		ok(c, wk_cuda_chain(wl, count, sync + DSA_GROUPS, err, sizeof err), err);
+}
+
 static struct backend make_backend(void)
 {
 	struct backend b;
@@ -904,6 +962,7 @@ static struct backend make_backend(void)
 	b.matmul_n = matmul_n;
 	b.matmul_rope_n = matmul_rope_n;
 	b.add_rmsnorm = add_rmsnorm;
+	b.chain = chain;
 	b.act_quant = act_quant;
 	b.matmul_fp8act = matmul_fp8act;
 	b.matmul_fp8w = matmul_fp8w;

@@ -14,9 +14,11 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <string.h>
 
 extern "C" {
 #include "common/wk.h"
+#include "kernels/cuda/cuda_kernels.h"
 }
 
 #define FP8_BLOCK 128 /* the block of the FP8 weight scales (CPU_FP8_BLOCK) */
@@ -193,5 +195,70 @@ __device__ __forceinline__ float load_w(const __nv_bfloat16 *w, size_t i)
 }
 __device__ __forceinline__ float load_w(const __half *w, size_t i) { return __half2float(w[i]); }
 __device__ __forceinline__ float load_w(const __nv_fp8_e4m3 *w, size_t i) { return float(w[i]); }
+
+/* ---- whole-block row ops, also run inside chained launches (kernels.cu's k_chain) ---- */
+
+/* k_add, then k_rmsnorm, over row xr [dim] by the block: each thread's elements and partial
+ * sum are k_rmsnorm's, so the result is the same bit for bit (k_add_rmsnorm's code). */
+static __device__ void row_add_rmsnorm(float *xr, const float *dr, float *yr, const float *w,
+				       int dim, float eps)
+{
+	float ss = 0.0f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+		float v = xr[i] + dr[i];
+		xr[i] = v;
+		ss += v * v;
+	}
+	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		yr[i] = xr[i] * inv * w[i];
+}
+
+/* norm_n's rows: block g of the set takes row g of the norms' rows in order. */
+struct norm_set {
+	int count;
+	int start[WK_NORM_MAX + 1]; /* first block of each norm; start[count]: all rows */
+	struct wk_norm r[WK_NORM_MAX];
+};
+
+static __device__ void norm_row(const struct norm_set &s, int g)
+{
+	int k = 0;
+	while (g >= s.start[k + 1])
+		k++;
+	const struct wk_norm *r = &s.r[k];
+	int row = g - s.start[k];
+	size_t at = (size_t)row * r->dim;
+	if (r->layer)
+		row_layernorm(r->y + at, r->x + at, r->w, r->b, r->dim, r->eps);
+	else
+		row_rmsnorm(r->y + at, r->x + at, r->w, r->dim, r->eps);
+	if (r->rope_dim <= 0)
+		return;
+	__syncthreads(); /* the row's normalised values, written by the block, are visible */
+	for (int j = threadIdx.x; j < r->rope_dim / 2; j += blockDim.x)
+		rope_pair(r->y + at, r->rope_pos + row, 1, r->dim, r->rope_dim, r->rope_theta, true,
+			  (size_t)j);
+}
+
+/* norm_n's set from r [count], checked: its blocks (rows) in s->start[count]. */
+static inline int norm_build(struct norm_set *s, const struct wk_norm *r, int count, char *err,
+			     size_t errsz)
+{
+	if (count < 1 || count > WK_NORM_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: %d norms (1..%d)", count,
+			       WK_NORM_MAX);
+	memset(s, 0, sizeof *s);
+	s->count = count;
+	for (int k = 0; k < count; k++) {
+		s->r[k] = r[k];
+		s->start[k + 1] = s->start[k] + (r[k].n > 0 ? r[k].n : 0);
+		if (r[k].rope_dim > 0 && (!r[k].rope_pos || r[k].rope_dim & 1 || r[k].rope_dim > r[k].dim))
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: norm %d rotates %d of %d "
+				       "(an even count at most dim, with positions)", k,
+				       r[k].rope_dim, r[k].dim);
+	}
+	return WK_OK;
+}
 
 #endif

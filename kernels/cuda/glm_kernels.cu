@@ -62,50 +62,17 @@ extern "C" int wk_cuda_layernorm(float *y, const float *x, const float *w, const
 
 /* ---- norm_n: several rmsnorms and layernorms in one launch, one block per row --------------- */
 
-struct norm_set {
-	int count;
-	int start[WK_NORM_MAX + 1]; /* first block of each norm; start[count]: all rows */
-	struct wk_norm r[WK_NORM_MAX];
-};
-
 __global__ void k_norm_n(struct norm_set s)
 {
-	int g = blockIdx.x, k = 0;
-	while (g >= s.start[k + 1])
-		k++;
-	const struct wk_norm *r = &s.r[k];
-	int row = g - s.start[k];
-	size_t at = (size_t)row * r->dim;
-	if (r->layer)
-		row_layernorm(r->y + at, r->x + at, r->w, r->b, r->dim, r->eps);
-	else
-		row_rmsnorm(r->y + at, r->x + at, r->w, r->dim, r->eps);
-	if (r->rope_dim <= 0)
-		return;
-	__syncthreads(); /* the row's normalised values, written by the block, are visible */
-	for (int j = threadIdx.x; j < r->rope_dim / 2; j += blockDim.x)
-		rope_pair(r->y + at, r->rope_pos + row, 1, r->dim, r->rope_dim, r->rope_theta, true,
-			  (size_t)j);
+	norm_row(s, (int)blockIdx.x);
 }
 
 extern "C" int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, size_t errsz)
 {
-	if (count < 1 || count > WK_NORM_MAX)
-		return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: %d norms (1..%d)", count,
-			       WK_NORM_MAX);
 	struct norm_set s;
-	memset(&s, 0, sizeof s);
-	s.count = count;
-	for (int k = 0; k < count; k++) {
-		s.r[k] = r[k];
-		s.start[k + 1] = s.start[k] + (r[k].n > 0 ? r[k].n : 0);
-		if (r[k].rope_dim > 0 && (!r[k].rope_pos || r[k].rope_dim & 1 || r[k].rope_dim > r[k].dim))
-			return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: norm %d rotates %d of %d "
-				       "(an even count at most dim, with positions)", k,
-				       r[k].rope_dim, r[k].dim);
-	}
-	if (s.start[count] == 0)
-		return WK_OK;
+	int rc = norm_build(&s, r, count, err, errsz);
+	if (rc != WK_OK || s.start[count] == 0)
+		return rc;
 	k_norm_n<<<s.start[count], 256>>>(s);
 	return launched("norm_n", err, errsz);
 }

@@ -134,14 +134,17 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p)
 	return v;
 }
 
-/* f[0..4) = the 4 floats at p (16-byte aligned, read-only for the kernel: cached in L1) */
+/* f[0..4) = the 4 floats at p (16-byte aligned): read-only for the kernel, through the
+ * read-only path; CO (coherent): written earlier in the same launch by other blocks (a
+ * chained launch, k_chain), so a plain load after the acquire, never ld.global.nc */
+template <bool CO>
 __device__ __forceinline__ void ld_x4(float *f, const float *p)
 {
 #ifdef WICK_SIMT
 	simt_aligned16(p);
 	memcpy(f, p, 16);
 #else
-	float4 v = __ldg((const float4 *)p);
+	float4 v = CO ? *(const float4 *)p : __ldg((const float4 *)p);
 	f[0] = v.x;
 	f[1] = v.y;
 	f[2] = v.z;
@@ -216,7 +219,7 @@ template <> struct mm_fp8<__nv_fp8_e4m3> {
 
 /* d[r * NT + t] += the E weights of chunk wv[r] (times sc when SW) . x[t][c ..] for t < nv
  * (xc: x[0] + c) */
-template <typename T, int NT, bool SW>
+template <typename T, int NT, bool SW, bool CO>
 __device__ __forceinline__ void mm_chunk(float *d, const uint4 *wv, const float *xc, int cols,
 					 int nv, float sc)
 {
@@ -236,7 +239,7 @@ __device__ __forceinline__ void mm_chunk(float *d, const uint4 *wv, const float 
 		for (int t = 0; t < NT; t++) {
 			if (t == 0 || t < nv) { /* nv >= 1 */
 				float xv[4];
-				ld_x4(xv, xc + (size_t)t * cols + 4 * q);
+				ld_x4<CO>(xv, xc + (size_t)t * cols + 4 * q);
 #pragma unroll
 				for (int r = 0; r < MM_R; r++)
 #pragma unroll
@@ -249,7 +252,7 @@ __device__ __forceinline__ void mm_chunk(float *d, const uint4 *wv, const float 
 
 /* The fast path over one team's rows wr[MM_R] for tokens t0 .. t0 + nv - 1 (nv <= NT):
  * acc[r * NT + t] += row r . x[t0 + t], this lane's chunks only. */
-template <typename T, int NT>
+template <typename T, int NT, bool CO>
 __device__ __forceinline__ void mm_vec(float *acc, const T *const *wr, const float *x,
 				       const float *srow, int cols, int t0, int nv, int tl, int tt)
 {
@@ -277,15 +280,16 @@ __device__ __forceinline__ void mm_vec(float *acc, const T *const *wr, const flo
 #pragma unroll
 				for (int i = 0; i < MM_R * NT; i++)
 					s[i] = 0.0f;
-				mm_chunk<T, NT, false>(s, wv[u], xt + c, cols, nv, 0.0f);
+				mm_chunk<T, NT, false, CO>(s, wv[u], xt + c, cols, nv, 0.0f);
 				float sc = srow[c / FP8_BLOCK];
 #pragma unroll
 				for (int i = 0; i < MM_R * NT; i++)
 					acc[i] = fmaf(s[i], sc, acc[i]);
 			} else if constexpr (mm_fp8<T>::v) { /* 8 tokens: the weights scaled */
-				mm_chunk<T, NT, true>(acc, wv[u], xt + c, cols, nv, srow[c / FP8_BLOCK]);
+				mm_chunk<T, NT, true, CO>(acc, wv[u], xt + c, cols, nv,
+							  srow[c / FP8_BLOCK]);
 			} else {
-				mm_chunk<T, NT, false>(acc, wv[u], xt + c, cols, nv, 0.0f);
+				mm_chunk<T, NT, false, CO>(acc, wv[u], xt + c, cols, nv, 0.0f);
 			}
 		}
 	}
@@ -391,7 +395,7 @@ __device__ __forceinline__ void mm_store(float *acc, float *y, int n, int rows, 
 /* Row group g (rows 4g .. 4g + 3) of y[n][rows] = x[n][cols] . w^T by one team; tl: the
  * thread's index in its team of tt; live: the group exists (a team past the last group
  * still joins the block's barriers). scale: FP8 block scales, else unused. */
-template <typename T, int NT>
+template <typename T, int NT, bool CO = false>
 __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale, int n,
 			int rows, int cols, int g, int tl, int tt, bool live, float *red,
 			const struct wk_mm *rp)
@@ -414,7 +418,7 @@ __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale
 		int nv = min(NT, n - t0);
 		if (live) {
 			if (vec)
-				mm_vec<T, NT>(acc, wr, x, srow, cols, t0, nv, tl, tt);
+				mm_vec<T, NT, CO>(acc, wr, x, srow, cols, t0, nv, tl, tt);
 			else
 				mm_scalar<T, NT>(acc, wr, x, srow, cols, t0, nv, tl, tt);
 		}
@@ -448,10 +452,9 @@ struct mm_at {
 	bool live;
 };
 
-__device__ __forceinline__ struct mm_at mm_where(const struct mm_set &s)
+__device__ __forceinline__ struct mm_at mm_where(const struct mm_set &s, int b)
 {
 	struct mm_at a;
-	int b = (int)blockIdx.x;
 	a.k = 0;
 	while (b >= s.bstart[a.k + 1])
 		a.k++;
@@ -469,39 +472,47 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(NT))
 	k_matmul(struct mm_set s, const float *x, int n)
 {
 	__shared__ float red[MM_THREADS];
-	struct mm_at a = mm_where(s);
+	struct mm_at a = mm_where(s, (int)blockIdx.x);
 	const struct wk_mm *p = &s.p[a.k];
 	mm_rows<T, NT>(p->y, x, (const T *)p->w, p->scale, n, p->rows, s.cols, a.g, a.tl, a.tt,
 		       a.live, red, p);
 }
 
-/* wk_cuda_matmul_n over weights of several dtypes: each block's dtype is chosen at run
- * time, each row computed by the same mm_rows as k_matmul's. The four paths together need
+/* Block b of a set whose weights' dtypes are chosen at run time, each row computed by the
+ * same mm_rows as k_matmul's: k_matmul_mixed's body, and a chained launch's (CO: x written
+ * earlier in that launch). red: MM_THREADS floats of shared memory. */
+template <int NT, bool CO>
+__device__ void mm_mixed(const struct mm_set &s, const float *x, int n, int b, float *red)
+{
+	struct mm_at a = mm_where(s, b);
+	const struct wk_mm *p = &s.p[a.k];
+	switch (p->dtype) {
+	case DT_F32:
+		mm_rows<float, NT, CO>(p->y, x, (const float *)p->w, NULL, n, p->rows, s.cols, a.g,
+				       a.tl, a.tt, a.live, red, p);
+		break;
+	case DT_BF16:
+		mm_rows<__nv_bfloat16, NT, CO>(p->y, x, (const __nv_bfloat16 *)p->w, NULL, n,
+					       p->rows, s.cols, a.g, a.tl, a.tt, a.live, red, p);
+		break;
+	case DT_F16:
+		mm_rows<__half, NT, CO>(p->y, x, (const __half *)p->w, NULL, n, p->rows, s.cols,
+					a.g, a.tl, a.tt, a.live, red, p);
+		break;
+	default: /* DT_F8_E4M3, checked at launch */
+		mm_rows<__nv_fp8_e4m3, NT, CO>(p->y, x, (const __nv_fp8_e4m3 *)p->w, p->scale, n,
+					       p->rows, s.cols, a.g, a.tl, a.tt, a.live, red, p);
+		break;
+	}
+}
+
+/* wk_cuda_matmul_n over weights of several dtypes (mm_mixed). The four paths together need
  * more registers than one, so this kernel is not held to k_matmul's register bound. */
 template <int NT>
 __global__ void __launch_bounds__(MM_THREADS, 1) k_matmul_mixed(struct mm_set s, const float *x, int n)
 {
 	__shared__ float red[MM_THREADS];
-	struct mm_at a = mm_where(s);
-	const struct wk_mm *p = &s.p[a.k];
-	switch (p->dtype) {
-	case DT_F32:
-		mm_rows<float, NT>(p->y, x, (const float *)p->w, NULL, n, p->rows, s.cols, a.g,
-				   a.tl, a.tt, a.live, red, p);
-		break;
-	case DT_BF16:
-		mm_rows<__nv_bfloat16, NT>(p->y, x, (const __nv_bfloat16 *)p->w, NULL, n, p->rows,
-					   s.cols, a.g, a.tl, a.tt, a.live, red, p);
-		break;
-	case DT_F16:
-		mm_rows<__half, NT>(p->y, x, (const __half *)p->w, NULL, n, p->rows, s.cols, a.g,
-				    a.tl, a.tt, a.live, red, p);
-		break;
-	default: /* DT_F8_E4M3, checked at launch */
-		mm_rows<__nv_fp8_e4m3, NT>(p->y, x, (const __nv_fp8_e4m3 *)p->w, p->scale, n,
-					   p->rows, s.cols, a.g, a.tl, a.tt, a.live, red, p);
-		break;
-	}
+	mm_mixed<NT, false>(s, x, n, (int)blockIdx.x, red);
 }
 
 /* tokens per pass: 1, 2, 4 or 8 (n = 3 runs as 4 with one masked, n > 8 in groups of 8) */
@@ -520,22 +531,31 @@ template <typename T> static void launch_one(const struct mm_set &s, unsigned b,
 	}
 }
 
+/* The set of parts over x [n][cols] (parts checked by the caller); its blocks in
+ * s->bstart[count] (0: nothing to do); *mixed when the dtypes differ. */
+static void mm_build(struct mm_set *s, const struct wk_mm *parts, int count, int cols,
+		     bool *mixed)
+{
+	memset(s, 0, sizeof *s);
+	s->count = count;
+	s->cols = cols;
+	*mixed = false;
+	for (int k = 0; k < count; k++) {
+		s->p[k] = parts[k];
+		s->tt[k] = mm_team(parts[k].rows, cols, dt_size(parts[k].dtype));
+		s->bstart[k + 1] = s->bstart[k] + (int)blocks((size_t)(parts[k].rows + MM_R - 1) / MM_R,
+							      MM_THREADS / s->tt[k]);
+		*mixed |= parts[k].dtype != parts[0].dtype;
+	}
+}
+
 /* Launches the set (parts checked by the caller); nothing when it has no rows or n <= 0. */
 static int mm_launch(const struct wk_mm *parts, int count, const float *x, int n, int cols,
 		     const char *what, char *err, size_t errsz)
 {
 	struct mm_set s;
-	memset(&s, 0, sizeof s);
-	s.count = count;
-	s.cols = cols;
-	bool mixed = false;
-	for (int k = 0; k < count; k++) {
-		s.p[k] = parts[k];
-		s.tt[k] = mm_team(parts[k].rows, cols, dt_size(parts[k].dtype));
-		s.bstart[k + 1] = s.bstart[k] + (int)blocks((size_t)(parts[k].rows + MM_R - 1) / MM_R,
-							    MM_THREADS / s.tt[k]);
-		mixed |= parts[k].dtype != parts[0].dtype;
-	}
+	bool mixed;
+	mm_build(&s, parts, count, cols, &mixed);
 	if (n <= 0 || s.bstart[count] == 0)
 		return WK_OK;
 	unsigned b = (unsigned)s.bstart[count];
@@ -557,8 +577,8 @@ static int mm_launch(const struct wk_mm *parts, int count, const float *x, int n
 	return launched(what, err, errsz);
 }
 
-extern "C" int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n,
-				int cols, char *err, size_t errsz)
+/* wk_cuda_matmul_n's checks of its parts */
+static int mm_check(const struct wk_mm *parts, int count, char *err, size_t errsz)
 {
 	if (count < 1 || count > WK_MATMUL_MAX)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA matmul_n: %d weights (1..%d)", count,
@@ -583,6 +603,15 @@ extern "C" int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const floa
 				       "in even pairs", k, p->rope_heads, p->rope_hd, p->rope_dim,
 				       p->rope_off, p->rows);
 	}
+	return WK_OK;
+}
+
+extern "C" int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n,
+				int cols, char *err, size_t errsz)
+{
+	int rc = mm_check(parts, count, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 	return mm_launch(parts, count, x, n, cols, "matmul_n", err, errsz);
 }
 
@@ -723,17 +752,8 @@ extern "C" int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, 
 __global__ void k_add_rmsnorm(float *x, const float *d, float *y, const float *w, int dim,
 			      float eps)
 {
-	float *xr = x + (size_t)blockIdx.x * dim, *yr = y + (size_t)blockIdx.x * dim;
-	const float *dr = d + (size_t)blockIdx.x * dim;
-	float ss = 0.0f;
-	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-		float v = xr[i] + dr[i];
-		xr[i] = v;
-		ss += v * v;
-	}
-	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
-	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		yr[i] = xr[i] * inv * w[i];
+	size_t at = (size_t)blockIdx.x * dim;
+	row_add_rmsnorm(x + at, d + at, y + at, w, dim, eps);
 }
 
 extern "C" int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int n,
@@ -743,6 +763,137 @@ extern "C" int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const flo
 		return WK_OK;
 	k_add_rmsnorm<<<n, 256>>>(x, d, y, w, dim, eps);
 	return launched("add_rmsnorm", err, errsz);
+}
+
+/* ---- chained launches (wk_cuda_chain) ------------------------------------------------------ */
+
+/* One link as the kernel sees it: the set its own launch would run. */
+struct chain_mm {
+	struct mm_set s;
+	const float *x;
+};
+struct chain_an {
+	float *x, *y;
+	const float *d, *w;
+	int dim;
+	float eps;
+};
+struct chain_link {
+	int kind, n;
+	union {
+		struct chain_mm mm;
+		struct chain_an an;
+		struct norm_set nm;
+	};
+};
+struct chain_set {
+	int count;
+	int bstart[WK_CHAIN_MAX + 1]; /* the tickets of link k: [bstart[k], bstart[k + 1]) */
+	struct chain_link l[WK_CHAIN_MAX];
+};
+static_assert(sizeof(struct chain_set) + sizeof(unsigned *) <= 4096,
+	      "a chain's parameters must fit a launch's 4 KB");
+
+/* sync[0]: the next ticket; sync[1 + k]: link k's finished blocks; sync[1 + WK_CHAIN_MAX]:
+ * all finished blocks, the last of which zeroes them all for the next chain. The matmul links
+ * run mm_mixed (any dtypes: GLM-5's indexer weights_proj and router are not FP8), so the
+ * kernel takes k_matmul_mixed's register bound, not k_matmul's: ptxas gives 121 registers at
+ * one token (2 blocks an SM, not 4; held to 64 it spills), 255 at 8. Whether the launches it
+ * saves outweigh that is for a GPU to measure (scripts/gpu-check). */
+template <int NT>
+__global__ void __launch_bounds__(MM_THREADS, 1) k_chain(struct chain_set c, unsigned *sync)
+{
+	__shared__ float red[MM_THREADS];
+	__shared__ int s_ticket;
+	if (threadIdx.x == 0)
+		s_ticket = (int)atomicAdd(&sync[0], 1u);
+	__syncthreads();
+	int t = s_ticket, k = 0;
+	while (t >= c.bstart[k + 1])
+		k++;
+	int b = t - c.bstart[k];
+	if (k > 0) { /* every block of link k - 1 has finished (and so, of every link before) */
+		if (threadIdx.x == 0) {
+			const volatile unsigned *done = sync + k;
+			unsigned need = (unsigned)(c.bstart[k] - c.bstart[k - 1]);
+			while (*done < need)
+				__nanosleep(100);
+			__threadfence(); /* acquire: their writes before this block's reads */
+		}
+		__syncthreads();
+	}
+	const struct chain_link &l = c.l[k];
+	if (l.kind == WK_LINK_MATMUL) {
+		mm_mixed<NT, true>(l.mm.s, l.mm.x, l.n, b, red);
+	} else if (l.kind == WK_LINK_ADD_RMSNORM) {
+		size_t at = (size_t)b * l.an.dim;
+		row_add_rmsnorm(l.an.x + at, l.an.d + at, l.an.y + at, l.an.w, l.an.dim, l.an.eps);
+	} else {
+		norm_row(l.nm, b);
+	}
+	__syncthreads(); /* the block's writes are done */
+	if (threadIdx.x == 0) {
+		__threadfence(); /* release: they are visible before the count moves */
+		atomicAdd(&sync[1 + k], 1u);
+		if (atomicAdd(&sync[1 + WK_CHAIN_MAX], 1u) == (unsigned)c.bstart[c.count] - 1)
+			for (int i = 0; i < WK_CHAIN_SYNC; i++) /* no block is left to read them */
+				sync[i] = 0;
+	}
+}
+
+extern "C" int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync, char *err,
+			     size_t errsz)
+{
+	if (count < 1 || count > WK_CHAIN_MAX || !sync)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: %d links (1..%d)%s", count,
+			       WK_CHAIN_MAX, sync ? "" : ", no counters");
+	struct chain_set c;
+	memset(&c, 0, sizeof c);
+	int nt = 0, rc;
+	for (int i = 0; i < count; i++) {
+		struct chain_link *q = &c.l[c.count];
+		int nb = 0;
+		q->kind = l[i].kind;
+		q->n = l[i].n;
+		if (l[i].kind == WK_LINK_MATMUL) {
+			bool mixed;
+			if ((rc = mm_check(l[i].mm, l[i].mm_count, err, errsz)) != WK_OK)
+				return rc;
+			if (nt && l[i].n > 0 && mm_nt(l[i].n) != nt)
+				return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: link %d's %d tokens "
+					       "take another pass than the links before", i, l[i].n);
+			if (l[i].n > 0)
+				nt = mm_nt(l[i].n);
+			mm_build(&q->mm.s, l[i].mm, l[i].mm_count, l[i].cols, &mixed);
+			q->mm.x = l[i].x;
+			nb = l[i].n > 0 ? q->mm.s.bstart[l[i].mm_count] : 0;
+		} else if (l[i].kind == WK_LINK_ADD_RMSNORM) {
+			q->an = {l[i].ax, l[i].ay, l[i].d, l[i].w, l[i].dim, l[i].eps};
+			nb = l[i].n > 0 ? l[i].n : 0;
+		} else if (l[i].kind == WK_LINK_NORM) {
+			if ((rc = norm_build(&q->nm, l[i].norm, l[i].norm_count, err, errsz)) != WK_OK)
+				return rc;
+			nb = q->nm.start[l[i].norm_count];
+		} else {
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: link %d of kind %d", i,
+				       (int)l[i].kind);
+		}
+		if (nb == 0) /* nothing to do: no blocks, and no link waits on it */
+			continue;
+		c.bstart[c.count + 1] = c.bstart[c.count] + nb;
+		c.count++;
+	}
+	if (c.count == 0)
+		return WK_OK;
+	unsigned b = (unsigned)c.bstart[c.count];
+	switch (nt) {
+	case 0:
+	case 1: k_chain<1><<<b, MM_THREADS>>>(c, sync); break;
+	case 2: k_chain<2><<<b, MM_THREADS>>>(c, sync); break;
+	case 4: k_chain<4><<<b, MM_THREADS>>>(c, sync); break;
+	default: k_chain<MM_NT><<<b, MM_THREADS>>>(c, sync); break;
+	}
+	return launched("chain", err, errsz);
 }
 
 /* ---- rope (cpu_ref_rope): one thread per rotated pair ---------------------------------------- */

@@ -10,7 +10,11 @@
 # (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj); a batch-1 step's keys land in their
 # caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed);
 # nothing is rotated by a rope op of its own (q, k_pe and the indexer's queries in the stores
-# of the matmuls that make them, the indexer's keys in their norm's launch).
+# of the matmuls that make them, the indexer's keys in their norm's launch). Chained launches
+# (engine_int.h eng_chain_begin): each layer's norm with the attention's first projections,
+# their norms and q_b (one launch), and o_proj with the residual add, the norm and the FFN's
+# first matmul (one launch); the final norm with lm_head: 2 chains a layer + 1, and the ops
+# inside them listed apart ("chained"); the per-kind counts below are of ops, chained or not.
 # The unfused baseline: 8 distinct experts one by one (a gather, 3 matmuls, a silu_mul and a
 # scatter each, and the routing plan to the host and back: 52 launches), every weight its own
 # matmul, 2 cache copies a layer, and MLA's three ops. Also: the sharded count is one rank's,
@@ -42,7 +46,9 @@ echo "$out"
 python3 - "$(echo "$out" | tail -n 1)" "$g/config.json" <<'PY' || fail "GLM-5 structure counts"
 import json, sys
 j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
-k = j["by_kind"]
+ch = j["chained"]
+k = {n: j["by_kind"].get(n, 0) + ch.get(n, 0) for n in set(j["by_kind"]) | set(ch)}
+k = {n: v for n, v in k.items() if v}
 L, dense, topk = cfg["num_hidden_layers"], cfg["first_k_dense_replace"], cfg["num_experts_per_tok"]
 moe = L - dense
 assert L == 78 and dense == 3 and cfg["n_routed_experts"] == 256 and topk == 8, cfg
@@ -58,10 +64,16 @@ assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
 assert "rope" not in k, k   # q, k_pe and the indexer's queries rotated in their matmuls' stores,
                             # the indexer's keys in their norm_n after the norm
 assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
+b = j["by_kind"]
+assert b["chain"] == 2 * L + 1, b          # two chains a layer, the final norm with lm_head
+assert ch["add_rmsnorm"] == 2 * L and ch["rmsnorm"] == L, ch   # every norm after layer 0's
+assert ch["matmul"] == 3 * L + dense + moe + 1, ch   # all but the dense MLPs' down (after SiLU)
+assert b["matmul"] == dense and b["rmsnorm"] == 1 and "add_rmsnorm" not in b, b
 # per MoE layer: 8 experts' 6 ops, 4 plan copies and moe_route for the grouped op's 3; the
 # shared expert's gate, up, silu_mul and down (inside it); then the attention's matmuls,
 # the dense MLPs' gate + up, cache copies, adds, ropes (4 a layer, none left), norms, MLA
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 4 * L + 2 * L + 2 * L, j
+# and the chains: the ops they hold, less one launch each
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 4 * L + 2 * L + 2 * L + sum(ch.values()) - b["chain"], j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY
@@ -73,10 +85,13 @@ out=$("$WICK" bench launches "$s" --context 100 --steps 2 --threads 2)
 python3 - "$(echo "$out" | tail -n 1)" <<'PY' || fail "sharded counts: $out"
 import json, sys
 j = json.loads(sys.argv[1])
+b, ch = j["by_kind"], j["chained"]
 assert j["collectives"] >= 2 * 78, j   # an all_reduce after the attention and the FFN
-assert j["by_kind"]["mla_absorbed"] == 78 and "mla_attention" not in j["by_kind"], j
+assert b["mla_absorbed"] == 78 and "mla_attention" not in b, j
 # rank 0 leads the shared expert's TP slice and its routed experts: one grouped op with both
-assert j["by_kind"]["matmul"] == 3 * 78 + 2 * 3 + 75 + 1 and j["by_kind"]["silu_mul"] == 3, j
+assert b["matmul"] + ch["matmul"] == 3 * 78 + 2 * 3 + 75 + 1 and b["silu_mul"] == 3, j
+# the all_reduce after o_proj ends its chain: o_proj (and the dense MLPs' down) alone
+assert b["matmul"] == 78 + 3 and b["chain"] == 2 * 78 + 1, j
 assert "rope" not in j["by_kind"], j
 print(f"sharded tp 2 x ep 2, rank 0: {j['launches']:.0f} launches, {j['collectives']:.0f} collectives")
 PY

@@ -158,6 +158,14 @@ static void fiber_make(fiber *f)
 	makecontext(&f->uc, fiber_main, 0);
 }
 
+void simt_nanosleep(unsigned)
+{
+	static unsigned long polls; /* over the whole run: a correct wait never polls here */
+	if (++polls == 1000)
+		fail("__nanosleep 1000 times: waiting for blocks that will never run (blocks run "
+		     "one at a time here, so what a block waits for must have run before it)");
+}
+
 /* ---- barriers and shuffles ------------------------------------------------------------- */
 
 void simt_syncthreads(const char *site)

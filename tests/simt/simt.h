@@ -168,6 +168,12 @@ void simt_syncthreads(const char *site);
 /* Blocks run one after another here, so every earlier block's writes are already visible:
  * a fence orders nothing (the GPU's memory model is not modelled; see the top). */
 static inline void __threadfence(void) {}
+/* A thread waiting for other blocks (a chained launch's link waits for the one before it)
+ * sleeps between polls. Blocks run one after another here, in the order they take their
+ * tickets, so a correct wait is over before its first poll: a thread that sleeps again and
+ * again waits for work no block left to run will do, and it aborts with that message. */
+void simt_nanosleep(unsigned ns);
+#define __nanosleep(ns) simt_nanosleep(ns)
 
 /* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
 int simt_lane(void);

@@ -2354,3 +2354,196 @@ Test(cuda_kernels, sample_cand_matches_ref)
 		    "give samp_pick's token but %d of the %d within 1e-5 of a boundary", rows,
 		    overflows, picks, draws + picks, near_differ, near);
 }
+
+/* ---- chained launches (wk_cuda_chain) ---------------------------------------------------- */
+
+/* A device weight of rnd_weight's (scale: its device block scales, or NULL). */
+static void *dev_weight(enum dt_type t, int rows, int cols, float **scale)
+{
+	float *hs;
+	void *w = rnd_weight(t, rows, cols, &hs), *dw = to_dev(w, (size_t)rows * cols * dt_size(t));
+	*scale = hs ? to_dev(hs, (size_t)((rows + 127) / 128) * ((cols + 127) / 128) * 4) : NULL;
+	free(w);
+	free(hs);
+	return dw;
+}
+
+/* The buffers one run of the two chains writes: the residual h (a copy of h0) and every
+ * op's output. */
+enum { CH_D = 256, CH_Q = 96, CH_K = 64, CH_I = 8, CH_B = 96, CH_IQ = 64, CH_R = 16 };
+struct ch_out {
+	float *h, *xb, *qc, *kv, *iw, *qb, *iq, *o, *xb2, *r;
+};
+
+static float *dev_zero(size_t floats)
+{
+	float *d = dev_alloc(floats * 4);
+	cr_assert_eq(wk_cuda_zero(d, floats * 4, err, sizeof err), WK_OK, "%s", err);
+	return d;
+}
+
+static void ch_alloc(struct ch_out *b, const float *h0, int n) /* h0: host memory */
+{
+	b->h = to_dev(h0, (size_t)n * CH_D * 4);
+	b->xb = dev_zero((size_t)n * CH_D);
+	b->qc = dev_zero((size_t)n * CH_Q);
+	b->kv = dev_zero((size_t)n * CH_K);
+	b->iw = dev_zero((size_t)n * CH_I);
+	b->qb = dev_zero((size_t)n * CH_B);
+	b->iq = dev_zero((size_t)n * CH_IQ);
+	b->o = dev_zero((size_t)n * CH_D);
+	b->xb2 = dev_zero((size_t)n * CH_D);
+	b->r = dev_zero((size_t)n * CH_R);
+}
+
+static void ch_free(struct ch_out *b)
+{
+	float **p[] = {&b->h, &b->xb, &b->qc, &b->kv, &b->iw, &b->qb, &b->iq, &b->o, &b->xb2, &b->r};
+	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+		wk_cuda_free(*p[i]);
+}
+
+/* GLM-5's two chains of a decode step, at small sizes: (1) the residual add and norm, the
+ * projections of x (two FP8 weights, one with a rotated slice, and a BF16 one), the norms of
+ * two of them (an rmsnorm in place, a layernorm with a bias, rotated), the projections of the
+ * normalised q_c (FP8 and BF16, both rotated); (2) o_proj (F32), the residual add and norm,
+ * the router (F32). Run as two chained launches on one set of counters, and op by op: every
+ * output equal bit for bit, over 1, 2, 3, 5 and 9 tokens (each token pass of the GEMV), and
+ * the counters left zero. */
+Test(cuda_kernels, chain_matches_the_ops_one_by_one)
+{
+	NEED_GPU();
+	static const int ns[] = {1, 2, 3, 5, 9};
+	int pos_h[9] = {0, 3, 7, 100, 4095, 1, 2, 31, 65000};
+	int *dpos = to_dev(pos_h, sizeof pos_h);
+	float *s_qa, *s_kv, *s_iw, *s_qb, *s_iq, *s_o, *s_rt;
+	void *w_qa = dev_weight(DT_F8_E4M3, CH_Q, CH_D, &s_qa);
+	void *w_kv = dev_weight(DT_F8_E4M3, CH_K, CH_D, &s_kv);
+	void *w_iw = dev_weight(DT_BF16, CH_I, CH_D, &s_iw);
+	void *w_qb = dev_weight(DT_F8_E4M3, CH_B, CH_Q, &s_qb);
+	void *w_iq = dev_weight(DT_BF16, CH_IQ, CH_Q, &s_iq);
+	void *w_o = dev_weight(DT_F32, CH_D, CH_B, &s_o);
+	void *w_rt = dev_weight(DT_F32, CH_R, CH_D, &s_rt);
+	float *hv[4];
+	for (int i = 0; i < 4; i++)
+		hv[i] = rnd_vec(CH_D);
+	float *nw = to_dev(hv[0], CH_D * 4), *nw2 = to_dev(hv[1], CH_D * 4);
+	float *qn = to_dev(hv[2], CH_Q * 4), *kn = to_dev(hv[3], CH_K * 4),
+	      *kb = to_dev(hv[3] + CH_K, CH_K * 4);
+	unsigned zeros[WK_CHAIN_SYNC] = {0}, left[WK_CHAIN_SYNC];
+	unsigned *sync = to_dev(zeros, sizeof zeros);
+	for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+		int n = ns[ni];
+		float *h0 = rnd_vec((size_t)n * CH_D), *d = rnd_vec((size_t)n * CH_D);
+		float *dd = to_dev(d, (size_t)n * CH_D * 4);
+		struct ch_out a, b; /* chained, op by op */
+		ch_alloc(&a, h0, n);
+		ch_alloc(&b, h0, n);
+		for (int pass = 0; pass < 2; pass++) {
+			struct ch_out *o = pass ? &b : &a;
+			struct wk_mm x3[3] = {
+				{.y = o->qc, .w = w_qa, .scale = s_qa, .dtype = DT_F8_E4M3, .rows = CH_Q},
+				{.y = o->kv, .w = w_kv, .scale = s_kv, .dtype = DT_F8_E4M3, .rows = CH_K,
+				 .rope_pos = dpos, .rope_heads = 1, .rope_hd = CH_K, .rope_off = 32,
+				 .rope_dim = 32, .rope_theta = 10000.0f},
+				{.y = o->iw, .w = w_iw, .dtype = DT_BF16, .rows = CH_I}};
+			struct wk_norm nm[2] = {
+				{o->qc, o->qc, qn, NULL, n, CH_Q, 1e-6f, false, NULL, 0, 0},
+				{o->kv, o->kv, kn, kb, n, CH_K, 1e-6f, true, dpos, 32, 10000.0f}};
+			struct wk_mm q2[2] = {
+				{.y = o->qb, .w = w_qb, .scale = s_qb, .dtype = DT_F8_E4M3, .rows = CH_B,
+				 .rope_pos = dpos, .rope_heads = 2, .rope_hd = 48, .rope_off = 16,
+				 .rope_dim = 32, .rope_theta = 10000.0f},
+				{.y = o->iq, .w = w_iq, .dtype = DT_BF16, .rows = CH_IQ, .rope_pos = dpos,
+				 .rope_heads = 2, .rope_hd = 32, .rope_off = 0, .rope_dim = 32,
+				 .rope_theta = 10000.0f}};
+			struct wk_mm om = {.y = o->o, .w = w_o, .dtype = DT_F32, .rows = CH_D};
+			struct wk_mm rm = {.y = o->r, .w = w_rt, .dtype = DT_F32, .rows = CH_R};
+			if (pass == 0) {
+				static struct wk_link l[4], m[3]; /* large: not on the stack */
+				memset(l, 0, sizeof l);
+				memset(m, 0, sizeof m);
+				l[0] = (struct wk_link){.kind = WK_LINK_ADD_RMSNORM, .n = n, .ax = o->h,
+							.ay = o->xb, .d = dd, .w = nw, .dim = CH_D,
+							.eps = 1e-5f};
+				l[1].kind = WK_LINK_MATMUL;
+				l[1].n = n;
+				memcpy(l[1].mm, x3, sizeof x3);
+				l[1].mm_count = 3;
+				l[1].cols = CH_D;
+				l[1].x = o->xb;
+				l[2].kind = WK_LINK_NORM;
+				memcpy(l[2].norm, nm, sizeof nm);
+				l[2].norm_count = 2;
+				l[3] = l[1];
+				memcpy(l[3].mm, q2, sizeof q2);
+				l[3].mm_count = 2;
+				l[3].cols = CH_Q;
+				l[3].x = o->qc;
+				m[0] = (struct wk_link){.kind = WK_LINK_MATMUL, .n = n, .mm = {om},
+							.mm_count = 1, .cols = CH_B, .x = o->qb};
+				m[1] = (struct wk_link){.kind = WK_LINK_ADD_RMSNORM, .n = n, .ax = o->h,
+							.ay = o->xb2, .d = o->o, .w = nw2, .dim = CH_D,
+							.eps = 1e-5f};
+				m[2] = (struct wk_link){.kind = WK_LINK_MATMUL, .n = n, .mm = {rm},
+							.mm_count = 1, .cols = CH_D, .x = o->xb2};
+				cr_assert_eq(wk_cuda_chain(l, 4, sync, err, sizeof err), WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_chain(m, 3, sync, err, sizeof err), WK_OK, "%s", err);
+			} else {
+				cr_assert_eq(wk_cuda_add_rmsnorm(o->h, dd, o->xb, nw, n, CH_D, 1e-5f, err,
+								 sizeof err), WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_matmul_n(x3, 3, o->xb, n, CH_D, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_norm_n(nm, 2, err, sizeof err), WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_matmul_n(q2, 2, o->qc, n, CH_Q, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_matmul_n(&om, 1, o->qb, n, CH_B, err, sizeof err),
+					     WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_add_rmsnorm(o->h, o->o, o->xb2, nw2, n, CH_D, 1e-5f,
+								 err, sizeof err), WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_matmul_n(&rm, 1, o->xb2, n, CH_D, err, sizeof err),
+					     WK_OK, "%s", err);
+			}
+		}
+		const char *names[] = {"h", "xb", "q_c", "kv", "iw", "q_b", "iq", "o", "xb2", "router"};
+		float *pa[] = {a.h, a.xb, a.qc, a.kv, a.iw, a.qb, a.iq, a.o, a.xb2, a.r};
+		float *pb[] = {b.h, b.xb, b.qc, b.kv, b.iw, b.qb, b.iq, b.o, b.xb2, b.r};
+		int width[] = {CH_D, CH_D, CH_Q, CH_K, CH_I, CH_B, CH_IQ, CH_D, CH_D, CH_R};
+		for (int i = 0; i < 10; i++) {
+			size_t bytes = (size_t)n * width[i] * 4;
+			float *ga = malloc(bytes), *gb = malloc(bytes);
+			from_dev(ga, pa[i], bytes);
+			from_dev(gb, pb[i], bytes);
+			cr_expect_eq(memcmp(ga, gb, bytes), 0, "n %d: %s chained differs from op by op",
+				     n, names[i]);
+			for (size_t j = 0; j < bytes / 4; j++)
+				cr_assert(isfinite(ga[j]), "n %d: %s[%zu] = %g", n, names[i], j, ga[j]);
+			free(ga);
+			free(gb);
+		}
+		from_dev(left, sync, sizeof left);
+		cr_expect_eq(memcmp(left, zeros, sizeof zeros), 0, "n %d: counters left non-zero", n);
+		ch_free(&a);
+		ch_free(&b);
+		wk_cuda_free(dd);
+		free(h0);
+		free(d);
+	}
+	/* refused: the matmuls' token passes differ, too many links, no counters */
+	static struct wk_link bad[WK_CHAIN_MAX + 1];
+	memset(bad, 0, sizeof bad);
+	for (int i = 0; i < WK_CHAIN_MAX + 1; i++)
+		bad[i] = (struct wk_link){.kind = WK_LINK_MATMUL, .n = i ? 1 : 9, .mm_count = 1,
+					  .cols = CH_D, .x = nw,
+					  .mm = {{.y = nw2, .w = w_rt, .dtype = DT_F32, .rows = 1}}};
+	cr_expect_eq(wk_cuda_chain(bad, 2, sync, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "pass"), "%s", err);
+	cr_expect_eq(wk_cuda_chain(bad + 1, WK_CHAIN_MAX + 1 - 1, NULL, err, sizeof err), WK_EINVAL);
+	cr_expect_eq(wk_cuda_chain(bad, WK_CHAIN_MAX + 1, sync, err, sizeof err), WK_EINVAL);
+	void *ws[] = {w_qa, w_kv, w_iw, w_qb, w_iq, w_o, w_rt, s_qa, s_kv, s_iw, s_qb, s_iq, s_o,
+		      s_rt, nw, nw2, qn, kn, kb, sync, dpos};
+	for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+		wk_cuda_free(ws[i]);
+	for (int i = 0; i < 4; i++)
+		free(hv[i]);
+}
