@@ -162,6 +162,10 @@ void be_chain_each(const struct backend *b, void *ctx, const struct be_link *l, 
 		case BE_LINK_NORM:
 			b->norm_n(ctx, k->norm, k->n_norm);
 			break;
+		case BE_LINK_MOE:
+			b->moe_route_experts(ctx, k->y_moe, k->x_moe, k->logits, k->bias, &k->route,
+					     k->idx, k->wt, k->n, k->ex, k->scratch);
+			break;
 		}
 	}
 }

@@ -121,10 +121,11 @@ struct be_rope {
 /* One op of a chain (backend member chain): a matmul_n / matmul_rope_n (BE_LINK_MATMUL:
  * count weights over x; with rope, rotated as matmul_rope_n rotates, r[k].rot_dim 0 for an
  * output left as it is; count 1 without rope is a plain matmul), an add_rmsnorm
- * (BE_LINK_ADD_RMSNORM: x += d, then y = rmsnorm(x) . w over n rows of dim) or a norm_n
- * (BE_LINK_NORM). */
+ * (BE_LINK_ADD_RMSNORM: x += d, then y = rmsnorm(x) . w over n rows of dim), a norm_n
+ * (BE_LINK_NORM) or a moe_route_experts (BE_LINK_MOE, from fewer than ENG_GEMM_TOKENS
+ * tokens: y_moe, x_moe, logits, bias, route, idx, wt, n, ex, scratch). */
 #define BE_CHAIN_MAX 6
-enum be_link_kind { BE_LINK_MATMUL, BE_LINK_ADD_RMSNORM, BE_LINK_NORM };
+enum be_link_kind { BE_LINK_MATMUL, BE_LINK_ADD_RMSNORM, BE_LINK_NORM, BE_LINK_MOE };
 struct be_link {
 	enum be_link_kind kind;
 	int n;
@@ -144,6 +145,13 @@ struct be_link {
 	/* BE_LINK_NORM */
 	struct be_norm norm[BE_NORM_MAX];
 	int n_norm;
+	/* BE_LINK_MOE */
+	float *y_moe, *wt;
+	const float *x_moe, *logits, *bias;
+	struct be_route route;
+	int *idx;
+	const struct be_experts *ex;
+	void *scratch;
 };
 
 /* sample_cand's per-row settings and result (struct cpu_samp, cpu_cand_head in cpu.h). */
@@ -242,9 +250,9 @@ struct backend {
 			    int dim, float eps);
 	/* Ops that follow one another (l [count], 2 .. BE_CHAIN_MAX), each exactly as its own
 	 * op computes it, in order: what be_chain_each does, as one launch on a GPU (the CUDA
-	 * backend's chained launch, kernels/cuda/kernels.cu k_chain). The engine builds chains of
-	 * the decode step's GEMVs and norms (eng_chain_begin). Optional (NULL: the ops one by
-	 * one). */
+	 * backend's chained launch, kernels/cuda/moe_kernels.cu k_chain). The engine builds
+	 * chains of the decode step's GEMVs, norms and MoE op (eng_chain_begin). Optional (NULL:
+	 * the ops one by one). */
 	void (*chain)(void *ctx, const struct be_link *l, int count);
 
 	/* ---- GLM families (reference definitions: kernels/cpu/glm_ref.c, contracts in cpu.h).
@@ -376,7 +384,8 @@ extern const struct backend be_null; /* kernels/backend_null.c: no arithmetic, f
 const struct backend *be_find(const char *name);
 
 /* The links of a chain run one by one through b's own ops (matmul, matmul_n or
- * matmul_rope_n; add_rmsnorm; norm_n): the chain op's meaning, and its fallback. */
+ * matmul_rope_n; add_rmsnorm; norm_n; moe_route_experts): the chain op's meaning, and its
+ * fallback (the engine holds a link only where b has its op). */
 void be_chain_each(const struct backend *b, void *ctx, const struct be_link *l, int count);
 
 #endif

@@ -200,6 +200,7 @@ static void c_chain(void *ctx, const struct be_link *l, int count)
 	for (int i = 0; i < count; i++)
 		k->chained[l[i].kind == BE_LINK_MATMUL	       ? ENG_K_MATMUL
 			   : l[i].kind == BE_LINK_ADD_RMSNORM ? ENG_K_ADD_RMSNORM
+			   : l[i].kind == BE_LINK_MOE	      ? ENG_K_MOE_EXPERTS
 							      : ENG_K_RMSNORM]++;
 	if (k->in->chain)
 		k->in->chain(k->ctx, l, count);

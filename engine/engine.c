@@ -639,6 +639,27 @@ void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float thet
 			    r[k].rot_dim, theta, interleaved);
 }
 
+void eng_moe_route_experts(struct engine *e, float *y, const float *x, const float *logits,
+			   const float *bias, const struct be_route *r, int *idx, float *wt, int n,
+			   const struct be_experts *ex, void *scratch)
+{
+	struct be_link *l = n < ENG_GEMM_TOKENS ? chain_link(e, BE_LINK_MOE, n) : NULL;
+	if (l) {
+		l->y_moe = y;
+		l->x_moe = x;
+		l->logits = logits;
+		l->bias = bias;
+		l->route = *r;
+		l->idx = idx;
+		l->wt = wt;
+		l->ex = ex;
+		l->scratch = scratch;
+		return;
+	}
+	eng_chain_flush(e);
+	e->be->moe_route_experts(e->bctx, y, x, logits, bias, r, idx, wt, n, ex, scratch);
+}
+
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,
 		     int n, int dim, float eps)
 {

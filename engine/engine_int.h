@@ -319,7 +319,8 @@ int eng_outputs(struct engine *e, const struct eng_item *items, int n, const flo
 void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weight *w, int n);
 /* Chained launches (backend member chain). Between eng_chain_begin and eng_chain_end, the
  * GEMVs (eng_matmul, eng_matmul_n and eng_matmul_rope_n where they would run the backend's
- * matmul, matmul_n or matmul_rope_n), eng_add_rmsnorm and eng_norm_n are held and then run as
+ * matmul, matmul_n or matmul_rope_n), eng_add_rmsnorm, eng_norm_n and a decode step's
+ * eng_moe_route_experts are held and then run as
  * one op (up to BE_CHAIN_MAX of them; one held alone runs as itself). Any other eng_ op that
  * touches the backend runs what is held first. The caller must not call the backend itself
  * while ops are held: it ends the chain first. Nothing is held where the backend lacks chain,
@@ -327,6 +328,11 @@ void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weig
 void eng_chain_begin(struct engine *e);
 void eng_chain_end(struct engine *e);
 void eng_chain_flush(struct engine *e); /* runs what is held; the chain goes on */
+/* be->moe_route_experts (the caller checked the backend has it), held in a chain from fewer
+ * than ENG_GEMM_TOKENS tokens. */
+void eng_moe_route_experts(struct engine *e, float *y, const float *x, const float *logits,
+			   const float *bias, const struct be_route *r, int *idx, float *wt, int n,
+			   const struct be_experts *ex, void *scratch);
 /* x [n][dim] += d, then y = rmsnorm(x) . w: one add_rmsnorm where the backend has it (and
  * eng_opts.unfused is off), else add and rmsnorm. */
 void eng_add_rmsnorm(struct engine *e, float *x, const float *d, float *y, const float *w,

@@ -608,13 +608,14 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 	struct be_route r = {.n_experts = ne, .top_k = k, .n_group = g->n_group,
 			     .topk_group = g->topk_group, .norm = g->norm_topk,
 			     .scale = g->routed_scale};
-	eng_chain_end(e); /* the router's matmul ends the layer's second chain */
 	if (f->grouped && be->moe_route_experts) { /* routing in the grouped op's first launch */
-		if (eng_ep_lead(e))
-			be->moe_route_experts(c, y, x, m->logits, f->bias, &r, m->idx, m->wt, n,
+		if (eng_ep_lead(e)) /* a decode step's ends the layer's second chain */
+			eng_moe_route_experts(e, y, x, m->logits, f->bias, &r, m->idx, m->wt, n,
 					      &f->bex, m->moe_scr);
+		eng_chain_end(e);
 		return;
 	}
+	eng_chain_end(e); /* the router's matmul ends the layer's second chain */
 	be->moe_route(c, m->idx, m->wt, m->logits, f->bias, n, &r);
 	if (f->grouped) { /* routing, grouping and experts stay on the backend */
 		if (eng_ep_lead(e))
@@ -697,8 +698,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		/* Two chained launches a layer where the backend chains (eng_chain_begin): the
 		 * norm with the attention's first projections (the family's forward ends it before
 		 * its first op that is not held), and o_proj (the forward begins it) with the
-		 * residual add, the norm and the FFN's first matmul (ended before the MoE op or
-		 * the MLP's SiLU). */
+		 * residual add, the norm, the router's matmul and the grouped MoE op (a dense
+		 * layer: the MLP's gate and up; ended before its SiLU). */
 		if (l == 0)
 			be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
 		eng_chain_begin(e);

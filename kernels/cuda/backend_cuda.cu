@@ -901,7 +901,9 @@ static int dev_sync(void *ctx, char *err, size_t errsz)
 /* ---- chained launches ---------------------------------------------------------------------- */
 
 /* The links as one launch (wk_cuda_chain). A matmul whose rotations the GEMV's store cannot
- * make (mm_parts leaves some for a rope_n) makes the whole chain run op by op instead. */
+ * make (mm_parts leaves some for a rope_n), a MoE op that takes the grouped GEMMs or a
+ * combine of its own (64 tokens and more), or more than WK_CHAIN_MAX kernel links (a MoE op
+ * is 3) make the whole chain run op by op instead. */
 static void chain(void *ctx, const struct be_link *l, int count)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -915,12 +917,38 @@ static void chain(void *ctx, const struct be_link *l, int count)
 			      WK_CHAIN_MAX), err);
 		return;
 	}
+	unsigned *sync = counters(c);
+	if (!sync)
+		return;
+	int nk = 0;
 	for (int i = 0; i < count; i++) {
 		const struct be_link *k = &l[i];
 		struct wk_link *q = &wl[i];
 		memset(q, 0, sizeof *q);
 		q->n = k->n;
-		if (k->kind == BE_LINK_MATMUL) {
+		nk += k->kind == BE_LINK_MOE ? WK_CHAIN_MOE_LINKS : 1;
+		if (k->kind == BE_LINK_MOE) {
+			q->kind = WK_LINK_MOE;
+			q->moe = moe_layer(k->ex, k->n);
+			if (!wk_cuda_chain_moe(k->n, &q->moe) || nk > WK_CHAIN_MAX) {
+				be_chain_each(&be_cuda, ctx, l, count);
+				return;
+			}
+			q->moe_y = k->y_moe;
+			q->moe_x = k->x_moe;
+			q->logits = k->logits;
+			q->bias = k->bias;
+			q->n_experts = k->route.n_experts;
+			q->n_group = k->route.n_group;
+			q->topk_group = k->route.topk_group;
+			q->norm_w = k->route.norm;
+			q->scale = k->route.scale;
+			q->idx = k->idx;
+			q->wt = k->wt;
+			q->top_k = k->ex->top_k;
+			q->scratch = k->scratch;
+			q->count = sync;
+		} else if (k->kind == BE_LINK_MATMUL) {
 			struct wk_rope rest[WK_MATMUL_MAX];
 			q->kind = WK_LINK_MATMUL;
 			if (mm_parts(q->mm, k->y, k->w, k->count, k->n, k->rope ? k->r : NULL,
@@ -945,9 +973,11 @@ static void chain(void *ctx, const struct be_link *l, int count)
 			wk_norms(q->norm, k->norm, k->n_norm);
 		}
 	}
-	unsigned *sync = counters(c);
-	if (sync)
-		ok(c, wk_cuda_chain(wl, count, sync + DSA_GROUPS, err, sizeof err), err);
+	if (nk > WK_CHAIN_MAX) {
+		be_chain_each(&be_cuda, ctx, l, count);
+		return;
+	}
+	ok(c, wk_cuda_chain(wl, count, sync + DSA_GROUPS, err, sizeof err), err);
 }
 
 static struct backend make_backend(void)

@@ -107,37 +107,6 @@ int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols, c
 /* x [n][dim] += d, then y = rmsnorm(x) . w: wk_cuda_add and wk_cuda_rmsnorm in one launch */
 int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int n, int dim,
 			float eps, char *err, size_t errsz);
-
-/* Chained launches: ops that follow one another, as one launch. Each link runs exactly as its
- * own call would (wk_cuda_matmul_n, wk_cuda_add_rmsnorm, wk_cuda_norm_n), bit for bit, and
- * entirely after the links before it: each block takes a ticket from a counter as it starts,
- * the tickets are dealt to the links in order, and a link's blocks wait until every block of
- * the link before it has finished. A block waits only for blocks that took smaller tickets,
- * so have started and hold their SMs: no co-residency is assumed (no cooperative launch)
- * and nothing can wait on a block that has not started. Reads of what earlier links wrote
- * are plain loads after an acquire (never the read-only path). The matmul links' n must
- * give one token pass (1, 2, 3-4, 5+). sync: WK_CHAIN_SYNC zeroed counters of device memory,
- * which each launch leaves zero; one chain at a time on them. */
-#define WK_CHAIN_MAX 6
-#define WK_CHAIN_SYNC (WK_CHAIN_MAX + 2)
-enum wk_link_kind { WK_LINK_MATMUL, WK_LINK_ADD_RMSNORM, WK_LINK_NORM };
-struct wk_link {
-	enum wk_link_kind kind;
-	int n; /* tokens: the rows of x (matmul, add_rmsnorm) */
-	/* WK_LINK_MATMUL: wk_cuda_matmul_n(mm, mm_count, x, n, cols) */
-	struct wk_mm mm[WK_MATMUL_MAX];
-	int mm_count, cols;
-	const float *x;
-	/* WK_LINK_ADD_RMSNORM: wk_cuda_add_rmsnorm(ax, d, ay, w, n, dim, eps) */
-	float *ax, *ay;
-	const float *d, *w;
-	int dim;
-	float eps;
-	/* WK_LINK_NORM: wk_cuda_norm_n(norm, norm_count) */
-	struct wk_norm norm[WK_NORM_MAX];
-	int norm_count;
-};
-int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync, char *err, size_t errsz);
 /* idx[i] = argmax of logits[i][0..vocab), ties to the lower index (samp_argmax) */
 int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, char *err, size_t errsz);
 /* Sampling candidates (sample_kernels.cu; cpu_ref_sample_cand): cand [n][cap], head [n] for
@@ -255,6 +224,56 @@ int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, con
 			      int n_experts, int n_group, int topk_group, bool norm, float scale,
 			      int *idx, float *wt, int n, int top_k, const struct wk_moe *m,
 			      void *scratch, unsigned *count, char *err, size_t errsz);
+
+
+/* Chained launches: ops that follow one another, as one launch. Each link runs exactly as its
+ * own call would (wk_cuda_matmul_n, wk_cuda_add_rmsnorm, wk_cuda_norm_n), bit for bit, and
+ * entirely after the links before it: each block takes a ticket from a counter as it starts,
+ * the tickets are dealt to the links in order, and a link's blocks wait until every block of
+ * the link before it has finished. A block waits only for blocks that took smaller tickets,
+ * so have started and hold their SMs: no co-residency is assumed (no cooperative launch)
+ * and nothing can wait on a block that has not started. Reads of what earlier links wrote
+ * are plain loads after an acquire (never the read-only path). The matmul links' n must
+ * give one token pass (1, 2, 3-4, 5+). sync: WK_CHAIN_SYNC zeroed counters of device memory,
+ * which each launch leaves zero; one chain at a time on them. At most WK_CHAIN_MAX links,
+ * a MoE op counting WK_CHAIN_MOE_LINKS (moe_kernels.cu, where every op's device code is). */
+#define WK_CHAIN_MAX 6
+#define WK_CHAIN_SYNC (WK_CHAIN_MAX + 2)
+enum wk_link_kind { WK_LINK_MATMUL, WK_LINK_ADD_RMSNORM, WK_LINK_NORM, WK_LINK_MOE };
+struct wk_link {
+	enum wk_link_kind kind;
+	int n; /* tokens: the rows of x (matmul, add_rmsnorm) */
+	/* WK_LINK_MATMUL: wk_cuda_matmul_n(mm, mm_count, x, n, cols) */
+	struct wk_mm mm[WK_MATMUL_MAX];
+	int mm_count, cols;
+	const float *x;
+	/* WK_LINK_ADD_RMSNORM: wk_cuda_add_rmsnorm(ax, d, ay, w, n, dim, eps) */
+	float *ax, *ay;
+	const float *d, *w;
+	int dim;
+	float eps;
+	/* WK_LINK_NORM: wk_cuda_norm_n(norm, norm_count) */
+	struct wk_norm norm[WK_NORM_MAX];
+	int norm_count;
+	/* WK_LINK_MOE: wk_cuda_moe_route_experts(moe_y, moe_x, logits, bias, n_experts, n_group,
+	 * topk_group, norm_w, scale, idx, wt, n, top_k, &moe, scratch, count), its warp-per-row
+	 * path only (wk_cuda_chain_moe says which): 3 of the chain's WK_CHAIN_MAX links (the
+	 * router's blocks with the plan, gate/up, down with the combine) */
+	float *moe_y, *wt;
+	const float *moe_x, *logits, *bias;
+	int n_experts, n_group, topk_group, top_k;
+	bool norm_w;
+	float scale;
+	int *idx;
+	struct wk_moe moe;
+	void *scratch;
+	unsigned *count;
+};
+int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync, char *err, size_t errsz);
+/* Whether a MoE op of n tokens over m can be a chain's link (the grouped GEMMs and the split
+ * combine cannot), and the chain links it takes. */
+bool wk_cuda_chain_moe(int n, const struct wk_moe *m);
+#define WK_CHAIN_MOE_LINKS 3
 
 /* ---- FP8 GEMM for prefill (gemm_fp8.cu) ---- */
 

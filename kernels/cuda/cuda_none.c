@@ -143,6 +143,18 @@ int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const float *w, int 
 	return none(err, errsz);
 }
 
+int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync, char *err, size_t errsz)
+{
+	(void)l, (void)count, (void)sync;
+	return none(err, errsz);
+}
+
+bool wk_cuda_chain_moe(int n, const struct wk_moe *m)
+{
+	(void)n, (void)m;
+	return false;
+}
+
 int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz)
 {
 	(void)y, (void)x, (void)n;

@@ -66,6 +66,7 @@ extern "C" {
 }
 #include "kernels/cuda/cuda_int.cuh"
 #include "kernels/cuda/fp8w_tile.cuh"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/moe_route.cuh"
 
 #define MOE_THREADS 256
@@ -238,24 +239,31 @@ struct route_args {
 	unsigned *count;
 };
 
-__global__ void k_moe_route_plan(struct route_args r, struct moe_plan p, int top_k, int ex0,
-				 int n_local)
+/* Block t of n: k_moe_route_plan's body, and a chained launch's. */
+__device__ void route_plan_block(const struct route_args &r, const struct moe_plan &p,
+				 int top_k, int ex0, int n_local, int t, int n)
 {
 	__shared__ int scan[32];
 	__shared__ int s_last;
 	route_token(r.idx, r.wt, r.logits, r.bias, r.n_experts, top_k, r.n_group, r.topk_group,
-		    r.norm, r.scale, (int)blockIdx.x);
+		    r.norm, r.scale, t);
 	__threadfence();
 	__syncthreads();
 	if (threadIdx.x == 0)
-		s_last = atomicAdd(r.count, 1u) == gridDim.x - 1;
+		s_last = atomicAdd(r.count, 1u) == (unsigned)n - 1;
 	__syncthreads();
 	if (!s_last)
 		return;
 	__threadfence();
-	plan_block(p, r.idx, (int)gridDim.x, top_k, ex0, n_local, scan);
+	plan_block(p, r.idx, n, top_k, ex0, n_local, scan);
 	if (threadIdx.x == 0)
 		*r.count = 0;
+}
+
+__global__ void k_moe_route_plan(struct route_args r, struct moe_plan p, int top_k, int ex0,
+				 int n_local)
+{
+	route_plan_block(r, p, top_k, ex0, n_local, (int)blockIdx.x, (int)gridDim.x);
 }
 
 /* ---- 2, 3. the experts' matmuls: a warp per output row ------------------------------------- */
@@ -369,11 +377,12 @@ __device__ __forceinline__ struct moe_group group_at(const struct moe_plan &p,
 /* h[g][r] = silu(gate_e[r] . x[tok[g]]) * (up_e[r] . x[tok[g]]) for the slots g of the
  * block's groups, with silu(v) = v / (1 + exp(-v)) as cpu_ref_silu_mul. Warps whose row is
  * past a group's width skip it (no block barriers here). */
-__global__ void k_moe_gate_up(struct moe_plan p, struct moe_args a)
+__device__ void gate_up_block(const struct moe_plan &p, const struct moe_args &a, int bx, int by,
+			      int gy)
 {
-	int r = blockIdx.x * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	int r = bx * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
 	int na = *p.n_active, ng = na + (a.sh_inter > 0);
-	for (int i = blockIdx.y; i < ng; i += gridDim.y) {
+	for (int i = by; i < ng; i += gy) {
 		struct moe_group gr = group_at(p, a, i, na);
 		if (r >= gr.inter)
 			continue;
@@ -393,6 +402,11 @@ __global__ void k_moe_gate_up(struct moe_plan p, struct moe_args a)
 						gs[k] / (1.0f + expf(-gs[k])) * us[k];
 		}
 	}
+}
+
+__global__ void k_moe_gate_up(struct moe_plan p, struct moe_args a)
+{
+	gate_up_block(p, a, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.y);
 }
 
 /* y[t][c] = (zs[t][c] with a shared expert, else y[t][c]) + wt[t][j] * z[pos[t][j]][c] for
@@ -422,9 +436,10 @@ __device__ void combine_token(const struct moe_plan &p, const struct moe_args &a
 /* After the block wrote its rows of group gr (the whole block; gr block-uniform): each slot's
  * token counts the block's part, and the block that counts a token's last part (gridDim.x
  * row blocks for each of its local slots and its shared expert) combines it and zeroes its
- * counter. ready: blockDim.x ints, n_ready: one, of shared memory. */
+ * counter. gx: the row blocks of a group (the launch's gridDim.x). ready: blockDim.x ints,
+ * n_ready: one, of shared memory. */
 __device__ void count_and_combine(const struct moe_plan &p, const struct moe_args &a,
-				  const struct moe_group &gr, int *ready, int *n_ready)
+				  const struct moe_group &gr, int *ready, int *n_ready, int gx)
 {
 	__threadfence(); /* this block's z rows are visible before any counter moves */
 	__syncthreads();
@@ -438,7 +453,7 @@ __device__ void count_and_combine(const struct moe_plan &p, const struct moe_arg
 			unsigned parts = a.sh_inter > 0;
 			for (int j = 0; j < a.top_k; j++)
 				parts += p.pos[(size_t)t * a.top_k + j] >= 0;
-			if (atomicAdd(&p.done[t], 1u) == parts * gridDim.x - 1)
+			if (atomicAdd(&p.done[t], 1u) == parts * (unsigned)gx - 1)
 				ready[atomicAdd(n_ready, 1)] = t;
 		}
 		__syncthreads();
@@ -456,13 +471,14 @@ __device__ void count_and_combine(const struct moe_plan &p, const struct moe_arg
 
 /* z[g][r] = down_e[r] . h[g] for the slots g of the block's groups, then (a.combine) the
  * combine of the tokens this block completes. */
-__global__ void k_moe_down(struct moe_plan p, struct moe_args a)
+__device__ void down_block(const struct moe_plan &p, const struct moe_args &a, int bx, int by,
+			   int gx, int gy)
 {
 	__shared__ int ready[MOE_THREADS];
 	__shared__ int n_ready;
-	int r = blockIdx.x * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	int r = bx * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
 	int na = *p.n_active, ng = na + (a.sh_inter > 0);
-	for (int i = blockIdx.y; i < ng; i += gridDim.y) { /* block-uniform */
+	for (int i = by; i < ng; i += gy) { /* block-uniform */
 		struct moe_group gr = group_at(p, a, i, na);
 		for (int g0 = gr.g0; g0 < gr.g1 && r < a.dim; g0 += MOE_TOK) {
 			int m = min(MOE_TOK, gr.g1 - g0);
@@ -477,8 +493,13 @@ __global__ void k_moe_down(struct moe_plan p, struct moe_args a)
 					gr.z[(size_t)(g0 + k) * a.dim + r] = zs[k];
 		}
 		if (a.combine)
-			count_and_combine(p, a, gr, ready, &n_ready);
+			count_and_combine(p, a, gr, ready, &n_ready, gx);
 	}
+}
+
+__global__ void k_moe_down(struct moe_plan p, struct moe_args a)
+{
+	down_block(p, a, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.x, (int)gridDim.y);
 }
 
 /* split_combine: one block per token */
@@ -714,10 +735,10 @@ static int experts_args(int n, int top_k, const struct wk_moe *m, const void *sc
 static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, char *err,
 			 size_t errsz);
 
-static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
-		      int n, int top_k, const struct wk_moe *m, char *err, size_t errsz)
+/* What 2 and 3 read, and (the warp-per-row path) their grids. */
+static struct moe_args make_args(float *y, const float *x, const float *wt, int n, int top_k,
+				 const struct wk_moe *m)
 {
-	int nslots = n * top_k, rc;
 	struct moe_args a = {};
 	a.x = x;
 	a.wt = wt;
@@ -735,14 +756,30 @@ static int after_plan(const struct moe_plan &p, float *y, const float *x, const 
 	a.inter = m->inter;
 	a.n_local = m->n_local;
 	a.combine = !m->split_combine;
-	if (use_gemm(n, m))
-		return grouped_gemms(p, a, err, errsz);
+	return a;
+}
+
+static void moe_grids(const struct moe_args &a, dim3 *gu, dim3 *dn)
+{
 	/* the most groups the plan can find active (and the shared expert's); blocks beyond
 	 * loop, above MAX_GRID_Y */
-	int most = (m->n_local < nslots ? m->n_local : nslots) + (a.sh_inter > 0);
+	int nslots = a.n * a.top_k;
+	int most = (a.n_local < nslots ? a.n_local : nslots) + (a.sh_inter > 0);
 	int wide = a.sh_inter > a.inter ? a.sh_inter : a.inter;
 	unsigned ey = (unsigned)(most < MAX_GRID_Y ? most : MAX_GRID_Y);
-	dim3 gu(blocks((size_t)wide, MOE_ROWS), ey), dn(blocks((size_t)a.dim, MOE_ROWS), ey);
+	*gu = dim3(blocks((size_t)wide, MOE_ROWS), ey);
+	*dn = dim3(blocks((size_t)a.dim, MOE_ROWS), ey);
+}
+
+static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,
+		      int n, int top_k, const struct wk_moe *m, char *err, size_t errsz)
+{
+	int rc;
+	struct moe_args a = make_args(y, x, wt, n, top_k, m);
+	if (use_gemm(n, m))
+		return grouped_gemms(p, a, err, errsz);
+	dim3 gu, dn;
+	moe_grids(a, &gu, &dn);
 	k_moe_gate_up<<<gu, MOE_THREADS>>>(p, a);
 	if ((rc = launched("moe_experts gate/up", err, errsz)) != WK_OK)
 		return rc;
@@ -796,4 +833,224 @@ static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, cha
 		return rc;
 	k_moe_combine<<<a.n, MOE_THREADS>>>(p, a);
 	return launched("moe_experts combine", err, errsz);
+}
+
+/* ---- chained launches (wk_cuda_chain): here, where every op's device code is ----------------- */
+
+/* One link as the kernel sees it: the set its own launch would run. */
+struct chain_mm {
+	struct mm_set s;
+	const float *x;
+};
+struct chain_an {
+	float *x, *y;
+	const float *d, *w;
+	int dim;
+	float eps;
+};
+/* a MoE op's three parts (route and plan, gate/up, down with the combine); gx, gy: the grid
+ * of its own gate/up or down launch, whose blocks b = bx + gx * by become the link's */
+struct chain_moe {
+	struct route_args r;
+	struct moe_plan p;
+	struct moe_args a;
+	int top_k, ex0, n_local, gx, gy;
+};
+enum { CH_MATMUL, CH_ADD_RMSNORM, CH_NORM, CH_ROUTE_PLAN, CH_GATE_UP, CH_DOWN };
+struct chain_link {
+	int kind, n;
+	union {
+		struct chain_mm mm;
+		struct chain_an an;
+		struct norm_set nm;
+		struct chain_moe moe;
+	};
+};
+struct chain_set {
+	int count;
+	int bstart[WK_CHAIN_MAX + 1]; /* the tickets of link k: [bstart[k], bstart[k + 1]) */
+	struct chain_link l[WK_CHAIN_MAX];
+};
+static_assert(sizeof(struct chain_set) + sizeof(unsigned *) <= 4096,
+	      "a chain's parameters must fit a launch's 4 KB");
+
+/* sync[0]: the next ticket; sync[1 + k]: link k's finished blocks; sync[1 + WK_CHAIN_MAX]:
+ * all finished blocks, the last of which zeroes them all for the next chain. The matmul links
+ * run mm_mixed (any dtypes: GLM-5's indexer weights_proj and router are not FP8), so the
+ * kernel takes k_matmul_mixed's register bound, not k_matmul's: ptxas gives 121 registers at
+ * one token (2 blocks an SM, not 4; held to 64 it spills), 255 at 8. Whether the launches it
+ * saves outweigh that is for a GPU to measure (scripts/gpu-check). */
+template <int NT>
+__global__ void __launch_bounds__(MM_THREADS, 1) k_chain(struct chain_set c, unsigned *sync)
+{
+	__shared__ float red[MM_THREADS];
+	__shared__ int s_ticket;
+	if (threadIdx.x == 0)
+		s_ticket = (int)atomicAdd(&sync[0], 1u);
+	__syncthreads();
+	int t = s_ticket, k = 0;
+	while (t >= c.bstart[k + 1])
+		k++;
+	int b = t - c.bstart[k];
+	if (k > 0) { /* every block of link k - 1 has finished (and so, of every link before) */
+		if (threadIdx.x == 0) {
+			const volatile unsigned *done = sync + k;
+			unsigned need = (unsigned)(c.bstart[k] - c.bstart[k - 1]);
+			while (*done < need)
+				__nanosleep(100);
+			__threadfence(); /* acquire: their writes before this block's reads */
+		}
+		__syncthreads();
+	}
+	const struct chain_link &l = c.l[k];
+	const struct chain_moe &m = l.moe;
+	switch (l.kind) {
+	case CH_MATMUL:
+		mm_mixed<NT, true>(l.mm.s, l.mm.x, l.n, b, red);
+		break;
+	case CH_ADD_RMSNORM: {
+		size_t at = (size_t)b * l.an.dim;
+		row_add_rmsnorm(l.an.x + at, l.an.d + at, l.an.y + at, l.an.w, l.an.dim, l.an.eps);
+		break;
+	}
+	case CH_NORM:
+		norm_row(l.nm, b);
+		break;
+	case CH_ROUTE_PLAN:
+		route_plan_block(m.r, m.p, m.top_k, m.ex0, m.n_local, b, l.n);
+		break;
+	case CH_GATE_UP:
+		gate_up_block(m.p, m.a, b % m.gx, b / m.gx, m.gy);
+		break;
+	default:
+		down_block(m.p, m.a, b % m.gx, b / m.gx, m.gx, m.gy);
+		break;
+	}
+	__syncthreads(); /* the block's writes are done */
+	if (threadIdx.x == 0) {
+		__threadfence(); /* release: they are visible before the count moves */
+		atomicAdd(&sync[1 + k], 1u);
+		if (atomicAdd(&sync[1 + WK_CHAIN_MAX], 1u) == (unsigned)c.bstart[c.count] - 1)
+			for (int i = 0; i < WK_CHAIN_SYNC; i++) /* no block is left to read them */
+				sync[i] = 0;
+	}
+}
+
+/* Takes c's next link, filled by the caller, with nb blocks; nothing to do (nb 0): no
+ * blocks, and no link waits on it. */
+static void chain_add(struct chain_set *c, int nb)
+{
+	if (nb <= 0)
+		return;
+	c->bstart[c->count + 1] = c->bstart[c->count] + nb;
+	c->count++;
+}
+
+extern "C" bool wk_cuda_chain_moe(int n, const struct wk_moe *m)
+{
+	return m && !use_gemm(n, m) && !m->split_combine;
+}
+
+/* A MoE op as wk_cuda_moe_route_experts runs it on its warp-per-row path, as three links
+ * (none when it has nothing to do). */
+static int chain_moe(struct chain_set *c, const struct wk_link *k, char *err, size_t errsz)
+{
+	bool skip;
+	const struct wk_moe *m = &k->moe;
+	int rc = wk_cuda_moe_route_check(k->n_experts, k->top_k, k->n_group, k->topk_group, err,
+					 errsz);
+	if (rc == WK_OK)
+		rc = experts_args(k->n, k->top_k, m, k->scratch, &skip, err, errsz);
+	if (rc != WK_OK || skip)
+		return rc;
+	if (!k->count || !wk_cuda_chain_moe(k->n, m))
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: a MoE op of %d tokens %s", k->n,
+			       k->count ? "takes the grouped GEMMs or a combine of its own, not a "
+					  "chain's link" : "without its counter");
+	struct chain_moe q = {};
+	plan_layout((char *)k->scratch, k->n, k->top_k, m, &q.p);
+	q.r = {k->logits, k->bias, k->n_experts, k->n_group, k->topk_group, k->norm_w, k->scale,
+	       k->idx, k->wt, k->count};
+	q.a = make_args(k->moe_y, k->moe_x, k->wt, k->n, k->top_k, m);
+	q.top_k = k->top_k;
+	q.ex0 = m->ex0;
+	q.n_local = m->n_local;
+	dim3 gu, dn;
+	moe_grids(q.a, &gu, &dn);
+	static const int kinds[WK_CHAIN_MOE_LINKS] = {CH_ROUTE_PLAN, CH_GATE_UP, CH_DOWN};
+	for (int j = 0; j < WK_CHAIN_MOE_LINKS; j++) {
+		struct chain_link *l = &c->l[c->count];
+		dim3 g = j == 1 ? gu : dn;
+		l->kind = kinds[j];
+		l->n = k->n;
+		l->moe = q;
+		l->moe.gx = (int)g.x;
+		l->moe.gy = (int)g.y;
+		chain_add(c, j == 0 ? k->n : (int)(g.x * g.y));
+	}
+	return WK_OK;
+}
+
+extern "C" int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync, char *err,
+			     size_t errsz)
+{
+	if (count < 1 || count > WK_CHAIN_MAX || !sync)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: %d links (1..%d)%s", count,
+			       WK_CHAIN_MAX, sync ? "" : ", no counters");
+	struct chain_set c;
+	memset(&c, 0, sizeof c);
+	int nt = 0, rc, nk = 0;
+	for (int i = 0; i < count; i++)
+		nk += l[i].kind == WK_LINK_MOE ? WK_CHAIN_MOE_LINKS : 1;
+	if (nk > WK_CHAIN_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: %d links (a MoE op counts %d; "
+			       "1..%d)", nk, WK_CHAIN_MOE_LINKS, WK_CHAIN_MAX);
+	for (int i = 0; i < count; i++) {
+		struct chain_link *q = &c.l[c.count];
+		int nb = 0;
+		q->n = l[i].n;
+		if (l[i].kind == WK_LINK_MOE) {
+			if ((rc = chain_moe(&c, &l[i], err, errsz)) != WK_OK)
+				return rc;
+			continue;
+		}
+		q->kind = l[i].kind == WK_LINK_MATMUL	  ? CH_MATMUL
+			  : l[i].kind == WK_LINK_ADD_RMSNORM ? CH_ADD_RMSNORM
+							     : CH_NORM;
+		if (l[i].kind == WK_LINK_MATMUL) {
+			bool mixed;
+			if ((rc = mm_check(l[i].mm, l[i].mm_count, err, errsz)) != WK_OK)
+				return rc;
+			if (nt && l[i].n > 0 && mm_nt(l[i].n) != nt)
+				return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: link %d's %d tokens "
+					       "take another pass than the links before", i, l[i].n);
+			if (l[i].n > 0)
+				nt = mm_nt(l[i].n);
+			mm_build(&q->mm.s, l[i].mm, l[i].mm_count, l[i].cols, &mixed);
+			q->mm.x = l[i].x;
+			nb = l[i].n > 0 ? q->mm.s.bstart[l[i].mm_count] : 0;
+		} else if (l[i].kind == WK_LINK_ADD_RMSNORM) {
+			q->an = {l[i].ax, l[i].ay, l[i].d, l[i].w, l[i].dim, l[i].eps};
+			nb = l[i].n > 0 ? l[i].n : 0;
+		} else if (l[i].kind == WK_LINK_NORM) {
+			if ((rc = norm_build(&q->nm, l[i].norm, l[i].norm_count, err, errsz)) != WK_OK)
+				return rc;
+			nb = q->nm.start[l[i].norm_count];
+		} else {
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: link %d of kind %d", i,
+				       (int)l[i].kind);
+		}
+		chain_add(&c, nb);
+	}
+	if (c.count == 0)
+		return WK_OK;
+	unsigned b = (unsigned)c.bstart[c.count];
+	switch (nt) {
+	case 0:
+	case 1: k_chain<1><<<b, MM_THREADS>>>(c, sync); break;
+	case 2: k_chain<2><<<b, MM_THREADS>>>(c, sync); break;
+	case 4: k_chain<4><<<b, MM_THREADS>>>(c, sync); break;
+	default: k_chain<MM_NT><<<b, MM_THREADS>>>(c, sync); break;
+	}
+	return launched("chain", err, errsz);
 }

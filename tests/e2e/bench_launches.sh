@@ -12,9 +12,10 @@
 # nothing is rotated by a rope op of its own (q, k_pe and the indexer's queries in the stores
 # of the matmuls that make them, the indexer's keys in their norm's launch). Chained launches
 # (engine_int.h eng_chain_begin): each layer's norm with the attention's first projections,
-# their norms and q_b (one launch), and o_proj with the residual add, the norm and the FFN's
-# first matmul (one launch); the final norm with lm_head: 2 chains a layer + 1, and the ops
-# inside them listed apart ("chained"); the per-kind counts below are of ops, chained or not.
+# their norms and q_b (one launch), and o_proj with the residual add, the norm, the router's
+# matmul and the grouped MoE op (its 3 kernels; a dense layer: the MLP's gate and up) (one
+# launch); the final norm with lm_head: 2 chains a layer + 1, and the ops inside them listed
+# apart ("chained"); the per-kind counts below are of ops, chained or not.
 # The unfused baseline: 8 distinct experts one by one (a gather, 3 matmuls, a silu_mul and a
 # scatter each, and the routing plan to the host and back: 52 launches), every weight its own
 # matmul, 2 cache copies a layer, and MLA's three ops. Also: the sharded count is one rank's,
@@ -69,11 +70,14 @@ assert b["chain"] == 2 * L + 1, b          # two chains a layer, the final norm 
 assert ch["add_rmsnorm"] == 2 * L and ch["rmsnorm"] == L, ch   # every norm after layer 0's
 assert ch["matmul"] == 3 * L + dense + moe + 1, ch   # all but the dense MLPs' down (after SiLU)
 assert b["matmul"] == dense and b["rmsnorm"] == 1 and "add_rmsnorm" not in b, b
+assert ch["moe_experts"] == moe and "moe_experts" not in b, ch   # the MoE op in its chain
+per = {"moe_experts": 3}   # kernels of an op on its own
 # per MoE layer: 8 experts' 6 ops, 4 plan copies and moe_route for the grouped op's 3; the
 # shared expert's gate, up, silu_mul and down (inside it); then the attention's matmuls,
 # the dense MLPs' gate + up, cache copies, adds, ropes (4 a layer, none left), norms, MLA
-# and the chains: the ops they hold, less one launch each
-assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 4 * L + 2 * L + 2 * L + sum(ch.values()) - b["chain"], j
+# and the chains: the launches of the ops they hold, less one launch each
+held = sum(v * per.get(n, 1) for n, v in ch.items())
+assert j["unfused"] - j["launches"] == moe * (6 * topk + 4 - 3 + 1) + 4 * moe + 4 * L + dense + 2 * L + 1 + 2 * L + 4 * L + 2 * L + 2 * L + held - b["chain"], j
 print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j['target']}); "
       f"unfused {j['unfused']:.0f}")
 PY
@@ -90,8 +94,10 @@ assert j["collectives"] >= 2 * 78, j   # an all_reduce after the attention and t
 assert b["mla_absorbed"] == 78 and "mla_attention" not in b, j
 # rank 0 leads the shared expert's TP slice and its routed experts: one grouped op with both
 assert b["matmul"] + ch["matmul"] == 3 * 78 + 2 * 3 + 75 + 1 and b["silu_mul"] == 3, j
-# the all_reduce after o_proj ends its chain: o_proj (and the dense MLPs' down) alone
+# the all_reduce after o_proj ends its chain: o_proj (and the dense MLPs' down) alone; the
+# second chain holds the add and norm, the router's matmul and the grouped op
 assert b["matmul"] == 78 + 3 and b["chain"] == 2 * 78 + 1, j
+assert ch["moe_experts"] == 75 and "moe_experts" not in b, j
 assert "rope" not in j["by_kind"], j
 print(f"sharded tp 2 x ep 2, rank 0: {j['launches']:.0f} launches, {j['collectives']:.0f} collectives")
 PY

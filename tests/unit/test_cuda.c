@@ -2547,3 +2547,117 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 	for (int i = 0; i < 4; i++)
 		free(hv[i]);
 }
+
+/* GLM-5's second chain ending in the grouped MoE op: the residual add and norm, the router's
+ * matmul and moe_route_experts (16 of 32 experts local, top 8 in 4 groups, a shared expert,
+ * FP8), as one chained launch and op by op: h, x, the logits, idx, wt and y equal bit for
+ * bit over 1, 3 and 9 tokens, every counter left zero. A MoE op of 64 tokens (the grouped
+ * GEMMs) is not a chain's link, and refused as one. */
+Test(cuda_kernels, chain_with_moe_matches_the_ops_one_by_one)
+{
+	NEED_GPU();
+	enum { D = 256, INTER = 144, NE = 32, TOPK = 8, NL = 16, EX0 = 4 };
+	static const int ns[] = {1, 3, 9};
+	struct moe_set m, sh;
+	moe_set_make(&m, DT_F8_E4M3, NL, D, INTER);
+	moe_set_make(&sh, DT_F8_E4M3, 1, D, 2 * INTER);
+	struct wk_moe mo = moe_of(&m, DT_F8_E4M3, EX0, D, INTER);
+	mo.shared = &sh.dev[0];
+	mo.shared_wdt = DT_F8_E4M3;
+	mo.shared_inter = 2 * INTER;
+	float *s_rt, *hb = rnd_vec(NE), *hn = rnd_vec(D);
+	for (int e = 0; e < NE; e++)
+		hb[e] = fabsf(hb[e]) * 0.1f;
+	void *w_rt = dev_weight(DT_F32, NE, D, &s_rt);
+	float *bias = to_dev(hb, NE * 4), *nw = to_dev(hn, D * 4);
+	unsigned zeros[WK_CHAIN_SYNC] = {0}, left[WK_CHAIN_SYNC], lc[2];
+	unsigned *sync = to_dev(zeros, sizeof zeros), *cnt = to_dev(zeros, 2 * sizeof(unsigned));
+	for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+		int n = ns[ni];
+		size_t nd = (size_t)n * D, nk = (size_t)n * TOPK;
+		float *h0 = rnd_vec(nd), *d = rnd_vec(nd), *y0 = rnd_vec(nd);
+		float *dd = to_dev(d, nd * 4);
+		size_t scr = wk_cuda_moe_experts_scratch(n, TOPK, &mo);
+		struct {
+			float *h, *x, *lg, *wt, *y;
+			int *idx;
+			void *scr;
+		} o[2];
+		for (int k = 0; k < 2; k++) {
+			o[k].h = to_dev(h0, nd * 4);
+			o[k].y = to_dev(y0, nd * 4);
+			o[k].x = dev_zero(nd);
+			o[k].lg = dev_zero((size_t)n * NE);
+			o[k].wt = dev_zero(nk);
+			o[k].idx = dev_alloc(nk * 4);
+			o[k].scr = dev_alloc(scr);
+		}
+		struct wk_mm rt[2] = {{.y = o[0].lg, .w = w_rt, .dtype = DT_F32, .rows = NE},
+				      {.y = o[1].lg, .w = w_rt, .dtype = DT_F32, .rows = NE}};
+		static struct wk_link l[3];
+		memset(l, 0, sizeof l);
+		l[0] = (struct wk_link){.kind = WK_LINK_ADD_RMSNORM, .n = n, .ax = o[0].h,
+					.ay = o[0].x, .d = dd, .w = nw, .dim = D, .eps = 1e-5f};
+		l[1] = (struct wk_link){.kind = WK_LINK_MATMUL, .n = n, .mm = {rt[0]}, .mm_count = 1,
+					.cols = D, .x = o[0].x};
+		l[2] = (struct wk_link){.kind = WK_LINK_MOE, .n = n, .moe_y = o[0].y, .wt = o[0].wt,
+					.moe_x = o[0].x, .logits = o[0].lg, .bias = bias,
+					.n_experts = NE, .n_group = 4, .topk_group = 2, .top_k = TOPK,
+					.norm_w = true, .scale = 2.5f, .idx = o[0].idx, .moe = mo,
+					.scratch = o[0].scr, .count = cnt};
+		cr_assert(wk_cuda_chain_moe(n, &mo));
+		cr_assert_eq(wk_cuda_chain(l, 3, sync, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_add_rmsnorm(o[1].h, dd, o[1].x, nw, n, D, 1e-5f, err, sizeof err),
+			     WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_matmul_n(&rt[1], 1, o[1].x, n, D, err, sizeof err), WK_OK, "%s",
+			     err);
+		cr_assert_eq(wk_cuda_moe_route_experts(o[1].y, o[1].x, o[1].lg, bias, NE, 4, 2, true,
+						       2.5f, o[1].idx, o[1].wt, n, TOPK, &mo,
+						       o[1].scr, cnt + 1, err, sizeof err),
+			     WK_OK, "%s", err);
+		const char *names[] = {"h", "x", "logits", "wt", "y", "idx"};
+		size_t bytes[] = {nd * 4, nd * 4, (size_t)n * NE * 4, nk * 4, nd * 4, nk * 4};
+		void *pa[] = {o[0].h, o[0].x, o[0].lg, o[0].wt, o[0].y, o[0].idx};
+		void *pb[] = {o[1].h, o[1].x, o[1].lg, o[1].wt, o[1].y, o[1].idx};
+		for (int i = 0; i < 6; i++) {
+			char *ga = malloc(bytes[i]), *gb = malloc(bytes[i]);
+			from_dev(ga, pa[i], bytes[i]);
+			from_dev(gb, pb[i], bytes[i]);
+			cr_expect_eq(memcmp(ga, gb, bytes[i]), 0, "n %d: %s chained differs from op by "
+				     "op", n, names[i]);
+			if (i == 4)
+				cr_expect_neq(memcmp(ga, y0, bytes[i]), 0, "n %d: y unchanged", n);
+			free(ga);
+			free(gb);
+		}
+		from_dev(left, sync, sizeof left);
+		from_dev(lc, cnt, sizeof lc);
+		cr_expect_eq(memcmp(left, zeros, sizeof zeros), 0, "n %d: chain counters left", n);
+		cr_expect(lc[0] == 0 && lc[1] == 0, "n %d: router counters left %u %u", n, lc[0],
+			  lc[1]);
+		for (int k = 0; k < 2; k++) {
+			void *f[] = {o[k].h, o[k].x, o[k].lg, o[k].wt, o[k].y, o[k].idx, o[k].scr};
+			for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+				wk_cuda_free(f[i]);
+		}
+		wk_cuda_free(dd);
+		free(h0);
+		free(d);
+		free(y0);
+	}
+	cr_expect(!wk_cuda_chain_moe(64, &mo), "64 FP8 tokens take the grouped GEMMs");
+	static struct wk_link big;
+	memset(&big, 0, sizeof big);
+	big = (struct wk_link){.kind = WK_LINK_MOE, .n = 64, .n_experts = NE, .n_group = 4,
+			       .topk_group = 2, .top_k = TOPK, .moe = mo, .scratch = nw,
+			       .count = cnt};
+	cr_expect_eq(wk_cuda_chain(&big, 1, sync, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "grouped GEMMs"), "%s", err);
+	moe_set_free(&m);
+	moe_set_free(&sh);
+	void *f[] = {w_rt, bias, nw, sync, cnt};
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+		wk_cuda_free(f[i]);
+	free(hb);
+	free(hn);
+}
