@@ -320,7 +320,7 @@ static gemm_fn gemm(const struct engine *e, int n)
 
 void eng_chain_begin(struct engine *e)
 {
-	e->chaining = e->be->chain && !e->unfused && !e->fp8_act;
+	e->chaining = e->be->chain && !e->unfused && !e->fp8_act && !e->no_chain;
 }
 
 /* Runs what is held: a chain of two or more, or the one op itself. */
@@ -361,9 +361,9 @@ static bool chain_matmul(struct engine *e, float *const *y, const float *x,
 			 const struct be_weight *const *w, int count, int n, const struct be_rope *r,
 			 float theta)
 {
-	if (count < 1 || count > BE_MATMUL_MAX)
-		return false;
-	struct be_link *l = chain_link(e, BE_LINK_MATMUL, n);
+	struct be_link *l = count >= 1 && count <= BE_MATMUL_MAX
+				    ? chain_link(e, BE_LINK_MATMUL, n)
+				    : (eng_chain_flush(e), NULL);
 	if (!l)
 		return false;
 	l->x_in = x;
@@ -1008,6 +1008,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->experts_one_by_one = opts && opts->experts_one_by_one;
 	e->unfused = opts && opts->unfused;
 	e->fp8_act = opts && opts->fp8_act;
+	e->no_chain = opts && opts->no_chain;
 	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
 	if (!e->fam->step)
 		e->max_seqs = 1;

@@ -43,6 +43,7 @@ struct eng_opts {
 				  * the caches written through copies */
 	bool fp8_act;            /* FP8 activations: the input of every FP8-weight matmul
 				  * quantized per token per 128 channels (DeepGEMM's 1x128) */
+	bool no_chain;           /* a baseline: every op its own launch, no chained launches */
 };
 
 struct eng_info {

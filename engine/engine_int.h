@@ -56,6 +56,7 @@ struct engine {
 	bool unfused;            /* eng_opts: no matmul_n, caches written through copies */
 	bool fp8_act;            /* eng_opts: FP8-weight matmuls read quantized activations */
 	/* eng_chain_begin .. eng_chain_end: the GEMVs and norms asked for, not yet run */
+	bool no_chain; /* eng_opts */
 	bool chaining;
 	int n_chain;
 	struct be_link chain[BE_CHAIN_MAX];
@@ -324,7 +325,7 @@ void eng_matmul(struct engine *e, float *y, const float *x, const struct be_weig
  * one op (up to BE_CHAIN_MAX of them; one held alone runs as itself). Any other eng_ op that
  * touches the backend runs what is held first. The caller must not call the backend itself
  * while ops are held: it ends the chain first. Nothing is held where the backend lacks chain,
- * or with eng_opts.unfused or fp8_act. eng_chain_end with nothing held does nothing. */
+ * or with eng_opts.unfused, fp8_act or no_chain. eng_chain_end with nothing held does nothing. */
 void eng_chain_begin(struct engine *e);
 void eng_chain_end(struct engine *e);
 void eng_chain_flush(struct engine *e); /* runs what is held; the chain goes on */

@@ -440,6 +440,7 @@ static int rank_open(struct engine *e, const struct eng_opts *o, int r, int thre
 	re->max_seq_opt = e->max_seq_opt;
 	re->experts_one_by_one = e->experts_one_by_one;
 	re->unfused = e->unfused;
+	re->no_chain = e->no_chain;
 	re->fp8_act = e->fp8_act;
 	re->max_seqs = e->max_seqs;
 	re->seq_len = e->seq_len;

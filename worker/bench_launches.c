@@ -11,8 +11,11 @@
  * copy); the structure, not the dimensions, decides the count, so a checkpoint with GLM-5's
  * layers, experts, top-k and indexer at small dimensions (gen_glm --preset glm5-structure)
  * counts what GLM-5 launches. A chain (engine_int.h eng_chain_begin: ops that follow one
- * another as one launch) counts one; the ops inside chains are listed under it. Prints a
- * table, then one JSON line.
+ * another as one launch) counts one; the ops inside chains are listed under it, and the same
+ * steps are run again without chains (every op its own launch). Each run's decode steps are
+ * timed too (ms per step, its logits back on the host): on a GPU that is what the launches
+ * cost, chained against not; on the CPU it is the arithmetic alone. Prints a table, then one
+ * JSON line.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -58,6 +61,7 @@ struct count_run {
 	double per_kind[ENG_LAUNCH_KINDS]; /* ops per step */
 	double chained[ENG_LAUNCH_KINDS];  /* ops per step run inside chains */
 	double kernels, copies, coll, total; /* launches per step */
+	double step_ms; /* wall time of a decode step (its logits on the host) */
 };
 
 static int count_step(const char *model, const struct eng_opts *eo, int context, int steps,
@@ -81,9 +85,9 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 		fprintf(stderr, "wick bench: out of memory\n");
 		goto done;
 	}
-	if (info->max_seq < context + steps) {
+	if (info->max_seq < context + steps + 1) {
 		fprintf(stderr, "wick bench: the model holds %d positions, fewer than --context %d + "
-				"--steps %d\n", info->max_seq, context, steps);
+				"--steps %d + 1\n", info->max_seq, context, steps);
 		goto done;
 	}
 	for (int i = 0; i < context; i++) /* any tokens: the count does not depend on them */
@@ -92,17 +96,25 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 		fprintf(stderr, "wick bench: prefill: %s\n", err);
 		goto done;
 	}
+	/* one step first, neither counted nor timed: a GPU loads each kernel at its first launch */
+	int tok0 = samp_argmax(logits, V);
+	if (eng_forward(e, &tok0, 1, context, logits, false, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench: decode step: %s\n", err);
+		goto done;
+	}
 	if (eng_launches(e, 0, &before) != WK_OK) {
 		fprintf(stderr, "wick bench: the engine did not count its launches\n");
 		goto done;
 	}
+	double t0 = wk_now();
 	for (int i = 0; i < steps; i++) {
 		int tok = samp_argmax(logits, V);
-		if (eng_forward(e, &tok, 1, context + i, logits, false, err, sizeof err) != WK_OK) {
+		if (eng_forward(e, &tok, 1, context + 1 + i, logits, false, err, sizeof err) != WK_OK) {
 			fprintf(stderr, "wick bench: decode step %d: %s\n", i, err);
 			goto done;
 		}
 	}
+	r->step_ms = (wk_now() - t0) * 1e3 / steps;
 	eng_launches(e, 0, &after);
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
 		bool is_copy;
@@ -157,10 +169,13 @@ int bench_launches(int argc, char **argv)
 		return 2;
 	}
 	const char *model = argv[optind];
-	struct count_run grouped, one; /* fused / the unfused baseline */
-	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps,
+	struct count_run grouped, plain, one; /* fused and chained / not chained / unfused */
+	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
 			      .count_launches = true};
 	if (count_step(model, &eo, context, steps, &grouped))
+		return 1;
+	eo.no_chain = true; /* every op its own launch */
+	if (count_step(model, &eo, context, steps, &plain))
 		return 1;
 	eo.experts_one_by_one = true; /* the baseline: MoE experts one at a time, */
 	eo.unfused = true;            /* one matmul per weight, cache writes by copy */
@@ -169,8 +184,8 @@ int bench_launches(int argc, char **argv)
 
 	printf("model            %s (%s)\n", model, grouped.arch);
 	printf("backend          %s\n", grouped.backend);
-	printf("decode step      batch 1 at position %d..%d, %d steps averaged\n", context,
-	       context + steps - 1, steps);
+	printf("decode step      batch 1 at position %d..%d, %d steps averaged (after one more)\n",
+	       context + 1, context + steps, steps);
 	printf("%-18s %10s\n", "kind", "per step");
 	json_t *by = json_object();
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
@@ -200,14 +215,24 @@ int bench_launches(int argc, char **argv)
 		printf("%-18s %10.1f\n", "collectives", grouped.coll);
 	printf("%-18s %10.1f  (target %d: %.2fx)\n", "launches", grouped.total, target,
 	       grouped.total / target);
+	printf("%-18s %10.1f  (every op its own launch)\n", "not chained", plain.total);
 	printf("%-18s %10.1f  (experts one by one, one matmul per weight; fused: %.2fx fewer)\n",
 	       "unfused", one.total, grouped.total > 0 ? one.total / grouped.total : 0.0);
-	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o, s:o}",
+	/* the same steps timed: on a GPU, what the launches cost; on the CPU backend, the CPU's
+	 * arithmetic, which launches do not change */
+	printf("%-18s %10.3f ms  (not chained %.3f ms: %.2fx; unfused %.3f ms) on %s\n",
+	       "time per step", grouped.step_ms, plain.step_ms,
+	       grouped.step_ms > 0 ? plain.step_ms / grouped.step_ms : 0.0, one.step_ms,
+	       grouped.backend);
+	json_t *ms = json_pack("{s:f, s:f, s:f}", "chained", grouped.step_ms, "not_chained",
+			       plain.step_ms, "unfused", one.step_ms);
+	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:o, "
+			      "s:o, s:o}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
-			      grouped.total, "unfused", one.total, "target", target, "by_kind", by,
-			      "chained", inside);
+			      grouped.total, "not_chained", plain.total, "unfused", one.total,
+			      "target", target, "by_kind", by, "chained", inside, "step_ms", ms);
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	json_decref(j);
 	if (!s) {

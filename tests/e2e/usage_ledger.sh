@@ -104,8 +104,9 @@ start=$(date +%s.%N)
 "$WICK" worker --model "$m" --queue "spool:$Q" --concurrency 4 --lease 2 --idle-timeout 3 \
   --ledger "$L" --usage-url "http://127.0.0.1:$port/events" 2>"$TMPD/k1.log" &
 k1=$!
-# mid-batch however fast the machine: killed as soon as the first results are stored
-for _ in $(seq 400); do [ "$(ls "$Q/done" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.02; done
+# mid-batch however fast or busy the machine: killed as soon as the first results are stored
+# (60 jobs of 400 tokens: minutes of work; the wait allows 60 s for the first two)
+for _ in $(seq 3000); do [ "$(ls "$Q/done" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.02; done
 kill -9 $k1
 killed=$(date +%s.%N)
 wait $k1 2>/dev/null || true
