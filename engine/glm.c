@@ -700,11 +700,14 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		 * its first op that is not held), and o_proj (the forward begins it) with the
 		 * residual add, the norm, the router's matmul and the grouped MoE op (a dense
 		 * layer: the MLP's gate and up; ended before its SiLU). */
-		if (l == 0)
-			be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->c.eps);
 		eng_chain_begin(e);
-		if (l > 0)
+		if (l == 0) {
+			struct be_norm n0 = {m->xb, m->x, L->attn_norm, NULL, T, dim, m->c.eps, false,
+					     NULL, 0, 0};
+			eng_norm_n(e, &n0, 1);
+		} else {
 			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->c.eps);
+		}
 		m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, m->seg, n_items);
 		eng_chain_begin(e); /* on, where the forward did not begin it before o_proj */
 		if (!lead)

@@ -301,11 +301,17 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	for (int l = 0; l < m->n_layers; l++) {
 		struct layer *L = &m->layers[l];
 		/* each residual add is fused with the norm after it: m->tmp holds the last MLP's
-		 * output until the next layer's norm (or the final one) */
-		if (l == 0)
-			be->rmsnorm(c, m->xb, m->x, L->attn_norm, T, dim, m->eps);
-		else
+		 * output until the next layer's norm (or the final one). Where the backend chains
+		 * (eng_chain_begin), that norm and q, k, v are one launch, and o_proj, the next
+		 * norm and gate + up another. */
+		eng_chain_begin(e);
+		if (l == 0) {
+			struct be_norm n0 = {m->xb, m->x, L->attn_norm, NULL, T, dim, m->eps, false,
+					     NULL, 0, 0};
+			eng_norm_n(e, &n0, 1);
+		} else {
 			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->eps);
+		}
 		/* q, k, v read xb: one op. With one sequence in the step, k and v land straight in
 		 * its caches (rotated there); with several, they go through the step's rows. */
 		size_t base0 = ((size_t)items[0].seq * m->n_layers + l) * layer_sz,
@@ -316,6 +322,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		float *qkv[3] = {m->q, kt, vt};
 		const struct be_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
 		eng_matmul_n(e, qkv, m->xb, wqkv, 3, T);
+		eng_chain_end(e); /* rope_n and the attention are not held */
 		struct be_rope rot[2] = {{m->q, T, m->pos, m->n_heads, m->head_dim, m->head_dim},
 					 {kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim}};
 		eng_rope_n(e, rot, 2, m->theta, false);
@@ -334,6 +341,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 				      m->n_heads, m->n_kv, m->head_dim, kvd,
 				      1.0f / sqrtf((float)m->head_dim));
 		}
+		eng_chain_begin(e);
 		eng_matmul(e, m->tmp, m->att, &L->wo, T);
 		if (!lead)
 			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof(float));
@@ -342,6 +350,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		float *gu[2] = {m->g, m->u};
 		const struct be_weight *wgu[2] = {&L->gate, &L->up};
 		eng_matmul_n(e, gu, m->xb, wgu, 2, T);
+		eng_chain_end(e); /* silu_mul is not held */
 		be->silu_mul(c, m->g, m->u, (size_t)T * m->hidden);
 		eng_matmul(e, m->tmp, m->g, &L->down, T);
 		if (!lead)
@@ -363,6 +372,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	}
 	/* Only each item's last token needs logits. */
 	if (T == n_items && !e->unfused) { /* decode only: the rows are the last ones */
+		eng_chain_begin(e); /* the final norm and lm_head: one launch */
 		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, n_items, dim, m->eps);
 	} else {
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
@@ -374,6 +384,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
 	}
 	eng_matmul(e, m->tmp, m->xb, &m->lm_head, n_items);
+	eng_chain_end(e);
 	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, false, m->tmp, n_items, m->vocab,
 			 m->gath);
 	if (e->rank != 0)

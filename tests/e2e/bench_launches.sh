@@ -2,7 +2,8 @@
 # families issue, computed here from the structure. stories260K (Llama): 4 matmuls per layer
 # (q, k and v as one matmul_n, o, gate and up as one, down) + lm_head, one attention per
 # layer, k and v written straight into the caches, each residual add fused with the norm after
-# it (add_rmsnorm), q and k rotated by one rope_n. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
+# it (add_rmsnorm), q and k rotated by one rope_n; chained (below): the norm with q, k, v, and
+# o with the next norm and gate + up. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
 # top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes and runs its
 # experts, the shared expert among them, in one grouped op (3 kernels on CUDA: the router
 # inside the first, the shared expert's gate/up and down inside the second and third, the
@@ -28,14 +29,18 @@ echo "$out" | grep -q '^launches' || fail "no human table"
 python3 - "$(echo "$out" | tail -n 1)" "$m/config.json" <<'PY' || fail "stories260K counts"
 import json, sys
 j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
-L, k = cfg["num_hidden_layers"], json.loads(sys.argv[1])["by_kind"]
+L, b, ch = cfg["num_hidden_layers"], j["by_kind"], j["chained"]
+k = {n: b.get(n, 0) + ch.get(n, 0) for n in set(b) | set(ch)}   # ops, chained or not
 assert j["bench"] == "launches" and j["steps"] == 3 and j["context"] == 8, j
 assert k["matmul"] == 4 * L + 1, k
 assert "copy" not in k, k                          # k and v land in the caches
-assert j["unfused"] - j["launches"] == 3 * L + 2 * L + 1 + 2 * L + L, j   # matmuls, copies, adds, ropes
 assert k["attention"] == L and k["silu_mul"] == L and "add" not in k, k
 assert k["add_rmsnorm"] == 2 * L and k["rmsnorm"] == 1, k   # residual adds fused with norms
 assert k["rope"] == L, k                                    # q and k rotated by one rope_n
+# chains: the norm with q, k, v; o_proj, the norm and gate + up; the final norm and lm_head
+assert b["chain"] == 2 * L + 1 and ch["matmul"] == 3 * L + 1 and b["matmul"] == L, (b, ch)
+held = sum(ch.values())   # matmuls, copies, adds, ropes; then the chains' ops less the chains
+assert j["unfused"] - j["launches"] == 3 * L + 2 * L + 1 + 2 * L + L + held - b["chain"], j
 assert j["launches"] == j["kernels"] + j["copies"] + j["collectives"], j
 print(f"stories260K: {j['launches']:.0f} launches per step, as computed")
 PY
@@ -67,9 +72,9 @@ assert "rope" not in k, k   # q, k_pe and the indexer's queries rotated in their
 assert k["rmsnorm"] == L + 1 and "layernorm" not in k, k   # q_c, c_kv, index keys: one norm_n
 b = j["by_kind"]
 assert b["chain"] == 2 * L + 1, b          # two chains a layer, the final norm with lm_head
-assert ch["add_rmsnorm"] == 2 * L and ch["rmsnorm"] == L, ch   # every norm after layer 0's
+assert ch["add_rmsnorm"] == 2 * L and ch["rmsnorm"] == L + 1, ch   # and layer 0's input norm
 assert ch["matmul"] == 3 * L + dense + moe + 1, ch   # all but the dense MLPs' down (after SiLU)
-assert b["matmul"] == dense and b["rmsnorm"] == 1 and "add_rmsnorm" not in b, b
+assert b["matmul"] == dense and "rmsnorm" not in b and "add_rmsnorm" not in b, b
 assert ch["moe_experts"] == moe and "moe_experts" not in b, ch   # the MoE op in its chain
 per = {"moe_experts": 3}   # kernels of an op on its own
 # per MoE layer: 8 experts' 6 ops, 4 plan copies and moe_route for the grouped op's 3; the

@@ -8,7 +8,8 @@
 #      directory and from an lz4 snapshot streamed into (emulated) device memory: the CPU's text;
 #   2. tiny GLM-5 (FP8) and GLM-4.5 logits at every position, cuda against cpu, relative 1e-3
 #      as gpu-check, from the directory and from an lz4 snapshot; GLM-5 also with MLA absorbed
-#      (as decode steps run it) against the CPU's expanded prefill;
+#      (as decode steps run it) against the CPU's expanded prefill; 12 greedy decode steps of
+#      each (chained launches, the MoE op among them): the CPU's ids;
 #   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there), and
 #      70-token prefills whose FP8 matmuls run as GEMMs, by the gross-error gate;
 #      then GLM-5 and GLM-4.5 (cast to FP8) prefills of 150 and 70 tokens with f32
@@ -87,6 +88,15 @@ done
 WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --backend cuda \
   >"$TMPD/absorb.cuda.json" 2>"$TMPD/err" || fail "glm5 absorbed: $(tail -n 3 "$TMPD/err")"
 close "glm5, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb.cuda.json"
+# decode steps of one token, each layer's ops in two chained launches (the MoE op among them):
+# greedy, the CPU's ids
+for fam in glm5 glm4; do
+  want=$("$WICK" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cpu 2>/dev/null)
+  got=$("$EMU" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cuda \
+    2>"$TMPD/err") || fail "$fam: cuda decode: $(tail -n 3 "$TMPD/err")"
+  [ -n "$want" ] && [ "$got" = "$want" ] || fail "$fam: cuda decoded '$got', cpu '$want'"
+  echo "   $fam: 12 greedy decode steps on cuda, the CPU's ids: ${got##*$'\n'}"
+done
 
 # FP8 activations: both backends quantize each matmul input per token per 128 channels with
 # kernels that agree bit for bit, but their matmuls sum in other orders, so an input lying
@@ -183,7 +193,9 @@ echo "   wick logits: exit $rc, $(cat "$TMPD/fault.err")"
 Q=$TMPD/q
 "$WICK" submit --queue "spool:$Q" --id f1 -p "Once upon a time" -n 8 --temperature 0 >/dev/null || fail "submit"
 set +e
-WICK_SIMT_FAULT_LAUNCH=300 "$EMU" worker --model "$TMPD/stories-snap" --backend cuda \
+# launch 150 lands inside the job (its prefill and 8 chained decode steps: about 280 launches;
+# 30 to 250 all do), after the worker's start
+WICK_SIMT_FAULT_LAUNCH=150 "$EMU" worker --model "$TMPD/stories-snap" --backend cuda \
   --queue "spool:$Q" --idle-timeout 0.5 2>"$TMPD/bad.log"
 rc=$?
 set -e
