@@ -18,7 +18,9 @@
  * on CUDA are refused (the collectives run on host memory). A prefill's FP8 matmuls run as
  * warpgroup GEMMs (the engine asks from 64 tokens): matmul_fp8act with FP8 activations
  * (gemm_wgmma.cu), matmul_fp8w with f32 ones (gemm_fp8w.cu), their converted activations in
- * scratch grown on demand.
+ * scratch grown on demand. The ops the engine holds between eng_chain_begin and eng_chain_end
+ * (a decode step's GEMVs, norms and grouped MoE op) run as one chained launch each (chain:
+ * moe_kernels.cu k_chain), on counters after dsa_topk's.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>

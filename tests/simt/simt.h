@@ -21,7 +21,9 @@
  *   - speed: nothing here says how fast a kernel is on a GPU;
  *   - the GPU memory model: threads switch only at barriers and shuffles, in the two orders
  *     above, so a race is found only where those orders expose it; blocks never run at the
- *     same time, so races between blocks are not tested at all; device memory is host
+ *     same time, so races between blocks are not tested at all (a chained launch's waits,
+ *     k_chain, are over before they start here: a missing wait passes; a wait that can
+ *     never end is reported, see __nanosleep); device memory is host
  *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
  *     checks that for the backend);
  *   - real warp scheduling: no lockstep, no divergence cost, no independent-thread-scheduling
