@@ -45,12 +45,14 @@ static int null_sync(void *ctx, char *err, size_t errsz)
 	return WK_OK;
 }
 
+/* The Llama family's ops, which it has; not the GLM families' (it has none of their members,
+ * so a GLM model is refused by name, not run into a missing op). */
 static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 {
 	(void)ctx;
-	(void)op;
 	(void)wt;
-	return true;
+	return op == BE_OP_MATMUL || op == BE_OP_RMSNORM || op == BE_OP_ROPE ||
+	       op == BE_OP_ATTENTION || op == BE_OP_SILU_MUL || op == BE_OP_ADD;
 }
 
 static void matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)

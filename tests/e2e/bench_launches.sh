@@ -87,6 +87,13 @@ print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j
       f"unfused {j['unfused']:.0f}")
 PY
 
+# the null backend has none of the GLM ops: refused by name (it used to crash on a NULL op)
+if "$WICK" bench launches "$g" --context 8 --steps 1 --backend null >/dev/null 2>"$TMPD/null.err"; then
+  fail "GLM-5 ran on the null backend"
+fi
+grep -q "the null backend lacks an op the GLM families need" "$TMPD/null.err" \
+  || fail "GLM-5 on the null backend: $(cat "$TMPD/null.err")"
+
 # sharded (tp 2 x ep 2 over 4 ranks): rank 0's count, with its all_reduces
 s=$TMPD/g5s-snap
 "$WICK" snapshot "$g" -o "$s" --tp 2 --ep 2 >/dev/null || fail "snapshot"
