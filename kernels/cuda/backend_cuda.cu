@@ -923,7 +923,8 @@ static void chain(void *ctx, const struct be_link *l, int count)
 	if (!sync)
 		return;
 	int nk = 0;
-	for (int i = 0; i < count; i++) {
+	bool apart = false; /* a link the chained launch cannot take */
+	for (int i = 0; i < count && !apart; i++) {
 		const struct be_link *k = &l[i];
 		struct wk_link *q = &wl[i];
 		memset(q, 0, sizeof *q);
@@ -932,10 +933,7 @@ static void chain(void *ctx, const struct be_link *l, int count)
 		if (k->kind == BE_LINK_MOE) {
 			q->kind = WK_LINK_MOE;
 			q->moe = moe_layer(k->ex, k->n);
-			if (!wk_cuda_chain_moe(k->n, &q->moe) || nk > WK_CHAIN_MAX) {
-				be_chain_each(&be_cuda, ctx, l, count);
-				return;
-			}
+			apart = !wk_cuda_chain_moe(k->n, &q->moe);
 			q->moe_y = k->y_moe;
 			q->moe_x = k->x_moe;
 			q->logits = k->logits;
@@ -953,11 +951,8 @@ static void chain(void *ctx, const struct be_link *l, int count)
 		} else if (k->kind == BE_LINK_MATMUL) {
 			struct wk_rope rest[WK_MATMUL_MAX];
 			q->kind = WK_LINK_MATMUL;
-			if (mm_parts(q->mm, k->y, k->w, k->count, k->n, k->rope ? k->r : NULL,
-				     k->theta, rest) > 0) {
-				be_chain_each(&be_cuda, ctx, l, count);
-				return;
-			}
+			apart = mm_parts(q->mm, k->y, k->w, k->count, k->n, k->rope ? k->r : NULL,
+					 k->theta, rest) > 0;
 			q->mm_count = k->count;
 			q->cols = k->count > 0 ? k->w[0]->cols : 0;
 			q->x = k->x_in;
@@ -975,7 +970,7 @@ static void chain(void *ctx, const struct be_link *l, int count)
 			wk_norms(q->norm, k->norm, k->n_norm);
 		}
 	}
-	if (nk > WK_CHAIN_MAX) {
+	if (apart || nk > WK_CHAIN_MAX) {
 		be_chain_each(&be_cuda, ctx, l, count);
 		return;
 	}
