@@ -71,20 +71,38 @@ struct warp {
 	unsigned char gather[32][GATHER_MAX];
 };
 
-static fiber fibers[MAX_THREADS]; /* not movable: uc points into itself */
+/* A block on its SM: its threads, barrier, warps and shared memory. A launch runs its blocks
+ * one after another in slot 0; an interleaved one (see interleaved()) keeps up to RESIDENT
+ * blocks started at once and runs them a round each in turn. */
+enum { RESIDENT = 3 };
+struct block_ctx {
+	fiber fibers[MAX_THREADS]; /* not movable: uc points into itself */
+	dim3 idx;
+	unsigned long serial; /* simt_block_serial */
+	int live; /* threads of the block not yet returned */
+	unsigned round;
+	barrier bar;
+	warp warps[MAX_THREADS / 32];
+	std::vector<uint64_t> dyn_smem;
+	/* its static shared variables' bytes while another block runs: (shared_vars index, bytes) */
+	std::vector<std::pair<size_t, std::vector<char>>> saved;
+};
+static block_ctx slots[RESIDENT];
+static block_ctx *blk = &slots[0]; /* the block running now */
+static bool interleaving; /* the launch now running interleaves its blocks */
+static unsigned long interleaved_launches;
 static fiber *cur;
 static jmp_buf sched_jb;
 static const std::function<void()> *body;
-static int live; /* threads of the block not yet returned */
 static unsigned long progress; /* arrivals and returns: unchanged over a round = deadlock */
-static barrier bar;
-static warp warps[MAX_THREADS / 32];
-static std::vector<uint64_t> dyn_smem;
 static unsigned long block_serial;
 static thread_local cudaError_t last_err;
 
+/* A static __shared__ variable: one copy (the generated code's static), holding the bytes of
+ * the block whose serial it carries; switching blocks swaps them (switch_to). */
 struct shared_var {
 	void *p;
+	size_t n;
 	unsigned long serial; /* the block that last poisoned it */
 };
 static std::vector<shared_var> shared_vars;
@@ -121,9 +139,10 @@ static void fiber_main(void)
 	for (;;) {
 		(*body)();
 		cur->done = true;
-		live--;
+		blk->live--;
 		progress++;
-		if (bar.arrived > 0 && bar.arrived == live) { /* it was the last one missing */
+		barrier &bar = blk->bar;
+		if (bar.arrived > 0 && bar.arrived == blk->live) { /* it was the last one missing */
 			bar.arrived = 0;
 			bar.gen++;
 		}
@@ -160,6 +179,10 @@ static void fiber_make(fiber *f)
 
 void simt_nanosleep(unsigned)
 {
+	if (interleaving) { /* the others run; a pass in which every block only waits aborts */
+		to_sched();
+		return;
+	}
 	static unsigned long polls; /* over the whole run: a correct wait never polls here */
 	if (++polls == 1000)
 		fail("__nanosleep 1000 times: waiting for blocks that will never run (blocks run "
@@ -170,6 +193,7 @@ void simt_nanosleep(unsigned)
 
 void simt_syncthreads(const char *site)
 {
+	barrier &bar = blk->bar;
 	if (bar.arrived == 0)
 		bar.site = site;
 	else if (bar.site != site && strcmp(bar.site, site) != 0) {
@@ -180,7 +204,7 @@ void simt_syncthreads(const char *site)
 	}
 	progress++;
 	unsigned long g = bar.gen;
-	if (++bar.arrived == live) {
+	if (++bar.arrived == blk->live) {
 		bar.arrived = 0;
 		bar.gen++;
 		return;
@@ -215,7 +239,7 @@ static void warp_wait(warp &w)
 void simt_warp_exchange(uint64_t *v, int src)
 {
 	int t = linear_tid();
-	warp &w = warps[t / 32];
+	warp &w = blk->warps[t / 32];
 	if (src < 0 || src >= w.lanes)
 		fail("shuffle from a lane the warp does not have");
 	w.v[t & 31] = *v;
@@ -230,7 +254,7 @@ int simt_warp_gather(const void *mine, void *all, size_t n)
 	if (n > GATHER_MAX)
 		fail("warp gather of more than 64 bytes a lane");
 	int t = linear_tid();
-	warp &w = warps[t / 32];
+	warp &w = blk->warps[t / 32];
 	memcpy(w.gather[t & 31], mine, n);
 	warp_wait(w); /* every lane has written */
 	for (int l = 0; l < w.lanes; l++)
@@ -277,23 +301,24 @@ void simt_shared(void *p, size_t n)
 {
 	for (shared_var &s : shared_vars)
 		if (s.p == p) {
-			if (s.serial != block_serial) {
-				s.serial = block_serial;
+			if (s.serial != blk->serial) {
+				s.serial = blk->serial;
 				poison(p, n);
 			}
 			return;
 		}
-	shared_vars.push_back({p, block_serial});
+	shared_vars.push_back({p, n, blk->serial});
 	poison(p, n);
 }
 
 void *simt_dyn_smem(void)
 {
-	return dyn_smem.data();
+	return blk->dyn_smem.data();
 }
 
 uint32_t simt_smem_addr(const void *p)
 {
+	const std::vector<uint64_t> &dyn_smem = blk->dyn_smem;
 	uintptr_t a = (uintptr_t)p, b = (uintptr_t)dyn_smem.data();
 	if (a < b || a >= b + dyn_smem.size() * sizeof dyn_smem[0])
 		fail("a shared-window address of a pointer outside the dynamic shared memory");
@@ -302,6 +327,7 @@ uint32_t simt_smem_addr(const void *p)
 
 void *simt_smem_ptr(uint32_t addr, size_t n)
 {
+	const std::vector<uint64_t> &dyn_smem = blk->dyn_smem;
 	if ((size_t)addr + n > dyn_smem.size() * sizeof dyn_smem[0])
 		fail("a shared-memory operand outside the dynamic shared memory");
 	return (char *)dyn_smem.data() + addr;
@@ -314,7 +340,9 @@ int simt_thread_index(void)
 
 unsigned long simt_block_serial(void)
 {
-	return block_serial;
+	if (interleaving) /* wgmma.cpp keeps one block's state */
+		fail("wgmma or an mbarrier in an interleaved launch (simt.cpp's interleaved())");
+	return blk->serial;
 }
 
 void simt_yield(void)
@@ -475,55 +503,163 @@ static void drain_all(void) /* under rt_mu */
 
 /* ---- launches ---------------------------------------------------------------------------- */
 
-static void run_block(size_t nt)
+static void start_block(block_ctx &b, dim3 idx, size_t nt)
 {
-	block_serial++;
-	poison(dyn_smem.data(), dyn_smem.size() * sizeof dyn_smem[0]);
-	bar = barrier{};
+	b.idx = idx;
+	b.serial = ++block_serial;
+	b.round = 0;
+	b.saved.clear();
+	poison(b.dyn_smem.data(), b.dyn_smem.size() * sizeof b.dyn_smem[0]);
+	b.bar = barrier{};
 	for (size_t w = 0; w < (nt + 31) / 32; w++) {
-		warps[w].arrived = 0;
-		warps[w].lanes = (int)(nt - w * 32 < 32 ? nt - w * 32 : 32);
+		b.warps[w].arrived = 0;
+		b.warps[w].lanes = (int)(nt - w * 32 < 32 ? nt - w * 32 : 32);
 	}
 	size_t i = 0;
 	for (unsigned z = 0; z < blockDim.z; z++)
 		for (unsigned y = 0; y < blockDim.y; y++)
 			for (unsigned x = 0; x < blockDim.x; x++, i++) {
-				fibers[i].tid = dim3(x, y, z);
-				fibers[i].done = false;
-				fibers[i].copies.clear(); /* a returned thread's copies never land */
-				fibers[i].group_ends.clear();
+				fiber &f = b.fibers[i];
+				f.tid = dim3(x, y, z);
+				f.done = false;
+				f.copies.clear(); /* a returned thread's copies never land */
+				f.group_ends.clear();
 			}
-	live = (int)nt;
-	/* Warp by warp, each run until all its lanes wait at __syncthreads or have returned (a
-	 * warp races ahead of the others, as on a GPU); forwards and backwards in turn. */
+	b.live = (int)nt;
+}
+
+/* Makes to the running block: the static shared variables the running one holds are saved
+ * with it, and to's put back. */
+static void switch_to(block_ctx *to)
+{
+	for (size_t i = 0; i < shared_vars.size() && to != blk; i++) {
+		shared_var &s = shared_vars[i];
+		if (s.serial != blk->serial || blk->live == 0)
+			continue;
+		const char *p = (const char *)s.p;
+		blk->saved.emplace_back(i, std::vector<char>(p, p + s.n));
+		s.serial = 0; /* no block's */
+	}
+	for (auto &v : to->saved) { /* empty when to is the running block */
+		shared_var &s = shared_vars[v.first];
+		memcpy(s.p, v.second.data(), s.n);
+		s.serial = to->serial;
+	}
+	to->saved.clear();
+	blk = to;
+	blockIdx = to->idx;
+}
+
+/* One round of the running block: warp by warp, each run until all its lanes wait at
+ * __syncthreads (or spin) or have returned (a warp races ahead of the others, as on a GPU);
+ * forwards and backwards in turn. Whether anything moved. */
+static bool block_round(size_t nt)
+{
+	block_ctx &b = *blk;
+	unsigned round = b.round++;
+	unsigned long before = progress;
 	size_t nw = (nt + 31) / 32;
-	for (unsigned round = 0; live > 0; round++) {
-		unsigned long before = progress;
-		for (size_t k = 0; k < nw; k++) {
-			size_t w = round & 1 ? nw - 1 - k : k;
-			size_t lanes = (size_t)warps[w].lanes;
-			unsigned long seen;
-			do {
-				seen = progress;
-				for (size_t l = 0; l < lanes; l++) {
-					fiber *f = &fibers[w * 32 + (round & 1 ? lanes - 1 - l : l)];
-					if (f->done)
-						continue;
-					cur = f;
-					threadIdx = f->tid;
-					resume(f);
-				}
-			} while (progress != seen);
+	for (size_t k = 0; k < nw; k++) {
+		size_t w = round & 1 ? nw - 1 - k : k;
+		size_t lanes = (size_t)b.warps[w].lanes;
+		unsigned long seen;
+		do {
+			seen = progress;
+			for (size_t l = 0; l < lanes; l++) {
+				fiber *f = &b.fibers[w * 32 + (round & 1 ? lanes - 1 - l : l)];
+				if (f->done)
+					continue;
+				cur = f;
+				threadIdx = f->tid;
+				resume(f);
+			}
+		} while (progress != seen);
+	}
+	return progress != before;
+}
+
+[[noreturn]] static void deadlock(size_t nt, const char *what)
+{
+	char m[256];
+	snprintf(m, sizeof m,
+		 "deadlock%s: %d of %d threads left, %d at __syncthreads (%s), the rest in warp "
+		 "shuffles, mbarrier waits or __nanosleep",
+		 what, blk->live, (int)nt, blk->bar.arrived,
+		 blk->bar.arrived ? blk->bar.site : "-");
+	threadIdx = dim3(0, 0, 0);
+	fail(m);
+}
+
+/* The launches whose blocks wait for one another or count each other's work: a chained
+ * launch's links, and the kernels whose last block to finish does the rest. Their blocks run
+ * interleaved, as a GPU keeps blocks resident on its SMs: RESIDENT at once, the next started
+ * as one returns; each pass runs them in a shuffled order, each for 0, 1 or 2 rounds (a
+ * pseudo-random schedule, the same on every run). So a link that reads before the link it
+ * follows has finished, or a "last" block chosen by its index rather than by the count,
+ * meets another block's work half done (or the poison), and the test comparing its result
+ * fails, where one block at a time would hide it. Every other launch runs its blocks one at
+ * a time (cheaper; their blocks never read each other's writes). */
+static bool interleaved(const char *kernel)
+{
+	static const char *const names[] = {"k_chain<", "k_dsa_topk_n", "k_moe_route_plan",
+					    "k_moe_down"};
+	for (const char *n : names)
+		if (kernel && strncmp(kernel, n, strlen(n)) == 0 &&
+		    (n[strlen(n) - 1] == '<' || kernel[strlen(n)] == 0))
+			return true;
+	return false;
+}
+
+static void run_grid(dim3 grid, size_t nt)
+{
+	size_t total = (size_t)grid.x * grid.y * grid.z, next = 0;
+	auto at = [&](size_t i) {
+		return dim3((unsigned)(i % grid.x), (unsigned)(i / grid.x % grid.y),
+			    (unsigned)(i / grid.x / grid.y));
+	};
+	if (!interleaving) {
+		for (; next < total; next++) {
+			switch_to(&slots[0]);
+			start_block(slots[0], at(next), nt);
+			blockIdx = slots[0].idx;
+			while (slots[0].live > 0)
+				if (!block_round(nt))
+					deadlock(nt, "");
 		}
-		if (progress == before) {
-			char m[160];
-			snprintf(m, sizeof m,
-				 "deadlock: %d of %d threads left, %d at __syncthreads (%s), the "
-				 "rest in warp shuffles or mbarrier waits",
-				 live, (int)nt, bar.arrived, bar.arrived ? bar.site : "-");
-			threadIdx = dim3(0, 0, 0);
-			fail(m);
+		return;
+	}
+	block_ctx *res[RESIDENT] = {};
+	uint64_t rng = 0x9e3779b97f4a7c15ull * ++interleaved_launches; /* the same every run */
+	auto pick = [&](unsigned n) {
+		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+		return (unsigned)(rng >> 33) % n;
+	};
+	for (bool full = false;;) {
+		for (int s = 0; s < RESIDENT; s++)
+			if (!res[s] && next < total)
+				start_block(*(res[s] = &slots[s]), at(next++), nt);
+		int order[RESIDENT];
+		for (int s = 0; s < RESIDENT; s++) { /* a shuffle: Fisher-Yates */
+			int j = (int)pick((unsigned)s + 1);
+			order[s] = order[j];
+			order[j] = s;
 		}
+		bool left = false, moved = false;
+		for (int s : order) {
+			if (!res[s])
+				continue;
+			left = true;
+			switch_to(res[s]);
+			for (unsigned r = full ? 1 : pick(3); r > 0 && res[s]->live > 0; r--)
+				moved |= block_round(nt);
+			if (res[s]->live == 0)
+				res[s] = NULL;
+		}
+		if (!left)
+			return;
+		if (full && !moved)
+			deadlock(nt, " of the resident blocks (each waits for another)");
+		full = !moved; /* after a pass in which nothing moved, every block runs a round */
 	}
 }
 
@@ -595,19 +731,19 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 		last_err = cudaErrorInvalidConfiguration;
 		return;
 	}
-	for (size_t i = 0; i < nt; i++)
-		if (!fibers[i].stack)
-			fiber_make(&fibers[i]);
+	interleaving = interleaved(kernel);
+	for (int s = 0; s < (interleaving ? RESIDENT : 1); s++) {
+		for (size_t i = 0; i < nt; i++)
+			if (!slots[s].fibers[i].stack)
+				fiber_make(&slots[s].fibers[i]);
+		slots[s].dyn_smem.assign((smem + 7) / 8, 0);
+	}
 	gridDim = grid;
 	blockDim = block;
 	body = &fn;
-	dyn_smem.assign((smem + 7) / 8, 0);
-	for (unsigned z = 0; z < grid.z; z++)
-		for (unsigned y = 0; y < grid.y; y++)
-			for (unsigned x = 0; x < grid.x; x++) {
-				blockIdx = dim3(x, y, z);
-				run_block(nt);
-			}
+	run_grid(grid, nt);
+	switch_to(&slots[0]);
+	interleaving = false;
 	body = NULL;
 }
 

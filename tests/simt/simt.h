@@ -7,7 +7,11 @@
  * target: $(BUILD)/simt/unit, and $(BUILD)/simt/wick, the whole wick with backend_cuda.cu).
  *
  * What it does: each CUDA thread is a fiber on its own stack. The blocks of a launch run one
- * after another; in a block, each warp runs until all its lanes wait at __syncthreads (or
+ * after another, except in the launches whose blocks wait for or count each other (a chained
+ * launch, k_chain; the kernels whose last block to finish does the rest): there 3 blocks are
+ * resident at once and take turns on a shuffled, fixed pseudo-random schedule, so a block
+ * that reads another's work before it is done meets it half written (simt.cpp, interleaved).
+ * In a block, each warp runs until all its lanes wait at __syncthreads (or
  * have returned), then the next warp, forwards and backwards in turn, so one warp races ahead
  * of the others as it may on a GPU. __syncthreads() is a real barrier (a deadlock, or threads
  * of a block waiting at different __syncthreads, aborts with a message) and a warp shuffle
@@ -19,11 +23,12 @@
  *
  * What it does NOT prove, and the GPU (scripts/gpu-check) remains the judge of:
  *   - speed: nothing here says how fast a kernel is on a GPU;
- *   - the GPU memory model: threads switch only at barriers and shuffles, in the two orders
- *     above, so a race is found only where those orders expose it; blocks never run at the
- *     same time, so races between blocks are not tested at all (a chained launch's waits,
- *     k_chain, are over before they start here: a missing wait passes; a wait that can
- *     never end is reported, see __nanosleep); device memory is host
+ *   - the GPU memory model: threads switch only at barriers, shuffles and __nanosleep, in
+ *     the orders above, so a race is found only where those orders expose it; between
+ *     blocks, only in the interleaved launches (a chained launch's missing wait fails its
+ *     test there, and a wait that can never end is reported as a deadlock), and every write
+ *     is visible at once, so a missing __threadfence or a plain load that a GPU's L1 would
+ *     serve stale passes; device memory is host
  *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
  *     checks that for the backend);
  *   - real warp scheduling: no lockstep, no divergence cost, no independent-thread-scheduling
@@ -167,13 +172,14 @@ void simt_syncthreads(const char *site);
 #define SIMT_STR_(x) #x
 #define SIMT_STR(x) SIMT_STR_(x)
 #define __syncthreads() simt_syncthreads(__FILE__ ":" SIMT_STR(__LINE__))
-/* Blocks run one after another here, so every earlier block's writes are already visible:
- * a fence orders nothing (the GPU's memory model is not modelled; see the top). */
+/* Every write is visible to every thread at once here: a fence orders nothing (the GPU's
+ * memory model is not modelled; see the top). */
 static inline void __threadfence(void) {}
 /* A thread waiting for other blocks (a chained launch's link waits for the one before it)
- * sleeps between polls. Blocks run one after another here, in the order they take their
- * tickets, so a correct wait is over before its first poll: a thread that sleeps again and
- * again waits for work no block left to run will do, and it aborts with that message. */
+ * sleeps between polls. In an interleaved launch the other resident blocks run meanwhile,
+ * and a pass in which every block only waits aborts as a deadlock; in any other launch blocks
+ * run one after another, so a correct wait is over before its first poll: a thread that
+ * sleeps again and again waits for work no block left to run will do, and it aborts. */
 void simt_nanosleep(unsigned ns);
 #define __nanosleep(ns) simt_nanosleep(ns)
 
