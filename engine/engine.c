@@ -975,7 +975,13 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->world = e->tp = e->ep = 1;
 	double t0 = wk_now();
 	snprintf(e->dir, sizeof e->dir, "%s", model_dir);
-	int rc = open_weights(e, model_dir, opts, err, errsz);
+	int rc;
+	const char *nc = getenv("WICK_NO_CHAIN"); /* an operator's escape hatch */
+	if (nc && *nc && strcmp(nc, "0") != 0 && strcmp(nc, "1") != 0) {
+		rc = wk_errf(err, errsz, WK_EINVAL, "WICK_NO_CHAIN is '%s'; it takes 0 or 1", nc);
+		goto fail;
+	}
+	rc = open_weights(e, model_dir, opts, err, errsz);
 	if (rc != WK_OK)
 		goto fail;
 	double t1 = wk_now();
@@ -1011,6 +1017,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->unfused = opts && opts->unfused;
 	e->fp8_act = opts && opts->fp8_act;
 	e->no_chain = opts && opts->no_chain;
+	e->no_chain |= nc && !strcmp(nc, "1");
 	e->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 1;
 	if (!e->fam->step)
 		e->max_seqs = 1;

@@ -43,7 +43,8 @@ struct eng_opts {
 				  * the caches written through copies */
 	bool fp8_act;            /* FP8 activations: the input of every FP8-weight matmul
 				  * quantized per token per 128 channels (DeepGEMM's 1x128) */
-	bool no_chain;           /* a baseline: every op its own launch, no chained launches */
+	bool no_chain;           /* a baseline: every op its own launch, no chained launches
+				  * (also WICK_NO_CHAIN=1 in the environment) */
 };
 
 struct eng_info {

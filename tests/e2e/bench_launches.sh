@@ -45,6 +45,19 @@ assert j["launches"] == j["kernels"] + j["copies"] + j["collectives"], j
 print(f"stories260K: {j['launches']:.0f} launches per step, as computed")
 PY
 
+# WICK_NO_CHAIN=1 (the escape hatch should chains misbehave on a GPU): every op its own launch
+out=$(WICK_NO_CHAIN=1 "$WICK" bench launches "$m" --context 8 --steps 1 --threads 2)
+python3 - "$(echo "$out" | tail -n 1)" <<'PY' || fail "WICK_NO_CHAIN=1: $out"
+import json, sys
+j = json.loads(sys.argv[1])
+assert "chain" not in j["by_kind"] and not any(j["chained"].values()), j
+assert j["launches"] == j["not_chained"], j   # 50 for stories260K, 34 chained
+PY
+if WICK_NO_CHAIN=yes "$WICK" bench launches "$m" --steps 1 >/dev/null 2>"$TMPD/nc.err"; then
+  fail "WICK_NO_CHAIN=yes was taken"
+fi
+grep -q "WICK_NO_CHAIN is 'yes'; it takes 0 or 1" "$TMPD/nc.err" || fail "$(cat "$TMPD/nc.err")"
+
 g=$TMPD/g5s
 "$WICK_TOOLS/gen_glm" --preset glm5-structure -o "$g" >/dev/null || fail "gen_glm"
 out=$("$WICK" bench launches "$g" --context 100 --steps 2 --threads 2)

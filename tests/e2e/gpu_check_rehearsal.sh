@@ -35,7 +35,7 @@ if echo "$table" | grep -E '^[A-Za-z0-9].* FAIL '; then
   fail "the rehearsal failed a check (above)"
 fi
 [ $rc -eq 0 ] || { cat "$out"; fail "the rehearsal exited $rc"; }
-for check in "cuda kernel tests" "stories260K golden on cuda" "stories260K snapshot on cuda" \
+for check in "chained launches (k_chain)" "cuda kernel tests" "stories260K golden on cuda" "stories260K snapshot on cuda" \
   "tiny glm5 logits gpu vs cpu" "tiny glm4 logits gpu vs cpu" "tiny glm5 tp2 x ep2 on 2 GPUs" \
   "GLM-5 structure decode on cuda" "fp8 activations gpu vs cpu" \
   "f32-activation prefill GEMM gpu vs cpu" "restore into GPU memory" \

@@ -80,7 +80,10 @@ struct block_ctx {
 	dim3 idx;
 	unsigned long serial; /* simt_block_serial */
 	int live; /* threads of the block not yet returned */
-	unsigned round;
+	unsigned round; /* and where block_run is in it: */
+	bool in_round;
+	size_t k, l; /* the warp (k-th in the round's order) and its next lane */
+	unsigned long seen; /* progress when the warp's pass began */
 	barrier bar;
 	warp warps[MAX_THREADS / 32];
 	std::vector<uint64_t> dyn_smem;
@@ -508,6 +511,7 @@ static void start_block(block_ctx &b, dim3 idx, size_t nt)
 	b.idx = idx;
 	b.serial = ++block_serial;
 	b.round = 0;
+	b.in_round = false;
 	b.saved.clear();
 	poison(b.dyn_smem.data(), b.dyn_smem.size() * sizeof b.dyn_smem[0]);
 	b.bar = barrier{};
@@ -550,32 +554,53 @@ static void switch_to(block_ctx *to)
 	blockIdx = to->idx;
 }
 
-/* One round of the running block: warp by warp, each run until all its lanes wait at
+/* A round of the running block: warp by warp, each run until all its lanes wait at
  * __syncthreads (or spin) or have returned (a warp races ahead of the others, as on a GPU);
- * forwards and backwards in turn. Whether anything moved. */
-static bool block_round(size_t nt)
+ * forwards and backwards in turn. block_run resumes at most budget threads of it (0: to the
+ * round's end) and returns, to go on where it stopped at its next call: so an interleaved
+ * launch switches blocks inside a round too, between any two threads' turns. Whether
+ * anything moved. */
+static bool block_run(size_t nt, unsigned budget)
 {
 	block_ctx &b = *blk;
-	unsigned round = b.round++;
-	unsigned long before = progress;
+	unsigned long start = progress;
 	size_t nw = (nt + 31) / 32;
-	for (size_t k = 0; k < nw; k++) {
-		size_t w = round & 1 ? nw - 1 - k : k;
+	for (unsigned n = 0; b.live > 0 && (budget == 0 || n < budget);) {
+		if (!b.in_round) {
+			b.in_round = true;
+			b.k = b.l = 0;
+			b.seen = progress;
+		}
+		size_t w = b.round & 1 ? nw - 1 - b.k : b.k;
 		size_t lanes = (size_t)b.warps[w].lanes;
-		unsigned long seen;
-		do {
-			seen = progress;
-			for (size_t l = 0; l < lanes; l++) {
-				fiber *f = &b.fibers[w * 32 + (round & 1 ? lanes - 1 - l : l)];
-				if (f->done)
-					continue;
-				cur = f;
-				threadIdx = f->tid;
-				resume(f);
+		if (b.l == lanes) { /* a pass over the warp's lanes: again while it moves */
+			b.l = 0;
+			if (progress == b.seen && ++b.k == nw) {
+				b.in_round = false;
+				b.round++;
+				if (budget == 0)
+					break;
 			}
-		} while (progress != seen);
+			b.seen = progress;
+			continue;
+		}
+		fiber *f = &b.fibers[w * 32 + (b.round & 1 ? lanes - 1 - b.l : b.l)];
+		b.l++;
+		if (f->done)
+			continue;
+		cur = f;
+		threadIdx = f->tid;
+		resume(f);
+		n++;
 	}
-	return progress != before;
+	return progress != start;
+}
+
+/* A whole round of the running block (the rest of the one it is in first). */
+static bool block_round(size_t nt)
+{
+	bool moved = blk->in_round && block_run(nt, 0);
+	return block_run(nt, 0) || moved;
 }
 
 [[noreturn]] static void deadlock(size_t nt, const char *what)
@@ -593,11 +618,13 @@ static bool block_round(size_t nt)
 /* The launches whose blocks wait for one another or count each other's work: a chained
  * launch's links, and the kernels whose last block to finish does the rest. Their blocks run
  * interleaved, as a GPU keeps blocks resident on its SMs: RESIDENT at once, the next started
- * as one returns; each pass runs them in a shuffled order, each for 0, 1 or 2 rounds (a
- * pseudo-random schedule, the same on every run). So a link that reads before the link it
- * follows has finished, or a "last" block chosen by its index rather than by the count,
+ * as one returns. Each pass runs them newest first, each for 1 to 128 threads' turns, the
+ * older ones stalling more often (a pseudo-random schedule, the same on every run), so later
+ * blocks overtake earlier ones, the order that exposes these kernels' bugs: a link that reads
+ * before the link it follows has finished, a block that counts itself finished before all
+ * its threads have written, or a "last" block chosen by its index rather than by the count,
  * meets another block's work half done (or the poison), and the test comparing its result
- * fails, where one block at a time would hide it. Every other launch runs its blocks one at
+ * fails where one block at a time would hide it. Every other launch runs its blocks one at
  * a time (cheaper; their blocks never read each other's writes). */
 static bool interleaved(const char *kernel)
 {
@@ -638,20 +665,22 @@ static void run_grid(dim3 grid, size_t nt)
 		for (int s = 0; s < RESIDENT; s++)
 			if (!res[s] && next < total)
 				start_block(*(res[s] = &slots[s]), at(next++), nt);
-		int order[RESIDENT];
-		for (int s = 0; s < RESIDENT; s++) { /* a shuffle: Fisher-Yates */
-			int j = (int)pick((unsigned)s + 1);
-			order[s] = order[j];
-			order[j] = s;
-		}
-		bool left = false, moved = false;
-		for (int s : order) {
-			if (!res[s])
-				continue;
-			left = true;
+		int order[RESIDENT], n = 0; /* the resident blocks, newest first */
+		for (int s = 0; s < RESIDENT; s++)
+			if (res[s]) {
+				int i = n++;
+				for (; i > 0 && res[order[i - 1]]->serial < res[s]->serial; i--)
+					order[i] = order[i - 1];
+				order[i] = s;
+			}
+		bool left = n > 0, moved = false;
+		for (int i = 0; i < n; i++) {
+			int s = order[i];
 			switch_to(res[s]);
-			for (unsigned r = full ? 1 : pick(3); r > 0 && res[s]->live > 0; r--)
+			if (full)
 				moved |= block_round(nt);
+			else if ((int)pick(RESIDENT) >= i) /* the i-th newest stalls i times in 3 */
+				moved |= block_run(nt, 1 + pick(128));
 			if (res[s]->live == 0)
 				res[s] = NULL;
 		}
@@ -659,7 +688,8 @@ static void run_grid(dim3 grid, size_t nt)
 			return;
 		if (full && !moved)
 			deadlock(nt, " of the resident blocks (each waits for another)");
-		full = !moved; /* after a pass in which nothing moved, every block runs a round */
+		full = !moved; /* after a pass in which nothing moved, every block runs a whole
+				* round: if still nothing moves, nothing ever will */
 	}
 }
 

@@ -9,8 +9,9 @@
  * What it does: each CUDA thread is a fiber on its own stack. The blocks of a launch run one
  * after another, except in the launches whose blocks wait for or count each other (a chained
  * launch, k_chain; the kernels whose last block to finish does the rest): there 3 blocks are
- * resident at once and take turns on a shuffled, fixed pseudo-random schedule, so a block
- * that reads another's work before it is done meets it half written (simt.cpp, interleaved).
+ * resident at once and take turns of a few threads' turns each, newer blocks overtaking older
+ * ones on a fixed pseudo-random schedule, so a block that reads another's work before it is
+ * done meets it half written (simt.cpp, interleaved).
  * In a block, each warp runs until all its lanes wait at __syncthreads (or
  * have returned), then the next warp, forwards and backwards in turn, so one warp races ahead
  * of the others as it may on a GPU. __syncthreads() is a real barrier (a deadlock, or threads
