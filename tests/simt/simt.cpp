@@ -192,6 +192,13 @@ void simt_nanosleep(unsigned)
 		     "one at a time here, so what a block waits for must have run before it)");
 }
 
+void simt_trap(const char *site)
+{
+	char m[256];
+	snprintf(m, sizeof m, "__trap at %s", site);
+	fail(m);
+}
+
 /* ---- barriers and shuffles ------------------------------------------------------------- */
 
 void simt_syncthreads(const char *site)
@@ -619,13 +626,15 @@ static bool block_round(size_t nt)
  * launch's links, and the kernels whose last block to finish does the rest. Their blocks run
  * interleaved, as a GPU keeps blocks resident on its SMs: RESIDENT at once, the next started
  * as one returns. Each pass runs them newest first, each for 1 to 128 threads' turns, the
- * older ones stalling more often (a pseudo-random schedule, the same on every run), so later
- * blocks overtake earlier ones, the order that exposes these kernels' bugs: a link that reads
- * before the link it follows has finished, a block that counts itself finished before all
- * its threads have written, or a "last" block chosen by its index rather than by the count,
- * meets another block's work half done (or the poison), and the test comparing its result
- * fails where one block at a time would hide it. Every other launch runs its blocks one at
- * a time (cheaper; their blocks never read each other's writes). */
+ * older ones stalling more often, and now and then one frozen for up to 1,024 passes (a
+ * pseudo-random schedule, the same on every run): later blocks overtake earlier ones, and a
+ * block stopped anywhere stays stopped while the rest run on. Those orders expose these
+ * kernels' bugs: a link that reads before the link it follows has finished, a block that
+ * counts itself finished before all its threads have written, or a "last" block chosen by
+ * its index rather than by the count, meets another block's work half done (or the
+ * poison), and the test comparing its result fails where one block at a time would hide
+ * it. Every other launch runs its blocks one at a time (cheaper; their blocks never read
+ * each other's writes). */
 static bool interleaved(const char *kernel)
 {
 	static const char *const names[] = {"k_chain<", "k_dsa_topk_n", "k_moe_route_plan",
@@ -661,10 +670,13 @@ static void run_grid(dim3 grid, size_t nt)
 		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
 		return (unsigned)(rng >> 33) % n;
 	};
-	for (bool full = false;;) {
+	unsigned long frozen_until[RESIDENT] = {}; /* a slot's block sits out passes till then */
+	for (unsigned long pass = 0, full = 0;; pass++) {
 		for (int s = 0; s < RESIDENT; s++)
-			if (!res[s] && next < total)
+			if (!res[s] && next < total) {
 				start_block(*(res[s] = &slots[s]), at(next++), nt);
+				frozen_until[s] = 0;
+			}
 		int order[RESIDENT], n = 0; /* the resident blocks, newest first */
 		for (int s = 0; s < RESIDENT; s++)
 			if (res[s]) {
@@ -673,9 +685,17 @@ static void run_grid(dim3 grid, size_t nt)
 					order[i] = order[i - 1];
 				order[i] = s;
 			}
-		bool left = n > 0, moved = false;
+		if (n == 0)
+			return;
+		bool moved = false, frozen = false;
 		for (int i = 0; i < n; i++) {
 			int s = order[i];
+			if (!full && pass >= frozen_until[s] && pick(64) == 0) /* its SM busy */
+				frozen_until[s] = pass + 1 + pick(1024);
+			if (!full && pass < frozen_until[s]) {
+				frozen = true;
+				continue;
+			}
 			switch_to(res[s]);
 			if (full)
 				moved |= block_round(nt);
@@ -684,12 +704,17 @@ static void run_grid(dim3 grid, size_t nt)
 			if (res[s]->live == 0)
 				res[s] = NULL;
 		}
-		if (!left)
-			return;
-		if (full && !moved)
+		if (moved) {
+			full = 0;
+		} else if (frozen) { /* the others wait for a frozen block: it thaws */
+			for (unsigned long &f : frozen_until)
+				f = 0;
+		} else if (full) {
 			deadlock(nt, " of the resident blocks (each waits for another)");
-		full = !moved; /* after a pass in which nothing moved, every block runs a whole
-				* round: if still nothing moves, nothing ever will */
+		} else { /* nothing moved: every block runs a whole round; if still nothing
+			  * moves, nothing ever will */
+			full = 1;
+		}
 	}
 }
 

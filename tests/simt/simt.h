@@ -183,6 +183,9 @@ static inline void __threadfence(void) {}
  * sleeps again and again waits for work no block left to run will do, and it aborts. */
 void simt_nanosleep(unsigned ns);
 #define __nanosleep(ns) simt_nanosleep(ns)
+/* A trap: the GPU ends the launch with a sticky error; here it aborts, naming the site. */
+[[noreturn]] void simt_trap(const char *site);
+#define __trap() simt_trap(__FILE__ ":" SIMT_STR(__LINE__))
 
 /* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
 int simt_lane(void);
