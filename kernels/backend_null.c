@@ -6,17 +6,19 @@
  *
  * Fault injection for tests: with WICK_NULL_FAIL_STEP=N in the environment, the Nth step
  * (counted by sync, which the engine calls at the end of each) and every later one fail, as
- * a device with a sticky error would (tests/e2e/engine_failure.sh).
+ * a device with a sticky error would (tests/e2e/engine_failure.sh). With WICK_NULL_HANG_STEP=N
+ * the Nth step never ends, as on a hung device (the worker's --step-timeout).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/wk.h"
 #include "engine/backend.h"
 
 struct null_ctx {
-	long steps, fail_at; /* fail_at 0: never */
+	long steps, fail_at, hang_at; /* 0: never */
 };
 
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
@@ -27,6 +29,8 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	const char *f = getenv("WICK_NULL_FAIL_STEP");
 	c->fail_at = f ? atol(f) : 0;
+	const char *hang = getenv("WICK_NULL_HANG_STEP");
+	c->hang_at = hang ? atol(hang) : 0;
 	*ctx = c;
 	return WK_OK;
 }
@@ -39,7 +43,10 @@ static void shutdown(void *ctx)
 static int null_sync(void *ctx, char *err, size_t errsz)
 {
 	struct null_ctx *c = ctx;
-	if (++c->steps >= c->fail_at && c->fail_at > 0)
+	if (++c->steps >= c->hang_at && c->hang_at > 0)
+		for (;;)
+			sleep(60);
+	if (c->steps >= c->fail_at && c->fail_at > 0)
 		return wk_errf(err, errsz, WK_EIO, "injected device failure at step %ld "
 			       "(WICK_NULL_FAIL_STEP=%ld)", c->steps, c->fail_at);
 	return WK_OK;

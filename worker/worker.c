@@ -5,6 +5,8 @@
  *
  * Lifecycle: STARTING (restore + engine init) -> READY -> BUSY <-> IDLE -> DRAINING -> exit.
  *   --startup-timeout  a watchdog ends the process (exit 1, reason logged) if start-up stalls
+ *   --step-timeout     a step that never ends (a hung device, driver or kernel) is taken for
+ *                      an engine failure: the watchdog hands the jobs back and exits 3
  *   SIGTERM/SIGINT     stop taking jobs, finish in-flight ones within --drain-timeout, hand
  *                      the rest back to the queue, exit 0
  *   --max-lifetime, --max-jobs   recycle: drain and exit 0
@@ -70,7 +72,7 @@ struct worker {
 	int concurrency, max_jobs;
 	int cap;                /* slots: concurrency, twice that with a committer */
 	int n_committing;       /* held slots whose results the committer has */
-	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s;
+	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	bool json_logs;
 	/* usage accounting (worker/ledger.h) */
 	const char *ledger_path, *usage_url, *gpu_type;
@@ -178,7 +180,73 @@ static const char *redact_url(const char *url, char *buf, size_t n)
 	return buf;
 }
 
-/* ---- start-up watchdog ---- */
+/* ---- watchdogs: a start-up that stalls, a step that never ends ---- */
+
+/* The step running: the main thread marks its start and end (run_step) and holds step_mu
+ * through each of its callbacks (on_done, on_token). When a step outlives --step-timeout,
+ * the watchdog sets step_abandoned under step_mu and takes the worker over: the main thread,
+ * stuck in the engine, parks at its next callback or at the step's end (step_park) and never
+ * touches the worker's state again, so the watchdog hands the jobs back alone. */
+static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
+static double step_since; /* wk_now() when the step running began; 0 between steps */
+static bool step_abandoned;
+static volatile sig_atomic_t worker_done; /* the main thread is exiting: the watchdog too */
+
+/* Under step_mu: once the watchdog has taken over, the main thread waits here for the
+ * process to end. */
+static void step_park(void)
+{
+	if (!step_abandoned)
+		return;
+	pthread_mutex_unlock(&step_mu);
+	for (;;)
+		pause();
+}
+
+static void step_hold(void)
+{
+	pthread_mutex_lock(&step_mu);
+	step_park();
+}
+
+static void step_release(void)
+{
+	pthread_mutex_unlock(&step_mu);
+}
+
+static void on_done(void *ctx, struct sched_req *r);
+
+static int run_step(struct worker *w)
+{
+	step_hold();
+	step_since = wk_now();
+	step_release();
+	int rc = sched_step(w->s, on_done, w);
+	step_hold();
+	step_since = 0;
+	step_release();
+	return rc;
+}
+
+static void hand_back(struct worker *w, double now);
+static void close_books(struct worker *w, const char *why);
+
+/* The watchdog took over from a step that never ended: the jobs go back to the queue for a
+ * healthy worker, HTTP requests get 503, the books are closed, and the process exits 3 as
+ * after any engine failure (the engine itself cannot be closed: it is stuck). */
+static _Noreturn void step_timed_out(struct worker *w, double ran_s)
+{
+	wlog(w, "unhealthy", "a step has run for %.0f s (--step-timeout %.0f): the engine is "
+			     "taken for hung; handing the jobs back and exiting", ran_s,
+	     w->step_timeout);
+	hand_back(w, wk_now());
+	wlog(w, "exit", "reason step_timeout; %ld jobs taken, %ld completed, %ld failed; "
+			"lifetime %.1f s", w->jobs_taken, w->jobs_done, w->jobs_failed,
+	     wk_now() - w->t_start);
+	close_books(w, "step_timeout");
+	fflush(NULL);
+	_exit(3);
+}
 
 static void *watchdog(void *arg)
 {
@@ -190,6 +258,16 @@ static void *watchdog(void *arg)
 		wlog(w, "startup_timeout", "start-up did not finish within %.0f s (restore or "
 					  "engine init stalled); exiting", w->startup_timeout);
 		_exit(1);
+	}
+	while (!worker_done && w->step_timeout > 0) {
+		usleep(20000);
+		pthread_mutex_lock(&step_mu);
+		double ran = step_since > 0 ? wk_now() - step_since : 0;
+		bool hung = !worker_done && ran > w->step_timeout;
+		step_abandoned = hung;
+		pthread_mutex_unlock(&step_mu);
+		if (hung)
+			step_timed_out(w, ran);
 	}
 	return NULL;
 }
@@ -472,9 +550,8 @@ static void fail_job(struct worker *w, struct held *h, enum job_status st, enum 
 	push_result(w, h, json, len, keep_input);
 }
 
-static void on_done(void *ctx, struct sched_req *r)
+static void job_done(struct worker *w, struct sched_req *r)
 {
-	struct worker *w = ctx;
 	struct held *h = r->user;
 	if (r->status == SCHED_FAILED && !h->http && sched_engine_failed(w->s, NULL) != WK_OK) {
 		/* the engine failed, not the job: it goes back to the queue (release_all) for a
@@ -532,6 +609,14 @@ static void on_done(void *ctx, struct sched_req *r)
 	h->req = NULL;
 	sched_req_free(r);
 	push_result(w, h, json, len, false);
+}
+
+/* sched_step's callbacks run under step_mu (see run_step) */
+static void on_done(void *ctx, struct sched_req *r)
+{
+	step_hold();
+	job_done(ctx, r);
+	step_release();
 }
 
 /* ---- admitting a job ---- */
@@ -716,7 +801,9 @@ static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t l
 {
 	struct worker *w = ctx;
 	struct held *h = r->user;
+	step_hold();
 	http_api_token(w->http, h->http, r->n_out, piece, len);
+	step_release();
 }
 
 static void take_http(struct worker *w, double wait_s)
@@ -770,7 +857,7 @@ static void cancel_http(struct worker *w)
 			sched_cancel(w->s, w->held[i].req);
 			any = true;
 		}
-	if (any && sched_step(w->s, on_done, w) < 0)
+	if (any && run_step(w) < 0)
 		wlog(w, "engine_error", "the engine failed a step; its jobs failed");
 }
 
@@ -842,6 +929,50 @@ static void release_all(struct worker *w)
 	}
 }
 
+/* At the end (the main thread, or the watchdog after a hung step): the results of finished
+ * jobs stored, every batch handed to the committer stored, then every job still held handed
+ * back, and the HTTP server ended (a request not finished gets 503). now: the ledger's clock. */
+static void hand_back(struct worker *w, double now)
+{
+	char err[WK_ERRSZ];
+	flush_results(w);
+	commit_reap(w, true); /* every batch handed over is stored before anything is released */
+	if (ledger_current(w->ledger) == LEDGER_BUSY) /* drain timed out with jobs running */
+		ledger_state(w->ledger, LEDGER_DRAINING, now, err, sizeof err);
+	if (held_count(w))
+		release_all(w);
+	http_api_stop(w->http); /* every HTTP request has had its answer */
+	w->http = NULL;
+}
+
+/* The ledger's exit record and the bill line, and the usage export's last posts. */
+static void close_books(struct worker *w, const char *why)
+{
+	char err[WK_ERRSZ];
+	if (w->ledger) {
+		struct ledger_totals tot;
+		double t_end = wk_now();
+		if (ledger_exit(w->ledger, why, t_end, &tot, err, sizeof err) != WK_OK)
+			wlog(w, "ledger_error", "%s", err);
+		char bill[256];
+		ledger_bill_line(bill, sizeof bill, w->queue_url ? "worker" : "session",
+				 t_end - w->t_start, &tot, w->gpus, w->gpu_type, w->price_micro);
+		wlog(w, "bill", "%s", bill);
+		ledger_close(w->ledger);
+		w->ledger = NULL;
+	}
+	if (w->exporter) {
+		struct export_stats es;
+		if (exporter_finish(w->exporter, 10, &es, err, sizeof err) != WK_OK)
+			wlog(w, "usage_export", "%s", err);
+		else
+			wlog(w, "usage_export", "%llu events sent in %llu posts (%llu failed and "
+						"retried)", (unsigned long long)es.events,
+			     (unsigned long long)es.posts, (unsigned long long)es.failed_posts);
+		w->exporter = NULL;
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -856,6 +987,9 @@ static void usage(FILE *f)
 		"  --concurrency N       jobs held and batched at once (default 8)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
+		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
+		"                        jobs go back to the queue and it exits 3 (default 300;\n"
+		"                        0 never)\n"
 		"  --drain-timeout S     on SIGTERM, finish in-flight jobs within S, then hand the\n"
 		"                        rest back (default 30)\n"
 		"  --max-lifetime S      drain and exit after S seconds (default 0: never)\n"
@@ -893,13 +1027,14 @@ static int parse_num(const char *arg, const char *flag, double lo, double hi, do
 
 int cmd_worker(int argc, char **argv)
 {
-	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
+	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
 		{"startup-timeout", required_argument, 0, O_STARTUP},
+		{"step-timeout", required_argument, 0, O_STEP},
 		{"drain-timeout", required_argument, 0, O_DRAIN},
 		{"max-lifetime", required_argument, 0, O_LIFE},
 		{"max-jobs", required_argument, 0, O_MAXJOBS}, {"lease", required_argument, 0, O_LEASE},
@@ -917,6 +1052,7 @@ int cmd_worker(int argc, char **argv)
 		{"usage-url", required_argument, 0, O_USAGE_URL},
 		CMD_ENGINE_OPTIONS, HTTP_API_OPTIONS, {0, 0, 0, 0}};
 	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
+			   .step_timeout = 300,
 			   .drain_timeout = 30, .lease_s = 60, .gpus = 8, .gpu_type = "H200",
 			   .price_micro = 36310000 /* $36.31/h: 8xH200 in the user's story */};
 	int64_t price_gpu_s = 0;
@@ -929,6 +1065,7 @@ int cmd_worker(int argc, char **argv)
 		case O_CONC: bad = parse_num(optarg, "--concurrency", 1, MAX_CONCURRENCY, &v); w.concurrency = (int)v; break;
 		case O_IDLE: bad = parse_num(optarg, "--idle-timeout", 0, 1e9, &w.idle_timeout); break;
 		case O_STARTUP: bad = parse_num(optarg, "--startup-timeout", 0.001, 1e9, &w.startup_timeout); break;
+		case O_STEP: bad = parse_num(optarg, "--step-timeout", 0, 1e9, &w.step_timeout); break;
 		case O_DRAIN: bad = parse_num(optarg, "--drain-timeout", 0, 1e9, &w.drain_timeout); break;
 		case O_LIFE: bad = parse_num(optarg, "--max-lifetime", 0, 1e12, &w.max_lifetime); break;
 		case O_MAXJOBS: bad = parse_num(optarg, "--max-jobs", 0, 1e12, &v); w.max_jobs = (int)v; break;
@@ -1137,7 +1274,7 @@ int cmd_worker(int argc, char **argv)
 		if (held && w.state != ST_DRAINING)
 			set_state(&w, ST_BUSY);
 		if (sched_pending(w.s) > 0) {
-			if (sched_step(w.s, on_done, &w) < 0)
+			if (run_step(&w) < 0)
 				wlog(&w, "engine_error", "the engine failed a step; its jobs failed");
 			w.t_last_activity = wk_now();
 			account_step_end(&w);
@@ -1160,14 +1297,7 @@ int cmd_worker(int argc, char **argv)
 	}
 	if (w.http)
 		cancel_http(&w);
-	flush_results(&w);
-	commit_reap(&w, true); /* every batch handed over is stored before anything is released */
-	if (ledger_current(w.ledger) == LEDGER_BUSY) /* drain timed out with jobs running */
-		ledger_state(w.ledger, LEDGER_DRAINING, sched_mark(w.s), err, sizeof err);
-	if (held_count(&w))
-		release_all(&w);
-	http_api_stop(w.http); /* every HTTP request has had its answer */
-	w.http = NULL;
+	hand_back(&w, sched_mark(w.s));
 	struct queue_stats qs = {0}, qcs = {0};
 	if (w.q)
 		queue_get_stats(w.q, &qs);
@@ -1181,29 +1311,11 @@ int cmd_worker(int argc, char **argv)
 	rc = sched_engine_failed(w.s, NULL) != WK_OK ? 3 : 0;
 out:
 	startup_done = 1;
+	worker_done = 1;
 	if (have_wd)
 		pthread_join(wd, NULL);
 	http_api_stop(w.http);
-	if (w.ledger) {
-		struct ledger_totals tot;
-		double t_end = wk_now();
-		if (ledger_exit(w.ledger, why, t_end, &tot, err, sizeof err) != WK_OK)
-			wlog(&w, "ledger_error", "%s", err);
-		char bill[256];
-		ledger_bill_line(bill, sizeof bill, w.queue_url ? "worker" : "session",
-				 t_end - w.t_start, &tot, w.gpus, w.gpu_type, w.price_micro);
-		wlog(&w, "bill", "%s", bill);
-		ledger_close(w.ledger);
-	}
-	if (w.exporter) {
-		struct export_stats es;
-		if (exporter_finish(w.exporter, 10, &es, err, sizeof err) != WK_OK)
-			wlog(&w, "usage_export", "%s", err);
-		else
-			wlog(&w, "usage_export", "%llu events sent in %llu posts (%llu failed and "
-						 "retried)", (unsigned long long)es.events,
-			     (unsigned long long)es.posts, (unsigned long long)es.failed_posts);
-	}
+	close_books(&w, why);
 	if (w.have_committer) {
 		pthread_mutex_lock(&w.cmu);
 		w.c_stop = true;
