@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,7 +113,7 @@ struct worker {
 };
 
 static volatile sig_atomic_t got_signal;
-static volatile sig_atomic_t startup_done;
+static atomic_int startup_done; /* read by the watchdog thread */
 
 static void on_signal(int sig)
 {
@@ -190,7 +191,7 @@ static const char *redact_url(const char *url, char *buf, size_t n)
 static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
 static double step_since; /* wk_now() when the step running began; 0 between steps */
 static bool step_abandoned;
-static volatile sig_atomic_t worker_done; /* the main thread is exiting: the watchdog too */
+static atomic_int worker_done; /* the main thread is exiting: the watchdog too */
 
 /* Under step_mu: once the watchdog has taken over, the main thread waits here for the
  * process to end. */
