@@ -539,8 +539,8 @@ static void start_block(block_ctx &b, dim3 idx, size_t nt)
 	b.live = (int)nt;
 }
 
-/* Makes to the running block: the static shared variables the running one holds are saved
- * with it, and to's put back. */
+/* Makes block `to` the running one: the static shared variables the block running now holds
+ * are saved with it (unless it has returned), and to's are put back. */
 static void switch_to(block_ctx *to)
 {
 	for (size_t i = 0; i < shared_vars.size() && to != blk; i++) {
@@ -671,7 +671,8 @@ static void run_grid(dim3 grid, size_t nt)
 		return (unsigned)(rng >> 33) % n;
 	};
 	unsigned long frozen_until[RESIDENT] = {}; /* a slot's block sits out passes till then */
-	for (unsigned long pass = 0, full = 0;; pass++) {
+	bool full = false; /* after a pass in which nothing moved: every block a whole round */
+	for (unsigned long pass = 0;; pass++) {
 		for (int s = 0; s < RESIDENT; s++)
 			if (!res[s] && next < total) {
 				start_block(*(res[s] = &slots[s]), at(next++), nt);
@@ -705,7 +706,7 @@ static void run_grid(dim3 grid, size_t nt)
 				res[s] = NULL;
 		}
 		if (moved) {
-			full = 0;
+			full = false;
 		} else if (frozen) { /* the others wait for a frozen block: it thaws */
 			for (unsigned long &f : frozen_until)
 				f = 0;
@@ -713,7 +714,7 @@ static void run_grid(dim3 grid, size_t nt)
 			deadlock(nt, " of the resident blocks (each waits for another)");
 		} else { /* nothing moved: every block runs a whole round; if still nothing
 			  * moves, nothing ever will */
-			full = 1;
+			full = true;
 		}
 	}
 }
