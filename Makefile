@@ -137,9 +137,13 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
+# ptxas's report of each kernel's registers, shared memory and spills is kept beside its
+# object ($@.ptxas): tests/simt/launch_fit.py checks the emulated tests' launches against it.
+# Anything else the compilers say is still printed.
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -MMD -MP -c -o $@ $< 2>$@.ptxas || { cat $@.ptxas >&2; exit 1; }
+	@grep -v -E '^(ptxas info *:|    [0-9]+ bytes stack frame)' $@.ptxas >&2 || true
 
 $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay.o $(BUILD)/libwick.a
 	@mkdir -p $(dir $@)

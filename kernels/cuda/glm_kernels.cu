@@ -646,7 +646,7 @@ struct dsa_args {
  * scored one warp each across gridDim.x blocks; the last of those blocks to finish (a
  * counter per query, the writes fenced before it is bumped) selects that query's top-k from
  * the scores, so scoring and selecting cost one launch, not two. */
-__global__ void k_dsa_topk_n(struct dsa_args a)
+__global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 {
 	__shared__ struct dsa_smem sm;
 	__shared__ int s_last;

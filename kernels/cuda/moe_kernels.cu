@@ -219,8 +219,8 @@ __device__ void plan_block(struct moe_plan p, const int *idx, int n, int top_k, 
 	}
 }
 
-__global__ void k_moe_plan(struct moe_plan p, const int *idx, int n, int top_k, int ex0,
-			   int n_local)
+__global__ void __launch_bounds__(PLAN_THREADS)
+	k_moe_plan(struct moe_plan p, const int *idx, int n, int top_k, int ex0, int n_local)
 {
 	__shared__ int scan[32];
 	plan_block(p, idx, n, top_k, ex0, n_local, scan);

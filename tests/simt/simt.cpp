@@ -15,11 +15,13 @@
 #undef _FORTIFY_SOURCE
 #include "simt.h"
 
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 #include <atomic>
 #include <iterator>
 #include <map>
@@ -760,6 +762,34 @@ static void launch_fault_init(void)
 	fault_at = f ? strtoul(f, NULL, 10) : 0;
 }
 
+/* WICK_SIMT_LAUNCHES=FILE: each distinct launch shape of this process appended to FILE as
+ * "kernel<TAB>threads<TAB>dynamic shared bytes<TAB>opt-in bytes (0: none)", one write() a
+ * line (O_APPEND), so that the processes of a test run can share the file.
+ * tests/simt/launch_fit.py checks them against ptxas's registers and static shared memory
+ * for sm_90a, the limits the emulator cannot see. Under launch_mu. */
+static void launch_log(const char *kernel, size_t nt, size_t smem)
+{
+	static const char *path = getenv("WICK_SIMT_LAUNCHES");
+	static std::set<std::string> seen;
+	if (!path || !*path || !kernel)
+		return;
+	size_t optin;
+	{
+		std::lock_guard<std::mutex> g(rt_mu);
+		auto it = smem_optin.find(kernel_key(kernel));
+		optin = it == smem_optin.end() ? 0 : it->second;
+	}
+	char line[512];
+	int len = snprintf(line, sizeof line, "%s\t%zu\t%zu\t%zu\n", kernel_key(kernel).c_str(), nt,
+			   smem, optin);
+	if (len <= 0 || (size_t)len >= sizeof line || !seen.insert(line).second)
+		return;
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0 || write(fd, line, (size_t)len) != len)
+		fail("WICK_SIMT_LAUNCHES: cannot append to its file");
+	close(fd);
+}
+
 void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	      const std::function<void()> &fn, const char *kernel)
 {
@@ -781,6 +811,7 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	if (fault.load() != NO_FAULT) /* the context is lost: nothing runs any more */
 		return;
 	size_t nt = (size_t)block.x * block.y * block.z;
+	launch_log(kernel, nt, smem);
 	if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
 	    grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
 	    grid.y > 65535 || grid.z > 65535 || smem > smem_limit(kernel)) {

@@ -38,6 +38,9 @@
  *   - arithmetic: expf and friends are the host's libm and nothing is fused into an FMA, so
  *     results can differ from the GPU's in the last bits (the tests compare with tolerances);
  *   - limits beyond the launch configuration: registers, occupancy, static shared memory.
+ *     Registers and static shared memory are checked beside it instead: WICK_SIMT_LAUNCHES
+ *     logs each launch shape, and tests/simt/launch_fit.py (make test's launch-fit stage)
+ *     holds them against what ptxas reported for sm_90a; occupancy is the GPU's to show.
  *
  * The tensor-core mma and cp.async of kernels/cuda/mma.cuh (gemm_fp8.cu) are emulated from
  * their documentation (the PTX ISA): tests/simt/mma.cpp computes an mma from the whole warp's
