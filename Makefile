@@ -67,7 +67,8 @@ $(warning nvcc found at $(NVCC) but no lib64/libcudart_static.a beside it; build
 NVCC :=
 endif
 endif
-NVCCFLAGS := -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-Wextra,-Werror
+NVCCFLAGS := -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-Wextra,-Werror \
+             $(EXTRA_NVCCFLAGS)
 
 # ---- sources -------------------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c coldstart/*.c engine/*.c kernels/*.c kernels/cpu/*.c worker/*.c)
