@@ -634,15 +634,13 @@ static void zero(void *ctx, void *dst, size_t bytes)
 
 /* Allocations and frees run on the context's device whatever the calling thread's current
  * one is (a sharded restore allocates every rank's image from one thread), and leave the
- * thread's current device as they found it. */
-static int dev_enter(const struct cuda_ctx *c)
+ * thread's current device as they found it. Should the device not be selected, nothing is
+ * allocated (on another device it would be). */
+static cudaError_t dev_enter(const struct cuda_ctx *c, int *prev)
 {
-	int prev = -1;
-	if (cudaGetDevice(&prev) != cudaSuccess)
-		prev = -1;
-	if (prev != c->device)
-		cudaSetDevice(c->device);
-	return prev;
+	if (cudaGetDevice(prev) != cudaSuccess)
+		*prev = -1;
+	return *prev == c->device ? cudaSuccess : cudaSetDevice(c->device);
 }
 
 static void dev_leave(const struct cuda_ctx *c, int prev)
@@ -655,9 +653,9 @@ static void *mem_alloc(void *ctx, size_t bytes)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	void *p = NULL;
-	int prev = dev_enter(c);
-	if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-		cudaGetLastError(); /* an out-of-memory is the caller's to report, not sticky */
+	int prev;
+	if (dev_enter(c, &prev) != cudaSuccess || cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+		cudaGetLastError(); /* the caller reports it (out of memory), not sticky */
 		p = NULL;
 	}
 	dev_leave(c, prev);
@@ -669,7 +667,8 @@ static void mem_free(void *ctx, void *p)
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	if (!p)
 		return;
-	int prev = dev_enter(c);
+	int prev;
+	dev_enter(c, &prev);
 	cudaFree(p);
 	dev_leave(c, prev);
 }
@@ -846,8 +845,10 @@ static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void *
 		c->cap_owned = cap;
 	}
 	void *d = NULL;
-	int prev = dev_enter(c);
-	cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
+	int prev;
+	cudaError_t e = dev_enter(c, &prev);
+	if (e == cudaSuccess)
+		e = cudaMalloc(&d, bytes ? bytes : 1);
 	if (e == cudaSuccess) {
 		e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
 		if (e != cudaSuccess)
