@@ -84,7 +84,7 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p)
 	uint4 v;
 #ifdef WICK_SIMT
 	simt_aligned16(p);
-	memcpy(&v, p, 16);
+	simt_ld_nc(&v, p, 16);
 #else
 	asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
 	    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -101,7 +101,10 @@ __device__ __forceinline__ void ld_x4(float *f, const float *p)
 {
 #ifdef WICK_SIMT
 	simt_aligned16(p);
-	memcpy(f, p, 16);
+	if (CO)
+		memcpy(f, p, 16);
+	else
+		simt_ld_nc(f, p, 16);
 #else
 	float4 v = CO ? *(const float4 *)p : __ldg((const float4 *)p);
 	f[0] = v.x;

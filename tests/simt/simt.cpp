@@ -15,13 +15,16 @@
 #undef _FORTIFY_SOURCE
 #include "simt.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <iterator>
 #include <map>
@@ -36,6 +39,7 @@ enum {
 	MAX_THREADS = 1024, /* per block, as CUDA */
 	MAX_DYN_SMEM = 48 * 1024, /* dynamic shared memory without an opt-in attribute */
 	MAX_DYN_SMEM_OPTIN = 227 * 1024, /* with one (cudaFuncSetAttribute), as sm_90 */
+	PAGE = 4096, /* device allocations are whole pages, write-protected in interleaved launches */
 	STACK = 256 * 1024, /* each fiber's, above one guard page */
 	POISON = 0x7fffffff, /* a NaN as a float, INT_MAX as an int */
 };
@@ -390,11 +394,167 @@ struct CUevent_st {
 
 static std::mutex rt_mu; /* everything below */
 static std::map<uintptr_t, size_t> dev_allocs, pinned_allocs; /* base -> bytes */
+static uint64_t dev_gen; /* bumped at every change of dev_allocs */
 static std::map<uintptr_t, int> dev_of; /* device allocation base -> the device it is on */
 static thread_local int cur_device;     /* cudaSetDevice's, per host thread */
 static std::set<cudaStream_t> streams;
 static std::set<cudaEvent_t> events;
 static uint64_t op_seq;
+
+/* ---- the read-only path: ld.global.nc in an interleaved launch -------------------------------
+ * A GPU may answer a non-coherent load (ld.global.nc: ld_stream16, ld_x4<false> in gemv.cuh,
+ * through simt_ld_nc) from a line its SM cached before another block of the same launch
+ * wrote it: what a launch writes, its other blocks must read with plain loads. The
+ * interleaved launches (where blocks read each other's writes) take the worst case: at the
+ * start device memory is write-protected (cow_begin says which pages); a page's first write
+ * (a SIGSEGV) copies the page aside and makes it writable again, and simt_ld_nc reads such
+ * a page from its copy, as the page was when the launch began. Plain loads see every write
+ * at once. */
+static std::vector<std::pair<uintptr_t, size_t>> cow_ranges; /* protected: base, bytes; sorted */
+/* the pages written in this launch -> their old bytes: an open-addressing table made before
+ * the launch, so that the fault handler allocates nothing but the copy's page (mmap) */
+static std::vector<uintptr_t> cow_keys; /* 0: empty */
+static std::vector<void *> cow_vals;
+static std::vector<size_t> cow_used; /* the slots in use, reserved to the table's size */
+static uint64_t cow_gen = UINT64_MAX; /* dev_gen when cow_ranges was last made whole */
+static std::set<uintptr_t> cow_written; /* pages interleaved launches wrote since then */
+static bool cow_learn; /* cow_ranges is to be made again from cow_written */
+static std::atomic<bool> cow_on;
+static std::atomic_flag cow_lock = ATOMIC_FLAG_INIT;
+static struct sigaction cow_old_segv;
+
+static bool cow_covers(uintptr_t pg)
+{
+	auto it = std::upper_bound(cow_ranges.begin(), cow_ranges.end(),
+				   std::make_pair(pg, SIZE_MAX));
+	return it != cow_ranges.begin() && pg < (it - 1)->first + (it - 1)->second;
+}
+
+/* the slot of page pg: its own, or the empty one where it would go (under cow_lock) */
+static size_t cow_slot(uintptr_t pg)
+{
+	size_t mask = cow_keys.size() - 1, i = (pg / PAGE * 0x9e3779b97f4a7c15ull) & mask;
+	while (cow_keys[i] != 0 && cow_keys[i] != pg)
+		i = (i + 1) & mask;
+	return i;
+}
+
+/* A write to a protected page, by a kernel's thread or another host thread: keep the page's
+ * old bytes, make it writable, and let the write go on. Any other fault goes back to the
+ * handler there was before, and happens again under it. */
+static void cow_segv(int, siginfo_t *si, void *)
+{
+	uintptr_t pg = (uintptr_t)si->si_addr & ~(uintptr_t)(PAGE - 1);
+	if (cow_on.load() && cow_covers(pg)) {
+		while (cow_lock.test_and_set(std::memory_order_acquire))
+			;
+		size_t i = cow_slot(pg);
+		if (cow_keys[i] == 0) {
+			void *old = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+					 -1, 0);
+			if (old == MAP_FAILED)
+				abort();
+			memcpy(old, (void *)pg, PAGE);
+			cow_keys[i] = pg;
+			cow_vals[i] = old;
+			cow_used.push_back(i); /* within its reserve: no allocation */
+			mprotect((void *)pg, PAGE, PROT_READ | PROT_WRITE);
+		}
+		cow_lock.clear(std::memory_order_release);
+		return;
+	}
+	sigaction(SIGSEGV, &cow_old_segv, NULL);
+}
+
+/* Under launch_mu: cudaFree takes it too (it waits for the device, as CUDA's does), so no
+ * allocation goes away while it is protected. */
+static void cow_begin(void)
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		struct sigaction sa = {};
+		sa.sa_sigaction = cow_segv;
+		sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGSEGV, &sa, &cow_old_segv);
+	});
+	/* Which pages: after any allocation or free, all device memory (in address order,
+	 * adjacent allocations one range); after that, only the pages interleaved launches have
+	 * written since (weights, most of the memory, are never written: protecting them at
+	 * every launch would cost the emulated GLM-5 structure seconds a step). */
+	auto add = [](uintptr_t at, size_t len) {
+		if (!cow_ranges.empty() && cow_ranges.back().first + cow_ranges.back().second == at)
+			cow_ranges.back().second += len;
+		else
+			cow_ranges.push_back({at, len});
+	};
+	{
+		std::lock_guard<std::mutex> g(rt_mu);
+		if (cow_gen != dev_gen) {
+			size_t pages = 0;
+			cow_ranges.clear();
+			cow_written.clear();
+			for (auto &a : dev_allocs) {
+				size_t len = (a.second + PAGE - 1) / PAGE * PAGE;
+				add(a.first, len);
+				pages += len / PAGE;
+			}
+			size_t cap = 1024;
+			while (cap < 2 * pages)
+				cap *= 2;
+			if (cap > cow_keys.size()) {
+				cow_keys.assign(cap, 0);
+				cow_vals.assign(cap, NULL);
+				cow_used.reserve(cap);
+			}
+			cow_gen = dev_gen;
+			cow_learn = true;
+		} else if (cow_learn) {
+			cow_ranges.clear();
+			for (uintptr_t pg : cow_written)
+				add(pg, PAGE);
+			cow_learn = false;
+		}
+	}
+	cow_on = true;
+	for (auto &r : cow_ranges)
+		if (mprotect((void *)r.first, r.second, PROT_READ) != 0) {
+			char m[160];
+			snprintf(m, sizeof m, "cannot write-protect device memory for an interleaved "
+				 "launch (mprotect: %s; %zu ranges)", strerror(errno), cow_ranges.size());
+			fail(m);
+		}
+}
+
+static void cow_end(void)
+{
+	for (auto &r : cow_ranges)
+		mprotect((void *)r.first, r.second, PROT_READ | PROT_WRITE);
+	cow_on = false;
+	for (size_t i : cow_used) {
+		cow_learn |= cow_written.insert(cow_keys[i]).second;
+		munmap(cow_vals[i], PAGE);
+		cow_keys[i] = 0;
+	}
+	cow_used.clear();
+}
+
+void simt_ld_nc(void *dst, const void *src, size_t n)
+{
+	uintptr_t a = (uintptr_t)src, pg = a & ~(uintptr_t)(PAGE - 1);
+	if ((a & (n - 1)) != 0 || n > 16)
+		fail("a non-coherent load that is misaligned or over 16 bytes");
+	if (cow_on.load()) {
+		while (cow_lock.test_and_set(std::memory_order_acquire))
+			;
+		size_t i = cow_slot(pg);
+		bool copied = cow_keys[i] != 0;
+		memcpy(dst, copied ? (const char *)cow_vals[i] + (a - pg) : src, n);
+		cow_lock.clear(std::memory_order_release);
+		return;
+	}
+	memcpy(dst, src, n);
+}
 
 /* WICK_SIMT_FAULT_LAUNCH: the launch that faults; FAULTED until a wait notices, then STICKY */
 enum fault_state { NO_FAULT, FAULTED, STICKY };
@@ -828,7 +988,11 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	gridDim = grid;
 	blockDim = block;
 	body = &fn;
+	if (interleaving)
+		cow_begin();
 	run_grid(grid, nt);
+	if (interleaving)
+		cow_end();
 	switch_to(&slots[0]);
 	interleaving = false;
 	body = NULL;
@@ -873,29 +1037,45 @@ static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, s
 	if (sticky())
 		return sticky();
 	size_t sz = (n + align - 1) / align * align;
-	void *q = sz ? aligned_alloc(align, sz) : NULL;
+	void *q = NULL;
+	if (sz && &m == &dev_allocs) {
+		/* device memory: pages mapped apart from the heap, so that an interleaved launch
+		 * can write-protect them (cow); consecutive mappings make one region to protect */
+		q = mmap(NULL, (sz + PAGE - 1) / PAGE * PAGE, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		q = q == MAP_FAILED ? NULL : q;
+	} else if (sz) {
+		q = aligned_alloc(align, sz);
+	}
 	if (!q)
 		return cudaErrorMemoryAllocation;
 	poison(q, sz);
 	std::lock_guard<std::mutex> g(rt_mu);
 	m[(uintptr_t)q] = sz;
+	dev_gen += &m == &dev_allocs;
 	*p = q;
 	return cudaSuccess;
 }
 
-/* cudaFree and cudaFreeHost wait for the device first, as CUDA's do. */
+/* cudaFree and cudaFreeHost wait for the device first, as CUDA's do: for another thread's
+ * launch too (launch_mu), so that nothing is freed while an interleaved launch protects it. */
 static cudaError_t release(void *p, std::map<uintptr_t, size_t> &m)
 {
 	if (!p)
 		return sticky();
+	std::lock_guard<std::mutex> turn(launch_mu);
 	std::lock_guard<std::mutex> g(rt_mu);
 	auto it = m.find((uintptr_t)p);
 	if (it == m.end())
 		return cudaErrorInvalidValue;
 	drain_all();
+	if (&m == &dev_allocs)
+		munmap(p, (it->second + PAGE - 1) / PAGE * PAGE);
+	else
+		free(p);
 	m.erase(it);
+	dev_gen += &m == &dev_allocs;
 	dev_of.erase((uintptr_t)p);
-	free(p);
 	return sticky();
 }
 

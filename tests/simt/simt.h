@@ -28,8 +28,10 @@
  *     the orders above, so a race is found only where those orders expose it; between
  *     blocks, only in the interleaved launches (a chained launch's missing wait fails its
  *     test there, and a wait that can never end is reported as a deadlock), and every write
- *     is visible at once, so a missing __threadfence or a plain load that a GPU's L1 would
- *     serve stale passes; device memory is host
+ *     is visible at once to plain loads, so a missing __threadfence or a plain load that a
+ *     GPU's L1 would serve stale passes (a non-coherent load, ld.global.nc, of what another
+ *     block wrote in the same interleaved launch does not: it reads the launch's start,
+ *     simt_ld_nc); device memory is host
  *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
  *     checks that for the backend);
  *   - real warp scheduling: no lockstep, no divergence cost, no independent-thread-scheduling
@@ -189,6 +191,11 @@ void simt_nanosleep(unsigned ns);
 /* A trap: the GPU ends the launch with a sticky error; here it aborts, naming the site. */
 [[noreturn]] void simt_trap(const char *site);
 #define __trap() simt_trap(__FILE__ ":" SIMT_STR(__LINE__))
+
+/* A load of n (<= 16, n-aligned) bytes through the non-coherent read-only path
+ * (ld.global.nc): in an interleaved launch, what src held when the launch began, as a GPU's
+ * read-only cache may answer after another block's write (simt.cpp, cow); else src now. */
+void simt_ld_nc(void *dst, const void *src, size_t n);
 
 /* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
 int simt_lane(void);
