@@ -8,7 +8,7 @@ m=$(stories)
 Q=$TMPD/q
 L=$TMPD/ledger.jsonl
 for i in $(seq 1 6); do
-  "$WICK" submit --queue "spool:$Q" --id "e-$i" -p "Once upon a time" -n 40 >/dev/null || fail "submit"
+  "$WICK" submit --queue "spool:$Q" --id "e-$i" -p "Once upon a time" -n 40 --temperature 0 >/dev/null || fail "submit"
 done
 set +e
 WICK_NULL_FAIL_STEP=5 "$WICK" worker --model "$m" --backend null --queue "spool:$Q" \

@@ -10,7 +10,7 @@ m=$(stories)
 Q=$TMPD/q
 L=$TMPD/ledger.jsonl
 for i in $(seq 1 6); do
-  "$WICK" submit --queue "spool:$Q" --id "h-$i" -p "Once upon a time" -n 40 >/dev/null || fail "submit"
+  "$WICK" submit --queue "spool:$Q" --id "h-$i" -p "Once upon a time" -n 40 --temperature 0 >/dev/null || fail "submit"
 done
 set +e
 t0=$(date +%s.%N)
