@@ -7,9 +7,7 @@ source tests/e2e/lib.sh
 m=$(stories)
 Q=$TMPD/q
 L=$TMPD/ledger.jsonl
-for i in $(seq 1 6); do
-  "$WICK" submit --queue "spool:$Q" --id "e-$i" -p "Once upon a time" -n 40 --temperature 0 >/dev/null || fail "submit"
-done
+submit_jobs "spool:$Q" e 6
 set +e
 WICK_NULL_FAIL_STEP=5 "$WICK" worker --model "$m" --backend null --queue "spool:$Q" \
   --concurrency 4 --idle-timeout 2 --ledger "$L" 2>"$TMPD/bad.log"

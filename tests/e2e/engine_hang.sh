@@ -9,9 +9,7 @@ source tests/e2e/lib.sh
 m=$(stories)
 Q=$TMPD/q
 L=$TMPD/ledger.jsonl
-for i in $(seq 1 6); do
-  "$WICK" submit --queue "spool:$Q" --id "h-$i" -p "Once upon a time" -n 40 --temperature 0 >/dev/null || fail "submit"
-done
+submit_jobs "spool:$Q" h 6
 set +e
 t0=$(date +%s.%N)
 WICK_NULL_HANG_STEP=5 timeout -k 5 60 "$WICK" worker --model "$m" --backend null \

@@ -23,6 +23,16 @@ stories() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# submit_jobs QUEUE PREFIX N: jobs PREFIX-1 .. PREFIX-N, each 40 greedy tokens of stories260K
+# (greedy: on the null backend's zero logits a sampled job may draw EOS at any step)
+submit_jobs() {
+  local i
+  for i in $(seq 1 "$3"); do
+    "$WICK" submit --queue "$1" --id "$2-$i" -p "Once upon a time" -n 40 --temperature 0 \
+      >/dev/null || fail "submit $2-$i"
+  done
+}
+
 # idle_exit_within LOG IDLE_TIMEOUT: the worker's log shows an idle exit no later than
 # IDLE_TIMEOUT + 1 s after its last transition to IDLE (or READY, when it never ran a job).
 idle_exit_within() {
