@@ -290,6 +290,14 @@ int wk_cuda_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_t
  * gemm_wgmma.cu): the same inputs, outputs, shapes and errors. */
 int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 			   const float *ws, int n, int rows, int cols, char *err, size_t errsz);
+/* The same on clusters of two CTAs that share each weight tile: each CTA's copy engine
+ * loads half of it into both (TMA multicast), halving the weight tiles' traffic from L2.
+ * Where the TMA kernel does not apply (cols % 16 != 0, misaligned operands) it is
+ * wk_cuda_gemm_fp8_wgmma; WK_EIO when no 2-CTA cluster fits on the device. The kernel lab
+ * times both; the backend runs wk_cuda_gemm_fp8_wgmma until a GPU has measured them. */
+int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+			       const float *ws, int n, int rows, int cols, char *err,
+			       size_t errsz);
 
 /* ---- FP8 weights x f32 activations for prefill (gemm_fp8w.cu) ---- */
 

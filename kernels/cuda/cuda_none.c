@@ -284,6 +284,13 @@ int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs, const u
 	return none(err, errsz);
 }
 
+int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+			       const float *ws, int n, int rows, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)xq, (void)xs, (void)w, (void)ws, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
 int wk_cuda_lab(void)
 {
 	return WK_EUNSUPPORTED;

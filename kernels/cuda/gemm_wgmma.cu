@@ -29,6 +29,18 @@
  * the next tile's first stages while the consumers store the last one's outputs, and each
  * consumer issues k block kb's wgmmas before it promotes block kb - 1 (two sets of partials,
  * wgmma_wait<1>), so its promotion overlaps its own tensor-core work.
+ * k_gemm_wgmma_tma<2> (wk_cuda_gemm_fp8_wgmma_mc2): the same on clusters of two CTAs, which
+ * take two token tiles of one weight tile; each CTA's producer loads half of the weight tile
+ * (64 rows) and multicasts it into both CTAs' rings, so the weight tiles cost half their L2
+ * traffic (per 128-deep stage a CTA fetches 24 KiB instead of 32: at 1,000 TFLOPS the
+ * one-CTA kernel would need about 7.8 TB/s from L2 across the GPU, this one 5.9). A slot is
+ * refilled in both CTAs at once, so it is empty only when both CTAs' consumers have
+ * released it: each consumer warp arrives on both CTAs' "empty" mbarriers (lane r on rank
+ * r's: 16 arrivals a phase). The mbarriers are initialised before a cluster barrier (a
+ * peer's copy or arrival may come at once), and the producer thread stays until every
+ * slot's last stage has been released by both CTAs (a peer's arrival on an exited CTA's
+ * shared memory is undefined). The grid is the clusters that fit at once
+ * (cudaOccupancyMaxActiveClusters: a GPC's multiprocessors need not pair up).
  * k_gemm_wgmma (any other shape or alignment): the two warpgroups also fill a 4-deep ring
  * themselves, with 16-byte cp.async copies (zero-filled past the edges) or, when cols % 16
  * != 0 or an operand is misaligned, ordinary byte loads; those are generic-proxy writes, so
@@ -36,10 +48,11 @@
  * after which wgmma reads them.
  * Padded tokens get scale 0 and padded outputs are not stored.
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): larger tiles (128 x 256) or a 2-CTA cluster
- * multicasting the weight tile, a tile order tuned for L2, a TMA-store epilogue, and any
- * tuning on a GPU (stages, tile shape, register split). Nothing has run on a GPU yet: tests/tools/cuda_lab times this
- * beside the mma.sync kernel and cuBLASLt when scripts/gpu-check runs on one.
+ * What is not here yet (issue 9's 1,000 TFLOPS): larger tiles (128 x 256), a tile order tuned
+ * for L2, a TMA-store epilogue, and any tuning on a GPU (stages, tile shape, register split).
+ * Nothing has run on a GPU yet: tests/tools/cuda_lab times both TMA kernels beside the
+ * mma.sync kernel and cuBLASLt when scripts/gpu-check runs on one; the backend runs the
+ * one-CTA kernel until that run says which is faster.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -190,11 +203,20 @@ __device__ __forceinline__ void tma_block_issue(float (&p)[64], uint32_t ring0, 
 }
 
 /* After a wgmma_wait that retired block it's group: frees its slot for the producer and
- * promotes p (rows g: scale s[0], rows g + 8: s[1]) into acc. */
+ * promotes p (rows g: scale s[0], rows g + 8: s[1]) into acc. One CTA (MC 1): every
+ * consumer thread arrives on the slot's "empty" mbarrier. A cluster of MC: the slot is refilled
+ * in every CTA of the cluster at once (the weight tile is multicast), so each consumer warp
+ * arrives on the "empty" mbarrier of every CTA, lane r on rank r's (the wait before retired
+ * the whole warpgroup's wgmmas: wgmma.wait_group is warp-synchronous). */
+template <int MC>
 __device__ __forceinline__ void tma_block_retire(float (&acc)[64], float (&p)[64],
-						 const float s[2], uint32_t empty0, int it)
+						 const float s[2], uint32_t empty0, int it, int lane)
 {
-	mbar_arrive(empty0 + 8 * (it % TSTAGES));
+	uint32_t e = empty0 + 8 * (it % TSTAGES);
+	if (MC == 1)
+		mbar_arrive(e);
+	else
+		mbar_arrive_cluster(smem_map_rank(e, (unsigned)(lane < MC ? lane : 0)), lane < MC);
 #pragma unroll
 	for (int i = 0; i < 64; i++) {
 		wgmma_reg_fence(p[i]);
@@ -202,10 +224,11 @@ __device__ __forceinline__ void tma_block_retire(float (&acc)[64], float (&p)[64
 	}
 }
 
+template <int MC>
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
 			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
-			 int n, int rows, int cols, int mtiles, int tiles)
+			 int n, int rows, int cols, int mgroups, int tiles)
 {
 	extern __shared__ uint4 wgmma_tma_smem[];
 	uint8_t *raw = (uint8_t *)wgmma_tma_smem;
@@ -213,32 +236,54 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 	uint32_t ring0 = smem_u32(ring), full0 = ring0 + TSTAGES * WSTAGE, empty0 = full0 + 8 * TSTAGES;
 	int tid = (int)threadIdx.x, wg = tid >> 7;
 	int kbs = (cols + WK - 1) / WK;
+	/* the cluster's rank and its tiles: group g of MC token tiles (this CTA's the rank-th)
+	 * of one weight tile, clusters taking them gridDim.x / MC apart */
+	int rank = MC > 1 ? (int)cluster_rank() : 0;
+	int first = (int)blockIdx.x / MC, step = (int)gridDim.x / MC;
 
 	if (tid == 0) {
 		for (int s = 0; s < TSTAGES; s++) {
 			mbar_init(full0 + 8 * s, 1);
-			mbar_init(empty0 + 8 * s, 2 * 128);
+			mbar_init(empty0 + 8 * s, MC == 1 ? 2 * 128 : MC * 8);
 		}
 		mbar_init_fence();
 	}
-	__syncthreads();
+	if (MC > 1)
+		cluster_sync(); /* the peers' mbarriers too, before any arrival or copy reaches them */
+	else
+		__syncthreads();
 
 	if (wg == 0) { /* the producer */
 		regs_dec<40>();
-		if (tid != 0)
-			return;
-		int it = 0; /* k blocks issued so far, over all this block's tiles: the ring's clock */
-		for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-			int m0 = tile % mtiles * WM, r0 = tile / mtiles * WN;
-			/* an even number of blocks, the padding one a copy of the last (see below) */
-			for (int kb = 0; kb < kbs + (kbs & 1); kb++, it++) {
-				int s = it % TSTAGES, kc = (kb < kbs ? kb : kbs - 1) * WK;
-				unsigned ph = (unsigned)(it / TSTAGES) & 1;
-				mbar_wait(empty0 + 8 * s, ph ^ 1);
-				mbar_arrive_expect_tx(full0 + 8 * s, WSTAGE);
-				tma_load_2d(ring0 + s * WSTAGE, &tx, kc, m0, full0 + 8 * s);
-				tma_load_2d(ring0 + s * WSTAGE + WTILE, &tw, kc, r0, full0 + 8 * s);
+		if (tid == 0) {
+			int it = 0; /* k blocks issued so far, over all the tiles: the ring's clock */
+			for (int tile = first; tile < tiles; tile += step) {
+				int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * WN;
+				/* an even number of blocks, the padding one a copy of the last (below) */
+				for (int kb = 0; kb < kbs + (kbs & 1); kb++, it++) {
+					int s = it % TSTAGES, kc = (kb < kbs ? kb : kbs - 1) * WK;
+					unsigned ph = (unsigned)(it / TSTAGES) & 1;
+					uint32_t st = ring0 + s * WSTAGE, full = full0 + 8 * s;
+					/* empty in every CTA of the cluster: its consumers arrive on all */
+					mbar_wait(empty0 + 8 * s, ph ^ 1);
+					/* the whole stage lands here: the token tile, the weight tile's
+					 * slice of each CTA of the cluster */
+					mbar_arrive_expect_tx(full, WSTAGE);
+					tma_load_2d(st, &tx, kc, m0, full);
+					if (MC == 1)
+						tma_load_2d(st + WTILE, &tw, kc, r0, full);
+					else /* this CTA's 128 / MC weight rows, into every CTA */
+						tma_load_2d_mc(st + WTILE + rank * (WTILE / MC), &tw, kc,
+							       r0 + rank * (WN / MC), full,
+							       (uint16_t)((1u << MC) - 1));
+				}
 			}
+			/* No CTA of a cluster may leave while a peer's consumers can still arrive on
+			 * its barriers: this thread waits until every slot's last stage has been
+			 * released by all of them (a slot never filled is through at once). */
+			for (int k = 0; MC > 1 && k < TSTAGES; k++, it++)
+				mbar_wait(empty0 + 8 * (it % TSTAGES),
+					  ((unsigned)(it / TSTAGES) & 1) ^ 1);
 		}
 		return;
 	}
@@ -246,8 +291,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 	regs_inc<232>();
 	int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, q = lane & 3;
 	int it = 0;
-	for (int tile = (int)blockIdx.x; tile < tiles; tile += (int)gridDim.x) {
-		int m0 = tile % mtiles * WM, r0 = tile / mtiles * WN, nb = tile / mtiles;
+	for (int tile = first; tile < tiles; tile += step) {
+		int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * WN;
+		int nb = tile / mgroups;
 		int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
 		/* Two sets of partials, pa for even k blocks and pb for odd ones: block kb's
 		 * wgmmas are issued before block kb - 1 is promoted (wgmma_wait<1>), so this
@@ -267,18 +313,18 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 			tma_block_scales(sb, xs, ws, t0, n, nb, kbs, kb);
 			tma_block_issue(pb, ring0, full0, it + 1, cw);
 			wgmma_wait<1>();
-			tma_block_retire(acc, pa, sa, empty0, it);
+			tma_block_retire<MC>(acc, pa, sa, empty0, it, lane);
 			tma_block_scales(sa, xs, ws, t0, n, nb, kbs, kb + 1);
 			tma_block_issue(pa, ring0, full0, it + 2, cw);
 			wgmma_wait<1>();
-			tma_block_retire(acc, pb, sb, empty0, it + 1);
+			tma_block_retire<MC>(acc, pb, sb, empty0, it + 1, lane);
 		}
 		tma_block_scales(sb, xs, ws, t0, n, nb, kbs, kbe - 1);
 		tma_block_issue(pb, ring0, full0, it + 1, cw);
 		wgmma_wait<1>();
-		tma_block_retire(acc, pa, sa, empty0, it);
+		tma_block_retire<MC>(acc, pa, sa, empty0, it, lane);
 		wgmma_wait<0>();
-		tma_block_retire(acc, pb, sb, empty0, it + 1);
+		tma_block_retire<MC>(acc, pb, sb, empty0, it + 1, lane);
 		it += 2;
 		wgmma_store_tile(y, acc, t0, r0, q, n, rows);
 	}
@@ -304,16 +350,17 @@ static encode_tiled_fn encode_tiled(void)
 	return fn;
 }
 
-/* The tensor map of a [nrows][cols] e4m3 matrix at p read in 128 x 128-byte boxes, 128-byte
- * swizzled, zeros out of bounds. cols % 16 == 0, p 16-byte aligned. WK_OK or WK_EIO. */
-static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, char *err,
-		      size_t errsz)
+/* The tensor map of a [nrows][cols] e4m3 matrix at p read in boxes of box_rows rows of 128
+ * bytes, 128-byte swizzled, zeros out of bounds. cols % 16 == 0, p 16-byte aligned. WK_OK or
+ * WK_EIO. */
+static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, int box_rows,
+		      char *err, size_t errsz)
 {
 	encode_tiled_fn enc = encode_tiled();
 	if (!enc)
 		return wk_errf(err, errsz, WK_EIO, "CUDA gemm_fp8_wgmma: no cuTensorMapEncodeTiled");
 	cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)nrows}, strides[1] = {(cuuint64_t)cols};
-	cuuint32_t box[2] = {WK, WM}, one[2] = {1, 1};
+	cuuint32_t box[2] = {WK, (cuuint32_t)box_rows}, one[2] = {1, 1};
 	CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dims, strides, box, one,
 			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
 			 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -323,9 +370,62 @@ static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, cha
 	return WK_OK;
 }
 
-extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs,
-				      const uint8_t *w, const float *ws, int n, int rows, int cols,
-				      char *err, size_t errsz)
+/* The persistent TMA kernel with clusters of mc CTAs (1 or 2) on the grid's tiles. */
+template <int MC>
+static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+		      const float *ws, int n, int rows, int cols, dim3 grid, char *err, size_t errsz)
+{
+	CUtensorMap tx, tw;
+	if (tensor_map(&tx, xq, n, cols, WM, err, errsz) ||
+	    tensor_map(&tw, w, rows, cols, WN / MC, err, errsz))
+		return WK_EIO;
+	cudaError_t e = cudaFuncSetAttribute(k_gemm_wgmma_tma<MC>,
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, TSMEM);
+	if (e != cudaSuccess)
+		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
+	/* the token tiles of one weight tile next to each other (for L2), MC to a cluster */
+	int mgroups = ((int)grid.x + MC - 1) / MC, tiles = mgroups * (int)grid.y; /* checked */
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1];
+	cfg.blockDim = dim3(TTHREADS);
+	cfg.dynamicSmemBytes = TSMEM;
+	int places = 0; /* clusters (or blocks) resident at once: the persistent grid */
+	if (MC == 1) {
+		int dev = 0;
+		e = cudaGetDevice(&dev);
+		if (e == cudaSuccess)
+			e = cudaDeviceGetAttribute(&places, cudaDevAttrMultiProcessorCount, dev);
+		if (e != cudaSuccess)
+			return check(e, "gemm_fp8_wgmma multiprocessors", err, errsz);
+	} else {
+		/* a cluster's CTAs share a GPC, and a GPC's multiprocessors need not pair up: ask
+		 * how many clusters fit rather than halve the multiprocessors (a cluster past
+		 * them would run its tiles after all the others) */
+		attr[0].id = cudaLaunchAttributeClusterDimension;
+		attr[0].val.clusterDim.x = MC;
+		attr[0].val.clusterDim.y = 1;
+		attr[0].val.clusterDim.z = 1;
+		cfg.attrs = attr;
+		cfg.numAttrs = 1;
+		cfg.gridDim = dim3((unsigned)(MC * tiles));
+		e = cudaOccupancyMaxActiveClusters(&places, k_gemm_wgmma_tma<MC>, &cfg);
+		if (e != cudaSuccess)
+			return check(e, "gemm_fp8_wgmma clusters", err, errsz);
+		if (places < 1)
+			return wk_errf(err, errsz, WK_EIO,
+				       "CUDA gemm_fp8_wgmma: no %d-CTA cluster fits on the device", MC);
+	}
+	cfg.gridDim = dim3((unsigned)(MC * (tiles < places ? tiles : places > 0 ? places : 1)));
+	e = cudaLaunchKernelEx(&cfg, k_gemm_wgmma_tma<MC>, y, tx, tw, xs, ws, n, rows, cols,
+			       mgroups, tiles);
+	if (e != cudaSuccess)
+		return check(e, "gemm_fp8_wgmma launch", err, errsz);
+	return launched("gemm_fp8_wgmma", err, errsz);
+}
+
+/* wk_cuda_gemm_fp8_wgmma (mc 1) and its 2-CTA variant (mc 2; the TMA kernel only). */
+static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+		      const float *ws, int n, int rows, int cols, int mc, char *err, size_t errsz)
 {
 	if (cols < 0 || rows > 65535 * WN) /* gridDim.y <= 65535 */
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA gemm_fp8_wgmma: rows %d, cols %d", rows,
@@ -334,28 +434,9 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 		return WK_OK;
 	dim3 grid((unsigned)(n / WM + (n % WM != 0)), (unsigned)(rows / WN + (rows % WN != 0)));
 	bool vec = cols % 16 == 0 && ((uintptr_t)xq | (uintptr_t)w) % 16 == 0;
-	if (vec && cols > 0 && (int64_t)grid.x * grid.y <= 0x7fffffff) {
-		CUtensorMap tx, tw;
-		if (tensor_map(&tx, xq, n, cols, err, errsz) || tensor_map(&tw, w, rows, cols, err, errsz))
-			return WK_EIO;
-		cudaError_t e = cudaFuncSetAttribute(k_gemm_wgmma_tma,
-						     cudaFuncAttributeMaxDynamicSharedMemorySize, TSMEM);
-		if (e != cudaSuccess)
-			return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
-		/* persistent: a block per multiprocessor, each taking tiles gridDim.x apart (the
-		 * token tiles of one weight tile next to each other, for L2) */
-		int dev = 0, sms = 0;
-		e = cudaGetDevice(&dev);
-		if (e == cudaSuccess)
-			e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-		if (e != cudaSuccess)
-			return check(e, "gemm_fp8_wgmma multiprocessors", err, errsz);
-		int mtiles = (int)grid.x, tiles = (int)grid.x * (int)grid.y; /* checked above */
-		unsigned blocks = (unsigned)(tiles < sms ? tiles : sms > 0 ? sms : 1);
-		k_gemm_wgmma_tma<<<blocks, TTHREADS, TSMEM>>>(y, tx, tw, xs, ws, n, rows, cols, mtiles,
-							      tiles);
-		return launched("gemm_fp8_wgmma", err, errsz);
-	}
+	if (vec && cols > 0 && (int64_t)grid.x * grid.y <= 0x7fffffff / 2)
+		return mc == 2 ? launch_tma<2>(y, xq, xs, w, ws, n, rows, cols, grid, err, errsz)
+			       : launch_tma<1>(y, xq, xs, w, ws, n, rows, cols, grid, err, errsz);
 	cudaError_t e = vec ? cudaFuncSetAttribute(k_gemm_wgmma<true>,
 						   cudaFuncAttributeMaxDynamicSharedMemorySize, WSMEM)
 			    : cudaFuncSetAttribute(k_gemm_wgmma<false>,
@@ -367,4 +448,18 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 	else
 		k_gemm_wgmma<false><<<grid, WTHREADS, WSMEM>>>(y, xq, xs, w, ws, n, rows, cols);
 	return launched("gemm_fp8_wgmma", err, errsz);
+}
+
+extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs,
+				      const uint8_t *w, const float *ws, int n, int rows, int cols,
+				      char *err, size_t errsz)
+{
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, err, errsz);
+}
+
+extern "C" int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs,
+					  const uint8_t *w, const float *ws, int n, int rows,
+					  int cols, char *err, size_t errsz)
+{
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, err, errsz);
 }

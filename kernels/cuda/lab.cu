@@ -107,6 +107,7 @@ static const struct {
 } lab_gemms[] = {
 	{"mma.sync", wk_cuda_gemm_fp8},
 	{"wgmma", wk_cuda_gemm_fp8_wgmma},
+	{"wgmma 2cta", wk_cuda_gemm_fp8_wgmma_mc2}, /* clusters of 2, the weight tile multicast */
 };
 
 /* One GEMM row of the prefill table: run() (one call: WK_OK, or an error in err) once on a

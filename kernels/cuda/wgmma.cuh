@@ -5,7 +5,8 @@
  * fence / commit / wait, the proxy fence that orders ordinary shared-memory writes before the
  * tensor cores read them, and the shared-window address of a pointer; plus what both GEMMs'
  * tiles share: the 128-byte swizzle of a tile (wgmma_swz) and the store of an m64n128
- * accumulator fragment (wgmma_store_tile). Not for use outside kernels/cuda/. The
+ * accumulator fragment (wgmma_store_tile); the mbarriers and tensor copies of the TMA
+ * kernels, and the cluster instructions of the 2-CTA one. Not for use outside kernels/cuda/. The
  * asynchronous copies that fill shared memory are mma.cuh's cp.async.
  *
  * On the device each is one PTX instruction (inline asm under __CUDA_ARCH__). Under the CPU
@@ -26,7 +27,13 @@
  *                   the imm-trans-a / imm-trans-b operands, 0 for K-major), "wgmma.fence",
  *                   "wgmma.commit_group", "wgmma.wait_group" (same chapter, 9.7.15);
  *   "membar/fence"  fence.proxy.async: generic-proxy writes made visible to the async proxy,
- *                   through which the tensor cores read shared memory.
+ *                   through which the tensor cores read shared memory;
+ *   "Cluster of Cooperative Thread Arrays", "mapa", "barrier.cluster", the special register
+ *                   %cluster_ctarank, mbarrier.arrive's .shared::cluster form and
+ *                   cp.async.bulk.tensor's .multicast::cluster (a ctaMask of 16 bits; the
+ *                   copy lands at the same offset in each CTA of the mask and signals the
+ *                   mbarrier at the same offset in each; an mbarrier's tx-count may go below
+ *                   0 when bytes complete before they are expected).
  */
 #ifndef WICK_WGMMA_CUH
 #define WICK_WGMMA_CUH
@@ -299,6 +306,91 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
 	simt_tma_load_2d(dst, map, c0, c1, bar);
 #else
 	(void)dst, (void)map, (void)c0, (void)c1, (void)bar;
+#endif
+}
+
+/* ---- thread block clusters (PTX ISA "Cluster of Cooperative Thread Arrays"): the CTAs of
+ * a cluster run at once on one GPC and reach each other's shared memory through the
+ * shared::cluster window. What the 2-CTA GEMM (gemm_wgmma.cu) uses: its rank, a peer's
+ * address of a shared variable (mapa), an arrival on a peer's mbarrier, a tensor copy
+ * multicast into every CTA of a mask (each CTA's mbarrier at the same offset gets the bytes
+ * that land in it), and the cluster-wide barrier. */
+
+/* This CTA's rank in its cluster (%cluster_ctarank). */
+__device__ __forceinline__ unsigned cluster_rank(void)
+{
+#if defined(__CUDA_ARCH__)
+	unsigned r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+	return r;
+#elif defined(WICK_SIMT)
+	return simt_cluster_rank();
+#else
+	return 0;
+#endif
+}
+
+/* The shared::cluster address of the variable at shared address addr in the CTA of rank
+ * `rank` of this cluster (mapa). */
+__device__ __forceinline__ uint32_t smem_map_rank(uint32_t addr, unsigned rank)
+{
+#if defined(__CUDA_ARCH__)
+	uint32_t r;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+	return r;
+#elif defined(WICK_SIMT)
+	return simt_mapa(addr, rank);
+#else
+	(void)rank;
+	return addr;
+#endif
+}
+
+/* One arrival on the mbarrier at shared::cluster address bar (smem_map_rank's: this CTA's
+ * or a peer's), with release semantics at cluster scope, when `when` is true: a predicated
+ * instruction rather than a branch (a branch among in-flight wgmmas costs registers). */
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, bool when)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("{\n.reg .pred p;\n"
+		     "setp.ne.u32 p, %1, 0;\n"
+		     "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n}\n" ::"r"(bar),
+		     "r"((unsigned)when)
+		     : "memory");
+#elif defined(WICK_SIMT)
+	if (when)
+		simt_mbar_arrive(bar, 0);
+#else
+	(void)bar, (void)when;
+#endif
+}
+
+/* tma_load_2d into the CTAs of `mask` (bit r: rank r), each at shared address dst and
+ * completing on its own mbarrier at bar with the bytes that land in it. */
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, int c0,
+					       int c1, uint32_t bar, uint16_t mask)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+		     "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+		     : "memory");
+#elif defined(WICK_SIMT)
+	simt_tma_load_2d_mc(dst, map, c0, c1, bar, mask);
+#else
+	(void)dst, (void)map, (void)c0, (void)c1, (void)bar, (void)mask;
+#endif
+}
+
+/* Every thread of every CTA of the cluster: none goes on until all have arrived; writes
+ * before it (shared memory and mbarrier inits included) are visible to all after it. */
+__device__ __forceinline__ void cluster_sync(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("barrier.cluster.arrive.release;\n"
+		     "barrier.cluster.wait.acquire;\n" ::: "memory");
+#elif defined(WICK_SIMT)
+	simt_cluster_sync();
 #endif
 }
 

@@ -80,7 +80,7 @@ struct warp {
 /* A block on its SM: its threads, barrier, warps and shared memory. A launch runs its blocks
  * one after another in slot 0; an interleaved one (see interleaved()) keeps up to RESIDENT
  * blocks started at once and runs them a round each in turn. */
-enum { RESIDENT = 3 };
+enum { RESIDENT = SIMT_SLOTS };
 struct block_ctx {
 	fiber fibers[MAX_THREADS]; /* not movable: uc points into itself */
 	dim3 idx;
@@ -99,6 +99,8 @@ struct block_ctx {
 static block_ctx slots[RESIDENT];
 static block_ctx *blk = &slots[0]; /* the block running now */
 static bool interleaving; /* the launch now running interleaves its blocks */
+static unsigned cluster_n = 1; /* > 1: a cluster launch, clusters of cluster_n blocks along x */
+static barrier cluster_bar; /* barrier.cluster of the cluster running now */
 static unsigned long interleaved_launches;
 static fiber *cur;
 static jmp_buf sched_jb;
@@ -143,6 +145,17 @@ static void to_sched(void)
 		_longjmp(sched_jb, 1);
 }
 
+static int cluster_live(void);
+
+/* The cluster barrier's last missing thread has arrived or returned: it opens. */
+static void cluster_release(void)
+{
+	if (cluster_bar.arrived > 0 && cluster_bar.arrived == cluster_live()) {
+		cluster_bar.arrived = 0;
+		cluster_bar.gen++;
+	}
+}
+
 static void fiber_main(void)
 {
 	for (;;) {
@@ -155,6 +168,7 @@ static void fiber_main(void)
 			bar.arrived = 0;
 			bar.gen++;
 		}
+		cluster_release();
 		to_sched();
 	}
 }
@@ -188,7 +202,7 @@ static void fiber_make(fiber *f)
 
 void simt_nanosleep(unsigned)
 {
-	if (interleaving) { /* the others run; a pass in which every block only waits aborts */
+	if (interleaving || cluster_n > 1) { /* the others run; a pass in which every block only waits aborts */
 		to_sched();
 		return;
 	}
@@ -341,12 +355,64 @@ uint32_t simt_smem_addr(const void *p)
 	return (uint32_t)(a - b);
 }
 
+/* The block of rank `rank` in the running block's cluster (a block is a cluster of one
+ * outside a cluster launch). */
+static block_ctx *rank_block(unsigned rank)
+{
+	if (rank >= (cluster_n > 1 ? cluster_n : 1))
+		fail("a shared::cluster address of a rank the cluster does not have");
+	return cluster_n > 1 ? &slots[rank] : blk;
+}
+
+int simt_smem_slot(uint32_t addr, uint32_t *off)
+{
+	block_ctx *b = addr >> 24 ? rank_block((addr >> 24) - 1) : blk;
+	if (b->live == 0) /* its shared memory is gone on a GPU (the cluster's next may reuse it) */
+		fail("shared memory of a CTA of the cluster that has exited (an arrival, or a "
+		     "multicast copy, after its last thread returned)");
+	*off = addr & 0xffffff;
+	return (int)(b - slots);
+}
+
 void *simt_smem_ptr(uint32_t addr, size_t n)
 {
-	const std::vector<uint64_t> &dyn_smem = blk->dyn_smem;
-	if ((size_t)addr + n > dyn_smem.size() * sizeof dyn_smem[0])
+	uint32_t off;
+	const std::vector<uint64_t> &dyn_smem = slots[simt_smem_slot(addr, &off)].dyn_smem;
+	if ((size_t)off + n > dyn_smem.size() * sizeof dyn_smem[0])
 		fail("a shared-memory operand outside the dynamic shared memory");
-	return (char *)dyn_smem.data() + addr;
+	return (char *)dyn_smem.data() + off;
+}
+
+unsigned simt_cluster_rank(void)
+{
+	return cluster_n > 1 ? blockIdx.x % cluster_n : 0;
+}
+
+uint32_t simt_mapa(uint32_t addr, unsigned rank)
+{
+	rank_block(rank); /* checks it */
+	return (addr & 0xffffff) | (rank + 1) << 24;
+}
+
+/* threads of the running cluster not yet returned */
+static int cluster_live(void)
+{
+	if (cluster_n <= 1)
+		return blk->live;
+	int n = 0;
+	for (unsigned r = 0; r < cluster_n; r++)
+		n += slots[r].live;
+	return n;
+}
+
+void simt_cluster_sync(void)
+{
+	progress++;
+	unsigned long g = cluster_bar.gen;
+	cluster_bar.arrived++;
+	cluster_release();
+	while (cluster_bar.gen == g)
+		to_sched();
 }
 
 int simt_thread_index(void)
@@ -359,6 +425,16 @@ unsigned long simt_block_serial(void)
 	if (interleaving) /* wgmma.cpp keeps one block's state */
 		fail("wgmma or an mbarrier in an interleaved launch (simt.cpp's interleaved())");
 	return blk->serial;
+}
+
+int simt_block_slot(void)
+{
+	return (int)(blk - slots);
+}
+
+unsigned long simt_slot_serial(int slot)
+{
+	return slots[slot].serial;
 }
 
 void simt_yield(void)
@@ -784,7 +860,11 @@ static bool block_round(size_t nt)
 	fail(m);
 }
 
-/* The launches whose blocks wait for one another or count each other's work: a chained
+/* A cluster launch (cluster_n > 1) runs the same way, a cluster at a time: its blocks, in
+ * slots 0 .. cluster_n - 1 by rank, started together when the previous cluster's are done,
+ * the last rank alone until it waits for the others.
+ *
+ * The launches whose blocks wait for one another or count each other's work: a chained
  * launch's links, and the kernels whose last block to finish does the rest. Their blocks run
  * interleaved, as a GPU keeps blocks resident on its SMs: RESIDENT at once, the next started
  * as one returns. Each pass runs them newest first, each for 1 to 128 threads' turns, the
@@ -815,7 +895,7 @@ static void run_grid(dim3 grid, size_t nt)
 		return dim3((unsigned)(i % grid.x), (unsigned)(i / grid.x % grid.y),
 			    (unsigned)(i / grid.x / grid.y));
 	};
-	if (!interleaving) {
+	if (!interleaving && cluster_n <= 1) {
 		for (; next < total; next++) {
 			switch_to(&slots[0]);
 			start_block(slots[0], at(next), nt);
@@ -835,10 +915,18 @@ static void run_grid(dim3 grid, size_t nt)
 	unsigned long frozen_until[RESIDENT] = {}; /* a slot's block sits out passes till then */
 	bool full = false; /* after a pass in which nothing moved: every block a whole round */
 	for (unsigned long pass = 0;; pass++) {
+		bool none = true; /* a cluster's blocks start together once the last one's are done */
 		for (int s = 0; s < RESIDENT; s++)
-			if (!res[s] && next < total) {
+			none &= !res[s];
+		for (int s = 0; s < RESIDENT; s++)
+			if (!res[s] && next < total &&
+			    (cluster_n <= 1 || (none && s < (int)cluster_n))) {
 				start_block(*(res[s] = &slots[s]), at(next++), nt);
-				frozen_until[s] = 0;
+				/* a cluster's last rank runs alone until it waits: so a CTA that
+				 * reaches a peer before the peer is ready (a missing cluster barrier
+				 * after the mbarriers' init) does so here */
+				frozen_until[s] = cluster_n > 1 && s + 1 < (int)cluster_n ? ~0ul : 0;
+				cluster_bar = barrier{};
 			}
 		int order[RESIDENT], n = 0; /* the resident blocks, newest first */
 		for (int s = 0; s < RESIDENT; s++)
@@ -951,7 +1039,7 @@ static void launch_log(const char *kernel, size_t nt, size_t smem)
 }
 
 void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-	      const std::function<void()> &fn, const char *kernel)
+	      const std::function<void()> &fn, const char *kernel, dim3 cluster)
 {
 	static std::once_flag once;
 	std::call_once(once, launch_fault_init);
@@ -974,12 +1062,16 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	launch_log(kernel, nt, smem);
 	if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
 	    grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
-	    grid.y > 65535 || grid.z > 65535 || smem > smem_limit(kernel)) {
+	    grid.y > 65535 || grid.z > 65535 || smem > smem_limit(kernel) || cluster.x == 0 ||
+	    cluster.x > RESIDENT || cluster.y != 1 || cluster.z != 1 || grid.x % cluster.x != 0) {
 		last_err = cudaErrorInvalidConfiguration;
 		return;
 	}
 	interleaving = interleaved(kernel);
-	for (int s = 0; s < (interleaving ? RESIDENT : 1); s++) {
+	cluster_n = cluster.x;
+	if (interleaving && cluster_n > 1)
+		fail("a cluster launch of a kernel the emulator interleaves");
+	for (int s = 0; s < (interleaving ? RESIDENT : (int)cluster_n); s++) {
 		for (size_t i = 0; i < nt; i++)
 			if (!slots[s].fibers[i].stack)
 				fiber_make(&slots[s].fibers[i]);
@@ -995,7 +1087,28 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 		cow_end();
 	switch_to(&slots[0]);
 	interleaving = false;
+	cluster_n = 1;
 	body = NULL;
+}
+
+cudaError_t simt_launch_ex(const cudaLaunchConfig_t *cfg, const char *kernel,
+			   const std::function<void()> &body)
+{
+	dim3 cluster(1, 1, 1);
+	for (unsigned i = 0; i < cfg->numAttrs; i++) {
+		const cudaLaunchAttribute &a = cfg->attrs[i];
+		if (a.id != cudaLaunchAttributeClusterDimension)
+			fail("cudaLaunchKernelEx with an attribute the emulator does not have");
+		cluster = dim3(a.val.clusterDim.x, a.val.clusterDim.y, a.val.clusterDim.z);
+	}
+	cudaError_t before = last_err; /* another call's, still unread */
+	last_err = cudaSuccess;
+	simt_run(cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, cfg->stream, body, kernel,
+		 cluster);
+	cudaError_t e = last_err;
+	if (e == cudaSuccess)
+		last_err = before;
+	return sticky() ? sticky() : e;
 }
 
 /* ---- the runtime API --------------------------------------------------------------------- */

@@ -59,6 +59,13 @@
  * the async proxy (fence.proxy.async) is not modelled. Its mbarriers and the bulk tensor
  * copy (TMA) are emulated too: a copy lands when a thread next waits on its mbarrier, and a
  * round in which every thread only spins on mbarriers is reported as a deadlock.
+ * Thread block clusters (cudaLaunchKernelEx's cluster dimension; the 2-CTA GEMM): a
+ * cluster's CTAs are resident together and interleaved, its last rank running alone until
+ * it waits; mapa's shared::cluster addresses reach a peer's shared memory, so a remote
+ * mbarrier arrival and a multicast tensor copy land in the peer. A peer's mbarrier used
+ * before its init (a missing cluster barrier), and an arrival or copy reaching a CTA whose
+ * threads have all returned, abort; the release/acquire at cluster scope is not modelled
+ * (everything is visible at once).
  *
  * The backend (kernels/cuda/backend_cuda.cu) runs on the runtime API below: one device whose
  * memory is host memory, copies checked against their kind, the copies of a stream made only
@@ -252,11 +259,29 @@ void simt_cp_async_wait(int pending);
 /* The shared-window address of p, a pointer into the launch's dynamic shared memory (the
  * window starts at 0 at the dynamic memory's start); aborts for any other pointer. */
 uint32_t simt_smem_addr(const void *p);
-/* [addr, addr + n) of the shared window as a pointer; aborts when it leaves the window. */
+/* [addr, addr + n) of the shared window as a pointer; aborts when it leaves the window. addr
+ * may be a shared::cluster address (simt_mapa's): then in that CTA's shared memory. */
 void *simt_smem_ptr(uint32_t addr, size_t n);
 /* The thread's index in its block (x fastest), and the serial number of the running block. */
 int simt_thread_index(void);
 unsigned long simt_block_serial(void);
+/* The blocks resident at once (simt.cpp's slots: an interleaved launch's, or a cluster's CTAs
+ * by rank), the running block's slot, and the serial of the block in a slot: wgmma.cpp keeps
+ * its per-block state by slot. */
+enum { SIMT_SLOTS = 3 };
+int simt_block_slot(void);
+unsigned long simt_slot_serial(int slot);
+/* The slot of the block whose shared memory addr (a shared::cta or shared::cluster address)
+ * lies in, and its offset there. */
+int simt_smem_slot(uint32_t addr, uint32_t *off);
+
+/* ---- thread block clusters (a launch with a cluster dimension, simt_launch_ex) ----------
+ * A cluster's CTAs (2 or 3, along x) are resident together and run interleaved, one cluster
+ * after another. A shared::cluster address here is a shared::cta one with the rank + 1 in its
+ * bits 24 and up. Outside a cluster launch a block is a cluster of one. */
+unsigned simt_cluster_rank(void);                    /* %cluster_ctarank */
+uint32_t simt_mapa(uint32_t addr, unsigned rank);    /* mapa.shared::cluster */
+void simt_cluster_sync(void);                        /* barrier.cluster.arrive + wait */
 /* wgmma.fence / commit_group / wait_group and wgmma.mma_async.m64nNk32.f32.e4m3.e4m3 with A
  * and B from descriptors (d: the thread's n / 2 accumulators); see wgmma.cpp. */
 void simt_wgmma_fence(void);
@@ -273,6 +298,9 @@ void simt_mbar_init(uint32_t bar, unsigned count);
 void simt_mbar_arrive(uint32_t bar, unsigned tx);
 void simt_mbar_wait(uint32_t bar, unsigned parity);
 void simt_tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t bar);
+/* The same multicast: into each CTA of mask (bit r: rank r) at dst, on its mbarrier at bar. */
+void simt_tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t bar,
+			 uint16_t mask);
 /* The thread lets the others run (a spin-wait's turn); simt_progress counts an event that
  * may release a waiter (the scheduler's deadlock check: a round of only yields aborts). */
 void simt_yield(void);
@@ -401,7 +429,43 @@ const char *cudaGetErrorString(cudaError_t e);
  * thread of every block, after the work queued on stream (and on blocking streams). A bad
  * configuration launches nothing and sets cudaGetLastError. */
 void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-	      const std::function<void()> &body, const char *kernel = 0);
+	      const std::function<void()> &body, const char *kernel = 0,
+	      dim3 cluster = dim3(1, 1, 1));
+
+/* cudaLaunchKernelEx with its one attribute the kernels use, a cluster dimension (x only:
+ * clusters of 2 or 3 blocks along x, gridDim.x a multiple); returns the launch's
+ * configuration error, as CUDA does. cudaOccupancyMaxActiveClusters answers for the 3
+ * emulated multiprocessors: 3 / the cluster's size. */
+enum cudaLaunchAttributeID { cudaLaunchAttributeClusterDimension = 4 };
+union cudaLaunchAttributeValue {
+	struct {
+		unsigned x, y, z;
+	} clusterDim;
+	char pad[64];
+};
+struct cudaLaunchAttribute {
+	cudaLaunchAttributeID id;
+	cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+	dim3 gridDim, blockDim;
+	size_t dynamicSmemBytes;
+	cudaStream_t stream;
+	cudaLaunchAttribute *attrs;
+	unsigned numAttrs;
+};
+cudaError_t simt_launch_ex(const cudaLaunchConfig_t *cfg, const char *kernel,
+			   const std::function<void()> &body);
+#define cudaLaunchKernelEx(cfg, kernel, ...)                                                \
+	simt_launch_ex(cfg, #kernel, [=]() { kernel(__VA_ARGS__); })
+cudaError_t simt_max_active_clusters(int *n, const cudaLaunchConfig_t *cfg);
+template <typename F>
+static inline cudaError_t cudaOccupancyMaxActiveClusters(int *n, F *func,
+							 const cudaLaunchConfig_t *cfg)
+{
+	(void)func;
+	return simt_max_active_clusters(n, cfg);
+}
 
 /* Dynamic shared memory above 48 KiB, as CUDA: launches of kernel may then use up to v
  * bytes (at most 227 KiB). The kernel is known by its name as the source writes it (spaces

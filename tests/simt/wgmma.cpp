@@ -3,7 +3,7 @@
  * wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 and m64nNk16.f32.bf16.bf16 with A and
  * B from shared-memory descriptors (both K-major), wgmma.fence, wgmma.commit_group and
  * wgmma.wait_group; and, at the end,
- * mbarriers, cp.async.bulk.tensor.2d and the driver's cuTensorMapEncodeTiled.
+ * mbarriers, cp.async.bulk.tensor.2d (multicast too) and the driver's cuTensorMapEncodeTiled.
  *
  * Written from the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution, its 9.0 text):
  *   - 9.7.15.5.1.2.2 "Matrix Descriptor Format": start address, leading and stride byte
@@ -78,14 +78,14 @@ struct wgmma_op {
 	std::vector<double> at_issue; /* A . B from shared memory as it was at the issue */
 };
 
-/* one thread's wgmma state; reset lazily when a new block starts */
+/* one thread's wgmma state; reset lazily when a new block starts in its slot */
 struct wg_thread {
 	unsigned long serial;
 	bool fenced;
 	std::vector<wgmma_op> ops;      /* recorded, not yet computed */
 	std::vector<size_t> group_ends; /* committed group k: ops[..group_ends[k]) */
 };
-static wg_thread threads[MAX_THREADS];
+static wg_thread threads[SIMT_SLOTS][MAX_THREADS]; /* by the block's slot: a cluster's CTAs */
 static float e4m3[256];
 
 [[noreturn]] static void fail(const char *what)
@@ -97,7 +97,7 @@ static float e4m3[256];
 
 static wg_thread &me(void)
 {
-	wg_thread &t = threads[simt_thread_index()];
+	wg_thread &t = threads[simt_block_slot()][simt_thread_index()];
 	if (t.serial != simt_block_serial()) { /* a returned thread's pending work never lands */
 		t.serial = simt_block_serial();
 		t.fenced = false;
@@ -279,8 +279,12 @@ void simt_wgmma_wait(int pending)
  * mbarrier; with the 128-byte swizzle, the destination is 1024-byte aligned and each 16-byte
  * chunk's address has bits 4-6 XORed with bits 7-9 (the same Swizzle<3,4,3> as the wgmma
  * layout above; our reading). A copy is recorded on its mbarrier and lands when a thread
- * next waits on that mbarrier: so bytes read before the wait are still poison. Only what
- * gemm_wgmma.cu uses is here; anything else aborts. */
+ * next waits on that mbarrier: so bytes read before the wait are still poison. In a
+ * cluster, mbarriers and copies are per CTA (by the block's slot, simt.h): a shared::cluster
+ * address names a peer's, a multicast copy is one copy per CTA of its mask, and since a
+ * peer's bytes may complete before this CTA's arrive.expect_tx, the transaction count may go
+ * below 0 (the ISA's range: down to -(2^20 - 1)). Only what gemm_wgmma.cu uses is here;
+ * anything else aborts. */
 
 struct tmap { /* the emulator's CUtensorMap contents */
 	const uint8_t *base;
@@ -291,7 +295,7 @@ struct tmap { /* the emulator's CUtensorMap contents */
 static_assert(sizeof(tmap) <= sizeof(CUtensorMap), "a tensor map holds a tmap");
 
 struct tma_copy {
-	uint32_t dst;
+	uint32_t dst; /* a shared::cluster address (simt_mapa's) for a multicast's */
 	tmap map;
 	int c0, c1;
 };
@@ -303,22 +307,28 @@ struct mbar {
 	std::vector<tma_copy> copies; /* not yet landed */
 };
 
-static std::map<uint32_t, mbar> mbars;
-static unsigned long mbars_serial;
+/* each slot's block's mbarriers, by offset in its shared memory */
+static std::map<uint32_t, mbar> mbars[SIMT_SLOTS];
+static unsigned long mbars_serial[SIMT_SLOTS];
 
+/* The mbarrier at bar: a shared::cta address (the running block's) or a shared::cluster one
+ * (simt_mapa's: a peer's, or its own). */
 static mbar &mbar_at(uint32_t bar, bool init)
 {
-	if (mbars_serial != simt_block_serial()) { /* barriers live in a block's shared memory */
-		mbars.clear();
-		mbars_serial = simt_block_serial();
+	(void)simt_block_serial(); /* not in an interleaved launch */
+	uint32_t off;
+	int slot = simt_smem_slot(bar, &off);
+	if (mbars_serial[slot] != simt_slot_serial(slot)) { /* they live in a block's shared memory */
+		mbars[slot].clear();
+		mbars_serial[slot] = simt_slot_serial(slot);
 	}
-	if (bar % 8 != 0)
+	if (off % 8 != 0)
 		fail("an mbarrier not 8-byte aligned");
 	simt_smem_ptr(bar, 8); /* inside the shared memory */
-	auto it = mbars.find(bar);
-	if (it == mbars.end() && !init)
+	auto it = mbars[slot].find(off);
+	if (it == mbars[slot].end() && !init)
 		fail("an mbarrier used before mbarrier.init");
-	return mbars[bar];
+	return mbars[slot][off];
 }
 
 static void complete_if_done(mbar &b)
@@ -347,13 +357,17 @@ static void land(mbar &b)
 		b.tx -= (long)m.box[0] * m.box[1];
 	}
 	b.copies.clear();
-	if (b.tx < 0)
-		fail("an mbarrier got more transaction bytes than were expected");
+	/* a copy may complete before its bytes are expected (a peer's multicast before this
+	 * CTA's arrive.expect_tx): the count may go below 0, down to -(2^20 - 1) */
+	if (b.tx < -((1l << 20) - 1))
+		fail("an mbarrier's transaction count below -(2^20 - 1)");
 	complete_if_done(b);
 }
 
 void simt_mbar_init(uint32_t bar, unsigned count)
 {
+	if (bar >> 24)
+		fail("mbarrier.init.shared::cta of a shared::cluster address");
 	if (count == 0)
 		fail("mbarrier.init with a count of 0");
 	mbar &b = mbar_at(bar, true);
@@ -398,6 +412,16 @@ void simt_tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t ba
 	mbar_at(bar, false).copies.push_back(c);
 }
 
+void simt_tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t bar,
+			 uint16_t mask)
+{
+	if (mask == 0)
+		fail("a multicast bulk tensor copy to no CTA");
+	for (unsigned r = 0; r < 16; r++)
+		if (mask >> r & 1) /* simt_mapa aborts for a rank the cluster does not have */
+			simt_tma_load_2d(simt_mapa(dst, r), map, c0, c1, simt_mapa(bar, r));
+}
+
 CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
 				cuuint32_t tensorRank, void *globalAddress,
 				const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
@@ -438,7 +462,21 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsi
 }
 
 /* The runtime's multiprocessor count (simt.h), here as only gemm_wgmma.cu's persistent
- * kernel asks for it: 3, fewer than most tests' tiles, so its blocks loop over tiles. */
+ * kernel asks for it: 3, fewer than most tests' tiles, so its blocks loop over tiles; and
+ * the clusters that fit on them (3 / the cluster's size: 1 of 2). */
+cudaError_t simt_max_active_clusters(int *n, const cudaLaunchConfig_t *cfg)
+{
+	unsigned size = 1;
+	for (unsigned i = 0; i < cfg->numAttrs; i++)
+		if (cfg->attrs[i].id == cudaLaunchAttributeClusterDimension)
+			size = cfg->attrs[i].val.clusterDim.x * cfg->attrs[i].val.clusterDim.y *
+			       cfg->attrs[i].val.clusterDim.z;
+	if (size == 0)
+		return cudaErrorInvalidValue;
+	*n = (int)(3 / size);
+	return cudaSuccess;
+}
+
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device)
 {
 	(void)device;

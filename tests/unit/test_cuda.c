@@ -163,6 +163,56 @@ Test(cuda_kernels, matmul_fp8_matches_ref)
 	}
 }
 
+/* One FP8 GEMM (wk_cuda_gemm_fp8's contract) on n x rows x cols against cpu_ref_gemm_fp8:
+ * random finite e4m3 codes and scales, the output poisoned first, within 1e-3. */
+static void gemm_fp8_case(int (*gemm)(float *, const uint8_t *, const float *,
+				    const uint8_t *, const float *, int, int, int, char *,
+				    size_t),
+			  const char *name, int n, int rows, int cols, int off)
+{
+	int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+	size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
+	uint8_t *xq = malloc(nx + 1), *w = malloc(nw + 1);
+	float *xs = malloc((size_t)n * sc * 4), *ws = malloc((size_t)sr * sc * 4);
+	float *want = malloc(ny * 4), *got = malloc(ny * 4);
+	cr_assert(xq && w && xs && ws && want && got);
+	for (size_t i = 0; i < nx; i++)
+		xq[i] = dt_f32_to_e4m3(rnd() * 448.0f);
+	for (size_t i = 0; i < nw; i++)
+		w[i] = dt_f32_to_e4m3(rnd() * 448.0f);
+	for (int i = 0; i < n * sc; i++)
+		xs[i] = (rnd() + 1.5f) / 448.0f;
+	for (int i = 0; i < sr * sc; i++)
+		ws[i] = (rnd() + 1.5f) * 1e-3f;
+	cpu_ref_gemm_fp8(want, xq, xs, w, ws, n, rows, cols);
+	/* off = 1: both operands one byte past a 16-byte boundary */
+	uint8_t *dxq = to_dev_off(xq, nx, off), *dw = to_dev_off(w, nw, off);
+	float *dxs = to_dev(xs, (size_t)n * sc * 4), *dws = to_dev(ws, (size_t)sr * sc * 4);
+	float *dy;
+	cr_assert_eq(wk_cuda_alloc((void **)&dy, ny * 4, err, sizeof err), WK_OK);
+	for (size_t i = 0; i < ny; i++)
+		got[i] = NAN;
+	cr_assert_eq(wk_cuda_upload(dy, got, ny * 4, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(gemm(dy, dxq + off, dxs, dw + off, dws, n, rows, cols, err,
+			  sizeof err),
+		     WK_OK, "%s: %s", name, err);
+	from_dev(got, dy, ny * 4);
+	double r = rel(got, want, ny);
+	cr_expect_leq(r, 1e-3, "%s n=%d rows=%d cols=%d off=%d: %g", name, n, rows,
+		      cols, off, r);
+	wk_cuda_free(dxq);
+	wk_cuda_free(dw);
+	wk_cuda_free(dxs);
+	wk_cuda_free(dws);
+	wk_cuda_free(dy);
+	free(xq);
+	free(w);
+	free(xs);
+	free(ws);
+	free(want);
+	free(got);
+}
+
 /* The FP8 x FP8 GEMM (mma.sync tensor cores) against cpu_ref_gemm_fp8: random finite e4m3
  * codes (subnormals and negatives included) and scales, partial tiles in every dimension
  * (the block tile is 128 x 128, a stage 64 columns), cols % 16 != 0 (the byte-by-byte fill)
@@ -176,52 +226,10 @@ Test(cuda_kernels, gemm_fp8_matches_ref)
 					{130, 200, 512}, {130, 256, 300}, {33, 130, 208},
 					{5, 64, 40},     {2, 3, 1}};
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-		for (int off = 0; off < 2; off++) {
-			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
-			if (off && cols % 16 != 0)
-				continue; /* already the byte-by-byte path */
-			int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-			size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
-			uint8_t *xq = malloc(nx + 1), *w = malloc(nw + 1);
-			float *xs = malloc((size_t)n * sc * 4), *ws = malloc((size_t)sr * sc * 4);
-			float *want = malloc(ny * 4), *got = malloc(ny * 4);
-			cr_assert(xq && w && xs && ws && want && got);
-			for (size_t i = 0; i < nx; i++)
-				xq[i] = dt_f32_to_e4m3(rnd() * 448.0f);
-			for (size_t i = 0; i < nw; i++)
-				w[i] = dt_f32_to_e4m3(rnd() * 448.0f);
-			for (int i = 0; i < n * sc; i++)
-				xs[i] = (rnd() + 1.5f) / 448.0f;
-			for (int i = 0; i < sr * sc; i++)
-				ws[i] = (rnd() + 1.5f) * 1e-3f;
-			cpu_ref_gemm_fp8(want, xq, xs, w, ws, n, rows, cols);
-			/* off = 1: both operands one byte past a 16-byte boundary */
-			uint8_t *dxq = to_dev_off(xq, nx, off), *dw = to_dev_off(w, nw, off);
-			float *dxs = to_dev(xs, (size_t)n * sc * 4), *dws = to_dev(ws, (size_t)sr * sc * 4);
-			float *dy;
-			cr_assert_eq(wk_cuda_alloc((void **)&dy, ny * 4, err, sizeof err), WK_OK);
-			for (size_t i = 0; i < ny; i++)
-				got[i] = NAN;
-			cr_assert_eq(wk_cuda_upload(dy, got, ny * 4, err, sizeof err), WK_OK, "%s", err);
-			cr_assert_eq(wk_cuda_gemm_fp8(dy, dxq + off, dxs, dw + off, dws, n, rows, cols,
-						      err, sizeof err),
-				     WK_OK, "%s", err);
-			from_dev(got, dy, ny * 4);
-			double r = rel(got, want, ny);
-			cr_expect_leq(r, 1e-3, "gemm_fp8 n=%d rows=%d cols=%d off=%d: %g", n, rows, cols,
-				      off, r);
-			wk_cuda_free(dxq);
-			wk_cuda_free(dw);
-			wk_cuda_free(dxs);
-			wk_cuda_free(dws);
-			wk_cuda_free(dy);
-			free(xq);
-			free(w);
-			free(xs);
-			free(ws);
-			free(want);
-			free(got);
-		}
+		for (int off = 0; off < 2; off++)
+			if (!off || shapes[s][2] % 16 == 0) /* else already the byte-by-byte path */
+				gemm_fp8_case(wk_cuda_gemm_fp8, "gemm_fp8", shapes[s][0],
+					      shapes[s][1], shapes[s][2], off);
 }
 
 /* The FP8 x FP8 GEMM on Hopper's warpgroup tensor cores (wgmma, gemm_wgmma.cu) against
@@ -232,7 +240,10 @@ Test(cuda_kernels, gemm_fp8_matches_ref)
  * are one byte off a 16-byte boundary, ordinary stores when cols % 16 != 0. Within 1e-3;
  * every output is poisoned first. Under the emulator this checks the 128-byte swizzle, the
  * descriptors, the accumulator fragment, the mbarrier protocol and the tensor maps against
- * our reading of the PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware. */
+ * our reading of the PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware.
+ * Both kernels: one CTA a tile, and clusters of two sharing the weight tile (_mc2: its
+ * multicast, the remote arrivals; 300 tokens make 3 token tiles, so the second cluster's
+ * second CTA has no tokens; the emulator's one cluster loops over 4 pairs of tiles). */
 Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 {
 	NEED_GPU();
@@ -240,52 +251,22 @@ Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 					{129, 130, 1040}, {33, 130, 208}, {64, 128, 256},
 					{70, 256, 1536},  {5, 64, 40},  {2, 3, 1}};
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-		for (int off = 0; off < 2; off++) {
-			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
-			if (off && cols % 16 != 0)
-				continue; /* already the ordinary-store path */
-			int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-			size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
-			uint8_t *xq = malloc(nx + 1), *w = malloc(nw + 1);
-			float *xs = malloc((size_t)n * sc * 4), *ws = malloc((size_t)sr * sc * 4);
-			float *want = malloc(ny * 4), *got = malloc(ny * 4);
-			cr_assert(xq && w && xs && ws && want && got);
-			for (size_t i = 0; i < nx; i++)
-				xq[i] = dt_f32_to_e4m3(rnd() * 448.0f);
-			for (size_t i = 0; i < nw; i++)
-				w[i] = dt_f32_to_e4m3(rnd() * 448.0f);
-			for (int i = 0; i < n * sc; i++)
-				xs[i] = (rnd() + 1.5f) / 448.0f;
-			for (int i = 0; i < sr * sc; i++)
-				ws[i] = (rnd() + 1.5f) * 1e-3f;
-			cpu_ref_gemm_fp8(want, xq, xs, w, ws, n, rows, cols);
-			uint8_t *dxq = to_dev_off(xq, nx, off), *dw = to_dev_off(w, nw, off);
-			float *dxs = to_dev(xs, (size_t)n * sc * 4), *dws = to_dev(ws, (size_t)sr * sc * 4);
-			float *dy;
-			cr_assert_eq(wk_cuda_alloc((void **)&dy, ny * 4, err, sizeof err), WK_OK);
-			for (size_t i = 0; i < ny; i++)
-				got[i] = NAN;
-			cr_assert_eq(wk_cuda_upload(dy, got, ny * 4, err, sizeof err), WK_OK, "%s", err);
-			cr_assert_eq(wk_cuda_gemm_fp8_wgmma(dy, dxq + off, dxs, dw + off, dws, n, rows,
-							    cols, err, sizeof err),
-				     WK_OK, "%s", err);
-			from_dev(got, dy, ny * 4);
-			double r = rel(got, want, ny);
-			cr_expect_leq(r, 1e-3, "gemm_fp8_wgmma n=%d rows=%d cols=%d off=%d: %g", n, rows,
-				      cols, off, r);
-			wk_cuda_free(dxq);
-			wk_cuda_free(dw);
-			wk_cuda_free(dxs);
-			wk_cuda_free(dws);
-			wk_cuda_free(dy);
-			free(xq);
-			free(w);
-			free(xs);
-			free(ws);
-			free(want);
-			free(got);
-		}
+		for (int off = 0; off < 2; off++)
+			if (!off || shapes[s][2] % 16 == 0) /* else already the ordinary stores */
+				gemm_fp8_case(wk_cuda_gemm_fp8_wgmma, "gemm_fp8_wgmma",
+					      shapes[s][0], shapes[s][1], shapes[s][2], off);
 }
+
+Test(cuda_kernels, gemm_fp8_wgmma_mc2_matches_ref)
+{
+	NEED_GPU();
+	static const int shapes[][3] = {{1, 64, 128},  {130, 256, 640}, {129, 130, 1040},
+					{300, 256, 384}, {70, 256, 1536}, {33, 130, 208}};
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		gemm_fp8_case(wk_cuda_gemm_fp8_wgmma_mc2, "gemm_fp8_wgmma_mc2", shapes[s][0],
+			      shapes[s][1], shapes[s][2], 0);
+}
+
 
 /* max over tokens of max_r |got - want| / max_r |want|: each token's row on its own scale */
 static double rel_rows(const float *got, const float *want, int n, int rows)
