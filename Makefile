@@ -52,18 +52,24 @@ $(error CUDA=1 but nvcc was not found on PATH or in /usr/local/cuda/bin)
 endif
 endif
 # The toolkit root: $(CUDA_HOME) when set, else the one nvcc reports (nvcc may be a wrapper
-# script elsewhere on PATH), else /usr/local/cuda. It must hold lib64/libcudart_static.a.
+# script elsewhere on PATH), else /usr/local/cuda. It must hold the CUDA runtime in lib64/ or
+# lib/ (a pip-installed toolkit's layout): libcudart_static.a, or else libcudart.so*, then
+# found at run time through an rpath.
+cudart_in = $(firstword $(foreach l,lib64 lib,$(wildcard $(1)/$(l)/libcudart_static.a)) \
+                        $(foreach l,lib64 lib,$(wildcard $(1)/$(l)/libcudart.so*)))
 ifneq ($(NVCC),)
 ifeq ($(origin CUDA_HOME),undefined)
 CUDA_HOME := $(shell for d in "$$($(NVCC) --dryrun -x cu /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p' | head -n1)" \
                  "$(patsubst %/bin/nvcc,%,$(NVCC))" /usr/local/cuda; do \
-                 [ -n "$$d" ] && [ -f "$$d/lib64/libcudart_static.a" ] && { cd "$$d" && pwd -P; break; }; done)
+                 [ -n "$$d" ] && ls "$$d"/lib64/libcudart* "$$d"/lib/libcudart* >/dev/null 2>&1 && \
+                 { cd "$$d" && pwd -P; break; }; done)
 endif
-ifeq ($(CUDA_HOME),)
+CUDART := $(call cudart_in,$(CUDA_HOME))
+ifeq ($(CUDART),)
 ifeq ($(CUDA),1)
-$(error CUDA=1 but no CUDA toolkit with lib64/libcudart_static.a was found; set CUDA_HOME)
+$(error CUDA=1 but no CUDA toolkit with libcudart in lib64/ or lib/ was found (nvcc: $(NVCC)); set CUDA_HOME)
 endif
-$(warning nvcc found at $(NVCC) but no lib64/libcudart_static.a beside it; building without CUDA)
+$(warning nvcc found at $(NVCC) but no libcudart beside it; building without CUDA)
 NVCC :=
 endif
 endif
@@ -80,9 +86,22 @@ comma   := ,
 ifneq ($(NVCC),)
 CU_SRC  := $(filter-out $(LAB_CU),$(wildcard kernels/cuda/*.cu))
 CFLAGS  += -DWICK_CUDA=1
-LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-CUBLASLT := $(and $(wildcard $(CUDA_HOME)/lib64/libcublasLt.so),$(wildcard $(CUDA_HOME)/include/cublasLt.h))
-LAB_LIBS := $(if $(CUBLASLT),-L$(CUDA_HOME)/lib64 -lcublasLt -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64)
+LDLIBS  += $(CUDART) $(if $(filter %.a,$(CUDART)),,-Wl$(comma)-rpath$(comma)$(dir $(CUDART))) \
+           -ldl -lrt -lstdc++
+# Where the toolkit lacks them, Python's NVIDIA packages may hold cuBLASLt and NCCL's header
+# (nvidia-cublas, nvidia-nccl: nvidia/cu13, nvidia/cublas, nvidia/nccl, each with include/
+# and lib/)
+PY_NVIDIA := $(shell python3 -c 'import nvidia, os; \
+               print(*[os.path.join(p, d) for p in nvidia.__path__ for d in sorted(os.listdir(p))])' \
+               2>/dev/null)
+# cuBLASLt (the lab's matrix ceilings): the toolkit's, else Python's, else none (the lab says so)
+CUBLASLT := $(strip $(firstword $(foreach r,$(CUDA_HOME) $(PY_NVIDIA),$(if $(wildcard $(r)/include/cublasLt.h),\
+              $(firstword $(foreach l,lib64 lib,$(wildcard $(r)/$(l)/libcublasLt.so $(r)/$(l)/libcublasLt.so.*)))))))
+# nccl.h (comm_nccl.cu: types and signatures; the library is loaded at run time): the
+# toolkit's, the system's, else Python's
+NCCL_INC := $(strip $(if $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),,\
+              $(firstword $(foreach r,$(PY_NVIDIA),$(if $(wildcard $(r)/include/nccl.h),$(r)/include)))))
+LAB_LIBS := $(if $(CUBLASLT),$(CUBLASLT) -Wl$(comma)-rpath$(comma)$(dir $(CUBLASLT)))
 else
 LIB_SRC += $(wildcard kernels/cuda/*_none.c)
 CU_SRC  :=
@@ -127,7 +146,9 @@ $(BUILD)/tools/cuda_lab: $(BUILD)/obj/tests/tools/cuda_lab.o $(LAB_CU:%.cu=$(BUI
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(LAB_LIBS)
 
-$(LAB_CU:%.cu=$(BUILD)/obj/%.cu.o): NVCCFLAGS += $(if $(CUBLASLT),-DWICK_CUBLASLT=1)
+$(BUILD)/obj/kernels/cuda/comm_nccl.cu.o: NVCCFLAGS += $(if $(NCCL_INC),-I$(NCCL_INC))
+$(LAB_CU:%.cu=$(BUILD)/obj/%.cu.o): NVCCFLAGS += $(if $(CUBLASLT),-DWICK_CUBLASLT=1 \
+                                                   -I$(dir $(CUBLASLT))../include)
 endif
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
