@@ -16,6 +16,7 @@
 #include "simt.h"
 
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -477,6 +478,126 @@ static std::set<cudaStream_t> streams;
 static std::set<cudaEvent_t> events;
 static uint64_t op_seq;
 
+/* ---- device memory, out of the host's reach ------------------------------------------------
+ * A GPU's memory is not the host's: host code that reads or writes through a device pointer
+ * crashes there (or reads garbage), however well it works where device memory is host
+ * memory. So device allocations come from an arena of address space reserved for them, and
+ * while no kernel, copy, memset or collective runs (dev_access: a count of those running,
+ * on any host thread) every live allocation is PROT_NONE: a host access faults, and the
+ * fault handler (cow_segv) names it. A kernel's access to the arena outside every live
+ * allocation (freed memory, or past an allocation's last page) faults too, and is named.
+ * Holes left by cudaFree stay reserved and inaccessible; the arena is never reused (1 TiB
+ * of address space, none of it committed until allocated). */
+static uintptr_t arena_lo, arena_hi, arena_bump; /* bump under rt_mu */
+static std::mutex guard_mu; /* a leaf: nothing else is taken under it */
+static std::atomic<int> guard_open{0}; /* dev_access objects alive */
+static std::map<uintptr_t, uintptr_t> live; /* live device memory, merged: start -> end */
+static void segv_install(void);
+
+static void guard_set(int prot) /* under guard_mu */
+{
+	for (auto &r : live)
+		if (mprotect((void *)r.first, r.second - r.first, prot) != 0) {
+			perror("simt: mprotect of device memory");
+			abort();
+		}
+}
+
+static void guard_inc(void)
+{
+	std::lock_guard<std::mutex> g(guard_mu);
+	if (guard_open.fetch_add(1) == 0)
+		guard_set(PROT_READ | PROT_WRITE);
+}
+
+static void guard_dec(void)
+{
+	std::lock_guard<std::mutex> g(guard_mu);
+	if (guard_open.fetch_sub(1) == 1)
+		guard_set(PROT_NONE);
+}
+
+/* device memory open to this scope (a launch, a copy) */
+struct dev_access {
+	dev_access() { guard_inc(); }
+	~dev_access() { guard_dec(); }
+	dev_access(const dev_access &) = delete;
+	dev_access &operator=(const dev_access &) = delete;
+};
+
+/* the same for tests/simt/comm_simt.c's collectives: 1 opens, 0 closes (paired) */
+extern "C" void simt_device_access(int open)
+{
+	if (open)
+		guard_inc();
+	else
+		guard_dec();
+}
+
+/* len bytes (whole pages) of device memory, readable and writable (the caller poisons them
+ * before guard_add); NULL when the arena is used up or cannot be made. Under rt_mu. */
+static void *dev_map(size_t len)
+{
+	if (!arena_lo) {
+		for (size_t sz = (size_t)1 << 40; sz >= (size_t)1 << 34 && !arena_lo; sz /= 2) {
+			void *a = mmap(NULL, sz, PROT_NONE,
+				       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+			if (a != MAP_FAILED) {
+				arena_lo = arena_bump = (uintptr_t)a;
+				arena_hi = arena_lo + sz;
+			}
+		}
+		if (!arena_lo)
+			return NULL;
+		segv_install();
+	}
+	if (len > arena_hi - arena_bump)
+		return NULL;
+	void *q = mmap((void *)arena_bump, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	if (q == MAP_FAILED)
+		return NULL;
+	arena_bump += len;
+	return q;
+}
+
+/* [a, a + len) joins live memory, closed unless something has device memory open. */
+static void guard_add(uintptr_t a, size_t len)
+{
+	std::lock_guard<std::mutex> g(guard_mu);
+	uintptr_t lo = a, hi = a + len;
+	auto it = live.lower_bound(lo);
+	if (it != live.begin() && std::prev(it)->second == lo) {
+		lo = std::prev(it)->first;
+		live.erase(std::prev(it));
+	}
+	it = live.find(hi);
+	if (it != live.end()) {
+		hi = it->second;
+		live.erase(it);
+	}
+	live[lo] = hi;
+	if (guard_open.load() == 0 && mprotect((void *)a, len, PROT_NONE) != 0) {
+		perror("simt: mprotect of device memory");
+		abort();
+	}
+}
+
+/* [a, a + len) leaves live memory and goes back to the reserve (inaccessible). */
+static void guard_remove(uintptr_t a, size_t len)
+{
+	std::lock_guard<std::mutex> g(guard_mu);
+	auto it = std::prev(live.upper_bound(a));
+	uintptr_t lo = it->first, hi = it->second;
+	live.erase(it);
+	if (lo < a)
+		live[lo] = a;
+	if (a + len < hi)
+		live[a + len] = hi;
+	mmap((void *)a, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+	     -1, 0);
+}
+
 /* ---- the read-only path: ld.global.nc in an interleaved launch -------------------------------
  * A GPU may answer a non-coherent load (ld.global.nc: ld_stream16, ld_x4<false> in gemv.cuh,
  * through simt_ld_nc) from a line its SM cached before another block of the same launch
@@ -539,12 +660,30 @@ static void cow_segv(int, siginfo_t *si, void *)
 		cow_lock.clear(std::memory_order_release);
 		return;
 	}
+	uintptr_t a = (uintptr_t)si->si_addr;
+	if (a >= arena_lo && a < arena_hi) { /* device memory: say what touched it, then stop */
+		char m[320];
+		int n = guard_open.load() == 0
+				? snprintf(m, sizeof m,
+					   "simt: host code touched device memory at %p, while no "
+					   "kernel or copy ran: on a GPU the host cannot (cudaMemcpy it)."
+					   " Where (addr2line -f -e the program +0x...):\n",
+					   si->si_addr)
+				: snprintf(m, sizeof m,
+					   "simt: device memory at %p is in no allocation (freed, or "
+					   "past an allocation's last page). Where (addr2line -f -e the "
+					   "program +0x...):\n",
+					   si->si_addr);
+		if (write(2, m, (size_t)n) < 0)
+			_exit(134);
+		void *frames[32];
+		backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
+		abort();
+	}
 	sigaction(SIGSEGV, &cow_old_segv, NULL);
 }
 
-/* Under launch_mu: cudaFree takes it too (it waits for the device, as CUDA's does), so no
- * allocation goes away while it is protected. */
-static void cow_begin(void)
+static void segv_install(void)
 {
 	static std::once_flag once;
 	std::call_once(once, [] {
@@ -554,6 +693,13 @@ static void cow_begin(void)
 		sigemptyset(&sa.sa_mask);
 		sigaction(SIGSEGV, &sa, &cow_old_segv);
 	});
+}
+
+/* Under launch_mu: cudaFree takes it too (it waits for the device, as CUDA's does), so no
+ * allocation goes away while it is protected. */
+static void cow_begin(void)
+{
+	segv_install();
 	/* Which pages: after any allocation or free, all device memory (in address order,
 	 * adjacent allocations one range); after that, only the pages interleaved launches have
 	 * written since (weights, most of the memory, are never written: protecting them at
@@ -720,6 +866,7 @@ static bool kind_ok(void *dst, const void *src, size_t n, cudaMemcpyKind kind) /
 
 static void make_op(const stream_op &o)
 {
+	dev_access open;
 	if (o.src)
 		memmove(o.dst, o.src, o.n);
 	else
@@ -1080,6 +1227,7 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	gridDim = grid;
 	blockDim = block;
 	body = &fn;
+	dev_access open; /* before cow_begin's protections, closed after cow_end's */
 	if (interleaving)
 		cow_begin();
 	run_grid(grid, nt);
@@ -1151,19 +1299,20 @@ static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, s
 		return sticky();
 	size_t sz = (n + align - 1) / align * align;
 	void *q = NULL;
+	std::lock_guard<std::mutex> g(rt_mu);
 	if (sz && &m == &dev_allocs) {
-		/* device memory: pages mapped apart from the heap, so that an interleaved launch
-		 * can write-protect them (cow); consecutive mappings make one region to protect */
-		q = mmap(NULL, (sz + PAGE - 1) / PAGE * PAGE, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		q = q == MAP_FAILED ? NULL : q;
+		/* device memory: whole pages of the arena, so that an interleaved launch can
+		 * write-protect them (cow) and the host cannot touch them (guard_add);
+		 * consecutive allocations make one region to protect */
+		q = dev_map((sz + PAGE - 1) / PAGE * PAGE);
 	} else if (sz) {
 		q = aligned_alloc(align, sz);
 	}
 	if (!q)
 		return cudaErrorMemoryAllocation;
 	poison(q, sz);
-	std::lock_guard<std::mutex> g(rt_mu);
+	if (&m == &dev_allocs)
+		guard_add((uintptr_t)q, (sz + PAGE - 1) / PAGE * PAGE);
 	m[(uintptr_t)q] = sz;
 	dev_gen += &m == &dev_allocs;
 	*p = q;
@@ -1183,7 +1332,7 @@ static cudaError_t release(void *p, std::map<uintptr_t, size_t> &m)
 		return cudaErrorInvalidValue;
 	drain_all();
 	if (&m == &dev_allocs)
-		munmap(p, (it->second + PAGE - 1) / PAGE * PAGE);
+		guard_remove((uintptr_t)p, (it->second + PAGE - 1) / PAGE * PAGE);
 	else
 		free(p);
 	m.erase(it);
@@ -1231,6 +1380,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 	if (!kind_ok(dst, src, n, kind))
 		return cudaErrorInvalidValue;
 	drain_blocking();
+	dev_access open;
 	memmove(dst, src, n);
 	return cudaSuccess;
 }
@@ -1249,6 +1399,7 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
 		if (!kind_ok((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind))
 			return cudaErrorInvalidValue;
 	drain_blocking();
+	dev_access open;
 	for (size_t r = 0; r < height; r++)
 		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 	return cudaSuccess;

@@ -33,7 +33,11 @@
  *     block wrote in the same interleaved launch does not: it reads the launch's start,
  *     simt_ld_nc); device memory is host
  *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
- *     checks that for the backend);
+ *     checks that for the backend); the other way round is checked: device memory comes
+ *     from an arena the host cannot reach while no kernel, copy or collective runs
+ *     (simt.cpp's guard), so host code reading or writing through a device pointer faults
+ *     and is named, as is a kernel's access to freed memory or past an allocation's last
+ *     page;
  *   - real warp scheduling: no lockstep, no divergence cost, no independent-thread-scheduling
  *     hazards (code that needs __syncwarp and lacks it passes);
  *   - atomics ordering: atomics run one at a time in the emulator's order, not the GPU's;
@@ -73,9 +77,11 @@
  * read before their event, give wrong bytes), and an injected sticky fault. That checks the
  * backend's wiring (each op's arguments, copy directions, the restore's staging and events,
  * the sticky error) against the CPU backend. It does NOT prove, beyond the list above:
- *   - host/device separation in the backend's own code: host code that reads device memory,
- *     or a host pointer handed to a kernel, works here (devsim, tests/unit/devsim.c, checks
- *     the engine's side of that boundary, not backend_cuda.cu's);
+ *   - host/device separation in the backend's own code, all of it: a host pointer handed to a
+ *     kernel works here (devsim, tests/unit/devsim.c, checks the engine's side of that
+ *     boundary, not backend_cuda.cu's), and host code that touches device memory faults only
+ *     while no other host thread has a kernel, copy or collective running (the guard is
+ *     one for all threads);
  *   - ordering on the GPU: kernels run at once, in issue order, so only the restore's copy
  *     stream can lag; copy/compute overlap and bandwidth are not modelled;
  *   - devices kept apart: WICK_SIMT_DEVICES devices (default 1) can be selected, per host
@@ -301,6 +307,9 @@ void simt_tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t ba
 /* The same multicast: into each CTA of mask (bit r: rank r) at dst, on its mbarrier at bar. */
 void simt_tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t bar,
 			 uint16_t mask);
+/* Device memory opened to the host (1) and closed again (0), paired: what a collective of
+ * tests/simt/comm_simt.c does from the host, as NCCL's kernels would on a GPU. */
+extern "C" void simt_device_access(int open);
 /* The thread lets the others run (a spin-wait's turn); simt_progress counts an event that
  * may release a waiter (the scheduler's deadlock check: a round of only yields aborts). */
 void simt_yield(void);

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/dtype.h"
 #include "common/wk.h"
@@ -86,6 +88,30 @@ static double rel(const float *got, const float *want, size_t n)
 }
 
 TestSuite(cuda_kernels);
+
+/* The host cannot read device memory through a pointer: on a GPU the dereference faults, and
+ * the emulator (tests/simt) keeps device memory out of the host's reach between kernels and
+ * copies so that it faults there too (simt.cpp: a backend that reads a device pointer on
+ * the host fails every emulated run, not only the GPU's). A child process tries. */
+Test(cuda_kernels, host_cannot_read_device_memory)
+{
+	NEED_GPU();
+	float *d = to_dev((float[4]){1, 2, 3, 4}, 16);
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		FILE *null = freopen("/dev/null", "w", stderr); /* the emulator says where */
+		(void)null;
+		volatile float v = *(volatile float *)d;
+		_exit(v == 1.0f ? 0 : 1); /* it read device memory */
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_expect(WIFSIGNALED(st), "the host read device memory (child exit %d)",
+		  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	wk_cuda_free(d);
+}
 
 Test(cuda_kernels, matmul_matches_ref)
 {
