@@ -23,6 +23,8 @@
 #include "kernels/cpu/cpu.h" /* struct cpu_mla, cpu_expert: their pointers here are device memory */
 
 int cuda_device_count(void);
+/* Selects device d for the calling thread's allocations and launches (cudaSetDevice). */
+int wk_cuda_set_device(int d, char *err, size_t errsz);
 
 /* Device memory and copies (cudaMalloc / cudaMemcpy, synchronous). */
 int wk_cuda_alloc(void **p, size_t bytes, char *err, size_t errsz);

@@ -291,6 +291,12 @@ int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs, con
 	return none(err, errsz);
 }
 
+int wk_cuda_set_device(int d, char *err, size_t errsz)
+{
+	(void)d;
+	return none(err, errsz);
+}
+
 int wk_cuda_lab(void)
 {
 	return WK_EUNSUPPORTED;

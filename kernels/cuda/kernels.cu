@@ -27,6 +27,11 @@ extern "C" int wk_cuda_alloc(void **p, size_t bytes, char *err, size_t errsz)
 	return check(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc", err, errsz);
 }
 
+extern "C" int wk_cuda_set_device(int d, char *err, size_t errsz)
+{
+	return check(cudaSetDevice(d), "set device", err, errsz);
+}
+
 extern "C" void wk_cuda_free(void *p)
 {
 	if (p)

@@ -478,106 +478,184 @@ static std::set<cudaStream_t> streams;
 static std::set<cudaEvent_t> events;
 static uint64_t op_seq;
 
-/* ---- device memory, out of the host's reach ------------------------------------------------
+/* ---- device memory, out of the host's reach and of other devices' kernels ------------------
  * A GPU's memory is not the host's: host code that reads or writes through a device pointer
  * crashes there (or reads garbage), however well it works where device memory is host
- * memory. So device allocations come from an arena of address space reserved for them, and
- * while no kernel, copy, memset or collective runs (dev_access: a count of those running,
- * on any host thread) every live allocation is PROT_NONE: a host access faults, and the
- * fault handler (cow_segv) names it. A kernel's access to the arena outside every live
- * allocation (freed memory, or past an allocation's last page) faults too, and is named.
- * Holes left by cudaFree stay reserved and inaccessible; the arena is never reused (1 TiB
- * of address space, none of it committed until allocated). */
-static uintptr_t arena_lo, arena_hi, arena_bump; /* bump under rt_mu */
+ * memory. Nor is one GPU's memory another's: a kernel reaches another device's memory only
+ * through peer access, which wick never enables (a rank's kernels work on its own shard).
+ * So device allocations come from an arena of address space reserved for them, a slice per
+ * device, and a device's live allocations are PROT_NONE while nothing that may touch them
+ * runs (dev_access, counted per device over all host threads: a launch opens its own
+ * device; a copy, memset or collective all of them). A host access then faults, and so
+ * does a kernel's access to another device's memory (unless something has that device
+ * open at the time) or to its arena outside every live allocation (freed memory, or past
+ * an allocation's last page); the fault handler (cow_segv) names which. Holes left by
+ * cudaFree stay reserved and inaccessible: the arena is never reused (1 TiB of address
+ * space, none of it committed until allocated). The price is an mprotect of a device's
+ * whole memory at each launch's start and end: so a device that comes to hold more than
+ * WICK_SIMT_GUARD_MB of live memory (default 64: every test model but the GLM-5 structure
+ * of 117,459 tensors, 120 MiB, whose unfused decode step is 5,928 launches) stays open
+ * from then on, unguarded. */
+enum { DEVS = 8 }; /* the most devices (n_devices) */
+static uintptr_t arena_lo, arena_slice; /* device d's slice: arena_lo + d * arena_slice */
+static uintptr_t arena_bump[DEVS];     /* under rt_mu */
 static std::mutex guard_mu; /* a leaf: nothing else is taken under it */
-static std::atomic<int> guard_open{0}; /* dev_access objects alive */
-static std::map<uintptr_t, uintptr_t> live; /* live device memory, merged: start -> end */
+static std::atomic<int> guard_open[DEVS]; /* what has each device's memory open */
+static std::map<uintptr_t, uintptr_t> live[DEVS]; /* live memory, merged: start -> end */
+static size_t live_bytes[DEVS];
+static bool unguarded[DEVS]; /* it grew past the limit: open for good */
+static std::atomic<int> launch_dev{-1};  /* the device of the launch running, if any */
+static thread_local bool launching;      /* this host thread runs that launch */
 static void segv_install(void);
 
-static void guard_set(int prot) /* under guard_mu */
+static void guard_set(int d, int prot) /* under guard_mu */
 {
-	for (auto &r : live)
+	if (unguarded[d])
+		return;
+	for (auto &r : live[d])
 		if (mprotect((void *)r.first, r.second - r.first, prot) != 0) {
 			perror("simt: mprotect of device memory");
 			abort();
 		}
 }
 
-static void guard_inc(void)
+/* the memory of the devices in mask (bit d: device d) opened, or closed again */
+static void guard_inc(unsigned mask)
 {
 	std::lock_guard<std::mutex> g(guard_mu);
-	if (guard_open.fetch_add(1) == 0)
-		guard_set(PROT_READ | PROT_WRITE);
+	for (int i = 0; i < DEVS; i++)
+		if (mask >> i & 1 && guard_open[i].fetch_add(1) == 0)
+			guard_set(i, PROT_READ | PROT_WRITE);
 }
 
-static void guard_dec(void)
+static void guard_dec(unsigned mask)
 {
 	std::lock_guard<std::mutex> g(guard_mu);
-	if (guard_open.fetch_sub(1) == 1)
-		guard_set(PROT_NONE);
+	for (int i = 0; i < DEVS; i++)
+		if (mask >> i & 1 && guard_open[i].fetch_sub(1) == 1)
+			guard_set(i, PROT_NONE);
 }
 
-/* device memory open to this scope (a launch, a copy) */
+static int arena_dev(uintptr_t a);
+
+/* device memory open to this scope: a launch's device's, all of it */
 struct dev_access {
-	dev_access() { guard_inc(); }
-	~dev_access() { guard_dec(); }
+	unsigned mask;
+	explicit dev_access(unsigned m) : mask(m) { guard_inc(mask); }
+	~dev_access() { guard_dec(mask); }
 	dev_access(const dev_access &) = delete;
 	dev_access &operator=(const dev_access &) = delete;
 };
 
-/* the same for tests/simt/comm_simt.c's collectives: 1 opens, 0 closes (paired) */
+/* A copy's or memset's bytes open to this scope: only their pages (opening a device's
+ * whole memory for each of a model's ~10^5 uploads would cost minutes in mprotect), and
+ * only where their device is closed. guard_mu is held throughout, so no device opens or
+ * closes meanwhile. */
+struct span_access {
+	std::unique_lock<std::mutex> g;
+	std::pair<uintptr_t, uintptr_t> open[2];
+	int n = 0;
+	span_access(void *dst, const void *src, size_t len) : g(guard_mu)
+	{
+		for (const void *p : {(const void *)dst, src}) {
+			int d = p ? arena_dev((uintptr_t)p) : -1;
+			if (d < 0 || unguarded[d] || guard_open[d].load() > 0 || len == 0)
+				continue;
+			uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(PAGE - 1);
+			uintptr_t hi = ((uintptr_t)p + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+			if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) {
+				perror("simt: mprotect of device memory");
+				abort();
+			}
+			open[n++] = {lo, hi};
+		}
+	}
+	~span_access()
+	{
+		for (int i = 0; i < n; i++)
+			mprotect((void *)open[i].first, open[i].second - open[i].first, PROT_NONE);
+	}
+	span_access(const span_access &) = delete;
+	span_access &operator=(const span_access &) = delete;
+};
+
+/* the same for tests/simt/comm_simt.c's collectives (every device): 1 opens, 0 closes */
 extern "C" void simt_device_access(int open)
 {
 	if (open)
-		guard_inc();
+		guard_inc((1u << DEVS) - 1);
 	else
-		guard_dec();
+		guard_dec((1u << DEVS) - 1);
 }
 
-/* len bytes (whole pages) of device memory, readable and writable (the caller poisons them
- * before guard_add); NULL when the arena is used up or cannot be made. Under rt_mu. */
-static void *dev_map(size_t len)
+/* len bytes (whole pages) of device d's memory, readable and writable (the caller poisons
+ * them before guard_add); NULL when its slice is used up or the arena cannot be made. Under
+ * rt_mu. */
+static void *dev_map(int d, size_t len)
 {
 	if (!arena_lo) {
 		for (size_t sz = (size_t)1 << 40; sz >= (size_t)1 << 34 && !arena_lo; sz /= 2) {
 			void *a = mmap(NULL, sz, PROT_NONE,
 				       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 			if (a != MAP_FAILED) {
-				arena_lo = arena_bump = (uintptr_t)a;
-				arena_hi = arena_lo + sz;
+				arena_lo = (uintptr_t)a;
+				arena_slice = sz / DEVS;
+				for (int i = 0; i < DEVS; i++)
+					arena_bump[i] = arena_lo + (uintptr_t)i * arena_slice;
 			}
 		}
 		if (!arena_lo)
 			return NULL;
 		segv_install();
 	}
-	if (len > arena_hi - arena_bump)
+	uintptr_t end = arena_lo + (uintptr_t)(d + 1) * arena_slice;
+	if (len > end - arena_bump[d])
 		return NULL;
-	void *q = mmap((void *)arena_bump, len, PROT_READ | PROT_WRITE,
+	void *q = mmap((void *)arena_bump[d], len, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 	if (q == MAP_FAILED)
 		return NULL;
-	arena_bump += len;
+	arena_bump[d] += len;
 	return q;
 }
 
-/* [a, a + len) joins live memory, closed unless something has device memory open. */
+/* the device whose slice holds a, or -1 */
+static int arena_dev(uintptr_t a)
+{
+	if (!arena_lo || a < arena_lo || a >= arena_lo + DEVS * arena_slice)
+		return -1;
+	return (int)((a - arena_lo) / arena_slice);
+}
+
+/* [a, a + len) joins its device's live memory, closed unless something has that open. */
 static void guard_add(uintptr_t a, size_t len)
 {
+	int d = arena_dev(a);
 	std::lock_guard<std::mutex> g(guard_mu);
 	uintptr_t lo = a, hi = a + len;
-	auto it = live.lower_bound(lo);
-	if (it != live.begin() && std::prev(it)->second == lo) {
+	auto it = live[d].lower_bound(lo);
+	if (it != live[d].begin() && std::prev(it)->second == lo) {
 		lo = std::prev(it)->first;
-		live.erase(std::prev(it));
+		live[d].erase(std::prev(it));
 	}
-	it = live.find(hi);
-	if (it != live.end()) {
+	it = live[d].find(hi);
+	if (it != live[d].end()) {
 		hi = it->second;
-		live.erase(it);
+		live[d].erase(it);
 	}
-	live[lo] = hi;
-	if (guard_open.load() == 0 && mprotect((void *)a, len, PROT_NONE) != 0) {
+	live[d][lo] = hi;
+	live_bytes[d] += len;
+	static const size_t limit = [] {
+		const char *v = getenv("WICK_SIMT_GUARD_MB");
+		return (size_t)(v ? atol(v) : 64) << 20;
+	}();
+	if (!unguarded[d] && live_bytes[d] > limit) { /* open for good from now on */
+		if (guard_open[d].load() == 0)
+			guard_set(d, PROT_READ | PROT_WRITE);
+		unguarded[d] = true;
+	}
+	if (!unguarded[d] && guard_open[d].load() == 0 &&
+	    mprotect((void *)a, len, PROT_NONE) != 0) {
 		perror("simt: mprotect of device memory");
 		abort();
 	}
@@ -586,14 +664,16 @@ static void guard_add(uintptr_t a, size_t len)
 /* [a, a + len) leaves live memory and goes back to the reserve (inaccessible). */
 static void guard_remove(uintptr_t a, size_t len)
 {
+	int d = arena_dev(a);
 	std::lock_guard<std::mutex> g(guard_mu);
-	auto it = std::prev(live.upper_bound(a));
+	auto it = std::prev(live[d].upper_bound(a));
 	uintptr_t lo = it->first, hi = it->second;
-	live.erase(it);
+	live[d].erase(it);
+	live_bytes[d] -= len;
 	if (lo < a)
-		live[lo] = a;
+		live[d][lo] = a;
 	if (a + len < hi)
-		live[a + len] = hi;
+		live[d][a + len] = hi;
 	mmap((void *)a, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
 	     -1, 0);
 }
@@ -603,7 +683,8 @@ static void guard_remove(uintptr_t a, size_t len)
  * through simt_ld_nc) from a line its SM cached before another block of the same launch
  * wrote it: what a launch writes, its other blocks must read with plain loads. The
  * interleaved launches (where blocks read each other's writes) take the worst case: at the
- * start device memory is write-protected (cow_begin says which pages); a page's first write
+ * start the launch's device's memory is write-protected (cow_begin says which pages; the
+ * other devices' is closed altogether, the guard above); a page's first write
  * (a SIGSEGV) copies the page aside and makes it writable again, and simt_ld_nc reads such
  * a page from its copy, as the page was when the launch began. Plain loads see every write
  * at once. */
@@ -642,7 +723,7 @@ static size_t cow_slot(uintptr_t pg)
 static void cow_segv(int, siginfo_t *si, void *)
 {
 	uintptr_t pg = (uintptr_t)si->si_addr & ~(uintptr_t)(PAGE - 1);
-	if (cow_on.load() && cow_covers(pg)) {
+	if (cow_on.load() && arena_dev(pg) == launch_dev.load() && cow_covers(pg)) {
 		while (cow_lock.test_and_set(std::memory_order_acquire))
 			;
 		size_t i = cow_slot(pg);
@@ -661,20 +742,27 @@ static void cow_segv(int, siginfo_t *si, void *)
 		return;
 	}
 	uintptr_t a = (uintptr_t)si->si_addr;
-	if (a >= arena_lo && a < arena_hi) { /* device memory: say what touched it, then stop */
+	int d = arena_dev(a);
+	if (d >= 0) { /* device memory: say what touched it, then stop */
 		char m[320];
-		int n = guard_open.load() == 0
-				? snprintf(m, sizeof m,
-					   "simt: host code touched device memory at %p, while no "
-					   "kernel or copy ran: on a GPU the host cannot (cudaMemcpy it)."
-					   " Where (addr2line -f -e the program +0x...):\n",
-					   si->si_addr)
-				: snprintf(m, sizeof m,
-					   "simt: device memory at %p is in no allocation (freed, or "
-					   "past an allocation's last page). Where (addr2line -f -e the "
-					   "program +0x...):\n",
-					   si->si_addr);
-		if (write(2, m, (size_t)n) < 0)
+		int k = launch_dev.load(), n;
+		if (guard_open[d].load() > 0)
+			n = snprintf(m, sizeof m,
+				     "simt: device %d's memory at %p is in no allocation (freed, or "
+				     "past an allocation's last page)",
+				     d, si->si_addr);
+		else if (launching && k >= 0 && k != d)
+			n = snprintf(m, sizeof m,
+				     "simt: a kernel on device %d touched device %d's memory at %p "
+				     "(another GPU's: wick enables no peer access)",
+				     k, d, si->si_addr);
+		else
+			n = snprintf(m, sizeof m,
+				     "simt: host code touched device %d's memory at %p, while no "
+				     "kernel or copy ran: on a GPU the host cannot (cudaMemcpy it)",
+				     d, si->si_addr);
+		static const char where[] = ". Where (addr2line -f -e the program +0x...):\n";
+		if (write(2, m, (size_t)n) < 0 || write(2, where, sizeof where - 1) < 0)
 			_exit(134);
 		void *frames[32];
 		backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
@@ -693,6 +781,15 @@ static void segv_install(void)
 		sigemptyset(&sa.sa_mask);
 		sigaction(SIGSEGV, &sa, &cow_old_segv);
 	});
+}
+
+/* mprotect of the part of range r on the launch's device (the others' memory stays closed,
+ * simt's guard above) */
+static int cow_clip(const std::pair<uintptr_t, size_t> &r, int prot)
+{
+	uintptr_t lo = arena_lo + (uintptr_t)launch_dev.load() * arena_slice, hi = lo + arena_slice;
+	uintptr_t a = std::max(r.first, lo), b = std::min(r.first + r.second, hi);
+	return a < b ? mprotect((void *)a, b - a, prot) : 0;
 }
 
 /* Under launch_mu: cudaFree takes it too (it waits for the device, as CUDA's does), so no
@@ -740,7 +837,7 @@ static void cow_begin(void)
 	}
 	cow_on = true;
 	for (auto &r : cow_ranges)
-		if (mprotect((void *)r.first, r.second, PROT_READ) != 0) {
+		if (cow_clip(r, PROT_READ) != 0) {
 			char m[160];
 			snprintf(m, sizeof m, "cannot write-protect device memory for an interleaved "
 				 "launch (mprotect: %s; %zu ranges)", strerror(errno), cow_ranges.size());
@@ -751,7 +848,7 @@ static void cow_begin(void)
 static void cow_end(void)
 {
 	for (auto &r : cow_ranges)
-		mprotect((void *)r.first, r.second, PROT_READ | PROT_WRITE);
+		cow_clip(r, PROT_READ | PROT_WRITE);
 	cow_on = false;
 	for (size_t i : cow_used) {
 		cow_learn |= cow_written.insert(cow_keys[i]).second;
@@ -866,7 +963,7 @@ static bool kind_ok(void *dst, const void *src, size_t n, cudaMemcpyKind kind) /
 
 static void make_op(const stream_op &o)
 {
-	dev_access open;
+	span_access open(o.dst, o.src, o.n);
 	if (o.src)
 		memmove(o.dst, o.src, o.n);
 	else
@@ -1227,12 +1324,16 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	gridDim = grid;
 	blockDim = block;
 	body = &fn;
-	dev_access open; /* before cow_begin's protections, closed after cow_end's */
+	dev_access open(1u << cur_device); /* before cow_begin's protections, after cow_end's */
+	launch_dev = cur_device;
+	launching = true;
 	if (interleaving)
 		cow_begin();
 	run_grid(grid, nt);
 	if (interleaving)
 		cow_end();
+	launching = false;
+	launch_dev = -1;
 	switch_to(&slots[0]);
 	interleaving = false;
 	cluster_n = 1;
@@ -1304,7 +1405,7 @@ static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, s
 		/* device memory: whole pages of the arena, so that an interleaved launch can
 		 * write-protect them (cow) and the host cannot touch them (guard_add);
 		 * consecutive allocations make one region to protect */
-		q = dev_map((sz + PAGE - 1) / PAGE * PAGE);
+		q = dev_map(cur_device, (sz + PAGE - 1) / PAGE * PAGE);
 	} else if (sz) {
 		q = aligned_alloc(align, sz);
 	}
@@ -1380,7 +1481,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 	if (!kind_ok(dst, src, n, kind))
 		return cudaErrorInvalidValue;
 	drain_blocking();
-	dev_access open;
+	span_access open(dst, src, n);
 	memmove(dst, src, n);
 	return cudaSuccess;
 }
@@ -1399,9 +1500,10 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
 		if (!kind_ok((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind))
 			return cudaErrorInvalidValue;
 	drain_blocking();
-	dev_access open;
-	for (size_t r = 0; r < height; r++)
+	for (size_t r = 0; r < height; r++) {
+		span_access open((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+	}
 	return cudaSuccess;
 }
 

@@ -34,10 +34,12 @@
  *     simt_ld_nc); device memory is host
  *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
  *     checks that for the backend); the other way round is checked: device memory comes
- *     from an arena the host cannot reach while no kernel, copy or collective runs
- *     (simt.cpp's guard), so host code reading or writing through a device pointer faults
- *     and is named, as is a kernel's access to freed memory or past an allocation's last
- *     page;
+ *     from an arena, a slice per device, that the host cannot reach while no kernel, copy
+ *     or collective uses it (simt.cpp's guard), so host code reading or writing through a
+ *     device pointer faults and is named, as is a kernel's access to another device's
+ *     memory, to freed memory or past an allocation's last page (on devices holding up to
+ *     WICK_SIMT_GUARD_MB, 64 MiB, of live memory: a larger one stays open, the mprotect of
+ *     all of it at every launch costing minutes);
  *   - real warp scheduling: no lockstep, no divergence cost, no independent-thread-scheduling
  *     hazards (code that needs __syncwarp and lacks it passes);
  *   - atomics ordering: atomics run one at a time in the emulator's order, not the GPU's;
@@ -79,16 +81,18 @@
  * the sticky error) against the CPU backend. It does NOT prove, beyond the list above:
  *   - host/device separation in the backend's own code, all of it: a host pointer handed to a
  *     kernel works here (devsim, tests/unit/devsim.c, checks the engine's side of that
- *     boundary, not backend_cuda.cu's), and host code that touches device memory faults only
- *     while no other host thread has a kernel, copy or collective running (the guard is
- *     one for all threads);
+ *     boundary, not backend_cuda.cu's), and host code that touches a device's memory faults
+ *     only while no host thread has a kernel or copy on that device running (the guard
+ *     counts per device over all threads);
  *   - ordering on the GPU: kernels run at once, in issue order, so only the restore's copy
  *     stream can lag; copy/compute overlap and bandwidth are not modelled;
  *   - devices kept apart: WICK_SIMT_DEVICES devices (default 1) can be selected, per host
  *     thread, and share one memory; each cudaMalloc is tagged with the current device and a
- *     copy to or from another device's memory is refused (stricter than CUDA), but a kernel's
- *     pointers are not checked, so a kernel reading another device's memory works here; host
- *     threads' kernels take turns (one launch at a time);
+ *     copy to or from another device's memory is refused (stricter than CUDA), and a kernel
+ *     touching another device's memory faults (the guard; wick enables no peer access)
+ *     unless a copy on that device runs at the same time on another host thread (a
+ *     collective opens every device only once all ranks are in it); host threads' kernels
+ *     take turns (one launch at a time);
  *   - the driver's errors: only the emulator's refusals (bad configuration, a copy of the
  *     wrong kind, an unknown handle) and the one injected fault occur; a real out-of-memory,
  *     a launch out of registers, a timeout or an ECC error never does;
