@@ -89,6 +89,31 @@ static double rel(const float *got, const float *want, size_t n)
 
 TestSuite(cuda_kernels);
 
+/* Runs fn(arg) in a child process (its stderr silenced: the emulator says where it stopped)
+ * and expects it refused: the child killed by a signal (a fault; the emulator's abort) or
+ * exiting 1 (an error returned), not exiting 0 (fn did what it must not). */
+static void expect_refused(int (*fn)(void *), void *arg, const char *what)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		FILE *null = freopen("/dev/null", "w", stderr);
+		(void)null;
+		_exit(fn(arg));
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_expect(WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) == 1),
+		  "%s (child exit %d)", what, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
+static int read_device_pointer(void *d)
+{
+	volatile float v = *(volatile float *)d;
+	return v == 1.0f ? 0 : 2; /* 0: it read device memory */
+}
+
 /* The host cannot read device memory through a pointer: on a GPU the dereference faults, and
  * the emulator (tests/simt) keeps device memory out of the host's reach between kernels and
  * copies so that it faults there too (simt.cpp: a backend that reads a device pointer on
@@ -97,56 +122,37 @@ Test(cuda_kernels, host_cannot_read_device_memory)
 {
 	NEED_GPU();
 	float *d = to_dev((float[4]){1, 2, 3, 4}, 16);
-	fflush(NULL);
-	pid_t pid = fork();
-	cr_assert(pid >= 0);
-	if (pid == 0) {
-		FILE *null = freopen("/dev/null", "w", stderr); /* the emulator says where */
-		(void)null;
-		volatile float v = *(volatile float *)d;
-		_exit(v == 1.0f ? 0 : 1); /* it read device memory */
-	}
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_expect(WIFSIGNALED(st), "the host read device memory (child exit %d)",
-		  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	expect_refused(read_device_pointer, d, "the host read device memory");
 	wk_cuda_free(d);
+}
+
+/* silu_mul on device 0 over a buffer of device 1: 0 when it came back done, 1 refused */
+static int cross_device_kernel(void *unused)
+{
+	(void)unused;
+	char e[WK_ERRSZ];
+	float g[4] = {1, 2, 3, 4}, *d1, *d0;
+	if (wk_cuda_set_device(1, e, sizeof e) || wk_cuda_alloc((void **)&d1, 16, e, sizeof e) ||
+	    wk_cuda_upload(d1, g, 16, e, sizeof e) || wk_cuda_set_device(0, e, sizeof e) ||
+	    wk_cuda_alloc((void **)&d0, 16, e, sizeof e) || wk_cuda_upload(d0, g, 16, e, sizeof e))
+		return 2; /* could not set it up */
+	int rc = wk_cuda_silu_mul(d0, d1, 4, e, sizeof e);
+	if (rc == WK_OK)
+		rc = wk_cuda_sync(e, sizeof e);
+	return rc == WK_OK ? 0 : 1;
 }
 
 /* Nor can a kernel on one GPU read another's memory: wick enables no peer access (a rank's
  * kernels work on its own shard; NCCL moves the rest), so on a GPU such a read is an illegal
  * address, and the emulator keeps a device's memory closed to other devices' kernels
- * (simt.cpp). A child process launches silu_mul on device 0 over a buffer of device 1: it
- * must not come back with the product. Needs two devices (the emulator is given two). */
+ * (simt.cpp). Needs two devices (the emulator is given two). */
 Test(cuda_kernels, kernel_cannot_read_another_devices_memory)
 {
 	setenv("WICK_SIMT_DEVICES", "2", 0); /* the emulator's device count; nothing on a GPU */
 	NEED_GPU();
 	if (cuda_device_count() < 2)
 		cr_skip_test("needs two GPUs (%d visible)", cuda_device_count());
-	fflush(NULL);
-	pid_t pid = fork();
-	cr_assert(pid >= 0);
-	if (pid == 0) {
-		FILE *null = freopen("/dev/null", "w", stderr); /* the emulator says where */
-		(void)null;
-		char e[WK_ERRSZ];
-		float g[4] = {1, 2, 3, 4}, *d1, *d0;
-		if (wk_cuda_set_device(1, e, sizeof e) || wk_cuda_alloc((void **)&d1, 16, e, sizeof e) ||
-		    wk_cuda_upload(d1, g, 16, e, sizeof e) || wk_cuda_set_device(0, e, sizeof e) ||
-		    wk_cuda_alloc((void **)&d0, 16, e, sizeof e) ||
-		    wk_cuda_upload(d0, g, 16, e, sizeof e))
-			_exit(2); /* could not set it up */
-		int rc = wk_cuda_silu_mul(d0, d1, 4, e, sizeof e);
-		if (rc == WK_OK)
-			rc = wk_cuda_sync(e, sizeof e);
-		_exit(rc == WK_OK ? 0 : 1); /* 0: the kernel read device 1's memory */
-	}
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_expect(WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) == 1),
-		  "device 0's kernel read device 1's memory (child exit %d)",
-		  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	expect_refused(cross_device_kernel, NULL, "device 0's kernel read device 1's memory");
 }
 
 Test(cuda_kernels, matmul_matches_ref)
