@@ -486,7 +486,8 @@ static uint64_t op_seq;
  * So device allocations come from an arena of address space reserved for them, a slice per
  * device, and a device's live allocations are PROT_NONE while nothing that may touch them
  * runs (dev_access, counted per device over all host threads: a launch opens its own
- * device; a copy, memset or collective all of them). A host access then faults, and so
+ * device's, a collective every device's; span_access: a copy or memset opens only its own
+ * pages). A host access then faults, and so
  * does a kernel's access to another device's memory (unless something has that device
  * open at the time) or to its arena outside every live allocation (freed memory, or past
  * an allocation's last page); the fault handler (cow_segv) names which. Holes left by
@@ -746,7 +747,7 @@ static void cow_segv(int, siginfo_t *si, void *)
 	if (d >= 0) { /* device memory: say what touched it, then stop */
 		char m[320];
 		int k = launch_dev.load(), n;
-		if (guard_open[d].load() > 0)
+		if (guard_open[d].load() > 0 || unguarded[d])
 			n = snprintf(m, sizeof m,
 				     "simt: device %d's memory at %p is in no allocation (freed, or "
 				     "past an allocation's last page)",
