@@ -300,6 +300,15 @@ int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *xs, const u
 int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 			       const float *ws, int n, int rows, int cols, char *err,
 			       size_t errsz);
+/* The same with tiles of 160 weight rows (each spanning two weight-scale blocks) instead of
+ * 128, one CTA a tile (_n160) or clusters of two (_n160_mc2); the kernel lab times them
+ * beside the 128-row ones. */
+int wk_cuda_gemm_fp8_wgmma_n160(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+				const float *ws, int n, int rows, int cols, char *err,
+				size_t errsz);
+int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs,
+				    const uint8_t *w, const float *ws, int n, int rows, int cols,
+				    char *err, size_t errsz);
 
 /* ---- FP8 weights x f32 activations for prefill (gemm_fp8w.cu) ---- */
 

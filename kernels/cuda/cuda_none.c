@@ -291,6 +291,21 @@ int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs, con
 	return none(err, errsz);
 }
 
+int wk_cuda_gemm_fp8_wgmma_n160(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+				const float *ws, int n, int rows, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)xq, (void)xs, (void)w, (void)ws, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
+int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs,
+				    const uint8_t *w, const float *ws, int n, int rows, int cols,
+				    char *err, size_t errsz)
+{
+	(void)y, (void)xq, (void)xs, (void)w, (void)ws, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
 int wk_cuda_set_device(int d, char *err, size_t errsz)
 {
 	(void)d;

@@ -48,11 +48,14 @@
  * after which wgmma reads them.
  * Padded tokens get scale 0 and padded outputs are not stored.
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): larger tiles (128 x 256), a tile order tuned
- * for L2, a TMA-store epilogue, and any tuning on a GPU (stages, tile shape, register split).
- * Nothing has run on a GPU yet: tests/tools/cuda_lab times both TMA kernels beside the
- * mma.sync kernel and cuBLASLt when scripts/gpu-check runs on one; the backend runs the
- * one-CTA kernel until that run says which is faster.
+ * k_gemm_wgmma_tma<MC, 160> (wk_cuda_gemm_fp8_wgmma_n160, _n160_mc2): the TMA kernels with
+ * tiles of 160 weight rows (below, at tma_ring).
+ *
+ * What is not here yet (issue 9's 1,000 TFLOPS): a tile order tuned for L2, a TMA-store
+ * epilogue, and any tuning on a GPU (stages, tile shape, register split). Nothing has run on
+ * a GPU yet: tests/tools/cuda_lab times the four TMA kernels beside the mma.sync kernel and
+ * cuBLASLt when scripts/gpu-check runs on one; the backend runs the one-CTA 128-row kernel
+ * until that run says which is faster.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -159,90 +162,183 @@ __global__ void __launch_bounds__(WTHREADS, 1)
 
 /* ---- the TMA version: a producer warpgroup, two consumer warpgroups, mbarriers ----------
  *
- * The same tiles, stages, layout and promotion as k_gemm_wgmma, but the ring (TSTAGES deep)
- * is filled by the bulk tensor copy engine: thread 0 of warpgroup 0 (the producer; the
- * warpgroup gives its registers back with setmaxnreg) waits for a slot to be empty, expects
- * its 32 KiB on the slot's "full" mbarrier and starts two 128 x 128-byte box copies (tx, tw:
- * 128-byte-swizzled tensor maps; out-of-bounds rows and columns arrive as zeros). Warpgroups
- * 1 and 2 (the consumers, 64 tokens each) wait for "full" and issue their four wgmmas; once
- * the group has retired (a block later, see below) they arrive on the slot's "empty"
+ * The same stages, layout and promotion as k_gemm_wgmma, but the ring (tma_ring) is filled
+ * by the bulk tensor copy engine: thread 0 of warpgroup 0 (the producer; the warpgroup gives
+ * its registers back with setmaxnreg) waits for a slot to be empty, expects the stage's bytes
+ * on the slot's "full" mbarrier and starts two box copies, 128 token rows and BN weight
+ * rows of 128 bytes (tx, tw: 128-byte-swizzled tensor maps; out-of-bounds rows and columns
+ * arrive as zeros). Warpgroups 1 and 2 (the consumers, 64 tokens each) wait for "full" and
+ * issue their four wgmmas; once the group has retired they arrive on the slot's "empty"
  * mbarrier (all 256 consumer threads) and promote while the producer refills it: no
- * __syncthreads in the loop, so the two consumers run free of each other. Persistent: block b takes tiles b, b + gridDim.x, ... (tile t: token tile
- * t % mtiles of weight tile t / mtiles), and both sides count k blocks over all their tiles
- * (it), which is what keeps the ring's slots and mbarrier phases in step. Needs cols % 16 ==
- * 0 and 16-byte aligned operands (the tensor maps' stride and address rules); the launcher
- * falls back to k_gemm_wgmma otherwise. */
-#define TSTAGES 5
+ * __syncthreads in the loop, so the two consumers run free of each other. Persistent:
+ * block b takes tiles b, b + gridDim.x, ... (tile t: token tile t % mtiles of weight tile
+ * t / mtiles), and both sides count k blocks over all their tiles (it), which is what keeps
+ * the ring's slots and mbarrier phases in step. Needs cols % 16 == 0 and 16-byte aligned
+ * operands (the tensor maps' stride and address rules); the launcher falls back to
+ * k_gemm_wgmma otherwise.
+ * BN = 160 (wk_cuda_gemm_fp8_wgmma_n160, DeepGEMM's kind of tile for 1 x 128 / 128 x 128
+ * scales): a weight tile of 160 rows spans two weight-scale blocks (its rows from
+ * 160 t % 128 on in the first), so each 8-row group of the accumulators is promoted with
+ * its block's scale. A stage feeds 10 % more products a byte than 128 rows' (128 + 160
+ * bytes a k for 128 x 160 products, against 128 + 128 for 128 x 128), and 4,096 x 7,168 makes
+ * 32 x 45 tiles (10.9 waves on 132 multiprocessors) rather than 32 x 56 (13.6). */
 #define TTHREADS 384
-#define TSMEM (TSTAGES * WSTAGE + 1024 + 2 * TSTAGES * 8)
+
+/* A TMA kernel's ring for BN weight rows a tile: a stage is the token tile (WTILE bytes)
+ * then the weight tile (BN rows of 128 bytes, 1024-byte aligned since BN % 8 == 0); as
+ * deep as fits (BN 128: 5, as first written; 160: 6 of 36 KiB), then the "full" and
+ * "empty" mbarriers. */
+template <int BN> struct tma_ring {
+	static constexpr int stage = WTILE + BN * WK;
+	static constexpr int stages = BN == 128 ? 5 : 6;
+	static constexpr int smem = stages * stage + 1024 + 2 * stages * 8;
+	static_assert(smem <= 232448, "the ring fits in a block's 227 KiB of shared memory");
+};
 
 /* The scales of k block kb for a consumer thread's tokens t0 and t0 + 8 times the weight
- * block nb's: s[0], s[1] (0 past n, and 0 for the padding block kb == kbs). */
-__device__ __forceinline__ void tma_block_scales(float s[2], const float *xs, const float *ws,
-						 int t0, int n, int nb, int kbs, int kb)
+ * blocks nb and nb + 1 (a tile of more than 128 rows spans two): s[h] = token h's times
+ * nb's, s[2 + h] times nb + 1's (0 past n, past the sr weight blocks, and for the padding
+ * block kb == kbs). */
+template <int BN>
+__device__ __forceinline__ void tma_block_scales(float s[4], const float *xs, const float *ws,
+						 int t0, int n, int nb, int sr, int kbs, int kb)
 {
-	float sw = kb < kbs ? ws[(size_t)nb * kbs + kb] : 0.0f;
-	s[0] = t0 < n && kb < kbs ? xs[(size_t)t0 * kbs + kb] * sw : 0.0f;
-	s[1] = t0 + 8 < n && kb < kbs ? xs[(size_t)(t0 + 8) * kbs + kb] * sw : 0.0f;
+	float sw0 = kb < kbs ? ws[(size_t)nb * kbs + kb] : 0.0f;
+	float sw1 = BN > 128 && kb < kbs && nb + 1 < sr ? ws[(size_t)(nb + 1) * kbs + kb] : 0.0f;
+	float x0 = t0 < n && kb < kbs ? xs[(size_t)t0 * kbs + kb] : 0.0f;
+	float x1 = t0 + 8 < n && kb < kbs ? xs[(size_t)(t0 + 8) * kbs + kb] : 0.0f;
+	s[0] = x0 * sw0;
+	s[1] = x1 * sw0;
+	s[2] = x0 * sw1;
+	s[3] = x1 * sw1;
 }
 
-/* Waits for slot it % TSTAGES to be full, then issues and commits its four wgmmas into p
- * (fresh: scale-d 0 first), consumer warpgroup cw's 64 token rows by the 128 weight rows. */
-__device__ __forceinline__ void tma_block_issue(float (&p)[64], uint32_t ring0, uint32_t full0,
-						int it, int cw)
+/* Waits for slot it % stages to be full, then issues and commits its four wgmmas into p
+ * (fresh: scale-d 0 first), consumer warpgroup cw's 64 token rows by the BN weight rows. */
+template <int BN>
+__device__ __forceinline__ void tma_block_issue(float (&p)[BN / 2], uint32_t ring0,
+						uint32_t full0, int it, int cw)
 {
-	int s = it % TSTAGES;
-	mbar_wait(full0 + 8 * s, (unsigned)(it / TSTAGES) & 1);
-	uint32_t a = ring0 + s * WSTAGE + cw * 64 * 128, b = ring0 + s * WSTAGE + WTILE;
+	typedef tma_ring<BN> R;
+	int s = it % R::stages;
+	mbar_wait(full0 + 8 * s, (unsigned)(it / R::stages) & 1);
+	uint32_t a = ring0 + s * R::stage + cw * 64 * 128, b = ring0 + s * R::stage + WTILE;
 	wgmma_fence();
 #pragma unroll
 	for (int ks = 0; ks < WK / 32; ks++)
-		wgmma_m64n128k32_e4m3(p, wgmma_desc_sw128(a + ks * 32, 1024),
-				      wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
+		wgmma_e4m3<BN>(p, wgmma_desc_sw128(a + ks * 32, 1024),
+			       wgmma_desc_sw128(b + ks * 32, 1024), ks > 0);
 	wgmma_commit();
 }
 
 /* After a wgmma_wait that retired block it's group: frees its slot for the producer and
- * promotes p (rows g: scale s[0], rows g + 8: s[1]) into acc. One CTA (MC 1): every
- * consumer thread arrives on the slot's "empty" mbarrier. A cluster of MC: the slot is refilled
- * in every CTA of the cluster at once (the weight tile is multicast), so each consumer warp
- * arrives on the "empty" mbarrier of every CTA, lane r on rank r's (the wait before retired
- * the whole warpgroup's wgmmas: wgmma.wait_group is warp-synchronous). */
-template <int MC>
-__device__ __forceinline__ void tma_block_retire(float (&acc)[64], float (&p)[64],
-						 const float s[2], uint32_t empty0, int it, int lane)
+ * promotes p into acc, register i (row half h = (i / 2) % 2, 8-row group j = i / 4 of the
+ * weight rows) with s[h] when j < jb (the groups of the tile's first scale block), else
+ * s[2 + h]. One CTA (MC 1): every consumer thread arrives on the slot's "empty" mbarrier. A
+ * cluster of MC: the slot is refilled in every CTA of the cluster at once (the weight tile
+ * is multicast), so each consumer warp arrives on the "empty" mbarrier of every CTA, lane r
+ * on rank r's (the wait before retired the whole warpgroup's wgmmas: wgmma.wait_group is
+ * warp-synchronous). */
+template <int MC, int BN>
+__device__ __forceinline__ void tma_block_retire(float (&acc)[BN / 2], float (&p)[BN / 2],
+						 const float s[4], int jb, uint32_t empty0, int it,
+						 int lane)
 {
-	uint32_t e = empty0 + 8 * (it % TSTAGES);
+	uint32_t e = empty0 + 8 * (it % tma_ring<BN>::stages);
 	if (MC == 1)
 		mbar_arrive(e);
 	else
 		mbar_arrive_cluster(smem_map_rank(e, (unsigned)(lane < MC ? lane : 0)), lane < MC);
 #pragma unroll
-	for (int i = 0; i < 64; i++) {
+	for (int i = 0; i < BN / 2; i++) {
 		wgmma_reg_fence(p[i]);
-		acc[i] += p[i] * s[(i >> 1) & 1];
+		int h = (i >> 1) & 1;
+		acc[i] += p[i] * (BN == 128 || (i >> 2) < jb ? s[h] : s[2 + h]);
 	}
 }
 
+/* The consumers of a 128-row tile: two sets of partials, pa for even k blocks and pb for
+ * odd ones; block kb's wgmmas are issued before block kb - 1 is promoted (wgmma_wait<1>), so
+ * a warpgroup's promotion overlaps its own tensor-core work. kbe = kbs rounded up to even:
+ * an odd kbs runs one more block, a copy of the last one (finite codes) with scales 0, so
+ * that the loop has no branch around a wgmma (ptxas serializes wgmmas on divergent paths:
+ * C7518, seen with such a branch). it: the ring's clock, advanced by kbe. */
 template <int MC>
+__device__ __forceinline__ void tma_tile_pipelined(float (&acc)[64], const float *xs,
+						   const float *ws, int t0, int n, int nb, int sr,
+						   int kbs, uint32_t ring0, uint32_t full0,
+						   uint32_t empty0, int &it, int cw, int lane)
+{
+	float pa[64], pb[64];
+	float sa[4], sb[4]; /* the scales of the blocks in pa and pb */
+	int kbe = kbs + (kbs & 1);
+	tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, 0);
+	tma_block_issue<128>(pa, ring0, full0, it, cw);
+	for (int kb = 1; kb < kbe - 1; kb += 2, it += 2) {
+		tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kb);
+		tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
+		wgmma_wait<1>();
+		tma_block_retire<MC, 128>(acc, pa, sa, 16, empty0, it, lane);
+		tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, kb + 1);
+		tma_block_issue<128>(pa, ring0, full0, it + 2, cw);
+		wgmma_wait<1>();
+		tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
+	}
+	tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kbe - 1);
+	tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
+	wgmma_wait<1>();
+	tma_block_retire<MC, 128>(acc, pa, sa, 16, empty0, it, lane);
+	wgmma_wait<0>();
+	tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
+	it += 2;
+}
+
+/* The consumers of a wider tile (BN 160: 80 partials and 80 totals a thread leave no room
+ * for a second set): each block's wgmmas retired (wgmma_wait<0>) before its promotion; the
+ * other consumer warpgroup's wgmmas keep the tensor cores busy meanwhile (DeepGEMM's
+ * choice). it advances by kbs. */
+template <int MC, int BN>
+__device__ __forceinline__ void tma_tile_serial(float (&acc)[BN / 2], const float *xs,
+						const float *ws, int t0, int n, int nb, int jb,
+						int sr, int kbs, uint32_t ring0, uint32_t full0,
+						uint32_t empty0, int &it, int cw, int lane)
+{
+	float p[BN / 2], s[4];
+	for (int kb = 0; kb < kbs; kb++, it++) {
+		tma_block_scales<BN>(s, xs, ws, t0, n, nb, sr, kbs, kb);
+		tma_block_issue<BN>(p, ring0, full0, it, cw);
+		wgmma_wait<0>();
+		tma_block_retire<MC, BN>(acc, p, s, jb, empty0, it, lane);
+	}
+}
+
+/* The k blocks a tile runs through the ring: the pipelined consumers' count is even. */
+template <int BN> __device__ __forceinline__ int tma_tile_blocks(int kbs)
+{
+	return BN == 128 ? kbs + (kbs & 1) : kbs;
+}
+
+template <int MC, int BN>
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
 			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
 			 int n, int rows, int cols, int mgroups, int tiles)
 {
+	typedef tma_ring<BN> R;
 	extern __shared__ uint4 wgmma_tma_smem[];
 	uint8_t *raw = (uint8_t *)wgmma_tma_smem;
 	uint8_t *ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
-	uint32_t ring0 = smem_u32(ring), full0 = ring0 + TSTAGES * WSTAGE, empty0 = full0 + 8 * TSTAGES;
+	uint32_t ring0 = smem_u32(ring), full0 = ring0 + R::stages * R::stage;
+	uint32_t empty0 = full0 + 8 * R::stages;
 	int tid = (int)threadIdx.x, wg = tid >> 7;
-	int kbs = (cols + WK - 1) / WK;
+	int kbs = (cols + WK - 1) / WK, kbe = tma_tile_blocks<BN>(kbs);
 	/* the cluster's rank and its tiles: group g of MC token tiles (this CTA's the rank-th)
 	 * of one weight tile, clusters taking them gridDim.x / MC apart */
 	int rank = MC > 1 ? (int)cluster_rank() : 0;
 	int first = (int)blockIdx.x / MC, step = (int)gridDim.x / MC;
 
 	if (tid == 0) {
-		for (int s = 0; s < TSTAGES; s++) {
+		for (int s = 0; s < R::stages; s++) {
 			mbar_init(full0 + 8 * s, 1);
 			mbar_init(empty0 + 8 * s, MC == 1 ? 2 * 128 : MC * 8);
 		}
@@ -258,74 +354,55 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 		if (tid == 0) {
 			int it = 0; /* k blocks issued so far, over all the tiles: the ring's clock */
 			for (int tile = first; tile < tiles; tile += step) {
-				int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * WN;
-				/* an even number of blocks, the padding one a copy of the last (below) */
-				for (int kb = 0; kb < kbs + (kbs & 1); kb++, it++) {
-					int s = it % TSTAGES, kc = (kb < kbs ? kb : kbs - 1) * WK;
-					unsigned ph = (unsigned)(it / TSTAGES) & 1;
-					uint32_t st = ring0 + s * WSTAGE, full = full0 + 8 * s;
+				int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * BN;
+				/* the pipelined consumers' padding block is a copy of the last */
+				for (int kb = 0; kb < kbe; kb++, it++) {
+					int s = it % R::stages, kc = (kb < kbs ? kb : kbs - 1) * WK;
+					unsigned ph = (unsigned)(it / R::stages) & 1;
+					uint32_t st = ring0 + s * R::stage, full = full0 + 8 * s;
 					/* empty in every CTA of the cluster: its consumers arrive on all */
 					mbar_wait(empty0 + 8 * s, ph ^ 1);
 					/* the whole stage lands here: the token tile, the weight tile's
 					 * slice of each CTA of the cluster */
-					mbar_arrive_expect_tx(full, WSTAGE);
+					mbar_arrive_expect_tx(full, R::stage);
 					tma_load_2d(st, &tx, kc, m0, full);
 					if (MC == 1)
 						tma_load_2d(st + WTILE, &tw, kc, r0, full);
-					else /* this CTA's 128 / MC weight rows, into every CTA */
-						tma_load_2d_mc(st + WTILE + rank * (WTILE / MC), &tw, kc,
-							       r0 + rank * (WN / MC), full,
+					else /* this CTA's BN / MC weight rows, into every CTA */
+						tma_load_2d_mc(st + WTILE + rank * (BN / MC) * WK, &tw,
+							       kc, r0 + rank * (BN / MC), full,
 							       (uint16_t)((1u << MC) - 1));
 				}
 			}
 			/* No CTA of a cluster may leave while a peer's consumers can still arrive on
 			 * its barriers: this thread waits until every slot's last stage has been
 			 * released by all of them (a slot never filled is through at once). */
-			for (int k = 0; MC > 1 && k < TSTAGES; k++, it++)
-				mbar_wait(empty0 + 8 * (it % TSTAGES),
-					  ((unsigned)(it / TSTAGES) & 1) ^ 1);
+			for (int k = 0; MC > 1 && k < R::stages; k++, it++)
+				mbar_wait(empty0 + 8 * (it % R::stages),
+					  ((unsigned)(it / R::stages) & 1) ^ 1);
 		}
 		return;
 	}
 
 	regs_inc<232>();
 	int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, q = lane & 3;
+	int sr = (rows + WN - 1) / WN; /* weight scale blocks */
 	int it = 0;
 	for (int tile = first; tile < tiles; tile += step) {
-		int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * WN;
-		int nb = tile / mgroups;
+		int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * BN;
+		/* the tile's first weight scale block, and its 8-row groups in that block */
+		int nb = r0 / WN, jb = ((nb + 1) * WN - r0) / 8;
 		int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
-		/* Two sets of partials, pa for even k blocks and pb for odd ones: block kb's
-		 * wgmmas are issued before block kb - 1 is promoted (wgmma_wait<1>), so this
-		 * warpgroup's promotion overlaps its own tensor-core work. */
-		float acc[64], pa[64], pb[64];
-		float sa[2], sb[2]; /* the scales of the blocks in pa and pb */
+		float acc[BN / 2];
 #pragma unroll
-		for (int i = 0; i < 64; i++)
+		for (int i = 0; i < BN / 2; i++)
 			acc[i] = 0.0f;
-		/* kbs >= 1 here (cols > 0). An odd kbs runs one more block, a copy of the last
-		 * one (finite codes) with scales 0, so that the loop has no branch around a wgmma
-		 * (ptxas serializes wgmmas on divergent paths: C7518, seen with such a branch). */
-		int kbe = kbs + (kbs & 1);
-		tma_block_scales(sa, xs, ws, t0, n, nb, kbs, 0);
-		tma_block_issue(pa, ring0, full0, it, cw);
-		for (int kb = 1; kb < kbe - 1; kb += 2, it += 2) {
-			tma_block_scales(sb, xs, ws, t0, n, nb, kbs, kb);
-			tma_block_issue(pb, ring0, full0, it + 1, cw);
-			wgmma_wait<1>();
-			tma_block_retire<MC>(acc, pa, sa, empty0, it, lane);
-			tma_block_scales(sa, xs, ws, t0, n, nb, kbs, kb + 1);
-			tma_block_issue(pa, ring0, full0, it + 2, cw);
-			wgmma_wait<1>();
-			tma_block_retire<MC>(acc, pb, sb, empty0, it + 1, lane);
-		}
-		tma_block_scales(sb, xs, ws, t0, n, nb, kbs, kbe - 1);
-		tma_block_issue(pb, ring0, full0, it + 1, cw);
-		wgmma_wait<1>();
-		tma_block_retire<MC>(acc, pa, sa, empty0, it, lane);
-		wgmma_wait<0>();
-		tma_block_retire<MC>(acc, pb, sb, empty0, it + 1, lane);
-		it += 2;
+		if constexpr (BN == 128)
+			tma_tile_pipelined<MC>(acc, xs, ws, t0, n, nb, sr, kbs, ring0, full0, empty0,
+					       it, cw, lane);
+		else
+			tma_tile_serial<MC, BN>(acc, xs, ws, t0, n, nb, jb, sr, kbs, ring0, full0,
+						empty0, it, cw, lane);
 		wgmma_store_tile(y, acc, t0, r0, q, n, rows);
 	}
 }
@@ -370,25 +447,28 @@ static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, int
 	return WK_OK;
 }
 
-/* The persistent TMA kernel with clusters of mc CTAs (1 or 2) on the grid's tiles. */
-template <int MC>
+/* The persistent TMA kernel with clusters of MC CTAs (1 or 2) and tiles of BN weight rows
+ * (128 or 160) on the mtiles x ntiles tiles. */
+template <int MC, int BN>
 static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
-		      const float *ws, int n, int rows, int cols, dim3 grid, char *err, size_t errsz)
+		      const float *ws, int n, int rows, int cols, int mtiles, int ntiles,
+		      char *err, size_t errsz)
 {
+	typedef tma_ring<BN> R;
 	CUtensorMap tx, tw;
 	if (tensor_map(&tx, xq, n, cols, WM, err, errsz) ||
-	    tensor_map(&tw, w, rows, cols, WN / MC, err, errsz))
+	    tensor_map(&tw, w, rows, cols, BN / MC, err, errsz))
 		return WK_EIO;
-	cudaError_t e = cudaFuncSetAttribute(k_gemm_wgmma_tma<MC>,
-					     cudaFuncAttributeMaxDynamicSharedMemorySize, TSMEM);
+	cudaError_t e = cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, R::smem);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
 	/* the token tiles of one weight tile next to each other (for L2), MC to a cluster */
-	int mgroups = ((int)grid.x + MC - 1) / MC, tiles = mgroups * (int)grid.y; /* checked */
+	int mgroups = (mtiles + MC - 1) / MC, tiles = mgroups * ntiles; /* checked */
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1];
 	cfg.blockDim = dim3(TTHREADS);
-	cfg.dynamicSmemBytes = TSMEM;
+	cfg.dynamicSmemBytes = R::smem;
 	int places = 0; /* clusters (or blocks) resident at once: the persistent grid */
 	if (MC == 1) {
 		int dev = 0;
@@ -408,7 +488,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 		cfg.attrs = attr;
 		cfg.numAttrs = 1;
 		cfg.gridDim = dim3((unsigned)(MC * tiles));
-		e = cudaOccupancyMaxActiveClusters(&places, k_gemm_wgmma_tma<MC>, &cfg);
+		e = cudaOccupancyMaxActiveClusters(&places, (k_gemm_wgmma_tma<MC, BN>), &cfg);
 		if (e != cudaSuccess)
 			return check(e, "gemm_fp8_wgmma clusters", err, errsz);
 		if (places < 1)
@@ -416,16 +496,18 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 				       "CUDA gemm_fp8_wgmma: no %d-CTA cluster fits on the device", MC);
 	}
 	cfg.gridDim = dim3((unsigned)(MC * (tiles < places ? tiles : places > 0 ? places : 1)));
-	e = cudaLaunchKernelEx(&cfg, k_gemm_wgmma_tma<MC>, y, tx, tw, xs, ws, n, rows, cols,
+	e = cudaLaunchKernelEx(&cfg, (k_gemm_wgmma_tma<MC, BN>), y, tx, tw, xs, ws, n, rows, cols,
 			       mgroups, tiles);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma launch", err, errsz);
 	return launched("gemm_fp8_wgmma", err, errsz);
 }
 
-/* wk_cuda_gemm_fp8_wgmma (mc 1) and its 2-CTA variant (mc 2; the TMA kernel only). */
+/* wk_cuda_gemm_fp8_wgmma (mc 1, bn 128) and its variants: clusters of mc = 2 CTAs, tiles of
+ * bn = 160 weight rows (the TMA kernel only; otherwise the cp.async kernel's 128 x 128). */
 static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
-		      const float *ws, int n, int rows, int cols, int mc, char *err, size_t errsz)
+		      const float *ws, int n, int rows, int cols, int mc, int bn, char *err,
+		      size_t errsz)
 {
 	if (cols < 0 || rows > 65535 * WN) /* gridDim.y <= 65535 */
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA gemm_fp8_wgmma: rows %d, cols %d", rows,
@@ -434,9 +516,18 @@ static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_
 		return WK_OK;
 	dim3 grid((unsigned)(n / WM + (n % WM != 0)), (unsigned)(rows / WN + (rows % WN != 0)));
 	bool vec = cols % 16 == 0 && ((uintptr_t)xq | (uintptr_t)w) % 16 == 0;
-	if (vec && cols > 0 && (int64_t)grid.x * grid.y <= 0x7fffffff / 2)
-		return mc == 2 ? launch_tma<2>(y, xq, xs, w, ws, n, rows, cols, grid, err, errsz)
-			       : launch_tma<1>(y, xq, xs, w, ws, n, rows, cols, grid, err, errsz);
+	if (vec && cols > 0 && (int64_t)grid.x * grid.y <= 0x7fffffff / 2) {
+		int mt = (int)grid.x, nt = bn == 160 ? (rows + 159) / 160 : (int)grid.y;
+		if (bn == 160)
+			return mc == 2 ? launch_tma<2, 160>(y, xq, xs, w, ws, n, rows, cols, mt, nt,
+							    err, errsz)
+				       : launch_tma<1, 160>(y, xq, xs, w, ws, n, rows, cols, mt, nt,
+							    err, errsz);
+		return mc == 2 ? launch_tma<2, 128>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
+						    errsz)
+			       : launch_tma<1, 128>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
+						    errsz);
+	}
 	cudaError_t e = vec ? cudaFuncSetAttribute(k_gemm_wgmma<true>,
 						   cudaFuncAttributeMaxDynamicSharedMemorySize, WSMEM)
 			    : cudaFuncSetAttribute(k_gemm_wgmma<false>,
@@ -454,12 +545,26 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 				      const uint8_t *w, const float *ws, int n, int rows, int cols,
 				      char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs,
 					  const uint8_t *w, const float *ws, int n, int rows,
 					  int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 128, err, errsz);
+}
+
+extern "C" int wk_cuda_gemm_fp8_wgmma_n160(float *y, const uint8_t *xq, const float *xs,
+					   const uint8_t *w, const float *ws, int n, int rows,
+					   int cols, char *err, size_t errsz)
+{
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 160, err, errsz);
+}
+
+extern "C" int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs,
+					       const uint8_t *w, const float *ws, int n,
+					       int rows, int cols, char *err, size_t errsz)
+{
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 160, err, errsz);
 }

@@ -108,6 +108,8 @@ static const struct {
 	{"mma.sync", wk_cuda_gemm_fp8},
 	{"wgmma", wk_cuda_gemm_fp8_wgmma},
 	{"wgmma 2cta", wk_cuda_gemm_fp8_wgmma_mc2}, /* clusters of 2, the weight tile multicast */
+	{"wgmma n160", wk_cuda_gemm_fp8_wgmma_n160}, /* 128 x 160 tiles */
+	{"wgmma n160 2cta", wk_cuda_gemm_fp8_wgmma_n160_mc2},
 };
 
 /* One GEMM row of the prefill table: run() (one call: WK_OK, or an error in err) once on a
@@ -148,14 +150,14 @@ static int lab_gemm_row(const char *name, F run, void *dy, const float *want, co
 		return r;
 	}) / MM_CALLS;
 	if (ms <= 0) {
-		printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+		printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 		return WK_EIO;
 	}
 	double tflops = 2.0 * n * rows * cols / (ms * 1e-3) / 1e12;
 	char share[16] = "-";
 	if (blas > 0)
 		snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
-	printf("%-34s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
+	printf("%-40s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
 	       share, ms, worst);
 	return WK_OK;
 }
@@ -208,7 +210,7 @@ out:
 		gemm_fp8_fn fn = lab_gemms[g].fn;
 		snprintf(name, sizeof name, "gemm fp8 %dx%dx%d %s", n, rows, cols, lab_gemms[g].name);
 		if (!ready) {
-			printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+			printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 			rc = WK_EIO;
 			continue;
 		}
@@ -279,7 +281,7 @@ static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 	}, dy, want, toks, n, rows, cols, 1e-5, blas, got, err, sizeof err);
 	goto out;
 fail:
-	printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+	printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 out:
 	free(x);
 	free(ws);
@@ -463,13 +465,13 @@ static int lab_moe_gemm(int n, double blas)
 		char share[16] = "-";
 		if (blas > 0)
 			snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
-		printf("%-34s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
+		printf("%-40s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
 		       share, ms, worst);
 	}
 	rc = WK_OK;
 	goto out;
 fail:
-	printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+	printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 out:
 	for (int e = 0; host && e < MOE_EXPERTS; e++) {
 		free((void *)host[e].gate);
@@ -620,11 +622,11 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 	if (!got || !want || !hx || !hs || !hw || wk_cuda_alloc((void **)&y, ny * 4, err, sizeof err) ||
 	    wk_cuda_download(hx, x, (size_t)8 * GEMV_MAX_COLS * 4, err, sizeof err) ||
 	    wk_cuda_download(hs, scale, (size_t)GEMV_SCALES * 4, err, sizeof err)) {
-		printf("%-34s %10s   (%s)\n", "gemv", "FAILED", err[0] ? err : "out of host memory");
+		printf("%-40s %10s   (%s)\n", "gemv", "FAILED", err[0] ? err : "out of host memory");
 		failed = 1;
 		goto out;
 	}
-	printf("%-34s %10s %10s   (target: v1 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
+	printf("%-40s %10s %10s   (target: v1 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
 	       "of copy");
 	for (size_t si = 0; si < sizeof gemv_shapes / sizeof gemv_shapes[0]; si++)
 		for (int fp8 = 1; fp8 >= 0; fp8--)
@@ -644,7 +646,7 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 							  sizeof err) ||
 					    wk_cuda_sync(err, sizeof err) ||
 					    wk_cuda_download(got, y, (size_t)n * rows * 4, err, sizeof err)) {
-						printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+						printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 						failed = 1;
 						continue;
 					}
@@ -677,13 +679,13 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 					bool ok = worst <= 1e-4;
 					failed |= !ok;
 					if (ms <= 0) {
-						printf("%-34s %10s   (%s)\n", name, "FAILED", err);
+						printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 						failed = 1;
 						continue;
 					}
 					double gbs = (double)bytes * GEMV_CALLS / (ms * 1e-3) / 1e9;
 					double pct = 100.0 * gbs / ceil_gbs;
-					printf("%-34s %10.0f %9.0f%%   %s%.1f us a call; %s %.1e off the CPU\n",
+					printf("%-40s %10.0f %9.0f%%   %s%.1f us a call; %s %.1e off the CPU\n",
 					       name, gbs, pct, v == 0 ? "" : pct >= 75.0 ? "ok, " : "BELOW 75%, ",
 					       1e3 * ms / GEMV_CALLS, ok ? "checked:" : "WRONG:", worst);
 				}
@@ -784,10 +786,10 @@ static double lab_blas(cublasLtHandle_t lt, const char *name, bool fp8, bool fas
 		}
 	}
 	tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
-	printf("%-34s %10.0f   (%.3f ms)\n", name, tflops, ms);
+	printf("%-40s %10.0f   (%.3f ms)\n", name, tflops, ms);
 out:
 	if (tflops <= 0)
-		printf("%-34s %10s   (%s)\n", name, "FAILED", why);
+		printf("%-40s %10s   (%s)\n", name, "FAILED", why);
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
 	if (ld)
@@ -814,7 +816,7 @@ static void lab_ceilings(struct blas_ceilings *c)
 	cublasStatus_t st = cublasLtCreate(&lt);
 	c->fp8_prefill = c->fp8_large = c->bf16_prefill = c->bf16_large = 0;
 	if (st != CUBLAS_STATUS_SUCCESS) {
-		printf("%-34s %10s   (cublasLtCreate: %s)\n", "cuBLASLt", "FAILED",
+		printf("%-40s %10s   (cublasLtCreate: %s)\n", "cuBLASLt", "FAILED",
 		       cublasLtGetStatusString(st));
 		return;
 	}
@@ -822,7 +824,7 @@ static void lab_ceilings(struct blas_ceilings *c)
 	    wk_cuda_alloc(&d, big, err, sizeof err) || wk_cuda_alloc(&ws, wsz, err, sizeof err) ||
 	    wk_cuda_alloc(&one, 4, err, sizeof err) || wk_cuda_upload(one, &one_h, 4, err, sizeof err) ||
 	    fill_random(a, big, false, -1, 1) || fill_random(b, big, false, -1, 1)) {
-		printf("%-34s %10s   (%s)\n", "cuBLASLt", "FAILED", err[0] ? err : "cannot fill the inputs");
+		printf("%-40s %10s   (%s)\n", "cuBLASLt", "FAILED", err[0] ? err : "cannot fill the inputs");
 		goto out;
 	}
 	snprintf(name, sizeof name, "cuBLASLt bf16 %dx%dx%d", PREFILL_N, PREFILL_ROWS, PREFILL_COLS);
@@ -851,7 +853,7 @@ out:
 static void lab_ceilings(struct blas_ceilings *c)
 {
 	c->fp8_prefill = c->fp8_large = c->bf16_prefill = c->bf16_large = 0;
-	printf("%-34s %10s   (built without cuBLASLt: no libcublasLt in the CUDA toolkit)\n",
+	printf("%-40s %10s   (built without cuBLASLt: no libcublasLt in the CUDA toolkit)\n",
 	       "cuBLASLt", "SKIPPED");
 }
 #endif
@@ -888,13 +890,13 @@ extern "C" int wk_cuda_lab(void)
 		}
 		double ceil_gbs = 2.0 * copy_bytes / (copy * 1e-3) / 1e9;
 		struct blas_ceilings blas;
-		printf("%-34s %10s\n", "ceiling", "GB/s");
-		printf("%-34s %10.0f\n", "device copy (read + write)", ceil_gbs);
-		printf("%-34s %10s\n", "ceiling", "TFLOPS");
+		printf("%-40s %10s\n", "ceiling", "GB/s");
+		printf("%-40s %10.0f\n", "device copy (read + write)", ceil_gbs);
+		printf("%-40s %10s\n", "ceiling", "TFLOPS");
 		lab_ceilings(&blas);
 		printf("\n");
 		rc = lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x);
-		printf("\n%-34s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
+		printf("\n%-40s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
 		if (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.fp8_prefill) != WK_OK)
 			rc = WK_EIO;
 		if (lab_gemm_fp8(LARGE, LARGE, LARGE, blas.fp8_large) != WK_OK)

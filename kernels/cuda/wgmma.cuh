@@ -1,11 +1,11 @@
 /*
  * wgmma.cuh - the Hopper (sm_90a) instructions of the wgmma GEMMs (gemm_wgmma.cu: e4m3 x
  * e4m3; gemm_fp8w.cu: bf16 x bf16), each behind a small device function: the warpgroup
- * matrix multiply from shared-memory descriptors (m64n128k32 e4m3, m64n128k16 bf16), its
- * fence / commit / wait, the proxy fence that orders ordinary shared-memory writes before the
- * tensor cores read them, and the shared-window address of a pointer; plus what both GEMMs'
- * tiles share: the 128-byte swizzle of a tile (wgmma_swz) and the store of an m64n128
- * accumulator fragment (wgmma_store_tile); the mbarriers and tensor copies of the TMA
+ * matrix multiply from shared-memory descriptors (m64n128k32 and m64n160k32 e4m3,
+ * m64n128k16 bf16), its fence / commit / wait, the proxy fence that orders ordinary
+ * shared-memory writes before the tensor cores read them, and the shared-window address of
+ * a pointer; plus what both GEMMs' tiles share: the 128-byte swizzle of a tile (wgmma_swz)
+ * and the store of an m64nN accumulator fragment (wgmma_store_tile); the mbarriers and tensor copies of the TMA
  * kernels, and the cluster instructions of the 2-CTA one. Not for use outside kernels/cuda/. The
  * asynchronous copies that fill shared memory are mma.cuh's cp.async.
  *
@@ -140,6 +140,29 @@ __device__ __forceinline__ void wgmma_reg_fence(float &r)
 	"+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),      \
 	"+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+/* The same for the 80 f32 accumulators of an m64n160 wgmma: %0..%79. */
+#define WGMMA_D80_TEXT                                                                      \
+	"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+	"%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
+	"%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+	"%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "  \
+	"%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}"
+#define WGMMA_D80_OPS(d)                                                                    \
+	"+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),             \
+	"+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),           \
+	"+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),       \
+	"+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),       \
+	"+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),       \
+	"+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),       \
+	"+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),       \
+	"+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),       \
+	"+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),       \
+	"+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),       \
+	"+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),       \
+	"+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),       \
+	"+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),       \
+	"+f"(d[78]), "+f"(d[79])
+
 /* d[64x128] (f32, this thread's 64 of them) = A[64x32] . B[128x32]^T (+ d when scale_d),
  * e4m3 x e4m3, A and B from descriptors (K-major). Issued by all 128 threads of a warpgroup
  * with the same descriptors; asynchronous: d and the shared memory may be touched only
@@ -160,6 +183,36 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
 #else
 	(void)d, (void)da, (void)db, (void)scale_d;
 #endif
+}
+
+/* The same with 160 weight rows: d[64x160] (80 f32 a thread) = A[64x32] . B[160x32]^T (+ d
+ * when scale_d); the fragment as m64n128's, register i at column 8 (i / 4) + 2 q + i % 2. */
+__device__ __forceinline__ void wgmma_m64n160k32_e4m3(float (&d)[80], uint64_t da, uint64_t db,
+						      int scale_d)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 " WGMMA_D80_TEXT
+		     ", %80, %81, p, 1, 1;\n}\n"
+		     : WGMMA_D80_OPS(d)
+		     : "l"(da), "l"(db), "r"(scale_d));
+#elif defined(WICK_SIMT)
+	simt_wgmma_e4m3(d, 160, da, db, scale_d);
+#else
+	(void)d, (void)da, (void)db, (void)scale_d;
+#endif
+}
+
+/* m64nNk32 e4m3 for the N a kernel is instantiated with (128 or 160). */
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], uint64_t da, uint64_t db,
+					   int scale_d)
+{
+	static_assert(N == 128 || N == 160, "wgmma_e4m3: m64n128k32 or m64n160k32");
+	if constexpr (N == 128)
+		wgmma_m64n128k32_e4m3(d, da, db, scale_d);
+	else
+		wgmma_m64n160k32_e4m3(d, da, db, scale_d);
 }
 
 /* The same for bf16: d[64x128] = A[64x16] . B[128x16]^T (+ d when scale_d), bf16 x bf16
@@ -194,14 +247,15 @@ __device__ __forceinline__ int wgmma_swz(int r, int k)
 	return r * 128 + ((((k >> 4) ^ r) & 7) << 4) + (k & 15);
 }
 
-/* Stores the 64 accumulators of an m64n128 fragment (register i: row t0 + 8 ((i / 2) % 2),
+/* Stores the NA accumulators of an m64n(2 NA) fragment (register i: row t0 + 8 ((i / 2) % 2),
  * column r0 + 8 (i / 4) + 2 q + i % 2; t0 = the thread's first token, q = lane % 4) into
  * y [n][rows], skipping rows >= n and columns >= rows. */
-__device__ __forceinline__ void wgmma_store_tile(float *y, const float (&acc)[64], int t0, int r0,
+template <int NA>
+__device__ __forceinline__ void wgmma_store_tile(float *y, const float (&acc)[NA], int t0, int r0,
 						 int q, int n, int rows)
 {
 #pragma unroll
-	for (int i = 0; i < 64; i++) {
+	for (int i = 0; i < NA; i++) {
 		int t = t0 + ((i & 2) ? 8 : 0), r = r0 + (i >> 2) * 8 + q * 2 + (i & 1);
 		if (t < n && r < rows)
 			y[(size_t)t * rows + r] = acc[i];

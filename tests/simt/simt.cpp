@@ -1217,12 +1217,16 @@ static void run_grid(dim3 grid, size_t nt)
 /* cudaFuncAttributeMaxDynamicSharedMemorySize by kernel name, spaces removed (under rt_mu) */
 static std::map<std::string, size_t> smem_optin;
 
+/* A kernel's name as the source writes it, spaces removed, and the parentheses a template
+ * of several arguments is written in for the macros, (k<A, B>), taken off. */
 static std::string kernel_key(const char *name)
 {
 	std::string k;
 	for (const char *c = name; *c; c++)
 		if (*c != ' ' && *c != '\t' && *c != '\n')
 			k += *c;
+	if (k.size() > 2 && k.front() == '(' && k.back() == ')')
+		k = k.substr(1, k.size() - 2);
 	return k;
 }
 

@@ -483,7 +483,8 @@ static inline cudaError_t cudaOccupancyMaxActiveClusters(int *n, F *func,
 /* Dynamic shared memory above 48 KiB, as CUDA: launches of kernel may then use up to v
  * bytes (at most 227 KiB). The kernel is known by its name as the source writes it (spaces
  * aside): cu2cpp.py passes each launch's to simt_run, and this macro stringizes the
- * attribute's (a template kernel must be named with its arguments, k<true>, in both). */
+ * attribute's (a template kernel must be named with its arguments, k<true>, in both; one
+ * of several arguments in parentheses, (k<A, B>), for the macros' sake). */
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 cudaError_t simt_func_set_attribute(const char *kernel, cudaFuncAttribute a, int v);
 #define cudaFuncSetAttribute(kernel, a, v) simt_func_set_attribute(#kernel, a, v)

@@ -335,6 +335,25 @@ Test(cuda_kernels, gemm_fp8_wgmma_mc2_matches_ref)
 			      shapes[s][1], shapes[s][2], 0);
 }
 
+/* The TMA kernel with tiles of 160 weight rows, one CTA a tile and clusters of two: a tile
+ * spans two weight-scale blocks, its first from row 160 t % 128 on (500 rows: tiles at 0,
+ * 160, 320 and 480, so 128, 96, 64 and 32 rows in the first block; the last tile's second
+ * block past the weight's scales), 1040 and 1536 columns wrap the 6-deep ring, 300 tokens
+ * give the second cluster's second CTA no tokens. Misaligned operands take the cp.async
+ * kernel's 128-row tiles. */
+Test(cuda_kernels, gemm_fp8_wgmma_n160_matches_ref)
+{
+	NEED_GPU();
+	static const int shapes[][3] = {{1, 64, 128},   {130, 500, 640}, {129, 300, 1040},
+					{300, 160, 384}, {70, 320, 1536}, {33, 130, 208}};
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		gemm_fp8_case(wk_cuda_gemm_fp8_wgmma_n160, "gemm_fp8_wgmma_n160", shapes[s][0],
+			      shapes[s][1], shapes[s][2], s == 1);
+		gemm_fp8_case(wk_cuda_gemm_fp8_wgmma_n160_mc2, "gemm_fp8_wgmma_n160_mc2",
+			      shapes[s][0], shapes[s][1], shapes[s][2], 0);
+	}
+}
+
 
 /* max over tokens of max_r |got - want| / max_r |want|: each token's row on its own scale */
 static double rel_rows(const float *got, const float *want, int n, int rows)
