@@ -561,6 +561,19 @@ int ledger_requests(struct ledger *l, const struct ledger_req *r, int n, char *e
 	return rc;
 }
 
+int ledger_superseded(struct ledger *l, const char *id, int attempt, char *err, size_t errsz)
+{
+	if (!l)
+		return WK_OK;
+	json_t *ev = json_pack("{s:s, s:i}", "id", id, "attempt", attempt);
+	if (!ev)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	pthread_mutex_lock(&l->mu);
+	int rc = emit(l, "superseded", ev, wk_now(), true, err, errsz);
+	pthread_mutex_unlock(&l->mu);
+	return rc;
+}
+
 void ledger_get_totals(const struct ledger *l, double t, struct ledger_totals *tot)
 {
 	struct ledger *m = (struct ledger *)l;

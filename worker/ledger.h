@@ -5,7 +5,7 @@
  *
  * Every line is one event, written with one write() on an O_APPEND descriptor under an
  * exclusive flock (several workers may share a ledger), then fsync'd. Every event has
- *   "type"   worker_start | state | tick | request | worker_exit | recovery
+ *   "type"   worker_start | state | tick | request | superseded | worker_exit | recovery
  *   "ts"     RFC 3339 UTC with milliseconds
  *   "eid"    "<worker>.<boot>.<seq>": unique, the export's idempotency id
  *   "worker" the worker's name, "boot" its start (unix ms), "mono" its monotonic clock (s)
@@ -18,6 +18,8 @@
  *                 worker killed -9 leaves its lifetime up to the last tick
  *   request       id, tenant, attempt, status, queue_seconds, prompt_tokens, completion_tokens,
  *                 gpu_seconds, cost_micro_usd, cost_usd
+ *   superseded    id, attempt: that attempt's result was dropped, the job having one already
+ *                 (ledger_superseded); wick usage bills the attempt whose result stands
  *   worker_exit   reason, lifetime_seconds, billed_seconds (= ceil(lifetime)), start_seconds,
  *                 busy_seconds, idle_seconds, drain_seconds, requests, request_gpu_seconds,
  *                 cost_micro_usd, cost_usd
@@ -92,6 +94,10 @@ int ledger_state(struct ledger *l, enum ledger_state st, double t, char *err, si
 enum ledger_state ledger_current(const struct ledger *l);
 /* Writes the request lines of n finished requests with one fsync (group commit). */
 int ledger_requests(struct ledger *l, const struct ledger_req *r, int n, char *err, size_t errsz);
+/* Records that the result of attempt `attempt` of job id, billed by ledger_requests, was not
+ * stored because the job already had one (queue_result.superseded): wick usage bills the
+ * attempt whose result stands instead. Written and fsync'd. */
+int ledger_superseded(struct ledger *l, const char *id, int attempt, char *err, size_t errsz);
 /* Closes the last interval at t and writes worker_exit; *tot (may be NULL) gets the totals. */
 int ledger_exit(struct ledger *l, const char *reason, double t, struct ledger_totals *tot,
 		char *err, size_t errsz);

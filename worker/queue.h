@@ -76,6 +76,10 @@ struct queue_result {
 	int rc;                /* out: WK_OK, or this job's own failure */
 	bool replaced;         /* out: the queue refused this result and took a FAILED one in
 				* its place (RunPod's job-done); the job has ended, rc says so */
+	bool superseded;       /* out, with rc WK_OK: the job already had a result (another
+				* attempt's: a worker that lost the lease, or a duplicate entry),
+				* which stands; this one was dropped (redis, spool; SQS and HTTP
+				* queues cannot tell) */
 };
 
 struct queue_stats {

@@ -793,6 +793,8 @@ static int redis_complete(struct queue *q, struct queue_result *res, int n, char
 				if (rc == WK_OK)
 					rc = res[i].rc;
 			} else {
+				/* 0: a result was there already (store_result_lua) */
+				res[i].superseded = set->type == REDIS_REPLY_INTEGER && set->integer == 0;
 				held_del(r, res[i].job->handle);
 			}
 		}

@@ -650,6 +650,8 @@ static int spool_complete(struct queue *q, struct queue_result *r, int n, char *
 				r[i].rc = wk_errf(err, errsz, WK_EIO, "%s/done/%s: %s", s->path, fin, strerror(e));
 				if (first == WK_OK)
 					first = r[i].rc;
+			} else {
+				r[i].superseded = true;
 			}
 		}
 	}

@@ -6,12 +6,17 @@
  * A run that ended without worker_exit (killed -9, machine lost) is billed up to its last
  * event: ticks are written every second, so that is within a second of the truth.
  *
- * Requests: a job id is billed to its tenant once, for the attempt that finished it: the
- * last request line with a terminal status (COMPLETED, FAILED, TIMED_OUT, CANCELLED). A job
- * runs again after a terminal line only when that attempt's result was not stored (a queue
- * that already holds a result acknowledges a redelivery without running it), so the last one
- * is the result that stands. Every other attempt (RELEASED by a drain, or an earlier run
- * whose result was lost) is overhead, shown as such. With
+ * Requests: a job id is billed to its tenant once, for the attempt whose result stands: the
+ * last request line with a terminal status (COMPLETED, FAILED, TIMED_OUT, CANCELLED) that no
+ * "superseded" line of its run withdrew. A job runs again after a terminal line only when
+ * that attempt's result was not stored (a queue that already holds a result acknowledges a
+ * redelivery without running it), so the last one is the result that stands, except where
+ * two attempts ran at once (a worker stalled past its lease while another took the job, or
+ * a job id queued twice): the queue keeps the first result stored and the worker whose
+ * result it dropped writes a superseded line for its attempt (ledger_superseded). Where
+ * every terminal attempt was withdrawn (a store whose reply was lost and re-sent finds its
+ * own result) the last one is billed. Every other attempt (RELEASED by a drain, an earlier
+ * run whose result was lost, a withdrawn one) is overhead, shown as such. With
  * --bill-overhead proportional, each run's overhead (its billed cost minus its billed
  * requests' cost: start, idle and drain time, other attempts, and the rounding up to whole
  * seconds) is spread over that run's billed requests in proportion to their gpu_seconds, in
@@ -57,7 +62,7 @@ struct req {
 	int prompt, completion;
 	double gpu, queue;
 	int64_t cost, overhead_share;
-	bool billed;
+	bool billed, superseded;
 };
 
 struct book {
@@ -105,6 +110,12 @@ static int state_index(const char *s)
 		if (!strcmp(s, ledger_state_names[i]))
 			return i;
 	return -1;
+}
+
+static bool terminal(const char *st)
+{
+	return !strcmp(st, "COMPLETED") || !strcmp(st, "FAILED") || !strcmp(st, "TIMED_OUT") ||
+	       !strcmp(st, "CANCELLED");
 }
 
 static int read_ledger(struct book *b, const char *path, char *err, size_t errsz)
@@ -190,18 +201,23 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 			q->gpu = jnum(j, "gpu_seconds");
 			q->queue = jnum(j, "queue_seconds");
 			q->cost = json_integer_value(json_object_get(j, "cost_micro_usd"));
+		} else if (!strcmp(type, "superseded")) {
+			/* withdraws the latest terminal line of that attempt in this run */
+			int at = (int)json_integer_value(json_object_get(j, "attempt"));
+			for (int k = b->n_reqs - 1; k >= 0; k--) {
+				struct req *q = &b->reqs[k];
+				if (q->run == ri && q->attempt == at && !q->superseded &&
+				    terminal(q->status) && !strcmp(q->id, jstr(j, "id"))) {
+					q->superseded = true;
+					break;
+				}
+			}
 		}
 		json_decref(j);
 	}
 	free(line);
 	fclose(f);
 	return rc;
-}
-
-static bool terminal(const char *st)
-{
-	return !strcmp(st, "COMPLETED") || !strcmp(st, "FAILED") || !strcmp(st, "TIMED_OUT") ||
-	       !strcmp(st, "CANCELLED");
 }
 
 static int cmp_req_time(const void *a, const void *b)
@@ -211,9 +227,19 @@ static int cmp_req_time(const void *a, const void *b)
 	return c ? c : x->attempt - y->attempt;
 }
 
+/* qsort's order for an index into by_id_reqs (time-sorted): by id, then by position */
+static const struct req *by_id_reqs;
+
+static int cmp_ix_by_id(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	int c = strcmp(by_id_reqs[x].id, by_id_reqs[y].id);
+	return c ? c : x - y;
+}
+
 /* Settles runs (crashed ones up to their last event), picks the billed attempt of each job,
- * and spreads overhead when asked. */
-static void settle(struct book *b, bool spread)
+ * and spreads overhead when asked. WK_OK or WK_ENOMEM. */
+static int settle(struct book *b, bool spread, char *err, size_t errsz)
 {
 	for (int i = 0; i < b->n_runs; i++) {
 		struct run *r = &b->runs[i];
@@ -228,21 +254,35 @@ static void settle(struct book *b, bool spread)
 		r->cost = money_cost_micro((double)r->billed, r->price);
 	}
 	qsort(b->reqs, (size_t)b->n_reqs, sizeof *b->reqs, cmp_req_time);
-	for (int i = b->n_reqs - 1; i >= 0; i--) { /* the last terminal attempt of each id */
-		struct req *q = &b->reqs[i];
-		if (!terminal(q->status))
-			continue;
-		bool seen = false;
-		for (int k = i + 1; k < b->n_reqs && !seen; k++)
-			seen = b->reqs[k].billed && !strcmp(b->reqs[k].id, q->id);
-		if (!seen) {
+	/* each id's attempts in time order (the index sorted by id, then position) */
+	int *ix = malloc((size_t)(b->n_reqs ? b->n_reqs : 1) * sizeof *ix);
+	if (!ix)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int i = 0; i < b->n_reqs; i++)
+		ix[i] = i;
+	by_id_reqs = b->reqs;
+	qsort(ix, (size_t)b->n_reqs, sizeof *ix, cmp_ix_by_id);
+	for (int g = 0, e; g < b->n_reqs; g = e) {
+		for (e = g + 1; e < b->n_reqs && !strcmp(b->reqs[ix[e]].id, b->reqs[ix[g]].id); e++)
+			;
+		/* the last terminal attempt not withdrawn; failing that, the last terminal one */
+		int pick = -1;
+		for (int k = e - 1; k >= g && pick < 0; k--)
+			if (terminal(b->reqs[ix[k]].status) && !b->reqs[ix[k]].superseded)
+				pick = ix[k];
+		for (int k = e - 1; k >= g && pick < 0; k--)
+			if (terminal(b->reqs[ix[k]].status))
+				pick = ix[k];
+		if (pick >= 0) {
+			struct req *q = &b->reqs[pick];
 			q->billed = true;
 			b->runs[q->run].requests++;
 			b->runs[q->run].req_cost += q->cost;
 		}
 	}
+	free(ix);
 	if (!spread)
-		return;
+		return WK_OK;
 	for (int i = 0; i < b->n_runs; i++) {
 		struct run *r = &b->runs[i];
 		int64_t over = r->cost - r->req_cost;
@@ -283,6 +323,7 @@ static void settle(struct book *b, bool spread)
 			given++;
 		}
 	}
+	return WK_OK;
 }
 
 /* ---- output ---- */
@@ -489,7 +530,12 @@ int cmd_usage(int argc, char **argv)
 			free(b.reqs);
 			return 1;
 		}
-	settle(&b, spread);
+	if (settle(&b, spread, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick usage: %s\n", err);
+		free(b.runs);
+		free(b.reqs);
+		return 1;
+	}
 
 	/* totals */
 	double life = 0, secs[LEDGER_NSTATES] = {0}, billed_gpu = 0, over_gpu = 0;

@@ -350,6 +350,19 @@ static void log_unstored(struct worker *w, const struct queue_result *r, const c
 				 "it again", id, err);
 }
 
+/* A stored result that the queue dropped because the job already had one (another
+ * attempt's: this worker lost the lease while it ran, or the queue held the id twice): said
+ * in the log, and in the ledger, so that wick usage bills the attempt whose result stands. */
+static void note_superseded(struct worker *w, const struct held *h)
+{
+	char err[WK_ERRSZ];
+	wlog(w, "result_superseded", "job %s attempt %d: the job already had a result, which "
+				      "stands; this one was dropped", h->qj.id, h->bill.attempt);
+	if (ledger_superseded(w->ledger, h->qj.id, h->bill.attempt, err, sizeof err) != WK_OK)
+		wlog(w, "ledger_error", "%s: job %s attempt %d may be billed in place of the result "
+					"that stands", err, h->qj.id, h->bill.attempt);
+}
+
 /* ---- the committer ---- */
 
 struct commit {
@@ -461,6 +474,8 @@ static int commit_reap(struct worker *w, bool wait)
 				(struct held *)((char *)c->r[i].job - offsetof(struct held, qj));
 			if (c->r[i].rc != WK_OK)
 				log_unstored(w, &c->r[i], h->qj.id, c->err);
+			else if (c->r[i].superseded)
+				note_superseded(w, h);
 			free(c->json[i]);
 			queue_job_free(&h->qj);
 			h->used = false;
@@ -531,6 +546,8 @@ static void flush_results(struct worker *w)
 			answer_http(w, h, w->out_json[i], w->out[i].len, w->out[i].rc);
 		else if (w->out[i].rc != WK_OK)
 			log_unstored(w, &w->out[i], h->qj.id, rc ? err : "?");
+		else if (w->out[i].superseded)
+			note_superseded(w, h);
 		free(w->out_json[i]);
 		queue_job_free(&h->qj);
 		h->used = false;

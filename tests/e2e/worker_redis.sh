@@ -111,4 +111,31 @@ grep -q 'reason signal' "$TMPD/d.log" || fail "no drain in the log"
 "$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id e 2>/dev/null || fail "worker e"
 check t 16 || fail "after SIGTERM"
 [ "$(redis-cli -p "$port" xpending jobs wick | head -1)" = 0 ] || fail "entries left pending"
+
+# 4. One job id queued twice (by a producer other than wick submit), both entries taken in
+#    one batch: both run, the queue keeps the first result stored, and the bill is that
+#    attempt's (its prompt), the other one overhead, with a log line saying so. Before
+#    ledger_superseded, wick usage billed the dropped one (the last terminal line).
+for p in "Once upon a time" "Once upon a time there was a big dog"; do
+  redis-cli -p "$port" xadd jobs '*' id dup job \
+    "{\"id\":\"dup\",\"input\":{\"prompt\":\"$p\",\"max_tokens\":8,\"temperature\":0}}" \
+    >/dev/null || fail "xadd dup"
+done
+"$WICK" worker --model "$m" --queue "$Q" --concurrency 4 --idle-timeout 1 --worker-id f \
+  --ledger "$TMPD/f.jsonl" 2>"$TMPD/f.log" || fail "worker f"
+grep -q 'result_superseded: job dup attempt' "$TMPD/f.log" || fail "no result_superseded line"
+"$WICK" usage "$TMPD/f.jsonl" --by request --format json >"$TMPD/f.json" || fail "wick usage f"
+python3 - "$port" "$TMPD/f.json" <<'PY'
+import json, subprocess, sys
+port, path = sys.argv[1], sys.argv[2]
+stored = json.loads(subprocess.run(["redis-cli", "-p", port, "--raw", "get", "jobs:result:dup"],
+                                   capture_output=True, text=True).stdout)
+rows = [r for r in json.load(open(path))["rows"] if r["id"] == "dup"]
+assert len(rows) == 2, rows
+billed = [r for r in rows if r["billed"] == "yes"]
+assert len(billed) == 1, rows
+assert billed[0]["prompt_tokens"] == stored["usage"]["prompt_tokens"], (billed, stored["usage"])
+print(f"job dup: billed the attempt whose result stands ({billed[0]['prompt_tokens']} prompt "
+      f"tokens), the other overhead")
+PY
 echo ok
