@@ -755,6 +755,30 @@ static int token_id(json_t *cfg, const char *key)
 	return json_is_integer(v) ? (int)json_integer_value(v) : -1;
 }
 
+/* in->stop: the integers of eos (an id or a list of ids), then bos, each once, at most 8 */
+static void stop_ids(struct eng_info *in, json_t *eos)
+{
+	int ids[9], n = 0;
+	if (json_is_integer(eos))
+		ids[n++] = (int)json_integer_value(eos);
+	for (size_t i = 0; json_is_array(eos) && i < json_array_size(eos) && n < 8; i++)
+		if (json_is_integer(json_array_get(eos, i)))
+			ids[n++] = (int)json_integer_value(json_array_get(eos, i));
+	ids[n++] = in->bos;
+	in->n_stop = 0;
+	for (int i = 0; i < n && in->n_stop < 8; i++)
+		if (ids[i] >= 0 && !eng_is_stop(in, ids[i]))
+			in->stop[in->n_stop++] = ids[i];
+}
+
+bool eng_is_stop(const struct eng_info *in, int id)
+{
+	for (int i = 0; i < in->n_stop; i++)
+		if (in->stop[i] == id)
+			return true;
+	return false;
+}
+
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz)
 {
@@ -1035,6 +1059,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->info.arch = e->arch;
 	e->info.bos = token_id(cfg, "bos_token_id");
 	e->info.eos = token_id(cfg, "eos_token_id");
+	stop_ids(&e->info, json_object_get(cfg, "eos_token_id"));
 	if (e->snap) {
 		count_params(e);
 	} else {

@@ -53,7 +53,11 @@ struct eng_info {
 	int vocab;                 /* config.json vocab_size: the logits' length */
 	int max_seq;               /* positions the KV cache holds, per sequence */
 	int max_seqs;              /* sequences the engine holds at once */
-	int bos, eos;              /* from config.json; -1 when absent */
+	int bos, eos;              /* from config.json (eos: the first of a list); -1 when absent */
+	int n_stop, stop[8];       /* the ids that end a generation: every eos_token_id of
+				    * config.json (GLM's is a list: <|endoftext|>, <|user|>,
+				    * <|observation|>) and bos_token_id (llama2.c's models begin
+				    * their next story with it) */
 	int64_t params;            /* parameters in the checkpoint */
 	uint64_t weight_bytes;     /* bytes of weights in the checkpoint */
 	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads (sharded: on
@@ -98,6 +102,8 @@ const char *eng_launch_kind(int k, bool *is_copy, int *launches);
 void eng_close(struct engine *e); /* NULL is fine */
 
 const struct eng_info *eng_info(const struct engine *e);
+/* Whether id ends a generation (in->stop). */
+bool eng_is_stop(const struct eng_info *in, int id);
 /* The model's tokenizer (tokenizer.json beside the weights), or NULL when there is none. */
 const struct tok *eng_tokenizer(const struct engine *e);
 

@@ -160,7 +160,7 @@ num:
 		if (generated == 0)
 			t_first = wk_now();
 		int next = samp_next(s, logits);
-		if (next == info->eos || next == info->bos)
+		if (eng_is_stop(info, next))
 			break;
 		ids[n++] = next;
 		generated++;

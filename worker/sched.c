@@ -11,7 +11,8 @@ struct sched {
 	struct engine *e;
 	const struct tok *tok;
 	FILE *log;
-	int vocab, eos, bos, max_seq, slots;
+	int vocab, max_seq, slots;
+	struct eng_info stops;   /* n_stop and stop: the ids that end a generation */
 	struct sched_req *wait_head, *wait_tail;
 	struct sched_req **run;  /* [slots]: running requests, NULL when free */
 	int *next_tok;           /* [slots]: each request's next token, from the engine */
@@ -36,8 +37,8 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	s->tok = eng_tokenizer(e);
 	s->log = log;
 	s->vocab = in->vocab;
-	s->eos = in->eos;
-	s->bos = in->bos;
+	s->stops.n_stop = in->n_stop;
+	memcpy(s->stops.stop, in->stop, sizeof s->stops.stop);
 	s->max_seq = in->max_seq;
 	s->slots = in->max_seqs;
 	s->run = calloc((size_t)s->slots, sizeof *s->run);
@@ -427,7 +428,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		int next = s->next_tok[i];
 		if (r->n_out == 0)
 			r->t_first = t;
-		if (next == s->eos) {
+		if (eng_is_stop(&s->stops, next)) { /* as wick generate stops */
 			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
 			continue;
 		}

@@ -25,4 +25,22 @@ c=$("$WICK" generate "$m" -n 60 --temperature 1 --seed 8 2>/dev/null)
 k=$("$WICK" generate "$m" -n 60 --temperature 1 --top-k 1 --seed 9 2>/dev/null)
 g=$("$WICK" generate "$m" -n 60 --temperature 0 2>/dev/null)
 [ "$k" = "$g" ] || fail "top-k 1 should equal greedy"
+
+# A story ends where the model begins the next one (BOS), in wick generate and in the worker
+# alike: "Once upon a time" runs greedily to a BOS before 600 tokens. The worker once ran on
+# into the next story to the token limit (finish_reason "length"), billed for all of it.
+gen=$("$WICK" generate "$m" -p "Once upon a time" -n 600 --temperature 0 2>&1 >/dev/null |
+  sed -n 's/.* prompt + \([0-9]*\) generated tokens.*/\1/p')
+[ -n "$gen" ] && [ "$gen" -lt 600 ] || fail "generate did not stop before 600 tokens ('$gen')"
+"$WICK" submit --queue "spool:$TMPD/q" --id bos -p "Once upon a time" -n 600 \
+  --temperature 0 >/dev/null || fail "submit"
+"$WICK" worker --model "$m" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>/dev/null ||
+  fail "worker"
+python3 - "$TMPD/q/done/bos.json" "$gen" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+n, fin = r["usage"]["completion_tokens"], r["output"]["finish_reason"]
+assert (n, fin) == (int(sys.argv[2]), "stop"), f"worker: {n} tokens, {fin}; generate: {sys.argv[2]}"
+print(f"generate and the worker both stop at the BOS after {n} tokens")
+PY
 echo ok

@@ -449,6 +449,12 @@ Test(glm, glm4_decode_matches_prefill)
 		struct engine *e = open_model(dir);
 		cr_assert_eq(eng_info(e)->vocab, G4_VOCAB);
 		cr_assert_eq(eng_info(e)->mtp_layers_skipped, 1);
+		/* every id of the eos_token_id list ends a generation (GLM's <|user|> too), and
+		 * nothing else does (no bos_token_id here) */
+		const struct eng_info *in = eng_info(e);
+		cr_assert(in->n_stop == 2 && eng_is_stop(in, 1) && eng_is_stop(in, 2) &&
+				  !eng_is_stop(in, 0) && !eng_is_stop(in, 3),
+			  "stop ids: %d", in->n_stop);
 		float *ref = prefill(e, NIDS);
 		check_decode(e, ref, NIDS, dts[k] == DT_BF16 ? "glm4 bf16" : "glm4 fp8");
 		eng_close(e);
