@@ -141,6 +141,13 @@ static int read_config(struct llama *m, json_t *cfg, int max_seq_opt, char *err,
 		return wk_errf(err, errsz, WK_EFORMAT,
 			       "config.json: num_attention_heads %lld is not a multiple of "
 			       "num_key_value_heads %lld", heads, kv);
+	/* as glm.c checks them: either out of range makes every logit NaN */
+	if (!(theta > 1.0))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: rope_theta %g must be > 1",
+			       theta);
+	if (!(eps > 0.0 && eps < 1.0))
+		return wk_errf(err, errsz, WK_EFORMAT, "config.json: rms_norm_eps %g is outside (0, 1)",
+			       eps);
 	if (head_dim % 2 != 0)
 		return wk_errf(err, errsz, WK_EFORMAT, "config.json: head_dim %lld must be even",
 			       head_dim);

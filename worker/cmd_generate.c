@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/wk.h"
+#include "engine/chat.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -21,6 +22,8 @@ static void gen_usage(FILE *f)
 		"Streams the prompt and its continuation to stdout (statistics go to stderr).\n"
 		"  -p, --prompt TEXT     text to continue (BOS is added); default: BOS alone\n"
 		"      --tokens IDS      comma-separated token ids, used exactly as given\n"
+		"      --chat            -p TEXT is one user message in the model's chat format\n"
+		"                        (as the worker renders a job's messages: GLM's thinking off)\n"
 		"  -n, --max-tokens N    tokens to generate (default 256); stops early at EOS/BOS\n"
 		"      --temperature T   0 is greedy (default 1.0)\n"
 		"      --top-p P         nucleus sampling mass (default 0.9; 1 disables)\n"
@@ -48,16 +51,35 @@ static void stream(const struct tok *t, const int *ids, int n, size_t *printed, 
 	free(text);
 }
 
+/* --chat: prompt as the one user message, rendered in the model's chat format as the worker
+ * renders a job's messages (worker.c: the format for the architecture, GLM's thinking off,
+ * the template's own specials in place of BOS), then encoded. */
+static int chat_prompt(const struct tok *t, const struct eng_info *info, const char *prompt,
+		       int **ids, int *n, char *err, size_t errsz)
+{
+	enum chat_format f = chat_format_for(info->arch);
+	struct chat_msg m = {.role = CHAT_USER, .content = prompt, .len = strlen(prompt)};
+	char *text = NULL;
+	size_t len = 0;
+	int rc = chat_render(f, &m, 1, true, false, &text, &len, err, errsz);
+	if (rc == WK_OK)
+		rc = tok_encode(t, text, len, f == CHAT_PLAIN, ids, n, err, errsz);
+	free(text);
+	return rc;
+}
+
 int cmd_generate(int argc, char **argv)
 {
-	enum { O_TOKENS = 256, O_TEMP, O_TOPP, O_TOPK, O_SEED };
+	enum { O_TOKENS = 256, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_CHAT };
 	static const struct option opts[] = {
 		{"prompt", required_argument, 0, 'p'}, {"tokens", required_argument, 0, O_TOKENS},
 		{"max-tokens", required_argument, 0, 'n'}, {"temperature", required_argument, 0, O_TEMP},
 		{"top-p", required_argument, 0, O_TOPP}, {"top-k", required_argument, 0, O_TOPK},
-		{"seed", required_argument, 0, O_SEED}, {"help", no_argument, 0, 'h'},
+		{"seed", required_argument, 0, O_SEED}, {"chat", no_argument, 0, O_CHAT},
+		{"help", no_argument, 0, 'h'},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	const char *prompt = NULL, *tokens = NULL;
+	bool chat = false;
 	long steps = 256;
 	struct cmd_engine ce = {0};
 	struct samp_cfg sc = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
@@ -79,6 +101,7 @@ int cmd_generate(int argc, char **argv)
 		case O_TOPP: sc.top_p = strtof(optarg, &end); goto num;
 		case O_TOPK: sc.top_k = (int)strtol(optarg, &end, 10); goto num;
 		case O_SEED: sc.seed = strtoull(optarg, &end, 10); goto num;
+		case O_CHAT: chat = true; break;
 		case 'h': gen_usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -97,8 +120,15 @@ num:
 		gen_usage(stderr);
 		return 2;
 	}
-	if (sc.top_p <= 0 || sc.top_p > 1 || sc.temperature < 0) {
-		fprintf(stderr, "wick generate: need 0 < top-p <= 1 and temperature >= 0\n");
+	if (chat && !prompt) {
+		fprintf(stderr, "wick generate: --chat needs the user's message as -p TEXT\n");
+		return 2;
+	}
+	/* written so that NaN fails every test (it compares false) */
+	if (!(sc.top_p > 0 && sc.top_p <= 1) || !(sc.temperature >= 0 && isfinite(sc.temperature)) ||
+	    sc.top_k < 0) {
+		fprintf(stderr, "wick generate: need 0 < top-p <= 1, a finite temperature >= 0 and "
+				"top-k >= 0\n");
 		return 2;
 	}
 
@@ -115,6 +145,11 @@ num:
 	if (tokens) {
 		if (cmd_parse_ids(tokens, &ids, &n))
 			goto out;
+	} else if (prompt && t && chat) {
+		if (chat_prompt(t, info, prompt, &ids, &n, err, sizeof err)) {
+			fprintf(stderr, "wick generate: --chat: %s\n", err);
+			goto out;
+		}
 	} else if (prompt && t) {
 		if (tok_encode(t, prompt, strlen(prompt), true, &ids, &n, err, sizeof err)) {
 			fprintf(stderr, "wick generate: %s\n", err);
@@ -134,8 +169,13 @@ num:
 		ids[0] = info->bos;
 		n = 1;
 	}
-	if (n + steps > info->max_seq)
-		steps = info->max_seq - n > 0 ? info->max_seq - n : 0;
+	if (n > info->max_seq || (n == info->max_seq && steps > 0)) {
+		fprintf(stderr, "wick generate: the prompt is %d tokens; the context holds %d, with "
+				"room to generate none\n", n, info->max_seq);
+		goto out;
+	}
+	if (n + steps > info->max_seq) /* as many as fit: the statistics say how many ran */
+		steps = info->max_seq - n;
 	int *all = realloc(ids, (size_t)(n + steps + 1) * sizeof *ids);
 	logits = malloc((size_t)info->vocab * sizeof *logits);
 	s = samp_create(info->vocab, &sc);

@@ -43,4 +43,30 @@ n, fin = r["usage"]["completion_tokens"], r["output"]["finish_reason"]
 assert (n, fin) == (int(sys.argv[2]), "stop"), f"worker: {n} tokens, {fin}; generate: {sys.argv[2]}"
 print(f"generate and the worker both stop at the BOS after {n} tokens")
 PY
+
+# Bad sampling settings are refused (NaN passed the old `< 0` tests and printed raw bytes),
+# and so is a prompt the context cannot hold (it used to exit 0 having generated nothing).
+for bad in "--temperature nan" "--top-p nan" "--top-k -5" "--temperature inf"; do
+  # shellcheck disable=SC2086
+  rc=0
+  "$WICK" generate "$m" -p "Once" -n 5 $bad >/dev/null 2>"$TMPD/bad.err" || rc=$?
+  [ $rc = 2 ] && grep -q "need 0 < top-p" "$TMPD/bad.err" || fail "$bad: exit $rc"
+done
+long=$(python3 -c "print('Once upon a time there was a dog. ' * 200)")
+rc=0
+"$WICK" generate "$m" -p "$long" -n 10 >/dev/null 2>"$TMPD/long.err" || rc=$?
+[ $rc = 1 ] && grep -q "the context holds 512" "$TMPD/long.err" || fail "a prompt past the context: exit $rc"
+
+# --chat (the CLI contract): the prompt as one user message in the model's chat format, as
+# the worker renders a job's messages. stories260K's format is plain (engine/chat.h), so the
+# text is the worker's for the same message.
+got=$("$WICK" generate "$m" --chat -p "Once upon a time" -n 20 --temperature 0 2>/dev/null) ||
+  fail "generate --chat"
+echo '{"id": "chat", "input": {"messages": [{"role": "user", "content": "Once upon a time"}],
+  "max_tokens": 20, "temperature": 0}}' | "$WICK" submit --queue "spool:$TMPD/q" --stdin \
+  >/dev/null || fail "submit messages"
+"$WICK" worker --model "$m" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>/dev/null || fail "worker"
+text=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output"]["text"])' \
+  "$TMPD/q/done/chat.json")
+[ "$got" = "Once upon a time$text" ] || fail "generate --chat: '$got'; the worker: '$text'"
 echo ok

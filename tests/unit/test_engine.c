@@ -151,6 +151,36 @@ Test(engine, refuses_shape_mismatch)
 	cr_expect(strstr(err, "gate_proj") != NULL, "%s", err);
 }
 
+/* A rope_theta or rms_norm_eps out of range is refused by name (each made every logit NaN,
+ * and wick generate printed garbage with exit 0). */
+Test(engine, refuses_out_of_range_config)
+{
+	static const char *const from[] = {"\"rope_theta\": 10000.0", "\"rope_theta\": 10000.0",
+					   "\"rms_norm_eps\": 1.0000000000000001e-5"};
+	static const char *const to[] = {"\"rope_theta\": 0.0", "\"rope_theta\": -5.0",
+					 "\"rms_norm_eps\": -1.0"};
+	static const char *const named[] = {"rope_theta", "rope_theta", "rms_norm_eps"};
+	char path[512], err[WK_ERRSZ];
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	char *orig;
+	size_t len;
+	cr_assert_eq(wk_read_file(path, 1 << 20, &orig, &len, err, sizeof err), WK_OK);
+	for (int k = 0; k < 3; k++) {
+		const char *p = strstr(orig, from[k]);
+		cr_assert_not_null(p, "%s", from[k]);
+		char buf[8192];
+		cr_assert_lt(len + 64, sizeof buf);
+		int n = snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - orig), orig, to[k],
+				 p + strlen(from[k]));
+		cr_assert_eq(wk_write_file(path, buf, (size_t)n, err, sizeof err), WK_OK);
+		struct engine *e;
+		cr_expect_eq(eng_open(dir, NULL, &e, err, sizeof err), WK_EFORMAT, "%s", to[k]);
+		cr_expect(strstr(err, named[k]) != NULL, "%s: %s", to[k], err);
+	}
+	cr_assert_eq(wk_write_file(path, orig, len, err, sizeof err), WK_OK);
+	free(orig);
+}
+
 /* Continuous batching: sequences stepped together (different lengths, prefill mixed with
  * decode) give the logits each would get alone. */
 Test(engine, batched_sequences_match_single)
