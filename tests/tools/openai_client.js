@@ -112,7 +112,7 @@ async function basic(a) {
 // Reads one SSE response; returns {ttft, text, done, id}.
 async function sse(res, onChunk) {
   const dec = new TextDecoder();
-  let buf = '', text = '', done = false, id = null, ttft = null;
+  let buf = '', text = '', done = false, id = null, ttft = null, finish = null;
   const reader = res.body.getReader();
   for (;;) {
     const { value, done: end } = await reader.read();
@@ -135,11 +135,15 @@ async function sse(res, onChunk) {
           if (ttft === null) ttft = performance.now();
           text += t;
         }
+        if (ch.finish_reason) {
+          finish = ch.finish_reason;
+          if (ttft === null) ttft = performance.now(); /* stopped at its first token */
+        }
       }
-      if (onChunk && (await onChunk(j))) return { text, done, id, ttft, aborted: true };
+      if (onChunk && (await onChunk(j))) return { text, done, id, ttft, finish, aborted: true };
     }
   }
-  return { text, done, id, ttft };
+  return { text, done, id, ttft, finish };
 }
 
 function request(a, body, signal) {
@@ -171,7 +175,8 @@ async function load(a) {
         `client ${k}: HTTP ${res.status}`);
       const r = await sse(res);
       check(r.done, `client ${k}: the stream ended without data: [DONE]`);
-      check(r.text.length > 0, `client ${k}: empty stream`);
+      /* empty only when the model's first token ends it (a stop id: EOS, or BOS) */
+      check(r.text.length > 0 || r.finish === 'stop', `client ${k}: empty stream (${r.finish})`);
       ttfts.push(r.ttft - t0);
       streams++;
       tokens += r.text.length;
