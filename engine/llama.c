@@ -245,6 +245,14 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 			return rc;
 #undef NAME
 	}
+	/* a layer past num_hidden_layers: the config and the weights disagree (running the
+	 * first layers alone would quietly give another model's output) */
+	char past[64];
+	snprintf(past, sizeof past, "model.layers.%d.input_layernorm.weight", m->n_layers);
+	if (eng_tensor(e, past))
+		return wk_errf(err, errsz, WK_EFORMAT,
+			       "config.json: num_hidden_layers is %d, but the checkpoint holds %s "
+			       "(a layer past them)", m->n_layers, past);
 
 	m->max_seqs = e->max_seqs;
 	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd;
