@@ -122,6 +122,11 @@ struct hconn {
 	bool reject;               /* over --max-connections */
 	bool killed, closed, closecb_set;
 	struct http_flight *cur;
+	/* Watches the socket for the client's close while a request waits for its reply: evhttp
+	 * stops reading once a request is whole and resumes only when a reply is being written,
+	 * so without this a non-streamed request (or a stream before its first token) would run
+	 * to the end for a client long gone. Added only while c->cur is set; NULL until needed. */
+	struct event *eof_ev;
 	struct hconn *prev, *next;
 };
 
@@ -376,6 +381,8 @@ static void conn_idle(struct hconn *c)
 	c->active = false;
 	c->cur = NULL;
 	c->deadline = wk_now() + c->h->o.timeout_s;
+	if (c->eof_ev)
+		event_del(c->eof_ev);
 }
 
 /* Tells keep-alive clients how long an idle connection lives, so that they do not send a
@@ -462,6 +469,8 @@ static void sse_start(struct http_api *h, struct http_flight *f)
 	keepalive_header(h, f->req, f->conn);
 	evhttp_send_reply_start(f->req, 200, NULL);
 	f->started = true;
+	if (f->conn && f->conn->eof_ev)
+		event_del(f->conn->eof_ev); /* evhttp reads for the close itself while it writes */
 	count_code(h, 200);
 	if (f->kind == OAI_CHAT)
 		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, true, NULL), NULL);
@@ -674,6 +683,8 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 	(void)evcon;
 	struct hconn *c = arg;
 	c->closed = true;
+	if (c->eof_ev)
+		event_del(c->eof_ev); /* the socket stays open (our reference) until the sweep */
 	struct http_flight *f = c->cur;
 	c->cur = NULL;
 	if (!f)
@@ -686,6 +697,40 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 		f->req = NULL;
 	}
 	client_gone(c->h, f);
+}
+
+/* The socket of a connection whose request waits for its reply became readable: a close
+ * (or an error) is reported to evhttp as its own read would have, which frees the
+ * connection and so runs on_conn_close, the path a stream's disconnect takes. Bytes are a
+ * pipelined request, which evhttp reads after this reply; the watch ends there, as a client
+ * that pipelines is not one that has gone. */
+static void on_peer_readable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)what;
+	struct hconn *c = arg;
+	char b;
+	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	event_del(c->eof_ev);
+	if (n > 0)
+		return;
+	bufferevent_trigger_event(c->bev, BEV_EVENT_READING |
+				  (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), 0);
+}
+
+/* Watches c's socket for the client's close until the reply starts (conn_idle, sse_start
+ * and on_conn_close end the watch). Without the watch a request still runs and is answered
+ * as before, so a failure here costs only the early cancel. */
+static void watch_close(struct http_api *h, struct hconn *c)
+{
+	if (!c->eof_ev) {
+		evutil_socket_t fd = bufferevent_getfd(c->bev);
+		if (fd < 0 || !(c->eof_ev = event_new(h->base, fd, EV_READ | EV_PERSIST,
+						     on_peer_readable, c)))
+			return;
+	}
+	event_add(c->eof_ev, NULL);
 }
 
 static void sweep(evutil_socket_t fd, short what, void *arg)
@@ -713,6 +758,8 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 			if (c->next)
 				c->next->prev = c->prev;
 			h->n_conns--;
+			if (c->eof_ev)
+				event_free(c->eof_ev);
 			bufferevent_decref(c->bev);
 			free(c);
 			continue;
@@ -944,6 +991,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->req = req;
 	f->conn = c;
 	c->cur = f;
+	watch_close(h, c);
 	f->all_next = h->flights;
 	if (h->flights)
 		h->flights->all_prev = f;
@@ -1121,6 +1169,8 @@ static void free_api(struct http_api *h)
 		evhttp_free(h->http); /* closes the connections: their closecbs run */
 	for (struct hconn *c = h->conns, *next; c; c = next) {
 		next = c->next;
+		if (c->eof_ev)
+			event_free(c->eof_ev);
 		bufferevent_decref(c->bev);
 		free(c);
 	}

@@ -26,8 +26,9 @@
  * extra ones are closed at once), max_tokens (--max-tokens-limit), and a slow-client timeout:
  * a request must arrive whole within --http-timeout seconds of its connection opening (or of
  * the previous response), and a connection that makes no read/write progress for that long
- * while a response is being sent is closed. A client that disconnects mid-stream cancels its
- * request (the worker gets it from http_api_cancelled). API keys are never logged.
+ * while a response is being sent is closed. A client that disconnects before its response is
+ * complete (queued, running, or mid-stream) cancels its request (the worker gets it from
+ * http_api_cancelled). API keys are never logged.
  */
 #ifndef HTTP_API_H
 #define HTTP_API_H

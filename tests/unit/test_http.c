@@ -236,6 +236,7 @@ struct call {
 	const char *body;      /* NULL: GET */
 	const char *key;
 	int abort_after;       /* >0: drop the connection after this many bytes */
+	long timeout_ms;       /* >0: drop it after this long (20 s otherwise) */
 	long status;
 	char out[8192];
 	size_t len;
@@ -269,7 +270,10 @@ static void *do_call(void *arg)
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->body);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
+	if (c->timeout_ms > 0)
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, c->timeout_ms);
+	else
+		curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
 	curl_easy_perform(h);
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->status);
 	curl_slist_free_all(hd);
@@ -390,4 +394,31 @@ Test(http_server, a_client_that_leaves_mid_stream_is_reported)
 	char out[8192];
 	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
 	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
+}
+
+/* Nothing is written to a client waiting for a reply not streamed, so only the server's own
+ * watch on its socket can see it leave: the worker must hear of it without a token. */
+Test(http_server, a_client_that_leaves_before_its_reply_is_reported)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123", .timeout_ms = 300,
+			 .body = "{\"prompt\": \"hi\", \"max_tokens\": 50}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct queue_job j;
+	struct http_flight *f = take_one(&j);
+	pthread_join(t, NULL); /* the client gave up and closed */
+	struct http_flight *gone = NULL;
+	for (int i = 0; i < 100 && !http_api_cancelled(srv, &gone, 1); i++)
+		usleep(20000);
+	cr_expect_eq(gone, f, "the disconnect was not reported");
+	const char *res = "{\"status\": \"CANCELLED\", \"error\": {\"code\": \"cancelled\", "
+			  "\"message\": \"cancelled\"}}";
+	http_api_finish(srv, f, res, strlen(res));
+	free(j.body);
+	char out[8192];
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
+	cr_expect(strstr(out, "wick_http_requests_in_flight 0") != NULL, "%s", out);
 }
