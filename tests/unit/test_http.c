@@ -40,7 +40,9 @@ Test(http, chat_becomes_a_job)
 			   "\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, "
 			   "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Once \"}, "
 			   "{\"type\": \"text\", \"text\": \"upon\"}]}, {\"role\": \"assistant\", "
-			   "\"content\": null}], \"user\": \"ignored\", \"presence_penalty\": 0}",
+			   "\"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": "
+			   "\"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}], "
+			   "\"user\": \"ignored\", \"presence_penalty\": 0}",
 			   &r);
 	cr_expect(r.stream);
 	cr_expect(r.include_usage);
@@ -58,6 +60,47 @@ Test(http, chat_becomes_a_job)
 	cr_expect_eq(json_real_value(json_object_get(in, "temperature")), 0.5);
 	cr_expect_str_eq(json_string_value(json_array_get(json_object_get(in, "stop"), 0)), "x");
 	cr_expect_null(json_object_get(in, "user"));
+	json_decref(j);
+	free(r.job);
+}
+
+/* OpenAI answers 400 for a message without content; only an assistant message that carries
+ * tool_calls (or function_call) may have none. */
+Test(http, chat_content_is_required)
+{
+	static const struct {
+		const char *messages, *message;
+	} bad[] = {
+		{"[{\"role\": \"user\"}]", "messages[0].content: missing (role user)"},
+		{"[{\"role\": \"user\", \"content\": null}]", "messages[0].content: null (role user)"},
+		{"[{\"role\": \"system\", \"content\": null}, {\"role\": \"user\", \"content\": \"a\"}]",
+		 "messages[0].content: null (role system)"},
+		{"[{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\"}]",
+		 "messages[1].content: missing (role assistant)"},
+		{"[{\"role\": \"tool\", \"content\": null}]", "messages[0].content: null (role tool)"},
+		{"[{\"role\": \"user\", \"content\": null, \"tool_calls\": [{}]}]",
+		 "messages[0].content: null (role user)"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char body[512];
+		snprintf(body, sizeof body, "{\"messages\": %s}", bad[i].messages);
+		struct oai_err e = err_of(OAI_CHAT, body);
+		cr_expect_eq(e.status, 400, "%s", body);
+		cr_expect_str_eq(e.code, "invalid_input", "%s", body);
+		cr_expect_str_eq(e.param, "messages", "%s", body);
+		cr_expect(strstr(e.message, bad[i].message) == e.message, "%s: %s", body, e.message);
+		cr_expect(strstr(e.message, "a string or a list of text parts") != NULL, "%s",
+			  e.message);
+	}
+	struct oai_req r;
+	json_t *j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
+				     "{\"role\": \"assistant\", \"function_call\": {\"name\": \"f\", "
+				     "\"arguments\": \"{}\"}}, {\"role\": \"user\", \"content\": \"\"}]}",
+			   &r);
+	json_t *m = json_object_get(json_object_get(j, "input"), "messages");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 1), "content")), "");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 2), "content")), "",
+			 "an empty string is content");
 	json_decref(j);
 	free(r.job);
 }
