@@ -1027,8 +1027,25 @@ static void on_request(struct evhttp_request *req, void *arg)
 			return;
 		}
 	}
+	/* The route is the request-target up to its query, as sent: evhttp's parsed URI reads
+	 * "//v1/completions" as a network-path reference (authority "v1", path "/completions"),
+	 * which would name a route the client never asked for. An absolute-form target
+	 * ("http://host/v1/...", from proxies) is left to that parser. */
+	const char *target = evhttp_request_get_uri(req);
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	char pathbuf[2048];
 	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	if (target && target[0] == '/') {
+		size_t n = strcspn(target, "?#");
+		if (n >= sizeof pathbuf) {
+			reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
+				   "no route %.200s... (a path of %zu bytes)", target, n);
+			return;
+		}
+		memcpy(pathbuf, target, n);
+		pathbuf[n] = 0;
+		path = pathbuf;
+	}
 	if (!path || !*path)
 		path = "/";
 	enum evhttp_cmd_type m = evhttp_request_get_command(req);

@@ -371,6 +371,27 @@ Test(http_server, health_follows_the_state)
 	cr_expect_eq(get("/health", NULL, out, sizeof out), 503);
 }
 
+/* A 404 names the path as the client sent it: evhttp's URI parser alone would read
+ * "//v1/completions" as the host "v1" and the path "/completions". */
+Test(http_server, an_unknown_path_is_named_as_sent)
+{
+	http_api_set_state(srv, "READY");
+	static const char *const paths[] = {"//v1/completions", "/v1//chat/completions",
+					    "//v1/models?x=1"};
+	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+		struct call c = {.key = "k-123", .body = "{\"prompt\": \"hi\"}"};
+		snprintf(c.url, sizeof c.url, "%s%s", base, paths[i]);
+		do_call(&c);
+		char want[100];
+		snprintf(want, sizeof want, "\"no route %.*s ", (int)strcspn(paths[i], "?"), paths[i]);
+		cr_expect_eq(c.status, 404, "%s: %s", paths[i], c.out);
+		cr_expect(strstr(c.out, want) != NULL, "%s: %s", paths[i], c.out);
+	}
+	char out[8192];
+	cr_expect_eq(get("/v1/models?x=1", "k-123", out, sizeof out), 200, "the query is no part of "
+		     "the route: %s", out);
+}
+
 /* Takes one flight, waiting up to 5 s. */
 static struct http_flight *take_one(struct queue_job *j)
 {
