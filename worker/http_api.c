@@ -57,6 +57,13 @@
 #include "worker/ledger.h"
 
 #define BODY_MAX (1u << 20)
+/* What evhttp itself accepts. libevent 2.1 answers a body over its limit with its own HTML 413
+ * (no hook runs between the headers and that check: a request's header_cb cannot be set on a
+ * server's requests, and evhttp_set_errorcb is 2.2's), so evhttp's limit is set above ours
+ * and the handler answers a body between the two with a JSON 413, the error every OpenAI
+ * client parses. Only a body past twice the limit still gets evhttp's page; a connection
+ * buffers at most this much. */
+#define BODY_HARD_MAX (2 * BODY_MAX)
 #define HEADERS_MAX (16u << 10)
 #define SWEEP_S 0.25
 
@@ -1032,6 +1039,12 @@ static void on_request(struct evhttp_request *req, void *arg)
 	 * which would name a route the client never asked for. An absolute-form target
 	 * ("http://host/v1/...", from proxies) is left to that parser. */
 	const char *target = evhttp_request_get_uri(req);
+	size_t body_len = evbuffer_get_length(evhttp_request_get_input_buffer(req));
+	if (body_len > BODY_MAX) {
+		reply_errf(h, req, c, 413, "invalid_request_error", "request_too_large",
+			   "the request body is %zu bytes; the limit is %u", body_len, BODY_MAX);
+		return;
+	}
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	char pathbuf[2048];
 	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
@@ -1268,7 +1281,7 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto fail;
 	}
-	evhttp_set_max_body_size(h->http, BODY_MAX);
+	evhttp_set_max_body_size(h->http, BODY_HARD_MAX);
 	evhttp_set_max_headers_size(h->http, HEADERS_MAX);
 	struct timeval tv = {(time_t)h->o.timeout_s,
 			     (suseconds_t)((h->o.timeout_s - (time_t)h->o.timeout_s) * 1e6)};

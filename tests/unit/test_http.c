@@ -392,6 +392,27 @@ Test(http_server, an_unknown_path_is_named_as_sent)
 		     "the route: %s", out);
 }
 
+/* A body over the limit gets the JSON error every other refusal gets (libevent's own 413 is
+ * an HTML page, which OpenAI's clients show as the message). */
+Test(http_server, a_body_over_the_limit_is_a_json_413)
+{
+	http_api_set_state(srv, "READY");
+	size_t n = (1u << 20) + (1u << 19);
+	char *body = malloc(n + 1);
+	cr_assert_not_null(body);
+	memset(body, 'x', n);
+	body[n] = 0;
+	memcpy(body, "{\"prompt\": \"", 12);
+	struct call c = {.key = "k-123", .body = body};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	do_call(&c);
+	free(body);
+	cr_expect_eq(c.status, 413, "%s", c.out);
+	cr_expect(strstr(c.out, "{\"error\":{\"message\":\"the request body is 1572864 bytes; the "
+			 "limit is 1048576\"") == c.out, "%s", c.out);
+	cr_expect(strstr(c.out, "\"code\":\"request_too_large\"") != NULL, "%s", c.out);
+}
+
 /* Takes one flight, waiting up to 5 s. */
 static struct http_flight *take_one(struct queue_job *j)
 {
