@@ -57,6 +57,13 @@
 #include "worker/ledger.h"
 
 #define BODY_MAX (1u << 20)
+/* What evhttp itself accepts. libevent 2.1 answers a body over its limit with its own HTML 413
+ * (no hook runs between the headers and that check: a request's header_cb cannot be set on a
+ * server's requests, and evhttp_set_errorcb is 2.2's), so evhttp's limit is set above ours
+ * and the handler answers a body between the two with a JSON 413, the error every OpenAI
+ * client parses. Only a body past twice the limit still gets evhttp's page; a connection
+ * buffers at most this much. */
+#define BODY_HARD_MAX (2 * BODY_MAX)
 #define HEADERS_MAX (16u << 10)
 #define SWEEP_S 0.25
 
@@ -122,6 +129,11 @@ struct hconn {
 	bool reject;               /* over --max-connections */
 	bool killed, closed, closecb_set;
 	struct http_flight *cur;
+	/* Watches the socket for the client's close while a request waits for its reply: evhttp
+	 * stops reading once a request is whole and resumes only when a reply is being written,
+	 * so without this a non-streamed request (or a stream before its first token) would run
+	 * to the end for a client long gone. Added only while c->cur is set; NULL until needed. */
+	struct event *eof_ev;
 	struct hconn *prev, *next;
 };
 
@@ -376,6 +388,8 @@ static void conn_idle(struct hconn *c)
 	c->active = false;
 	c->cur = NULL;
 	c->deadline = wk_now() + c->h->o.timeout_s;
+	if (c->eof_ev)
+		event_del(c->eof_ev);
 }
 
 /* Tells keep-alive clients how long an idle connection lives, so that they do not send a
@@ -462,6 +476,8 @@ static void sse_start(struct http_api *h, struct http_flight *f)
 	keepalive_header(h, f->req, f->conn);
 	evhttp_send_reply_start(f->req, 200, NULL);
 	f->started = true;
+	if (f->conn && f->conn->eof_ev)
+		event_del(f->conn->eof_ev); /* evhttp reads for the close itself while it writes */
 	count_code(h, 200);
 	if (f->kind == OAI_CHAT)
 		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, true, NULL), NULL);
@@ -674,6 +690,8 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 	(void)evcon;
 	struct hconn *c = arg;
 	c->closed = true;
+	if (c->eof_ev)
+		event_del(c->eof_ev); /* the socket stays open (our reference) until the sweep */
 	struct http_flight *f = c->cur;
 	c->cur = NULL;
 	if (!f)
@@ -686,6 +704,40 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 		f->req = NULL;
 	}
 	client_gone(c->h, f);
+}
+
+/* The socket of a connection whose request waits for its reply became readable: a close
+ * (or an error) is reported to evhttp as its own read would have, which frees the
+ * connection and so runs on_conn_close, the path a stream's disconnect takes. Bytes are a
+ * pipelined request, which evhttp reads after this reply; the watch ends there, as a client
+ * that pipelines is not one that has gone. */
+static void on_peer_readable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)what;
+	struct hconn *c = arg;
+	char b;
+	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	event_del(c->eof_ev);
+	if (n > 0)
+		return;
+	bufferevent_trigger_event(c->bev, BEV_EVENT_READING |
+				  (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), 0);
+}
+
+/* Watches c's socket for the client's close until the reply starts (conn_idle, sse_start
+ * and on_conn_close end the watch). Without the watch a request still runs and is answered
+ * as before, so a failure here costs only the early cancel. */
+static void watch_close(struct http_api *h, struct hconn *c)
+{
+	if (!c->eof_ev) {
+		evutil_socket_t fd = bufferevent_getfd(c->bev);
+		if (fd < 0 || !(c->eof_ev = event_new(h->base, fd, EV_READ | EV_PERSIST,
+						     on_peer_readable, c)))
+			return;
+	}
+	event_add(c->eof_ev, NULL);
 }
 
 static void sweep(evutil_socket_t fd, short what, void *arg)
@@ -713,6 +765,8 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 			if (c->next)
 				c->next->prev = c->prev;
 			h->n_conns--;
+			if (c->eof_ev)
+				event_free(c->eof_ev);
 			bufferevent_decref(c->bev);
 			free(c);
 			continue;
@@ -944,6 +998,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->req = req;
 	f->conn = c;
 	c->cur = f;
+	watch_close(h, c);
 	f->all_next = h->flights;
 	if (h->flights)
 		h->flights->all_prev = f;
@@ -979,8 +1034,31 @@ static void on_request(struct evhttp_request *req, void *arg)
 			return;
 		}
 	}
+	/* The route is the request-target up to its query, as sent: evhttp's parsed URI reads
+	 * "//v1/completions" as a network-path reference (authority "v1", path "/completions"),
+	 * which would name a route the client never asked for. An absolute-form target
+	 * ("http://host/v1/...", from proxies) is left to that parser. */
+	const char *target = evhttp_request_get_uri(req);
+	size_t body_len = evbuffer_get_length(evhttp_request_get_input_buffer(req));
+	if (body_len > BODY_MAX) {
+		reply_errf(h, req, c, 413, "invalid_request_error", "request_too_large",
+			   "the request body is %zu bytes; the limit is %u", body_len, BODY_MAX);
+		return;
+	}
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	char pathbuf[2048];
 	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	if (target && target[0] == '/') {
+		size_t n = strcspn(target, "?#");
+		if (n >= sizeof pathbuf) {
+			reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
+				   "no route %.200s... (a path of %zu bytes)", target, n);
+			return;
+		}
+		memcpy(pathbuf, target, n);
+		pathbuf[n] = 0;
+		path = pathbuf;
+	}
 	if (!path || !*path)
 		path = "/";
 	enum evhttp_cmd_type m = evhttp_request_get_command(req);
@@ -1121,6 +1199,8 @@ static void free_api(struct http_api *h)
 		evhttp_free(h->http); /* closes the connections: their closecbs run */
 	for (struct hconn *c = h->conns, *next; c; c = next) {
 		next = c->next;
+		if (c->eof_ev)
+			event_free(c->eof_ev);
 		bufferevent_decref(c->bev);
 		free(c);
 	}
@@ -1201,7 +1281,7 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto fail;
 	}
-	evhttp_set_max_body_size(h->http, BODY_MAX);
+	evhttp_set_max_body_size(h->http, BODY_HARD_MAX);
 	evhttp_set_max_headers_size(h->http, HEADERS_MAX);
 	struct timeval tv = {(time_t)h->o.timeout_s,
 			     (suseconds_t)((h->o.timeout_s - (time_t)h->o.timeout_s) * 1e6)};

@@ -18,16 +18,19 @@
  *        per-token latency histograms, seconds per state, cost so far
  * Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}; the codes are the
  * contract's (invalid_json, invalid_input, max_tokens_range, ...) plus invalid_api_key,
- * model_not_found, not_found, method_not_allowed, too_many_connections and unavailable.
- * Requests that libevent refuses while parsing (a body over the limit: 413, a malformed
- * request line or headers over the limit: 400) get libevent's own short HTML error page.
+ * model_not_found, not_found, method_not_allowed, request_too_large, too_many_connections and
+ * unavailable.
+ * A body over the limit is a 413 in that shape (request_too_large). Requests that libevent
+ * refuses while parsing (a body over twice the limit: 413, a malformed request line or
+ * headers over the limit: 400) get libevent's own short HTML error page.
  *
  * Limits, all fixed at start: body (1 MiB), headers (16 KiB), concurrent connections (the
  * extra ones are closed at once), max_tokens (--max-tokens-limit), and a slow-client timeout:
  * a request must arrive whole within --http-timeout seconds of its connection opening (or of
  * the previous response), and a connection that makes no read/write progress for that long
- * while a response is being sent is closed. A client that disconnects mid-stream cancels its
- * request (the worker gets it from http_api_cancelled). API keys are never logged.
+ * while a response is being sent is closed. A client that disconnects before its response is
+ * complete (queued, running, or mid-stream) cancels its request (the worker gets it from
+ * http_api_cancelled). API keys are never logged.
  */
 #ifndef HTTP_API_H
 #define HTTP_API_H

@@ -43,7 +43,8 @@ struct oai_req {
 };
 
 /* Checks an OpenAI request body for kind and writes its job document into r: id and tenant
- * as given, input from messages (chat; content as a string, null, or text parts) or prompt
+ * as given, input from messages (chat; content as a string or text parts, null only in an
+ * assistant message with tool_calls) or prompt
  * (a string or a list of one string), max_tokens (max_completion_tokens for chat wins; absent
  * means max_tokens_limit), temperature, top_p, top_k, seed, stop. model, when present, must be
  * model_name. The job document is then checked with job_decode, so every limit of the

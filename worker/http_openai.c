@@ -59,17 +59,28 @@ static void strip_input(char *dst, size_t n, const char *src)
 	dst[o] = 0;
 }
 
-/* Chat message content: a string, null (empty), or a list of {"type": "text", "text": S}
- * parts, concatenated. Returns a new JSON string, or NULL with *e set. */
-static json_t *content_text(const json_t *c, size_t i, struct oai_err *e)
+/* Chat message m's content: a string or a list of {"type": "text", "text": S} parts,
+ * concatenated. Absent or null only in an assistant message with tool_calls (or the older
+ * function_call), as OpenAI allows: that is the one message whose text may be nothing, and it
+ * renders as empty; in any other message it is a 400 naming the field, not an empty prompt.
+ * Returns a new JSON string, or NULL with *e set. */
+static json_t *content_text(const json_t *m, const char *role, size_t i, struct oai_err *e)
 {
-	if (absent(c))
-		return json_string("");
+	const json_t *c = json_object_get(m, "content");
+	if (absent(c)) {
+		if (!strcmp(role, "assistant") && (!absent(json_object_get(m, "tool_calls")) ||
+						   !absent(json_object_get(m, "function_call"))))
+			return json_string("");
+		oai_errf(e, 400, IRE, "invalid_input", "messages",
+			 "messages[%zu].content: %s (role %.40s); it must be a string or a list of "
+			 "text parts", i, c ? "null" : "missing", role);
+		return NULL;
+	}
 	if (json_is_string(c))
 		return json_stringn(json_string_value(c), json_string_length(c));
 	if (!json_is_array(c)) {
 		oai_errf(e, 400, IRE, "invalid_input", "messages",
-			 "messages[%zu].content must be a string, null or a list of text parts", i);
+			 "messages[%zu].content must be a string or a list of text parts", i);
 		return NULL;
 	}
 	size_t total = 0, k;
@@ -130,7 +141,7 @@ static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
 			return oai_errf(e, 400, IRE, "invalid_input", "messages",
 					"messages[%zu].role '%.40s' is not system, developer, user, "
 					"assistant or tool", i, json_string_value(role));
-		json_t *text = content_text(json_object_get(m, "content"), i, e);
+		json_t *text = content_text(m, json_string_value(role), i, e);
 		if (!text)
 			return e->status;
 		if (json_array_append_new(out, json_pack("{s:s, s:o}", "role", r, "content", text)))

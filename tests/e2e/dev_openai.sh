@@ -8,7 +8,8 @@
 #   4. 100+ malformed or hostile requests: each a 4xx or cut by the timeout; still serving
 #   5. tenants from the keys file reach the usage ledger; keys never reach the log
 #   6. a queue job and HTTP requests in one step (wick worker --queue ... --listen ...)
-#   7. a client that disconnects mid-stream frees its slot for the next (--concurrency 1)
+#   7. a client that disconnects mid-stream frees its slot for the next (--concurrency 1); one
+#      that disconnects from a request not streamed cancels it too
 #   8. SIGTERM drains: the running stream finishes, new requests get 503, exit 0
 #   9. idle exit: the session ends by itself, exit 0, and prints its bill
 source tests/e2e/lib.sh
@@ -205,6 +206,33 @@ for i in $(seq 1 30); do
 done
 grep -q 'wick_http_requests_total{code="499"} 1$' "$TMPD/metrics-slow" ||
   fail "/metrics does not count the disconnect once: $(grep -E 'requests_total' "$TMPD/metrics-slow" | tr '\n' ' ')"
+
+# 7b. So does one whose request is not streamed: nothing is written to it before the end, so
+#     only the server's own watch on the socket sees it go (raw socket, closed after 0.3 s;
+#     greedy, it would run 4000 tokens, about 12 s).
+python3 - $P "$K1" <<'PY'
+import json, socket, sys, time
+body = json.dumps({"model": "slow", "prompt": "Once upon a time", "max_tokens": 4000,
+                   "temperature": 0}).encode()
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {sys.argv[2]}\r\n"
+          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+time.sleep(0.3)
+s.close()
+PY
+for i in $(seq 1 50); do
+  [ "$(grep -c 'job cmpl-.*: CANCELLED' "$TMPD/slow.log")" = 1 ] && break
+  sleep 0.1
+done
+grep 'job cmpl-.*: CANCELLED' "$TMPD/slow.log" | grep -v ' 4000 completion' >/dev/null ||
+  fail "a non-streamed request whose client left was not cancelled: $(grep 'job_done: job cmpl-' "$TMPD/slow.log" | tail -1)"
+curl -s -m 5 -H "Authorization: Bearer $K1" "http://127.0.0.1:$P/metrics" >"$TMPD/metrics-slow"
+grep -q 'wick_http_requests_total{code="499"} 2$' "$TMPD/metrics-slow" ||
+  fail "/metrics does not count the non-streamed disconnect: $(grep -E 'requests_total' "$TMPD/metrics-slow" | tr '\n' ' ')"
+code=$(curl -s -o /dev/null -w '%{http_code}' -m 30 -H "Authorization: Bearer $K1" \
+  "http://127.0.0.1:$P/v1/completions" -d '{"prompt": "x", "max_tokens": 2}')
+[ "$code" = 200 ] || fail "the slot of the cancelled request was not freed: $code"
+echo "disconnect, not streamed: cancelled ($(grep -o 'job cmpl-.*: CANCELLED.*' "$TMPD/slow.log" | cut -d, -f2)), counted 499, its slot reused"
 
 # 8. SIGTERM while a stream runs: it finishes, new requests get 503, exit 0.
 curl -sN -H "Authorization: Bearer $K1" "http://127.0.0.1:$P/v1/chat/completions" \

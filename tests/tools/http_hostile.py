@@ -156,7 +156,10 @@ for method, path in (("GET", CHAT), ("PUT", CHAT), ("DELETE", "/v1/models"), ("P
                      ("POST", "/health"), ("GET", COMPL), ("PATCH", "/metrics")):
     expect(f"method {method} {path}", req(method, path, "{}" if method != "GET" else None), 405)
 
-# 7. Broken HTTP and size limits (libevent answers these itself, with an HTML page).
+# 7. Broken HTTP and size limits (past twice the body limit, and for broken HTTP, libevent
+#    answers itself, with an HTML page; a body just over the limit gets an OpenAI error).
+over = json.dumps({"messages": [{"role": "user", "content": "x" * (3 << 19)}]}).encode()
+expect("body over the limit", req("POST", CHAT, over), 413)
 big = json.dumps({"messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode()
 expect("huge body", req("POST", CHAT, big), 413, openai_body=False)
 expect("huge content-length", req("POST", CHAT, b"{}", headers=[]).replace(

@@ -40,7 +40,9 @@ Test(http, chat_becomes_a_job)
 			   "\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, "
 			   "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Once \"}, "
 			   "{\"type\": \"text\", \"text\": \"upon\"}]}, {\"role\": \"assistant\", "
-			   "\"content\": null}], \"user\": \"ignored\", \"presence_penalty\": 0}",
+			   "\"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": "
+			   "\"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}], "
+			   "\"user\": \"ignored\", \"presence_penalty\": 0}",
 			   &r);
 	cr_expect(r.stream);
 	cr_expect(r.include_usage);
@@ -58,6 +60,47 @@ Test(http, chat_becomes_a_job)
 	cr_expect_eq(json_real_value(json_object_get(in, "temperature")), 0.5);
 	cr_expect_str_eq(json_string_value(json_array_get(json_object_get(in, "stop"), 0)), "x");
 	cr_expect_null(json_object_get(in, "user"));
+	json_decref(j);
+	free(r.job);
+}
+
+/* OpenAI answers 400 for a message without content; only an assistant message that carries
+ * tool_calls (or function_call) may have none. */
+Test(http, chat_content_is_required)
+{
+	static const struct {
+		const char *messages, *message;
+	} bad[] = {
+		{"[{\"role\": \"user\"}]", "messages[0].content: missing (role user)"},
+		{"[{\"role\": \"user\", \"content\": null}]", "messages[0].content: null (role user)"},
+		{"[{\"role\": \"system\", \"content\": null}, {\"role\": \"user\", \"content\": \"a\"}]",
+		 "messages[0].content: null (role system)"},
+		{"[{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\"}]",
+		 "messages[1].content: missing (role assistant)"},
+		{"[{\"role\": \"tool\", \"content\": null}]", "messages[0].content: null (role tool)"},
+		{"[{\"role\": \"user\", \"content\": null, \"tool_calls\": [{}]}]",
+		 "messages[0].content: null (role user)"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char body[512];
+		snprintf(body, sizeof body, "{\"messages\": %s}", bad[i].messages);
+		struct oai_err e = err_of(OAI_CHAT, body);
+		cr_expect_eq(e.status, 400, "%s", body);
+		cr_expect_str_eq(e.code, "invalid_input", "%s", body);
+		cr_expect_str_eq(e.param, "messages", "%s", body);
+		cr_expect(strstr(e.message, bad[i].message) == e.message, "%s: %s", body, e.message);
+		cr_expect(strstr(e.message, "a string or a list of text parts") != NULL, "%s",
+			  e.message);
+	}
+	struct oai_req r;
+	json_t *j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
+				     "{\"role\": \"assistant\", \"function_call\": {\"name\": \"f\", "
+				     "\"arguments\": \"{}\"}}, {\"role\": \"user\", \"content\": \"\"}]}",
+			   &r);
+	json_t *m = json_object_get(json_object_get(j, "input"), "messages");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 1), "content")), "");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 2), "content")), "",
+			 "an empty string is content");
 	json_decref(j);
 	free(r.job);
 }
@@ -236,6 +279,7 @@ struct call {
 	const char *body;      /* NULL: GET */
 	const char *key;
 	int abort_after;       /* >0: drop the connection after this many bytes */
+	long timeout_ms;       /* >0: drop it after this long (20 s otherwise) */
 	long status;
 	char out[8192];
 	size_t len;
@@ -269,7 +313,10 @@ static void *do_call(void *arg)
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->body);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
+	if (c->timeout_ms > 0)
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, c->timeout_ms);
+	else
+		curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
 	curl_easy_perform(h);
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->status);
 	curl_slist_free_all(hd);
@@ -322,6 +369,48 @@ Test(http_server, health_follows_the_state)
 	cr_expect(strstr(out, "wick_state{state=\"BUSY\"} 1") != NULL, "%s", out);
 	http_api_set_state(srv, "DRAINING");
 	cr_expect_eq(get("/health", NULL, out, sizeof out), 503);
+}
+
+/* A 404 names the path as the client sent it: evhttp's URI parser alone would read
+ * "//v1/completions" as the host "v1" and the path "/completions". */
+Test(http_server, an_unknown_path_is_named_as_sent)
+{
+	http_api_set_state(srv, "READY");
+	static const char *const paths[] = {"//v1/completions", "/v1//chat/completions",
+					    "//v1/models?x=1"};
+	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+		struct call c = {.key = "k-123", .body = "{\"prompt\": \"hi\"}"};
+		snprintf(c.url, sizeof c.url, "%s%s", base, paths[i]);
+		do_call(&c);
+		char want[100];
+		snprintf(want, sizeof want, "\"no route %.*s ", (int)strcspn(paths[i], "?"), paths[i]);
+		cr_expect_eq(c.status, 404, "%s: %s", paths[i], c.out);
+		cr_expect(strstr(c.out, want) != NULL, "%s: %s", paths[i], c.out);
+	}
+	char out[8192];
+	cr_expect_eq(get("/v1/models?x=1", "k-123", out, sizeof out), 200, "the query is no part of "
+		     "the route: %s", out);
+}
+
+/* A body over the limit gets the JSON error every other refusal gets (libevent's own 413 is
+ * an HTML page, which OpenAI's clients show as the message). */
+Test(http_server, a_body_over_the_limit_is_a_json_413)
+{
+	http_api_set_state(srv, "READY");
+	size_t n = (1u << 20) + (1u << 19);
+	char *body = malloc(n + 1);
+	cr_assert_not_null(body);
+	memset(body, 'x', n);
+	body[n] = 0;
+	memcpy(body, "{\"prompt\": \"", 12);
+	struct call c = {.key = "k-123", .body = body};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	do_call(&c);
+	free(body);
+	cr_expect_eq(c.status, 413, "%s", c.out);
+	cr_expect(strstr(c.out, "{\"error\":{\"message\":\"the request body is 1572864 bytes; the "
+			 "limit is 1048576\"") == c.out, "%s", c.out);
+	cr_expect(strstr(c.out, "\"code\":\"request_too_large\"") != NULL, "%s", c.out);
 }
 
 /* Takes one flight, waiting up to 5 s. */
@@ -390,4 +479,31 @@ Test(http_server, a_client_that_leaves_mid_stream_is_reported)
 	char out[8192];
 	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
 	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
+}
+
+/* Nothing is written to a client waiting for a reply not streamed, so only the server's own
+ * watch on its socket can see it leave: the worker must hear of it without a token. */
+Test(http_server, a_client_that_leaves_before_its_reply_is_reported)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123", .timeout_ms = 300,
+			 .body = "{\"prompt\": \"hi\", \"max_tokens\": 50}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct queue_job j;
+	struct http_flight *f = take_one(&j);
+	pthread_join(t, NULL); /* the client gave up and closed */
+	struct http_flight *gone = NULL;
+	for (int i = 0; i < 100 && !http_api_cancelled(srv, &gone, 1); i++)
+		usleep(20000);
+	cr_expect_eq(gone, f, "the disconnect was not reported");
+	const char *res = "{\"status\": \"CANCELLED\", \"error\": {\"code\": \"cancelled\", "
+			  "\"message\": \"cancelled\"}}";
+	http_api_finish(srv, f, res, strlen(res));
+	free(j.body);
+	char out[8192];
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
+	cr_expect(strstr(out, "wick_http_requests_in_flight 0") != NULL, "%s", out);
 }
