@@ -4,8 +4,10 @@
  *
  * A request becomes the contract's job document (job.h) and is then checked by job_decode,
  * so the HTTP path and the queue path share every limit and message. What the contract cannot
- * express (n > 1, logprobs, tools, echo, suffix, token-id prompts) is refused with a 400
- * rather than silently ignored.
+ * express (n > 1, logprobs, tools, echo, suffix, token-id prompts, presence and frequency
+ * penalties, logit_bias, a response_format other than text) is refused with a 400 rather than
+ * silently ignored; each one's neutral value (n 1, penalties 0, an empty logit_bias, ...) is
+ * accepted, as clients send them by default.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -174,6 +176,23 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 	    !(json_is_integer(v) && json_integer_value(v) == 0))
 		return oai_errf(e, 400, IRE, "invalid_input", "logprobs",
 				"logprobs are not supported");
+	static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+	for (int i = 0; i < 2; i++)
+		if (!absent(v = json_object_get(root, penalties[i])) &&
+		    !(json_is_number(v) && json_number_value(v) == 0))
+			return oai_errf(e, 400, IRE, "invalid_input", penalties[i],
+					"%s is not supported (only 0)", penalties[i]);
+	if (!absent(v = json_object_get(root, "logit_bias")) &&
+	    !(json_is_object(v) && json_object_size(v) == 0))
+		return oai_errf(e, 400, IRE, "invalid_input", "logit_bias",
+				"logit_bias is not supported (only {})");
+	if (!absent(v = json_object_get(root, "response_format"))) {
+		const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+		if (!(json_is_string(t) && !strcmp(json_string_value(t), "text")))
+			return oai_errf(e, 400, IRE, "invalid_input", "response_format",
+					"only response_format {\"type\": \"text\"} is supported "
+					"(no constrained JSON output)");
+	}
 	if (kind == OAI_CHAT) {
 		if (!absent(v = json_object_get(root, "tools")) &&
 		    !(json_is_array(v) && json_array_size(v) == 0))

@@ -123,6 +123,8 @@ wrong = [
     {"messages": good_msgs, "n": 3}, {"messages": good_msgs, "model": 5},
     {"messages": good_msgs, "logprobs": True}, {"messages": good_msgs, "tools": [{"type": "function"}]},
     {"messages": good_msgs, "stream_options": 3}, {"messages": [{"role": "user", "content": "a\u0000b"}]},
+    {"messages": good_msgs, "presence_penalty": 1}, {"messages": good_msgs, "logit_bias": {"5": 9}},
+    {"messages": good_msgs, "response_format": {"type": "json_object"}},
 ]
 for i, b in enumerate(wrong):
     expect(f"wrong chat {i} {json.dumps(b)[:60]}", req("POST", CHAT, json.dumps(b)))

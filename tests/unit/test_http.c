@@ -141,6 +141,29 @@ Test(http, errors_are_openai_shaped)
 	cr_expect(strstr(e.message, "1 to 100") != NULL, "%s", e.message);
 	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"n\": 2}");
 	cr_expect_str_eq(e.param, "n");
+	/* what sampling cannot honour is refused by name, not ignored; neutral values pass */
+	static const char *const refused[][2] = {
+		{"\"presence_penalty\": 0.5", "presence_penalty"},
+		{"\"frequency_penalty\": -1", "frequency_penalty"},
+		{"\"logit_bias\": {\"50\": -100}", "logit_bias"},
+		{"\"response_format\": {\"type\": \"json_object\"}", "response_format"},
+		{"\"response_format\": \"json\"", "response_format"}};
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+		char body[256];
+		snprintf(body, sizeof body,
+			 "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], %s}",
+			 refused[i][0]);
+		e = err_of(OAI_CHAT, body);
+		cr_expect_eq(e.status, 400, "%s", body);
+		cr_expect_str_eq(e.param, refused[i][1], "%s", body);
+	}
+	struct oai_req r;
+	json_t *ok = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+				      "\"presence_penalty\": 0, \"frequency_penalty\": 0.0, "
+				      "\"logit_bias\": {}, \"response_format\": {\"type\": \"text\"}}",
+			    &r);
+	json_decref(ok);
+	free(r.job);
 	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
 			     "\"top_p\": 7}");
 	cr_expect_str_eq(e.code, "invalid_input");
