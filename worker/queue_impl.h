@@ -65,6 +65,16 @@ bool queue_param_is(const struct queue_param *p, const char *name);
 char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
 			 int attempt, size_t *len);
 
+/* Counts an input the driver refused on sight and tells q->o.on_refused (when set): id is
+ * NULL when the input has no valid id. See queue_opts. */
+void queue_refused(struct queue *q, const char *id, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Copies s[0..len) into out for a message, pure: printable ASCII as it is, other bytes (and
+ * ' and \) as \xHH, cut with "..." to fit outsz. Untrusted names and ids are quoted with it
+ * so a log line stays one line. */
+void queue_quote(char *out, size_t outsz, const char *s, size_t len);
+
 /* The spool's file names, pure (fuzzed). A claim is "<id>~<attempt>~<pid>~<expiry_ms>"; a
  * queued job is "<id>.json" or "<id>~<n>.json" with n earlier deliveries. id needs
  * JOB_ID_MAX + 1 bytes. False when name is not one. */
