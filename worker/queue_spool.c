@@ -224,7 +224,8 @@ static int read_at(int dfd, const char *name, const char *shown, size_t max, cha
 /* Writes tmp/tmpname with data (no fsync); returns the open fd (caller syncs and closes). */
 static int write_tmp(struct spool *s, const char *tmpname, const char *data, size_t len)
 {
-	int fd = openat(s->fd[D_TMP], tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int fd = openat(s->fd[D_TMP], tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+			0600);
 	if (fd < 0)
 		return -1;
 	if (write_all(fd, data, len) != 0) {
@@ -639,6 +640,20 @@ static int spool_take(struct queue *q, struct queue_job *jobs, int max, double w
 
 /* ---- complete, extend, release, cancel ---- */
 
+/* Whether the claim `claim` may become a spare that a later result is written into: the
+ * input's inode carries whoever made it in new/, and a result must not inherit that. Only a
+ * regular file of ours with no other link qualifies (a hard-linked input would have its other
+ * name overwritten by the result), and it is set to 0600 here, since results are 0600 like
+ * every file the spool creates (an input written as 0644 would otherwise give a 0644 result). */
+static bool spare_ok(struct spool *s, const char *claim)
+{
+	struct stat st;
+	if (fstatat(s->fd[D_CLAIMED], claim, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+	    st.st_nlink != 1 || st.st_uid != geteuid())
+		return false;
+	return (st.st_mode & 07777) == 0600 || fchmodat(s->fd[D_CLAIMED], claim, 0600, 0) == 0;
+}
+
 static int spool_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz)
 {
 	struct spool *s = q->impl;
@@ -719,7 +734,8 @@ static int spool_complete(struct queue *q, struct queue_result *r, int n, char *
 		if (r[i].keep_input) {
 			snprintf(fin, sizeof fin, "%s.json", r[i].job->id);
 			moved |= renameat(s->fd[D_CLAIMED], r[i].job->handle, s->fd[D_FAILED], fin) == 0;
-		} else if (s->n_spare < SPARE_MAX) { /* keep the inode for a later result */
+		} else if (s->n_spare < SPARE_MAX && spare_ok(s, r[i].job->handle)) {
+			/* keep the inode for a later result */
 			char spare[64];
 			snprintf(spare, sizeof spare, "s.%ld.%lu", s->pid, s->spare_seq);
 			if (renameat(s->fd[D_CLAIMED], r[i].job->handle, s->fd[D_TMP], spare) == 0)

@@ -559,6 +559,49 @@ Test(queue_spool, names_that_are_not_ids_are_refused_with_a_reason)
 	queue_close(q);
 }
 
+/* Results are 0600 even when written into the inode of a finished 0644 input (a spare), and
+ * a hard-linked input is never reused: its other name keeps its bytes. */
+Test(queue_spool, results_are_0600_and_never_written_through_an_input)
+{
+	struct queue *q = open_q(0, 0);
+	char p[256], outside[256];
+	const char *body = "{\"id\": \"a\", \"input\": {\"prompt\": \"hi\"}}";
+	snprintf(p, sizeof p, "%s/new/a.json", dir);
+	cr_assert_eq(wk_write_file(p, body, strlen(body), err, sizeof err), WK_OK);
+	cr_assert_eq(chmod(p, 0644), 0);
+	snprintf(outside, sizeof outside, "%s/../mine.json", dir);
+	cr_assert_eq(wk_write_file(outside, body, strlen(body), err, sizeof err), WK_OK);
+	snprintf(p, sizeof p, "%s/new/h.json", dir);
+	cr_assert_eq(link(outside, p), 0);
+	struct queue_job j[2];
+	int n;
+	/* a and h run and finish; their claims are the candidates for spares */
+	cr_assert_eq(queue_take(q, j, 2, 0, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 2);
+	complete(q, j, 2, false);
+	free_jobs(j, 2);
+	submit(q, "b");
+	submit(q, "c");
+	cr_assert_eq(queue_take(q, j, 2, 0, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 2);
+	complete(q, j, 2, false);
+	free_jobs(j, 2);
+	const char *ids[] = {"a", "h", "b", "c"};
+	for (int i = 0; i < 4; i++) {
+		struct stat st;
+		snprintf(p, sizeof p, "%s/done/%s.json", dir, ids[i]);
+		cr_assert_eq(stat(p, &st), 0, "%s", p);
+		cr_expect_eq(st.st_mode & 07777, 0600, "done/%s.json has mode %o", ids[i], st.st_mode & 07777);
+	}
+	char *got;
+	size_t len;
+	cr_assert_eq(wk_read_file(outside, 1 << 20, &got, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect(len == strlen(body) && !memcmp(got, body, len), "the hard link was overwritten: %.*s",
+		  (int)len, got);
+	free(got);
+	queue_close(q);
+}
+
 Test(queue_spool, group_commit)
 {
 	struct queue *q = open_q(60, 0);
