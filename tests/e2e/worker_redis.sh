@@ -111,4 +111,28 @@ grep -q 'reason signal' "$TMPD/d.log" || fail "no drain in the log"
 "$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id e 2>/dev/null || fail "worker e"
 check t 16 || fail "after SIGTERM"
 [ "$(redis-cli -p "$port" xpending jobs wick | head -1)" = 0 ] || fail "entries left pending"
+
+# 4. Entries refused on sight: a job over 4 MiB (a FAILED result) and one whose id is not a
+#    job id (no result: it has no key) are each logged with the reason, dead-lettered with
+#    what they held, and counted among the jobs taken and failed.
+python3 -c 'print("x" * (4 * 1024 * 1024 + 1), end="")' | redis-cli -p "$port" -x xadd jobs '*' id huge job >/dev/null
+redis-cli -p "$port" xadd jobs '*' id 'bad id!' job '{"input": {"prompt": "hi"}}' >/dev/null
+submit_many 1 8 g
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id f 2>"$TMPD/f.log" || fail "worker f"
+grep -q "job_refused: job huge: stream entry .*: the job has 4194305 bytes; the limit is 4194304" "$TMPD/f.log" ||
+  fail "no refusal of the large job: $(cat "$TMPD/f.log")"
+grep -q "job_refused: stream entry .*: invalid job id 'bad id!'" "$TMPD/f.log" ||
+  fail "no refusal of the invalid id: $(cat "$TMPD/f.log")"
+grep -q "exit: reason idle; 3 jobs taken, 1 completed, 2 failed" "$TMPD/f.log" ||
+  fail "refusals not counted: $(grep exit: "$TMPD/f.log")"
+check g 1 || fail "the good job beside the refused ones"
+python3 - "$port" <<'PY'
+import json, subprocess, sys
+port = sys.argv[1]
+r = json.loads(subprocess.run(["redis-cli", "-p", port, "--raw", "get", "jobs:result:huge"], capture_output=True, text=True).stdout)
+assert r["status"] == "FAILED" and r["error"]["code"] == "invalid_input", r
+out = subprocess.run(["redis-cli", "-p", port, "--raw", "xrange", "jobs:dead", "-", "+"], capture_output=True, text=True).stdout
+assert "bad id!" in out and "invalid job id 'bad id!'" in out and '{"input": {"prompt": "hi"}}' in out, out[-500:]
+print("refused entries logged, counted and dead-lettered")
+PY
 echo ok
