@@ -3,6 +3,7 @@
  */
 #include "worker/queue_impl.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,6 +247,45 @@ int queue_cancel(struct queue *q, const char *id, char *err, size_t errsz)
 }
 
 void queue_get_stats(const struct queue *q, struct queue_stats *s) { *s = q->st; }
+
+void queue_refused(struct queue *q, const char *id, const char *fmt, ...)
+{
+	q->st.refused++;
+	if (!q->o.on_refused)
+		return;
+	char why[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof why, fmt, ap);
+	va_end(ap);
+	q->o.on_refused(q->o.on_refused_ctx, id, why);
+}
+
+void queue_quote(char *out, size_t outsz, const char *s, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+	if (!outsz)
+		return;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+		bool plain = c >= 0x20 && c < 0x7f && c != '\'' && c != '\\';
+		size_t need = plain ? 1 : 4;
+		/* room for this byte, and for "..." should a later one not fit */
+		if (o + need + (i + 1 < len ? 3 : 0) >= outsz) {
+			if (o + 3 < outsz)
+				memcpy(out + o, "...", 3), o += 3;
+			break;
+		}
+		if (plain) {
+			out[o++] = (char)c;
+		} else {
+			out[o++] = '\\', out[o++] = 'x';
+			out[o++] = hex[c >> 4], out[o++] = hex[c & 15];
+		}
+	}
+	out[o] = 0;
+}
 
 char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
 			 int attempt, size_t *len)

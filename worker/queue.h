@@ -48,6 +48,14 @@ struct queue_opts {
 	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT and
 	 * RUNPOD_WEBHOOK_PING (stream_url is accepted and not used yet) */
 	const char *done_url, *ping_url, *stream_url;
+	/* Optional: told of each input the driver ends by itself on sight instead of returning
+	 * it from queue_take (too large, not a regular file, a name or id that is not a job id),
+	 * so the caller can log and count it like a job it failed. id is the job's id, or NULL
+	 * when the input has no valid one (then no result could be stored); why is one line
+	 * naming the input and the reason, its untrusted parts escaped. Called on queue_take's
+	 * thread. Not called for dead-letters: those jobs were returned (taken) before. */
+	void (*on_refused)(void *ctx, const char *id, const char *why);
+	void *on_refused_ctx;
 };
 
 #define QUEUE_HANDLE_MAX 1024 /* bytes of a receipt; SQS receipt handles reach 1,024 */
@@ -84,6 +92,7 @@ struct queue_result {
 
 struct queue_stats {
 	uint64_t taken, completed, redelivered_done, reclaimed, dead_lettered, released;
+	uint64_t refused;      /* inputs ended on sight, not returned (see on_refused) */
 	uint64_t syncs;        /* fsync/syncfs calls (spool) or round trips that store results (redis) */
 	uint64_t reconnects;
 };

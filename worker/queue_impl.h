@@ -65,6 +65,16 @@ bool queue_param_is(const struct queue_param *p, const char *name);
 char *queue_error_result(const struct queue *q, const char *id, enum job_err e, const char *msg,
 			 int attempt, size_t *len);
 
+/* Counts an input the driver refused on sight and tells q->o.on_refused (when set): id is
+ * NULL when the input has no valid id. See queue_opts. */
+void queue_refused(struct queue *q, const char *id, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Copies s[0..len) into out for a message, pure: printable ASCII as it is, other bytes (and
+ * ' and \) as \xHH, cut with "..." to fit outsz. Untrusted names and ids are quoted with it
+ * so a log line stays one line. */
+void queue_quote(char *out, size_t outsz, const char *s, size_t len);
+
 /* The spool's file names, pure (fuzzed). A claim is "<id>~<attempt>~<pid>~<expiry_ms>"; a
  * queued job is "<id>.json" or "<id>~<n>.json" with n earlier deliveries. id needs
  * JOB_ID_MAX + 1 bytes. False when name is not one. */
@@ -83,12 +93,17 @@ struct queue_redis_url {
 };
 int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err, size_t errsz);
 
-/* One stream entry ([entry-id, [field, value, ...]]) as delivered, pure (fuzzed). body points
- * into the reply. */
-enum { QUEUE_REDIS_ENTRY_OK, QUEUE_REDIS_ENTRY_BAD, QUEUE_REDIS_ENTRY_GONE, QUEUE_REDIS_ENTRY_TOO_BIG };
+/* One stream entry ([entry-id, [field, value, ...]]) as delivered, pure (fuzzed). body and
+ * raw_id point into the reply, and are kept whenever the fields exist, also for BAD and
+ * BAD_ID entries (for the dead-letter record). BAD: not an entry, or no id or job field;
+ * BAD_ID: both fields, but the id is not a job id ([A-Za-z0-9._-]{1,JOB_ID_MAX}). */
+enum { QUEUE_REDIS_ENTRY_OK, QUEUE_REDIS_ENTRY_BAD, QUEUE_REDIS_ENTRY_GONE, QUEUE_REDIS_ENTRY_TOO_BIG,
+       QUEUE_REDIS_ENTRY_BAD_ID };
 struct queue_redis_entry {
 	char entry[48];        /* the stream entry id, "" when unreadable */
-	char id[JOB_ID_MAX + 1];
+	char id[JOB_ID_MAX + 1]; /* "" unless valid */
+	const char *raw_id;    /* the id field as sent; NULL when absent */
+	size_t raw_id_len;
 	const char *body;
 	size_t len;
 	double enqueued_at;    /* from the entry id's milliseconds */

@@ -164,16 +164,20 @@ int queue_redis_decode_entry(const struct redisReply *e, size_t max_body, struct
 		else if (k->len == 3 && !memcmp(k->str, "job", 3))
 			job = v;
 	}
-	if (id && id->len <= JOB_ID_MAX && memchr(id->str, 0, id->len) == NULL) {
+	if (id)
+		out->raw_id = id->str, out->raw_id_len = id->len;
+	if (job)
+		out->body = job->str, out->len = job->len;
+	if (!id || !job)
+		return QUEUE_REDIS_ENTRY_BAD;
+	if (id->len <= JOB_ID_MAX && memchr(id->str, 0, id->len) == NULL) {
 		memcpy(out->id, id->str, id->len);
 		out->id[id->len] = 0;
 		if (!job_id_valid(out->id))
 			out->id[0] = 0;
 	}
-	if (!out->id[0] || !job)
-		return QUEUE_REDIS_ENTRY_BAD;
-	out->body = job->str;
-	out->len = job->len;
+	if (!out->id[0])
+		return QUEUE_REDIS_ENTRY_BAD_ID;
 	return job->len > max_body ? QUEUE_REDIS_ENTRY_TOO_BIG : QUEUE_REDIS_ENTRY_OK;
 }
 
@@ -439,7 +443,7 @@ static void append_checks(struct queue *q, void *ctx)
 		a_s(&a, "XPENDING"), a_s(&a, r->u.stream), a_s(&a, r->u.group);
 		a_s(&a, t->c[i].e.entry), a_s(&a, t->c[i].e.entry), a_s(&a, "1");
 		send_args(r->c, &a);
-		const char *id = t->c[i].kind == QUEUE_REDIS_ENTRY_BAD ? "-" : t->c[i].e.id;
+		const char *id = t->c[i].e.id[0] ? t->c[i].e.id : "-";
 		key(k, sizeof k, r, "result", id);
 		a = (struct args){0};
 		a_s(&a, "EXISTS"), a_s(&a, k);
@@ -457,6 +461,8 @@ struct settle {
 	const char *result;  /* SET NX first, when not NULL */
 	size_t rlen;
 	const char *reason;  /* XADD to the dead stream, when not NULL */
+	char why[256];       /* a reason composed for this entry */
+	bool refused;        /* tell queue_refused once settled: why, under c->e.id when set */
 };
 struct settle_ctx {
 	struct settle *s;
@@ -486,7 +492,13 @@ static void append_settle(struct queue *q, void *ctx)
 		if (s->reason) {
 			a = (struct args){0};
 			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "*");
-			a_s(&a, "id"), a_s(&a, s->c->e.id[0] ? s->c->e.id : "-");
+			/* an invalid id is kept as it was sent: the dead stream is data, not a key */
+			if (s->c->e.id[0])
+				a_s(&a, "id"), a_s(&a, s->c->e.id);
+			else if (s->c->e.raw_id)
+				a_s(&a, "id"), a_b(&a, s->c->e.raw_id, s->c->e.raw_id_len);
+			else
+				a_s(&a, "id"), a_s(&a, "-");
 			a_s(&a, "job"), a_b(&a, s->c->e.body ? s->c->e.body : "", s->c->e.body ? s->c->e.len : 0);
 			a_s(&a, "reason"), a_s(&a, s->reason), a_s(&a, "entry"), a_s(&a, s->c->e.entry);
 			send_args(r->c, &a);
@@ -662,9 +674,23 @@ static int redis_take(struct queue *q, struct queue_job *jobs, int max, double w
 		char msg[200];
 		struct settle *s = &st[nst];
 		s->c = x;
+		if (x->kind == QUEUE_REDIS_ENTRY_BAD_ID) {
+			char quoted[3 * 64];
+			size_t l = x->e.raw_id_len;
+			queue_quote(quoted, sizeof quoted, x->e.raw_id, l);
+			snprintf(s->why, sizeof s->why,
+				 "invalid job id '%s' (%zu bytes; must match [A-Za-z0-9._-]{1,%d})", quoted, l,
+				 JOB_ID_MAX);
+			s->reason = s->why;
+			s->refused = true;
+			nset_cmds += settle_cmds(s), nst++;
+			continue;
+		}
 		if (x->kind == QUEUE_REDIS_ENTRY_BAD || x->kind == QUEUE_REDIS_ENTRY_GONE) {
 			s->reason = x->kind == QUEUE_REDIS_ENTRY_BAD ? "malformed entry (needs fields id and job)"
 								      : "entry deleted while pending";
+			s->refused = x->kind == QUEUE_REDIS_ENTRY_BAD;
+			snprintf(s->why, sizeof s->why, "%s", s->reason);
 			nset_cmds += settle_cmds(s), nst++;
 			continue;
 		}
@@ -686,8 +712,12 @@ static int redis_take(struct queue *q, struct queue_job *jobs, int max, double w
 						      big ? count : count - 1, &s->rlen);
 			s->result = owned[i];
 			s->reason = big ? "too large" : "max_deliveries";
-			if (!big)
+			if (big) {
+				s->refused = true;
+				snprintf(s->why, sizeof s->why, "%s; FAILED (invalid_input) stored", msg);
+			} else {
 				q->st.dead_lettered++;
+			}
 			nset_cmds += settle_cmds(s), nst++;
 			continue;
 		}
@@ -709,8 +739,14 @@ static int redis_take(struct queue *q, struct queue_job *jobs, int max, double w
 	if (nst > 0) {
 		redisReply **sr = calloc((size_t)nset_cmds, sizeof *sr);
 		struct settle_ctx sc = {.s = st, .n = nst};
-		if (sr && exec(q, append_settle, &sc, nset_cmds, sr, err, errsz) == WK_OK)
+		if (sr && exec(q, append_settle, &sc, nset_cmds, sr, err, errsz) == WK_OK) {
 			free_replies(sr, nset_cmds);
+			for (int i = 0; i < nst; i++)
+				if (st[i].refused)
+					queue_refused(q, st[i].c->e.id[0] ? st[i].c->e.id : NULL,
+						      "stream entry %s: %s; moved to %s", st[i].c->e.entry,
+						      st[i].why, r->u.dead);
+		}
 		free(sr); /* a failure here is harmless: those entries are settled on a later delivery */
 	}
 	free_replies(chk, nc * 3);

@@ -7,7 +7,9 @@
  *                  deliveries (release, or reclaim by a worker that is not taking)
  *   DIR/claimed/   jobs being run: <id>~<attempt>~<pid>~<lease expiry, unix ms>
  *   DIR/done/      results: <id>.json, one per id, written tmp + fsync + rename + dir fsync
- *   DIR/failed/    inputs that could not be parsed, were too large, or were dead-lettered
+ *   DIR/failed/    inputs that could not be parsed, were too large, were not regular files
+ *                  (moved as they are: a link is never followed), had names that are not job
+ *                  ids (no result: no id to key it), or were dead-lettered
  *   DIR/cancel/    an empty file <id> cancels that job
  *
  * Claiming is rename(2): exactly one of several racing workers wins a file. A claim is live
@@ -160,22 +162,42 @@ static int write_all(int fd, const char *p, size_t len)
 	return 0;
 }
 
-/* Reads dir/name (at most max bytes) into a malloc'd NUL-terminated buffer. */
-static int read_at(int dfd, const char *name, size_t max, char **buf, size_t *len, double *mtime,
-		   char *err, size_t errsz)
+static const char *file_kind(mode_t m)
 {
-	int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+	return S_ISDIR(m) ? "a directory" : S_ISLNK(m) ? "a symbolic link" : S_ISFIFO(m) ? "a fifo"
+	       : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a plain file";
+}
+
+/* Reads dir/name (at most max bytes) into a malloc'd NUL-terminated buffer; messages call it
+ * shown (NULL: name). Anything but a regular file is WK_EFORMAT without being read: a job
+ * file is data someone put in new/, and a link there must not make the worker read (and
+ * quote in an error) a file it points to; O_NONBLOCK keeps a fifo from hanging the open. */
+static int read_at(int dfd, const char *name, const char *shown, size_t max, char **buf,
+		   size_t *len, double *mtime, char *err, size_t errsz)
+{
+	if (!shown)
+		shown = name;
+	int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0 && (errno == ELOOP || errno == ENXIO)) /* ENXIO: a socket */
+		return wk_errf(err, errsz, WK_EFORMAT, "%s is %s, not a regular file", shown,
+			       errno == ELOOP ? "a symbolic link" : "a socket");
 	if (fd < 0)
-		return wk_errf(err, errsz, errno == ENOENT ? WK_ENOTFOUND : WK_EIO, "%s: %s", name,
+		return wk_errf(err, errsz, errno == ENOENT ? WK_ENOTFOUND : WK_EIO, "%s: %s", shown,
 			       strerror(errno));
 	struct stat st;
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+	if (fstat(fd, &st) != 0) {
+		int e = errno;
 		close(fd);
-		return wk_errf(err, errsz, WK_EIO, "%s: not a regular file", name);
+		return wk_errf(err, errsz, WK_EIO, "%s: %s", shown, strerror(e));
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		return wk_errf(err, errsz, WK_EFORMAT, "%s is %s, not a regular file", shown,
+			       file_kind(st.st_mode));
 	}
 	if ((size_t)st.st_size > max) {
 		close(fd);
-		return wk_errf(err, errsz, WK_ELIMIT, "%s: %lld bytes, more than the limit of %zu", name,
+		return wk_errf(err, errsz, WK_ELIMIT, "%s: %lld bytes, more than the limit of %zu", shown,
 			       (long long)st.st_size, max);
 	}
 	char *p = malloc((size_t)st.st_size + 1);
@@ -202,7 +224,8 @@ static int read_at(int dfd, const char *name, size_t max, char **buf, size_t *le
 /* Writes tmp/tmpname with data (no fsync); returns the open fd (caller syncs and closes). */
 static int write_tmp(struct spool *s, const char *tmpname, const char *data, size_t len)
 {
-	int fd = openat(s->fd[D_TMP], tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int fd = openat(s->fd[D_TMP], tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+			0600);
 	if (fd < 0)
 		return -1;
 	if (write_all(fd, data, len) != 0) {
@@ -350,19 +373,22 @@ fail:
 
 /* ---- delivering one claimed file ---- */
 
-static void move_to_failed(struct queue *q, const char *claim, const char *id)
+static bool move_to_failed(struct queue *q, const char *claim, const char *id)
 {
 	struct spool *s = q->impl;
 	char fin[NAME_MAX_];
 	snprintf(fin, sizeof fin, "%s.json", id);
-	if (renameat(s->fd[D_CLAIMED], claim, s->fd[D_FAILED], fin) == 0)
-		sync_dir(q, D_FAILED);
+	if (renameat(s->fd[D_CLAIMED], claim, s->fd[D_FAILED], fin) != 0)
+		return false;
+	sync_dir(q, D_FAILED);
+	return true;
 }
 
 /* Turns the claim `claim` of id into a delivered job in *j, or handles it and returns false:
- * dead-letter past max_deliveries, already done, too large. */
-static bool deliver(struct queue *q, const char *claim, const char *id, int attempt,
-		    struct queue_job *j)
+ * dead-letter past max_deliveries, already done, too large, not a regular file. from names
+ * the file as it was found (new/<name> or claimed/<name>) for messages. */
+static bool deliver(struct queue *q, const char *claim, const char *from, const char *id,
+		    int attempt, struct queue_job *j)
 {
 	struct spool *s = q->impl;
 	char fin[NAME_MAX_], msg[256];
@@ -388,12 +414,16 @@ static bool deliver(struct queue *q, const char *claim, const char *id, int atte
 	char *body;
 	size_t len;
 	double mtime = 0;
-	int rc = read_at(s->fd[D_CLAIMED], claim, q->o.max_body, &body, &len, &mtime, msg, sizeof msg);
-	if (rc == WK_ELIMIT) {
+	int rc = read_at(s->fd[D_CLAIMED], claim, from, q->o.max_body, &body, &len, &mtime, msg,
+			 sizeof msg);
+	if (rc == WK_ELIMIT || rc == WK_EFORMAT) { /* too large, or not a regular file */
 		size_t rlen;
 		char *res = queue_error_result(q, id, JOB_EINVALID_INPUT, msg, attempt, &rlen);
-		if (res && store_result(q, id, res, rlen, NULL, 0) == WK_OK)
-			move_to_failed(q, claim, id);
+		if (res && store_result(q, id, res, rlen, NULL, 0) == WK_OK) {
+			bool moved = move_to_failed(q, claim, id);
+			queue_refused(q, id, "%s; %s failed/%s", msg,
+				      moved ? "moved to" : "FAILED result stored, but not moved to", fin);
+		}
 		free(res);
 		return false;
 	}
@@ -446,7 +476,9 @@ static void reclaim(struct queue *q, struct queue_job *jobs, int max, int *n)
 		if (renameat(s->fd[D_CLAIMED], de->d_name, s->fd[D_CLAIMED], claim) != 0)
 			continue; /* another worker won it */
 		q->st.reclaimed++;
-		if (deliver(q, claim, id, attempt + 1, &jobs[*n]))
+		char from[NAME_MAX_ + 16];
+		snprintf(from, sizeof from, "claimed/%s", claim);
+		if (deliver(q, claim, from, id, attempt + 1, &jobs[*n]))
 			(*n)++;
 	}
 	closedir(d);
@@ -493,6 +525,30 @@ static void scan_new(struct spool *s)
 		}
 }
 
+/* A *.json file in new/ whose name is not "<id>.json" or "<id>~<n>.json" moves to failed/
+ * under its own name, with a log line. It gets no result: results are keyed by id, and the
+ * name holds none that can be trusted (for "s-x~abc.json" the stem "s-x" is a valid id,
+ * but a FAILED result under it would be taken for the result of a real job s-x, which would
+ * then never run). Other names (no .json, hidden) are not ours and stay. If the move fails
+ * (failed/ already holds that name) the file stays in new/, unlogged: a line per scan would
+ * flood the log. */
+static void refuse_name(struct queue *q, const char *name)
+{
+	struct spool *s = q->impl;
+	size_t len = strlen(name);
+	if (len <= 5 || strcmp(name + len - 5, ".json") || name[0] == '.')
+		return;
+	if (renameat(s->fd[D_NEW], name, s->fd[D_FAILED], name) != 0)
+		return; /* taken by another worker, or failed/ holds the name */
+	sync_dir(q, D_FAILED);
+	char quoted[3 * NAME_MAX_];
+	queue_quote(quoted, sizeof quoted, name, len);
+	queue_refused(q, NULL,
+		      "'new/%s': the name is not a job id ([A-Za-z0-9._-]{1,%d}.json, or ID~N.json after N "
+		      "deliveries); moved to failed/ without a result",
+		      quoted, JOB_ID_MAX);
+}
+
 static void take_new(struct queue *q, struct queue_job *jobs, int max, int *n)
 {
 	struct spool *s = q->impl;
@@ -510,21 +566,18 @@ static void take_new(struct queue *q, struct queue_job *jobs, int max, int *n)
 		char id[JOB_ID_MAX + 1], claim[NAME_MAX_];
 		int prev;
 		if (!queue_spool_parse_new(name, id, &prev)) {
-			/* not a job name: an unparseable job's id is its stem, but a stem that is not a
-			 * valid id cannot name a result; keep the input in failed/ */
-			size_t len = strlen(name);
-			if (len > 5 && !strcmp(name + len - 5, ".json") && name[0] != '.' &&
-			    renameat(s->fd[D_NEW], name, s->fd[D_FAILED], name) == 0)
-				sync_dir(q, D_FAILED);
+			refuse_name(q, name);
 			free(name);
 			continue;
 		}
+		char from[NAME_MAX_ + 16];
+		snprintf(from, sizeof from, "new/%.*s", NAME_MAX_, name);
 		claim_name(claim, sizeof claim, id, prev + 1, s->pid, now_unix() + q->o.lease_s);
 		int rc = renameat(s->fd[D_NEW], name, s->fd[D_CLAIMED], claim);
 		free(name);
 		if (rc != 0)
 			continue; /* taken by another worker */
-		if (deliver(q, claim, id, prev + 1, &jobs[*n]))
+		if (deliver(q, claim, from, id, prev + 1, &jobs[*n]))
 			(*n)++;
 	}
 }
@@ -586,6 +639,20 @@ static int spool_take(struct queue *q, struct queue_job *jobs, int max, double w
 }
 
 /* ---- complete, extend, release, cancel ---- */
+
+/* Whether the claim `claim` may become a spare that a later result is written into: the
+ * input's inode carries whoever made it in new/, and a result must not inherit that. Only a
+ * regular file of ours with no other link qualifies (a hard-linked input would have its other
+ * name overwritten by the result), and it is set to 0600 here, since results are 0600 like
+ * every file the spool creates (an input written as 0644 would otherwise give a 0644 result). */
+static bool spare_ok(struct spool *s, const char *claim)
+{
+	struct stat st;
+	if (fstatat(s->fd[D_CLAIMED], claim, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+	    st.st_nlink != 1 || st.st_uid != geteuid())
+		return false;
+	return (st.st_mode & 07777) == 0600 || fchmodat(s->fd[D_CLAIMED], claim, 0600, 0) == 0;
+}
 
 static int spool_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz)
 {
@@ -669,7 +736,8 @@ static int spool_complete(struct queue *q, struct queue_result *r, int n, char *
 		if (r[i].keep_input) {
 			snprintf(fin, sizeof fin, "%s.json", r[i].job->id);
 			moved |= renameat(s->fd[D_CLAIMED], r[i].job->handle, s->fd[D_FAILED], fin) == 0;
-		} else if (s->n_spare < SPARE_MAX) { /* keep the inode for a later result */
+		} else if (s->n_spare < SPARE_MAX && spare_ok(s, r[i].job->handle)) {
+			/* keep the inode for a later result */
 			char spare[64];
 			snprintf(spare, sizeof spare, "s.%ld.%lu", s->pid, s->spare_seq);
 			if (renameat(s->fd[D_CLAIMED], r[i].job->handle, s->fd[D_TMP], spare) == 0)
@@ -780,7 +848,7 @@ static int spool_wait_result(struct queue *q, const char *id, double timeout_s, 
 	double deadline = wk_now() + timeout_s;
 	int rc;
 	for (;;) {
-		rc = read_at(s->fd[D_DONE], name, JOB_BODY_MAX + 65536, json, len, NULL, err, errsz);
+		rc = read_at(s->fd[D_DONE], name, NULL, JOB_BODY_MAX + 65536, json, len, NULL, err, errsz);
 		if (rc != WK_ENOTFOUND)
 			break;
 		double left = deadline - wk_now();

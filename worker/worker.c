@@ -568,6 +568,20 @@ static void fail_job(struct worker *w, struct held *h, enum job_status st, enum 
 	push_result(w, h, json, len, keep_input);
 }
 
+/* queue_opts.on_refused: an input the driver ended on sight (too large, not a regular file,
+ * no valid id) is logged and counted like a job failed here, so the exit line's "jobs taken"
+ * accounts for every input this worker disposed of. */
+static void job_refused(void *ctx, const char *id, const char *why)
+{
+	struct worker *w = ctx;
+	if (id)
+		wlog(w, "job_refused", "job %s: %s", id, why);
+	else
+		wlog(w, "job_refused", "%s", why);
+	w->jobs_taken++;
+	w->jobs_failed++;
+}
+
 static void job_done(struct worker *w, struct sched_req *r)
 {
 	struct held *h = r->user;
@@ -1221,7 +1235,8 @@ int cmd_worker(int argc, char **argv)
 	}
 	w.s = sched_create(w.e, w.step_log);
 	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s, .done_url = w.done_url,
-				.ping_url = w.ping_url, .stream_url = w.stream_url};
+				.ping_url = w.ping_url, .stream_url = w.stream_url,
+				.on_refused = job_refused, .on_refused_ctx = &w};
 	if (!w.s || (w.queue_url && queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK)) {
 		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
 		goto out;

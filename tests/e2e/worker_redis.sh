@@ -138,4 +138,28 @@ assert billed[0]["prompt_tokens"] == stored["usage"]["prompt_tokens"], (billed, 
 print(f"job dup: billed the attempt whose result stands ({billed[0]['prompt_tokens']} prompt "
       f"tokens), the other overhead")
 PY
+
+# 5. Entries refused on sight: a job over 4 MiB (a FAILED result) and one whose id is not a
+#    job id (no result: it has no key) are each logged with the reason, dead-lettered with
+#    what they held, and counted among the jobs taken and failed.
+python3 -c 'print("x" * (4 * 1024 * 1024 + 1), end="")' | redis-cli -p "$port" -x xadd jobs '*' id huge job >/dev/null
+redis-cli -p "$port" xadd jobs '*' id 'bad id!' job '{"input": {"prompt": "hi"}}' >/dev/null
+submit_many 1 8 g
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id g 2>"$TMPD/g.log" || fail "worker g"
+grep -q "job_refused: job huge: stream entry .*: the job has 4194305 bytes; the limit is 4194304" "$TMPD/g.log" ||
+  fail "no refusal of the large job: $(cat "$TMPD/g.log")"
+grep -q "job_refused: stream entry .*: invalid job id 'bad id!'" "$TMPD/g.log" ||
+  fail "no refusal of the invalid id: $(cat "$TMPD/g.log")"
+grep -q "exit: reason idle; 3 jobs taken, 1 completed, 2 failed" "$TMPD/g.log" ||
+  fail "refusals not counted: $(grep exit: "$TMPD/g.log")"
+check g 1 || fail "the good job beside the refused ones"
+python3 - "$port" <<'PY'
+import json, subprocess, sys
+port = sys.argv[1]
+r = json.loads(subprocess.run(["redis-cli", "-p", port, "--raw", "get", "jobs:result:huge"], capture_output=True, text=True).stdout)
+assert r["status"] == "FAILED" and r["error"]["code"] == "invalid_input", r
+out = subprocess.run(["redis-cli", "-p", port, "--raw", "xrange", "jobs:dead", "-", "+"], capture_output=True, text=True).stdout
+assert "bad id!" in out and "invalid job id 'bad id!'" in out and '{"input": {"prompt": "hi"}}' in out, out[-500:]
+print("refused entries logged, counted and dead-lettered")
+PY
 echo ok

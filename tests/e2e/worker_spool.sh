@@ -62,8 +62,21 @@ printf 'not json' >"$Q/new/broken.json"
 printf '{"id": "noinput", "input": {}}' >"$Q/new/noinput.json"
 printf '{"id": "toolong", "input": {"prompt": "%s"}}' "$(python3 -c 'print("Once upon a time " * 200)')" >"$Q/new/toolong.json"
 printf '{"id": "maxtok", "input": {"prompt": "hi", "max_tokens": 0}}' >"$Q/new/maxtok.json"
+# refused on sight, each with a log line: a link (never followed), a directory, a name
+# that is not a job id (no result: no id to key it)
+printf 'root:x:0:0' >"$TMPD/secret"
+ln -s "$TMPD/secret" "$Q/new/link.json"
+mkdir "$Q/new/adir.json"
+printf '{}' >"$Q/new/bad id.json"
 submit_many 3 8 b
 "$WICK" worker --model "$m" --queue "spool:$Q" --idle-timeout 1 2>"$TMPD/w3.log" || fail "worker exit"
+for l in "job link: new/link.json is a symbolic link, not a regular file" \
+  "job adir: new/adir.json is a directory, not a regular file" \
+  "'new/bad id.json': the name is not a job id"; do
+  grep -qF "job_refused: $l" "$TMPD/w3.log" || fail "no refusal '$l' in the log"
+done
+grep -q "exit: reason idle; 10 jobs taken, 3 completed, 7 failed" "$TMPD/w3.log" ||
+  fail "refusals not counted: $(grep exit: "$TMPD/w3.log")"
 python3 - "$Q" <<'PY'
 import json, os, sys
 q = sys.argv[1]
@@ -73,6 +86,11 @@ for i, code in want.items():
     v = r(i)
     assert v["status"] == "FAILED" and v["error"]["code"] == code, (i, v)
 assert os.path.exists(os.path.join(q, "failed", "broken.json")), "the unparseable input is not kept"
+for i in ("link", "adir"):
+    v = r(i)
+    assert v["status"] == "FAILED" and v["error"]["code"] == "invalid_input" and "root" not in json.dumps(v), (i, v)
+assert os.path.islink(os.path.join(q, "failed", "link.json")) and os.path.isdir(os.path.join(q, "failed", "adir.json"))
+assert os.path.exists(os.path.join(q, "failed", "bad id.json")) and not os.path.exists(os.path.join(q, "done", "bad id.json"))
 assert all(r(f"b-{i}")["status"] == "COMPLETED" for i in (1, 2, 3))
 print("bad jobs failed with their codes")
 PY

@@ -436,6 +436,115 @@ Test(queue_redis, malformed_and_oversized_entries)
 	queue_close(q);
 }
 
+/* What queue_opts.on_refused was told. */
+struct refusals {
+	int n;
+	char id[8][JOB_ID_MAX + 1]; /* "" for NULL */
+	char why[8][512];
+};
+
+static void on_refused(void *ctx, const char *id, const char *why)
+{
+	struct refusals *r = ctx;
+	cr_assert_lt(r->n, 8);
+	snprintf(r->id[r->n], sizeof r->id[0], "%s", id ? id : "");
+	snprintf(r->why[r->n], sizeof r->why[0], "%s", why);
+	r->n++;
+}
+
+/* The value of field f of the dead-letter entry whose reason contains needle (malloc'd). */
+static char *dead_field(const char *needle, const char *f)
+{
+	redisContext *c = redisConnect("127.0.0.1", port);
+	cr_assert(c && !c->err);
+	redisReply *r = redisCommand(c, "XRANGE jobs:dead - +");
+	cr_assert(r && r->type == REDIS_REPLY_ARRAY);
+	char *out = NULL;
+	for (size_t i = 0; i < r->elements && !out; i++) {
+		const redisReply *kv = r->element[i]->element[1];
+		const char *want = NULL, *reason = NULL;
+		size_t wl = 0;
+		for (size_t k = 0; k + 1 < kv->elements; k += 2) {
+			if (!strcmp(kv->element[k]->str, f))
+				want = kv->element[k + 1]->str, wl = kv->element[k + 1]->len;
+			if (!strcmp(kv->element[k]->str, "reason"))
+				reason = kv->element[k + 1]->str;
+		}
+		if (reason && strstr(reason, needle) && want)
+			out = strndup(want, wl);
+	}
+	freeReplyObject(r);
+	redisFree(c);
+	return out;
+}
+
+/* An entry with a job whose id is not a job id: dead-lettered with a reason that names the
+ * id (quoted: a log line stays one line), its id and job kept as sent, and refused once. */
+Test(queue_redis, invalid_id_is_named_and_kept)
+{
+	NEED_REDIS();
+	struct refusals rf = {0};
+	struct queue_opts o = {.consumer = "w", .on_refused = on_refused, .on_refused_ctx = &rf};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	redisContext *c = redisConnect("127.0.0.1", port);
+	freeReplyObject(redisCommand(c, "XADD jobs * id %s job %s", "bad id!", "{\"input\": {}}"));
+	freeReplyObject(redisCommand(c, "XADD jobs * id %s job %s", "two\nlines", "{}"));
+	redisFree(c);
+	struct queue_job j[4];
+	int n;
+	cr_assert_eq(queue_take(q, j, 4, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(n, 0);
+	cr_expect_eq(redis_int("XLEN jobs:dead"), 2);
+	char *id = dead_field("invalid job id 'bad id!'", "id");
+	char *job = dead_field("invalid job id 'bad id!'", "job");
+	cr_expect_str_eq(id ? id : "(no such entry)", "bad id!");
+	cr_expect_str_eq(job ? job : "(no such entry)", "{\"input\": {}}");
+	free(id), free(job);
+	id = dead_field("invalid job id 'two\\x0alines'", "id");
+	cr_expect_str_eq(id ? id : "(no such entry)", "two\nlines");
+	free(id);
+	cr_assert_eq(rf.n, 2);
+	for (int i = 0; i < 2; i++) {
+		cr_expect_str_eq(rf.id[i], "");
+		cr_expect_not_null(strstr(rf.why[i], "invalid job id '"), "%s", rf.why[i]);
+		cr_expect_not_null(strstr(rf.why[i], "moved to jobs:dead"), "%s", rf.why[i]);
+		cr_expect_null(strchr(rf.why[i], '\n'), "%s", rf.why[i]);
+	}
+	cr_expect_eq(count_results(), 0);
+	queue_close(q);
+}
+
+/* A job over max_body: a FAILED result, dead-lettered, and refused (logged and counted by
+ * the worker) under its id. */
+Test(queue_redis, oversized_entry_is_refused)
+{
+	NEED_REDIS();
+	struct refusals rf = {0};
+	struct queue_opts o = {.consumer = "w", .max_body = 100, .on_refused = on_refused,
+			       .on_refused_ctx = &rf};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	char big[300];
+	memset(big, 'x', sizeof big - 1);
+	big[sizeof big - 1] = 0;
+	redisContext *c = redisConnect("127.0.0.1", port);
+	freeReplyObject(redisCommand(c, "XADD jobs * id big job %s", big));
+	redisFree(c);
+	struct queue_job j[4];
+	int n;
+	cr_assert_eq(queue_take(q, j, 4, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(n, 0);
+	cr_expect_eq(redis_int("EXISTS jobs:result:big"), 1);
+	cr_assert_eq(rf.n, 1);
+	cr_expect_str_eq(rf.id[0], "big");
+	cr_expect_not_null(strstr(rf.why[0], "the job has 299 bytes; the limit is 100"), "%s", rf.why[0]);
+	struct queue_stats qs;
+	queue_get_stats(q, &qs);
+	cr_expect_eq(qs.refused, 1);
+	queue_close(q);
+}
+
 /* ---- redis-server restarted mid-run ---- */
 
 /* Completes jobs while the server is down; the driver must wait for it to come back. (The

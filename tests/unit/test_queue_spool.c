@@ -434,6 +434,174 @@ Test(queue_spool, bad_names_oversized_and_kept_inputs)
 	queue_close(q);
 }
 
+/* What queue_opts.on_refused was told. */
+struct refusals {
+	int n;
+	char id[8][JOB_ID_MAX + 1]; /* "" for NULL */
+	char why[8][512];
+};
+
+static void on_refused(void *ctx, const char *id, const char *why)
+{
+	struct refusals *r = ctx;
+	cr_assert_lt(r->n, 8);
+	snprintf(r->id[r->n], sizeof r->id[0], "%s", id ? id : "");
+	snprintf(r->why[r->n], sizeof r->why[0], "%s", why);
+	r->n++;
+}
+
+static struct queue *open_watched(struct refusals *r)
+{
+	memset(r, 0, sizeof *r);
+	struct queue_opts o = {.on_refused = on_refused, .on_refused_ctx = r};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	return q;
+}
+
+static const char *refusal_of(const struct refusals *r, const char *id, const char *needle)
+{
+	for (int i = 0; i < r->n; i++)
+		if (!strcmp(r->id[i], id) && strstr(r->why[i], needle))
+			return r->why[i];
+	return NULL;
+}
+
+static char *read_result(struct queue *q, const char *id)
+{
+	char *res;
+	size_t len;
+	cr_assert_eq(queue_wait_result(q, id, 0, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	return res;
+}
+
+/* A symlink, a directory and a fifo in new/: each is refused once on sight (FAILED result,
+ * moved to failed/ as it is, a refusal naming it), and a link is never followed: its target's
+ * bytes appear nowhere. */
+Test(queue_spool, refuses_what_is_not_a_regular_file)
+{
+	struct refusals rf;
+	struct queue *q = open_watched(&rf);
+	char p[256], target[256];
+	snprintf(target, sizeof target, "%s/../secret", dir);
+	cr_assert_eq(wk_write_file(target, "root:x:0:0", 10, err, sizeof err), WK_OK);
+	snprintf(p, sizeof p, "%s/new/x.json", dir);
+	cr_assert_eq(symlink(target, p), 0);
+	snprintf(p, sizeof p, "%s/new/s-dir.json", dir);
+	cr_assert_eq(mkdir(p, 0700), 0);
+	snprintf(p, sizeof p, "%s/new/ff.json", dir);
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	submit(q, "fine");
+
+	struct queue_job j[4];
+	int n;
+	cr_assert_eq(queue_take(q, j, 4, 0, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 1);
+	cr_expect_str_eq(j[0].id, "fine");
+	complete(q, j, 1, false);
+	free_jobs(j, 1);
+	cr_expect_eq(rf.n, 3);
+	cr_expect_not_null(refusal_of(&rf, "x", "new/x.json is a symbolic link, not a regular file"));
+	cr_expect_not_null(refusal_of(&rf, "s-dir", "new/s-dir.json is a directory, not a regular file"));
+	cr_expect_not_null(refusal_of(&rf, "ff", "new/ff.json is a fifo, not a regular file"));
+	const char *ids[] = {"x", "s-dir", "ff"};
+	for (int i = 0; i < 3; i++) {
+		char *res = read_result(q, ids[i]);
+		cr_expect_not_null(strstr(res, "\"code\": \"invalid_input\""), "%s", res);
+		cr_expect_null(strstr(res, "root"), "the link was followed: %s", res);
+		free(res);
+	}
+	struct stat st;
+	snprintf(p, sizeof p, "%s/failed/x.json", dir);
+	cr_expect(lstat(p, &st) == 0 && S_ISLNK(st.st_mode), "the link itself is kept in failed/");
+	snprintf(p, sizeof p, "%s/failed/s-dir.json", dir);
+	cr_expect(lstat(p, &st) == 0 && S_ISDIR(st.st_mode));
+	cr_expect(exists("failed", "ff.json"));
+	cr_expect_eq(count_dir("claimed"), 0);
+	cr_expect_eq(count_dir("new"), 0);
+	struct queue_stats qs;
+	queue_get_stats(q, &qs);
+	cr_expect_eq(qs.refused, 3);
+	/* once: nothing comes back on a later take, or after a lease would have run out */
+	cr_assert_eq(queue_take(q, j, 4, 0, &n, err, sizeof err), WK_OK);
+	cr_expect_eq(n, 0);
+	cr_expect_eq(rf.n, 3);
+	queue_close(q);
+}
+
+/* *.json names in new/ that are not job ids move to failed/ with a refusal (no id, so no
+ * result), the name quoted so a log line stays one line. */
+Test(queue_spool, names_that_are_not_ids_are_refused_with_a_reason)
+{
+	struct refusals rf;
+	struct queue *q = open_watched(&rf);
+	const char *names[] = {"bad id.json", "weird~name.json", "s-x~abc.json", "nl\nx.json"};
+	char p[256];
+	for (int i = 0; i < 4; i++) {
+		snprintf(p, sizeof p, "%s/new/%s", dir, names[i]);
+		cr_assert_eq(wk_write_file(p, "{}", 2, err, sizeof err), WK_OK);
+	}
+	struct queue_job j[4];
+	int n;
+	cr_assert_eq(queue_take(q, j, 4, 0, &n, err, sizeof err), WK_OK);
+	cr_expect_eq(n, 0);
+	cr_expect_eq(rf.n, 4);
+	cr_expect_not_null(refusal_of(&rf, "", "'new/bad id.json': the name is not a job id"));
+	cr_expect_not_null(refusal_of(&rf, "", "'new/weird~name.json': the name is not a job id"));
+	cr_expect_not_null(refusal_of(&rf, "", "'new/s-x~abc.json': the name is not a job id"));
+	cr_expect_not_null(refusal_of(&rf, "", "'new/nl\\x0ax.json': the name is not a job id"));
+	for (int i = 0; i < rf.n; i++)
+		cr_expect_null(strchr(rf.why[i], '\n'), "%s", rf.why[i]);
+	for (int i = 0; i < 4; i++)
+		cr_expect(exists("failed", names[i]), "%s", names[i]);
+	cr_expect_eq(count_dir("done"), 0); /* "s-x" must not get a result: a real s-x may come */
+	cr_expect_eq(count_dir("new"), 0);
+	queue_close(q);
+}
+
+/* Results are 0600 even when written into the inode of a finished 0644 input (a spare), and
+ * a hard-linked input is never reused: its other name keeps its bytes. */
+Test(queue_spool, results_are_0600_and_never_written_through_an_input)
+{
+	struct queue *q = open_q(0, 0);
+	char p[256], outside[256];
+	const char *body = "{\"id\": \"a\", \"input\": {\"prompt\": \"hi\"}}";
+	snprintf(p, sizeof p, "%s/new/a.json", dir);
+	cr_assert_eq(wk_write_file(p, body, strlen(body), err, sizeof err), WK_OK);
+	cr_assert_eq(chmod(p, 0644), 0);
+	snprintf(outside, sizeof outside, "%s/../mine.json", dir);
+	cr_assert_eq(wk_write_file(outside, body, strlen(body), err, sizeof err), WK_OK);
+	snprintf(p, sizeof p, "%s/new/h.json", dir);
+	cr_assert_eq(link(outside, p), 0);
+	struct queue_job j[2];
+	int n;
+	/* a and h run and finish; their claims are the candidates for spares */
+	cr_assert_eq(queue_take(q, j, 2, 0, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 2);
+	complete(q, j, 2, false);
+	free_jobs(j, 2);
+	submit(q, "b");
+	submit(q, "c");
+	cr_assert_eq(queue_take(q, j, 2, 0, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 2);
+	complete(q, j, 2, false);
+	free_jobs(j, 2);
+	const char *ids[] = {"a", "h", "b", "c"};
+	for (int i = 0; i < 4; i++) {
+		struct stat st;
+		snprintf(p, sizeof p, "%s/done/%s.json", dir, ids[i]);
+		cr_assert_eq(stat(p, &st), 0, "%s", p);
+		cr_expect_eq(st.st_mode & 07777, 0600, "done/%s.json has mode %o", ids[i], st.st_mode & 07777);
+	}
+	char *got;
+	size_t len;
+	cr_assert_eq(wk_read_file(outside, 1 << 20, &got, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect(len == strlen(body) && !memcmp(got, body, len), "the hard link was overwritten: %.*s",
+		  (int)len, got);
+	free(got);
+	queue_close(q);
+}
+
 Test(queue_spool, group_commit)
 {
 	struct queue *q = open_q(60, 0);
