@@ -144,6 +144,9 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct alignas(16) uint4 {
 	unsigned x, y, z, w;
 };
+struct alignas(8) float2 {
+	float x, y;
+};
 struct __nv_bfloat16 {
 	uint16_t x;
 };
@@ -183,6 +186,7 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
 {
 	return uint4{x, y, z, w};
 }
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
