@@ -51,8 +51,8 @@
  * k_gemm_wgmma_tma<MC, 160> (wk_cuda_gemm_fp8_wgmma_n160, _n160_mc2): the TMA kernels with
  * tiles of 160 weight rows (below, at tma_ring).
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): a tile order tuned for L2, a TMA-store
- * epilogue, and any tuning on a GPU (stages, tile shape, register split). Nothing has run on
+ * What is not here yet (issue 9's 1,000 TFLOPS): a TMA-store epilogue, and any tuning on a
+ * GPU (stages, tile shape, register split, the L2 panel size). Nothing has run on
  * a GPU yet: tests/tools/cuda_lab times the four TMA kernels beside the mma.sync kernel and
  * cuBLASLt when scripts/gpu-check runs on one; the backend runs the one-CTA 128-row kernel
  * until that run says which is faster.
@@ -171,9 +171,11 @@ __global__ void __launch_bounds__(WTHREADS, 1)
  * issue their four wgmmas; once the group has retired they arrive on the slot's "empty"
  * mbarrier (all 256 consumer threads) and promote while the producer refills it: no
  * __syncthreads in the loop, so the two consumers run free of each other. Persistent:
- * block b takes tiles b, b + gridDim.x, ... (tile t: token tile t % mtiles of weight tile
- * t / mtiles), and both sides count k blocks over all their tiles (it), which is what keeps
- * the ring's slots and mbarrier phases in step. Needs cols % 16 == 0 and 16-byte aligned
+ * block b takes tiles b, b + gridDim.x, ... (tile t's token and weight tiles from
+ * tma_tile_coords: panels of token tiles whose activations fill about a quarter of L2, a
+ * panel's token tiles next to each other for each weight tile in turn), and both sides count
+ * k blocks over all their tiles (it), which is what keeps the ring's slots and mbarrier
+ * phases in step. Needs cols % 16 == 0 and 16-byte aligned
  * operands (the tensor maps' stride and address rules); the launcher falls back to
  * k_gemm_wgmma otherwise.
  * BN = 160 (wk_cuda_gemm_fp8_wgmma_n160, DeepGEMM's kind of tile for 1 x 128 / 128 x 128
@@ -312,6 +314,21 @@ __device__ __forceinline__ void tma_tile_serial(float (&acc)[BN / 2], const floa
 	}
 }
 
+/* Tile t of the persistent order: token group *mg (MC token tiles) and weight tile *nt. The
+ * tiles go in panels of `group` token groups: a panel's weight tiles one after another, each
+ * with the panel's token groups next to each other, so the tiles running at once share a
+ * few token tiles and a few weight tiles, and both stay in L2 (with every token group in
+ * one panel, a large K made every pair of weight tiles read the whole activation matrix
+ * from memory again: 64 MiB of it for 8192^3, 2 GiB in all). */
+__device__ __forceinline__ void tma_tile_coords(int t, int mgroups, int ntiles, int group,
+						int &mg, int &nt)
+{
+	int span = group * ntiles, first = t / span * group, w = t % span;
+	int gs = mgroups - first < group ? mgroups - first : group;
+	mg = first + w % gs;
+	nt = w / gs;
+}
+
 /* The k blocks a tile runs through the ring: the pipelined consumers' count is even. */
 template <int BN> __device__ __forceinline__ int tma_tile_blocks(int kbs)
 {
@@ -322,7 +339,7 @@ template <int MC, int BN>
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
 			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
-			 int n, int rows, int cols, int mgroups, int tiles)
+			 int n, int rows, int cols, int mgroups, int tiles, int group)
 {
 	typedef tma_ring<BN> R;
 	extern __shared__ uint4 wgmma_tma_smem[];
@@ -354,7 +371,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 		if (tid == 0) {
 			int it = 0; /* k blocks issued so far, over all the tiles: the ring's clock */
 			for (int tile = first; tile < tiles; tile += step) {
-				int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * BN;
+				int mg, nt;
+				tma_tile_coords(tile, mgroups, tiles / mgroups, group, mg, nt);
+				int m0 = (mg * MC + rank) * WM, r0 = nt * BN;
 				/* the pipelined consumers' padding block is a copy of the last */
 				for (int kb = 0; kb < kbe; kb++, it++) {
 					int s = it % R::stages, kc = (kb < kbs ? kb : kbs - 1) * WK;
@@ -389,7 +408,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 	int sr = (rows + WN - 1) / WN; /* weight scale blocks */
 	int it = 0;
 	for (int tile = first; tile < tiles; tile += step) {
-		int m0 = (tile % mgroups * MC + rank) * WM, r0 = tile / mgroups * BN;
+		int mg, nt;
+		tma_tile_coords(tile, mgroups, tiles / mgroups, group, mg, nt);
+		int m0 = (mg * MC + rank) * WM, r0 = nt * BN;
 		/* the tile's first weight scale block, and its 8-row groups in that block */
 		int nb = r0 / WN, jb = ((nb + 1) * WN - r0) / 8;
 		int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
@@ -463,18 +484,25 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 					     cudaFuncAttributeMaxDynamicSharedMemorySize, R::smem);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
-	/* the token tiles of one weight tile next to each other (for L2), MC to a cluster */
+	/* the token tiles of one weight tile next to each other, MC to a cluster, in panels of
+	 * `group` token groups whose activations fill about a quarter of L2 (tma_tile_coords) */
 	int mgroups = (mtiles + MC - 1) / MC, tiles = mgroups * ntiles; /* checked */
+	int dev = 0, l2 = 0;
+	e = cudaGetDevice(&dev);
+	if (e == cudaSuccess)
+		e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+	if (e != cudaSuccess)
+		return check(e, "gemm_fp8_wgmma L2 size", err, errsz);
+	long long per_group = (long long)MC * WM * cols; /* bytes of one group's token rows */
+	int group = (int)(l2 / 4 / per_group);
+	group = group < 1 ? 1 : group > mgroups ? mgroups : group;
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1];
 	cfg.blockDim = dim3(TTHREADS);
 	cfg.dynamicSmemBytes = R::smem;
 	int places = 0; /* clusters (or blocks) resident at once: the persistent grid */
 	if (MC == 1) {
-		int dev = 0;
-		e = cudaGetDevice(&dev);
-		if (e == cudaSuccess)
-			e = cudaDeviceGetAttribute(&places, cudaDevAttrMultiProcessorCount, dev);
+		e = cudaDeviceGetAttribute(&places, cudaDevAttrMultiProcessorCount, dev);
 		if (e != cudaSuccess)
 			return check(e, "gemm_fp8_wgmma multiprocessors", err, errsz);
 	} else {
@@ -497,7 +525,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 	}
 	cfg.gridDim = dim3((unsigned)(MC * (tiles < places ? tiles : places > 0 ? places : 1)));
 	e = cudaLaunchKernelEx(&cfg, (k_gemm_wgmma_tma<MC, BN>), y, tx, tw, xs, ws, n, rows, cols,
-			       mgroups, tiles);
+			       mgroups, tiles, group);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma launch", err, errsz);
 	return launched("gemm_fp8_wgmma", err, errsz);

@@ -436,9 +436,11 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsi
 					     unsigned long long flags,
 					     cudaDriverEntryPointQueryResult *status);
 
-/* cudaDevAttrMultiProcessorCount only: 3 emulated multiprocessors (tests/simt/wgmma.cpp), so
- * that a persistent kernel's blocks each take several tiles here. */
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+/* cudaDevAttrMultiProcessorCount: 3 emulated multiprocessors (tests/simt/wgmma.cpp), so
+ * that a persistent kernel's blocks each take several tiles here; cudaDevAttrL2CacheSize:
+ * 512 KiB, so that the FP8 GEMM's L2-grouped tile order (gemm_wgmma.cu) groups the tests'
+ * small shapes too. */
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrL2CacheSize = 38 };
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 const char *cudaGetErrorString(cudaError_t e);
 

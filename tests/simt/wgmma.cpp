@@ -480,8 +480,11 @@ cudaError_t simt_max_active_clusters(int *n, const cudaLaunchConfig_t *cfg)
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device)
 {
 	(void)device;
-	if (attr != cudaDevAttrMultiProcessorCount)
+	if (attr == cudaDevAttrMultiProcessorCount)
+		*value = 3;
+	else if (attr == cudaDevAttrL2CacheSize)
+		*value = 512 << 10;
+	else
 		return cudaErrorInvalidValue;
-	*value = 3;
 	return cudaSuccess;
 }

@@ -305,7 +305,9 @@ Test(cuda_kernels, gemm_fp8_matches_ref)
  * tiles in every dimension (the block tile is 128 x 128, a stage one 128-deep scale block;
  * 1040 and 1536 columns wrap the TMA kernel's 5-stage ring, 640 the cp.async one's 4), the
  * TMA kernel where cols % 16 == 0 and the operands are aligned, the cp.async one when they
- * are one byte off a 16-byte boundary, ordinary stores when cols % 16 != 0. Within 1e-3;
+ * are one byte off a 16-byte boundary, ordinary stores when cols % 16 != 0; 600 x 384 makes
+ * the TMA kernels' L2-grouped tile order (the emulator's 512 KiB L2: panels of 2 token
+ * tiles, here 2, 2 and 1) go round a panel shorter than the others. Within 1e-3;
  * every output is poisoned first. Under the emulator this checks the 128-byte swizzle, the
  * descriptors, the accumulator fragment, the mbarrier protocol and the tensor maps against
  * our reading of the PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware.
@@ -317,7 +319,8 @@ Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 	NEED_GPU();
 	static const int shapes[][3] = {{1, 64, 128},    {7, 200, 300}, {130, 256, 640},
 					{129, 130, 1040}, {33, 130, 208}, {64, 128, 256},
-					{70, 256, 1536},  {5, 64, 40},  {2, 3, 1}};
+					{70, 256, 1536},  {5, 64, 40},  {2, 3, 1},
+					{600, 256, 384}};
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 		for (int off = 0; off < 2; off++)
 			if (!off || shapes[s][2] % 16 == 0) /* else already the ordinary stores */
