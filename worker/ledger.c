@@ -36,9 +36,9 @@ int money_parse_micro(const char *s, int64_t *micro)
 	if (!s)
 		return WK_EINVAL;
 	for (; *p >= '0' && *p <= '9'; p++, nd++) {
-		if (whole > (INT64_MAX / 10 - 9) / 1000000)
-			return WK_EINVAL;
 		whole = whole * 10 + (*p - '0');
+		if (whole > MONEY_MAX_DOLLARS) /* and so no product of prices and times overflows */
+			return WK_EINVAL;
 	}
 	if (*p == '.')
 		for (p++; *p >= '0' && *p <= '9'; p++, nf++) {
@@ -58,6 +58,8 @@ int64_t money_cost_micro(double seconds, int64_t price_micro_per_hour)
 {
 	if (!(seconds > 0) || price_micro_per_hour <= 0)
 		return 0;
+	if (seconds > MONEY_MAX_SECONDS) /* callers refuse these; never an overflow here */
+		seconds = MONEY_MAX_SECONDS;
 	__int128 us = (__int128)llround(seconds * 1e6);
 	__int128 num = us * price_micro_per_hour;
 	__int128 den = (__int128)3600 * 1000000;
@@ -83,6 +85,8 @@ int64_t money_billed_seconds(double lifetime_s)
 {
 	if (!(lifetime_s > 0))
 		return 0;
+	if (lifetime_s > MONEY_MAX_SECONDS)
+		lifetime_s = MONEY_MAX_SECONDS;
 	int64_t us = llround(lifetime_s * 1e6);
 	return (us + 999999) / 1000000;
 }
@@ -209,7 +213,9 @@ static int emit_to(struct ledger *l, const char *type, json_t *ev, double t, boo
 	}
 	json_object_update(o, ev);
 	json_decref(ev);
-	char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
+	/* 15 significant digits: seconds keep their microseconds up to 10^9 s (10 lost them
+	 * from 10^4 s on, and wick usage recomputes bills from them) */
+	char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
 	json_decref(o);
 	if (!line)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
@@ -598,9 +604,10 @@ int ledger_exit(struct ledger *l, const char *reason, double t, struct ledger_to
 		l->exited = true;
 		double life = t - l->t_start;
 		int64_t billed = money_billed_seconds(life);
-		json_t *ev = json_pack("{s:s, s:o, s:I, s:o, s:o, s:o, s:o, s:I, s:o}", "reason",
-				       reason, "lifetime_seconds", jsec(life), "billed_seconds",
-				       (json_int_t)billed, "start_seconds",
+		json_t *ev = json_pack("{s:s, s:o, s:I, s:I, s:o, s:o, s:o, s:o, s:I, s:o}",
+				       "reason", reason, "lifetime_seconds", jsec(life),
+				       "billed_seconds", (json_int_t)billed,
+				       "price_micro_usd_per_hour", (json_int_t)l->price, "start_seconds",
 				       jsec(l->seconds[LEDGER_STARTING]), "busy_seconds",
 				       jsec(l->seconds[LEDGER_BUSY]), "idle_seconds",
 				       jsec(l->seconds[LEDGER_IDLE]), "drain_seconds",

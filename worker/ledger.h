@@ -43,8 +43,10 @@ extern const char *const ledger_state_names[LEDGER_NSTATES]; /* "starting", ... 
 /* ---- money: integers only ---- */
 
 /* Parses a decimal dollar amount ("36.31", "0.001261") into micro-dollars, exactly (at most
- * 6 decimals). Returns WK_OK or WK_EINVAL. */
+ * 6 decimals, at most MONEY_MAX_DOLLARS). Returns WK_OK or WK_EINVAL. */
 int money_parse_micro(const char *s, int64_t *micro);
+#define MONEY_MAX_DOLLARS 1000000000LL  /* a price ($/h or $/GPU-s) above this is a typo */
+#define MONEY_MAX_SECONDS 1e9           /* a lifetime or quote past ~31 years is one too */
 /* seconds x price_micro_per_hour / 3600, rounded half up to a micro-dollar. seconds is first
  * rounded to a microsecond. */
 int64_t money_cost_micro(double seconds, int64_t price_micro_per_hour);

@@ -34,6 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <xxhash.h>
 
 #include "common/wk.h"
 #include "worker/cmd.h"
@@ -53,6 +56,9 @@ struct run {
 	int64_t billed, cost;
 	long requests;
 	int64_t req_cost;            /* billed requests in this run */
+	int64_t unallocated;         /* spread: overhead no billed request could carry */
+	int64_t exit_price, exit_cost; /* from worker_exit (-1: absent): a run whose
+					  * worker_start line is missing is priced from them */
 	double busy_util;
 };
 
@@ -65,13 +71,67 @@ struct req {
 	bool billed, superseded;
 };
 
+struct sup { /* a superseded line: applied once every file is read (lines may come in any order) */
+	char id[160];
+	int run, attempt;
+};
+
 struct book {
 	struct run *runs;
 	int n_runs, cap_runs;
 	struct req *reqs;
 	int n_reqs, cap_reqs;
-	long bad_lines, recoveries;
+	struct sup *sups;
+	int n_sups, cap_sups;
+	uint64_t *eids;              /* open addressing: hashes of the eids read (0: empty) */
+	size_t cap_eids, n_eids;
+	long bad_lines, recoveries, dup_lines, unpriced;
 };
+
+/* Whether the event id eid was read before (the same ledger given twice, or copies of lines
+ * in two files); records it. A 64-bit hash stands for the id (a false match: ~1 in 10^13 for
+ * a million lines). WK_OK, or WK_ENOMEM. */
+static int seen_eid(struct book *b, const char *eid, bool *seen)
+{
+	uint64_t h = XXH3_64bits(eid, strlen(eid));
+	h = h ? h : 1;
+	if (2 * (b->n_eids + 1) > b->cap_eids) {
+		size_t cap = b->cap_eids ? 2 * b->cap_eids : 1024;
+		uint64_t *t = calloc(cap, sizeof *t);
+		if (!t)
+			return WK_ENOMEM;
+		for (size_t i = 0; i < b->cap_eids; i++)
+			if (b->eids[i])
+				for (size_t k = b->eids[i] & (cap - 1);; k = (k + 1) & (cap - 1))
+					if (!t[k]) {
+						t[k] = b->eids[i];
+						break;
+					}
+		free(b->eids);
+		b->eids = t;
+		b->cap_eids = cap;
+	}
+	for (size_t k = h & (b->cap_eids - 1);; k = (k + 1) & (b->cap_eids - 1)) {
+		if (b->eids[k] == h) {
+			*seen = true;
+			return WK_OK;
+		}
+		if (!b->eids[k]) {
+			b->eids[k] = h;
+			b->n_eids++;
+			*seen = false;
+			return WK_OK;
+		}
+	}
+}
+
+static void book_free(struct book *b)
+{
+	free(b->runs);
+	free(b->reqs);
+	free(b->sups);
+	free(b->eids);
+}
 
 static int find_run(struct book *b, const char *worker, long long boot, bool create)
 {
@@ -90,6 +150,7 @@ static int find_run(struct book *b, const char *worker, long long boot, bool cre
 	}
 	struct run *r = &b->runs[b->n_runs];
 	memset(r, 0, sizeof *r);
+	r->exit_price = r->exit_cost = -1;
 	snprintf(r->worker, sizeof r->worker, "%s", worker);
 	r->boot = boot;
 	snprintf(r->open_state, sizeof r->open_state, "starting");
@@ -143,6 +204,18 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 			json_decref(j);
 			continue;
 		}
+		const char *eid = json_string_value(json_object_get(j, "eid"));
+		bool dup = false;
+		if (eid && seen_eid(b, eid, &dup) != WK_OK) {
+			json_decref(j);
+			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+			break;
+		}
+		if (dup) { /* counted once: the same file given twice, or a line copied */
+			b->dup_lines++;
+			json_decref(j);
+			continue;
+		}
 		int ri = find_run(b, jstr(j, "worker"), json_integer_value(boot), true);
 		if (ri < 0) {
 			json_decref(j);
@@ -174,6 +247,12 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 			r->exited = true;
 			r->lifetime = jnum(j, "lifetime_seconds");
 			snprintf(r->reason, sizeof r->reason, "%s", jstr(j, "reason"));
+			json_t *p = json_object_get(j, "price_micro_usd_per_hour");
+			json_t *c = json_object_get(j, "cost_micro_usd");
+			if (json_is_integer(p))
+				r->exit_price = json_integer_value(p);
+			if (json_is_integer(c))
+				r->exit_cost = json_integer_value(c);
 		} else if (!strcmp(type, "recovery")) {
 			b->recoveries++;
 		} else if (!strcmp(type, "request")) {
@@ -202,16 +281,21 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 			q->queue = jnum(j, "queue_seconds");
 			q->cost = json_integer_value(json_object_get(j, "cost_micro_usd"));
 		} else if (!strcmp(type, "superseded")) {
-			/* withdraws the latest terminal line of that attempt in this run */
-			int at = (int)json_integer_value(json_object_get(j, "attempt"));
-			for (int k = b->n_reqs - 1; k >= 0; k--) {
-				struct req *q = &b->reqs[k];
-				if (q->run == ri && q->attempt == at && !q->superseded &&
-				    terminal(q->status) && !strcmp(q->id, jstr(j, "id"))) {
-					q->superseded = true;
+			if (b->n_sups == b->cap_sups) {
+				int c2 = b->cap_sups ? 2 * b->cap_sups : 16;
+				struct sup *s2 = realloc(b->sups, (size_t)c2 * sizeof *s2);
+				if (!s2) {
+					json_decref(j);
+					rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 					break;
 				}
+				b->sups = s2;
+				b->cap_sups = c2;
 			}
+			struct sup *s = &b->sups[b->n_sups++];
+			snprintf(s->id, sizeof s->id, "%s", jstr(j, "id"));
+			s->run = ri;
+			s->attempt = (int)json_integer_value(json_object_get(j, "attempt"));
 		}
 		json_decref(j);
 	}
@@ -227,14 +311,65 @@ static int cmp_req_time(const void *a, const void *b)
 	return c ? c : x->attempt - y->attempt;
 }
 
-/* qsort's order for an index into by_id_reqs (time-sorted): by id, then by position */
+/* qsort's order for an index into by_id_reqs (time-sorted): by tenant and id (two tenants'
+ * jobs may share an id: queues are theirs), then by position */
 static const struct req *by_id_reqs;
 
 static int cmp_ix_by_id(const void *a, const void *b)
 {
 	int x = *(const int *)a, y = *(const int *)b;
-	int c = strcmp(by_id_reqs[x].id, by_id_reqs[y].id);
+	int c = strcmp(by_id_reqs[x].tenant, by_id_reqs[y].tenant);
+	if (!c)
+		c = strcmp(by_id_reqs[x].id, by_id_reqs[y].id);
 	return c ? c : x - y;
+}
+
+/* qsort's order for an index into by_id_reqs: by run, then by position */
+static int cmp_ix_by_run(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	int c = by_id_reqs[x].run - by_id_reqs[y].run;
+	return c ? c : x - y;
+}
+
+struct frac {
+	double f;
+	int k;
+};
+
+static int cmp_frac_desc(const void *a, const void *b)
+{
+	const struct frac *x = a, *y = b;
+	return x->f < y->f ? 1 : x->f > y->f ? -1 : x->k - y->k;
+}
+
+/* Spreads over (positive or negative: the requests' own costs are each rounded, so they may
+ * add up to a few micro-dollars more than the run's) over the requests ix[0..n) in proportion
+ * to their gpu_seconds, in integer micro-dollars by largest remainder. Returns false when
+ * none has gpu time to weigh by (the caller keeps it unallocated). */
+static bool spread_run(struct req *reqs, const int *ix, int n, int64_t over, struct frac *fr)
+{
+	double gsum = 0;
+	for (int k = 0; k < n; k++)
+		gsum += reqs[ix[k]].gpu > 0 ? reqs[ix[k]].gpu : 0;
+	if (!(gsum > 0))
+		return false;
+	int64_t mag = over < 0 ? -over : over, given = 0;
+	for (int k = 0; k < n; k++) {
+		double g = reqs[ix[k]].gpu > 0 ? reqs[ix[k]].gpu : 0;
+		double exact = g / gsum * (double)mag;
+		int64_t fl = (int64_t)floor(exact);
+		reqs[ix[k]].overhead_share = fl;
+		given += fl;
+		fr[k] = (struct frac){exact - (double)fl, k};
+	}
+	qsort(fr, (size_t)n, sizeof *fr, cmp_frac_desc);
+	for (int k = 0; given < mag; k = (k + 1) % n, given++)
+		reqs[ix[fr[k].k]].overhead_share++;
+	if (over < 0)
+		for (int k = 0; k < n; k++)
+			reqs[ix[k]].overhead_share = -reqs[ix[k]].overhead_share;
+	return true;
 }
 
 /* Settles runs (crashed ones up to their last event), picks the billed attempt of each job,
@@ -251,19 +386,46 @@ static int settle(struct book *b, bool spread, char *err, size_t errsz)
 			snprintf(r->reason, sizeof r->reason, "crashed");
 		}
 		r->billed = money_billed_seconds(r->lifetime);
+		if (!*r->start_ts && r->exit_price >= 0) /* no worker_start: the exit's price */
+			r->price = r->exit_price;
 		r->cost = money_cost_micro((double)r->billed, r->price);
+		if (!*r->start_ts && r->exit_price < 0 && r->exit_cost >= 0) {
+			r->cost = r->exit_cost; /* an older exit line: its cost as written */
+		} else if (!*r->start_ts && r->exit_price < 0) {
+			b->unpriced++;
+			fprintf(stderr, "wick usage: worker %s (boot %lld) has no worker_start line and "
+					"no worker_exit to price it (a ledger cut or rotated?): its %" PRId64
+					" s are billed $0\n", r->worker, r->boot, r->billed);
+		}
 	}
 	qsort(b->reqs, (size_t)b->n_reqs, sizeof *b->reqs, cmp_req_time);
-	/* each id's attempts in time order (the index sorted by id, then position) */
+	/* superseded lines withdraw the latest terminal line of their attempt in their run */
+	for (int k = 0; k < b->n_sups; k++)
+		for (int i = b->n_reqs - 1; i >= 0; i--) {
+			struct req *q = &b->reqs[i];
+			if (q->run == b->sups[k].run && q->attempt == b->sups[k].attempt &&
+			    !q->superseded && terminal(q->status) && !strcmp(q->id, b->sups[k].id)) {
+				q->superseded = true;
+				break;
+			}
+		}
+	/* each job's attempts in time order (the index sorted by tenant and id, then position) */
 	int *ix = malloc((size_t)(b->n_reqs ? b->n_reqs : 1) * sizeof *ix);
-	if (!ix)
+	struct frac *fr = malloc((size_t)(b->n_reqs ? b->n_reqs : 1) * sizeof *fr);
+	if (!ix || !fr) {
+		free(ix);
+		free(fr);
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
 	for (int i = 0; i < b->n_reqs; i++)
 		ix[i] = i;
 	by_id_reqs = b->reqs;
 	qsort(ix, (size_t)b->n_reqs, sizeof *ix, cmp_ix_by_id);
 	for (int g = 0, e; g < b->n_reqs; g = e) {
-		for (e = g + 1; e < b->n_reqs && !strcmp(b->reqs[ix[e]].id, b->reqs[ix[g]].id); e++)
+		const struct req *q0 = &b->reqs[ix[g]];
+		for (e = g + 1; e < b->n_reqs && !strcmp(b->reqs[ix[e]].id, q0->id) &&
+				!strcmp(b->reqs[ix[e]].tenant, q0->tenant);
+		     e++)
 			;
 		/* the last terminal attempt not withdrawn; failing that, the last terminal one */
 		int pick = -1;
@@ -280,49 +442,30 @@ static int settle(struct book *b, bool spread, char *err, size_t errsz)
 			b->runs[q->run].req_cost += q->cost;
 		}
 	}
-	free(ix);
-	if (!spread)
-		return WK_OK;
-	for (int i = 0; i < b->n_runs; i++) {
-		struct run *r = &b->runs[i];
-		int64_t over = r->cost - r->req_cost;
-		double gsum = 0;
-		int cnt = 0;
-		for (int k = 0; k < b->n_reqs; k++)
-			if (b->reqs[k].billed && b->reqs[k].run == i) {
-				gsum += b->reqs[k].gpu;
-				cnt++;
-			}
-		if (over <= 0 || cnt == 0)
-			continue;
-		/* largest remainder: floors first, then one micro-dollar to the largest fractions */
-		int64_t given = 0;
-		for (int k = 0; k < b->n_reqs; k++) {
-			struct req *q = &b->reqs[k];
-			if (!q->billed || q->run != i)
-				continue;
-			double share = gsum > 0 ? q->gpu / gsum : 1.0 / cnt;
-			q->overhead_share = (int64_t)floor(share * (double)over);
-			given += q->overhead_share;
-		}
-		while (given < over) {
-			int best = -1;
-			double bestf = -1;
-			for (int k = 0; k < b->n_reqs; k++) {
-				struct req *q = &b->reqs[k];
-				if (!q->billed || q->run != i)
-					continue;
-				double share = gsum > 0 ? q->gpu / gsum : 1.0 / cnt;
-				double frac = share * (double)over - (double)q->overhead_share;
-				if (frac > bestf) {
-					bestf = frac;
-					best = k;
-				}
-			}
-			b->reqs[best].overhead_share++;
-			given++;
+	if (spread) {
+		/* each run's billed requests, by run: its overhead (its cost less theirs; start,
+		 * idle and drain time, other attempts, the rounding up to whole seconds) over
+		 * them by gpu_seconds; a run with none (or none with gpu time) keeps it
+		 * unallocated, shown as such, so the tenants' costs and it add up to the runs' */
+		int m = 0;
+		for (int i = 0; i < b->n_reqs; i++)
+			if (b->reqs[i].billed)
+				ix[m++] = i;
+		qsort(ix, (size_t)m, sizeof *ix, cmp_ix_by_run);
+		int g = 0;
+		for (int ri = 0; ri < b->n_runs; ri++) {
+			int e = g;
+			while (e < m && b->reqs[ix[e]].run == ri)
+				e++;
+			struct run *r = &b->runs[ri];
+			int64_t over = r->cost - r->req_cost;
+			if (over != 0 && !spread_run(b->reqs, ix + g, e - g, over, fr))
+				r->unallocated = over;
+			g = e;
 		}
 	}
+	free(ix);
+	free(fr);
 	return WK_OK;
 }
 
@@ -367,7 +510,7 @@ static void row(enum fmt f, struct col *c, int n, bool header, json_t *arr)
 	for (int i = 0; i < n; i++) {
 		const char *v = header ? c[i].name : c[i].val;
 		if (f == F_CSV) {
-			bool q = strpbrk(v, ",\"\n") != NULL;
+			bool q = strpbrk(v, ",\"\n\r") != NULL;
 			fputs(i ? "," : "", stdout);
 			if (q) {
 				putchar('"');
@@ -412,7 +555,7 @@ struct agg {
 	long requests, overhead_attempts;
 	long long prompt, completion;
 	double gpu, overhead_gpu;
-	int64_t cost, overhead_cost;
+	int64_t cost, overhead_cost, workers_cost;
 };
 
 static struct agg *agg_get(struct agg **a, int *n, const char *key)
@@ -427,6 +570,64 @@ static struct agg *agg_get(struct agg **a, int *n, const char *key)
 	memset(&g[*n], 0, sizeof g[*n]);
 	snprintf(g[*n].key, sizeof g[*n].key, "%s", key);
 	return &g[(*n)++];
+}
+
+/* Seconds since the epoch of an RFC 3339 UTC time as the ledger writes it
+ * ("2026-12-04T08:56:13.575Z"); NAN when it is not one. */
+static double ts_unix(const char *ts)
+{
+	struct tm tm = {0};
+	double frac = 0;
+	int n = 0;
+	if (sscanf(ts, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+		   &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6)
+		return NAN;
+	if (ts[n] == '.')
+		frac = strtod(ts + n, NULL);
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	return (double)timegm(&tm) + frac;
+}
+
+/* A run's billed cost over the UTC days its life spans, in proportion to its seconds in
+ * each, floored, with what the floors left (fewer micro-dollars than days) to the day of the
+ * largest fraction, so the days add up to the run exactly; added to those days' rows. A run
+ * without a worker_start line is placed by its last event. WK_OK or WK_ENOMEM. */
+static int run_days(const struct run *r, struct agg **a, int *na)
+{
+	double start = *r->start_ts ? ts_unix(r->start_ts) : ts_unix(r->last_ts) - r->lifetime;
+	if (isnan(start))
+		start = 0;
+	double end = start + (r->lifetime > 0 ? r->lifetime : 0);
+	long long d0 = (long long)floor(start / 86400), d1 = (long long)floor(end / 86400);
+	if (end > start && end == (double)d1 * 86400)
+		d1--; /* a life ending at midnight spends nothing in the next day */
+	int nd = (int)(d1 - d0 + 1 > 0 && d1 - d0 < 100000 ? d1 - d0 + 1 : 1);
+	int64_t given = 0;
+	int best = -1;
+	double bestf = -1;
+	for (int k = 0; k < nd; k++) {
+		double lo = fmax(start, (double)(d0 + k) * 86400), hi = fmin(end, (double)(d0 + k + 1) * 86400);
+		double exact = end > start ? (hi - lo) / (end - start) * (double)r->cost : (double)r->cost;
+		int64_t fl = (int64_t)floor(exact);
+		char key[16];
+		time_t t = (time_t)((d0 + k) * 86400);
+		struct tm tm;
+		gmtime_r(&t, &tm);
+		strftime(key, sizeof key, "%Y-%m-%d", &tm);
+		struct agg *g = agg_get(a, na, key);
+		if (!g)
+			return WK_ENOMEM;
+		g->workers_cost += fl;
+		given += fl;
+		if (exact - (double)fl > bestf) {
+			bestf = exact - (double)fl;
+			best = (int)(g - *a);
+		}
+	}
+	if (given < r->cost && best >= 0)
+		(*a)[best].workers_cost += r->cost - given;
+	return WK_OK;
 }
 
 static void usage_help(FILE *f)
@@ -500,7 +701,7 @@ int cmd_usage(int argc, char **argv)
 	if (quote) {
 		char *end;
 		double secs = strtod(quote, &end);
-		if (end == quote || *end || !(secs >= 0)) {
+		if (end == quote || *end || !(secs >= 0 && secs <= MONEY_MAX_SECONDS)) {
 			fprintf(stderr, "wick usage: --quote wants seconds, not '%s'\n", quote);
 			return 2;
 		}
@@ -526,14 +727,12 @@ int cmd_usage(int argc, char **argv)
 	for (int i = optind; i < argc; i++)
 		if (read_ledger(&b, argv[i], err, sizeof err) != WK_OK) {
 			fprintf(stderr, "wick usage: %s\n", err);
-			free(b.runs);
-			free(b.reqs);
+			book_free(&b);
 			return 1;
 		}
 	if (settle(&b, spread, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick usage: %s\n", err);
-		free(b.runs);
-		free(b.reqs);
+		book_free(&b);
 		return 1;
 	}
 
@@ -625,13 +824,23 @@ int cmd_usage(int argc, char **argv)
 				g->overhead_gpu += q->gpu;
 			}
 		}
-		if (day) /* the workers' billed cost goes to the day each started */
-			for (int i = 0; i < b.n_runs; i++) {
-				char key[16];
-				snprintf(key, sizeof key, "%.10s", b.runs[i].start_ts);
-				if (!agg_get(&a, &na, key))
-					break;
-			}
+		/* the workers' billed cost over the days of their lives; with --bill-overhead
+		 * proportional, what no request could carry (a run with no billed request, or
+		 * none with gpu time) to its start day, or to a "(no requests)" tenant */
+		for (int i = 0; i < b.n_runs; i++) {
+			struct run *r = &b.runs[i];
+			if (day && run_days(r, &a, &na) != WK_OK)
+				break;
+			if (!r->unallocated)
+				continue;
+			char key[16];
+			snprintf(key, sizeof key, "%.10s", *r->start_ts ? r->start_ts : r->last_ts);
+			struct agg *g = agg_get(&a, &na, day ? key : "(no requests)");
+			if (!g)
+				break;
+			g->cost += r->unallocated;
+			g->overhead_cost += r->unallocated;
+		}
 		for (int i = 0; i < na; i++) {
 			struct agg *g = &a[i];
 			nc = 0;
@@ -645,13 +854,8 @@ int cmd_usage(int argc, char **argv)
 				setm(&cols[nc++], "of_which_overhead_usd", g->overhead_cost);
 			setc(&cols[nc++], "overhead_attempts", "%ld", g->overhead_attempts);
 			setc(&cols[nc++], "overhead_gpu_seconds", "%.6f", g->overhead_gpu);
-			if (day) {
-				int64_t wc = 0;
-				for (int k = 0; k < b.n_runs; k++)
-					if (!strncmp(b.runs[k].start_ts, g->key, 10))
-						wc += b.runs[k].cost;
-				setm(&cols[nc++], "workers_cost_usd", wc);
-			}
+			if (day)
+				setm(&cols[nc++], "workers_cost_usd", g->workers_cost);
 			if (i == 0)
 				row(f, cols, nc, true, arr);
 			row(f, cols, nc, false, arr);
@@ -668,7 +872,7 @@ int cmd_usage(int argc, char **argv)
 	if (f == F_JSON) {
 		json_t *tot = json_pack(
 			"{s:i, s:f, s:I, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:i, s:f, s:I, s:s, s:s, "
-			"s:s, s:s, s:I, s:I}",
+			"s:s, s:s, s:I, s:I, s:I, s:I}",
 			"workers", b.n_runs, "lifetime_seconds", life, "billed_seconds",
 			(json_int_t)billed_s, "start_seconds", secs[LEDGER_STARTING], "busy_seconds",
 			secs[LEDGER_BUSY], "idle_seconds", secs[LEDGER_IDLE], "drain_seconds",
@@ -677,9 +881,10 @@ int cmd_usage(int argc, char **argv)
 			"overhead_gpu_seconds", over_gpu, "cost_micro_usd", (json_int_t)cost, "cost_usd",
 			c6, "cost_display", cc, "requests_cost_usd", rq, "overhead_attempts_cost_usd",
 			orq, "bad_lines", (json_int_t)b.bad_lines, "recoveries",
-			(json_int_t)b.recoveries);
+			(json_int_t)b.recoveries, "duplicate_lines", (json_int_t)b.dup_lines,
+			"unpriced_runs", (json_int_t)b.unpriced);
 		json_t *out = json_pack("{s:s, s:o, s:o}", "by", by, "rows", arr, "totals", tot);
-		char *s = json_dumps(out, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+		char *s = json_dumps(out, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
 		if (s)
 			puts(s);
 		free(s);
@@ -703,9 +908,14 @@ int cmd_usage(int argc, char **argv)
 			if (b.bad_lines || b.recoveries)
 				printf("  %ld unreadable line(s) skipped, %ld recovery event(s)\n",
 				       b.bad_lines, b.recoveries);
+			if (b.dup_lines)
+				printf("  %ld line(s) read twice, counted once (a ledger given twice?)\n",
+				       b.dup_lines);
+			if (b.unpriced)
+				printf("  %ld run(s) without a price (no worker_start or worker_exit line), "
+				       "billed $0\n", b.unpriced);
 		}
 	}
-	free(b.runs);
-	free(b.reqs);
+	book_free(&b);
 	return 0;
 }

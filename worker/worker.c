@@ -1088,7 +1088,7 @@ int cmd_worker(int argc, char **argv)
 			   .drain_timeout = 30, .lease_s = 60, .gpus = 8, .gpu_type = "H200",
 			   .price_micro = 36310000 /* $36.31/h: 8xH200 in the user's story */};
 	int64_t price_gpu_s = 0;
-	bool have_gpu_price = false;
+	bool have_gpu_price = false, seen_price = false;
 	double v;
 	int c, bad = 0;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -1112,6 +1112,12 @@ int cmd_worker(int argc, char **argv)
 					optarg);
 				return 2;
 			}
+			if (seen_price && (c == O_PRICE_GPU_S) != have_gpu_price) {
+				fprintf(stderr, "wick worker: give --price-per-hour or "
+						"--price-per-gpu-second, not both\n");
+				return 2;
+			}
+			seen_price = true;
 			have_gpu_price = c == O_PRICE_GPU_S;
 			break;
 		case O_LEDGER: w.ledger_path = optarg; break;
@@ -1156,6 +1162,15 @@ int cmd_worker(int argc, char **argv)
 		fprintf(stderr, "wick worker: --worker-id must match [A-Za-z0-9._-]{1,128}\n");
 		return 2;
 	}
+	if (have_gpu_price) {
+		__int128 hourly = (__int128)price_gpu_s * 3600 * w.gpus;
+		if (hourly > (__int128)MONEY_MAX_DOLLARS * 1000000) {
+			fprintf(stderr, "wick worker: --price-per-gpu-second x 3600 x --gpus is more "
+					"than $%lld an hour\n", MONEY_MAX_DOLLARS);
+			return 2;
+		}
+		w.price_micro = (int64_t)hourly;
+	}
 	char host[64] = "host";
 	gethostname(host, sizeof host - 1);
 	for (char *p = host; *p; p++)
@@ -1182,8 +1197,6 @@ int cmd_worker(int argc, char **argv)
 	int rc = 1;
 	char err[WK_ERRSZ];
 	const char *why = "idle";
-	if (have_gpu_price)
-		w.price_micro = price_gpu_s * 3600 * w.gpus;
 	if (w.ho.listen) { /* first: /health answers 503 while the engine starts */
 		char bound[300];
 		w.ho.model = w.ce.model;

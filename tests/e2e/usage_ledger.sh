@@ -159,4 +159,112 @@ assert c["failed"] == 3 and got == want, f"missing {len(want - got)}, extra {len
 print(f"kill -9 after {truth:.2f} s: usage says {life:.2f} s; {len(done)} results, each billed once; "
       f"{len(got)} events exported ({c['failed']} posts failed and were retried, {c['copies']} copies dropped by id)")
 PY
+
+# ---- 4. bills from hand-written ledgers: the edge cases of wick usage's arithmetic ----
+# (each found by an audit; before the fixes: a run with no billed request charged to nobody
+# under --bill-overhead proportional, a run cut off from its worker_start line billed $0,
+# two tenants' jobs with one id billed once, a superseded line read before its request
+# line ignored, a job of no gpu time given a whole run's overhead, a run's cost put on its
+# start day, a ledger given twice counted twice)
+python3 - "$WICK" "$TMPD" <<'PY'
+import datetime, json, subprocess, sys
+wick, tmp = sys.argv[1:3]
+PRICE = 36310000  # micro-dollars an hour
+
+def ts(u):
+    d = datetime.datetime.fromtimestamp(u, datetime.timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+def cost(secs):  # half up, as money_cost_micro
+    return (round(secs * 1e6) * PRICE + 1800000000) // 3600000000
+
+class Run:
+    """a worker's ledger lines, written as worker/ledger.c writes them"""
+    def __init__(self, worker, t0, start=True):
+        self.w, self.t0, self.seq, self.lines = worker, t0, 0, []
+        self.boot, self.state_name, self.since = int(t0 * 1000), "starting", 0.0
+        if start:
+            self.ev("worker_start", 0, gpu_type="H200", gpu_count=8,
+                    price_micro_usd_per_hour=PRICE)
+    def ev(self, typ, mono, **kw):
+        self.seq += 1
+        self.lines.append(json.dumps(dict(type=typ, ts=ts(self.t0 + mono),
+                                          eid=f"{self.w}.{self.boot}.{self.seq}", worker=self.w,
+                                          boot=self.boot, mono=mono, **kw)))
+    def state(self, new, mono):
+        self.ev("state", mono, state=self.state_name, mono_start=self.since, mono_end=mono,
+                seconds=round(mono - self.since, 6))
+        self.state_name, self.since = new, mono
+    def req(self, mono, id, tenant, gpu, attempt=1):
+        self.ev("request", mono, id=id, tenant=tenant, attempt=attempt, status="COMPLETED",
+                queue_seconds=0.1, prompt_tokens=3, completion_tokens=10, gpu_seconds=gpu,
+                cost_micro_usd=cost(gpu))
+    def exit(self, mono, price=True):
+        self.state(None, mono)
+        billed = -(-round(mono * 1e6) // 10 ** 6)
+        kw = dict(price_micro_usd_per_hour=PRICE) if price else {}
+        self.ev("worker_exit", mono, reason="idle", lifetime_seconds=mono, billed_seconds=billed,
+                cost_micro_usd=cost(billed), **kw)
+        return cost(billed)
+
+def usage(files, *args):
+    paths = []
+    for i, lines in enumerate(files):
+        paths.append(f"{tmp}/h{len(paths)}-{i}.jsonl")
+        open(paths[-1], "w").write("\n".join(lines) + "\n")
+    out = subprocess.run([wick, "usage", *paths, "--format", "json", *args], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+T = 1767225600.0  # 2026-01-01T00:00:00Z
+# a run with requests (overhead spread over them) and an idle one (no requests)
+a = Run("a", T + 3600); a.state("busy", 1.0); a.req(1.3, "j1", "alice", 0.3)
+a.req(1.5, "j2", "bob", 0.2); a.state("idle", 1.5); ca = a.exit(2.5)
+e = Run("e", T + 7200); ce = e.exit(3.0)
+u = usage([a.lines, e.lines], "--by", "tenant", "--bill-overhead", "proportional")
+rows = {r["tenant"]: round(float(r["cost_usd"]) * 1e6) for r in u["rows"]}
+assert sum(rows.values()) == ca + ce == u["totals"]["cost_micro_usd"], (rows, ca, ce)
+assert rows["(no requests)"] == ce, rows
+# requests whose rounded costs add up to more than their run's: a negative overhead, spread
+n = Run("n", T); n.state("busy", 0.0)
+for i in range(10):
+    n.req(0.1 * (i + 1), f"n{i}", "t", 0.1)  # 1009 each: 10090 against the run's 10086
+cn = n.exit(1.0)
+u = usage([n.lines], "--by", "tenant", "--bill-overhead", "proportional")
+assert round(float(u["rows"][0]["cost_usd"]) * 1e6) == cn == 10086, u["rows"]
+# no worker_start (a rotated ledger): priced from worker_exit
+s = Run("s", T, start=False); cs = s.exit(2.0)
+u = usage([s.lines], "--by", "worker")
+assert u["totals"]["cost_micro_usd"] == cs > 0 and u["totals"]["unpriced_runs"] == 0, u["totals"]
+# two tenants' jobs with one id: both billed
+m = Run("m", T); m.req(1.0, "order-1", "alice", 0.2); m.req(2.0, "order-1", "bob", 0.3); m.exit(3.0)
+u = usage([m.lines], "--by", "request")
+assert [r["billed"] for r in u["rows"]] == ["yes", "yes"], u["rows"]
+# a superseded line before its request line (lines of two files in any order)
+x = Run("x", T); x.req(1.0, "X", "t", 1.0, attempt=1); x.exit(2.0)
+y = Run("y", T + 10); y.req(1.5, "X", "t", 2.5, attempt=2); y.ev("superseded", 1.6, id="X", attempt=2)
+y.exit(2.0)
+y.lines[1], y.lines[2] = y.lines[2], y.lines[1]
+u = usage([x.lines, y.lines], "--by", "request")
+assert [r["attempt"] for r in u["rows"] if r["billed"] == "yes"] == [1], u["rows"]
+# a job that never ran (0 gpu-seconds) carries none of its run's overhead
+z = Run("z", T); z.req(0.1, "bad", "mallory", 0.0); cz = z.exit(1.0)
+u = usage([z.lines], "--by", "tenant", "--bill-overhead", "proportional")
+rows = {r["tenant"]: round(float(r["cost_usd"]) * 1e6) for r in u["rows"]}
+assert rows == {"mallory": 0, "(no requests)": cz}, rows
+# a run across midnight: its cost split by its seconds in each day
+d = Run("d", T - 30); d.state("idle", 0.0); cd = d.exit(60.0)
+u = usage([d.lines], "--by", "day")
+days = {r["day"]: round(float(r["workers_cost_usd"]) * 1e6) for r in u["rows"]}
+assert sum(days.values()) == cd and abs(days["2026-01-01"] - cd / 2) <= 1, days
+# the same ledger twice: counted once, and said
+u = usage([a.lines, a.lines])
+t = u["totals"]
+assert t["duplicate_lines"] == len(a.lines) and t["cost_micro_usd"] == ca, t
+assert abs(t["start_seconds"] + t["busy_seconds"] + t["idle_seconds"] - 2.5) < 1e-6, t
+print("hand-written ledgers: proportional overhead adds up (an idle run's shown apart, a "
+      "negative one spread), a run priced from its exit, one id of two tenants billed twice, "
+      "a superseded line out of order, a never-run job free, a run split at midnight, "
+      "a ledger given twice counted once")
+PY
 echo ok
