@@ -638,9 +638,11 @@ static void usage_help(FILE *f)
 		"       wick usage --quote SECONDS [--price-per-hour USD]\n\n"
 		"Reads usage ledgers written by `wick worker --ledger` and prints the bill: totals,\n"
 		"the start/busy/idle/drain split, utilisation, and cost by request, tenant, worker\n"
-		"or day. Workers are billed ceil(lifetime) seconds. A job is billed once, for the\n"
-		"attempt that finished it; other attempts are overhead. --bill-overhead proportional\n"
-		"spreads each worker's overhead over its requests by gpu_seconds.\n");
+		"or day. Workers are billed ceil(lifetime) seconds. A job (tenant, id) is billed\n"
+		"once, for the attempt whose result stands; other attempts are overhead.\n"
+		"--bill-overhead proportional spreads each worker's overhead over its requests by\n"
+		"gpu_seconds (a worker with none keeps it in a \"(no requests)\" row). A line read\n"
+		"twice (a ledger given twice) counts once.\n");
 }
 
 int cmd_usage(int argc, char **argv)
