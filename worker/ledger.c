@@ -499,7 +499,7 @@ int ledger_open(const char *path, const struct ledger_info *in, struct ledger **
 }
 
 /* Closes the interval of the current state at t; caller holds mu. */
-static int close_interval(struct ledger *l, double t, char *err, size_t errsz)
+static int close_interval(struct ledger *l, double t, int next, char *err, size_t errsz)
 {
 	if (t < l->t_state)
 		t = l->t_state;
@@ -512,6 +512,10 @@ static int close_interval(struct ledger *l, double t, char *err, size_t errsz)
 			       ledger_state_names[l->st], "start", a, "end", b, "mono_start",
 			       jsec(l->t_state - l->t_start), "mono_end", jsec(t - l->t_start),
 			       "seconds", jsec(secs));
+	/* the state that begins here, so a crash before the next tick still says what the
+	 * open interval was (wick usage) */
+	if (ev && next >= 0)
+		json_object_set_new(ev, "next", json_string(ledger_state_names[next]));
 	l->t_state = t;
 	return emit(l, "state", ev, t, true, err, errsz);
 }
@@ -523,7 +527,7 @@ int ledger_state(struct ledger *l, enum ledger_state st, double t, char *err, si
 	pthread_mutex_lock(&l->mu);
 	int rc = WK_OK;
 	if (st != l->st && !l->exited) {
-		rc = close_interval(l, t, err, errsz);
+		rc = close_interval(l, t, (int)st, err, errsz);
 		l->st = st;
 	}
 	pthread_mutex_unlock(&l->mu);
@@ -600,7 +604,7 @@ int ledger_exit(struct ledger *l, const char *reason, double t, struct ledger_to
 	pthread_mutex_lock(&l->mu);
 	int rc = WK_OK;
 	if (!l->exited) {
-		rc = close_interval(l, t, err, errsz);
+		rc = close_interval(l, t, -1, err, errsz);
 		l->exited = true;
 		double life = t - l->t_start;
 		int64_t billed = money_billed_seconds(life);

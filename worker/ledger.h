@@ -14,6 +14,7 @@
  *                 pid, host
  *   state         state (starting|idle|busy|draining), start, end (RFC 3339), mono_start,
  *                 mono_end, seconds: one closed interval of the worker's accounting state
+ *   (state lines also carry next: the state that begins at their end, none at exit)
  *   tick          state, lifetime_seconds: written every tick_s seconds (default 1), so a
  *                 worker killed -9 leaves its lifetime up to the last tick
  *   request       id, tenant, attempt, status, queue_seconds, prompt_tokens, completion_tokens,

@@ -50,7 +50,9 @@ struct run {
 	int64_t price;
 	double last_mono, closed_to; /* mono of the end of the last closed interval */
 	double seconds[LEDGER_NSTATES];
-	char open_state[16];         /* the state the last tick reported */
+	char open_state[16];         /* the state of the open interval: the latest tick's, or the
+				      * next of a later state line */
+	double open_mono;            /* the mono of the line that said it */
 	bool exited;
 	double lifetime;
 	int64_t billed, cost;
@@ -241,8 +243,15 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 				r->seconds[si] += jnum(j, "seconds");
 			if (jnum(j, "mono_end") > r->closed_to)
 				r->closed_to = jnum(j, "mono_end");
+			if (*jstr(j, "next") && mono >= r->open_mono) {
+				snprintf(r->open_state, sizeof r->open_state, "%s", jstr(j, "next"));
+				r->open_mono = mono;
+			}
 		} else if (!strcmp(type, "tick")) {
-			snprintf(r->open_state, sizeof r->open_state, "%s", jstr(j, "state"));
+			if (mono >= r->open_mono) { /* lines may come in any order */
+				snprintf(r->open_state, sizeof r->open_state, "%s", jstr(j, "state"));
+				r->open_mono = mono;
+			}
 		} else if (!strcmp(type, "worker_exit")) {
 			r->exited = true;
 			r->lifetime = jnum(j, "lifetime_seconds");

@@ -192,8 +192,9 @@ class Run:
                                           eid=f"{self.w}.{self.boot}.{self.seq}", worker=self.w,
                                           boot=self.boot, mono=mono, **kw)))
     def state(self, new, mono):
+        kw = dict(next=new) if new else {}
         self.ev("state", mono, state=self.state_name, mono_start=self.since, mono_end=mono,
-                seconds=round(mono - self.since, 6))
+                seconds=round(mono - self.since, 6), **kw)
         self.state_name, self.since = new, mono
     def req(self, mono, id, tenant, gpu, attempt=1):
         self.ev("request", mono, id=id, tenant=tenant, attempt=attempt, status="COMPLETED",
@@ -257,6 +258,11 @@ d = Run("d", T - 30); d.state("idle", 0.0); cd = d.exit(60.0)
 u = usage([d.lines], "--by", "day")
 days = {r["day"]: round(float(r["workers_cost_usd"]) * 1e6) for r in u["rows"]}
 assert sum(days.values()) == cd and abs(days["2026-01-01"] - cd / 2) <= 1, days
+# a crash: the open interval is the state begun by the last state line, not the older tick's
+c = Run("c", T); c.state("idle", 0.2); c.ev("tick", 1.0, state="idle", lifetime_seconds=1.0)
+c.state("busy", 1.5); c.req(1.9, "j", "t", 0.4)
+t = usage([c.lines])["totals"]
+assert abs(t["busy_seconds"] - 0.4) < 1e-6 and abs(t["idle_seconds"] - 1.3) < 1e-6, t
 # the same ledger twice: counted once, and said
 u = usage([a.lines, a.lines])
 t = u["totals"]
@@ -265,6 +271,6 @@ assert abs(t["start_seconds"] + t["busy_seconds"] + t["idle_seconds"] - 2.5) < 1
 print("hand-written ledgers: proportional overhead adds up (an idle run's shown apart, a "
       "negative one spread), a run priced from its exit, one id of two tenants billed twice, "
       "a superseded line out of order, a never-run job free, a run split at midnight, "
-      "a ledger given twice counted once")
+      "a crash's open interval, a ledger given twice counted once")
 PY
 echo ok
