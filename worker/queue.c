@@ -248,6 +248,14 @@ int queue_cancel(struct queue *q, const char *id, char *err, size_t errsz)
 
 void queue_get_stats(const struct queue *q, struct queue_stats *s) { *s = q->st; }
 
+void queue_set_reconnect(struct queue *q, double seconds)
+{
+	if (q && seconds > 0)
+		q->o.reconnect_s = seconds;
+}
+
+bool queue_stopping(const struct queue *q) { return q->o.stop && *q->o.stop; }
+
 void queue_refused(struct queue *q, const char *id, const char *fmt, ...)
 {
 	q->st.refused++;

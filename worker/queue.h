@@ -31,6 +31,7 @@
 #ifndef QUEUE_H
 #define QUEUE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,7 +45,11 @@ struct queue_opts {
 	double lease_s;        /* a claim's life without queue_extend; 0: 60 */
 	int max_deliveries;    /* deliveries before dead-lettering; 0: 5 (the URL may override) */
 	size_t max_body;       /* bytes of one job; 0: JOB_BODY_MAX. Larger jobs fail as invalid_input */
-	double reconnect_s;    /* network drivers: how long to keep reconnecting; 0: 60 */
+	double reconnect_s;    /* network drivers: how long to keep reconnecting; 0: 60
+				* (queue_set_reconnect changes it between calls) */
+	/* Optional: while *stop is nonzero, a network driver's retries give up at once (WK_EIO,
+	 * "interrupted"), so a signal is not held up by an outage (the worker's got_signal). */
+	const volatile sig_atomic_t *stop;
 	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT and
 	 * RUNPOD_WEBHOOK_PING (stream_url is accepted and not used yet) */
 	const char *done_url, *ping_url, *stream_url;
@@ -98,6 +103,13 @@ struct queue_stats {
 };
 
 /* ---- lifecycle ---- */
+
+/* How long the next calls keep reconnecting (network drivers; > 0). The worker's main loop
+ * takes and extends with a short budget, so an outage never holds up its engine steps for
+ * long, and stores results with a long one. */
+void queue_set_reconnect(struct queue *q, double seconds);
+/* Whether a network driver should stop retrying now (queue_opts.stop). */
+bool queue_stopping(const struct queue *q);
 
 /* Opens the queue named by url (see the top). Creates what is missing: spool directories
  * (mode 0700), the redis stream and group (XGROUP CREATE ... MKSTREAM from id 0), the SQS

@@ -276,10 +276,11 @@ static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
 			if (c)
 				redisFree(c);
 		}
-		if (wk_now() + delay > deadline)
+		if (wk_now() + delay > deadline || queue_stopping(q))
 			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: %s (gave up after %.1f s%s)",
 				       r->u.host, r->u.port, why[0] ? why : "unavailable", wk_now() - t0,
-				       r->connected_once ? "" : "; a first connection is tried for 1 s");
+				       queue_stopping(q) ? ", interrupted"
+				       : r->connected_once ? "" : "; a first connection is tried for 1 s");
 		sleep_s(delay);
 		delay = delay * 2 < 2 ? delay * 2 : 2;
 	}
@@ -330,9 +331,9 @@ static int exec(struct queue *q, append_fn fn, void *ctx, int ncmd, redisReply *
 			drop(r);
 		else if ((rc = create_group(r, err, errsz)) != WK_OK && rc != WK_EIO)
 			return rc;
-		if (wk_now() > deadline)
-			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: lost the connection (gave up after %.0f s)",
-				       r->u.host, r->u.port, q->o.reconnect_s);
+		if (wk_now() > deadline || queue_stopping(q))
+			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: lost the connection (gave up after %.1f s)",
+				       r->u.host, r->u.port, wk_now() - (deadline - q->o.reconnect_s));
 	}
 }
 

@@ -386,7 +386,7 @@ struct sq {
 	char *qurl, *rurl;   /* the queue URLs SQS returned */
 	bool fifo_jobs, fifo_results;
 	int max_receive;     /* the job queue's RedrivePolicy maxReceiveCount; 0 none */
-	double retry_s;      /* how long call() retries */
+	double retry_s;      /* how long call() retries while opening; 0 after: reconnect_s */
 	bool resolving;      /* inside resolve_queues: no second re-creation */
 	double next_poll;    /* wk_now() before which a non-waiting take does not ask SQS */
 	char *rbuf;          /* the last response, NUL-terminated */
@@ -600,8 +600,8 @@ static bool throttled(const char *type)
 	       !strcmp(type, "KmsThrottled");
 }
 
-/* POSTs body as action, retrying network failures, 5xx and throttling until s->retry_s has
- * passed. On WK_OK the response is in s->rbuf. *gone is set when SQS says the queue does not
+/* POSTs body as action, retrying network failures, 5xx and throttling until the retry budget
+ * (s->retry_s while opening, then the queue's reconnect_s) has passed, or queue_stopping. On WK_OK the response is in s->rbuf. *gone is set when SQS says the queue does not
  * exist. */
 static int perform(struct queue *q, const char *action, const char *body, double wait_s, bool *gone,
 		   char *err, size_t errsz)
@@ -624,7 +624,9 @@ static int perform(struct queue *q, const char *action, const char *body, double
 	curl_easy_setopt(s->c, CURLOPT_POSTFIELDS, body);
 	curl_easy_setopt(s->c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
 	curl_easy_setopt(s->c, CURLOPT_TIMEOUT_MS, (long)((IO_TIMEOUT_S + wait_s) * 1000));
-	double deadline = wk_now() + s->retry_s, delay = 0.05;
+	/* past open, the queue's current budget (queue_set_reconnect) */
+	double budget = s->retry_s > 0 ? s->retry_s : q->o.reconnect_s;
+	double t0 = wk_now(), deadline = t0 + budget, delay = 0.05;
 	bool net_failed = false;
 	int rc;
 	char why[300];
@@ -670,9 +672,10 @@ static int perform(struct queue *q, const char *action, const char *body, double
 		else
 			snprintf(why, sizeof why, "%s", s->cerr[0] ? s->cerr : curl_easy_strerror(cc));
 		net_failed |= cc != CURLE_OK;
-		if (wk_now() + delay > deadline) {
-			rc = wk_errf(err, errsz, WK_EIO, "sqs %s %s: %s (gave up after %.0f s)", action, s->endpoint,
-				     why, s->retry_s);
+		if (wk_now() + delay > deadline || queue_stopping(q)) {
+			rc = wk_errf(err, errsz, WK_EIO, "sqs %s %s: %s (gave up after %.1f s%s)", action,
+				     s->endpoint, why, wk_now() - t0,
+				     queue_stopping(q) ? ", interrupted" : "");
 			break;
 		}
 		sleep_s(delay);
@@ -1012,7 +1015,7 @@ static int sqs_open(struct queue *q, const char *url, char *err, size_t errsz)
 	s->retry_s = q->o.reconnect_s < OPEN_RETRY_S ? q->o.reconnect_s : OPEN_RETRY_S;
 	if ((rc = resolve_queues(q, err, errsz)) != WK_OK || (rc = read_redrive(q, err, errsz)) != WK_OK)
 		goto fail;
-	s->retry_s = q->o.reconnect_s;
+	s->retry_s = 0; /* from now on the queue's current budget */
 	if (s->u.max_deliveries > 0)
 		q->o.max_deliveries = s->u.max_deliveries;
 	return WK_OK;

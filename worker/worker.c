@@ -74,6 +74,7 @@ struct worker {
 	int cap;                /* slots: concurrency, twice that with a committer */
 	int n_committing;       /* held slots whose results the committer has */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
+	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	bool json_logs;
 	/* usage accounting (worker/ledger.h) */
 	const char *ledger_path, *usage_url, *gpu_type;
@@ -96,6 +97,9 @@ struct worker {
 	struct held *held;      /* [cap] */
 	enum state state;
 	double t_start, t_last_activity, t_drain_deadline;
+	/* a queue outage: since when every call on it failed (0: it answers), the last log */
+	double q_fail_since, q_fail_told;
+	char q_fail_err[WK_ERRSZ];
 	long jobs_taken, jobs_done, jobs_failed;
 	/* finished results waiting to be stored (group commit) */
 	struct queue_result *out;
@@ -350,6 +354,46 @@ static void log_unstored(struct worker *w, const struct queue_result *r, const c
 				 "it again", id, err);
 }
 
+/* The main loop's calls on the queue (take, extend, cancel checks) keep reconnecting for
+ * QUEUE_POLL_S only, so an outage holds up its engine steps and signals for seconds, not
+ * reconnect_s; storing results and handing jobs back keep QUEUE_STORE_S. After
+ * --queue-outage seconds (default 60) of nothing but failures the worker gives up (exit 4): its jobs return to the queue when
+ * their leases expire, and another worker (or this one restarted) takes them. */
+#define QUEUE_POLL_S 2.0
+#define QUEUE_STORE_S 60.0
+
+/* The budget of a call that stores (results, hand-backs): QUEUE_STORE_S, or in an outage
+ * what is left of --queue-outage (at least QUEUE_POLL_S), so the worker gives up in time. */
+static double store_budget(const struct worker *w)
+{
+	if (!w->q_fail_since)
+		return QUEUE_STORE_S;
+	double left = w->queue_outage - (wk_now() - w->q_fail_since);
+	return left > QUEUE_POLL_S ? left : QUEUE_POLL_S;
+}
+
+/* Notes a call on the queue: a failure starts or continues an outage (logged at its start
+ * and every 10 s), a success ends one. */
+static void queue_note(struct worker *w, int rc, const char *what, const char *err)
+{
+	double now = wk_now();
+	if (rc == WK_OK) {
+		if (w->q_fail_since)
+			wlog(w, "queue_recovered", "the queue answers again after %.1f s",
+			     now - w->q_fail_since);
+		w->q_fail_since = 0;
+		return;
+	}
+	snprintf(w->q_fail_err, sizeof w->q_fail_err, "%s: %s", what, err);
+	if (!w->q_fail_since) {
+		w->q_fail_since = w->q_fail_told = now;
+		wlog(w, "queue_error", "%s", w->q_fail_err);
+	} else if (now - w->q_fail_told >= 10) {
+		w->q_fail_told = now;
+		wlog(w, "queue_error", "failing for %.0f s: %s", now - w->q_fail_since, w->q_fail_err);
+	}
+}
+
 /* A stored result that the queue dropped because the job already had one (another
  * attempt's: this worker lost the lease while it ran, or the queue held the id twice): said
  * in the log, and in the ledger, so that wick usage bills the attempt whose result stands. */
@@ -538,7 +582,11 @@ static void flush_results(struct worker *w)
 			w->out[i].rc = rc;
 	} else {
 		int nq = queue_results_first(w); /* HTTP requests are answered below */
+		queue_set_reconnect(w->q, store_budget(w));
 		rc = nq ? queue_complete(w->q, w->out, nq, err, sizeof err) : WK_OK;
+		queue_set_reconnect(w->q, QUEUE_POLL_S);
+		if (nq)
+			queue_note(w, rc, "storing results", err);
 	}
 	for (int i = 0; i < w->n_out; i++) {
 		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
@@ -806,8 +854,9 @@ static void take_jobs(struct worker *w, double wait_s)
 		return;
 	char err[WK_ERRSZ];
 	int n = 0;
-	if (queue_take(w->q, jobs, free_slots, wait_s, &n, err, sizeof err) != WK_OK) {
-		wlog(w, "queue_error", "%s", err);
+	int rc = queue_take(w->q, jobs, free_slots, wait_s, &n, err, sizeof err);
+	queue_note(w, rc, "take", err);
+	if (rc != WK_OK) {
 		free(jobs);
 		usleep(200000);
 		return;
@@ -912,12 +961,18 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 		tmp[i] = *jobs[i];
 	if (now - *t_lease > w->lease_s / 3) {
 		*t_lease = now;
-		if (queue_extend(w->q, tmp, n, w->lease_s, NULL, err, sizeof err) != WK_OK)
+		int rc = queue_extend(w->q, tmp, n, w->lease_s, NULL, err, sizeof err);
+		if (rc != WK_OK && rc != WK_ENOTFOUND) /* ENOTFOUND: a lease lost, said by the driver */
+			queue_note(w, rc, "lease", err);
+		else if (rc == WK_ENOTFOUND)
 			wlog(w, "lease", "%s", err);
 	}
 	if (now - *t_cancel > 0.5) {
 		*t_cancel = now;
-		if (queue_check_cancel(w->q, tmp, n, err, sizeof err) == WK_OK)
+		int rc = queue_check_cancel(w->q, tmp, n, err, sizeof err);
+		if (rc != WK_OK)
+			queue_note(w, rc, "cancel check", err);
+		else
 			for (int i = 0; i < n; i++)
 				if (tmp[i].cancelled && !jobs[i]->cancelled) {
 					jobs[i]->cancelled = true;
@@ -952,7 +1007,14 @@ static void release_all(struct worker *w)
 			.cost_micro_usd = cost_micro(w, gpu_s)};
 		if (ledger_requests(w->ledger, &h->bill, 1, err, sizeof err) != WK_OK)
 			wlog(w, "ledger_error", "job %s: %s", h->qj.id, err);
-		if (queue_release(w->q, &h->qj, 1, err, sizeof err) != WK_OK)
+		bool lost = w->q_fail_since && wk_now() - w->q_fail_since > w->queue_outage;
+		queue_set_reconnect(w->q, store_budget(w));
+		int rc = lost ? WK_EIO : queue_release(w->q, &h->qj, 1, err, sizeof err);
+		queue_set_reconnect(w->q, QUEUE_POLL_S);
+		if (lost)
+			wlog(w, "release", "job %s: not handed back (the queue is unreachable); it "
+					   "returns to the queue when its lease expires", h->qj.id);
+		else if (rc != WK_OK)
 			wlog(w, "release", "job %s: %s", h->qj.id, err);
 		else
 			wlog(w, "released", "job %s handed back to the queue", h->qj.id);
@@ -1027,6 +1089,8 @@ static void usage(FILE *f)
 		"  --max-lifetime S      drain and exit after S seconds (default 0: never)\n"
 		"  --max-jobs N          drain and exit after taking N jobs (default 0: no limit)\n"
 		"  --lease S             job lease, extended while a job runs (default 60)\n"
+		"  --queue-outage S      exit 4 once every call on the queue has failed for S\n"
+		"                        seconds (default 60); engine steps go on meanwhile\n"
 		"  --ledger PATH         usage ledger (JSON Lines, fsync'd; see `wick usage`)\n"
 		"  --ledger-tick S       ledger tick period while running (default 1)\n"
 		"  --price-per-hour USD  price of the whole worker (default 36.31: 8xH200)\n"
@@ -1061,7 +1125,7 @@ int cmd_worker(int argc, char **argv)
 {
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
-	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL };
+	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -1070,6 +1134,7 @@ int cmd_worker(int argc, char **argv)
 		{"drain-timeout", required_argument, 0, O_DRAIN},
 		{"max-lifetime", required_argument, 0, O_LIFE},
 		{"max-jobs", required_argument, 0, O_MAXJOBS}, {"lease", required_argument, 0, O_LEASE},
+		{"queue-outage", required_argument, 0, O_OUTAGE},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -1085,7 +1150,7 @@ int cmd_worker(int argc, char **argv)
 		CMD_ENGINE_OPTIONS, HTTP_API_OPTIONS, {0, 0, 0, 0}};
 	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
 			   .step_timeout = 300,
-			   .drain_timeout = 30, .lease_s = 60, .gpus = 8, .gpu_type = "H200",
+			   .drain_timeout = 30, .lease_s = 60, .queue_outage = 60, .gpus = 8, .gpu_type = "H200",
 			   .price_micro = 36310000 /* $36.31/h: 8xH200 in the user's story */};
 	int64_t price_gpu_s = 0;
 	bool have_gpu_price = false, seen_price = false;
@@ -1102,6 +1167,7 @@ int cmd_worker(int argc, char **argv)
 		case O_LIFE: bad = parse_num(optarg, "--max-lifetime", 0, 1e12, &w.max_lifetime); break;
 		case O_MAXJOBS: bad = parse_num(optarg, "--max-jobs", 0, 1e12, &v); w.max_jobs = (int)v; break;
 		case O_LEASE: bad = parse_num(optarg, "--lease", 1, 86400, &w.lease_s); break;
+		case O_OUTAGE: bad = parse_num(optarg, "--queue-outage", 1, 86400, &w.queue_outage); break;
 		case O_PRICE:
 		case O_PRICE_GPU_S:
 			if (money_parse_micro(optarg, c == O_PRICE ? &w.price_micro : &price_gpu_s) !=
@@ -1249,11 +1315,13 @@ int cmd_worker(int argc, char **argv)
 	w.s = sched_create(w.e, w.step_log);
 	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s, .done_url = w.done_url,
 				.ping_url = w.ping_url, .stream_url = w.stream_url,
-				.on_refused = job_refused, .on_refused_ctx = &w};
+				.on_refused = job_refused, .on_refused_ctx = &w,
+				.reconnect_s = QUEUE_STORE_S, .stop = &got_signal};
 	if (!w.s || (w.queue_url && queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK)) {
 		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
 		goto out;
 	}
+	queue_set_reconnect(w.q, QUEUE_POLL_S); /* the main loop's calls (see QUEUE_POLL_S) */
 	/* On a spool the file-system work of storing results is done by a committer thread
 	 * with its own handle, overlapped with the next steps. */
 	if (w.q && !strcmp(queue_driver(w.q), "spool")) {
@@ -1295,6 +1363,13 @@ int cmd_worker(int argc, char **argv)
 			why = "max_lifetime";
 			if (sched_pending(w.s) == 0)
 				ledger_state(w.ledger, LEDGER_DRAINING, now, err, sizeof err);
+		}
+		if (w.q_fail_since && now - w.q_fail_since > w.queue_outage) {
+			wlog(&w, "unhealthy", "every call on the queue has failed for %.0f s (%s): "
+					      "exiting; the jobs held go back to the queue when their "
+					      "leases expire", now - w.q_fail_since, w.q_fail_err);
+			why = "queue_lost";
+			break;
 		}
 		int held = held_count(&w);
 		if (w.state != ST_DRAINING && w.max_jobs > 0 && w.jobs_taken >= w.max_jobs && held == 0) {
@@ -1354,7 +1429,7 @@ int cmd_worker(int argc, char **argv)
 	wlog(&w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
 			 "%llu syncs", why, w.jobs_taken, w.jobs_done, w.jobs_failed,
 	     wk_now() - w.t_start, (unsigned long long)qs.syncs);
-	rc = sched_engine_failed(w.s, NULL) != WK_OK ? 3 : 0;
+	rc = sched_engine_failed(w.s, NULL) != WK_OK ? 3 : !strcmp(why, "queue_lost") ? 4 : 0;
 out:
 	startup_done = 1;
 	worker_done = 1;

@@ -14,7 +14,7 @@ start_redis() {
   fail "redis-server did not start"
 }
 start_redis
-trap 'kill -9 $rpid 2>/dev/null; rm -rf "$TMPD"' EXIT
+trap 'kill -9 $rpid 2>/dev/null || true; rm -rf "$TMPD"' EXIT
 Q="redis://127.0.0.1:$port/jobs?group=wick"
 
 submit_many() { # N MAX_TOKENS PREFIX
@@ -162,4 +162,36 @@ out = subprocess.run(["redis-cli", "-p", port, "--raw", "xrange", "jobs:dead", "
 assert "bad id!" in out and "invalid job id 'bad id!'" in out and '{"input": {"prompt": "hi"}}' in out, out[-500:]
 print("refused entries logged, counted and dead-lettered")
 PY
+
+# 6. Redis gone mid-run. The worker's calls on the queue give up within seconds, so a SIGTERM
+#    is obeyed at once, and a worker whose every call has failed for --queue-outage seconds
+#    exits 4 (before: each call retried for 60 s on the main thread, steps stalled, SIGTERM
+#    waited a minute, and the worker never gave up).
+ready() { for _ in $(seq 200); do grep -q "ready:" "$1" 2>/dev/null && return; sleep 0.05; done; fail "not ready: $1"; }
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 60 --worker-id h 2>"$TMPD/h.log" &
+h=$!
+ready "$TMPD/h.log"
+kill -9 $rpid
+wait $rpid 2>/dev/null || true
+sleep 3
+t0=$(date +%s.%N)
+kill -TERM $h
+rc=0; wait $h || rc=$?
+python3 -c "import sys; d = float(sys.argv[2]) - float(sys.argv[1]); assert d < 2.5, f'SIGTERM took {d:.1f} s'" \
+  "$t0" "$(date +%s.%N)" || fail "SIGTERM in an outage: $(tail -3 "$TMPD/h.log")"
+[ $rc = 0 ] || fail "SIGTERM in an outage: exit $rc"
+start_redis
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 60 --queue-outage 3 --worker-id i \
+  2>"$TMPD/i.log" &
+i=$!
+ready "$TMPD/i.log"
+kill -9 $rpid
+wait $rpid 2>/dev/null || true
+t0=$(date +%s)
+rc=0; wait $i || rc=$?
+[ $rc = 4 ] || fail "an outage past --queue-outage: exit $rc: $(tail -3 "$TMPD/i.log")"
+[ $(( $(date +%s) - t0 )) -le 12 ] || fail "an outage of 3 s took $(( $(date +%s) - t0 )) s to give up"
+grep -q "unhealthy: every call on the queue has failed for" "$TMPD/i.log" &&
+  grep -q "exit: reason queue_lost" "$TMPD/i.log" || fail "no queue_lost: $(tail -3 "$TMPD/i.log")"
+echo "redis gone: SIGTERM obeyed at once; --queue-outage 3 gave up with exit 4"
 echo ok
