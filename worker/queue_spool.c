@@ -804,6 +804,43 @@ static int spool_cancel(struct queue *q, const char *id, char *err, size_t errsz
 	return WK_OK;
 }
 
+/* Whether a job id is claimed (running, or waiting for its reclaim) or queued again after a
+ * delivery (new/ID~N.json): a submit of that id then would run a second job under it. */
+static bool spool_in_flight(struct spool *s, const char *id, const char **where)
+{
+	static const int dirs[] = {D_CLAIMED, D_NEW};
+	for (int k = 0; k < 2; k++) {
+		int fd = dup(s->fd[dirs[k]]);
+		DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+		if (!d) {
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		rewinddir(d); /* a dup shares the directory's offset with the spool's own fd */
+		struct dirent *de;
+		bool found = false;
+		while (!found && (de = readdir(d))) {
+			char jid[JOB_ID_MAX + 1];
+			int a, prev;
+			long pid;
+			long long exp;
+			found = dirs[k] == D_CLAIMED
+					? queue_spool_parse_claim(de->d_name, jid, &a, &pid, &exp) &&
+						  !strcmp(jid, id)
+					: strchr(de->d_name, '~') &&
+						  queue_spool_parse_new(de->d_name, jid, &prev) &&
+						  !strcmp(jid, id);
+		}
+		closedir(d);
+		if (found) {
+			*where = dirs[k] == D_CLAIMED ? "is running (claimed/)" : "is queued again (new/)";
+			return true;
+		}
+	}
+	return false;
+}
+
 static int spool_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,
 			size_t errsz)
 {
@@ -812,6 +849,9 @@ static int spool_submit(struct queue *q, const char *id, const char *json, size_
 	snprintf(name, sizeof name, "%s.json", id);
 	if (faccessat(s->fd[D_DONE], name, F_OK, 0) == 0)
 		return wk_errf(err, errsz, WK_EINVAL, "job %s already has a result in %s/done", id, s->path);
+	const char *where;
+	if (spool_in_flight(s, id, &where))
+		return wk_errf(err, errsz, WK_EINVAL, "a job with id %s %s in %s", id, where, s->path);
 	int fd = write_tmp(s, name, json, len);
 	if (fd < 0)
 		return wk_errf(err, errsz, WK_EIO, "%s/tmp/%s: %s", s->path, name, strerror(errno));

@@ -171,10 +171,21 @@ Test(queue_spool, refuses_duplicates_and_bad_ids)
 	int n;
 	cr_assert_eq(queue_take(q, j, 1, 0, &n, err, sizeof err), WK_OK);
 	cr_assert_eq(n, 1);
-	complete(q, j, 1, false);
+	/* running (claimed/), then handed back (new/dup~1.json): still refused; both ran before */
+	cr_expect_eq(queue_submit(q, "dup", "{}", 2, err, sizeof err), WK_EINVAL);
+	cr_expect_not_null(strstr(err, "is running"), "%s", err);
+	cr_assert_eq(queue_release(q, j, 1, err, sizeof err), WK_OK);
+	free_jobs(j, 1);
+	cr_expect_eq(queue_submit(q, "dup", "{}", 2, err, sizeof err), WK_EINVAL);
+	cr_expect_not_null(strstr(err, "is queued again"), "%s", err);
+	cr_expect_eq(queue_submit(q, "du", "{}", 2, err, sizeof err), WK_OK, "a prefix is another id");
+	struct queue_job j2[2];
+	cr_assert_eq(queue_take(q, j2, 2, 0, &n, err, sizeof err), WK_OK);
+	cr_assert_eq(n, 2);
+	complete(q, j2, 2, false);
 	cr_expect_eq(queue_submit(q, "dup", "{}", 2, err, sizeof err), WK_EINVAL);
 	cr_expect_not_null(strstr(err, "already has a result"), "%s", err);
-	free_jobs(j, 1);
+	free_jobs(j2, 2);
 	queue_close(q);
 	struct queue *q2;
 	cr_expect_eq(queue_open("spool:", NULL, &q2, err, sizeof err), WK_EINVAL);
