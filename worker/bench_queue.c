@@ -60,6 +60,20 @@ static int queue_throughput(const char *model, const char *url, int jobs, int co
 		fprintf(stderr, "wick bench queue: %s\n", err);
 		return 1;
 	}
+	/* the worker it starts runs every job in the queue on the null engine: never a queue
+	 * that holds someone's jobs */
+	long backlog = 0;
+	if (queue_backlog(q, &backlog, err, sizeof err) != WK_OK || backlog > 0) {
+		if (backlog > 0)
+			fprintf(stderr, "wick bench queue: %s holds %ld job(s) queued or running; the "
+					"benchmark's worker would run them on the null engine: give it an "
+					"empty queue\n", url, backlog);
+		else
+			fprintf(stderr, "wick bench queue: %s (the benchmark needs a spool or redis queue "
+					"it can see is empty)\n", err);
+		queue_close(q);
+		return 1;
+	}
 	double t0 = wk_now();
 	for (int i = 0; i < jobs; i++) {
 		char id[64], body[256];

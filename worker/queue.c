@@ -248,6 +248,15 @@ int queue_cancel(struct queue *q, const char *id, char *err, size_t errsz)
 
 void queue_get_stats(const struct queue *q, struct queue_stats *s) { *s = q->st; }
 
+int queue_backlog(struct queue *q, long *n, char *err, size_t errsz)
+{
+	*n = 0;
+	if (!q->ops->backlog)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "a %s queue cannot say how many jobs it "
+							  "holds", q->ops->name);
+	return q->ops->backlog(q, n, err, errsz);
+}
+
 void queue_set_reconnect(struct queue *q, double seconds)
 {
 	if (q && seconds > 0)

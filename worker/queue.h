@@ -104,6 +104,11 @@ struct queue_stats {
 
 /* ---- lifecycle ---- */
 
+/* *n = the jobs queued or running (not finished), for a tool that must start from an empty
+ * queue (wick bench queue). WK_OK, a driver's error, or WK_EUNSUPPORTED where the driver
+ * cannot tell (SQS, HTTP). */
+int queue_backlog(struct queue *q, long *n, char *err, size_t errsz);
+
 /* How long the next calls keep reconnecting (network drivers; > 0). The worker's main loop
  * takes and extends with a short budget, so an outage never holds up its engine steps for
  * long, and stores results with a long one. */

@@ -27,6 +27,7 @@ struct queue_ops {
 	int (*wait_result)(struct queue *q, const char *id, double timeout_s, char **json,
 			   size_t *len, char *err, size_t errsz); /* optional */
 	int (*cancel)(struct queue *q, const char *id, char *err, size_t errsz); /* optional */
+	int (*backlog)(struct queue *q, long *n, char *err, size_t errsz); /* optional */
 };
 
 struct queue {

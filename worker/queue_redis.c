@@ -1061,6 +1061,53 @@ static int redis_wait_result(struct queue *q, const char *id, double timeout_s, 
 	}
 }
 
+/* The group's pending entries and lag (XINFO GROUPS: entries not yet delivered to it; Redis
+ * 7), or the stream's length when the group does not exist yet (it is created from id 0). */
+static int redis_backlog(struct queue *q, long *n, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	redisReply *rep = NULL;
+	struct args a = {0};
+	a_s(&a, "XINFO"), a_s(&a, "GROUPS"), a_s(&a, r->u.stream);
+	int rc = exec1(q, &a, &rep, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	*n = 0;
+	bool found = false;
+	for (size_t g = 0; rep->type == REDIS_REPLY_ARRAY && g < rep->elements; g++) {
+		const redisReply *e = rep->element[g];
+		long pending = 0, lag = 0;
+		bool mine = false, has_lag = false;
+		for (size_t k = 0; e->type == REDIS_REPLY_ARRAY && k + 1 < e->elements; k += 2) {
+			const redisReply *f = e->element[k], *v = e->element[k + 1];
+			if (f->type != REDIS_REPLY_STRING && f->type != REDIS_REPLY_STATUS)
+				continue;
+			if (!strcmp(f->str, "name"))
+				mine = v->str && !strcmp(v->str, r->u.group);
+			else if (!strcmp(f->str, "pending") && v->type == REDIS_REPLY_INTEGER)
+				pending = (long)v->integer;
+			else if (!strcmp(f->str, "lag") && v->type == REDIS_REPLY_INTEGER)
+				lag = (long)v->integer, has_lag = true;
+		}
+		if (mine) {
+			found = true;
+			*n = pending + lag;
+			if (!has_lag) /* Redis < 7, or a lag it cannot know: say so */
+				rc = wk_errf(err, errsz, WK_EUNSUPPORTED, "redis: the group's lag is unknown");
+		}
+	}
+	freeReplyObject(rep);
+	if (found || rc != WK_OK)
+		return rc;
+	a = (struct args){0};
+	a_s(&a, "XLEN"), a_s(&a, r->u.stream);
+	if ((rc = exec1(q, &a, &rep, err, errsz)) != WK_OK)
+		return rc;
+	*n = rep->type == REDIS_REPLY_INTEGER ? (long)rep->integer : 0;
+	freeReplyObject(rep);
+	return WK_OK;
+}
+
 const struct queue_ops queue_redis_ops = {
 	.name = "redis",
 	.open = redis_open,
@@ -1073,4 +1120,5 @@ const struct queue_ops queue_redis_ops = {
 	.submit = redis_submit,
 	.wait_result = redis_wait_result,
 	.cancel = redis_cancel,
+	.backlog = redis_backlog,
 };

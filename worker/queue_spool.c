@@ -912,6 +912,28 @@ static int spool_wait_result(struct queue *q, const char *id, double timeout_s, 
 	return rc;
 }
 
+/* Files in new/ and claimed/ (dot files aside: not jobs). */
+static int spool_backlog(struct queue *q, long *n, char *err, size_t errsz)
+{
+	struct spool *s = q->impl;
+	static const int dirs[] = {D_NEW, D_CLAIMED};
+	*n = 0;
+	for (int k = 0; k < 2; k++) {
+		int fd = dup(s->fd[dirs[k]]);
+		DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+		if (!d) {
+			if (fd >= 0)
+				close(fd);
+			return wk_errf(err, errsz, WK_EIO, "%s: %s", s->path, strerror(errno));
+		}
+		rewinddir(d);
+		for (struct dirent *de; (de = readdir(d));)
+			*n += de->d_name[0] != '.';
+		closedir(d);
+	}
+	return WK_OK;
+}
+
 const struct queue_ops queue_spool_ops = {
 	.name = "spool",
 	.open = spool_open,
@@ -924,4 +946,5 @@ const struct queue_ops queue_spool_ops = {
 	.submit = spool_submit,
 	.wait_result = spool_wait_result,
 	.cancel = spool_cancel,
+	.backlog = spool_backlog,
 };

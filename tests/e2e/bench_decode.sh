@@ -47,4 +47,14 @@ grep -q nosuch "$TMPD/err" || fail "unknown benchmark not named"
 "$WICK" bench decode "$m" -n 1000 2>/dev/null; [ $? -eq 1 ] || fail "past max-pos should fail"
 set -e
 "$WICK" bench decode --help | grep -q 'usage: wick bench decode' || fail "no --help"
+
+# `wick bench queue --queue URL` refuses a queue that holds someone's job (its worker runs
+# every job on the null engine: a user's job came back COMPLETED with garbage text), and
+# leaves the job alone.
+"$WICK" submit --queue "spool:$TMPD/bq" --id real-1 -p "a real job" -n 5 >/dev/null
+rc=0
+"$WICK" bench queue "$m" --queue "spool:$TMPD/bq" --jobs 5 2>"$TMPD/bq.err" >/dev/null || rc=$?
+[ $rc = 1 ] && grep -q "holds 1 job(s) queued or running" "$TMPD/bq.err" ||
+  fail "bench queue on a queue with a job: exit $rc: $(cat "$TMPD/bq.err")"
+[ -f "$TMPD/bq/new/real-1.json" ] && [ -z "$(ls "$TMPD/bq/done")" ] || fail "the job was touched"
 echo ok
