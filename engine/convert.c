@@ -1,5 +1,6 @@
 #include "engine/convert.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -37,7 +38,7 @@ static void permute_rows(float *dst, const float *src, int n_heads, int head_dim
 
 static int write_json(const char *dir, const char *name, json_t *j, char *err, size_t errsz)
 {
-	char path[4096];
+	char path[4200];
 	snprintf(path, sizeof path, "%s/%s", dir, name);
 	char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	json_decref(j);
@@ -79,6 +80,35 @@ static int write_configs(const char *dir, const struct l2c_config *c, char *err,
 	return write_json(dir, "tokenizer_config.json", tc, err, errsz);
 }
 
+/* The files a conversion writes, for cleaning up a failed one. */
+static const char *const conv_files[] = {"model.safetensors", "config.json",
+					 "generation_config.json", "tokenizer_config.json",
+					 "tokenizer.json"};
+
+/* WK_OK when dir does not exist or is an empty directory; else why not. */
+static int fresh_dir(const char *dir, char *err, size_t errsz)
+{
+	DIR *d = opendir(dir);
+	if (!d) {
+		if (errno == ENOENT)
+			return WK_OK;
+		return wk_errf(err, errsz, errno == ENOTDIR ? WK_EINVAL : WK_EIO, "%s: %s", dir,
+			       strerror(errno));
+	}
+	struct dirent *de;
+	bool empty = true;
+	while (empty && (de = readdir(d)))
+		empty = !strcmp(de->d_name, ".") || !strcmp(de->d_name, "..");
+	closedir(d);
+	return empty ? WK_OK
+		     : wk_errf(err, errsz, WK_EINVAL, "%s exists and is not empty (wick convert "
+						      "writes a new directory)", dir);
+}
+
+/* Converts into out_dir through a sibling directory renamed into place once every file is
+ * written, so a failed conversion leaves nothing that looks like a model (before, a truncated
+ * tokenizer left config.json and model.safetensors without tokenizer.json, and `wick
+ * generate` ran it printing ids). out_dir must not exist or be empty. */
 int conv_llama2c(const char *model_bin, const char *tokenizer_bin, const char *out_dir,
 		 char *err, size_t errsz)
 {
@@ -88,6 +118,11 @@ int conv_llama2c(const char *model_bin, const char *tokenizer_bin, const char *o
 	float *qperm = NULL, *kperm = NULL;
 	struct st_out *outs = NULL;
 	char (*names)[96] = NULL;
+	char tmp_dir[4096];
+	bool made = false;
+	snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-%ld", out_dir, (long)getpid());
+	if ((rc = fresh_dir(out_dir, err, errsz)) != WK_OK)
+		return rc;
 
 	fd = open(model_bin, O_RDONLY | O_CLOEXEC);
 	struct stat st;
@@ -159,10 +194,11 @@ int conv_llama2c(const char *model_bin, const char *tokenizer_bin, const char *o
 	p += D + 2 * n_freq;
 	const float *wcls = c.shared ? NULL : p;
 
-	if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", out_dir, strerror(errno));
+	if (mkdir(tmp_dir, 0755) != 0) {
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp_dir, strerror(errno));
 		goto out;
 	}
+	made = true;
 	qperm = malloc(n_wq * sizeof(float));
 	kperm = malloc(n_wk * sizeof(float));
 	size_t nt = 3 + 9 * L;
@@ -198,17 +234,27 @@ int conv_llama2c(const char *model_bin, const char *tokenizer_bin, const char *o
 		ADD2(wcls, c.vocab, c.dim, "lm_head.weight");
 #undef ADD1
 #undef ADD2
-	char path[4096];
-	snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+	char path[4200];
+	snprintf(path, sizeof path, "%s/model.safetensors", tmp_dir);
 	rc = st_write(path, outs, k, "{\"format\": \"pt\", \"converted_by\": \"wick convert llama2c\"}",
 		      err, errsz);
 	if (rc)
 		goto out;
-	if ((rc = write_configs(out_dir, &c, err, errsz)))
+	if ((rc = write_configs(tmp_dir, &c, err, errsz)))
 		goto out;
-	snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
+	snprintf(path, sizeof path, "%s/tokenizer.json", tmp_dir);
 	rc = tok_convert_llama2c(tokenizer_bin, c.vocab, path, err, errsz);
+	if (rc == WK_OK && rename(tmp_dir, out_dir) != 0) /* replaces an empty out_dir */
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", out_dir, strerror(errno));
 out:
+	if (rc != WK_OK && made) {
+		for (size_t i = 0; i < sizeof conv_files / sizeof conv_files[0]; i++) {
+			char p[4200];
+			snprintf(p, sizeof p, "%s/%s", tmp_dir, conv_files[i]);
+			unlink(p);
+		}
+		rmdir(tmp_dir);
+	}
 	free(names);
 	free(outs);
 	free(qperm);

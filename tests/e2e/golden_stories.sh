@@ -69,4 +69,22 @@ echo '{"id": "chat", "input": {"messages": [{"role": "user", "content": "Once up
 text=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output"]["text"])' \
   "$TMPD/q/done/chat.json")
 [ "$got" = "Once upon a time$text" ] || fail "generate --chat: '$got'; the worker: '$text'"
+
+# wick convert writes a new directory whole or not at all: a truncated tokenizer leaves
+# nothing behind (it left config.json and model.safetensors, which ran), and a directory
+# that holds files is refused (a conversion into a snapshot wrote over its files).
+head -c 3000 "$STORIES_SRC/tok512.bin" >"$TMPD/trunc.bin"
+rc=0
+"$WICK" convert llama2c "$STORIES_SRC/stories260K.bin" "$TMPD/trunc.bin" -o "$TMPD/cv" 2>/dev/null || rc=$?
+[ $rc = 1 ] && [ ! -e "$TMPD/cv" ] && [ -z "$(ls -d "$TMPD"/cv.tmp-* 2>/dev/null)" ] ||
+  fail "a failed convert left: $(ls "$TMPD")"
+mkdir "$TMPD/full" && touch "$TMPD/full/keep"
+rc=0
+"$WICK" convert llama2c "$STORIES_SRC/stories260K.bin" "$STORIES_SRC/tok512.bin" -o "$TMPD/full" \
+  2>"$TMPD/full.err" || rc=$?
+[ $rc = 1 ] && grep -q "exists and is not empty" "$TMPD/full.err" && [ "$(ls "$TMPD/full")" = keep ] ||
+  fail "convert into a directory with files: exit $rc"
+mkdir "$TMPD/empty"
+"$WICK" convert llama2c "$STORIES_SRC/stories260K.bin" "$STORIES_SRC/tok512.bin" -o "$TMPD/empty" \
+  2>/dev/null && [ -f "$TMPD/empty/tokenizer.json" ] || fail "convert into an empty directory"
 echo ok
