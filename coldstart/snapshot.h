@@ -225,6 +225,8 @@ void snap_close(struct snap *s); /* NULL is fine */
 json_t *snap_manifest(const struct snap *s); /* borrowed */
 json_t *snap_config(const struct snap *s);   /* borrowed: manifest "config" */
 const char *snap_dir(const struct snap *s);
+/* Whether the manifest's "files" (the model's small files copied in) names name. */
+bool snap_lists_file(const struct snap *s, const char *name);
 int snap_world(const struct snap *s);
 /* Tensors of one rank in manifest order; offset is the image offset, data points into the
  * image. rank out of range: 0 / NULL. snap_tensor looks a name up in O(log n). */

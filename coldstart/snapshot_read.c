@@ -732,6 +732,16 @@ const char *snap_dir(const struct snap *s)
 	return s->dir;
 }
 
+bool snap_lists_file(const struct snap *s, const char *name)
+{
+	size_t i;
+	json_t *v;
+	json_array_foreach(json_object_get(s->m, "files"), i, v)
+		if (json_is_string(v) && !strcmp(json_string_value(v), name))
+			return true;
+	return false;
+}
+
 int snap_world(const struct snap *s)
 {
 	return s->world;

@@ -144,4 +144,12 @@ import json, sys
 j = json.load(sys.stdin)
 assert j["bench"] == "restore" and j["bytes"] == 1040128, j
 assert all(v > 0 for v in j["warm_s"].values()) and 0 < j["fixed_startup_ms"] < 1000, j'
+
+# A snapshot whose manifest lists tokenizer.json but lacks it is damaged, not a model without
+# a tokenizer: refused at start (it started READY and failed every prompt job).
+cp -r "$S" "$TMPD/notok" && rm "$TMPD/notok/tokenizer.json"
+rc=0
+"$WICK" generate "$TMPD/notok" -p "Once" -n 2 >/dev/null 2>"$TMPD/notok.err" || rc=$?
+[ $rc = 1 ] && grep -q "tokenizer.json: missing, though the snapshot's manifest lists it" "$TMPD/notok.err" ||
+  fail "a snapshot without its tokenizer.json: exit $rc: $(cat "$TMPD/notok.err")"
 echo ok
