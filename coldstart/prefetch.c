@@ -162,8 +162,12 @@ int snap_prefetch_stats(const char *dir, int threads, struct snap_prefetch_stats
 		p.f[i].fd = -1;
 	if ((rc = add_file(&p, dir, "manifest.json", err, errsz)))
 		goto fail;
+	/* each rank file checked as a restore checks it (size, header), so that the deploy gate
+	 * (ExecStartPre, an init container) fails on a damaged snapshot instead of passing it
+	 * to a worker that then cannot start */
 	for (int r = 0; r < s->world; r++)
-		if ((rc = add_file(&p, dir, s->r[r].file, err, errsz)))
+		if ((rc = add_file(&p, dir, s->r[r].file, err, errsz)) ||
+		    (rc = snap__rank_check(s, r, p.f[p.nf - 1].fd, err, errsz)))
 			goto fail;
 	json_array_foreach(files, i, v)
 		if ((rc = add_file(&p, dir, json_string_value(v), err, errsz)))

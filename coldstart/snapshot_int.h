@@ -64,6 +64,10 @@ struct snap {
  * s->world, s->chunk_size and each rank's file, path, sizes, tensors (data NULL) and chunks.
  * Opens nothing else. On failure s holds what was filled so far; free with snap__free. */
 int snap__manifest_load(const char *dir, struct snap *s, char *err, size_t errsz);
+/* Rank ri's file, open as fd, against the manifest: a regular file of the size it says, with
+ * the header block it implies (magic, version, rank, world, image size, chunks, checksum).
+ * WK_OK, or WK_EFORMAT / WK_EUNSUPPORTED / WK_EIO naming the file and the mismatch. */
+int snap__rank_check(const struct snap *s, int ri, int fd, char *err, size_t errsz);
 
 /* Frees everything in s (images via s->alloc, fds, mappings) and s itself. NULL is fine. */
 void snap__free(struct snap *s);

@@ -352,19 +352,12 @@ static bool file_cached(const struct snap_rank *r, long page)
 
 /* Opens rank r's file, checks its size and header block against the manifest, and gives it
  * an image: a mapping of the file (see snap_open) or fresh memory. */
-static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, int ri,
-		     char *err, size_t errsz)
+int snap__rank_check(const struct snap *s, int ri, int fd, char *err, size_t errsz)
 {
-	struct snap_rank *r = &s->r[ri];
+	const struct snap_rank *r = &s->r[ri];
 	unsigned char hdr[SNAP_ALIGN], want[SNAP_ALIGN];
 	struct stat st;
-
-	r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
-	if (r->fd < 0)
-		return wk_errf(err, errsz, errno == ENOENT ? WK_ENOTFOUND : WK_EIO, "%s: %s (the "
-			       "manifest lists it)", r->path, errno == ENOENT ? "missing" :
-			       strerror(errno));
-	if (fstat(r->fd, &st) || !S_ISREG(st.st_mode))
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode))
 		return wk_errf(err, errsz, WK_EIO, "%s: not a regular file", r->path);
 	if ((uint64_t)st.st_size < r->size)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: truncated: %lld bytes, the manifest "
@@ -372,7 +365,7 @@ static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, 
 	if ((uint64_t)st.st_size > r->size)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: %lld bytes, the manifest says %" PRIu64,
 			       r->path, (long long)st.st_size, r->size);
-	if (pread(r->fd, hdr, SNAP_ALIGN, 0) != SNAP_ALIGN)
+	if (pread(fd, hdr, SNAP_ALIGN, 0) != SNAP_ALIGN)
 		return wk_errf(err, errsz, WK_EIO, "%s: cannot read the header block", r->path);
 	if (memcmp(hdr, SNAP_MAGIC, 8))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: not a wick snapshot rank file (bad "
@@ -386,6 +379,21 @@ static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, 
 			       "manifest (rank %u of %u, image %" PRIu64 " bytes, %" PRIu64 " chunks;"
 			       " from another snapshot?)", r->path, snap__get32(hdr + 12),
 			       snap__get32(hdr + 32), snap__get64(hdr + 16), snap__get64(hdr + 24));
+	return WK_OK;
+}
+
+static int open_rank(struct snap *s, const struct snap_open_opts *o, long page, int ri,
+		     char *err, size_t errsz)
+{
+	struct snap_rank *r = &s->r[ri];
+	r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
+	if (r->fd < 0)
+		return wk_errf(err, errsz, errno == ENOENT ? WK_ENOTFOUND : WK_EIO, "%s: %s (the "
+			       "manifest lists it)", r->path, errno == ENOENT ? "missing" :
+			       strerror(errno));
+	int rc = snap__rank_check(s, ri, r->fd, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 
 	r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
 	atomic_store(&r->direct_ok, r->fd_direct >= 0);

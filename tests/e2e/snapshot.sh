@@ -47,6 +47,13 @@ done
 "$WICK" prefetch "$S" >"$TMPD/p.txt" || fail "prefetch"
 grep -q 'GB/s' "$TMPD/p.txt" || fail "prefetch prints no summary"
 ! "$WICK" prefetch "$TMPD/none" 2>/dev/null || fail "prefetch of nothing succeeded"
+# ... and so is a damaged one (prefetch is the deploy gate: it passed truncated rank files)
+cp -r "$S" "$TMPD/trunc" && truncate -s 500000 "$TMPD/trunc/rank-000.bin"
+! "$WICK" prefetch "$TMPD/trunc" 2>"$TMPD/trunc.err" && grep -q "truncated" "$TMPD/trunc.err" ||
+  fail "prefetch of a truncated snapshot: $(cat "$TMPD/trunc.err")"
+cp -r "$S" "$TMPD/magic" && printf XXXXXXXX | dd of="$TMPD/magic/rank-000.bin" bs=1 conv=notrunc 2>/dev/null
+! "$WICK" prefetch "$TMPD/magic" 2>"$TMPD/magic.err" && grep -q "bad magic" "$TMPD/magic.err" ||
+  fail "prefetch of a rank file with a bad magic: $(cat "$TMPD/magic.err")"
 
 # fp8 snapshot: decoder-layer projections quantized with 128x128 block scales (GLM-5-FP8
 # convention); the engine computes from the FP8 bytes; logits stay close.
