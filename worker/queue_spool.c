@@ -794,16 +794,6 @@ static int spool_check_cancel(struct queue *q, struct queue_job *jobs, int n, ch
 	return WK_OK;
 }
 
-static int spool_cancel(struct queue *q, const char *id, char *err, size_t errsz)
-{
-	struct spool *s = q->impl;
-	int fd = openat(s->fd[D_CANCEL], id, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return wk_errf(err, errsz, WK_EIO, "%s/cancel/%s: %s", s->path, id, strerror(errno));
-	close(fd);
-	return WK_OK;
-}
-
 /* Whether a job id is claimed (running, or waiting for its reclaim) or queued again after a
  * delivery (new/ID~N.json): a submit of that id then would run a second job under it. */
 static bool spool_in_flight(struct spool *s, const char *id, const char **where)
@@ -839,6 +829,28 @@ static bool spool_in_flight(struct spool *s, const char *id, const char **where)
 		}
 	}
 	return false;
+}
+
+/* A cancel marker for a job that is queued or running; an unknown or finished id is an error
+ * (a marker for it would say nothing to anyone and stay forever). */
+static int spool_cancel(struct queue *q, const char *id, char *err, size_t errsz)
+{
+	struct spool *s = q->impl;
+	char name[NAME_MAX_];
+	const char *where;
+	snprintf(name, sizeof name, "%s.json", id);
+	if (faccessat(s->fd[D_NEW], name, F_OK, 0) != 0 && !spool_in_flight(s, id, &where)) {
+		if (faccessat(s->fd[D_DONE], name, F_OK, 0) == 0)
+			return wk_errf(err, errsz, WK_EINVAL, "job %s has finished (%s/done/%s)", id,
+				       s->path, name);
+		return wk_errf(err, errsz, WK_ENOTFOUND, "no job %s is queued or running in %s", id,
+			       s->path);
+	}
+	int fd = openat(s->fd[D_CANCEL], id, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return wk_errf(err, errsz, WK_EIO, "%s/cancel/%s: %s", s->path, id, strerror(errno));
+	close(fd);
+	return WK_OK;
 }
 
 static int spool_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,

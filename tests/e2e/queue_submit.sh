@@ -40,13 +40,19 @@ run_on() { # QUEUE_URL
   wait $dp
   [ $rc -eq 1 ] || fail "$Q: a FAILED result should exit 1, got $rc"
   [ "$(status <<<"$out")" = "FAILED invalid_json" ] || fail "$Q: got $out"
-  "${SUBMIT[@]}" --queue "$Q" --cancel mine || fail "$Q: --cancel"
+  "${SUBMIT[@]}" --queue "$Q" --id later -p "hello" >/dev/null
+  "${SUBMIT[@]}" --queue "$Q" --cancel later || fail "$Q: --cancel"
 }
 
 run_on "spool:$TMPD/spool"
 S=$TMPD/spool
 [ -f "$S/done/broken.json" ] && [ -f "$S/failed/broken.json" ] || fail "spool: broken job not in done/ and failed/"
-[ -f "$S/cancel/mine" ] || fail "spool: no cancel/mine"
+[ -f "$S/cancel/later" ] || fail "spool: no cancel/later"
+# a finished job or an unknown id cannot be cancelled (a marker for it stayed forever)
+! "${SUBMIT[@]}" --queue "spool:$S" --cancel mine 2>"$TMPD/c.err" && grep -q "has finished" "$TMPD/c.err" ||
+  fail "spool: --cancel of a finished job: $(cat "$TMPD/c.err")"
+! "${SUBMIT[@]}" --queue "spool:$S" --cancel nope 2>"$TMPD/c.err" && grep -q "no job nope" "$TMPD/c.err" &&
+  [ ! -e "$S/cancel/nope" ] || fail "spool: --cancel of an unknown id: $(cat "$TMPD/c.err")"
 [ "$(stat -c %a "$S/new")" = 700 ] || fail "spool: new/ is not mode 0700"
 ls "$S/tmp" | grep -q . && fail "spool: tmp/ not empty: $(ls "$S/tmp")"
 
@@ -59,7 +65,7 @@ rpid=$!
 trap 'kill $rpid 2>/dev/null; rm -rf "$TMPD"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 run_on "redis://127.0.0.1:$port/e2e?group=g"
-[ "$(redis-cli -p "$port" exists e2e:cancel:mine)" = 1 ] || fail "redis: no cancel key"
+[ "$(redis-cli -p "$port" exists e2e:cancel:later)" = 1 ] || fail "redis: no cancel key"
 [ "$(redis-cli -p "$port" xlen e2e:dead)" -ge 1 ] || fail "redis: the broken input is not in e2e:dead"
 [ "$(redis-cli -p "$port" xpending e2e g | head -1)" = 0 ] || fail "redis: entries left pending"
 echo ok

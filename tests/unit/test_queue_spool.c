@@ -215,6 +215,12 @@ Test(queue_spool, cancel)
 	cr_expect(c2->cancelled);
 	complete(q, j, 2, false);
 	free_jobs(j, 2);
+	/* a finished job or an unknown id: an error, and no marker left forever */
+	cr_expect_eq(queue_cancel(q, "c1", err, sizeof err), WK_EINVAL);
+	cr_expect_not_null(strstr(err, "has finished"), "%s", err);
+	cr_expect_eq(queue_cancel(q, "nope", err, sizeof err), WK_ENOTFOUND);
+	cr_expect_not_null(strstr(err, "no job nope"), "%s", err);
+	cr_expect(!exists("cancel", "nope"));
 	queue_close(q);
 }
 
