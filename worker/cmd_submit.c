@@ -128,6 +128,11 @@ static int build(const struct sub_opts *o, char *id, size_t idsz, char **out, si
 	}
 	if (job) {
 		json_t *jid = json_object_get(job, "id");
+		if (jid && !json_is_null(jid) && !json_is_string(jid) && !o->no_check) {
+			/* a number here would have been swapped for a made-up id, silently */
+			fprintf(stderr, "wick: the job's \"id\" must be a string\n");
+			goto out;
+		}
 		if (json_is_string(jid) && o->id && strcmp(o->id, json_string_value(jid))) {
 			fprintf(stderr, "wick: --id %s but the job's id is %s\n", o->id, json_string_value(jid));
 			goto out;

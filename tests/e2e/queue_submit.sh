@@ -19,6 +19,10 @@ run_on() { # QUEUE_URL
   if "${SUBMIT[@]}" --queue "$Q" --stdin <<<'{"input": {"prompt": "x", "max_tokens": 0}}' 2>"$TMPD/err"; then
     fail "$Q: max_tokens 0 accepted"; fi
   grep -q max_tokens_range "$TMPD/err" || fail "$Q: no max_tokens_range in: $(cat "$TMPD/err")"
+  # an id that is not a string is refused (it was swapped for a made-up one)
+  if "${SUBMIT[@]}" --queue "$Q" --stdin <<<'{"id": 5, "input": {"prompt": "x"}}' 2>"$TMPD/err"; then
+    fail "$Q: a numeric id accepted"; fi
+  grep -q '"id" must be a string' "$TMPD/err" || fail "$Q: numeric id: $(cat "$TMPD/err")"
   set +e; "${SUBMIT[@]}" --queue "$Q" >/dev/null 2>&1; rc=$?; set -e
   [ $rc -eq 2 ] || fail "$Q: no job source should be a usage error (2), got $rc"
   # --no-check enqueues a broken job; the worker side answers it FAILED invalid_json
