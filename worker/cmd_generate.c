@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/wk.h"
 #include "engine/chat.h"
@@ -28,7 +29,8 @@ static void gen_usage(FILE *f)
 		"      --temperature T   0 is greedy (default 1.0)\n"
 		"      --top-p P         nucleus sampling mass (default 0.9; 1 disables)\n"
 		"      --top-k K         keep the K most likely tokens (default 0: off)\n"
-		"      --seed S          random seed (default: from the clock)\n"
+		"      --seed S          random seed (default: from the clock's nanoseconds and\n"
+		"                        the process id)\n"
 		CMD_ENGINE_HELP);
 }
 
@@ -49,6 +51,20 @@ static void stream(const struct tok *t, const int *ids, int n, size_t *printed, 
 		*printed = end;
 	}
 	free(text);
+}
+
+/* A seed that differs between runs started in the same second (time(NULL) made them all
+ * sample the same text): the clock's nanoseconds and the process id, mixed. */
+static uint64_t clock_seed(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t x = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	x ^= (uint64_t)getpid() << 32;
+	x ^= x >> 33; /* splitmix64's finalizer */
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	return x;
 }
 
 /* --chat: prompt as the one user message, rendered in the model's chat format as the worker
@@ -83,7 +99,7 @@ int cmd_generate(int argc, char **argv)
 	long steps = 256;
 	struct cmd_engine ce = {0};
 	struct samp_cfg sc = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
-			      .seed = (uint64_t)time(NULL)};
+			      .seed = clock_seed()};
 	int c;
 	char *end;
 	while ((c = getopt_long(argc, argv, "p:n:h", opts, NULL)) != -1) {
