@@ -75,6 +75,7 @@ struct worker {
 	int n_committing;       /* held slots whose results the committer has */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
+	double poll_s;          /* the main loop's reconnect budget (QUEUE_POLL_S) */
 	bool json_logs;
 	/* usage accounting (worker/ledger.h) */
 	const char *ledger_path, *usage_url, *gpu_type;
@@ -584,7 +585,7 @@ static void flush_results(struct worker *w)
 		int nq = queue_results_first(w); /* HTTP requests are answered below */
 		queue_set_reconnect(w->q, store_budget(w));
 		rc = nq ? queue_complete(w->q, w->out, nq, err, sizeof err) : WK_OK;
-		queue_set_reconnect(w->q, QUEUE_POLL_S);
+		queue_set_reconnect(w->q, w->poll_s);
 		if (nq)
 			queue_note(w, rc, "storing results", err);
 	}
@@ -1010,7 +1011,7 @@ static void release_all(struct worker *w)
 		bool lost = w->q_fail_since && wk_now() - w->q_fail_since > w->queue_outage;
 		queue_set_reconnect(w->q, store_budget(w));
 		int rc = lost ? WK_EIO : queue_release(w->q, &h->qj, 1, err, sizeof err);
-		queue_set_reconnect(w->q, QUEUE_POLL_S);
+		queue_set_reconnect(w->q, w->poll_s);
 		if (lost)
 			wlog(w, "release", "job %s: not handed back (the queue is unreachable); it "
 					   "returns to the queue when its lease expires", h->qj.id);
@@ -1321,7 +1322,11 @@ int cmd_worker(int argc, char **argv)
 		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
 		goto out;
 	}
-	queue_set_reconnect(w.q, QUEUE_POLL_S); /* the main loop's calls (see QUEUE_POLL_S) */
+	/* the main loop's calls (see QUEUE_POLL_S): redis and SQS calls block it; the HTTP
+	 * (RunPod) driver's run on its own threads and keep their budget */
+	w.poll_s = w.q && (!strcmp(queue_driver(w.q), "redis") || !strcmp(queue_driver(w.q), "sqs"))
+			   ? QUEUE_POLL_S : QUEUE_STORE_S;
+	queue_set_reconnect(w.q, w.poll_s);
 	/* On a spool the file-system work of storing results is done by a committer thread
 	 * with its own handle, overlapped with the next steps. */
 	if (w.q && !strcmp(queue_driver(w.q), "spool")) {
