@@ -151,6 +151,18 @@ import json, sys
 j = json.load(sys.stdin)
 assert j["bench"] == "restore" and j["bytes"] == 1040128, j
 assert all(v > 0 for v in j["warm_s"].values()) and 0 < j["fixed_startup_ms"] < 1000, j'
+# bad arguments are usage errors (atoi took --threads -5 and --map sometimes), and what was
+# not measured is null in the JSON (it said fixed_startup_ms -1000 and cold ratios 0)
+for bad in "--map sometimes" "--threads -5" "--threads 100000" "--runs x"; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$WICK" bench restore "$S" $bad >/dev/null 2>&1 || rc=$?
+  [ $rc = 2 ] || fail "bench restore $bad: exit $rc"
+done
+"$WICK" bench restore "$S" --runs 1 --no-cold --startup-runs 0 | tail -n 1 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["fixed_startup_ms"] is None and j["cold_restore_vs_plain"] is None, j'
 
 # A snapshot whose manifest lists tokenizer.json but lacks it is damaged, not a model without
 # a tokenizer: refused at start (it started READY and failed every prompt job).
