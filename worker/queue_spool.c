@@ -274,17 +274,27 @@ static int store_result(struct queue *q, const char *id, const char *json, size_
 
 /* ---- open / close ---- */
 
+/* A directory stream of dir `which` on an open file description of its own (a dup() would
+ * share, and exhaust, the directory offset of s->fd). NULL when it cannot be opened. */
+static DIR *open_dir(struct spool *s, int which)
+{
+	int fd = openat(s->fd[which], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d && fd >= 0) {
+		int e = errno; /* for the caller's message */
+		close(fd);
+		errno = e;
+	}
+	return d;
+}
+
 /* Removes what dead processes left in tmp/: spares ("s.<pid>.<n>"), half-written results
  * ("r.<pid>.<id>"). Names of live pids stay. */
 static void sweep_tmp(struct spool *s)
 {
-	int fd = dup(s->fd[D_TMP]);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	DIR *d = open_dir(s, D_TMP);
+	if (!d)
 		return;
-	}
 	struct dirent *e;
 	while ((e = readdir(d))) {
 		long pid;
@@ -451,14 +461,9 @@ static bool alive(long pid)
 static void reclaim(struct queue *q, struct queue_job *jobs, int max, int *n)
 {
 	struct spool *s = q->impl;
-	/* a new open file description: a dup() would share (and exhaust) the directory offset */
-	int fd = openat(s->fd[D_CLAIMED], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	DIR *d = open_dir(s, D_CLAIMED);
+	if (!d)
 		return;
-	}
 	double now = now_unix();
 	struct dirent *de;
 	while (*n < max && (de = readdir(d))) {
@@ -497,13 +502,9 @@ static void scan_new(struct spool *s)
 	s->n_pending = s->i_pending = 0;
 	if (!s->pending && !(s->pending = malloc(PENDING_MAX * sizeof *s->pending)))
 		return;
-	int fd = openat(s->fd[D_NEW], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	DIR *d = open_dir(s, D_NEW);
+	if (!d)
 		return;
-	}
 	struct dirent *de;
 	while (s->n_pending < PENDING_MAX && (de = readdir(d))) {
 		if (de->d_name[0] == '.')
@@ -800,14 +801,9 @@ static bool spool_in_flight(struct spool *s, const char *id, const char **where)
 {
 	static const int dirs[] = {D_CLAIMED, D_NEW};
 	for (int k = 0; k < 2; k++) {
-		int fd = dup(s->fd[dirs[k]]);
-		DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-		if (!d) {
-			if (fd >= 0)
-				close(fd);
+		DIR *d = open_dir(s, dirs[k]);
+		if (!d)
 			continue;
-		}
-		rewinddir(d); /* a dup shares the directory's offset with the spool's own fd */
 		struct dirent *de;
 		bool found = false;
 		while (!found && (de = readdir(d))) {
@@ -931,14 +927,9 @@ static int spool_backlog(struct queue *q, long *n, char *err, size_t errsz)
 	static const int dirs[] = {D_NEW, D_CLAIMED};
 	*n = 0;
 	for (int k = 0; k < 2; k++) {
-		int fd = dup(s->fd[dirs[k]]);
-		DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-		if (!d) {
-			if (fd >= 0)
-				close(fd);
+		DIR *d = open_dir(s, dirs[k]);
+		if (!d)
 			return wk_errf(err, errsz, WK_EIO, "%s: %s", s->path, strerror(errno));
-		}
-		rewinddir(d);
 		for (struct dirent *de; (de = readdir(d));)
 			*n += de->d_name[0] != '.';
 		closedir(d);

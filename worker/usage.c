@@ -135,6 +135,21 @@ static void book_free(struct book *b)
 	free(b->eids);
 }
 
+/* Room for one more element in *arr (n used of *cap, each elem bytes; first: the capacity
+ * of the first allocation): false when out of memory. */
+static bool grow(void *arr, int n, int *cap, size_t elem, int first)
+{
+	if (n < *cap)
+		return true;
+	int c2 = *cap ? 2 * *cap : first;
+	void *p = realloc(*(void **)arr, (size_t)c2 * elem);
+	if (!p)
+		return false;
+	*(void **)arr = p;
+	*cap = c2;
+	return true;
+}
+
 static int find_run(struct book *b, const char *worker, long long boot, bool create)
 {
 	for (int i = 0; i < b->n_runs; i++)
@@ -142,14 +157,8 @@ static int find_run(struct book *b, const char *worker, long long boot, bool cre
 			return i;
 	if (!create)
 		return -1;
-	if (b->n_runs == b->cap_runs) {
-		int cap = b->cap_runs ? 2 * b->cap_runs : 16;
-		struct run *r = realloc(b->runs, (size_t)cap * sizeof *r);
-		if (!r)
-			return -1;
-		b->runs = r;
-		b->cap_runs = cap;
-	}
+	if (!grow(&b->runs, b->n_runs, &b->cap_runs, sizeof *b->runs, 16))
+		return -1;
 	struct run *r = &b->runs[b->n_runs];
 	memset(r, 0, sizeof *r);
 	r->exit_price = r->exit_cost = -1;
@@ -265,16 +274,10 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 		} else if (!strcmp(type, "recovery")) {
 			b->recoveries++;
 		} else if (!strcmp(type, "request")) {
-			if (b->n_reqs == b->cap_reqs) {
-				int c2 = b->cap_reqs ? 2 * b->cap_reqs : 64;
-				struct req *q = realloc(b->reqs, (size_t)c2 * sizeof *q);
-				if (!q) {
-					json_decref(j);
-					rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-					break;
-				}
-				b->reqs = q;
-				b->cap_reqs = c2;
+			if (!grow(&b->reqs, b->n_reqs, &b->cap_reqs, sizeof *b->reqs, 64)) {
+				json_decref(j);
+				rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+				break;
 			}
 			struct req *q = &b->reqs[b->n_reqs++];
 			memset(q, 0, sizeof *q);
@@ -290,16 +293,10 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 			q->queue = jnum(j, "queue_seconds");
 			q->cost = json_integer_value(json_object_get(j, "cost_micro_usd"));
 		} else if (!strcmp(type, "superseded")) {
-			if (b->n_sups == b->cap_sups) {
-				int c2 = b->cap_sups ? 2 * b->cap_sups : 16;
-				struct sup *s2 = realloc(b->sups, (size_t)c2 * sizeof *s2);
-				if (!s2) {
-					json_decref(j);
-					rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-					break;
-				}
-				b->sups = s2;
-				b->cap_sups = c2;
+			if (!grow(&b->sups, b->n_sups, &b->cap_sups, sizeof *b->sups, 16)) {
+				json_decref(j);
+				rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+				break;
 			}
 			struct sup *s = &b->sups[b->n_sups++];
 			snprintf(s->id, sizeof s->id, "%s", jstr(j, "id"));

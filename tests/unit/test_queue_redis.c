@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/wk.h"
+#include "tests/unit/refusals.h"
 #include "worker/queue.h"
 #include "worker/queue_impl.h"
 
@@ -434,22 +435,6 @@ Test(queue_redis, malformed_and_oversized_entries)
 	cr_expect_eq(redis_int("EXISTS jobs:result:big"), 1);
 	cr_expect_eq(redis_int("XLEN jobs:results"), 2);
 	queue_close(q);
-}
-
-/* What queue_opts.on_refused was told. */
-struct refusals {
-	int n;
-	char id[8][JOB_ID_MAX + 1]; /* "" for NULL */
-	char why[8][512];
-};
-
-static void on_refused(void *ctx, const char *id, const char *why)
-{
-	struct refusals *r = ctx;
-	cr_assert_lt(r->n, 8);
-	snprintf(r->id[r->n], sizeof r->id[0], "%s", id ? id : "");
-	snprintf(r->why[r->n], sizeof r->why[0], "%s", why);
-	r->n++;
 }
 
 /* The value of field f of the dead-letter entry whose reason contains needle (malloc'd). */

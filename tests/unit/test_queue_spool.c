@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/wk.h"
+#include "tests/unit/refusals.h"
 #include "worker/queue.h"
 #include "worker/queue_impl.h"
 
@@ -449,22 +450,6 @@ Test(queue_spool, bad_names_oversized_and_kept_inputs)
 	cr_expect_eq(count_dir("claimed"), 0);
 	free_jobs(j, 1);
 	queue_close(q);
-}
-
-/* What queue_opts.on_refused was told. */
-struct refusals {
-	int n;
-	char id[8][JOB_ID_MAX + 1]; /* "" for NULL */
-	char why[8][512];
-};
-
-static void on_refused(void *ctx, const char *id, const char *why)
-{
-	struct refusals *r = ctx;
-	cr_assert_lt(r->n, 8);
-	snprintf(r->id[r->n], sizeof r->id[0], "%s", id ? id : "");
-	snprintf(r->why[r->n], sizeof r->why[0], "%s", why);
-	r->n++;
 }
 
 static struct queue *open_watched(struct refusals *r)
