@@ -84,16 +84,21 @@ static __device__ float block_max(float v)
 	return warp_max(v);
 }
 
+/* The row norms below round each product and sum on its own (__fmul_rn, __fadd_rn): left to
+ * the compiler, a product and a sum may become one FMA in one kernel and not in another
+ * (seen on an H200: norm_n's layernorm differed from k_layernorm's in the last bits), and
+ * the fused launches promise the single kernels' bits. */
+
 /* One row of rmsnorm (cpu_ref_rmsnorm) by a whole block: k_rmsnorm's and k_norm_n's code. */
 static __device__ void row_rmsnorm(float *yr, const float *xr, const float *w, int dim,
 				   float eps)
 {
 	float ss = 0.0f;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		ss += xr[i] * xr[i];
+		ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
 	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		yr[i] = xr[i] * inv * w[i];
+		yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
 /* One row of layernorm (cpu_ref_layernorm), b optional: k_layernorm's and k_norm_n's code. */
@@ -106,12 +111,14 @@ static __device__ void row_layernorm(float *yr, const float *xr, const float *w,
 	float mean = block_sum(s) / (float)dim;
 	float v = 0.0f;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-		float d = xr[i] - mean;
-		v += d * d;
+		float d = __fsub_rn(xr[i], mean);
+		v = __fadd_rn(v, __fmul_rn(d, d));
 	}
 	float inv = 1.0f / sqrtf(block_sum(v) / (float)dim + eps);
-	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+		float y = __fmul_rn(__fmul_rn(__fsub_rn(xr[i], mean), inv), w[i]);
+		yr[i] = b ? __fadd_rn(y, b[i]) : y;
+	}
 }
 
 /* ---- rope's arithmetic, shared by k_rope, k_rope_n, matmul_n's rotated outputs and
@@ -207,11 +214,11 @@ static __device__ void row_add_rmsnorm(float *xr, const float *dr, float *yr, co
 	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
 		float v = xr[i] + dr[i];
 		xr[i] = v;
-		ss += v * v;
+		ss = __fadd_rn(ss, __fmul_rn(v, v));
 	}
 	float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		yr[i] = xr[i] * inv * w[i];
+		yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
 /* norm_n's rows: block g of the set takes row g of the norms' rows in order. */

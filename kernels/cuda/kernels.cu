@@ -396,7 +396,10 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const float *k, con
 		return wk_errf(err, errsz, WK_EUNSUPPORTED,
 			       "CUDA attention: %d positions (this kernel holds up to %d)", pos0 + n,
 			       WK_CUDA_ATTN_MAX);
-	k_attention<<<n * n_heads, 128, (size_t)(pos0 + n) * sizeof(float)>>>(
+	/* 4 floats past the scores: ptxas may merge the last 3 scalar reads of the value loop's
+	 * remainder into one 12-byte read, past the end when fewer remain (compute-sanitizer's
+	 * memcheck on an H200: an invalid shared read of 12 bytes at len 301) */
+	k_attention<<<n * n_heads, 128, (size_t)(pos0 + n + 4) * sizeof(float)>>>(
 		out, q, k, v, pos0, n_heads, n_kv, head_dim, kv_stride, scale);
 	return launched("attention", err, errsz);
 }
