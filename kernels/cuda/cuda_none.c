@@ -312,8 +312,9 @@ int wk_cuda_set_device(int d, char *err, size_t errsz)
 	return none(err, errsz);
 }
 
-int wk_cuda_lab(void)
+int wk_cuda_lab(const char *only)
 {
+	(void)only;
 	return WK_EUNSUPPORTED;
 }
 

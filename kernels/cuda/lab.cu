@@ -858,9 +858,12 @@ static void lab_ceilings(struct blas_ceilings *c)
 }
 #endif
 
-extern "C" int wk_cuda_lab(void)
+extern "C" int wk_cuda_lab(const char *only)
 {
 	char err[WK_ERRSZ];
+	if (only && strcmp(only, "gemv") && strcmp(only, "gemm"))
+		return WK_EINVAL;
+	bool gemv = !only || !strcmp(only, "gemv"), gemm = !only || !strcmp(only, "gemm");
 	size_t copy_bytes = (size_t)2 << 30; /* 2 GiB each way */
 	void *src = NULL, *dst = NULL, *w = NULL, *scale = NULL, *x = NULL;
 	int rc = WK_EIO;
@@ -895,7 +898,9 @@ extern "C" int wk_cuda_lab(void)
 		printf("%-40s %10s\n", "ceiling", "TFLOPS");
 		lab_ceilings(&blas);
 		printf("\n");
-		rc = lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x);
+		rc = gemv ? lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x) : WK_OK;
+		if (!gemm)
+			goto out;
 		printf("\n%-40s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
 		if (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.fp8_prefill) != WK_OK)
 			rc = WK_EIO;
