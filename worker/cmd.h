@@ -39,6 +39,10 @@ struct bench_device {
 	double restore_s, link_s;
 	uint64_t bytes; /* image bytes, all ranks */
 	int devices;    /* one a rank */
+	/* the restore's parts (snap_timings, medians of the runs): open (manifest, files, device
+	 * images), the readers' wall time, and their hashing summed over threads */
+	double open_s, read_s, verify_s;
+	int threads;
 };
 int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
 			 struct bench_device *out, char *err, size_t errsz);
