@@ -181,9 +181,8 @@ struct snap_sink {
 struct snap_open_opts {
 	const struct snap_sink *sink; /* NULL: restore into host memory */
 	bool verify;       /* check every chunk's xxh3 as it arrives (default: caller sets true) */
-	int threads;       /* reader threads; <= 0 picks a default: 4 per rank file (into a
-			    * sink, at least one a CPU), at most 16 and at most max(4, 2 per
-			    * CPU) */
+	int threads;       /* reader threads; <= 0 picks a default: 4 per rank file, at most 16
+			    * and at most max(4, 2 per CPU) */
 	size_t read_size;  /* bytes per read; 0 means 16 MiB (rounded up to 4 KiB, <= 256 MiB) */
 	bool progress;     /* draw a progress bar on stderr when it is a TTY */
 	const struct snap_allocator *allocator; /* NULL: anonymous mmap */

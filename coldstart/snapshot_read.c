@@ -657,18 +657,14 @@ int snap_open(const char *dir, const struct snap_open_opts *o, struct snap **out
 
 	/* Default: 4 per rank file, at most 16, and at most 2 per CPU: beyond that, threads only
 	 * fight over cores and caches when the data comes from the page cache or lz4 (on 2
-	 * cores, 8 threads restored a warm lz4 snapshot 2.5x slower than 2). Into a sink, every
-	 * byte is copied by a reader (read into staging, hashed there; no mapping of the page
-	 * cache), so there at least one a CPU: on an H200 machine's 16 CPUs, 4 threads streamed a
-	 * warm one-rank 1.2 GB snapshot into the GPU at 6.3 GB/s, against 55 GB/s for the link. */
+	 * cores, 8 threads restored a warm lz4 snapshot 2.5x slower than 2). Into a GPU too: on
+	 * an H200 machine (16 CPUs) a warm one-rank 1.2 GB snapshot took 0.195 s with 4 threads
+	 * and 0.361 s with 16 (not yet measured why; a suspect: each reader pins two staging
+	 * buffers of a chunk, 128 MiB against 512 MiB of cudaHostAlloc). */
 	int nthreads = o->threads;
 	if (nthreads <= 0) {
 		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-		nthreads = 4 * s->world;
-		if (s->on_sink && cpus > nthreads)
-			nthreads = (int)cpus;
-		if (nthreads > 16)
-			nthreads = 16;
+		nthreads = 4 * s->world < 16 ? 4 * s->world : 16;
 		if (cpus > 0 && nthreads > 2 * cpus)
 			nthreads = 2 * cpus < 4 ? 4 : (int)(2 * cpus);
 	}
