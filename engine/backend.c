@@ -5,13 +5,15 @@
 #include "common/wk.h"
 #include "engine/backend.h"
 #include "engine/comm.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 const struct backend *be_find(const char *name)
 {
-	/* auto: cpu. The CUDA backend has been compiled but never run on a GPU; it becomes the
-	 * default where a device is present once scripts/gpu-check has passed on one. */
+	/* auto: cuda where a CUDA device is visible (scripts/gpu-check passed on an H200 on
+	 * 2026-12-04), else cpu; a cuda that cannot start falls back to cpu (eng_open_backend,
+	 * shard.c). cuda_device_count is 0 in a build without CUDA. */
 	if (!name || !strcmp(name, "auto"))
-		return &be_cpu;
+		return cuda_device_count() > 0 ? &be_cuda : &be_cpu;
 	if (!strcmp(name, "cpu"))
 		return &be_cpu;
 	if (!strcmp(name, "cuda"))

@@ -66,6 +66,17 @@ grep -q 'restored .* into device memory' "$TMPD/gen.err" \
   || fail "the snapshot was not restored into device memory: $(cat "$TMPD/gen.err")"
 [ "$got" = "$cpu" ] || fail "cuda from a snapshot tells another story: '$got'"
 echo "   from an lz4 snapshot, $(grep -o 'restored .* into device memory' "$TMPD/gen.err"): the same text"
+# --backend auto (the default): cuda where a device is visible, cpu where none is
+got=$("$EMU" generate "$m" -n 24 --temperature 0 2>"$TMPD/gen.err") \
+  || fail "generate with the default backend: $(tail -n 3 "$TMPD/gen.err")"
+grep -q '(cuda backend)' "$TMPD/gen.err" || fail "auto did not take the visible device: $(cat "$TMPD/gen.err")"
+[ "$got" = "$cpu" ] || fail "auto on cuda tells another story: '$got'"
+"$WICK" generate "$m" -n 4 --temperature 0 >/dev/null 2>"$TMPD/gen.err" || fail "generate on auto: $(tail -n 3 "$TMPD/gen.err")"
+if ! grep -q '(cpu backend)' "$TMPD/gen.err"; then
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 ||
+    fail "auto took another backend than cpu with no GPU: $(cat "$TMPD/gen.err")"
+fi
+echo "   --backend auto: cuda on the emulated device, cpu in the build without one visible"
 
 section "tiny GLM-5 and GLM-4.5 logits, cuda against cpu"
 "$WICK_TOOLS/gen_glm" --family glm5 -o "$TMPD/glm5" --seed 7 >/dev/null || fail "gen_glm glm5"
