@@ -40,6 +40,12 @@ int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz);
 /* y[n][rows] = x[n][cols] . w[rows][cols]^T, w in DT_F32, DT_BF16 or DT_F16 */
 int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int n, int rows,
 		   int cols, char *err, size_t errsz);
+/* The same for 1..8 tokens on tensor cores (the kernel lab's GEMV v2, kernels.cu): bf16 or
+ * FP8 weights (scale as wk_cuda_matmul_fp8's), x split into two bf16 (~1e-5 of the largest
+ * output off the f32 reference), cols % 128 == 0, x and w 16-byte aligned; WK_EINVAL
+ * otherwise. */
+int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
+		     const float *scale, int n, int rows, int cols, char *err, size_t errsz);
 /* FP8 e4m3 block-scaled weights: scale[ceil(rows/128)][ceil(cols/128)] (cpu_ref_matmul_fp8) */
 int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
 		       int rows, int cols, char *err, size_t errsz);

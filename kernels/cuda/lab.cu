@@ -5,8 +5,9 @@
  * e4m3, bf16 out, "TN", a heuristic-chosen algorithm) as TFLOPS. Decode is bound by reading
  * the weights, so a GEMV's figure is the weight bytes it read per second; the target on H200
  * is >= 75% of the copy figure. The GEMV rows are GLM-5 decode shapes in FP8 and bf16 at 1
- * and 8 tokens, each run by v0 (the first version, kept here as the baseline) and v1
- * (kernels.cu), each checked against the CPU reference on 256 rows first, over rotating
+ * and 8 tokens, each run by v0 (the first version, kept here as the baseline), v1
+ * (kernels.cu's wk_cuda_matmul, the backend's) and v2 (wk_cuda_gemv_mma: tensor cores, not
+ * yet measured on a GPU), each checked against the CPU reference on 256 rows first, over rotating
  * copies of the weights so that small shapes stream from HBM and not from L2. Prefill is bound by the tensor cores, so each FP8
  * GEMM's figure is TFLOPS (2 n rows cols per call) on a prefill shape and a larger one,
  * checked first against the CPU reference, printed beside cuBLASLt's FP8 on the same shape;
@@ -15,7 +16,7 @@
  * does twice a bf16 GEMM's tensor-core work, so half that ceiling is its bound. The grouped
  * MoE experts' GEMMs (moe_kernels.cu) on a GLM-5 MoE layer (4,096 tokens, dim 6144,
  * moe_intermediate 2048, 256 experts, top 8; lab_moe_gemm) are printed beside the same bf16
- * ceiling; that row has never run (no GPU yet). Timed with CUDA events, median of 5 after a warm-up (the
+ * ceiling (on an H200: 76 TFLOPS, untuned). Timed with CUDA events, median of 5 after a warm-up (the
  * matrix products: MM_CALLS calls per timing). Run by tests/tools/cuda_lab (and
  * scripts/gpu-check).
  *
@@ -496,7 +497,7 @@ out:
 	return rc;
 }
 
-/* ---- decode GEMV: v0 (the first version, the baseline) against v1 (kernels.cu) ---------- */
+/* ---- decode GEMV: v0 (the first version, the baseline) against v1 and v2 (kernels.cu) ---- */
 
 /* v0: one warp per weight row, each lane loading one element per iteration, the row read
  * again for every token (from cache after the first): the kernels.cu GEMV until the 16-byte
@@ -551,10 +552,13 @@ __global__ void k_gemv_fp8_v0(float *y, const float *x, const __nv_fp8_e4m3 *w,
 	}
 }
 
-/* One GEMV call: v0 here, or v1 through the public wrappers. WK_OK or WK_EIO. */
+/* One GEMV call: v0 here, or v1 and v2 through the public wrappers. WK_OK, or the error. */
 static int lab_gemv_call(int v, bool fp8, float *y, const float *x, const void *w,
 			 const float *scale, int n, int rows, int cols, char *err, size_t errsz)
 {
+	if (v == 2)
+		return wk_cuda_gemv_mma(y, x, w, fp8 ? DT_F8_E4M3 : DT_BF16, scale, n, rows, cols,
+					err, errsz);
 	if (v == 1)
 		return fp8 ? wk_cuda_matmul_fp8(y, x, (const uint8_t *)w, scale, n, rows, cols, err,
 						errsz)
@@ -603,10 +607,10 @@ static double lab_rel(const float *got, const float *want, int n, int rows, int 
 	return m > 0 ? d / m : d;
 }
 
-/* For every shape, FP8 and bf16, 1 and 8 tokens, v0 and v1: one call checked against the CPU
+/* For every shape, FP8 and bf16, 1 and 8 tokens, v0, v1 and v2: one call checked against the CPU
  * reference on the first and the last 128 rows (1e-4 of the largest output there), then timed
  * whatever the check said; a row per variant: the weight bytes read per second, their share
- * of the copy, v1 marked against the 75% target, and the check. w: GEMV_W_BYTES of random
+ * of the copy, v1 and v2 marked against the 75% target, and the check. w: GEMV_W_BYTES of random
  * finite data (bf16 and e4m3 alike), scale: GEMV_SCALES positive floats, x: 8 x GEMV_MAX_COLS
  * floats, all device memory. WK_OK, or WK_EIO when a step or a check failed (printed). */
 static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const float *x)
@@ -626,12 +630,12 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 		failed = 1;
 		goto out;
 	}
-	printf("%-40s %10s %10s   (target: v1 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
+	printf("%-40s %10s %10s   (target: v1, v2 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
 	       "of copy");
 	for (size_t si = 0; si < sizeof gemv_shapes / sizeof gemv_shapes[0]; si++)
 		for (int fp8 = 1; fp8 >= 0; fp8--)
 			for (int n = 1; n <= 8; n += 7)
-				for (int v = 0; v < 2; v++) {
+				for (int v = 0; v < 3; v++) {
 					int rows = gemv_shapes[si].rows, cols = gemv_shapes[si].cols;
 					size_t esz = fp8 ? 1 : 2, bytes = (size_t)rows * cols * esz;
 					size_t copies = GEMV_W_BYTES / bytes;

@@ -47,6 +47,28 @@ __device__ __forceinline__ void mma_e4m3_16832(float d[4], const uint32_t a[4],
 #endif
 }
 
+/* d[16x8] += a[16x16] . b[16x8], bf16 operands, f32 accumulators, one warp. Fragments as PTX
+ * ISA 9.7.14.5.8 (matrix fragments for mma.m16n8k16, .f16/.bf16), g = lane / 4, q = lane %
+ * 4, each register two elements, the lower-numbered in its low 16 bits:
+ *   a[0]: A[g][2q, 2q+1]     a[1]: A[g+8][2q, 2q+1]
+ *   a[2]: A[g][2q+8, 2q+9]   a[3]: A[g+8][2q+8, 2q+9]
+ *   b[0]: B[2q, 2q+1][g]     b[1]: B[2q+8, 2q+9][g]
+ *   d as mma_e4m3_16832's. */
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4],
+					       const uint32_t b[2])
+{
+#if defined(__CUDA_ARCH__)
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(WICK_SIMT)
+	simt_mma_bf16_16816(d, a, b);
+#else
+	(void)d, (void)a, (void)b;
+#endif
+}
+
 /* Starts an asynchronous copy of 16 bytes global -> shared (cp.async.cg: through L2 only):
  * the first src_bytes (0 or 16 here) from src, the rest zeros; src_bytes 0 reads nothing
  * (src must still be a valid address). Both addresses 16-byte aligned. The bytes are in

@@ -1,7 +1,9 @@
 /*
- * mma.cpp - the emulator's tensor-core instruction (simt.h, for kernels/cuda/mma.cuh):
+ * mma.cpp - the emulator's tensor-core instructions (simt.h, for kernels/cuda/mma.cuh):
  * mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, D = A . B + C for one warp, A 16x32,
- * B 32x8, C and D 16x8.
+ * B 32x8, C and D 16x8; and mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (A 16x16,
+ * B 16x8; section 9.7.14.5.8, "Matrix Fragments for mma.m16n8k16 with floating point type",
+ * at the end of this file, the same way).
  *
  * The fragment layouts follow the PTX ISA, section 9.7.14.5.10 "Matrix Fragments for
  * mma.m16n8k32" (the .u8/.s8/.e4m3/.e5m2 multiplicands, .f32 accumulators), as published at
@@ -78,46 +80,49 @@ struct src {
 static src a_src[16][32], b_src[32][8];
 static float e4m3[256];
 
-/* Once a process: the inverse maps, and the check that each map reaches every element of
- * its matrix exactly once (a slip in the transcription above would otherwise leave holes
- * that read stale bytes). */
+typedef void (*frag_map)(int lane, int i, int *row, int *col);
+
+/* The inverse of map (each lane's elements 0..per-1) into out[R][C] (out may be NULL: only
+ * checked), failing unless it reaches every element of the R x C matrix exactly once (a slip
+ * in the transcription of a map would otherwise leave holes that read stale bytes). */
+template <int R, int C> static void invert(frag_map map, int per, src (*out)[C])
+{
+	int seen[R][C] = {};
+	for (int lane = 0; lane < 32; lane++)
+		for (int i = 0; i < per; i++) {
+			int r, c;
+			map(lane, i, &r, &c);
+			if (r < 0 || r >= R || c < 0 || c >= C)
+				fail("a fragment map reaches outside its matrix");
+			seen[r][c]++;
+			if (out)
+				out[r][c] = {(uint8_t)lane, (uint8_t)i};
+		}
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < C; c++)
+			if (seen[r][c] != 1)
+				fail("a fragment map does not cover its matrix exactly once");
+}
+
+/* Once a process: the inverse maps, checked, and the e4m3 table. */
 static void init(void)
 {
-	int na[16][32] = {}, nb[32][8] = {}, nc[16][8] = {};
-	for (int lane = 0; lane < 32; lane++) {
-		int r, c;
-		for (int i = 0; i < 16; i++) {
-			a_at(lane, i, &r, &c);
-			na[r][c]++;
-			a_src[r][c] = {(uint8_t)lane, (uint8_t)i};
-		}
-		for (int i = 0; i < 8; i++) {
-			b_at(lane, i, &r, &c);
-			nb[r][c]++;
-			b_src[r][c] = {(uint8_t)lane, (uint8_t)i};
-		}
-		for (int i = 0; i < 4; i++) {
-			c_at(lane, i, &r, &c);
-			nc[r][c]++;
-		}
-	}
-	for (int r = 0; r < 32; r++)
-		for (int c = 0; c < 32; c++)
-			if ((r < 16 && na[r][c] != 1) || (c < 8 && nb[r][c] != 1) ||
-			    (r < 16 && c < 8 && nc[r][c] != 1))
-				fail("a fragment map does not cover its matrix exactly once");
+	invert<16, 32>(a_at, 16, a_src);
+	invert<32, 8>(b_at, 8, b_src);
+	invert<16, 8>(c_at, 4, NULL);
 	for (int v = 0; v < 256; v++)
 		e4m3[v] = dt_e4m3_to_f32((uint8_t)v);
 }
 
-void simt_mma_e4m3_16832(float d[4], const uint32_t a[4], const uint32_t b[2])
+/* One mma over K: every lane hands its A and B registers to the warp, then computes the four
+ * elements of D its own fragment holds from row r of A and column c of B, fetched from the
+ * lanes the inverse maps name (value: element i of a fragment's registers). */
+template <int K>
+static void mma_run(float d[4], const uint32_t a[4], const uint32_t b[2], const src (*as)[K],
+		    const src (*bs)[8], float (*value)(const uint32_t *regs, int i))
 {
-	static bool ready;
-	if (!ready) {
-		init();
-		ready = true;
-	}
 	frag mine, all[32];
+	memset(&mine, 0, sizeof mine);
 	memcpy(mine.a, a, sizeof mine.a);
 	memcpy(mine.b, b, sizeof mine.b);
 	if (simt_warp_gather(&mine, all, sizeof mine) != 32)
@@ -127,10 +132,71 @@ void simt_mma_e4m3_16832(float d[4], const uint32_t a[4], const uint32_t b[2])
 		int r, c;
 		c_at(lane, i, &r, &c);
 		double s = 0;
-		for (int k = 0; k < 32; k++) {
-			src x = a_src[r][k], y = b_src[k][c];
-			s += (double)e4m3[elem(all[x.lane].a, x.i)] * e4m3[elem(all[y.lane].b, y.i)];
+		for (int k = 0; k < K; k++) {
+			src x = as[r][k], y = bs[k][c];
+			s += (double)value(all[x.lane].a, x.i) * value(all[y.lane].b, y.i);
 		}
 		d[i] = (float)(s + d[i]);
 	}
+}
+
+static float e4m3_elem(const uint32_t *regs, int i)
+{
+	return e4m3[elem(regs, i)];
+}
+
+void simt_mma_e4m3_16832(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+	static bool ready;
+	if (!ready) {
+		init();
+		ready = true;
+	}
+	mma_run<32>(d, a, b, a_src, b_src, e4m3_elem);
+}
+
+/* ---- m16n8k16, bf16: PTX ISA 9.7.14.5.8. A's eight elements a0..a7 and B's four b0..b3 per
+ * lane, two a register (element i in the low half of register i / 2 when i is even). ---- */
+
+static void a16_at(int lane, int i, int *row, int *col)
+{
+	int group = lane >> 2, tig = lane % 4;
+	*row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
+	*col = tig * 2 + (i & 0x1) + (i >= 4 ? 8 : 0);
+}
+
+static void b16_at(int lane, int i, int *row, int *col)
+{
+	int group = lane >> 2, tig = lane % 4;
+	*row = tig * 2 + (i & 0x1) + (i >= 2 ? 8 : 0);
+	*col = group;
+}
+
+static float bf16_elem(const uint32_t *regs, int i)
+{
+	uint32_t u = (regs[i / 2] >> (16 * (i % 2))) << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static src a16_src[16][16], b16_src[16][8];
+
+static void init16(void)
+{
+	invert<16, 16>(a16_at, 8, a16_src);
+	invert<16, 8>(b16_at, 4, b16_src);
+}
+
+/* Each element's 16 products (exact in double: bf16 x bf16 has at most 16 significant bits)
+ * summed exactly, added to c in double and rounded once to f32 (a GPU rounds along the way;
+ * the tests compare with tolerances). */
+void simt_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+	static bool ready;
+	if (!ready) {
+		init16();
+		ready = true;
+	}
+	mma_run<16>(d, a, b, a16_src, b16_src, bf16_elem);
 }

@@ -260,6 +260,7 @@ int simt_warp_gather(const void *mine, void *all, size_t n);
 /* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 with d as C and D (tests/simt/mma.cpp):
  * every lane of a full warp calls it; fragments as the PTX ISA documents them. */
 void simt_mma_e4m3_16832(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void simt_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 /* cp.async of n bytes (4, 8 or 16; both addresses n-aligned): src_n bytes from src, then
  * zeros. Queued in the calling thread's open group; copied when a wait retires the group. */
 void simt_cp_async(void *dst, const void *src, int n, int src_n);

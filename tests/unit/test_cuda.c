@@ -231,6 +231,65 @@ Test(cuda_kernels, matmul_fp8_matches_ref)
 	}
 }
 
+/* The tensor-core GEMV (the lab's v2) against the CPU's matmuls, FP8 and bf16, within 1e-4
+ * of the largest output (the bf16 hi/lo split of x keeps ~1e-5): 1..8 tokens, a partial
+ * row group and several weight-scale row blocks (300 rows), a warp's run of 3 column blocks
+ * (5120 columns over 14 warps: the last load of a pair past its run), one block a warp. */
+Test(cuda_kernels, gemv_mma_matches_ref)
+{
+	NEED_GPU();
+	static const int shapes[][3] = {{1, 40, 256}, {8, 16, 128}, {3, 130, 384},
+					{8, 300, 1024}, {2, 48, 5120}, {5, 64, 2048}};
+	for (int fp8 = 0; fp8 < 2; fp8++)
+		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+			int sr = (rows + 127) / 128, sc = cols / 128;
+			size_t nw = (size_t)rows * cols, esz = fp8 ? 1 : 2;
+			unsigned char *w = malloc(nw * esz);
+			for (size_t i = 0; i < nw; i++) {
+				if (fp8) {
+					w[i] = dt_f32_to_e4m3(rnd() * 400.0f);
+				} else {
+					uint16_t h = dt_f32_to_bf16(rnd());
+					memcpy(w + 2 * i, &h, 2);
+				}
+			}
+			float *x = rnd_vec((size_t)n * cols), *scale = rnd_vec((size_t)sr * sc);
+			float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
+			if (fp8)
+				cpu_ref_matmul_fp8(want, x, w, scale, n, rows, cols);
+			else
+				cpu_ref_matmul(want, x, w, DT_BF16, n, rows, cols);
+			float *dx = to_dev(x, (size_t)n * cols * 4), *ds = to_dev(scale, (size_t)sr * sc * 4);
+			float *dy = to_dev(want, (size_t)n * rows * 4); /* overwritten */
+			void *dw = to_dev(w, nw * esz);
+			cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
+			cr_assert_eq(wk_cuda_gemv_mma(dy, dx, dw, fp8 ? DT_F8_E4M3 : DT_BF16, ds, n, rows,
+						      cols, err, sizeof err), WK_OK, "%s", err);
+			from_dev(got, dy, (size_t)n * rows * 4);
+			double r = rel(got, want, (size_t)n * rows);
+			cr_expect_leq(r, 1e-4, "%s n=%d rows=%d cols=%d: %g", fp8 ? "fp8" : "bf16", n,
+				      rows, cols, r);
+			wk_cuda_free(dx);
+			wk_cuda_free(ds);
+			wk_cuda_free(dy);
+			wk_cuda_free(dw);
+			free(w);
+			free(x);
+			free(scale);
+			free(want);
+			free(got);
+		}
+	/* outside its contract: refused by name, nothing launched */
+	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_BF16, NULL, 9, 16, 128, err, sizeof err),
+		     WK_EINVAL);
+	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_BF16, NULL, 1, 16, 100, err, sizeof err),
+		     WK_EINVAL);
+	cr_expect(strstr(err, "gemv_mma") != NULL, "%s", err);
+	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_F32, NULL, 1, 16, 128, err, sizeof err),
+		     WK_EINVAL);
+}
+
 /* One FP8 GEMM (wk_cuda_gemm_fp8's contract) on n x rows x cols against cpu_ref_gemm_fp8:
  * random finite e4m3 codes and scales, the output poisoned first, within 1e-3. */
 static void gemm_fp8_case(int (*gemm)(float *, const uint8_t *, const float *,
