@@ -317,6 +317,10 @@ int wk_cuda_gemm_fp8_wgmma_n160(float *y, const uint8_t *xq, const float *xs, co
 int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs,
 				    const uint8_t *w, const float *ws, int n, int rows, int cols,
 				    char *err, size_t errsz);
+/* wk_cuda_gemm_fp8_wgmma with each tile's store overlapped with the next tile's first k block
+ * (the lab's "wgmma ovl"; not yet run on a GPU); the same contract. */
+int wk_cuda_gemm_fp8_wgmma_ovl(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+			       const float *ws, int n, int rows, int cols, char *err, size_t errsz);
 
 /* ---- FP8 weights x f32 activations for prefill (gemm_fp8w.cu) ---- */
 

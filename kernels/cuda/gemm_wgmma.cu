@@ -335,7 +335,72 @@ template <int BN> __device__ __forceinline__ int tma_tile_blocks(int kbs)
 	return BN == 128 ? kbs + (kbs & 1) : kbs;
 }
 
-template <int MC, int BN>
+/* A consumer thread's place in tile t: its first token t0, the tile's first weight row r0 and
+ * first weight-scale block nb. */
+template <int MC>
+__device__ __forceinline__ void tma_place(int t, int mgroups, int tiles, int group, int rank,
+					  int cw, int warp, int lane, int &t0, int &r0, int &nb)
+{
+	int mg, nt;
+	tma_tile_coords(t, mgroups, tiles / mgroups, group, mg, nt);
+	r0 = nt * 128;
+	nb = r0 / WN;
+	t0 = (mg * MC + rank) * WM + cw * 64 + warp * 16 + (lane >> 2);
+}
+
+/* The consumers of 128-row tiles with each tile's store overlapped (wk_cuda_gemm_fp8_wgmma_ovl,
+ * the lab's "wgmma ovl"): tma_tile_pipelined's schedule, but block 0 of the next tile is
+ * issued into pa before this tile's totals are stored, so the tensor cores multiply while
+ * the epilogue's 64 KiB leave (else they idle through it: at 4096 x 7168 x 2048 a tile is 16
+ * k blocks). acc, pa and pb stay 64 registers each, as in tma_tile_pipelined. */
+template <int MC>
+__device__ __forceinline__ void tma_consumer_ovl(float *y, const float *xs, const float *ws,
+						 int n, int rows, int cols, int mgroups, int tiles,
+						 int group, int first, int step, int rank,
+						 uint32_t ring0, uint32_t full0, uint32_t empty0,
+						 int cw, int warp, int lane)
+{
+	int kbs = (cols + WK - 1) / WK, kbe = kbs + (kbs & 1), sr = (rows + WN - 1) / WN;
+	float acc[64], pa[64], pb[64], sa[4], sb[4];
+	int it = 0, tile = first, t0 = 0, r0 = 0, nb = 0;
+	if (tile < tiles) {
+		tma_place<MC>(tile, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
+		tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, 0);
+		tma_block_issue<128>(pa, ring0, full0, it, cw);
+	}
+	while (tile < tiles) {
+#pragma unroll
+		for (int i = 0; i < 64; i++)
+			acc[i] = 0.0f;
+		for (int kb = 1; kb < kbe - 1; kb += 2, it += 2) {
+			tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kb);
+			tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
+			wgmma_wait<1>();
+			tma_block_retire<MC, 128>(acc, pa, sa, 16, empty0, it, lane);
+			tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, kb + 1);
+			tma_block_issue<128>(pa, ring0, full0, it + 2, cw);
+			wgmma_wait<1>();
+			tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
+		}
+		tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kbe - 1);
+		tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
+		wgmma_wait<1>();
+		tma_block_retire<MC, 128>(acc, pa, sa, 16, empty0, it, lane);
+		wgmma_wait<0>();
+		tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
+		it += 2;
+		int t0c = t0, r0c = r0, next = tile + step;
+		if (next < tiles) { /* the next tile's first block, in flight during the store */
+			tma_place<MC>(next, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
+			tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, 0);
+			tma_block_issue<128>(pa, ring0, full0, it, cw);
+		}
+		wgmma_store_tile(y, acc, t0c, r0c, lane & 3, n, rows);
+		tile = next;
+	}
+}
+
+template <int MC, int BN, bool OVL = false>
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
 			 const __grid_constant__ CUtensorMap tw, const float *xs, const float *ws,
@@ -405,6 +470,11 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 
 	regs_inc<232>();
 	int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, q = lane & 3;
+	if constexpr (OVL) {
+		tma_consumer_ovl<MC>(y, xs, ws, n, rows, cols, mgroups, tiles, group, first, step,
+				     rank, ring0, full0, empty0, cw, warp, lane);
+		return;
+	}
 	int sr = (rows + WN - 1) / WN; /* weight scale blocks */
 	int it = 0;
 	for (int tile = first; tile < tiles; tile += step) {
@@ -469,8 +539,8 @@ static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, int
 }
 
 /* The persistent TMA kernel with clusters of MC CTAs (1 or 2) and tiles of BN weight rows
- * (128 or 160) on the mtiles x ntiles tiles. */
-template <int MC, int BN>
+ * (128 or 160) on the mtiles x ntiles tiles; OVL: the store overlapped (tma_consumer_ovl). */
+template <int MC, int BN, bool OVL = false>
 static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 		      const float *ws, int n, int rows, int cols, int mtiles, int ntiles,
 		      char *err, size_t errsz)
@@ -480,7 +550,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 	if (tensor_map(&tx, xq, n, cols, WM, err, errsz) ||
 	    tensor_map(&tw, w, rows, cols, BN / MC, err, errsz))
 		return WK_EIO;
-	cudaError_t e = cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN>),
+	cudaError_t e = cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN, OVL>),
 					     cudaFuncAttributeMaxDynamicSharedMemorySize, R::smem);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
@@ -516,7 +586,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 		cfg.attrs = attr;
 		cfg.numAttrs = 1;
 		cfg.gridDim = dim3((unsigned)(MC * tiles));
-		e = cudaOccupancyMaxActiveClusters(&places, (k_gemm_wgmma_tma<MC, BN>), &cfg);
+		e = cudaOccupancyMaxActiveClusters(&places, (k_gemm_wgmma_tma<MC, BN, OVL>), &cfg);
 		if (e != cudaSuccess)
 			return check(e, "gemm_fp8_wgmma clusters", err, errsz);
 		if (places < 1)
@@ -524,7 +594,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 				       "CUDA gemm_fp8_wgmma: no %d-CTA cluster fits on the device", MC);
 	}
 	cfg.gridDim = dim3((unsigned)(MC * (tiles < places ? tiles : places > 0 ? places : 1)));
-	e = cudaLaunchKernelEx(&cfg, (k_gemm_wgmma_tma<MC, BN>), y, tx, tw, xs, ws, n, rows, cols,
+	e = cudaLaunchKernelEx(&cfg, (k_gemm_wgmma_tma<MC, BN, OVL>), y, tx, tw, xs, ws, n, rows, cols,
 			       mgroups, tiles, group);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma launch", err, errsz);
@@ -532,10 +602,11 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 }
 
 /* wk_cuda_gemm_fp8_wgmma (mc 1, bn 128) and its variants: clusters of mc = 2 CTAs, tiles of
- * bn = 160 weight rows (the TMA kernel only; otherwise the cp.async kernel's 128 x 128). */
+ * bn = 160 weight rows, the store overlapped (ovl, with mc 1 and bn 128) (the TMA kernel
+ * only; otherwise the cp.async kernel's 128 x 128). */
 static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
-		      const float *ws, int n, int rows, int cols, int mc, int bn, char *err,
-		      size_t errsz)
+		      const float *ws, int n, int rows, int cols, int mc, int bn, bool ovl,
+		      char *err, size_t errsz)
 {
 	if (cols < 0 || rows > 65535 * WN) /* gridDim.y <= 65535 */
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA gemm_fp8_wgmma: rows %d, cols %d", rows,
@@ -551,6 +622,9 @@ static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_
 							    err, errsz)
 				       : launch_tma<1, 160>(y, xq, xs, w, ws, n, rows, cols, mt, nt,
 							    err, errsz);
+		if (ovl)
+			return launch_tma<1, 128, true>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
+							errsz);
 		return mc == 2 ? launch_tma<2, 128>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
 						    errsz)
 			       : launch_tma<1, 128>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
@@ -573,26 +647,33 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 				      const uint8_t *w, const float *ws, int n, int rows, int cols,
 				      char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs,
 					  const uint8_t *w, const float *ws, int n, int rows,
 					  int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 128, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 128, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_n160(float *y, const uint8_t *xq, const float *xs,
 					   const uint8_t *w, const float *ws, int n, int rows,
 					   int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 160, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 160, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs,
 					       const uint8_t *w, const float *ws, int n,
 					       int rows, int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 160, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 160, false, err, errsz);
+}
+
+extern "C" int wk_cuda_gemm_fp8_wgmma_ovl(float *y, const uint8_t *xq, const float *xs,
+					  const uint8_t *w, const float *ws, int n, int rows,
+					  int cols, char *err, size_t errsz)
+{
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, true, err, errsz);
 }

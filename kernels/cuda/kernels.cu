@@ -157,7 +157,7 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 /* ---- gemv_mma: the decode GEMV of up to 8 tokens on tensor cores (the lab's v2) ------------
  *
  * The lab measured v1 on an H200 at 13-30 % of the copy bandwidth for 8 tokens: there each
- * weight takes 8 f32 FMAs plus its share of x's loads, about 9 instructions a byte, past
+ * weight takes 8 f32 FMAs plus its share of x's loads, by count ~9 instructions a byte, past
  * what the schedulers issue at HBM rate. Here a warp's 16 rows times 8 tokens are one
  * mma.sync.m16n8k16 (bf16 in, f32 out) per 16 columns: the weights as A (e4m3 and bf16 widen
  * to bf16 exactly), the tokens as B, each x split in two bf16, hi = bf16(x) and lo =

@@ -111,6 +111,7 @@ static const struct {
 	{"wgmma 2cta", wk_cuda_gemm_fp8_wgmma_mc2}, /* clusters of 2, the weight tile multicast */
 	{"wgmma n160", wk_cuda_gemm_fp8_wgmma_n160}, /* 128 x 160 tiles */
 	{"wgmma n160 2cta", wk_cuda_gemm_fp8_wgmma_n160_mc2},
+	{"wgmma ovl", wk_cuda_gemm_fp8_wgmma_ovl}, /* the store overlapped with the next tile */
 };
 
 /* One GEMM row of the prefill table: run() (one call: WK_OK, or an error in err) once on a

@@ -382,9 +382,12 @@ Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 					{600, 256, 384}};
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 		for (int off = 0; off < 2; off++)
-			if (!off || shapes[s][2] % 16 == 0) /* else already the ordinary stores */
+			if (!off || shapes[s][2] % 16 == 0) { /* else already the ordinary stores */
 				gemm_fp8_case(wk_cuda_gemm_fp8_wgmma, "gemm_fp8_wgmma",
 					      shapes[s][0], shapes[s][1], shapes[s][2], off);
+				gemm_fp8_case(wk_cuda_gemm_fp8_wgmma_ovl, "gemm_fp8_wgmma_ovl",
+					      shapes[s][0], shapes[s][1], shapes[s][2], off);
+			}
 }
 
 Test(cuda_kernels, gemm_fp8_wgmma_mc2_matches_ref)
