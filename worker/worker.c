@@ -1105,7 +1105,8 @@ static void usage(FILE *f)
 		"                        http(s):// (RunPod) queues: job-done and ping URLs\n"
 		"                        (default: RUNPOD_WEBHOOK_POST_OUTPUT, RUNPOD_WEBHOOK_PING)\n"
 		"  --stream-url URL      accepted for RunPod; wick does not stream partial output yet\n"
-		"  --backend cpu|cuda|null   null answers at once (for measuring the queue)\n"
+		"  --backend null        answers at once, no arithmetic (for measuring the queue);\n"
+		"                        cpu, cuda and auto as below\n"
 		HTTP_API_HELP CMD_ENGINE_HELP);
 }
 
