@@ -601,6 +601,18 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 				     .chunk_size = o->chunk_size, .config = hf_config(p.hf),
 				     .layout = layout,
 				     .src_dir = hf_dir, .copy = copy};
+	/* The model must load as a start would load it (config and tensor checks; the cpu
+	 * backend, weights mapped and bound, one position of KV cache), so that a snapshot that
+	 * cannot serve is refused here, not at a worker's cold start. */
+	struct engine *e = NULL;
+	struct eng_opts eo = {.backend = "cpu", .threads = 1, .max_seq = 1};
+	char why[WK_ERRSZ];
+	if ((rc = eng_open(hf_dir, &eo, &e, why, sizeof why)) != WK_OK) {
+		wk_errf(err, errsz, rc, "%s will not load, so no snapshot was written: %s", hf_dir,
+			why);
+		goto out;
+	}
+	eng_close(e);
 	rc = snap_write(out_dir, &wo, p.specs, p.n, err, errsz);
 out:
 	json_decref(layout);

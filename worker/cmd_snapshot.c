@@ -19,9 +19,10 @@ static void usage(FILE *f)
 		"aligned, with an xxh3 checksum per chunk, so that start-up only streams bytes.\n"
 		"  --tp N, --ep N     tensor / expert parallel degree; world = max(tp, ep), the smaller\n"
 		"                     divides it (rules: engine/layout.c)\n"
-		"  --dtype D          keep (default), bf16 or f32: cast the weight matrices; fp8:\n"
-		"                     decoder-layer projections to float8_e4m3fn with 128x128\n"
-		"                     block scales (the GLM-5-FP8 convention)\n"
+		"  --dtype D          keep (default), bf16 or f32: cast the bf16, f16 and f32 weight\n"
+		"                     matrices (FP8 ones stay FP8 with their block scales: nothing\n"
+		"                     widens them); fp8: decoder-layer projections to float8_e4m3fn\n"
+		"                     with 128x128 block scales (the GLM-5-FP8 convention)\n"
 		"  --compress lz4     compress chunks where that saves at least 10%%\n"
 		"  --chunk-mib N      chunk size in MiB (default 16)\n");
 }

@@ -1139,6 +1139,15 @@ static void expect_refused(const char *dir, const char *from, const char *to, co
 	int rc = eng_open(dir, &o, &e, err, sizeof err);
 	cr_expect_neq(rc, WK_OK, "%s -> %s was accepted", from, to);
 	cr_expect_not_null(strstr(err, needle), "message '%s' lacks '%s'", err, needle);
+	/* nor is a snapshot of it written: the refusal comes at `wick snapshot`, not at a
+	 * worker's cold start */
+	char snap[600];
+	snprintf(snap, sizeof snap, "%s.snap", dir);
+	struct eng_snap_opts so = {.tp = 1, .ep = 1};
+	rc = eng_snapshot(dir, snap, &so, err, sizeof err);
+	cr_expect_neq(rc, WK_OK, "a snapshot of %s -> %s was written", from, to);
+	cr_expect_not_null(strstr(err, needle), "snapshot message '%s' lacks '%s'", err, needle);
+	cr_expect_eq(access(snap, F_OK), -1, "%s -> %s: %s was left behind", from, to, snap);
 	f = fopen(path, "w");
 	fputs(buf, f);
 	fclose(f);
