@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -115,6 +117,24 @@ double wk_now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t wk_random_seed(void)
+{
+	uint64_t x;
+	if (getrandom(&x, sizeof x, GRND_NONBLOCK) == (ssize_t)sizeof x)
+		return x;
+	static _Atomic uint64_t calls;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	x = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	x ^= (uint64_t)getpid() << 32;
+	x += 0x9e3779b97f4a7c15ULL * (atomic_fetch_add(&calls, 1) + 1);
+	x ^= x >> 33; /* splitmix64's finalizer */
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	return x ^ (x >> 33);
 }
 
 void wk_buf_add(struct wk_buf *b, const void *s, size_t n)

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum wk_status {
 	WK_OK = 0,
@@ -41,6 +42,11 @@ int wk_write_file(const char *path, const void *buf, size_t len, char *err, size
 
 /* Monotonic seconds, for timing. */
 double wk_now(void);
+
+/* A sampling seed for a request that names none: 8 bytes from the kernel's random source
+ * (getrandom), else the clock's nanoseconds, the process id and a per-process counter mixed,
+ * so that requests in the same second, or from the same slot, draw differently. */
+uint64_t wk_random_seed(void);
 
 /* A growing NUL-terminated string. A failed allocation sets oom and later appends do nothing,
  * so a caller checks once at the end. {0} is an empty buffer; free(b.p) releases it. */

@@ -53,20 +53,6 @@ static void stream(const struct tok *t, const int *ids, int n, size_t *printed, 
 	free(text);
 }
 
-/* A seed that differs between runs started in the same second (time(NULL) made them all
- * sample the same text): the clock's nanoseconds and the process id, mixed. */
-static uint64_t clock_seed(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	uint64_t x = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-	x ^= (uint64_t)getpid() << 32;
-	x ^= x >> 33; /* splitmix64's finalizer */
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	return x;
-}
-
 /* --chat: prompt as the one user message, rendered in the model's chat format as the worker
  * renders a job's messages (worker.c: the format for the architecture, GLM's thinking off,
  * the template's own specials in place of BOS), then encoded. */
@@ -99,7 +85,7 @@ int cmd_generate(int argc, char **argv)
 	long steps = 256;
 	struct cmd_engine ce = {0};
 	struct samp_cfg sc = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
-			      .seed = clock_seed()};
+			      .seed = wk_random_seed()};
 	int c;
 	char *end;
 	while ((c = getopt_long(argc, argv, "p:n:h", opts, NULL)) != -1) {

@@ -306,6 +306,14 @@ int http_api_take(struct http_api *h, struct http_flight **out, int max, double 
 	return n;
 }
 
+int http_api_waiting(struct http_api *h)
+{
+	pthread_mutex_lock(&h->mu);
+	int n = h->n_inbox;
+	pthread_mutex_unlock(&h->mu);
+	return n;
+}
+
 void http_flight_job(struct http_flight *f, struct queue_job *j)
 {
 	memset(j, 0, sizeof *j);

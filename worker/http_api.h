@@ -108,6 +108,9 @@ void http_api_set_state(struct http_api *h, const char *state);
  * the worker's until it hands it back with http_api_finish. Returns the number taken. */
 int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s);
 
+/* Requests accepted and not yet taken (a draining worker still serves them). */
+int http_api_waiting(struct http_api *h);
+
 /* Moves a flight's job document into j (id, body, len, attempt 1, enqueued_at), as a queue
  * would deliver it; j's body is then the caller's (queue_job_free). */
 void http_flight_job(struct http_flight *f, struct queue_job *j);

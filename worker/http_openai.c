@@ -9,6 +9,7 @@
  * silently ignored; each one's neutral value (n 1, penalties 0, an empty logit_bias, ...) is
  * accepted, as clients send them by default.
  */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,20 @@ static void strip_input(char *dst, size_t n, const char *src)
 		dst[o++] = *src++;
 	}
 	dst[o] = 0;
+}
+
+/* The request parameter a job error's message (after strip_input) begins with, as OpenAI's
+ * "param" names it; NULL when it names none of them. */
+static const char *error_param(const char *msg)
+{
+	static const char *const names[] = {"temperature", "top_p",    "top_k",  "seed",
+					    "stop",        "max_tokens", "prompt", "messages"};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		size_t k = strlen(names[i]);
+		if (!strncmp(msg, names[i], k) && !(isalnum((unsigned char)msg[k]) || msg[k] == '_'))
+			return names[i];
+	}
+	return NULL;
 }
 
 /* Chat message m's content: a string or a list of {"type": "text", "text": S} parts,
@@ -198,6 +213,23 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 		    !(json_is_array(v) && json_array_size(v) == 0))
 			return oai_errf(e, 400, IRE, "invalid_input", "tools",
 					"tools are not supported");
+		/* the older names of tools, and the choice among them: only "no tool" */
+		if (!absent(v = json_object_get(root, "functions")) &&
+		    !(json_is_array(v) && json_array_size(v) == 0))
+			return oai_errf(e, 400, IRE, "invalid_input", "functions",
+					"functions are not supported");
+		static const char *const choice[] = {"tool_choice", "function_call"};
+		for (int i = 0; i < 2; i++)
+			if (!absent(v = json_object_get(root, choice[i])) &&
+			    !(json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
+						    !strcmp(json_string_value(v), "auto"))))
+				return oai_errf(e, 400, IRE, "invalid_input", choice[i],
+						"%s: only \"none\" or \"auto\" (there are no tools)",
+						choice[i]);
+		if (!absent(v = json_object_get(root, "top_logprobs")) &&
+		    !(json_is_integer(v) && json_integer_value(v) == 0))
+			return oai_errf(e, 400, IRE, "invalid_input", "top_logprobs",
+					"top_logprobs is not supported (only 0)");
 	} else {
 		if (!absent(v = json_object_get(root, "echo")) && !json_is_false(v))
 			return oai_errf(e, 400, IRE, "invalid_input", "echo", "echo is not supported");
@@ -228,16 +260,20 @@ static int stream_flags(const json_t *root, struct oai_req *r, struct oai_err *e
 			return oai_errf(e, 400, IRE, "invalid_input", "stream_options",
 					"stream_options must be an object; include_usage a boolean");
 		r->include_usage = json_is_true(u);
+		if (!r->stream)
+			return oai_errf(e, 400, IRE, "invalid_input", "stream_options",
+					"stream_options is only allowed when stream is true");
 	}
 	return 0;
 }
 
-static int max_tokens(enum oai_kind kind, const json_t *root, int limit, json_t *input,
+static int max_tokens(const json_t *root, int limit, json_t *input,
 		      struct oai_err *e)
 {
 	const char *name = "max_tokens";
 	const json_t *v = json_object_get(root, name);
-	if (kind == OAI_CHAT && !absent(json_object_get(root, "max_completion_tokens"))) {
+	/* chat's newer name, taken on /v1/completions too rather than ignored there */
+	if (!absent(json_object_get(root, "max_completion_tokens"))) {
 		name = "max_completion_tokens";
 		v = json_object_get(root, name);
 	}
@@ -298,7 +334,7 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 		st = chat_messages(json_object_get(root, "messages"), input, e);
 	else
 		st = completion_prompt(json_object_get(root, "prompt"), input, e);
-	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, e)))
+	if (st || (st = max_tokens(root, max_tokens_limit, input, e)))
 		goto out;
 	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
@@ -321,8 +357,8 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 		char clean[WK_ERRSZ];
 		strip_input(clean, sizeof clean, msg);
 		st = oai_errf(e, jerr == JOB_EINTERNAL ? 500 : 400,
-			      jerr == JOB_EINTERNAL ? "server_error" : IRE, job_err_code(jerr), NULL,
-			      "%s", clean);
+			      jerr == JOB_EINTERNAL ? "server_error" : IRE, job_err_code(jerr),
+			      jerr == JOB_EINTERNAL ? NULL : error_param(clean), "%s", clean);
 		free(r->job);
 		r->job = NULL;
 	}

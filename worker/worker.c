@@ -764,7 +764,7 @@ static void admit(struct worker *w, struct held *h)
 	r->max_tokens = j.max_tokens;
 	r->samp = (struct samp_cfg){.temperature = j.temperature, .top_p = j.top_p,
 				    .top_k = j.top_k,
-				    .seed = j.has_seed ? j.seed : (uint64_t)time(NULL) ^ (uint64_t)h};
+				    .seed = j.has_seed ? j.seed : wk_random_seed()};
 	for (int i = 0; i < j.n_stop && i < SCHED_MAX_STOP; i++) {
 		r->stop[i] = j.stop[i];
 		j.stop[i] = NULL;
@@ -1382,7 +1382,12 @@ int cmd_worker(int argc, char **argv)
 			why = "max_jobs";
 			break;
 		}
-		if (w.state == ST_DRAINING && (held == 0 || now > w.t_drain_deadline))
+		/* draining: what is held, and the HTTP requests already accepted (they have no
+		 * queue to go back to; new ones get 503), until the drain's deadline */
+		bool may_take = w.max_jobs <= 0 || w.jobs_taken < w.max_jobs;
+		if (w.state == ST_DRAINING &&
+		    ((held == 0 && !(w.http && may_take && http_api_waiting(w.http) > 0)) ||
+		     now > w.t_drain_deadline))
 			break;
 		if (w.state != ST_DRAINING) {
 			double idle_left = w.idle_timeout > 0
@@ -1394,6 +1399,8 @@ int cmd_worker(int argc, char **argv)
 				take_http(&w, w.q ? 0 : wait);
 			if (w.q)
 				take_jobs(&w, w.http && wait > 0.05 ? 0.05 : wait);
+		} else if (w.http) {
+			take_http(&w, 0);
 		}
 		if (w.http)
 			http_cancels(&w);

@@ -2,7 +2,7 @@
 # `openai` npm package (installed from the npm registry into $WICK_BUILD/node-openai, once).
 #   1. refusals: a non-loopback address without a key, a bad keys file
 #   2. the openai client: chat, streamed chat (same text), streamed completion, models, a
-#      request for another model (404), a wrong key (401)
+#      request for another model (404), a wrong key (401); unseeded requests draw afresh
 #   3. 50 concurrent streaming clients for $WICK_DEV_LOAD_SECONDS (default 15) s: every stream
 #      ends with data: [DONE]; p50/p99 time to first token; the requests shared steps
 #   4. 100+ malformed or hostile requests: each a 4xx or cut by the timeout; still serving
@@ -10,7 +10,8 @@
 #   6. a queue job and HTTP requests in one step (wick worker --queue ... --listen ...)
 #   7. a client that disconnects mid-stream frees its slot for the next (--concurrency 1); one
 #      that disconnects from a request not streamed cancels it too
-#   8. SIGTERM drains: the running stream finishes, new requests get 503, exit 0
+#   8. SIGTERM drains: the running stream finishes, a request already accepted is served,
+#      new requests get 503, exit 0
 #   9. idle exit: the session ends by itself, exit 0, and prints its bill
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -66,6 +67,17 @@ BASE=http://127.0.0.1:$P/v1
 
 # 2. The official client.
 client basic --base "$BASE" --key "$K1" --model stories260K
+
+# Requests that name no seed draw afresh each time (the seed was the second XOR the slot:
+# a client's requests within a second all got one text).
+for i in 1 2 3 4 5 6; do
+  curl -sf -H "Authorization: Bearer $K1" "$BASE/completions" \
+    -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.5}' |
+    python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["text"]))'
+done >"$TMPD/unseeded"
+[ "$(sort -u "$TMPD/unseeded" | wc -l)" -ge 4 ] ||
+  fail "6 unseeded requests gave only $(sort -u "$TMPD/unseeded" | wc -l) distinct texts"
+echo "unseeded: $(sort -u "$TMPD/unseeded" | wc -l) distinct texts from 6 requests"
 
 # 3. Load.
 secs=${WICK_DEV_LOAD_SECONDS:-15}
@@ -234,25 +246,33 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -m 30 -H "Authorization: Bearer $K
 [ "$code" = 200 ] || fail "the slot of the cancelled request was not freed: $code"
 echo "disconnect, not streamed: cancelled ($(grep -o 'job cmpl-.*: CANCELLED.*' "$TMPD/slow.log" | cut -d, -f2)), counted 499, its slot reused"
 
-# 8. SIGTERM while a stream runs: it finishes, new requests get 503, exit 0.
+# 8. SIGTERM while a stream runs: it finishes, a request accepted before the signal (waiting
+# for the one slot) is still served, new requests get 503, exit 0.
 curl -sN -H "Authorization: Bearer $K1" "http://127.0.0.1:$P/v1/chat/completions" \
   -d '{"messages": [{"role": "user", "content": "Once"}], "max_tokens": 150, "temperature": 0, "stream": true}' \
   >"$TMPD/drain.sse" &
 cl=$!
 for _ in $(seq 1 100); do grep -q '^data: ' "$TMPD/drain.sse" 2>/dev/null && break; sleep 0.05; done
+curl -s -o "$TMPD/queued.json" -w '%{http_code}' -H "Authorization: Bearer $K1" \
+  "http://127.0.0.1:$P/v1/completions" -d '{"prompt": "Once", "max_tokens": 4}' >"$TMPD/queued.code" &
+qd=$!
+sleep 0.2
 kill -TERM $sd
 sleep 0.1
 code=$(curl -s -o "$TMPD/drain503.json" -w '%{http_code}' -H "Authorization: Bearer $K1" \
   "http://127.0.0.1:$P/v1/completions" -d '{"prompt": "x", "max_tokens": 2}')
 hcode=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P/health")
 wait $cl
+wait $qd
 wait $sd || fail "SIGTERM: exit $?"
+[ "$(cat "$TMPD/queued.code")" = 200 ] ||
+  fail "a request accepted before SIGTERM got $(cat "$TMPD/queued.code"): $(cat "$TMPD/queued.json")"
 [ "$code" = 503 ] || fail "a request while draining got $code, want 503"
 [ "$hcode" = 503 ] || fail "/health while draining got $hcode, want 503"
 grep -v '^$' "$TMPD/drain.sse" | tail -n 1 | grep -q '^data: \[DONE\]$' || fail "the stream did not end with [DONE]"
 grep -q '"finish_reason":"\(length\|stop\)"' "$TMPD/drain.sse" || fail "the stream did not finish: $(tail -c 300 "$TMPD/drain.sse")"
 grep -q 'reason signal' "$TMPD/slow.log" || fail "no drain in the log"
-echo "SIGTERM: the running stream finished, a new request got 503, /health 503, exit 0"
+echo "SIGTERM: the running stream finished, the request waiting for its slot was served, a new request got 503, /health 503, exit 0"
 
 # 9. Idle exit with the bill.
 P=$(free_port)

@@ -117,6 +117,11 @@ Test(http, completion_becomes_a_job)
 	cr_expect(!r.stream);
 	json_decref(j);
 	free(r.job);
+	/* chat's max_completion_tokens is honoured on completions too, not ignored */
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"Once\", \"max_completion_tokens\": 2}", &r);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"), "max_tokens")), 2);
+	json_decref(j);
+	free(r.job);
 	/* max_completion_tokens wins over max_tokens for chat */
 	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
 			     "\"max_tokens\": 50, \"max_completion_tokens\": 9}", &r);
@@ -147,7 +152,12 @@ Test(http, errors_are_openai_shaped)
 		{"\"frequency_penalty\": -1", "frequency_penalty"},
 		{"\"logit_bias\": {\"50\": -100}", "logit_bias"},
 		{"\"response_format\": {\"type\": \"json_object\"}", "response_format"},
-		{"\"response_format\": \"json\"", "response_format"}};
+		{"\"response_format\": \"json\"", "response_format"},
+		{"\"functions\": [{\"name\": \"f\"}]", "functions"},
+		{"\"function_call\": {\"name\": \"f\"}", "function_call"},
+		{"\"tool_choice\": \"required\"", "tool_choice"},
+		{"\"top_logprobs\": 3", "top_logprobs"},
+		{"\"stream_options\": {\"include_usage\": true}", "stream_options"}};
 	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
 		char body[256];
 		snprintf(body, sizeof body,
@@ -160,7 +170,9 @@ Test(http, errors_are_openai_shaped)
 	struct oai_req r;
 	json_t *ok = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
 				      "\"presence_penalty\": 0, \"frequency_penalty\": 0.0, "
-				      "\"logit_bias\": {}, \"response_format\": {\"type\": \"text\"}}",
+				      "\"logit_bias\": {}, \"response_format\": {\"type\": \"text\"}, "
+				      "\"functions\": [], \"tool_choice\": \"none\", \"function_call\": "
+				      "\"auto\", \"top_logprobs\": 0}",
 			    &r);
 	json_decref(ok);
 	free(r.job);
@@ -169,6 +181,7 @@ Test(http, errors_are_openai_shaped)
 	cr_expect_str_eq(e.code, "invalid_input");
 	cr_expect(strstr(e.message, "top_p") == e.message, "the job's \"input.\" is dropped: %s",
 		  e.message);
+	cr_expect_str_eq(e.param, "top_p", "a job error names its parameter");
 	e = err_of(OAI_COMPLETION, "{\"prompt\": [1, 2]}");
 	cr_expect_str_eq(e.param, "prompt");
 	e = err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}");
