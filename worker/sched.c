@@ -95,8 +95,9 @@ int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_EINVAL, "the prompt is empty");
 	if (r->n_prompt >= s->max_seq)
 		return wk_errf(err, errsz, WK_EINVAL,
-			       "the prompt is %d tokens; the context holds %d", r->n_prompt,
-			       s->max_seq);
+			       "the prompt is %d tokens; the context holds %d, so a prompt may "
+			       "have at most %d (one position for a generated token)", r->n_prompt,
+			       s->max_seq, s->max_seq - 1);
 	if (sched_pending(s) == 0)
 		s->t_mark = wk_now(); /* busy from here: the first slice starts now */
 	r->status = SCHED_RUNNING;

@@ -774,8 +774,9 @@ static void admit(struct worker *w, struct held *h)
 	r->user = h;
 	const struct eng_info *in = eng_info(w->e);
 	if (r->n_prompt + 1 > in->max_seq) {
-		snprintf(err, sizeof err, "the prompt is %d tokens; the context holds %d",
-			 r->n_prompt, in->max_seq);
+		snprintf(err, sizeof err, "the prompt is %d tokens; the context holds %d, so a "
+			 "prompt may have at most %d (one position for a generated token)",
+			 r->n_prompt, in->max_seq, in->max_seq - 1);
 		fail_job(w, h, JOB_FAILED, JOB_EPROMPT_TOO_LONG, err, false);
 		sched_req_free(r);
 	} else if (sched_submit(w->s, r, err, sizeof err) != WK_OK) {
