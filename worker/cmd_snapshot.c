@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coldstart/snapshot.h"
 #include "common/wk.h"
 #include "engine/engine.h"
 #include "worker/cmd.h"
@@ -50,6 +51,11 @@ int cmd_snapshot(int argc, char **argv)
 			v = strtol(optarg, &end, 10);
 			if (*end || v < 1 || v > 4096) {
 				fprintf(stderr, "wick snapshot: '%s' is not a positive count\n", optarg);
+				return 2;
+			}
+			if (c == O_CHUNK && v > (long)(SNAP_MAX_CHUNK >> 20)) {
+				fprintf(stderr, "wick snapshot: --chunk-mib %ld: chunks are 1 to %u MiB\n",
+					v, SNAP_MAX_CHUNK >> 20);
 				return 2;
 			}
 			if (c == O_TP)

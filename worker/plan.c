@@ -67,6 +67,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "coldstart/snapshot.h"
 #include "common/wk.h"
 
 /* ---- config.json ---------------------------------------------------------------------------- */
@@ -598,6 +599,11 @@ static int check_layout(const struct plan_model *m, const struct plan_opts *o,
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "--tp %d --ep %d: the smaller must divide the larger (the world size "
 			       "is max(tp, ep) = %d)", tp, ep, r->world);
+	if (r->world > SNAP_MAX_RANKS)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "--tp %d --ep %d: a world of %d ranks is more than %d (a snapshot's "
+			       "limit: no such layout can be written or run)", tp, ep, r->world,
+			       SNAP_MAX_RANKS);
 	if (o->gpus != 0 && o->gpus != r->world)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "--gpus %d: the layout --tp %d --ep %d runs on exactly max(tp, ep) = "

@@ -257,7 +257,9 @@ Test(plan, refusals)
 	o.batch = 0;
 	refused(tiny_mla, o, "--batch");
 	o = opts(256, 1);
-	refused(tiny_mla, o, "--tp 256 does not divide num_attention_heads");
+	refused(tiny_mla, o, "a world of 256 ranks is more than 64"); /* no snapshot can hold it */
+	o = opts(1, 128);
+	refused(tiny_mla, o, "a world of 128 ranks is more than 64");
 }
 
 /* GQA: 8 heads, 2 kv heads, tp 4 -> one kv head per GPU, replicated. */
