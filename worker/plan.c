@@ -459,7 +459,28 @@ struct ctx {
 	enum plan_dtype w;            /* weights dtype */
 	int64_t br, bc;               /* fp8 block; 0 0: one scale per tensor */
 	bool dequant;                 /* FP8 source: off-grid shards become f32 */
+	bool *overflow;               /* set when a count does not fit in 64 bits */
 };
+
+/* a * b and *sum += v, saturating and flagging a count past 64 bits (the config's ranges
+ * allow models whose byte counts would wrap: negative sizes in the plan) */
+static uint64_t mul(const struct ctx *c, uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	if (__builtin_mul_overflow(a, b, &r)) {
+		*c->overflow = true;
+		return UINT64_MAX;
+	}
+	return r;
+}
+
+static void acc(const struct ctx *c, uint64_t *sum, uint64_t v)
+{
+	if (__builtin_add_overflow(*sum, v, sum)) {
+		*c->overflow = true;
+		*sum = UINT64_MAX;
+	}
+}
 
 static int64_t cdiv(int64_t a, int64_t b)
 {
@@ -468,20 +489,22 @@ static int64_t cdiv(int64_t a, int64_t b)
 
 static uint64_t mbytes(const struct ctx *c, int64_t rows, int64_t cols, enum wclass k)
 {
-	uint64_t n = (uint64_t)rows * (uint64_t)cols;
+	uint64_t n = mul(c, (uint64_t)rows, (uint64_t)cols), s = 0;
 	switch (k) {
 	case W_LINEAR:
 		if (c->w != PLAN_FP8)
-			return n * dsize(c->w);
-		if (c->br == 0)
-			return n + 4;
-		return n + (uint64_t)cdiv(rows, c->br) * (uint64_t)cdiv(cols, c->bc) * 4;
+			return mul(c, n, dsize(c->w));
+		acc(c, &s, n);
+		acc(c, &s, c->br == 0 ? 4
+				      : mul(c, mul(c, (uint64_t)cdiv(rows, c->br),
+						   (uint64_t)cdiv(cols, c->bc)), 4));
+		return s;
 	case W_KEEP:
-		return n * dsize(c->w == PLAN_FP8 ? c->m->base : c->w);
+		return mul(c, n, dsize(c->w == PLAN_FP8 ? c->m->base : c->w));
 	case W_VEC:
-		return n * dsize(c->m->base);
+		return mul(c, n, dsize(c->m->base));
 	case W_F32:
-		return n * 4;
+		return mul(c, n, 4);
 	}
 	return 0;
 }
@@ -490,12 +513,13 @@ static uint64_t mbytes(const struct ctx *c, int64_t rows, int64_t cols, enum wcl
 static void add(const struct ctx *c, struct plan_part *p, int64_t n, int64_t ng, int64_t rows,
 		int64_t cols, int64_t grows, int64_t gcols, enum wclass k)
 {
-	p->params += (uint64_t)n * (uint64_t)rows * (uint64_t)cols;
-	p->bytes += (uint64_t)n * mbytes(c, rows, cols, k);
+	acc(c, &p->params, mul(c, mul(c, (uint64_t)n, (uint64_t)rows), (uint64_t)cols));
+	acc(c, &p->bytes, mul(c, (uint64_t)n, mbytes(c, rows, cols, k)));
 	bool off_grid = c->dequant && k == W_LINEAR &&
 			((grows != rows && grows % c->br != 0) || (gcols != cols && gcols % c->bc != 0));
-	p->gpu += (uint64_t)ng * (off_grid ? (uint64_t)grows * (uint64_t)gcols * 4
-					   : mbytes(c, grows, gcols, k));
+	acc(c, &p->gpu, mul(c, (uint64_t)ng,
+			    off_grid ? mul(c, mul(c, (uint64_t)grows, (uint64_t)gcols), 4)
+				     : mbytes(c, grows, gcols, k)));
 }
 
 /* A replicated tensor. */
@@ -734,8 +758,10 @@ int plan_compute(const struct plan_model *m, const struct plan_opts *o, struct p
 	r->kv = o->kv;
 
 	/* FP8 blocks: the checkpoint's, or wick snapshot --dtype fp8's 128x128. */
+	bool overflow = false;
 	struct ctx c = {.m = m, .r = r, .tp = r->tp, .w = r->weights,
-			.br = m->fp8 ? m->block_rows : 128, .bc = m->fp8 ? m->block_cols : 128};
+			.br = m->fp8 ? m->block_rows : 128, .bc = m->fp8 ? m->block_cols : 128,
+			.overflow = &overflow};
 	c.dequant = m->fp8 && r->weights == PLAN_FP8 && c.br > 0;
 	for (int i = 0; i < PLAN_NPARTS; i++) {
 		r->part[i].name = part_info[i].name;
@@ -762,11 +788,11 @@ int plan_compute(const struct plan_model *m, const struct plan_opts *o, struct p
 		r->part[PLAN_LM_HEAD].split = "tied to the embeddings";
 	rep(&c, &r->part[PLAN_NORMS], 1, m->dim, 1, W_VEC); /* model.norm */
 	for (int i = 0; i < PLAN_NPARTS; i++) {
-		r->params += r->part[i].params;
-		r->bytes += r->part[i].bytes;
-		r->gpu += r->part[i].gpu;
+		acc(&c, &r->params, r->part[i].params);
+		acc(&c, &r->bytes, r->part[i].bytes);
+		acc(&c, &r->gpu, r->part[i].gpu);
 	}
-	r->all_gpus = r->gpu * (uint64_t)r->world;
+	r->all_gpus = mul(&c, r->gpu, (uint64_t)r->world);
 
 	/* MTP: full decoder layers (MoE when the model has experts; indexer on), eh_proj
 	 * [dim][2 dim] and enorm, hnorm, shared_head.norm; embed and head shared with the
@@ -791,6 +817,11 @@ int plan_compute(const struct plan_model *m, const struct plan_opts *o, struct p
 		}
 	}
 
+	if (overflow || r->all_gpus > (UINT64_MAX >> 2))
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "config.json: a model this large cannot be planned (its weight counts "
+			       "pass 2^62 bytes); check hidden_size, the expert counts and sizes, and "
+			       "num_hidden_layers");
 	workspace(m, r);
 	kv_cache(m, r);
 	if (r->kv_gpu == 0 || r->context <= 0) /* a config with no layers or no head width */

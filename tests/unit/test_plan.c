@@ -260,6 +260,18 @@ Test(plan, refusals)
 	refused(tiny_mla, o, "a world of 256 ranks is more than 64"); /* no snapshot can hold it */
 	o = opts(1, 128);
 	refused(tiny_mla, o, "a world of 128 ranks is more than 64");
+	/* sizes inside each field's range whose product passes 64 bits: refused, not wrapped
+	 * into negative bytes */
+	static const char *huge =
+		"{\"architectures\": [\"GlmMoeDsaForCausalLM\"], \"model_type\": \"glm_moe_dsa\","
+		" \"hidden_size\": 1048576, \"num_hidden_layers\": 4096, \"num_attention_heads\": 4,"
+		" \"vocab_size\": 1000, \"max_position_embeddings\": 4096, \"q_lora_rank\": 128,"
+		" \"kv_lora_rank\": 128, \"qk_nope_head_dim\": 32, \"qk_rope_head_dim\": 32,"
+		" \"v_head_dim\": 64, \"index_n_heads\": 2, \"index_head_dim\": 64,"
+		" \"index_topk\": 16, \"intermediate_size\": 512, \"moe_intermediate_size\": 16777216,"
+		" \"n_routed_experts\": 1048576, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2,"
+		" \"first_k_dense_replace\": 1, \"dtype\": \"bfloat16\"}";
+	refused(huge, opts(1, 1), "cannot be planned");
 }
 
 /* GQA: 8 heads, 2 kv heads, tp 4 -> one kv head per GPU, replicated. */
