@@ -35,7 +35,8 @@ static void usage(FILE *f)
 		"token per GPU; and the KV tokens and sequences of --context tokens that the rest\n"
 		"holds. Says whether the model fits, and by how much it does not.\n"
 		"\n"
-		"  --config PATH        config.json, a Hugging Face directory or a wick snapshot\n"
+		"  --config PATH        config.json, a Hugging Face directory or a wick snapshot (a\n"
+		"                       snapshot's tp, ep and --dtype are the defaults below)\n"
 		"  --tp N, --ep N       tensor / expert parallel sizes (default 1); the world size is\n"
 		"                       max(tp, ep), and the smaller must divide it\n"
 		"  --gpus N             GPUs in the node; must equal the world size (default: it)\n"
@@ -58,9 +59,18 @@ static void usage(FILE *f)
 		DEFAULT_BATCH);
 }
 
-/* Loads CONFIG: a file, a directory's config.json, or a snapshot's manifest config. */
-static int load_config(const char *path, json_t **out, char *err, size_t errsz)
+/* What a snapshot was written with (its manifest's tp, ep and dtype); tp 0 for a config. */
+struct snap_made {
+	int tp, ep;
+	char dtype[16];
+};
+
+/* Loads CONFIG: a file, a directory's config.json, or a snapshot's manifest config (and then
+ * *made, what the snapshot was written with). */
+static int load_config(const char *path, json_t **out, struct snap_made *made, char *err,
+		       size_t errsz)
 {
+	memset(made, 0, sizeof *made);
 	struct stat sb;
 	char p[4096];
 	if (stat(path, &sb) != 0)
@@ -72,6 +82,11 @@ static int load_config(const char *path, json_t **out, char *err, size_t errsz)
 		if (rc)
 			return rc;
 		*out = json_incref(snap_config(sn));
+		json_t *mf = snap_manifest(sn);
+		made->tp = (int)json_integer_value(json_object_get(mf, "tp"));
+		made->ep = (int)json_integer_value(json_object_get(mf, "ep"));
+		snprintf(made->dtype, sizeof made->dtype, "%s",
+			 json_string_value(json_object_get(mf, "dtype")) ?: "keep");
 		snap_close(sn);
 		if (!*out)
 			return wk_errf(err, errsz, WK_EFORMAT, "%s: the manifest has no config", path);
@@ -520,19 +535,31 @@ int cmd_plan(int argc, char **argv)
 	const char *config = NULL, *format = "table";
 	int64_t v;
 	int c, rc = 0;
+	bool layout_given = false, weights_given = false;
 	plan_parse_size(DEFAULT_GPU_MEM, &po.gpu_mem, NULL, 0);
 	plan_parse_size(DEFAULT_RESERVE, &po.reserve, NULL, 0);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case O_CONFIG: config = optarg; break;
-		case O_TP: rc = count(optarg, "--tp", 1, 4096, &v); po.tp = (int)v; break;
-		case O_EP: rc = count(optarg, "--ep", 1, 4096, &v); po.ep = (int)v; break;
+		case O_TP:
+			rc = count(optarg, "--tp", 1, 4096, &v);
+			po.tp = (int)v;
+			layout_given = true;
+			break;
+		case O_EP:
+			rc = count(optarg, "--ep", 1, 4096, &v);
+			po.ep = (int)v;
+			layout_given = true;
+			break;
 		case O_GPUS: rc = count(optarg, "--gpus", 1, 4096, &v); po.gpus = (int)v; break;
 		case O_MEM: rc = size_flag(optarg, "--gpu-mem", &po.gpu_mem); break;
 		case O_CTX: rc = count(optarg, "--context", 1, 1LL << 32, &po.context); break;
 		case O_BATCH: rc = count(optarg, "--batch", 1, 1 << 24, &po.batch); break;
-		case O_WDT: rc = dtype_flag(optarg, "--weights-dtype", &po.weights); break;
+		case O_WDT:
+			rc = dtype_flag(optarg, "--weights-dtype", &po.weights);
+			weights_given = true;
+			break;
 		case O_KVDT: rc = dtype_flag(optarg, "--kv-dtype", &po.kv); break;
 		case O_RES:
 			if (!strcmp(optarg, "0"))
@@ -563,13 +590,28 @@ int cmd_plan(int argc, char **argv)
 	char err[WK_ERRSZ];
 	json_t *cfg = NULL;
 	struct plan_model m;
-	if (load_config(config, &cfg, err, sizeof err) != WK_OK ||
+	struct snap_made made;
+	if (load_config(config, &cfg, &made, err, sizeof err) != WK_OK ||
 	    plan_model_read(cfg, &m, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick plan: %s\n", err);
 		json_decref(cfg);
 		return 1;
 	}
 	json_decref(cfg);
+	/* A snapshot: its layout and weight dtype unless the flags say otherwise (the layout as
+	 * logits and worker default to it; an FP8 checkpoint cast to bf16 keeps its FP8
+	 * matrices, so only fp8, or bf16/f32 of a model that is not FP8, changes the plan) */
+	if (made.tp > 0 && !layout_given) {
+		po.tp = made.tp;
+		po.ep = made.ep > 0 ? made.ep : 1;
+	}
+	bool weights_from_snap = false;
+	if (made.tp > 0 && !weights_given &&
+	    (!strcmp(made.dtype, "fp8") || (!m.fp8 && (!strcmp(made.dtype, "bf16") ||
+						       !strcmp(made.dtype, "f32"))))) {
+		plan_parse_dtype(made.dtype, &po.weights);
+		weights_from_snap = true;
+	}
 	struct plan_result *r = malloc(sizeof *r);
 	if (!r) {
 		fprintf(stderr, "wick plan: out of memory\n");
@@ -581,7 +623,9 @@ int cmd_plan(int argc, char **argv)
 		return 2;
 	}
 	char from[160];
-	if (po.weights != PLAN_NDTYPE)
+	if (weights_from_snap)
+		snprintf(from, sizeof from, "the snapshot's --dtype %s", made.dtype);
+	else if (po.weights != PLAN_NDTYPE)
 		snprintf(from, sizeof from, "--weights-dtype");
 	else if (m.fp8)
 		snprintf(from, sizeof from, "config quantization_config: %s", m.quant_note);

@@ -348,7 +348,25 @@ for spec in "t5 2 2" "t5 4 4" "t5 1 2" "t5 2 4" "t5 4 2" "t5b 2 4" "t4 2 2" "t4 
   "$WICK" snapshot "$src" -o "$d" --tp "$2" --ep "$3" >/dev/null 2>&1 ||
     fail "wick snapshot $src --tp $2 --ep $3"
   "$WICK" plan --config "$src" --tp "$2" --ep "$3" --format json >"$d.plan.json"
+  # the snapshot itself, no flags: its own layout
+  "$WICK" plan --config "$d" --format json >"$d.self.json" || fail "wick plan --config $d"
 done
+# a snapshot cast to fp8 and sharded: planned with its layout and dtype, as the flags would
+"$WICK" snapshot "$TMPD/t4" -o "$TMPD/t4fp8" --dtype fp8 --tp 2 --ep 2 >/dev/null 2>&1 ||
+  fail "wick snapshot t4 --dtype fp8"
+"$WICK" plan --config "$TMPD/t4fp8" --format json >"$TMPD/t4fp8.self.json"
+"$WICK" plan --config "$TMPD/t4" --tp 2 --ep 2 --weights-dtype fp8 --format json >"$TMPD/t4fp8.flags.json"
+python3 - "$TMPD" "$TMPD"/snap-*.self.json <<'PY' || fail "a snapshot's own plan differs from its flags' plan"
+import json, sys
+def same(a, b):
+    a, b = json.load(open(a)), json.load(open(b))
+    return a["layout"] == b["layout"] and a["weights"]["per_gpu_bytes"] == b["weights"]["per_gpu_bytes"] \
+        and a["weights"]["all_gpus_bytes"] == b["weights"]["all_gpus_bytes"]
+for s in sys.argv[2:]:
+    assert same(s, s[:-len(".self.json")] + ".plan.json"), s
+assert same(f"{sys.argv[1]}/t4fp8.self.json", f"{sys.argv[1]}/t4fp8.flags.json"), "t4 fp8"
+print(f"{len(sys.argv) - 1} snapshots planned from their manifests as their flags plan them")
+PY
 python3 - "$TMPD"/snap-*.plan.json <<'PY' || fail "plan vs sharded snapshots"
 import json, sys
 for pf in sys.argv[1:]:
