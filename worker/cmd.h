@@ -43,6 +43,9 @@ struct bench_device {
 	 * images), the readers' wall time, and their hashing summed over threads */
 	double open_s, read_s, verify_s;
 	int threads;
+	/* pinning what the readers stage through, alone: pins buffers of 16 MiB */
+	int pins;
+	double pin_s, unpin_s;
 };
 int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
 			 struct bench_device *out, char *err, size_t errsz);
