@@ -103,6 +103,8 @@ struct http_flight {
 	char id[48];
 	enum oai_kind kind;
 	bool stream, include_usage;
+	bool max_given;        /* the request named max_tokens (OpenAI: its sum with the
+				* prompt must fit the context) */
 	long created;          /* unix seconds */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
@@ -304,6 +306,11 @@ int http_api_take(struct http_api *h, struct http_flight **out, int max, double 
 	}
 	pthread_mutex_unlock(&h->mu);
 	return n;
+}
+
+bool http_flight_max_given(const struct http_flight *f)
+{
+	return f->max_given;
 }
 
 int http_api_waiting(struct http_api *h)
@@ -998,6 +1005,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->kind = kind;
 	f->stream = r.stream;
 	f->include_usage = r.include_usage;
+	f->max_given = r.max_given;
 	f->created = (long)ts.tv_sec;
 	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
 	f->t_arrived = wk_now();

@@ -111,6 +111,10 @@ int http_api_take(struct http_api *h, struct http_flight **out, int max, double 
 /* Requests accepted and not yet taken (a draining worker still serves them). */
 int http_api_waiting(struct http_api *h);
 
+/* Whether the request named max_tokens (or max_completion_tokens): then, as OpenAI does, a
+ * prompt and max_tokens past the context are refused rather than cut short. */
+bool http_flight_max_given(const struct http_flight *f);
+
 /* Moves a flight's job document into j (id, body, len, attempt 1, enqueued_at), as a queue
  * would deliver it; j's body is then the caller's (queue_job_free). */
 void http_flight_job(struct http_flight *f, struct queue_job *j);

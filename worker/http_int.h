@@ -38,6 +38,7 @@ json_t *oai_error_json(const struct oai_err *e);
 struct oai_req {
 	bool stream;
 	bool include_usage;  /* stream_options.include_usage */
+	bool max_given;      /* max_tokens or max_completion_tokens was in the request */
 	char *job;           /* the job document (job.h), malloc'd; the caller frees */
 	size_t job_len;
 };

@@ -267,7 +267,7 @@ static int stream_flags(const json_t *root, struct oai_req *r, struct oai_err *e
 	return 0;
 }
 
-static int max_tokens(const json_t *root, int limit, json_t *input,
+static int max_tokens(const json_t *root, int limit, json_t *input, bool *given,
 		      struct oai_err *e)
 {
 	const char *name = "max_tokens";
@@ -278,6 +278,7 @@ static int max_tokens(const json_t *root, int limit, json_t *input,
 		v = json_object_get(root, name);
 	}
 	json_int_t n = limit;
+	*given = !absent(v);
 	if (!absent(v)) {
 		if (!json_is_integer(v))
 			return oai_errf(e, 400, IRE, "invalid_input", name, "%s must be an integer",
@@ -334,7 +335,7 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 		st = chat_messages(json_object_get(root, "messages"), input, e);
 	else
 		st = completion_prompt(json_object_get(root, "prompt"), input, e);
-	if (st || (st = max_tokens(root, max_tokens_limit, input, e)))
+	if (st || (st = max_tokens(root, max_tokens_limit, input, &r->max_given, e)))
 		goto out;
 	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)

@@ -779,6 +779,14 @@ static void admit(struct worker *w, struct held *h)
 			 r->n_prompt, in->max_seq, in->max_seq - 1);
 		fail_job(w, h, JOB_FAILED, JOB_EPROMPT_TOO_LONG, err, false);
 		sched_req_free(r);
+	} else if (h->http && http_flight_max_given(h->http) &&
+		   (int64_t)r->n_prompt + r->max_tokens > in->max_seq) {
+		snprintf(err, sizeof err, "the prompt is %d tokens and max_tokens %d: %lld together, "
+			 "past the context of %d; ask for at most %d", r->n_prompt, r->max_tokens,
+			 (long long)r->n_prompt + r->max_tokens, in->max_seq,
+			 in->max_seq - r->n_prompt);
+		fail_job(w, h, JOB_FAILED, JOB_EPROMPT_TOO_LONG, err, false);
+		sched_req_free(r);
 	} else if (sched_submit(w->s, r, err, sizeof err) != WK_OK) {
 		fail_job(w, h, JOB_FAILED, JOB_EPROMPT_TOO_LONG, err, false);
 		sched_req_free(r);

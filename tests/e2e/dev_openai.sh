@@ -78,6 +78,12 @@ done >"$TMPD/unseeded"
 [ "$(sort -u "$TMPD/unseeded" | wc -l)" -ge 4 ] ||
   fail "6 unseeded requests gave only $(sort -u "$TMPD/unseeded" | wc -l) distinct texts"
 echo "unseeded: $(sort -u "$TMPD/unseeded" | wc -l) distinct texts from 6 requests"
+# a prompt and an explicit max_tokens past the context: 400, as OpenAI answers (not cut short)
+code=$(curl -s -o "$TMPD/ctx.json" -w '%{http_code}' -H "Authorization: Bearer $K1" \
+  "$BASE/completions" -d '{"prompt": "Once upon a time", "max_tokens": 510}')
+[ "$code" = 400 ] && grep -q 'past the context of 512' "$TMPD/ctx.json" ||
+  fail "prompt + max_tokens past the context: $code $(cat "$TMPD/ctx.json")"
+echo "prompt + max_tokens past the context: 400 ($(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["error"]["message"])' "$TMPD/ctx.json"))"
 
 # 3. Load.
 secs=${WICK_DEV_LOAD_SECONDS:-15}
