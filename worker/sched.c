@@ -226,6 +226,40 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 	return false;
 }
 
+/* Whether a stop string has appeared, looking only at the decode of the last tokens (the
+ * longest stop string's bytes in tokens, plus slack, each at least one byte; where their text
+ * is shorter than that, the whole output), so that a long generation with stop strings costs
+ * O(1) a token, not O(output) (each token decoded the whole output again). A hit there is
+ * confirmed on the whole output by decode_and_stop, which cuts the text at the first stop. */
+static bool stop_seen(struct sched *s, struct sched_req *r)
+{
+	if (!s->tok)
+		return false;
+	size_t longest = 0;
+	for (int i = 0; i < r->n_stop; i++)
+		if (strlen(r->stop[i]) > longest)
+			longest = strlen(r->stop[i]);
+	int from = r->n_out - (int)longest - 8;
+	char *t = NULL;
+	size_t len = 0;
+	bool hit = false, whole = from <= 0;
+	if (!whole && decode_from(s, r, from, &t, &len) == WK_OK && len >= longest + 8) {
+		for (int i = 0; i < r->n_stop && !hit; i++)
+			hit = memmem(t, len, r->stop[i], strlen(r->stop[i])) != NULL;
+	} else {
+		whole = true;
+	}
+	free(t);
+	if (!whole && !hit)
+		return false;
+	if (decode_and_stop(s, r))
+		return true;
+	free(r->text); /* no stop after all: the text is decoded again at the end */
+	r->text = NULL;
+	r->text_len = 0;
+	return false;
+}
+
 /* ---- streaming (on_token) ---- */
 
 /* Bytes at the end of t[0..len) that a stream holds back: trailing U+FFFDs (an incomplete
@@ -245,20 +279,13 @@ static size_t held_back(const struct sched_req *r, const char *t, size_t len)
 	return k;
 }
 
-/* After a token: hands on_token the text that became final. With stop strings r->text holds
- * the whole decoded output (decode_and_stop just ran); without, only a window of the last
- * tokens is decoded, so a long stream costs O(1) per token. The window keeps a few tokens
- * before the new ones so that the decoder treats the new ones as it does in the whole text
- * (a SentencePiece decoder strips the first piece's leading space). */
+/* After a token (with no stop string in the output so far): hands on_token the text that
+ * became final. Only a window of the last tokens is decoded, so a long stream costs O(1) per
+ * token. The window keeps a few tokens before the new ones so that the decoder treats the
+ * new ones as it does in the whole text (a SentencePiece decoder strips the first piece's
+ * leading space); its tail that could still become a stop string is held back. */
 static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 {
-	if (r->n_stop) {
-		size_t safe = r->text_len - held_back(r, r->text, r->text_len);
-		size_t n = safe > r->sent ? safe - r->sent : 0;
-		r->on_token(ctx, r, r->text + r->sent, n);
-		r->sent += n;
-		return;
-	}
 	char *t = NULL;
 	size_t len = 0;
 	if (!s->tok || decode_from(s, r, r->win, &t, &len) != WK_OK) {
@@ -445,16 +472,12 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			r->cap_out = cap;
 		}
 		r->out[r->n_out++] = next;
-		if (r->n_stop && decode_and_stop(s, r)) {
+		if (r->n_stop && stop_seen(s, r)) {
 			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
 			continue;
 		}
 		if (r->on_token)
 			stream_token(s, r, ctx);
-		if (r->n_stop) { /* no stop yet: decode again at the end */
-			free(r->text);
-			r->text = NULL;
-		}
 		if (r->n_out >= r->max_tokens || eng_seq_len(s->e, r->seq) + 1 >= s->max_seq)
 			finish(s, i, SCHED_DONE, SCHED_FIN_LENGTH, done, ctx);
 	}
