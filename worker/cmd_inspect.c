@@ -202,7 +202,19 @@ static json_t *report_json(const char *model, json_t *cfg, size_t nshards,
 }
 
 /* A snapshot: the manifest's summary (nothing is restored), then the same model summary. */
-static int inspect_snapshot(const char *dir, bool as_json)
+/* Whether rank's copy of a tensor of a sharded snapshot counts towards the model's parameters:
+ * each piece once (a replicated tensor on rank 0, tp shard r on rank r < tp, ep rank r's
+ * experts on rank r < ep; ranks past them hold repeats). */
+static bool counts(const char *layout, int rank, int tp, int ep)
+{
+	if (layout && !strncmp(layout, "tp ", 3))
+		return rank < tp;
+	if (layout && !strncmp(layout, "expert", 6))
+		return rank < ep;
+	return rank == 0;
+}
+
+static int inspect_snapshot(const char *dir, bool as_json, bool list)
 {
 	char err[WK_ERRSZ], b1[32], b2[32];
 	struct snap *sn;
@@ -223,7 +235,8 @@ static int inspect_snapshot(const char *dir, bool as_json)
 					    json_integer((json_int_t)json_array_size(json_object_get(rk, "tensors"))));
 			json_object_set_new(rk, "chunk_count",
 					    json_integer((json_int_t)json_array_size(json_object_get(rk, "chunks"))));
-			json_object_del(rk, "tensors");
+			if (!list) /* --tensors: each rank's tensor table as the manifest has it */
+				json_object_del(rk, "tensors");
 			json_object_del(rk, "chunks");
 		}
 		json_dumpf(r, stdout, JSON_INDENT(2));
@@ -248,6 +261,10 @@ static int inspect_snapshot(const char *dir, bool as_json)
 	struct summary s = {0};
 	size_t i;
 	json_t *rk;
+	int tp = (int)json_integer_value(json_object_get(m, "tp")),
+	    ep = (int)json_integer_value(json_object_get(m, "ep"));
+	tp = tp > 0 ? tp : 1;
+	ep = ep > 0 ? ep : 1;
 	json_array_foreach(json_object_get(m, "ranks"), i, rk) {
 		size_t lz = 0, j;
 		json_t *c;
@@ -259,9 +276,29 @@ static int inspect_snapshot(const char *dir, bool as_json)
 		       json_string_value(json_object_get(rk, "file")), human(disk, b1), human(img, b2),
 		       snap_tensor_count(sn, (int)i), json_array_size(json_object_get(rk, "chunks")), lz);
 		for (size_t t = 0; t < snap_tensor_count(sn, (int)i); t++)
-			add(&s, snap_tensor_at(sn, (int)i, t));
+			if (counts(snap_tensor_layout(sn, (int)i, t), (int)i, tp, ep))
+				add(&s, snap_tensor_at(sn, (int)i, t));
 	}
 	print_text(dir, snap_config(sn), NULL, (size_t)snap_world(sn), &s);
+	if (snap_world(sn) > 1)
+		printf("(a sharded snapshot: tensors, parameters and bytes count each piece once, "
+		       "not the repeats on other ranks)\n");
+	for (int r = 0; list && r < snap_world(sn); r++) {
+		printf("\n%-8s %-60s %-8s %-24s %s\n", "rank", "tensor", "dtype", "shape", "layout");
+		for (size_t t = 0; t < snap_tensor_count(sn, r); t++) {
+			const struct st_tensor *x = snap_tensor_at(sn, r, t);
+			const char *lay = snap_tensor_layout(sn, r, t);
+			char sh[8 * 22 + 4];
+			size_t o = 0;
+			sh[o++] = '[';
+			for (int d = 0; d < x->rank; d++)
+				o += (size_t)snprintf(sh + o, sizeof sh - o, "%s%lld", d ? ", " : "",
+						      (long long)x->shape[d]);
+			snprintf(sh + o, sizeof sh - o, "]");
+			printf("%-8d %-60s %-8s %-24s %s\n", r, x->name, dt_name(x->dtype), sh,
+			       lay ? lay : "-");
+		}
+	}
 	snap_close(sn);
 	return 0;
 }
@@ -299,7 +336,7 @@ int cmd_inspect(int argc, char **argv)
 		return 1;
 	}
 	if (S_ISDIR(sb.st_mode) && snap_is_snapshot(model))
-		return inspect_snapshot(model, as_json);
+		return inspect_snapshot(model, as_json, list);
 	if (S_ISDIR(sb.st_mode))
 		rc = hf_open(model, &hf, err, sizeof err);
 	else

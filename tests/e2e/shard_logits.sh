@@ -2,7 +2,8 @@
 # the unsharded logits within 1e-5 of max |logit| (fp32 compute; the shards' partial sums are
 # reduced in another order, so not bit for bit), for stories260K, the tiny GLM-5 (FP8) and the
 # tiny GLM-4.5, at tp in {1, 2, 4} and ep in {1, 2, 4, 8} wherever the dimensions divide. The
-# combinations that do not divide are refused by `wick snapshot`, checked, and listed. Then a
+# combinations that do not divide are refused by `wick snapshot`, checked, and listed; `wick
+# inspect` counts each sharded snapshot's parameters as the model's. Then a
 # sharded stories260K tells the golden story.
 source tests/e2e/lib.sh
 m=$(stories)
@@ -25,6 +26,9 @@ for model in stories260K:$m glm5:$TMPD/glm5 glm4:$TMPD/glm4; do
       fi
       "$WICK" logits "$s" --tokens $TOKENS --all-positions >"$s.json" 2>"$TMPD/err" \
         || fail "$name tp $tp ep $ep: $(cat "$TMPD/err")"
+      # inspect counts each piece once, as the model has it (not every rank's repeats)
+      a=$("$WICK" inspect "$s" | grep '^parameters') b=$("$WICK" inspect "$dir" | grep '^parameters')
+      [ "$a" = "$b" ] || fail "$name tp $tp ep $ep: inspect says '$a' of the snapshot, '$b' of the model"
       echo "$name $tp $ep run $s.json $TMPD/$name.ref" >>"$TMPD/results"
     done
   done
