@@ -203,6 +203,24 @@ __device__ __forceinline__ float load_w(const __nv_bfloat16 *w, size_t i)
 __device__ __forceinline__ float load_w(const __half *w, size_t i) { return __half2float(w[i]); }
 __device__ __forceinline__ float load_w(const __nv_fp8_e4m3 *w, size_t i) { return float(w[i]); }
 
+/* f32 -> bf16 bits, nearest, ties to even (dt_f32_to_bf16); NaN stays NaN. */
+__device__ __forceinline__ uint32_t bf16_rn(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (u >> 16) | 0x40u;
+	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* x as two bf16 (bits): hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in f32), so hi + lo
+ * is x within 2^-16 |x|: the split of the FP8 x f32 GEMMs (act_split, the MoE GEMMs' SiLU
+ * split) and of the tensor-core GEMV. */
+__device__ __forceinline__ void bf16_split(float x, uint32_t *hi, uint32_t *lo)
+{
+	*hi = bf16_rn(x);
+	*lo = bf16_rn(x - __uint_as_float(*hi << 16));
+}
+
 /* ---- whole-block row ops, also run inside chained launches (kernels.cu's k_chain) ---- */
 
 /* k_add, then k_rmsnorm, over row xr [dim] by the block: each thread's elements and partial

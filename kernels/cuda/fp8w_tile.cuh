@@ -35,15 +35,6 @@ static_assert((2 * FXT + FWR) / 16 == 10 * FTHREADS, "each thread fills 10 chunk
 static_assert(FWB / 16 == 4 * FTHREADS, "each thread converts 4 chunks a stage");
 static_assert(WK_CUDA_SPLIT_COLS(1) == FK, "the split pads rows to a stage");
 
-/* f32 -> bf16 bits, nearest, ties to even (dt_f32_to_bf16); NaN stays NaN. */
-__device__ __forceinline__ uint32_t bf16_rn(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (u >> 16) | 0x40u;
-	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 /* e4m3 code b -> bf16 bits, exact (dt_e4m3_to_f32's value; 0x7f / 0xff are NaN). The
  * magnitude is built as an f32 with exponent field e + 120 (bias 127 - 7); a subnormal
  * code (e == 0) is built as e == 1 and 2^-6 taken off, exact, so no f32 subnormal (and no

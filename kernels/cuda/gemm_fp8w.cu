@@ -74,9 +74,10 @@ __global__ void k_act_split(uint16_t *xb, const float *x, int n, int cols, int c
 		size_t t = i / (size_t)colsp;
 		int c = (int)(i % (size_t)colsp);
 		float v = c < cols ? x[t * (size_t)cols + c] : 0.0f;
-		uint32_t hi = bf16_rn(v);
+		uint32_t hi, lo;
+		bf16_split(v, &hi, &lo);
 		xb[i] = (uint16_t)hi;
-		xb[total + i] = (uint16_t)bf16_rn(v - __uint_as_float(hi << 16));
+		xb[total + i] = (uint16_t)lo;
 	}
 }
 

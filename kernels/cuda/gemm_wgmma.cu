@@ -265,17 +265,25 @@ __device__ __forceinline__ void tma_block_retire(float (&acc)[BN / 2], float (&p
  * an odd kbs runs one more block, a copy of the last one (finite codes) with scales 0, so
  * that the loop has no branch around a wgmma (ptxas serializes wgmmas on divergent paths:
  * C7518, seen with such a branch). it: the ring's clock, advanced by kbe. */
-template <int MC>
-__device__ __forceinline__ void tma_tile_pipelined(float (&acc)[64], const float *xs,
-						   const float *ws, int t0, int n, int nb, int sr,
-						   int kbs, uint32_t ring0, uint32_t full0,
-						   uint32_t empty0, int &it, int cw, int lane)
+/* Block 0 of a tile: its scales into sa and its wgmmas into pa (in flight). */
+__device__ __forceinline__ void tma_tile_first(float (&pa)[64], float (&sa)[4], const float *xs,
+					       const float *ws, int t0, int n, int nb, int sr,
+					       int kbs, uint32_t ring0, uint32_t full0, int it,
+					       int cw)
 {
-	float pa[64], pb[64];
-	float sa[4], sb[4]; /* the scales of the blocks in pa and pb */
-	int kbe = kbs + (kbs & 1);
 	tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, 0);
 	tma_block_issue<128>(pa, ring0, full0, it, cw);
+}
+
+/* The rest of a tile whose block 0 is in flight in pa (tma_tile_first), into acc. */
+template <int MC>
+__device__ __forceinline__ void tma_tile_rest(float (&acc)[64], float (&pa)[64], float (&pb)[64],
+					      float (&sa)[4], float (&sb)[4], const float *xs,
+					      const float *ws, int t0, int n, int nb, int sr,
+					      int kbs, uint32_t ring0, uint32_t full0,
+					      uint32_t empty0, int &it, int cw, int lane)
+{
+	int kbe = kbs + (kbs & 1);
 	for (int kb = 1; kb < kbe - 1; kb += 2, it += 2) {
 		tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kb);
 		tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
@@ -293,6 +301,19 @@ __device__ __forceinline__ void tma_tile_pipelined(float (&acc)[64], const float
 	wgmma_wait<0>();
 	tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
 	it += 2;
+}
+
+template <int MC>
+__device__ __forceinline__ void tma_tile_pipelined(float (&acc)[64], const float *xs,
+						   const float *ws, int t0, int n, int nb, int sr,
+						   int kbs, uint32_t ring0, uint32_t full0,
+						   uint32_t empty0, int &it, int cw, int lane)
+{
+	float pa[64], pb[64];
+	float sa[4], sb[4]; /* the scales of the blocks in pa and pb */
+	tma_tile_first(pa, sa, xs, ws, t0, n, nb, sr, kbs, ring0, full0, it, cw);
+	tma_tile_rest<MC>(acc, pa, pb, sa, sb, xs, ws, t0, n, nb, sr, kbs, ring0, full0, empty0,
+			  it, cw, lane);
 }
 
 /* The consumers of a wider tile (BN 160: 80 partials and 80 totals a thread leave no room
@@ -329,23 +350,23 @@ __device__ __forceinline__ void tma_tile_coords(int t, int mgroups, int ntiles, 
 	nt = w / gs;
 }
 
-/* The k blocks a tile runs through the ring: the pipelined consumers' count is even. */
-template <int BN> __device__ __forceinline__ int tma_tile_blocks(int kbs)
-{
-	return BN == 128 ? kbs + (kbs & 1) : kbs;
-}
-
-/* A consumer thread's place in tile t: its first token t0, the tile's first weight row r0 and
- * first weight-scale block nb. */
-template <int MC>
+/* A consumer thread's place in tile t of BN weight rows: its first token t0 (its tokens are
+ * t0 and t0 + 8), the tile's first weight row r0 and first weight-scale block nb. */
+template <int MC, int BN>
 __device__ __forceinline__ void tma_place(int t, int mgroups, int tiles, int group, int rank,
 					  int cw, int warp, int lane, int &t0, int &r0, int &nb)
 {
 	int mg, nt;
 	tma_tile_coords(t, mgroups, tiles / mgroups, group, mg, nt);
-	r0 = nt * 128;
+	r0 = nt * BN;
 	nb = r0 / WN;
 	t0 = (mg * MC + rank) * WM + cw * 64 + warp * 16 + (lane >> 2);
+}
+
+/* The k blocks a tile runs through the ring: the pipelined consumers' count is even. */
+template <int BN> __device__ __forceinline__ int tma_tile_blocks(int kbs)
+{
+	return BN == 128 ? kbs + (kbs & 1) : kbs;
 }
 
 /* The consumers of 128-row tiles with each tile's store overlapped (wk_cuda_gemm_fp8_wgmma_ovl,
@@ -360,40 +381,23 @@ __device__ __forceinline__ void tma_consumer_ovl(float *y, const float *xs, cons
 						 uint32_t ring0, uint32_t full0, uint32_t empty0,
 						 int cw, int warp, int lane)
 {
-	int kbs = (cols + WK - 1) / WK, kbe = kbs + (kbs & 1), sr = (rows + WN - 1) / WN;
+	int kbs = (cols + WK - 1) / WK, sr = (rows + WN - 1) / WN;
 	float acc[64], pa[64], pb[64], sa[4], sb[4];
 	int it = 0, tile = first, t0 = 0, r0 = 0, nb = 0;
 	if (tile < tiles) {
-		tma_place<MC>(tile, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
-		tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, 0);
-		tma_block_issue<128>(pa, ring0, full0, it, cw);
+		tma_place<MC, 128>(tile, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
+		tma_tile_first(pa, sa, xs, ws, t0, n, nb, sr, kbs, ring0, full0, it, cw);
 	}
 	while (tile < tiles) {
 #pragma unroll
 		for (int i = 0; i < 64; i++)
 			acc[i] = 0.0f;
-		for (int kb = 1; kb < kbe - 1; kb += 2, it += 2) {
-			tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kb);
-			tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
-			wgmma_wait<1>();
-			tma_block_retire<MC, 128>(acc, pa, sa, 16, empty0, it, lane);
-			tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, kb + 1);
-			tma_block_issue<128>(pa, ring0, full0, it + 2, cw);
-			wgmma_wait<1>();
-			tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
-		}
-		tma_block_scales<128>(sb, xs, ws, t0, n, nb, sr, kbs, kbe - 1);
-		tma_block_issue<128>(pb, ring0, full0, it + 1, cw);
-		wgmma_wait<1>();
-		tma_block_retire<MC, 128>(acc, pa, sa, 16, empty0, it, lane);
-		wgmma_wait<0>();
-		tma_block_retire<MC, 128>(acc, pb, sb, 16, empty0, it + 1, lane);
-		it += 2;
+		tma_tile_rest<MC>(acc, pa, pb, sa, sb, xs, ws, t0, n, nb, sr, kbs, ring0, full0,
+				  empty0, it, cw, lane);
 		int t0c = t0, r0c = r0, next = tile + step;
 		if (next < tiles) { /* the next tile's first block, in flight during the store */
-			tma_place<MC>(next, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
-			tma_block_scales<128>(sa, xs, ws, t0, n, nb, sr, kbs, 0);
-			tma_block_issue<128>(pa, ring0, full0, it, cw);
+			tma_place<MC, 128>(next, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
+			tma_tile_first(pa, sa, xs, ws, t0, n, nb, sr, kbs, ring0, full0, it, cw);
 		}
 		wgmma_store_tile(y, acc, t0c, r0c, lane & 3, n, rows);
 		tile = next;
@@ -478,12 +482,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 	int sr = (rows + WN - 1) / WN; /* weight scale blocks */
 	int it = 0;
 	for (int tile = first; tile < tiles; tile += step) {
-		int mg, nt;
-		tma_tile_coords(tile, mgroups, tiles / mgroups, group, mg, nt);
-		int m0 = (mg * MC + rank) * WM, r0 = nt * BN;
-		/* the tile's first weight scale block, and its 8-row groups in that block */
-		int nb = r0 / WN, jb = ((nb + 1) * WN - r0) / 8;
-		int t0 = m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
+		int t0, r0, nb;
+		tma_place<MC, BN>(tile, mgroups, tiles, group, rank, cw, warp, lane, t0, r0, nb);
+		int jb = ((nb + 1) * WN - r0) / 8; /* the 8-row groups in the first scale block */
 		float acc[BN / 2];
 #pragma unroll
 		for (int i = 0; i < BN / 2; i++)

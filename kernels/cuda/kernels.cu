@@ -178,22 +178,12 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 #define GM_MAXW 16
 #define GM_THREADS 512 /* GM_MAXW warps */
 
-/* bf16 bits of f, rounded to nearest even (f finite) */
-__device__ __forceinline__ uint32_t gm_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
-/* x's four floats as two bf16 pairs, hi and lo */
+/* x's four floats as two bf16 pairs, hi and lo (bf16_split) */
 __device__ __forceinline__ void gm_split(const float *f, uint32_t hi[2], uint32_t lo[2])
 {
 	uint32_t h[4], l[4];
-	for (int e = 0; e < 4; e++) {
-		h[e] = gm_bf16(f[e]);
-		l[e] = gm_bf16(f[e] - f32_bits(h[e] << 16));
-	}
+	for (int e = 0; e < 4; e++)
+		bf16_split(f[e], &h[e], &l[e]);
 	hi[0] = h[0] | h[1] << 16;
 	hi[1] = h[2] | h[3] << 16;
 	lo[0] = l[0] | l[1] << 16;

@@ -614,9 +614,10 @@ __global__ void k_moe_silu_split(struct moe_plan p, struct moe_args a)
 			v = gs / (1.0f + expf(-gs)) * us;
 		}
 		uint16_t *hb = sh ? p.hsb : p.hb;
-		uint32_t hi = bf16_rn(v);
+		uint32_t hi, lo;
+		bf16_split(v, &hi, &lo);
 		hb[k] = (uint16_t)hi;
-		hb[half + k] = (uint16_t)bf16_rn(v - __uint_as_float(hi << 16));
+		hb[half + k] = (uint16_t)lo;
 	}
 }
 
