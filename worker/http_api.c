@@ -418,6 +418,12 @@ static void keepalive_header(struct http_api *h, struct evhttp_request *req, str
 		evhttp_add_header(hd, "Connection", "close");
 	else
 		evhttp_add_header(hd, "Keep-Alive", v);
+	/* A server that asks for API keys may be called from a browser page on any origin (a
+	 * playground): the key, not the origin, is the credential, as on OpenAI's API. One
+	 * without keys is not opened to other origins' pages: any site the user visits could
+	 * otherwise run requests on it and read the answers. */
+	if (h->n_keys)
+		evhttp_add_header(hd, "Access-Control-Allow-Origin", "*");
 }
 
 static void reply_json(struct http_api *h, struct evhttp_request *req, struct hconn *c, int code,
@@ -1032,6 +1038,49 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	pthread_mutex_unlock(&h->mu);
 }
 
+/* The methods a route takes, NULL for no route. */
+static const char *route_methods(const char *path)
+{
+	if (!strcmp(path, "/health") || !strcmp(path, "/v1/models") ||
+	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
+		return "GET, HEAD, OPTIONS";
+	if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions"))
+		return "POST, OPTIONS";
+	return NULL;
+}
+
+/* OPTIONS, a browser's CORS preflight among them: no key (a preflight carries none), 204 with
+ * the route's methods, and where the server takes keys (keepalive_header) the headers a
+ * cross-origin call may send: the ones the preflight names (the openai package sends its
+ * own X-Stainless-* headers beside Authorization), when they are plain header names. */
+static void route_options(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			  const char *path)
+{
+	const char *methods = route_methods(path);
+	if (!methods) {
+		reply_errf(h, req, c, 404, "invalid_request_error", "not_found", "no route %.200s",
+			   path);
+		return;
+	}
+	struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
+	evhttp_add_header(hd, "Allow", methods);
+	keepalive_header(h, req, c);
+	if (h->n_keys) {
+		const char *want = evhttp_find_header(evhttp_request_get_input_headers(req),
+						      "Access-Control-Request-Headers");
+		bool plain = want && strlen(want) <= 1024 &&
+			     strspn(want, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+					  "0123456789-_, ") == strlen(want);
+		evhttp_add_header(hd, "Access-Control-Allow-Methods", methods);
+		evhttp_add_header(hd, "Access-Control-Allow-Headers",
+				  plain ? want : "Authorization, Content-Type");
+		evhttp_add_header(hd, "Access-Control-Max-Age", "600");
+	}
+	evhttp_send_reply(req, 204, "No Content", NULL);
+	count_code(h, 204);
+	conn_idle(c);
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct http_api *h = arg;
@@ -1078,13 +1127,21 @@ static void on_request(struct evhttp_request *req, void *arg)
 	if (!path || !*path)
 		path = "/";
 	enum evhttp_cmd_type m = evhttp_request_get_command(req);
-	bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+	/* HEAD is GET without the body (evhttp leaves it out) */
+	bool get = m == EVHTTP_REQ_GET || m == EVHTTP_REQ_HEAD, post = m == EVHTTP_REQ_POST;
+	if (m == EVHTTP_REQ_OPTIONS) {
+		route_options(h, req, c, path);
+		return;
+	}
 	if (!strcmp(path, "/health")) {
 		if (get)
 			route_health(h, req, c);
-		else
+		else {
+			evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+					  route_methods(path));
 			reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed",
 				   "%s wants GET", path);
+		}
 		return;
 	}
 	const char *tenant = authenticate(h, req, c);
@@ -1101,6 +1158,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 		return;
 	}
 	if (((models || metrics) && !get) || ((chat || compl) && !post)) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+				  route_methods(path));
 		reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed", "%s wants %s",
 			   path, models || metrics ? "GET" : "POST");
 		return;

@@ -267,8 +267,11 @@ static int stream_flags(const json_t *root, struct oai_req *r, struct oai_err *e
 	return 0;
 }
 
-static int max_tokens(const json_t *root, int limit, json_t *input, bool *given,
-		      struct oai_err *e)
+/* OpenAI's legacy completions stop at 16 tokens unless told (vLLM's too); chat runs on */
+#define COMPLETION_DEFAULT_MAX 16
+
+static int max_tokens(enum oai_kind kind, const json_t *root, int limit, json_t *input,
+		      bool *given, struct oai_err *e)
 {
 	const char *name = "max_tokens";
 	const json_t *v = json_object_get(root, name);
@@ -277,7 +280,8 @@ static int max_tokens(const json_t *root, int limit, json_t *input, bool *given,
 		name = "max_completion_tokens";
 		v = json_object_get(root, name);
 	}
-	json_int_t n = limit;
+	json_int_t n = kind == OAI_COMPLETION && limit > COMPLETION_DEFAULT_MAX
+			       ? COMPLETION_DEFAULT_MAX : limit;
 	*given = !absent(v);
 	if (!absent(v)) {
 		if (!json_is_integer(v))
@@ -335,7 +339,7 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 		st = chat_messages(json_object_get(root, "messages"), input, e);
 	else
 		st = completion_prompt(json_object_get(root, "prompt"), input, e);
-	if (st || (st = max_tokens(root, max_tokens_limit, input, &r->max_given, e)))
+	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)))
 		goto out;
 	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)

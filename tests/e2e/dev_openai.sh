@@ -85,6 +85,22 @@ code=$(curl -s -o "$TMPD/ctx.json" -w '%{http_code}' -H "Authorization: Bearer $
   fail "prompt + max_tokens past the context: $code $(cat "$TMPD/ctx.json")"
 echo "prompt + max_tokens past the context: 400 ($(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["error"]["message"])' "$TMPD/ctx.json"))"
 
+# HEAD is GET without the body; OPTIONS (a browser's CORS preflight) needs no key and names
+# what a page on another origin may send, since this server takes keys
+hd=$(curl -s -I "$BASE/models" -H "Authorization: Bearer $K1")
+echo "$hd" | grep -q '^HTTP/1.1 200' && echo "$hd" | grep -qi '^Access-Control-Allow-Origin: \*' ||
+  fail "HEAD /v1/models: $hd"
+pre=$(curl -s -i -X OPTIONS "$BASE/chat/completions" -H 'Origin: http://localhost:5173' \
+  -H 'Access-Control-Request-Method: POST' \
+  -H 'Access-Control-Request-Headers: authorization, content-type, x-stainless-os')
+echo "$pre" | grep -q '^HTTP/1.1 204' &&
+  echo "$pre" | grep -qi '^Access-Control-Allow-Headers: authorization, content-type, x-stainless-os' &&
+  echo "$pre" | grep -qi '^Access-Control-Allow-Methods: POST' ||
+  fail "CORS preflight: $pre"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X OPTIONS "$BASE/nowhere")
+[ "$code" = 404 ] || fail "OPTIONS on no route: $code"
+echo "HEAD and CORS preflight: 200 and 204, allowed headers echoed"
+
 # 3. Load.
 secs=${WICK_DEV_LOAD_SECONDS:-15}
 client load --base "$BASE" --key "$K2" --model stories260K --clients 50 --seconds "$secs" \
@@ -164,6 +180,9 @@ P=$(free_port)
   --idle-timeout 2 --step-log "$TMPD/steps-mixed" 2>"$TMPD/mixed.log" &
 mixed=$!
 wait_ready $P $mixed
+# no keys: not opened to other origins' pages
+! curl -s -D - -o /dev/null "http://127.0.0.1:$P/health" | grep -qi '^Access-Control' ||
+  fail "a server without keys sent CORS headers"
 curls=()
 for i in 1 2 3; do
   curl -sf "http://127.0.0.1:$P/v1/completions" \

@@ -84,6 +84,12 @@ async function basic(a) {
   check(ctext.length > 0, 'completion stream: empty');
   console.log(`streamed completion: ${JSON.stringify(ctext)}`);
 
+  // no max_tokens on the legacy endpoint: OpenAI's default, 16 tokens
+  const short = await client.completions.create({ model: a.model, prompt: 'Once upon a time', temperature: 0 });
+  check(short.usage.completion_tokens === 16 && short.choices[0].finish_reason === 'length',
+    `completion without max_tokens: ${JSON.stringify(short)}`);
+  console.log(`completion without max_tokens: ${short.usage.completion_tokens} tokens, ${short.choices[0].finish_reason}`);
+
   const models = await client.models.list();
   const ids = models.data.map((m) => m.id);
   check(ids.length === 1 && ids[0] === a.model, `models: ${JSON.stringify(ids)}`);

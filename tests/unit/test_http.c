@@ -497,8 +497,8 @@ Test(http_server, a_client_that_leaves_mid_stream_is_reported)
 	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
 	struct queue_job j;
 	struct http_flight *f = take_one(&j);
-	cr_expect(strstr(j.body, "\"max_tokens\":50") != NULL, "the limit is the default: %s",
-		  j.body);
+	cr_expect(strstr(j.body, "\"max_tokens\":16") != NULL,
+		  "OpenAI's 16 is the completions default (the limit is 50): %s", j.body);
 	http_api_token(srv, f, 1, "Once", 4);
 	pthread_join(t, NULL); /* the client read the first bytes and hung up */
 	cr_expect(strstr(c.out, "data: ") == c.out, "%s", c.out);
