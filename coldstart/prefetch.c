@@ -150,7 +150,8 @@ int snap_prefetch_stats(const char *dir, int threads, struct snap_prefetch_stats
 	s = calloc(1, sizeof *s);
 	if (!s)
 		return wk_errf(err, errsz, WK_ENOMEM, "prefetch: out of memory");
-	if ((rc = snap__manifest_load(dir, s, err, errsz)))
+	if ((rc = snap__manifest_load(dir, s, err, errsz)) ||
+	    (rc = snap__files_check(s, err, errsz)))
 		goto fail;
 	files = json_object_get(s->m, "files");
 	p.f = calloc(MAX_FILES, sizeof *p.f);
@@ -170,7 +171,7 @@ int snap_prefetch_stats(const char *dir, int threads, struct snap_prefetch_stats
 		    (rc = snap__rank_check(s, r, p.f[p.nf - 1].fd, err, errsz)))
 			goto fail;
 	json_array_foreach(files, i, v)
-		if ((rc = add_file(&p, dir, json_string_value(v), err, errsz)))
+		if ((rc = add_file(&p, dir, snap__file_name(v), err, errsz)))
 			goto fail;
 
 	size_t np = 0;

@@ -6,10 +6,10 @@
  * final layout (sharded per rank, fused, re-typed, quantized) and coldstart/ only stores and
  * streams the bytes. coldstart/ knows nothing about model families.
  *
- * ---- Format, version 1 ------------------------------------------------------------------
+ * ---- Format, version 2 ------------------------------------------------------------------
  *
  * SNAP/manifest.json
- *   {"format": "wick-snapshot", "version": 1,
+ *   {"format": "wick-snapshot", "version": 2,
  *    "created": RFC 3339 UTC time, "wick": build string,
  *    "world": W, "tp": T, "ep": E, "dtype": "keep"|"fp8"|"bf16"|"f32",
  *    "compress": "none"|"lz4", "chunk_size": bytes (uncompressed),
@@ -17,7 +17,9 @@
  *    "layout": {free-form object from the engine: its layout rules and version} or null,
  *    "source": null, or {"dir": path, "hash": "xxh3(size,mtime_ns,head,tail)",
  *               "files": [{"name", "size", "mtime_ns", "xxh3"}], "xxh3": hex},
- *    "files": [names of extra files copied verbatim, e.g. "tokenizer.json"],
+ *    "files": [{"name", "size", "xxh3"} of each extra file copied verbatim, e.g.
+ *              "tokenizer.json": XXH3_64bits of its bytes; checked by snap_open and
+ *              snap_prefetch] (version 1: [names], unchecked),
  *    "ranks": [{"file": "rank-000.bin", "rank": 0, "size": bytes on disk,
  *               "image_size": bytes restored, "xxh3": hex,
  *               "tensors": [{"name", "dtype", "shape": [...], "offset", "nbytes",
@@ -29,7 +31,8 @@
  * SNAP/rank-NNN.bin  (NNN = the rank, 3 digits; readers accept no other file names)
  *   bytes 0..4095     header block, little-endian: "WICKSNAP" magic (8 bytes), u32 version,
  *                     u32 rank, u64 image_size, u64 chunk count, u32 world, u32 zero,
- *                     u64 the rank's xxh3 (as in the manifest), then zeros
+ *                     u64 the rank's xxh3 (as in the manifest), u64 the rank's meaning
+ *                     hash (below), then zeros
  *   bytes 4096..      the chunks, back to back in image order, each starting 4 KiB aligned:
  *                     chunk i+1 starts at align4k(file_offset[i] + stored[i]); the file ends
  *                     at align4k of the last chunk's end (zero padding), which is "size"
@@ -44,6 +47,14 @@
  * decompression); a rank's "xxh3" is XXH3_64bits of its chunks' hashes as 8-byte
  * little-endian values in order (so it can be checked in parallel). Hashes are 16 lowercase
  * hex digits.
+ *
+ * The chunk hashes cover the bytes; what the bytes mean lives in the manifest: a rank's
+ * meaning hash is XXH3_64bits of the JSON object {"config", "layout", "world", "tp", "ep",
+ * "tensors": the rank's tensor table} taken from the manifest and written by jansson with
+ * JSON_COMPACT | JSON_SORT_KEYS (reals as "%.17g", which reads back to the same double), so
+ * a manifest edited after the snapshot was written (a tensor's dtype, shape or offset, the
+ * model's config) is refused instead of running a different model on the same bytes.
+ * Version 1 (no meaning hash: that header field is zero) is still read, without that check.
  *
  * Source identity: hashing hundreds of GB of checkpoint is too slow for a default, so each
  * source file's "xxh3" is a sample: XXH3_64bits over its size (u64 LE), mtime in ns (i64 LE),
@@ -73,7 +84,7 @@
 #include "coldstart/safetensors.h"
 
 #define SNAP_FORMAT "wick-snapshot"
-#define SNAP_VERSION 1
+#define SNAP_VERSION 2 /* written; 1 is read too (no meaning hash) */
 #define SNAP_ALIGN 4096
 #define SNAP_SINK_ALIGN 256                    /* a sink's images (cudaMalloc's guarantee) */
 #define SNAP_MAX_MANIFEST (256u << 20)

@@ -32,6 +32,7 @@ struct snap_rank {
 	char file[16];                /* "rank-NNN.bin" */
 	char *path;                   /* dir/file */
 	uint64_t size, image_size, xxh3;
+	uint64_t meaning;             /* the manifest's meaning hash of this rank (version 2) */
 	size_t nt;
 	struct st_tensor *t;          /* manifest order; names point into the manifest json */
 	const char **layout;          /* per tensor, NULL when untagged */
@@ -51,6 +52,7 @@ struct snap_rank {
 struct snap {
 	char *dir;
 	json_t *m;                    /* the manifest; owns the tensor names */
+	int version;                  /* the manifest's format version: 1 or SNAP_VERSION */
 	int world;
 	uint64_t chunk_size;
 	struct snap_rank *r;          /* world entries */
@@ -64,6 +66,13 @@ struct snap {
  * s->world, s->chunk_size and each rank's file, path, sizes, tensors (data NULL) and chunks.
  * Opens nothing else. On failure s holds what was filled so far; free with snap__free. */
 int snap__manifest_load(const char *dir, struct snap *s, char *err, size_t errsz);
+/* The name of entry v of the manifest's "files" (validated: a name in version 1, an object
+ * with one in version 2). */
+const char *snap__file_name(const json_t *v);
+/* Each copied file of a version-2 snapshot against its size and xxh3 in the manifest: WK_OK,
+ * or WK_EFORMAT / WK_ENOTFOUND / WK_EIO naming the file and what changed. */
+int snap__files_check(const struct snap *s, char *err, size_t errsz);
+
 /* Rank ri's file, open as fd, against the manifest: a regular file of the size it says, with
  * the header block it implies (magic, version, rank, world, image size, chunks, checksum).
  * WK_OK, or WK_EFORMAT / WK_EUNSUPPORTED / WK_EIO naming the file and the mismatch. */
@@ -93,9 +102,15 @@ uint64_t snap__get64(const unsigned char *p);
 /* Removes path and everything under it (no symlinks followed). Returns 0 or -1 (errno). */
 int snap__rmtree(const char *path);
 
-/* Fills buf with the header block of a rank file (SNAP_ALIGN bytes). */
-void snap__header(unsigned char *buf, uint32_t rank, uint32_t world, uint64_t image_size,
-		  uint64_t nchunks, uint64_t xxh3);
+/* Fills buf with the header block of a rank file (SNAP_ALIGN bytes) of format version
+ * (meaning: 0 for version 1). */
+void snap__header(unsigned char *buf, uint32_t version, uint32_t rank, uint32_t world,
+		  uint64_t image_size, uint64_t nchunks, uint64_t xxh3, uint64_t meaning);
+
+/* A rank's meaning hash (snapshot.h): config an object, layout an object or null, tensors the
+ * rank's tensor table as the manifest holds it. Returns 0, or -1 when out of memory. */
+int snap__meaning_hash(json_t *config, json_t *layout, uint64_t world, uint64_t tp, uint64_t ep,
+		       json_t *tensors, uint64_t *out);
 
 /* The source identity object for src_dir (see snapshot.h); *out is a new reference. */
 int snap__source_identity(const char *src_dir, json_t **out, char *err, size_t errsz);

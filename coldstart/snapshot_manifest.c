@@ -79,17 +79,75 @@ uint64_t snap__get64(const unsigned char *p)
 	return v;
 }
 
-void snap__header(unsigned char *buf, uint32_t rank, uint32_t world, uint64_t image_size,
-		  uint64_t nchunks, uint64_t xxh3)
+void snap__header(unsigned char *buf, uint32_t version, uint32_t rank, uint32_t world,
+		  uint64_t image_size, uint64_t nchunks, uint64_t xxh3, uint64_t meaning)
 {
 	memset(buf, 0, SNAP_ALIGN);
 	memcpy(buf, SNAP_MAGIC, 8);
-	snap__le32(buf + 8, SNAP_VERSION);
+	snap__le32(buf + 8, version);
 	snap__le32(buf + 12, rank);
 	snap__le64(buf + 16, image_size);
 	snap__le64(buf + 24, nchunks);
 	snap__le32(buf + 32, world);
 	snap__le64(buf + 40, xxh3);
+	snap__le64(buf + 48, meaning);
+}
+
+const char *snap__file_name(const json_t *v)
+{
+	return json_is_string(v) ? json_string_value(v)
+				 : json_string_value(json_object_get(v, "name"));
+}
+
+int snap__files_check(const struct snap *s, char *err, size_t errsz)
+{
+	size_t i;
+	json_t *v;
+	if (s->version < 2)
+		return WK_OK;
+	json_array_foreach(json_object_get(s->m, "files"), i, v) {
+		const char *name = snap__file_name(v);
+		uint64_t size = (uint64_t)json_integer_value(json_object_get(v, "size")), want, got;
+		snap__unhex(json_string_value(json_object_get(v, "xxh3")), &want);
+		char path[SNAP_PATH], have[17], says[17];
+		if (snprintf(path, sizeof path, "%s/%s", s->dir, name) >= (int)sizeof path)
+			return wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", s->dir);
+		char *text;
+		size_t len;
+		int rc = wk_read_file(path, SNAP_MAX_COPY, &text, &len, err, errsz);
+		if (rc == WK_ENOTFOUND)
+			return wk_errf(err, errsz, rc, "%s: missing, though the snapshot's manifest "
+				       "lists it; copy it back or run wick snapshot again", path);
+		if (rc)
+			return rc;
+		got = XXH3_64bits(text, len);
+		free(text);
+		if (len != size || got != want) {
+			snap__hex(got, have);
+			snap__hex(want, says);
+			return wk_errf(err, errsz, WK_EFORMAT, "%s: changed after the snapshot was "
+				       "written (%zu bytes, xxh3 %s; the manifest says %" PRIu64
+				       " bytes, xxh3 %s); the snapshot's model would run with it: "
+				       "restore it or run wick snapshot again", path, len, have, size,
+				       says);
+		}
+	}
+	return WK_OK;
+}
+
+int snap__meaning_hash(json_t *config, json_t *layout, uint64_t world, uint64_t tp, uint64_t ep,
+		       json_t *tensors, uint64_t *out)
+{
+	json_t *o = json_pack("{sO sO sI sI sI sO}", "config", config, "layout",
+			      layout ? layout : json_null(), "world", (json_int_t)world, "tp",
+			      (json_int_t)tp, "ep", (json_int_t)ep, "tensors", tensors);
+	char *text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(o);
+	if (!text)
+		return -1;
+	*out = XXH3_64bits(text, strlen(text));
+	free(text);
+	return 0;
 }
 
 int snap__rank_hash(const struct snap_chunk *c, size_t nc, uint64_t *out)
@@ -579,7 +637,7 @@ int snap__manifest_load(const char *dir, struct snap *s, char *err, size_t errsz
 	json_error_t je;
 	json_t *v, *ranks, *files;
 	const char *str;
-	uint64_t u, world;
+	uint64_t world;
 	size_t i;
 	int rc;
 
@@ -610,16 +668,18 @@ int snap__manifest_load(const char *dir, struct snap *s, char *err, size_t errsz
 	if (!json_is_integer(v))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: \"version\" is missing or not an "
 			       "integer", path);
-	if (json_integer_value(v) != SNAP_VERSION)
+	if (json_integer_value(v) != 1 && json_integer_value(v) != SNAP_VERSION)
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: snapshot format version %lld, this "
-			       "wick reads version %d", path, (long long)json_integer_value(v),
+			       "wick reads versions 1 to %d", path, (long long)json_integer_value(v),
 			       SNAP_VERSION);
+	s->version = (int)json_integer_value(v);
+	uint64_t tp, ep;
 
 	if ((rc = get_str(&p, s->m, "", "created", 64, &str)) ||
 	    (rc = get_str(&p, s->m, "", "wick", 256, &str)) ||
 	    (rc = get_uint(&p, s->m, "", "world", SNAP_MAX_RANKS, &world)) ||
-	    (rc = get_uint(&p, s->m, "", "tp", 1u << 20, &u)) ||
-	    (rc = get_uint(&p, s->m, "", "ep", 1u << 20, &u)) ||
+	    (rc = get_uint(&p, s->m, "", "tp", 1u << 20, &tp)) ||
+	    (rc = get_uint(&p, s->m, "", "ep", 1u << 20, &ep)) ||
 	    (rc = get_str(&p, s->m, "", "dtype", 32, &str)) ||
 	    (rc = get_uint(&p, s->m, "", "chunk_size", SNAP_MAX_CHUNK, &s->chunk_size)) ||
 	    (rc = get_str(&p, s->m, "", "compress", 16, &str)))
@@ -646,8 +706,21 @@ int snap__manifest_load(const char *dir, struct snap *s, char *err, size_t errsz
 	if ((rc = get_array(&p, s->m, "", "files", 10000, &files)))
 		return rc;
 	json_array_foreach(files, i, v) {
-		if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v) ||
-		    json_string_length(v) > 255 || !plain_name(json_string_value(v)))
+		char w[32];
+		snprintf(w, sizeof w, "files[%zu]", i);
+		const char *name = NULL;
+		uint64_t size, h;
+		if (s->version > 1 && (!json_is_object(v) || (rc = get_str(&p, v, w, "name", 255,
+									      &name)) ||
+				       (rc = get_uint(&p, v, w, "size", SNAP_MAX_COPY, &size)) ||
+				       (rc = get_hex(&p, v, w, "xxh3", &h))))
+			return rc ? rc : wk_errf(err, errsz, WK_EFORMAT, "%s: %s is not an object",
+						 path, w);
+		if (s->version == 1 && json_is_string(v) &&
+		    strlen(json_string_value(v)) == json_string_length(v) &&
+		    json_string_length(v) <= 255)
+			name = json_string_value(v);
+		if (!name || !plain_name(name))
 			return wk_errf(err, errsz, WK_EFORMAT, "%s: files[%zu] is not a plain file "
 				       "name", path, i);
 	}
@@ -665,5 +738,11 @@ int snap__manifest_load(const char *dir, struct snap *s, char *err, size_t errsz
 	for (int r = 0; r < s->world; r++)
 		if ((rc = parse_rank(&p, s, r, json_array_get(ranks, (size_t)r), lz4)))
 			return rc;
+	for (int r = 0; s->version > 1 && r < s->world; r++)
+		if (snap__meaning_hash(json_object_get(s->m, "config"),
+				       json_object_get(s->m, "layout"), world, tp, ep,
+				       json_object_get(json_array_get(ranks, (size_t)r), "tensors"),
+				       &s->r[r].meaning))
+			return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", path);
 	return WK_OK;
 }

@@ -370,10 +370,16 @@ int snap__rank_check(const struct snap *s, int ri, int fd, char *err, size_t err
 	if (memcmp(hdr, SNAP_MAGIC, 8))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: not a wick snapshot rank file (bad "
 			       "magic)", r->path);
-	if (snap__get32(hdr + 8) != SNAP_VERSION)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: snapshot format version %u, this "
-			       "wick reads version %d", r->path, snap__get32(hdr + 8), SNAP_VERSION);
-	snap__header(want, (uint32_t)ri, (uint32_t)s->world, r->image_size, r->nc, r->xxh3);
+	if (snap__get32(hdr + 8) != (uint32_t)s->version)
+		return wk_errf(err, errsz, WK_EFORMAT, "%s: snapshot format version %u, the "
+			       "manifest's is %d", r->path, snap__get32(hdr + 8), s->version);
+	snap__header(want, (uint32_t)s->version, (uint32_t)ri, (uint32_t)s->world, r->image_size,
+		     r->nc, r->xxh3, r->meaning);
+	if (!memcmp(hdr, want, 48) && memcmp(hdr, want, SNAP_ALIGN))
+		return wk_errf(err, errsz, WK_EFORMAT, "%s/manifest.json: rank %d's tensor table or "
+			       "the model's config is not what %s was written with (the manifest was "
+			       "edited after the snapshot was written?); run wick snapshot again",
+			       s->dir, ri, r->file);
 	if (memcmp(hdr, want, SNAP_ALIGN))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: header block does not match the "
 			       "manifest (rank %u of %u, image %" PRIu64 " bytes, %" PRIu64 " chunks;"
@@ -623,7 +629,8 @@ int snap_open(const char *dir, const struct snap_open_opts *o, struct snap **out
 			     "an allocator" : "a sink without image/release/stage/put/wait");
 		goto fail;
 	}
-	if ((rc = snap__manifest_load(dir, s, err, errsz)))
+	if ((rc = snap__manifest_load(dir, s, err, errsz)) ||
+	    (rc = snap__files_check(s, err, errsz)))
 		goto fail;
 	if (k && (!k->accept || k->accept(k->ctx, s->world))) {
 		s->sink = *k;
@@ -748,7 +755,7 @@ bool snap_lists_file(const struct snap *s, const char *name)
 	size_t i;
 	json_t *v;
 	json_array_foreach(json_object_get(s->m, "files"), i, v)
-		if (json_is_string(v) && !strcmp(json_string_value(v), name))
+		if (!strcmp(snap__file_name(v), name))
 			return true;
 	return false;
 }

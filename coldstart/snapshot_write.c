@@ -247,8 +247,18 @@ static int write_rank(struct wr *w, const char *tmp, int rank, const struct snap
 	if ((rc = flush_out(w)))
 		goto fail;
 
-	uint64_t rh = XXH3_64bits_digest(w->rh);
-	snap__header(w->wbuf, (uint32_t)rank, (uint32_t)w->o->world, image_size, w->nchunks, rh);
+	uint64_t rh = XXH3_64bits_digest(w->rh), meaning;
+	json_t *cfg = w->o->config ? json_incref(w->o->config) : json_object();
+	int mh = snap__meaning_hash(cfg, w->o->layout, (uint64_t)w->o->world,
+				    w->o->tp ? (uint64_t)w->o->tp : 1, w->o->ep ? (uint64_t)w->o->ep : 1,
+				    tensors, &meaning);
+	json_decref(cfg);
+	if (mh) {
+		rc = wk_errf(w->err, w->errsz, WK_ENOMEM, "%s: out of memory", path);
+		goto fail;
+	}
+	snap__header(w->wbuf, SNAP_VERSION, (uint32_t)rank, (uint32_t)w->o->world, image_size,
+		     w->nchunks, rh, meaning);
 	if (pwrite(w->fd, w->wbuf, SNAP_ALIGN, 0) != SNAP_ALIGN || fsync(w->fd)) {
 		rc = wk_errf(w->err, w->errsz, WK_EIO, "%s: write/fsync failed: %s", path,
 			     strerror(errno));
@@ -458,12 +468,16 @@ static void remove_stale(const char *parent, const char *base)
 	closedir(d);
 }
 
+/* Copies src to dst (nothing when src does not exist: *copied false), its size and xxh3 in
+ * *size and *hash. */
 static int copy_file(const char *src, const char *dst, unsigned char *buf, size_t bufsz,
-		     bool *copied, char *err, size_t errsz)
+		     bool *copied, uint64_t *size, uint64_t *hash, char *err, size_t errsz)
 {
 	int in = -1, out = -1, rc;
 	struct stat st;
+	XXH3_state_t *h = NULL;
 	*copied = false;
+	*size = 0;
 	in = open(src, O_RDONLY | O_CLOEXEC);
 	if (in < 0) {
 		if (errno == ENOENT)
@@ -480,6 +494,10 @@ static int copy_file(const char *src, const char *dst, unsigned char *buf, size_
 		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", dst, strerror(errno));
 		goto fail;
 	}
+	if (!(h = XXH3_createState()) || XXH3_64bits_reset(h) != XXH_OK) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", dst);
+		goto fail;
+	}
 	for (;;) {
 		ssize_t r = read(in, buf, bufsz);
 		if (r < 0 && errno == EINTR)
@@ -490,6 +508,8 @@ static int copy_file(const char *src, const char *dst, unsigned char *buf, size_
 		}
 		if (r == 0)
 			break;
+		XXH3_64bits_update(h, buf, (size_t)r);
+		*size += (uint64_t)r;
 		if (write_all(out, buf, (size_t)r)) {
 			rc = wk_errf(err, errsz, WK_EIO, "%s: write failed: %s", dst, strerror(errno));
 			goto fail;
@@ -500,8 +520,10 @@ static int copy_file(const char *src, const char *dst, unsigned char *buf, size_
 		goto fail;
 	}
 	*copied = true;
+	*hash = XXH3_64bits_digest(h);
 	rc = WK_OK;
 fail:
+	XXH3_freeState(h);
 	if (in >= 0)
 		close(in);
 	if (out >= 0)
@@ -653,10 +675,17 @@ int snap_write(const char *out_dir, const struct snap_write_opts *o, const struc
 			rc = wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", tmp);
 			goto fail;
 		}
-		if ((rc = copy_file(src, dst, w.wbuf, w.wcap, &copied, err, errsz)))
+		uint64_t size = 0, hash = 0;
+		if ((rc = copy_file(src, dst, w.wbuf, w.wcap, &copied, &size, &hash, err, errsz)))
 			goto fail;
-		if (copied)
-			json_array_append_new(files, json_string(o->copy[i]));
+		char hex[17];
+		snap__hex(hash, hex);
+		if (copied && json_array_append_new(files, json_pack("{ss sI ss}", "name", o->copy[i],
+								     "size", (json_int_t)size,
+								     "xxh3", hex))) {
+			rc = wk_errf(err, errsz, WK_ENOMEM, "snapshot: out of memory");
+			goto fail;
+		}
 	}
 	if (o->src_dir && (rc = snap__source_identity(o->src_dir, &source, err, errsz)))
 		goto fail;

@@ -91,7 +91,7 @@ PY
 
 # inspect reads the manifest
 "$WICK" inspect "$S" >"$TMPD/i.txt"
-grep -q 'wick-snapshot version 1' "$TMPD/i.txt" || fail "inspect SNAP"
+grep -q 'wick-snapshot version 2' "$TMPD/i.txt" || fail "inspect SNAP"
 "$WICK" inspect "$S" --json | python3 -c 'import json,sys; m=json.load(sys.stdin); assert m["ranks"][0]["tensor_count"] == 47'
 
 set +e
@@ -113,10 +113,19 @@ truncate -s -4096 "$TMPD/trunc/rank-000.bin"
 [ $rc -eq 1 ] && grep -q 'truncated' "$TMPD/e2" || fail "truncated: rc=$rc $(cat "$TMPD/e2")"
 
 # Another format version: refused by name.
-cp -r "$S" "$TMPD/v2"
-sed -i 's/"version": 1,/"version": 2,/' "$TMPD/v2/manifest.json"
-"$WICK" logits "$TMPD/v2" --tokens 1 2>"$TMPD/e3"; rc=$?
-[ $rc -eq 1 ] && grep -q 'version 2' "$TMPD/e3" || fail "version: rc=$rc $(cat "$TMPD/e3")"
+cp -r "$S" "$TMPD/v3"
+grep -q '"version": 2,' "$TMPD/v3/manifest.json" || fail "the manifest is not version 2"
+sed -i 's/"version": 2,/"version": 3,/' "$TMPD/v3/manifest.json"
+"$WICK" logits "$TMPD/v3" --tokens 1 2>"$TMPD/e3"; rc=$?
+[ $rc -eq 1 ] && grep -q 'version 3' "$TMPD/e3" || fail "version: rc=$rc $(cat "$TMPD/e3")"
+
+# The snapshot's copy of config.json edited (the engine runs the manifest's config, so an edit
+# would change nothing but the chat format, silently): refused by name.
+cp -r "$S" "$TMPD/cfg"
+sed -i 's/"hidden_size": *[0-9]*/"hidden_size": 4096/' "$TMPD/cfg/config.json"
+"$WICK" logits "$TMPD/cfg" --tokens 1 2>"$TMPD/e3b"; rc=$?
+[ $rc -eq 1 ] && grep -q 'config.json: changed after the snapshot was written' "$TMPD/e3b" ||
+  fail "edited config.json: rc=$rc $(cat "$TMPD/e3b")"
 
 # A layout other than the snapshot's: refused.
 "$WICK" logits "$S" --tokens 1 --tp 2 2>"$TMPD/e4"; rc=$?

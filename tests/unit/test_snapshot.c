@@ -351,12 +351,15 @@ Test(snapshot, source_identity_and_copies)
 	cr_assert_eq(wk_read_file(tok, 1000, &text, &len, err, sizeof err), WK_OK);
 	cr_assert_str_eq(text, "{\"model\": {}}");
 	free(text);
-	free(tok);
 
 	struct snap *s = open_ok(out, NULL);
 	json_t *m = snap_manifest(s), *files = json_object_get(m, "files");
 	cr_assert_eq(json_array_size(files), 1);
-	cr_assert_str_eq(json_string_value(json_array_get(files, 0)), "tokenizer.json");
+	json_t *f0 = json_array_get(files, 0);
+	cr_assert_str_eq(json_string_value(json_object_get(f0, "name")), "tokenizer.json");
+	cr_assert_eq(json_integer_value(json_object_get(f0, "size")), 13);
+	cr_assert_str_eq(json_string_value(json_object_get(f0, "xxh3")), "598b79e4a58e2c70");
+	cr_assert(snap_lists_file(s, "tokenizer.json") && !snap_lists_file(s, "missing.json"));
 	json_t *sf = json_object_get(json_object_get(m, "source"), "files");
 	cr_assert_eq(json_array_size(sf), 3);
 	cr_assert_str_eq(json_string_value(json_object_get(json_array_get(sf, 0), "name")),
@@ -391,6 +394,20 @@ Test(snapshot, source_identity_and_copies)
 	cr_assert_eq(snap_source_check(s, src, err, sizeof err), WK_EINVAL);
 	cr_assert(strstr(err, "model-2.safetensors is new"), "%s", err);
 	snap_close(s);
+
+	/* A copied file changed after the snapshot was written, then gone: refused by name, by
+	 * a restore and by prefetch (the deploy gate). */
+	put_file(out, "tokenizer.json", "{\"model\": []}", 13);
+	open_fails(out, NULL, WK_EFORMAT, "tokenizer.json: changed after the snapshot was "
+		   "written (13 bytes, xxh3 ");
+	cr_assert_eq(snap_prefetch(out, 1, err, sizeof err), WK_EFORMAT);
+	cr_assert(strstr(err, "tokenizer.json: changed after"), "%s", err);
+	cr_assert_eq(unlink(tok), 0);
+	open_fails(out, NULL, WK_ENOTFOUND, "tokenizer.json: missing, though the snapshot's "
+		   "manifest lists it");
+	put_file(out, "tokenizer.json", "{\"model\": {}}", 13);
+	snap_close(open_ok(out, NULL));
+	free(tok);
 
 	/* Without src_dir the snapshot records no source. */
 	struct snap_write_opts o2 = {.world = 2, .chunk_size = CHUNK};

@@ -142,12 +142,85 @@ Test(snapshot, other_version)
 	char *d = tmpdir(), *out = path2(d, "snap");
 	write_snap(out, false);
 	json_t *m = load_manifest(out);
-	json_object_set_new(m, "version", json_integer(2));
-	json_object_del(m, "ranks"); /* a v2 manifest may look different: still the version msg */
+	json_object_set_new(m, "version", json_integer(3));
+	json_object_del(m, "ranks"); /* a v3 manifest may look different: still the version msg */
 	save_manifest(out, m);
-	open_fails(out, NULL, WK_EUNSUPPORTED, "snapshot format version 2, this wick reads "
-		   "version 1");
+	open_fails(out, NULL, WK_EUNSUPPORTED, "snapshot format version 3, this wick reads "
+		   "versions 1 to 2");
 	json_decref(m);
+	rmtree(d);
+	free(out);
+	free_fixture();
+}
+
+/* Rewrites rank r's header block as version v with meaning hash 0 (version 1's layout). */
+static void header_v(const char *out, int r, uint32_t v)
+{
+	char name[32];
+	snprintf(name, sizeof name, "rank-%03d.bin", r);
+	char *rf = path2(out, name);
+	FILE *f = fopen(rf, "r+b");
+	cr_assert_not_null(f, "%s", rf);
+	unsigned char le[4] = {v, v >> 8, v >> 16, v >> 24}, zero[8] = {0};
+	cr_assert(fseek(f, 8, SEEK_SET) == 0 && fwrite(le, 4, 1, f) == 1);
+	cr_assert(fseek(f, 48, SEEK_SET) == 0 && fwrite(zero, 8, 1, f) == 1);
+	cr_assert(fclose(f) == 0);
+	free(rf);
+}
+
+/* A manifest edited where the structural checks cannot see it (a tensor's dtype or shape, two
+ * names swapped, the model's config) no longer matches the meaning hash its rank file was
+ * written with; a version-1 snapshot (no meaning hash) still opens. */
+Test(snapshot, edited_manifest_meaning)
+{
+	make_fixture();
+	char *d = tmpdir(), *out = path2(d, "snap");
+	write_snap(out, false);
+	json_t *orig = load_manifest(out);
+	cr_assert_eq(jint(orig, "version"), 2);
+	for (int k = 0; k < 5; k++) {
+		json_t *m = json_deep_copy(orig);
+		const char *want = "rank 0's tensor table or the model's config is not what "
+				   "rank-000.bin was written with";
+		if (k == 0) { /* bf16 read as f16: the same bytes, another model */
+			json_object_set_new(tensor_of(m, 0, "big"), "dtype", json_string("F16"));
+		} else if (k == 1) { /* [300, 200] read as [200, 300] */
+			json_t *sh = json_object_get(tensor_of(m, 0, "big"), "shape");
+			json_array_set_new(sh, 0, json_integer(200));
+			json_array_set_new(sh, 1, json_integer(300));
+		} else if (k == 2) { /* two names swapped on rank 1 */
+			json_object_set_new(tensor_of(m, 1, "zeros"), "name", json_string("tmp"));
+			json_object_set_new(tensor_of(m, 1, "norm"), "name", json_string("zeros"));
+			json_object_set_new(tensor_of(m, 1, "tmp"), "name", json_string("norm"));
+			want = "rank 1's tensor table";
+		} else if (k == 3) {
+			json_object_set_new(json_object_get(m, "config"), "hidden_size",
+					    json_integer(4096));
+		} else {
+			json_object_set_new(m, "layout", json_pack("{si}", "version", 9));
+		}
+		save_manifest(out, m);
+		json_decref(m);
+		open_fails(out, NULL, WK_EFORMAT, want);
+	}
+	/* the header from version 1 under a version-2 manifest */
+	save_manifest(out, orig);
+	header_v(out, 0, 1);
+	open_fails(out, NULL, WK_EFORMAT, "rank-000.bin: snapshot format version 1, the "
+		   "manifest's is 2");
+	/* a whole version-1 snapshot opens, restores, and is not checked for meaning */
+	header_v(out, 1, 1);
+	json_t *m = json_deep_copy(orig);
+	json_object_set_new(m, "version", json_integer(1));
+	save_manifest(out, m);
+	struct snap *s = open_ok(out, NULL);
+	check_restored(s);
+	snap_close(s);
+	json_object_set_new(json_object_get(m, "config"), "hidden_size", json_integer(4096));
+	save_manifest(out, m);
+	snap_close(open_ok(out, NULL));
+	json_decref(m);
+	json_decref(orig);
 	rmtree(d);
 	free(out);
 	free_fixture();
