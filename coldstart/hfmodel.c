@@ -290,6 +290,20 @@ const struct st_tensor *hf_tensor(const struct hf_model *m, const char *name)
 	return st_bsearch(m->by_name, m->n, name);
 }
 
+const struct st_tensor *hf_tensor_sorted(const struct hf_model *m, size_t i)
+{
+	return i < m->n ? m->by_name[i] : NULL;
+}
+
+const struct st_tensor *hf_tensor_find(const struct hf_model *m, const char *name, size_t *ix)
+{
+	long i = st_bsearch_ix(m->by_name, m->n, name);
+	if (i < 0)
+		return NULL;
+	*ix = (size_t)i;
+	return m->by_name[i];
+}
+
 size_t hf_shard_count(const struct hf_model *m)
 {
 	return m->nshards;

@@ -33,6 +33,9 @@ json_t *hf_config(const struct hf_model *m);         /* borrowed; never NULL */
 size_t hf_tensor_count(const struct hf_model *m);
 const struct st_tensor *hf_tensor_at(const struct hf_model *m, size_t i);
 const struct st_tensor *hf_tensor(const struct hf_model *m, const char *name); /* or NULL */
+/* The tensors in name order: the i-th, and the one called name with its place in *ix. */
+const struct st_tensor *hf_tensor_sorted(const struct hf_model *m, size_t i);
+const struct st_tensor *hf_tensor_find(const struct hf_model *m, const char *name, size_t *ix);
 size_t hf_shard_count(const struct hf_model *m);
 const struct st_file *hf_shard(const struct hf_model *m, size_t i);
 

@@ -494,21 +494,27 @@ const struct st_tensor *st_find(const struct st_file *f, const char *name)
 	return st_bsearch((const struct st_tensor *const *)f->by_name, f->n, name);
 }
 
-const struct st_tensor *st_bsearch(const struct st_tensor *const *sorted, size_t n,
-				   const char *name)
+long st_bsearch_ix(const struct st_tensor *const *sorted, size_t n, const char *name)
 {
 	size_t lo = 0, hi = n;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 		int c = strcmp(name, sorted[mid]->name);
 		if (c == 0)
-			return sorted[mid];
+			return (long)mid;
 		if (c < 0)
 			hi = mid;
 		else
 			lo = mid + 1;
 	}
-	return NULL;
+	return -1;
+}
+
+const struct st_tensor *st_bsearch(const struct st_tensor *const *sorted, size_t n,
+				   const char *name)
+{
+	long i = st_bsearch_ix(sorted, n, name);
+	return i < 0 ? NULL : sorted[i];
 }
 
 int st_advise(const struct st_file *f, int advice)

@@ -71,7 +71,9 @@ int st_advise(const struct st_file *f, int advice);
  * ends in "...". Returns buf. Never fails. */
 const char *st_shown(const char *s, char buf[static ST_SHOWN]);
 
-/* Binary search of n tensor pointers sorted by strcmp of their names; NULL when absent. */
+/* Binary search of n tensor pointers sorted by strcmp of their names: the index, -1 when
+ * absent; st_bsearch: the tensor, NULL when absent. */
+long st_bsearch_ix(const struct st_tensor *const *sorted, size_t n, const char *name);
 const struct st_tensor *st_bsearch(const struct st_tensor *const *sorted, size_t n,
 				   const char *name);
 

@@ -843,17 +843,26 @@ int eng_launches(const struct engine *e, int rank, struct eng_launches *out)
 	return e ? eng_count_read(e, out) : WK_EINVAL;
 }
 
+static void mark_used(struct engine *e, size_t i)
+{
+	if (e->used && !e->used[i]) {
+		e->used[i] = true;
+		e->n_used++;
+	}
+}
+
 const struct st_tensor *eng_tensor(struct engine *e, const char *name)
 {
-	if (!e->snap)
-		return hf_tensor(e->hf, name);
+	if (!e->snap) {
+		size_t i;
+		const struct st_tensor *t = hf_tensor_find(e->hf, name, &i);
+		if (t)
+			mark_used(e, i);
+		return t;
+	}
 	const struct st_tensor *t = snap_tensor(e->snap, e->rank, name);
 	if (t && e->used) {
-		size_t i = (size_t)(t - snap_tensor_at(e->snap, e->rank, 0));
-		if (!e->used[i]) {
-			e->used[i] = true;
-			e->n_used++;
-		}
+		mark_used(e, (size_t)(t - snap_tensor_at(e->snap, e->rank, 0)));
 		uintptr_t lo = (uintptr_t)t->data, hi = lo + t->nbytes;
 		if (!e->bound_lo || lo < e->bound_lo)
 			e->bound_lo = lo;
@@ -861,6 +870,31 @@ const struct st_tensor *eng_tensor(struct engine *e, const char *name)
 			e->bound_hi = hi;
 	}
 	return t;
+}
+
+/* The checkpoint's tensors that e's family never looked up, in e->info: skipped on purpose are
+ * layers past num_hidden_layers (MTP, counted in mtp_layers_skipped) and rotary inv_freq
+ * buffers (recomputed from the config, as transformers does). eng_unused_at: tensor i's name
+ * when it is one of them, else NULL. */
+const char *eng_unused_at(const struct engine *e, size_t i, int layers)
+{
+	const struct st_tensor *t = e->snap ? snap_tensor_at(e->snap, e->rank, i)
+					    : hf_tensor_sorted(e->hf, i);
+	int l;
+	if (!t || !e->used || e->used[i] || wk_ends_with(t->name, "rotary_emb.inv_freq") ||
+	    (sscanf(t->name, "model.layers.%d.", &l) == 1 && l >= layers))
+		return NULL;
+	return t->name;
+}
+
+void eng_count_unused(struct engine *e, int layers)
+{
+	size_t n = e->snap ? snap_tensor_count(e->snap, e->rank) : hf_tensor_count(e->hf);
+	for (size_t i = 0; i < n; i++) {
+		const char *name = eng_unused_at(e, i, layers);
+		if (name && !e->info.unused_tensors++)
+			e->info.unused_example = name;
+	}
 }
 
 int eng_rank_stats(struct engine *e, int rank, struct eng_rank_stats *st)
@@ -1078,13 +1112,17 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	if (e->world > 1) {
 		rc = shard_open(e, opts, err, errsz); /* the rank engines load the model */
 	} else {
-		if (e->snap && !(e->used = calloc(snap_tensor_count(e->snap, 0) + 1, sizeof *e->used)))
+		size_t nt = e->snap ? snap_tensor_count(e->snap, 0) : hf_tensor_count(e->hf);
+		if (!(e->used = calloc(nt + 1, sizeof *e->used)))
 			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		else if (e->be || (rc = eng_open_backend(e, opts, opts ? opts->threads : 0, 0, err,
 							 errsz)) == WK_OK)
 			rc = e->fam->load(e, err, errsz);
-		if (rc == WK_OK)
+		if (rc == WK_OK) {
 			e->info.backend = e->be->name;
+			eng_count_unused(e, (int)json_integer_value(json_object_get(cfg,
+										    "num_hidden_layers")));
+		}
 	}
 	if (rc != WK_OK)
 		goto fail;

@@ -63,6 +63,10 @@ struct eng_info {
 	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads (sharded: on
 				    * rank 0, as the ranks read in parallel) */
 	int mtp_layers_skipped;    /* MTP (num_nextn_predict_layers) layers left unloaded */
+	int unused_tensors;        /* other tensors of the checkpoint the model never read (a
+				    * config that does not match the weights, e.g. biases with
+				    * attention_bias false); sharded: each name once */
+	const char *unused_example; /* the first of them (name order), or NULL */
 	struct eng_startup {       /* where eng_open's time went (seconds, CLOCK_MONOTONIC) */
 		bool snapshot;         /* the weights came from a snapshot */
 		double weights_s;      /* opening the checkpoint or restoring the snapshot */
@@ -166,6 +170,11 @@ struct eng_snap_opts {
 	const char *dtype;   /* "keep", "bf16", "f32" ("fp8" arrives with the FP8 kernels) */
 	bool lz4;            /* compress chunks with lz4 where that saves >= 10% */
 	size_t chunk_size;   /* 0: the default */
+	struct eng_snap_report { /* optional, filled on success: what opening the model found */
+		int unused_tensors;    /* eng_info.unused_tensors (stored in the snapshot all the
+					* same: the checkpoint's every tensor is) */
+		char unused_example[256];
+	} *report;
 };
 
 /* Writes a snapshot of the Hugging Face model in hf_dir to out_dir: every tensor in the

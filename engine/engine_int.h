@@ -93,8 +93,9 @@ struct engine {
 	bool failed_elsewhere;       /* eng_agree failed because another rank did */
 	struct shard *shard;         /* the top engine of a sharded model; else NULL */
 	struct engine *top;          /* rank engines: the top; else NULL */
-	/* Snapshot tensors this engine looked up (eng_tensor), for eng_rank_stats. */
-	bool *used;                  /* [snap_tensor_count(snap, rank)] */
+	/* Tensors this engine looked up (eng_tensor), for eng_rank_stats and eng_count_unused. */
+	bool *used;                  /* [snap_tensor_count(snap, rank)], or the checkpoint's
+				      * tensors in name order (hf_tensor_sorted) */
 	size_t n_used;
 	uintptr_t bound_lo, bound_hi; /* the byte range their data spans */
 	/* A snapshot restored into device memory (snap_on_sink): host copies of the tensors
@@ -175,6 +176,11 @@ enum eng_kind {
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);
 void eng_count(struct engine *e, enum eng_kind kind);
 int eng_count_read(const struct engine *e, struct eng_launches *out);
+/* Counts the tensors e's family did not look up into e->info.unused_tensors; eng_unused_at:
+ * the name of tensor i (of e's rank) when it is one of them (engine.c). */
+void eng_count_unused(struct engine *e, int layers);
+const char *eng_unused_at(const struct engine *e, size_t i, int layers);
+
 int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, int device,
 		     char *err, size_t errsz);
 /* A rank engine takes over a context started for it (a sharded restore's sink): be and ctx

@@ -612,6 +612,11 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 			why);
 		goto out;
 	}
+	if (o->report) {
+		o->report->unused_tensors = eng_info(e)->unused_tensors;
+		snprintf(o->report->unused_example, sizeof o->report->unused_example, "%s",
+			 eng_info(e)->unused_example ? eng_info(e)->unused_example : "");
+	}
 	eng_close(e);
 	rc = snap_write(out_dir, &wo, p.specs, p.n, err, errsz);
 out:

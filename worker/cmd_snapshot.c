@@ -83,10 +83,17 @@ int cmd_snapshot(int argc, char **argv)
 	}
 	char err[WK_ERRSZ];
 	double t0 = wk_now();
+	struct eng_snap_report rep = {0};
+	o.report = &rep;
 	if (eng_snapshot(argv[optind], out, &o, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick snapshot: %s\n", err);
 		return 1;
 	}
+	if (rep.unused_tensors)
+		fprintf(stderr, "wick snapshot: warning: %d tensor%s of the checkpoint %s not used "
+			"by the model, e.g. '%s': does config.json match the weights?\n",
+			rep.unused_tensors, rep.unused_tensors == 1 ? "" : "s",
+			rep.unused_tensors == 1 ? "is" : "are", rep.unused_example);
 	fprintf(stderr, "wick snapshot: wrote %s in %.2f s\n", out, wk_now() - t0);
 	return 0;
 }

@@ -59,7 +59,13 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 		fprintf(stderr, "wick: %s\n", err);
 		return 1;
 	}
-	const struct eng_startup *s = &eng_info(*e)->startup;
+	const struct eng_info *in = eng_info(*e);
+	if (in->unused_tensors)
+		fprintf(stderr, "wick: warning: %d tensor%s of the checkpoint %s not used by the "
+			"model, e.g. '%s': does config.json match the weights?\n", in->unused_tensors,
+			in->unused_tensors == 1 ? "" : "s", in->unused_tensors == 1 ? "is" : "are",
+			in->unused_example);
+	const struct eng_startup *s = &in->startup;
 	if (s->snapshot)
 		fprintf(stderr, "wick: restored %.1f MB%s in %.1f ms (%.2f GB/s)%s; ready in %.1f ms\n",
 			s->bytes / 1e6, s->to_device ? " into device memory" : "", s->weights_s * 1e3,

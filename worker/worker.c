@@ -1317,6 +1317,10 @@ int cmd_worker(int argc, char **argv)
 		wlog(&w, "startup_failed", "%s", err);
 		goto out;
 	}
+	if (eng_info(w.e)->unused_tensors)
+		wlog(&w, "unused_tensors", "%d tensors of the checkpoint are not used by the model, "
+		     "e.g. '%s': does config.json match the weights?", eng_info(w.e)->unused_tensors,
+		     eng_info(w.e)->unused_example);
 	w.tok = eng_tokenizer(w.e);
 	w.chat = chat_format_for(eng_info(w.e)->arch);
 	if (w.step_log_path && !(w.step_log = fopen(w.step_log_path, "a"))) {

@@ -35,13 +35,24 @@ PY
 # restore equals the naive load path (the MTP layer is left out of both).
 for fam in glm5 glm4; do
   "$WICK_TOOLS/gen_glm" --family $fam -o "$TMPD/$fam" --mtp --shards 2 --seed 5 >/dev/null
-  "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$fam.snap" --compress lz4 2>/dev/null
-  "$WICK" logits "$TMPD/$fam" --tokens 1,5,9,200,7,3,11 --all-positions >"$TMPD/$fam.a"
-  "$WICK" logits "$TMPD/$fam.snap" --tokens 1,5,9,200,7,3,11 --all-positions >"$TMPD/$fam.b" 2>/dev/null
+  "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$fam.snap" --compress lz4 2>"$TMPD/$fam.w"
+  "$WICK" logits "$TMPD/$fam" --tokens 1,5,9,200,7,3,11 --all-positions >"$TMPD/$fam.a" 2>>"$TMPD/$fam.w"
+  "$WICK" logits "$TMPD/$fam.snap" --tokens 1,5,9,200,7,3,11 --all-positions >"$TMPD/$fam.b" 2>>"$TMPD/$fam.w"
+  ! grep -q 'not used' "$TMPD/$fam.w" || fail "$fam: unused tensors reported: $(cat "$TMPD/$fam.w")"
   cmp -s "$TMPD/$fam.a" "$TMPD/$fam.b" || fail "$fam: logits from the snapshot differ"
   "$WICK" bench restore "$TMPD/$fam.snap" --runs 1 --no-cold --startup-runs 0 >/dev/null \
     || fail "$fam: restore and naive load disagree"
 done
+
+# Weights the config turns off (GLM-4.5's q/k/v biases under attention_bias false) are
+# reported by snapshot and at start, each name once however many ranks hold a piece of it.
+sed 's/"attention_bias": true/"attention_bias": false/' "$TMPD/glm4/config.json" >"$TMPD/cfg.tmp" &&
+  mv "$TMPD/cfg.tmp" "$TMPD/glm4/config.json"
+"$WICK" snapshot "$TMPD/glm4" -o "$TMPD/nobias.snap" --tp 2 2>"$TMPD/nobias.w" || fail "snapshot"
+"$WICK" logits "$TMPD/nobias.snap" --tokens 1,5 >/dev/null 2>>"$TMPD/nobias.w"
+[ "$(grep -c "warning: 12 tensors of the checkpoint are not used by the model, e.g. 'model.layers.0.self_attn.k_proj.bias'" "$TMPD/nobias.w")" = 1 ] &&
+  [ "$(grep -c "warning: 12 tensors of the checkpoint are not used by the model, e.g. 'model.layers.0.self_attn.q_proj.bias'" "$TMPD/nobias.w")" = 1 ] ||
+  fail "unused biases: $(cat "$TMPD/nobias.w")"
 
 # prefetch warms the page cache; a missing snapshot is an error
 "$WICK" prefetch "$S" >"$TMPD/p.txt" || fail "prefetch"

@@ -449,6 +449,7 @@ Test(glm, glm4_decode_matches_prefill)
 		struct engine *e = open_model(dir);
 		cr_assert_eq(eng_info(e)->vocab, G4_VOCAB);
 		cr_assert_eq(eng_info(e)->mtp_layers_skipped, 1);
+		cr_assert_eq(eng_info(e)->unused_tensors, 0, "%s", eng_info(e)->unused_example);
 		/* every id of the eos_token_id list ends a generation (GLM's <|user|> too), and
 		 * nothing else does (no bos_token_id here) */
 		const struct eng_info *in = eng_info(e);
@@ -462,6 +463,33 @@ Test(glm, glm4_decode_matches_prefill)
 		rm_rf(dir);
 		free(dir);
 	}
+}
+
+/* Weights the config turns off are reported, not silently dropped: GLM-4.5's q/k/v biases
+ * under attention_bias false (transformers warns of unused weights the same way). */
+Test(glm, unused_tensors_reported)
+{
+	char *dir = mkdir_tmp(), path[600], *text;
+	size_t len;
+	char err[WK_ERRSZ];
+	write_glm4(dir, DT_BF16, 4, 2, 0.1f);
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	cr_assert_eq(wk_read_file(path, 1 << 20, &text, &len, err, sizeof err), WK_OK, "%s", err);
+	char *at = strstr(text, "\"attention_bias\": true");
+	cr_assert_not_null(at);
+	size_t head = (size_t)(at - text) + strlen("\"attention_bias\": ");
+	FILE *f = fopen(path, "w");
+	cr_assert(f && fwrite(text, 1, head, f) == head && fputs("false", f) >= 0 &&
+		  fputs(text + head + 4, f) >= 0 && fclose(f) == 0);
+	free(text);
+	struct engine *e = open_model(dir);
+	const struct eng_info *in = eng_info(e);
+	cr_expect_eq(in->unused_tensors, 3 * G4_L, "%d", in->unused_tensors);
+	cr_expect(in->unused_example && wk_ends_with(in->unused_example, "_proj.bias"), "%s",
+		  in->unused_example ? in->unused_example : "(none)");
+	eng_close(e);
+	rm_rf(dir);
+	free(dir);
 }
 
 /* Continuous batching: three sequences stepped together (prefills of different lengths mixed
@@ -1194,6 +1222,9 @@ Test(glm, snapshot_roundtrip)
 	cr_assert_eq(eng_snapshot(dir, out, &so, err, sizeof err), WK_OK, "%s", err);
 	struct engine *a = open_model(dir), *b = open_model(out);
 	cr_expect_eq(eng_info(b)->mtp_layers_skipped, 1);
+	/* every tensor read but the MTP layer's, from the checkpoint and from the snapshot */
+	cr_expect_eq(eng_info(a)->unused_tensors, 0, "%s", eng_info(a)->unused_example);
+	cr_expect_eq(eng_info(b)->unused_tensors, 0, "%s", eng_info(b)->unused_example);
 	float *la = prefill(a, NIDS), *lb = prefill(b, NIDS);
 	for (int i = 0; i < NIDS; i++)
 		cr_expect_leq(rel(lb + (size_t)i * G5_VOCAB, la + (size_t)i * G5_VOCAB, G5_VOCAB), 1e-5,
