@@ -1064,8 +1064,9 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 
 	char path[4096];
 	snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-	rc = tok_load(path, &e->tok, err, errsz);
-	if (rc == WK_ENOTFOUND && e->snap && snap_lists_file(e->snap, "tokenizer.json")) {
+	bool want_tok = !(opts && opts->no_tokenizer);
+	rc = want_tok ? tok_load(path, &e->tok, err, errsz) : WK_ENOTFOUND;
+	if (want_tok && rc == WK_ENOTFOUND && e->snap && snap_lists_file(e->snap, "tokenizer.json")) {
 		/* the snapshot was made with one: it is damaged, not a model without one (which
 		 * would start and fail every prompt job) */
 		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: missing, though the snapshot's manifest "

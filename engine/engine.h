@@ -32,6 +32,8 @@ struct eng_opts {
 	int max_seq;         /* KV cache length; <= 0 means the model's max_position_embeddings */
 	int max_seqs;        /* sequences held at once (continuous batching); <= 0 means 1 */
 	bool no_verify;      /* snapshots: skip the chunk checksums */
+	bool no_tokenizer;   /* leave tokenizer.json unread (eng_tokenizer NULL): for callers
+			      * that take token ids only, as `wick logits` */
 	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
 	const struct backend *backend_ops; /* tests: this backend instead of o->backend */

@@ -268,6 +268,7 @@ int cmd_logits(int argc, char **argv)
 	int *ids, n;
 	if (cmd_parse_ids(tokens, &ids, &n))
 		return 2;
+	ce.o.no_tokenizer = true; /* ids only: a tokenizer.json wick cannot read is no obstacle */
 	struct engine *e;
 	if (cmd_engine_open(&ce, &e)) {
 		free(ids);

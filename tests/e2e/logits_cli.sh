@@ -25,4 +25,10 @@ set +e
 [ $rc -eq 2 ] || fail "bad list: rc=$rc"
 "$WICK" logits "$TMPD/nope" --tokens 1 2>"$TMPD/e3"; rc=$?
 [ $rc -eq 1 ] && grep -q "nope" "$TMPD/e3" || fail "missing model: rc=$rc $(cat $TMPD/e3)"
+# token ids need no tokenizer: one wick cannot read does not block logits (generate refuses it)
+cp -r "$m" "$TMPD/badtok" && echo '{"model": {"type": "Unigram"' >"$TMPD/badtok/tokenizer.json"
+"$WICK" logits "$TMPD/badtok" --tokens 1,403,407 >"$TMPD/badtok.json" 2>"$TMPD/e4" &&
+  cmp -s "$TMPD/badtok.json" "$TMPD/last.json" || fail "logits with a broken tokenizer.json: $(cat $TMPD/e4)"
+"$WICK" generate "$TMPD/badtok" -p Once -n 2 2>"$TMPD/e5"; rc=$?
+[ $rc -eq 1 ] && grep -q "tokenizer.json:2" "$TMPD/e5" || fail "generate, broken tokenizer: rc=$rc $(cat $TMPD/e5)"
 echo ok
