@@ -269,6 +269,12 @@ static void set_state_locked(struct http_api *h, int st, double now)
 
 /* ---- the worker side ---- */
 
+/* The state, DRAINING once the stop flag is up (under h->mu) */
+static int state_now(const struct http_api *h)
+{
+	return h->o.stop && *h->o.stop ? S_DRAINING : h->state;
+}
+
 void http_api_set_state(struct http_api *h, const char *state)
 {
 	for (int i = 0; i < S_N; i++)
@@ -283,15 +289,20 @@ void http_api_set_state(struct http_api *h, const char *state)
 int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s)
 {
 	pthread_mutex_lock(&h->mu);
-	if (!h->in_head && wait_s > 0 && !h->stopping) {
+	/* in slices of 10 ms when a signal may end the wait (a handler cannot signal cv) */
+	double end = wk_now() + wait_s;
+	while (!h->in_head && !h->stopping && !(h->o.stop && *h->o.stop)) {
+		double left = end - wk_now();
+		if (left <= 0)
+			break;
+		if (h->o.stop && left > 0.01)
+			left = 0.01;
 		struct timespec ts;
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		long ns = ts.tv_nsec + (long)((wait_s - (long)wait_s) * 1e9);
-		ts.tv_sec += (time_t)wait_s + ns / 1000000000L;
+		long ns = ts.tv_nsec + (long)((left - (long)left) * 1e9);
+		ts.tv_sec += (time_t)left + ns / 1000000000L;
 		ts.tv_nsec = ns % 1000000000L;
-		while (!h->in_head && !h->stopping &&
-		       pthread_cond_timedwait(&h->cv, &h->mu, &ts) != ETIMEDOUT)
-			;
+		pthread_cond_timedwait(&h->cv, &h->mu, &ts);
 	}
 	int n = 0;
 	while (n < max && h->in_head) {
@@ -865,7 +876,7 @@ static void route_models(struct http_api *h, struct evhttp_request *req, struct 
 static void route_health(struct http_api *h, struct evhttp_request *req, struct hconn *c)
 {
 	pthread_mutex_lock(&h->mu);
-	int st = h->state, queued = h->n_inbox;
+	int st = state_now(h), queued = h->n_inbox;
 	pthread_mutex_unlock(&h->mu);
 	json_t *j = json_pack("{s:s, s:s, s:f, s:i, s:i}", "state", state_names[st], "model",
 			      h->model, "uptime_s", wk_now() - h->t_start, "requests_in_flight",
@@ -973,7 +984,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 			     enum oai_kind kind, const char *tenant)
 {
 	pthread_mutex_lock(&h->mu);
-	int st = h->state;
+	int st = state_now(h);
 	pthread_mutex_unlock(&h->mu);
 	if (st == S_DRAINING) {
 		reply_errf(h, req, c, 503, "server_error", "unavailable",

@@ -35,6 +35,7 @@
 #ifndef HTTP_API_H
 #define HTTP_API_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -75,6 +76,10 @@ struct http_api_opts {
 	double timeout_s;          /* 0: 30 */
 	int max_tokens_limit;      /* 0: 4096 */
 	int64_t price_micro;       /* per hour of the whole machine, for /metrics' cost */
+	/* set by a signal handler when the process is to drain: from then on the server acts
+	 * as DRAINING (new completions 503, /health 503) before the worker thread has seen it,
+	 * and http_api_take returns within ~10 ms; NULL: none */
+	volatile sig_atomic_t *stop;
 };
 
 /* Handles one of the HTTP_API_OPTIONS (c >= HTTP_OPT_BASE). Returns 0, or 2 with a usage

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <xxhash.h>
@@ -195,13 +196,20 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return wk_errf(err, errsz, WK_EIO, "%s: %s", path, strerror(errno));
+	struct stat st;
+	if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+		fclose(f);
+		return wk_errf(err, errsz, WK_EINVAL, "%s: not a ledger file (%s)", path,
+			       S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+	}
 	char *line = NULL;
 	size_t cap = 0;
 	ssize_t n;
-	long lineno = 0;
+	long lineno = 0, events = 0, skipped = b->bad_lines;
 	int rc = WK_OK;
 	while ((n = getline(&line, &cap, f)) > 0 && rc == WK_OK) {
 		lineno++;
+		events++; /* taken back below for a line that is not an event */
 		json_t *j = json_loadb(line, (size_t)n, 0, NULL);
 		const char *type = json_string_value(json_object_get(j, "type"));
 		json_t *boot = json_object_get(j, "boot");
@@ -209,9 +217,11 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 		    !json_string_value(json_object_get(j, "worker"))) {
 			if (!(n == 1 && line[0] == '\n')) {
 				b->bad_lines++;
-				fprintf(stderr, "wick usage: %s:%ld: not a ledger event; skipped\n", path,
-					lineno);
+				if (b->bad_lines - skipped <= 5)
+					fprintf(stderr, "wick usage: %s:%ld: not a ledger event; "
+						"skipped\n", path, lineno);
 			}
+			events--;
 			json_decref(j);
 			continue;
 		}
@@ -305,6 +315,16 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 		}
 		json_decref(j);
 	}
+	if (rc == WK_OK && ferror(f))
+		rc = wk_errf(err, errsz, WK_EIO, "%s: read failed: %s", path, strerror(errno));
+	else if (rc == WK_OK && lineno > 0 && events == 0)
+		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: not a ledger: none of its %ld lines is a "
+			     "ledger event", path, lineno);
+	else if (rc == WK_OK && lineno == 0)
+		fprintf(stderr, "wick usage: %s: empty; nothing billed from it\n", path);
+	if (rc == WK_OK && b->bad_lines - skipped > 5)
+		fprintf(stderr, "wick usage: %s: %ld more lines that are not ledger events skipped\n",
+			path, b->bad_lines - skipped - 5);
 	free(line);
 	fclose(f);
 	return rc;

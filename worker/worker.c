@@ -1278,6 +1278,7 @@ int cmd_worker(int argc, char **argv)
 		char bound[300];
 		w.ho.model = w.ce.model;
 		w.ho.price_micro = w.price_micro;
+		w.ho.stop = &got_signal;
 		int hrc = http_api_start(&w.ho, &w.http, bound, sizeof bound, err, sizeof err);
 		if (hrc != WK_OK) {
 			wlog(&w, "startup_failed", "%s", err);

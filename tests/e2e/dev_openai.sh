@@ -299,6 +299,22 @@ grep -q '"finish_reason":"\(length\|stop\)"' "$TMPD/drain.sse" || fail "the stre
 grep -q 'reason signal' "$TMPD/slow.log" || fail "no drain in the log"
 echo "SIGTERM: the running stream finished, the request waiting for its slot was served, a new request got 503, /health 503, exit 0"
 
+# An idle session told to stop refuses what comes after the signal at once (it waited up to
+# half a second on its inbox first, and served a request sent 0.1 s after SIGTERM with 200).
+for i in 1 2 3; do
+  P=$(free_port)
+  "$WICK" dev --model "$m" --listen 127.0.0.1:$P 2>"$TMPD/term.log" &
+  td=$!
+  wait_ready $P $td
+  kill -TERM $td
+  sleep 0.0$((2 * i))
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P/v1/completions" \
+    -d '{"prompt": "x", "max_tokens": 2}' || true)
+  wait $td || fail "idle SIGTERM: exit $?"
+  [ "$code" != 200 ] || fail "a request 0.0$((2 * i)) s after SIGTERM to an idle session got 200"
+done
+echo "SIGTERM to an idle session: requests after it refused (503 or closed)"
+
 # 9. Idle exit with the bill.
 P=$(free_port)
 start=$(date +%s%N)

@@ -273,4 +273,11 @@ print("hand-written ledgers: proportional overhead adds up (an idle run's shown 
       "a superseded line out of order, a never-run job free, a run split at midnight, "
       "a crash's open interval, a ledger given twice counted once")
 PY
+# Not a ledger: a directory, a file of other lines: exit 1 by name, not a $0.00 bill
+rc=0; "$WICK" usage "$TMPD" >/dev/null 2>"$TMPD/notl1" || rc=$?
+[ $rc = 1 ] && grep -q 'not a ledger file (a directory)' "$TMPD/notl1" || fail "a directory: rc=$rc $(cat "$TMPD/notl1")"
+printf 'root:x:0:0:root:/root:/bin/bash\n{"type": "tick"}\n' >"$TMPD/passwd"
+rc=0; "$WICK" usage "$TMPD/passwd" >/dev/null 2>"$TMPD/notl2" || rc=$?
+[ $rc = 1 ] && grep -q 'not a ledger: none of its 2 lines is a ledger event' "$TMPD/notl2" ||
+  fail "a file of other lines: rc=$rc $(cat "$TMPD/notl2")"
 echo ok
