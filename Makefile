@@ -107,6 +107,14 @@ LIB_SRC += $(wildcard kernels/cuda/*_none.c)
 CU_SRC  :=
 endif
 
+# The flags a build was made with, kept in $(STAMP) and rewritten only when they change, which
+# every object depends on: `make CUDA=0` after a CUDA build (or EXTRA_CFLAGS, another nvcc)
+# rebuilds everything in $(BUILD) instead of finding nothing to do.
+STAMP := $(BUILD)/.flags
+BUILD_SIG := $(CC) $(CFLAGS) $(AVX2FLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(LDLIBS) $(LAB_LIBS)
+$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(BUILD_SIG)' | cmp -s - $(STAMP) || \
+          printf '%s\n' '$(BUILD_SIG)' >$(STAMP); })
+
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 MAIN_OBJ := $(BUILD)/obj/worker/main.o
 TEST_SRC := $(wildcard tests/unit/*.c)
@@ -151,18 +159,18 @@ $(LAB_CU:%.cu=$(BUILD)/obj/%.cu.o): NVCCFLAGS += $(if $(CUBLASLT),-DWICK_CUBLASL
                                                    -I$(dir $(CUBLASLT))../include)
 endif
 
-$(BUILD)/obj/%_avx2.o: %_avx2.c
+$(BUILD)/obj/%_avx2.o: %_avx2.c $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2FLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 # ptxas's report of each kernel's registers, shared memory and spills is kept beside its
 # object ($@.ptxas): tests/simt/launch_fit.py checks the emulated tests' launches against it.
 # Anything else the compilers say is still printed.
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Xptxas -v -MMD -MP -c -o $@ $< 2>$@.ptxas || { cat $@.ptxas >&2; exit 1; }
 	@grep -v -E '^(ptxas info *:|    [0-9]+ bytes stack frame)' $@.ptxas >&2 || true

@@ -2,6 +2,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/wk.h"
 #include "worker/cmd.h"
@@ -21,7 +22,15 @@ static int count(const char *arg, const char *flag, int lo, int hi, int *out)
 int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 {
 	switch (c - CMD_OPT_BASE) {
-	case 0: ce->o.backend = arg; return 0;
+	case 0:
+		if (strcmp(arg, "auto") && strcmp(arg, "cpu") && strcmp(arg, "cuda") &&
+		    strcmp(arg, "null")) {
+			fprintf(stderr, "wick: --backend wants auto, cpu, cuda or null, not '%s'\n",
+				arg);
+			return 2;
+		}
+		ce->o.backend = arg;
+		return 0;
 	case 1: return count(arg, "--threads", 1, 1024, &ce->o.threads);
 	case 2: ce->o.no_verify = true; return 0;
 	case 3: return count(arg, "--tp", 1, 1024, &ce->o.tp);

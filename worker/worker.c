@@ -1235,6 +1235,11 @@ int cmd_worker(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (w.usage_url && !w.ledger_path) {
+		fprintf(stderr, "wick worker: --usage-url needs --ledger PATH (events are sent from "
+				"it)\n");
+		return 2;
+	}
 	if (w.name_opt && !job_id_valid(w.name_opt)) {
 		fprintf(stderr, "wick worker: --worker-id must match [A-Za-z0-9._-]{1,128}\n");
 		return 2;
@@ -1298,10 +1303,6 @@ int cmd_worker(int argc, char **argv)
 		goto out;
 	}
 	why = "startup_failed";
-	if (w.usage_url && !w.ledger_path) {
-		wlog(&w, "startup_failed", "--usage-url needs --ledger PATH (events are sent from it)");
-		goto out;
-	}
 	if (w.usage_url && exporter_start(w.ledger_path, w.usage_url, &w.exporter, err,
 					  sizeof err) != WK_OK) {
 		wlog(&w, "startup_failed", "%s", err);
