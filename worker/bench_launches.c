@@ -146,9 +146,11 @@ int bench_launches(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},
 		{"target", required_argument, NULL, 'T'},
 		{"help", no_argument, NULL, 'h'},
+		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
 	int c;
+	const char *given = NULL;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
 		int bad = 0;
@@ -158,17 +160,18 @@ int bench_launches(int argc, char **argv)
 		case 'b': backend = optarg; break;
 		case 't': bad = parse_pos(optarg, "--threads", 1024, &threads); break;
 		case 'T': bad = parse_pos(optarg, "--target", 1 << 30, &target); break;
+		case 'M': given = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 		if (bad)
 			return 2;
 	}
-	if (optind != argc - 1) {
+	const char *model = cmd_one_model("bench launches", given, argc, argv, optind);
+	if (!model) {
 		usage(stderr);
 		return 2;
 	}
-	const char *model = argv[optind];
 	struct count_run grouped, plain, one; /* fused and chained / not chained / unfused */
 	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
 			      .count_launches = true};

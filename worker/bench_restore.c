@@ -487,9 +487,9 @@ int bench_restore(int argc, char **argv)
 		{"no-cold", no_argument, 0, O_NOCOLD}, {"threads", required_argument, 0, O_THREADS},
 		{"startup-runs", required_argument, 0, O_SRUNS}, {"map", required_argument, 0, O_MAP},
 		{"backend", required_argument, 0, O_BACKEND},
-		{"help", no_argument, 0, 'h'},
+		{"help", no_argument, 0, 'h'}, CMD_MODEL_OPTIONS,
 		{0, 0, 0, 0}};
-	const char *source = NULL, *backend = "cpu";
+	const char *source = NULL, *backend = "cpu", *given = NULL;
 	int runs = 3, cold = 1, threads = 0, sruns = 5, c;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
@@ -508,6 +508,7 @@ int bench_restore(int argc, char **argv)
 				return 2;
 			break;
 		case O_BACKEND: backend = optarg; break;
+		case 'M': given = optarg; break;
 		case O_MAP:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "always") && strcmp(optarg, "never")) {
 				fprintf(stderr, "wick bench restore: --map is auto, always or never, not "
@@ -520,11 +521,11 @@ int bench_restore(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	if (argc - optind != 1) {
+	const char *dir = cmd_one_model("bench restore", given, argc, argv, optind);
+	if (!dir) {
 		usage(stderr);
 		return 2;
 	}
-	const char *dir = argv[optind];
 	char err[WK_ERRSZ], path[4096];
 	const struct backend *be = be_find(backend);
 	if (!be) {

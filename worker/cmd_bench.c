@@ -98,9 +98,11 @@ static int bench_decode(int argc, char **argv)
 		{"bw-bytes", required_argument, NULL, 'B'},
 		{"bw-seconds", required_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
+		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
 	int c;
+	const char *given = NULL;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
 		int bad = 0;
@@ -109,6 +111,7 @@ static int bench_decode(int argc, char **argv)
 		case 'w': bad = parse_int(optarg, "--warmup", 0, BENCH_MAX_TOKENS, &warmup); break;
 		case 't': bad = parse_int(optarg, "--threads", 0, 1024, &threads); break;
 		case 'b': backend = optarg; break;
+		case 'M': given = optarg; break;
 		case 'B': bad = parse_int(optarg, "--bw-bytes", 1, 1 << 20, &bw_mib); break;
 		case 'S': {
 			char *end;
@@ -124,11 +127,11 @@ static int bench_decode(int argc, char **argv)
 		if (bad)
 			return 2;
 	}
-	if (optind != argc - 1) {
+	const char *model = cmd_one_model("bench decode", given, argc, argv, optind);
+	if (!model) {
 		decode_usage(stderr);
 		return 2;
 	}
-	const char *model = argv[optind];
 
 	char err[WK_ERRSZ];
 	struct engine *e = NULL;

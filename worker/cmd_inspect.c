@@ -42,7 +42,9 @@ static void usage(FILE *f)
 		"usage: wick inspect [--json] [--tensors] MODEL\n"
 		"\n"
 		"Validates and summarises a model. MODEL is a Hugging Face directory (config.json\n"
-		"plus model.safetensors or model.safetensors.index.json) or one .safetensors file.\n"
+		"plus model.safetensors or model.safetensors.index.json), a snapshot (its manifest,\n"
+		"rank files' headers and copied files are checked; the chunks are not read) or one\n"
+		".safetensors file. --model M or --snapshot M names it too.\n"
 		"\n"
 		"  --json       print the report as one JSON object\n"
 		"  --tensors    also list every tensor (name, dtype, shape, file offset)\n"
@@ -309,23 +311,26 @@ int cmd_inspect(int argc, char **argv)
 		{"json", no_argument, NULL, 'j'},
 		{"tensors", no_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
+		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
 	int as_json = 0, list = 0, c;
+	const char *given = NULL;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j': as_json = 1; break;
 		case 't': list = 1; break;
+		case 'M': given = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind != argc - 1) {
+	const char *model = cmd_one_model("inspect", given, argc, argv, optind);
+	if (!model) {
 		usage(stderr);
 		return 2;
 	}
-	const char *model = argv[optind];
 	char err[WK_ERRSZ];
 	struct hf_model *hf = NULL;
 	struct st_file *st = NULL;

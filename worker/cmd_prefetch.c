@@ -38,9 +38,11 @@ int cmd_prefetch(int argc, char **argv)
 	static const struct option opts[] = {
 		{"threads", required_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
+		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
 	int threads = 4, c;
+	const char *given = NULL;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "j:h", opts, NULL)) != -1) {
 		switch (c) {
@@ -56,6 +58,9 @@ int cmd_prefetch(int argc, char **argv)
 			threads = (int)v;
 			break;
 		}
+		case 'M':
+			given = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -64,11 +69,11 @@ int cmd_prefetch(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (optind != argc - 1) {
+	const char *dir = cmd_one_model("prefetch", given, argc, argv, optind);
+	if (!dir) {
 		usage(stderr);
 		return 2;
 	}
-	const char *dir = argv[optind];
 	char err[WK_ERRSZ];
 	struct snap_prefetch_stats st;
 	double t0 = wk_now();

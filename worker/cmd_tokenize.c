@@ -257,8 +257,10 @@ int cmd_tokenize(int argc, char **argv)
 		{"chat", required_argument, NULL, 'c'}, {"chat-format", required_argument, NULL, 'F'},
 		{"no-think", no_argument, NULL, 'T'},
 		{"no-generation-prompt", no_argument, NULL, 'G'},
+		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
+	const char *given = NULL;
 	const char *text = NULL, *file = NULL, *dec = NULL, *jsonl = NULL;
 	struct chat_opts chat = {.think = true, .gen = true};
 	bool special = false;
@@ -275,18 +277,19 @@ int cmd_tokenize(int argc, char **argv)
 		case 'F': chat.format = optarg; break;
 		case 'T': chat.think = false; break;
 		case 'G': chat.gen = false; break;
+		case 'M': given = optarg; break;
 		case 'h': fputs(usage_text, stdout); return 0;
 		default: fputs(usage_text, stderr); return 2;
 		}
 	}
-	if (optind != argc - 1 || modes != 1) {
-		fprintf(stderr, "wick tokenize: %s\n", optind != argc - 1 ?
-			"expected one MODEL_OR_TOKENIZER_JSON argument" :
-			"give exactly one of --text, --file, --decode, --jsonl, --chat");
+	const char *model = cmd_one_model("tokenize", given, argc, argv, optind);
+	if (!model || modes != 1) {
+		if (model)
+			fprintf(stderr, "wick tokenize: give exactly one of --text, --file, --decode, "
+					"--jsonl, --chat\n");
 		fputs(usage_text, stderr);
 		return 2;
 	}
-	const char *model = argv[optind];
 	char path[4096], err[WK_ERRSZ], dir[4096];
 	struct stat st;
 	if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {

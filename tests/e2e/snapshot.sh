@@ -22,6 +22,13 @@ grep -q '"startup"' "$TMPD/v.txt" || fail "--verbose prints no start-up timings"
 # bf16 snapshot: matrices cast, runs, and logits stay close to f32.
 "$WICK" snapshot "$m" -o "$TMPD/snap-bf16" --dtype bf16
 "$WICK" inspect "$TMPD/snap-bf16" >"$TMPD/i.txt"
+# --model/--snapshot name MODEL for every command that takes one (BRIEF's alias)
+"$WICK" inspect --snapshot "$TMPD/snap-bf16" | cmp -s - "$TMPD/i.txt" || fail "inspect --snapshot"
+"$WICK" prefetch --model "$TMPD/snap-bf16" >/dev/null || fail "prefetch --model"
+"$WICK" tokenize --model "$TMPD/snap-bf16" --text Once >/dev/null || fail "tokenize --model"
+"$WICK" bench restore --snapshot "$TMPD/snap-bf16" --runs 1 --no-cold --startup-runs 0 >/dev/null ||
+  fail "bench restore --snapshot"
+! "$WICK" inspect --model "$TMPD/snap-bf16" "$TMPD/snap-bf16" 2>/dev/null || fail "two MODELs accepted"
 grep -q 'dtype bf16' "$TMPD/i.txt" || fail "inspect: no dtype bf16"
 "$WICK" logits "$TMPD/snap-bf16" --tokens 1,403,407,261 >"$TMPD/c.json"
 python3 - "$TMPD/b.json" "$TMPD/c.json" <<'PY'
