@@ -213,10 +213,22 @@ int bench_queue(int argc, char **argv)
 	struct cmd_engine ce = {.o = {.backend = "cpu"}};
 	while ((c = getopt_long(argc, argv, "n:j:h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'n': tokens = atoi(optarg); break;
-		case 'j': jobs = atoi(optarg); break;
+		case 'n':
+		case 'j':
+		case 'c': {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			long hi = c == 'n' ? 100000 : c == 'j' ? 1000000 : 1024;
+			if (end == optarg || *end || v < 1 || v > hi) {
+				fprintf(stderr, "wick bench queue: %s wants a number from 1 to %ld, not "
+						"'%s'\n", c == 'n' ? "-n" : c == 'j' ? "--jobs" :
+						"--concurrency", hi, optarg);
+				return 2;
+			}
+			*(c == 'n' ? &tokens : c == 'j' ? &jobs : &conc) = (int)v;
+			break;
+		}
 		case 'q': url = optarg; break;
-		case 'c': conc = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -227,8 +239,12 @@ int bench_queue(int argc, char **argv)
 	}
 	if (jobs < 0)
 		jobs = url ? 2000 : 8;
-	if (cmd_engine_model(&ce, argc, argv, optind, 0) || tokens < 1 || tokens > 100000 ||
-	    jobs < 1 || jobs > (url ? 1000000 : 4096) || conc < 1 || conc > 1024) {
+	if (!url && jobs > 4096) {
+		fprintf(stderr, "wick bench queue: --jobs %d: at most 4096 without --queue (they "
+				"share one engine)\n", jobs);
+		return 2;
+	}
+	if (cmd_engine_model(&ce, argc, argv, optind, 0)) {
 		usage(stderr);
 		return 2;
 	}

@@ -29,6 +29,8 @@ int cmd_convert(int argc, char **argv)
 		}
 	}
 	if (argc - optind != 3 || !out) {
+		fprintf(stderr, "wick convert: %s\n", !out ? "-o OUT_DIR is required"
+				: "want FORMAT CHECKPOINT TOKENIZER (llama2c model.bin tokenizer.bin)");
 		usage(stderr);
 		return 2;
 	}

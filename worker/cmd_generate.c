@@ -118,10 +118,17 @@ num:
 			return 2;
 		}
 	}
-	if (cmd_engine_model(&ce, argc, argv, optind, 0) || (prompt && tokens)) {
+	if (prompt && tokens) {
+		fprintf(stderr, "wick generate: give -p TEXT or --tokens IDS, not both\n");
+		return 2;
+	}
+	if (cmd_engine_model(&ce, argc, argv, optind, 0)) {
 		gen_usage(stderr);
 		return 2;
 	}
+	int *ids = NULL, n = 0;
+	if (tokens && cmd_parse_ids(tokens, &ids, &n)) /* a usage error, as in logits */
+		return 2;
 	if (chat && !prompt) {
 		fprintf(stderr, "wick generate: --chat needs the user's message as -p TEXT\n");
 		return 2;
@@ -135,18 +142,19 @@ num:
 	}
 
 	struct engine *e;
-	if (cmd_engine_open(&ce, &e))
+	if (cmd_engine_open(&ce, &e)) {
+		free(ids);
 		return 1;
+	}
 	const struct eng_info *info = eng_info(e);
 	const struct tok *t = eng_tokenizer(e);
 	char err[WK_ERRSZ];
-	int *ids = NULL, n = 0, rc = 1;
+	int rc = 1;
 	float *logits = NULL;
 	struct sampler *s = NULL;
 
 	if (tokens) {
-		if (cmd_parse_ids(tokens, &ids, &n))
-			goto out;
+		/* parsed above */
 	} else if (prompt && t && chat) {
 		if (chat_prompt(t, info, prompt, &ids, &n, err, sizeof err)) {
 			fprintf(stderr, "wick generate: --chat: %s\n", err);
@@ -261,7 +269,12 @@ int cmd_logits(int argc, char **argv)
 			}
 		}
 	}
-	if (cmd_engine_model(&ce, argc, argv, optind, 0) || !tokens) {
+	if (!tokens) {
+		fprintf(stderr, "wick logits: --tokens IDS is required (comma-separated token ids)\n");
+		logits_usage(stderr);
+		return 2;
+	}
+	if (cmd_engine_model(&ce, argc, argv, optind, 0)) {
 		logits_usage(stderr);
 		return 2;
 	}

@@ -1,6 +1,7 @@
 /*
  * cmd_snapshot.c - `wick snapshot HF_DIR -o SNAP`: prepare the weight layout once, offline.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,14 +49,21 @@ int cmd_snapshot(int argc, char **argv)
 		case O_TP:
 		case O_EP:
 		case O_CHUNK:
+			errno = 0;
 			v = strtol(optarg, &end, 10);
-			if (*end || v < 1 || v > 4096) {
-				fprintf(stderr, "wick snapshot: '%s' is not a positive count\n", optarg);
+			if (end == optarg || *end || v < 1) {
+				fprintf(stderr, "wick snapshot: %s wants a positive count, not '%s'\n",
+					c == O_TP ? "--tp" : c == O_EP ? "--ep" : "--chunk-mib", optarg);
 				return 2;
 			}
-			if (c == O_CHUNK && v > (long)(SNAP_MAX_CHUNK >> 20)) {
-				fprintf(stderr, "wick snapshot: --chunk-mib %ld: chunks are 1 to %u MiB\n",
-					v, SNAP_MAX_CHUNK >> 20);
+			if (c != O_CHUNK && (errno || v > 64)) {
+				fprintf(stderr, "wick snapshot: %s %s: at most 64 ranks\n",
+					c == O_TP ? "--tp" : "--ep", optarg);
+				return 2;
+			}
+			if (c == O_CHUNK && (errno || v > (long)(SNAP_MAX_CHUNK >> 20))) {
+				fprintf(stderr, "wick snapshot: --chunk-mib %s: chunks are 1 to %u MiB\n",
+					optarg, SNAP_MAX_CHUNK >> 20);
 				return 2;
 			}
 			if (c == O_TP)
@@ -65,7 +73,15 @@ int cmd_snapshot(int argc, char **argv)
 			else
 				o.chunk_size = (size_t)v << 20;
 			break;
-		case O_DTYPE: o.dtype = optarg; break;
+		case O_DTYPE:
+			if (strcmp(optarg, "keep") && strcmp(optarg, "fp8") && strcmp(optarg, "bf16") &&
+			    strcmp(optarg, "f32")) {
+				fprintf(stderr, "wick snapshot: --dtype takes keep, fp8, bf16 or f32, not "
+						"'%s'\n", optarg);
+				return 2;
+			}
+			o.dtype = optarg;
+			break;
 		case O_COMPRESS:
 			if (strcmp(optarg, "lz4") && strcmp(optarg, "none")) {
 				fprintf(stderr, "wick snapshot: --compress takes lz4 or none\n");
@@ -78,6 +94,8 @@ int cmd_snapshot(int argc, char **argv)
 		}
 	}
 	if (argc - optind != 1 || !out) {
+		fprintf(stderr, "wick snapshot: %s\n", !out ? "-o SNAP (where to write) is required"
+				: argc - optind ? "one HF_DIR, please" : "no HF_DIR given");
 		usage(stderr);
 		return 2;
 	}

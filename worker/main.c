@@ -20,9 +20,9 @@ static const struct {
 	{"logits", cmd_logits, "logits MODEL --tokens 1,2,3 [--all-positions]"},
 	{"worker", cmd_worker, "worker --model MODEL (--queue URL | --listen HOST:PORT) [--concurrency N] ..."},
 	{"dev", cmd_dev, "dev --model MODEL [--listen 127.0.0.1:8000] [--idle-timeout S] [--api-key KEY]"},
-	{"submit", cmd_submit, "submit --queue URL [--wait] (-p TEXT | --file JOB.json | --stdin)"},
-	{"usage", cmd_usage, "usage LEDGER... [--by request|tenant|worker|day] [--format table|json|csv]"},
-	{"bench", cmd_bench, "bench decode MODEL [-n N]"},
+	{"submit", cmd_submit, "submit --queue URL [--wait] (-p TEXT | --file JOB.json | --stdin) | --cancel ID"},
+	{"usage", cmd_usage, "usage LEDGER... [--by request|tenant|worker|day] [--format table|json|csv] | --quote SECONDS"},
+	{"bench", cmd_bench, "bench (decode | restore | queue | launches) MODEL [options]"},
 	{"plan", cmd_plan, "plan --config CONFIG_JSON [--tp N] [--ep N] [--gpus N] [--gpu-mem SIZE] [--context N] ..."},
 };
 

@@ -31,4 +31,21 @@ cp -r "$m" "$TMPD/badtok" && echo '{"model": {"type": "Unigram"' >"$TMPD/badtok/
   cmp -s "$TMPD/badtok.json" "$TMPD/last.json" || fail "logits with a broken tokenizer.json: $(cat $TMPD/e4)"
 "$WICK" generate "$TMPD/badtok" -p Once -n 2 2>"$TMPD/e5"; rc=$?
 [ $rc -eq 1 ] && grep -q "tokenizer.json:2" "$TMPD/e5" || fail "generate, broken tokenizer: rc=$rc $(cat $TMPD/e5)"
+# usage errors name the problem (they printed the usage alone), exit 2
+while IFS='|' read -r args want; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$WICK" $args >/dev/null 2>"$TMPD/u.err" || rc=$?
+  [ $rc = 2 ] && grep -qF -- "$want" "$TMPD/u.err" || fail "wick $args: exit $rc: $(head -2 "$TMPD/u.err")"
+done <<EOF2
+logits $m|--tokens IDS is required
+generate $m -p x --tokens 1|give -p TEXT or --tokens IDS, not both
+generate $m --tokens 1,x|bad token id list '1,x'
+snapshot $m -o $TMPD/s --tp 99999999999|--tp 99999999999: at most 64 ranks
+snapshot $m -o $TMPD/s --dtype f16|--dtype takes keep, fp8, bf16 or f32, not 'f16'
+snapshot $m|-o SNAP (where to write) is required
+convert llama2c a b|-o OUT_DIR is required
+bench queue $m --jobs 0|--jobs wants a number from 1 to 1000000, not '0'
+bench queue $m -n abc|-n wants a number from 1 to 100000, not 'abc'
+EOF2
 echo ok
