@@ -2,7 +2,8 @@
 #
 #   make               build build/wick (CUDA kernels too when nvcc is found)
 #   make test          build, then run every test stage (tests/run); ends with "N passed, N failed"
-#   make demo          convert stories260K and generate a story with it
+#   make demo          stories260K converted and snapshotted, four jobs through a spool queue
+#                      served in one batch by `wick worker`, which idles, exits and bills
 #   make MODE=asan     AddressSanitizer + UBSan build under build/asan (make MODE=asan test);
 #                      plain `make test` runs the unit tests and fuzz corpora under it too
 #   make CUDA=0        CPU-only build, even where nvcc exists
