@@ -51,7 +51,7 @@ int cmd_dev(int argc, char **argv)
 		args[1 + i] = (char *)defaults[i];
 	for (int i = 1; i < argc; i++)
 		args[nd + i] = argv[i];
-	int rc = cmd_worker(argc + nd, args);
+	int rc = cmd_worker_as("wick dev", argc + nd, args);
 	free(args);
 	return rc;
 }

@@ -118,6 +118,8 @@ struct worker {
 };
 
 static volatile sig_atomic_t got_signal;
+/* "wick worker", or "wick dev" when cmd_dev runs it: what its messages are prefixed with */
+static const char *cmd_name = "wick worker";
 static atomic_int startup_done; /* read by the watchdog thread */
 
 static void on_signal(int sig)
@@ -1124,12 +1126,18 @@ static int parse_num(const char *arg, const char *flag, double lo, double hi, do
 	char *end;
 	double v = strtod(arg, &end);
 	if (end == arg || *end || !(v >= lo && v <= hi)) {
-		fprintf(stderr, "wick worker: %s wants a number in [%g, %g], not '%s'\n", flag, lo,
+		fprintf(stderr, "%s: %s wants a number in [%g, %g], not '%s'\n", cmd_name, flag, lo,
 			hi, arg);
 		return 2;
 	}
 	*out = v;
 	return 0;
+}
+
+int cmd_worker_as(const char *name, int argc, char **argv)
+{
+	cmd_name = name;
+	return cmd_worker(argc, argv);
 }
 
 int cmd_worker(int argc, char **argv)
@@ -1183,15 +1191,15 @@ int cmd_worker(int argc, char **argv)
 		case O_PRICE_GPU_S:
 			if (money_parse_micro(optarg, c == O_PRICE ? &w.price_micro : &price_gpu_s) !=
 			    WK_OK) {
-				fprintf(stderr, "wick worker: %s wants a dollar amount like 36.31 "
-						"(at most 6 decimals), not '%s'\n",
+				fprintf(stderr, "%s: %s wants a dollar amount like 36.31 "
+						"(at most 6 decimals), not '%s'\n", cmd_name,
 					c == O_PRICE ? "--price-per-hour" : "--price-per-gpu-second",
 					optarg);
 				return 2;
 			}
 			if (seen_price && (c == O_PRICE_GPU_S) != have_gpu_price) {
-				fprintf(stderr, "wick worker: give --price-per-hour or "
-						"--price-per-gpu-second, not both\n");
+				fprintf(stderr, "%s: give --price-per-hour or "
+						"--price-per-gpu-second, not both\n", cmd_name);
 				return 2;
 			}
 			seen_price = true;
@@ -1209,7 +1217,7 @@ int cmd_worker(int argc, char **argv)
 		case O_STREAM_URL: w.stream_url = optarg; break;
 		case O_LOGFMT:
 			if (strcmp(optarg, "json") && strcmp(optarg, "text")) {
-				fprintf(stderr, "wick worker: --log-format is json or text\n");
+				fprintf(stderr, "%s: --log-format is json or text\n", cmd_name);
 				return 2;
 			}
 			w.json_logs = !strcmp(optarg, "json");
@@ -1231,24 +1239,24 @@ int cmd_worker(int argc, char **argv)
 	}
 	if (cmd_engine_model(&w.ce, argc, argv, optind, 0) || (!w.queue_url && !w.ho.listen)) {
 		if (!w.queue_url && !w.ho.listen)
-			fprintf(stderr, "wick worker: --queue URL or --listen HOST:PORT is required\n");
+			fprintf(stderr, "%s: --queue URL or --listen HOST:PORT is required\n", cmd_name);
 		usage(stderr);
 		return 2;
 	}
 	if (w.usage_url && !w.ledger_path) {
-		fprintf(stderr, "wick worker: --usage-url needs --ledger PATH (events are sent from "
-				"it)\n");
+		fprintf(stderr, "%s: --usage-url needs --ledger PATH (events are sent from "
+				"it)\n", cmd_name);
 		return 2;
 	}
 	if (w.name_opt && !job_id_valid(w.name_opt)) {
-		fprintf(stderr, "wick worker: --worker-id must match [A-Za-z0-9._-]{1,128}\n");
+		fprintf(stderr, "%s: --worker-id must match [A-Za-z0-9._-]{1,128}\n", cmd_name);
 		return 2;
 	}
 	if (have_gpu_price) {
 		__int128 hourly = (__int128)price_gpu_s * 3600 * w.gpus;
 		if (hourly > (__int128)MONEY_MAX_DOLLARS * 1000000) {
-			fprintf(stderr, "wick worker: --price-per-gpu-second x 3600 x --gpus is more "
-					"than $%lld an hour\n", MONEY_MAX_DOLLARS);
+			fprintf(stderr, "%s: --price-per-gpu-second x 3600 x --gpus is more "
+					"than $%lld an hour\n", cmd_name, MONEY_MAX_DOLLARS);
 			return 2;
 		}
 		w.price_micro = (int64_t)hourly;
