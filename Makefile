@@ -108,13 +108,18 @@ LIB_SRC += $(wildcard kernels/cuda/*_none.c)
 CU_SRC  :=
 endif
 
-# The flags a build was made with, kept in $(STAMP) and rewritten only when they change, which
-# every object depends on: `make CUDA=0` after a CUDA build (or EXTRA_CFLAGS, another nvcc)
-# rebuilds everything in $(BUILD) instead of finding nothing to do.
-STAMP := $(BUILD)/.flags
-BUILD_SIG := $(CC) $(CFLAGS) $(AVX2FLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(LDLIBS) $(LAB_LIBS)
-$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(BUILD_SIG)' | cmp -s - $(STAMP) || \
-          printf '%s\n' '$(BUILD_SIG)' >$(STAMP); })
+# Whether $(BUILD) holds a CUDA build: every object depends on $(BUILD)/.cuda-on or .cuda-off,
+# and making one removes the other, so `make CUDA=0` after a CUDA build (or the reverse)
+# rebuilds everything instead of finding nothing to do and keeping the other binary. Only
+# that switch: flags such as gpu-check's EXTRA_CFLAGS=-Wno-error rebuild nothing (make test
+# runs that build beside its other tests), and `make -n` writes nothing. The stamp is made as
+# the Makefile is read, before any object is looked at (as a goal's prerequisite it would race
+# the objects under -j, and .SECONDARY leaves a missing prerequisite of an object unmade).
+STAMP := $(BUILD)/.cuda-$(if $(NVCC),on,off)
+ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
+$(shell [ -e $(STAMP) ] || { mkdir -p $(BUILD) && rm -f $(BUILD)/.cuda-on $(BUILD)/.cuda-off && \
+          touch $(STAMP); })
+endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 MAIN_OBJ := $(BUILD)/obj/worker/main.o
@@ -159,6 +164,11 @@ $(BUILD)/obj/kernels/cuda/comm_nccl.cu.o: NVCCFLAGS += $(if $(NCCL_INC),-I$(NCCL
 $(LAB_CU:%.cu=$(BUILD)/obj/%.cu.o): NVCCFLAGS += $(if $(CUBLASLT),-DWICK_CUBLASLT=1 \
                                                    -I$(dir $(CUBLASLT))../include)
 endif
+
+$(BUILD)/.cuda-%:
+	@mkdir -p $(dir $@)
+	@rm -f $(BUILD)/.cuda-on $(BUILD)/.cuda-off
+	@touch $@
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c $(STAMP)
 	@mkdir -p $(dir $@)

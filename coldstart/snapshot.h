@@ -49,11 +49,15 @@
  * hex digits.
  *
  * The chunk hashes cover the bytes; what the bytes mean lives in the manifest: a rank's
- * meaning hash is XXH3_64bits of the JSON object {"config", "layout", "world", "tp", "ep",
- * "tensors": the rank's tensor table} taken from the manifest and written by jansson with
- * JSON_COMPACT | JSON_SORT_KEYS (reals as "%.17g", which reads back to the same double), so
- * a manifest edited after the snapshot was written (a tensor's dtype, shape or offset, the
- * model's config) is refused instead of running a different model on the same bytes.
+ * meaning hash is XXH3_64bits over the JSON object {"config", "layout", "world", "tp", "ep",
+ * "tensors": the rank's tensor table} taken from the manifest, in a form of wick's own (not
+ * a JSON library's text, whose number formatting differs between versions): each value a
+ * type byte (jansson's json_type), then an integer's or a real's 8 bytes (the IEEE bits; the
+ * manifest's "%.17g" reads back to the same double), a string's u64 length and bytes, an
+ * array's u64 count and elements, an object's u64 count and its members sorted by key (u64
+ * key length, key, value); all LE. So a manifest edited after the snapshot was written (a
+ * tensor's dtype, shape or offset, the model's config) is refused instead of running a
+ * different model on the same bytes.
  * Version 1 (no meaning hash: that header field is zero) is still read, without that check.
  *
  * Source identity: hashing hundreds of GB of checkpoint is too slow for a default, so each

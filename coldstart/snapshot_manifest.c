@@ -135,19 +135,89 @@ int snap__files_check(const struct snap *s, char *err, size_t errsz)
 	return WK_OK;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Feeds v to h in a form of its own, not jansson's text (whose real formatting changed between
+ * versions: a snapshot must read the same under another build): a type byte, then integers
+ * and reals as their 8 bytes (a real's IEEE bits), strings and keys length-prefixed, object
+ * members sorted by key, arrays in order. Returns 0, or -1 when out of memory. */
+static int hash_json(XXH3_state_t *h, const json_t *v, int depth)
+{
+	unsigned char b[9];
+	b[0] = (unsigned char)json_typeof(v);
+	if (depth > 64)
+		return -1;
+	switch (json_typeof(v)) {
+	case JSON_INTEGER:
+		snap__le64(b + 1, (uint64_t)json_integer_value(v));
+		XXH3_64bits_update(h, b, 9);
+		return 0;
+	case JSON_REAL: {
+		double d = json_real_value(v);
+		uint64_t u;
+		memcpy(&u, &d, 8);
+		snap__le64(b + 1, u);
+		XXH3_64bits_update(h, b, 9);
+		return 0;
+	}
+	case JSON_STRING:
+		snap__le64(b + 1, (uint64_t)json_string_length(v));
+		XXH3_64bits_update(h, b, 9);
+		XXH3_64bits_update(h, json_string_value(v), json_string_length(v));
+		return 0;
+	case JSON_ARRAY: {
+		size_t i;
+		json_t *e;
+		snap__le64(b + 1, (uint64_t)json_array_size(v));
+		XXH3_64bits_update(h, b, 9);
+		json_array_foreach((json_t *)v, i, e)
+			if (hash_json(h, e, depth + 1))
+				return -1;
+		return 0;
+	}
+	case JSON_OBJECT: {
+		size_t n = json_object_size(v), i = 0;
+		const char **keys = malloc((n ? n : 1) * sizeof *keys), *k;
+		json_t *e;
+		if (!keys)
+			return -1;
+		json_object_foreach((json_t *)v, k, e)
+			keys[i++] = k;
+		qsort(keys, n, sizeof *keys, cmp_str);
+		snap__le64(b + 1, (uint64_t)n);
+		XXH3_64bits_update(h, b, 9);
+		int rc = 0;
+		for (i = 0; i < n && !rc; i++) {
+			snap__le64(b + 1, (uint64_t)strlen(keys[i]));
+			XXH3_64bits_update(h, b + 1, 8);
+			XXH3_64bits_update(h, keys[i], strlen(keys[i]));
+			rc = hash_json(h, json_object_get(v, keys[i]), depth + 1);
+		}
+		free(keys);
+		return rc;
+	}
+	default: /* true, false, null: the type says it all */
+		XXH3_64bits_update(h, b, 1);
+		return 0;
+	}
+}
+
 int snap__meaning_hash(json_t *config, json_t *layout, uint64_t world, uint64_t tp, uint64_t ep,
 		       json_t *tensors, uint64_t *out)
 {
 	json_t *o = json_pack("{sO sO sI sI sI sO}", "config", config, "layout",
 			      layout ? layout : json_null(), "world", (json_int_t)world, "tp",
 			      (json_int_t)tp, "ep", (json_int_t)ep, "tensors", tensors);
-	char *text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	XXH3_state_t *h = XXH3_createState();
+	int rc = o && h && XXH3_64bits_reset(h) == XXH_OK ? hash_json(h, o, 0) : -1;
+	if (!rc)
+		*out = XXH3_64bits_digest(h);
+	XXH3_freeState(h);
 	json_decref(o);
-	if (!text)
-		return -1;
-	*out = XXH3_64bits(text, strlen(text));
-	free(text);
-	return 0;
+	return rc;
 }
 
 int snap__rank_hash(const struct snap_chunk *c, size_t nc, uint64_t *out)

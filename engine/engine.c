@@ -873,8 +873,9 @@ const struct st_tensor *eng_tensor(struct engine *e, const char *name)
 }
 
 /* The checkpoint's tensors that e's family never looked up, in e->info: skipped on purpose are
- * layers past num_hidden_layers (MTP, counted in mtp_layers_skipped) and rotary inv_freq
- * buffers (recomputed from the config, as transformers does). eng_unused_at: tensor i's name
+ * layers past num_hidden_layers (MTP, counted in mtp_layers_skipped), rotary inv_freq
+ * buffers (recomputed from the config, as transformers does) and a stored lm_head under
+ * tie_word_embeddings (the embeddings serve, as in transformers). eng_unused_at: tensor i's name
  * when it is one of them, else NULL. */
 const char *eng_unused_at(const struct engine *e, size_t i, int layers)
 {
@@ -882,7 +883,9 @@ const char *eng_unused_at(const struct engine *e, size_t i, int layers)
 					    : hf_tensor_sorted(e->hf, i);
 	int l;
 	if (!t || !e->used || e->used[i] || wk_ends_with(t->name, "rotary_emb.inv_freq") ||
-	    (sscanf(t->name, "model.layers.%d.", &l) == 1 && l >= layers))
+	    (sscanf(t->name, "model.layers.%d.", &l) == 1 && l >= layers) ||
+	    (!strcmp(t->name, "lm_head.weight") &&
+	     json_is_true(json_object_get(e->config, "tie_word_embeddings"))))
 		return NULL;
 	return t->name;
 }

@@ -537,17 +537,18 @@ int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t err
 	e->info.bytes_per_token = r0->info.bytes_per_token;
 	e->info.mtp_layers_skipped = r0->info.mtp_layers_skipped;
 	int layers = (int)json_integer_value(json_object_get(e->config, "num_hidden_layers"));
-	/* each unused name once, however many ranks hold a piece of it */
+	/* a name no rank read, once however many ranks hold a piece of it: skipped when another
+	 * rank read its piece, or when an earlier rank holds it too (counted there) */
 	for (int r = 0; r < W; r++)
 		for (size_t i = 0; i < snap_tensor_count(e->snap, r); i++) {
 			const char *name = eng_unused_at(sh->r[r], i, layers);
-			bool seen = false;
-			for (int q = 0; name && q < r && !seen; q++) {
-				const struct st_tensor *t = snap_tensor(e->snap, q, name);
-				seen = t && eng_unused_at(sh->r[q], (size_t)(t - snap_tensor_at(
-								 e->snap, q, 0)), layers);
+			bool skip = false;
+			for (int q = 0; name && q < W && !skip; q++) {
+				const struct st_tensor *t = q == r ? NULL : snap_tensor(e->snap, q, name);
+				skip = t && (q < r || !eng_unused_at(sh->r[q], (size_t)(t - snap_tensor_at(
+									  e->snap, q, 0)), layers));
 			}
-			if (name && !seen && !e->info.unused_tensors++)
+			if (name && !skip && !e->info.unused_tensors++)
 				e->info.unused_example = name;
 		}
 	for (int r = 1; r < W; r++) {

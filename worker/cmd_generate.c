@@ -126,9 +126,6 @@ num:
 		gen_usage(stderr);
 		return 2;
 	}
-	int *ids = NULL, n = 0;
-	if (tokens && cmd_parse_ids(tokens, &ids, &n)) /* a usage error, as in logits */
-		return 2;
 	if (chat && !prompt) {
 		fprintf(stderr, "wick generate: --chat needs the user's message as -p TEXT\n");
 		return 2;
@@ -140,6 +137,9 @@ num:
 				"top-k >= 0\n");
 		return 2;
 	}
+	int *ids = NULL, n = 0;
+	if (tokens && cmd_parse_ids(tokens, &ids, &n)) /* a usage error, as in logits */
+		return 2;
 
 	struct engine *e;
 	if (cmd_engine_open(&ce, &e)) {

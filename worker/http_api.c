@@ -437,6 +437,22 @@ static void keepalive_header(struct http_api *h, struct evhttp_request *req, str
 		evhttp_add_header(hd, "Access-Control-Allow-Origin", "*");
 }
 
+/* evhttp_send_reply, but a HEAD request gets the body's Content-Length and no body: libevent
+ * 2.1 sends the body after a HEAD's headers, which a keep-alive client then reads as the
+ * start of its next response. */
+static void send_reply(struct evhttp_request *req, int code, const char *reason,
+		       struct evbuffer *b)
+{
+	if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+		char n[32];
+		snprintf(n, sizeof n, "%zu", b ? evbuffer_get_length(b) : (size_t)0);
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Length", n);
+		if (b)
+			evbuffer_drain(b, evbuffer_get_length(b));
+	}
+	evhttp_send_reply(req, code, reason, b);
+}
+
 static void reply_json(struct http_api *h, struct evhttp_request *req, struct hconn *c, int code,
 		       json_t *j)
 {
@@ -458,7 +474,7 @@ static void reply_json(struct http_api *h, struct evhttp_request *req, struct hc
 	struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
 	evhttp_add_header(hd, "Content-Type", "application/json");
 	keepalive_header(h, req, c);
-	evhttp_send_reply(req, code, NULL, b);
+	send_reply(req, code, NULL, b);
 	evbuffer_free(b);
 	count_code(h, code);
 	conn_idle(c);
@@ -961,7 +977,7 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4");
 	keepalive_header(h, req, c);
-	evhttp_send_reply(req, 200, NULL, b);
+	send_reply(req, 200, NULL, b);
 	evbuffer_free(b);
 	count_code(h, 200);
 	conn_idle(c);

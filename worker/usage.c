@@ -197,10 +197,14 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 	if (!f)
 		return wk_errf(err, errsz, WK_EIO, "%s: %s", path, strerror(errno));
 	struct stat st;
-	if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+	if (fstat(fileno(f), &st)) {
+		int e = errno;
 		fclose(f);
-		return wk_errf(err, errsz, WK_EINVAL, "%s: not a ledger file (%s)", path,
-			       S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+		return wk_errf(err, errsz, WK_EIO, "%s: %s", path, strerror(e));
+	}
+	if (S_ISDIR(st.st_mode)) { /* pipes (<(...), /dev/stdin) are read like files */
+		fclose(f);
+		return wk_errf(err, errsz, WK_EINVAL, "%s: not a ledger file (a directory)", path);
 	}
 	char *line = NULL;
 	size_t cap = 0;

@@ -90,6 +90,11 @@ echo "prompt + max_tokens past the context: 400 ($(python3 -c 'import json,sys; 
 hd=$(curl -s -I "$BASE/models" -H "Authorization: Bearer $K1")
 echo "$hd" | grep -q '^HTTP/1.1 200' && echo "$hd" | grep -qi '^Access-Control-Allow-Origin: \*' ||
   fail "HEAD /v1/models: $hd"
+# two HEADs on one kept-alive connection: no body after the headers (libevent sent one, which
+# the client read as the start of the next response)
+hv=$(curl -s -v -I -H "Authorization: Bearer $K1" "$BASE/models" "http://127.0.0.1:$P/health" 2>&1)
+[ "$(echo "$hv" | grep -c '^< HTTP/1.1 200')" = 2 ] && ! echo "$hv" | grep -qi 'excess' ||
+  fail "HEAD twice on one connection: $hv"
 pre=$(curl -s -i -X OPTIONS "$BASE/chat/completions" -H 'Origin: http://localhost:5173' \
   -H 'Access-Control-Request-Method: POST' \
   -H 'Access-Control-Request-Headers: authorization, content-type, x-stainless-os')

@@ -10,14 +10,19 @@ TMPD=$(mktemp -d "${TMPDIR:-/tmp}/wick-test.XXXXXX")
 trap 'rm -rf "$TMPD"' EXIT
 
 # Converts stories260K into $WICK_BUILD/models/stories260K (once; reused while up to date).
+# Under a lock: tests run side by side, and one must not replace the directory while another
+# converts or reads it.
 stories() {
   local out=$WICK_BUILD/models/stories260K
-  if [ ! -f "$out/model.safetensors" ] || [ "$WICK" -nt "$out/model.safetensors" ]; then
-    mkdir -p "$WICK_BUILD/models"
-    rm -rf "$out.tmp.$$"
-    "$WICK" convert llama2c "$STORIES_SRC/stories260K.bin" "$STORIES_SRC/tok512.bin" -o "$out.tmp.$$" >&2
-    rm -rf "$out"; mv "$out.tmp.$$" "$out"
-  fi
+  mkdir -p "$WICK_BUILD/models"
+  (
+    flock 9
+    if [ ! -f "$out/model.safetensors" ] || [ "$WICK" -nt "$out/model.safetensors" ]; then
+      rm -rf "$out.tmp.$$"
+      "$WICK" convert llama2c "$STORIES_SRC/stories260K.bin" "$STORIES_SRC/tok512.bin" -o "$out.tmp.$$" >&2
+      rm -rf "$out"; mv "$out.tmp.$$" "$out"
+    fi
+  ) 9>"$WICK_BUILD/models/.stories.lock"
   echo "$out"
 }
 

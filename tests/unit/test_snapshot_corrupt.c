@@ -4,6 +4,8 @@
  * grown or missing rank file, a foreign header, another format version, a malformed
  * manifest; --no-verify skips the checksums; a write that fails midway leaves nothing.
  */
+#include <math.h>
+
 #include "tests/unit/snapshot_fixture.h"
 
 /* ---- corruption --------------------------------------------------------------------------- */
@@ -221,6 +223,40 @@ Test(snapshot, edited_manifest_meaning)
 	snap_close(open_ok(out, NULL));
 	json_decref(m);
 	json_decref(orig);
+	rmtree(d);
+	free(out);
+	free_fixture();
+}
+
+/* The meaning hash is of the values, not of a JSON library's text: the manifest rewritten
+ * with reals printed shortest (1e-05, where jansson 2.14 writes 1.0000000000000001e-05) and
+ * its keys reordered still opens; a real changed by one ulp does not. */
+Test(snapshot, meaning_hash_is_of_values)
+{
+	make_fixture();
+	char *d = tmpdir(), *out = path2(d, "snap"), err[WK_ERRSZ] = "";
+	json_t *cfg = json_pack("{si sf sf s{si s[fi]}}", "hidden_size", 8, "rms_norm_eps", 1e-5,
+				"rope_theta", 10000.0, "nested", "b", 1, "a", 0.1, 2);
+	struct snap_write_opts o = {.world = 2, .tp = 2, .ep = 1, .dtype = "keep",
+				    .chunk_size = CHUNK, .config = cfg};
+	cr_assert_eq(snap_write(out, &o, specs, NFIX, err, sizeof err), WK_OK, "%s", err);
+	json_t *m = load_manifest(out);
+	char *mp = path2(out, "manifest.json");
+	cr_assert_eq(json_dump_file(m, mp, JSON_REAL_PRECISION(6) | JSON_SORT_KEYS), 0);
+	char *text;
+	size_t len;
+	cr_assert_eq(wk_read_file(mp, 1 << 20, &text, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(strstr(text, "\"rms_norm_eps\": 1e-") && !strstr(text, "0000000000000001"),
+		  "%.300s", text); /* the writer's "%.17g": 1.0000000000000001e-05 */
+	free(text);
+	snap_close(open_ok(out, NULL));
+	json_t *c = json_object_get(m, "config");
+	json_object_set_new(c, "rms_norm_eps", json_real(nextafter(1e-5, 1.0)));
+	save_manifest(out, m);
+	open_fails(out, NULL, WK_EFORMAT, "the model's config is not what");
+	json_decref(m);
+	json_decref(cfg);
+	free(mp);
 	rmtree(d);
 	free(out);
 	free_fixture();
