@@ -65,7 +65,8 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	{"verbose", no_argument, 0, CMD_OPT_BASE + 6},                                     \
 	{"snapshot", required_argument, 0, CMD_OPT_BASE + 7},                              \
 	{"model", required_argument, 0, CMD_OPT_BASE + 7},                                 \
-	{"fp8-act", no_argument, 0, CMD_OPT_BASE + 8}
+	{"fp8-act", no_argument, 0, CMD_OPT_BASE + 8},                                     \
+	{"max-seq", required_argument, 0, CMD_OPT_BASE + 9}
 
 #define CMD_ENGINE_HELP                                                                     \
 	"      --backend B       cpu, cuda or auto (default auto: cuda when a GPU is present)\n" \
@@ -76,7 +77,10 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	"      --source HF_DIR   snapshots: refuse if this source changed since the snapshot\n" \
 	"      --verbose         print start-up timings as JSON on stderr\n"                    \
 	"      --fp8-act         quantize the input of FP8-weight matmuls to FP8 (per token,\n"  \
-	"                        128 channels a scale; default: f32 activations)\n"
+	"                        128 channels a scale; default: f32 activations)\n"          \
+	"      --max-seq N       positions the KV cache holds per sequence (default: the\n"    \
+	"                        model's max_position_embeddings; a worker holds one cache\n"  \
+	"                        per --concurrency slot: size both with wick plan)\n"
 
 struct cmd_engine {
 	struct eng_opts o;

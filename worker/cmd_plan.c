@@ -47,7 +47,8 @@ static void usage(FILE *f)
 		"  --batch N            tokens in one forward step, for the workspace (default %d)\n"
 		"  --weights-dtype D    fp8, bf16, f16 or f32 (default: the config's: fp8 when\n"
 		"                       quantization_config.quant_method is fp8, else torch_dtype)\n"
-		"  --kv-dtype D         KV-cache dtype: bf16 (default), fp8, f16 or f32\n"
+		"  --kv-dtype D         KV-cache dtype: f32 (default: what wick's engine holds\n"
+		"                       today), or bf16, fp8, f16 to see what those would hold\n"
 		"  --reserve SIZE       per GPU, kept back for the CUDA context, NCCL buffers and\n"
 		"                       allocator slack (default " DEFAULT_RESERVE ")\n"
 		"  --format F           table (default) or json\n"
@@ -531,7 +532,7 @@ int cmd_plan(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	struct plan_opts po = {.tp = 1, .ep = 1, .batch = DEFAULT_BATCH, .weights = PLAN_NDTYPE,
-			       .kv = PLAN_BF16};
+			       .kv = PLAN_F32};
 	const char *config = NULL, *format = "table";
 	int64_t v;
 	int c, rc = 0;

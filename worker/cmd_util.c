@@ -39,6 +39,7 @@ int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 	case 6: ce->verbose = true; return 0;
 	case 7: ce->model = arg; return 0;
 	case 8: ce->o.fp8_act = true; return 0;
+	case 9: return count(arg, "--max-seq", 2, 1 << 24, &ce->o.max_seq);
 	}
 	return 2;
 }

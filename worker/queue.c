@@ -72,6 +72,32 @@ void queue_job_free(struct queue_job *j)
 	j->len = 0;
 }
 
+int queue_check_url(const char *url, char *err, size_t errsz)
+{
+	if (!url || !*url)
+		return wk_errf(err, errsz, WK_EINVAL, "no queue URL given");
+	if (!strncmp(url, "spool:", 6))
+		return url[6] ? WK_OK : wk_errf(err, errsz, WK_EINVAL, "spool: names no directory");
+	if (!strncmp(url, "redis://", 8)) {
+		struct queue_redis_url u;
+		return queue_redis_parse_url(url, &u, err, errsz);
+	}
+	if (!strncmp(url, "sqs://", 6)) {
+		struct queue_sqs_url u;
+		return queue_sqs_parse_url(url, &u, err, errsz);
+	}
+	if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
+		for (const unsigned char *p = (const unsigned char *)url; *p; p++)
+			if (*p <= ' ' || *p == 0x7f)
+				return wk_errf(err, errsz, WK_EINVAL, "the queue URL contains a space or "
+					       "a control character");
+		return WK_OK;
+	}
+	return wk_errf(err, errsz, WK_EINVAL,
+		       "%.200s: unknown queue URL (want spool:DIR, redis://HOST:PORT/STREAM, "
+		       "sqs://..., or http(s)://...)", url);
+}
+
 int queue_open(const char *url, const struct queue_opts *o, struct queue **qp, char *err, size_t errsz)
 {
 	*qp = NULL;

@@ -120,6 +120,10 @@ bool queue_stopping(const struct queue *q);
  * (mode 0700), the redis stream and group (XGROUP CREATE ... MKSTREAM from id 0), the SQS
  * job and results queues (CreateQueue). o may be NULL for defaults. */
 int queue_open(const char *url, const struct queue_opts *o, struct queue **q, char *err, size_t errsz);
+/* Checks url as queue_open would parse it, connecting to nothing: WK_OK, or WK_EINVAL naming
+ * what is wrong (the worker checks before its model loads, so a typo is a usage error and not
+ * a start-up failure after minutes of restore). */
+int queue_check_url(const char *url, char *err, size_t errsz);
 void queue_close(struct queue *q); /* NULL is fine; jobs still held stay claimed until reclaim */
 const char *queue_driver(const struct queue *q); /* "spool", "redis", "sqs", "http" */
 

@@ -1243,6 +1243,13 @@ int cmd_worker(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (w.queue_url) {
+		char qerr[WK_ERRSZ];
+		if (queue_check_url(w.queue_url, qerr, sizeof qerr) != WK_OK) {
+			fprintf(stderr, "%s: --queue: %s\n", cmd_name, qerr);
+			return 2;
+		}
+	}
 	if (w.usage_url && !w.ledger_path) {
 		fprintf(stderr, "%s: --usage-url needs --ledger PATH (events are sent from "
 				"it)\n", cmd_name);

@@ -89,12 +89,13 @@ mkdir "$TMPD/empty"
   2>/dev/null && [ -f "$TMPD/empty/tokenizer.json" ] || fail "convert into an empty directory"
 # Typos in worker flags are usage errors (exit 2, nothing started, no bill), not start-up
 # failures billed a second
-for bad in "--backend gpu" "--usage-url http://127.0.0.1:9"; do
+for bad in "--backend gpu" "--usage-url http://127.0.0.1:9" "--queue redis://127.0.0.1:9/s?maxdeliveries=3"; do
   rc=0
   # shellcheck disable=SC2086
   "$WICK" worker --model "$m" --queue "spool:$TMPD/q" $bad >/dev/null 2>"$TMPD/bad.err" || rc=$?
   [ $rc = 2 ] && ! grep -q 'bill:' "$TMPD/bad.err" &&
-    grep -q -e "--backend wants auto, cpu, cuda or null, not 'gpu'" -e "--usage-url needs --ledger" "$TMPD/bad.err" ||
+    grep -q -e "--backend wants auto, cpu, cuda or null, not 'gpu'" -e "--usage-url needs --ledger" \
+      -e "--queue: .*unknown parameter 'maxdeliveries'" "$TMPD/bad.err" ||
     fail "worker $bad: exit $rc: $(head -3 "$TMPD/bad.err")"
 done
 echo ok
