@@ -47,7 +47,9 @@ LEDGER_DIR = "/ledgers"
 SNAPSHOT = SNAPSHOT_DIR + "/glm5-fp8"
 GPU = "H200:8"
 H200_PER_SECOND = "0.001261"  # Modal's published H200 price, $/GPU-second
-CONCURRENCY = 32
+CONCURRENCY = 4       # with MAX_SEQ: what `wick plan --kv-dtype f32` says fits on 8 x H200
+MAX_SEQ = 32768       # positions a sequence holds (GLM-5 at its 200K context does not fit one)
+STEP_TIMEOUT_S = 20   # < Modal's 30 s grace: a hung GPU exits 3 before the container is killed
 LEASE_S = 60
 IDLE_S = 120                  # the idle window (>= LEASE_S: an idle worker reclaims dead leases)
 DRAIN_S = 25                  # < Modal's 30 s exit grace on preemption
@@ -102,7 +104,8 @@ class QueueWorker:
         self.proc = subprocess.Popen([
             "wick", "worker", "--model", SNAPSHOT,
             "--queue", os.environ["WICK_QUEUE_URL"],
-            "--concurrency", str(CONCURRENCY), "--lease", str(LEASE_S),
+            "--backend", "cuda", "--concurrency", str(CONCURRENCY), "--max-seq", str(MAX_SEQ),
+            "--step-timeout", str(STEP_TIMEOUT_S), "--lease", str(LEASE_S),
             "--idle-timeout", str(IDLE_S), "--drain-timeout", str(DRAIN_S),
             "--startup-timeout", str(STARTUP_S), "--max-lifetime", str(MAX_LIFETIME_S),
             "--worker-id", worker_id,
@@ -112,6 +115,8 @@ class QueueWorker:
         ])
         rc = self.proc.wait()
         ledgers.commit()
+        if rc != 0:  # 1 start-up, 2 usage, 3 engine, 4 queue lost: a failed call, not a result
+            raise RuntimeError(f"wick worker exited {rc}")
         return rc
 
     @modal.exit()
@@ -135,7 +140,8 @@ class DevServer:
         # only ends a session that Modal failed to stop.
         self.proc = subprocess.Popen([
             "wick", "dev", "--model", SNAPSHOT, "--listen", "0.0.0.0:8000",
-            "--concurrency", str(CONCURRENCY),
+            "--backend", "cuda", "--concurrency", str(CONCURRENCY), "--max-seq", str(MAX_SEQ),
+            "--step-timeout", str(STEP_TIMEOUT_S),
             "--idle-timeout", str(IDLE_S + 60), "--drain-timeout", str(DRAIN_S),
             "--ledger", LEDGER_DIR + "/dev-" + os.environ.get("MODAL_TASK_ID", "local") + ".jsonl",
             "--price-per-gpu-second", H200_PER_SECOND, "--gpus", "8", "--gpu-type", "H200",
@@ -207,7 +213,8 @@ def build_snapshot(hf_dir: str):
     tmp = SNAPSHOT + ".tmp"
     subprocess.run(["wick", "inspect", hf_dir], check=True)
     subprocess.run(["rm", "-rf", tmp], check=True)
-    subprocess.run(["wick", "snapshot", hf_dir, "-o", tmp, "--dtype", "keep"], check=True)
+    subprocess.run(["wick", "snapshot", hf_dir, "-o", tmp, "--tp", "8", "--ep", "8",
+                    "--dtype", "keep"], check=True)
     subprocess.run(["rm", "-rf", SNAPSHOT], check=True)
     os.rename(tmp, SNAPSHOT)
     snapshots.commit()

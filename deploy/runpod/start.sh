@@ -16,7 +16,8 @@
 #   WICK_SNAPSHOT      the snapshot on the network volume (default /runpod-volume/snapshots/glm5-fp8)
 #   WICK_IDLE_TIMEOUT  backstop idle exit, seconds (default 300; RunPod's own idle timeout
 #                      should stop the worker first, see deploy/README.md)
-#   WICK_CONCURRENCY   jobs batched at once (default 32)
+#   WICK_CONCURRENCY   jobs batched at once (default 4; with WICK_MAX_SEQ, what wick plan says fits)
+#   WICK_MAX_SEQ       positions a sequence's KV cache holds (default 32768)
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -30,10 +31,16 @@ fi
 
 # Warm the page cache from the network volume; pieces still cached from the last start of this
 # worker (FlashBoot) are skipped.
-wick prefetch --threads 32 "$snap"
+# In the background, so that a SIGTERM (the shell is PID 1 and would ignore it) stops it.
+wick prefetch --threads 32 "$snap" &
+pf=$!
+trap 'kill "$pf" 2>/dev/null; exit 143' TERM INT
+wait "$pf"
+trap - TERM INT
 
 exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
-	--concurrency "${WICK_CONCURRENCY:-32}" --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
+	--backend cuda --concurrency "${WICK_CONCURRENCY:-4}" --max-seq "${WICK_MAX_SEQ:-32768}" \
+	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \
 	--price-per-gpu-second 0.00155 --gpus 8 --gpu-type H200 --log-format json

@@ -104,8 +104,18 @@ check() {
   esac
 }
 
+case $queue in
+  spool:* | redis://*) ;;
+  *) echo "wick-scale: $queue: only spool: and redis:// queues (SQS and RunPod scale on their platform)" >&2; exit 2 ;;
+esac
 while :; do
-  out=$(check) || exit 2
+  if ! out=$(check) || ! [[ ${out%% *} =~ ^[0-9]+$ ]]; then
+    # a Redis blip (or a lag Redis cannot say) must not end the scaler: once, it is an error
+    [ "$once" = 1 ] && exit 2
+    echo "wick-scale: could not read $queue; trying again in ${interval}s" >&2
+    sleep "$interval"
+    continue
+  fi
   n=${out%% *}
   if [ "$n" -gt 0 ]; then
     echo "work $n (${out#* })"
