@@ -853,6 +853,32 @@ def smoke(wick, found, model, workdir):
 
 # ---- main -----------------------------------------------------------------------------------
 
+GPUS = 8  # the node every deploy file targets
+
+
+def check_gpu_runs(found):
+    """What a GPU node's command lines need beyond valid flags: a snapshot cut for the node's
+    GPUs (the worker runs the layout the snapshot holds: one rank would put the whole model
+    on one GPU), and workers that never fall back to the CPU and whose hung steps end before
+    the platform's grace period (the grace checks are per platform, above)."""
+    for inv in found:
+        o = inv.opts()
+        if inv.sub == "snapshot":
+            tp, ep = inv.num("--tp", 1), inv.num("--ep", 1)
+            if tp is None or ep is None or max(tp, ep) != GPUS:
+                fail(inv.path, f"`wick snapshot` {inv.where}: --tp {o.get('--tp', 1)} --ep "
+                               f"{o.get('--ep', 1)} is not a layout for {GPUS} GPUs")
+        if inv.sub in ("worker", "dev") and not inv.path.endswith(".md"):
+            if o.get("--backend") != "cuda":
+                fail(inv.path, f"`wick {inv.sub}` {inv.where}: --backend "
+                               f"{o.get('--backend', 'auto')}: a GPU worker must run cuda (auto "
+                               "falls back to the CPU when CUDA does not start)")
+            if "--step-timeout" not in o or "--max-seq" not in o:
+                fail(inv.path, f"`wick {inv.sub}` {inv.where}: no --step-timeout / --max-seq "
+                               "(defaults 300 s, past every grace period, and the model's "
+                               "whole context per slot)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wick", required=True)
@@ -921,6 +947,7 @@ def main():
                 if must not in di:
                     fail(a.dockerignore, f"does not exclude {must}")
     check_env(a.deploy, a.src, texts)
+    check_gpu_runs(found)
     # each kind of deploy file must have yielded command lines, else the parser went blind
     for kind, want in (("yaml", "worker"), ("docker", "worker"), ("unit", "worker"),
                        ("py", "worker"), ("sh", "worker")):
