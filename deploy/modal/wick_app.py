@@ -57,6 +57,7 @@ STARTUP_S = 1800              # snapshot restore from the Volume, with margin
 MAX_LIFETIME_S = 6 * 3600     # a QueueWorker recycles itself; Modal's timeout is past it
 SCALEDOWN_AFTER_EXIT_S = 2    # QueueWorker: the container stops right after wick's idle exit
 KICK_PERIOD_S = 30
+START_WINDOW_S = 900          # a QueueWorker's start: prefetch and restore, with margin
 
 app = modal.App(APP_NAME)
 # The image from deploy/Dockerfile. Modal adds a Python and its build steps, which want root
@@ -192,17 +193,26 @@ def _queue_work(url: str, lease_s: int) -> int:
 
 
 kick_image = modal.Image.debian_slim().pip_install("redis", "boto3")
+kick_starts = modal.Dict.from_name("wick-kick-starts", create_if_missing=True)
 
 
 @app.function(image=kick_image, secrets=[modal.Secret.from_name("wick-queue")],
               schedule=modal.Period(seconds=KICK_PERIOD_S), timeout=60)
 def kick() -> bool:
-    """Starts one QueueWorker when the queue has outstanding work. A running worker with free
-    slots takes new jobs within a second, so work still waiting one period later means the
-    running workers are full or gone; one more start per period, up to max_containers."""
-    if _queue_work(os.environ["WICK_QUEUE_URL"], LEASE_S) == 0:
+    """Starts one QueueWorker when the queue has outstanding work that the workers already
+    starting will not take. A running worker with free slots takes new jobs within a second,
+    so work still waiting one period later means the running workers are full or gone; but a
+    worker takes minutes to start (prefetch, restore), so the starts of the last
+    START_WINDOW_S count as CONCURRENCY slots each (a modal.Dict keeps their times): one job
+    at zero starts one worker, not one every period until the first is up."""
+    work = _queue_work(os.environ["WICK_QUEUE_URL"], LEASE_S)
+    now = time.time()
+    recent = [t for t in kick_starts.get("starts", []) if now - t < START_WINDOW_S]
+    if work == 0 or len(recent) * CONCURRENCY >= work:
+        kick_starts["starts"] = recent
         return False
     QueueWorker().run.spawn()
+    kick_starts["starts"] = recent + [now]
     return True
 
 
