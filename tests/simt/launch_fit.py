@@ -80,6 +80,28 @@ def self_test():
     print('launch_fit.py --self-test: %d cases agree' % len(cases))
 
 
+# ptxas's "Potential Performance Loss" notes (C75xx: wgmma serialized, ...) fail the stage:
+# the build prints no "ptxas info" line, so a kernel that ptxas slowed down would otherwise
+# reach the GPU unnoticed. Known ones, each with why it is kept:
+KNOWN_LOSSES = {
+    '_Z16k_gemm_wgmma_tmaILi1ELi128ELb1EEvPf14CUtensorMap_stS1_PKfS3_iiiiii':
+        'the lab\'s "wgmma ovl" (not the backend\'s): its early issue of the next tile leaves '
+        'a wgmma in flight past the loop; waiting after the loop spills ~700 B. The fix is a '
+        'shared-memory-staged TMA-store epilogue (README, CUDA)',
+}
+
+
+def perf_losses(paths):
+    """[(mangled, message)] of ptxas's performance-loss notes"""
+    out = []
+    for p in paths:
+        for line in open(p, errors='replace'):
+            if 'Potential Performance Loss' in line:
+                m = re.search(r"in the function '(\S+)'", line)
+                out.append((m.group(1) if m else '?', line.strip()))
+    return out
+
+
 def parse_ptxas(paths):
     """{mangled: {'regs', 'smem', 'spill', 'file'}} from ptxas -v reports"""
     out, cur = {}, None
@@ -197,7 +219,14 @@ def main():
           % (sum(len(s) for s in shapes.values()), len(shapes), len(kernels)))
     for b in bad:
         print('DOES NOT FIT: ' + b)
-    return 1 if bad else 0
+    lost = 0
+    for fn, msg in perf_losses(sys.argv[3:]):
+        if fn in KNOWN_LOSSES:
+            print('known performance loss (%s): %s' % (KNOWN_LOSSES[fn], msg))
+        else:
+            print('PERFORMANCE LOSS: ' + msg)
+            lost += 1
+    return 1 if bad or lost else 0
 
 
 if __name__ == '__main__':
