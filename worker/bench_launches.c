@@ -167,7 +167,7 @@ int bench_launches(int argc, char **argv)
 		if (bad)
 			return 2;
 	}
-	const char *model = cmd_one_model("bench launches", given, argc, argv, optind);
+	const char *model = cmd_one_model(given, argc, argv, optind);
 	if (!model) {
 		usage(stderr);
 		return 2;

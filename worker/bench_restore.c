@@ -521,7 +521,7 @@ int bench_restore(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	const char *dir = cmd_one_model("bench restore", given, argc, argv, optind);
+	const char *dir = cmd_one_model(given, argc, argv, optind);
 	if (!dir) {
 		usage(stderr);
 		return 2;

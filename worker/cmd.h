@@ -92,11 +92,10 @@ struct cmd_engine {
 int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg);
 /* Takes MODEL from the positional arguments left (argv[optind..argc)) unless --model gave it;
  * the count of positionals must then be `want`. Returns 0 or 2 (usage). */
-/* The MODEL of a command that takes one: --model/--snapshot M (given, NULL when absent) or
- * the one positional argument left at optind_. NULL, with a message naming cmd, when there
- * is none or one too many. */
-const char *cmd_one_model(const char *cmd, const char *given, int argc, char **argv,
-			  int optind_);
+/* The MODEL of a command that takes no engine flags: --model/--snapshot M (given, NULL when
+ * absent) or the one positional argument left at optind_, as cmd_engine_model takes it. NULL,
+ * with a message, when there is none or one too many. */
+const char *cmd_one_model(const char *given, int argc, char **argv, int optind_);
 #define CMD_MODEL_OPTIONS {"model", required_argument, 0, 'M'}, {"snapshot", required_argument, 0, 'M'}
 
 int cmd_engine_model(struct cmd_engine *ce, int argc, char **argv, int optind_, int want);

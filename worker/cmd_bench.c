@@ -127,7 +127,7 @@ static int bench_decode(int argc, char **argv)
 		if (bad)
 			return 2;
 	}
-	const char *model = cmd_one_model("bench decode", given, argc, argv, optind);
+	const char *model = cmd_one_model(given, argc, argv, optind);
 	if (!model) {
 		decode_usage(stderr);
 		return 2;

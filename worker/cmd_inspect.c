@@ -326,7 +326,7 @@ int cmd_inspect(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	const char *model = cmd_one_model("inspect", given, argc, argv, optind);
+	const char *model = cmd_one_model(given, argc, argv, optind);
 	if (!model) {
 		usage(stderr);
 		return 2;

@@ -69,7 +69,7 @@ int cmd_prefetch(int argc, char **argv)
 			return 2;
 		}
 	}
-	const char *dir = cmd_one_model("prefetch", given, argc, argv, optind);
+	const char *dir = cmd_one_model(given, argc, argv, optind);
 	if (!dir) {
 		usage(stderr);
 		return 2;

@@ -282,7 +282,7 @@ int cmd_tokenize(int argc, char **argv)
 		default: fputs(usage_text, stderr); return 2;
 		}
 	}
-	const char *model = cmd_one_model("tokenize", given, argc, argv, optind);
+	const char *model = cmd_one_model(given, argc, argv, optind);
 	if (!model || modes != 1) {
 		if (model)
 			fprintf(stderr, "wick tokenize: give exactly one of --text, --file, --decode, "

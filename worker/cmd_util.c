@@ -44,20 +44,10 @@ int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 	return 2;
 }
 
-const char *cmd_one_model(const char *cmd, const char *given, int argc, char **argv,
-			  int optind_)
+const char *cmd_one_model(const char *given, int argc, char **argv, int optind_)
 {
-	int left = argc - optind_;
-	if (given && left == 0)
-		return given;
-	if (!given && left == 1)
-		return argv[optind_];
-	if (!given && left == 0)
-		fprintf(stderr, "wick %s: no MODEL given\n", cmd);
-	else
-		fprintf(stderr, "wick %s: unexpected argument '%s'%s\n", cmd,
-			argv[optind_ + (given ? 0 : 1)], given ? " (MODEL was given by --model)" : "");
-	return NULL;
+	struct cmd_engine ce = {.model = given};
+	return cmd_engine_model(&ce, argc, argv, optind_, 0) ? NULL : ce.model;
 }
 
 int cmd_engine_model(struct cmd_engine *ce, int argc, char **argv, int optind_, int want)

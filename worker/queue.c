@@ -72,54 +72,57 @@ void queue_job_free(struct queue_job *j)
 	j->len = 0;
 }
 
+/* The driver of url by its scheme, and what its open takes (*rest: past "spool:", else the
+ * whole URL); NULL with a message for no URL or an unknown scheme. */
+static const struct queue_ops *driver_of(const char *url, const char **rest, char *err,
+					 size_t errsz)
+{
+	*rest = url;
+	if (!url || !*url) {
+		wk_errf(err, errsz, WK_EINVAL, "no queue URL given");
+		return NULL;
+	}
+	if (!strncmp(url, "spool:", 6)) {
+		*rest = url + 6;
+		return &queue_spool_ops;
+	}
+	if (!strncmp(url, "redis://", 8))
+		return &queue_redis_ops;
+	if (!strncmp(url, "sqs://", 6))
+		return &queue_sqs_ops;
+	if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))
+		return &queue_http_ops;
+	wk_errf(err, errsz, WK_EINVAL, "%.200s: unknown queue URL (want spool:DIR, "
+		"redis://HOST:PORT/STREAM, sqs://..., or http(s)://...)", url);
+	return NULL;
+}
+
 int queue_check_url(const char *url, char *err, size_t errsz)
 {
-	if (!url || !*url)
-		return wk_errf(err, errsz, WK_EINVAL, "no queue URL given");
-	if (!strncmp(url, "spool:", 6))
-		return url[6] ? WK_OK : wk_errf(err, errsz, WK_EINVAL, "spool: names no directory");
-	if (!strncmp(url, "redis://", 8)) {
+	const char *rest;
+	const struct queue_ops *ops = driver_of(url, &rest, err, errsz);
+	if (!ops)
+		return WK_EINVAL;
+	if (ops == &queue_spool_ops)
+		return *rest ? WK_OK : wk_errf(err, errsz, WK_EINVAL, "spool: names no directory");
+	if (ops == &queue_redis_ops) {
 		struct queue_redis_url u;
 		return queue_redis_parse_url(url, &u, err, errsz);
 	}
-	if (!strncmp(url, "sqs://", 6)) {
+	if (ops == &queue_sqs_ops) {
 		struct queue_sqs_url u;
 		return queue_sqs_parse_url(url, &u, err, errsz);
 	}
-	if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
-		for (const unsigned char *p = (const unsigned char *)url; *p; p++)
-			if (*p <= ' ' || *p == 0x7f)
-				return wk_errf(err, errsz, WK_EINVAL, "the queue URL contains a space or "
-					       "a control character");
-		return WK_OK;
-	}
-	return wk_errf(err, errsz, WK_EINVAL,
-		       "%.200s: unknown queue URL (want spool:DIR, redis://HOST:PORT/STREAM, "
-		       "sqs://..., or http(s)://...)", url);
+	return queue_http_check_url("job-take (--queue)", url, err, errsz);
 }
 
 int queue_open(const char *url, const struct queue_opts *o, struct queue **qp, char *err, size_t errsz)
 {
 	*qp = NULL;
-	if (!url || !*url)
-		return wk_errf(err, errsz, WK_EINVAL, "no queue URL given");
-	const struct queue_ops *ops;
-	const char *rest = url;
-	if (!strncmp(url, "spool:", 6)) {
-		ops = &queue_spool_ops;
-		rest = url + 6;
-	} else if (!strncmp(url, "redis://", 8)) {
-		ops = &queue_redis_ops;
-	} else if (!strncmp(url, "sqs://", 6)) {
-		ops = &queue_sqs_ops;
-	} else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
-		ops = &queue_http_ops;
-	} else {
-		return wk_errf(err, errsz, WK_EINVAL,
-			       "%.200s: unknown queue URL (want spool:DIR, redis://HOST:PORT/STREAM, "
-			       "sqs://..., or http(s)://...)",
-			       url);
-	}
+	const char *rest;
+	const struct queue_ops *ops = driver_of(url, &rest, err, errsz);
+	if (!ops)
+		return WK_EINVAL;
 	if (o && o->consumer && *o->consumer && !job_id_valid(o->consumer))
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "consumer name '%.128s' must match [A-Za-z0-9._-]{1,128}", o->consumer);

@@ -999,7 +999,7 @@ static void http_close(struct queue *q)
 }
 
 /* A configured URL: http(s), at most URL_MAX bytes, no spaces or control characters. */
-static int check_url(const char *what_, const char *u, char *err, size_t errsz)
+int queue_http_check_url(const char *what_, const char *u, char *err, size_t errsz)
 {
 	if (strncmp(u, "http://", 7) && strncmp(u, "https://", 8))
 		return wk_errf(err, errsz, WK_EINVAL, "the %s URL must start with http:// or https://",
@@ -1045,16 +1045,16 @@ static int http_open(struct queue *q, const char *url, char *err, size_t errsz)
 	const char *every = getenv("RUNPOD_PING_INTERVAL");
 	const char *key = getenv("RUNPOD_AI_API_KEY");
 	h->ping_every = 10.0;
-	if ((rc = check_url("job-take (--queue)", url, err, errsz)) != WK_OK)
+	if ((rc = queue_http_check_url("job-take (--queue)", url, err, errsz)) != WK_OK)
 		goto fail;
 	if (!done || !*done) {
 		rc = wk_errf(err, errsz, WK_EINVAL, "%.200s: no job-done URL: give --done-url or set "
 			     "RUNPOD_WEBHOOK_POST_OUTPUT", url);
 		goto fail;
 	}
-	if ((rc = check_url("job-done", done, err, errsz)) != WK_OK)
+	if ((rc = queue_http_check_url("job-done", done, err, errsz)) != WK_OK)
 		goto fail;
-	if (ping && *ping && (rc = check_url("ping", ping, err, errsz)) != WK_OK)
+	if (ping && *ping && (rc = queue_http_check_url("ping", ping, err, errsz)) != WK_OK)
 		goto fail;
 	if (every && *every) {
 		char *end;

@@ -126,6 +126,10 @@ struct queue_sqs_url {
 };
 int queue_sqs_parse_url(const char *url, struct queue_sqs_url *u, char *err, size_t errsz);
 
+/* An http(s) URL the RunPod driver is given (what_ names it in the message): http(s), at most
+ * its length limit, no spaces or control characters. WK_OK or WK_EINVAL. */
+int queue_http_check_url(const char *what_, const char *u, char *err, size_t errsz);
+
 /* One message of a ReceiveMessage response (SQS JSON protocol), pure (fuzzed). The id is the
  * String message attribute "id", else the body's "id", else the MessageId with characters
  * outside [A-Za-z0-9._-] replaced by '_': always a valid job id. Messages without a usable

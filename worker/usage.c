@@ -213,7 +213,6 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 	int rc = WK_OK;
 	while ((n = getline(&line, &cap, f)) > 0 && rc == WK_OK) {
 		lineno++;
-		events++; /* taken back below for a line that is not an event */
 		json_t *j = json_loadb(line, (size_t)n, 0, NULL);
 		const char *type = json_string_value(json_object_get(j, "type"));
 		json_t *boot = json_object_get(j, "boot");
@@ -225,10 +224,10 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 					fprintf(stderr, "wick usage: %s:%ld: not a ledger event; "
 						"skipped\n", path, lineno);
 			}
-			events--;
 			json_decref(j);
 			continue;
 		}
+		events++;
 		const char *eid = json_string_value(json_object_get(j, "eid"));
 		bool dup = false;
 		if (eid && seen_eid(b, eid, &dup) != WK_OK) {
