@@ -59,6 +59,7 @@ struct cuda_ctx {
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
 				   * moe_route_experts), then WK_CHAIN_SYNC of the chained launches:
 				   * moe_route_experts): zero, each launch leaving them zero */
+	bool gemv_mma;     /* 2..8 tokens through the tensor-core GEMV (gemv_route) */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
 };
@@ -110,6 +111,14 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	c->device = cfg->device;
 	pthread_mutex_init(&c->stage_mu, NULL);
+	/* WICK_CUDA_PDL=0: the GEMVs launched as ordinary kernels, not programmatic dependents
+	 * (an operator's escape hatch, and the baseline gpu-check times them against) */
+	const char *pdl = getenv("WICK_CUDA_PDL");
+	if (pdl && strcmp(pdl, "0") == 0)
+		wk_cuda_set_pdl(0);
+	/* WICK_CUDA_GEMV=mma: the GEMVs of 2..8 tokens on the tensor cores (gemv_route) */
+	const char *gv = getenv("WICK_CUDA_GEMV");
+	c->gemv_mma = gv && strcmp(gv, "mma") == 0;
 	*ctx = c;
 	return WK_OK;
 }
@@ -168,12 +177,27 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 
 /* ---- ops ------------------------------------------------------------------------------------ */
 
+/* Whether y = x . w^T of n tokens goes to the tensor-core GEMV (wk_cuda_gemv_mma, ~1e-5 of
+ * the largest output off the f32 reference, as the GEMV is) rather than k_matmul: when
+ * chosen (WICK_CUDA_GEMV=mma), for 2..8 tokens of FP8 or bf16 weights it takes. */
+static bool gemv_route(const struct cuda_ctx *c, const float *x, const struct be_weight *w, int n)
+{
+	return c->gemv_mma && n >= 2 && n <= 8 &&
+	       (w->dtype == DT_F8_E4M3 || w->dtype == DT_BF16) && w->cols % 128 == 0 &&
+	       (((uintptr_t)x | (uintptr_t)w->data) & 15) == 0;
+}
+
 static void matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	if (c->rc != WK_OK)
 		return;
+	if (gemv_route(c, x, w, n)) {
+		ok(c, wk_cuda_gemv_mma(y, x, w->data, w->dtype, w->scale, n, w->rows, w->cols, err,
+				       sizeof err), err);
+		return;
+	}
 	int rc = w->dtype == DT_F8_E4M3
 			 ? wk_cuda_matmul_fp8(y, x, (const uint8_t *)w->data, w->scale, n, w->rows,
 					      w->cols, err, sizeof err)
@@ -219,6 +243,14 @@ static void matmul_n(void *ctx, float *const *y, const float *x,
 	static_assert(WK_MATMUL_MAX == BE_MATMUL_MAX, "matmul_n limits differ");
 	if (c->rc != WK_OK)
 		return;
+	bool each = count > 0;
+	for (int k = 0; k < count; k++)
+		each = each && gemv_route(c, x, w[k], n);
+	if (each) { /* one tensor-core GEMV a weight */
+		for (int k = 0; k < count && c->rc == WK_OK; k++)
+			matmul(ctx, y[k], x, w[k], n);
+		return;
+	}
 	mm_parts(p, y, w, count, n, NULL, 0, NULL);
 	ok(c, wk_cuda_matmul_n(p, count, x, n, count > 0 ? w[0]->cols : 0, err, sizeof err), err);
 }
@@ -907,7 +939,7 @@ static int dev_sync(void *ctx, char *err, size_t errsz)
  * make (mm_parts leaves some for a rope_n), a MoE op that takes the grouped GEMMs or a
  * combine of its own (64 tokens and more), or more than WK_CHAIN_MAX kernel links (a MoE op
  * is 3) make the whole chain run op by op instead. */
-static void chain(void *ctx, const struct be_link *l, int count)
+static void chain_run(void *ctx, const struct be_link *l, int count)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
@@ -976,6 +1008,39 @@ static void chain(void *ctx, const struct be_link *l, int count)
 		return;
 	}
 	ok(c, wk_cuda_chain(wl, count, sync + DSA_GROUPS, err, sizeof err), err);
+}
+
+/* A matmul link that gemv_route sends to the tensor-core GEMV, every weight of it. */
+static bool link_mma(const struct cuda_ctx *c, const struct be_link *k)
+{
+	if (k->kind != BE_LINK_MATMUL || k->rope || k->count < 1)
+		return false;
+	for (int j = 0; j < k->count; j++)
+		if (!gemv_route(c, k->x_in, k->w[j], k->n))
+			return false;
+	return true;
+}
+
+/* The chained launch of the links (chain_run), but for the GEMVs that gemv_route takes: each
+ * such link runs on its own (matmul_n), the links between them chained. */
+static void chain(void *ctx, const struct be_link *l, int count)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	int s = 0;
+	for (int i = 0; c->gemv_mma && i < count; i++) {
+		if (!link_mma(c, &l[i]))
+			continue;
+		if (i - s > 1)
+			chain_run(ctx, l + s, i - s);
+		else if (i - s == 1)
+			be_chain_each(&be_cuda, ctx, l + s, 1);
+		be_chain_each(&be_cuda, ctx, l + i, 1);
+		s = i + 1;
+	}
+	if (count - s > 1 || (s == 0 && count > 0))
+		chain_run(ctx, l + s, count - s);
+	else if (count - s == 1)
+		be_chain_each(&be_cuda, ctx, l + s, 1);
 }
 
 static struct backend make_backend(void)

@@ -221,6 +221,27 @@ __device__ __forceinline__ void bf16_split(float x, uint32_t *hi, uint32_t *lo)
 	*lo = bf16_rn(x - __uint_as_float(*hi << 16));
 }
 
+/* Programmatic dependent launch (PDL, sm_90): a kernel launched with the attribute
+ * cudaLaunchAttributeProgrammaticStreamSerialization may start while the kernel before it on
+ * the stream is still running, once every block of that one has run grid_dep_launch (or
+ * exited). Until its grid_dep_wait returns it may read only what no earlier kernel writes
+ * (weights) and write nothing; grid_dep_wait returns once the earlier kernels have finished
+ * and their writes are visible. In a kernel launched without the attribute both are no-ops.
+ * The emulator runs launches one after another, so both are no-ops there. */
+__device__ __forceinline__ void grid_dep_wait(void)
+{
+#ifndef WICK_SIMT
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dep_launch(void)
+{
+#ifndef WICK_SIMT
+	asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 /* ---- whole-block row ops, also run inside chained launches (kernels.cu's k_chain) ---- */
 
 /* k_add, then k_rmsnorm, over row xr [dim] by the block: each thread's elements and partial

@@ -69,6 +69,11 @@ struct wk_mm {
 };
 int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n, int cols,
 		     char *err, size_t errsz);
+/* Whether wk_cuda_matmul, _fp8 and _n launch their one-dtype kernel as a programmatic
+ * dependent (PDL: its blocks start while the kernel before ends and load their first
+ * weights then; x is read after that kernel's end). On by default; the kernel lab turns it
+ * off to time the launches without it. Process-wide, not thread-safe: set it before use. */
+void wk_cuda_set_pdl(int on);
 int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps,
 		    char *err, size_t errsz);
 int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,

@@ -325,6 +325,11 @@ int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
 	return none(err, errsz);
 }
 
+void wk_cuda_set_pdl(int on)
+{
+	(void)on;
+}
+
 int wk_cuda_lab(const char *only)
 {
 	(void)only;

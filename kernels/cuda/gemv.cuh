@@ -213,8 +213,9 @@ __device__ __forceinline__ void mm_chunk(float *d, const uint4 *wv, const float 
 }
 
 /* The fast path over one team's rows wr[MM_R] for tokens t0 .. t0 + nv - 1 (nv <= NT):
- * acc[r * NT + t] += row r . x[t0 + t], this lane's chunks only. */
-template <typename T, int NT, bool CO>
+ * acc[r * NT + t] += row r . x[t0 + t], this lane's chunks only. PDL: the lane's first
+ * loads of weights are issued before grid_dep_wait, x is read after it. */
+template <typename T, int NT, bool CO, bool PDL = false>
 __device__ __forceinline__ void mm_vec(float *acc, const T *const *wr, const float *x,
 				       const float *srow, int cols, int t0, int nv, int tl, int tt)
 {
@@ -232,6 +233,9 @@ __device__ __forceinline__ void mm_vec(float *acc, const T *const *wr, const flo
 			for (int r = 0; r < MM_R; r++)
 				wv[u][r] = ld_stream16(wr[r] + k);
 		}
+		if constexpr (PDL)
+			if (k0 == tl) /* the first batch: in flight while the kernel before ends */
+				grid_dep_wait();
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			if (k0 + u * tt >= nch)
@@ -356,8 +360,10 @@ __device__ __forceinline__ void mm_store(float *acc, float *y, int n, int rows, 
 
 /* Row group g (rows 4g .. 4g + 3) of y[n][rows] = x[n][cols] . w^T by one team; tl: the
  * thread's index in its team of tt; live: the group exists (a team past the last group
- * still joins the block's barriers). scale: FP8 block scales, else unused. */
-template <typename T, int NT, bool CO = false>
+ * still joins the block's barriers). scale: FP8 block scales, else unused. PDL: launched
+ * as a programmatic dependent (grid_dep_wait): x is read and y written only after the
+ * wait, the fast path's first weights loaded before it. */
+template <typename T, int NT, bool CO = false, bool PDL = false>
 __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale, int n,
 			int rows, int cols, int g, int tl, int tt, bool live, float *red,
 			const struct wk_mm *rp)
@@ -379,11 +385,16 @@ __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale
 			acc[i] = 0.0f;
 		int nv = min(NT, n - t0);
 		if (live) {
-			if (vec)
-				mm_vec<T, NT, CO>(acc, wr, x, srow, cols, t0, nv, tl, tt);
-			else
+			if (vec) {
+				mm_vec<T, NT, CO, PDL>(acc, wr, x, srow, cols, t0, nv, tl, tt);
+			} else {
+				if constexpr (PDL)
+					grid_dep_wait();
 				mm_scalar<T, NT>(acc, wr, x, srow, cols, t0, nv, tl, tt);
+			}
 		}
+		if constexpr (PDL) /* a lane with no chunk, a team with no rows */
+			grid_dep_wait();
 		mm_store<NT>(acc, y, n, rows, t0, row0, tl, tt, red, rp);
 	}
 }

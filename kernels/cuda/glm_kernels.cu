@@ -48,6 +48,7 @@ __device__ __forceinline__ float wget(const __nv_fp8_e4m3 *w, const float *scale
 __global__ void k_layernorm(float *y, const float *x, const float *w, const float *b, int dim,
 			    float eps)
 {
+	grid_dep_launch(); /* a GEMV after it may start (kernels before a GEMV do this) */
 	row_layernorm(y + (size_t)blockIdx.x * dim, x + (size_t)blockIdx.x * dim, w, b, dim, eps);
 }
 
@@ -64,6 +65,7 @@ extern "C" int wk_cuda_layernorm(float *y, const float *x, const float *w, const
 
 __global__ void k_norm_n(struct norm_set s)
 {
+	grid_dep_launch();
 	norm_row(s, (int)blockIdx.x);
 }
 
@@ -418,6 +420,7 @@ __global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, in
 				int h0)
 {
 	extern __shared__ float sm[];
+	grid_dep_launch();
 	mla_attend(sm, out, q, s, pos0, i0 + blockIdx.x, h0 + blockIdx.y);
 }
 
@@ -469,6 +472,7 @@ __global__ void k_mla_absorbed(float *o, float *qa, float *lat, const float *q, 
 			       const float *scale, struct cpu_mla s, int pos0, int d_nope, int d_v)
 {
 	extern __shared__ float sm[];
+	grid_dep_launch();
 	int i = blockIdx.x, h = blockIdx.y, lora = s.d_a, d_rope = s.d_b, H = s.n_heads;
 	size_t r0 = (size_t)h * (d_nope + d_v), ih = (size_t)i * H + h;
 	const float *qh = q + ih * (d_nope + d_rope);

@@ -65,15 +65,19 @@ extern "C" int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz)
 /* ---- matmul (cpu_ref_matmul, cpu_ref_matmul_fp8): the decode GEMV of gemv.cuh --------------- */
 
 /* Every weight of s in T: wk_cuda_matmul, wk_cuda_matmul_fp8, and wk_cuda_matmul_n when
- * its weights share a dtype (the usual case). */
+ * its weights share a dtype (the usual case). Launched as a programmatic dependent (mm_pdl):
+ * its blocks may start while the kernel before is ending and load their first weights
+ * then; and it lets the next such launch start at once (grid_dep_launch: that one waits
+ * for this one's end before it reads x or writes y, whatever it was allowed). */
 template <typename T, int NT>
 __global__ void __launch_bounds__(MM_THREADS, MM_MINB(NT))
 	k_matmul(struct mm_set s, const float *x, int n)
 {
 	__shared__ float red[MM_THREADS];
+	grid_dep_launch();
 	struct mm_at a = mm_where(s, (int)blockIdx.x);
 	const struct wk_mm *p = &s.p[a.k];
-	mm_rows<T, NT>(p->y, x, (const T *)p->w, p->scale, n, p->rows, s.cols, a.g, a.tl, a.tt,
+	mm_rows<T, NT, false, true>(p->y, x, (const T *)p->w, p->scale, n, p->rows, s.cols, a.g, a.tl, a.tt,
 		       a.live, red, p);
 }
 
@@ -86,13 +90,36 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_matmul_mixed(struct mm_set s,
 	mm_mixed<NT, false>(s, x, n, (int)blockIdx.x, red);
 }
 
-template <typename T> static void launch_one(const struct mm_set &s, unsigned b, const float *x, int n)
+/* k_matmul's launches are programmatic dependents (PDL) unless wk_cuda_set_pdl(0) */
+static int mm_pdl = 1;
+
+extern "C" void wk_cuda_set_pdl(int on)
+{
+	mm_pdl = on != 0;
+}
+
+template <typename T, int NT>
+static cudaError_t launch_nt(const struct mm_set &s, unsigned b, const float *x, int n)
+{
+	cudaLaunchAttribute at[1] = {};
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(b);
+	cfg.blockDim = dim3(MM_THREADS);
+	cfg.attrs = at;
+	cfg.numAttrs = mm_pdl ? 1 : 0;
+	return cudaLaunchKernelEx(&cfg, (k_matmul<T, NT>), s, x, n);
+}
+
+template <typename T>
+static cudaError_t launch_one(const struct mm_set &s, unsigned b, const float *x, int n)
 {
 	switch (mm_nt(n)) {
-	case 1: k_matmul<T, 1><<<b, MM_THREADS>>>(s, x, n); break;
-	case 2: k_matmul<T, 2><<<b, MM_THREADS>>>(s, x, n); break;
-	case 4: k_matmul<T, 4><<<b, MM_THREADS>>>(s, x, n); break;
-	default: k_matmul<T, MM_NT><<<b, MM_THREADS>>>(s, x, n); break;
+	case 1: return launch_nt<T, 1>(s, b, x, n);
+	case 2: return launch_nt<T, 2>(s, b, x, n);
+	case 4: return launch_nt<T, 4>(s, b, x, n);
+	default: return launch_nt<T, MM_NT>(s, b, x, n);
 	}
 }
 
@@ -114,11 +141,16 @@ static int mm_launch(const struct wk_mm *parts, int count, const float *x, int n
 		default: k_matmul_mixed<MM_NT><<<b, MM_THREADS>>>(s, x, n); break;
 		}
 	} else {
+		cudaError_t e;
 		switch (parts[0].dtype) {
-		case DT_F32: launch_one<float>(s, b, x, n); break;
-		case DT_BF16: launch_one<__nv_bfloat16>(s, b, x, n); break;
-		case DT_F16: launch_one<__half>(s, b, x, n); break;
-		default: launch_one<__nv_fp8_e4m3>(s, b, x, n); break;
+		case DT_F32: e = launch_one<float>(s, b, x, n); break;
+		case DT_BF16: e = launch_one<__nv_bfloat16>(s, b, x, n); break;
+		case DT_F16: e = launch_one<__half>(s, b, x, n); break;
+		default: e = launch_one<__nv_fp8_e4m3>(s, b, x, n); break;
+		}
+		if (e != cudaSuccess) {
+			cudaGetLastError(); /* read, so that the next call does not see it */
+			return check(e, what, err, errsz);
 		}
 	}
 	return launched(what, err, errsz);
@@ -321,6 +353,7 @@ extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt
 
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
 {
+	grid_dep_launch(); /* a GEMV after it may start (kernels before a GEMV do this) */
 	row_rmsnorm(y + (size_t)blockIdx.x * dim, x + (size_t)blockIdx.x * dim, w, dim, eps);
 }
 
@@ -433,6 +466,7 @@ extern "C" int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, 
 __global__ void k_add_rmsnorm(float *x, const float *d, float *y, const float *w, int dim,
 			      float eps)
 {
+	grid_dep_launch();
 	size_t at = (size_t)blockIdx.x * dim;
 	row_add_rmsnorm(x + at, d + at, y + at, w, dim, eps);
 }
@@ -515,6 +549,7 @@ __global__ void k_attention(float *out, const float *q, const float *k, const fl
 			    float scale)
 {
 	extern __shared__ float sc[];
+	grid_dep_launch();
 	int i = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
 	int len = pos0 + i + 1, group = n_heads / n_kv;
 	const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
@@ -572,6 +607,7 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const float *k, con
 
 __global__ void k_silu_mul(float *g, const float *u, size_t n)
 {
+	grid_dep_launch();
 	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
 	if (i < n) {
 		float a = g[i];

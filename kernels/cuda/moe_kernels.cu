@@ -505,6 +505,7 @@ __global__ void k_moe_down(struct moe_plan p, struct moe_args a)
 /* split_combine: one block per token */
 __global__ void k_moe_combine(struct moe_plan p, struct moe_args a)
 {
+	grid_dep_launch(); /* a GEMV after it may start (kernels before a GEMV do this) */
 	combine_token(p, a, (int)blockIdx.x, (int)threadIdx.x, (int)blockDim.x);
 }
 

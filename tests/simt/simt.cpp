@@ -1351,6 +1351,8 @@ cudaError_t simt_launch_ex(const cudaLaunchConfig_t *cfg, const char *kernel,
 	dim3 cluster(1, 1, 1);
 	for (unsigned i = 0; i < cfg->numAttrs; i++) {
 		const cudaLaunchAttribute &a = cfg->attrs[i];
+		if (a.id == cudaLaunchAttributeProgrammaticStreamSerialization)
+			continue; /* run after the kernel before, as PDL allows */
 		if (a.id != cudaLaunchAttributeClusterDimension)
 			fail("cudaLaunchKernelEx with an attribute the emulator does not have");
 		cluster = dim3(a.val.clusterDim.x, a.val.clusterDim.y, a.val.clusterDim.z);

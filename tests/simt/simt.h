@@ -452,15 +452,22 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	      const std::function<void()> &body, const char *kernel = 0,
 	      dim3 cluster = dim3(1, 1, 1));
 
-/* cudaLaunchKernelEx with its one attribute the kernels use, a cluster dimension (x only:
- * clusters of 2 or 3 blocks along x, gridDim.x a multiple); returns the launch's
- * configuration error, as CUDA does. cudaOccupancyMaxActiveClusters answers for the 3
- * emulated multiprocessors: 3 / the cluster's size. */
-enum cudaLaunchAttributeID { cudaLaunchAttributeClusterDimension = 4 };
+/* cudaLaunchKernelEx with the two attributes the kernels use: a cluster dimension (x only:
+ * clusters of 2 or 3 blocks along x, gridDim.x a multiple), and programmatic stream
+ * serialization (PDL: the launch may overlap the kernel before; the emulator runs launches
+ * one after another, which is one of the orders PDL allows, and griddepcontrol is a no-op
+ * in its kernels); returns the launch's configuration error, as CUDA does.
+ * cudaOccupancyMaxActiveClusters answers for the 3 emulated multiprocessors: 3 / the
+ * cluster's size. */
+enum cudaLaunchAttributeID {
+	cudaLaunchAttributeClusterDimension = 4,
+	cudaLaunchAttributeProgrammaticStreamSerialization = 6
+};
 union cudaLaunchAttributeValue {
 	struct {
 		unsigned x, y, z;
 	} clusterDim;
+	int programmaticStreamSerializationAllowed;
 	char pad[64];
 };
 struct cudaLaunchAttribute {
