@@ -572,23 +572,38 @@ __device__ __forceinline__ void st_stage_tile(uint8_t *st, const float (&acc)[64
 		}
 }
 
+/* Consumer warpgroup cw's 128 threads meet (named barrier 1 + cw). */
+__device__ __forceinline__ void st_bar(int cw)
+{
+	if (cw == 0)
+		named_bar_sync<1, 128>();
+	else
+		named_bar_sync<2, 128>();
+}
+
 /* The epilogue of consumer warpgroup cw for its tokens m (64 from m) and weight rows r0
- * (128 from r0): waits for its staging area to be free, fills it, and starts its store. */
+ * (128 from r0): waits for its staging area to be free, fills it, and starts its store;
+ * after the block's last tile (last), waits for the stores to complete, so none is left
+ * when the block exits. (That wait after the tile loop instead, the natural place, made
+ * ptxas spill 736 bytes of the consumers' registers.) */
 __device__ __forceinline__ void st_epilogue(const CUtensorMap *ty, const float (&acc)[64],
-					    uint8_t *st, int cw, int warp, int lane, int m, int r0)
+					    uint8_t *st, int cw, int warp, int lane, int m, int r0,
+					    bool last)
 {
 	bool lead = warp == 0 && lane == 0;
 	if (lead)
 		bulk_wait_read<0>(); /* the last tile's store has read the staging area */
-	named_bar_sync(1 + cw, 128);
+	st_bar(cw);
 	st_stage_tile(st, acc, warp, lane);
 	fence_proxy_async(); /* the copy engine reads what these ordinary stores wrote */
-	named_bar_sync(1 + cw, 128);
+	st_bar(cw);
 	if (lead) {
 #pragma unroll
 		for (int b = 0; b < WN / ST_BOX; b++)
 			tma_store_2d(ty, r0 + b * ST_BOX, m, smem_u32(st) + b * 64 * 128);
 		bulk_commit();
+		if (last)
+			bulk_wait<0>();
 	}
 }
 
@@ -641,10 +656,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 			acc[i] = 0.0f;
 		tma_tile_pipelined<1>(acc, xs, ws, t0, n, nb, sr, kbs, ring0, full0, empty0, it, cw,
 				      lane);
-		st_epilogue(&ty, acc, st, cw, warp, lane, t0 - 16 * warp - (lane >> 2), r0);
+		st_epilogue(&ty, acc, st, cw, warp, lane, t0 - 16 * warp - (lane >> 2), r0,
+			    tile + step >= tiles);
 	}
-	if (warp == 0 && lane == 0)
-		bulk_wait<0>(); /* the stores are done before the block's shared memory goes */
 }
 
 /* cuTensorMapEncodeTiled, from the driver through the runtime (no -lcuda); NULL when the

@@ -441,15 +441,15 @@ template <int N> __device__ __forceinline__ void bulk_wait(void)
 #endif
 }
 
-/* A barrier of count threads (a multiple of 32: whole warps) on barrier id (1..15). */
-__device__ __forceinline__ void named_bar_sync(int id, int count)
+/* A barrier of COUNT threads (a multiple of 32: whole warps) on barrier ID (1..15); both
+ * immediates (with a register id ptxas reserves all 16 barriers). */
+template <int ID, int COUNT> __device__ __forceinline__ void named_bar_sync(void)
 {
+	static_assert(ID >= 1 && ID <= 15 && COUNT % 32 == 0, "bar.sync: id 1..15, whole warps");
 #if defined(__CUDA_ARCH__)
-	asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+	asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
 #elif defined(WICK_SIMT)
-	simt_named_bar(id, count);
-#else
-	(void)id, (void)count;
+	simt_named_bar(ID, COUNT);
 #endif
 }
 
