@@ -51,11 +51,26 @@
  * k_gemm_wgmma_tma<MC, 160> (wk_cuda_gemm_fp8_wgmma_n160, _n160_mc2): the TMA kernels with
  * tiles of 160 weight rows (below, at tma_ring).
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): a TMA-store epilogue, and any tuning on a
- * GPU (stages, tile shape, register split, the L2 panel size). Nothing has run on
- * a GPU yet: tests/tools/cuda_lab times the four TMA kernels beside the mma.sync kernel and
- * cuBLASLt when scripts/gpu-check runs on one; the backend runs the one-CTA 128-row kernel
- * until that run says which is faster.
+ * k_gemm_wgmma_tma_st (wk_cuda_gemm_fp8_wgmma_st, the lab's "wgmma st"; below, at ST_BOX):
+ * k_gemm_wgmma_tma<1, 128> with a TMA-store epilogue. The plain kernel stores each tile's
+ * 128 x 128 f32 totals (64 KiB) from registers with no wgmma in flight, so the tensor cores
+ * idle through every epilogue (at 4096 x 7168 x 2048 a tile is only 16 k blocks; 844 TFLOPS
+ * there on an H200, 974 at 8192^3). Here each consumer warpgroup writes its 64 x 128 totals
+ * into its own 32 KiB of shared memory (the 128-byte-swizzled layout of the output's tensor
+ * map, lanes staggered so that the float2 stores are free of bank conflicts), and one of
+ * its threads hands them to the copy engine (cp.async.bulk.tensor ... bulk_group): the
+ * warpgroup goes on with its next tile at once, and waits for the copy to have read its
+ * staging area (cp.async.bulk.wait_group.read) only before its next epilogue. The 5-stage
+ * ring and the 64 KiB of staging take 230,480 of the 232,448 bytes a block may have.
+ * rows % 4 != 0 or a misaligned y (no tensor map of y) falls back to the plain kernel.
+ * Tested under the emulator only: no GPU has run it yet, so neither its speed nor our
+ * reading of the store's swizzle and bulk-group semantics is confirmed.
+ *
+ * What is not here yet (issue 9's 1,000 TFLOPS): any tuning on a GPU (stages, tile shape,
+ * register split, the L2 panel size), and a GPU's verdict on the TMA-store epilogue.
+ * tests/tools/cuda_lab times the TMA kernels beside the mma.sync kernel and cuBLASLt when
+ * scripts/gpu-check runs on one; the backend runs the one-CTA 128-row kernel until that run
+ * says which is faster.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -64,7 +64,12 @@
  * and aborting when that differs from what shared memory held at the issue;
  * the async proxy (fence.proxy.async) is not modelled. Its mbarriers and the bulk tensor
  * copy (TMA) are emulated too: a copy lands when a thread next waits on its mbarrier, and a
- * round in which every thread only spins on mbarriers is reported as a deadlock.
+ * round in which every thread only spins on mbarriers is reported as a deadlock. The bulk
+ * tensor store (shared to global, in bulk groups) reads shared memory and writes global
+ * memory at the cp.async.bulk.wait_group that retires its group, aborting if that shared
+ * memory changed since the issue (a staging area rewritten before its wait_group.read) or
+ * if a thread returns with a store not waited for; named barriers (bar.sync id, count) are
+ * real barriers of count threads.
  * Thread block clusters (cudaLaunchKernelEx's cluster dimension; the 2-CTA GEMM): a
  * cluster's CTAs are resident together and interleaved, its last rank running alone until
  * it waits; mapa's shared::cluster addresses reach a peer's shared memory, so a remote

@@ -3,7 +3,8 @@
  * wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 and m64nNk16.f32.bf16.bf16 with A and
  * B from shared-memory descriptors (both K-major), wgmma.fence, wgmma.commit_group and
  * wgmma.wait_group; and, at the end,
- * mbarriers, cp.async.bulk.tensor.2d (multicast too) and the driver's cuTensorMapEncodeTiled.
+ * mbarriers, cp.async.bulk.tensor.2d (loads, multicast too, and the bulk-group store) and
+ * the driver's cuTensorMapEncodeTiled.
  *
  * Written from the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution, its 9.0 text):
  *   - 9.7.15.5.1.2.2 "Matrix Descriptor Format": start address, leading and stride byte
