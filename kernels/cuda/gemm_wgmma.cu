@@ -450,7 +450,8 @@ __device__ __forceinline__ void tma_produce(const CUtensorMap *tx, const CUtenso
 				tma_load_2d(st + WTILE, tw, kc, r0, full);
 			else /* this CTA's BN / MC weight rows, into every CTA */
 				tma_load_2d_mc(st + WTILE + rank * (BN / MC) * WK, tw, kc,
-					       r0 + rank * (BN / MC), full, (uint16_t)((1u << MC) - 1));
+					       r0 + rank * (BN / MC), full,
+					       (uint16_t)((1u << MC) - 1));
 		}
 	}
 	/* No CTA of a cluster may leave while a peer's consumers can still arrive on its
@@ -580,7 +581,7 @@ __device__ __forceinline__ void st_stage_tile(uint8_t *st, const float (&acc)[64
 		for (int h = 0; h < 2; h++) {
 			int i = 4 * j + 2 * h, io = 4 * (j ^ 2) + 2 * h;
 			float v0 = odd ? acc[io] : acc[i], v1 = odd ? acc[io + 1] : acc[i + 1];
-			/* column group jl = j ^ 2 odd: box j / 4, chunk 2 (jl % 4) + q / 2, XOR g */
+			/* group jl = j ^ 2 odd: box j / 4, chunk 2 (jl % 4) + q / 2, XOR g */
 			int c = (2 * (j & 3)) ^ lx;
 			*(float2 *)(base + (j >> 2) * (64 * 128) + h * 8 * 128 + c * 16) =
 				make_float2(v0, v1);
@@ -752,10 +753,9 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 	    tensor_map(&tw, w, rows, cols, BN / MC, err, errsz) ||
 	    (ST && tensor_map_y(&ty, y, n, rows, err, errsz)))
 		return WK_EIO;
-	cudaError_t e = ST ? cudaFuncSetAttribute(k_gemm_wgmma_tma_st,
-						  cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
-			   : cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN, OVL>),
-						  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	const cudaFuncAttribute max_dyn = cudaFuncAttributeMaxDynamicSharedMemorySize;
+	cudaError_t e = ST ? cudaFuncSetAttribute(k_gemm_wgmma_tma_st, max_dyn, smem)
+			   : cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN, OVL>), max_dyn, smem);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
 	/* the token tiles of one weight tile next to each other, MC to a cluster, in panels of
