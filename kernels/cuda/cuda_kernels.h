@@ -326,6 +326,12 @@ int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs
  * (the lab's "wgmma ovl"; not yet run on a GPU); the same contract. */
 int wk_cuda_gemm_fp8_wgmma_ovl(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 			       const float *ws, int n, int rows, int cols, char *err, size_t errsz);
+/* wk_cuda_gemm_fp8_wgmma with each tile's totals staged in shared memory and stored by the
+ * bulk tensor copy engine (TMA), so the consumers go on to the next tile at once (the lab's
+ * "wgmma st"; not yet run on a GPU); the same contract. Where rows % 4 != 0 or y is not
+ * 16-byte aligned (the output's tensor map), it is wk_cuda_gemm_fp8_wgmma. */
+int wk_cuda_gemm_fp8_wgmma_st(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+			      const float *ws, int n, int rows, int cols, char *err, size_t errsz);
 
 /* ---- FP8 weights x f32 activations for prefill (gemm_fp8w.cu) ---- */
 

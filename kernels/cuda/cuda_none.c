@@ -312,6 +312,12 @@ int wk_cuda_gemm_fp8_wgmma_ovl(float *y, const uint8_t *xq, const float *xs, con
 	return wk_cuda_gemm_fp8_wgmma(y, xq, xs, w, ws, n, rows, cols, err, errsz);
 }
 
+int wk_cuda_gemm_fp8_wgmma_st(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
+			      const float *ws, int n, int rows, int cols, char *err, size_t errsz)
+{
+	return wk_cuda_gemm_fp8_wgmma(y, xq, xs, w, ws, n, rows, cols, err, errsz);
+}
+
 int wk_cuda_set_device(int d, char *err, size_t errsz)
 {
 	(void)d;

@@ -51,11 +51,26 @@
  * k_gemm_wgmma_tma<MC, 160> (wk_cuda_gemm_fp8_wgmma_n160, _n160_mc2): the TMA kernels with
  * tiles of 160 weight rows (below, at tma_ring).
  *
- * What is not here yet (issue 9's 1,000 TFLOPS): a TMA-store epilogue, and any tuning on a
- * GPU (stages, tile shape, register split, the L2 panel size). Nothing has run on
- * a GPU yet: tests/tools/cuda_lab times the four TMA kernels beside the mma.sync kernel and
- * cuBLASLt when scripts/gpu-check runs on one; the backend runs the one-CTA 128-row kernel
- * until that run says which is faster.
+ * k_gemm_wgmma_tma_st (wk_cuda_gemm_fp8_wgmma_st, the lab's "wgmma st"; below, at ST_BOX):
+ * k_gemm_wgmma_tma<1, 128> with a TMA-store epilogue. The plain kernel stores each tile's
+ * 128 x 128 f32 totals (64 KiB) from registers with no wgmma in flight, so the tensor cores
+ * idle through every epilogue (at 4096 x 7168 x 2048 a tile is only 16 k blocks; 844 TFLOPS
+ * there on an H200, 974 at 8192^3). Here each consumer warpgroup writes its 64 x 128 totals
+ * into its own 32 KiB of shared memory (the 128-byte-swizzled layout of the output's tensor
+ * map, lanes staggered so that the float2 stores are free of bank conflicts), and one of
+ * its threads hands them to the copy engine (cp.async.bulk.tensor ... bulk_group): the
+ * warpgroup goes on with its next tile at once, and waits for the copy to have read its
+ * staging area (cp.async.bulk.wait_group.read) only before its next epilogue. The 5-stage
+ * ring and the 64 KiB of staging take 230,480 of the 232,448 bytes a block may have.
+ * rows % 4 != 0 or a misaligned y (no tensor map of y) falls back to the plain kernel.
+ * Tested under the emulator only: no GPU has run it yet, so neither its speed nor our
+ * reading of the store's swizzle and bulk-group semantics is confirmed.
+ *
+ * What is not here yet (issue 9's 1,000 TFLOPS): any tuning on a GPU (stages, tile shape,
+ * register split, the L2 panel size), and a GPU's verdict on the TMA-store epilogue.
+ * tests/tools/cuda_lab times the TMA kernels beside the mma.sync kernel and cuBLASLt when
+ * scripts/gpu-check runs on one; the backend runs the one-CTA 128-row kernel until that run
+ * says which is faster.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -404,6 +419,48 @@ __device__ __forceinline__ void tma_consumer_ovl(float *y, const float *xs, cons
 	}
 }
 
+/* The producer of a TMA kernel (thread 0 of warpgroup 0): fills the ring of the tiles
+ * first, first + step, ... through the bulk tensor copy engine, kbe k blocks a tile (the
+ * pipelined consumers' padding block a copy of the last), waiting for each slot to be empty
+ * in every CTA of the cluster. */
+template <int MC, int BN>
+__device__ __forceinline__ void tma_produce(const CUtensorMap *tx, const CUtensorMap *tw,
+					    uint32_t ring0, uint32_t full0, uint32_t empty0,
+					    int kbs, int kbe, int first, int step, int tiles,
+					    int mgroups, int group, int rank)
+{
+	typedef tma_ring<BN> R;
+	int it = 0; /* k blocks issued so far, over all the tiles: the ring's clock */
+	for (int tile = first; tile < tiles; tile += step) {
+		int mg, nt;
+		tma_tile_coords(tile, mgroups, tiles / mgroups, group, mg, nt);
+		int m0 = (mg * MC + rank) * WM, r0 = nt * BN;
+		/* the pipelined consumers' padding block is a copy of the last */
+		for (int kb = 0; kb < kbe; kb++, it++) {
+			int s = it % R::stages, kc = (kb < kbs ? kb : kbs - 1) * WK;
+			unsigned ph = (unsigned)(it / R::stages) & 1;
+			uint32_t st = ring0 + s * R::stage, full = full0 + 8 * s;
+			/* empty in every CTA of the cluster: its consumers arrive on all */
+			mbar_wait(empty0 + 8 * s, ph ^ 1);
+			/* the whole stage lands here: the token tile, the weight tile's slice of
+			 * each CTA of the cluster */
+			mbar_arrive_expect_tx(full, R::stage);
+			tma_load_2d(st, tx, kc, m0, full);
+			if (MC == 1)
+				tma_load_2d(st + WTILE, tw, kc, r0, full);
+			else /* this CTA's BN / MC weight rows, into every CTA */
+				tma_load_2d_mc(st + WTILE + rank * (BN / MC) * WK, tw, kc,
+					       r0 + rank * (BN / MC), full,
+					       (uint16_t)((1u << MC) - 1));
+		}
+	}
+	/* No CTA of a cluster may leave while a peer's consumers can still arrive on its
+	 * barriers: this thread waits until every slot's last stage has been released by all of
+	 * them (a slot never filled is through at once). */
+	for (int k = 0; MC > 1 && k < R::stages; k++, it++)
+		mbar_wait(empty0 + 8 * (it % R::stages), ((unsigned)(it / R::stages) & 1) ^ 1);
+}
+
 template <int MC, int BN, bool OVL = false>
 __global__ void __launch_bounds__(TTHREADS, 1)
 	k_gemm_wgmma_tma(float *y, const __grid_constant__ CUtensorMap tx,
@@ -437,38 +494,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 
 	if (wg == 0) { /* the producer */
 		regs_dec<40>();
-		if (tid == 0) {
-			int it = 0; /* k blocks issued so far, over all the tiles: the ring's clock */
-			for (int tile = first; tile < tiles; tile += step) {
-				int mg, nt;
-				tma_tile_coords(tile, mgroups, tiles / mgroups, group, mg, nt);
-				int m0 = (mg * MC + rank) * WM, r0 = nt * BN;
-				/* the pipelined consumers' padding block is a copy of the last */
-				for (int kb = 0; kb < kbe; kb++, it++) {
-					int s = it % R::stages, kc = (kb < kbs ? kb : kbs - 1) * WK;
-					unsigned ph = (unsigned)(it / R::stages) & 1;
-					uint32_t st = ring0 + s * R::stage, full = full0 + 8 * s;
-					/* empty in every CTA of the cluster: its consumers arrive on all */
-					mbar_wait(empty0 + 8 * s, ph ^ 1);
-					/* the whole stage lands here: the token tile, the weight tile's
-					 * slice of each CTA of the cluster */
-					mbar_arrive_expect_tx(full, R::stage);
-					tma_load_2d(st, &tx, kc, m0, full);
-					if (MC == 1)
-						tma_load_2d(st + WTILE, &tw, kc, r0, full);
-					else /* this CTA's BN / MC weight rows, into every CTA */
-						tma_load_2d_mc(st + WTILE + rank * (BN / MC) * WK, &tw,
-							       kc, r0 + rank * (BN / MC), full,
-							       (uint16_t)((1u << MC) - 1));
-				}
-			}
-			/* No CTA of a cluster may leave while a peer's consumers can still arrive on
-			 * its barriers: this thread waits until every slot's last stage has been
-			 * released by all of them (a slot never filled is through at once). */
-			for (int k = 0; MC > 1 && k < R::stages; k++, it++)
-				mbar_wait(empty0 + 8 * (it % R::stages),
-					  ((unsigned)(it / R::stages) & 1) ^ 1);
-		}
+		if (tid == 0)
+			tma_produce<MC, BN>(&tx, &tw, ring0, full0, empty0, kbs, kbe, first, step,
+					    tiles, mgroups, group, rank);
 		return;
 	}
 
@@ -496,6 +524,156 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 			tma_tile_serial<MC, BN>(acc, xs, ws, t0, n, nb, jb, sr, kbs, ring0, full0,
 						empty0, it, cw, lane);
 		wgmma_store_tile(y, acc, t0, r0, q, n, rows);
+	}
+}
+
+/* ---- the TMA-store epilogue (wk_cuda_gemm_fp8_wgmma_st, the lab's "wgmma st") ----------
+ *
+ * k_gemm_wgmma_tma<1, 128>'s producer and consumers, but each tile's totals leave through
+ * shared memory and the bulk tensor copy engine instead of from registers: consumer
+ * warpgroup cw writes its 64 x 128 f32 totals into its own 32 KiB staging area (after the
+ * ring), fences them to the async proxy and meets its 128 threads at named barrier 1 + cw;
+ * then its first thread starts four box stores (ty: y [n][rows] f32, boxes of 64 token rows
+ * x 32 weight rows, 128-byte swizzled; out-of-bounds rows and columns are not written) and
+ * commits them as one bulk group, and the warpgroup goes straight on to its next tile's k
+ * loop while the copy engine reads the staging area. Before the warpgroup writes it again
+ * (its next tile's epilogue), that thread waits until the group has read it
+ * (cp.async.bulk.wait_group.read 0) and the warpgroup meets at the barrier; before it
+ * returns, until its stores are complete (wait_group 0). So each warpgroup's store costs it
+ * 32 float2 shared-memory stores instead of 32 8-byte global ones whose latency it waited
+ * through, and the other warpgroup's wgmmas keep the tensor cores busy meanwhile.
+ * The staging layout is the tensor map's: box b (weight rows 32 b .. +32) at 8 KiB b, token
+ * row r at 128 r in it, its 16-byte chunk c at chunk c ^ (r % 8). Needs rows % 4 == 0 and y
+ * 16-byte aligned (the map's stride and address rules); the launcher falls back to
+ * k_gemm_wgmma_tma<1, 128> otherwise. */
+#define ST_BOX 32                  /* weight rows of a store box: 128 bytes of f32, a swizzle row */
+#define ST_AREA (64 * WN * 4)      /* bytes of a consumer warpgroup's staging area: 32 KiB */
+
+/* The shared memory of the TMA-store kernel: the ring (from ring0), the two staging areas
+ * (1024-byte aligned: the ring's stages are 32 KiB), then the mbarriers. */
+struct tma_st_smem {
+	typedef tma_ring<128> R;
+	static constexpr int staging = R::stages * R::stage; /* from ring0 */
+	static constexpr int bars = staging + 2 * ST_AREA;
+	static constexpr int smem = bars + 2 * R::stages * 8 + 1024;
+	static_assert(staging % 1024 == 0, "the staging areas are 1024-byte aligned");
+	static_assert(smem <= 232448, "ring and staging fit in a block's 227 KiB");
+};
+
+/* Writes a consumer thread's totals acc (the m64n128 fragment: register i at row
+ * 16 warp + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 q + i % 2) into its warpgroup's staging
+ * area st, one float2 a register pair. Banks: the row's XOR (r % 8 = g) moves a lane's pair
+ * of chunks only to the neighbouring pair for g ^ 1, so if every lane stored column group j
+ * together, lanes g and g ^ 1 would share banks (two wavefronts a half-warp's 128 bytes,
+ * under the half-warp rule for 8-byte accesses). Lanes with odd g store group j ^ 2 while
+ * the others store j: then a half-warp's 16 lanes (g 0..3, q 0..3) write chunks
+ * 2 (j % 4) ^ (q / 2) ^ g ^ 4 (g % 2), which are all 8 chunks, each half by one lane: all 32
+ * banks, one wavefront (likewise g 4..7). */
+__device__ __forceinline__ void st_stage_tile(uint8_t *st, const float (&acc)[64], int warp,
+					      int lane)
+{
+	int g = lane >> 2, q = lane & 3, odd = g & 1;
+	int lx = (q >> 1) ^ g ^ (odd << 2); /* the lane's part of the swizzled chunk */
+	uint8_t *base = st + (16 * warp + g) * 128 + (q & 1) * 8;
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int i = 4 * j + 2 * h, io = 4 * (j ^ 2) + 2 * h;
+			float v0 = odd ? acc[io] : acc[i], v1 = odd ? acc[io + 1] : acc[i + 1];
+			/* group jl = j ^ 2 odd: box j / 4, chunk 2 (jl % 4) + q / 2, XOR g */
+			int c = (2 * (j & 3)) ^ lx;
+			*(float2 *)(base + (j >> 2) * (64 * 128) + h * 8 * 128 + c * 16) =
+				make_float2(v0, v1);
+		}
+}
+
+/* Consumer warpgroup cw's 128 threads meet (named barrier 1 + cw). */
+__device__ __forceinline__ void st_bar(int cw)
+{
+	if (cw == 0)
+		named_bar_sync<1, 128>();
+	else
+		named_bar_sync<2, 128>();
+}
+
+/* The epilogue of consumer warpgroup cw for its tokens m (64 from m) and weight rows r0
+ * (128 from r0): waits for its staging area to be free, fills it, and starts its store;
+ * after the block's last tile (last), waits for the stores to complete, so none is left
+ * when the block exits. (That wait after the tile loop instead, the natural place, made
+ * ptxas spill 736 bytes of the consumers' registers.) */
+__device__ __forceinline__ void st_epilogue(const CUtensorMap *ty, const float (&acc)[64],
+					    uint8_t *st, int cw, int warp, int lane, int m, int r0,
+					    bool last)
+{
+	bool lead = warp == 0 && lane == 0;
+	if (lead)
+		bulk_wait_read<0>(); /* the last tile's store has read the staging area */
+	st_bar(cw);
+	st_stage_tile(st, acc, warp, lane);
+	fence_proxy_async(); /* the copy engine reads what these ordinary stores wrote */
+	st_bar(cw);
+	if (lead) {
+#pragma unroll
+		for (int b = 0; b < WN / ST_BOX; b++)
+			tma_store_2d(ty, r0 + b * ST_BOX, m, smem_u32(st) + b * 64 * 128);
+		bulk_commit();
+		if (last)
+			bulk_wait<0>();
+	}
+}
+
+__global__ void __launch_bounds__(TTHREADS, 1)
+	k_gemm_wgmma_tma_st(const __grid_constant__ CUtensorMap ty,
+			    const __grid_constant__ CUtensorMap tx,
+			    const __grid_constant__ CUtensorMap tw, const float *xs,
+			    const float *ws, int n, int rows, int cols, int mgroups, int tiles,
+			    int group)
+{
+	typedef tma_ring<128> R;
+	typedef tma_st_smem S;
+	extern __shared__ uint4 wgmma_st_smem[];
+	uint8_t *raw = (uint8_t *)wgmma_st_smem;
+	uint8_t *ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+	uint32_t ring0 = smem_u32(ring), full0 = ring0 + S::bars;
+	uint32_t empty0 = full0 + 8 * R::stages;
+	int tid = (int)threadIdx.x, wg = tid >> 7;
+	int kbs = (cols + WK - 1) / WK, kbe = tma_tile_blocks<128>(kbs);
+	int first = (int)blockIdx.x, step = (int)gridDim.x;
+
+	if (tid == 0) {
+		for (int s = 0; s < R::stages; s++) {
+			mbar_init(full0 + 8 * s, 1);
+			mbar_init(empty0 + 8 * s, 2 * 128);
+		}
+		mbar_init_fence();
+	}
+	__syncthreads();
+
+	if (wg == 0) { /* the producer */
+		regs_dec<40>();
+		if (tid == 0)
+			tma_produce<1, 128>(&tx, &tw, ring0, full0, empty0, kbs, kbe, first, step,
+					    tiles, mgroups, group, 0);
+		return;
+	}
+
+	regs_inc<232>();
+	int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31;
+	uint8_t *st = ring + S::staging + cw * ST_AREA;
+	int sr = (rows + WN - 1) / WN; /* weight scale blocks */
+	int it = 0;
+	for (int tile = first; tile < tiles; tile += step) {
+		int t0, r0, nb;
+		tma_place<1, 128>(tile, mgroups, tiles, group, 0, cw, warp, lane, t0, r0, nb);
+		float acc[64];
+#pragma unroll
+		for (int i = 0; i < 64; i++)
+			acc[i] = 0.0f;
+		tma_tile_pipelined<1>(acc, xs, ws, t0, n, nb, sr, kbs, ring0, full0, empty0, it, cw,
+				      lane);
+		st_epilogue(&ty, acc, st, cw, warp, lane, t0 - 16 * warp - (lane >> 2), r0,
+			    tile + step >= tiles);
 	}
 }
 
@@ -539,20 +717,45 @@ static int tensor_map(CUtensorMap *m, const uint8_t *p, int nrows, int cols, int
 	return WK_OK;
 }
 
+/* The tensor map of the output y [n][rows] f32 written in boxes of 64 rows of ST_BOX floats,
+ * 128-byte swizzled (k_gemm_wgmma_tma_st's staging layout). rows % 4 == 0, y 16-byte aligned.
+ * WK_OK or WK_EIO. */
+static int tensor_map_y(CUtensorMap *m, float *y, int n, int rows, char *err, size_t errsz)
+{
+	encode_tiled_fn enc = encode_tiled();
+	if (!enc)
+		return wk_errf(err, errsz, WK_EIO, "CUDA gemm_fp8_wgmma: no cuTensorMapEncodeTiled");
+	cuuint64_t dims[2] = {(cuuint64_t)rows, (cuuint64_t)n};
+	cuuint64_t strides[1] = {(cuuint64_t)rows * 4};
+	cuuint32_t box[2] = {ST_BOX, 64}, one[2] = {1, 1};
+	CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)y, dims, strides, box, one,
+			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+			 CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS)
+		return wk_errf(err, errsz, WK_EIO,
+			       "CUDA gemm_fp8_wgmma: cuTensorMapEncodeTiled of y: %d", (int)r);
+	return WK_OK;
+}
+
 /* The persistent TMA kernel with clusters of MC CTAs (1 or 2) and tiles of BN weight rows
- * (128 or 160) on the mtiles x ntiles tiles; OVL: the store overlapped (tma_consumer_ovl). */
-template <int MC, int BN, bool OVL = false>
+ * (128 or 160) on the mtiles x ntiles tiles; OVL: the store overlapped (tma_consumer_ovl);
+ * ST: the TMA-store epilogue (k_gemm_wgmma_tma_st, MC 1 and BN 128 only). */
+template <int MC, int BN, bool OVL = false, bool ST = false>
 static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 		      const float *ws, int n, int rows, int cols, int mtiles, int ntiles,
 		      char *err, size_t errsz)
 {
+	static_assert(!ST || (MC == 1 && BN == 128 && !OVL), "the TMA-store kernel: 1 x 128");
 	typedef tma_ring<BN> R;
-	CUtensorMap tx, tw;
+	const int smem = ST ? tma_st_smem::smem : R::smem;
+	CUtensorMap tx, tw, ty;
 	if (tensor_map(&tx, xq, n, cols, WM, err, errsz) ||
-	    tensor_map(&tw, w, rows, cols, BN / MC, err, errsz))
+	    tensor_map(&tw, w, rows, cols, BN / MC, err, errsz) ||
+	    (ST && tensor_map_y(&ty, y, n, rows, err, errsz)))
 		return WK_EIO;
-	cudaError_t e = cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN, OVL>),
-					     cudaFuncAttributeMaxDynamicSharedMemorySize, R::smem);
+	const cudaFuncAttribute max_dyn = cudaFuncAttributeMaxDynamicSharedMemorySize;
+	cudaError_t e = ST ? cudaFuncSetAttribute(k_gemm_wgmma_tma_st, max_dyn, smem)
+			   : cudaFuncSetAttribute((k_gemm_wgmma_tma<MC, BN, OVL>), max_dyn, smem);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
 	/* the token tiles of one weight tile next to each other, MC to a cluster, in panels of
@@ -570,7 +773,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1];
 	cfg.blockDim = dim3(TTHREADS);
-	cfg.dynamicSmemBytes = R::smem;
+	cfg.dynamicSmemBytes = (size_t)smem;
 	int places = 0; /* clusters (or blocks) resident at once: the persistent grid */
 	if (MC == 1) {
 		e = cudaDeviceGetAttribute(&places, cudaDevAttrMultiProcessorCount, dev);
@@ -595,19 +798,24 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 				       "CUDA gemm_fp8_wgmma: no %d-CTA cluster fits on the device", MC);
 	}
 	cfg.gridDim = dim3((unsigned)(MC * (tiles < places ? tiles : places > 0 ? places : 1)));
-	e = cudaLaunchKernelEx(&cfg, (k_gemm_wgmma_tma<MC, BN, OVL>), y, tx, tw, xs, ws, n, rows, cols,
-			       mgroups, tiles, group);
+	if constexpr (ST)
+		e = cudaLaunchKernelEx(&cfg, k_gemm_wgmma_tma_st, ty, tx, tw, xs, ws, n, rows, cols,
+				       mgroups, tiles, group);
+	else
+		e = cudaLaunchKernelEx(&cfg, (k_gemm_wgmma_tma<MC, BN, OVL>), y, tx, tw, xs, ws, n,
+				       rows, cols, mgroups, tiles, group);
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma launch", err, errsz);
 	return launched("gemm_fp8_wgmma", err, errsz);
 }
 
 /* wk_cuda_gemm_fp8_wgmma (mc 1, bn 128) and its variants: clusters of mc = 2 CTAs, tiles of
- * bn = 160 weight rows, the store overlapped (ovl, with mc 1 and bn 128) (the TMA kernel
- * only; otherwise the cp.async kernel's 128 x 128). */
+ * bn = 160 weight rows, the store overlapped (ovl, with mc 1 and bn 128), the TMA-store
+ * epilogue (st, with mc 1 and bn 128; where rows % 4 == 0 and y is 16-byte aligned, else as
+ * neither) (the TMA kernel only; otherwise the cp.async kernel's 128 x 128). */
 static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_t *w,
 		      const float *ws, int n, int rows, int cols, int mc, int bn, bool ovl,
-		      char *err, size_t errsz)
+		      bool st, char *err, size_t errsz)
 {
 	if (cols < 0 || rows > 65535 * WN) /* gridDim.y <= 65535 */
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA gemm_fp8_wgmma: rows %d, cols %d", rows,
@@ -626,6 +834,9 @@ static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_
 		if (ovl)
 			return launch_tma<1, 128, true>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
 							errsz);
+		if (st && rows % 4 == 0 && (uintptr_t)y % 16 == 0)
+			return launch_tma<1, 128, false, true>(y, xq, xs, w, ws, n, rows, cols, mt,
+							       nt, err, errsz);
 		return mc == 2 ? launch_tma<2, 128>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
 						    errsz)
 			       : launch_tma<1, 128>(y, xq, xs, w, ws, n, rows, cols, mt, nt, err,
@@ -648,33 +859,40 @@ extern "C" int wk_cuda_gemm_fp8_wgmma(float *y, const uint8_t *xq, const float *
 				      const uint8_t *w, const float *ws, int n, int rows, int cols,
 				      char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, false, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, false, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_mc2(float *y, const uint8_t *xq, const float *xs,
 					  const uint8_t *w, const float *ws, int n, int rows,
 					  int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 128, false, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 128, false, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_n160(float *y, const uint8_t *xq, const float *xs,
 					   const uint8_t *w, const float *ws, int n, int rows,
 					   int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 160, false, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 160, false, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_n160_mc2(float *y, const uint8_t *xq, const float *xs,
 					       const uint8_t *w, const float *ws, int n,
 					       int rows, int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 160, false, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 2, 160, false, false, err, errsz);
 }
 
 extern "C" int wk_cuda_gemm_fp8_wgmma_ovl(float *y, const uint8_t *xq, const float *xs,
 					  const uint8_t *w, const float *ws, int n, int rows,
 					  int cols, char *err, size_t errsz)
 {
-	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, true, err, errsz);
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, true, false, err, errsz);
+}
+
+extern "C" int wk_cuda_gemm_fp8_wgmma_st(float *y, const uint8_t *xq, const float *xs,
+					 const uint8_t *w, const float *ws, int n, int rows,
+					 int cols, char *err, size_t errsz)
+{
+	return gemm_wgmma(y, xq, xs, w, ws, n, rows, cols, 1, 128, false, true, err, errsz);
 }

@@ -113,6 +113,7 @@ static const struct {
 	{"wgmma n160", wk_cuda_gemm_fp8_wgmma_n160}, /* 128 x 160 tiles */
 	{"wgmma n160 2cta", wk_cuda_gemm_fp8_wgmma_n160_mc2},
 	{"wgmma ovl", wk_cuda_gemm_fp8_wgmma_ovl}, /* the store overlapped with the next tile */
+	{"wgmma st", wk_cuda_gemm_fp8_wgmma_st}, /* the store staged in shared memory, by TMA */
 };
 
 /* One GEMM row of the prefill table: run() (one call: WK_OK, or an error in err) once on a

@@ -5,9 +5,10 @@
  * m64n128k16 bf16), its fence / commit / wait, the proxy fence that orders ordinary
  * shared-memory writes before the tensor cores read them, and the shared-window address of
  * a pointer; plus what both GEMMs' tiles share: the 128-byte swizzle of a tile (wgmma_swz)
- * and the store of an m64nN accumulator fragment (wgmma_store_tile); the mbarriers and tensor copies of the TMA
- * kernels, and the cluster instructions of the 2-CTA one. Not for use outside kernels/cuda/. The
- * asynchronous copies that fill shared memory are mma.cuh's cp.async.
+ * and the store of an m64nN accumulator fragment (wgmma_store_tile); the mbarriers and
+ * tensor copies of the TMA kernels, the bulk tensor store and named barriers of the
+ * TMA-store epilogue, and the cluster instructions of the 2-CTA one. Not for use outside
+ * kernels/cuda/. The asynchronous copies that fill shared memory are mma.cuh's cp.async.
  *
  * On the device each is one PTX instruction (inline asm under __CUDA_ARCH__). Under the CPU
  * emulator (tests/simt, WICK_SIMT) each calls the emulator's version (tests/simt/wgmma.cpp),
@@ -377,6 +378,78 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
 	simt_tma_load_2d(dst, map, c0, c1, bar);
 #else
 	(void)dst, (void)map, (void)c0, (void)c1, (void)bar;
+#endif
+}
+
+/* ---- the bulk tensor store (TMA, shared memory to global) and named barriers ----------
+ * PTX ISA "cp.async.bulk.tensor" (.global.shared::cta.bulk_group: the box at (c0, c1) of the
+ * tensor map's global tensor written from shared memory, out-of-bounds elements not
+ * written; with the map's 128-byte swizzle, box row r's 16-byte chunk c is read from chunk
+ * c ^ (r % 8) of its 128-byte row, the source 1024-byte aligned), "cp.async.bulk.commit_group"
+ * (closes this thread's bulk stores issued since the last commit into a group) and
+ * "cp.async.bulk.wait_group" (waits until at most N of this thread's groups are pending;
+ * .read: only until their shared memory has been read, so it may be written again; without
+ * .read, until the writes to global memory are done); "bar.sync" (a barrier of `count`
+ * threads, whole warps, on barrier id; 0 is __syncthreads'). Ordinary shared-memory writes
+ * that a bulk store reads need fence.proxy.async in each writing thread before the barrier
+ * after which the store is issued. */
+
+/* Starts the store of the box at (c0 = column, c1 = row) of map's tensor from shared address
+ * src (1024-byte aligned with the 128-byte swizzle) in this thread's open bulk group. */
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, int c0, int c1, uint32_t src)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
+		     " [%0, {%1, %2}], [%3];\n" ::"l"(map),
+		     "r"(c0), "r"(c1), "r"(src)
+		     : "memory");
+#elif defined(WICK_SIMT)
+	simt_tma_store_2d(map, c0, c1, src);
+#else
+	(void)map, (void)c0, (void)c1, (void)src;
+#endif
+}
+
+/* Closes this thread's bulk group (the stores issued since the last commit). */
+__device__ __forceinline__ void bulk_commit(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#elif defined(WICK_SIMT)
+	simt_bulk_commit();
+#endif
+}
+
+/* Waits until at most N of this thread's bulk groups still read their shared memory. */
+template <int N> __device__ __forceinline__ void bulk_wait_read(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#elif defined(WICK_SIMT)
+	simt_bulk_wait(N, true);
+#endif
+}
+
+/* Waits until at most N of this thread's bulk groups are incomplete (their global writes
+ * done). */
+template <int N> __device__ __forceinline__ void bulk_wait(void)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#elif defined(WICK_SIMT)
+	simt_bulk_wait(N, false);
+#endif
+}
+
+/* A barrier of COUNT threads (a multiple of 32: whole warps) on barrier ID (1..15); both
+ * immediates (with a register id ptxas reserves all 16 barriers). */
+template <int ID, int COUNT> __device__ __forceinline__ void named_bar_sync(void)
+{
+	static_assert(ID >= 1 && ID <= 15 && COUNT % 32 == 0, "bar.sync: id 1..15, whole warps");
+#if defined(__CUDA_ARCH__)
+	asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
+#elif defined(WICK_SIMT)
+	simt_named_bar(ID, COUNT);
 #endif
 }
 

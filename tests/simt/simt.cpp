@@ -92,6 +92,8 @@ struct block_ctx {
 	size_t k, l; /* the warp (k-th in the round's order) and its next lane */
 	unsigned long seen; /* progress when the warp's pass began */
 	barrier bar;
+	barrier named[16]; /* bar.sync id, count (simt_named_bar); [0] unused */
+	int named_count[16];
 	warp warps[MAX_THREADS / 32];
 	std::vector<uint64_t> dyn_smem;
 	/* its static shared variables' bytes while another block runs: (shared_vars index, bytes) */
@@ -161,6 +163,8 @@ static void fiber_main(void)
 {
 	for (;;) {
 		(*body)();
+		if (!interleaving) /* no bulk stores there (simt_block_serial) */
+			simt_bulk_on_return();
 		cur->done = true;
 		blk->live--;
 		progress++;
@@ -236,6 +240,30 @@ void simt_syncthreads(const char *site)
 	progress++;
 	unsigned long g = bar.gen;
 	if (++bar.arrived == blk->live) {
+		bar.arrived = 0;
+		bar.gen++;
+		return;
+	}
+	while (bar.gen == g)
+		to_sched();
+}
+
+/* A named barrier counts its arrivals up to its count; threads that return are not counted
+ * for it (unlike __syncthreads: a bar.sync's count is fixed), so a count that is never
+ * reached is a deadlock. */
+void simt_named_bar(int id, int count)
+{
+	if (id < 1 || id > 15 || count <= 0 || count % 32 != 0 ||
+	    count > (int)(blockDim.x * blockDim.y * blockDim.z))
+		fail("bar.sync with an id outside 1..15 or a count not a multiple of 32 threads");
+	barrier &bar = blk->named[id];
+	if (bar.arrived == 0)
+		blk->named_count[id] = count;
+	else if (blk->named_count[id] != count)
+		fail("bar.sync on one id with two thread counts");
+	progress++;
+	unsigned long g = bar.gen;
+	if (++bar.arrived == count) {
 		bar.arrived = 0;
 		bar.gen++;
 		return;
@@ -1005,6 +1033,10 @@ static void start_block(block_ctx &b, dim3 idx, size_t nt)
 	b.saved.clear();
 	poison(b.dyn_smem.data(), b.dyn_smem.size() * sizeof b.dyn_smem[0]);
 	b.bar = barrier{};
+	for (int i = 0; i < 16; i++) {
+		b.named[i] = barrier{};
+		b.named_count[i] = 0;
+	}
 	for (size_t w = 0; w < (nt + 31) / 32; w++) {
 		b.warps[w].arrived = 0;
 		b.warps[w].lanes = (int)(nt - w * 32 < 32 ? nt - w * 32 : 32);

@@ -64,7 +64,12 @@
  * and aborting when that differs from what shared memory held at the issue;
  * the async proxy (fence.proxy.async) is not modelled. Its mbarriers and the bulk tensor
  * copy (TMA) are emulated too: a copy lands when a thread next waits on its mbarrier, and a
- * round in which every thread only spins on mbarriers is reported as a deadlock.
+ * round in which every thread only spins on mbarriers is reported as a deadlock. The bulk
+ * tensor store (shared to global, in bulk groups) reads shared memory and writes global
+ * memory at the cp.async.bulk.wait_group that retires its group, aborting if that shared
+ * memory changed since the issue (a staging area rewritten before its wait_group.read) or
+ * if a thread returns with a store not waited for; named barriers (bar.sync id, count) are
+ * real barriers of count threads.
  * Thread block clusters (cudaLaunchKernelEx's cluster dimension; the 2-CTA GEMM): a
  * cluster's CTAs are resident together and interleaved, its last rank running alone until
  * it waits; mapa's shared::cluster addresses reach a peer's shared memory, so a remote
@@ -316,6 +321,19 @@ void simt_tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t ba
 /* The same multicast: into each CTA of mask (bit r: rank r) at dst, on its mbarrier at bar. */
 void simt_tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t bar,
 			 uint16_t mask);
+/* cp.async.bulk.tensor.2d.global.shared::cta.bulk_group (a store of the box at (c0, c1) of
+ * map's tensor from shared address src), cp.async.bulk.commit_group and
+ * cp.async.bulk.wait_group[.read] (pending: N): a store reads its shared memory and writes
+ * global memory when a wait retires its group, and aborts if that shared memory changed
+ * since the issue; a thread that returns with bulk stores not waited for aborts
+ * (simt_bulk_on_return, called by the scheduler); see wgmma.cpp. */
+void simt_tma_store_2d(const void *map, int c0, int c1, uint32_t src);
+void simt_bulk_commit(void);
+void simt_bulk_wait(int pending, bool read);
+void simt_bulk_on_return(void);
+/* bar.sync id, count: a barrier of count threads on barrier id 1..15 (0 is __syncthreads');
+ * the threads arriving at one id must name the same count. */
+void simt_named_bar(int id, int count);
 /* Device memory opened to the host (1) and closed again (0), paired: what a collective of
  * tests/simt/comm_simt.c does from the host, as NCCL's kernels would on a GPU. */
 extern "C" void simt_device_access(int open);

@@ -3,7 +3,8 @@
  * wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 and m64nNk16.f32.bf16.bf16 with A and
  * B from shared-memory descriptors (both K-major), wgmma.fence, wgmma.commit_group and
  * wgmma.wait_group; and, at the end,
- * mbarriers, cp.async.bulk.tensor.2d (multicast too) and the driver's cuTensorMapEncodeTiled.
+ * mbarriers, cp.async.bulk.tensor.2d (loads, multicast too, and the bulk-group store) and
+ * the driver's cuTensorMapEncodeTiled.
  *
  * Written from the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution, its 9.0 text):
  *   - 9.7.15.5.1.2.2 "Matrix Descriptor Format": start address, leading and stride byte
@@ -288,9 +289,10 @@ void simt_wgmma_wait(int pending)
 
 struct tmap { /* the emulator's CUtensorMap contents */
 	const uint8_t *base;
-	uint64_t dim[2], stride;
-	uint32_t box[2];
+	uint64_t dim[2], stride; /* dim in elements, stride in bytes */
+	uint32_t box[2];         /* in elements */
 	int swizzle;
+	uint32_t esize; /* bytes an element: 1 (UINT8) or 4 (FLOAT32) */
 };
 static_assert(sizeof(tmap) <= sizeof(CUtensorMap), "a tensor map holds a tmap");
 
@@ -344,17 +346,20 @@ static void land(mbar &b)
 {
 	for (const tma_copy &c : b.copies) {
 		const tmap &m = c.map;
-		uint8_t *smem = (uint8_t *)simt_smem_ptr(c.dst, (size_t)m.box[0] * m.box[1]);
+		uint32_t bytes = m.box[0] * m.box[1] * m.esize;
+		uint8_t *smem = (uint8_t *)simt_smem_ptr(c.dst, bytes);
 		for (uint32_t r = 0; r < m.box[1]; r++)
-			for (uint32_t k = 0; k < m.box[0]; k++) {
-				int64_t x = (int64_t)c.c0 + k, y = (int64_t)c.c1 + r;
+			for (uint32_t k = 0; k < m.box[0] * m.esize; k++) {
+				int64_t x = (int64_t)c.c0 + k / m.esize, y = (int64_t)c.c1 + r;
 				bool in = x >= 0 && y >= 0 && (uint64_t)x < m.dim[0] && (uint64_t)y < m.dim[1];
-				uint32_t a = c.dst + r * m.box[0] + k;
+				uint32_t a = c.dst + r * m.box[0] * m.esize + k;
 				if (m.swizzle)
 					a ^= ((a >> 7) & 7) << 4;
-				smem[a - c.dst] = in ? m.base[(uint64_t)y * m.stride + (uint64_t)x] : 0;
+				smem[a - c.dst] =
+					in ? m.base[(uint64_t)y * m.stride + (uint64_t)x * m.esize + k % m.esize]
+					   : 0;
 			}
-		b.tx -= (long)m.box[0] * m.box[1];
+		b.tx -= (long)bytes;
 	}
 	b.copies.clear();
 	/* a copy may complete before its bytes are expected (a peer's multicast before this
@@ -422,6 +427,115 @@ void simt_tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t
 			simt_tma_load_2d(simt_mapa(dst, r), map, c0, c1, simt_mapa(bar, r));
 }
 
+/* ---- the bulk tensor store: cp.async.bulk.tensor.2d.global.shared::cta.bulk_group --------
+ *
+ * From "cp.async.bulk.tensor" (.global.shared::cta): the box at (c0, c1) is written to the
+ * tensor from shared memory laid out as a load's destination (box row r at r times the
+ * box's row bytes, 16-byte chunks swizzled the same way with the 128-byte swizzle), and
+ * elements outside the tensor are not written; "cp.async.bulk.commit_group" and
+ * "cp.async.bulk.wait_group" (.read: until the groups have read their shared memory) make
+ * a thread's bulk groups, as cp.async's. Here a store records its box's shared-memory bytes
+ * at the issue and does everything when a wait retires its group: it reads the shared
+ * memory again, aborting if it changed since the issue (so a staging area rewritten before
+ * the wait_group.read that frees it, or a store issued before every thread had written its
+ * part, as far as the warp orders expose it, is named), and writes global memory. A store
+ * never waited for never lands, and a thread returning with one aborts. The async proxy
+ * (the fence.proxy.async before the barrier) is not modelled. */
+
+struct bulk_store {
+	tmap map;
+	int c0, c1;
+	uint32_t src;
+	std::vector<uint8_t> at_issue; /* the box's shared-memory bytes when it was issued */
+};
+
+struct bulk_thread {
+	unsigned long serial;
+	std::vector<bulk_store> open;                /* issued since the last commit */
+	std::vector<std::vector<bulk_store>> groups; /* committed, oldest first */
+};
+static bulk_thread bulk_threads[SIMT_SLOTS][MAX_THREADS];
+
+static bulk_thread &bulk_me(void)
+{
+	bulk_thread &t = bulk_threads[simt_block_slot()][simt_thread_index()];
+	if (t.serial != simt_block_serial()) {
+		t.serial = simt_block_serial();
+		t.open.clear();
+		t.groups.clear();
+	}
+	return t;
+}
+
+static void bulk_land(const bulk_store &b)
+{
+	const tmap &m = b.map;
+	uint32_t row = m.box[0] * m.esize, bytes = row * m.box[1];
+	const uint8_t *smem = (const uint8_t *)simt_smem_ptr(b.src, bytes);
+	if (memcmp(smem, b.at_issue.data(), bytes) != 0)
+		fail("the shared memory of a bulk tensor store changed between its issue and the "
+		     "cp.async.bulk.wait_group that retired it");
+	uint8_t *base = (uint8_t *)m.base;
+	for (uint32_t r = 0; r < m.box[1]; r++)
+		for (uint32_t k = 0; k < m.box[0]; k++) {
+			int64_t x = (int64_t)b.c0 + k, y = (int64_t)b.c1 + r;
+			if (x < 0 || y < 0 || (uint64_t)x >= m.dim[0] || (uint64_t)y >= m.dim[1])
+				continue;
+			uint32_t a = b.src + r * row + k * m.esize;
+			if (m.swizzle)
+				a ^= ((a >> 7) & 7) << 4;
+			memcpy(base + (uint64_t)y * m.stride + (uint64_t)x * m.esize, smem + (a - b.src),
+			       m.esize);
+		}
+}
+
+void simt_tma_store_2d(const void *map, int c0, int c1, uint32_t src)
+{
+	bulk_store b;
+	memcpy(&b.map, map, sizeof b.map);
+	if (!b.map.base)
+		fail("cp.async.bulk.tensor with a tensor map cuTensorMapEncodeTiled did not fill");
+	if (src >> 24)
+		fail("a bulk tensor store from a shared::cluster address");
+	if (b.map.swizzle && src % 1024 != 0)
+		fail("a 128-byte-swizzled bulk tensor store from shared memory not 1024-byte aligned");
+	if (src % 128 != 0)
+		fail("a bulk tensor store from shared memory not 128-byte aligned");
+	uint32_t bytes = b.map.box[0] * b.map.box[1] * b.map.esize;
+	const uint8_t *smem = (const uint8_t *)simt_smem_ptr(src, bytes);
+	b.at_issue.assign(smem, smem + bytes);
+	b.c0 = c0;
+	b.c1 = c1;
+	b.src = src;
+	bulk_me().open.push_back(std::move(b));
+}
+
+void simt_bulk_commit(void)
+{
+	bulk_thread &t = bulk_me();
+	t.groups.push_back(std::move(t.open));
+	t.open.clear();
+}
+
+void simt_bulk_wait(int pending, bool read)
+{
+	(void)read; /* the global writes land with the reads: nothing in the kernel sees them */
+	bulk_thread &t = bulk_me();
+	while ((int)t.groups.size() > pending) {
+		for (const bulk_store &b : t.groups.front())
+			bulk_land(b);
+		t.groups.erase(t.groups.begin());
+	}
+}
+
+void simt_bulk_on_return(void)
+{
+	bulk_thread &t = bulk_threads[simt_block_slot()][simt_thread_index()];
+	if (t.serial == simt_block_serial() && (!t.open.empty() || !t.groups.empty()))
+		fail("a thread returned with bulk tensor stores not waited for "
+		     "(cp.async.bulk.wait_group)");
+}
+
 CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
 				cuuint32_t tensorRank, void *globalAddress,
 				const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
@@ -433,17 +547,21 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tens
 	/* the driver's rules for what is used here: a 16-byte aligned address, strides
 	 * multiples of 16 bytes, boxes of 1..256 elements, a 128-byte swizzle's inner box at
 	 * most 128 bytes */
-	if (tensorDataType != CU_TENSOR_MAP_DATA_TYPE_UINT8 || tensorRank != 2 ||
+	uint32_t esize = tensorDataType == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 1;
+	if ((tensorDataType != CU_TENSOR_MAP_DATA_TYPE_UINT8 &&
+	     tensorDataType != CU_TENSOR_MAP_DATA_TYPE_FLOAT32) ||
+	    tensorRank != 2 ||
 	    interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || oobFill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE ||
 	    (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_128B) ||
 	    (uintptr_t)globalAddress % 16 != 0 || globalStrides[0] % 16 != 0 ||
 	    globalDim[0] == 0 || globalDim[1] == 0 || boxDim[0] == 0 || boxDim[0] > 256 ||
-	    boxDim[1] == 0 || boxDim[1] > 256 || boxDim[0] % 16 != 0 ||
-	    (swizzle == CU_TENSOR_MAP_SWIZZLE_128B && boxDim[0] > 128) || elementStrides[0] != 1 ||
+	    boxDim[1] == 0 || boxDim[1] > 256 || boxDim[0] * esize % 16 != 0 ||
+	    (swizzle == CU_TENSOR_MAP_SWIZZLE_128B && boxDim[0] * esize > 128) ||
+	    elementStrides[0] != 1 ||
 	    elementStrides[1] != 1)
 		return CUDA_ERROR_INVALID_VALUE;
 	tmap m = {(const uint8_t *)globalAddress, {globalDim[0], globalDim[1]}, globalStrides[0],
-		  {boxDim[0], boxDim[1]}, swizzle == CU_TENSOR_MAP_SWIZZLE_128B};
+		  {boxDim[0], boxDim[1]}, swizzle == CU_TENSOR_MAP_SWIZZLE_128B, esize};
 	memset(tensorMap, 0, sizeof *tensorMap);
 	memcpy(tensorMap, &m, sizeof m);
 	return CUDA_SUCCESS;

@@ -366,7 +366,11 @@ Test(cuda_kernels, gemm_fp8_matches_ref)
  * TMA kernel where cols % 16 == 0 and the operands are aligned, the cp.async one when they
  * are one byte off a 16-byte boundary, ordinary stores when cols % 16 != 0; 600 x 384 makes
  * the TMA kernels' L2-grouped tile order (the emulator's 512 KiB L2: panels of 2 token
- * tiles, here 2, 2 and 1) go round a panel shorter than the others. Within 1e-3;
+ * tiles, here 2, 2 and 1) go round a panel shorter than the others. The TMA-store epilogue
+ * (_st) takes the shapes whose rows % 4 == 0 (324: a last tile of 68 weight rows, its third
+ * box 4 columns wide and its fourth out of bounds; 36: one tile's two boxes past rows; 600
+ * and 200 x 324: blocks with several tiles, so a staging area is reused) and falls back to
+ * the plain TMA kernel for 130 and 3 rows (rows * 4 % 16 != 0: no tensor map of y). Within 1e-3;
  * every output is poisoned first. Under the emulator this checks the 128-byte swizzle, the
  * descriptors, the accumulator fragment, the mbarrier protocol and the tensor maps against
  * our reading of the PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware.
@@ -379,13 +383,15 @@ Test(cuda_kernels, gemm_fp8_wgmma_matches_ref)
 	static const int shapes[][3] = {{1, 64, 128},    {7, 200, 300}, {130, 256, 640},
 					{129, 130, 1040}, {33, 130, 208}, {64, 128, 256},
 					{70, 256, 1536},  {5, 64, 40},  {2, 3, 1},
-					{600, 256, 384}};
+					{600, 256, 384},  {200, 324, 256}, {131, 36, 256}};
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 		for (int off = 0; off < 2; off++)
 			if (!off || shapes[s][2] % 16 == 0) { /* else already the ordinary stores */
 				gemm_fp8_case(wk_cuda_gemm_fp8_wgmma, "gemm_fp8_wgmma",
 					      shapes[s][0], shapes[s][1], shapes[s][2], off);
 				gemm_fp8_case(wk_cuda_gemm_fp8_wgmma_ovl, "gemm_fp8_wgmma_ovl",
+					      shapes[s][0], shapes[s][1], shapes[s][2], off);
+				gemm_fp8_case(wk_cuda_gemm_fp8_wgmma_st, "gemm_fp8_wgmma_st",
 					      shapes[s][0], shapes[s][1], shapes[s][2], off);
 			}
 }

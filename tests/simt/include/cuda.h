@@ -12,7 +12,8 @@ typedef uint32_t cuuint32_t;
 typedef int CUresult;
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1 };
 
-typedef enum { CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0 } CUtensorMapDataType;
+typedef enum { CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7 }
+	CUtensorMapDataType;
 typedef enum { CU_TENSOR_MAP_INTERLEAVE_NONE = 0 } CUtensorMapInterleave;
 typedef enum { CU_TENSOR_MAP_SWIZZLE_NONE = 0, CU_TENSOR_MAP_SWIZZLE_128B = 3 } CUtensorMapSwizzle;
 typedef enum { CU_TENSOR_MAP_L2_PROMOTION_NONE = 0, CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3 }
@@ -23,7 +24,7 @@ typedef struct CUtensorMap_st {
 	alignas(64) cuuint64_t opaque[16];
 } CUtensorMap;
 
-/* As the driver's, for what the emulator supports: UINT8, rank 2, no interleave, no or
+/* As the driver's, for what the emulator supports: UINT8 or FLOAT32, rank 2, no interleave, no or
  * 128-byte swizzle (then boxDim[0] <= 128), unit element strides, zero fill. */
 CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
 				cuuint32_t tensorRank, void *globalAddress,
