@@ -60,6 +60,7 @@ struct cuda_ctx {
 				   * moe_route_experts), then WK_CHAIN_SYNC of the chained launches:
 				   * moe_route_experts): zero, each launch leaving them zero */
 	bool gemv_mma;     /* 2..8 tokens through the tensor-core GEMV (gemv_route) */
+	bool gemm_st;      /* matmul_fp8act's GEMM with the TMA-store epilogue */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
 };
@@ -119,6 +120,10 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 	/* WICK_CUDA_GEMV=mma: the GEMVs of 2..8 tokens on the tensor cores (gemv_route) */
 	const char *gv = getenv("WICK_CUDA_GEMV");
 	c->gemv_mma = gv && strcmp(gv, "mma") == 0;
+	/* WICK_CUDA_GEMM=st: the FP8 prefill GEMM with the TMA-store epilogue (the lab's
+	 * "wgmma st"; the same sums, stored another way) */
+	const char *gm = getenv("WICK_CUDA_GEMM");
+	c->gemm_st = gm && strcmp(gm, "st") == 0;
 	*ctx = c;
 	return WK_OK;
 }
@@ -410,9 +415,9 @@ static void matmul_fp8act(void *ctx, float *const *y, const float *x,
 	    !ok(c, wk_cuda_act_codes(c->aq_codes, c->aq_scales, x, n, cols, err, sizeof err), err))
 		return;
 	for (int k = 0; k < count && c->rc == WK_OK; k++)
-		ok(c, wk_cuda_gemm_fp8_wgmma(y[k], c->aq_codes, c->aq_scales,
-					     (const uint8_t *)w[k]->data, w[k]->scale, n, w[k]->rows,
-					     cols, err, sizeof err),
+		ok(c, (c->gemm_st ? wk_cuda_gemm_fp8_wgmma_st : wk_cuda_gemm_fp8_wgmma)(
+			      y[k], c->aq_codes, c->aq_scales, (const uint8_t *)w[k]->data,
+			      w[k]->scale, n, w[k]->rows, cols, err, sizeof err),
 		   err);
 }
 
