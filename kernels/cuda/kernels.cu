@@ -183,7 +183,7 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
  * 64-column step of its rows g + 8i (i < 2 RT), and its four k slots of mma j (0..3) are
  * columns 16q + 4j .. 16q + 4j + 3 (slots 2q, 2q + 1 the first two, 2q + 8, 2q + 9 the
  * others); B's matching slots are x[g][the same columns] (token g, one float4). Rows past
- * the end and tokens past n are zeros.
+ * the end and tokens past n repeat the last (their sums are never stored).
  *
  * A block of W warps (16 where there are few row groups, else 8) takes 16 RT rows (RT = 2,
  * 32 rows, when there are >= 132 such groups, else 1), each warp a run of 128-column blocks
@@ -196,14 +196,12 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 #define GM_XS 0x1p100f /* FP8: x's scale before the split */
 #define GM_WS 0x1p20f  /* FP8: 1 / (GM_E4M3_BF16 GM_XS), on the block's scale */
 
-/* B's registers from token g's 4 floats at xp (none when !in: zeros): hi = bf16(x), lo =
- * bf16(x - hi), x scaled by xs first */
-__device__ __forceinline__ void gm_x(uint32_t hi[2], uint32_t lo[2], const float *xp, bool in,
-				     float xs)
+/* B's registers from token g's 4 floats at xp: hi = bf16(x), lo = bf16(x - hi), x scaled by
+ * xs first */
+__device__ __forceinline__ void gm_x(uint32_t hi[2], uint32_t lo[2], const float *xp, float xs)
 {
-	float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-	if (in)
-		ld_x4<false>(f, xp);
+	float f[4];
+	ld_x4<false>(f, xp);
 #pragma unroll
 	for (int e = 0; e < 4; e++)
 		f[e] *= xs;
@@ -253,10 +251,15 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 	int r0 = (int)blockIdx.x * M, kb = cols / 128;
 	int b0 = warp * per_warp, b1 = b0 + per_warp < kb ? b0 + per_warp : kb;
-	bool vt = g < n;
-	const size_t rstep = (size_t)8 * cols * sizeof(T); /* from row g + 8i to g + 8i + 8 */
-	const uint8_t *w0 = (const uint8_t *)w + ((size_t)(r0 + g) * cols + 16 * q) * sizeof(T);
-	const float *xg = x + (size_t)g * cols + 16 * q;
+	/* a row past the end reads the last row, a token past n the last token: their sums land
+	 * in rows and columns of D that are never stored (an mma's row r of D is row r of A
+	 * times B, its column t A times column t of B), and no branch or zeroing is spent */
+	const uint8_t *wr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++)
+		wr[r] = (const uint8_t *)w +
+			((size_t)min(r0 + g + 8 * r, rows - 1) * cols + 16 * q) * sizeof(T);
+	const float *xg = x + (size_t)min(g, n - 1) * cols + 16 * q;
 	const float *sc = scale + (size_t)(r0 / FP8_BLOCK) * kb;
 	const float xs = FP8 ? GM_XS : 1.0f;
 	float acc[RT][4];
@@ -275,9 +278,11 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 				for (int r = 0; r < R; r++)
 #pragma unroll
 					for (int u = 0; u < U; u++) {
-						size_t at = r * rstep + ((size_t)(b + i) * 128 + st * 64) * sizeof(T) + u * 16;
-						bool in = b + i < b1 && r0 + g + 8 * r < rows;
-						c[i][st][r][u] = in ? ld_stream16(w0 + at) : make_uint4(0, 0, 0, 0);
+						/* a block past the run (NB = 2) reads the run's last again:
+						 * its products are scaled by 0 below */
+						int bi = min(b + i, b1 - 1);
+						size_t at = ((size_t)bi * 128 + st * 64) * sizeof(T) + u * 16;
+						c[i][st][r][u] = ld_stream16(wr[r] + at);
 					}
 #pragma unroll
 		for (int i = 0; i < NB; i++) {
@@ -292,8 +297,8 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
 					uint32_t hi[2], lo[2];
-					gm_x(hi, lo, xg + (size_t)(b + i) * 128 + st * 64 + 4 * j,
-					     vt && b + i < b1, xs);
+					gm_x(hi, lo, xg + (size_t)min(b + i, b1 - 1) * 128 + st * 64 + 4 * j,
+					     xs);
 #pragma unroll
 					for (int t = 0; t < RT; t++) {
 						uint32_t a[4];
