@@ -236,7 +236,7 @@ __device__ __forceinline__ void gm_a(uint32_t a[4], const uint4 *ra, const uint4
 }
 
 template <typename T, int RT>
-__global__ void __launch_bounds__(GM_THREADS, 1)
+__global__ void __launch_bounds__(RT == 4 ? 256 : GM_THREADS, 1)
 	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
 		   int cols, int per_warp)
 {
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 						     * warp, 8 KB for bf16 at RT = 2 */
 	constexpr int R = 2 * RT;       /* the lane's rows, g + 8i */
 	constexpr int M = 16 * RT;      /* the block's rows */
-	__shared__ float red[GM_MAXW][M * 8];
+	__shared__ float red[RT == 4 ? 8 : GM_MAXW][M * 8]; /* RT 4: 8 warps (gm_launch) */
 	const T *tag = NULL;
 	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 	int r0 = (int)blockIdx.x * M, kb = cols / 128;
@@ -339,16 +339,25 @@ template <typename T>
 static void gm_launch(float *y, const float *x, const T *w, const float *scale, int n, int rows,
 		      int cols)
 {
-	/* 32 rows a block where that still gives a block to each of the 132 multiprocessors;
-	 * 16 warps a block where the blocks are fewer than that (2048 rows: 128), else 8; never
-	 * more warps than 128-column blocks */
-	int rt = (rows + 31) / 32 >= 132 ? 2 : 1;
+	/* 32 rows a block where that still gives a block to each of the 132 multiprocessors
+	 * (FP8: 64 rows where that gives two, 18432 rows: 288 blocks; it halves x's reads
+	 * from L2, as many bytes as the weights' at 32 rows and 8 tokens); 16 warps a block
+	 * where the blocks are fewer than 132 (2048 rows: 128), else 8; never more warps than
+	 * 128-column blocks */
+	constexpr bool FP8 = mm_fp8<T>::v;
+	int rt = FP8 && (rows + 63) / 64 >= 264 ? 4 : (rows + 31) / 32 >= 132 ? 2 : 1;
 	int groups = (rows + 16 * rt - 1) / (16 * rt), kb = cols / 128;
 	int wpb = groups < 132 ? GM_MAXW : 8;
 	if (wpb > kb)
 		wpb = kb;
 	int per = (kb + wpb - 1) / wpb;
 	wpb = (kb + per - 1) / per;
+	if constexpr (FP8) {
+		if (rt == 4) {
+			k_gemv_mma<T, 4><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
+			return;
+		}
+	}
 	if (rt == 2)
 		k_gemv_mma<T, 2><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
 	else
