@@ -235,10 +235,12 @@ __device__ __forceinline__ void gm_a(uint32_t a[4], const uint4 *ra, const uint4
 	a[3] = word_of(rb[j >> 1], (2 * j + 1) & 3);
 }
 
+/* The block's rows (k_gemv_mma's, k_gemv_mma4's body); red: [warps][16 RT x 8] floats of
+ * shared memory */
 template <typename T, int RT>
-__global__ void __launch_bounds__(RT == 4 ? 256 : GM_THREADS, 1)
-	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
-		   int cols, int per_warp)
+__device__ __forceinline__ void gm_rows(float *y, const float *x, const T *w,
+					const float *scale, int n, int rows, int cols, int per_warp,
+					float *red)
 {
 	constexpr bool FP8 = mm_fp8<T>::v;
 	constexpr int U = FP8 ? 1 : 2;  /* uint4 a row a 64-column step */
@@ -246,7 +248,6 @@ __global__ void __launch_bounds__(RT == 4 ? 256 : GM_THREADS, 1)
 						     * warp, 8 KB for bf16 at RT = 2 */
 	constexpr int R = 2 * RT;       /* the lane's rows, g + 8i */
 	constexpr int M = 16 * RT;      /* the block's rows */
-	__shared__ float red[RT == 4 ? 8 : GM_MAXW][M * 8]; /* RT 4: 8 warps (gm_launch) */
 	const T *tag = NULL;
 	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 	int r0 = (int)blockIdx.x * M, kb = cols / 128;
@@ -318,10 +319,10 @@ __global__ void __launch_bounds__(RT == 4 ? 256 : GM_THREADS, 1)
 	/* tile t: d[0], d[1]: row 16t + g, tokens 2q and 2q + 1; d[2], d[3]: row 16t + g + 8 */
 #pragma unroll
 	for (int t = 0; t < RT; t++) {
-		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
-		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
-		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
-		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
+		red[warp * M * 8 + (16 * t + g) * 8 + 2 * q] = acc[t][0];
+		red[warp * M * 8 + (16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
+		red[warp * M * 8 + (16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
+		red[warp * M * 8 + (16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
 	}
 	__syncthreads();
 	int nw = (int)blockDim.x >> 5;
@@ -329,10 +330,30 @@ __global__ void __launch_bounds__(RT == 4 ? 256 : GM_THREADS, 1)
 		int r = i / 8, t = i % 8;
 		float s = 0.0f;
 		for (int k = 0; k < nw; k++)
-			s += red[k][i];
+			s += red[k * M * 8 + i];
 		if (t < n && r0 + r < rows)
 			y[(size_t)t * rows + r0 + r] = s;
 	}
+}
+
+template <typename T, int RT>
+__global__ void __launch_bounds__(GM_THREADS, 1)
+	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
+		   int cols, int per_warp)
+{
+	__shared__ float red[GM_MAXW * 16 * RT * 8];
+	gm_rows<T, RT>(y, x, w, scale, n, rows, cols, per_warp, red);
+}
+
+/* FP8 at RT = 4: 164 registers, so 256 threads (8 warps) a block */
+#define GM_THREADS4 256
+template <typename T>
+__global__ void __launch_bounds__(GM_THREADS4, 1)
+	k_gemv_mma4(float *y, const float *x, const T *w, const float *scale, int n, int rows,
+		    int cols, int per_warp)
+{
+	__shared__ float red[GM_THREADS4 / 32 * 64 * 8];
+	gm_rows<T, 4>(y, x, w, scale, n, rows, cols, per_warp, red);
 }
 
 template <typename T>
@@ -354,7 +375,7 @@ static void gm_launch(float *y, const float *x, const T *w, const float *scale, 
 	wpb = (kb + per - 1) / per;
 	if constexpr (FP8) {
 		if (rt == 4) {
-			k_gemv_mma<T, 4><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
+			k_gemv_mma4<T><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
 			return;
 		}
 	}
