@@ -235,12 +235,10 @@ __device__ __forceinline__ void gm_a(uint32_t a[4], const uint4 *ra, const uint4
 	a[3] = word_of(rb[j >> 1], (2 * j + 1) & 3);
 }
 
-/* The block's rows (k_gemv_mma's, k_gemv_mma4's body); red: [warps][16 RT x 8] floats of
- * shared memory */
 template <typename T, int RT>
-__device__ __forceinline__ void gm_rows(float *y, const float *x, const T *w,
-					const float *scale, int n, int rows, int cols, int per_warp,
-					float *red)
+__global__ void __launch_bounds__(GM_THREADS, 1)
+	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
+		   int cols, int per_warp)
 {
 	constexpr bool FP8 = mm_fp8<T>::v;
 	constexpr int U = FP8 ? 1 : 2;  /* uint4 a row a 64-column step */
@@ -248,6 +246,7 @@ __device__ __forceinline__ void gm_rows(float *y, const float *x, const T *w,
 						     * warp, 8 KB for bf16 at RT = 2 */
 	constexpr int R = 2 * RT;       /* the lane's rows, g + 8i */
 	constexpr int M = 16 * RT;      /* the block's rows */
+	__shared__ float red[GM_MAXW][M * 8];
 	const T *tag = NULL;
 	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 	int r0 = (int)blockIdx.x * M, kb = cols / 128;
@@ -319,10 +318,10 @@ __device__ __forceinline__ void gm_rows(float *y, const float *x, const T *w,
 	/* tile t: d[0], d[1]: row 16t + g, tokens 2q and 2q + 1; d[2], d[3]: row 16t + g + 8 */
 #pragma unroll
 	for (int t = 0; t < RT; t++) {
-		red[warp * M * 8 + (16 * t + g) * 8 + 2 * q] = acc[t][0];
-		red[warp * M * 8 + (16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
-		red[warp * M * 8 + (16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
-		red[warp * M * 8 + (16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
+		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
+		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
 	}
 	__syncthreads();
 	int nw = (int)blockDim.x >> 5;
@@ -330,55 +329,26 @@ __device__ __forceinline__ void gm_rows(float *y, const float *x, const T *w,
 		int r = i / 8, t = i % 8;
 		float s = 0.0f;
 		for (int k = 0; k < nw; k++)
-			s += red[k * M * 8 + i];
+			s += red[k][i];
 		if (t < n && r0 + r < rows)
 			y[(size_t)t * rows + r0 + r] = s;
 	}
-}
-
-template <typename T, int RT>
-__global__ void __launch_bounds__(GM_THREADS, 1)
-	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
-		   int cols, int per_warp)
-{
-	__shared__ float red[GM_MAXW * 16 * RT * 8];
-	gm_rows<T, RT>(y, x, w, scale, n, rows, cols, per_warp, red);
-}
-
-/* FP8 at RT = 4: 164 registers, so 256 threads (8 warps) a block */
-#define GM_THREADS4 256
-template <typename T>
-__global__ void __launch_bounds__(GM_THREADS4, 1)
-	k_gemv_mma4(float *y, const float *x, const T *w, const float *scale, int n, int rows,
-		    int cols, int per_warp)
-{
-	__shared__ float red[GM_THREADS4 / 32 * 64 * 8];
-	gm_rows<T, 4>(y, x, w, scale, n, rows, cols, per_warp, red);
 }
 
 template <typename T>
 static void gm_launch(float *y, const float *x, const T *w, const float *scale, int n, int rows,
 		      int cols)
 {
-	/* 32 rows a block where that still gives a block to each of the 132 multiprocessors
-	 * (FP8: 64 rows where that gives two, 18432 rows: 288 blocks; it halves x's reads
-	 * from L2, as many bytes as the weights' at 32 rows and 8 tokens); 16 warps a block
-	 * where the blocks are fewer than 132 (2048 rows: 128), else 8; never more warps than
-	 * 128-column blocks */
-	constexpr bool FP8 = mm_fp8<T>::v;
-	int rt = FP8 && (rows + 63) / 64 >= 264 ? 4 : (rows + 31) / 32 >= 132 ? 2 : 1;
+	/* 32 rows a block where that still gives a block to each of the 132 multiprocessors;
+	 * 16 warps a block where the blocks are fewer than that (2048 rows: 128), else 8; never
+	 * more warps than 128-column blocks */
+	int rt = (rows + 31) / 32 >= 132 ? 2 : 1;
 	int groups = (rows + 16 * rt - 1) / (16 * rt), kb = cols / 128;
 	int wpb = groups < 132 ? GM_MAXW : 8;
 	if (wpb > kb)
 		wpb = kb;
 	int per = (kb + wpb - 1) / wpb;
 	wpb = (kb + per - 1) / per;
-	if constexpr (FP8) {
-		if (rt == 4) {
-			k_gemv_mma4<T><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
-			return;
-		}
-	}
 	if (rt == 2)
 		k_gemv_mma<T, 2><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
 	else
