@@ -156,8 +156,14 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 
 /* ---- gemv_mma: the decode GEMV of up to 8 tokens on tensor cores (the lab's v2) ------------
  *
- * NOT YET RUN ON A GPU: checked under the emulator (tests/simt) only, whose mma follows our
- * reading of the PTX ISA; scripts/gpu-check's tests and the lab are the judges.
+ * Run on an H200 (2026-12-04; the backend still calls v1): gemv_mma_matches_ref
+ * and gemv_mma_every_e4m3_code pass there, and the lab measured, of the 4,250 GB/s copy, at
+ * 8 tokens: FP8 18432x7168 60 %, 7168x18432 70 %, 7168x2048 37 %, 2048x7168 33 %; bf16
+ * 18432x7168 78 %, 7168x18432 79 %, 7168x2048 55 %, 2048x7168 50 % (v1: 13-30 %); at 1
+ * token about v1's (FP8 37-78 %, bf16 57-87 %). The small shapes (14.7 MB, ~9 us a call)
+ * are latency-bound: a warp loads, then computes, with no load of its next step in
+ * flight. Tried and measured worse: 64 rows a warp for FP8 (164 registers, 8 warps an SM):
+ * 18432x7168 at 1 token 73 % -> 61 %.
  *
  * The lab measured v1 on an H200 at 13-30 % of the copy bandwidth for 8 tokens: there each
  * weight takes 8 f32 FMAs plus its share of x's loads, by count ~9 instructions a byte, past
@@ -166,7 +172,7 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
  * (bf16 in, f32 out) per 16 columns: the weights as A, the tokens as B, each x split in two
  * bf16, hi = bf16(x) and lo = bf16(x - hi), and multiplied twice (|x - hi - lo| <= 2^-16 |x|,
  * as gemm_fp8w.cu does), so the result keeps f32's accuracy to ~1e-5 of the largest output.
- * What each mma costs in other instructions, per lane (SASS counts in the lab's notes):
+ * What each mma costs in other instructions, per lane:
  *   - x: one 16-byte load of 4 floats of token g and its split by cvt.rn.bf16x2.f32 (hi;
  *     then x - hi, exact, rounded again: lo), ~13 instructions, shared by the RT tiles;
  *   - e4m3 weights: widened to bf16 by integers, prmt + shift + and a pair (e4m3x2_bf16 in
@@ -190,7 +196,15 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
  * (one weight-scale block: its two steps' products are promoted with the block's scale),
  * loading NB blocks' weights before using any (ld.global.nc, no L1: x lives there; 4 KB a
  * warp in flight, 8 KB for bf16 at RT = 2: FP8 at RT = 2 with two blocks in flight spilled
- * at 128 registers); the warps' sums meet in shared memory, added in warp order. */
+ * at 128 registers); the warps' sums meet in shared memory, added in warp order.
+ *
+ * Instructions per weight byte, counted in sm_90a SASS (cuobjdump -sass) over the main loop
+ * (the longest backward branch's body holding the HMMAs, NOPs left out) over the bytes one
+ * pass of it reads: FP8 RT = 2 409 / 4096 = 0.10, RT = 1 558 / 4096 = 0.14; bf16 RT = 2
+ * 300 / 8192 = 0.037, RT = 1 188 / 4096 = 0.046. The first version of this kernel (16 rows,
+ * an integer bf16 split of x per mma, e4m3 -> f16 -> f32 -> bf16): FP8 1630 / 4096 = 0.40,
+ * bf16 872 / 4096 = 0.21. Registers (ptxas): FP8 108 (RT 2), 124 (RT 1); bf16 128, 92; no
+ * spills. */
 #define GM_MAXW 16
 #define GM_THREADS 512 /* GM_MAXW warps */
 #define GM_XS 0x1p100f /* FP8: x's scale before the split */
