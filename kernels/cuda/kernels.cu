@@ -159,8 +159,8 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
  * Run on an H200 (2026-12-04; the backend still calls v1): gemv_mma_matches_ref
  * and gemv_mma_every_e4m3_code pass there, and the lab measured, of the 4,250 GB/s copy, at
  * 8 tokens: FP8 18432x7168 60 %, 7168x18432 70 %, 7168x2048 37 %, 2048x7168 33 %; bf16
- * 18432x7168 78 %, 7168x18432 79 %, 7168x2048 55 %, 2048x7168 50 % (v1: 13-30 %); at 1
- * token about v1's (FP8 37-78 %, bf16 57-87 %). The small shapes (14.7 MB, ~9 us a call)
+ * 18432x7168 78 %, 7168x18432 78 %, 7168x2048 54 %, 2048x7168 49 % (v1: 13-30 %); at 1
+ * token about v1's (FP8 38-78 %, bf16 57-89 %). The small shapes (14.7 MB, ~9 us a call)
  * are latency-bound: a warp loads, then computes, with no load of its next step in
  * flight. Tried and measured worse: 64 rows a warp for FP8 (164 registers, 8 warps an SM):
  * 18432x7168 at 1 token 73 % -> 61 %.
