@@ -93,6 +93,44 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p)
 	return v;
 }
 
+/* prmt.b32 (PTX's default mode): byte i of the result is byte (sel >> 4i) & 7 of {b, a} (a's
+ * bytes 0..3, b's 4..7), or, when (sel >> 4i) & 8, that byte's sign bit copied over all 8 */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+#ifdef WICK_SIMT
+	return simt_prmt(a, b, sel);
+#else
+	uint32_t d;
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+	return d;
+#endif
+}
+
+/* cvt.rn.bf16x2.f32: the bf16 pair (lo in the low half), each rounded to nearest even */
+__device__ __forceinline__ uint32_t bf16x2_rn(float hi, float lo)
+{
+#ifdef WICK_SIMT
+	return simt_cvt_rn_bf16x2_f32(hi, lo);
+#else
+	uint32_t d;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+	return d;
+#endif
+}
+
+/* Two e4m3 codes of u as a bf16 pair, each exactly its value times 2^-120 (GM_E4M3_BF16):
+ * sel 0x9180 takes bytes 0 and 1 (byte 0 in the low half), 0xb3a2 bytes 2 and 3. prmt
+ * sign-extends each byte to 16 bits (s s s s s s s s | s e e e e m m m); shifted by 4 and
+ * masked that is s at bit 15 and e4m3's 7 magnitude bits at bf16's bits 10..4: exponent
+ * field e (0..15) and mantissa mmm0000, so a normal code 2^(e-7) (1 + m/8) becomes 2^(e-127)
+ * (1 + m/8) and a subnormal 2^-6 m/8 the bf16 subnormal 2^-126 m/8. NaN (0x7f, 0xff)
+ * becomes a finite 480 x 2^-120 (the weights hold none). Three instructions a pair. */
+#define GM_E4M3_BF16 0x1p-120f
+__device__ __forceinline__ uint32_t e4m3x2_bf16(uint32_t u, uint32_t sel)
+{
+	return (prmt(u, 0u, sel) << 4) & 0x87f087f0u;
+}
+
 /* f[0..4) = the 4 floats at p (16-byte aligned): read-only for the kernel, through the
  * read-only path; CO (coherent): written earlier in the same launch by other blocks (a
  * chained launch, k_chain), so a plain load after the acquire, never ld.global.nc */

@@ -188,55 +188,87 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 
 /* ---- gemv_mma: the decode GEMV of up to 8 tokens on tensor cores (the lab's v2) ------------
  *
+ * Run on an H200 (2026-12-04; the backend still calls v1): gemv_mma_matches_ref
+ * and gemv_mma_every_e4m3_code pass there, and the lab measured, of the 4,250 GB/s copy, at
+ * 8 tokens: FP8 18432x7168 60 %, 7168x18432 70 %, 7168x2048 37 %, 2048x7168 33 %; bf16
+ * 18432x7168 78 %, 7168x18432 78 %, 7168x2048 54 %, 2048x7168 49 % (v1: 13-30 %); at 1
+ * token about v1's (FP8 38-78 %, bf16 57-89 %). The small shapes (14.7 MB, ~9 us a call)
+ * are latency-bound: a warp loads, then computes, with no load of its next step in
+ * flight. Tried and measured worse: 64 rows a warp for FP8 (164 registers, 8 warps an SM):
+ * 18432x7168 at 1 token 73 % -> 61 %.
+ *
  * The lab measured v1 on an H200 at 13-30 % of the copy bandwidth for 8 tokens: there each
  * weight takes 8 f32 FMAs plus its share of x's loads, by count ~9 instructions a byte, past
- * what the schedulers issue at HBM rate. Here a warp's 16 rows times 8 tokens are one
- * mma.sync.m16n8k16 (bf16 in, f32 out) per 16 columns: the weights as A (e4m3 and bf16 widen
- * to bf16 exactly), the tokens as B, each x split in two bf16, hi = bf16(x) and lo =
- * bf16(x - hi), and multiplied twice (|x - hi - lo| <= 2^-16 |x|, as gemm_fp8w.cu does), so
- * the result keeps f32's accuracy to ~1e-5 of the largest output.
+ * what the schedulers issue at HBM rate (~0.25 warp instructions a byte over the chip, so
+ * the aim is <= ~0.15). Here a warp's 16 RT rows times 8 tokens are RT mma.sync.m16n8k16
+ * (bf16 in, f32 out) per 16 columns: the weights as A, the tokens as B, each x split in two
+ * bf16, hi = bf16(x) and lo = bf16(x - hi), and multiplied twice (|x - hi - lo| <= 2^-16 |x|,
+ * as gemm_fp8w.cu does), so the result keeps f32's accuracy to ~1e-5 of the largest output.
+ * What each mma costs in other instructions, per lane:
+ *   - x: one 16-byte load of 4 floats of token g and its split by cvt.rn.bf16x2.f32 (hi;
+ *     then x - hi, exact, rounded again: lo), ~13 instructions, shared by the RT tiles;
+ *   - e4m3 weights: widened to bf16 by integers, prmt + shift + and a pair (e4m3x2_bf16 in
+ *     gemv.cuh: exactly the value times 2^-120, subnormals included), 12 a tile; bf16
+ *     weights are A as loaded.
+ * The 2^-120 would leave the f32 sums of small products near f32's subnormals, so FP8's x is
+ * scaled by GM_XS = 2^100 before the split (exact; |x| up to 2^27 stays finite in bf16) and
+ * the block's scale by 2^20 after: every product is its true value times 2^-20. A GPU that
+ * flushed bf16 subnormal inputs would lose the e4m3 subnormals (|w| < 2^-6): the test
+ * gemv_mma_every_e4m3_code (tests/unit/test_cuda.c) checks each of the 254 codes exactly.
  *
  * A dot product does not care in which order its columns come, so the fragment's k order is
  * chosen to fit 16-byte loads: lane (g, q) of a warp streams columns 16q .. 16q + 15 of each
- * 64-column step of rows g and g + 8, and its four k pairs of mma j (0..3) are columns
- * 16q + 4j .. 16q + 4j + 3; B's matching pairs are x[g][the same columns] (token g, one
- * float4). Rows past the end and tokens past n are zeros.
+ * 64-column step of its rows g + 8i (i < 2 RT), and its four k slots of mma j (0..3) are
+ * columns 16q + 4j .. 16q + 4j + 3 (slots 2q, 2q + 1 the first two, 2q + 8, 2q + 9 the
+ * others); B's matching slots are x[g][the same columns] (token g, one float4). Rows past
+ * the end and tokens past n repeat the last (their sums are never stored).
  *
- * A block of W warps (8, or 16 for matrices of few rows) takes 16 rows, each warp a run of
- * 128-column blocks (one weight-scale block: its two steps' products are promoted with the
- * block's scale), loading NB blocks' weights before using any (ld.global.nc, no L1: x lives
- * there); the warps' 16 x 8 sums meet in shared memory, added in warp order. */
-#define GM_ROWS 16
+ * A block of W warps (16 where there are few row groups, else 8) takes 16 RT rows (RT = 2,
+ * 32 rows, when there are >= 132 such groups, else 1), each warp a run of 128-column blocks
+ * (one weight-scale block: its two steps' products are promoted with the block's scale),
+ * loading NB blocks' weights before using any (ld.global.nc, no L1: x lives there; 4 KB a
+ * warp in flight, 8 KB for bf16 at RT = 2: FP8 at RT = 2 with two blocks in flight spilled
+ * at 128 registers); the warps' sums meet in shared memory, added in warp order.
+ *
+ * Instructions per weight byte, counted in sm_90a SASS (cuobjdump -sass) over the main loop
+ * (the longest backward branch's body holding the HMMAs, NOPs left out) over the bytes one
+ * pass of it reads: FP8 RT = 2 409 / 4096 = 0.10, RT = 1 558 / 4096 = 0.14; bf16 RT = 2
+ * 300 / 8192 = 0.037, RT = 1 188 / 4096 = 0.046. The first version of this kernel (16 rows,
+ * an integer bf16 split of x per mma, e4m3 -> f16 -> f32 -> bf16): FP8 1630 / 4096 = 0.40,
+ * bf16 872 / 4096 = 0.21. Registers (ptxas): FP8 108 (RT 2), 124 (RT 1); bf16 128, 92; no
+ * spills. */
 #define GM_MAXW 16
 #define GM_THREADS 512 /* GM_MAXW warps */
+#define GM_XS 0x1p100f /* FP8: x's scale before the split */
+#define GM_WS 0x1p20f  /* FP8: 1 / (GM_E4M3_BF16 GM_XS), on the block's scale */
 
-/* x's four floats as two bf16 pairs, hi and lo (bf16_split) */
-__device__ __forceinline__ void gm_split(const float *f, uint32_t hi[2], uint32_t lo[2])
+/* B's registers from token g's 4 floats at xp: hi = bf16(x), lo = bf16(x - hi), x scaled by
+ * xs first */
+__device__ __forceinline__ void gm_x(uint32_t hi[2], uint32_t lo[2], const float *xp, float xs)
 {
-	uint32_t h[4], l[4];
+	float f[4];
+	ld_x4<false>(f, xp);
+#pragma unroll
 	for (int e = 0; e < 4; e++)
-		bf16_split(f[e], &h[e], &l[e]);
-	hi[0] = h[0] | h[1] << 16;
-	hi[1] = h[2] | h[3] << 16;
-	lo[0] = l[0] | l[1] << 16;
-	lo[1] = l[2] | l[3] << 16;
+		f[e] *= xs;
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		hi[h] = bf16x2_rn(f[2 * h + 1], f[2 * h]);
+		lo[h] = bf16x2_rn(f[2 * h + 1] - __uint_as_float(hi[h] & 0xffff0000u),
+				  f[2 * h] - __uint_as_float(hi[h] << 16));
+	}
 }
 
 /* a[0..3] of mma j from the lane's two rows' chunks: e4m3 (one uint4 a row a step: word j is
- * columns 4j .. 4j + 3, widened exactly: an e4m3 value's f32 bits end in 16 zeros) */
+ * columns 4j .. 4j + 3; the first two are slots 2q, 2q + 1) */
 __device__ __forceinline__ void gm_a(uint32_t a[4], const uint4 *ra, const uint4 *rb, int j,
-				     const __nv_fp8_e4m3 *tag)
+				     const __nv_fp8_e4m3 *)
 {
-	float fa[4], fb[4];
-	quad(ra[0], j, fa, tag);
-	quad(rb[0], j, fb, tag);
-	uint32_t ua[4], ub[4];
-	memcpy(ua, fa, 16);
-	memcpy(ub, fb, 16);
-	a[0] = ua[0] >> 16 | (ua[1] & 0xffff0000u);
-	a[1] = ub[0] >> 16 | (ub[1] & 0xffff0000u);
-	a[2] = ua[2] >> 16 | (ua[3] & 0xffff0000u);
-	a[3] = ub[2] >> 16 | (ub[3] & 0xffff0000u);
+	uint32_t ua = word_of(ra[0], j), ub = word_of(rb[0], j);
+	a[0] = e4m3x2_bf16(ua, 0x9180u);
+	a[1] = e4m3x2_bf16(ub, 0x9180u);
+	a[2] = e4m3x2_bf16(ua, 0xb3a2u);
+	a[3] = e4m3x2_bf16(ub, 0xb3a2u);
 }
 
 /* bf16 (two uint4 a row a step: columns 4j .. 4j + 3 are words 2j and 2j + 1) */
@@ -249,68 +281,97 @@ __device__ __forceinline__ void gm_a(uint32_t a[4], const uint4 *ra, const uint4
 	a[3] = word_of(rb[j >> 1], (2 * j + 1) & 3);
 }
 
-template <typename T>
+template <typename T, int RT>
 __global__ void __launch_bounds__(GM_THREADS, 1)
 	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
 		   int cols, int per_warp)
 {
 	constexpr bool FP8 = mm_fp8<T>::v;
 	constexpr int U = FP8 ? 1 : 2;  /* uint4 a row a 64-column step */
-	constexpr int NB = FP8 ? 2 : 1; /* 128-column blocks loaded at once */
-	__shared__ float red[GM_MAXW][GM_ROWS * 8];
+	constexpr int NB = FP8 && RT == 1 ? 2 : 1; /* 128-column blocks loaded at once: 4 KB a
+						     * warp, 8 KB for bf16 at RT = 2 */
+	constexpr int R = 2 * RT;       /* the lane's rows, g + 8i */
+	constexpr int M = 16 * RT;      /* the block's rows */
+	__shared__ float red[GM_MAXW][M * 8];
 	const T *tag = NULL;
 	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-	int r0 = (int)blockIdx.x * GM_ROWS, kb = cols / 128;
+	int r0 = (int)blockIdx.x * M, kb = cols / 128;
 	int b0 = warp * per_warp, b1 = b0 + per_warp < kb ? b0 + per_warp : kb;
-	bool va = r0 + g < rows, vb = r0 + g + 8 < rows, vt = g < n;
-	const uint8_t *wa = (const uint8_t *)w + ((size_t)(r0 + g) * cols + 16 * q) * sizeof(T);
-	const uint8_t *wb = wa + (size_t)8 * cols * sizeof(T);
-	const float *xg = x + (size_t)g * cols + 16 * q;
+	/* a row past the end reads the last row, a token past n the last token: their sums land
+	 * in rows and columns of D that are never stored (an mma's row r of D is row r of A
+	 * times B, its column t A times column t of B), and no branch or zeroing is spent */
+	const uint8_t *wr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++)
+		wr[r] = (const uint8_t *)w +
+			((size_t)min(r0 + g + 8 * r, rows - 1) * cols + 16 * q) * sizeof(T);
+	const float *xg = x + (size_t)min(g, n - 1) * cols + 16 * q;
 	const float *sc = scale + (size_t)(r0 / FP8_BLOCK) * kb;
-	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+	const float xs = FP8 ? GM_XS : 1.0f;
+	float acc[RT][4];
+#pragma unroll
+	for (int t = 0; t < RT; t++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			acc[t][e] = 0.0f;
 	for (int b = b0; b < b1; b += NB) {
-		uint4 ca[NB][2][U], cb[NB][2][U]; /* [block][step][piece] of rows g and g + 8 */
+		uint4 c[NB][2][R][U]; /* [block][step][row][piece] */
 #pragma unroll
 		for (int i = 0; i < NB; i++)
 #pragma unroll
 			for (int st = 0; st < 2; st++)
 #pragma unroll
-				for (int u = 0; u < U; u++) {
-					size_t at = ((size_t)(b + i) * 128 + st * 64) * sizeof(T) + u * 16;
-					bool in = b + i < b1;
-					ca[i][st][u] = va && in ? ld_stream16(wa + at) : make_uint4(0, 0, 0, 0);
-					cb[i][st][u] = vb && in ? ld_stream16(wb + at) : make_uint4(0, 0, 0, 0);
-				}
+				for (int r = 0; r < R; r++)
+#pragma unroll
+					for (int u = 0; u < U; u++) {
+						/* a block past the run (NB = 2) reads the run's last again:
+						 * its products are scaled by 0 below */
+						int bi = min(b + i, b1 - 1);
+						size_t at = ((size_t)bi * 128 + st * 64) * sizeof(T) + u * 16;
+						c[i][st][r][u] = ld_stream16(wr[r] + at);
+					}
 #pragma unroll
 		for (int i = 0; i < NB; i++) {
-			float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+			float p[RT][4];
+#pragma unroll
+			for (int t = 0; t < RT; t++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					p[t][e] = 0.0f;
 #pragma unroll
 			for (int st = 0; st < 2; st++)
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
-					float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-					if (vt && b + i < b1)
-						ld_x4<false>(f, xg + (size_t)(b + i) * 128 + st * 64 + 4 * j);
-					uint32_t a[4], hi[2], lo[2];
-					gm_a(a, ca[i][st], cb[i][st], j, tag);
-					gm_split(f, hi, lo);
-					mma_bf16_16816(p, a, hi);
-					mma_bf16_16816(p, a, lo);
-				}
-			float s = FP8 && b + i < b1 ? sc[b + i] : 1.0f;
+					uint32_t hi[2], lo[2];
+					gm_x(hi, lo, xg + (size_t)min(b + i, b1 - 1) * 128 + st * 64 + 4 * j,
+					     xs);
 #pragma unroll
-			for (int e = 0; e < 4; e++)
-				acc[e] += FP8 ? p[e] * s : p[e];
+					for (int t = 0; t < RT; t++) {
+						uint32_t a[4];
+						gm_a(a, c[i][st][2 * t], c[i][st][2 * t + 1], j, tag);
+						mma_bf16_16816(p[t], a, hi);
+						mma_bf16_16816(p[t], a, lo);
+					}
+				}
+			float s = FP8 ? (b + i < b1 ? sc[b + i] * GM_WS : 0.0f) : 1.0f;
+#pragma unroll
+			for (int t = 0; t < RT; t++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[t][e] += FP8 ? p[t][e] * s : p[t][e];
 		}
 	}
-	/* d[0], d[1]: row g, tokens 2q and 2q + 1; d[2], d[3]: row g + 8 */
-	red[warp][g * 8 + 2 * q] = acc[0];
-	red[warp][g * 8 + 2 * q + 1] = acc[1];
-	red[warp][(g + 8) * 8 + 2 * q] = acc[2];
-	red[warp][(g + 8) * 8 + 2 * q + 1] = acc[3];
+	/* tile t: d[0], d[1]: row 16t + g, tokens 2q and 2q + 1; d[2], d[3]: row 16t + g + 8 */
+#pragma unroll
+	for (int t = 0; t < RT; t++) {
+		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
+		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
+	}
 	__syncthreads();
 	int nw = (int)blockDim.x >> 5;
-	for (int i = (int)threadIdx.x; i < GM_ROWS * 8; i += (int)blockDim.x) { /* 1 warp: 4 each */
+	for (int i = (int)threadIdx.x; i < M * 8; i += (int)blockDim.x) {
 		int r = i / 8, t = i % 8;
 		float s = 0.0f;
 		for (int k = 0; k < nw; k++)
@@ -318,6 +379,26 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 		if (t < n && r0 + r < rows)
 			y[(size_t)t * rows + r0 + r] = s;
 	}
+}
+
+template <typename T>
+static void gm_launch(float *y, const float *x, const T *w, const float *scale, int n, int rows,
+		      int cols)
+{
+	/* 32 rows a block where that still gives a block to each of the 132 multiprocessors;
+	 * 16 warps a block where the blocks are fewer than that (2048 rows: 128), else 8; never
+	 * more warps than 128-column blocks */
+	int rt = (rows + 31) / 32 >= 132 ? 2 : 1;
+	int groups = (rows + 16 * rt - 1) / (16 * rt), kb = cols / 128;
+	int wpb = groups < 132 ? GM_MAXW : 8;
+	if (wpb > kb)
+		wpb = kb;
+	int per = (kb + wpb - 1) / wpb;
+	wpb = (kb + per - 1) / per;
+	if (rt == 2)
+		k_gemv_mma<T, 2><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
+	else
+		k_gemv_mma<T, 1><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
 }
 
 extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
@@ -332,20 +413,10 @@ extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt
 			       rows, cols);
 	if (rows == 0)
 		return WK_OK;
-	int groups = (rows + GM_ROWS - 1) / GM_ROWS, kb = cols / 128;
-	/* 16 warps a block where there are few row groups (2048 rows: 128 blocks on 132
-	 * multiprocessors), else 8; never more warps than 128-column blocks */
-	int wpb = groups < 264 ? GM_MAXW : 8;
-	if (wpb > kb)
-		wpb = kb;
-	int per = (kb + wpb - 1) / wpb;
-	wpb = (kb + per - 1) / per;
 	if (wt == DT_F8_E4M3)
-		k_gemv_mma<__nv_fp8_e4m3><<<groups, wpb * 32>>>(y, x, (const __nv_fp8_e4m3 *)w,
-							       scale, n, rows, cols, per);
+		gm_launch(y, x, (const __nv_fp8_e4m3 *)w, scale, n, rows, cols);
 	else
-		k_gemv_mma<__nv_bfloat16><<<groups, wpb * 32>>>(y, x, (const __nv_bfloat16 *)w,
-							       scale, n, rows, cols, per);
+		gm_launch(y, x, (const __nv_bfloat16 *)w, scale, n, rows, cols);
 	return launched("gemv_mma", err, errsz);
 }
 

@@ -6,9 +6,10 @@
  * the weights, so a GEMV's figure is the weight bytes it read per second; the target on H200
  * is >= 75% of the copy figure. The GEMV rows are GLM-5 decode shapes in FP8 and bf16 at 1
  * and 8 tokens, each run by v0 (the first version, kept here as the baseline), v1
- * (kernels.cu's wk_cuda_matmul, the backend's, launched as programmatic dependents, and
- * again as ordinary launches, "v1 no PDL", its baseline) and v2 (wk_cuda_gemv_mma: tensor
- * cores, not yet measured on a GPU), each checked against the CPU reference on 256 rows first, over rotating
+ * (kernels.cu's wk_cuda_matmul, the backend's at one token, launched as programmatic
+ * dependents, and again as ordinary launches, "v1 no PDL", its baseline) and v2
+ * (wk_cuda_gemv_mma: tensor cores, the backend's at 2..8 tokens; its measured figures are in
+ * its comment in kernels.cu), each checked against the CPU reference on 256 rows first, over rotating
  * copies of the weights so that small shapes stream from HBM and not from L2. Prefill is bound by the tensor cores, so each FP8
  * GEMM's figure is TFLOPS (2 n rows cols per call) on a prefill shape and a larger one,
  * checked first against the CPU reference, printed beside cuBLASLt's FP8 on the same shape;

@@ -191,6 +191,33 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
 {
 	return uint4{x, y, z, w};
 }
+/* prmt.b32 in PTX's default mode (kernels/cuda/gemv.cuh's prmt) */
+static inline uint32_t simt_prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+	uint64_t v = (uint64_t)b << 32 | a;
+	uint32_t d = 0;
+	for (int i = 0; i < 4; i++) {
+		unsigned n = (sel >> (4 * i)) & 15u;
+		uint32_t byte = (uint32_t)(v >> (8 * (n & 7))) & 0xffu;
+		if (n & 8)
+			byte = byte & 0x80u ? 0xffu : 0u;
+		d |= byte << (8 * i);
+	}
+	return d;
+}
+/* cvt.rn.bf16x2.f32 d, hi, lo: each rounded to nearest even, NaN as the canonical 0x7fff */
+static inline uint32_t simt_bf16_rn(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return 0x7fffu;
+	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+static inline uint32_t simt_cvt_rn_bf16x2_f32(float hi, float lo)
+{
+	return simt_bf16_rn(hi) << 16 | simt_bf16_rn(lo);
+}
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int min(int a, int b) { return a < b ? a : b; }

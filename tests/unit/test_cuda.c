@@ -234,12 +234,14 @@ Test(cuda_kernels, matmul_fp8_matches_ref)
 /* The tensor-core GEMV (the lab's v2) against the CPU's matmuls, FP8 and bf16, within 1e-4
  * of the largest output (the bf16 hi/lo split of x keeps ~1e-5): 1..8 tokens, a partial
  * row group and several weight-scale row blocks (300 rows), a warp's run of 3 column blocks
- * (5120 columns over 14 warps: the last load of a pair past its run), one block a warp. */
+ * (5120 columns over 14 warps: the last load of a pair past its run), one block a warp;
+ * 4300 rows take the 32-row blocks (RT = 2), the last with only its first tile's 12 rows. */
 Test(cuda_kernels, gemv_mma_matches_ref)
 {
 	NEED_GPU();
 	static const int shapes[][3] = {{1, 40, 256}, {8, 16, 128}, {3, 130, 384},
-					{8, 300, 1024}, {2, 48, 5120}, {5, 64, 2048}};
+					{8, 300, 1024}, {2, 48, 5120}, {5, 64, 2048},
+					{8, 4300, 256}};
 	for (int fp8 = 0; fp8 < 2; fp8++)
 		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
 			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
@@ -288,6 +290,65 @@ Test(cuda_kernels, gemv_mma_matches_ref)
 	cr_expect(strstr(err, "gemv_mma") != NULL, "%s", err);
 	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_F32, NULL, 1, 16, 128, err, sizeof err),
 		     WK_EINVAL);
+}
+
+/* Every e4m3 code but NaN (0x7f, 0xff: zeros here) through the tensor-core GEMV's widening
+ * to bf16, exactly: w[r][c] = code (r + c) % 256, x one-hot (token t: column 8L + t), scales
+ * 1, so y[t][r] is the code at column 8L + t alone, times 1, and must equal its value bit
+ * for bit (the mma's products and sums are exact here). 16 launches reach every column of a
+ * 128-column block, so each code passes through every byte of a lane's words and every k
+ * slot; 256 rows take the 16-row blocks, 4352 the 32-row ones (both tiles). On a GPU this
+ * is the check of the hardware's prmt and of bf16 subnormal inputs to mma (codes 0x01..0x07
+ * and 0x81..0x87 become bf16 subnormals). */
+Test(cuda_kernels, gemv_mma_every_e4m3_code)
+{
+	NEED_GPU();
+	static const int row_counts[] = {256, 4352};
+	const int n = 8, cols = 128;
+	for (size_t k = 0; k < sizeof row_counts / sizeof row_counts[0]; k++) {
+		int rows = row_counts[k], sr = (rows + 127) / 128;
+		uint8_t *w = malloc((size_t)rows * cols);
+		for (int r = 0; r < rows; r++)
+			for (int c = 0; c < cols; c++) {
+				uint8_t code = (uint8_t)((r + c) % 256);
+				w[(size_t)r * cols + c] = (code & 0x7f) == 0x7f ? 0 : code;
+			}
+		float *scale = malloc((size_t)sr * 4), *x = calloc((size_t)n * cols, 4);
+		float *got = malloc((size_t)n * rows * 4);
+		for (int i = 0; i < sr; i++)
+			scale[i] = 1.0f;
+		void *dw = to_dev(w, (size_t)rows * cols);
+		float *ds = to_dev(scale, (size_t)sr * 4), *dy = to_dev(got, (size_t)n * rows * 4);
+		float *dx = to_dev(x, (size_t)n * cols * 4);
+		int bad = 0;
+		for (int l = 0; l < cols / n; l++) {
+			memset(x, 0, (size_t)n * cols * 4);
+			for (int t = 0; t < n; t++)
+				x[(size_t)t * cols + n * l + t] = 1.0f;
+			cr_assert_eq(wk_cuda_upload(dx, x, (size_t)n * cols * 4, err, sizeof err), WK_OK);
+			cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
+			cr_assert_eq(wk_cuda_gemv_mma(dy, dx, dw, DT_F8_E4M3, ds, n, rows, cols, err,
+						      sizeof err), WK_OK, "%s", err);
+			from_dev(got, dy, (size_t)n * rows * 4);
+			for (int t = 0; t < n; t++)
+				for (int r = 0; r < rows; r++) {
+					uint8_t code = w[(size_t)r * cols + n * l + t];
+					float want = dt_e4m3_to_f32(code), g = got[(size_t)t * rows + r];
+					if (g != want && bad++ < 8)
+						cr_expect(0, "rows %d, code 0x%02x (row %d, col %d): %g, "
+							  "not %g", rows, code, r, n * l + t, g, want);
+				}
+		}
+		cr_expect_eq(bad, 0, "rows %d: %d outputs differ", rows, bad);
+		wk_cuda_free(dw);
+		wk_cuda_free(ds);
+		wk_cuda_free(dy);
+		wk_cuda_free(dx);
+		free(w);
+		free(scale);
+		free(x);
+		free(got);
+	}
 }
 
 /* One FP8 GEMM (wk_cuda_gemm_fp8's contract) on n x rows x cols against cpu_ref_gemm_fp8:
