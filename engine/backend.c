@@ -49,7 +49,8 @@ static bool sink_accept(void *ctx, int world)
 		if (k->rctx[r] && !k->taken[r])
 			continue; /* started by an earlier restore through this sink */
 		char err[WK_ERRSZ];
-		struct be_config c = {.threads = be_rank_threads(k->threads, world), .device = r};
+		struct be_config c = {.threads = be_rank_threads(k->threads, world), .device = r,
+				      .fp8_act = k->fp8_act};
 		if (k->raw->init(&k->rctx[r], &c, err, sizeof err) != WK_OK) {
 			/* too few devices, say: restored into host memory, and the rank engines
 			 * starting their own backends name the problem */

@@ -169,6 +169,10 @@ struct be_cand_head {
 struct be_config {
 	int threads; /* CPU threads; <= 0 means all cores */
 	int device;  /* GPU ordinal for device backends */
+	/* the engine quantizes activations to FP8 before its GEMVs (eng_opts.fp8_act): a
+	 * backend keeps those GEMVs as close to f32 as it can, since a 1e-5 difference flips
+	 * later e4m3 roundings (the CUDA backend: no bf16-split tensor-core GEMV) */
+	bool fp8_act;
 };
 
 struct backend {
@@ -363,6 +367,7 @@ struct be_sink {
 	void *ctx;
 	const struct backend *raw;
 	int threads; /* as be_config's, for the whole process */
+	bool fp8_act; /* as be_config's */
 	int world;   /* set by accept */
 	void *rctx[BE_SINK_MAX]; /* rank r's context; [0] = ctx */
 	bool taken[BE_SINK_MAX];

@@ -783,7 +783,7 @@ int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, in
 		     char *err, size_t errsz)
 {
 	const char *name = o && o->backend ? o->backend : "auto";
-	struct be_config bc = {.threads = threads, .device = device};
+	struct be_config bc = {.threads = threads, .device = device, .fp8_act = o && o->fp8_act};
 	e->be = o && o->backend_ops ? o->backend_ops : be_find(name);
 	if (!e->be)
 		return wk_errf(err, errsz, WK_EINVAL, "unknown backend '%s' (cpu, cuda, null or auto)", name);
@@ -977,7 +977,8 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK)
 			return rc;
 		e->sink = (struct be_sink){.be = e->be, .ctx = e->bctx, .raw = b,
-					   .threads = o ? o->threads : 0};
+					   .threads = o ? o->threads : 0,
+					   .fp8_act = o && o->fp8_act};
 		if (be_streams(e->be)) {
 			sink = be_snap_sink(&e->sink);
 			so.sink = &sink;

@@ -211,8 +211,10 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
  *     gemv.cuh: exactly the value times 2^-120, subnormals included), 12 a tile; bf16
  *     weights are A as loaded.
  * The 2^-120 would leave the f32 sums of small products near f32's subnormals, so FP8's x is
- * scaled by GM_XS = 2^100 before the split (exact; |x| up to 2^27 stays finite in bf16) and
- * the block's scale by 2^20 after: every product is its true value times 2^-20. A GPU that
+ * scaled by GM_XS = 2^64 before the split (exact; |x| up to 2^63 stays finite in bf16: the
+ * H200 run had 2^100, which overflowed past |x| = 2^27, an activation GLM can reach in
+ * principle) and the block's scale by 2^56 after: every product is its true value times
+ * 2^-56, normal in f32 down to true values of 2^-70. A GPU that
  * flushed bf16 subnormal inputs would lose the e4m3 subnormals (|w| < 2^-6): the test
  * gemv_mma_every_e4m3_code (tests/unit/test_cuda.c) checks each of the 254 codes exactly.
  *
@@ -239,8 +241,8 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
  * spills. */
 #define GM_MAXW 16
 #define GM_THREADS 512 /* GM_MAXW warps */
-#define GM_XS 0x1p100f /* FP8: x's scale before the split */
-#define GM_WS 0x1p20f  /* FP8: 1 / (GM_E4M3_BF16 GM_XS), on the block's scale */
+#define GM_XS 0x1p64f /* FP8: x's scale before the split */
+#define GM_WS 0x1p56f /* FP8: 1 / (GM_E4M3_BF16 GM_XS), on the block's scale */
 
 /* B's registers from token g's 4 floats at xp: hi = bf16(x), lo = bf16(x - hi), x scaled by
  * xs first */

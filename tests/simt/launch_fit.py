@@ -86,8 +86,8 @@ def self_test():
 KNOWN_LOSSES = {
     '_Z16k_gemm_wgmma_tmaILi1ELi128ELb1EEvPf14CUtensorMap_stS1_PKfS3_iiiiii':
         'the lab\'s "wgmma ovl" (not the backend\'s): its early issue of the next tile leaves '
-        'a wgmma in flight past the loop; waiting after the loop spills ~700 B. The fix is a '
-        'shared-memory-staged TMA-store epilogue (README, CUDA)',
+        'a wgmma in flight past the loop; waiting after the loop spills ~700 B. The lab\'s '
+        '"wgmma st" (a shared-memory-staged TMA-store epilogue) is the fix it wanted',
 }
 
 

@@ -239,9 +239,11 @@ Test(cuda_kernels, matmul_fp8_matches_ref)
 Test(cuda_kernels, gemv_mma_matches_ref)
 {
 	NEED_GPU();
-	static const int shapes[][3] = {{1, 40, 256}, {8, 16, 128}, {3, 130, 384},
-					{8, 300, 1024}, {2, 48, 5120}, {5, 64, 2048},
-					{8, 4300, 256}};
+	/* n, rows, cols, and x's magnitude as a power of two: 2^40 overflowed the FP8 path's
+	 * scaling of x (2^100) into bf16's infinity before it was 2^64 */
+	static const int shapes[][4] = {{1, 40, 256, 0}, {8, 16, 128, 0}, {3, 130, 384, 0},
+					{8, 300, 1024, 0}, {2, 48, 5120, 0}, {5, 64, 2048, 0},
+					{8, 4300, 256, 0}, {4, 64, 256, 40}, {4, 64, 256, -40}};
 	for (int fp8 = 0; fp8 < 2; fp8++)
 		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
 			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
@@ -258,6 +260,8 @@ Test(cuda_kernels, gemv_mma_matches_ref)
 			}
 			float *x = rnd_vec((size_t)n * cols), *scale = rnd_vec((size_t)sr * sc);
 			float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
+			for (size_t i = 0; i < (size_t)n * cols; i++)
+				x[i] = ldexpf(x[i], shapes[s][3]);
 			if (fp8)
 				cpu_ref_matmul_fp8(want, x, w, scale, n, rows, cols);
 			else
@@ -270,8 +274,8 @@ Test(cuda_kernels, gemv_mma_matches_ref)
 						      cols, err, sizeof err), WK_OK, "%s", err);
 			from_dev(got, dy, (size_t)n * rows * 4);
 			double r = rel(got, want, (size_t)n * rows);
-			cr_expect_leq(r, 1e-4, "%s n=%d rows=%d cols=%d: %g", fp8 ? "fp8" : "bf16", n,
-				      rows, cols, r);
+			cr_expect_leq(r, 1e-4, "%s n=%d rows=%d cols=%d |x| ~2^%d: %g",
+				      fp8 ? "fp8" : "bf16", n, rows, cols, shapes[s][3], r);
 			wk_cuda_free(dx);
 			wk_cuda_free(ds);
 			wk_cuda_free(dy);
