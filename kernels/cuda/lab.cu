@@ -42,6 +42,7 @@ extern "C" {
 #include "common/wk.h"
 #include "kernels/cuda/cuda_kernels.h"
 }
+#include "kernels/cuda/cuda_int.cuh"
 
 #define REPS 5
 
@@ -619,6 +620,55 @@ static double lab_rel(const float *got, const float *want, int n, int rows, int 
 	return m > 0 ? d / m : d;
 }
 
+/* ---- the floor under a small GEMV: a launch that does nothing ----------------------------
+ * The grid of v1 at one token on 7168 x 2048 FP8 (448 blocks of 256 threads), launched
+ * GEMV_CALLS times back to back as the GEMV rows are timed: what a call costs before it
+ * reads a byte. PDL: launched as a programmatic dependent, and letting the next start at
+ * once (griddepcontrol), as k_matmul is. */
+__global__ void k_lab_empty(int *never)
+{
+	grid_dep_launch();
+	grid_dep_wait();
+	if (never && threadIdx.x == 1024) /* never: blocks are 256 threads */
+		*never = 0;
+}
+
+static int lab_empty_call(bool pdl)
+{
+	cudaLaunchAttribute at[1] = {};
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(448);
+	cfg.blockDim = dim3(256);
+	cfg.attrs = at;
+	cfg.numAttrs = pdl ? 1 : 0;
+	return cudaLaunchKernelEx(&cfg, k_lab_empty, (int *)NULL) == cudaSuccess ? WK_OK : WK_EIO;
+}
+
+/* Prints the two floors' rows (us a call); 0 or 1 when a launch failed. */
+static int lab_launch_floor(void)
+{
+	int failed = 0;
+	for (int pdl = 0; pdl < 2; pdl++) {
+		float ms = time_ms([&]() -> int {
+			for (int i = 0; i < GEMV_CALLS; i++)
+				if (lab_empty_call(pdl) != WK_OK)
+					return WK_EIO;
+			return WK_OK;
+		});
+		const char *name = pdl ? "empty launch 448 x 256, PDL" : "empty launch 448 x 256";
+		if (ms <= 0) {
+			printf("%-40s %10s\n", name, "FAILED");
+			failed = 1;
+		} else {
+			printf("%-40s %10s %10s   %.2f us a call (the floor under a small GEMV)\n", name,
+			       "", "", 1e3 * ms / GEMV_CALLS);
+		}
+	}
+	return failed;
+}
+
 /* For every shape, FP8 and bf16, 1 and 8 tokens, v0, v1 and v2: one call checked against the CPU
  * reference on the first and the last 128 rows (1e-4 of the largest output there), then timed
  * whatever the check said; a row per variant: the weight bytes read per second, their share
@@ -644,6 +694,7 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 	}
 	printf("%-40s %10s %10s   (target: v1, v2 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
 	       "of copy");
+	failed |= lab_launch_floor();
 	for (size_t si = 0; si < sizeof gemv_shapes / sizeof gemv_shapes[0]; si++)
 		for (int fp8 = 1; fp8 >= 0; fp8--)
 			for (int n = 1; n <= 8; n += 7)
