@@ -242,6 +242,18 @@ static int mm_parts(struct wk_mm *p, float *const *y, const struct be_weight *co
 	return nrest;
 }
 
+/* Whether any of the weights goes to the tensor-core GEMV (gemv_route). */
+static bool any_route(const struct cuda_ctx *c, const float *x, const struct be_weight *const *w,
+		      int count, int n)
+{
+	for (int k = 0; k < count; k++)
+		if (gemv_route(c, x, w[k], n))
+			return true;
+	return false;
+}
+
+/* Each weight as matmul computes it: those gemv_route takes one tensor-core GEMV each, the
+ * rest in one launch (k_matmul's set). */
 static void matmul_n(void *ctx, float *const *y, const float *x,
 		     const struct be_weight *const *w, int count, int n)
 {
@@ -251,19 +263,31 @@ static void matmul_n(void *ctx, float *const *y, const float *x,
 	static_assert(WK_MATMUL_MAX == BE_MATMUL_MAX, "matmul_n limits differ");
 	if (c->rc != WK_OK)
 		return;
-	bool each = count > 0;
-	for (int k = 0; k < count; k++)
-		each = each && gemv_route(c, x, w[k], n);
-	if (each) { /* one tensor-core GEMV a weight */
-		for (int k = 0; k < count && c->rc == WK_OK; k++)
-			matmul(ctx, y[k], x, w[k], n);
+	if (count >= 1 && count <= WK_MATMUL_MAX && any_route(c, x, w, count, n)) {
+		float *yr[WK_MATMUL_MAX];
+		const struct be_weight *wr[WK_MATMUL_MAX];
+		int m = 0;
+		for (int k = 0; k < count && c->rc == WK_OK; k++) {
+			if (gemv_route(c, x, w[k], n)) {
+				matmul(ctx, y[k], x, w[k], n);
+			} else {
+				yr[m] = y[k];
+				wr[m++] = w[k];
+			}
+		}
+		if (m == 0 || c->rc != WK_OK)
+			return;
+		mm_parts(p, yr, wr, m, n, NULL, 0, NULL);
+		ok(c, wk_cuda_matmul_n(p, m, x, n, wr[0]->cols, err, sizeof err), err);
 		return;
 	}
 	mm_parts(p, y, w, count, n, NULL, 0, NULL);
 	ok(c, wk_cuda_matmul_n(p, count, x, n, count > 0 ? w[0]->cols : 0, err, sizeof err), err);
 }
 
-/* The rotations in the GEMV's store: one launch for the matmuls and their rotations. */
+/* The rotations in the GEMV's store: one launch for the matmuls and their rotations. Where a
+ * weight goes to the tensor-core GEMV (whose store does not rotate): matmul_n, then every
+ * rotation in one rope_n, which is what the store computes. */
 static void matmul_rope_n(void *ctx, float *const *y, const float *x,
 			  const struct be_weight *const *w, int count, int n,
 			  const struct be_rope *r, float theta)
@@ -275,6 +299,17 @@ static void matmul_rope_n(void *ctx, float *const *y, const float *x,
 	static_assert(WK_ROPE_MAX >= WK_MATMUL_MAX, "a rope_n takes what the store could not");
 	if (c->rc != WK_OK)
 		return;
+	if (count >= 1 && count <= WK_MATMUL_MAX && any_route(c, x, w, count, n)) {
+		int nr = 0;
+		matmul_n(ctx, y, x, w, count, n);
+		for (int k = 0; k < count; k++)
+			if (r[k].rot_dim > 0)
+				rest[nr++] = {r[k].x, r[k].n, r[k].pos, r[k].n_heads, r[k].head_dim,
+					      r[k].rot_dim};
+		if (c->rc == WK_OK && nr)
+			ok(c, wk_cuda_rope_n(rest, nr, theta, true, err, sizeof err), err);
+		return;
+	}
 	int nrest = mm_parts(p, y, w, count, n, r, theta, rest);
 	ok(c, wk_cuda_matmul_n(p, count, x, n, count > 0 ? w[0]->cols : 0, err, sizeof err), err);
 	if (c->rc == WK_OK && nrest)
@@ -1018,19 +1053,15 @@ static void chain_run(void *ctx, const struct be_link *l, int count)
 	ok(c, wk_cuda_chain(wl, count, sync + DSA_GROUPS, err, sizeof err), err);
 }
 
-/* A matmul link that gemv_route sends to the tensor-core GEMV, every weight of it. */
+/* A matmul link with a weight that gemv_route sends to the tensor-core GEMV. */
 static bool link_mma(const struct cuda_ctx *c, const struct be_link *k)
 {
-	if (k->kind != BE_LINK_MATMUL || k->rope || k->count < 1)
-		return false;
-	for (int j = 0; j < k->count; j++)
-		if (!gemv_route(c, k->x_in, k->w[j], k->n))
-			return false;
-	return true;
+	return k->kind == BE_LINK_MATMUL && k->count >= 1 && k->count <= WK_MATMUL_MAX &&
+	       any_route(c, k->x_in, k->w, k->count, k->n);
 }
 
 /* The chained launch of the links (chain_run), but for the GEMVs that gemv_route takes: each
- * such link runs on its own (matmul_n), the links between them chained. */
+ * such link runs on its own (matmul_n, matmul_rope_n), the links between them chained. */
 static void chain(void *ctx, const struct be_link *l, int count)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;

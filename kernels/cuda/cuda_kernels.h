@@ -74,6 +74,12 @@ int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n
  * weights then; x is read after that kernel's end). On by default; the kernel lab turns it
  * off to time the launches without it. Process-wide, not thread-safe: set it before use. */
 void wk_cuda_set_pdl(int on);
+/* For the tests of PDL: copies src [n] into x after sleeping about ns nanoseconds, in one
+ * block that lets a programmatic dependent start at once (griddepcontrol.launch_dependents
+ * first thing), so that a GEMV launched next reads x while this kernel still sleeps unless
+ * it waits as it should. */
+int wk_cuda_late_copy(float *x, const float *src, size_t n, unsigned ns, char *err,
+		      size_t errsz);
 int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps,
 		    char *err, size_t errsz);
 int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,

@@ -336,6 +336,13 @@ void wk_cuda_set_pdl(int on)
 	(void)on;
 }
 
+int wk_cuda_late_copy(float *x, const float *src, size_t n, unsigned ns, char *err,
+		      size_t errsz)
+{
+	(void)x, (void)src, (void)n, (void)ns;
+	return none(err, errsz);
+}
+
 int wk_cuda_lab(const char *only)
 {
 	(void)only;

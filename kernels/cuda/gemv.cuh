@@ -424,7 +424,9 @@ __device__ void mm_rows(float *y, const float *x, const T *w, const float *scale
 		int nv = min(NT, n - t0);
 		if (live) {
 			if (vec) {
-				mm_vec<T, NT, CO, PDL>(acc, wr, x, srow, cols, t0, nv, tl, tt);
+				/* PDL: x with plain loads, not the read-only path, since the
+				 * kernel before wrote it while this grid was already resident */
+				mm_vec<T, NT, CO || PDL, PDL>(acc, wr, x, srow, cols, t0, nv, tl, tt);
 			} else {
 				if constexpr (PDL)
 					grid_dep_wait();

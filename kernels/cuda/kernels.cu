@@ -186,9 +186,30 @@ extern "C" int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, co
 	return mm_launch(&p, 1, x, n, cols, "matmul_fp8", err, errsz);
 }
 
+__global__ void k_late_copy(float *x, const float *src, size_t n, unsigned ns)
+{
+	grid_dep_launch(); /* the GEMV after it may start now */
+#ifndef WICK_SIMT /* the emulator runs launches one after another: nothing to wait out */
+	for (unsigned t = 0; t < ns; t += 1000)
+		__nanosleep(1000);
+#else
+	(void)ns;
+#endif
+	for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+		x[i] = src[i];
+}
+
+extern "C" int wk_cuda_late_copy(float *x, const float *src, size_t n, unsigned ns, char *err,
+				 size_t errsz)
+{
+	k_late_copy<<<1, 256>>>(x, src, n, ns);
+	return launched("late_copy", err, errsz);
+}
+
 /* ---- gemv_mma: the decode GEMV of up to 8 tokens on tensor cores (the lab's v2) ------------
  *
- * Run on an H200 (2026-12-04; the backend still calls v1): gemv_mma_matches_ref
+ * Run on an H200 (2026-12-04, x scaled by 2^100 then, 2^64 since; the backend's GEMV of
+ * 2..8 tokens since that run): gemv_mma_matches_ref
  * and gemv_mma_every_e4m3_code pass there, and the lab measured, of the 4,250 GB/s copy, at
  * 8 tokens: FP8 18432x7168 60 %, 7168x18432 70 %, 7168x2048 37 %, 2048x7168 33 %; bf16
  * 18432x7168 78 %, 7168x18432 78 %, 7168x2048 54 %, 2048x7168 49 % (v1: 13-30 %); at 1

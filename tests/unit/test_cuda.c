@@ -296,6 +296,51 @@ Test(cuda_kernels, gemv_mma_matches_ref)
 		     WK_EINVAL);
 }
 
+/* The GEMV launched as a programmatic dependent (PDL) right after a kernel that writes its x
+ * 200 us late, having let dependents start first thing (wk_cuda_late_copy): the GEMV's
+ * blocks start during the sleep and load weights, but must read x only after that kernel's
+ * end (griddepcontrol.wait), so y is x's new value's product. Without the wait, x's old
+ * zeros. (On a GPU; the emulator runs launches in order, where it passes either way.) */
+Test(cuda_kernels, pdl_gemv_waits_for_x)
+{
+	NEED_GPU();
+	const int rows = 4096, cols = 2048, n = 1;
+	unsigned char *w = malloc((size_t)rows * cols);
+	for (size_t i = 0; i < (size_t)rows * cols; i++)
+		w[i] = dt_f32_to_e4m3(rnd() * 100.0f);
+	float *x = rnd_vec((size_t)n * cols), *scale = rnd_vec((size_t)(rows / 128) * (cols / 128));
+	float *zero = calloc((size_t)n * cols, 4);
+	float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
+	cpu_ref_matmul_fp8(want, x, w, scale, n, rows, cols);
+	float *dsrc = to_dev(x, (size_t)n * cols * 4), *dx = to_dev(zero, (size_t)n * cols * 4);
+	float *ds = to_dev(scale, (size_t)(rows / 128) * (cols / 128) * 4);
+	float *dy = to_dev(want, (size_t)n * rows * 4); /* overwritten */
+	void *dw = to_dev(w, (size_t)rows * cols);
+	for (int rep = 0; rep < 3; rep++) {
+		cr_assert_eq(wk_cuda_upload(dx, zero, (size_t)n * cols * 4, err, sizeof err), WK_OK);
+		cr_assert_eq(wk_cuda_sync(err, sizeof err), WK_OK);
+		cr_assert_eq(wk_cuda_late_copy(dx, dsrc, (size_t)n * cols, 200000, err, sizeof err),
+			     WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_matmul_fp8(dy, dx, dw, ds, n, rows, cols, err, sizeof err), WK_OK,
+			     "%s", err);
+		from_dev(got, dy, (size_t)n * rows * 4);
+		double r = rel(got, want, (size_t)n * rows);
+		cr_expect_leq(r, 1e-4, "try %d: the GEMV read x before the kernel writing it ended: %g",
+			      rep, r);
+	}
+	wk_cuda_free(dsrc);
+	wk_cuda_free(dx);
+	wk_cuda_free(ds);
+	wk_cuda_free(dy);
+	wk_cuda_free(dw);
+	free(w);
+	free(x);
+	free(scale);
+	free(zero);
+	free(want);
+	free(got);
+}
+
 /* Every e4m3 code but NaN (0x7f, 0xff: zeros here) through the tensor-core GEMV's widening
  * to bf16, exactly: w[r][c] = code (r + c) % 256, x one-hot (token t: column 8L + t), scales
  * 1, so y[t][r] is the code at column 8L + t alone, times 1, and must equal its value bit
