@@ -46,6 +46,10 @@ int wk_cuda_matmul(float *y, const float *x, const void *w, enum dt_type wt, int
  * otherwise. */
 int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
 		     const float *scale, int n, int rows, int cols, char *err, size_t errsz);
+/* The same contract, software-pipelined (the lab's v3, kernels.cu; not yet run on a GPU): a
+ * programmatic dependent launch unless wk_cuda_set_pdl(0), as wk_cuda_matmul. */
+int wk_cuda_gemv_mma3(float *y, const float *x, const void *w, enum dt_type wt,
+		      const float *scale, int n, int rows, int cols, char *err, size_t errsz);
 /* FP8 e4m3 block-scaled weights: scale[ceil(rows/128)][ceil(cols/128)] (cpu_ref_matmul_fp8) */
 int wk_cuda_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
 		       int rows, int cols, char *err, size_t errsz);

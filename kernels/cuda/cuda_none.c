@@ -331,6 +331,13 @@ int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
 	return none(err, errsz);
 }
 
+int wk_cuda_gemv_mma3(float *y, const float *x, const void *w, enum dt_type wt,
+		      const float *scale, int n, int rows, int cols, char *err, size_t errsz)
+{
+	(void)y, (void)x, (void)w, (void)wt, (void)scale, (void)n, (void)rows, (void)cols;
+	return none(err, errsz);
+}
+
 void wk_cuda_set_pdl(int on)
 {
 	(void)on;

@@ -443,6 +443,225 @@ extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt
 	return launched("gemv_mma", err, errsz);
 }
 
+/* ---- gemv_mma3: v2 software-pipelined (the lab's v3; not yet run on a GPU) -------------------
+ *
+ * What: v2's math exactly (the same fragments, gm_x's hi/lo split of x, gm_a's e4m3 widening,
+ * GM_XS and GM_WS, a block's two steps summed in p and promoted with its scale, the warps'
+ * sums met in shared memory in warp order), so its results equal v2's bit for bit wherever
+ * the warps' runs of blocks are the same, and are otherwise only added in another grouping.
+ * Three things differ, all aimed at v2's small shapes (7168x2048, 2048x7168: 33-37 % of the
+ * copy for FP8 at 8 tokens, ~9-11 us a call where the copy takes 3.5 us):
+ *   - pipelined: a warp's run of 64-column steps is streamed through two register stages
+ *     of NS steps each (double-buffered, indexed only by constants: the loop is unrolled
+ *     two stages a pass); the loads of the next stage are issued before the mmas of the
+ *     current one, so every warp has weights in flight while it computes, where v2 loaded
+ *     NB blocks and then waited for them with nothing else in flight. A block's scale is
+ *     loaded with its second step's weights, not beside the mmas;
+ *   - the grid: as many warps a block as still lets every row group be resident at once
+ *     (16 warps an SM at <= 128 registers, 132 SMs: the largest W with floor(16 / W) x 132 >=
+ *     groups, never more than the 128-column blocks), so a small matrix still fills the
+ *     chip (7168x2048: 8 warps, 224 blocks of 32 rows in one wave; 2048x7168: 14 warps of 4
+ *     blocks, 128 blocks of 16 rows; 18432x7168: 3 warps of 19 blocks, 576 blocks in one
+ *     wave where v2's 8-warp blocks took 2.2 waves);
+ *   - a programmatic dependent (PDL, as v1; off with wk_cuda_set_pdl(0)): the first stage's
+ *     weights and scales are loaded before grid_dep_wait, x is read and y written after it,
+ *     so that back-to-back calls overlap one call's tail and the next one's launch and
+ *     first loads. The lab prints v3 both ways ("v3 no PDL") to tell the two effects apart.
+ * A stage is NS = 4 / (RT U) steps, 8 uint4 a lane whatever the dtype and RT (32 registers,
+ * 4 KB a warp: FP8 RT = 2 two steps, RT = 1 four; bf16 RT = 2 one, RT = 1 two), v2's NB
+ * blocks' worth, so 4 KB a warp is in flight while it computes on the 4 KB before. ptxas
+ * (13.0, sm_90a, the cap of 128 that launch bounds of 512 threads set): FP8 120 registers
+ * (RT 2), 118 (RT 1); bf16 120, 106; no spills, no stack frame. FP8 RT = 2 with stages of
+ * one step took 96. The SASS of the loop is not counted: no cuobjdump on the build machine.
+ * Expected (a guess until the H200 runs the lab's v3 rows): the small shapes gain most
+ * (all of a warp's 2..4 blocks in flight from its start, the next call's blocks loading
+ * while this one ends); 2048x7168 keeps RT = 1, its x read from L2 twice its weight bytes,
+ * which a k split over a 2-CTA cluster (RT = 2, the halves' sums met over distributed
+ * shared memory) would halve: not done here. */
+#define GM3_SMS 132  /* H200's multiprocessors: the grid's target */
+#define GM3_WARPS_SM 16 /* warps an SM holds at <= 128 registers a thread */
+
+template <typename T, int RT> struct gm3_ns {
+	static constexpr int v = 4 / (RT * (mm_fp8<T>::v ? 1 : 2));
+};
+
+/* a stage: NS steps of the lane's 2 RT rows (U uint4 a row a step), the scales (times GM_WS)
+ * of the blocks whose second step is among them */
+template <typename T, int RT, int NS> struct gm3_stage {
+	uint4 w[NS][2 * RT][mm_fp8<T>::v ? 1 : 2];
+	float s[NS];
+};
+
+/* c = steps k .. k + NS - 1 of the lane's rows wr (those before k1, the run's end); par: k's
+ * parity (a constant: a step is a block's second where (par + i) is odd) */
+template <typename T, int RT, int NS>
+__device__ __forceinline__ void gm3_load(gm3_stage<T, RT, NS> &c, const uint8_t *const *wr,
+					 const float *sc, int k, int k1, int par)
+{
+	constexpr int U = mm_fp8<T>::v ? 1 : 2;
+#pragma unroll
+	for (int i = 0; i < NS; i++)
+		if (k + i < k1) {
+#pragma unroll
+			for (int r = 0; r < 2 * RT; r++)
+#pragma unroll
+				for (int u = 0; u < U; u++)
+					c.w[i][r][u] = ld_stream16(wr[r] + (size_t)(k + i) * 64 * sizeof(T) +
+								   u * 16);
+			if (mm_fp8<T>::v && ((par + i) & 1))
+				c.s[i] = sc[(k + i) >> 1] * GM_WS;
+		}
+}
+
+/* p += stage c's products (the steps before k1); at a block's second step acc += p times the
+ * block's scale, p = 0 (v2's order of additions) */
+template <typename T, int RT, int NS>
+__device__ __forceinline__ void gm3_mma(float (&acc)[RT][4], float (&p)[RT][4],
+					const gm3_stage<T, RT, NS> &c, const float *xg, int k, int k1,
+					int par)
+{
+	constexpr bool FP8 = mm_fp8<T>::v;
+	const T *tag = NULL;
+#pragma unroll
+	for (int i = 0; i < NS; i++)
+		if (k + i < k1) {
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				uint32_t hi[2], lo[2];
+				gm_x(hi, lo, xg + (size_t)(k + i) * 64 + 4 * j, FP8 ? GM_XS : 1.0f);
+#pragma unroll
+				for (int t = 0; t < RT; t++) {
+					uint32_t a[4];
+					gm_a(a, c.w[i][2 * t], c.w[i][2 * t + 1], j, tag);
+					mma_bf16_16816(p[t], a, hi);
+					mma_bf16_16816(p[t], a, lo);
+				}
+			}
+			if ((par + i) & 1) {
+#pragma unroll
+				for (int t = 0; t < RT; t++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						acc[t][e] += FP8 ? p[t][e] * c.s[i] : p[t][e];
+						p[t][e] = 0.0f;
+					}
+			}
+		}
+}
+
+template <typename T, int RT>
+__global__ void __launch_bounds__(GM_THREADS, 1)
+	k_gemv_mma3(float *y, const float *x, const T *w, const float *scale, int n, int rows,
+		    int cols, int per_warp)
+{
+	constexpr int NS = gm3_ns<T, RT>::v;
+	constexpr int R = 2 * RT, M = 16 * RT;
+	__shared__ float red[GM_MAXW][M * 8];
+	grid_dep_launch();
+	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+	int r0 = (int)blockIdx.x * M, kb = cols / 128;
+	int b0 = warp * per_warp, b1 = b0 + per_warp < kb ? b0 + per_warp : kb;
+	int k0 = 2 * b0, k1 = 2 * b1; /* the warp's 64-column steps */
+	const uint8_t *wr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++)
+		wr[r] = (const uint8_t *)w +
+			((size_t)min(r0 + g + 8 * r, rows - 1) * cols + 16 * q) * sizeof(T);
+	const float *xg = x + (size_t)min(g, n - 1) * cols + 16 * q;
+	const float *sc = scale + (size_t)(r0 / FP8_BLOCK) * kb;
+	float acc[RT][4], p[RT][4];
+#pragma unroll
+	for (int t = 0; t < RT; t++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			acc[t][e] = p[t][e] = 0.0f;
+	/* zeroed only so that no path reads an unset register (a stage past k1 is never used) */
+	gm3_stage<T, RT, NS> c0 = {}, c1 = {};
+	gm3_load(c0, wr, sc, k0, k1, 0); /* weights and scales: no earlier kernel writes them */
+	grid_dep_wait();
+	/* each pass: stage c1's loads, c0's mmas, c0's next loads, c1's mmas (k even at each
+	 * pass: a run starts at a block) */
+	for (int k = k0; k < k1; k += 2 * NS) {
+		gm3_load(c1, wr, sc, k + NS, k1, NS & 1);
+		gm3_mma(acc, p, c0, xg, k, k1, 0);
+		gm3_load(c0, wr, sc, k + 2 * NS, k1, 0);
+		gm3_mma(acc, p, c1, xg, k + NS, k1, NS & 1);
+	}
+#pragma unroll
+	for (int t = 0; t < RT; t++) {
+		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
+		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
+	}
+	__syncthreads();
+	int nw = (int)blockDim.x >> 5;
+	for (int i = (int)threadIdx.x; i < M * 8; i += (int)blockDim.x) {
+		int r = i / 8, t = i % 8;
+		float s = 0.0f;
+		for (int k = 0; k < nw; k++)
+			s += red[k][i];
+		if (t < n && r0 + r < rows)
+			y[(size_t)t * rows + r0 + r] = s;
+	}
+}
+
+template <typename T, int RT>
+static cudaError_t gm3_launch_rt(unsigned groups, int wpb, float *y, const float *x,
+				 const T *w, const float *scale, int n, int rows, int cols, int per)
+{
+	cudaLaunchAttribute at[1] = {};
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(groups);
+	cfg.blockDim = dim3((unsigned)wpb * 32);
+	cfg.attrs = at;
+	cfg.numAttrs = mm_pdl ? 1 : 0;
+	return cudaLaunchKernelEx(&cfg, (k_gemv_mma3<T, RT>), y, x, w, scale, n, rows, cols, per);
+}
+
+template <typename T>
+static cudaError_t gm3_launch(float *y, const float *x, const T *w, const float *scale, int n,
+			      int rows, int cols)
+{
+	/* v2's rows a block; then the most warps a block with which every block is resident at
+	 * once (floor(16 / W) blocks an SM), never more than the 128-column blocks, and each
+	 * warp a run of `per` of them */
+	int rt = (rows + 31) / 32 >= GM3_SMS ? 2 : 1;
+	int groups = (rows + 16 * rt - 1) / (16 * rt), kb = cols / 128;
+	int wpb = GM_MAXW;
+	while (wpb > 1 && GM3_WARPS_SM / wpb * GM3_SMS < groups)
+		wpb--;
+	if (wpb > kb)
+		wpb = kb;
+	int per = (kb + wpb - 1) / wpb;
+	wpb = (kb + per - 1) / per;
+	if (rt == 2)
+		return gm3_launch_rt<T, 2>((unsigned)groups, wpb, y, x, w, scale, n, rows, cols, per);
+	return gm3_launch_rt<T, 1>((unsigned)groups, wpb, y, x, w, scale, n, rows, cols, per);
+}
+
+extern "C" int wk_cuda_gemv_mma3(float *y, const float *x, const void *w, enum dt_type wt,
+				 const float *scale, int n, int rows, int cols, char *err,
+				 size_t errsz)
+{
+	if ((wt != DT_BF16 && wt != DT_F8_E4M3) || n < 1 || n > 8 || rows < 0 || cols <= 0 ||
+	    cols % 128 || ((uintptr_t)x | (uintptr_t)w) % 16 || (wt == DT_F8_E4M3 && !scale))
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA gemv_mma3: %s weights, %d tokens, %d x %d (bf16 or FP8, 1..8 "
+			       "tokens, cols a multiple of 128, 16-byte aligned)", dt_name(wt), n,
+			       rows, cols);
+	if (rows == 0)
+		return WK_OK;
+	cudaError_t e = wt == DT_F8_E4M3
+				? gm3_launch(y, x, (const __nv_fp8_e4m3 *)w, scale, n, rows, cols)
+				: gm3_launch(y, x, (const __nv_bfloat16 *)w, scale, n, rows, cols);
+	if (e != cudaSuccess)
+		return check(e, "gemv_mma3 launch", err, errsz);
+	return launched("gemv_mma3", err, errsz);
+}
+
 /* ---- rmsnorm (cpu_ref_rmsnorm): one block per row ------------------------------------------ */
 
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)

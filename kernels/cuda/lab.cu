@@ -7,9 +7,11 @@
  * is >= 75% of the copy figure. The GEMV rows are GLM-5 decode shapes in FP8 and bf16 at 1
  * and 8 tokens, each run by v0 (the first version, kept here as the baseline), v1
  * (kernels.cu's wk_cuda_matmul, the backend's at one token, launched as programmatic
- * dependents, and again as ordinary launches, "v1 no PDL", its baseline) and v2
+ * dependents, and again as ordinary launches, "v1 no PDL", its baseline), v2
  * (wk_cuda_gemv_mma: tensor cores, the backend's at 2..8 tokens; its measured figures are in
- * its comment in kernels.cu), each checked against the CPU reference on 256 rows first, over rotating
+ * its comment in kernels.cu) and v3 (wk_cuda_gemv_mma3: v2 software-pipelined, a programmatic
+ * dependent, and again as ordinary launches, "v3 no PDL"; not yet run on a GPU), each
+ * checked against the CPU reference on 256 rows first, over rotating
  * copies of the weights so that small shapes stream from HBM and not from L2. Prefill is bound by the tensor cores, so each FP8
  * GEMM's figure is TFLOPS (2 n rows cols per call) on a prefill shape and a larger one,
  * checked first against the CPU reference, printed beside cuBLASLt's FP8 on the same shape;
@@ -502,7 +504,7 @@ out:
 	return rc;
 }
 
-/* ---- decode GEMV: v0 (the first version, the baseline) against v1 and v2 (kernels.cu) ---- */
+/* ---- decode GEMV: v0 (the first version, the baseline) against v1, v2, v3 (kernels.cu) --- */
 
 /* v0: one warp per weight row, each lane loading one element per iteration, the row read
  * again for every token (from cache after the first): the kernels.cu GEMV until the 16-byte
@@ -557,8 +559,9 @@ __global__ void k_gemv_fp8_v0(float *y, const float *x, const __nv_fp8_e4m3 *w,
 	}
 }
 
-/* One GEMV call: v0 here, or v1 and v2 through the public wrappers; v -1: v1 launched as an
- * ordinary kernel, not as a programmatic dependent (wk_cuda_set_pdl), v1's own baseline.
+/* One GEMV call: v0 here, or v1, v2 and v3 through the public wrappers; v -1: v1 launched as
+ * an ordinary kernel, not as a programmatic dependent (wk_cuda_set_pdl), v1's own baseline;
+ * v 4 the same for v3 (wk_cuda_gemv_mma3), to tell its pipelining from its PDL.
  * WK_OK, or the error. */
 static int lab_gemv_call(int v, bool fp8, float *y, const float *x, const void *w,
 			 const float *scale, int n, int rows, int cols, char *err, size_t errsz)
@@ -569,6 +572,15 @@ static int lab_gemv_call(int v, bool fp8, float *y, const float *x, const void *
 		wk_cuda_set_pdl(1);
 		return rc;
 	}
+	if (v == 4) {
+		wk_cuda_set_pdl(0);
+		int rc = lab_gemv_call(3, fp8, y, x, w, scale, n, rows, cols, err, errsz);
+		wk_cuda_set_pdl(1);
+		return rc;
+	}
+	if (v == 3)
+		return wk_cuda_gemv_mma3(y, x, w, fp8 ? DT_F8_E4M3 : DT_BF16, scale, n, rows, cols,
+					 err, errsz);
 	if (v == 2)
 		return wk_cuda_gemv_mma(y, x, w, fp8 ? DT_F8_E4M3 : DT_BF16, scale, n, rows, cols,
 					err, errsz);
@@ -669,10 +681,10 @@ static int lab_launch_floor(void)
 	return failed;
 }
 
-/* For every shape, FP8 and bf16, 1 and 8 tokens, v0, v1 and v2: one call checked against the CPU
+/* For every shape, FP8 and bf16, 1 and 8 tokens, v0 .. v3: one call checked against the CPU
  * reference on the first and the last 128 rows (1e-4 of the largest output there), then timed
  * whatever the check said; a row per variant: the weight bytes read per second, their share
- * of the copy, v1 and v2 marked against the 75% target, and the check. w: GEMV_W_BYTES of random
+ * of the copy, v1, v2 and v3 marked against the 75% target, and the check. w: GEMV_W_BYTES of random
  * finite data (bf16 and e4m3 alike), scale: GEMV_SCALES positive floats, x: 8 x GEMV_MAX_COLS
  * floats, all device memory. WK_OK, or WK_EIO when a step or a check failed (printed). */
 static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const float *x)
@@ -692,13 +704,13 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 		failed = 1;
 		goto out;
 	}
-	printf("%-40s %10s %10s   (target: v1, v2 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
+	printf("%-40s %10s %10s   (target: v1, v2, v3 >= 75%% of the copy)\n", "kernel (decode GEMV)", "GB/s",
 	       "of copy");
 	failed |= lab_launch_floor();
 	for (size_t si = 0; si < sizeof gemv_shapes / sizeof gemv_shapes[0]; si++)
 		for (int fp8 = 1; fp8 >= 0; fp8--)
 			for (int n = 1; n <= 8; n += 7)
-				for (int v = -1; v < 3; v++) {
+				for (int v = -1; v < 5; v++) {
 					int rows = gemv_shapes[si].rows, cols = gemv_shapes[si].cols;
 					size_t esz = fp8 ? 1 : 2, bytes = (size_t)rows * cols * esz;
 					size_t copies = GEMV_W_BYTES / bytes;
@@ -707,7 +719,8 @@ static int lab_gemv(double ceil_gbs, const void *w, const float *scale, const fl
 					snprintf(name, sizeof name, "%s %s, %d token%s, %s",
 						 fp8 ? "fp8" : "bf16", gemv_shapes[si].what, n,
 						 n > 1 ? "s" : "", v < 0 ? "v1 no PDL" : v == 0 ? "v0"
-						 : v == 1 ? "v1" : "v2");
+						 : v == 1 ? "v1" : v == 2 ? "v2" : v == 3 ? "v3"
+						 : "v3 no PDL");
 					/* the check: rows [0, nr) and [rows - nr, rows) of the first copy */
 					double worst = 0;
 					if (lab_gemv_call(v, fp8, y, x, w, scale, n, rows, cols, err,
