@@ -235,7 +235,20 @@ Test(cuda_kernels, matmul_fp8_matches_ref)
  * of the largest output (the bf16 hi/lo split of x keeps ~1e-5): 1..8 tokens, a partial
  * row group and several weight-scale row blocks (300 rows), a warp's run of 3 column blocks
  * (5120 columns over 14 warps: the last load of a pair past its run), one block a warp;
- * 4300 rows take the 32-row blocks (RT = 2), the last with only its first tile's 12 rows. */
+ * 4300 rows take the 32-row blocks (RT = 2), the last with only its first tile's 12 rows.
+ * v3 (wk_cuda_gemv_mma3, pipelined through two register stages) on the same shapes, where
+ * 5120 columns are a warp's 3 blocks (FP8 16 rows: a stage of 4 steps, the second half
+ * past the run) and 4300 x 1664 (8 -> 7 warps of 2 blocks, the last 1) and 17000 x 896
+ * (532 row groups: 3 warps of 3 blocks, the last 1, each pass of the loop two 64-column
+ * steps) reach its grid's and its stages' ends. */
+typedef int (*gemv_mma_fn)(float *, const float *, const void *, enum dt_type, const float *,
+			   int, int, int, char *, size_t);
+/* the tensor-core GEMVs: v2 and the pipelined v3 (same contract) */
+static const struct {
+	const char *name;
+	gemv_mma_fn fn;
+} gemv_mmas[] = {{"v2", wk_cuda_gemv_mma}, {"v3", wk_cuda_gemv_mma3}};
+
 Test(cuda_kernels, gemv_mma_matches_ref)
 {
 	NEED_GPU();
@@ -243,64 +256,71 @@ Test(cuda_kernels, gemv_mma_matches_ref)
 	 * scaling of x (2^100) into bf16's infinity before it was 2^64 */
 	static const int shapes[][4] = {{1, 40, 256, 0}, {8, 16, 128, 0}, {3, 130, 384, 0},
 					{8, 300, 1024, 0}, {2, 48, 5120, 0}, {5, 64, 2048, 0},
-					{8, 4300, 256, 0}, {4, 64, 256, 40}, {4, 64, 256, -40}};
-	for (int fp8 = 0; fp8 < 2; fp8++)
-		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-			int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
-			int sr = (rows + 127) / 128, sc = cols / 128;
-			size_t nw = (size_t)rows * cols, esz = fp8 ? 1 : 2;
-			unsigned char *w = malloc(nw * esz);
-			for (size_t i = 0; i < nw; i++) {
-				if (fp8) {
-					w[i] = dt_f32_to_e4m3(rnd() * 400.0f);
-				} else {
-					uint16_t h = dt_f32_to_bf16(rnd());
-					memcpy(w + 2 * i, &h, 2);
+					{8, 4300, 256, 0}, {4, 64, 256, 40}, {4, 64, 256, -40},
+					{8, 4300, 1664, 0}, {6, 17000, 896, 0}};
+	for (size_t v = 0; v < sizeof gemv_mmas / sizeof gemv_mmas[0]; v++)
+		for (int fp8 = 0; fp8 < 2; fp8++)
+			for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+				int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+				int sr = (rows + 127) / 128, sc = cols / 128;
+				size_t nw = (size_t)rows * cols, esz = fp8 ? 1 : 2;
+				unsigned char *w = malloc(nw * esz);
+				for (size_t i = 0; i < nw; i++) {
+					if (fp8) {
+						w[i] = dt_f32_to_e4m3(rnd() * 400.0f);
+					} else {
+						uint16_t h = dt_f32_to_bf16(rnd());
+						memcpy(w + 2 * i, &h, 2);
+					}
 				}
+				float *x = rnd_vec((size_t)n * cols), *scale = rnd_vec((size_t)sr * sc);
+				float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
+				for (size_t i = 0; i < (size_t)n * cols; i++)
+					x[i] = ldexpf(x[i], shapes[s][3]);
+				if (fp8)
+					cpu_ref_matmul_fp8(want, x, w, scale, n, rows, cols);
+				else
+					cpu_ref_matmul(want, x, w, DT_BF16, n, rows, cols);
+				float *dx = to_dev(x, (size_t)n * cols * 4), *ds = to_dev(scale, (size_t)sr * sc * 4);
+				float *dy = to_dev(want, (size_t)n * rows * 4); /* overwritten */
+				void *dw = to_dev(w, nw * esz);
+				cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
+				cr_assert_eq(gemv_mmas[v].fn(dy, dx, dw, fp8 ? DT_F8_E4M3 : DT_BF16, ds, n, rows,
+							     cols, err, sizeof err), WK_OK, "%s", err);
+				from_dev(got, dy, (size_t)n * rows * 4);
+				double r = rel(got, want, (size_t)n * rows);
+				cr_expect_leq(r, 1e-4, "%s %s n=%d rows=%d cols=%d |x| ~2^%d: %g",
+					      gemv_mmas[v].name, fp8 ? "fp8" : "bf16", n, rows, cols,
+					      shapes[s][3], r);
+				wk_cuda_free(dx);
+				wk_cuda_free(ds);
+				wk_cuda_free(dy);
+				wk_cuda_free(dw);
+				free(w);
+				free(x);
+				free(scale);
+				free(want);
+				free(got);
 			}
-			float *x = rnd_vec((size_t)n * cols), *scale = rnd_vec((size_t)sr * sc);
-			float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
-			for (size_t i = 0; i < (size_t)n * cols; i++)
-				x[i] = ldexpf(x[i], shapes[s][3]);
-			if (fp8)
-				cpu_ref_matmul_fp8(want, x, w, scale, n, rows, cols);
-			else
-				cpu_ref_matmul(want, x, w, DT_BF16, n, rows, cols);
-			float *dx = to_dev(x, (size_t)n * cols * 4), *ds = to_dev(scale, (size_t)sr * sc * 4);
-			float *dy = to_dev(want, (size_t)n * rows * 4); /* overwritten */
-			void *dw = to_dev(w, nw * esz);
-			cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
-			cr_assert_eq(wk_cuda_gemv_mma(dy, dx, dw, fp8 ? DT_F8_E4M3 : DT_BF16, ds, n, rows,
-						      cols, err, sizeof err), WK_OK, "%s", err);
-			from_dev(got, dy, (size_t)n * rows * 4);
-			double r = rel(got, want, (size_t)n * rows);
-			cr_expect_leq(r, 1e-4, "%s n=%d rows=%d cols=%d |x| ~2^%d: %g",
-				      fp8 ? "fp8" : "bf16", n, rows, cols, shapes[s][3], r);
-			wk_cuda_free(dx);
-			wk_cuda_free(ds);
-			wk_cuda_free(dy);
-			wk_cuda_free(dw);
-			free(w);
-			free(x);
-			free(scale);
-			free(want);
-			free(got);
-		}
 	/* outside its contract: refused by name, nothing launched */
-	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_BF16, NULL, 9, 16, 128, err, sizeof err),
-		     WK_EINVAL);
-	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_BF16, NULL, 1, 16, 100, err, sizeof err),
-		     WK_EINVAL);
-	cr_expect(strstr(err, "gemv_mma") != NULL, "%s", err);
-	cr_expect_eq(wk_cuda_gemv_mma(NULL, NULL, NULL, DT_F32, NULL, 1, 16, 128, err, sizeof err),
-		     WK_EINVAL);
+	for (size_t v = 0; v < sizeof gemv_mmas / sizeof gemv_mmas[0]; v++) {
+		gemv_mma_fn fn = gemv_mmas[v].fn;
+		cr_expect_eq(fn(NULL, NULL, NULL, DT_BF16, NULL, 9, 16, 128, err, sizeof err),
+			     WK_EINVAL);
+		cr_expect_eq(fn(NULL, NULL, NULL, DT_BF16, NULL, 1, 16, 100, err, sizeof err),
+			     WK_EINVAL);
+		cr_expect(strstr(err, "gemv_mma") != NULL, "%s", err);
+		cr_expect_eq(fn(NULL, NULL, NULL, DT_F32, NULL, 1, 16, 128, err, sizeof err),
+			     WK_EINVAL);
+	}
 }
 
 /* The GEMV launched as a programmatic dependent (PDL) right after a kernel that writes its x
  * 200 us late, having let dependents start first thing (wk_cuda_late_copy): the GEMV's
  * blocks start during the sleep and load weights, but must read x only after that kernel's
  * end (griddepcontrol.wait), so y is x's new value's product. Without the wait, x's old
- * zeros. (On a GPU; the emulator runs launches in order, where it passes either way.) */
+ * zeros. v1 and v3 (both programmatic dependents), two tries each. (On a GPU; the emulator
+ * runs launches in order, where it passes either way.) */
 Test(cuda_kernels, pdl_gemv_waits_for_x)
 {
 	NEED_GPU();
@@ -316,17 +336,22 @@ Test(cuda_kernels, pdl_gemv_waits_for_x)
 	float *ds = to_dev(scale, (size_t)(rows / 128) * (cols / 128) * 4);
 	float *dy = to_dev(want, (size_t)n * rows * 4); /* overwritten */
 	void *dw = to_dev(w, (size_t)rows * cols);
-	for (int rep = 0; rep < 3; rep++) {
+	for (int rep = 0; rep < 4; rep++) {
 		cr_assert_eq(wk_cuda_upload(dx, zero, (size_t)n * cols * 4, err, sizeof err), WK_OK);
+		/* y too: a GEMV that wrote nothing would leave the try before's right answer */
+		cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
 		cr_assert_eq(wk_cuda_sync(err, sizeof err), WK_OK);
 		cr_assert_eq(wk_cuda_late_copy(dx, dsrc, (size_t)n * cols, 200000, err, sizeof err),
 			     WK_OK, "%s", err);
-		cr_assert_eq(wk_cuda_matmul_fp8(dy, dx, dw, ds, n, rows, cols, err, sizeof err), WK_OK,
-			     "%s", err);
+		/* even tries v1 (wk_cuda_matmul_fp8), odd ones v3 (wk_cuda_gemv_mma3) */
+		cr_assert_eq(rep % 2 ? wk_cuda_gemv_mma3(dy, dx, dw, DT_F8_E4M3, ds, n, rows, cols, err,
+							 sizeof err)
+				     : wk_cuda_matmul_fp8(dy, dx, dw, ds, n, rows, cols, err, sizeof err),
+			     WK_OK, "%s", err);
 		from_dev(got, dy, (size_t)n * rows * 4);
 		double r = rel(got, want, (size_t)n * rows);
-		cr_expect_leq(r, 1e-4, "try %d: the GEMV read x before the kernel writing it ended: %g",
-			      rep, r);
+		cr_expect_leq(r, 1e-4, "try %d (%s): the GEMV read x before the kernel writing it "
+			      "ended: %g", rep, rep % 2 ? "v3" : "v1", r);
 	}
 	wk_cuda_free(dsrc);
 	wk_cuda_free(dx);
@@ -341,63 +366,73 @@ Test(cuda_kernels, pdl_gemv_waits_for_x)
 	free(got);
 }
 
-/* Every e4m3 code but NaN (0x7f, 0xff: zeros here) through the tensor-core GEMV's widening
- * to bf16, exactly: w[r][c] = code (r + c) % 256, x one-hot (token t: column 8L + t), scales
- * 1, so y[t][r] is the code at column 8L + t alone, times 1, and must equal its value bit
- * for bit (the mma's products and sums are exact here). 16 launches reach every column of a
- * 128-column block, so each code passes through every byte of a lane's words and every k
- * slot; 256 rows take the 16-row blocks, 4352 the 32-row ones (both tiles). On a GPU this
- * is the check of the hardware's prmt and of bf16 subnormal inputs to mma (codes 0x01..0x07
- * and 0x81..0x87 become bf16 subnormals). */
+/* Every e4m3 code but NaN (0x7f, 0xff: zeros here) through the tensor-core GEMVs' widening
+ * to bf16, exactly: w[r][c] = code (r + c + 37 (c / 128)) % 256 (no two blocks alike: one
+ * block's products taken from another's weights differ), x one-hot in each 128-column block
+ * (token t: column 8L + t of every block), scales 1, so y[t][r] is the sum of the codes at
+ * those columns, times 1, and must equal their values' sum bit for bit (the mma's products
+ * and sums are exact here: multiples of 2^-9 below 2^14 in f32, in any order). 16 launches
+ * reach every column of a 128-column block, so each code passes through every byte of a
+ * lane's words and every k slot; 256 rows take the 16-row blocks, 4352 the 32-row ones (both
+ * tiles); 256 x 4224 gives each warp 3 blocks (v3: its second register stage, half past the
+ * run). On a GPU this is the check of the hardware's prmt and of bf16 subnormal inputs to
+ * mma (codes 0x01..0x07 and 0x81..0x87 become bf16 subnormals). */
 Test(cuda_kernels, gemv_mma_every_e4m3_code)
 {
 	NEED_GPU();
-	static const int row_counts[] = {256, 4352};
-	const int n = 8, cols = 128;
-	for (size_t k = 0; k < sizeof row_counts / sizeof row_counts[0]; k++) {
-		int rows = row_counts[k], sr = (rows + 127) / 128;
-		uint8_t *w = malloc((size_t)rows * cols);
-		for (int r = 0; r < rows; r++)
-			for (int c = 0; c < cols; c++) {
-				uint8_t code = (uint8_t)((r + c) % 256);
-				w[(size_t)r * cols + c] = (code & 0x7f) == 0x7f ? 0 : code;
-			}
-		float *scale = malloc((size_t)sr * 4), *x = calloc((size_t)n * cols, 4);
-		float *got = malloc((size_t)n * rows * 4);
-		for (int i = 0; i < sr; i++)
-			scale[i] = 1.0f;
-		void *dw = to_dev(w, (size_t)rows * cols);
-		float *ds = to_dev(scale, (size_t)sr * 4), *dy = to_dev(got, (size_t)n * rows * 4);
-		float *dx = to_dev(x, (size_t)n * cols * 4);
-		int bad = 0;
-		for (int l = 0; l < cols / n; l++) {
-			memset(x, 0, (size_t)n * cols * 4);
-			for (int t = 0; t < n; t++)
-				x[(size_t)t * cols + n * l + t] = 1.0f;
-			cr_assert_eq(wk_cuda_upload(dx, x, (size_t)n * cols * 4, err, sizeof err), WK_OK);
-			cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
-			cr_assert_eq(wk_cuda_gemv_mma(dy, dx, dw, DT_F8_E4M3, ds, n, rows, cols, err,
-						      sizeof err), WK_OK, "%s", err);
-			from_dev(got, dy, (size_t)n * rows * 4);
-			for (int t = 0; t < n; t++)
-				for (int r = 0; r < rows; r++) {
-					uint8_t code = w[(size_t)r * cols + n * l + t];
-					float want = dt_e4m3_to_f32(code), g = got[(size_t)t * rows + r];
-					if (g != want && bad++ < 8)
-						cr_expect(0, "rows %d, code 0x%02x (row %d, col %d): %g, "
-							  "not %g", rows, code, r, n * l + t, g, want);
+	static const int shapes[][2] = {{256, 128}, {4352, 128}, {256, 4224}}; /* rows, cols */
+	const int n = 8;
+	for (size_t v = 0; v < sizeof gemv_mmas / sizeof gemv_mmas[0]; v++)
+		for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+			int rows = shapes[k][0], cols = shapes[k][1], kb = cols / 128;
+			int ns = (rows + 127) / 128 * kb;
+			uint8_t *w = malloc((size_t)rows * cols);
+			for (int r = 0; r < rows; r++)
+				for (int c = 0; c < cols; c++) {
+					uint8_t code = (uint8_t)((r + c + 37 * (c / 128)) % 256);
+					w[(size_t)r * cols + c] = (code & 0x7f) == 0x7f ? 0 : code;
 				}
+			float *scale = malloc((size_t)ns * 4), *x = calloc((size_t)n * cols, 4);
+			float *got = malloc((size_t)n * rows * 4);
+			for (int i = 0; i < ns; i++)
+				scale[i] = 1.0f;
+			void *dw = to_dev(w, (size_t)rows * cols);
+			float *ds = to_dev(scale, (size_t)ns * 4), *dy = to_dev(got, (size_t)n * rows * 4);
+			float *dx = to_dev(x, (size_t)n * cols * 4);
+			int bad = 0;
+			for (int l = 0; l < 128 / n; l++) {
+				memset(x, 0, (size_t)n * cols * 4);
+				for (int t = 0; t < n; t++)
+					for (int b = 0; b < kb; b++)
+						x[(size_t)t * cols + 128 * b + n * l + t] = 1.0f;
+				cr_assert_eq(wk_cuda_upload(dx, x, (size_t)n * cols * 4, err, sizeof err), WK_OK);
+				cr_assert_eq(wk_cuda_zero(dy, (size_t)n * rows * 4, err, sizeof err), WK_OK);
+				cr_assert_eq(gemv_mmas[v].fn(dy, dx, dw, DT_F8_E4M3, ds, n, rows, cols, err,
+							     sizeof err), WK_OK, "%s", err);
+				from_dev(got, dy, (size_t)n * rows * 4);
+				for (int t = 0; t < n; t++)
+					for (int r = 0; r < rows; r++) {
+						uint8_t code = w[(size_t)r * cols + n * l + t];
+						float want = 0.0f, g = got[(size_t)t * rows + r];
+						for (int b = 0; b < kb; b++)
+							want += dt_e4m3_to_f32(w[(size_t)r * cols + 128 * b + n * l + t]);
+						if (g != want && bad++ < 8)
+							cr_expect(0, "%s %d x %d, code 0x%02x (row %d, col %d of "
+								  "each block): %g, not %g", gemv_mmas[v].name, rows,
+								  cols, code, r, n * l + t, g, want);
+					}
+			}
+			cr_expect_eq(bad, 0, "%s %d x %d: %d outputs differ", gemv_mmas[v].name, rows,
+				     cols, bad);
+			wk_cuda_free(dw);
+			wk_cuda_free(ds);
+			wk_cuda_free(dy);
+			wk_cuda_free(dx);
+			free(w);
+			free(scale);
+			free(x);
+			free(got);
 		}
-		cr_expect_eq(bad, 0, "rows %d: %d outputs differ", rows, bad);
-		wk_cuda_free(dw);
-		wk_cuda_free(ds);
-		wk_cuda_free(dy);
-		wk_cuda_free(dx);
-		free(w);
-		free(scale);
-		free(x);
-		free(got);
-	}
 }
 
 /* One FP8 GEMM (wk_cuda_gemm_fp8's contract) on n x rows x cols against cpu_ref_gemm_fp8:
