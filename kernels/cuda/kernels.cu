@@ -266,11 +266,13 @@ extern "C" int wk_cuda_late_copy(float *x, const float *src, size_t n, unsigned 
 #define GM_WS 0x1p56f /* FP8: 1 / (GM_E4M3_BF16 GM_XS), on the block's scale */
 
 /* B's registers from token g's 4 floats at xp: hi = bf16(x), lo = bf16(x - hi), x scaled by
- * xs first */
+ * xs first; CO: x read with plain loads, not the read-only path (ld_x4's: a programmatic
+ * dependent, v3, whose x the kernel before wrote while it was already resident) */
+template <bool CO = false>
 __device__ __forceinline__ void gm_x(uint32_t hi[2], uint32_t lo[2], const float *xp, float xs)
 {
 	float f[4];
-	ld_x4<false>(f, xp);
+	ld_x4<CO>(f, xp);
 #pragma unroll
 	for (int e = 0; e < 4; e++)
 		f[e] *= xs;
@@ -466,13 +468,16 @@ extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt
  *   - a programmatic dependent (PDL, as v1; off with wk_cuda_set_pdl(0)): the first stage's
  *     weights and scales are loaded before grid_dep_wait, x is read and y written after it,
  *     so that back-to-back calls overlap one call's tail and the next one's launch and
- *     first loads. The lab prints v3 both ways ("v3 no PDL") to tell the two effects apart.
+ *     first loads; x with plain loads (gm_x<true>), not the read-only path, since the
+ *     kernel before may write it while this grid is resident. The lab prints v3 both ways
+ *     ("v3 no PDL") to tell the two effects apart.
  * A stage is NS = 4 / (RT U) steps, 8 uint4 a lane whatever the dtype and RT (32 registers,
  * 4 KB a warp: FP8 RT = 2 two steps, RT = 1 four; bf16 RT = 2 one, RT = 1 two), v2's NB
  * blocks' worth, so 4 KB a warp is in flight while it computes on the 4 KB before. ptxas
- * (13.0, sm_90a, the cap of 128 that launch bounds of 512 threads set): FP8 120 registers
- * (RT 2), 118 (RT 1); bf16 120, 106; no spills, no stack frame. FP8 RT = 2 with stages of
- * one step took 96. The SASS of the loop is not counted: no cuobjdump on the build machine.
+ * (13.0, sm_90a, the cap of 128 that launch bounds of 512 threads set): FP8 125 registers
+ * (RT 2), 122 (RT 1); bf16 121, 110; no spills, no stack frame (x through the read-only
+ * path instead: 120, 118, 120, 106; FP8 RT = 2 so with stages of one step: 96). The SASS of
+ * the loop is not counted: no cuobjdump on the build machine.
  * Expected (a guess until the H200 runs the lab's v3 rows): the small shapes gain most
  * (all of a warp's 2..4 blocks in flight from its start, the next call's blocks loading
  * while this one ends); 2048x7168 keeps RT = 1, its x read from L2 twice its weight bytes,
@@ -528,7 +533,7 @@ __device__ __forceinline__ void gm3_mma(float (&acc)[RT][4], float (&p)[RT][4],
 #pragma unroll
 			for (int j = 0; j < 4; j++) {
 				uint32_t hi[2], lo[2];
-				gm_x(hi, lo, xg + (size_t)(k + i) * 64 + 4 * j, FP8 ? GM_XS : 1.0f);
+				gm_x<true>(hi, lo, xg + (size_t)(k + i) * 64 + 4 * j, FP8 ? GM_XS : 1.0f);
 #pragma unroll
 				for (int t = 0; t < RT; t++) {
 					uint32_t a[4];
