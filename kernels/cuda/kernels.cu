@@ -306,6 +306,34 @@ __device__ __forceinline__ void gm_a(uint32_t a[4], const uint4 *ra, const uint4
 	a[3] = word_of(rb[j >> 1], (2 * j + 1) & 3);
 }
 
+/* The warps' sums of a block's 16 RT rows x 8 tokens met in shared memory red (a row of
+ * 16 RT x 8 floats a warp), added in warp order, and stored: y[t][r0 + r] for the rows and
+ * tokens that exist. Every thread of the block calls it (it synchronises). Tile t of a
+ * lane's acc: d[0], d[1] row 16t + g, tokens 2q and 2q + 1; d[2], d[3] row 16t + g + 8. */
+template <int RT>
+__device__ __forceinline__ void gm_store(float (*red)[16 * RT * 8], const float (&acc)[RT][4],
+					 float *y, int n, int rows, int r0, int warp, int g, int q)
+{
+	constexpr int M = 16 * RT;
+#pragma unroll
+	for (int t = 0; t < RT; t++) {
+		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
+		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
+		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
+	}
+	__syncthreads();
+	int nw = (int)blockDim.x >> 5;
+	for (int i = (int)threadIdx.x; i < M * 8; i += (int)blockDim.x) {
+		int r = i / 8, t = i % 8;
+		float s = 0.0f;
+		for (int k = 0; k < nw; k++)
+			s += red[k][i];
+		if (t < n && r0 + r < rows)
+			y[(size_t)t * rows + r0 + r] = s;
+	}
+}
+
 template <typename T, int RT>
 __global__ void __launch_bounds__(GM_THREADS, 1)
 	k_gemv_mma(float *y, const float *x, const T *w, const float *scale, int n, int rows,
@@ -386,24 +414,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 					acc[t][e] += FP8 ? p[t][e] * s : p[t][e];
 		}
 	}
-	/* tile t: d[0], d[1]: row 16t + g, tokens 2q and 2q + 1; d[2], d[3]: row 16t + g + 8 */
-#pragma unroll
-	for (int t = 0; t < RT; t++) {
-		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
-		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
-		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
-		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
-	}
-	__syncthreads();
-	int nw = (int)blockDim.x >> 5;
-	for (int i = (int)threadIdx.x; i < M * 8; i += (int)blockDim.x) {
-		int r = i / 8, t = i % 8;
-		float s = 0.0f;
-		for (int k = 0; k < nw; k++)
-			s += red[k][i];
-		if (t < n && r0 + r < rows)
-			y[(size_t)t * rows + r0 + r] = s;
-	}
+	gm_store<RT>(red, acc, y, n, rows, r0, warp, g, q);
 }
 
 template <typename T>
@@ -592,23 +603,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 		gm3_load(c0, wr, sc, k + 2 * NS, k1, 0);
 		gm3_mma(acc, p, c1, xg, k + NS, k1, NS & 1);
 	}
-#pragma unroll
-	for (int t = 0; t < RT; t++) {
-		red[warp][(16 * t + g) * 8 + 2 * q] = acc[t][0];
-		red[warp][(16 * t + g) * 8 + 2 * q + 1] = acc[t][1];
-		red[warp][(16 * t + g + 8) * 8 + 2 * q] = acc[t][2];
-		red[warp][(16 * t + g + 8) * 8 + 2 * q + 1] = acc[t][3];
-	}
-	__syncthreads();
-	int nw = (int)blockDim.x >> 5;
-	for (int i = (int)threadIdx.x; i < M * 8; i += (int)blockDim.x) {
-		int r = i / 8, t = i % 8;
-		float s = 0.0f;
-		for (int k = 0; k < nw; k++)
-			s += red[k][i];
-		if (t < n && r0 + r < rows)
-			y[(size_t)t * rows + r0 + r] = s;
-	}
+	gm_store<RT>(red, acc, y, n, rows, r0, warp, g, q);
 }
 
 template <typename T, int RT>
