@@ -73,10 +73,11 @@ struct wk_mm {
 };
 int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n, int cols,
 		     char *err, size_t errsz);
-/* Whether wk_cuda_matmul, _fp8 and _n launch their one-dtype kernel as a programmatic
- * dependent (PDL: its blocks start while the kernel before ends and load their first
- * weights then; x is read after that kernel's end). On by default; the kernel lab turns it
- * off to time the launches without it. Process-wide, not thread-safe: set it before use. */
+/* Whether wk_cuda_matmul, _fp8 and _n launch their one-dtype kernel (and wk_cuda_gemv_mma3
+ * its kernel) as a programmatic dependent (PDL: its blocks start while the kernel before
+ * ends and load their first weights then; x is read after that kernel's end). On by
+ * default; the kernel lab turns it off to time the launches without it. Process-wide, not
+ * thread-safe: set it before use. */
 void wk_cuda_set_pdl(int on);
 /* For the tests of PDL: copies src [n] into x after sleeping about ns nanoseconds, in one
  * block that lets a programmatic dependent start at once (griddepcontrol.launch_dependents

@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_matmul_mixed(struct mm_set s,
 	mm_mixed<NT, false>(s, x, n, (int)blockIdx.x, red);
 }
 
-/* k_matmul's launches are programmatic dependents (PDL) unless wk_cuda_set_pdl(0) */
+/* k_matmul's and k_gemv_mma3's launches are programmatic dependents (PDL) unless
+ * wk_cuda_set_pdl(0) */
 static int mm_pdl = 1;
 
 extern "C" void wk_cuda_set_pdl(int on)
@@ -657,8 +658,10 @@ extern "C" int wk_cuda_gemv_mma3(float *y, const float *x, const void *w, enum d
 	cudaError_t e = wt == DT_F8_E4M3
 				? gm3_launch(y, x, (const __nv_fp8_e4m3 *)w, scale, n, rows, cols)
 				: gm3_launch(y, x, (const __nv_bfloat16 *)w, scale, n, rows, cols);
-	if (e != cudaSuccess)
+	if (e != cudaSuccess) {
+		cudaGetLastError(); /* read, so that the next call does not see it */
 		return check(e, "gemv_mma3 launch", err, errsz);
+	}
 	return launched("gemv_mma3", err, errsz);
 }
 

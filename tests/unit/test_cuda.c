@@ -257,7 +257,10 @@ Test(cuda_kernels, gemv_mma_matches_ref)
 	static const int shapes[][4] = {{1, 40, 256, 0}, {8, 16, 128, 0}, {3, 130, 384, 0},
 					{8, 300, 1024, 0}, {2, 48, 5120, 0}, {5, 64, 2048, 0},
 					{8, 4300, 256, 0}, {4, 64, 256, 40}, {4, 64, 256, -40},
-					{8, 4300, 1664, 0}, {6, 17000, 896, 0}};
+					{8, 4300, 1664, 0}, {6, 17000, 896, 0},
+					/* v3's FP8 16-row kernel past its first pass of 4 blocks a
+					 * warp: 5 blocks (a pass ending part-way), then 10 */
+					{3, 64, 10240, 0}, {8, 64, 20480, 0}};
 	for (size_t v = 0; v < sizeof gemv_mmas / sizeof gemv_mmas[0]; v++)
 		for (int fp8 = 0; fp8 < 2; fp8++)
 			for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
