@@ -438,16 +438,26 @@ static void gm_launch(float *y, const float *x, const T *w, const float *scale, 
 		k_gemv_mma<T, 1><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
 }
 
-extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
-				const float *scale, int n, int rows, int cols, char *err,
-				size_t errsz)
+/* The contract of wk_cuda_gemv_mma and _mma3 (what names the caller): WK_OK or WK_EINVAL. */
+static int gm_check(const char *what, const float *x, const void *w, enum dt_type wt,
+		    const float *scale, int n, int rows, int cols, char *err, size_t errsz)
 {
 	if ((wt != DT_BF16 && wt != DT_F8_E4M3) || n < 1 || n > 8 || rows < 0 || cols <= 0 ||
 	    cols % 128 || ((uintptr_t)x | (uintptr_t)w) % 16 || (wt == DT_F8_E4M3 && !scale))
 		return wk_errf(err, errsz, WK_EINVAL,
-			       "CUDA gemv_mma: %s weights, %d tokens, %d x %d (bf16 or FP8, 1..8 "
-			       "tokens, cols a multiple of 128, 16-byte aligned)", dt_name(wt), n,
-			       rows, cols);
+			       "CUDA %s: %s weights, %d tokens, %d x %d (bf16 or FP8, 1..8 "
+			       "tokens, cols a multiple of 128, 16-byte aligned)", what, dt_name(wt),
+			       n, rows, cols);
+	return WK_OK;
+}
+
+extern "C" int wk_cuda_gemv_mma(float *y, const float *x, const void *w, enum dt_type wt,
+				const float *scale, int n, int rows, int cols, char *err,
+				size_t errsz)
+{
+	int rc = gm_check("gemv_mma", x, w, wt, scale, n, rows, cols, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 	if (rows == 0)
 		return WK_OK;
 	if (wt == DT_F8_E4M3)
@@ -647,12 +657,9 @@ extern "C" int wk_cuda_gemv_mma3(float *y, const float *x, const void *w, enum d
 				 const float *scale, int n, int rows, int cols, char *err,
 				 size_t errsz)
 {
-	if ((wt != DT_BF16 && wt != DT_F8_E4M3) || n < 1 || n > 8 || rows < 0 || cols <= 0 ||
-	    cols % 128 || ((uintptr_t)x | (uintptr_t)w) % 16 || (wt == DT_F8_E4M3 && !scale))
-		return wk_errf(err, errsz, WK_EINVAL,
-			       "CUDA gemv_mma3: %s weights, %d tokens, %d x %d (bf16 or FP8, 1..8 "
-			       "tokens, cols a multiple of 128, 16-byte aligned)", dt_name(wt), n,
-			       rows, cols);
+	int rc = gm_check("gemv_mma3", x, w, wt, scale, n, rows, cols, err, errsz);
+	if (rc != WK_OK)
+		return rc;
 	if (rows == 0)
 		return WK_OK;
 	cudaError_t e = wt == DT_F8_E4M3
