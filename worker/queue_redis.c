@@ -9,7 +9,8 @@
  *   jobs:results         a stream announcing results: {id: <job id>}, capped near 100,000
  *   jobs:cancel:<id>     exists = cancel that job
  *   jobs:queued:<id>     set by submit (with the result's ttl): one enqueue per id
- *   jobs:dead            dead letters: {id, job, reason, entry} (the `dead` parameter)
+ *   jobs:dead            dead letters: {id, job, reason, entry} (the `dead` parameter),
+ *                        capped near 100,000
  * Group G (default "wick") is created from id 0 with MKSTREAM by every opener, so jobs
  * submitted before any worker existed are seen.
  *
@@ -19,6 +20,12 @@
  * delivery count. Complete: one script stores the result key (SET NX) and XADDs the
  * announcement only when it stored it, then XACK, pipelined in that order on one connection.
  * A redelivered entry whose result key exists is XACKed without being returned.
+ * Each pipeline that acknowledges entries ends with a trim (trim_lua): the job stream keeps
+ * only what a group may still need, from the oldest entry any group has pending (or, with
+ * none pending, from its last-delivered entry) on, so that it does not grow without bound
+ * with every job ever submitted. XTRIM MINID, not XDEL: deleting an entry at or after a
+ * group's last-delivered id makes XINFO GROUPS' lag unknown until the next read, and the
+ * backlog (autoscaling) reads that lag.
  *
  * Failures: any I/O error, or a -LOADING reply (Redis replaying its log), drops the
  * connection; the operation is retried on a new one with backoff (50 ms doubling to 2 s)
@@ -42,6 +49,7 @@
 #define NAME_LEN 100          /* stream, group and dead-letter stream names */
 #define ENTRY_ID_MAX 48       /* "<ms>-<seq>" */
 #define RESULTS_MAXLEN 100000 /* approximate cap of the announcement stream */
+#define DEAD_MAXLEN 100000    /* approximate cap of the dead-letter stream */
 #define IO_TIMEOUT_S 10       /* a reply slower than this (beyond a BLOCK) is a dead server */
 
 struct rq {
@@ -456,6 +464,30 @@ static void append_checks(struct queue *q, void *ctx)
 	}
 }
 
+/* Trims the job stream (KEYS[1]) to what its groups may still need: MINID, the oldest of
+ * each group's oldest pending entry, or its last-delivered entry when it has none pending
+ * (kept, as is everything after it). No group, nothing trimmed. Returns the entries trimmed;
+ * the caller ignores the reply (an error here costs a longer stream, not a job). */
+static const char trim_lua[] =
+	"local lo, lo_ms, lo_seq "
+	"for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do "
+	"local f = {} for i = 1, #g, 2 do f[g[i]] = g[i + 1] end "
+	"local m = f['last-delivered-id'] "
+	"if f['pending'] > 0 then m = redis.call('XPENDING', KEYS[1], f['name'])[2] end "
+	"local a, b = string.match(m, '^(%d+)-(%d+)$') "
+	"a, b = tonumber(a), tonumber(b) "
+	"if not lo or a < lo_ms or (a == lo_ms and b < lo_seq) then lo, lo_ms, lo_seq = m, a, b end "
+	"end "
+	"if not lo then return 0 end "
+	"return redis.call('XTRIM', KEYS[1], 'MINID', lo)";
+
+static void append_trim(struct rq *r)
+{
+	struct args a = {0};
+	a_s(&a, "EVAL"), a_s(&a, trim_lua), a_s(&a, "1"), a_s(&a, r->u.stream);
+	send_args(r->c, &a);
+}
+
 /* What to do with an entry that is not returned. */
 struct settle {
 	const struct cand *c;
@@ -492,7 +524,8 @@ static void append_settle(struct queue *q, void *ctx)
 		}
 		if (s->reason) {
 			a = (struct args){0};
-			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "*");
+			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "MAXLEN"), a_s(&a, "~");
+			a_ll(&a, DEAD_MAXLEN), a_s(&a, "*");
 			/* an invalid id is kept as it was sent: the dead stream is data, not a key */
 			if (s->c->e.id[0])
 				a_s(&a, "id"), a_s(&a, s->c->e.id);
@@ -508,6 +541,7 @@ static void append_settle(struct queue *q, void *ctx)
 		a_s(&a, "XACK"), a_s(&a, r->u.stream), a_s(&a, r->u.group), a_s(&a, s->c->e.entry);
 		send_args(r->c, &a);
 	}
+	append_trim(r); /* one reply more than settle_cmds count (settle_ctx's users add it) */
 }
 
 static int settle_cmds(const struct settle *s) { return (s->result ? 2 : 0) + (s->reason ? 1 : 0) + 1; }
@@ -738,6 +772,7 @@ static int redis_take(struct queue *q, struct queue_job *jobs, int max, double w
 		(*n)++;
 	}
 	if (nst > 0) {
+		nset_cmds++; /* append_settle's trim */
 		redisReply **sr = calloc((size_t)nset_cmds, sizeof *sr);
 		struct settle_ctx sc = {.s = st, .n = nst};
 		if (sr && exec(q, append_settle, &sc, nset_cmds, sr, err, errsz) == WK_OK) {
@@ -799,7 +834,8 @@ static void append_complete(struct queue *q, void *ctx)
 		send_args(r->c, &a);
 		a = (struct args){0};
 		if (x->keep_input) {
-			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "*"), a_s(&a, "id"), a_s(&a, x->job->id);
+			a_s(&a, "XADD"), a_s(&a, r->u.dead), a_s(&a, "MAXLEN"), a_s(&a, "~");
+			a_ll(&a, DEAD_MAXLEN), a_s(&a, "*"), a_s(&a, "id"), a_s(&a, x->job->id);
 			a_s(&a, "job"), a_b(&a, x->job->body ? x->job->body : "", x->job->body ? x->job->len : 0);
 			a_s(&a, "reason"), a_s(&a, "failed input"), a_s(&a, "entry"), a_s(&a, x->job->handle);
 		} else {
@@ -810,16 +846,17 @@ static void append_complete(struct queue *q, void *ctx)
 		a_s(&a, "XACK"), a_s(&a, r->u.stream), a_s(&a, r->u.group), a_s(&a, x->job->handle);
 		send_args(r->c, &a);
 	}
+	append_trim(r); /* the reply after the 4 per job */
 }
 
 static int redis_complete(struct queue *q, struct queue_result *res, int n, char *err, size_t errsz)
 {
 	struct rq *r = q->impl;
-	redisReply **rep = calloc((size_t)n * 4, sizeof *rep);
+	redisReply **rep = calloc((size_t)n * 4 + 1, sizeof *rep);
 	if (!rep)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	struct complete_ctx t = {.r = res, .n = n};
-	int rc = exec(q, append_complete, &t, n * 4, rep, err, errsz);
+	int rc = exec(q, append_complete, &t, n * 4 + 1, rep, err, errsz);
 	q->st.syncs++;
 	if (rc == WK_OK) {
 		for (int i = 0; i < n; i++) {
@@ -839,7 +876,7 @@ static int redis_complete(struct queue *q, struct queue_result *res, int n, char
 		for (int i = 0; i < n; i++)
 			res[i].rc = rc;
 	}
-	free_replies(rep, n * 4);
+	free_replies(rep, n * 4 + 1);
 	free(rep);
 	return rc;
 }

@@ -252,6 +252,60 @@ Test(queue_redis, submit_take_complete_cancel)
 	cr_expect_eq(queue_open(u2, NULL, &x, err, sizeof err), WK_EIO); /* nothing listens */
 }
 
+/* The job stream keeps only what its group may still need: from the oldest pending entry on,
+ * else from the last delivered one; the backlog (XINFO GROUPS' lag) stays known throughout,
+ * and a second group that has read nothing keeps everything. */
+static long long stream_len(void) { return redis_int("XLEN jobs"); }
+
+Test(queue_redis, finished_entries_are_trimmed)
+{
+	NEED_REDIS();
+	struct queue *p = open_q(url, "producer", 30), *q = open_q(url, "w1", 30);
+	char id[16];
+	for (int i = 0; i < 5; i++) {
+		snprintf(id, sizeof id, "t%d", i);
+		submit(p, id);
+	}
+	struct queue_job j[8];
+	int n;
+	cr_assert_eq(queue_take(q, j, 8, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 5);
+	/* t0 stays pending: nothing before it, so nothing goes */
+	cr_assert_eq(complete(q, j + 1, 4), WK_OK, "%s", err);
+	cr_expect_eq(stream_len(), 5);
+	long b;
+	cr_assert_eq(queue_backlog(q, &b, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(b, 1);
+	submit(p, "t5");
+	submit(p, "t6");
+	/* nothing pending: all but the last delivered (t4) and the two undelivered go */
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	cr_expect_eq(stream_len(), 3);
+	cr_assert_eq(queue_backlog(q, &b, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(b, 2);
+	cr_assert_eq(queue_take(q, j, 8, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 2);
+	cr_expect_str_eq(j[0].id, "t5");
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	cr_expect_eq(stream_len(), 1);
+	cr_assert_eq(queue_backlog(q, &b, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(b, 0);
+	/* a second group on the same stream, created now from id 0: it still needs t6 */
+	redisContext *c = redisConnect("127.0.0.1", port);
+	cr_assert(c && !c->err);
+	redisReply *r = redisCommand(c, "XGROUP CREATE jobs other 0");
+	cr_assert(r && r->type == REDIS_REPLY_STATUS, "XGROUP CREATE: %s", r ? r->str : "no reply");
+	freeReplyObject(r);
+	redisFree(c);
+	submit(p, "t7");
+	cr_assert_eq(queue_take(q, j, 8, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	cr_expect_eq(stream_len(), 2);
+	queue_close(q);
+	queue_close(p);
+}
+
 /* ---- 200 jobs, two consumers ---- */
 
 #define NJOBS 200
