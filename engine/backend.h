@@ -317,6 +317,9 @@ struct backend {
 	/* ---- device memory. Optional: NULL on backends that work on host memory (then the
 	 * engine uses malloc/free and memcpy). ---- */
 	void *(*mem_alloc)(void *ctx, size_t bytes); /* NULL when out of memory */
+	/* The device's memory: what is free now and its size (cudaMemGetInfo). Optional (NULL:
+	 * unknown; the engine's fit check before a restore is skipped). */
+	int (*mem_info)(void *ctx, size_t *free_b, size_t *total_b, char *err, size_t errsz);
 	void (*mem_free)(void *ctx, void *p);
 	void (*to_device)(void *ctx, void *dst, const void *host, size_t bytes);
 	void (*to_host)(void *ctx, void *host, const void *src, size_t bytes); /* waits */

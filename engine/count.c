@@ -292,6 +292,11 @@ static void *c_mem_alloc(void *ctx, size_t bytes)
 	return IN(ctx)->in->mem_alloc(IN(ctx)->ctx, bytes);
 }
 
+static int c_mem_info(void *ctx, size_t *free_b, size_t *total_b, char *err, size_t errsz)
+{
+	return IN(ctx)->in->mem_info(IN(ctx)->ctx, free_b, total_b, err, errsz);
+}
+
 static void c_mem_free(void *ctx, void *p)
 {
 	IN(ctx)->in->mem_free(IN(ctx)->ctx, p);
@@ -389,6 +394,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(matmul_fp8w, c_matmul_fp8w);
 	KEEP(mem_alloc, c_mem_alloc);
 	KEEP(mem_free, c_mem_free);
+	KEEP(mem_info, c_mem_info); /* no launch: passed on, not counted */
 	KEEP(to_device, c_to_device);
 	KEEP(to_host, c_to_host);
 	KEEP(copy, c_copy);

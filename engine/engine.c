@@ -950,6 +950,127 @@ static void count_params(struct engine *e)
 		}
 }
 
+int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp, int *max_seq,
+			uint64_t *bytes, char *err, size_t errsz)
+{
+	bool glm = arch && (!strcmp(arch, "Glm4MoeForCausalLM") ||
+			    !strcmp(arch, "GlmMoeDsaForCausalLM"));
+	if (!arch || (!glm && strcmp(arch, "LlamaForCausalLM") != 0))
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "architecture '%s' is not supported",
+			       arch ? arch : "?");
+	long long layers, maxpos, per_tok;
+	int rc;
+	if ((rc = cfg_int(cfg, "num_hidden_layers", -1, 1, 4096, &layers, err, errsz)) ||
+	    (rc = cfg_int(cfg, "max_position_embeddings", glm ? 131072 : 2048, 1, 1 << 24, &maxpos,
+			  err, errsz)))
+		return rc;
+	if (!strcmp(arch, "GlmMoeDsaForCausalLM")) {
+		long long lora, rope, id;
+		if ((rc = cfg_int(cfg, "kv_lora_rank", -1, 1, 1 << 16, &lora, err, errsz)) ||
+		    (rc = cfg_int(cfg, "qk_rope_head_dim", -1, 2, 4096, &rope, err, errsz)) ||
+		    (rc = cfg_int(cfg, "index_head_dim", -1, 2, 4096, &id, err, errsz)))
+			return rc;
+		per_tok = lora + rope + id;
+	} else {
+		long long dim, heads, kv, hd;
+		struct shard_heads sh;
+		if ((rc = cfg_int(cfg, "hidden_size", -1, 1, 1 << 16, &dim, err, errsz)) ||
+		    (rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz)) ||
+		    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, heads, &kv, err, errsz)) ||
+		    (rc = cfg_int(cfg, "head_dim", dim / heads, 2, 4096, &hd, err, errsz)) ||
+		    (rc = shard_heads((int)heads, (int)kv, tp > 0 ? tp : 1, 0, &sh, err, errsz)))
+			return rc;
+		per_tok = 2 * (long long)sh.nkv * hd;
+	}
+	*max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
+	*bytes = (uint64_t)layers * (uint64_t)*max_seq * (uint64_t)per_tok * sizeof(float);
+	return WK_OK;
+}
+
+int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz)
+{
+	uint64_t want;
+	int ms;
+	int rc = eng_seq_cache_bytes(e->arch, e->config, e->max_seq_opt, e->tp, &ms, &want, err,
+				     errsz);
+	if (rc == WK_OK && want != per_seq)
+		rc = wk_errf(err, errsz, WK_EINVAL, "%s: the KV caches take %llu bytes a sequence, "
+			     "but eng_seq_cache_bytes says %llu (the fit check before a restore "
+			     "would misjudge this model)", e->arch, (unsigned long long)per_seq,
+			     (unsigned long long)want);
+	return rc;
+}
+
+/* "1.50 GiB", "12.0 MiB", "640 KiB": bytes for a message. */
+static const char *bytes_str(uint64_t v, char b[32])
+{
+	if (v >= (1ull << 30))
+		snprintf(b, 32, "%.2f GiB", (double)v / (1ull << 30));
+	else if (v >= (1ull << 20))
+		snprintf(b, 32, "%.1f MiB", (double)v / (1ull << 20));
+	else
+		snprintf(b, 32, "%.0f KiB", (double)v / 1024);
+	return b;
+}
+
+/* Before a restore into device memory: whether this snapshot's weights and the KV caches of
+ * o->max_seqs sequences can fit in the free memory of rank 0's device at all (a necessary
+ * condition: activations and scratch come on top). A restore takes minutes at GLM-5 size, and
+ * the caches are allocated after it; refused here, a misconfigured worker says so in
+ * milliseconds, with what does fit. Nothing is checked where the backend cannot tell its
+ * memory (mem_info), or the manifest cannot be read (snap_open then names the problem). */
+static int fit_check(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
+		     size_t errsz)
+{
+	if (!e->be->mem_info)
+		return WK_OK;
+	char path[4200];
+	snprintf(path, sizeof path, "%s/manifest.json", dir);
+	json_t *m = json_load_file(path, 0, NULL);
+	json_t *cfg = json_object_get(m, "config");
+	json_t *archs = json_object_get(cfg, "architectures");
+	const char *arch = json_string_value(json_array_get(archs, 0));
+	json_t *ranks = json_object_get(m, "ranks");
+	long long tp = json_integer_value(json_object_get(m, "tp"));
+	uint64_t image = 0, per_seq;
+	for (size_t i = 0; i < json_array_size(ranks); i++) {
+		json_int_t v = json_integer_value(json_object_get(json_array_get(ranks, i),
+								  "image_size"));
+		if (v > 0 && (uint64_t)v > image)
+			image = (uint64_t)v;
+	}
+	int max_seq, rc = WK_OK;
+	char e2[WK_ERRSZ];
+	size_t free_b = 0, total_b = 0;
+	if (!arch || tp < 1 || tp > 4096 || !image ||
+	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, &max_seq, &per_seq, e2,
+				sizeof e2) != WK_OK ||
+	    e->be->mem_info(e->bctx, &free_b, &total_b, e2, sizeof e2) != WK_OK) {
+		json_decref(m);
+		return WK_OK; /* the restore or the load will name what is wrong */
+	}
+	int seqs = o && o->max_seqs > 0 ? o->max_seqs : 1;
+	uint64_t kv = per_seq * (uint64_t)seqs;
+	if (image + kv > free_b) {
+		uint64_t left = free_b > image ? free_b - image : 0;
+		uint64_t per_pos = per_seq / (uint64_t)max_seq; /* every position the same */
+		uint64_t fit = per_seq ? left / per_seq : 0;
+		uint64_t len = per_pos ? left / ((uint64_t)seqs * per_pos) : 0;
+		char b[5][32];
+		rc = wk_errf(err, errsz, WK_ELIMIT,
+			     "%s: %s does not fit the GPU: its weights take %s of each GPU and the "
+			     "KV caches of %d sequences of %d positions %s more (%s a sequence), but "
+			     "GPU 0 has %s free of %s. Room beside the weights: %llu sequences of %d "
+			     "positions, or %d of %llu positions (lower the concurrency or "
+			     "--max-seq; `wick plan` sizes a node)", dir, arch, bytes_str(image, b[0]),
+			     seqs, max_seq, bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
+			     bytes_str(free_b, b[3]), bytes_str(total_b, b[4]),
+			     (unsigned long long)fit, max_seq, seqs, (unsigned long long)len);
+	}
+	json_decref(m);
+	return rc;
+}
+
 static int open_weights(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
 			size_t errsz)
 {
@@ -974,7 +1095,8 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 						      : be_find(o && o->backend ? o->backend : "auto");
 	int rc;
 	if (be_streams(b)) {
-		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK)
+		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK ||
+		    (rc = fit_check(e, dir, o, err, errsz)) != WK_OK)
 			return rc;
 		e->sink = (struct be_sink){.be = e->be, .ctx = e->bctx, .raw = b,
 					   .threads = o ? o->threads : 0,

@@ -156,6 +156,19 @@ void eng_embed(struct engine *e, float *x, float *xh, const int *tokens, int n,
 void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *local,
 		      int rows, int lv, float *gbuf);
 
+/* Bytes of KV cache one sequence takes on one rank, from the config alone, as the family's
+ * load allocates them at the max_seq it chooses (*max_seq, max_seq_opt capping the model's
+ * max_position_embeddings): Llama and GLM-4.5 keys and values, 2 x num_hidden_layers x max_seq
+ * x (the rank's KV heads, shard_heads) x head_dim floats; GLM-5 the MLA latent, its rotated
+ * key and the indexer's key, num_hidden_layers x max_seq x (kv_lora_rank + qk_rope_head_dim +
+ * index_head_dim) floats, whole on every rank. For eng_open's check before a restore; each
+ * family's load holds its own allocation to it (eng_cache_agrees), so they cannot drift. */
+int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp, int *max_seq,
+			uint64_t *bytes, char *err, size_t errsz);
+/* WK_OK when per_seq (bytes a family's load allocates per sequence) is what
+ * eng_seq_cache_bytes says for e; else an error naming both. */
+int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz);
+
 /* The top engine of a sharded snapshot: starts the world's rank engines (backend, family
  * load) and threads. Fills e->info from rank 0. */
 int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t errsz);

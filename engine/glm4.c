@@ -100,6 +100,9 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
 	size_t cache = (size_t)m->max_seqs * m->c.n_layers * m->c.max_seq * kvd;
+	if ((rc = eng_cache_agrees(e, 2 * (uint64_t)m->c.n_layers * m->c.max_seq * kvd *
+					      sizeof(float), err, errsz)))
+		return rc;
 	a->kcache = eng_calloc(e, cache * sizeof(float));
 	a->vcache = eng_calloc(e, cache * sizeof(float));
 	if (!a->kcache || !a->vcache)

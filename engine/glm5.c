@@ -279,6 +279,10 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->iw);
 	}
 	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
+	if ((rc = eng_cache_agrees(e, (uint64_t)m->c.n_layers * T *
+					      (a->lora + a->d_rope + a->i_dim) * sizeof(float),
+				   err, errsz)))
+		return rc;
 	a->ckv = eng_calloc(e, nl * T * a->lora * sizeof(float));
 	a->kpe = eng_calloc(e, nl * T * a->d_rope * sizeof(float));
 	a->ikc = eng_calloc(e, nl * T * a->i_dim * sizeof(float));

@@ -256,6 +256,9 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 
 	m->max_seqs = e->max_seqs;
 	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd;
+	if ((rc = eng_cache_agrees(e, 2 * (uint64_t)m->n_layers * m->max_seq * kvd * sizeof(float),
+				   err, errsz)))
+		return rc;
 	m->kcache = eng_alloc(e, cache * sizeof(float));
 	m->vcache = eng_alloc(e, cache * sizeof(float));
 	if (!m->kcache || !m->vcache)

@@ -737,6 +737,20 @@ static void *mem_alloc(void *ctx, size_t bytes)
 	return p;
 }
 
+static int mem_info(void *ctx, size_t *free_b, size_t *total_b, char *err, size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	int prev;
+	cudaError_t e = dev_enter(c, &prev);
+	if (e == cudaSuccess)
+		e = cudaMemGetInfo(free_b, total_b);
+	dev_leave(c, prev);
+	if (e != cudaSuccess)
+		return wk_errf(err, errsz, WK_EIO, "cuda: device %d: cudaMemGetInfo: %s", c->device,
+			       cudaGetErrorString(e));
+	return WK_OK;
+}
+
 static void mem_free(void *ctx, void *p)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -1123,6 +1137,7 @@ static struct backend make_backend(void)
 	b.moe_route_experts = moe_route_experts;
 	b.mem_alloc = mem_alloc;
 	b.mem_free = mem_free;
+	b.mem_info = mem_info;
 	b.to_device = to_device;
 	b.to_host = to_host;
 	b.copy = copy;

@@ -1416,6 +1416,33 @@ cudaError_t cudaGetDeviceCount(int *n)
 	return sticky();
 }
 
+/* Each device's memory: WICK_SIMT_DEVICE_MB MiB (default 141 GiB, an H200's; at most its
+ * slice of the arena). cudaMalloc past it fails with cudaErrorMemoryAllocation, and
+ * cudaMemGetInfo reports what is left (whole pages, as allocations take them). */
+static size_t device_bytes(void)
+{
+	static const size_t b = [] {
+		const char *v = getenv("WICK_SIMT_DEVICE_MB");
+		long long mb = v ? atoll(v) : 0;
+		return mb > 0 ? (size_t)mb << 20 : (size_t)141 << 30;
+	}();
+	return b;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+	if (sticky())
+		return sticky();
+	size_t used;
+	{
+		std::lock_guard<std::mutex> g(guard_mu);
+		used = live_bytes[cur_device];
+	}
+	*total_b = device_bytes();
+	*free_b = used < *total_b ? *total_b - used : 0;
+	return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device)
 {
 	if (sticky())
@@ -1444,7 +1471,13 @@ static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, s
 		/* device memory: whole pages of the arena, so that an interleaved launch can
 		 * write-protect them (cow) and the host cannot touch them (guard_add);
 		 * consecutive allocations make one region to protect */
-		q = dev_map(cur_device, (sz + PAGE - 1) / PAGE * PAGE);
+		size_t len = (sz + PAGE - 1) / PAGE * PAGE, used;
+		{
+			std::lock_guard<std::mutex> gg(guard_mu);
+			used = live_bytes[cur_device];
+		}
+		if (len <= device_bytes() && used <= device_bytes() - len)
+			q = dev_map(cur_device, len);
 	} else if (sz) {
 		q = aligned_alloc(align, sz);
 	}

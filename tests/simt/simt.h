@@ -91,6 +91,10 @@
  *     counts per device over all threads);
  *   - ordering on the GPU: kernels run at once, in issue order, so only the restore's copy
  *     stream can lag; copy/compute overlap and bandwidth are not modelled;
+ *   - the GPU's memory limit, beyond a count: each device holds WICK_SIMT_DEVICE_MB MiB
+ *     (default 141 GiB, an H200's), a cudaMalloc past it fails and cudaMemGetInfo reports
+ *     what is left, but the CUDA context's own memory, the allocator's granularity and
+ *     fragmentation are not modelled, so what just fits here may not on a GPU;
  *   - devices kept apart: WICK_SIMT_DEVICES devices (default 1) can be selected, per host
  *     thread, and share one memory; each cudaMalloc is tagged with the current device and a
  *     copy to or from another device's memory is refused (stricter than CUDA), and a kernel
@@ -439,6 +443,7 @@ cudaError_t cudaSetDevice(int device);  /* per host thread; cudaErrorInvalidDevi
 cudaError_t cudaGetDevice(int *device);
 
 cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b); /* $WICK_SIMT_DEVICE_MB */
 template <typename T> cudaError_t cudaMalloc(T **p, size_t n)
 {
 	return cudaMalloc((void **)p, n);
