@@ -54,8 +54,9 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Milliseconds of one call of what(), the median of REPS after a warm-up; < 0 on error. */
-template <typename F> static float time_ms(F what)
+/* Milliseconds of one call of what(), the median of REPS after a warm-up, timed by events on
+ * stream st (what() launches there); < 0 on error. */
+template <typename F> static float time_ms(F what, cudaStream_t st = 0)
 {
 	cudaEvent_t a, b;
 	float ms[REPS];
@@ -64,10 +65,10 @@ template <typename F> static float time_ms(F what)
 	if (what() != WK_OK || cudaDeviceSynchronize() != cudaSuccess)
 		return -1.0f;
 	for (int r = 0; r < REPS; r++) {
-		cudaEventRecord(a);
+		cudaEventRecord(a, st);
 		if (what() != WK_OK)
 			return -1.0f;
-		cudaEventRecord(b);
+		cudaEventRecord(b, st);
 		if (cudaEventSynchronize(b) != cudaSuccess || cudaEventElapsedTime(&ms[r], a, b) != cudaSuccess)
 			return -1.0f;
 	}
@@ -636,7 +637,9 @@ static double lab_rel(const float *got, const float *want, int n, int rows, int 
  * The grid of v1 at one token on 7168 x 2048 FP8 (448 blocks of 256 threads), launched
  * GEMV_CALLS times back to back as the GEMV rows are timed: what a call costs before it
  * reads a byte. PDL: launched as a programmatic dependent, and letting the next start at
- * once (griddepcontrol), as k_matmul is. */
+ * once (griddepcontrol), as k_matmul is. Each on the legacy default stream (stream 0, where
+ * the backend launches) and on a stream of its own (cudaStreamNonBlocking): if PDL cuts the
+ * floor only on the latter, the backend's compute belongs on such a stream. */
 __global__ void k_lab_empty(int *never)
 {
 	grid_dep_launch();
@@ -645,7 +648,7 @@ __global__ void k_lab_empty(int *never)
 		*never = 0;
 }
 
-static int lab_empty_call(bool pdl)
+static int lab_empty_call(bool pdl, cudaStream_t st)
 {
 	cudaLaunchAttribute at[1] = {};
 	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -655,21 +658,35 @@ static int lab_empty_call(bool pdl)
 	cfg.blockDim = dim3(256);
 	cfg.attrs = at;
 	cfg.numAttrs = pdl ? 1 : 0;
+	cfg.stream = st;
 	return cudaLaunchKernelEx(&cfg, k_lab_empty, (int *)NULL) == cudaSuccess ? WK_OK : WK_EIO;
 }
 
-/* Prints the two floors' rows (us a call); 0 or 1 when a launch failed. */
+/* Prints the four floors' rows (us a call); 0 or 1 when a launch failed. */
 static int lab_launch_floor(void)
 {
 	int failed = 0;
-	for (int pdl = 0; pdl < 2; pdl++) {
+	cudaStream_t own = NULL;
+	if (cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) != cudaSuccess) {
+		printf("%-40s %10s (cudaStreamCreateWithFlags)\n", "empty launch, own stream", "FAILED");
+		own = NULL;
+		failed = 1;
+	}
+	for (int v = 0; v < 4; v++) {
+		bool pdl = v & 1, mine = v >= 2;
+		if (mine && !own)
+			continue;
+		cudaStream_t st = mine ? own : 0;
 		float ms = time_ms([&]() -> int {
 			for (int i = 0; i < GEMV_CALLS; i++)
-				if (lab_empty_call(pdl) != WK_OK)
+				if (lab_empty_call(pdl, st) != WK_OK)
 					return WK_EIO;
 			return WK_OK;
-		});
-		const char *name = pdl ? "empty launch 448 x 256, PDL" : "empty launch 448 x 256";
+		}, st);
+		static const char *const names[4] = {
+			"empty launch 448 x 256", "empty launch 448 x 256, PDL",
+			"empty launch, own stream", "empty launch, own stream, PDL"};
+		const char *name = names[v];
 		if (ms <= 0) {
 			printf("%-40s %10s\n", name, "FAILED");
 			failed = 1;
@@ -678,6 +695,8 @@ static int lab_launch_floor(void)
 			       "", "", 1e3 * ms / GEMV_CALLS);
 		}
 	}
+	if (own)
+		cudaStreamDestroy(own);
 	return failed;
 }
 
