@@ -242,6 +242,24 @@ __device__ __forceinline__ void grid_dep_launch(void)
 #endif
 }
 
+/* The configuration of a launch of grid blocks of block threads on stream st that runs as a
+ * programmatic dependent when pdl (the attribute above, in *at, which must outlive the
+ * cudaLaunchKernelEx), as an ordinary launch otherwise. */
+static inline cudaLaunchConfig_t pdl_config(unsigned grid, unsigned block, bool pdl,
+					    cudaLaunchAttribute *at, cudaStream_t st = 0)
+{
+	*at = {};
+	at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at->val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(grid);
+	cfg.blockDim = dim3(block);
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = pdl ? 1 : 0;
+	return cfg;
+}
+
 /* ---- whole-block row ops, also run inside chained launches (kernels.cu's k_chain) ---- */
 
 /* k_add, then k_rmsnorm, over row xr [dim] by the block: each thread's elements and partial

@@ -102,14 +102,8 @@ extern "C" void wk_cuda_set_pdl(int on)
 template <typename T, int NT>
 static cudaError_t launch_nt(const struct mm_set &s, unsigned b, const float *x, int n)
 {
-	cudaLaunchAttribute at[1] = {};
-	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[0].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(b);
-	cfg.blockDim = dim3(MM_THREADS);
-	cfg.attrs = at;
-	cfg.numAttrs = mm_pdl ? 1 : 0;
+	cudaLaunchAttribute at;
+	cudaLaunchConfig_t cfg = pdl_config(b, MM_THREADS, mm_pdl, &at);
 	return cudaLaunchKernelEx(&cfg, (k_matmul<T, NT>), s, x, n);
 }
 
@@ -621,14 +615,8 @@ template <typename T, int RT>
 static cudaError_t gm3_launch_rt(unsigned groups, int wpb, float *y, const float *x,
 				 const T *w, const float *scale, int n, int rows, int cols, int per)
 {
-	cudaLaunchAttribute at[1] = {};
-	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[0].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(groups);
-	cfg.blockDim = dim3((unsigned)wpb * 32);
-	cfg.attrs = at;
-	cfg.numAttrs = mm_pdl ? 1 : 0;
+	cudaLaunchAttribute at;
+	cudaLaunchConfig_t cfg = pdl_config(groups, (unsigned)wpb * 32, mm_pdl, &at);
 	return cudaLaunchKernelEx(&cfg, (k_gemv_mma3<T, RT>), y, x, w, scale, n, rows, cols, per);
 }
 

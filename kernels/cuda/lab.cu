@@ -650,15 +650,8 @@ __global__ void k_lab_empty(int *never)
 
 static int lab_empty_call(bool pdl, cudaStream_t st)
 {
-	cudaLaunchAttribute at[1] = {};
-	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[0].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(448);
-	cfg.blockDim = dim3(256);
-	cfg.attrs = at;
-	cfg.numAttrs = pdl ? 1 : 0;
-	cfg.stream = st;
+	cudaLaunchAttribute at;
+	cudaLaunchConfig_t cfg = pdl_config(448, 256, pdl, &at, st);
 	return cudaLaunchKernelEx(&cfg, k_lab_empty, (int *)NULL) == cudaSuccess ? WK_OK : WK_EIO;
 }
 
