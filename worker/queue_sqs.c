@@ -15,9 +15,14 @@
  *                   so SQS drops a second result for an id sent within its 5-minute window
  * Both are created when missing (GetQueueUrl, then CreateQueue), by workers and by submit.
  *
- * Credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (sent
- * as X-Amz-Security-Token). They never appear in messages: any AWS error text is scrubbed of
- * them before it is written to err.
+ * Credentials come from the chain of worker/aws_creds.h: the environment (AWS_ACCESS_KEY_ID,
+ * AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), else the role of an EKS service account (web
+ * identity), an ECS task or EKS Pod Identity (the container endpoint) or an EC2 instance
+ * (IMDSv2). A session token goes as X-Amz-Security-Token. Temporary credentials are fetched
+ * again 5 minutes before they expire (before the next request), and at once when SQS answers
+ * ExpiredToken (that request is then sent again, once); a failed refresh keeps the old ones
+ * while they last. They never appear in messages: any AWS error text is scrubbed of them
+ * before it is written to err.
  *
  * Take: ReceiveMessage with long polling (WaitTimeSeconds = the wait, at most 20, rounded up
  * when that overshoots it by at most OVERSHOOT_MAX_S, else down and the rest slept: SQS waits
@@ -55,6 +60,8 @@
  * offloaded to S3 as the SQS Extended Client does; the job ends FAILED instead.
  */
 #include "worker/queue_impl.h"
+
+#include "worker/aws_creds.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -382,7 +389,8 @@ struct sq {
 	struct queue_sqs_url u;
 	CURL *c;
 	char endpoint[300], sigv4[64];
-	char *key, *secret, *token_hdr; /* malloc'd; wiped before free */
+	struct aws_creds cr;  /* the request signing's (aws_creds_free wipes them) */
+	char *token_hdr;      /* "X-Amz-Security-Token: ..." or NULL; malloc'd, wiped */
 	char *qurl, *rurl;   /* the queue URLs SQS returned */
 	bool fifo_jobs, fifo_results;
 	int max_receive;     /* the job queue's RedrivePolicy maxReceiveCount; 0 none */
@@ -411,7 +419,7 @@ static void wipe_free(char *s)
 /* Blanks out every copy of a credential in s (an error message): same length, '*'. */
 static void redact(const struct sq *s, char *msg)
 {
-	const char *secrets[3] = {s->key, s->secret, s->token_hdr ? strchr(s->token_hdr, ':') + 2 : NULL};
+	const char *secrets[3] = {s->cr.key, s->cr.secret, s->cr.token};
 	for (int i = 0; i < 3; i++) {
 		size_t n = secrets[i] ? strlen(secrets[i]) : 0;
 		if (n == 0)
@@ -600,11 +608,51 @@ static bool throttled(const char *type)
 	       !strcmp(type, "KmsThrottled");
 }
 
+/* Signs with c from now on (taken: *c is zeroed); the old credentials are wiped. */
+static int creds_use(struct sq *s, struct aws_creds *c, char *err, size_t errsz)
+{
+	char *hdr = NULL;
+	if (c->token) {
+		size_t n = strlen(c->token) + 32;
+		if (!(hdr = malloc(n))) {
+			aws_creds_free(c);
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		}
+		snprintf(hdr, n, "X-Amz-Security-Token: %s", c->token);
+	}
+	aws_creds_free(&s->cr);
+	wipe_free(s->token_hdr);
+	s->cr = *c;
+	memset(c, 0, sizeof *c);
+	s->token_hdr = hdr;
+	curl_easy_setopt(s->c, CURLOPT_USERNAME, s->cr.key);
+	curl_easy_setopt(s->c, CURLOPT_PASSWORD, s->cr.secret);
+	return WK_OK;
+}
+
+/* Fetches the credentials again when they are due (aws_creds_due) or when force (SQS said
+ * they expired). A failed fetch keeps the old ones while they have not expired: WK_OK, and
+ * the next request tries again; past their expiry it is the error. */
+static int creds_fresh(struct sq *s, bool force, char *err, size_t errsz)
+{
+	time_t now = time(NULL);
+	if (!force && !aws_creds_due(&s->cr, now))
+		return WK_OK;
+	struct aws_creds c;
+	char e2[WK_ERRSZ];
+	int rc = aws_creds_load(&c, s->u.region, e2, sizeof e2);
+	if (rc == WK_OK)
+		return creds_use(s, &c, err, errsz);
+	if (!force && now < s->cr.expires)
+		return WK_OK;
+	return wk_errf(err, errsz, rc, "sqs: refreshing the %s credentials: %s", s->cr.source, e2);
+}
+
 /* POSTs body as action, retrying network failures, 5xx and throttling until the retry budget
  * (s->retry_s while opening, then the queue's reconnect_s) has passed, or queue_stopping. On WK_OK the response is in s->rbuf. *gone is set when SQS says the queue does not
  * exist. */
-static int perform(struct queue *q, const char *action, const char *body, double wait_s, bool *gone,
-		   char *err, size_t errsz)
+static int perform_once(struct queue *q, const char *action, const char *body, double wait_s,
+			bool *gone, bool *expired, char *err, size_t errsz)
 {
 	struct sq *s = q->impl;
 	char target[96];
@@ -663,6 +711,7 @@ static int perform(struct queue *q, const char *action, const char *body, double
 		}
 		if (cc == CURLE_OK && code < 500 && !throttled(type)) {
 			*gone = !strcmp(type, "QueueDoesNotExist") || strstr(type, "NonExistentQueue");
+			*expired = strstr(type, "ExpiredToken") != NULL;
 			rc = wk_errf(err, errsz, *gone ? WK_ENOTFOUND : WK_EINVAL, "sqs %s: %s: %s (HTTP %ld)", action,
 				     type[0] ? type : "error", msg[0] ? msg : "no message", code);
 			break;
@@ -686,6 +735,21 @@ static int perform(struct queue *q, const char *action, const char *body, double
 	curl_slist_free_all(h);
 	if (rc != WK_OK && err)
 		redact(s, err);
+	return rc;
+}
+
+/* perform_once with credentials that are fresh (creds_fresh), and once more with new ones
+ * when SQS says they expired. */
+static int perform(struct queue *q, const char *action, const char *body, double wait_s, bool *gone,
+		   char *err, size_t errsz)
+{
+	struct sq *s = q->impl;
+	bool expired = false;
+	int rc = creds_fresh(s, false, err, errsz);
+	if (rc == WK_OK)
+		rc = perform_once(q, action, body, wait_s, gone, &expired, err, errsz);
+	if (rc != WK_OK && expired && creds_fresh(s, true, err, errsz) == WK_OK)
+		rc = perform_once(q, action, body, wait_s, gone, &expired, err, errsz);
 	return rc;
 }
 
@@ -950,8 +1014,7 @@ static void sqs_close(struct queue *q)
 		return;
 	if (s->c)
 		curl_easy_cleanup(s->c);
-	wipe_free(s->key);
-	wipe_free(s->secret);
+	aws_creds_free(&s->cr);
 	wipe_free(s->token_hdr);
 	free(s->qurl);
 	free(s->rurl);
@@ -974,23 +1037,19 @@ static int sqs_open(struct queue *q, const char *url, char *err, size_t errsz)
 	int rc = queue_sqs_parse_url(url, &s->u, err, errsz);
 	if (rc != WK_OK)
 		goto fail;
-	const char *key = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
-	const char *token = getenv("AWS_SESSION_TOKEN");
-	if (!key || !*key || !secret || !*secret) {
-		rc = wk_errf(err, errsz, WK_EINVAL, "sqs: no AWS credentials: set AWS_ACCESS_KEY_ID and "
-			     "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones)");
-		goto fail;
-	}
-	size_t tl = token ? strlen(token) : 0;
-	s->key = strdup(key);
-	s->secret = strdup(secret);
-	if (tl && (s->token_hdr = malloc(tl + 32)))
-		snprintf(s->token_hdr, tl + 32, "X-Amz-Security-Token: %s", token);
 	pthread_once(&curl_once, curl_init);
-	if (!s->key || !s->secret || (tl && !s->token_hdr) || !(s->c = curl_easy_init())) {
+	if (!(s->c = curl_easy_init())) {
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto fail;
 	}
+	struct aws_creds cr;
+	char e2[WK_ERRSZ];
+	if ((rc = aws_creds_load(&cr, s->u.region, e2, sizeof e2)) != WK_OK) {
+		rc = wk_errf(err, errsz, rc, "sqs: %s", e2);
+		goto fail;
+	}
+	if ((rc = creds_use(s, &cr, err, errsz)) != WK_OK)
+		goto fail;
 	s->fifo_jobs = is_fifo(s->u.queue);
 	s->fifo_results = is_fifo(s->u.results);
 	bool v6 = strchr(s->u.host, ':') != NULL;
@@ -1005,8 +1064,6 @@ static int sqs_open(struct queue *q, const char *url, char *err, size_t errsz)
 	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, s->u.tls ? "https" : "http");
 	curl_easy_setopt(c, CURLOPT_POST, 1L);
 	curl_easy_setopt(c, CURLOPT_AWS_SIGV4, s->sigv4);
-	curl_easy_setopt(c, CURLOPT_USERNAME, s->key);
-	curl_easy_setopt(c, CURLOPT_PASSWORD, s->secret);
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
 	curl_easy_setopt(c, CURLOPT_WRITEDATA, s);
 	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, s->cerr);

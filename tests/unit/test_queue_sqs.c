@@ -544,3 +544,160 @@ Test(queue_sqs_moto, oversized_messages)
 	free(job);
 	queue_close(q);
 }
+
+/* ---- credentials (worker/aws_creds.h): each source against moto_server, which serves STS
+ * and EC2 instance metadata; the container endpoint is pointed at moto's metadata
+ * credentials, the same JSON document ---- */
+
+#include "worker/aws_creds.h"
+
+static void no_aws_env(void)
+{
+	static const char *const vars[] = {
+		"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ROLE_ARN",
+		"AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_SESSION_NAME", "AWS_ENDPOINT_URL_STS",
+		"AWS_ENDPOINT_URL", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+		"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+		"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_EC2_METADATA_SERVICE_ENDPOINT"};
+	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+		unsetenv(vars[i]);
+	setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
+}
+
+Test(aws_creds, times_and_due)
+{
+	cr_expect_eq(aws_creds_parse_time("2026-12-04T22:33:05Z"), (time_t)1796423585);
+	cr_expect_eq(aws_creds_parse_time("2026-12-04T22:33:05.384405Z"), (time_t)1796423585);
+	cr_expect_eq(aws_creds_parse_time("2026-12-04T22:33:05+00:00"), (time_t)1796423585);
+	cr_expect_eq(aws_creds_parse_time("2026-12-04 22:33:05"), (time_t)-1);
+	cr_expect_eq(aws_creds_parse_time("2026-12-04T22:33:05+01:00"), (time_t)-1);
+	cr_expect_eq(aws_creds_parse_time(""), (time_t)-1);
+	struct aws_creds c = {.expires = 1000000};
+	cr_expect(!aws_creds_due(&c, 1000000 - 301));
+	cr_expect(aws_creds_due(&c, 1000000 - 300));
+	cr_expect(aws_creds_due(&c, 1000000 + 5));
+	c.expires = 0; /* long-term keys */
+	cr_expect(!aws_creds_due(&c, 1L << 40));
+}
+
+Test(aws_creds, environment_and_its_errors)
+{
+	struct aws_creds c;
+	no_aws_env();
+	setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "only AWS_ACCESS_KEY_ID is set"), "%s", err);
+	setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t", 1);
+	setenv("AWS_SESSION_TOKEN", "tok", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(c.key, "AKIDEXAMPLE");
+	cr_expect_str_eq(c.token, "tok");
+	cr_expect_str_eq(c.source, "environment");
+	cr_expect_eq(c.expires, 0);
+	aws_creds_free(&c);
+	cr_expect_null(c.key);
+	/* nothing anywhere (metadata disabled): every source is named */
+	no_aws_env();
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "no AWS credentials") && strstr(err, "AWS_WEB_IDENTITY_TOKEN_FILE") &&
+		  strstr(err, "AWS_CONTAINER_CREDENTIALS_FULL_URI") &&
+		  strstr(err, "disabled by AWS_EC2_METADATA_DISABLED"), "%s", err);
+	/* metadata on, but nothing listens there: the end of the chain, not a hang */
+	unsetenv("AWS_EC2_METADATA_DISABLED");
+	char ep[64];
+	snprintf(ep, sizeof ep, "http://127.0.0.1:%d", free_port());
+	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", ep, 1);
+	double t0 = wk_now();
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "none answered"), "%s", err);
+	cr_expect_lt(wk_now() - t0, 3.0);
+	/* a web identity half set up, and one whose token file is missing */
+	no_aws_env();
+	setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/wick", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "only AWS_ROLE_ARN is set"), "%s", err);
+	setenv("AWS_WEB_IDENTITY_TOKEN_FILE", "/nonexistent/wick-token", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "web identity") && strstr(err, "/nonexistent/wick-token"), "%s", err);
+}
+
+TestSuite(aws_creds_moto, .init = setup, .fini = teardown, .timeout = 90);
+
+Test(aws_creds_moto, web_identity_container_and_instance_metadata)
+{
+	NEED_MOTO();
+	struct aws_creds c;
+	char ep[96], path[64];
+	snprintf(ep, sizeof ep, "http://127.0.0.1:%d/", port);
+	/* web identity: STS AssumeRoleWithWebIdentity with the token file's JWT */
+	no_aws_env();
+	snprintf(path, sizeof path, "/tmp/wick-wi-%d", (int)getpid());
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ3aWNrIn0.c2ln\n", f);
+	fclose(f);
+	setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/wick", 1);
+	setenv("AWS_WEB_IDENTITY_TOKEN_FILE", path, 1);
+	setenv("AWS_ENDPOINT_URL_STS", ep, 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(c.source, "web identity");
+	cr_expect(!strncmp(c.key, "ASIA", 4), "%s", c.key); /* a temporary key */
+	cr_expect(c.secret && strlen(c.secret) >= 20);
+	cr_expect(c.token && strlen(c.token) > 20);
+	time_t now = time(NULL);
+	cr_expect(c.expires > now + 3000 && c.expires <= now + 3700, "expires in %ld s",
+		  (long)(c.expires - now));
+	cr_expect(!aws_creds_due(&c, now) && aws_creds_due(&c, c.expires - 60));
+	aws_creds_free(&c);
+	/* the SQS driver on those credentials */
+	struct queue *q = open_q("wi", "", 30);
+	submit(q, "w1");
+	struct queue_job j[2];
+	cr_assert_eq(take(q, j, 2, 2), 1);
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	queue_close(q);
+	unlink(path);
+	/* the container endpoint (ECS, EKS Pod Identity), with an authorization token file */
+	no_aws_env();
+	char full[160];
+	snprintf(full, sizeof full, "%slatest/meta-data/iam/security-credentials/default-role", ep);
+	setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", full, 1);
+	setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "/nonexistent/wick-auth", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "container") && strstr(err, "/nonexistent/wick-auth"), "%s", err);
+	unsetenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+	setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN", "Bearer abc", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(c.source, "container");
+	cr_expect_str_eq(c.key, "test-key");
+	cr_expect_str_eq(c.token, "test-session-token");
+	cr_expect_gt(c.expires, now + 3600);
+	aws_creds_free(&c);
+	/* EC2 instance metadata (IMDSv2) */
+	no_aws_env();
+	unsetenv("AWS_EC2_METADATA_DISABLED");
+	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", ep, 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(c.source, "instance metadata");
+	cr_expect_str_eq(c.secret, "test-secret-key");
+	aws_creds_free(&c);
+	q = open_q("md", "", 30);
+	submit(q, "m1");
+	cr_assert_eq(take(q, j, 2, 2), 1);
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	queue_close(q);
+	/* STS refusing: named, not a fall-through to metadata */
+	no_aws_env();
+	unsetenv("AWS_EC2_METADATA_DISABLED");
+	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", ep, 1);
+	setenv("AWS_ROLE_ARN", "not-an-arn", 1);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs("x", f);
+	fclose(f);
+	setenv("AWS_WEB_IDENTITY_TOKEN_FILE", path, 1);
+	setenv("AWS_ENDPOINT_URL_STS", "http://127.0.0.1:1/", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "web identity") && strstr(err, "STS"), "%s", err);
+	unlink(path);
+}

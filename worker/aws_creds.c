@@ -1,0 +1,439 @@
+/*
+ * aws_creds.c - the AWS credential sources of aws_creds.h, over libcurl (one easy handle a
+ * request: they are rare) and jansson.
+ */
+#include "worker/aws_creds.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/wk.h"
+
+#define BODY_MAX (64 * 1024) /* any credentials answer is far smaller */
+#define REFRESH_S 300        /* fetch again this long before the expiry */
+
+struct buf {
+	char *p;
+	size_t n;
+	bool over;
+};
+
+static size_t on_body(char *d, size_t sz, size_t nm, void *u)
+{
+	struct buf *b = u;
+	size_t n = sz * nm;
+	if (b->n + n > BODY_MAX) {
+		b->over = true;
+		return 0;
+	}
+	char *q = realloc(b->p, b->n + n + 1);
+	if (!q)
+		return 0;
+	memcpy(q + b->n, d, n);
+	b->p = q;
+	b->n += n;
+	b->p[b->n] = 0;
+	return n;
+}
+
+/* One request: method (GET, PUT or POST with body), headers (NULL-terminated), timeouts in ms.
+ * WK_OK with the body in *out (malloc'd, NUL-terminated, "" when empty) and the HTTP status
+ * in *code; WK_EIO when no answer came (*connect_failed: the connection itself failed). */
+static int http(const char *method, const char *url, const char *const *hdrs, const char *body,
+		long connect_ms, long total_ms, char **out, long *code, bool *connect_failed,
+		char *err, size_t errsz)
+{
+	*out = NULL;
+	*code = 0;
+	if (connect_failed)
+		*connect_failed = false;
+	CURL *c = curl_easy_init();
+	struct curl_slist *h = NULL;
+	struct buf b = {0};
+	if (!c)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int i = 0; hdrs && hdrs[i]; i++) {
+		struct curl_slist *h2 = curl_slist_append(h, hdrs[i]);
+		if (!h2) {
+			curl_slist_free_all(h);
+			curl_easy_cleanup(c);
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		}
+		h = h2;
+	}
+	char cerr[CURL_ERROR_SIZE] = "";
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, total_ms);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+	if (!strcmp(method, "POST")) {
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
+	} else if (!strcmp(method, "PUT")) {
+		curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+	}
+	CURLcode cc = curl_easy_perform(c);
+	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);
+	curl_slist_free_all(h);
+	curl_easy_cleanup(c);
+	int rc = WK_OK;
+	if (cc != CURLE_OK) {
+		if (connect_failed)
+			*connect_failed = cc == CURLE_COULDNT_CONNECT ||
+					  cc == CURLE_OPERATION_TIMEDOUT || cc == CURLE_COULDNT_RESOLVE_HOST;
+		rc = b.over ? wk_errf(err, errsz, WK_ELIMIT, "%s: the answer is over %d bytes", url,
+				      BODY_MAX)
+			    : wk_errf(err, errsz, WK_EIO, "%s: %s", url,
+				      cerr[0] ? cerr : curl_easy_strerror(cc));
+		free(b.p);
+		return rc;
+	}
+	*out = b.p ? b.p : strdup("");
+	return *out ? WK_OK : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+}
+
+time_t aws_creds_parse_time(const char *s)
+{
+	struct tm tm = {0};
+	const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+	if (!end)
+		return -1;
+	if (*end == '.')
+		for (end++; *end >= '0' && *end <= '9'; end++)
+			;
+	if (strcmp(end, "Z") != 0 && strcmp(end, "+00:00") != 0)
+		return -1;
+	return timegm(&tm);
+}
+
+static void wipe(char *s)
+{
+	if (!s)
+		return;
+	volatile char *p = s;
+	while (*p)
+		*p++ = 0;
+	free(s);
+}
+
+void aws_creds_free(struct aws_creds *c)
+{
+	wipe(c->key);
+	wipe(c->secret);
+	wipe(c->token);
+	memset(c, 0, sizeof *c);
+}
+
+bool aws_creds_due(const struct aws_creds *c, time_t now)
+{
+	return c->expires > 0 && now >= c->expires - REFRESH_S;
+}
+
+/* Takes the four values into *c (copies; token may be NULL). */
+static int set(struct aws_creds *c, const char *key, const char *secret, const char *token,
+	       const char *expiration, const char *source, char *err, size_t errsz)
+{
+	if (!key || !*key || !secret || !*secret)
+		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): the answer lacks an "
+			       "access key id or a secret key", source);
+	time_t exp = 0;
+	if (expiration && (exp = aws_creds_parse_time(expiration)) < 0)
+		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): expiration '%.40s' is "
+			       "not an ISO 8601 UTC time", source, expiration);
+	struct aws_creds n = {.key = strdup(key), .secret = strdup(secret),
+			      .token = token && *token ? strdup(token) : NULL, .expires = exp,
+			      .source = source};
+	if (!n.key || !n.secret || (token && *token && !n.token)) {
+		aws_creds_free(&n);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	*c = n;
+	return WK_OK;
+}
+
+/* The {AccessKeyId, SecretAccessKey, Token, Expiration} JSON of the container endpoint and
+ * of instance metadata. */
+static int from_json(struct aws_creds *c, const char *body, const char *source, char *err,
+		     size_t errsz)
+{
+	json_t *j = json_loads(body, 0, NULL);
+	if (!json_is_object(j)) {
+		json_decref(j);
+		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): the answer is not a "
+			       "JSON object", source);
+	}
+#define S(k) json_string_value(json_object_get(j, k))
+	int rc = set(c, S("AccessKeyId"), S("SecretAccessKey"), S("Token"), S("Expiration"), source,
+		     err, errsz);
+#undef S
+	json_decref(j);
+	return rc;
+}
+
+/* The text of <tag>...</tag> in xml, malloc'd; NULL when absent. */
+static char *xml_text(const char *xml, const char *tag)
+{
+	char open[64], close[64];
+	snprintf(open, sizeof open, "<%s>", tag);
+	snprintf(close, sizeof close, "</%s>", tag);
+	const char *a = strstr(xml, open), *b;
+	if (!a || !(b = strstr(a += strlen(open), close)))
+		return NULL;
+	return strndup(a, (size_t)(b - a));
+}
+
+static char *read_file(const char *path, char *err, size_t errsz, const char *what)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): %s: %s", what, path,
+			strerror(errno));
+		return NULL;
+	}
+	char *s = malloc(BODY_MAX + 1);
+	size_t n = s ? fread(s, 1, BODY_MAX, f) : 0;
+	fclose(f);
+	if (!s) {
+		wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		return NULL;
+	}
+	s[n] = 0;
+	while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' '))
+		s[--n] = 0;
+	if (n == 0) {
+		free(s);
+		wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): %s is empty", what, path);
+		return NULL;
+	}
+	return s;
+}
+
+static const char *nonempty(const char *v) { return v && *v ? v : NULL; }
+
+static int web_identity(struct aws_creds *c, const char *region, char *err, size_t errsz)
+{
+	const char *src = "web identity";
+	const char *role = nonempty(getenv("AWS_ROLE_ARN")), *file = nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE"));
+	const char *name = nonempty(getenv("AWS_ROLE_SESSION_NAME"));
+	char *tok = read_file(file, err, errsz, src);
+	if (!tok)
+		return WK_EINVAL;
+	char url[512], sess[64];
+	const char *ep = nonempty(getenv("AWS_ENDPOINT_URL_STS")) ? nonempty(getenv("AWS_ENDPOINT_URL_STS"))
+						      : nonempty(getenv("AWS_ENDPOINT_URL"));
+	if (ep)
+		snprintf(url, sizeof url, "%s", ep);
+	else
+		snprintf(url, sizeof url, "https://sts.%s.amazonaws.com/", region);
+	if (!name) {
+		snprintf(sess, sizeof sess, "wick-%ld", (long)time(NULL));
+		name = sess;
+	}
+	char *r = curl_easy_escape(NULL, role, 0), *n = curl_easy_escape(NULL, name, 0);
+	char *t = curl_easy_escape(NULL, tok, 0);
+	wipe(tok);
+	size_t len = (r ? strlen(r) : 0) + (n ? strlen(n) : 0) + (t ? strlen(t) : 0) + 200;
+	char *body = r && n && t ? malloc(len) : NULL;
+	int rc;
+	if (!body) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	} else {
+		snprintf(body, len, "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=%s"
+			 "&RoleSessionName=%s&WebIdentityToken=%s", r, n, t);
+		const char *h[] = {"Content-Type: application/x-www-form-urlencoded",
+				   "Accept: text/xml", NULL};
+		char *out;
+		long code;
+		rc = http("POST", url, h, body, 5000, 15000, &out, &code, NULL, err, errsz);
+		if (rc == WK_OK && code != 200) {
+			char *ec = xml_text(out, "Code"), *em = xml_text(out, "Message");
+			rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (web identity): STS "
+				     "AssumeRoleWithWebIdentity of %s at %s: %s: %.200s (HTTP %ld)",
+				     role, url, ec ? ec : "error", em ? em : "no message", code);
+			free(ec);
+			free(em);
+		} else if (rc == WK_OK) {
+			char *k = xml_text(out, "AccessKeyId"), *s = xml_text(out, "SecretAccessKey");
+			char *st = xml_text(out, "SessionToken"), *ex = xml_text(out, "Expiration");
+			rc = set(c, k, s, st, ex, src, err, errsz);
+			wipe(k);
+			wipe(s);
+			wipe(st);
+			free(ex);
+		} else {
+			char msg[WK_ERRSZ];
+			snprintf(msg, sizeof msg, "%s", err);
+			rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (web identity): STS: %s",
+				     msg);
+		}
+		if (out) {
+			memset(out, 0, strlen(out));
+			free(out);
+		}
+		memset(body, 0, strlen(body));
+	}
+	free(body);
+	curl_free(r);
+	curl_free(n);
+	if (t) {
+		memset(t, 0, strlen(t));
+		curl_free(t);
+	}
+	return rc;
+}
+
+static int container(struct aws_creds *c, char *err, size_t errsz)
+{
+	const char *src = "container";
+	char url[1024];
+	if (nonempty(getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI")))
+		snprintf(url, sizeof url, "%s", nonempty(getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI")));
+	else
+		snprintf(url, sizeof url, "http://169.254.170.2%s",
+			 nonempty(getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")));
+	char *auth = NULL, *hdr = NULL;
+	if (nonempty(getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))) {
+		if (!(auth = read_file(nonempty(getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")), err, errsz,
+				       src)))
+			return WK_EINVAL;
+	} else if (nonempty(getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN")) &&
+		   !(auth = strdup(nonempty(getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN"))))) {
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	if (auth && (hdr = malloc(strlen(auth) + 32)))
+		snprintf(hdr, strlen(auth) + 32, "Authorization: %s", auth);
+	wipe(auth);
+	if (auth && !hdr)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	const char *h[] = {hdr, NULL};
+	char *out;
+	long code;
+	int rc = http("GET", url, hdr ? h : NULL, NULL, 2000, 5000, &out, &code, NULL, err, errsz);
+	wipe(hdr);
+	if (rc != WK_OK) {
+		char msg[WK_ERRSZ];
+		snprintf(msg, sizeof msg, "%s", err);
+		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (container): %s", msg);
+	}
+	if (code != 200)
+		rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (container): %s: HTTP %ld: "
+			     "%.200s", url, code, out);
+	else
+		rc = from_json(c, out, src, err, errsz);
+	memset(out, 0, strlen(out));
+	free(out);
+	return rc;
+}
+
+/* IMDSv2. *absent: no metadata service answered (not on EC2): the chain's end, not an error
+ * of its own. */
+static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
+{
+	const char *src = "instance metadata";
+	char base[512], url[1024], tokhdr[200];
+	*absent = false;
+	snprintf(base, sizeof base, "%s", nonempty(getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
+						  ? nonempty(getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
+						  : "http://169.254.169.254");
+	size_t bl = strlen(base);
+	while (bl > 0 && base[bl - 1] == '/')
+		base[--bl] = 0;
+	char *tok, *role = NULL, *out = NULL;
+	long code;
+	bool nc;
+	const char *th[] = {"X-aws-ec2-metadata-token-ttl-seconds: 21600", NULL};
+	snprintf(url, sizeof url, "%s/latest/api/token", base);
+	int rc = http("PUT", url, th, NULL, 1000, 2000, &tok, &code, &nc, err, errsz);
+	if (rc != WK_OK || code != 200) {
+		*absent = rc != WK_OK && nc;
+		if (rc == WK_OK) {
+			rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (instance metadata): %s: "
+				     "HTTP %ld", url, code);
+			free(tok);
+		}
+		return rc == WK_OK ? WK_EINVAL : rc;
+	}
+	snprintf(tokhdr, sizeof tokhdr, "X-aws-ec2-metadata-token: %.150s", tok);
+	wipe(tok);
+	const char *h[] = {tokhdr, NULL};
+	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
+	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, NULL, err, errsz);
+	if (rc == WK_OK && code != 200)
+		rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (instance metadata): %s: HTTP "
+			     "%ld (no IAM role attached to the instance?)", url, code);
+	if (rc == WK_OK) {
+		role[strcspn(role, "\r\n")] = 0;
+		if (!role[0] || strchr(role, '/')) {
+			rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (instance metadata): "
+				     "no IAM role attached to the instance");
+		} else {
+			snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/%s",
+				 base, role);
+			rc = http("GET", url, h, NULL, 1000, 2000, &out, &code, NULL, err, errsz);
+			if (rc == WK_OK)
+				rc = code == 200 ? from_json(c, out, src, err, errsz)
+						 : wk_errf(err, errsz, WK_EINVAL, "aws credentials "
+							   "(instance metadata): %s: HTTP %ld", url,
+							   code);
+		}
+	}
+	if (out) {
+		memset(out, 0, strlen(out));
+		free(out);
+	}
+	free(role);
+	memset(tokhdr, 0, sizeof tokhdr);
+	return rc;
+}
+
+int aws_creds_load(struct aws_creds *c, const char *region, char *err, size_t errsz)
+{
+	if (nonempty(getenv("AWS_ACCESS_KEY_ID")) || nonempty(getenv("AWS_SECRET_ACCESS_KEY"))) {
+		if (!nonempty(getenv("AWS_ACCESS_KEY_ID")) || !nonempty(getenv("AWS_SECRET_ACCESS_KEY")))
+			return wk_errf(err, errsz, WK_EINVAL, "aws credentials (environment): "
+				       "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY go together; "
+				       "only %s is set", nonempty(getenv("AWS_ACCESS_KEY_ID"))
+							     ? "AWS_ACCESS_KEY_ID"
+							     : "AWS_SECRET_ACCESS_KEY");
+		return set(c, nonempty(getenv("AWS_ACCESS_KEY_ID")), nonempty(getenv("AWS_SECRET_ACCESS_KEY")),
+			   nonempty(getenv("AWS_SESSION_TOKEN")), NULL, "environment", err, errsz);
+	}
+	if (nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE")) || nonempty(getenv("AWS_ROLE_ARN"))) {
+		if (!nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE")) || !nonempty(getenv("AWS_ROLE_ARN")))
+			return wk_errf(err, errsz, WK_EINVAL, "aws credentials (web identity): "
+				       "AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE go together; "
+				       "only %s is set", nonempty(getenv("AWS_ROLE_ARN"))
+							     ? "AWS_ROLE_ARN"
+							     : "AWS_WEB_IDENTITY_TOKEN_FILE");
+		return web_identity(c, region && *region ? region : "us-east-1", err, errsz);
+	}
+	if (nonempty(getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI")) ||
+	    nonempty(getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")))
+		return container(c, err, errsz);
+	const char *off = nonempty(getenv("AWS_EC2_METADATA_DISABLED"));
+	bool absent = off && !strcasecmp(off, "true");
+	if (!absent) {
+		char e2[WK_ERRSZ];
+		int rc = imds(c, &absent, e2, sizeof e2);
+		if (rc == WK_OK || !absent)
+			return rc == WK_OK ? rc : wk_errf(err, errsz, rc, "%s", e2);
+	}
+	return wk_errf(err, errsz, WK_EINVAL,
+		       "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+		       "AWS_SESSION_TOKEN for temporary ones), or run with a role: web identity "
+		       "(AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE), a container endpoint "
+		       "(AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI) or EC2 instance "
+		       "metadata (%s)", off && !strcasecmp(off, "true")
+						? "disabled by AWS_EC2_METADATA_DISABLED"
+						: "none answered");
+}
