@@ -27,6 +27,13 @@
  * group's last-delivered id makes XINFO GROUPS' lag unknown until the next read, and the
  * backlog (autoscaling) reads that lag.
  *
+ * Authentication: WICK_REDIS_PASSWORD (and WICK_REDIS_USERNAME for an ACL user, Redis 6+) is
+ * sent with AUTH on every connection before anything else; never in the URL, which is logged
+ * (a URL with user:password@ is refused, saying where they go). A server that wants a
+ * password and got none, or refuses the one given, fails the open at once, by name. TLS
+ * (rediss://) is not built in (Debian's hiredis 0.14 has none): a TLS tunnel on loopback
+ * (stunnel, spiped) reaches a TLS-only Redis.
+ *
  * Failures: any I/O error, or a -LOADING reply (Redis replaying its log), drops the
  * connection; the operation is retried on a new one with backoff (50 ms doubling to 2 s)
  * for up to reconnect_s. Every operation is idempotent (the announcement rides on SET NX in
@@ -62,6 +69,7 @@ struct rq {
 	double next_reclaim;   /* wk_now() seconds */
 	char (*held)[ENTRY_ID_MAX]; /* entries taken and not yet completed or released */
 	int n_held, cap_held;
+	char *user, *pass;     /* WICK_REDIS_USERNAME, WICK_REDIS_PASSWORD (malloc'd, wiped) */
 };
 
 /* ---- URL: pure ---- */
@@ -86,9 +94,19 @@ int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err,
 	u->max_deliveries = 0;
 	u->result_ttl = 7 * 86400;
 	snprintf(u->group, sizeof u->group, "wick");
+	if (!strncmp(url, "rediss://", 9))
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%.200s: TLS (rediss://) is not built in "
+			       "(hiredis 0.14); reach a TLS-only Redis through a tunnel on loopback "
+			       "(stunnel, spiped) and give its redis:// address", url);
 	if (strncmp(url, "redis://", 8))
 		return wk_errf(err, errsz, WK_EINVAL, "%.200s: not a redis:// URL", url);
 	const char *p = url + 8, *slash = strchr(p, '/');
+	const char *hend = slash ? slash : p + strlen(p);
+	const char *at = memrchr(p, '@', (size_t)(hend - p));
+	if (at) /* named from after the '@': the password stays out of the message */
+		return wk_errf(err, errsz, WK_EINVAL, "redis://...@%.*s: credentials do not go in the "
+			       "URL (it is logged): set WICK_REDIS_PASSWORD, and WICK_REDIS_USERNAME "
+			       "for an ACL user", (int)(hend - at - 1), at + 1);
 	if (!slash)
 		return wk_errf(err, errsz, WK_EINVAL, "%.200s: no stream (redis://HOST:PORT/STREAM)", url);
 	const char *colon;
@@ -96,8 +114,8 @@ int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err,
 	int hrc = queue_split_host(url, &p, slash, &hl, &colon, err, errsz);
 	if (hrc != WK_OK)
 		return hrc;
-	if (hl == 0 || hl >= sizeof u->host || memchr(p, '@', hl))
-		return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad host (no user:password@ either)", url);
+	if (hl == 0 || hl >= sizeof u->host)
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: bad host", url);
 	memcpy(u->host, p, hl);
 	if (colon) {
 		char *end;
@@ -241,9 +259,35 @@ static int create_group(struct rq *r, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_EIO, "redis: connection lost");
 	}
 	int rc = WK_OK;
-	if (rep->type == REDIS_REPLY_ERROR && !is_err(rep, "BUSYGROUP"))
+	if (is_err(rep, "NOAUTH"))
+		rc = wk_errf(err, errsz, WK_EINVAL, "redis %s:%d wants a password (%.60s): set "
+			     "WICK_REDIS_PASSWORD, and WICK_REDIS_USERNAME for an ACL user",
+			     r->u.host, r->u.port, rep->str);
+	else if (rep->type == REDIS_REPLY_ERROR && !is_err(rep, "BUSYGROUP"))
 		rc = wk_errf(err, errsz, is_err(rep, "LOADING") ? WK_EIO : WK_EFORMAT,
 			     "redis XGROUP CREATE %s %s: %s", r->u.stream, r->u.group, rep->str);
+	freeReplyObject(rep);
+	return rc;
+}
+
+/* AUTH [user] password on a new connection, when WICK_REDIS_PASSWORD is set. WK_EIO: the
+ * connection failed (retried); WK_EINVAL: refused (not retried). */
+static int authenticate(struct rq *r, char *err, size_t errsz)
+{
+	if (!r->pass)
+		return WK_OK;
+	redisReply *rep = r->user ? redisCommand(r->c, "AUTH %s %s", r->user, r->pass)
+				  : redisCommand(r->c, "AUTH %s", r->pass);
+	if (!rep) {
+		drop(r);
+		return wk_errf(err, errsz, WK_EIO, "redis: connection lost");
+	}
+	int rc = WK_OK;
+	if (rep->type == REDIS_REPLY_ERROR)
+		rc = wk_errf(err, errsz, is_err(rep, "LOADING") ? WK_EIO : WK_EINVAL,
+			     "redis %s:%d: AUTH%s%s (WICK_REDIS_PASSWORD%s) refused: %.120s",
+			     r->u.host, r->u.port, r->user ? " as " : "", r->user ? r->user : "",
+			     r->user ? ", WICK_REDIS_USERNAME" : "", rep->str);
 	freeReplyObject(rep);
 	return rc;
 }
@@ -267,7 +311,9 @@ static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
 		if (c && !c->err) {
 			r->c = c;
 			set_timeout(r);
-			int rc = create_group(r, why, sizeof why);
+			int rc = authenticate(r, why, sizeof why);
+			if (rc == WK_OK)
+				rc = create_group(r, why, sizeof why);
 			if (rc == WK_OK) {
 				r->scan_own = true;
 				q->st.reconnects += r->connected_once;
@@ -397,6 +443,16 @@ static void held_del(struct rq *r, const char *entry)
 
 /* ---- open / close ---- */
 
+static void wipe_free(char *s)
+{
+	if (!s)
+		return;
+	volatile char *p = s;
+	while (*p)
+		*p++ = 0;
+	free(s);
+}
+
 static void redis_close(struct queue *q)
 {
 	struct rq *r = q->impl;
@@ -404,6 +460,8 @@ static void redis_close(struct queue *q)
 		return;
 	drop(r);
 	free(r->held);
+	wipe_free(r->user);
+	wipe_free(r->pass);
 	free(r);
 	q->impl = NULL;
 }
@@ -415,6 +473,13 @@ static int redis_open(struct queue *q, const char *url, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	q->impl = r;
 	int rc = queue_redis_parse_url(url, &r->u, err, errsz);
+	const char *user = getenv("WICK_REDIS_USERNAME"), *pass = getenv("WICK_REDIS_PASSWORD");
+	if (rc == WK_OK && user && *user && !(pass && *pass))
+		rc = wk_errf(err, errsz, WK_EINVAL, "WICK_REDIS_USERNAME is set without "
+			     "WICK_REDIS_PASSWORD");
+	if (rc == WK_OK && pass && *pass &&
+	    (!(r->pass = strdup(pass)) || (user && *user && !(r->user = strdup(user)))))
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	if (rc == WK_OK) {
 		if (r->u.max_deliveries > 0)
 			q->o.max_deliveries = r->u.max_deliveries;

@@ -199,6 +199,14 @@ Test(queue_redis, url_parser, .init = NULL, .fini = NULL)
 			     "redis://h/s?group", "redis://[::1/s", "http://h/s"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		cr_expect_neq(queue_redis_parse_url(bad[i], &u, err, sizeof err), WK_OK, "%s parsed", bad[i]);
+	/* credentials in the URL: refused, saying where they go, without echoing the password */
+	const char *cred[] = {"redis://u:hunter2pw@h:7000/s", "redis://:hunter2pw@h", "redis://hunter2pw@h/s?x=@"};
+	for (size_t i = 0; i < sizeof cred / sizeof cred[0]; i++) {
+		cr_expect_eq(queue_redis_parse_url(cred[i], &u, err, sizeof err), WK_EINVAL, "%s", cred[i]);
+		cr_expect(strstr(err, "WICK_REDIS_PASSWORD") && !strstr(err, "hunter2pw"), "%s", err);
+	}
+	cr_expect_eq(queue_redis_parse_url("rediss://h:6380/s", &u, err, sizeof err), WK_EUNSUPPORTED);
+	cr_expect(strstr(err, "TLS") && strstr(err, "tunnel"), "%s", err);
 }
 
 Test(queue_redis, submit_take_complete_cancel)
@@ -302,6 +310,58 @@ Test(queue_redis, finished_entries_are_trimmed)
 	cr_assert_eq(n, 1);
 	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
 	cr_expect_eq(stream_len(), 2);
+	queue_close(q);
+	queue_close(p);
+}
+
+/* A server that wants a password (requirepass, and an ACL user): refused by name without
+ * one or with a wrong one (never echoing it), served with either credential, and AUTH sent
+ * again on the connection after a restart. */
+Test(queue_redis, password_and_acl_user)
+{
+	NEED_REDIS();
+	stop_redis();
+	const char *const auth[] = {"--requirepass", "topsecret-pw", "--user", "wick", "on", ">acl-pw",
+				    "~*", "&*", "+@all", NULL};
+	server = start_redis_with(false, auth, false);
+	cr_assert_gt(server, 0);
+	struct queue_opts o = {.consumer = "w", .lease_s = 30, .reconnect_s = 5};
+	struct queue *q;
+	unsetenv("WICK_REDIS_USERNAME");
+	unsetenv("WICK_REDIS_PASSWORD");
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "wants a password") && strstr(err, "WICK_REDIS_PASSWORD"), "%s", err);
+	setenv("WICK_REDIS_PASSWORD", "wrong-pw-given", 1);
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "AUTH") && strstr(err, "refused") && !strstr(err, "wrong-pw-given"), "%s",
+		  err);
+	setenv("WICK_REDIS_USERNAME", "wick", 1);
+	unsetenv("WICK_REDIS_PASSWORD");
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "WICK_REDIS_USERNAME is set without"), "%s", err);
+	/* the default user's password */
+	unsetenv("WICK_REDIS_USERNAME");
+	setenv("WICK_REDIS_PASSWORD", "topsecret-pw", 1);
+	struct queue *p = open_q(url, "producer", 30);
+	submit(p, "a1");
+	/* an ACL user */
+	setenv("WICK_REDIS_USERNAME", "wick", 1);
+	setenv("WICK_REDIS_PASSWORD", "acl-pw", 1);
+	q = open_q(url, "w", 30);
+	struct queue_job j[4];
+	int n;
+	cr_assert_eq(queue_take(q, j, 4, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	/* restarted: the reconnect authenticates again */
+	stop_redis();
+	server = start_redis_with(false, auth, false);
+	cr_assert_gt(server, 0);
+	submit(p, "a2");
+	cr_assert_eq(queue_take(q, j, 4, 2, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_expect_str_eq(j[0].id, "a2");
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
 	queue_close(q);
 	queue_close(p);
 }
