@@ -74,7 +74,13 @@ work_redis() {
   [ "$host" != "$hostport" ] || port=6379
   command -v redis-cli >/dev/null || { echo "wick-scale: redis-cli is not installed" >&2; return 2; }
   local rc=(redis-cli -h "$host" -p "$port" --raw)
-  if ! info=$("${rc[@]}" XINFO GROUPS "$stream" 2>&1) || [[ $info == ERR* ]]; then
+  # the worker's credentials (WICK_REDIS_PASSWORD, WICK_REDIS_USERNAME); redis-cli takes the
+  # password from REDISCLI_AUTH, off its command line
+  [ -n "${WICK_REDIS_USERNAME:-}" ] && rc+=(--user "$WICK_REDIS_USERNAME")
+  [ -n "${WICK_REDIS_PASSWORD:-}" ] && export REDISCLI_AUTH=$WICK_REDIS_PASSWORD
+  # redis-cli --raw exits 0 on an error reply (ERR, NOAUTH, WRONGPASS, ...): an upper-case
+  # word first is one (the replies' own lines are field names, ids and numbers)
+  if ! info=$("${rc[@]}" XINFO GROUPS "$stream" 2>&1) || [[ $info =~ ^[A-Z]{3,}( |$) ]]; then
     # no stream yet: nothing was ever submitted
     [[ $info == *"no such key"* ]] && { echo 0; return 0; }
     echo "wick-scale: XINFO GROUPS $stream: $info" >&2; return 2
@@ -88,7 +94,7 @@ work_redis() {
   [[ $lag =~ ^[0-9]+$ ]] || { echo "wick-scale: no lag for group $group (Redis < 7?)" >&2; return 2; }
   local pend
   if ! pend=$("${rc[@]}" XPENDING "$stream" "$group" IDLE $((lease * 1000)) - + 1000 2>&1) ||
-     [[ $pend == ERR* || $pend == NOGROUP* ]]; then
+     [[ $pend =~ ^[A-Z]{3,}( |$) ]]; then
     echo "wick-scale: XPENDING $stream $group: $pend" >&2; return 2
   fi
   # --raw prints each entry as 4 lines: id, consumer, idle ms, deliveries

@@ -153,6 +153,10 @@ scale 2 "only spool: and redis://" --queue "sqs://sqs.us-east-1.amazonaws.com/1/
 "$WICK" submit --queue "spool:$TMPD/spool" -p "Once upon a time" -n 4 >/dev/null
 scale 0 "work 1 (new=1 reclaimable=0)" --queue "spool:$TMPD/spool"
 scale 1 idle --queue "spool:$TMPD/empty"
+# a Redis with a password: wick's variable reaches redis-cli (off its command line)
+redis-cli -p "$port" CONFIG SET requirepass scale-pw >/dev/null
+scale 2 "NOAUTH" --queue "$Q"
+WICK_REDIS_PASSWORD=scale-pw scale 0 "work 2 (lag=0 idle_pending=2)" --queue "$Q" --lease 0
 
 section "the README's quoted bills"
 grep -E '^wick usage --quote [0-9]+ --price-per-hour [0-9.]+ +# .*\$[0-9.]+$' deploy/README.md >"$TMPD/quotes.txt"
