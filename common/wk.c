@@ -161,6 +161,16 @@ void wk_buf_add(struct wk_buf *b, const void *s, size_t n)
 	b->p[b->len] = 0;
 }
 
+void wk_free_secret(char *s)
+{
+	if (!s)
+		return;
+	volatile char *p = s; /* volatile: the stores are not dropped as dead before free */
+	while (*p)
+		*p++ = 0;
+	free(s);
+}
+
 bool wk_ends_with(const char *s, const char *suffix)
 {
 	size_t a = strlen(s), b = strlen(suffix);

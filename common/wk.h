@@ -57,6 +57,9 @@ struct wk_buf {
 };
 void wk_buf_add(struct wk_buf *b, const void *s, size_t n);
 
+/* Zeroes a secret string (a password, a key, a token) before freeing it; NULL is fine. */
+void wk_free_secret(char *s);
+
 /* Whether string s ends with suffix. */
 bool wk_ends_with(const char *s, const char *suffix);
 

@@ -5,7 +5,6 @@
 #include "worker/aws_creds.h"
 
 #include <curl/curl.h>
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,28 +16,14 @@
 #define BODY_MAX (64 * 1024) /* any credentials answer is far smaller */
 #define REFRESH_S 300        /* fetch again this long before the expiry */
 
-struct buf {
-	char *p;
-	size_t n;
-	bool over;
-};
-
 static size_t on_body(char *d, size_t sz, size_t nm, void *u)
 {
-	struct buf *b = u;
+	struct wk_buf *b = u;
 	size_t n = sz * nm;
-	if (b->n + n > BODY_MAX) {
-		b->over = true;
-		return 0;
-	}
-	char *q = realloc(b->p, b->n + n + 1);
-	if (!q)
-		return 0;
-	memcpy(q + b->n, d, n);
-	b->p = q;
-	b->n += n;
-	b->p[b->n] = 0;
-	return n;
+	if (b->len + n > BODY_MAX)
+		return 0; /* CURLE_WRITE_ERROR: over the limit */
+	wk_buf_add(b, d, n);
+	return b->oom ? 0 : n;
 }
 
 /* One request: method (GET, PUT or POST with body), headers (NULL-terminated), timeouts in ms.
@@ -54,7 +39,7 @@ static int http(const char *method, const char *url, const char *const *hdrs, co
 		*connect_failed = false;
 	CURL *c = curl_easy_init();
 	struct curl_slist *h = NULL;
-	struct buf b = {0};
+	struct wk_buf b = {0};
 	if (!c)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	for (int i = 0; hdrs && hdrs[i]; i++) {
@@ -91,8 +76,9 @@ static int http(const char *method, const char *url, const char *const *hdrs, co
 		if (connect_failed)
 			*connect_failed = cc == CURLE_COULDNT_CONNECT ||
 					  cc == CURLE_OPERATION_TIMEDOUT || cc == CURLE_COULDNT_RESOLVE_HOST;
-		rc = b.over ? wk_errf(err, errsz, WK_ELIMIT, "%s: the answer is over %d bytes", url,
-				      BODY_MAX)
+		rc = cc == CURLE_WRITE_ERROR
+			     ? wk_errf(err, errsz, b.oom ? WK_ENOMEM : WK_ELIMIT, "%s: %s", url,
+				       b.oom ? "out of memory" : "the answer is over 64 KiB")
 			    : wk_errf(err, errsz, WK_EIO, "%s: %s", url,
 				      cerr[0] ? cerr : curl_easy_strerror(cc));
 		free(b.p);
@@ -116,21 +102,12 @@ time_t aws_creds_parse_time(const char *s)
 	return timegm(&tm);
 }
 
-static void wipe(char *s)
-{
-	if (!s)
-		return;
-	volatile char *p = s;
-	while (*p)
-		*p++ = 0;
-	free(s);
-}
 
 void aws_creds_free(struct aws_creds *c)
 {
-	wipe(c->key);
-	wipe(c->secret);
-	wipe(c->token);
+	wk_free_secret(c->key);
+	wk_free_secret(c->secret);
+	wk_free_secret(c->token);
 	memset(c, 0, sizeof *c);
 }
 
@@ -192,22 +169,16 @@ static char *xml_text(const char *xml, const char *tag)
 	return strndup(a, (size_t)(b - a));
 }
 
+/* A token file's text, trailing newlines cut; NULL with err set when it cannot be read or is
+ * empty. */
 static char *read_file(const char *path, char *err, size_t errsz, const char *what)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): %s: %s", what, path,
-			strerror(errno));
+	char *s, e2[WK_ERRSZ];
+	size_t n;
+	if (wk_read_file(path, BODY_MAX, &s, &n, e2, sizeof e2) != WK_OK) {
+		wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): %s", what, e2);
 		return NULL;
 	}
-	char *s = malloc(BODY_MAX + 1);
-	size_t n = s ? fread(s, 1, BODY_MAX, f) : 0;
-	fclose(f);
-	if (!s) {
-		wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-		return NULL;
-	}
-	s[n] = 0;
 	while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' '))
 		s[--n] = 0;
 	if (n == 0) {
@@ -241,7 +212,7 @@ static int web_identity(struct aws_creds *c, const char *region, char *err, size
 	}
 	char *r = curl_easy_escape(NULL, role, 0), *n = curl_easy_escape(NULL, name, 0);
 	char *t = curl_easy_escape(NULL, tok, 0);
-	wipe(tok);
+	wk_free_secret(tok);
 	size_t len = (r ? strlen(r) : 0) + (n ? strlen(n) : 0) + (t ? strlen(t) : 0) + 200;
 	char *body = r && n && t ? malloc(len) : NULL;
 	int rc;
@@ -266,9 +237,9 @@ static int web_identity(struct aws_creds *c, const char *region, char *err, size
 			char *k = xml_text(out, "AccessKeyId"), *s = xml_text(out, "SecretAccessKey");
 			char *st = xml_text(out, "SessionToken"), *ex = xml_text(out, "Expiration");
 			rc = set(c, k, s, st, ex, src, err, errsz);
-			wipe(k);
-			wipe(s);
-			wipe(st);
+			wk_free_secret(k);
+			wk_free_secret(s);
+			wk_free_secret(st);
 			free(ex);
 		} else {
 			char msg[WK_ERRSZ];
@@ -312,14 +283,14 @@ static int container(struct aws_creds *c, char *err, size_t errsz)
 	}
 	if (auth && (hdr = malloc(strlen(auth) + 32)))
 		snprintf(hdr, strlen(auth) + 32, "Authorization: %s", auth);
-	wipe(auth);
+	wk_free_secret(auth);
 	if (auth && !hdr)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	const char *h[] = {hdr, NULL};
 	char *out;
 	long code;
 	int rc = http("GET", url, hdr ? h : NULL, NULL, 2000, 5000, &out, &code, NULL, err, errsz);
-	wipe(hdr);
+	wk_free_secret(hdr);
 	if (rc != WK_OK) {
 		char msg[WK_ERRSZ];
 		snprintf(msg, sizeof msg, "%s", err);
@@ -364,7 +335,7 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 		return rc == WK_OK ? WK_EINVAL : rc;
 	}
 	snprintf(tokhdr, sizeof tokhdr, "X-aws-ec2-metadata-token: %.150s", tok);
-	wipe(tok);
+	wk_free_secret(tok);
 	const char *h[] = {tokhdr, NULL};
 	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
 	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, NULL, err, errsz);

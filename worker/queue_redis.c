@@ -443,15 +443,6 @@ static void held_del(struct rq *r, const char *entry)
 
 /* ---- open / close ---- */
 
-static void wipe_free(char *s)
-{
-	if (!s)
-		return;
-	volatile char *p = s;
-	while (*p)
-		*p++ = 0;
-	free(s);
-}
 
 static void redis_close(struct queue *q)
 {
@@ -460,8 +451,8 @@ static void redis_close(struct queue *q)
 		return;
 	drop(r);
 	free(r->held);
-	wipe_free(r->user);
-	wipe_free(r->pass);
+	wk_free_secret(r->user);
+	wk_free_secret(r->pass);
 	free(r);
 	q->impl = NULL;
 }

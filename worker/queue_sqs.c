@@ -406,15 +406,6 @@ struct sq {
 	struct idset done[2];
 };
 
-static void wipe_free(char *s)
-{
-	if (!s)
-		return;
-	volatile char *p = s;
-	while (*p)
-		*p++ = 0;
-	free(s);
-}
 
 /* Blanks out every copy of a credential in s (an error message): same length, '*'. */
 static void redact(const struct sq *s, char *msg)
@@ -621,7 +612,7 @@ static int creds_use(struct sq *s, struct aws_creds *c, char *err, size_t errsz)
 		snprintf(hdr, n, "X-Amz-Security-Token: %s", c->token);
 	}
 	aws_creds_free(&s->cr);
-	wipe_free(s->token_hdr);
+	wk_free_secret(s->token_hdr);
 	s->cr = *c;
 	memset(c, 0, sizeof *c);
 	s->token_hdr = hdr;
@@ -1015,7 +1006,7 @@ static void sqs_close(struct queue *q)
 	if (s->c)
 		curl_easy_cleanup(s->c);
 	aws_creds_free(&s->cr);
-	wipe_free(s->token_hdr);
+	wk_free_secret(s->token_hdr);
 	free(s->qurl);
 	free(s->rurl);
 	free(s->rbuf);
