@@ -56,7 +56,10 @@
 #include "worker/job.h"
 #include "worker/ledger.h"
 
-#define BODY_MAX (1u << 20)
+/* A request body: a queue's job document's limit (JOB_BODY_MAX, 4 MiB), so that a prompt at
+ * JOB_PROMPT_MAX (1 MiB of text: a 200K-token context) still fits when a client escapes it,
+ * as Python's json.dumps does by default (\uXXXX: 6 bytes for a 3-byte CJK character). */
+#define BODY_MAX JOB_BODY_MAX
 /* What evhttp itself accepts. libevent 2.1 answers a body over its limit with its own HTML 413
  * (no hook runs between the headers and that check: a request's header_cb cannot be set on a
  * server's requests, and evhttp_set_errorcb is 2.2's), so evhttp's limit is set above ours

@@ -433,7 +433,7 @@ Test(http_server, an_unknown_path_is_named_as_sent)
 Test(http_server, a_body_over_the_limit_is_a_json_413)
 {
 	http_api_set_state(srv, "READY");
-	size_t n = (1u << 20) + (1u << 19);
+	size_t n = (4u << 20) + (1u << 19);
 	char *body = malloc(n + 1);
 	cr_assert_not_null(body);
 	memset(body, 'x', n);
@@ -444,8 +444,8 @@ Test(http_server, a_body_over_the_limit_is_a_json_413)
 	do_call(&c);
 	free(body);
 	cr_expect_eq(c.status, 413, "%s", c.out);
-	cr_expect(strstr(c.out, "{\"error\":{\"message\":\"the request body is 1572864 bytes; the "
-			 "limit is 1048576\"") == c.out, "%s", c.out);
+	cr_expect(strstr(c.out, "{\"error\":{\"message\":\"the request body is 4718592 bytes; the "
+			 "limit is 4194304\"") == c.out, "%s", c.out);
 	cr_expect(strstr(c.out, "\"code\":\"request_too_large\"") != NULL, "%s", c.out);
 }
 
