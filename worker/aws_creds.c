@@ -263,6 +263,30 @@ static int web_identity(struct aws_creds *c, const char *region, char *err, size
 	return rc;
 }
 
+/* Where the container endpoint may be (the AWS SDKs' rule, since the Authorization token
+ * goes there): any https URL; plain http only to a loopback address or ECS's / EKS Pod
+ * Identity's link-local ones. */
+static bool container_host_ok(const char *url)
+{
+	CURLU *u = curl_url();
+	char *scheme = NULL, *host = NULL;
+	bool ok = false;
+	if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+	    curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+	    curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
+		static const char *const allowed[] = {"localhost", "[::1]", "169.254.170.2",
+						      "169.254.170.23", "[fd00:ec2::23]"};
+		ok = !strcasecmp(scheme, "https") || !strncmp(host, "127.", 4);
+		for (size_t i = 0; !ok && i < sizeof allowed / sizeof allowed[0]; i++)
+			ok = !strcasecmp(host, allowed[i]);
+		ok &= !strcasecmp(scheme, "https") || !strcasecmp(scheme, "http");
+	}
+	curl_free(scheme);
+	curl_free(host);
+	curl_url_cleanup(u);
+	return ok;
+}
+
 static int container(struct aws_creds *c, char *err, size_t errsz)
 {
 	const char *src = "container";
@@ -272,6 +296,11 @@ static int container(struct aws_creds *c, char *err, size_t errsz)
 	else
 		snprintf(url, sizeof url, "http://169.254.170.2%s",
 			 nonempty(getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")));
+	if (!container_host_ok(url))
+		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (container): %.300s: plain "
+			       "http only to loopback or the ECS / EKS Pod Identity addresses "
+			       "(169.254.170.2, 169.254.170.23, fd00:ec2::23), as the AWS SDKs allow "
+			       "(else https)", url);
 	char *auth = NULL, *hdr = NULL;
 	if (nonempty(getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))) {
 		if (!(auth = read_file(nonempty(getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")), err, errsz,
@@ -324,22 +353,28 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 	bool nc;
 	const char *th[] = {"X-aws-ec2-metadata-token-ttl-seconds: 21600", NULL};
 	snprintf(url, sizeof url, "%s/latest/api/token", base);
-	int rc = http("PUT", url, th, NULL, 1000, 2000, &tok, &code, &nc, err, errsz);
+	char e2[WK_ERRSZ];
+	int rc = http("PUT", url, th, NULL, 1000, 2000, &tok, &code, &nc, e2, sizeof e2);
 	if (rc != WK_OK || code != 200) {
-		*absent = rc != WK_OK && nc;
+		/* no answer, or no IMDSv2 token (another cloud's metadata service, or IMDS turned
+		 * off): not on EC2 as far as credentials go, the chain's end */
+		*absent = (rc != WK_OK && nc) || (rc == WK_OK && code >= 400 && code < 500);
 		if (rc == WK_OK) {
-			rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (instance metadata): %s: "
-				     "HTTP %ld", url, code);
+			snprintf(e2, sizeof e2, "%.300s: HTTP %ld", url, code);
 			free(tok);
 		}
-		return rc == WK_OK ? WK_EINVAL : rc;
+		return wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws credentials "
+			       "(instance metadata): %s", e2);
 	}
 	snprintf(tokhdr, sizeof tokhdr, "X-aws-ec2-metadata-token: %.150s", tok);
 	wk_free_secret(tok);
 	const char *h[] = {tokhdr, NULL};
 	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
-	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, NULL, err, errsz);
-	if (rc == WK_OK && code != 200)
+	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, NULL, e2, sizeof e2);
+	if (rc != WK_OK)
+		rc = wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws credentials "
+			     "(instance metadata): %s", e2);
+	else if (code != 200)
 		rc = wk_errf(err, errsz, WK_EINVAL, "aws credentials (instance metadata): %s: HTTP "
 			     "%ld (no IAM role attached to the instance?)", url, code);
 	if (rc == WK_OK) {
@@ -350,8 +385,11 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 		} else {
 			snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/%s",
 				 base, role);
-			rc = http("GET", url, h, NULL, 1000, 2000, &out, &code, NULL, err, errsz);
-			if (rc == WK_OK)
+			rc = http("GET", url, h, NULL, 1000, 2000, &out, &code, NULL, e2, sizeof e2);
+			if (rc != WK_OK)
+				rc = wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws "
+					     "credentials (instance metadata): %s", e2);
+			else
 				rc = code == 200 ? from_json(c, out, src, err, errsz)
 						 : wk_errf(err, errsz, WK_EINVAL, "aws credentials "
 							   "(instance metadata): %s: HTTP %ld", url,
@@ -393,8 +431,8 @@ int aws_creds_load(struct aws_creds *c, const char *region, char *err, size_t er
 		return container(c, err, errsz);
 	const char *off = nonempty(getenv("AWS_EC2_METADATA_DISABLED"));
 	bool absent = off && !strcasecmp(off, "true");
+	char e2[WK_ERRSZ] = "disabled by AWS_EC2_METADATA_DISABLED";
 	if (!absent) {
-		char e2[WK_ERRSZ];
 		int rc = imds(c, &absent, e2, sizeof e2);
 		if (rc == WK_OK || !absent)
 			return rc == WK_OK ? rc : wk_errf(err, errsz, rc, "%s", e2);
@@ -404,7 +442,5 @@ int aws_creds_load(struct aws_creds *c, const char *region, char *err, size_t er
 		       "AWS_SESSION_TOKEN for temporary ones), or run with a role: web identity "
 		       "(AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE), a container endpoint "
 		       "(AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI) or EC2 instance "
-		       "metadata (%s)", off && !strcasecmp(off, "true")
-						? "disabled by AWS_EC2_METADATA_DISABLED"
-						: "none answered");
+		       "metadata (none answered: %.300s)", e2);
 }

@@ -86,8 +86,21 @@ static const struct queue_ops *driver_of(const char *url, const char **rest, cha
 		*rest = url + 6;
 		return &queue_spool_ops;
 	}
-	if (!strncmp(url, "redis://", 8))
-		return &queue_redis_ops;
+	/* user:password@ in a queue URL: refused before anything echoes the URL (messages and
+	 * logs print URLs), naming only what follows the '@'. Up to the query: a password may
+	 * hold a '/'. */
+	const char *auth = strstr(url, "://"), *qm = strchr(url, '?');
+	const char *at = auth ? memrchr(auth, '@', (size_t)((qm ? qm : url + strlen(url)) - auth))
+			      : NULL;
+	if (at) {
+		wk_errf(err, errsz, WK_EINVAL, "%.*s...@%.120s: credentials do not go in a queue "
+			"URL (it is logged): for redis:// set WICK_REDIS_PASSWORD (and "
+			"WICK_REDIS_USERNAME), for sqs:// AWS_ACCESS_KEY_ID or a role, for RunPod "
+			"RUNPOD_AI_API_KEY", (int)(auth + 3 - url), url, at + 1);
+		return NULL;
+	}
+	if (!strncmp(url, "redis://", 8) || !strncmp(url, "rediss://", 9))
+		return &queue_redis_ops; /* rediss://: refused by its parser, saying why */
 	if (!strncmp(url, "sqs://", 6))
 		return &queue_sqs_ops;
 	if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))

@@ -391,6 +391,7 @@ struct sq {
 	char endpoint[300], sigv4[64];
 	struct aws_creds cr;  /* the request signing's (aws_creds_free wipes them) */
 	char *token_hdr;      /* "X-Amz-Security-Token: ..." or NULL; malloc'd, wiped */
+	time_t creds_retry;   /* after a failed refresh: no other try before this */
 	char *qurl, *rurl;   /* the queue URLs SQS returned */
 	bool fifo_jobs, fifo_results;
 	int max_receive;     /* the job queue's RedrivePolicy maxReceiveCount; 0 none */
@@ -621,19 +622,26 @@ static int creds_use(struct sq *s, struct aws_creds *c, char *err, size_t errsz)
 	return WK_OK;
 }
 
+#define CREDS_RETRY_S 30 /* between refresh tries while the old credentials last */
+
 /* Fetches the credentials again when they are due (aws_creds_due) or when force (SQS said
  * they expired). A failed fetch keeps the old ones while they have not expired: WK_OK, and
- * the next request tries again; past their expiry it is the error. */
+ * no other try for CREDS_RETRY_S (a slow STS would otherwise stall every request, lease
+ * extensions among them); past their expiry it is the error. */
 static int creds_fresh(struct sq *s, bool force, char *err, size_t errsz)
 {
 	time_t now = time(NULL);
-	if (!force && !aws_creds_due(&s->cr, now))
+	if (!force && (!aws_creds_due(&s->cr, now) ||
+		       (now < s->creds_retry && now < s->cr.expires)))
 		return WK_OK;
 	struct aws_creds c;
 	char e2[WK_ERRSZ];
 	int rc = aws_creds_load(&c, s->u.region, e2, sizeof e2);
-	if (rc == WK_OK)
+	if (rc == WK_OK) {
+		s->creds_retry = 0;
 		return creds_use(s, &c, err, errsz);
+	}
+	s->creds_retry = now + CREDS_RETRY_S;
 	if (!force && now < s->cr.expires)
 		return WK_OK;
 	return wk_errf(err, errsz, rc, "sqs: refreshing the %s credentials: %s", s->cr.source, e2);

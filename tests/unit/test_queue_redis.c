@@ -200,11 +200,19 @@ Test(queue_redis, url_parser, .init = NULL, .fini = NULL)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		cr_expect_neq(queue_redis_parse_url(bad[i], &u, err, sizeof err), WK_OK, "%s parsed", bad[i]);
 	/* credentials in the URL: refused, saying where they go, without echoing the password */
-	const char *cred[] = {"redis://u:hunter2pw@h:7000/s", "redis://:hunter2pw@h", "redis://hunter2pw@h/s?x=@"};
+	const char *cred[] = {"redis://u:hunter2pw@h:7000/s", "redis://:hunter2pw@h", "redis://hunter2pw@h/s?x=@",
+			      "redis://:hunter/2pw@h:7000/s", "rediss://default:hunter2pw@h:6380/s"};
 	for (size_t i = 0; i < sizeof cred / sizeof cred[0]; i++) {
 		cr_expect_eq(queue_redis_parse_url(cred[i], &u, err, sizeof err), WK_EINVAL, "%s", cred[i]);
-		cr_expect(strstr(err, "WICK_REDIS_PASSWORD") && !strstr(err, "hunter2pw"), "%s", err);
+		cr_expect(strstr(err, "WICK_REDIS_PASSWORD") && !strstr(err, "hunter"), "%s", err);
+		/* and through the driver choice every command uses */
+		cr_expect_eq(queue_check_url(cred[i], err, sizeof err), WK_EINVAL, "%s", cred[i]);
+		cr_expect(strstr(err, "WICK_REDIS_PASSWORD") && !strstr(err, "hunter"), "%s", err);
 	}
+	cr_expect_eq(queue_check_url("sqs://AKID:hunter2pw@sqs.us-east-1.amazonaws.com/1/q", err, sizeof err),
+		     WK_EINVAL);
+	cr_expect(strstr(err, "AWS_ACCESS_KEY_ID") && !strstr(err, "hunter"), "%s", err);
+	cr_expect_eq(queue_check_url("rediss://h:6380/s", err, sizeof err), WK_EUNSUPPORTED);
 	cr_expect_eq(queue_redis_parse_url("rediss://h:6380/s", &u, err, sizeof err), WK_EUNSUPPORTED);
 	cr_expect(strstr(err, "TLS") && strstr(err, "tunnel"), "%s", err);
 }

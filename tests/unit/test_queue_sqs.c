@@ -673,6 +673,22 @@ Test(aws_creds_moto, web_identity_container_and_instance_metadata)
 	cr_expect_str_eq(c.token, "test-session-token");
 	cr_expect_gt(c.expires, now + 3600);
 	aws_creds_free(&c);
+	/* plain http to anywhere but loopback or the ECS / EKS addresses: refused (the
+	 * Authorization token goes there) */
+	setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://credentials.example.com/v1", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "plain http only"), "%s", err);
+	setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://169.254.170.23:1/v1/credentials", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL); /* allowed; none there */
+	cr_expect(!strstr(err, "plain http only") && strstr(err, "container"), "%s", err);
+	/* a metadata service that is not EC2's (no IMDSv2 token: 404): the chain's end */
+	no_aws_env();
+	unsetenv("AWS_EC2_METADATA_DISABLED");
+	char other[128];
+	snprintf(other, sizeof other, "%snothing", ep);
+	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", other, 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "no AWS credentials") && strstr(err, "HTTP 404"), "%s", err);
 	/* EC2 instance metadata (IMDSv2) */
 	no_aws_env();
 	unsetenv("AWS_EC2_METADATA_DISABLED");
