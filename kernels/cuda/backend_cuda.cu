@@ -117,6 +117,11 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 	const char *pdl = getenv("WICK_CUDA_PDL");
 	if (pdl && strcmp(pdl, "0") == 0)
 		wk_cuda_set_pdl(0);
+	/* WICK_CUDA_STREAM=pt: compute on each thread's per-thread default stream rather than
+	 * the legacy one (whether PDL acts on the legacy stream is for the GPU to say: the lab's
+	 * launch-floor rows and gpu-check's decode step time both) */
+	const char *st = getenv("WICK_CUDA_STREAM");
+	wk_cuda_set_stream(st && strcmp(st, "pt") == 0);
 	/* the GEMVs of 2..8 tokens on the tensor cores (gemv_route), unless WICK_CUDA_GEMV=v1:
 	 * on an H200, v2 read FP8 weights at 2.5-4.6x v1's rate at 8 tokens, bf16 at 1.8-2.9x */
 	const char *gv = getenv("WICK_CUDA_GEMV");

@@ -7,7 +7,10 @@
  * blocking one: the CUDA backend launches its kernels on the legacy default stream, and a
  * blocking stream's work starts only after the default stream's earlier work (and the
  * default stream's later work waits for it), so a collective reads what the kernels before it
- * wrote. A non-blocking stream would race them. Each op makes the rank's device current,
+ * wrote. A non-blocking stream would race them. With the kernels on the per-thread stream
+ * instead (wk_cuda_set_stream, WICK_CUDA_STREAM=pt), which no blocking stream waits for, each
+ * collective first makes the rank's stream wait for an event recorded on the compute stream
+ * (the rank thread's own). Each op makes the rank's device current,
  * enqueues the NCCL call on the rank's stream and waits for the stream: blocking, as comm.h
  * promises.
  *
@@ -47,6 +50,8 @@
 extern "C" {
 #include "common/wk.h"
 #include "engine/comm.h"
+
+extern cudaStream_t wk_compute_stream; /* kernels.cu: 0 or cudaStreamPerThread */
 }
 
 struct nccl_api {
@@ -74,6 +79,7 @@ struct ncomm {
 	struct nccl_api api;
 	ncclComm_t comm[COMM_MAX_WORLD];
 	cudaStream_t stream[COMM_MAX_WORLD];
+	cudaEvent_t ready[COMM_MAX_WORLD]; /* the compute stream's work before a collective */
 	float *word[COMM_MAX_WORLD]; /* one float per device, for barrier() */
 	bool aborted[COMM_MAX_WORLD]; /* ncclCommAbort freed comm[r] */
 	int failed;                   /* a rank failed: atomically set, read by every rank */
@@ -128,6 +134,8 @@ static void destroy(void *ctx)
 		}
 		if (c->stream[r])
 			cudaStreamDestroy(c->stream[r]);
+		if (c->ready[r])
+			cudaEventDestroy(c->ready[r]);
 		if (c->word[r])
 			cudaFree(c->word[r]);
 	}
@@ -169,6 +177,8 @@ static int init(void **ctx, int world, char *err, size_t errsz)
 		if ((ce = cudaSetDevice(r)) != cudaSuccess ||
 		    (ce = cudaStreamCreateWithFlags(&c->stream[r], cudaStreamDefault)) !=
 			    cudaSuccess || /* blocking: ordered with the kernels (see the top) */
+		    (ce = cudaEventCreateWithFlags(&c->ready[r], cudaEventDisableTiming)) !=
+			    cudaSuccess ||
 		    (ce = cudaMalloc((void **)&c->word[r], sizeof(float))) != cudaSuccess) {
 			rc = wk_errf(err, errsz, WK_EIO, "comm nccl: GPU %d: %s", r,
 				     cudaGetErrorString(ce));
@@ -203,6 +213,9 @@ static int enter(struct ncomm *c, int rank, const char *op, char *err, size_t er
 		return wk_errf(err, errsz, WK_EIO, "comm nccl: %s on GPU %d: the communicator "
 			       "failed earlier", op, rank);
 	cudaError_t ce = cudaSetDevice(rank);
+	if (ce == cudaSuccess && wk_compute_stream) /* not the legacy stream: order explicitly */
+		if ((ce = cudaEventRecord(c->ready[rank], wk_compute_stream)) == cudaSuccess)
+			ce = cudaStreamWaitEvent(c->stream[rank], c->ready[rank], 0);
 	if (ce != cudaSuccess)
 		return fail_all(c, rank, op, cudaGetErrorString(ce), err, errsz);
 	return WK_OK;

@@ -242,6 +242,14 @@ __device__ __forceinline__ void grid_dep_launch(void)
 #endif
 }
 
+/* The stream compute goes to (wk_cuda_set_stream): 0, the legacy default stream, unless
+ * WICK_CUDA_STREAM=pt made it cudaStreamPerThread. Every launch names it. */
+extern cudaStream_t wk_compute_stream;
+static inline cudaStream_t wk_st(void)
+{
+	return wk_compute_stream;
+}
+
 /* The configuration of a launch of grid blocks of block threads on stream st that runs as a
  * programmatic dependent when pdl (the attribute above, in *at, which must outlive the
  * cudaLaunchKernelEx), as an ordinary launch otherwise. */

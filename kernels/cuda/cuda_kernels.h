@@ -79,6 +79,13 @@ int wk_cuda_matmul_n(const struct wk_mm *parts, int count, const float *x, int n
  * default; the kernel lab turns it off to time the launches without it. Process-wide, not
  * thread-safe: set it before use. */
 void wk_cuda_set_pdl(int on);
+/* Where every kernel, memset and chained launch goes: the legacy default stream (0, the
+ * default) or, with per_thread, each host thread's own default stream (cudaStreamPerThread),
+ * which is an ordinary stream: whether programmatic dependent launch takes effect on the
+ * legacy one is what the lab's launch-floor rows measure. Synchronous copies stay on the
+ * legacy stream, which orders itself with both; the NCCL streams wait for the compute
+ * stream's event before each collective (comm_nccl.cu). Process-wide: set it before use. */
+void wk_cuda_set_stream(int per_thread);
 /* For the tests of PDL: copies src [n] into x after sleeping about ns nanoseconds, in one
  * block that lets a programmatic dependent start at once (griddepcontrol.launch_dependents
  * first thing), so that a GEMV launched next reads x while this kernel still sleeps unless

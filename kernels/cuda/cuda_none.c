@@ -338,6 +338,11 @@ int wk_cuda_gemv_mma3(float *y, const float *x, const void *w, enum dt_type wt,
 	return none(err, errsz);
 }
 
+void wk_cuda_set_stream(int per_thread)
+{
+	(void)per_thread;
+}
+
 void wk_cuda_set_pdl(int on)
 {
 	(void)on;

@@ -197,8 +197,8 @@ extern "C" int wk_cuda_gemm_fp8(float *y, const uint8_t *xq, const float *xs, co
 	dim3 grid((unsigned)(n / GM + (n % GM != 0)), (unsigned)(rows / GN + (rows % GN != 0)));
 	bool vec = cols % 16 == 0 && ((uintptr_t)xq | (uintptr_t)w) % 16 == 0;
 	if (vec)
-		k_gemm_fp8<true><<<grid, GTHREADS, GSMEM>>>(y, xq, xs, w, ws, n, rows, cols);
+		k_gemm_fp8<true><<<grid, GTHREADS, GSMEM, wk_st()>>>(y, xq, xs, w, ws, n, rows, cols);
 	else
-		k_gemm_fp8<false><<<grid, GTHREADS, GSMEM>>>(y, xq, xs, w, ws, n, rows, cols);
+		k_gemm_fp8<false><<<grid, GTHREADS, GSMEM, wk_st()>>>(y, xq, xs, w, ws, n, rows, cols);
 	return launched("gemm_fp8", err, errsz);
 }

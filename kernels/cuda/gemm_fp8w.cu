@@ -108,7 +108,7 @@ extern "C" int wk_cuda_act_split(uint16_t *xb, const float *x, int n, int cols, 
 	if (total == 0)
 		return WK_OK;
 	unsigned nb = blocks(total, 256);
-	k_act_split<<<nb < 8192 ? nb : 8192, 256>>>(xb, x, n, cols, WK_CUDA_SPLIT_COLS(cols));
+	k_act_split<<<nb < 8192 ? nb : 8192, 256, 0, wk_st()>>>(xb, x, n, cols, WK_CUDA_SPLIT_COLS(cols));
 	return launched("act_split", err, errsz);
 }
 
@@ -132,8 +132,8 @@ extern "C" int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w,
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8w shared memory", err, errsz);
 	if (vec)
-		k_gemm_fp8w<true><<<grid, FTHREADS, FSMEM>>>(y, xb, w, ws, n, rows, cols);
+		k_gemm_fp8w<true><<<grid, FTHREADS, FSMEM, wk_st()>>>(y, xb, w, ws, n, rows, cols);
 	else
-		k_gemm_fp8w<false><<<grid, FTHREADS, FSMEM>>>(y, xb, w, ws, n, rows, cols);
+		k_gemm_fp8w<false><<<grid, FTHREADS, FSMEM, wk_st()>>>(y, xb, w, ws, n, rows, cols);
 	return launched("gemm_fp8w", err, errsz);
 }

@@ -774,6 +774,7 @@ static int launch_tma(float *y, const uint8_t *xq, const float *xs, const uint8_
 	cudaLaunchAttribute attr[1];
 	cfg.blockDim = dim3(TTHREADS);
 	cfg.dynamicSmemBytes = (size_t)smem;
+	cfg.stream = wk_st();
 	int places = 0; /* clusters (or blocks) resident at once: the persistent grid */
 	if (MC == 1) {
 		e = cudaDeviceGetAttribute(&places, cudaDevAttrMultiProcessorCount, dev);
@@ -849,9 +850,9 @@ static int gemm_wgmma(float *y, const uint8_t *xq, const float *xs, const uint8_
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8_wgmma shared memory", err, errsz);
 	if (vec)
-		k_gemm_wgmma<true><<<grid, WTHREADS, WSMEM>>>(y, xq, xs, w, ws, n, rows, cols);
+		k_gemm_wgmma<true><<<grid, WTHREADS, WSMEM, wk_st()>>>(y, xq, xs, w, ws, n, rows, cols);
 	else
-		k_gemm_wgmma<false><<<grid, WTHREADS, WSMEM>>>(y, xq, xs, w, ws, n, rows, cols);
+		k_gemm_wgmma<false><<<grid, WTHREADS, WSMEM, wk_st()>>>(y, xq, xs, w, ws, n, rows, cols);
 	return launched("gemm_fp8_wgmma", err, errsz);
 }
 

@@ -57,7 +57,7 @@ extern "C" int wk_cuda_layernorm(float *y, const float *x, const float *w, const
 {
 	if (n <= 0)
 		return WK_OK;
-	k_layernorm<<<n, 256>>>(y, x, w, b, dim, eps);
+	k_layernorm<<<n, 256, 0, wk_st()>>>(y, x, w, b, dim, eps);
 	return launched("layernorm", err, errsz);
 }
 
@@ -75,7 +75,7 @@ extern "C" int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, siz
 	int rc = norm_build(&s, r, count, err, errsz);
 	if (rc != WK_OK || s.start[count] == 0)
 		return rc;
-	k_norm_n<<<s.start[count], 256>>>(s);
+	k_norm_n<<<s.start[count], 256, 0, wk_st()>>>(s);
 	return launched("norm_n", err, errsz);
 }
 
@@ -112,7 +112,7 @@ extern "C" int wk_cuda_moe_route(int *idx, float *wt, const float *logits, const
 		return rc;
 	if (n <= 0 || top_k == 0)
 		return WK_OK;
-	k_moe_route<<<n, ROUTE_THREADS>>>(idx, wt, logits, bias, n_experts, top_k, n_group,
+	k_moe_route<<<n, ROUTE_THREADS, 0, wk_st()>>>(idx, wt, logits, bias, n_experts, top_k, n_group,
 					  topk_group, norm, scale);
 	return launched("moe_route", err, errsz);
 }
@@ -144,7 +144,7 @@ extern "C" int wk_cuda_gather_rows(float *dst, const float *src, const int *rows
 {
 	if (n <= 0 || dim <= 0)
 		return WK_OK;
-	k_gather_rows<<<n, 256>>>(dst, src, rows, dim);
+	k_gather_rows<<<n, 256, 0, wk_st()>>>(dst, src, rows, dim);
 	return launched("gather_rows", err, errsz);
 }
 
@@ -153,7 +153,7 @@ extern "C" int wk_cuda_scatter_add_rows(float *y, const float *x, const int *row
 {
 	if (n <= 0 || dim <= 0)
 		return WK_OK;
-	k_scatter_add_rows<<<n, 256>>>(y, x, rows, scale, dim);
+	k_scatter_add_rows<<<n, 256, 0, wk_st()>>>(y, x, rows, scale, dim);
 	return launched("scatter_add_rows", err, errsz);
 }
 
@@ -271,7 +271,7 @@ static void absorb_q_launch(float *qa, const float *q, const void *w, const floa
 	int chunks = (n + ABSORB_TOK - 1) / ABSORB_TOK;
 	dim3 grid(blocks((size_t)lora, ABSORB_THREADS), (unsigned)(h1 - h0),
 		  (unsigned)(chunks < MAX_GRID_YZ ? chunks : MAX_GRID_YZ));
-	k_absorb_q<T><<<grid, ABSORB_THREADS>>>(qa, q, (const T *)w, scale, lora, n, n_heads,
+	k_absorb_q<T><<<grid, ABSORB_THREADS, 0, wk_st()>>>(qa, q, (const T *)w, scale, lora, n, n_heads,
 						d_nope, d_rope, d_v, h0);
 }
 
@@ -279,7 +279,7 @@ template <typename T>
 static void absorb_out_launch(float *o, const float *lat, const void *w, const float *scale,
 			      int lora, int n, int n_heads, int d_nope, int d_v, int h0, int h1)
 {
-	k_absorb_out<T><<<blocks((size_t)(h1 - h0) * d_v * 32, 256), 256>>>(
+	k_absorb_out<T><<<blocks((size_t)(h1 - h0) * d_v * 32, 256), 256, 0, wk_st()>>>(
 		o, lat, (const T *)w, scale, lora, n, n_heads, d_nope, d_v, h0, h1);
 }
 
@@ -453,7 +453,7 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
 		return WK_OK;
 	dim3 grid((unsigned)(i1 - i0), (unsigned)(h1 - h0));
-	k_mla_attention<<<grid, MLA_THREADS, smem>>>(out, q, *s, pos0, i0, h0);
+	k_mla_attention<<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0, i0, h0);
 	return launched("mla_attention", err, errsz);
 }
 
@@ -499,7 +499,7 @@ static void absorbed_launch(float *o, float *qa, float *lat, const float *q, con
 			    int d_nope, int d_v, size_t smem)
 {
 	dim3 grid((unsigned)n, (unsigned)s->n_heads);
-	k_mla_absorbed<T><<<grid, MLA_THREADS, smem>>>(o, qa, lat, q, (const T *)w, scale, *s,
+	k_mla_absorbed<T><<<grid, MLA_THREADS, smem, wk_st()>>>(o, qa, lat, q, (const T *)w, scale, *s,
 							pos0, d_nope, d_v);
 }
 
@@ -702,7 +702,7 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 	/* query i has pos0 + i + 1 keys: the first max(0, topk - pos0) queries take them all */
 	int all = topk - pos0 < n ? (topk - pos0 > 0 ? topk - pos0 : 0) : n;
 	if (all > 0) {
-		k_dsa_all<<<all, 128>>>(sel, nsel, pos0, topk);
+		k_dsa_all<<<all, 128, 0, wk_st()>>>(sel, nsel, pos0, topk);
 		int rc = launched("dsa_topk", err, errsz);
 		if (rc != WK_OK)
 			return rc;
@@ -717,7 +717,7 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 		struct dsa_args a = {sel, nsel, scores, stride, q, k, w, pos0, i0, n_heads,
 				     head_dim, topk, qk_scale, w_scale, count};
 		dim3 grid((unsigned)(((size_t)len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
-		k_dsa_topk_n<<<grid, DSA_THREADS>>>(a);
+		k_dsa_topk_n<<<grid, DSA_THREADS, 0, wk_st()>>>(a);
 		int rc = launched("dsa_topk", err, errsz);
 		if (rc != WK_OK)
 			return rc;

@@ -59,7 +59,7 @@ extern "C" int wk_cuda_zero(void *y, size_t bytes, char *err, size_t errsz)
 {
 	if (bytes == 0)
 		return WK_OK;
-	return check(cudaMemsetAsync(y, 0, bytes, 0), "zero", err, errsz);
+	return check(cudaMemsetAsync(y, 0, bytes, wk_st()), "zero", err, errsz);
 }
 
 /* ---- matmul (cpu_ref_matmul, cpu_ref_matmul_fp8): the decode GEMV of gemv.cuh --------------- */
@@ -94,6 +94,13 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_matmul_mixed(struct mm_set s,
  * wk_cuda_set_pdl(0) */
 static int mm_pdl = 1;
 
+cudaStream_t wk_compute_stream = 0;
+
+extern "C" void wk_cuda_set_stream(int per_thread)
+{
+	wk_compute_stream = per_thread ? cudaStreamPerThread : (cudaStream_t)0;
+}
+
 extern "C" void wk_cuda_set_pdl(int on)
 {
 	mm_pdl = on != 0;
@@ -103,7 +110,7 @@ template <typename T, int NT>
 static cudaError_t launch_nt(const struct mm_set &s, unsigned b, const float *x, int n)
 {
 	cudaLaunchAttribute at;
-	cudaLaunchConfig_t cfg = pdl_config(b, MM_THREADS, mm_pdl, &at);
+	cudaLaunchConfig_t cfg = pdl_config(b, MM_THREADS, mm_pdl, &at, wk_st());
 	return cudaLaunchKernelEx(&cfg, (k_matmul<T, NT>), s, x, n);
 }
 
@@ -130,10 +137,10 @@ static int mm_launch(const struct wk_mm *parts, int count, const float *x, int n
 	unsigned b = (unsigned)s.bstart[count];
 	if (mixed) {
 		switch (mm_nt(n)) {
-		case 1: k_matmul_mixed<1><<<b, MM_THREADS>>>(s, x, n); break;
-		case 2: k_matmul_mixed<2><<<b, MM_THREADS>>>(s, x, n); break;
-		case 4: k_matmul_mixed<4><<<b, MM_THREADS>>>(s, x, n); break;
-		default: k_matmul_mixed<MM_NT><<<b, MM_THREADS>>>(s, x, n); break;
+		case 1: k_matmul_mixed<1><<<b, MM_THREADS, 0, wk_st()>>>(s, x, n); break;
+		case 2: k_matmul_mixed<2><<<b, MM_THREADS, 0, wk_st()>>>(s, x, n); break;
+		case 4: k_matmul_mixed<4><<<b, MM_THREADS, 0, wk_st()>>>(s, x, n); break;
+		default: k_matmul_mixed<MM_NT><<<b, MM_THREADS, 0, wk_st()>>>(s, x, n); break;
 		}
 	} else {
 		cudaError_t e;
@@ -197,7 +204,7 @@ __global__ void k_late_copy(float *x, const float *src, size_t n, unsigned ns)
 extern "C" int wk_cuda_late_copy(float *x, const float *src, size_t n, unsigned ns, char *err,
 				 size_t errsz)
 {
-	k_late_copy<<<1, 256>>>(x, src, n, ns);
+	k_late_copy<<<1, 256, 0, wk_st()>>>(x, src, n, ns);
 	return launched("late_copy", err, errsz);
 }
 
@@ -427,9 +434,9 @@ static void gm_launch(float *y, const float *x, const T *w, const float *scale, 
 	int per = (kb + wpb - 1) / wpb;
 	wpb = (kb + per - 1) / per;
 	if (rt == 2)
-		k_gemv_mma<T, 2><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
+		k_gemv_mma<T, 2><<<groups, wpb * 32, 0, wk_st()>>>(y, x, w, scale, n, rows, cols, per);
 	else
-		k_gemv_mma<T, 1><<<groups, wpb * 32>>>(y, x, w, scale, n, rows, cols, per);
+		k_gemv_mma<T, 1><<<groups, wpb * 32, 0, wk_st()>>>(y, x, w, scale, n, rows, cols, per);
 }
 
 /* The contract of wk_cuda_gemv_mma and _mma3 (what names the caller): WK_OK or WK_EINVAL. */
@@ -616,7 +623,7 @@ static cudaError_t gm3_launch_rt(unsigned groups, int wpb, float *y, const float
 				 const T *w, const float *scale, int n, int rows, int cols, int per)
 {
 	cudaLaunchAttribute at;
-	cudaLaunchConfig_t cfg = pdl_config(groups, (unsigned)wpb * 32, mm_pdl, &at);
+	cudaLaunchConfig_t cfg = pdl_config(groups, (unsigned)wpb * 32, mm_pdl, &at, wk_st());
 	return cudaLaunchKernelEx(&cfg, (k_gemv_mma3<T, RT>), y, x, w, scale, n, rows, cols, per);
 }
 
@@ -673,7 +680,7 @@ extern "C" int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, 
 {
 	if (n <= 0)
 		return WK_OK;
-	k_rmsnorm<<<n, 256>>>(y, x, w, dim, eps);
+	k_rmsnorm<<<n, 256, 0, wk_st()>>>(y, x, w, dim, eps);
 	return launched("rmsnorm", err, errsz);
 }
 
@@ -758,7 +765,7 @@ extern "C" int wk_cuda_act_quant(float *y, const float *x, int n, int cols, char
 	if (n <= 0 || cols <= 0)
 		return WK_OK;
 	size_t warps = (size_t)n * ((cols + 127) / 128);
-	k_act_quant<<<blocks(warps * 32, 256), 256>>>(y, x, n, cols);
+	k_act_quant<<<blocks(warps * 32, 256), 256, 0, wk_st()>>>(y, x, n, cols);
 	return launched("act_quant", err, errsz);
 }
 
@@ -768,7 +775,7 @@ extern "C" int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, 
 	if (n <= 0 || cols <= 0)
 		return WK_OK;
 	size_t warps = (size_t)n * ((cols + 127) / 128);
-	k_act_codes<<<blocks(warps * 32, 256), 256>>>(xq, xs, x, n, cols);
+	k_act_codes<<<blocks(warps * 32, 256), 256, 0, wk_st()>>>(xq, xs, x, n, cols);
 	return launched("act_codes", err, errsz);
 }
 
@@ -787,7 +794,7 @@ extern "C" int wk_cuda_add_rmsnorm(float *x, const float *d, float *y, const flo
 {
 	if (n <= 0)
 		return WK_OK;
-	k_add_rmsnorm<<<n, 256>>>(x, d, y, w, dim, eps);
+	k_add_rmsnorm<<<n, 256, 0, wk_st()>>>(x, d, y, w, dim, eps);
 	return launched("add_rmsnorm", err, errsz);
 }
 
@@ -836,7 +843,7 @@ extern "C" int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta,
 	}
 	if (s.start[count] == 0)
 		return WK_OK;
-	k_rope_n<<<blocks(s.start[count], 256), 256>>>(s, theta, interleaved);
+	k_rope_n<<<blocks(s.start[count], 256), 256, 0, wk_st()>>>(s, theta, interleaved);
 	return launched("rope_n", err, errsz);
 }
 
@@ -846,7 +853,7 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 	size_t pairs = (size_t)n * n_heads * (rot_dim / 2);
 	if (pairs == 0)
 		return WK_OK;
-	k_rope<<<blocks(pairs, 256), 256>>>(x, n, pos, n_heads, head_dim, rot_dim, theta,
+	k_rope<<<blocks(pairs, 256), 256, 0, wk_st()>>>(x, n, pos, n_heads, head_dim, rot_dim, theta,
 					    interleaved);
 	return launched("rope", err, errsz);
 }
@@ -909,7 +916,7 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const float *k, con
 	/* 4 floats past the scores: ptxas may merge the last 3 scalar reads of the value loop's
 	 * remainder into one 12-byte read, past the end when fewer remain (compute-sanitizer's
 	 * memcheck on an H200: an invalid shared read of 12 bytes at len 301) */
-	k_attention<<<n * n_heads, 128, (size_t)(pos0 + n + 4) * sizeof(float)>>>(
+	k_attention<<<n * n_heads, 128, (size_t)(pos0 + n + 4) * sizeof(float), wk_st()>>>(
 		out, q, k, v, pos0, n_heads, n_kv, head_dim, kv_stride, scale);
 	return launched("attention", err, errsz);
 }
@@ -937,7 +944,7 @@ extern "C" int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, s
 {
 	if (n == 0)
 		return WK_OK;
-	k_silu_mul<<<blocks(n, 256), 256>>>(g, u, n);
+	k_silu_mul<<<blocks(n, 256), 256, 0, wk_st()>>>(g, u, n);
 	return launched("silu_mul", err, errsz);
 }
 
@@ -945,7 +952,7 @@ extern "C" int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t
 {
 	if (n == 0)
 		return WK_OK;
-	k_add<<<blocks(n, 256), 256>>>(y, x, n);
+	k_add<<<blocks(n, 256), 256, 0, wk_st()>>>(y, x, n);
 	return launched("add", err, errsz);
 }
 
@@ -992,6 +999,6 @@ extern "C" int wk_cuda_argmax(int *idx, const float *logits, int n, int vocab, c
 {
 	if (n <= 0)
 		return WK_OK;
-	k_argmax<<<n, 256>>>(idx, logits, vocab);
+	k_argmax<<<n, 256, 0, wk_st()>>>(idx, logits, vocab);
 	return launched("argmax", err, errsz);
 }

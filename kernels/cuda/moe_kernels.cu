@@ -669,7 +669,7 @@ extern "C" int wk_cuda_moe_experts(float *y, const float *x, const int *idx, con
 		return rc;
 	struct moe_plan p;
 	plan_layout((char *)scratch, n, top_k, m, &p);
-	k_moe_plan<<<1, PLAN_THREADS>>>(p, idx, n, top_k, m->ex0, m->n_local);
+	k_moe_plan<<<1, PLAN_THREADS, 0, wk_st()>>>(p, idx, n, top_k, m->ex0, m->n_local);
 	if ((rc = launched("moe_experts plan", err, errsz)) != WK_OK)
 		return rc;
 	return after_plan(p, y, x, wt, n, top_k, m, err, errsz);
@@ -693,7 +693,7 @@ extern "C" int wk_cuda_moe_route_experts(float *y, const float *x, const float *
 	plan_layout((char *)scratch, n, top_k, m, &p);
 	struct route_args r = {logits, bias, n_experts, n_group, topk_group, norm, scale, idx, wt,
 			       count};
-	k_moe_route_plan<<<n, ROUTE_THREADS>>>(r, p, top_k, m->ex0, m->n_local);
+	k_moe_route_plan<<<n, ROUTE_THREADS, 0, wk_st()>>>(r, p, top_k, m->ex0, m->n_local);
 	if ((rc = launched("moe_experts route and plan", err, errsz)) != WK_OK)
 		return rc;
 	return after_plan(p, y, x, wt, n, top_k, m, err, errsz);
@@ -782,14 +782,14 @@ static int after_plan(const struct moe_plan &p, float *y, const float *x, const 
 		return grouped_gemms(p, a, err, errsz);
 	dim3 gu, dn;
 	moe_grids(a, &gu, &dn);
-	k_moe_gate_up<<<gu, MOE_THREADS>>>(p, a);
+	k_moe_gate_up<<<gu, MOE_THREADS, 0, wk_st()>>>(p, a);
 	if ((rc = launched("moe_experts gate/up", err, errsz)) != WK_OK)
 		return rc;
-	k_moe_down<<<dn, MOE_THREADS>>>(p, a);
+	k_moe_down<<<dn, MOE_THREADS, 0, wk_st()>>>(p, a);
 	rc = launched(a.combine ? "moe_experts down and combine" : "moe_experts down", err, errsz);
 	if (rc != WK_OK || a.combine)
 		return rc;
-	k_moe_combine<<<n, MOE_THREADS>>>(p, a);
+	k_moe_combine<<<n, MOE_THREADS, 0, wk_st()>>>(p, a);
 	return launched("moe_experts combine", err, errsz);
 }
 
@@ -820,20 +820,20 @@ static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, cha
 	if (e != cudaSuccess)
 		return check(e, "moe_experts GEMM shared memory", err, errsz);
 	dim3 gu((unsigned)tiles, blocks((size_t)wide, FN), 2);
-	k_moe_gemm_gate_up<<<gu, FTHREADS, FSMEM>>>(p, a);
+	k_moe_gemm_gate_up<<<gu, FTHREADS, FSMEM, wk_st()>>>(p, a);
 	if ((rc = launched("moe_experts gate/up GEMM", err, errsz)) != WK_OK)
 		return rc;
 	size_t elems = ns * WK_CUDA_SPLIT_COLS(a.inter) +
 		       (a.sh_inter > 0 ? (size_t)a.n * WK_CUDA_SPLIT_COLS(a.sh_inter) : 0);
 	unsigned sb = blocks(elems, 256);
-	k_moe_silu_split<<<sb < 8192 ? sb : 8192, 256>>>(p, a);
+	k_moe_silu_split<<<sb < 8192 ? sb : 8192, 256, 0, wk_st()>>>(p, a);
 	if ((rc = launched("moe_experts SiLU split", err, errsz)) != WK_OK)
 		return rc;
 	dim3 dn((unsigned)tiles, blocks((size_t)a.dim, FN));
-	k_moe_gemm_down<<<dn, FTHREADS, FSMEM>>>(p, a);
+	k_moe_gemm_down<<<dn, FTHREADS, FSMEM, wk_st()>>>(p, a);
 	if ((rc = launched("moe_experts down GEMM", err, errsz)) != WK_OK)
 		return rc;
-	k_moe_combine<<<a.n, MOE_THREADS>>>(p, a);
+	k_moe_combine<<<a.n, MOE_THREADS, 0, wk_st()>>>(p, a);
 	return launched("moe_experts combine", err, errsz);
 }
 
@@ -1057,10 +1057,10 @@ extern "C" int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync,
 	unsigned b = (unsigned)c.bstart[c.count];
 	switch (nt) {
 	case 0:
-	case 1: k_chain<1><<<b, MM_THREADS>>>(c, sync); break;
-	case 2: k_chain<2><<<b, MM_THREADS>>>(c, sync); break;
-	case 4: k_chain<4><<<b, MM_THREADS>>>(c, sync); break;
-	default: k_chain<MM_NT><<<b, MM_THREADS>>>(c, sync); break;
+	case 1: k_chain<1><<<b, MM_THREADS, 0, wk_st()>>>(c, sync); break;
+	case 2: k_chain<2><<<b, MM_THREADS, 0, wk_st()>>>(c, sync); break;
+	case 4: k_chain<4><<<b, MM_THREADS, 0, wk_st()>>>(c, sync); break;
+	default: k_chain<MM_NT><<<b, MM_THREADS, 0, wk_st()>>>(c, sync); break;
 	}
 	return launched("chain", err, errsz);
 }

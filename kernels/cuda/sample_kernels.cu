@@ -271,6 +271,6 @@ extern "C" int wk_cuda_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA sample_cand: cap %d outside 1..%d, or vocab %d", cap,
 			       WK_CUDA_CAND_MAX, vocab);
-	k_sample_cand<<<n, CAND_THREADS>>>(cand, head, logits, s, vocab, cap);
+	k_sample_cand<<<n, CAND_THREADS, 0, wk_st()>>>(cand, head, logits, s, vocab, cap);
 	return launched("sample_cand", err, errsz);
 }

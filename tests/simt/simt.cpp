@@ -1319,12 +1319,36 @@ static void launch_log(const char *kernel, size_t nt, size_t smem)
 	close(fd);
 }
 
+/* cudaStreamPerThread: a blocking stream that the legacy default stream orders itself with,
+ * so, with work on the default stream made at once, the same as the default stream here. */
+static cudaStream_t norm(cudaStream_t s)
+{
+	return s == cudaStreamPerThread ? (cudaStream_t)0 : s;
+}
+
+/* WICK_SIMT_STREAM=pt: every kernel launch and async memset must name cudaStreamPerThread
+ * (the backend's WICK_CUDA_STREAM=pt); one on the legacy stream aborts, naming it. */
+static void expect_stream(cudaStream_t s, const char *what)
+{
+	static const bool pt = [] {
+		const char *v = getenv("WICK_SIMT_STREAM");
+		return v && !strcmp(v, "pt");
+	}();
+	if (pt && s == (cudaStream_t)0) {
+		fprintf(stderr, "simt: %s on the legacy default stream, not cudaStreamPerThread "
+				"(WICK_SIMT_STREAM=pt)\n", what ? what : "a launch");
+		abort();
+	}
+}
+
 void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	      const std::function<void()> &fn, const char *kernel, dim3 cluster)
 {
 	static std::once_flag once;
 	std::call_once(once, launch_fault_init);
 	std::lock_guard<std::mutex> turn(launch_mu);
+	expect_stream(stream, kernel);
+	stream = norm(stream);
 	{
 		std::lock_guard<std::mutex> g(rt_mu);
 		if (stream && !streams.count(stream)) {
@@ -1600,6 +1624,7 @@ static cudaError_t enqueue(void *dst, const void *src, size_t n, int v, cudaStre
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
 			    cudaStream_t s)
 {
+	s = norm(s);
 	std::lock_guard<std::mutex> g(rt_mu);
 	if (sticky())
 		return sticky();
@@ -1625,6 +1650,8 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
+	expect_stream(s, "cudaMemsetAsync");
+	s = norm(s);
 	std::lock_guard<std::mutex> g(rt_mu);
 	if (sticky())
 		return sticky();
@@ -1650,6 +1677,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+	s = norm(s);
 	std::lock_guard<std::mutex> g(rt_mu);
 	if (s && !streams.count(s))
 		return cudaErrorInvalidResourceHandle;
@@ -1697,6 +1725,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+	s = norm(s);
 	std::lock_guard<std::mutex> g(rt_mu);
 	if (sticky())
 		return sticky();

@@ -400,6 +400,9 @@ template <typename T, typename U> static inline T atomicAdd(T *p, U v)
  * side is pageable is made at once (CUDA stages pageable memory before returning). A blocking
  * stream's queue (cudaStreamDefault) is made before each default-stream call, the legacy
  * default stream's implicit synchronisation; a cudaStreamNonBlocking stream's is not.
+ * cudaStreamPerThread works as the default stream (both made at once); WICK_SIMT_STREAM=pt
+ * makes a kernel launch or async memset on the legacy default stream abort, naming it (the
+ * check that WICK_CUDA_STREAM=pt moves all the backend's compute).
  *
  * Errors: the last error is per host thread, as CUDA's. WICK_SIMT_FAULT_LAUNCH=N in the
  * environment makes the Nth kernel launch of the process (from 1) fault as an illegal memory
@@ -436,6 +439,7 @@ enum {
 	cudaHostAllocPortable = 1,
 };
 typedef struct CUstream_st *cudaStream_t; /* 0 is the default stream */
+#define cudaStreamPerThread ((cudaStream_t)0x2) /* works as the default stream here */
 typedef struct CUevent_st *cudaEvent_t;
 
 cudaError_t cudaGetDeviceCount(int *n); /* $WICK_SIMT_DEVICES (1..8), default 1 */
