@@ -4,10 +4,7 @@
 # does fit; the same snapshot at a concurrency that fits restores and serves; and the
 # emulator's device memory is finite (a cudaMalloc past it fails, named by the load).
 source tests/e2e/lib.sh
-case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
-: "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
-[ -x "$WICK_SIMT_WICK" ] || fail "$WICK_SIMT_WICK is missing (make build/simt/wick)"
-EMU=$WICK_SIMT_WICK
+simt_wick
 
 m=$(stories)
 snap=$TMPD/snap
@@ -53,19 +50,18 @@ echo "fits at --max-seq 64: READY, served '${out:0:60}...'"
 
 # a device smaller than the weights: the snapshot refused by the check; the Hugging Face
 # directory (no manifest: no check) fails in the load's own allocation, by name
-set +e
-WICK_SIMT_DEVICE_MB=1 timeout 60 "$EMU" generate "$snap" --backend cuda -n 4 -p Once \
-  >/dev/null 2>"$TMPD/g1.err"
-rc=$?
-set -e
-[ "$rc" -ne 0 ] || fail "a 1 MiB device ran a 1 MiB model"
+# tiny_device MODEL OUT: generate on a 1 MiB device; must fail (exit 1), stderr in OUT
+tiny_device() {
+  local rc
+  set +e
+  WICK_SIMT_DEVICE_MB=1 timeout 60 "$EMU" generate "$1" --backend cuda -n 4 -p Once >/dev/null 2>"$2"
+  rc=$?
+  set -e
+  [ "$rc" -eq 1 ] || fail "a 1 MiB device ran a 1 MiB model from $1 (exit $rc)"
+}
+tiny_device "$snap" "$TMPD/g1.err"
 grep -q 'does not fit the GPU' "$TMPD/g1.err" || fail "1 MiB device: $(tail -n 2 "$TMPD/g1.err")"
-set +e
-WICK_SIMT_DEVICE_MB=1 timeout 60 "$EMU" generate "$m" --backend cuda -n 4 -p Once \
-  >/dev/null 2>"$TMPD/h1.err"
-rc=$?
-set -e
-[ "$rc" -eq 1 ] || fail "a 1 MiB device ran a 1 MiB model from its directory (exit $rc)"
+tiny_device "$m" "$TMPD/h1.err"
 grep -q 'out of memory' "$TMPD/h1.err" || fail "1 MiB device, directory: $(tail -n 2 "$TMPD/h1.err")"
 echo "1 MiB device: $(tail -n 1 "$TMPD/g1.err" | cut -c1-80)...; from the directory: $(tail -n 1 "$TMPD/h1.err")"
 echo "ok"

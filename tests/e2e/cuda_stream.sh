@@ -7,10 +7,7 @@
 # ordering on a GPU: scripts/gpu-check compares the per-thread stream's logits with the CPU's
 # there, and times the decode step both ways.
 source tests/e2e/lib.sh
-case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
-: "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
-[ -x "$WICK_SIMT_WICK" ] || fail "$WICK_SIMT_WICK is missing (make build/simt/wick)"
-EMU=$WICK_SIMT_WICK
+simt_wick
 m=$(stories)
 want="Once upon a time, there was a little girl named Lily."
 got=$(WICK_CUDA_STREAM=pt WICK_SIMT_STREAM=pt "$EMU" generate "$m" -n 24 --temperature 0 --backend cuda 2>"$TMPD/g.err") ||

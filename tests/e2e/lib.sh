@@ -28,6 +28,14 @@ stories() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# The wick with the CUDA backend under the emulator (make build/simt/wick) into $EMU; the
+# script ends with SKIP in an ASan build, where the emulator is not built.
+simt_wick() {
+  case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
+  EMU=${WICK_SIMT_WICK:-$WICK_BUILD/simt/wick}
+  [ -x "$EMU" ] || fail "$EMU is missing (make build/simt/wick)"
+}
+
 # submit_jobs QUEUE PREFIX N: jobs PREFIX-1 .. PREFIX-N, each 40 greedy tokens of stories260K
 # (greedy: on the null backend's zero logits a sampled job may draw EOS at any step)
 submit_jobs() {
