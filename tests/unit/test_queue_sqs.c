@@ -717,3 +717,72 @@ Test(aws_creds_moto, web_identity_container_and_instance_metadata)
 	cr_expect(strstr(err, "web identity") && strstr(err, "STS"), "%s", err);
 	unlink(path);
 }
+
+/* SQS answering ExpiredToken (tests/tools/aws_fault_proxy.py in front of moto, also serving
+ * its instance metadata): the driver fetches the credentials again and sends the request
+ * once more; the job goes through and the role's credentials were fetched twice. */
+static int proxy_counts(int pport, const char *key)
+{
+	char cmd[160], buf[256] = "";
+	snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/__counts", pport);
+	FILE *p = popen(cmd, "r");
+	if (p) {
+		if (!fgets(buf, sizeof buf, p))
+			buf[0] = 0;
+		pclose(p);
+	}
+	char k[32];
+	snprintf(k, sizeof k, "\"%s\": ", key);
+	const char *at = strstr(buf, k);
+	return at ? atoi(at + strlen(k)) : -1;
+}
+
+Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
+{
+	NEED_MOTO();
+	if (system("command -v python3 >/dev/null 2>&1") != 0)
+		cr_skip_test("python3 is missing");
+	int pport = free_port();
+	pid_t proxy = fork();
+	if (proxy == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		char a[16], b[16];
+		snprintf(a, sizeof a, "%d", pport);
+		snprintf(b, sizeof b, "%d", port);
+		execlp("python3", "python3", "tests/tools/aws_fault_proxy.py", "--port", a, "--target", b,
+		       (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 300 && proxy_counts(pport, "sqs") < 0; i++)
+		usleep(20000);
+	cr_assert_eq(proxy_counts(pport, "sqs"), 0, "the proxy did not start");
+	no_aws_env();
+	unsetenv("AWS_EC2_METADATA_DISABLED");
+	char ep[64], url[160];
+	snprintf(ep, sizeof ep, "http://127.0.0.1:%d", pport);
+	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", ep, 1);
+	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/exp?tls=0", pport);
+	struct queue_opts o = {.consumer = "t", .lease_s = 30, .reconnect_s = 5};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	submit(q, "x0");
+	char cmd[96];
+	snprintf(cmd, sizeof cmd, "curl -s -o /dev/null http://127.0.0.1:%d/__arm", pport);
+	cr_assert_eq(system(cmd), 0);
+	submit(q, "x1"); /* meets the expiry */
+	submit(q, "x2");
+	cr_expect_eq(proxy_counts(pport, "expired"), 1);
+	cr_expect_eq(proxy_counts(pport, "creds"), 2, "credentials fetched at open and after the expiry");
+	struct queue_job j[4];
+	int got = 0;
+	for (int t = 0; t < 5 && got < 3; t++) {
+		int n = take(q, j + got, 3 - got, 1);
+		got += n;
+	}
+	cr_expect_eq(got, 3, "every job was sent once");
+	for (int i = 0; i < got; i++)
+		queue_job_free(&j[i]);
+	queue_close(q);
+	kill(proxy, SIGKILL);
+	waitpid(proxy, NULL, 0);
+}
