@@ -9,6 +9,7 @@
 
 #include "common/wk.h"
 #include "worker/plan.h"
+#include "engine/engine_int.h"
 
 #define GB 1000000000ULL
 #define GiB 1073741824ULL
@@ -347,4 +348,43 @@ Test(plan, config_fields)
 	cr_assert_eq(plan_model_read(cfg, &m, err, sizeof err), WK_EUNSUPPORTED);
 	cr_assert(strstr(err, "'num_experts'"), "%s", err);
 	json_decref(cfg);
+}
+
+/* The plan's KV cache per token, at f32, is what the engine allocates (eng_seq_cache_bytes,
+ * which every family's load holds its allocation to): on the real GLM-5 and GLM-4.5 configs
+ * and stories260K, at every tp that divides them. */
+Test(plan, kv_cache_is_the_engines)
+{
+	static const char *const files[] = {"tests/fuzz/corpus/config/glm5.json",
+					    "tests/fuzz/corpus/config/glm45.json",
+					    "tests/fuzz/corpus/config/stories260K.json"};
+	for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+		json_error_t je;
+		json_t *cfg = json_load_file(files[f], 0, &je);
+		cr_assert_not_null(cfg, "%s: %s", files[f], je.text);
+		struct plan_model m;
+		char err[WK_ERRSZ] = "";
+		cr_assert_eq(plan_model_read(cfg, &m, err, sizeof err), WK_OK, "%s", err);
+		const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+		int checked = 0;
+		for (int tp = 1; tp <= 8; tp *= 2) {
+			uint64_t bytes;
+			int ms; /* 4096, or the model's max_position_embeddings below it */
+			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, &ms, &bytes, err, sizeof err),
+				     WK_OK, "%s: %s", files[f], err);
+			struct plan_opts o = opts(tp, 1);
+			o.kv = PLAN_F32;
+			o.gpu_mem = 1000 * GB;
+			o.context = ms;
+			struct plan_result r;
+			if (plan_compute(&m, &o, &r, err, sizeof err) != WK_OK)
+				continue; /* a tp this model cannot split over */
+			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d: the engine allocates %llu "
+				     "bytes a sequence, the plan counts %llu", files[f], tp,
+				     (unsigned long long)bytes, (unsigned long long)(r.kv_gpu * ms));
+			checked++;
+		}
+		cr_expect_gt(checked, 0, "%s: no tp planned", files[f]);
+		json_decref(cfg);
+	}
 }
