@@ -116,10 +116,12 @@ static void init(void)
 
 /* One mma over K: every lane hands its A and B registers to the warp, then computes the four
  * elements of D its own fragment holds from row r of A and column c of B, fetched from the
- * lanes the inverse maps name (value: element i of a fragment's registers). */
-template <int K>
+ * lanes the inverse maps name (value: element i of a fragment's registers). Its elements are
+ * rows g, g + 8 by columns c0, c0 + 1 (c_at), so those two rows and two columns are fetched
+ * once, then multiplied in the same order as element by element. */
+template <int K, float (*value)(const uint32_t *regs, int i)>
 static void mma_run(float d[4], const uint32_t a[4], const uint32_t b[2], const src (*as)[K],
-		    const src (*bs)[8], float (*value)(const uint32_t *regs, int i))
+		    const src (*bs)[8])
 {
 	frag mine, all[32];
 	memset(&mine, 0, sizeof mine);
@@ -127,15 +129,22 @@ static void mma_run(float d[4], const uint32_t a[4], const uint32_t b[2], const 
 	memcpy(mine.b, b, sizeof mine.b);
 	if (simt_warp_gather(&mine, all, sizeof mine) != 32)
 		fail("mma.sync in a warp of fewer than 32 threads");
-	int lane = simt_lane();
+	int lane = simt_lane(), r0, c0;
+	c_at(lane, 0, &r0, &c0);
+	double av[2][K], bv[2][K];
+	for (int h = 0; h < 2; h++)
+		for (int k = 0; k < K; k++) {
+			src x = as[r0 + 8 * h][k], y = bs[k][c0 + h];
+			av[h][k] = value(all[x.lane].a, x.i);
+			bv[h][k] = value(all[y.lane].b, y.i);
+		}
 	for (int i = 0; i < 4; i++) {
 		int r, c;
 		c_at(lane, i, &r, &c);
+		const double *x = av[r == r0 ? 0 : 1], *y = bv[c - c0];
 		double s = 0;
-		for (int k = 0; k < K; k++) {
-			src x = as[r][k], y = bs[k][c];
-			s += (double)value(all[x.lane].a, x.i) * value(all[y.lane].b, y.i);
-		}
+		for (int k = 0; k < K; k++)
+			s += x[k] * y[k];
 		d[i] = (float)(s + d[i]);
 	}
 }
@@ -152,7 +161,7 @@ void simt_mma_e4m3_16832(float d[4], const uint32_t a[4], const uint32_t b[2])
 		init();
 		ready = true;
 	}
-	mma_run<32>(d, a, b, a_src, b_src, e4m3_elem);
+	mma_run<32, e4m3_elem>(d, a, b, a_src, b_src);
 }
 
 /* ---- m16n8k16, bf16: PTX ISA 9.7.14.5.8. A's eight elements a0..a7 and B's four b0..b3 per
@@ -198,5 +207,5 @@ void simt_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
 		init16();
 		ready = true;
 	}
-	mma_run<16>(d, a, b, a16_src, b16_src, bf16_elem);
+	mma_run<16, bf16_elem>(d, a, b, a16_src, b16_src);
 }

@@ -3,14 +3,19 @@
  * shuffles, cp.async, and the runtime API (the mma is in mma.cpp). See simt.h for what it
  * does and does not prove.
  *
- * Fibers: a thread's first entry is through makecontext/setcontext; after that, switches
- * use _setjmp/_longjmp, which (unlike swapcontext) make no system call to save the signal
- * mask: the kernels' tests switch tens of millions of times. A fiber runs simt_run's body,
- * marks itself done and switches back; the next block resumes it at the top of its loop, so
- * each fiber (and its stack) is made once per process. Jumping between stacks with
- * _longjmp is outside ISO C; glibc does it on x86-64 and aarch64 (coroutine libraries rely
- * on it), but not through _FORTIFY_SOURCE's __longjmp_chk, which takes a jump to another
- * stack for stack smashing: hence the #undef (some compilers define it by default).
+ * Fibers: the kernels' tests switch tens of millions of times, so a switch makes no system
+ * call. On x86-64 it is fiber_switch below: the callee-saved registers pushed on the old
+ * stack, the stack pointer swapped, the new stack's popped (what a coroutine library does;
+ * the signal mask and the FPU control words stay as they are: nothing here changes them);
+ * glibc's _longjmp, which it replaced, spent most of each switch unwinding cancellation
+ * handlers. Elsewhere a thread's first entry is through makecontext/setcontext, and
+ * switches after it use _setjmp/_longjmp, which (unlike swapcontext) save no signal mask.
+ * A fiber runs simt_run's body, marks itself done and switches back; the next block
+ * resumes it at the top of its loop, so each fiber (and its stack) is made once per
+ * process. Jumping between stacks with _longjmp is outside ISO C; glibc does it on aarch64
+ * (coroutine libraries rely on it), but not through _FORTIFY_SOURCE's __longjmp_chk, which
+ * takes a jump to another stack for stack smashing: hence the #undef (some compilers
+ * define it by default).
  */
 #undef _FORTIFY_SOURCE
 #include "simt.h"
@@ -52,9 +57,17 @@ struct async_copy {
 	int n, src_n;
 };
 
+#if defined(__x86_64__)
+#define FIBER_SWITCH 1
+#endif
+
 struct fiber {
+#ifdef FIBER_SWITCH
+	void *sp; /* its saved stack pointer (fiber_switch's), a first entry's made by fiber_make */
+#else
 	jmp_buf jb; /* where it continues, once started */
 	ucontext_t uc; /* its first entry */
+#endif
 	char *stack;
 	dim3 tid;
 	bool started, done;
@@ -106,7 +119,11 @@ static unsigned cluster_n = 1; /* > 1: a cluster launch, clusters of cluster_n b
 static barrier cluster_bar; /* barrier.cluster of the cluster running now */
 static unsigned long interleaved_launches;
 static fiber *cur;
+#ifdef FIBER_SWITCH
+static void *sched_sp; /* the scheduler's stack pointer while a fiber runs */
+#else
 static jmp_buf sched_jb;
+#endif
 static const std::function<void()> *body;
 static unsigned long progress; /* arrivals and returns: unchanged over a round = deadlock */
 static unsigned long block_serial;
@@ -142,10 +159,32 @@ static void poison(void *p, size_t n)
 
 /* ---- fibers ------------------------------------------------------------------------------ */
 
+#ifdef FIBER_SWITCH
+/* fiber_switch(&save, to): pushes the callee-saved registers, stores the stack pointer in
+ * save, and continues on stack `to` (a fiber_switch's save, or fiber_make's first frame),
+ * popping its registers and returning where that stack left off (System V x86-64 ABI). */
+extern "C" void simt_fiber_switch(void **save, void *to);
+asm(".text\n"
+    ".globl simt_fiber_switch\n"
+    ".hidden simt_fiber_switch\n"
+    ".type simt_fiber_switch, @function\n"
+    "simt_fiber_switch:\n"
+    "\tpushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n"
+    "\tmovq %rsp, (%rdi)\n"
+    "\tmovq %rsi, %rsp\n"
+    "\tpopq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n"
+    "\tret\n"
+    ".size simt_fiber_switch, .-simt_fiber_switch\n");
+#endif
+
 static void to_sched(void)
 {
+#ifdef FIBER_SWITCH
+	simt_fiber_switch(&cur->sp, sched_sp);
+#else
 	if (!_setjmp(cur->jb))
 		_longjmp(sched_jb, 1);
+#endif
 }
 
 static int cluster_live(void);
@@ -180,6 +219,10 @@ static void fiber_main(void)
 
 static void resume(fiber *f)
 {
+#ifdef FIBER_SWITCH
+	f->started = true;
+	simt_fiber_switch(&sched_sp, f->sp);
+#else
 	if (_setjmp(sched_jb))
 		return;
 	if (f->started)
@@ -187,22 +230,45 @@ static void resume(fiber *f)
 	f->started = true;
 	setcontext(&f->uc);
 	abort(); /* setcontext returns only on failure */
+#endif
 }
 
+/* Each stack's top is moved by a different multiple of 64 bytes (its colour, below 128 KiB,
+ * above the STACK bytes it always has): with tops all at one offset in their pages, the
+ * fibers' live frames fell into the same few cache sets and evicted one another at every
+ * switch. */
 static void fiber_make(fiber *f)
 {
-	size_t page = 4096;
-	char *m = (char *)mmap(NULL, STACK + page, PROT_READ | PROT_WRITE,
+	static unsigned made;
+	size_t page = 4096, colour = (size_t)(made++ * 37 % 2048) * 64;
+	char *m = (char *)mmap(NULL, STACK + colour + page, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+#ifdef FIBER_SWITCH
+	if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0) {
+		perror("simt: fiber stack");
+		abort();
+	}
+	f->stack = m;
+	/* the first frame, as fiber_switch leaves one: six registers (zero), then the address
+	 * it returns to, fiber_main's entry, above which a null return address ends a
+	 * backtrace and leaves the stack pointer as a call would (16-byte aligned + 8) */
+	uintptr_t *sp = (uintptr_t *)((uintptr_t)(m + page + STACK + colour) & ~(uintptr_t)15);
+	*--sp = 0;
+	*--sp = (uintptr_t)fiber_main;
+	for (int i = 0; i < 6; i++)
+		*--sp = 0;
+	f->sp = sp;
+#else
 	if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0 || getcontext(&f->uc) != 0) {
 		perror("simt: fiber stack");
 		abort();
 	}
 	f->stack = m;
 	f->uc.uc_stack.ss_sp = m + page;
-	f->uc.uc_stack.ss_size = STACK;
+	f->uc.uc_stack.ss_size = STACK + colour;
 	f->uc.uc_link = NULL;
 	makecontext(&f->uc, fiber_main, 0);
+#endif
 }
 
 void simt_nanosleep(unsigned)

@@ -77,6 +77,7 @@ struct wgmma_op {
 	int scale_d;
 	wgmma_type type;
 	std::vector<double> at_issue; /* A . B from shared memory as it was at the issue */
+	std::vector<uint8_t> rows;     /* and the operand rows it came from (operand_bytes) */
 };
 
 /* one thread's wgmma state; reset lazily when a new block starts in its slot */
@@ -138,26 +139,48 @@ static void init(void)
 		e4m3[v] = dt_e4m3_to_f32((uint8_t)v);
 }
 
-/* The 32 bytes (k = 0..31) of row r of the operand that desc describes. */
+/* The 32 bytes (k = 0..31) of row r of the operand that desc describes. The window is
+ * checked once for the span they cover (one byte outside it fails as before): a 16-byte
+ * chunk on a 16-byte boundary stays whole under the swizzle (it moves bits 4-6 only), and
+ * any other row's 32 addresses lie within 144 bytes of each other. */
 static void operand_row(uint64_t desc, int r, uint8_t out[32])
 {
 	uint32_t start = (uint32_t)(desc & 0x3FFF) << 4;
 	uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
 	if ((desc >> 62) != 1 || ((desc >> 49) & 7) != 0)
 		fail("only the 128-byte swizzle with base offset 0 is emulated");
-	for (int k = 0; k < 32; k++) {
-		uint32_t a = start + (uint32_t)(r >> 3) * sbo + (uint32_t)(r & 7) * 128 + (uint32_t)k;
-		a ^= ((a >> 7) & 7) << 4;
-		out[k] = *(const uint8_t *)simt_smem_ptr(a, 1);
+	uint32_t base = start + (uint32_t)(r >> 3) * sbo + (uint32_t)(r & 7) * 128;
+	auto swz = [](uint32_t a) { return a ^ ((a >> 7) & 7) << 4; };
+	if (base % 16 == 0) {
+		uint32_t a0 = swz(base), a1 = swz(base + 16);
+		uint32_t lo = a0 < a1 ? a0 : a1, hi = (a0 < a1 ? a1 : a0) + 15;
+		if (lo >> 24 == hi >> 24) {
+			const uint8_t *p = (const uint8_t *)simt_smem_ptr(lo, hi - lo + 1);
+			memcpy(out, p + (a0 - lo), 16);
+			memcpy(out + 16, p + (a1 - lo), 16);
+			return;
+		}
 	}
+	uint32_t at[32], lo = UINT32_MAX, hi = 0;
+	for (int k = 0; k < 32; k++) {
+		at[k] = swz(base + (uint32_t)k);
+		lo = at[k] < lo ? at[k] : lo;
+		hi = at[k] > hi ? at[k] : hi;
+	}
+	if (lo >> 24 != hi >> 24) { /* across a CTA's address range: byte by byte, as it fails */
+		for (int k = 0; k < 32; k++)
+			out[k] = *(const uint8_t *)simt_smem_ptr(at[k], 1);
+		return;
+	}
+	const uint8_t *p = (const uint8_t *)simt_smem_ptr(lo, hi - lo + 1);
+	for (int k = 0; k < 32; k++)
+		out[k] = p[at[k] - lo];
 }
 
-/* The k values of row r of the operand desc describes, by element type: 32 e4m3 bytes, or
- * 16 bf16 (little-endian pairs of the same 32 bytes; k16). Returns how many. */
-static int row_values(uint64_t desc, int r, wgmma_type type, double out[32])
+/* The k values of a row's 32 bytes, by element type: 32 e4m3, or 16 bf16 (little-endian
+ * pairs; k16). Returns how many. */
+static int row_values(const uint8_t b[32], wgmma_type type, double out[32])
 {
-	uint8_t b[32];
-	operand_row(desc, r, b);
 	if (type == WG_E4M3) {
 		for (int k = 0; k < 32; k++)
 			out[k] = e4m3[b[k]];
@@ -172,36 +195,60 @@ static int row_values(uint64_t desc, int r, wgmma_type type, double out[32])
 	return 16;
 }
 
-/* The thread's n / 2 elements of A . B from shared memory as it is now, into s. */
-static void products(const wgmma_op &op, double *s)
+/* The operand rows the thread's n / 2 elements of D use, as shared memory holds them now:
+ * A's rows r0 and r0 + 8, then B's rows (D's columns) in pairs c, c + 1 for registers
+ * 4j .. 4j + 3, which are columns c, c + 1, c, c + 1 (d_at); (2 + n / 4) x 32 bytes. */
+static void operand_bytes(const wgmma_op &op, uint8_t *rows)
 {
-	int t = simt_thread_index(), w = (t >> 5) & 3, lane = t & 31;
-	double arow[2][32], brow[32];
-	int r0, c;
+	int t = simt_thread_index(), w = (t >> 5) & 3, lane = t & 31, r0, c;
 	d_at(w, lane, 0, &r0, &c);
-	int kn = row_values(op.da, r0, op.type, arow[0]);
-	row_values(op.da, r0 + 8, op.type, arow[1]);
-	for (int i = 0; i < op.n / 2; i++) {
-		int r;
-		d_at(w, lane, i, &r, &c);
-		row_values(op.db, c, op.type, brow);
-		const double *a = arow[r == r0 ? 0 : 1];
-		s[i] = 0;
-		for (int k = 0; k < kn; k++)
-			s[i] += a[k] * brow[k];
+	operand_row(op.da, r0, rows);
+	operand_row(op.da, r0 + 8, rows + 32);
+	for (int j = 0; j < op.n / 8; j++) {
+		d_at(w, lane, 4 * j, &r0, &c);
+		operand_row(op.db, c, rows + 64 + 64 * j);
+		operand_row(op.db, c + 1, rows + 96 + 64 * j);
 	}
 }
 
+/* The thread's n / 2 elements of A . B from operand_bytes' rows, into s. */
+static void products(const wgmma_op &op, const uint8_t *rows, double *s)
+{
+	double arow[2][32], brow[2][32];
+	int kn = row_values(rows, op.type, arow[0]);
+	row_values(rows + 32, op.type, arow[1]);
+	for (int i = 0; i < op.n / 2; i++) {
+		if (i % 4 == 0) {
+			row_values(rows + 64 + 16 * i, op.type, brow[0]);
+			row_values(rows + 96 + 16 * i, op.type, brow[1]);
+		}
+		/* register i: A's row r0 + 8 ((i / 2) % 2), column c + i % 2 (d_at) */
+		const double *a = arow[(i >> 1) & 1], *b = brow[i & 1];
+		double sum = 0;
+		for (int k = 0; k < kn; k++)
+			sum += a[k] * b[k];
+		s[i] = sum;
+	}
+}
+
+/* At the wait: the products from shared memory as it is now, against those at the issue
+ * (the same bytes give the same products, so only changed bytes are multiplied again). */
 static void compute(const wgmma_op &op)
 {
 	double s[128];
-	products(op, s);
+	uint8_t rows[(2 + 256 / 4) * 32];
+	operand_bytes(op, rows);
+	const double *now = op.at_issue.data();
+	if (memcmp(rows, op.rows.data(), op.rows.size()) != 0) {
+		products(op, rows, s);
+		now = s;
+	}
 	for (int i = 0; i < op.n / 2; i++) {
-		if (memcmp(&s[i], &op.at_issue[i], sizeof s[i]) != 0)
+		if (memcmp(&now[i], &op.at_issue[i], sizeof now[i]) != 0)
 			fail("a wgmma's operands in shared memory changed between its issue and the "
 			     "wait that retired it (the tensor cores may read them at any time in "
 			     "between)");
-		op.d[i] = (float)(op.scale_d ? s[i] + op.d[i] : s[i]);
+		op.d[i] = (float)(op.scale_d ? now[i] + op.d[i] : now[i]);
 	}
 }
 
@@ -231,8 +278,11 @@ static void issue(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d
 	for (int l = 0; l < 32; l++)
 		if (all[l][0] != desc_a || all[l][1] != desc_b)
 			fail("the lanes of a warp gave different descriptors");
-	t.ops.push_back({d, n, desc_a, desc_b, scale_d, type, std::vector<double>((size_t)n / 2)});
-	products(t.ops.back(), t.ops.back().at_issue.data());
+	t.ops.push_back({d, n, desc_a, desc_b, scale_d, type, std::vector<double>((size_t)n / 2),
+			 std::vector<uint8_t>((size_t)(2 + n / 4) * 32)});
+	wgmma_op &op = t.ops.back();
+	operand_bytes(op, op.rows.data());
+	products(op, op.rows.data(), op.at_issue.data());
 }
 
 void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d)
