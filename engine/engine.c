@@ -1060,12 +1060,13 @@ static int fit_check(struct engine *e, const char *dir, const struct eng_opts *o
 		rc = wk_errf(err, errsz, WK_ELIMIT,
 			     "%s: %s does not fit the GPU: its weights take %s of each GPU and the "
 			     "KV caches of %d sequences of %d positions %s more (%s a sequence), but "
-			     "GPU 0 has %s free of %s. Room beside the weights: %llu sequences of %d "
+			     "GPU 0 has %s free of %s. Room beside the weights: %llu sequence%s of %d "
 			     "positions, or %d of %llu positions (lower the concurrency or "
 			     "--max-seq; `wick plan` sizes a node)", dir, arch, bytes_str(image, b[0]),
 			     seqs, max_seq, bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
 			     bytes_str(free_b, b[3]), bytes_str(total_b, b[4]),
-			     (unsigned long long)fit, max_seq, seqs, (unsigned long long)len);
+			     (unsigned long long)fit, fit == 1 ? "" : "s", max_seq, seqs,
+			     (unsigned long long)len);
 	}
 	json_decref(m);
 	return rc;

@@ -23,7 +23,7 @@ grep -q 'startup_failed: .*LlamaForCausalLM does not fit the GPU' "$TMPD/w8.log"
   fail "no fit refusal: $(tail -n 3 "$TMPD/w8.log")"
 grep -q 'KV caches of 8 sequences of 512 positions 5.0 MiB more (640 KiB a sequence)' \
   "$TMPD/w8.log" || fail "the refusal's sizes: $(grep startup_failed "$TMPD/w8.log")"
-grep -q 'Room beside the weights: 1 sequences of 512 positions, or 8 of 97 positions' \
+grep -q 'Room beside the weights: 1 sequence of 512 positions, or 8 of 97 positions' \
   "$TMPD/w8.log" || fail "the refusal's room: $(grep startup_failed "$TMPD/w8.log")"
 ! grep -q 'restored' "$TMPD/w8.log" || fail "the refused worker restored first"
 echo "refused before the restore: $(grep -o 'does not fit.*positions (' "$TMPD/w8.log")"
