@@ -39,12 +39,13 @@ for check in "chained launches (k_chain)" "cuda kernel tests" "stories260K golde
   "tiny glm5 logits gpu vs cpu" "tiny glm4 logits gpu vs cpu" "tiny glm5 tp2 x ep2 on 2 GPUs" \
   "GLM-5 structure decode on cuda" "fp8 activations gpu vs cpu" \
   "f32-activation prefill GEMM gpu vs cpu" "restore into GPU memory" \
-  "restore into 2 GPUs (tp 2)"; do
+  "restore into 2 GPUs (tp 2)" "tiny glm5, v2 GEMVs, gpu vs cpu" "tiny glm4, v2 GEMVs, gpu vs cpu" \
+  "tiny glm5, per-thread stream, gpu vs cpu" "TMA-store GEMM vs plain, in GLM-5"; do
   echo "$table" | grep -q "^$check  *PASS" || { echo "$table"; fail "'$check' did not pass"; }
 done
 echo "$table" | grep -q "^GLM-5 decode step (wick bench launches, --backend cuda): launches [0-9]" \
   || { echo "$table"; fail "no launch count in the table"; }
 echo "$table" | grep -q "^pinned copies (a buffer a device, no disk)" \
   || { echo "$table"; fail "no multi-GPU restore figures in the table"; }
-echo "$table" | grep -E '^[a-zA-Z0-9].*  (PASS|SKIP)  ' | sed 's/^/   /'
+echo "$table" | grep -E '^[a-zA-Z0-9].* (PASS|SKIP)  ' | sed 's/^/   /'
 echo ok
