@@ -627,7 +627,8 @@ static int creds_use(struct sq *s, struct aws_creds *c, char *err, size_t errsz)
 /* Fetches the credentials again when they are due (aws_creds_due) or when force (SQS said
  * they expired). A failed fetch keeps the old ones while they have not expired: WK_OK, and
  * no other try for CREDS_RETRY_S (a slow STS would otherwise stall every request, lease
- * extensions among them); past their expiry it is the error. */
+ * extensions among them); past their expiry it is the error. A fetch that brings credentials
+ * due at once (a source handing out ones within 5 minutes of expiry) waits as long. */
 static int creds_fresh(struct sq *s, bool force, char *err, size_t errsz)
 {
 	time_t now = time(NULL);
@@ -637,11 +638,9 @@ static int creds_fresh(struct sq *s, bool force, char *err, size_t errsz)
 	struct aws_creds c;
 	char e2[WK_ERRSZ];
 	int rc = aws_creds_load(&c, s->u.region, e2, sizeof e2);
-	if (rc == WK_OK) {
-		s->creds_retry = 0;
+	s->creds_retry = now + CREDS_RETRY_S; /* also after a success that is due at once */
+	if (rc == WK_OK)
 		return creds_use(s, &c, err, errsz);
-	}
-	s->creds_retry = now + CREDS_RETRY_S;
 	if (!force && now < s->cr.expires)
 		return WK_OK;
 	return wk_errf(err, errsz, rc, "sqs: refreshing the %s credentials: %s", s->cr.source, e2);

@@ -5,8 +5,10 @@ test_queue_sqs.c).
 
 Every request is forwarded to --target as it came (method, path, headers, body) and its
 answer returned, except the first SQS request (one with an X-Amz-Target header) after a GET
-/__arm, which gets HTTP 400 with SQS's JSON error for an expired session token instead. GET
-/__counts answers {"sqs": N, "expired": N, "creds": N}: SQS requests seen, expiries sent, and
+/__arm, which gets HTTP 400 with SQS's JSON error for an expired session token instead.
+With --creds-expire-in S the credential documents it passes on expire S seconds from now,
+and with --fail-creds-after N every credential document request after the first N gets
+HTTP 500 (a refresh that fails). GET /__counts answers {"sqs": N, "expired": N, "creds": N}: SQS requests seen, expiries sent, and
 instance-metadata credential documents fetched (GETs of
 /latest/meta-data/iam/security-credentials/ROLE), so a test can see the credentials fetched
 again after the expiry.
@@ -14,6 +16,7 @@ again after the expiry.
 import argparse
 import http.client
 import http.server
+import datetime
 import json
 import threading
 
@@ -26,6 +29,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--target", type=int, required=True, help="moto_server's port on 127.0.0.1")
+    ap.add_argument("--creds-expire-in", type=int, default=0)
+    ap.add_argument("--fail-creds-after", type=int, default=-1)
     a = ap.parse_args()
 
     class H(http.server.BaseHTTPRequestHandler):
@@ -62,14 +67,23 @@ def main():
                            "message": "The security token included in the request is expired"}
                     return self.reply(400, json.dumps(err).encode(), "application/x-amz-json-1.0")
             prefix = "/latest/meta-data/iam/security-credentials/"
-            if self.command == "GET" and self.path.startswith(prefix) and len(self.path) > len(prefix):
+            creds = self.command == "GET" and self.path.startswith(prefix) and len(self.path) > len(prefix)
+            if creds:
                 with lock:
                     counts["creds"] += 1
+                    failing = 0 <= a.fail_creds_after < counts["creds"]
+                if failing:
+                    return self.reply(500, b"unavailable", "text/plain")
             c = http.client.HTTPConnection("127.0.0.1", a.target, timeout=30)
             hdrs = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
             c.request(self.command, self.path, body=body, headers=hdrs)
             r = c.getresponse()
             data = r.read()
+            if creds and a.creds_expire_in and r.status == 200:
+                doc = json.loads(data)
+                at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=a.creds_expire_in)
+                doc["Expiration"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                data = json.dumps(doc).encode()
             self.send_response(r.status)
             for k, v in r.getheaders():
                 if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):

@@ -737,12 +737,14 @@ static int proxy_counts(int pport, const char *key)
 	return at ? atoi(at + strlen(k)) : -1;
 }
 
-Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
+/* tests/tools/aws_fault_proxy.py on pport in front of moto (expire_in: its credentials'
+ * lifetime in seconds, "0" for moto's own; fail_after: credential fetches that succeed, "-1"
+ * all), and the environment pointed at it for instance metadata: the SQS driver's credentials
+ * come through it. */
+static pid_t fault_proxy(int pport, const char *expire_in, const char *fail_after)
 {
-	NEED_MOTO();
 	if (system("command -v python3 >/dev/null 2>&1") != 0)
 		cr_skip_test("python3 is missing");
-	int pport = free_port();
 	pid_t proxy = fork();
 	if (proxy == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -750,7 +752,7 @@ Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
 		snprintf(a, sizeof a, "%d", pport);
 		snprintf(b, sizeof b, "%d", port);
 		execlp("python3", "python3", "tests/tools/aws_fault_proxy.py", "--port", a, "--target", b,
-		       (char *)NULL);
+		       "--creds-expire-in", expire_in, "--fail-creds-after", fail_after, (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 300 && proxy_counts(pport, "sqs") < 0; i++)
@@ -758,17 +760,31 @@ Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
 	cr_assert_eq(proxy_counts(pport, "sqs"), 0, "the proxy did not start");
 	no_aws_env();
 	unsetenv("AWS_EC2_METADATA_DISABLED");
-	char ep[64], url[160];
+	char ep[64];
 	snprintf(ep, sizeof ep, "http://127.0.0.1:%d", pport);
 	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", ep, 1);
+	return proxy;
+}
+
+static void proxy_get(int pport, const char *what)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "curl -s -o /dev/null http://127.0.0.1:%d/%s", pport, what);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
+{
+	NEED_MOTO();
+	int pport = free_port();
+	pid_t proxy = fault_proxy(pport, "0", "-1");
+	char url[160];
 	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/exp?tls=0", pport);
 	struct queue_opts o = {.consumer = "t", .lease_s = 30, .reconnect_s = 5};
 	struct queue *q;
 	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
 	submit(q, "x0");
-	char cmd[96];
-	snprintf(cmd, sizeof cmd, "curl -s -o /dev/null http://127.0.0.1:%d/__arm", pport);
-	cr_assert_eq(system(cmd), 0);
+	proxy_get(pport, "__arm");
 	submit(q, "x1"); /* meets the expiry */
 	submit(q, "x2");
 	cr_expect_eq(proxy_counts(pport, "expired"), 1);
@@ -785,4 +801,46 @@ Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
 	queue_close(q);
 	kill(proxy, SIGKILL);
 	waitpid(proxy, NULL, 0);
+}
+
+/* Credentials 200 s from their expiry are due for a refresh (5 minutes before it). When the
+ * refresh fails, the old ones serve and the next try waits 30 s; when it brings credentials
+ * as short-lived, likewise: an open and three requests make two credential fetches, not one
+ * a request (each may cost a source's whole timeout). */
+static void short_lived(const char *fail_after)
+{
+	int pport = free_port();
+	pid_t proxy = fault_proxy(pport, "200", fail_after);
+	char url[160];
+	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/ref?tls=0", pport);
+	struct queue_opts o = {.consumer = "t", .lease_s = 30, .reconnect_s = 5};
+	struct queue *q;
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	submit(q, "r0");
+	submit(q, "r1");
+	submit(q, "r2");
+	cr_expect_eq(proxy_counts(pport, "creds"), 2, "%d credential fetches for an open and 3 "
+		     "requests: want the open's and one refresh", proxy_counts(pport, "creds"));
+	struct queue_job j[4];
+	int got = 0;
+	for (int t = 0; t < 5 && got < 3; t++)
+		got += take(q, j + got, 3 - got, 1);
+	cr_expect_eq(got, 3, "the credentials served");
+	for (int i = 0; i < got; i++)
+		queue_job_free(&j[i]);
+	queue_close(q);
+	kill(proxy, SIGKILL);
+	waitpid(proxy, NULL, 0);
+}
+
+Test(aws_creds_moto, a_failed_refresh_is_not_retried_on_every_request)
+{
+	NEED_MOTO();
+	short_lived("1");
+}
+
+Test(aws_creds_moto, short_lived_credentials_are_not_fetched_on_every_request)
+{
+	NEED_MOTO();
+	short_lived("-1");
 }
