@@ -204,6 +204,12 @@ struct snap_open_opts {
 	int map;           /* 0: auto, 1: whenever possible, -1: never (see snap_open) */
 	bool manifest_only; /* validate the manifest and the rank files' sizes and headers, but
 			     * restore nothing: every tensor's data is NULL (for inspect) */
+	/* Called once the manifest is read and validated, before a rank file is opened or a
+	 * sink's accept: a status other than WK_OK fails the open with the message it wrote
+	 * (say, the caller finding that what it describes cannot fit where it is to go).
+	 * manifest is borrowed. NULL: no check. */
+	int (*check)(void *ctx, json_t *manifest, char *err, size_t errsz);
+	void *check_ctx;
 };
 
 struct snap; /* opaque: a restored snapshot, every rank's image in memory */

@@ -630,7 +630,8 @@ int snap_open(const char *dir, const struct snap_open_opts *o, struct snap **out
 		goto fail;
 	}
 	if ((rc = snap__manifest_load(dir, s, err, errsz)) ||
-	    (rc = snap__files_check(s, err, errsz)))
+	    (rc = snap__files_check(s, err, errsz)) ||
+	    (o->check && (rc = o->check(o->check_ctx, s->m, err, errsz))))
 		goto fail;
 	if (k && (!k->accept || k->accept(k->ctx, s->world))) {
 		s->sink = *k;

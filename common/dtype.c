@@ -68,9 +68,9 @@ uint16_t dt_f32_to_f16(float f)
 	return sign | (uint16_t)(((e + 14) << 10) | ((int)q - 1024));
 }
 
-/* Every code's value, built at compile time (no initialisation, safe from any thread): the
- * emulated CUDA kernels' tests and the FP8 references call this for every weight and
- * activation, and a table answers in a load where ldexpf took most of their time. |code|
+/* dt_e4m3_table, built at compile time (no initialisation, safe from any thread): the
+ * emulated CUDA kernels' tests and the FP8 references decode every weight and activation,
+ * and a table answers in a load where ldexpf took most of their time. |code|
  * m = eeee mmm is (8 + mmm) * 2^(eeee - 10), or mmm * 2^-9 when eeee = 0 (both exact in
  * f32); 0x7f and 0xff are NaN. */
 #define E4M3_MAG(m)                                                                        \
@@ -82,11 +82,11 @@ uint16_t dt_f32_to_f16(float f)
 #define T4(b) E4M3(b), E4M3((b) + 1), E4M3((b) + 2), E4M3((b) + 3)
 #define T16(b) T4(b), T4((b) + 4), T4((b) + 8), T4((b) + 12)
 #define T64(b) T16(b), T16((b) + 16), T16((b) + 32), T16((b) + 48)
-static const float e4m3_f32[256] = {T64(0), T64(64), T64(128), T64(192)};
+const float dt_e4m3_table[256] = {T64(0), T64(64), T64(128), T64(192)};
 
 float dt_e4m3_to_f32(uint8_t b)
 {
-	return e4m3_f32[b];
+	return dt_e4m3_table[b];
 }
 
 uint8_t dt_f32_to_e4m3(float f)

@@ -47,7 +47,10 @@ static inline uint16_t dt_f32_to_bf16(float f)
 
 float dt_f16_to_f32(uint16_t h);
 uint16_t dt_f32_to_f16(float f);
-float dt_e4m3_to_f32(uint8_t b);
+float dt_e4m3_to_f32(uint8_t b); /* dt_e4m3_table[b] */
+/* Every float8_e4m3fn code as f32 (0x7f/0xff NaN): a constant table, built at compile time,
+ * safe from any thread; the FP8 kernels index it directly (the AVX2 ones gather from it). */
+extern const float dt_e4m3_table[256];
 uint8_t dt_f32_to_e4m3(float f); /* round to nearest even, saturating to +-448 */
 float dt_e5m2_to_f32(uint8_t b);
 

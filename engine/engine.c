@@ -1013,20 +1013,26 @@ static const char *bytes_str(uint64_t v, char b[32])
 	return b;
 }
 
-/* Before a restore into device memory: whether this snapshot's weights and the KV caches of
- * o->max_seqs sequences can fit in the free memory of rank 0's device at all (a necessary
- * condition: activations and scratch come on top). A restore takes minutes at GLM-5 size, and
- * the caches are allocated after it; refused here, a misconfigured worker says so in
- * milliseconds, with what does fit. Nothing is checked where the backend cannot tell its
- * memory (mem_info), or the manifest cannot be read (snap_open then names the problem). */
-static int fit_check(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
-		     size_t errsz)
+/* Before a restore into device memory (snap_open's check, on the manifest it has read and
+ * validated): whether this snapshot's weights and the KV caches of o->max_seqs sequences can
+ * fit in the free memory of rank 0's device at all (a necessary condition: activations and
+ * scratch come on top). A restore takes minutes at GLM-5 size, and the caches are allocated
+ * after it; refused here, a misconfigured worker says so in milliseconds, with what does fit.
+ * Nothing is checked where the backend cannot tell its memory (mem_info). */
+struct fit {
+	struct engine *e;
+	const struct eng_opts *o;
+	const char *dir;
+};
+
+static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 {
+	const struct fit *f = ctx;
+	struct engine *e = f->e;
+	const struct eng_opts *o = f->o;
+	const char *dir = f->dir;
 	if (!e->be->mem_info)
 		return WK_OK;
-	char path[4200];
-	snprintf(path, sizeof path, "%s/manifest.json", dir);
-	json_t *m = json_load_file(path, 0, NULL);
 	json_t *cfg = json_object_get(m, "config");
 	json_t *archs = json_object_get(cfg, "architectures");
 	const char *arch = json_string_value(json_array_get(archs, 0));
@@ -1045,10 +1051,8 @@ static int fit_check(struct engine *e, const char *dir, const struct eng_opts *o
 	if (!arch || tp < 1 || tp > 4096 || !image ||
 	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, &max_seq, &per_seq, e2,
 				sizeof e2) != WK_OK ||
-	    e->be->mem_info(e->bctx, &free_b, &total_b, e2, sizeof e2) != WK_OK) {
-		json_decref(m);
-		return WK_OK; /* the restore or the load will name what is wrong */
-	}
+	    e->be->mem_info(e->bctx, &free_b, &total_b, e2, sizeof e2) != WK_OK)
+		return WK_OK; /* the load will name what is wrong */
 	int seqs = o && o->max_seqs > 0 ? o->max_seqs : 1;
 	uint64_t kv = per_seq * (uint64_t)seqs;
 	if (image + kv > free_b) {
@@ -1068,7 +1072,6 @@ static int fit_check(struct engine *e, const char *dir, const struct eng_opts *o
 			     (unsigned long long)fit, fit == 1 ? "" : "s", max_seq, seqs,
 			     (unsigned long long)len);
 	}
-	json_decref(m);
 	return rc;
 }
 
@@ -1095,10 +1098,12 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 	const struct backend *b = o && o->backend_ops ? o->backend_ops
 						      : be_find(o && o->backend ? o->backend : "auto");
 	int rc;
+	struct fit fit = {.e = e, .o = o, .dir = dir};
 	if (be_streams(b)) {
-		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK ||
-		    (rc = fit_check(e, dir, o, err, errsz)) != WK_OK)
+		if ((rc = eng_open_backend(e, o, o ? o->threads : 0, 0, err, errsz)) != WK_OK)
 			return rc;
+		so.check = fit_check;
+		so.check_ctx = &fit;
 		e->sink = (struct be_sink){.be = e->be, .ctx = e->bctx, .raw = b,
 					   .threads = o ? o->threads : 0,
 					   .fp8_act = o && o->fp8_act};

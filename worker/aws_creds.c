@@ -191,10 +191,11 @@ static char *read_file(const char *path, char *err, size_t errsz, const char *wh
 
 static const char *nonempty(const char *v) { return v && *v ? v : NULL; }
 
-static int web_identity(struct aws_creds *c, const char *region, char *err, size_t errsz)
+/* role: AWS_ROLE_ARN, file: AWS_WEB_IDENTITY_TOKEN_FILE (both set). */
+static int web_identity(struct aws_creds *c, const char *role, const char *file,
+			const char *region, char *err, size_t errsz)
 {
 	const char *src = "web identity";
-	const char *role = nonempty(getenv("AWS_ROLE_ARN")), *file = nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE"));
 	const char *name = nonempty(getenv("AWS_ROLE_SESSION_NAME"));
 	char *tok = read_file(file, err, errsz, src);
 	if (!tok)
@@ -405,26 +406,37 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 	return rc;
 }
 
+/* Two variables that go together (a named an, b named bn; NULL when unset): WK_EINVAL
+ * naming the one set alone, else WK_OK. */
+static int both_or_neither(const char *a, const char *an, const char *b, const char *bn,
+			   const char *source, char *err, size_t errsz)
+{
+	if (!a == !b)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): %s and %s go together; only "
+		       "%s is set", source, an, bn, a ? an : bn);
+}
+
 int aws_creds_load(struct aws_creds *c, const char *region, char *err, size_t errsz)
 {
-	if (nonempty(getenv("AWS_ACCESS_KEY_ID")) || nonempty(getenv("AWS_SECRET_ACCESS_KEY"))) {
-		if (!nonempty(getenv("AWS_ACCESS_KEY_ID")) || !nonempty(getenv("AWS_SECRET_ACCESS_KEY")))
-			return wk_errf(err, errsz, WK_EINVAL, "aws credentials (environment): "
-				       "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY go together; "
-				       "only %s is set", nonempty(getenv("AWS_ACCESS_KEY_ID"))
-							     ? "AWS_ACCESS_KEY_ID"
-							     : "AWS_SECRET_ACCESS_KEY");
-		return set(c, nonempty(getenv("AWS_ACCESS_KEY_ID")), nonempty(getenv("AWS_SECRET_ACCESS_KEY")),
-			   nonempty(getenv("AWS_SESSION_TOKEN")), NULL, "environment", err, errsz);
+	const char *key = nonempty(getenv("AWS_ACCESS_KEY_ID"));
+	const char *secret = nonempty(getenv("AWS_SECRET_ACCESS_KEY"));
+	const char *role = nonempty(getenv("AWS_ROLE_ARN"));
+	const char *file = nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE"));
+	int rc;
+	if (key || secret) {
+		if ((rc = both_or_neither(key, "AWS_ACCESS_KEY_ID", secret, "AWS_SECRET_ACCESS_KEY",
+					  "environment", err, errsz)) != WK_OK)
+			return rc;
+		return set(c, key, secret, nonempty(getenv("AWS_SESSION_TOKEN")), NULL,
+			   "environment", err, errsz);
 	}
-	if (nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE")) || nonempty(getenv("AWS_ROLE_ARN"))) {
-		if (!nonempty(getenv("AWS_WEB_IDENTITY_TOKEN_FILE")) || !nonempty(getenv("AWS_ROLE_ARN")))
-			return wk_errf(err, errsz, WK_EINVAL, "aws credentials (web identity): "
-				       "AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE go together; "
-				       "only %s is set", nonempty(getenv("AWS_ROLE_ARN"))
-							     ? "AWS_ROLE_ARN"
-							     : "AWS_WEB_IDENTITY_TOKEN_FILE");
-		return web_identity(c, region && *region ? region : "us-east-1", err, errsz);
+	if (role || file) {
+		if ((rc = both_or_neither(role, "AWS_ROLE_ARN", file, "AWS_WEB_IDENTITY_TOKEN_FILE",
+					  "web identity", err, errsz)) != WK_OK)
+			return rc;
+		return web_identity(c, role, file, region && *region ? region : "us-east-1", err,
+				    errsz);
 	}
 	if (nonempty(getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI")) ||
 	    nonempty(getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")))

@@ -86,17 +86,13 @@ static const struct queue_ops *driver_of(const char *url, const char **rest, cha
 		*rest = url + 6;
 		return &queue_spool_ops;
 	}
-	/* user:password@ in a queue URL: refused before anything echoes the URL (messages and
-	 * logs print URLs), naming only what follows the '@'. Up to the query: a password may
-	 * hold a '/'. */
-	const char *auth = strstr(url, "://"), *qm = strchr(url, '?');
-	const char *at = auth ? memrchr(auth, '@', (size_t)((qm ? qm : url + strlen(url)) - auth))
-			      : NULL;
-	if (at) {
-		wk_errf(err, errsz, WK_EINVAL, "%.*s...@%.120s: credentials do not go in a queue "
+	const char *auth = strstr(url, "://"), *at = queue_url_at(url);
+	if (auth && at) {
+		wk_errf(err, errsz, WK_EINVAL, "%.*s...@%.*s: credentials do not go in a queue "
 			"URL (it is logged): for redis:// set WICK_REDIS_PASSWORD (and "
 			"WICK_REDIS_USERNAME), for sqs:// AWS_ACCESS_KEY_ID or a role, for RunPod "
-			"RUNPOD_AI_API_KEY", (int)(auth + 3 - url), url, at + 1);
+			"RUNPOD_AI_API_KEY", (int)(auth + 3 - url), url,
+			(int)(queue_url_at_end(url) - at - 1), at + 1);
 		return NULL;
 	}
 	if (!strncmp(url, "redis://", 8) || !strncmp(url, "rediss://", 9))
@@ -108,6 +104,17 @@ static const struct queue_ops *driver_of(const char *url, const char **rest, cha
 	wk_errf(err, errsz, WK_EINVAL, "%.200s: unknown queue URL (want spool:DIR, "
 		"redis://HOST:PORT/STREAM, sqs://..., or http(s)://...)", url);
 	return NULL;
+}
+
+const char *queue_url_at_end(const char *url)
+{
+	const char *qm = strchr(url, '?');
+	return qm ? qm : url + strlen(url);
+}
+
+const char *queue_url_at(const char *url)
+{
+	return memrchr(url, '@', (size_t)(queue_url_at_end(url) - url));
 }
 
 int queue_check_url(const char *url, char *err, size_t errsz)

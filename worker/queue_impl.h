@@ -43,6 +43,13 @@ extern const struct queue_ops queue_redis_ops;
 extern const struct queue_ops queue_sqs_ops;  /* worker/queue_sqs.c */
 extern const struct queue_ops queue_http_ops; /* worker/queue_http.c (RunPod job API) */
 
+/* The last '@' of url before its query (user:password@ a password with a '/' in it
+ * included), or NULL: a URL with one is refused before any message echoes it (messages and
+ * logs print URLs), naming only what follows the '@' (queue_url_at_end: the query or the
+ * end). */
+const char *queue_url_at(const char *url);
+const char *queue_url_at_end(const char *url);
+
 /* Splits the authority of a network queue URL: *p points just after "scheme://" and slash at
  * the '/' that ends the authority. On WK_OK *p is the host's first byte ([v6] brackets
  * dropped), *hl its length, and *colon the ':' before the port or NULL. */

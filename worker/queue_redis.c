@@ -94,14 +94,11 @@ int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err,
 	u->max_deliveries = 0;
 	u->result_ttl = 7 * 86400;
 	snprintf(u->group, sizeof u->group, "wick");
-	/* user:password@, up to the query (a password may hold a '/'): refused before any
-	 * message echoes the URL, naming only what follows the '@' */
-	const char *qm = strchr(url, '?'), *end = qm ? qm : url + strlen(url);
-	const char *at = memrchr(url, '@', (size_t)(end - url));
+	const char *at = queue_url_at(url); /* user:password@: never echoed */
 	if (at)
 		return wk_errf(err, errsz, WK_EINVAL, "redis://...@%.*s: credentials do not go in the "
 			       "URL (it is logged): set WICK_REDIS_PASSWORD, and WICK_REDIS_USERNAME "
-			       "for an ACL user", (int)(end - at - 1), at + 1);
+			       "for an ACL user", (int)(queue_url_at_end(url) - at - 1), at + 1);
 	if (!strncmp(url, "rediss://", 9))
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%.200s: TLS (rediss://) is not built in "
 			       "(hiredis 0.14); reach a TLS-only Redis through a tunnel on loopback "

@@ -22,22 +22,6 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/fp8_int.h"
 
-/* ---- the decode table ---------------------------------------------------------------- */
-
-/* |value| of a 7-bit code m = eeee mmm: normal (8 + mmm) * 2^(eeee - 10), subnormal
- * (eeee = 0) mmm * 2^-9. Built at compile time so it needs no initialisation. */
-#define E4M3_MAG(m)                                                                        \
-	(((m) >> 3) == 0 ? (float)((m) & 7) / 512.0f                                        \
-			 : (float)(8 + ((m) & 7)) * (float)(1u << ((m) >> 3)) / 1024.0f)
-#define E4M3(b)                                                                            \
-	(((b) & 0x7f) == 0x7f ? NAN                                                         \
-			      : ((b) & 0x80 ? -E4M3_MAG((b) & 0x7f) : E4M3_MAG((b) & 0x7f)))
-#define T4(b) E4M3(b), E4M3((b) + 1), E4M3((b) + 2), E4M3((b) + 3)
-#define T16(b) T4(b), T4((b) + 4), T4((b) + 8), T4((b) + 12)
-#define T64(b) T16(b), T16((b) + 16), T16((b) + 32), T16((b) + 48)
-
-const float cpu_fp8_table[256] = {T64(0), T64(64), T64(128), T64(192)};
-
 /* ---- reference ------------------------------------------------------------------------- */
 
 void cpu_ref_matmul_fp8(float *y, const float *x, const uint8_t *w, const float *scale, int n,
@@ -150,7 +134,7 @@ static void rows_scalar(const struct fp8_job *j, int r0, int r1)
 				int c1 = c0 + CPU_FP8_BLOCK < cols ? c0 + CPU_FP8_BLOCK : cols;
 				float bsum = 0.0f;
 				for (int c = c0; c < c1; c++)
-					bsum += xt[c] * cpu_fp8_table[wr[c]];
+					bsum += xt[c] * dt_e4m3_table[wr[c]];
 				acc += bsum * srow[b];
 			}
 			j->y[(size_t)t * j->rows + r] = acc;

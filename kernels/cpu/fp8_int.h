@@ -13,10 +13,6 @@
 
 #define CPU_FP8_BLOCK 128 /* the side of a weight_scale_inv block */
 
-/* Every e4m3fn code as f32, equal to dt_e4m3_to_f32 (0x7f/0xff are NaN). A constant table,
- * so it needs no initialisation and is safe from any thread. */
-extern const float cpu_fp8_table[256];
-
 /* Rows [r0, r1) of cpu_matmul_fp8 (same arguments as cpu_ref_matmul_fp8). r0 should be a
  * multiple of 4 for speed; any value is correct. */
 void cpu_fp8_rows_avx2(float *y, const float *x, const uint8_t *w, const float *scale, int n,

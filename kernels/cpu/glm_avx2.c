@@ -43,7 +43,7 @@ static void row_f32(float *dst, const void *w, enum dt_type wt, const float *sca
 				_mm256_storeu_ps(dst + (c - c0), _mm256_mul_ps(e4m3x8(by), s));
 			}
 			for (; c < k1; c++)
-				dst[c - c0] = cpu_glm_e4m3[b[c]] * srow[k0 / 128];
+				dst[c - c0] = dt_e4m3_table[b[c]] * srow[k0 / 128];
 		}
 		return;
 	}

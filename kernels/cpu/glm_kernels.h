@@ -13,9 +13,6 @@
 
 #define CPU_GLM_ROWBUF 1024 /* columns of a weight row dequantized at a time (on the stack) */
 
-/* Every e4m3fn code as f32 (0x7f/0xff NaN); a constant table, safe from any thread. */
-extern const float cpu_glm_e4m3[256];
-
 /* Columns [c0, c1) of row r of a [rows][cols] weight (any matmul dtype; FP8 with its 128x128
  * block scales) as f32 into dst. */
 void cpu_glm_row_f32(float *dst, const void *w, enum dt_type wt, const float *scale, int cols,

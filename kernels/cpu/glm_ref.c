@@ -14,20 +14,6 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/glm_kernels.h"
 
-/* Every e4m3fn code as f32 (0x7f/0xff NaN), built at compile time: no initialisation, safe
- * from any thread. |code| m = eeee mmm is (8 + mmm) * 2^(eeee - 10), or mmm * 2^-9 when
- * eeee = 0. */
-#define E4M3_MAG(m)                                                                        \
-	(((m) >> 3) == 0 ? (float)((m) & 7) / 512.0f                                        \
-			 : (float)(8 + ((m) & 7)) * (float)(1u << ((m) >> 3)) / 1024.0f)
-#define E4M3(b)                                                                            \
-	(((b) & 0x7f) == 0x7f ? NAN                                                         \
-			      : ((b) & 0x80 ? -E4M3_MAG((b) & 0x7f) : E4M3_MAG((b) & 0x7f)))
-#define T4(b) E4M3(b), E4M3((b) + 1), E4M3((b) + 2), E4M3((b) + 3)
-#define T16(b) T4(b), T4((b) + 4), T4((b) + 8), T4((b) + 12)
-#define T64(b) T16(b), T16((b) + 16), T16((b) + 32), T16((b) + 48)
-const float cpu_glm_e4m3[256] = {T64(0), T64(64), T64(128), T64(192)};
-
 void cpu_glm_row_f32(float *dst, const void *w, enum dt_type wt, const float *scale, int cols,
 		     size_t r, int c0, int c1)
 {
@@ -48,7 +34,7 @@ void cpu_glm_row_f32(float *dst, const void *w, enum dt_type wt, const float *sc
 		const float *srow = scale + (r / 128) * (((size_t)cols + 127) / 128);
 		const uint8_t *b = (const uint8_t *)w + at;
 		for (int c = c0; c < c1; c++)
-			dst[c - c0] = cpu_glm_e4m3[b[c]] * srow[c / 128];
+			dst[c - c0] = dt_e4m3_table[b[c]] * srow[c / 128];
 		return;
 	}
 	default:

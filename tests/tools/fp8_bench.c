@@ -84,7 +84,7 @@ AVX2 static inline __m256 dec8_f32x(const uint8_t *p)
 AVX2 static inline __m256 dec8_gather(const uint8_t *p)
 {
 	__m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-	return _mm256_i32gather_ps(cpu_fp8_table, v, 4);
+	return _mm256_i32gather_ps(dt_e4m3_table, v, 4);
 }
 
 /* 16 codes as f32 by rebiasing the exponent in bf16 words ((code << 4) + (120 << 7), then

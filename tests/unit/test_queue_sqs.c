@@ -302,15 +302,22 @@ static void teardown(void)
 
 static double reconnect_s = 5;
 
-static struct queue *open_q(const char *name, const char *params, double lease)
+/* The queue NAME on the SQS endpoint at loopback port p. */
+static struct queue *open_q_at(int p, const char *name, const char *params, double lease)
 {
 	char url[256];
-	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/%s?tls=0%s", port, name, params);
+	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/%s?tls=0%s", p, name, params);
 	struct queue_opts o = {.consumer = "t", .lease_s = lease, .reconnect_s = reconnect_s};
 	struct queue *q;
 	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_str_eq(queue_driver(q), "sqs");
 	return q;
+}
+
+/* ... on moto_server */
+static struct queue *open_q(const char *name, const char *params, double lease)
+{
+	return open_q_at(port, name, params, lease);
 }
 
 static void submit(struct queue *q, const char *id)
@@ -766,6 +773,18 @@ static pid_t fault_proxy(int pport, const char *expire_in, const char *fail_afte
 	return proxy;
 }
 
+/* Takes up to 3 jobs within 5 one-second polls; how many came. */
+static int take_up_to_3(struct queue *q)
+{
+	struct queue_job j[3];
+	int got = 0;
+	for (int t = 0; t < 5 && got < 3; t++)
+		got += take(q, j + got, 3 - got, 1);
+	for (int i = 0; i < got; i++)
+		queue_job_free(&j[i]);
+	return got;
+}
+
 static void proxy_get(int pport, const char *what)
 {
 	char cmd[128];
@@ -778,26 +797,14 @@ Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
 	NEED_MOTO();
 	int pport = free_port();
 	pid_t proxy = fault_proxy(pport, "0", "-1");
-	char url[160];
-	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/exp?tls=0", pport);
-	struct queue_opts o = {.consumer = "t", .lease_s = 30, .reconnect_s = 5};
-	struct queue *q;
-	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	struct queue *q = open_q_at(pport, "exp", "", 30);
 	submit(q, "x0");
 	proxy_get(pport, "__arm");
 	submit(q, "x1"); /* meets the expiry */
 	submit(q, "x2");
 	cr_expect_eq(proxy_counts(pport, "expired"), 1);
 	cr_expect_eq(proxy_counts(pport, "creds"), 2, "credentials fetched at open and after the expiry");
-	struct queue_job j[4];
-	int got = 0;
-	for (int t = 0; t < 5 && got < 3; t++) {
-		int n = take(q, j + got, 3 - got, 1);
-		got += n;
-	}
-	cr_expect_eq(got, 3, "every job was sent once");
-	for (int i = 0; i < got; i++)
-		queue_job_free(&j[i]);
+	cr_expect_eq(take_up_to_3(q), 3, "every job was sent once");
 	queue_close(q);
 	kill(proxy, SIGKILL);
 	waitpid(proxy, NULL, 0);
@@ -811,23 +818,13 @@ static void short_lived(const char *fail_after)
 {
 	int pport = free_port();
 	pid_t proxy = fault_proxy(pport, "200", fail_after);
-	char url[160];
-	snprintf(url, sizeof url, "sqs://127.0.0.1:%d/123456789012/ref?tls=0", pport);
-	struct queue_opts o = {.consumer = "t", .lease_s = 30, .reconnect_s = 5};
-	struct queue *q;
-	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_OK, "%s", err);
+	struct queue *q = open_q_at(pport, "ref", "", 30);
 	submit(q, "r0");
 	submit(q, "r1");
 	submit(q, "r2");
 	cr_expect_eq(proxy_counts(pport, "creds"), 2, "%d credential fetches for an open and 3 "
 		     "requests: want the open's and one refresh", proxy_counts(pport, "creds"));
-	struct queue_job j[4];
-	int got = 0;
-	for (int t = 0; t < 5 && got < 3; t++)
-		got += take(q, j + got, 3 - got, 1);
-	cr_expect_eq(got, 3, "the credentials served");
-	for (int i = 0; i < got; i++)
-		queue_job_free(&j[i]);
+	cr_expect_eq(take_up_to_3(q), 3, "the credentials served");
 	queue_close(q);
 	kill(proxy, SIGKILL);
 	waitpid(proxy, NULL, 0);
