@@ -33,7 +33,7 @@ endif
 endif
 
 CC      ?= cc
-CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I. $(MODEFLAGS) \
+CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wpointer-arith -Werror -pthread -I. $(MODEFLAGS) \
            $(shell pkg-config --cflags jansson liblz4 libxxhash libcurl libevent) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(MODEFLAGS) $(EXTRA_LDFLAGS)
 CPU_LDLIBS := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm

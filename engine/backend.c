@@ -169,6 +169,9 @@ void be_chain_each(const struct backend *b, void *ctx, const struct be_link *l, 
 			b->moe_route_experts(ctx, k->y_moe, k->x_moe, k->logits, k->bias, &k->route,
 					     k->idx, k->wt, k->n, k->ex, k->scratch);
 			break;
+		case BE_LINK_CAST:
+			b->cast_n(ctx, k->cast, k->n_cast);
+			break;
 		}
 	}
 }

@@ -37,6 +37,7 @@ enum be_op {
 	BE_OP_MLA_ABSORB, /* mla_absorb_q and mla_absorb_out */
 	BE_OP_MLA_ATTENTION,
 	BE_OP_DSA_TOPK,
+	BE_OP_CAST, /* cast_n */
 	BE_OP_COUNT
 };
 
@@ -57,10 +58,12 @@ struct be_route {
 };
 
 /* Two-part-key attention for MLA (see struct cpu_mla in cpu.h for the full contract):
- * k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads; sel NULL means dense causal. */
+ * k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads; sel NULL means dense causal. k_a, k_b
+ * and v are elements of type kv (the KV cache's: DT_F32 or DT_BF16). */
 struct be_mla {
 	int n_heads, d_a, d_b, d_v;
-	const float *k_a, *k_b, *v;
+	enum dt_type kv;
+	const void *k_a, *k_b, *v;
 	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
 	const int *sel, *nsel;
 	int sel_stride;
@@ -94,6 +97,18 @@ struct be_experts {
 #define BE_MATMUL_MAX 8
 #define BE_ROPE_MAX 8
 #define BE_NORM_MAX 8
+#define BE_CAST_MAX 8
+
+/* One conversion of a cast_n: n elements from src (type st) to dst (type dt), both
+ * contiguous and not overlapping: f32 to bf16 (rounded to nearest even, as dt_f32_to_bf16),
+ * bf16 to f32, or a plain copy when dt == st (DT_F32 or DT_BF16). How the engine writes a
+ * bf16 KV cache (eng_kv_store) and reads it back as f32 rows (a prefill's expansion). */
+struct be_cast {
+	void *dst;
+	const void *src;
+	size_t n;
+	enum dt_type dt, st;
+};
 
 /* One norm of a norm_n: y [n][dim] = rmsnorm(x) . w, or (layer) layernorm(x) . w + b; with
  * rope_dim > 0, each row's first rope_dim elements then rotated in place as rope(y, n,
@@ -122,10 +137,12 @@ struct be_rope {
  * count weights over x; with rope, rotated as matmul_rope_n rotates, r[k].rot_dim 0 for an
  * output left as it is; count 1 without rope is a plain matmul), an add_rmsnorm
  * (BE_LINK_ADD_RMSNORM: x += d, then y = rmsnorm(x) . w over n rows of dim), a norm_n
- * (BE_LINK_NORM) or a moe_route_experts (BE_LINK_MOE, from fewer than ENG_GEMM_TOKENS
- * tokens: y_moe, x_moe, logits, bias, route, idx, wt, n, ex, scratch). */
+ * (BE_LINK_NORM), a moe_route_experts (BE_LINK_MOE, from fewer than ENG_GEMM_TOKENS
+ * tokens: y_moe, x_moe, logits, bias, route, idx, wt, n, ex, scratch) or a cast_n
+ * (BE_LINK_CAST: cast [n_cast]; a bf16 KV cache's writes). */
 #define BE_CHAIN_MAX 6
-enum be_link_kind { BE_LINK_MATMUL, BE_LINK_ADD_RMSNORM, BE_LINK_NORM, BE_LINK_MOE };
+enum be_link_kind { BE_LINK_MATMUL, BE_LINK_ADD_RMSNORM, BE_LINK_NORM, BE_LINK_MOE,
+		    BE_LINK_CAST };
 struct be_link {
 	enum be_link_kind kind;
 	int n;
@@ -152,6 +169,9 @@ struct be_link {
 	int *idx;
 	const struct be_experts *ex;
 	void *scratch;
+	/* BE_LINK_CAST */
+	struct be_cast cast[BE_CAST_MAX];
+	int n_cast;
 };
 
 /* sample_cand's per-row settings and result (struct cpu_samp, cpu_cand_head in cpu.h). */
@@ -182,7 +202,8 @@ struct backend {
 	int (*init)(void **ctx, const struct be_config *cfg, char *err, size_t errsz);
 	void (*shutdown)(void *ctx);
 	/* Whether op runs on this backend for weights of type wt (wt is ignored by ops that
-	 * take no weight). */
+	 * take no weight; for BE_OP_ATTENTION, BE_OP_MLA_ATTENTION and BE_OP_DSA_TOPK it is
+	 * the KV cache's element type, DT_F32 or DT_BF16). */
 	bool (*supports)(void *ctx, enum be_op op, enum dt_type wt);
 
 	/* y[n][w->rows] = x[n][w->cols] . w^T */
@@ -213,11 +234,14 @@ struct backend {
 	 * each exactly as rope rotates it. Optional (NULL: the engine calls rope). */
 	void (*rope_n)(void *ctx, const struct be_rope *r, int count, float theta,
 		       bool interleaved);
-	void (*attention)(void *ctx, float *out, const float *q, const float *k, const float *v,
-			  int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-			  float scale);
+	/* k, v: the cache, elements of type kv (DT_F32 or DT_BF16) */
+	void (*attention)(void *ctx, float *out, const float *q, const void *k, const void *v,
+			  enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+			  int kv_stride, float scale);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
+	/* Several conversions (count 1 .. BE_CAST_MAX, struct be_cast) as one op. */
+	void (*cast_n)(void *ctx, const struct be_cast *c, int count);
 	/* idx[i] = argmax of logits [n][vocab] row i, lowest index on ties (greedy sampling on
 	 * the device: only the ids cross to the host). Optional. */
 	void (*argmax)(void *ctx, int *idx, const float *logits, int n, int vocab);
@@ -289,11 +313,13 @@ struct backend {
 	void (*mla_absorbed)(void *ctx, float *o, float *qa, float *lat, const float *q,
 			     const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
 			     int d_nope, int d_v);
-	/* DSA indexer top-k: sel [n][topk] (ascending positions), nsel [n]; scores: pos0 + n
-	 * floats and work: (pos0 + n) * 8 bytes of scratch in the backend's memory. */
-	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const float *k,
-			 const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-			 float qk_scale, float w_scale, float *scores, void *work);
+	/* DSA indexer top-k: sel [n][topk] (ascending positions), nsel [n]; k: the indexer key
+	 * cache, elements of type kv (DT_F32 or DT_BF16); scores: pos0 + n floats and work:
+	 * (pos0 + n) * 8 bytes of scratch in the backend's memory. */
+	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const void *k,
+			 enum dt_type kv, const float *w, int n, int pos0, int n_heads,
+			 int head_dim, int topk, float qk_scale, float w_scale, float *scores,
+			 void *work);
 
 	/* Grouped MoE. Optional (NULL: the engine runs the experts one by one with gather_rows,
 	 * matmul, silu_mul and scatter_add_rows). moe_bind (itself optional) prepares a layer's
@@ -392,7 +418,7 @@ extern const struct backend be_null; /* kernels/backend_null.c: no arithmetic, f
 const struct backend *be_find(const char *name);
 
 /* The links of a chain run one by one through b's own ops (matmul, matmul_n or
- * matmul_rope_n; add_rmsnorm; norm_n; moe_route_experts): the chain op's meaning, and its
+ * matmul_rope_n; add_rmsnorm; norm_n; moe_route_experts; cast_n): the chain op's meaning, and its
  * fallback (the engine holds a link only where b has its op). */
 void be_chain_each(const struct backend *b, void *ctx, const struct be_link *l, int count);
 

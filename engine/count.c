@@ -34,7 +34,7 @@ static const char *const kind_names[ENG_LAUNCH_KINDS] = {
 	"matmul", "rmsnorm", "rope", "attention", "silu_mul", "add", "layernorm", "moe_route",
 	"gather_rows", "scatter_add_rows", "mla_absorb_q", "mla_absorb_out", "mla_attention",
 	"dsa_topk", "moe_experts", "zero", "add_rmsnorm", "act_quant", "argmax", "mla_absorbed",
-	"sample_cand", "act_split", "chain", "to_device", "to_host", "copy",
+	"sample_cand", "act_split", "cast", "chain", "to_device", "to_host", "copy",
 };
 _Static_assert(ENG_K_COPY + 1 == ENG_LAUNCH_KINDS, "a launch kind without its name");
 
@@ -120,12 +120,17 @@ static void c_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int 
 				interleaved));
 }
 
-static void c_attention(void *ctx, float *out, const float *q, const float *k, const float *v,
-			int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-			float scale)
+static void c_attention(void *ctx, float *out, const float *q, const void *k, const void *v,
+			enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+			int kv_stride, float scale)
 {
-	COUNT(ctx, ENG_K_ATTENTION, attention(IN(ctx)->ctx, out, q, k, v, n, pos0, n_heads, n_kv,
-					  head_dim, kv_stride, scale));
+	COUNT(ctx, ENG_K_ATTENTION, attention(IN(ctx)->ctx, out, q, k, v, kv, n, pos0, n_heads,
+					  n_kv, head_dim, kv_stride, scale));
+}
+
+static void c_cast_n(void *ctx, const struct be_cast *r, int count)
+{
+	COUNT(ctx, ENG_K_CAST, cast_n(IN(ctx)->ctx, r, count));
 }
 
 static void c_silu_mul(void *ctx, float *g, const float *u, size_t n)
@@ -201,6 +206,7 @@ static void c_chain(void *ctx, const struct be_link *l, int count)
 		k->chained[l[i].kind == BE_LINK_MATMUL	       ? ENG_K_MATMUL
 			   : l[i].kind == BE_LINK_ADD_RMSNORM ? ENG_K_ADD_RMSNORM
 			   : l[i].kind == BE_LINK_MOE	      ? ENG_K_MOE_EXPERTS
+			   : l[i].kind == BE_LINK_CAST	      ? ENG_K_CAST
 							      : ENG_K_RMSNORM]++;
 	if (k->in->chain)
 		k->in->chain(k->ctx, l, count);
@@ -232,12 +238,13 @@ static void c_moe_route_experts(void *ctx, float *y, const float *x, const float
 	      moe_route_experts(IN(ctx)->ctx, y, x, logits, bias, r, idx, wt, n, ex, scratch));
 }
 
-static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
-		       const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-		       float qk_scale, float w_scale, float *scores, void *work)
+static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
+		       enum dt_type kv, const float *w, int n, int pos0, int n_heads, int head_dim,
+		       int topk, float qk_scale, float w_scale, float *scores, void *work)
 {
-	COUNT(ctx, ENG_K_DSA_TOPK, dsa_topk(IN(ctx)->ctx, sel, nsel, q, k, w, n, pos0, n_heads,
-					head_dim, topk, qk_scale, w_scale, scores, work));
+	COUNT(ctx, ENG_K_DSA_TOPK, dsa_topk(IN(ctx)->ctx, sel, nsel, q, k, kv, w, n, pos0,
+					n_heads, head_dim, topk, qk_scale, w_scale, scores,
+					work));
 }
 
 static void c_zero(void *ctx, void *dst, size_t bytes)
@@ -377,6 +384,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(attention, c_attention);
 	KEEP(silu_mul, c_silu_mul);
 	KEEP(add, c_add);
+	KEEP(cast_n, c_cast_n);
 	KEEP(layernorm, c_layernorm);
 	KEEP(moe_route, c_moe_route);
 	KEEP(gather_rows, c_gather_rows);

@@ -950,8 +950,70 @@ static void count_params(struct engine *e)
 		}
 }
 
-int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp, int *max_seq,
-			uint64_t *bytes, char *err, size_t errsz)
+int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_t errsz)
+{
+	if (opt && !strcmp(opt, "f32")) {
+		*kv = DT_F32;
+	} else if (opt && !strcmp(opt, "bf16")) {
+		*kv = DT_BF16;
+	} else if (!opt || !strcmp(opt, "auto")) {
+		json_t *d = json_object_get(cfg, "torch_dtype");
+		if (!json_is_string(d))
+			d = json_object_get(cfg, "dtype"); /* transformers >= 4.56 writes this */
+		*kv = json_is_string(d) && !strcmp(json_string_value(d), "bfloat16") ? DT_BF16
+										      : DT_F32;
+	} else {
+		return wk_errf(err, errsz, WK_EINVAL, "KV cache dtype '%s': it takes f32, bf16 or "
+			       "auto", opt);
+	}
+	return WK_OK;
+}
+
+int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz)
+{
+	if (e->be->supports(e->bctx, op, e->kv) && (e->kv == DT_F32 || e->be->cast_n))
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: the %s backend cannot attend over a %s KV "
+		       "cache (--kv-dtype f32 can)", e->arch, e->be->name,
+		       e->kv == DT_BF16 ? "bf16" : "f32");
+}
+
+void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n)
+{
+	void *dst = eng_kv_at(e, cache, at);
+	if (e->kv == DT_F32) {
+		eng_dcopy(e, dst, src, n * sizeof(float));
+		return;
+	}
+	struct be_cast c = {dst, src, n, e->kv, DT_F32};
+	struct be_link *last = e->chaining && e->n_chain ? &e->chain[e->n_chain - 1] : NULL;
+	if (last && last->kind == BE_LINK_CAST && last->n_cast < BE_CAST_MAX) {
+		last->cast[last->n_cast++] = c;
+		return;
+	}
+	struct be_link *l = chain_link(e, BE_LINK_CAST, 0);
+	if (l) {
+		l->cast[0] = c;
+		l->n_cast = 1;
+		return;
+	}
+	e->be->cast_n(e->bctx, &c, 1);
+}
+
+void eng_kv_load(struct engine *e, float *dst, const void *cache, size_t at, size_t n)
+{
+	const void *src = eng_kv_at(e, (void *)cache, at);
+	if (e->kv == DT_F32) {
+		eng_dcopy(e, dst, src, n * sizeof(float));
+		return;
+	}
+	eng_chain_flush(e);
+	struct be_cast c = {dst, src, n, DT_F32, e->kv};
+	e->be->cast_n(e->bctx, &c, 1);
+}
+
+int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
+			enum dt_type kv, int *max_seq, uint64_t *bytes, char *err, size_t errsz)
 {
 	bool glm = arch && (!strcmp(arch, "Glm4MoeForCausalLM") ||
 			    !strcmp(arch, "GlmMoeDsaForCausalLM"));
@@ -983,7 +1045,7 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp, 
 		per_tok = 2 * (long long)sh.nkv * hd;
 	}
 	*max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
-	*bytes = (uint64_t)layers * (uint64_t)*max_seq * (uint64_t)per_tok * sizeof(float);
+	*bytes = (uint64_t)layers * (uint64_t)*max_seq * (uint64_t)per_tok * dt_size(kv);
 	return WK_OK;
 }
 
@@ -991,8 +1053,8 @@ int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t
 {
 	uint64_t want;
 	int ms;
-	int rc = eng_seq_cache_bytes(e->arch, e->config, e->max_seq_opt, e->tp, &ms, &want, err,
-				     errsz);
+	int rc = eng_seq_cache_bytes(e->arch, e->config, e->max_seq_opt, e->tp, e->kv, &ms, &want,
+				     err, errsz);
 	if (rc == WK_OK && want != per_seq)
 		rc = wk_errf(err, errsz, WK_EINVAL, "%s: the KV caches take %llu bytes a sequence, "
 			     "but eng_seq_cache_bytes says %llu (the fit check before a restore "
@@ -1048,9 +1110,11 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 	int max_seq, rc = WK_OK;
 	char e2[WK_ERRSZ];
 	size_t free_b = 0, total_b = 0;
+	enum dt_type kvt;
 	if (!arch || tp < 1 || tp > 4096 || !image ||
-	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, &max_seq, &per_seq, e2,
-				sizeof e2) != WK_OK ||
+	    eng_kv_type(o ? o->kv_dtype : NULL, cfg, &kvt, e2, sizeof e2) != WK_OK ||
+	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, kvt, &max_seq, &per_seq,
+				e2, sizeof e2) != WK_OK ||
 	    e->be->mem_info(e->bctx, &free_b, &total_b, e2, sizeof e2) != WK_OK)
 		return WK_OK; /* the load will name what is wrong */
 	int seqs = o && o->max_seqs > 0 ? o->max_seqs : 1;
@@ -1210,6 +1274,9 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	else if (rc != WK_OK)
 		goto fail;
 
+	if ((rc = eng_kv_type(opts ? opts->kv_dtype : NULL, cfg, &e->kv, err, errsz)) != WK_OK)
+		goto fail;
+	e->info.kv_dtype = e->kv == DT_BF16 ? "bf16" : "f32";
 	e->max_seq_opt = opts ? opts->max_seq : 0;
 	e->experts_one_by_one = opts && opts->experts_one_by_one;
 	e->unfused = opts && opts->unfused;

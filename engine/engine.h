@@ -47,6 +47,11 @@ struct eng_opts {
 				  * quantized per token per 128 channels (DeepGEMM's 1x128) */
 	bool no_chain;           /* a baseline: every op its own launch, no chained launches
 				  * (also WICK_NO_CHAIN=1 in the environment) */
+	/* The KV caches' element type: "f32", "bf16", or "auto" (NULL): bf16 when config.json's
+	 * torch_dtype (or dtype) is bfloat16, as the checkpoint's own precision (GLM-5's), else
+	 * f32 (llama2.c's f32 models). bf16 halves the cache: twice the context or the
+	 * sequences in the same memory. */
+	const char *kv_dtype;
 };
 
 struct eng_info {
@@ -55,6 +60,7 @@ struct eng_info {
 	int vocab;                 /* config.json vocab_size: the logits' length */
 	int max_seq;               /* positions the KV cache holds, per sequence */
 	int max_seqs;              /* sequences the engine holds at once */
+	const char *kv_dtype;      /* the KV caches' element type: "f32" or "bf16" */
 	int bos, eos;              /* from config.json (eos: the first of a list); -1 when absent */
 	int n_stop, stop[8];       /* the ids that end a generation: every eos_token_id of
 				    * config.json (GLM's is a list: <|endoftext|>, <|user|>,
@@ -94,7 +100,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
  * copies the engine has issued since eng_open, per kind, and the collectives (all_reduce,
  * all_gather, votes) of a sharded rank. Sharded: rank `rank`'s (one GPU's); unsharded: rank
  * 0. WK_EINVAL when the engine does not count or there is no such rank. */
-#define ENG_LAUNCH_KINDS 26
+#define ENG_LAUNCH_KINDS 27
 struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long chained[ENG_LAUNCH_KINDS]; /* ops of each kind run inside chains (kind "chain") */

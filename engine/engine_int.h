@@ -55,6 +55,7 @@ struct engine {
 	bool experts_one_by_one; /* eng_opts: never the backend's grouped MoE op */
 	bool unfused;            /* eng_opts: no matmul_n, caches written through copies */
 	bool fp8_act;            /* eng_opts: FP8-weight matmuls read quantized activations */
+	enum dt_type kv;         /* the KV caches' element type (eng_kv_type): DT_F32, DT_BF16 */
 	/* eng_chain_begin .. eng_chain_end: the GEMVs and norms asked for, not yet run */
 	bool no_chain; /* eng_opts */
 	bool chaining;
@@ -163,8 +164,32 @@ void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *
  * key and the indexer's key, num_hidden_layers x max_seq x (kv_lora_rank + qk_rope_head_dim +
  * index_head_dim) floats, whole on every rank. For eng_open's check before a restore; each
  * family's load holds its own allocation to it (eng_cache_agrees), so they cannot drift. */
-int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp, int *max_seq,
-			uint64_t *bytes, char *err, size_t errsz);
+int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
+			enum dt_type kv, int *max_seq, uint64_t *bytes, char *err, size_t errsz);
+/* The KV caches' element type eng_opts.kv_dtype asks for (opt: "f32", "bf16", "auto" or
+ * NULL; see engine.h) for the model of config cfg: DT_F32 or DT_BF16; WK_EINVAL naming opt
+ * when it is none of those. */
+int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_t errsz);
+/* Bytes of one KV cache element, and element i of a cache (the families keep their caches
+ * as void *: f32 or bf16). */
+static inline size_t eng_kv_size(const struct engine *e)
+{
+	return e->kv == DT_BF16 ? 2 : 4;
+}
+static inline void *eng_kv_at(const struct engine *e, void *cache, size_t i)
+{
+	return (char *)cache + i * eng_kv_size(e);
+}
+/* WK_OK when e's backend runs op (BE_OP_ATTENTION, BE_OP_MLA_ATTENTION, BE_OP_DSA_TOPK) over
+ * e's KV cache type and can write it; else WK_EUNSUPPORTED naming both. */
+int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz);
+/* n f32 values from src (the backend's memory) into a cache at element at: a copy for an f32
+ * cache, rounded to bf16 (backend op cast_n) for a bf16 one, held as a chain link while a
+ * chain is open (consecutive stores share one link). */
+void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n);
+/* dst [n] f32 (the backend's memory) = a cache's elements at .. at+n-1 (a prefill expanding
+ * the MLA latent reads it back as f32 rows). */
+void eng_kv_load(struct engine *e, float *dst, const void *cache, size_t at, size_t n);
 /* WK_OK when per_seq (bytes a family's load allocates per sequence) is what
  * eng_seq_cache_bytes says for e; else an error naming both. */
 int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz);
@@ -183,7 +208,7 @@ enum eng_kind {
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
 	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
-	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_CHAIN, ENG_K_TO_DEVICE,
+	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_CAST, ENG_K_CHAIN, ENG_K_TO_DEVICE,
 	ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);

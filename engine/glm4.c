@@ -28,7 +28,7 @@ struct g4_layer {
 struct g4 {
 	int n_heads, n_kv, head_dim, rot;
 	struct g4_layer *layers; /* [n_layers] */
-	float *kcache, *vcache;  /* (max_seqs, n_layers, max_seq, n_kv * head_dim) */
+	void *kcache, *vcache;   /* (max_seqs, n_layers, max_seq, n_kv * head_dim), KV type */
 	int cap;
 	float *q, *att; /* (cap, n_heads * head_dim) */
 	float *kt, *vt; /* (cap, n_kv * head_dim) the step's new keys and values */
@@ -70,9 +70,8 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 	a->head_dim = (int)hd;
 	a->rot = rot;
 	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim, dim = m->c.dim;
-	if (!e->be->supports(e->bctx, BE_OP_ATTENTION, DT_F32))
-		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the %s backend has no attention op",
-			       e->be->name);
+	if ((rc = eng_kv_check(e, BE_OP_ATTENTION, err, errsz)))
+		return rc;
 
 	a->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *a->layers));
 	if (!a->layers)
@@ -100,16 +99,17 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
 	size_t cache = (size_t)m->max_seqs * m->c.n_layers * m->c.max_seq * kvd;
-	if ((rc = eng_cache_agrees(e, 2 * (uint64_t)m->c.n_layers * m->c.max_seq * kvd *
-					      sizeof(float), err, errsz)))
+	size_t kvs = eng_kv_size(e);
+	if ((rc = eng_cache_agrees(e, 2 * (uint64_t)m->c.n_layers * m->c.max_seq * kvd * kvs,
+				   err, errsz)))
 		return rc;
-	a->kcache = eng_calloc(e, cache * sizeof(float));
-	a->vcache = eng_calloc(e, cache * sizeof(float));
+	a->kcache = eng_calloc(e, cache * kvs);
+	a->vcache = eng_calloc(e, cache * kvs);
 	if (!a->kcache || !a->vcache)
 		return wk_errf(err, errsz, WK_ENOMEM,
 			       "cannot allocate KV caches of %d positions for %d sequences (%zu MiB); "
 			       "try a smaller max_seq or concurrency", m->c.max_seq, m->max_seqs,
-			       2 * cache * sizeof(float) >> 20);
+			       2 * cache * kvs >> 20);
 	return WK_OK;
 }
 
@@ -146,12 +146,13 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	void *c = e->bctx;
 	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim;
 
-	/* q, k, v read x: one op. With one segment, k and v land straight in its caches (biased,
-	 * normalised and rotated there); with several, through the step's rows. */
+	/* q, k, v read x: one op. With one segment and an f32 cache, k and v land straight in
+	 * its caches (biased, normalised and rotated there); else through the step's rows. */
 	size_t layer = (size_t)m->c.max_seq * kvd;
 	size_t at0 = ((size_t)seg[0].seq * m->c.n_layers + l) * layer + (size_t)seg[0].pos0 * kvd;
-	bool direct = nseg == 1 && !e->unfused;
-	float *kt = direct ? a->kcache + at0 : a->kt, *vt = direct ? a->vcache + at0 : a->vt;
+	bool direct = nseg == 1 && !e->unfused && e->kv == DT_F32;
+	float *kt = direct ? (float *)a->kcache + at0 : a->kt;
+	float *vt = direct ? (float *)a->vcache + at0 : a->vt;
 	float *o[3] = {a->q, kt, vt};
 	const struct be_weight *w[3] = {&L->wq, &L->wk, &L->wv};
 	eng_matmul_n(e, o, x, w, 3, T);
@@ -171,15 +172,15 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
 		size_t base = ((size_t)g->seq * m->c.n_layers + l) * layer;
-		float *kc = a->kcache + base, *vc = a->vcache + base;
+		void *kc = eng_kv_at(e, a->kcache, base), *vc = eng_kv_at(e, a->vcache, base);
 		if (!direct) {
-			eng_dcopy(e, kc + (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
-				  (size_t)g->n * kvd * sizeof(float));
-			eng_dcopy(e, vc + (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
-				  (size_t)g->n * kvd * sizeof(float));
+			eng_kv_store(e, kc, (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
+				     (size_t)g->n * kvd);
+			eng_kv_store(e, vc, (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
+				     (size_t)g->n * kvd);
 		}
 		be->attention(c, a->att + (size_t)g->off * qd, a->q + (size_t)g->off * qd, kc, vc,
-			      g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
+			      e->kv, g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
 			      1.0f / sqrtf((float)a->head_dim));
 	}
 	eng_matmul(e, out, a->att, &L->wo, T);
@@ -190,7 +191,7 @@ static void g4_free(struct glm_model *m)
 	struct g4 *a = m->attn;
 	if (!a)
 		return;
-	float *bufs[] = {a->kcache, a->vcache, a->q, a->att, a->kt, a->vt};
+	void *bufs[] = {a->kcache, a->vcache, a->q, a->att, a->kt, a->vt};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
 		eng_release(m->e, bufs[i]);
 }

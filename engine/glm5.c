@@ -67,10 +67,11 @@ struct g5 {
 	enum mla_mode mode;
 	bool split;                /* kv_a is bound as kv_c and kv_r (see g5_forward) */
 	struct g5_layer *layers;   /* [n_layers] */
-	/* caches, per sequence: index ((seq * n_layers + layer) * max_seq + position) */
-	float *ckv;                /* (max_seqs, n_layers, max_seq, lora) */
-	float *kpe;                /* (max_seqs, n_layers, max_seq, d_rope) */
-	float *ikc;                /* (max_seqs, n_layers, max_seq, i_dim) indexer keys (full
+	/* caches, per sequence: index ((seq * n_layers + layer) * max_seq + position), elements
+	 * of the engine's KV type (eng_kv_at) */
+	void *ckv;                 /* (max_seqs, n_layers, max_seq, lora) */
+	void *kpe;                 /* (max_seqs, n_layers, max_seq, d_rope) */
+	void *ikc;                 /* (max_seqs, n_layers, max_seq, i_dim) indexer keys (full
 				    * layers) */
 	float *scores;             /* (max_seq) indexer scratch */
 	void *work;                /* (max_seq * 8 bytes) */
@@ -89,6 +90,8 @@ struct g5 {
 	float *iwv;                /* (cap, i_heads) */
 	int *sel, *nsel;           /* (cap, topk), (cap) */
 	float *kvx;                /* (kvx_cap, n_heads * (d_nope + d_v)) expanded k_nope | v */
+	float *ckf, *kpf;          /* bf16 caches: (kvx_cap, lora), (kvx_cap, d_rope) the latent
+				    * and k_pe read back as f32 for the expansion */
 };
 
 /* "full"/"shared" per layer, as GlmMoeDsaConfig derives indexer_types. */
@@ -228,6 +231,9 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 			return wk_errf(err, errsz, WK_EUNSUPPORTED,
 				       "the %s backend lacks an op MLA/DSA needs (%d)", e->be->name,
 				       (int)g5_ops[i]);
+	if ((rc = eng_kv_check(e, BE_OP_MLA_ATTENTION, err, errsz)) ||
+	    (rc = eng_kv_check(e, BE_OP_DSA_TOPK, err, errsz)))
+		return rc;
 	a->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *a->layers));
 	if (!a->layers)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
@@ -279,13 +285,14 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->iw);
 	}
 	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
+	size_t kvs = eng_kv_size(e);
 	if ((rc = eng_cache_agrees(e, (uint64_t)m->c.n_layers * T *
-					      (a->lora + a->d_rope + a->i_dim) * sizeof(float),
+					      (a->lora + a->d_rope + a->i_dim) * kvs,
 				   err, errsz)))
 		return rc;
-	a->ckv = eng_calloc(e, nl * T * a->lora * sizeof(float));
-	a->kpe = eng_calloc(e, nl * T * a->d_rope * sizeof(float));
-	a->ikc = eng_calloc(e, nl * T * a->i_dim * sizeof(float));
+	a->ckv = eng_calloc(e, nl * T * a->lora * kvs);
+	a->kpe = eng_calloc(e, nl * T * a->d_rope * kvs);
+	a->ikc = eng_calloc(e, nl * T * a->i_dim * kvs);
 	a->scores = eng_alloc(e, T * sizeof(float));
 	a->work = eng_alloc(e, T * 8);
 	a->use_sel = calloc((size_t)m->max_seqs, sizeof *a->use_sel);
@@ -294,7 +301,7 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 			       "cannot allocate the MLA and indexer caches of %d positions for %d "
 			       "sequences (%zu MiB); try a smaller max_seq or concurrency",
 			       m->c.max_seq, m->max_seqs,
-			       nl * T * (a->lora + a->d_rope + a->i_dim) * sizeof(float) >> 20);
+			       nl * T * (a->lora + a->d_rope + a->i_dim) * kvs >> 20);
 	return WK_OK;
 }
 
@@ -344,7 +351,9 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 	for (int s = 0; s < nseg; s++) {
 		int end = seg[s].pos0 + seg[s].n;
 		if (expand(a, seg[s].n, seg[s].pos0) && end > a->kvx_cap) {
-			if (!re(m, &a->kvx, (size_t)end * H * (a->d_nope + a->d_v) * f))
+			if (!re(m, &a->kvx, (size_t)end * H * (a->d_nope + a->d_v) * f) ||
+			    (m->e->kv != DT_F32 && (!re(m, &a->ckf, (size_t)end * a->lora * f) ||
+						    !re(m, &a->kpf, (size_t)end * a->d_rope * f))))
 				return WK_ENOMEM;
 			a->kvx_cap = end;
 		}
@@ -356,7 +365,7 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
  * a->lat, from a->qa, which the caller has filled when absorb_done; the caller then maps
  * lat to att; else the backend's mla_absorbed runs the chain as one op where it has one). */
 static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
-		      const struct glm_seg *g, float *ckv, float *kpe, bool use_sel,
+		      const struct glm_seg *g, const void *ckv, const void *kpe, bool use_sel,
 		      bool absorb_done)
 {
 	struct g5 *a = m->attn;
@@ -364,13 +373,21 @@ static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 	void *c = e->bctx;
 	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
 	size_t off = (size_t)g->off;
-	struct be_mla s = {.n_heads = H, .d_b = rope, .k_b = kpe, .kb_stride = (size_t)rope,
+	struct be_mla s = {.n_heads = H, .d_b = rope, .kv = e->kv, .k_b = kpe,
+			   .kb_stride = (size_t)rope,
 			   .sel = use_sel ? a->sel + off * a->topk : NULL, .nsel = a->nsel + off,
 			   .sel_stride = a->topk, .scale = a->scale};
 	const float *q = a->q + off * H * (nope + rope);
 	if (expand(a, g->n, g->pos0)) {
-		size_t row = (size_t)H * (nope + dv);
-		eng_matmul(e, a->kvx, ckv, &L->kv_b, g->pos0 + g->n);
+		size_t row = (size_t)H * (nope + dv), len = (size_t)(g->pos0 + g->n);
+		if (e->kv != DT_F32) { /* the expansion reads f32 rows */
+			eng_kv_load(e, a->ckf, ckv, 0, len * lora);
+			eng_kv_load(e, a->kpf, kpe, 0, len * rope);
+			ckv = a->ckf;
+			s.k_b = a->kpf;
+			s.kv = DT_F32;
+		}
+		eng_matmul(e, a->kvx, ckv, &L->kv_b, (int)len);
 		s.d_a = nope;
 		s.d_v = dv;
 		s.k_a = a->kvx;
@@ -411,7 +428,10 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
 	size_t S = (size_t)m->c.max_seq, nl = (size_t)m->c.n_layers;
 	float theta = m->c.theta;
-#define CACHE(base, seq, width) ((base) + (((size_t)(seq) * nl + (size_t)l) * S) * (width))
+	/* sequence seq's cache of this layer, and its row at position pos */
+#define CACHE(base, seq, width) CACHE_AT(base, seq, width, 0)
+#define CACHE_AT(base, seq, width, pos)                                                        \
+	eng_kv_at(e, (base), (((size_t)(seq) * nl + (size_t)l) * S + (size_t)(pos)) * (width))
 
 	/* Whether the indexer selects for some segment (a full layer decides, the others reuse
 	 * its choice); then the projections of the layer input x as one op: q_a_proj,
@@ -422,14 +442,16 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			a->use_sel[s] = sparse(a, seg[s].n, seg[s].pos0);
 		any |= L->full && a->use_sel[s];
 	}
-	/* With kv_a split and one segment (a sequence's prefill, a batch-1 decode step), c_kv,
-	 * k_pe and the indexer keys land straight in their caches, normalised and rotated there:
-	 * no copies. */
+	/* With kv_a split, one segment (a sequence's prefill, a batch-1 decode step) and f32
+	 * caches, c_kv, k_pe and the indexer keys land straight in their caches, normalised and
+	 * rotated there: no copies. A bf16 cache takes them from the step's rows, rounded as they
+	 * are stored (eng_kv_store, one chained op for all of them). */
 	const struct glm_seg *g0 = &seg[0];
-	bool direct = nseg == 1 && !e->unfused, split = a->split && !e->unfused;
-	float *ckv0 = CACHE(a->ckv, g0->seq, lora) + (size_t)g0->pos0 * lora;
-	float *kpe0 = CACHE(a->kpe, g0->seq, rope) + (size_t)g0->pos0 * rope;
-	float *ik0 = CACHE(a->ikc, g0->seq, a->i_dim) + (size_t)g0->pos0 * a->i_dim;
+	bool f32 = e->kv == DT_F32;
+	bool direct = nseg == 1 && !e->unfused && f32, split = a->split && !e->unfused;
+	float *ckv0 = CACHE_AT(a->ckv, g0->seq, lora, g0->pos0);
+	float *kpe0 = CACHE_AT(a->kpe, g0->seq, rope, g0->pos0);
+	float *ik0 = CACHE_AT(a->ikc, g0->seq, a->i_dim, g0->pos0);
 	float *xo[5] = {a->qc}, *ikeys = direct ? ik0 : a->iks;
 	const struct be_weight *xw[5] = {&L->q_a};
 	struct be_rope xr[5] = {{0}}; /* k_pe rotated as it is stored */
@@ -471,29 +493,50 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		eng_chain_end(e); /* rmsnorm row by row below, not held */
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
-		float *ckv = CACHE(a->ckv, g->seq, lora), *kpe = CACHE(a->kpe, g->seq, rope);
-		float *cr = ckv + (size_t)g->pos0 * lora, *kr = kpe + (size_t)g->pos0 * rope;
-		if (split) {
-			const float *c_in = direct ? cr : a->kva + (size_t)g->off * lora;
-			nrm[nn++] = (struct be_norm){cr, c_in, L->kv_a_norm, NULL, g->n, lora,
-						     MLA_NORM_EPS, false, NULL, 0, 0};
+		if (split) { /* f32: normalised into the cache; bf16: in place, stored below */
+			float *c_in = a->kva + (size_t)g->off * lora;
+			float *cr = f32 ? CACHE_AT(a->ckv, g->seq, lora, g->pos0) : c_in;
+			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL, g->n,
+						     lora, MLA_NORM_EPS, false, NULL, 0, 0};
 			if (nn == BE_NORM_MAX) {
 				eng_norm_n(e, nrm, nn);
 				nn = 0;
 			}
-			if (!direct)
-				eng_dcopy(e, kr, a->kvr + (size_t)g->off * rope,
+			if (!direct && f32)
+				eng_dcopy(e, CACHE_AT(a->kpe, g->seq, rope, g->pos0),
+					  a->kvr + (size_t)g->off * rope,
 					  (size_t)g->n * rope * sizeof(float));
 		}
 		for (int i = 0; i < g->n && !split; i++) {
-			const float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
-			be->rmsnorm(c, ckv + (size_t)(g->pos0 + i) * lora, row, L->kv_a_norm, 1, lora,
-				    MLA_NORM_EPS);
-			eng_dcopy(e, kpe + (size_t)(g->pos0 + i) * rope, row + lora,
-				  (size_t)rope * sizeof(float));
+			float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
+			int p = g->pos0 + i;
+			if (f32) {
+				be->rmsnorm(c, CACHE_AT(a->ckv, g->seq, lora, p), row, L->kv_a_norm, 1,
+					    lora, MLA_NORM_EPS);
+				eng_dcopy(e, CACHE_AT(a->kpe, g->seq, rope, p), row + lora,
+					  (size_t)rope * sizeof(float));
+			} else {
+				be->rmsnorm(c, row, row, L->kv_a_norm, 1, lora, MLA_NORM_EPS);
+				eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, p), 0, row, (size_t)lora);
+				eng_kv_store(e, CACHE_AT(a->kpe, g->seq, rope, p), 0, row + lora,
+					     (size_t)rope);
+			}
 		}
 	}
 	eng_norm_n(e, nrm, nn);
+	for (int s = 0; s < nseg && !f32; s++) { /* bf16: the step's normalised rows stored */
+		const struct glm_seg *g = &seg[s];
+		size_t off = (size_t)g->off, n = (size_t)g->n;
+		if (split) {
+			eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, g->pos0), 0,
+				     a->kva + off * lora, n * lora);
+			eng_kv_store(e, CACHE_AT(a->kpe, g->seq, rope, g->pos0), 0,
+				     a->kvr + off * rope, n * rope);
+		}
+		if (L->full)
+			eng_kv_store(e, CACHE_AT(a->ikc, g->seq, a->i_dim, g->pos0), 0,
+				     a->iks + off * a->i_dim, n * a->i_dim);
+	}
 
 	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
 	 * indexer's query projection, which reads q_c too), each rotated as it is stored */
@@ -510,8 +553,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * has more than topk keys (else it would select them all). */
 	if (L->full) {
 		int id = a->i_dim;
-		for (int s = 0; s < nseg && !direct; s++)
-			eng_dcopy(e, CACHE(a->ikc, seg[s].seq, id) + (size_t)seg[s].pos0 * id,
+		for (int s = 0; s < nseg && !direct && f32; s++)
+			eng_dcopy(e, CACHE_AT(a->ikc, seg[s].seq, id, seg[s].pos0),
 				  a->iks + (size_t)seg[s].off * id,
 				  (size_t)seg[s].n * id * sizeof(float));
 		for (int s = 0; s < nseg; s++) {
@@ -520,7 +563,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			if (a->use_sel[s])
 				be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
 					     a->iqv + off * a->i_heads * id, CACHE(a->ikc, g->seq, id),
-					     a->iwv + off * a->i_heads, g->n, g->pos0, a->i_heads, id,
+					     e->kv, a->iwv + off * a->i_heads, g->n, g->pos0, a->i_heads, id,
 					     a->topk, 1.0f / sqrtf((float)id),
 					     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
 		}
@@ -544,6 +587,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * matmul */
 	eng_chain_begin(e);
 	eng_matmul(e, out, a->att, &L->o, T);
+#undef CACHE_AT
 #undef CACHE
 }
 
@@ -554,8 +598,8 @@ static void g5_free(struct glm_model *m)
 		return;
 	free(a->use_sel);
 	void *bufs[] = {a->ckv, a->kpe, a->ikc, a->iks, a->scores, a->work, a->qc, a->q, a->kva,
-			a->kvr,
-			a->qa, a->lat, a->att, a->iqv, a->iwv, a->sel, a->nsel, a->kvx};
+			a->kvr, a->qa, a->lat, a->att, a->iqv, a->iwv, a->sel, a->nsel, a->kvx,
+			a->ckf, a->kpf};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
 		eng_release(m->e, bufs[i]);
 }
@@ -567,7 +611,8 @@ int glm5_debug(struct engine *e, struct glm5_debug *d)
 	struct glm_model *m = e->model;
 	struct g5 *a = m->attn;
 	size_t l = (size_t)m->c.n_layers - 1, T = (size_t)m->c.max_seq;
-	*d = (struct glm5_debug){.ckv = a->ckv + l * T * a->lora, .kpe = a->kpe + l * T * a->d_rope,
+	*d = (struct glm5_debug){.ckv = eng_kv_at(e, a->ckv, l * T * a->lora),
+				 .kpe = eng_kv_at(e, a->kpe, l * T * a->d_rope), .kv = e->kv,
 				 .lora = a->lora, .rope = a->d_rope, .sel = a->sel, .nsel = a->nsel,
 				 .sel_stride = a->topk, .sparse = a->use_sel[0]};
 	return WK_OK;

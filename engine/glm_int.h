@@ -161,7 +161,8 @@ int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
  * of the latest step (sparse false: it attended densely). Returns WK_EINVAL when e is not a
  * GLM-5 engine. */
 struct glm5_debug {
-	float *ckv, *kpe;
+	void *ckv, *kpe; /* the last layer's caches of sequence 0, elements of type kv */
+	enum dt_type kv;
 	int lora, rope;
 	const int *sel, *nsel;
 	int sel_stride;

@@ -38,7 +38,8 @@ struct llama {
 	float *final_norm;             /* (dim) */
 	struct layer *layers;          /* [n_layers] */
 	int max_seqs;
-	float *kcache, *vcache;        /* (max_seqs, n_layers, max_seq, n_kv * head_dim) */
+	void *kcache, *vcache;         /* (max_seqs, n_layers, max_seq, n_kv * head_dim) of the
+					* engine's KV type (eng_kv_size bytes each) */
 	/* scratch, sized for `cap` tokens in a step */
 	int cap;
 	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab_all) */
@@ -255,17 +256,17 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 			       "(a layer past them)", m->n_layers, past);
 
 	m->max_seqs = e->max_seqs;
-	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd;
-	if ((rc = eng_cache_agrees(e, 2 * (uint64_t)m->n_layers * m->max_seq * kvd * sizeof(float),
-				   err, errsz)))
+	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd, kvs = eng_kv_size(e);
+	if ((rc = eng_kv_check(e, BE_OP_ATTENTION, err, errsz)) ||
+	    (rc = eng_cache_agrees(e, 2 * (uint64_t)m->n_layers * m->max_seq * kvd * kvs, err,
+				   errsz)))
 		return rc;
-	m->kcache = eng_alloc(e, cache * sizeof(float));
-	m->vcache = eng_alloc(e, cache * sizeof(float));
+	m->kcache = eng_alloc(e, cache * kvs);
+	m->vcache = eng_alloc(e, cache * kvs);
 	if (!m->kcache || !m->vcache)
 		return wk_errf(err, errsz, WK_ENOMEM,
 			       "cannot allocate KV caches of %d x %d positions (%zu MiB); try a "
-			       "smaller max_seq", m->max_seqs, m->max_seq,
-			       2 * cache * sizeof(float) >> 20);
+			       "smaller max_seq", m->max_seqs, m->max_seq, 2 * cache * kvs >> 20);
 
 	/* Bytes one decode step reads: every matrix once, the lm_head, one embedding row. */
 	uint64_t per_tok = m->lm_head.rows * (uint64_t)m->lm_head.cols * dt_size(m->lm_head.dtype);
@@ -330,13 +331,14 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		} else {
 			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->eps);
 		}
-		/* q, k, v read xb: one op. With one sequence in the step, k and v land straight in
-		 * its caches (rotated there); with several, they go through the step's rows. */
-		size_t base0 = ((size_t)items[0].seq * m->n_layers + l) * layer_sz,
-		       at0 = (size_t)e->seq_len[items[0].seq] * kvd;
-		bool direct = n_items == 1 && !e->unfused;
-		float *kt = direct ? m->kcache + base0 + at0 : m->kt;
-		float *vt = direct ? m->vcache + base0 + at0 : m->vt;
+		/* q, k, v read xb: one op. With one sequence in the step and an f32 cache, k and
+		 * v land straight in its caches (rotated there); else they go through the step's
+		 * rows. */
+		size_t at0 = ((size_t)items[0].seq * m->n_layers + l) * layer_sz +
+			     (size_t)e->seq_len[items[0].seq] * kvd;
+		bool direct = n_items == 1 && !e->unfused && e->kv == DT_F32;
+		float *kt = direct ? (float *)m->kcache + at0 : m->kt;
+		float *vt = direct ? (float *)m->vcache + at0 : m->vt;
 		float *qkv[3] = {m->q, kt, vt};
 		const struct be_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
 		eng_matmul_n(e, qkv, m->xb, wqkv, 3, T);
@@ -346,16 +348,16 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		eng_rope_n(e, rot, 2, m->theta, false);
 		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
 			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
-			float *kc = m->kcache + base, *vc = m->vcache + base;
+			void *kc = eng_kv_at(e, m->kcache, base), *vc = eng_kv_at(e, m->vcache, base);
 			int pos0 = e->seq_len[items[i].seq];
 			if (!direct) {
-				eng_dcopy(e, kc + (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
-					  (size_t)items[i].n * kvd * sizeof(float));
-				eng_dcopy(e, vc + (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
-					  (size_t)items[i].n * kvd * sizeof(float));
+				eng_kv_store(e, kc, (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
+					     (size_t)items[i].n * kvd);
+				eng_kv_store(e, vc, (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
+					     (size_t)items[i].n * kvd);
 			}
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
-			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, items[i].n, pos0,
+			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, e->kv, items[i].n, pos0,
 				      m->n_heads, m->n_kv, m->head_dim, kvd,
 				      1.0f / sqrtf((float)m->head_dim));
 		}

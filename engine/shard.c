@@ -442,6 +442,7 @@ static int rank_open(struct engine *e, const struct eng_opts *o, int r, int thre
 	re->unfused = e->unfused;
 	re->no_chain = e->no_chain;
 	re->fp8_act = e->fp8_act;
+	re->kv = e->kv;
 	re->max_seqs = e->max_seqs;
 	re->seq_len = e->seq_len;
 	re->seq_used = e->seq_used;

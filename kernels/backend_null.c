@@ -85,11 +85,12 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 	(void)theta, (void)interleaved;
 }
 
-static void attention(void *ctx, float *out, const float *q, const float *k, const float *v,
-		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-		      float scale)
+static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
+		      enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+		      int kv_stride, float scale)
 {
-	(void)ctx, (void)q, (void)k, (void)v, (void)pos0, (void)n_kv, (void)kv_stride, (void)scale;
+	(void)ctx, (void)q, (void)k, (void)v, (void)kv, (void)pos0, (void)n_kv, (void)kv_stride;
+	(void)scale;
 	memset(out, 0, (size_t)n * n_heads * head_dim * sizeof *out);
 }
 
@@ -101,6 +102,11 @@ static void silu_mul(void *ctx, float *g, const float *u, size_t n)
 static void add(void *ctx, float *y, const float *x, size_t n)
 {
 	(void)ctx, (void)y, (void)x, (void)n;
+}
+
+static void cast_n(void *ctx, const struct be_cast *c, int count)
+{
+	(void)ctx, (void)c, (void)count;
 }
 
 /* The Llama ops only: GLM's extra ops stay NULL, so a GLM model on this backend is refused
@@ -116,5 +122,6 @@ const struct backend be_null = {
 	.attention = attention,
 	.silu_mul = silu_mul,
 	.add = add,
+	.cast_n = cast_n,
 	.sync = null_sync,
 };

@@ -73,15 +73,31 @@ void cpu_ref_rmsnorm(float *y, const float *x, const float *w, int n, int dim, f
 void cpu_ref_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
 		  float theta, bool interleaved);
 void cpu_ref_softmax(float *x, int n); /* in place, numerically stable */
+/* KV caches hold DT_F32 or DT_BF16 elements; element i of such a cache as f32. */
+static inline float cpu_kv_at(const void *c, enum dt_type t, size_t i)
+{
+	return t == DT_BF16 ? dt_bf16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+}
+/* The start of row-element i of a cache of type t (byte arithmetic on the element size). */
+static inline const void *cpu_kv_ptr(const void *c, enum dt_type t, size_t i)
+{
+	return (const char *)c + i * (t == DT_BF16 ? 2 : 4);
+}
+/* dst [n] (type dt) = src [n] (type st): f32 -> bf16 rounds to nearest even
+ * (dt_f32_to_bf16), bf16 -> f32 is exact, equal types copy (struct be_cast). */
+void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n);
 /* Causal grouped-query attention for n new tokens whose keys/values are already in the
  * cache at positions pos0 .. pos0+n-1.
  *   q   [n][n_heads * head_dim]
- *   k,v [pos0 + n][kv_stride]: the cache; kv head g sits at columns g*head_dim
+ *   k,v [pos0 + n][kv_stride]: the cache, elements of type kv (DT_F32 or DT_BF16, read
+ *       as f32: the same arithmetic as an f32 cache holding the same values); kv head g
+ *       sits at columns g*head_dim
  *   out [n][n_heads * head_dim]
  * Query head h uses kv head h / (n_heads / n_kv). Token i attends to 0 .. pos0 + i.
  * scores are q.k * scale. */
-void cpu_ref_attention(float *out, const float *q, const float *k, const float *v, int n,
-		       int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
+void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
+		       enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+		       int kv_stride, float scale);
 /* g[i] = silu(g[i]) * u[i] for i < n */
 void cpu_ref_silu_mul(float *g, const float *u, size_t n);
 
@@ -95,9 +111,9 @@ void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enu
 void cpu_matmul_fp8(struct cpu_pool *p, float *y, const float *x, const uint8_t *w,
 		    const float *scale, int n, int rows, int cols);
 /* Splits (token, head) pairs over the pool. */
-void cpu_attention(struct cpu_pool *p, float *out, const float *q, const float *k,
-		   const float *v, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		   int kv_stride, float scale);
+void cpu_attention(struct cpu_pool *p, float *out, const float *q, const void *k,
+		   const void *v, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
+		   int head_dim, int kv_stride, float scale);
 bool cpu_has_avx2(void); /* AVX2, FMA and F16C, checked once at run time */
 
 /* ---- GLM families: reference kernels (glm_ref.c) ---------------------------------------- */
@@ -161,10 +177,12 @@ void cpu_ref_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_t
 			    int h0, int h1);
 /* Attention whose key has two parts, k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads
  * (MLA's rope key). Key position t of head h: k_a + t*ka_stride + h*ka_head (ka_head 0: one
- * key for all heads), k_b + t*kb_stride; value v + t*v_stride + h*v_head. */
+ * key for all heads), k_b + t*kb_stride; value v + t*v_stride + h*v_head; all three of
+ * element type kv (DT_F32 or DT_BF16; offsets and strides in elements). */
 struct cpu_mla {
 	int n_heads, d_a, d_b, d_v;
-	const float *k_a, *k_b, *v;
+	enum dt_type kv;
+	const void *k_a, *k_b, *v;
 	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
 	/* Token i attends to positions sel[i*sel_stride + j], j < nsel[i] (ascending); when sel
 	 * is NULL, to 0 .. pos0 + i (dense causal). */
@@ -177,20 +195,21 @@ struct cpu_mla {
 void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,
 			   int pos0, int i0, int i1, int h0, int h1);
 /* DSA lightning indexer score of one query against one key: sum over heads h of
- * w[h] * w_scale * relu(q[h] . k * qk_scale). q [n_heads][head_dim], k [head_dim]. */
-float cpu_ref_dsa_score(const float *q, const float *k, const float *w, int n_heads,
-			int head_dim, float qk_scale, float w_scale);
+ * w[h] * w_scale * relu(q[h] . k * qk_scale). q [n_heads][head_dim], k [head_dim] of type
+ * kv (DT_F32 or DT_BF16). */
+float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const float *w,
+			int n_heads, int head_dim, float qk_scale, float w_scale);
 /* Exact top-k of scores[0..len): when len <= topk all positions, else the topk best scores
  * with the lower position winning ties (NaN counts as -inf). Writes the chosen positions to
  * sel in ascending order and their count to *nsel. work: len * 8 bytes. */
 void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, void *work);
 /* The indexer's selection for n queries at positions pos0.. : q [n][n_heads][head_dim],
- * k [pos0 + n][head_dim] (the indexer key cache), w [n][n_heads] (weights_proj output).
- * Query i scores keys 0 .. pos0 + i; sel [n][topk], nsel [n]. scores: pos0 + n floats and
- * work: (pos0 + n) * 8 bytes of scratch. */
-void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w,
-		      int n, int pos0, int n_heads, int head_dim, int topk, float qk_scale,
-		      float w_scale, float *scores, void *work);
+ * k [pos0 + n][head_dim] (the indexer key cache, of type kv), w [n][n_heads] (weights_proj
+ * output). Query i scores keys 0 .. pos0 + i; sel [n][topk], nsel [n]. scores: pos0 + n
+ * floats and work: (pos0 + n) * 8 bytes of scratch. */
+void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
+		      const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		      float qk_scale, float w_scale, float *scores, void *work);
 
 /* ---- sampling candidates (sample_ref.c; backend.h's sample_cand) --------------------------
  *

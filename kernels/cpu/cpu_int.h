@@ -25,9 +25,10 @@ void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, 
 			  enum dt_type wt, int n, int rows, int cols, int r0, int r1);
 
 /* Attention for one query row (token i, head h): out[head_dim] = softmax(q.K^T * scale) V
- * over cache rows 0 .. len-1, whose vectors start at k/v + t*kv_stride. */
-void cpu_attention_head_avx2(float *out, const float *q, const float *k, const float *v,
-			     int len, int head_dim, int kv_stride, float scale);
+ * over cache rows 0 .. len-1, whose vectors start at element t*kv_stride of k/v (type kv,
+ * DT_F32 or DT_BF16). */
+void cpu_attention_head_avx2(float *out, const float *q, const void *k, const void *v,
+			     enum dt_type kv, int len, int head_dim, int kv_stride, float scale);
 
 /* Sums bytes (a multiple of 256) at buf, 32-byte aligned, as 64-bit lanes: a load-bound loop
  * whose result only exists so that the loads cannot be optimised away. */

@@ -131,8 +131,9 @@ void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enu
 
 /* Online softmax over chunks of CPU_ATTN_CHUNK scores: the output row accumulates the
  * weighted values and is rescaled whenever a chunk raises the running maximum. */
-static void attention_head_scalar(float *out, const float *q, const float *k, const float *v,
-				  int len, int head_dim, int kv_stride, float scale)
+static void attention_head_scalar(float *out, const float *q, const void *k, const void *v,
+				  enum dt_type kv, int len, int head_dim, int kv_stride,
+				  float scale)
 {
 	float s[CPU_ATTN_CHUNK];
 	float max = -INFINITY, sum = 0.0f;
@@ -142,10 +143,10 @@ static void attention_head_scalar(float *out, const float *q, const float *k, co
 		int m = len - t0 < CPU_ATTN_CHUNK ? len - t0 : CPU_ATTN_CHUNK;
 		float cmax = -INFINITY;
 		for (int t = 0; t < m; t++) {
-			const float *kt = k + (size_t)(t0 + t) * kv_stride;
+			size_t kt = (size_t)(t0 + t) * kv_stride;
 			float acc = 0.0f;
 			for (int d = 0; d < head_dim; d++)
-				acc += q[d] * kt[d];
+				acc += q[d] * cpu_kv_at(k, kv, kt + (size_t)d);
 			s[t] = acc * scale;
 			if (s[t] > cmax)
 				cmax = s[t];
@@ -159,10 +160,10 @@ static void attention_head_scalar(float *out, const float *q, const float *k, co
 		}
 		for (int t = 0; t < m; t++) {
 			float pr = expf(s[t] - max);
-			const float *vt = v + (size_t)(t0 + t) * kv_stride;
+			size_t vt = (size_t)(t0 + t) * kv_stride;
 			sum += pr;
 			for (int d = 0; d < head_dim; d++)
-				out[d] += pr * vt[d];
+				out[d] += pr * cpu_kv_at(v, kv, vt + (size_t)d);
 		}
 	}
 	for (int d = 0; d < head_dim; d++)
@@ -171,7 +172,9 @@ static void attention_head_scalar(float *out, const float *q, const float *k, co
 
 struct attn_job {
 	float *out;
-	const float *q, *k, *v;
+	const float *q;
+	const void *k, *v;
+	enum dt_type kv;
 	int n, pos0, n_heads, n_kv, head_dim, kv_stride;
 	float scale;
 	bool avx2;
@@ -185,19 +188,20 @@ static void attention_task(void *ctx, int task, int ntasks)
 	size_t koff = (size_t)(h / (j->n_heads / j->n_kv)) * j->head_dim;
 	size_t qoff = ((size_t)i * j->n_heads + h) * j->head_dim;
 	int len = j->pos0 + i + 1;
+	const void *k = cpu_kv_ptr(j->k, j->kv, koff), *v = cpu_kv_ptr(j->v, j->kv, koff);
 	if (j->avx2)
-		cpu_attention_head_avx2(j->out + qoff, j->q + qoff, j->k + koff, j->v + koff, len,
-					j->head_dim, j->kv_stride, j->scale);
+		cpu_attention_head_avx2(j->out + qoff, j->q + qoff, k, v, j->kv, len, j->head_dim,
+					j->kv_stride, j->scale);
 	else
-		attention_head_scalar(j->out + qoff, j->q + qoff, j->k + koff, j->v + koff, len,
-				      j->head_dim, j->kv_stride, j->scale);
+		attention_head_scalar(j->out + qoff, j->q + qoff, k, v, j->kv, len, j->head_dim,
+				      j->kv_stride, j->scale);
 }
 
-void cpu_attention(struct cpu_pool *p, float *out, const float *q, const float *k,
-		   const float *v, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		   int kv_stride, float scale)
+void cpu_attention(struct cpu_pool *p, float *out, const float *q, const void *k,
+		   const void *v, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
+		   int head_dim, int kv_stride, float scale)
 {
-	struct attn_job j = {out, q, k, v, n, pos0, n_heads, n_kv, head_dim, kv_stride, scale,
-			     cpu_has_avx2()};
+	struct attn_job j = {out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim, kv_stride,
+			     scale, cpu_has_avx2()};
 	cpu_pool_run(p, attention_task, &j, n * n_heads);
 }

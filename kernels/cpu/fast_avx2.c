@@ -27,6 +27,7 @@
 #include <math.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/kv_avx2.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -424,37 +425,11 @@ void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, 
 
 /* ---- attention --------------------------------------------------------------------------- */
 
-static ALWAYS_INLINE float dot_f32(const float *a, const float *b, int n)
-{
-	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-	int i = 0;
-	for (; i + 16 <= n; i += 16) {
-		acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-		acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-	}
-	for (; i + 8 <= n; i += 8)
-		acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-	float s = hsum(_mm256_add_ps(acc0, acc1));
-	for (; i < n; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
-/* y = y * f + p * v */
-static ALWAYS_INLINE void scale_axpy(float *y, float f, float p, const float *v, int n)
-{
-	__m256 vf = _mm256_set1_ps(f), vp = _mm256_set1_ps(p);
-	int i = 0;
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i),
-							_mm256_mul_ps(vf, _mm256_loadu_ps(y + i))));
-	for (; i < n; i++)
-		y[i] = y[i] * f + p * v[i];
-}
-
-/* The same online softmax as fast.c's attention_head_scalar, with vector dots and axpys. */
-void cpu_attention_head_avx2(float *out, const float *q, const float *k, const float *v,
-			     int len, int head_dim, int kv_stride, float scale)
+/* The same online softmax as fast.c's attention_head_scalar, with vector dots and axpys;
+ * kv a constant in each caller below, so the loops are specialised per cache type. */
+static ALWAYS_INLINE void attention_head(float *out, const float *q, const void *k,
+					 const void *v, enum dt_type kv, int len, int head_dim,
+					 int kv_stride, float scale)
 {
 	float s[CPU_ATTN_CHUNK];
 	float max = -INFINITY, sum = 0.0f;
@@ -464,7 +439,7 @@ void cpu_attention_head_avx2(float *out, const float *q, const float *k, const f
 		int m = len - t0 < CPU_ATTN_CHUNK ? len - t0 : CPU_ATTN_CHUNK;
 		float cmax = -INFINITY;
 		for (int t = 0; t < m; t++) {
-			s[t] = dot_f32(q, k + (size_t)(t0 + t) * kv_stride, head_dim) * scale;
+			s[t] = kv_dot(q, k, kv, (size_t)(t0 + t) * kv_stride, head_dim) * scale;
 			if (s[t] > cmax)
 				cmax = s[t];
 		}
@@ -477,12 +452,21 @@ void cpu_attention_head_avx2(float *out, const float *q, const float *k, const f
 		for (int t = 0; t < m; t++) {
 			float pr = expf(s[t] - max);
 			sum += pr;
-			scale_axpy(out, t == 0 ? f : 1.0f, pr, v + (size_t)(t0 + t) * kv_stride,
-				   head_dim);
+			kv_scale_axpy(out, t == 0 ? f : 1.0f, pr, v, kv,
+				      (size_t)(t0 + t) * kv_stride, head_dim);
 		}
 	}
 	float inv = 1.0f / sum;
-	scale_axpy(out, inv, 0.0f, out, head_dim);
+	kv_scale_axpy(out, inv, 0.0f, out, DT_F32, 0, head_dim);
+}
+
+void cpu_attention_head_avx2(float *out, const float *q, const void *k, const void *v,
+			     enum dt_type kv, int len, int head_dim, int kv_stride, float scale)
+{
+	if (kv == DT_BF16)
+		attention_head(out, q, k, v, DT_BF16, len, head_dim, kv_stride, scale);
+	else
+		attention_head(out, q, k, v, DT_F32, len, head_dim, kv_stride, scale);
 }
 
 /* ---- bandwidth --------------------------------------------------------------------------- */

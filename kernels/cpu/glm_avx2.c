@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels/cpu/glm_kernels.h"
+#include "kernels/cpu/kv_avx2.h"
 
 /* 8 e4m3fn codes (the low 8 bytes of b) as f32: the 7 magnitude bits placed at the top of
  * an f32 mantissa/exponent (bits 20..26) and the sign at bit 31 give the value times 2^-120,
@@ -141,12 +142,6 @@ void cpu_mla_absorb_out_avx2(float *o, const float *lat, const void *w, enum dt_
 	}
 }
 
-/* y += a * x over n floats, x and y f32 */
-static void mla_update(float *o, float a, const float *v, int n)
-{
-	axpy(o, a, v, n);
-}
-
 static void scale_row(float *o, float a, int n)
 {
 	__m256 va = _mm256_set1_ps(a);
@@ -157,11 +152,12 @@ static void scale_row(float *o, float a, int n)
 		o[i] *= a;
 }
 
-void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s, int n,
-			    int pos0, int i0, int i1, int h0, int h1)
+/* kv a constant in each call of cpu_mla_attention_avx2: the loops specialised per cache type */
+static inline __attribute__((always_inline)) void
+mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type kv, int pos0,
+	      int i0, int i1, int h0, int h1)
 {
 	int dq = s->d_a + s->d_b;
-	(void)n;
 	for (int i = i0; i < i1; i++) {
 		const int *keys = s->sel ? s->sel + (size_t)i * s->sel_stride : NULL;
 		int nk = s->sel ? s->nsel[i] : pos0 + i + 1;
@@ -172,9 +168,11 @@ void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s,
 			memset(oh, 0, (size_t)s->d_v * sizeof(float));
 			for (int j = 0; j < nk; j++) {
 				int t = keys ? keys[j] : j;
-				const float *ka = s->k_a + (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
-				const float *kb = s->k_b + (size_t)t * s->kb_stride;
-				float sc = (dot(qh, ka, s->d_a) + dot(qh + s->d_a, kb, s->d_b)) * s->scale;
+				size_t ka = (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
+				size_t kb = (size_t)t * s->kb_stride;
+				float sc = (kv_dot(qh, s->k_a, kv, ka, s->d_a) +
+					    kv_dot(qh + s->d_a, s->k_b, kv, kb, s->d_b)) *
+					   s->scale;
 				if (sc > max) { /* rescale what was summed under the old maximum */
 					float r = expf(max - sc);
 					sum *= r;
@@ -183,20 +181,32 @@ void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s,
 				}
 				float p = expf(sc - max);
 				sum += p;
-				mla_update(oh, p, s->v + (size_t)t * s->v_stride + (size_t)h * s->v_head,
-					   s->d_v);
+				kv_scale_axpy(oh, 1.0f, p, s->v, kv,
+					      (size_t)t * s->v_stride + (size_t)h * s->v_head, s->d_v);
 			}
 			scale_row(oh, 1.0f / sum, s->d_v);
 		}
 	}
 }
 
-float cpu_dsa_score_avx2(const float *q, const float *k, const float *w, int n_heads,
-			 int head_dim, float qk_scale, float w_scale)
+void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s, int n,
+			    int pos0, int i0, int i1, int h0, int h1)
+{
+	(void)n;
+	if (s->kv == DT_BF16)
+		mla_attention(out, q, s, DT_BF16, pos0, i0, i1, h0, h1);
+	else
+		mla_attention(out, q, s, DT_F32, pos0, i0, i1, h0, h1);
+}
+
+float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const float *w,
+			 int n_heads, int head_dim, float qk_scale, float w_scale)
 {
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
-		float d = dot(q + (size_t)h * head_dim, k, head_dim) * qk_scale;
+		float d = (kv == DT_BF16 ? kv_dot(q + (size_t)h * head_dim, k, DT_BF16, 0, head_dim)
+					 : kv_dot(q + (size_t)h * head_dim, k, DT_F32, 0, head_dim)) *
+			  qk_scale;
 		total += w[h] * w_scale * (d > 0.0f ? d : 0.0f);
 	}
 	return total;

@@ -247,13 +247,13 @@ void cpu_ref_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_t
 
 static float mla_score(const float *qh, const struct cpu_mla *s, int h, int t, float scale)
 {
-	const float *ka = s->k_a + (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
-	const float *kb = s->k_b + (size_t)t * s->kb_stride;
+	size_t ka = (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
+	size_t kb = (size_t)t * s->kb_stride;
 	float acc = 0.0f;
 	for (int d = 0; d < s->d_a; d++)
-		acc += qh[d] * ka[d];
+		acc += qh[d] * cpu_kv_at(s->k_a, s->kv, ka + (size_t)d);
 	for (int d = 0; d < s->d_b; d++)
-		acc += qh[s->d_a + d] * kb[d];
+		acc += qh[s->d_a + d] * cpu_kv_at(s->k_b, s->kv, kb + (size_t)d);
 	return acc * scale;
 }
 
@@ -279,10 +279,10 @@ void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, 
 			for (int j = 0; j < nk; j++) {
 				int t = keys ? keys[j] : j;
 				float p = expf(mla_score(qh, s, h, t, s->scale) - max);
-				const float *vt = s->v + (size_t)t * s->v_stride + (size_t)h * s->v_head;
+				size_t vt = (size_t)t * s->v_stride + (size_t)h * s->v_head;
 				sum += p;
 				for (int d = 0; d < s->d_v; d++)
-					oh[d] += p * vt[d];
+					oh[d] += p * cpu_kv_at(s->v, s->kv, vt + (size_t)d);
 			}
 			for (int d = 0; d < s->d_v; d++)
 				oh[d] /= sum;
@@ -313,15 +313,15 @@ static int by_int(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-float cpu_ref_dsa_score(const float *q, const float *k, const float *w, int n_heads,
-			int head_dim, float qk_scale, float w_scale)
+float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const float *w,
+			int n_heads, int head_dim, float qk_scale, float w_scale)
 {
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
 		const float *qh = q + (size_t)h * head_dim;
 		float dot = 0.0f;
 		for (int d = 0; d < head_dim; d++)
-			dot += qh[d] * k[d];
+			dot += qh[d] * cpu_kv_at(k, kv, (size_t)d);
 		dot *= qk_scale;
 		total += w[h] * w_scale * (dot > 0.0f ? dot : 0.0f);
 	}
@@ -346,18 +346,18 @@ void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, v
 	*nsel = topk;
 }
 
-void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w,
-		      int n, int pos0, int n_heads, int head_dim, int topk, float qk_scale,
-		      float w_scale, float *scores, void *work)
+void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
+		      const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		      float qk_scale, float w_scale, float *scores, void *work)
 {
 	for (int i = 0; i < n; i++) {
 		int len = pos0 + i + 1;
 		if (len > topk)
 			for (int t = 0; t < len; t++)
-				scores[t] = cpu_ref_dsa_score(q + (size_t)i * n_heads * head_dim,
-							      k + (size_t)t * head_dim,
-							      w + (size_t)i * n_heads, n_heads,
-							      head_dim, qk_scale, w_scale);
+				scores[t] = cpu_ref_dsa_score(
+					q + (size_t)i * n_heads * head_dim,
+					cpu_kv_ptr(k, kv, (size_t)t * head_dim), kv,
+					w + (size_t)i * n_heads, n_heads, head_dim, qk_scale, w_scale);
 		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
 	}
 }

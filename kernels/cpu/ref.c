@@ -6,6 +6,7 @@
  * PyTorch's f32 path do, except where noted.
  */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -87,18 +88,33 @@ void cpu_ref_softmax(float *x, int n)
 		x[i] /= sum;
 }
 
-static float dot(const float *a, const float *b, int n)
+/* Two passes over the cache, so that no score buffer is needed: the first finds the largest
+ * score, the second sums exp(score - max) and the weighted values into the output row. */
+/* q . the cache's row at element offset at */
+static float dot_kv(const float *q, const void *c, enum dt_type t, size_t at, int n)
 {
 	float acc = 0.0f;
 	for (int i = 0; i < n; i++)
-		acc += a[i] * b[i];
+		acc += q[i] * cpu_kv_at(c, t, at + (size_t)i);
 	return acc;
 }
 
-/* Two passes over the cache, so that no score buffer is needed: the first finds the largest
- * score, the second sums exp(score - max) and the weighted values into the output row. */
-void cpu_ref_attention(float *out, const float *q, const float *k, const float *v, int n,
-		       int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n)
+{
+	if (dt == st) {
+		memcpy(dst, src, n * dt_size(dt));
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (dt == DT_BF16)
+			((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]);
+		else
+			((float *)dst)[i] = cpu_kv_at(src, st, i);
+}
+
+void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
+		       enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+		       int kv_stride, float scale)
 {
 	int group = n_heads / n_kv;
 	for (int i = 0; i < n; i++) {
@@ -110,7 +126,8 @@ void cpu_ref_attention(float *out, const float *q, const float *k, const float *
 
 			float max = -INFINITY;
 			for (int t = 0; t < len; t++) {
-				float s = dot(qh, k + (size_t)t * kv_stride + koff, head_dim) * scale;
+				float s = dot_kv(qh, k, kv, (size_t)t * kv_stride + koff, head_dim) *
+					  scale;
 				if (s > max)
 					max = s;
 			}
@@ -118,12 +135,13 @@ void cpu_ref_attention(float *out, const float *q, const float *k, const float *
 				oh[d] = 0.0f;
 			float sum = 0.0f;
 			for (int t = 0; t < len; t++) {
-				float s = dot(qh, k + (size_t)t * kv_stride + koff, head_dim) * scale;
+				float s = dot_kv(qh, k, kv, (size_t)t * kv_stride + koff, head_dim) *
+					  scale;
 				float p = expf(s - max);
-				const float *vt = v + (size_t)t * kv_stride + koff;
+				size_t vt = (size_t)t * kv_stride + koff;
 				sum += p;
 				for (int d = 0; d < head_dim; d++)
-					oh[d] += p * vt[d];
+					oh[d] += p * cpu_kv_at(v, kv, vt + (size_t)d);
 			}
 			for (int d = 0; d < head_dim; d++)
 				oh[d] /= sum;

@@ -167,17 +167,18 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	switch (op) {
 	case BE_OP_MATMUL:
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
+	case BE_OP_ATTENTION:
+	case BE_OP_MLA_ATTENTION:
+	case BE_OP_DSA_TOPK:
+		return wt == DT_F32; /* the KV cache's type */
 	case BE_OP_RMSNORM:
 	case BE_OP_ROPE:
-	case BE_OP_ATTENTION:
 	case BE_OP_SILU_MUL:
 	case BE_OP_ADD:
 	case BE_OP_LAYERNORM:
 	case BE_OP_MOE_ROUTE:
 	case BE_OP_GATHER_ROWS:
 	case BE_OP_SCATTER_ADD_ROWS:
-	case BE_OP_MLA_ATTENTION:
-	case BE_OP_DSA_TOPK:
 		return true;
 	case BE_OP_MLA_ABSORB:
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
@@ -340,15 +341,24 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 				   sizeof err), err);
 }
 
-static void attention(void *ctx, float *out, const float *q, const float *k, const float *v,
-		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-		      float scale)
+/* WK_OK for an f32 KV cache; the kernels read no other yet. */
+static int kv_f32(enum dt_type kv, char *err, size_t errsz)
+{
+	if (kv == DT_F32)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EUNSUPPORTED, "a %s KV cache is not supported", dt_name(kv));
+}
+
+static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
+		      enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+		      int kv_stride, float scale)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
-	if (c->rc == WK_OK)
-		ok(c, wk_cuda_attention(out, q, k, v, n, pos0, n_heads, n_kv, head_dim, kv_stride,
-					scale, err, sizeof err), err);
+	if (c->rc == WK_OK && ok(c, kv_f32(kv, err, sizeof err), err))
+		ok(c, wk_cuda_attention(out, q, (const float *)k, (const float *)v, n, pos0, n_heads,
+					n_kv, head_dim, kv_stride, scale, err, sizeof err),
+		   err);
 }
 
 static void silu_mul(void *ctx, float *g, const float *u, size_t n)
@@ -561,6 +571,7 @@ static struct cpu_mla to_cpu_mla(const struct be_mla *s)
 	m.d_a = s->d_a;
 	m.d_b = s->d_b;
 	m.d_v = s->d_v;
+	m.kv = s->kv;
 	m.k_a = s->k_a;
 	m.k_b = s->k_b;
 	m.v = s->v;
@@ -580,7 +591,9 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 			  int pos0)
 {
 	struct cpu_mla m = to_cpu_mla(s);
-	RUN(wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err, sizeof err));
+	RUN(s->kv != DT_F32 ? kv_f32(s->kv, err, sizeof err)
+			    : wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err,
+						    sizeof err));
 }
 
 static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
@@ -588,8 +601,10 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 			 int d_nope, int d_v)
 {
 	struct cpu_mla m = to_cpu_mla(s);
-	RUN(wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype, kv_b->scale, kv_b->cols,
-				 &m, n, pos0, d_nope, d_v, err, sizeof err));
+	RUN(s->kv != DT_F32 ? kv_f32(s->kv, err, sizeof err)
+			    : wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype,
+						   kv_b->scale, kv_b->cols, &m, n, pos0, d_nope,
+						   d_v, err, sizeof err));
 }
 
 /* dsa_topk scores a group of queries at once in the backend's own scratch: up to DSA_GROUPS
@@ -610,14 +625,14 @@ static unsigned *counters(struct cuda_ctx *c)
 	return c->dsa_count;
 }
 
-static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
-		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-		     float qk_scale, float w_scale, float *scores, void *work)
+static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
+		     enum dt_type kv, const float *w, int n, int pos0, int n_heads, int head_dim,
+		     int topk, float qk_scale, float w_scale, float *scores, void *work)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	(void)work;
-	if (c->rc != WK_OK || n <= 0)
+	if (c->rc != WK_OK || n <= 0 || !ok(c, kv_f32(kv, err, sizeof err), err))
 		return;
 	if (!counters(c))
 		return;
@@ -634,7 +649,7 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float
 			cudaGetLastError(); /* out of memory: the engine's scratch below */
 	}
 	bool own = c->dsa_cap >= row;
-	ok(c, wk_cuda_dsa_topk(sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+	ok(c, wk_cuda_dsa_topk(sel, nsel, q, (const float *)k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
 			       w_scale, own ? c->dsa_scores : scores, own ? c->dsa_cap : row,
 			       c->dsa_count, DSA_GROUPS, err, sizeof err),
 	   err);
@@ -1059,6 +1074,8 @@ static void chain_run(void *ctx, const struct be_link *l, int count)
 			q->w = k->w_norm;
 			q->dim = k->dim;
 			q->eps = k->eps;
+		} else if (k->kind == BE_LINK_CAST) {
+			apart = true; /* not a link of the chained launch (yet) */
 		} else {
 			q->kind = WK_LINK_NORM;
 			q->norm_count = k->n_norm;

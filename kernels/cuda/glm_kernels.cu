@@ -361,7 +361,7 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 	const int *keys = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
 	int nk = s.sel ? s.nsel[i] : pos0 + i + 1;
 	const float *qh = q + ((size_t)i * s.n_heads + h) * dq;
-	const float *vh = s.v + (size_t)h * s.v_head;
+	const float *vh = (const float *)s.v + (size_t)h * s.v_head;
 	for (int d = threadIdx.x; d < dq; d += blockDim.x)
 		qs[d] = qh[d];
 	for (int d = threadIdx.x; d < s.d_v; d += blockDim.x)
@@ -374,8 +374,8 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 		__syncthreads(); /* tk (and, the first time, qs) written */
 		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
 			size_t t = (size_t)tk[j];
-			const float *ka = s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
-			const float *kb = s.k_b + t * s.kb_stride;
+			const float *ka = (const float *)s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
+			const float *kb = (const float *)s.k_b + t * s.kb_stride;
 			float dot = 0.0f;
 			for (int d = lane; d < s.d_a; d += 32)
 				dot += qs[d] * ka[d];

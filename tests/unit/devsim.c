@@ -284,15 +284,25 @@ static void ds_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int
 	WRAP(rope(CPU, x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved));
 }
 
-static void ds_attention(void *ctx, float *out, const float *q, const float *k, const float *v,
-			 int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-			 float scale)
+static void ds_attention(void *ctx, float *out, const float *q, const void *k, const void *v,
+			 enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
+			 int kv_stride, float scale)
 {
 	dev(ctx, out, "attention out");
 	dev(ctx, q, "attention q");
 	dev(ctx, k, "attention k");
 	dev(ctx, v, "attention v");
-	WRAP(attention(CPU, out, q, k, v, n, pos0, n_heads, n_kv, head_dim, kv_stride, scale));
+	WRAP(attention(CPU, out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim, kv_stride,
+		       scale));
+}
+
+static void ds_cast_n(void *ctx, const struct be_cast *c, int count)
+{
+	for (int k = 0; k < count; k++) {
+		dev(ctx, c[k].dst, "cast dst");
+		dev(ctx, c[k].src, "cast src");
+	}
+	WRAP(cast_n(CPU, c, count));
 }
 
 static void ds_silu_mul(void *ctx, float *g, const float *u, size_t n)
@@ -396,9 +406,9 @@ static void ds_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const fl
 	WRAP(mla_absorbed(CPU, o, qa, lat, q, kv_b, s, n, pos0, d_nope, d_v));
 }
 
-static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *k,
-			const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-			float qk_scale, float w_scale, float *scores, void *work)
+static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
+			enum dt_type kv, const float *w, int n, int pos0, int n_heads, int head_dim,
+			int topk, float qk_scale, float w_scale, float *scores, void *work)
 {
 	dev(ctx, sel, "dsa sel");
 	dev(ctx, nsel, "dsa nsel");
@@ -407,7 +417,7 @@ static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const fl
 	dev(ctx, w, "dsa w");
 	dev(ctx, scores, "dsa scores");
 	dev(ctx, work, "dsa work");
-	WRAP(dsa_topk(CPU, sel, nsel, q, k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+	WRAP(dsa_topk(CPU, sel, nsel, q, k, kv, w, n, pos0, n_heads, head_dim, topk, qk_scale,
 		      w_scale, scores, work));
 }
 
@@ -686,6 +696,7 @@ static int ds_sync(void *ctx, char *err, size_t errsz)
 	.attention = ds_attention, \
 	.silu_mul = ds_silu_mul, \
 	.add = ds_add, \
+	.cast_n = ds_cast_n, \
 	.layernorm = ds_layernorm, \
 	.moe_route = ds_moe_route, \
 	.gather_rows = ds_gather_rows, \

@@ -740,7 +740,7 @@ Test(cuda_kernels, attention_matches_ref)
 		float *q = rnd_vec(nq), *k = rnd_vec(nk), *v = rnd_vec(nk);
 		float *want = malloc(nq * 4), *got = malloc(nq * 4);
 		float scale = 1.0f / sqrtf((float)hd);
-		cpu_ref_attention(want, q, k, v, n, pos0, heads, kvh, hd, stride, scale);
+		cpu_ref_attention(want, q, k, v, DT_F32, n, pos0, heads, kvh, hd, stride, scale);
 		float *dq = to_dev(q, nq * 4), *dk = to_dev(k, nk * 4), *dv = to_dev(v, nk * 4), *dout;
 		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
 		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, n, pos0, heads, kvh, hd, stride, scale,
@@ -1233,8 +1233,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			float mx = 0;
 			for (int t = 0; t < len; t++) {
 				sc[t] = cpu_ref_dsa_score(q + (size_t)i * IH * ID,
-							  k + (size_t)t * ID, w + (size_t)i * IH,
-							  IH, ID, qk, ws);
+							  k + (size_t)t * ID, DT_F32,
+							  w + (size_t)i * IH, IH, ID, qk, ws);
 				mx = fmaxf(mx, fabsf(sc[t]));
 			}
 			qsort(sc, (size_t)len, 4, cmp_desc);
@@ -1252,7 +1252,7 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		char *work = malloc((size_t)T * 8);
 		float *dq = to_dev(q, (size_t)n * IH * ID * 4), *dk = to_dev(k, (size_t)T * ID * 4);
 		float *dw = to_dev(w, (size_t)n * IH * 4);
-		cpu_ref_dsa_topk(want, wn, q, k, w, n, pos0, IH, ID, topk, qk, ws, want_sc, work);
+		cpu_ref_dsa_topk(want, wn, q, k, DT_F32, w, n, pos0, IH, ID, topk, qk, ws, want_sc, work);
 		/* one query a launch (scratch for one row), then groups: 4 rows of scratch and
 		 * groups of 3 (the groups' counters reused), and every query in one launch */
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */

@@ -731,7 +731,8 @@ Test(glm, dsa_full_topk_is_dense)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	int sel[NQ * T], nsel[NQ];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ik, iw, NQ, P0, IH, ID, T, 0.3f, 0.7f, scores, work);
+	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, iw, NQ, P0, IH, ID, T, 0.3f, 0.7f, scores,
+			 work);
 	for (int i = 0; i < NQ; i++) {
 		cr_assert_eq(nsel[i], P0 + i + 1);
 		for (int j = 0; j < nsel[i]; j++)
@@ -759,6 +760,15 @@ Test(glm, dsa_full_topk_is_dense)
 	be_cpu.mla_attention(ctx, o1, q, &bs, NQ, P0); /* AVX2 when the CPU has it */
 	cr_expect_leq(rel(o1, o2, NQ * H * DV), 1e-5);
 	be_cpu.shutdown(ctx);
+}
+
+/* Element i of a KV cache of type t (f32 or bf16) set to v. */
+static void put_kv(void *c, enum dt_type t, size_t i, float v)
+{
+	if (t == DT_BF16)
+		((uint16_t *)c)[i] = dt_f32_to_bf16(v);
+	else
+		((float *)c)[i] = v;
 }
 
 /* A small index_topk: the keys (c_kv) and values of positions the indexer did not select can
@@ -796,9 +806,10 @@ Test(glm, dsa_unselected_keys_do_not_matter)
 			}
 			dropped++;
 			for (int c = 0; c < g.lora; c++)
-				g.ckv[(size_t)t * g.lora + c] = 1e3f * (float)(c + t) - 7.0f;
+				put_kv(g.ckv, g.kv, (size_t)t * g.lora + c,
+				       1e3f * (float)(c + t) - 7.0f);
 			for (int c = 0; c < g.rope; c++)
-				g.kpe[(size_t)t * g.rope + c] = -5e2f * (float)(c + 1);
+				put_kv(g.kpe, g.kv, (size_t)t * g.rope + c, -5e2f * (float)(c + 1));
 		}
 		cr_assert_geq(dropped, n - 1 - 3);
 		cr_assert_eq(eng_forward(e, ids + last, 1, last, again, false, err, sizeof err), WK_OK);
@@ -807,7 +818,7 @@ Test(glm, dsa_unselected_keys_do_not_matter)
 		/* Sanity: the same garbage in a selected row (not the query's own) matters. */
 		cr_assert_geq(kept, 0, "the selection holds only the query itself");
 		for (int c = 0; c < g.lora; c++)
-			g.ckv[(size_t)kept * g.lora + c] = 3.0f * (float)(c % 5) - 6.0f;
+			put_kv(g.ckv, g.kv, (size_t)kept * g.lora + c, 3.0f * (float)(c % 5) - 6.0f);
 		cr_assert_eq(eng_forward(e, ids + last, 1, last, again, false, err, sizeof err), WK_OK);
 		cr_expect_gt(rel(again, base, G5_VOCAB), 1e-3, "%s: a selected row did not matter",
 			     modes[k]);
@@ -891,16 +902,17 @@ Test(glm, attention_avx2_matches_ref)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	for (int i = 0; i < NQ; i++)
 		for (int t = 0; t < T; t++) {
-			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, iw + i * IH, IH, ID,
-						    0.2f, 0.6f);
-			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, iw + i * IH, IH,
-						     ID, 0.2f, 0.6f);
+			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32, iw + i * IH,
+						    IH, ID, 0.2f, 0.6f);
+			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, DT_F32,
+						     iw + i * IH, IH, ID, 0.2f, 0.6f);
 			cr_expect_leq(fabsf(a - b), 1e-5f * (1.0f + fabsf(a)), "score %d %d", i, t);
 		}
 	int sel[NQ * TOPK], nsel[NQ];
 	float scores[T];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ik, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f, scores, work);
+	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f, scores,
+			 work);
 	/* expanded layout: per-head keys; absorbed: one key and value for all heads */
 	struct cpu_mla lay[2] = {
 		{.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DV, .k_a = ka, .k_b = kb, .v = v,

@@ -149,10 +149,10 @@ Test(kernels, ref_attention_known)
 	/* One token at position 0 sees only itself: out = v[0]. Two equal keys average. */
 	float q[4] = {1, 2, 3, 4}, k[8] = {1, 1, 1, 1, 1, 1, 1, 1}, v[8] = {1, 2, 3, 4, 3, 4, 5, 6};
 	float out[4];
-	cpu_ref_attention(out, q, k, v, 1, 0, 1, 1, 4, 4, 0.5f);
+	cpu_ref_attention(out, q, k, v, DT_F32, 1, 0, 1, 1, 4, 4, 0.5f);
 	for (int d = 0; d < 4; d++)
 		cr_assert_float_eq(out[d], v[d], 1e-6);
-	cpu_ref_attention(out, q, k, v, 1, 1, 1, 1, 4, 4, 0.5f);
+	cpu_ref_attention(out, q, k, v, DT_F32, 1, 1, 1, 1, 4, 4, 0.5f);
 	for (int d = 0; d < 4; d++)
 		cr_assert_float_eq(out[d], (v[d] + v[4 + d]) / 2, 1e-6);
 }
@@ -315,14 +315,36 @@ static void check_attention(struct cpu_pool *p)
 		float *want = malloc(nq * sizeof *want), *got = malloc(nq * sizeof *got);
 		cr_assert(want && got);
 		float scale = 1.0f / sqrtf((float)a.head_dim);
-		cpu_ref_attention(want, q, k, v, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+		cpu_ref_attention(want, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
 				  kv_stride, scale);
-		cpu_attention(p, got, q, k, v, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim, kv_stride,
-			      scale);
+		cpu_attention(p, got, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+			      kv_stride, scale);
 		for (size_t i = 0; i < nq; i++)
 			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
 				  "shape %zu threads %d: out[%zu] = %g, want %g", s, cpu_pool_size(p),
 				  i, got[i], want[i]);
+		/* a bf16 cache: the reference reads it as the f32 cache of its values would be
+		 * read (bit for bit), and the fast kernel agrees with that */
+		size_t nk = (size_t)len * kv_stride;
+		uint16_t *k16 = malloc(nk * 2), *v16 = malloc(nk * 2);
+		cr_assert(k16 && v16);
+		cpu_ref_cast(k16, DT_BF16, k, DT_F32, nk);
+		cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk);
+		cpu_ref_cast(k, DT_F32, k16, DT_BF16, nk);
+		cpu_ref_cast(v, DT_F32, v16, DT_BF16, nk);
+		cpu_ref_attention(want, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+				  kv_stride, scale);
+		cpu_ref_attention(got, q, k16, v16, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
+				  a.head_dim, kv_stride, scale);
+		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: bf16 reference", s);
+		cpu_attention(p, got, q, k16, v16, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
+			      a.head_dim, kv_stride, scale);
+		for (size_t i = 0; i < nq; i++)
+			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
+				  "shape %zu threads %d: bf16 out[%zu] = %g, want %g", s,
+				  cpu_pool_size(p), i, got[i], want[i]);
+		free(k16);
+		free(v16);
 		free(q);
 		free(k);
 		free(v);

@@ -350,9 +350,9 @@ Test(plan, config_fields)
 	json_decref(cfg);
 }
 
-/* The plan's KV cache per token, at f32, is what the engine allocates (eng_seq_cache_bytes,
- * which every family's load holds its allocation to): on the real GLM-5 and GLM-4.5 configs
- * and stories260K, at every tp that divides them. */
+/* The plan's KV cache per token, f32 and bf16, is what the engine allocates
+ * (eng_seq_cache_bytes, which every family's load holds its allocation to): on the real GLM-5
+ * and GLM-4.5 configs and stories260K, at every tp that divides them. */
 Test(plan, kv_cache_is_the_engines)
 {
 	static const char *const files[] = {"tests/fuzz/corpus/config/glm5.json",
@@ -367,20 +367,24 @@ Test(plan, kv_cache_is_the_engines)
 		cr_assert_eq(plan_model_read(cfg, &m, err, sizeof err), WK_OK, "%s", err);
 		const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
 		int checked = 0;
-		for (int tp = 1; tp <= 8; tp *= 2) {
+		for (int i = 0; i < 8; i++) {
+			int tp = 1 << (i / 2);
+			bool bf16 = i % 2;
 			uint64_t bytes;
 			int ms; /* 4096, or the model's max_position_embeddings below it */
-			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, &ms, &bytes, err, sizeof err),
+			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, bf16 ? DT_BF16 : DT_F32, &ms,
+							 &bytes, err, sizeof err),
 				     WK_OK, "%s: %s", files[f], err);
 			struct plan_opts o = opts(tp, 1);
-			o.kv = PLAN_F32;
+			o.kv = bf16 ? PLAN_BF16 : PLAN_F32;
 			o.gpu_mem = 1000 * GB;
 			o.context = ms;
 			struct plan_result r;
 			if (plan_compute(&m, &o, &r, err, sizeof err) != WK_OK)
 				continue; /* a tp this model cannot split over */
-			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d: the engine allocates %llu "
-				     "bytes a sequence, the plan counts %llu", files[f], tp,
+			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d %s: the engine allocates "
+				     "%llu bytes a sequence, the plan counts %llu", files[f], tp,
+				     bf16 ? "bf16" : "f32",
 				     (unsigned long long)bytes, (unsigned long long)(r.kv_gpu * ms));
 			checked++;
 		}
