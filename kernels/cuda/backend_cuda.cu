@@ -170,7 +170,7 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	case BE_OP_ATTENTION:
 	case BE_OP_MLA_ATTENTION:
 	case BE_OP_DSA_TOPK:
-		return wt == DT_F32; /* the KV cache's type */
+		return wt == DT_F32 || wt == DT_BF16; /* the KV cache's type */
 	case BE_OP_RMSNORM:
 	case BE_OP_ROPE:
 	case BE_OP_SILU_MUL:
@@ -179,6 +179,7 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	case BE_OP_MOE_ROUTE:
 	case BE_OP_GATHER_ROWS:
 	case BE_OP_SCATTER_ADD_ROWS:
+	case BE_OP_CAST:
 		return true;
 	case BE_OP_MLA_ABSORB:
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
@@ -341,24 +342,30 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 				   sizeof err), err);
 }
 
-/* WK_OK for an f32 KV cache; the kernels read no other yet. */
-static int kv_f32(enum dt_type kv, char *err, size_t errsz)
-{
-	if (kv == DT_F32)
-		return WK_OK;
-	return wk_errf(err, errsz, WK_EUNSUPPORTED, "a %s KV cache is not supported", dt_name(kv));
-}
-
 static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
 		      enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
 		      int kv_stride, float scale)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
-	if (c->rc == WK_OK && ok(c, kv_f32(kv, err, sizeof err), err))
-		ok(c, wk_cuda_attention(out, q, (const float *)k, (const float *)v, n, pos0, n_heads,
-					n_kv, head_dim, kv_stride, scale, err, sizeof err),
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_attention(out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim,
+					kv_stride, scale, err, sizeof err),
 		   err);
+}
+
+static_assert(WK_CAST_MAX == BE_CAST_MAX, "cast_n limits differ");
+static_assert(sizeof(struct wk_cast) == sizeof(struct be_cast) &&
+		      offsetof(struct wk_cast, n) == offsetof(struct be_cast, n) &&
+		      offsetof(struct wk_cast, st) == offsetof(struct be_cast, st),
+	      "struct be_cast must have struct wk_cast's layout");
+
+static void cast_n(void *ctx, const struct be_cast *r, int count)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc == WK_OK)
+		ok(c, wk_cuda_cast_n((const struct wk_cast *)r, count, err, sizeof err), err);
 }
 
 static void silu_mul(void *ctx, float *g, const float *u, size_t n)
@@ -591,9 +598,7 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 			  int pos0)
 {
 	struct cpu_mla m = to_cpu_mla(s);
-	RUN(s->kv != DT_F32 ? kv_f32(s->kv, err, sizeof err)
-			    : wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err,
-						    sizeof err));
+	RUN(wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err, sizeof err));
 }
 
 static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
@@ -601,10 +606,8 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 			 int d_nope, int d_v)
 {
 	struct cpu_mla m = to_cpu_mla(s);
-	RUN(s->kv != DT_F32 ? kv_f32(s->kv, err, sizeof err)
-			    : wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype,
-						   kv_b->scale, kv_b->cols, &m, n, pos0, d_nope,
-						   d_v, err, sizeof err));
+	RUN(wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype, kv_b->scale, kv_b->cols,
+				 &m, n, pos0, d_nope, d_v, err, sizeof err));
 }
 
 /* dsa_topk scores a group of queries at once in the backend's own scratch: up to DSA_GROUPS
@@ -632,7 +635,7 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void 
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	(void)work;
-	if (c->rc != WK_OK || n <= 0 || !ok(c, kv_f32(kv, err, sizeof err), err))
+	if (c->rc != WK_OK || n <= 0)
 		return;
 	if (!counters(c))
 		return;
@@ -649,7 +652,7 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void 
 			cudaGetLastError(); /* out of memory: the engine's scratch below */
 	}
 	bool own = c->dsa_cap >= row;
-	ok(c, wk_cuda_dsa_topk(sel, nsel, q, (const float *)k, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+	ok(c, wk_cuda_dsa_topk(sel, nsel, q, k, kv, w, n, pos0, n_heads, head_dim, topk, qk_scale,
 			       w_scale, own ? c->dsa_scores : scores, own ? c->dsa_cap : row,
 			       c->dsa_count, DSA_GROUPS, err, sizeof err),
 	   err);
@@ -1075,7 +1078,11 @@ static void chain_run(void *ctx, const struct be_link *l, int count)
 			q->dim = k->dim;
 			q->eps = k->eps;
 		} else if (k->kind == BE_LINK_CAST) {
-			apart = true; /* not a link of the chained launch (yet) */
+			q->kind = WK_LINK_CAST;
+			q->cast_count = k->n_cast;
+			memcpy(q->cast, k->cast,
+			       (size_t)(k->n_cast > 0 && k->n_cast <= WK_CAST_MAX ? k->n_cast : 0) *
+				       sizeof(struct wk_cast));
 		} else {
 			q->kind = WK_LINK_NORM;
 			q->norm_count = k->n_norm;
@@ -1143,6 +1150,7 @@ static struct backend make_backend(void)
 	b.attention = attention;
 	b.silu_mul = silu_mul;
 	b.add = add;
+	b.cast_n = cast_n;
 	b.layernorm = layernorm;
 	b.moe_route = moe_route;
 	b.gather_rows = gather_rows;

@@ -212,6 +212,14 @@ __device__ __forceinline__ uint32_t bf16_rn(float f)
 	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+/* Element i of a KV cache, f32 or bf16 (bits), as f32: exactly (cpu_kv_at). The kernels that
+ * read a cache (attention, mla_attend, the DSA indexer) are templates over the two. */
+__device__ __forceinline__ float kv_ld(const float *c, size_t i) { return c[i]; }
+__device__ __forceinline__ float kv_ld(const uint16_t *c, size_t i)
+{
+	return __uint_as_float((unsigned)c[i] << 16);
+}
+
 /* x as two bf16 (bits): hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in f32), so hi + lo
  * is x within 2^-16 |x|: the split of the FP8 x f32 GEMMs (act_split, the MoE GEMMs' SiLU
  * split) and of the tensor-core GEMV. */
@@ -329,6 +337,59 @@ static inline int norm_build(struct norm_set *s, const struct wk_norm *r, int co
 			return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: norm %d rotates %d of %d "
 				       "(an even count at most dim, with positions)", k,
 				       r[k].rope_dim, r[k].dim);
+	}
+	return WK_OK;
+}
+
+/* cast_n's elements (cpu_ref_cast): block g of the set converts elements [j * CAST_BLOCK,
+ * (j + 1) * CAST_BLOCK) of the cast k whose blocks hold g, j = g - start[k]. Plain loads,
+ * never the read-only path: in a chained launch the rows were just written by a link before. */
+#define CAST_BLOCK 2048
+struct cast_set {
+	int count;
+	int start[WK_CAST_MAX + 1]; /* first block of each cast; start[count]: all blocks */
+	struct wk_cast c[WK_CAST_MAX];
+};
+
+static __device__ void cast_block(const struct cast_set &s, int g)
+{
+	int k = 0;
+	while (g >= s.start[k + 1])
+		k++;
+	const struct wk_cast &c = s.c[k];
+	size_t i0 = (size_t)(g - s.start[k]) * CAST_BLOCK;
+	size_t i1 = c.n - i0 < CAST_BLOCK ? c.n : i0 + CAST_BLOCK;
+	for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+		if (c.dt == DT_BF16 && c.st == DT_F32)
+			((uint16_t *)c.dst)[i] = (uint16_t)bf16_rn(((const float *)c.src)[i]);
+		else if (c.dt == DT_F32 && c.st == DT_BF16)
+			((float *)c.dst)[i] = kv_ld((const uint16_t *)c.src, i);
+		else if (c.dt == DT_F32)
+			((float *)c.dst)[i] = ((const float *)c.src)[i];
+		else
+			((uint16_t *)c.dst)[i] = ((const uint16_t *)c.src)[i];
+	}
+}
+
+/* cast_n's set from c [count], checked: its blocks in s->start[count] (0: nothing to do). */
+static inline int cast_build(struct cast_set *s, const struct wk_cast *c, int count, char *err,
+			     size_t errsz)
+{
+	if (count < 1 || count > WK_CAST_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA cast_n: %d casts (1..%d)", count,
+			       WK_CAST_MAX);
+	memset(s, 0, sizeof *s);
+	s->count = count;
+	for (int k = 0; k < count; k++) {
+		bool ok = (c[k].dt == DT_F32 || c[k].dt == DT_BF16) &&
+			  (c[k].st == DT_F32 || c[k].st == DT_BF16);
+		size_t nb = (c[k].n + CAST_BLOCK - 1) / CAST_BLOCK;
+		if (!ok || nb > (size_t)(0x7fffffff - s->start[k]))
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA cast_n: cast %d, %zu elements "
+				       "of %s to %s (f32 or bf16)", k, c[k].n, dt_name(c[k].st),
+				       dt_name(c[k].dt));
+		s->c[k] = c[k];
+		s->start[k + 1] = s->start[k] + (int)nb;
 	}
 	return WK_OK;
 }

@@ -122,11 +122,24 @@ struct wk_rope {
 };
 int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
 		   size_t errsz);
-/* Causal GQA over the cache (cpu_ref_attention); pos0 + n <= WK_CUDA_ATTN_MAX */
-int wk_cuda_attention(float *out, const float *q, const float *k, const float *v, int n,
-		      int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale,
-		      char *err, size_t errsz);
+/* Causal GQA over the cache (cpu_ref_attention): k, v of element type kv (DT_F32 or DT_BF16,
+ * WK_EINVAL otherwise); pos0 + n <= WK_CUDA_ATTN_MAX */
+int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, enum dt_type kv,
+		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+		      float scale, char *err, size_t errsz);
 #define WK_CUDA_ATTN_MAX 8192
+/* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
+ * st) to dst (type dt), contiguous and not overlapping; f32 to bf16 rounded to nearest even
+ * (dt_f32_to_bf16, NaN kept NaN), bf16 to f32, or a copy when dt == st (DT_F32 or DT_BF16).
+ * count 1..WK_CAST_MAX; WK_EINVAL for another type or count. The layout is struct be_cast's. */
+#define WK_CAST_MAX 8
+struct wk_cast {
+	void *dst;
+	const void *src;
+	size_t n;
+	enum dt_type dt, st;
+};
+int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz);
 int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz);
 int wk_cuda_add(float *y, const float *x, size_t n, char *err, size_t errsz); /* y += x */
 /* y [n][cols] = x quantized to FP8 per token per 128 channels and back (cpu_ref_act_quant,
@@ -181,7 +194,8 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 			   const float *scale, int lora, int n, int n_heads, int d_nope, int d_v,
 			   int h0, int h1, char *err, size_t errsz);
 /* cpu_ref_mla_attention, online softmax: any number of keys; the pointers in *s are device
- * memory (s itself is not). WK_EINVAL when d_a + d_b + d_v > 12160 (shared memory). */
+ * memory (s itself is not), the cache's elements of type s->kv (DT_F32 or DT_BF16). WK_EINVAL
+ * when d_a + d_b + d_v > 12160 (shared memory) or for another s->kv. */
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 			  int i0, int i1, int h0, int h1, char *err, size_t errsz);
 /* wk_cuda_mla_absorb_q, wk_cuda_mla_attention and wk_cuda_mla_absorb_out over all n tokens
@@ -193,17 +207,18 @@ int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, i
 int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
 			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz);
-/* cpu_ref_dsa_topk: sel/nsel equal the reference's for equal scores (exact top-k, ties to
+/* cpu_ref_dsa_topk: k, the indexer key cache, of element type kv (DT_F32 or DT_BF16, WK_EINVAL
+ * otherwise); sel/nsel equal the reference's for equal scores (exact top-k, ties to
  * the lower position); the scores themselves are summed in another order. Queries with more
  * than topk keys run in groups of up to max_group (<= 65535) whose score rows, pos0 + n
  * floats each, fit in scores (score_floats >= pos0 + n): one launch a group, scoring and then
  * selecting (the last block of each query selects), so a decode step's query is one launch
  * and a prefill's are a few, not two per query. count: max_group unsigned ints of device
  * memory, zero before and left zero. */
-int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
-		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
-		     float *scores, size_t score_floats, unsigned *count, int max_group, char *err,
-		     size_t errsz);
+int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
+		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		     float qk_scale, float w_scale, float *scores, size_t score_floats,
+		     unsigned *count, int max_group, char *err, size_t errsz);
 
 /* ---- grouped MoE experts (moe_kernels.cu) ---- */
 
@@ -259,19 +274,21 @@ int wk_cuda_moe_route_experts(float *y, const float *x, const float *logits, con
 
 
 /* Chained launches: ops that follow one another, as one launch. Each link runs exactly as its
- * own call would (wk_cuda_matmul_n, wk_cuda_add_rmsnorm, wk_cuda_norm_n), bit for bit, and
- * entirely after the links before it: each block takes a ticket from a counter as it starts,
- * the tickets are dealt to the links in order, and a link's blocks wait until every block of
- * the link before it has finished. A block waits only for blocks that took smaller tickets,
- * so have started and hold their SMs: no co-residency is assumed (no cooperative launch)
- * and nothing can wait on a block that has not started. Reads of what earlier links wrote
- * are plain loads after an acquire (never the read-only path). The matmul links' n must
- * give one token pass (1, 2, 3-4, 5+). sync: WK_CHAIN_SYNC zeroed counters of device memory,
- * which each launch leaves zero; one chain at a time on them. At most WK_CHAIN_MAX links,
- * a MoE op counting WK_CHAIN_MOE_LINKS (moe_kernels.cu, where every op's device code is). */
+ * own call would (wk_cuda_matmul_n, wk_cuda_add_rmsnorm, wk_cuda_norm_n, wk_cuda_cast_n), bit
+ * for bit, and entirely after the links before it: each block takes a ticket from a counter
+ * as it starts, the tickets are dealt to the links in order, and a link's blocks wait until
+ * every block of the link before it has finished. A block waits only for blocks that took
+ * smaller tickets, so have started and hold their SMs: no co-residency is assumed (no
+ * cooperative launch) and nothing can wait on a block that has not started. Reads of what
+ * earlier links wrote are plain loads after an acquire (never the read-only path). The matmul
+ * links' n must give one token pass (1, 2, 3-4, 5+). sync: WK_CHAIN_SYNC zeroed counters of
+ * device memory, which each launch leaves zero; one chain at a time on them. At most
+ * WK_CHAIN_MAX links, a MoE op counting WK_CHAIN_MOE_LINKS (moe_kernels.cu, where every op's
+ * device code is). */
 #define WK_CHAIN_MAX 6
 #define WK_CHAIN_SYNC (WK_CHAIN_MAX + 2)
-enum wk_link_kind { WK_LINK_MATMUL, WK_LINK_ADD_RMSNORM, WK_LINK_NORM, WK_LINK_MOE };
+enum wk_link_kind { WK_LINK_MATMUL, WK_LINK_ADD_RMSNORM, WK_LINK_NORM, WK_LINK_MOE,
+		    WK_LINK_CAST };
 struct wk_link {
 	enum wk_link_kind kind;
 	int n; /* tokens: the rows of x (matmul, add_rmsnorm) */
@@ -300,6 +317,9 @@ struct wk_link {
 	struct wk_moe moe;
 	void *scratch;
 	unsigned *count;
+	/* WK_LINK_CAST: wk_cuda_cast_n(cast, cast_count) (a bf16 KV cache's writes) */
+	struct wk_cast cast[WK_CAST_MAX];
+	int cast_count;
 };
 int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync, char *err, size_t errsz);
 /* Whether a MoE op of n tokens over m can be a chain's link (the grouped GEMMs and the split

@@ -102,12 +102,18 @@ int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int
 	return none(err, errsz);
 }
 
-int wk_cuda_attention(float *out, const float *q, const float *k, const float *v, int n,
-		      int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale,
-		      char *err, size_t errsz)
+int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, enum dt_type kv,
+		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
+		      float scale, char *err, size_t errsz)
 {
-	(void)out, (void)q, (void)k, (void)v, (void)n, (void)pos0, (void)n_heads, (void)n_kv,
-		(void)head_dim, (void)kv_stride, (void)scale;
+	(void)out, (void)q, (void)k, (void)v, (void)kv, (void)n, (void)pos0, (void)n_heads,
+		(void)n_kv, (void)head_dim, (void)kv_stride, (void)scale;
+	return none(err, errsz);
+}
+
+int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz)
+{
+	(void)c, (void)count;
 	return none(err, errsz);
 }
 
@@ -245,14 +251,14 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
 	return none(err, errsz);
 }
 
-int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w, int n,
-		     int pos0, int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
-		     float *scores, size_t score_floats, unsigned *count, int max_group, char *err,
-		     size_t errsz)
+int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
+		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		     float qk_scale, float w_scale, float *scores, size_t score_floats,
+		     unsigned *count, int max_group, char *err, size_t errsz)
 {
-	(void)sel, (void)nsel, (void)q, (void)k, (void)w, (void)n, (void)pos0, (void)n_heads,
-		(void)head_dim, (void)topk, (void)qk_scale, (void)w_scale, (void)scores,
-		(void)score_floats, (void)count, (void)max_group;
+	(void)sel, (void)nsel, (void)q, (void)k, (void)kv, (void)w, (void)n, (void)pos0,
+		(void)n_heads, (void)head_dim, (void)topk, (void)qk_scale, (void)w_scale,
+		(void)scores, (void)score_floats, (void)count, (void)max_group;
 	return none(err, errsz);
 }
 

@@ -350,7 +350,9 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
  * Shared memory (all dynamic): q [d_a + d_b], acc [d_v], p [MLA_TILE], the tile's key
  * positions tk [MLA_TILE].
  * mla_attend is query i, head h of it, run by the whole block (every thread calls it; sm:
- * that shared memory); k_mla_attention and k_mla_absorbed both run it. */
+ * that shared memory); k_mla_attention and k_mla_absorbed both run it. KV: the cache's
+ * elements (s.k_a, s.k_b, s.v), float or bf16 bits (kv_ld). */
+template <typename KV>
 __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q,
 					   const struct cpu_mla &s, int pos0, int i, int h)
 {
@@ -361,7 +363,7 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 	const int *keys = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
 	int nk = s.sel ? s.nsel[i] : pos0 + i + 1;
 	const float *qh = q + ((size_t)i * s.n_heads + h) * dq;
-	const float *vh = (const float *)s.v + (size_t)h * s.v_head;
+	const KV *vh = (const KV *)s.v + (size_t)h * s.v_head;
 	for (int d = threadIdx.x; d < dq; d += blockDim.x)
 		qs[d] = qh[d];
 	for (int d = threadIdx.x; d < s.d_v; d += blockDim.x)
@@ -374,13 +376,13 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 		__syncthreads(); /* tk (and, the first time, qs) written */
 		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
 			size_t t = (size_t)tk[j];
-			const float *ka = (const float *)s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
-			const float *kb = (const float *)s.k_b + t * s.kb_stride;
+			const KV *ka = (const KV *)s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
+			const KV *kb = (const KV *)s.k_b + t * s.kb_stride;
 			float dot = 0.0f;
 			for (int d = lane; d < s.d_a; d += 32)
-				dot += qs[d] * ka[d];
+				dot += qs[d] * kv_ld(ka, d);
 			for (int d = lane; d < s.d_b; d += 32)
-				dot += qs[s.d_a + d] * kb[d];
+				dot += qs[s.d_a + d] * kv_ld(kb, d);
 			dot = warp_sum(dot);
 			if (lane == 0)
 				p[j] = dot * s.scale;
@@ -404,7 +406,7 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 		for (int d = threadIdx.x; d < s.d_v; d += blockDim.x) {
 			float a = acc[d] * corr;
 			for (int j = 0; j < cnt; j++)
-				a += p[j] * vh[(size_t)tk[j] * s.v_stride + d];
+				a += p[j] * kv_ld(vh, (size_t)tk[j] * s.v_stride + d);
 			acc[d] = a; /* only this thread touches acc[d] */
 		}
 		m = mn;
@@ -416,18 +418,23 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 		oh[d] = acc[d] / l;
 }
 
+template <typename KV>
 __global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, int pos0, int i0,
 				int h0)
 {
 	extern __shared__ float sm[];
 	grid_dep_launch();
-	mla_attend(sm, out, q, s, pos0, i0 + blockIdx.x, h0 + blockIdx.y);
+	mla_attend<KV>(sm, out, q, s, pos0, i0 + blockIdx.x, h0 + blockIdx.y);
 }
 
-/* The dynamic shared memory of mla_attend for *s; WK_EINVAL, naming what, past the limit. */
+/* The dynamic shared memory of mla_attend for *s; WK_EINVAL, naming what, past the limit or
+ * for a cache of another type than f32 and bf16. */
 static int mla_smem(const char *what, const struct cpu_mla *s, size_t *smem, char *err,
 		    size_t errsz)
 {
+	if (s->kv != DT_F32 && s->kv != DT_BF16)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: a %s KV cache (f32 or bf16)", what,
+			       dt_name(s->kv));
 	*smem = ((size_t)s->d_a + s->d_b + s->d_v + 2 * MLA_TILE) * sizeof(float);
 	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 || *smem > MLA_SMEM_MAX)
 		return wk_errf(err, errsz, WK_EINVAL,
@@ -453,7 +460,12 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
 		return WK_OK;
 	dim3 grid((unsigned)(i1 - i0), (unsigned)(h1 - h0));
-	k_mla_attention<<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0, i0, h0);
+	if (s->kv == DT_BF16)
+		k_mla_attention<uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0,
+										i0, h0);
+	else
+		k_mla_attention<float><<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0, i0,
+									     h0);
 	return launched("mla_attention", err, errsz);
 }
 
@@ -467,7 +479,7 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
  * bit for bit. The block reads back only what its own threads wrote before a __syncthreads,
  * which makes those global writes visible to the block. s: the latent attention, d_a = d_v
  * = lora, d_b = d_rope. */
-template <typename T>
+template <typename T, typename KV>
 __global__ void k_mla_absorbed(float *o, float *qa, float *lat, const float *q, const T *w,
 			       const float *scale, struct cpu_mla s, int pos0, int d_nope, int d_v)
 {
@@ -482,7 +494,7 @@ __global__ void k_mla_absorbed(float *o, float *qa, float *lat, const float *q, 
 	for (int d = threadIdx.x; d < d_rope; d += blockDim.x)
 		qah[lora + d] = qh[d_nope + d];
 	__syncthreads(); /* qa[i][h] written */
-	mla_attend(sm, lat, qa, s, pos0, i, h);
+	mla_attend<KV>(sm, lat, qa, s, pos0, i, h);
 	__syncthreads(); /* lat[i][h] written */
 	const float *lh = lat + ih * lora;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -499,8 +511,12 @@ static void absorbed_launch(float *o, float *qa, float *lat, const float *q, con
 			    int d_nope, int d_v, size_t smem)
 {
 	dim3 grid((unsigned)n, (unsigned)s->n_heads);
-	k_mla_absorbed<T><<<grid, MLA_THREADS, smem, wk_st()>>>(o, qa, lat, q, (const T *)w, scale, *s,
-							pos0, d_nope, d_v);
+	if (s->kv == DT_BF16)
+		k_mla_absorbed<T, uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(
+			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
+	else
+		k_mla_absorbed<T, float><<<grid, MLA_THREADS, smem, wk_st()>>>(
+			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
 }
 
 extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q,
@@ -541,8 +557,9 @@ extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float
 /* ---- dsa_topk (cpu_ref_dsa_topk): scores per query, then an exact radix select --------------- */
 
 /* One warp, key kt: *out = cpu_ref_dsa_score(q, kt, w, ...), heads summed in the reference's
- * order (lane 0 writes). */
-__device__ void dsa_score_warp(float *out, const float *q, const float *kt, const float *w,
+ * order (lane 0 writes); KV: the cache's elements, float or bf16 bits (kv_ld). */
+template <typename KV>
+__device__ void dsa_score_warp(float *out, const float *q, const KV *kt, const float *w,
 			       int n_heads, int head_dim, float qk_scale, float w_scale, int lane)
 {
 	float total = 0.0f;
@@ -550,7 +567,7 @@ __device__ void dsa_score_warp(float *out, const float *q, const float *kt, cons
 		const float *qh = q + (size_t)h * head_dim;
 		float dot = 0.0f;
 		for (int d = lane; d < head_dim; d += 32)
-			dot += qh[d] * kt[d];
+			dot += qh[d] * kv_ld(kt, d);
 		dot = warp_sum(dot) * qk_scale;
 		total += w[h] * w_scale * (dot > 0.0f ? dot : 0.0f);
 	}
@@ -640,7 +657,8 @@ struct dsa_args {
 	int *sel, *nsel;
 	float *scores; /* [group][stride] */
 	size_t stride;
-	const float *q, *k, *w;
+	const float *q, *w;
+	const void *k; /* of type KV, k_dsa_topk_n's */
 	int pos0, i0, n_heads, head_dim, topk;
 	float qk_scale, w_scale;
 	unsigned *count; /* [group], zero, left zero */
@@ -650,6 +668,7 @@ struct dsa_args {
  * scored one warp each across gridDim.x blocks; the last of those blocks to finish (a
  * counter per query, the writes fenced before it is bumped) selects that query's top-k from
  * the scores, so scoring and selecting cost one launch, not two. */
+template <typename KV>
 __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 {
 	__shared__ struct dsa_smem sm;
@@ -659,8 +678,8 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
 	if (t < (size_t)len) /* whole warps alike */
 		dsa_score_warp(sc + t, a.q + (size_t)i * a.n_heads * a.head_dim,
-			       a.k + t * a.head_dim, a.w + (size_t)i * a.n_heads, a.n_heads,
-			       a.head_dim, a.qk_scale, a.w_scale, threadIdx.x & 31);
+			       (const KV *)a.k + t * a.head_dim, a.w + (size_t)i * a.n_heads,
+			       a.n_heads, a.head_dim, a.qk_scale, a.w_scale, threadIdx.x & 31);
 	__threadfence(); /* this block's scores are visible before the counter moves */
 	__syncthreads();
 	if (threadIdx.x == 0)
@@ -684,15 +703,18 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
 		nsel[i] = len;
 }
 
-extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *k, const float *w,
-				int n, int pos0, int n_heads, int head_dim, int topk,
-				float qk_scale, float w_scale, float *scores, size_t score_floats,
-				unsigned *count, int max_group, char *err, size_t errsz)
+extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k,
+				enum dt_type kv, const float *w, int n, int pos0, int n_heads,
+				int head_dim, int topk, float qk_scale, float w_scale,
+				float *scores, size_t score_floats, unsigned *count, int max_group,
+				char *err, size_t errsz)
 {
-	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0 || max_group < 1)
+	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0 || max_group < 1 ||
+	    (kv != DT_F32 && kv != DT_BF16))
 		return wk_errf(err, errsz, WK_EINVAL,
-			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d, groups of %d", topk,
-			       pos0, n_heads, head_dim, max_group);
+			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d, groups of %d, "
+			       "a %s key cache (f32 or bf16)", topk, pos0, n_heads, head_dim,
+			       max_group, dt_name(kv));
 	if (n <= 0)
 		return WK_OK;
 	size_t stride = (size_t)pos0 + (size_t)n; /* the longest query's keys */
@@ -714,10 +736,13 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 		group = 65535;
 	for (int i0 = all; i0 < n; i0 += group) {
 		int g = n - i0 < group ? n - i0 : group, len = pos0 + i0 + g; /* longest here */
-		struct dsa_args a = {sel, nsel, scores, stride, q, k, w, pos0, i0, n_heads,
+		struct dsa_args a = {sel, nsel, scores, stride, q, w, k, pos0, i0, n_heads,
 				     head_dim, topk, qk_scale, w_scale, count};
 		dim3 grid((unsigned)(((size_t)len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
-		k_dsa_topk_n<<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+		if (kv == DT_BF16)
+			k_dsa_topk_n<uint16_t><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+		else
+			k_dsa_topk_n<float><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
 		int rc = launched("dsa_topk", err, errsz);
 		if (rc != WK_OK)
 			return rc;

@@ -861,10 +861,10 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 /* ---- attention (cpu_ref_attention): one block per (token, query head) ------------------------ */
 
 /* Scores in shared memory (len floats), the softmax over them, then each thread sums the
- * values of its output dimensions. */
-__global__ void k_attention(float *out, const float *q, const float *k, const float *v,
-			    int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-			    float scale)
+ * values of its output dimensions. KV: the cache's elements, float or bf16 bits (kv_ld). */
+template <typename KV>
+__global__ void k_attention(float *out, const float *q, const KV *k, const KV *v, int pos0,
+			    int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
 	extern __shared__ float sc[];
 	grid_dep_launch();
@@ -874,10 +874,10 @@ __global__ void k_attention(float *out, const float *q, const float *k, const fl
 	size_t koff = (size_t)(h / group) * head_dim;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	for (int t = wid; t < len; t += nw) { /* a warp per key */
-		const float *kt = k + (size_t)t * kv_stride + koff;
+		const KV *kt = k + (size_t)t * kv_stride + koff;
 		float s = 0.0f;
 		for (int d = lane; d < head_dim; d += 32)
-			s += qh[d] * kt[d];
+			s += qh[d] * kv_ld(kt, d);
 		s = warp_sum(s);
 		if (lane == 0)
 			sc[t] = s * scale;
@@ -898,15 +898,19 @@ __global__ void k_attention(float *out, const float *q, const float *k, const fl
 	for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
 		float o = 0.0f;
 		for (int t = 0; t < len; t++)
-			o += sc[t] * v[(size_t)t * kv_stride + koff + d];
+			o += sc[t] * kv_ld(v, (size_t)t * kv_stride + koff + d);
 		oh[d] = o / sum;
 	}
 }
 
-extern "C" int wk_cuda_attention(float *out, const float *q, const float *k, const float *v,
-				 int n, int pos0, int n_heads, int n_kv, int head_dim,
-				 int kv_stride, float scale, char *err, size_t errsz)
+extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, const void *v,
+				 enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
+				 int head_dim, int kv_stride, float scale, char *err,
+				 size_t errsz)
 {
+	if (kv != DT_F32 && kv != DT_BF16)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: a %s KV cache (f32 or bf16)",
+			       dt_name(kv));
 	if (n <= 0)
 		return WK_OK;
 	if (pos0 + n > WK_CUDA_ATTN_MAX)
@@ -916,9 +920,34 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const float *k, con
 	/* 4 floats past the scores: ptxas may merge the last 3 scalar reads of the value loop's
 	 * remainder into one 12-byte read, past the end when fewer remain (compute-sanitizer's
 	 * memcheck on an H200: an invalid shared read of 12 bytes at len 301) */
-	k_attention<<<n * n_heads, 128, (size_t)(pos0 + n + 4) * sizeof(float), wk_st()>>>(
-		out, q, k, v, pos0, n_heads, n_kv, head_dim, kv_stride, scale);
+	size_t smem = (size_t)(pos0 + n + 4) * sizeof(float);
+	if (kv == DT_BF16)
+		k_attention<uint16_t><<<n * n_heads, 128, smem, wk_st()>>>(
+			out, q, (const uint16_t *)k, (const uint16_t *)v, pos0, n_heads, n_kv,
+			head_dim, kv_stride, scale);
+	else
+		k_attention<float><<<n * n_heads, 128, smem, wk_st()>>>(
+			out, q, (const float *)k, (const float *)v, pos0, n_heads, n_kv, head_dim,
+			kv_stride, scale);
 	return launched("attention", err, errsz);
+}
+
+/* ---- cast_n (cpu_ref_cast): CAST_BLOCK elements a block (cuda_int.cuh's cast_block) -------- */
+
+__global__ void k_cast_n(struct cast_set s)
+{
+	grid_dep_launch();
+	cast_block(s, (int)blockIdx.x);
+}
+
+extern "C" int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz)
+{
+	struct cast_set s;
+	int rc = cast_build(&s, c, count, err, errsz);
+	if (rc != WK_OK || s.start[count] == 0)
+		return rc;
+	k_cast_n<<<s.start[count], 256, 0, wk_st()>>>(s);
+	return launched("cast_n", err, errsz);
 }
 
 /* ---- elementwise (cpu_ref_silu_mul, add) ---------------------------------------------------- */

@@ -858,7 +858,7 @@ struct chain_moe {
 	struct moe_args a;
 	int top_k, ex0, n_local, gx, gy;
 };
-enum { CH_MATMUL, CH_ADD_RMSNORM, CH_NORM, CH_ROUTE_PLAN, CH_GATE_UP, CH_DOWN };
+enum { CH_MATMUL, CH_ADD_RMSNORM, CH_NORM, CH_ROUTE_PLAN, CH_GATE_UP, CH_DOWN, CH_CAST };
 /* A link waits at most this many polls of at least 100 ns for the link before it (a link
  * takes well under a millisecond); then it traps, as mbar_wait does: a chain that can never
  * go on is a sticky launch error (the engine fails, the worker hands its jobs back and
@@ -871,6 +871,7 @@ struct chain_link {
 		struct chain_an an;
 		struct norm_set nm;
 		struct chain_moe moe;
+		struct cast_set cs;
 	};
 };
 struct chain_set {
@@ -931,6 +932,9 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_chain(struct chain_set c, uns
 		break;
 	case CH_GATE_UP:
 		gate_up_block(m.p, m.a, b % m.gx, b / m.gx, m.gy);
+		break;
+	case CH_CAST:
+		cast_block(l.cs, b);
 		break;
 	default:
 		down_block(m.p, m.a, b % m.gx, b / m.gx, m.gx, m.gy);
@@ -1026,6 +1030,7 @@ extern "C" int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync,
 		}
 		q->kind = l[i].kind == WK_LINK_MATMUL	  ? CH_MATMUL
 			  : l[i].kind == WK_LINK_ADD_RMSNORM ? CH_ADD_RMSNORM
+			  : l[i].kind == WK_LINK_CAST	  ? CH_CAST
 							     : CH_NORM;
 		if (l[i].kind == WK_LINK_MATMUL) {
 			bool mixed;
@@ -1046,6 +1051,11 @@ extern "C" int wk_cuda_chain(const struct wk_link *l, int count, unsigned *sync,
 			if ((rc = norm_build(&q->nm, l[i].norm, l[i].norm_count, err, errsz)) != WK_OK)
 				return rc;
 			nb = q->nm.start[l[i].norm_count];
+		} else if (l[i].kind == WK_LINK_CAST) {
+			rc = cast_build(&q->cs, l[i].cast, l[i].cast_count, err, errsz);
+			if (rc != WK_OK)
+				return rc;
+			nb = q->cs.start[l[i].cast_count];
 		} else {
 			return wk_errf(err, errsz, WK_EINVAL, "CUDA chain: link %d of kind %d", i,
 				       (int)l[i].kind);

@@ -87,6 +87,24 @@ static double rel(const float *got, const float *want, size_t n)
 	return m > 0 ? d / m : d;
 }
 
+/* x rounded to bf16 (bits): a bf16 KV cache's copy of an f32 one */
+static uint16_t *to_bf16(const float *x, size_t n)
+{
+	uint16_t *h = malloc(n * sizeof *h);
+	cr_assert_not_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = dt_f32_to_bf16(x[i]);
+	return h;
+}
+
+/* The cache of type kv (DT_F32 or DT_BF16) that x [n] becomes, in host memory: x itself, or
+ * its bf16 copy (*own, to free) */
+static const void *kv_host(const float *x, size_t n, enum dt_type kv, void **own)
+{
+	*own = kv == DT_BF16 ? to_bf16(x, n) : NULL;
+	return *own ? *own : x;
+}
+
 TestSuite(cuda_kernels);
 
 /* Runs fn(arg) in a child process (its stderr silenced: the emulator says where it stopped)
@@ -731,23 +749,33 @@ Test(cuda_kernels, attention_matches_ref)
 {
 	NEED_GPU();
 	/* decode (n = 1 at pos0 300), a prefill (n = 7 from 0), a chunk (n = 4 at 9); GQA 8:2,
-	 * a kv_stride wider than the kv heads (rows of a larger cache) */
-	static const int cases[][2] = {{1, 300}, {7, 0}, {4, 9}};
+	 * a kv_stride wider than the kv heads (rows of a larger cache); an f32 cache, then the
+	 * decode and the chunk over a bf16 one (the reference on the same bf16 cache) */
+	static const int cases[][3] = {{1, 300, DT_F32}, {7, 0, DT_F32}, {4, 9, DT_F32},
+				       {1, 300, DT_BF16}, {4, 9, DT_BF16}};
 	int heads = 8, kvh = 2, hd = 64, stride = kvh * hd + 16;
-	for (size_t c = 0; c < 3; c++) {
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int n = cases[c][0], pos0 = cases[c][1], len = pos0 + n;
+		enum dt_type kv = (enum dt_type)cases[c][2];
 		size_t nq = (size_t)n * heads * hd, nk = (size_t)len * stride;
 		float *q = rnd_vec(nq), *k = rnd_vec(nk), *v = rnd_vec(nk);
 		float *want = malloc(nq * 4), *got = malloc(nq * 4);
 		float scale = 1.0f / sqrtf((float)hd);
-		cpu_ref_attention(want, q, k, v, DT_F32, n, pos0, heads, kvh, hd, stride, scale);
-		float *dq = to_dev(q, nq * 4), *dk = to_dev(k, nk * 4), *dv = to_dev(v, nk * 4), *dout;
+		void *k16, *v16;
+		const void *kh = kv_host(k, nk, kv, &k16), *vh = kv_host(v, nk, kv, &v16);
+		cpu_ref_attention(want, q, kh, vh, kv, n, pos0, heads, kvh, hd, stride, scale);
+		float *dq = to_dev(q, nq * 4), *dout;
+		void *dk = to_dev(kh, nk * dt_size(kv)), *dv = to_dev(vh, nk * dt_size(kv));
 		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
-		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, n, pos0, heads, kvh, hd, stride, scale,
-					       err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, kv, n, pos0, heads, kvh, hd,
+					       stride, scale, err, sizeof err),
+			     WK_OK, "%s", err);
 		from_dev(got, dout, nq * 4);
 		double r = rel(got, want, nq);
-		cr_expect_leq(r, TOL, "attention n=%d pos0=%d: %g", n, pos0, r);
+		cr_expect_leq(r, TOL, "attention n=%d pos0=%d %s cache: %g", n, pos0, dt_name(kv),
+			      r);
+		free(k16);
+		free(v16);
 		wk_cuda_free(dq);
 		wk_cuda_free(dk);
 		wk_cuda_free(dv);
@@ -759,9 +787,88 @@ Test(cuda_kernels, attention_matches_ref)
 		free(got);
 	}
 	float dummy;
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, 1, WK_CUDA_ATTN_MAX, 1, 1, 1,
-				       1, 1.0f, err, sizeof err), WK_EUNSUPPORTED,
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, DT_F32, 1, WK_CUDA_ATTN_MAX,
+				       1, 1, 1, 1, 1.0f, err, sizeof err), WK_EUNSUPPORTED,
 		     "past the kernel's context the call is refused before any launch");
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, DT_F16, 1, 0, 1, 1, 1, 1,
+				       1.0f, err, sizeof err), WK_EINVAL,
+		     "an f16 cache is refused before any launch");
+}
+
+/* cast_n: six conversions in one launch, bit for bit cpu_ref_cast's: f32 to bf16 (rounding
+ * ties to even both ways, just past a tie, NaNs quiet and signalling, infinities, -0,
+ * subnormals, the largest float rounding to infinity, among random values), bf16 to f32 (NaN
+ * and infinity among them), copies of either type, lengths across the kernel's blocks of
+ * elements, one at odd element offsets and one empty; nothing past each destination written.
+ * Then the refusals: no casts, too many, an f16 one. */
+Test(cuda_kernels, cast_n_matches_ref)
+{
+	NEED_GPU();
+	enum { N = 5000 };
+	static const uint32_t special[] = {0x3f808000, 0x3f818000, 0x3f808001, 0xbf808000,
+					   0x7fc00001, 0x7f800001, 0xff800001, 0x7f800000,
+					   0xff800000, 0x80000000, 0x00000001, 0x807fffff,
+					   0x7f7fffff, 0x7f7f8000, 0x00008000, 0x00018000};
+	float *x = rnd_vec(N);
+	uint16_t *h = to_bf16(x, N);
+	memcpy(x, special, sizeof special);
+	memcpy(x + 2040, special, sizeof special); /* across the first block's end */
+	h[0] = 0x7fc1, h[1] = 0xff81, h[2] = 0x7f80, h[3] = 0x8000, h[4] = 0x0001;
+	float *dx = to_dev(x, N * 4);
+	uint16_t *dh = to_dev(h, N * 2);
+	/* dst type, src type, n, element offset of src and dst */
+	static const int cs[][5] = {{DT_BF16, DT_F32, N, 0, 0},  {DT_F32, DT_BF16, N, 0, 0},
+				    {DT_F32, DT_F32, 100, 0, 0}, {DT_BF16, DT_BF16, 2049, 0, 0},
+				    {DT_BF16, DT_F32, 0, 0, 0},  {DT_BF16, DT_F32, 37, 2035, 1}};
+	enum { NC = sizeof cs / sizeof cs[0] };
+	struct wk_cast c[NC];
+	void *dst[NC], *want[NC], *got[NC];
+	size_t bytes[NC];
+	for (int k = 0; k < NC; k++) {
+		enum dt_type dt = (enum dt_type)cs[k][0], st = (enum dt_type)cs[k][1];
+		size_t n = (size_t)cs[k][2], es = dt_size(dt), off = (size_t)cs[k][4];
+		bytes[k] = (n + off + 3) * es; /* 3 elements past the end: left alone */
+		want[k] = malloc(bytes[k]);
+		got[k] = malloc(bytes[k]);
+		memset(want[k], 0xab, bytes[k]);
+		dst[k] = to_dev(want[k], bytes[k]);
+		const void *hsrc = st == DT_F32 ? (const void *)(x + cs[k][3])
+						: (const void *)(h + cs[k][3]);
+		const void *dsrc = st == DT_F32 ? (const void *)(dx + cs[k][3])
+						: (const void *)(dh + cs[k][3]);
+		cpu_ref_cast((char *)want[k] + off * es, dt, hsrc, st, n);
+		c[k] = (struct wk_cast){(char *)dst[k] + off * es, dsrc, n, dt, st};
+	}
+	cr_assert_eq(wk_cuda_cast_n(c, NC, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < NC; k++) {
+		from_dev(got[k], dst[k], bytes[k]);
+		cr_expect_eq(memcmp(got[k], want[k], bytes[k]), 0, "cast %d (%s to %s, %d) differs "
+			     "from cpu_ref_cast's", k, dt_name((enum dt_type)cs[k][1]),
+			     dt_name((enum dt_type)cs[k][0]), cs[k][2]);
+	}
+	const uint16_t *b = got[0];
+	cr_expect(b[0] == 0x3f80 && b[1] == 0x3f82 && b[2] == 0x3f81 && b[5] == 0x7fc0 &&
+			  b[12] == 0x7f80,
+		  "ties to even, a signalling NaN quieted, the largest float to infinity: %04x "
+		  "%04x %04x %04x %04x", b[0], b[1], b[2], b[5], b[12]);
+	for (int k = 0; k < NC; k++) {
+		wk_cuda_free(dst[k]);
+		free(want[k]);
+		free(got[k]);
+	}
+	struct wk_cast many[WK_CAST_MAX + 1];
+	for (int k = 0; k < WK_CAST_MAX + 1; k++)
+		many[k] = (struct wk_cast){dx, dx, 1, DT_F32, DT_F32};
+	cr_expect_eq(wk_cuda_cast_n(many, 0, err, sizeof err), WK_EINVAL);
+	cr_expect_eq(wk_cuda_cast_n(many, WK_CAST_MAX + 1, err, sizeof err), WK_EINVAL);
+	many[1].dt = DT_F16;
+	cr_expect_eq(wk_cuda_cast_n(many, 2, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "cast 1"), "%s", err);
+	cr_expect_eq(wk_cuda_sync(err, sizeof err), WK_OK, "%s", err);
+	wk_cuda_free(dx);
+	wk_cuda_free(dh);
+	free(x);
+	free(h);
 }
 
 Test(cuda_kernels, argmax_matches_samp_argmax)
@@ -1114,15 +1221,23 @@ Test(cuda_kernels, mla_attention_matches_ref)
 	float *kpe = rnd_vec((size_t)T * rope);
 	int *sel = malloc((size_t)n * topk * sizeof(int)), nsel[5];
 	rnd_sel(sel, nsel, n, pos0, topk);
-	float *dkvx = to_dev(kvx, (size_t)T * kvrow * 4), *dckv = to_dev(ckv, (size_t)T * lora * 4);
-	float *dkpe = to_dev(kpe, (size_t)T * rope * 4);
+	/* the caches in f32 and in bf16 (the reference on the same bf16 cache) */
+	size_t nkvx = (size_t)T * kvrow, nckv = (size_t)T * lora, nkpe = (size_t)T * rope;
+	uint16_t *kvx16 = to_bf16(kvx, nkvx), *ckv16 = to_bf16(ckv, nckv);
+	uint16_t *kpe16 = to_bf16(kpe, nkpe);
+	float *dkvx = to_dev(kvx, nkvx * 4), *dckv = to_dev(ckv, nckv * 4);
+	float *dkpe = to_dev(kpe, nkpe * 4);
+	uint16_t *dkvx16 = to_dev(kvx16, nkvx * 2), *dckv16 = to_dev(ckv16, nckv * 2);
+	uint16_t *dkpe16 = to_dev(kpe16, nkpe * 2);
 	int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int)), *dnsel = to_dev(nsel, sizeof nsel);
-	for (int layout = 0; layout < 2; layout++)
+	for (int bl = 0; bl < 4; bl++) /* the f32 caches' layouts, then the bf16 ones' */
 		for (int sparse = 0; sparse < 2; sparse++)
-			for (int part = 0; part < 2; part++) {
+			for (int part = 0; part < 2 - bl / 2; part++) { /* bf16: whole only */
+				int bf = bl / 2, layout = bl % 2;
 				struct cpu_mla s = {.n_heads = H,
 						    .d_b = rope,
-						    .k_b = kpe,
+						    .kv = bf ? DT_BF16 : DT_F32,
+						    .k_b = bf ? (const void *)kpe16 : kpe,
 						    .kb_stride = (size_t)rope,
 						    .sel = sparse ? sel : NULL,
 						    .nsel = nsel,
@@ -1131,13 +1246,13 @@ Test(cuda_kernels, mla_attention_matches_ref)
 				if (layout == 0) {
 					s.d_a = nope;
 					s.d_v = dv;
-					s.k_a = kvx;
+					s.k_a = bf ? (const void *)kvx16 : kvx;
 					s.ka_stride = s.v_stride = (size_t)kvrow;
 					s.ka_head = s.v_head = (size_t)(nope + dv);
-					s.v = kvx + nope;
+					s.v = bf ? (const void *)(kvx16 + nope) : kvx + nope;
 				} else {
 					s.d_a = s.d_v = lora;
-					s.k_a = s.v = ckv;
+					s.k_a = s.v = bf ? (const void *)ckv16 : ckv;
 					s.ka_stride = s.v_stride = (size_t)lora;
 				}
 				int dq = s.d_a + s.d_b;
@@ -1150,9 +1265,15 @@ Test(cuda_kernels, mla_attention_matches_ref)
 				float *dqv = to_dev(q, nqv * 4), *dout = to_dev(want, no * 4);
 				cpu_ref_mla_attention(want, q, &s, n, pos0, i0, i1, h0, h1);
 				struct cpu_mla ds = s;
-				ds.k_b = dkpe;
-				ds.k_a = layout == 0 ? dkvx : dckv;
-				ds.v = layout == 0 ? dkvx + nope : dckv;
+				if (bf) {
+					ds.k_b = dkpe16;
+					ds.k_a = layout == 0 ? dkvx16 : dckv16;
+					ds.v = layout == 0 ? dkvx16 + nope : dckv16;
+				} else {
+					ds.k_b = dkpe;
+					ds.k_a = layout == 0 ? dkvx : dckv;
+					ds.v = layout == 0 ? dkvx + nope : dckv;
+				}
 				ds.sel = sparse ? dsel : NULL;
 				ds.nsel = dnsel;
 				cr_assert_eq(wk_cuda_mla_attention(dout, dqv, &ds, n, pos0, i0, i1,
@@ -1161,8 +1282,8 @@ Test(cuda_kernels, mla_attention_matches_ref)
 				from_dev(got, dout, no * 4);
 				double r = rel(got, want, no);
 				cr_expect_leq(r, TOL,
-					      "mla_attention layout=%d sparse=%d part=%d: %g",
-					      layout, sparse, part, r);
+					      "mla_attention layout=%d sparse=%d part=%d %s: %g",
+					      layout, sparse, part, dt_name(s.kv), r);
 				wk_cuda_free(dqv);
 				wk_cuda_free(dout);
 				free(q);
@@ -1173,15 +1294,15 @@ Test(cuda_kernels, mla_attention_matches_ref)
 	float dummy;
 	cr_expect_eq(wk_cuda_mla_attention(&dummy, &dummy, &big, 1, 0, 0, 1, 0, 1, err, sizeof err),
 		     WK_EINVAL, "past the kernel's shared memory the call is refused");
-	wk_cuda_free(dkvx);
-	wk_cuda_free(dckv);
-	wk_cuda_free(dkpe);
-	wk_cuda_free(dsel);
-	wk_cuda_free(dnsel);
-	free(kvx);
-	free(ckv);
-	free(kpe);
-	free(sel);
+	struct cpu_mla f16 = {.n_heads = 1, .d_a = 8, .d_b = 8, .d_v = 8, .kv = DT_F16};
+	cr_expect_eq(wk_cuda_mla_attention(&dummy, &dummy, &f16, 1, 0, 0, 1, 0, 1, err, sizeof err),
+		     WK_EINVAL, "an f16 cache is refused");
+	void *dev[] = {dkvx, dckv, dkpe, dkvx16, dckv16, dkpe16, dsel, dnsel};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		wk_cuda_free(dev[i]);
+	void *host[] = {kvx, ckv, kpe, kvx16, ckv16, kpe16, sel};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
 }
 
 static int cmp_desc(const void *a, const void *b)
@@ -1196,13 +1317,16 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 	/* n, pos0, topk: every query past topk, or the first queries within it and the rest
 	 * past; exact: q, k, w small dyadic numbers and the scales powers of two, so that every
 	 * score is exact in f32 whatever the order of the sums (the GPU's equal the CPU's bit
-	 * for bit, and many distinct keys tie exactly) */
-	static const int cases[][4] = {
-		{6, 300, 64, 0}, {40, 40, 64, 0}, {2, 2000, 512, 1}, {30, 100, 64, 1}};
+	 * for bit, and many distinct keys tie exactly); the last two over a bf16 key cache (the
+	 * keys rounded to bf16 first, so that the scores checked below are the cache's) */
+	static const int cases[][5] = {
+		{6, 300, 64, 0, DT_F32},  {40, 40, 64, 0, DT_F32},  {2, 2000, 512, 1, DT_F32},
+		{30, 100, 64, 1, DT_F32}, {4, 200, 48, 0, DT_BF16}, {30, 100, 64, 1, DT_BF16}};
 	int IH = 4, ID = 32;
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int n = cases[c][0], pos0 = cases[c][1], topk = cases[c][2], T = pos0 + n;
 		bool exact = cases[c][3];
+		enum dt_type kv = (enum dt_type)cases[c][4];
 		float qk = exact ? 0.25f : 1.0f / sqrtf((float)ID), ws = 0.5f;
 		float *q = rnd_vec((size_t)n * IH * ID), *k = rnd_vec((size_t)T * ID);
 		float *w = rnd_vec((size_t)n * IH);
@@ -1222,6 +1346,11 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			if (t % 11 == 5)
 				memset(k + (size_t)t * ID, 0, (size_t)ID * 4);
 		}
+		if (kv == DT_BF16)
+			for (size_t i = 0; i < (size_t)T * ID; i++)
+				k[i] = dt_bf16_to_f32(dt_f32_to_bf16(k[i]));
+		void *k16;
+		const void *kh = kv_host(k, (size_t)T * ID, kv, &k16);
 		/* The scores are summed in another order on the GPU: unless exact, the test needs
 		 * the topk-th and next best to be exactly equal (from equal rows) or well apart. */
 		float *sc = malloc((size_t)T * 4);
@@ -1250,9 +1379,11 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		int *wn = malloc((size_t)n * sizeof(int)), *gn = malloc((size_t)n * sizeof(int));
 		float *want_sc = fill_vec((size_t)T, 7.0f);
 		char *work = malloc((size_t)T * 8);
-		float *dq = to_dev(q, (size_t)n * IH * ID * 4), *dk = to_dev(k, (size_t)T * ID * 4);
+		float *dq = to_dev(q, (size_t)n * IH * ID * 4);
+		void *dk = to_dev(kh, (size_t)T * ID * dt_size(kv));
 		float *dw = to_dev(w, (size_t)n * IH * 4);
-		cpu_ref_dsa_topk(want, wn, q, k, DT_F32, w, n, pos0, IH, ID, topk, qk, ws, want_sc, work);
+		cpu_ref_dsa_topk(want, wn, q, kh, kv, w, n, pos0, IH, ID, topk, qk, ws, want_sc,
+				 work);
 		/* one query a launch (scratch for one row), then groups: 4 rows of scratch and
 		 * groups of 3 (the groups' counters reused), and every query in one launch */
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
@@ -1263,9 +1394,9 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			float *dsc = dev_alloc(rows * T * 4);
 			int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
 			    *dn = dev_alloc((size_t)n * sizeof(int));
-			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, dw, n, pos0, IH, ID, topk, qk,
-						      ws, dsc, rows * T, dcount, shape[v][1], err,
-						      sizeof err),
+			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, kv, dw, n, pos0, IH, ID,
+						      topk, qk, ws, dsc, rows * T, dcount,
+						      shape[v][1], err, sizeof err),
 				     WK_OK, "%s", err);
 			from_dev(got, dsel, (size_t)n * topk * sizeof(int));
 			from_dev(gn, dn, (size_t)n * sizeof(int));
@@ -1289,9 +1420,13 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			wk_cuda_free(dn);
 		}
 		char e2[WK_ERRSZ]; /* a scratch shorter than one row is refused */
-		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, dw, n, pos0, IH, ID, topk, qk, ws,
-					      NULL, (size_t)T - 1, dcount, 1, e2, sizeof e2),
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, kv, dw, n, pos0, IH, ID, topk, qk,
+					      ws, NULL, (size_t)T - 1, dcount, 1, e2, sizeof e2),
 			     WK_EINVAL);
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, DT_F16, dw, n, pos0, IH, ID, topk,
+					      qk, ws, NULL, (size_t)T, dcount, 1, e2, sizeof e2),
+			     WK_EINVAL, "an f16 key cache is refused");
+		free(k16);
 		wk_cuda_free(dcount);
 		free(zero);
 		wk_cuda_free(dq);
@@ -2342,15 +2477,16 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 		{512, 2, 192, 64, 256, 3, 40, 32}, /* GLM-5's sizes, fewer heads */
 		{64, 4, 16, 4, 40, 5, 0, 4},      /* a prefill that absorbs; d_v past lora/2 */
 	};
-	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3};
+	/* the weights' types over an f32 cache, then FP8 weights over a bf16 cache (GLM-5's) */
+	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3, DT_F8_E4M3};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-		for (size_t ti = 0; ti < 4; ti++)
+		for (size_t ti = 0; ti < 5; ti++)
 			for (int sparse = 0; sparse < 2; sparse++) {
 				int lora = cases[c][0], H = cases[c][1], nope = cases[c][2];
 				int rope = cases[c][3], dv = cases[c][4], n = cases[c][5];
 				int pos0 = cases[c][6], topk = cases[c][7], T = pos0 + n;
 				int rows = H * (nope + dv);
-				enum dt_type t = types[ti];
+				enum dt_type t = types[ti], kv = ti == 4 ? DT_BF16 : DT_F32;
 				float *scale;
 				void *w = rnd_weight(t, rows, lora, &scale);
 				size_t nq = (size_t)n * H * (nope + rope);
@@ -2358,12 +2494,15 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				size_t no = (size_t)n * H * dv;
 				float *q = rnd_vec(nq), *ckv = rnd_vec((size_t)T * lora);
 				float *kpe = rnd_vec((size_t)T * rope);
+				void *ckv16, *kpe16;
+				const void *ckvh = kv_host(ckv, (size_t)T * lora, kv, &ckv16);
+				const void *kpeh = kv_host(kpe, (size_t)T * rope, kv, &kpe16);
 				int *sel = malloc((size_t)n * topk * sizeof(int));
 				int *nsel = malloc((size_t)n * sizeof(int));
 				cr_assert(sel && nsel);
 				rnd_sel(sel, nsel, n, pos0, topk);
 				struct cpu_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora,
-						    .k_a = ckv, .k_b = kpe, .v = ckv,
+						    .kv = kv, .k_a = ckvh, .k_b = kpeh, .v = ckvh,
 						    .ka_stride = (size_t)lora, .kb_stride = (size_t)rope,
 						    .v_stride = (size_t)lora,
 						    .sel = sparse ? sel : NULL, .nsel = nsel,
@@ -2382,8 +2521,8 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				float *ds = scale ? to_dev(scale, ns * 4) : NULL;
 				float *dq = to_dev(q, nq * 4);
 				struct cpu_mla dm = s;
-				dm.k_a = dm.v = to_dev(ckv, (size_t)T * lora * 4);
-				dm.k_b = to_dev(kpe, (size_t)T * rope * 4);
+				dm.k_a = dm.v = to_dev(ckvh, (size_t)T * lora * dt_size(kv));
+				dm.k_b = to_dev(kpeh, (size_t)T * rope * dt_size(kv));
 				int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int));
 				dm.nsel = to_dev(nsel, (size_t)n * sizeof(int));
 				dm.sel = sparse ? dsel : NULL;
@@ -2412,12 +2551,13 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				static const char *const stage[3] = {"qa", "lat", "o"};
 				for (int k = 0; k < 3; k++)
 					cr_expect_eq(memcmp(got[k], got[k + 3], len[k] * 4), 0,
-						     "case %zu %s sparse=%d: the fused %s differs from "
-						     "its kernel's", c, dt_name(t), sparse, stage[k],
-						     stage[k]);
+						     "case %zu %s sparse=%d %s cache: the fused %s "
+						     "differs from its kernel's", c, dt_name(t),
+						     sparse, dt_name(kv), stage[k], stage[k]);
 				double r = rel(got[5], ro, no);
-				cr_expect_leq(r, TOL, "case %zu %s sparse=%d: o against the CPU's "
-					      "chain: %g", c, dt_name(t), sparse, r);
+				cr_expect_leq(r, TOL, "case %zu %s sparse=%d %s cache: o against "
+					      "the CPU's chain: %g", c, dt_name(t), sparse,
+					      dt_name(kv), r);
 				for (int k = 0; k < 6; k++) {
 					wk_cuda_free(buf[k]);
 					free(got[k]);
@@ -2434,6 +2574,8 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				free(q);
 				free(ckv);
 				free(kpe);
+				free(ckv16);
+				free(kpe16);
 				free(sel);
 				free(nsel);
 				free(rqa);
@@ -2660,6 +2802,7 @@ static void *dev_weight(enum dt_type t, int rows, int cols, float **scale)
 enum { CH_D = 256, CH_Q = 96, CH_K = 64, CH_I = 8, CH_B = 96, CH_IQ = 64, CH_R = 16 };
 struct ch_out {
 	float *h, *xb, *qc, *kv, *iw, *qb, *iq, *o, *xb2, *r;
+	uint16_t *c16; /* a bf16 cache's n rows of [q_c | kv] (CH_Q + CH_K) */
 };
 
 static float *dev_zero(size_t floats)
@@ -2681,6 +2824,7 @@ static void ch_alloc(struct ch_out *b, const float *h0, int n) /* h0: host memor
 	b->o = dev_zero((size_t)n * CH_D);
 	b->xb2 = dev_zero((size_t)n * CH_D);
 	b->r = dev_zero((size_t)n * CH_R);
+	b->c16 = (uint16_t *)dev_zero((size_t)n * (CH_Q + CH_K) / 2);
 }
 
 static void ch_free(struct ch_out *b)
@@ -2688,11 +2832,13 @@ static void ch_free(struct ch_out *b)
 	float **p[] = {&b->h, &b->xb, &b->qc, &b->kv, &b->iw, &b->qb, &b->iq, &b->o, &b->xb2, &b->r};
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		wk_cuda_free(*p[i]);
+	wk_cuda_free(b->c16);
 }
 
 /* GLM-5's two chains of a decode step, at small sizes: (1) the residual add and norm, the
  * projections of x (two FP8 weights, one with a rotated slice, and a BF16 one), the norms of
- * two of them (an rmsnorm in place, a layernorm with a bias, rotated), the projections of the
+ * two of them (an rmsnorm in place, a layernorm with a bias, rotated), their rows rounded
+ * into a bf16 cache (a cast link, reading what the norms just wrote), the projections of the
  * normalised q_c (FP8 and BF16, both rotated); (2) o_proj (F32), the residual add and norm,
  * the router (F32). Run as two chained launches on one set of counters, and op by op: every
  * output equal bit for bit, over 1, 2, 3, 5 and 9 tokens (each token pass of the GEMV), and
@@ -2744,10 +2890,14 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				{.y = o->iq, .w = w_iq, .dtype = DT_BF16, .rows = CH_IQ, .rope_pos = dpos,
 				 .rope_heads = 2, .rope_hd = 32, .rope_off = 0, .rope_dim = 32,
 				 .rope_theta = 10000.0f}};
+			struct wk_cast cc[2] = {
+				{o->c16, o->qc, (size_t)n * CH_Q, DT_BF16, DT_F32},
+				{o->c16 + (size_t)n * CH_Q, o->kv, (size_t)n * CH_K, DT_BF16,
+				 DT_F32}};
 			struct wk_mm om = {.y = o->o, .w = w_o, .dtype = DT_F32, .rows = CH_D};
 			struct wk_mm rm = {.y = o->r, .w = w_rt, .dtype = DT_F32, .rows = CH_R};
 			if (pass == 0) {
-				static struct wk_link l[4], m[3]; /* large: not on the stack */
+				static struct wk_link l[5], m[3]; /* large: not on the stack */
 				memset(l, 0, sizeof l);
 				memset(m, 0, sizeof m);
 				l[0] = (struct wk_link){.kind = WK_LINK_ADD_RMSNORM, .n = n, .ax = o->h,
@@ -2762,11 +2912,14 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				l[2].kind = WK_LINK_NORM;
 				memcpy(l[2].norm, nm, sizeof nm);
 				l[2].norm_count = 2;
-				l[3] = l[1];
-				memcpy(l[3].mm, q2, sizeof q2);
-				l[3].mm_count = 2;
-				l[3].cols = CH_Q;
-				l[3].x = o->qc;
+				l[3].kind = WK_LINK_CAST;
+				memcpy(l[3].cast, cc, sizeof cc);
+				l[3].cast_count = 2;
+				l[4] = l[1];
+				memcpy(l[4].mm, q2, sizeof q2);
+				l[4].mm_count = 2;
+				l[4].cols = CH_Q;
+				l[4].x = o->qc;
 				m[0] = (struct wk_link){.kind = WK_LINK_MATMUL, .n = n, .mm = {om},
 							.mm_count = 1, .cols = CH_B, .x = o->qb};
 				m[1] = (struct wk_link){.kind = WK_LINK_ADD_RMSNORM, .n = n, .ax = o->h,
@@ -2774,7 +2927,8 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 							.eps = 1e-5f};
 				m[2] = (struct wk_link){.kind = WK_LINK_MATMUL, .n = n, .mm = {rm},
 							.mm_count = 1, .cols = CH_D, .x = o->xb2};
-				cr_assert_eq(wk_cuda_chain(l, 4, sync, err, sizeof err), WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_chain(l, 5, sync, err, sizeof err), WK_OK,
+					     "%s", err);
 				cr_assert_eq(wk_cuda_chain(m, 3, sync, err, sizeof err), WK_OK, "%s", err);
 			} else {
 				cr_assert_eq(wk_cuda_add_rmsnorm(o->h, dd, o->xb, nw, n, CH_D, 1e-5f, err,
@@ -2782,6 +2936,8 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				cr_assert_eq(wk_cuda_matmul_n(x3, 3, o->xb, n, CH_D, err, sizeof err),
 					     WK_OK, "%s", err);
 				cr_assert_eq(wk_cuda_norm_n(nm, 2, err, sizeof err), WK_OK, "%s", err);
+				cr_assert_eq(wk_cuda_cast_n(cc, 2, err, sizeof err), WK_OK, "%s",
+					     err);
 				cr_assert_eq(wk_cuda_matmul_n(q2, 2, o->qc, n, CH_Q, err, sizeof err),
 					     WK_OK, "%s", err);
 				cr_assert_eq(wk_cuda_matmul_n(&om, 1, o->qb, n, CH_B, err, sizeof err),
@@ -2808,6 +2964,22 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 			free(ga);
 			free(gb);
 		}
+		size_t cb = (size_t)n * (CH_Q + CH_K) * 2;
+		uint16_t *ca = malloc(cb), *cbb = malloc(cb), *cw = malloc(cb);
+		float *rows = malloc((size_t)n * (CH_Q + CH_K) * 4);
+		from_dev(ca, a.c16, cb);
+		from_dev(cbb, b.c16, cb);
+		cr_expect_eq(memcmp(ca, cbb, cb), 0, "n %d: the bf16 cache chained differs from op "
+			     "by op", n);
+		from_dev(rows, a.qc, (size_t)n * CH_Q * 4); /* what the cast link read */
+		from_dev(rows + (size_t)n * CH_Q, a.kv, (size_t)n * CH_K * 4);
+		cpu_ref_cast(cw, DT_BF16, rows, DT_F32, (size_t)n * (CH_Q + CH_K));
+		cr_expect_eq(memcmp(ca, cw, cb), 0, "n %d: the cast link's bf16 rows are not the "
+			     "normalised rows rounded", n);
+		free(ca);
+		free(cbb);
+		free(cw);
+		free(rows);
 		from_dev(left, sync, sizeof left);
 		cr_expect_eq(memcmp(left, zeros, sizeof zeros), 0, "n %d: counters left non-zero", n);
 		ch_free(&a);
@@ -2827,6 +2999,10 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 	cr_expect(strstr(err, "pass"), "%s", err);
 	cr_expect_eq(wk_cuda_chain(bad + 1, WK_CHAIN_MAX + 1 - 1, NULL, err, sizeof err), WK_EINVAL);
 	cr_expect_eq(wk_cuda_chain(bad, WK_CHAIN_MAX + 1, sync, err, sizeof err), WK_EINVAL);
+	bad[1] = (struct wk_link){.kind = WK_LINK_CAST, .cast = {{nw2, nw, 1, DT_F16, DT_F32}},
+				  .cast_count = 1};
+	cr_expect_eq(wk_cuda_chain(bad, 2, sync, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "cast_n"), "%s", err);
 	void *ws[] = {w_qa, w_kv, w_iw, w_qb, w_iq, w_o, w_rt, s_qa, s_kv, s_iw, s_qb, s_iq, s_o,
 		      s_rt, nw, nw2, qn, kn, kb, sync, dpos};
 	for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
