@@ -1127,14 +1127,16 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 		char b[5][32];
 		rc = wk_errf(err, errsz, WK_ELIMIT,
 			     "%s: %s does not fit the GPU: its weights take %s of each GPU and the "
-			     "KV caches of %d sequences of %d positions %s more (%s a sequence), but "
-			     "GPU 0 has %s free of %s. Room beside the weights: %llu sequence%s of %d "
-			     "positions, or %d of %llu positions (lower the concurrency or "
-			     "--max-seq; `wick plan` sizes a node)", dir, arch, bytes_str(image, b[0]),
-			     seqs, max_seq, bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
+			     "%s KV caches of %d sequences of %d positions %s more (%s a "
+			     "sequence), but GPU 0 has %s free of %s. Room beside the weights: %llu "
+			     "sequence%s of %d positions, or %d of %llu positions (lower the "
+			     "concurrency or --max-seq%s; `wick plan` sizes a node)", dir, arch,
+			     bytes_str(image, b[0]), kvt == DT_BF16 ? "bf16" : "f32", seqs, max_seq,
+			     bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
 			     bytes_str(free_b, b[3]), bytes_str(total_b, b[4]),
 			     (unsigned long long)fit, fit == 1 ? "" : "s", max_seq, seqs,
-			     (unsigned long long)len);
+			     (unsigned long long)len,
+			     kvt == DT_F32 ? ", or --kv-dtype bf16 for half the cache" : "");
 	}
 	return rc;
 }

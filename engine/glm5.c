@@ -496,8 +496,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		if (split) { /* f32: normalised into the cache; bf16: in place, stored below */
 			float *c_in = a->kva + (size_t)g->off * lora;
 			float *cr = f32 ? CACHE_AT(a->ckv, g->seq, lora, g->pos0) : c_in;
-			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL, g->n,
-						     lora, MLA_NORM_EPS, false, NULL, 0, 0};
+			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL,
+						     g->n, lora, MLA_NORM_EPS, false, NULL, 0, 0};
 			if (nn == BE_NORM_MAX) {
 				eng_norm_n(e, nrm, nn);
 				nn = 0;
@@ -511,13 +511,14 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
 			int p = g->pos0 + i;
 			if (f32) {
-				be->rmsnorm(c, CACHE_AT(a->ckv, g->seq, lora, p), row, L->kv_a_norm, 1,
-					    lora, MLA_NORM_EPS);
+				be->rmsnorm(c, CACHE_AT(a->ckv, g->seq, lora, p), row, L->kv_a_norm,
+					    1, lora, MLA_NORM_EPS);
 				eng_dcopy(e, CACHE_AT(a->kpe, g->seq, rope, p), row + lora,
 					  (size_t)rope * sizeof(float));
 			} else {
 				be->rmsnorm(c, row, row, L->kv_a_norm, 1, lora, MLA_NORM_EPS);
-				eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, p), 0, row, (size_t)lora);
+				eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, p), 0, row,
+					     (size_t)lora);
 				eng_kv_store(e, CACHE_AT(a->kpe, g->seq, rope, p), 0, row + lora,
 					     (size_t)rope);
 			}
@@ -563,8 +564,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			if (a->use_sel[s])
 				be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
 					     a->iqv + off * a->i_heads * id, CACHE(a->ikc, g->seq, id),
-					     e->kv, a->iwv + off * a->i_heads, g->n, g->pos0, a->i_heads, id,
-					     a->topk, 1.0f / sqrtf((float)id),
+					     e->kv, a->iwv + off * a->i_heads, g->n, g->pos0,
+					     a->i_heads, id, a->topk, 1.0f / sqrtf((float)id),
 					     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
 		}
 	}

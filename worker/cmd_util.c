@@ -42,7 +42,8 @@ int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 	case 9: return count(arg, "--max-seq", 2, 1 << 24, &ce->o.max_seq);
 	case 10:
 		if (strcmp(arg, "auto") && strcmp(arg, "f32") && strcmp(arg, "bf16")) {
-			fprintf(stderr, "wick: --kv-dtype wants bf16, f32 or auto, not '%s'\n", arg);
+			fprintf(stderr, "wick: --kv-dtype wants bf16, f32 or auto, not '%s'\n",
+				arg);
 			return 2;
 		}
 		ce->o.kv_dtype = arg;

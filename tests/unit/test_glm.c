@@ -822,7 +822,8 @@ Test(glm, dsa_unselected_keys_do_not_matter)
 		/* Sanity: the same garbage in a selected row (not the query's own) matters. */
 		cr_assert_geq(kept, 0, "the selection holds only the query itself");
 		for (int c = 0; c < g.lora; c++)
-			put_kv(g.ckv, g.kv, (size_t)kept * g.lora + c, 3.0f * (float)(c % 5) - 6.0f);
+			put_kv(g.ckv, g.kv, (size_t)kept * g.lora + c,
+			       3.0f * (float)(c % 5) - 6.0f);
 		cr_assert_eq(eng_forward(e, ids + last, 1, last, again, false, err, sizeof err), WK_OK);
 		cr_expect_gt(rel(again, base, G5_VOCAB), 1e-3, "%s: a selected row did not matter",
 			     modes[k]);
@@ -906,8 +907,8 @@ Test(glm, attention_avx2_matches_ref)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	for (int i = 0; i < NQ; i++)
 		for (int t = 0; t < T; t++) {
-			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32, iw + i * IH,
-						    IH, ID, 0.2f, 0.6f);
+			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32,
+						    iw + i * IH, IH, ID, 0.2f, 0.6f);
 			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, DT_F32,
 						     iw + i * IH, IH, ID, 0.2f, 0.6f);
 			cr_expect_leq(fabsf(a - b), 1e-5f * (1.0f + fabsf(a)), "score %d %d", i, t);
@@ -1497,8 +1498,8 @@ Test(glm, kv_bf16)
 			worst = fmax(worst, rel(got + (size_t)i * V, ref + (size_t)i * V, V));
 		fprintf(stderr, "glm kv bf16: %s: bf16 vs f32 caches, worst relative difference "
 			"%.2g\n", what[k], worst);
-		cr_expect(worst > 0 && worst <= 1.5e-2, "%s: bf16 vs f32 caches differ by %g", what[k],
-			  worst);
+		cr_expect(worst > 0 && worst <= 1.5e-2, "%s: bf16 vs f32 caches differ by %g",
+			  what[k], worst);
 		check_decode(e, got, NIDS, what[k]);
 		eng_close(e);
 		check_batched(dir, V, what[k]);

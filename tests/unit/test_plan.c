@@ -372,8 +372,9 @@ Test(plan, kv_cache_is_the_engines)
 			bool bf16 = i % 2;
 			uint64_t bytes;
 			int ms; /* 4096, or the model's max_position_embeddings below it */
-			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, bf16 ? DT_BF16 : DT_F32, &ms,
-							 &bytes, err, sizeof err),
+			enum dt_type kv = bf16 ? DT_BF16 : DT_F32;
+			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, &ms, &bytes, err,
+							 sizeof err),
 				     WK_OK, "%s: %s", files[f], err);
 			struct plan_opts o = opts(tp, 1);
 			o.kv = bf16 ? PLAN_BF16 : PLAN_F32;
@@ -382,8 +383,9 @@ Test(plan, kv_cache_is_the_engines)
 			struct plan_result r;
 			if (plan_compute(&m, &o, &r, err, sizeof err) != WK_OK)
 				continue; /* a tp this model cannot split over */
-			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d %s: the engine allocates "
-				     "%llu bytes a sequence, the plan counts %llu", files[f], tp,
+			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d %s: the engine "
+				     "allocates %llu bytes a sequence, the plan counts %llu", files[f],
+				     tp,
 				     bf16 ? "bf16" : "f32",
 				     (unsigned long long)bytes, (unsigned long long)(r.kv_gpu * ms));
 			checked++;
