@@ -1020,7 +1020,7 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 	if (!arch || (!glm && strcmp(arch, "LlamaForCausalLM") != 0))
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "architecture '%s' is not supported",
 			       arch ? arch : "?");
-	long long layers, maxpos, per_tok;
+	long long layers, maxpos, per_tok; /* elements a position takes, over all layers */
 	int rc;
 	if ((rc = cfg_int(cfg, "num_hidden_layers", -1, 1, 4096, &layers, err, errsz)) ||
 	    (rc = cfg_int(cfg, "max_position_embeddings", glm ? 131072 : 2048, 1, 1 << 24, &maxpos,
@@ -1028,11 +1028,19 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 		return rc;
 	if (!strcmp(arch, "GlmMoeDsaForCausalLM")) {
 		long long lora, rope, id;
+		int n_full = 0;
+		bool *full = malloc((size_t)layers * sizeof *full);
+		if (!full)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		if ((rc = cfg_int(cfg, "kv_lora_rank", -1, 1, 1 << 16, &lora, err, errsz)) ||
 		    (rc = cfg_int(cfg, "qk_rope_head_dim", -1, 2, 4096, &rope, err, errsz)) ||
-		    (rc = cfg_int(cfg, "index_head_dim", -1, 2, 4096, &id, err, errsz)))
+		    (rc = cfg_int(cfg, "index_head_dim", -1, 2, 4096, &id, err, errsz)) ||
+		    (rc = glm5_indexer_full(cfg, (int)layers, full, &n_full, err, errsz))) {
+			free(full);
 			return rc;
-		per_tok = lora + rope + id;
+		}
+		free(full);
+		per_tok = layers * (lora + rope) + n_full * id;
 	} else {
 		long long dim, heads, kv, hd;
 		struct shard_heads sh;
@@ -1042,10 +1050,10 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 		    (rc = cfg_int(cfg, "head_dim", dim / heads, 2, 4096, &hd, err, errsz)) ||
 		    (rc = shard_heads((int)heads, (int)kv, tp > 0 ? tp : 1, 0, &sh, err, errsz)))
 			return rc;
-		per_tok = 2 * (long long)sh.nkv * hd;
+		per_tok = layers * 2 * (long long)sh.nkv * hd;
 	}
 	*max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
-	*bytes = (uint64_t)layers * (uint64_t)*max_seq * (uint64_t)per_tok * dt_size(kv);
+	*bytes = (uint64_t)*max_seq * (uint64_t)per_tok * dt_size(kv);
 	return WK_OK;
 }
 
@@ -1127,14 +1135,16 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 		char b[5][32];
 		rc = wk_errf(err, errsz, WK_ELIMIT,
 			     "%s: %s does not fit the GPU: its weights take %s of each GPU and the "
-			     "KV caches of %d sequences of %d positions %s more (%s a sequence), but "
-			     "GPU 0 has %s free of %s. Room beside the weights: %llu sequence%s of %d "
-			     "positions, or %d of %llu positions (lower the concurrency or "
-			     "--max-seq; `wick plan` sizes a node)", dir, arch, bytes_str(image, b[0]),
-			     seqs, max_seq, bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
+			     "%s KV caches of %d sequences of %d positions %s more (%s a "
+			     "sequence), but GPU 0 has %s free of %s. Room beside the weights: %llu "
+			     "sequence%s of %d positions, or %d of %llu positions (lower the "
+			     "concurrency or --max-seq%s; `wick plan` sizes a node)", dir, arch,
+			     bytes_str(image, b[0]), kvt == DT_BF16 ? "bf16" : "f32", seqs, max_seq,
+			     bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
 			     bytes_str(free_b, b[3]), bytes_str(total_b, b[4]),
 			     (unsigned long long)fit, fit == 1 ? "" : "s", max_seq, seqs,
-			     (unsigned long long)len);
+			     (unsigned long long)len,
+			     kvt == DT_F32 ? ", or --kv-dtype bf16 for half the cache" : "");
 	}
 	return rc;
 }

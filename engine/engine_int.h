@@ -159,13 +159,20 @@ void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *
 
 /* Bytes of KV cache one sequence takes on one rank, from the config alone, as the family's
  * load allocates them at the max_seq it chooses (*max_seq, max_seq_opt capping the model's
- * max_position_embeddings): Llama and GLM-4.5 keys and values, 2 x num_hidden_layers x max_seq
- * x (the rank's KV heads, shard_heads) x head_dim floats; GLM-5 the MLA latent, its rotated
- * key and the indexer's key, num_hidden_layers x max_seq x (kv_lora_rank + qk_rope_head_dim +
- * index_head_dim) floats, whole on every rank. For eng_open's check before a restore; each
+ * max_position_embeddings), in elements of type kv: Llama and GLM-4.5 keys and values, 2 x
+ * num_hidden_layers x max_seq x (the rank's KV heads, shard_heads) x head_dim; GLM-5 the MLA
+ * latent and its rotated key, num_hidden_layers x max_seq x (kv_lora_rank +
+ * qk_rope_head_dim), and the indexer's key on its full layers (glm5_indexer_full) x max_seq x
+ * index_head_dim, whole on every rank. For eng_open's check before a restore; each
  * family's load holds its own allocation to it (eng_cache_agrees), so they cannot drift. */
 int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 			enum dt_type kv, int *max_seq, uint64_t *bytes, char *err, size_t errsz);
+/* GLM-5's layers with their own DSA indexer, as GlmMoeDsaConfig derives indexer_types
+ * (indexer_types, else index_topk_pattern, else index_topk_freq / index_skip_topk_offset):
+ * full [n_layers], and how many (*n_full); the others reuse the previous full layer's
+ * selection and cache no indexer keys. WK_EFORMAT naming the field that is wrong. */
+int glm5_indexer_full(json_t *cfg, int n_layers, bool *full, int *n_full, char *err,
+		      size_t errsz);
 /* The KV caches' element type eng_opts.kv_dtype asks for (opt: "f32", "bf16", "auto" or
  * NULL; see engine.h) for the model of config cfg: DT_F32 or DT_BF16; WK_EINVAL naming opt
  * when it is none of those. */
@@ -208,7 +215,8 @@ enum eng_kind {
 	ENG_K_LAYERNORM, ENG_K_MOE_ROUTE, ENG_K_GATHER_ROWS, ENG_K_SCATTER_ADD_ROWS,
 	ENG_K_MLA_ABSORB_Q, ENG_K_MLA_ABSORB_OUT, ENG_K_MLA_ATTENTION, ENG_K_DSA_TOPK,
 	ENG_K_MOE_EXPERTS, ENG_K_ZERO, ENG_K_ADD_RMSNORM, ENG_K_ACT_QUANT, ENG_K_ARGMAX,
-	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_CAST, ENG_K_CHAIN, ENG_K_TO_DEVICE,
+	ENG_K_MLA_ABSORBED, ENG_K_SAMPLE_CAND, ENG_K_ACT_SPLIT, ENG_K_CAST,
+	ENG_K_CHAIN, ENG_K_TO_DEVICE,
 	ENG_K_TO_HOST, ENG_K_COPY,
 };
 int eng_count_wrap(struct engine *e, char *err, size_t errsz);

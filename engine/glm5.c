@@ -52,6 +52,7 @@ struct g5_layer {
 	struct be_weight kv_b;     /* (n_heads * (d_nope + d_v), lora): per head k_nope rows, v rows */
 	struct be_weight o;        /* (dim, n_heads * d_v) */
 	bool full;                 /* runs its own indexer (else reuses the previous full layer's) */
+	int fi;                    /* full: its place among the full layers (its keys' cache) */
 	struct be_weight iq;       /* indexer.wq_b (i_heads * i_dim, q_lora) */
 	struct be_weight ik;       /* indexer.wk (i_dim, dim) */
 	float *ik_norm_w, *ik_norm_b; /* (i_dim) indexer.k_norm LayerNorm */
@@ -71,8 +72,9 @@ struct g5 {
 	 * of the engine's KV type (eng_kv_at) */
 	void *ckv;                 /* (max_seqs, n_layers, max_seq, lora) */
 	void *kpe;                 /* (max_seqs, n_layers, max_seq, d_rope) */
-	void *ikc;                 /* (max_seqs, n_layers, max_seq, i_dim) indexer keys (full
-				    * layers) */
+	void *ikc;                 /* (max_seqs, n_full, max_seq, i_dim) the full layers' indexer
+				    * keys */
+	int n_full;                /* layers with their own indexer */
 	float *scores;             /* (max_seq) indexer scratch */
 	void *work;                /* (max_seq * 8 bytes) */
 	bool *use_sel;             /* (max_seqs) per segment of the step: the last full layer's
@@ -94,10 +96,9 @@ struct g5 {
 				    * and k_pe read back as f32 for the expansion */
 };
 
-/* "full"/"shared" per layer, as GlmMoeDsaConfig derives indexer_types. */
-static int indexer_kinds(json_t *cfg, struct glm_model *m, struct g5 *a, char *err, size_t errsz)
+int glm5_indexer_full(json_t *cfg, int nl, bool *full, int *n_full, char *err, size_t errsz)
 {
-	int nl = m->c.n_layers, rc;
+	int rc;
 	json_t *types = json_object_get(cfg, "indexer_types");
 	json_t *pattern = json_object_get(cfg, "index_topk_pattern");
 	long long freq, offset;
@@ -106,6 +107,7 @@ static int indexer_kinds(json_t *cfg, struct glm_model *m, struct g5 *a, char *e
 		return rc;
 	if (freq < 1)
 		freq = 1;
+	*n_full = 0;
 	for (int l = 0; l < nl; l++) {
 		const char *t = NULL;
 		if (types && !json_is_null(types)) {
@@ -135,13 +137,30 @@ static int indexer_kinds(json_t *cfg, struct glm_model *m, struct g5 *a, char *e
 			return wk_errf(err, errsz, WK_EFORMAT,
 				       "config.json: indexer type of layer %d must be \"full\" or "
 				       "\"shared\"", l);
-		a->layers[l].full = !strcmp(t, "full");
+		full[l] = !strcmp(t, "full");
+		*n_full += full[l];
 	}
-	if (!a->layers[0].full)
+	if (!full[0])
 		return wk_errf(err, errsz, WK_EFORMAT,
 			       "config.json: layer 0 is a \"shared\" indexer layer, but there is no "
 			       "earlier full layer to share from");
 	return WK_OK;
+}
+
+/* "full"/"shared" per layer, and each full layer's place among them (its indexer keys' cache). */
+static int indexer_kinds(json_t *cfg, struct glm_model *m, struct g5 *a, char *err, size_t errsz)
+{
+	int nl = m->c.n_layers;
+	bool *full = malloc((size_t)nl * sizeof *full);
+	if (!full)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	int rc = glm5_indexer_full(cfg, nl, full, &a->n_full, err, errsz);
+	for (int l = 0, f = 0; l < nl && rc == WK_OK; l++) {
+		a->layers[l].full = full[l];
+		a->layers[l].fi = full[l] ? f++ : -1;
+	}
+	free(full);
+	return rc;
 }
 
 static int read_cfg(struct engine *e, struct glm_model *m, struct g5 *a, char *err, size_t errsz)
@@ -285,14 +304,14 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->iw);
 	}
 	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
-	size_t kvs = eng_kv_size(e);
-	if ((rc = eng_cache_agrees(e, (uint64_t)m->c.n_layers * T *
-					      (a->lora + a->d_rope + a->i_dim) * kvs,
-				   err, errsz)))
+	size_t kvs = eng_kv_size(e), nf = (size_t)m->max_seqs * a->n_full;
+	size_t per_pos = (size_t)m->c.n_layers * (a->lora + a->d_rope) +
+			 (size_t)a->n_full * a->i_dim; /* elements a sequence's position takes */
+	if ((rc = eng_cache_agrees(e, (uint64_t)T * per_pos * kvs, err, errsz)))
 		return rc;
 	a->ckv = eng_calloc(e, nl * T * a->lora * kvs);
 	a->kpe = eng_calloc(e, nl * T * a->d_rope * kvs);
-	a->ikc = eng_calloc(e, nl * T * a->i_dim * kvs);
+	a->ikc = eng_calloc(e, nf * T * a->i_dim * kvs);
 	a->scores = eng_alloc(e, T * sizeof(float));
 	a->work = eng_alloc(e, T * 8);
 	a->use_sel = calloc((size_t)m->max_seqs, sizeof *a->use_sel);
@@ -301,7 +320,7 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 			       "cannot allocate the MLA and indexer caches of %d positions for %d "
 			       "sequences (%zu MiB); try a smaller max_seq or concurrency",
 			       m->c.max_seq, m->max_seqs,
-			       nl * T * (a->lora + a->d_rope + a->i_dim) * kvs >> 20);
+			       (size_t)m->max_seqs * T * per_pos * kvs >> 20);
 	return WK_OK;
 }
 
@@ -432,6 +451,10 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 #define CACHE(base, seq, width) CACHE_AT(base, seq, width, 0)
 #define CACHE_AT(base, seq, width, pos)                                                        \
 	eng_kv_at(e, (base), (((size_t)(seq) * nl + (size_t)l) * S + (size_t)(pos)) * (width))
+	/* the indexer keys' cache: full layers only (L->fi: this one's place among them) */
+#define IKC(seq, pos)                                                                          \
+	eng_kv_at(e, a->ikc,                                                                   \
+		  (((size_t)(seq) * a->n_full + (size_t)L->fi) * S + (size_t)(pos)) * a->i_dim)
 
 	/* Whether the indexer selects for some segment (a full layer decides, the others reuse
 	 * its choice); then the projections of the layer input x as one op: q_a_proj,
@@ -451,7 +474,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	bool direct = nseg == 1 && !e->unfused && f32, split = a->split && !e->unfused;
 	float *ckv0 = CACHE_AT(a->ckv, g0->seq, lora, g0->pos0);
 	float *kpe0 = CACHE_AT(a->kpe, g0->seq, rope, g0->pos0);
-	float *ik0 = CACHE_AT(a->ikc, g0->seq, a->i_dim, g0->pos0);
+	float *ik0 = L->full ? IKC(g0->seq, g0->pos0) : NULL;
 	float *xo[5] = {a->qc}, *ikeys = direct ? ik0 : a->iks;
 	const struct be_weight *xw[5] = {&L->q_a};
 	struct be_rope xr[5] = {{0}}; /* k_pe rotated as it is stored */
@@ -496,8 +519,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		if (split) { /* f32: normalised into the cache; bf16: in place, stored below */
 			float *c_in = a->kva + (size_t)g->off * lora;
 			float *cr = f32 ? CACHE_AT(a->ckv, g->seq, lora, g->pos0) : c_in;
-			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL, g->n,
-						     lora, MLA_NORM_EPS, false, NULL, 0, 0};
+			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL,
+						     g->n, lora, MLA_NORM_EPS, false, NULL, 0, 0};
 			if (nn == BE_NORM_MAX) {
 				eng_norm_n(e, nrm, nn);
 				nn = 0;
@@ -511,13 +534,14 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
 			int p = g->pos0 + i;
 			if (f32) {
-				be->rmsnorm(c, CACHE_AT(a->ckv, g->seq, lora, p), row, L->kv_a_norm, 1,
-					    lora, MLA_NORM_EPS);
+				be->rmsnorm(c, CACHE_AT(a->ckv, g->seq, lora, p), row, L->kv_a_norm,
+					    1, lora, MLA_NORM_EPS);
 				eng_dcopy(e, CACHE_AT(a->kpe, g->seq, rope, p), row + lora,
 					  (size_t)rope * sizeof(float));
 			} else {
 				be->rmsnorm(c, row, row, L->kv_a_norm, 1, lora, MLA_NORM_EPS);
-				eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, p), 0, row, (size_t)lora);
+				eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, p), 0, row,
+					     (size_t)lora);
 				eng_kv_store(e, CACHE_AT(a->kpe, g->seq, rope, p), 0, row + lora,
 					     (size_t)rope);
 			}
@@ -534,8 +558,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 				     a->kvr + off * rope, n * rope);
 		}
 		if (L->full)
-			eng_kv_store(e, CACHE_AT(a->ikc, g->seq, a->i_dim, g->pos0), 0,
-				     a->iks + off * a->i_dim, n * a->i_dim);
+			eng_kv_store(e, IKC(g->seq, g->pos0), 0, a->iks + off * a->i_dim,
+				     n * a->i_dim);
 	}
 
 	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
@@ -554,7 +578,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	if (L->full) {
 		int id = a->i_dim;
 		for (int s = 0; s < nseg && !direct && f32; s++)
-			eng_dcopy(e, CACHE_AT(a->ikc, seg[s].seq, id, seg[s].pos0),
+			eng_dcopy(e, IKC(seg[s].seq, seg[s].pos0),
 				  a->iks + (size_t)seg[s].off * id,
 				  (size_t)seg[s].n * id * sizeof(float));
 		for (int s = 0; s < nseg; s++) {
@@ -562,9 +586,9 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			size_t off = (size_t)g->off;
 			if (a->use_sel[s])
 				be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
-					     a->iqv + off * a->i_heads * id, CACHE(a->ikc, g->seq, id),
-					     e->kv, a->iwv + off * a->i_heads, g->n, g->pos0, a->i_heads, id,
-					     a->topk, 1.0f / sqrtf((float)id),
+					     a->iqv + off * a->i_heads * id, IKC(g->seq, 0),
+					     e->kv, a->iwv + off * a->i_heads, g->n, g->pos0,
+					     a->i_heads, id, a->topk, 1.0f / sqrtf((float)id),
 					     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
 		}
 	}
@@ -587,6 +611,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * matmul */
 	eng_chain_begin(e);
 	eng_matmul(e, out, a->att, &L->o, T);
+#undef IKC
 #undef CACHE_AT
 #undef CACHE
 }

@@ -348,7 +348,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		eng_rope_n(e, rot, 2, m->theta, false);
 		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
 			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
-			void *kc = eng_kv_at(e, m->kcache, base), *vc = eng_kv_at(e, m->vcache, base);
+			void *kc = eng_kv_at(e, m->kcache, base);
+			void *vc = eng_kv_at(e, m->vcache, base);
 			int pos0 = e->seq_len[items[i].seq];
 			if (!direct) {
 				eng_kv_store(e, kc, (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
@@ -357,8 +358,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 					     (size_t)items[i].n * kvd);
 			}
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
-			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, e->kv, items[i].n, pos0,
-				      m->n_heads, m->n_kv, m->head_dim, kvd,
+			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, e->kv, items[i].n,
+				      pos0, m->n_heads, m->n_kv, m->head_dim, kvd,
 				      1.0f / sqrtf((float)m->head_dim));
 		}
 		eng_chain_begin(e);

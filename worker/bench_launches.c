@@ -40,7 +40,9 @@ static void usage(FILE *f)
 		"  -s, --steps S      decode steps counted (default 4)\n"
 		"      --backend B    cpu, cuda, null or auto (default cpu)\n"
 		"      --threads T    CPU threads (default: all cores)\n"
-		"      --target N     launches per step to compare with (default 400)\n");
+		"      --target N     launches per step to compare with (default 400)\n"
+		"      --kv-dtype D   the KV cache's type: bf16, f32 or auto (default auto: bf16\n"
+		"                     for a bfloat16 checkpoint)\n");
 }
 
 static int parse_pos(const char *s, const char *what, int hi, int *out)
@@ -57,7 +59,7 @@ static int parse_pos(const char *s, const char *what, int hi, int *out)
 
 /* One measurement: the launches per decode step, averaged over steps, after a prefill. */
 struct count_run {
-	char arch[128], backend[32];
+	char arch[128], backend[32], kv[8];
 	double per_kind[ENG_LAUNCH_KINDS]; /* ops per step */
 	double chained[ENG_LAUNCH_KINDS];  /* ops per step run inside chains */
 	double kernels, copies, coll, total; /* launches per step */
@@ -81,6 +83,7 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 	memset(r, 0, sizeof *r);
 	snprintf(r->arch, sizeof r->arch, "%s", info->arch);
 	snprintf(r->backend, sizeof r->backend, "%s", info->backend);
+	snprintf(r->kv, sizeof r->kv, "%s", info->kv_dtype);
 	if (!ids || !logits) {
 		fprintf(stderr, "wick bench: out of memory\n");
 		goto done;
@@ -138,13 +141,14 @@ done:
 int bench_launches(int argc, char **argv)
 {
 	int context = 64, steps = 4, threads = 0, target = 400;
-	const char *backend = "cpu";
+	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"context", required_argument, NULL, 'c'},
 		{"steps", required_argument, NULL, 's'},
 		{"backend", required_argument, NULL, 'b'},
 		{"threads", required_argument, NULL, 't'},
 		{"target", required_argument, NULL, 'T'},
+		{"kv-dtype", required_argument, NULL, 'k'},
 		{"help", no_argument, NULL, 'h'},
 		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
@@ -160,6 +164,7 @@ int bench_launches(int argc, char **argv)
 		case 'b': backend = optarg; break;
 		case 't': bad = parse_pos(optarg, "--threads", 1024, &threads); break;
 		case 'T': bad = parse_pos(optarg, "--target", 1 << 30, &target); break;
+		case 'k': kv = optarg; break;
 		case 'M': given = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -174,7 +179,7 @@ int bench_launches(int argc, char **argv)
 	}
 	struct count_run grouped, plain, one; /* fused and chained / not chained / unfused */
 	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
-			      .count_launches = true};
+			      .count_launches = true, .kv_dtype = kv};
 	if (count_step(model, &eo, context, steps, &grouped))
 		return 1;
 	eo.no_chain = true; /* every op its own launch */
@@ -187,6 +192,7 @@ int bench_launches(int argc, char **argv)
 
 	printf("model            %s (%s)\n", model, grouped.arch);
 	printf("backend          %s\n", grouped.backend);
+	printf("kv cache         %s\n", grouped.kv);
 	printf("decode step      batch 1 at position %d..%d, %d steps averaged (after one more)\n",
 	       context + 1, context + steps, steps);
 	printf("%-18s %10s\n", "kind", "per step");
@@ -229,9 +235,10 @@ int bench_launches(int argc, char **argv)
 	       grouped.backend);
 	json_t *ms = json_pack("{s:f, s:f, s:f}", "chained", grouped.step_ms, "not_chained",
 			       plain.step_ms, "unfused", one.step_ms);
-	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:o, "
-			      "s:o, s:o}",
+	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:i, "
+			      "s:o, s:o, s:o}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
+			      "kv_dtype", grouped.kv,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
 			      grouped.total, "not_chained", plain.total, "unfused", one.total,

@@ -66,7 +66,8 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	{"snapshot", required_argument, 0, CMD_OPT_BASE + 7},                              \
 	{"model", required_argument, 0, CMD_OPT_BASE + 7},                                 \
 	{"fp8-act", no_argument, 0, CMD_OPT_BASE + 8},                                     \
-	{"max-seq", required_argument, 0, CMD_OPT_BASE + 9}
+	{"max-seq", required_argument, 0, CMD_OPT_BASE + 9},                               \
+	{"kv-dtype", required_argument, 0, CMD_OPT_BASE + 10}
 
 #define CMD_ENGINE_HELP                                                                     \
 	"      --backend B       cpu, cuda or auto (default auto: cuda when a GPU is present)\n" \
@@ -80,7 +81,9 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	"                        128 channels a scale; default: f32 activations)\n"          \
 	"      --max-seq N       positions the KV cache holds per sequence (default: the\n"    \
 	"                        model's max_position_embeddings; a worker holds one cache\n"  \
-	"                        per --concurrency slot: size both with wick plan)\n"
+	"                        per --concurrency slot: size both with wick plan)\n"  \
+	"      --kv-dtype D      the KV cache's element type: bf16, f32 or auto (default:\n" \
+	"                        bf16 for a bfloat16 checkpoint, as GLM-5's; else f32)\n"
 
 struct cmd_engine {
 	struct eng_opts o;

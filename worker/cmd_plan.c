@@ -28,7 +28,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: wick plan --config CONFIG_JSON [--tp N] [--ep N] [--gpus N] [--gpu-mem SIZE]\n"
 		"                 [--context N] [--batch N] [--weights-dtype fp8|bf16]\n"
-		"                 [--kv-dtype bf16|fp8] [--reserve SIZE] [--format table|json]\n"
+		"                 [--kv-dtype auto|bf16|f32|fp8] [--reserve SIZE]\n"
+		"                 [--format table|json]\n"
 		"\n"
 		"Plans GPU memory from config.json alone (no weights are read): parameter bytes per\n"
 		"GPU under the layout, by part; the workspace for --batch tokens; KV-cache bytes per\n"
@@ -47,8 +48,9 @@ static void usage(FILE *f)
 		"  --batch N            tokens in one forward step, for the workspace (default %d)\n"
 		"  --weights-dtype D    fp8, bf16, f16 or f32 (default: the config's: fp8 when\n"
 		"                       quantization_config.quant_method is fp8, else torch_dtype)\n"
-		"  --kv-dtype D         KV-cache dtype: f32 (default: what wick's engine holds\n"
-		"                       today), or bf16, fp8, f16 to see what those would hold\n"
+		"  --kv-dtype D         KV-cache dtype: bf16 or f32, which the engine holds, or\n"
+		"                       fp8, f16 to see what those would hold (default auto,\n"
+		"                       the engine's: bf16 for a bfloat16 checkpoint, else f32)\n"
 		"  --reserve SIZE       per GPU, kept back for the CUDA context, NCCL buffers and\n"
 		"                       allocator slack (default " DEFAULT_RESERVE ")\n"
 		"  --format F           table (default) or json\n"
@@ -532,7 +534,7 @@ int cmd_plan(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	struct plan_opts po = {.tp = 1, .ep = 1, .batch = DEFAULT_BATCH, .weights = PLAN_NDTYPE,
-			       .kv = PLAN_F32};
+			       .kv = PLAN_NDTYPE}; /* PLAN_NDTYPE: auto, the engine's default */
 	const char *config = NULL, *format = "table";
 	int64_t v;
 	int c, rc = 0;
@@ -561,7 +563,10 @@ int cmd_plan(int argc, char **argv)
 			rc = dtype_flag(optarg, "--weights-dtype", &po.weights);
 			weights_given = true;
 			break;
-		case O_KVDT: rc = dtype_flag(optarg, "--kv-dtype", &po.kv); break;
+		case O_KVDT:
+			if (strcmp(optarg, "auto"))
+				rc = dtype_flag(optarg, "--kv-dtype", &po.kv);
+			break;
 		case O_RES:
 			if (!strcmp(optarg, "0"))
 				po.reserve = 0;
@@ -599,6 +604,8 @@ int cmd_plan(int argc, char **argv)
 		return 1;
 	}
 	json_decref(cfg);
+	if (po.kv == PLAN_NDTYPE)
+		po.kv = m.kv_auto;
 	/* A snapshot: its layout and weight dtype unless the flags say otherwise (the layout as
 	 * logits and worker default to it; an FP8 checkpoint cast to bf16 keeps its FP8
 	 * matrices, so only fp8, or bf16/f32 of a model that is not FP8, changes the plan) */

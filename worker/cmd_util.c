@@ -40,6 +40,14 @@ int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 	case 7: ce->model = arg; return 0;
 	case 8: ce->o.fp8_act = true; return 0;
 	case 9: return count(arg, "--max-seq", 2, 1 << 24, &ce->o.max_seq);
+	case 10:
+		if (strcmp(arg, "auto") && strcmp(arg, "f32") && strcmp(arg, "bf16")) {
+			fprintf(stderr, "wick: --kv-dtype wants bf16, f32 or auto, not '%s'\n",
+				arg);
+			return 2;
+		}
+		ce->o.kv_dtype = arg;
+		return 0;
 	}
 	return 2;
 }
@@ -92,10 +100,12 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 		fprintf(stderr,
 			"{\"startup\": {\"model\": \"%s\", \"snapshot\": %s, \"weights_s\": %.6f, "
 			"\"read_s\": %.6f, \"verify_s\": %.6f, \"init_s\": %.6f, \"total_s\": %.6f, "
-			"\"bytes\": %llu, \"to_device\": %s, \"ready_mono\": %.6f}}\n",
+			"\"bytes\": %llu, \"to_device\": %s, \"ready_mono\": %.6f, "
+			"\"kv_dtype\": \"%s\", \"max_seq\": %d, \"max_seqs\": %d}}\n",
 			ce->model, s->snapshot ? "true" : "false", s->weights_s, s->read_s, s->verify_s,
 			s->init_s, s->total_s, (unsigned long long)s->bytes,
-			s->to_device ? "true" : "false", s->ready_mono);
+			s->to_device ? "true" : "false", s->ready_mono, in->kv_dtype, in->max_seq,
+			in->max_seqs);
 	return 0;
 }
 

@@ -215,6 +215,7 @@ static int read_dtypes(json_t *cfg, struct plan_model *m, char *err, size_t errs
 	if (!json_is_string(td))
 		td = json_object_get(cfg, "dtype");
 	const char *s = json_string_value(td);
+	m->kv_auto = s && !strcmp(s, "bfloat16") ? PLAN_BF16 : PLAN_F32;
 	if (!s) {
 		m->base = PLAN_BF16;
 		warn(m->warn, &m->nwarn, "config.json has no torch_dtype/dtype: bf16 assumed");

@@ -50,6 +50,8 @@ struct plan_model {
 	bool tied;
 	/* dtypes: the checkpoint's (torch_dtype / dtype) and its quantization */
 	enum plan_dtype base;
+	enum plan_dtype kv_auto; /* the engine's KV cache type by default (eng_kv_type's auto):
+				  * bf16 for a bfloat16 checkpoint, else f32 */
 	bool fp8;                /* quantization_config.quant_method "fp8" */
 	int block_rows, block_cols; /* its weight_block_size; 0 0: one scale per tensor */
 	char quant_note[96];     /* what quantization_config said, for the report */

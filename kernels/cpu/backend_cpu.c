@@ -414,7 +414,8 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 	struct mla_job j = {
 		.out = out, .q = q, .n = n, .pos0 = pos0, .avx2 = cpu_has_avx2(),
 		.s = {.n_heads = s->n_heads, .d_a = s->d_a, .d_b = s->d_b, .d_v = s->d_v,
-		      .kv = s->kv, .k_a = s->k_a, .k_b = s->k_b, .v = s->v, .ka_stride = s->ka_stride,
+		      .kv = s->kv, .k_a = s->k_a, .k_b = s->k_b, .v = s->v,
+		      .ka_stride = s->ka_stride,
 		      .ka_head = s->ka_head, .kb_stride = s->kb_stride, .v_stride = s->v_stride,
 		      .v_head = s->v_head, .sel = s->sel, .nsel = s->nsel,
 		      .sel_stride = s->sel_stride, .scale = s->scale},

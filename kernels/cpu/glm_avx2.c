@@ -181,8 +181,8 @@ mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type 
 				}
 				float p = expf(sc - max);
 				sum += p;
-				kv_scale_axpy(oh, 1.0f, p, s->v, kv,
-					      (size_t)t * s->v_stride + (size_t)h * s->v_head, s->d_v);
+				size_t vt = (size_t)t * s->v_stride + (size_t)h * s->v_head;
+				kv_scale_axpy(oh, 1.0f, p, s->v, kv, vt, s->d_v);
 			}
 			scale_row(oh, 1.0f / sum, s->d_v);
 		}
@@ -204,8 +204,9 @@ float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const f
 {
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
-		float d = (kv == DT_BF16 ? kv_dot(q + (size_t)h * head_dim, k, DT_BF16, 0, head_dim)
-					 : kv_dot(q + (size_t)h * head_dim, k, DT_F32, 0, head_dim)) *
+		const float *qh = q + (size_t)h * head_dim;
+		float d = (kv == DT_BF16 ? kv_dot(qh, k, DT_BF16, 0, head_dim)
+					 : kv_dot(qh, k, DT_F32, 0, head_dim)) *
 			  qk_scale;
 		total += w[h] * w_scale * (d > 0.0f ? d : 0.0f);
 	}

@@ -357,7 +357,8 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum d
 				scores[t] = cpu_ref_dsa_score(
 					q + (size_t)i * n_heads * head_dim,
 					cpu_kv_ptr(k, kv, (size_t)t * head_dim), kv,
-					w + (size_t)i * n_heads, n_heads, head_dim, qk_scale, w_scale);
+					w + (size_t)i * n_heads, n_heads, head_dim, qk_scale,
+					w_scale);
 		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
 	}
 }

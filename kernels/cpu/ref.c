@@ -126,8 +126,8 @@ void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
 
 			float max = -INFINITY;
 			for (int t = 0; t < len; t++) {
-				float s = dot_kv(qh, k, kv, (size_t)t * kv_stride + koff, head_dim) *
-					  scale;
+				size_t kt = (size_t)t * kv_stride + koff;
+				float s = dot_kv(qh, k, kv, kt, head_dim) * scale;
 				if (s > max)
 					max = s;
 			}
@@ -135,8 +135,8 @@ void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
 				oh[d] = 0.0f;
 			float sum = 0.0f;
 			for (int t = 0; t < len; t++) {
-				float s = dot_kv(qh, k, kv, (size_t)t * kv_stride + koff, head_dim) *
-					  scale;
+				size_t kt = (size_t)t * kv_stride + koff;
+				float s = dot_kv(qh, k, kv, kt, head_dim) * scale;
 				float p = expf(s - max);
 				size_t vt = (size_t)t * kv_stride + koff;
 				sum += p;

@@ -79,6 +79,9 @@ assert k["matmul"] == 3 * L + 2 * dense + moe + 1, k   # + dense MLPs, routers, 
 assert k["silu_mul"] == dense, k        # the shared experts' SiLU is inside the grouped op
 assert k["to_host"] == 1 and k["to_device"] == 2, k               # no routing round trip
 assert "copy" not in k, k                          # c_kv, k_pe, index keys land in caches
+# the checkpoint is bfloat16, so the caches are: a layer's new rows are rounded into them by
+# one cast link inside its first chain (no launch of its own)
+assert j["kv_dtype"] == "bf16" and ch["cast"] == L and "cast" not in j["by_kind"], (j, ch)
 assert k["add_rmsnorm"] == 2 * L and "add" not in k, k
 assert "rope" not in k, k   # q, k_pe and the indexer's queries rotated in their matmuls' stores,
                             # the indexer's keys in their norm_n after the norm

@@ -110,6 +110,8 @@ G5=(--config "$TMPD/glm5.json" --tp 8 --ep 8 --gpus 8 --gpu-mem 141GB)
 plan g5_128k "${G5[@]}" --context 131072
 plan g5_200k "${G5[@]}" --context 200000
 plan g5_fp8kv "${G5[@]}" --context 200000 --kv-dtype fp8
+plan g5_f32kv "${G5[@]}" --context 200000 --kv-dtype f32
+plan g5_auto "${G5[@]}" --context 200000 --kv-dtype auto
 plan g5_bf16 "${G5[@]}" --context 131072 --weights-dtype bf16
 plan g5_tp4 --config "$TMPD/glm5.json" --tp 4 --ep 8 --gpu-mem 141GB --context 131072
 plan g5_ep4 --config "$TMPD/glm5.json" --tp 8 --ep 4 --gpu-mem 141GiB --context 131072 --batch 512
@@ -261,7 +263,7 @@ r = {}
 for name, ctx in (("g5_128k", 131072), ("g5_200k", 200000)):
     j = load(name)
     params, total, gpu = expect_plan(c5, j, 8, 8, "fp8")
-    kvtok, toks, seqs = expect_memory(c5, j, 8, 8, ctx, 2048, "f32", 141 * GB)
+    kvtok, toks, seqs = expect_memory(c5, j, 8, 8, ctx, 2048, "bf16", 141 * GB)
     r[name] = (gpu, toks, seqs, j["memory"]["headroom_bytes"])
 check(abs(params - 743.7e9) / 743.7e9 < 0.001, f"GLM-5 params {params} vs 743.7B computed in glm.md")
 check(abs(params - 744e9) / 744e9 < 0.005, f"GLM-5 params {params} vs the published 744B")
@@ -276,11 +278,14 @@ check(abs(total - 746e9) / 746e9 < 0.01, f"GLM-5-FP8 bytes {total} vs ~746 GB in
 # weights per GPU = the sharded parts / 8 + the replicated parts (attention down-projections,
 # indexer, router, norms): about 93 GB + a few
 check(total / 8 < gpu < total / 8 + 3 * GB, f"per GPU {gpu} vs total/8 {total / 8}")
-check(j["kv_cache"]["bytes_per_token_per_gpu"] == 78 * 576 * 4 + 78 * 128 * 4, "GLM-5 KV f32 (the engine's caches)")
+check(j["kv_cache"]["bytes_per_token_per_gpu"] == 78 * 576 * 2 + 78 * 128 * 2, "GLM-5 KV bf16 (the engine's default for its bfloat16 checkpoint)")
 check(j["kv_cache"]["replicated_over_tp"] is True, "MLA latent is replicated over TP")
-# with the engine's f32 caches one 128K sequence fits; the full 200K context needs a smaller
-# cache dtype (bf16 or fp8 KV, which plan shows but the engine does not hold yet)
+# with the engine's bf16 caches GLM-5's full 200K context fits (with f32 caches it did not)
 check(r["g5_128k"][2] >= 1, "GLM-5-FP8 must fit 8 x H200 at 128K")
+check(r["g5_200k"][2] >= 1, "GLM-5-FP8 must fit 8 x H200 at its full 200K context in bf16 KV")
+_, _, s32 = expect_memory(c5, load("g5_f32kv"), 8, 8, 200000, 2048, "f32", 141 * GB)
+check(s32 == 0, f"with f32 KV GLM-5's 200K context fits {s32} sequences, expected none")
+check(load("g5_auto") == load("g5_200k"), "--kv-dtype auto is the default")
 check(r["g5_128k"][1] > r["g5_200k"][1], "a longer context has a bigger indexer workspace")
 j = load("g5_fp8kv")
 expect_memory(c5, j, 8, 8, 200000, 2048, "fp8", 141 * GB)
@@ -288,21 +293,21 @@ check(j["kv_cache"]["main_bytes_per_token_per_gpu"] == 78 * 656, "fp8 MLA cache 
 # bf16 weights: ~1.5 TB does not fit 8 x 141 GB
 j = load("g5_bf16")
 expect_plan(c5, j, 8, 8, "bf16")
-expect_memory(c5, j, 8, 8, 131072, 2048, "f32", 141 * GB)
+expect_memory(c5, j, 8, 8, 131072, 2048, "bf16", 141 * GB)
 check(not j["memory"]["fits"] and not j["memory"]["fits_weights"] and j["memory"]["shortfall_bytes"] > 40 * GB,
       "GLM-5 in bf16 must not fit 8 x H200")
 # other layouts
-j = load("g5_tp4"); expect_plan(c5, j, 4, 8, "fp8"); expect_memory(c5, j, 4, 8, 131072, 2048, "f32", 141 * GB)
+j = load("g5_tp4"); expect_plan(c5, j, 4, 8, "fp8"); expect_memory(c5, j, 4, 8, 131072, 2048, "bf16", 141 * GB)
 check(j["layout"]["attention_copies"] == 2, "tp 4 on 8 GPUs: each attention shard on two GPUs")
-j = load("g5_ep4"); expect_plan(c5, j, 8, 4, "fp8"); expect_memory(c5, j, 8, 4, 131072, 512, "f32", 141 * GiB)
+j = load("g5_ep4"); expect_plan(c5, j, 8, 4, "fp8"); expect_memory(c5, j, 8, 4, 131072, 512, "bf16", 141 * GiB)
 check(j["layout"]["experts_per_gpu"] == 64 and j["layout"]["expert_copies"] == 2, "ep 4 on 8 GPUs")
 
 # GLM-4.5 (bf16 config; fp8 on request = 128x128 blocks, wick snapshot --dtype fp8)
 j = load("g45")
 p45, _, _ = expect_plan(c45, j, 8, 8, "bf16")
-expect_memory(c45, j, 8, 8, 131072, 2048, "f32", 141 * GB)
+expect_memory(c45, j, 8, 8, 131072, 2048, "bf16", 141 * GB)
 check(abs(p45 - 355e9) / 355e9 < 0.015, f"GLM-4.5 params {p45} vs the published 355B")
-check(j["kv_cache"]["bytes_per_token_all_gpus"] == 2 * 368 * 1024, "GLM-4.5 KV is 368 KiB/token in bf16 (glm.md 1.3), twice that in the engine's f32")
+check(j["kv_cache"]["bytes_per_token_all_gpus"] == 368 * 1024, "GLM-4.5 KV is 368 KiB/token in bf16 (glm.md 1.3), the engine's default for it")
 j = load("g45_fp8")
 expect_plan(c45, j, 8, 8, "fp8")
 expect_memory(c45, j, 8, 8, 131072, 2048, "fp8", 141 * GB)

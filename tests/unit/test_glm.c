@@ -328,11 +328,15 @@ static void write_glm4(const char *dir, enum dt_type w, int n_group, int topk_gr
 static const int ids[] = {3, 17, 42, 5, 60, 11, 29, 8, 33, 50, 21, 7};
 #define NIDS ((int)(sizeof ids / sizeof ids[0]))
 
+/* The KV cache type the helpers open models with (eng_opts.kv_dtype; NULL: auto, f32 for
+ * these checkpoints, which name no torch_dtype). */
+static const char *kv_opt;
+
 static struct engine *open_model(const char *dir)
 {
 	struct engine *e;
 	char err[WK_ERRSZ];
-	struct eng_opts o = {.backend = "cpu", .threads = 2};
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .kv_dtype = kv_opt};
 	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
 	return e;
 }
@@ -499,7 +503,7 @@ static void check_batched(const char *dir, int V, const char *what)
 {
 	char err[WK_ERRSZ];
 	struct engine *e;
-	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 3};
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 3, .kv_dtype = kv_opt};
 	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_info(e)->max_seqs, 3, "%s: the family must batch", what);
 	/* prompts: ids[0..7), ids[2..4), ids[4..9); then each decodes two tokens */
@@ -593,7 +597,7 @@ static void check_devsim(const char *dir, int V, const char *what)
 	float *lg[NE];
 	for (int k = 0; k < NE; k++) {
 		struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 2,
-				     .backend_ops = bes[k]};
+				     .backend_ops = bes[k], .kv_dtype = kv_opt};
 		cr_assert_eq(eng_open(dir, &o, &e[k], err, sizeof err), WK_OK, "%s: %s", what, err);
 		lg[k] = malloc(sizeof(float) * NIDS * V);
 		cr_assert_not_null(lg[k]);
@@ -818,7 +822,8 @@ Test(glm, dsa_unselected_keys_do_not_matter)
 		/* Sanity: the same garbage in a selected row (not the query's own) matters. */
 		cr_assert_geq(kept, 0, "the selection holds only the query itself");
 		for (int c = 0; c < g.lora; c++)
-			put_kv(g.ckv, g.kv, (size_t)kept * g.lora + c, 3.0f * (float)(c % 5) - 6.0f);
+			put_kv(g.ckv, g.kv, (size_t)kept * g.lora + c,
+			       3.0f * (float)(c % 5) - 6.0f);
 		cr_assert_eq(eng_forward(e, ids + last, 1, last, again, false, err, sizeof err), WK_OK);
 		cr_expect_gt(rel(again, base, G5_VOCAB), 1e-3, "%s: a selected row did not matter",
 			     modes[k]);
@@ -902,8 +907,8 @@ Test(glm, attention_avx2_matches_ref)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	for (int i = 0; i < NQ; i++)
 		for (int t = 0; t < T; t++) {
-			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32, iw + i * IH,
-						    IH, ID, 0.2f, 0.6f);
+			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32,
+						    iw + i * IH, IH, ID, 0.2f, 0.6f);
 			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, DT_F32,
 						     iw + i * IH, IH, ID, 0.2f, 0.6f);
 			cr_expect_leq(fabsf(a - b), 1e-5f * (1.0f + fabsf(a)), "score %d %d", i, t);
@@ -1460,4 +1465,49 @@ Test(glm, fp8_activations)
 	}
 	rm_rf(dir);
 	free(dir);
+}
+
+/* bf16 KV caches on every family and both ways GLM-5 writes its latent (FP8 kv_a whole, bf16
+ * kv_a split in two): the logits stay within bf16's rounding of the f32 caches' and differ
+ * from them (the caches do round); decoding token by token matches the prefill; batched steps
+ * (the step's rows rounded into several sequences' caches) match each sequence alone; and on
+ * device memory (devsim) the logits are the CPU backend's bit for bit. */
+Test(glm, kv_bf16)
+{
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 5, .bias_std = 0.1f};
+	const char *what[3] = {"glm5 fp8", "glm5 bf16", "glm4 bf16"};
+	for (int k = 0; k < 3; k++) {
+		char *dir = mkdir_tmp();
+		d.wdt = k == 0 ? DT_F8_E4M3 : DT_BF16;
+		if (k < 2)
+			write_glm5(dir, &d);
+		else
+			write_glm4(dir, DT_BF16, 4, 2, 0.1f);
+		kv_opt = "f32";
+		struct engine *e = open_model(dir);
+		int V = eng_info(e)->vocab;
+		float *ref = prefill(e, NIDS);
+		eng_close(e);
+		kv_opt = "bf16";
+		e = open_model(dir);
+		cr_assert_str_eq(eng_info(e)->kv_dtype, "bf16");
+		float *got = prefill(e, NIDS);
+		double worst = 0;
+		for (int i = 0; i < NIDS; i++)
+			worst = fmax(worst, rel(got + (size_t)i * V, ref + (size_t)i * V, V));
+		fprintf(stderr, "glm kv bf16: %s: bf16 vs f32 caches, worst relative difference "
+			"%.2g\n", what[k], worst);
+		cr_expect(worst > 0 && worst <= 1.5e-2, "%s: bf16 vs f32 caches differ by %g",
+			  what[k], worst);
+		check_decode(e, got, NIDS, what[k]);
+		eng_close(e);
+		check_batched(dir, V, what[k]);
+		check_devsim(dir, V, what[k]);
+		kv_opt = NULL;
+		free(ref);
+		free(got);
+		rm_rf(dir);
+		free(dir);
+	}
 }

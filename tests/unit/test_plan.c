@@ -352,16 +352,22 @@ Test(plan, config_fields)
 
 /* The plan's KV cache per token, f32 and bf16, is what the engine allocates
  * (eng_seq_cache_bytes, which every family's load holds its allocation to): on the real GLM-5
- * and GLM-4.5 configs and stories260K, at every tp that divides them. */
+ * and GLM-4.5 configs and stories260K, at every tp that divides them; and on GLM-5 with shared
+ * indexer layers (index_topk_freq 3: every third layer its own indexer), whose others cache
+ * no indexer keys. */
 Test(plan, kv_cache_is_the_engines)
 {
 	static const char *const files[] = {"tests/fuzz/corpus/config/glm5.json",
 					    "tests/fuzz/corpus/config/glm45.json",
 					    "tests/fuzz/corpus/config/stories260K.json"};
-	for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+	for (size_t f = 0; f <= sizeof files / sizeof files[0]; f++) {
 		json_error_t je;
-		json_t *cfg = json_load_file(files[f], 0, &je);
-		cr_assert_not_null(cfg, "%s: %s", files[f], je.text);
+		bool shared = f == sizeof files / sizeof files[0];
+		json_t *cfg = json_load_file(files[shared ? 0 : f], 0, &je);
+		cr_assert_not_null(cfg, "%s: %s", files[shared ? 0 : f], je.text);
+		const char *name = shared ? "glm5 index_topk_freq 3" : files[f];
+		if (shared)
+			json_object_set_new(cfg, "index_topk_freq", json_integer(3));
 		struct plan_model m;
 		char err[WK_ERRSZ] = "";
 		cr_assert_eq(plan_model_read(cfg, &m, err, sizeof err), WK_OK, "%s", err);
@@ -372,9 +378,10 @@ Test(plan, kv_cache_is_the_engines)
 			bool bf16 = i % 2;
 			uint64_t bytes;
 			int ms; /* 4096, or the model's max_position_embeddings below it */
-			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, bf16 ? DT_BF16 : DT_F32, &ms,
-							 &bytes, err, sizeof err),
-				     WK_OK, "%s: %s", files[f], err);
+			enum dt_type kv = bf16 ? DT_BF16 : DT_F32;
+			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, &ms, &bytes, err,
+							 sizeof err),
+				     WK_OK, "%s: %s", name, err);
 			struct plan_opts o = opts(tp, 1);
 			o.kv = bf16 ? PLAN_BF16 : PLAN_F32;
 			o.gpu_mem = 1000 * GB;
@@ -382,13 +389,14 @@ Test(plan, kv_cache_is_the_engines)
 			struct plan_result r;
 			if (plan_compute(&m, &o, &r, err, sizeof err) != WK_OK)
 				continue; /* a tp this model cannot split over */
-			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d %s: the engine allocates "
-				     "%llu bytes a sequence, the plan counts %llu", files[f], tp,
+			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d %s: the engine "
+				     "allocates %llu bytes a sequence, the plan counts %llu", name,
+				     tp,
 				     bf16 ? "bf16" : "f32",
 				     (unsigned long long)bytes, (unsigned long long)(r.kv_gpu * ms));
 			checked++;
 		}
-		cr_expect_gt(checked, 0, "%s: no tp planned", files[f]);
+		cr_expect_gt(checked, 0, "%s: no tp planned", name);
 		json_decref(cfg);
 	}
 }
