@@ -49,6 +49,13 @@ sys.exit(0 if worst <= 1e-3 else 1)
 PY
 }
 
+# The tight comparisons (1e-3) below run both backends on f32 KV caches (--kv-dtype f32): the
+# tiny GLM models are bfloat16 checkpoints, so both would default to bf16 caches, where a
+# 1e-7 difference between the two backends' sums can round a cached element to the other
+# bf16 and move a logit past 1e-3. The bf16 caches have their own section, a gross-error
+# gate (see there). stories260K is an f32 checkpoint: auto keeps its cache f32.
+KV32="--kv-dtype f32"
+
 section "stories260K's golden text on cuda"
 m=$(stories)
 want="Once upon a time, there was a little girl named Lily."
@@ -84,10 +91,10 @@ section "tiny GLM-5 and GLM-4.5 logits, cuda against cpu"
 ids=1,5,9,42,7,3,100,64
 for fam in glm5 glm4; do
   "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$fam-snap" --compress lz4 >/dev/null 2>&1 || fail "snapshot $fam"
-  "$WICK" logits "$TMPD/$fam" --tokens $ids --all-positions --backend cpu >"$TMPD/$fam.cpu.json" \
+  "$WICK" logits "$TMPD/$fam" --tokens $ids --all-positions --backend cpu $KV32 >"$TMPD/$fam.cpu.json" \
     2>/dev/null || fail "$fam: cpu logits"
   for src in "$fam" "$fam-snap"; do
-    "$EMU" logits "$TMPD/$src" --tokens $ids --all-positions --backend cuda \
+    "$EMU" logits "$TMPD/$src" --tokens $ids --all-positions --backend cuda $KV32 \
       >"$TMPD/$src.cuda.json" 2>"$TMPD/err" || fail "$src: cuda logits: $(tail -n 3 "$TMPD/err")"
     if [ "$src" != "$fam" ]; then
       grep -q 'into device memory' "$TMPD/err" || fail "$src: not restored into device memory"
@@ -96,17 +103,85 @@ for fam in glm5 glm4; do
   done
 done
 # a prefill this short expands kv_b_proj; decode steps absorb it (mla_absorb_q/out): forced
-WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --backend cuda \
+WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --backend cuda $KV32 \
   >"$TMPD/absorb.cuda.json" 2>"$TMPD/err" || fail "glm5 absorbed: $(tail -n 3 "$TMPD/err")"
 close "glm5, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb.cuda.json"
 # decode steps of one token, each layer's ops in two chained launches (the MoE op among them):
 # greedy, the CPU's ids
 for fam in glm5 glm4; do
-  want=$("$WICK" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cpu 2>/dev/null)
-  got=$("$EMU" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cuda \
+  want=$("$WICK" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cpu $KV32 2>/dev/null)
+  got=$("$EMU" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cuda $KV32 \
     2>"$TMPD/err") || fail "$fam: cuda decode: $(tail -n 3 "$TMPD/err")"
   [ -n "$want" ] && [ "$got" = "$want" ] || fail "$fam: cuda decoded '$got', cpu '$want'"
   echo "   $fam: 12 greedy decode steps on cuda, the CPU's ids: ${got##*$'\n'}"
+done
+
+# bf16 KV caches (auto: what a bfloat16 checkpoint gets), cuda against cpu on bf16 caches of
+# their own: each backend rounds its f32 rows into the cache (cast_n, in a decode step as a
+# link of the chained launch), and where the two backends' sums part by an ulp a cached
+# element can round to the other bf16, so the logits are held to a gross-error gate rather
+# than to 1e-3: mean cosine >= 0.999 and top-1 agreement >= 0.9 over the positions of the
+# 8-token prefills (from the directory and a snapshot; GLM-5's indexer selecting 4, its MLA
+# expanded and absorbed) and 2 x 40-token ones (a cache of the wrong type or a misread one
+# gives cosines far below); then 12 greedy decode steps on cuda, each chosen id within 1e-2
+# of max|logit| of the best in the CPU's logits over the same ids (a prefill).
+section "tiny GLM-5 and GLM-4.5 on bf16 KV caches, cuda against cpu"
+long=$(python3 -c "import random; random.seed(9); print(','.join(str(random.randrange(300)) for _ in range(40)))")
+pairs=()
+for fam in glm5 glm4; do
+  for p in "s:$ids" "l:$long"; do
+    "$WICK" logits "$TMPD/$fam" --tokens "${p#*:}" --all-positions --backend cpu --verbose \
+      >"$TMPD/b-$fam-${p%%:*}.cpu.json" 2>"$TMPD/err" || fail "$fam bf16: cpu logits"
+    grep -q '"kv_dtype": "bf16"' "$TMPD/err" || fail "$fam: auto did not take a bf16 cache: $(cat "$TMPD/err")"
+    runs=("$fam" "$fam-snap")
+    [ "${p%%:*}" = l ] && runs=("$fam")
+    [ "$fam" = glm5 ] && [ "${p%%:*}" = s ] && runs+=(absorb)
+    for src in "${runs[@]}"; do
+      out="$TMPD/b-$src-${p%%:*}.cuda.json"
+      if [ "$src" = absorb ]; then
+        WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens "${p#*:}" --all-positions \
+          --backend cuda --verbose >"$out" 2>"$TMPD/err" || fail "glm5 bf16 absorbed: $(tail -n 3 "$TMPD/err")"
+      else
+        "$EMU" logits "$TMPD/$src" --tokens "${p#*:}" --all-positions --backend cuda --verbose \
+          >"$out" 2>"$TMPD/err" || fail "$src bf16: cuda logits: $(tail -n 3 "$TMPD/err")"
+      fi
+      grep -q '"kv_dtype": "bf16"' "$TMPD/err" || fail "$src: not on a bf16 cache on cuda: $(cat "$TMPD/err")"
+      pairs+=("$TMPD/b-$fam-${p%%:*}.cpu.json" "$out")
+    done
+  done
+done
+python3 - "${pairs[@]}" <<'PY' || fail "bf16 KV caches: the emulated CUDA backend fails the gross-error gate"
+import json, math, sys
+cos = top = n = 0
+for pa, pb in zip(sys.argv[1::2], sys.argv[2::2]):
+    a, b = (json.load(open(p))["logits"] for p in (pa, pb))
+    assert len(a) == len(b) > 0, "shapes differ"
+    for ra, rb in zip(a, b):
+        dot = sum(x * y for x, y in zip(ra, rb))
+        cos += dot / math.sqrt(sum(x * x for x in ra) * sum(y * y for y in rb))
+        top += ra.index(max(ra)) == rb.index(max(rb))
+        n += 1
+print(f"   {n} positions: mean cosine {cos / n:.6f}, top-1 agreement {top / n:.3f}")
+sys.exit(0 if cos / n >= 0.999 and top / n >= 0.9 else 1)
+PY
+for fam in glm5 glm4; do
+  got=$("$EMU" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cuda \
+    2>"$TMPD/err") || fail "$fam bf16: cuda decode: $(tail -n 3 "$TMPD/err")"
+  got=${got##*$'\n'}
+  all="$ids,$(echo $got | tr ' ' ',')"
+  "$WICK" logits "$TMPD/$fam" --tokens "$all" --all-positions --backend cpu >"$TMPD/bd.json" \
+    2>/dev/null || fail "$fam bf16: cpu logits of the decoded ids"
+  python3 - "$TMPD/bd.json" "$all" 8 <<'PY' || fail "$fam bf16: cuda decoded '$got', not the CPU's best"
+import json, sys
+lg = json.load(open(sys.argv[1]))["logits"]
+ids, p = [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
+worst = 0.0
+for j in range(p, len(ids)):
+    row = lg[j - 1]
+    worst = max(worst, (max(row) - row[ids[j]]) / max(abs(x) for x in row))
+print(f"   {len(ids) - p} greedy decode steps on cuda: each id within {worst:.1e} of the CPU's best")
+sys.exit(0 if len(ids) - p == 12 and worst <= 1e-2 else 1)
+PY
 done
 
 # FP8 activations: both backends quantize each matmul input per token per 128 channels with
@@ -122,9 +197,9 @@ done
 # code, not a wrong sum). gpu-check's gate on a GPU is the cosine one (issue 9).
 section "GLM-5 with FP8 activations, cuda against cpu"
 ids=11,22,33,44,55,66,77,88
-"$WICK" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cpu \
+"$WICK" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cpu $KV32 \
   >"$TMPD/q.cpu.json" 2>/dev/null || fail "fp8-act: cpu logits"
-"$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cuda \
+"$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cuda $KV32 \
   >"$TMPD/q.cuda.json" 2>"$TMPD/err" || fail "fp8-act: cuda logits: $(tail -n 3 "$TMPD/err")"
 close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
 
@@ -136,9 +211,9 @@ close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
 section "GLM-5 prefill GEMMs with FP8 activations, cuda against cpu"
 for s in 1 2 3 4 5; do
   ids=$(python3 -c "import random; random.seed($s); print(','.join(str(random.randrange(300)) for _ in range(70)))")
-  "$WICK" logits "$TMPD/glm5" --tokens "$ids" --all-positions --fp8-act --backend cpu \
+  "$WICK" logits "$TMPD/glm5" --tokens "$ids" --all-positions --fp8-act --backend cpu $KV32 \
     >"$TMPD/g$s.cpu.json" 2>/dev/null || fail "fp8-act prefill: cpu logits"
-  "$EMU" logits "$TMPD/glm5" --tokens "$ids" --all-positions --fp8-act --backend cuda \
+  "$EMU" logits "$TMPD/glm5" --tokens "$ids" --all-positions --fp8-act --backend cuda $KV32 \
     >"$TMPD/g$s.cuda.json" 2>"$TMPD/err" || fail "fp8-act prefill: cuda logits: $(tail -n 3 "$TMPD/err")"
 done
 python3 - "$TMPD" <<'PY' || fail "the GEMM prefill with FP8 activations fails the gross-error gate"
@@ -171,9 +246,9 @@ section "GLM-5 and GLM-4.5 FP8 prefill GEMMs with f32 activations, cuda against 
 for c in "glm5 150 11" "glm4-fp8 70 12"; do
   set -- $c
   ids=$(python3 -c "import random; random.seed($3); print(','.join(str(random.randrange(300)) for _ in range($2)))")
-  "$WICK" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cpu \
+  "$WICK" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cpu $KV32 \
     >"$TMPD/f32-$1.cpu.json" 2>/dev/null || fail "$1 f32 prefill: cpu logits"
-  "$EMU" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cuda \
+  "$EMU" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cuda $KV32 \
     >"$TMPD/f32-$1.cuda.json" 2>"$TMPD/err" || fail "$1 f32 prefill: cuda logits: $(tail -n 3 "$TMPD/err")"
   close "$1, a $2-token prefill through matmul_fp8w" "$TMPD/f32-$1.cpu.json" "$TMPD/f32-$1.cuda.json"
 done
@@ -256,14 +331,14 @@ for c in "glm5 2 4" "glm4 2 1"; do # world = max(tp, ep) ranks, one device each
   "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$s" --tp "$tp" --ep "$ep" >/dev/null 2>&1 \
     || fail "snapshot $fam tp $tp ep $ep"
   WICK_SIMT_DEVICES=$w "$EMU" logits "$TMPD/$s" --tokens $ids --all-positions \
-    --backend cuda >"$TMPD/$s.cuda.json" 2>"$TMPD/err" \
+    --backend cuda $KV32 >"$TMPD/$s.cuda.json" 2>"$TMPD/err" \
     || fail "$s: cuda logits: $(tail -n 3 "$TMPD/err")"
   grep -q "restored .* into device memory" "$TMPD/err" \
     || fail "$s: the rank files were not restored into device memory: $(cat "$TMPD/err")"
   close "$fam tp $tp x ep $ep, $w ranks on $w devices" "$TMPD/$fam.cpu.json" "$TMPD/$s.cuda.json"
 done
 WICK_GLM_MLA=absorb WICK_SIMT_DEVICES=4 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids \
-  --all-positions --backend cuda >"$TMPD/absorb-tp2.cuda.json" 2>"$TMPD/err" \
+  --all-positions --backend cuda $KV32 >"$TMPD/absorb-tp2.cuda.json" 2>"$TMPD/err" \
   || fail "glm5 tp 2 x ep 4 absorbed: $(tail -n 3 "$TMPD/err")"
 close "glm5 tp 2 x ep 4, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb-tp2.cuda.json"
 set +e
