@@ -294,6 +294,16 @@ static __device__ void row_add_rmsnorm(float *xr, const float *dr, float *yr, co
 		yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
+/* The part k of a set of launches in one whose blocks [start[k], start[k + 1]) hold block g
+ * (g < start[count]): norm_n's norms, cast_n's casts, a chained launch's links. */
+__device__ __forceinline__ int set_part(const int *start, int g)
+{
+	int k = 0;
+	while (g >= start[k + 1])
+		k++;
+	return k;
+}
+
 /* norm_n's rows: block g of the set takes row g of the norms' rows in order. */
 struct norm_set {
 	int count;
@@ -303,9 +313,7 @@ struct norm_set {
 
 static __device__ void norm_row(const struct norm_set &s, int g)
 {
-	int k = 0;
-	while (g >= s.start[k + 1])
-		k++;
+	int k = set_part(s.start, g);
 	const struct wk_norm *r = &s.r[k];
 	int row = g - s.start[k];
 	size_t at = (size_t)row * r->dim;
@@ -353,9 +361,7 @@ struct cast_set {
 
 static __device__ void cast_block(const struct cast_set &s, int g)
 {
-	int k = 0;
-	while (g >= s.start[k + 1])
-		k++;
+	int k = set_part(s.start, g);
 	const struct wk_cast &c = s.c[k];
 	size_t i0 = (size_t)(g - s.start[k]) * CAST_BLOCK;
 	size_t i1 = c.n - i0 < CAST_BLOCK ? c.n : i0 + CAST_BLOCK;

@@ -896,9 +896,7 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_chain(struct chain_set c, uns
 	if (threadIdx.x == 0)
 		s_ticket = (int)atomicAdd(&sync[0], 1u);
 	__syncthreads();
-	int t = s_ticket, k = 0;
-	while (t >= c.bstart[k + 1])
-		k++;
+	int t = s_ticket, k = set_part(c.bstart, t);
 	int b = t - c.bstart[k];
 	if (k > 0) { /* every block of link k - 1 has finished (and so, of every link before) */
 		if (threadIdx.x == 0) {
