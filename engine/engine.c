@@ -969,13 +969,20 @@ int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_
 	return WK_OK;
 }
 
-int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz)
+/* eng_kv_check for a KV type and architecture before the engine has either (fit_check). */
+static int kv_check(const struct engine *e, const char *arch, enum be_op op, enum dt_type kv,
+		    char *err, size_t errsz)
 {
-	if (e->be->supports(e->bctx, op, e->kv) && (e->kv == DT_F32 || e->be->cast_n))
+	if (e->be->supports(e->bctx, op, kv) && (kv == DT_F32 || e->be->cast_n))
 		return WK_OK;
 	return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: the %s backend cannot attend over a %s KV "
-		       "cache (--kv-dtype f32 can)", e->arch, e->be->name,
-		       e->kv == DT_BF16 ? "bf16" : "f32");
+		       "cache (--kv-dtype f32 can)", arch, e->be->name,
+		       kv == DT_BF16 ? "bf16" : "f32");
+}
+
+int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz)
+{
+	return kv_check(e, e->arch, op, e->kv, err, errsz);
 }
 
 void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n)
@@ -1101,11 +1108,17 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 	struct engine *e = f->e;
 	const struct eng_opts *o = f->o;
 	const char *dir = f->dir;
-	if (!e->be->mem_info)
-		return WK_OK;
 	json_t *cfg = json_object_get(m, "config");
 	json_t *archs = json_object_get(cfg, "architectures");
 	const char *arch = json_string_value(json_array_get(archs, 0));
+	enum dt_type kvt;
+	int rc = eng_kv_type(o ? o->kv_dtype : NULL, cfg, &kvt, err, errsz);
+	bool mla = arch && !strcmp(arch, "GlmMoeDsaForCausalLM");
+	if (rc == WK_OK && arch) /* a KV type the backend cannot attend over, before the restore */
+		rc = kv_check(e, arch, mla ? BE_OP_MLA_ATTENTION : BE_OP_ATTENTION, kvt, err,
+			      errsz);
+	if (rc != WK_OK || !e->be->mem_info)
+		return rc;
 	json_t *ranks = json_object_get(m, "ranks");
 	long long tp = json_integer_value(json_object_get(m, "tp"));
 	uint64_t image = 0, per_seq;
@@ -1115,12 +1128,10 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 		if (v > 0 && (uint64_t)v > image)
 			image = (uint64_t)v;
 	}
-	int max_seq, rc = WK_OK;
+	int max_seq;
 	char e2[WK_ERRSZ];
 	size_t free_b = 0, total_b = 0;
-	enum dt_type kvt;
 	if (!arch || tp < 1 || tp > 4096 || !image ||
-	    eng_kv_type(o ? o->kv_dtype : NULL, cfg, &kvt, e2, sizeof e2) != WK_OK ||
 	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, kvt, &max_seq, &per_seq,
 				e2, sizeof e2) != WK_OK ||
 	    e->be->mem_info(e->bctx, &free_b, &total_b, e2, sizeof e2) != WK_OK)

@@ -44,7 +44,9 @@ static void decode_usage(FILE *f)
 		"      --threads T       CPU threads (default: all cores)\n"
 		"      --backend B       cpu, cuda or auto (default cpu)\n"
 		"      --bw-bytes MIB    read-bandwidth buffer in MiB (default 1024)\n"
-		"      --bw-seconds S    read-bandwidth duration (default 1.0; 0 skips it)\n");
+		"      --bw-seconds S    read-bandwidth duration (default 1.0; 0 skips it)\n"
+		"      --kv-dtype D      the KV cache's type: bf16, f32 or auto (default auto: bf16\n"
+		"                        for a bfloat16 checkpoint)\n");
 }
 
 /* The machine's read bandwidth with `threads` threads (see cpu_read_bandwidth). Returns 0,
@@ -89,9 +91,10 @@ static int bench_decode(int argc, char **argv)
 {
 	int ntok = 64, warmup = 4, threads = 0, bw_mib = 1024;
 	double bw_seconds = 1.0;
-	const char *backend = "cpu";
+	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"tokens", required_argument, NULL, 'n'},
+		{"kv-dtype", required_argument, NULL, 'k'},
 		{"warmup", required_argument, NULL, 'w'},
 		{"threads", required_argument, NULL, 't'},
 		{"backend", required_argument, NULL, 'b'},
@@ -111,6 +114,7 @@ static int bench_decode(int argc, char **argv)
 		case 'w': bad = parse_int(optarg, "--warmup", 0, BENCH_MAX_TOKENS, &warmup); break;
 		case 't': bad = parse_int(optarg, "--threads", 0, 1024, &threads); break;
 		case 'b': backend = optarg; break;
+		case 'k': kv = optarg; break;
 		case 'M': given = optarg; break;
 		case 'B': bad = parse_int(optarg, "--bw-bytes", 1, 1 << 20, &bw_mib); break;
 		case 'S': {
@@ -135,7 +139,8 @@ static int bench_decode(int argc, char **argv)
 
 	char err[WK_ERRSZ];
 	struct engine *e = NULL;
-	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = warmup + ntok};
+	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = warmup + ntok,
+			      .kv_dtype = kv};
 	if (eng_open(model, &eo, &e, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick bench: %s\n", err);
 		return 1;
@@ -173,8 +178,9 @@ static int bench_decode(int argc, char **argv)
 		}
 		tok = samp_argmax(logits, info->vocab);
 	}
-	char arch[128], be_name[32];
+	char arch[128], be_name[32], kv_name[8];
 	snprintf(arch, sizeof arch, "%s", info->arch);
+	snprintf(kv_name, sizeof kv_name, "%s", info->kv_dtype);
 	snprintf(be_name, sizeof be_name, "%s", info->backend);
 	uint64_t bpt = info->bytes_per_token, wbytes = info->weight_bytes;
 	int64_t params = info->params;
@@ -194,7 +200,7 @@ static int bench_decode(int argc, char **argv)
 
 	printf("model            %s (%s)\n", model, arch);
 	printf("parameters       %.1f M, %.1f MB of weights\n", params / 1e6, wbytes / 1e6);
-	printf("backend          %s, %d threads\n", be_name, nthreads);
+	printf("backend          %s, %d threads, %s KV cache\n", be_name, nthreads, kv_name);
 	printf("tokens           %d timed (after %d warm-up)\n", ntok, warmup);
 	printf("ms/token         mean %.3f  p50 %.3f  min %.3f  max %.3f\n", 1e3 * total / ntok,
 	       1e3 * times[ntok / 2], 1e3 * times[0], 1e3 * times[ntok - 1]);
@@ -206,8 +212,9 @@ static int bench_decode(int argc, char **argv)
 		       "%.1f s each)\n", read_gbps, bw_before, bw_after, bw_mib, nthreads, bw_seconds);
 		printf("ratio            %.3f of the measured read bandwidth\n", ratio);
 	}
-	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:I, s:f, s:f, s:f}", "bench",
-			      "decode", "model", model, "backend", be_name, "threads", nthreads,
+	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:I, s:f, s:f, s:f}",
+			      "bench", "decode", "model", model, "backend", be_name, "kv_dtype",
+			      kv_name, "threads", nthreads,
 			      "tokens", ntok, "tokens_per_s", tps, "ms_per_token",
 			      1e3 * total / ntok, "bytes_per_token", (json_int_t)bpt,
 			      "weight_gbps", weight_gbps, "read_gbps", read_gbps, "ratio", ratio);

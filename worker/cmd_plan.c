@@ -564,7 +564,9 @@ int cmd_plan(int argc, char **argv)
 			weights_given = true;
 			break;
 		case O_KVDT:
-			if (strcmp(optarg, "auto"))
+			if (!strcmp(optarg, "auto"))
+				po.kv = PLAN_NDTYPE; /* the last flag wins, auto too */
+			else
 				rc = dtype_flag(optarg, "--kv-dtype", &po.kv);
 			break;
 		case O_RES:

@@ -111,7 +111,7 @@ plan g5_128k "${G5[@]}" --context 131072
 plan g5_200k "${G5[@]}" --context 200000
 plan g5_fp8kv "${G5[@]}" --context 200000 --kv-dtype fp8
 plan g5_f32kv "${G5[@]}" --context 200000 --kv-dtype f32
-plan g5_auto "${G5[@]}" --context 200000 --kv-dtype auto
+plan g5_auto "${G5[@]}" --context 200000 --kv-dtype f32 --kv-dtype auto
 plan g5_bf16 "${G5[@]}" --context 131072 --weights-dtype bf16
 plan g5_tp4 --config "$TMPD/glm5.json" --tp 4 --ep 8 --gpu-mem 141GB --context 131072
 plan g5_ep4 --config "$TMPD/glm5.json" --tp 8 --ep 4 --gpu-mem 141GiB --context 131072 --batch 512
