@@ -47,8 +47,8 @@ LEDGER_DIR = "/ledgers"
 SNAPSHOT = SNAPSHOT_DIR + "/glm5-fp8"
 GPU = "H200:8"
 H200_PER_SECOND = "0.001261"  # Modal's published H200 price, $/GPU-second
-CONCURRENCY = 4       # with MAX_SEQ: what `wick plan --kv-dtype f32` says fits on 8 x H200
-MAX_SEQ = 32768       # positions a sequence holds (GLM-5 at its 200K context does not fit one)
+CONCURRENCY = 4       # with MAX_SEQ: within what `wick plan` says fits on 8 x H200 (10 in bf16 KV)
+MAX_SEQ = 32768       # positions a sequence holds (GLM-5's full 200K fits one, in bf16 KV)
 STEP_TIMEOUT_S = 20   # < Modal's 30 s grace: a hung GPU exits 3 before the container is killed
 LEASE_S = 60
 IDLE_S = 120                  # the idle window (>= LEASE_S: an idle worker reclaims dead leases)
