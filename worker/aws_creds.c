@@ -28,7 +28,8 @@ static size_t on_body(char *d, size_t sz, size_t nm, void *u)
 
 /* One request: method (GET, PUT or POST with body), headers (NULL-terminated), timeouts in ms.
  * WK_OK with the body in *out (malloc'd, NUL-terminated, "" when empty) and the HTTP status
- * in *code; WK_EIO when no answer came (*connect_failed: the connection itself failed). */
+ * in *code; WK_EIO when no answer came (*connect_failed: the connection itself failed or
+ * timed out, not an answer that did not come once connected). */
 static int http(const char *method, const char *url, const char *const *hdrs, const char *body,
 		long connect_ms, long total_ms, char **out, long *code, bool *connect_failed,
 		char *err, size_t errsz)
@@ -69,13 +70,16 @@ static int http(const char *method, const char *url, const char *const *hdrs, co
 	}
 	CURLcode cc = curl_easy_perform(c);
 	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);
+	curl_off_t connect_us = 0;
+	curl_easy_getinfo(c, CURLINFO_CONNECT_TIME_T, &connect_us);
 	curl_slist_free_all(h);
 	curl_easy_cleanup(c);
 	int rc = WK_OK;
 	if (cc != CURLE_OK) {
 		if (connect_failed)
 			*connect_failed = cc == CURLE_COULDNT_CONNECT ||
-					  cc == CURLE_OPERATION_TIMEDOUT || cc == CURLE_COULDNT_RESOLVE_HOST;
+					  cc == CURLE_COULDNT_RESOLVE_HOST ||
+					  (cc == CURLE_OPERATION_TIMEDOUT && connect_us == 0);
 		rc = cc == CURLE_WRITE_ERROR
 			     ? wk_errf(err, errsz, b.oom ? WK_ENOMEM : WK_ELIMIT, "%s: %s", url,
 				       b.oom ? "out of memory" : "the answer is over 64 KiB")
@@ -336,8 +340,12 @@ static int container(struct aws_creds *c, char *err, size_t errsz)
 	return rc;
 }
 
-/* IMDSv2. *absent: no metadata service answered (not on EC2): the chain's end, not an error
- * of its own. */
+/* IMDSv2, falling back to IMDSv1 (requests without a token) as the AWS SDKs do when the
+ * token request is refused (HTTP 403, 404, 405) or times out once connected: a container
+ * behind a bridge on an instance whose PUT response hop limit is 1 never sees the token's
+ * answer, while its GETs come back. AWS_EC2_METADATA_V1_DISABLED=true turns the fallback
+ * off. *absent: no metadata service answered (not on EC2): the chain's end, not an error of
+ * its own. */
 static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 {
 	const char *src = "instance metadata";
@@ -356,22 +364,43 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 	snprintf(url, sizeof url, "%s/latest/api/token", base);
 	char e2[WK_ERRSZ];
 	int rc = http("PUT", url, th, NULL, 1000, 2000, &tok, &code, &nc, e2, sizeof e2);
+	const char *v1off = nonempty(getenv("AWS_EC2_METADATA_V1_DISABLED"));
+	bool v1 = false;
 	if (rc != WK_OK || code != 200) {
-		/* no answer, or no IMDSv2 token (another cloud's metadata service, or IMDS turned
-		 * off): not on EC2 as far as credentials go, the chain's end */
-		*absent = (rc != WK_OK && nc) || (rc == WK_OK && code >= 400 && code < 500);
 		if (rc == WK_OK) {
 			snprintf(e2, sizeof e2, "%.300s: HTTP %ld", url, code);
 			free(tok);
 		}
-		return wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws credentials "
-			       "(instance metadata): %s", e2);
+		v1 = !(v1off && !strcasecmp(v1off, "true")) && rc != WK_ENOMEM &&
+		     ((rc == WK_OK && (code == 403 || code == 404 || code == 405)) ||
+		      (rc != WK_OK && !nc));
+		/* no answer, or no IMDSv2 token (another cloud's metadata service, or IMDS turned
+		 * off): not on EC2 as far as credentials go, the chain's end; unless IMDSv1 answers
+		 * below */
+		*absent = (rc != WK_OK && nc) || (rc == WK_OK && code >= 400 && code < 500);
+		if (!v1)
+			return wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws "
+				       "credentials (instance metadata): %s", e2);
+		tokhdr[0] = 0;
+	} else {
+		snprintf(tokhdr, sizeof tokhdr, "X-aws-ec2-metadata-token: %.150s", tok);
+		wk_free_secret(tok);
 	}
-	snprintf(tokhdr, sizeof tokhdr, "X-aws-ec2-metadata-token: %.150s", tok);
-	wk_free_secret(tok);
-	const char *h[] = {tokhdr, NULL};
+	const char *h[] = {v1 ? NULL : tokhdr, NULL};
+	char e1[WK_ERRSZ];
+	snprintf(e1, sizeof e1, "%s", e2); /* the token request's failure, for a v1 that fails */
 	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
-	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, NULL, e2, sizeof e2);
+	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, &nc, e2, sizeof e2);
+	if (v1 && (rc != WK_OK || code != 200)) { /* IMDSv1 does not answer either */
+		*absent = *absent || (rc != WK_OK && nc) || (rc == WK_OK && code >= 400 && code < 500);
+		free(role);
+		return wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws credentials "
+			       "(instance metadata): %s; without a token (IMDSv1): %s", e1,
+			       rc == WK_OK ? "no role list" : e2);
+	}
+	*absent = false;
+	if (v1)
+		src = "instance metadata (IMDSv1)";
 	if (rc != WK_OK)
 		rc = wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws credentials "
 			     "(instance metadata): %s", e2);

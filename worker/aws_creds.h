@@ -31,7 +31,7 @@ struct aws_creds {
 	char *key, *secret, *token; /* malloc'd; token NULL for long-term keys */
 	time_t expires;             /* 0: never */
 	const char *source;         /* "environment", "web identity", "container", "instance
-				     * metadata" */
+				     * metadata", "instance metadata (IMDSv1)" */
 };
 
 /* Fills *c from the first source that has credentials (region: the STS endpoint's, for web

@@ -8,10 +8,13 @@ answer returned, except the first SQS request (one with an X-Amz-Target header) 
 /__arm, which gets HTTP 400 with SQS's JSON error for an expired session token instead.
 With --creds-expire-in S the credential documents it passes on expire S seconds from now,
 and with --fail-creds-after N every credential document request after the first N gets
-HTTP 500 (a refresh that fails). GET /__counts answers {"sqs": N, "expired": N, "creds": N}: SQS requests seen, expiries sent, and
-instance-metadata credential documents fetched (GETs of
+HTTP 500 (a refresh that fails). With --imds-token 405 the IMDSv2 token request (PUT
+/latest/api/token) gets HTTP 405, and with --imds-token hang no answer for 5 s (what a
+container sees behind a bridge when the instance's PUT response hop limit is 1): only IMDSv1
+answers. GET /__counts answers {"sqs": N, "expired": N, "creds": N, "v1": N}: SQS requests
+seen, expiries sent, instance-metadata credential documents fetched (GETs of
 /latest/meta-data/iam/security-credentials/ROLE), so a test can see the credentials fetched
-again after the expiry.
+again after the expiry, and metadata GETs without a token (IMDSv1).
 """
 import argparse
 import http.client
@@ -19,8 +22,9 @@ import http.server
 import datetime
 import json
 import threading
+import time
 
-counts = {"sqs": 0, "expired": 0, "creds": 0}
+counts = {"sqs": 0, "expired": 0, "creds": 0, "v1": 0}
 armed = [False]
 lock = threading.Lock()
 
@@ -31,6 +35,7 @@ def main():
     ap.add_argument("--target", type=int, required=True, help="moto_server's port on 127.0.0.1")
     ap.add_argument("--creds-expire-in", type=int, default=0)
     ap.add_argument("--fail-creds-after", type=int, default=-1)
+    ap.add_argument("--imds-token", choices=("ok", "405", "hang"), default="ok")
     a = ap.parse_args()
 
     class H(http.server.BaseHTTPRequestHandler):
@@ -66,6 +71,14 @@ def main():
                     err = {"__type": "com.amazon.coral.service#ExpiredTokenException",
                            "message": "The security token included in the request is expired"}
                     return self.reply(400, json.dumps(err).encode(), "application/x-amz-json-1.0")
+            if self.command == "PUT" and self.path == "/latest/api/token" and a.imds_token != "ok":
+                if a.imds_token == "hang":
+                    time.sleep(5)
+                    return
+                return self.reply(405, b"", "text/plain")
+            if self.path.startswith("/latest/meta-data/") and not self.headers.get("X-aws-ec2-metadata-token"):
+                with lock:
+                    counts["v1"] += 1
             prefix = "/latest/meta-data/iam/security-credentials/"
             creds = self.command == "GET" and self.path.startswith(prefix) and len(self.path) > len(prefix)
             if creds:

@@ -565,7 +565,8 @@ static void no_aws_env(void)
 		"AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_SESSION_NAME", "AWS_ENDPOINT_URL_STS",
 		"AWS_ENDPOINT_URL", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
 		"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-		"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_EC2_METADATA_SERVICE_ENDPOINT"};
+		"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+		"AWS_EC2_METADATA_V1_DISABLED"};
 	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
 		unsetenv(vars[i]);
 	setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
@@ -746,9 +747,10 @@ static int proxy_counts(int pport, const char *key)
 
 /* tests/tools/aws_fault_proxy.py on pport in front of moto (expire_in: its credentials'
  * lifetime in seconds, "0" for moto's own; fail_after: credential fetches that succeed, "-1"
- * all), and the environment pointed at it for instance metadata: the SQS driver's credentials
- * come through it. */
-static pid_t fault_proxy(int pport, const char *expire_in, const char *fail_after)
+ * all; token: its IMDSv2 token requests "ok", "405" or "hang"), and the environment pointed at
+ * it for instance metadata: the SQS driver's credentials come through it. */
+static pid_t fault_proxy_imds(int pport, const char *expire_in, const char *fail_after,
+			      const char *token)
 {
 	if (system("command -v python3 >/dev/null 2>&1") != 0)
 		cr_skip_test("python3 is missing");
@@ -759,7 +761,8 @@ static pid_t fault_proxy(int pport, const char *expire_in, const char *fail_afte
 		snprintf(a, sizeof a, "%d", pport);
 		snprintf(b, sizeof b, "%d", port);
 		execlp("python3", "python3", "tests/tools/aws_fault_proxy.py", "--port", a, "--target", b,
-		       "--creds-expire-in", expire_in, "--fail-creds-after", fail_after, (char *)NULL);
+		       "--creds-expire-in", expire_in, "--fail-creds-after", fail_after, "--imds-token",
+		       token, (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 300 && proxy_counts(pport, "sqs") < 0; i++)
@@ -771,6 +774,11 @@ static pid_t fault_proxy(int pport, const char *expire_in, const char *fail_afte
 	snprintf(ep, sizeof ep, "http://127.0.0.1:%d", pport);
 	setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", ep, 1);
 	return proxy;
+}
+
+static pid_t fault_proxy(int pport, const char *expire_in, const char *fail_after)
+{
+	return fault_proxy_imds(pport, expire_in, fail_after, "ok");
 }
 
 /* Takes up to 3 jobs within 5 one-second polls; how many came. */
@@ -808,6 +816,39 @@ Test(aws_creds_moto, expired_token_is_fetched_again_and_retried)
 	queue_close(q);
 	kill(proxy, SIGKILL);
 	waitpid(proxy, NULL, 0);
+}
+
+/* Instance metadata without IMDSv2: the token request refused (HTTP 405) or never answered (a
+ * container behind a bridge, the PUT response hop limit 1): the credentials come from IMDSv1,
+ * as the AWS SDKs fall back; with AWS_EC2_METADATA_V1_DISABLED=true they do not, and the
+ * chain ends naming both answers. With IMDSv2 answering, no request goes without a token. */
+Test(aws_creds_moto, imdsv1_when_the_token_request_fails)
+{
+	NEED_MOTO();
+	static const char *const modes[] = {"405", "hang", "ok"};
+	for (int m = 0; m < 3; m++) {
+		int pport = free_port();
+		pid_t proxy = fault_proxy_imds(pport, "0", "-1", modes[m]);
+		struct aws_creds c = {0};
+		char err[WK_ERRSZ] = "";
+		cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_OK, "%s: %s",
+			     modes[m], err);
+		bool ok = m == 2;
+		cr_expect_str_eq(c.source, ok ? "instance metadata" : "instance metadata (IMDSv1)");
+		cr_expect_str_eq(c.secret, "test-secret-key");
+		aws_creds_free(&c);
+		int v1 = proxy_counts(pport, "v1");
+		cr_expect(ok ? v1 == 0 : v1 >= 2, "%s: %d requests without a token", modes[m], v1);
+		if (m == 0) {
+			setenv("AWS_EC2_METADATA_V1_DISABLED", "true", 1);
+			cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+			cr_expect(strstr(err, "no AWS credentials") && strstr(err, "HTTP 405"), "%s", err);
+			cr_expect_eq(proxy_counts(pport, "v1"), v1, "IMDSv1 asked though disabled");
+			unsetenv("AWS_EC2_METADATA_V1_DISABLED");
+		}
+		kill(proxy, SIGKILL);
+		waitpid(proxy, NULL, 0);
+	}
 }
 
 /* Credentials 200 s from their expiry are due for a refresh (5 minutes before it). When the
