@@ -119,11 +119,12 @@ done
 # bf16 KV caches (auto: what a bfloat16 checkpoint gets), cuda against cpu on bf16 caches of
 # their own: each backend rounds its f32 rows into the cache (cast_n, in a decode step as a
 # link of the chained launch), and where the two backends' sums part by an ulp a cached
-# element can round to the other bf16, so the logits are held to a gross-error gate rather
-# than to 1e-3: mean cosine >= 0.999 and top-1 agreement >= 0.9 over the positions of the
-# 8-token prefills (from the directory and a snapshot; GLM-5's indexer selecting 4, its MLA
-# expanded and absorbed) and 2 x 40-token ones (a cache of the wrong type or a misread one
-# gives cosines far below); then 12 greedy decode steps on cuda, each chosen id within 1e-2
+# element can round to the other bf16, so the logits are held to a looser gate than 1e-3, each
+# prompt on its own: mean cosine >= 0.9999, top-1 agreement >= 0.9 and every logit within
+# 2e-2 of the largest, over the positions of the 8-token prefills (from the directory and a
+# snapshot; GLM-5's indexer selecting 4, its MLA expanded and absorbed) and 2 x 40-token ones
+# (measured here: 1 - cosine <= 4e-9, <= 1.7e-4; a cast that truncates instead of rounding
+# moves one prompt by 0.24); then 12 greedy decode steps on cuda, each chosen id within 1e-2
 # of max|logit| of the best in the CPU's logits over the same ids (a prefill), also on a
 # GLM-5 whose kv_a splits (kv_lora 128: its c_kv and k_pe rows, with the indexer keys, go
 # into the caches as a cast link of the step's first chained launch; the tiny default's do
@@ -156,26 +157,32 @@ for fam in glm5 glm4; do
 done
 python3 - "${pairs[@]}" <<'PY' || fail "bf16 KV caches: the emulated CUDA backend fails the gross-error gate"
 import json, math, sys
-cos = top = n = 0
-for pa, pb in zip(sys.argv[1::2], sys.argv[2::2]):
+ok, n, worst, low = True, 0, 0.0, 1.0
+for pa, pb in zip(sys.argv[1::2], sys.argv[2::2]):  # each prompt on its own: none hides
     a, b = (json.load(open(p))["logits"] for p in (pa, pb))
     assert len(a) == len(b) > 0, "shapes differ"
+    cos = top = d = m = 0
     for ra, rb in zip(a, b):
         dot = sum(x * y for x, y in zip(ra, rb))
         cos += dot / math.sqrt(sum(x * x for x in ra) * sum(y * y for y in rb))
         top += ra.index(max(ra)) == rb.index(max(rb))
-        n += 1
-print(f"   {n} positions: mean cosine {cos / n:.6f}, top-1 agreement {top / n:.3f}")
-sys.exit(0 if cos / n >= 0.999 and top / n >= 0.9 else 1)
+        d = max(d, max(abs(x - y) for x, y in zip(ra, rb)))
+        m = max(m, max(abs(x) for x in ra))
+    k = len(a)
+    n += k
+    worst, low = max(worst, d / m), min(low, cos / k)
+    ok &= cos / k >= 0.9999 and top / k >= 0.9 and d / m <= 2e-2
+print(f"   {n} positions: lowest mean cosine of a prompt {low:.6f}, worst |d|/max {worst:.1e}")
+sys.exit(0 if ok and n > 0 else 1)
 PY
 "$WICK_TOOLS/gen_glm" --family glm5 --hidden 256 --intermediate 384 --moe-intermediate 128 \
   --q-lora-rank 128 --kv-lora-rank 128 -o "$TMPD/glm5-split" --seed 7 >/dev/null || fail "gen_glm glm5-split"
 for fam in glm5 glm4 glm5-split; do
   got=$("$EMU" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cuda \
-    2>"$TMPD/err") || fail "$fam bf16: cuda decode: $(tail -n 3 "$TMPD/err")"
+    --kv-dtype bf16 2>"$TMPD/err") || fail "$fam bf16: cuda decode: $(tail -n 3 "$TMPD/err")"
   got=${got##*$'\n'}
   all="$ids${got:+,$(echo $got | tr ' ' ',')}"
-  "$WICK" logits "$TMPD/$fam" --tokens "$all" --all-positions --backend cpu >"$TMPD/bd.json" \
+  "$WICK" logits "$TMPD/$fam" --tokens "$all" --all-positions --backend cpu --kv-dtype bf16 >"$TMPD/bd.json" \
     2>/dev/null || fail "$fam bf16: cpu logits of the decoded ids"
   python3 - "$TMPD/bd.json" "$all" 8 "$fam" <<'PY' || fail "$fam bf16: cuda decoded '$got', not the CPU's best"
 import json, sys
