@@ -340,6 +340,13 @@ static int container(struct aws_creds *c, char *err, size_t errsz)
 	return rc;
 }
 
+/* Whether a metadata request's outcome says there is no metadata service (not on EC2): no
+ * connection, or a 4xx. */
+static bool no_service(int rc, bool connect_failed, long code)
+{
+	return (rc != WK_OK && connect_failed) || (rc == WK_OK && code >= 400 && code < 500);
+}
+
 /* IMDSv2, falling back to IMDSv1 (requests without a token) as the AWS SDKs do when the
  * token request is refused (HTTP 403, 404, 405) or times out once connected: a container
  * behind a bridge on an instance whose PUT response hop limit is 1 never sees the token's
@@ -377,7 +384,7 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 		/* no answer, or no IMDSv2 token (another cloud's metadata service, or IMDS turned
 		 * off): not on EC2 as far as credentials go, the chain's end; unless IMDSv1 answers
 		 * below */
-		*absent = (rc != WK_OK && nc) || (rc == WK_OK && code >= 400 && code < 500);
+		*absent = no_service(rc, nc, code);
 		if (!v1)
 			return wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws "
 				       "credentials (instance metadata): %s", e2);
@@ -392,7 +399,7 @@ static int imds(struct aws_creds *c, bool *absent, char *err, size_t errsz)
 	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
 	rc = http("GET", url, h, NULL, 1000, 2000, &role, &code, &nc, e2, sizeof e2);
 	if (v1 && (rc != WK_OK || code != 200)) { /* IMDSv1 does not answer either */
-		*absent = *absent || (rc != WK_OK && nc) || (rc == WK_OK && code >= 400 && code < 500);
+		*absent = *absent || no_service(rc, nc, code);
 		free(role);
 		return wk_errf(err, errsz, rc == WK_ENOMEM ? rc : WK_EINVAL, "aws credentials "
 			       "(instance metadata): %s; without a token (IMDSv1): %s", e1,
