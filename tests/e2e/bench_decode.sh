@@ -9,7 +9,7 @@ m=$TMPD/llama
 
 out=$("$WICK" bench decode "$m" -n 8 --warmup 2 --threads 2 --bw-bytes 64 --bw-seconds 0.2)
 echo "$out"
-echo "$out" | grep -q '^tokens/s' || fail "no human table"
+echo "$out" | has '^tokens/s' || fail "no human table"
 json=$(echo "$out" | tail -n 1)
 python3 - "$json" <<'PY' || fail "bad JSON line: $json"
 import json, sys
@@ -46,7 +46,7 @@ grep -q nosuch "$TMPD/err" || fail "unknown benchmark not named"
 "$WICK" bench decode "$m" -n 0 2>/dev/null; [ $? -eq 2 ] || fail "-n 0 should exit 2"
 "$WICK" bench decode "$m" -n 1000 2>/dev/null; [ $? -eq 1 ] || fail "past max-pos should fail"
 set -e
-"$WICK" bench decode --help | grep -q 'usage: wick bench decode' || fail "no --help"
+"$WICK" bench decode --help | has 'usage: wick bench decode' || fail "no --help"
 
 # `wick bench queue --queue URL` refuses a queue that holds someone's job (its worker runs
 # every job on the null engine: a user's job came back COMPLETED with garbage text), and

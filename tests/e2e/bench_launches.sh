@@ -25,7 +25,7 @@ source tests/e2e/lib.sh
 m=$(stories)
 out=$("$WICK" bench launches "$m" --context 8 --steps 3 --threads 2)
 echo "$out"
-echo "$out" | grep -q '^launches' || fail "no human table"
+echo "$out" | has '^launches' || fail "no human table"
 python3 - "$(echo "$out" | tail -n 1)" "$m/config.json" <<'PY' || fail "stories260K counts"
 import json, sys
 j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))

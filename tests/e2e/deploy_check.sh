@@ -131,7 +131,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMPD" >/dev/null &
 rpid=$!
 trap 'kill $rpid 2>/dev/null; wait $rpid 2>/dev/null; rm -rf "$TMPD"' EXIT
-for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | has PONG && break; sleep 0.05; done
 S=deploy/systemd/wick-scale.sh
 Q="redis://127.0.0.1:$port/jobs?group=wick"
 scale() { # EXPECTED_RC EXPECTED_TEXT ARGS...

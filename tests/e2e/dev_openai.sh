@@ -88,19 +88,19 @@ echo "prompt + max_tokens past the context: 400 ($(python3 -c 'import json,sys; 
 # HEAD is GET without the body; OPTIONS (a browser's CORS preflight) needs no key and names
 # what a page on another origin may send, since this server takes keys
 hd=$(curl -s -I "$BASE/models" -H "Authorization: Bearer $K1")
-echo "$hd" | grep -q '^HTTP/1.1 200' && echo "$hd" | grep -qi '^Access-Control-Allow-Origin: \*' ||
+echo "$hd" | has '^HTTP/1.1 200' && echo "$hd" | has -i '^Access-Control-Allow-Origin: \*' ||
   fail "HEAD /v1/models: $hd"
 # two HEADs on one kept-alive connection: no body after the headers (libevent sent one, which
 # the client read as the start of the next response)
 hv=$(curl -s -v -I -H "Authorization: Bearer $K1" "$BASE/models" "http://127.0.0.1:$P/health" 2>&1)
-[ "$(echo "$hv" | grep -c '^< HTTP/1.1 200')" = 2 ] && ! echo "$hv" | grep -qi 'excess' ||
+[ "$(echo "$hv" | grep -c '^< HTTP/1.1 200')" = 2 ] && ! echo "$hv" | has -i 'excess' ||
   fail "HEAD twice on one connection: $hv"
 pre=$(curl -s -i -X OPTIONS "$BASE/chat/completions" -H 'Origin: http://localhost:5173' \
   -H 'Access-Control-Request-Method: POST' \
   -H 'Access-Control-Request-Headers: authorization, content-type, x-stainless-os')
-echo "$pre" | grep -q '^HTTP/1.1 204' &&
-  echo "$pre" | grep -qi '^Access-Control-Allow-Headers: authorization, content-type, x-stainless-os' &&
-  echo "$pre" | grep -qi '^Access-Control-Allow-Methods: POST' ||
+echo "$pre" | has '^HTTP/1.1 204' &&
+  echo "$pre" | has -i '^Access-Control-Allow-Headers: authorization, content-type, x-stainless-os' &&
+  echo "$pre" | has -i '^Access-Control-Allow-Methods: POST' ||
   fail "CORS preflight: $pre"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X OPTIONS "$BASE/nowhere")
 [ "$code" = 404 ] || fail "OPTIONS on no route: $code"
@@ -186,7 +186,7 @@ P=$(free_port)
 mixed=$!
 wait_ready $P $mixed
 # no keys: not opened to other origins' pages
-! curl -s -D - -o /dev/null "http://127.0.0.1:$P/health" | grep -qi '^Access-Control' ||
+! curl -s -D - -o /dev/null "http://127.0.0.1:$P/health" | has -i '^Access-Control' ||
   fail "a server without keys sent CORS headers"
 curls=()
 for i in 1 2 3; do
@@ -299,7 +299,7 @@ wait $sd || fail "SIGTERM: exit $?"
   fail "a request accepted before SIGTERM got $(cat "$TMPD/queued.code"): $(cat "$TMPD/queued.json")"
 [ "$code" = 503 ] || fail "a request while draining got $code, want 503"
 [ "$hcode" = 503 ] || fail "/health while draining got $hcode, want 503"
-grep -v '^$' "$TMPD/drain.sse" | tail -n 1 | grep -q '^data: \[DONE\]$' || fail "the stream did not end with [DONE]"
+grep -v '^$' "$TMPD/drain.sse" | tail -n 1 | has '^data: \[DONE\]$' || fail "the stream did not end with [DONE]"
 grep -q '"finish_reason":"\(length\|stop\)"' "$TMPD/drain.sse" || fail "the stream did not finish: $(tail -c 300 "$TMPD/drain.sse")"
 grep -q 'reason signal' "$TMPD/slow.log" || fail "no drain in the log"
 echo "SIGTERM: the running stream finished, the request waiting for its slot was served, a new request got 503, /health 503, exit 0"

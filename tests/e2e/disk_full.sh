@@ -22,7 +22,7 @@ for l in open(sys.argv[1]): json.loads(l)
 fill
 if "$WICK" snapshot "$m" -o "$mnt/snap" --dtype f32 2>"$TMPD/s.err"; then fail "snapshot on a full disk succeeded"; fi
 grep -q "No space left on device" "$TMPD/s.err" || fail "snapshot error: $(cat "$TMPD/s.err")"
-ls "$mnt" | grep -q 'snap.tmp' && fail "a partial snapshot directory was left behind"
+ls "$mnt" | has 'snap.tmp' && fail "a partial snapshot directory was left behind"
 got=$("$WICK" generate "$mnt/snap" -n 12 --temperature 0 2>/dev/null) || fail "the old snapshot no longer restores"
 [[ $got == "Once upon a time, there was"* ]] || fail "the old snapshot generates '$got'"
 unfill

@@ -42,11 +42,11 @@ for check in "chained launches (k_chain)" "cuda kernel tests" "stories260K golde
   "restore into 2 GPUs (tp 2)" "tiny glm5, v2 GEMVs, gpu vs cpu" "tiny glm4, v2 GEMVs, gpu vs cpu" \
   "tiny glm5, per-thread stream, gpu vs cpu" "TMA-store GEMM vs plain, in GLM-5" \
   "bf16 KV cache gpu vs cpu" "bf16 KV cache decode on gpu"; do
-  echo "$table" | grep -q "^$check  *PASS" || { echo "$table"; fail "'$check' did not pass"; }
+  echo "$table" | has "^$check  *PASS" || { echo "$table"; fail "'$check' did not pass"; }
 done
-echo "$table" | grep -q "^GLM-5 decode step (wick bench launches, --backend cuda): launches [0-9]" \
+echo "$table" | has "^GLM-5 decode step (wick bench launches, --backend cuda): launches [0-9]" \
   || { echo "$table"; fail "no launch count in the table"; }
-echo "$table" | grep -q "^pinned copies (a buffer a device, no disk)" \
+echo "$table" | has "^pinned copies (a buffer a device, no disk)" \
   || { echo "$table"; fail "no multi-GPU restore figures in the table"; }
 echo "$table" | grep -E '^[a-zA-Z0-9].* (PASS|SKIP)  ' | sed 's/^/   /'
 echo ok

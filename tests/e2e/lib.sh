@@ -28,6 +28,11 @@ stories() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# `cmd | has PATTERN`: grep -q over the whole of stdin. Under pipefail, `cmd | grep -q` fails
+# now and then: grep exits at its first match, and cmd's next write dies of SIGPIPE (bash's
+# echo writes a line at a time). CI failed once on just that.
+has() { local in; in=$(cat); grep -q "$@" <<<"$in"; }
+
 # The wick with the CUDA backend under the emulator (make build/simt/wick) into $EMU; the
 # script ends with SKIP in an ASan build, where the emulator is not built.
 simt_wick() {

@@ -58,7 +58,7 @@ S=$TMPD/spool
 ! "${SUBMIT[@]}" --queue "spool:$S" --cancel nope 2>"$TMPD/c.err" && grep -q "no job nope" "$TMPD/c.err" &&
   [ ! -e "$S/cancel/nope" ] || fail "spool: --cancel of an unknown id: $(cat "$TMPD/c.err")"
 [ "$(stat -c %a "$S/new")" = 700 ] || fail "spool: new/ is not mode 0700"
-ls "$S/tmp" | grep -q . && fail "spool: tmp/ not empty: $(ls "$S/tmp")"
+ls "$S/tmp" | has . && fail "spool: tmp/ not empty: $(ls "$S/tmp")"
 
 if ! command -v redis-server >/dev/null; then
   echo "SKIP redis part: redis-server is not installed (scripts/install-deps)"; exit 0
@@ -71,5 +71,5 @@ for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; slee
 run_on "redis://127.0.0.1:$port/e2e?group=g"
 [ "$(redis-cli -p "$port" exists e2e:cancel:later)" = 1 ] || fail "redis: no cancel key"
 [ "$(redis-cli -p "$port" xlen e2e:dead)" -ge 1 ] || fail "redis: the broken input is not in e2e:dead"
-[ "$(redis-cli -p "$port" xpending e2e g | head -1)" = 0 ] || fail "redis: entries left pending"
+[ "$(redis-cli -p "$port" xpending e2e g | sed -n 1p)" = 0 ] || fail "redis: entries left pending"
 echo ok

@@ -169,7 +169,7 @@ kill -9 $pid; wait $pid 2>/dev/null
 set -e
 "$WICK" snapshot "$TMPD/big" -o "$TMPD/killed" 2>/dev/null
 "$WICK" logits "$TMPD/killed" --tokens 1,2 >/dev/null 2>&1 || fail "snapshot after a kill"
-ls "$TMPD" | grep -q 'killed\.' && fail "stale temporary directories were not cleaned: $(ls "$TMPD")"
+ls "$TMPD" | has 'killed\.' && fail "stale temporary directories were not cleaned: $(ls "$TMPD")"
 
 # bench restore: a smoke run (the real figures come from scripts/bench-restore).
 "$WICK" bench restore "$S" --source "$m" --runs 1 --startup-runs 2 >"$TMPD/br.txt"

@@ -44,7 +44,7 @@ printf '"Once upon a time"\n\n[1, 403]\n"a\\u0000b"\n' >"$TMPD/in.jsonl"
 got=$("$WICK" tokenize "$m" --jsonl "$TMPD/in.jsonl")
 want=$'{"ids": [403, 407, 261, 378]}\n{"text": "Once"}\n{"ids": [261, 3, 430]}'
 [ "$got" = "$want" ] || fail "--jsonl: got '$got'"
-"$WICK" tokenize --help | grep -q -- "--jsonl" || fail "--help does not document --jsonl"
+"$WICK" tokenize --help | has -- "--jsonl" || fail "--help does not document --jsonl"
 
 # --chat: stories260K has no chat template, so the contents are concatenated (engine/chat.h)
 printf '[{"role": "user", "content": "Once upon"}, {"role": "assistant", "content": " a time"}]' \

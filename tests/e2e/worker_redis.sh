@@ -10,7 +10,7 @@ start_redis() {
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
     --dir "$TMPD" >/dev/null &
   rpid=$!
-  for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && return; sleep 0.05; done
+  for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | has PONG && return; sleep 0.05; done
   fail "redis-server did not start"
 }
 start_redis
@@ -74,7 +74,7 @@ b=$!
 # mid-batch however fast the machine: killed once a is busy
 for _ in $(seq 200); do grep -q -- '-> BUSY' "$TMPD/a.log" 2>/dev/null && break; sleep 0.05; done
 sleep 0.1
-held=$(redis-cli -p "$port" xpending jobs wick | head -1)
+held=$(redis-cli -p "$port" xpending jobs wick | sed -n 1p)
 [ "$held" -gt 0 ] || fail "no job was in flight when worker a was killed"
 kill -9 $a
 wait $a 2>/dev/null || true
@@ -110,7 +110,7 @@ wait $d || fail "SIGTERM: exit $?"
 grep -q 'reason signal' "$TMPD/d.log" || fail "no drain in the log"
 "$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id e 2>/dev/null || fail "worker e"
 check t 16 || fail "after SIGTERM"
-[ "$(redis-cli -p "$port" xpending jobs wick | head -1)" = 0 ] || fail "entries left pending"
+[ "$(redis-cli -p "$port" xpending jobs wick | sed -n 1p)" = 0 ] || fail "entries left pending"
 
 # 4. One job id queued twice (by a producer other than wick submit), both entries taken in
 #    one batch: both run, the queue keeps the first result stored, and the bill is that

@@ -196,7 +196,7 @@ taken=$(grep -c 'job_done' "$TMPD/ka.log" || true)
 wait $b || fail "worker kb exited $?: $(tail -3 "$TMPD/kb.log")"
 out=$(sqs check k-results.fifo k 40) || fail "after kill -9"
 echo "$out"
-echo "$out" | grep -q 'attempts \[1, 2' || fail "no job was redelivered after the kill (ka finished $taken)"
+echo "$out" | has 'attempts \[1, 2' || fail "no job was redelivered after the kill (ka finished $taken)"
 [ "$(sqs count k)" = 0 ] || fail "jobs left in the queue after kill -9"
 
 # 3. SIGTERM during a batch (drain timeout 0: whatever is in flight goes back at once);
@@ -226,7 +226,7 @@ grep -q 'handed back to the queue' "$TMPD/d.log" || fail "no job was in flight p
 "$WICK" worker --model "$slow" --queue "$Q" --idle-timeout 1 --worker-id e 2>"$TMPD/e.log" || fail "worker e"
 out=$(sqs check t-results t 6) || fail "after SIGTERM"
 echo "$out"
-echo "$out" | grep -q 'attempts \[1, 2' || fail "the jobs handed back were not delivered again"
+echo "$out" | has 'attempts \[1, 2' || fail "the jobs handed back were not delivered again"
 [ "$(sqs count t)" = 0 ] || fail "jobs left in the queue after SIGTERM"
 
 # 4a. RedrivePolicy maxReceiveCount 2: after two consumers died holding the job, SQS moves it
@@ -256,7 +256,7 @@ for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sqs send w-results other-$i '{"id": "oth
 x=$!
 res=$("$WICK" submit --queue "$Q" --id w-1 -p "Once upon a time" -n 8 --wait --timeout 20) ||
   fail "submit --wait: $res"
-echo "$res" | grep -q '"status": "COMPLETED"' || fail "submit --wait printed $res"
+echo "$res" | has '"status": "COMPLETED"' || fail "submit --wait printed $res"
 wait $x || fail "worker x"
 [ "$(sqs ids w-results | wc -w)" = 12 ] || fail "the others' results were lost"
 echo ok
