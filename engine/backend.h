@@ -59,11 +59,14 @@ struct be_route {
 
 /* Two-part-key attention for MLA (see struct cpu_mla in cpu.h for the full contract):
  * k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads; sel NULL means dense causal. k_a, k_b
- * and v are elements of type kv (the KV cache's: DT_F32 or DT_BF16). */
+ * and v are elements of type kv (the KV cache's: DT_F32 or DT_BF16). An FP8 cache (kv
+ * DT_F8_E4M3): v is k_a, rows d_a wide with their scales a_s (one f32 per 128 elements of
+ * a row), and k_b is bf16. */
 struct be_mla {
 	int n_heads, d_a, d_b, d_v;
 	enum dt_type kv;
 	const void *k_a, *k_b, *v;
+	const float *a_s;
 	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
 	const int *sel, *nsel;
 	int sel_stride;
@@ -101,13 +104,19 @@ struct be_experts {
 
 /* One conversion of a cast_n: n elements from src (type st) to dst (type dt), both
  * contiguous and not overlapping: f32 to bf16 (rounded to nearest even, as dt_f32_to_bf16),
- * bf16 to f32, or a plain copy when dt == st (DT_F32 or DT_BF16). How the engine writes a
- * bf16 KV cache (eng_kv_store) and reads it back as f32 rows (a prefill's expansion). */
+ * bf16 to f32, or a plain copy when dt == st (DT_F32 or DT_BF16); f32 to DT_F8_E4M3
+ * quantizes rows of w elements (n a multiple of w) with one scale per 128 elements of a
+ * row into ds, and DT_F8_E4M3 to f32 dequantizes with the scales ss (cpu_ref_cast has the
+ * arithmetic). How the engine writes a bf16 or FP8 KV cache (eng_kv_store) and reads it
+ * back as f32 rows (a prefill's expansion). */
 struct be_cast {
 	void *dst;
 	const void *src;
 	size_t n;
 	enum dt_type dt, st;
+	float *ds;        /* to FP8: the scales [n / w][ceil(w / 128)] */
+	const float *ss;  /* from FP8: the same */
+	int w;            /* FP8: the row width */
 };
 
 /* One norm of a norm_n: y [n][dim] = rmsnorm(x) . w, or (layer) layernorm(x) . w + b; with
@@ -314,10 +323,11 @@ struct backend {
 			     const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
 			     int d_nope, int d_v);
 	/* DSA indexer top-k: sel [n][topk] (ascending positions), nsel [n]; k: the indexer key
-	 * cache, elements of type kv (DT_F32 or DT_BF16); scores: pos0 + n floats and work:
-	 * (pos0 + n) * 8 bytes of scratch in the backend's memory. */
+	 * cache, elements of type kv (DT_F32, DT_BF16, or DT_F8_E4M3 with its scales ks
+	 * [pos0 + n][ceil(head_dim / 128)]); scores: pos0 + n floats and work: (pos0 + n) * 8
+	 * bytes of scratch in the backend's memory. */
 	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-			 enum dt_type kv, const float *w, int n, int pos0, int n_heads,
+			 enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
 			 int head_dim, int topk, float qk_scale, float w_scale, float *scores,
 			 void *work);
 

@@ -956,6 +956,8 @@ int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_
 		*kv = DT_F32;
 	} else if (opt && !strcmp(opt, "bf16")) {
 		*kv = DT_BF16;
+	} else if (opt && !strcmp(opt, "fp8")) {
+		*kv = DT_F8_E4M3;
 	} else if (!opt || !strcmp(opt, "auto")) {
 		json_t *d = json_object_get(cfg, "torch_dtype");
 		if (!json_is_string(d))
@@ -963,8 +965,8 @@ int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_
 		*kv = json_is_string(d) && !strcmp(json_string_value(d), "bfloat16") ? DT_BF16
 										      : DT_F32;
 	} else {
-		return wk_errf(err, errsz, WK_EINVAL, "KV cache dtype '%s': it takes f32, bf16 or "
-			       "auto", opt);
+		return wk_errf(err, errsz, WK_EINVAL, "KV cache dtype '%s': it takes f32, bf16, fp8 "
+			       "or auto", opt);
 	}
 	return WK_OK;
 }
@@ -973,11 +975,15 @@ int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_
 static int kv_check(const struct engine *e, const char *arch, enum be_op op, enum dt_type kv,
 		    char *err, size_t errsz)
 {
+	if (kv == DT_F8_E4M3 && op == BE_OP_ATTENTION)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: an fp8 KV cache is MLA's (GLM-5) "
+			       "only; --kv-dtype bf16 or f32 for this model", arch);
 	if (e->be->supports(e->bctx, op, kv) && (kv == DT_F32 || e->be->cast_n))
 		return WK_OK;
 	return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: the %s backend cannot attend over a %s KV "
-		       "cache (--kv-dtype f32 can)", arch, e->be->name,
-		       kv == DT_BF16 ? "bf16" : "f32");
+		       "cache (--kv-dtype %s can)", arch, e->be->name,
+		       kv == DT_BF16 ? "bf16" : kv == DT_F8_E4M3 ? "fp8" : "f32",
+		       kv == DT_F8_E4M3 && e->be->supports(e->bctx, op, DT_BF16) ? "bf16" : "f32");
 }
 
 int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz)
@@ -987,12 +993,17 @@ int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz)
 
 void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n)
 {
-	void *dst = eng_kv_at(e, cache, at);
-	if (e->kv == DT_F32) {
+	eng_kv_put(e, e->kv, eng_kv_at(e, cache, at), NULL, 0, src, n);
+}
+
+void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
+		const float *src, size_t n)
+{
+	if (t == DT_F32) {
 		eng_dcopy(e, dst, src, n * sizeof(float));
 		return;
 	}
-	struct be_cast c = {dst, src, n, e->kv, DT_F32};
+	struct be_cast c = {dst, src, n, t, DT_F32, t == DT_F8_E4M3 ? ds : NULL, NULL, w};
 	struct be_link *last = e->chaining && e->n_chain ? &e->chain[e->n_chain - 1] : NULL;
 	if (last && last->kind == BE_LINK_CAST && last->n_cast < BE_CAST_MAX) {
 		last->cast[last->n_cast++] = c;
@@ -1009,13 +1020,18 @@ void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, si
 
 void eng_kv_load(struct engine *e, float *dst, const void *cache, size_t at, size_t n)
 {
-	const void *src = eng_kv_at(e, (void *)cache, at);
-	if (e->kv == DT_F32) {
+	eng_kv_get(e, dst, e->kv, eng_kv_at(e, (void *)cache, at), NULL, 0, n);
+}
+
+void eng_kv_get(struct engine *e, float *dst, enum dt_type t, const void *src, const float *ss,
+		int w, size_t n)
+{
+	if (t == DT_F32) {
 		eng_dcopy(e, dst, src, n * sizeof(float));
 		return;
 	}
 	eng_chain_flush(e);
-	struct be_cast c = {dst, src, n, DT_F32, e->kv};
+	struct be_cast c = {dst, src, n, DT_F32, t, NULL, t == DT_F8_E4M3 ? ss : NULL, w};
 	e->be->cast_n(e->bctx, &c, 1);
 }
 
@@ -1027,7 +1043,8 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 	if (!arch || (!glm && strcmp(arch, "LlamaForCausalLM") != 0))
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "architecture '%s' is not supported",
 			       arch ? arch : "?");
-	long long layers, maxpos, per_tok; /* elements a position takes, over all layers */
+	long long layers, maxpos, per_tok; /* bytes a position takes, over all layers */
+	long long es = (long long)dt_size(kv), bs = kv == DT_F8_E4M3 ? 2 : es;
 	int rc;
 	if ((rc = cfg_int(cfg, "num_hidden_layers", -1, 1, 4096, &layers, err, errsz)) ||
 	    (rc = cfg_int(cfg, "max_position_embeddings", glm ? 131072 : 2048, 1, 1 << 24, &maxpos,
@@ -1047,8 +1064,14 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 			return rc;
 		}
 		free(full);
-		per_tok = layers * (lora + rope) + n_full * id;
+		/* FP8: the latent's and the keys' codes with their scales, k_pe in bf16 */
+		long long sl = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)lora) * 4 : 0;
+		long long si = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)id) * 4 : 0;
+		per_tok = layers * (lora * es + sl + rope * bs) + n_full * (id * es + si);
 	} else {
+		if (kv == DT_F8_E4M3)
+			return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: an fp8 KV cache is MLA's "
+				       "(GLM-5) only", arch);
 		long long dim, heads, kv, hd;
 		struct shard_heads sh;
 		if ((rc = cfg_int(cfg, "hidden_size", -1, 1, 1 << 16, &dim, err, errsz)) ||
@@ -1057,10 +1080,10 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 		    (rc = cfg_int(cfg, "head_dim", dim / heads, 2, 4096, &hd, err, errsz)) ||
 		    (rc = shard_heads((int)heads, (int)kv, tp > 0 ? tp : 1, 0, &sh, err, errsz)))
 			return rc;
-		per_tok = layers * 2 * (long long)sh.nkv * hd;
+		per_tok = layers * 2 * (long long)sh.nkv * hd * es;
 	}
 	*max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
-	*bytes = (uint64_t)*max_seq * (uint64_t)per_tok * dt_size(kv);
+	*bytes = (uint64_t)*max_seq * (uint64_t)per_tok;
 	return WK_OK;
 }
 
@@ -1297,7 +1320,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 
 	if ((rc = eng_kv_type(opts ? opts->kv_dtype : NULL, cfg, &e->kv, err, errsz)) != WK_OK)
 		goto fail;
-	e->info.kv_dtype = e->kv == DT_BF16 ? "bf16" : "f32";
+	e->info.kv_dtype = e->kv == DT_BF16 ? "bf16" : e->kv == DT_F8_E4M3 ? "fp8" : "f32";
 	e->max_seq_opt = opts ? opts->max_seq : 0;
 	e->experts_one_by_one = opts && opts->experts_one_by_one;
 	e->unfused = opts && opts->unfused;

@@ -50,7 +50,9 @@ struct eng_opts {
 	/* The KV caches' element type: "f32", "bf16", or "auto" (NULL): bf16 when config.json's
 	 * torch_dtype (or dtype) is bfloat16, as the checkpoint's own precision (GLM-5's), else
 	 * f32 (llama2.c's f32 models). bf16 halves the cache: twice the context or the
-	 * sequences in the same memory. */
+	 * sequences in the same memory. "fp8" (MLA models: GLM-5) holds the latent and the
+	 * indexer keys as e4m3 with one f32 scale per 128 and the rope keys in bf16, FlashMLA's
+	 * FP8 layout: 656 bytes a token a layer at GLM-5's sizes against bf16's 1,152. */
 	const char *kv_dtype;
 };
 
@@ -60,7 +62,7 @@ struct eng_info {
 	int vocab;                 /* config.json vocab_size: the logits' length */
 	int max_seq;               /* positions the KV cache holds, per sequence */
 	int max_seqs;              /* sequences the engine holds at once */
-	const char *kv_dtype;      /* the KV caches' element type: "f32" or "bf16" */
+	const char *kv_dtype;      /* the KV caches' element type: "f32", "bf16" or "fp8" */
 	int bos, eos;              /* from config.json (eos: the first of a list); -1 when absent */
 	int n_stop, stop[8];       /* the ids that end a generation: every eos_token_id of
 				    * config.json (GLM's is a list: <|endoftext|>, <|user|>,

@@ -173,15 +173,27 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
  * selection and cache no indexer keys. WK_EFORMAT naming the field that is wrong. */
 int glm5_indexer_full(json_t *cfg, int n_layers, bool *full, int *n_full, char *err,
 		      size_t errsz);
-/* The KV caches' element type eng_opts.kv_dtype asks for (opt: "f32", "bf16", "auto" or
- * NULL; see engine.h) for the model of config cfg: DT_F32 or DT_BF16; WK_EINVAL naming opt
- * when it is none of those. */
+/* The KV caches' element type eng_opts.kv_dtype asks for (opt: "f32", "bf16", "fp8",
+ * "auto" or NULL; see engine.h) for the model of config cfg: DT_F32, DT_BF16 or DT_F8_E4M3
+ * (FP8: e4m3 codes with one f32 scale per 128 elements of a row, struct be_cast; MLA
+ * models only); WK_EINVAL naming opt when it is none of those. */
 int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_t errsz);
-/* Bytes of one KV cache element, and element i of a cache (the families keep their caches
- * as void *: f32 or bf16). */
+/* Bytes of one KV cache element (FP8: a code; its scales are apart), and element i of a
+ * cache (the families keep their caches as void *). */
 static inline size_t eng_kv_size(const struct engine *e)
 {
-	return e->kv == DT_BF16 ? 2 : 4;
+	return dt_size(e->kv);
+}
+/* The type of MLA's rope keys beside a latent of e's KV type: bf16 beside FP8 (FlashMLA's
+ * FP8 layout keeps them so), else the same. */
+static inline enum dt_type eng_kv_b_type(const struct engine *e)
+{
+	return e->kv == DT_F8_E4M3 ? DT_BF16 : e->kv;
+}
+/* An FP8 cache's scales a row of w elements: one per 128. */
+static inline size_t eng_kv_blocks(int w)
+{
+	return ((size_t)w + 127) / 128;
 }
 static inline void *eng_kv_at(const struct engine *e, void *cache, size_t i)
 {
@@ -194,9 +206,16 @@ int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz);
  * cache, rounded to bf16 (backend op cast_n) for a bf16 one, held as a chain link while a
  * chain is open (consecutive stores share one link). */
 void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n);
+/* eng_kv_store to a cache of type t at dst: rows of w elements (FP8: their scales into ds,
+ * eng_kv_blocks(w) a row). */
+void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
+		const float *src, size_t n);
 /* dst [n] f32 (the backend's memory) = a cache's elements at .. at+n-1 (a prefill expanding
  * the MLA latent reads it back as f32 rows). */
 void eng_kv_load(struct engine *e, float *dst, const void *cache, size_t at, size_t n);
+/* eng_kv_load from src, a cache of type t (FP8: rows of w elements, their scales ss). */
+void eng_kv_get(struct engine *e, float *dst, enum dt_type t, const void *src, const float *ss,
+		int w, size_t n);
 /* WK_OK when per_seq (bytes a family's load allocates per sequence) is what
  * eng_seq_cache_bytes says for e; else an error naming both. */
 int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz);

@@ -69,11 +69,12 @@ struct g5 {
 	bool split;                /* kv_a is bound as kv_c and kv_r (see g5_forward) */
 	struct g5_layer *layers;   /* [n_layers] */
 	/* caches, per sequence: index ((seq * n_layers + layer) * max_seq + position), elements
-	 * of the engine's KV type (eng_kv_at) */
+	 * of the engine's KV type (eng_kv_at), k_pe's of eng_kv_b_type */
 	void *ckv;                 /* (max_seqs, n_layers, max_seq, lora) */
 	void *kpe;                 /* (max_seqs, n_layers, max_seq, d_rope) */
 	void *ikc;                 /* (max_seqs, n_full, max_seq, i_dim) the full layers' indexer
 				    * keys */
+	float *ckv_s, *ikc_s;      /* FP8: their scales, eng_kv_blocks a row; else NULL */
 	int n_full;                /* layers with their own indexer */
 	float *scores;             /* (max_seq) indexer scratch */
 	void *work;                /* (max_seq * 8 bytes) */
@@ -304,23 +305,30 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 				 glm_weight_bytes(&L->iw);
 	}
 	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
-	size_t kvs = eng_kv_size(e), nf = (size_t)m->max_seqs * a->n_full;
-	size_t per_pos = (size_t)m->c.n_layers * (a->lora + a->d_rope) +
-			 (size_t)a->n_full * a->i_dim; /* elements a sequence's position takes */
-	if ((rc = eng_cache_agrees(e, (uint64_t)T * per_pos * kvs, err, errsz)))
+	size_t kvs = eng_kv_size(e), bs = dt_size(eng_kv_b_type(e));
+	size_t nf = (size_t)m->max_seqs * a->n_full;
+	bool fp8 = e->kv == DT_F8_E4M3; /* and the scales */
+	size_t sl = fp8 ? eng_kv_blocks(a->lora) * 4 : 0;
+	size_t si = fp8 ? eng_kv_blocks(a->i_dim) * 4 : 0;
+	size_t per_pos = (size_t)m->c.n_layers * (a->lora * kvs + sl + a->d_rope * bs) +
+			 (size_t)a->n_full * (a->i_dim * kvs + si); /* bytes a position takes */
+	if ((rc = eng_cache_agrees(e, (uint64_t)T * per_pos, err, errsz)))
 		return rc;
 	a->ckv = eng_calloc(e, nl * T * a->lora * kvs);
-	a->kpe = eng_calloc(e, nl * T * a->d_rope * kvs);
+	a->kpe = eng_calloc(e, nl * T * a->d_rope * bs);
 	a->ikc = eng_calloc(e, nf * T * a->i_dim * kvs);
+	a->ckv_s = fp8 ? eng_calloc(e, nl * T * sl) : NULL;
+	a->ikc_s = fp8 ? eng_calloc(e, nf * T * si) : NULL;
 	a->scores = eng_alloc(e, T * sizeof(float));
 	a->work = eng_alloc(e, T * 8);
 	a->use_sel = calloc((size_t)m->max_seqs, sizeof *a->use_sel);
-	if (!a->ckv || !a->kpe || !a->ikc || !a->scores || !a->work || !a->use_sel)
+	if (!a->ckv || !a->kpe || !a->ikc || !a->scores || !a->work || !a->use_sel ||
+	    (fp8 && (!a->ckv_s || !a->ikc_s)))
 		return wk_errf(err, errsz, WK_ENOMEM,
 			       "cannot allocate the MLA and indexer caches of %d positions for %d "
 			       "sequences (%zu MiB); try a smaller max_seq or concurrency",
 			       m->c.max_seq, m->max_seqs,
-			       (size_t)m->max_seqs * T * per_pos * kvs >> 20);
+			       (size_t)m->max_seqs * T * per_pos >> 20);
 	return WK_OK;
 }
 
@@ -384,15 +392,15 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
  * a->lat, from a->qa, which the caller has filled when absorb_done; the caller then maps
  * lat to att; else the backend's mla_absorbed runs the chain as one op where it has one). */
 static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
-		      const struct glm_seg *g, const void *ckv, const void *kpe, bool use_sel,
-		      bool absorb_done)
+		      const struct glm_seg *g, const void *ckv, const float *cks, const void *kpe,
+		      bool use_sel, bool absorb_done)
 {
 	struct g5 *a = m->attn;
 	const struct backend *be = e->be;
 	void *c = e->bctx;
 	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
 	size_t off = (size_t)g->off;
-	struct be_mla s = {.n_heads = H, .d_b = rope, .kv = e->kv, .k_b = kpe,
+	struct be_mla s = {.n_heads = H, .d_b = rope, .kv = e->kv, .k_b = kpe, .a_s = cks,
 			   .kb_stride = (size_t)rope,
 			   .sel = use_sel ? a->sel + off * a->topk : NULL, .nsel = a->nsel + off,
 			   .sel_stride = a->topk, .scale = a->scale};
@@ -400,11 +408,12 @@ static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 	if (expand(a, g->n, g->pos0)) {
 		size_t row = (size_t)H * (nope + dv), len = (size_t)(g->pos0 + g->n);
 		if (e->kv != DT_F32) { /* the expansion reads f32 rows */
-			eng_kv_load(e, a->ckf, ckv, 0, len * lora);
-			eng_kv_load(e, a->kpf, kpe, 0, len * rope);
+			eng_kv_get(e, a->ckf, e->kv, ckv, cks, lora, len * lora);
+			eng_kv_get(e, a->kpf, eng_kv_b_type(e), kpe, NULL, rope, len * rope);
 			ckv = a->ckf;
 			s.k_b = a->kpf;
 			s.kv = DT_F32;
+			s.a_s = NULL;
 		}
 		eng_matmul(e, a->kvx, ckv, &L->kv_b, (int)len);
 		s.d_a = nope;
@@ -447,14 +456,18 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
 	size_t S = (size_t)m->c.max_seq, nl = (size_t)m->c.n_layers;
 	float theta = m->c.theta;
-	/* sequence seq's cache of this layer, and its row at position pos */
-#define CACHE(base, seq, width) CACHE_AT(base, seq, width, 0)
-#define CACHE_AT(base, seq, width, pos)                                                        \
-	eng_kv_at(e, (base), (((size_t)(seq) * nl + (size_t)l) * S + (size_t)(pos)) * (width))
+	/* sequence seq's caches of this layer at position pos: the latent (CKV, FP8 scales CKS),
+	 * k_pe (KPE, bytes of eng_kv_b_type) */
+	size_t bs = dt_size(eng_kv_b_type(e)), nbl = eng_kv_blocks(lora);
+	size_t nbi = eng_kv_blocks(a->i_dim);
+#define ROW(seq, pos) (((size_t)(seq) * nl + (size_t)l) * S + (size_t)(pos))
+#define CKV(seq, pos) eng_kv_at(e, a->ckv, ROW(seq, pos) * lora)
+#define CKS(seq, pos) (a->ckv_s ? a->ckv_s + ROW(seq, pos) * nbl : NULL)
+#define KPE(seq, pos) ((void *)((char *)a->kpe + ROW(seq, pos) * rope * bs))
 	/* the indexer keys' cache: full layers only (L->fi: this one's place among them) */
-#define IKC(seq, pos)                                                                          \
-	eng_kv_at(e, a->ikc,                                                                   \
-		  (((size_t)(seq) * a->n_full + (size_t)L->fi) * S + (size_t)(pos)) * a->i_dim)
+#define IROW(seq, pos) (((size_t)(seq) * a->n_full + (size_t)L->fi) * S + (size_t)(pos))
+#define IKC(seq, pos) eng_kv_at(e, a->ikc, IROW(seq, pos) * a->i_dim)
+#define IKS(seq, pos) (a->ikc_s ? a->ikc_s + IROW(seq, pos) * nbi : NULL)
 
 	/* Whether the indexer selects for some segment (a full layer decides, the others reuse
 	 * its choice); then the projections of the layer input x as one op: q_a_proj,
@@ -467,13 +480,13 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	}
 	/* With kv_a split, one segment (a sequence's prefill, a batch-1 decode step) and f32
 	 * caches, c_kv, k_pe and the indexer keys land straight in their caches, normalised and
-	 * rotated there: no copies. A bf16 cache takes them from the step's rows, rounded as they
-	 * are stored (eng_kv_store, one chained op for all of them). */
+	 * rotated there: no copies. A bf16 or FP8 cache takes them from the step's rows, rounded
+	 * or quantized as they are stored (eng_kv_put, one chained op for all of them). */
 	const struct glm_seg *g0 = &seg[0];
 	bool f32 = e->kv == DT_F32;
 	bool direct = nseg == 1 && !e->unfused && f32, split = a->split && !e->unfused;
-	float *ckv0 = CACHE_AT(a->ckv, g0->seq, lora, g0->pos0);
-	float *kpe0 = CACHE_AT(a->kpe, g0->seq, rope, g0->pos0);
+	float *ckv0 = CKV(g0->seq, g0->pos0);
+	float *kpe0 = KPE(g0->seq, g0->pos0);
 	float *ik0 = L->full ? IKC(g0->seq, g0->pos0) : NULL;
 	float *xo[5] = {a->qc}, *ikeys = direct ? ik0 : a->iks;
 	const struct be_weight *xw[5] = {&L->q_a};
@@ -516,9 +529,9 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		eng_chain_end(e); /* rmsnorm row by row below, not held */
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
-		if (split) { /* f32: normalised into the cache; bf16: in place, stored below */
+		if (split) { /* f32: normalised into the cache; else in place, stored below */
 			float *c_in = a->kva + (size_t)g->off * lora;
-			float *cr = f32 ? CACHE_AT(a->ckv, g->seq, lora, g->pos0) : c_in;
+			float *cr = f32 ? CKV(g->seq, g->pos0) : c_in;
 			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL,
 						     g->n, lora, MLA_NORM_EPS, false, NULL, 0, 0};
 			if (nn == BE_NORM_MAX) {
@@ -526,7 +539,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 				nn = 0;
 			}
 			if (!direct && f32)
-				eng_dcopy(e, CACHE_AT(a->kpe, g->seq, rope, g->pos0),
+				eng_dcopy(e, KPE(g->seq, g->pos0),
 					  a->kvr + (size_t)g->off * rope,
 					  (size_t)g->n * rope * sizeof(float));
 		}
@@ -534,32 +547,32 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			float *row = a->kva + (size_t)(g->off + i) * (lora + rope);
 			int p = g->pos0 + i;
 			if (f32) {
-				be->rmsnorm(c, CACHE_AT(a->ckv, g->seq, lora, p), row, L->kv_a_norm,
-					    1, lora, MLA_NORM_EPS);
-				eng_dcopy(e, CACHE_AT(a->kpe, g->seq, rope, p), row + lora,
+				be->rmsnorm(c, CKV(g->seq, p), row, L->kv_a_norm, 1, lora,
+					    MLA_NORM_EPS);
+				eng_dcopy(e, KPE(g->seq, p), row + lora,
 					  (size_t)rope * sizeof(float));
 			} else {
 				be->rmsnorm(c, row, row, L->kv_a_norm, 1, lora, MLA_NORM_EPS);
-				eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, p), 0, row,
-					     (size_t)lora);
-				eng_kv_store(e, CACHE_AT(a->kpe, g->seq, rope, p), 0, row + lora,
-					     (size_t)rope);
+				eng_kv_put(e, e->kv, CKV(g->seq, p), CKS(g->seq, p), lora, row,
+					   (size_t)lora);
+				eng_kv_put(e, eng_kv_b_type(e), KPE(g->seq, p), NULL, rope,
+					   row + lora, (size_t)rope);
 			}
 		}
 	}
 	eng_norm_n(e, nrm, nn);
-	for (int s = 0; s < nseg && !f32; s++) { /* bf16: the step's normalised rows stored */
+	for (int s = 0; s < nseg && !f32; s++) { /* the step's normalised rows stored */
 		const struct glm_seg *g = &seg[s];
 		size_t off = (size_t)g->off, n = (size_t)g->n;
 		if (split) {
-			eng_kv_store(e, CACHE_AT(a->ckv, g->seq, lora, g->pos0), 0,
-				     a->kva + off * lora, n * lora);
-			eng_kv_store(e, CACHE_AT(a->kpe, g->seq, rope, g->pos0), 0,
-				     a->kvr + off * rope, n * rope);
+			eng_kv_put(e, e->kv, CKV(g->seq, g->pos0), CKS(g->seq, g->pos0), lora,
+				   a->kva + off * lora, n * lora);
+			eng_kv_put(e, eng_kv_b_type(e), KPE(g->seq, g->pos0), NULL, rope,
+				   a->kvr + off * rope, n * rope);
 		}
 		if (L->full)
-			eng_kv_store(e, IKC(g->seq, g->pos0), 0, a->iks + off * a->i_dim,
-				     n * a->i_dim);
+			eng_kv_put(e, e->kv, IKC(g->seq, g->pos0), IKS(g->seq, g->pos0), a->i_dim,
+				   a->iks + off * a->i_dim, n * a->i_dim);
 	}
 
 	/* q: q_a_proj -> q_a_layernorm (q_c, also the indexer's input) -> q_b_proj (with the
@@ -587,7 +600,8 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			if (a->use_sel[s])
 				be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
 					     a->iqv + off * a->i_heads * id, IKC(g->seq, 0),
-					     e->kv, a->iwv + off * a->i_heads, g->n, g->pos0,
+					     e->kv, IKS(g->seq, 0), a->iwv + off * a->i_heads,
+					     g->n, g->pos0,
 					     a->i_heads, id, a->topk, 1.0f / sqrtf((float)id),
 					     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
 		}
@@ -603,17 +617,21 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	if (batched)
 		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, T, H, nope, rope, dv);
 	for (int s = 0; s < nseg; s++)
-		g5_attend(e, m, L, &seg[s], CACHE(a->ckv, seg[s].seq, lora),
-			  CACHE(a->kpe, seg[s].seq, rope), a->use_sel[s], batched);
+		g5_attend(e, m, L, &seg[s], CKV(seg[s].seq, 0), CKS(seg[s].seq, 0),
+			  KPE(seg[s].seq, 0), a->use_sel[s], batched);
 	if (batched)
 		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, T, H, nope, dv);
 	/* o_proj begins the next chain: glm.c adds the residual and norm and the FFN's first
 	 * matmul */
 	eng_chain_begin(e);
 	eng_matmul(e, out, a->att, &L->o, T);
+#undef IKS
 #undef IKC
-#undef CACHE_AT
-#undef CACHE
+#undef IROW
+#undef KPE
+#undef CKS
+#undef CKV
+#undef ROW
 }
 
 static void g5_free(struct glm_model *m)
@@ -622,7 +640,7 @@ static void g5_free(struct glm_model *m)
 	if (!a)
 		return;
 	free(a->use_sel);
-	void *bufs[] = {a->ckv, a->kpe, a->ikc, a->iks, a->scores, a->work, a->qc, a->q, a->kva,
+	void *bufs[] = {a->ckv, a->kpe, a->ikc, a->ckv_s, a->ikc_s, a->iks, a->scores, a->work, a->qc, a->q, a->kva,
 			a->kvr, a->qa, a->lat, a->att, a->iqv, a->iwv, a->sel, a->nsel, a->kvx,
 			a->ckf, a->kpf};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -637,7 +655,10 @@ int glm5_debug(struct engine *e, struct glm5_debug *d)
 	struct g5 *a = m->attn;
 	size_t l = (size_t)m->c.n_layers - 1, T = (size_t)m->c.max_seq;
 	*d = (struct glm5_debug){.ckv = eng_kv_at(e, a->ckv, l * T * a->lora),
-				 .kpe = eng_kv_at(e, a->kpe, l * T * a->d_rope), .kv = e->kv,
+				 .cks = a->ckv_s ? a->ckv_s + l * T * eng_kv_blocks(a->lora) : NULL,
+				 .kpe = (char *)a->kpe + l * T * a->d_rope *
+						dt_size(eng_kv_b_type(e)),
+				 .kv = e->kv, .kv_b = eng_kv_b_type(e),
 				 .lora = a->lora, .rope = a->d_rope, .sel = a->sel, .nsel = a->nsel,
 				 .sel_stride = a->topk, .sparse = a->use_sel[0]};
 	return WK_OK;

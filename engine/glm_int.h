@@ -161,8 +161,10 @@ int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
  * of the latest step (sparse false: it attended densely). Returns WK_EINVAL when e is not a
  * GLM-5 engine. */
 struct glm5_debug {
-	void *ckv, *kpe; /* the last layer's caches of sequence 0, elements of type kv */
-	enum dt_type kv;
+	void *ckv, *kpe; /* the last layer's caches of sequence 0: ckv of type kv (FP8: its
+			  * scales cks, a row's together), kpe of type kv_b */
+	const float *cks;
+	enum dt_type kv, kv_b;
 	int lora, rope;
 	const int *sel, *nsel;
 	int sel_stride;

@@ -41,8 +41,8 @@ static void usage(FILE *f)
 		"      --backend B    cpu, cuda, null or auto (default cpu)\n"
 		"      --threads T    CPU threads (default: all cores)\n"
 		"      --target N     launches per step to compare with (default 400)\n"
-		"      --kv-dtype D   the KV cache's type: bf16, f32 or auto (default auto: bf16\n"
-		"                     for a bfloat16 checkpoint)\n");
+		"      --kv-dtype D   the KV cache's type: bf16, f32, fp8 or auto (default auto:\n"
+		"                     bf16 for a bfloat16 checkpoint)\n");
 }
 
 static int parse_pos(const char *s, const char *what, int hi, int *out)

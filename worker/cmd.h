@@ -82,8 +82,10 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	"      --max-seq N       positions the KV cache holds per sequence (default: the\n"    \
 	"                        model's max_position_embeddings; a worker holds one cache\n"  \
 	"                        per --concurrency slot: size both with wick plan)\n"  \
-	"      --kv-dtype D      the KV cache's element type: bf16, f32 or auto (default:\n" \
-	"                        bf16 for a bfloat16 checkpoint, as GLM-5's; else f32)\n"
+	"      --kv-dtype D      the KV cache's element type: bf16, f32, fp8 or auto\n" \
+	"                        (default: bf16 for a bfloat16 checkpoint, as GLM-5's; else\n" \
+	"                        f32); fp8 (GLM-5 only): e4m3 latent and indexer keys, a\n" \
+	"                        scale per 128, rope keys bf16 (FlashMLA's FP8 layout)\n"
 
 struct cmd_engine {
 	struct eng_opts o;

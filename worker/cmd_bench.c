@@ -45,8 +45,8 @@ static void decode_usage(FILE *f)
 		"      --backend B       cpu, cuda or auto (default cpu)\n"
 		"      --bw-bytes MIB    read-bandwidth buffer in MiB (default 1024)\n"
 		"      --bw-seconds S    read-bandwidth duration (default 1.0; 0 skips it)\n"
-		"      --kv-dtype D      the KV cache's type: bf16, f32 or auto (default auto: bf16\n"
-		"                        for a bfloat16 checkpoint)\n");
+		"      --kv-dtype D      the KV cache's type: bf16, f32, fp8 or auto (default auto:\n"
+		"                        bf16 for a bfloat16 checkpoint)\n");
 }
 
 /* The machine's read bandwidth with `threads` threads (see cpu_read_bandwidth). Returns 0,

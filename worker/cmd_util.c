@@ -41,8 +41,9 @@ int cmd_engine_flag(struct cmd_engine *ce, int c, const char *arg)
 	case 8: ce->o.fp8_act = true; return 0;
 	case 9: return count(arg, "--max-seq", 2, 1 << 24, &ce->o.max_seq);
 	case 10:
-		if (strcmp(arg, "auto") && strcmp(arg, "f32") && strcmp(arg, "bf16")) {
-			fprintf(stderr, "wick: --kv-dtype wants bf16, f32 or auto, not '%s'\n",
+		if (strcmp(arg, "auto") && strcmp(arg, "f32") && strcmp(arg, "bf16") &&
+		    strcmp(arg, "fp8")) {
+			fprintf(stderr, "wick: --kv-dtype wants bf16, f32, fp8 or auto, not '%s'\n",
 				arg);
 			return 2;
 		}

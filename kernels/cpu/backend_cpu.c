@@ -44,8 +44,10 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	(void)ctx;
 	if (op == BE_OP_MATMUL)
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
-	if (op == BE_OP_ATTENTION || op == BE_OP_MLA_ATTENTION || op == BE_OP_DSA_TOPK)
-		return wt == DT_F32 || wt == DT_BF16; /* the KV cache's type */
+	if (op == BE_OP_ATTENTION) /* the KV cache's type */
+		return wt == DT_F32 || wt == DT_BF16;
+	if (op == BE_OP_MLA_ATTENTION || op == BE_OP_DSA_TOPK)
+		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F8_E4M3;
 	return op >= 0 && op < BE_OP_COUNT;
 }
 
@@ -173,7 +175,8 @@ static void cast_n(void *ctx, const struct be_cast *r, int count)
 {
 	(void)ctx;
 	for (int k = 0; k < count; k++)
-		cpu_ref_cast(r[k].dst, r[k].dt, r[k].src, r[k].st, r[k].n);
+		cpu_ref_cast(r[k].dst, r[k].dt, r[k].src, r[k].st, r[k].n, r[k].ds, r[k].ss,
+			     r[k].w);
 }
 
 static void silu_mul(void *ctx, float *g, const float *u, size_t n)
@@ -414,7 +417,7 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 	struct mla_job j = {
 		.out = out, .q = q, .n = n, .pos0 = pos0, .avx2 = cpu_has_avx2(),
 		.s = {.n_heads = s->n_heads, .d_a = s->d_a, .d_b = s->d_b, .d_v = s->d_v,
-		      .kv = s->kv, .k_a = s->k_a, .k_b = s->k_b, .v = s->v,
+		      .kv = s->kv, .k_a = s->k_a, .k_b = s->k_b, .v = s->v, .a_s = s->a_s,
 		      .ka_stride = s->ka_stride,
 		      .ka_head = s->ka_head, .kb_stride = s->kb_stride, .v_stride = s->v_stride,
 		      .v_head = s->v_head, .sel = s->sel, .nsel = s->nsel,
@@ -438,6 +441,7 @@ struct dsa_job {
 	const float *q, *w;
 	const void *k;
 	enum dt_type kv;
+	const float *ks;
 	int len, n_heads, head_dim;
 	float qk_scale, w_scale;
 	bool avx2;
@@ -452,20 +456,22 @@ static void dsa_task(void *ctx, int task, int ntasks)
 	int t1 = (task + 1) * DSA_KEYS_PER_TASK < j->len ? (task + 1) * DSA_KEYS_PER_TASK : j->len;
 	for (int t = task * DSA_KEYS_PER_TASK; t < t1; t++)
 		j->scores[t] = (j->avx2 ? cpu_dsa_score_avx2 : cpu_ref_dsa_score)(
-			j->q, cpu_kv_ptr(j->k, j->kv, (size_t)t * j->head_dim), j->kv, j->w,
+			j->q, cpu_kv_ptr(j->k, j->kv, (size_t)t * j->head_dim), j->kv,
+			j->ks ? j->ks + (size_t)t * cpu_kv_blocks(j->head_dim) : NULL, j->w,
 			j->n_heads, j->head_dim, j->qk_scale, j->w_scale);
 }
 
 static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-		     enum dt_type kv, const float *w, int n, int pos0, int n_heads, int head_dim,
-		     int topk, float qk_scale, float w_scale, float *scores, void *work)
+		     enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
+		     int head_dim, int topk, float qk_scale, float w_scale, float *scores,
+		     void *work)
 {
 	struct cpu_ctx *c = ctx;
 	for (int i = 0; i < n; i++) {
 		int len = pos0 + i + 1;
 		if (len > topk) {
 			struct dsa_job j = {scores, q + (size_t)i * n_heads * head_dim,
-					    w + (size_t)i * n_heads, k, kv, len, n_heads, head_dim,
+					    w + (size_t)i * n_heads, k, kv, ks, len, n_heads, head_dim,
 					    qk_scale, w_scale, cpu_has_avx2()};
 			cpu_pool_run(c->pool, dsa_task, &j,
 				     (len + DSA_KEYS_PER_TASK - 1) / DSA_KEYS_PER_TASK);

@@ -19,6 +19,10 @@
 
 #include "common/dtype.h"
 
+/* The side of an FP8 weight_scale_inv block, and the width of an activation or FP8 KV
+ * cache block with one scale. */
+#define CPU_FP8_BLOCK 128
+
 /* ---- thread pool ---------------------------------------------------------------------- */
 
 struct cpu_pool; /* opaque; one caller at a time may run work on a pool */
@@ -73,19 +77,47 @@ void cpu_ref_rmsnorm(float *y, const float *x, const float *w, int n, int dim, f
 void cpu_ref_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int rot_dim,
 		  float theta, bool interleaved);
 void cpu_ref_softmax(float *x, int n); /* in place, numerically stable */
-/* KV caches hold DT_F32 or DT_BF16 elements; element i of such a cache as f32. */
+/* KV caches hold DT_F32 or DT_BF16 elements, or FP8: DT_F8_E4M3 codes with one f32 scale
+ * per 128 elements of a row (the last block of a row may be partial), as cpu_ref_act_quant
+ * cuts a token's row: a cache of rows w wide keeps row r's scales at s[r * cpu_kv_blocks(w)],
+ * and its element (r, c) is e4m3(code) * s[r * cpu_kv_blocks(w) + c / 128]. An FP8 cache's
+ * MLA rope keys (k_b) are bf16 (cpu_kv_b_type), as FlashMLA's FP8 layout keeps them. */
+static inline int cpu_kv_blocks(int w)
+{
+	return (w + CPU_FP8_BLOCK - 1) / CPU_FP8_BLOCK;
+}
+static inline enum dt_type cpu_kv_b_type(enum dt_type kv)
+{
+	return kv == DT_F8_E4M3 ? DT_BF16 : kv;
+}
+/* Element i of a DT_F32 or DT_BF16 cache as f32. */
 static inline float cpu_kv_at(const void *c, enum dt_type t, size_t i)
 {
 	return t == DT_BF16 ? dt_bf16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
 }
+/* Element c of row r of a cache of any KV type, rows w wide (s: an FP8 cache's scales). */
+static inline float cpu_kv_rc(const void *p, enum dt_type t, const float *s, int w, size_t r,
+			      int c)
+{
+	size_t i = r * (size_t)w + (size_t)c;
+	if (t == DT_F8_E4M3)
+		return dt_e4m3_table[((const uint8_t *)p)[i]] *
+		       s[r * (size_t)cpu_kv_blocks(w) + (size_t)(c / CPU_FP8_BLOCK)];
+	return cpu_kv_at(p, t, i);
+}
 /* The start of row-element i of a cache of type t (byte arithmetic on the element size). */
 static inline const void *cpu_kv_ptr(const void *c, enum dt_type t, size_t i)
 {
-	return (const char *)c + i * (t == DT_BF16 ? 2 : 4);
+	return (const char *)c + i * dt_size(t);
 }
 /* dst [n] (type dt) = src [n] (type st): f32 -> bf16 rounds to nearest even
- * (dt_f32_to_bf16), bf16 -> f32 is exact, equal types copy (struct be_cast). */
-void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n);
+ * (dt_f32_to_bf16), bf16 -> f32 is exact, equal types copy (struct be_cast). FP8: f32 ->
+ * DT_F8_E4M3 quantizes rows of w elements (n a multiple of w) as cpu_ref_act_quant does
+ * (scale = amax / 448 a 128-element block, 1 for an all-zero block; code =
+ * dt_f32_to_e4m3(x / scale)), the scales into ds [n / w][cpu_kv_blocks(w)];
+ * DT_F8_E4M3 -> f32 is e4m3(code) * the block's scale from ss. */
+void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n,
+		  float *ds, const float *ss, int w);
 /* Causal grouped-query attention for n new tokens whose keys/values are already in the
  * cache at positions pos0 .. pos0+n-1.
  *   q   [n][n_heads * head_dim]
@@ -178,11 +210,15 @@ void cpu_ref_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_t
 /* Attention whose key has two parts, k = [k_a (d_a) | k_b (d_b)], k_b shared by all heads
  * (MLA's rope key). Key position t of head h: k_a + t*ka_stride + h*ka_head (ka_head 0: one
  * key for all heads), k_b + t*kb_stride; value v + t*v_stride + h*v_head; all three of
- * element type kv (DT_F32 or DT_BF16; offsets and strides in elements). */
+ * element type kv (DT_F32 or DT_BF16; offsets and strides in elements). An FP8 cache
+ * (kv DT_F8_E4M3) is MLA's latent read as absorbed attention reads it: v is k_a
+ * (v_stride = ka_stride = d_a = d_v, ka_head = v_head = 0), a_s its scales (rows d_a
+ * wide, cpu_kv_rc), and k_b is bf16 (cpu_kv_b_type). */
 struct cpu_mla {
 	int n_heads, d_a, d_b, d_v;
 	enum dt_type kv;
 	const void *k_a, *k_b, *v;
+	const float *a_s;
 	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
 	/* Token i attends to positions sel[i*sel_stride + j], j < nsel[i] (ascending); when sel
 	 * is NULL, to 0 .. pos0 + i (dense causal). */
@@ -196,19 +232,20 @@ void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, 
 			   int pos0, int i0, int i1, int h0, int h1);
 /* DSA lightning indexer score of one query against one key: sum over heads h of
  * w[h] * w_scale * relu(q[h] . k * qk_scale). q [n_heads][head_dim], k [head_dim] of type
- * kv (DT_F32 or DT_BF16). */
-float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const float *w,
-			int n_heads, int head_dim, float qk_scale, float w_scale);
+ * kv (DT_F32, DT_BF16, or DT_F8_E4M3 with its row's scales ks, cpu_kv_rc). */
+float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const float *ks,
+			const float *w, int n_heads, int head_dim, float qk_scale, float w_scale);
 /* Exact top-k of scores[0..len): when len <= topk all positions, else the topk best scores
  * with the lower position winning ties (NaN counts as -inf). Writes the chosen positions to
  * sel in ascending order and their count to *nsel. work: len * 8 bytes. */
 void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, void *work);
 /* The indexer's selection for n queries at positions pos0.. : q [n][n_heads][head_dim],
- * k [pos0 + n][head_dim] (the indexer key cache, of type kv), w [n][n_heads] (weights_proj
+ * k [pos0 + n][head_dim] (the indexer key cache, of type kv; FP8: its scales ks
+ * [pos0 + n][cpu_kv_blocks(head_dim)]), w [n][n_heads] (weights_proj
  * output). Query i scores keys 0 .. pos0 + i; sel [n][topk], nsel [n]. scores: pos0 + n
  * floats and work: (pos0 + n) * 8 bytes of scratch. */
 void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		      const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
+		      const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
 		      float qk_scale, float w_scale, float *scores, void *work);
 
 /* ---- sampling candidates (sample_ref.c; backend.h's sample_cand) --------------------------

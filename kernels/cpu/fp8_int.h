@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CPU_FP8_BLOCK 128 /* the side of a weight_scale_inv block */
+#include "kernels/cpu/cpu.h" /* CPU_FP8_BLOCK */
 
 /* Rows [r0, r1) of cpu_matmul_fp8 (same arguments as cpu_ref_matmul_fp8). r0 should be a
  * multiple of 4 for speed; any value is correct. */

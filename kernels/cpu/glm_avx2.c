@@ -152,6 +152,36 @@ static void scale_row(float *o, float a, int n)
 		o[i] *= a;
 }
 
+/* q . row t of k_a (at element ka): an FP8 row block by block, each times its scale */
+static inline __attribute__((always_inline)) float
+ka_dot(const float *q, const struct cpu_mla *s, enum dt_type kv, size_t ka, int t)
+{
+	if (kv != DT_F8_E4M3)
+		return kv_dot(q, s->k_a, kv, ka, s->d_a);
+	const float *sc = s->a_s + (size_t)t * cpu_kv_blocks(s->d_a);
+	float acc = 0.0f;
+	for (int c0 = 0, b = 0; c0 < s->d_a; c0 += CPU_FP8_BLOCK, b++) {
+		int m = s->d_a - c0 < CPU_FP8_BLOCK ? s->d_a - c0 : CPU_FP8_BLOCK;
+		acc += sc[b] * kv_dot(q + c0, s->k_a, kv, ka + (size_t)c0, m);
+	}
+	return acc;
+}
+
+/* o += p * row t of v (at element vt), FP8 block by block as ka_dot */
+static inline __attribute__((always_inline)) void
+v_axpy(float *o, float p, const struct cpu_mla *s, enum dt_type kv, size_t vt, int t)
+{
+	if (kv != DT_F8_E4M3) {
+		kv_scale_axpy(o, 1.0f, p, s->v, kv, vt, s->d_v);
+		return;
+	}
+	const float *sc = s->a_s + (size_t)t * cpu_kv_blocks(s->d_a);
+	for (int c0 = 0, b = 0; c0 < s->d_v; c0 += CPU_FP8_BLOCK, b++) {
+		int m = s->d_v - c0 < CPU_FP8_BLOCK ? s->d_v - c0 : CPU_FP8_BLOCK;
+		kv_scale_axpy(o + c0, 1.0f, p * sc[b], s->v, kv, vt + (size_t)c0, m);
+	}
+}
+
 /* kv a constant in each call of cpu_mla_attention_avx2: the loops specialised per cache type */
 static inline __attribute__((always_inline)) void
 mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type kv, int pos0,
@@ -170,8 +200,9 @@ mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type 
 				int t = keys ? keys[j] : j;
 				size_t ka = (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
 				size_t kb = (size_t)t * s->kb_stride;
-				float sc = (kv_dot(qh, s->k_a, kv, ka, s->d_a) +
-					    kv_dot(qh + s->d_a, s->k_b, kv, kb, s->d_b)) *
+				float sc = (ka_dot(qh, s, kv, ka, t) +
+					    kv_dot(qh + s->d_a, s->k_b, cpu_kv_b_type(kv), kb,
+						   s->d_b)) *
 					   s->scale;
 				if (sc > max) { /* rescale what was summed under the old maximum */
 					float r = expf(max - sc);
@@ -182,7 +213,7 @@ mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type 
 				float p = expf(sc - max);
 				sum += p;
 				size_t vt = (size_t)t * s->v_stride + (size_t)h * s->v_head;
-				kv_scale_axpy(oh, 1.0f, p, s->v, kv, vt, s->d_v);
+				v_axpy(oh, p, s, kv, vt, t);
 			}
 			scale_row(oh, 1.0f / sum, s->d_v);
 		}
@@ -193,20 +224,34 @@ void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s,
 			    int pos0, int i0, int i1, int h0, int h1)
 {
 	(void)n;
-	if (s->kv == DT_BF16)
+	if (s->kv == DT_F8_E4M3)
+		mla_attention(out, q, s, DT_F8_E4M3, pos0, i0, i1, h0, h1);
+	else if (s->kv == DT_BF16)
 		mla_attention(out, q, s, DT_BF16, pos0, i0, i1, h0, h1);
 	else
 		mla_attention(out, q, s, DT_F32, pos0, i0, i1, h0, h1);
 }
 
-float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const float *w,
-			 int n_heads, int head_dim, float qk_scale, float w_scale)
+/* q . an FP8 key row, block by block, each times its scale */
+static float k8_dot(const float *q, const void *k, const float *ks, int head_dim)
+{
+	float acc = 0.0f;
+	for (int c0 = 0, b = 0; c0 < head_dim; c0 += CPU_FP8_BLOCK, b++) {
+		int m = head_dim - c0 < CPU_FP8_BLOCK ? head_dim - c0 : CPU_FP8_BLOCK;
+		acc += ks[b] * kv_dot(q + c0, k, DT_F8_E4M3, (size_t)c0, m);
+	}
+	return acc;
+}
+
+float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const float *ks,
+			 const float *w, int n_heads, int head_dim, float qk_scale, float w_scale)
 {
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
 		const float *qh = q + (size_t)h * head_dim;
-		float d = (kv == DT_BF16 ? kv_dot(qh, k, DT_BF16, 0, head_dim)
-					 : kv_dot(qh, k, DT_F32, 0, head_dim)) *
+		float d = (kv == DT_F8_E4M3 ? k8_dot(qh, k, ks, head_dim)
+			   : kv == DT_BF16  ? kv_dot(qh, k, DT_BF16, 0, head_dim)
+					    : kv_dot(qh, k, DT_F32, 0, head_dim)) *
 			  qk_scale;
 		total += w[h] * w_scale * (d > 0.0f ? d : 0.0f);
 	}

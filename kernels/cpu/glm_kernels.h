@@ -30,7 +30,7 @@ void cpu_mla_absorb_out_avx2(float *o, const float *lat, const void *w, enum dt_
 void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s, int n,
 			    int pos0, int i0, int i1, int h0, int h1);
 /* cpu_ref_dsa_score, 8-wide. */
-float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const float *w,
-			 int n_heads, int head_dim, float qk_scale, float w_scale);
+float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const float *ks,
+			 const float *w, int n_heads, int head_dim, float qk_scale, float w_scale);
 
 #endif

@@ -245,15 +245,24 @@ void cpu_ref_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_t
 	}
 }
 
+/* Element d of k_a's (or v's, at offset i of position t) row: an FP8 cache's rows are d_a
+ * wide, each with its scales. */
+static float mla_el(const struct cpu_mla *s, const void *c, size_t i, int t, int d)
+{
+	if (s->kv == DT_F8_E4M3)
+		return cpu_kv_rc(c, s->kv, s->a_s, s->d_a, (size_t)t, d);
+	return cpu_kv_at(c, s->kv, i + (size_t)d);
+}
+
 static float mla_score(const float *qh, const struct cpu_mla *s, int h, int t, float scale)
 {
 	size_t ka = (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
 	size_t kb = (size_t)t * s->kb_stride;
 	float acc = 0.0f;
 	for (int d = 0; d < s->d_a; d++)
-		acc += qh[d] * cpu_kv_at(s->k_a, s->kv, ka + (size_t)d);
+		acc += qh[d] * mla_el(s, s->k_a, ka, t, d);
 	for (int d = 0; d < s->d_b; d++)
-		acc += qh[s->d_a + d] * cpu_kv_at(s->k_b, s->kv, kb + (size_t)d);
+		acc += qh[s->d_a + d] * cpu_kv_at(s->k_b, cpu_kv_b_type(s->kv), kb + (size_t)d);
 	return acc * scale;
 }
 
@@ -282,7 +291,7 @@ void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, 
 				size_t vt = (size_t)t * s->v_stride + (size_t)h * s->v_head;
 				sum += p;
 				for (int d = 0; d < s->d_v; d++)
-					oh[d] += p * cpu_kv_at(s->v, s->kv, vt + (size_t)d);
+					oh[d] += p * mla_el(s, s->v, vt, t, d);
 			}
 			for (int d = 0; d < s->d_v; d++)
 				oh[d] /= sum;
@@ -313,15 +322,15 @@ static int by_int(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const float *w,
-			int n_heads, int head_dim, float qk_scale, float w_scale)
+float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const float *ks,
+			const float *w, int n_heads, int head_dim, float qk_scale, float w_scale)
 {
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
 		const float *qh = q + (size_t)h * head_dim;
 		float dot = 0.0f;
 		for (int d = 0; d < head_dim; d++)
-			dot += qh[d] * cpu_kv_at(k, kv, (size_t)d);
+			dot += qh[d] * cpu_kv_rc(k, kv, ks, head_dim, 0, d);
 		dot *= qk_scale;
 		total += w[h] * w_scale * (dot > 0.0f ? dot : 0.0f);
 	}
@@ -347,9 +356,10 @@ void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, v
 }
 
 void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		      const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-		      float qk_scale, float w_scale, float *scores, void *work)
+		      const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim,
+		      int topk, float qk_scale, float w_scale, float *scores, void *work)
 {
+	size_t nb = (size_t)cpu_kv_blocks(head_dim);
 	for (int i = 0; i < n; i++) {
 		int len = pos0 + i + 1;
 		if (len > topk)
@@ -357,7 +367,7 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum d
 				scores[t] = cpu_ref_dsa_score(
 					q + (size_t)i * n_heads * head_dim,
 					cpu_kv_ptr(k, kv, (size_t)t * head_dim), kv,
-					w + (size_t)i * n_heads, n_heads, head_dim, qk_scale,
+					ks ? ks + (size_t)t * nb : NULL, w + (size_t)i * n_heads, n_heads, head_dim, qk_scale,
 					w_scale);
 		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
 	}

@@ -99,8 +99,37 @@ static float dot_kv(const float *q, const void *c, enum dt_type t, size_t at, in
 	return acc;
 }
 
-void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n)
+/* Rows of w f32 into e4m3 codes and their scales, cpu_ref_act_quant's blocks. */
+static void quant_rows(uint8_t *dst, float *ds, const float *src, size_t n, int w)
 {
+	for (size_t r = 0; r < n / (size_t)w; r++)
+		for (int c0 = 0, b = 0; c0 < w; c0 += CPU_FP8_BLOCK, b++) {
+			const float *x = src + r * (size_t)w + (size_t)c0;
+			uint8_t *y = dst + r * (size_t)w + (size_t)c0;
+			int m = w - c0 < CPU_FP8_BLOCK ? w - c0 : CPU_FP8_BLOCK;
+			float amax = 0.0f;
+			for (int c = 0; c < m; c++)
+				amax = fmaxf(amax, fabsf(x[c]));
+			float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+			ds[r * (size_t)cpu_kv_blocks(w) + (size_t)b] = s;
+			for (int c = 0; c < m; c++)
+				y[c] = dt_f32_to_e4m3(x[c] / s);
+		}
+}
+
+void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n,
+		  float *ds, const float *ss, int w)
+{
+	if (dt == DT_F8_E4M3) {
+		quant_rows(dst, ds, src, n, w);
+		return;
+	}
+	if (st == DT_F8_E4M3) {
+		for (size_t r = 0; r < n / (size_t)w; r++)
+			for (int c = 0; c < w; c++)
+				((float *)dst)[r * (size_t)w + (size_t)c] = cpu_kv_rc(src, st, ss, w, r, c);
+		return;
+	}
 	if (dt == st) {
 		memcpy(dst, src, n * dt_size(dt));
 		return;

@@ -357,7 +357,8 @@ static void attention(void *ctx, float *out, const float *q, const void *k, cons
 static_assert(WK_CAST_MAX == BE_CAST_MAX, "cast_n limits differ");
 static_assert(sizeof(struct wk_cast) == sizeof(struct be_cast) &&
 		      offsetof(struct wk_cast, n) == offsetof(struct be_cast, n) &&
-		      offsetof(struct wk_cast, st) == offsetof(struct be_cast, st),
+		      offsetof(struct wk_cast, st) == offsetof(struct be_cast, st) &&
+		      offsetof(struct wk_cast, w) == offsetof(struct be_cast, w),
 	      "struct be_cast must have struct wk_cast's layout");
 
 static void cast_n(void *ctx, const struct be_cast *r, int count)
@@ -629,12 +630,14 @@ static unsigned *counters(struct cuda_ctx *c)
 }
 
 static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-		     enum dt_type kv, const float *w, int n, int pos0, int n_heads, int head_dim,
-		     int topk, float qk_scale, float w_scale, float *scores, void *work)
+		     enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
+		     int head_dim, int topk, float qk_scale, float w_scale, float *scores,
+		     void *work)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	(void)work;
+	(void)ks; /* no FP8 cache here yet (supports) */
 	if (c->rc != WK_OK || n <= 0)
 		return;
 	if (!counters(c))

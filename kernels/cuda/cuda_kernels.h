@@ -138,6 +138,9 @@ struct wk_cast {
 	const void *src;
 	size_t n;
 	enum dt_type dt, st;
+	float *ds;       /* FP8 (struct be_cast) */
+	const float *ss;
+	int w;
 };
 int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz);
 int wk_cuda_silu_mul(float *g, const float *u, size_t n, char *err, size_t errsz);

@@ -301,6 +301,10 @@ static void ds_cast_n(void *ctx, const struct be_cast *c, int count)
 	for (int k = 0; k < count; k++) {
 		dev(ctx, c[k].dst, "cast dst");
 		dev(ctx, c[k].src, "cast src");
+		if (c[k].ds)
+			dev(ctx, c[k].ds, "cast dst scales");
+		if (c[k].ss)
+			dev(ctx, c[k].ss, "cast src scales");
 	}
 	WRAP(cast_n(CPU, c, count));
 }
@@ -407,17 +411,20 @@ static void ds_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const fl
 }
 
 static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-			enum dt_type kv, const float *w, int n, int pos0, int n_heads, int head_dim,
-			int topk, float qk_scale, float w_scale, float *scores, void *work)
+			enum dt_type kv, const float *ks, const float *w, int n, int pos0,
+			int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
+			float *scores, void *work)
 {
 	dev(ctx, sel, "dsa sel");
 	dev(ctx, nsel, "dsa nsel");
 	dev(ctx, q, "dsa q");
 	dev(ctx, k, "dsa k");
+	if (ks)
+		dev(ctx, ks, "dsa k scales");
 	dev(ctx, w, "dsa w");
 	dev(ctx, scores, "dsa scores");
 	dev(ctx, work, "dsa work");
-	WRAP(dsa_topk(CPU, sel, nsel, q, k, kv, w, n, pos0, n_heads, head_dim, topk, qk_scale,
+	WRAP(dsa_topk(CPU, sel, nsel, q, k, kv, ks, w, n, pos0, n_heads, head_dim, topk, qk_scale,
 		      w_scale, scores, work));
 }
 

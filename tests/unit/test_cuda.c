@@ -836,8 +836,8 @@ Test(cuda_kernels, cast_n_matches_ref)
 						: (const void *)(h + cs[k][3]);
 		const void *dsrc = st == DT_F32 ? (const void *)(dx + cs[k][3])
 						: (const void *)(dh + cs[k][3]);
-		cpu_ref_cast((char *)want[k] + off * es, dt, hsrc, st, n);
-		c[k] = (struct wk_cast){(char *)dst[k] + off * es, dsrc, n, dt, st};
+		cpu_ref_cast((char *)want[k] + off * es, dt, hsrc, st, n, NULL, NULL, 0);
+		c[k] = (struct wk_cast){(char *)dst[k] + off * es, dsrc, n, dt, st, NULL, NULL, 0};
 	}
 	cr_assert_eq(wk_cuda_cast_n(c, NC, err, sizeof err), WK_OK, "%s", err);
 	for (int k = 0; k < NC; k++) {
@@ -858,7 +858,7 @@ Test(cuda_kernels, cast_n_matches_ref)
 	}
 	struct wk_cast many[WK_CAST_MAX + 1];
 	for (int k = 0; k < WK_CAST_MAX + 1; k++)
-		many[k] = (struct wk_cast){dx, dx, 1, DT_F32, DT_F32};
+		many[k] = (struct wk_cast){dx, dx, 1, DT_F32, DT_F32, NULL, NULL, 0};
 	cr_expect_eq(wk_cuda_cast_n(many, 0, err, sizeof err), WK_EINVAL);
 	cr_expect_eq(wk_cuda_cast_n(many, WK_CAST_MAX + 1, err, sizeof err), WK_EINVAL);
 	many[1].dt = DT_F16;
@@ -1362,7 +1362,7 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			float mx = 0;
 			for (int t = 0; t < len; t++) {
 				sc[t] = cpu_ref_dsa_score(q + (size_t)i * IH * ID,
-							  k + (size_t)t * ID, DT_F32,
+							  k + (size_t)t * ID, DT_F32, NULL,
 							  w + (size_t)i * IH, IH, ID, qk, ws);
 				mx = fmaxf(mx, fabsf(sc[t]));
 			}
@@ -1382,8 +1382,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		float *dq = to_dev(q, (size_t)n * IH * ID * 4);
 		void *dk = to_dev(kh, (size_t)T * ID * dt_size(kv));
 		float *dw = to_dev(w, (size_t)n * IH * 4);
-		cpu_ref_dsa_topk(want, wn, q, kh, kv, w, n, pos0, IH, ID, topk, qk, ws, want_sc,
-				 work);
+		cpu_ref_dsa_topk(want, wn, q, kh, kv, NULL, w, n, pos0, IH, ID, topk, qk, ws,
+				 want_sc, work);
 		/* one query a launch (scratch for one row), then groups: 4 rows of scratch and
 		 * groups of 3 (the groups' counters reused), and every query in one launch */
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
@@ -2891,9 +2891,9 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				 .rope_heads = 2, .rope_hd = 32, .rope_off = 0, .rope_dim = 32,
 				 .rope_theta = 10000.0f}};
 			struct wk_cast cc[2] = {
-				{o->c16, o->qc, (size_t)n * CH_Q, DT_BF16, DT_F32},
+				{o->c16, o->qc, (size_t)n * CH_Q, DT_BF16, DT_F32, NULL, NULL, 0},
 				{o->c16 + (size_t)n * CH_Q, o->kv, (size_t)n * CH_K, DT_BF16,
-				 DT_F32}};
+				 DT_F32, NULL, NULL, 0}};
 			struct wk_mm om = {.y = o->o, .w = w_o, .dtype = DT_F32, .rows = CH_D};
 			struct wk_mm rm = {.y = o->r, .w = w_rt, .dtype = DT_F32, .rows = CH_R};
 			if (pass == 0) {
@@ -2973,7 +2973,7 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 			     "by op", n);
 		from_dev(rows, a.qc, (size_t)n * CH_Q * 4); /* what the cast link read */
 		from_dev(rows + (size_t)n * CH_Q, a.kv, (size_t)n * CH_K * 4);
-		cpu_ref_cast(cw, DT_BF16, rows, DT_F32, (size_t)n * (CH_Q + CH_K));
+		cpu_ref_cast(cw, DT_BF16, rows, DT_F32, (size_t)n * (CH_Q + CH_K), NULL, NULL, 0);
 		cr_expect_eq(memcmp(ca, cw, cb), 0, "n %d: the cast link's bf16 rows are not the "
 			     "normalised rows rounded", n);
 		free(ca);

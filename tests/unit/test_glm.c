@@ -735,8 +735,8 @@ Test(glm, dsa_full_topk_is_dense)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	int sel[NQ * T], nsel[NQ];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, iw, NQ, P0, IH, ID, T, 0.3f, 0.7f, scores,
-			 work);
+	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, NULL, iw, NQ, P0, IH, ID, T, 0.3f, 0.7f,
+			 scores, work);
 	for (int i = 0; i < NQ; i++) {
 		cr_assert_eq(nsel[i], P0 + i + 1);
 		for (int j = 0; j < nsel[i]; j++)
@@ -907,17 +907,17 @@ Test(glm, attention_avx2_matches_ref)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	for (int i = 0; i < NQ; i++)
 		for (int t = 0; t < T; t++) {
-			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32,
+			float a = cpu_ref_dsa_score(iq + i * IH * ID, ik + t * ID, DT_F32, NULL,
 						    iw + i * IH, IH, ID, 0.2f, 0.6f);
-			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, DT_F32,
+			float b = cpu_dsa_score_avx2(iq + i * IH * ID, ik + t * ID, DT_F32, NULL,
 						     iw + i * IH, IH, ID, 0.2f, 0.6f);
 			cr_expect_leq(fabsf(a - b), 1e-5f * (1.0f + fabsf(a)), "score %d %d", i, t);
 		}
 	int sel[NQ * TOPK], nsel[NQ];
 	float scores[T];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f, scores,
-			 work);
+	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, NULL, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f,
+			 scores, work);
 	/* expanded layout: per-head keys; absorbed: one key and value for all heads */
 	struct cpu_mla lay[2] = {
 		{.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DV, .k_a = ka, .k_b = kb, .v = v,
@@ -937,6 +937,88 @@ Test(glm, attention_avx2_matches_ref)
 		cpu_ref_mla_attention(o1, q, &s, NQ, P0, 0, NQ, 0, H);
 		cpu_mla_attention_avx2(o2, q, &s, NQ, P0, 0, NQ, 0, H);
 		cr_expect_leq(rel(o2, o1, NQ * H * s.d_v), 1e-5, "layout %d, sel %d", k / 2, k % 2);
+	}
+}
+
+/* FP8 KV caches at the kernels: cpu_ref_cast's quantization is cpu_ref_act_quant's (codes and
+ * scales back to f32 bit for bit, partial blocks and an all-zero block included); MLA
+ * attention over an FP8 latent (bf16 k_pe) and indexer scores over FP8 keys are the f32
+ * references' over the dequantized values bit for bit, and the AVX2 versions are within 1e-5
+ * of them, dense and with a selection. */
+Test(glm, fp8_cache_kernels)
+{
+	enum { T = 40, NQ = 7, P0 = T - NQ, H = 3, DA = 200, DB = 10, IH = 3, ID = 150, TOPK = 9 };
+	struct ckpt r = {.rng = 23};
+	static float q[NQ * H * (DA + DB)], ka[T * DA], kaq[T * DA], kb[T * DB], kbq[T * DB];
+	static float iq[NQ * IH * ID], ik[T * ID], ikq[T * ID], iw[NQ * IH], want[T * DA];
+	static uint8_t ka8[T * DA], ik8[T * ID];
+	static uint16_t kb16[T * DB];
+	static float kas[T * 2], iks[T * 2];
+	for (size_t i = 0; i < sizeof q / 4; i++) q[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof ka / 4; i++) ka[i] = gauss(&r) * (i % DA < 128 ? 1 : 30);
+	for (int c = 128; c < DA; c++) /* row 3's second block: all zeros */
+		ka[3 * DA + c] = 0;
+	for (size_t i = 0; i < sizeof kb / 4; i++) kb[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof iq / 4; i++) iq[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof ik / 4; i++) ik[i] = gauss(&r);
+	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
+	cpu_ref_cast(ka8, DT_F8_E4M3, ka, DT_F32, T * DA, kas, NULL, DA);
+	cpu_ref_cast(kaq, DT_F32, ka8, DT_F8_E4M3, T * DA, NULL, kas, DA);
+	cpu_ref_act_quant(want, ka, T, DA);
+	cr_expect_eq(memcmp(kaq, want, sizeof want), 0, "FP8 cache rows are not act_quant's");
+	cr_expect(kas[3 * 2 + 1] == 1.0f && ka8[3 * DA + 150] == 0, "an all-zero block: scale %g",
+		  kas[3 * 2 + 1]);
+	cpu_ref_cast(kb16, DT_BF16, kb, DT_F32, T * DB, NULL, NULL, 0);
+	cpu_ref_cast(kbq, DT_F32, kb16, DT_BF16, T * DB, NULL, NULL, 0);
+	cpu_ref_cast(ik8, DT_F8_E4M3, ik, DT_F32, T * ID, iks, NULL, ID);
+	cpu_ref_cast(ikq, DT_F32, ik8, DT_F8_E4M3, T * ID, NULL, iks, ID);
+	for (int i = 0; i < NQ; i++)
+		for (int t = 0; t < T; t++) {
+			const float *qi = iq + i * IH * ID, *wi = iw + i * IH;
+			float a = cpu_ref_dsa_score(qi, ikq + t * ID, DT_F32, NULL, wi, IH, ID, 0.2f,
+						    0.6f);
+			float b = cpu_ref_dsa_score(qi, ik8 + t * ID, DT_F8_E4M3, iks + t * 2, wi, IH,
+						    ID, 0.2f, 0.6f);
+			cr_expect_eq(a, b, "score %d %d: %g on the FP8 keys, %g dequantized", i, t,
+				     b, a);
+			if (cpu_has_avx2()) {
+				float c = cpu_dsa_score_avx2(qi, ik8 + t * ID, DT_F8_E4M3,
+							     iks + t * 2, wi, IH, ID, 0.2f, 0.6f);
+				cr_expect_leq(fabsf(c - a), 1e-5f * (1.0f + fabsf(a)), "avx2 score "
+					      "%d %d: %g, not %g", i, t, c, a);
+			}
+		}
+	int sel[NQ * TOPK], nsel[NQ], sel8[NQ * TOPK], nsel8[NQ];
+	float scores[T];
+	char work[T * 8];
+	cpu_ref_dsa_topk(sel, nsel, iq, ikq, DT_F32, NULL, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f,
+			 scores, work);
+	cpu_ref_dsa_topk(sel8, nsel8, iq, ik8, DT_F8_E4M3, iks, iw, NQ, P0, IH, ID, TOPK, 0.2f,
+			 0.6f, scores, work);
+	cr_expect_eq(memcmp(sel, sel8, sizeof sel), 0, "FP8 keys select differently");
+	cr_expect_eq(memcmp(nsel, nsel8, sizeof nsel), 0);
+	/* the absorbed layout: one latent key and value for all heads */
+	struct cpu_mla f = {.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DA, .kv = DT_F32,
+			    .k_a = kaq, .k_b = kbq, .v = kaq, .ka_stride = DA, .kb_stride = DB,
+			    .v_stride = DA, .sel_stride = TOPK, .scale = 0.05f};
+	struct cpu_mla e8 = f;
+	e8.kv = DT_F8_E4M3;
+	e8.k_a = e8.v = ka8;
+	e8.a_s = kas;
+	e8.k_b = kb16;
+	static float o1[NQ * H * DA], o2[NQ * H * DA], o3[NQ * H * DA];
+	for (int k = 0; k < 2; k++) {
+		f.sel = e8.sel = k ? sel : NULL;
+		f.nsel = e8.nsel = k ? nsel : NULL;
+		cpu_ref_mla_attention(o1, q, &f, NQ, P0, 0, NQ, 0, H);
+		cpu_ref_mla_attention(o2, q, &e8, NQ, P0, 0, NQ, 0, H);
+		cr_expect_eq(memcmp(o1, o2, sizeof o1), 0, "sel %d: MLA over the FP8 latent is not "
+			     "the reference over its values", k);
+		if (cpu_has_avx2()) {
+			cpu_mla_attention_avx2(o3, q, &e8, NQ, P0, 0, NQ, 0, H);
+			cr_expect_leq(rel(o3, o1, NQ * H * DA), 1e-5, "sel %d: avx2 MLA over the FP8 "
+				      "latent", k);
+		}
 	}
 }
 
@@ -1510,4 +1592,97 @@ Test(glm, kv_bf16)
 		rm_rf(dir);
 		free(dir);
 	}
+}
+
+/* Mean cosine and top-1 agreement of n rows of logits against ref's. */
+static void agreement(const float *a, const float *ref, int n, int V, double *cos, double *top1)
+{
+	*cos = *top1 = 0;
+	for (int i = 0; i < n; i++) {
+		const float *x = a + (size_t)i * V, *y = ref + (size_t)i * V;
+		double xy = 0, xx = 0, yy = 0;
+		int bx = 0, by = 0;
+		for (int j = 0; j < V; j++) {
+			xy += (double)x[j] * y[j], xx += (double)x[j] * x[j], yy += (double)y[j] * y[j];
+			bx = x[j] > x[bx] ? j : bx;
+			by = y[j] > y[by] ? j : by;
+		}
+		*cos += xy / sqrt(xx * yy) / n;
+		*top1 += (double)(bx == by) / n;
+	}
+}
+
+/* FP8 KV caches (GLM-5: the latent and the indexer keys e4m3 with a scale per 128, k_pe
+ * bf16), with kv_a whole (FP8 weights) and split (bf16). Dense (index_topk 16 over 12
+ * positions): the logits stay near the f32 caches' (a gross-error gate: e4m3 keeps 3 mantissa
+ * bits) and differ from the bf16 caches' (the cache does quantize). Sparse (index_topk 4, so
+ * the indexer reads its FP8 keys; on random tiny weights one flipped choice moves a logit far,
+ * so no bound against f32 there): decoding token by token reads the same quantized rows as
+ * the prefill's expansion, so it matches it to f32 rounding; batched = alone; devsim bit for
+ * bit. GLM-4.5 (GQA) refuses fp8 by name. */
+Test(glm, kv_fp8)
+{
+	struct g5dims d = {.topk = 16, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 5, .bias_std = 0.1f};
+	const char *what[4] = {"glm5 fp8 dense", "glm5 bf16 dense", "glm5 fp8", "glm5 bf16"};
+	for (int k = 0; k < 4; k++) {
+		char *dir = mkdir_tmp();
+		d.wdt = k % 2 == 0 ? DT_F8_E4M3 : DT_BF16;
+		d.topk = k < 2 ? 16 : 4;
+		write_glm5(dir, &d);
+		kv_opt = "f32";
+		struct engine *e = open_model(dir);
+		int V = eng_info(e)->vocab;
+		float *ref = prefill(e, NIDS);
+		eng_close(e);
+		kv_opt = "bf16";
+		e = open_model(dir);
+		float *b16 = prefill(e, NIDS);
+		eng_close(e);
+		kv_opt = "fp8";
+		e = open_model(dir);
+		cr_assert_str_eq(eng_info(e)->kv_dtype, "fp8");
+		float *got = prefill(e, NIDS);
+		double worst = 0, worst16 = 0, cos, top1;
+		for (int i = 0; i < NIDS; i++) {
+			worst = fmax(worst, rel(got + (size_t)i * V, ref + (size_t)i * V, V));
+			worst16 = fmax(worst16, rel(got + (size_t)i * V, b16 + (size_t)i * V, V));
+		}
+		agreement(got, ref, NIDS, V, &cos, &top1);
+		fprintf(stderr, "glm kv fp8: %s: fp8 vs f32 caches, worst relative difference %.2g, "
+			"mean cosine %.6f, top-1 %.2f (vs bf16 caches: %.2g)\n", what[k], worst, cos,
+			top1, worst16);
+		cr_expect(k >= 2 || (cos >= 0.998 && top1 >= 0.8), "%s: fp8 vs f32 caches: mean "
+			  "cosine %g, top-1 %g", what[k], cos, top1);
+		cr_expect(worst16 > 1e-3, "%s: the fp8 caches' logits are the bf16 caches' (%g)",
+			  what[k], worst16);
+		check_decode(e, got, NIDS, what[k]);
+		eng_close(e);
+		/* the absorbed form reads the FP8 latent itself (these sizes choose expanded) */
+		set_mla("absorb");
+		e = open_model(dir);
+		check_decode(e, got, NIDS, what[k]);
+		eng_close(e);
+		set_mla(NULL);
+		check_batched(dir, V, what[k]);
+		check_devsim(dir, V, what[k]);
+		kv_opt = NULL;
+		free(ref);
+		free(b16);
+		free(got);
+		rm_rf(dir);
+		free(dir);
+	}
+	char *dir = mkdir_tmp();
+	write_glm4(dir, DT_BF16, 4, 2, 0.1f);
+	struct engine *e;
+	char err[WK_ERRSZ] = "";
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .kv_dtype = "fp8"};
+	cr_expect_eq(eng_open(dir, &o, &e, err, sizeof err), WK_EUNSUPPORTED);
+	cr_expect(strstr(err, "fp8") && strstr(err, "Glm4MoeForCausalLM"), "%s", err);
+	o.kv_dtype = "fp4";
+	cr_expect_eq(eng_open(dir, &o, &e, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "'fp4'"), "%s", err);
+	rm_rf(dir);
+	free(dir);
 }

@@ -328,10 +328,10 @@ static void check_attention(struct cpu_pool *p)
 		size_t nk = (size_t)len * kv_stride;
 		uint16_t *k16 = malloc(nk * 2), *v16 = malloc(nk * 2);
 		cr_assert(k16 && v16);
-		cpu_ref_cast(k16, DT_BF16, k, DT_F32, nk);
-		cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk);
-		cpu_ref_cast(k, DT_F32, k16, DT_BF16, nk);
-		cpu_ref_cast(v, DT_F32, v16, DT_BF16, nk);
+		cpu_ref_cast(k16, DT_BF16, k, DT_F32, nk, NULL, NULL, 0);
+		cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk, NULL, NULL, 0);
+		cpu_ref_cast(k, DT_F32, k16, DT_BF16, nk, NULL, NULL, 0);
+		cpu_ref_cast(v, DT_F32, v16, DT_BF16, nk, NULL, NULL, 0);
 		cpu_ref_attention(want, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
 				  kv_stride, scale);
 		cpu_ref_attention(got, q, k16, v16, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,

@@ -373,17 +373,24 @@ Test(plan, kv_cache_is_the_engines)
 		cr_assert_eq(plan_model_read(cfg, &m, err, sizeof err), WK_OK, "%s", err);
 		const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
 		int checked = 0;
-		for (int i = 0; i < 8; i++) {
-			int tp = 1 << (i / 2);
-			bool bf16 = i % 2;
+		bool mla = strstr(files[shared ? 0 : f], "glm5") != NULL;
+		for (int i = 0; i < 12; i++) {
+			int tp = 1 << (i / 3);
+			static const enum dt_type kvs[3] = {DT_F32, DT_BF16, DT_F8_E4M3};
+			static const enum plan_dtype pks[3] = {PLAN_F32, PLAN_BF16, PLAN_FP8};
+			static const char *const kn[3] = {"f32", "bf16", "fp8"};
 			uint64_t bytes;
 			int ms; /* 4096, or the model's max_position_embeddings below it */
-			enum dt_type kv = bf16 ? DT_BF16 : DT_F32;
-			cr_assert_eq(eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, &ms, &bytes, err,
-							 sizeof err),
-				     WK_OK, "%s: %s", name, err);
+			enum dt_type kv = kvs[i % 3];
+			int rc = eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, &ms, &bytes, err,
+						     sizeof err);
+			if (kv == DT_F8_E4M3 && !mla) { /* the engine's FP8 cache is MLA's only */
+				cr_expect_eq(rc, WK_EUNSUPPORTED, "%s: fp8 taken", name);
+				continue;
+			}
+			cr_assert_eq(rc, WK_OK, "%s: %s", name, err);
 			struct plan_opts o = opts(tp, 1);
-			o.kv = bf16 ? PLAN_BF16 : PLAN_F32;
+			o.kv = pks[i % 3];
 			o.gpu_mem = 1000 * GB;
 			o.context = ms;
 			struct plan_result r;
@@ -391,8 +398,7 @@ Test(plan, kv_cache_is_the_engines)
 				continue; /* a tp this model cannot split over */
 			cr_expect_eq(bytes, r.kv_gpu * (uint64_t)ms, "%s at tp %d %s: the engine "
 				     "allocates %llu bytes a sequence, the plan counts %llu", name,
-				     tp,
-				     bf16 ? "bf16" : "f32",
+				     tp, kn[i % 3],
 				     (unsigned long long)bytes, (unsigned long long)(r.kv_gpu * ms));
 			checked++;
 		}
