@@ -48,9 +48,10 @@ static void usage(FILE *f)
 		"  --batch N            tokens in one forward step, for the workspace (default %d)\n"
 		"  --weights-dtype D    fp8, bf16, f16 or f32 (default: the config's: fp8 when\n"
 		"                       quantization_config.quant_method is fp8, else torch_dtype)\n"
-		"  --kv-dtype D         KV-cache dtype: bf16 or f32, which the engine holds, or\n"
-		"                       fp8, f16 to see what those would hold (default auto,\n"
-		"                       the engine's: bf16 for a bfloat16 checkpoint, else f32)\n"
+		"  --kv-dtype D         KV-cache dtype: bf16, f32 or (MLA models) fp8, which the\n"
+		"                       engine holds, or f16 and GQA fp8 to see what those would\n"
+		"                       hold (default auto, the engine's: bf16 for a bfloat16\n"
+		"                       checkpoint, else f32)\n"
 		"  --reserve SIZE       per GPU, kept back for the CUDA context, NCCL buffers and\n"
 		"                       allocator slack (default " DEFAULT_RESERVE ")\n"
 		"  --format F           table (default) or json\n"
@@ -273,7 +274,8 @@ static int assumptions(const struct run *u, char out[NASSUME][512])
 			 "kv head(s) per GPU%s)%s",
 			 (long long)m->kv_heads, (long long)m->head_dim, (long long)r->kv_heads_per_gpu,
 			 r->kv_replicated ? ", replicated: tp > kv heads" : "",
-			 r->kv == PLAN_FP8 ? "; fp8 is 1 byte per value with a per-tensor scale" : "");
+			 r->kv == PLAN_FP8 ? "; fp8 is 1 byte per value with a per-tensor scale (not "
+					     "held by the engine: its fp8 cache is MLA's)" : "");
 	snprintf(out[n++], 512,
 		 "workspace: bf16 activations (fp32 residual, router, indexer and vocab logits); "
 		 "buffers reused layer to layer; total = hidden + max(attention + indexer, FFN) + "
