@@ -103,6 +103,17 @@ print(f"GLM-5 structure: {j['launches']:.0f} launches per decode step (target {j
       f"unfused {j['unfused']:.0f}")
 PY
 
+# fp8 caches (--kv-dtype fp8): the latent and indexer keys quantized and k_pe rounded as they
+# are stored, in the same cast link of each layer's first chain: the same launches as bf16
+out8=$("$WICK" bench launches "$g" --context 100 --steps 1 --threads 2 --kv-dtype fp8)
+python3 - "$(echo "$out" | tail -n 1)" "$(echo "$out8" | tail -n 1)" <<'PY' || fail "fp8: $out8"
+import json, sys
+b16, f8 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert f8["kv_dtype"] == "fp8" and f8["chained"]["cast"] == 78, f8
+assert "cast" not in f8["by_kind"] and f8["launches"] == b16["launches"], (f8, b16)
+print(f"fp8 caches: {f8['launches']:.0f} launches, as bf16's")
+PY
+
 # the null backend has none of the GLM ops: refused by name (it used to crash on a NULL op)
 if "$WICK" bench launches "$g" --context 8 --steps 1 --backend null >/dev/null 2>"$TMPD/null.err"; then
   fail "GLM-5 ran on the null backend"
