@@ -1,0 +1,6 @@
+# The KV cache's type against GLM-5's logits (scripts/kv-precision --check): on random GLM-5s
+# with GLM-5's cache widths, bf16 and fp8 caches stay within their bounds of the f32 caches'
+# logits, with the indexer selecting every position and 64 of 200.
+source tests/e2e/lib.sh
+scripts/kv-precision --check || fail "the KV cache's precision left its bounds"
+echo ok
