@@ -30,7 +30,12 @@
  * Authentication: WICK_REDIS_PASSWORD (and WICK_REDIS_USERNAME for an ACL user, Redis 6+) is
  * sent with AUTH on every connection before anything else; never in the URL, which is logged
  * (a URL with user:password@ is refused, saying where they go). A server that wants a
- * password and got none, or refuses the one given, fails the open at once, by name. TLS
+ * password and got none, or refuses the one given, fails the open at once, by name. Or
+ * WICK_REDIS_PASSWORD_FILE names a file holding the password (a trailing newline dropped),
+ * read again for every new connection: a rotated secret (a Kubernetes Secret's mounted file
+ * is replaced in place) is taken at the next reconnect, with no restart. Rotation moves the
+ * server and the file at different moments, so after the first connection a refused AUTH
+ * (or a file missing for a moment) is retried with the reconnect's backoff. TLS
  * (rediss://) is not built in (Debian's hiredis 0.14 has none): a TLS tunnel on loopback
  * (stunnel, spiped) reaches a TLS-only Redis.
  *
@@ -70,6 +75,7 @@ struct rq {
 	char (*held)[ENTRY_ID_MAX]; /* entries taken and not yet completed or released */
 	int n_held, cap_held;
 	char *user, *pass;     /* WICK_REDIS_USERNAME, WICK_REDIS_PASSWORD (malloc'd, wiped) */
+	char *pass_file;       /* WICK_REDIS_PASSWORD_FILE: pass is read from it on a connect */
 };
 
 /* ---- URL: pure ---- */
@@ -269,10 +275,35 @@ static int create_group(struct rq *r, char *err, size_t errsz)
 	return rc;
 }
 
-/* AUTH [user] password on a new connection, when WICK_REDIS_PASSWORD is set. WK_EIO: the
- * connection failed (retried); WK_EINVAL: refused (not retried). */
+/* r->pass from r->pass_file: its contents less trailing line ends and blanks. */
+static int read_pass(struct rq *r, char *err, size_t errsz)
+{
+	char *buf, e[160];
+	size_t n;
+	if (wk_read_file(r->pass_file, 4096, &buf, &n, e, sizeof e) != WK_OK)
+		return wk_errf(err, errsz, WK_EINVAL, "WICK_REDIS_PASSWORD_FILE: %s", e);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
+			 buf[n - 1] == '\t'))
+		buf[--n] = '\0';
+	if (n == 0 || memchr(buf, '\0', n)) {
+		wk_free_secret(buf);
+		return wk_errf(err, errsz, WK_EINVAL, "WICK_REDIS_PASSWORD_FILE %.200s: %s",
+			       r->pass_file, n ? "holds a NUL byte" : "is empty");
+	}
+	wk_free_secret(r->pass);
+	r->pass = buf;
+	return WK_OK;
+}
+
+/* AUTH [user] password on a new connection, when WICK_REDIS_PASSWORD or _FILE is set.
+ * WK_EIO: the connection failed, or (after the first connection, with a password file, which
+ * a rotation may not have reached yet) the file or the password failed: retried;
+ * WK_EINVAL: refused (not retried). */
 static int authenticate(struct rq *r, char *err, size_t errsz)
 {
+	int frc = r->pass_file ? read_pass(r, err, errsz) : WK_OK;
+	if (frc != WK_OK)
+		return r->connected_once ? WK_EIO : frc;
 	if (!r->pass)
 		return WK_OK;
 	redisReply *rep = r->user ? redisCommand(r->c, "AUTH %s %s", r->user, r->pass)
@@ -282,11 +313,13 @@ static int authenticate(struct rq *r, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_EIO, "redis: connection lost");
 	}
 	int rc = WK_OK;
+	bool retry = is_err(rep, "LOADING") || (r->pass_file && r->connected_once);
 	if (rep->type == REDIS_REPLY_ERROR)
-		rc = wk_errf(err, errsz, is_err(rep, "LOADING") ? WK_EIO : WK_EINVAL,
-			     "redis %s:%d: AUTH%s%s (WICK_REDIS_PASSWORD%s) refused: %.120s",
+		rc = wk_errf(err, errsz, retry ? WK_EIO : WK_EINVAL,
+			     "redis %s:%d: AUTH%s%s (WICK_REDIS_PASSWORD%s%s) refused: %.120s",
 			     r->u.host, r->u.port, r->user ? " as " : "", r->user ? r->user : "",
-			     r->user ? ", WICK_REDIS_USERNAME" : "", rep->str);
+			     r->pass_file ? "_FILE" : "", r->user ? ", WICK_REDIS_USERNAME" : "",
+			     rep->str);
 	freeReplyObject(rep);
 	return rc;
 }
@@ -452,6 +485,7 @@ static void redis_close(struct queue *q)
 	free(r->held);
 	wk_free_secret(r->user);
 	wk_free_secret(r->pass);
+	free(r->pass_file);
 	free(r);
 	q->impl = NULL;
 }
@@ -464,11 +498,17 @@ static int redis_open(struct queue *q, const char *url, char *err, size_t errsz)
 	q->impl = r;
 	int rc = queue_redis_parse_url(url, &r->u, err, errsz);
 	const char *user = getenv("WICK_REDIS_USERNAME"), *pass = getenv("WICK_REDIS_PASSWORD");
-	if (rc == WK_OK && user && *user && !(pass && *pass))
+	const char *pf = getenv("WICK_REDIS_PASSWORD_FILE");
+	bool has_pass = pass && *pass, has_file = pf && *pf;
+	if (rc == WK_OK && has_pass && has_file)
+		rc = wk_errf(err, errsz, WK_EINVAL, "both WICK_REDIS_PASSWORD and "
+			     "WICK_REDIS_PASSWORD_FILE are set: set one");
+	if (rc == WK_OK && user && *user && !has_pass && !has_file)
 		rc = wk_errf(err, errsz, WK_EINVAL, "WICK_REDIS_USERNAME is set without "
-			     "WICK_REDIS_PASSWORD");
-	if (rc == WK_OK && pass && *pass &&
-	    (!(r->pass = strdup(pass)) || (user && *user && !(r->user = strdup(user)))))
+			     "WICK_REDIS_PASSWORD or WICK_REDIS_PASSWORD_FILE");
+	if (rc == WK_OK &&
+	    ((has_pass && !(r->pass = strdup(pass))) || (has_file && !(r->pass_file = strdup(pf))) ||
+	     (user && *user && !(r->user = strdup(user)))))
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	if (rc == WK_OK) {
 		if (r->u.max_deliveries > 0)

@@ -374,6 +374,96 @@ Test(queue_redis, password_and_acl_user)
 	queue_close(p);
 }
 
+/* A command on an authenticated connection (AUTH pw first); the reply's type. */
+static int admin(const char *pw, const char *cmd)
+{
+	redisContext *c = redisConnect("127.0.0.1", port);
+	cr_assert(c && !c->err);
+	redisReply *r = redisCommand(c, "AUTH %s", pw);
+	cr_assert(r && r->type == REDIS_REPLY_STATUS, "AUTH: %s", r ? r->str : "no reply");
+	freeReplyObject(r);
+	r = redisCommand(c, cmd);
+	int t = r ? r->type : -1;
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return t;
+}
+
+static char pw_path[128];
+
+/* The rotation's second half, late: the new password reaches the file 0.6 s after the server
+ * took it (a Kubernetes Secret's mounted file follows within its sync period). */
+static void *write_new_pw(void *arg)
+{
+	(void)arg;
+	usleep(600000);
+	char e[WK_ERRSZ];
+	cr_assert_eq(wk_write_file(pw_path, "rotated-pw\n", 11, e, sizeof e), WK_OK, "%s", e);
+	return NULL;
+}
+
+/* WICK_REDIS_PASSWORD_FILE: the password read from a file (its newline dropped) for every new
+ * connection, so that a rotated password is taken at the next reconnect without a restart,
+ * even when the server changes first and the file follows later (the refused AUTH is retried).
+ * At open, a missing or empty file and both variables set are refused by name, and a wrong
+ * password in the file fails at once (only a reconnect retries). */
+Test(queue_redis, password_file_rotation)
+{
+	NEED_REDIS();
+	stop_redis();
+	const char *const auth[] = {"--requirepass", "first-pw", NULL};
+	server = start_redis_with(false, auth, false);
+	cr_assert_gt(server, 0);
+	struct queue_opts o = {.consumer = "w", .lease_s = 30, .reconnect_s = 5};
+	struct queue *q;
+	char e[WK_ERRSZ];
+	unsetenv("WICK_REDIS_USERNAME");
+	unsetenv("WICK_REDIS_PASSWORD");
+	snprintf(pw_path, sizeof pw_path, "%s/redis-pw", dir);
+	setenv("WICK_REDIS_PASSWORD_FILE", pw_path, 1);
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "WICK_REDIS_PASSWORD_FILE") && strstr(err, pw_path), "%s", err);
+	cr_assert_eq(wk_write_file(pw_path, "\n", 1, e, sizeof e), WK_OK, "%s", e);
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "is empty"), "%s", err);
+	cr_assert_eq(wk_write_file(pw_path, "wrong-pw\n", 9, e, sizeof e), WK_OK, "%s", e);
+	double t0 = wk_now();
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "AUTH") && strstr(err, "_FILE") && !strstr(err, "wrong-pw"), "%s",
+		  err);
+	cr_expect_lt(wk_now() - t0, 1.0, "a wrong password at open was retried");
+	setenv("WICK_REDIS_PASSWORD", "first-pw", 1);
+	cr_assert_eq(queue_open(url, &o, &q, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "both WICK_REDIS_PASSWORD and WICK_REDIS_PASSWORD_FILE"), "%s", err);
+	unsetenv("WICK_REDIS_PASSWORD");
+
+	cr_assert_eq(wk_write_file(pw_path, "first-pw\n", 9, e, sizeof e), WK_OK, "%s", e);
+	struct queue *p = open_q(url, "producer", 30);
+	q = open_q(url, "w", 30);
+	submit(p, "r1");
+	struct queue_job j[4];
+	int n;
+	cr_assert_eq(queue_take(q, j, 4, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	/* rotated: the server first, every connection cut, the file 0.6 s later */
+	cr_assert_eq(admin("first-pw", "CONFIG SET requirepass rotated-pw"), REDIS_REPLY_STATUS);
+	cr_assert_eq(admin("rotated-pw", "CLIENT KILL TYPE normal"), REDIS_REPLY_INTEGER);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, write_new_pw, NULL), 0);
+	submit(p, "r2");
+	cr_assert_eq(queue_take(q, j, 4, 2, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_expect_str_eq(j[0].id, "r2");
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	pthread_join(th, NULL);
+	cr_expect_eq(admin("rotated-pw", "XLEN jobs"), REDIS_REPLY_INTEGER);
+	queue_close(q);
+	queue_close(p);
+	unsetenv("WICK_REDIS_PASSWORD_FILE");
+}
+
 /* ---- 200 jobs, two consumers ---- */
 
 #define NJOBS 200
