@@ -971,6 +971,11 @@ int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_
 	return WK_OK;
 }
 
+static const char *kv_name(enum dt_type kv)
+{
+	return kv == DT_BF16 ? "bf16" : kv == DT_F8_E4M3 ? "fp8" : "f32";
+}
+
 /* eng_kv_check for a KV type and architecture before the engine has either (fit_check). */
 static int kv_check(const struct engine *e, const char *arch, enum be_op op, enum dt_type kv,
 		    char *err, size_t errsz)
@@ -981,8 +986,7 @@ static int kv_check(const struct engine *e, const char *arch, enum be_op op, enu
 	if (e->be->supports(e->bctx, op, kv) && (kv == DT_F32 || e->be->cast_n))
 		return WK_OK;
 	return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: the %s backend cannot attend over a %s KV "
-		       "cache (--kv-dtype %s can)", arch, e->be->name,
-		       kv == DT_BF16 ? "bf16" : kv == DT_F8_E4M3 ? "fp8" : "f32",
+		       "cache (--kv-dtype %s can)", arch, e->be->name, kv_name(kv),
 		       kv == DT_F8_E4M3 && e->be->supports(e->bctx, op, DT_BF16) ? "bf16" : "f32");
 }
 
@@ -1166,6 +1170,18 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 		uint64_t per_pos = per_seq / (uint64_t)max_seq; /* every position the same */
 		uint64_t fit = per_seq ? left / per_seq : 0;
 		uint64_t len = per_pos ? left / ((uint64_t)seqs * per_pos) : 0;
+		/* a smaller cache type, and what it would hold */
+		char alt[96] = "";
+		uint64_t ps8;
+		int ms8;
+		if (kvt == DT_F32)
+			snprintf(alt, sizeof alt, ", or --kv-dtype bf16 for half the cache");
+		else if (kvt == DT_BF16 && mla &&
+			 eng_seq_cache_bytes(arch, cfg, max_seq, (int)tp, DT_F8_E4M3, &ms8, &ps8,
+					     e2, sizeof e2) == WK_OK && ps8)
+			snprintf(alt, sizeof alt, ", or --kv-dtype fp8: room for %llu sequence%s of "
+				 "%d positions", (unsigned long long)(left / ps8),
+				 left / ps8 == 1 ? "" : "s", max_seq);
 		char b[5][32];
 		rc = wk_errf(err, errsz, WK_ELIMIT,
 			     "%s: %s does not fit the GPU: its weights take %s of each GPU and the "
@@ -1173,12 +1189,11 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 			     "sequence), but GPU 0 has %s free of %s. Room beside the weights: %llu "
 			     "sequence%s of %d positions, or %d of %llu positions (lower the "
 			     "concurrency or --max-seq%s; `wick plan` sizes a node)", dir, arch,
-			     bytes_str(image, b[0]), kvt == DT_BF16 ? "bf16" : "f32", seqs, max_seq,
+			     bytes_str(image, b[0]), kv_name(kvt), seqs, max_seq,
 			     bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
 			     bytes_str(free_b, b[3]), bytes_str(total_b, b[4]),
 			     (unsigned long long)fit, fit == 1 ? "" : "s", max_seq, seqs,
-			     (unsigned long long)len,
-			     kvt == DT_F32 ? ", or --kv-dtype bf16 for half the cache" : "");
+			     (unsigned long long)len, alt);
 	}
 	return rc;
 }
@@ -1320,7 +1335,7 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 
 	if ((rc = eng_kv_type(opts ? opts->kv_dtype : NULL, cfg, &e->kv, err, errsz)) != WK_OK)
 		goto fail;
-	e->info.kv_dtype = e->kv == DT_BF16 ? "bf16" : e->kv == DT_F8_E4M3 ? "fp8" : "f32";
+	e->info.kv_dtype = kv_name(e->kv);
 	e->max_seq_opt = opts ? opts->max_seq : 0;
 	e->experts_one_by_one = opts && opts->experts_one_by_one;
 	e->unfused = opts && opts->unfused;
