@@ -421,6 +421,16 @@ static void print_table(const struct run *u)
 	else
 		printf("  %-28s %12s   %s more per GPU needed for one %s-token sequence\n", "fits",
 		       "NO", human(r->shortfall, b1), commas((uint64_t)r->context, b2));
+	/* MLA: what the engine's FP8 cache would hold instead */
+	struct plan_result *r8 = m->mla && r->kv != PLAN_FP8 ? malloc(sizeof *r8) : NULL;
+	struct plan_opts o8 = *o;
+	o8.kv = PLAN_FP8;
+	char e8[WK_ERRSZ];
+	if (r8 && plan_compute(m, &o8, r8, e8, sizeof e8) == WK_OK)
+		printf("  %-28s %12s   sequences of %s tokens with --kv-dtype fp8 (e4m3 latent "
+		       "and indexer keys)\n", "with an fp8 KV cache", commas(r8->max_seqs, b1),
+		       commas((uint64_t)r->context, b2));
+	free(r8);
 
 	printf("\nworkspace per GPU (B = %lld batch tokens, C = %lld context; bytes per value "
 	       "in the formulas)\n", (long long)r->batch, (long long)r->context);

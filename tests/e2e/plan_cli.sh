@@ -325,6 +325,13 @@ done
 tok=$(python3 -c 'import json,sys; print(format(json.load(open(sys.argv[1]))["kv_cache"]["tokens"], ","))' \
   "$TMPD/g5_200k.json")
 grep -q "KV cache tokens  *$tok " "$TMPD/t.txt" || fail "the table's KV tokens differ from the JSON's ($tok)"
+# and what the engine's fp8 cache would hold, as --kv-dtype fp8's own plan says
+s8=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kv_cache"]["max_sequences"])' \
+  "$TMPD/g5_fp8kv.json")
+grep -q "with an fp8 KV cache  *$s8  *sequences of 200,000 tokens" "$TMPD/t.txt" ||
+  fail "the table's fp8 line differs from --kv-dtype fp8's plan ($s8): $(grep fp8 "$TMPD/t.txt")"
+"$WICK" plan "${G5[@]}" --context 200000 --kv-dtype fp8 >"$TMPD/t8.txt" || fail "fp8 table"
+! grep -q "with an fp8 KV cache" "$TMPD/t8.txt" || fail "an fp8 plan offers fp8"
 "$WICK" plan "${G5[@]}" --weights-dtype bf16 >"$TMPD/t.txt" || fail "bf16 table exited $?"
 grep -q "fits  *NO" "$TMPD/t.txt" || fail "bf16 GLM-5 should print fits NO"
 
