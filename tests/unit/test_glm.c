@@ -1549,6 +1549,27 @@ Test(glm, fp8_activations)
 	free(dir);
 }
 
+/* The prefill logits [NIDS][vocab] of the model in dir on KV caches of type kv (*V: vocab). */
+static float *prefill_kv(const char *dir, const char *kv, int *V)
+{
+	kv_opt = kv;
+	struct engine *e = open_model(dir);
+	cr_assert_str_eq(eng_info(e)->kv_dtype, kv);
+	*V = eng_info(e)->vocab;
+	float *lg = prefill(e, NIDS);
+	eng_close(e);
+	return lg;
+}
+
+/* The worst rel() over NIDS rows of logits. */
+static double worst_rel(const float *a, const float *b, int V)
+{
+	double w = 0;
+	for (int i = 0; i < NIDS; i++)
+		w = fmax(w, rel(a + (size_t)i * V, b + (size_t)i * V, V));
+	return w;
+}
+
 /* bf16 KV caches on every family and both ways GLM-5 writes its latent (FP8 kv_a whole, bf16
  * kv_a split in two): the logits stay within bf16's rounding of the f32 caches' and differ
  * from them (the caches do round); decoding token by token matches the prefill; batched steps
@@ -1566,18 +1587,10 @@ Test(glm, kv_bf16)
 			write_glm5(dir, &d);
 		else
 			write_glm4(dir, DT_BF16, 4, 2, 0.1f);
-		kv_opt = "f32";
+		int V;
+		float *ref = prefill_kv(dir, "f32", &V), *got = prefill_kv(dir, "bf16", &V);
 		struct engine *e = open_model(dir);
-		int V = eng_info(e)->vocab;
-		float *ref = prefill(e, NIDS);
-		eng_close(e);
-		kv_opt = "bf16";
-		e = open_model(dir);
-		cr_assert_str_eq(eng_info(e)->kv_dtype, "bf16");
-		float *got = prefill(e, NIDS);
-		double worst = 0;
-		for (int i = 0; i < NIDS; i++)
-			worst = fmax(worst, rel(got + (size_t)i * V, ref + (size_t)i * V, V));
+		double worst = worst_rel(got, ref, V);
 		fprintf(stderr, "glm kv bf16: %s: bf16 vs f32 caches, worst relative difference "
 			"%.2g\n", what[k], worst);
 		cr_expect(worst > 0 && worst <= 1.5e-2, "%s: bf16 vs f32 caches differ by %g",
@@ -1630,24 +1643,11 @@ Test(glm, kv_fp8)
 		d.wdt = k % 2 == 0 ? DT_F8_E4M3 : DT_BF16;
 		d.topk = k < 2 ? 16 : 4;
 		write_glm5(dir, &d);
-		kv_opt = "f32";
+		int V;
+		float *ref = prefill_kv(dir, "f32", &V), *b16 = prefill_kv(dir, "bf16", &V);
+		float *got = prefill_kv(dir, "fp8", &V);
 		struct engine *e = open_model(dir);
-		int V = eng_info(e)->vocab;
-		float *ref = prefill(e, NIDS);
-		eng_close(e);
-		kv_opt = "bf16";
-		e = open_model(dir);
-		float *b16 = prefill(e, NIDS);
-		eng_close(e);
-		kv_opt = "fp8";
-		e = open_model(dir);
-		cr_assert_str_eq(eng_info(e)->kv_dtype, "fp8");
-		float *got = prefill(e, NIDS);
-		double worst = 0, worst16 = 0, cos, top1;
-		for (int i = 0; i < NIDS; i++) {
-			worst = fmax(worst, rel(got + (size_t)i * V, ref + (size_t)i * V, V));
-			worst16 = fmax(worst16, rel(got + (size_t)i * V, b16 + (size_t)i * V, V));
-		}
+		double worst = worst_rel(got, ref, V), worst16 = worst_rel(got, b16, V), cos, top1;
 		agreement(got, ref, NIDS, V, &cos, &top1);
 		fprintf(stderr, "glm kv fp8: %s: fp8 vs f32 caches, worst relative difference %.2g, "
 			"mean cosine %.6f, top-1 %.2f (vs bf16 caches: %.2g)\n", what[k], worst, cos,
