@@ -1561,6 +1561,24 @@ static float *prefill_kv(const char *dir, const char *kv, int *V)
 	return lg;
 }
 
+/* A KV cache type's consistency on the model in dir (e: open on it, closed here; got: its
+ * prefill): decoding token by token matches the prefill, in the chosen MLA form and the
+ * absorbed one (it reads the cache itself; these sizes choose expanded), batched steps match
+ * each sequence alone, and device memory (devsim) matches bit for bit. */
+static void check_cache_paths(struct engine *e, const char *dir, const float *got, int V,
+			      const char *what)
+{
+	check_decode(e, got, NIDS, what);
+	eng_close(e);
+	set_mla("absorb");
+	e = open_model(dir);
+	check_decode(e, got, NIDS, what);
+	eng_close(e);
+	set_mla(NULL);
+	check_batched(dir, V, what);
+	check_devsim(dir, V, what);
+}
+
 /* The worst rel() over NIDS rows of logits. */
 static double worst_rel(const float *a, const float *b, int V)
 {
@@ -1595,10 +1613,7 @@ Test(glm, kv_bf16)
 			"%.2g\n", what[k], worst);
 		cr_expect(worst > 0 && worst <= 1.5e-2, "%s: bf16 vs f32 caches differ by %g",
 			  what[k], worst);
-		check_decode(e, got, NIDS, what[k]);
-		eng_close(e);
-		check_batched(dir, V, what[k]);
-		check_devsim(dir, V, what[k]);
+		check_cache_paths(e, dir, got, V, what[k]);
 		kv_opt = NULL;
 		free(ref);
 		free(got);
@@ -1656,16 +1671,7 @@ Test(glm, kv_fp8)
 			  "cosine %g, top-1 %g", what[k], cos, top1);
 		cr_expect(worst16 > 1e-3, "%s: the fp8 caches' logits are the bf16 caches' (%g)",
 			  what[k], worst16);
-		check_decode(e, got, NIDS, what[k]);
-		eng_close(e);
-		/* the absorbed form reads the FP8 latent itself (these sizes choose expanded) */
-		set_mla("absorb");
-		e = open_model(dir);
-		check_decode(e, got, NIDS, what[k]);
-		eng_close(e);
-		set_mla(NULL);
-		check_batched(dir, V, what[k]);
-		check_devsim(dir, V, what[k]);
+		check_cache_paths(e, dir, got, V, what[k]);
 		kv_opt = NULL;
 		free(ref);
 		free(b16);
