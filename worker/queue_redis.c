@@ -31,7 +31,7 @@
  * sent with AUTH on every connection before anything else; never in the URL, which is logged
  * (a URL with user:password@ is refused, saying where they go). A server that wants a
  * password and got none, or refuses the one given, fails the open at once, by name. Or
- * WICK_REDIS_PASSWORD_FILE names a file holding the password (a trailing newline dropped),
+ * WICK_REDIS_PASSWORD_FILE names a file holding the password (trailing line ends dropped),
  * read again for every new connection: a rotated secret (a Kubernetes Secret's mounted file
  * is replaced in place) is taken at the next reconnect, with no restart. Rotation moves the
  * server and the file at different moments, so after the first connection a refused AUTH
@@ -275,18 +275,20 @@ static int create_group(struct rq *r, char *err, size_t errsz)
 	return rc;
 }
 
-/* r->pass from r->pass_file: its contents less trailing line ends and blanks. */
+/* r->pass from r->pass_file: its contents less trailing line ends (a password may end in a
+ * blank). */
 static int read_pass(struct rq *r, char *err, size_t errsz)
 {
 	char *buf, e[160];
-	size_t n;
-	if (wk_read_file(r->pass_file, 4096, &buf, &n, e, sizeof e) != WK_OK)
+	size_t n, len;
+	if (wk_read_file(r->pass_file, 4096, &buf, &len, e, sizeof e) != WK_OK)
 		return wk_errf(err, errsz, WK_EINVAL, "WICK_REDIS_PASSWORD_FILE: %s", e);
-	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
-			 buf[n - 1] == '\t'))
+	n = len;
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
 		buf[--n] = '\0';
 	if (n == 0 || memchr(buf, '\0', n)) {
-		wk_free_secret(buf);
+		explicit_bzero(buf, len); /* all of it: wk_free_secret stops at a NUL */
+		free(buf);
 		return wk_errf(err, errsz, WK_EINVAL, "WICK_REDIS_PASSWORD_FILE %.200s: %s",
 			       r->pass_file, n ? "holds a NUL byte" : "is empty");
 	}

@@ -326,7 +326,7 @@ tok=$(python3 -c 'import json,sys; print(format(json.load(open(sys.argv[1]))["kv
   "$TMPD/g5_200k.json")
 grep -q "KV cache tokens  *$tok " "$TMPD/t.txt" || fail "the table's KV tokens differ from the JSON's ($tok)"
 # and what the engine's fp8 cache would hold, as --kv-dtype fp8's own plan says
-s8=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kv_cache"]["max_sequences"])' \
+s8=$(python3 -c 'import json,sys; print(format(json.load(open(sys.argv[1]))["kv_cache"]["max_sequences"], ","))' \
   "$TMPD/g5_fp8kv.json")
 grep -q "with an fp8 KV cache  *$s8  *sequences of 200,000 tokens" "$TMPD/t.txt" ||
   fail "the table's fp8 line differs from --kv-dtype fp8's plan ($s8): $(grep fp8 "$TMPD/t.txt")"

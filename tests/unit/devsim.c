@@ -388,6 +388,7 @@ static void ds_mla_attention(void *ctx, float *out, const float *q, const struct
 	dev(ctx, s->k_a, "mla k_a");
 	dev(ctx, s->k_b, "mla k_b");
 	dev(ctx, s->v, "mla v");
+	dev(ctx, s->a_s, "mla k_a scales");
 	dev(ctx, s->sel, "mla sel");
 	dev(ctx, s->nsel, "mla nsel");
 	WRAP(mla_attention(CPU, out, q, s, n, pos0));
@@ -405,6 +406,7 @@ static void ds_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const fl
 	dev(ctx, s->k_a, "mla_absorbed k_a");
 	dev(ctx, s->k_b, "mla_absorbed k_b");
 	dev(ctx, s->v, "mla_absorbed v");
+	dev(ctx, s->a_s, "mla_absorbed k_a scales");
 	dev(ctx, s->sel, "mla_absorbed sel");
 	dev(ctx, s->nsel, "mla_absorbed nsel");
 	WRAP(mla_absorbed(CPU, o, qa, lat, q, kv_b, s, n, pos0, d_nope, d_v));
