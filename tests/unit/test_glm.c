@@ -26,6 +26,7 @@
 #include "engine/engine.h"
 #include "engine/glm_int.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_int.h" /* cpu_force_scalar */
 #include "kernels/cpu/glm_kernels.h"
 #include "tests/unit/devsim.h"
 
@@ -1691,4 +1692,50 @@ Test(glm, kv_fp8)
 	cr_expect(strstr(err, "'fp4'"), "%s", err);
 	rm_rf(dir);
 	free(dir);
+}
+
+/* FP8 caches whose rows span several 128-blocks with a partial last one (gen_glm: kv_lora_rank
+ * and index_head_dim 136 = 128 + 8, so the per-block scales are indexed past the first): the
+ * cache paths as kv_fp8 checks them; a prefill in two chunks (the second expanding over the
+ * first's quantized rows) matches the whole one in either MLA form; the scalar kernels match
+ * the AVX2 ones; and tp 2 matches tp 1 (each rank caches the whole latent). */
+Test(glm, kv_fp8_blocks)
+{
+	const char *tools = getenv("WICK_TOOLS");
+	char *dir = mkdir_tmp(), cmd[1024], err[WK_ERRSZ];
+	snprintf(cmd, sizeof cmd, "'%s/gen_glm' --family glm5 -o '%s' --kv-lora-rank 136 "
+		 "--index-head-dim 136 --index-topk 4 >/dev/null", tools ? tools : "build/tools", dir);
+	cr_assert_eq(system(cmd), 0, "%s (is $WICK_TOOLS/gen_glm built?)", cmd);
+	int V;
+	float *got = prefill_kv(dir, "fp8", &V);
+	check_cache_paths(open_model(dir), dir, got, V, "glm5 fp8 cache, 136-wide rows");
+	float *two = malloc(sizeof(float) * NIDS * V);
+	cr_assert_not_null(two);
+	for (int m = 0; m < 2; m++) {
+		set_mla(m ? "expand" : "absorb");
+		struct engine *e = open_model(dir);
+		cr_assert_eq(eng_forward(e, ids, 6, 0, two, true, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(eng_forward(e, ids + 6, NIDS - 6, 6, two + (size_t)6 * V, true, err,
+					 sizeof err), WK_OK, "%s", err);
+		eng_close(e);
+		cr_expect_leq(worst_rel(two, got, V), 1e-4, "%s: a chunked prefill differs by %g",
+			      m ? "expand" : "absorb", worst_rel(two, got, V));
+	}
+	set_mla(NULL);
+	cpu_force_scalar(true);
+	float *sc = prefill_kv(dir, "fp8", &V);
+	cpu_force_scalar(false);
+	cr_expect_leq(worst_rel(sc, got, V), 1e-4, "scalar vs AVX2: %g", worst_rel(sc, got, V));
+	char *sd = mkdir_tmp(), out[600];
+	snprintf(out, sizeof out, "%s/s", sd);
+	struct eng_snap_opts so = {.tp = 2, .ep = 1};
+	cr_assert_eq(eng_snapshot(dir, out, &so, err, sizeof err), WK_OK, "%s", err);
+	float *tp2 = prefill_kv(out, "fp8", &V);
+	double d = worst_rel(tp2, got, V);
+	fprintf(stderr, "glm kv fp8 blocks: tp 2 vs tp 1 on fp8 caches %.2g\n", d);
+	cr_expect_leq(d, 1e-4, "tp 2 vs tp 1: %g", d);
+	kv_opt = NULL;
+	free(got), free(two), free(sc), free(tp2);
+	rm_rf(sd), free(sd);
+	rm_rf(dir), free(dir);
 }
