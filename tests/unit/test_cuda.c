@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/wk.h"
+#include "engine/backend.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -1469,6 +1470,20 @@ Test(cuda_kernels, mla_attention_matches_ref)
 	void *host[] = {kvx, ckv, kpe, kvx16, ckv16, kpe16, sel, ckv8, ckvs};
 	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
 		free(host[i]);
+}
+
+/* The backend's supports(): an fp8 KV cache for MLA attention and the DSA indexer (the
+ * kernels above take it), never for GQA attention (FP8 is struct be_mla's layout only); bf16
+ * for all three; f16 for none. */
+Test(cuda_kernels, supports_fp8_kv_for_mla_only)
+{
+	NEED_GPU();
+	static const enum be_op ops[3] = {BE_OP_MLA_ATTENTION, BE_OP_DSA_TOPK, BE_OP_ATTENTION};
+	for (int i = 0; i < 3; i++) {
+		cr_expect_eq(be_cuda.supports(NULL, ops[i], DT_F8_E4M3), i < 2, "op %d fp8", i);
+		cr_expect(be_cuda.supports(NULL, ops[i], DT_BF16), "op %d bf16", i);
+		cr_expect(!be_cuda.supports(NULL, ops[i], DT_F16), "op %d f16", i);
+	}
 }
 
 static int cmp_desc(const void *a, const void *b)
