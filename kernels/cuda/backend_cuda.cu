@@ -167,10 +167,11 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	switch (op) {
 	case BE_OP_MATMUL:
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
-	case BE_OP_ATTENTION:
+	case BE_OP_ATTENTION: /* the KV cache's type; FP8 is MLA's only (struct be_mla) */
+		return wt == DT_F32 || wt == DT_BF16;
 	case BE_OP_MLA_ATTENTION:
 	case BE_OP_DSA_TOPK:
-		return wt == DT_F32 || wt == DT_BF16; /* the KV cache's type */
+		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F8_E4M3;
 	case BE_OP_RMSNORM:
 	case BE_OP_ROPE:
 	case BE_OP_SILU_MUL:
@@ -583,6 +584,7 @@ static struct cpu_mla to_cpu_mla(const struct be_mla *s)
 	m.k_a = s->k_a;
 	m.k_b = s->k_b;
 	m.v = s->v;
+	m.a_s = s->a_s;
 	m.ka_stride = s->ka_stride;
 	m.ka_head = s->ka_head;
 	m.kb_stride = s->kb_stride;
@@ -637,7 +639,6 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void 
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	(void)work;
-	(void)ks; /* no FP8 cache here yet (supports) */
 	if (c->rc != WK_OK || n <= 0)
 		return;
 	if (!counters(c))
@@ -655,9 +656,9 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void 
 			cudaGetLastError(); /* out of memory: the engine's scratch below */
 	}
 	bool own = c->dsa_cap >= row;
-	ok(c, wk_cuda_dsa_topk(sel, nsel, q, k, kv, w, n, pos0, n_heads, head_dim, topk, qk_scale,
-			       w_scale, own ? c->dsa_scores : scores, own ? c->dsa_cap : row,
-			       c->dsa_count, DSA_GROUPS, err, sizeof err),
+	ok(c, wk_cuda_dsa_topk(sel, nsel, q, k, kv, ks, w, n, pos0, n_heads, head_dim, topk,
+			       qk_scale, w_scale, own ? c->dsa_scores : scores,
+			       own ? c->dsa_cap : row, c->dsa_count, DSA_GROUPS, err, sizeof err),
 	   err);
 }
 

@@ -212,13 +212,37 @@ __device__ __forceinline__ uint32_t bf16_rn(float f)
 	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-/* Element i of a KV cache, f32 or bf16 (bits), as f32: exactly (cpu_kv_at). The kernels that
- * read a cache (attention, mla_attend, the DSA indexer) are templates over the two. */
+/* Element i of a KV cache, f32 or bf16 (bits), as f32: exactly (cpu_kv_at). */
 __device__ __forceinline__ float kv_ld(const float *c, size_t i) { return c[i]; }
 __device__ __forceinline__ float kv_ld(const uint16_t *c, size_t i)
 {
 	return __uint_as_float((unsigned)c[i] << 16);
 }
+
+/* Element c of a cache row (cpu_kv_rc): f32 or bf16 as kv_ld reads it; an FP8 row's e4m3
+ * code times the scale of its 128-element block, rs the row's scales (kv_scales; NULL and
+ * unread for the others). The kernels that read a cache are templates over the three. */
+template <typename KV>
+__device__ __forceinline__ float kv_rc(const KV *row, const float *rs, int c)
+{
+	(void)rs;
+	return kv_ld(row, (size_t)c);
+}
+__device__ __forceinline__ float kv_rc(const __nv_fp8_e4m3 *row, const float *rs, int c)
+{
+	return float(row[c]) * rs[c / FP8_BLOCK];
+}
+
+/* Row r's scales in an FP8 cache's scales s, rows w wide (cpu_kv_blocks(w) a row); NULL for
+ * a cache without (s NULL). */
+__device__ __forceinline__ const float *kv_scales(const float *s, size_t r, int w)
+{
+	return s ? s + r * (size_t)((w + FP8_BLOCK - 1) / FP8_BLOCK) : s;
+}
+
+/* The type of an MLA cache's rope keys k_b (cpu_kv_b_type): the cache's, bf16 for FP8. */
+template <typename KV> struct kv_b { typedef KV t; };
+template <> struct kv_b<__nv_fp8_e4m3> { typedef uint16_t t; };
 
 /* x as two bf16 (bits): hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in f32), so hi + lo
  * is x within 2^-16 |x|: the split of the FP8 x f32 GEMMs (act_split, the MoE GEMMs' SiLU
@@ -274,6 +298,67 @@ static inline cudaLaunchConfig_t pdl_config(unsigned grid, unsigned block, bool 
 	cfg.attrs = at;
 	cfg.numAttrs = pdl ? 1 : 0;
 	return cfg;
+}
+
+/* ---- e4m3 quantization (cpu_ref_act_quant's, dt_f32_to_e4m3's codes): act_quant's and
+ * act_codes' device code (kernels.cu) and cast_n's FP8 stores ---- */
+
+/* v on the float8_e4m3fn grid, nearest, ties to even, saturating (cpu_e4m3_round); an
+ * infinity too (cast_n's block of scale 0 divides by it: frexpf gives it exponent 0, and
+ * rintf(inf) * q > 448). */
+static __device__ float e4m3_round(float v)
+{
+	float a = fabsf(v);
+	if (!(a > 0.0f))
+		return v;
+	int ex;
+	frexpf(a, &ex);
+	int e = ex - 1 < -6 ? -6 : ex - 1;
+	float q = ldexpf(1.0f, e - 3);
+	float r = rintf(a / q) * q;
+	if (r > 448.0f)
+		r = 448.0f;
+	return v < 0 ? -r : r;
+}
+
+/* The float8_e4m3fn byte of r, a value on its grid (e4m3_round's): sign, 4 exponent bits
+ * (bias 7; 0 for the subnormals, steps of 2^-9), 3 mantissa bits. */
+static __device__ uint8_t e4m3_bits(float r)
+{
+	uint8_t sign = r < 0.0f || (r == 0.0f && signbit(r)) ? 0x80 : 0;
+	float a = fabsf(r);
+	if (a == 0.0f)
+		return sign;
+	int ex;
+	frexpf(a, &ex);
+	int e = ex - 1; /* a in [2^e, 2^(e + 1)) */
+	if (e < -6)
+		return sign | (uint8_t)(a * 512.0f); /* subnormal: a = m * 2^-9 */
+	int mant = (int)((ldexpf(a, -e) - 1.0f) * 8.0f);
+	return sign | (uint8_t)((e + 7) << 3) | (uint8_t)mant;
+}
+
+/* dt_f32_to_e4m3(v): rounded onto the grid (the conversion of a value on it is exact), NaN
+ * 0x7f. */
+__device__ __forceinline__ uint8_t e4m3_code(float v)
+{
+	return isnan(v) ? (uint8_t)0x7f : e4m3_bits(e4m3_round(v));
+}
+
+/* A warp's block g of x [rows][cols] (128 elements of a row, its last one short): its first
+ * element's offset, its width, and its scale amax / 448 (1 when all zero). Every lane of the
+ * warp must call it (a shuffle). */
+static __device__ float act_block(const float *x, int cols, int nb, size_t g, int lane,
+				  size_t *at, int *m)
+{
+	int b = (int)(g % (size_t)nb);
+	*at = g / (size_t)nb * (size_t)cols + (size_t)b * FP8_BLOCK;
+	*m = min(FP8_BLOCK, cols - b * FP8_BLOCK);
+	float amax = 0.0f;
+	for (int c = lane; c < *m; c += 32)
+		amax = fmaxf(amax, fabsf(x[*at + c]));
+	amax = warp_max(amax);
+	return amax > 0.0f ? amax / 448.0f : 1.0f;
 }
 
 /* ---- whole-block row ops, also run inside chained launches (kernels.cu's k_chain) ---- */
@@ -349,31 +434,62 @@ static inline int norm_build(struct norm_set *s, const struct wk_norm *r, int co
 	return WK_OK;
 }
 
-/* cast_n's elements (cpu_ref_cast): block g of the set converts elements [j * CAST_BLOCK,
- * (j + 1) * CAST_BLOCK) of the cast k whose blocks hold g, j = g - start[k]. Plain loads,
- * never the read-only path: in a chained launch the rows were just written by a link before. */
+/* cast_n's work (cpu_ref_cast): block g of the set takes part j = g - start[k] of the cast k
+ * whose blocks hold g: elements [j * CAST_BLOCK, (j + 1) * CAST_BLOCK) of a plain conversion
+ * or an FP8 load (f32 = code times its block's scale, elementwise), or an FP8 store's
+ * 128-element blocks [j * CAST_QBLOCKS, (j + 1) * CAST_QBLOCKS) in row order, one warp a
+ * block: its amax is a warp's reduction, then act_codes' arithmetic (act_block, e4m3_code).
+ * Plain loads, never the read-only path: in a chained launch the rows were just written by a
+ * link before. */
 #define CAST_BLOCK 2048
+#define CAST_QBLOCKS 16 /* CAST_BLOCK elements where rows are a multiple of 128 */
 struct cast_set {
 	int count;
 	int start[WK_CAST_MAX + 1]; /* first block of each cast; start[count]: all blocks */
 	struct wk_cast c[WK_CAST_MAX];
 };
 
+static __device__ void cast_quant(const struct wk_cast &c, size_t j)
+{
+	int nb = (c.w + FP8_BLOCK - 1) / FP8_BLOCK, lane = threadIdx.x & 31, m;
+	size_t q1 = c.n / (size_t)c.w * (size_t)nb, at;
+	if (q1 > (j + 1) * CAST_QBLOCKS)
+		q1 = (j + 1) * CAST_QBLOCKS;
+	const float *x = (const float *)c.src;
+	for (size_t q = j * CAST_QBLOCKS + (threadIdx.x >> 5); q < q1; q += blockDim.x >> 5) {
+		float sc = act_block(x, c.w, nb, q, lane, &at, &m); /* warp-uniform loop */
+		for (int i = lane; i < m; i += 32)
+			((uint8_t *)c.dst)[at + i] = e4m3_code(x[at + i] / sc);
+		if (lane == 0)
+			c.ds[q] = sc; /* block q is row q / nb's block q % nb */
+	}
+}
+
 static __device__ void cast_block(const struct cast_set &s, int g)
 {
 	int k = set_part(s.start, g);
 	const struct wk_cast &c = s.c[k];
-	size_t i0 = (size_t)(g - s.start[k]) * CAST_BLOCK;
+	size_t j = (size_t)(g - s.start[k]);
+	if (c.dt == DT_F8_E4M3) {
+		cast_quant(c, j);
+		return;
+	}
+	size_t i0 = j * CAST_BLOCK;
 	size_t i1 = c.n - i0 < CAST_BLOCK ? c.n : i0 + CAST_BLOCK;
 	for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-		if (c.dt == DT_BF16 && c.st == DT_F32)
+		if (c.st == DT_F8_E4M3) {
+			size_t r = i / (size_t)c.w;
+			((float *)c.dst)[i] = kv_rc((const __nv_fp8_e4m3 *)c.src + r * (size_t)c.w,
+						    kv_scales(c.ss, r, c.w), (int)(i % (size_t)c.w));
+		} else if (c.dt == DT_BF16 && c.st == DT_F32) {
 			((uint16_t *)c.dst)[i] = (uint16_t)bf16_rn(((const float *)c.src)[i]);
-		else if (c.dt == DT_F32 && c.st == DT_BF16)
+		} else if (c.dt == DT_F32 && c.st == DT_BF16) {
 			((float *)c.dst)[i] = kv_ld((const uint16_t *)c.src, i);
-		else if (c.dt == DT_F32)
+		} else if (c.dt == DT_F32) {
 			((float *)c.dst)[i] = ((const float *)c.src)[i];
-		else
+		} else {
 			((uint16_t *)c.dst)[i] = ((const uint16_t *)c.src)[i];
+		}
 	}
 }
 
@@ -387,13 +503,24 @@ static inline int cast_build(struct cast_set *s, const struct wk_cast *c, int co
 	memset(s, 0, sizeof *s);
 	s->count = count;
 	for (int k = 0; k < count; k++) {
-		bool ok = (c[k].dt == DT_F32 || c[k].dt == DT_BF16) &&
-			  (c[k].st == DT_F32 || c[k].st == DT_BF16);
-		size_t nb = (c[k].n + CAST_BLOCK - 1) / CAST_BLOCK;
-		if (!ok || nb > (size_t)(0x7fffffff - s->start[k]))
+		enum dt_type dt = c[k].dt, st = c[k].st;
+		bool plain = (dt == DT_F32 || dt == DT_BF16) && (st == DT_F32 || st == DT_BF16);
+		bool store = dt == DT_F8_E4M3 && st == DT_F32 && c[k].ds;
+		bool load = dt == DT_F32 && st == DT_F8_E4M3 && c[k].ss;
+		if (!plain && !store && !load)
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA cast_n: cast %d, %s to %s (f32 "
+				       "or bf16, or f32 to and from fp8 with its scales)", k,
+				       dt_name(st), dt_name(dt));
+		if (!plain && (c[k].w <= 0 || c[k].n % (size_t)c[k].w))
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA cast_n: cast %d, %zu fp8 "
+				       "elements in rows of %d", k, c[k].n, c[k].w);
+		size_t nb = store ? (c[k].n / (size_t)c[k].w * (size_t)((c[k].w + FP8_BLOCK - 1) /
+									  FP8_BLOCK) +
+				     CAST_QBLOCKS - 1) / CAST_QBLOCKS
+				  : (c[k].n + CAST_BLOCK - 1) / CAST_BLOCK;
+		if (nb > (size_t)(0x7fffffff - s->start[k]))
 			return wk_errf(err, errsz, WK_EINVAL, "CUDA cast_n: cast %d, %zu elements "
-				       "of %s to %s (f32 or bf16)", k, c[k].n, dt_name(c[k].st),
-				       dt_name(c[k].dt));
+				       "(too many blocks)", k, c[k].n);
 		s->c[k] = c[k];
 		s->start[k + 1] = s->start[k] + (int)nb;
 	}

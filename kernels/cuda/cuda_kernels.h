@@ -130,8 +130,10 @@ int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, 
 #define WK_CUDA_ATTN_MAX 8192
 /* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
  * st) to dst (type dt), contiguous and not overlapping; f32 to bf16 rounded to nearest even
- * (dt_f32_to_bf16, NaN kept NaN), bf16 to f32, or a copy when dt == st (DT_F32 or DT_BF16).
- * count 1..WK_CAST_MAX; WK_EINVAL for another type or count. The layout is struct be_cast's. */
+ * (dt_f32_to_bf16, NaN kept NaN), bf16 to f32, or a copy when dt == st (DT_F32 or DT_BF16);
+ * f32 to DT_F8_E4M3 quantizes rows of w (scales into ds), DT_F8_E4M3 to f32 dequantizes
+ * (scales ss), n a multiple of w. count 1..WK_CAST_MAX; WK_EINVAL for another type or count,
+ * FP8 without its scales, or n not rows of w > 0. The layout is struct be_cast's. */
 #define WK_CAST_MAX 8
 struct wk_cast {
 	void *dst;
@@ -197,8 +199,10 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 			   const float *scale, int lora, int n, int n_heads, int d_nope, int d_v,
 			   int h0, int h1, char *err, size_t errsz);
 /* cpu_ref_mla_attention, online softmax: any number of keys; the pointers in *s are device
- * memory (s itself is not), the cache's elements of type s->kv (DT_F32 or DT_BF16). WK_EINVAL
- * when d_a + d_b + d_v > 12160 (shared memory) or for another s->kv. */
+ * memory (s itself is not), the cache's elements of type s->kv (DT_F32, DT_BF16, or
+ * DT_F8_E4M3 as struct cpu_mla has it: v is k_a, rows d_a wide, scales a_s, k_b bf16).
+ * WK_EINVAL when d_a + d_b + d_v > 12160 (shared memory), for another s->kv, or for an FP8
+ * one outside that layout. */
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 			  int i0, int i1, int h0, int h1, char *err, size_t errsz);
 /* wk_cuda_mla_absorb_q, wk_cuda_mla_attention and wk_cuda_mla_absorb_out over all n tokens
@@ -210,17 +214,18 @@ int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, i
 int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
 			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz);
-/* cpu_ref_dsa_topk: k, the indexer key cache, of element type kv (DT_F32 or DT_BF16, WK_EINVAL
- * otherwise); sel/nsel equal the reference's for equal scores (exact top-k, ties to
- * the lower position); the scores themselves are summed in another order. Queries with more
+/* cpu_ref_dsa_topk: k, the indexer key cache, of element type kv (DT_F32, DT_BF16, or
+ * DT_F8_E4M3 with its scales ks [pos0 + n][ceil(head_dim / 128)]; WK_EINVAL otherwise,
+ * FP8 without scales included); sel/nsel equal the reference's for equal scores (exact
+ * top-k, ties to the lower position); the scores themselves are summed in another order. Queries with more
  * than topk keys run in groups of up to max_group (<= 65535) whose score rows, pos0 + n
  * floats each, fit in scores (score_floats >= pos0 + n): one launch a group, scoring and then
  * selecting (the last block of each query selects), so a decode step's query is one launch
  * and a prefill's are a few, not two per query. count: max_group unsigned ints of device
  * memory, zero before and left zero. */
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		     const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-		     float qk_scale, float w_scale, float *scores, size_t score_floats,
+		     const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim,
+		     int topk, float qk_scale, float w_scale, float *scores, size_t score_floats,
 		     unsigned *count, int max_group, char *err, size_t errsz);
 
 /* ---- grouped MoE experts (moe_kernels.cu) ---- */

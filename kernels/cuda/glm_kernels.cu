@@ -351,7 +351,8 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
  * positions tk [MLA_TILE].
  * mla_attend is query i, head h of it, run by the whole block (every thread calls it; sm:
  * that shared memory); k_mla_attention and k_mla_absorbed both run it. KV: the cache's
- * elements (s.k_a, s.k_b, s.v), float or bf16 bits (kv_ld). */
+ * elements (s.k_a, s.v), float, bf16 bits or e4m3 (kv_rc; FP8: rows d_a wide with their
+ * scales s.a_s, v is k_a); s.k_b's are kv_b<KV>'s. */
 template <typename KV>
 __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q,
 					   const struct cpu_mla &s, int pos0, int i, int h)
@@ -377,10 +378,12 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
 			size_t t = (size_t)tk[j];
 			const KV *ka = (const KV *)s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
-			const KV *kb = (const KV *)s.k_b + t * s.kb_stride;
+			const typename kv_b<KV>::t *kb = (const typename kv_b<KV>::t *)s.k_b +
+							 t * s.kb_stride;
+			const float *as = kv_scales(s.a_s, t, s.d_a);
 			float dot = 0.0f;
 			for (int d = lane; d < s.d_a; d += 32)
-				dot += qs[d] * kv_ld(ka, d);
+				dot += qs[d] * kv_rc(ka, as, d);
 			for (int d = lane; d < s.d_b; d += 32)
 				dot += qs[s.d_a + d] * kv_ld(kb, d);
 			dot = warp_sum(dot);
@@ -406,7 +409,8 @@ __device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q
 		for (int d = threadIdx.x; d < s.d_v; d += blockDim.x) {
 			float a = acc[d] * corr;
 			for (int j = 0; j < cnt; j++)
-				a += p[j] * kv_ld(vh, (size_t)tk[j] * s.v_stride + d);
+				a += p[j] * kv_rc(vh + (size_t)tk[j] * s.v_stride,
+						  kv_scales(s.a_s, (size_t)tk[j], s.d_a), d);
 			acc[d] = a; /* only this thread touches acc[d] */
 		}
 		m = mn;
@@ -427,14 +431,20 @@ __global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, in
 	mla_attend<KV>(sm, out, q, s, pos0, i0 + blockIdx.x, h0 + blockIdx.y);
 }
 
-/* The dynamic shared memory of mla_attend for *s; WK_EINVAL, naming what, past the limit or
- * for a cache of another type than f32 and bf16. */
+/* The dynamic shared memory of mla_attend for *s; WK_EINVAL, naming what, past the limit, for
+ * a cache of another type than f32, bf16 and FP8, or for an FP8 one outside struct cpu_mla's
+ * contract (no scales, v not k_a's layout). */
 static int mla_smem(const char *what, const struct cpu_mla *s, size_t *smem, char *err,
 		    size_t errsz)
 {
-	if (s->kv != DT_F32 && s->kv != DT_BF16)
-		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: a %s KV cache (f32 or bf16)", what,
-			       dt_name(s->kv));
+	if (s->kv != DT_F32 && s->kv != DT_BF16 && s->kv != DT_F8_E4M3)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: a %s KV cache (f32, bf16 or fp8)",
+			       what, dt_name(s->kv));
+	if (s->kv == DT_F8_E4M3 &&
+	    (!s->a_s || s->d_v != s->d_a || s->ka_head || s->v_head ||
+	     s->ka_stride != (size_t)s->d_a || s->v_stride != (size_t)s->d_a))
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: an fp8 latent takes its scales "
+			       "and v as k_a, rows d_a %d wide (d_v %d)", what, s->d_a, s->d_v);
 	*smem = ((size_t)s->d_a + s->d_b + s->d_v + 2 * MLA_TILE) * sizeof(float);
 	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 || *smem > MLA_SMEM_MAX)
 		return wk_errf(err, errsz, WK_EINVAL,
@@ -460,7 +470,10 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
 		return WK_OK;
 	dim3 grid((unsigned)(i1 - i0), (unsigned)(h1 - h0));
-	if (s->kv == DT_BF16)
+	if (s->kv == DT_F8_E4M3)
+		k_mla_attention<__nv_fp8_e4m3><<<grid, MLA_THREADS, smem, wk_st()>>>(
+			out, q, *s, pos0, i0, h0);
+	else if (s->kv == DT_BF16)
 		k_mla_attention<uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0,
 										i0, h0);
 	else
@@ -511,7 +524,10 @@ static void absorbed_launch(float *o, float *qa, float *lat, const float *q, con
 			    int d_nope, int d_v, size_t smem)
 {
 	dim3 grid((unsigned)n, (unsigned)s->n_heads);
-	if (s->kv == DT_BF16)
+	if (s->kv == DT_F8_E4M3)
+		k_mla_absorbed<T, __nv_fp8_e4m3><<<grid, MLA_THREADS, smem, wk_st()>>>(
+			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
+	else if (s->kv == DT_BF16)
 		k_mla_absorbed<T, uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(
 			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
 	else
@@ -556,18 +572,20 @@ extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float
 
 /* ---- dsa_topk (cpu_ref_dsa_topk): scores per query, then an exact radix select --------------- */
 
-/* One warp, key kt: *out = cpu_ref_dsa_score(q, kt, w, ...), heads summed in the reference's
- * order (lane 0 writes); KV: the cache's elements, float or bf16 bits (kv_ld). */
+/* One warp, key kt: *out = cpu_ref_dsa_score(q, kt, ks, w, ...), heads summed in the
+ * reference's order (lane 0 writes); KV: the cache's elements, float, bf16 bits or e4m3 with
+ * the key's scales ks (kv_rc). */
 template <typename KV>
-__device__ void dsa_score_warp(float *out, const float *q, const KV *kt, const float *w,
-			       int n_heads, int head_dim, float qk_scale, float w_scale, int lane)
+__device__ void dsa_score_warp(float *out, const float *q, const KV *kt, const float *ks,
+			       const float *w, int n_heads, int head_dim, float qk_scale,
+			       float w_scale, int lane)
 {
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
 		const float *qh = q + (size_t)h * head_dim;
 		float dot = 0.0f;
 		for (int d = lane; d < head_dim; d += 32)
-			dot += qh[d] * kv_ld(kt, d);
+			dot += qh[d] * kv_rc(kt, ks, d);
 		dot = warp_sum(dot) * qk_scale;
 		total += w[h] * w_scale * (dot > 0.0f ? dot : 0.0f);
 	}
@@ -658,7 +676,8 @@ struct dsa_args {
 	float *scores; /* [group][stride] */
 	size_t stride;
 	const float *q, *w;
-	const void *k; /* of type KV, k_dsa_topk_n's */
+	const void *k;   /* of type KV, k_dsa_topk_n's */
+	const float *ks; /* FP8: the keys' scales */
 	int pos0, i0, n_heads, head_dim, topk;
 	float qk_scale, w_scale;
 	unsigned *count; /* [group], zero, left zero */
@@ -678,8 +697,9 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
 	if (t < (size_t)len) /* whole warps alike */
 		dsa_score_warp(sc + t, a.q + (size_t)i * a.n_heads * a.head_dim,
-			       (const KV *)a.k + t * a.head_dim, a.w + (size_t)i * a.n_heads,
-			       a.n_heads, a.head_dim, a.qk_scale, a.w_scale, threadIdx.x & 31);
+			       (const KV *)a.k + t * a.head_dim, kv_scales(a.ks, t, a.head_dim),
+			       a.w + (size_t)i * a.n_heads, a.n_heads, a.head_dim, a.qk_scale,
+			       a.w_scale, threadIdx.x & 31);
 	__threadfence(); /* this block's scores are visible before the counter moves */
 	__syncthreads();
 	if (threadIdx.x == 0)
@@ -704,17 +724,17 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
 }
 
 extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k,
-				enum dt_type kv, const float *w, int n, int pos0, int n_heads,
-				int head_dim, int topk, float qk_scale, float w_scale,
+				enum dt_type kv, const float *ks, const float *w, int n, int pos0,
+				int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
 				float *scores, size_t score_floats, unsigned *count, int max_group,
 				char *err, size_t errsz)
 {
 	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0 || max_group < 1 ||
-	    (kv != DT_F32 && kv != DT_BF16))
+	    (kv != DT_F32 && kv != DT_BF16 && !(kv == DT_F8_E4M3 && ks)))
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d, groups of %d, "
-			       "a %s key cache (f32 or bf16)", topk, pos0, n_heads, head_dim,
-			       max_group, dt_name(kv));
+			       "a %s key cache (f32, bf16, or fp8 with its scales)", topk, pos0,
+			       n_heads, head_dim, max_group, dt_name(kv));
 	if (n <= 0)
 		return WK_OK;
 	size_t stride = (size_t)pos0 + (size_t)n; /* the longest query's keys */
@@ -736,10 +756,12 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void 
 		group = 65535;
 	for (int i0 = all; i0 < n; i0 += group) {
 		int g = n - i0 < group ? n - i0 : group, len = pos0 + i0 + g; /* longest here */
-		struct dsa_args a = {sel, nsel, scores, stride, q, w, k, pos0, i0, n_heads,
+		struct dsa_args a = {sel, nsel, scores, stride, q, w, k, ks, pos0, i0, n_heads,
 				     head_dim, topk, qk_scale, w_scale, count};
 		dim3 grid((unsigned)(((size_t)len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
-		if (kv == DT_BF16)
+		if (kv == DT_F8_E4M3)
+			k_dsa_topk_n<__nv_fp8_e4m3><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+		else if (kv == DT_BF16)
 			k_dsa_topk_n<uint16_t><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
 		else
 			k_dsa_topk_n<float><<<grid, DSA_THREADS, 0, wk_st()>>>(a);

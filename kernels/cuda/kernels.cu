@@ -686,51 +686,8 @@ extern "C" int wk_cuda_rmsnorm(float *y, const float *x, const float *w, int n, 
 
 /* ---- FP8 activations (cpu_ref_act_quant): one warp per token and 128-channel block ------- */
 
-/* v on the float8_e4m3fn grid, nearest, ties to even, saturating (cpu_e4m3_round) */
-__device__ float e4m3_round(float v)
-{
-	float a = fabsf(v);
-	if (!(a > 0.0f))
-		return v;
-	int ex;
-	frexpf(a, &ex);
-	int e = ex - 1 < -6 ? -6 : ex - 1;
-	float q = ldexpf(1.0f, e - 3);
-	float r = rintf(a / q) * q;
-	if (r > 448.0f)
-		r = 448.0f;
-	return v < 0 ? -r : r;
-}
-
-/* The float8_e4m3fn byte of r, a value on its grid (e4m3_round's): sign, 4 exponent bits
- * (bias 7; 0 for the subnormals, steps of 2^-9), 3 mantissa bits. */
-__device__ uint8_t e4m3_bits(float r)
-{
-	uint8_t sign = r < 0.0f || (r == 0.0f && signbit(r)) ? 0x80 : 0;
-	float a = fabsf(r);
-	if (a == 0.0f)
-		return sign;
-	int ex;
-	frexpf(a, &ex);
-	int e = ex - 1; /* a in [2^e, 2^(e + 1)) */
-	if (e < -6)
-		return sign | (uint8_t)(a * 512.0f); /* subnormal: a = m * 2^-9 */
-	int mant = (int)((ldexpf(a, -e) - 1.0f) * 8.0f);
-	return sign | (uint8_t)((e + 7) << 3) | (uint8_t)mant;
-}
-
-/* A warp's token block g of x [n][cols] (128 channels, the last one short): its first
- * element's offset, its width, and its scale amax / 448 (1 when all zero). */
-__device__ float act_block(const float *x, int cols, int nb, int g, int lane, size_t *at, int *m)
-{
-	*at = (size_t)(g / nb) * cols + (size_t)(g % nb) * 128;
-	*m = min(128, cols - (g % nb) * 128);
-	float amax = 0.0f;
-	for (int c = lane; c < *m; c += 32)
-		amax = fmaxf(amax, fabsf(x[*at + c]));
-	amax = warp_max(amax);
-	return amax > 0.0f ? amax / 448.0f : 1.0f;
-}
+/* (e4m3_round, e4m3_code and act_block, the quantizer's arithmetic, are in cuda_int.cuh:
+ * cast_n's FP8 stores run it too) */
 
 __global__ void k_act_quant(float *y, const float *x, int n, int cols)
 {
@@ -753,8 +710,8 @@ __global__ void k_act_codes(uint8_t *xq, float *xs, const float *x, int n, int c
 		return;
 	size_t at;
 	float s = act_block(x, cols, nb, g, lane, &at, &m);
-	for (int c = lane; c < m; c += 32) /* on the grid already: the conversion is exact */
-		xq[at + c] = e4m3_bits(e4m3_round(x[at + c] / s));
+	for (int c = lane; c < m; c += 32)
+		xq[at + c] = e4m3_code(x[at + c] / s);
 	if (lane == 0)
 		xs[g] = s;
 }

@@ -10,6 +10,8 @@
 #      as gpu-check, from the directory and from an lz4 snapshot; GLM-5 also with MLA absorbed
 #      (as decode steps run it) against the CPU's expanded prefill; 12 greedy decode steps of
 #      each (chained launches, the MoE op among them): the CPU's ids;
+#   2b. GLM-5 on fp8 KV caches against the CPU on its own (kv_gate.py's fp8 bounds), greedy
+#      decode the CPU's ids; GLM-4.5 and stories260K refuse fp8 by name;
 #   3. GLM-5 with FP8 activations (--fp8-act) on both sides, relative 1e-3 (see there), and
 #      70-token prefills whose FP8 matmuls run as GEMMs, by the gross-error gate;
 #      then GLM-5 and GLM-4.5 (cast to FP8) prefills of 150 and 70 tokens with f32
@@ -177,6 +179,57 @@ for j in range(p, len(ids)):
 print(f"   {sys.argv[4]}: {len(ids) - p} greedy decode steps on cuda, each id within {worst:.1e} of the CPU's best")
 sys.exit(0 if len(ids) > p and worst <= 1e-2 else 1)  # at most 12: a stop id ends it
 PY
+done
+
+# fp8 KV caches (--kv-dtype fp8, GLM-5's only: the MLA latent and the indexer keys as e4m3
+# codes with a scale per 128 of a row, k_pe in bf16), cuda against cpu on caches of their own:
+# both quantize bit for bit alike (cast_n; in a decode step a link of the chained launch), but
+# where their sums part by an ulp at an e4m3 rounding boundary an element takes the next code,
+# and that can change a DSA selection, so tests/tools/kv_gate.py's fp8 bounds (see there:
+# measured here over 54 prompts, the two models' most within 2e-5 of the largest logit; a
+# cast that truncates moves each by 1 - cosine >= 0.055): GLM-5's 8-token prefill from the
+# directory, a snapshot and absorbed, its 40-token one, and the kv_a split's two (its rows
+# go into the caches as a cast link); then 12 greedy decode steps of each on cuda: the CPU's
+# ids (measured: equal from 3 prompts on each model); GLM-4.5 and stories260K refuse fp8 by
+# name.
+section "tiny GLM-5 on fp8 KV caches, cuda against cpu"
+pairs=()
+for fam in glm5 glm5-split; do
+  for p in "s:$ids" "l:$long"; do
+    "$WICK" logits "$TMPD/$fam" --tokens "${p#*:}" --all-positions --backend cpu --kv-dtype fp8 \
+      >"$TMPD/f-$fam-${p%%:*}.cpu.json" 2>/dev/null || fail "$fam fp8: cpu logits"
+    runs=("$fam")
+    [ "$fam" = glm5 ] && [ "${p%%:*}" = s ] && runs+=(glm5-snap absorb)
+    for src in "${runs[@]}"; do
+      out="$TMPD/f-$src-${p%%:*}.cuda.json"
+      mla=; [ "$src" = absorb ] && mla=absorb
+      dir=$src; [ "$src" = absorb ] && dir=glm5
+      WICK_GLM_MLA=$mla "$EMU" logits "$TMPD/$dir" --tokens "${p#*:}" --all-positions \
+        --backend cuda --kv-dtype fp8 --verbose >"$out" 2>"$TMPD/err" ||
+        fail "$src fp8: cuda logits: $(tail -n 3 "$TMPD/err")"
+      grep -q '"kv_dtype": "fp8"' "$TMPD/err" || fail "$src: not on an fp8 cache on cuda: $(cat "$TMPD/err")"
+      pairs+=("$TMPD/f-$fam-${p%%:*}.cpu.json" "$out")
+    done
+  done
+done
+python3 tests/tools/kv_gate.py --cos 0.98 --top 0.85 --rel inf --indent "   " "${pairs[@]}" ||
+  fail "fp8 KV caches: the emulated CUDA backend fails the gate (tests/tools/kv_gate.py)"
+for fam in glm5 glm5-split; do
+  want=$("$WICK" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cpu \
+    --kv-dtype fp8 2>/dev/null)
+  got=$("$EMU" generate "$TMPD/$fam" --tokens $ids -n 12 --temperature 0 --backend cuda \
+    --kv-dtype fp8 2>"$TMPD/err") || fail "$fam fp8: cuda decode: $(tail -n 3 "$TMPD/err")"
+  [ -n "$want" ] && [ "$got" = "$want" ] || fail "$fam fp8: cuda decoded '$got', cpu '$want'"
+  echo "   $fam: 12 greedy decode steps on fp8 caches on cuda, the CPU's ids: ${got##*$'\n'}"
+done
+for c in "GLM-4.5:logits $TMPD/glm4 --tokens $ids" "stories260K:generate $m -n 4"; do
+  set +e
+  "$EMU" ${c#*:} --backend cuda --kv-dtype fp8 >/dev/null 2>"$TMPD/err"
+  rc=$?
+  set -e
+  [ $rc -ne 0 ] && grep -q 'an fp8 KV cache' "$TMPD/err" ||
+    fail "${c%%:*} with --kv-dtype fp8: exit $rc, '$(cat "$TMPD/err")'"
+  echo "   ${c%%:*} refuses fp8: exit $rc, $(tail -n 1 "$TMPD/err")"
 done
 
 # FP8 activations: both backends quantize each matmul input per token per 128 channels with

@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/wk.h"
+#include "engine/backend.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -103,6 +104,17 @@ static const void *kv_host(const float *x, size_t n, enum dt_type kv, void **own
 {
 	*own = kv == DT_BF16 ? to_bf16(x, n) : NULL;
 	return *own ? *own : x;
+}
+
+/* x [rows][w] as an FP8 cache, quantized by cpu_ref_cast: its e4m3 codes, and its scales
+ * [rows][cpu_kv_blocks(w)] in *scales (both to free) */
+static uint8_t *to_fp8(const float *x, size_t rows, int w, float **scales)
+{
+	uint8_t *c = malloc(rows * (size_t)w);
+	*scales = malloc(rows * (size_t)cpu_kv_blocks(w) * sizeof(float));
+	cr_assert(c && *scales);
+	cpu_ref_cast(c, DT_F8_E4M3, x, DT_F32, rows * (size_t)w, *scales, NULL, w);
+	return c;
 }
 
 TestSuite(cuda_kernels);
@@ -871,6 +883,137 @@ Test(cuda_kernels, cast_n_matches_ref)
 	free(h);
 }
 
+/* bytes of device memory filled with 0xab (what a kernel must leave alone shows) */
+static void *dev_ab(size_t bytes)
+{
+	void *h = malloc(bytes);
+	cr_assert_not_null(h);
+	memset(h, 0xab, bytes);
+	void *d = to_dev(h, bytes);
+	free(h);
+	return d;
+}
+
+/* Whether bytes of device memory equal want's (nothing past a destination written: want's
+ * tail is 0xab); f32 values compare bit for bit except that any NaN matches any NaN (CUDA's
+ * e4m3 conversion gives its canonical NaN where the host's table keeps another). */
+static bool dev_equals(const void *dev, const void *want, size_t bytes, bool f32)
+{
+	char *got = malloc(bytes);
+	cr_assert_not_null(got);
+	from_dev(got, dev, bytes);
+	bool same = memcmp(got, want, bytes) == 0;
+	for (size_t i = 0; f32 && !same && i + 4 <= bytes; i += 4) {
+		float g, w;
+		memcpy(&g, got + i, 4);
+		memcpy(&w, (const char *)want + i, 4);
+		if (memcmp(&g, &w, 4) && !(isnan(g) && isnan(w)))
+			break;
+		same = i + 8 > bytes;
+	}
+	free(got);
+	return same;
+}
+
+/* cast_n's FP8 conversions, bit for bit cpu_ref_cast's, five in one launch: rows of 200 (a
+ * last block of 72) quantized, their first rows special: an all-zero block with a -0 (scale
+ * 1), a block of ties on the e4m3 grid (amax 448: scale 1; ties to even, subnormal ties too),
+ * a NaN (code 0x7f), an infinity (scale inf), a block whose scale underflows to 0 (x / 0
+ * saturating to +-448, 0 / 0 a NaN), subnormal floats, values near FLT_MAX; rows of 136 (a
+ * last block of 8) over several of the kernel's blocks; every code 0..255 dequantized (rows
+ * of 200, scales random, one subnormal); a bf16 rounding; an empty one. Nothing past a
+ * destination written. Then the refusals: no scales, n not rows of w, w 0, fp8 to bf16 and
+ * to fp8. */
+Test(cuda_kernels, cast_n_fp8_matches_ref)
+{
+	NEED_GPU();
+	enum { W1 = 200, R1 = 9, W2 = 136, R2 = 40, W3 = 200, R3 = 6, NB = 2 };
+	size_t n1 = (size_t)W1 * R1, n2 = (size_t)W2 * R2, n3 = (size_t)W3 * R3;
+	float *x1 = rnd_vec(n1), *x2 = rnd_vec(n2), *s3 = rnd_vec((size_t)R3 * NB);
+	static const float ties[] = {448.0f,   1.0625f,  1.1875f,   -17.0f, 19.0f, 248.0f,
+				     0x1p-10f, 0x3p-10f, -0x5p-10f, 0.0f,   -0.0f, 0x1.1p-6f};
+	for (int c = 0; c < 128; c++)
+		x1[c] = c == 5 ? -0.0f : 0.0f;
+	memcpy(x1 + 128, ties, sizeof ties);
+	x1[W1 + 3] = NAN;
+	x1[W1 + 130] = INFINITY;
+	for (int c = 0; c < 128; c++) /* scale 0x1p-149 / 448 = 0 */
+		x1[2 * W1 + c] = c % 3 ? 0.0f : c % 2 ? 0x1p-149f : -0x1p-149f;
+	for (int c = 128; c < W1; c++)
+		x1[2 * W1 + c] *= 1e-39f;
+	for (int c = 0; c < W1; c++)
+		x1[3 * W1 + c] *= 3.4e38f;
+	uint8_t *c3 = malloc(n3);
+	cr_assert_not_null(c3);
+	for (size_t i = 0; i < n3; i++)
+		c3[i] = (uint8_t)i;
+	for (int i = 0; i < R3 * NB; i++)
+		s3[i] = fabsf(s3[i]) + 0.01f;
+	s3[1] = 0x1p-140f;
+	/* the host's results, each 3 elements longer than written (0xab: left alone) */
+	uint8_t *q1 = malloc(n1 + 3), *q2 = malloc(n2 + 3);
+	float *qs1 = malloc(((size_t)R1 * NB + 3) * 4), *qs2 = malloc(((size_t)R2 * NB + 3) * 4);
+	float *f3 = malloc((n3 + 3) * 4);
+	uint16_t *b4 = malloc((n2 + 3) * 2);
+	cr_assert(c3 && q1 && q2 && qs1 && qs2 && f3 && b4);
+	memset(q1, 0xab, n1 + 3);
+	memset(q2, 0xab, n2 + 3);
+	memset(qs1, 0xab, ((size_t)R1 * NB + 3) * 4);
+	memset(qs2, 0xab, ((size_t)R2 * NB + 3) * 4);
+	memset(f3, 0xab, (n3 + 3) * 4);
+	memset(b4, 0xab, (n2 + 3) * 2);
+	cpu_ref_cast(q1, DT_F8_E4M3, x1, DT_F32, n1, qs1, NULL, W1);
+	cpu_ref_cast(q2, DT_F8_E4M3, x2, DT_F32, n2, qs2, NULL, W2);
+	cpu_ref_cast(f3, DT_F32, c3, DT_F8_E4M3, n3, NULL, s3, W3);
+	cpu_ref_cast(b4, DT_BF16, x2, DT_F32, n2, NULL, NULL, 0);
+	cr_expect(q1[128] == 0x7e && q1[129] == 0x38 && q1[130] == 0x3a && q1[131] == 0xd8 &&
+			  q1[132] == 0x5a && q1[133] == 0x78 && q1[134] == 0 && q1[135] == 2 &&
+			  q1[136] == 0x82 && q1[138] == 0x80 && q1[5] == 0x80 && q1[W1 + 3] == 0x7f,
+		  "the reference's codes: ties to even, -0, NaN");
+	float *dx1 = to_dev(x1, n1 * 4), *dx2 = to_dev(x2, n2 * 4), *ds3 = to_dev(s3, R3 * NB * 4);
+	uint8_t *dc3 = to_dev(c3, n3);
+	void *dq1 = dev_ab(n1 + 3), *dq2 = dev_ab(n2 + 3), *dqs1 = dev_ab(((size_t)R1 * NB + 3) * 4);
+	void *dqs2 = dev_ab(((size_t)R2 * NB + 3) * 4), *df3 = dev_ab((n3 + 3) * 4);
+	void *db4 = dev_ab((n2 + 3) * 2), *dq5 = dev_ab(4);
+	struct wk_cast c[5] = {
+		{dq1, dx1, n1, DT_F8_E4M3, DT_F32, dqs1, NULL, W1},
+		{dq2, dx2, n2, DT_F8_E4M3, DT_F32, dqs2, NULL, W2},
+		{df3, dc3, n3, DT_F32, DT_F8_E4M3, NULL, ds3, W3},
+		{db4, dx2, n2, DT_BF16, DT_F32, NULL, NULL, 0},
+		{dq5, dx1, 0, DT_F8_E4M3, DT_F32, dq5, NULL, W1}};
+	cr_assert_eq(wk_cuda_cast_n(c, 5, err, sizeof err), WK_OK, "%s", err);
+	cr_expect(dev_equals(dq1, q1, n1 + 3, false), "rows of 200: the codes differ");
+	cr_expect(dev_equals(dqs1, qs1, ((size_t)R1 * NB + 3) * 4, false),
+		  "rows of 200: the scales differ");
+	cr_expect(dev_equals(dq2, q2, n2 + 3, false), "rows of 136: the codes differ");
+	cr_expect(dev_equals(dqs2, qs2, ((size_t)R2 * NB + 3) * 4, false),
+		  "rows of 136: the scales differ");
+	cr_expect(dev_equals(df3, f3, (n3 + 3) * 4, true), "every code dequantized: differs");
+	cr_expect(dev_equals(db4, b4, (n2 + 3) * 2, false), "the bf16 rounding differs");
+	uint32_t ab = 0xabababab;
+	cr_expect(dev_equals(dq5, &ab, 4, false), "the empty cast wrote");
+	struct wk_cast bad[5] = {
+		{dq1, dx1, n1, DT_F8_E4M3, DT_F32, NULL, NULL, W1},
+		{dq1, dx1, n1 - 1, DT_F8_E4M3, DT_F32, dqs1, NULL, W1},
+		{df3, dc3, n3, DT_F32, DT_F8_E4M3, NULL, ds3, 0},
+		{db4, dc3, n3, DT_BF16, DT_F8_E4M3, NULL, ds3, W3},
+		{dq1, dc3, n3, DT_F8_E4M3, DT_F8_E4M3, dqs1, ds3, W3}};
+	static const char *const why[5] = {"fp8", "rows of 200", "rows of 0", "bf16", "fp8"};
+	for (int k = 0; k < 5; k++) {
+		struct wk_cast two[2] = {c[3], bad[k]};
+		err[0] = 0;
+		cr_expect_eq(wk_cuda_cast_n(two, 2, err, sizeof err), WK_EINVAL, "bad cast %d", k);
+		cr_expect(strstr(err, "cast 1") && strstr(err, why[k]), "bad cast %d: %s", k, err);
+	}
+	cr_expect_eq(wk_cuda_sync(err, sizeof err), WK_OK, "%s", err);
+	void *dev[] = {dx1, dx2, ds3, dc3, dq1, dq2, dqs1, dqs2, df3, db4, dq5};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		wk_cuda_free(dev[i]);
+	void *host[] = {x1, x2, s3, c3, q1, q2, qs1, qs2, f3, b4};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
+}
+
 Test(cuda_kernels, argmax_matches_samp_argmax)
 {
 	NEED_GPU();
@@ -1230,10 +1373,16 @@ Test(cuda_kernels, mla_attention_matches_ref)
 	uint16_t *dkvx16 = to_dev(kvx16, nkvx * 2), *dckv16 = to_dev(ckv16, nckv * 2);
 	uint16_t *dkpe16 = to_dev(kpe16, nkpe * 2);
 	int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int)), *dnsel = to_dev(nsel, sizeof nsel);
-	for (int bl = 0; bl < 4; bl++) /* the f32 caches' layouts, then the bf16 ones' */
+	/* and the absorbed layout's FP8 cache: the latent's codes and scales (rows of 300: a
+	 * last block of 44), k_pe in bf16 */
+	float *ckvs, *dckvs;
+	uint8_t *ckv8 = to_fp8(ckv, (size_t)T, lora, &ckvs), *dckv8 = to_dev(ckv8, nckv);
+	dckvs = to_dev(ckvs, (size_t)T * cpu_kv_blocks(lora) * 4);
+	/* the f32 caches' layouts, then the bf16 ones', then FP8's (absorbed only) */
+	for (int bl = 0; bl < 5; bl++)
 		for (int sparse = 0; sparse < 2; sparse++)
-			for (int part = 0; part < 2 - bl / 2; part++) { /* bf16: whole only */
-				int bf = bl / 2, layout = bl % 2;
+			for (int part = 0; part < (bl < 2 ? 2 : 1); part++) { /* else whole only */
+				int bf = bl / 2, layout = bl == 4 ? 1 : bl % 2;
 				struct cpu_mla s = {.n_heads = H,
 						    .d_b = rope,
 						    .kv = bf ? DT_BF16 : DT_F32,
@@ -1255,6 +1404,11 @@ Test(cuda_kernels, mla_attention_matches_ref)
 					s.k_a = s.v = bf ? (const void *)ckv16 : ckv;
 					s.ka_stride = s.v_stride = (size_t)lora;
 				}
+				if (bl == 4) {
+					s.kv = DT_F8_E4M3;
+					s.k_a = s.v = ckv8;
+					s.a_s = ckvs;
+				}
 				int dq = s.d_a + s.d_b;
 				/* part: tokens 1..4 and heads 1..3 only; the rest is left alone */
 				int i0 = part ? 1 : 0, i1 = part ? 4 : n, h0 = part ? 1 : 0,
@@ -1273,6 +1427,10 @@ Test(cuda_kernels, mla_attention_matches_ref)
 					ds.k_b = dkpe;
 					ds.k_a = layout == 0 ? dkvx : dckv;
 					ds.v = layout == 0 ? dkvx + nope : dckv;
+				}
+				if (bl == 4) {
+					ds.k_a = ds.v = dckv8;
+					ds.a_s = dckvs;
 				}
 				ds.sel = sparse ? dsel : NULL;
 				ds.nsel = dnsel;
@@ -1297,12 +1455,35 @@ Test(cuda_kernels, mla_attention_matches_ref)
 	struct cpu_mla f16 = {.n_heads = 1, .d_a = 8, .d_b = 8, .d_v = 8, .kv = DT_F16};
 	cr_expect_eq(wk_cuda_mla_attention(&dummy, &dummy, &f16, 1, 0, 0, 1, 0, 1, err, sizeof err),
 		     WK_EINVAL, "an f16 cache is refused");
-	void *dev[] = {dkvx, dckv, dkpe, dkvx16, dckv16, dkpe16, dsel, dnsel};
+	/* FP8 outside struct cpu_mla's layout: no scales, v not k_a's rows (per head) */
+	struct cpu_mla f8 = {.n_heads = 1, .d_a = 8, .d_b = 8, .d_v = 8, .kv = DT_F8_E4M3,
+			     .ka_stride = 8, .v_stride = 8};
+	cr_expect_eq(wk_cuda_mla_attention(&dummy, &dummy, &f8, 1, 0, 0, 1, 0, 1, err, sizeof err),
+		     WK_EINVAL, "an FP8 cache without its scales is refused");
+	f8.a_s = &dummy;
+	f8.v_head = 8;
+	cr_expect_eq(wk_cuda_mla_attention(&dummy, &dummy, &f8, 1, 0, 0, 1, 0, 1, err, sizeof err),
+		     WK_EINVAL, "an FP8 cache in the expanded layout is refused");
+	void *dev[] = {dkvx, dckv, dkpe, dkvx16, dckv16, dkpe16, dsel, dnsel, dckv8, dckvs};
 	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
 		wk_cuda_free(dev[i]);
-	void *host[] = {kvx, ckv, kpe, kvx16, ckv16, kpe16, sel};
+	void *host[] = {kvx, ckv, kpe, kvx16, ckv16, kpe16, sel, ckv8, ckvs};
 	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
 		free(host[i]);
+}
+
+/* The backend's supports(): an fp8 KV cache for MLA attention and the DSA indexer (the
+ * kernels above take it), never for GQA attention (FP8 is struct be_mla's layout only); bf16
+ * for all three; f16 for none. */
+Test(cuda_kernels, supports_fp8_kv_for_mla_only)
+{
+	NEED_GPU();
+	static const enum be_op ops[3] = {BE_OP_MLA_ATTENTION, BE_OP_DSA_TOPK, BE_OP_ATTENTION};
+	for (int i = 0; i < 3; i++) {
+		cr_expect_eq(be_cuda.supports(NULL, ops[i], DT_F8_E4M3), i < 2, "op %d fp8", i);
+		cr_expect(be_cuda.supports(NULL, ops[i], DT_BF16), "op %d bf16", i);
+		cr_expect(!be_cuda.supports(NULL, ops[i], DT_F16), "op %d f16", i);
+	}
 }
 
 static int cmp_desc(const void *a, const void *b)
@@ -1317,16 +1498,20 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 	/* n, pos0, topk: every query past topk, or the first queries within it and the rest
 	 * past; exact: q, k, w small dyadic numbers and the scales powers of two, so that every
 	 * score is exact in f32 whatever the order of the sums (the GPU's equal the CPU's bit
-	 * for bit, and many distinct keys tie exactly); the last two over a bf16 key cache (the
-	 * keys rounded to bf16 first, so that the scores checked below are the cache's) */
+	 * for bit, and many distinct keys tie exactly); then two over a bf16 key cache (the
+	 * keys rounded to bf16 first, so that the scores checked below are the cache's), and two
+	 * over an FP8 one, keys of 160 (a second, partial scale block), quantized then read back
+	 * as the cache holds them (exact: every row's blocks hold a 0.875, so that each scale is
+	 * 2^-9 and the cache holds the keys exactly) */
 	static const int cases[][5] = {
-		{6, 300, 64, 0, DT_F32},  {40, 40, 64, 0, DT_F32},  {2, 2000, 512, 1, DT_F32},
-		{30, 100, 64, 1, DT_F32}, {4, 200, 48, 0, DT_BF16}, {30, 100, 64, 1, DT_BF16}};
-	int IH = 4, ID = 32;
+		{6, 300, 64, 0, DT_F32},      {40, 40, 64, 0, DT_F32},  {2, 2000, 512, 1, DT_F32},
+		{30, 100, 64, 1, DT_F32},     {4, 200, 48, 0, DT_BF16}, {30, 100, 64, 1, DT_BF16},
+		{4, 200, 48, 0, DT_F8_E4M3}, {30, 100, 64, 1, DT_F8_E4M3}};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int n = cases[c][0], pos0 = cases[c][1], topk = cases[c][2], T = pos0 + n;
 		bool exact = cases[c][3];
 		enum dt_type kv = (enum dt_type)cases[c][4];
+		int IH = 4, ID = kv == DT_F8_E4M3 ? 160 : 32;
 		float qk = exact ? 0.25f : 1.0f / sqrtf((float)ID), ws = 0.5f;
 		float *q = rnd_vec((size_t)n * IH * ID), *k = rnd_vec((size_t)T * ID);
 		float *w = rnd_vec((size_t)n * IH);
@@ -1337,6 +1522,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 				k[i] = (float)(rnd_int(5) - 2) * 0.25f;
 			for (size_t i = 0; i < (size_t)n * IH; i++)
 				w[i] = (float)(rnd_int(7) - 3) * 0.5f;
+			for (int t = 0; kv == DT_F8_E4M3 && t < T; t++)
+				k[(size_t)t * ID] = k[(size_t)t * ID + 128] = 0.875f;
 		}
 		/* exact ties: repeated key rows, and all-zero rows (score 0 for every query) */
 		for (int t = 0; t < T; t++) {
@@ -1349,8 +1536,13 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		if (kv == DT_BF16)
 			for (size_t i = 0; i < (size_t)T * ID; i++)
 				k[i] = dt_bf16_to_f32(dt_f32_to_bf16(k[i]));
-		void *k16;
-		const void *kh = kv_host(k, (size_t)T * ID, kv, &k16);
+		float *ks = NULL;
+		uint8_t *k8 = kv == DT_F8_E4M3 ? to_fp8(k, (size_t)T, ID, &ks) : NULL;
+		if (k8)
+			cpu_ref_cast(k, DT_F32, k8, DT_F8_E4M3, (size_t)T * ID, NULL, ks, ID);
+		void *k16 = NULL;
+		const void *kh = k8 ? k8 : kv_host(k, (size_t)T * ID, kv, &k16);
+		float *dks = ks ? to_dev(ks, (size_t)T * cpu_kv_blocks(ID) * 4) : NULL;
 		/* The scores are summed in another order on the GPU: unless exact, the test needs
 		 * the topk-th and next best to be exactly equal (from equal rows) or well apart. */
 		float *sc = malloc((size_t)T * 4);
@@ -1382,8 +1574,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		float *dq = to_dev(q, (size_t)n * IH * ID * 4);
 		void *dk = to_dev(kh, (size_t)T * ID * dt_size(kv));
 		float *dw = to_dev(w, (size_t)n * IH * 4);
-		cpu_ref_dsa_topk(want, wn, q, kh, kv, NULL, w, n, pos0, IH, ID, topk, qk, ws,
-				 want_sc, work);
+		cpu_ref_dsa_topk(want, wn, q, kh, kv, ks, w, n, pos0, IH, ID, topk, qk, ws, want_sc,
+				 work);
 		/* one query a launch (scratch for one row), then groups: 4 rows of scratch and
 		 * groups of 3 (the groups' counters reused), and every query in one launch */
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
@@ -1394,7 +1586,7 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			float *dsc = dev_alloc(rows * T * 4);
 			int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
 			    *dn = dev_alloc((size_t)n * sizeof(int));
-			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, kv, dw, n, pos0, IH, ID,
+			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, kv, dks, dw, n, pos0, IH, ID,
 						      topk, qk, ws, dsc, rows * T, dcount,
 						      shape[v][1], err, sizeof err),
 				     WK_OK, "%s", err);
@@ -1420,13 +1612,20 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			wk_cuda_free(dn);
 		}
 		char e2[WK_ERRSZ]; /* a scratch shorter than one row is refused */
-		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, kv, dw, n, pos0, IH, ID, topk, qk,
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, kv, dks, dw, n, pos0, IH, ID, topk, qk,
 					      ws, NULL, (size_t)T - 1, dcount, 1, e2, sizeof e2),
 			     WK_EINVAL);
-		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, DT_F16, dw, n, pos0, IH, ID, topk,
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, DT_F16, NULL, dw, n, pos0, IH, ID, topk,
 					      qk, ws, NULL, (size_t)T, dcount, 1, e2, sizeof e2),
 			     WK_EINVAL, "an f16 key cache is refused");
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, DT_F8_E4M3, NULL, dw, n, pos0, IH,
+					      ID, topk, qk, ws, NULL, (size_t)T, dcount, 1, e2,
+					      sizeof e2),
+			     WK_EINVAL, "an FP8 key cache without its scales is refused");
 		free(k16);
+		free(k8);
+		free(ks);
+		wk_cuda_free(dks);
 		wk_cuda_free(dcount);
 		free(zero);
 		wk_cuda_free(dq);
@@ -2477,16 +2676,18 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 		{512, 2, 192, 64, 256, 3, 40, 32}, /* GLM-5's sizes, fewer heads */
 		{64, 4, 16, 4, 40, 5, 0, 4},      /* a prefill that absorbs; d_v past lora/2 */
 	};
-	/* the weights' types over an f32 cache, then FP8 weights over a bf16 cache (GLM-5's) */
-	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3, DT_F8_E4M3};
+	/* the weights' types over an f32 cache, then FP8 weights over a bf16 cache (GLM-5's) and
+	 * over an FP8 one (--kv-dtype fp8: the latent's codes and scales, k_pe in bf16) */
+	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3, DT_F8_E4M3, DT_F8_E4M3};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-		for (size_t ti = 0; ti < 5; ti++)
+		for (size_t ti = 0; ti < 6; ti++)
 			for (int sparse = 0; sparse < 2; sparse++) {
 				int lora = cases[c][0], H = cases[c][1], nope = cases[c][2];
 				int rope = cases[c][3], dv = cases[c][4], n = cases[c][5];
 				int pos0 = cases[c][6], topk = cases[c][7], T = pos0 + n;
 				int rows = H * (nope + dv);
-				enum dt_type t = types[ti], kv = ti == 4 ? DT_BF16 : DT_F32;
+				enum dt_type t = types[ti];
+				enum dt_type kv = ti == 5 ? DT_F8_E4M3 : ti == 4 ? DT_BF16 : DT_F32;
 				float *scale;
 				void *w = rnd_weight(t, rows, lora, &scale);
 				size_t nq = (size_t)n * H * (nope + rope);
@@ -2494,16 +2695,22 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				size_t no = (size_t)n * H * dv;
 				float *q = rnd_vec(nq), *ckv = rnd_vec((size_t)T * lora);
 				float *kpe = rnd_vec((size_t)T * rope);
-				void *ckv16, *kpe16;
-				const void *ckvh = kv_host(ckv, (size_t)T * lora, kv, &ckv16);
-				const void *kpeh = kv_host(kpe, (size_t)T * rope, kv, &kpe16);
+				void *ckv16 = NULL, *kpe16;
+				float *ckvs = NULL;
+				const void *ckvh;
+				if (kv == DT_F8_E4M3) /* the codes freed as ckv16 */
+					ckvh = ckv16 = to_fp8(ckv, (size_t)T, lora, &ckvs);
+				else
+					ckvh = kv_host(ckv, (size_t)T * lora, kv, &ckv16);
+				const void *kpeh = kv_host(kpe, (size_t)T * rope, cpu_kv_b_type(kv),
+							   &kpe16);
 				int *sel = malloc((size_t)n * topk * sizeof(int));
 				int *nsel = malloc((size_t)n * sizeof(int));
 				cr_assert(sel && nsel);
 				rnd_sel(sel, nsel, n, pos0, topk);
 				struct cpu_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora,
 						    .kv = kv, .k_a = ckvh, .k_b = kpeh, .v = ckvh,
-						    .ka_stride = (size_t)lora, .kb_stride = (size_t)rope,
+						    .a_s = ckvs, .ka_stride = (size_t)lora, .kb_stride = (size_t)rope,
 						    .v_stride = (size_t)lora,
 						    .sel = sparse ? sel : NULL, .nsel = nsel,
 						    .sel_stride = topk,
@@ -2522,7 +2729,9 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				float *dq = to_dev(q, nq * 4);
 				struct cpu_mla dm = s;
 				dm.k_a = dm.v = to_dev(ckvh, (size_t)T * lora * dt_size(kv));
-				dm.k_b = to_dev(kpeh, (size_t)T * rope * dt_size(kv));
+				dm.k_b = to_dev(kpeh, (size_t)T * rope * dt_size(cpu_kv_b_type(kv)));
+				if (ckvs)
+					dm.a_s = to_dev(ckvs, (size_t)T * cpu_kv_blocks(lora) * 4);
 				int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int));
 				dm.nsel = to_dev(nsel, (size_t)n * sizeof(int));
 				dm.sel = sparse ? dsel : NULL;
@@ -2567,6 +2776,7 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				wk_cuda_free(dq);
 				wk_cuda_free((void *)dm.k_a);
 				wk_cuda_free((void *)dm.k_b);
+				wk_cuda_free((void *)dm.a_s);
 				wk_cuda_free(dsel);
 				wk_cuda_free((void *)dm.nsel);
 				free(w);
@@ -2576,6 +2786,7 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				free(kpe);
 				free(ckv16);
 				free(kpe16);
+				free(ckvs);
 				free(sel);
 				free(nsel);
 				free(rqa);
@@ -2803,6 +3014,8 @@ enum { CH_D = 256, CH_Q = 96, CH_K = 64, CH_I = 8, CH_B = 96, CH_IQ = 64, CH_R =
 struct ch_out {
 	float *h, *xb, *qc, *kv, *iw, *qb, *iq, *o, *xb2, *r;
 	uint16_t *c16; /* a bf16 cache's n rows of [q_c | kv] (CH_Q + CH_K) */
+	uint8_t *f8;   /* FP8 caches: n rows of q_c (CH_Q), then n of xb (CH_D), */
+	float *f8s;    /* their scales: n rows of 1, then n of 2 */
 };
 
 static float *dev_zero(size_t floats)
@@ -2825,6 +3038,8 @@ static void ch_alloc(struct ch_out *b, const float *h0, int n) /* h0: host memor
 	b->xb2 = dev_zero((size_t)n * CH_D);
 	b->r = dev_zero((size_t)n * CH_R);
 	b->c16 = (uint16_t *)dev_zero((size_t)n * (CH_Q + CH_K) / 2);
+	b->f8 = (uint8_t *)dev_zero((size_t)n * (CH_Q + CH_D) / 4);
+	b->f8s = dev_zero((size_t)n * 3);
 }
 
 static void ch_free(struct ch_out *b)
@@ -2833,12 +3048,15 @@ static void ch_free(struct ch_out *b)
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		wk_cuda_free(*p[i]);
 	wk_cuda_free(b->c16);
+	wk_cuda_free(b->f8);
+	wk_cuda_free(b->f8s);
 }
 
 /* GLM-5's two chains of a decode step, at small sizes: (1) the residual add and norm, the
  * projections of x (two FP8 weights, one with a rotated slice, and a BF16 one), the norms of
  * two of them (an rmsnorm in place, a layernorm with a bias, rotated), their rows rounded
- * into a bf16 cache (a cast link, reading what the norms just wrote), the projections of the
+ * into a bf16 cache and q_c's and x's quantized into FP8 ones (rows of 96 and of 256: a
+ * cast link, reading what the norms just wrote), the projections of the
  * normalised q_c (FP8 and BF16, both rotated); (2) o_proj (F32), the residual add and norm,
  * the router (F32). Run as two chained launches on one set of counters, and op by op: every
  * output equal bit for bit, over 1, 2, 3, 5 and 9 tokens (each token pass of the GEMV), and
@@ -2890,10 +3108,14 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				{.y = o->iq, .w = w_iq, .dtype = DT_BF16, .rows = CH_IQ, .rope_pos = dpos,
 				 .rope_heads = 2, .rope_hd = 32, .rope_off = 0, .rope_dim = 32,
 				 .rope_theta = 10000.0f}};
-			struct wk_cast cc[2] = {
+			struct wk_cast cc[4] = {
 				{o->c16, o->qc, (size_t)n * CH_Q, DT_BF16, DT_F32, NULL, NULL, 0},
 				{o->c16 + (size_t)n * CH_Q, o->kv, (size_t)n * CH_K, DT_BF16,
-				 DT_F32, NULL, NULL, 0}};
+				 DT_F32, NULL, NULL, 0},
+				{o->f8, o->qc, (size_t)n * CH_Q, DT_F8_E4M3, DT_F32, o->f8s, NULL,
+				 CH_Q},
+				{o->f8 + (size_t)n * CH_Q, o->xb, (size_t)n * CH_D, DT_F8_E4M3,
+				 DT_F32, o->f8s + n, NULL, CH_D}};
 			struct wk_mm om = {.y = o->o, .w = w_o, .dtype = DT_F32, .rows = CH_D};
 			struct wk_mm rm = {.y = o->r, .w = w_rt, .dtype = DT_F32, .rows = CH_R};
 			if (pass == 0) {
@@ -2914,7 +3136,7 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				l[2].norm_count = 2;
 				l[3].kind = WK_LINK_CAST;
 				memcpy(l[3].cast, cc, sizeof cc);
-				l[3].cast_count = 2;
+				l[3].cast_count = 4;
 				l[4] = l[1];
 				memcpy(l[4].mm, q2, sizeof q2);
 				l[4].mm_count = 2;
@@ -2936,7 +3158,7 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				cr_assert_eq(wk_cuda_matmul_n(x3, 3, o->xb, n, CH_D, err, sizeof err),
 					     WK_OK, "%s", err);
 				cr_assert_eq(wk_cuda_norm_n(nm, 2, err, sizeof err), WK_OK, "%s", err);
-				cr_assert_eq(wk_cuda_cast_n(cc, 2, err, sizeof err), WK_OK, "%s",
+				cr_assert_eq(wk_cuda_cast_n(cc, 4, err, sizeof err), WK_OK, "%s",
 					     err);
 				cr_assert_eq(wk_cuda_matmul_n(q2, 2, o->qc, n, CH_Q, err, sizeof err),
 					     WK_OK, "%s", err);
@@ -2976,6 +3198,32 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 		cpu_ref_cast(cw, DT_BF16, rows, DT_F32, (size_t)n * (CH_Q + CH_K), NULL, NULL, 0);
 		cr_expect_eq(memcmp(ca, cw, cb), 0, "n %d: the cast link's bf16 rows are not the "
 			     "normalised rows rounded", n);
+		/* the FP8 caches: codes then scales, chained, op by op, and the reference's */
+		size_t fb = (size_t)n * (CH_Q + CH_D) + (size_t)n * 3 * 4;
+		uint8_t *fa = malloc(fb), *fo = malloc(fb), *fw = malloc(fb);
+		float *fx = malloc((size_t)n * CH_D * 4);
+		cr_assert(fa && fo && fw && fx);
+		size_t nc = (size_t)n * (CH_Q + CH_D);
+		from_dev(fa, a.f8, nc);
+		from_dev(fa + nc, a.f8s, (size_t)n * 3 * 4);
+		from_dev(fo, b.f8, nc);
+		from_dev(fo + nc, b.f8s, (size_t)n * 3 * 4);
+		from_dev(fx, a.xb, (size_t)n * CH_D * 4);
+		float *fws = malloc((size_t)n * 3 * 4);
+		cr_assert_not_null(fws);
+		cpu_ref_cast(fw, DT_F8_E4M3, rows, DT_F32, (size_t)n * CH_Q, fws, NULL, CH_Q);
+		cpu_ref_cast(fw + (size_t)n * CH_Q, DT_F8_E4M3, fx, DT_F32, (size_t)n * CH_D,
+			     fws + n, NULL, CH_D);
+		memcpy(fw + nc, fws, (size_t)n * 3 * 4);
+		cr_expect_eq(memcmp(fa, fo, fb), 0, "n %d: the FP8 caches chained differ from op by "
+			     "op", n);
+		cr_expect_eq(memcmp(fa, fw, fb), 0, "n %d: the cast link's FP8 rows are not "
+			     "cpu_ref_cast's", n);
+		free(fa);
+		free(fo);
+		free(fw);
+		free(fx);
+		free(fws);
 		free(ca);
 		free(cbb);
 		free(cw);
