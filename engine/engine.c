@@ -1187,11 +1187,12 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 		char b[5][32];
 		rc = wk_errf(err, errsz, WK_ELIMIT,
 			     "%s: %s does not fit the GPU: its weights take %s of each GPU and the "
-			     "%s KV caches of %d sequences of %d positions %s more (%s a "
+			     "%s KV caches of %d sequence%s of %d positions %s more (%s a "
 			     "sequence), but GPU 0 has %s free of %s. Room beside the weights: %llu "
 			     "sequence%s of %d positions, or %d of %llu positions (lower the "
 			     "concurrency or --max-seq%s; `wick plan` sizes a node)", dir, arch,
-			     bytes_str(image, b[0]), kv_name(kvt), seqs, max_seq,
+			     bytes_str(image, b[0]), kv_name(kvt), seqs, seqs == 1 ? "" : "s",
+			     max_seq,
 			     bytes_str(kv, b[1]), bytes_str(per_seq, b[2]),
 			     bytes_str(free_b, b[3]), bytes_str(total_b, b[4]),
 			     (unsigned long long)fit, fit == 1 ? "" : "s", max_seq, seqs,

@@ -64,4 +64,20 @@ grep -q 'does not fit the GPU' "$TMPD/g1.err" || fail "1 MiB device: $(tail -n 2
 tiny_device "$m" "$TMPD/h1.err"
 grep -q 'out of memory' "$TMPD/h1.err" || fail "1 MiB device, directory: $(tail -n 2 "$TMPD/h1.err")"
 echo "1 MiB device: $(tail -n 1 "$TMPD/g1.err" | cut -c1-80)...; from the directory: $(tail -n 1 "$TMPD/h1.err")"
+# GLM-5 (MLA): a bf16 cache that does not fit names what the fp8 one would hold, and the fp8
+# cache then restores and runs on the same device
+"$WICK_TOOLS/gen_glm" --family glm5 -o "$TMPD/g5" --max-pos 4096 --seed 3 >/dev/null || fail "gen_glm"
+"$WICK" snapshot "$TMPD/g5" -o "$TMPD/g5snap" >/dev/null 2>&1 || fail "glm5 snapshot"
+set +e
+WICK_SIMT_DEVICE_MB=8 timeout 120 "$EMU" generate "$TMPD/g5snap" --backend cuda -n 2 \
+  --tokens 1,2,3 >/dev/null 2>"$TMPD/g5b.err"
+rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q 'bf16 KV caches of 1 sequence of 4096 positions' "$TMPD/g5b.err" &&
+  grep -q -- '--kv-dtype fp8: room for 1 sequence of 4096 positions' "$TMPD/g5b.err" ||
+  fail "GLM-5 bf16 on 8 MiB (exit $rc): $(tail -n 1 "$TMPD/g5b.err")"
+WICK_SIMT_DEVICE_MB=8 timeout 120 "$EMU" generate "$TMPD/g5snap" --backend cuda -n 2 \
+  --tokens 1,2,3 --kv-dtype fp8 >/dev/null 2>"$TMPD/g5f.err" ||
+  fail "GLM-5 fp8 on 8 MiB: $(tail -n 2 "$TMPD/g5f.err")"
+echo "GLM-5 on 8 MiB: bf16 refused, offering fp8; fp8 runs"
 echo "ok"
