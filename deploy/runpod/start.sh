@@ -18,6 +18,8 @@
 #                      should stop the worker first, see deploy/README.md)
 #   WICK_CONCURRENCY   jobs batched at once (default 4; with WICK_MAX_SEQ, what wick plan says fits)
 #   WICK_MAX_SEQ       positions a sequence's KV cache holds (default 32768)
+#   WICK_KV_DTYPE      the KV cache's type (default auto: bf16 for GLM-5; fp8 holds about 1.8
+#                      times the tokens, wick plan --kv-dtype fp8 says how many sequences)
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -40,6 +42,7 @@ trap - TERM INT
 
 exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
 	--backend cuda --concurrency "${WICK_CONCURRENCY:-4}" --max-seq "${WICK_MAX_SEQ:-32768}" \
+	--kv-dtype "${WICK_KV_DTYPE:-auto}" \
 	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \
