@@ -223,6 +223,23 @@ struct run {
 
 #define NASSUME 10
 
+/* An MLA model planned with another KV dtype: the sequences the engine's FP8 cache would hold
+ * instead (*seqs); false where there is no such line to show. */
+static bool fp8_seqs(const struct run *u, uint64_t *seqs)
+{
+	if (!u->m->mla || u->r->kv == PLAN_FP8)
+		return false;
+	struct plan_result *r8 = malloc(sizeof *r8);
+	struct plan_opts o8 = *u->o;
+	o8.kv = PLAN_FP8;
+	char e8[WK_ERRSZ];
+	bool ok = r8 && plan_compute(u->m, &o8, r8, e8, sizeof e8) == WK_OK;
+	if (ok)
+		*seqs = r8->max_seqs;
+	free(r8);
+	return ok;
+}
+
 /* The assumptions, as full sentences (both outputs print them). */
 static int assumptions(const struct run *u, char out[NASSUME][512])
 {
@@ -421,16 +438,11 @@ static void print_table(const struct run *u)
 	else
 		printf("  %-28s %12s   %s more per GPU needed for one %s-token sequence\n", "fits",
 		       "NO", human(r->shortfall, b1), commas((uint64_t)r->context, b2));
-	/* MLA: what the engine's FP8 cache would hold instead */
-	struct plan_result *r8 = m->mla && r->kv != PLAN_FP8 ? malloc(sizeof *r8) : NULL;
-	struct plan_opts o8 = *o;
-	o8.kv = PLAN_FP8;
-	char e8[WK_ERRSZ];
-	if (r8 && plan_compute(m, &o8, r8, e8, sizeof e8) == WK_OK)
+	uint64_t s8;
+	if (fp8_seqs(u, &s8))
 		printf("  %-28s %12s   sequences of %s tokens with --kv-dtype fp8 (e4m3 latent "
-		       "and indexer keys)\n", "with an fp8 KV cache", commas(r8->max_seqs, b1),
+		       "and indexer keys)\n", "with an fp8 KV cache", commas(s8, b1),
 		       commas((uint64_t)r->context, b2));
-	free(r8);
 
 	printf("\nworkspace per GPU (B = %lld batch tokens, C = %lld context; bytes per value "
 	       "in the formulas)\n", (long long)r->batch, (long long)r->context);
@@ -509,6 +521,9 @@ static json_t *report_json(const struct run *u)
 			       "bytes_per_token_per_gpu", JI(r->kv_gpu), "bytes_per_token_all_gpus",
 			       JI(r->kv_node), "replicated_over_tp", r->kv_replicated, "tokens",
 			       JI(r->kv_tokens_gpu), "max_sequences", JI(r->max_seqs));
+	uint64_t s8;
+	if (fp8_seqs(u, &s8)) /* an MLA model: what --kv-dtype fp8 would hold */
+		json_object_set_new(kv, "max_sequences_fp8", JI(s8));
 	json_t *mem = json_pack("{s:o, s:o, s:o, s:o, s:o, s:b, s:b, s:o}", "gpu_mem_bytes",
 				JI(o->gpu_mem), "weights_bytes", JI(r->gpu), "workspace_bytes",
 				JI(r->ws.total), "reserve_bytes", JI(o->reserve), "headroom_bytes",

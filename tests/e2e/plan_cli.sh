@@ -286,6 +286,11 @@ check(r["g5_200k"][2] >= 1, "GLM-5-FP8 must fit 8 x H200 at its full 200K contex
 _, _, s32 = expect_memory(c5, load("g5_f32kv"), 8, 8, 200000, 2048, "f32", 141 * GB)
 check(s32 == 0, f"with f32 KV GLM-5's 200K context fits {s32} sequences, expected none")
 check(load("g5_auto") == load("g5_200k"), "--kv-dtype auto is the default")
+# an MLA model says what the engine's fp8 cache would hold: --kv-dtype fp8's own count
+check(load("g5_200k")["kv_cache"].get("max_sequences_fp8") ==
+      load("g5_fp8kv")["kv_cache"]["max_sequences"] == 3, "max_sequences_fp8")
+check("max_sequences_fp8" not in load("g5_fp8kv")["kv_cache"] and
+      "max_sequences_fp8" not in load("g45")["kv_cache"], "max_sequences_fp8 where not MLA or fp8")
 check(r["g5_128k"][1] > r["g5_200k"][1], "a longer context has a bigger indexer workspace")
 j = load("g5_fp8kv")
 expect_memory(c5, j, 8, 8, 200000, 2048, "fp8", 141 * GB)
