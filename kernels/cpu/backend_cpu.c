@@ -457,7 +457,7 @@ static void dsa_task(void *ctx, int task, int ntasks)
 	for (int t = task * DSA_KEYS_PER_TASK; t < t1; t++)
 		j->scores[t] = (j->avx2 ? cpu_dsa_score_avx2 : cpu_ref_dsa_score)(
 			j->q, cpu_kv_ptr(j->k, j->kv, (size_t)t * j->head_dim), j->kv,
-			j->ks ? j->ks + (size_t)t * cpu_kv_blocks(j->head_dim) : NULL, j->w,
+			cpu_kv_scales(j->ks, (size_t)t, j->head_dim), j->w,
 			j->n_heads, j->head_dim, j->qk_scale, j->w_scale);
 }
 

@@ -65,6 +65,8 @@ void cpu_ref_gemm_fp8(float *y, const uint8_t *xq, const float *xs, const uint8_
  * an FP8 GEMM with 1x128 activation scales multiplies, so an FP8-weight matmul over y is
  * that GEMM up to f32 rounding. y may equal x. */
 void cpu_ref_act_quant(float *y, const float *x, int n, int cols);
+/* The scale of one block x [m] (m <= 128) of cpu_ref_act_quant: amax / 448, 1 when all zero. */
+float cpu_act_scale(const float *x, int m);
 /* v rounded to the float8_e4m3fn grid (nearest, ties to even; saturating at +-448): what
  * dt_e4m3_to_f32(dt_f32_to_e4m3(v)) gives, computed without the byte. */
 float cpu_e4m3_round(float v);
@@ -90,6 +92,11 @@ static inline enum dt_type cpu_kv_b_type(enum dt_type kv)
 {
 	return kv == DT_F8_E4M3 ? DT_BF16 : kv;
 }
+/* Row r's scales in an FP8 cache's scales s, rows w wide; NULL for a cache without (s NULL). */
+static inline const float *cpu_kv_scales(const float *s, size_t r, int w)
+{
+	return s ? s + r * (size_t)cpu_kv_blocks(w) : NULL;
+}
 /* Element i of a DT_F32 or DT_BF16 cache as f32. */
 static inline float cpu_kv_at(const void *c, enum dt_type t, size_t i)
 {
@@ -102,7 +109,7 @@ static inline float cpu_kv_rc(const void *p, enum dt_type t, const float *s, int
 	size_t i = r * (size_t)w + (size_t)c;
 	if (t == DT_F8_E4M3)
 		return dt_e4m3_table[((const uint8_t *)p)[i]] *
-		       s[r * (size_t)cpu_kv_blocks(w) + (size_t)(c / CPU_FP8_BLOCK)];
+		       cpu_kv_scales(s, r, w)[c / CPU_FP8_BLOCK];
 	return cpu_kv_at(p, t, i);
 }
 /* The start of row-element i of a cache of type t (byte arithmetic on the element size). */

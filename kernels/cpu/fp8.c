@@ -90,6 +90,14 @@ float cpu_e4m3_round(float v)
 	return v < 0 ? -r : r;
 }
 
+float cpu_act_scale(const float *x, int m)
+{
+	float amax = 0.0f;
+	for (int c = 0; c < m; c++)
+		amax = fmaxf(amax, fabsf(x[c]));
+	return amax > 0.0f ? amax / 448.0f : 1.0f;
+}
+
 void cpu_ref_act_quant(float *y, const float *x, int n, int cols)
 {
 	for (int t = 0; t < n; t++)
@@ -97,10 +105,7 @@ void cpu_ref_act_quant(float *y, const float *x, int n, int cols)
 			const float *xb = x + (size_t)t * cols + c0;
 			float *yb = y + (size_t)t * cols + c0;
 			int m = cols - c0 < CPU_FP8_BLOCK ? cols - c0 : CPU_FP8_BLOCK;
-			float amax = 0.0f;
-			for (int c = 0; c < m; c++)
-				amax = fmaxf(amax, fabsf(xb[c]));
-			float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+			float s = cpu_act_scale(xb, m);
 			for (int c = 0; c < m; c++)
 				yb[c] = cpu_e4m3_round(xb[c] / s) * s;
 		}

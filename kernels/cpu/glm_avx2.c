@@ -152,19 +152,25 @@ static void scale_row(float *o, float a, int n)
 		o[i] *= a;
 }
 
-/* q . row t of k_a (at element ka): an FP8 row block by block, each times its scale */
+/* q . an FP8 row (an indexer key, an MLA latent), block by block, each times its scale */
+static float k8_dot(const float *q, const void *k, const float *ks, int head_dim)
+{
+	float acc = 0.0f;
+	for (int c0 = 0, b = 0; c0 < head_dim; c0 += CPU_FP8_BLOCK, b++) {
+		int m = head_dim - c0 < CPU_FP8_BLOCK ? head_dim - c0 : CPU_FP8_BLOCK;
+		acc += ks[b] * kv_dot(q + c0, k, DT_F8_E4M3, (size_t)c0, m);
+	}
+	return acc;
+}
+
+/* q . row t of k_a (at element ka) */
 static inline __attribute__((always_inline)) float
 ka_dot(const float *q, const struct cpu_mla *s, enum dt_type kv, size_t ka, int t)
 {
 	if (kv != DT_F8_E4M3)
 		return kv_dot(q, s->k_a, kv, ka, s->d_a);
-	const float *sc = s->a_s + (size_t)t * cpu_kv_blocks(s->d_a);
-	float acc = 0.0f;
-	for (int c0 = 0, b = 0; c0 < s->d_a; c0 += CPU_FP8_BLOCK, b++) {
-		int m = s->d_a - c0 < CPU_FP8_BLOCK ? s->d_a - c0 : CPU_FP8_BLOCK;
-		acc += sc[b] * kv_dot(q + c0, s->k_a, kv, ka + (size_t)c0, m);
-	}
-	return acc;
+	return k8_dot(q, (const uint8_t *)s->k_a + ka, cpu_kv_scales(s->a_s, (size_t)t, s->d_a),
+		      s->d_a);
 }
 
 /* o += p * row t of v (at element vt), FP8 block by block as ka_dot */
@@ -175,7 +181,7 @@ v_axpy(float *o, float p, const struct cpu_mla *s, enum dt_type kv, size_t vt, i
 		kv_scale_axpy(o, 1.0f, p, s->v, kv, vt, s->d_v);
 		return;
 	}
-	const float *sc = s->a_s + (size_t)t * cpu_kv_blocks(s->d_a);
+	const float *sc = cpu_kv_scales(s->a_s, (size_t)t, s->d_a);
 	for (int c0 = 0, b = 0; c0 < s->d_v; c0 += CPU_FP8_BLOCK, b++) {
 		int m = s->d_v - c0 < CPU_FP8_BLOCK ? s->d_v - c0 : CPU_FP8_BLOCK;
 		kv_scale_axpy(o + c0, 1.0f, p * sc[b], s->v, kv, vt + (size_t)c0, m);
@@ -230,17 +236,6 @@ void cpu_mla_attention_avx2(float *out, const float *q, const struct cpu_mla *s,
 		mla_attention(out, q, s, DT_BF16, pos0, i0, i1, h0, h1);
 	else
 		mla_attention(out, q, s, DT_F32, pos0, i0, i1, h0, h1);
-}
-
-/* q . an FP8 key row, block by block, each times its scale */
-static float k8_dot(const float *q, const void *k, const float *ks, int head_dim)
-{
-	float acc = 0.0f;
-	for (int c0 = 0, b = 0; c0 < head_dim; c0 += CPU_FP8_BLOCK, b++) {
-		int m = head_dim - c0 < CPU_FP8_BLOCK ? head_dim - c0 : CPU_FP8_BLOCK;
-		acc += ks[b] * kv_dot(q + c0, k, DT_F8_E4M3, (size_t)c0, m);
-	}
-	return acc;
 }
 
 float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const float *ks,

@@ -359,7 +359,6 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum d
 		      const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim,
 		      int topk, float qk_scale, float w_scale, float *scores, void *work)
 {
-	size_t nb = (size_t)cpu_kv_blocks(head_dim);
 	for (int i = 0; i < n; i++) {
 		int len = pos0 + i + 1;
 		if (len > topk)
@@ -367,7 +366,7 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum d
 				scores[t] = cpu_ref_dsa_score(
 					q + (size_t)i * n_heads * head_dim,
 					cpu_kv_ptr(k, kv, (size_t)t * head_dim), kv,
-					ks ? ks + (size_t)t * nb : NULL, w + (size_t)i * n_heads, n_heads, head_dim, qk_scale,
+					cpu_kv_scales(ks, (size_t)t, head_dim), w + (size_t)i * n_heads, n_heads, head_dim, qk_scale,
 					w_scale);
 		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
 	}

@@ -107,10 +107,7 @@ static void quant_rows(uint8_t *dst, float *ds, const float *src, size_t n, int 
 			const float *x = src + r * (size_t)w + (size_t)c0;
 			uint8_t *y = dst + r * (size_t)w + (size_t)c0;
 			int m = w - c0 < CPU_FP8_BLOCK ? w - c0 : CPU_FP8_BLOCK;
-			float amax = 0.0f;
-			for (int c = 0; c < m; c++)
-				amax = fmaxf(amax, fabsf(x[c]));
-			float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+			float s = cpu_act_scale(x, m);
 			ds[r * (size_t)cpu_kv_blocks(w) + (size_t)b] = s;
 			for (int c = 0; c < m; c++)
 				y[c] = dt_f32_to_e4m3(x[c] / s);
