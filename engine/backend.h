@@ -107,7 +107,7 @@ struct be_experts {
  * bf16 to f32, or a plain copy when dt == st (DT_F32 or DT_BF16); f32 to DT_F8_E4M3
  * quantizes rows of w elements (n a multiple of w) with one scale per 128 elements of a
  * row into ds, and DT_F8_E4M3 to f32 dequantizes with the scales ss (cpu_ref_cast has the
- * arithmetic). How the engine writes a bf16 or FP8 KV cache (eng_kv_store) and reads it
+ * arithmetic). How the engine writes a bf16 or FP8 KV cache (eng_kv_put) and reads it
  * back as f32 rows (a prefill's expansion). */
 struct be_cast {
 	void *dst;
@@ -243,10 +243,11 @@ struct backend {
 	 * each exactly as rope rotates it. Optional (NULL: the engine calls rope). */
 	void (*rope_n)(void *ctx, const struct be_rope *r, int count, float theta,
 		       bool interleaved);
-	/* k, v: the cache, elements of type kv (DT_F32 or DT_BF16) */
+	/* k, v: the cache, elements of type kv (DT_F32, DT_BF16, or DT_F8_E4M3 with the scales
+	 * ks, vs of its rows of head_dim; cpu_ref_attention's contract in cpu.h) */
 	void (*attention)(void *ctx, float *out, const float *q, const void *k, const void *v,
-			  enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-			  int kv_stride, float scale);
+			  const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+			  int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
 	/* Several conversions (count 1 .. BE_CAST_MAX, struct be_cast) as one op. */

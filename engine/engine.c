@@ -1,6 +1,7 @@
 /*
  * engine.c - opens a model directory, picks its family and backend, and runs it.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -980,9 +981,6 @@ static const char *kv_name(enum dt_type kv)
 static int kv_check(const struct engine *e, const char *arch, enum be_op op, enum dt_type kv,
 		    char *err, size_t errsz)
 {
-	if (kv == DT_F8_E4M3 && op == BE_OP_ATTENTION)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: an fp8 KV cache is MLA's (GLM-5) "
-			       "only; --kv-dtype bf16 or f32 for this model", arch);
 	if (e->be->supports(e->bctx, op, kv) && (kv == DT_F32 || e->be->cast_n))
 		return WK_OK;
 	return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: the %s backend cannot attend over a %s KV "
@@ -995,9 +993,76 @@ int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz)
 	return kv_check(e, e->arch, op, e->kv, err, errsz);
 }
 
-void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n)
+int eng_gqa_alloc(struct engine *e, struct eng_gqa *g, int n_layers, int max_seq, int n_kv,
+		  int head_dim, char *err, size_t errsz)
 {
-	eng_kv_put(e, e->kv, eng_kv_at(e, cache, at), NULL, 0, src, n);
+	*g = (struct eng_gqa){.n_layers = n_layers, .max_seq = max_seq, .n_kv = n_kv,
+			      .head_dim = head_dim};
+	size_t rows = (size_t)e->max_seqs * n_layers * max_seq * n_kv; /* of head_dim */
+	size_t bytes = rows * head_dim * eng_kv_size(e);
+	size_t sbytes = e->kv == DT_F8_E4M3 ? rows * eng_kv_blocks(head_dim) * sizeof(float) : 0;
+	uint64_t per_seq = 2 * (uint64_t)(bytes + sbytes) / (uint64_t)e->max_seqs;
+	int rc;
+	if ((rc = eng_kv_check(e, BE_OP_ATTENTION, err, errsz)) ||
+	    (rc = eng_cache_agrees(e, per_seq, err, errsz)))
+		return rc;
+	g->k = eng_calloc(e, bytes);
+	g->v = eng_calloc(e, bytes);
+	if (sbytes) {
+		g->ks = eng_calloc(e, sbytes);
+		g->vs = eng_calloc(e, sbytes);
+	}
+	if (!g->k || !g->v || (sbytes && (!g->ks || !g->vs)))
+		return wk_errf(err, errsz, WK_ENOMEM,
+			       "cannot allocate KV caches of %d positions for %d sequences (%zu MiB); "
+			       "try a smaller max_seq or concurrency", max_seq, e->max_seqs,
+			       (size_t)(2 * (bytes + sbytes) >> 20));
+	return WK_OK;
+}
+
+void eng_gqa_free(struct engine *e, struct eng_gqa *g)
+{
+	void *bufs[] = {g->k, g->v, g->ks, g->vs};
+	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+		eng_release(e, bufs[i]);
+	g->k = g->v = g->ks = g->vs = NULL;
+}
+
+/* The row of head_dim that position pos's kv head 0 of sequence seq's layer l starts */
+static size_t gqa_row(const struct eng_gqa *g, int seq, int l, int pos)
+{
+	return (((size_t)seq * g->n_layers + l) * g->max_seq + pos) * g->n_kv;
+}
+
+float *eng_gqa_f32(const struct engine *e, const struct eng_gqa *g, bool v, int seq, int l,
+		   int pos)
+{
+	if (e->kv != DT_F32)
+		return NULL;
+	return (float *)(v ? g->v : g->k) + gqa_row(g, seq, l, pos) * g->head_dim;
+}
+
+void eng_gqa_store(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
+		   const float *kt, const float *vt, int n)
+{
+	size_t r = gqa_row(g, seq, l, pos0), nb = eng_kv_blocks(g->head_dim);
+	size_t m = (size_t)n * g->n_kv * g->head_dim;
+	bool f8 = e->kv == DT_F8_E4M3;
+	eng_kv_put(e, e->kv, eng_kv_at(e, g->k, r * g->head_dim), f8 ? g->ks + r * nb : NULL,
+		   g->head_dim, kt, m);
+	eng_kv_put(e, e->kv, eng_kv_at(e, g->v, r * g->head_dim), f8 ? g->vs + r * nb : NULL,
+		   g->head_dim, vt, m);
+}
+
+void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
+		    float *out, const float *q, int n, int n_heads)
+{
+	size_t r = gqa_row(g, seq, l, 0), nb = eng_kv_blocks(g->head_dim);
+	bool f8 = e->kv == DT_F8_E4M3;
+	e->be->attention(e->bctx, out, q, eng_kv_at(e, g->k, r * g->head_dim),
+			 eng_kv_at(e, g->v, r * g->head_dim), f8 ? g->ks + r * nb : NULL,
+			 f8 ? g->vs + r * nb : NULL, e->kv, n, pos0, n_heads, g->n_kv,
+			 g->head_dim, g->n_kv * g->head_dim, 1.0f / sqrtf((float)g->head_dim));
 }
 
 void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
@@ -1020,11 +1085,6 @@ void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
 		return;
 	}
 	e->be->cast_n(e->bctx, &c, 1);
-}
-
-void eng_kv_load(struct engine *e, float *dst, const void *cache, size_t at, size_t n)
-{
-	eng_kv_get(e, dst, e->kv, eng_kv_at(e, (void *)cache, at), NULL, 0, n);
 }
 
 void eng_kv_get(struct engine *e, float *dst, enum dt_type t, const void *src, const float *ss,
@@ -1073,18 +1133,17 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 		long long si = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)id) * 4 : 0;
 		per_tok = layers * (lora * es + sl + rope * bs) + n_full * (id * es + si);
 	} else {
-		if (kv == DT_F8_E4M3)
-			return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: an fp8 KV cache is MLA's "
-				       "(GLM-5) only", arch);
-		long long dim, heads, kv, hd;
+		long long dim, heads, kvh, hd;
 		struct shard_heads sh;
 		if ((rc = cfg_int(cfg, "hidden_size", -1, 1, 1 << 16, &dim, err, errsz)) ||
 		    (rc = cfg_int(cfg, "num_attention_heads", -1, 1, 4096, &heads, err, errsz)) ||
-		    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, heads, &kv, err, errsz)) ||
+		    (rc = cfg_int(cfg, "num_key_value_heads", heads, 1, heads, &kvh, err, errsz)) ||
 		    (rc = cfg_int(cfg, "head_dim", dim / heads, 2, 4096, &hd, err, errsz)) ||
-		    (rc = shard_heads((int)heads, (int)kv, tp > 0 ? tp : 1, 0, &sh, err, errsz)))
+		    (rc = shard_heads((int)heads, (int)kvh, tp > 0 ? tp : 1, 0, &sh, err, errsz)))
 			return rc;
-		per_tok = layers * 2 * (long long)sh.nkv * hd * es;
+		/* FP8: each kv head's row of codes with its scales (struct eng_gqa) */
+		long long sh8 = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)hd) * 4 : 0;
+		per_tok = layers * 2 * (long long)sh.nkv * (hd * es + sh8);
 	}
 	*max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
 	*bytes = (uint64_t)*max_seq * (uint64_t)per_tok;

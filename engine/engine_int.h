@@ -202,20 +202,42 @@ static inline void *eng_kv_at(const struct engine *e, void *cache, size_t i)
 /* WK_OK when e's backend runs op (BE_OP_ATTENTION, BE_OP_MLA_ATTENTION, BE_OP_DSA_TOPK) over
  * e's KV cache type and can write it; else WK_EUNSUPPORTED naming both. */
 int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz);
-/* n f32 values from src (the backend's memory) into a cache at element at: a copy for an f32
- * cache, rounded to bf16 (backend op cast_n) for a bf16 one, held as a chain link while a
- * chain is open (consecutive stores share one link). */
-void eng_kv_store(struct engine *e, void *cache, size_t at, const float *src, size_t n);
-/* eng_kv_store to a cache of type t at dst: rows of w elements (FP8: their scales into ds,
- * eng_kv_blocks(w) a row). */
+/* n f32 values from src (the backend's memory) into a cache of type t at dst: a copy for
+ * f32, rounded to bf16 (backend op cast_n) for bf16, FP8 rows of w elements quantized with
+ * their scales into ds (eng_kv_blocks(w) a row); held as a chain link while a chain is open
+ * (consecutive stores share one link). */
 void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
 		const float *src, size_t n);
-/* dst [n] f32 (the backend's memory) = a cache's elements at .. at+n-1 (a prefill expanding
- * the MLA latent reads it back as f32 rows). */
-void eng_kv_load(struct engine *e, float *dst, const void *cache, size_t at, size_t n);
-/* eng_kv_load from src, a cache of type t (FP8: rows of w elements, their scales ss). */
+/* dst [n] f32 (the backend's memory) = n elements of src, a cache of type t (FP8: rows of w
+ * elements, their scales ss): a prefill expanding the MLA latent reads it back so. */
 void eng_kv_get(struct engine *e, float *dst, enum dt_type t, const void *src, const float *ss,
 		int w, size_t n);
+/* A GQA family's KV caches (llama.c, glm4.c): k and v [max_seqs][n_layers][max_seq][n_kv *
+ * head_dim] of e's KV type, one row of head_dim a position and kv head; FP8: ks, vs their
+ * scales, eng_kv_blocks(head_dim) a row, as be->attention reads them. */
+struct eng_gqa {
+	void *k, *v;
+	float *ks, *vs;
+	int n_layers, max_seq, n_kv, head_dim;
+};
+/* Checks that e's backend attends over e's KV type (eng_kv_check) and that the caches' bytes
+ * are eng_seq_cache_bytes' (eng_cache_agrees), then allocates them, zeroed, for e->max_seqs
+ * sequences. WK_ENOMEM naming their size. */
+int eng_gqa_alloc(struct engine *e, struct eng_gqa *g, int n_layers, int max_seq, int n_kv,
+		  int head_dim, char *err, size_t errsz);
+void eng_gqa_free(struct engine *e, struct eng_gqa *g);
+/* An f32 cache's keys (v: values) at position pos of sequence seq's layer l, where a step
+ * may write its new rows directly; NULL for any other cache type. */
+float *eng_gqa_f32(const struct engine *e, const struct eng_gqa *g, bool v, int seq, int l,
+		   int pos);
+/* kt, vt [n][n_kv * head_dim] (the backend's memory) into sequence seq's layer l at positions
+ * pos0.. (eng_kv_put: FP8 rows quantized with their scales; a chain link while one is open). */
+void eng_gqa_store(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
+		   const float *kt, const float *vt, int n);
+/* be->attention of n queries q [n][n_heads * head_dim] at positions pos0.. of sequence seq
+ * over its layer l caches into out, scores scaled by 1 / sqrt(head_dim). */
+void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
+		    float *out, const float *q, int n, int n_heads);
 /* WK_OK when per_seq (bytes a family's load allocates per sequence) is what
  * eng_seq_cache_bytes says for e; else an error naming both. */
 int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz);

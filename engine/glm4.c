@@ -28,7 +28,7 @@ struct g4_layer {
 struct g4 {
 	int n_heads, n_kv, head_dim, rot;
 	struct g4_layer *layers; /* [n_layers] */
-	void *kcache, *vcache;   /* (max_seqs, n_layers, max_seq, n_kv * head_dim), KV type */
+	struct eng_gqa kv;       /* the KV caches */
 	int cap;
 	float *q, *att; /* (cap, n_heads * head_dim) */
 	float *kt, *vt; /* (cap, n_kv * head_dim) the step's new keys and values */
@@ -98,19 +98,8 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		m->attn_bytes += glm_weight_bytes(&L->wq) + glm_weight_bytes(&L->wk) +
 				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
-	size_t cache = (size_t)m->max_seqs * m->c.n_layers * m->c.max_seq * kvd;
-	size_t kvs = eng_kv_size(e);
-	if ((rc = eng_cache_agrees(e, 2 * (uint64_t)m->c.n_layers * m->c.max_seq * kvd * kvs,
-				   err, errsz)))
-		return rc;
-	a->kcache = eng_calloc(e, cache * kvs);
-	a->vcache = eng_calloc(e, cache * kvs);
-	if (!a->kcache || !a->vcache)
-		return wk_errf(err, errsz, WK_ENOMEM,
-			       "cannot allocate KV caches of %d positions for %d sequences (%zu MiB); "
-			       "try a smaller max_seq or concurrency", m->c.max_seq, m->max_seqs,
-			       2 * cache * kvs >> 20);
-	return WK_OK;
+	return eng_gqa_alloc(e, &a->kv, m->c.n_layers, m->c.max_seq, a->n_kv, a->head_dim, err,
+			     errsz);
 }
 
 static int g4_grow(struct glm_model *m, int T, const struct glm_seg *seg, int nseg)
@@ -148,11 +137,9 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 
 	/* q, k, v read x: one op. With one segment and an f32 cache, k and v land straight in
 	 * its caches (biased, normalised and rotated there); else through the step's rows. */
-	size_t layer = (size_t)m->c.max_seq * kvd;
-	size_t at0 = ((size_t)seg[0].seq * m->c.n_layers + l) * layer + (size_t)seg[0].pos0 * kvd;
 	bool direct = nseg == 1 && !e->unfused && e->kv == DT_F32;
-	float *kt = direct ? (float *)a->kcache + at0 : a->kt;
-	float *vt = direct ? (float *)a->vcache + at0 : a->vt;
+	float *kt = direct ? eng_gqa_f32(e, &a->kv, false, seg[0].seq, l, seg[0].pos0) : a->kt;
+	float *vt = direct ? eng_gqa_f32(e, &a->kv, true, seg[0].seq, l, seg[0].pos0) : a->vt;
 	float *o[3] = {a->q, kt, vt};
 	const struct be_weight *w[3] = {&L->wq, &L->wk, &L->wv};
 	eng_matmul_n(e, o, x, w, 3, T);
@@ -171,17 +158,11 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	eng_rope_n(e, rot, 2, m->c.theta, false);
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
-		size_t base = ((size_t)g->seq * m->c.n_layers + l) * layer;
-		void *kc = eng_kv_at(e, a->kcache, base), *vc = eng_kv_at(e, a->vcache, base);
-		if (!direct) {
-			eng_kv_store(e, kc, (size_t)g->pos0 * kvd, a->kt + (size_t)g->off * kvd,
-				     (size_t)g->n * kvd);
-			eng_kv_store(e, vc, (size_t)g->pos0 * kvd, a->vt + (size_t)g->off * kvd,
-				     (size_t)g->n * kvd);
-		}
-		be->attention(c, a->att + (size_t)g->off * qd, a->q + (size_t)g->off * qd, kc, vc,
-			      e->kv, g->n, g->pos0, a->n_heads, a->n_kv, a->head_dim, kvd,
-			      1.0f / sqrtf((float)a->head_dim));
+		if (!direct)
+			eng_gqa_store(e, &a->kv, g->seq, l, g->pos0, a->kt + (size_t)g->off * kvd,
+				      a->vt + (size_t)g->off * kvd, g->n);
+		eng_gqa_attend(e, &a->kv, g->seq, l, g->pos0, a->att + (size_t)g->off * qd,
+			       a->q + (size_t)g->off * qd, g->n, a->n_heads);
 	}
 	eng_matmul(e, out, a->att, &L->wo, T);
 }
@@ -191,7 +172,8 @@ static void g4_free(struct glm_model *m)
 	struct g4 *a = m->attn;
 	if (!a)
 		return;
-	void *bufs[] = {a->kcache, a->vcache, a->q, a->att, a->kt, a->vt};
+	eng_gqa_free(m->e, &a->kv);
+	void *bufs[] = {a->q, a->att, a->kt, a->vt};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
 		eng_release(m->e, bufs[i]);
 }

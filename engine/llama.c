@@ -38,8 +38,7 @@ struct llama {
 	float *final_norm;             /* (dim) */
 	struct layer *layers;          /* [n_layers] */
 	int max_seqs;
-	void *kcache, *vcache;         /* (max_seqs, n_layers, max_seq, n_kv * head_dim) of the
-					* engine's KV type (eng_kv_size bytes each) */
+	struct eng_gqa kv;             /* the KV caches */
 	/* scratch, sized for `cap` tokens in a step */
 	int cap;
 	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab_all) */
@@ -115,8 +114,7 @@ static void llama_free(struct engine *e)
 		}
 	free(m->layers);
 	eng_release(e, m->final_norm);
-	eng_release(e, m->kcache);
-	eng_release(e, m->vcache);
+	eng_gqa_free(e, &m->kv);
 	free_scratch(e, m);
 	free(m);
 	e->model = NULL;
@@ -256,17 +254,9 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 			       "(a layer past them)", m->n_layers, past);
 
 	m->max_seqs = e->max_seqs;
-	size_t cache = (size_t)m->max_seqs * m->n_layers * m->max_seq * kvd, kvs = eng_kv_size(e);
-	if ((rc = eng_kv_check(e, BE_OP_ATTENTION, err, errsz)) ||
-	    (rc = eng_cache_agrees(e, 2 * (uint64_t)m->n_layers * m->max_seq * kvd * kvs, err,
-				   errsz)))
+	if ((rc = eng_gqa_alloc(e, &m->kv, m->n_layers, m->max_seq, m->n_kv, m->head_dim, err,
+				errsz)))
 		return rc;
-	m->kcache = eng_alloc(e, cache * kvs);
-	m->vcache = eng_alloc(e, cache * kvs);
-	if (!m->kcache || !m->vcache)
-		return wk_errf(err, errsz, WK_ENOMEM,
-			       "cannot allocate KV caches of %d x %d positions (%zu MiB); try a "
-			       "smaller max_seq", m->max_seqs, m->max_seq, 2 * cache * kvs >> 20);
 
 	/* Bytes one decode step reads: every matrix once, the lm_head, one embedding row. */
 	uint64_t per_tok = m->lm_head.rows * (uint64_t)m->lm_head.cols * dt_size(m->lm_head.dtype);
@@ -306,7 +296,6 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
 		return rc;
 	int dim = m->dim, kvd = m->n_kv * m->head_dim;
-	size_t layer_sz = (size_t)m->max_seq * kvd;
 	bool lead = eng_tp_lead(e); /* this rank's partial sums count (shard.c) */
 
 	for (int i = 0, t = 0; i < n_items; i++)
@@ -334,11 +323,10 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		/* q, k, v read xb: one op. With one sequence in the step and an f32 cache, k and
 		 * v land straight in its caches (rotated there); else they go through the step's
 		 * rows. */
-		size_t at0 = ((size_t)items[0].seq * m->n_layers + l) * layer_sz +
-			     (size_t)e->seq_len[items[0].seq] * kvd;
+		int s0 = items[0].seq, p0 = e->seq_len[s0];
 		bool direct = n_items == 1 && !e->unfused && e->kv == DT_F32;
-		float *kt = direct ? (float *)m->kcache + at0 : m->kt;
-		float *vt = direct ? (float *)m->vcache + at0 : m->vt;
+		float *kt = direct ? eng_gqa_f32(e, &m->kv, false, s0, l, p0) : m->kt;
+		float *vt = direct ? eng_gqa_f32(e, &m->kv, true, s0, l, p0) : m->vt;
 		float *qkv[3] = {m->q, kt, vt};
 		const struct be_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
 		eng_matmul_n(e, qkv, m->xb, wqkv, 3, T);
@@ -347,20 +335,13 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 					 {kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim}};
 		eng_rope_n(e, rot, 2, m->theta, false);
 		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
-			size_t base = ((size_t)items[i].seq * m->n_layers + l) * layer_sz;
-			void *kc = eng_kv_at(e, m->kcache, base);
-			void *vc = eng_kv_at(e, m->vcache, base);
-			int pos0 = e->seq_len[items[i].seq];
-			if (!direct) {
-				eng_kv_store(e, kc, (size_t)pos0 * kvd, m->kt + (size_t)t * kvd,
-					     (size_t)items[i].n * kvd);
-				eng_kv_store(e, vc, (size_t)pos0 * kvd, m->vt + (size_t)t * kvd,
-					     (size_t)items[i].n * kvd);
-			}
+			int seq = items[i].seq, pos0 = e->seq_len[seq];
+			if (!direct)
+				eng_gqa_store(e, &m->kv, seq, l, pos0, m->kt + (size_t)t * kvd,
+					      m->vt + (size_t)t * kvd, items[i].n);
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
-			be->attention(c, m->att + qoff, m->q + qoff, kc, vc, e->kv, items[i].n,
-				      pos0, m->n_heads, m->n_kv, m->head_dim, kvd,
-				      1.0f / sqrtf((float)m->head_dim));
+			eng_gqa_attend(e, &m->kv, seq, l, pos0, m->att + qoff, m->q + qoff,
+				       items[i].n, m->n_heads);
 		}
 		eng_chain_begin(e);
 		eng_matmul(e, m->tmp, m->att, &L->wo, T);

@@ -86,10 +86,11 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 }
 
 static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		      int kv_stride, float scale)
+		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
-	(void)ctx, (void)q, (void)k, (void)v, (void)kv, (void)pos0, (void)n_kv, (void)kv_stride;
+	(void)ctx, (void)q, (void)k, (void)v, (void)ks, (void)vs, (void)kv, (void)pos0, (void)n_kv,
+		(void)kv_stride;
 	(void)scale;
 	memset(out, 0, (size_t)n * n_heads * head_dim * sizeof *out);
 }

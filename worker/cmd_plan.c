@@ -48,10 +48,10 @@ static void usage(FILE *f)
 		"  --batch N            tokens in one forward step, for the workspace (default %d)\n"
 		"  --weights-dtype D    fp8, bf16, f16 or f32 (default: the config's: fp8 when\n"
 		"                       quantization_config.quant_method is fp8, else torch_dtype)\n"
-		"  --kv-dtype D         KV-cache dtype: bf16, f32 or (MLA models) fp8, which the\n"
-		"                       engine holds, or f16 and GQA fp8 to see what those would\n"
-		"                       hold (default auto, the engine's: bf16 for a bfloat16\n"
-		"                       checkpoint, else f32)\n"
+		"  --kv-dtype D         KV-cache dtype: bf16, f32 or fp8 (e4m3 with one f32 scale\n"
+		"                       per 128 of a row), which the engine holds, or f16 to see\n"
+		"                       what that would hold (default auto, the engine's: bf16\n"
+		"                       for a bfloat16 checkpoint, else f32)\n"
 		"  --reserve SIZE       per GPU, kept back for the CUDA context, NCCL buffers and\n"
 		"                       allocator slack (default " DEFAULT_RESERVE ")\n"
 		"  --format F           table (default) or json\n"
@@ -223,11 +223,11 @@ struct run {
 
 #define NASSUME 10
 
-/* An MLA model planned with another KV dtype: the sequences the engine's FP8 cache would hold
- * instead (*seqs); false where there is no such line to show. */
+/* A plan with another KV dtype: the sequences the engine's FP8 cache would hold instead
+ * (*seqs); false where there is no such line to show. */
 static bool fp8_seqs(const struct run *u, uint64_t *seqs)
 {
-	if (!u->m->mla || u->r->kv == PLAN_FP8)
+	if (u->r->kv == PLAN_FP8)
 		return false;
 	struct plan_result *r8 = malloc(sizeof *r8);
 	struct plan_opts o8 = *u->o;
@@ -291,8 +291,8 @@ static int assumptions(const struct run *u, char out[NASSUME][512])
 			 "kv head(s) per GPU%s)%s",
 			 (long long)m->kv_heads, (long long)m->head_dim, (long long)r->kv_heads_per_gpu,
 			 r->kv_replicated ? ", replicated: tp > kv heads" : "",
-			 r->kv == PLAN_FP8 ? "; fp8 is 1 byte per value with a per-tensor scale (not "
-					     "held by the engine: its fp8 cache is MLA's)" : "");
+			 r->kv == PLAN_FP8 ? "; fp8 is e4m3 with one f32 scale per 128 values of "
+					     "each kv head's row" : "");
 	snprintf(out[n++], 512,
 		 "workspace: bf16 activations (fp32 residual, router, indexer and vocab logits); "
 		 "buffers reused layer to layer; total = hidden + max(attention + indexer, FFN) + "
@@ -440,9 +440,9 @@ static void print_table(const struct run *u)
 		       "NO", human(r->shortfall, b1), commas((uint64_t)r->context, b2));
 	uint64_t s8;
 	if (fp8_seqs(u, &s8))
-		printf("  %-28s %12s   sequences of %s tokens with --kv-dtype fp8 (e4m3 latent "
-		       "and indexer keys)\n", "with an fp8 KV cache", commas(s8, b1),
-		       commas((uint64_t)r->context, b2));
+		printf("  %-28s %12s   sequences of %s tokens with --kv-dtype fp8 (%s)\n",
+		       "with an fp8 KV cache", commas(s8, b1), commas((uint64_t)r->context, b2),
+		       m->mla ? "e4m3 latent and indexer keys" : "e4m3 keys and values");
 
 	printf("\nworkspace per GPU (B = %lld batch tokens, C = %lld context; bytes per value "
 	       "in the formulas)\n", (long long)r->batch, (long long)r->context);
@@ -522,7 +522,7 @@ static json_t *report_json(const struct run *u)
 			       JI(r->kv_node), "replicated_over_tp", r->kv_replicated, "tokens",
 			       JI(r->kv_tokens_gpu), "max_sequences", JI(r->max_seqs));
 	uint64_t s8;
-	if (fp8_seqs(u, &s8)) /* an MLA model: what --kv-dtype fp8 would hold */
+	if (fp8_seqs(u, &s8)) /* what --kv-dtype fp8 would hold */
 		json_object_set_new(kv, "max_sequences_fp8", JI(s8));
 	json_t *mem = json_pack("{s:o, s:o, s:o, s:o, s:o, s:b, s:b, s:o}", "gpu_mem_bytes",
 				JI(o->gpu_mem), "weights_bytes", JI(r->gpu), "workspace_bytes",

@@ -55,7 +55,8 @@
  *        read the whole latent); fp8 uses the FlashMLA layout, kv_lora e4m3 + one f32 scale
  *        per 128 + rope in bf16 (656 B at GLM-5 sizes);
  *        + DSA keys: full indexer layers x index_dim x dtype (fp8: + one f32 scale per 128).
- *   GQA: layers x 2 x max(1, kv_heads / tp) x head_dim x dtype (fp8: 1 B, per-tensor scale).
+ *   GQA: layers x 2 x max(1, kv_heads / tp) x head_dim x dtype (fp8: e4m3 + one f32 scale
+ *        per 128 of each kv head's row, 132 B a head of 128).
  */
 #include "worker/plan.h"
 
@@ -721,8 +722,10 @@ static void kv_cache(const struct plan_model *m, struct plan_result *r)
 		}
 		r->kv_replicated = true;
 	} else {
-		r->kv_main = (uint64_t)m->layers * 2 * (uint64_t)r->kv_heads_per_gpu *
-			     (uint64_t)m->head_dim * dsize(k);
+		uint64_t hd = (uint64_t)m->head_dim; /* fp8: the engine's rows of codes + scales */
+		uint64_t per = k == PLAN_FP8 ? hd + (uint64_t)cdiv((int64_t)hd, 128) * 4
+					     : hd * dsize(k);
+		r->kv_main = (uint64_t)m->layers * 2 * (uint64_t)r->kv_heads_per_gpu * per;
 		r->kv_replicated = m->kv_heads < r->tp;
 	}
 	r->kv_gpu = r->kv_main + r->kv_index;

@@ -44,10 +44,8 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	(void)ctx;
 	if (op == BE_OP_MATMUL)
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
-	if (op == BE_OP_ATTENTION) /* the KV cache's type */
-		return wt == DT_F32 || wt == DT_BF16;
-	if (op == BE_OP_MLA_ATTENTION || op == BE_OP_DSA_TOPK)
-		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F8_E4M3;
+	if (op == BE_OP_ATTENTION || op == BE_OP_MLA_ATTENTION || op == BE_OP_DSA_TOPK)
+		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F8_E4M3; /* the KV cache's */
 	return op >= 0 && op < BE_OP_COUNT;
 }
 
@@ -163,12 +161,12 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 }
 
 static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		      int kv_stride, float scale)
+		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
 	struct cpu_ctx *c = ctx;
-	cpu_attention(c->pool, out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim, kv_stride,
-		      scale);
+	cpu_attention(c->pool, out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
+		      kv_stride, scale);
 }
 
 static void cast_n(void *ctx, const struct be_cast *r, int count)

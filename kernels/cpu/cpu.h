@@ -128,15 +128,18 @@ void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, 
 /* Causal grouped-query attention for n new tokens whose keys/values are already in the
  * cache at positions pos0 .. pos0+n-1.
  *   q   [n][n_heads * head_dim]
- *   k,v [pos0 + n][kv_stride]: the cache, elements of type kv (DT_F32 or DT_BF16, read
- *       as f32: the same arithmetic as an f32 cache holding the same values); kv head g
- *       sits at columns g*head_dim
+ *   k,v [pos0 + n][kv_stride]: the cache, elements of type kv (DT_F32, DT_BF16 or
+ *       DT_F8_E4M3, read as f32: the same arithmetic as an f32 cache holding the same
+ *       values); kv head g sits at columns g*head_dim. FP8: the cache is rows of head_dim
+ *       elements (one a position and kv head; kv_stride a multiple of head_dim) with their
+ *       scales ks, vs (cpu_kv_rc, w = head_dim: position t's head g is row
+ *       t * kv_stride / head_dim + g); else ks, vs are ignored
  *   out [n][n_heads * head_dim]
  * Query head h uses kv head h / (n_heads / n_kv). Token i attends to 0 .. pos0 + i.
  * scores are q.k * scale. */
 void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
-		       enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		       int kv_stride, float scale);
+		       const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+		       int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
 /* g[i] = silu(g[i]) * u[i] for i < n */
 void cpu_ref_silu_mul(float *g, const float *u, size_t n);
 
@@ -151,8 +154,8 @@ void cpu_matmul_fp8(struct cpu_pool *p, float *y, const float *x, const uint8_t 
 		    const float *scale, int n, int rows, int cols);
 /* Splits (token, head) pairs over the pool. */
 void cpu_attention(struct cpu_pool *p, float *out, const float *q, const void *k,
-		   const void *v, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
-		   int head_dim, int kv_stride, float scale);
+		   const void *v, const float *ks, const float *vs, enum dt_type kv, int n,
+		   int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
 bool cpu_has_avx2(void); /* AVX2, FMA and F16C, checked once at run time */
 
 /* ---- GLM families: reference kernels (glm_ref.c) ---------------------------------------- */

@@ -28,7 +28,8 @@ void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, 
  * over cache rows 0 .. len-1, whose vectors start at element t*kv_stride of k/v (type kv,
  * DT_F32 or DT_BF16). */
 void cpu_attention_head_avx2(float *out, const float *q, const void *k, const void *v,
-			     enum dt_type kv, int len, int head_dim, int kv_stride, float scale);
+			     const float *ks, const float *vs, size_t ss, enum dt_type kv, int len,
+			     int head_dim, int kv_stride, float scale);
 
 /* Sums bytes (a multiple of 256) at buf, 32-byte aligned, as 64-bit lanes: a load-bound loop
  * whose result only exists so that the loads cannot be optimised away. */

@@ -129,11 +129,22 @@ void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enu
 
 /* ---- attention --------------------------------------------------------------------------- */
 
+/* Element d of position t's row of one kv head, the row at element at: FP8 times its
+ * block's scale, s the head's first row's scales and ss the scales' stride a position */
+static inline float head_el(const void *c, enum dt_type kv, const float *s, size_t ss, int t,
+			    size_t at, int d)
+{
+	if (kv == DT_F8_E4M3)
+		return dt_e4m3_table[((const uint8_t *)c)[at + (size_t)d]] *
+		       s[(size_t)t * ss + (size_t)(d / CPU_FP8_BLOCK)];
+	return cpu_kv_at(c, kv, at + (size_t)d);
+}
+
 /* Online softmax over chunks of CPU_ATTN_CHUNK scores: the output row accumulates the
  * weighted values and is rescaled whenever a chunk raises the running maximum. */
 static void attention_head_scalar(float *out, const float *q, const void *k, const void *v,
-				  enum dt_type kv, int len, int head_dim, int kv_stride,
-				  float scale)
+				  const float *ks, const float *vs, size_t ss, enum dt_type kv,
+				  int len, int head_dim, int kv_stride, float scale)
 {
 	float s[CPU_ATTN_CHUNK];
 	float max = -INFINITY, sum = 0.0f;
@@ -146,7 +157,7 @@ static void attention_head_scalar(float *out, const float *q, const void *k, con
 			size_t kt = (size_t)(t0 + t) * kv_stride;
 			float acc = 0.0f;
 			for (int d = 0; d < head_dim; d++)
-				acc += q[d] * cpu_kv_at(k, kv, kt + (size_t)d);
+				acc += q[d] * head_el(k, kv, ks, ss, t0 + t, kt, d);
 			s[t] = acc * scale;
 			if (s[t] > cmax)
 				cmax = s[t];
@@ -163,7 +174,7 @@ static void attention_head_scalar(float *out, const float *q, const void *k, con
 			size_t vt = (size_t)(t0 + t) * kv_stride;
 			sum += pr;
 			for (int d = 0; d < head_dim; d++)
-				out[d] += pr * cpu_kv_at(v, kv, vt + (size_t)d);
+				out[d] += pr * head_el(v, kv, vs, ss, t0 + t, vt, d);
 		}
 	}
 	for (int d = 0; d < head_dim; d++)
@@ -174,6 +185,7 @@ struct attn_job {
 	float *out;
 	const float *q;
 	const void *k, *v;
+	const float *ks, *vs;
 	enum dt_type kv;
 	int n, pos0, n_heads, n_kv, head_dim, kv_stride;
 	float scale;
@@ -189,19 +201,27 @@ static void attention_task(void *ctx, int task, int ntasks)
 	size_t qoff = ((size_t)i * j->n_heads + h) * j->head_dim;
 	int len = j->pos0 + i + 1;
 	const void *k = cpu_kv_ptr(j->k, j->kv, koff), *v = cpu_kv_ptr(j->v, j->kv, koff);
+	const float *ks = NULL, *vs = NULL;
+	size_t ss = 0; /* FP8: the head's scales at position 0, their stride a position */
+	if (j->kv == DT_F8_E4M3) {
+		size_t nb = (size_t)cpu_kv_blocks(j->head_dim);
+		ks = cpu_kv_scales(j->ks, koff / (size_t)j->head_dim, j->head_dim);
+		vs = cpu_kv_scales(j->vs, koff / (size_t)j->head_dim, j->head_dim);
+		ss = (size_t)(j->kv_stride / j->head_dim) * nb;
+	}
 	if (j->avx2)
-		cpu_attention_head_avx2(j->out + qoff, j->q + qoff, k, v, j->kv, len, j->head_dim,
-					j->kv_stride, j->scale);
+		cpu_attention_head_avx2(j->out + qoff, j->q + qoff, k, v, ks, vs, ss, j->kv, len,
+					j->head_dim, j->kv_stride, j->scale);
 	else
-		attention_head_scalar(j->out + qoff, j->q + qoff, k, v, j->kv, len, j->head_dim,
-				      j->kv_stride, j->scale);
+		attention_head_scalar(j->out + qoff, j->q + qoff, k, v, ks, vs, ss, j->kv, len,
+				      j->head_dim, j->kv_stride, j->scale);
 }
 
 void cpu_attention(struct cpu_pool *p, float *out, const float *q, const void *k,
-		   const void *v, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
-		   int head_dim, int kv_stride, float scale)
+		   const void *v, const float *ks, const float *vs, enum dt_type kv, int n,
+		   int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
-	struct attn_job j = {out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim, kv_stride,
-			     scale, cpu_has_avx2()};
+	struct attn_job j = {out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
+			     kv_stride, scale, cpu_has_avx2()};
 	cpu_pool_run(p, attention_task, &j, n * n_heads);
 }

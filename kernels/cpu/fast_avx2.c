@@ -425,10 +425,31 @@ void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, 
 
 /* ---- attention --------------------------------------------------------------------------- */
 
+/* q . position t's head row (at element at); FP8 block by block, ks the scales at position 0
+ * and ss their stride a position */
+static ALWAYS_INLINE float head_dot(const float *q, const void *k, enum dt_type kv,
+				   const float *ks, size_t ss, int t, size_t at, int head_dim)
+{
+	if (kv == DT_F8_E4M3)
+		return kv8_dot(q, (const uint8_t *)k + at, ks + (size_t)t * ss, head_dim);
+	return kv_dot(q, k, kv, at, head_dim);
+}
+
+/* out = out * f + p * position t's head row of v, as head_dot reads it */
+static ALWAYS_INLINE void head_axpy(float *out, float f, float p, const void *v, enum dt_type kv,
+				    const float *vs, size_t ss, int t, size_t at, int head_dim)
+{
+	if (kv == DT_F8_E4M3)
+		kv8_scale_axpy(out, f, p, (const uint8_t *)v + at, vs + (size_t)t * ss, head_dim);
+	else
+		kv_scale_axpy(out, f, p, v, kv, at, head_dim);
+}
+
 /* The same online softmax as fast.c's attention_head_scalar, with vector dots and axpys;
  * kv a constant in each caller below, so the loops are specialised per cache type. */
 static ALWAYS_INLINE void attention_head(float *out, const float *q, const void *k,
-					 const void *v, enum dt_type kv, int len, int head_dim,
+					 const void *v, const float *ks, const float *vs,
+					 size_t ss, enum dt_type kv, int len, int head_dim,
 					 int kv_stride, float scale)
 {
 	float s[CPU_ATTN_CHUNK];
@@ -439,7 +460,9 @@ static ALWAYS_INLINE void attention_head(float *out, const float *q, const void 
 		int m = len - t0 < CPU_ATTN_CHUNK ? len - t0 : CPU_ATTN_CHUNK;
 		float cmax = -INFINITY;
 		for (int t = 0; t < m; t++) {
-			s[t] = kv_dot(q, k, kv, (size_t)(t0 + t) * kv_stride, head_dim) * scale;
+			s[t] = head_dot(q, k, kv, ks, ss, t0 + t, (size_t)(t0 + t) * kv_stride,
+					head_dim) *
+			       scale;
 			if (s[t] > cmax)
 				cmax = s[t];
 		}
@@ -452,8 +475,8 @@ static ALWAYS_INLINE void attention_head(float *out, const float *q, const void 
 		for (int t = 0; t < m; t++) {
 			float pr = expf(s[t] - max);
 			sum += pr;
-			kv_scale_axpy(out, t == 0 ? f : 1.0f, pr, v, kv,
-				      (size_t)(t0 + t) * kv_stride, head_dim);
+			head_axpy(out, t == 0 ? f : 1.0f, pr, v, kv, vs, ss, t0 + t,
+				  (size_t)(t0 + t) * kv_stride, head_dim);
 		}
 	}
 	float inv = 1.0f / sum;
@@ -461,12 +484,18 @@ static ALWAYS_INLINE void attention_head(float *out, const float *q, const void 
 }
 
 void cpu_attention_head_avx2(float *out, const float *q, const void *k, const void *v,
-			     enum dt_type kv, int len, int head_dim, int kv_stride, float scale)
+			     const float *ks, const float *vs, size_t ss, enum dt_type kv, int len,
+			     int head_dim, int kv_stride, float scale)
 {
-	if (kv == DT_BF16)
-		attention_head(out, q, k, v, DT_BF16, len, head_dim, kv_stride, scale);
+	if (kv == DT_F8_E4M3)
+		attention_head(out, q, k, v, ks, vs, ss, DT_F8_E4M3, len, head_dim, kv_stride,
+			       scale);
+	else if (kv == DT_BF16)
+		attention_head(out, q, k, v, NULL, NULL, 0, DT_BF16, len, head_dim, kv_stride,
+			       scale);
 	else
-		attention_head(out, q, k, v, DT_F32, len, head_dim, kv_stride, scale);
+		attention_head(out, q, k, v, NULL, NULL, 0, DT_F32, len, head_dim, kv_stride,
+			       scale);
 }
 
 /* ---- bandwidth --------------------------------------------------------------------------- */

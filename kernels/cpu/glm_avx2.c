@@ -152,24 +152,13 @@ static void scale_row(float *o, float a, int n)
 		o[i] *= a;
 }
 
-/* q . an FP8 row (an indexer key, an MLA latent), block by block, each times its scale */
-static float k8_dot(const float *q, const void *k, const float *ks, int head_dim)
-{
-	float acc = 0.0f;
-	for (int c0 = 0, b = 0; c0 < head_dim; c0 += CPU_FP8_BLOCK, b++) {
-		int m = head_dim - c0 < CPU_FP8_BLOCK ? head_dim - c0 : CPU_FP8_BLOCK;
-		acc += ks[b] * kv_dot(q + c0, k, DT_F8_E4M3, (size_t)c0, m);
-	}
-	return acc;
-}
-
 /* q . row t of k_a (at element ka) */
 static inline __attribute__((always_inline)) float
 ka_dot(const float *q, const struct cpu_mla *s, enum dt_type kv, size_t ka, int t)
 {
 	if (kv != DT_F8_E4M3)
 		return kv_dot(q, s->k_a, kv, ka, s->d_a);
-	return k8_dot(q, (const uint8_t *)s->k_a + ka, cpu_kv_scales(s->a_s, (size_t)t, s->d_a),
+	return kv8_dot(q, (const uint8_t *)s->k_a + ka, cpu_kv_scales(s->a_s, (size_t)t, s->d_a),
 		      s->d_a);
 }
 
@@ -181,11 +170,8 @@ v_axpy(float *o, float p, const struct cpu_mla *s, enum dt_type kv, size_t vt, i
 		kv_scale_axpy(o, 1.0f, p, s->v, kv, vt, s->d_v);
 		return;
 	}
-	const float *sc = cpu_kv_scales(s->a_s, (size_t)t, s->d_a);
-	for (int c0 = 0, b = 0; c0 < s->d_v; c0 += CPU_FP8_BLOCK, b++) {
-		int m = s->d_v - c0 < CPU_FP8_BLOCK ? s->d_v - c0 : CPU_FP8_BLOCK;
-		kv_scale_axpy(o + c0, 1.0f, p * sc[b], s->v, kv, vt + (size_t)c0, m);
-	}
+	kv8_scale_axpy(o, 1.0f, p, (const uint8_t *)s->v + vt,
+		       cpu_kv_scales(s->a_s, (size_t)t, s->d_a), s->d_v);
 }
 
 /* kv a constant in each call of cpu_mla_attention_avx2: the loops specialised per cache type */
@@ -244,7 +230,7 @@ float cpu_dsa_score_avx2(const float *q, const void *k, enum dt_type kv, const f
 	float total = 0.0f;
 	for (int h = 0; h < n_heads; h++) {
 		const float *qh = q + (size_t)h * head_dim;
-		float d = (kv == DT_F8_E4M3 ? k8_dot(qh, k, ks, head_dim)
+		float d = (kv == DT_F8_E4M3 ? kv8_dot(qh, k, ks, head_dim)
 			   : kv == DT_BF16  ? kv_dot(qh, k, DT_BF16, 0, head_dim)
 					    : kv_dot(qh, k, DT_F32, 0, head_dim)) *
 			  qk_scale;

@@ -73,4 +73,24 @@ KV_INLINE void kv_scale_axpy(float *y, float f, float p, const void *c, enum dt_
 		y[i] = y[i] * f + p * kv_el(c, t, at + (size_t)i);
 }
 
+/* q [n] . an FP8 row of n elements at c, block by block, each times its scale s[b] */
+KV_INLINE float kv8_dot(const float *q, const void *c, const float *s, int n)
+{
+	float acc = 0.0f;
+	for (int c0 = 0, b = 0; c0 < n; c0 += CPU_FP8_BLOCK, b++) {
+		int m = n - c0 < CPU_FP8_BLOCK ? n - c0 : CPU_FP8_BLOCK;
+		acc += s[b] * kv_dot(q + c0, c, DT_F8_E4M3, (size_t)c0, m);
+	}
+	return acc;
+}
+
+/* y [n] = y * f + p * an FP8 row's values (n elements at c, scales s), block by block */
+KV_INLINE void kv8_scale_axpy(float *y, float f, float p, const void *c, const float *s, int n)
+{
+	for (int c0 = 0, b = 0; c0 < n; c0 += CPU_FP8_BLOCK, b++) {
+		int m = n - c0 < CPU_FP8_BLOCK ? n - c0 : CPU_FP8_BLOCK;
+		kv_scale_axpy(y + c0, f, p * s[b], c, DT_F8_E4M3, (size_t)c0, m);
+	}
+}
+
 #endif

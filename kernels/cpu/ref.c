@@ -88,17 +88,6 @@ void cpu_ref_softmax(float *x, int n)
 		x[i] /= sum;
 }
 
-/* Two passes over the cache, so that no score buffer is needed: the first finds the largest
- * score, the second sums exp(score - max) and the weighted values into the output row. */
-/* q . the cache's row at element offset at */
-static float dot_kv(const float *q, const void *c, enum dt_type t, size_t at, int n)
-{
-	float acc = 0.0f;
-	for (int i = 0; i < n; i++)
-		acc += q[i] * cpu_kv_at(c, t, at + (size_t)i);
-	return acc;
-}
-
 /* Rows of w f32 into e4m3 codes and their scales, cpu_ref_act_quant's blocks. */
 static void quant_rows(uint8_t *dst, float *ds, const float *src, size_t n, int w)
 {
@@ -138,9 +127,32 @@ void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, 
 			((float *)dst)[i] = cpu_kv_at(src, st, i);
 }
 
+/* Attention: two passes over the cache, so that no score buffer is needed: the first finds
+ * the largest score, the second sums exp(score - max) and the weighted values into the
+ * output row. */
+
+/* Element d of the head_dim-wide GQA cache row that starts at element at (FP8: its scales
+ * in s, cpu_ref_attention's rows of head_dim) */
+static float gqa_el(const void *c, enum dt_type t, const float *s, size_t at, int head_dim,
+		    int d)
+{
+	if (t == DT_F8_E4M3)
+		return cpu_kv_rc(c, t, s, head_dim, at / (size_t)head_dim, d);
+	return cpu_kv_at(c, t, at + (size_t)d);
+}
+
+static float gqa_dot(const float *q, const void *c, enum dt_type t, const float *s, size_t at,
+		     int head_dim)
+{
+	float acc = 0.0f;
+	for (int d = 0; d < head_dim; d++)
+		acc += q[d] * gqa_el(c, t, s, at, head_dim, d);
+	return acc;
+}
+
 void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
-		       enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		       int kv_stride, float scale)
+		       const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+		       int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
 	int group = n_heads / n_kv;
 	for (int i = 0; i < n; i++) {
@@ -153,7 +165,7 @@ void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
 			float max = -INFINITY;
 			for (int t = 0; t < len; t++) {
 				size_t kt = (size_t)t * kv_stride + koff;
-				float s = dot_kv(qh, k, kv, kt, head_dim) * scale;
+				float s = gqa_dot(qh, k, kv, ks, kt, head_dim) * scale;
 				if (s > max)
 					max = s;
 			}
@@ -162,12 +174,12 @@ void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
 			float sum = 0.0f;
 			for (int t = 0; t < len; t++) {
 				size_t kt = (size_t)t * kv_stride + koff;
-				float s = dot_kv(qh, k, kv, kt, head_dim) * scale;
+				float s = gqa_dot(qh, k, kv, ks, kt, head_dim) * scale;
 				float p = expf(s - max);
 				size_t vt = (size_t)t * kv_stride + koff;
 				sum += p;
 				for (int d = 0; d < head_dim; d++)
-					oh[d] += p * cpu_kv_at(v, kv, vt + (size_t)d);
+					oh[d] += p * gqa_el(v, kv, vs, vt, head_dim, d);
 			}
 			for (int d = 0; d < head_dim; d++)
 				oh[d] /= sum;

@@ -167,8 +167,7 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 	switch (op) {
 	case BE_OP_MATMUL:
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F16 || wt == DT_F8_E4M3;
-	case BE_OP_ATTENTION: /* the KV cache's type; FP8 is MLA's only (struct be_mla) */
-		return wt == DT_F32 || wt == DT_BF16;
+	case BE_OP_ATTENTION: /* the KV cache's type */
 	case BE_OP_MLA_ATTENTION:
 	case BE_OP_DSA_TOPK:
 		return wt == DT_F32 || wt == DT_BF16 || wt == DT_F8_E4M3;
@@ -344,14 +343,14 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 }
 
 static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-		      int kv_stride, float scale)
+		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
 	if (c->rc == WK_OK)
-		ok(c, wk_cuda_attention(out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim,
-					kv_stride, scale, err, sizeof err),
+		ok(c, wk_cuda_attention(out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv,
+					head_dim, kv_stride, scale, err, sizeof err),
 		   err);
 }
 

@@ -122,11 +122,12 @@ struct wk_rope {
 };
 int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
 		   size_t errsz);
-/* Causal GQA over the cache (cpu_ref_attention): k, v of element type kv (DT_F32 or DT_BF16,
- * WK_EINVAL otherwise); pos0 + n <= WK_CUDA_ATTN_MAX */
-int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, enum dt_type kv,
-		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-		      float scale, char *err, size_t errsz);
+/* Causal GQA over the cache (cpu_ref_attention): k, v of element type kv (DT_F32, DT_BF16, or
+ * DT_F8_E4M3 with the scales ks, vs of its rows of head_dim; WK_EINVAL otherwise);
+ * pos0 + n <= WK_CUDA_ATTN_MAX */
+int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, const float *ks,
+		      const float *vs, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
+		      int head_dim, int kv_stride, float scale, char *err, size_t errsz);
 #define WK_CUDA_ATTN_MAX 8192
 /* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
  * st) to dst (type dt), contiguous and not overlapping; f32 to bf16 rounded to nearest even

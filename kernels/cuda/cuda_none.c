@@ -102,11 +102,11 @@ int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int
 	return none(err, errsz);
 }
 
-int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, enum dt_type kv,
-		      int n, int pos0, int n_heads, int n_kv, int head_dim, int kv_stride,
-		      float scale, char *err, size_t errsz)
+int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, const float *ks,
+		      const float *vs, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
+		      int head_dim, int kv_stride, float scale, char *err, size_t errsz)
 {
-	(void)out, (void)q, (void)k, (void)v, (void)kv, (void)n, (void)pos0, (void)n_heads,
+	(void)out, (void)q, (void)k, (void)v, (void)ks, (void)vs, (void)kv, (void)n, (void)pos0, (void)n_heads,
 		(void)n_kv, (void)head_dim, (void)kv_stride, (void)scale;
 	return none(err, errsz);
 }

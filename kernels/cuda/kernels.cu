@@ -818,10 +818,12 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 /* ---- attention (cpu_ref_attention): one block per (token, query head) ------------------------ */
 
 /* Scores in shared memory (len floats), the softmax over them, then each thread sums the
- * values of its output dimensions. KV: the cache's elements, float or bf16 bits (kv_ld). */
+ * values of its output dimensions. KV: the cache's elements, float, bf16 bits or e4m3 codes
+ * (kv_rc; FP8: ks, vs the scales of rows of head_dim, one a position and kv head). */
 template <typename KV>
-__global__ void k_attention(float *out, const float *q, const KV *k, const KV *v, int pos0,
-			    int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+__global__ void k_attention(float *out, const float *q, const KV *k, const KV *v,
+			    const float *ks, const float *vs, int pos0, int n_heads, int n_kv,
+			    int head_dim, int kv_stride, float scale)
 {
 	extern __shared__ float sc[];
 	grid_dep_launch();
@@ -830,11 +832,13 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 	const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
 	size_t koff = (size_t)(h / group) * head_dim;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	size_t rows = (size_t)(kv_stride / head_dim), r0 = koff / (size_t)head_dim;
 	for (int t = wid; t < len; t += nw) { /* a warp per key */
 		const KV *kt = k + (size_t)t * kv_stride + koff;
+		const float *rs = kv_scales(ks, (size_t)t * rows + r0, head_dim);
 		float s = 0.0f;
 		for (int d = lane; d < head_dim; d += 32)
-			s += qh[d] * kv_ld(kt, d);
+			s += qh[d] * kv_rc(kt, rs, d);
 		s = warp_sum(s);
 		if (lane == 0)
 			sc[t] = s * scale;
@@ -855,19 +859,24 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 	for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
 		float o = 0.0f;
 		for (int t = 0; t < len; t++)
-			o += sc[t] * kv_ld(v, (size_t)t * kv_stride + koff + d);
+			o += sc[t] * kv_rc(v + (size_t)t * kv_stride + koff,
+					   kv_scales(vs, (size_t)t * rows + r0, head_dim), d);
 		oh[d] = o / sum;
 	}
 }
 
 extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, const void *v,
-				 enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
-				 int head_dim, int kv_stride, float scale, char *err,
-				 size_t errsz)
+				 const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+				 int n_heads, int n_kv, int head_dim, int kv_stride, float scale,
+				 char *err, size_t errsz)
 {
-	if (kv != DT_F32 && kv != DT_BF16)
-		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: a %s KV cache (f32 or bf16)",
-			       dt_name(kv));
+	if (kv != DT_F32 && kv != DT_BF16 && kv != DT_F8_E4M3)
+		return wk_errf(err, errsz, WK_EINVAL,
+			       "CUDA attention: a %s KV cache (f32, bf16 or fp8)", dt_name(kv));
+	if (kv == DT_F8_E4M3 && (!ks || !vs || kv_stride % head_dim))
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: an fp8 KV cache needs its "
+			       "scales and rows of head_dim (stride %d, head_dim %d)", kv_stride,
+			       head_dim);
 	if (n <= 0)
 		return WK_OK;
 	if (pos0 + n > WK_CUDA_ATTN_MAX)
@@ -878,14 +887,18 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, cons
 	 * remainder into one 12-byte read, past the end when fewer remain (compute-sanitizer's
 	 * memcheck on an H200: an invalid shared read of 12 bytes at len 301) */
 	size_t smem = (size_t)(pos0 + n + 4) * sizeof(float);
-	if (kv == DT_BF16)
+	if (kv == DT_F8_E4M3)
+		k_attention<__nv_fp8_e4m3><<<n * n_heads, 128, smem, wk_st()>>>(
+			out, q, (const __nv_fp8_e4m3 *)k, (const __nv_fp8_e4m3 *)v, ks, vs, pos0,
+			n_heads, n_kv, head_dim, kv_stride, scale);
+	else if (kv == DT_BF16)
 		k_attention<uint16_t><<<n * n_heads, 128, smem, wk_st()>>>(
-			out, q, (const uint16_t *)k, (const uint16_t *)v, pos0, n_heads, n_kv,
-			head_dim, kv_stride, scale);
+			out, q, (const uint16_t *)k, (const uint16_t *)v, NULL, NULL, pos0, n_heads,
+			n_kv, head_dim, kv_stride, scale);
 	else
 		k_attention<float><<<n * n_heads, 128, smem, wk_st()>>>(
-			out, q, (const float *)k, (const float *)v, pos0, n_heads, n_kv, head_dim,
-			kv_stride, scale);
+			out, q, (const float *)k, (const float *)v, NULL, NULL, pos0, n_heads, n_kv,
+			head_dim, kv_stride, scale);
 	return launched("attention", err, errsz);
 }
 

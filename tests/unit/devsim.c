@@ -285,15 +285,19 @@ static void ds_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int
 }
 
 static void ds_attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-			 enum dt_type kv, int n, int pos0, int n_heads, int n_kv, int head_dim,
-			 int kv_stride, float scale)
+			 const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+			 int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
 	dev(ctx, out, "attention out");
 	dev(ctx, q, "attention q");
 	dev(ctx, k, "attention k");
 	dev(ctx, v, "attention v");
-	WRAP(attention(CPU, out, q, k, v, kv, n, pos0, n_heads, n_kv, head_dim, kv_stride,
-		       scale));
+	if (kv == DT_F8_E4M3) {
+		dev(ctx, ks, "attention k scales");
+		dev(ctx, vs, "attention v scales");
+	}
+	WRAP(attention(CPU, out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
+		       kv_stride, scale));
 }
 
 static void ds_cast_n(void *ctx, const struct be_cast *c, int count)

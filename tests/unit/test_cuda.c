@@ -762,25 +762,45 @@ Test(cuda_kernels, attention_matches_ref)
 	NEED_GPU();
 	/* decode (n = 1 at pos0 300), a prefill (n = 7 from 0), a chunk (n = 4 at 9); GQA 8:2,
 	 * a kv_stride wider than the kv heads (rows of a larger cache); an f32 cache, then the
-	 * decode and the chunk over a bf16 one (the reference on the same bf16 cache) */
-	static const int cases[][3] = {{1, 300, DT_F32}, {7, 0, DT_F32}, {4, 9, DT_F32},
-				       {1, 300, DT_BF16}, {4, 9, DT_BF16}};
-	int heads = 8, kvh = 2, hd = 64, stride = kvh * hd + 16;
+	 * decode and the chunk over a bf16 one (the reference on the same bf16 cache), then all
+	 * three over an FP8 one (rows of head_dim, each with its own scale: the stride one head
+	 * wider, the values of each row scaled by a factor of its own) */
+	static const int cases[][3] = {{1, 300, DT_F32},     {7, 0, DT_F32},     {4, 9, DT_F32},
+				       {1, 300, DT_BF16},    {4, 9, DT_BF16},    {1, 300, DT_F8_E4M3},
+				       {7, 0, DT_F8_E4M3}, {4, 9, DT_F8_E4M3}};
+	int heads = 8, kvh = 2, hd = 64;
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int n = cases[c][0], pos0 = cases[c][1], len = pos0 + n;
 		enum dt_type kv = (enum dt_type)cases[c][2];
+		bool f8 = kv == DT_F8_E4M3;
+		int stride = f8 ? (kvh + 1) * hd : kvh * hd + 16;
 		size_t nq = (size_t)n * heads * hd, nk = (size_t)len * stride;
 		float *q = rnd_vec(nq), *k = rnd_vec(nk), *v = rnd_vec(nk);
+		for (size_t i = 0; f8 && i < nk; i++) {
+			k[i] *= 0.25f + (float)(i / (size_t)hd % 11);
+			v[i] *= 0.25f + (float)(i / (size_t)hd % 7);
+		}
 		float *want = malloc(nq * 4), *got = malloc(nq * 4);
 		float scale = 1.0f / sqrtf((float)hd);
-		void *k16, *v16;
-		const void *kh = kv_host(k, nk, kv, &k16), *vh = kv_host(v, nk, kv, &v16);
-		cpu_ref_attention(want, q, kh, vh, kv, n, pos0, heads, kvh, hd, stride, scale);
+		void *k16 = NULL, *v16 = NULL;
+		float *ks = NULL, *vs = NULL, *dks = NULL, *dvs = NULL;
+		const void *kh, *vh;
+		if (f8) {
+			kh = k16 = to_fp8(k, nk / (size_t)hd, hd, &ks);
+			vh = v16 = to_fp8(v, nk / (size_t)hd, hd, &vs);
+			dks = to_dev(ks, nk / (size_t)hd * sizeof(float));
+			dvs = to_dev(vs, nk / (size_t)hd * sizeof(float));
+		} else {
+			kh = kv_host(k, nk, kv, &k16);
+			vh = kv_host(v, nk, kv, &v16);
+		}
+		cpu_ref_attention(want, q, kh, vh, ks, vs, kv, n, pos0, heads, kvh, hd, stride,
+				  scale);
 		float *dq = to_dev(q, nq * 4), *dout;
 		void *dk = to_dev(kh, nk * dt_size(kv)), *dv = to_dev(vh, nk * dt_size(kv));
 		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
-		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, kv, n, pos0, heads, kvh, hd,
-					       stride, scale, err, sizeof err),
+		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, dks, dvs, kv, n, pos0, heads,
+					       kvh, hd, stride, scale, err, sizeof err),
 			     WK_OK, "%s", err);
 		from_dev(got, dout, nq * 4);
 		double r = rel(got, want, nq);
@@ -788,6 +808,10 @@ Test(cuda_kernels, attention_matches_ref)
 			      r);
 		free(k16);
 		free(v16);
+		free(ks);
+		free(vs);
+		wk_cuda_free(dks);
+		wk_cuda_free(dvs);
 		wk_cuda_free(dq);
 		wk_cuda_free(dk);
 		wk_cuda_free(dv);
@@ -799,12 +823,19 @@ Test(cuda_kernels, attention_matches_ref)
 		free(got);
 	}
 	float dummy;
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, DT_F32, 1, WK_CUDA_ATTN_MAX,
-				       1, 1, 1, 1, 1.0f, err, sizeof err), WK_EUNSUPPORTED,
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F32, 1,
+				       WK_CUDA_ATTN_MAX, 1, 1, 1, 1, 1.0f, err, sizeof err),
+		     WK_EUNSUPPORTED,
 		     "past the kernel's context the call is refused before any launch");
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, DT_F16, 1, 0, 1, 1, 1, 1,
-				       1.0f, err, sizeof err), WK_EINVAL,
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F16, 1, 0, 1,
+				       1, 1, 1, 1.0f, err, sizeof err), WK_EINVAL,
 		     "an f16 cache is refused before any launch");
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F8_E4M3, 1,
+				       0, 1, 1, 8, 8, 1.0f, err, sizeof err), WK_EINVAL,
+		     "an fp8 cache without its scales is refused before any launch");
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, &dummy, &dummy,
+				       DT_F8_E4M3, 1, 0, 1, 1, 8, 12, 1.0f, err, sizeof err),
+		     WK_EINVAL, "an fp8 cache whose rows are not head_dim wide is refused");
 }
 
 /* cast_n: six conversions in one launch, bit for bit cpu_ref_cast's: f32 to bf16 (rounding
@@ -1472,15 +1503,14 @@ Test(cuda_kernels, mla_attention_matches_ref)
 		free(host[i]);
 }
 
-/* The backend's supports(): an fp8 KV cache for MLA attention and the DSA indexer (the
- * kernels above take it), never for GQA attention (FP8 is struct be_mla's layout only); bf16
- * for all three; f16 for none. */
-Test(cuda_kernels, supports_fp8_kv_for_mla_only)
+/* The backend's supports(): an fp8 KV cache, and a bf16 one, for MLA attention, the DSA
+ * indexer and GQA attention (the kernels above take them); f16 for none. */
+Test(cuda_kernels, supports_fp8_kv)
 {
 	NEED_GPU();
 	static const enum be_op ops[3] = {BE_OP_MLA_ATTENTION, BE_OP_DSA_TOPK, BE_OP_ATTENTION};
 	for (int i = 0; i < 3; i++) {
-		cr_expect_eq(be_cuda.supports(NULL, ops[i], DT_F8_E4M3), i < 2, "op %d fp8", i);
+		cr_expect(be_cuda.supports(NULL, ops[i], DT_F8_E4M3), "op %d fp8", i);
 		cr_expect(be_cuda.supports(NULL, ops[i], DT_BF16), "op %d bf16", i);
 		cr_expect(!be_cuda.supports(NULL, ops[i], DT_F16), "op %d f16", i);
 	}

@@ -41,15 +41,21 @@ static void cleanup(void)
 
 TestSuite(engine, .init = convert, .fini = cleanup);
 
+/* The KV cache types: the default (f32 for this float32 checkpoint), bf16, fp8. */
+static const char *const kv_types[] = {NULL, "bf16", "fp8"};
+#define N_KV_TYPES (sizeof kv_types / sizeof kv_types[0])
+
 /* Prefill of n tokens at once, token-by-token decode through the KV cache, and per-position
- * logits must agree: they are the same function computed three ways. */
-Test(engine, prefill_matches_decode)
+ * logits must agree: they are the same function computed three ways, on every cache type
+ * (both ways read the same rounded or quantized rows). */
+static void prefill_matches_decode(const char *kv)
 {
 	struct engine *e;
 	char err[WK_ERRSZ];
-	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64};
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .kv_dtype = kv};
 	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
 	const struct eng_info *in = eng_info(e);
+	cr_assert_str_eq(in->kv_dtype, kv ? kv : "f32");
 	cr_assert_eq(in->vocab, 512);
 	cr_assert_eq(in->max_seq, 64);
 	cr_assert_eq(in->bos, 1);
@@ -68,7 +74,7 @@ Test(engine, prefill_matches_decode)
 				maxd = d;
 		}
 	}
-	cr_expect_lt(maxd, 1e-4f, "prefill vs decode differ by %g", maxd);
+	cr_expect_lt(maxd, 1e-4f, "%s cache: prefill vs decode differ by %g", in->kv_dtype, maxd);
 	/* A prefix split in two chunks lands in the same place. */
 	float *last = malloc(sizeof(float) * V);
 	cr_assert_eq(eng_forward(e, ids, 3, 0, last, false, err, sizeof err), WK_OK);
@@ -79,6 +85,12 @@ Test(engine, prefill_matches_decode)
 	free(one);
 	free(last);
 	eng_close(e);
+}
+
+Test(engine, prefill_matches_decode)
+{
+	for (size_t k = 0; k < N_KV_TYPES; k++)
+		prefill_matches_decode(kv_types[k]);
 }
 
 Test(engine, greedy_story_tokens)
@@ -186,11 +198,11 @@ Test(engine, refuses_out_of_range_config)
 
 /* Continuous batching: sequences stepped together (different lengths, prefill mixed with
  * decode) give the logits each would get alone. */
-Test(engine, batched_sequences_match_single)
+static void batched_sequences_match_single(const char *kv)
 {
 	struct engine *e;
 	char err[WK_ERRSZ];
-	struct eng_opts o = {.backend = "cpu", .max_seq = 64, .max_seqs = 3};
+	struct eng_opts o = {.backend = "cpu", .max_seq = 64, .max_seqs = 3, .kv_dtype = kv};
 	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_info(e)->max_seqs, 3);
 	int V = eng_info(e)->vocab;
@@ -228,7 +240,8 @@ Test(engine, batched_sequences_match_single)
 			float d1 = fabsf(got[s][v] - want[s][0][v]), d2 = fabsf(g2[s][v] - want[s][1][v]);
 			maxd = fmaxf(maxd, fmaxf(d1, d2));
 		}
-	cr_expect_lt(maxd, 1e-4f, "batched vs single differ by %g", maxd);
+	cr_expect_lt(maxd, 1e-4f, "%s cache: batched vs single differ by %g", kv ? kv : "f32",
+		     maxd);
 	cr_expect_eq(eng_seq_len(e, seq[0]), 6);
 	cr_expect_eq(eng_seq_len(e, seq[2]), 5);
 	/* refusals: a sequence twice, a free sequence */
@@ -238,4 +251,65 @@ Test(engine, batched_sequences_match_single)
 	struct eng_item freed = {seq[1], &t, 1, g2[1], NULL, {}};
 	cr_expect_eq(eng_step(e, &freed, 1, err, sizeof err), WK_EINVAL);
 	eng_close(e);
+}
+
+Test(engine, batched_sequences_match_single)
+{
+	for (size_t k = 0; k < N_KV_TYPES; k++)
+		batched_sequences_match_single(kv_types[k]);
+}
+
+/* Logits of a prompt and 24 greedy tokens from BOS on a KV cache of type kv: into lg [n][V]
+ * (n = the prompt's 7 positions), the tokens into toks [24]. */
+static void story_on(const char *kv, float *lg, int toks[24])
+{
+	struct engine *e;
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .kv_dtype = kv};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	int ids[] = {1, 403, 407, 261, 378, 30, 411}, V = eng_info(e)->vocab;
+	cr_assert_eq(eng_forward(e, ids, 7, 0, lg, true, err, sizeof err), WK_OK, "%s", err);
+	float *one = malloc(sizeof(float) * V);
+	int tok = 1;
+	for (int i = 0; i < 24; i++) {
+		cr_assert_eq(eng_forward(e, &tok, 1, i, one, false, err, sizeof err), WK_OK);
+		tok = toks[i] = samp_argmax(one, V);
+	}
+	free(one);
+	eng_close(e);
+}
+
+/* An FP8 KV cache (keys and values e4m3, one f32 scale per kv head's row of 8): the prompt's
+ * logits stay near the f32 cache's (mean cosine, the same top-1) but are not the bf16 cache's
+ * (the cache does quantize), and greedy decoding tells the f32 cache's story. */
+Test(engine, kv_fp8_tells_the_story)
+{
+	enum { V = 512, N = 7 };
+	static float ref[N * V], b16[N * V], got[N * V];
+	int tr[24], tb[24], tg[24];
+	story_on(NULL, ref, tr);
+	story_on("bf16", b16, tb);
+	story_on("fp8", got, tg);
+	double cos = 0, worst = 0, d16 = 0;
+	int top = 0;
+	for (int i = 0; i < N; i++) {
+		const float *x = got + i * V, *y = ref + i * V;
+		double xy = 0, xx = 0, yy = 0, m = 0, d = 0;
+		for (int v = 0; v < V; v++) {
+			xy += (double)x[v] * y[v], xx += (double)x[v] * x[v], yy += (double)y[v] * y[v];
+			m = fmax(m, fabs(y[v]));
+			d = fmax(d, fabs(x[v] - y[v]));
+			d16 = fmax(d16, fabs(x[v] - b16[i * V + v]));
+		}
+		cos += xy / sqrt(xx * yy) / N;
+		worst = fmax(worst, d / m);
+		top += samp_argmax(x, V) == samp_argmax(y, V);
+	}
+	fprintf(stderr, "stories260K kv fp8 vs f32: mean cosine %.6f, worst %.3g of the largest "
+		"logit, top-1 %d of %d\n", cos, worst, top, N);
+	cr_expect(cos >= 0.999 && top == N, "fp8 vs f32: mean cosine %g, top-1 %d of %d", cos,
+		  top, N);
+	cr_expect_gt(d16, 1e-3, "the fp8 cache's logits are the bf16 cache's");
+	for (int i = 0; i < 24; i++)
+		cr_expect_eq(tg[i], tr[i], "step %d: fp8 %d, f32 %d", i, tg[i], tr[i]);
 }

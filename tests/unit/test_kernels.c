@@ -149,10 +149,10 @@ Test(kernels, ref_attention_known)
 	/* One token at position 0 sees only itself: out = v[0]. Two equal keys average. */
 	float q[4] = {1, 2, 3, 4}, k[8] = {1, 1, 1, 1, 1, 1, 1, 1}, v[8] = {1, 2, 3, 4, 3, 4, 5, 6};
 	float out[4];
-	cpu_ref_attention(out, q, k, v, DT_F32, 1, 0, 1, 1, 4, 4, 0.5f);
+	cpu_ref_attention(out, q, k, v, NULL, NULL, DT_F32, 1, 0, 1, 1, 4, 4, 0.5f);
 	for (int d = 0; d < 4; d++)
 		cr_assert_float_eq(out[d], v[d], 1e-6);
-	cpu_ref_attention(out, q, k, v, DT_F32, 1, 1, 1, 1, 4, 4, 0.5f);
+	cpu_ref_attention(out, q, k, v, NULL, NULL, DT_F32, 1, 1, 1, 1, 4, 4, 0.5f);
 	for (int d = 0; d < 4; d++)
 		cr_assert_float_eq(out[d], (v[d] + v[4 + d]) / 2, 1e-6);
 }
@@ -296,8 +296,22 @@ struct attn_shape {
 
 static const struct attn_shape attn_shapes[] = {
 	{1, 0, 1, 1, 8},   {1, 0, 4, 2, 64},  {7, 0, 4, 2, 64},  {1, 300, 4, 1, 12},
-	{7, 250, 6, 3, 20}, {3, 600, 8, 8, 128}, {1, 5, 2, 2, 3},
+	{7, 250, 6, 3, 20}, {3, 600, 8, 8, 128}, {1, 5, 2, 2, 3},  {2, 130, 4, 2, 200},
 };
+
+/* An FP8 cache (rows of head_dim with their scales, cpu_ref_attention's contract): each head
+ * row of f32 [len][s8] scaled by a factor of its own (0.5 .. 2), so that every row has its own scales
+ * (a scale read from another row is far off), quantized into c / cs and dequantized back
+ * into f (what the reference must read the codes as). */
+static void fp8_cache(float *f, uint8_t *c, float *cs, int len, int s8, int head_dim)
+{
+	size_t n = (size_t)len * s8;
+	for (size_t r = 0; r < n / (size_t)head_dim; r++)
+		for (int d = 0; d < head_dim; d++)
+			f[r * head_dim + d] *= 0.5f + (float)(r * 7 % 13) / 8.0f;
+	cpu_ref_cast(c, DT_F8_E4M3, f, DT_F32, n, cs, NULL, head_dim);
+	cpu_ref_cast(f, DT_F32, c, DT_F8_E4M3, n, NULL, cs, head_dim);
+}
 
 static void check_attention(struct cpu_pool *p)
 {
@@ -315,9 +329,9 @@ static void check_attention(struct cpu_pool *p)
 		float *want = malloc(nq * sizeof *want), *got = malloc(nq * sizeof *got);
 		cr_assert(want && got);
 		float scale = 1.0f / sqrtf((float)a.head_dim);
-		cpu_ref_attention(want, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
 				  kv_stride, scale);
-		cpu_attention(p, got, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+		cpu_attention(p, got, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
 			      kv_stride, scale);
 		for (size_t i = 0; i < nq; i++)
 			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
@@ -332,12 +346,12 @@ static void check_attention(struct cpu_pool *p)
 		cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk, NULL, NULL, 0);
 		cpu_ref_cast(k, DT_F32, k16, DT_BF16, nk, NULL, NULL, 0);
 		cpu_ref_cast(v, DT_F32, v16, DT_BF16, nk, NULL, NULL, 0);
-		cpu_ref_attention(want, q, k, v, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
+		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
 				  kv_stride, scale);
-		cpu_ref_attention(got, q, k16, v16, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
+		cpu_ref_attention(got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
 				  a.head_dim, kv_stride, scale);
 		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: bf16 reference", s);
-		cpu_attention(p, got, q, k16, v16, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
+		cpu_attention(p, got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
 			      a.head_dim, kv_stride, scale);
 		for (size_t i = 0; i < nq; i++)
 			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
@@ -345,6 +359,33 @@ static void check_attention(struct cpu_pool *p)
 				  cpu_pool_size(p), i, got[i], want[i]);
 		free(k16);
 		free(v16);
+		/* an FP8 cache, rows one kv head wider than the heads: the reference reads it as
+		 * the f32 cache of its dequantized values (bit for bit), the fast kernel agrees */
+		int s8 = (a.n_kv + 1) * a.head_dim;
+		size_t n8 = (size_t)len * s8;
+		size_t ns = n8 / a.head_dim * cpu_kv_blocks(a.head_dim) * sizeof(float);
+		float *kf = rnd_vec(n8), *vf = rnd_vec(n8), *ks = malloc(ns), *vs = malloc(ns);
+		uint8_t *k8 = malloc(n8), *v8 = malloc(n8);
+		cr_assert(ks && vs && k8 && v8);
+		fp8_cache(kf, k8, ks, len, s8, a.head_dim);
+		fp8_cache(vf, v8, vs, len, s8, a.head_dim);
+		cpu_ref_attention(want, q, kf, vf, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads,
+				  a.n_kv, a.head_dim, s8, scale);
+		cpu_ref_attention(got, q, k8, v8, ks, vs, DT_F8_E4M3, a.n, a.pos0, a.n_heads,
+				  a.n_kv, a.head_dim, s8, scale);
+		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: fp8 reference", s);
+		cpu_attention(p, got, q, k8, v8, ks, vs, DT_F8_E4M3, a.n, a.pos0, a.n_heads,
+			      a.n_kv, a.head_dim, s8, scale);
+		for (size_t i = 0; i < nq; i++)
+			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
+				  "shape %zu threads %d: fp8 out[%zu] = %g, want %g", s,
+				  cpu_pool_size(p), i, got[i], want[i]);
+		free(kf);
+		free(vf);
+		free(ks);
+		free(vs);
+		free(k8);
+		free(v8);
 		free(q);
 		free(k);
 		free(v);

@@ -350,7 +350,7 @@ Test(plan, config_fields)
 	json_decref(cfg);
 }
 
-/* The plan's KV cache per token, f32 and bf16, is what the engine allocates
+/* The plan's KV cache per token, f32, bf16 and fp8, is what the engine allocates
  * (eng_seq_cache_bytes, which every family's load holds its allocation to): on the real GLM-5
  * and GLM-4.5 configs and stories260K, at every tp that divides them; and on GLM-5 with shared
  * indexer layers (index_topk_freq 3: every third layer its own indexer), whose others cache
@@ -373,7 +373,6 @@ Test(plan, kv_cache_is_the_engines)
 		cr_assert_eq(plan_model_read(cfg, &m, err, sizeof err), WK_OK, "%s", err);
 		const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
 		int checked = 0;
-		bool mla = strstr(files[shared ? 0 : f], "glm5") != NULL;
 		for (int i = 0; i < 12; i++) {
 			int tp = 1 << (i / 3);
 			static const enum dt_type kvs[3] = {DT_F32, DT_BF16, DT_F8_E4M3};
@@ -384,10 +383,6 @@ Test(plan, kv_cache_is_the_engines)
 			enum dt_type kv = kvs[i % 3];
 			int rc = eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, &ms, &bytes, err,
 						     sizeof err);
-			if (kv == DT_F8_E4M3 && !mla) { /* the engine's FP8 cache is MLA's only */
-				cr_expect_eq(rc, WK_EUNSUPPORTED, "%s: fp8 taken", name);
-				continue;
-			}
 			cr_assert_eq(rc, WK_OK, "%s: %s", name, err);
 			struct plan_opts o = opts(tp, 1);
 			o.kv = pks[i % 3];
