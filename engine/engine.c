@@ -1235,9 +1235,11 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 		int ms8;
 		if (kvt == DT_F32)
 			snprintf(alt, sizeof alt, ", or --kv-dtype bf16 for half the cache");
-		else if (kvt == DT_BF16 && mla && /* only where this backend takes fp8 */
-			 kv_check(e, arch, BE_OP_MLA_ATTENTION, DT_F8_E4M3, e2, sizeof e2) == WK_OK &&
-			 kv_check(e, arch, BE_OP_DSA_TOPK, DT_F8_E4M3, e2, sizeof e2) == WK_OK &&
+		else if (kvt == DT_BF16 && /* only where this backend takes fp8 */
+			 kv_check(e, arch, mla ? BE_OP_MLA_ATTENTION : BE_OP_ATTENTION, DT_F8_E4M3,
+				  e2, sizeof e2) == WK_OK &&
+			 (!mla || kv_check(e, arch, BE_OP_DSA_TOPK, DT_F8_E4M3, e2, sizeof e2) ==
+					  WK_OK) &&
 			 eng_seq_cache_bytes(arch, cfg, max_seq, (int)tp, DT_F8_E4M3, &ms8, &ps8,
 					     e2, sizeof e2) == WK_OK && ps8)
 			snprintf(alt, sizeof alt, ", or --kv-dtype fp8: room for %llu sequence%s of "

@@ -84,8 +84,9 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	"                        per --concurrency slot: size both with wick plan)\n"  \
 	"      --kv-dtype D      the KV cache's element type: bf16, f32, fp8 or auto\n" \
 	"                        (default: bf16 for a bfloat16 checkpoint, as GLM-5's; else\n" \
-	"                        f32); fp8 (GLM-5 only): e4m3 latent and indexer keys, a\n" \
-	"                        scale per 128, rope keys bf16 (FlashMLA's FP8 layout)\n"
+	"                        f32); fp8: e4m3 with a scale per 128 of a row (GLM-5: the\n" \
+	"                        latent and indexer keys, rope keys bf16, FlashMLA's FP8\n" \
+	"                        layout; GQA: keys and values, a scale per kv head's row)\n"
 
 struct cmd_engine {
 	struct eng_opts o;

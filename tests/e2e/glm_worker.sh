@@ -2,9 +2,10 @@
 # DSA indexer selecting from position 5 on, FP8 MoE) and a tiny GLM-4.5 (GQA), each with
 # stories260K's tokenizer, serve six greedy jobs at concurrency 4. The step log must show
 # steps shared by several jobs, and every job's tokens must equal those of the same job run
-# alone (concurrency 1): batching changes the schedule, never the answer. GLM-5 runs again on
-# FP8 KV caches (--kv-dtype fp8: the latent and indexer keys e4m3, a scale per 128), where
-# the same must hold; GLM-4.5 (GQA) refuses fp8 by name and leaves its jobs queued.
+# alone (concurrency 1): batching changes the schedule, never the answer. Both run again on
+# FP8 KV caches (--kv-dtype fp8: GLM-5's latent and indexer keys, GLM-4.5's keys and values,
+# e4m3 with a scale per 128 of a row), where the same must hold. A KV dtype wick does not
+# have is refused by name, and its job left queued.
 source tests/e2e/lib.sh
 m=$(stories)
 G="$WICK_TOOLS/gen_glm"
@@ -15,9 +16,10 @@ G="$WICK_TOOLS/gen_glm"
 prompts=("Once upon a time" "The dog" "Lily and Ben went to the park" "A big red ball" "Tim"
   "She was happy")
 cp -r "$TMPD/g5" "$TMPD/g5-fp8"
-for fam in g5 g4 g5-fp8; do
+cp -r "$TMPD/g4" "$TMPD/g4-fp8"
+for fam in g5 g4 g5-fp8 g4-fp8; do
   cp "$m/tokenizer.json" "$TMPD/$fam/"
-  kv=(); [ "$fam" = g5-fp8 ] && kv=(--kv-dtype fp8)
+  kv=(); [[ $fam == *-fp8 ]] && kv=(--kv-dtype fp8)
   for conc in 4 1; do
     Q=$TMPD/q-$fam-$conc
     for i in "${!prompts[@]}"; do
@@ -30,7 +32,7 @@ for fam in g5 g4 g5-fp8; do
       2>"$TMPD/w-$fam-$conc.log" ||
       fail "$fam worker at concurrency $conc: $(tail -3 "$TMPD/w-$fam-$conc.log")"
   done
-  want=$([ "$fam" = g5-fp8 ] && echo fp8 || echo bf16)
+  want=$([[ $fam == *-fp8 ]] && echo fp8 || echo bf16)
   grep -q "positions of $want KV cache" "$TMPD/w-$fam-4.log" ||
     fail "$fam: the ready line does not name a $want cache: $(grep ready "$TMPD/w-$fam-4.log")"
   python3 - "$TMPD" "$fam" "${#prompts[@]}" <<'PY' || fail "$fam: batched vs alone"
@@ -51,13 +53,13 @@ assert not diff, f"tokens differ batched vs alone for {diff}: {batched[diff[0]]}
 print(f"{fam}: {n} jobs, up to {widest} per step ({len(steps)} steps); the same tokens as alone")
 PY
 done
-Q=$TMPD/q-g4-fp8
+Q=$TMPD/q-g4-fp4
 "$WICK" submit --queue "spool:$Q" --file "$TMPD/job.json" >/dev/null || fail "submit"
 rc=0
-"$WICK" worker --model "$TMPD/g4" --queue "spool:$Q" --kv-dtype fp8 --idle-timeout 0.5 \
-  2>"$TMPD/w-g4-fp8.log" || rc=$?
-[ $rc -ne 0 ] && grep -q "fp8 KV cache is MLA's" "$TMPD/w-g4-fp8.log" ||
-  fail "GLM-4.5 on an fp8 cache: exit $rc, $(tail -2 "$TMPD/w-g4-fp8.log")"
+"$WICK" worker --model "$TMPD/g4" --queue "spool:$Q" --kv-dtype fp4 --idle-timeout 0.5 \
+  2>"$TMPD/w-g4-fp4.log" || rc=$?
+[ $rc -eq 2 ] && grep -q -- "--kv-dtype wants .* not 'fp4'" "$TMPD/w-g4-fp4.log" ||
+  fail "GLM-4.5 on an fp4 cache: exit $rc, $(tail -2 "$TMPD/w-g4-fp4.log")"
 [ "$(ls "$Q/new" | wc -l)" = 1 ] || fail "the refused worker's job is not left queued: $(ls -R "$Q")"
-echo "GLM-4.5 --kv-dtype fp8: refused (exit $rc), its job left queued"
+echo "GLM-4.5 --kv-dtype fp4: refused (exit $rc), its job left queued"
 echo ok

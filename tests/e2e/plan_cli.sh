@@ -116,6 +116,8 @@ plan g5_bf16 "${G5[@]}" --context 131072 --weights-dtype bf16
 plan g5_tp4 --config "$TMPD/glm5.json" --tp 4 --ep 8 --gpu-mem 141GB --context 131072
 plan g5_ep4 --config "$TMPD/glm5.json" --tp 8 --ep 4 --gpu-mem 141GiB --context 131072 --batch 512
 plan g45 --config "$TMPD/glm45.json" --tp 8 --ep 8 --gpus 8 --gpu-mem 141GB --context 131072
+plan g45_kv8 --config "$TMPD/glm45.json" --tp 8 --ep 8 --gpus 8 --gpu-mem 141GB --context 131072 \
+  --kv-dtype fp8
 plan g45_fp8 --config "$TMPD/glm45.json" --tp 8 --ep 8 --gpus 8 --gpu-mem 141GB --weights-dtype fp8 \
   --kv-dtype fp8
 
@@ -235,7 +237,9 @@ def expect_memory(c, j, tp, ep, ctx, batch, kvdt, gpu_mem, reserve=4 * GiB):
         idx = batch * (2 * ih * idim + 4 * ih + 4 * ctx + 4 * c["index_topk"])
     else:
         kvg = max(1, c["num_key_value_heads"] // tp); hd = c["head_dim"]
-        kvtok = L * 2 * kvg * hd * {"fp8": 1, "bf16": 2, "f32": 4}[kvdt]
+        # fp8: each kv head's row of codes with one f32 scale per 128
+        per = hd + cdiv(hd, 128) * 4 if kvdt == "fp8" else hd * {"bf16": 2, "f32": 4}[kvdt]
+        kvtok = L * 2 * kvg * per
         attn = batch * 2 * ((Hg + 2 * kvg) * hd + Hg * hd); idx = 0
     k, mi, E = c["num_experts_per_tok"], c["moe_intermediate_size"], c["n_routed_experts"]
     ffn = max(batch * 4 * c["intermediate_size"] // tp,
@@ -286,11 +290,13 @@ check(r["g5_200k"][2] >= 1, "GLM-5-FP8 must fit 8 x H200 at its full 200K contex
 _, _, s32 = expect_memory(c5, load("g5_f32kv"), 8, 8, 200000, 2048, "f32", 141 * GB)
 check(s32 == 0, f"with f32 KV GLM-5's 200K context fits {s32} sequences, expected none")
 check(load("g5_auto") == load("g5_200k"), "--kv-dtype auto is the default")
-# an MLA model says what the engine's fp8 cache would hold: --kv-dtype fp8's own count
+# a plan says what the engine's fp8 cache would hold: --kv-dtype fp8's own count (MLA, GQA)
 check(load("g5_200k")["kv_cache"].get("max_sequences_fp8") ==
       load("g5_fp8kv")["kv_cache"]["max_sequences"] == 3, "max_sequences_fp8")
-check("max_sequences_fp8" not in load("g5_fp8kv")["kv_cache"] and
-      "max_sequences_fp8" not in load("g45")["kv_cache"], "max_sequences_fp8 where not MLA or fp8")
+g45_8 = load("g45_kv8")["kv_cache"]["max_sequences"]
+check(load("g45")["kv_cache"].get("max_sequences_fp8") == g45_8 >
+      load("g45")["kv_cache"]["max_sequences"], f"GLM-4.5 max_sequences_fp8 {g45_8}")
+check("max_sequences_fp8" not in load("g5_fp8kv")["kv_cache"], "max_sequences_fp8 on an fp8 plan")
 check(r["g5_128k"][1] > r["g5_200k"][1], "a longer context has a bigger indexer workspace")
 j = load("g5_fp8kv")
 expect_memory(c5, j, 8, 8, 200000, 2048, "fp8", 141 * GB)
@@ -316,6 +322,12 @@ check(j["kv_cache"]["bytes_per_token_all_gpus"] == 368 * 1024, "GLM-4.5 KV is 36
 j = load("g45_fp8")
 expect_plan(c45, j, 8, 8, "fp8")
 expect_memory(c45, j, 8, 8, 131072, 2048, "fp8", 141 * GB)
+j = load("g45_kv8")
+expect_memory(c45, j, 8, 8, 131072, 2048, "fp8", 141 * GB)
+check(j["kv_cache"]["bytes_per_token_all_gpus"] == 92 * 2 * 8 * 132,
+      "GLM-4.5's fp8 KV: 132 B a kv head of 128 (codes + one f32 scale)")
+print(f"GLM-4.5 at 128K on 8 x H200: {load('g45')['kv_cache']['max_sequences']} sequences on bf16 "
+      f"KV, {j['kv_cache']['max_sequences']} on fp8")
 for n in ("g5_128k", "g5_200k"):
     gpu, toks, seqs, head = r[n]
     print(f"{n}: weights/GPU {gpu / GB:.2f} GB, headroom {head / GB:.2f} GB, KV tokens/GPU {toks}, sequences {seqs}")
