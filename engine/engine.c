@@ -1241,7 +1241,7 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 			 (!mla || kv_check(e, arch, BE_OP_DSA_TOPK, DT_F8_E4M3, e2, sizeof e2) ==
 					  WK_OK) &&
 			 eng_seq_cache_bytes(arch, cfg, max_seq, (int)tp, DT_F8_E4M3, &ms8, &ps8,
-					     e2, sizeof e2) == WK_OK && ps8)
+					     e2, sizeof e2) == WK_OK && ps8 && left / ps8)
 			snprintf(alt, sizeof alt, ", or --kv-dtype fp8: room for %llu sequence%s of "
 				 "%d positions", (unsigned long long)(left / ps8),
 				 left / ps8 == 1 ? "" : "s", max_seq);

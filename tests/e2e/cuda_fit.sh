@@ -65,7 +65,7 @@ tiny_device "$m" "$TMPD/h1.err"
 grep -q 'out of memory' "$TMPD/h1.err" || fail "1 MiB device, directory: $(tail -n 2 "$TMPD/h1.err")"
 echo "1 MiB device: $(tail -n 1 "$TMPD/g1.err" | cut -c1-80)...; from the directory: $(tail -n 1 "$TMPD/h1.err")"
 # GLM-5 (MLA): a bf16 cache that does not fit names what the fp8 one would hold, and the fp8
-# cache then restores and runs on the same device
+# cache then restores and runs on the same device (GLM-4.5's GQA cache below likewise)
 "$WICK_TOOLS/gen_glm" --family glm5 -o "$TMPD/g5" --max-pos 4096 --seed 3 >/dev/null || fail "gen_glm"
 "$WICK" snapshot "$TMPD/g5" -o "$TMPD/g5snap" >/dev/null 2>&1 || fail "glm5 snapshot"
 set +e
@@ -80,4 +80,24 @@ WICK_SIMT_DEVICE_MB=8 timeout 120 "$EMU" generate "$TMPD/g5snap" --backend cuda 
   --tokens 1,2,3 --kv-dtype fp8 >/dev/null 2>"$TMPD/g5f.err" ||
   fail "GLM-5 fp8 on 8 MiB: $(tail -n 2 "$TMPD/g5f.err")"
 echo "GLM-5 on 8 MiB: bf16 refused, offering fp8; fp8 runs"
+# GLM-4.5 (GQA): the same on 10 MiB (6.5 MiB of weights, 5.0 MiB a bf16 sequence of 4096
+# positions, 2.8 MiB an fp8 one); on 8 MiB, where fp8 would not hold one either, no offer
+"$WICK_TOOLS/gen_glm" --family glm4 -o "$TMPD/g4" --max-pos 4096 --seed 3 >/dev/null || fail "gen_glm"
+"$WICK" snapshot "$TMPD/g4" -o "$TMPD/g4snap" >/dev/null 2>&1 || fail "glm4 snapshot"
+for mb in 10 8; do
+  set +e
+  WICK_SIMT_DEVICE_MB=$mb timeout 120 "$EMU" generate "$TMPD/g4snap" --backend cuda -n 2 \
+    --tokens 1,2,3 >/dev/null 2>"$TMPD/g4b.err"
+  rc=$?
+  set -e
+  offer=$(grep -o -- '--kv-dtype fp8: room for [0-9]* sequences* of 4096' "$TMPD/g4b.err" || true)
+  want=; [ $mb = 10 ] && want='--kv-dtype fp8: room for 1 sequence of 4096'
+  [ "$rc" -eq 1 ] && grep -q 'bf16 KV caches of 1 sequence of 4096 positions' "$TMPD/g4b.err" &&
+    [ "$offer" = "$want" ] ||
+    fail "GLM-4.5 bf16 on $mb MiB (exit $rc): $(tail -n 1 "$TMPD/g4b.err")"
+done
+WICK_SIMT_DEVICE_MB=10 timeout 120 "$EMU" generate "$TMPD/g4snap" --backend cuda -n 2 \
+  --tokens 1,2,3 --kv-dtype fp8 >/dev/null 2>"$TMPD/g4f.err" ||
+  fail "GLM-4.5 fp8 on 10 MiB: $(tail -n 2 "$TMPD/g4f.err")"
+echo "GLM-4.5 on 10 MiB: bf16 refused, offering fp8; fp8 runs; on 8 MiB no offer"
 echo "ok"
