@@ -259,14 +259,15 @@ Test(engine, batched_sequences_match_single)
 		batched_sequences_match_single(kv_types[k]);
 }
 
-/* Logits of a prompt and 24 greedy tokens from BOS on a KV cache of type kv: into lg [n][V]
- * (n = the prompt's 7 positions), the tokens into toks [24]. */
-static void story_on(const char *kv, float *lg, int toks[24])
+/* Logits of a prompt and 24 greedy tokens from BOS on model (a directory or snapshot) with a
+ * KV cache of type kv: into lg [n][V] (n = the prompt's 7 positions), the tokens into
+ * toks [24]. */
+static void story_on(const char *model, const char *kv, float *lg, int toks[24])
 {
 	struct engine *e;
 	char err[WK_ERRSZ];
 	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .kv_dtype = kv};
-	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_open(model, &o, &e, err, sizeof err), WK_OK, "%s", err);
 	int ids[] = {1, 403, 407, 261, 378, 30, 411}, V = eng_info(e)->vocab;
 	cr_assert_eq(eng_forward(e, ids, 7, 0, lg, true, err, sizeof err), WK_OK, "%s", err);
 	float *one = malloc(sizeof(float) * V);
@@ -281,15 +282,22 @@ static void story_on(const char *kv, float *lg, int toks[24])
 
 /* An FP8 KV cache (keys and values e4m3, one f32 scale per kv head's row of 8): the prompt's
  * logits stay near the f32 cache's (mean cosine, the same top-1) but are not the bf16 cache's
- * (the cache does quantize), and greedy decoding tells the f32 cache's story. */
+ * (the cache does quantize), and greedy decoding tells the f32 cache's story. At tp 2 (two of
+ * the four kv heads a rank, each row whole with its scale) the logits are tp 1's up to the
+ * order of the sums, and the story the same. */
 Test(engine, kv_fp8_tells_the_story)
 {
 	enum { V = 512, N = 7 };
-	static float ref[N * V], b16[N * V], got[N * V];
-	int tr[24], tb[24], tg[24];
-	story_on(NULL, ref, tr);
-	story_on("bf16", b16, tb);
-	story_on("fp8", got, tg);
+	static float ref[N * V], b16[N * V], got[N * V], tp2[N * V];
+	int tr[24], tb[24], tg[24], t2[24];
+	story_on(dir, NULL, ref, tr);
+	story_on(dir, "bf16", b16, tb);
+	story_on(dir, "fp8", got, tg);
+	char snap[300], err[WK_ERRSZ];
+	snprintf(snap, sizeof snap, "%s/tp2", dir);
+	struct eng_snap_opts so = {.tp = 2, .ep = 1};
+	cr_assert_eq(eng_snapshot(dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
+	story_on(snap, "fp8", tp2, t2);
 	double cos = 0, worst = 0, d16 = 0;
 	int top = 0;
 	for (int i = 0; i < N; i++) {
@@ -310,6 +318,13 @@ Test(engine, kv_fp8_tells_the_story)
 	cr_expect(cos >= 0.999 && top == N, "fp8 vs f32: mean cosine %g, top-1 %d of %d", cos,
 		  top, N);
 	cr_expect_gt(d16, 1e-3, "the fp8 cache's logits are the bf16 cache's");
-	for (int i = 0; i < 24; i++)
+	double m = 0, d2 = 0;
+	for (int i = 0; i < N * V; i++)
+		m = fmax(m, fabs(got[i])), d2 = fmax(d2, fabs(tp2[i] - got[i]));
+	fprintf(stderr, "stories260K kv fp8: tp 2 vs tp 1 %.2g of the largest logit\n", d2 / m);
+	cr_expect_leq(d2 / m, 1e-4, "fp8 caches: tp 2 vs tp 1 differ by %g", d2 / m);
+	for (int i = 0; i < 24; i++) {
 		cr_expect_eq(tg[i], tr[i], "step %d: fp8 %d, f32 %d", i, tg[i], tr[i]);
+		cr_expect_eq(t2[i], tg[i], "step %d: fp8 at tp 2 %d, tp 1 %d", i, t2[i], tg[i]);
+	}
 }

@@ -1695,7 +1695,8 @@ Test(glm, kv_fp8)
  * position's kv-head row, head_dim 32 here), FP8 and bf16 weights: the logits stay near the f32
  * caches' (a gross-error gate: e4m3 keeps 3 mantissa bits) and differ from the bf16 caches'
  * (the cache does quantize); decoding token by token reads the same quantized rows as the
- * prefill, so it matches it to f32 rounding; batched = alone; devsim bit for bit. */
+ * prefill, so it matches it to f32 rounding; batched = alone; devsim bit for bit; the scalar
+ * kernels match AVX2 (tp 2: engine/kv_fp8_tells_the_story, on stories260K). */
 Test(glm, kv_fp8_gqa)
 {
 	const char *what[2] = {"glm4 fp8", "glm4 bf16"};
@@ -1716,7 +1717,13 @@ Test(glm, kv_fp8_gqa)
 		cr_expect(worst16 > 1e-3, "%s: the fp8 caches' logits are the bf16 caches' (%g)",
 			  what[k], worst16);
 		check_cache_paths(e, dir, got, V, what[k]);
+		cpu_force_scalar(true);
+		float *sc = prefill_kv(dir, "fp8", &V);
+		cpu_force_scalar(false);
+		cr_expect_leq(worst_rel(sc, got, V), 1e-4, "%s: scalar vs AVX2: %g", what[k],
+			      worst_rel(sc, got, V));
 		kv_opt = NULL;
+		free(sc);
 		free(ref);
 		free(b16);
 		free(got);
