@@ -292,6 +292,12 @@ struct backend {
 	 * chains of the decode step's GEMVs, norms and MoE op (eng_chain_begin). Optional (NULL:
 	 * the ops one by one). */
 	void (*chain)(void *ctx, const struct be_link *l, int count);
+	/* How chain runs l [count] (1 .. BE_CHAIN_MAX) when it does not make them one launch:
+	 * seg[i] = the chained launch link i runs in (0, 1, ... in order, each over consecutive
+	 * links; chain on exactly those links makes that one launch), or -1 where link i runs as
+	 * be_chain_each runs it; returns the number of chained launches. For the launch counter
+	 * (engine/count.c). Optional (NULL: chain is always one launch). */
+	int (*chain_plan)(void *ctx, const struct be_link *l, int count, int *seg);
 
 	/* ---- GLM families (reference definitions: kernels/cpu/glm_ref.c, contracts in cpu.h).
 	 * Optional: NULL on backends that do not run GLM; supports() says which. ---- */

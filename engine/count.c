@@ -195,12 +195,9 @@ static void c_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const flo
 						    d_nope, d_v));
 }
 
-/* One launch on a GPU for the whole chain; its ops are tallied apart (eng_launches'
- * chained). A backend without chain (the CPU's) runs the ops one by one, uncounted: the
- * count is what the CUDA backend launches for the same step. */
-static void c_chain(void *ctx, const struct be_link *l, int count)
+/* One chained launch of l [count]: its ops are tallied apart (eng_launches' chained). */
+static void chained(struct counter *k, const struct be_link *l, int count)
 {
-	struct counter *k = IN(ctx);
 	k->n[ENG_K_CHAIN]++;
 	for (int i = 0; i < count; i++)
 		k->chained[l[i].kind == BE_LINK_MATMUL	       ? ENG_K_MATMUL
@@ -208,10 +205,37 @@ static void c_chain(void *ctx, const struct be_link *l, int count)
 			   : l[i].kind == BE_LINK_MOE	      ? ENG_K_MOE_EXPERTS
 			   : l[i].kind == BE_LINK_CAST	      ? ENG_K_CAST
 							      : ENG_K_RMSNORM]++;
-	if (k->in->chain)
-		k->in->chain(k->ctx, l, count);
-	else
-		be_chain_each(k->in, k->ctx, l, count);
+}
+
+/* One launch on a GPU for the whole chain, unless the inner backend's chain_plan says it
+ * runs some links another way: then each chained run is one launch and each other link runs
+ * through this wrapper's own ops, counted as they are. A backend without chain (the CPU's)
+ * runs the ops one by one, uncounted: the count is what the CUDA backend launches for the
+ * same step. */
+static void c_chain(void *ctx, const struct be_link *l, int count)
+{
+	struct counter *k = IN(ctx);
+	int seg[BE_CHAIN_MAX];
+	if (!k->in->chain_plan || count < 1 || count > BE_CHAIN_MAX ||
+	    (k->in->chain_plan(k->ctx, l, count, seg) == 1 && seg[0] == 0 &&
+	     seg[count - 1] == 0)) {
+		chained(k, l, count);
+		if (k->in->chain)
+			k->in->chain(k->ctx, l, count);
+		else
+			be_chain_each(k->in, k->ctx, l, count);
+		return;
+	}
+	for (int i = 0, j; i < count; i = j) {
+		for (j = i + 1; seg[i] >= 0 && j < count && seg[j] == seg[i]; j++)
+			;
+		if (seg[i] >= 0) {
+			chained(k, l + i, j - i);
+			k->in->chain(k->ctx, l + i, j - i);
+		} else {
+			be_chain_each(&k->be, k, l + i, 1);
+		}
+	}
 }
 
 static void c_matmul_fp8act(void *ctx, float *const *y, const float *x,
@@ -375,6 +399,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(matmul_rope_n, c_matmul_rope_n);
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	b->chain = c_chain; /* always: the GPU's count, whatever the inner backend */
+	b->chain_plan = NULL; /* c_chain asks the inner one */
 	KEEP(act_quant, c_act_quant);
 	KEEP(argmax, c_argmax);
 	KEEP(sample_cand, c_sample_cand);

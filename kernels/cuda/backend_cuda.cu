@@ -1018,26 +1018,13 @@ static int dev_sync(void *ctx, char *err, size_t errsz)
 
 /* ---- chained launches ---------------------------------------------------------------------- */
 
-/* The links as one launch (wk_cuda_chain). A matmul whose rotations the GEMV's store cannot
- * make (mm_parts leaves some for a rope_n), a MoE op that takes the grouped GEMMs or a
- * combine of its own (64 tokens and more), or more than WK_CHAIN_MAX kernel links (a MoE op
- * is 3) make the whole chain run op by op instead. */
-static void chain_run(void *ctx, const struct be_link *l, int count)
+/* The links as the chained launch (wk_cuda_chain) takes them, into wl [count], their MoE
+ * counters sync; false where it cannot take them: a matmul whose rotations the GEMV's store
+ * cannot make (mm_parts leaves some for a rope_n), a MoE op that takes the grouped GEMMs or
+ * a combine of its own (64 tokens and more), or more than WK_CHAIN_MAX kernel links (a MoE
+ * op is 3). */
+static bool chain_links(const struct be_link *l, int count, struct wk_link *wl, unsigned *sync)
 {
-	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-	char err[WK_ERRSZ];
-	struct wk_link wl[WK_CHAIN_MAX];
-	static_assert(WK_CHAIN_MAX == BE_CHAIN_MAX, "chain limits differ");
-	if (c->rc != WK_OK)
-		return;
-	if (count < 1 || count > WK_CHAIN_MAX) {
-		ok(c, wk_errf(err, sizeof err, WK_EINVAL, "CUDA chain: %d links (1..%d)", count,
-			      WK_CHAIN_MAX), err);
-		return;
-	}
-	unsigned *sync = counters(c);
-	if (!sync)
-		return;
 	int nk = 0;
 	bool apart = false; /* a link the chained launch cannot take */
 	for (int i = 0; i < count && !apart; i++) {
@@ -1092,7 +1079,27 @@ static void chain_run(void *ctx, const struct be_link *l, int count)
 			wk_norms(q->norm, k->norm, k->n_norm);
 		}
 	}
-	if (apart || nk > WK_CHAIN_MAX) {
+	return !apart && nk <= WK_CHAIN_MAX;
+}
+
+/* The links as one launch, or (chain_links refusing them) op by op. */
+static void chain_run(void *ctx, const struct be_link *l, int count)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct wk_link wl[WK_CHAIN_MAX];
+	static_assert(WK_CHAIN_MAX == BE_CHAIN_MAX, "chain limits differ");
+	if (c->rc != WK_OK)
+		return;
+	if (count < 1 || count > WK_CHAIN_MAX) {
+		ok(c, wk_errf(err, sizeof err, WK_EINVAL, "CUDA chain: %d links (1..%d)", count,
+			      WK_CHAIN_MAX), err);
+		return;
+	}
+	unsigned *sync = counters(c);
+	if (!sync)
+		return;
+	if (!chain_links(l, count, wl, sync)) {
 		be_chain_each(&be_cuda, ctx, l, count);
 		return;
 	}
@@ -1106,26 +1113,49 @@ static bool link_mma(const struct cuda_ctx *c, const struct be_link *k)
 	       any_route(c, k->x_in, k->w, k->count, k->n);
 }
 
-/* The chained launch of the links (chain_run), but for the GEMVs that gemv_route takes: each
- * such link runs on its own (matmul_n, matmul_rope_n), the links between them chained. */
-static void chain(void *ctx, const struct be_link *l, int count)
+/* How chain runs the links (backend member chain_plan): the GEMVs that gemv_route takes each
+ * on their own (matmul_n, matmul_rope_n), the runs of two or more links between them chained
+ * (the whole chain when there are none, even of one link), a lone link between them on its
+ * own, and a run chain_links refuses op by op. */
+static int chain_plan(void *ctx, const struct be_link *l, int count, int *seg)
 {
-	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-	int s = 0;
-	for (int i = 0; c->gemv_mma && i < count; i++) {
-		if (!link_mma(c, &l[i]))
+	const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
+	struct wk_link wl[WK_CHAIN_MAX];
+	int s = 0, runs = 0;
+	for (int i = 0; i <= count; i++) {
+		bool mma = i < count && c->gemv_mma && link_mma(c, &l[i]);
+		if (i < count && !mma)
 			continue;
-		if (i - s > 1)
-			chain_run(ctx, l + s, i - s);
-		else if (i - s == 1)
-			be_chain_each(&be_cuda, ctx, l + s, 1);
-		be_chain_each(&be_cuda, ctx, l + i, 1);
+		int len = i - s; /* the run [s, i) before this GEMV, or before the end */
+		bool one = len > 1 || (i == count && s == 0 && len > 0);
+		one = one && len <= WK_CHAIN_MAX && chain_links(l + s, len, wl, NULL);
+		for (int k = s; k < i; k++)
+			seg[k] = one ? runs : -1;
+		runs += one;
+		if (mma)
+			seg[i] = -1;
 		s = i + 1;
 	}
-	if (count - s > 1 || (s == 0 && count > 0))
-		chain_run(ctx, l + s, count - s);
-	else if (count - s == 1)
-		be_chain_each(&be_cuda, ctx, l + s, 1);
+	return runs;
+}
+
+/* The links as chain_plan says: its chained runs through chain_run, the rest one by one. */
+static void chain(void *ctx, const struct be_link *l, int count)
+{
+	int seg[BE_CHAIN_MAX];
+	if (count < 1 || count > BE_CHAIN_MAX) {
+		chain_run(ctx, l, count); /* which names the count */
+		return;
+	}
+	chain_plan(ctx, l, count, seg);
+	for (int i = 0, j; i < count; i = j) {
+		for (j = i + 1; seg[i] >= 0 && j < count && seg[j] == seg[i]; j++)
+			;
+		if (seg[i] >= 0)
+			chain_run(ctx, l + i, j - i);
+		else
+			be_chain_each(&be_cuda, ctx, l + i, 1);
+	}
 }
 
 static struct backend make_backend(void)
@@ -1141,6 +1171,7 @@ static struct backend make_backend(void)
 	b.matmul_rope_n = matmul_rope_n;
 	b.add_rmsnorm = add_rmsnorm;
 	b.chain = chain;
+	b.chain_plan = chain_plan;
 	b.act_quant = act_quant;
 	b.matmul_fp8act = matmul_fp8act;
 	b.matmul_fp8w = matmul_fp8w;

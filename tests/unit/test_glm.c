@@ -1418,6 +1418,71 @@ static long act_splits(const struct engine *e)
 	return n;
 }
 
+/* A CPU backend with a chain (its links one by one) whose chain_plan says each MoE link runs
+ * on its own and the links around it chained, as the CUDA backend does with a MoE op its
+ * chained launch cannot take; and the same without the plan (chain one launch, as before). */
+static int plan_moe_apart(void *ctx, const struct be_link *l, int count, int *seg)
+{
+	(void)ctx;
+	int runs = 0;
+	for (int i = 0; i < count; i++)
+		seg[i] = l[i].kind == BE_LINK_MOE ? -1 : i > 0 && seg[i - 1] >= 0 ? seg[i - 1] : runs++;
+	return runs;
+}
+
+static void chain_cpu(void *ctx, const struct be_link *l, int count)
+{
+	be_chain_each(&be_cpu, ctx, l, count);
+}
+
+/* The launch counter counts what chain_plan says: with the MoE links apart, each is a
+ * moe_experts op of its own (3 launches on the CUDA backend) instead of a link inside a
+ * chain, the chains around them as many, and the logits the same bit for bit. */
+Test(glm, launch_count_follows_chain_plan)
+{
+	char *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 23, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	struct backend be[2] = {be_cpu, be_cpu};
+	be[0].chain = be[1].chain = chain_cpu;
+	be[1].chain_plan = plan_moe_apart;
+	struct eng_launches L[2];
+	float *lg[2];
+	int V = G5_VOCAB, tok = 5;
+	char err[WK_ERRSZ];
+	for (int k = 0; k < 2; k++) {
+		struct engine *e;
+		struct eng_opts o = {.backend = "cpu", .threads = 2, .backend_ops = &be[k],
+				     .count_launches = true};
+		cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+		lg[k] = malloc(sizeof(float) * V);
+		cr_assert_eq(eng_forward(e, ids, NIDS, 0, lg[k], false, err, sizeof err), WK_OK, "%s",
+			     err);
+		cr_assert_eq(eng_forward(e, &tok, 1, NIDS, lg[k], false, err, sizeof err), WK_OK,
+			     "%s", err);
+		cr_assert_eq(eng_launches(e, 0, &L[k]), WK_OK);
+		eng_close(e);
+	}
+	int moe = -1, chain = -1;
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		moe = strcmp(eng_launch_kind(k, NULL, NULL), "moe_experts") ? moe : k;
+		chain = strcmp(eng_launch_kind(k, NULL, NULL), "chain") ? chain : k;
+	}
+	cr_assert(moe >= 0 && chain >= 0);
+	cr_log_info("chained MoE ops %ld, MoE ops %ld / %ld, chains %ld / %ld",
+		    L[0].chained[moe], L[0].n[moe], L[1].n[moe], L[0].n[chain], L[1].n[chain]);
+	cr_expect_gt(L[0].chained[moe], 0, "no MoE op ran inside a chain");
+	cr_expect_eq(L[1].chained[moe], 0, "a MoE link counted inside a chain");
+	cr_expect_eq(L[1].n[moe], L[0].n[moe] + L[0].chained[moe]);
+	cr_expect_eq(L[1].n[chain], L[0].n[chain]);
+	cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * V), 0);
+	free(lg[0]);
+	free(lg[1]);
+	rm_rf(dir);
+	free(dir);
+}
+
 /* With f32 activations a step of ENG_GEMM_TOKENS (64) tokens or more sends its FP8 matmuls
  * to the backend's GEMM (matmul_fp8w; devsim runs it as the CPU's matmul, so the logits stay
  * the CPU's bit for bit), one of 63 tokens to the GEMV; an unfused engine never uses it, nor
