@@ -6,8 +6,8 @@
  * there (eng_launch_kind: moe_experts 3, the plan, gate/up and down with the combine; dsa_topk is one for a decoding query); on the CPU
  * backend they are what the same step would launch on a GPU (the families issue the same
  * ops on every backend). A chain (backend member chain) is one launch on the CUDA backend
- * whatever it holds, and counts one here on every backend. `wick bench launches` reports
- * them per decode step.
+ * and counts one here on every backend, unless the backend's chain_plan says it splits it
+ * (c_chain). `wick bench launches` reports them per decode step.
  *
  * The wrapper keeps the inner backend's optional members optional: a member the inner
  * backend lacks stays NULL, so host-memory backends stay host-memory (eng_host_mem). Copies
