@@ -47,12 +47,14 @@ struct eng_opts {
 				  * quantized per token per 128 channels (DeepGEMM's 1x128) */
 	bool no_chain;           /* a baseline: every op its own launch, no chained launches
 				  * (also WICK_NO_CHAIN=1 in the environment) */
-	/* The KV caches' element type: "f32", "bf16", or "auto" (NULL): bf16 when config.json's
-	 * torch_dtype (or dtype) is bfloat16, as the checkpoint's own precision (GLM-5's), else
-	 * f32 (llama2.c's f32 models). bf16 halves the cache: twice the context or the
-	 * sequences in the same memory. "fp8" (MLA models: GLM-5) holds the latent and the
-	 * indexer keys as e4m3 with one f32 scale per 128 and the rope keys in bf16, FlashMLA's
-	 * FP8 layout: 656 bytes a token a layer at GLM-5's sizes against bf16's 1,152. */
+	/* The KV caches' element type: "f32", "bf16", "fp8", or "auto" (NULL): bf16 when
+	 * config.json's torch_dtype (or dtype) is bfloat16, as the checkpoint's own precision
+	 * (GLM-5's), else f32 (llama2.c's f32 models). bf16 halves the cache: twice the context
+	 * or the sequences in the same memory. "fp8" stores e4m3 codes with one f32 scale per
+	 * 128 values of a row: for GLM-5 the latent and the indexer keys, the rope keys in bf16,
+	 * FlashMLA's FP8 layout (656 bytes a token a layer at GLM-5's sizes against bf16's
+	 * 1,152); for the GQA families (GLM-4.5, Llama) keys and values, a scale per kv head's
+	 * row of head_dim (132 bytes a head of 128 against bf16's 256). */
 	const char *kv_dtype;
 };
 

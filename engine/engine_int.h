@@ -175,8 +175,8 @@ int glm5_indexer_full(json_t *cfg, int n_layers, bool *full, int *n_full, char *
 		      size_t errsz);
 /* The KV caches' element type eng_opts.kv_dtype asks for (opt: "f32", "bf16", "fp8",
  * "auto" or NULL; see engine.h) for the model of config cfg: DT_F32, DT_BF16 or DT_F8_E4M3
- * (FP8: e4m3 codes with one f32 scale per 128 elements of a row, struct be_cast; MLA
- * models only); WK_EINVAL naming opt when it is none of those. */
+ * (FP8: e4m3 codes with one f32 scale per 128 elements of a row, struct be_cast); WK_EINVAL
+ * naming opt when it is none of those. */
 int eng_kv_type(const char *opt, json_t *cfg, enum dt_type *kv, char *err, size_t errsz);
 /* Bytes of one KV cache element (FP8: a code; its scales are apart), and element i of a
  * cache (the families keep their caches as void *). */

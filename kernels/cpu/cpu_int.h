@@ -26,7 +26,8 @@ void cpu_matmul_rows_avx2(float *y, const float *x, const float *xp, size_t xs, 
 
 /* Attention for one query row (token i, head h): out[head_dim] = softmax(q.K^T * scale) V
  * over cache rows 0 .. len-1, whose vectors start at element t*kv_stride of k/v (type kv,
- * DT_F32 or DT_BF16). */
+ * DT_F32, DT_BF16 or DT_F8_E4M3; FP8: position t's scales at ks + t*ss and vs + t*ss, one a
+ * 128-block of the head's row). */
 void cpu_attention_head_avx2(float *out, const float *q, const void *k, const void *v,
 			     const float *ks, const float *vs, size_t ss, enum dt_type kv, int len,
 			     int head_dim, int kv_stride, float scale);
