@@ -122,13 +122,14 @@ struct wk_rope {
 };
 int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
 		   size_t errsz);
-/* Causal GQA over the cache (cpu_ref_attention): k, v of element type kv (DT_F32, DT_BF16, or
- * DT_F8_E4M3 with the scales ks, vs of its rows of head_dim; WK_EINVAL otherwise);
- * pos0 + n <= WK_CUDA_ATTN_MAX */
+/* Causal GQA over the cache (cpu_ref_attention), any number of positions (an online softmax),
+ * each key and value read once for up to 8 query heads of its kv head: k, v of element type kv
+ * (DT_F32, DT_BF16, or DT_F8_E4M3 with the scales ks, vs of its rows of head_dim); WK_EINVAL
+ * for another type or a head_dim past what a block's shared memory holds (734 at 8 query
+ * heads a kv head). */
 int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, const float *ks,
 		      const float *vs, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
 		      int head_dim, int kv_stride, float scale, char *err, size_t errsz);
-#define WK_CUDA_ATTN_MAX 8192
 /* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
  * st) to dst (type dt), contiguous and not overlapping; f32 to bf16 rounded to nearest even
  * (dt_f32_to_bf16, NaN kept NaN), bf16 to f32, or a copy when dt == st (DT_F32 or DT_BF16);

@@ -815,54 +815,146 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 	return launched("rope", err, errsz);
 }
 
-/* ---- attention (cpu_ref_attention): one block per (token, query head) ------------------------ */
+/* ---- attention (cpu_ref_attention): one block per (token, kv head, its query heads) ---------- */
 
-/* Scores in shared memory (len floats), the softmax over them, then each thread sums the
- * values of its output dimensions. KV: the cache's elements, float, bf16 bits or e4m3 codes
- * (kv_rc; FP8: ks, vs the scales of rows of head_dim, one a position and kv head). */
-template <typename KV>
+#define ATT_THREADS 128
+#define ATT_TILE 64		  /* keys scored per step */
+#define ATT_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
+
+/* Online softmax over tiles of ATT_TILE keys (mla_attend's scheme), so any number of keys
+ * fits, for up to GM query heads of one kv head at once, so that each key and value is read
+ * once for all of them:
+ *   1. each warp scores keys of the tile, lanes over dimensions, each key element loaded once
+ *      for the GM queries (registers part[GM]);
+ *   2. thread g < nh raises head g's running max m[g] to mn over the tile's scores and keeps
+ *      corr[g] = exp(m - mn); the scores become p = exp(score - mn);
+ *   3. thread d (and d + 128, ...) adds sum_j p[g][j] v_j[d] to the running output acc[g][d]
+ *      of every head g, each value loaded once; thread g < nh keeps l[g], the denominator.
+ * Shared memory (dynamic): q [GM][head_dim], acc [GM][head_dim], p [GM][ATT_TILE], m, l and
+ * corr [GM]. KV: the cache's elements, float, bf16 bits or e4m3 codes (kv_rc; FP8: ks, vs the
+ * scales of rows of head_dim, one a position and kv head). Block (i, g, z) runs token i's
+ * query heads g * group + z * GM .. (nh of them) over kv head g. */
+template <typename KV, int GM>
 __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v,
 			    const float *ks, const float *vs, int pos0, int n_heads, int n_kv,
 			    int head_dim, int kv_stride, float scale)
 {
-	extern __shared__ float sc[];
+	extern __shared__ float sm[];
 	grid_dep_launch();
-	int i = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-	int len = pos0 + i + 1, group = n_heads / n_kv;
-	const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
-	size_t koff = (size_t)(h / group) * head_dim;
+	int group = n_heads / n_kv, i = blockIdx.x, g = blockIdx.y;
+	int h0 = g * group + blockIdx.z * GM, nh = min(GM, (g + 1) * group - h0);
+	int len = pos0 + i + 1, hd = head_dim;
+	float *qs = sm, *acc = qs + GM * hd, *p = acc + GM * hd, *ms = p + GM * ATT_TILE;
+	float *ls = ms + GM, *cr = ls + GM;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	size_t rows = (size_t)(kv_stride / head_dim), r0 = koff / (size_t)head_dim;
-	for (int t = wid; t < len; t += nw) { /* a warp per key */
-		const KV *kt = k + (size_t)t * kv_stride + koff;
-		const float *rs = kv_scales(ks, (size_t)t * rows + r0, head_dim);
-		float s = 0.0f;
-		for (int d = lane; d < head_dim; d += 32)
-			s += qh[d] * kv_rc(kt, rs, d);
-		s = warp_sum(s);
-		if (lane == 0)
-			sc[t] = s * scale;
+	size_t rows = (size_t)(kv_stride / hd), koff = (size_t)g * hd;
+	for (int x = threadIdx.x; x < GM * hd; x += blockDim.x) {
+		int hq = x / hd;
+		qs[x] = hq < nh ? q[((size_t)i * n_heads + h0 + hq) * hd + x % hd] : 0.0f;
+		acc[x] = 0.0f;
 	}
-	__syncthreads();
-	float m = -INFINITY;
-	for (int t = threadIdx.x; t < len; t += blockDim.x)
-		m = fmaxf(m, sc[t]);
-	m = block_max(m);
-	float sum = 0.0f;
-	for (int t = threadIdx.x; t < len; t += blockDim.x) {
-		float p = expf(sc[t] - m);
-		sc[t] = p;
-		sum += p;
+	if (threadIdx.x < GM) {
+		ms[threadIdx.x] = -INFINITY;
+		ls[threadIdx.x] = 0.0f;
 	}
-	sum = block_sum(sum); /* its __syncthreads also orders the writes of sc above */
-	float *oh = out + ((size_t)i * n_heads + h) * head_dim;
-	for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-		float o = 0.0f;
-		for (int t = 0; t < len; t++)
-			o += sc[t] * kv_rc(v + (size_t)t * kv_stride + koff,
-					   kv_scales(vs, (size_t)t * rows + r0, head_dim), d);
-		oh[d] = o / sum;
+	for (int j0 = 0; j0 < len; j0 += ATT_TILE) { /* block-uniform loop */
+		int cnt = min(ATT_TILE, len - j0);
+		__syncthreads(); /* qs, ms and ls written; the last tile's p read */
+		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
+			size_t t = (size_t)(j0 + j);
+			const KV *kt = k + t * kv_stride + koff;
+			const float *rs = kv_scales(ks, t * rows + (size_t)g, hd);
+			float part[GM];
+#pragma unroll
+			for (int hq = 0; hq < GM; hq++)
+				part[hq] = 0.0f;
+			for (int d = lane; d < hd; d += 32) {
+				float kd = kv_rc(kt, rs, d);
+#pragma unroll
+				for (int hq = 0; hq < GM; hq++)
+					part[hq] += qs[hq * hd + d] * kd;
+			}
+#pragma unroll
+			for (int hq = 0; hq < GM; hq++) {
+				float sc = warp_sum(part[hq]);
+				if (lane == 0)
+					p[hq * ATT_TILE + j] = sc * scale;
+			}
+		}
+		__syncthreads(); /* scores written */
+		if (threadIdx.x < nh) {
+			const float *ph = p + threadIdx.x * ATT_TILE;
+			float mt = -INFINITY, m = ms[threadIdx.x];
+			for (int j = 0; j < cnt; j++)
+				mt = fmaxf(mt, ph[j]);
+			float mn = fmaxf(m, mt);
+			/* all scores -inf so far: nothing to rescale (exp(-inf - -inf) is NaN) */
+			cr[threadIdx.x] = mn == -INFINITY ? 1.0f : expf(m - mn);
+			ms[threadIdx.x] = mn;
+		}
+		__syncthreads(); /* every head's scores read, ms and cr written */
+		for (int x = threadIdx.x; x < nh * ATT_TILE; x += blockDim.x) {
+			float mn = ms[x / ATT_TILE];
+			if (x % ATT_TILE < cnt)
+				p[x] = mn == -INFINITY ? 0.0f : expf(p[x] - mn);
+		}
+		__syncthreads(); /* p written */
+		if (threadIdx.x < nh) {
+			const float *ph = p + threadIdx.x * ATT_TILE;
+			float l = 0.0f;
+			for (int j = 0; j < cnt; j++)
+				l += ph[j];
+			ls[threadIdx.x] = ls[threadIdx.x] * cr[threadIdx.x] + l;
+		}
+		for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+			float a[GM];
+#pragma unroll
+			for (int hq = 0; hq < GM; hq++)
+				a[hq] = hq < nh ? acc[hq * hd + d] * cr[hq] : 0.0f;
+			for (int j = 0; j < cnt; j++) {
+				size_t t = (size_t)(j0 + j);
+				float vd = kv_rc(v + t * kv_stride + koff,
+						 kv_scales(vs, t * rows + (size_t)g, hd), d);
+#pragma unroll
+				for (int hq = 0; hq < GM; hq++)
+					a[hq] += hq < nh ? p[hq * ATT_TILE + j] * vd : 0.0f;
+			}
+#pragma unroll
+			for (int hq = 0; hq < GM; hq++)
+				if (hq < nh)
+					acc[hq * hd + d] = a[hq]; /* only this thread touches it */
+		}
 	}
+	__syncthreads(); /* ls written */
+	for (int x = threadIdx.x; x < nh * hd; x += blockDim.x)
+		out[((size_t)i * n_heads + h0 + x / hd) * hd + x % hd] = acc[x] / ls[x / hd];
+}
+
+/* The dynamic shared memory of k_attention<., gm> for head_dim hd, and 4 floats of slack:
+ * ptxas may merge a loop remainder's last scalar reads into one wider read past the end (what
+ * compute-sanitizer's memcheck caught in the earlier kernel, at 301 positions). */
+static size_t att_smem(int gm, int hd)
+{
+	return ((size_t)2 * gm * hd + (size_t)gm * ATT_TILE + 3 * (size_t)gm + 4) * sizeof(float);
+}
+
+template <typename KV>
+static void att_launch(int gm, dim3 grid, size_t smem, float *out, const float *q, const void *k,
+		       const void *v, const float *ks, const float *vs, int pos0, int n_heads,
+		       int n_kv, int head_dim, int kv_stride, float scale)
+{
+	const KV *kc = (const KV *)k, *vc = (const KV *)v;
+#define ATT(G)                                                                                 \
+	k_attention<KV, G><<<grid, ATT_THREADS, smem, wk_st()>>>(out, q, kc, vc, ks, vs, pos0,   \
+								   n_heads, n_kv, head_dim,      \
+								   kv_stride, scale)
+	switch (gm) {
+	case 1: ATT(1); break;
+	case 2: ATT(2); break;
+	case 4: ATT(4); break;
+	default: ATT(8); break;
+	}
+#undef ATT
 }
 
 extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, const void *v,
@@ -877,28 +969,28 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, cons
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: an fp8 KV cache needs its "
 			       "scales and rows of head_dim (stride %d, head_dim %d)", kv_stride,
 			       head_dim);
+	if (n_kv < 1 || n_heads % n_kv || head_dim < 1 || n_kv > 65535)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: %d heads over %d kv heads of "
+			       "%d", n_heads, n_kv, head_dim);
 	if (n <= 0)
 		return WK_OK;
-	if (pos0 + n > WK_CUDA_ATTN_MAX)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "CUDA attention: %d positions (this kernel holds up to %d)", pos0 + n,
-			       WK_CUDA_ATTN_MAX);
-	/* 4 floats past the scores: ptxas may merge the last 3 scalar reads of the value loop's
-	 * remainder into one 12-byte read, past the end when fewer remain (compute-sanitizer's
-	 * memcheck on an H200: an invalid shared read of 12 bytes at len 301) */
-	size_t smem = (size_t)(pos0 + n + 4) * sizeof(float);
+	int group = n_heads / n_kv, gm = group >= 8 ? 8 : group > 2 ? 4 : group;
+	size_t smem = att_smem(gm, head_dim);
+	if (smem > ATT_SMEM_MAX)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: head_dim %d (this kernel "
+			       "holds up to %d)", head_dim,
+			       (int)((ATT_SMEM_MAX / sizeof(float) - (size_t)gm * (ATT_TILE + 3) - 4) /
+				     (2 * (size_t)gm)));
+	dim3 grid((unsigned)n, (unsigned)n_kv, (unsigned)((group + gm - 1) / gm));
 	if (kv == DT_F8_E4M3)
-		k_attention<__nv_fp8_e4m3><<<n * n_heads, 128, smem, wk_st()>>>(
-			out, q, (const __nv_fp8_e4m3 *)k, (const __nv_fp8_e4m3 *)v, ks, vs, pos0,
-			n_heads, n_kv, head_dim, kv_stride, scale);
+		att_launch<__nv_fp8_e4m3>(gm, grid, smem, out, q, k, v, ks, vs, pos0, n_heads, n_kv,
+					  head_dim, kv_stride, scale);
 	else if (kv == DT_BF16)
-		k_attention<uint16_t><<<n * n_heads, 128, smem, wk_st()>>>(
-			out, q, (const uint16_t *)k, (const uint16_t *)v, NULL, NULL, pos0, n_heads,
-			n_kv, head_dim, kv_stride, scale);
+		att_launch<uint16_t>(gm, grid, smem, out, q, k, v, NULL, NULL, pos0, n_heads, n_kv,
+				     head_dim, kv_stride, scale);
 	else
-		k_attention<float><<<n * n_heads, 128, smem, wk_st()>>>(
-			out, q, (const float *)k, (const float *)v, NULL, NULL, pos0, n_heads, n_kv,
-			head_dim, kv_stride, scale);
+		att_launch<float>(gm, grid, smem, out, q, k, v, NULL, NULL, pos0, n_heads, n_kv,
+				  head_dim, kv_stride, scale);
 	return launched("attention", err, errsz);
 }
 

@@ -764,14 +764,23 @@ Test(cuda_kernels, attention_matches_ref)
 	 * a kv_stride wider than the kv heads (rows of a larger cache); an f32 cache, then the
 	 * decode and the chunk over a bf16 one (the reference on the same bf16 cache), then all
 	 * three over an FP8 one (rows of head_dim, each with its own scale: the stride one head
-	 * wider, the values of each row scaled by a factor of its own) */
-	static const int cases[][3] = {{1, 300, DT_F32},     {7, 0, DT_F32},     {4, 9, DT_F32},
-				       {1, 300, DT_BF16},    {4, 9, DT_BF16},    {1, 300, DT_F8_E4M3},
-				       {7, 0, DT_F8_E4M3}, {4, 9, DT_F8_E4M3}};
-	int heads = 8, kvh = 2, hd = 64;
+	 * wider, the values of each row scaled by a factor of its own). Then the kernel's other
+	 * shapes: 12 query heads a kv head (a block of 8 and one of 4), 3 (a block of 4 with one
+	 * empty), 1 with head_dim 200 over FP8 (two scale blocks a row, the last partial), and a
+	 * decode past 8,192 positions (the kernel once held every score in shared memory). */
+	static const struct {
+		int n, pos0, kv, heads, kvh, hd;
+	} cases[] = {{1, 300, DT_F32, 8, 2, 64},     {7, 0, DT_F32, 8, 2, 64},
+		     {4, 9, DT_F32, 8, 2, 64},       {1, 300, DT_BF16, 8, 2, 64},
+		     {4, 9, DT_BF16, 8, 2, 64},      {1, 300, DT_F8_E4M3, 8, 2, 64},
+		     {7, 0, DT_F8_E4M3, 8, 2, 64},   {4, 9, DT_F8_E4M3, 8, 2, 64},
+		     {3, 70, DT_F32, 12, 1, 128},    {3, 70, DT_F8_E4M3, 12, 1, 128},
+		     {2, 130, DT_BF16, 6, 2, 40},    {1, 150, DT_F8_E4M3, 4, 4, 200},
+		     {2, 140, DT_F32, 4, 4, 200},    {1, 9000, DT_F32, 2, 1, 16}};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-		int n = cases[c][0], pos0 = cases[c][1], len = pos0 + n;
-		enum dt_type kv = (enum dt_type)cases[c][2];
+		int n = cases[c].n, pos0 = cases[c].pos0, len = pos0 + n;
+		int heads = cases[c].heads, kvh = cases[c].kvh, hd = cases[c].hd;
+		enum dt_type kv = (enum dt_type)cases[c].kv;
 		bool f8 = kv == DT_F8_E4M3;
 		int stride = f8 ? (kvh + 1) * hd : kvh * hd + 16;
 		size_t nq = (size_t)n * heads * hd, nk = (size_t)len * stride;
@@ -788,8 +797,9 @@ Test(cuda_kernels, attention_matches_ref)
 		if (f8) {
 			kh = k16 = to_fp8(k, nk / (size_t)hd, hd, &ks);
 			vh = v16 = to_fp8(v, nk / (size_t)hd, hd, &vs);
-			dks = to_dev(ks, nk / (size_t)hd * sizeof(float));
-			dvs = to_dev(vs, nk / (size_t)hd * sizeof(float));
+			size_t sb = nk / (size_t)hd * (size_t)cpu_kv_blocks(hd) * sizeof(float);
+			dks = to_dev(ks, sb);
+			dvs = to_dev(vs, sb);
 		} else {
 			kh = kv_host(k, nk, kv, &k16);
 			vh = kv_host(v, nk, kv, &v16);
@@ -804,8 +814,8 @@ Test(cuda_kernels, attention_matches_ref)
 			     WK_OK, "%s", err);
 		from_dev(got, dout, nq * 4);
 		double r = rel(got, want, nq);
-		cr_expect_leq(r, TOL, "attention n=%d pos0=%d %s cache: %g", n, pos0, dt_name(kv),
-			      r);
+		cr_expect_leq(r, TOL, "attention n=%d pos0=%d %d:%d heads of %d, %s cache: %g", n,
+			      pos0, heads, kvh, hd, dt_name(kv), r);
 		free(k16);
 		free(v16);
 		free(ks);
@@ -823,10 +833,10 @@ Test(cuda_kernels, attention_matches_ref)
 		free(got);
 	}
 	float dummy;
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F32, 1,
-				       WK_CUDA_ATTN_MAX, 1, 1, 1, 1, 1.0f, err, sizeof err),
-		     WK_EUNSUPPORTED,
-		     "past the kernel's context the call is refused before any launch");
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F32, 1, 0, 8,
+				       1, 800, 800, 1.0f, err, sizeof err),
+		     WK_EINVAL, "a head_dim past the block's shared memory is refused");
+	cr_expect(strstr(err, "head_dim 800") && strstr(err, "up to 734"), "%s", err);
 	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F16, 1, 0, 1,
 				       1, 1, 1, 1.0f, err, sizeof err), WK_EINVAL,
 		     "an f16 cache is refused before any launch");
