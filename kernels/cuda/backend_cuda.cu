@@ -52,6 +52,8 @@ struct cuda_ctx {
 	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
 	float *dsa_scores;        /* dsa_topk's score rows, grown on demand (dsa_cap floats) */
 	size_t dsa_cap;
+	float *att_part;          /* attention's split parts, grown on demand (att_cap floats) */
+	size_t att_cap;
 	uint8_t *aq_codes;        /* matmul_fp8act's e4m3 activations and their scales, and */
 	float *aq_scales;         /* matmul_fp8w's bf16 halves of x: grown on demand (dev_grow; */
 	uint16_t *xb;             /* the caps in bytes) */
@@ -156,6 +158,7 @@ static void shutdown(void *ctx)
 	cudaFree(c->aq_scales);
 	cudaFree(c->xb);
 	cudaFree(c->dsa_scores);
+	cudaFree(c->att_part);
 	cudaFree(c->dsa_count);
 	pthread_mutex_destroy(&c->stage_mu);
 	free(c);
@@ -340,18 +343,6 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 	if (c->rc == WK_OK)
 		ok(c, wk_cuda_rope(x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved, err,
 				   sizeof err), err);
-}
-
-static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
-{
-	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-	char err[WK_ERRSZ];
-	if (c->rc == WK_OK)
-		ok(c, wk_cuda_attention(out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv,
-					head_dim, kv_stride, scale, err, sizeof err),
-		   err);
 }
 
 static_assert(WK_CAST_MAX == BE_CAST_MAX, "cast_n limits differ");
@@ -628,6 +619,40 @@ static unsigned *counters(struct cuda_ctx *c)
 	     !ok_cuda(c, cudaMemset(c->dsa_count, 0, bytes), "counters")))
 		return NULL;
 	return c->dsa_count;
+}
+
+/* The parts of a split attention (wk_cuda_attention) in the backend's own scratch, grown on
+ * demand up to ATT_PART_MAX floats (cudaFree and cudaMalloc wait for the device: a rare,
+ * load-time-like cost); where that fails, fewer parts or none: the same result, less spread
+ * over the device. Its counters are the last-block kernels' (counters()). */
+#define ATT_PART_MAX ((size_t)4 << 20)
+
+static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
+		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
+		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	if (c->rc != WK_OK)
+		return;
+	size_t need = wk_cuda_attention_part(n, pos0, n_heads, n_kv, head_dim);
+	need = need < ATT_PART_MAX ? need : ATT_PART_MAX;
+	if (need > c->att_cap) {
+		cudaFree(c->att_part);
+		c->att_part = NULL;
+		c->att_cap = 0;
+		if (cudaMalloc((void **)&c->att_part, need * sizeof(float)) == cudaSuccess)
+			c->att_cap = need;
+		else
+			cudaGetLastError(); /* out of memory: fewer parts */
+	}
+	unsigned *count = need ? counters(c) : NULL;
+	if (need && !count)
+		return;
+	struct wk_att_split sp = {c->att_part, c->att_cap, count, DSA_GROUPS};
+	ok(c, wk_cuda_attention(out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
+				kv_stride, scale, need ? &sp : NULL, err, sizeof err),
+	   err);
 }
 
 static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,

@@ -820,6 +820,9 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 #define ATT_THREADS 128
 #define ATT_TILE 64		  /* keys scored per step */
 #define ATT_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
+#define ATT_FILL 264		  /* blocks that fill an H200 (2 on each of 132 SMs) */
+#define ATT_SPLIT_MIN (4 * ATT_TILE) /* keys a split part scores at least */
+#define ATT_SPLIT_MAX 64
 
 /* Online softmax over tiles of ATT_TILE keys (mla_attend's scheme), so any number of keys
  * fits, for up to GM query heads of one kv head at once, so that each key and value is read
@@ -833,17 +836,25 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
  * Shared memory (dynamic): q [GM][head_dim], acc [GM][head_dim], p [GM][ATT_TILE], m, l and
  * corr [GM]. KV: the cache's elements, float, bf16 bits or e4m3 codes (kv_rc; FP8: ks, vs the
  * scales of rows of head_dim, one a position and kv head). Block (i, g, z) runs token i's
- * query heads g * group + z * GM .. (nh of them) over kv head g. */
+ * query heads g * group + (z / split) * GM .. (nh of them) over kv head g, and of their keys
+ * part z % split (split > 1, flash-decoding: when the blocks are too few to fill the device,
+ * each scores a contiguous part of the keys and leaves its m, l and acc in part; the last of
+ * a (token, kv head, heads) to count itself on its counter merges them and zeroes it). */
 template <typename KV, int GM>
 __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v,
 			    const float *ks, const float *vs, int pos0, int n_heads, int n_kv,
-			    int head_dim, int kv_stride, float scale)
+			    int head_dim, int kv_stride, float scale, int split, float *part,
+			    unsigned *count)
 {
 	extern __shared__ float sm[];
+	__shared__ int last;
 	grid_dep_launch();
 	int group = n_heads / n_kv, i = blockIdx.x, g = blockIdx.y;
-	int h0 = g * group + blockIdx.z * GM, nh = min(GM, (g + 1) * group - h0);
+	int chunk = (int)blockIdx.z / split, sp = (int)blockIdx.z % split;
+	int h0 = g * group + chunk * GM, nh = min(GM, (g + 1) * group - h0);
 	int len = pos0 + i + 1, hd = head_dim;
+	int span = ((len + split - 1) / split + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+	int k0 = min(len, sp * span), k1 = min(len, k0 + span);
 	float *qs = sm, *acc = qs + GM * hd, *p = acc + GM * hd, *ms = p + GM * ATT_TILE;
 	float *ls = ms + GM, *cr = ls + GM;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -857,26 +868,26 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 		ms[threadIdx.x] = -INFINITY;
 		ls[threadIdx.x] = 0.0f;
 	}
-	for (int j0 = 0; j0 < len; j0 += ATT_TILE) { /* block-uniform loop */
-		int cnt = min(ATT_TILE, len - j0);
+	for (int j0 = k0; j0 < k1; j0 += ATT_TILE) { /* block-uniform loop */
+		int cnt = min(ATT_TILE, k1 - j0);
 		__syncthreads(); /* qs, ms and ls written; the last tile's p read */
 		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
 			size_t t = (size_t)(j0 + j);
 			const KV *kt = k + t * kv_stride + koff;
 			const float *rs = kv_scales(ks, t * rows + (size_t)g, hd);
-			float part[GM];
+			float pt[GM];
 #pragma unroll
 			for (int hq = 0; hq < GM; hq++)
-				part[hq] = 0.0f;
+				pt[hq] = 0.0f;
 			for (int d = lane; d < hd; d += 32) {
 				float kd = kv_rc(kt, rs, d);
 #pragma unroll
 				for (int hq = 0; hq < GM; hq++)
-					part[hq] += qs[hq * hd + d] * kd;
+					pt[hq] += qs[hq * hd + d] * kd;
 			}
 #pragma unroll
 			for (int hq = 0; hq < GM; hq++) {
-				float sc = warp_sum(part[hq]);
+				float sc = warp_sum(pt[hq]);
 				if (lane == 0)
 					p[hq * ATT_TILE + j] = sc * scale;
 			}
@@ -925,9 +936,48 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 					acc[hq * hd + d] = a[hq]; /* only this thread touches it */
 		}
 	}
-	__syncthreads(); /* ls written */
+	__syncthreads(); /* ls and acc written */
+	if (split == 1) {
+		for (int x = threadIdx.x; x < nh * hd; x += blockDim.x)
+			out[((size_t)i * n_heads + h0 + x / hd) * hd + x % hd] = acc[x] / ls[x / hd];
+		return;
+	}
+	/* part [n][n_heads][split][2 + head_dim]: m, l, then acc */
+	size_t pw = (size_t)hd + 2;
 	for (int x = threadIdx.x; x < nh * hd; x += blockDim.x)
-		out[((size_t)i * n_heads + h0 + x / hd) * hd + x % hd] = acc[x] / ls[x / hd];
+		part[(((size_t)i * n_heads + h0 + x / hd) * split + sp) * pw + 2 + x % hd] = acc[x];
+	if (threadIdx.x < nh) {
+		float *ph = part + (((size_t)i * n_heads + h0 + threadIdx.x) * split + sp) * pw;
+		ph[0] = ms[threadIdx.x];
+		ph[1] = ls[threadIdx.x];
+	}
+	__threadfence(); /* this block's part is visible before its counter moves */
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		unsigned *c = count + ((size_t)i * gridDim.y + g) * (gridDim.z / split) + chunk;
+		last = atomicAdd(c, 1u) == (unsigned)split - 1;
+		if (last)
+			*c = 0;
+	}
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence(); /* then every other block's parts */
+	/* read volatile (from L2, not this SM's L1: other blocks wrote them) */
+	const volatile float *pv = part;
+	for (int x = threadIdx.x; x < nh * hd; x += blockDim.x) {
+		size_t row = ((size_t)i * n_heads + h0 + x / hd) * split;
+		float m = -INFINITY, l = 0.0f, o = 0.0f;
+		for (int s = 0; s < split; s++)
+			m = fmaxf(m, pv[(row + s) * pw]);
+		for (int s = 0; s < split; s++) {
+			float ms_ = pv[(row + s) * pw];
+			float w = ms_ == -INFINITY ? 0.0f : expf(ms_ - m); /* an empty part: none */
+			l += pv[(row + s) * pw + 1] * w;
+			o += pv[(row + s) * pw + 2 + x % hd] * w;
+		}
+		out[((size_t)i * n_heads + h0 + x / hd) * hd + x % hd] = o / l;
+	}
 }
 
 /* The dynamic shared memory of k_attention<., gm> for head_dim hd, and 4 floats of slack:
@@ -938,16 +988,44 @@ static size_t att_smem(int gm, int hd)
 	return ((size_t)2 * gm * hd + (size_t)gm * ATT_TILE + 3 * (size_t)gm + 4) * sizeof(float);
 }
 
+/* Query heads a block of a group of that many runs. */
+static int att_gm(int group)
+{
+	return group >= 8 ? 8 : group > 2 ? 4 : group;
+}
+
+/* The parts the keys of the longest query of n at pos0 go in, its blocks (token, kv head,
+ * heads) being that many: enough blocks to fill the device, each part at least
+ * ATT_SPLIT_MIN keys, at most ATT_SPLIT_MAX parts. */
+static int att_split(int blocks, int n, int pos0)
+{
+	if (blocks >= ATT_FILL)
+		return 1;
+	int by_fill = (ATT_FILL + blocks - 1) / blocks, by_len = (pos0 + n) / ATT_SPLIT_MIN;
+	int s = by_fill < by_len ? by_fill : by_len;
+	return s < 1 ? 1 : s > ATT_SPLIT_MAX ? ATT_SPLIT_MAX : s;
+}
+
+extern "C" size_t wk_cuda_attention_part(int n, int pos0, int n_heads, int n_kv, int head_dim)
+{
+	if (n < 1 || n_kv < 1 || n_heads % n_kv || head_dim < 1)
+		return 0;
+	int group = n_heads / n_kv, gm = att_gm(group);
+	int s = att_split(n * n_kv * ((group + gm - 1) / gm), n, pos0);
+	return s > 1 ? (size_t)n * n_heads * s * ((size_t)head_dim + 2) : 0;
+}
+
 template <typename KV>
 static void att_launch(int gm, dim3 grid, size_t smem, float *out, const float *q, const void *k,
 		       const void *v, const float *ks, const float *vs, int pos0, int n_heads,
-		       int n_kv, int head_dim, int kv_stride, float scale)
+		       int n_kv, int head_dim, int kv_stride, float scale, int split, float *part,
+		       unsigned *count)
 {
 	const KV *kc = (const KV *)k, *vc = (const KV *)v;
 #define ATT(G)                                                                                 \
-	k_attention<KV, G><<<grid, ATT_THREADS, smem, wk_st()>>>(out, q, kc, vc, ks, vs, pos0,   \
-								   n_heads, n_kv, head_dim,      \
-								   kv_stride, scale)
+	k_attention<KV, G><<<grid, ATT_THREADS, smem, wk_st()>>>(                              \
+		out, q, kc, vc, ks, vs, pos0, n_heads, n_kv, head_dim, kv_stride, scale, split, \
+		part, count)
 	switch (gm) {
 	case 1: ATT(1); break;
 	case 2: ATT(2); break;
@@ -960,7 +1038,7 @@ static void att_launch(int gm, dim3 grid, size_t smem, float *out, const float *
 extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, const void *v,
 				 const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
 				 int n_heads, int n_kv, int head_dim, int kv_stride, float scale,
-				 char *err, size_t errsz)
+				 const struct wk_att_split *sp, char *err, size_t errsz)
 {
 	if (kv != DT_F32 && kv != DT_BF16 && kv != DT_F8_E4M3)
 		return wk_errf(err, errsz, WK_EINVAL,
@@ -974,23 +1052,32 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, cons
 			       "%d", n_heads, n_kv, head_dim);
 	if (n <= 0)
 		return WK_OK;
-	int group = n_heads / n_kv, gm = group >= 8 ? 8 : group > 2 ? 4 : group;
+	int group = n_heads / n_kv, gm = att_gm(group), chunks = (group + gm - 1) / gm;
 	size_t smem = att_smem(gm, head_dim);
 	if (smem > ATT_SMEM_MAX)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: head_dim %d (this kernel "
 			       "holds up to %d)", head_dim,
 			       (int)((ATT_SMEM_MAX / sizeof(float) - (size_t)gm * (ATT_TILE + 3) - 4) /
 				     (2 * (size_t)gm)));
-	dim3 grid((unsigned)n, (unsigned)n_kv, (unsigned)((group + gm - 1) / gm));
+	int blocks = n * n_kv * chunks, split = att_split(blocks, n, pos0);
+	size_t per = (size_t)n * n_heads * ((size_t)head_dim + 2); /* part's floats a split */
+	if (!sp || !sp->part || !sp->count || blocks > sp->count_n)
+		split = 1;
+	else if (split > 1 && (size_t)split * per > sp->part_floats)
+		split = (int)(sp->part_floats / per);
+	split = split < 1 ? 1 : split;
+	dim3 grid((unsigned)n, (unsigned)n_kv, (unsigned)(chunks * split));
+	float *part = split > 1 ? sp->part : NULL;
+	unsigned *count = split > 1 ? sp->count : NULL;
 	if (kv == DT_F8_E4M3)
 		att_launch<__nv_fp8_e4m3>(gm, grid, smem, out, q, k, v, ks, vs, pos0, n_heads, n_kv,
-					  head_dim, kv_stride, scale);
+					  head_dim, kv_stride, scale, split, part, count);
 	else if (kv == DT_BF16)
 		att_launch<uint16_t>(gm, grid, smem, out, q, k, v, NULL, NULL, pos0, n_heads, n_kv,
-				     head_dim, kv_stride, scale);
+				     head_dim, kv_stride, scale, split, part, count);
 	else
 		att_launch<float>(gm, grid, smem, out, q, k, v, NULL, NULL, pos0, n_heads, n_kv,
-				  head_dim, kv_stride, scale);
+				  head_dim, kv_stride, scale, split, part, count);
 	return launched("attention", err, errsz);
 }
 

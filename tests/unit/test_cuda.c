@@ -767,7 +767,10 @@ Test(cuda_kernels, attention_matches_ref)
 	 * wider, the values of each row scaled by a factor of its own). Then the kernel's other
 	 * shapes: 12 query heads a kv head (a block of 8 and one of 4), 3 (a block of 4 with one
 	 * empty), 1 with head_dim 200 over FP8 (two scale blocks a row, the last partial), and a
-	 * decode past 8,192 positions (the kernel once held every score in shared memory). */
+	 * decode past 8,192 positions (the kernel once held every score in shared memory). Each
+	 * runs whole and, given the scratch, with its keys split over blocks where it would be
+	 * split (the longer ones: 5, 3 parts of a causal prefill, 2, 35), whose counters must be
+	 * left zero. */
 	static const struct {
 		int n, pos0, kv, heads, kvh, hd;
 	} cases[] = {{1, 300, DT_F32, 8, 2, 64},     {7, 0, DT_F32, 8, 2, 64},
@@ -776,7 +779,14 @@ Test(cuda_kernels, attention_matches_ref)
 		     {7, 0, DT_F8_E4M3, 8, 2, 64},   {4, 9, DT_F8_E4M3, 8, 2, 64},
 		     {3, 70, DT_F32, 12, 1, 128},    {3, 70, DT_F8_E4M3, 12, 1, 128},
 		     {2, 130, DT_BF16, 6, 2, 40},    {1, 150, DT_F8_E4M3, 4, 4, 200},
-		     {2, 140, DT_F32, 4, 4, 200},    {1, 9000, DT_F32, 2, 1, 16}};
+		     {2, 140, DT_F32, 4, 4, 200},    {1, 9000, DT_F32, 2, 1, 16},
+		     {1, 1500, DT_F8_E4M3, 8, 2, 64}, {3, 1000, DT_BF16, 12, 1, 128},
+		     {2, 600, DT_F32, 6, 2, 40}};
+	enum { COUNTERS = 4096 };
+	unsigned *dcount, zero[COUNTERS] = {0}, back[COUNTERS];
+	cr_assert_eq(wk_cuda_alloc((void **)&dcount, sizeof zero, err, sizeof err), WK_OK);
+	cr_assert_eq(wk_cuda_upload(dcount, zero, sizeof zero, err, sizeof err), WK_OK, "%s", err);
+	int splits = 0;
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int n = cases[c].n, pos0 = cases[c].pos0, len = pos0 + n;
 		int heads = cases[c].heads, kvh = cases[c].kvh, hd = cases[c].hd;
@@ -810,12 +820,31 @@ Test(cuda_kernels, attention_matches_ref)
 		void *dk = to_dev(kh, nk * dt_size(kv)), *dv = to_dev(vh, nk * dt_size(kv));
 		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
 		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, dks, dvs, kv, n, pos0, heads,
-					       kvh, hd, stride, scale, err, sizeof err),
+					       kvh, hd, stride, scale, NULL, err, sizeof err),
 			     WK_OK, "%s", err);
 		from_dev(got, dout, nq * 4);
 		double r = rel(got, want, nq);
 		cr_expect_leq(r, TOL, "attention n=%d pos0=%d %d:%d heads of %d, %s cache: %g", n,
 			      pos0, heads, kvh, hd, dt_name(kv), r);
+		size_t pf = wk_cuda_attention_part(n, pos0, heads, kvh, hd);
+		if (pf) { /* split */
+			float *dpart;
+			splits++;
+			cr_assert_eq(wk_cuda_alloc((void **)&dpart, pf * 4, err, sizeof err), WK_OK);
+			struct wk_att_split sp = {dpart, pf, dcount, COUNTERS};
+			cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, dks, dvs, kv, n, pos0,
+						       heads, kvh, hd, stride, scale, &sp, err,
+						       sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dout, nq * 4);
+			r = rel(got, want, nq);
+			cr_expect_leq(r, TOL, "attention split in %zu parts, n=%d pos0=%d %s: %g",
+				      pf / ((size_t)n * heads * (hd + 2)), n, pos0, dt_name(kv), r);
+			cr_assert_eq(wk_cuda_download(back, dcount, sizeof back, err, sizeof err),
+				     WK_OK);
+			cr_expect_eq(memcmp(back, zero, sizeof zero), 0, "counters left non-zero");
+			wk_cuda_free(dpart);
+		}
 		free(k16);
 		free(v16);
 		free(ks);
@@ -832,19 +861,21 @@ Test(cuda_kernels, attention_matches_ref)
 		free(want);
 		free(got);
 	}
+	cr_expect_eq(splits, 4, "cases split: %d", splits);
+	wk_cuda_free(dcount);
 	float dummy;
 	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F32, 1, 0, 8,
-				       1, 800, 800, 1.0f, err, sizeof err),
+				       1, 800, 800, 1.0f, NULL, err, sizeof err),
 		     WK_EINVAL, "a head_dim past the block's shared memory is refused");
 	cr_expect(strstr(err, "head_dim 800") && strstr(err, "up to 734"), "%s", err);
 	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F16, 1, 0, 1,
-				       1, 1, 1, 1.0f, err, sizeof err), WK_EINVAL,
+				       1, 1, 1, 1.0f, NULL, err, sizeof err), WK_EINVAL,
 		     "an f16 cache is refused before any launch");
 	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F8_E4M3, 1,
-				       0, 1, 1, 8, 8, 1.0f, err, sizeof err), WK_EINVAL,
+				       0, 1, 1, 8, 8, 1.0f, NULL, err, sizeof err), WK_EINVAL,
 		     "an fp8 cache without its scales is refused before any launch");
 	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, &dummy, &dummy,
-				       DT_F8_E4M3, 1, 0, 1, 1, 8, 12, 1.0f, err, sizeof err),
+				       DT_F8_E4M3, 1, 0, 1, 1, 8, 12, 1.0f, NULL, err, sizeof err),
 		     WK_EINVAL, "an fp8 cache whose rows are not head_dim wide is refused");
 }
 
