@@ -792,6 +792,123 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
+/* GQA attention decoding one token at GLM-4.5's shape on one GPU (96 query heads over 8 kv
+ * heads of 128) after ATT_CTX positions, over a bf16 and an FP8 cache, with its keys split
+ * over blocks (the backend's way: 16 blocks of (kv head, 8 query heads) cannot fill the
+ * device) and whole: GB/s of the cache read (keys, values and FP8's scales) against the
+ * copy. Checked first: the query heads of the first and the last kv head against
+ * cpu_ref_attention on the downloaded cache (1e-4 of the largest output). WK_OK or WK_EIO. */
+#define ATT_CTX 32768
+#define ATT_HEADS 96
+#define ATT_KV 8
+#define ATT_HD 128
+#define ATT_CALLS 20
+static int lab_attention(double ceil_gbs)
+{
+	char err[WK_ERRSZ] = "";
+	size_t len = ATT_CTX, nq = (size_t)ATT_HEADS * ATT_HD, ne = len * ATT_KV * ATT_HD;
+	size_t nrow = len * ATT_KV, pf = wk_cuda_attention_part(1, ATT_CTX - 1, ATT_HEADS, ATT_KV,
+							       ATT_HD);
+	void *k = NULL, *v = NULL;
+	float *ks = NULL, *vs = NULL, *q = NULL, *o = NULL, *part = NULL;
+	unsigned *count = NULL;
+	float *hq = (float *)malloc(nq * 4), *got = (float *)malloc(nq * 4);
+	float *want = (float *)malloc(nq * 4), *hks = (float *)malloc(nrow * 4);
+	float *hvs = (float *)malloc(nrow * 4);
+	unsigned char *hk = (unsigned char *)malloc(ne * 2), *hv = (unsigned char *)malloc(ne * 2);
+	int failed = 0;
+	float scale = 1.0f / sqrtf((float)ATT_HD);
+	printf("\n%-40s %10s %10s   (%d positions, %d:%d heads of %d)\n",
+	       "kernel (decode attention, GQA)", "GB/s", "of copy", ATT_CTX, ATT_HEADS, ATT_KV,
+	       ATT_HD);
+	if (!hq || !got || !want || !hks || !hvs || !hk || !hv ||
+	    wk_cuda_alloc(&k, ne * 2, err, sizeof err) || wk_cuda_alloc(&v, ne * 2, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&ks, nrow * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&vs, nrow * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&o, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&part, (pf ? pf : 1) * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&count, 4096 * 4, err, sizeof err) ||
+	    cudaMemset(count, 0, 4096 * 4) != cudaSuccess || fill_random(k, ne * 2, false, -1, 1) ||
+	    fill_random(v, ne * 2, false, -1, 1) || fill_random(ks, nrow * 4, true, 0.5f, 1.5f) ||
+	    fill_random(vs, nrow * 4, true, 0.5f, 1.5f) || fill_random(q, nq * 4, true, -1, 1) ||
+	    wk_cuda_download(hq, q, nq * 4, err, sizeof err) ||
+	    wk_cuda_download(hk, k, ne * 2, err, sizeof err) ||
+	    wk_cuda_download(hv, v, ne * 2, err, sizeof err) ||
+	    wk_cuda_download(hks, ks, nrow * 4, err, sizeof err) ||
+	    wk_cuda_download(hvs, vs, nrow * 4, err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "attention", "FAILED",
+		       err[0] ? err : "out of memory, or the fill failed");
+		failed = 1;
+		goto out;
+	}
+	for (int f8 = 0; f8 < 2; f8++) {
+		enum dt_type kv = f8 ? DT_F8_E4M3 : DT_BF16;
+		const float *dks = f8 ? ks : NULL, *dvs = f8 ? vs : NULL;
+		struct wk_att_split sp = {part, pf, count, 4096};
+		const int grp = ATT_HEADS / ATT_KV, gw = grp * ATT_HD; /* a kv head's queries */
+		size_t es = f8 ? 1 : 2, lo = (size_t)(ATT_KV - 1) * ATT_HD; /* the last kv head */
+		cpu_ref_attention(want, hq, hk, hv, hks, hvs, kv, 1, ATT_CTX - 1, grp, 1, ATT_HD,
+				  ATT_KV * ATT_HD, scale);
+		cpu_ref_attention(want + gw, hq + (size_t)(ATT_HEADS - grp) * ATT_HD, hk + lo * es,
+				  hv + lo * es, hks + ATT_KV - 1, hvs + ATT_KV - 1, kv, 1,
+				  ATT_CTX - 1, grp, 1, ATT_HD, ATT_KV * ATT_HD, scale);
+		for (int whole = 0; whole < 2; whole++) {
+			char name[64];
+			snprintf(name, sizeof name, "%s cache, %s", f8 ? "fp8" : "bf16",
+				 whole ? "whole (16 blocks)" : "split");
+			const struct wk_att_split *s = whole ? NULL : &sp;
+			double worst = INFINITY;
+			if (wk_cuda_attention(o, q, k, v, dks, dvs, kv, 1, ATT_CTX - 1, ATT_HEADS,
+					      ATT_KV, ATT_HD, ATT_KV * ATT_HD, scale, s, err,
+					      sizeof err) == WK_OK &&
+			    wk_cuda_sync(err, sizeof err) == WK_OK &&
+			    wk_cuda_download(got, o, nq * 4, err, sizeof err) == WK_OK)
+				worst = fmax(lab_rel(got, want, 1, (int)nq, 0, gw),
+					     lab_rel(got, want + gw, 1, (int)nq, (int)nq - gw, gw));
+			float ms = time_ms([&]() -> int {
+				for (int c = 0; c < ATT_CALLS; c++) {
+					int r = wk_cuda_attention(o, q, k, v, dks, dvs, kv, 1,
+								  ATT_CTX - 1, ATT_HEADS, ATT_KV,
+								  ATT_HD, ATT_KV * ATT_HD, scale, s,
+								  err, sizeof err);
+					if (r != WK_OK)
+						return r;
+				}
+				return WK_OK;
+			});
+			bool ok = worst <= 1e-4;
+			failed |= !ok || ms <= 0;
+			if (ms <= 0) {
+				printf("%-40s %10s   (%s)\n", name, "FAILED", err);
+				continue;
+			}
+			double bytes = (double)ne * 2 * (f8 ? 1 : 2) + (f8 ? 2.0 * nrow * 4 : 0);
+			double gbs = bytes * ATT_CALLS / (ms * 1e-3) / 1e9;
+			printf("%-40s %10.0f %9.0f%%   %.1f us a call; %s %.1e off the CPU\n", name,
+			       gbs, 100.0 * gbs / ceil_gbs, 1e3 * ms / ATT_CALLS,
+			       ok ? "checked:" : "WRONG:", worst);
+		}
+	}
+out:
+	wk_cuda_free(k);
+	wk_cuda_free(v);
+	wk_cuda_free(ks);
+	wk_cuda_free(vs);
+	wk_cuda_free(q);
+	wk_cuda_free(o);
+	wk_cuda_free(part);
+	wk_cuda_free(count);
+	free(hq);
+	free(got);
+	free(want);
+	free(hks);
+	free(hvs);
+	free(hk);
+	free(hv);
+	return failed ? WK_EIO : WK_OK;
+}
+
 /* cuBLASLt's FP8 and bf16 TFLOPS on the GEMM lab's two shapes: the matrix ceilings of its
  * table (bf16 for the f32-activation GEMM, whose tensor-core work is bf16). */
 struct blas_ceilings {
@@ -992,6 +1109,8 @@ extern "C" int wk_cuda_lab(const char *only)
 		lab_ceilings(&blas);
 		printf("\n");
 		rc = gemv ? lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x) : WK_OK;
+		if (gemv && lab_attention(ceil_gbs) != WK_OK)
+			rc = WK_EIO;
 		if (!gemm)
 			goto out;
 		printf("\n%-40s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
