@@ -1706,6 +1706,31 @@ static void agreement(const float *a, const float *ref, int n, int V, double *co
 	}
 }
 
+/* fp8 caches on the model in dir against f32 and bf16 ones: printed, the logits differing from
+ * the bf16 caches' (the cache does quantize) and, bounded, the mean cosine and top-1 against
+ * f32 held to a gross-error gate; then check_cache_paths. Returns the fp8 prefill's logits
+ * (to free), V its vocabulary. */
+static float *check_fp8_cache(const char *dir, const char *what, bool bounded, int *V)
+{
+	float *ref = prefill_kv(dir, "f32", V), *b16 = prefill_kv(dir, "bf16", V);
+	float *got = prefill_kv(dir, "fp8", V);
+	struct engine *e = open_model(dir);
+	double worst = worst_rel(got, ref, *V), worst16 = worst_rel(got, b16, *V), cos, top1;
+	agreement(got, ref, NIDS, *V, &cos, &top1);
+	fprintf(stderr, "glm kv fp8: %s: fp8 vs f32 caches, worst relative difference %.2g, "
+		"mean cosine %.6f, top-1 %.2f (vs bf16 caches: %.2g)\n", what, worst, cos, top1,
+		worst16);
+	cr_expect(!bounded || (cos >= 0.998 && top1 >= 0.8), "%s: fp8 vs f32 caches: mean "
+		  "cosine %g, top-1 %g", what, cos, top1);
+	cr_expect(worst16 > 1e-3, "%s: the fp8 caches' logits are the bf16 caches' (%g)", what,
+		  worst16);
+	check_cache_paths(e, dir, got, *V, what);
+	kv_opt = NULL;
+	free(ref);
+	free(b16);
+	return got;
+}
+
 /* FP8 KV caches (GLM-5: the latent and the indexer keys e4m3 with a scale per 128, k_pe
  * bf16), with kv_a whole (FP8 weights) and split (bf16). Dense (index_topk 16 over 12
  * positions): the logits stay near the f32 caches' (a gross-error gate: e4m3 keeps 3 mantissa
@@ -1725,23 +1750,7 @@ Test(glm, kv_fp8)
 		d.topk = k < 2 ? 16 : 4;
 		write_glm5(dir, &d);
 		int V;
-		float *ref = prefill_kv(dir, "f32", &V), *b16 = prefill_kv(dir, "bf16", &V);
-		float *got = prefill_kv(dir, "fp8", &V);
-		struct engine *e = open_model(dir);
-		double worst = worst_rel(got, ref, V), worst16 = worst_rel(got, b16, V), cos, top1;
-		agreement(got, ref, NIDS, V, &cos, &top1);
-		fprintf(stderr, "glm kv fp8: %s: fp8 vs f32 caches, worst relative difference %.2g, "
-			"mean cosine %.6f, top-1 %.2f (vs bf16 caches: %.2g)\n", what[k], worst, cos,
-			top1, worst16);
-		cr_expect(k >= 2 || (cos >= 0.998 && top1 >= 0.8), "%s: fp8 vs f32 caches: mean "
-			  "cosine %g, top-1 %g", what[k], cos, top1);
-		cr_expect(worst16 > 1e-3, "%s: the fp8 caches' logits are the bf16 caches' (%g)",
-			  what[k], worst16);
-		check_cache_paths(e, dir, got, V, what[k]);
-		kv_opt = NULL;
-		free(ref);
-		free(b16);
-		free(got);
+		free(check_fp8_cache(dir, what[k], k < 2, &V));
 		rm_rf(dir);
 		free(dir);
 	}
@@ -1769,19 +1778,7 @@ Test(glm, kv_fp8_gqa)
 		char *dir = mkdir_tmp();
 		write_glm4(dir, k == 0 ? DT_F8_E4M3 : DT_BF16, 4, 2, 0.1f);
 		int V;
-		float *ref = prefill_kv(dir, "f32", &V), *b16 = prefill_kv(dir, "bf16", &V);
-		float *got = prefill_kv(dir, "fp8", &V);
-		struct engine *e = open_model(dir);
-		double worst = worst_rel(got, ref, V), worst16 = worst_rel(got, b16, V), cos, top1;
-		agreement(got, ref, NIDS, V, &cos, &top1);
-		fprintf(stderr, "glm kv fp8: %s: fp8 vs f32 caches, worst relative difference %.2g, "
-			"mean cosine %.6f, top-1 %.2f (vs bf16 caches: %.2g)\n", what[k], worst, cos,
-			top1, worst16);
-		cr_expect(cos >= 0.998 && top1 >= 0.8, "%s: fp8 vs f32 caches: mean cosine %g, "
-			  "top-1 %g", what[k], cos, top1);
-		cr_expect(worst16 > 1e-3, "%s: the fp8 caches' logits are the bf16 caches' (%g)",
-			  what[k], worst16);
-		check_cache_paths(e, dir, got, V, what[k]);
+		float *got = check_fp8_cache(dir, what[k], true, &V);
 		cpu_force_scalar(true);
 		float *sc = prefill_kv(dir, "fp8", &V);
 		cpu_force_scalar(false);
@@ -1789,8 +1786,6 @@ Test(glm, kv_fp8_gqa)
 			      worst_rel(sc, got, V));
 		kv_opt = NULL;
 		free(sc);
-		free(ref);
-		free(b16);
 		free(got);
 		rm_rf(dir);
 		free(dir);

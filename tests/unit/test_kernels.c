@@ -300,9 +300,9 @@ static const struct attn_shape attn_shapes[] = {
 };
 
 /* An FP8 cache (rows of head_dim with their scales, cpu_ref_attention's contract): each head
- * row of f32 [len][s8] scaled by a factor of its own (0.5 .. 2), so that every row has its own scales
- * (a scale read from another row is far off), quantized into c / cs and dequantized back
- * into f (what the reference must read the codes as). */
+ * row of f32 [len][s8] scaled by a factor of its own (0.5 .. 2), so that every row has its
+ * own scales (a scale read from another row is far off), quantized into c / cs and
+ * dequantized back into f (what the reference must read the codes as). */
 static void fp8_cache(float *f, uint8_t *c, float *cs, int len, int s8, int head_dim)
 {
 	size_t n = (size_t)len * s8;
@@ -311,6 +311,16 @@ static void fp8_cache(float *f, uint8_t *c, float *cs, int len, int s8, int head
 			f[r * head_dim + d] *= 0.5f + (float)(r * 7 % 13) / 8.0f;
 	cpu_ref_cast(c, DT_F8_E4M3, f, DT_F32, n, cs, NULL, head_dim);
 	cpu_ref_cast(f, DT_F32, c, DT_F8_E4M3, n, NULL, cs, head_dim);
+}
+
+/* The fast kernel's out [nq] against the reference's: 1e-5 + 1e-4 of each value. */
+static void expect_close(const float *got, const float *want, size_t nq, size_t s,
+			 struct cpu_pool *p, const char *what)
+{
+	for (size_t i = 0; i < nq; i++)
+		cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
+			  "shape %zu threads %d: %s out[%zu] = %g, want %g", s, cpu_pool_size(p),
+			  what, i, got[i], want[i]);
 }
 
 static void check_attention(struct cpu_pool *p)
@@ -329,14 +339,11 @@ static void check_attention(struct cpu_pool *p)
 		float *want = malloc(nq * sizeof *want), *got = malloc(nq * sizeof *got);
 		cr_assert(want && got);
 		float scale = 1.0f / sqrtf((float)a.head_dim);
-		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
-				  kv_stride, scale);
-		cpu_attention(p, got, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
-			      kv_stride, scale);
-		for (size_t i = 0; i < nq; i++)
-			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
-				  "shape %zu threads %d: out[%zu] = %g, want %g", s, cpu_pool_size(p),
-				  i, got[i], want[i]);
+		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv,
+				  a.head_dim, kv_stride, scale);
+		cpu_attention(p, got, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv,
+			      a.head_dim, kv_stride, scale);
+		expect_close(got, want, nq, s, p, "f32");
 		/* a bf16 cache: the reference reads it as the f32 cache of its values would be
 		 * read (bit for bit), and the fast kernel agrees with that */
 		size_t nk = (size_t)len * kv_stride;
@@ -346,17 +353,14 @@ static void check_attention(struct cpu_pool *p)
 		cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk, NULL, NULL, 0);
 		cpu_ref_cast(k, DT_F32, k16, DT_BF16, nk, NULL, NULL, 0);
 		cpu_ref_cast(v, DT_F32, v16, DT_BF16, nk, NULL, NULL, 0);
-		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv, a.head_dim,
-				  kv_stride, scale);
-		cpu_ref_attention(got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
+		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv,
 				  a.head_dim, kv_stride, scale);
+		cpu_ref_attention(got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads,
+				  a.n_kv, a.head_dim, kv_stride, scale);
 		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: bf16 reference", s);
-		cpu_attention(p, got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads, a.n_kv,
-			      a.head_dim, kv_stride, scale);
-		for (size_t i = 0; i < nq; i++)
-			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
-				  "shape %zu threads %d: bf16 out[%zu] = %g, want %g", s,
-				  cpu_pool_size(p), i, got[i], want[i]);
+		cpu_attention(p, got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads,
+			      a.n_kv, a.head_dim, kv_stride, scale);
+		expect_close(got, want, nq, s, p, "bf16");
 		free(k16);
 		free(v16);
 		/* an FP8 cache, rows one kv head wider than the heads: the reference reads it as
@@ -376,10 +380,7 @@ static void check_attention(struct cpu_pool *p)
 		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: fp8 reference", s);
 		cpu_attention(p, got, q, k8, v8, ks, vs, DT_F8_E4M3, a.n, a.pos0, a.n_heads,
 			      a.n_kv, a.head_dim, s8, scale);
-		for (size_t i = 0; i < nq; i++)
-			cr_assert(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i]),
-				  "shape %zu threads %d: fp8 out[%zu] = %g, want %g", s,
-				  cpu_pool_size(p), i, got[i], want[i]);
+		expect_close(got, want, nq, s, p, "fp8");
 		free(kf);
 		free(vf);
 		free(ks);
