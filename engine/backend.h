@@ -296,7 +296,7 @@ struct backend {
 	 * seg[i] = the chained launch link i runs in (0, 1, ... in order, each over consecutive
 	 * links; chain on exactly those links makes that one launch), or -1 where link i runs as
 	 * be_chain_each runs it; returns the number of chained launches. For the launch counter
-	 * (engine/count.c). Optional (NULL: chain is always one launch). */
+	 * (engine/count.c). Optional (NULL: chain is always one launch); only with chain. */
 	int (*chain_plan)(void *ctx, const struct be_link *l, int count, int *seg);
 
 	/* ---- GLM families (reference definitions: kernels/cpu/glm_ref.c, contracts in cpu.h).

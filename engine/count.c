@@ -209,14 +209,15 @@ static void chained(struct counter *k, const struct be_link *l, int count)
 
 /* One launch on a GPU for the whole chain, unless the inner backend's chain_plan says it
  * runs some links another way: then each chained run is one launch and each other link runs
- * through this wrapper's own ops, counted as they are. A backend without chain (the CPU's)
- * runs the ops one by one, uncounted: the count is what the CUDA backend launches for the
- * same step. */
+ * through this wrapper's own ops, counted as they are (a matmul_n the CUDA backend splits
+ * over its tensor-core GEMVs counts one: not yet its launches). A backend without chain
+ * (the CPU's) runs the ops one by one, uncounted: the count is what the CUDA backend
+ * launches for the same step. */
 static void c_chain(void *ctx, const struct be_link *l, int count)
 {
 	struct counter *k = IN(ctx);
 	int seg[BE_CHAIN_MAX];
-	if (!k->in->chain_plan || count < 1 || count > BE_CHAIN_MAX ||
+	if (!k->in->chain || !k->in->chain_plan || count < 1 || count > BE_CHAIN_MAX ||
 	    (k->in->chain_plan(k->ctx, l, count, seg) == 1 && seg[0] == 0 &&
 	     seg[count - 1] == 0)) {
 		chained(k, l, count);

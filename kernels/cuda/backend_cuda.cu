@@ -52,8 +52,8 @@ struct cuda_ctx {
 	cudaStream_t copy_stream; /* host-to-device copies of the restore; NULL until needed */
 	float *dsa_scores;        /* dsa_topk's score rows, grown on demand (dsa_cap floats) */
 	size_t dsa_cap;
-	float *att_part;          /* attention's split parts, grown on demand (att_cap floats) */
-	size_t att_cap;
+	float *att_part;          /* attention's split parts, grown on demand (att_cap floats; */
+	size_t att_cap, att_refused; /* a size cudaMalloc refused is not asked for again) */
 	uint8_t *aq_codes;        /* matmul_fp8act's e4m3 activations and their scales, and */
 	float *aq_scales;         /* matmul_fp8w's bf16 halves of x: grown on demand (dev_grow; */
 	uint16_t *xb;             /* the caps in bytes) */
@@ -621,10 +621,12 @@ static unsigned *counters(struct cuda_ctx *c)
 	return c->dsa_count;
 }
 
-/* The parts of a split attention (wk_cuda_attention) in the backend's own scratch, grown on
- * demand up to ATT_PART_MAX floats (cudaFree and cudaMalloc wait for the device: a rare,
- * load-time-like cost); where that fails, fewer parts or none: the same result, less spread
- * over the device. Its counters are the last-block kernels' (counters()). */
+/* The parts of a split attention (wk_cuda_attention) in the backend's own scratch, sized for
+ * the widest split of the call's shape at any context (so a decode does not grow it position
+ * by position), up to ATT_PART_MAX floats; grown when a shape needs more (cudaMalloc and
+ * cudaFree wait for the device: a rare, load-time-like cost), the old one kept where that
+ * fails (fewer parts: the same result, less spread over the device). Its counters are the
+ * last-block kernels' (counters()). */
 #define ATT_PART_MAX ((size_t)4 << 20)
 
 static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
@@ -635,23 +637,28 @@ static void attention(void *ctx, float *out, const float *q, const void *k, cons
 	char err[WK_ERRSZ];
 	if (c->rc != WK_OK)
 		return;
-	size_t need = wk_cuda_attention_part(n, pos0, n_heads, n_kv, head_dim);
-	need = need < ATT_PART_MAX ? need : ATT_PART_MAX;
-	if (need > c->att_cap) {
-		cudaFree(c->att_part);
-		c->att_part = NULL;
-		c->att_cap = 0;
-		if (cudaMalloc((void **)&c->att_part, need * sizeof(float)) == cudaSuccess)
-			c->att_cap = need;
-		else
-			cudaGetLastError(); /* out of memory: fewer parts */
+	size_t need = wk_cuda_attention_part(n, pos0, n_heads, n_kv, head_dim), want;
+	if (need) { /* then the shape splits at this context: size for any */
+		want = wk_cuda_attention_part(n, -1, n_heads, n_kv, head_dim);
+		want = want < ATT_PART_MAX ? want : ATT_PART_MAX;
+		float *p;
+		if (want > c->att_cap && want != c->att_refused) {
+			if (cudaMalloc((void **)&p, want * sizeof(float)) == cudaSuccess) {
+				cudaFree(c->att_part);
+				c->att_part = p;
+				c->att_cap = want;
+			} else {
+				cudaGetLastError(); /* out of memory: the old one, fewer parts */
+				c->att_refused = want;
+			}
+		}
 	}
 	unsigned *count = need ? counters(c) : NULL;
 	if (need && !count)
 		return;
 	struct wk_att_split sp = {c->att_part, c->att_cap, count, DSA_GROUPS};
 	ok(c, wk_cuda_attention(out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
-				kv_stride, scale, need ? &sp : NULL, err, sizeof err),
+				kv_stride, scale, need && c->att_part ? &sp : NULL, err, sizeof err),
 	   err);
 }
 

@@ -132,7 +132,9 @@ struct wk_att_split {
 	unsigned *count;
 	int count_n;
 };
-/* The floats of wk_att_split.part that a call of n tokens would use at its widest split. */
+/* The floats of wk_att_split.part that a call of n tokens at pos0 would use at its widest
+ * split; pos0 < 0: at any number of positions (what a scratch sized once for the shape
+ * needs). */
 size_t wk_cuda_attention_part(int n, int pos0, int n_heads, int n_kv, int head_dim);
 /* Causal GQA over the cache (cpu_ref_attention), any number of positions (an online softmax),
  * each key and value read once for up to 8 query heads of its kv head, the keys split over

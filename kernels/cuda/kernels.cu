@@ -853,8 +853,11 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 	int chunk = (int)blockIdx.z / split, sp = (int)blockIdx.z % split;
 	int h0 = g * group + chunk * GM, nh = min(GM, (g + 1) * group - h0);
 	int len = pos0 + i + 1, hd = head_dim;
-	int span = ((len + split - 1) / split + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-	int k0 = min(len, sp * span), k1 = min(len, k0 + span);
+	/* the part's keys: whole tiles shared out evenly (a part may be empty when a later
+	 * token of the step has more keys than this one) */
+	int tiles = (len + ATT_TILE - 1) / ATT_TILE;
+	int k0 = min(len, sp * tiles / split * ATT_TILE);
+	int k1 = min(len, (sp + 1) * tiles / split * ATT_TILE);
 	float *qs = sm, *acc = qs + GM * hd, *p = acc + GM * hd, *ms = p + GM * ATT_TILE;
 	float *ls = ms + GM, *cr = ls + GM;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -996,12 +999,13 @@ static int att_gm(int group)
 
 /* The parts the keys of the longest query of n at pos0 go in, its blocks (token, kv head,
  * heads) being that many: enough blocks to fill the device, each part at least
- * ATT_SPLIT_MIN keys, at most ATT_SPLIT_MAX parts. */
+ * ATT_SPLIT_MIN keys (pos0 < 0: any number of keys), at most ATT_SPLIT_MAX parts. */
 static int att_split(int blocks, int n, int pos0)
 {
 	if (blocks >= ATT_FILL)
 		return 1;
-	int by_fill = (ATT_FILL + blocks - 1) / blocks, by_len = (pos0 + n) / ATT_SPLIT_MIN;
+	int by_fill = (ATT_FILL + blocks - 1) / blocks;
+	int by_len = pos0 < 0 ? ATT_SPLIT_MAX : (pos0 + n) / ATT_SPLIT_MIN;
 	int s = by_fill < by_len ? by_fill : by_len;
 	return s < 1 ? 1 : s > ATT_SPLIT_MAX ? ATT_SPLIT_MAX : s;
 }
@@ -1054,10 +1058,10 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, cons
 		return WK_OK;
 	int group = n_heads / n_kv, gm = att_gm(group), chunks = (group + gm - 1) / gm;
 	size_t smem = att_smem(gm, head_dim);
-	if (smem > ATT_SMEM_MAX)
+	if (smem + sizeof(int) > ATT_SMEM_MAX) /* and the static `last` */
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: head_dim %d (this kernel "
 			       "holds up to %d)", head_dim,
-			       (int)((ATT_SMEM_MAX / sizeof(float) - (size_t)gm * (ATT_TILE + 3) - 4) /
+			       (int)((ATT_SMEM_MAX / sizeof(float) - (size_t)gm * (ATT_TILE + 3) - 5) /
 				     (2 * (size_t)gm)));
 	int blocks = n * n_kv * chunks, split = att_split(blocks, n, pos0);
 	size_t per = (size_t)n * n_heads * ((size_t)head_dim + 2); /* part's floats a split */

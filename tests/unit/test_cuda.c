@@ -769,8 +769,8 @@ Test(cuda_kernels, attention_matches_ref)
 	 * empty), 1 with head_dim 200 over FP8 (two scale blocks a row, the last partial), and a
 	 * decode past 8,192 positions (the kernel once held every score in shared memory). Each
 	 * runs whole and, given the scratch, with its keys split over blocks where it would be
-	 * split (the longer ones: 5, 3 parts of a causal prefill, 2, 35), whose counters must be
-	 * left zero. */
+	 * split (the longer ones: 5, 3 parts of a causal prefill, 2, 35), then on half that
+	 * scratch (fewer parts), whose counters must be left zero. */
 	static const struct {
 		int n, pos0, kv, heads, kvh, hd;
 	} cases[] = {{1, 300, DT_F32, 8, 2, 64},     {7, 0, DT_F32, 8, 2, 64},
@@ -840,6 +840,16 @@ Test(cuda_kernels, attention_matches_ref)
 			r = rel(got, want, nq);
 			cr_expect_leq(r, TOL, "attention split in %zu parts, n=%d pos0=%d %s: %g",
 				      pf / ((size_t)n * heads * (hd + 2)), n, pos0, dt_name(kv), r);
+			/* half the scratch: fewer parts, the same result */
+			sp.part_floats = pf / 2;
+			cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, dks, dvs, kv, n, pos0,
+						       heads, kvh, hd, stride, scale, &sp, err,
+						       sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dout, nq * 4);
+			r = rel(got, want, nq);
+			cr_expect_leq(r, TOL, "attention on half the parts' scratch, n=%d pos0=%d: %g",
+				      n, pos0, r);
 			cr_assert_eq(wk_cuda_download(back, dcount, sizeof back, err, sizeof err),
 				     WK_OK);
 			cr_expect_eq(memcmp(back, zero, sizeof zero), 0, "counters left non-zero");
