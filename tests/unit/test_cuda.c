@@ -1554,6 +1554,77 @@ Test(cuda_kernels, mla_attention_matches_ref)
 		free(host[i]);
 }
 
+/* The backend's chain_plan, which its chain runs from and the launch counter counts by: at one
+ * token a chain is one launch; at 4 tokens a matmul link whose weight the tensor-core GEMV
+ * takes (FP8, 128-multiple columns) runs on its own, a run of two or more links between
+ * such GEMVs is one launch, and a lone one runs op by op; a MoE link of 64 tokens (the
+ * grouped GEMMs, not a chain's link) sends its whole run op by op. Host logic: nothing the
+ * links point at is read. */
+Test(cuda_kernels, chain_plan_splits_around_tensor_core_gemvs)
+{
+	NEED_GPU();
+	void *ctx;
+	struct be_config cfg = {.threads = 1};
+	cr_assert_eq(be_cuda.init(&ctx, &cfg, err, sizeof err), WK_OK, "%s", err);
+	static float buf[64] __attribute__((aligned(16)));
+	struct be_weight w = {.data = buf, .scale = buf, .dtype = DT_F8_E4M3, .rows = 256,
+			      .cols = 256};
+	struct be_experts ex = {.top_k = 2, .dim = 256, .inter = 128, .dtype = DT_F8_E4M3};
+	struct be_link l[5];
+	int seg[5];
+	/* norm, norm, matmul, add_rmsnorm, norm */
+	static const enum be_link_kind kinds[5] = {BE_LINK_NORM, BE_LINK_NORM, BE_LINK_MATMUL,
+						   BE_LINK_ADD_RMSNORM, BE_LINK_NORM};
+	for (int n = 1; n <= 4; n += 3) {
+		memset(l, 0, sizeof l);
+		for (int i = 0; i < 5; i++) {
+			l[i].kind = kinds[i];
+			l[i].n = n;
+			l[i].n_norm = 1;
+			l[i].count = 1;
+			l[i].w[0] = &w;
+			l[i].y[0] = buf;
+			l[i].x_in = buf;
+		}
+		int runs = be_cuda.chain_plan(ctx, l, 5, seg);
+		static const int one[5] = {0, 0, 0, 0, 0}, four[5] = {0, 0, -1, 1, 1};
+		cr_expect_eq(runs, n == 1 ? 1 : 2, "n %d: %d chained launches", n, runs);
+		cr_expect_arr_eq(seg, n == 1 ? one : four, sizeof seg, "n %d: %d %d %d %d %d", n,
+				 seg[0], seg[1], seg[2], seg[3], seg[4]);
+	}
+	/* matmul, norm, matmul, norm, norm at 4 tokens: the lone norm op by op */
+	l[0].kind = BE_LINK_MATMUL;
+	l[1].kind = BE_LINK_NORM;
+	l[2].kind = BE_LINK_MATMUL;
+	cr_expect_eq(be_cuda.chain_plan(ctx, l, 5, seg), 1);
+	static const int lone[5] = {-1, -1, -1, 0, 0};
+	cr_expect_arr_eq(seg, lone, sizeof seg, "%d %d %d %d %d", seg[0], seg[1], seg[2],
+			 seg[3], seg[4]);
+	/* norm, matmul (not taken: bf16 columns of 200), MoE of 64 tokens: the run op by op */
+	struct be_weight w2 = w;
+	w2.dtype = DT_BF16;
+	w2.cols = 200;
+	memset(l, 0, sizeof l);
+	for (int i = 0; i < 3; i++) {
+		l[i].n = 64;
+		l[i].n_norm = 1;
+		l[i].count = 1;
+		l[i].w[0] = &w2;
+		l[i].y[0] = buf;
+		l[i].x_in = buf;
+		l[i].ex = &ex;
+	}
+	l[0].kind = BE_LINK_NORM;
+	l[1].kind = BE_LINK_MATMUL;
+	l[2].kind = BE_LINK_MOE;
+	cr_expect_eq(be_cuda.chain_plan(ctx, l, 3, seg), 0);
+	for (int i = 0; i < 3; i++)
+		cr_expect_eq(seg[i], -1, "a 64-token MoE run: link %d in launch %d", i, seg[i]);
+	l[2].kind = BE_LINK_NORM; /* without the MoE link, one launch */
+	cr_expect_eq(be_cuda.chain_plan(ctx, l, 3, seg), 1);
+	be_cuda.shutdown(ctx);
+}
+
 /* The backend's supports(): an fp8 KV cache, and a bf16 one, for MLA attention, the DSA
  * indexer and GQA attention (the kernels above take them); f16 for none. */
 Test(cuda_kernels, supports_fp8_kv)
