@@ -231,6 +231,12 @@ struct backend {
 	void (*matmul_rope_n)(void *ctx, float *const *y, const float *x,
 			      const struct be_weight *const *w, int count, int n,
 			      const struct be_rope *r, float theta);
+	/* The kernel launches matmul_n (r NULL) or matmul_rope_n (r its rotations) makes for
+	 * these arguments: matmul launches into *mm, rotation launches into *rot. For the launch
+	 * counter (engine/count.c). Optional (NULL: one matmul launch, no rotation). */
+	void (*matmul_launches)(void *ctx, float *const *y, const float *x,
+				const struct be_weight *const *w, int count, int n,
+				const struct be_rope *r, int *mm, int *rot);
 	void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 			float eps);
 	void (*rope)(void *ctx, float *x, int n, const int *pos, int n_heads, int head_dim,

@@ -94,17 +94,32 @@ static void c_act_quant(void *ctx, float *y, const float *x, int n, int cols)
 	COUNT(ctx, ENG_K_ACT_QUANT, act_quant(IN(ctx)->ctx, y, x, n, cols));
 }
 
+/* A matmul_n or matmul_rope_n's launches: one, or what the inner backend's matmul_launches
+ * says (the CUDA backend's tensor-core GEMVs one a weight, a rope_n its store cannot make). */
+static void count_matmuls(struct counter *k, float *const *y, const float *x,
+			  const struct be_weight *const *w, int count, int n,
+			  const struct be_rope *r)
+{
+	int mm = 1, rot = 0;
+	if (k->in->matmul_launches)
+		k->in->matmul_launches(k->ctx, y, x, w, count, n, r, &mm, &rot);
+	k->n[ENG_K_MATMUL] += mm;
+	k->n[ENG_K_ROPE] += rot;
+}
+
 static void c_matmul_n(void *ctx, float *const *y, const float *x,
 		       const struct be_weight *const *w, int count, int n)
 {
-	COUNT(ctx, ENG_K_MATMUL, matmul_n(IN(ctx)->ctx, y, x, w, count, n));
+	count_matmuls(IN(ctx), y, x, w, count, n, NULL);
+	IN(ctx)->in->matmul_n(IN(ctx)->ctx, y, x, w, count, n);
 }
 
 static void c_matmul_rope_n(void *ctx, float *const *y, const float *x,
 			    const struct be_weight *const *w, int count, int n,
 			    const struct be_rope *r, float theta)
 {
-	COUNT(ctx, ENG_K_MATMUL, matmul_rope_n(IN(ctx)->ctx, y, x, w, count, n, r, theta));
+	count_matmuls(IN(ctx), y, x, w, count, n, r);
+	IN(ctx)->in->matmul_rope_n(IN(ctx)->ctx, y, x, w, count, n, r, theta);
 }
 
 static void c_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
@@ -209,10 +224,9 @@ static void chained(struct counter *k, const struct be_link *l, int count)
 
 /* One launch on a GPU for the whole chain, unless the inner backend's chain_plan says it
  * runs some links another way: then each chained run is one launch and each other link runs
- * through this wrapper's own ops, counted as they are (a matmul_n the CUDA backend splits
- * over its tensor-core GEMVs counts one: not yet its launches). A backend without chain
- * (the CPU's) runs the ops one by one, uncounted: the count is what the CUDA backend
- * launches for the same step. */
+ * through this wrapper's own ops, counted as they are (a matmul_n as its matmul_launches).
+ * A backend without chain (the CPU's) runs the ops one by one, uncounted: the count is what
+ * the CUDA backend launches for the same step. */
 static void c_chain(void *ctx, const struct be_link *l, int count)
 {
 	struct counter *k = IN(ctx);
@@ -401,6 +415,7 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	KEEP(add_rmsnorm, c_add_rmsnorm);
 	b->chain = c_chain; /* always: the GPU's count, whatever the inner backend */
 	b->chain_plan = NULL; /* c_chain asks the inner one */
+	b->matmul_launches = NULL; /* c_matmul_n and c_matmul_rope_n ask the inner one */
 	KEEP(act_quant, c_act_quant);
 	KEEP(argmax, c_argmax);
 	KEEP(sample_cand, c_sample_cand);

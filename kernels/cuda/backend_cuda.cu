@@ -326,6 +326,32 @@ static void matmul_rope_n(void *ctx, float *const *y, const float *x,
 		ok(c, wk_cuda_rope_n(rest, nrest, theta, true, err, sizeof err), err);
 }
 
+/* What matmul_n / matmul_rope_n above launch (backend member matmul_launches): a tensor-core
+ * GEMV for each weight gemv_route takes and one matmul_n launch for the rest; a rope_n where
+ * a rotation is not made in the GEMV's store (every rotation once a weight is routed). */
+static void matmul_launches(void *ctx, float *const *y, const float *x,
+			    const struct be_weight *const *w, int count, int n,
+			    const struct be_rope *r, int *mm, int *rot)
+{
+	const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
+	*mm = 1;
+	*rot = 0;
+	if (count < 1 || count > WK_MATMUL_MAX)
+		return;
+	if (any_route(c, x, w, count, n)) {
+		int routed = 0;
+		for (int k = 0; k < count; k++) {
+			routed += gemv_route(c, x, w[k], n);
+			*rot |= r && r[k].rot_dim > 0;
+		}
+		*mm = routed + (routed < count);
+		return;
+	}
+	struct wk_mm p[WK_MATMUL_MAX];
+	struct wk_rope rest[WK_MATMUL_MAX];
+	*rot = r && mm_parts(p, y, w, count, n, r, 0.0f, rest) > 0;
+}
+
 static void rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
 		    float eps)
 {
@@ -1201,6 +1227,7 @@ static struct backend make_backend(void)
 	b.matmul = matmul;
 	b.matmul_n = matmul_n;
 	b.matmul_rope_n = matmul_rope_n;
+	b.matmul_launches = matmul_launches;
 	b.add_rmsnorm = add_rmsnorm;
 	b.chain = chain;
 	b.chain_plan = chain_plan;

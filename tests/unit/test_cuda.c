@@ -1554,12 +1554,12 @@ Test(cuda_kernels, mla_attention_matches_ref)
 		free(host[i]);
 }
 
-/* The backend's chain_plan, which its chain runs from and the launch counter counts by: at one
- * token a chain is one launch; at 4 tokens a matmul link whose weight the tensor-core GEMV
- * takes (FP8, 128-multiple columns) runs on its own, a run of two or more links between
- * such GEMVs is one launch, and a lone one runs op by op; a MoE link of 64 tokens (the
- * grouped GEMMs, not a chain's link) sends its whole run op by op. Host logic: nothing the
- * links point at is read. */
+/* The backend's chain_plan (which its chain runs from) and matmul_launches, which the launch
+ * counter counts by. chain_plan: at one token a chain is one launch; at 4 tokens a matmul
+ * link whose weight the tensor-core GEMV takes (FP8, 128-multiple columns) runs on its own,
+ * a run of two or more links between such GEMVs is one launch, and a lone one runs op by
+ * op; a MoE link of 64 tokens (the grouped GEMMs, not a chain's link) sends its whole run op
+ * by op. Host logic: nothing the links point at is read. */
 Test(cuda_kernels, chain_plan_splits_around_tensor_core_gemvs)
 {
 	NEED_GPU();
@@ -1622,6 +1622,27 @@ Test(cuda_kernels, chain_plan_splits_around_tensor_core_gemvs)
 		cr_expect_eq(seg[i], -1, "a 64-token MoE run: link %d in launch %d", i, seg[i]);
 	l[2].kind = BE_LINK_NORM; /* without the MoE link, one launch */
 	cr_expect_eq(be_cuda.chain_plan(ctx, l, 3, seg), 1);
+	/* matmul_launches: two FP8 weights the tensor-core GEMV takes at 4 tokens and a bf16
+	 * one of 200 columns it does not: 3 launches (2 GEMVs, one matmul_n), and a rope_n for
+	 * the rotations the GEMV's store does not make; at one token one launch, the rotations
+	 * in its store (2 heads of 128, 64 rotated) unless they cannot be (an odd rot_dim) */
+	const struct be_weight *ws[3] = {&w, &w, &w2};
+	float *ys[3] = {buf, buf, buf};
+	struct be_rope r[3] = {{buf, 4, NULL, 2, 128, 64}, {buf, 4, NULL, 2, 128, 0},
+			       {buf, 4, NULL, 2, 128, 0}};
+	int mm, rot;
+	be_cuda.matmul_launches(ctx, ys, buf, ws, 3, 4, NULL, &mm, &rot);
+	cr_expect(mm == 3 && rot == 0, "4 tokens: %d matmul launches, %d rope", mm, rot);
+	be_cuda.matmul_launches(ctx, ys, buf, ws, 3, 4, r, &mm, &rot);
+	cr_expect(mm == 3 && rot == 1, "4 tokens, rotated: %d matmul launches, %d rope", mm, rot);
+	for (int k = 0; k < 3; k++)
+		r[k].n = 1;
+	be_cuda.matmul_launches(ctx, ys, buf, ws, 3, 1, r, &mm, &rot);
+	cr_expect(mm == 1 && rot == 0, "1 token: %d matmul launches, %d rope", mm, rot);
+	r[0].rot_dim = 63;
+	be_cuda.matmul_launches(ctx, ys, buf, ws, 3, 1, r, &mm, &rot);
+	cr_expect(mm == 1 && rot == 1, "1 token, odd rot_dim: %d matmul launches, %d rope", mm,
+		  rot);
 	be_cuda.shutdown(ctx);
 }
 

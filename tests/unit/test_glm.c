@@ -1435,23 +1435,37 @@ static void chain_cpu(void *ctx, const struct be_link *l, int count)
 	be_chain_each(&be_cpu, ctx, l, count);
 }
 
+/* Every matmul_n and matmul_rope_n two launches and a rotation's (as the CUDA backend's
+ * tensor-core GEMVs would make them). */
+static void two_matmuls(void *ctx, float *const *y, const float *x,
+			const struct be_weight *const *w, int count, int n, const struct be_rope *r,
+			int *mm, int *rot)
+{
+	(void)ctx, (void)y, (void)x, (void)w, (void)count, (void)n, (void)r;
+	*mm = 2;
+	*rot = 1;
+}
+
 /* The launch counter counts what chain_plan says: with the MoE links apart, each is a
  * moe_experts op of its own (3 launches on the CUDA backend) instead of a link inside a
- * chain, the chains around them as many, and the logits the same bit for bit. */
+ * chain, the chains around them as many, and the logits the same bit for bit. And what
+ * matmul_launches says: each matmul_n / matmul_rope_n outside a chain one more matmul and a
+ * rotation. */
 Test(glm, launch_count_follows_chain_plan)
 {
 	char *dir = mkdir_tmp();
 	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
 			   .seed = 23, .bias_std = 0.1f};
 	write_glm5(dir, &d);
-	struct backend be[2] = {be_cpu, be_cpu};
-	be[0].chain = be[1].chain = chain_cpu;
+	struct backend be[3] = {be_cpu, be_cpu, be_cpu};
+	be[0].chain = be[1].chain = be[2].chain = chain_cpu;
 	be[1].chain_plan = plan_moe_apart;
-	struct eng_launches L[2];
-	float *lg[2];
+	be[2].matmul_launches = two_matmuls;
+	struct eng_launches L[3];
+	float *lg[3];
 	int V = G5_VOCAB, tok = 5;
 	char err[WK_ERRSZ];
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < 3; k++) {
 		struct engine *e;
 		struct eng_opts o = {.backend = "cpu", .threads = 2, .backend_ops = &be[k],
 				     .count_launches = true};
@@ -1464,12 +1478,21 @@ Test(glm, launch_count_follows_chain_plan)
 		cr_assert_eq(eng_launches(e, 0, &L[k]), WK_OK);
 		eng_close(e);
 	}
-	int moe = -1, chain = -1;
+	int moe = -1, chain = -1, mm = -1, rope = -1;
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
-		moe = strcmp(eng_launch_kind(k, NULL, NULL), "moe_experts") ? moe : k;
-		chain = strcmp(eng_launch_kind(k, NULL, NULL), "chain") ? chain : k;
+		const char *nm = eng_launch_kind(k, NULL, NULL);
+		moe = strcmp(nm, "moe_experts") ? moe : k;
+		chain = strcmp(nm, "chain") ? chain : k;
+		mm = strcmp(nm, "matmul") ? mm : k;
+		rope = strcmp(nm, "rope") ? rope : k;
 	}
-	cr_assert(moe >= 0 && chain >= 0);
+	cr_assert(moe >= 0 && chain >= 0 && mm >= 0 && rope >= 0);
+	long dm = L[2].n[mm] - L[0].n[mm], dr = L[2].n[rope] - L[0].n[rope];
+	cr_log_info("matmul ops %ld / %ld, rope %ld / %ld", L[0].n[mm], L[2].n[mm], L[0].n[rope],
+		    L[2].n[rope]);
+	cr_expect(dm > 0 && dr == dm, "matmul_launches: %ld more matmuls, %ld more ropes", dm,
+		  dr);
+	cr_expect_eq(L[2].n[chain], L[0].n[chain]);
 	cr_log_info("chained MoE ops %ld, MoE ops %ld / %ld, chains %ld / %ld",
 		    L[0].chained[moe], L[0].n[moe], L[1].n[moe], L[0].n[chain], L[1].n[chain]);
 	cr_expect_gt(L[0].chained[moe], 0, "no MoE op ran inside a chain");
@@ -1477,8 +1500,9 @@ Test(glm, launch_count_follows_chain_plan)
 	cr_expect_eq(L[1].n[moe], L[0].n[moe] + L[0].chained[moe]);
 	cr_expect_eq(L[1].n[chain], L[0].n[chain]);
 	cr_expect_eq(memcmp(lg[0], lg[1], sizeof(float) * V), 0);
-	free(lg[0]);
-	free(lg[1]);
+	cr_expect_eq(memcmp(lg[0], lg[2], sizeof(float) * V), 0);
+	for (int k = 0; k < 3; k++)
+		free(lg[k]);
 	rm_rf(dir);
 	free(dir);
 }
