@@ -706,26 +706,25 @@ static void workspace(const struct plan_model *m, struct plan_result *r)
 	r->ws.total = r->ws.hidden + (at > r->ws.ffn ? at : r->ws.ffn) + r->ws.logits;
 }
 
+/* Bytes of a cache row of w values of type k: FP8 as the engine holds it, e4m3 codes and one
+ * f32 scale per 128. */
+static uint64_t kv_row(int64_t w, enum plan_dtype k)
+{
+	return k == PLAN_FP8 ? (uint64_t)w + (uint64_t)cdiv(w, 128) * 4 : (uint64_t)w * dsize(k);
+}
+
 static void kv_cache(const struct plan_model *m, struct plan_result *r)
 {
 	enum plan_dtype k = r->kv;
-	if (m->mla) {
-		uint64_t L = (uint64_t)m->kv_lora, rope = (uint64_t)m->qk_rope;
-		uint64_t per = k == PLAN_FP8 ? L + (uint64_t)cdiv((int64_t)L, 128) * 4 + rope * 2
-					     : (L + rope) * dsize(k);
-		r->kv_main = (uint64_t)m->layers * per;
-		if (m->dsa) {
-			uint64_t id = (uint64_t)m->index_dim;
-			uint64_t ip = k == PLAN_FP8 ? id + (uint64_t)cdiv((int64_t)id, 128) * 4
-						    : id * dsize(k);
-			r->kv_index = (uint64_t)m->index_full_layers * ip;
-		}
+	if (m->mla) { /* FP8: the rope keys in bf16 */
+		uint64_t rope = (uint64_t)m->qk_rope * (k == PLAN_FP8 ? 2 : dsize(k));
+		r->kv_main = (uint64_t)m->layers * (kv_row(m->kv_lora, k) + rope);
+		if (m->dsa)
+			r->kv_index = (uint64_t)m->index_full_layers * kv_row(m->index_dim, k);
 		r->kv_replicated = true;
 	} else {
-		uint64_t hd = (uint64_t)m->head_dim; /* fp8: the engine's rows of codes + scales */
-		uint64_t per = k == PLAN_FP8 ? hd + (uint64_t)cdiv((int64_t)hd, 128) * 4
-					     : hd * dsize(k);
-		r->kv_main = (uint64_t)m->layers * 2 * (uint64_t)r->kv_heads_per_gpu * per;
+		r->kv_main = (uint64_t)m->layers * 2 * (uint64_t)r->kv_heads_per_gpu *
+			     kv_row(m->head_dim, k);
 		r->kv_replicated = m->kv_heads < r->tp;
 	}
 	r->kv_gpu = r->kv_main + r->kv_index;
