@@ -613,21 +613,6 @@ static struct cpu_mla to_cpu_mla(const struct be_mla *s)
 	return m;
 }
 
-static void mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
-			  int pos0)
-{
-	struct cpu_mla m = to_cpu_mla(s);
-	RUN(wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads, err, sizeof err));
-}
-
-static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
-			 const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
-			 int d_nope, int d_v)
-{
-	struct cpu_mla m = to_cpu_mla(s);
-	RUN(wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype, kv_b->scale, kv_b->cols,
-				 &m, n, pos0, d_nope, d_v, err, sizeof err));
-}
 
 /* dsa_topk scores a group of queries at once in the backend's own scratch: up to DSA_GROUPS
  * rows of pos0 + n floats, within DSA_BUDGET floats (a 4,096-token prefill at 16K keys
@@ -655,36 +640,85 @@ static unsigned *counters(struct cuda_ctx *c)
  * last-block kernels' (counters()). */
 #define ATT_PART_MAX ((size_t)4 << 20)
 
+/* The split scratch for a call that would use need floats of parts now and want at any
+ * context (0: it does not split), in *sp; false (c->rc set) where the counters could not be
+ * made. */
+static bool att_scratch(struct cuda_ctx *c, size_t need, size_t want, struct wk_att_split *sp)
+{
+	*sp = (struct wk_att_split){NULL, 0, NULL, 0};
+	if (!need)
+		return true;
+	want = want < ATT_PART_MAX ? want : ATT_PART_MAX;
+	float *p;
+	if (want > c->att_cap && want != c->att_refused) {
+		if (cudaMalloc((void **)&p, want * sizeof(float)) == cudaSuccess) {
+			cudaFree(c->att_part);
+			c->att_part = p;
+			c->att_cap = want;
+		} else {
+			cudaGetLastError(); /* out of memory: the old one, fewer parts */
+			c->att_refused = want;
+		}
+	}
+	unsigned *count = counters(c);
+	*sp = (struct wk_att_split){c->att_part, c->att_cap, count, DSA_GROUPS};
+	return count != NULL;
+}
+
 static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
 		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
 		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
-	if (c->rc != WK_OK)
+	struct wk_att_split sp;
+	if (c->rc != WK_OK ||
+	    !att_scratch(c, wk_cuda_attention_part(n, pos0, n_heads, n_kv, head_dim),
+			 wk_cuda_attention_part(n, -1, n_heads, n_kv, head_dim), &sp))
 		return;
-	size_t need = wk_cuda_attention_part(n, pos0, n_heads, n_kv, head_dim), want;
-	if (need) { /* then the shape splits at this context: size for any */
-		want = wk_cuda_attention_part(n, -1, n_heads, n_kv, head_dim);
-		want = want < ATT_PART_MAX ? want : ATT_PART_MAX;
-		float *p;
-		if (want > c->att_cap && want != c->att_refused) {
-			if (cudaMalloc((void **)&p, want * sizeof(float)) == cudaSuccess) {
-				cudaFree(c->att_part);
-				c->att_part = p;
-				c->att_cap = want;
-			} else {
-				cudaGetLastError(); /* out of memory: the old one, fewer parts */
-				c->att_refused = want;
-			}
-		}
-	}
-	unsigned *count = need ? counters(c) : NULL;
-	if (need && !count)
-		return;
-	struct wk_att_split sp = {c->att_part, c->att_cap, count, DSA_GROUPS};
 	ok(c, wk_cuda_attention(out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
-				kv_stride, scale, need && c->att_part ? &sp : NULL, err, sizeof err),
+				kv_stride, scale, sp.part ? &sp : NULL, err, sizeof err),
+	   err);
+}
+
+/* MLA's attention splits as GQA's, in the same scratch (a model has one or the other). */
+static bool mla_scratch(struct cuda_ctx *c, const struct cpu_mla *m, int n, int pos0,
+			struct wk_att_split *sp)
+{
+	return c->rc == WK_OK && att_scratch(c, wk_cuda_mla_part(m, n, pos0),
+					     wk_cuda_mla_part(m, n, -1), sp);
+}
+
+static void mla_attention(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
+			  int pos0)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct cpu_mla m = to_cpu_mla(s);
+	struct wk_att_split sp;
+	if (!mla_scratch(c, &m, n, pos0, &sp))
+		return;
+	ok(c, wk_cuda_mla_attention(out, q, &m, n, pos0, 0, n, 0, s->n_heads,
+				    sp.part ? &sp : NULL, err, sizeof err),
+	   err);
+}
+
+/* mla_absorbed's stages always count on the counters, split or not. */
+static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float *q,
+			 const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
+			 int d_nope, int d_v)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	char err[WK_ERRSZ];
+	struct cpu_mla m = to_cpu_mla(s);
+	struct wk_att_split sp;
+	if (!mla_scratch(c, &m, n, pos0, &sp))
+		return;
+	if (!sp.count && !(sp.count = counters(c)))
+		return;
+	sp.count_n = DSA_GROUPS;
+	ok(c, wk_cuda_mla_absorbed(o, qa, lat, q, kv_b->data, kv_b->dtype, kv_b->scale,
+				   kv_b->cols, &m, n, pos0, d_nope, d_v, &sp, err, sizeof err),
 	   err);
 }
 

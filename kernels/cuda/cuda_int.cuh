@@ -244,6 +244,138 @@ __device__ __forceinline__ const float *kv_scales(const float *s, size_t r, int 
 template <typename KV> struct kv_b { typedef KV t; };
 template <> struct kv_b<__nv_fp8_e4m3> { typedef uint16_t t; };
 
+/* ---- split attention (flash-decoding) ----------------------------------------------------------
+ *
+ * An attention kernel whose blocks are too few to fill the device splits each query's keys
+ * over several blocks. Each leaves its part's running max m, denominator l and output acc in
+ * a scratch part [rows][split][2 + w] (row: token * n_heads + head, w: the output row's
+ * width); the last block of a (token, heads) to count itself on its counter merges them, so
+ * the split costs no launch. ATT_FILL: the blocks that fill an H200 (2 on each of 132 SMs). */
+#define ATT_FILL 264
+
+/* Block-wide, every thread calls it: part sp of split of nh rows from row0 (acc [nh][w], ms,
+ * ls [nh], in shared memory); then counts the block on *c. True in every thread of the last
+ * of the split blocks, which has zeroed *c and may then read every part (part_merge); *last:
+ * an int of the block's shared memory. */
+__device__ __forceinline__ bool part_put(float *part, size_t row0, int split, int sp, int nh,
+					 int w, const float *acc, const float *ms, const float *ls,
+					 unsigned *c, int *last)
+{
+	size_t pw = (size_t)w + 2;
+	for (int x = threadIdx.x; x < nh * w; x += blockDim.x)
+		part[((row0 + x / w) * split + sp) * pw + 2 + x % w] = acc[x];
+	if (threadIdx.x < nh) {
+		float *ph = part + ((row0 + threadIdx.x) * split + sp) * pw;
+		ph[0] = ms[threadIdx.x];
+		ph[1] = ls[threadIdx.x];
+	}
+	__threadfence(); /* this block's part is visible before its counter moves */
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		*last = atomicAdd(c, 1u) == (unsigned)split - 1;
+		if (*last)
+			*c = 0;
+	}
+	__syncthreads();
+	bool r = *last;
+	if (r)
+		__threadfence(); /* then every other block's parts */
+	return r;
+}
+
+/* The last block's merge: out[(row0 + r) * w + d] for r < nh, d < w, the parts' acc weighted
+ * by exp(m_s - max m) over the same weighted sum of their l (an empty part, m -inf, weighs
+ * nothing; all empty: 0/0, NaN, as the references give for no keys). The parts are read
+ * volatile, from L2, not this SM's L1: other blocks wrote them. */
+__device__ __forceinline__ void part_merge(float *out, const float *part, size_t row0, int split,
+					   int nh, int w)
+{
+	size_t pw = (size_t)w + 2;
+	const volatile float *pv = part;
+	for (int x = threadIdx.x; x < nh * w; x += blockDim.x) {
+		size_t row = (row0 + x / w) * split;
+		float m = -INFINITY, l = 0.0f, o = 0.0f;
+		for (int s = 0; s < split; s++)
+			m = fmaxf(m, pv[(row + s) * pw]);
+		for (int s = 0; s < split; s++) {
+			float ms = pv[(row + s) * pw];
+			float wt = ms == -INFINITY ? 0.0f : expf(ms - m);
+			l += pv[(row + s) * pw + 1] * wt;
+			o += pv[(row + s) * pw + 2 + x % w] * wt;
+		}
+		out[(row0 + x / w) * w + x % w] = o / l;
+	}
+}
+
+/* ---- stages of one launch (k_chain, k_mla_absorbed) -------------------------------------------
+ *
+ * Blocks take tickets (an atomic counter) in the order they start, and a block of a later
+ * stage waits for every block of the stage before it: those took earlier tickets, so they
+ * are running or done, and the wait cannot deadlock. A wait polls at most WAIT_POLLS_MAX
+ * times, at least 100 ns apart (a stage takes well under a millisecond); then it traps, as
+ * mbar_wait does: a launch that can never go on is a sticky launch error (the engine fails,
+ * the worker hands its jobs back and exits), not a GPU spinning for ever. */
+#define WAIT_POLLS_MAX (1u << 26)
+
+/* Block-wide, every thread calls it: until *done reaches need (thread 0 polls, then fences:
+ * acquire, the earlier blocks' writes before this block's reads). */
+__device__ __forceinline__ void wait_blocks(const unsigned *done, unsigned need)
+{
+	if (threadIdx.x == 0) {
+		const volatile unsigned *d = done;
+		for (unsigned polls = 0; *d < need; polls++) {
+			if (polls == WAIT_POLLS_MAX) /* over ~7 s: never a hung GPU */
+				__trap();
+			__nanosleep(100);
+		}
+		__threadfence();
+	}
+	__syncthreads();
+}
+
+/* Block-wide, every thread calls it, once the tile's scores p [nh][tile] (cnt of each row)
+ * are written: the online softmax's step over them. Thread g < nh raises head g's running max
+ * ms[g] to mn over its scores and keeps cr[g] = exp(m - mn) (1 while every score is -inf:
+ * exp(-inf - -inf) would be NaN); the scores become p = exp(score - mn) (0 while mn is
+ * -inf); thread g then keeps ls[g] = ls[g] * cr[g] + the sum of its p. On return p and cr
+ * are written (ls only to thread g: the caller's next barrier makes it the block's). */
+__device__ __forceinline__ void tile_softmax(float *p, float *ms, float *ls, float *cr, int nh,
+					     int cnt, int tile)
+{
+	if (threadIdx.x < nh) {
+		const float *ph = p + threadIdx.x * tile;
+		float mt = -INFINITY, m = ms[threadIdx.x];
+		for (int j = 0; j < cnt; j++)
+			mt = fmaxf(mt, ph[j]);
+		float mn = fmaxf(m, mt);
+		cr[threadIdx.x] = mn == -INFINITY ? 1.0f : expf(m - mn);
+		ms[threadIdx.x] = mn;
+	}
+	__syncthreads(); /* every head's scores read, ms and cr written */
+	for (int x = threadIdx.x; x < nh * tile; x += blockDim.x) {
+		float mn = ms[x / tile];
+		if (x % tile < cnt)
+			p[x] = mn == -INFINITY ? 0.0f : expf(p[x] - mn);
+	}
+	__syncthreads(); /* p written */
+	if (threadIdx.x < nh) {
+		const float *ph = p + threadIdx.x * tile;
+		float l = 0.0f;
+		for (int j = 0; j < cnt; j++)
+			l += ph[j];
+		ls[threadIdx.x] = ls[threadIdx.x] * cr[threadIdx.x] + l;
+	}
+}
+
+/* The keys [*k0, *k1) of part sp of split of a query with len keys: whole tiles shared out
+ * evenly (a part may be empty where another query of the launch has more keys). */
+__device__ __forceinline__ void part_keys(int len, int tile, int split, int sp, int *k0, int *k1)
+{
+	int tiles = (len + tile - 1) / tile;
+	*k0 = min(len, sp * tiles / split * tile);
+	*k1 = min(len, (sp + 1) * tiles / split * tile);
+}
+
 /* x as two bf16 (bits): hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in f32), so hi + lo
  * is x within 2^-16 |x|: the split of the FP8 x f32 GEMMs (act_split, the MoE GEMMs' SiLU
  * split) and of the tensor-core GEMV. */

@@ -219,19 +219,39 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 /* cpu_ref_mla_attention, online softmax: any number of keys; the pointers in *s are device
  * memory (s itself is not), the cache's elements of type s->kv (DT_F32, DT_BF16, or
  * DT_F8_E4M3 as struct cpu_mla has it: v is k_a, rows d_a wide, scales a_s, k_b bf16).
- * WK_EINVAL when d_a + d_b + d_v > 12160 (shared memory), for another s->kv, or for an FP8
+ * Where every head reads the same latent rows (ka_head, v_head 0), each key and value is
+ * read once for up to 8 heads; each query's keys split over blocks as sp allows (NULL:
+ * never; part rows: i1 * n_heads), as wk_cuda_attention splits. One launch either way.
+ * WK_EINVAL when d_a + d_b + d_v > 12151 (shared memory), for another s->kv, or for an FP8
  * one outside that layout. */
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
-			  int i0, int i1, int h0, int h1, char *err, size_t errsz);
+			  int i0, int i1, int h0, int h1, const struct wk_att_split *sp, char *err,
+			  size_t errsz);
+/* The floats of wk_att_split.part that wk_cuda_mla_attention over tokens 0..n and all heads
+ * (or wk_cuda_mla_absorbed of n tokens) at pos0 would use at its widest split; pos0 < 0: at
+ * any number of positions. */
+size_t wk_cuda_mla_part(const struct cpu_mla *s, int n, int pos0);
+/* How wk_cuda_mla_attention over n tokens (from 0) and nh heads at pos0 would run, given
+ * scratch enough: *gm heads a block, each query's keys in *split parts (what the lab prints
+ * and the tests check). */
+void wk_cuda_mla_shape(const struct cpu_mla *s, int n, int nh, int pos0, int *gm, int *split);
+/* The kernel lab's knob: from now on, gm (1, 2, 4 or 8) heads a block wherever the latent is
+ * shared and shared memory holds them, whether or not the blocks fill the device (the
+ * split still fills it as it can); 0 (or another value): the plan's own choice. Not for
+ * the backend: it changes what every later call does (not thread-safe). */
+void wk_cuda_mla_force(int gm);
 /* wk_cuda_mla_absorb_q, wk_cuda_mla_attention and wk_cuda_mla_absorb_out over all n tokens
- * and s->n_heads heads as one launch, each of qa, lat and o bit for bit what the three write:
- * qa [n][n_heads][lora + s->d_b] from q, lat [n][n_heads][lora] = the attention *s over qa,
- * o [n][n_heads][d_v] from lat; w and scale as for absorb. *s is the absorbed (latent)
- * attention: s->d_a and s->d_v must be lora. WK_EINVAL when they are not, or where absorb
- * or mla_attention would refuse. */
+ * and s->n_heads heads as one launch of three stages, each spread over the device, each of
+ * qa, lat and o bit for bit what the three write with the same sp: qa [n][n_heads][lora +
+ * s->d_b] from q, lat [n][n_heads][lora] = the attention *s over qa, o [n][n_heads][d_v] from
+ * lat; w and scale as for absorb. The stages count on sp's first 4 counters (the split's
+ * come after them); without sp or its counters, the three kernels one after another. *s is
+ * the absorbed (latent) attention: s->d_a and s->d_v must be lora. WK_EINVAL when they are
+ * not, or where absorb or mla_attention would refuse. */
 int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
-			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz);
+			 int n, int pos0, int d_nope, int d_v, const struct wk_att_split *sp,
+			 char *err, size_t errsz);
 /* cpu_ref_dsa_topk: k, the indexer key cache, of element type kv (DT_F32, DT_BF16, or
  * DT_F8_E4M3 with its scales ks [pos0 + n][ceil(head_dim / 128)]; WK_EINVAL otherwise,
  * FP8 without scales included); sel/nsel equal the reference's for equal scores (exact

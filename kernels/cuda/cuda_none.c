@@ -243,18 +243,38 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 }
 
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
-			  int i0, int i1, int h0, int h1, char *err, size_t errsz)
+			  int i0, int i1, int h0, int h1, const struct wk_att_split *sp, char *err,
+			  size_t errsz)
 {
-	(void)out, (void)q, (void)s, (void)n, (void)pos0, (void)i0, (void)i1, (void)h0, (void)h1;
+	(void)out, (void)q, (void)s, (void)n, (void)pos0, (void)i0, (void)i1, (void)h0, (void)h1,
+		(void)sp;
 	return none(err, errsz);
+}
+
+void wk_cuda_mla_force(int gm)
+{
+	(void)gm;
+}
+
+void wk_cuda_mla_shape(const struct cpu_mla *s, int n, int nh, int pos0, int *gm, int *split)
+{
+	(void)s, (void)n, (void)nh, (void)pos0;
+	*gm = *split = 1;
+}
+
+size_t wk_cuda_mla_part(const struct cpu_mla *s, int n, int pos0)
+{
+	(void)s, (void)n, (void)pos0;
+	return 0;
 }
 
 int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
-			 int n, int pos0, int d_nope, int d_v, char *err, size_t errsz)
+			 int n, int pos0, int d_nope, int d_v, const struct wk_att_split *sp,
+			 char *err, size_t errsz)
 {
 	(void)o, (void)qa, (void)lat, (void)q, (void)w, (void)wt, (void)scale, (void)lora, (void)s,
-		(void)n, (void)pos0, (void)d_nope, (void)d_v;
+		(void)n, (void)pos0, (void)d_nope, (void)d_v, (void)sp;
 	return none(err, errsz);
 }
 

@@ -165,8 +165,8 @@ extern "C" int wk_cuda_scatter_add_rows(float *y, const float *x, const int *row
 
 /* Latent column c of qa for m <= M tokens (q and qa advance by qstride and ostride from one
  * token to the next): qa[t][c] = sum_d q[t][d] * W[r0 + d][c], d = 0 .. d_nope-1 in the
- * reference's order, each token's sum on its own. Both k_absorb_q (M = ABSORB_TOK) and
- * k_mla_absorbed (M = 1) compute each element with it, so they agree bit for bit. */
+ * reference's order, each token's sum on its own. absorb_q_block computes each element
+ * with it, whichever block runs it, so k_absorb_q and k_mla_absorbed agree bit for bit. */
 template <typename T, int M>
 __device__ __forceinline__ void absorb_q_col(float *oh, size_t ostride, const float *qh,
 					     size_t qstride, int m, const T *w, const float *scale,
@@ -189,19 +189,22 @@ __device__ __forceinline__ void absorb_q_col(float *oh, size_t ostride, const fl
 			oh[t * ostride + c] = acc[t];
 }
 
-/* Block (x, y, z): columns c = x*128 + thread of qa's latent part, head h0 + y, token chunks
- * z, z + gridDim.z, ... of ABSORB_TOK tokens. Each thread walks W_uk,h's d_nope rows down its
- * column c (reads coalesced across the block) and accumulates
+/* A thread's column c of qa's latent part (none past lora), head h, token chunks z, z +
+ * zstep, ... of ABSORB_TOK tokens. Each thread walks W_uk,h's d_nope rows down its column c
+ * (reads coalesced across the block) and accumulates
  *   qa[i][h][c] = sum_d q[i][h][d] * W[h*(d_nope+d_v) + d][c]
- * for the chunk's tokens, in the reference's order of d. Blocks x == 0 also copy q_pe. */
+ * for the chunk's tokens, in the reference's order of d; pe: the block also copies q_pe.
+ * k_absorb_q's block (x, y, z): columns x*128 + thread, head h0 + y, chunks z, z + gridDim.z,
+ * ... */
 template <typename T>
-__global__ void k_absorb_q(float *qa, const float *q, const T *w, const float *scale, int lora,
-			   int n, int n_heads, int d_nope, int d_rope, int d_v, int h0)
+__device__ __forceinline__ void absorb_q_block(float *qa, const float *q, const T *w,
+					       const float *scale, int lora, int n, int n_heads,
+					       int d_nope, int d_rope, int d_v, int h, int c,
+					       bool pe, int z, int zstep)
 {
-	int c = blockIdx.x * blockDim.x + threadIdx.x, h = h0 + blockIdx.y;
 	size_t r0 = (size_t)h * (d_nope + d_v);
 	size_t qstride = (size_t)n_heads * (d_nope + d_rope); /* one token to the next, in q */
-	for (int i0 = blockIdx.z * ABSORB_TOK; i0 < n; i0 += gridDim.z * ABSORB_TOK) {
+	for (int i0 = z * ABSORB_TOK; i0 < n; i0 += zstep * ABSORB_TOK) {
 		int m = min(ABSORB_TOK, n - i0);
 		const float *qh = q + ((size_t)i0 * n_heads + h) * (d_nope + d_rope);
 		float *oh = qa + ((size_t)i0 * n_heads + h) * (lora + d_rope);
@@ -209,11 +212,20 @@ __global__ void k_absorb_q(float *qa, const float *q, const T *w, const float *s
 		if (c < lora)
 			absorb_q_col<T, ABSORB_TOK>(oh, ostride, qh, qstride, m, w, scale, lora, r0,
 						    d_nope, c);
-		if (blockIdx.x == 0)
+		if (pe)
 			for (int t = 0; t < m; t++)
 				for (int d = threadIdx.x; d < d_rope; d += blockDim.x)
 					oh[t * ostride + lora + d] = qh[t * qstride + d_nope + d];
 	}
+}
+
+template <typename T>
+__global__ void k_absorb_q(float *qa, const float *q, const T *w, const float *scale, int lora,
+			   int n, int n_heads, int d_nope, int d_rope, int d_v, int h0)
+{
+	absorb_q_block<T>(qa, q, w, scale, lora, n, n_heads, d_nope, d_rope, d_v,
+			  h0 + (int)blockIdx.y, (int)(blockIdx.x * blockDim.x + threadIdx.x),
+			  blockIdx.x == 0, (int)blockIdx.z, (int)gridDim.z);
 }
 
 /* W[r] . l over lora columns by one warp: lane's columns c = lane, lane + 32, ... summed in
@@ -229,16 +241,14 @@ __device__ __forceinline__ float absorb_out_dot(const float *l, const T *w, cons
 	return warp_sum(acc);
 }
 
-/* One warp per (head, value row d): o[i][h][d] = W[h*(d_nope+d_v) + d_nope + d] . lat[i][h]
- * for every token i (the row stays in L1/L2 after the first token). */
+/* Warp gw of (head h = h0 + gw / d_v, value row d = gw % d_v): o[i][h][d] =
+ * W[h*(d_nope+d_v) + d_nope + d] . lat[i][h] for every token i (the row stays in L1/L2 after
+ * the first token). k_absorb_out: one warp a (head, row). */
 template <typename T>
-__global__ void k_absorb_out(float *o, const float *lat, const T *w, const float *scale, int lora,
-			     int n, int n_heads, int d_nope, int d_v, int h0, int h1)
+__device__ __forceinline__ void absorb_out_warp(float *o, const float *lat, const T *w,
+						const float *scale, int lora, int n, int n_heads,
+						int d_nope, int d_v, int h0, size_t gw, int lane)
 {
-	size_t gw = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
-	int lane = threadIdx.x & 31;
-	if (gw >= (size_t)(h1 - h0) * d_v) /* whole warps leave together: gw is per warp */
-		return;
 	int h = h0 + (int)(gw / d_v), d = (int)(gw % d_v);
 	size_t r = (size_t)h * (d_nope + d_v) + d_nope + d;
 	for (int i = 0; i < n; i++) {
@@ -247,6 +257,16 @@ __global__ void k_absorb_out(float *o, const float *lat, const T *w, const float
 		if (lane == 0)
 			o[((size_t)i * n_heads + h) * d_v + d] = acc;
 	}
+}
+
+template <typename T>
+__global__ void k_absorb_out(float *o, const float *lat, const T *w, const float *scale, int lora,
+			     int n, int n_heads, int d_nope, int d_v, int h0, int h1)
+{
+	size_t gw = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+	if (gw < (size_t)(h1 - h0) * d_v) /* whole warps leave together: gw is per warp */
+		absorb_out_warp<T>(o, lat, w, scale, lora, n, n_heads, d_nope, d_v, h0, gw,
+				   threadIdx.x & 31);
 }
 
 /* Shared checks of the two absorb calls; WK_OK or WK_EINVAL. */
@@ -335,107 +355,156 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
 	return launched("mla_absorb_out", err, errsz);
 }
 
-/* ---- mla_attention (cpu_ref_mla_attention): one block per (token, head) ---------------------- */
+/* ---- mla_attention (cpu_ref_mla_attention): blocks of (token, heads, part of the keys) ------- */
 
-#define MLA_THREADS 128
+#define MLA_THREADS 256
 #define MLA_TILE 64 /* keys scored per step */
+#define MLA_GM 8    /* heads a block at most (of a latent that every head reads) */
 #define MLA_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
+#define MLA_SPLIT_MIN (2 * MLA_TILE) /* keys a split part scores at least */
+#define MLA_SPLIT_MAX 64
+#define MLA_SYNC 4 /* k_mla_absorbed's counters before its parts' */
+#define MLA_STATIC (2 * sizeof(int)) /* the kernels' static shared memory, at most */
 
-/* Online softmax over tiles of MLA_TILE keys, so any number of keys fits:
- *   1. each warp scores keys of the tile (q . [k_a | k_b] * scale, lanes over dimensions);
- *   2. every thread reads the tile's scores, raises the running max m to mn and rescales by
- *      corr = exp(m - mn); the scores become p = exp(score - mn);
- *   3. thread d (and d + 128, ...) adds sum_j p_j v_j[d] to its running output acc[d], and
- *      every thread adds sum_j p_j to its copy of the running denominator l.
- * Shared memory (all dynamic): q [d_a + d_b], acc [d_v], p [MLA_TILE], the tile's key
- * positions tk [MLA_TILE].
- * mla_attend is query i, head h of it, run by the whole block (every thread calls it; sm:
- * that shared memory); k_mla_attention and k_mla_absorbed both run it. KV: the cache's
- * elements (s.k_a, s.v), float, bf16 bits or e4m3 (kv_rc; FP8: rows d_a wide with their
- * scales s.a_s, v is k_a); s.k_b's are kv_b<KV>'s. */
+/* Online softmax over tiles of MLA_TILE keys, so any number of keys fits, for nh heads of
+ * token i at once (more than one only where every head reads the same latent rows: s.ka_head
+ * and s.v_head 0, the absorbed layout, where each key and value is then read once for all):
+ *   1. each warp scores keys of the tile (q . [k_a | k_b] * scale, lanes over dimensions,
+ *      each key element loaded once for the nh queries);
+ *   2. thread g < nh raises head g's running max m[g] to mn over the tile's scores and keeps
+ *      corr[g] = exp(m - mn); the scores become p = exp(score - mn);
+ *   3. thread d (and d + 256, ...) adds sum_j p[g][j] v_j[d] to the running output acc[g][d]
+ *      of every head g, each value loaded once; thread g < nh keeps l[g], the denominator.
+ * Each head's sums run in the same order whatever nh, so nh changes no result.
+ * Shared memory (all dynamic, mla_smem_of): q [nh][d_a + d_b], acc [nh][d_v], p [nh][MLA_TILE],
+ * m, l and corr [nh], the tile's key positions tk [MLA_TILE].
+ * The block runs part sp of split of the token's keys (part_keys); split > 1: it leaves its
+ * m, l and acc in part and the last of the split blocks, counted on *c, merges them
+ * (part_put, part_merge). Every thread calls it; *last: an int of the block's shared memory.
+ * KV: the cache's elements (s.k_a, s.v), float, bf16 bits or e4m3 (kv_rc; FP8: rows d_a wide
+ * with their scales s.a_s, v is k_a); s.k_b's are kv_b<KV>'s. */
 template <typename KV>
-__device__ __forceinline__ void mla_attend(float *sm, float *out, const float *q,
-					   const struct cpu_mla &s, int pos0, int i, int h)
+__device__ void mla_attend(float *sm, int *last, float *out, const float *q,
+			   const struct cpu_mla &s, int pos0, int i, int h0, int nh, int split,
+			   int sp, float *part, unsigned *c)
 {
-	int dq = s.d_a + s.d_b;
-	float *qs = sm, *acc = sm + dq, *p = acc + s.d_v;
-	int *tk = (int *)(p + MLA_TILE);
+	int dq = s.d_a + s.d_b, dv = s.d_v;
+	float *qs = sm, *acc = qs + (size_t)nh * dq, *p = acc + (size_t)nh * dv;
+	float *ms = p + nh * MLA_TILE, *ls = ms + nh, *cr = ls + nh;
+	int *tk = (int *)(cr + nh);
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	const int *keys = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
-	int nk = s.sel ? s.nsel[i] : pos0 + i + 1;
-	const float *qh = q + ((size_t)i * s.n_heads + h) * dq;
-	const KV *vh = (const KV *)s.v + (size_t)h * s.v_head;
-	for (int d = threadIdx.x; d < dq; d += blockDim.x)
-		qs[d] = qh[d];
-	for (int d = threadIdx.x; d < s.d_v; d += blockDim.x)
-		acc[d] = 0.0f;
-	float m = -INFINITY, l = 0.0f;
-	for (int j0 = 0; j0 < nk; j0 += MLA_TILE) { /* block-uniform loop */
-		int cnt = min(MLA_TILE, nk - j0);
+	int k0, k1;
+	part_keys(s.sel ? s.nsel[i] : pos0 + i + 1, MLA_TILE, split, sp, &k0, &k1);
+	const KV *ka0 = (const KV *)s.k_a + (size_t)h0 * s.ka_head;
+	const KV *v0 = (const KV *)s.v + (size_t)h0 * s.v_head;
+	typedef typename kv_b<KV>::t KB;
+	for (int x = threadIdx.x; x < nh * dq; x += blockDim.x)
+		qs[x] = q[((size_t)i * s.n_heads + h0 + x / dq) * dq + x % dq];
+	for (int x = threadIdx.x; x < nh * dv; x += blockDim.x)
+		acc[x] = 0.0f;
+	if (threadIdx.x < nh) {
+		ms[threadIdx.x] = -INFINITY;
+		ls[threadIdx.x] = 0.0f;
+	}
+	for (int j0 = k0; j0 < k1; j0 += MLA_TILE) { /* block-uniform loop */
+		int cnt = min(MLA_TILE, k1 - j0);
+		__syncthreads(); /* qs, acc, ms and ls written; the last tile's p and tk read */
 		for (int j = threadIdx.x; j < cnt; j += blockDim.x)
 			tk[j] = keys ? keys[j0 + j] : j0 + j;
-		__syncthreads(); /* tk (and, the first time, qs) written */
+		__syncthreads(); /* tk written */
 		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
 			size_t t = (size_t)tk[j];
-			const KV *ka = (const KV *)s.k_a + t * s.ka_stride + (size_t)h * s.ka_head;
-			const typename kv_b<KV>::t *kb = (const typename kv_b<KV>::t *)s.k_b +
-							 t * s.kb_stride;
+			const KV *ka = ka0 + t * s.ka_stride;
+			const KB *kb = (const KB *)s.k_b + t * s.kb_stride;
 			const float *as = kv_scales(s.a_s, t, s.d_a);
-			float dot = 0.0f;
-			for (int d = lane; d < s.d_a; d += 32)
-				dot += qs[d] * kv_rc(ka, as, d);
-			for (int d = lane; d < s.d_b; d += 32)
-				dot += qs[s.d_a + d] * kv_ld(kb, d);
-			dot = warp_sum(dot);
-			if (lane == 0)
-				p[j] = dot * s.scale;
+			float pt[MLA_GM];
+#pragma unroll
+			for (int g = 0; g < MLA_GM; g++)
+				pt[g] = 0.0f;
+			for (int d = lane; d < s.d_a; d += 32) {
+				float kd = kv_rc(ka, as, d);
+#pragma unroll
+				for (int g = 0; g < MLA_GM; g++)
+					if (g < nh)
+						pt[g] += qs[g * dq + d] * kd;
+			}
+			for (int d = lane; d < s.d_b; d += 32) {
+				float kd = kv_ld(kb, d);
+#pragma unroll
+				for (int g = 0; g < MLA_GM; g++)
+					if (g < nh)
+						pt[g] += qs[g * dq + s.d_a + d] * kd;
+			}
+#pragma unroll
+			for (int g = 0; g < MLA_GM; g++)
+				if (g < nh) { /* block-uniform */
+					float sc = warp_sum(pt[g]);
+					if (lane == 0)
+						p[g * MLA_TILE + j] = sc * s.scale;
+				}
 		}
 		__syncthreads(); /* scores written */
-		float mt = -INFINITY;
-		for (int j = 0; j < cnt; j++)
-			mt = fmaxf(mt, p[j]);
-		float mn = fmaxf(m, mt); /* the same in every thread: same reads */
-		/* all scores -inf so far: nothing to rescale, and exp(-inf - -inf) would be NaN */
-		bool none = mn == -INFINITY;
-		float corr = none ? 1.0f : expf(m - mn);
-		__syncthreads(); /* every thread has read the scores before they become p */
-		for (int j = threadIdx.x; j < cnt; j += blockDim.x)
-			p[j] = none ? 0.0f : expf(p[j] - mn);
-		__syncthreads(); /* p written */
-		float ls = 0.0f;
-		for (int j = 0; j < cnt; j++)
-			ls += p[j];
-		l = l * corr + ls;
-		for (int d = threadIdx.x; d < s.d_v; d += blockDim.x) {
-			float a = acc[d] * corr;
-			for (int j = 0; j < cnt; j++)
-				a += p[j] * kv_rc(vh + (size_t)tk[j] * s.v_stride,
-						  kv_scales(s.a_s, (size_t)tk[j], s.d_a), d);
-			acc[d] = a; /* only this thread touches acc[d] */
+		tile_softmax(p, ms, ls, cr, nh, cnt, MLA_TILE);
+		for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+			float a[MLA_GM];
+#pragma unroll
+			for (int g = 0; g < MLA_GM; g++)
+				a[g] = g < nh ? acc[g * dv + d] * cr[g] : 0.0f;
+			for (int j = 0; j < cnt; j++) {
+				size_t t = (size_t)tk[j];
+				const float *vs = kv_scales(s.a_s, t, s.d_a);
+				float vd = kv_rc(v0 + t * s.v_stride, vs, d);
+#pragma unroll
+				for (int g = 0; g < MLA_GM; g++)
+					if (g < nh)
+						a[g] += p[g * MLA_TILE + j] * vd;
+			}
+#pragma unroll
+			for (int g = 0; g < MLA_GM; g++)
+				if (g < nh)
+					acc[g * dv + d] = a[g]; /* only this thread touches it */
 		}
-		m = mn;
-		__syncthreads(); /* p and tk are rewritten by the next tile */
 	}
-	/* no keys (nsel 0): 0/0, NaN, as the reference */
-	float *oh = out + ((size_t)i * s.n_heads + h) * s.d_v;
-	for (int d = threadIdx.x; d < s.d_v; d += blockDim.x)
-		oh[d] = acc[d] / l;
+	__syncthreads(); /* ls and acc written */
+	size_t row0 = (size_t)i * s.n_heads + h0;
+	if (split == 1) { /* no keys (nsel 0): 0/0, NaN, as the reference */
+		for (int x = threadIdx.x; x < nh * dv; x += blockDim.x)
+			out[(row0 + x / dv) * dv + x % dv] = acc[x] / ls[x / dv];
+		return;
+	}
+	if (part_put(part, row0, split, sp, nh, dv, acc, ms, ls, c, last))
+		part_merge(out, part, row0, split, nh, dv);
 }
 
+/* Block (x, y, z): token i0 + x, heads h0 + y * gm .. (up to gm of them, before h1), part z
+ * of split (counted on count[x * gridDim.y + y]). */
 template <typename KV>
-__global__ void k_mla_attention(float *out, const float *q, struct cpu_mla s, int pos0, int i0,
-				int h0)
+__global__ void __launch_bounds__(MLA_THREADS, 2) k_mla_attention(float *out, const float *q,
+							       struct cpu_mla s, int pos0, int i0,
+							       int h0, int h1, int gm, int split,
+							       float *part, unsigned *count)
 {
 	extern __shared__ float sm[];
+	__shared__ int last;
 	grid_dep_launch();
-	mla_attend<KV>(sm, out, q, s, pos0, i0 + blockIdx.x, h0 + blockIdx.y);
+	int hs = h0 + (int)blockIdx.y * gm;
+	mla_attend<KV>(sm, &last, out, q, s, pos0, i0 + (int)blockIdx.x, hs, min(gm, h1 - hs),
+		       split, (int)blockIdx.z, part, count + blockIdx.x * gridDim.y + blockIdx.y);
 }
 
-/* The dynamic shared memory of mla_attend for *s; WK_EINVAL, naming what, past the limit, for
- * a cache of another type than f32, bf16 and FP8, or for an FP8 one outside struct cpu_mla's
- * contract (no scales, v not k_a's layout). */
-static int mla_smem(const char *what, const struct cpu_mla *s, size_t *smem, char *err,
-		    size_t errsz)
+/* The dynamic shared memory of mla_attend for gm heads a block, and 4 floats of slack (as
+ * att_smem's). */
+static size_t mla_smem_of(int gm, const struct cpu_mla *s)
+{
+	return ((size_t)gm * ((size_t)s->d_a + s->d_b + s->d_v + MLA_TILE + 3) + MLA_TILE + 4) *
+	       sizeof(float);
+}
+
+/* Checks *s for mla_attend; WK_EINVAL, naming what, for a cache of another type than f32,
+ * bf16 and FP8, an FP8 one outside struct cpu_mla's contract (no scales, v not k_a's layout),
+ * or one head past a block's shared memory (and the kernels' static ints). */
+static int mla_check(const char *what, const struct cpu_mla *s, char *err, size_t errsz)
 {
 	if (s->kv != DT_F32 && s->kv != DT_BF16 && s->kv != DT_F8_E4M3)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: a %s KV cache (f32, bf16 or fp8)",
@@ -445,22 +514,88 @@ static int mla_smem(const char *what, const struct cpu_mla *s, size_t *smem, cha
 	     s->ka_stride != (size_t)s->d_a || s->v_stride != (size_t)s->d_a))
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA %s: an fp8 latent takes its scales "
 			       "and v as k_a, rows d_a %d wide (d_v %d)", what, s->d_a, s->d_v);
-	*smem = ((size_t)s->d_a + s->d_b + s->d_v + 2 * MLA_TILE) * sizeof(float);
-	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 || *smem > MLA_SMEM_MAX)
+	if (s->d_a < 0 || s->d_b < 0 || s->d_v < 0 ||
+	    mla_smem_of(1, s) + MLA_STATIC > MLA_SMEM_MAX)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA %s: d_a %d + d_b %d + d_v %d floats (this kernel holds up to "
 			       "%d in shared memory)",
-			       what, s->d_a, s->d_b, s->d_v, MLA_SMEM_MAX / 4 - 2 * MLA_TILE);
+			       what, s->d_a, s->d_b, s->d_v,
+			       (int)((MLA_SMEM_MAX - MLA_STATIC) / sizeof(float)) -
+				       (2 * MLA_TILE + 7));
 	return WK_OK;
 }
 
+/* How a call of n tokens and nh heads over *s runs (whose longest query has keys keys; < 0:
+ * any number): *gm heads a block (up to MLA_GM where every head reads the same latent rows,
+ * fewer where the blocks would not fill the device, or would not fit shared memory) and
+ * each query's keys in *split parts (enough blocks to fill the device, each part at least
+ * MLA_SPLIT_MIN keys, at most MLA_SPLIT_MAX parts). A function of its arguments (and of
+ * wk_cuda_mla_force's setting), so that mla_attention and mla_absorbed split alike. */
+static int mla_gm_forced; /* wk_cuda_mla_force: 0, or the heads a block wanted */
+
+static void mla_plan(const struct cpu_mla *s, int n, int nh, long keys, int *gm, int *split)
+{
+	long smax = keys < 0 ? MLA_SPLIT_MAX : keys / MLA_SPLIT_MIN;
+	smax = smax < 1 ? 1 : smax > MLA_SPLIT_MAX ? MLA_SPLIT_MAX : smax;
+	int g = s->ka_head || s->v_head ? 1 : mla_gm_forced ? mla_gm_forced : MLA_GM;
+	while (g > 1 && mla_smem_of(g, s) + MLA_STATIC > MLA_SMEM_MAX)
+		g /= 2;
+	while (!mla_gm_forced && g > 1 && (long)n * ((nh + g - 1) / g) * smax < ATT_FILL)
+		g /= 2;
+	long b = (long)n * ((nh + g - 1) / g);
+	long sp = b >= ATT_FILL ? 1 : (ATT_FILL + b - 1) / b;
+	*gm = g;
+	*split = (int)(sp < smax ? sp : smax);
+}
+
+/* The keys of the longest query of tokens up to i1 at pos0 (pos0 < 0: any number). */
+static long mla_keys(const struct cpu_mla *s, int i1, int pos0)
+{
+	if (pos0 < 0)
+		return -1;
+	long dense = (long)pos0 + i1;
+	return s->sel && s->sel_stride < dense ? s->sel_stride : dense;
+}
+
+extern "C" void wk_cuda_mla_force(int gm)
+{
+	mla_gm_forced = gm == 1 || gm == 2 || gm == 4 || gm == MLA_GM ? gm : 0;
+}
+
+extern "C" void wk_cuda_mla_shape(const struct cpu_mla *s, int n, int nh, int pos0, int *gm,
+				  int *split)
+{
+	mla_plan(s, n, nh, mla_keys(s, n, pos0), gm, split);
+}
+
+extern "C" size_t wk_cuda_mla_part(const struct cpu_mla *s, int n, int pos0)
+{
+	int gm, split;
+	if (n < 1 || s->n_heads < 1 || s->d_v < 0)
+		return 0;
+	mla_plan(s, n, s->n_heads, mla_keys(s, n, pos0), &gm, &split);
+	return split > 1 ? (size_t)n * s->n_heads * split * ((size_t)s->d_v + 2) : 0;
+}
+
+/* The parts *split may have within sp's scratch (rows of part, counters beyond the first
+ * skip of them for blocks of (token, heads)); 1 without a scratch. */
+static int mla_fit_split(int split, const struct wk_att_split *sp, size_t rows, int dv,
+			 long blocks, int skip)
+{
+	size_t per = rows * ((size_t)dv + 2);
+	if (split < 2 || !sp || !sp->part || !sp->count || blocks > (long)sp->count_n - skip)
+		return 1;
+	if ((size_t)split * per > sp->part_floats)
+		split = (int)(sp->part_floats / per);
+	return split < 1 ? 1 : split;
+}
+
 extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,
-				     int pos0, int i0, int i1, int h0, int h1, char *err,
-				     size_t errsz)
+				     int pos0, int i0, int i1, int h0, int h1,
+				     const struct wk_att_split *sp, char *err, size_t errsz)
 {
 	(void)n;
-	size_t smem;
-	int rc = mla_smem("mla_attention", s, &smem, err, errsz);
+	int rc = mla_check("mla_attention", s, err, errsz);
 	if (rc != WK_OK)
 		return rc;
 	if (i0 < 0 || h0 < 0 || h1 > s->n_heads || h1 - h0 > MAX_GRID_YZ)
@@ -469,103 +604,159 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 			       h1, s->n_heads);
 	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
 		return WK_OK;
-	dim3 grid((unsigned)(i1 - i0), (unsigned)(h1 - h0));
+	int gm, split;
+	mla_plan(s, i1 - i0, h1 - h0, mla_keys(s, i1, pos0), &gm, &split);
+	int chunks = (h1 - h0 + gm - 1) / gm;
+	split = mla_fit_split(split, sp, (size_t)i1 * s->n_heads, s->d_v,
+			      (long)(i1 - i0) * chunks, 0);
+	dim3 grid((unsigned)(i1 - i0), (unsigned)chunks, (unsigned)split);
+	size_t smem = mla_smem_of(gm, s);
+	float *part = split > 1 ? sp->part : NULL;
+	unsigned *count = split > 1 ? sp->count : NULL;
 	if (s->kv == DT_F8_E4M3)
 		k_mla_attention<__nv_fp8_e4m3><<<grid, MLA_THREADS, smem, wk_st()>>>(
-			out, q, *s, pos0, i0, h0);
+			out, q, *s, pos0, i0, h0, h1, gm, split, part, count);
 	else if (s->kv == DT_BF16)
-		k_mla_attention<uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0,
-										i0, h0);
+		k_mla_attention<uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(
+			out, q, *s, pos0, i0, h0, h1, gm, split, part, count);
 	else
-		k_mla_attention<float><<<grid, MLA_THREADS, smem, wk_st()>>>(out, q, *s, pos0, i0,
-									     h0);
+		k_mla_attention<float><<<grid, MLA_THREADS, smem, wk_st()>>>(
+			out, q, *s, pos0, i0, h0, h1, gm, split, part, count);
 	return launched("mla_attention", err, errsz);
 }
 
 /* ---- mla_absorbed: absorb_q, mla_attention and absorb_out in one launch --------------------- */
 
-/* One block of MLA_THREADS per (token i0 + x, head y), its three stages apart by barriers:
- *   1. qa[i][h] (absorb_q_col per latent column, then q_pe copied), to global memory;
- *   2. mla_attend over it (reading qa back, as k_mla_attention reads q) into lat[i][h];
- *   3. o[i][h][d] = absorb_out_dot(W_uv row d, lat[i][h]), one warp per row d.
- * Each element comes from the single kernels' own device code, so qa, lat and o equal theirs
- * bit for bit. The block reads back only what its own threads wrote before a __syncthreads,
- * which makes those global writes visible to the block. s: the latent attention, d_a = d_v
- * = lora, d_b = d_rope. */
+struct mla_abs {
+	float *o, *qa, *lat;
+	const float *q;
+	const void *w;
+	const float *scale;
+	int lora, n, pos0, d_nope, d_v, gm, chunks, split;
+	int ax, na, nb, nc; /* absorb_q's column blocks; the stages' blocks */
+	float *part;
+	unsigned *sync; /* MLA_SYNC counters, then the parts' */
+};
+
+/* Three stages of one launch (wait_blocks), each spread over the device:
+ *   A. qa = absorb_q(q): na blocks of (MLA_THREADS latent columns, head, ABSORB_TOK tokens),
+ *      absorb_q_block as k_absorb_q runs it;
+ *   B. lat = the latent attention over qa: nb blocks of (token, heads, part), mla_attend as
+ *      k_mla_attention runs it with the same gm and split (the merge is done before the
+ *      block counts itself done);
+ *   C. o = absorb_out(lat): nc blocks of MLA_THREADS / 32 warps of (head, value row),
+ *      absorb_out_warp as k_absorb_out runs it.
+ * So qa, lat and o equal the three kernels' bit for bit. sync: [0] the next ticket, [1], [2]
+ * the finished blocks of A and B, [3] all finished blocks, the last of which zeroes them for
+ * the next launch; then the parts' counters. s: the latent attention, d_a = d_v = lora, d_b
+ * = d_rope. */
 template <typename T, typename KV>
-__global__ void k_mla_absorbed(float *o, float *qa, float *lat, const float *q, const T *w,
-			       const float *scale, struct cpu_mla s, int pos0, int d_nope, int d_v)
+__global__ void __launch_bounds__(MLA_THREADS, 2) k_mla_absorbed(struct mla_abs a,
+							      struct cpu_mla s)
 {
 	extern __shared__ float sm[];
+	__shared__ int s_ticket, last;
 	grid_dep_launch();
-	int i = blockIdx.x, h = blockIdx.y, lora = s.d_a, d_rope = s.d_b, H = s.n_heads;
-	size_t r0 = (size_t)h * (d_nope + d_v), ih = (size_t)i * H + h;
-	const float *qh = q + ih * (d_nope + d_rope);
-	float *qah = qa + ih * (lora + d_rope);
-	for (int c = threadIdx.x; c < lora; c += blockDim.x)
-		absorb_q_col<T, 1>(qah, 0, qh, 0, 1, w, scale, lora, r0, d_nope, c);
-	for (int d = threadIdx.x; d < d_rope; d += blockDim.x)
-		qah[lora + d] = qh[d_nope + d];
-	__syncthreads(); /* qa[i][h] written */
-	mla_attend<KV>(sm, lat, qa, s, pos0, i, h);
-	__syncthreads(); /* lat[i][h] written */
-	const float *lh = lat + ih * lora;
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	for (int d = wid; d < d_v; d += nw) { /* warp-uniform loop */
-		float v = absorb_out_dot(lh, w, scale, lora, r0 + d_nope + d, lane);
-		if (lane == 0)
-			o[ih * d_v + d] = v;
+	if (threadIdx.x == 0)
+		s_ticket = (int)atomicAdd(&a.sync[0], 1u);
+	__syncthreads();
+	int t = s_ticket, H = s.n_heads;
+	const T *w = (const T *)a.w;
+	if (t < a.na) {
+		int x = t % a.ax, h = t / a.ax % H, z = t / a.ax / H;
+		absorb_q_block<T>(a.qa, a.q, w, a.scale, a.lora, a.n, H, a.d_nope, s.d_b, a.d_v, h,
+				  x * MLA_THREADS + (int)threadIdx.x, x == 0, z,
+				  (a.n + ABSORB_TOK - 1) / ABSORB_TOK);
+	} else if (t < a.na + a.nb) {
+		wait_blocks(&a.sync[1], (unsigned)a.na);
+		int b = t - a.na, sp = b % a.split, chunk = b / a.split % a.chunks;
+		int i = b / a.split / a.chunks, hs = chunk * a.gm;
+		mla_attend<KV>(sm, &last, a.lat, a.qa, s, a.pos0, i, hs, min(a.gm, H - hs),
+			       a.split, sp, a.part, a.sync + MLA_SYNC + i * a.chunks + chunk);
+	} else {
+		wait_blocks(&a.sync[2], (unsigned)a.nb);
+		size_t gw = (size_t)(t - a.na - a.nb) * (MLA_THREADS / 32) + (threadIdx.x >> 5);
+		if (gw < (size_t)H * a.d_v) /* whole warps: gw is per warp */
+			absorb_out_warp<T>(a.o, a.lat, w, a.scale, a.lora, a.n, H, a.d_nope,
+					   a.d_v, 0, gw, threadIdx.x & 31);
+	}
+	__syncthreads(); /* the block's writes are done */
+	if (threadIdx.x == 0) {
+		__threadfence(); /* release: they are visible before the count moves */
+		if (t < a.na + a.nb)
+			atomicAdd(&a.sync[t < a.na ? 1 : 2], 1u);
+		if (atomicAdd(&a.sync[3], 1u) == (unsigned)(a.na + a.nb + a.nc) - 1)
+			for (int k = 0; k < MLA_SYNC; k++) /* no block is left to read them */
+				a.sync[k] = 0;
 	}
 }
 
 template <typename T>
-static void absorbed_launch(float *o, float *qa, float *lat, const float *q, const void *w,
-			    const float *scale, const struct cpu_mla *s, int n, int pos0,
-			    int d_nope, int d_v, size_t smem)
+static void absorbed_launch(const struct mla_abs &a, const struct cpu_mla *s, size_t smem)
 {
-	dim3 grid((unsigned)n, (unsigned)s->n_heads);
+	unsigned g = (unsigned)(a.na + a.nb + a.nc);
 	if (s->kv == DT_F8_E4M3)
-		k_mla_absorbed<T, __nv_fp8_e4m3><<<grid, MLA_THREADS, smem, wk_st()>>>(
-			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
+		k_mla_absorbed<T, __nv_fp8_e4m3><<<g, MLA_THREADS, smem, wk_st()>>>(a, *s);
 	else if (s->kv == DT_BF16)
-		k_mla_absorbed<T, uint16_t><<<grid, MLA_THREADS, smem, wk_st()>>>(
-			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
+		k_mla_absorbed<T, uint16_t><<<g, MLA_THREADS, smem, wk_st()>>>(a, *s);
 	else
-		k_mla_absorbed<T, float><<<grid, MLA_THREADS, smem, wk_st()>>>(
-			o, qa, lat, q, (const T *)w, scale, *s, pos0, d_nope, d_v);
+		k_mla_absorbed<T, float><<<g, MLA_THREADS, smem, wk_st()>>>(a, *s);
 }
 
 extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q,
 				    const void *w, enum dt_type wt, const float *scale, int lora,
 				    const struct cpu_mla *s, int n, int pos0, int d_nope, int d_v,
-				    char *err, size_t errsz)
+				    const struct wk_att_split *sp, char *err, size_t errsz)
 {
-	size_t smem;
-	int rc = absorb_args("mla_absorbed", wt, scale, lora, s->n_heads, 0, s->n_heads, err,
-			     errsz);
-	if (rc != WK_OK || (rc = mla_smem("mla_absorbed", s, &smem, err, errsz)) != WK_OK)
+	int H = s->n_heads;
+	int rc = absorb_args("mla_absorbed", wt, scale, lora, H, 0, H, err, errsz);
+	if (rc != WK_OK || (rc = mla_check("mla_absorbed", s, err, errsz)) != WK_OK)
 		return rc;
 	if (s->d_a != lora || s->d_v != lora || d_nope < 0 || d_v < 0)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA mla_absorbed: the latent attention's d_a %d and d_v %d must "
 			       "both be kv_b's lora %d (d_nope %d, d_v %d)",
 			       s->d_a, s->d_v, lora, d_nope, d_v);
-	if (n <= 0 || s->n_heads <= 0)
+	if (n <= 0 || H <= 0)
 		return WK_OK;
+	if (!sp || !sp->count || sp->count_n < MLA_SYNC) { /* no counters: three launches */
+		if ((rc = wk_cuda_mla_absorb_q(qa, q, w, wt, scale, lora, n, H, d_nope, s->d_b, d_v,
+					       0, H, err, errsz)) != WK_OK ||
+		    (rc = wk_cuda_mla_attention(lat, qa, s, n, pos0, 0, n, 0, H, sp, err, errsz)) !=
+			    WK_OK)
+			return rc;
+		return wk_cuda_mla_absorb_out(o, lat, w, wt, scale, lora, n, H, d_nope, d_v, 0, H,
+					      err, errsz);
+	}
+	struct mla_abs a = {o, qa, lat, q, w, scale, lora, n, pos0, d_nope, d_v, 0, 0, 0,
+			    0, 0, 0, 0, NULL, sp->count};
+	mla_plan(s, n, H, mla_keys(s, n, pos0), &a.gm, &a.split);
+	a.chunks = (H + a.gm - 1) / a.gm;
+	a.split = mla_fit_split(a.split, sp, (size_t)n * H, lora, (long)n * a.chunks, MLA_SYNC);
+	a.ax = (int)blocks((size_t)lora, MLA_THREADS);
+	long na = (long)a.ax * H * ((n + ABSORB_TOK - 1) / ABSORB_TOK);
+	long nb = (long)n * a.chunks * a.split;
+	long nc = ((long)H * d_v + MLA_THREADS / 32 - 1) / (MLA_THREADS / 32);
+	if (na + nb + nc > INT32_MAX / 2)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA mla_absorbed: %d tokens of %d heads "
+			       "(%ld blocks)", n, H, na + nb + nc);
+	a.na = (int)na;
+	a.nb = (int)nb;
+	a.nc = (int)nc;
+	a.part = a.split > 1 ? sp->part : NULL;
+	size_t smem = mla_smem_of(a.gm, s);
 	switch (wt) {
 	case DT_F32:
-		absorbed_launch<float>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v, smem);
+		absorbed_launch<float>(a, s, smem);
 		break;
 	case DT_BF16:
-		absorbed_launch<__nv_bfloat16>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v,
-					       smem);
+		absorbed_launch<__nv_bfloat16>(a, s, smem);
 		break;
 	case DT_F16:
-		absorbed_launch<__half>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v, smem);
+		absorbed_launch<__half>(a, s, smem);
 		break;
 	default: /* DT_F8_E4M3, checked above */
-		absorbed_launch<__nv_fp8_e4m3>(o, qa, lat, q, w, scale, s, n, pos0, d_nope, d_v,
-					       smem);
+		absorbed_launch<__nv_fp8_e4m3>(a, s, smem);
 	}
 	return launched("mla_absorbed", err, errsz);
 }

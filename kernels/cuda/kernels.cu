@@ -820,7 +820,6 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 #define ATT_THREADS 128
 #define ATT_TILE 64		  /* keys scored per step */
 #define ATT_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
-#define ATT_FILL 264		  /* blocks that fill an H200 (2 on each of 132 SMs) */
 #define ATT_SPLIT_MIN (4 * ATT_TILE) /* keys a split part scores at least */
 #define ATT_SPLIT_MAX 64
 
@@ -852,12 +851,8 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 	int group = n_heads / n_kv, i = blockIdx.x, g = blockIdx.y;
 	int chunk = (int)blockIdx.z / split, sp = (int)blockIdx.z % split;
 	int h0 = g * group + chunk * GM, nh = min(GM, (g + 1) * group - h0);
-	int len = pos0 + i + 1, hd = head_dim;
-	/* the part's keys: whole tiles shared out evenly (a part may be empty when a later
-	 * token of the step has more keys than this one) */
-	int tiles = (len + ATT_TILE - 1) / ATT_TILE;
-	int k0 = min(len, sp * tiles / split * ATT_TILE);
-	int k1 = min(len, (sp + 1) * tiles / split * ATT_TILE);
+	int hd = head_dim, k0, k1;
+	part_keys(pos0 + i + 1, ATT_TILE, split, sp, &k0, &k1);
 	float *qs = sm, *acc = qs + GM * hd, *p = acc + GM * hd, *ms = p + GM * ATT_TILE;
 	float *ls = ms + GM, *cr = ls + GM;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -896,30 +891,7 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 			}
 		}
 		__syncthreads(); /* scores written */
-		if (threadIdx.x < nh) {
-			const float *ph = p + threadIdx.x * ATT_TILE;
-			float mt = -INFINITY, m = ms[threadIdx.x];
-			for (int j = 0; j < cnt; j++)
-				mt = fmaxf(mt, ph[j]);
-			float mn = fmaxf(m, mt);
-			/* all scores -inf so far: nothing to rescale (exp(-inf - -inf) is NaN) */
-			cr[threadIdx.x] = mn == -INFINITY ? 1.0f : expf(m - mn);
-			ms[threadIdx.x] = mn;
-		}
-		__syncthreads(); /* every head's scores read, ms and cr written */
-		for (int x = threadIdx.x; x < nh * ATT_TILE; x += blockDim.x) {
-			float mn = ms[x / ATT_TILE];
-			if (x % ATT_TILE < cnt)
-				p[x] = mn == -INFINITY ? 0.0f : expf(p[x] - mn);
-		}
-		__syncthreads(); /* p written */
-		if (threadIdx.x < nh) {
-			const float *ph = p + threadIdx.x * ATT_TILE;
-			float l = 0.0f;
-			for (int j = 0; j < cnt; j++)
-				l += ph[j];
-			ls[threadIdx.x] = ls[threadIdx.x] * cr[threadIdx.x] + l;
-		}
+		tile_softmax(p, ms, ls, cr, nh, cnt, ATT_TILE);
 		for (int d = threadIdx.x; d < hd; d += blockDim.x) {
 			float a[GM];
 #pragma unroll
@@ -945,42 +917,10 @@ __global__ void k_attention(float *out, const float *q, const KV *k, const KV *v
 			out[((size_t)i * n_heads + h0 + x / hd) * hd + x % hd] = acc[x] / ls[x / hd];
 		return;
 	}
-	/* part [n][n_heads][split][2 + head_dim]: m, l, then acc */
-	size_t pw = (size_t)hd + 2;
-	for (int x = threadIdx.x; x < nh * hd; x += blockDim.x)
-		part[(((size_t)i * n_heads + h0 + x / hd) * split + sp) * pw + 2 + x % hd] = acc[x];
-	if (threadIdx.x < nh) {
-		float *ph = part + (((size_t)i * n_heads + h0 + threadIdx.x) * split + sp) * pw;
-		ph[0] = ms[threadIdx.x];
-		ph[1] = ls[threadIdx.x];
-	}
-	__threadfence(); /* this block's part is visible before its counter moves */
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		unsigned *c = count + ((size_t)i * gridDim.y + g) * (gridDim.z / split) + chunk;
-		last = atomicAdd(c, 1u) == (unsigned)split - 1;
-		if (last)
-			*c = 0;
-	}
-	__syncthreads();
-	if (!last)
-		return;
-	__threadfence(); /* then every other block's parts */
-	/* read volatile (from L2, not this SM's L1: other blocks wrote them) */
-	const volatile float *pv = part;
-	for (int x = threadIdx.x; x < nh * hd; x += blockDim.x) {
-		size_t row = ((size_t)i * n_heads + h0 + x / hd) * split;
-		float m = -INFINITY, l = 0.0f, o = 0.0f;
-		for (int s = 0; s < split; s++)
-			m = fmaxf(m, pv[(row + s) * pw]);
-		for (int s = 0; s < split; s++) {
-			float ms_ = pv[(row + s) * pw];
-			float w = ms_ == -INFINITY ? 0.0f : expf(ms_ - m); /* an empty part: none */
-			l += pv[(row + s) * pw + 1] * w;
-			o += pv[(row + s) * pw + 2 + x % hd] * w;
-		}
-		out[((size_t)i * n_heads + h0 + x / hd) * hd + x % hd] = o / l;
-	}
+	size_t row0 = (size_t)i * n_heads + h0;
+	unsigned *c = count + ((size_t)i * gridDim.y + g) * (gridDim.z / split) + chunk;
+	if (part_put(part, row0, split, sp, nh, hd, acc, ms, ls, c, &last))
+		part_merge(out, part, row0, split, nh, hd);
 }
 
 /* The dynamic shared memory of k_attention<., gm> for head_dim hd, and 4 floats of slack:

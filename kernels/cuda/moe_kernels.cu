@@ -859,11 +859,6 @@ struct chain_moe {
 	int top_k, ex0, n_local, gx, gy;
 };
 enum { CH_MATMUL, CH_ADD_RMSNORM, CH_NORM, CH_ROUTE_PLAN, CH_GATE_UP, CH_DOWN, CH_CAST };
-/* A link waits at most this many polls of at least 100 ns for the link before it (a link
- * takes well under a millisecond); then it traps, as mbar_wait does: a chain that can never
- * go on is a sticky launch error (the engine fails, the worker hands its jobs back and
- * exits), not a GPU spinning for ever. */
-#define CHAIN_POLLS_MAX (1u << 26)
 struct chain_link {
 	int kind, n;
 	union {
@@ -899,17 +894,7 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_chain(struct chain_set c, uns
 	int t = s_ticket, k = set_part(c.bstart, t);
 	int b = t - c.bstart[k];
 	if (k > 0) { /* every block of link k - 1 has finished (and so, of every link before) */
-		if (threadIdx.x == 0) {
-			const volatile unsigned *done = sync + k;
-			unsigned need = (unsigned)(c.bstart[k] - c.bstart[k - 1]);
-			for (unsigned polls = 0; *done < need; polls++) {
-				if (polls == CHAIN_POLLS_MAX) /* over ~7 s: never a hung GPU */
-					__trap();
-				__nanosleep(100);
-			}
-			__threadfence(); /* acquire: their writes before this block's reads */
-		}
-		__syncthreads();
+		wait_blocks(sync + k, (unsigned)(c.bstart[k] - c.bstart[k - 1]));
 	}
 	const struct chain_link &l = c.l[k];
 	const struct chain_moe &m = l.moe;

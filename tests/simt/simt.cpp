@@ -1223,7 +1223,8 @@ static bool block_round(size_t nt)
 static bool interleaved(const char *kernel)
 {
 	static const char *const names[] = {"k_chain<", "k_dsa_topk_n", "k_moe_route_plan",
-					    "k_moe_down"};
+					    "k_moe_down", "k_attention<", "k_mla_attention<",
+					    "k_mla_absorbed<"};
 	for (const char *n : names)
 		if (kernel && strncmp(kernel, n, strlen(n)) == 0 &&
 		    (n[strlen(n) - 1] == '<' || kernel[strlen(n)] == 0))
