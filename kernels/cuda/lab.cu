@@ -1086,7 +1086,7 @@ static int lab_mla(double ceil_gbs)
 			snprintf(name, sizeof name, "%s cache, %s", f8 ? "fp8" : "bf16",
 				 r == 0 ? "absorbed, split" : r == 1 ? "absorbed, 3 launches"
 				 : r == 2 ? "attention, split" : r == 3 ? "attention, whole"
-				 : "absorbed, split, 8 heads a block");
+				 : "absorbed, split, gm 8");
 			/* the check: layer 0 */
 			struct cpu_mla d0 = lab_mla_cache(kv, lat, ls, kpe, sel, nsel);
 			double worst = INFINITY;
