@@ -4,7 +4,8 @@
  * Eager mode pays a launch for every kernel and copy: a naive GLM-5 decode step launches
  * 1,600-2,300 kernels per GPU, and the target is <= 400. This counts them (engine/count.c:
  * every backend op and copy the engine issues, plus a sharded rank's collectives) over
- * decode steps at batch 1 after a prefill of --context tokens, and prints them per step by
+ * decode steps at batch 1 (or --batch N sequences, each a token a step, as the worker
+ * batches them) after a prefill of --context tokens, and prints them per step by
  * kind, beside the unfused baseline from the same run (MoE experts one by one, one matmul
  * per weight instead of matmul_n). The families issue the same ops on every backend, so a count on the CPU backend is
  * what the CUDA backend launches for the same step (one kernel per op, one async copy per
@@ -41,6 +42,9 @@ static void usage(FILE *f)
 		"      --backend B    cpu, cuda, null or auto (default cpu)\n"
 		"      --threads T    CPU threads (default: all cores)\n"
 		"      --target N     launches per step to compare with (default 400)\n"
+		"      --batch N      sequences decoding together, each its own prefill and a token\n"
+		"                     a step chosen on the device (default 1: one sequence whose\n"
+		"                     logits come to the host each step)\n"
 		"      --kv-dtype D   the KV cache's type: bf16, f32, fp8 or auto (default auto:\n"
 		"                     bf16 for a bfloat16 checkpoint)\n");
 }
@@ -66,8 +70,56 @@ struct count_run {
 	double step_ms; /* wall time of a decode step (its logits on the host) */
 };
 
+/* Batch > 1: batch sequences, each prefilled with the same context tokens in one step, then
+ * a step more, then the counted and timed steps: every sequence a token, its argmax chosen
+ * where the logits are (eng_item.token), as the worker's greedy requests decode. */
+static int batch_steps(struct engine *e, const int *ids, int context, int steps, int batch,
+		       struct eng_launches *before, double *ms)
+{
+	char err[WK_ERRSZ];
+	struct eng_item *it = calloc((size_t)batch, sizeof *it);
+	int *tok = calloc((size_t)batch, sizeof *tok), rc = 1;
+	if (!it || !tok) {
+		fprintf(stderr, "wick bench: out of memory\n");
+		goto done;
+	}
+	for (int b = 0; b < batch; b++) {
+		if (eng_seq_alloc(e, &it[b].seq) != WK_OK) {
+			fprintf(stderr, "wick bench: the engine holds fewer than %d sequences\n",
+				batch);
+			goto done;
+		}
+		it[b].tokens = ids;
+		it[b].n = context;
+		it[b].token = &tok[b];
+	}
+	for (int i = -1; i <= steps; i++) { /* the prefill, one step more, then the counted */
+		if (i == 1 && eng_launches(e, 0, before) != WK_OK) {
+			fprintf(stderr, "wick bench: the engine did not count its launches\n");
+			goto done;
+		}
+		if (i == 1)
+			*ms = wk_now();
+		if (eng_step(e, it, batch, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench: %s step: %s\n", i < 0 ? "prefill" : "decode",
+				err);
+			goto done;
+		}
+		for (int b = 0; b < batch; b++) { /* each its own chosen token next */
+			it[b].tokens = &tok[b];
+			it[b].n = 1;
+		}
+	}
+	*ms = (wk_now() - *ms) * 1e3 / steps;
+	rc = 0;
+done:
+	free(it);
+	free(tok);
+	return rc;
+}
+
 static int count_step(const char *model, const struct eng_opts *eo, int context, int steps,
-		      struct count_run *r)
+		      int batch, struct count_run *r)
 {
 	char err[WK_ERRSZ];
 	struct engine *e = NULL;
@@ -95,6 +147,11 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 	}
 	for (int i = 0; i < context; i++) /* any tokens: the count does not depend on them */
 		ids[i] = (int)((1 + 7919u * (unsigned)i) % (unsigned)V);
+	if (batch > 1) {
+		if (batch_steps(e, ids, context, steps, batch, &before, &r->step_ms))
+			goto done;
+		goto count;
+	}
 	if (eng_forward(e, ids, context, 0, logits, false, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick bench: prefill: %s\n", err);
 		goto done;
@@ -118,6 +175,7 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 		}
 	}
 	r->step_ms = (wk_now() - t0) * 1e3 / steps;
+count:
 	eng_launches(e, 0, &after);
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
 		bool is_copy;
@@ -140,7 +198,7 @@ done:
 
 int bench_launches(int argc, char **argv)
 {
-	int context = 64, steps = 4, threads = 0, target = 400;
+	int context = 64, steps = 4, threads = 0, target = 400, batch = 1;
 	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"context", required_argument, NULL, 'c'},
@@ -149,6 +207,7 @@ int bench_launches(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},
 		{"target", required_argument, NULL, 'T'},
 		{"kv-dtype", required_argument, NULL, 'k'},
+		{"batch", required_argument, NULL, 'B'},
 		{"help", no_argument, NULL, 'h'},
 		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
@@ -161,6 +220,7 @@ int bench_launches(int argc, char **argv)
 		switch (c) {
 		case 'c': bad = parse_pos(optarg, "--context", 1 << 20, &context); break;
 		case 's': bad = parse_pos(optarg, "--steps", 10000, &steps); break;
+		case 'B': bad = parse_pos(optarg, "--batch", 4096, &batch); break;
 		case 'b': backend = optarg; break;
 		case 't': bad = parse_pos(optarg, "--threads", 1024, &threads); break;
 		case 'T': bad = parse_pos(optarg, "--target", 1 << 30, &target); break;
@@ -179,22 +239,22 @@ int bench_launches(int argc, char **argv)
 	}
 	struct count_run grouped, plain, one; /* fused and chained / not chained / unfused */
 	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
-			      .count_launches = true, .kv_dtype = kv};
-	if (count_step(model, &eo, context, steps, &grouped))
+			      .max_seqs = batch, .count_launches = true, .kv_dtype = kv};
+	if (count_step(model, &eo, context, steps, batch, &grouped))
 		return 1;
 	eo.no_chain = true; /* every op its own launch */
-	if (count_step(model, &eo, context, steps, &plain))
+	if (count_step(model, &eo, context, steps, batch, &plain))
 		return 1;
 	eo.experts_one_by_one = true; /* the baseline: MoE experts one at a time, */
 	eo.unfused = true;            /* one matmul per weight, cache writes by copy */
-	if (count_step(model, &eo, context, steps, &one))
+	if (count_step(model, &eo, context, steps, batch, &one))
 		return 1;
 
 	printf("model            %s (%s)\n", model, grouped.arch);
 	printf("backend          %s\n", grouped.backend);
 	printf("kv cache         %s\n", grouped.kv);
-	printf("decode step      batch 1 at position %d..%d, %d steps averaged (after one more)\n",
-	       context + 1, context + steps, steps);
+	printf("decode step      batch %d at position %d..%d, %d steps averaged (after one more)\n",
+	       batch, context + 1, context + steps, steps);
 	printf("%-18s %10s\n", "kind", "per step");
 	json_t *by = json_object();
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
@@ -224,6 +284,9 @@ int bench_launches(int argc, char **argv)
 		printf("%-18s %10.1f\n", "collectives", grouped.coll);
 	printf("%-18s %10.1f  (target %d: %.2fx)\n", "launches", grouped.total, target,
 	       grouped.total / target);
+	if (batch > 1)
+		printf("%-18s %10.1f  (a step's launches over its %d tokens)\n", "per token",
+		       grouped.total / batch, batch);
 	printf("%-18s %10.1f  (every op its own launch)\n", "not chained", plain.total);
 	printf("%-18s %10.1f  (experts one by one, one matmul per weight; fused: %.2fx fewer)\n",
 	       "unfused", one.total, grouped.total > 0 ? one.total / grouped.total : 0.0);
@@ -235,10 +298,10 @@ int bench_launches(int argc, char **argv)
 	       grouped.backend);
 	json_t *ms = json_pack("{s:f, s:f, s:f}", "chained", grouped.step_ms, "not_chained",
 			       plain.step_ms, "unfused", one.step_ms);
-	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:i, "
-			      "s:o, s:o, s:o}",
+	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, "
+			      "s:i, s:o, s:o, s:o}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
-			      "kv_dtype", grouped.kv,
+			      "kv_dtype", grouped.kv, "batch", batch,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
 			      grouped.total, "not_chained", plain.total, "unfused", one.total,
