@@ -312,7 +312,7 @@ __device__ __forceinline__ void part_merge(float *out, const float *part, size_t
  * Blocks take tickets (an atomic counter) in the order they start, and a block of a later
  * stage waits for every block of the stage before it: those took earlier tickets, so they
  * are running or done, and the wait cannot deadlock. A wait polls at most WAIT_POLLS_MAX
- * times, at least 100 ns apart (a stage takes well under a millisecond); then it traps, as
+ * times, a __nanosleep(100) between (a stage takes well under a millisecond); then it traps, as
  * mbar_wait does: a launch that can never go on is a sticky launch error (the engine fails,
  * the worker hands its jobs back and exits), not a GPU spinning for ever. */
 #define WAIT_POLLS_MAX (1u << 26)

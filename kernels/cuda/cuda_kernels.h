@@ -122,8 +122,9 @@ struct wk_rope {
 };
 int wk_cuda_rope_n(const struct wk_rope *r, int count, float theta, bool interleaved, char *err,
 		   size_t errsz);
-/* Where wk_cuda_attention may split a sequence's keys over several blocks (flash-decoding),
- * when its blocks of (token, kv head) are too few to fill the device: part [part_floats] of
+/* Where wk_cuda_attention (and wk_cuda_mla_attention, wk_cuda_mla_absorbed) may split a
+ * sequence's keys over several blocks (flash-decoding), when its blocks of (token, kv head)
+ * are too few to fill the device: part [part_floats] of
  * device scratch for the blocks' partial results, and count [count_n] zeroed counters (left
  * zero), both the caller's. */
 struct wk_att_split {
@@ -219,10 +220,12 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 /* cpu_ref_mla_attention, online softmax: any number of keys; the pointers in *s are device
  * memory (s itself is not), the cache's elements of type s->kv (DT_F32, DT_BF16, or
  * DT_F8_E4M3 as struct cpu_mla has it: v is k_a, rows d_a wide, scales a_s, k_b bf16).
- * Where every head reads the same latent rows (ka_head, v_head 0), each key and value is
- * read once for up to 8 heads; each query's keys split over blocks as sp allows (NULL:
- * never; part rows: i1 * n_heads), as wk_cuda_attention splits. One launch either way.
- * WK_EINVAL when d_a + d_b + d_v > 12151 (shared memory), for another s->kv, or for an FP8
+ * Where every head reads the same latent rows (ka_head, v_head 0) and the blocks are many
+ * enough to fill the device, each key and value is read once for up to 8 heads a block
+ * (else a head a block: a decode's keys are read once per head, from L2 after the first);
+ * each query's keys split over blocks as sp allows (NULL: never; part rows: i1 *
+ * n_heads), as wk_cuda_attention splits. One launch either way.
+ * WK_EINVAL when d_a + d_b + d_v > 12149 (shared memory), for another s->kv, or for an FP8
  * one outside that layout. */
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 			  int i0, int i1, int h0, int h1, const struct wk_att_split *sp, char *err,
@@ -241,13 +244,14 @@ void wk_cuda_mla_shape(const struct cpu_mla *s, int n, int nh, int pos0, int *gm
  * the backend: it changes what every later call does (not thread-safe). */
 void wk_cuda_mla_force(int gm);
 /* wk_cuda_mla_absorb_q, wk_cuda_mla_attention and wk_cuda_mla_absorb_out over all n tokens
- * and s->n_heads heads as one launch of three stages, each spread over the device, each of
- * qa, lat and o bit for bit what the three write with the same sp: qa [n][n_heads][lora +
- * s->d_b] from q, lat [n][n_heads][lora] = the attention *s over qa, o [n][n_heads][d_v] from
- * lat; w and scale as for absorb. The stages count on sp's first 4 counters (the split's
- * come after them); without sp or its counters, the three kernels one after another. *s is
- * the absorbed (latent) attention: s->d_a and s->d_v must be lora. WK_EINVAL when they are
- * not, or where absorb or mla_attention would refuse. */
+ * and s->n_heads heads as one launch of three stages, each spread over the device: qa
+ * [n][n_heads][lora + s->d_b] from q, lat [n][n_heads][lora] = the attention *s over qa, o
+ * [n][n_heads][d_v] from lat; w and scale as for absorb. The stages count on sp's first 4
+ * counters, the split's on those after them; without sp or its counters, the three kernels
+ * one after another. Each of qa, lat and o is bit for bit what the three write where they
+ * split alike: mla_attention given the same part scratch and sp's counters past the first
+ * 4. *s is the absorbed (latent) attention: s->d_a and s->d_v must be lora. WK_EINVAL when
+ * they are not, or where absorb or mla_attention would refuse. */
 int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const void *w,
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
 			 int n, int pos0, int d_nope, int d_v, const struct wk_att_split *sp,

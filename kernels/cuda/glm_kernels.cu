@@ -176,6 +176,7 @@ __device__ __forceinline__ void absorb_q_col(float *oh, size_t ostride, const fl
 #pragma unroll
 	for (int t = 0; t < M; t++)
 		acc[t] = 0.0f;
+#pragma unroll 8 /* the rows' weights loaded ahead of the sums (their order unchanged) */
 	for (int d = 0; d < d_nope; d++) {
 		float wv = wget(w, scale, lora, r0 + d, c);
 #pragma unroll
@@ -209,7 +210,10 @@ __device__ __forceinline__ void absorb_q_block(float *qa, const float *q, const 
 		const float *qh = q + ((size_t)i0 * n_heads + h) * (d_nope + d_rope);
 		float *oh = qa + ((size_t)i0 * n_heads + h) * (lora + d_rope);
 		size_t ostride = (size_t)n_heads * (lora + d_rope);
-		if (c < lora)
+		if (c < lora && m == 1) /* a decode step's: no registers for 7 more tokens */
+			absorb_q_col<T, 1>(oh, ostride, qh, qstride, m, w, scale, lora, r0, d_nope,
+					   c);
+		else if (c < lora)
 			absorb_q_col<T, ABSORB_TOK>(oh, ostride, qh, qstride, m, w, scale, lora, r0,
 						    d_nope, c);
 		if (pe)
@@ -364,7 +368,7 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
 #define MLA_SPLIT_MIN (2 * MLA_TILE) /* keys a split part scores at least */
 #define MLA_SPLIT_MAX 64
 #define MLA_SYNC 4 /* k_mla_absorbed's counters before its parts' */
-#define MLA_STATIC (2 * sizeof(int)) /* the kernels' static shared memory, at most */
+#define MLA_STATIC 16 /* the kernels' static shared memory (ptxas: 16 bytes for their ints) */
 
 /* Online softmax over tiles of MLA_TILE keys, so any number of keys fits, for nh heads of
  * token i at once (more than one only where every head reads the same latent rows: s.ka_head

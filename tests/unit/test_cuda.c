@@ -1427,6 +1427,28 @@ static void rnd_sel(int *sel, int *nsel, int n, int pos0, int topk)
 	}
 }
 
+/* The n floats of a split's part scratch dev made NaN (poison_parts) and, after a call, how
+ * many it wrote (parts_written): the parts of a split (an empty part too: m -inf, l 0, acc 0)
+ * are never NaN, so a call that ran unsplit writes none. */
+static void poison_parts(float *dev, size_t n)
+{
+	float *x = fill_vec(n, NAN);
+	cr_assert_eq(wk_cuda_upload(dev, x, n * 4, err, sizeof err), WK_OK, "%s", err);
+	free(x);
+}
+
+static size_t parts_written(const float *dev, size_t n)
+{
+	float *x = malloc(n * 4);
+	size_t w = 0;
+	cr_assert(x);
+	from_dev(x, dev, n * 4);
+	for (size_t i = 0; i < n; i++)
+		w += !isnan(x[i]);
+	free(x);
+	return w;
+}
+
 Test(cuda_kernels, mla_attention_matches_ref)
 {
 	NEED_GPU();
@@ -1642,9 +1664,15 @@ Test(cuda_kernels, mla_attention_splits_its_keys)
 		for (int half = 0; half < 2; half++) {
 			struct wk_att_split sp = {dpart, half ? pf / 2 : pf, dcount, COUNTERS};
 			float *dout = to_dev(init, no * 4);
+			poison_parts(dpart, pf);
 			cr_assert_eq(wk_cuda_mla_attention(dout, dq, &ds, n, pos0, i0, i1, h0, h1,
 							   &sp, err, sizeof err),
 				     WK_OK, "%s", err);
+			/* split at least in two (half) or as planned (all the scratch) */
+			size_t rows = (size_t)(i1 - i0) * (h1 - h0) * (s.d_v + 2);
+			size_t wrote = parts_written(dpart, pf);
+			cr_expect_geq(wrote, rows * (half ? 2 : (size_t)split),
+				      "case %zu: %zu part floats written", c, wrote);
 			from_dev(got, dout, no * 4);
 			int nan = 0; /* NaN where the reference's is NaN (and only there) */
 			for (size_t x = 0; x < no; x++)
@@ -2992,15 +3020,18 @@ static void check_absorbed(float *const got[9], const size_t len[9], const float
 Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 {
 	NEED_GPU();
-	/* lora, heads, d_nope, d_rope, d_v, n, pos0, topk, the dtypes run (types[] bits) */
-	static const int cases[][9] = {
-		{300, 3, 24, 8, 20, 1, 140, 64, 63},  /* a decode step, selecting */
-		{300, 2, 24, 8, 20, 9, 30, 16, 63},   /* more tokens than a chunk of absorb_q */
-		{512, 2, 192, 64, 256, 3, 40, 32, 63}, /* GLM-5's sizes, fewer heads */
-		{64, 4, 16, 4, 40, 5, 0, 4, 63},      /* a prefill that absorbs; d_v past lora/2 */
-		{512, 8, 192, 64, 256, 1, 2500, 2048, 48}, /* GLM-5 at tp 8, split */
-		{64, 8, 16, 8, 32, 70, 10, 16, 33},   /* 2 heads a block */
-		{32, 8, 8, 8, 16, 270, 0, 8, 32},     /* 8 heads a block */
+	/* lora, heads, d_nope, d_rope, d_v, n, pos0, topk, the dtypes run (types[] bits), heads
+	 * a block forced (wk_cuda_mla_force; 0: the plan's) */
+	static const int cases[][10] = {
+		{300, 3, 24, 8, 20, 1, 140, 64, 63, 0},  /* a decode step, selecting */
+		{300, 2, 24, 8, 20, 9, 30, 16, 63, 0},   /* more tokens than a chunk of absorb_q */
+		{512, 2, 192, 64, 256, 3, 40, 32, 63, 0}, /* GLM-5's sizes, fewer heads */
+		{64, 4, 16, 4, 40, 5, 0, 4, 63, 0},      /* a prefill that absorbs; d_v past lora/2 */
+		{512, 8, 192, 64, 256, 1, 2500, 2048, 48, 0}, /* GLM-5 at tp 8, split */
+		{512, 8, 192, 64, 256, 3, 2500, 2048, 32, 0}, /* 3 tokens, split */
+		{64, 8, 16, 8, 32, 2, 600, 256, 33, 4},  /* 4 heads a block, split */
+		{64, 8, 16, 8, 32, 70, 10, 16, 33, 0},   /* 2 heads a block */
+		{32, 8, 8, 8, 16, 270, 0, 8, 32, 0},     /* 8 heads a block */
 	};
 	/* the weights' types over an f32 cache, then FP8 weights over a bf16 cache (GLM-5's) and
 	 * over an FP8 one (--kv-dtype fp8: the latent's codes and scales, k_pe in bf16) */
@@ -3009,7 +3040,7 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 	unsigned *dcount, zero[COUNTERS] = {0}, back[COUNTERS];
 	cr_assert_eq(wk_cuda_alloc((void **)&dcount, sizeof zero, err, sizeof err), WK_OK);
 	cr_assert_eq(wk_cuda_upload(dcount, zero, sizeof zero, err, sizeof err), WK_OK, "%s", err);
-	int shapes[3] = {0}; /* runs of 1, 2 and 8 heads a block, split over more than a block */
+	int runs[4][2] = {{0}}; /* by heads a block (1, 2, 4, 8) and split or not */
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
 		for (size_t ti = 0; ti < 6; ti++)
 			for (int sparse = 0; sparse < 2 && (cases[c][8] >> ti & 1); sparse++) {
@@ -3067,6 +3098,7 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				dm.nsel = to_dev(nsel, (size_t)n * sizeof(int));
 				dm.sel = sparse ? dsel : NULL;
 				/* the split's scratch: 4 counters of the stages, then the parts' */
+				wk_cuda_mla_force(cases[c][9]);
 				size_t pf = wk_cuda_mla_part(&dm, n, pos0);
 				float *dpart;
 				cr_assert_eq(wk_cuda_alloc((void **)&dpart, (pf + 1) * 4, err,
@@ -3075,8 +3107,9 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				struct wk_att_split spa = {dpart, pf, dcount, COUNTERS};
 				int gm, split;
 				wk_cuda_mla_shape(&dm, n, H, pos0, &gm, &split);
-				if (split > 1 || gm > 1)
-					shapes[gm == 1 ? 0 : gm == 2 ? 1 : 2]++;
+				runs[gm == 1 ? 0 : gm == 2 ? 1 : gm == 4 ? 2 : 3][split > 1]++;
+				size_t parts = (size_t)n * H * split * (lora + 2), wrote[2];
+				poison_parts(dpart, pf + 1);
 				/* qa, lat, o: the three kernels, then fused with the scratch, then
 				 * without */
 				float *buf[9], *got[9];
@@ -3095,6 +3128,7 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				cr_assert_eq(wk_cuda_mla_absorb_out(buf[2], buf[1], dw, t, ds, lora, n, H,
 								    nope, dv, 0, H, err, sizeof err),
 					     WK_OK, "%s", err);
+				wrote[0] = parts_written(dpart, pf + 1);
 				for (int f = 1; f < 3; f++) {
 					float *const *b = buf + 3 * f; /* qa, lat, o */
 					const struct wk_att_split *use = f == 1 ? &spa : NULL;
@@ -3102,7 +3136,19 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 						b[2], b[0], b[1], dq, dw, t, ds, lora, &dm, n, pos0,
 						nope, dv, use, err, sizeof err);
 					cr_assert_eq(rc, WK_OK, "%s", err);
+					if (f == 1) { /* the one launch's own parts */
+						wrote[1] = parts_written(dpart, pf + 1);
+						poison_parts(dpart, pf + 1);
+					}
 				}
+				wk_cuda_mla_force(0);
+				/* every part written, by the three kernels and by the one launch */
+				for (int f = 0; f < 2 && split > 1; f++)
+					cr_expect_eq(wrote[f], parts, "case %zu: %s wrote %zu of %zu",
+						     c, f ? "mla_absorbed" : "mla_attention", wrote[f],
+						     parts);
+				cr_expect(split > 1 || (!wrote[0] && !wrote[1]), "case %zu: unsplit, "
+					  "parts written", c);
 				for (int k = 0; k < 9; k++)
 					from_dev(got[k], buf[k], len[k] * 4);
 				char what[96];
@@ -3140,9 +3186,10 @@ Test(cuda_kernels, mla_absorbed_matches_the_three_kernels)
 				free(rlat);
 				free(ro);
 			}
-	/* split at one head a block (GLM-5's decode), 2 and 8 heads a block */
-	cr_expect(shapes[0] >= 2 && shapes[1] >= 2 && shapes[2] >= 2, "shapes run: %d %d %d",
-		  shapes[0], shapes[1], shapes[2]);
+	/* split at 1 head a block (GLM-5's decode) and at 4 (forced), 2 and 8 heads unsplit */
+	cr_expect(runs[0][1] >= 4 && runs[2][1] >= 2 && runs[1][0] >= 2 && runs[3][0] >= 1,
+		  "runs: 1 head split %d, 4 split %d, 2 whole %d, 8 whole %d", runs[0][1],
+		  runs[2][1], runs[1][0], runs[3][0]);
 	wk_cuda_free(dcount);
 	/* refused by name: a latent attention whose widths are not kv_b's lora, FP8 without
 	 * its scales, past the attention's shared memory */
