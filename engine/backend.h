@@ -71,6 +71,9 @@ struct be_mla {
 	const int *sel, *nsel;
 	int sel_stride;
 	float scale;
+	const int *seq, *pos; /* several sequences at once (struct cpu_mla's) */
+	size_t seq_rows;
+	int keys_max;
 };
 
 /* One routed expert's weights as the backend holds them (the layout of struct cpu_expert in

@@ -543,7 +543,7 @@ static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_r
 		if ((size_t)c->moe_inter > wide)
 			wide = (size_t)c->moe_inter;
 		size_t nd = (size_t)n * c->dim * 4, nk = (size_t)n * c->top_k * 4;
-		if (!eng_regrow(e, &m->pos, (size_t)n * 4) || !re(&m->pos_h, (size_t)n * 4) ||
+		if (!eng_regrow(e, &m->pos, (size_t)n * 8) || !re(&m->pos_h, (size_t)n * 8) ||
 		    !re(&m->tok, (size_t)n * 4) || !eng_regrow(e, &m->x, nd) ||
 		    (!eng_host_mem(e) && !re(&m->xh, nd)) || !eng_regrow(e, &m->xb, nd) ||
 		    !eng_regrow(e, &m->tmp, nd) || !eng_regrow(e, &m->g, n * wide * 4) ||
@@ -687,8 +687,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		for (int j = 0; j < items[i].n; j++) {
 			m->tok[m->seg[i].off + j] = items[i].tokens[j];
 			m->pos_h[m->seg[i].off + j] = m->seg[i].pos0 + j;
+			m->pos_h[T + m->seg[i].off + j] = m->seg[i].seq; /* its sequence */
 		}
-	eng_to_dev(e, m->pos, m->pos_h, (size_t)T * sizeof *m->pos);
+	eng_to_dev(e, m->pos, m->pos_h, (size_t)2 * T * sizeof *m->pos);
 	/* the embedding rows are read on the host (from the checkpoint) */
 	eng_embed(e, m->x, host ? NULL : m->xh, m->tok, T, m->embed, m->c.vocab0, dim);
 	/* Each residual add is fused with the norm after it (the next layer's, or the final

@@ -616,7 +616,26 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		batched &= !expand(a, seg[s].n, seg[s].pos0);
 	if (batched)
 		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, T, H, nope, rope, dv);
-	for (int s = 0; s < nseg; s++)
+	/* and where they also agree on the indexer (all selected or all dense), the latent
+	 * attention of all their tokens is one op, each token over its own sequence's caches
+	 * (each sequence's nl * S rows apart; m->pos: the tokens' positions, then sequences) */
+	bool one = batched && nseg > 1 && !e->unfused;
+	int keys_max = 0;
+	for (int s = 0; s < nseg; s++) {
+		one &= a->use_sel[s] == a->use_sel[0];
+		keys_max = seg[s].pos0 + seg[s].n > keys_max ? seg[s].pos0 + seg[s].n : keys_max;
+	}
+	if (one) {
+		struct be_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora, .kv = e->kv,
+				   .k_a = CKV(0, 0), .k_b = KPE(0, 0), .v = CKV(0, 0),
+				   .a_s = CKS(0, 0), .ka_stride = (size_t)lora,
+				   .kb_stride = (size_t)rope, .v_stride = (size_t)lora,
+				   .sel = a->use_sel[0] ? a->sel : NULL, .nsel = a->nsel,
+				   .sel_stride = a->topk, .scale = a->scale, .seq = m->pos + T,
+				   .pos = m->pos, .seq_rows = nl * S, .keys_max = keys_max};
+		be->mla_attention(c, a->lat, a->qa, &s, T, 0);
+	}
+	for (int s = 0; s < nseg && !one; s++)
 		g5_attend(e, m, L, &seg[s], CKV(seg[s].seq, 0), CKS(seg[s].seq, 0),
 			  KPE(seg[s].seq, 0), a->use_sel[s], batched);
 	if (batched)

@@ -99,7 +99,8 @@ struct glm_model {
 	int max_seqs;                      /* sequences held (e->max_seqs): caches are per seq */
 	/* scratch for `cap` tokens; backend memory unless marked host */
 	int cap;
-	int *pos, *pos_h;                  /* (cap) positions; pos_h host */
+	int *pos, *pos_h;                  /* (2 cap) a step's T positions, then each token's
+					    * sequence; pos_h host */
 	int *tok;                          /* (cap) host */
 	struct glm_seg *seg;               /* (max_seqs) host: the current step's segments */
 	float *x, *xb, *tmp;               /* (cap, dim) */

@@ -419,7 +419,8 @@ static void mla_attention(void *ctx, float *out, const float *q, const struct be
 		      .ka_stride = s->ka_stride,
 		      .ka_head = s->ka_head, .kb_stride = s->kb_stride, .v_stride = s->v_stride,
 		      .v_head = s->v_head, .sel = s->sel, .nsel = s->nsel,
-		      .sel_stride = s->sel_stride, .scale = s->scale},
+		      .sel_stride = s->sel_stride, .scale = s->scale, .seq = s->seq,
+		      .pos = s->pos, .seq_rows = s->seq_rows, .keys_max = s->keys_max},
 	};
 	cpu_pool_run(c->pool, mla_task, &j, n * s->n_heads);
 }

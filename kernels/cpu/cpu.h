@@ -235,7 +235,23 @@ struct cpu_mla {
 	const int *sel, *nsel;
 	int sel_stride;
 	float scale; /* score = q.k * scale */
+	/* The tokens of several sequences at once (seq NULL: all of one, at pos0 ..): token i's
+	 * position t is row seq[i] * seq_rows + t of k_a, k_b, v and a_s (each sequence's
+	 * caches seq_rows rows apart), and dense, it attends to 0 .. pos[i]. keys_max: the
+	 * most keys a token has (dense: the largest pos[i] + 1), for a kernel's plan. */
+	const int *seq, *pos;
+	size_t seq_rows;
+	int keys_max;
 };
+/* The cache row of token i's position t, and token i's number of keys (cpu_mla). */
+static inline size_t cpu_mla_row(const struct cpu_mla *s, int i, int t)
+{
+	return (s->seq ? (size_t)s->seq[i] * s->seq_rows : 0) + (size_t)t;
+}
+static inline int cpu_mla_keys(const struct cpu_mla *s, int i, int pos0)
+{
+	return s->sel ? s->nsel[i] : (s->seq ? s->pos[i] : pos0 + i) + 1;
+}
 /* q [n][n_heads][d_a + d_b] -> out [n][n_heads][d_v], for tokens i0 <= i < i1 and heads
  * h0 <= h < h1 only. */
 void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,

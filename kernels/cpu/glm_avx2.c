@@ -154,24 +154,24 @@ static void scale_row(float *o, float a, int n)
 
 /* q . row t of k_a (at element ka) */
 static inline __attribute__((always_inline)) float
-ka_dot(const float *q, const struct cpu_mla *s, enum dt_type kv, size_t ka, int t)
+ka_dot(const float *q, const struct cpu_mla *s, enum dt_type kv, size_t ka, size_t t)
 {
 	if (kv != DT_F8_E4M3)
 		return kv_dot(q, s->k_a, kv, ka, s->d_a);
-	return kv8_dot(q, (const uint8_t *)s->k_a + ka, cpu_kv_scales(s->a_s, (size_t)t, s->d_a),
+	return kv8_dot(q, (const uint8_t *)s->k_a + ka, cpu_kv_scales(s->a_s, t, s->d_a),
 		      s->d_a);
 }
 
 /* o += p * row t of v (at element vt), FP8 block by block as ka_dot */
 static inline __attribute__((always_inline)) void
-v_axpy(float *o, float p, const struct cpu_mla *s, enum dt_type kv, size_t vt, int t)
+v_axpy(float *o, float p, const struct cpu_mla *s, enum dt_type kv, size_t vt, size_t t)
 {
 	if (kv != DT_F8_E4M3) {
 		kv_scale_axpy(o, 1.0f, p, s->v, kv, vt, s->d_v);
 		return;
 	}
 	kv8_scale_axpy(o, 1.0f, p, (const uint8_t *)s->v + vt,
-		       cpu_kv_scales(s->a_s, (size_t)t, s->d_a), s->d_v);
+		       cpu_kv_scales(s->a_s, t, s->d_a), s->d_v);
 }
 
 /* kv a constant in each call of cpu_mla_attention_avx2: the loops specialised per cache type */
@@ -182,16 +182,16 @@ mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type 
 	int dq = s->d_a + s->d_b;
 	for (int i = i0; i < i1; i++) {
 		const int *keys = s->sel ? s->sel + (size_t)i * s->sel_stride : NULL;
-		int nk = s->sel ? s->nsel[i] : pos0 + i + 1;
+		int nk = cpu_mla_keys(s, i, pos0);
 		for (int h = h0; h < h1; h++) {
 			const float *qh = q + ((size_t)i * s->n_heads + h) * dq;
 			float *oh = out + ((size_t)i * s->n_heads + h) * s->d_v;
 			float max = -INFINITY, sum = 0.0f;
 			memset(oh, 0, (size_t)s->d_v * sizeof(float));
 			for (int j = 0; j < nk; j++) {
-				int t = keys ? keys[j] : j;
-				size_t ka = (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
-				size_t kb = (size_t)t * s->kb_stride;
+				size_t t = cpu_mla_row(s, i, keys ? keys[j] : j);
+				size_t ka = t * s->ka_stride + (size_t)h * s->ka_head;
+				size_t kb = t * s->kb_stride;
 				float sc = (ka_dot(qh, s, kv, ka, t) +
 					    kv_dot(qh + s->d_a, s->k_b, cpu_kv_b_type(kv), kb,
 						   s->d_b)) *
@@ -204,7 +204,7 @@ mla_attention(float *out, const float *q, const struct cpu_mla *s, enum dt_type 
 				}
 				float p = expf(sc - max);
 				sum += p;
-				size_t vt = (size_t)t * s->v_stride + (size_t)h * s->v_head;
+				size_t vt = t * s->v_stride + (size_t)h * s->v_head;
 				v_axpy(oh, p, s, kv, vt, t);
 			}
 			scale_row(oh, 1.0f / sum, s->d_v);

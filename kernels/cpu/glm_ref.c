@@ -245,19 +245,19 @@ void cpu_ref_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_t
 	}
 }
 
-/* Element d of k_a's (or v's, at offset i of position t) row: an FP8 cache's rows are d_a
+/* Element d of k_a's (or v's, at offset i of cache row t) row: an FP8 cache's rows are d_a
  * wide, each with its scales. */
-static float mla_el(const struct cpu_mla *s, const void *c, size_t i, int t, int d)
+static float mla_el(const struct cpu_mla *s, const void *c, size_t i, size_t t, int d)
 {
 	if (s->kv == DT_F8_E4M3)
-		return cpu_kv_rc(c, s->kv, s->a_s, s->d_a, (size_t)t, d);
+		return cpu_kv_rc(c, s->kv, s->a_s, s->d_a, t, d);
 	return cpu_kv_at(c, s->kv, i + (size_t)d);
 }
 
-static float mla_score(const float *qh, const struct cpu_mla *s, int h, int t, float scale)
+static float mla_score(const float *qh, const struct cpu_mla *s, int h, size_t t, float scale)
 {
-	size_t ka = (size_t)t * s->ka_stride + (size_t)h * s->ka_head;
-	size_t kb = (size_t)t * s->kb_stride;
+	size_t ka = t * s->ka_stride + (size_t)h * s->ka_head;
+	size_t kb = t * s->kb_stride;
 	float acc = 0.0f;
 	for (int d = 0; d < s->d_a; d++)
 		acc += qh[d] * mla_el(s, s->k_a, ka, t, d);
@@ -272,13 +272,14 @@ void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, 
 	int dq = s->d_a + s->d_b;
 	for (int i = i0; i < i1; i++) {
 		const int *keys = s->sel ? s->sel + (size_t)i * s->sel_stride : NULL;
-		int nk = s->sel ? s->nsel[i] : pos0 + i + 1;
+		int nk = cpu_mla_keys(s, i, pos0);
 		for (int h = h0; h < h1; h++) {
 			const float *qh = q + ((size_t)i * s->n_heads + h) * dq;
 			float *oh = out + ((size_t)i * s->n_heads + h) * s->d_v;
 			float max = -INFINITY;
 			for (int j = 0; j < nk; j++) {
-				float sc = mla_score(qh, s, h, keys ? keys[j] : j, s->scale);
+				size_t t = cpu_mla_row(s, i, keys ? keys[j] : j);
+				float sc = mla_score(qh, s, h, t, s->scale);
 				if (sc > max)
 					max = sc;
 			}
@@ -286,9 +287,9 @@ void cpu_ref_mla_attention(float *out, const float *q, const struct cpu_mla *s, 
 				oh[d] = 0.0f;
 			float sum = 0.0f;
 			for (int j = 0; j < nk; j++) {
-				int t = keys ? keys[j] : j;
+				size_t t = cpu_mla_row(s, i, keys ? keys[j] : j);
 				float p = expf(mla_score(qh, s, h, t, s->scale) - max);
-				size_t vt = (size_t)t * s->v_stride + (size_t)h * s->v_head;
+				size_t vt = t * s->v_stride + (size_t)h * s->v_head;
 				sum += p;
 				for (int d = 0; d < s->d_v; d++)
 					oh[d] += p * mla_el(s, s->v, vt, t, d);

@@ -610,6 +610,10 @@ static struct cpu_mla to_cpu_mla(const struct be_mla *s)
 	m.nsel = s->nsel;
 	m.sel_stride = s->sel_stride;
 	m.scale = s->scale;
+	m.seq = s->seq;
+	m.pos = s->pos;
+	m.seq_rows = s->seq_rows;
+	m.keys_max = s->keys_max;
 	return m;
 }
 

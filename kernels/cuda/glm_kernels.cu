@@ -399,7 +399,9 @@ __device__ void mla_attend(float *sm, int *last, float *out, const float *q,
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	const int *keys = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
 	int k0, k1;
-	part_keys(s.sel ? s.nsel[i] : pos0 + i + 1, MLA_TILE, split, sp, &k0, &k1);
+	part_keys(s.sel ? s.nsel[i] : (s.seq ? s.pos[i] : pos0 + i) + 1, MLA_TILE, split, sp, &k0,
+		  &k1);
+	size_t base = s.seq ? (size_t)s.seq[i] * s.seq_rows : 0; /* the token's sequence's rows */
 	const KV *ka0 = (const KV *)s.k_a + (size_t)h0 * s.ka_head;
 	const KV *v0 = (const KV *)s.v + (size_t)h0 * s.v_head;
 	typedef typename kv_b<KV>::t KB;
@@ -418,7 +420,7 @@ __device__ void mla_attend(float *sm, int *last, float *out, const float *q,
 			tk[j] = keys ? keys[j0 + j] : j0 + j;
 		__syncthreads(); /* tk written */
 		for (int j = wid; j < cnt; j += nw) { /* warp-uniform loop */
-			size_t t = (size_t)tk[j];
+			size_t t = base + (size_t)tk[j];
 			const KV *ka = ka0 + t * s.ka_stride;
 			const KB *kb = (const KB *)s.k_b + t * s.kb_stride;
 			const float *as = kv_scales(s.a_s, t, s.d_a);
@@ -456,7 +458,7 @@ __device__ void mla_attend(float *sm, int *last, float *out, const float *q,
 			for (int g = 0; g < MLA_GM; g++)
 				a[g] = g < nh ? acc[g * dv + d] * cr[g] : 0.0f;
 			for (int j = 0; j < cnt; j++) {
-				size_t t = (size_t)tk[j];
+				size_t t = base + (size_t)tk[j];
 				const float *vs = kv_scales(s.a_s, t, s.d_a);
 				float vd = kv_rc(v0 + t * s.v_stride, vs, d);
 #pragma unroll
@@ -552,12 +554,13 @@ static void mla_plan(const struct cpu_mla *s, int n, int nh, long keys, int *gm,
 	*split = (int)(sp < smax ? sp : smax);
 }
 
-/* The keys of the longest query of tokens up to i1 at pos0 (pos0 < 0: any number). */
+/* The keys of the longest query of tokens up to i1 at pos0 (pos0 < 0: any number; several
+ * sequences: s->keys_max, any number where it is not given). */
 static long mla_keys(const struct cpu_mla *s, int i1, int pos0)
 {
-	if (pos0 < 0)
+	if (pos0 < 0 || (s->seq && s->keys_max <= 0))
 		return -1;
-	long dense = (long)pos0 + i1;
+	long dense = s->seq ? s->keys_max : (long)pos0 + i1;
 	return s->sel && s->sel_stride < dense ? s->sel_stride : dense;
 }
 

@@ -395,6 +395,8 @@ static void ds_mla_attention(void *ctx, float *out, const float *q, const struct
 	dev(ctx, s->a_s, "mla k_a scales");
 	dev(ctx, s->sel, "mla sel");
 	dev(ctx, s->nsel, "mla nsel");
+	dev(ctx, s->seq, "mla seq");
+	dev(ctx, s->pos, "mla pos");
 	WRAP(mla_attention(CPU, out, q, s, n, pos0));
 }
 

@@ -1707,6 +1707,94 @@ Test(cuda_kernels, mla_attention_splits_its_keys)
 		free(host[i]);
 }
 
+/* mla_attention over the tokens of several sequences at once (struct cpu_mla's seq, pos,
+ * seq_rows: each token over its own sequence's caches, as a batch of decode steps runs it):
+ * 4 tokens of 3 sequences, the absorbed layout, bf16 and FP8, dense and DSA-selected, split,
+ * against the reference, and the reference against itself one token at a time. */
+Test(cuda_kernels, mla_attention_over_several_sequences)
+{
+	NEED_GPU();
+	int H = 4, rope = 8, lora = 136, n = 4, rows = 1500, topk = 700, nseq = 3;
+	int seq[4] = {2, 0, 1, 2}, pos[4] = {1400, 900, 300, 1200};
+	size_t T = (size_t)nseq * rows, dq = (size_t)lora + rope;
+	float *ckv = rnd_vec(T * lora), *kpe = rnd_vec(T * rope), *ckvs;
+	uint16_t *ckv16 = to_bf16(ckv, T * lora), *kpe16 = to_bf16(kpe, T * rope);
+	uint8_t *ckv8 = to_fp8(ckv, T, lora, &ckvs);
+	int *sel = malloc((size_t)n * topk * sizeof(int)), nsel[4];
+	cr_assert(sel);
+	for (int i = 0; i < n; i++) /* token i's selection among its 0 .. pos[i] */
+		rnd_sel(sel + (size_t)i * topk, nsel + i, 1, pos[i], topk);
+	unsigned *dcount;
+	unsigned zero[64] = {0};
+	cr_assert_eq(wk_cuda_alloc((void **)&dcount, sizeof zero, err, sizeof err), WK_OK);
+	cr_assert_eq(wk_cuda_upload(dcount, zero, sizeof zero, err, sizeof err), WK_OK, "%s", err);
+	for (int c = 0; c < 4; c++) {
+		bool f8 = c & 1, sparse = c & 2;
+		struct cpu_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora,
+				    .kv = f8 ? DT_F8_E4M3 : DT_BF16,
+				    .k_a = f8 ? (const void *)ckv8 : ckv16, .k_b = kpe16,
+				    .a_s = f8 ? ckvs : NULL, .ka_stride = (size_t)lora,
+				    .kb_stride = (size_t)rope, .v_stride = (size_t)lora,
+				    .sel = sparse ? sel : NULL, .nsel = nsel, .sel_stride = topk,
+				    .scale = 0.2f, .seq = seq, .pos = pos, .seq_rows = (size_t)rows,
+				    .keys_max = 1401};
+		s.v = s.k_a;
+		size_t nq = (size_t)n * H * dq, no = (size_t)n * H * lora;
+		float *q = rnd_vec(nq), *want = malloc(no * 4), *one = malloc(no * 4);
+		float *got = malloc(no * 4);
+		cpu_ref_mla_attention(want, q, &s, n, 0, 0, n, 0, H);
+		for (int i = 0; i < n; i++) { /* token i alone: its sequence's caches, at pos[i] */
+			struct cpu_mla o = s;
+			size_t r0 = (size_t)seq[i] * rows;
+			o.seq = o.pos = NULL;
+			o.k_a = o.v = (const char *)s.k_a + r0 * lora * dt_size(s.kv);
+			o.k_b = kpe16 + r0 * rope;
+			o.a_s = f8 ? ckvs + r0 * cpu_kv_blocks(lora) : NULL;
+			o.sel = sparse ? sel + (size_t)i * topk : NULL;
+			o.nsel = nsel + i;
+			float *oi = one + (size_t)i * H * lora;
+			cpu_ref_mla_attention(oi, q + (size_t)i * H * dq, &o, 1, pos[i], 0, 1, 0, H);
+		}
+		cr_expect_eq(memcmp(one, want, no * 4), 0, "case %d: the reference's tokens "
+			     "differ from each alone", c);
+		struct cpu_mla ds = s;
+		ds.k_a = ds.v = to_dev(s.k_a, T * lora * dt_size(s.kv));
+		ds.k_b = to_dev(kpe16, T * rope * 2);
+		ds.a_s = f8 ? to_dev(ckvs, T * cpu_kv_blocks(lora) * 4) : NULL;
+		ds.sel = sparse ? to_dev(sel, (size_t)n * topk * sizeof(int)) : NULL;
+		ds.nsel = to_dev(nsel, sizeof nsel);
+		ds.seq = to_dev(seq, sizeof seq);
+		ds.pos = to_dev(pos, sizeof pos);
+		int gm, split;
+		wk_cuda_mla_shape(&ds, n, H, 0, &gm, &split);
+		size_t pf = wk_cuda_mla_part(&ds, n, 0);
+		cr_expect(split > 1 && pf > 0, "case %d: split %d", c, split);
+		float *dq = to_dev(q, nq * 4), *dout, *dpart;
+		cr_assert_eq(wk_cuda_alloc((void **)&dout, no * 4, err, sizeof err), WK_OK);
+		cr_assert_eq(wk_cuda_alloc((void **)&dpart, (pf + 1) * 4, err, sizeof err), WK_OK);
+		struct wk_att_split sp = {dpart, pf, dcount, 64};
+		cr_assert_eq(wk_cuda_mla_attention(dout, dq, &ds, n, 0, 0, n, 0, H, &sp, err,
+						   sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(got, dout, no * 4);
+		double r = rel(got, want, no);
+		cr_expect_leq(r, TOL, "case %d (%s, %s): %g", c, f8 ? "fp8" : "bf16",
+			      sparse ? "selected" : "dense", r);
+		void *dev[] = {(void *)ds.k_a, (void *)ds.k_b, (void *)ds.a_s, (void *)ds.sel,
+			       (void *)ds.nsel, (void *)ds.seq, (void *)ds.pos, dq, dout, dpart};
+		for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++)
+			wk_cuda_free(dev[k]);
+		free(q);
+		free(want);
+		free(one);
+		free(got);
+	}
+	wk_cuda_free(dcount);
+	void *host[] = {ckv, kpe, ckv16, kpe16, ckv8, ckvs, sel};
+	for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
+		free(host[k]);
+}
+
 /* The backend's chain_plan (which its chain runs from) and matmul_launches, which the launch
  * counter counts by. chain_plan: at one token a chain is one launch; at 4 tokens a matmul
  * link whose weight the tensor-core GEMV takes (FP8, 128-multiple columns) runs on its own,

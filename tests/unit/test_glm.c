@@ -499,7 +499,9 @@ Test(glm, unused_tensors_reported)
 
 /* Continuous batching: three sequences stepped together (prefills of different lengths mixed
  * with decodes; MLA expanded for the prefills and absorbed for the decodes; the DSA indexer
- * selecting in one segment and dense in another) give the logits each gets alone. */
+ * selecting in one segment and dense in another; then all three decoding, GLM-5's latent
+ * attention one op over the three sequences' caches, all selecting or, with a wide
+ * index_topk, all dense) give the logits each gets alone. */
 static void check_batched(const char *dir, int V, const char *what)
 {
 	char err[WK_ERRSZ];
@@ -509,15 +511,15 @@ static void check_batched(const char *dir, int V, const char *what)
 	cr_assert_eq(eng_info(e)->max_seqs, 3, "%s: the family must batch", what);
 	/* prompts: ids[0..7), ids[2..4), ids[4..9); then each decodes two tokens */
 	const int *p[3] = {ids, ids + 2, ids + 4};
-	int len[3] = {7, 2, 5}, dec[2] = {9, 13};
-	float *want = malloc(sizeof(float) * 3 * 3 * V), *got = malloc(sizeof(float) * 3 * 3 * V);
+	int len[3] = {7, 2, 5}, dec[3] = {9, 13, 17};
+	float *want = malloc(sizeof(float) * 3 * 4 * V), *got = malloc(sizeof(float) * 3 * 4 * V);
 	cr_assert(want && got);
-#define W(s, k) (want + ((size_t)(s) * 3 + (k)) * V)
-#define G(s, k) (got + ((size_t)(s) * 3 + (k)) * V)
+#define W(s, k) (want + ((size_t)(s) * 4 + (k)) * V)
+#define G(s, k) (got + ((size_t)(s) * 4 + (k)) * V)
 	for (int s = 0; s < 3; s++) {
 		cr_assert_eq(eng_forward(e, p[s], len[s], 0, W(s, 0), false, err, sizeof err), WK_OK,
 			     "%s", err);
-		for (int k = 0; k < 2; k++)
+		for (int k = 0; k < 3; k++)
 			cr_assert_eq(eng_forward(e, &dec[k], 1, len[s] + k, W(s, k + 1), false, err,
 						 sizeof err), WK_OK, "%s", err);
 	}
@@ -537,9 +539,14 @@ static void check_batched(const char *dir, int V, const char *what)
 	cr_assert_eq(eng_step(e, s3, 3, err, sizeof err), WK_OK, "%s", err);
 	struct eng_item s4 = {seq[2], &dec[1], 1, G(2, 2), NULL, {}};
 	cr_assert_eq(eng_step(e, &s4, 1, err, sizeof err), WK_OK, "%s", err);
+	/* step 5: all three decode (at positions 9, 4 and 7) */
+	struct eng_item s5[3] = {{seq[2], &dec[2], 1, G(2, 3), NULL, {}},
+				 {seq[0], &dec[2], 1, G(0, 3), NULL, {}},
+				 {seq[1], &dec[2], 1, G(1, 3), NULL, {}}};
+	cr_assert_eq(eng_step(e, s5, 3, err, sizeof err), WK_OK, "%s", err);
 	double worst = 0;
 	for (int s = 0; s < 3; s++)
-		for (int k = 0; k < 3; k++) {
+		for (int k = 0; k < 4; k++) {
 			double r = rel(G(s, k), W(s, k), V);
 			cr_expect_leq(r, 1e-4, "%s: sequence %d, logits %d: batched vs alone %g", what,
 				      s, k, r);
@@ -572,6 +579,14 @@ Test(glm, batched_sequences_match_single)
 	d.wdt = DT_BF16;
 	write_glm5(dir, &d);
 	check_batched(dir, G5_VOCAB, "glm5 bf16, index_topk 4");
+	rm_rf(dir);
+	free(dir);
+	/* every query dense (index_topk past every sequence's length) */
+	dir = mkdir_tmp();
+	d.topk = 64;
+	write_glm5(dir, &d);
+	check_batched(dir, G5_VOCAB, "glm5 bf16, index_topk 64");
+	d.topk = 4;
 	rm_rf(dir);
 	free(dir);
 	dir = mkdir_tmp();
