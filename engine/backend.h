@@ -326,7 +326,8 @@ struct backend {
 	/* o [n][n_heads][d_v] = W_uv,h . lat, lat [n][n_heads][lora] */
 	void (*mla_absorb_out)(void *ctx, float *o, const float *lat, const struct be_weight *kv_b,
 			       int n, int n_heads, int d_nope, int d_v);
-	/* out [n][n_heads][d_v] from q [n][n_heads][d_a + d_b] for tokens at pos0 .. pos0+n-1 */
+	/* out [n][n_heads][d_v] from q [n][n_heads][d_a + d_b] for tokens at pos0 .. pos0+n-1
+	 * (s->seq set: tokens of several sequences, each at its s->pos, pos0 unused) */
 	void (*mla_attention)(void *ctx, float *out, const float *q, const struct be_mla *s, int n,
 			      int pos0);
 	/* The absorbed chain as one op (one launch on a GPU), each stage exactly as its single

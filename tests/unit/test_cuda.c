@@ -1716,7 +1716,7 @@ Test(cuda_kernels, mla_attention_over_several_sequences)
 	NEED_GPU();
 	int H = 4, rope = 8, lora = 136, n = 4, rows = 1500, topk = 700, nseq = 3;
 	int seq[4] = {2, 0, 1, 2}, pos[4] = {1400, 900, 300, 1200};
-	size_t T = (size_t)nseq * rows, dq = (size_t)lora + rope;
+	size_t T = (size_t)nseq * rows, qw = (size_t)lora + rope;
 	float *ckv = rnd_vec(T * lora), *kpe = rnd_vec(T * rope), *ckvs;
 	uint16_t *ckv16 = to_bf16(ckv, T * lora), *kpe16 = to_bf16(kpe, T * rope);
 	uint8_t *ckv8 = to_fp8(ckv, T, lora, &ckvs);
@@ -1739,7 +1739,7 @@ Test(cuda_kernels, mla_attention_over_several_sequences)
 				    .scale = 0.2f, .seq = seq, .pos = pos, .seq_rows = (size_t)rows,
 				    .keys_max = 1401};
 		s.v = s.k_a;
-		size_t nq = (size_t)n * H * dq, no = (size_t)n * H * lora;
+		size_t nq = (size_t)n * H * qw, no = (size_t)n * H * lora;
 		float *q = rnd_vec(nq), *want = malloc(no * 4), *one = malloc(no * 4);
 		float *got = malloc(no * 4);
 		cpu_ref_mla_attention(want, q, &s, n, 0, 0, n, 0, H);
@@ -1753,7 +1753,7 @@ Test(cuda_kernels, mla_attention_over_several_sequences)
 			o.sel = sparse ? sel + (size_t)i * topk : NULL;
 			o.nsel = nsel + i;
 			float *oi = one + (size_t)i * H * lora;
-			cpu_ref_mla_attention(oi, q + (size_t)i * H * dq, &o, 1, pos[i], 0, 1, 0, H);
+			cpu_ref_mla_attention(oi, q + (size_t)i * H * qw, &o, 1, pos[i], 0, 1, 0, H);
 		}
 		cr_expect_eq(memcmp(one, want, no * 4), 0, "case %d: the reference's tokens "
 			     "differ from each alone", c);

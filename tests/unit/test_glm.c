@@ -498,10 +498,11 @@ Test(glm, unused_tensors_reported)
 }
 
 /* Continuous batching: three sequences stepped together (prefills of different lengths mixed
- * with decodes; MLA expanded for the prefills and absorbed for the decodes; the DSA indexer
- * selecting in one segment and dense in another; then all three decoding, GLM-5's latent
- * attention one op over the three sequences' caches, all selecting or, with a wide
- * index_topk, all dense) give the logits each gets alone. */
+ * with decodes; MLA absorbed (at these sizes, auto absorbs prefills too; "expand" forced by
+ * WICK_GLM_MLA elsewhere); the DSA indexer selecting in one segment and dense in another;
+ * then all three decoding: GLM-5's latent attention one op over the three sequences'
+ * caches, all selecting or, with a wide index_topk, all dense, as every step of that run)
+ * give the logits each gets alone. */
 static void check_batched(const char *dir, int V, const char *what)
 {
 	char err[WK_ERRSZ];
@@ -509,7 +510,7 @@ static void check_batched(const char *dir, int V, const char *what)
 	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 3, .kv_dtype = kv_opt};
 	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_info(e)->max_seqs, 3, "%s: the family must batch", what);
-	/* prompts: ids[0..7), ids[2..4), ids[4..9); then each decodes two tokens */
+	/* prompts: ids[0..7), ids[2..4), ids[4..9); then each decodes three tokens */
 	const int *p[3] = {ids, ids + 2, ids + 4};
 	int len[3] = {7, 2, 5}, dec[3] = {9, 13, 17};
 	float *want = malloc(sizeof(float) * 3 * 4 * V), *got = malloc(sizeof(float) * 3 * 4 * V);
@@ -539,7 +540,7 @@ static void check_batched(const char *dir, int V, const char *what)
 	cr_assert_eq(eng_step(e, s3, 3, err, sizeof err), WK_OK, "%s", err);
 	struct eng_item s4 = {seq[2], &dec[1], 1, G(2, 2), NULL, {}};
 	cr_assert_eq(eng_step(e, &s4, 1, err, sizeof err), WK_OK, "%s", err);
-	/* step 5: all three decode (at positions 9, 4 and 7) */
+	/* step 5: all three decode (sequences 2, 0 and 1, at positions 7, 9 and 4) */
 	struct eng_item s5[3] = {{seq[2], &dec[2], 1, G(2, 3), NULL, {}},
 				 {seq[0], &dec[2], 1, G(0, 3), NULL, {}},
 				 {seq[1], &dec[2], 1, G(1, 3), NULL, {}}};
