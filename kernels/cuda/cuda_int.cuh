@@ -252,6 +252,35 @@ template <> struct kv_b<__nv_fp8_e4m3> { typedef uint16_t t; };
  * width); the last block of a (token, heads) to count itself on its counter merges them, so
  * the split costs no launch. ATT_FILL: the blocks that fill an H200 (2 on each of 132 SMs). */
 #define ATT_FILL 264
+#define ATT_SPLIT_MAX 64 /* parts a query's keys go in, at most */
+
+/* The most parts the longest query's keys (keys < 0: any number) may go in, each at least
+ * min_keys of them: 1 to ATT_SPLIT_MAX. */
+static inline long split_max(long keys, int min_keys)
+{
+	long m = keys < 0 ? ATT_SPLIT_MAX : keys / min_keys;
+	return m < 1 ? 1 : m > ATT_SPLIT_MAX ? ATT_SPLIT_MAX : m;
+}
+
+/* The parts for a launch of that many blocks (token, heads) to fill the device, at most
+ * smax (split_max). */
+static inline int split_parts(long blocks, long smax)
+{
+	long s = blocks >= ATT_FILL ? 1 : (ATT_FILL + blocks - 1) / blocks;
+	return (int)(s < smax ? s : smax);
+}
+
+/* The parts split may have within the caller's scratch sp: per floats of parts a part,
+ * counters for blocks (token, heads) beyond the first skip; 1 without a scratch. */
+static inline int split_fit(int split, const struct wk_att_split *sp, size_t per, long blocks,
+			    int skip)
+{
+	if (split < 2 || !sp || !sp->part || !sp->count || blocks > (long)sp->count_n - skip)
+		return 1;
+	if ((size_t)split * per > sp->part_floats)
+		split = (int)(sp->part_floats / per);
+	return split < 1 ? 1 : split;
+}
 
 /* Block-wide, every thread calls it: part sp of split of nh rows from row0 (acc [nh][w], ms,
  * ls [nh], in shared memory); then counts the block on *c. True in every thread of the last

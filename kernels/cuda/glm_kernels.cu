@@ -366,7 +366,6 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
 #define MLA_GM 8    /* heads a block at most (of a latent that every head reads) */
 #define MLA_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
 #define MLA_SPLIT_MIN (2 * MLA_TILE) /* keys a split part scores at least */
-#define MLA_SPLIT_MAX 64
 #define MLA_SYNC 4 /* k_mla_absorbed's counters before its parts' */
 #define MLA_STATIC 16 /* the kernels' static shared memory (ptxas: 16 bytes for their ints) */
 
@@ -535,23 +534,20 @@ static int mla_check(const char *what, const struct cpu_mla *s, char *err, size_
  * any number): *gm heads a block (up to MLA_GM where every head reads the same latent rows,
  * fewer where the blocks would not fill the device, or would not fit shared memory) and
  * each query's keys in *split parts (enough blocks to fill the device, each part at least
- * MLA_SPLIT_MIN keys, at most MLA_SPLIT_MAX parts). A function of its arguments (and of
+ * MLA_SPLIT_MIN keys, at most ATT_SPLIT_MAX parts). A function of its arguments (and of
  * wk_cuda_mla_force's setting), so that mla_attention and mla_absorbed split alike. */
 static int mla_gm_forced; /* wk_cuda_mla_force: 0, or the heads a block wanted */
 
 static void mla_plan(const struct cpu_mla *s, int n, int nh, long keys, int *gm, int *split)
 {
-	long smax = keys < 0 ? MLA_SPLIT_MAX : keys / MLA_SPLIT_MIN;
-	smax = smax < 1 ? 1 : smax > MLA_SPLIT_MAX ? MLA_SPLIT_MAX : smax;
+	long smax = split_max(keys, MLA_SPLIT_MIN);
 	int g = s->ka_head || s->v_head ? 1 : mla_gm_forced ? mla_gm_forced : MLA_GM;
 	while (g > 1 && mla_smem_of(g, s) + MLA_STATIC > MLA_SMEM_MAX)
 		g /= 2;
 	while (!mla_gm_forced && g > 1 && (long)n * ((nh + g - 1) / g) * smax < ATT_FILL)
 		g /= 2;
-	long b = (long)n * ((nh + g - 1) / g);
-	long sp = b >= ATT_FILL ? 1 : (ATT_FILL + b - 1) / b;
 	*gm = g;
-	*split = (int)(sp < smax ? sp : smax);
+	*split = split_parts((long)n * ((nh + g - 1) / g), smax);
 }
 
 /* The keys of the longest query of tokens up to i1 at pos0 (pos0 < 0: any number; several
@@ -584,19 +580,6 @@ extern "C" size_t wk_cuda_mla_part(const struct cpu_mla *s, int n, int pos0)
 	return split > 1 ? (size_t)n * s->n_heads * split * ((size_t)s->d_v + 2) : 0;
 }
 
-/* The parts *split may have within sp's scratch (rows of part, counters beyond the first
- * skip of them for blocks of (token, heads)); 1 without a scratch. */
-static int mla_fit_split(int split, const struct wk_att_split *sp, size_t rows, int dv,
-			 long blocks, int skip)
-{
-	size_t per = rows * ((size_t)dv + 2);
-	if (split < 2 || !sp || !sp->part || !sp->count || blocks > (long)sp->count_n - skip)
-		return 1;
-	if ((size_t)split * per > sp->part_floats)
-		split = (int)(sp->part_floats / per);
-	return split < 1 ? 1 : split;
-}
-
 extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n,
 				     int pos0, int i0, int i1, int h0, int h1,
 				     const struct wk_att_split *sp, char *err, size_t errsz)
@@ -614,8 +597,8 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 	int gm, split;
 	mla_plan(s, i1 - i0, h1 - h0, mla_keys(s, i1, pos0), &gm, &split);
 	int chunks = (h1 - h0 + gm - 1) / gm;
-	split = mla_fit_split(split, sp, (size_t)i1 * s->n_heads, s->d_v,
-			      (long)(i1 - i0) * chunks, 0);
+	split = split_fit(split, sp, (size_t)i1 * s->n_heads * ((size_t)s->d_v + 2),
+			  (long)(i1 - i0) * chunks, 0);
 	dim3 grid((unsigned)(i1 - i0), (unsigned)chunks, (unsigned)split);
 	size_t smem = mla_smem_of(gm, s);
 	float *part = split > 1 ? sp->part : NULL;
@@ -739,7 +722,8 @@ extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float
 			    0, 0, 0, 0, NULL, sp->count};
 	mla_plan(s, n, H, mla_keys(s, n, pos0), &a.gm, &a.split);
 	a.chunks = (H + a.gm - 1) / a.gm;
-	a.split = mla_fit_split(a.split, sp, (size_t)n * H, lora, (long)n * a.chunks, MLA_SYNC);
+	a.split = split_fit(a.split, sp, (size_t)n * H * ((size_t)lora + 2), (long)n * a.chunks,
+			    MLA_SYNC);
 	a.ax = (int)blocks((size_t)lora, MLA_THREADS);
 	long na = (long)a.ax * H * ((n + ABSORB_TOK - 1) / ABSORB_TOK);
 	long nb = (long)n * a.chunks * a.split;

@@ -821,7 +821,6 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
 #define ATT_TILE 64		  /* keys scored per step */
 #define ATT_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
 #define ATT_SPLIT_MIN (4 * ATT_TILE) /* keys a split part scores at least */
-#define ATT_SPLIT_MAX 64
 
 /* Online softmax over tiles of ATT_TILE keys (mla_attend's scheme), so any number of keys
  * fits, for up to GM query heads of one kv head at once, so that each key and value is read
@@ -942,12 +941,7 @@ static int att_gm(int group)
  * ATT_SPLIT_MIN keys (pos0 < 0: any number of keys), at most ATT_SPLIT_MAX parts. */
 static int att_split(int blocks, int n, int pos0)
 {
-	if (blocks >= ATT_FILL)
-		return 1;
-	int by_fill = (ATT_FILL + blocks - 1) / blocks;
-	int by_len = pos0 < 0 ? ATT_SPLIT_MAX : (pos0 + n) / ATT_SPLIT_MIN;
-	int s = by_fill < by_len ? by_fill : by_len;
-	return s < 1 ? 1 : s > ATT_SPLIT_MAX ? ATT_SPLIT_MAX : s;
+	return split_parts(blocks, split_max(pos0 < 0 ? -1 : (long)pos0 + n, ATT_SPLIT_MIN));
 }
 
 extern "C" size_t wk_cuda_attention_part(int n, int pos0, int n_heads, int n_kv, int head_dim)
@@ -1003,13 +997,9 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, cons
 			       "holds up to %d)", head_dim,
 			       (int)((ATT_SMEM_MAX / sizeof(float) - (size_t)gm * (ATT_TILE + 3) - 5) /
 				     (2 * (size_t)gm)));
-	int blocks = n * n_kv * chunks, split = att_split(blocks, n, pos0);
-	size_t per = (size_t)n * n_heads * ((size_t)head_dim + 2); /* part's floats a split */
-	if (!sp || !sp->part || !sp->count || blocks > sp->count_n)
-		split = 1;
-	else if (split > 1 && (size_t)split * per > sp->part_floats)
-		split = (int)(sp->part_floats / per);
-	split = split < 1 ? 1 : split;
+	int blocks = n * n_kv * chunks;
+	int split = split_fit(att_split(blocks, n, pos0), sp,
+			      (size_t)n * n_heads * ((size_t)head_dim + 2), blocks, 0);
 	dim3 grid((unsigned)n, (unsigned)n_kv, (unsigned)(chunks * split));
 	float *part = split > 1 ? sp->part : NULL;
 	unsigned *count = split > 1 ? sp->count : NULL;
