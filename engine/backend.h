@@ -76,6 +76,19 @@ struct be_mla {
 	int keys_max;
 };
 
+/* The DSA indexer over a key cache, in the backend's memory (struct cpu_dsa in
+ * kernels/cpu/cpu.h: its fields and their meaning, seq and pos included). */
+struct be_dsa {
+	const void *k;
+	const float *ks;
+	enum dt_type kv;
+	int n_heads, head_dim, topk;
+	float qk_scale, w_scale;
+	const int *seq, *pos;
+	size_t seq_rows;
+	int keys_max;
+};
+
 /* One routed expert's weights as the backend holds them (the layout of struct cpu_expert in
  * kernels/cpu/cpu.h): gate, up [inter][dim], down [dim][inter]; FP8 block scales or NULL. */
 struct be_expert {
@@ -339,14 +352,13 @@ struct backend {
 	void (*mla_absorbed)(void *ctx, float *o, float *qa, float *lat, const float *q,
 			     const struct be_weight *kv_b, const struct be_mla *s, int n, int pos0,
 			     int d_nope, int d_v);
-	/* DSA indexer top-k: sel [n][topk] (ascending positions), nsel [n]; k: the indexer key
-	 * cache, elements of type kv (DT_F32, DT_BF16, or DT_F8_E4M3 with its scales ks
-	 * [pos0 + n][ceil(head_dim / 128)]); scores: pos0 + n floats and work: (pos0 + n) * 8
-	 * bytes of scratch in the backend's memory. */
-	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-			 enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
-			 int head_dim, int topk, float qk_scale, float w_scale, float *scores,
-			 void *work);
+	/* DSA indexer top-k (cpu_ref_dsa_topk): sel [n][d->topk] (ascending positions), nsel
+	 * [n] for the queries q [n][n_heads][head_dim] with head weights w [n][n_heads] over
+	 * d's key cache; scores: as many floats as the most keys of a query (pos0 + n, or
+	 * d->keys_max with d->seq) and work: 8 bytes each of scratch, in the backend's
+	 * memory. */
+	void (*dsa_topk)(void *ctx, int *sel, int *nsel, const float *q, const float *w,
+			 const struct be_dsa *d, int n, int pos0, float *scores, void *work);
 
 	/* Grouped MoE. Optional (NULL: the engine runs the experts one by one with gather_rows,
 	 * matmul, silu_mul and scatter_add_rows). moe_bind (itself optional) prepares a layer's

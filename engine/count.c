@@ -277,14 +277,11 @@ static void c_moe_route_experts(void *ctx, float *y, const float *x, const float
 	      moe_route_experts(IN(ctx)->ctx, y, x, logits, bias, r, idx, wt, n, ex, scratch));
 }
 
-static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-		       enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
-		       int head_dim, int topk, float qk_scale, float w_scale, float *scores,
-		       void *work)
+static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *w,
+		       const struct be_dsa *d, int n, int pos0, float *scores, void *work)
 {
-	COUNT(ctx, ENG_K_DSA_TOPK, dsa_topk(IN(ctx)->ctx, sel, nsel, q, k, kv, ks, w, n, pos0,
-					n_heads, head_dim, topk, qk_scale, w_scale, scores,
-					work));
+	COUNT(ctx, ENG_K_DSA_TOPK, dsa_topk(IN(ctx)->ctx, sel, nsel, q, w, d, n, pos0, scores,
+					    work));
 }
 
 static void c_zero(void *ctx, void *dst, size_t bytes)

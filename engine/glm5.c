@@ -78,8 +78,9 @@ struct g5 {
 	int n_full;                /* layers with their own indexer */
 	float *scores;             /* (max_seq) indexer scratch */
 	void *work;                /* (max_seq * 8 bytes) */
-	bool *use_sel;             /* (max_seqs) per segment of the step: the last full layer's
-				    * selection is sparse */
+	bool *use_sel;             /* (max_seqs) per segment of the step: attention reads the
+				    * last full layer's selection (its sequence is past topk; in
+				    * a batched step, every segment once one is) */
 	int cap, kvx_cap;
 	float *iks;                /* (cap, i_dim) the step's new indexer keys */
 	float *qc;                 /* (cap, q_lora) */
@@ -586,24 +587,46 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * these three ops and the norms between, one launch); the indexer and MLA are not held */
 	eng_chain_end(e);
 
-	/* DSA indexer: keys always enter the caches; scores only for segments where some query
-	 * has more than topk keys (else it would select them all). */
+	/* DSA indexer: keys always enter the caches; scores only where some query has more
+	 * than topk keys (else it would select them all). With several segments (a batched
+	 * step) the top-k is one op over all the step's tokens, each over its own sequence's
+	 * keys (m->pos: the tokens' positions, then sequences); a query within topk then
+	 * selects all its keys, so every segment reads a selection (the keys dense attention
+	 * reads, in the same order). */
+	int keys_max = 0;
+	for (int s = 0; s < nseg; s++)
+		keys_max = seg[s].pos0 + seg[s].n > keys_max ? seg[s].pos0 + seg[s].n : keys_max;
 	if (L->full) {
 		int id = a->i_dim;
+		bool one_dsa = any && nseg > 1 && !e->unfused;
 		for (int s = 0; s < nseg && !direct && f32; s++)
 			eng_dcopy(e, IKC(seg[s].seq, seg[s].pos0),
 				  a->iks + (size_t)seg[s].off * id,
 				  (size_t)seg[s].n * id * sizeof(float));
+		struct be_dsa d = {.kv = e->kv, .n_heads = a->i_heads, .head_dim = id,
+				   .topk = a->topk, .qk_scale = 1.0f / sqrtf((float)id),
+				   .w_scale = 1.0f / sqrtf((float)a->i_heads)};
+		if (one_dsa) {
+			d.k = IKC(0, 0);
+			d.ks = IKS(0, 0);
+			d.seq = m->pos + T;
+			d.pos = m->pos;
+			d.seq_rows = (size_t)a->n_full * S;
+			d.keys_max = keys_max;
+			be->dsa_topk(c, a->sel, a->nsel, a->iqv, a->iwv, &d, T, 0, a->scores,
+				     a->work);
+		}
 		for (int s = 0; s < nseg; s++) {
 			const struct glm_seg *g = &seg[s];
 			size_t off = (size_t)g->off;
-			if (a->use_sel[s])
-				be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
-					     a->iqv + off * a->i_heads * id, IKC(g->seq, 0),
-					     e->kv, IKS(g->seq, 0), a->iwv + off * a->i_heads,
-					     g->n, g->pos0,
-					     a->i_heads, id, a->topk, 1.0f / sqrtf((float)id),
-					     1.0f / sqrtf((float)a->i_heads), a->scores, a->work);
+			a->use_sel[s] |= one_dsa;
+			if (!a->use_sel[s] || one_dsa)
+				continue;
+			d.k = IKC(g->seq, 0);
+			d.ks = IKS(g->seq, 0);
+			be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
+				     a->iqv + off * a->i_heads * id, a->iwv + off * a->i_heads, &d,
+				     g->n, g->pos0, a->scores, a->work);
 		}
 	}
 
@@ -614,17 +637,17 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	bool batched = nseg > 1 || !be->mla_absorbed || e->unfused;
 	for (int s = 0; s < nseg; s++)
 		batched &= !expand(a, seg[s].n, seg[s].pos0);
-	if (batched)
-		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, T, H, nope, rope, dv);
-	/* and where they also agree on the indexer (all selected or all dense), the latent
-	 * attention of all their tokens is one op, each token over its own sequence's caches
-	 * (each sequence's nl * S rows apart; m->pos: the tokens' positions, then sequences) */
+	/* and where they also agree on the indexer (all selected or all dense: always, after
+	 * the step's one top-k above), the latent attention of all their tokens is one op,
+	 * each token over its own sequence's caches (each sequence's nl * S rows apart; m->pos:
+	 * the tokens' positions, then sequences): the whole chain's, mla_absorbed, where the
+	 * backend has it */
 	bool one = batched && nseg > 1 && !e->unfused;
-	int keys_max = 0;
-	for (int s = 0; s < nseg; s++) {
+	for (int s = 0; s < nseg; s++)
 		one &= a->use_sel[s] == a->use_sel[0];
-		keys_max = seg[s].pos0 + seg[s].n > keys_max ? seg[s].pos0 + seg[s].n : keys_max;
-	}
+	bool chain = one && be->mla_absorbed; /* absorb_q, the attention, absorb_out: one op */
+	if (batched && !chain)
+		be->mla_absorb_q(c, a->qa, a->q, &L->kv_b, T, H, nope, rope, dv);
 	if (one) {
 		struct be_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora, .kv = e->kv,
 				   .k_a = CKV(0, 0), .k_b = KPE(0, 0), .v = CKV(0, 0),
@@ -633,12 +656,16 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 				   .sel = a->use_sel[0] ? a->sel : NULL, .nsel = a->nsel,
 				   .sel_stride = a->topk, .scale = a->scale, .seq = m->pos + T,
 				   .pos = m->pos, .seq_rows = nl * S, .keys_max = keys_max};
-		be->mla_attention(c, a->lat, a->qa, &s, T, 0);
+		if (chain)
+			be->mla_absorbed(c, a->att, a->qa, a->lat, a->q, &L->kv_b, &s, T, 0, nope,
+					 dv);
+		else
+			be->mla_attention(c, a->lat, a->qa, &s, T, 0);
 	}
 	for (int s = 0; s < nseg && !one; s++)
 		g5_attend(e, m, L, &seg[s], CKV(seg[s].seq, 0), CKS(seg[s].seq, 0),
 			  KPE(seg[s].seq, 0), a->use_sel[s], batched);
-	if (batched)
+	if (batched && !chain)
 		be->mla_absorb_out(c, a->att, a->lat, &L->kv_b, T, H, nope, dv);
 	/* o_proj begins the next chain: glm.c adds the residual and norm and the FFN's first
 	 * matmul */

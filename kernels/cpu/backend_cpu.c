@@ -438,11 +438,9 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 struct dsa_job {
 	float *scores;
 	const float *q, *w;
-	const void *k;
-	enum dt_type kv;
-	const float *ks;
-	int len, n_heads, head_dim;
-	float qk_scale, w_scale;
+	const struct cpu_dsa *d;
+	size_t base; /* the query's first cache row */
+	int len;
 	bool avx2;
 };
 
@@ -451,31 +449,33 @@ enum { DSA_KEYS_PER_TASK = 64 };
 static void dsa_task(void *ctx, int task, int ntasks)
 {
 	const struct dsa_job *j = ctx;
+	const struct cpu_dsa *d = j->d;
 	(void)ntasks;
 	int t1 = (task + 1) * DSA_KEYS_PER_TASK < j->len ? (task + 1) * DSA_KEYS_PER_TASK : j->len;
-	for (int t = task * DSA_KEYS_PER_TASK; t < t1; t++)
+	for (int t = task * DSA_KEYS_PER_TASK; t < t1; t++) {
+		size_t r = j->base + (size_t)t;
 		j->scores[t] = (j->avx2 ? cpu_dsa_score_avx2 : cpu_ref_dsa_score)(
-			j->q, cpu_kv_ptr(j->k, j->kv, (size_t)t * j->head_dim), j->kv,
-			cpu_kv_scales(j->ks, (size_t)t, j->head_dim), j->w,
-			j->n_heads, j->head_dim, j->qk_scale, j->w_scale);
+			j->q, cpu_kv_ptr(d->k, d->kv, r * d->head_dim), d->kv,
+			cpu_kv_scales(d->ks, r, d->head_dim), j->w, d->n_heads, d->head_dim,
+			d->qk_scale, d->w_scale);
+	}
 }
 
-static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-		     enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
-		     int head_dim, int topk, float qk_scale, float w_scale, float *scores,
-		     void *work)
+static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *w,
+		     const struct be_dsa *b, int n, int pos0, float *scores, void *work)
 {
 	struct cpu_ctx *c = ctx;
+	const struct cpu_dsa d = {b->k, b->ks, b->kv, b->n_heads, b->head_dim, b->topk,
+				  b->qk_scale, b->w_scale, b->seq, b->pos, b->seq_rows,
+				  b->keys_max};
+	int H = d.n_heads, D = d.head_dim;
 	for (int i = 0; i < n; i++) {
-		int len = pos0 + i + 1;
-		if (len > topk) {
-			struct dsa_job j = {scores, q + (size_t)i * n_heads * head_dim,
-					    w + (size_t)i * n_heads, k, kv, ks, len, n_heads, head_dim,
-					    qk_scale, w_scale, cpu_has_avx2()};
+		struct dsa_job j = {scores, q + (size_t)i * H * D, w + (size_t)i * H, &d,
+				    cpu_dsa_base(&d, i), cpu_dsa_len(&d, i, pos0), cpu_has_avx2()};
+		if (j.len > d.topk)
 			cpu_pool_run(c->pool, dsa_task, &j,
-				     (len + DSA_KEYS_PER_TASK - 1) / DSA_KEYS_PER_TASK);
-		}
-		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
+				     (j.len + DSA_KEYS_PER_TASK - 1) / DSA_KEYS_PER_TASK);
+		cpu_ref_dsa_select(sel + (size_t)i * d.topk, nsel + i, scores, j.len, d.topk, work);
 	}
 }
 

@@ -265,14 +265,38 @@ float cpu_ref_dsa_score(const float *q, const void *k, enum dt_type kv, const fl
  * with the lower position winning ties (NaN counts as -inf). Writes the chosen positions to
  * sel in ascending order and their count to *nsel. work: len * 8 bytes. */
 void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, void *work);
-/* The indexer's selection for n queries at positions pos0.. : q [n][n_heads][head_dim],
- * k [pos0 + n][head_dim] (the indexer key cache, of type kv; FP8: its scales ks
- * [pos0 + n][cpu_kv_blocks(head_dim)]), w [n][n_heads] (weights_proj
- * output). Query i scores keys 0 .. pos0 + i; sel [n][topk], nsel [n]. scores: pos0 + n
- * floats and work: (pos0 + n) * 8 bytes of scratch. */
-void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		      const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim, int topk,
-		      float qk_scale, float w_scale, float *scores, void *work);
+/* The indexer over a key cache: k [rows][head_dim] of type kv (DT_F32, DT_BF16, or
+ * DT_F8_E4M3 with its scales ks [rows][cpu_kv_blocks(head_dim)]); score = cpu_ref_dsa_score
+ * with n_heads, head_dim, qk_scale and w_scale; each query keeps its topk best keys. The
+ * queries belong to one sequence at pos0 .. (seq NULL: query i at position pos0 + i over
+ * rows 0 ..) or to several, as struct cpu_mla's: query i at position pos[i] of sequence
+ * seq[i], whose rows start seq[i] * seq_rows rows on; keys_max >= every pos[i] + 1 (a
+ * kernel's plan and scratch). */
+struct cpu_dsa {
+	const void *k;
+	const float *ks;
+	enum dt_type kv;
+	int n_heads, head_dim, topk;
+	float qk_scale, w_scale;
+	const int *seq, *pos;
+	size_t seq_rows;
+	int keys_max;
+};
+/* Query i's first cache row and its number of keys (0 .. its position). */
+static inline size_t cpu_dsa_base(const struct cpu_dsa *d, int i)
+{
+	return d->seq ? (size_t)d->seq[i] * d->seq_rows : 0;
+}
+static inline int cpu_dsa_len(const struct cpu_dsa *d, int i, int pos0)
+{
+	return (d->seq ? d->pos[i] : pos0 + i) + 1;
+}
+/* The indexer's selection for n queries: q [n][n_heads][head_dim], w [n][n_heads]
+ * (weights_proj output). Query i scores its keys 0 .. cpu_dsa_len - 1 and selects
+ * (cpu_ref_dsa_select) into sel [n][topk], nsel [n]. scores: that many floats (the most of
+ * any query) and work: 8 bytes each of scratch. */
+void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
+		      const struct cpu_dsa *d, int n, int pos0, float *scores, void *work);
 
 /* ---- sampling candidates (sample_ref.c; backend.h's sample_cand) --------------------------
  *

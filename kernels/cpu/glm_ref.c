@@ -356,19 +356,21 @@ void cpu_ref_dsa_select(int *sel, int *nsel, float *scores, int len, int topk, v
 	*nsel = topk;
 }
 
-void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		      const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim,
-		      int topk, float qk_scale, float w_scale, float *scores, void *work)
+void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
+		      const struct cpu_dsa *d, int n, int pos0, float *scores, void *work)
 {
+	int H = d->n_heads, D = d->head_dim;
 	for (int i = 0; i < n; i++) {
-		int len = pos0 + i + 1;
-		if (len > topk)
-			for (int t = 0; t < len; t++)
-				scores[t] = cpu_ref_dsa_score(
-					q + (size_t)i * n_heads * head_dim,
-					cpu_kv_ptr(k, kv, (size_t)t * head_dim), kv,
-					cpu_kv_scales(ks, (size_t)t, head_dim), w + (size_t)i * n_heads, n_heads, head_dim, qk_scale,
-					w_scale);
-		cpu_ref_dsa_select(sel + (size_t)i * topk, nsel + i, scores, len, topk, work);
+		int len = cpu_dsa_len(d, i, pos0);
+		size_t base = cpu_dsa_base(d, i);
+		for (int t = 0; len > d->topk && t < len; t++) {
+			size_t r = base + (size_t)t;
+			scores[t] = cpu_ref_dsa_score(q + (size_t)i * H * D,
+						      cpu_kv_ptr(d->k, d->kv, r * D), d->kv,
+						      cpu_kv_scales(d->ks, r, D), w + (size_t)i * H,
+						      H, D, d->qk_scale, d->w_scale);
+		}
+		cpu_ref_dsa_select(sel + (size_t)i * d->topk, nsel + i, scores, len, d->topk,
+				   work);
 	}
 }

@@ -726,10 +726,8 @@ static void mla_absorbed(void *ctx, float *o, float *qa, float *lat, const float
 	   err);
 }
 
-static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-		     enum dt_type kv, const float *ks, const float *w, int n, int pos0, int n_heads,
-		     int head_dim, int topk, float qk_scale, float w_scale, float *scores,
-		     void *work)
+static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *w,
+		     const struct be_dsa *b, int n, int pos0, float *scores, void *work)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
@@ -738,7 +736,12 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void 
 		return;
 	if (!counters(c))
 		return;
-	size_t row = (size_t)pos0 + (size_t)n, rows = n < DSA_GROUPS ? (size_t)n : DSA_GROUPS;
+	const struct cpu_dsa d = {b->k, b->ks, b->kv, b->n_heads, b->head_dim, b->topk,
+				  b->qk_scale, b->w_scale, b->seq, b->pos, b->seq_rows,
+				  b->keys_max};
+	/* a score row: the most keys of a query */
+	size_t row = d.seq ? (size_t)(d.keys_max > 0 ? d.keys_max : 1) : (size_t)pos0 + n;
+	size_t rows = n < DSA_GROUPS ? (size_t)n : DSA_GROUPS;
 	if (rows * row > DSA_BUDGET)
 		rows = DSA_BUDGET / row > 0 ? DSA_BUDGET / row : 1;
 	if (c->dsa_cap < rows * row && rows > 1) {
@@ -751,8 +754,7 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void 
 			cudaGetLastError(); /* out of memory: the engine's scratch below */
 	}
 	bool own = c->dsa_cap >= row;
-	ok(c, wk_cuda_dsa_topk(sel, nsel, q, k, kv, ks, w, n, pos0, n_heads, head_dim, topk,
-			       qk_scale, w_scale, own ? c->dsa_scores : scores,
+	ok(c, wk_cuda_dsa_topk(sel, nsel, q, w, &d, n, pos0, own ? c->dsa_scores : scores,
 			       own ? c->dsa_cap : row, c->dsa_count, DSA_GROUPS, err, sizeof err),
 	   err);
 }

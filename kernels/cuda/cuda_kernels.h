@@ -256,18 +256,18 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
 			 enum dt_type wt, const float *scale, int lora, const struct cpu_mla *s,
 			 int n, int pos0, int d_nope, int d_v, const struct wk_att_split *sp,
 			 char *err, size_t errsz);
-/* cpu_ref_dsa_topk: k, the indexer key cache, of element type kv (DT_F32, DT_BF16, or
- * DT_F8_E4M3 with its scales ks [pos0 + n][ceil(head_dim / 128)]; WK_EINVAL otherwise,
- * FP8 without scales included); sel/nsel equal the reference's for equal scores (exact
- * top-k, ties to the lower position); the scores themselves are summed in another order. Queries with more
- * than topk keys run in groups of up to max_group (<= 65535) whose score rows, pos0 + n
- * floats each, fit in scores (score_floats >= pos0 + n): one launch a group, scoring and then
- * selecting (the last block of each query selects), so a decode step's query is one launch
- * and a prefill's are a few, not two per query. count: max_group unsigned ints of device
- * memory, zero before and left zero. */
-int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		     const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim,
-		     int topk, float qk_scale, float w_scale, float *scores, size_t score_floats,
+/* cpu_ref_dsa_topk over d (its key cache of element type DT_F32, DT_BF16, or DT_F8_E4M3
+ * with its scales; WK_EINVAL otherwise, FP8 without scales included; d->seq and d->pos, as
+ * q, w, sel and nsel, in device memory); sel/nsel equal the reference's for equal scores
+ * (exact top-k, ties to the lower position); the scores themselves are summed in another
+ * order. The queries run in groups of up to max_group (<= 65535) whose score rows, one a
+ * query of the most keys (pos0 + n, or d->keys_max with d->seq), fit in scores
+ * (score_floats >= one row): one launch a group, scoring and then selecting (the last block
+ * of each query selects, or takes every key of a query within topk), so a decode step's
+ * queries, one sequence's or several's, are one launch and a prefill's are a few. count:
+ * max_group unsigned ints of device memory, zero before and left zero. */
+int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
+		     const struct cpu_dsa *d, int n, int pos0, float *scores, size_t score_floats,
 		     unsigned *count, int max_group, char *err, size_t errsz);
 
 /* ---- grouped MoE experts (moe_kernels.cu) ---- */

@@ -278,14 +278,12 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
 	return none(err, errsz);
 }
 
-int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k, enum dt_type kv,
-		     const float *ks, const float *w, int n, int pos0, int n_heads, int head_dim,
-		     int topk, float qk_scale, float w_scale, float *scores, size_t score_floats,
+int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
+		     const struct cpu_dsa *d, int n, int pos0, float *scores, size_t score_floats,
 		     unsigned *count, int max_group, char *err, size_t errsz)
 {
-	(void)sel, (void)nsel, (void)q, (void)k, (void)kv, (void)ks, (void)w, (void)n, (void)pos0,
-		(void)n_heads, (void)head_dim, (void)topk, (void)qk_scale, (void)w_scale,
-		(void)scores, (void)score_floats, (void)count, (void)max_group;
+	(void)sel, (void)nsel, (void)q, (void)w, (void)d, (void)n, (void)pos0, (void)scores,
+		(void)score_floats, (void)count, (void)max_group;
 	return none(err, errsz);
 }
 

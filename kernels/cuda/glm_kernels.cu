@@ -858,30 +858,31 @@ struct dsa_args {
 	float *scores; /* [group][stride] */
 	size_t stride;
 	const float *q, *w;
-	const void *k;   /* of type KV, k_dsa_topk_n's */
-	const float *ks; /* FP8: the keys' scales */
-	int pos0, i0, n_heads, head_dim, topk;
-	float qk_scale, w_scale;
+	struct cpu_dsa d; /* d.k of type KV, k_dsa_topk_n's */
+	int pos0, i0;
 	unsigned *count; /* [group], zero, left zero */
 };
 
-/* A group of queries in one launch: blockIdx.y is query i0 + y, whose keys [0, len) are
- * scored one warp each across gridDim.x blocks; the last of those blocks to finish (a
- * counter per query, the writes fenced before it is bumped) selects that query's top-k from
- * the scores, so scoring and selecting cost one launch, not two. */
+/* A group of queries in one launch: blockIdx.y is query i0 + y, whose keys [0, len) (its
+ * sequence's rows, cpu_dsa_base on) are scored one warp each across gridDim.x blocks; the
+ * last of those blocks to finish (a counter per query, the writes fenced before it is
+ * bumped) selects that query's top-k from the scores, so scoring and selecting cost one
+ * launch, not two. A query with no more keys than topk takes them all (nothing scored). */
 template <typename KV>
 __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 {
 	__shared__ struct dsa_smem sm;
 	__shared__ int s_last;
-	int g = blockIdx.y, i = a.i0 + g, len = a.pos0 + i + 1;
+	const struct cpu_dsa &d = a.d;
+	int g = blockIdx.y, i = a.i0 + g, len = (d.seq ? d.pos[i] : a.pos0 + i) + 1;
+	size_t base = d.seq ? (size_t)d.seq[i] * d.seq_rows : 0;
 	float *sc = a.scores + (size_t)g * a.stride;
 	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
-	if (t < (size_t)len) /* whole warps alike */
-		dsa_score_warp(sc + t, a.q + (size_t)i * a.n_heads * a.head_dim,
-			       (const KV *)a.k + t * a.head_dim, kv_scales(a.ks, t, a.head_dim),
-			       a.w + (size_t)i * a.n_heads, a.n_heads, a.head_dim, a.qk_scale,
-			       a.w_scale, threadIdx.x & 31);
+	if (len > d.topk && t < (size_t)len) /* whole warps alike */
+		dsa_score_warp(sc + t, a.q + (size_t)i * d.n_heads * d.head_dim,
+			       (const KV *)d.k + (base + t) * d.head_dim,
+			       kv_scales(d.ks, base + t, d.head_dim), a.w + (size_t)i * d.n_heads,
+			       d.n_heads, d.head_dim, d.qk_scale, d.w_scale, threadIdx.x & 31);
 	__threadfence(); /* this block's scores are visible before the counter moves */
 	__syncthreads();
 	if (threadIdx.x == 0)
@@ -890,57 +891,52 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 	if (!s_last)
 		return;
 	__threadfence();
-	dsa_select_block(a.sel + (size_t)i * a.topk, a.nsel + i, sc, len, a.topk, &sm);
+	int *sel = a.sel + (size_t)i * d.topk;
+	if (len > d.topk) {
+		dsa_select_block(sel, a.nsel + i, sc, len, d.topk, &sm);
+	} else {
+		for (int j = threadIdx.x; j < len; j += blockDim.x)
+			sel[j] = j;
+		if (threadIdx.x == 0)
+			a.nsel[i] = len;
+	}
 	if (threadIdx.x == 0)
 		a.count[g] = 0; /* ready for the next launch */
 }
 
-/* Queries with no more keys than topk take them all: sel[i][j] = j, nsel[i] = pos0 + i + 1. */
-__global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
+extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
+				const struct cpu_dsa *d, int n, int pos0, float *scores,
+				size_t score_floats, unsigned *count, int max_group, char *err,
+				size_t errsz)
 {
-	int i = blockIdx.x, len = pos0 + i + 1;
-	for (int j = threadIdx.x; j < len; j += blockDim.x)
-		sel[(size_t)i * topk + j] = j;
-	if (threadIdx.x == 0)
-		nsel[i] = len;
-}
-
-extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const void *k,
-				enum dt_type kv, const float *ks, const float *w, int n, int pos0,
-				int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
-				float *scores, size_t score_floats, unsigned *count, int max_group,
-				char *err, size_t errsz)
-{
-	if (topk < 0 || pos0 < 0 || n_heads < 0 || head_dim < 0 || max_group < 1 ||
-	    (kv != DT_F32 && kv != DT_BF16 && !(kv == DT_F8_E4M3 && ks)))
+	enum dt_type kv = d->kv;
+	if (d->topk < 0 || pos0 < 0 || d->n_heads < 0 || d->head_dim < 0 || max_group < 1 ||
+	    (d->seq && (!d->pos || d->keys_max < 1)) ||
+	    (kv != DT_F32 && kv != DT_BF16 && !(kv == DT_F8_E4M3 && d->ks)))
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA dsa_topk: topk %d, pos0 %d, %d heads of %d, groups of %d, "
-			       "a %s key cache (f32, bf16, or fp8 with its scales)", topk, pos0,
-			       n_heads, head_dim, max_group, dt_name(kv));
+			       "%s, a %s key cache (f32, bf16, or fp8 with its scales)", d->topk,
+			       pos0, d->n_heads, d->head_dim, max_group,
+			       d->seq ? "several sequences" : "one sequence", dt_name(kv));
 	if (n <= 0)
 		return WK_OK;
-	size_t stride = (size_t)pos0 + (size_t)n; /* the longest query's keys */
+	/* a score row holds the most keys of any query */
+	size_t stride = d->seq ? (size_t)d->keys_max : (size_t)pos0 + (size_t)n;
 	if (score_floats < stride)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA dsa_topk: %zu floats of scores for "
 			       "queries of up to %zu keys", score_floats, stride);
-	/* query i has pos0 + i + 1 keys: the first max(0, topk - pos0) queries take them all */
-	int all = topk - pos0 < n ? (topk - pos0 > 0 ? topk - pos0 : 0) : n;
-	if (all > 0) {
-		k_dsa_all<<<all, 128, 0, wk_st()>>>(sel, nsel, pos0, topk);
-		int rc = launched("dsa_topk", err, errsz);
-		if (rc != WK_OK)
-			return rc;
-	}
-	/* The rest in groups whose score rows fit the scratch: one launch a group. */
+	/* In groups whose score rows fit the scratch: one launch a group. */
 	size_t fit = score_floats / stride;
 	int group = fit < (size_t)max_group ? (int)fit : max_group;
 	if (group > 65535)
 		group = 65535;
-	for (int i0 = all; i0 < n; i0 += group) {
-		int g = n - i0 < group ? n - i0 : group, len = pos0 + i0 + g; /* longest here */
-		struct dsa_args a = {sel, nsel, scores, stride, q, w, k, ks, pos0, i0, n_heads,
-				     head_dim, topk, qk_scale, w_scale, count};
-		dim3 grid((unsigned)(((size_t)len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
+	for (int i0 = 0; i0 < n; i0 += group) {
+		int g = n - i0 < group ? n - i0 : group;
+		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
+		if (len <= (size_t)d->topk)
+			len = 1; /* nothing to score: a block a query takes every key */
+		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count};
+		dim3 grid((unsigned)((len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
 		if (kv == DT_F8_E4M3)
 			k_dsa_topk_n<__nv_fp8_e4m3><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
 		else if (kv == DT_BF16)

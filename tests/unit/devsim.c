@@ -418,22 +418,20 @@ static void ds_mla_absorbed(void *ctx, float *o, float *qa, float *lat, const fl
 	WRAP(mla_absorbed(CPU, o, qa, lat, q, kv_b, s, n, pos0, d_nope, d_v));
 }
 
-static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const void *k,
-			enum dt_type kv, const float *ks, const float *w, int n, int pos0,
-			int n_heads, int head_dim, int topk, float qk_scale, float w_scale,
-			float *scores, void *work)
+static void ds_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float *w,
+			const struct be_dsa *x, int n, int pos0, float *scores, void *work)
 {
 	dev(ctx, sel, "dsa sel");
 	dev(ctx, nsel, "dsa nsel");
 	dev(ctx, q, "dsa q");
-	dev(ctx, k, "dsa k");
-	if (ks)
-		dev(ctx, ks, "dsa k scales");
+	dev(ctx, x->k, "dsa k");
+	dev(ctx, x->ks, "dsa k scales");
+	dev(ctx, x->seq, "dsa seq");
+	dev(ctx, x->pos, "dsa pos");
 	dev(ctx, w, "dsa w");
 	dev(ctx, scores, "dsa scores");
 	dev(ctx, work, "dsa work");
-	WRAP(dsa_topk(CPU, sel, nsel, q, k, kv, ks, w, n, pos0, n_heads, head_dim, topk, qk_scale,
-		      w_scale, scores, work));
+	WRAP(dsa_topk(CPU, sel, nsel, q, w, x, n, pos0, scores, work));
 }
 
 static size_t ds_moe_scratch(void *ctx, int n, const struct be_experts *ex)

@@ -1780,6 +1780,39 @@ Test(cuda_kernels, mla_attention_over_several_sequences)
 		double r = rel(got, want, no);
 		cr_expect_leq(r, TOL, "case %d (%s, %s): %g", c, f8 ? "fp8" : "bf16",
 			      sparse ? "selected" : "dense", r);
+		/* and mla_absorbed, the three stages as one launch, over the same sequences: a
+		 * batched decode step's kv_b_proj absorbed on both sides (FP8), against the
+		 * CPU's chain; the stages' counters left zero */
+		int nope = 16, dv = 24, rows_w = H * (nope + dv);
+		float *wsc, *q0 = rnd_vec((size_t)n * H * (nope + rope));
+		void *w = rnd_weight(DT_F8_E4M3, rows_w, lora, &wsc);
+		float *rqa = malloc(nq * 4), *rlat = malloc(no * 4);
+		size_t nov = (size_t)n * H * dv;
+		float *ro = malloc(nov * 4), *go = malloc(nov * 4);
+		cpu_ref_mla_absorb_q(rqa, q0, w, DT_F8_E4M3, wsc, lora, n, H, nope, rope, dv, 0, H);
+		cpu_ref_mla_attention(rlat, rqa, &s, n, 0, 0, n, 0, H);
+		cpu_ref_mla_absorb_out(ro, rlat, w, DT_F8_E4M3, wsc, lora, n, H, nope, dv, 0, H);
+		size_t nws = (size_t)((rows_w + 127) / 128) * ((lora + 127) / 128);
+		void *dwt = to_dev(w, (size_t)rows_w * lora);
+		float *dws = to_dev(wsc, nws * 4);
+		float *dq0 = to_dev(q0, (size_t)n * H * (nope + rope) * 4);
+		float *dqa = dev_alloc(nq * 4), *dlat = dev_alloc(no * 4);
+		float *dov = dev_alloc(nov * 4);
+		cr_assert_eq(wk_cuda_mla_absorbed(dov, dqa, dlat, dq0, dwt, DT_F8_E4M3, dws, lora,
+						  &ds, n, 0, nope, dv, &sp, err, sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(go, dov, nov * 4);
+		r = rel(go, ro, nov);
+		cr_expect_leq(r, TOL, "case %d: mla_absorbed over several sequences: %g", c, r);
+		unsigned back[64];
+		from_dev(back, dcount, sizeof back);
+		cr_expect_eq(memcmp(back, zero, sizeof zero), 0, "case %d: counters left", c);
+		void *more[] = {dwt, dws, dq0, dqa, dlat, dov};
+		for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
+			wk_cuda_free(more[k]);
+		void *hmore[] = {wsc, q0, w, rqa, rlat, ro, go};
+		for (size_t k = 0; k < sizeof hmore / sizeof hmore[0]; k++)
+			free(hmore[k]);
 		void *dev[] = {(void *)ds.k_a, (void *)ds.k_b, (void *)ds.a_s, (void *)ds.sel,
 			       (void *)ds.nsel, (void *)ds.seq, (void *)ds.pos, dq, dout, dpart};
 		for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++)
@@ -1988,8 +2021,12 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		float *dq = to_dev(q, (size_t)n * IH * ID * 4);
 		void *dk = to_dev(kh, (size_t)T * ID * dt_size(kv));
 		float *dw = to_dev(w, (size_t)n * IH * 4);
-		cpu_ref_dsa_topk(want, wn, q, kh, kv, ks, w, n, pos0, IH, ID, topk, qk, ws, want_sc,
-				 work);
+		struct cpu_dsa hd = {.k = kh, .ks = ks, .kv = kv, .n_heads = IH, .head_dim = ID,
+				     .topk = topk, .qk_scale = qk, .w_scale = ws};
+		struct cpu_dsa dd = hd;
+		dd.k = dk;
+		dd.ks = dks;
+		cpu_ref_dsa_topk(want, wn, q, w, &hd, n, pos0, want_sc, work);
 		/* one query a launch (scratch for one row), then groups: 4 rows of scratch and
 		 * groups of 3 (the groups' counters reused), and every query in one launch */
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
@@ -2000,9 +2037,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			float *dsc = dev_alloc(rows * T * 4);
 			int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
 			    *dn = dev_alloc((size_t)n * sizeof(int));
-			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dk, kv, dks, dw, n, pos0, IH, ID,
-						      topk, qk, ws, dsc, rows * T, dcount,
-						      shape[v][1], err, sizeof err),
+			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dw, &dd, n, pos0, dsc, rows * T,
+						      dcount, shape[v][1], err, sizeof err),
 				     WK_OK, "%s", err);
 			from_dev(got, dsel, (size_t)n * topk * sizeof(int));
 			from_dev(gn, dn, (size_t)n * sizeof(int));
@@ -2026,15 +2062,18 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			wk_cuda_free(dn);
 		}
 		char e2[WK_ERRSZ]; /* a scratch shorter than one row is refused */
-		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, kv, dks, dw, n, pos0, IH, ID, topk, qk,
-					      ws, NULL, (size_t)T - 1, dcount, 1, e2, sizeof e2),
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &dd, n, pos0, NULL, (size_t)T - 1,
+					      dcount, 1, e2, sizeof e2),
 			     WK_EINVAL);
-		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, DT_F16, NULL, dw, n, pos0, IH, ID, topk,
-					      qk, ws, NULL, (size_t)T, dcount, 1, e2, sizeof e2),
+		struct cpu_dsa bad = dd;
+		bad.kv = DT_F16;
+		bad.ks = NULL;
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, n, pos0, NULL, (size_t)T,
+					      dcount, 1, e2, sizeof e2),
 			     WK_EINVAL, "an f16 key cache is refused");
-		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dk, DT_F8_E4M3, NULL, dw, n, pos0, IH,
-					      ID, topk, qk, ws, NULL, (size_t)T, dcount, 1, e2,
-					      sizeof e2),
+		bad.kv = DT_F8_E4M3;
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, n, pos0, NULL, (size_t)T,
+					      dcount, 1, e2, sizeof e2),
 			     WK_EINVAL, "an FP8 key cache without its scales is refused");
 		free(k16);
 		free(k8);
@@ -2055,6 +2094,112 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		free(gn);
 		free(want_sc);
 		free(work);
+	}
+}
+
+/* dsa_topk over several sequences in one call (a batched step): query i scores its own
+ * sequence's keys 0 .. pos[i] (rows seq[i] * ROWS on) and takes them all within topk. The
+ * reference equals itself query by query on each sequence's cache alone (memcmp); the
+ * kernel, on exact scores (dyadic q, k, w and power-of-two scales, as above, so that the
+ * order of the sums does not matter), equals the reference: one query a launch, groups of 3,
+ * and all in one launch. Each sequence's keys are drawn apart, so a query that read another
+ * sequence's rows, or as many keys as its place in the call, would select otherwise. */
+Test(cuda_kernels, dsa_topk_over_several_sequences)
+{
+	NEED_GPU();
+	enum { NQ = 7, NSEQ = 3, ROWS = 400, IH = 4, TOPK = 64 };
+	int seq[NQ] = {2, 2, 2, 0, 1, 1, 0}, pos[NQ] = {40, 41, 120, 300, 63, 64, 399};
+	for (int c = 0; c < 3; c++) {
+		enum dt_type kv = c == 0 ? DT_F32 : c == 1 ? DT_BF16 : DT_F8_E4M3;
+		int ID = kv == DT_F8_E4M3 ? 160 : 32;
+		size_t T = (size_t)NSEQ * ROWS, nb = (size_t)cpu_kv_blocks(ID);
+		float *q = malloc((size_t)NQ * IH * ID * 4), *k = malloc(T * ID * 4);
+		float *w = malloc((size_t)NQ * IH * 4);
+		cr_assert(q && k && w);
+		for (size_t i = 0; i < (size_t)NQ * IH * ID; i++)
+			q[i] = (float)(rnd_int(5) - 2) * 0.25f;
+		for (size_t i = 0; i < T * ID; i++)
+			k[i] = (float)(rnd_int(5) - 2) * 0.25f;
+		for (size_t i = 0; i < (size_t)NQ * IH; i++)
+			w[i] = (float)(rnd_int(7) - 3) * 0.5f;
+		for (size_t t = 0; t < T; t++) {
+			if (t % 7 == 3 && t % ROWS >= 10) /* ties within a sequence */
+				memcpy(k + t * ID, k + (t - 10) * ID, (size_t)ID * 4);
+			if (kv == DT_F8_E4M3) /* every scale 2^-9: the cache holds k exactly */
+				k[t * ID] = k[t * ID + 128] = 0.875f;
+		}
+		float *ks = NULL;
+		uint8_t *k8 = kv == DT_F8_E4M3 ? to_fp8(k, T, ID, &ks) : NULL;
+		void *k16 = NULL;
+		const void *kh = k8 ? k8 : kv_host(k, T * ID, kv, &k16);
+		struct cpu_dsa hd = {.k = kh, .ks = ks, .kv = kv, .n_heads = IH, .head_dim = ID,
+				     .topk = TOPK, .qk_scale = 0.25f, .w_scale = 0.5f, .seq = seq,
+				     .pos = pos, .seq_rows = ROWS, .keys_max = 400};
+		int want[NQ * TOPK], wn[NQ], one[NQ * TOPK], on[NQ], got[NQ * TOPK], gn[NQ];
+		float *sc = malloc(ROWS * 4);
+		char *work = malloc(ROWS * 8);
+		cpu_ref_dsa_topk(want, wn, q, w, &hd, NQ, 0, sc, work);
+		for (int i = 0; i < NQ; i++) { /* query i alone, on its sequence's cache */
+			struct cpu_dsa o = hd;
+			size_t r0 = (size_t)seq[i] * ROWS;
+			o.seq = o.pos = NULL;
+			o.k = (const char *)kh + r0 * ID * dt_size(kv);
+			o.ks = ks ? ks + r0 * nb : NULL;
+			cpu_ref_dsa_topk(one + i * TOPK, on + i, q + (size_t)i * IH * ID,
+					 w + i * IH, &o, 1, pos[i], sc, work);
+			int len = pos[i] + 1, n = len < TOPK ? len : TOPK;
+			cr_expect_eq(wn[i], n, "case %d query %d: nsel %d, want %d", c, i, wn[i],
+				     n);
+			cr_expect(on[i] == wn[i] && !memcmp(one + i * TOPK, want + i * TOPK,
+							    (size_t)n * sizeof(int)),
+				  "case %d query %d: the reference differs from the query alone", c,
+				  i);
+		}
+		struct cpu_dsa dd = hd;
+		dd.k = to_dev(kh, T * ID * dt_size(kv));
+		dd.ks = ks ? to_dev(ks, T * nb * 4) : NULL;
+		dd.seq = to_dev(seq, sizeof seq);
+		dd.pos = to_dev(pos, sizeof pos);
+		float *dq = to_dev(q, (size_t)NQ * IH * ID * 4);
+		float *dw = to_dev(w, (size_t)NQ * IH * 4);
+		unsigned zero[NQ] = {0}, left[NQ];
+		unsigned *dcount = to_dev(zero, sizeof zero);
+		static const int shape[][2] = {{1, 1}, {3, 3}, {NQ, NQ}}; /* score rows, group */
+		for (int v = 0; v < 3; v++) {
+			float *dsc = dev_alloc((size_t)shape[v][0] * ROWS * 4);
+			int *dsel = dev_alloc(sizeof got), *dn = dev_alloc(sizeof gn);
+			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dw, &dd, NQ, 0, dsc,
+						      (size_t)shape[v][0] * ROWS, dcount,
+						      shape[v][1], err, sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dsel, sizeof got);
+			from_dev(gn, dn, sizeof gn);
+			from_dev(left, dcount, sizeof left);
+			for (int i = 0; i < NQ; i++)
+				cr_expect(gn[i] == wn[i] &&
+						  !memcmp(got + i * TOPK, want + i * TOPK,
+							  (size_t)wn[i] * sizeof(int)),
+					  "case %d/%d query %d (sequence %d at %d): %d selected, "
+					  "want %d, or another selection", c, v, i, seq[i], pos[i],
+					  gn[i], wn[i]);
+			cr_expect_arr_eq(left, zero, sizeof left,
+					 "case %d/%d: the counters were not left zero", c, v);
+			wk_cuda_free(dsc);
+			wk_cuda_free(dsel);
+			wk_cuda_free(dn);
+		}
+		struct cpu_dsa bad = dd; /* several sequences without their longest */
+		bad.keys_max = 0;
+		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, NQ, 0, NULL, ROWS, dcount,
+					      1, err, sizeof err),
+			     WK_EINVAL);
+		void *dev[] = {(void *)dd.k, (void *)dd.ks, (void *)dd.seq, (void *)dd.pos, dq, dw,
+			       dcount};
+		for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+			wk_cuda_free(dev[i]);
+		void *host[] = {q, k, w, ks, k8, k16, sc, work};
+		for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+			free(host[i]);
 	}
 }
 

@@ -752,8 +752,9 @@ Test(glm, dsa_full_topk_is_dense)
 	for (size_t i = 0; i < sizeof iw / 4; i++) iw[i] = gauss(&r);
 	int sel[NQ * T], nsel[NQ];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, NULL, iw, NQ, P0, IH, ID, T, 0.3f, 0.7f,
-			 scores, work);
+	struct cpu_dsa dd = {.k = ik, .kv = DT_F32, .n_heads = IH, .head_dim = ID, .topk = T,
+			     .qk_scale = 0.3f, .w_scale = 0.7f};
+	cpu_ref_dsa_topk(sel, nsel, iq, iw, &dd, NQ, P0, scores, work);
 	for (int i = 0; i < NQ; i++) {
 		cr_assert_eq(nsel[i], P0 + i + 1);
 		for (int j = 0; j < nsel[i]; j++)
@@ -933,8 +934,9 @@ Test(glm, attention_avx2_matches_ref)
 	int sel[NQ * TOPK], nsel[NQ];
 	float scores[T];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ik, DT_F32, NULL, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f,
-			 scores, work);
+	struct cpu_dsa dd = {.k = ik, .kv = DT_F32, .n_heads = IH, .head_dim = ID, .topk = TOPK,
+			     .qk_scale = 0.2f, .w_scale = 0.6f};
+	cpu_ref_dsa_topk(sel, nsel, iq, iw, &dd, NQ, P0, scores, work);
 	/* expanded layout: per-head keys; absorbed: one key and value for all heads */
 	struct cpu_mla lay[2] = {
 		{.n_heads = H, .d_a = DA, .d_b = DB, .d_v = DV, .k_a = ka, .k_b = kb, .v = v,
@@ -1008,10 +1010,13 @@ Test(glm, fp8_cache_kernels)
 	int sel[NQ * TOPK], nsel[NQ], sel8[NQ * TOPK], nsel8[NQ];
 	float scores[T];
 	char work[T * 8];
-	cpu_ref_dsa_topk(sel, nsel, iq, ikq, DT_F32, NULL, iw, NQ, P0, IH, ID, TOPK, 0.2f, 0.6f,
-			 scores, work);
-	cpu_ref_dsa_topk(sel8, nsel8, iq, ik8, DT_F8_E4M3, iks, iw, NQ, P0, IH, ID, TOPK, 0.2f,
-			 0.6f, scores, work);
+	struct cpu_dsa dd = {.k = ikq, .kv = DT_F32, .n_heads = IH, .head_dim = ID, .topk = TOPK,
+			     .qk_scale = 0.2f, .w_scale = 0.6f};
+	cpu_ref_dsa_topk(sel, nsel, iq, iw, &dd, NQ, P0, scores, work);
+	dd.k = ik8;
+	dd.ks = iks;
+	dd.kv = DT_F8_E4M3;
+	cpu_ref_dsa_topk(sel8, nsel8, iq, iw, &dd, NQ, P0, scores, work);
 	cr_expect_eq(memcmp(sel, sel8, sizeof sel), 0, "FP8 keys select differently");
 	cr_expect_eq(memcmp(nsel, nsel8, sizeof nsel), 0);
 	/* the absorbed layout: one latent key and value for all heads */
