@@ -138,7 +138,13 @@ struct be_cast {
 /* One norm of a norm_n: y [n][dim] = rmsnorm(x) . w, or (layer) layernorm(x) . w + b; with
  * rope_dim > 0, each row's first rope_dim elements then rotated in place as rope(y, n,
  * rope_pos, 1, dim, rope_dim, theta, true) would (interleaved pairs; GLM-5's indexer keys:
- * normalised, then rotated). */
+ * normalised, then rotated). The rows may be heads: heads > 1 rows a token (n a multiple),
+ * row r of token r / heads, so the rotation is rope(y, n / heads, rope_pos, heads, dim,
+ * rope_dim, theta, !half)'s (half: rotate_half's pairs j and j + rope_dim / 2, GLM-4.5's).
+ * add (optional, heads * dim floats: a token's row of a bias) is added first, x + add
+ * rounded as add() rounds it, head h of each token taking add + h * dim; bare: no norm at
+ * all (y = x + add, then the rotation; w unused). GLM-4.5's q and k: biased, normalised
+ * per head and rotated, v biased, in one op. */
 struct be_norm {
 	float *y;
 	const float *x, *w, *b;
@@ -148,6 +154,9 @@ struct be_norm {
 	const int *rope_pos;
 	int rope_dim;
 	float theta;
+	const float *add;
+	int heads; /* 0 or 1: a row a token */
+	bool half, bare;
 };
 
 /* One tensor of a rope_n: x [n][n_heads * head_dim] in place, token i at position pos[i]. */

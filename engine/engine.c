@@ -461,9 +461,9 @@ void eng_matmul_rope_n(struct engine *e, float *const *y, const float *x,
 
 void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 {
-	bool rot = false;
+	bool rot = false; /* or anything but plain norms: a bias, heads, a bare row */
 	for (int k = 0; k < count; k++)
-		rot |= r[k].rope_dim > 0;
+		rot |= r[k].rope_dim > 0 || r[k].add || r[k].heads > 1 || r[k].bare;
 	struct be_link *l = count >= 1 && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused
 				    ? chain_link(e, BE_LINK_NORM, 0)
 				    : NULL;
@@ -477,15 +477,26 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 		e->be->norm_n(e->bctx, r, count);
 		return;
 	}
+	/* one by one: the bias a token at a time, the norm, the rotation */
 	for (int k = 0; k < count; k++) {
-		if (r[k].layer)
-			e->be->layernorm(e->bctx, r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim,
-					 r[k].eps);
-		else
-			e->be->rmsnorm(e->bctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
-		if (r[k].rope_dim > 0)
-			e->be->rope(e->bctx, r[k].y, r[k].n, r[k].rope_pos, 1, r[k].dim,
-				    r[k].rope_dim, r[k].theta, true);
+		const struct be_norm *q = &r[k];
+		int H = q->heads > 1 ? q->heads : 1;
+		size_t w = (size_t)H * q->dim;
+		const float *x = q->x;
+		if (q->add || (q->bare && q->y != q->x)) {
+			if (q->y != q->x)
+				eng_dcopy(e, q->y, q->x, (size_t)q->n * q->dim * sizeof(float));
+			for (int t = 0; q->add && t < q->n / H; t++)
+				e->be->add(e->bctx, q->y + (size_t)t * w, q->add, w);
+			x = q->y;
+		}
+		if (!q->bare && q->layer)
+			e->be->layernorm(e->bctx, q->y, x, q->w, q->b, q->n, q->dim, q->eps);
+		else if (!q->bare)
+			e->be->rmsnorm(e->bctx, q->y, x, q->w, q->n, q->dim, q->eps);
+		if (q->rope_dim > 0)
+			e->be->rope(e->bctx, q->y, q->n / H, q->rope_pos, H, q->dim, q->rope_dim,
+				    q->theta, !q->half);
 	}
 }
 

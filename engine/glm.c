@@ -703,8 +703,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		 * layer: the MLP's gate and up; ended before its SiLU). */
 		eng_chain_begin(e);
 		if (l == 0) {
-			struct be_norm n0 = {m->xb, m->x, L->attn_norm, NULL, T, dim, m->c.eps, false,
-					     NULL, 0, 0};
+			struct be_norm n0 = {.y = m->xb, .x = m->x, .w = L->attn_norm, .n = T,
+					     .dim = dim, .eps = m->c.eps};
 			eng_norm_n(e, &n0, 1);
 		} else {
 			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->c.eps);

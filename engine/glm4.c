@@ -119,20 +119,11 @@ static int g4_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 	return WK_OK;
 }
 
-/* y[i] += b for each of n rows of width d */
-static void add_bias(const struct backend *be, void *c, float *y, const float *b, int n, int d)
-{
-	for (int i = 0; i < n; i++)
-		be->add(c, y + (size_t)i * d, b, (size_t)d);
-}
-
 static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
 		       int T, const struct glm_seg *seg, int nseg)
 {
 	struct g4 *a = m->attn;
 	struct g4_layer *L = &a->layers[l];
-	const struct backend *be = e->be;
-	void *c = e->bctx;
 	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim;
 
 	/* q, k, v read x: one op. With one segment and an f32 cache, k and v land straight in
@@ -143,27 +134,36 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	float *o[3] = {a->q, kt, vt};
 	const struct be_weight *w[3] = {&L->wq, &L->wk, &L->wv};
 	eng_matmul_n(e, o, x, w, 3, T);
-	eng_chain_end(e); /* the chain glm.c began with the layer's norm: the ops below are not held */
-	if (L->bq) {
-		add_bias(be, c, a->q, L->bq, T, qd);
-		add_bias(be, c, kt, L->bk, T, kvd);
-		add_bias(be, c, vt, L->bv, T, kvd);
+	/* then one op: q and k biased, normalised per head (use_qk_norm) and rotated (partial,
+	 * half-split), v biased; then k and v stored into the caches (bf16 and fp8: one cast
+	 * op for all the step's sequences) */
+	struct be_norm nr[3] = {
+		{.y = a->q, .x = a->q, .w = L->qn, .n = T * a->n_heads, .dim = a->head_dim,
+		 .eps = m->c.eps, .rope_pos = m->pos, .rope_dim = a->rot, .theta = m->c.theta,
+		 .add = L->bq, .heads = a->n_heads, .half = true, .bare = !L->qn},
+		{.y = kt, .x = kt, .w = L->kn, .n = T * a->n_kv, .dim = a->head_dim,
+		 .eps = m->c.eps, .rope_pos = m->pos, .rope_dim = a->rot, .theta = m->c.theta,
+		 .add = L->bk, .heads = a->n_kv, .half = true, .bare = !L->kn},
+		{.y = vt, .x = vt, .n = T * a->n_kv, .dim = a->head_dim, .add = L->bv,
+		 .heads = a->n_kv, .bare = true}};
+	eng_norm_n(e, nr, L->bv ? 3 : 2);
+	for (int s = 0; s < nseg && !direct; s++) {
+		const struct glm_seg *g = &seg[s];
+		eng_gqa_store(e, &a->kv, g->seq, l, g->pos0, a->kt + (size_t)g->off * kvd,
+			      a->vt + (size_t)g->off * kvd, g->n);
 	}
-	if (L->qn) {
-		be->rmsnorm(c, a->q, a->q, L->qn, T * a->n_heads, a->head_dim, m->c.eps);
-		be->rmsnorm(c, kt, kt, L->kn, T * a->n_kv, a->head_dim, m->c.eps);
-	}
-	struct be_rope rot[2] = {{a->q, T, m->pos, a->n_heads, a->head_dim, a->rot},
-				 {kt, T, m->pos, a->n_kv, a->head_dim, a->rot}};
-	eng_rope_n(e, rot, 2, m->c.theta, false);
+	/* the chain glm.c began with the layer's norm ends here (a decode step's: that norm,
+	 * q/k/v, their bias, norms and rotations, and the stores, one launch); the attention
+	 * is not held */
+	eng_chain_end(e);
 	for (int s = 0; s < nseg; s++) {
 		const struct glm_seg *g = &seg[s];
-		if (!direct)
-			eng_gqa_store(e, &a->kv, g->seq, l, g->pos0, a->kt + (size_t)g->off * kvd,
-				      a->vt + (size_t)g->off * kvd, g->n);
 		eng_gqa_attend(e, &a->kv, g->seq, l, g->pos0, a->att + (size_t)g->off * qd,
 			       a->q + (size_t)g->off * qd, g->n, a->n_heads);
 	}
+	/* o_proj begins the next chain: glm.c adds the residual and norm and the FFN's first
+	 * matmul (as GLM-5's attention does) */
+	eng_chain_begin(e);
 	eng_matmul(e, out, a->att, &L->wo, T);
 }
 

@@ -519,11 +519,13 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * k_pe above, q's rope slice and the indexer's queries below. */
 	struct be_norm nrm[BE_NORM_MAX];
 	int nn = 0;
-	nrm[nn++] = (struct be_norm){a->qc, a->qc, L->q_a_norm, NULL, T, a->q_lora, MLA_NORM_EPS,
-				     false, NULL, 0, 0};
+	nrm[nn++] = (struct be_norm){.y = a->qc, .x = a->qc, .w = L->q_a_norm, .n = T,
+				     .dim = a->q_lora, .eps = MLA_NORM_EPS};
 	if (L->full)
-		nrm[nn++] = (struct be_norm){ikeys, ikeys, L->ik_norm_w, L->ik_norm_b, T, a->i_dim,
-					     INDEXER_NORM_EPS, true, m->pos, rope, theta};
+		nrm[nn++] = (struct be_norm){.y = ikeys, .x = ikeys, .w = L->ik_norm_w,
+					     .b = L->ik_norm_b, .n = T, .dim = a->i_dim,
+					     .eps = INDEXER_NORM_EPS, .layer = true,
+					     .rope_pos = m->pos, .rope_dim = rope, .theta = theta};
 
 	/* caches: c_kv = kv_a_layernorm(rows 0..lora), k_pe = rope(rows lora..) */
 	if (!split)
@@ -533,8 +535,9 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		if (split) { /* f32: normalised into the cache; else in place, stored below */
 			float *c_in = a->kva + (size_t)g->off * lora;
 			float *cr = f32 ? CKV(g->seq, g->pos0) : c_in;
-			nrm[nn++] = (struct be_norm){cr, direct ? cr : c_in, L->kv_a_norm, NULL,
-						     g->n, lora, MLA_NORM_EPS, false, NULL, 0, 0};
+			nrm[nn++] = (struct be_norm){.y = cr, .x = direct ? cr : c_in,
+						     .w = L->kv_a_norm, .n = g->n, .dim = lora,
+						     .eps = MLA_NORM_EPS};
 			if (nn == BE_NORM_MAX) {
 				eng_norm_n(e, nrm, nn);
 				nn = 0;

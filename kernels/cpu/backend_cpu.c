@@ -75,13 +75,24 @@ static void layernorm(void *ctx, float *y, const float *x, const float *w, const
 static void norm_n(void *ctx, const struct be_norm *r, int count)
 {
 	for (int k = 0; k < count; k++) {
-		if (r[k].layer)
-			layernorm(ctx, r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps);
-		else
-			rmsnorm(ctx, r[k].y, r[k].x, r[k].w, r[k].n, r[k].dim, r[k].eps);
-		if (r[k].rope_dim > 0)
-			cpu_ref_rope(r[k].y, r[k].n, r[k].rope_pos, 1, r[k].dim, r[k].rope_dim,
-				     r[k].theta, true);
+		const struct be_norm *q = &r[k];
+		int H = q->heads > 1 ? q->heads : 1;
+		size_t w = (size_t)H * q->dim, all = (size_t)q->n * q->dim;
+		const float *x = q->x;
+		if (q->add) { /* each token's row of the bias: y = x + add */
+			for (size_t i = 0; i < all; i++)
+				q->y[i] = x[i] + q->add[i % w];
+			x = q->y;
+		} else if (q->bare && q->y != x) {
+			memcpy(q->y, x, all * sizeof *x);
+		}
+		if (!q->bare && q->layer)
+			layernorm(ctx, q->y, x, q->w, q->b, q->n, q->dim, q->eps);
+		else if (!q->bare)
+			rmsnorm(ctx, q->y, x, q->w, q->n, q->dim, q->eps);
+		if (q->rope_dim > 0)
+			cpu_ref_rope(q->y, q->n / H, q->rope_pos, H, q->dim, q->rope_dim, q->theta,
+				     !q->half);
 	}
 }
 

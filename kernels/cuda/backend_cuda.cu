@@ -402,11 +402,30 @@ static void add(void *ctx, float *y, const float *x, size_t n)
 		ok(c, wk_cuda_add(y, x, n, err, sizeof err), err);
 }
 
-static void wk_norms(struct wk_norm *w, const struct be_norm *r, int count)
+/* The kernels' form of norms; false where a rotation or a head count does not fit its 16
+ * bits (then nothing runs: norm_n fails by name, a chain runs op by op). */
+static bool wk_norms(struct wk_norm *w, const struct be_norm *r, int count)
 {
-	for (int k = 0; k < count && k < WK_NORM_MAX; k++)
-		w[k] = {r[k].y, r[k].x, r[k].w, r[k].b, r[k].n, r[k].dim, r[k].eps, r[k].layer,
-			r[k].rope_pos, r[k].rope_dim, r[k].theta};
+	bool fit = true;
+	for (int k = 0; k < count && k < WK_NORM_MAX; k++) {
+		fit &= r[k].rope_dim <= INT16_MAX && r[k].heads <= INT16_MAX;
+		w[k] = {r[k].y,
+			r[k].x,
+			r[k].w,
+			r[k].b,
+			r[k].rope_pos,
+			r[k].add,
+			r[k].n,
+			r[k].dim,
+			r[k].eps,
+			r[k].theta,
+			(int16_t)r[k].rope_dim,
+			(int16_t)r[k].heads,
+			r[k].layer,
+			r[k].half,
+			r[k].bare};
+	}
+	return fit;
 }
 
 static void norm_n(void *ctx, const struct be_norm *r, int count)
@@ -417,7 +436,11 @@ static void norm_n(void *ctx, const struct be_norm *r, int count)
 	static_assert(WK_NORM_MAX == BE_NORM_MAX, "norm_n limits differ");
 	if (c->rc != WK_OK)
 		return;
-	wk_norms(w, r, count);
+	if (!wk_norms(w, r, count)) {
+		ok(c, wk_errf(err, sizeof err, WK_EINVAL, "CUDA norm_n: a rotation or a head "
+			      "count past %d", INT16_MAX), err);
+		return;
+	}
 	ok(c, wk_cuda_norm_n(w, count, err, sizeof err), err);
 }
 
@@ -1174,7 +1197,7 @@ static bool chain_links(const struct be_link *l, int count, struct wk_link *wl, 
 		} else {
 			q->kind = WK_LINK_NORM;
 			q->norm_count = k->n_norm;
-			wk_norms(q->norm, k->norm, k->n_norm);
+			apart |= !wk_norms(q->norm, k->norm, k->n_norm);
 		}
 	}
 	return !apart && nk <= WK_CHAIN_MAX;

@@ -561,18 +561,25 @@ static __device__ void norm_row(const struct norm_set &s, int g)
 {
 	int k = set_part(s.start, g);
 	const struct wk_norm *r = &s.r[k];
-	int row = g - s.start[k];
+	int row = g - s.start[k], heads = r->heads > 1 ? r->heads : 1;
 	size_t at = (size_t)row * r->dim;
-	if (r->layer)
-		row_layernorm(r->y + at, r->x + at, r->w, r->b, r->dim, r->eps);
-	else
-		row_rmsnorm(r->y + at, r->x + at, r->w, r->dim, r->eps);
+	const float *x = r->x + at;
+	if (r->add || (r->bare && r->y != r->x)) { /* y = x + the row's head of the bias */
+		const float *b = r->add ? r->add + (size_t)(row % heads) * r->dim : NULL;
+		for (int i = threadIdx.x; i < r->dim; i += blockDim.x)
+			r->y[at + i] = b ? __fadd_rn(x[i], b[i]) : x[i];
+		x = r->y + at; /* each thread reads back only its own elements below */
+	}
+	if (!r->bare && r->layer)
+		row_layernorm(r->y + at, x, r->w, r->b, r->dim, r->eps);
+	else if (!r->bare)
+		row_rmsnorm(r->y + at, x, r->w, r->dim, r->eps);
 	if (r->rope_dim <= 0)
 		return;
 	__syncthreads(); /* the row's normalised values, written by the block, are visible */
 	for (int j = threadIdx.x; j < r->rope_dim / 2; j += blockDim.x)
-		rope_pair(r->y + at, r->rope_pos + row, 1, r->dim, r->rope_dim, r->rope_theta, true,
-			  (size_t)j);
+		rope_pair(r->y + at, r->rope_pos + row / heads, 1, r->dim, r->rope_dim,
+			  r->rope_theta, !r->half, (size_t)j);
 }
 
 /* norm_n's set from r [count], checked: its blocks (rows) in s->start[count]. */
@@ -591,6 +598,9 @@ static inline int norm_build(struct norm_set *s, const struct wk_norm *r, int co
 			return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: norm %d rotates %d of %d "
 				       "(an even count at most dim, with positions)", k,
 				       r[k].rope_dim, r[k].dim);
+		if (r[k].heads > 1 && r[k].n % r[k].heads)
+			return wk_errf(err, errsz, WK_EINVAL, "CUDA norm_n: norm %d has %d rows, "
+				       "not a multiple of its %d heads", k, r[k].n, r[k].heads);
 	}
 	return WK_OK;
 }

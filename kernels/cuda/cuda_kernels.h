@@ -101,15 +101,15 @@ int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int
  * rope_dim elements then rotated (interleaved pairs, row i at position rope_pos[i]) bit for
  * bit as wk_cuda_rope(y, n, rope_pos, 1, dim, rope_dim, rope_theta, true) would after it. */
 #define WK_NORM_MAX 8
-struct wk_norm {
+struct wk_norm { /* 72 bytes: a chained launch's parameters hold 8 in each of its links */
 	float *y;
 	const float *x, *w, *b;
-	int n, dim;
-	float eps;
-	bool layer;
 	const int *rope_pos;
-	int rope_dim;
-	float rope_theta;
+	const float *add; /* struct be_norm's: a bias first, rows as heads, half-split, no norm */
+	int n, dim;
+	float eps, rope_theta;
+	int16_t rope_dim, heads;
+	bool layer, half, bare;
 };
 int wk_cuda_norm_n(const struct wk_norm *r, int count, char *err, size_t errsz);
 /* wk_cuda_rope over several tensors in one launch, each rotated exactly as alone */

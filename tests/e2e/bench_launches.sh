@@ -114,6 +114,31 @@ assert "cast" not in f8["by_kind"] and f8["launches"] == b16["launches"], (f8, b
 print(f"fp8 caches: {f8['launches']:.0f} launches, as bf16's")
 PY
 
+# GLM-4.5's structure (92 layers, 3 dense, 160 experts top-8; tiny sizes): q, k and v's
+# biases, per-head norms and partial rotations are one norm_n (heads, half-split, bias first,
+# v bare) and the caches' stores one cast, both held in the layer's first chain with its norm
+# and q/k/v; o_proj begins the second. A layer: 2 chains and its attention.
+g4=$TMPD/g4s
+"$WICK_TOOLS/gen_glm" --family glm4 -o "$g4" --layers 92 --first-dense 3 --experts 160 \
+  --experts-per-tok 8 --n-group 1 --topk-group 1 --hidden 128 --intermediate 128 \
+  --moe-intermediate 32 >/dev/null || fail "gen_glm glm4"
+out4=$("$WICK" bench launches "$g4" --context 20 --steps 2 --threads 2)
+python3 - "$(echo "$out4" | tail -n 1)" <<'PY' || fail "GLM-4.5 structure counts: $out4"
+import json, sys
+j = json.loads(sys.argv[1])
+b, ch = j["by_kind"], j["chained"]
+L, dense = 92, 3
+for k in ("add", "rope", "rmsnorm", "cast", "copy"):   # none on their own
+    assert k not in b, (k, b)
+assert b["attention"] == L and b["chain"] == 2 * L + 1, b
+assert b["matmul"] == dense and b["silu_mul"] == dense, b   # the dense MLPs' down after SiLU
+assert ch["rmsnorm"] == L + 1 and ch["cast"] == L and ch["add_rmsnorm"] == 2 * L, ch
+assert ch["moe_experts"] == L - dense, ch
+assert j["launches"] == 3 * L + 1 + 2 * dense + 3, j   # + the copies: positions, ids, logits
+print(f"GLM-4.5 structure: {j['launches']:.0f} launches per decode step; "
+      f"unfused {j['unfused']:.0f}")
+PY
+
 # --batch 4: four sequences decoding together, as the worker batches them. The weights' ops
 # are the batch-1 step's, once for all four, and so are the indexer's top-k (one op over
 # the four sequences' key caches) and MLA's chain (mla_absorbed: kv_b's absorptions and the

@@ -182,6 +182,7 @@ static void ds_norm_n(void *ctx, const struct be_norm *r, int count)
 		dev(ctx, r[k].w, "norm_n w");
 		dev(ctx, r[k].b, "norm_n b");
 		dev(ctx, r[k].rope_pos, "norm_n rope_pos");
+		dev(ctx, r[k].add, "norm_n add");
 	}
 	WRAP(norm_n(CPU, r, count));
 }

@@ -3138,8 +3138,9 @@ Test(cuda_kernels, norm_n_rotation_matches_norm_then_rope)
 	float *dx = to_dev(x, (size_t)N * DIM * 4), *dwv = to_dev(wv, DIM * 4), *dbv = to_dev(bv, DIM * 4);
 	struct wk_norm fused[K], plain[K];
 	for (int k = 0; k < K; k++) {
-		plain[k] = (struct wk_norm){dev_alloc((size_t)N * DIM * 4), dx, dwv, k ? dbv : NULL, N,
-					    DIM, 1e-6f, k == 1, NULL, 0, 0};
+		plain[k] = (struct wk_norm){.y = dev_alloc((size_t)N * DIM * 4), .x = dx, .w = dwv,
+					    .b = k ? dbv : NULL, .n = N, .dim = DIM, .eps = 1e-6f,
+					    .layer = k == 1};
 		fused[k] = plain[k];
 		fused[k].y = dev_alloc((size_t)N * DIM * 4);
 		fused[k].rope_pos = dpos;
@@ -3170,6 +3171,79 @@ Test(cuda_kernels, norm_n_rotation_matches_norm_then_rope)
 	free(bv);
 }
 
+/* norm_n as GLM-4.5's attention uses it: q and k biased (a token's row of the bias, head h
+ * taking its slice), normalised per head and rotated half-split over the first ROT of each
+ * head at their token's position; v biased only (bare). Bit for bit the ops one by one (add a
+ * token at a time, rmsnorm over the heads' rows, rope), and also y apart from x; a head
+ * count that does not divide the rows is refused. */
+Test(cuda_kernels, norm_n_bias_heads_matches_add_norm_rope)
+{
+	NEED_GPU();
+	enum { T = 3, HD = 40, ROT = 20, K = 3 };
+	int heads[K] = {4, 2, 2}, pos_h[T] = {0, 17, 5000};
+	int *dpos = to_dev(pos_h, sizeof pos_h);
+	float *wv = rnd_vec(HD), *dwv = to_dev(wv, HD * 4);
+	float *dx[K], *db[K], *fused[K], *apart[K], *plain[K];
+	struct wk_norm r[K];
+	for (int k = 0; k < K; k++) {
+		size_t w = (size_t)heads[k] * HD;
+		float *x = rnd_vec(T * w), *b = rnd_vec(w);
+		dx[k] = to_dev(x, T * w * 4);
+		db[k] = to_dev(b, w * 4);
+		fused[k] = to_dev(x, T * w * 4);
+		plain[k] = to_dev(x, T * w * 4);
+		apart[k] = dev_alloc(T * w * 4);
+		free(x);
+		free(b);
+		r[k] = (struct wk_norm){.y = fused[k], .x = fused[k], .w = dwv,
+					.rope_pos = k < 2 ? dpos : NULL, .add = db[k],
+					.n = T * heads[k], .dim = HD, .eps = 1e-5f,
+					.rope_theta = 10000.0f, .rope_dim = k < 2 ? ROT : 0,
+					.heads = (int16_t)heads[k], .half = true, .bare = k == 2};
+	}
+	cr_assert_eq(wk_cuda_norm_n(r, K, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < K; k++) { /* again from x into another y */
+		r[k].x = dx[k];
+		r[k].y = apart[k];
+	}
+	cr_assert_eq(wk_cuda_norm_n(r, K, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < K; k++) {
+		size_t w = (size_t)heads[k] * HD;
+		for (int t = 0; t < T; t++)
+			cr_assert_eq(wk_cuda_add(plain[k] + t * w, db[k], w, err, sizeof err),
+				     WK_OK);
+		if (k < 2) {
+			cr_assert_eq(wk_cuda_rmsnorm(plain[k], plain[k], dwv, T * heads[k], HD,
+						     1e-5f, err, sizeof err),
+				     WK_OK, "%s", err);
+			cr_assert_eq(wk_cuda_rope(plain[k], T, dpos, heads[k], HD, ROT, 10000.0f,
+						  false, err, sizeof err), WK_OK, "%s", err);
+		}
+		float *gf = malloc(T * w * 4), *ga = malloc(T * w * 4), *gp = malloc(T * w * 4);
+		from_dev(gf, fused[k], T * w * 4);
+		from_dev(ga, apart[k], T * w * 4);
+		from_dev(gp, plain[k], T * w * 4);
+		cr_expect_eq(memcmp(gf, gp, T * w * 4), 0, "norm %d: in one launch differs from "
+			     "the ops one by one", k);
+		cr_expect_eq(memcmp(ga, gp, T * w * 4), 0, "norm %d: into another y differs", k);
+		free(gf);
+		free(ga);
+		free(gp);
+	}
+	r[0].heads = 4;
+	r[0].n = 7;
+	cr_expect_eq(wk_cuda_norm_n(r, 1, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "heads"), "%s", err);
+	for (int k = 0; k < K; k++) {
+		void *d[] = {dx[k], db[k], fused[k], apart[k], plain[k]};
+		for (size_t i = 0; i < 5; i++)
+			wk_cuda_free(d[i]);
+	}
+	wk_cuda_free(dwv);
+	wk_cuda_free(dpos);
+	free(wv);
+}
+
 /* norm_n: an rmsnorm in place, a layernorm with a bias and one without, in one launch, bit
  * for bit what each gives alone. */
 Test(cuda_kernels, norm_n_matches_norms)
@@ -3193,7 +3267,8 @@ Test(cuda_kernels, norm_n_matches_norms)
 		}
 		float *bb = k == 1 ? bias : NULL;
 		float *out = k == 0 ? a[k] : dev_alloc(N * 4);
-		r[k] = (struct wk_norm){out, a[k], w[k], bb, n[k], dim[k], 1e-6f, layer[k], NULL, 0, 0};
+		r[k] = (struct wk_norm){.y = out, .x = a[k], .w = w[k], .b = bb, .n = n[k],
+					.dim = dim[k], .eps = 1e-6f, .layer = layer[k]};
 		if (layer[k])
 			cr_assert_eq(wk_cuda_layernorm(b[k], a[k], w[k], bb, n[k], dim[k], 1e-6f, err,
 						       sizeof err), WK_OK, "%s", err);
@@ -3730,8 +3805,11 @@ Test(cuda_kernels, chain_matches_the_ops_one_by_one)
 				 .rope_dim = 32, .rope_theta = 10000.0f},
 				{.y = o->iw, .w = w_iw, .dtype = DT_BF16, .rows = CH_I}};
 			struct wk_norm nm[2] = {
-				{o->qc, o->qc, qn, NULL, n, CH_Q, 1e-6f, false, NULL, 0, 0},
-				{o->kv, o->kv, kn, kb, n, CH_K, 1e-6f, true, dpos, 32, 10000.0f}};
+				{.y = o->qc, .x = o->qc, .w = qn, .n = n, .dim = CH_Q,
+				 .eps = 1e-6f},
+				{.y = o->kv, .x = o->kv, .w = kn, .b = kb, .rope_pos = dpos, .n = n,
+				 .dim = CH_K, .eps = 1e-6f, .rope_theta = 10000.0f, .rope_dim = 32,
+				 .layer = true}};
 			struct wk_mm q2[2] = {
 				{.y = o->qb, .w = w_qb, .scale = s_qb, .dtype = DT_F8_E4M3, .rows = CH_B,
 				 .rope_pos = dpos, .rope_heads = 2, .rope_hd = 48, .rope_off = 16,
