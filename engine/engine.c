@@ -1079,10 +1079,10 @@ void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, i
 void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
 		const float *src, size_t n)
 {
-	if (t == DT_F32) {
+	if (t == DT_F32 && !e->chaining) {
 		eng_dcopy(e, dst, src, n * sizeof(float));
 		return;
-	}
+	} /* chaining, f32 rows too go in as a cast link (a copy: cast_n's dt == st) */
 	struct be_cast c = {dst, src, n, t, DT_F32, t == DT_F8_E4M3 ? ds : NULL, NULL, w};
 	struct be_link *last = e->chaining && e->n_chain ? &e->chain[e->n_chain - 1] : NULL;
 	if (last && last->kind == BE_LINK_CAST && last->n_cast < BE_CAST_MAX) {

@@ -205,7 +205,7 @@ int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz);
 /* n f32 values from src (the backend's memory) into a cache of type t at dst: a copy for
  * f32, rounded to bf16 (backend op cast_n) for bf16, FP8 rows of w elements quantized with
  * their scales into ds (eng_kv_blocks(w) a row); held as a chain link while a chain is open
- * (consecutive stores share one link). */
+ * (consecutive stores share one link; f32's then a cast_n that copies). */
 void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
 		const float *src, size_t n);
 /* dst [n] f32 (the backend's memory) = n elements of src, a cache of type t (FP8: rows of w

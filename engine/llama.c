@@ -330,15 +330,23 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		float *qkv[3] = {m->q, kt, vt};
 		const struct be_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
 		eng_matmul_n(e, qkv, m->xb, wqkv, 3, T);
-		eng_chain_end(e); /* rope_n and the attention are not held */
-		struct be_rope rot[2] = {{m->q, T, m->pos, m->n_heads, m->head_dim, m->head_dim},
-					 {kt, T, m->pos, m->n_kv, m->head_dim, m->head_dim}};
-		eng_rope_n(e, rot, 2, m->theta, false);
+		/* q and k rotated (rotate_half over each head) as one op, norm_n's bare rows;
+		 * then k and v stored into the caches: both held in the chain (a decode step's
+		 * norm, q/k/v, rotations and stores: one launch); the attention is not */
+		struct be_norm rot[2] = {
+			{.y = m->q, .x = m->q, .n = T * m->n_heads, .dim = m->head_dim,
+			 .rope_pos = m->pos, .rope_dim = m->head_dim, .theta = m->theta,
+			 .heads = m->n_heads, .half = true, .bare = true},
+			{.y = kt, .x = kt, .n = T * m->n_kv, .dim = m->head_dim, .rope_pos = m->pos,
+			 .rope_dim = m->head_dim, .theta = m->theta, .heads = m->n_kv, .half = true,
+			 .bare = true}};
+		eng_norm_n(e, rot, 2);
+		for (int i = 0, t = 0; i < n_items && !direct; t += items[i].n, i++)
+			eng_gqa_store(e, &m->kv, items[i].seq, l, e->seq_len[items[i].seq],
+				      m->kt + (size_t)t * kvd, m->vt + (size_t)t * kvd, items[i].n);
+		eng_chain_end(e);
 		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
 			int seq = items[i].seq, pos0 = e->seq_len[seq];
-			if (!direct)
-				eng_gqa_store(e, &m->kv, seq, l, pos0, m->kt + (size_t)t * kvd,
-					      m->vt + (size_t)t * kvd, items[i].n);
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
 			eng_gqa_attend(e, &m->kv, seq, l, pos0, m->att + qoff, m->q + qoff,
 				       items[i].n, m->n_heads);

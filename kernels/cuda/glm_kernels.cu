@@ -904,6 +904,17 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 		a.count[g] = 0; /* ready for the next launch */
 }
 
+/* One sequence's queries with no more keys than topk take them all: sel[i][j] = j, nsel[i] =
+ * pos0 + i + 1 (a block of 128 threads each, not k_dsa_topk_n's 1,024). */
+__global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
+{
+	int i = blockIdx.x, len = pos0 + i + 1;
+	for (int j = threadIdx.x; j < len; j += blockDim.x)
+		sel[(size_t)i * topk + j] = j;
+	if (threadIdx.x == 0)
+		nsel[i] = len;
+}
+
 extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 				const struct cpu_dsa *d, int n, int pos0, float *scores,
 				size_t score_floats, unsigned *count, int max_group, char *err,
@@ -925,16 +936,25 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 	if (score_floats < stride)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA dsa_topk: %zu floats of scores for "
 			       "queries of up to %zu keys", score_floats, stride);
-	/* In groups whose score rows fit the scratch: one launch a group. */
+	/* One sequence: query i has pos0 + i + 1 keys, so the first max(0, topk - pos0) take
+	 * them all, in a launch of their own (a long prefill's first topk queries would
+	 * otherwise each hold the grid's blocks for nothing). Several: each query's own. */
+	int all = d->topk - pos0 < n ? (d->topk > pos0 ? d->topk - pos0 : 0) : n;
+	all = d->seq ? 0 : all;
+	if (all > 0) {
+		k_dsa_all<<<all, 128, 0, wk_st()>>>(sel, nsel, pos0, d->topk);
+		int rc = launched("dsa_topk", err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	/* The rest in groups whose score rows fit the scratch: one launch a group. */
 	size_t fit = score_floats / stride;
 	int group = fit < (size_t)max_group ? (int)fit : max_group;
 	if (group > 65535)
 		group = 65535;
-	for (int i0 = 0; i0 < n; i0 += group) {
+	for (int i0 = all; i0 < n; i0 += group) {
 		int g = n - i0 < group ? n - i0 : group;
 		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
-		if (len <= (size_t)d->topk)
-			len = 1; /* nothing to score: a block a query takes every key */
 		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count};
 		dim3 grid((unsigned)((len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
 		if (kv == DT_F8_E4M3)

@@ -2,14 +2,15 @@
 # families issue, computed here from the structure. stories260K (Llama): 4 matmuls per layer
 # (q, k and v as one matmul_n, o, gate and up as one, down) + lm_head, one attention per
 # layer, k and v written straight into the caches, each residual add fused with the norm after
-# it (add_rmsnorm), q and k rotated by one rope_n; chained (below): the norm with q, k, v, and
-# o with the next norm and gate + up. GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts
-# top-8, an indexer per layer) past index_topk (sparse): every MoE layer routes and runs its
+# it (add_rmsnorm), q and k rotated by one norm_n (bare rows, rotate_half); chained (below):
+# the norm with q, k, v and their rotations, and o with the next norm and gate + up.
+# GLM-5's structure (gen_glm --preset glm5-structure: 78 layers, 3 dense, 256 experts top-8,
+# an indexer per layer) past index_topk (sparse): every MoE layer routes and runs its
 # experts, the shared expert among them, in one grouped op (3 kernels on CUDA: the router
 # inside the first, the shared expert's gate/up and down inside the second and third, the
 # combine inside the third) after the router's matmul; the attention's 7 projections are 3 ops
-# (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj); a batch-1 step's keys land in their
-# caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed);
+# (q_a, kv_a, indexer wk and weights_proj read x; q_b and indexer wq_b read q_c; o_proj); a
+# batch-1 step's keys land in their caches without copies; MLA's absorb_q, attention and absorb_out are one op (mla_absorbed);
 # nothing is rotated by a rope op of its own (q, k_pe and the indexer's queries in the stores
 # of the matmuls that make them, the indexer's keys in their norm's launch). Chained launches
 # (engine_int.h eng_chain_begin): each layer's norm with the attention's first projections,
@@ -35,8 +36,9 @@ assert j["bench"] == "launches" and j["steps"] == 3 and j["context"] == 8, j
 assert k["matmul"] == 4 * L + 1, k
 assert "copy" not in k, k                          # k and v land in the caches
 assert k["attention"] == L and k["silu_mul"] == L and "add" not in k, k
-assert k["add_rmsnorm"] == 2 * L and k["rmsnorm"] == 1, k   # residual adds fused with norms
-assert k["rope"] == L, k                                    # q and k rotated by one rope_n
+assert k["add_rmsnorm"] == 2 * L, k                        # residual adds fused with norms
+assert "rope" not in k and k["rmsnorm"] == L + 1, k   # q and k rotated by a norm_n a layer
+assert ch["rmsnorm"] == L + 1, ch                    # held, with layer 0's input norm
 # chains: the norm with q, k, v; o_proj, the norm and gate + up; the final norm and lm_head
 assert b["chain"] == 2 * L + 1 and ch["matmul"] == 3 * L + 1 and b["matmul"] == L, (b, ch)
 held = sum(ch.values())   # matmuls, copies, adds, ropes; then the chains' ops less the chains
