@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/wk.h"
+#include "engine/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_int.h"
 
@@ -429,4 +430,36 @@ Test(kernels, read_bandwidth_is_positive)
 	cpu_force_scalar(false);
 	cr_assert(gbps > 0.1 && gbps < 10000, "%g GB/s", gbps);
 	cpu_pool_destroy(p);
+}
+
+/* The CPU backend's norm_n as GLM-4.5's attention uses it (struct be_norm's add, heads,
+ * half, bare): q biased per head (each token's row of the bias, head h its slice),
+ * rmsnormed per head and rotated half-split at its token's position; v biased only, into
+ * another y. Bit for bit the same steps written out here one by one. */
+Test(kernels, norm_n_bias_heads_matches_the_steps)
+{
+	enum { T = 3, H = 4, HD = 8, ROT = 4, W = H * HD };
+	int pos[T] = {0, 5, 300};
+	rng_state = 0x9e3779b97f4a7c15ull;
+	float *x = rnd_vec(T * W), *b = rnd_vec(W), *w = rnd_vec(HD), *v = rnd_vec(T * W);
+	float q[T * W], want[T * W], vy[T * W], vwant[T * W];
+	memcpy(q, x, sizeof q);
+	for (int t = 0; t < T; t++)
+		for (int i = 0; i < W; i++) {
+			want[t * W + i] = x[t * W + i] + b[i];
+			vwant[t * W + i] = v[t * W + i] + b[i];
+		}
+	cpu_ref_rmsnorm(want, want, w, T * H, HD, 1e-5f);
+	cpu_ref_rope(want, T, pos, H, HD, ROT, 10000.0f, false);
+	struct be_norm r[2] = {
+		{.y = q, .x = q, .w = w, .n = T * H, .dim = HD, .eps = 1e-5f, .rope_pos = pos,
+		 .rope_dim = ROT, .theta = 10000.0f, .add = b, .heads = H, .half = true},
+		{.y = vy, .x = v, .n = T * H, .dim = HD, .add = b, .heads = H, .bare = true}};
+	be_cpu.norm_n(NULL, r, 2);
+	cr_expect_eq(memcmp(q, want, sizeof q), 0, "q: biased, normed and rotated differs");
+	cr_expect_eq(memcmp(vy, vwant, sizeof vy), 0, "v: biased differs");
+	free(x);
+	free(b);
+	free(w);
+	free(v);
 }
