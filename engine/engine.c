@@ -461,9 +461,9 @@ void eng_matmul_rope_n(struct engine *e, float *const *y, const float *x,
 
 void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 {
-	bool rot = false; /* or anything but plain norms: a bias, heads, a bare row */
+	bool more = false; /* than plain norms: a rotation, a bias, heads, a bare row */
 	for (int k = 0; k < count; k++)
-		rot |= r[k].rope_dim > 0 || r[k].add || r[k].heads > 1 || r[k].bare;
+		more |= r[k].rope_dim > 0 || r[k].add || r[k].heads > 1 || r[k].bare;
 	struct be_link *l = count >= 1 && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused
 				    ? chain_link(e, BE_LINK_NORM, 0)
 				    : NULL;
@@ -473,7 +473,7 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count)
 		return;
 	}
 	eng_chain_flush(e);
-	if ((count > 1 || rot) && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused) {
+	if ((count > 1 || more) && count <= BE_NORM_MAX && e->be->norm_n && !e->unfused) {
 		e->be->norm_n(e->bctx, r, count);
 		return;
 	}

@@ -1807,20 +1807,14 @@ Test(cuda_kernels, mla_attention_over_several_sequences)
 		unsigned back[64];
 		from_dev(back, dcount, sizeof back);
 		cr_expect_eq(memcmp(back, zero, sizeof zero), 0, "case %d: counters left", c);
-		void *more[] = {dwt, dws, dq0, dqa, dlat, dov};
-		for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
-			wk_cuda_free(more[k]);
-		void *hmore[] = {wsc, q0, w, rqa, rlat, ro, go};
-		for (size_t k = 0; k < sizeof hmore / sizeof hmore[0]; k++)
-			free(hmore[k]);
 		void *dev[] = {(void *)ds.k_a, (void *)ds.k_b, (void *)ds.a_s, (void *)ds.sel,
-			       (void *)ds.nsel, (void *)ds.seq, (void *)ds.pos, dq, dout, dpart};
+			       (void *)ds.nsel, (void *)ds.seq, (void *)ds.pos, dq, dout, dpart,
+			       dwt, dws, dq0, dqa, dlat, dov};
 		for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++)
 			wk_cuda_free(dev[k]);
-		free(q);
-		free(want);
-		free(one);
-		free(got);
+		void *hfree[] = {q, want, one, got, wsc, q0, w, rqa, rlat, ro, go};
+		for (size_t k = 0; k < sizeof hfree / sizeof hfree[0]; k++)
+			free(hfree[k]);
 	}
 	wk_cuda_free(dcount);
 	void *host[] = {ckv, kpe, ckv16, kpe16, ckv8, ckvs, sel};
