@@ -76,6 +76,19 @@ struct be_mla {
 	int keys_max;
 };
 
+/* Grouped-query attention's KV cache, in the backend's memory (struct cpu_gqa in
+ * kernels/cpu/cpu.h: its fields and their meaning, seq and pos included). */
+struct be_gqa {
+	const void *k, *v;
+	const float *ks, *vs;
+	enum dt_type kv;
+	int n_heads, n_kv, head_dim, kv_stride;
+	float scale;
+	const int *seq, *pos;
+	size_t seq_rows;
+	int keys_max;
+};
+
 /* The DSA indexer over a key cache, in the backend's memory (struct cpu_dsa in
  * kernels/cpu/cpu.h: its fields and their meaning, seq and pos included). */
 struct be_dsa {
@@ -274,11 +287,10 @@ struct backend {
 	 * each exactly as rope rotates it. Optional (NULL: the engine calls rope). */
 	void (*rope_n)(void *ctx, const struct be_rope *r, int count, float theta,
 		       bool interleaved);
-	/* k, v: the cache, elements of type kv (DT_F32, DT_BF16, or DT_F8_E4M3 with the scales
-	 * ks, vs of its rows of head_dim; cpu_ref_attention's contract in cpu.h) */
-	void (*attention)(void *ctx, float *out, const float *q, const void *k, const void *v,
-			  const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-			  int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
+	/* n queries over the cache *s (cpu_ref_attention's contract in cpu.h): the tokens of one
+	 * sequence at pos0 .., or with s->seq of several */
+	void (*attention)(void *ctx, float *out, const float *q, const struct be_gqa *s, int n,
+			  int pos0);
 	void (*silu_mul)(void *ctx, float *g, const float *u, size_t n);
 	void (*add)(void *ctx, float *y, const float *x, size_t n); /* y += x */
 	/* Several conversions (count 1 .. BE_CAST_MAX, struct be_cast) as one op. */

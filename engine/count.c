@@ -135,12 +135,10 @@ static void c_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int 
 				interleaved));
 }
 
-static void c_attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-			const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-			int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+static void c_attention(void *ctx, float *out, const float *q, const struct be_gqa *s, int n,
+			int pos0)
 {
-	COUNT(ctx, ENG_K_ATTENTION, attention(IN(ctx)->ctx, out, q, k, v, ks, vs, kv, n, pos0,
-					  n_heads, n_kv, head_dim, kv_stride, scale));
+	COUNT(ctx, ENG_K_ATTENTION, attention(IN(ctx)->ctx, out, q, s, n, pos0));
 }
 
 static void c_cast_n(void *ctx, const struct be_cast *r, int count)

@@ -1065,15 +1065,35 @@ void eng_gqa_store(struct engine *e, const struct eng_gqa *g, int seq, int l, in
 		   g->head_dim, vt, m);
 }
 
-void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
-		    float *out, const float *q, int n, int n_heads)
+/* be->attention over sequence seq's layer l (seqs NULL), or over several sequences' (seqs and
+ * pos their device arrays, each sequence's rows n_layers * max_seq apart) */
+static void gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
+		       const int *seqs, const int *pos, int keys_max, float *out, const float *q,
+		       int n, int n_heads)
 {
 	size_t r = gqa_row(g, seq, l, 0), nb = eng_kv_blocks(g->head_dim);
 	bool f8 = e->kv == DT_F8_E4M3;
-	e->be->attention(e->bctx, out, q, eng_kv_at(e, g->k, r * g->head_dim),
-			 eng_kv_at(e, g->v, r * g->head_dim), f8 ? g->ks + r * nb : NULL,
-			 f8 ? g->vs + r * nb : NULL, e->kv, n, pos0, n_heads, g->n_kv,
-			 g->head_dim, g->n_kv * g->head_dim, 1.0f / sqrtf((float)g->head_dim));
+	struct be_gqa s = {
+		.k = eng_kv_at(e, g->k, r * g->head_dim), .v = eng_kv_at(e, g->v, r * g->head_dim),
+		.ks = f8 ? g->ks + r * nb : NULL, .vs = f8 ? g->vs + r * nb : NULL, .kv = e->kv,
+		.n_heads = n_heads, .n_kv = g->n_kv, .head_dim = g->head_dim,
+		.kv_stride = g->n_kv * g->head_dim, .scale = 1.0f / sqrtf((float)g->head_dim),
+		.seq = seqs, .pos = pos, .seq_rows = seqs ? (size_t)g->n_layers * g->max_seq : 0,
+		.keys_max = keys_max};
+	e->be->attention(e->bctx, out, q, &s, n, pos0);
+}
+
+void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
+		    float *out, const float *q, int n, int n_heads)
+{
+	gqa_attend(e, g, seq, l, pos0, NULL, NULL, pos0 + n, out, q, n, n_heads);
+}
+
+void eng_gqa_attend_seqs(struct engine *e, const struct eng_gqa *g, int l, const int *seq,
+			 const int *pos, int keys_max, float *out, const float *q, int n,
+			 int n_heads)
+{
+	gqa_attend(e, g, 0, l, 0, seq, pos, keys_max, out, q, n, n_heads);
 }
 
 void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,

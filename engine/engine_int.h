@@ -238,6 +238,12 @@ void eng_gqa_store(struct engine *e, const struct eng_gqa *g, int seq, int l, in
  * over its layer l caches into out, scores scaled by 1 / sqrt(head_dim). */
 void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, int pos0,
 		    float *out, const float *q, int n, int n_heads);
+/* The same over the n tokens of several sequences at once (struct cpu_gqa's seq and pos):
+ * token i, query row i, at position pos[i] of sequence seq[i] (both arrays in the backend's
+ * memory); keys_max the largest pos[i] + 1. */
+void eng_gqa_attend_seqs(struct engine *e, const struct eng_gqa *g, int l, const int *seq,
+			 const int *pos, int keys_max, float *out, const float *q, int n,
+			 int n_heads);
 /* WK_OK when per_seq (bytes a family's load allocates per sequence) is what
  * eng_seq_cache_bytes says for e; else an error naming both. */
 int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz);

@@ -44,8 +44,9 @@ struct llama {
 	float *x, *xb, *q, *att, *g, *u, *tmp; /* (cap, dim|q_dim|hidden|vocab_all) */
 	float *kt, *vt;                        /* (cap, n_kv * head_dim): new keys and values */
 	float *gath;                           /* (world, cap, vocab): the lm_head all_gather */
-	int *pos;                              /* (cap) positions, in the backend's memory */
-	int *pos_h, *tok;                      /* (cap) the same positions, tokens: host */
+	int *pos;                              /* (2 cap) positions, then each token's
+						* sequence, in the backend's memory */
+	int *pos_h, *tok;                      /* (2 cap, cap) the same, tokens: host */
 	float *xh;                             /* (cap, dim) host staging of the embedding on a
 						* device backend; NULL on the host */
 };
@@ -87,9 +88,9 @@ static int grow_scratch(struct engine *e, struct llama *m, int n, int world)
 	m->tmp = eng_alloc(e, N * tmp * sizeof(float));
 	m->kt = eng_alloc(e, N * m->n_kv * m->head_dim * sizeof(float));
 	m->vt = eng_alloc(e, N * m->n_kv * m->head_dim * sizeof(float));
-	m->pos = eng_alloc(e, N * sizeof(int));
+	m->pos = eng_alloc(e, 2 * N * sizeof(int));
 	m->gath = world > 1 ? eng_alloc(e, (size_t)world * N * m->vocab * sizeof(float)) : NULL;
-	m->pos_h = malloc(N * sizeof(int));
+	m->pos_h = malloc(2 * N * sizeof(int));
 	m->tok = malloc(N * sizeof(int));
 	m->xh = eng_host_mem(e) ? NULL : malloc(N * m->dim * sizeof(float));
 	if (!m->x || !m->xb || !m->q || !m->att || !m->g || !m->u || !m->tmp || !m->kt || !m->vt ||
@@ -298,12 +299,15 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	int dim = m->dim, kvd = m->n_kv * m->head_dim;
 	bool lead = eng_tp_lead(e); /* this rank's partial sums count (shard.c) */
 
+	int keys_max = 0; /* the most keys a token of the step attends to */
 	for (int i = 0, t = 0; i < n_items; i++)
 		for (int j = 0; j < items[i].n; j++, t++) {
 			m->tok[t] = items[i].tokens[j];
 			m->pos_h[t] = e->seq_len[items[i].seq] + j;
+			m->pos_h[T + t] = items[i].seq;
+			keys_max = m->pos_h[t] + 1 > keys_max ? m->pos_h[t] + 1 : keys_max;
 		}
-	eng_to_dev(e, m->pos, m->pos_h, (size_t)T * sizeof(int));
+	eng_to_dev(e, m->pos, m->pos_h, (size_t)2 * T * sizeof(int));
 	/* the embedding rows are read on the host (from the checkpoint) */
 	eng_embed(e, m->x, m->xh, m->tok, T, m->embed, m->vocab0, dim);
 	for (int l = 0; l < m->n_layers; l++) {
@@ -345,7 +349,13 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 			eng_gqa_store(e, &m->kv, items[i].seq, l, e->seq_len[items[i].seq],
 				      m->kt + (size_t)t * kvd, m->vt + (size_t)t * kvd, items[i].n);
 		eng_chain_end(e);
-		for (int i = 0, t = 0; i < n_items; t += items[i].n, i++) {
+		/* several sequences: one attention over all of them, each token over its own
+		 * sequence's cache (m->pos: positions, then sequences); unfused, one a sequence */
+		if (n_items > 1 && !e->unfused)
+			eng_gqa_attend_seqs(e, &m->kv, l, m->pos + T, m->pos, keys_max, m->att,
+					    m->q, T, m->n_heads);
+		for (int i = 0, t = 0; i < n_items && (n_items == 1 || e->unfused);
+		     t += items[i].n, i++) {
 			int seq = items[i].seq, pos0 = e->seq_len[seq];
 			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
 			eng_gqa_attend(e, &m->kv, seq, l, pos0, m->att + qoff, m->q + qoff,

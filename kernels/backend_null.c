@@ -85,14 +85,11 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 	(void)theta, (void)interleaved;
 }
 
-static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+static void attention(void *ctx, float *out, const float *q, const struct be_gqa *s, int n,
+		      int pos0)
 {
-	(void)ctx, (void)q, (void)k, (void)v, (void)ks, (void)vs, (void)kv, (void)pos0, (void)n_kv,
-		(void)kv_stride;
-	(void)scale;
-	memset(out, 0, (size_t)n * n_heads * head_dim * sizeof *out);
+	(void)ctx, (void)q, (void)pos0;
+	memset(out, 0, (size_t)n * s->n_heads * s->head_dim * sizeof *out);
 }
 
 static void silu_mul(void *ctx, float *g, const float *u, size_t n)

@@ -171,13 +171,14 @@ static void rope(void *ctx, float *x, int n, const int *pos, int n_heads, int he
 	cpu_ref_rope(x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved);
 }
 
-static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+static void attention(void *ctx, float *out, const float *q, const struct be_gqa *b, int n,
+		      int pos0)
 {
 	struct cpu_ctx *c = ctx;
-	cpu_attention(c->pool, out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
-		      kv_stride, scale);
+	const struct cpu_gqa s = {b->k, b->v, b->ks, b->vs, b->kv, b->n_heads, b->n_kv,
+				  b->head_dim, b->kv_stride, b->scale, b->seq, b->pos,
+				  b->seq_rows, b->keys_max};
+	cpu_attention(c->pool, out, q, &s, n, pos0);
 }
 
 static void cast_n(void *ctx, const struct be_cast *r, int count)

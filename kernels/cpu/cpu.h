@@ -125,21 +125,40 @@ static inline const void *cpu_kv_ptr(const void *c, enum dt_type t, size_t i)
  * DT_F8_E4M3 -> f32 is e4m3(code) * the block's scale from ss. */
 void cpu_ref_cast(void *dst, enum dt_type dt, const void *src, enum dt_type st, size_t n,
 		  float *ds, const float *ss, int w);
-/* Causal grouped-query attention for n new tokens whose keys/values are already in the
- * cache at positions pos0 .. pos0+n-1.
- *   q   [n][n_heads * head_dim]
- *   k,v [pos0 + n][kv_stride]: the cache, elements of type kv (DT_F32, DT_BF16 or
- *       DT_F8_E4M3, read as f32: the same arithmetic as an f32 cache holding the same
- *       values); kv head g sits at columns g*head_dim. FP8: the cache is rows of head_dim
- *       elements (one a position and kv head; kv_stride a multiple of head_dim) with their
- *       scales ks, vs (cpu_kv_rc, w = head_dim: position t's head g is row
- *       t * kv_stride / head_dim + g); else ks, vs are ignored
- *   out [n][n_heads * head_dim]
- * Query head h uses kv head h / (n_heads / n_kv). Token i attends to 0 .. pos0 + i.
- * scores are q.k * scale. */
-void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
-		       const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-		       int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
+/* Causal grouped-query attention over a KV cache (cpu_ref_attention):
+ *   k,v  the cache, rows of kv_stride elements of type kv (DT_F32, DT_BF16 or DT_F8_E4M3,
+ *        read as f32: the same arithmetic as an f32 cache holding the same values), row t
+ *        position t; kv head g sits at columns g * head_dim. FP8: the cache is rows of
+ *        head_dim elements (one a position and kv head; kv_stride a multiple of head_dim)
+ *        with their scales ks, vs (cpu_kv_rc, w = head_dim: position t's head g is row
+ *        t * kv_stride / head_dim + g); else ks, vs are ignored
+ * Query head h uses kv head h / (n_heads / n_kv); scores are q.k * scale.
+ * The tokens of several sequences at once (seq NULL: all of one, token i at pos0 + i): token
+ * i's position t is row seq[i] * seq_rows + t (each sequence's cache seq_rows rows apart),
+ * and it attends to 0 .. pos[i]. keys_max: the most keys a token has (the largest pos[i] + 1),
+ * for a kernel's plan. */
+struct cpu_gqa {
+	const void *k, *v;
+	const float *ks, *vs;
+	enum dt_type kv;
+	int n_heads, n_kv, head_dim, kv_stride;
+	float scale;
+	const int *seq, *pos;
+	size_t seq_rows;
+	int keys_max;
+};
+/* Token i's first cache row (its sequence's position 0), and its number of keys. */
+static inline size_t cpu_gqa_base(const struct cpu_gqa *s, int i)
+{
+	return s->seq ? (size_t)s->seq[i] * s->seq_rows : 0;
+}
+static inline int cpu_gqa_len(const struct cpu_gqa *s, int i, int pos0)
+{
+	return (s->seq ? s->pos[i] : pos0 + i) + 1;
+}
+/* n new tokens whose keys and values are already in the cache *s:
+ * q [n][n_heads * head_dim] -> out [n][n_heads * head_dim]. */
+void cpu_ref_attention(float *out, const float *q, const struct cpu_gqa *s, int n, int pos0);
 /* g[i] = silu(g[i]) * u[i] for i < n */
 void cpu_ref_silu_mul(float *g, const float *u, size_t n);
 
@@ -153,9 +172,8 @@ void cpu_matmul(struct cpu_pool *p, float *y, const float *x, const void *w, enu
 void cpu_matmul_fp8(struct cpu_pool *p, float *y, const float *x, const uint8_t *w,
 		    const float *scale, int n, int rows, int cols);
 /* Splits (token, head) pairs over the pool. */
-void cpu_attention(struct cpu_pool *p, float *out, const float *q, const void *k,
-		   const void *v, const float *ks, const float *vs, enum dt_type kv, int n,
-		   int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale);
+void cpu_attention(struct cpu_pool *p, float *out, const float *q, const struct cpu_gqa *s,
+		   int n, int pos0);
 bool cpu_has_avx2(void); /* AVX2, FMA and F16C, checked once at run time */
 
 /* ---- GLM families: reference kernels (glm_ref.c) ---------------------------------------- */

@@ -184,11 +184,8 @@ static void attention_head_scalar(float *out, const float *q, const void *k, con
 struct attn_job {
 	float *out;
 	const float *q;
-	const void *k, *v;
-	const float *ks, *vs;
-	enum dt_type kv;
-	int n, pos0, n_heads, n_kv, head_dim, kv_stride;
-	float scale;
+	const struct cpu_gqa *s;
+	int pos0;
 	bool avx2;
 };
 
@@ -196,32 +193,33 @@ static void attention_task(void *ctx, int task, int ntasks)
 {
 	(void)ntasks;
 	const struct attn_job *j = ctx;
-	int i = task / j->n_heads, h = task % j->n_heads;
-	size_t koff = (size_t)(h / (j->n_heads / j->n_kv)) * j->head_dim;
-	size_t qoff = ((size_t)i * j->n_heads + h) * j->head_dim;
-	int len = j->pos0 + i + 1;
-	const void *k = cpu_kv_ptr(j->k, j->kv, koff), *v = cpu_kv_ptr(j->v, j->kv, koff);
+	const struct cpu_gqa *s = j->s;
+	int i = task / s->n_heads, h = task % s->n_heads, hd = s->head_dim;
+	size_t koff = (size_t)(h / (s->n_heads / s->n_kv)) * hd;
+	size_t qoff = ((size_t)i * s->n_heads + h) * hd;
+	size_t r0 = cpu_gqa_base(s, i); /* the token's sequence's row 0 */
+	int len = cpu_gqa_len(s, i, j->pos0);
+	size_t at = r0 * (size_t)s->kv_stride + koff;
+	const void *k = cpu_kv_ptr(s->k, s->kv, at), *v = cpu_kv_ptr(s->v, s->kv, at);
 	const float *ks = NULL, *vs = NULL;
 	size_t ss = 0; /* FP8: the head's scales at position 0, their stride a position */
-	if (j->kv == DT_F8_E4M3) {
-		size_t nb = (size_t)cpu_kv_blocks(j->head_dim);
-		ks = cpu_kv_scales(j->ks, koff / (size_t)j->head_dim, j->head_dim);
-		vs = cpu_kv_scales(j->vs, koff / (size_t)j->head_dim, j->head_dim);
-		ss = (size_t)(j->kv_stride / j->head_dim) * nb;
+	if (s->kv == DT_F8_E4M3) {
+		size_t nb = (size_t)cpu_kv_blocks(hd);
+		ks = cpu_kv_scales(s->ks, at / (size_t)hd, hd);
+		vs = cpu_kv_scales(s->vs, at / (size_t)hd, hd);
+		ss = (size_t)(s->kv_stride / hd) * nb;
 	}
 	if (j->avx2)
-		cpu_attention_head_avx2(j->out + qoff, j->q + qoff, k, v, ks, vs, ss, j->kv, len,
-					j->head_dim, j->kv_stride, j->scale);
+		cpu_attention_head_avx2(j->out + qoff, j->q + qoff, k, v, ks, vs, ss, s->kv, len,
+					hd, s->kv_stride, s->scale);
 	else
-		attention_head_scalar(j->out + qoff, j->q + qoff, k, v, ks, vs, ss, j->kv, len,
-				      j->head_dim, j->kv_stride, j->scale);
+		attention_head_scalar(j->out + qoff, j->q + qoff, k, v, ks, vs, ss, s->kv, len, hd,
+				      s->kv_stride, s->scale);
 }
 
-void cpu_attention(struct cpu_pool *p, float *out, const float *q, const void *k,
-		   const void *v, const float *ks, const float *vs, enum dt_type kv, int n,
-		   int pos0, int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+void cpu_attention(struct cpu_pool *p, float *out, const float *q, const struct cpu_gqa *s,
+		   int n, int pos0)
 {
-	struct attn_job j = {out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
-			     kv_stride, scale, cpu_has_avx2()};
-	cpu_pool_run(p, attention_task, &j, n * n_heads);
+	struct attn_job j = {out, q, s, pos0, cpu_has_avx2()};
+	cpu_pool_run(p, attention_task, &j, n * s->n_heads);
 }

@@ -150,38 +150,36 @@ static float gqa_dot(const float *q, const void *c, enum dt_type t, const float 
 	return acc;
 }
 
-void cpu_ref_attention(float *out, const float *q, const void *k, const void *v,
-		       const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-		       int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+void cpu_ref_attention(float *out, const float *q, const struct cpu_gqa *s, int n, int pos0)
 {
-	int group = n_heads / n_kv;
+	int group = s->n_heads / s->n_kv, hd = s->head_dim;
 	for (int i = 0; i < n; i++) {
-		int len = pos0 + i + 1;
-		for (int h = 0; h < n_heads; h++) {
-			const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
-			float *oh = out + ((size_t)i * n_heads + h) * head_dim;
-			size_t koff = (size_t)(h / group) * head_dim;
+		int len = cpu_gqa_len(s, i, pos0);
+		size_t base = cpu_gqa_base(s, i);
+		for (int h = 0; h < s->n_heads; h++) {
+			const float *qh = q + ((size_t)i * s->n_heads + h) * hd;
+			float *oh = out + ((size_t)i * s->n_heads + h) * hd;
+			size_t koff = (size_t)(h / group) * hd;
 
 			float max = -INFINITY;
 			for (int t = 0; t < len; t++) {
-				size_t kt = (size_t)t * kv_stride + koff;
-				float s = gqa_dot(qh, k, kv, ks, kt, head_dim) * scale;
-				if (s > max)
-					max = s;
+				size_t kt = (base + (size_t)t) * s->kv_stride + koff;
+				float sc = gqa_dot(qh, s->k, s->kv, s->ks, kt, hd) * s->scale;
+				if (sc > max)
+					max = sc;
 			}
-			for (int d = 0; d < head_dim; d++)
+			for (int d = 0; d < hd; d++)
 				oh[d] = 0.0f;
 			float sum = 0.0f;
 			for (int t = 0; t < len; t++) {
-				size_t kt = (size_t)t * kv_stride + koff;
-				float s = gqa_dot(qh, k, kv, ks, kt, head_dim) * scale;
-				float p = expf(s - max);
-				size_t vt = (size_t)t * kv_stride + koff;
+				size_t kt = (base + (size_t)t) * s->kv_stride + koff;
+				float sc = gqa_dot(qh, s->k, s->kv, s->ks, kt, hd) * s->scale;
+				float p = expf(sc - max);
 				sum += p;
-				for (int d = 0; d < head_dim; d++)
-					oh[d] += p * gqa_el(v, kv, vs, vt, head_dim, d);
+				for (int d = 0; d < hd; d++)
+					oh[d] += p * gqa_el(s->v, s->kv, s->vs, kt, hd, d);
 			}
-			for (int d = 0; d < head_dim; d++)
+			for (int d = 0; d < hd; d++)
 				oh[d] /= sum;
 		}
 	}

@@ -692,20 +692,19 @@ static bool att_scratch(struct cuda_ctx *c, size_t need, size_t want, struct wk_
 	return count != NULL;
 }
 
-static void attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-		      const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-		      int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+static void attention(void *ctx, float *out, const float *q, const struct be_gqa *b, int n,
+		      int pos0)
 {
 	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
 	char err[WK_ERRSZ];
+	const struct cpu_gqa s = {b->k, b->v, b->ks, b->vs, b->kv, b->n_heads, b->n_kv,
+				  b->head_dim, b->kv_stride, b->scale, b->seq, b->pos,
+				  b->seq_rows, b->keys_max};
 	struct wk_att_split sp;
-	if (c->rc != WK_OK ||
-	    !att_scratch(c, wk_cuda_attention_part(n, pos0, n_heads, n_kv, head_dim),
-			 wk_cuda_attention_part(n, -1, n_heads, n_kv, head_dim), &sp))
+	if (c->rc != WK_OK || !att_scratch(c, wk_cuda_attention_part(&s, n, pos0),
+					   wk_cuda_attention_part(&s, n, -1), &sp))
 		return;
-	ok(c, wk_cuda_attention(out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
-				kv_stride, scale, sp.part ? &sp : NULL, err, sizeof err),
-	   err);
+	ok(c, wk_cuda_attention(out, q, &s, n, pos0, sp.part ? &sp : NULL, err, sizeof err), err);
 }
 
 /* MLA's attention splits as GQA's, in the same scratch (a model has one or the other). */

@@ -133,20 +133,19 @@ struct wk_att_split {
 	unsigned *count;
 	int count_n;
 };
-/* The floats of wk_att_split.part that a call of n tokens at pos0 would use at its widest
- * split; pos0 < 0: at any number of positions (what a scratch sized once for the shape
- * needs). */
-size_t wk_cuda_attention_part(int n, int pos0, int n_heads, int n_kv, int head_dim);
-/* Causal GQA over the cache (cpu_ref_attention), any number of positions (an online softmax),
- * each key and value read once for up to 8 query heads of its kv head, the keys split over
- * blocks as sp allows (NULL: never); k, v of element type kv (DT_F32, DT_BF16, or
- * DT_F8_E4M3 with the scales ks, vs of its rows of head_dim); WK_EINVAL for another type or
+/* The floats of wk_att_split.part that a call of n tokens at pos0 (several sequences:
+ * s->keys_max) would use at its widest split; pos0 < 0: at any number of positions (what a
+ * scratch sized once for the shape needs). */
+size_t wk_cuda_attention_part(const struct cpu_gqa *s, int n, int pos0);
+/* Causal GQA over the cache *s (cpu_ref_attention; s itself host memory, its pointers device
+ * memory), one sequence's tokens at pos0 .. or several sequences' (s->seq), any number of
+ * positions (an online softmax), each key and value read once for up to 8 query heads of its
+ * kv head, the keys split over blocks as sp allows (NULL: never); s->kv DT_F32, DT_BF16, or
+ * DT_F8_E4M3 with the scales ks, vs of its rows of head_dim; WK_EINVAL for another type or
  * a head_dim past what a block's shared memory holds (734 at 8 query heads a kv head). One
  * launch either way: the last block of a split (token, kv head) merges the parts. */
-int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, const float *ks,
-		      const float *vs, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
-		      int head_dim, int kv_stride, float scale, const struct wk_att_split *sp,
-		      char *err, size_t errsz);
+int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n, int pos0,
+		      const struct wk_att_split *sp, char *err, size_t errsz);
 /* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
  * st) to dst (type dt), contiguous and not overlapping; f32 to bf16 rounded to nearest even
  * (dt_f32_to_bf16, NaN kept NaN), bf16 to f32, or a copy when dt == st (DT_F32 or DT_BF16);

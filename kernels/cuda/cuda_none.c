@@ -102,19 +102,16 @@ int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, int
 	return none(err, errsz);
 }
 
-size_t wk_cuda_attention_part(int n, int pos0, int n_heads, int n_kv, int head_dim)
+size_t wk_cuda_attention_part(const struct cpu_gqa *s, int n, int pos0)
 {
-	(void)n, (void)pos0, (void)n_heads, (void)n_kv, (void)head_dim;
+	(void)s, (void)n, (void)pos0;
 	return 0;
 }
 
-int wk_cuda_attention(float *out, const float *q, const void *k, const void *v, const float *ks,
-		      const float *vs, enum dt_type kv, int n, int pos0, int n_heads, int n_kv,
-		      int head_dim, int kv_stride, float scale, const struct wk_att_split *sp,
-		      char *err, size_t errsz)
+int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n, int pos0,
+		      const struct wk_att_split *sp, char *err, size_t errsz)
 {
-	(void)out, (void)q, (void)k, (void)v, (void)ks, (void)vs, (void)kv, (void)n, (void)pos0,
-		(void)n_heads, (void)n_kv, (void)head_dim, (void)kv_stride, (void)scale, (void)sp;
+	(void)out, (void)q, (void)s, (void)n, (void)pos0, (void)sp;
 	return none(err, errsz);
 }
 

@@ -833,29 +833,35 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
  *      of every head g, each value loaded once; thread g < nh keeps l[g], the denominator.
  * Shared memory (dynamic): q [GM][head_dim], acc [GM][head_dim], p [GM][ATT_TILE], m, l and
  * corr [GM]. KV: the cache's elements, float, bf16 bits or e4m3 codes (kv_rc; FP8: ks, vs the
- * scales of rows of head_dim, one a position and kv head). Block (i, g, z) runs token i's
- * query heads g * group + (z / split) * GM .. (nh of them) over kv head g, and of their keys
+ * scales of rows of head_dim, one a position and kv head); several sequences (s.seq): token
+ * i over its own sequence's rows, keys 0 .. s.pos[i] (struct cpu_gqa). Block (i, g, z) runs
+ * token i's query heads g * group + (z / split) * GM .. (nh of them) over kv head g, and of
+ * their keys
  * part z % split (split > 1, flash-decoding: when the blocks are too few to fill the device,
  * each scores a contiguous part of the keys and leaves its m, l and acc in part; the last of
  * a (token, kv head, heads) to count itself on its counter merges them and zeroes it). */
 template <typename KV, int GM>
-__global__ void k_attention(float *out, const float *q, const KV *k, const KV *v,
-			    const float *ks, const float *vs, int pos0, int n_heads, int n_kv,
-			    int head_dim, int kv_stride, float scale, int split, float *part,
-			    unsigned *count)
+__global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int pos0, int split,
+			    float *part, unsigned *count)
 {
 	extern __shared__ float sm[];
 	__shared__ int last;
 	grid_dep_launch();
-	int group = n_heads / n_kv, i = blockIdx.x, g = blockIdx.y;
+	int n_heads = s.n_heads, kv_stride = s.kv_stride;
+	int group = n_heads / s.n_kv, i = blockIdx.x, g = blockIdx.y;
 	int chunk = (int)blockIdx.z / split, sp = (int)blockIdx.z % split;
 	int h0 = g * group + chunk * GM, nh = min(GM, (g + 1) * group - h0);
-	int hd = head_dim, k0, k1;
-	part_keys(pos0 + i + 1, ATT_TILE, split, sp, &k0, &k1);
+	int hd = s.head_dim, k0, k1;
+	float scale = s.scale;
+	part_keys(s.seq ? s.pos[i] + 1 : pos0 + i + 1, ATT_TILE, split, sp, &k0, &k1);
 	float *qs = sm, *acc = qs + GM * hd, *p = acc + GM * hd, *ms = p + GM * ATT_TILE;
 	float *ls = ms + GM, *cr = ls + GM;
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	size_t rows = (size_t)(kv_stride / hd), koff = (size_t)g * hd;
+	/* the token's sequence's position 0 (several sequences: s.seq_rows rows apart) */
+	size_t r0 = s.seq ? (size_t)s.seq[i] * s.seq_rows : 0;
+	const KV *k = (const KV *)s.k + r0 * kv_stride, *v = (const KV *)s.v + r0 * kv_stride;
+	const float *ks = kv_scales(s.ks, r0 * rows, hd), *vs = kv_scales(s.vs, r0 * rows, hd);
 	for (int x = threadIdx.x; x < GM * hd; x += blockDim.x) {
 		int hq = x / hd;
 		qs[x] = hq < nh ? q[((size_t)i * n_heads + h0 + hq) * hd + x % hd] : 0.0f;
@@ -936,34 +942,39 @@ static int att_gm(int group)
 	return group >= 8 ? 8 : group > 2 ? 4 : group;
 }
 
-/* The parts the keys of the longest query of n at pos0 go in, its blocks (token, kv head,
- * heads) being that many: enough blocks to fill the device, each part at least
- * ATT_SPLIT_MIN keys (pos0 < 0: any number of keys), at most ATT_SPLIT_MAX parts. */
-static int att_split(int blocks, int n, int pos0)
+/* The keys of the longest of n queries at pos0 (pos0 < 0: any number; several sequences:
+ * s->keys_max, any number where it is not given). */
+static long att_keys(const struct cpu_gqa *s, int n, int pos0)
 {
-	return split_parts(blocks, split_max(pos0 < 0 ? -1 : (long)pos0 + n, ATT_SPLIT_MIN));
+	if (pos0 < 0 || (s->seq && s->keys_max <= 0))
+		return -1;
+	return s->seq ? s->keys_max : (long)pos0 + n;
 }
 
-extern "C" size_t wk_cuda_attention_part(int n, int pos0, int n_heads, int n_kv, int head_dim)
+/* The parts the keys of the longest query go in, its blocks (token, kv head, heads) being
+ * that many: enough blocks to fill the device, each part at least ATT_SPLIT_MIN keys, at most
+ * ATT_SPLIT_MAX parts. */
+static int att_split(int blocks, long keys)
 {
-	if (n < 1 || n_kv < 1 || n_heads % n_kv || head_dim < 1)
+	return split_parts(blocks, split_max(keys, ATT_SPLIT_MIN));
+}
+
+extern "C" size_t wk_cuda_attention_part(const struct cpu_gqa *s, int n, int pos0)
+{
+	if (n < 1 || s->n_kv < 1 || s->n_heads % s->n_kv || s->head_dim < 1)
 		return 0;
-	int group = n_heads / n_kv, gm = att_gm(group);
-	int s = att_split(n * n_kv * ((group + gm - 1) / gm), n, pos0);
-	return s > 1 ? (size_t)n * n_heads * s * ((size_t)head_dim + 2) : 0;
+	int group = s->n_heads / s->n_kv, gm = att_gm(group);
+	int sp = att_split(n * s->n_kv * ((group + gm - 1) / gm), att_keys(s, n, pos0));
+	return sp > 1 ? (size_t)n * s->n_heads * sp * ((size_t)s->head_dim + 2) : 0;
 }
 
 template <typename KV>
-static void att_launch(int gm, dim3 grid, size_t smem, float *out, const float *q, const void *k,
-		       const void *v, const float *ks, const float *vs, int pos0, int n_heads,
-		       int n_kv, int head_dim, int kv_stride, float scale, int split, float *part,
-		       unsigned *count)
+static void att_launch(int gm, dim3 grid, size_t smem, float *out, const float *q,
+		       const struct cpu_gqa *s, int pos0, int split, float *part, unsigned *count)
 {
-	const KV *kc = (const KV *)k, *vc = (const KV *)v;
 #define ATT(G)                                                                                 \
-	k_attention<KV, G><<<grid, ATT_THREADS, smem, wk_st()>>>(                              \
-		out, q, kc, vc, ks, vs, pos0, n_heads, n_kv, head_dim, kv_stride, scale, split, \
-		part, count)
+	k_attention<KV, G><<<grid, ATT_THREADS, smem, wk_st()>>>(out, q, *s, pos0, split, part, \
+								 count)
 	switch (gm) {
 	case 1: ATT(1); break;
 	case 2: ATT(2); break;
@@ -973,21 +984,23 @@ static void att_launch(int gm, dim3 grid, size_t smem, float *out, const float *
 #undef ATT
 }
 
-extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, const void *v,
-				 const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-				 int n_heads, int n_kv, int head_dim, int kv_stride, float scale,
-				 const struct wk_att_split *sp, char *err, size_t errsz)
+extern "C" int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n,
+				 int pos0, const struct wk_att_split *sp, char *err, size_t errsz)
 {
+	enum dt_type kv = s->kv;
+	int n_heads = s->n_heads, n_kv = s->n_kv, head_dim = s->head_dim;
 	if (kv != DT_F32 && kv != DT_BF16 && kv != DT_F8_E4M3)
 		return wk_errf(err, errsz, WK_EINVAL,
 			       "CUDA attention: a %s KV cache (f32, bf16 or fp8)", dt_name(kv));
-	if (kv == DT_F8_E4M3 && (!ks || !vs || kv_stride % head_dim))
+	if (kv == DT_F8_E4M3 && (!s->ks || !s->vs || s->kv_stride % head_dim))
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: an fp8 KV cache needs its "
-			       "scales and rows of head_dim (stride %d, head_dim %d)", kv_stride,
+			       "scales and rows of head_dim (stride %d, head_dim %d)", s->kv_stride,
 			       head_dim);
 	if (n_kv < 1 || n_heads % n_kv || head_dim < 1 || n_kv > 65535)
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: %d heads over %d kv heads of "
 			       "%d", n_heads, n_kv, head_dim);
+	if (s->seq && !s->pos)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: sequences without positions");
 	if (n <= 0)
 		return WK_OK;
 	int group = n_heads / n_kv, gm = att_gm(group), chunks = (group + gm - 1) / gm;
@@ -998,20 +1011,17 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const void *k, cons
 			       (int)((ATT_SMEM_MAX / sizeof(float) - (size_t)gm * (ATT_TILE + 3) - 5) /
 				     (2 * (size_t)gm)));
 	int blocks = n * n_kv * chunks;
-	int split = split_fit(att_split(blocks, n, pos0), sp,
+	int split = split_fit(att_split(blocks, att_keys(s, n, pos0)), sp,
 			      (size_t)n * n_heads * ((size_t)head_dim + 2), blocks, 0);
 	dim3 grid((unsigned)n, (unsigned)n_kv, (unsigned)(chunks * split));
 	float *part = split > 1 ? sp->part : NULL;
 	unsigned *count = split > 1 ? sp->count : NULL;
 	if (kv == DT_F8_E4M3)
-		att_launch<__nv_fp8_e4m3>(gm, grid, smem, out, q, k, v, ks, vs, pos0, n_heads, n_kv,
-					  head_dim, kv_stride, scale, split, part, count);
+		att_launch<__nv_fp8_e4m3>(gm, grid, smem, out, q, s, pos0, split, part, count);
 	else if (kv == DT_BF16)
-		att_launch<uint16_t>(gm, grid, smem, out, q, k, v, NULL, NULL, pos0, n_heads, n_kv,
-				     head_dim, kv_stride, scale, split, part, count);
+		att_launch<uint16_t>(gm, grid, smem, out, q, s, pos0, split, part, count);
 	else
-		att_launch<float>(gm, grid, smem, out, q, k, v, NULL, NULL, pos0, n_heads, n_kv,
-				  head_dim, kv_stride, scale, split, part, count);
+		att_launch<float>(gm, grid, smem, out, q, s, pos0, split, part, count);
 	return launched("attention", err, errsz);
 }
 

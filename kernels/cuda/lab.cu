@@ -807,8 +807,9 @@ static int lab_attention(double ceil_gbs)
 {
 	char err[WK_ERRSZ] = "";
 	size_t len = ATT_CTX, nq = (size_t)ATT_HEADS * ATT_HD, ne = len * ATT_KV * ATT_HD;
-	size_t nrow = len * ATT_KV, pf = wk_cuda_attention_part(1, ATT_CTX - 1, ATT_HEADS, ATT_KV,
-							       ATT_HD);
+	struct cpu_gqa shape = {NULL, NULL, NULL, NULL, DT_BF16, ATT_HEADS, ATT_KV, ATT_HD,
+				ATT_KV * ATT_HD, 1.0f / sqrtf((float)ATT_HD), NULL, NULL, 0, 0};
+	size_t nrow = len * ATT_KV, pf = wk_cuda_attention_part(&shape, 1, ATT_CTX - 1);
 	void *k = NULL, *v = NULL;
 	float *ks = NULL, *vs = NULL, *q = NULL, *o = NULL, *part = NULL;
 	unsigned *count = NULL;
@@ -848,30 +849,32 @@ static int lab_attention(double ceil_gbs)
 		struct wk_att_split sp = {part, pf, count, 4096};
 		const int grp = ATT_HEADS / ATT_KV, gw = grp * ATT_HD; /* a kv head's queries */
 		size_t es = f8 ? 1 : 2, lo = (size_t)(ATT_KV - 1) * ATT_HD; /* the last kv head */
-		cpu_ref_attention(want, hq, hk, hv, hks, hvs, kv, 1, ATT_CTX - 1, grp, 1, ATT_HD,
-				  ATT_KV * ATT_HD, scale);
-		cpu_ref_attention(want + gw, hq + (size_t)(ATT_HEADS - grp) * ATT_HD, hk + lo * es,
-				  hv + lo * es, hks + ATT_KV - 1, hvs + ATT_KV - 1, kv, 1,
-				  ATT_CTX - 1, grp, 1, ATT_HD, ATT_KV * ATT_HD, scale);
+		/* on the host: the first and the last kv head's query heads, as one kv head each */
+		struct cpu_gqa h0 = {hk, hv, hks, hvs, kv, grp, 1, ATT_HD, ATT_KV * ATT_HD, scale,
+				     NULL, NULL, 0, 0};
+		struct cpu_gqa h1 = {hk + lo * es, hv + lo * es, hks + ATT_KV - 1, hvs + ATT_KV - 1,
+				     kv, grp, 1, ATT_HD, ATT_KV * ATT_HD, scale, NULL, NULL, 0, 0};
+		struct cpu_gqa d = {k, v, dks, dvs, kv, ATT_HEADS, ATT_KV, ATT_HD, ATT_KV * ATT_HD,
+				    scale, NULL, NULL, 0, 0};
+		cpu_ref_attention(want, hq, &h0, 1, ATT_CTX - 1);
+		cpu_ref_attention(want + gw, hq + (size_t)(ATT_HEADS - grp) * ATT_HD, &h1, 1,
+				  ATT_CTX - 1);
 		for (int whole = 0; whole < 2; whole++) {
 			char name[64];
 			snprintf(name, sizeof name, "%s cache, %s", f8 ? "fp8" : "bf16",
 				 whole ? "whole (16 blocks)" : "split");
 			const struct wk_att_split *s = whole ? NULL : &sp;
 			double worst = INFINITY;
-			if (wk_cuda_attention(o, q, k, v, dks, dvs, kv, 1, ATT_CTX - 1, ATT_HEADS,
-					      ATT_KV, ATT_HD, ATT_KV * ATT_HD, scale, s, err,
-					      sizeof err) == WK_OK &&
+			if (wk_cuda_attention(o, q, &d, 1, ATT_CTX - 1, s, err, sizeof err) ==
+				    WK_OK &&
 			    wk_cuda_sync(err, sizeof err) == WK_OK &&
 			    wk_cuda_download(got, o, nq * 4, err, sizeof err) == WK_OK)
 				worst = fmax(lab_rel(got, want, 1, (int)nq, 0, gw),
 					     lab_rel(got, want + gw, 1, (int)nq, (int)nq - gw, gw));
 			float ms = time_ms([&]() -> int {
 				for (int c = 0; c < ATT_CALLS; c++) {
-					int r = wk_cuda_attention(o, q, k, v, dks, dvs, kv, 1,
-								  ATT_CTX - 1, ATT_HEADS, ATT_KV,
-								  ATT_HD, ATT_KV * ATT_HD, scale, s,
-								  err, sizeof err);
+					int r = wk_cuda_attention(o, q, &d, 1, ATT_CTX - 1, s, err,
+								  sizeof err);
 					if (r != WK_OK)
 						return r;
 				}

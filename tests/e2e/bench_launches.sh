@@ -141,6 +141,24 @@ print(f"GLM-4.5 structure: {j['launches']:.0f} launches per decode step; "
       f"unfused {j['unfused']:.0f}")
 PY
 
+# --batch 4 on the GQA families: the weights' ops once for all four sequences, and the
+# attention one op a layer over the four sequences' caches (each token over its own), so the
+# batch-1 step's launches, less the logits' copy to the host (greedy ids instead)
+for fam in glm4:"$g4":20 stories:"$m":8; do
+  IFS=: read -r name dir ctx <<<"$fam"
+  one=$("$WICK" bench launches "$dir" --context "$ctx" --steps 1 --threads 2)
+  four=$("$WICK" bench launches "$dir" --context "$ctx" --steps 1 --threads 2 --batch 4)
+  python3 - "$name" "$(echo "$one" | tail -n 1)" "$(echo "$four" | tail -n 1)" <<'PY' \
+    || fail "$name batch 4: $four"
+import json, sys
+name, one, j = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+assert j["batch"] == 4 and one["batch"] == 1, j
+assert j["by_kind"]["attention"] == one["by_kind"]["attention"], (one, j)
+assert j["launches"] == one["launches"] - 1 and "to_host" not in j["by_kind"], (one, j)
+print(f"{name} batch 4: {j['launches']:.0f} launches a step (batch 1: {one['launches']:.0f})")
+PY
+done
+
 # --batch 4: four sequences decoding together, as the worker batches them. The weights' ops
 # are the batch-1 step's, once for all four, and so are the indexer's top-k (one op over
 # the four sequences' key caches) and MLA's chain (mla_absorbed: kv_b's absorptions and the

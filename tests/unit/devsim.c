@@ -285,20 +285,20 @@ static void ds_rope(void *ctx, float *x, int n, const int *pos, int n_heads, int
 	WRAP(rope(CPU, x, n, pos, n_heads, head_dim, rot_dim, theta, interleaved));
 }
 
-static void ds_attention(void *ctx, float *out, const float *q, const void *k, const void *v,
-			 const float *ks, const float *vs, enum dt_type kv, int n, int pos0,
-			 int n_heads, int n_kv, int head_dim, int kv_stride, float scale)
+static void ds_attention(void *ctx, float *out, const float *q, const struct be_gqa *s, int n,
+			 int pos0)
 {
 	dev(ctx, out, "attention out");
 	dev(ctx, q, "attention q");
-	dev(ctx, k, "attention k");
-	dev(ctx, v, "attention v");
-	if (kv == DT_F8_E4M3) {
-		dev(ctx, ks, "attention k scales");
-		dev(ctx, vs, "attention v scales");
+	dev(ctx, s->k, "attention k");
+	dev(ctx, s->v, "attention v");
+	if (s->kv == DT_F8_E4M3) {
+		dev(ctx, s->ks, "attention k scales");
+		dev(ctx, s->vs, "attention v scales");
 	}
-	WRAP(attention(CPU, out, q, k, v, ks, vs, kv, n, pos0, n_heads, n_kv, head_dim,
-		       kv_stride, scale));
+	dev(ctx, s->seq, "attention seq");
+	dev(ctx, s->pos, "attention pos");
+	WRAP(attention(CPU, out, q, s, n, pos0));
 }
 
 static void ds_cast_n(void *ctx, const struct be_cast *c, int count)

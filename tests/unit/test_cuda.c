@@ -814,19 +814,21 @@ Test(cuda_kernels, attention_matches_ref)
 			kh = kv_host(k, nk, kv, &k16);
 			vh = kv_host(v, nk, kv, &v16);
 		}
-		cpu_ref_attention(want, q, kh, vh, ks, vs, kv, n, pos0, heads, kvh, hd, stride,
-				  scale);
+		struct cpu_gqa hs = {kh, vh, ks, vs, kv, heads, kvh, hd, stride, scale,
+				     NULL, NULL, 0, 0};
+		cpu_ref_attention(want, q, &hs, n, pos0);
 		float *dq = to_dev(q, nq * 4), *dout;
 		void *dk = to_dev(kh, nk * dt_size(kv)), *dv = to_dev(vh, nk * dt_size(kv));
+		struct cpu_gqa ds = hs;
+		ds.k = dk, ds.v = dv, ds.ks = dks, ds.vs = dvs;
 		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
-		cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, dks, dvs, kv, n, pos0, heads,
-					       kvh, hd, stride, scale, NULL, err, sizeof err),
+		cr_assert_eq(wk_cuda_attention(dout, dq, &ds, n, pos0, NULL, err, sizeof err),
 			     WK_OK, "%s", err);
 		from_dev(got, dout, nq * 4);
 		double r = rel(got, want, nq);
 		cr_expect_leq(r, TOL, "attention n=%d pos0=%d %d:%d heads of %d, %s cache: %g", n,
 			      pos0, heads, kvh, hd, dt_name(kv), r);
-		size_t pf = wk_cuda_attention_part(n, pos0, heads, kvh, hd);
+		size_t pf = wk_cuda_attention_part(&ds, n, pos0);
 		if (pf) { /* split */
 			float *dpart;
 			splits++;
@@ -835,9 +837,8 @@ Test(cuda_kernels, attention_matches_ref)
 			for (int half = 0; half < 2; half++) {
 				size_t f = half ? pf / 2 : pf;
 				struct wk_att_split sp = {dpart, f, dcount, COUNTERS};
-				cr_assert_eq(wk_cuda_attention(dout, dq, dk, dv, dks, dvs, kv, n,
-							       pos0, heads, kvh, hd, stride, scale,
-							       &sp, err, sizeof err),
+				cr_assert_eq(wk_cuda_attention(dout, dq, &ds, n, pos0, &sp, err,
+							       sizeof err),
 					     WK_OK, "%s", err);
 				from_dev(got, dout, nq * 4);
 				r = rel(got, want, nq);
@@ -868,19 +869,112 @@ Test(cuda_kernels, attention_matches_ref)
 	cr_expect_eq(splits, 4, "cases split: %d", splits);
 	wk_cuda_free(dcount);
 	float dummy;
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F32, 1, 0, 8,
-				       1, 800, 800, 1.0f, NULL, err, sizeof err),
+	struct cpu_gqa b = {&dummy, &dummy, NULL, NULL, DT_F32, 8, 1, 800, 800, 1.0f,
+			    NULL, NULL, 0, 0};
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &b, 1, 0, NULL, err, sizeof err),
 		     WK_EINVAL, "a head_dim past the block's shared memory is refused");
 	cr_expect(strstr(err, "head_dim 800") && strstr(err, "up to 734"), "%s", err);
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F16, 1, 0, 1,
-				       1, 1, 1, 1.0f, NULL, err, sizeof err), WK_EINVAL,
-		     "an f16 cache is refused before any launch");
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, NULL, NULL, DT_F8_E4M3, 1,
-				       0, 1, 1, 8, 8, 1.0f, NULL, err, sizeof err), WK_EINVAL,
-		     "an fp8 cache without its scales is refused before any launch");
-	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &dummy, &dummy, &dummy, &dummy,
-				       DT_F8_E4M3, 1, 0, 1, 1, 8, 12, 1.0f, NULL, err, sizeof err),
+	b = (struct cpu_gqa){&dummy, &dummy, NULL, NULL, DT_F16, 1, 1, 1, 1, 1.0f, NULL, NULL,
+			     0, 0};
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &b, 1, 0, NULL, err, sizeof err),
+		     WK_EINVAL, "an f16 cache is refused before any launch");
+	b.kv = DT_F8_E4M3, b.head_dim = 8, b.kv_stride = 8;
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &b, 1, 0, NULL, err, sizeof err),
+		     WK_EINVAL, "an fp8 cache without its scales is refused before any launch");
+	b.ks = b.vs = &dummy, b.kv_stride = 12;
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &b, 1, 0, NULL, err, sizeof err),
 		     WK_EINVAL, "an fp8 cache whose rows are not head_dim wide is refused");
+	b.kv_stride = 8, b.seq = &b.n_kv;
+	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &b, 1, 0, NULL, err, sizeof err),
+		     WK_EINVAL, "sequences without their positions are refused");
+	cr_expect(strstr(err, "without positions"), "%s", err);
+}
+
+/* attention over the tokens of several sequences at once (struct cpu_gqa's seq, pos and
+ * seq_rows: each token over its own sequence's cache, as a batched GQA step runs it): 6
+ * tokens of 3 sequences in no order, a prefill's two beside decodes far along, on f32, bf16
+ * and FP8 caches, GQA 8:2; the reference against itself one token at a time (bit for bit),
+ * then the kernel whole and split (its parts planned by keys_max) against the reference,
+ * the counters left zero. */
+Test(cuda_kernels, attention_over_several_sequences)
+{
+	NEED_GPU();
+	enum { N = 6, SEQS = 3, ROWS = 1100, HEADS = 8, KVH = 2, HD = 64 };
+	static const int seq[N] = {1, 0, 2, 1, 0, 0}, pos[N] = {1050, 3, 0, 1051, 4, 700};
+	int stride = (KVH + 1) * HD; /* FP8's rows of head_dim, a spare kv head */
+	size_t nq = (size_t)N * HEADS * HD, nk = (size_t)SEQS * ROWS * stride;
+	size_t row = (size_t)HEADS * HD, hr = (size_t)(KVH + 1);
+	unsigned *dcount, zero[64] = {0}, back[64];
+	cr_assert_eq(wk_cuda_alloc((void **)&dcount, sizeof zero, err, sizeof err), WK_OK);
+	cr_assert_eq(wk_cuda_upload(dcount, zero, sizeof zero, err, sizeof err), WK_OK, "%s", err);
+	int *dseq = to_dev(seq, sizeof seq), *dpos = to_dev(pos, sizeof pos);
+	static const enum dt_type types[3] = {DT_F32, DT_BF16, DT_F8_E4M3};
+	for (int c = 0; c < 3; c++) {
+		enum dt_type kv = types[c];
+		bool f8 = kv == DT_F8_E4M3;
+		float *q = rnd_vec(nq), *k = rnd_vec(nk), *v = rnd_vec(nk);
+		float *ks = NULL, *vs = NULL, *want = malloc(nq * 4), *one = malloc(row * 4);
+		float *got = malloc(nq * 4);
+		void *k16 = NULL, *v16 = NULL;
+		const void *kh, *vh;
+		for (size_t i = 0; i < nk; i++) { /* each row a scale of its own */
+			k[i] *= 0.25f + (float)(i / HD % 11);
+			v[i] *= 0.25f + (float)(i / HD % 7);
+		}
+		if (f8) {
+			kh = k16 = to_fp8(k, nk / HD, HD, &ks);
+			vh = v16 = to_fp8(v, nk / HD, HD, &vs);
+		} else {
+			kh = kv_host(k, nk, kv, &k16);
+			vh = kv_host(v, nk, kv, &v16);
+		}
+		struct cpu_gqa hs = {kh, vh, ks, vs, kv, HEADS, KVH, HD, stride, 0.125f,
+				     seq, pos, ROWS, 1052};
+		cpu_ref_attention(want, q, &hs, N, 0);
+		for (int i = 0; i < N; i++) { /* token i alone, over its sequence's rows */
+			size_t r0 = (size_t)seq[i] * ROWS, es = dt_size(kv);
+			struct cpu_gqa o = hs;
+			o.seq = o.pos = NULL;
+			o.k = (const char *)kh + r0 * stride * es;
+			o.v = (const char *)vh + r0 * stride * es;
+			o.ks = f8 ? cpu_kv_scales(ks, r0 * hr, HD) : NULL;
+			o.vs = f8 ? cpu_kv_scales(vs, r0 * hr, HD) : NULL;
+			cpu_ref_attention(one, q + i * row, &o, 1, pos[i]);
+			cr_expect_eq(memcmp(one, want + i * row, row * 4), 0,
+				     "%s: token %d differs from itself alone", dt_name(kv), i);
+		}
+		size_t sb = nk / HD * (size_t)cpu_kv_blocks(HD) * 4;
+		struct cpu_gqa ds = hs;
+		ds.k = to_dev(kh, nk * dt_size(kv));
+		ds.v = to_dev(vh, nk * dt_size(kv));
+		ds.ks = f8 ? to_dev(ks, sb) : NULL;
+		ds.vs = f8 ? to_dev(vs, sb) : NULL;
+		ds.seq = dseq;
+		ds.pos = dpos;
+		float *dq = to_dev(q, nq * 4), *dout, *dpart;
+		size_t pf = wk_cuda_attention_part(&ds, N, 0);
+		cr_expect(pf > 0, "%s: 6 tokens of 2 kv heads at 1,052 keys split", dt_name(kv));
+		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
+		cr_assert_eq(wk_cuda_alloc((void **)&dpart, (pf + 1) * 4, err, sizeof err), WK_OK);
+		struct wk_att_split sp = {dpart, pf, dcount, 64};
+		for (int split = 0; split < 2; split++) {
+			cr_assert_eq(wk_cuda_attention(dout, dq, &ds, N, 0, split ? &sp : NULL, err,
+						       sizeof err),
+				     WK_OK, "%s", err);
+			from_dev(got, dout, nq * 4);
+			double r = rel(got, want, nq);
+			cr_expect_leq(r, TOL, "%s cache, %s: %g", dt_name(kv),
+				      split ? "split" : "whole", r);
+		}
+		from_dev(back, dcount, sizeof back);
+		cr_expect_eq(memcmp(back, zero, sizeof zero), 0, "counters left non-zero");
+		wk_cuda_free((void *)ds.k), wk_cuda_free((void *)ds.v);
+		wk_cuda_free((void *)ds.ks), wk_cuda_free((void *)ds.vs);
+		wk_cuda_free(dq), wk_cuda_free(dout), wk_cuda_free(dpart);
+		free(q), free(k), free(v), free(ks), free(vs), free(want), free(one), free(got);
+		free(k16), free(v16);
+	}
+	wk_cuda_free(dseq), wk_cuda_free(dpos), wk_cuda_free(dcount);
 }
 
 /* cast_n: six conversions in one launch, bit for bit cpu_ref_cast's: f32 to bf16 (rounding

@@ -150,10 +150,12 @@ Test(kernels, ref_attention_known)
 	/* One token at position 0 sees only itself: out = v[0]. Two equal keys average. */
 	float q[4] = {1, 2, 3, 4}, k[8] = {1, 1, 1, 1, 1, 1, 1, 1}, v[8] = {1, 2, 3, 4, 3, 4, 5, 6};
 	float out[4];
-	cpu_ref_attention(out, q, k, v, NULL, NULL, DT_F32, 1, 0, 1, 1, 4, 4, 0.5f);
+	struct cpu_gqa c = {.k = k, .v = v, .kv = DT_F32, .n_heads = 1, .n_kv = 1, .head_dim = 4,
+			    .kv_stride = 4, .scale = 0.5f};
+	cpu_ref_attention(out, q, &c, 1, 0);
 	for (int d = 0; d < 4; d++)
 		cr_assert_float_eq(out[d], v[d], 1e-6);
-	cpu_ref_attention(out, q, k, v, NULL, NULL, DT_F32, 1, 1, 1, 1, 4, 4, 0.5f);
+	cpu_ref_attention(out, q, &c, 1, 1);
 	for (int d = 0; d < 4; d++)
 		cr_assert_float_eq(out[d], (v[d] + v[4 + d]) / 2, 1e-6);
 }
@@ -324,6 +326,15 @@ static void expect_close(const float *got, const float *want, size_t nq, size_t 
 			  what, i, got[i], want[i]);
 }
 
+/* Shape a's cache: k, v of type kv, rows of stride elements (FP8: scales ks, vs). */
+static struct cpu_gqa gqa_of(const struct attn_shape *a, const void *k, const void *v,
+			     const float *ks, const float *vs, enum dt_type kv, int stride)
+{
+	return (struct cpu_gqa){.k = k, .v = v, .ks = ks, .vs = vs, .kv = kv,
+				.n_heads = a->n_heads, .n_kv = a->n_kv, .head_dim = a->head_dim,
+				.kv_stride = stride, .scale = 1.0f / sqrtf((float)a->head_dim)};
+}
+
 static void check_attention(struct cpu_pool *p)
 {
 	rng_state = 12345;
@@ -339,11 +350,9 @@ static void check_attention(struct cpu_pool *p)
 			q[i] *= 3.0f; /* peaky enough that the running max changes between chunks */
 		float *want = malloc(nq * sizeof *want), *got = malloc(nq * sizeof *got);
 		cr_assert(want && got);
-		float scale = 1.0f / sqrtf((float)a.head_dim);
-		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv,
-				  a.head_dim, kv_stride, scale);
-		cpu_attention(p, got, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv,
-			      a.head_dim, kv_stride, scale);
+		struct cpu_gqa g = gqa_of(&a, k, v, NULL, NULL, DT_F32, kv_stride);
+		cpu_ref_attention(want, q, &g, a.n, a.pos0);
+		cpu_attention(p, got, q, &g, a.n, a.pos0);
 		expect_close(got, want, nq, s, p, "f32");
 		/* a bf16 cache: the reference reads it as the f32 cache of its values would be
 		 * read (bit for bit), and the fast kernel agrees with that */
@@ -354,13 +363,11 @@ static void check_attention(struct cpu_pool *p)
 		cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk, NULL, NULL, 0);
 		cpu_ref_cast(k, DT_F32, k16, DT_BF16, nk, NULL, NULL, 0);
 		cpu_ref_cast(v, DT_F32, v16, DT_BF16, nk, NULL, NULL, 0);
-		cpu_ref_attention(want, q, k, v, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads, a.n_kv,
-				  a.head_dim, kv_stride, scale);
-		cpu_ref_attention(got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads,
-				  a.n_kv, a.head_dim, kv_stride, scale);
+		cpu_ref_attention(want, q, &g, a.n, a.pos0);
+		g = gqa_of(&a, k16, v16, NULL, NULL, DT_BF16, kv_stride);
+		cpu_ref_attention(got, q, &g, a.n, a.pos0);
 		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: bf16 reference", s);
-		cpu_attention(p, got, q, k16, v16, NULL, NULL, DT_BF16, a.n, a.pos0, a.n_heads,
-			      a.n_kv, a.head_dim, kv_stride, scale);
+		cpu_attention(p, got, q, &g, a.n, a.pos0);
 		expect_close(got, want, nq, s, p, "bf16");
 		free(k16);
 		free(v16);
@@ -374,13 +381,12 @@ static void check_attention(struct cpu_pool *p)
 		cr_assert(ks && vs && k8 && v8);
 		fp8_cache(kf, k8, ks, len, s8, a.head_dim);
 		fp8_cache(vf, v8, vs, len, s8, a.head_dim);
-		cpu_ref_attention(want, q, kf, vf, NULL, NULL, DT_F32, a.n, a.pos0, a.n_heads,
-				  a.n_kv, a.head_dim, s8, scale);
-		cpu_ref_attention(got, q, k8, v8, ks, vs, DT_F8_E4M3, a.n, a.pos0, a.n_heads,
-				  a.n_kv, a.head_dim, s8, scale);
+		g = gqa_of(&a, kf, vf, NULL, NULL, DT_F32, s8);
+		cpu_ref_attention(want, q, &g, a.n, a.pos0);
+		g = gqa_of(&a, k8, v8, ks, vs, DT_F8_E4M3, s8);
+		cpu_ref_attention(got, q, &g, a.n, a.pos0);
 		cr_assert_arr_eq(got, want, nq * sizeof *got, "shape %zu: fp8 reference", s);
-		cpu_attention(p, got, q, k8, v8, ks, vs, DT_F8_E4M3, a.n, a.pos0, a.n_heads,
-			      a.n_kv, a.head_dim, s8, scale);
+		cpu_attention(p, got, q, &g, a.n, a.pos0);
 		expect_close(got, want, nq, s, p, "fp8");
 		free(kf);
 		free(vf);
@@ -415,6 +421,73 @@ Test(kernels, attention_scalar_fallback_matches_ref)
 	cpu_force_scalar(true);
 	check_attention_all();
 	cpu_force_scalar(false);
+}
+
+/* Tokens of several sequences in one call (struct cpu_gqa's seq and pos), each sequence's
+ * rows SQ_ROWS apart, in no particular order, some at position 0, some past a chunk of keys:
+ * the reference gives each token bit for bit what a call of its own sequence alone gives it,
+ * and the fast kernel (pooled and not, SIMD and scalar) agrees with the reference, on f32,
+ * bf16 and FP8 caches. */
+#define SQ_ROWS 300
+Test(kernels, attention_over_several_sequences)
+{
+	enum { N = 7, SEQS = 3 };
+	static const int seq[N] = {2, 0, 0, 1, 2, 2, 0}, pos[N] = {5, 0, 1, 270, 6, 7, 2};
+	const struct attn_shape a = {N, 0, 6, 2, 20};
+	rng_state = 777;
+	int stride = (a.n_kv + 1) * a.head_dim; /* FP8's rows of head_dim; a spare kv head */
+	size_t hr = (size_t)(a.n_kv + 1); /* FP8's rows a position */
+	size_t nq = (size_t)N * a.n_heads * a.head_dim, row = (size_t)a.n_heads * a.head_dim;
+	size_t nk = (size_t)SEQS * SQ_ROWS * stride;
+	size_t ns = nk / a.head_dim * cpu_kv_blocks(a.head_dim);
+	float *q = rnd_vec(nq), *k = rnd_vec(nk), *v = rnd_vec(nk), *ks = malloc(ns * 4);
+	float *vs = malloc(ns * 4), *want = malloc(nq * 4), *got = malloc(nq * 4);
+	float *one = malloc(row * 4);
+	uint16_t *k16 = malloc(nk * 2), *v16 = malloc(nk * 2);
+	uint8_t *k8 = malloc(nk), *v8 = malloc(nk);
+	struct cpu_pool *p;
+	cr_assert(ks && vs && want && got && one && k16 && v16 && k8 && v8);
+	cr_assert_eq(cpu_pool_create(3, &p), WK_OK);
+	for (size_t i = 0; i < nq; i++)
+		q[i] *= 3.0f;
+	cpu_ref_cast(k16, DT_BF16, k, DT_F32, nk, NULL, NULL, 0);
+	cpu_ref_cast(v16, DT_BF16, v, DT_F32, nk, NULL, NULL, 0);
+	fp8_cache(k, k8, ks, SEQS * SQ_ROWS, stride, a.head_dim);
+	fp8_cache(v, v8, vs, SEQS * SQ_ROWS, stride, a.head_dim);
+	const void *kc[3] = {k, k16, k8}, *vc[3] = {v, v16, v8};
+	const enum dt_type types[3] = {DT_F32, DT_BF16, DT_F8_E4M3};
+	for (int c = 0; c < 3; c++) {
+		bool f8 = types[c] == DT_F8_E4M3;
+		struct cpu_gqa g = gqa_of(&a, kc[c], vc[c], f8 ? ks : NULL, f8 ? vs : NULL, types[c],
+					  stride);
+		g.seq = seq;
+		g.pos = pos;
+		g.seq_rows = SQ_ROWS;
+		g.keys_max = 271;
+		cpu_ref_attention(want, q, &g, N, 0);
+		for (int i = 0; i < N; i++) { /* token i alone, over its own sequence's rows */
+			size_t r0 = (size_t)seq[i] * SQ_ROWS, es = dt_size(types[c]);
+			struct cpu_gqa o = gqa_of(&a, (const char *)kc[c] + r0 * stride * es,
+						  (const char *)vc[c] + r0 * stride * es,
+						  f8 ? cpu_kv_scales(ks, r0 * hr, a.head_dim) : NULL,
+						  f8 ? cpu_kv_scales(vs, r0 * hr, a.head_dim) : NULL,
+						  types[c], stride);
+			cpu_ref_attention(one, q + i * row, &o, 1, pos[i]);
+			cr_assert_arr_eq(one, want + i * row, row * 4, "%s: token %d",
+					 dt_name(types[c]), i);
+		}
+		for (int scalar = 0; scalar < 2; scalar++) {
+			cpu_force_scalar(scalar);
+			cpu_attention(NULL, got, q, &g, N, 0);
+			expect_close(got, want, nq, (size_t)c, NULL, "several sequences");
+			cpu_attention(p, got, q, &g, N, 0);
+			expect_close(got, want, nq, (size_t)c, p, "several sequences");
+			cpu_force_scalar(false);
+		}
+	}
+	cpu_pool_destroy(p);
+	free(q), free(k), free(v), free(ks), free(vs), free(want), free(got), free(one);
+	free(k16), free(v16), free(k8), free(v8);
 }
 
 /* ---- bandwidth ----------------------------------------------------------------------------- */
