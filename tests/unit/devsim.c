@@ -31,10 +31,21 @@ struct stage {
 	bool borrowed;  /* another devsim context allocated it (a sharded restore) */
 };
 
+/* A context's regions are carved in order from one reserved range (the arena), so that
+ * regions allocated one after another are contiguous and the protection of all of them,
+ * changed twice an op, takes one mprotect a run of them rather than one a region: with the
+ * CPU backend's threads live, each call is a TLB shootdown across the cores, and one a
+ * region was most of the unit tests' time. A region freed gives its pages back and stays
+ * PROT_NONE (it leaves a gap between runs); past the arena, a region is a mapping of its
+ * own. */
+#define ARENA_BYTES ((size_t)64 << 30)
+
 struct devsim {
 	void *cpu; /* the CPU backend's context */
-	struct region *r;
+	struct region *r; /* in the order allocated (the arena's in address order) */
 	int n, cap;
+	char *arena;      /* ARENA_BYTES reserved, PROT_NONE; NULL when the reservation failed */
+	size_t used;      /* the arena's bytes carved so far (never reused) */
 	int ops, copies, uploads, stage_puts;
 	pthread_mutex_t mu; /* the restore's reader threads */
 	struct stage st[64];
@@ -47,10 +58,20 @@ static size_t page_round(size_t n)
 	return (n + pg - 1) / pg * pg;
 }
 
+/* Every region's protection, one mprotect a run of regions that follow one another. */
 static void protect_all(struct devsim *d, int prot)
 {
-	for (int i = 0; i < d->n; i++)
-		cr_assert_eq(mprotect(d->r[i].p, d->r[i].len, prot), 0);
+	for (int i = 0, j; i < d->n; i = j) {
+		size_t len = d->r[i].len;
+		for (j = i + 1; j < d->n && (char *)d->r[j].p == (char *)d->r[i].p + len; j++)
+			len += d->r[j].len;
+		cr_assert_eq(mprotect(d->r[i].p, len, prot), 0);
+	}
+}
+
+static bool in_arena(const struct devsim *d, const void *p)
+{
+	return d->arena && (const char *)p >= d->arena && (const char *)p < d->arena + ARENA_BYTES;
 }
 
 #define OPEN(d) protect_all(d, PROT_READ | PROT_WRITE)
@@ -67,10 +88,18 @@ static int n_stage_bufs;
 static void *region_new(struct devsim *d, size_t bytes)
 {
 	size_t len = page_round(bytes ? bytes : 1);
-	void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
+	void *p = NULL;
 	pthread_mutex_lock(&live_mu);
+	if (d->arena && len <= ARENA_BYTES - d->used) {
+		p = d->arena + d->used; /* already PROT_NONE, as every region is between ops */
+		d->used += len;
+	} else {
+		p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED) {
+			pthread_mutex_unlock(&live_mu);
+			return NULL;
+		}
+	}
 	if (d->n == d->cap) {
 		d->cap = d->cap ? 2 * d->cap : 64;
 		d->r = realloc(d->r, (size_t)d->cap * sizeof *d->r);
@@ -86,6 +115,10 @@ static int ds_init(void **ctx, const struct be_config *cfg, char *err, size_t er
 	struct devsim *d = calloc(1, sizeof *d);
 	cr_assert_not_null(d);
 	pthread_mutex_init(&d->mu, NULL);
+	d->arena = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+			-1, 0);
+	if (d->arena == MAP_FAILED)
+		d->arena = NULL; /* a mapping a region */
 	int rc = be_cpu.init(&d->cpu, cfg, err, errsz);
 	pthread_mutex_lock(&live_mu);
 	cr_assert_lt(n_live, 64, "devsim: too many contexts");
@@ -104,7 +137,10 @@ static void ds_shutdown(void *ctx)
 			live[i] = live[--n_live];
 	pthread_mutex_unlock(&live_mu);
 	for (int i = 0; i < d->n; i++)
-		munmap(d->r[i].p, d->r[i].len);
+		if (!in_arena(d, d->r[i].p))
+			munmap(d->r[i].p, d->r[i].len);
+	if (d->arena)
+		munmap(d->arena, ARENA_BYTES);
 	free(d->r);
 	cr_assert_eq(d->n_st, 0, "devsim: %d staging buffers not freed", d->n_st);
 	pthread_mutex_destroy(&d->mu);
@@ -492,8 +528,15 @@ static void ds_free(void *ctx, void *p)
 	pthread_mutex_lock(&live_mu);
 	for (int i = 0; i < d->n; i++)
 		if (d->r[i].p == p) {
-			munmap(p, d->r[i].len);
-			d->r[i] = d->r[--d->n];
+			/* in the arena: its pages given back, the range kept PROT_NONE */
+			if (in_arena(d, p))
+				cr_assert_neq(mmap(p, d->r[i].len, PROT_NONE, MAP_PRIVATE |
+						   MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0),
+					      MAP_FAILED);
+			else
+				munmap(p, d->r[i].len);
+			memmove(d->r + i, d->r + i + 1, (size_t)(d->n - i - 1) * sizeof *d->r);
+			d->n--;
 			pthread_mutex_unlock(&live_mu);
 			return;
 		}

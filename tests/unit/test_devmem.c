@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,56 @@ Test(devmem, the_host_cannot_touch_devsim_memory, .signal = SIGSEGV)
 	cr_assert_eq(be_devsim.init(&ctx, &cfg, err, sizeof err), WK_OK);
 	float *p = be_devsim.mem_alloc(ctx, 64);
 	p[0] = 1.0f; /* SIGSEGV */
+}
+
+/* Whether a host write to p faults (SIGSEGV, caught here). */
+static sigjmp_buf probe_jb;
+static void probe_segv(int sig)
+{
+	(void)sig;
+	siglongjmp(probe_jb, 1);
+}
+static bool host_write_faults(volatile float *p)
+{
+	struct sigaction sa = {.sa_handler = probe_segv}, old;
+	sigemptyset(&sa.sa_mask);
+	cr_assert_eq(sigaction(SIGSEGV, &sa, &old), 0);
+	volatile bool faulted = true;
+	if (sigsetjmp(probe_jb, 1) == 0) {
+		p[0] = 1.0f;
+		faulted = false;
+	}
+	sigaction(SIGSEGV, &old, NULL);
+	return faulted;
+}
+
+/* Ops open every region while they run and close them after, a run of adjacent regions at
+ * a time: with one freed between two others, each op on either works (each sees the bytes
+ * the last left), and after each, both, and the freed one, fault from the host again. */
+Test(devmem, devsim_memory_is_closed_again_after_each_op)
+{
+	void *ctx;
+	char err[WK_ERRSZ];
+	struct be_config cfg = {.threads = 2};
+	cr_assert_eq(be_devsim.init(&ctx, &cfg, err, sizeof err), WK_OK);
+	float *a = be_devsim.mem_alloc(ctx, 64), *b = be_devsim.mem_alloc(ctx, 5000);
+	float *c = be_devsim.mem_alloc(ctx, 64), x[16] = {7, 8}, y[16];
+	be_devsim.mem_free(ctx, b);
+	for (int k = 0; k < 2; k++) {
+		float *p = k ? c : a;
+		be_devsim.to_device(ctx, p, x, sizeof x);
+		be_devsim.to_host(ctx, y, p, sizeof y);
+		cr_assert_eq(memcmp(x, y, sizeof x), 0);
+		be_devsim.zero(ctx, p, 64);
+		be_devsim.to_host(ctx, y, p, sizeof y);
+		cr_assert(y[0] == 0.0f && y[1] == 0.0f);
+		cr_assert(host_write_faults(a), "a region left open after an op");
+		cr_assert(host_write_faults(c), "a region past a freed one left open after an op");
+		cr_assert(host_write_faults(b), "a freed region open");
+	}
+	be_devsim.mem_free(ctx, a);
+	be_devsim.mem_free(ctx, c);
+	be_devsim.shutdown(ctx);
 }
 #endif
 
