@@ -10,6 +10,7 @@
  *   allocfail tokenizer TOKENIZER_JSON  tok_load, an encode and a decode, tok_free
  *   allocfail snapshot SNAP           snap_open (restore, verify) + snap_close
  *   allocfail engine MODEL            eng_open (a Hugging Face dir or a snapshot) + eng_close
+ *   allocfail engine-notok MODEL      the same, tokenizer.json left unread (no_tokenizer)
  *   allocfail job FILE                job_decode + job_free
  *
  * ALLOCFAIL_ONLY=N runs the one failure in-process, for a debugger.
@@ -207,14 +208,25 @@ static int op_snapshot(const char *arg, char *err, size_t errsz)
 	return rc;
 }
 
-static int op_engine(const char *arg, char *err, size_t errsz)
+static int engine_open(const char *arg, bool no_tokenizer, char *err, size_t errsz)
 {
-	struct eng_opts o = {.backend = "cpu", .threads = 1, .max_seq = 64, .max_seqs = 2};
+	struct eng_opts o = {.backend = "cpu", .threads = 1, .max_seq = 64, .max_seqs = 2,
+			     .no_tokenizer = no_tokenizer};
 	struct engine *e;
 	int rc = eng_open(arg, &o, &e, err, errsz);
 	if (rc == WK_OK)
 		eng_close(e);
 	return rc;
+}
+
+static int op_engine(const char *arg, char *err, size_t errsz)
+{
+	return engine_open(arg, false, err, errsz);
+}
+
+static int op_engine_notok(const char *arg, char *err, size_t errsz)
+{
+	return engine_open(arg, true, err, errsz);
 }
 
 static char *job_body;
@@ -246,9 +258,11 @@ int main(int argc, char **argv)
 		op_fn fn;
 	} ops[] = {{"safetensors", op_safetensors}, {"hf", op_hf},
 		   {"tokenizer", op_tokenizer},       {"snapshot", op_snapshot},
-		   {"engine", op_engine},             {"job", op_job}};
+		   {"engine", op_engine},             {"engine-notok", op_engine_notok},
+		   {"job", op_job}};
 	if (argc != 3) {
-		fprintf(stderr, "usage: allocfail safetensors|hf|tokenizer|snapshot|engine|job PATH\n");
+		fprintf(stderr, "usage: allocfail safetensors|hf|tokenizer|snapshot|engine|"
+			"engine-notok|job PATH\n");
 		return 2;
 	}
 	op_fn fn = NULL;
