@@ -836,10 +836,10 @@ extern "C" int wk_cuda_rope(float *x, int n, const int *pos, int n_heads, int he
  * scales of rows of head_dim, one a position and kv head); several sequences (s.seq): token
  * i over its own sequence's rows, keys 0 .. s.pos[i] (struct cpu_gqa). Block (i, g, z) runs
  * token i's query heads g * group + (z / split) * GM .. (nh of them) over kv head g, and of
- * their keys
- * part z % split (split > 1, flash-decoding: when the blocks are too few to fill the device,
- * each scores a contiguous part of the keys and leaves its m, l and acc in part; the last of
- * a (token, kv head, heads) to count itself on its counter merges them and zeroes it). */
+ * their keys part z % split (split > 1, flash-decoding: when the blocks are too few to fill
+ * the device, each scores a contiguous part of the keys and leaves its m, l and acc in part;
+ * the last of a (token, kv head, heads) to count itself on its counter merges them and zeroes
+ * it). */
 template <typename KV, int GM>
 __global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int pos0, int split,
 			    float *part, unsigned *count)
