@@ -667,10 +667,13 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	const struct backend *be = e->be;
 	void *c = e->bctx;
 	int T = 0;
+	m->keys_max = 0;
 	for (int i = 0; i < n_items; i++) {
 		m->seg[i] = (struct glm_seg){.seq = items[i].seq, .pos0 = e->seq_len[items[i].seq],
 					     .n = items[i].n, .off = T};
 		T += items[i].n;
+		if (m->seg[i].pos0 + items[i].n > m->keys_max)
+			m->keys_max = m->seg[i].pos0 + items[i].n;
 	}
 	/* whole-vocabulary rows needed outside the items' own buffers (in host memory, the
 	 * logits of every position go straight into items[0].logits) */

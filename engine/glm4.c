@@ -158,14 +158,9 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	eng_chain_end(e);
 	/* several sequences: one attention over all of them, each token over its own
 	 * sequence's cache (m->pos: positions, then sequences); unfused, one a sequence */
-	if (nseg > 1 && !e->unfused) {
-		int keys_max = 0;
-		for (int s = 0; s < nseg; s++)
-			keys_max = seg[s].pos0 + seg[s].n > keys_max ? seg[s].pos0 + seg[s].n
-								     : keys_max;
-		eng_gqa_attend_seqs(e, &a->kv, l, m->pos + T, m->pos, keys_max, a->att, a->q, T,
+	if (nseg > 1 && !e->unfused)
+		eng_gqa_attend_seqs(e, &a->kv, l, m->pos + T, m->pos, m->keys_max, a->att, a->q, T,
 				    a->n_heads);
-	}
 	for (int s = 0; s < nseg && (nseg == 1 || e->unfused); s++) {
 		const struct glm_seg *g = &seg[s];
 		eng_gqa_attend(e, &a->kv, g->seq, l, g->pos0, a->att + (size_t)g->off * qd,

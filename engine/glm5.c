@@ -596,9 +596,6 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * keys (m->pos: the tokens' positions, then sequences); a query within topk then
 	 * selects all its keys, so every segment reads a selection (the keys dense attention
 	 * reads, in the same order). */
-	int keys_max = 0;
-	for (int s = 0; s < nseg; s++)
-		keys_max = seg[s].pos0 + seg[s].n > keys_max ? seg[s].pos0 + seg[s].n : keys_max;
 	if (L->full) {
 		int id = a->i_dim;
 		bool one_dsa = any && nseg > 1 && !e->unfused;
@@ -615,7 +612,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 			d.seq = m->pos + T;
 			d.pos = m->pos;
 			d.seq_rows = (size_t)a->n_full * S;
-			d.keys_max = keys_max;
+			d.keys_max = m->keys_max;
 			be->dsa_topk(c, a->sel, a->nsel, a->iqv, a->iwv, &d, T, 0, a->scores,
 				     a->work);
 		}
@@ -658,7 +655,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 				   .kb_stride = (size_t)rope, .v_stride = (size_t)lora,
 				   .sel = a->use_sel[0] ? a->sel : NULL, .nsel = a->nsel,
 				   .sel_stride = a->topk, .scale = a->scale, .seq = m->pos + T,
-				   .pos = m->pos, .seq_rows = nl * S, .keys_max = keys_max};
+				   .pos = m->pos, .seq_rows = nl * S, .keys_max = m->keys_max};
 		if (chain)
 			be->mla_absorbed(c, a->att, a->qa, a->lat, a->q, &L->kv_b, &s, T, 0, nope,
 					 dv);

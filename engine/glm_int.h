@@ -103,6 +103,8 @@ struct glm_model {
 					    * sequence; pos_h host */
 	int *tok;                          /* (cap) host */
 	struct glm_seg *seg;               /* (max_seqs) host: the current step's segments */
+	int keys_max;                      /* the current step's most keys a token has (the
+					    * largest pos0 + n of its segments) */
 	float *x, *xb, *tmp;               /* (cap, dim) */
 	float *xh;                         /* (cap, dim) host: the embedded tokens, when the
 					    * backend's memory is not the host's (else NULL) */
