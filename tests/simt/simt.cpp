@@ -84,11 +84,15 @@ struct barrier {
 
 enum { GATHER_MAX = 64 }; /* bytes a lane, simt_warp_gather */
 
+/* A warp's lanes meet at warp_wait (a shuffle, a gather). What they exchange goes through two
+ * buffers, picked by the parity of the meeting's generation: a lane writes before the meeting
+ * and reads after it, and the next write to the same buffer is two meetings on, when every
+ * lane has arrived at the meeting between, so has read. One meeting an exchange, not two. */
 struct warp {
 	int arrived, lanes;
 	unsigned long gen;
-	uint64_t v[32];
-	unsigned char gather[32][GATHER_MAX];
+	uint64_t v[2][32];
+	unsigned char gather[2][32][GATHER_MAX];
 };
 
 /* A block on its SM: its threads, barrier, warps and shared memory. A launch runs its blocks
@@ -367,11 +371,10 @@ void simt_warp_exchange(uint64_t *v, int src)
 	warp &w = blk->warps[t / 32];
 	if (src < 0 || src >= w.lanes)
 		fail("shuffle from a lane the warp does not have");
-	w.v[t & 31] = *v;
+	uint64_t *buf = w.v[w.gen & 1];
+	buf[t & 31] = *v;
 	warp_wait(w); /* every lane has written */
-	uint64_t r = w.v[src];
-	warp_wait(w); /* every lane has read */
-	*v = r;
+	*v = buf[src];
 }
 
 int simt_warp_gather(const void *mine, void *all, size_t n)
@@ -380,11 +383,11 @@ int simt_warp_gather(const void *mine, void *all, size_t n)
 		fail("warp gather of more than 64 bytes a lane");
 	int t = linear_tid();
 	warp &w = blk->warps[t / 32];
-	memcpy(w.gather[t & 31], mine, n);
+	unsigned char(*buf)[GATHER_MAX] = w.gather[w.gen & 1];
+	memcpy(buf[t & 31], mine, n);
 	warp_wait(w); /* every lane has written */
 	for (int l = 0; l < w.lanes; l++)
-		memcpy((char *)all + (size_t)l * n, w.gather[l], n);
-	warp_wait(w); /* every lane has read */
+		memcpy((char *)all + (size_t)l * n, buf[l], n);
 	return w.lanes;
 }
 
