@@ -2,6 +2,7 @@
  * engine.c - opens a model directory, picks its family and backend, and runs it.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1293,6 +1294,52 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 	return rc;
 }
 
+/* The tokenizer is read on a thread of its own while the weights are opened or restored, the
+ * longest part of a cold start: parsing a 150k-token tokenizer.json takes most of a second,
+ * which a start would otherwise spend after the last weight byte arrived. */
+struct tok_loader {
+	char path[4096];
+	pthread_t th;
+	bool started;
+	struct tok *tok;
+	int rc;
+	double s; /* its load's seconds */
+	char err[WK_ERRSZ];
+};
+
+static void *tok_loader_main(void *arg)
+{
+	struct tok_loader *l = arg;
+	double t0 = wk_now();
+	l->rc = tok_load(l->path, &l->tok, l->err, sizeof l->err);
+	l->s = wk_now() - t0;
+	return NULL;
+}
+
+/* Starts loading dir/tokenizer.json; where no thread can be had, tok_loader_end loads it. */
+static void tok_loader_start(struct tok_loader *l, const char *dir)
+{
+	snprintf(l->path, sizeof l->path, "%s/tokenizer.json", dir);
+	l->started = pthread_create(&l->th, NULL, tok_loader_main, l) == 0;
+}
+
+/* Its result: WK_OK with *out, or its status with its message in err. */
+static int tok_loader_end(struct tok_loader *l, struct tok **out, double *secs, char *err,
+			  size_t errsz)
+{
+	if (l->started)
+		pthread_join(l->th, NULL);
+	else
+		tok_loader_main(l);
+	l->started = false;
+	*out = l->tok;
+	*secs = l->s;
+	l->tok = NULL;
+	if (l->rc != WK_OK)
+		snprintf(err, errsz, "%s", l->err);
+	return l->rc;
+}
+
 static int open_weights(struct engine *e, const char *dir, const struct eng_opts *o, char *err,
 			size_t errsz)
 {
@@ -1389,10 +1436,18 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		rc = wk_errf(err, errsz, WK_EINVAL, "WICK_NO_CHAIN is '%s'; it takes 0 or 1", nc);
 		goto fail;
 	}
+	bool want_tok = !(opts && opts->no_tokenizer);
+	struct tok_loader tl = {0};
+	if (want_tok)
+		tok_loader_start(&tl, model_dir);
 	rc = open_weights(e, model_dir, opts, err, errsz);
-	if (rc != WK_OK)
-		goto fail;
 	double t1 = wk_now();
+	char tok_err[WK_ERRSZ] = "";
+	int tok_rc = want_tok ? tok_loader_end(&tl, &e->tok, &e->info.startup.tokenizer_s, tok_err,
+					       sizeof tok_err)
+			      : WK_ENOTFOUND;
+	if (rc != WK_OK) /* the weights' error is the one to report */
+		goto fail;
 	e->info.startup.weights_s = t1 - t0;
 	json_t *cfg = e->config;
 	json_t *archs = json_object_get(cfg, "architectures");
@@ -1412,15 +1467,14 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		goto fail;
 	}
 
-	char path[4096];
-	snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-	bool want_tok = !(opts && opts->no_tokenizer);
-	rc = want_tok ? tok_load(path, &e->tok, err, errsz) : WK_ENOTFOUND;
+	rc = tok_rc;
+	if (rc != WK_OK && rc != WK_ENOTFOUND)
+		snprintf(err, errsz, "%s", tok_err);
 	if (want_tok && rc == WK_ENOTFOUND && e->snap && snap_lists_file(e->snap, "tokenizer.json")) {
 		/* the snapshot was made with one: it is damaged, not a model without one (which
 		 * would start and fail every prompt job) */
 		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: missing, though the snapshot's manifest "
-						     "lists it", path);
+						     "lists it", tl.path);
 		goto fail;
 	}
 	if (rc == WK_ENOTFOUND)

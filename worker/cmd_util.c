@@ -100,11 +100,12 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 	if (ce->verbose)
 		fprintf(stderr,
 			"{\"startup\": {\"model\": \"%s\", \"snapshot\": %s, \"weights_s\": %.6f, "
-			"\"read_s\": %.6f, \"verify_s\": %.6f, \"init_s\": %.6f, \"total_s\": %.6f, "
+			"\"read_s\": %.6f, \"verify_s\": %.6f, \"tokenizer_s\": %.6f, "
+			"\"init_s\": %.6f, \"total_s\": %.6f, "
 			"\"bytes\": %llu, \"to_device\": %s, \"ready_mono\": %.6f, "
 			"\"kv_dtype\": \"%s\", \"max_seq\": %d, \"max_seqs\": %d}}\n",
 			ce->model, s->snapshot ? "true" : "false", s->weights_s, s->read_s, s->verify_s,
-			s->init_s, s->total_s, (unsigned long long)s->bytes,
+			s->tokenizer_s, s->init_s, s->total_s, (unsigned long long)s->bytes,
 			s->to_device ? "true" : "false", s->ready_mono, in->kv_dtype, in->max_seq,
 			in->max_seqs);
 	return 0;

@@ -61,7 +61,7 @@ static atomic_long n_alloc;     /* allocations counted since arming */
 static atomic_long fail_at;     /* fail the allocation with this count; 0 = never */
 static atomic_long live_bytes;  /* usable bytes of every block not yet freed */
 static atomic_int failed;       /* the injected failure happened */
-static volatile sig_atomic_t in_parser; /* inside jansson's json_load* */
+static _Thread_local volatile sig_atomic_t in_parser; /* this thread is in jansson's json_load* */
 static volatile sig_atomic_t failed_in_parser; /* the injected failure hit jansson's parser */
 
 #ifndef SANITIZED

@@ -163,6 +163,42 @@ Test(engine, refuses_shape_mismatch)
 	cr_expect(strstr(err, "gate_proj") != NULL, "%s", err);
 }
 
+/* The tokenizer is read on a thread of its own beside the weights. With both good, the engine
+ * has it and says how long it took; with it broken, its error is the one reported; with the
+ * weights broken as well, theirs is (as before the thread), and nothing is left behind
+ * (the ASan run checks the tokenizer that did load is freed). */
+Test(engine, tokenizer_beside_the_weights)
+{
+	char tok[512], st[512], err[WK_ERRSZ];
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .max_seq = 8};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	const struct eng_info *in = eng_info(e);
+	cr_expect_gt(in->startup.tokenizer_s, 0.0);
+	cr_expect_leq(in->startup.tokenizer_s, in->startup.total_s);
+	cr_expect_not_null(eng_tokenizer(e));
+	eng_close(e);
+
+	snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+	cr_assert_eq(wk_write_file(tok, "{\"model\": [", 11, err, sizeof err), WK_OK);
+	cr_expect_eq(eng_open(dir, &o, &e, err, sizeof err), WK_EFORMAT);
+	cr_expect(strstr(err, "tokenizer.json") != NULL, "%s", err);
+
+	/* the weights broken too (their file cut short): the weights are named */
+	snprintf(st, sizeof st, "%s/model.safetensors", dir);
+	cr_assert_eq(truncate(st, 100), 0);
+	cr_expect_neq(eng_open(dir, &o, &e, err, sizeof err), WK_OK);
+	cr_expect(strstr(err, "model.safetensors") != NULL, "%s", err);
+	/* and with the tokenizer good: the weights' error, the loaded tokenizer freed */
+	cr_assert_eq(unlink(tok), 0);
+	cleanup();
+	convert();
+	snprintf(st, sizeof st, "%s/model.safetensors", dir);
+	cr_assert_eq(truncate(st, 100), 0);
+	cr_expect_neq(eng_open(dir, &o, &e, err, sizeof err), WK_OK);
+	cr_expect(strstr(err, "model.safetensors") != NULL, "%s", err);
+}
+
 /* A rope_theta or rms_norm_eps out of range is refused by name (each made every logit NaN,
  * and wick generate printed garbage with exit 0), and so is a num_hidden_layers short of
  * the checkpoint's layers (the first ones ran alone, quietly). */
