@@ -11,9 +11,9 @@
  *
  * Restore and naive must end with identical bytes; the run checks that before timing.
  * "Cold" drops the files from the page cache with posix_fadvise(DONTNEED) before each run.
- * It also measures the fixed cost of a cold start: a child `wick generate SNAP -n 0` (which
- * reads the tokenizer as a worker does, beside the weights) from spawn to ready, minus the
- * time it spent moving bytes.
+ * It also measures the fixed cost of a cold start: a child `wick generate SNAP --tokens 0 -n 0`
+ * (which reads the tokenizer, where the snapshot has one, as a worker does: beside the
+ * weights) from spawn to ready, minus the time it spent moving bytes.
  *
  * With --backend B on a backend with device memory (cuda), it also restores the snapshot
  * straight into the devices through pinned staging buffers (a sharded snapshot's rank r into
@@ -421,8 +421,8 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* One child `wick generate SNAP -n 0 --verbose`: seconds from spawn to ready, and the
- * seconds it spent reading. Returns 0 or -1. */
+/* One child `wick generate SNAP --tokens 0 -n 0 --verbose`: seconds from spawn to ready, and
+ * the seconds it spent reading. Returns 0 or -1. */
 static int startup_once(const char *dir, double *to_ready, double *reading)
 {
 	int pfd[2];
@@ -433,7 +433,8 @@ static int startup_once(const char *dir, double *to_ready, double *reading)
 	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
 	posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
 	posix_spawn_file_actions_addclose(&fa, pfd[0]);
-	char *args[] = {"wick", "generate", (char *)dir, "-n", "0", "--verbose", NULL};
+	char *args[] = {"wick", "generate", (char *)dir, "--tokens", "0", "-n", "0", "--verbose",
+			NULL};
 	pid_t pid;
 	double t0 = wk_now();
 	int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, args, environ);
