@@ -17,7 +17,8 @@
  *    "layout": {free-form object from the engine: its layout rules and version} or null,
  *    "source": null, or {"dir": path, "hash": "xxh3(size,mtime_ns,head,tail)",
  *               "files": [{"name", "size", "mtime_ns", "xxh3"}], "xxh3": hex},
- *    "files": [{"name", "size", "xxh3"} of each extra file copied verbatim, e.g.
+ *    "files": [{"name", "size", "xxh3"} of each extra file copied verbatim or made by
+ *              the engine (tokenizer.prepared), e.g.
  *              "tokenizer.json": XXH3_64bits of its bytes; checked by snap_open and
  *              snap_prefetch] (version 1: [names], unchecked),
  *    "ranks": [{"file": "rank-000.bin", "rank": 0, "size": bytes on disk,
@@ -132,6 +133,17 @@ struct snap_write_opts {
 	json_t *layout;              /* borrowed; stored as "layout" (may be NULL) */
 	const char *src_dir;         /* identity is recorded from its files (may be NULL) */
 	const char *const *copy;     /* NULL-terminated names to copy from src_dir if present */
+	const struct snap_file *made; /* n_made files the caller made, written beside the
+				       * copies and listed with them (may be NULL) */
+	size_t n_made;
+};
+
+/* A file made in memory for the snapshot, e.g. the tokenizer prepared. name follows the
+ * rules for copy (a plain name, not manifest.json or rank-*.bin) and is not also copied. */
+struct snap_file {
+	const char *name;
+	const void *data;
+	size_t len;                  /* at most SNAP_MAX_COPY */
 };
 
 /* Writes the snapshot atomically (see the format notes). Each rank file is written in one

@@ -309,6 +309,14 @@ static bool utf8(const char *s)
 	return j != NULL;
 }
 
+/* A name an extra file may have: plain, UTF-8, not the manifest's or a rank file's. */
+static bool extra_name(const char *c)
+{
+	size_t l = c ? strlen(c) : 0;
+	return plain_name(c) && utf8(c) && strcmp(c, "manifest.json") &&
+	       !(!strncmp(c, "rank-", 5) && l > 4 && !strcmp(c + l - 4, ".bin"));
+}
+
 /* Checks every spec and fills off[] (image offsets) and img[] (image size per rank). */
 static int check_specs(const struct snap_write_opts *o, uint64_t chunk,
 		       const struct snap_spec *t, size_t n, uint64_t *off, uint64_t *img,
@@ -405,14 +413,24 @@ static int check_opts(const struct snap_write_opts *o, uint64_t chunk, char *err
 	if ((o->config && !json_is_object(o->config)) || (o->layout && !json_is_object(o->layout)))
 		return wk_errf(err, errsz, WK_EINVAL, "snapshot: config and layout must be JSON "
 			       "objects");
-	for (size_t i = 0; o->copy && o->copy[i]; i++) {
-		const char *c = o->copy[i];
-		size_t l = c ? strlen(c) : 0;
-		if (!o->src_dir || !plain_name(c) || !utf8(c) || !strcmp(c, "manifest.json") ||
-		    (!strncmp(c, "rank-", 5) && l > 4 && !strcmp(c + l - 4, ".bin")))
+	for (size_t i = 0; o->copy && o->copy[i]; i++)
+		if (!o->src_dir || !extra_name(o->copy[i]))
 			return wk_errf(err, errsz, WK_EINVAL, "snapshot: cannot copy '%s': it needs "
 				       "src_dir and a plain name other than manifest.json and "
-				       "rank-*.bin", c ? c : "(null)");
+				       "rank-*.bin", o->copy[i] ? o->copy[i] : "(null)");
+	for (size_t i = 0; i < o->n_made; i++) {
+		const char *c = o->made[i].name;
+		bool dup = false;
+		for (size_t k = 0; o->copy && o->copy[k] && c; k++)
+			dup = dup || !strcmp(c, o->copy[k]);
+		for (size_t k = 0; k < i && c; k++)
+			dup = dup || !strcmp(c, o->made[k].name);
+		if (!extra_name(c) || dup || (!o->made[i].data && o->made[i].len) ||
+		    o->made[i].len > SNAP_MAX_COPY)
+			return wk_errf(err, errsz, WK_EINVAL, "snapshot: cannot write the made file "
+				       "'%s': it needs a plain name other than manifest.json, "
+				       "rank-*.bin and the other files', and at most %" PRIu64
+				       " bytes", c ? c : "(null)", SNAP_MAX_COPY);
 	}
 	return WK_OK;
 }
@@ -466,6 +484,19 @@ static void remove_stale(const char *parent, const char *base)
 			snap__rmtree(p);
 	}
 	closedir(d);
+}
+
+/* Writes a made file's bytes to dst (a new file), fsync'd. */
+static int write_made(const char *dst, const struct snap_file *f, char *err, size_t errsz)
+{
+	int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return wk_errf(err, errsz, WK_EIO, "%s: %s", dst, strerror(errno));
+	int rc = WK_OK;
+	if (write_all(fd, f->data, f->len) || fsync(fd))
+		rc = wk_errf(err, errsz, WK_EIO, "%s: write failed: %s", dst, strerror(errno));
+	close(fd);
+	return rc;
 }
 
 /* Copies src to dst (nothing when src does not exist: *copied false), its size and xxh3 in
@@ -683,6 +714,22 @@ int snap_write(const char *out_dir, const struct snap_write_opts *o, const struc
 		if (copied && json_array_append_new(files, json_pack("{ss sI ss}", "name", o->copy[i],
 								     "size", (json_int_t)size,
 								     "xxh3", hex))) {
+			rc = wk_errf(err, errsz, WK_ENOMEM, "snapshot: out of memory");
+			goto fail;
+		}
+	}
+	for (size_t i = 0; i < o->n_made; i++) {
+		char dst[SNAP_PATH], hex[17];
+		const struct snap_file *f = &o->made[i];
+		if (snprintf(dst, sizeof dst, "%s/%s", tmp, f->name) >= (int)sizeof dst) {
+			rc = wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", tmp);
+			goto fail;
+		}
+		if ((rc = write_made(dst, f, err, errsz)))
+			goto fail;
+		snap__hex(XXH3_64bits(f->data, f->len), hex);
+		if (json_array_append_new(files, json_pack("{ss sI ss}", "name", f->name, "size",
+							   (json_int_t)f->len, "xxh3", hex))) {
 			rc = wk_errf(err, errsz, WK_ENOMEM, "snapshot: out of memory");
 			goto fail;
 		}

@@ -1296,11 +1296,13 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 
 /* The tokenizer is read on a thread of its own while the weights are opened or restored, the
  * longest part of a cold start: parsing a 150k-token tokenizer.json takes most of a second,
- * which a start would otherwise spend after the last weight byte arrived. */
+ * which a start would otherwise spend after the last weight byte arrived. A snapshot also
+ * holds the tokenizer prepared (tokenizer.prepared, made by `wick snapshot`), which loads
+ * without JSON; tok_load_dir takes it where it is fresh, else tokenizer.json. */
 struct tok_loader {
-	char path[4096];
+	char dir[4096], path[4096]; /* path: its tokenizer.json */
 	pthread_t th;
-	bool started;
+	bool started, prepared;
 	struct tok *tok;
 	int rc;
 	double s; /* its load's seconds */
@@ -1311,21 +1313,22 @@ static void *tok_loader_main(void *arg)
 {
 	struct tok_loader *l = arg;
 	double t0 = wk_now();
-	l->rc = tok_load(l->path, &l->tok, l->err, sizeof l->err);
+	l->rc = tok_load_dir(l->dir, &l->tok, &l->prepared, l->err, sizeof l->err);
 	l->s = wk_now() - t0;
 	return NULL;
 }
 
-/* Starts loading dir/tokenizer.json; where no thread can be had, tok_loader_end loads it. */
+/* Starts loading dir's tokenizer; where no thread can be had, tok_loader_end loads it. */
 static void tok_loader_start(struct tok_loader *l, const char *dir)
 {
+	snprintf(l->dir, sizeof l->dir, "%s", dir);
 	snprintf(l->path, sizeof l->path, "%s/tokenizer.json", dir);
 	l->started = pthread_create(&l->th, NULL, tok_loader_main, l) == 0;
 }
 
 /* Its result: WK_OK with *out, or its status with its message in err. */
-static int tok_loader_end(struct tok_loader *l, struct tok **out, double *secs, char *err,
-			  size_t errsz)
+static int tok_loader_end(struct tok_loader *l, struct tok **out, double *secs, bool *prepared,
+			  char *err, size_t errsz)
 {
 	if (l->started)
 		pthread_join(l->th, NULL);
@@ -1334,6 +1337,7 @@ static int tok_loader_end(struct tok_loader *l, struct tok **out, double *secs, 
 	l->started = false;
 	*out = l->tok;
 	*secs = l->s;
+	*prepared = l->prepared;
 	l->tok = NULL;
 	if (l->rc != WK_OK)
 		snprintf(err, errsz, "%s", l->err);
@@ -1443,7 +1447,8 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	rc = open_weights(e, model_dir, opts, err, errsz);
 	double t1 = wk_now();
 	char tok_err[WK_ERRSZ] = "";
-	int tok_rc = want_tok ? tok_loader_end(&tl, &e->tok, &e->info.startup.tokenizer_s, tok_err,
+	int tok_rc = want_tok ? tok_loader_end(&tl, &e->tok, &e->info.startup.tokenizer_s,
+					       &e->info.startup.tokenizer_prepared, tok_err,
 					       sizeof tok_err)
 			      : WK_ENOTFOUND;
 	if (rc != WK_OK) /* the weights' error is the one to report */

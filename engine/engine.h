@@ -84,8 +84,10 @@ struct eng_info {
 		double weights_s;      /* opening the checkpoint or restoring the snapshot */
 		double read_s;         /* of which moving bytes (snapshot reads; 0 for mmap) */
 		double verify_s;       /* checksum time, summed over reader threads */
-		double tokenizer_s;    /* loading tokenizer.json, beside the weights (on a thread
+		double tokenizer_s;    /* loading the tokenizer, beside the weights (on a thread
 					* of its own from the start) */
+		bool tokenizer_prepared; /* it came from a snapshot's tokenizer.prepared, not
+					  * from parsing tokenizer.json */
 		double init_s;         /* backend, binding weights, KV cache, and the wait for the
 					* tokenizer where it took longer than the weights */
 		double total_s;        /* all of eng_open */

@@ -37,6 +37,7 @@
 #include "common/wk.h"
 #include "engine/comm.h"
 #include "engine/engine_int.h"
+#include "engine/tokenizer.h"
 
 struct copy_ctx {
 	const struct st_tensor *src; /* first: by_source_offset reads it for every spec */
@@ -571,12 +572,44 @@ static int make_plan(const char *hf_dir, const struct eng_snap_opts *o, struct p
 	return fam->plan(p->hf, o, p, err, errsz);
 }
 
+/* The snapshot's tokenizer: tokenizer.json as read once here, and its prepared form made
+ * from those same bytes (so the two cannot disagree), as made[0..*n) (none without a
+ * tokenizer.json). *json and *prep hold the bytes; the caller frees them. */
+static int prepare_tokenizer(const char *hf_dir, struct snap_file *made, size_t *n, char **json,
+			     char **prep, char *err, size_t errsz)
+{
+	char path[4096];
+	size_t jlen, plen;
+	struct tok *t;
+	*n = 0;
+	if (snprintf(path, sizeof path, "%s/tokenizer.json", hf_dir) >= (int)sizeof path)
+		return wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", hf_dir);
+	int rc = wk_read_file(path, TOK_MAX_FILE, json, &jlen, err, errsz);
+	if (rc == WK_ENOTFOUND)
+		return WK_OK;
+	if (rc != WK_OK)
+		return rc;
+	if ((rc = tok_load_buf(path, *json, jlen, &t, err, errsz)))
+		return rc;
+	rc = tok_prepare(t, *json, jlen, prep, &plen, err, errsz);
+	tok_free(t);
+	if (rc)
+		return rc;
+	made[0] = (struct snap_file){"tokenizer.json", *json, jlen};
+	made[1] = (struct snap_file){"tokenizer.prepared", *prep, plen};
+	*n = 2;
+	return WK_OK;
+}
+
 int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_opts *o,
 		 char *err, size_t errsz)
 {
 	struct plan p = {.cast = DT_INVALID};
 	const char *arch = NULL;
 	json_t *layout = NULL;
+	struct snap_file made[2];
+	char *tok_json = NULL, *tok_prep = NULL; /* made's bytes */
+	size_t n_made = 0;
 	int rc = make_plan(hf_dir, o, &p, &arch, err, errsz);
 	if (rc != WK_OK)
 		goto out;
@@ -594,13 +627,16 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto out;
 	}
-	static const char *const copy[] = {"tokenizer.json", "tokenizer_config.json",
-					   "generation_config.json", "config.json", NULL};
+	static const char *const copy[] = {"tokenizer_config.json", "generation_config.json",
+					   "config.json", NULL};
+	if ((rc = prepare_tokenizer(hf_dir, made, &n_made, &tok_json, &tok_prep, err, errsz)))
+		goto out;
 	struct snap_write_opts wo = {.world = p.world, .tp = p.tp, .ep = p.ep,
 				     .dtype = o->dtype ? o->dtype : "keep", .lz4 = o->lz4,
 				     .chunk_size = o->chunk_size, .config = hf_config(p.hf),
 				     .layout = layout,
-				     .src_dir = hf_dir, .copy = copy};
+				     .src_dir = hf_dir, .copy = copy, .made = made,
+				     .n_made = n_made};
 	/* The model must load as a start would load it (config and tensor checks; the cpu
 	 * backend, weights mapped and bound, one position of KV cache), so that a snapshot that
 	 * cannot serve is refused here, not at a worker's cold start. */
@@ -620,6 +656,8 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 	eng_close(e);
 	rc = snap_write(out_dir, &wo, p.specs, p.n, err, errsz);
 out:
+	free(tok_json);
+	free(tok_prep);
 	json_decref(layout);
 	plan_free(&p);
 	hf_close(p.hf);

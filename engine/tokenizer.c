@@ -459,7 +459,7 @@ static int cmp_added_len(const void *a, const void *b, void *ctx)
 	return *(const int *)a - *(const int *)b;
 }
 
-static int build_matcher(struct tok *t, struct tok_matcher *m, bool normalized)
+int tok_build_matcher(struct tok *t, struct tok_matcher *m, bool normalized)
 {
 	int cnt = 0;
 	for (int i = 0; i < t->n_added; i++)
@@ -580,8 +580,8 @@ static int parse_added(struct ld *l, struct tok *t, json_t *list)
 	tok_strmap_free(&seen);
 	if (rc != WK_OK)
 		return LD_ERR(l, WK_ENOMEM, "%s: out of memory", l->path);
-	int nr = build_matcher(t, &t->raw_match, false);
-	int nn = nr < 0 ? nr : build_matcher(t, &t->norm_match, true);
+	int nr = tok_build_matcher(t, &t->raw_match, false);
+	int nn = nr < 0 ? nr : tok_build_matcher(t, &t->norm_match, true);
 	if (nr < 0 || nn < 0)
 		return LD_ERR(l, WK_ENOMEM, "%s: out of memory", l->path);
 	t->has_raw = nr > 0;
@@ -767,9 +767,21 @@ int tok_load(const char *path, struct tok **out, char *err, size_t errsz)
 	int rc = wk_read_file(path, TOK_MAX_FILE, &buf, &len, err, errsz);
 	if (rc != WK_OK)
 		return rc;
+	rc = tok_load_buf(path, buf, len, out, err, errsz);
+	free(buf);
+	return rc;
+}
+
+int tok_load_buf(const char *path, const char *buf, size_t len, struct tok **out, char *err,
+		 size_t errsz)
+{
+	*out = NULL;
+	int rc = WK_OK;
+	if (len > TOK_MAX_FILE)
+		return wk_errf(err, errsz, WK_ELIMIT, "%s: %zu bytes, more than %u", path, len,
+			       TOK_MAX_FILE);
 	json_error_t jerr;
 	json_t *root = json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
-	free(buf);
 	if (!root)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
 			       jerr.text);

@@ -62,7 +62,38 @@ struct tok; /* opaque */
 /* Loads path (a tokenizer.json). Refuses an unsupported model/normalizer/decoder kind with
  * WK_EUNSUPPORTED and a message naming it. */
 int tok_load(const char *path, struct tok **out, char *err, size_t errsz);
+/* The same from len bytes of tokenizer.json at buf; path only names it in messages. */
+int tok_load_buf(const char *path, const char *buf, size_t len, struct tok **out, char *err,
+		 size_t errsz);
 void tok_free(struct tok *t); /* NULL is fine */
+
+/* The prepared form (tokenizer_prepared.c, which documents the format): a loaded tokenizer
+ * as binary tables that load without JSON, tied to the tokenizer.json it came from.
+ *
+ * tok_prepare writes t's prepared form into a malloc'd *buf (*len bytes; caller frees);
+ * json[0..json_len) is the tokenizer.json t was loaded from, whose size and hash it records.
+ * WK_OK or WK_ENOMEM. */
+int tok_prepare(const struct tok *t, const void *json, size_t json_len, char **buf,
+		size_t *len, char *err, size_t errsz);
+/* Loads a prepared tokenizer from buf. With json non-NULL, it must be the tokenizer.json the
+ * file was made from (same size and hash). Returns WK_OK; WK_EUNSUPPORTED when the file is of
+ * another format version or was made from another tokenizer.json (the caller should load that
+ * tokenizer.json instead); WK_EFORMAT when it is not a prepared tokenizer, or is damaged
+ * (a checksum covers it) or malformed; WK_ENOMEM. */
+int tok_load_prepared_mem(const void *buf, size_t len, const void *json, size_t json_len,
+			  struct tok **out, char *err, size_t errsz);
+/* The same from the file path; json_path (may be NULL: no check) is read and checked as
+ * above. Messages name path. */
+int tok_load_prepared(const char *path, const char *json_path, struct tok **out, char *err,
+		      size_t errsz);
+/* The tokenizer of a model or snapshot directory: dir/tokenizer.prepared where it is of this
+ * format version and was made from dir/tokenizer.json, else dir/tokenizer.json (*prepared
+ * says which). A damaged prepared file is an error, as a damaged tokenizer.json is;
+ * WK_ENOTFOUND when dir has neither. */
+int tok_load_dir(const char *dir, struct tok **out, bool *prepared, char *err, size_t errsz);
+/* path as a prepared tokenizer where it starts with the prepared form's magic (unchecked
+ * against any tokenizer.json), else as a tokenizer.json. */
+int tok_load_any(const char *path, struct tok **out, char *err, size_t errsz);
 
 int tok_vocab_size(const struct tok *t);      /* highest id + 1, added tokens included */
 const char *tok_piece(const struct tok *t, int id); /* the vocabulary string, or NULL */

@@ -50,6 +50,9 @@ int tok_buf_add(struct tok_buf *b, const void *p, size_t n)
 
 /* ---- maps -------------------------------------------------------------------------------- */
 
+/* A prepared tokenizer stores these maps' slots as they are (tokenizer_prepared.c): a change
+ * to the hashes, the probing or the growth rule needs a new version of its format. */
+
 static uint64_t hash_bytes(const char *p, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix */

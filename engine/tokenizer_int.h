@@ -213,6 +213,10 @@ struct tok {
 	int bos, eos;
 };
 
+/* Fills m with the added tokens whose normalized flag is normalized and whose pattern is not
+ * empty, grouped by first byte and longest first. Returns their count, or WK_ENOMEM. */
+int tok_build_matcher(struct tok *t, struct tok_matcher *m, bool normalized);
+
 #define TOK_NO_PIECE UINT32_MAX
 #define TOK_F_ADDED 1    /* an added token */
 #define TOK_F_SPECIAL 2  /* an added token marked special */

@@ -16,11 +16,12 @@
 
 static const char usage_text[] =
 	"usage: wick tokenize MODEL_OR_TOKENIZER_JSON (--text TEXT | --file F | --decode IDS |\n"
-	"                     --jsonl F | --chat F) [--special]\n"
+	"                     --jsonl F | --chat F | --prepare OUT) [--special]\n"
 	"\n"
 	"Encodes text with a Hugging Face tokenizer.json and prints {\"ids\": [...]}, or decodes\n"
-	"ids and prints {\"text\": \"...\"}. MODEL may be a model directory (its tokenizer.json is\n"
-	"used) or the tokenizer.json file itself.\n"
+	"ids and prints {\"text\": \"...\"}. MODEL may be a model directory or snapshot (its\n"
+	"tokenizer.prepared where that was made from its tokenizer.json, else its tokenizer.json),\n"
+	"the tokenizer.json file itself, or a prepared tokenizer file.\n"
 	"\n"
 	"  --text TEXT   encode TEXT\n"
 	"  --file F      encode the bytes of file F (\"-\": stdin)\n"
@@ -35,6 +36,8 @@ static const char usage_text[] =
 	"                template or config.json, see engine/chat.h)\n"
 	"  --no-think    --chat: GLM's thinking-off markers\n"
 	"  --no-generation-prompt   --chat: end after the last message\n"
+	"  --prepare OUT write the tokenizer.json's prepared form (the binary tables a snapshot's\n"
+	"                tokenizer.prepared holds, read without parsing JSON) to OUT\n"
 	"  --special     encoding: add the post-processor's special tokens (BOS for Llama);\n"
 	"                decoding: keep special tokens in the text (dropped otherwise)\n"
 	"  -h, --help    print this help\n"
@@ -248,6 +251,27 @@ static int run_jsonl(const struct tok *t, const char *path, bool special)
 	return rc;
 }
 
+/* --prepare: the prepared form of the tokenizer.json at path, written to out. */
+static int write_prepared(const char *path, const char *out)
+{
+	char err[WK_ERRSZ], *json = NULL, *buf = NULL;
+	size_t jlen, len;
+	struct tok *t = NULL;
+	int rc = wk_read_file(path, TOK_MAX_FILE, &json, &jlen, err, sizeof err);
+	if (rc == WK_OK)
+		rc = tok_load_buf(path, json, jlen, &t, err, sizeof err);
+	if (rc == WK_OK)
+		rc = tok_prepare(t, json, jlen, &buf, &len, err, sizeof err);
+	if (rc == WK_OK)
+		rc = wk_write_file(out, buf, len, err, sizeof err);
+	if (rc != WK_OK)
+		fprintf(stderr, "wick tokenize: %s\n", err);
+	tok_free(t);
+	free(json);
+	free(buf);
+	return rc == WK_OK ? 0 : 1;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -257,11 +281,12 @@ int cmd_tokenize(int argc, char **argv)
 		{"chat", required_argument, NULL, 'c'}, {"chat-format", required_argument, NULL, 'F'},
 		{"no-think", no_argument, NULL, 'T'},
 		{"no-generation-prompt", no_argument, NULL, 'G'},
+		{"prepare", required_argument, NULL, 'P'},
 		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
 	const char *given = NULL;
-	const char *text = NULL, *file = NULL, *dec = NULL, *jsonl = NULL;
+	const char *text = NULL, *file = NULL, *dec = NULL, *jsonl = NULL, *prep = NULL;
 	struct chat_opts chat = {.think = true, .gen = true};
 	bool special = false;
 	int modes = 0, c;
@@ -278,6 +303,7 @@ int cmd_tokenize(int argc, char **argv)
 		case 'T': chat.think = false; break;
 		case 'G': chat.gen = false; break;
 		case 'M': given = optarg; break;
+		case 'P': prep = optarg; modes++; break;
 		case 'h': fputs(usage_text, stdout); return 0;
 		default: fputs(usage_text, stderr); return 2;
 		}
@@ -286,13 +312,14 @@ int cmd_tokenize(int argc, char **argv)
 	if (!model || modes != 1) {
 		if (model)
 			fprintf(stderr, "wick tokenize: give exactly one of --text, --file, --decode, "
-					"--jsonl, --chat\n");
+					"--jsonl, --chat, --prepare\n");
 		fputs(usage_text, stderr);
 		return 2;
 	}
 	char path[4096], err[WK_ERRSZ], dir[4096];
 	struct stat st;
-	if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {
+	bool is_dir = stat(model, &st) == 0 && S_ISDIR(st.st_mode);
+	if (is_dir) {
 		if (snprintf(path, sizeof path, "%s/tokenizer.json", model) >= (int)sizeof path) {
 			fprintf(stderr, "wick tokenize: %s: path too long\n", model);
 			return 1;
@@ -312,8 +339,12 @@ int cmd_tokenize(int argc, char **argv)
 	int *ids = NULL, n = 0;
 	if (dec && cmd_parse_ids(dec, &ids, &n) != 0)
 		return 2;
+	if (prep)
+		return write_prepared(path, prep);
 	struct tok *t;
-	if (tok_load(path, &t, err, sizeof err) != WK_OK) {
+	bool from_prep;
+	if ((is_dir ? tok_load_dir(model, &t, &from_prep, err, sizeof err)
+		    : tok_load_any(path, &t, err, sizeof err)) != WK_OK) {
 		fprintf(stderr, "wick tokenize: %s\n", err);
 		free(ids);
 		return 1;

@@ -101,12 +101,13 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 		fprintf(stderr,
 			"{\"startup\": {\"model\": \"%s\", \"snapshot\": %s, \"weights_s\": %.6f, "
 			"\"read_s\": %.6f, \"verify_s\": %.6f, \"tokenizer_s\": %.6f, "
+			"\"tokenizer_prepared\": %s, "
 			"\"init_s\": %.6f, \"total_s\": %.6f, "
 			"\"bytes\": %llu, \"to_device\": %s, \"ready_mono\": %.6f, "
 			"\"kv_dtype\": \"%s\", \"max_seq\": %d, \"max_seqs\": %d}}\n",
 			ce->model, s->snapshot ? "true" : "false", s->weights_s, s->read_s, s->verify_s,
-			s->tokenizer_s, s->init_s, s->total_s, (unsigned long long)s->bytes,
-			s->to_device ? "true" : "false", s->ready_mono, in->kv_dtype, in->max_seq,
+			s->tokenizer_s, s->tokenizer_prepared ? "true" : "false", s->init_s,
+			s->total_s, (unsigned long long)s->bytes, s->to_device ? "true" : "false", s->ready_mono, in->kv_dtype, in->max_seq,
 			in->max_seqs);
 	return 0;
 }

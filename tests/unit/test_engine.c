@@ -12,6 +12,7 @@
 #include "engine/convert.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/tokenizer.h"
 
 static char dir[256];
 
@@ -197,6 +198,95 @@ Test(engine, tokenizer_beside_the_weights)
 	cr_assert_eq(truncate(st, 100), 0);
 	cr_expect_neq(eng_open(dir, &o, &e, err, sizeof err), WK_OK);
 	cr_expect(strstr(err, "model.safetensors") != NULL, "%s", err);
+}
+
+/* The ids eng_tokenizer(e) gives text. */
+static int encode_n(struct engine *e, const char *text, int *out, int max)
+{
+	int *ids, n;
+	char err[WK_ERRSZ];
+	cr_assert_not_null(eng_tokenizer(e));
+	cr_assert_eq(tok_encode(eng_tokenizer(e), text, strlen(text), true, &ids, &n, err,
+				sizeof err), WK_OK, "%s", err);
+	cr_assert_leq(n, max);
+	memcpy(out, ids, sizeof(int) * (size_t)n);
+	free(ids);
+	return n;
+}
+
+/* A snapshot holds its tokenizer prepared, and a start takes it instead of parsing
+ * tokenizer.json: the same ids. The snapshot's manifest refuses one changed since. Beside a
+ * model's tokenizer.json (the same rule reads any directory), one that is stale (made from
+ * another tokenizer.json) or of another version is passed over for the JSON, and a damaged
+ * one is an error naming it. */
+Test(engine, snapshot_takes_its_prepared_tokenizer)
+{
+	char snap[300], prep[400], mprep[400], err[WK_ERRSZ];
+	snprintf(snap, sizeof snap, "%s/snap", dir);
+	snprintf(prep, sizeof prep, "%s/tokenizer.prepared", snap);
+	snprintf(mprep, sizeof mprep, "%s/tokenizer.prepared", dir);
+	struct eng_snap_opts so = {0};
+	cr_assert_eq(eng_snapshot(dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(access(prep, R_OK), 0, "no %s", prep);
+	const char *text = "Once upon a time, the little dog said \"hi!\"";
+	int want[64], got[64], nw, ng;
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .max_seq = 8};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_expect(!eng_info(e)->startup.tokenizer_prepared, "a model directory has none");
+	nw = encode_n(e, text, want, 64);
+	eng_close(e);
+	cr_assert_eq(eng_open(snap, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_expect(eng_info(e)->startup.tokenizer_prepared, "the snapshot's was not taken");
+	ng = encode_n(e, text, got, 64);
+	eng_close(e);
+	cr_assert_eq(ng, nw);
+	cr_assert_eq(memcmp(got, want, sizeof(int) * (size_t)nw), 0);
+
+	char *buf;
+	size_t len;
+	cr_assert_eq(wk_read_file(prep, 1 << 24, &buf, &len, err, sizeof err), WK_OK, "%s", err);
+	struct {
+		size_t at;       /* byte to change, or len: none */
+		bool taken, ok;  /* prepared taken; the start succeeds */
+		const char *why;
+	} cases[] = {
+		{len, true, true, "fresh"},
+		{16, false, true, "stale: another tokenizer.json's size"},
+		{24, false, true, "stale: another tokenizer.json's hash"},
+		{8, false, true, "another version"},
+		{len - 3, false, false, "damaged"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		size_t at = cases[i].at;
+		if (at < len)
+			buf[at] ^= 0x40;
+		cr_assert_eq(wk_write_file(mprep, buf, len, err, sizeof err), WK_OK, "%s", err);
+		if (at < len)
+			buf[at] ^= 0x40;
+		int rc = eng_open(dir, &o, &e, err, sizeof err);
+		if (!cases[i].ok) {
+			cr_expect_neq(rc, WK_OK, "%s", cases[i].why);
+			cr_expect(strstr(err, "tokenizer.prepared"), "%s: %s", cases[i].why, err);
+			continue;
+		}
+		cr_assert_eq(rc, WK_OK, "%s: %s", cases[i].why, err);
+		cr_expect_eq(eng_info(e)->startup.tokenizer_prepared, cases[i].taken, "%s",
+			     cases[i].why);
+		ng = encode_n(e, text, got, 64);
+		cr_expect(ng == nw && !memcmp(got, want, sizeof(int) * (size_t)nw), "%s",
+			  cases[i].why);
+		eng_close(e);
+	}
+	/* in the snapshot, checksums verified or not, the manifest refuses a changed file */
+	buf[len - 3] ^= 0x40;
+	cr_assert_eq(wk_write_file(prep, buf, len, err, sizeof err), WK_OK, "%s", err);
+	for (int v = 0; v < 2; v++) {
+		o.no_verify = v;
+		cr_expect_neq(eng_open(snap, &o, &e, err, sizeof err), WK_OK);
+		cr_expect(strstr(err, "tokenizer.prepared"), "%s", err);
+	}
+	free(buf);
 }
 
 /* A rope_theta or rms_norm_eps out of range is refused by name (each made every logit NaN,

@@ -265,6 +265,26 @@ Test(snapshot, bad_input_refused)
 	o.copy = copy_bad;
 	o.src_dir = d;
 	write_fails(out, &o, specs, NFIX, "cannot copy '../x'");
+	const char *copy_tok[] = {"tokenizer.json", NULL};
+	struct snap_file made[2] = {{"tokenizer.json", "{}", 2}, {"x.bin", NULL, 1}};
+	o.copy = copy_tok;
+	o.made = made;
+	o.n_made = 1;
+	write_fails(out, &o, specs, NFIX, "made file 'tokenizer.json'"); /* copied as well */
+	o.copy = NULL;
+	made[0].name = "manifest.json";
+	write_fails(out, &o, specs, NFIX, "made file 'manifest.json'");
+	made[0].name = "rank-001.bin";
+	write_fails(out, &o, specs, NFIX, "made file 'rank-001.bin'");
+	made[0].name = "a/b";
+	write_fails(out, &o, specs, NFIX, "made file 'a/b'");
+	made[0].name = "x.bin";
+	o.n_made = 2;
+	write_fails(out, &o, specs, NFIX, "made file 'x.bin'"); /* twice, and no bytes */
+	made[0].name = "ok.bin";
+	write_fails(out, &o, specs, NFIX, "made file 'x.bin'"); /* no bytes */
+	o.made = NULL;
+	o.n_made = 0;
 	o.copy = NULL;
 	o.src_dir = NULL;
 	cr_assert_eq(entries(d), 0, "refusals write nothing");
@@ -341,20 +361,29 @@ Test(snapshot, source_identity_and_copies)
 	put_file(src, "tokenizer.json", "{\"model\": {}}", 13);
 	put_file(src, "notes.txt", "not part of the identity", 24);
 	const char *copy[] = {"tokenizer.json", "missing.json", NULL};
-	char err[WK_ERRSZ] = "";
-	struct snap_write_opts o = {.world = 2, .chunk_size = CHUNK, .src_dir = src,
-				    .copy = copy};
-	cr_assert_eq(snap_write(out, &o, specs, NFIX, err, sizeof err), WK_OK, "%s", err);
-	char *tok = path2(out, "tokenizer.json");
-	char *text;
+	char err[WK_ERRSZ] = "", *text;
 	size_t len;
+	struct snap_file made = {"made.bin", "\x01\x02\x00\x03", 4};
+	struct snap_write_opts o = {.world = 2, .chunk_size = CHUNK, .src_dir = src,
+				    .copy = copy, .made = &made, .n_made = 1};
+	cr_assert_eq(snap_write(out, &o, specs, NFIX, err, sizeof err), WK_OK, "%s", err);
+	char *mk = path2(out, "made.bin");
+	cr_assert_eq(wk_read_file(mk, 1000, &text, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(len == 4 && !memcmp(text, "\x01\x02\x00\x03", 4));
+	free(text);
+	free(mk);
+	char *tok = path2(out, "tokenizer.json");
 	cr_assert_eq(wk_read_file(tok, 1000, &text, &len, err, sizeof err), WK_OK);
 	cr_assert_str_eq(text, "{\"model\": {}}");
 	free(text);
 
 	struct snap *s = open_ok(out, NULL);
 	json_t *m = snap_manifest(s), *files = json_object_get(m, "files");
-	cr_assert_eq(json_array_size(files), 1);
+	cr_assert_eq(json_array_size(files), 2);
+	json_t *f1 = json_array_get(files, 1);
+	cr_assert_str_eq(json_string_value(json_object_get(f1, "name")), "made.bin");
+	cr_assert_eq(json_integer_value(json_object_get(f1, "size")), 4);
+	cr_assert(snap_lists_file(s, "made.bin"));
 	json_t *f0 = json_array_get(files, 0);
 	cr_assert_str_eq(json_string_value(json_object_get(f0, "name")), "tokenizer.json");
 	cr_assert_eq(json_integer_value(json_object_get(f0, "size")), 13);
