@@ -61,9 +61,9 @@ fi
 GLM=$TMPD/glm5
 node tests/tools/glm_tokenizer.js "$QWEN" "$GLM"
 node tests/tools/tok_compare.js --wick "$WICK" --hf "$HF" --tmp "$TMPD" --count 1200 --seed 11 \
-  --set bytelevel --variants "$QWEN"
+  --prepared --set bytelevel --variants "$QWEN"
 node tests/tools/tok_compare.js --wick "$WICK" --hf "$HF" --tmp "$TMPD" --count 1200 --seed 12 \
-  --set bytelevel "$GLM/tokenizer.json"
+  --prepared --set bytelevel "$GLM/tokenizer.json"
 
 # ---- 3. the GLM chat template ----
 node tests/tools/chat_check.js --wick "$WICK" --hf "$HF" --tmp "$TMPD" "$GLM"

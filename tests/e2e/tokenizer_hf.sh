@@ -6,7 +6,8 @@
 #     BPE with byte fallback; its ids are Mistral-7B's rather than Llama-2's),
 #   - stories260K's tok512 converted by wick convert llama2c,
 # and for each, variants exercising the Metaspace pre-tokenizer/decoder, <unk> without byte
-# fallback, and added tokens with normalized/lstrip/rstrip/single_word.
+# fallback, and added tokens with normalized/lstrip/rstrip/single_word; each also through
+# its prepared form (what a snapshot holds), which must print what the JSON does.
 # The npm packages are installed into $WICK_BUILD/node once; nothing from them is committed.
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -22,5 +23,5 @@ if [ ! -f "$HF/package.json" ] || [ ! -f "$LLAMA" ]; then
 fi
 m=$(stories)
 node tests/tools/tok_compare.js --wick "$WICK" --hf "$HF" --tmp "$TMPD" --count 1200 --seed 7 \
-  --variants "$LLAMA" "$m/tokenizer.json"
+  --prepared --variants "$LLAMA" "$m/tokenizer.json"
 echo ok

@@ -2,7 +2,8 @@
 // tok_compare.js - compares `wick tokenize` with Hugging Face's tokenizers library.
 //
 //   node tests/tools/tok_compare.js --wick WICK --hf NODE_MODULES/tokenizers --tmp DIR
-//        [--count N] [--seed S] [--set spm|bytelevel] [--variants] TOKENIZER.json...
+//        [--count N] [--seed S] [--set spm|bytelevel] [--variants] [--prepared]
+//        TOKENIZER.json...
 //
 // For each tokenizer.json: generates N strings with a seeded PRNG (the same strings every
 // run), encodes them all with one `wick tokenize --jsonl` process and with HF, and compares
@@ -17,6 +18,9 @@
 // regex forms, GPT-2's ByteLevel regex with and without add_prefix_space, a Split before a
 // regex ByteLevel, ignore_merges, added-token options and a template post-processor. Prints
 // one summary line per file; on any mismatch prints the string and both results, and exits 1.
+// With --prepared, each file is also written in wick's prepared form (`wick tokenize F
+// --prepare P`, what a snapshot's tokenizer.prepared holds) and `wick tokenize P` must print
+// exactly what the JSON gave, line for line.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -32,12 +36,14 @@ function parseArgs(argv) {
     else if (k === '--count') a.count = parseInt(argv[++i], 10);
     else if (k === '--seed') a.seed = parseInt(argv[++i], 10);
     else if (k === '--variants') a.variants = true;
+    else if (k === '--prepared') a.prepared = true;
     else if (k === '--set') a.set = argv[++i];
     else a.files.push(k);
   }
   if (!a.wick || !a.hf || !a.tmp || !a.files.length || !['spm', 'bytelevel'].includes(a.set)) {
     console.error('usage: tok_compare.js --wick WICK --hf TOKENIZERS_DIR --tmp DIR ' +
-                  '[--count N] [--seed S] [--set spm|bytelevel] [--variants] TOKENIZER.json...');
+                  '[--count N] [--seed S] [--set spm|bytelevel] [--variants] [--prepared] ' +
+                  'TOKENIZER.json...');
     process.exit(2);
   }
   return a;
@@ -335,7 +341,15 @@ async function compare(a, Tokenizer, name, tokPath, strings) {
     }
   };
   const jsonl = path.join(a.tmp, `${name}.jsonl`);
-  let encOk = 0, decOk = 0, total = 0;
+  let encOk = 0, decOk = 0, total = 0, prepOk = 0;
+  const prep = path.join(a.tmp, `${name}.prepared`);
+  if (a.prepared) {
+    const p = spawnSync(a.wick, ['tokenize', tokPath, '--prepare', prep], { encoding: 'utf8' });
+    if (p.status !== 0) {
+      console.error(`FAIL: ${a.wick} tokenize ${tokPath} --prepare exited ${p.status}: ${p.stderr}`);
+      process.exit(1);
+    }
+  }
   for (const special of [false, true]) {
     const hfIds = [];
     for (const s of strings) {
@@ -349,6 +363,14 @@ async function compare(a, Tokenizer, name, tokPath, strings) {
       console.error(`FAIL: ${name}: wick printed ${out.length} lines for ${2 * strings.length}`);
       process.exit(1);
     }
+    if (a.prepared) {
+      const po = runWick(a.wick, prep, jsonl, special);
+      for (let i = 0; i < out.length; i++) {
+        if (JSON.stringify(po[i]) === JSON.stringify(out[i])) prepOk++;
+        else report(`prepared against JSON (special=${special}), line ${i}`,
+                    strings[i % strings.length], out[i], po[i]);
+      }
+    }
     for (let i = 0; i < strings.length; i++) {
       total++;
       const wk = out[i].ids;
@@ -361,7 +383,8 @@ async function compare(a, Tokenizer, name, tokPath, strings) {
                   strings[i], hfText, wkText);
     }
   }
-  console.log(`${name}: ${encOk}/${total} encodings agree, ${decOk}/${total} decodings agree`);
+  console.log(`${name}: ${encOk}/${total} encodings agree, ${decOk}/${total} decodings agree` +
+              (a.prepared ? `; prepared: ${prepOk}/${2 * total} lines as the JSON's` : ''));
   return bad === 0;
 }
 
