@@ -595,6 +595,13 @@ static int prepare_tokenizer(const char *hf_dir, struct snap_file *made, size_t 
 	tok_free(t);
 	if (rc)
 		return rc;
+	/* read back as a start will read it: a tokenizer the loader refuses must not leave a
+	 * snapshot that cannot start */
+	char why[WK_ERRSZ];
+	if ((rc = tok_load_prepared_mem(*prep, plen, *json, jlen, &t, why, sizeof why)))
+		return wk_errf(err, errsz, rc, "%s: its prepared form does not read back: %s",
+			       path, why);
+	tok_free(t);
 	made[0] = (struct snap_file){"tokenizer.json", *json, jlen};
 	made[1] = (struct snap_file){"tokenizer.prepared", *prep, plen};
 	*n = 2;

@@ -646,6 +646,9 @@ static int parse_template(struct ld *l, struct tok *t, json_t *o)
 	json_t *item;
 	json_array_foreach(single, i, item)
 		cap += json_array_size(special_ids(specials, item, NULL));
+	if (cap > TOK_MAX_TEMPLATE)
+		return LD_ERR(l, WK_ELIMIT, "%s: post_processor: the single template adds %zu "
+			      "special ids, more than %d", l->path, cap, TOK_MAX_TEMPLATE);
 	t->prefix = malloc((cap + 1) * sizeof *t->prefix);
 	t->suffix = malloc((cap + 1) * sizeof *t->suffix);
 	if (!t->prefix || !t->suffix)

@@ -30,6 +30,7 @@
 #define TOK_MAX_ADDED 65536       /* entries in added_tokens */
 #define TOK_MAX_MERGES (1 << 23)  /* entries in model.merges */
 #define TOK_MAX_STEPS 16          /* normalizer or decoder steps */
+#define TOK_MAX_TEMPLATE 64       /* special ids the post-processor's template adds */
 
 enum tok_kind {
 	TOK_KIND_SPM_BPE,        /* SentencePiece-style BPE over characters with byte fallback */

@@ -40,7 +40,7 @@
 
 #define HDR 48
 #define VERSION 1
-#define MAX_STR (64u << 10) /* bytes of any one string in the payload */
+#define MAX_STR (64u << 10) /* bytes of an added token's text or normalized pattern */
 static const char magic[8] = "WICKTOKN";
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -295,18 +295,44 @@ static char *get_dup(struct rd *r, size_t max, size_t *n)
 	return d;
 }
 
+/* Whether p[0..n) is valid UTF-8 (NULs included): what jansson guarantees of every string
+ * from tokenizer.json, and tok_decode_utf8's promise rests on. */
+static bool utf8_ok(const char *p, size_t n)
+{
+	for (size_t i = 0, l; i < n; i += l)
+		if (!(l = tok_utf8_len((const unsigned char *)p + i, n - i)))
+			return false;
+	return true;
+}
+
+/* One UTF-8 character, as the JSON loader's one_char takes. */
+static bool one_char(const char *p, size_t n)
+{
+	return n > 0 && n <= 4 && tok_utf8_len((const unsigned char *)p, n) == n;
+}
+
 static bool id_ok(const struct tok *t, int id)
 {
 	return id >= 0 && id < t->n_ids;
 }
 
 /* A capacity and count as tok_*map_put leave them: a power of two from 64, at most half
- * full (so every probe meets an empty slot), count at most max. */
+ * full (so every probe meets an empty slot), count at most max. A map doubles only when
+ * 2 * (count + 1) > cap (before it knows whether the key is new), so past 64 its capacity is
+ * under 4 * (count + 1): a file cannot have slots allocated that its entries do not need. */
 static bool map_shape_ok(uint64_t cap, uint64_t count, uint32_t max)
 {
 	return cap == 0 ? count == 0
 			: cap >= 64 && cap <= 4 * (uint64_t)max && !(cap & (cap - 1)) &&
-				  2 * count <= cap && count <= max;
+				  2 * count <= cap && count <= max &&
+				  (cap == 64 || cap < 4 * (count + 1));
+}
+
+/* Whether the rest of the payload can hold n entries of size bytes: checked before the
+ * entries' tables are allocated, so that a short file cannot make the loader allocate much. */
+static bool room_for(const struct rd *r, uint64_t n, size_t size)
+{
+	return !r->bad && n <= (r->n - r->at) / size;
 }
 
 /* WK_OK, WK_EFORMAT (bad set) or WK_ENOMEM. */
@@ -316,8 +342,8 @@ static int get_map(struct rd *r, const struct tok *t, struct tok_strmap *m, uint
 	if (r->bad || !map_shape_ok(cap, count, max) || klen > (uint64_t)max * (TOK_MAX_PIECE + 1))
 		return r->bad = true, WK_EFORMAT;
 	const unsigned char *keys = take(r, klen);
-	if (!keys)
-		return WK_EFORMAT;
+	if (!keys || !room_for(r, count, 24)) /* a slot: u32 index, u64 hash, u32 off, len, val */
+		return r->bad = true, WK_EFORMAT;
 	if (!cap)
 		return WK_OK;
 	m->slots = malloc(cap * sizeof *m->slots);
@@ -348,7 +374,8 @@ static int get_map(struct rd *r, const struct tok *t, struct tok_strmap *m, uint
 static int get_merges(struct rd *r, const struct tok *t, struct tok_pairmap *m)
 {
 	uint64_t cap = get_u64(r), count = get_u64(r);
-	if (r->bad || !map_shape_ok(cap, count, TOK_MAX_MERGES))
+	if (r->bad || !map_shape_ok(cap, count, TOK_MAX_MERGES) ||
+	    !room_for(r, count, 20)) /* a slot: u32 index, u64 key, u32 rank, i32 id */
 		return r->bad = true, WK_EFORMAT;
 	if (!cap)
 		return WK_OK;
@@ -379,12 +406,12 @@ static int get_steps(struct rd *r, struct tok_step *st, int *n, bool decoder)
 	for (int i = 0; i < cnt && !r->bad; i++) {
 		struct tok_step *s = &st[(*n)++]; /* counted first, so tok_free frees it */
 		unsigned ty = get_u8(r);
-		s->s1 = get_dup(r, MAX_STR, &s->n1);
+		s->s1 = get_dup(r, TOK_MAX_PIECE, &s->n1);
 		if (!s->s1 && !r->bad)
 			return WK_ENOMEM;
 		bool has2 = get_u8(r);
 		size_t n2;
-		char *s2 = get_dup(r, MAX_STR, &n2);
+		char *s2 = get_dup(r, TOK_MAX_PIECE, &n2);
 		if (!s2 && !r->bad)
 			return WK_ENOMEM;
 		if (has2) {
@@ -402,11 +429,11 @@ static int get_steps(struct rd *r, struct tok_step *st, int *n, bool decoder)
 		bool dec_ty = ty == TOK_STEP_REPLACE || ty == TOK_STEP_BYTE_FALLBACK ||
 			      ty == TOK_STEP_FUSE || ty == TOK_STEP_STRIP ||
 			      ty == TOK_STEP_METASPACE || ty == TOK_STEP_BYTE_LEVEL;
-		if (r->bad || !(decoder ? dec_ty : norm_ty) ||
-		    ((ty == TOK_STEP_REPLACE || ty == TOK_STEP_STRIP || ty == TOK_STEP_METASPACE) &&
-		     s->n1 == 0) ||
-		    (ty == TOK_STEP_REPLACE && !s->s2) || s->start < 0 || s->stop < 0 ||
-		    s->start > (int)MAX_STR || s->stop > (int)MAX_STR)
+		bool one = ty == TOK_STEP_STRIP || ty == TOK_STEP_METASPACE;
+		if (r->bad || !(decoder ? dec_ty : norm_ty) || (one && !one_char(s->s1, s->n1)) ||
+		    (ty == TOK_STEP_REPLACE && (s->n1 == 0 || !s->s2)) || !utf8_ok(s->s1, s->n1) ||
+		    (s->s2 && !utf8_ok(s->s2, s->n2)) || s->start < 0 || s->stop < 0 ||
+		    s->start > 1 << 20 || s->stop > 1 << 20)
 			return r->bad = true, WK_EFORMAT;
 		s->type = (enum tok_step_type)ty;
 	}
@@ -416,7 +443,7 @@ static int get_steps(struct rd *r, struct tok_step *st, int *n, bool decoder)
 static int get_ids(struct rd *r, const struct tok *t, int **v, int *n)
 {
 	int cnt = get_i32(r);
-	if (cnt < 0 || cnt > 64)
+	if (cnt < 0 || cnt > TOK_MAX_TEMPLATE)
 		return r->bad = true, WK_EFORMAT;
 	*v = malloc(((size_t)cnt + 1) * sizeof **v);
 	if (!*v)
@@ -448,7 +475,9 @@ static int read_body(struct rd *r, struct tok *t)
 
 	size_t sn;
 	const char *s = get_str(r, (size_t)TOK_MAX_FILE * 2, &sn);
-	if (!s || (sn && s[sn - 1]))
+	if (!s || (sn && s[sn - 1]) || !utf8_ok(s, sn))
+		return r->bad = true, WK_EFORMAT;
+	if (!room_for(r, (uint64_t)t->n_ids, 17)) /* an id: u32 offsets and lengths, u8 flags */
 		return r->bad = true, WK_EFORMAT;
 	if (tok_buf_add(&t->strs, s, sn) != WK_OK)
 		return WK_ENOMEM;
@@ -460,9 +489,12 @@ static int read_body(struct rd *r, struct tok *t)
 	t->flags = malloc(n);
 	if (!t->piece_off || !t->piece_len || !t->dec_off || !t->dec_len || !t->flags)
 		return WK_ENOMEM;
-	/* an offset is a hole (TOK_NO_PIECE, length 0) or a NUL-terminated string in strs */
-#define PIECE_OK(off, len) \
-	((off) == TOK_NO_PIECE ? (len) == 0 : (off) < sn && (len) < sn - (off) && !s[(off) + (len)])
+	/* an offset is a hole (TOK_NO_PIECE, length 0) or a NUL-terminated string in strs that
+	 * starts on a character (strs being valid UTF-8, so is the string) */
+#define PIECE_OK(off, len)                                                                  \
+	((off) == TOK_NO_PIECE ? (len) == 0                                                 \
+			       : (off) < sn && (len) < sn - (off) && !s[(off) + (len)] &&   \
+					 ((unsigned char)s[off] & 0xC0) != 0x80)
 	for (int i = 0; i < t->n_ids; i++) {
 		uint32_t po = t->piece_off[i] = get_u32(r), pl = t->piece_len[i] = get_u32(r);
 		uint32_t dof = t->dec_off[i] = get_u32(r), dl = t->dec_len[i] = get_u32(r);
@@ -487,6 +519,8 @@ static int read_body(struct rd *r, struct tok *t)
 		struct tok_added *a = &t->added[t->n_added++]; /* counted first: tok_free frees */
 		if (!(a->content = get_dup(r, MAX_STR, &a->len)))
 			return r->bad ? WK_EFORMAT : WK_ENOMEM;
+		if (!utf8_ok(a->content, a->len))
+			return r->bad = true, WK_EFORMAT;
 		unsigned mode = get_u8(r);
 		if (mode == 1) {
 			a->pattern = a->content;
@@ -494,6 +528,8 @@ static int read_body(struct rd *r, struct tok *t)
 		} else if (mode == 2) {
 			if (!(a->pattern = get_dup(r, MAX_STR, &a->plen)))
 				return r->bad ? WK_EFORMAT : WK_ENOMEM;
+			if (!utf8_ok(a->pattern, a->plen))
+				return r->bad = true, WK_EFORMAT;
 		} else if (mode != 0) {
 			r->bad = true;
 		}
@@ -522,6 +558,8 @@ static int read_body(struct rd *r, struct tok *t)
 	const char *mr = get_str(r, sizeof t->meta_repl - 1, &t->meta_repl_len);
 	if (mr)
 		memcpy(t->meta_repl, mr, t->meta_repl_len);
+	if (mr && t->meta_repl_len && !one_char(mr, t->meta_repl_len)) /* "" without Metaspace */
+		r->bad = true;
 	unsigned scheme = get_u8(r);
 	t->meta_split = get_u8(r);
 	int np = get_i32(r);

@@ -20,6 +20,9 @@ run safetensors "$m/model.safetensors"
 # fail each of their allocations in turn too, and check their cleanup (16 s saved)
 run tokenizer "$m/tokenizer.json"
 run snapshot "$TMPD/snap"
+# the snapshot's tokenizer.prepared, checked against the tokenizer.json beside it: no engine
+# run here reads it (the Hugging Face directory has none, engine-notok leaves it unread)
+run tokenizer-prepared "$TMPD/snap/tokenizer.prepared"
 run engine "$m"
 # the snapshot's engine without its tokenizer: the engine run above fails each of the
 # tokenizer's allocations inside an engine open already, and the tokenizer run each of its

@@ -8,6 +8,9 @@
  *   allocfail safetensors FILE        st_open + st_close
  *   allocfail hf DIR                  hf_open + hf_close (config.json + shards)
  *   allocfail tokenizer TOKENIZER_JSON  tok_load, an encode and a decode, tok_free
+ *   allocfail tokenizer-prepared FILE   the same with tok_load_prepared: FILE (a snapshot's
+ *                                     tokenizer.prepared) checked against the tokenizer.json
+ *                                     beside it
  *   allocfail snapshot SNAP           snap_open (restore, verify) + snap_close
  *   allocfail engine MODEL            eng_open (a Hugging Face dir or a snapshot) + eng_close
  *   allocfail engine-notok MODEL      the same, tokenizer.json left unread (no_tokenizer)
@@ -178,15 +181,12 @@ static int op_hf(const char *arg, char *err, size_t errsz)
 	return rc;
 }
 
-static int op_tokenizer(const char *arg, char *err, size_t errsz)
+/* An encode and a decode through a loaded tokenizer, then tok_free. */
+static int tok_use(struct tok *t, char *err, size_t errsz)
 {
-	struct tok *t;
-	int rc = tok_load(arg, &t, err, errsz);
-	if (rc != WK_OK)
-		return rc;
 	static const char text[] = "Once upon a time, a little dog said \"hi\" \xe2\x9c\x93.";
 	int *ids = NULL, n = 0;
-	rc = tok_encode(t, text, sizeof text - 1, true, &ids, &n, err, errsz);
+	int rc = tok_encode(t, text, sizeof text - 1, true, &ids, &n, err, errsz);
 	if (rc == WK_OK) {
 		char *s = NULL;
 		size_t len = 0;
@@ -196,6 +196,27 @@ static int op_tokenizer(const char *arg, char *err, size_t errsz)
 	free(ids);
 	tok_free(t);
 	return rc;
+}
+
+static int op_tokenizer(const char *arg, char *err, size_t errsz)
+{
+	struct tok *t;
+	int rc = tok_load(arg, &t, err, errsz);
+	return rc == WK_OK ? tok_use(t, err, errsz) : rc;
+}
+
+/* tok_load_prepared itself, not tok_load_dir: a missing or stale prepared file must fail the
+ * clean run, not fall back to the tokenizer.json unnoticed. */
+static int op_tokenizer_prepared(const char *arg, char *err, size_t errsz)
+{
+	char json[4096];
+	const char *slash = strrchr(arg, '/');
+	int dir = slash ? (int)(slash - arg + 1) : 0;
+	if (snprintf(json, sizeof json, "%.*stokenizer.json", dir, arg) >= (int)sizeof json)
+		return wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", arg);
+	struct tok *t;
+	int rc = tok_load_prepared(arg, json, &t, err, errsz);
+	return rc == WK_OK ? tok_use(t, err, errsz) : rc;
 }
 
 static int op_snapshot(const char *arg, char *err, size_t errsz)
@@ -257,12 +278,12 @@ int main(int argc, char **argv)
 		const char *name;
 		op_fn fn;
 	} ops[] = {{"safetensors", op_safetensors}, {"hf", op_hf},
-		   {"tokenizer", op_tokenizer},       {"snapshot", op_snapshot},
-		   {"engine", op_engine},             {"engine-notok", op_engine_notok},
-		   {"job", op_job}};
+		   {"tokenizer", op_tokenizer},       {"tokenizer-prepared", op_tokenizer_prepared},
+		   {"snapshot", op_snapshot},         {"engine", op_engine},
+		   {"engine-notok", op_engine_notok}, {"job", op_job}};
 	if (argc != 3) {
-		fprintf(stderr, "usage: allocfail safetensors|hf|tokenizer|snapshot|engine|"
-			"engine-notok|job PATH\n");
+		fprintf(stderr, "usage: allocfail safetensors|hf|tokenizer|tokenizer-prepared|"
+			"snapshot|engine|engine-notok|job PATH\n");
 		return 2;
 	}
 	op_fn fn = NULL;

@@ -295,6 +295,7 @@ Test(tokenizer_prepared, from_a_file_checked_against_its_json)
 	free(buf);
 }
 
+
 static void put64(char *p, uint64_t v)
 {
 	for (int i = 0; i < 8; i++)
@@ -336,6 +337,15 @@ Test(tokenizer_prepared, refusals)
 		cr_assert(strstr(err, cases[i].msg), "%s: '%s' does not say %s", cases[i].what, err,
 			  cases[i].msg);
 	}
+	/* past the checksum: the vocabulary's strings start after the scalars and byte_id; a
+	 * byte of them that makes invalid UTF-8 (which tok_decode_utf8 would pass on) */
+	size_t strs = 48 + 1 + 4 + 4 + 3 + 256 * 4 + 4;
+	memcpy(c, buf, len);
+	cr_assert_neq(c[strs], 0, "the layout moved: byte %zu is not a piece's", strs);
+	c[strs] = (char)0xff;
+	put64(c + 40, XXH3_64bits(c + 48, len - 48));
+	cr_assert_eq(tok_load_prepared_mem(c, len, NULL, 0, &b, err, sizeof err), WK_EFORMAT);
+	cr_assert(strstr(err, "bad field"), "%s", err);
 	free(c);
 	tok_free(a);
 	free(buf);
