@@ -1,6 +1,6 @@
 /*
- * engine_int.h - engine internals, shared by engine.c and the model families. Nothing
- * outside engine/ includes this.
+ * engine_int.h - engine internals, shared by engine.c, engine_open.c and the model families.
+ * Nothing outside engine/ includes this.
  */
 #ifndef ENGINE_INT_H
 #define ENGINE_INT_H
@@ -202,6 +202,10 @@ static inline void *eng_kv_at(const struct engine *e, void *cache, size_t i)
 /* WK_OK when e's backend runs op (BE_OP_ATTENTION, BE_OP_MLA_ATTENTION, BE_OP_DSA_TOPK) over
  * e's KV cache type and can write it; else WK_EUNSUPPORTED naming both. */
 int eng_kv_check(struct engine *e, enum be_op op, char *err, size_t errsz);
+/* The same for a KV type and architecture before the engine has either (the fit check). */
+int eng_kv_check_arch(const struct engine *e, const char *arch, enum be_op op, enum dt_type kv,
+		      char *err, size_t errsz);
+const char *eng_kv_name(enum dt_type kv); /* "f32", "bf16" or "fp8" */
 /* n f32 values from src (the backend's memory) into a cache of type t at dst: a copy for
  * f32, rounded to bf16 (backend op cast_n) for bf16, FP8 rows of w elements quantized with
  * their scales into ds (eng_kv_blocks(w) a row); held as a chain link while a chain is open

@@ -2,7 +2,7 @@
  * tokenizer_prepared.c - a loaded tokenizer written out in wick's own binary form, and read
  * back without JSON: `wick snapshot` stores one beside tokenizer.json, so that a cold start
  * does not parse a 150k-token tokenizer.json again (most of a second on a small host, the
- * larger part of a small model's start-up; see engine.c's tok_loader).
+ * larger part of a small model's start-up; see engine_open.c's tok_loader).
  *
  * ---- Format, version 1 (all integers little-endian) ---------------------------------------
  *
