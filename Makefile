@@ -208,10 +208,11 @@ tools: $(TOOLS)
 # ---- CUDA on the CPU, under the emulator in tests/simt (no nvcc) ----------------------------
 # cu2cpp.py rewrites each CUDA file into C++ under $(BUILD)/simt and g++ compiles it against
 # tests/simt/simt.h (-w: the generated code keeps CUDA's idioms, #pragma unroll among them).
-# $(BUILD)/simt/unit is tests/unit/test_cuda.c (the unit tests' own object, project flags) on
-# the emulated CUDA files (backend_cuda.cu's cuda_device_count among them) and the CPU
-# library's objects: libwick's, less everything CUDA and cuda_none.o, archived again so that
-# only what the tests use is linked. $(BUILD)/simt/wick is the whole wick with the CUDA
+# $(BUILD)/simt/unit is the CUDA kernels' tests (tests/unit/test_cuda*.c and their helpers
+# cuda_test.c, $(CUDA_TEST_OBJ): the unit tests' own objects, project flags) on the emulated
+# CUDA files (backend_cuda.cu's cuda_device_count among them) and the CPU library's objects:
+# libwick's, less everything CUDA and cuda_none.o, archived again so that only what the tests
+# use is linked. $(BUILD)/simt/wick is the whole wick with the CUDA
 # backend (backend_cuda.cu) emulated, and tests/simt/comm_simt.c for the collectives (NCCL's
 # entry, comm_cpu's work: the emulated devices share host memory, so a sharded engine runs
 # there with a thread per rank); tests/e2e/cuda_emulated.sh runs it.
@@ -222,6 +223,8 @@ SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cud
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
 SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o \
                  $(BUILD)/simt/wgmma.o
+CUDA_TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/unit/test_cuda*.c) \
+                   tests/unit/cuda_test.c)
 SIMT_CXXFLAGS := -std=c++17 -pthread -Itests/simt/include -Itests/simt -I$(BUILD)/simt -I. $(MODEFLAGS)
 
 $(BUILD)/simt/%.cpp: %.cu tests/simt/cu2cpp.py
@@ -243,7 +246,7 @@ $(BUILD)/simt/libwick-cpu.a: $(filter-out $(BUILD)/obj/kernels/cuda/%,$(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/simt/unit: $(BUILD)/obj/tests/unit/test_cuda.o $(SIMT_OBJ) $(BUILD)/simt/libwick-cpu.a
+$(BUILD)/simt/unit: $(CUDA_TEST_OBJ) $(SIMT_OBJ) $(BUILD)/simt/libwick-cpu.a
 	$(CXX) $(LDFLAGS) -o $@ $^ $(CPU_LDLIBS) $(shell pkg-config --libs criterion)
 
 $(BUILD)/simt/comm_simt.o: tests/simt/comm_simt.c

@@ -3,7 +3,7 @@
  * noaux_tc MoE router, row gather/scatter for expert batches, MLA absorption and attention,
  * and the DSA lightning indexer's exact top-k. First versions, written for correctness; each
  * has the contract of its CPU reference in kernels/cpu/glm_ref.c (named at each kernel), and
- * tests/unit/test_cuda.c compares them on the same inputs wherever a GPU is present.
+ * tests/unit/test_cuda_glm.c compares them on the same inputs wherever a GPU is present.
  *
  * Where the CPU reference makes a discrete choice (the router's experts, the indexer's
  * positions), the kernel reproduces its tie rule exactly, not just "a" top-k: the engine's

@@ -1,7 +1,7 @@
 /*
  * kernels.cu - the CUDA kernels of cuda_kernels.h, first versions (see there), but for the GLM
  * families' (glm_kernels.cu); the helpers both use are in cuda_int.cuh. Each kernel's
- * comment names its CPU reference; tests/unit/test_cuda.c compares them on random inputs
+ * comment names its CPU reference; tests/unit/test_cuda*.c compare them on random inputs
  * wherever a GPU is present.
  */
 #include <cuda_bf16.h>

@@ -44,7 +44,7 @@
  * tiles the plan could find, sum ceil(c_e / 128) <= (n top_k + 127 A) / 128 + 1 for A =
  * min(n_local, n top_k) active experts, plus ceil(n / 128) for the shared expert, blocks
  * past the work leaving at once. The scratch then also holds the split x, up, and the split
- * h. Only the CPU emulator has run it (tests/unit/test_cuda.c's moe_experts_gemm_matches_ref
+ * h. Only the CPU emulator has run it (tests/unit/test_cuda_moe.c's moe_experts_gemm_matches_ref
  * within 1e-5 of cpu_ref_moe_experts, cuda_emulated.sh's 150-token GLM-5 prefill within 1e-3
  * of the CPU's logits); no GPU yet: the lab's "moe experts GEMM" row times it on GLM-5's
  * shape. ptxas (sm_90a): gate/up 232 registers, down 248, no stack frame, no spills (the

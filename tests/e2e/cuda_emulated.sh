@@ -314,7 +314,7 @@ close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
 # gpu-check's "f32-activation prefill GEMM gpu vs cpu", rehearsed on the emulator by
 # gpu_check_rehearsal.sh with the same prompt and bound. A doubled block scale in the kernel
 # parts these by ~2; a slot index in place of the plan's tok[] in the MoE gather gives NaN
-# logits. Groups of more than one 128-slot tile are test_cuda.c's moe_experts_gemm_matches_ref.
+# logits. Groups of more than one 128-slot tile are test_cuda_moe.c's moe_experts_gemm_matches_ref.
 section "GLM-4.5 FP8 prefill GEMMs with f32 activations, cuda against cpu"
 for c in "glm4-fp8 70 12"; do
   set -- $c

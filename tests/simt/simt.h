@@ -1,5 +1,5 @@
 /*
- * simt.h - a small CUDA emulator, so that the CUDA kernels' tests (tests/unit/test_cuda.c)
+ * simt.h - a small CUDA emulator, so that the CUDA kernels' tests (tests/unit/test_cuda*.c)
  * and the CUDA backend end to end (tests/e2e/cuda_emulated.sh) run on a plain CPU in every
  * `make test`. tests/simt/cu2cpp.py rewrites the CUDA files of kernels/cuda into C++
  * (launches become simt_run calls), the shim headers in tests/simt/include make
