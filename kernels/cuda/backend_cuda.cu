@@ -14,7 +14,7 @@
  *
  * Not yet run on a GPU (scripts/gpu-check is the first run). Both families run here: the
  * Llama family on kernels.cu, GLM-5 and GLM-4.5 also on glm_kernels.cu (MoE routing, MLA,
- * the DSA indexer; tests/unit/test_glm.c checks their engine side on devsim). Sharded runs
+ * the DSA indexer; tests/unit/test_glm_paths.c checks their engine side on devsim). Sharded runs
  * on CUDA are refused (the collectives run on host memory). A prefill's FP8 matmuls run as
  * warpgroup GEMMs (the engine asks from 64 tokens): matmul_fp8act with FP8 activations
  * (gemm_wgmma.cu), matmul_fp8w with f32 ones (gemm_fp8w.cu), their converted activations in

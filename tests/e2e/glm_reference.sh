@@ -90,7 +90,7 @@ PY
 
 # ---- wick against the reference ---------------------------------------------------------------
 # f32 KV caches, as the reference holds them (the generated checkpoints are bfloat16, so wick
-# would hold bf16 ones by default: test_glm's kv_bf16 checks those against f32 ones)
+# would hold bf16 ones by default: test_glm_paths's kv_bf16 checks those against f32 ones)
 for m in g5 g5s g5k g5b g4 g4s; do
   "$WICK" logits "$TMPD/$m" --tokens $TOKENS --all-positions --kv-dtype f32 \
     >"$TMPD/$m.wick.json" 2>"$TMPD/$m.err" ||

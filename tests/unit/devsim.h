@@ -10,7 +10,7 @@
  * devsim memory (a GPU kernel cannot read host memory), else the test fails naming it. Every
  * op of the Llama and GLM families is wrapped, and matmul_fp8w (the f32-activation prefill
  * GEMM, which the CPU lacks) as the CPU's matmul, exact. Used by test_devmem.c
- * (stories260K) and test_glm.c (GLM-5 and GLM-4.5). It also takes a snapshot restore
+ * (stories260K) and test_glm_paths.c (GLM-5 and GLM-4.5). It also takes a snapshot restore
  * straight into its memory (the stage ops), its copies made only at stage_wait.
  */
 #ifndef WICK_TEST_DEVSIM_H

@@ -1,8 +1,8 @@
 /*
  * test_devmem.c - stories260K through devsim (devsim.h: the CPU kernels on memory the host
  * cannot touch) gives exactly the CPU backend's logits and text, so the Llama family's
- * engine reaches device memory only through the backend. test_glm.c does the same for the
- * GLM families.
+ * engine reaches device memory only through the backend. test_glm_paths.c does the same for
+ * the GLM families.
  */
 #include <criterion/criterion.h>
 #include <math.h>

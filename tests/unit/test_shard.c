@@ -96,7 +96,7 @@ static char *snapshot(const char *hf, const char *name, int tp, int ep, const ch
 
 /* f32 KV caches: a sharded model's sums differ from the unsharded one's in order only (~1e-7),
  * and TOL holds them to that; a bf16 cache rounds those differences into ~4e-3 ones in the odd
- * element (test_glm's kv_bf16 tests cover the bf16 caches). */
+ * element (test_glm_paths's kv_bf16 tests cover the bf16 caches). */
 static struct engine *open_model(const char *dir, int max_seqs)
 {
 	struct engine *e;
