@@ -208,6 +208,7 @@ tools: $(TOOLS)
 # ---- CUDA on the CPU, under the emulator in tests/simt (no nvcc) ----------------------------
 # cu2cpp.py rewrites each CUDA file into C++ under $(BUILD)/simt and g++ compiles it against
 # tests/simt/simt.h (-w: the generated code keeps CUDA's idioms, #pragma unroll among them).
+# The emulator itself, $(SIMT_EMU) (tests/simt/*.cpp), is compiled with the warnings as errors.
 # $(BUILD)/simt/unit is the CUDA kernels' tests (tests/unit/test_cuda*.c and their helpers
 # cuda_test.c, $(CUDA_TEST_OBJ): the unit tests' own objects, project flags) on the emulated
 # CUDA files (backend_cuda.cu's cuda_device_count among them) and the CPU library's objects:
@@ -221,8 +222,8 @@ SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cud
                  kernels/cuda/gemm_fp8.cu kernels/cuda/gemm_wgmma.cu kernels/cuda/gemm_fp8w.cu \
                  kernels/cuda/backend_cuda.cu
 SIMT_CUH      := $(patsubst %,$(BUILD)/simt/%,$(wildcard kernels/cuda/*.cuh))
-SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(BUILD)/simt/simt.o $(BUILD)/simt/mma.o \
-                 $(BUILD)/simt/wgmma.o
+SIMT_EMU      := simt simt_mem simt_runtime mma wgmma
+SIMT_OBJ      := $(SIMT_CU:%.cu=$(BUILD)/simt/%.o) $(SIMT_EMU:%=$(BUILD)/simt/%.o)
 CUDA_TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/unit/test_cuda*.c) \
                    tests/unit/cuda_test.c)
 SIMT_CXXFLAGS := -std=c++17 -pthread -Itests/simt/include -Itests/simt -I$(BUILD)/simt -I. $(MODEFLAGS)
@@ -238,7 +239,7 @@ $(SIMT_CUH): $(BUILD)/simt/%.cuh: %.cuh tests/simt/cu2cpp.py
 $(BUILD)/simt/%.o: $(BUILD)/simt/%.cpp $(SIMT_CUH)
 	$(CXX) $(SIMT_CXXFLAGS) -w -MMD -MP -c -o $@ $<
 
-$(BUILD)/simt/simt.o $(BUILD)/simt/mma.o $(BUILD)/simt/wgmma.o: $(BUILD)/simt/%.o: tests/simt/%.cpp
+$(SIMT_EMU:%=$(BUILD)/simt/%.o): $(BUILD)/simt/%.o: tests/simt/%.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIMT_CXXFLAGS) -Wall -Wextra -Werror -MMD -MP -c -o $@ $<
 

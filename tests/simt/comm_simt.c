@@ -8,14 +8,14 @@
  * machine does that (scripts/gpu-check). comm_cpu's collectives touch every rank's buffers
  * from the host, so each opens every device's memory while it runs (simt_device_access: the
  * emulator keeps a device's memory closed to the host and to other devices' kernels,
- * simt.cpp), as NCCL's kernels would reach it; only once every rank has arrived (a barrier
+ * simt_mem.cpp), as NCCL's kernels would reach it; only once every rank has arrived (a barrier
  * first: no rank is launching a kernel then, so the open memory cannot hide one rank's
  * kernel reading another's), and closed by all before any goes on (a barrier after).
  */
 #include "common/wk.h"
 #include "engine/comm.h"
 
-void simt_device_access(int open); /* simt.cpp */
+void simt_device_access(int open); /* simt_mem.cpp */
 
 /* every rank here, then every device's memory open */
 static int open_all(void *ctx, int rank, char *err, size_t errsz)

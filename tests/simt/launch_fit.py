@@ -2,9 +2,9 @@
 """launch_fit.py LAUNCHES SOURCE_DIR PTXAS... - do the emulated tests' launches fit an H200?
    launch_fit.py --self-test - the rules below on cases worked by hand
 
-The emulator (simt.cpp) checks a launch's grid, block and dynamic shared memory as CUDA does,
-but it cannot see what ptxas made of each kernel: its registers and static shared memory.
-A launch that asks for more than an SM holds fails on the GPU alone ("too many resources
+The emulator (simt_runtime.cpp) checks a launch's grid, block and dynamic shared memory as
+CUDA does, but it cannot see what ptxas made of each kernel: its registers and static shared
+memory. A launch that asks for more than an SM holds fails on the GPU alone ("too many resources
 requested for launch"), at the first run there. This joins the two:
   LAUNCHES  lines "kernel<TAB>threads<TAB>dynamic shared bytes<TAB>opt-in bytes", written by
             the emulator under WICK_SIMT_LAUNCHES (the kernel's name as the launch wrote it);

@@ -35,7 +35,7 @@
  *     memory, so a host pointer handed to a kernel works here (devsim, tests/unit/devsim.c,
  *     checks that for the backend); the other way round is checked: device memory comes
  *     from an arena, a slice per device, that the host cannot reach while no kernel, copy
- *     or collective uses it (simt.cpp's guard), so host code reading or writing through a
+ *     or collective uses it (simt_mem.cpp's guard), so host code reading or writing through a
  *     device pointer faults and is named, as is a kernel's access to another device's
  *     memory, to freed memory or past an allocation's last page (on devices holding up to
  *     WICK_SIMT_GUARD_MB, 64 MiB, of live memory: a larger one stays open, the mprotect of
@@ -251,7 +251,7 @@ void simt_nanosleep(unsigned ns);
 
 /* A load of n (<= 16, n-aligned) bytes through the non-coherent read-only path
  * (ld.global.nc): in an interleaved launch, what src held when the launch began, as a GPU's
- * read-only cache may answer after another block's write (simt.cpp, cow); else src now. */
+ * read-only cache may answer after another block's write (simt_mem.cpp, cow); else src now. */
 void simt_ld_nc(void *dst, const void *src, size_t n);
 
 /* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
@@ -381,7 +381,7 @@ template <typename T, typename U> static inline T atomicAdd(T *p, U v)
 	return old;
 }
 
-/* ---- the runtime API (simt.cpp), for the kernel files and kernels/cuda/backend_cuda.cu ----
+/* ---- the runtime API (simt_runtime.cpp), for the kernels and kernels/cuda/backend_cuda.cu ----
  *
  * One device, number 0; device memory is host memory. cudaMalloc poisons what it returns and
  * records it; cudaHostAlloc (pinned memory) likewise. A copy or memset whose pointers do not

@@ -54,7 +54,7 @@ static int read_device_pointer(void *d)
 
 /* The host cannot read device memory through a pointer: on a GPU the dereference faults, and
  * the emulator (tests/simt) keeps device memory out of the host's reach between kernels and
- * copies so that it faults there too (simt.cpp: a backend that reads a device pointer on
+ * copies so that it faults there too (simt_mem.cpp: a backend that reads a device pointer on
  * the host fails every emulated run, not only the GPU's). A child process tries. */
 Test(cuda_kernels, host_cannot_read_device_memory)
 {
@@ -83,7 +83,7 @@ static int cross_device_kernel(void *unused)
 /* Nor can a kernel on one GPU read another's memory: wick enables no peer access (a rank's
  * kernels work on its own shard; NCCL moves the rest), so on a GPU such a read is an illegal
  * address, and the emulator keeps a device's memory closed to other devices' kernels
- * (simt.cpp). Needs two devices (the emulator is given two). */
+ * (simt_mem.cpp). Needs two devices (the emulator is given two). */
 Test(cuda_kernels, kernel_cannot_read_another_devices_memory)
 {
 	setenv("WICK_SIMT_DEVICES", "2", 0); /* the emulator's device count; nothing on a GPU */
