@@ -75,6 +75,11 @@ void tok_free(struct tok *t); /* NULL is fine */
  * WK_OK or WK_ENOMEM. */
 int tok_prepare(const struct tok *t, const void *json, size_t json_len, char **buf,
 		size_t *len, char *err, size_t errsz);
+/* The prepared form of the tokenizer.json json[0..json_len) (path names it in messages):
+ * tok_load_buf, tok_prepare, then the result read back by tok_load_prepared_mem, so that what
+ * is returned is what a start will load. Errors as theirs; *buf NULL then. */
+int tok_prepare_json(const char *path, const char *json, size_t json_len, char **buf,
+		     size_t *len, char *err, size_t errsz);
 /* Loads a prepared tokenizer from buf. With json non-NULL, it must be the tokenizer.json the
  * file was made from (same size and hash). Returns WK_OK; WK_EUNSUPPORTED when the file is of
  * another format version or was made from another tokenizer.json (the caller should load that

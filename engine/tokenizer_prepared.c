@@ -223,6 +223,30 @@ int tok_prepare(const struct tok *t, const void *json, size_t json_len, char **b
 	return WK_OK;
 }
 
+int tok_prepare_json(const char *path, const char *json, size_t json_len, char **buf,
+		     size_t *len, char *err, size_t errsz)
+{
+	struct tok *t;
+	*buf = NULL;
+	int rc = tok_load_buf(path, json, json_len, &t, err, errsz);
+	if (rc == WK_OK)
+		rc = tok_prepare(t, json, json_len, buf, len, err, errsz);
+	tok_free(t);
+	if (rc != WK_OK)
+		return rc;
+	/* read back as a start will read it: a table the loader refuses must not be written
+	 * (a snapshot with it could not start) */
+	char why[WK_ERRSZ];
+	if ((rc = tok_load_prepared_mem(*buf, *len, json, json_len, &t, why, sizeof why))) {
+		free(*buf);
+		*buf = NULL;
+		return wk_errf(err, errsz, rc, "%s: its prepared form does not read back: %s", path,
+			       why);
+	}
+	tok_free(t);
+	return WK_OK;
+}
+
 /* ---- reading ------------------------------------------------------------------------------ */
 
 /* A cursor over the payload; any read past its end sets bad and returns zeros. */

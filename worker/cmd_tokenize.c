@@ -256,17 +256,13 @@ static int write_prepared(const char *path, const char *out)
 {
 	char err[WK_ERRSZ], *json = NULL, *buf = NULL;
 	size_t jlen, len;
-	struct tok *t = NULL;
 	int rc = wk_read_file(path, TOK_MAX_FILE, &json, &jlen, err, sizeof err);
 	if (rc == WK_OK)
-		rc = tok_load_buf(path, json, jlen, &t, err, sizeof err);
-	if (rc == WK_OK)
-		rc = tok_prepare(t, json, jlen, &buf, &len, err, sizeof err);
+		rc = tok_prepare_json(path, json, jlen, &buf, &len, err, sizeof err);
 	if (rc == WK_OK)
 		rc = wk_write_file(out, buf, len, err, sizeof err);
 	if (rc != WK_OK)
 		fprintf(stderr, "wick tokenize: %s\n", err);
-	tok_free(t);
 	free(json);
 	free(buf);
 	return rc == WK_OK ? 0 : 1;
