@@ -543,8 +543,13 @@ static int parse_added(struct ld *l, struct tok *t, json_t *list)
 			break;
 		}
 		if (a->normalized) {
-			if (tok_normalize(t, a->content, a->len, &nb, &tmp) != WK_OK) {
-				rc = LD_ERR(l, WK_ENOMEM, "%s: out of memory", l->path);
+			int nrc = tok_normalize(t, a->content, a->len, &nb, &tmp);
+			if (nrc != WK_OK) {
+				rc = nrc == WK_ELIMIT
+					     ? LD_ERR(l, nrc, "%s: added_tokens[%zu]: the normalizer "
+						      "grows it past %d times its size", l->path, i,
+						      TOK_NORM_GROWTH)
+					     : LD_ERR(l, WK_ENOMEM, "%s: out of memory", l->path);
 				break;
 			}
 			a->pattern = malloc(nb.n + 1);

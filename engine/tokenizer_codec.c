@@ -23,6 +23,7 @@ int tok_normalize(const struct tok *t, const char *s, size_t n, struct tok_buf *
 	out->n = 0;
 	if (tok_buf_add(out, s, n) != WK_OK)
 		return WK_ENOMEM;
+	size_t cap = TOK_NORM_GROWTH * n + 65536;
 	for (int k = 0; k < t->n_norm; k++) {
 		const struct tok_step *st = &t->norm[k];
 		if (out->n == 0)
@@ -40,6 +41,8 @@ int tok_normalize(const struct tok *t, const char *s, size_t n, struct tok_buf *
 			const char *hit;
 			while ((hit = memmem(out->p + from, out->n - from, st->s1, st->n1))) {
 				size_t i = (size_t)(hit - out->p);
+				if (tmp->n > cap)
+					return WK_ELIMIT;
 				if (tok_buf_add(tmp, out->p + from, i - from) != WK_OK ||
 				    tok_buf_add(tmp, st->s2, st->n2) != WK_OK)
 					return WK_ENOMEM;
@@ -48,6 +51,8 @@ int tok_normalize(const struct tok *t, const char *s, size_t n, struct tok_buf *
 			if (tok_buf_add(tmp, out->p + from, out->n - from) != WK_OK)
 				return WK_ENOMEM;
 		}
+		if (tmp->n > cap)
+			return WK_ELIMIT;
 		struct tok_buf x = *out;
 		*out = *tmp;
 		*tmp = x;
@@ -234,8 +239,9 @@ static int seg_model(struct enc *e, const char *s, size_t n, bool at_start)
 /* Normalizer, then the normalized added tokens, for one raw segment. */
 static int seg_raw(struct enc *e, const char *s, size_t n, bool at_start)
 {
-	if (tok_normalize(e->t, s, n, &e->nb, &e->tmp) != WK_OK)
-		return WK_ENOMEM;
+	int rc = tok_normalize(e->t, s, n, &e->nb, &e->tmp);
+	if (rc != WK_OK)
+		return rc;
 	return split_added(e, &e->t->norm_match, e->t->has_norm, e->nb.p, e->nb.n, at_start,
 			   seg_model);
 }
@@ -264,6 +270,10 @@ int tok_encode(const struct tok *t, const char *text, size_t len, bool add_speci
 	free(e.mb.p);
 	if (rc != WK_OK) {
 		free(e.out.v);
+		if (rc == WK_ELIMIT)
+			return wk_errf(err, errsz, rc, "tokenizer: the normalizer grew %zu bytes of "
+				       "text past %d times their size (Replace steps whose content is "
+				       "longer than their pattern)", len, TOK_NORM_GROWTH);
 		return wk_errf(err, errsz, rc, "tokenizer: out of memory encoding %zu bytes", len);
 	}
 	*ids = e.out.v;

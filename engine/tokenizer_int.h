@@ -245,7 +245,11 @@ void tok_scratch_free(struct tok_scratch *s);
 size_t tok_utf8_len(const unsigned char *p, size_t n);
 
 /* Applies the normalizer steps to s[0..n) into out (cleared first); tmp is scratch.
- * WK_OK or WK_ENOMEM. */
+ * WK_OK, WK_ENOMEM, or WK_ELIMIT when a step's output passes TOK_NORM_GROWTH times n plus
+ * 64 KiB: real normalizers grow text by 3x at most (a space to "▁"), but Replace steps whose
+ * content is longer than their pattern multiply it, step after step (16 steps of 256 bytes
+ * each could turn a byte into 256^16), so a tokenizer.json could otherwise exhaust memory. */
+#define TOK_NORM_GROWTH 16
 int tok_normalize(const struct tok *t, const char *s, size_t n, struct tok_buf *out,
 		  struct tok_buf *tmp);
 

@@ -258,6 +258,50 @@ static void write_file(const char *path, const char *text)
 
 #define BPE_HEAD "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, "
 
+/* Replace steps whose content is longer than their pattern multiply the text, step after
+ * step: four of "a" -> 256 a's would turn "a" into 4 GiB. The normalizer stops a step's
+ * output at 16x the input plus 64 KiB, for the text (encode) and for a normalized added token
+ * (load), and says why: two such steps take "a" to 64 KiB (inside) and "aaaa" to 256 KiB
+ * (past it). */
+Test(tokenizer, normalizer_growth_is_bounded)
+{
+	char a256[257], path[700], err[WK_ERRSZ], json[4096], one[400];
+	memset(a256, 'a', 256);
+	a256[256] = 0;
+	snprintf(one, sizeof one, "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, "
+		 "\"content\": \"%s\"}", a256);
+	for (int steps = 2; steps <= 4; steps += 2) {
+		int k = snprintf(json, sizeof json, BPE_HEAD "\"merges\": []}, \"normalizer\": "
+				 "{\"type\": \"Sequence\", \"normalizers\": [");
+		for (int i = 0; i < steps; i++)
+			k += snprintf(json + k, sizeof json - (size_t)k, "%s%s", i ? ", " : "", one);
+		snprintf(json + k, sizeof json - (size_t)k, "]}}");
+		snprintf(path, sizeof path, "%s/grow%d.json", dir, steps);
+		write_file(path, json);
+		struct tok *t;
+		cr_assert_eq(tok_load(path, &t, err, sizeof err), WK_OK, "%s", err);
+		int *ids, n;
+		int rc = tok_encode(t, "a", 1, false, &ids, &n, err, sizeof err);
+		if (steps == 2) {
+			cr_assert_eq(rc, WK_OK, "%s", err);
+			cr_assert_eq(n, 65536);
+			free(ids);
+			rc = tok_encode(t, "aaaa", 4, false, &ids, &n, err, sizeof err);
+		}
+		cr_assert_eq(rc, WK_ELIMIT, "%d steps: rc %d (%s)", steps, rc, err);
+		cr_assert(strstr(err, "normalizer"), "%s", err);
+		tok_free(t);
+		if (steps == 2)
+			continue;
+		/* the same normalizer on a normalized added token, at load */
+		snprintf(json + k, sizeof json - (size_t)k, "]}, \"added_tokens\": [{\"id\": 3, "
+			 "\"content\": \"<x>a\", \"normalized\": true}]}");
+		write_file(path, json);
+		cr_assert_eq(tok_load(path, &t, err, sizeof err), WK_ELIMIT, "%s", err);
+		cr_assert(strstr(err, "added_tokens[0]") && strstr(err, "normalizer"), "%s", err);
+	}
+}
+
 Test(tokenizer, malformed_json)
 {
 	static const struct {
