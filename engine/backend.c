@@ -1,3 +1,5 @@
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -38,6 +40,109 @@ static const struct backend *rbe(const struct be_sink *k, int rank)
 	return rank == 0 ? k->be : k->raw;
 }
 
+/* A further rank's context, started on a thread of its own. */
+struct rank_start {
+	const struct backend *be;
+	struct be_config c;
+	void *ctx;
+	int rc;
+	bool threaded;
+	pthread_t th;
+};
+
+static void *rank_start_main(void *arg)
+{
+	struct rank_start *s = arg;
+	char err[WK_ERRSZ]; /* the rank engine that finds no context names the problem */
+	s->rc = s->be->init(&s->ctx, &s->c, err, sizeof err);
+	return NULL;
+}
+
+/* The communicator accept starts (be_sink.cs). */
+struct be_sink_comm {
+	const struct comm_ops *ops;
+	int world;
+	pthread_t th;
+	void *ctx;
+	int rc;
+	double t0, init_s;
+	char err[WK_ERRSZ];
+};
+
+static void *comm_start_main(void *arg)
+{
+	struct be_sink_comm *cs = arg;
+	cs->rc = cs->ops->init(&cs->ctx, cs->world, cs->err, sizeof cs->err);
+	cs->init_s = wk_now() - cs->t0;
+	return NULL;
+}
+
+/* Starts k->comm's init for world ranks on a thread; none where the thread cannot start
+ * (the sharded engine then makes the communicator itself). */
+static void comm_start(struct be_sink *k, int world)
+{
+	struct be_sink_comm *cs = calloc(1, sizeof *cs);
+	if (!cs)
+		return;
+	*cs = (struct be_sink_comm){.ops = k->comm, .world = world, .t0 = wk_now()};
+	if (pthread_create(&cs->th, NULL, comm_start_main, cs) != 0) {
+		free(cs);
+		return;
+	}
+	k->cs = cs;
+}
+
+/* Waits for the communicator accept started and destroys it. */
+static void comm_drop(struct be_sink *k)
+{
+	struct be_sink_comm *cs = k->cs;
+	if (!cs)
+		return;
+	pthread_join(cs->th, NULL);
+	if (cs->rc == WK_OK && cs->ops->destroy)
+		cs->ops->destroy(cs->ctx);
+	free(cs);
+	k->cs = NULL;
+}
+
+/* The further ranks' contexts not yet started are started at once, a thread each (inline
+ * where a thread cannot start); false, with every context not taken shut down, when any
+ * cannot start. */
+static bool start_ranks(struct be_sink *k, int world)
+{
+	struct rank_start st[BE_SINK_MAX];
+	bool ok = true;
+	for (int r = 1; r < world; r++) {
+		st[r] = (struct rank_start){.be = k->raw, .ctx = k->rctx[r], .rc = WK_OK,
+					    .c = {.threads = be_rank_threads(k->threads, world),
+						  .device = r, .fp8_act = k->fp8_act}};
+		if (k->rctx[r] && !k->taken[r])
+			continue; /* started by an earlier restore through this sink */
+		st[r].ctx = NULL;
+		st[r].threaded = pthread_create(&st[r].th, NULL, rank_start_main, &st[r]) == 0;
+		if (!st[r].threaded)
+			rank_start_main(&st[r]);
+	}
+	for (int r = 1; r < world; r++) {
+		if (st[r].threaded)
+			pthread_join(st[r].th, NULL);
+		if (st[r].rc == WK_OK)
+			k->rctx[r] = st[r].ctx;
+		else
+			ok = false;
+	}
+	if (ok)
+		return true;
+	/* too few devices, say: restored into host memory, and the rank engines starting their
+	 * own backends name the problem */
+	for (int q = 1; q < BE_SINK_MAX; q++)
+		if (k->rctx[q] && !k->taken[q])
+			k->raw->shutdown(k->rctx[q]);
+	memset(k->rctx + 1, 0, sizeof k->rctx - sizeof k->rctx[0]);
+	memset(k->taken, 0, sizeof k->taken);
+	return false;
+}
+
 static bool sink_accept(void *ctx, int world)
 {
 	struct be_sink *k = ctx;
@@ -45,25 +150,15 @@ static bool sink_accept(void *ctx, int world)
 	if (world < 1 || world > BE_SINK_MAX || (world > 1 && (!k->raw || !k->raw->init)))
 		return false;
 	k->rctx[0] = k->ctx;
-	for (int r = 1; r < world; r++) {
-		if (k->rctx[r] && !k->taken[r])
-			continue; /* started by an earlier restore through this sink */
-		char err[WK_ERRSZ];
-		struct be_config c = {.threads = be_rank_threads(k->threads, world), .device = r,
-				      .fp8_act = k->fp8_act};
-		if (k->raw->init(&k->rctx[r], &c, err, sizeof err) != WK_OK) {
-			/* too few devices, say: restored into host memory, and the rank engines
-			 * starting their own backends name the problem */
-			for (int q = 1; q < BE_SINK_MAX; q++)
-				if (k->rctx[q] && !k->taken[q])
-					k->raw->shutdown(k->rctx[q]);
-			memset(k->rctx + 1, 0, sizeof k->rctx - sizeof k->rctx[0]);
-			memset(k->taken, 0, sizeof k->taken);
-			k->world = 1;
-			return false;
-		}
+	double t0 = wk_now();
+	if (!start_ranks(k, world)) {
+		k->world = 1;
+		return false;
 	}
+	k->ranks_s = wk_now() - t0;
 	k->world = world;
+	if (k->comm && world > 1 && !k->cs)
+		comm_start(k, world);
 	return true;
 }
 
@@ -134,8 +229,31 @@ void *be_sink_take(struct be_sink *k, int rank)
 	return k->rctx[rank];
 }
 
+int be_sink_comm(struct be_sink *k, const struct comm_ops *ops, int world, void **ctx,
+		 double *init_s, double *wait_s, char *err, size_t errsz)
+{
+	struct be_sink_comm *cs = k->cs;
+	*ctx = NULL;
+	*init_s = *wait_s = 0;
+	if (!cs || cs->ops != ops || cs->world != world)
+		return WK_ENOTFOUND;
+	double t = wk_now();
+	pthread_join(cs->th, NULL);
+	*wait_s = wk_now() - t;
+	*init_s = cs->init_s;
+	k->cs = NULL;
+	int rc = cs->rc;
+	if (rc == WK_OK)
+		*ctx = cs->ctx;
+	else
+		wk_errf(err, errsz, rc, "%s", cs->err);
+	free(cs);
+	return rc;
+}
+
 void be_sink_close(struct be_sink *k)
 {
+	comm_drop(k); /* before the contexts it may use */
 	for (int r = 1; r < BE_SINK_MAX; r++)
 		if (k->rctx[r] && !k->taken[r])
 			k->raw->shutdown(k->rctx[r]);

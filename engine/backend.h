@@ -448,23 +448,37 @@ struct backend {
  * in its own device's memory, through staging buffers the ranks share (stage ops, above).
  * The rank engines then take their contexts (be_sink_take); be_sink_close shuts down those
  * never taken. A later restore through the same sink reuses the contexts still held (wick
- * bench restore times restores, not context starts). */
+ * bench restore times restores, not context starts).
+ * The further ranks' contexts start at once, a thread each (7 on an 8-GPU node). Where
+ * k->comm is set, accept also starts a communicator of the world's ranks on a thread of its
+ * own, so that it is made (NCCL over 8 GPUs: seconds) while the snapshot streams, not after
+ * it; the sharded engine takes it with be_sink_comm. */
 #define BE_SINK_MAX 64 /* = COMM_MAX_WORLD */
 struct snap_sink;
+struct comm_ops;
 struct be_sink {
 	const struct backend *be;
 	void *ctx;
 	const struct backend *raw;
 	int threads; /* as be_config's, for the whole process */
 	bool fp8_act; /* as be_config's */
+	const struct comm_ops *comm; /* the collectives to start at accept; NULL: none */
 	int world;   /* set by accept */
 	void *rctx[BE_SINK_MAX]; /* rank r's context; [0] = ctx */
 	bool taken[BE_SINK_MAX];
+	double ranks_s; /* accept's wait for the further ranks' contexts to start */
+	struct be_sink_comm *cs; /* the communicator accept started, until taken */
 };
 bool be_streams(const struct backend *b);
 struct snap_sink be_snap_sink(struct be_sink *k);
 /* Rank r's context, now the caller's to shut down; NULL when the sink started none. */
 void *be_sink_take(struct be_sink *k, int rank);
+/* The communicator of world ranks that accept started with ops (k->comm): waits for its init
+ * and hands it over (*ctx, the caller's to destroy), or returns its init's error.
+ * WK_ENOTFOUND when accept started none of those ops and that world (the caller makes its
+ * own). *init_s: how long the init took; *wait_s: how long this call waited for it. */
+int be_sink_comm(struct be_sink *k, const struct comm_ops *ops, int world, void **ctx,
+		 double *init_s, double *wait_s, char *err, size_t errsz);
 void be_sink_close(struct be_sink *k);
 /* CPU threads for each of world ranks out of threads (<= 0: all cores): at least one. */
 int be_rank_threads(int threads, int world);

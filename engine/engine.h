@@ -95,6 +95,12 @@ struct eng_info {
 		uint64_t bytes;        /* bytes restored */
 		bool to_device;        /* restored straight into the backend's device memory
 					* (the snapshot streamed through pinned staging) */
+		/* sharded (world > 1): */
+		double ranks_s;        /* starting the further ranks' device contexts, at once
+					* (a restore into device memory; 0 otherwise) */
+		double comm_s;         /* making the ranks' communicator: beside the restore where
+					* it streamed into device memory, else after it */
+		double comm_wait_s;    /* of which the start waited for after the weights */
 	} startup;
 };
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/wk.h"
+#include "engine/comm.h"
 #include "engine/engine_int.h"
 #include "engine/tokenizer.h"
 
@@ -293,9 +294,13 @@ static int open_weights(struct engine *e, const char *dir, const struct eng_opts
 			return rc;
 		so.check = fit_check;
 		so.check_ctx = &fit;
+		/* a sharded restore into GPUs makes its communicator while the snapshot streams:
+		 * the collectives shard_open will pick (NCCL between GPUs, or the caller's) */
 		e->sink = (struct be_sink){.be = e->be, .ctx = e->bctx, .raw = b,
 					   .threads = o ? o->threads : 0,
-					   .fp8_act = o && o->fp8_act};
+					   .fp8_act = o && o->fp8_act,
+					   .comm = o && o->comm_ops ? o->comm_ops
+						   : b == &be_cuda ? &comm_nccl : NULL};
 		if (be_streams(e->be)) {
 			sink = be_snap_sink(&e->sink);
 			so.sink = &sink;

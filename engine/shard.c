@@ -521,11 +521,20 @@ int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t err
 	/* The collectives follow the backend: NCCL between GPUs, in-process between CPU ranks
 	 * (and for the null backend, which computes nothing). */
 	sh->comm = o && o->comm_ops ? o->comm_ops : be == &be_cuda ? &comm_nccl : &comm_cpu;
-	int rc = sh->comm->init(&sh->comm_ctx, W, err, errsz);
+	/* made beside the restore where it streamed into the devices (be_sink_comm), else now */
+	struct eng_startup *su = &e->info.startup;
+	int rc = be_sink_comm(&e->sink, sh->comm, W, &sh->comm_ctx, &su->comm_s, &su->comm_wait_s,
+			      err, errsz);
+	if (rc == WK_ENOTFOUND) {
+		double t = wk_now();
+		rc = sh->comm->init(&sh->comm_ctx, W, err, errsz);
+		su->comm_s = su->comm_wait_s = wk_now() - t;
+	}
 	if (rc != WK_OK) {
 		sh->comm_ctx = NULL;
 		return rc;
 	}
+	su->ranks_s = e->sink.ranks_s;
 	/* CPU ranks share the cores: each gets threads / world of them (at least one). */
 	int threads = be_rank_threads(o ? o->threads : 0, W);
 	for (int r = 0; r < W; r++)

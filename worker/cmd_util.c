@@ -103,12 +103,14 @@ int cmd_engine_open(struct cmd_engine *ce, struct engine **e)
 			"\"read_s\": %.6f, \"verify_s\": %.6f, \"tokenizer_s\": %.6f, "
 			"\"tokenizer_prepared\": %s, "
 			"\"init_s\": %.6f, \"total_s\": %.6f, "
-			"\"bytes\": %llu, \"to_device\": %s, \"ready_mono\": %.6f, "
+			"\"bytes\": %llu, \"to_device\": %s, \"ranks_s\": %.6f, \"comm_s\": %.6f, "
+			"\"comm_wait_s\": %.6f, \"ready_mono\": %.6f, "
 			"\"kv_dtype\": \"%s\", \"max_seq\": %d, \"max_seqs\": %d}}\n",
 			ce->model, s->snapshot ? "true" : "false", s->weights_s, s->read_s, s->verify_s,
 			s->tokenizer_s, s->tokenizer_prepared ? "true" : "false", s->init_s,
-			s->total_s, (unsigned long long)s->bytes, s->to_device ? "true" : "false", s->ready_mono, in->kv_dtype, in->max_seq,
-			in->max_seqs);
+			s->total_s, (unsigned long long)s->bytes, s->to_device ? "true" : "false",
+			s->ranks_s, s->comm_s, s->comm_wait_s, s->ready_mono, in->kv_dtype,
+			in->max_seq, in->max_seqs);
 	return 0;
 }
 

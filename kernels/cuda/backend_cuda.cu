@@ -97,6 +97,32 @@ static bool ok_cuda(struct cuda_ctx *c, cudaError_t e, const char *what)
 static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void **out, char *err,
 		      size_t errsz);
 
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static bool env_gemv_mma, env_gemm_st;
+
+/* The environment's settings, read once for the process. */
+static void env_read(void)
+{
+	/* WICK_CUDA_PDL=0: the GEMVs launched as ordinary kernels, not programmatic dependents
+	 * (an operator's escape hatch, and the baseline gpu-check times them against) */
+	const char *pdl = getenv("WICK_CUDA_PDL");
+	if (pdl && strcmp(pdl, "0") == 0)
+		wk_cuda_set_pdl(0);
+	/* WICK_CUDA_STREAM=pt: compute on each thread's per-thread default stream rather than
+	 * the legacy one (whether PDL acts on the legacy stream is for the GPU to say: the lab's
+	 * launch-floor rows and gpu-check's decode step time both) */
+	const char *st = getenv("WICK_CUDA_STREAM");
+	wk_cuda_set_stream(st && strcmp(st, "pt") == 0);
+	/* the GEMVs of 2..8 tokens on the tensor cores (gemv_route), unless WICK_CUDA_GEMV=v1:
+	 * on an H200, v2 read FP8 weights at 2.5-4.6x v1's rate at 8 tokens, bf16 at 1.8-2.9x */
+	const char *gv = getenv("WICK_CUDA_GEMV");
+	env_gemv_mma = !(gv && strcmp(gv, "v1") == 0);
+	/* WICK_CUDA_GEMM=st: the FP8 prefill GEMM with the TMA-store epilogue (the lab's
+	 * "wgmma st"; the same sums, stored another way) */
+	const char *gm = getenv("WICK_CUDA_GEMM");
+	env_gemm_st = gm && strcmp(gm, "st") == 0;
+}
+
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
 {
 	int n = cuda_device_count();
@@ -114,24 +140,11 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	c->device = cfg->device;
 	pthread_mutex_init(&c->stage_mu, NULL);
-	/* WICK_CUDA_PDL=0: the GEMVs launched as ordinary kernels, not programmatic dependents
-	 * (an operator's escape hatch, and the baseline gpu-check times them against) */
-	const char *pdl = getenv("WICK_CUDA_PDL");
-	if (pdl && strcmp(pdl, "0") == 0)
-		wk_cuda_set_pdl(0);
-	/* WICK_CUDA_STREAM=pt: compute on each thread's per-thread default stream rather than
-	 * the legacy one (whether PDL acts on the legacy stream is for the GPU to say: the lab's
-	 * launch-floor rows and gpu-check's decode step time both) */
-	const char *st = getenv("WICK_CUDA_STREAM");
-	wk_cuda_set_stream(st && strcmp(st, "pt") == 0);
-	/* the GEMVs of 2..8 tokens on the tensor cores (gemv_route), unless WICK_CUDA_GEMV=v1:
-	 * on an H200, v2 read FP8 weights at 2.5-4.6x v1's rate at 8 tokens, bf16 at 1.8-2.9x */
-	const char *gv = getenv("WICK_CUDA_GEMV");
-	c->gemv_mma = !(gv && strcmp(gv, "v1") == 0) && !cfg->fp8_act;
-	/* WICK_CUDA_GEMM=st: the FP8 prefill GEMM with the TMA-store epilogue (the lab's
-	 * "wgmma st"; the same sums, stored another way) */
-	const char *gm = getenv("WICK_CUDA_GEMM");
-	c->gemm_st = gm && strcmp(gm, "st") == 0;
+	/* the process-wide settings, once: a sharded restore starts the ranks' contexts from
+	 * threads of their own at once (be_sink) */
+	pthread_once(&env_once, env_read);
+	c->gemv_mma = env_gemv_mma && !cfg->fp8_act;
+	c->gemm_st = env_gemm_st;
 	*ctx = c;
 	return WK_OK;
 }

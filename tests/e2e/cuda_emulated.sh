@@ -404,10 +404,19 @@ for c in "glm5 2 4" "glm4 2 1"; do # world = max(tp, ep) ranks, one device each
   "$WICK" snapshot "$TMPD/$fam" -o "$TMPD/$s" --tp "$tp" --ep "$ep" >/dev/null 2>&1 \
     || fail "snapshot $fam tp $tp ep $ep"
   WICK_SIMT_DEVICES=$w "$EMU" logits "$TMPD/$s" --tokens $ids --all-positions \
-    --backend cuda $KV32 >"$TMPD/$s.cuda.json" 2>"$TMPD/err" \
+    --backend cuda $KV32 --verbose >"$TMPD/$s.cuda.json" 2>"$TMPD/err" \
     || fail "$s: cuda logits: $(tail -n 3 "$TMPD/err")"
   grep -q "restored .* into device memory" "$TMPD/err" \
     || fail "$s: the rank files were not restored into device memory: $(cat "$TMPD/err")"
+  # the further ranks' contexts started at once, the communicator made beside the restore
+  grep '^{"startup"' "$TMPD/err" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["startup"]
+assert s["to_device"] and s["ranks_s"] > 0 and s["comm_s"] > 0, s
+assert 0 <= s["comm_wait_s"] <= s["comm_s"], s
+print("   start-up: further ranks %.1f ms, communicator %.1f ms (waited for %.1f ms after the "
+      "weights)" % (s["ranks_s"] * 1e3, s["comm_s"] * 1e3, s["comm_wait_s"] * 1e3))' \
+    || fail "$s: start-up timings: $(grep startup "$TMPD/err")"
   close "$fam tp $tp x ep $ep, $w ranks on $w devices" "$TMPD/$fam.cpu.json" "$TMPD/$s.cuda.json"
 done
 WICK_GLM_MLA=absorb WICK_SIMT_DEVICES=4 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids \

@@ -18,6 +18,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 
 #include "coldstart/snapshot.h"
 #include "common/wk.h"
+#include "engine/comm.h"
 #include "engine/convert.h"
 #include "engine/engine.h"
 #include "engine/engine_int.h"
@@ -433,6 +435,160 @@ Test(shard, sharded_on_device_memory_matches_cpu)
 	hf = gen_glm("g4d", "glm4", "--seed 8 --heads 8 --kv-heads 2");
 	device_matches(hf, "glm4", 2, 1, &be_devsim);
 	free(hf);
+}
+
+/* ---- the communicator, made while the snapshot streams --------------------------------------
+ * A sharded restore into device memory starts the further ranks' contexts at once and makes
+ * the ranks' communicator on a thread of its own from the moment the snapshot is accepted
+ * (NCCL's init takes seconds on 8 GPUs), not after the weights are in. comm_slow is
+ * comm_devsim (comm_cpu on host memory) with an init that takes 150 ms, notes when and on
+ * which thread it began, and can be made to fail; inits and destroys are counted. */
+
+static struct {
+	const struct comm_ops *base;
+	pthread_t thread;
+	double t_init;
+	int inits, destroys;
+	bool fail;
+} slow;
+
+static int slow_init(void **ctx, int world, char *err, size_t errsz)
+{
+	slow.thread = pthread_self();
+	slow.t_init = wk_now();
+	slow.inits++;
+	usleep(150 * 1000);
+	if (slow.fail)
+		return wk_errf(err, errsz, WK_EIO, "comm slow: injected failure over %d ranks",
+			       world);
+	return slow.base->init(ctx, world, err, errsz);
+}
+
+static void slow_destroy(void *ctx)
+{
+	slow.destroys++;
+	slow.base->destroy(ctx);
+}
+
+static struct comm_ops comm_slow;
+
+static int open_slow(const char *dir, const struct backend *be, struct engine **e, char *err)
+{
+	bool fail = slow.fail;
+	memset(&slow, 0, sizeof slow);
+	slow.fail = fail;
+	slow.base = be ? &comm_devsim : &comm_cpu;
+	comm_slow = *slow.base;
+	comm_slow.name = "slow";
+	comm_slow.init = slow_init;
+	comm_slow.destroy = slow_destroy;
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = 1,
+			     .backend_ops = be, .comm_ops = &comm_slow};
+	return eng_open(dir, &o, e, err, WK_ERRSZ);
+}
+
+Test(shard, communicator_made_while_the_snapshot_streams)
+{
+	char *hf = gen_glm("g5m", "glm5", "--seed 7");
+	char *sn = snapshot(hf, "g5m-tp2-ep2", 2, 2, "keep");
+	struct engine *e;
+	char err[WK_ERRSZ];
+	cr_assert_eq(open_slow(sn, &be_devsim, &e, err), WK_OK, "%s", err);
+	const struct eng_startup *su = &eng_info(e)->startup;
+	cr_assert(su->to_device);
+	double t0 = su->ready_mono - su->total_s, weights_in = t0 + su->weights_s;
+	cr_expect_eq(slow.inits, 1);
+	cr_expect(!pthread_equal(slow.thread, pthread_self()),
+		  "the communicator was made on the opening thread, not beside the restore");
+	cr_expect_lt(slow.t_init, weights_in, "the communicator's init began %.3f s after the "
+		     "weights were in", slow.t_init - weights_in);
+	cr_expect_geq(su->comm_s, 0.149, "comm_s %.3f", su->comm_s);
+	cr_expect_leq(su->comm_wait_s, su->comm_s);
+	cr_expect_gt(su->ranks_s, 0);
+	int V = eng_info(e)->vocab; /* the collectives go through the communicator it made */
+	float *lg = malloc(sizeof(float) * (size_t)V * NG);
+	cr_assert_eq(eng_forward(e, gtoks, NG, 0, lg, false, err, sizeof err), WK_OK, "%s", err);
+	eng_close(e);
+	cr_expect_eq(slow.destroys, 1);
+
+	/* restored into host memory: the ranks start after it, and so does the communicator */
+	cr_assert_eq(open_slow(sn, NULL, &e, err), WK_OK, "%s", err);
+	su = &eng_info(e)->startup;
+	cr_expect(!su->to_device);
+	cr_expect_eq(slow.inits, 1);
+	cr_expect(pthread_equal(slow.thread, pthread_self()));
+	cr_expect_geq(slow.t_init, su->ready_mono - su->total_s + su->weights_s);
+	cr_expect_eq(su->comm_wait_s, su->comm_s);
+	cr_expect_eq(su->ranks_s, 0);
+	cr_assert_eq(eng_forward(e, gtoks, NG, 0, lg, false, err, sizeof err), WK_OK, "%s", err);
+	eng_close(e);
+	cr_expect_eq(slow.destroys, 1);
+
+	/* its init fails: the open fails naming it, and nothing is left running */
+	slow.fail = true;
+	cr_expect_neq(open_slow(sn, &be_devsim, &e, err), WK_OK);
+	cr_expect(strstr(err, "comm slow: injected failure over 2 ranks"), "%s", err);
+	cr_expect_eq(slow.inits, 1);
+	cr_expect_eq(slow.destroys, 0);
+	slow.fail = false;
+
+	/* the restore fails (a rank file changed): the communicator it started is destroyed */
+	char cmd[1200];
+	snprintf(cmd, sizeof cmd, "printf 'X' | dd of='%s/rank-001.bin' bs=1 seek=4096 "
+		 "conv=notrunc status=none", sn);
+	cr_assert_eq(system(cmd), 0);
+	cr_expect_neq(open_slow(sn, &be_devsim, &e, err), WK_OK);
+	cr_expect(strstr(err, "rank-001.bin"), "%s", err);
+	cr_expect_eq(slow.inits, 1, "the restore failed before the accept: %s", err);
+	cr_expect_eq(slow.destroys, 1);
+	free(lg);
+	free(sn);
+	free(hf);
+}
+
+/* The further ranks' contexts start at once: each init of be_slowdev (devsim's, 100 ms
+ * longer) counts the inits running beside it. */
+static int dev_running, dev_most;
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int slowdev_init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
+{
+	pthread_mutex_lock(&dev_mu);
+	if (++dev_running > dev_most)
+		dev_most = dev_running;
+	pthread_mutex_unlock(&dev_mu);
+	usleep(100 * 1000);
+	pthread_mutex_lock(&dev_mu);
+	dev_running--;
+	pthread_mutex_unlock(&dev_mu);
+	return be_devsim.init(ctx, cfg, err, errsz);
+}
+
+Test(shard, further_ranks_start_at_once)
+{
+	char *st = stories();
+	char *sn = snapshot(st, "stories-tp4", 4, 1, "keep");
+	struct backend be_slowdev = be_devsim;
+	be_slowdev.init = slowdev_init;
+	struct engine *e;
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = 1,
+			     .backend_ops = &be_slowdev, .comm_ops = &comm_devsim};
+	cr_assert_eq(eng_open(sn, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	const struct eng_startup *su = &eng_info(e)->startup;
+	cr_assert(su->to_device);
+	for (int r = 0; r < 4; r++) {
+		struct devsim_counts c;
+		devsim_counts(shard_rank(e, r)->bctx, &c);
+		cr_expect_gt(c.stage_puts, 0, "rank %d received no restored bytes", r);
+	}
+	cr_expect_geq(dev_most, 2, "the 3 further ranks' contexts started one after another");
+	cr_expect_geq(su->ranks_s, 0.099, "ranks_s %.3f", su->ranks_s);
+	fprintf(stderr, "shard: 3 further ranks of 100 ms each started in %.3f s, %d at once\n",
+		su->ranks_s, dev_most);
+	eng_close(e);
+	free(sn);
+	free(st);
 }
 
 /* ---- what each rank holds ------------------------------------------------------------------- */
