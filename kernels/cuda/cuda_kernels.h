@@ -146,6 +146,14 @@ size_t wk_cuda_attention_part(const struct cpu_gqa *s, int n, int pos0);
  * launch either way: the last block of a split (token, kv head) merges the parts. */
 int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n, int pos0,
 		      const struct wk_att_split *sp, char *err, size_t errsz);
+/* Which kernel wk_cuda_attention runs for n tokens at pos0: 1, a block a token (its heads
+ * of a kv head), the keys split as sp allows; 2, blocks of 64 query rows (consecutive tokens
+ * of one sequence times their heads of a kv head) that read each key and value once for all
+ * of them: a prefill of one sequence (s->seq NULL) of at least 32 tokens, head_dim <= 128.
+ * wk_cuda_attention_force(1 or 2) makes every call take that path where it can (2 where
+ * path 2 can run, else 1); 0, the rule above (tests and the kernel lab). */
+int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0);
+void wk_cuda_attention_force(int path);
 /* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
  * st) to dst (type dt), contiguous and not overlapping; f32 to bf16 rounded to nearest even
  * (dt_f32_to_bf16, NaN kept NaN), bf16 to f32, or a copy when dt == st (DT_F32 or DT_BF16);

@@ -928,6 +928,226 @@ __global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int po
 		part_merge(out, part, row0, split, nh, hd);
 }
 
+/* ---- attention over a prefill's tokens: query tiles -------------------------------------------
+ *
+ * k_attention runs one token's query heads a block, so a prefill of n tokens reads each of its
+ * keys and values n times over (up to 8 heads sharing each read): O(n^2) bytes from L2, where
+ * the arithmetic is O(n^2) too but with far more reuse to take. k_att_tiled runs AP_ROWS query
+ * rows a block: AP_ROWS / GM consecutive tokens of one sequence, each with up to GM heads of one
+ * kv head (row r: token i0 + r / GM, head h0 + r % GM), and moves every key and value it scores
+ * through shared memory once for all of them, AP_KT keys a tile (flash attention's scheme, on
+ * the f32 pipes: the same arithmetic as the reference, in f32):
+ *   1. the tile's keys and values are read from the cache (kv_rc) into shared memory;
+ *   2. thread t scores rows 4 (t / 8) .. + 3 against keys t % 8 + 8 b (b < 4), each q and k
+ *      element read from shared memory once for 4 products; a key past the row's token
+ *      (causal) or past the block's last token scores -inf;
+ *   3. two threads a row take the tile's max, raise the row's running max m, keep the factor
+ *      corr = exp(m_old - m) and turn the scores into p = exp(score - m), adding them to l;
+ *   4. thread t keeps the output of rows 4 (t / 8) .. + 3, columns t % 8 + 8 c (c < 16) in
+ *      registers: scaled by corr, then each p times each value column added.
+ * Shared memory: q [AP_ROWS][qp], k [AP_KT][qp], v [AP_KT][hd], p [AP_ROWS][AP_KT + 1], m, l
+ * and corr [AP_ROWS]; qp = head_dim made odd, so the 8 keys a warp reads fall in 8 banks.
+ * head_dim up to AP_HD_MAX (16 columns a thread). One sequence's tokens (s.seq NULL). */
+#define AP_ROWS 64
+#define AP_KT 32
+#define AP_THREADS 128
+#define AP_HD_MAX 128
+#define AP_MIN_N 32 /* tokens from which wk_cuda_attention takes the tiles (a guess until a GPU
+		     * times both: the lab's prefill rows) */
+
+static int ap_qp(int hd)
+{
+	return hd | 1;
+}
+
+static size_t ap_smem(int hd)
+{
+	int qp = ap_qp(hd);
+	return ((size_t)AP_ROWS * qp + (size_t)AP_KT * qp + (size_t)AP_KT * hd +
+		(size_t)AP_ROWS * (AP_KT + 1) + 3 * AP_ROWS) * sizeof(float);
+}
+
+template <typename KV, int GM>
+__global__ void __launch_bounds__(AP_THREADS)
+k_att_tiled(float *out, const float *q, struct cpu_gqa s, int n, int pos0)
+{
+	extern __shared__ float sm[];
+	grid_dep_launch();
+	constexpr int QT = AP_ROWS / GM, NC = AP_HD_MAX / 8;
+	int n_heads = s.n_heads, kv_stride = s.kv_stride, hd = s.head_dim, qp = hd | 1;
+	int group = n_heads / s.n_kv, g = blockIdx.y, i0 = (int)blockIdx.x * QT;
+	int h0 = g * group + (int)blockIdx.z * GM, nh = min(GM, (g + 1) * group - h0);
+	int k1 = pos0 + min(i0 + QT, n); /* the keys of the block's last token */
+	float *qs = sm, *ks_ = qs + AP_ROWS * qp, *vs_ = ks_ + AP_KT * qp;
+	float *ps = vs_ + AP_KT * hd, *ms = ps + AP_ROWS * (AP_KT + 1), *ls = ms + AP_ROWS;
+	float *cr = ls + AP_ROWS;
+	size_t rows = (size_t)(kv_stride / hd), koff = (size_t)g * hd;
+	const KV *k = (const KV *)s.k, *v = (const KV *)s.v;
+	for (int x = threadIdx.x; x < AP_ROWS * hd; x += blockDim.x) {
+		int r = x / hd, d = x % hd, i = i0 + r / GM, hq = r % GM;
+		qs[r * qp + d] = hq < nh && i < n ? q[((size_t)i * n_heads + h0 + hq) * hd + d] : 0.0f;
+	}
+	if (threadIdx.x < AP_ROWS) {
+		ms[threadIdx.x] = -INFINITY;
+		ls[threadIdx.x] = 0.0f;
+	}
+	int t = threadIdx.x, rg = t >> 3, kg = t & 7;
+	float acc[4][NC];
+#pragma unroll
+	for (int a = 0; a < 4; a++)
+#pragma unroll
+		for (int c = 0; c < NC; c++)
+			acc[a][c] = 0.0f;
+	for (int j0 = 0; j0 < k1; j0 += AP_KT) { /* block-uniform loop */
+		int cnt = min(AP_KT, k1 - j0);
+		__syncthreads(); /* q, m and l written; the last tile's p and v read */
+		for (int x = threadIdx.x; x < AP_KT * hd; x += blockDim.x) {
+			int j = x / hd, d = x % hd;
+			float kd = 0.0f, vd = 0.0f;
+			if (j < cnt) {
+				size_t r = (size_t)(j0 + j);
+				kd = kv_rc(k + r * kv_stride + koff, kv_scales(s.ks, r * rows + g, hd), d);
+				vd = kv_rc(v + r * kv_stride + koff, kv_scales(s.vs, r * rows + g, hd), d);
+			}
+			ks_[j * qp + d] = kd;
+			vs_[j * hd + d] = vd;
+		}
+		__syncthreads(); /* the tile's keys and values in place */
+		float sc[4][4];
+#pragma unroll
+		for (int a = 0; a < 4; a++)
+#pragma unroll
+			for (int b = 0; b < 4; b++)
+				sc[a][b] = 0.0f;
+		for (int d = 0; d < hd; d++) {
+			float qa[4], kb[4];
+#pragma unroll
+			for (int a = 0; a < 4; a++)
+				qa[a] = qs[(rg * 4 + a) * qp + d];
+#pragma unroll
+			for (int b = 0; b < 4; b++)
+				kb[b] = ks_[(kg + 8 * b) * qp + d];
+#pragma unroll
+			for (int a = 0; a < 4; a++)
+#pragma unroll
+				for (int b = 0; b < 4; b++)
+					sc[a][b] += qa[a] * kb[b];
+		}
+#pragma unroll
+		for (int a = 0; a < 4; a++) {
+			int r = rg * 4 + a, last = pos0 + i0 + r / GM; /* the row's last key */
+#pragma unroll
+			for (int b = 0; b < 4; b++) {
+				int j = kg + 8 * b, key = j0 + j;
+				ps[r * (AP_KT + 1) + j] =
+					j < cnt && key <= last ? sc[a][b] * s.scale : -INFINITY;
+			}
+		}
+		__syncthreads(); /* scores written */
+		{
+			int r = t >> 1, half = t & 1;
+			float *pr = ps + r * (AP_KT + 1) + half * (AP_KT / 2);
+			float mt = -INFINITY;
+			for (int j = 0; j < AP_KT / 2; j++)
+				mt = fmaxf(mt, pr[j]);
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+			float m = ms[r], mn = fmaxf(m, mt), l = 0.0f;
+			for (int j = 0; j < AP_KT / 2; j++) {
+				float e = mn == -INFINITY ? 0.0f : expf(pr[j] - mn);
+				pr[j] = e;
+				l += e;
+			}
+			l += __shfl_xor_sync(0xffffffffu, l, 1);
+			if (!half) {
+				float c = mn == -INFINITY ? 1.0f : expf(m - mn);
+				cr[r] = c;
+				ms[r] = mn;
+				ls[r] = ls[r] * c + l;
+			}
+		}
+		__syncthreads(); /* p, corr written */
+		float c4[4];
+#pragma unroll
+		for (int a = 0; a < 4; a++)
+			c4[a] = cr[rg * 4 + a];
+#pragma unroll
+		for (int a = 0; a < 4; a++)
+#pragma unroll
+			for (int c = 0; c < NC; c++)
+				acc[a][c] *= c4[a];
+		for (int j = 0; j < cnt; j++) {
+			float pa[4];
+#pragma unroll
+			for (int a = 0; a < 4; a++)
+				pa[a] = ps[(rg * 4 + a) * (AP_KT + 1) + j];
+#pragma unroll
+			for (int c = 0; c < NC; c++) {
+				int col = kg + 8 * c;
+				float vd = col < hd ? vs_[j * hd + col] : 0.0f;
+#pragma unroll
+				for (int a = 0; a < 4; a++)
+					acc[a][c] += pa[a] * vd;
+			}
+		}
+	}
+	__syncthreads(); /* l final */
+#pragma unroll
+	for (int a = 0; a < 4; a++) {
+		int r = rg * 4 + a, i = i0 + r / GM, hq = r % GM;
+		if (i >= n || hq >= nh)
+			continue;
+		float inv = 1.0f / ls[r];
+		float *o = out + ((size_t)i * n_heads + h0 + hq) * hd;
+#pragma unroll
+		for (int c = 0; c < NC; c++) {
+			int col = kg + 8 * c;
+			if (col < hd)
+				o[col] = acc[a][c] * inv;
+		}
+	}
+}
+
+template <typename KV, int GM>
+static cudaError_t ap_launch_gm(dim3 grid, size_t smem, float *out, const float *q,
+				const struct cpu_gqa *s, int n, int pos0)
+{
+	cudaError_t e = cudaFuncSetAttribute((k_att_tiled<KV, GM>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     (int)smem);
+	if (e != cudaSuccess)
+		return e;
+	k_att_tiled<KV, GM><<<grid, AP_THREADS, smem, wk_st()>>>(out, q, *s, n, pos0);
+	return cudaSuccess;
+}
+
+template <typename KV>
+static cudaError_t ap_launch(int gm, dim3 grid, size_t smem, float *out, const float *q,
+			     const struct cpu_gqa *s, int n, int pos0)
+{
+	switch (gm) {
+	case 1: return ap_launch_gm<KV, 1>(grid, smem, out, q, s, n, pos0);
+	case 2: return ap_launch_gm<KV, 2>(grid, smem, out, q, s, n, pos0);
+	case 4: return ap_launch_gm<KV, 4>(grid, smem, out, q, s, n, pos0);
+	default: return ap_launch_gm<KV, 8>(grid, smem, out, q, s, n, pos0);
+	}
+}
+
+static int att_forced; /* wk_cuda_attention_force */
+
+extern "C" void wk_cuda_attention_force(int path)
+{
+	att_forced = path;
+}
+
+extern "C" int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0)
+{
+	(void)pos0;
+	bool can = !s->seq && s->head_dim >= 1 && s->head_dim <= AP_HD_MAX && n >= 1;
+	if (att_forced)
+		return att_forced == 2 && can ? 2 : 1;
+	return can && n >= AP_MIN_N ? 2 : 1;
+}
+
 /* The dynamic shared memory of k_attention<., gm> for head_dim hd, and 4 floats of slack:
  * ptxas may merge a loop remainder's last scalar reads into one wider read past the end (what
  * compute-sanitizer's memcheck caught in the earlier kernel, at 301 positions). */
@@ -1004,6 +1224,20 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const struct cpu_gq
 	if (n <= 0)
 		return WK_OK;
 	int group = n_heads / n_kv, gm = att_gm(group), chunks = (group + gm - 1) / gm;
+	if (wk_cuda_attention_path(s, n, pos0) == 2) {
+		int qt = AP_ROWS / gm;
+		dim3 grid((unsigned)((n + qt - 1) / qt), (unsigned)n_kv, (unsigned)chunks);
+		cudaError_t e;
+		if (kv == DT_F8_E4M3)
+			e = ap_launch<__nv_fp8_e4m3>(gm, grid, ap_smem(head_dim), out, q, s, n, pos0);
+		else if (kv == DT_BF16)
+			e = ap_launch<uint16_t>(gm, grid, ap_smem(head_dim), out, q, s, n, pos0);
+		else
+			e = ap_launch<float>(gm, grid, ap_smem(head_dim), out, q, s, n, pos0);
+		if (e != cudaSuccess)
+			return check(e, "attention (tiled) shared memory", err, errsz);
+		return launched("attention", err, errsz);
+	}
 	size_t smem = att_smem(gm, head_dim);
 	if (smem + sizeof(int) > ATT_SMEM_MAX) /* and the static `last` */
 		return wk_errf(err, errsz, WK_EINVAL, "CUDA attention: head_dim %d (this kernel "

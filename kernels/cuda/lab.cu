@@ -912,6 +912,104 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
+/* GQA attention over a prefill at GLM-4.5's shape on one GPU (96 query heads over 8 kv heads
+ * of 128), AP_N tokens from position 0 over a bf16 cache (the default for bf16 checkpoints),
+ * by both of wk_cuda_attention's kernels (wk_cuda_attention_path): a block a token (its keys
+ * read again for every token) and query tiles (64 rows a block, each key and value read once
+ * for them): TFLOPS of the causal attention's multiply-adds (2 x 2 x head_dim a query and a
+ * key it sees) and the ratio of the two. Checked first: the tiles against the per-token kernel
+ * on every output (1e-4 of the largest), and the first kv head's heads over the first 64
+ * tokens against cpu_ref_attention. WK_OK or WK_EIO. */
+#define AP_N 2048
+static int lab_attention_prefill(void)
+{
+	char err[WK_ERRSZ] = "";
+	size_t nq = (size_t)AP_N * ATT_HEADS * ATT_HD, ne = (size_t)AP_N * ATT_KV * ATT_HD;
+	const int grp = ATT_HEADS / ATT_KV, gw = grp * ATT_HD, nc = 64;
+	float scale = 1.0f / sqrtf((float)ATT_HD);
+	void *k = NULL, *v = NULL;
+	float *q = NULL, *o = NULL;
+	float *hq = (float *)malloc(nq * 4), *got = (float *)malloc(nq * 4);
+	float *base = (float *)malloc(nq * 4), *want = (float *)malloc((size_t)nc * gw * 4);
+	unsigned char *hk = (unsigned char *)malloc(ne * 2), *hv = (unsigned char *)malloc(ne * 2);
+	int failed = 0;
+	double ms_path[3] = {0, 0, 0};
+	printf("\n%-40s %10s %10s   (%d tokens from 0, %d:%d heads of %d, bf16 cache)\n",
+	       "kernel (prefill attention, GQA)", "TFLOPS", "vs token", AP_N, ATT_HEADS, ATT_KV,
+	       ATT_HD);
+	if (!hq || !got || !base || !want || !hk || !hv ||
+	    wk_cuda_alloc(&k, ne * 2, err, sizeof err) || wk_cuda_alloc(&v, ne * 2, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&o, nq * 4, err, sizeof err) ||
+	    fill_random(k, ne * 2, false, -1, 1) || fill_random(v, ne * 2, false, -1, 1) ||
+	    fill_random(q, nq * 4, true, -1, 1) ||
+	    wk_cuda_download(hq, q, nq * 4, err, sizeof err) ||
+	    wk_cuda_download(hk, k, ne * 2, err, sizeof err) ||
+	    wk_cuda_download(hv, v, ne * 2, err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "prefill attention", "FAILED",
+		       err[0] ? err : "out of memory, or the fill failed");
+		failed = 1;
+		goto out;
+	}
+	{
+		struct cpu_gqa h0 = {hk, hv, NULL, NULL, DT_BF16, grp, 1, ATT_HD, ATT_KV * ATT_HD,
+				     scale, NULL, NULL, 0, 0};
+		struct cpu_gqa d = {k, v, NULL, NULL, DT_BF16, ATT_HEADS, ATT_KV, ATT_HD,
+				    ATT_KV * ATT_HD, scale, NULL, NULL, 0, 0};
+		/* the first kv head's query heads of the first nc tokens, on the host */
+		float *q0 = (float *)malloc((size_t)nc * gw * 4);
+		if (!q0) {
+			failed = 1;
+			goto out;
+		}
+		for (int t = 0; t < nc; t++)
+			memcpy(q0 + (size_t)t * gw, hq + (size_t)t * ATT_HEADS * ATT_HD, (size_t)gw * 4);
+		cpu_ref_attention(want, q0, &h0, nc, 0);
+		free(q0);
+		double flops = 4.0 * ATT_HD * ATT_HEADS * ((double)AP_N * (AP_N + 1) / 2);
+		for (int path = 1; path <= 2; path++) {
+			const char *name = path == 1 ? "a block a token" : "query tiles";
+			wk_cuda_attention_force(path);
+			double worst = INFINITY;
+			if (wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err, sizeof err) == WK_OK &&
+			    wk_cuda_sync(err, sizeof err) == WK_OK &&
+			    wk_cuda_download(path == 1 ? base : got, o, nq * 4, err, sizeof err) ==
+				    WK_OK) {
+				worst = lab_rel(path == 1 ? base : got, want, nc, ATT_HEADS * ATT_HD, 0,
+						gw);
+				if (path == 2)
+					worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)nq));
+			}
+			float ms = time_ms([&]() -> int {
+				return wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err, sizeof err);
+			});
+			bool ok = worst <= 1e-4;
+			failed |= !ok || ms <= 0;
+			if (ms <= 0) {
+				printf("%-40s %10s   (%s)\n", name, "FAILED", err);
+				continue;
+			}
+			ms_path[path] = ms;
+			printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off\n", name,
+			       flops / (ms * 1e-3) / 1e12, ms_path[1] / ms, ms,
+			       ok ? "checked:" : "WRONG:", worst);
+		}
+		wk_cuda_attention_force(0);
+	}
+out:
+	wk_cuda_free(k);
+	wk_cuda_free(v);
+	wk_cuda_free(q);
+	wk_cuda_free(o);
+	free(hq);
+	free(got);
+	free(base);
+	free(want);
+	free(hk);
+	free(hv);
+	return failed ? WK_EIO : WK_OK;
+}
+
 /* GLM-5's MLA decoding one token on one tensor-parallel rank of 8 (8 of its 64 heads,
  * kv_lora_rank 512, rope 64, nope 192, v 256): position MLA_CTX - 1 attends to the MLA_TOPK
  * positions of MLA_CTX that DSA selected (random, ascending, distinct, the last included), over
@@ -1388,6 +1486,8 @@ extern "C" int wk_cuda_lab(const char *only)
 		if (lab_gemm_fp8w(LARGE, LARGE, LARGE, blas.bf16_large) != WK_OK)
 			rc = WK_EIO;
 		if (lab_moe_gemm(PREFILL_N, blas.bf16_prefill) != WK_OK)
+			rc = WK_EIO;
+		if (lab_attention_prefill() != WK_OK)
 			rc = WK_EIO;
 	}
 out:

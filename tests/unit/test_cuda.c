@@ -665,6 +665,70 @@ Test(cuda_kernels, rope_matches_ref)
 	wk_cuda_free(dpos);
 }
 
+/* One attention test case's inputs: random q [n][heads][hd] (times qmul) and a cache of
+ * pos0 + n positions of type kv (f32, bf16, or FP8 with a scale per row of hd, each row's
+ * values scaled by a factor of its own), its rows one head wider (FP8) or 16 floats wider
+ * than the kv heads; the host's (hs) and the device's (ds) views of it, and dq, dout on the
+ * device. */
+struct att_io {
+	size_t nq, nk;
+	float *q, *k, *v, *ks, *vs, *dks, *dvs, *dq, *dout;
+	void *k16, *v16, *dk, *dv;
+	struct cpu_gqa hs, ds;
+};
+
+static void att_io_make(struct att_io *a, int n, int pos0, enum dt_type kv, int heads, int kvh,
+			int hd, float qmul)
+{
+	bool f8 = kv == DT_F8_E4M3;
+	int stride = f8 ? (kvh + 1) * hd : kvh * hd + 16;
+	memset(a, 0, sizeof *a);
+	a->nq = (size_t)n * heads * hd, a->nk = (size_t)(pos0 + n) * stride;
+	a->q = rnd_vec(a->nq), a->k = rnd_vec(a->nk), a->v = rnd_vec(a->nk);
+	for (size_t i = 0; i < a->nq; i++)
+		a->q[i] *= qmul;
+	for (size_t i = 0; f8 && i < a->nk; i++) {
+		a->k[i] *= 0.25f + (float)(i / (size_t)hd % 11);
+		a->v[i] *= 0.25f + (float)(i / (size_t)hd % 7);
+	}
+	const void *kh, *vh;
+	if (f8) {
+		kh = a->k16 = to_fp8(a->k, a->nk / (size_t)hd, hd, &a->ks);
+		vh = a->v16 = to_fp8(a->v, a->nk / (size_t)hd, hd, &a->vs);
+		size_t sb = a->nk / (size_t)hd * (size_t)cpu_kv_blocks(hd) * sizeof(float);
+		a->dks = to_dev(a->ks, sb);
+		a->dvs = to_dev(a->vs, sb);
+	} else {
+		kh = kv_host(a->k, a->nk, kv, &a->k16);
+		vh = kv_host(a->v, a->nk, kv, &a->v16);
+	}
+	a->hs = (struct cpu_gqa){kh, vh, a->ks, a->vs, kv, heads, kvh, hd, stride,
+				 1.0f / sqrtf((float)hd), NULL, NULL, 0, 0};
+	a->dq = to_dev(a->q, a->nq * 4);
+	a->dout = dev_alloc(a->nq * 4);
+	a->dk = to_dev(kh, a->nk * dt_size(kv));
+	a->dv = to_dev(vh, a->nk * dt_size(kv));
+	a->ds = a->hs;
+	a->ds.k = a->dk, a->ds.v = a->dv, a->ds.ks = a->dks, a->ds.vs = a->dvs;
+}
+
+static void att_io_free(struct att_io *a)
+{
+	free(a->k16);
+	free(a->v16);
+	free(a->ks);
+	free(a->vs);
+	wk_cuda_free(a->dks);
+	wk_cuda_free(a->dvs);
+	wk_cuda_free(a->dq);
+	wk_cuda_free(a->dk);
+	wk_cuda_free(a->dv);
+	wk_cuda_free(a->dout);
+	free(a->q);
+	free(a->k);
+	free(a->v);
+}
+
 Test(cuda_kernels, attention_matches_ref)
 {
 	NEED_GPU();
@@ -696,40 +760,16 @@ Test(cuda_kernels, attention_matches_ref)
 	cr_assert_eq(wk_cuda_upload(dcount, zero, sizeof zero, err, sizeof err), WK_OK, "%s", err);
 	int splits = 0;
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-		int n = cases[c].n, pos0 = cases[c].pos0, len = pos0 + n;
+		int n = cases[c].n, pos0 = cases[c].pos0;
 		int heads = cases[c].heads, kvh = cases[c].kvh, hd = cases[c].hd;
 		enum dt_type kv = (enum dt_type)cases[c].kv;
-		bool f8 = kv == DT_F8_E4M3;
-		int stride = f8 ? (kvh + 1) * hd : kvh * hd + 16;
-		size_t nq = (size_t)n * heads * hd, nk = (size_t)len * stride;
-		float *q = rnd_vec(nq), *k = rnd_vec(nk), *v = rnd_vec(nk);
-		for (size_t i = 0; f8 && i < nk; i++) {
-			k[i] *= 0.25f + (float)(i / (size_t)hd % 11);
-			v[i] *= 0.25f + (float)(i / (size_t)hd % 7);
-		}
+		struct att_io a;
+		att_io_make(&a, n, pos0, kv, heads, kvh, hd, 1.0f);
+		size_t nq = a.nq;
+		float *dq = a.dq, *dout = a.dout;
+		struct cpu_gqa ds = a.ds;
 		float *want = malloc(nq * 4), *got = malloc(nq * 4);
-		float scale = 1.0f / sqrtf((float)hd);
-		void *k16 = NULL, *v16 = NULL;
-		float *ks = NULL, *vs = NULL, *dks = NULL, *dvs = NULL;
-		const void *kh, *vh;
-		if (f8) {
-			kh = k16 = to_fp8(k, nk / (size_t)hd, hd, &ks);
-			vh = v16 = to_fp8(v, nk / (size_t)hd, hd, &vs);
-			size_t sb = nk / (size_t)hd * (size_t)cpu_kv_blocks(hd) * sizeof(float);
-			dks = to_dev(ks, sb);
-			dvs = to_dev(vs, sb);
-		} else {
-			kh = kv_host(k, nk, kv, &k16);
-			vh = kv_host(v, nk, kv, &v16);
-		}
-		struct cpu_gqa hs = {kh, vh, ks, vs, kv, heads, kvh, hd, stride, scale,
-				     NULL, NULL, 0, 0};
-		cpu_ref_attention(want, q, &hs, n, pos0);
-		float *dq = to_dev(q, nq * 4), *dout;
-		void *dk = to_dev(kh, nk * dt_size(kv)), *dv = to_dev(vh, nk * dt_size(kv));
-		struct cpu_gqa ds = hs;
-		ds.k = dk, ds.v = dv, ds.ks = dks, ds.vs = dvs;
-		cr_assert_eq(wk_cuda_alloc((void **)&dout, nq * 4, err, sizeof err), WK_OK);
+		cpu_ref_attention(want, a.q, &a.hs, n, pos0);
 		cr_assert_eq(wk_cuda_attention(dout, dq, &ds, n, pos0, NULL, err, sizeof err),
 			     WK_OK, "%s", err);
 		from_dev(got, dout, nq * 4);
@@ -758,19 +798,7 @@ Test(cuda_kernels, attention_matches_ref)
 			cr_expect_eq(memcmp(back, zero, sizeof zero), 0, "counters left non-zero");
 			wk_cuda_free(dpart);
 		}
-		free(k16);
-		free(v16);
-		free(ks);
-		free(vs);
-		wk_cuda_free(dks);
-		wk_cuda_free(dvs);
-		wk_cuda_free(dq);
-		wk_cuda_free(dk);
-		wk_cuda_free(dv);
-		wk_cuda_free(dout);
-		free(q);
-		free(k);
-		free(v);
+		att_io_free(&a);
 		free(want);
 		free(got);
 	}
@@ -796,6 +824,60 @@ Test(cuda_kernels, attention_matches_ref)
 	cr_expect_eq(wk_cuda_attention(&dummy, &dummy, &b, 1, 0, NULL, err, sizeof err),
 		     WK_EINVAL, "sequences without their positions are refused");
 	cr_expect(strstr(err, "without positions"), "%s", err);
+}
+
+/* A prefill's attention through query tiles (k_att_tiled, wk_cuda_attention_path 2): every
+ * shape it takes against the reference, forced, on f32, bf16 and FP8 caches: tokens in whole
+ * and partial tiles of 64 / GM rows (GM the heads of a kv head a block: 8 with a second block
+ * of 4 for 12 heads, 4 with one empty for 3, 1 for 1), prefills from 0 and chunks after
+ * earlier positions, head_dim 8 to 128 (the most it takes). Then which path each call takes:
+ * a prefill of 32 tokens or more of one sequence on its own, fewer, several sequences or
+ * head_dim 129 not; forced to 1, never. */
+Test(cuda_kernels, attention_prefill_tiles_match_ref)
+{
+	NEED_GPU();
+	static const struct {
+		int n, pos0, kv, heads, kvh, hd;
+	} cases[] = {{40, 0, DT_F32, 8, 2, 64},      {33, 37, DT_BF16, 8, 2, 64},
+		     {70, 5, DT_F8_E4M3, 8, 2, 64},  {24, 100, DT_F32, 12, 1, 128},
+		     {65, 0, DT_F8_E4M3, 12, 1, 128}, {50, 3, DT_BF16, 6, 2, 40},
+		     {130, 0, DT_F32, 3, 3, 8},      {20, 0, DT_F32, 4, 4, 128},
+		     {7, 9, DT_F32, 2, 1, 16},       {1, 40, DT_BF16, 8, 2, 64}};
+	wk_cuda_attention_force(2);
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		int n = cases[c].n, pos0 = cases[c].pos0;
+		int heads = cases[c].heads, kvh = cases[c].kvh, hd = cases[c].hd;
+		enum dt_type kv = (enum dt_type)cases[c].kv;
+		struct att_io a; /* peaked softmaxes (q times 3), where a row's max matters */
+		att_io_make(&a, n, pos0, kv, heads, kvh, hd, 3.0f);
+		float *want = malloc(a.nq * 4), *got = malloc(a.nq * 4);
+		cpu_ref_attention(want, a.q, &a.hs, n, pos0);
+		cr_expect_eq(wk_cuda_attention_path(&a.ds, n, pos0), 2);
+		cr_assert_eq(wk_cuda_attention(a.dout, a.dq, &a.ds, n, pos0, NULL, err, sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(got, a.dout, a.nq * 4);
+		double r = rel(got, want, a.nq);
+		cr_expect_leq(r, TOL, "tiled attention n=%d pos0=%d %d:%d heads of %d, %s cache: %g",
+			      n, pos0, heads, kvh, hd, dt_name(kv), r);
+		att_io_free(&a);
+		free(want);
+		free(got);
+	}
+	float dummy;
+	int one = 0;
+	struct cpu_gqa b = {&dummy, &dummy, NULL, NULL, DT_F32, 8, 2, 129, 258, 1.0f,
+			    NULL, NULL, 0, 0};
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "head_dim 129, forced");
+	b.head_dim = 128;
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 2);
+	wk_cuda_attention_force(1);
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "forced to 1");
+	wk_cuda_attention_force(0);
+	cr_expect_eq(wk_cuda_attention_path(&b, 32, 0), 2, "a prefill of 32");
+	cr_expect_eq(wk_cuda_attention_path(&b, 31, 100), 1, "a chunk of 31");
+	cr_expect_eq(wk_cuda_attention_path(&b, 1, 900), 1, "a decode");
+	b.seq = b.pos = &one;
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "several sequences");
 }
 
 /* attention over the tokens of several sequences at once (struct cpu_gqa's seq, pos and
