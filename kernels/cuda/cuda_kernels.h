@@ -237,6 +237,14 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 			  int i0, int i1, int h0, int h1, const struct wk_att_split *sp, char *err,
 			  size_t errsz);
+/* Whether wk_cuda_mla_attention runs as query tiles (wk_cuda_attention's path 2, 32 query
+ * rows of a head a block, each key and value read once for them): the expanded form's
+ * dense prefill (per-head k_a and v in f32, no selection, one sequence, all of tokens 0..n
+ * and every head) of at least 32 tokens, d_a + d_b and d_v at most 256; as
+ * wk_cuda_attention_force says where it is set. wk_cuda_mla_tiled runs it. */
+bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int i0, int i1, int h0, int h1);
+int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
+		      char *err, size_t errsz);
 /* The floats of wk_att_split.part that wk_cuda_mla_attention over tokens 0..n and all heads
  * (or wk_cuda_mla_absorbed of n tokens) at pos0 would use at its widest split; pos0 < 0: at
  * any number of positions. */

@@ -584,7 +584,6 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 				     int pos0, int i0, int i1, int h0, int h1,
 				     const struct wk_att_split *sp, char *err, size_t errsz)
 {
-	(void)n;
 	int rc = mla_check("mla_attention", s, err, errsz);
 	if (rc != WK_OK)
 		return rc;
@@ -594,6 +593,8 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 			       h1, s->n_heads);
 	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
 		return WK_OK;
+	if (wk_cuda_mla_tiles(s, n, i0, i1, h0, h1)) /* a dense prefill of the expanded form */
+		return wk_cuda_mla_tiled(out, q, s, n, pos0, err, errsz);
 	int gm, split;
 	mla_plan(s, i1 - i0, h1 - h0, mla_keys(s, i1, pos0), &gm, &split);
 	int chunks = (h1 - h0 + gm - 1) / gm;

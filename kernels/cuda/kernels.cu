@@ -932,66 +932,102 @@ __global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int po
  *
  * k_attention runs one token's query heads a block, so a prefill of n tokens reads each of its
  * keys and values n times over (up to 8 heads sharing each read): O(n^2) bytes from L2, where
- * the arithmetic is O(n^2) too but with far more reuse to take. k_att_tiled runs AP_ROWS query
- * rows a block: AP_ROWS / GM consecutive tokens of one sequence, each with up to GM heads of one
- * kv head (row r: token i0 + r / GM, head h0 + r % GM), and moves every key and value it scores
- * through shared memory once for all of them, AP_KT keys a tile (flash attention's scheme, on
- * the f32 pipes: the same arithmetic as the reference, in f32):
- *   1. the tile's keys and values are read from the cache (kv_rc) into shared memory;
- *   2. thread t scores rows 4 (t / 8) .. + 3 against keys t % 8 + 8 b (b < 4), each q and k
- *      element read from shared memory once for 4 products; a key past the row's token
- *      (causal) or past the block's last token scores -inf;
- *   3. two threads a row take the tile's max, raise the row's running max m, keep the factor
+ * the arithmetic is O(n^2) too but with far more reuse to take. k_att_tiled runs ROWS query
+ * rows a block: ROWS / GM consecutive tokens of one sequence, each with up to GM heads that
+ * read the same keys (row r: token i0 + r / GM, head h0 + r % GM), and moves every key and
+ * value it scores through shared memory once for all of them, AP_KT keys a tile (flash
+ * attention's scheme, on the f32 pipes: the same arithmetic as the reference, in f32):
+ *   1. the tile's keys and values are read (SRC: a GQA cache through kv_rc, or MLA's
+ *      expanded f32 rows) into shared memory;
+ *   2. the threads are RG = ROWS / 4 groups of 4 rows times KG = 128 / RG groups of keys:
+ *      thread t scores rows 4 (t / KG) .. + 3 against keys t % KG + KG b (b < AP_KT / KG),
+ *      each q and k element read from shared memory once for several products; a key past
+ *      the row's token (causal) or past the block's last token scores -inf;
+ *   3. ROWS / 128 threads a row take the tile's max, raise the row's running max m, keep
  *      corr = exp(m_old - m) and turn the scores into p = exp(score - m), adding them to l;
- *   4. thread t keeps the output of rows 4 (t / 8) .. + 3, columns t % 8 + 8 c (c < 16) in
- *      registers: scaled by corr, then each p times each value column added.
- * Shared memory: q [AP_ROWS][qp], k [AP_KT][qp], v [AP_KT][hd], p [AP_ROWS][AP_KT + 1], m, l
- * and corr [AP_ROWS]; qp = head_dim made odd, so the 8 keys a warp reads fall in 8 banks.
- * head_dim up to AP_HD_MAX (16 columns a thread). One sequence's tokens (s.seq NULL). */
-#define AP_ROWS 64
+ *   4. thread t keeps the output of its 4 rows, columns t % KG + KG c (c < 16), in registers:
+ *      scaled by corr, then each p times each value column added.
+ * Shared memory: q [ROWS][qp], k [AP_KT][qp], v [AP_KT][dv], p [ROWS][AP_KT + 1], m, l and
+ * corr [ROWS]; qp = the query's width made odd, so the keys a warp reads fall in distinct
+ * banks. ROWS 64 (GQA, head_dim <= 128: 8 key groups, 16 columns of 8 apart) or 32 (MLA,
+ * dv <= 256: 16 key groups, 16 columns of 16 apart). One sequence's tokens. */
 #define AP_KT 32
 #define AP_THREADS 128
-#define AP_HD_MAX 128
-#define AP_MIN_N 32 /* tokens from which wk_cuda_attention takes the tiles (a guess until a GPU
-		     * times both: the lab's prefill rows) */
+#define AP_MIN_N 32 /* tokens from which the tiles are taken (a guess until a GPU times both:
+		     * the lab's prefill rows) */
 
-static int ap_qp(int hd)
+/* The keys and values of a GQA cache (struct cpu_gqa, one sequence), kv head g's. */
+template <typename KV> struct ap_gqa {
+	const KV *k, *v;
+	const float *ks, *vs;
+	int kv_stride, hd;
+	size_t rows; /* kv heads a position */
+	__device__ int qk() const { return hd; }
+	__device__ int dv() const { return hd; }
+	__device__ float key(size_t t, int d, int g) const
+	{
+		return kv_rc(k + t * kv_stride + (size_t)g * hd, kv_scales(ks, t * rows + g, hd), d);
+	}
+	__device__ float val(size_t t, int d, int g) const
+	{
+		return kv_rc(v + t * kv_stride + (size_t)g * hd, kv_scales(vs, t * rows + g, hd), d);
+	}
+};
+
+/* MLA's expanded rows (struct cpu_mla in f32, one sequence, dense), head g's: its keys are
+ * [k_a (per head) | k_b (shared)], its values v. */
+struct ap_mla {
+	const float *k_a, *k_b, *v;
+	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
+	int d_a, d_b, d_v;
+	__device__ int qk() const { return d_a + d_b; }
+	__device__ int dv() const { return d_v; }
+	__device__ float key(size_t t, int d, int g) const
+	{
+		return d < d_a ? k_a[t * ka_stride + (size_t)g * ka_head + d]
+			       : k_b[t * kb_stride + (size_t)(d - d_a)];
+	}
+	__device__ float val(size_t t, int d, int g) const
+	{
+		return v[t * v_stride + (size_t)g * v_head + d];
+	}
+};
+
+static size_t ap_smem(int rows, int qk, int dv)
 {
-	return hd | 1;
+	int qp = qk | 1;
+	return ((size_t)rows * qp + (size_t)AP_KT * qp + (size_t)AP_KT * dv +
+		(size_t)rows * (AP_KT + 1) + 3 * (size_t)rows) * sizeof(float);
 }
 
-static size_t ap_smem(int hd)
-{
-	int qp = ap_qp(hd);
-	return ((size_t)AP_ROWS * qp + (size_t)AP_KT * qp + (size_t)AP_KT * hd +
-		(size_t)AP_ROWS * (AP_KT + 1) + 3 * AP_ROWS) * sizeof(float);
-}
-
-template <typename KV, int GM>
+/* Block (token tile x, kv head y, head chunk z): tokens x * ROWS / GM .. of n (token i at
+ * position pos0 + i), heads y * group + z * GM .. (group = n_heads / kv heads); q [n][n_heads]
+ * [qk], out [n][n_heads][dv]. */
+template <int ROWS, int GM, typename SRC>
 __global__ void __launch_bounds__(AP_THREADS)
-k_att_tiled(float *out, const float *q, struct cpu_gqa s, int n, int pos0)
+k_att_tiled(float *out, const float *q, SRC src, int n_heads, int group, int n, int pos0,
+	    float scale)
 {
 	extern __shared__ float sm[];
 	grid_dep_launch();
-	constexpr int QT = AP_ROWS / GM, NC = AP_HD_MAX / 8;
-	int n_heads = s.n_heads, kv_stride = s.kv_stride, hd = s.head_dim, qp = hd | 1;
-	int group = n_heads / s.n_kv, g = blockIdx.y, i0 = (int)blockIdx.x * QT;
+	constexpr int QT = ROWS / GM, RG = ROWS / 4, KG = AP_THREADS / RG, KB = AP_KT / KG;
+	constexpr int NC = 16, RT = AP_THREADS / ROWS; /* threads a row in the softmax */
+	int qk = src.qk(), dv = src.dv(), qp = qk | 1;
+	int g = blockIdx.y, i0 = (int)blockIdx.x * QT;
 	int h0 = g * group + (int)blockIdx.z * GM, nh = min(GM, (g + 1) * group - h0);
 	int k1 = pos0 + min(i0 + QT, n); /* the keys of the block's last token */
-	float *qs = sm, *ks_ = qs + AP_ROWS * qp, *vs_ = ks_ + AP_KT * qp;
-	float *ps = vs_ + AP_KT * hd, *ms = ps + AP_ROWS * (AP_KT + 1), *ls = ms + AP_ROWS;
-	float *cr = ls + AP_ROWS;
-	size_t rows = (size_t)(kv_stride / hd), koff = (size_t)g * hd;
-	const KV *k = (const KV *)s.k, *v = (const KV *)s.v;
-	for (int x = threadIdx.x; x < AP_ROWS * hd; x += blockDim.x) {
-		int r = x / hd, d = x % hd, i = i0 + r / GM, hq = r % GM;
-		qs[r * qp + d] = hq < nh && i < n ? q[((size_t)i * n_heads + h0 + hq) * hd + d] : 0.0f;
+	float *qs = sm, *ks_ = qs + ROWS * qp, *vs_ = ks_ + AP_KT * qp;
+	float *ps = vs_ + AP_KT * dv, *ms = ps + ROWS * (AP_KT + 1), *ls = ms + ROWS;
+	float *cr = ls + ROWS;
+	for (int x = threadIdx.x; x < ROWS * qk; x += blockDim.x) {
+		int r = x / qk, d = x % qk, i = i0 + r / GM, hq = r % GM;
+		qs[r * qp + d] = hq < nh && i < n ? q[((size_t)i * n_heads + h0 + hq) * qk + d] : 0.0f;
 	}
-	if (threadIdx.x < AP_ROWS) {
+	if (threadIdx.x < ROWS) {
 		ms[threadIdx.x] = -INFINITY;
 		ls[threadIdx.x] = 0.0f;
 	}
-	int t = threadIdx.x, rg = t >> 3, kg = t & 7;
+	int t = threadIdx.x, rg = t / KG, kg = t % KG;
 	float acc[4][NC];
 #pragma unroll
 	for (int a = 0; a < 4; a++)
@@ -1001,64 +1037,66 @@ k_att_tiled(float *out, const float *q, struct cpu_gqa s, int n, int pos0)
 	for (int j0 = 0; j0 < k1; j0 += AP_KT) { /* block-uniform loop */
 		int cnt = min(AP_KT, k1 - j0);
 		__syncthreads(); /* q, m and l written; the last tile's p and v read */
-		for (int x = threadIdx.x; x < AP_KT * hd; x += blockDim.x) {
-			int j = x / hd, d = x % hd;
-			float kd = 0.0f, vd = 0.0f;
-			if (j < cnt) {
-				size_t r = (size_t)(j0 + j);
-				kd = kv_rc(k + r * kv_stride + koff, kv_scales(s.ks, r * rows + g, hd), d);
-				vd = kv_rc(v + r * kv_stride + koff, kv_scales(s.vs, r * rows + g, hd), d);
-			}
-			ks_[j * qp + d] = kd;
-			vs_[j * hd + d] = vd;
+		for (int x = threadIdx.x; x < AP_KT * qk; x += blockDim.x) {
+			int j = x / qk, d = x % qk;
+			ks_[j * qp + d] = j < cnt ? src.key((size_t)(j0 + j), d, g) : 0.0f;
+		}
+		for (int x = threadIdx.x; x < AP_KT * dv; x += blockDim.x) {
+			int j = x / dv, d = x % dv;
+			vs_[j * dv + d] = j < cnt ? src.val((size_t)(j0 + j), d, g) : 0.0f;
 		}
 		__syncthreads(); /* the tile's keys and values in place */
-		float sc[4][4];
+		float sc[4][KB];
 #pragma unroll
 		for (int a = 0; a < 4; a++)
 #pragma unroll
-			for (int b = 0; b < 4; b++)
+			for (int b = 0; b < KB; b++)
 				sc[a][b] = 0.0f;
-		for (int d = 0; d < hd; d++) {
-			float qa[4], kb[4];
+		for (int d = 0; d < qk; d++) {
+			float qa[4], kb[KB];
 #pragma unroll
 			for (int a = 0; a < 4; a++)
 				qa[a] = qs[(rg * 4 + a) * qp + d];
 #pragma unroll
-			for (int b = 0; b < 4; b++)
-				kb[b] = ks_[(kg + 8 * b) * qp + d];
+			for (int b = 0; b < KB; b++)
+				kb[b] = ks_[(kg + KG * b) * qp + d];
 #pragma unroll
 			for (int a = 0; a < 4; a++)
 #pragma unroll
-				for (int b = 0; b < 4; b++)
+				for (int b = 0; b < KB; b++)
 					sc[a][b] += qa[a] * kb[b];
 		}
 #pragma unroll
 		for (int a = 0; a < 4; a++) {
 			int r = rg * 4 + a, last = pos0 + i0 + r / GM; /* the row's last key */
 #pragma unroll
-			for (int b = 0; b < 4; b++) {
-				int j = kg + 8 * b, key = j0 + j;
+			for (int b = 0; b < KB; b++) {
+				int j = kg + KG * b, key = j0 + j;
 				ps[r * (AP_KT + 1) + j] =
-					j < cnt && key <= last ? sc[a][b] * s.scale : -INFINITY;
+					j < cnt && key <= last ? sc[a][b] * scale : -INFINITY;
 			}
 		}
 		__syncthreads(); /* scores written */
 		{
-			int r = t >> 1, half = t & 1;
-			float *pr = ps + r * (AP_KT + 1) + half * (AP_KT / 2);
+			constexpr int PER = AP_KT / RT;
+			int r = t / RT, part = t % RT;
+			float *pr = ps + r * (AP_KT + 1) + part * PER;
 			float mt = -INFINITY;
-			for (int j = 0; j < AP_KT / 2; j++)
+			for (int j = 0; j < PER; j++)
 				mt = fmaxf(mt, pr[j]);
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+#pragma unroll
+			for (int o = 1; o < RT; o <<= 1)
+				mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
 			float m = ms[r], mn = fmaxf(m, mt), l = 0.0f;
-			for (int j = 0; j < AP_KT / 2; j++) {
+			for (int j = 0; j < PER; j++) {
 				float e = mn == -INFINITY ? 0.0f : expf(pr[j] - mn);
 				pr[j] = e;
 				l += e;
 			}
-			l += __shfl_xor_sync(0xffffffffu, l, 1);
-			if (!half) {
+#pragma unroll
+			for (int o = 1; o < RT; o <<= 1)
+				l += __shfl_xor_sync(0xffffffffu, l, o);
+			if (!part) {
 				float c = mn == -INFINITY ? 1.0f : expf(m - mn);
 				cr[r] = c;
 				ms[r] = mn;
@@ -1082,8 +1120,8 @@ k_att_tiled(float *out, const float *q, struct cpu_gqa s, int n, int pos0)
 				pa[a] = ps[(rg * 4 + a) * (AP_KT + 1) + j];
 #pragma unroll
 			for (int c = 0; c < NC; c++) {
-				int col = kg + 8 * c;
-				float vd = col < hd ? vs_[j * hd + col] : 0.0f;
+				int col = kg + KG * c;
+				float vd = col < dv ? vs_[j * dv + col] : 0.0f;
 #pragma unroll
 				for (int a = 0; a < 4; a++)
 					acc[a][c] += pa[a] * vd;
@@ -1097,42 +1135,83 @@ k_att_tiled(float *out, const float *q, struct cpu_gqa s, int n, int pos0)
 		if (i >= n || hq >= nh)
 			continue;
 		float inv = 1.0f / ls[r];
-		float *o = out + ((size_t)i * n_heads + h0 + hq) * hd;
+		float *o = out + ((size_t)i * n_heads + h0 + hq) * dv;
 #pragma unroll
 		for (int c = 0; c < NC; c++) {
-			int col = kg + 8 * c;
-			if (col < hd)
+			int col = kg + KG * c;
+			if (col < dv)
 				o[col] = acc[a][c] * inv;
 		}
 	}
 }
 
-template <typename KV, int GM>
-static cudaError_t ap_launch_gm(dim3 grid, size_t smem, float *out, const float *q,
-				const struct cpu_gqa *s, int n, int pos0)
+template <int ROWS, int GM, typename SRC>
+static cudaError_t ap_launch_gm(dim3 grid, const SRC &src, float *out, const float *q,
+				int n_heads, int group, int n, int pos0, float scale, int qk, int dv)
 {
-	cudaError_t e = cudaFuncSetAttribute((k_att_tiled<KV, GM>),
+	size_t smem = ap_smem(ROWS, qk, dv);
+	cudaError_t e = cudaFuncSetAttribute((k_att_tiled<ROWS, GM, SRC>),
 					     cudaFuncAttributeMaxDynamicSharedMemorySize,
 					     (int)smem);
 	if (e != cudaSuccess)
 		return e;
-	k_att_tiled<KV, GM><<<grid, AP_THREADS, smem, wk_st()>>>(out, q, *s, n, pos0);
+	k_att_tiled<ROWS, GM, SRC><<<grid, AP_THREADS, smem, wk_st()>>>(out, q, src, n_heads, group,
+									 n, pos0, scale);
 	return cudaSuccess;
 }
 
+#define AP_GQA_ROWS 64
+#define AP_GQA_HD 128 /* 16 columns of 8 apart */
+
 template <typename KV>
-static cudaError_t ap_launch(int gm, dim3 grid, size_t smem, float *out, const float *q,
-			     const struct cpu_gqa *s, int n, int pos0)
+static cudaError_t ap_launch_gqa(int gm, float *out, const float *q, const struct cpu_gqa *s,
+				 int n, int pos0)
 {
+	struct ap_gqa<KV> src = {(const KV *)s->k, (const KV *)s->v, s->ks, s->vs, s->kv_stride,
+				 s->head_dim, (size_t)(s->kv_stride / s->head_dim)};
+	int group = s->n_heads / s->n_kv, qt = AP_GQA_ROWS / gm, hd = s->head_dim;
+	dim3 grid((unsigned)((n + qt - 1) / qt), (unsigned)s->n_kv,
+		  (unsigned)((group + gm - 1) / gm));
+#define AP(G)                                                                                  \
+	ap_launch_gm<AP_GQA_ROWS, G>(grid, src, out, q, s->n_heads, group, n, pos0, s->scale, hd, \
+				     hd)
 	switch (gm) {
-	case 1: return ap_launch_gm<KV, 1>(grid, smem, out, q, s, n, pos0);
-	case 2: return ap_launch_gm<KV, 2>(grid, smem, out, q, s, n, pos0);
-	case 4: return ap_launch_gm<KV, 4>(grid, smem, out, q, s, n, pos0);
-	default: return ap_launch_gm<KV, 8>(grid, smem, out, q, s, n, pos0);
+	case 1: return AP(1);
+	case 2: return AP(2);
+	case 4: return AP(4);
+	default: return AP(8);
 	}
+#undef AP
+}
+
+#define AP_MLA_ROWS 32
+#define AP_MLA_D 256 /* 16 columns of 16 apart; and the query's width at most */
+
+extern "C" int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n,
+				 int pos0, char *err, size_t errsz)
+{
+	struct ap_mla src = {(const float *)s->k_a, (const float *)s->k_b, (const float *)s->v,
+			     s->ka_stride, s->ka_head, s->kb_stride, s->v_stride, s->v_head,
+			     s->d_a, s->d_b, s->d_v};
+	dim3 grid((unsigned)((n + AP_MLA_ROWS - 1) / AP_MLA_ROWS), (unsigned)s->n_heads, 1);
+	cudaError_t e = ap_launch_gm<AP_MLA_ROWS, 1>(grid, src, out, q, s->n_heads, 1, n, pos0,
+						     s->scale, s->d_a + s->d_b, s->d_v);
+	if (e != cudaSuccess)
+		return check(e, "mla_attention (tiled) shared memory", err, errsz);
+	return launched("mla_attention", err, errsz);
 }
 
 static int att_forced; /* wk_cuda_attention_force */
+
+extern "C" bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int i0, int i1, int h0,
+				  int h1)
+{
+	bool can = n >= 1 && i0 == 0 && i1 == n && h0 == 0 && h1 == s->n_heads && !s->seq &&
+		   !s->sel && s->kv == DT_F32 && s->ka_head && s->v_head &&
+		   s->d_a + s->d_b <= AP_MLA_D && s->d_v <= AP_MLA_D && s->d_v > 0 &&
+		   s->n_heads <= 65535;
+	return can && (att_forced ? att_forced == 2 : n >= AP_MIN_N);
+}
 
 extern "C" void wk_cuda_attention_force(int path)
 {
@@ -1142,7 +1221,7 @@ extern "C" void wk_cuda_attention_force(int path)
 extern "C" int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0)
 {
 	(void)pos0;
-	bool can = !s->seq && s->head_dim >= 1 && s->head_dim <= AP_HD_MAX && n >= 1;
+	bool can = !s->seq && s->head_dim >= 1 && s->head_dim <= AP_GQA_HD && n >= 1;
 	if (att_forced)
 		return att_forced == 2 && can ? 2 : 1;
 	return can && n >= AP_MIN_N ? 2 : 1;
@@ -1225,15 +1304,13 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const struct cpu_gq
 		return WK_OK;
 	int group = n_heads / n_kv, gm = att_gm(group), chunks = (group + gm - 1) / gm;
 	if (wk_cuda_attention_path(s, n, pos0) == 2) {
-		int qt = AP_ROWS / gm;
-		dim3 grid((unsigned)((n + qt - 1) / qt), (unsigned)n_kv, (unsigned)chunks);
 		cudaError_t e;
 		if (kv == DT_F8_E4M3)
-			e = ap_launch<__nv_fp8_e4m3>(gm, grid, ap_smem(head_dim), out, q, s, n, pos0);
+			e = ap_launch_gqa<__nv_fp8_e4m3>(gm, out, q, s, n, pos0);
 		else if (kv == DT_BF16)
-			e = ap_launch<uint16_t>(gm, grid, ap_smem(head_dim), out, q, s, n, pos0);
+			e = ap_launch_gqa<uint16_t>(gm, out, q, s, n, pos0);
 		else
-			e = ap_launch<float>(gm, grid, ap_smem(head_dim), out, q, s, n, pos0);
+			e = ap_launch_gqa<float>(gm, out, q, s, n, pos0);
 		if (e != cudaSuccess)
 			return check(e, "attention (tiled) shared memory", err, errsz);
 		return launched("attention", err, errsz);

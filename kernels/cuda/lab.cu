@@ -1010,6 +1010,100 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
+/* MLA's expanded form over a dense prefill at GLM-5's shape on one tensor-parallel rank of 8
+ * (8 heads, keys nope 192 + rope 64, values 256, f32 rows as engine/glm5.c expands them),
+ * AP_N tokens from 0, by both kernels of wk_cuda_mla_attention (wk_cuda_mla_tiles): a block a
+ * (token, head) and query tiles (32 rows of a head a block): TFLOPS and the ratio, as
+ * lab_attention_prefill. Checked first: the tiles against the other kernel on every output,
+ * and the first 64 tokens against cpu_ref_mla_attention. WK_OK or WK_EIO. */
+static int lab_mla_prefill(void)
+{
+	char err[WK_ERRSZ] = "";
+	const int H = 8, nope = 192, rope = 64, dv = 256, row = H * (nope + dv), nc = 64;
+	size_t nkv = (size_t)AP_N * row, npe = (size_t)AP_N * rope;
+	size_t nq = (size_t)AP_N * H * (nope + rope), no = (size_t)AP_N * H * dv;
+	float *kvx = NULL, *kpe = NULL, *q = NULL, *o = NULL;
+	float *hkv = (float *)malloc(nkv * 4), *hpe = (float *)malloc(npe * 4);
+	float *hq = (float *)malloc(nq * 4), *got = (float *)malloc(no * 4);
+	float *base = (float *)malloc(no * 4), *want = (float *)malloc((size_t)nc * H * dv * 4);
+	int failed = 0;
+	double ms1 = 0;
+	printf("\n%-40s %10s %10s   (%d tokens from 0, %d heads, %d+%d -> %d, f32 rows)\n",
+	       "kernel (prefill attention, MLA expanded)", "TFLOPS", "vs token", AP_N, H, nope,
+	       rope, dv);
+	if (!hkv || !hpe || !hq || !got || !base || !want ||
+	    wk_cuda_alloc((void **)&kvx, nkv * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&kpe, npe * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&o, no * 4, err, sizeof err) ||
+	    fill_random(kvx, nkv * 4, true, -1, 1) || fill_random(kpe, npe * 4, true, -1, 1) ||
+	    fill_random(q, nq * 4, true, -1, 1) ||
+	    wk_cuda_download(hkv, kvx, nkv * 4, err, sizeof err) ||
+	    wk_cuda_download(hpe, kpe, npe * 4, err, sizeof err) ||
+	    wk_cuda_download(hq, q, nq * 4, err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "prefill attention, MLA", "FAILED",
+		       err[0] ? err : "out of memory, or the fill failed");
+		failed = 1;
+		goto out;
+	}
+	{
+		struct cpu_mla hs;
+		memset(&hs, 0, sizeof hs);
+		hs.n_heads = H, hs.d_a = nope, hs.d_b = rope, hs.d_v = dv, hs.kv = DT_F32;
+		hs.k_a = hkv, hs.k_b = hpe, hs.v = hkv + nope;
+		hs.ka_stride = hs.v_stride = (size_t)row;
+		hs.ka_head = hs.v_head = (size_t)(nope + dv);
+		hs.kb_stride = (size_t)rope;
+		hs.scale = 1.0f / sqrtf((float)(nope + rope));
+		struct cpu_mla d = hs;
+		d.k_a = kvx, d.k_b = kpe, d.v = kvx + nope;
+		cpu_ref_mla_attention(want, hq, &hs, nc, 0, 0, nc, 0, H);
+		double flops = 2.0 * H * (nope + rope + dv) * ((double)AP_N * (AP_N + 1) / 2);
+		for (int path = 1; path <= 2; path++) {
+			const char *name = path == 1 ? "a block a (token, head)" : "query tiles";
+			wk_cuda_attention_force(path);
+			double worst = INFINITY;
+			float *dst = path == 1 ? base : got;
+			if (wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H, NULL, err,
+						  sizeof err) == WK_OK &&
+			    wk_cuda_sync(err, sizeof err) == WK_OK &&
+			    wk_cuda_download(dst, o, no * 4, err, sizeof err) == WK_OK) {
+				worst = lab_rel(dst, want, 1, 0, 0, nc * H * dv);
+				if (path == 2)
+					worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)no));
+			}
+			float ms = time_ms([&]() -> int {
+				return wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H, NULL,
+							     err, sizeof err);
+			});
+			bool ok = worst <= 1e-4;
+			failed |= !ok || ms <= 0;
+			if (ms <= 0) {
+				printf("%-40s %10s   (%s)\n", name, "FAILED", err);
+				continue;
+			}
+			if (path == 1)
+				ms1 = ms;
+			printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off\n", name,
+			       flops / (ms * 1e-3) / 1e12, ms1 / ms, ms, ok ? "checked:" : "WRONG:",
+			       worst);
+		}
+		wk_cuda_attention_force(0);
+	}
+out:
+	wk_cuda_free(kvx);
+	wk_cuda_free(kpe);
+	wk_cuda_free(q);
+	wk_cuda_free(o);
+	free(hkv);
+	free(hpe);
+	free(hq);
+	free(got);
+	free(base);
+	free(want);
+	return failed ? WK_EIO : WK_OK;
+}
+
 /* GLM-5's MLA decoding one token on one tensor-parallel rank of 8 (8 of its 64 heads,
  * kv_lora_rank 512, rope 64, nope 192, v 256): position MLA_CTX - 1 attends to the MLA_TOPK
  * positions of MLA_CTX that DSA selected (random, ascending, distinct, the last included), over
@@ -1488,6 +1582,8 @@ extern "C" int wk_cuda_lab(const char *only)
 		if (lab_moe_gemm(PREFILL_N, blas.bf16_prefill) != WK_OK)
 			rc = WK_EIO;
 		if (lab_attention_prefill() != WK_OK)
+			rc = WK_EIO;
+		if (lab_mla_prefill() != WK_OK)
 			rc = WK_EIO;
 	}
 out:

@@ -315,15 +315,21 @@ close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
 # gpu_check_rehearsal.sh with the same prompt and bound. A doubled block scale in the kernel
 # parts these by ~2; a slot index in place of the plan's tok[] in the MoE gather gives NaN
 # logits. Groups of more than one 128-slot tile are test_cuda_moe.c's moe_experts_gemm_matches_ref.
-section "GLM-4.5 FP8 prefill GEMMs with f32 activations, cuda against cpu"
-for c in "glm4-fp8 70 12"; do
+# A prefill of 32 tokens or more runs its attention through query tiles (k_att_tiled, each key
+# and value read once for 64 query rows, or 32 of MLA's: kernels.cu): GLM-4.5's 70 tokens
+# here do; GLM-5's prefill runs MLA's expanded form, tiled only while dense (every position
+# within index_topk), so a GLM-5 whose indexer keeps 256 positions, over 40 tokens.
+section "GLM-4.5 FP8 prefill GEMMs with f32 activations, prefill attention tiles, cuda against cpu"
+"$WICK_TOOLS/gen_glm" --family glm5 --index-topk 256 -o "$TMPD/glm5-dense" --seed 9 >/dev/null \
+  || fail "gen_glm glm5 --index-topk 256"
+for c in "glm4-fp8 70 12" "glm5-dense 40 5"; do
   set -- $c
   ids=$(python3 -c "import random; random.seed($3); print(','.join(str(random.randrange(300)) for _ in range($2)))")
   "$WICK" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cpu $KV32 \
     >"$TMPD/f32-$1.cpu.json" 2>/dev/null || fail "$1 f32 prefill: cpu logits"
   "$EMU" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cuda $KV32 \
     >"$TMPD/f32-$1.cuda.json" 2>"$TMPD/err" || fail "$1 f32 prefill: cuda logits: $(tail -n 3 "$TMPD/err")"
-  close "$1, a $2-token prefill through matmul_fp8w" "$TMPD/f32-$1.cpu.json" "$TMPD/f32-$1.cuda.json"
+  close "$1, a $2-token prefill" "$TMPD/f32-$1.cpu.json" "$TMPD/f32-$1.cuda.json"
 done
 # A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
 # one reader refills each several times, and the emulator makes a copy only when its event

@@ -254,6 +254,79 @@ Test(cuda_kernels, mla_absorb_matches_ref)
 		     WK_EINVAL, "FP8 needs its scales");
 }
 
+/* A dense prefill of MLA's expanded form through query tiles (wk_cuda_mla_tiled: 32 query
+ * rows of a head a block), forced, against the reference: tokens in whole and partial tiles,
+ * from position 0 and after earlier positions, tiny dimensions and GLM-5's own (nope 192,
+ * rope 64, v 256: the widest the tiles take). Then which calls take the tiles: a prefill of 32
+ * tokens or more, and not one of 31, a DSA selection, a bf16 cache, the absorbed layout, a
+ * part of the tokens or wider values; forced to 1, never. */
+Test(cuda_kernels, mla_prefill_tiles_match_ref)
+{
+	NEED_GPU();
+	static const struct {
+		int H, nope, rope, dv, n, pos0;
+	} cases[] = {{4, 24, 8, 20, 40, 0}, {2, 192, 64, 256, 33, 10}, {3, 40, 16, 48, 70, 5}};
+	wk_cuda_attention_force(2);
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		int H = cases[c].H, nope = cases[c].nope, rope = cases[c].rope, dv = cases[c].dv;
+		int n = cases[c].n, pos0 = cases[c].pos0, T = pos0 + n, row = H * (nope + dv);
+		float *kvx = rnd_vec((size_t)T * row), *kpe = rnd_vec((size_t)T * rope);
+		size_t nq = (size_t)n * H * (nope + rope), no = (size_t)n * H * dv;
+		float *q = rnd_vec(nq), *want = malloc(no * 4), *got = malloc(no * 4);
+		for (size_t i = 0; i < nq; i++)
+			q[i] *= 3.0f; /* peaked softmaxes */
+		struct cpu_mla s = {.n_heads = H, .d_a = nope, .d_b = rope, .d_v = dv, .kv = DT_F32,
+				    .k_a = kvx, .k_b = kpe, .v = kvx + nope,
+				    .ka_stride = (size_t)row, .ka_head = (size_t)(nope + dv),
+				    .kb_stride = (size_t)rope, .v_stride = (size_t)row,
+				    .v_head = (size_t)(nope + dv),
+				    .scale = 1.0f / sqrtf((float)(nope + rope))};
+		cpu_ref_mla_attention(want, q, &s, n, pos0, 0, n, 0, H);
+		float *dkvx = to_dev(kvx, (size_t)T * row * 4), *dkpe = to_dev(kpe, (size_t)T * rope * 4);
+		float *dq = to_dev(q, nq * 4), *dout = dev_alloc(no * 4);
+		struct cpu_mla ds = s;
+		ds.k_a = dkvx, ds.v = dkvx + nope, ds.k_b = dkpe;
+		cr_expect(wk_cuda_mla_tiles(&ds, n, 0, n, 0, H));
+		cr_assert_eq(wk_cuda_mla_attention(dout, dq, &ds, n, pos0, 0, n, 0, H, NULL, err,
+						   sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(got, dout, no * 4);
+		double r = rel(got, want, no);
+		cr_expect_leq(r, TOL, "tiled mla_attention H=%d %d+%d->%d n=%d pos0=%d: %g", H, nope,
+			      rope, dv, n, pos0, r);
+		wk_cuda_free(dkvx);
+		wk_cuda_free(dkpe);
+		wk_cuda_free(dq);
+		wk_cuda_free(dout);
+		free(kvx);
+		free(kpe);
+		free(q);
+		free(want);
+		free(got);
+	}
+	float dummy;
+	int one = 0;
+	struct cpu_mla s = {.n_heads = 8, .d_a = 192, .d_b = 64, .d_v = 256, .kv = DT_F32,
+			    .k_a = &dummy, .k_b = &dummy, .v = &dummy, .ka_stride = 3584,
+			    .ka_head = 448, .kb_stride = 64, .v_stride = 3584, .v_head = 448};
+	cr_expect(wk_cuda_mla_tiles(&s, 8, 0, 8, 0, 8), "forced");
+	cr_expect(!wk_cuda_mla_tiles(&s, 8, 1, 8, 0, 8), "forced, a part of the tokens");
+	wk_cuda_attention_force(1);
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "forced to 1");
+	wk_cuda_attention_force(0);
+	cr_expect(wk_cuda_mla_tiles(&s, 32, 0, 32, 0, 8), "a prefill of 32");
+	cr_expect(!wk_cuda_mla_tiles(&s, 31, 0, 31, 0, 8), "a prefill of 31");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 4), "half the heads");
+	s.d_v = 257;
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "values of 257");
+	s.d_v = 256, s.kv = DT_BF16;
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "a bf16 cache");
+	s.kv = DT_F32, s.sel = &one;
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "a DSA selection");
+	s.sel = NULL, s.ka_head = s.v_head = 0;
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "the absorbed layout");
+}
+
 Test(cuda_kernels, mla_attention_matches_ref)
 {
 	NEED_GPU();
