@@ -149,7 +149,9 @@ int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n
 /* Which kernel wk_cuda_attention runs for n tokens at pos0: 1, a block a token (its heads
  * of a kv head), the keys split as sp allows; 2, blocks of 64 query rows (consecutive tokens
  * of one sequence times their heads of a kv head) that read each key and value once for all
- * of them: a prefill of one sequence (s->seq NULL) of at least 32 tokens, head_dim <= 128.
+ * of them: a prefill of one sequence (s->seq NULL) of at least 32 tokens, head_dim <= 128,
+ * unless pos0 >= n and those blocks would be fewer than 132 (a short chunk after a long
+ * context, whose keys the first splits over blocks).
  * wk_cuda_attention_force(1 or 2) makes every call take that path where it can (2 where
  * path 2 can run, else 1); 0, the rule above (tests and the kernel lab). */
 int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0);
@@ -240,9 +242,11 @@ int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, i
 /* Whether wk_cuda_mla_attention runs as query tiles (wk_cuda_attention's path 2, 32 query
  * rows of a head a block, each key and value read once for them): the expanded form's
  * dense prefill (per-head k_a and v in f32, no selection, one sequence, all of tokens 0..n
- * and every head) of at least 32 tokens, d_a + d_b and d_v at most 256; as
- * wk_cuda_attention_force says where it is set. wk_cuda_mla_tiled runs it. */
-bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int i0, int i1, int h0, int h1);
+ * and every head) of at least 32 tokens, d_a + d_b and d_v at most 256, under the same rule
+ * for pos0 as wk_cuda_attention_path; as wk_cuda_attention_force says where it is set.
+ * wk_cuda_mla_tiled runs it. */
+bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int pos0, int i0, int i1, int h0,
+		       int h1);
 int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 		      char *err, size_t errsz);
 /* The floats of wk_att_split.part that wk_cuda_mla_attention over tokens 0..n and all heads

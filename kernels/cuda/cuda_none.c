@@ -115,6 +115,17 @@ int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n
 	return none(err, errsz);
 }
 
+int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0)
+{
+	(void)s, (void)n, (void)pos0;
+	return 1;
+}
+
+void wk_cuda_attention_force(int path)
+{
+	(void)path;
+}
+
 int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz)
 {
 	(void)c, (void)count;
@@ -245,6 +256,20 @@ int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, i
 {
 	(void)out, (void)q, (void)s, (void)n, (void)pos0, (void)i0, (void)i1, (void)h0, (void)h1,
 		(void)sp;
+	return none(err, errsz);
+}
+
+bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int pos0, int i0, int i1, int h0,
+		       int h1)
+{
+	(void)s, (void)n, (void)pos0, (void)i0, (void)i1, (void)h0, (void)h1;
+	return false;
+}
+
+int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
+		      char *err, size_t errsz)
+{
+	(void)out, (void)q, (void)s, (void)n, (void)pos0;
 	return none(err, errsz);
 }
 

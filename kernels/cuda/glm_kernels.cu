@@ -593,7 +593,7 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 			       h1, s->n_heads);
 	if (i1 <= i0 || h1 <= h0 || s->d_v == 0)
 		return WK_OK;
-	if (wk_cuda_mla_tiles(s, n, i0, i1, h0, h1)) /* a dense prefill of the expanded form */
+	if (wk_cuda_mla_tiles(s, n, pos0, i0, i1, h0, h1)) /* the expanded form's dense prefill */
 		return wk_cuda_mla_tiled(out, q, s, n, pos0, err, errsz);
 	int gm, split;
 	mla_plan(s, i1 - i0, h1 - h0, mla_keys(s, i1, pos0), &gm, &split);

@@ -1203,14 +1203,28 @@ extern "C" int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_ml
 
 static int att_forced; /* wk_cuda_attention_force */
 
-extern "C" bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int i0, int i1, int h0,
-				  int h1)
+/* Whether query tiles beat a block a token for n tokens at pos0, the tiles being that many
+ * blocks: from AP_MIN_N tokens, unless the earlier positions outnumber the tokens and the
+ * tiles are too few to fill the device (a short chunk after a long context: the per-token
+ * kernel splits each query's keys over blocks, the tiles cannot). A guess until a GPU times
+ * both (the lab's prefill rows); wick's prefills start at position 0. */
+static int att_gm(int group); /* below */
+
+static bool ap_worth(int n, int pos0, long blocks)
+{
+	return n >= AP_MIN_N && (pos0 < n || blocks >= ATT_FILL / 2);
+}
+
+extern "C" bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int pos0, int i0, int i1,
+				  int h0, int h1)
 {
 	bool can = n >= 1 && i0 == 0 && i1 == n && h0 == 0 && h1 == s->n_heads && !s->seq &&
 		   !s->sel && s->kv == DT_F32 && s->ka_head && s->v_head &&
 		   s->d_a + s->d_b <= AP_MLA_D && s->d_v <= AP_MLA_D && s->d_v > 0 &&
 		   s->n_heads <= 65535;
-	return can && (att_forced ? att_forced == 2 : n >= AP_MIN_N);
+	if (att_forced)
+		return can && att_forced == 2;
+	return can && ap_worth(n, pos0, (long)((n + AP_MLA_ROWS - 1) / AP_MLA_ROWS) * s->n_heads);
 }
 
 extern "C" void wk_cuda_attention_force(int path)
@@ -1220,11 +1234,15 @@ extern "C" void wk_cuda_attention_force(int path)
 
 extern "C" int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0)
 {
-	(void)pos0;
-	bool can = !s->seq && s->head_dim >= 1 && s->head_dim <= AP_GQA_HD && n >= 1;
+	bool can = !s->seq && s->head_dim >= 1 && s->head_dim <= AP_GQA_HD && n >= 1 &&
+		   s->n_kv >= 1 && s->n_heads % s->n_kv == 0;
 	if (att_forced)
 		return att_forced == 2 && can ? 2 : 1;
-	return can && n >= AP_MIN_N ? 2 : 1;
+	if (!can)
+		return 1;
+	int group = s->n_heads / s->n_kv, gm = att_gm(group), qt = AP_GQA_ROWS / gm;
+	long blocks = (long)((n + qt - 1) / qt) * s->n_kv * ((group + gm - 1) / gm);
+	return ap_worth(n, pos0, blocks) ? 2 : 1;
 }
 
 /* The dynamic shared memory of k_attention<., gm> for head_dim hd, and 4 floats of slack:

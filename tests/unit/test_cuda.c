@@ -876,6 +876,10 @@ Test(cuda_kernels, attention_prefill_tiles_match_ref)
 	cr_expect_eq(wk_cuda_attention_path(&b, 32, 0), 2, "a prefill of 32");
 	cr_expect_eq(wk_cuda_attention_path(&b, 31, 100), 1, "a chunk of 31");
 	cr_expect_eq(wk_cuda_attention_path(&b, 1, 900), 1, "a decode");
+	/* 8:2 heads, 16 tokens a tile: 8 blocks at 64 tokens, 130 at 1,040, 132 at 1,056 */
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 5000), 1, "64 tokens after 5,000");
+	cr_expect_eq(wk_cuda_attention_path(&b, 1056, 5000), 2, "1,056 tokens after 5,000");
+	cr_expect_eq(wk_cuda_attention_path(&b, 1040, 5000), 1, "1,040 tokens after 5,000");
 	b.seq = b.pos = &one;
 	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "several sequences");
 }

@@ -286,7 +286,7 @@ Test(cuda_kernels, mla_prefill_tiles_match_ref)
 		float *dq = to_dev(q, nq * 4), *dout = dev_alloc(no * 4);
 		struct cpu_mla ds = s;
 		ds.k_a = dkvx, ds.v = dkvx + nope, ds.k_b = dkpe;
-		cr_expect(wk_cuda_mla_tiles(&ds, n, 0, n, 0, H));
+		cr_expect(wk_cuda_mla_tiles(&ds, n, pos0, 0, n, 0, H));
 		cr_assert_eq(wk_cuda_mla_attention(dout, dq, &ds, n, pos0, 0, n, 0, H, NULL, err,
 						   sizeof err),
 			     WK_OK, "%s", err);
@@ -309,22 +309,24 @@ Test(cuda_kernels, mla_prefill_tiles_match_ref)
 	struct cpu_mla s = {.n_heads = 8, .d_a = 192, .d_b = 64, .d_v = 256, .kv = DT_F32,
 			    .k_a = &dummy, .k_b = &dummy, .v = &dummy, .ka_stride = 3584,
 			    .ka_head = 448, .kb_stride = 64, .v_stride = 3584, .v_head = 448};
-	cr_expect(wk_cuda_mla_tiles(&s, 8, 0, 8, 0, 8), "forced");
-	cr_expect(!wk_cuda_mla_tiles(&s, 8, 1, 8, 0, 8), "forced, a part of the tokens");
+	cr_expect(wk_cuda_mla_tiles(&s, 8, 0, 0, 8, 0, 8), "forced");
+	cr_expect(!wk_cuda_mla_tiles(&s, 8, 0, 1, 8, 0, 8), "forced, a part of the tokens");
 	wk_cuda_attention_force(1);
-	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "forced to 1");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 8), "forced to 1");
 	wk_cuda_attention_force(0);
-	cr_expect(wk_cuda_mla_tiles(&s, 32, 0, 32, 0, 8), "a prefill of 32");
-	cr_expect(!wk_cuda_mla_tiles(&s, 31, 0, 31, 0, 8), "a prefill of 31");
-	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 4), "half the heads");
+	cr_expect(wk_cuda_mla_tiles(&s, 32, 0, 0, 32, 0, 8), "a prefill of 32");
+	cr_expect(!wk_cuda_mla_tiles(&s, 31, 0, 0, 31, 0, 8), "a prefill of 31");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 4), "half the heads");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 5000, 0, 64, 0, 8), "64 tokens after 5,000: 16 tiles");
+	cr_expect(wk_cuda_mla_tiles(&s, 600, 5000, 0, 600, 0, 8), "600 tokens after 5,000: 152");
 	s.d_v = 257;
-	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "values of 257");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 8), "values of 257");
 	s.d_v = 256, s.kv = DT_BF16;
-	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "a bf16 cache");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 8), "a bf16 cache");
 	s.kv = DT_F32, s.sel = &one;
-	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "a DSA selection");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 8), "a DSA selection");
 	s.sel = NULL, s.ka_head = s.v_head = 0;
-	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 64, 0, 8), "the absorbed layout");
+	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 8), "the absorbed layout");
 }
 
 Test(cuda_kernels, mla_attention_matches_ref)
