@@ -1372,11 +1372,15 @@ int cmd_worker(int argc, char **argv)
 	startup_done = 1;
 	const struct eng_startup *su = &eng_info(w.e)->startup;
 	const struct eng_info *ei = eng_info(w.e);
+	char comm[96] = ""; /* sharded: the ranks' communicator, made beside the restore */
+	if (su->comm_s > 0)
+		snprintf(comm, sizeof comm, "; communicator %.1f ms, %.1f ms of it after them",
+			 su->comm_s * 1e3, su->comm_wait_s * 1e3);
 	wlog(&w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
-	     "beside them), backend %s, %d x %d positions of %s KV cache",
+	     "beside them%s), backend %s, %d x %d positions of %s KV cache",
 	     (wk_now() - w.t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
 	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
-	     su->tokenizer_prepared ? " prepared" : "", ei->backend,
+	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
 	     ei->max_seqs, ei->max_seq, ei->kv_dtype);
 	set_state(&w, ST_READY);
 	w.t_last_activity = wk_now();

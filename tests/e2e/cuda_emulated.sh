@@ -470,5 +470,8 @@ assert r["status"] == "COMPLETED", r
 assert r["output"]["text"] == sys.argv[2], (r["output"]["text"], sys.argv[2])
 print(f"   a worker on stories260K tp 2 (2 devices, one process): {r['output']['text']!r}")
 PY
+# its ready line says what the communicator, made beside the restore, cost the start
+grep -q 'ready: .*restored from a snapshot.*; communicator [0-9.]* ms, [0-9.]* ms of it after them' \
+  "$TMPD/tp2.log" || fail "the tp 2 worker's ready line: $(grep 'ready:' "$TMPD/tp2.log")"
 section "done"
 echo ok
