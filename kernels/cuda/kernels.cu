@@ -1000,9 +1000,9 @@ static size_t ap_smem(int rows, int qk, int dv)
 		(size_t)rows * (AP_KT + 1) + 3 * (size_t)rows) * sizeof(float);
 }
 
-/* Block (token tile x, kv head y, head chunk z): tokens x * ROWS / GM .. of n (token i at
- * position pos0 + i), heads y * group + z * GM .. (group = n_heads / kv heads); q [n][n_heads]
- * [qk], out [n][n_heads][dv]. */
+/* Block (x, kv head y, head chunk z) of X token tiles: tokens (X - 1 - x) * ROWS / GM .. of
+ * n (token i at position pos0 + i), heads y * group + z * GM .. (group = n_heads / kv heads);
+ * q [n][n_heads][qk], out [n][n_heads][dv]. */
 template <int ROWS, int GM, typename SRC>
 __global__ void __launch_bounds__(AP_THREADS)
 k_att_tiled(float *out, const float *q, SRC src, int n_heads, int group, int n, int pos0,
@@ -1013,7 +1013,9 @@ k_att_tiled(float *out, const float *q, SRC src, int n_heads, int group, int n, 
 	constexpr int QT = ROWS / GM, RG = ROWS / 4, KG = AP_THREADS / RG, KB = AP_KT / KG;
 	constexpr int NC = 16, RT = AP_THREADS / ROWS; /* threads a row in the softmax */
 	int qk = src.qk(), dv = src.dv(), qp = qk | 1;
-	int g = blockIdx.y, i0 = (int)blockIdx.x * QT;
+	/* the last tokens' tiles first: they have the most keys, so the short ones fill the
+	 * tail of the launch instead of the long ones trailing it */
+	int g = blockIdx.y, i0 = (int)(gridDim.x - 1 - blockIdx.x) * QT;
 	int h0 = g * group + (int)blockIdx.z * GM, nh = min(GM, (g + 1) * group - h0);
 	int k1 = pos0 + min(i0 + QT, n); /* the keys of the block's last token */
 	float *qs = sm, *ks_ = qs + ROWS * qp, *vs_ = ks_ + AP_KT * qp;
