@@ -943,7 +943,7 @@ __global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int po
  *      thread t scores rows 4 (t / KG) .. + 3 against keys t % KG + KG b (b < AP_KT / KG),
  *      each q and k element read from shared memory once for several products; a key past
  *      the row's token (causal) or past the block's last token scores -inf;
- *   3. ROWS / 128 threads a row take the tile's max, raise the row's running max m, keep
+ *   3. 128 / ROWS threads a row take the tile's max, raise the row's running max m, keep
  *      corr = exp(m_old - m) and turn the scores into p = exp(score - m), adding them to l;
  *   4. thread t keeps the output of its 4 rows, columns t % KG + KG c (c < 16), in registers:
  *      scaled by corr, then each p times each value column added.
