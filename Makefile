@@ -80,9 +80,9 @@ NVCCFLAGS := -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler
 # ---- sources -------------------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c coldstart/*.c engine/*.c kernels/*.c kernels/cpu/*.c worker/*.c)
 LIB_SRC := $(filter-out worker/main.c kernels/cuda/%,$(LIB_SRC))
-# The kernel lab (kernels/cuda/lab.cu) is linked into build/tools/cuda_lab alone, with
+# The kernel lab (kernels/cuda/lab*.cu) is linked into build/tools/cuda_lab alone, with
 # cuBLASLt (its matrix ceilings) when the toolkit has it: wick and libwick never depend on it.
-LAB_CU  := kernels/cuda/lab.cu
+LAB_CU  := kernels/cuda/lab.cu kernels/cuda/lab_attention.cu
 comma   := ,
 ifneq ($(NVCC),)
 CU_SRC  := $(filter-out $(LAB_CU),$(wildcard kernels/cuda/*.cu))
