@@ -18,7 +18,6 @@
  * long...) end FAILED with the contract's error code and the worker keeps going.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
@@ -45,8 +44,7 @@
 #include "worker/queue.h"
 #include "worker/sched.h"
 #include "worker/http_api.h"
-
-#define MAX_CONCURRENCY 1024
+#include "worker/worker.h"
 
 enum state { ST_STARTING, ST_READY, ST_BUSY, ST_IDLE, ST_DRAINING };
 static const char *const state_names[] = {"STARTING", "READY", "BUSY", "IDLE", "DRAINING"};
@@ -67,26 +65,15 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 };
 
 struct worker {
-	struct cmd_engine ce;
-	const char *queue_url, *step_log_path, *name_opt;
-	const char *done_url, *ping_url, *stream_url; /* http(s):// queues (RunPod) */
-	int concurrency, max_jobs;
+	struct worker_opts o; /* as given (worker.h) */
 	int cap;                /* slots: concurrency, twice that with a committer */
 	int n_committing;       /* held slots whose results the committer has */
-	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
-	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	double poll_s;          /* the main loop's reconnect budget (QUEUE_POLL_S) */
-	bool json_logs;
-	/* usage accounting (worker/ledger.h) */
-	const char *ledger_path, *usage_url, *gpu_type;
-	int64_t price_micro;     /* per hour of the whole worker */
-	int gpus;
-	double tick_s;
-	struct ledger *ledger;   /* always open; without --ledger it keeps the totals only */
+	/* usage accounting (worker/ledger.h): the ledger is always open; without --ledger it
+	 * keeps the totals only */
+	struct ledger *ledger;
 	struct exporter *exporter; /* --usage-url */
-	/* the OpenAI endpoint (--listen; worker/http_api.h) */
-	struct http_api_opts ho;
-	struct http_api *http;
+	struct http_api *http;   /* the OpenAI endpoint (--listen; worker/http_api.h) */
 
 	char name[160];
 	struct engine *e;
@@ -119,7 +106,6 @@ struct worker {
 
 static volatile sig_atomic_t got_signal;
 /* "wick worker", or "wick dev" when cmd_dev runs it: what its messages are prefixed with */
-static const char *cmd_name = "wick worker";
 static atomic_int startup_done; /* read by the watchdog thread */
 
 static void on_signal(int sig)
@@ -146,7 +132,7 @@ static void wlog(struct worker *w, const char *event, const char *fmt, ...)
 	char when[64];
 	snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
 		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-	if (w->json_logs) {
+	if (w->o.json_logs) {
 		json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s}", "ts", when, "worker", w->name,
 				      "state", state_names[w->state], "event", event, "msg", msg);
 		char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -246,7 +232,7 @@ static _Noreturn void step_timed_out(struct worker *w, double ran_s)
 {
 	wlog(w, "unhealthy", "a step has run for %.0f s (--step-timeout %.0f): the engine is "
 			     "taken for hung; handing the jobs back and exiting", ran_s,
-	     w->step_timeout);
+	     w->o.step_timeout);
 	hand_back(w, wk_now());
 	wlog(w, "exit", "reason step_timeout; %ld jobs taken, %ld completed, %ld failed; "
 			"lifetime %.1f s", w->jobs_taken, w->jobs_done, w->jobs_failed,
@@ -259,19 +245,19 @@ static _Noreturn void step_timed_out(struct worker *w, double ran_s)
 static void *watchdog(void *arg)
 {
 	struct worker *w = arg;
-	double deadline = w->t_start + w->startup_timeout;
+	double deadline = w->t_start + w->o.startup_timeout;
 	while (!startup_done && wk_now() < deadline)
 		usleep(20000);
 	if (!startup_done) {
 		wlog(w, "startup_timeout", "start-up did not finish within %.0f s (restore or "
-					  "engine init stalled); exiting", w->startup_timeout);
+					  "engine init stalled); exiting", w->o.startup_timeout);
 		_exit(1);
 	}
-	while (!worker_done && w->step_timeout > 0) {
+	while (!worker_done && w->o.step_timeout > 0) {
 		usleep(20000);
 		pthread_mutex_lock(&step_mu);
 		double ran = step_since > 0 ? wk_now() - step_since : 0;
-		bool hung = !worker_done && ran > w->step_timeout;
+		bool hung = !worker_done && ran > w->o.step_timeout;
 		step_abandoned = hung;
 		pthread_mutex_unlock(&step_mu);
 		if (hung)
@@ -284,7 +270,7 @@ static void *watchdog(void *arg)
 
 static int64_t cost_micro(const struct worker *w, double seconds)
 {
-	return money_cost_micro(seconds, w->price_micro);
+	return money_cost_micro(seconds, w->o.price_micro);
 }
 
 /* The request line a finished job gets in the ledger, written before its result is stored. */
@@ -360,8 +346,9 @@ static void log_unstored(struct worker *w, const struct queue_result *r, const c
 /* The main loop's calls on the queue (take, extend, cancel checks) keep reconnecting for
  * QUEUE_POLL_S only, so an outage holds up its engine steps and signals for seconds, not
  * reconnect_s; storing results and handing jobs back keep QUEUE_STORE_S. After
- * --queue-outage seconds (default 60) of nothing but failures the worker gives up (exit 4): its jobs return to the queue when
- * their leases expire, and another worker (or this one restarted) takes them. */
+ * --queue-outage seconds (default 60) of nothing but failures the worker gives up (exit 4):
+ * its jobs return to the queue when their leases expire, and another worker (or this one
+ * restarted) takes them. */
 #define QUEUE_POLL_S 2.0
 #define QUEUE_STORE_S 60.0
 
@@ -371,7 +358,7 @@ static double store_budget(const struct worker *w)
 {
 	if (!w->q_fail_since)
 		return QUEUE_STORE_S;
-	double left = w->queue_outage - (wk_now() - w->q_fail_since);
+	double left = w->o.queue_outage - (wk_now() - w->q_fail_since);
 	return left > QUEUE_POLL_S ? left : QUEUE_POLL_S;
 }
 
@@ -574,7 +561,7 @@ static void flush_results(struct worker *w)
 	/* Bill first: the request lines are fsync'd before any result is stored, so a crash can
 	 * never leave a completed job unbilled. If the ledger cannot be written, no result is
 	 * stored: the jobs stay unacknowledged and are delivered again. */
-	struct ledger_req bills[2 * MAX_CONCURRENCY];
+	struct ledger_req bills[2 * WORKER_MAX_CONCURRENCY];
 	for (int i = 0; i < w->n_out; i++)
 		bills[i] = ((struct held *)((char *)w->out[i].job - offsetof(struct held, qj)))->bill;
 	int rc = ledger_requests(w->ledger, bills, w->n_out, err, sizeof err);
@@ -848,7 +835,7 @@ static int free_slots_now(const struct worker *w)
 {
 	int held = held_count(w);
 	int active = held - w->n_committing;
-	int n = w->concurrency - active;
+	int n = w->o.concurrency - active;
 	if (n > w->cap - held)
 		n = w->cap - held;
 	return n;
@@ -857,8 +844,8 @@ static int free_slots_now(const struct worker *w)
 static void take_jobs(struct worker *w, double wait_s)
 {
 	int free_slots = free_slots_now(w);
-	if (w->max_jobs > 0 && free_slots > w->max_jobs - w->jobs_taken)
-		free_slots = (int)(w->max_jobs - w->jobs_taken);
+	if (w->o.max_jobs > 0 && free_slots > w->o.max_jobs - w->jobs_taken)
+		free_slots = (int)(w->o.max_jobs - w->jobs_taken);
 	if (free_slots <= 0)
 		return;
 	struct queue_job *jobs = calloc((size_t)free_slots, sizeof *jobs);
@@ -902,11 +889,11 @@ static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t l
 static void take_http(struct worker *w, double wait_s)
 {
 	int free_slots = free_slots_now(w);
-	if (w->max_jobs > 0 && free_slots > w->max_jobs - w->jobs_taken)
-		free_slots = (int)(w->max_jobs - w->jobs_taken);
+	if (w->o.max_jobs > 0 && free_slots > w->o.max_jobs - w->jobs_taken)
+		free_slots = (int)(w->o.max_jobs - w->jobs_taken);
 	if (free_slots <= 0)
 		return;
-	struct http_flight *f[2 * MAX_CONCURRENCY];
+	struct http_flight *f[2 * WORKER_MAX_CONCURRENCY];
 	int n = http_api_take(w->http, f, free_slots, wait_s);
 	double now = wk_now();
 	for (int k = 0; k < n; k++) {
@@ -959,7 +946,7 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 {
 	double now = wk_now();
 	int n = 0;
-	struct queue_job *jobs[2 * MAX_CONCURRENCY];
+	struct queue_job *jobs[2 * WORKER_MAX_CONCURRENCY];
 	for (int i = 0; i < w->cap; i++)
 		if (w->held[i].used && w->held[i].req && !w->held[i].http)
 			jobs[n++] = &w->held[i].qj;
@@ -971,9 +958,9 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 		return;
 	for (int i = 0; i < n; i++)
 		tmp[i] = *jobs[i];
-	if (now - *t_lease > w->lease_s / 3) {
+	if (now - *t_lease > w->o.lease_s / 3) {
 		*t_lease = now;
-		int rc = queue_extend(w->q, tmp, n, w->lease_s, NULL, err, sizeof err);
+		int rc = queue_extend(w->q, tmp, n, w->o.lease_s, NULL, err, sizeof err);
 		if (rc != WK_OK && rc != WK_ENOTFOUND) /* ENOTFOUND: a lease lost, said by the driver */
 			queue_note(w, rc, "lease", err);
 		else if (rc == WK_ENOTFOUND)
@@ -1019,7 +1006,7 @@ static void release_all(struct worker *w)
 			.cost_micro_usd = cost_micro(w, gpu_s)};
 		if (ledger_requests(w->ledger, &h->bill, 1, err, sizeof err) != WK_OK)
 			wlog(w, "ledger_error", "job %s: %s", h->qj.id, err);
-		bool lost = w->q_fail_since && wk_now() - w->q_fail_since > w->queue_outage;
+		bool lost = w->q_fail_since && wk_now() - w->q_fail_since > w->o.queue_outage;
 		queue_set_reconnect(w->q, store_budget(w));
 		int rc = lost ? WK_EIO : queue_release(w->q, &h->qj, 1, err, sizeof err);
 		queue_set_reconnect(w->q, w->poll_s);
@@ -1061,8 +1048,8 @@ static void close_books(struct worker *w, const char *why)
 		if (ledger_exit(w->ledger, why, t_end, &tot, err, sizeof err) != WK_OK)
 			wlog(w, "ledger_error", "%s", err);
 		char bill[256];
-		ledger_bill_line(bill, sizeof bill, w->queue_url ? "worker" : "session",
-				 t_end - w->t_start, &tot, w->gpus, w->gpu_type, w->price_micro);
+		ledger_bill_line(bill, sizeof bill, w->o.queue_url ? "worker" : "session",
+				 t_end - w->t_start, &tot, w->o.gpus, w->o.gpu_type, w->o.price_micro);
 		wlog(w, "bill", "%s", bill);
 		ledger_close(w->ledger);
 		w->ledger = NULL;
@@ -1079,205 +1066,266 @@ static void close_books(struct worker *w, const char *why)
 	}
 }
 
-static void usage(FILE *f)
+/* The command line's name for the worker, or HOST-PID (the host's name made safe for a job's
+ * worker field). */
+static void name_worker(struct worker *w)
 {
-	fprintf(f,
-		"usage: wick worker --model MODEL (--queue URL | --listen HOST:PORT) [options]\n\n"
-		"Pulls jobs from URL (spool:DIR, redis://HOST:PORT/STREAM?group=G,\n"
-		"sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=Q, or a RunPod job-take URL\n"
-		"http(s)://.../job-take/$RUNPOD_POD_ID), runs them\n"
-		"continuously batched, stores each result before acknowledging the job, and exits 0\n"
-		"when the queue has been quiet for --idle-timeout seconds. With --listen it also\n"
-		"serves the OpenAI API; its requests share the batch with the queue's jobs.\n"
-		"When the engine fails a step, the jobs held go back to the queue and it exits 3.\n"
-		"  --concurrency N       jobs held and batched at once (default 8)\n"
-		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
-		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
-		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
-		"                        jobs go back to the queue and it exits 3 (default 300;\n"
-		"                        0 never)\n"
-		"  --drain-timeout S     on SIGTERM, finish in-flight jobs within S, then hand the\n"
-		"                        rest back (default 30)\n"
-		"  --max-lifetime S      drain and exit after S seconds (default 0: never)\n"
-		"  --max-jobs N          drain and exit after taking N jobs (default 0: no limit)\n"
-		"  --lease S             job lease, extended while a job runs (default 60)\n"
-		"  --queue-outage S      exit 4 once every call on the queue has failed for S\n"
-		"                        seconds (default 60); engine steps go on meanwhile\n"
-		"  --ledger PATH         usage ledger (JSON Lines, fsync'd; see `wick usage`)\n"
-		"  --ledger-tick S       ledger tick period while running (default 1)\n"
-		"  --price-per-hour USD  price of the whole worker (default 36.31: 8xH200)\n"
-		"  --price-per-gpu-second USD   instead: price per GPU-second x --gpus\n"
-		"  --gpus N, --gpu-type NAME    what is billed (default 8 x H200)\n"
-		"  --usage-url URL       post the ledger's events as CloudEvents (needs --ledger)\n"
-		"  --worker-id NAME      this worker's name (default HOST-PID)\n"
-		"  --step-log PATH       the scheduler's step log, one JSON line per step\n"
-		"  --log-format json     one JSON object per log line (default: text)\n"
-		"  --done-url URL, --ping-url URL\n"
-		"                        http(s):// (RunPod) queues: job-done and ping URLs\n"
-		"                        (default: RUNPOD_WEBHOOK_POST_OUTPUT, RUNPOD_WEBHOOK_PING)\n"
-		"  --stream-url URL      accepted for RunPod; wick does not stream partial output yet\n"
-		"  --backend null        answers at once, no arithmetic (for measuring the queue);\n"
-		"                        cpu, cuda and auto as below\n"
-		HTTP_API_HELP CMD_ENGINE_HELP);
-}
-
-static int parse_num(const char *arg, const char *flag, double lo, double hi, double *out)
-{
-	char *end;
-	double v = strtod(arg, &end);
-	if (end == arg || *end || !(v >= lo && v <= hi)) {
-		fprintf(stderr, "%s: %s wants a number in [%g, %g], not '%s'\n", cmd_name, flag, lo,
-			hi, arg);
-		return 2;
-	}
-	*out = v;
-	return 0;
-}
-
-int cmd_worker_as(const char *name, int argc, char **argv)
-{
-	cmd_name = name;
-	return cmd_worker(argc, argv);
-}
-
-int cmd_worker(int argc, char **argv)
-{
-	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
-	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
-	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE };
-	static const struct option opts[] = {
-		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
-		{"idle-timeout", required_argument, 0, O_IDLE},
-		{"startup-timeout", required_argument, 0, O_STARTUP},
-		{"step-timeout", required_argument, 0, O_STEP},
-		{"drain-timeout", required_argument, 0, O_DRAIN},
-		{"max-lifetime", required_argument, 0, O_LIFE},
-		{"max-jobs", required_argument, 0, O_MAXJOBS}, {"lease", required_argument, 0, O_LEASE},
-		{"queue-outage", required_argument, 0, O_OUTAGE},
-		{"price-per-hour", required_argument, 0, O_PRICE},
-		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
-		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
-		{"done-url", required_argument, 0, O_DONE_URL},
-		{"ping-url", required_argument, 0, O_PING_URL},
-		{"stream-url", required_argument, 0, O_STREAM_URL},
-		{"ledger", required_argument, 0, O_LEDGER},
-		{"ledger-tick", required_argument, 0, O_TICK},
-		{"price-per-gpu-second", required_argument, 0, O_PRICE_GPU_S},
-		{"gpus", required_argument, 0, O_GPUS},
-		{"gpu-type", required_argument, 0, O_GPU_TYPE},
-		{"usage-url", required_argument, 0, O_USAGE_URL},
-		CMD_ENGINE_OPTIONS, HTTP_API_OPTIONS, {0, 0, 0, 0}};
-	struct worker w = {.concurrency = 8, .idle_timeout = 60, .startup_timeout = 600,
-			   .step_timeout = 300,
-			   .drain_timeout = 30, .lease_s = 60, .queue_outage = 60, .gpus = 8, .gpu_type = "H200",
-			   .price_micro = 36310000 /* $36.31/h: 8xH200 in the user's story */};
-	int64_t price_gpu_s = 0;
-	bool have_gpu_price = false, seen_price = false;
-	double v;
-	int c, bad = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case O_QUEUE: w.queue_url = optarg; break;
-		case O_CONC: bad = parse_num(optarg, "--concurrency", 1, MAX_CONCURRENCY, &v); w.concurrency = (int)v; break;
-		case O_IDLE: bad = parse_num(optarg, "--idle-timeout", 0, 1e9, &w.idle_timeout); break;
-		case O_STARTUP: bad = parse_num(optarg, "--startup-timeout", 0.001, 1e9, &w.startup_timeout); break;
-		case O_STEP: bad = parse_num(optarg, "--step-timeout", 0, 1e9, &w.step_timeout); break;
-		case O_DRAIN: bad = parse_num(optarg, "--drain-timeout", 0, 1e9, &w.drain_timeout); break;
-		case O_LIFE: bad = parse_num(optarg, "--max-lifetime", 0, 1e12, &w.max_lifetime); break;
-		case O_MAXJOBS: bad = parse_num(optarg, "--max-jobs", 0, 1e12, &v); w.max_jobs = (int)v; break;
-		case O_LEASE: bad = parse_num(optarg, "--lease", 1, 86400, &w.lease_s); break;
-		case O_OUTAGE: bad = parse_num(optarg, "--queue-outage", 1, 86400, &w.queue_outage); break;
-		case O_PRICE:
-		case O_PRICE_GPU_S:
-			if (money_parse_micro(optarg, c == O_PRICE ? &w.price_micro : &price_gpu_s) !=
-			    WK_OK) {
-				fprintf(stderr, "%s: %s wants a dollar amount like 36.31 "
-						"(at most 6 decimals), not '%s'\n", cmd_name,
-					c == O_PRICE ? "--price-per-hour" : "--price-per-gpu-second",
-					optarg);
-				return 2;
-			}
-			if (seen_price && (c == O_PRICE_GPU_S) != have_gpu_price) {
-				fprintf(stderr, "%s: give --price-per-hour or "
-						"--price-per-gpu-second, not both\n", cmd_name);
-				return 2;
-			}
-			seen_price = true;
-			have_gpu_price = c == O_PRICE_GPU_S;
-			break;
-		case O_LEDGER: w.ledger_path = optarg; break;
-		case O_TICK: bad = parse_num(optarg, "--ledger-tick", 0.01, 3600, &w.tick_s); break;
-		case O_GPUS: bad = parse_num(optarg, "--gpus", 1, 1024, &v); w.gpus = (int)v; break;
-		case O_GPU_TYPE: w.gpu_type = optarg; break;
-		case O_USAGE_URL: w.usage_url = optarg; break;
-		case O_ID: w.name_opt = optarg; break;
-		case O_STEPLOG: w.step_log_path = optarg; break;
-		case O_DONE_URL: w.done_url = optarg; break;
-		case O_PING_URL: w.ping_url = optarg; break;
-		case O_STREAM_URL: w.stream_url = optarg; break;
-		case O_LOGFMT:
-			if (strcmp(optarg, "json") && strcmp(optarg, "text")) {
-				fprintf(stderr, "%s: --log-format is json or text\n", cmd_name);
-				return 2;
-			}
-			w.json_logs = !strcmp(optarg, "json");
-			break;
-		case 'h': usage(stdout); return 0;
-		default:
-			if (c >= HTTP_OPT_BASE) {
-				if (http_api_flag(&w.ho, c, optarg))
-					return 2;
-				break;
-			}
-			if (c < CMD_OPT_BASE || cmd_engine_flag(&w.ce, c, optarg)) {
-				usage(stderr);
-				return 2;
-			}
-		}
-		if (bad)
-			return 2;
-	}
-	if (cmd_engine_model(&w.ce, argc, argv, optind, 0) || (!w.queue_url && !w.ho.listen)) {
-		if (!w.queue_url && !w.ho.listen)
-			fprintf(stderr, "%s: --queue URL or --listen HOST:PORT is required\n", cmd_name);
-		usage(stderr);
-		return 2;
-	}
-	if (w.queue_url) {
-		char qerr[WK_ERRSZ];
-		if (queue_check_url(w.queue_url, qerr, sizeof qerr) != WK_OK) {
-			fprintf(stderr, "%s: --queue: %s\n", cmd_name, qerr);
-			return 2;
-		}
-	}
-	if (w.usage_url && !w.ledger_path) {
-		fprintf(stderr, "%s: --usage-url needs --ledger PATH (events are sent from "
-				"it)\n", cmd_name);
-		return 2;
-	}
-	if (w.name_opt && !job_id_valid(w.name_opt)) {
-		fprintf(stderr, "%s: --worker-id must match [A-Za-z0-9._-]{1,128}\n", cmd_name);
-		return 2;
-	}
-	if (have_gpu_price) {
-		__int128 hourly = (__int128)price_gpu_s * 3600 * w.gpus;
-		if (hourly > (__int128)MONEY_MAX_DOLLARS * 1000000) {
-			fprintf(stderr, "%s: --price-per-gpu-second x 3600 x --gpus is more "
-					"than $%lld an hour\n", cmd_name, MONEY_MAX_DOLLARS);
-			return 2;
-		}
-		w.price_micro = (int64_t)hourly;
-	}
 	char host[64] = "host";
 	gethostname(host, sizeof host - 1);
 	for (char *p = host; *p; p++)
 		if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", *p))
 			*p = '-';
-	if (w.name_opt)
-		snprintf(w.name, sizeof w.name, "%s", w.name_opt);
+	if (w->o.name_opt)
+		snprintf(w->name, sizeof w->name, "%s", w->o.name_opt);
 	else
-		snprintf(w.name, sizeof w.name, "%.100s-%d", host, (int)getpid());
+		snprintf(w->name, sizeof w->name, "%.100s-%d", host, (int)getpid());
+}
 
+/* The start: the HTTP endpoint first (its /health answers 503 while the engine starts), the
+ * ledger and its exporter, the engine, the scheduler and the queue (on a spool, with the
+ * committer's handle and thread). Returns 0, or the exit status (1, or 2 for a --listen that
+ * cannot be served) after a startup_failed line; *why: the reason the books close with. */
+static int start(struct worker *w, const char **why)
+{
+	char err[WK_ERRSZ];
+	if (w->o.ho.listen) { /* first: /health answers 503 while the engine starts */
+		char bound[300];
+		w->o.ho.model = w->o.ce.model;
+		w->o.ho.price_micro = w->o.price_micro;
+		w->o.ho.stop = &got_signal;
+		int hrc = http_api_start(&w->o.ho, &w->http, bound, sizeof bound, err, sizeof err);
+		if (hrc != WK_OK) {
+			wlog(w, "startup_failed", "%s", err);
+			return hrc == WK_EINVAL ? 2 : 1;
+		}
+		wlog(w, "listen", "serving the OpenAI API at http://%s/v1", bound);
+	}
+	char snap_id[300] = "";
+	snapshot_id(w->o.ce.model, snap_id, sizeof snap_id);
+	struct ledger_info li = {.worker = w->name, .model = w->o.ce.model, .gpu_type = w->o.gpu_type,
+				 .snapshot = *snap_id ? snap_id : NULL,
+				 .gpu_count = w->o.gpus, .price_micro_per_hour = w->o.price_micro,
+				 .tick_s = w->o.tick_s, .t_start = w->t_start};
+	if (ledger_open(w->o.ledger_path, &li, &w->ledger, err, sizeof err) != WK_OK) {
+		wlog(w, "startup_failed", "%s", err);
+		return 1;
+	}
+	*why = "startup_failed";
+	if (w->o.usage_url && exporter_start(w->o.ledger_path, w->o.usage_url, &w->exporter, err,
+					  sizeof err) != WK_OK) {
+		wlog(w, "startup_failed", "%s", err);
+		return 1;
+	}
+	w->o.ce.o.max_seqs = w->o.concurrency;
+	w->cap = 2 * w->o.concurrency; /* a committer may hold a batch while the engine runs the next */
+	w->held = calloc((size_t)w->cap, sizeof *w->held);
+	w->out = calloc((size_t)w->cap, sizeof *w->out);
+	w->out_json = calloc((size_t)w->cap, sizeof *w->out_json);
+	if (!w->held || !w->out || !w->out_json)
+		return 1;
+	if (eng_open(w->o.ce.model, &w->o.ce.o, &w->e, err, sizeof err) != WK_OK) {
+		wlog(w, "startup_failed", "%s", err);
+		return 1;
+	}
+	if (eng_info(w->e)->unused_tensors)
+		wlog(w, "unused_tensors", "%d tensors of the checkpoint are not used by the model, "
+		     "e.g. '%s': does config.json match the weights?", eng_info(w->e)->unused_tensors,
+		     eng_info(w->e)->unused_example);
+	w->tok = eng_tokenizer(w->e);
+	w->chat = chat_format_for(eng_info(w->e)->arch);
+	if (w->o.step_log_path && !(w->step_log = fopen(w->o.step_log_path, "a"))) {
+		wlog(w, "startup_failed", "%s: %s", w->o.step_log_path, strerror(errno));
+		return 1;
+	}
+	w->s = sched_create(w->e, w->step_log);
+	struct queue_opts qo = {.consumer = w->name, .lease_s = w->o.lease_s, .done_url = w->o.done_url,
+				.ping_url = w->o.ping_url, .stream_url = w->o.stream_url,
+				.on_refused = job_refused, .on_refused_ctx = w,
+				.reconnect_s = QUEUE_STORE_S, .stop = &got_signal};
+	if (!w->s ||
+	    (w->o.queue_url && queue_open(w->o.queue_url, &qo, &w->q, err, sizeof err) != WK_OK)) {
+		wlog(w, "startup_failed", "%s", w->s ? err : "out of memory");
+		return 1;
+	}
+	/* the main loop's calls (see QUEUE_POLL_S): redis and SQS calls block it; the HTTP
+	 * (RunPod) driver's run on its own threads and keep their budget */
+	w->poll_s = w->q && (!strcmp(queue_driver(w->q), "redis") || !strcmp(queue_driver(w->q), "sqs"))
+			   ? QUEUE_POLL_S : QUEUE_STORE_S;
+	queue_set_reconnect(w->q, w->poll_s);
+	/* On a spool the file-system work of storing results is done by a committer thread
+	 * with its own handle, overlapped with the next steps. */
+	if (w->q && !strcmp(queue_driver(w->q), "spool")) {
+		if (queue_open(w->o.queue_url, &qo, &w->qc, err, sizeof err) != WK_OK) {
+			wlog(w, "startup_failed", "%s", err);
+			return 1;
+		}
+		pthread_mutex_init(&w->cmu, NULL);
+		pthread_cond_init(&w->ccv, NULL);
+		w->have_committer = pthread_create(&w->committer, NULL, commit_main, w) == 0;
+	}
+	return 0;
+}
+
+/* The ready line: how long the start took and where its time went. */
+static void log_ready(struct worker *w)
+{
+	char err[WK_ERRSZ];
+	const struct eng_startup *su = &eng_info(w->e)->startup;
+	const struct eng_info *ei = eng_info(w->e);
+	char comm[96] = ""; /* sharded: the ranks' communicator, made beside the restore */
+	if (su->comm_s > 0)
+		snprintf(comm, sizeof comm, "; communicator %.1f ms, %.1f ms of it after them",
+			 su->comm_s * 1e3, su->comm_wait_s * 1e3);
+	wlog(w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
+	     "beside them%s), backend %s, %d x %d positions of %s KV cache",
+	     (wk_now() - w->t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
+	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
+	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
+	     ei->max_seqs, ei->max_seq, ei->kv_dtype);
+	set_state(w, ST_READY);
+	w->t_last_activity = wk_now();
+	if (ledger_state(w->ledger, LEDGER_IDLE, w->t_last_activity, err, sizeof err) != WK_OK)
+		wlog(w, "ledger_error", "%s", err);
+}
+
+/* The main loop, from READY to the reason it ends ("idle", "signal", "max_lifetime",
+ * "max_jobs", "queue_lost", "engine_failed"): takes jobs and HTTP requests, steps the batch,
+ * stores the results, extends the leases, drains when told. */
+static const char *serve(struct worker *w)
+{
+	char err[WK_ERRSZ];
+	const char *why = "idle";
+	double t_lease = wk_now(), t_cancel = wk_now();
+	for (;;) {
+		double now = wk_now();
+		if (got_signal && w->state != ST_DRAINING) {
+			wlog(w, "signal", "signal %d: draining (up to %.0f s)", (int)got_signal,
+			     w->o.drain_timeout);
+			set_state(w, ST_DRAINING);
+			w->t_drain_deadline = now + w->o.drain_timeout;
+			why = "signal";
+			account_step_end(w);
+			if (sched_pending(w->s) == 0)
+				ledger_state(w->ledger, LEDGER_DRAINING, now, err, sizeof err);
+		}
+		if (w->state != ST_DRAINING && w->o.max_lifetime > 0 && now - w->t_start > w->o.max_lifetime) {
+			set_state(w, ST_DRAINING);
+			w->t_drain_deadline = now + w->o.drain_timeout;
+			why = "max_lifetime";
+			if (sched_pending(w->s) == 0)
+				ledger_state(w->ledger, LEDGER_DRAINING, now, err, sizeof err);
+		}
+		if (w->q_fail_since && now - w->q_fail_since > w->o.queue_outage) {
+			wlog(w, "unhealthy", "every call on the queue has failed for %.0f s (%s): "
+					      "exiting; the jobs held go back to the queue when their "
+					      "leases expire", now - w->q_fail_since, w->q_fail_err);
+			why = "queue_lost";
+			break;
+		}
+		int held = held_count(w);
+		if (w->state != ST_DRAINING && w->o.max_jobs > 0 && w->jobs_taken >= w->o.max_jobs && held == 0) {
+			why = "max_jobs";
+			break;
+		}
+		/* draining: what is held, and the HTTP requests already accepted (they have no
+		 * queue to go back to; new ones get 503), until the drain's deadline */
+		bool may_take = w->o.max_jobs <= 0 || w->jobs_taken < w->o.max_jobs;
+		if (w->state == ST_DRAINING &&
+		    ((held == 0 && !(w->http && may_take && http_api_waiting(w->http) > 0)) ||
+		     now > w->t_drain_deadline))
+			break;
+		if (w->state != ST_DRAINING) {
+			double idle_left = w->o.idle_timeout > 0
+						   ? w->o.idle_timeout - (now - w->t_last_activity) : 1.0;
+			if (held == 0 && w->o.idle_timeout > 0 && idle_left <= 0)
+				break;
+			double wait = held ? 0 : (idle_left < 0.5 ? (idle_left > 0 ? idle_left : 0) : 0.5);
+			if (w->http) /* alone it waits on its inbox; with a queue, the queue is polled */
+				take_http(w, w->q ? 0 : wait);
+			if (w->q)
+				take_jobs(w, w->http && wait > 0.05 ? 0.05 : wait);
+		} else if (w->http) {
+			take_http(w, 0);
+		}
+		if (w->http)
+			http_cancels(w);
+		held = held_count(w);
+		if (held && w->state != ST_DRAINING)
+			set_state(w, ST_BUSY);
+		if (sched_pending(w->s) > 0) {
+			if (run_step(w) < 0)
+				wlog(w, "engine_error", "the engine failed a step; its jobs failed");
+			w->t_last_activity = wk_now();
+			account_step_end(w);
+			const char *what;
+			if (sched_engine_failed(w->s, &what) != WK_OK) {
+				/* a failed engine is not trusted again (a sticky device error) */
+				wlog(w, "unhealthy", "the engine failed (%s): handing the jobs back "
+						      "and exiting", what);
+				why = "engine_failed";
+				break;
+			}
+		}
+		flush_results(w);
+		if (w->have_committer && !commit_reap(w, false) && sched_pending(w->s) == 0 &&
+		    held_count(w) > 0)
+			commit_wait(w, 0.05); /* every held slot waits on the committer */
+		housekeeping(w, &t_lease, &t_cancel);
+		if (held_count(w) == 0 && w->state == ST_BUSY)
+			set_state(w, ST_IDLE);
+	}
+	return why;
+}
+
+/* After the loop: the HTTP requests cancelled, what is held handed back to the queue, the exit
+ * line. Returns the exit status: 3 for a failed engine, 4 for a lost queue, else 0. */
+static int finish(struct worker *w, const char *why)
+{
+	if (w->http)
+		cancel_http(w);
+	hand_back(w, sched_mark(w->s));
+	struct queue_stats qs = {0}, qcs = {0};
+	if (w->q)
+		queue_get_stats(w->q, &qs);
+	if (w->qc) {
+		queue_get_stats(w->qc, &qcs);
+		qs.syncs += qcs.syncs;
+	}
+	wlog(w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
+			 "%llu syncs", why, w->jobs_taken, w->jobs_done, w->jobs_failed,
+	     wk_now() - w->t_start, (unsigned long long)qs.syncs);
+	return sched_engine_failed(w->s, NULL) != WK_OK ? 3 : !strcmp(why, "queue_lost") ? 4 : 0;
+}
+
+/* Closes everything start() opened, whatever it reached (the books with why), and joins the
+ * committer. */
+static void teardown(struct worker *w, const char *why)
+{
+	http_api_stop(w->http);
+	close_books(w, why);
+	if (w->have_committer) {
+		pthread_mutex_lock(&w->cmu);
+		w->c_stop = true;
+		pthread_cond_broadcast(&w->ccv);
+		pthread_mutex_unlock(&w->cmu);
+		pthread_join(w->committer, NULL);
+		commit_reap(w, false);
+	}
+	sched_free(w->s);
+	queue_close(w->qc);
+	queue_close(w->q);
+	eng_close(w->e);
+	if (w->step_log)
+		fclose(w->step_log);
+	free(w->held);
+	free(w->out);
+	free(w->out_json);
+}
+
+int worker_run(const struct worker_opts *o)
+{
+	struct worker w = {.o = *o};
+	name_worker(&w);
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, NULL);
@@ -1286,224 +1334,23 @@ int cmd_worker(int argc, char **argv)
 	w.t_start = wk_now();
 	w.state = ST_STARTING;
 	char shown[512];
-	wlog(&w, "start", "model %s, queue %s, concurrency %d", w.ce.model,
-	     w.queue_url ? redact_url(w.queue_url, shown, sizeof shown) : "none", w.concurrency);
+	wlog(&w, "start", "model %s, queue %s, concurrency %d", w.o.ce.model,
+	     w.o.queue_url ? redact_url(w.o.queue_url, shown, sizeof shown) : "none",
+	     w.o.concurrency);
 	pthread_t wd;
 	bool have_wd = pthread_create(&wd, NULL, watchdog, &w) == 0;
 
-	int rc = 1;
-	char err[WK_ERRSZ];
 	const char *why = "idle";
-	if (w.ho.listen) { /* first: /health answers 503 while the engine starts */
-		char bound[300];
-		w.ho.model = w.ce.model;
-		w.ho.price_micro = w.price_micro;
-		w.ho.stop = &got_signal;
-		int hrc = http_api_start(&w.ho, &w.http, bound, sizeof bound, err, sizeof err);
-		if (hrc != WK_OK) {
-			wlog(&w, "startup_failed", "%s", err);
-			rc = hrc == WK_EINVAL ? 2 : 1;
-			goto out;
-		}
-		wlog(&w, "listen", "serving the OpenAI API at http://%s/v1", bound);
-	}
-	char snap_id[300] = "";
-	snapshot_id(w.ce.model, snap_id, sizeof snap_id);
-	struct ledger_info li = {.worker = w.name, .model = w.ce.model, .gpu_type = w.gpu_type,
-				 .snapshot = *snap_id ? snap_id : NULL,
-				 .gpu_count = w.gpus, .price_micro_per_hour = w.price_micro,
-				 .tick_s = w.tick_s, .t_start = w.t_start};
-	if (ledger_open(w.ledger_path, &li, &w.ledger, err, sizeof err) != WK_OK) {
-		wlog(&w, "startup_failed", "%s", err);
-		goto out;
-	}
-	why = "startup_failed";
-	if (w.usage_url && exporter_start(w.ledger_path, w.usage_url, &w.exporter, err,
-					  sizeof err) != WK_OK) {
-		wlog(&w, "startup_failed", "%s", err);
-		goto out;
-	}
-	w.ce.o.max_seqs = w.concurrency;
-	w.cap = 2 * w.concurrency; /* a committer may hold a batch while the engine runs the next */
-	w.held = calloc((size_t)w.cap, sizeof *w.held);
-	w.out = calloc((size_t)w.cap, sizeof *w.out);
-	w.out_json = calloc((size_t)w.cap, sizeof *w.out_json);
-	if (!w.held || !w.out || !w.out_json)
-		goto out;
-	if (eng_open(w.ce.model, &w.ce.o, &w.e, err, sizeof err) != WK_OK) {
-		wlog(&w, "startup_failed", "%s", err);
-		goto out;
-	}
-	if (eng_info(w.e)->unused_tensors)
-		wlog(&w, "unused_tensors", "%d tensors of the checkpoint are not used by the model, "
-		     "e.g. '%s': does config.json match the weights?", eng_info(w.e)->unused_tensors,
-		     eng_info(w.e)->unused_example);
-	w.tok = eng_tokenizer(w.e);
-	w.chat = chat_format_for(eng_info(w.e)->arch);
-	if (w.step_log_path && !(w.step_log = fopen(w.step_log_path, "a"))) {
-		wlog(&w, "startup_failed", "%s: %s", w.step_log_path, strerror(errno));
-		goto out;
-	}
-	w.s = sched_create(w.e, w.step_log);
-	struct queue_opts qo = {.consumer = w.name, .lease_s = w.lease_s, .done_url = w.done_url,
-				.ping_url = w.ping_url, .stream_url = w.stream_url,
-				.on_refused = job_refused, .on_refused_ctx = &w,
-				.reconnect_s = QUEUE_STORE_S, .stop = &got_signal};
-	if (!w.s || (w.queue_url && queue_open(w.queue_url, &qo, &w.q, err, sizeof err) != WK_OK)) {
-		wlog(&w, "startup_failed", "%s", w.s ? err : "out of memory");
-		goto out;
-	}
-	/* the main loop's calls (see QUEUE_POLL_S): redis and SQS calls block it; the HTTP
-	 * (RunPod) driver's run on its own threads and keep their budget */
-	w.poll_s = w.q && (!strcmp(queue_driver(w.q), "redis") || !strcmp(queue_driver(w.q), "sqs"))
-			   ? QUEUE_POLL_S : QUEUE_STORE_S;
-	queue_set_reconnect(w.q, w.poll_s);
-	/* On a spool the file-system work of storing results is done by a committer thread
-	 * with its own handle, overlapped with the next steps. */
-	if (w.q && !strcmp(queue_driver(w.q), "spool")) {
-		if (queue_open(w.queue_url, &qo, &w.qc, err, sizeof err) != WK_OK) {
-			wlog(&w, "startup_failed", "%s", err);
-			goto out;
-		}
-		pthread_mutex_init(&w.cmu, NULL);
-		pthread_cond_init(&w.ccv, NULL);
-		w.have_committer = pthread_create(&w.committer, NULL, commit_main, &w) == 0;
-	}
+	int rc = start(&w, &why);
 	startup_done = 1;
-	const struct eng_startup *su = &eng_info(w.e)->startup;
-	const struct eng_info *ei = eng_info(w.e);
-	char comm[96] = ""; /* sharded: the ranks' communicator, made beside the restore */
-	if (su->comm_s > 0)
-		snprintf(comm, sizeof comm, "; communicator %.1f ms, %.1f ms of it after them",
-			 su->comm_s * 1e3, su->comm_wait_s * 1e3);
-	wlog(&w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
-	     "beside them%s), backend %s, %d x %d positions of %s KV cache",
-	     (wk_now() - w.t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
-	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
-	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
-	     ei->max_seqs, ei->max_seq, ei->kv_dtype);
-	set_state(&w, ST_READY);
-	w.t_last_activity = wk_now();
-	if (ledger_state(w.ledger, LEDGER_IDLE, w.t_last_activity, err, sizeof err) != WK_OK)
-		wlog(&w, "ledger_error", "%s", err);
-	why = "idle";
-
-	double t_lease = wk_now(), t_cancel = wk_now();
-	for (;;) {
-		double now = wk_now();
-		if (got_signal && w.state != ST_DRAINING) {
-			wlog(&w, "signal", "signal %d: draining (up to %.0f s)", (int)got_signal,
-			     w.drain_timeout);
-			set_state(&w, ST_DRAINING);
-			w.t_drain_deadline = now + w.drain_timeout;
-			why = "signal";
-			account_step_end(&w);
-			if (sched_pending(w.s) == 0)
-				ledger_state(w.ledger, LEDGER_DRAINING, now, err, sizeof err);
-		}
-		if (w.state != ST_DRAINING && w.max_lifetime > 0 && now - w.t_start > w.max_lifetime) {
-			set_state(&w, ST_DRAINING);
-			w.t_drain_deadline = now + w.drain_timeout;
-			why = "max_lifetime";
-			if (sched_pending(w.s) == 0)
-				ledger_state(w.ledger, LEDGER_DRAINING, now, err, sizeof err);
-		}
-		if (w.q_fail_since && now - w.q_fail_since > w.queue_outage) {
-			wlog(&w, "unhealthy", "every call on the queue has failed for %.0f s (%s): "
-					      "exiting; the jobs held go back to the queue when their "
-					      "leases expire", now - w.q_fail_since, w.q_fail_err);
-			why = "queue_lost";
-			break;
-		}
-		int held = held_count(&w);
-		if (w.state != ST_DRAINING && w.max_jobs > 0 && w.jobs_taken >= w.max_jobs && held == 0) {
-			why = "max_jobs";
-			break;
-		}
-		/* draining: what is held, and the HTTP requests already accepted (they have no
-		 * queue to go back to; new ones get 503), until the drain's deadline */
-		bool may_take = w.max_jobs <= 0 || w.jobs_taken < w.max_jobs;
-		if (w.state == ST_DRAINING &&
-		    ((held == 0 && !(w.http && may_take && http_api_waiting(w.http) > 0)) ||
-		     now > w.t_drain_deadline))
-			break;
-		if (w.state != ST_DRAINING) {
-			double idle_left = w.idle_timeout > 0
-						   ? w.idle_timeout - (now - w.t_last_activity) : 1.0;
-			if (held == 0 && w.idle_timeout > 0 && idle_left <= 0)
-				break;
-			double wait = held ? 0 : (idle_left < 0.5 ? (idle_left > 0 ? idle_left : 0) : 0.5);
-			if (w.http) /* alone it waits on its inbox; with a queue, the queue is polled */
-				take_http(&w, w.q ? 0 : wait);
-			if (w.q)
-				take_jobs(&w, w.http && wait > 0.05 ? 0.05 : wait);
-		} else if (w.http) {
-			take_http(&w, 0);
-		}
-		if (w.http)
-			http_cancels(&w);
-		held = held_count(&w);
-		if (held && w.state != ST_DRAINING)
-			set_state(&w, ST_BUSY);
-		if (sched_pending(w.s) > 0) {
-			if (run_step(&w) < 0)
-				wlog(&w, "engine_error", "the engine failed a step; its jobs failed");
-			w.t_last_activity = wk_now();
-			account_step_end(&w);
-			const char *what;
-			if (sched_engine_failed(w.s, &what) != WK_OK) {
-				/* a failed engine is not trusted again (a sticky device error) */
-				wlog(&w, "unhealthy", "the engine failed (%s): handing the jobs back "
-						      "and exiting", what);
-				why = "engine_failed";
-				break;
-			}
-		}
-		flush_results(&w);
-		if (w.have_committer && !commit_reap(&w, false) && sched_pending(w.s) == 0 &&
-		    held_count(&w) > 0)
-			commit_wait(&w, 0.05); /* every held slot waits on the committer */
-		housekeeping(&w, &t_lease, &t_cancel);
-		if (held_count(&w) == 0 && w.state == ST_BUSY)
-			set_state(&w, ST_IDLE);
+	if (rc == 0) {
+		log_ready(&w);
+		why = serve(&w);
+		rc = finish(&w, why);
 	}
-	if (w.http)
-		cancel_http(&w);
-	hand_back(&w, sched_mark(w.s));
-	struct queue_stats qs = {0}, qcs = {0};
-	if (w.q)
-		queue_get_stats(w.q, &qs);
-	if (w.qc) {
-		queue_get_stats(w.qc, &qcs);
-		qs.syncs += qcs.syncs;
-	}
-	wlog(&w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
-			 "%llu syncs", why, w.jobs_taken, w.jobs_done, w.jobs_failed,
-	     wk_now() - w.t_start, (unsigned long long)qs.syncs);
-	rc = sched_engine_failed(w.s, NULL) != WK_OK ? 3 : !strcmp(why, "queue_lost") ? 4 : 0;
-out:
-	startup_done = 1;
 	worker_done = 1;
 	if (have_wd)
 		pthread_join(wd, NULL);
-	http_api_stop(w.http);
-	close_books(&w, why);
-	if (w.have_committer) {
-		pthread_mutex_lock(&w.cmu);
-		w.c_stop = true;
-		pthread_cond_broadcast(&w.ccv);
-		pthread_mutex_unlock(&w.cmu);
-		pthread_join(w.committer, NULL);
-		commit_reap(&w, false);
-	}
-	sched_free(w.s);
-	queue_close(w.qc);
-	queue_close(w.q);
-	eng_close(w.e);
-	if (w.step_log)
-		fclose(w.step_log);
-	free(w.held);
-	free(w.out);
-	free(w.out_json);
+	teardown(&w, why);
 	return rc;
 }
