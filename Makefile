@@ -217,7 +217,8 @@ tools: $(TOOLS)
 # backend (backend_cuda.cu) emulated, and tests/simt/comm_simt.c for the collectives (NCCL's
 # entry, comm_cpu's work: the emulated devices share host memory, so a sharded engine runs
 # there with a thread per rank); tests/e2e/cuda_emulated.sh runs it.
-SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/glm_kernels.cu kernels/cuda/moe_kernels.cu \
+SIMT_CU       := kernels/cuda/kernels.cu kernels/cuda/attention.cu kernels/cuda/glm_kernels.cu \
+                 kernels/cuda/moe_kernels.cu \
                  kernels/cuda/sample_kernels.cu \
                  kernels/cuda/gemm_fp8.cu kernels/cuda/gemm_wgmma.cu kernels/cuda/gemm_fp8w.cu \
                  kernels/cuda/backend_cuda.cu
