@@ -476,7 +476,8 @@ void *be_sink_take(struct be_sink *k, int rank);
 /* The communicator of world ranks that accept started with ops (k->comm): waits for its init
  * and hands it over (*ctx, the caller's to destroy), or returns its init's error.
  * WK_ENOTFOUND when accept started none of those ops and that world (the caller makes its
- * own). *init_s: how long the init took; *wait_s: how long this call waited for it. */
+ * own). *init_s: how long the init took; *wait_s: how much of it ran after this call began
+ * (what the caller waited for, not counting the thread's exit). */
 int be_sink_comm(struct be_sink *k, const struct comm_ops *ops, int world, void **ctx,
 		 double *init_s, double *wait_s, char *err, size_t errsz);
 void be_sink_close(struct be_sink *k);
