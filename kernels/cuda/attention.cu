@@ -161,8 +161,13 @@ __global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int po
 #define AP_MIN_N 32 /* tokens from which the tiles are taken (a guess until a GPU times both:
 		     * the lab's prefill rows) */
 
+/* Whether a cache's elements are bf16 already (k_att_mma's SRC::exact). */
+template <typename KV> struct kv_bf16 { static constexpr bool v = false; };
+template <> struct kv_bf16<uint16_t> { static constexpr bool v = true; };
+
 /* The keys and values of a GQA cache (struct cpu_gqa, one sequence), kv head g's. */
 template <typename KV> struct ap_gqa {
+	static constexpr bool exact = kv_bf16<KV>::v; /* each key and value a bf16 */
 	const KV *k, *v;
 	const float *ks, *vs;
 	int kv_stride, hd;
@@ -182,6 +187,7 @@ template <typename KV> struct ap_gqa {
 /* MLA's expanded rows (struct cpu_mla in f32, one sequence, dense), head g's: its keys are
  * [k_a (per head) | k_b (shared)], its values v. */
 struct ap_mla {
+	static constexpr bool exact = false;
 	const float *k_a, *k_b, *v;
 	size_t ka_stride, ka_head, kb_stride, v_stride, v_head;
 	int d_a, d_b, d_v;
@@ -367,12 +373,239 @@ static cudaError_t ap_launch_gm(dim3 grid, const SRC &src, float *out, const flo
 	return cudaSuccess;
 }
 
+/* ---- the same tiles on the tensor cores ---------------------------------------------------
+ *
+ * k_att_mma runs k_att_tiled's blocks (the same rows, grid and order, so the routing is
+ * shared) with both products on mma.sync m16n8k16 (bf16 operands, f32 accumulators),
+ * flash attention 2's way: warp w holds query rows 16 (w / WPR) .. + 15 and output columns
+ * AM_DVW (w % WPR) .. + AM_DVW - 1 (WPR warps a row group, each scoring the rows' keys again,
+ * when the values are wider than a warp's columns: MLA's 256), and keeps its scores, its
+ * softmax's m and l and its output in registers; the scores of a tile become the A operand
+ * of P V without leaving them (an m16n8 accumulator's layout is an m16k16 A fragment's).
+ * f32 stays f32 within 2^-16: each f32 operand is split into bf16 hi + lo (bf16_split) and a
+ * product is hi.hi + lo.hi + hi.lo (the lo.lo term is below 2^-16 of it). A bf16 cache's
+ * keys and values are bf16 already, so their lo terms are skipped (SRC::exact). The tensor
+ * cores do 3 (bf16: 2) products for each of k_att_tiled's, several times the rate of the f32
+ * pipes. Shared memory, as bf16 hi and lo each: q [ROWS][QKP + AM_PAD], the tile's keys
+ * [AM_KT][QKP + AM_PAD] and its values transposed [DVP][AM_KT + AM_PAD] (a B fragment's
+ * register is two consecutive keys of one column); QKP, DVP: the widths rounded up to 16 and
+ * 8, zeros past them; AM_PAD puts the 8 rows a fragment load reads in distinct banks. */
+#define AM_KT 32  /* keys a tile: 4 n-tiles of the scores, 2 k-steps of P V */
+#define AM_PAD 8  /* bf16 past each shared row */
+#define AM_DVW 128 /* output columns a warp: 16 n-tiles of 8 (64 accumulators a thread) */
+
+__host__ __device__ __forceinline__ int am_qkp(int qk) { return (qk + 15) / 16 * 16; }
+__host__ __device__ __forceinline__ int am_dvp(int dv) { return (dv + 7) / 8 * 8; }
+
+static size_t am_smem(int rows, int qk, int dv)
+{
+	size_t qs = (size_t)am_qkp(qk) + AM_PAD;
+	return 2 * sizeof(uint16_t) *
+	       ((size_t)rows * qs + (size_t)AM_KT * qs + (size_t)am_dvp(dv) * (AM_KT + AM_PAD));
+}
+
+/* Two bf16 (bits) as an mma operand register: a in the low half (the lower k). */
+__device__ __forceinline__ uint32_t am_pack(uint32_t a, uint32_t b) { return a | b << 16; }
+
+/* v split into bf16 hi (at hi[i]) and lo (at lo[i]) */
+__device__ __forceinline__ void am_put(uint16_t *hi, uint16_t *lo, int i, float v)
+{
+	uint32_t h, l;
+	bf16_split(v, &h, &l);
+	hi[i] = (uint16_t)h;
+	lo[i] = (uint16_t)l;
+}
+
+__device__ __forceinline__ uint32_t am_ld(const uint16_t *p) /* p: 4-byte aligned */
+{
+	return *(const uint32_t *)p;
+}
+
+/* Rows (ROWS = 16 RW) and heads as k_att_tiled<ROWS, GM, SRC>'s; 32 RW WPR = AP_THREADS. */
+template <int RW, int WPR, int GM, typename SRC>
+__global__ void __launch_bounds__(AP_THREADS)
+k_att_mma(float *out, const float *q, SRC src, int n_heads, int group, int n, int pos0,
+	  float scale)
+{
+	extern __shared__ uint16_t sb[];
+	grid_dep_launch();
+	constexpr int ROWS = 16 * RW, QT = ROWS / GM, VS = AM_KT + AM_PAD;
+	constexpr bool EX = SRC::exact;
+	static_assert(RW * WPR * 32 == AP_THREADS, "the warps cover the rows and the columns");
+	int qk = src.qk(), dv = src.dv(), qkp = am_qkp(qk), dvp = am_dvp(dv), qs = qkp + AM_PAD;
+	int g = blockIdx.y, i0 = (int)(gridDim.x - 1 - blockIdx.x) * QT;
+	int h0 = g * group + (int)blockIdx.z * GM, nh = min(GM, (g + 1) * group - h0);
+	int k1 = pos0 + min(i0 + QT, n);
+	uint16_t *qh = sb, *ql = qh + ROWS * qs, *kh = ql + ROWS * qs, *kl = kh + AM_KT * qs;
+	uint16_t *vh = kl + AM_KT * qs, *vl = vh + dvp * VS;
+	for (int x = threadIdx.x; x < ROWS * qkp; x += blockDim.x) {
+		int r = x / qkp, d = x % qkp, i = i0 + r / GM, hq = r % GM;
+		am_put(qh, ql, r * qs + d,
+		       hq < nh && i < n && d < qk ? q[((size_t)i * n_heads + h0 + hq) * qk + d] : 0.0f);
+	}
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
+	int r0 = warp / WPR * 16, c0 = warp % WPR * AM_DVW;
+	int ntc = min(AM_DVW, dvp - c0) / 8; /* the warp's n-tiles of output (may be <= 0) */
+	int last[2] = {pos0 + i0 + (r0 + gq) / GM, pos0 + i0 + (r0 + gq + 8) / GM};
+	int wlast = pos0 + i0 + (r0 + 15) / GM; /* no row of the warp has a later key */
+	float o[AM_DVW / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+	for (int c = 0; c < AM_DVW / 8; c++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			o[c][e] = 0.0f;
+	for (int j0 = 0; j0 < k1; j0 += AM_KT) { /* block-uniform loop */
+		int cnt = min(AM_KT, k1 - j0);
+		__syncthreads(); /* q written; the last tile's keys and values read */
+		for (int x = threadIdx.x; x < AM_KT * qkp; x += blockDim.x) {
+			int j = x / qkp, d = x % qkp;
+			am_put(kh, kl, j * qs + d,
+			       j < cnt && d < qk ? src.key((size_t)(j0 + j), d, g) : 0.0f);
+		}
+		for (int x = threadIdx.x; x < AM_KT * dvp; x += blockDim.x) {
+			int j = x / dvp, d = x % dvp;
+			am_put(vh, vl, d * VS + j,
+			       j < cnt && d < dv ? src.val((size_t)(j0 + j), d, g) : 0.0f);
+		}
+		__syncthreads(); /* the tile in place */
+		if (j0 > wlast || ntc <= 0) /* every key past the warp's rows (p 0: nothing
+					     * changes), or no columns of the values left to it */
+			continue;
+		float s[4][4];
+#pragma unroll
+		for (int t = 0; t < 4; t++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[t][e] = 0.0f;
+		for (int kk = 0; kk < qkp; kk += 16) {
+			const uint16_t *pa = qh + (r0 + gq) * qs + kk + 2 * qq;
+			const uint16_t *pl = ql + (r0 + gq) * qs + kk + 2 * qq;
+			uint32_t ah[4] = {am_ld(pa), am_ld(pa + 8 * qs), am_ld(pa + 8),
+					  am_ld(pa + 8 * qs + 8)};
+			uint32_t al[4] = {am_ld(pl), am_ld(pl + 8 * qs), am_ld(pl + 8),
+					  am_ld(pl + 8 * qs + 8)};
+#pragma unroll
+			for (int t = 0; t < 4; t++) {
+				const uint16_t *pb = kh + (t * 8 + gq) * qs + kk + 2 * qq;
+				uint32_t bh[2] = {am_ld(pb), am_ld(pb + 8)};
+				mma_bf16_16816(s[t], ah, bh);
+				mma_bf16_16816(s[t], al, bh);
+				if (!EX) {
+					const uint16_t *pc = kl + (t * 8 + gq) * qs + kk + 2 * qq;
+					uint32_t bl[2] = {am_ld(pc), am_ld(pc + 8)};
+					mma_bf16_16816(s[t], ah, bl);
+				}
+			}
+		}
+		/* s[t][e]: row r0 + gq (+ 8 for e >= 2), key j0 + 8 t + 2 qq + (e & 1) */
+		float corr[2];
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			float mt = -INFINITY;
+#pragma unroll
+			for (int t = 0; t < 4; t++)
+#pragma unroll
+				for (int e = 2 * h; e < 2 * h + 2; e++) {
+					int j = t * 8 + 2 * qq + (e & 1);
+					s[t][e] = j < cnt && j0 + j <= last[h] ? s[t][e] * scale
+									       : -INFINITY;
+					mt = fmaxf(mt, s[t][e]);
+				}
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+			float mn = fmaxf(m[h], mt), sum = 0.0f;
+			corr[h] = mn == -INFINITY ? 1.0f : expf(m[h] - mn);
+#pragma unroll
+			for (int t = 0; t < 4; t++)
+#pragma unroll
+				for (int e = 2 * h; e < 2 * h + 2; e++) {
+					s[t][e] = mn == -INFINITY ? 0.0f : expf(s[t][e] - mn);
+					sum += s[t][e];
+				}
+			m[h] = mn;
+			l[h] = l[h] * corr[h] + sum; /* this thread's keys; the quad's summed at the end */
+		}
+#pragma unroll
+		for (int c = 0; c < AM_DVW / 8; c++) {
+			o[c][0] *= corr[0];
+			o[c][1] *= corr[0];
+			o[c][2] *= corr[1];
+			o[c][3] *= corr[1];
+		}
+#pragma unroll
+		for (int ks = 0; ks < 2; ks++) { /* keys 16 ks .. + 15: n-tiles 2 ks, 2 ks + 1 */
+			uint32_t ph[4], pl[4], h2[8], l2[8];
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				bf16_split(s[2 * ks][e], &h2[e], &l2[e]);
+				bf16_split(s[2 * ks + 1][e], &h2[4 + e], &l2[4 + e]);
+			}
+			ph[0] = am_pack(h2[0], h2[1]);
+			ph[1] = am_pack(h2[2], h2[3]);
+			ph[2] = am_pack(h2[4], h2[5]);
+			ph[3] = am_pack(h2[6], h2[7]);
+			pl[0] = am_pack(l2[0], l2[1]);
+			pl[1] = am_pack(l2[2], l2[3]);
+			pl[2] = am_pack(l2[4], l2[5]);
+			pl[3] = am_pack(l2[6], l2[7]);
+#pragma unroll
+			for (int c = 0; c < AM_DVW / 8; c++) {
+				if (c >= ntc)
+					break;
+				int off = (c0 + c * 8 + gq) * VS + ks * 16 + 2 * qq;
+				uint32_t bh[2] = {am_ld(vh + off), am_ld(vh + off + 8)};
+				mma_bf16_16816(o[c], ph, bh);
+				mma_bf16_16816(o[c], pl, bh);
+				if (!EX) {
+					uint32_t bl[2] = {am_ld(vl + off), am_ld(vl + off + 8)};
+					mma_bf16_16816(o[c], ph, bl);
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+		l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+		int r = r0 + gq + 8 * h, i = i0 + r / GM, hq = r % GM;
+		if (i >= n || hq >= nh)
+			continue;
+		float inv = 1.0f / l[h], *orow = out + ((size_t)i * n_heads + h0 + hq) * dv;
+#pragma unroll
+		for (int c = 0; c < AM_DVW / 8; c++) {
+			if (c >= ntc)
+				break;
+			int col = c0 + c * 8 + 2 * qq;
+			if (col < dv)
+				orow[col] = o[c][2 * h] * inv;
+			if (col + 1 < dv)
+				orow[col + 1] = o[c][2 * h + 1] * inv;
+		}
+	}
+}
+
+template <int RW, int WPR, int GM, typename SRC>
+static cudaError_t am_launch(dim3 grid, const SRC &src, float *out, const float *q,
+			     int n_heads, int group, int n, int pos0, float scale, int qk, int dv)
+{
+	size_t smem = am_smem(16 * RW, qk, dv);
+	cudaError_t e = cudaFuncSetAttribute((k_att_mma<RW, WPR, GM, SRC>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     (int)smem);
+	if (e != cudaSuccess)
+		return e;
+	k_att_mma<RW, WPR, GM, SRC><<<grid, AP_THREADS, smem, wk_st()>>>(out, q, src, n_heads,
+									  group, n, pos0, scale);
+	return cudaSuccess;
+}
+
 #define AP_GQA_ROWS 64
 #define AP_GQA_HD 128 /* 16 columns of 8 apart */
 
+/* path 2 (k_att_tiled) or 3 (k_att_mma) for a GQA cache of KV */
 template <typename KV>
-static cudaError_t ap_launch_gqa(int gm, float *out, const float *q, const struct cpu_gqa *s,
-				 int n, int pos0)
+static cudaError_t ap_launch_gqa(int path, int gm, float *out, const float *q,
+				 const struct cpu_gqa *s, int n, int pos0)
 {
 	struct ap_gqa<KV> src = {(const KV *)s->k, (const KV *)s->v, s->ks, s->vs, s->kv_stride,
 				 s->head_dim, (size_t)(s->kv_stride / s->head_dim)};
@@ -380,8 +613,10 @@ static cudaError_t ap_launch_gqa(int gm, float *out, const float *q, const struc
 	dim3 grid((unsigned)((n + qt - 1) / qt), (unsigned)s->n_kv,
 		  (unsigned)((group + gm - 1) / gm));
 #define AP(G)                                                                                  \
-	ap_launch_gm<AP_GQA_ROWS, G>(grid, src, out, q, s->n_heads, group, n, pos0, s->scale, hd, \
-				     hd)
+	(path == 3 ? am_launch<AP_GQA_ROWS / 16, 1, G>(grid, src, out, q, s->n_heads, group, n,   \
+						       pos0, s->scale, hd, hd)                 \
+		   : ap_launch_gm<AP_GQA_ROWS, G>(grid, src, out, q, s->n_heads, group, n, pos0,   \
+						  s->scale, hd, hd))
 	switch (gm) {
 	case 1: return AP(1);
 	case 2: return AP(2);
@@ -394,6 +629,8 @@ static cudaError_t ap_launch_gqa(int gm, float *out, const float *q, const struc
 #define AP_MLA_ROWS 32
 #define AP_MLA_D 256 /* 16 columns of 16 apart; and the query's width at most */
 
+static int att_forced; /* wk_cuda_attention_force */
+
 extern "C" int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n,
 				 int pos0, char *err, size_t errsz)
 {
@@ -401,14 +638,18 @@ extern "C" int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_ml
 			     s->ka_stride, s->ka_head, s->kb_stride, s->v_stride, s->v_head,
 			     s->d_a, s->d_b, s->d_v};
 	dim3 grid((unsigned)((n + AP_MLA_ROWS - 1) / AP_MLA_ROWS), (unsigned)s->n_heads, 1);
-	cudaError_t e = ap_launch_gm<AP_MLA_ROWS, 1>(grid, src, out, q, s->n_heads, 1, n, pos0,
-						     s->scale, s->d_a + s->d_b, s->d_v);
+	int qk = s->d_a + s->d_b;
+	cudaError_t e;
+	if (att_forced == 2) /* the f32 tiles, for the tests and the lab */
+		e = ap_launch_gm<AP_MLA_ROWS, 1>(grid, src, out, q, s->n_heads, 1, n, pos0,
+						 s->scale, qk, s->d_v);
+	else /* 2 row groups of 16, 2 warps each: 128 columns of the values a warp */
+		e = am_launch<AP_MLA_ROWS / 16, 2, 1>(grid, src, out, q, s->n_heads, 1, n, pos0,
+						      s->scale, qk, s->d_v);
 	if (e != cudaSuccess)
 		return check(e, "mla_attention (tiled) shared memory", err, errsz);
 	return launched("mla_attention", err, errsz);
 }
-
-static int att_forced; /* wk_cuda_attention_force */
 
 /* Whether query tiles beat a block a token for n tokens at pos0, the tiles being that many
  * blocks: from AP_MIN_N tokens, unless the earlier positions outnumber the tokens and the
@@ -430,7 +671,7 @@ extern "C" bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int pos0, int 
 		   s->d_a + s->d_b <= AP_MLA_D && s->d_v <= AP_MLA_D && s->d_v > 0 &&
 		   s->n_heads <= 65535;
 	if (att_forced)
-		return can && att_forced == 2;
+		return can && att_forced >= 2;
 	return can && ap_worth(n, pos0, (long)((n + AP_MLA_ROWS - 1) / AP_MLA_ROWS) * s->n_heads);
 }
 
@@ -444,12 +685,12 @@ extern "C" int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0)
 	bool can = !s->seq && s->head_dim >= 1 && s->head_dim <= AP_GQA_HD && n >= 1 &&
 		   s->n_kv >= 1 && s->n_heads % s->n_kv == 0;
 	if (att_forced)
-		return att_forced == 2 && can ? 2 : 1;
+		return att_forced >= 2 && can ? att_forced : 1;
 	if (!can)
 		return 1;
 	int group = s->n_heads / s->n_kv, gm = att_gm(group), qt = AP_GQA_ROWS / gm;
 	long blocks = (long)((n + qt - 1) / qt) * s->n_kv * ((group + gm - 1) / gm);
-	return ap_worth(n, pos0, blocks) ? 2 : 1;
+	return ap_worth(n, pos0, blocks) ? 3 : 1;
 }
 
 /* The dynamic shared memory of k_attention<., gm> for head_dim hd, and 4 floats of slack:
@@ -528,14 +769,15 @@ extern "C" int wk_cuda_attention(float *out, const float *q, const struct cpu_gq
 	if (n <= 0)
 		return WK_OK;
 	int group = n_heads / n_kv, gm = att_gm(group), chunks = (group + gm - 1) / gm;
-	if (wk_cuda_attention_path(s, n, pos0) == 2) {
+	int path = wk_cuda_attention_path(s, n, pos0);
+	if (path >= 2) {
 		cudaError_t e;
 		if (kv == DT_F8_E4M3)
-			e = ap_launch_gqa<__nv_fp8_e4m3>(gm, out, q, s, n, pos0);
+			e = ap_launch_gqa<__nv_fp8_e4m3>(path, gm, out, q, s, n, pos0);
 		else if (kv == DT_BF16)
-			e = ap_launch_gqa<uint16_t>(gm, out, q, s, n, pos0);
+			e = ap_launch_gqa<uint16_t>(path, gm, out, q, s, n, pos0);
 		else
-			e = ap_launch_gqa<float>(gm, out, q, s, n, pos0);
+			e = ap_launch_gqa<float>(path, gm, out, q, s, n, pos0);
 		if (e != cudaSuccess)
 			return check(e, "attention (tiled) shared memory", err, errsz);
 		return launched("attention", err, errsz);

@@ -147,13 +147,14 @@ size_t wk_cuda_attention_part(const struct cpu_gqa *s, int n, int pos0);
 int wk_cuda_attention(float *out, const float *q, const struct cpu_gqa *s, int n, int pos0,
 		      const struct wk_att_split *sp, char *err, size_t errsz);
 /* Which kernel wk_cuda_attention runs for n tokens at pos0: 1, a block a token (its heads
- * of a kv head), the keys split as sp allows; 2, blocks of 64 query rows (consecutive tokens
- * of one sequence times their heads of a kv head) that read each key and value once for all
- * of them: a prefill of one sequence (s->seq NULL) of at least 32 tokens, head_dim <= 128,
- * unless pos0 >= n and those blocks would be fewer than 132 (a short chunk after a long
- * context, whose keys the first splits over blocks).
- * wk_cuda_attention_force(1 or 2) makes every call take that path where it can (2 where
- * path 2 can run, else 1); 0, the rule above (tests and the kernel lab). */
+ * of a kv head), the keys split as sp allows; 2 and 3, blocks of 64 query rows (consecutive
+ * tokens of one sequence times their heads of a kv head) that read each key and value once
+ * for all of them, on the f32 pipes (2) or on the tensor cores (3: bf16 hi + lo products,
+ * f32 within about 2^-16). 3 for a prefill of one sequence (s->seq NULL) of at least 32
+ * tokens, head_dim <= 128, unless pos0 >= n and those blocks would be fewer than 132 (a
+ * short chunk after a long context, whose keys the first splits over blocks); else 1.
+ * wk_cuda_attention_force(1, 2 or 3) makes every call take that path where it can (2 or 3
+ * where the tiles can run, else 1); 0, the rule above (tests and the kernel lab). */
 int wk_cuda_attention_path(const struct cpu_gqa *s, int n, int pos0);
 void wk_cuda_attention_force(int path);
 /* Several conversions in one launch (cpu_ref_cast, bit for bit): c[k].n elements from src (type
@@ -239,8 +240,9 @@ int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w, enum dt_ty
 int wk_cuda_mla_attention(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
 			  int i0, int i1, int h0, int h1, const struct wk_att_split *sp, char *err,
 			  size_t errsz);
-/* Whether wk_cuda_mla_attention runs as query tiles (wk_cuda_attention's path 2, 32 query
- * rows of a head a block, each key and value read once for them): the expanded form's
+/* Whether wk_cuda_mla_attention runs as query tiles (wk_cuda_attention's paths 2 and 3, 32
+ * query rows of a head a block, each key and value read once for them; on the tensor cores
+ * but where wk_cuda_attention_force(2) asks for the f32 pipes): the expanded form's
  * dense prefill (per-head k_a and v in f32, no selection, one sequence, all of tokens 0..n
  * and every head) of at least 32 tokens, d_a + d_b and d_v at most 256, under the same rule
  * for pos0 as wk_cuda_attention_path; as wk_cuda_attention_force says where it is set.

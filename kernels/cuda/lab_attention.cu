@@ -144,12 +144,13 @@ out:
 
 /* GQA attention over a prefill at GLM-4.5's shape on one GPU (96 query heads over 8 kv heads
  * of 128), AP_N tokens from position 0 over a bf16 cache (the default for bf16 checkpoints),
- * by both of wk_cuda_attention's kernels (wk_cuda_attention_path): a block a token (its keys
+ * by each of wk_cuda_attention's kernels (wk_cuda_attention_path): a block a token (its keys
  * read again for every token) and query tiles (64 rows a block, each key and value read once
- * for them): TFLOPS of the causal attention's multiply-adds (2 x 2 x head_dim a query and a
- * key it sees) and the ratio of the two. Checked first: the tiles against the per-token kernel
- * on every output (1e-4 of the largest), and the first kv head's heads over the first 64
- * tokens against cpu_ref_attention. WK_OK or WK_EIO. */
+ * for them) on the f32 pipes and on the tensor cores: TFLOPS of the causal attention's
+ * multiply-adds (2 x 2 x head_dim a query and a key it sees) and each one's speed-up on the
+ * first. Checked first: the tiles against the per-token kernel on every output (1e-4 of the
+ * largest), and the first kv head's heads over the first 64 tokens against
+ * cpu_ref_attention. WK_OK or WK_EIO. */
 #define AP_N 2048
 int lab_attention_prefill(void)
 {
@@ -163,7 +164,7 @@ int lab_attention_prefill(void)
 	float *base = (float *)malloc(nq * 4), *want = (float *)malloc((size_t)nc * gw * 4);
 	unsigned char *hk = (unsigned char *)malloc(ne * 2), *hv = (unsigned char *)malloc(ne * 2);
 	int failed = 0;
-	double ms_path[3] = {0, 0, 0};
+	double ms_path[4] = {0, 0, 0, 0};
 	printf("\n%-40s %10s %10s   (%d tokens from 0, %d:%d heads of %d, bf16 cache)\n",
 	       "kernel (prefill attention, GQA)", "TFLOPS", "vs token", AP_N, ATT_HEADS, ATT_KV,
 	       ATT_HD);
@@ -197,8 +198,10 @@ int lab_attention_prefill(void)
 		cpu_ref_attention(want, q0, &h0, nc, 0);
 		free(q0);
 		double flops = 4.0 * ATT_HD * ATT_HEADS * ((double)AP_N * (AP_N + 1) / 2);
-		for (int path = 1; path <= 2; path++) {
-			const char *name = path == 1 ? "a block a token" : "query tiles";
+		for (int path = 1; path <= 3; path++) {
+			const char *name = path == 1   ? "a block a token"
+					   : path == 2 ? "query tiles, f32"
+						       : "query tiles, tensor cores";
 			wk_cuda_attention_force(path);
 			double worst = INFINITY;
 			if (wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err, sizeof err) == WK_OK &&
@@ -207,7 +210,7 @@ int lab_attention_prefill(void)
 				    WK_OK) {
 				worst = lab_rel(path == 1 ? base : got, want, nc, ATT_HEADS * ATT_HD, 0,
 						gw);
-				if (path == 2)
+				if (path >= 2)
 					worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)nq));
 			}
 			float ms = time_ms([&]() -> int {
@@ -242,10 +245,11 @@ out:
 
 /* MLA's expanded form over a dense prefill at GLM-5's shape on one tensor-parallel rank of 8
  * (8 heads, keys nope 192 + rope 64, values 256, f32 rows as engine/glm5.c expands them),
- * AP_N tokens from 0, by both kernels of wk_cuda_mla_attention (wk_cuda_mla_tiles): a block a
- * (token, head) and query tiles (32 rows of a head a block): TFLOPS and the ratio, as
- * lab_attention_prefill. Checked first: the tiles against the other kernel on every output,
- * and the first 64 tokens against cpu_ref_mla_attention. WK_OK or WK_EIO. */
+ * AP_N tokens from 0, by each kernel of wk_cuda_mla_attention (wk_cuda_mla_tiles): a block a
+ * (token, head) and query tiles (32 rows of a head a block) on the f32 pipes and on the
+ * tensor cores: TFLOPS and the speed-ups, as lab_attention_prefill. Checked first: the tiles
+ * against the per-token kernel on every output, and the first 64 tokens against
+ * cpu_ref_mla_attention. WK_OK or WK_EIO. */
 int lab_mla_prefill(void)
 {
 	char err[WK_ERRSZ] = "";
@@ -289,8 +293,10 @@ int lab_mla_prefill(void)
 		d.k_a = kvx, d.k_b = kpe, d.v = kvx + nope;
 		cpu_ref_mla_attention(want, hq, &hs, nc, 0, 0, nc, 0, H);
 		double flops = 2.0 * H * (nope + rope + dv) * ((double)AP_N * (AP_N + 1) / 2);
-		for (int path = 1; path <= 2; path++) {
-			const char *name = path == 1 ? "a block a (token, head)" : "query tiles";
+		for (int path = 1; path <= 3; path++) {
+			const char *name = path == 1   ? "a block a (token, head)"
+					   : path == 2 ? "query tiles, f32"
+						       : "query tiles, tensor cores";
 			wk_cuda_attention_force(path);
 			double worst = INFINITY;
 			float *dst = path == 1 ? base : got;
@@ -299,7 +305,7 @@ int lab_mla_prefill(void)
 			    wk_cuda_sync(err, sizeof err) == WK_OK &&
 			    wk_cuda_download(dst, o, no * 4, err, sizeof err) == WK_OK) {
 				worst = lab_rel(dst, want, 1, 0, 0, nc * H * dv);
-				if (path == 2)
+				if (path >= 2)
 					worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)no));
 			}
 			float ms = time_ms([&]() -> int {

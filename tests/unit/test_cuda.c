@@ -826,13 +826,15 @@ Test(cuda_kernels, attention_matches_ref)
 	cr_expect(strstr(err, "without positions"), "%s", err);
 }
 
-/* A prefill's attention through query tiles (k_att_tiled, wk_cuda_attention_path 2): every
- * shape it takes against the reference, forced, on f32, bf16 and FP8 caches: tokens in whole
- * and partial tiles of 64 / GM rows (GM the heads of a kv head a block: 8 with a second block
- * of 4 for 12 heads, 4 with one empty for 3, 1 for 1), prefills from 0 and chunks after
- * earlier positions, head_dim 8 to 128 (the most it takes). Then which path each call takes:
- * a prefill of 32 tokens or more of one sequence on its own, fewer, several sequences or
- * head_dim 129 not; forced to 1, never. */
+/* A prefill's attention through query tiles, on the f32 pipes (k_att_tiled,
+ * wk_cuda_attention_path 2) and on the tensor cores (k_att_mma, 3): every shape they take
+ * against the reference, each path forced, on f32, bf16 and FP8 caches: tokens in whole and
+ * partial tiles of 64 / GM rows (GM the heads of a kv head a block: 8 with a second block of
+ * 4 for 12 heads, 4 with one empty for 3, 1 for 1), prefills from 0 and chunks after earlier
+ * positions, head_dim 8 to 128 (the most they take; 40 and 8 are not whole k-steps of 16).
+ * Then which path each call takes: the tensor cores' for a prefill of 32 tokens or more of
+ * one sequence on its own; fewer, several sequences or head_dim 129 not; forced, the one
+ * forced where it can run. */
 Test(cuda_kernels, attention_prefill_tiles_match_ref)
 {
 	NEED_GPU();
@@ -843,8 +845,9 @@ Test(cuda_kernels, attention_prefill_tiles_match_ref)
 		     {65, 0, DT_F8_E4M3, 12, 1, 128}, {50, 3, DT_BF16, 6, 2, 40},
 		     {130, 0, DT_F32, 3, 3, 8},      {20, 0, DT_F32, 4, 4, 128},
 		     {7, 9, DT_F32, 2, 1, 16},       {1, 40, DT_BF16, 8, 2, 64}};
-	wk_cuda_attention_force(2);
+	for (int path = 2; path <= 3; path++)
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		wk_cuda_attention_force(path);
 		int n = cases[c].n, pos0 = cases[c].pos0;
 		int heads = cases[c].heads, kvh = cases[c].kvh, hd = cases[c].hd;
 		enum dt_type kv = (enum dt_type)cases[c].kv;
@@ -852,12 +855,12 @@ Test(cuda_kernels, attention_prefill_tiles_match_ref)
 		att_io_make(&a, n, pos0, kv, heads, kvh, hd, 3.0f);
 		float *want = malloc(a.nq * 4), *got = malloc(a.nq * 4);
 		cpu_ref_attention(want, a.q, &a.hs, n, pos0);
-		cr_expect_eq(wk_cuda_attention_path(&a.ds, n, pos0), 2);
+		cr_expect_eq(wk_cuda_attention_path(&a.ds, n, pos0), path);
 		cr_assert_eq(wk_cuda_attention(a.dout, a.dq, &a.ds, n, pos0, NULL, err, sizeof err),
 			     WK_OK, "%s", err);
 		from_dev(got, a.dout, a.nq * 4);
 		double r = rel(got, want, a.nq);
-		cr_expect_leq(r, TOL, "tiled attention n=%d pos0=%d %d:%d heads of %d, %s cache: %g",
+		cr_expect_leq(r, TOL, "path %d n=%d pos0=%d %d:%d heads of %d, %s cache: %g", path,
 			      n, pos0, heads, kvh, hd, dt_name(kv), r);
 		att_io_free(&a);
 		free(want);
@@ -869,16 +872,18 @@ Test(cuda_kernels, attention_prefill_tiles_match_ref)
 			    NULL, NULL, 0, 0};
 	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "head_dim 129, forced");
 	b.head_dim = 128;
-	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 2);
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 3);
+	wk_cuda_attention_force(2);
+	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 2, "forced to 2");
 	wk_cuda_attention_force(1);
 	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "forced to 1");
 	wk_cuda_attention_force(0);
-	cr_expect_eq(wk_cuda_attention_path(&b, 32, 0), 2, "a prefill of 32");
+	cr_expect_eq(wk_cuda_attention_path(&b, 32, 0), 3, "a prefill of 32");
 	cr_expect_eq(wk_cuda_attention_path(&b, 31, 100), 1, "a chunk of 31");
 	cr_expect_eq(wk_cuda_attention_path(&b, 1, 900), 1, "a decode");
 	/* 8:2 heads, 16 tokens a tile: 8 blocks at 64 tokens, 130 at 1,040, 132 at 1,056 */
 	cr_expect_eq(wk_cuda_attention_path(&b, 64, 5000), 1, "64 tokens after 5,000");
-	cr_expect_eq(wk_cuda_attention_path(&b, 1056, 5000), 2, "1,056 tokens after 5,000");
+	cr_expect_eq(wk_cuda_attention_path(&b, 1056, 5000), 3, "1,056 tokens after 5,000");
 	cr_expect_eq(wk_cuda_attention_path(&b, 1040, 5000), 1, "1,040 tokens after 5,000");
 	b.seq = b.pos = &one;
 	cr_expect_eq(wk_cuda_attention_path(&b, 64, 0), 1, "several sequences");

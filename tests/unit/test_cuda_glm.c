@@ -255,19 +255,23 @@ Test(cuda_kernels, mla_absorb_matches_ref)
 }
 
 /* A dense prefill of MLA's expanded form through query tiles (wk_cuda_mla_tiled: 32 query
- * rows of a head a block), forced, against the reference: tokens in whole and partial tiles,
- * from position 0 and after earlier positions, tiny dimensions and GLM-5's own (nope 192,
- * rope 64, v 256: the widest the tiles take). Then which calls take the tiles: a prefill of 32
- * tokens or more, and not one of 31, a DSA selection, a bf16 cache, the absorbed layout, a
- * part of the tokens or wider values; forced to 1, never. */
+ * rows of a head a block), forced, on the f32 pipes (wk_cuda_attention_force(2)) and on the
+ * tensor cores (3, what runs unforced), against the reference: tokens in whole and partial
+ * tiles, from position 0 and after earlier positions, tiny dimensions (keys of 32 and 56,
+ * values of 20 and 48: no columns left to the tensor cores' second warp of a row group, and
+ * widths that are not whole k-steps) and GLM-5's own (nope 192, rope 64, v 256: the widest
+ * the tiles take). Then which calls take the tiles: a prefill of 32 tokens or more, and not
+ * one of 31, a DSA selection, a bf16 cache, the absorbed layout, a part of the tokens or
+ * wider values; forced to 1, never. */
 Test(cuda_kernels, mla_prefill_tiles_match_ref)
 {
 	NEED_GPU();
 	static const struct {
 		int H, nope, rope, dv, n, pos0;
 	} cases[] = {{4, 24, 8, 20, 40, 0}, {2, 192, 64, 256, 33, 10}, {3, 40, 16, 48, 70, 5}};
-	wk_cuda_attention_force(2);
+	for (int path = 2; path <= 3; path++)
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		wk_cuda_attention_force(path);
 		int H = cases[c].H, nope = cases[c].nope, rope = cases[c].rope, dv = cases[c].dv;
 		int n = cases[c].n, pos0 = cases[c].pos0, T = pos0 + n, row = H * (nope + dv);
 		float *kvx = rnd_vec((size_t)T * row), *kpe = rnd_vec((size_t)T * rope);
@@ -292,8 +296,8 @@ Test(cuda_kernels, mla_prefill_tiles_match_ref)
 			     WK_OK, "%s", err);
 		from_dev(got, dout, no * 4);
 		double r = rel(got, want, no);
-		cr_expect_leq(r, TOL, "tiled mla_attention H=%d %d+%d->%d n=%d pos0=%d: %g", H, nope,
-			      rope, dv, n, pos0, r);
+		cr_expect_leq(r, TOL, "path %d mla_attention H=%d %d+%d->%d n=%d pos0=%d: %g", path,
+			      H, nope, rope, dv, n, pos0, r);
 		wk_cuda_free(dkvx);
 		wk_cuda_free(dkpe);
 		wk_cuda_free(dq);
