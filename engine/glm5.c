@@ -340,11 +340,22 @@ static bool sparse(const struct g5 *a, int n, int pos0)
 }
 
 /* Whether to expand kv_b_proj over every position instead of absorbing it: whichever does
- * fewer multiply-adds, unless WICK_GLM_MLA forces one. */
-static bool expand(const struct g5 *a, int n, int pos0)
+ * fewer multiply-adds, unless WICK_GLM_MLA forces one; but on a device (a backend with memory
+ * of its own: a GPU) a sparse call absorbs. There the cost is the gather of the selected keys,
+ * not the multiply-adds: expanded, each (token, head) reads its head's own rows of every key
+ * it selected (nope + rope + dv f32 values, 2 KB at GLM-5's sizes; 16 KB a key for a tp-8
+ * rank's 8 heads), absorbed, each token reads the key's latent row once for all its heads
+ * (lora + rope values: 1.2 KB in bf16). A GLM-5 rank's prefill of 8,192 tokens gathers about
+ * 270 GB a layer expanded and 19 GB absorbed, for 1.9 times the multiply-adds, which the
+ * tensor cores take (wk_cuda_mla_latent). A dense call still expands where that is cheaper:
+ * its keys are contiguous, and the query tiles read each once for 32 tokens
+ * (wk_cuda_mla_tiles). */
+static bool expand(const struct engine *e, const struct g5 *a, int n, int pos0)
 {
 	if (a->mode != MLA_AUTO)
 		return a->mode == MLA_EXPAND;
+	if (e->be->mem_alloc && sparse(a, n, pos0))
+		return false;
 	double T = pos0 + n, H = a->n_heads, keys = sparse(a, n, pos0) ? a->topk : T;
 	double kvb = H * (a->d_nope + a->d_v) * a->lora;
 	double ex = T * kvb + n * keys * H * (a->d_nope + a->d_rope + a->d_v);
@@ -378,7 +389,7 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 	}
 	for (int s = 0; s < nseg; s++) {
 		int end = seg[s].pos0 + seg[s].n;
-		if (expand(a, seg[s].n, seg[s].pos0) && end > a->kvx_cap) {
+		if (expand(m->e, a, seg[s].n, seg[s].pos0) && end > a->kvx_cap) {
 			if (!re(m, &a->kvx, (size_t)end * H * (a->d_nope + a->d_v) * f) ||
 			    (m->e->kv != DT_F32 && (!re(m, &a->ckf, (size_t)end * a->lora * f) ||
 						    !re(m, &a->kpf, (size_t)end * a->d_rope * f))))
@@ -406,7 +417,7 @@ static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 			   .sel = use_sel ? a->sel + off * a->topk : NULL, .nsel = a->nsel + off,
 			   .sel_stride = a->topk, .scale = a->scale};
 	const float *q = a->q + off * H * (nope + rope);
-	if (expand(a, g->n, g->pos0)) {
+	if (expand(e, a, g->n, g->pos0)) {
 		size_t row = (size_t)H * (nope + dv), len = (size_t)(g->pos0 + g->n);
 		if (e->kv != DT_F32) { /* the expansion reads f32 rows */
 			eng_kv_get(e, a->ckf, e->kv, ckv, cks, lora, len * lora);
@@ -636,7 +647,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * as one op (g5_attend: mla_absorbed, one launch for three) where the backend has it. */
 	bool batched = nseg > 1 || !be->mla_absorbed || e->unfused;
 	for (int s = 0; s < nseg; s++)
-		batched &= !expand(a, seg[s].n, seg[s].pos0);
+		batched &= !expand(e, a, seg[s].n, seg[s].pos0);
 	/* and where they also agree on the indexer (all selected or all dense: always, after
 	 * the step's one top-k above), the latent attention of all their tokens is one op,
 	 * each token over its own sequence's caches (each sequence's nl * S rows apart; m->pos:

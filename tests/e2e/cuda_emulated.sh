@@ -7,9 +7,10 @@
 #   1. stories260K's golden text with --backend cuda at temperature 0, from a Hugging Face
 #      directory and from an lz4 snapshot streamed into (emulated) device memory: the CPU's text;
 #   2. tiny GLM-5 (FP8) and GLM-4.5 logits at every position, cuda against cpu, relative 1e-3
-#      as gpu-check, from the directory and from an lz4 snapshot; GLM-5 also with MLA absorbed
-#      (as decode steps run it) against the CPU's expanded prefill; 12 greedy decode steps of
-#      each (chained launches, the MoE op among them): the CPU's ids;
+#      as gpu-check, from the directory and from an lz4 snapshot; GLM-5's sparse prefill with MLA
+#      absorbed (as a GPU runs it, and decode steps) and expanded (forced), against the CPU's
+#      expanded one; 12 greedy decode steps of each (chained launches, the MoE op among them):
+#      the CPU's ids;
 #   2b. GLM-5 on fp8 KV caches against the CPU on its own (kv_gate.py's fp8 bounds), greedy
 #      decode the CPU's ids; GLM-4.5 (also cast to FP8 weights) and stories260K on fp8 caches
 #      (GQA, k_attention's FP8 rows) by bounds of their own, greedy decode the CPU's ids;
@@ -105,10 +106,11 @@ for fam in glm5 glm4; do
     close "$src" "$TMPD/$fam.cpu.json" "$TMPD/$src.cuda.json"
   done
 done
-# a prefill this short expands kv_b_proj; decode steps absorb it (mla_absorb_q/out): forced
-WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --backend cuda $KV32 \
-  >"$TMPD/absorb.cuda.json" 2>"$TMPD/err" || fail "glm5 absorbed: $(tail -n 3 "$TMPD/err")"
-close "glm5, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb.cuda.json"
+# on a GPU a sparse prefill absorbs kv_b_proj, as decode steps do (engine/glm5.c's expand;
+# the CPU expands it where that is fewer multiply-adds): the expanded form, forced
+WICK_GLM_MLA=expand "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --backend cuda $KV32 \
+  >"$TMPD/expand.cuda.json" 2>"$TMPD/err" || fail "glm5 expanded: $(tail -n 3 "$TMPD/err")"
+close "glm5, MLA expanded (forced)" "$TMPD/glm5.cpu.json" "$TMPD/expand.cuda.json"
 # decode steps of one token, each layer's ops in two chained launches (the MoE op among them):
 # greedy, the CPU's ids
 for fam in glm5 glm4; do
@@ -125,7 +127,7 @@ done
 # element can round to the other bf16, so the logits are held to a looser gate than 1e-3, each
 # prompt on its own: mean cosine >= 0.9999, top-1 agreement >= 0.9 and every logit within
 # 2e-2 of the largest, over the positions of the 8-token prefills (from the directory and a
-# snapshot; GLM-5's indexer selecting 4, its MLA expanded and absorbed) and 2 x 40-token ones
+# snapshot; GLM-5's indexer selecting 4, its MLA absorbed and expanded) and 2 x 40-token ones
 # (measured here: 1 - cosine <= 4e-9, <= 1.7e-4; a cast that truncates instead of rounding
 # moves one prompt by 0.24); then 12 greedy decode steps on cuda, each chosen id within 1e-2
 # of max|logit| of the best in the CPU's logits over the same ids (a prefill), also on a
@@ -143,12 +145,12 @@ for fam in glm5 glm4; do
     grep -q '"kv_dtype": "bf16"' "$TMPD/err" || fail "$fam: auto did not take a bf16 cache: $(cat "$TMPD/err")"
     runs=("$fam" "$fam-snap")
     [ "${p%%:*}" = l ] && runs=("$fam")
-    [ "$fam" = glm5 ] && [ "${p%%:*}" = s ] && runs+=(absorb)
+    [ "$fam" = glm5 ] && [ "${p%%:*}" = s ] && runs+=(expand)
     for src in "${runs[@]}"; do
       out="$TMPD/b-$src-${p%%:*}.cuda.json"
-      if [ "$src" = absorb ]; then
-        WICK_GLM_MLA=absorb "$EMU" logits "$TMPD/glm5" --tokens "${p#*:}" --all-positions \
-          --backend cuda --verbose >"$out" 2>"$TMPD/err" || fail "glm5 bf16 absorbed: $(tail -n 3 "$TMPD/err")"
+      if [ "$src" = expand ]; then
+        WICK_GLM_MLA=expand "$EMU" logits "$TMPD/glm5" --tokens "${p#*:}" --all-positions \
+          --backend cuda --verbose >"$out" 2>"$TMPD/err" || fail "glm5 bf16 expanded: $(tail -n 3 "$TMPD/err")"
       else
         "$EMU" logits "$TMPD/$src" --tokens "${p#*:}" --all-positions --backend cuda --verbose \
           >"$out" 2>"$TMPD/err" || fail "$src bf16: cuda logits: $(tail -n 3 "$TMPD/err")"
@@ -189,7 +191,7 @@ done
 # and that can change a DSA selection, so tests/tools/kv_gate.py's fp8 bounds (see there:
 # measured here over 54 prompts, the two models' most within 2e-5 of the largest logit; a
 # cast that truncates moves each by 1 - cosine >= 0.055): GLM-5's 8-token prefill from the
-# directory, a snapshot and absorbed, its 40-token one, and the kv_a split's two (its rows
+# directory, a snapshot and expanded, its 40-token one, and the kv_a split's two (its rows
 # go into the caches as a cast link); then 12 greedy decode steps of each on cuda: the CPU's
 # ids (measured: equal from 3 prompts on each model).
 section "tiny GLM-5 on fp8 KV caches, cuda against cpu"
@@ -199,11 +201,11 @@ for fam in glm5 glm5-split; do
     "$WICK" logits "$TMPD/$fam" --tokens "${p#*:}" --all-positions --backend cpu --kv-dtype fp8 \
       >"$TMPD/f-$fam-${p%%:*}.cpu.json" 2>/dev/null || fail "$fam fp8: cpu logits"
     runs=("$fam")
-    [ "$fam" = glm5 ] && [ "${p%%:*}" = s ] && runs+=(glm5-snap absorb)
+    [ "$fam" = glm5 ] && [ "${p%%:*}" = s ] && runs+=(glm5-snap expand)
     for src in "${runs[@]}"; do
       out="$TMPD/f-$src-${p%%:*}.cuda.json"
-      mla=; [ "$src" = absorb ] && mla=absorb
-      dir=$src; [ "$src" = absorb ] && dir=glm5
+      mla=; [ "$src" = expand ] && mla=expand
+      dir=$src; [ "$src" = expand ] && dir=glm5
       WICK_GLM_MLA=$mla "$EMU" logits "$TMPD/$dir" --tokens "${p#*:}" --all-positions \
         --backend cuda --kv-dtype fp8 --verbose >"$out" 2>"$TMPD/err" ||
         fail "$src fp8: cuda logits: $(tail -n 3 "$TMPD/err")"
@@ -293,8 +295,9 @@ done
 # code, not a wrong sum). gpu-check's gate on a GPU is the cosine one (issue 9).
 section "GLM-5 with FP8 activations, cuda against cpu"
 ids=11,22,33,44,55,66,77,88
-"$WICK" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cpu $KV32 \
-  >"$TMPD/q.cpu.json" 2>/dev/null || fail "fp8-act: cpu logits"
+# (the CPU absorbs MLA as the GPU does: the two forms quantize different activations)
+WICK_GLM_MLA=absorb "$WICK" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act \
+  --backend cpu $KV32 >"$TMPD/q.cpu.json" 2>/dev/null || fail "fp8-act: cpu logits"
 "$EMU" logits "$TMPD/glm5" --tokens $ids --all-positions --fp8-act --backend cuda $KV32 \
   >"$TMPD/q.cuda.json" 2>"$TMPD/err" || fail "fp8-act: cuda logits: $(tail -n 3 "$TMPD/err")"
 close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
@@ -315,14 +318,16 @@ close "glm5 --fp8-act" "$TMPD/q.cpu.json" "$TMPD/q.cuda.json"
 # gpu_check_rehearsal.sh with the same prompt and bound. A doubled block scale in the kernel
 # parts these by ~2; a slot index in place of the plan's tok[] in the MoE gather gives NaN
 # logits. Groups of more than one 128-slot tile are test_cuda_moe.c's moe_experts_gemm_matches_ref.
-# A prefill of 32 tokens or more runs its attention through query tiles (k_att_tiled, each key
-# and value read once for 64 query rows, or 32 of MLA's: kernels.cu): GLM-4.5's 70 tokens
-# here do; GLM-5's prefill runs MLA's expanded form, tiled only while dense (every position
-# within index_topk), so a GLM-5 whose indexer keeps 256 positions, over 40 tokens.
+# A prefill of 32 tokens or more runs its attention through query tiles on the tensor cores
+# (k_att_mma, each key and value read once for 64 query rows, or 32 of MLA's: attention.cu):
+# GLM-4.5's 70 tokens here do; GLM-5's prefill runs MLA's expanded form so while dense (every
+# position within index_topk): a GLM-5 whose indexer keeps 256 positions, over 40 tokens.
+# Sparse, a GPU absorbs it, and its latent attention runs as one token's heads a block
+# (k_mla_lat): the tiny GLM-5 (index_topk 4) over 40 tokens.
 section "GLM-4.5 FP8 prefill GEMMs with f32 activations, prefill attention tiles, cuda against cpu"
 "$WICK_TOOLS/gen_glm" --family glm5 --index-topk 256 -o "$TMPD/glm5-dense" --seed 9 >/dev/null \
   || fail "gen_glm glm5 --index-topk 256"
-for c in "glm4-fp8 70 12" "glm5-dense 40 5"; do
+for c in "glm4-fp8 70 12" "glm5-dense 40 5" "glm5 40 13"; do
   set -- $c
   ids=$(python3 -c "import random; random.seed($3); print(','.join(str(random.randrange(300)) for _ in range($2)))")
   "$WICK" logits "$TMPD/$1" --tokens "$ids" --all-positions --backend cpu $KV32 \
@@ -425,10 +430,10 @@ print("   start-up: further ranks %.1f ms, communicator %.1f ms (waited for %.1f
     || fail "$s: start-up timings: $(grep startup "$TMPD/err")"
   close "$fam tp $tp x ep $ep, $w ranks on $w devices" "$TMPD/$fam.cpu.json" "$TMPD/$s.cuda.json"
 done
-WICK_GLM_MLA=absorb WICK_SIMT_DEVICES=4 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids \
-  --all-positions --backend cuda $KV32 >"$TMPD/absorb-tp2.cuda.json" 2>"$TMPD/err" \
-  || fail "glm5 tp 2 x ep 4 absorbed: $(tail -n 3 "$TMPD/err")"
-close "glm5 tp 2 x ep 4, MLA absorbed" "$TMPD/glm5.cpu.json" "$TMPD/absorb-tp2.cuda.json"
+WICK_GLM_MLA=expand WICK_SIMT_DEVICES=4 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids \
+  --all-positions --backend cuda $KV32 >"$TMPD/expand-tp2.cuda.json" 2>"$TMPD/err" \
+  || fail "glm5 tp 2 x ep 4 expanded: $(tail -n 3 "$TMPD/err")"
+close "glm5 tp 2 x ep 4, MLA expanded (forced)" "$TMPD/glm5.cpu.json" "$TMPD/expand-tp2.cuda.json"
 set +e
 WICK_SIMT_DEVICES=3 "$EMU" logits "$TMPD/glm5-tp2-ep4" --tokens $ids --backend cuda \
   >/dev/null 2>"$TMPD/few.err"

@@ -134,6 +134,7 @@ void write_glm5(const char *dir, const struct g5dims *d)
 {
 	struct ckpt c = {.rng = d->seed};
 	enum dt_type w = d->wdt;
+	int kvl = d->kvl ? d->kvl : G5_KVL;
 	char nm[256];
 	tensor(&c, "model.embed_tokens.weight", DT_BF16, G5_VOCAB, G5_DIM, 0.0f, 1.0f);
 	for (int l = 0; l < G5_L; l++) {
@@ -143,9 +144,9 @@ void write_glm5(const char *dir, const struct g5dims *d)
 		linear(&c, N("self_attn.q_a_proj.weight"), w, G5_QL, G5_DIM);
 		norm(&c, N("self_attn.q_a_layernorm.weight"), G5_QL);
 		linear(&c, N("self_attn.q_b_proj.weight"), w, G5_H * (G5_NOPE + G5_ROPE), G5_QL);
-		linear(&c, N("self_attn.kv_a_proj_with_mqa.weight"), w, G5_KVL + G5_ROPE, G5_DIM);
-		norm(&c, N("self_attn.kv_a_layernorm.weight"), G5_KVL);
-		linear(&c, N("self_attn.kv_b_proj.weight"), w, G5_H * (G5_NOPE + G5_V), G5_KVL);
+		linear(&c, N("self_attn.kv_a_proj_with_mqa.weight"), w, kvl + G5_ROPE, G5_DIM);
+		norm(&c, N("self_attn.kv_a_layernorm.weight"), kvl);
+		linear(&c, N("self_attn.kv_b_proj.weight"), w, G5_H * (G5_NOPE + G5_V), kvl);
 		linear(&c, N("self_attn.o_proj.weight"), w, G5_DIM, G5_H * G5_V);
 		linear(&c, N("self_attn.indexer.wq_b.weight"), w, G5_IH * G5_ID, G5_QL);
 		linear(&c, N("self_attn.indexer.wk.weight"), w, G5_ID, G5_DIM);
@@ -201,7 +202,7 @@ void write_glm5(const char *dir, const struct g5dims *d)
 		 " \"eos_token_id\": [1, 2], \"pad_token_id\": 1, \"dtype\": \"bfloat16\",\n"
 		 " \"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\",\n"
 		 "   \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}\n",
-		 G5_DIM, G5_L, G5_H, G5_H, G5_QL, G5_KVL, G5_NOPE, G5_ROPE, G5_NOPE + G5_ROPE, G5_V,
+		 G5_DIM, G5_L, G5_H, G5_H, G5_QL, kvl, G5_NOPE, G5_ROPE, G5_NOPE + G5_ROPE, G5_V,
 		 G5_ROPE, G5_IH, G5_ID, d->topk, G5_I, G5_MI, G5_E, G5_K, d->n_group, d->topk_group,
 		 G5_VOCAB);
 	ckpt_write(&c, dir, cfg);

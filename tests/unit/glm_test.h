@@ -48,6 +48,7 @@ void rm_rf(const char *d);
 
 struct g5dims {
 	int topk, n_group, topk_group;
+	int kvl; /* kv_lora_rank; 0: G5_KVL */
 	enum dt_type wdt; /* FP8 or BF16 for the quantizable weights */
 	uint64_t seed;
 	float bias_std;

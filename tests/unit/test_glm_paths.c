@@ -132,7 +132,8 @@ Test(glm, batched_sequences_match_single)
  * and batched steps of two sequences (a prefill beside a decode). Also without the grouped
  * MoE op (the experts one by one, gathered and scattered): the same within float rounding
  * (the experts' outputs are summed in another order). This is the engine side of GLM on
- * CUDA. */
+ * CUDA. Where WICK_GLM_MLA (set_mla) forces no MLA path, both absorb: on its own a device
+ * absorbs a sparse prefill that the host may expand (glm5.c's expand), and the bits differ. */
 static void check_devsim(const char *dir, int V, const char *what)
 {
 	enum { NE = 3 }; /* cpu, devsim, devsim without grouped MoE */
@@ -140,6 +141,9 @@ static void check_devsim(const char *dir, int V, const char *what)
 	char err[WK_ERRSZ];
 	struct engine *e[NE];
 	float *lg[NE];
+	bool auto_mla = !getenv("WICK_GLM_MLA");
+	if (auto_mla)
+		set_mla("absorb");
 	for (int k = 0; k < NE; k++) {
 		struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 2,
 				     .backend_ops = bes[k], .kv_dtype = kv_opt};
@@ -147,6 +151,8 @@ static void check_devsim(const char *dir, int V, const char *what)
 		lg[k] = malloc(sizeof(float) * NIDS * V);
 		cr_assert_not_null(lg[k]);
 	}
+	if (auto_mla) /* read at open */
+		set_mla(NULL);
 	cr_assert_str_eq(eng_info(e[1])->backend, "devsim");
 	/* compares the first rows * V logits of every engine with the CPU's */
 #define SAME(rows, ...)                                                                      \
@@ -328,6 +334,67 @@ Test(glm, launch_count_follows_chain_plan)
 		free(lg[k]);
 	rm_rf(dir);
 	free(dir);
+}
+
+/* How a prefill attends (glm5.c's expand): on the host, expanded or absorbed, whichever does
+ * fewer multiply-adds; on a device, absorbed whenever it is sparse (each key's latent row read
+ * once for every head, not each head's own rows), expanded where dense and cheaper. A GLM-5
+ * whose kv_lora_rank (32) makes expanding the cheaper, 12 tokens from 0, on the CPU and on
+ * devsim with the launch counter: over index_topk 4 (sparse) the CPU runs mla_attention and
+ * no absorbed op, devsim one mla_absorbed a layer and no mla_attention; over index_topk 16
+ * (dense) both expand. The logits agree within 1e-4 either way. */
+Test(glm, sparse_prefill_absorbs_on_a_device)
+{
+	char err[WK_ERRSZ];
+	int att = -1, abs = -1, absq = -1;
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		const char *nm = eng_launch_kind(k, NULL, NULL);
+		att = strcmp(nm, "mla_attention") ? att : k;
+		abs = strcmp(nm, "mla_absorbed") ? abs : k;
+		absq = strcmp(nm, "mla_absorb_q") ? absq : k;
+	}
+	cr_assert(att >= 0 && abs >= 0 && absq >= 0);
+	set_mla(NULL);
+	for (int dense = 0; dense < 2; dense++) {
+		char *dir = mkdir_tmp();
+		struct g5dims d = {.topk = dense ? 16 : 4, .n_group = 1, .topk_group = 1,
+				   .kvl = 32, .wdt = DT_F8_E4M3, .seed = 31, .bias_std = 0.1f};
+		write_glm5(dir, &d);
+		const struct backend *bes[2] = {&be_cpu, &be_devsim};
+		struct eng_launches L[2];
+		float *lg[2];
+		for (int k = 0; k < 2; k++) {
+			struct engine *e;
+			struct eng_opts o = {.backend = "cpu", .threads = 2, .backend_ops = bes[k],
+					     .count_launches = true};
+			cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+			lg[k] = malloc(sizeof(float) * G5_VOCAB);
+			cr_assert_eq(eng_forward(e, ids, NIDS, 0, lg[k], false, err, sizeof err),
+				     WK_OK, "%s", err);
+			cr_assert_eq(eng_launches(e, 0, &L[k]), WK_OK);
+			eng_close(e);
+			cr_log_info("%s, %s: mla_attention %ld, mla_absorbed %ld, mla_absorb_q %ld",
+				    dense ? "dense" : "sparse", bes[k]->name, L[k].n[att],
+				    L[k].n[abs], L[k].n[absq]);
+		}
+		cr_expect_eq(L[0].n[abs] + L[0].n[absq], 0, "the CPU absorbed (%s)",
+			     dense ? "dense" : "sparse");
+		cr_expect_eq(L[0].n[att], G5_L, "the CPU's mla_attention ops");
+		if (dense) {
+			cr_expect_eq(L[1].n[abs] + L[1].n[absq], 0, "devsim absorbed a dense prefill");
+			cr_expect_eq(L[1].n[att], G5_L);
+		} else {
+			cr_expect_eq(L[1].n[abs], G5_L, "devsim's mla_absorbed ops");
+			cr_expect_eq(L[1].n[att], 0, "devsim expanded a sparse prefill");
+		}
+		double r = rel(lg[1], lg[0], G5_VOCAB);
+		cr_expect_leq(r, 1e-4, "%s: devsim against the CPU %g", dense ? "dense" : "sparse",
+			      r);
+		free(lg[0]);
+		free(lg[1]);
+		rm_rf(dir);
+		free(dir);
+	}
 }
 
 /* With f32 activations a step of ENG_GEMM_TOKENS (64) tokens or more sends its FP8 matmuls
