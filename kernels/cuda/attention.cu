@@ -416,6 +416,16 @@ __device__ __forceinline__ void am_put(uint16_t *hi, uint16_t *lo, int i, float 
 	lo[i] = (uint16_t)l;
 }
 
+/* N m16n8 accumulators (4 floats a thread each) zeroed */
+template <int N> __device__ __forceinline__ void am_zero(float (&a)[N][4])
+{
+#pragma unroll
+	for (int c = 0; c < N; c++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			a[c][e] = 0.0f;
+}
+
 __device__ __forceinline__ uint32_t am_ld(const uint16_t *p) /* p: 4-byte aligned */
 {
 	return *(const uint32_t *)p;
@@ -449,11 +459,7 @@ k_att_mma(float *out, const float *q, SRC src, int n_heads, int group, int n, in
 	int last[2] = {pos0 + i0 + (r0 + gq) / GM, pos0 + i0 + (r0 + gq + 8) / GM};
 	int wlast = pos0 + i0 + (r0 + 15) / GM; /* no row of the warp has a later key */
 	float o[AM_DVW / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-	for (int c = 0; c < AM_DVW / 8; c++)
-#pragma unroll
-		for (int e = 0; e < 4; e++)
-			o[c][e] = 0.0f;
+	am_zero(o);
 	for (int j0 = 0; j0 < k1; j0 += AM_KT) { /* block-uniform loop */
 		int cnt = min(AM_KT, k1 - j0);
 		__syncthreads(); /* q written; the last tile's keys and values read */
@@ -472,11 +478,7 @@ k_att_mma(float *out, const float *q, SRC src, int n_heads, int group, int n, in
 					     * changes), or no columns of the values left to it */
 			continue;
 		float s[4][4];
-#pragma unroll
-		for (int t = 0; t < 4; t++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				s[t][e] = 0.0f;
+		am_zero(s);
 		for (int kk = 0; kk < qkp; kk += 16) {
 			const uint16_t *pa = qh + (r0 + gq) * qs + kk + 2 * qq;
 			const uint16_t *pl = ql + (r0 + gq) * qs + kk + 2 * qq;
@@ -673,6 +675,248 @@ extern "C" bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int pos0, int 
 	if (att_forced)
 		return can && att_forced >= 2;
 	return can && ap_worth(n, pos0, (long)((n + AP_MLA_ROWS - 1) / AP_MLA_ROWS) * s->n_heads);
+}
+
+/* ---- MLA's absorbed (latent) attention over a prefill, on the tensor cores -----------------
+ *
+ * In the absorbed form every head of a token reads the same keys: the token's latent rows
+ * [c_kv | k_pe] (d_a + d_b wide: 576 at GLM-5's sizes) of the positions it attends to (its
+ * DSA selection, or every earlier one), and the values are the same rows' c_kv (d_v = d_a:
+ * 512). k_mla_lat runs one token's heads, up to ML_H = 8 of them, a block, so each selected row
+ * is read once for all of them, and both products on mma.sync m16n8k16 with the keys as the
+ * 16-row side (8 heads are an n-tile, none wasted), per tile of ML_KT = 32 keys:
+ *   1. the tile's rows are gathered (through the selection) into shared memory as bf16 hi and
+ *      lo (one copy: keys and values are the same rows);
+ *   2. S^T [32 keys][8 heads] = K Q^T: warp w scores keys 16 (w & 1) .. + 15 over half of the
+ *      widths' k-steps (w >> 1), and the two halves add in shared memory;
+ *   3. 16 threads a head take the tile's max, raise the head's running max, and write
+ *      p = exp(score - max) as bf16 hi and lo, and the head's correction;
+ *   4. O^T [d_v][8 heads] += V^T P^T: warp w holds value columns 128 w .. + 127 (8 m-tiles)
+ *      for the 8 heads in registers, V^T's fragments read from the key rows in shared memory.
+ * f32 within 2^-16 as k_att_mma (hi.hi + lo.hi + hi.lo; a bf16 cache's lo terms skipped).
+ * Shared memory: q [ML_H][QKP + AM_PAD] and the tile [ML_KT][QKP + AM_PAD], each hi and lo
+ * (QKP: the width rounded up to 16); the partial scores [4][16][ML_H] f32; p [ML_H][ML_KT +
+ * AM_PAD] hi and lo; m, l and corr [ML_H]; the tile's positions [ML_KT]. 97 KB at GLM-5's
+ * sizes. Values are the key rows' first d_v = d_a columns (the absorbed layout). One sequence
+ * (s.seq NULL), every head; block (x, z): token n - 1 - x (the last, with the most keys when
+ * dense, first), heads 8 z ... A token without keys (nsel 0) gives 0/0, NaN, as the
+ * reference. */
+#define ML_KT 32
+#define ML_H 8
+#define ML_DV 512 /* value columns: 4 warps of 128 */
+
+#define ML_QK 576 /* the widest keys: d_a + d_b */
+
+static size_t ml_smem(int qk)
+{
+	size_t qs = (size_t)am_qkp(qk) + AM_PAD;
+	return 2 * sizeof(uint16_t) *
+		       ((size_t)ML_H * qs + (size_t)ML_KT * qs + (size_t)ML_H * (ML_KT + AM_PAD)) +
+	       sizeof(float) * (4 * 16 * ML_H + 3 * ML_H) + sizeof(int) * ML_KT;
+}
+
+template <typename KV>
+__global__ void __launch_bounds__(AP_THREADS)
+k_mla_lat(float *out, const float *q, struct cpu_mla s, int n, int pos0)
+{
+	extern __shared__ uint16_t sb[];
+	grid_dep_launch();
+	typedef typename kv_b<KV>::t KB;
+	constexpr bool EX = kv_bf16<KV>::v;
+	int qk = s.d_a + s.d_b, dv = s.d_v, qkp = am_qkp(qk), qs = qkp + AM_PAD;
+	constexpr int PS = ML_KT + AM_PAD;
+	int i = n - 1 - (int)blockIdx.x, h0 = (int)blockIdx.z * ML_H, nh = min(ML_H, s.n_heads - h0);
+	uint16_t *qh = sb, *ql = qh + ML_H * qs, *kh = ql + ML_H * qs, *kl = kh + ML_KT * qs;
+	uint16_t *ph = kl + ML_KT * qs, *pl = ph + ML_H * PS;
+	float *sp = (float *)(pl + ML_H * PS), *ms = sp + 4 * 16 * ML_H, *ls = ms + ML_H, *cr = ls + ML_H;
+	int *tk = (int *)(cr + ML_H);
+	for (int x = threadIdx.x; x < ML_H * qkp; x += blockDim.x) {
+		int h = x / qkp, d = x % qkp;
+		am_put(qh, ql, h * qs + d,
+		       h < nh && d < qk ? q[((size_t)i * s.n_heads + h0 + h) * qk + d] : 0.0f);
+	}
+	if (threadIdx.x < ML_H) {
+		ms[threadIdx.x] = -INFINITY;
+		ls[threadIdx.x] = 0.0f;
+	}
+	int keys = s.sel ? s.nsel[i] : pos0 + i + 1;
+	const int *sel = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
+	int ksteps = qkp / 16, kh0 = (warp >> 1) * (ksteps / 2), kh1 = (warp >> 1) ? ksteps
+										  : ksteps / 2;
+	int c0 = warp * 128, ntc = (max(0, min(128, dv - c0)) + 15) / 16; /* its m-tiles of V^T */
+	float o[8][4];
+	am_zero(o);
+	for (int j0 = 0; j0 < keys; j0 += ML_KT) { /* block-uniform loop */
+		int cnt = min(ML_KT, keys - j0);
+		__syncthreads(); /* q, m, l written; the last tile's rows and p read */
+		if (threadIdx.x < ML_KT)
+			tk[threadIdx.x] = threadIdx.x < cnt ? (sel ? sel[j0 + threadIdx.x]
+								   : j0 + (int)threadIdx.x)
+							    : -1;
+		__syncthreads(); /* the positions */
+		for (int x = threadIdx.x; x < ML_KT * qkp; x += blockDim.x) {
+			int j = x / qkp, d = x % qkp, t = tk[j];
+			float v = 0.0f;
+			if (t >= 0 && d < s.d_a)
+				v = kv_rc((const KV *)s.k_a + (size_t)t * s.ka_stride,
+					  kv_scales(s.a_s, (size_t)t, s.d_a), d);
+			else if (t >= 0 && d < qk)
+				v = kv_ld((const KB *)s.k_b + (size_t)t * s.kb_stride, (size_t)(d - s.d_a));
+			am_put(kh, kl, j * qs + d, v);
+		}
+		__syncthreads(); /* the tile's rows */
+		{ /* 2. the scores, half the k-steps a warp */
+			float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+			int r0 = (warp & 1) * 16;
+			for (int k = kh0; k < kh1; k++) {
+				int kk = k * 16;
+				const uint16_t *pa = kh + (r0 + gq) * qs + kk + 2 * qq;
+				uint32_t a[4] = {am_ld(pa), am_ld(pa + 8 * qs), am_ld(pa + 8),
+						 am_ld(pa + 8 * qs + 8)};
+				const uint16_t *pb = qh + gq * qs + kk + 2 * qq;
+				const uint16_t *pc = ql + gq * qs + kk + 2 * qq;
+				uint32_t bh[2] = {am_ld(pb), am_ld(pb + 8)};
+				uint32_t bl[2] = {am_ld(pc), am_ld(pc + 8)};
+				mma_bf16_16816(acc, a, bh);
+				mma_bf16_16816(acc, a, bl);
+				if (!EX) {
+					const uint16_t *pd = kl + (r0 + gq) * qs + kk + 2 * qq;
+					uint32_t al[4] = {am_ld(pd), am_ld(pd + 8 * qs), am_ld(pd + 8),
+							  am_ld(pd + 8 * qs + 8)};
+					mma_bf16_16816(acc, al, bh);
+				}
+			}
+			/* acc: S^T [key r0 + gq (+ 8 for e >= 2)][head 2 qq + (e & 1)] */
+			float *w = sp + warp * 16 * ML_H;
+			w[gq * ML_H + 2 * qq] = acc[0];
+			w[gq * ML_H + 2 * qq + 1] = acc[1];
+			w[(gq + 8) * ML_H + 2 * qq] = acc[2];
+			w[(gq + 8) * ML_H + 2 * qq + 1] = acc[3];
+		}
+		__syncthreads(); /* the partial scores */
+		{ /* 3. 16 threads a head, 2 keys each */
+			int h = threadIdx.x / 16, j = (threadIdx.x % 16) * 2;
+			float sc[2], mt = -INFINITY;
+#pragma unroll
+			for (int u = 0; u < 2; u++) {
+				int jj = j + u, wl = jj >> 4, r = jj & 15; /* warps wl and wl + 2 */
+				float v = sp[(wl * 16 + r) * ML_H + h] + sp[((wl + 2) * 16 + r) * ML_H + h];
+				sc[u] = jj < cnt ? v * s.scale : -INFINITY;
+				mt = fmaxf(mt, sc[u]);
+			}
+#pragma unroll
+			for (int x = 1; x < 16; x <<= 1)
+				mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, x));
+			float m = ms[h], mn = fmaxf(m, mt), sum = 0.0f;
+#pragma unroll
+			for (int u = 0; u < 2; u++) {
+				float e = mn == -INFINITY ? 0.0f : expf(sc[u] - mn);
+				sum += e;
+				am_put(ph, pl, h * PS + j + u, e);
+			}
+#pragma unroll
+			for (int x = 1; x < 16; x <<= 1)
+				sum += __shfl_xor_sync(0xffffffffu, sum, x);
+			if (threadIdx.x % 16 == 0) {
+				float c = mn == -INFINITY ? 1.0f : expf(m - mn);
+				cr[h] = c;
+				ms[h] = mn;
+				ls[h] = ls[h] * c + sum;
+			}
+		}
+		__syncthreads(); /* p and corr */
+		float c2[2] = {cr[2 * qq], cr[2 * qq + 1]};
+#pragma unroll
+		for (int c = 0; c < 8; c++) {
+			o[c][0] *= c2[0];
+			o[c][1] *= c2[1];
+			o[c][2] *= c2[0];
+			o[c][3] *= c2[1];
+		}
+#pragma unroll
+		for (int ks = 0; ks < 2; ks++) { /* keys 16 ks .. + 15 */
+			const uint16_t *pb = ph + gq * PS + ks * 16 + 2 * qq;
+			const uint16_t *pc = pl + gq * PS + ks * 16 + 2 * qq;
+			uint32_t bh[2] = {am_ld(pb), am_ld(pb + 8)};
+			uint32_t bl[2] = {am_ld(pc), am_ld(pc + 8)};
+			/* V^T [col][key]: the rows' column col at keys 2 qq, 2 qq + 1 (+ 8) */
+			const uint16_t *v0 = kh + (ks * 16 + 2 * qq) * qs;
+			const uint16_t *w0 = kl + (ks * 16 + 2 * qq) * qs;
+#pragma unroll
+			for (int c = 0; c < 8; c++) {
+				if (c >= ntc)
+					break;
+				int col = c0 + c * 16 + gq;
+				uint32_t a[4] = {am_pack(v0[col], v0[qs + col]),
+						 am_pack(v0[col + 8], v0[qs + col + 8]),
+						 am_pack(v0[8 * qs + col], v0[9 * qs + col]),
+						 am_pack(v0[8 * qs + col + 8], v0[9 * qs + col + 8])};
+				mma_bf16_16816(o[c], a, bh);
+				mma_bf16_16816(o[c], a, bl);
+				if (!EX) {
+					uint32_t al[4] = {am_pack(w0[col], w0[qs + col]),
+							  am_pack(w0[col + 8], w0[qs + col + 8]),
+							  am_pack(w0[8 * qs + col], w0[9 * qs + col]),
+							  am_pack(w0[8 * qs + col + 8],
+								  w0[9 * qs + col + 8])};
+					mma_bf16_16816(o[c], al, bh);
+				}
+			}
+		}
+	}
+	__syncthreads(); /* l final */
+	/* o[c]: O^T [col c0 + 16 c + gq (+ 8 for e >= 2)][head 2 qq + (e & 1)] */
+#pragma unroll
+	for (int c = 0; c < 8; c++) {
+		if (c >= ntc)
+			break;
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			int h = 2 * qq + (e & 1), col = c0 + c * 16 + gq + (e >= 2 ? 8 : 0);
+			if (h < nh && col < dv)
+				out[((size_t)i * s.n_heads + h0 + h) * dv + col] = o[c][e] / ls[h];
+		}
+	}
+}
+
+
+extern "C" bool wk_cuda_mla_latent_tiles(const struct cpu_mla *s, int n, int pos0, int i0,
+					 int i1, int h0, int h1)
+{
+	bool can = n >= 1 && i0 == 0 && i1 == n && h0 == 0 && h1 == s->n_heads && !s->seq &&
+		   !s->ka_head && !s->v_head && s->v == s->k_a && s->d_v == s->d_a &&
+		   s->d_v > 0 && s->d_v <= ML_DV && s->d_a + s->d_b <= ML_QK &&
+		   (s->n_heads + ML_H - 1) / ML_H <= 65535;
+	if (att_forced)
+		return can && att_forced == 3;
+	return can && ap_worth(n, pos0, (long)n * ((s->n_heads + ML_H - 1) / ML_H));
+}
+
+template <typename KV>
+static cudaError_t ml_launch(dim3 grid, size_t smem, float *out, const float *q,
+			     const struct cpu_mla *s, int n, int pos0)
+{
+	cudaError_t e = cudaFuncSetAttribute((k_mla_lat<KV>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     (int)smem);
+	if (e != cudaSuccess)
+		return e;
+	k_mla_lat<KV><<<grid, AP_THREADS, smem, wk_st()>>>(out, q, *s, n, pos0);
+	return cudaSuccess;
+}
+
+extern "C" int wk_cuda_mla_latent(float *out, const float *q, const struct cpu_mla *s, int n,
+				  int pos0, char *err, size_t errsz)
+{
+	dim3 grid((unsigned)n, 1, (unsigned)((s->n_heads + ML_H - 1) / ML_H));
+	size_t smem = ml_smem(s->d_a + s->d_b);
+	cudaError_t e = s->kv == DT_F8_E4M3 ? ml_launch<__nv_fp8_e4m3>(grid, smem, out, q, s, n, pos0)
+			: s->kv == DT_BF16  ? ml_launch<uint16_t>(grid, smem, out, q, s, n, pos0)
+					    : ml_launch<float>(grid, smem, out, q, s, n, pos0);
+	if (e != cudaSuccess)
+		return check(e, "mla_attention (latent tiles) shared memory", err, errsz);
+	return launched("mla_attention", err, errsz);
 }
 
 extern "C" void wk_cuda_attention_force(int path)

@@ -273,6 +273,20 @@ int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n
 	return none(err, errsz);
 }
 
+bool wk_cuda_mla_latent_tiles(const struct cpu_mla *s, int n, int pos0, int i0, int i1,
+			      int h0, int h1)
+{
+	(void)s, (void)n, (void)pos0, (void)i0, (void)i1, (void)h0, (void)h1;
+	return false;
+}
+
+int wk_cuda_mla_latent(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,
+		       char *err, size_t errsz)
+{
+	(void)out, (void)q, (void)s, (void)n, (void)pos0;
+	return none(err, errsz);
+}
+
 void wk_cuda_mla_force(int gm)
 {
 	(void)gm;

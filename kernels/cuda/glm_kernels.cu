@@ -595,6 +595,8 @@ extern "C" int wk_cuda_mla_attention(float *out, const float *q, const struct cp
 		return WK_OK;
 	if (wk_cuda_mla_tiles(s, n, pos0, i0, i1, h0, h1)) /* the expanded form's dense prefill */
 		return wk_cuda_mla_tiled(out, q, s, n, pos0, err, errsz);
+	if (wk_cuda_mla_latent_tiles(s, n, pos0, i0, i1, h0, h1)) /* the absorbed form's prefill */
+		return wk_cuda_mla_latent(out, q, s, n, pos0, err, errsz);
 	int gm, split;
 	mla_plan(s, i1 - i0, h1 - h0, mla_keys(s, i1, pos0), &gm, &split);
 	int chunks = (h1 - h0 + gm - 1) / gm;
@@ -710,7 +712,10 @@ extern "C" int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float
 			       s->d_a, s->d_v, lora, d_nope, d_v);
 	if (n <= 0 || H <= 0)
 		return WK_OK;
-	if (!sp || !sp->count || sp->count_n < MLA_SYNC) { /* no counters: three launches */
+	/* three launches where there are no counters, or where the attention is a prefill's
+	 * latent tiles (wk_cuda_mla_attention runs them) */
+	if (!sp || !sp->count || sp->count_n < MLA_SYNC ||
+	    wk_cuda_mla_latent_tiles(s, n, pos0, 0, n, 0, H)) {
 		if ((rc = wk_cuda_mla_absorb_q(qa, q, w, wt, scale, lora, n, H, d_nope, s->d_b, d_v,
 					       0, H, err, errsz)) != WK_OK ||
 		    (rc = wk_cuda_mla_attention(lat, qa, s, n, pos0, 0, n, 0, H, sp, err, errsz)) !=

@@ -88,3 +88,4 @@ int lab_attention(double ceil_gbs);
 int lab_mla(double ceil_gbs);
 int lab_attention_prefill(void);
 int lab_mla_prefill(void);
+int lab_mla_latent(void);

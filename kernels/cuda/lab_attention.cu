@@ -142,6 +142,31 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
+/* One row of a prefill table: forces path (wk_cuda_attention_force), runs run() (one call:
+ * WK_OK, or an error in err) once and check()s it (its worst error: against the CPU
+ * reference and, past path 1, against path 1's outputs; INFINITY when it could not), then
+ * times run() and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1
+ * sets it). Returns 0, or 1 for a failed or wrong row. */
+template <typename R, typename C>
+static int lab_prefill_row(const char *name, int path, double flops, R run, C check,
+			   double *ms1, const char *err)
+{
+	wk_cuda_attention_force(path);
+	double worst = run() == WK_OK ? check() : INFINITY;
+	float ms = time_ms(run);
+	wk_cuda_attention_force(0);
+	bool ok = worst <= 1e-4;
+	if (ms <= 0) {
+		printf("%-40s %10s   (%s)\n", name, "FAILED", err);
+		return 1;
+	}
+	if (path == 1)
+		*ms1 = ms;
+	printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off\n", name,
+	       flops / (ms * 1e-3) / 1e12, *ms1 / ms, ms, ok ? "checked:" : "WRONG:", worst);
+	return !ok;
+}
+
 /* GQA attention over a prefill at GLM-4.5's shape on one GPU (96 query heads over 8 kv heads
  * of 128), AP_N tokens from position 0 over a bf16 cache (the default for bf16 checkpoints),
  * by each of wk_cuda_attention's kernels (wk_cuda_attention_path): a block a token (its keys
@@ -164,7 +189,7 @@ int lab_attention_prefill(void)
 	float *base = (float *)malloc(nq * 4), *want = (float *)malloc((size_t)nc * gw * 4);
 	unsigned char *hk = (unsigned char *)malloc(ne * 2), *hv = (unsigned char *)malloc(ne * 2);
 	int failed = 0;
-	double ms_path[4] = {0, 0, 0, 0};
+	double ms1 = 0;
 	printf("\n%-40s %10s %10s   (%d tokens from 0, %d:%d heads of %d, bf16 cache)\n",
 	       "kernel (prefill attention, GQA)", "TFLOPS", "vs token", AP_N, ATT_HEADS, ATT_KV,
 	       ATT_HD);
@@ -202,32 +227,22 @@ int lab_attention_prefill(void)
 			const char *name = path == 1   ? "a block a token"
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
-			wk_cuda_attention_force(path);
-			double worst = INFINITY;
-			if (wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err, sizeof err) == WK_OK &&
-			    wk_cuda_sync(err, sizeof err) == WK_OK &&
-			    wk_cuda_download(path == 1 ? base : got, o, nq * 4, err, sizeof err) ==
-				    WK_OK) {
-				worst = lab_rel(path == 1 ? base : got, want, nc, ATT_HEADS * ATT_HD, 0,
-						gw);
-				if (path >= 2)
-					worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)nq));
-			}
-			float ms = time_ms([&]() -> int {
-				return wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err, sizeof err);
-			});
-			bool ok = worst <= 1e-4;
-			failed |= !ok || ms <= 0;
-			if (ms <= 0) {
-				printf("%-40s %10s   (%s)\n", name, "FAILED", err);
-				continue;
-			}
-			ms_path[path] = ms;
-			printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off\n", name,
-			       flops / (ms * 1e-3) / 1e12, ms_path[1] / ms, ms,
-			       ok ? "checked:" : "WRONG:", worst);
+			float *dst = path == 1 ? base : got;
+			failed |= lab_prefill_row(
+				name, path, flops,
+				[&]() -> int {
+					return wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err,
+								 sizeof err);
+				},
+				[&]() -> double {
+					if (wk_cuda_sync(err, sizeof err) != WK_OK ||
+					    wk_cuda_download(dst, o, nq * 4, err, sizeof err) != WK_OK)
+						return INFINITY;
+					double w = lab_rel(dst, want, nc, ATT_HEADS * ATT_HD, 0, gw);
+					return path == 1 ? w : fmax(w, lab_rel(got, base, 1, 0, 0, (int)nq));
+				},
+				&ms1, err);
 		}
-		wk_cuda_attention_force(0);
 	}
 out:
 	wk_cuda_free(k);
@@ -297,34 +312,22 @@ int lab_mla_prefill(void)
 			const char *name = path == 1   ? "a block a (token, head)"
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
-			wk_cuda_attention_force(path);
-			double worst = INFINITY;
 			float *dst = path == 1 ? base : got;
-			if (wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H, NULL, err,
-						  sizeof err) == WK_OK &&
-			    wk_cuda_sync(err, sizeof err) == WK_OK &&
-			    wk_cuda_download(dst, o, no * 4, err, sizeof err) == WK_OK) {
-				worst = lab_rel(dst, want, 1, 0, 0, nc * H * dv);
-				if (path >= 2)
-					worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)no));
-			}
-			float ms = time_ms([&]() -> int {
-				return wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H, NULL,
-							     err, sizeof err);
-			});
-			bool ok = worst <= 1e-4;
-			failed |= !ok || ms <= 0;
-			if (ms <= 0) {
-				printf("%-40s %10s   (%s)\n", name, "FAILED", err);
-				continue;
-			}
-			if (path == 1)
-				ms1 = ms;
-			printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off\n", name,
-			       flops / (ms * 1e-3) / 1e12, ms1 / ms, ms, ok ? "checked:" : "WRONG:",
-			       worst);
+			failed |= lab_prefill_row(
+				name, path, flops,
+				[&]() -> int {
+					return wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H,
+								     NULL, err, sizeof err);
+				},
+				[&]() -> double {
+					if (wk_cuda_sync(err, sizeof err) != WK_OK ||
+					    wk_cuda_download(dst, o, no * 4, err, sizeof err) != WK_OK)
+						return INFINITY;
+					double w = lab_rel(dst, want, 1, 0, 0, nc * H * dv);
+					return path == 1 ? w : fmax(w, lab_rel(got, base, 1, 0, 0, (int)no));
+				},
+				&ms1, err);
 		}
-		wk_cuda_attention_force(0);
 	}
 out:
 	wk_cuda_free(kvx);
@@ -337,6 +340,112 @@ out:
 	free(got);
 	free(base);
 	free(want);
+	return failed ? WK_EIO : WK_OK;
+}
+
+/* MLA's absorbed (latent) attention over a sparse prefill at GLM-5's shape on one rank of 8
+ * (8 heads, latent rows of 512 + 64 in bf16, the values their first 512): AL_N tokens at
+ * positions AL_N .. 2 AL_N - 1, each over its own AL_TOPK positions (random, ascending), by
+ * the per-token kernel (wk_cuda_attention_force(1): a block a token's heads, the f32 pipes)
+ * and the latent tiles on the tensor cores (3): TFLOPS (2 x 8 x (576 + 512) a key a token)
+ * and the speed-up. Checked first: the tiles against the per-token kernel on
+ * every output, and the first 16 tokens against cpu_ref_mla_attention. WK_OK or WK_EIO. */
+#define AL_N 2048
+#define AL_TOPK 2048
+int lab_mla_latent(void)
+{
+	char err[WK_ERRSZ] = "";
+	const int H = 8, lora = 512, rope = 64, T = 2 * AL_N, nc = 16;
+	size_t nlat = (size_t)T * lora, npe = (size_t)T * rope, nq = (size_t)AL_N * H * (lora + rope);
+	size_t no = (size_t)AL_N * H * lora, nsel = (size_t)AL_N * AL_TOPK;
+	void *lat = NULL, *pe = NULL;
+	float *q = NULL, *o = NULL;
+	int *dsel = NULL, *dn = NULL;
+	uint16_t *hlat = (uint16_t *)malloc(nlat * 2), *hpe = (uint16_t *)malloc(npe * 2);
+	float *hq = (float *)malloc(nq * 4), *got = (float *)malloc(no * 4);
+	float *base = (float *)malloc(no * 4), *want = (float *)malloc((size_t)nc * H * lora * 4);
+	int *sel = (int *)malloc(nsel * sizeof(int)), *ns = (int *)malloc(AL_N * sizeof(int));
+	int failed = 0;
+	double ms1 = 0;
+	printf("\n%-40s %10s %10s   (%d tokens after %d, %d keys each, %d heads, %d+%d, bf16)\n",
+	       "kernel (prefill attention, MLA latent)", "TFLOPS", "vs token", AL_N, AL_N, AL_TOPK,
+	       H, lora, rope);
+	if (!hlat || !hpe || !hq || !got || !base || !want || !sel || !ns ||
+	    wk_cuda_alloc(&lat, nlat * 2, err, sizeof err) ||
+	    wk_cuda_alloc(&pe, npe * 2, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&o, no * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&dsel, nsel * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&dn, AL_N * sizeof(int), err, sizeof err) ||
+	    fill_random(lat, nlat * 2, false, -1, 1) || fill_random(pe, npe * 2, false, -1, 1) ||
+	    fill_random(q, nq * 4, true, -0.25f, 0.25f) ||
+	    wk_cuda_download(hlat, lat, nlat * 2, err, sizeof err) ||
+	    wk_cuda_download(hpe, pe, npe * 2, err, sizeof err) ||
+	    wk_cuda_download(hq, q, nq * 4, err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "prefill attention, MLA latent", "FAILED",
+		       err[0] ? err : "out of memory, or the fill failed");
+		failed = 1;
+		goto out;
+	}
+	for (int i = 0; i < AL_N; i++) { /* AL_TOPK of its AL_N + i + 1 positions, at random */
+		int len = AL_N + i + 1, want_k = AL_TOPK, got_k = 0;
+		for (int t = 0; t < len && got_k < want_k; t++)
+			if ((int)(lab_next() % (uint32_t)(len - t)) < want_k - got_k)
+				sel[(size_t)i * AL_TOPK + got_k++] = t;
+		ns[i] = got_k;
+	}
+	if (wk_cuda_upload(dsel, sel, nsel * sizeof(int), err, sizeof err) ||
+	    wk_cuda_upload(dn, ns, AL_N * sizeof(int), err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "prefill attention, MLA latent", "FAILED", err);
+		failed = 1;
+		goto out;
+	}
+	{
+		struct cpu_mla hs;
+		memset(&hs, 0, sizeof hs);
+		hs.n_heads = H, hs.d_a = lora, hs.d_b = rope, hs.d_v = lora, hs.kv = DT_BF16;
+		hs.k_a = hs.v = hlat, hs.k_b = hpe;
+		hs.ka_stride = hs.v_stride = (size_t)lora, hs.kb_stride = (size_t)rope;
+		hs.sel = sel, hs.nsel = ns, hs.sel_stride = AL_TOPK;
+		hs.scale = 1.0f / sqrtf(192.0f + rope);
+		struct cpu_mla d = hs;
+		d.k_a = d.v = lat, d.k_b = pe, d.sel = dsel, d.nsel = dn;
+		cpu_ref_mla_attention(want, hq, &hs, nc, AL_N, 0, nc, 0, H);
+		double flops = 2.0 * H * (lora + rope + lora) * (double)AL_TOPK * AL_N;
+		for (int path = 1; path <= 3; path += 2) {
+			float *dst = path == 1 ? base : got;
+			failed |= lab_prefill_row(
+				path == 1 ? "a block a token's heads" : "latent tiles, tensor cores",
+				path, flops,
+				[&]() -> int {
+					return wk_cuda_mla_attention(o, q, &d, AL_N, AL_N, 0, AL_N, 0,
+								     H, NULL, err, sizeof err);
+				},
+				[&]() -> double {
+					if (wk_cuda_sync(err, sizeof err) != WK_OK ||
+					    wk_cuda_download(dst, o, no * 4, err, sizeof err) != WK_OK)
+						return INFINITY;
+					double w = lab_rel(dst, want, 1, 0, 0, nc * H * lora);
+					return path == 1 ? w : fmax(w, lab_rel(got, base, 1, 0, 0, (int)no));
+				},
+				&ms1, err);
+		}
+	}
+out:
+	wk_cuda_free(lat);
+	wk_cuda_free(pe);
+	wk_cuda_free(q);
+	wk_cuda_free(o);
+	wk_cuda_free(dsel);
+	wk_cuda_free(dn);
+	free(hlat);
+	free(hpe);
+	free(hq);
+	free(got);
+	free(base);
+	free(want);
+	free(sel);
+	free(ns);
 	return failed ? WK_EIO : WK_OK;
 }
 

@@ -333,6 +333,100 @@ Test(cuda_kernels, mla_prefill_tiles_match_ref)
 	cr_expect(!wk_cuda_mla_tiles(&s, 64, 0, 0, 64, 0, 8), "the absorbed layout");
 }
 
+/* The absorbed layout's latent attention over a prefill on the tensor cores
+ * (wk_cuda_mla_latent: one token's heads, 8 a block, each key's latent row read once for
+ * them), forced, against the reference: f32, bf16 and FP8 latent caches; dense and through a
+ * DSA selection; GLM-5's widths (512 + 64, 8 heads) and tiny ones (24 + 8 over 3 heads; 40 +
+ * 8 over 12: two blocks of heads, the second of 4, and values that end inside a warp's
+ * m-tile); from position 0 and after 10. Then which calls take it: 32 tokens or more (31
+ * not), unforced; not a part of the tokens or heads, several sequences, the expanded layout,
+ * or values wider than 512. */
+Test(cuda_kernels, mla_latent_tiles_match_ref)
+{
+	NEED_GPU();
+	static const struct {
+		int H, lora, rope, n, pos0, topk;
+	} cases[] = {{8, 512, 64, 40, 0, 16}, {3, 24, 8, 33, 10, 7}, {12, 40, 8, 40, 0, 64}};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		int H = cases[c].H, lora = cases[c].lora, rope = cases[c].rope, n = cases[c].n;
+		int pos0 = cases[c].pos0, topk = cases[c].topk, T = pos0 + n, dq = lora + rope;
+		float *ckv = rnd_vec((size_t)T * lora), *kpe = rnd_vec((size_t)T * rope);
+		uint16_t *ckv16 = to_bf16(ckv, (size_t)T * lora), *kpe16 = to_bf16(kpe, (size_t)T * rope);
+		float *cks;
+		uint8_t *ckv8 = to_fp8(ckv, (size_t)T, lora, &cks);
+		int *sel = malloc((size_t)n * topk * sizeof(int)), *nsel = malloc((size_t)n * sizeof(int));
+		rnd_sel(sel, nsel, n, pos0, topk);
+		void *dckv = to_dev(ckv, (size_t)T * lora * 4), *dkpe = to_dev(kpe, (size_t)T * rope * 4);
+		void *dckv16 = to_dev(ckv16, (size_t)T * lora * 2);
+		void *dkpe16 = to_dev(kpe16, (size_t)T * rope * 2);
+		void *dckv8 = to_dev(ckv8, (size_t)T * lora);
+		float *dcks = to_dev(cks, (size_t)T * cpu_kv_blocks(lora) * 4);
+		int *dsel = to_dev(sel, (size_t)n * topk * sizeof(int));
+		int *dnsel = to_dev(nsel, (size_t)n * sizeof(int));
+		size_t nq = (size_t)n * H * dq, no = (size_t)n * H * lora;
+		float *q = rnd_vec(nq), *want = malloc(no * 4), *got = malloc(no * 4);
+		for (size_t i = 0; i < nq; i++)
+			q[i] *= 0.25f; /* scores of a few units over 576 dimensions */
+		float *dq_ = to_dev(q, nq * 4), *dout = dev_alloc(no * 4);
+		for (int kv = 0; kv < 3; kv++)
+			for (int sparse = 0; sparse < 2; sparse++) {
+				enum dt_type dt = kv == 0 ? DT_F32 : kv == 1 ? DT_BF16 : DT_F8_E4M3;
+				const void *ka = kv == 0 ? (const void *)ckv
+						 : kv == 1 ? (const void *)ckv16 : (const void *)ckv8;
+				struct cpu_mla s = {.n_heads = H, .d_a = lora, .d_b = rope, .d_v = lora,
+						    .kv = dt, .k_a = ka, .v = ka,
+						    .k_b = kv == 0 ? (const void *)kpe : kpe16,
+						    .a_s = kv == 2 ? cks : NULL,
+						    .ka_stride = (size_t)lora, .v_stride = (size_t)lora,
+						    .kb_stride = (size_t)rope,
+						    .sel = sparse ? sel : NULL, .nsel = nsel,
+						    .sel_stride = topk,
+						    .scale = 1.0f / sqrtf((float)(192 + rope))};
+				cpu_ref_mla_attention(want, q, &s, n, pos0, 0, n, 0, H);
+				struct cpu_mla ds = s;
+				ds.k_a = ds.v = kv == 0 ? dckv : kv == 1 ? dckv16 : dckv8;
+				ds.k_b = kv == 0 ? dkpe : dkpe16;
+				ds.a_s = kv == 2 ? dcks : NULL;
+				ds.sel = sparse ? dsel : NULL, ds.nsel = dnsel;
+				wk_cuda_attention_force(3);
+				cr_expect(wk_cuda_mla_latent_tiles(&ds, n, pos0, 0, n, 0, H));
+				cr_assert_eq(wk_cuda_mla_attention(dout, dq_, &ds, n, pos0, 0, n, 0, H,
+								   NULL, err, sizeof err),
+					     WK_OK, "%s", err);
+				wk_cuda_attention_force(0);
+				from_dev(got, dout, no * 4);
+				double r = rel(got, want, no);
+				cr_expect_leq(r, TOL, "latent tiles H=%d %d+%d n=%d pos0=%d %s%s: %g", H,
+					      lora, rope, n, pos0, dt_name(dt), sparse ? ", selected" : "",
+					      r);
+			}
+		void *dev[] = {dckv, dkpe, dckv16, dkpe16, dckv8, dcks, dsel, dnsel, dq_, dout};
+		for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+			wk_cuda_free(dev[i]);
+		void *host[] = {ckv, kpe, ckv16, kpe16, ckv8, cks, sel, nsel, q, want, got};
+		for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+			free(host[i]);
+	}
+	float dummy;
+	int one = 0;
+	struct cpu_mla s = {.n_heads = 8, .d_a = 512, .d_b = 64, .d_v = 512, .kv = DT_BF16,
+			    .k_a = &dummy, .v = &dummy, .k_b = &dummy, .ka_stride = 512,
+			    .v_stride = 512, .kb_stride = 64};
+	cr_expect(wk_cuda_mla_latent_tiles(&s, 32, 0, 0, 32, 0, 8), "a prefill of 32");
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 31, 0, 0, 31, 0, 8), "a prefill of 31");
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 1, 64, 0, 8), "a part of the tokens");
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 4), "half the heads");
+	wk_cuda_attention_force(2);
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "forced to the f32 tiles");
+	wk_cuda_attention_force(0);
+	s.seq = s.pos = &one;
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "several sequences");
+	s.seq = s.pos = NULL, s.ka_head = s.v_head = 448;
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "the expanded layout");
+	s.ka_head = s.v_head = 0, s.d_a = s.d_v = 520;
+	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "values of 520");
+}
+
 Test(cuda_kernels, mla_attention_matches_ref)
 {
 	NEED_GPU();
