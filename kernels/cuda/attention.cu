@@ -1,10 +1,12 @@
 /*
- * attention.cu - GQA attention (cpu_ref_attention) and the tiled prefill attention that GQA
- * and MLA's expanded form share (cpu_ref_mla_attention; glm_kernels.cu routes MLA here): a
- * block a token for decode, with flash-decoding's split of long contexts, and query tiles for
- * a prefill, on the f32 pipes (k_att_tiled) or on the tensor cores (k_att_mma). Which runs
- * is chosen per call (wk_cuda_attention_path, wk_cuda_mla_tiles); tests/unit/test_cuda.c and
- * test_cuda_glm.c compare each with the CPU reference.
+ * attention.cu - GQA attention (cpu_ref_attention), the tiled prefill attention that GQA and
+ * MLA's expanded form share, and MLA's absorbed prefill (cpu_ref_mla_attention;
+ * glm_kernels.cu routes MLA here): a block a token for decode, with flash-decoding's split of
+ * long contexts; query tiles for a prefill, on the f32 pipes (k_att_tiled) or on the tensor
+ * cores (k_att_mma); and one token's heads a block over its latent rows on the tensor cores
+ * (k_mla_lat). Which runs is chosen per call (wk_cuda_attention_path, wk_cuda_mla_tiles,
+ * wk_cuda_mla_latent_tiles); tests/unit/test_cuda.c and test_cuda_glm.c compare each with
+ * the CPU reference.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
