@@ -699,10 +699,11 @@ extern "C" bool wk_cuda_mla_tiles(const struct cpu_mla *s, int n, int pos0, int 
  * Shared memory: q [ML_H][QKP + AM_PAD] and the tile [ML_KT][QKP + AM_PAD], each hi and lo
  * (QKP: the width rounded up to 16); the partial scores [4][16][ML_H] f32; p [ML_H][ML_KT +
  * AM_PAD] hi and lo; m, l and corr [ML_H]; the tile's positions [ML_KT]. 97 KB at GLM-5's
- * sizes. Values are the key rows' first d_v = d_a columns (the absorbed layout). One sequence
- * (s.seq NULL), every head; block (x, z): token n - 1 - x (the last, with the most keys when
- * dense, first), heads 8 z ... A token without keys (nsel 0) gives 0/0, NaN, as the
- * reference. */
+ * sizes. Values are the key rows' first d_v = d_a columns (the absorbed layout). Every head;
+ * the tokens of one sequence, or of several (s.seq: a batched step's, a prefill's beside
+ * decodes, each token over its own sequence's rows); block (x, z): token n - 1 - x (the last,
+ * with the most keys when dense, first), heads 8 z ... A token without keys (nsel 0) gives
+ * 0/0, NaN, as the reference. */
 #define ML_KT 32
 #define ML_H 8
 #define ML_DV 512 /* value columns: 4 warps of 128 */
@@ -741,7 +742,8 @@ k_mla_lat(float *out, const float *q, struct cpu_mla s, int n, int pos0)
 		ms[threadIdx.x] = -INFINITY;
 		ls[threadIdx.x] = 0.0f;
 	}
-	int keys = s.sel ? s.nsel[i] : pos0 + i + 1;
+	int keys = s.sel ? s.nsel[i] : (s.seq ? s.pos[i] : pos0 + i) + 1;
+	size_t base = s.seq ? (size_t)s.seq[i] * s.seq_rows : 0; /* its sequence's rows */
 	const int *sel = s.sel ? s.sel + (size_t)i * s.sel_stride : NULL;
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
 	int ksteps = qkp / 16, kh0 = (warp >> 1) * (ksteps / 2), kh1 = (warp >> 1) ? ksteps
@@ -758,13 +760,14 @@ k_mla_lat(float *out, const float *q, struct cpu_mla s, int n, int pos0)
 							    : -1;
 		__syncthreads(); /* the positions */
 		for (int x = threadIdx.x; x < ML_KT * qkp; x += blockDim.x) {
-			int j = x / qkp, d = x % qkp, t = tk[j];
+			int j = x / qkp, d = x % qkp;
+			size_t t = base + (size_t)tk[j];
 			float v = 0.0f;
-			if (t >= 0 && d < s.d_a)
-				v = kv_rc((const KV *)s.k_a + (size_t)t * s.ka_stride,
-					  kv_scales(s.a_s, (size_t)t, s.d_a), d);
-			else if (t >= 0 && d < qk)
-				v = kv_ld((const KB *)s.k_b + (size_t)t * s.kb_stride, (size_t)(d - s.d_a));
+			if (tk[j] >= 0 && d < s.d_a)
+				v = kv_rc((const KV *)s.k_a + t * s.ka_stride,
+					  kv_scales(s.a_s, t, s.d_a), d);
+			else if (tk[j] >= 0 && d < qk)
+				v = kv_ld((const KB *)s.k_b + t * s.kb_stride, (size_t)(d - s.d_a));
 			am_put(kh, kl, j * qs + d, v);
 		}
 		__syncthreads(); /* the tile's rows */
@@ -886,7 +889,7 @@ k_mla_lat(float *out, const float *q, struct cpu_mla s, int n, int pos0)
 extern "C" bool wk_cuda_mla_latent_tiles(const struct cpu_mla *s, int n, int pos0, int i0,
 					 int i1, int h0, int h1)
 {
-	bool can = n >= 1 && i0 == 0 && i1 == n && h0 == 0 && h1 == s->n_heads && !s->seq &&
+	bool can = n >= 1 && i0 == 0 && i1 == n && h0 == 0 && h1 == s->n_heads &&
 		   !s->ka_head && !s->v_head && s->v == s->k_a && s->d_v == s->d_a &&
 		   s->d_v > 0 && s->d_v <= ML_DV && s->d_a + s->d_b <= ML_QK &&
 		   (s->n_heads + ML_H - 1) / ML_H <= 65535;

@@ -253,10 +253,10 @@ int wk_cuda_mla_tiled(float *out, const float *q, const struct cpu_mla *s, int n
 		      char *err, size_t errsz);
 /* Whether wk_cuda_mla_attention runs the absorbed layout's latent attention as tiles on the
  * tensor cores (one token's heads, 8 a block, reading each of its keys' latent rows once for
- * them; its DSA selection or dense): every token and head of one sequence (s->seq NULL), v
- * the latent k_a itself (d_v = d_a <= 512, d_a + d_b <= 576), under wk_cuda_attention_path's
- * rule for n and pos0; forced, only by wk_cuda_attention_force(3). wk_cuda_mla_latent runs
- * it. */
+ * them; its DSA selection or dense): every token and head of the call (of one sequence, or
+ * of several: s->seq), v the latent k_a itself (d_v = d_a <= 512, d_a + d_b <= 576), under
+ * wk_cuda_attention_path's rule for n and pos0; forced, only by wk_cuda_attention_force(3).
+ * wk_cuda_mla_latent runs it. */
 bool wk_cuda_mla_latent_tiles(const struct cpu_mla *s, int n, int pos0, int i0, int i1,
 			      int h0, int h1);
 int wk_cuda_mla_latent(float *out, const float *q, const struct cpu_mla *s, int n, int pos0,

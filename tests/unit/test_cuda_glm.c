@@ -338,24 +338,35 @@ Test(cuda_kernels, mla_prefill_tiles_match_ref)
  * them), forced, against the reference: f32, bf16 and FP8 latent caches; dense and through a
  * DSA selection; GLM-5's widths (512 + 64, 8 heads) and tiny ones (24 + 8 over 3 heads; 40 +
  * 8 over 12: two blocks of heads, the second of 4, and values that end inside a warp's
- * m-tile); from position 0 and after 10. Then which calls take it: 32 tokens or more (31
- * not), unforced; not a part of the tokens or heads, several sequences, the expanded layout,
- * or values wider than 512. */
+ * m-tile); from position 0 and after 10; and the 36 tokens of 3 sequences at once (a batched
+ * step's: each token at its own position of its own sequence's rows, 60 apart). Then which
+ * calls take it: 32 tokens or more (31 not), unforced, of one sequence or several; not a part
+ * of the tokens or heads, the expanded layout, or values wider than 512. */
 Test(cuda_kernels, mla_latent_tiles_match_ref)
 {
 	NEED_GPU();
 	static const struct {
-		int H, lora, rope, n, pos0, topk;
-	} cases[] = {{8, 512, 64, 40, 0, 16}, {3, 24, 8, 33, 10, 7}, {12, 40, 8, 40, 0, 64}};
+		int H, lora, rope, n, pos0, topk, seqs;
+	} cases[] = {{8, 512, 64, 40, 0, 16, 0}, {3, 24, 8, 33, 10, 7, 0},
+		     {12, 40, 8, 40, 0, 64, 0}, {8, 64, 16, 36, 0, 20, 3}};
+	enum { ROWS = 60 }; /* a sequence's rows, with several */
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int H = cases[c].H, lora = cases[c].lora, rope = cases[c].rope, n = cases[c].n;
-		int pos0 = cases[c].pos0, topk = cases[c].topk, T = pos0 + n, dq = lora + rope;
+		int pos0 = cases[c].pos0, topk = cases[c].topk, seqs = cases[c].seqs;
+		int T = seqs ? seqs * ROWS : pos0 + n, dq = lora + rope;
 		float *ckv = rnd_vec((size_t)T * lora), *kpe = rnd_vec((size_t)T * rope);
 		uint16_t *ckv16 = to_bf16(ckv, (size_t)T * lora), *kpe16 = to_bf16(kpe, (size_t)T * rope);
 		float *cks;
 		uint8_t *ckv8 = to_fp8(ckv, (size_t)T, lora, &cks);
 		int *sel = malloc((size_t)n * topk * sizeof(int)), *nsel = malloc((size_t)n * sizeof(int));
-		rnd_sel(sel, nsel, n, pos0, topk);
+		int *seq = malloc((size_t)n * sizeof(int)), *pos = malloc((size_t)n * sizeof(int));
+		for (int i = 0; i < n; i++) {
+			seq[i] = seqs ? rnd_int(seqs) : 0;
+			pos[i] = seqs ? rnd_int(ROWS) : pos0 + i;
+			/* token i's selection among its 0 .. pos[i] */
+			rnd_sel(sel + (size_t)i * topk, nsel + i, 1, pos[i], topk);
+		}
+		int *dseq = to_dev(seq, (size_t)n * sizeof(int)), *dpos = to_dev(pos, (size_t)n * sizeof(int));
 		void *dckv = to_dev(ckv, (size_t)T * lora * 4), *dkpe = to_dev(kpe, (size_t)T * rope * 4);
 		void *dckv16 = to_dev(ckv16, (size_t)T * lora * 2);
 		void *dkpe16 = to_dev(kpe16, (size_t)T * rope * 2);
@@ -381,13 +392,16 @@ Test(cuda_kernels, mla_latent_tiles_match_ref)
 						    .kb_stride = (size_t)rope,
 						    .sel = sparse ? sel : NULL, .nsel = nsel,
 						    .sel_stride = topk,
-						    .scale = 1.0f / sqrtf((float)(192 + rope))};
+						    .scale = 1.0f / sqrtf((float)(192 + rope)),
+						    .seq = seqs ? seq : NULL, .pos = seqs ? pos : NULL,
+						    .seq_rows = ROWS, .keys_max = ROWS};
 				cpu_ref_mla_attention(want, q, &s, n, pos0, 0, n, 0, H);
 				struct cpu_mla ds = s;
 				ds.k_a = ds.v = kv == 0 ? dckv : kv == 1 ? dckv16 : dckv8;
 				ds.k_b = kv == 0 ? dkpe : dkpe16;
 				ds.a_s = kv == 2 ? dcks : NULL;
 				ds.sel = sparse ? dsel : NULL, ds.nsel = dnsel;
+				ds.seq = seqs ? dseq : NULL, ds.pos = seqs ? dpos : NULL;
 				wk_cuda_attention_force(3);
 				cr_expect(wk_cuda_mla_latent_tiles(&ds, n, pos0, 0, n, 0, H));
 				cr_assert_eq(wk_cuda_mla_attention(dout, dq_, &ds, n, pos0, 0, n, 0, H,
@@ -396,14 +410,15 @@ Test(cuda_kernels, mla_latent_tiles_match_ref)
 				wk_cuda_attention_force(0);
 				from_dev(got, dout, no * 4);
 				double r = rel(got, want, no);
-				cr_expect_leq(r, TOL, "latent tiles H=%d %d+%d n=%d pos0=%d %s%s: %g", H,
-					      lora, rope, n, pos0, dt_name(dt), sparse ? ", selected" : "",
-					      r);
+				cr_expect_leq(r, TOL, "latent tiles H=%d %d+%d n=%d pos0=%d seqs=%d %s%s: %g",
+					      H, lora, rope, n, pos0, seqs, dt_name(dt),
+					      sparse ? ", selected" : "", r);
 			}
-		void *dev[] = {dckv, dkpe, dckv16, dkpe16, dckv8, dcks, dsel, dnsel, dq_, dout};
+		void *dev[] = {dckv, dkpe, dckv16, dkpe16, dckv8, dcks, dsel, dnsel, dq_, dout,
+			       dseq, dpos};
 		for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
 			wk_cuda_free(dev[i]);
-		void *host[] = {ckv, kpe, ckv16, kpe16, ckv8, cks, sel, nsel, q, want, got};
+		void *host[] = {ckv, kpe, ckv16, kpe16, ckv8, cks, sel, nsel, q, want, got, seq, pos};
 		for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
 			free(host[i]);
 	}
@@ -420,7 +435,7 @@ Test(cuda_kernels, mla_latent_tiles_match_ref)
 	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "forced to the f32 tiles");
 	wk_cuda_attention_force(0);
 	s.seq = s.pos = &one;
-	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "several sequences");
+	cr_expect(wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "several sequences");
 	s.seq = s.pos = NULL, s.ka_head = s.v_head = 448;
 	cr_expect(!wk_cuda_mla_latent_tiles(&s, 64, 0, 0, 64, 0, 8), "the expanded layout");
 	s.ka_head = s.v_head = 0, s.d_a = s.d_v = 520;
