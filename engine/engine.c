@@ -995,6 +995,29 @@ void eng_gqa_attend_seqs(struct engine *e, const struct eng_gqa *g, int l, const
 	gqa_attend(e, g, 0, l, 0, seq, pos, keys_max, out, q, n, n_heads);
 }
 
+void eng_gqa_attend_step(struct engine *e, const struct eng_gqa *g, int l,
+			 const struct eng_seg *seg, int nseg, const int *pos, int keys_max,
+			 float *out, const float *q, int T, int n_heads)
+{
+	size_t qd = (size_t)n_heads * g->head_dim;
+	for (int s = 0; s < nseg;) {
+		const struct eng_seg *a = &seg[s];
+		if (nseg == 1 || e->unfused || a->n >= ENG_ATT_OWN) {
+			eng_gqa_attend(e, g, a->seq, l, a->pos0, out + (size_t)a->off * qd,
+				       q + (size_t)a->off * qd, a->n, n_heads);
+			s++;
+			continue;
+		}
+		int b = s; /* the run of short segments s .. b - 1 */
+		while (b < nseg && seg[b].n < ENG_ATT_OWN)
+			b++;
+		int off = a->off, n = seg[b - 1].off + seg[b - 1].n - off;
+		eng_gqa_attend_seqs(e, g, l, pos + T + off, pos + off, keys_max,
+				    out + (size_t)off * qd, q + (size_t)off * qd, n, n_heads);
+		s = b;
+	}
+}
+
 void eng_kv_put(struct engine *e, enum dt_type t, void *dst, float *ds, int w,
 		const float *src, size_t n)
 {

@@ -248,6 +248,24 @@ void eng_gqa_attend(struct engine *e, const struct eng_gqa *g, int seq, int l, i
 void eng_gqa_attend_seqs(struct engine *e, const struct eng_gqa *g, int l, const int *seq,
 			 const int *pos, int keys_max, float *out, const float *q, int n,
 			 int n_heads);
+
+/* One sequence's part of a step: token rows [off, off + n) of the step append to sequence
+ * seq at positions pos0 .. pos0 + n - 1. */
+struct eng_seg {
+	int seq, pos0, n, off;
+};
+/* A segment this long gets an attention call of its own in a batched step (a prefill: a
+ * device may read each key once for many of its tokens, its query tiles, which a call over
+ * several sequences' tokens cannot; the CUDA backend's tiles start at 32 tokens). */
+#define ENG_ATT_OWN 32
+/* The attention of a step's nseg segments of T tokens over layer l: each segment of at least
+ * ENG_ATT_OWN tokens (and, unfused or alone, every segment) by eng_gqa_attend, each run of
+ * shorter ones as one eng_gqa_attend_seqs (pos [2 T]: each token's position, then its
+ * sequence, in the backend's memory; keys_max the step's most keys). The same outputs either
+ * way: a token's attention does not depend on the call it is in. */
+void eng_gqa_attend_step(struct engine *e, const struct eng_gqa *g, int l,
+			 const struct eng_seg *seg, int nseg, const int *pos, int keys_max,
+			 float *out, const float *q, int T, int n_heads);
 /* WK_OK when per_seq (bytes a family's load allocates per sequence) is what
  * eng_seq_cache_bytes says for e; else an error naming both. */
 int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t errsz);

@@ -669,7 +669,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	int T = 0;
 	m->keys_max = 0;
 	for (int i = 0; i < n_items; i++) {
-		m->seg[i] = (struct glm_seg){.seq = items[i].seq, .pos0 = e->seq_len[items[i].seq],
+		m->seg[i] = (struct eng_seg){.seq = items[i].seq, .pos0 = e->seq_len[items[i].seq],
 					     .n = items[i].n, .off = T};
 		T += items[i].n;
 		if (m->seg[i].pos0 + items[i].n > m->keys_max)

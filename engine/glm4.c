@@ -102,7 +102,7 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 			     errsz);
 }
 
-static int g4_grow(struct glm_model *m, int T, const struct glm_seg *seg, int nseg)
+static int g4_grow(struct glm_model *m, int T, const struct eng_seg *seg, int nseg)
 {
 	struct g4 *a = m->attn;
 	(void)seg;
@@ -120,11 +120,11 @@ static int g4_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
 }
 
 static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
-		       int T, const struct glm_seg *seg, int nseg)
+		       int T, const struct eng_seg *seg, int nseg)
 {
 	struct g4 *a = m->attn;
 	struct g4_layer *L = &a->layers[l];
-	int qd = a->n_heads * a->head_dim, kvd = a->n_kv * a->head_dim;
+	int kvd = a->n_kv * a->head_dim;
 
 	/* q, k, v read x: one op. With one segment and an f32 cache, k and v land straight in
 	 * its caches (biased, normalised and rotated there); else through the step's rows. */
@@ -148,7 +148,7 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		 .heads = a->n_kv, .bare = true}};
 	eng_norm_n(e, nr, L->bv ? 3 : 2);
 	for (int s = 0; s < nseg && !direct; s++) {
-		const struct glm_seg *g = &seg[s];
+		const struct eng_seg *g = &seg[s];
 		eng_gqa_store(e, &a->kv, g->seq, l, g->pos0, a->kt + (size_t)g->off * kvd,
 			      a->vt + (size_t)g->off * kvd, g->n);
 	}
@@ -156,16 +156,11 @@ static void g4_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * q/k/v, their bias, norms and rotations, and the stores, one launch); the attention
 	 * is not held */
 	eng_chain_end(e);
-	/* several sequences: one attention over all of them, each token over its own
-	 * sequence's cache (m->pos: positions, then sequences); unfused, one a sequence */
-	if (nseg > 1 && !e->unfused)
-		eng_gqa_attend_seqs(e, &a->kv, l, m->pos + T, m->pos, m->keys_max, a->att, a->q, T,
-				    a->n_heads);
-	for (int s = 0; s < nseg && (nseg == 1 || e->unfused); s++) {
-		const struct glm_seg *g = &seg[s];
-		eng_gqa_attend(e, &a->kv, g->seq, l, g->pos0, a->att + (size_t)g->off * qd,
-			       a->q + (size_t)g->off * qd, g->n, a->n_heads);
-	}
+	/* several sequences: one attention over the short segments, each token over its own
+	 * sequence's cache (m->pos: positions, then sequences), a prefill's apart; unfused, one
+	 * a sequence */
+	eng_gqa_attend_step(e, &a->kv, l, seg, nseg, m->pos, m->keys_max, a->att, a->q, T,
+			    a->n_heads);
 	/* o_proj begins the next chain: glm.c adds the residual and norm and the FFN's first
 	 * matmul (as GLM-5's attention does) */
 	eng_chain_begin(e);

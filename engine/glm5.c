@@ -369,7 +369,7 @@ static bool re(struct glm_model *m, void *pp, size_t bytes)
 	return eng_regrow(m->e, pp, bytes);
 }
 
-static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int nseg)
+static int g5_grow(struct glm_model *m, int T, const struct eng_seg *seg, int nseg)
 {
 	struct g5 *a = m->attn;
 	size_t H = (size_t)a->n_heads, f = sizeof(float);
@@ -404,7 +404,7 @@ static int g5_grow(struct glm_model *m, int T, const struct glm_seg *seg, int ns
  * a->lat, from a->qa, which the caller has filled when absorb_done; the caller then maps
  * lat to att; else the backend's mla_absorbed runs the chain as one op where it has one). */
 static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
-		      const struct glm_seg *g, const void *ckv, const float *cks, const void *kpe,
+		      const struct eng_seg *g, const void *ckv, const float *cks, const void *kpe,
 		      bool use_sel, bool absorb_done)
 {
 	struct g5 *a = m->attn;
@@ -459,7 +459,7 @@ static void g5_attend(struct engine *e, struct glm_model *m, struct g5_layer *L,
 }
 
 static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
-		       int T, const struct glm_seg *seg, int nseg)
+		       int T, const struct eng_seg *seg, int nseg)
 {
 	struct g5 *a = m->attn;
 	struct g5_layer *L = &a->layers[l];
@@ -494,7 +494,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	 * caches, c_kv, k_pe and the indexer keys land straight in their caches, normalised and
 	 * rotated there: no copies. A bf16 or FP8 cache takes them from the step's rows, rounded
 	 * or quantized as they are stored (eng_kv_put, one chained op for all of them). */
-	const struct glm_seg *g0 = &seg[0];
+	const struct eng_seg *g0 = &seg[0];
 	bool f32 = e->kv == DT_F32;
 	bool direct = nseg == 1 && !e->unfused && f32, split = a->split && !e->unfused;
 	float *ckv0 = CKV(g0->seq, g0->pos0);
@@ -542,7 +542,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	if (!split)
 		eng_chain_end(e); /* rmsnorm row by row below, not held */
 	for (int s = 0; s < nseg; s++) {
-		const struct glm_seg *g = &seg[s];
+		const struct eng_seg *g = &seg[s];
 		if (split) { /* f32: normalised into the cache; else in place, stored below */
 			float *c_in = a->kva + (size_t)g->off * lora;
 			float *cr = f32 ? CKV(g->seq, g->pos0) : c_in;
@@ -577,7 +577,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	}
 	eng_norm_n(e, nrm, nn);
 	for (int s = 0; s < nseg && !f32; s++) { /* the step's normalised rows stored */
-		const struct glm_seg *g = &seg[s];
+		const struct eng_seg *g = &seg[s];
 		size_t off = (size_t)g->off, n = (size_t)g->n;
 		if (split) {
 			eng_kv_put(e, e->kv, CKV(g->seq, g->pos0), CKS(g->seq, g->pos0), lora,
@@ -628,7 +628,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 				     a->work);
 		}
 		for (int s = 0; s < nseg; s++) {
-			const struct glm_seg *g = &seg[s];
+			const struct eng_seg *g = &seg[s];
 			size_t off = (size_t)g->off;
 			a->use_sel[s] |= one_dsa;
 			if (!a->use_sel[s] || one_dsa)

@@ -56,12 +56,6 @@ struct glm_cfg {
 
 struct glm_model;
 
-/* One sequence's part of a step: token rows [off, off + n) of the step append to sequence
- * seq at positions pos0 .. pos0 + n - 1 (m->pos holds each row's position). */
-struct glm_seg {
-	int seq, pos0, n, off;
-};
-
 /* A family's attention, over the T token rows of a step (continuous batching: several
  * sequences, each with its own caches, sequence s's at index s of max_seqs). forward writes
  * the attention output (before the residual add) out [T][dim] from the normalised input
@@ -71,9 +65,9 @@ struct glm_seg {
 struct glm_attn {
 	int (*load)(struct engine *e, struct glm_model *m, char *err, size_t errsz);
 	/* scratch for a step of T rows in these segments; WK_ENOMEM */
-	int (*grow)(struct glm_model *m, int T, const struct glm_seg *seg, int nseg);
+	int (*grow)(struct glm_model *m, int T, const struct eng_seg *seg, int nseg);
 	void (*forward)(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
-			int T, const struct glm_seg *seg, int nseg);
+			int T, const struct eng_seg *seg, int nseg);
 	void (*free)(struct glm_model *m);
 };
 
@@ -102,7 +96,7 @@ struct glm_model {
 	int *pos, *pos_h;                  /* (2 cap) a step's T positions, then each token's
 					    * sequence; pos_h host */
 	int *tok;                          /* (cap) host */
-	struct glm_seg *seg;               /* (max_seqs) host: the current step's segments */
+	struct eng_seg *seg;               /* (max_seqs) host: the current step's segments */
 	int keys_max;                      /* the current step's most keys a token has (the
 					    * largest pos0 + n of its segments) */
 	float *x, *xb, *tmp;               /* (cap, dim) */

@@ -38,6 +38,7 @@ struct llama {
 	float *final_norm;             /* (dim) */
 	struct layer *layers;          /* [n_layers] */
 	int max_seqs;
+	struct eng_seg *seg;           /* [max_seqs]: a step's segments */
 	struct eng_gqa kv;             /* the KV caches */
 	/* scratch, sized for `cap` tokens in a step */
 	int cap;
@@ -114,6 +115,7 @@ static void llama_free(struct engine *e)
 			eng_release(e, m->layers[l].mlp_norm);
 		}
 	free(m->layers);
+	free(m->seg);
 	eng_release(e, m->final_norm);
 	eng_gqa_free(e, &m->kv);
 	free_scratch(e, m);
@@ -255,6 +257,9 @@ static int llama_load(struct engine *e, char *err, size_t errsz)
 			       "(a layer past them)", m->n_layers, past);
 
 	m->max_seqs = e->max_seqs;
+	m->seg = calloc((size_t)(m->max_seqs > 0 ? m->max_seqs : 1), sizeof *m->seg);
+	if (!m->seg)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	if ((rc = eng_gqa_alloc(e, &m->kv, m->n_layers, m->max_seq, m->n_kv, m->head_dim, err,
 				errsz)))
 		return rc;
@@ -300,13 +305,16 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	bool lead = eng_tp_lead(e); /* this rank's partial sums count (shard.c) */
 
 	int keys_max = 0; /* the most keys a token of the step attends to */
-	for (int i = 0, t = 0; i < n_items; i++)
+	for (int i = 0, t = 0; i < n_items; i++) {
+		m->seg[i] = (struct eng_seg){.seq = items[i].seq, .pos0 = e->seq_len[items[i].seq],
+					     .n = items[i].n, .off = t};
 		for (int j = 0; j < items[i].n; j++, t++) {
 			m->tok[t] = items[i].tokens[j];
 			m->pos_h[t] = e->seq_len[items[i].seq] + j;
 			m->pos_h[T + t] = items[i].seq;
 			keys_max = m->pos_h[t] + 1 > keys_max ? m->pos_h[t] + 1 : keys_max;
 		}
+	}
 	eng_to_dev(e, m->pos, m->pos_h, (size_t)2 * T * sizeof(int));
 	/* the embedding rows are read on the host (from the checkpoint) */
 	eng_embed(e, m->x, m->xh, m->tok, T, m->embed, m->vocab0, dim);
@@ -349,18 +357,11 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 			eng_gqa_store(e, &m->kv, items[i].seq, l, e->seq_len[items[i].seq],
 				      m->kt + (size_t)t * kvd, m->vt + (size_t)t * kvd, items[i].n);
 		eng_chain_end(e);
-		/* several sequences: one attention over all of them, each token over its own
-		 * sequence's cache (m->pos: positions, then sequences); unfused, one a sequence */
-		if (n_items > 1 && !e->unfused)
-			eng_gqa_attend_seqs(e, &m->kv, l, m->pos + T, m->pos, keys_max, m->att,
-					    m->q, T, m->n_heads);
-		for (int i = 0, t = 0; i < n_items && (n_items == 1 || e->unfused);
-		     t += items[i].n, i++) {
-			int seq = items[i].seq, pos0 = e->seq_len[seq];
-			size_t qoff = (size_t)t * m->n_heads * m->head_dim;
-			eng_gqa_attend(e, &m->kv, seq, l, pos0, m->att + qoff, m->q + qoff,
-				       items[i].n, m->n_heads);
-		}
+		/* several sequences: one attention over the short segments, each token over its
+		 * own sequence's cache (m->pos: positions, then sequences), a prefill's apart;
+		 * unfused, one a sequence */
+		eng_gqa_attend_step(e, &m->kv, l, m->seg, n_items, m->pos, keys_max, m->att, m->q,
+				    T, m->n_heads);
 		eng_chain_begin(e);
 		eng_matmul(e, m->tmp, m->att, &L->wo, T);
 		if (!lead)

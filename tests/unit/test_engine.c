@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/wk.h"
+#include "engine/backend.h"
 #include "engine/convert.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -453,4 +454,93 @@ Test(engine, kv_fp8_tells_the_story)
 		cr_expect_eq(tg[i], tr[i], "step %d: fp8 %d, f32 %d", i, tg[i], tr[i]);
 		cr_expect_eq(t2[i], tg[i], "step %d: fp8 at tp 2 %d, tp 1 %d", i, t2[i], tg[i]);
 	}
+}
+
+/* ---- a prefill's attention apart in a batched step ------------------------------------- */
+
+static struct {
+	int calls, n[64];
+	bool several[64];
+} att_log;
+
+static void att_logged(void *ctx, float *out, const float *q, const struct be_gqa *s, int n,
+		       int pos0)
+{
+	if (att_log.calls < 64) {
+		att_log.n[att_log.calls] = n;
+		att_log.several[att_log.calls] = s->seq != NULL;
+	}
+	att_log.calls++;
+	be_cpu.attention(ctx, out, q, s, n, pos0);
+}
+
+/* In a batched step a segment of ENG_ATT_OWN (32) tokens or more, a prefill, gets an
+ * attention call of its own, so that a device can run its query tiles; the short segments
+ * around it share calls over several sequences, and a step of short ones one call. stories260K
+ * (5 layers): a decode, a 40-token prefill and a decode in one step give per layer a call of
+ * 1 token (several sequences), one of 40 (one sequence) and one of 1; then three decodes, one
+ * call of 3 a layer. Every logit is what each sequence gets alone (within 1e-4: the step's
+ * matmuls see more rows). */
+Test(engine, batched_prefill_attends_on_its_own)
+{
+	char err[WK_ERRSZ];
+	int p[40], t = 42, two[2] = {1, 30};
+	for (int i = 0; i < 40; i++)
+		p[i] = 1 + (i * 37) % 500;
+	/* alone (the plain CPU backend): each sequence's logits */
+	struct engine *e;
+	struct eng_opts o1 = {.backend = "cpu", .max_seq = 64};
+	cr_assert_eq(eng_open(dir, &o1, &e, err, sizeof err), WK_OK, "%s", err);
+	int V = eng_info(e)->vocab;
+	float *want = malloc(sizeof(float) * 5 * V), *got = malloc(sizeof(float) * 5 * V);
+	cr_assert(want && got);
+	cr_assert_eq(eng_forward(e, two, 2, 0, want, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, &t, 1, 2, want, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, &t, 1, 3, want + 3 * V, false, err, sizeof err), WK_OK);
+	cr_assert_eq(eng_forward(e, p, 40, 0, want + V, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, &t, 1, 40, want + 4 * V, false, err, sizeof err), WK_OK);
+	eng_close(e);
+	/* batched, its attention calls logged */
+	struct backend be = be_cpu;
+	be.attention = att_logged;
+	struct eng_opts o = {.backend = "cpu", .max_seq = 64, .max_seqs = 3, .backend_ops = &be};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	int seq[3];
+	eng_seq_free(e, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
+	struct eng_item pre[2] = {{seq[0], two, 2, NULL, NULL, {}}, {seq[2], two, 2, NULL, NULL, {}}};
+	cr_assert_eq(eng_step(e, pre, 2, err, sizeof err), WK_OK, "%s", err);
+	memset(&att_log, 0, sizeof att_log);
+	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}}, {seq[1], p, 40, got + V, NULL, {}},
+				  {seq[2], &t, 1, got + 2 * V, NULL, {}}};
+	cr_assert_eq(eng_step(e, mix, 3, err, sizeof err), WK_OK, "%s", err);
+	int layers = att_log.calls / 3;
+	cr_expect_eq(att_log.calls, 3 * layers, "%d calls", att_log.calls);
+	cr_expect_gt(layers, 0);
+	for (int c = 0; c < att_log.calls && c < 64; c++) {
+		bool own = c % 3 == 1;
+		cr_expect_eq(att_log.n[c], own ? 40 : 1, "call %d of %d tokens", c, att_log.n[c]);
+		cr_expect_eq(att_log.several[c], !own, "call %d: several sequences %d", c,
+			     att_log.several[c]);
+	}
+	memset(&att_log, 0, sizeof att_log);
+	struct eng_item dec[3] = {{seq[0], &t, 1, got + 3 * V, NULL, {}},
+				  {seq[1], &t, 1, got + 4 * V, NULL, {}},
+				  {seq[2], &t, 1, NULL, NULL, {}}};
+	cr_assert_eq(eng_step(e, dec, 3, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(att_log.calls, layers, "decodes: one call a layer, not %d", att_log.calls);
+	for (int c = 0; c < att_log.calls && c < 64; c++)
+		cr_expect(att_log.n[c] == 3 && att_log.several[c], "decode call %d", c);
+	eng_close(e);
+	/* rows: 0 and 2 after "1 30" then 42 (the same), 1 after its 40; then 0 and 1 after 42 */
+	for (int r = 0; r < 5; r++) {
+		const float *w = want + (size_t)(r == 2 ? 0 : r) * V, *g = got + (size_t)r * V;
+		float d = 0;
+		for (int v = 0; v < V; v++)
+			d = fmaxf(d, fabsf(g[v] - w[v]));
+		cr_expect_lt(d, 1e-4f, "logits row %d differ from the sequence's alone by %g", r, d);
+	}
+	free(want);
+	free(got);
 }
