@@ -471,8 +471,9 @@ int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const floa
 		      int rows, int cols, char *err, size_t errsz);
 
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
- * bandwidth measured first, and the FP8 GEMM's TFLOPS. only: NULL for every part, else
- * "gemv" or "gemm" (the ceilings, then that part alone: a profiler's short run). WK_OK,
+ * bandwidth measured first, and the FP8 GEMM's and the prefill attention's TFLOPS. only:
+ * NULL for every part, else "gemv" (with decode attention), "gemm" or "prefill" (its
+ * attention) (the ceilings, then that part alone: a profiler's short run). WK_OK,
  * WK_EINVAL for another only, or WK_EIO when a step failed (printed). */
 int wk_cuda_lab(const char *only);
 

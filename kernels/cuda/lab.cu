@@ -899,9 +899,10 @@ static void lab_ceilings(struct blas_ceilings *c)
 extern "C" int wk_cuda_lab(const char *only)
 {
 	char err[WK_ERRSZ];
-	if (only && strcmp(only, "gemv") && strcmp(only, "gemm"))
+	if (only && strcmp(only, "gemv") && strcmp(only, "gemm") && strcmp(only, "prefill"))
 		return WK_EINVAL;
 	bool gemv = !only || !strcmp(only, "gemv"), gemm = !only || !strcmp(only, "gemm");
+	bool prefill = !only || !strcmp(only, "prefill");
 	size_t copy_bytes = (size_t)2 << 30; /* 2 GiB each way */
 	void *src = NULL, *dst = NULL, *w = NULL, *scale = NULL, *x = NULL;
 	int rc = WK_EIO;
@@ -941,24 +942,21 @@ extern "C" int wk_cuda_lab(const char *only)
 			rc = WK_EIO;
 		if (gemv && lab_mla(ceil_gbs) != WK_OK)
 			rc = WK_EIO;
-		if (!gemm)
-			goto out;
-		printf("\n%-40s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
-		if (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.fp8_prefill) != WK_OK)
+		if (gemm)
+			printf("\n%-40s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
+		if (gemm && (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS,
+					  blas.fp8_prefill) != WK_OK ||
+			     lab_gemm_fp8(LARGE, LARGE, LARGE, blas.fp8_large) != WK_OK ||
+			     lab_gemm_fp8w(PREFILL_N, PREFILL_ROWS, PREFILL_COLS,
+					   blas.bf16_prefill) != WK_OK ||
+			     lab_gemm_fp8w(LARGE, LARGE, LARGE, blas.bf16_large) != WK_OK ||
+			     lab_moe_gemm(PREFILL_N, blas.bf16_prefill) != WK_OK))
 			rc = WK_EIO;
-		if (lab_gemm_fp8(LARGE, LARGE, LARGE, blas.fp8_large) != WK_OK)
+		if (prefill && lab_attention_prefill() != WK_OK)
 			rc = WK_EIO;
-		if (lab_gemm_fp8w(PREFILL_N, PREFILL_ROWS, PREFILL_COLS, blas.bf16_prefill) != WK_OK)
+		if (prefill && lab_mla_prefill() != WK_OK)
 			rc = WK_EIO;
-		if (lab_gemm_fp8w(LARGE, LARGE, LARGE, blas.bf16_large) != WK_OK)
-			rc = WK_EIO;
-		if (lab_moe_gemm(PREFILL_N, blas.bf16_prefill) != WK_OK)
-			rc = WK_EIO;
-		if (lab_attention_prefill() != WK_OK)
-			rc = WK_EIO;
-		if (lab_mla_prefill() != WK_OK)
-			rc = WK_EIO;
-		if (lab_mla_latent() != WK_OK)
+		if (prefill && lab_mla_latent() != WK_OK)
 			rc = WK_EIO;
 	}
 out:

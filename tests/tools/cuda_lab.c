@@ -5,7 +5,8 @@
  * first): FP8 x FP8 beside cuBLASLt's FP8, and FP8 weights x f32 activations (gemm_fp8w.cu)
  * beside cuBLASLt's bf16.
  *
- *   cuda_lab [gemv|gemm]   the ceilings and then only that part (a profiler's short run)
+ *   cuda_lab [gemv|gemm|prefill]   the ceilings and then only that part (a profiler's short
+ *                                  run; prefill: the prefill attention's tables)
  *
  * Exit 0 when it ran, 77 with no GPU (or a build without CUDA), 1 when a step failed, 2 on
  * a usage error.
@@ -19,8 +20,9 @@
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
-	if (argc > 2 || (only && strcmp(only, "gemv") && strcmp(only, "gemm"))) {
-		fprintf(stderr, "usage: cuda_lab [gemv|gemm]\n");
+	if (argc > 2 ||
+	    (only && strcmp(only, "gemv") && strcmp(only, "gemm") && strcmp(only, "prefill"))) {
+		fprintf(stderr, "usage: cuda_lab [gemv|gemm|prefill]\n");
 		return 2;
 	}
 	if (cuda_device_count() <= 0) {
