@@ -142,17 +142,26 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
-/* One row of a prefill table: forces path (wk_cuda_attention_force), runs run() (one call:
- * WK_OK, or an error in err) once and check()s it (its worst error: against the CPU
- * reference and, past path 1, against path 1's outputs; INFINITY when it could not), then
- * times run() and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1
- * sets it). Returns 0, or 1 for a failed or wrong row. */
+/* One row of a prefill table: forces path (wk_cuda_attention_force), runs run() (one call
+ * into o, no floats: WK_OK, or an error in err) once, downloads o into dst (path 1's: base;
+ * the others': got) and takes its worst error: ref(dst) against the CPU reference and, past
+ * path 1, got against base on every output (INFINITY when it could not); then times run()
+ * and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1 sets it).
+ * Returns 0, or 1 for a failed or wrong row. */
 template <typename R, typename C>
-static int lab_prefill_row(const char *name, int path, double flops, R run, C check,
-			   double *ms1, const char *err)
+static int lab_prefill_row(const char *name, int path, double flops, R run, C ref,
+			   const float *o, size_t no, float *base, float *got, double *ms1,
+			   char *err)
 {
+	float *dst = path == 1 ? base : got;
 	wk_cuda_attention_force(path);
-	double worst = run() == WK_OK ? check() : INFINITY;
+	double worst = INFINITY;
+	if (run() == WK_OK && wk_cuda_sync(err, WK_ERRSZ) == WK_OK &&
+	    wk_cuda_download(dst, o, no * 4, err, WK_ERRSZ) == WK_OK) {
+		worst = ref(dst);
+		if (path != 1)
+			worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)no));
+	}
 	float ms = time_ms(run);
 	wk_cuda_attention_force(0);
 	bool ok = worst <= 1e-4;
@@ -227,21 +236,16 @@ int lab_attention_prefill(void)
 			const char *name = path == 1   ? "a block a token"
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
-			float *dst = path == 1 ? base : got;
 			failed |= lab_prefill_row(
 				name, path, flops,
 				[&]() -> int {
 					return wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err,
 								 sizeof err);
 				},
-				[&]() -> double {
-					if (wk_cuda_sync(err, sizeof err) != WK_OK ||
-					    wk_cuda_download(dst, o, nq * 4, err, sizeof err) != WK_OK)
-						return INFINITY;
-					double w = lab_rel(dst, want, nc, ATT_HEADS * ATT_HD, 0, gw);
-					return path == 1 ? w : fmax(w, lab_rel(got, base, 1, 0, 0, (int)nq));
+				[&](const float *dst) -> double {
+					return lab_rel(dst, want, nc, ATT_HEADS * ATT_HD, 0, gw);
 				},
-				&ms1, err);
+				o, nq, base, got, &ms1, err);
 		}
 	}
 out:
@@ -312,21 +316,16 @@ int lab_mla_prefill(void)
 			const char *name = path == 1   ? "a block a (token, head)"
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
-			float *dst = path == 1 ? base : got;
 			failed |= lab_prefill_row(
 				name, path, flops,
 				[&]() -> int {
 					return wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H,
 								     NULL, err, sizeof err);
 				},
-				[&]() -> double {
-					if (wk_cuda_sync(err, sizeof err) != WK_OK ||
-					    wk_cuda_download(dst, o, no * 4, err, sizeof err) != WK_OK)
-						return INFINITY;
-					double w = lab_rel(dst, want, 1, 0, 0, nc * H * dv);
-					return path == 1 ? w : fmax(w, lab_rel(got, base, 1, 0, 0, (int)no));
+				[&](const float *dst) -> double {
+					return lab_rel(dst, want, 1, 0, 0, nc * H * dv);
 				},
-				&ms1, err);
+				o, no, base, got, &ms1, err);
 		}
 	}
 out:
@@ -413,7 +412,6 @@ int lab_mla_latent(void)
 		cpu_ref_mla_attention(want, hq, &hs, nc, AL_N, 0, nc, 0, H);
 		double flops = 2.0 * H * (lora + rope + lora) * (double)AL_TOPK * AL_N;
 		for (int path = 1; path <= 3; path += 2) {
-			float *dst = path == 1 ? base : got;
 			failed |= lab_prefill_row(
 				path == 1 ? "a block a token's heads" : "latent tiles, tensor cores",
 				path, flops,
@@ -421,14 +419,10 @@ int lab_mla_latent(void)
 					return wk_cuda_mla_attention(o, q, &d, AL_N, AL_N, 0, AL_N, 0,
 								     H, NULL, err, sizeof err);
 				},
-				[&]() -> double {
-					if (wk_cuda_sync(err, sizeof err) != WK_OK ||
-					    wk_cuda_download(dst, o, no * 4, err, sizeof err) != WK_OK)
-						return INFINITY;
-					double w = lab_rel(dst, want, 1, 0, 0, nc * H * lora);
-					return path == 1 ? w : fmax(w, lab_rel(got, base, 1, 0, 0, (int)no));
+				[&](const float *dst) -> double {
+					return lab_rel(dst, want, 1, 0, 0, nc * H * lora);
 				},
-				&ms1, err);
+				o, no, base, got, &ms1, err);
 		}
 	}
 out:
