@@ -603,10 +603,12 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 
 	/* DSA indexer: keys always enter the caches; scores only where some query has more
 	 * than topk keys (else it would select them all). With several segments (a batched
-	 * step) the top-k is one op over all the step's tokens, each over its own sequence's
-	 * keys (m->pos: the tokens' positions, then sequences); a query within topk then
-	 * selects all its keys, so every segment reads a selection (the keys dense attention
-	 * reads, in the same order). */
+	 * step) every segment reads a selection: each run of segments shorter than
+	 * ENG_ATT_OWN is one op over its tokens, each over its own sequence's keys (m->pos:
+	 * the tokens' positions, then sequences), and each longer one (a prefill beside
+	 * decodes: a device scores its queries in tiles, which a call over several sequences
+	 * cannot) one of its own; a query within topk selects all its keys (the keys dense
+	 * attention reads, in the same order). */
 	if (L->full) {
 		int id = a->i_dim;
 		bool one_dsa = any && nseg > 1 && !e->unfused;
@@ -617,27 +619,30 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 		struct be_dsa d = {.kv = e->kv, .n_heads = a->i_heads, .head_dim = id,
 				   .topk = a->topk, .qk_scale = 1.0f / sqrtf((float)id),
 				   .w_scale = 1.0f / sqrtf((float)a->i_heads)};
-		if (one_dsa) {
-			d.k = IKC(0, 0);
-			d.ks = IKS(0, 0);
-			d.seq = m->pos + T;
-			d.pos = m->pos;
-			d.seq_rows = (size_t)a->n_full * S;
-			d.keys_max = m->keys_max;
-			be->dsa_topk(c, a->sel, a->nsel, a->iqv, a->iwv, &d, T, 0, a->scores,
-				     a->work);
-		}
-		for (int s = 0; s < nseg; s++) {
+		for (int s = 0; s < nseg;) {
 			const struct eng_seg *g = &seg[s];
 			size_t off = (size_t)g->off;
 			a->use_sel[s] |= one_dsa;
-			if (!a->use_sel[s] || one_dsa)
+			if (!a->use_sel[s]) {
+				s++;
 				continue;
-			d.k = IKC(g->seq, 0);
-			d.ks = IKS(g->seq, 0);
+			}
+			bool seqs = one_dsa && g->n < ENG_ATT_OWN; /* segments s .. b - 1 */
+			int b = s + 1, n = g->n;
+			for (; seqs && b < nseg && seg[b].n < ENG_ATT_OWN; b++) {
+				a->use_sel[b] = true;
+				n += seg[b].n;
+			}
+			d.k = IKC(seqs ? 0 : g->seq, 0);
+			d.ks = IKS(seqs ? 0 : g->seq, 0);
+			d.seq = seqs ? m->pos + T + off : NULL;
+			d.pos = seqs ? m->pos + off : NULL;
+			d.seq_rows = seqs ? (size_t)a->n_full * S : 0;
+			d.keys_max = seqs ? m->keys_max : 0;
 			be->dsa_topk(c, a->sel + off * a->topk, a->nsel + off,
 				     a->iqv + off * a->i_heads * id, a->iwv + off * a->i_heads, &d,
-				     g->n, g->pos0, a->scores, a->work);
+				     seqs ? n : g->n, seqs ? 0 : g->pos0, a->scores, a->work);
+			s = b;
 		}
 	}
 

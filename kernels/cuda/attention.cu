@@ -163,10 +163,6 @@ __global__ void k_attention(float *out, const float *q, struct cpu_gqa s, int po
 #define AP_MIN_N 32 /* tokens from which the tiles are taken (a guess until a GPU times both:
 		     * the lab's prefill rows) */
 
-/* Whether a cache's elements are bf16 already (k_att_mma's SRC::exact). */
-template <typename KV> struct kv_bf16 { static constexpr bool v = false; };
-template <> struct kv_bf16<uint16_t> { static constexpr bool v = true; };
-
 /* The keys and values of a GQA cache (struct cpu_gqa, one sequence), kv head g's. */
 template <typename KV> struct ap_gqa {
 	static constexpr bool exact = kv_bf16<KV>::v; /* each key and value a bf16 */
@@ -404,33 +400,6 @@ static size_t am_smem(int rows, int qk, int dv)
 	size_t qs = (size_t)am_qkp(qk) + AM_PAD;
 	return 2 * sizeof(uint16_t) *
 	       ((size_t)rows * qs + (size_t)AM_KT * qs + (size_t)am_dvp(dv) * (AM_KT + AM_PAD));
-}
-
-/* Two bf16 (bits) as an mma operand register: a in the low half (the lower k). */
-__device__ __forceinline__ uint32_t am_pack(uint32_t a, uint32_t b) { return a | b << 16; }
-
-/* v split into bf16 hi (at hi[i]) and lo (at lo[i]) */
-__device__ __forceinline__ void am_put(uint16_t *hi, uint16_t *lo, int i, float v)
-{
-	uint32_t h, l;
-	bf16_split(v, &h, &l);
-	hi[i] = (uint16_t)h;
-	lo[i] = (uint16_t)l;
-}
-
-/* N m16n8 accumulators (4 floats a thread each) zeroed */
-template <int N> __device__ __forceinline__ void am_zero(float (&a)[N][4])
-{
-#pragma unroll
-	for (int c = 0; c < N; c++)
-#pragma unroll
-		for (int e = 0; e < 4; e++)
-			a[c][e] = 0.0f;
-}
-
-__device__ __forceinline__ uint32_t am_ld(const uint16_t *p) /* p: 4-byte aligned */
-{
-	return *(const uint32_t *)p;
 }
 
 /* Rows (ROWS = 16 RW) and heads as k_att_tiled<ROWS, GM, SRC>'s; 32 RW WPR = AP_THREADS. */

@@ -414,6 +414,41 @@ __device__ __forceinline__ void bf16_split(float x, uint32_t *hi, uint32_t *lo)
 	*lo = bf16_rn(x - __uint_as_float(*hi << 16));
 }
 
+/* The bf16 operands of the split tensor-core kernels (attention.cu's k_att_mma and k_mla_lat,
+ * glm_kernels.cu's k_dsa_score_mma): a f32 is split into hi and lo (bf16_split), held as bf16
+ * bits, and the mma.sync m16n8k16 fragments are 32-bit loads of two of them. */
+
+/* Two bf16 (bits) as an mma operand register: a in the low half (the lower k). */
+__device__ __forceinline__ uint32_t am_pack(uint32_t a, uint32_t b) { return a | b << 16; }
+
+/* v split into bf16 hi (at hi[i]) and lo (at lo[i]) */
+__device__ __forceinline__ void am_put(uint16_t *hi, uint16_t *lo, int i, float v)
+{
+	uint32_t h, l;
+	bf16_split(v, &h, &l);
+	hi[i] = (uint16_t)h;
+	lo[i] = (uint16_t)l;
+}
+
+/* N m16n8 accumulators (4 floats a thread each) zeroed */
+template <int N> __device__ __forceinline__ void am_zero(float (&a)[N][4])
+{
+#pragma unroll
+	for (int c = 0; c < N; c++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			a[c][e] = 0.0f;
+}
+
+__device__ __forceinline__ uint32_t am_ld(const uint16_t *p) /* p: 4-byte aligned */
+{
+	return *(const uint32_t *)p;
+}
+
+/* Whether a cache's elements are bf16 already (their lo terms are zero: skipped). */
+template <typename KV> struct kv_bf16 { static constexpr bool v = false; };
+template <> struct kv_bf16<uint16_t> { static constexpr bool v = true; };
+
 /* Programmatic dependent launch (PDL, sm_90): a kernel launched with the attribute
  * cudaLaunchAttributeProgrammaticStreamSerialization may start while the kernel before it on
  * the stream is still running, once every block of that one has run grid_dep_launch (or

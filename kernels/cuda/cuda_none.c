@@ -126,6 +126,17 @@ void wk_cuda_attention_force(int path)
 	(void)path;
 }
 
+int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
+{
+	(void)d, (void)n, (void)pos0;
+	return 1;
+}
+
+void wk_cuda_dsa_force(int path)
+{
+	(void)path;
+}
+
 int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz)
 {
 	(void)c, (void)count;

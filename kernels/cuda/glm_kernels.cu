@@ -20,6 +20,7 @@ extern "C" {
 #include "kernels/cuda/cuda_kernels.h"
 }
 #include "kernels/cuda/cuda_int.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_route.cuh"
 
 
@@ -867,6 +868,8 @@ struct dsa_args {
 	struct cpu_dsa d; /* d.k of type KV, k_dsa_topk_n's */
 	int pos0, i0;
 	unsigned *count; /* [group], zero, left zero */
+	int scored;      /* k_dsa_topk_n: the scores are in already (k_dsa_score_mma's) */
+	int ng, qb;      /* k_dsa_score_mma: the group's queries, and a block's */
 };
 
 /* A group of queries in one launch: blockIdx.y is query i0 + y, whose keys [0, len) (its
@@ -884,7 +887,7 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 	size_t base = d.seq ? (size_t)d.seq[i] * d.seq_rows : 0;
 	float *sc = a.scores + (size_t)g * a.stride;
 	size_t t = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
-	if (len > d.topk && t < (size_t)len) /* whole warps alike */
+	if (!a.scored && len > d.topk && t < (size_t)len) /* whole warps alike */
 		dsa_score_warp(sc + t, a.q + (size_t)i * d.n_heads * d.head_dim,
 			       (const KV *)d.k + (base + t) * d.head_dim,
 			       kv_scales(d.ks, base + t, d.head_dim), a.w + (size_t)i * d.n_heads,
@@ -921,6 +924,169 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
 		nsel[i] = len;
 }
 
+/* ---- a prefill's scores on the tensor cores: k_dsa_score_mma ------------------------------
+ *
+ * The scores are a product: S[(query, head)][key] = q . k over head_dim, then query i's score
+ * of key t is the sum over its heads of (w[i][h] w_scale) relu(S qk_scale) (cpu_ref_dsa_score).
+ * k_dsa_topk_n runs that on the f32 pipes, a warp a (query, key), so a query's rows (GLM-5:
+ * 32 heads of 128, 16 KB) are read again for every key: at 8,192 tokens about 137 G
+ * multiply-adds a layer, on the slowest pipes. Here a block holds DM_ROWS rows of (query,
+ * head), qb = DM_ROWS / n_heads consecutive queries with all of their heads, as mma.sync
+ * m16n8k16 A fragments in registers (head_dim <= 16 DM_DK), and runs them over a chunk of
+ * DM_CHUNK keys in tiles of DM_KT:
+ *   1. the tile's keys go through shared memory once for all of those rows, as bf16 hi and lo;
+ *   2. warp w multiplies rows 16 w .. + 15 by the tile's 8 n-tiles of keys;
+ *   3. each (row, key) becomes (w[h] w_scale) relu(dot qk_scale), in shared memory;
+ *   4. a thread a (query, key) adds its query's heads in the reference's order, and writes
+ *      the score.
+ * f32 within 2^-16 as k_att_mma: each f32 is split into bf16 hi + lo (bf16_split) and a
+ * product is hi.hi + lo.hi + hi.lo; a bf16 cache's keys are exact, so their lo terms are
+ * skipped. Block (x, y): the group's query tile tiles - 1 - x (the last, with the most keys,
+ * first), keys DM_CHUNK y .. + DM_CHUNK - 1 (a block past its last query's keys returns).
+ * Shared memory: the tile [DM_KT][DM_KS] hi and lo, the products [DM_ROWS][DM_PS] f32 and
+ * the rows' weights [DM_ROWS]: 70 KB. One sequence's queries, past topk (k_dsa_topk_n then
+ * selects from the scores, scored set). */
+#define DM_ROWS 128 /* (query, head) rows a block: 8 warps of an m-tile */
+#define DM_THREADS 256
+#define DM_KT 64 /* keys a tile: 8 n-tiles */
+#define DM_DK 8  /* k-steps of 16: head_dim <= 128 */
+#define DM_KS (16 * DM_DK + 8) /* a key's row in shared memory, 8 bf16 past it for the banks */
+#define DM_PS (DM_KT + 8)
+#define DM_CHUNK 1024 /* keys a block */
+#define DM_MIN 16     /* scored queries from which a call takes this kernel: a guess until a
+		       * GPU times both (cuda_lab's dsa rows) */
+#define DM_SMEM (2 * DM_KT * DM_KS * sizeof(uint16_t) + (DM_PS + 1) * DM_ROWS * sizeof(float))
+
+template <typename KV>
+__global__ void __launch_bounds__(DM_THREADS) k_dsa_score_mma(struct dsa_args a)
+{
+	extern __shared__ uint16_t sb[];
+	constexpr bool EX = kv_bf16<KV>::v;
+	const struct cpu_dsa &d = a.d;
+	int H = d.n_heads, D = d.head_dim, ksteps = (D + 15) / 16, kp = ksteps * 16, qb = a.qb;
+	int tiles = (a.ng + qb - 1) / qb, g0 = (tiles - 1 - (int)blockIdx.x) * qb;
+	int nq = min(qb, a.ng - g0), first = a.pos0 + a.i0 + g0; /* query g0's last key */
+	int t0 = (int)blockIdx.y * DM_CHUNK, t1 = min(first + nq, t0 + DM_CHUNK);
+	if (t0 >= t1)
+		return;
+	uint16_t *kh = sb, *kl = kh + DM_KT * DM_KS;
+	float *p = (float *)(kl + DM_KT * DM_KS), *wr = p + DM_ROWS * DM_PS;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
+	for (int r = threadIdx.x; r < DM_ROWS; r += blockDim.x)
+		wr[r] = r / H < nq ? a.w[(size_t)(a.i0 + g0 + r / H) * H + r % H] * d.w_scale
+				   : 0.0f;
+	/* the warp's rows as A fragments: register e holds row gq (+ 8 for odd e), columns 2 qq
+	 * and 2 qq + 1 (+ 8 for e >= 2) of each k-step; zeros past the rows and head_dim */
+	uint32_t ah[DM_DK][4], al[DM_DK][4];
+#pragma unroll
+	for (int k = 0; k < DM_DK; k++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			int r = warp * 16 + gq + (e & 1) * 8, c = k * 16 + 2 * qq + (e >> 1) * 8;
+			uint32_t h2[2] = {0, 0}, l2[2] = {0, 0};
+#pragma unroll
+			for (int u = 0; u < 2; u++)
+				if (k < ksteps && r / H < nq && c + u < D)
+					bf16_split(a.q[((size_t)(a.i0 + g0 + r / H) * H + r % H) * D +
+						       c + u],
+						   &h2[u], &l2[u]);
+			ah[k][e] = am_pack(h2[0], h2[1]);
+			al[k][e] = am_pack(l2[0], l2[1]);
+		}
+	float acc[8][4];
+	for (int t = t0; t < t1; t += DM_KT) { /* block-uniform loop */
+		__syncthreads(); /* the last tile's keys and products read; wr written */
+		for (int x = threadIdx.x; x < DM_KT * kp; x += blockDim.x) {
+			int j = x / kp, c = x % kp, key = t + j;
+			float v = 0.0f;
+			if (key < t1 && c < D)
+				v = kv_rc((const KV *)d.k + (size_t)key * D, kv_scales(d.ks, key, D),
+					  c);
+			am_put(kh, kl, j * DM_KS + c, v);
+		}
+		__syncthreads(); /* the tile */
+		am_zero(acc);
+#pragma unroll
+		for (int k = 0; k < DM_DK; k++) {
+			if (k >= ksteps)
+				break;
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) { /* B [d][key]: key 8 nt + gq's run of d */
+				int o = (nt * 8 + gq) * DM_KS + k * 16 + 2 * qq;
+				uint32_t bh[2] = {am_ld(kh + o), am_ld(kh + o + 8)};
+				mma_bf16_16816(acc[nt], ah[k], bh);
+				mma_bf16_16816(acc[nt], al[k], bh);
+				if (!EX) {
+					uint32_t bl[2] = {am_ld(kl + o), am_ld(kl + o + 8)};
+					mma_bf16_16816(acc[nt], ah[k], bl);
+				}
+			}
+		}
+		/* acc[nt][e]: row gq (+ 8 for e >= 2) of the warp's, key 8 nt + 2 qq (+ 1, odd e) */
+#pragma unroll
+		for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int r = warp * 16 + gq + (e >> 1) * 8;
+				float dot = acc[nt][e] * d.qk_scale;
+				p[r * DM_PS + nt * 8 + 2 * qq + (e & 1)] =
+					wr[r] * (dot > 0.0f ? dot : 0.0f);
+			}
+		__syncthreads(); /* the products */
+		for (int x = threadIdx.x; x < nq * DM_KT; x += blockDim.x) {
+			int ql = x / DM_KT, j = x % DM_KT, key = t + j;
+			if (key > first + ql) /* past query g0 + ql's keys */
+				continue;
+			float total = 0.0f;
+			for (int h = 0; h < H; h++)
+				total += p[(ql * H + h) * DM_PS + j];
+			a.scores[(size_t)(g0 + ql) * a.stride + key] = total;
+		}
+	}
+}
+
+/* The scores of a's group (a.ng queries from a.i0) on the tensor cores, then its select
+ * (k_dsa_topk_n, scored, a block a query). */
+template <typename KV> static cudaError_t dm_launch(struct dsa_args a, int longest)
+{
+	cudaError_t e = cudaFuncSetAttribute((k_dsa_score_mma<KV>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     (int)DM_SMEM);
+	if (e != cudaSuccess)
+		return e;
+	a.qb = DM_ROWS / a.d.n_heads;
+	dim3 grid((unsigned)((a.ng + a.qb - 1) / a.qb),
+		  (unsigned)((longest + DM_CHUNK - 1) / DM_CHUNK));
+	k_dsa_score_mma<KV><<<grid, DM_THREADS, DM_SMEM, wk_st()>>>(a);
+	a.scored = 1;
+	k_dsa_topk_n<KV><<<dim3(1, (unsigned)a.ng), DSA_THREADS, 0, wk_st()>>>(a);
+	return cudaSuccess;
+}
+
+static int dsa_forced; /* wk_cuda_dsa_force */
+
+extern "C" void wk_cuda_dsa_force(int path)
+{
+	dsa_forced = path;
+}
+
+/* The queries of one sequence's n at pos0 with no more keys than topk (they take them all). */
+static int dsa_all(const struct cpu_dsa *d, int n, int pos0)
+{
+	if (d->seq)
+		return 0;
+	return d->topk - pos0 < n ? (d->topk > pos0 ? d->topk - pos0 : 0) : n;
+}
+
+extern "C" int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
+{
+	bool can = !d->seq && d->n_heads >= 1 && d->n_heads <= DM_ROWS && d->head_dim >= 1 &&
+		   d->head_dim <= 16 * DM_DK;
+	if (dsa_forced)
+		return dsa_forced == 2 && can ? 2 : 1;
+	return can && n - dsa_all(d, n, pos0) >= DM_MIN ? 2 : 1;
+}
+
 extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 				const struct cpu_dsa *d, int n, int pos0, float *scores,
 				size_t score_floats, unsigned *count, int max_group, char *err,
@@ -945,8 +1111,7 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 	/* One sequence: query i has pos0 + i + 1 keys, so the first max(0, topk - pos0) take
 	 * them all, in a launch of their own (a long prefill's first topk queries would
 	 * otherwise each hold the grid's blocks for nothing). Several: each query's own. */
-	int all = d->topk - pos0 < n ? (d->topk > pos0 ? d->topk - pos0 : 0) : n;
-	all = d->seq ? 0 : all;
+	int all = dsa_all(d, n, pos0), path = wk_cuda_dsa_path(d, n, pos0);
 	if (all > 0) {
 		k_dsa_all<<<all, 128, 0, wk_st()>>>(sel, nsel, pos0, d->topk);
 		int rc = launched("dsa_topk", err, errsz);
@@ -961,7 +1126,18 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 	for (int i0 = all; i0 < n; i0 += group) {
 		int g = n - i0 < group ? n - i0 : group;
 		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
-		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count};
+		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g, 0};
+		if (path == 2) {
+			cudaError_t e = kv == DT_F8_E4M3 ? dm_launch<__nv_fp8_e4m3>(a, (int)len)
+					: kv == DT_BF16	 ? dm_launch<uint16_t>(a, (int)len)
+							 : dm_launch<float>(a, (int)len);
+			if (e != cudaSuccess)
+				return check(e, "dsa_topk (tensor cores) shared memory", err, errsz);
+			int rc = launched("dsa_topk", err, errsz);
+			if (rc != WK_OK)
+				return rc;
+			continue;
+		}
 		dim3 grid((unsigned)((len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
 		if (kv == DT_F8_E4M3)
 			k_dsa_topk_n<__nv_fp8_e4m3><<<grid, DSA_THREADS, 0, wk_st()>>>(a);

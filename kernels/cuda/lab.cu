@@ -958,6 +958,8 @@ extern "C" int wk_cuda_lab(const char *only)
 			rc = WK_EIO;
 		if (prefill && lab_mla_latent() != WK_OK)
 			rc = WK_EIO;
+		if (prefill && lab_dsa_prefill() != WK_OK)
+			rc = WK_EIO;
 	}
 out:
 	wk_cuda_free(src);

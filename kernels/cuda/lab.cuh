@@ -3,8 +3,8 @@
  * events), the random inputs (one xorshift state for the whole lab, so that a run draws the
  * same inputs whichever tables it prints), the relative error against a reference, and the
  * tables each file prints. lab.cu holds the ceilings, the GEMMs and the GEMVs and runs them
- * all (wk_cuda_lab); lab_attention.cu holds the attention tables. Linked into
- * build/tools/cuda_lab only.
+ * all (wk_cuda_lab); lab_attention.cu holds the attention tables and the DSA indexer's.
+ * Linked into build/tools/cuda_lab only.
  */
 #pragma once
 
@@ -89,3 +89,4 @@ int lab_mla(double ceil_gbs);
 int lab_attention_prefill(void);
 int lab_mla_prefill(void);
 int lab_mla_latent(void);
+int lab_dsa_prefill(void);

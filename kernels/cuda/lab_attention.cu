@@ -142,19 +142,20 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
-/* One row of a prefill table: forces path (wk_cuda_attention_force), runs run() (one call
+/* One row of a prefill table: forces path (force: wk_cuda_attention_force, or
+ * wk_cuda_dsa_force for the indexer's table), runs run() (one call
  * into o, no floats: WK_OK, or an error in err) once, downloads o into dst (path 1's: base;
  * the others': got) and takes its worst error: ref(dst) against the CPU reference and, past
  * path 1, got against base on every output (INFINITY when it could not); then times run()
  * and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1 sets it).
  * Returns 0, or 1 for a failed or wrong row. */
 template <typename R, typename C>
-static int lab_prefill_row(const char *name, int path, double flops, R run, C ref,
-			   const float *o, size_t no, float *base, float *got, double *ms1,
+static int lab_prefill_row(const char *name, void (*force)(int), int path, double flops, R run,
+			   C ref, const float *o, size_t no, float *base, float *got, double *ms1,
 			   char *err)
 {
 	float *dst = path == 1 ? base : got;
-	wk_cuda_attention_force(path);
+	force(path);
 	double worst = INFINITY;
 	if (run() == WK_OK && wk_cuda_sync(err, WK_ERRSZ) == WK_OK &&
 	    wk_cuda_download(dst, o, no * 4, err, WK_ERRSZ) == WK_OK) {
@@ -163,7 +164,7 @@ static int lab_prefill_row(const char *name, int path, double flops, R run, C re
 			worst = fmax(worst, lab_rel(got, base, 1, 0, 0, (int)no));
 	}
 	float ms = time_ms(run);
-	wk_cuda_attention_force(0);
+	force(0);
 	bool ok = worst <= 1e-4;
 	if (ms <= 0) {
 		printf("%-40s %10s   (%s)\n", name, "FAILED", err);
@@ -237,7 +238,7 @@ int lab_attention_prefill(void)
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
 			failed |= lab_prefill_row(
-				name, path, flops,
+				name, wk_cuda_attention_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err,
 								 sizeof err);
@@ -317,7 +318,7 @@ int lab_mla_prefill(void)
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
 			failed |= lab_prefill_row(
-				name, path, flops,
+				name, wk_cuda_attention_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H,
 								     NULL, err, sizeof err);
@@ -414,7 +415,7 @@ int lab_mla_latent(void)
 		for (int path = 1; path <= 3; path += 2) {
 			failed |= lab_prefill_row(
 				path == 1 ? "a block a token's heads" : "latent tiles, tensor cores",
-				path, flops,
+				wk_cuda_attention_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_mla_attention(o, q, &d, AL_N, AL_N, 0, AL_N, 0,
 								     H, NULL, err, sizeof err);
@@ -440,6 +441,107 @@ out:
 	free(want);
 	free(sel);
 	free(ns);
+	return failed ? WK_EIO : WK_OK;
+}
+
+/* GLM-5's DSA indexer over a prefill (32 heads of 128, index_topk 2,048; the indexer is not
+ * sharded, so a rank runs all of it): DS_N tokens at positions DS_N .. 2 DS_N - 1, each
+ * scoring every key it has in an FP8 key cache (e4m3 codes, a scale a row) and selecting
+ * 2,048. Rows: wk_cuda_dsa_topk on the f32 pipes (path 1: a warp a query and key) and on the
+ * tensor cores (path 2: query tiles), the select in both; TFLOPS of the scores' 2 H D a query
+ * and key. The scores are checked on the first DS_NC queries against cpu_ref_dsa_score, and
+ * path 2's against path 1's on every query. */
+#define DS_N 2048
+#define DS_NC 16
+
+int lab_dsa_prefill(void)
+{
+	char err[WK_ERRSZ] = "";
+	const int H = 32, D = 128, T = 2 * DS_N, topk = 2048;
+	size_t nq = (size_t)DS_N * H * D, nk = (size_t)T * D, nw = (size_t)DS_N * H;
+	size_t no = (size_t)DS_N * T; /* the score rows, one group */
+	void *k = NULL;
+	float *ks = NULL, *q = NULL, *w = NULL, *sc = NULL;
+	int *sel = NULL, *ns = NULL;
+	unsigned *count = NULL;
+	uint8_t *hk = (uint8_t *)malloc(nk);
+	float *hks = (float *)malloc((size_t)T * 4), *hq = (float *)malloc(nq * 4);
+	float *hw = (float *)malloc(nw * 4), *got = (float *)malloc(no * 4);
+	float *base = (float *)malloc(no * 4), *want = (float *)malloc((size_t)DS_NC * T * 4);
+	int failed = 0;
+	double ms1 = 0;
+	printf("\n%-40s %10s %10s   (%d tokens after %d, %d heads of %d, top %d, fp8 keys)\n",
+	       "kernel (prefill, DSA indexer)", "TFLOPS", "vs warps", DS_N, DS_N, H, D, topk);
+	if (!hk || !hks || !hq || !hw || !got || !base || !want ||
+	    wk_cuda_alloc(&k, nk, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&ks, (size_t)T * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&w, nw * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&sc, no * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&sel, (size_t)DS_N * topk * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&ns, DS_N * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&count, DS_N * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_zero(count, DS_N * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_zero(sc, no * 4, err, sizeof err) || fill_random(k, nk, false, -1, 1) ||
+	    fill_random(ks, (size_t)T * 4, true, 0.01f, 0.02f) ||
+	    fill_random(q, nq * 4, true, -1, 1) || fill_random(w, nw * 4, true, -1, 1) ||
+	    wk_cuda_download(hk, k, nk, err, sizeof err) ||
+	    wk_cuda_download(hks, ks, (size_t)T * 4, err, sizeof err) ||
+	    wk_cuda_download(hq, q, nq * 4, err, sizeof err) ||
+	    wk_cuda_download(hw, w, nw * 4, err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "prefill, DSA indexer", "FAILED",
+		       err[0] ? err : "out of memory, or the fill failed");
+		failed = 1;
+		goto out;
+	}
+	{
+		struct cpu_dsa d;
+		memset(&d, 0, sizeof d);
+		d.k = k, d.ks = ks, d.kv = DT_F8_E4M3, d.n_heads = H, d.head_dim = D, d.topk = topk;
+		d.qk_scale = 1.0f / sqrtf((float)D), d.w_scale = 1.0f / sqrtf((float)H);
+		for (int i = 0; i < DS_NC; i++)
+			for (int t = 0; t <= DS_N + i; t++)
+				want[(size_t)i * T + t] = cpu_ref_dsa_score(
+					hq + (size_t)i * H * D, hk + (size_t)t * D, DT_F8_E4M3,
+					hks + t, hw + (size_t)i * H, H, D, d.qk_scale, d.w_scale);
+		double flops = 2.0 * H * D * ((double)DS_N * DS_N + (double)DS_N * (DS_N + 1) / 2);
+		for (int path = 1; path <= 2; path++) {
+			failed |= lab_prefill_row(
+				path == 1 ? "a warp a query and key (f32)" : "query tiles, tensor cores",
+				wk_cuda_dsa_force, path, flops,
+				[&]() -> int {
+					return wk_cuda_dsa_topk(sel, ns, q, w, &d, DS_N, DS_N, sc, no,
+								count, DS_N, err, sizeof err);
+				},
+				[&](const float *dst) -> double {
+					double e = 0, m = 0;
+					for (int i = 0; i < DS_NC; i++)
+						for (int t = 0; t <= DS_N + i; t++) {
+							size_t x = (size_t)i * T + t;
+							e = fmax(e, fabs(dst[x] - want[x]));
+							m = fmax(m, fabs(want[x]));
+						}
+					return isfinite(e) && m > 0 ? e / m : INFINITY;
+				},
+				sc, no, base, got, &ms1, err);
+		}
+	}
+out:
+	wk_cuda_free(k);
+	wk_cuda_free(ks);
+	wk_cuda_free(q);
+	wk_cuda_free(w);
+	wk_cuda_free(sc);
+	wk_cuda_free(sel);
+	wk_cuda_free(ns);
+	wk_cuda_free(count);
+	free(hk);
+	free(hks);
+	free(hq);
+	free(hw);
+	free(got);
+	free(base);
+	free(want);
 	return failed ? WK_EIO : WK_OK;
 }
 

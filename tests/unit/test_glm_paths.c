@@ -123,6 +123,98 @@ Test(glm, batched_sequences_match_single)
 	free(dir);
 }
 
+/* ---- a prefill's indexer apart in a batched step ----------------------------------------- */
+
+static struct {
+	int calls, n[64];
+	bool several[64];
+} dsa_log;
+
+static void dsa_logged(void *ctx, int *sel, int *nsel, const float *q, const float *w,
+		       const struct be_dsa *d, int n, int pos0, float *scores, void *work)
+{
+	if (dsa_log.calls < 64) {
+		dsa_log.n[dsa_log.calls] = n;
+		dsa_log.several[dsa_log.calls] = d->seq != NULL;
+	}
+	dsa_log.calls++;
+	be_cpu.dsa_topk(ctx, sel, nsel, q, w, d, n, pos0, scores, work);
+}
+
+/* In a batched step a segment of ENG_ATT_OWN (32) tokens or more, a prefill, gets a DSA top-k
+ * call of its own, so that a device can score its queries in tiles (the CUDA backend's
+ * tensor-core path takes one sequence); the short segments around it share calls over several
+ * sequences, and a step of short ones one call. A tiny GLM-5 (index_topk 4, so that every
+ * query past the fourth selects): a decode, a 40-token prefill and a decode in one step give
+ * per layer a call of 1 token (several sequences), one of 40 (one sequence) and one of 1;
+ * then three decodes, one call of 3 a layer. Every logit is what each sequence gets alone
+ * (within 1e-4: the step's matmuls see more rows). */
+Test(glm, batched_prefill_scores_on_its_own)
+{
+	char err[WK_ERRSZ], *dir = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_F8_E4M3,
+			   .seed = 41, .bias_std = 0.1f};
+	write_glm5(dir, &d);
+	int V = G5_VOCAB, p[40], t = 42;
+	for (int i = 0; i < 40; i++)
+		p[i] = (i * 37 + 11) % V;
+	/* alone: each sequence's logits (rows: 0 and 2 after ids[0..6) then t, 1 after p, then
+	 * 0 and 1 after t) */
+	struct engine *e;
+	struct eng_opts o1 = {.backend = "cpu", .threads = 2};
+	cr_assert_eq(eng_open(dir, &o1, &e, err, sizeof err), WK_OK, "%s", err);
+	float *want = malloc(sizeof(float) * 5 * V), *got = malloc(sizeof(float) * 5 * V);
+	cr_assert(want && got);
+	cr_assert_eq(eng_forward(e, ids, 6, 0, want, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, &t, 1, 6, want, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, &t, 1, 7, want + 3 * V, false, err, sizeof err), WK_OK);
+	cr_assert_eq(eng_forward(e, p, 40, 0, want + V, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, &t, 1, 40, want + 4 * V, false, err, sizeof err), WK_OK);
+	eng_close(e);
+	struct backend be = be_cpu;
+	be.dsa_topk = dsa_logged;
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seqs = 3, .backend_ops = &be};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	int seq[3];
+	eng_seq_free(e, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
+	struct eng_item pre[2] = {{seq[0], ids, 6, NULL, NULL, {}}, {seq[2], ids, 6, NULL, NULL, {}}};
+	cr_assert_eq(eng_step(e, pre, 2, err, sizeof err), WK_OK, "%s", err);
+	memset(&dsa_log, 0, sizeof dsa_log);
+	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}}, {seq[1], p, 40, got + V, NULL, {}},
+				  {seq[2], &t, 1, got + 2 * V, NULL, {}}};
+	cr_assert_eq(eng_step(e, mix, 3, err, sizeof err), WK_OK, "%s", err);
+	int layers = dsa_log.calls / 3;
+	cr_expect_eq(dsa_log.calls, 3 * layers, "%d calls", dsa_log.calls);
+	cr_expect_gt(layers, 0);
+	for (int c = 0; c < dsa_log.calls && c < 64; c++) {
+		bool own = c % 3 == 1;
+		cr_expect_eq(dsa_log.n[c], own ? 40 : 1, "call %d of %d tokens", c, dsa_log.n[c]);
+		cr_expect_eq(dsa_log.several[c], !own, "call %d: several sequences %d", c,
+			     dsa_log.several[c]);
+	}
+	memset(&dsa_log, 0, sizeof dsa_log);
+	struct eng_item dec[3] = {{seq[0], &t, 1, got + 3 * V, NULL, {}},
+				  {seq[1], &t, 1, got + 4 * V, NULL, {}},
+				  {seq[2], &t, 1, NULL, NULL, {}}};
+	cr_assert_eq(eng_step(e, dec, 3, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(dsa_log.calls, layers, "decodes: one call a layer, not %d", dsa_log.calls);
+	for (int c = 0; c < dsa_log.calls && c < 64; c++)
+		cr_expect(dsa_log.n[c] == 3 && dsa_log.several[c], "decode call %d", c);
+	eng_close(e);
+	for (int r = 0; r < 5; r++) {
+		const float *w = want + (size_t)(r == 2 ? 0 : r) * V;
+		double rr = rel(got + (size_t)r * V, w, V);
+		cr_expect_leq(rr, 1e-4, "logits row %d differ from the sequence's alone by %g", r,
+			      rr);
+	}
+	free(want);
+	free(got);
+	rm_rf(dir);
+	free(dir);
+}
+
 /* ---- device memory (devsim) ----------------------------------------------------------------- */
 
 /* The GLM families on a device backend's memory: through devsim (devsim.h) every weight,
