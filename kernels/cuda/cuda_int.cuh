@@ -445,6 +445,19 @@ __device__ __forceinline__ uint32_t am_ld(const uint16_t *p) /* p: 4-byte aligne
 	return *(const uint32_t *)p;
 }
 
+/* e4m3 code b -> bf16 bits, exact (dt_e4m3_to_f32's value; 0x7f / 0xff are NaN). The
+ * magnitude is built as an f32 with exponent field e + 120 (bias 127 - 7); a subnormal
+ * code (e == 0) is built as e == 1 and 2^-6 taken off, exact, so no f32 subnormal (and no
+ * flush-to-zero) is involved. */
+__device__ __forceinline__ uint32_t e4m3_bf16(uint32_t b)
+{
+	uint32_t em = b & 0x7fu, s = (b & 0x80u) << 8;
+	float f = __uint_as_float(((em | (em < 8 ? 8u : 0u)) << 20) + (120u << 23));
+	if (em < 8)
+		f -= 0x1p-6f;
+	return em == 0x7fu ? s | 0x7fc0u : s | (__float_as_uint(f) >> 16);
+}
+
 /* Whether a cache's elements are bf16 already (their lo terms are zero: skipped). */
 template <typename KV> struct kv_bf16 { static constexpr bool v = false; };
 template <> struct kv_bf16<uint16_t> { static constexpr bool v = true; };

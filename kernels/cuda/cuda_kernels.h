@@ -305,7 +305,8 @@ int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
  * query and key, the select in the same launch); 2, k_dsa_score_mma on the tensor cores (a
  * block runs 128 rows of (query, head) over each key read, bf16 hi + lo products, f32 within
  * about 2^-16), then the select, two launches a group. 2 for one sequence (d->seq NULL)
- * whose queries past topk are at least 16, n_heads <= 128 and head_dim <= 128; else 1.
+ * whose queries past topk are at least 16, n_heads <= 128, head_dim <= 128 and a multiple
+ * of 8, d->k 16-byte aligned; else 1.
  * wk_cuda_dsa_force(1 or 2) makes every call take that path where it can; 0, the rule above
  * (tests and the kernel lab). */
 int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0);

@@ -35,19 +35,6 @@ static_assert((2 * FXT + FWR) / 16 == 10 * FTHREADS, "each thread fills 10 chunk
 static_assert(FWB / 16 == 4 * FTHREADS, "each thread converts 4 chunks a stage");
 static_assert(WK_CUDA_SPLIT_COLS(1) == FK, "the split pads rows to a stage");
 
-/* e4m3 code b -> bf16 bits, exact (dt_e4m3_to_f32's value; 0x7f / 0xff are NaN). The
- * magnitude is built as an f32 with exponent field e + 120 (bias 127 - 7); a subnormal
- * code (e == 0) is built as e == 1 and 2^-6 taken off, exact, so no f32 subnormal (and no
- * flush-to-zero) is involved. */
-__device__ __forceinline__ uint32_t e4m3_bf16(uint32_t b)
-{
-	uint32_t em = b & 0x7fu, s = (b & 0x80u) << 8;
-	float f = __uint_as_float(((em | (em < 8 ? 8u : 0u)) << 20) + (120u << 23));
-	if (em < 8)
-		f -= 0x1p-6f;
-	return em == 0x7fu ? s | 0x7fc0u : s | (__float_as_uint(f) >> 16);
-}
-
 /* Fills stage st with columns [k0, k0 + 64): the hi and lo halves of the tile's 128 token
  * rows, row i being xb's row srow[i] of nsrc ([2][nsrc][colsp]; zeros for srow[i] < 0: the
  * gather of moe_kernels.cu's grouped GEMM, or m0 + i for a dense one), swizzled, and the

@@ -869,7 +869,8 @@ struct dsa_args {
 	int pos0, i0;
 	unsigned *count; /* [group], zero, left zero */
 	int scored;      /* k_dsa_topk_n: the scores are in already (k_dsa_score_mma's) */
-	int ng, qb;      /* k_dsa_score_mma: the group's queries, and a block's */
+	int ng, qb;      /* k_dsa_score_mma: the group's queries, and a block's; */
+	int chunk;       /* and a block's keys (a multiple of DM_KT) */
 };
 
 /* A group of queries in one launch: blockIdx.y is query i0 + y, whose keys [0, len) (its
@@ -933,44 +934,83 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
  * multiply-adds a layer, on the slowest pipes. Here a block holds DM_ROWS rows of (query,
  * head), qb = DM_ROWS / n_heads consecutive queries with all of their heads, as mma.sync
  * m16n8k16 A fragments in registers (head_dim <= 16 DM_DK), and runs them over a chunk of
- * DM_CHUNK keys in tiles of DM_KT:
- *   1. the tile's keys go through shared memory once for all of those rows, as bf16 hi and lo;
+ * a.chunk keys (dm_launch's: DM_CHUNK, or fewer where the blocks would not fill the device)
+ * in tiles of DM_KT:
+ *   1. the tile's keys go through shared memory once for all of those rows, as bf16 (dm_put8);
  *   2. warp w multiplies rows 16 w .. + 15 by the tile's 8 n-tiles of keys;
  *   3. each (row, key) becomes (w[h] w_scale) relu(dot qk_scale), in shared memory;
  *   4. a thread a (query, key) adds its query's heads in the reference's order, and writes
  *      the score.
  * f32 within 2^-16 as k_att_mma: each f32 is split into bf16 hi + lo (bf16_split) and a
- * product is hi.hi + lo.hi + hi.lo; a bf16 cache's keys are exact, so their lo terms are
- * skipped. Block (x, y): the group's query tile tiles - 1 - x (the last, with the most keys,
- * first), keys DM_CHUNK y .. + DM_CHUNK - 1 (a block past its last query's keys returns).
- * Shared memory: the tile [DM_KT][DM_KS] hi and lo, the products [DM_ROWS][DM_PS] f32 and
- * the rows' weights [DM_ROWS]: 70 KB. One sequence's queries, past topk (k_dsa_topk_n then
- * selects from the scores, scored set). */
+ * product is hi.hi + lo.hi + hi.lo. A bf16 cache's keys are exact, and so are an FP8 cache's
+ * e4m3 codes (3 bits of mantissa): for those the lo terms are skipped, and an FP8 key's scale
+ * (one a row: head_dim <= 128) multiplies its dot product (the reference multiplies each
+ * element: the same within rounding). Block (x, y): the group's query tile tiles - 1 - x (the
+ * last, with the most keys, first), keys a.chunk y .. + a.chunk - 1 (a block past its last
+ * query's keys returns). Shared memory: the tile [DM_KT][DM_KS] hi and lo, the products
+ * [DM_ROWS][DM_PS] f32, the rows' weights [DM_ROWS] and the keys' scales [DM_KT]: 70 KB. One
+ * sequence's queries, past topk (k_dsa_topk_n then selects from the scores, scored set);
+ * head_dim % 8 == 0 and the cache 16-byte aligned (8 columns a load). */
 #define DM_ROWS 128 /* (query, head) rows a block: 8 warps of an m-tile */
 #define DM_THREADS 256
 #define DM_KT 64 /* keys a tile: 8 n-tiles */
 #define DM_DK 8  /* k-steps of 16: head_dim <= 128 */
 #define DM_KS (16 * DM_DK + 8) /* a key's row in shared memory, 8 bf16 past it for the banks */
 #define DM_PS (DM_KT + 8)
-#define DM_CHUNK 1024 /* keys a block */
+#define DM_CHUNK 1024 /* keys a block, at most */
 #define DM_MIN 16     /* scored queries from which a call takes this kernel: a guess until a
 		       * GPU times both (cuda_lab's dsa rows) */
-#define DM_SMEM (2 * DM_KT * DM_KS * sizeof(uint16_t) + (DM_PS + 1) * DM_ROWS * sizeof(float))
+#define DM_SMEM                                                                               \
+	(2 * DM_KT * DM_KS * sizeof(uint16_t) + (DM_PS + 1) * DM_ROWS * sizeof(float) +        \
+	 DM_KT * sizeof(float))
+
+/* Columns c .. c + 7 of a key row as bf16 at hi (and lo): 16-byte stores, src 8-byte (FP8) or
+ * 16-byte aligned. f32: hi and lo (bf16_split); bf16: the bits; FP8: the codes' values
+ * (exact), the row's scale left out. */
+__device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const float *src)
+{
+	float4 a = ((const float4 *)src)[0], b = ((const float4 *)src)[1];
+	float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+	uint32_t h[8], l[8];
+#pragma unroll
+	for (int u = 0; u < 8; u++)
+		bf16_split(v[u], &h[u], &l[u]);
+	*(uint4 *)hi = make_uint4(am_pack(h[0], h[1]), am_pack(h[2], h[3]), am_pack(h[4], h[5]),
+				  am_pack(h[6], h[7]));
+	*(uint4 *)lo = make_uint4(am_pack(l[0], l[1]), am_pack(l[2], l[3]), am_pack(l[4], l[5]),
+				  am_pack(l[6], l[7]));
+}
+__device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const uint16_t *src)
+{
+	(void)lo;
+	*(uint4 *)hi = *(const uint4 *)src;
+}
+__device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const __nv_fp8_e4m3 *src)
+{
+	(void)lo;
+	uint2 c = *(const uint2 *)src;
+	uint32_t h[8];
+#pragma unroll
+	for (int u = 0; u < 8; u++)
+		h[u] = e4m3_bf16(((u < 4 ? c.x : c.y) >> (8 * (u & 3))) & 0xffu);
+	*(uint4 *)hi = make_uint4(am_pack(h[0], h[1]), am_pack(h[2], h[3]), am_pack(h[4], h[5]),
+				  am_pack(h[6], h[7]));
+}
 
 template <typename KV>
 __global__ void __launch_bounds__(DM_THREADS) k_dsa_score_mma(struct dsa_args a)
 {
 	extern __shared__ uint16_t sb[];
-	constexpr bool EX = kv_bf16<KV>::v;
+	constexpr bool F8 = sizeof(KV) == 1, EX = kv_bf16<KV>::v || F8; /* keys exact in bf16 */
 	const struct cpu_dsa &d = a.d;
-	int H = d.n_heads, D = d.head_dim, ksteps = (D + 15) / 16, kp = ksteps * 16, qb = a.qb;
+	int H = d.n_heads, D = d.head_dim, ksteps = (D + 15) / 16, qb = a.qb;
 	int tiles = (a.ng + qb - 1) / qb, g0 = (tiles - 1 - (int)blockIdx.x) * qb;
 	int nq = min(qb, a.ng - g0), first = a.pos0 + a.i0 + g0; /* query g0's last key */
-	int t0 = (int)blockIdx.y * DM_CHUNK, t1 = min(first + nq, t0 + DM_CHUNK);
+	int t0 = (int)blockIdx.y * a.chunk, t1 = min(first + nq, t0 + a.chunk);
 	if (t0 >= t1)
 		return;
 	uint16_t *kh = sb, *kl = kh + DM_KT * DM_KS;
-	float *p = (float *)(kl + DM_KT * DM_KS), *wr = p + DM_ROWS * DM_PS;
+	float *p = (float *)(kl + DM_KT * DM_KS), *wr = p + DM_ROWS * DM_PS, *ksc = wr + DM_ROWS;
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
 	for (int r = threadIdx.x; r < DM_ROWS; r += blockDim.x)
 		wr[r] = r / H < nq ? a.w[(size_t)(a.i0 + g0 + r / H) * H + r % H] * d.w_scale
@@ -993,17 +1033,21 @@ __global__ void __launch_bounds__(DM_THREADS) k_dsa_score_mma(struct dsa_args a)
 			ah[k][e] = am_pack(h2[0], h2[1]);
 			al[k][e] = am_pack(l2[0], l2[1]);
 		}
+	int c8 = ksteps * 2; /* 8-column pieces of a key's row in the tile */
 	float acc[8][4];
 	for (int t = t0; t < t1; t += DM_KT) { /* block-uniform loop */
 		__syncthreads(); /* the last tile's keys and products read; wr written */
-		for (int x = threadIdx.x; x < DM_KT * kp; x += blockDim.x) {
-			int j = x / kp, c = x % kp, key = t + j;
-			float v = 0.0f;
-			if (key < t1 && c < D)
-				v = kv_rc((const KV *)d.k + (size_t)key * D, kv_scales(d.ks, key, D),
-					  c);
-			am_put(kh, kl, j * DM_KS + c, v);
+		for (int x = threadIdx.x; x < DM_KT * c8; x += blockDim.x) {
+			int j = x / c8, c = (x % c8) * 8, key = t + j, o = j * DM_KS + c;
+			if (key < t1 && c < D) {
+				dm_put8(kh + o, kl + o, (const KV *)d.k + (size_t)key * D + c);
+			} else {
+				*(uint4 *)(kh + o) = make_uint4(0, 0, 0, 0);
+				*(uint4 *)(kl + o) = make_uint4(0, 0, 0, 0);
+			}
 		}
+		if (F8 && threadIdx.x < DM_KT)
+			ksc[threadIdx.x] = t + (int)threadIdx.x < t1 ? d.ks[t + threadIdx.x] : 0.0f;
 		__syncthreads(); /* the tile */
 		am_zero(acc);
 #pragma unroll
@@ -1027,10 +1071,9 @@ __global__ void __launch_bounds__(DM_THREADS) k_dsa_score_mma(struct dsa_args a)
 		for (int nt = 0; nt < 8; nt++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
-				int r = warp * 16 + gq + (e >> 1) * 8;
-				float dot = acc[nt][e] * d.qk_scale;
-				p[r * DM_PS + nt * 8 + 2 * qq + (e & 1)] =
-					wr[r] * (dot > 0.0f ? dot : 0.0f);
+				int r = warp * 16 + gq + (e >> 1) * 8, j = nt * 8 + 2 * qq + (e & 1);
+				float dot = (F8 ? acc[nt][e] * ksc[j] : acc[nt][e]) * d.qk_scale;
+				p[r * DM_PS + j] = wr[r] * (dot > 0.0f ? dot : 0.0f);
 			}
 		__syncthreads(); /* the products */
 		for (int x = threadIdx.x; x < nq * DM_KT; x += blockDim.x) {
@@ -1055,8 +1098,13 @@ template <typename KV> static cudaError_t dm_launch(struct dsa_args a, int longe
 	if (e != cudaSuccess)
 		return e;
 	a.qb = DM_ROWS / a.d.n_heads;
-	dim3 grid((unsigned)((a.ng + a.qb - 1) / a.qb),
-		  (unsigned)((longest + DM_CHUNK - 1) / DM_CHUNK));
+	/* halved down to 2 tiles while the blocks would not fill the device (a short chunk of
+	 * a prompt after a long context: few query tiles over many keys) */
+	long tiles = (a.ng + a.qb - 1) / a.qb;
+	for (a.chunk = DM_CHUNK; a.chunk > 2 * DM_KT &&
+				 tiles * ((longest + a.chunk - 1) / a.chunk) < ATT_FILL;)
+		a.chunk /= 2;
+	dim3 grid((unsigned)tiles, (unsigned)((longest + a.chunk - 1) / a.chunk));
 	k_dsa_score_mma<KV><<<grid, DM_THREADS, DM_SMEM, wk_st()>>>(a);
 	a.scored = 1;
 	k_dsa_topk_n<KV><<<dim3(1, (unsigned)a.ng), DSA_THREADS, 0, wk_st()>>>(a);
@@ -1080,8 +1128,8 @@ static int dsa_all(const struct cpu_dsa *d, int n, int pos0)
 
 extern "C" int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
 {
-	bool can = !d->seq && d->n_heads >= 1 && d->n_heads <= DM_ROWS && d->head_dim >= 1 &&
-		   d->head_dim <= 16 * DM_DK;
+	bool can = !d->seq && d->n_heads >= 1 && d->n_heads <= DM_ROWS && d->head_dim >= 8 &&
+		   d->head_dim <= 16 * DM_DK && d->head_dim % 8 == 0 && (uintptr_t)d->k % 16 == 0;
 	if (dsa_forced)
 		return dsa_forced == 2 && can ? 2 : 1;
 	return can && n - dsa_all(d, n, pos0) >= DM_MIN ? 2 : 1;
@@ -1126,7 +1174,7 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 	for (int i0 = all; i0 < n; i0 += group) {
 		int g = n - i0 < group ? n - i0 : group;
 		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
-		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g, 0};
+		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g, 0, 0};
 		if (path == 2) {
 			cudaError_t e = kv == DT_F8_E4M3 ? dm_launch<__nv_fp8_e4m3>(a, (int)len)
 					: kv == DT_BF16	 ? dm_launch<uint16_t>(a, (int)len)

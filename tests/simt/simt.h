@@ -156,6 +156,12 @@ struct alignas(16) uint4 {
 struct alignas(8) float2 {
 	float x, y;
 };
+struct alignas(16) float4 {
+	float x, y, z, w;
+};
+struct alignas(8) uint2 {
+	unsigned x, y;
+};
 struct __nv_bfloat16 {
 	uint16_t x;
 };

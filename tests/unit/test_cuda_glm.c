@@ -1136,8 +1136,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 }
 
 /* wk_cuda_dsa_path's rule: the tensor cores for one sequence's 16 or more queries past topk,
- * at most 128 heads of at most 128; the f32 pipes for the rest (a decode, several sequences,
- * wider heads), forced or not. */
+ * at most 128 heads of at most 128 (a multiple of 8, the cache 16-byte aligned); the f32
+ * pipes for the rest (a decode, several sequences, other heads), forced or not. */
 Test(cuda_kernels, dsa_path_rule)
 {
 	struct cpu_dsa d = {.kv = DT_F32, .n_heads = 32, .head_dim = 128, .topk = 2048};
@@ -1148,7 +1148,12 @@ Test(cuda_kernels, dsa_path_rule)
 	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 1, "a decode");
 	d.head_dim = 129;
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "head_dim 129");
+	d.head_dim = 36;
+	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "head_dim 36 (8 columns a load)");
 	d.head_dim = 128;
+	d.k = (const void *)(uintptr_t)8;
+	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "a cache 8 bytes past 16");
+	d.k = NULL;
 	d.n_heads = 129;
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "129 heads");
 	d.n_heads = 32;
