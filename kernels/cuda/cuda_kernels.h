@@ -293,10 +293,10 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
  * (exact top-k, ties to the lower position); the scores themselves are summed in another
  * order. The queries run in groups of up to max_group (<= 65535) whose score rows, one a
  * query of the most keys (pos0 + n, or d->keys_max with d->seq), fit in scores
- * (score_floats >= one row): one launch a group on path 1 (wk_cuda_dsa_path), scoring and
- * then selecting (the last block of each query selects, or takes every key of a query within
- * topk), so a decode step's queries, one sequence's or several's, are one launch and a
- * prefill's are a few (two a group on path 2). count:
+ * (score_floats >= one row): one launch a group on paths 1 and 3 (wk_cuda_dsa_path),
+ * scoring and then selecting (the last block of each query selects, or takes every key of a
+ * query within topk), so a decode step's queries, one sequence's or several's, are one launch
+ * and a prefill's are a few (two a group on path 2). count:
  * max_group unsigned ints of device memory, zero before and left zero. */
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 		     const struct cpu_dsa *d, int n, int pos0, float *scores, size_t score_floats,
@@ -304,11 +304,13 @@ int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 /* Which kernels score wk_cuda_dsa_topk's queries: 1, k_dsa_topk_n on the f32 pipes (a warp a
  * query and key, the select in the same launch); 2, k_dsa_score_mma on the tensor cores (a
  * block runs 128 rows of (query, head) over each key read, bf16 hi + lo products, f32 within
- * about 2^-16), then the select, two launches a group. 2 for one sequence (d->seq NULL)
- * whose queries past topk are at least 16, n_heads <= 128, head_dim <= 128 and a multiple
- * of 8, d->k 16-byte aligned; else 1.
- * wk_cuda_dsa_force(1 or 2) makes every call take that path where it can; 0, the rule above
- * (tests and the kernel lab). */
+ * about 2^-16), then the select, two launches a group; 3, k_dsa_topk_tc, path 1's launch with
+ * a query's keys on the tensor cores (16 keys a warp against all of its heads). 2 for one
+ * sequence (d->seq NULL) whose queries past topk are at least 16, n_heads <= 128 and
+ * head_dim <= 128; else 3 (a decode step, one sequence's or several's) for n_heads <= 32 and
+ * head_dim <= 128; both need head_dim a multiple of 8 and d->k 16-byte aligned; else 1.
+ * wk_cuda_dsa_force(1, 2 or 3) makes every call take that path where it can (else 1); 0,
+ * the rule above (tests and the kernel lab). */
 int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0);
 void wk_cuda_dsa_force(int path);
 

@@ -801,6 +801,7 @@ struct dsa_smem { /* the select's shared memory */
 	unsigned prefix;
 	int need;
 	int scratch[32];
+	int last; /* dsa_finish: this block is its query's last */
 };
 
 /* The whole block: the reference's top-k of scores[0..len) (len > topk), positions
@@ -873,16 +874,43 @@ struct dsa_args {
 	int chunk;       /* and a block's keys (a multiple of DM_KT) */
 };
 
+/* The end of a block of k_dsa_topk_n or k_dsa_topk_tc, query i (group row g) of len keys
+ * whose scores are sc: the last of the query's blocks to finish (a counter per query, the
+ * block's writes fenced before it is bumped) selects its top-k from sc, or takes all of its
+ * keys when they are no more than topk; that block leaves the counter zero. */
+__device__ void dsa_finish(const struct dsa_args &a, int g, int i, int len, const float *sc,
+			   struct dsa_smem *sm)
+{
+	const struct cpu_dsa &d = a.d;
+	__threadfence(); /* this block's scores are visible before the counter moves */
+	__syncthreads();
+	if (threadIdx.x == 0)
+		sm->last = atomicAdd(&a.count[g], 1u) == gridDim.x - 1;
+	__syncthreads();
+	if (!sm->last)
+		return;
+	__threadfence();
+	int *sel = a.sel + (size_t)i * d.topk;
+	if (len > d.topk) {
+		dsa_select_block(sel, a.nsel + i, sc, len, d.topk, sm);
+	} else {
+		for (int j = threadIdx.x; j < len; j += blockDim.x)
+			sel[j] = j;
+		if (threadIdx.x == 0)
+			a.nsel[i] = len;
+	}
+	if (threadIdx.x == 0)
+		a.count[g] = 0; /* ready for the next launch */
+}
+
 /* A group of queries in one launch: blockIdx.y is query i0 + y, whose keys [0, len) (its
  * sequence's rows, cpu_dsa_base on) are scored one warp each across gridDim.x blocks; the
- * last of those blocks to finish (a counter per query, the writes fenced before it is
- * bumped) selects that query's top-k from the scores, so scoring and selecting cost one
- * launch, not two. A query with no more keys than topk takes them all (nothing scored). */
+ * last of those blocks selects (dsa_finish), so scoring and selecting cost one launch, not
+ * two. A query with no more keys than topk takes them all (nothing scored). */
 template <typename KV>
 __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 {
 	__shared__ struct dsa_smem sm;
-	__shared__ int s_last;
 	const struct cpu_dsa &d = a.d;
 	int g = blockIdx.y, i = a.i0 + g, len = (d.seq ? d.pos[i] : a.pos0 + i) + 1;
 	size_t base = d.seq ? (size_t)d.seq[i] * d.seq_rows : 0;
@@ -893,25 +921,7 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_n(struct dsa_args a)
 			       (const KV *)d.k + (base + t) * d.head_dim,
 			       kv_scales(d.ks, base + t, d.head_dim), a.w + (size_t)i * d.n_heads,
 			       d.n_heads, d.head_dim, d.qk_scale, d.w_scale, threadIdx.x & 31);
-	__threadfence(); /* this block's scores are visible before the counter moves */
-	__syncthreads();
-	if (threadIdx.x == 0)
-		s_last = atomicAdd(&a.count[g], 1u) == gridDim.x - 1;
-	__syncthreads();
-	if (!s_last)
-		return;
-	__threadfence();
-	int *sel = a.sel + (size_t)i * d.topk;
-	if (len > d.topk) {
-		dsa_select_block(sel, a.nsel + i, sc, len, d.topk, &sm);
-	} else {
-		for (int j = threadIdx.x; j < len; j += blockDim.x)
-			sel[j] = j;
-		if (threadIdx.x == 0)
-			a.nsel[i] = len;
-	}
-	if (threadIdx.x == 0)
-		a.count[g] = 0; /* ready for the next launch */
+	dsa_finish(a, g, i, len, sc, &sm);
 }
 
 /* One sequence's queries with no more keys than topk take them all: sel[i][j] = j, nsel[i] =
@@ -936,7 +946,7 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
  * m16n8k16 A fragments in registers (head_dim <= 16 DM_DK), and runs them over a chunk of
  * a.chunk keys (dm_launch's: DM_CHUNK, or fewer where the blocks would not fill the device)
  * in tiles of DM_KT:
- *   1. the tile's keys go through shared memory once for all of those rows, as bf16 (dm_put8);
+ *   1. the tile's keys go through shared memory once for all of those rows, as bf16 (dm_cvt8);
  *   2. warp w multiplies rows 16 w .. + 15 by the tile's 8 n-tiles of keys;
  *   3. each (row, key) becomes (w[h] w_scale) relu(dot qk_scale), in shared memory;
  *   4. a thread a (query, key) adds its query's heads in the reference's order, and writes
@@ -964,10 +974,10 @@ __global__ void k_dsa_all(int *sel, int *nsel, int pos0, int topk)
 	(2 * DM_KT * DM_KS * sizeof(uint16_t) + (DM_PS + 1) * DM_ROWS * sizeof(float) +        \
 	 DM_KT * sizeof(float))
 
-/* Columns c .. c + 7 of a key row as bf16 at hi (and lo): 16-byte stores, src 8-byte (FP8) or
- * 16-byte aligned. f32: hi and lo (bf16_split); bf16: the bits; FP8: the codes' values
- * (exact), the row's scale left out. */
-__device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const float *src)
+/* 8 consecutive elements of a key row (src 16-byte aligned; FP8 8-byte) as 4 bf16 pairs each
+ * (the lower element in the low half): f32, hi and lo (bf16_split); bf16, the bits (lo
+ * untouched); FP8, the codes' values, exact (the row's scale left out; lo untouched). */
+__device__ __forceinline__ void dm_cvt8(const float *src, uint4 *hi, uint4 *lo)
 {
 	float4 a = ((const float4 *)src)[0], b = ((const float4 *)src)[1];
 	float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -975,17 +985,17 @@ __device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const float 
 #pragma unroll
 	for (int u = 0; u < 8; u++)
 		bf16_split(v[u], &h[u], &l[u]);
-	*(uint4 *)hi = make_uint4(am_pack(h[0], h[1]), am_pack(h[2], h[3]), am_pack(h[4], h[5]),
-				  am_pack(h[6], h[7]));
-	*(uint4 *)lo = make_uint4(am_pack(l[0], l[1]), am_pack(l[2], l[3]), am_pack(l[4], l[5]),
-				  am_pack(l[6], l[7]));
+	*hi = make_uint4(am_pack(h[0], h[1]), am_pack(h[2], h[3]), am_pack(h[4], h[5]),
+			 am_pack(h[6], h[7]));
+	*lo = make_uint4(am_pack(l[0], l[1]), am_pack(l[2], l[3]), am_pack(l[4], l[5]),
+			 am_pack(l[6], l[7]));
 }
-__device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const uint16_t *src)
+__device__ __forceinline__ void dm_cvt8(const uint16_t *src, uint4 *hi, uint4 *lo)
 {
 	(void)lo;
-	*(uint4 *)hi = *(const uint4 *)src;
+	*hi = *(const uint4 *)src;
 }
-__device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const __nv_fp8_e4m3 *src)
+__device__ __forceinline__ void dm_cvt8(const __nv_fp8_e4m3 *src, uint4 *hi, uint4 *lo)
 {
 	(void)lo;
 	uint2 c = *(const uint2 *)src;
@@ -993,8 +1003,8 @@ __device__ __forceinline__ void dm_put8(uint16_t *hi, uint16_t *lo, const __nv_f
 #pragma unroll
 	for (int u = 0; u < 8; u++)
 		h[u] = e4m3_bf16(((u < 4 ? c.x : c.y) >> (8 * (u & 3))) & 0xffu);
-	*(uint4 *)hi = make_uint4(am_pack(h[0], h[1]), am_pack(h[2], h[3]), am_pack(h[4], h[5]),
-				  am_pack(h[6], h[7]));
+	*hi = make_uint4(am_pack(h[0], h[1]), am_pack(h[2], h[3]), am_pack(h[4], h[5]),
+			 am_pack(h[6], h[7]));
 }
 
 template <typename KV>
@@ -1039,12 +1049,12 @@ __global__ void __launch_bounds__(DM_THREADS) k_dsa_score_mma(struct dsa_args a)
 		__syncthreads(); /* the last tile's keys and products read; wr written */
 		for (int x = threadIdx.x; x < DM_KT * c8; x += blockDim.x) {
 			int j = x / c8, c = (x % c8) * 8, key = t + j, o = j * DM_KS + c;
-			if (key < t1 && c < D) {
-				dm_put8(kh + o, kl + o, (const KV *)d.k + (size_t)key * D + c);
-			} else {
-				*(uint4 *)(kh + o) = make_uint4(0, 0, 0, 0);
-				*(uint4 *)(kl + o) = make_uint4(0, 0, 0, 0);
-			}
+			uint4 h = make_uint4(0, 0, 0, 0), l = h;
+			if (key < t1 && c < D)
+				dm_cvt8((const KV *)d.k + (size_t)key * D + c, &h, &l);
+			*(uint4 *)(kh + o) = h;
+			if (!EX)
+				*(uint4 *)(kl + o) = l;
 		}
 		if (F8 && threadIdx.x < DM_KT)
 			ksc[threadIdx.x] = t + (int)threadIdx.x < t1 ? d.ks[t + threadIdx.x] : 0.0f;
@@ -1066,14 +1076,21 @@ __global__ void __launch_bounds__(DM_THREADS) k_dsa_score_mma(struct dsa_args a)
 				}
 			}
 		}
-		/* acc[nt][e]: row gq (+ 8 for e >= 2) of the warp's, key 8 nt + 2 qq (+ 1, odd e) */
+		/* acc[nt][e]: row gq (+ 8 for e >= 2) of the warp's, key 8 nt + 2 qq (+ 1, odd e);
+		 * a pair of keys a float2 store (a half-warp's 16 in distinct banks) */
 #pragma unroll
 		for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int r = warp * 16 + gq + (e >> 1) * 8, j = nt * 8 + 2 * qq + (e & 1);
-				float dot = (F8 ? acc[nt][e] * ksc[j] : acc[nt][e]) * d.qk_scale;
-				p[r * DM_PS + j] = wr[r] * (dot > 0.0f ? dot : 0.0f);
+			for (int e = 0; e < 4; e += 2) {
+				int r = warp * 16 + gq + (e >> 1) * 8, j = nt * 8 + 2 * qq;
+				float v[2];
+#pragma unroll
+				for (int u = 0; u < 2; u++) {
+					float dot = (F8 ? acc[nt][e + u] * ksc[j + u] : acc[nt][e + u]) *
+						    d.qk_scale;
+					v[u] = wr[r] * (dot > 0.0f ? dot : 0.0f);
+				}
+				*(float2 *)(p + r * DM_PS + j) = make_float2(v[0], v[1]);
 			}
 		__syncthreads(); /* the products */
 		for (int x = threadIdx.x; x < nq * DM_KT; x += blockDim.x) {
@@ -1111,6 +1128,109 @@ template <typename KV> static cudaError_t dm_launch(struct dsa_args a, int longe
 	return cudaSuccess;
 }
 
+/* ---- a decode's scores on the tensor cores: k_dsa_topk_tc ---------------------------------
+ *
+ * k_dsa_topk_n's launch (blocks of DSA_THREADS over a query's keys, the last one selecting:
+ * one launch a group) with the keys scored on mma.sync m16n8k16: S^T [key][head] = K Q^T, the
+ * keys the m16 side (a query has few heads to fill it: GLM-5's 32), each warp DT_KEYS keys
+ * against up to DT_HEADS heads (4 n-tiles) over head_dim <= DT_DIM. At 100K keys the warp a
+ * key of k_dsa_topk_n spends about 1,000 instructions a key (a warp sum a head); here a key
+ * costs 4 mma.sync (bf16 and FP8 keys; 6 on f32), so the pass is bound by reading the keys.
+ * A lane reads 8 consecutive elements of each of its two key rows (gq, gq + 8) at once, for
+ * two k-steps: a dot product may sum its d in any order, so k-step 2 p + s takes d = 32 p +
+ * 8 qq + 4 s .. + 3 in lane qq's slots (A's columns 2 qq, 2 qq + 1 and 2 qq + 8, 2 qq + 9),
+ * and the query's rows in shared memory are read in the same order (B's rows alike). The
+ * query is split into bf16 hi + lo; a bf16 or FP8 key is exact in bf16 (an FP8 key's scale,
+ * one a row, multiplies its dot product), an f32 key is split too: 2 or 3 products each.
+ * Then each lane adds (w[h] w_scale) relu(dot qk_scale) over its 8 heads and 4 lanes their
+ * sums (another order of the heads than the reference's: equal within rounding). One
+ * sequence's queries or several's (a batched decode step's), each over its own keys. */
+#define DT_KEYS 16
+#define DT_HEADS 32
+#define DT_DIM 128
+#define DT_QS (DT_DIM + 32) /* a head's row in shared memory (bf16): a quarter-warp's 16-byte
+			     * reads of two rows fall in distinct banks */
+#define DT_BLOCK (DSA_THREADS / 32 * DT_KEYS) /* keys a block: 512 */
+
+template <typename KV>
+__global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_tc(struct dsa_args a)
+{
+	__shared__ struct dsa_smem sm;
+	__shared__ uint4 sq[2 * DT_HEADS * DT_QS / 8]; /* the query's hi rows, then its lo rows */
+	constexpr bool F8 = sizeof(KV) == 1, EX = kv_bf16<KV>::v || F8; /* keys exact in bf16 */
+	const struct cpu_dsa &d = a.d;
+	int g = blockIdx.y, i = a.i0 + g, len = (d.seq ? d.pos[i] : a.pos0 + i) + 1;
+	size_t base = d.seq ? (size_t)d.seq[i] * d.seq_rows : 0;
+	float *sc = a.scores + (size_t)g * a.stride;
+	int H = d.n_heads, D = d.head_dim, k0 = (int)blockIdx.x * DT_BLOCK;
+	if (len > d.topk && k0 < len) { /* block-uniform */
+		uint16_t *qh = (uint16_t *)sq, *ql = qh + DT_HEADS * DT_QS;
+		const float *q = a.q + (size_t)i * H * D, *w = a.w + (size_t)i * H;
+		for (int x = threadIdx.x; x < DT_HEADS * DT_DIM; x += blockDim.x) {
+			int h = x / DT_DIM, c = x % DT_DIM;
+			am_put(qh, ql, h * DT_QS + c, h < H && c < D ? q[(size_t)h * D + c] : 0.0f);
+		}
+		__syncthreads(); /* the query */
+		int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
+		int key = k0 + warp * DT_KEYS + gq; /* and key + 8 */
+		bool in0 = key < len, in1 = key + 8 < len;
+		const KV *r0 = (const KV *)d.k + (base + (size_t)key) * D, *r1 = r0 + (size_t)8 * D;
+		float acc[DT_HEADS / 8][4];
+		am_zero(acc);
+		for (int c = qq * 8; c - qq * 8 < D; c += 32) { /* two k-steps a pass */
+			uint4 uh = make_uint4(0, 0, 0, 0), ul = uh, vh = uh, vl = uh;
+			if (in0 && c < D)
+				dm_cvt8(r0 + c, &uh, &ul);
+			if (in1 && c < D)
+				dm_cvt8(r1 + c, &vh, &vl);
+#pragma unroll
+			for (int nt = 0; nt < DT_HEADS / 8; nt++) {
+				int o = (nt * 8 + gq) * DT_QS + c;
+				uint4 bh4 = *(const uint4 *)(qh + o), bl4 = *(const uint4 *)(ql + o);
+#pragma unroll
+				for (int st = 0; st < 2; st++) { /* d = c + 4 st .. + 3 */
+					uint32_t ah[4] = {st ? uh.z : uh.x, st ? vh.z : vh.x,
+							  st ? uh.w : uh.y, st ? vh.w : vh.y};
+					uint32_t bh[2] = {st ? bh4.z : bh4.x, st ? bh4.w : bh4.y};
+					uint32_t bl[2] = {st ? bl4.z : bl4.x, st ? bl4.w : bl4.y};
+					mma_bf16_16816(acc[nt], ah, bh);
+					mma_bf16_16816(acc[nt], ah, bl);
+					if (!EX) {
+						uint32_t al[4] = {st ? ul.z : ul.x, st ? vl.z : vl.x,
+								  st ? ul.w : ul.y, st ? vl.w : vl.y};
+						mma_bf16_16816(acc[nt], al, bh);
+					}
+				}
+			}
+		}
+		/* acc[nt][e]: key gq (+ 8 for e >= 2), head 8 nt + 2 qq (+ 1 for odd e) */
+		float s0 = F8 && in0 ? kv_scales(d.ks, base + key, D)[0] : 1.0f;
+		float s1 = F8 && in1 ? kv_scales(d.ks, base + key + 8, D)[0] : 1.0f;
+		float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+		for (int nt = 0; nt < DT_HEADS / 8; nt++)
+#pragma unroll
+			for (int u = 0; u < 2; u++) {
+				int h = nt * 8 + 2 * qq + u;
+				float wh = h < H ? w[h] * d.w_scale : 0.0f;
+				float x0 = (F8 ? acc[nt][u] * s0 : acc[nt][u]) * d.qk_scale;
+				float x1 = (F8 ? acc[nt][2 + u] * s1 : acc[nt][2 + u]) * d.qk_scale;
+				t0 += wh * (x0 > 0.0f ? x0 : 0.0f);
+				t1 += wh * (x1 > 0.0f ? x1 : 0.0f);
+			}
+#pragma unroll
+		for (int x = 1; x < 4; x <<= 1) {
+			t0 += __shfl_xor_sync(0xffffffffu, t0, x);
+			t1 += __shfl_xor_sync(0xffffffffu, t1, x);
+		}
+		if (qq == 0 && in0)
+			sc[key] = t0;
+		if (qq == 0 && in1)
+			sc[key + 8] = t1;
+	}
+	dsa_finish(a, g, i, len, sc, &sm);
+}
+
 static int dsa_forced; /* wk_cuda_dsa_force */
 
 extern "C" void wk_cuda_dsa_force(int path)
@@ -1128,11 +1248,30 @@ static int dsa_all(const struct cpu_dsa *d, int n, int pos0)
 
 extern "C" int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
 {
-	bool can = !d->seq && d->n_heads >= 1 && d->n_heads <= DM_ROWS && d->head_dim >= 8 &&
-		   d->head_dim <= 16 * DM_DK && d->head_dim % 8 == 0 && (uintptr_t)d->k % 16 == 0;
+	/* both tensor-core paths: 8 columns a load */
+	bool mma = d->n_heads >= 1 && d->head_dim >= 8 && d->head_dim % 8 == 0 &&
+		   (uintptr_t)d->k % 16 == 0;
+	bool can2 = mma && !d->seq && d->n_heads <= DM_ROWS && d->head_dim <= 16 * DM_DK;
+	bool can3 = mma && d->n_heads <= DT_HEADS && d->head_dim <= DT_DIM;
 	if (dsa_forced)
-		return dsa_forced == 2 && can ? 2 : 1;
-	return can && n - dsa_all(d, n, pos0) >= DM_MIN ? 2 : 1;
+		return dsa_forced == 2 && can2 ? 2 : dsa_forced == 3 && can3 ? 3 : 1;
+	return can2 && n - dsa_all(d, n, pos0) >= DM_MIN ? 2 : can3 ? 3 : 1;
+}
+
+/* One group's launches on path (wk_cuda_dsa_path) over keys of up to longest: the scores
+ * and the select (paths 1 and 3: one launch; 2: dm_launch's two). */
+template <typename KV> static cudaError_t dsa_group(int path, const struct dsa_args &a, int longest)
+{
+	dim3 grid((unsigned)((longest + DT_BLOCK - 1) / DT_BLOCK), (unsigned)a.ng);
+	if (path == 2)
+		return dm_launch<KV>(a, longest);
+	if (path == 3) {
+		k_dsa_topk_tc<KV><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+	} else {
+		grid.x = (unsigned)(((size_t)longest * 32 + DSA_THREADS - 1) / DSA_THREADS);
+		k_dsa_topk_n<KV><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+	}
+	return cudaSuccess;
 }
 
 extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
@@ -1175,24 +1314,11 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 		int g = n - i0 < group ? n - i0 : group;
 		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
 		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g, 0, 0};
-		if (path == 2) {
-			cudaError_t e = kv == DT_F8_E4M3 ? dm_launch<__nv_fp8_e4m3>(a, (int)len)
-					: kv == DT_BF16	 ? dm_launch<uint16_t>(a, (int)len)
-							 : dm_launch<float>(a, (int)len);
-			if (e != cudaSuccess)
-				return check(e, "dsa_topk (tensor cores) shared memory", err, errsz);
-			int rc = launched("dsa_topk", err, errsz);
-			if (rc != WK_OK)
-				return rc;
-			continue;
-		}
-		dim3 grid((unsigned)((len * 32 + DSA_THREADS - 1) / DSA_THREADS), (unsigned)g);
-		if (kv == DT_F8_E4M3)
-			k_dsa_topk_n<__nv_fp8_e4m3><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
-		else if (kv == DT_BF16)
-			k_dsa_topk_n<uint16_t><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
-		else
-			k_dsa_topk_n<float><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+		cudaError_t e = kv == DT_F8_E4M3 ? dsa_group<__nv_fp8_e4m3>(path, a, (int)len)
+				: kv == DT_BF16	 ? dsa_group<uint16_t>(path, a, (int)len)
+						 : dsa_group<float>(path, a, (int)len);
+		if (e != cudaSuccess)
+			return check(e, "dsa_topk (tensor cores) shared memory", err, errsz);
 		int rc = launched("dsa_topk", err, errsz);
 		if (rc != WK_OK)
 			return rc;

@@ -942,6 +942,8 @@ extern "C" int wk_cuda_lab(const char *only)
 			rc = WK_EIO;
 		if (gemv && lab_mla(ceil_gbs) != WK_OK)
 			rc = WK_EIO;
+		if (gemv && lab_dsa_decode(ceil_gbs) != WK_OK)
+			rc = WK_EIO;
 		if (gemm)
 			printf("\n%-40s %10s %12s\n", "kernel (prefill)", "TFLOPS", "of cuBLASLt");
 		if (gemm && (lab_gemm_fp8(PREFILL_N, PREFILL_ROWS, PREFILL_COLS,

@@ -90,3 +90,4 @@ int lab_attention_prefill(void);
 int lab_mla_prefill(void);
 int lab_mla_latent(void);
 int lab_dsa_prefill(void);
+int lab_dsa_decode(double ceil_gbs);

@@ -147,12 +147,13 @@ out:
  * into o, no floats: WK_OK, or an error in err) once, downloads o into dst (path 1's: base;
  * the others': got) and takes its worst error: ref(dst) against the CPU reference and, past
  * path 1, got against base on every output (INFINITY when it could not); then times run()
- * and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1 sets it).
- * Returns 0, or 1 for a failed or wrong row. */
+ * and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1 sets it), and
+ * with bytes (read a call) its GB/s against ceil_gbs (the device copy). Returns 0, or 1 for a
+ * failed or wrong row. */
 template <typename R, typename C>
 static int lab_prefill_row(const char *name, void (*force)(int), int path, double flops, R run,
 			   C ref, const float *o, size_t no, float *base, float *got, double *ms1,
-			   char *err)
+			   char *err, double bytes = 0, double ceil_gbs = 0)
 {
 	float *dst = path == 1 ? base : got;
 	force(path);
@@ -172,8 +173,12 @@ static int lab_prefill_row(const char *name, void (*force)(int), int path, doubl
 	}
 	if (path == 1)
 		*ms1 = ms;
-	printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off\n", name,
+	printf("%-40s %10.1f %9.2fx   %.3f ms a call; %s %.1e off", name,
 	       flops / (ms * 1e-3) / 1e12, *ms1 / ms, ms, ok ? "checked:" : "WRONG:", worst);
+	if (bytes > 0)
+		printf("; %.0f GB/s, %.0f%% of the copy", bytes / (ms * 1e-3) / 1e9,
+		       100.0 * bytes / (ms * 1e-3) / 1e9 / ceil_gbs);
+	printf("\n");
 	return !ok;
 }
 
@@ -448,9 +453,10 @@ out:
  * sharded, so a rank runs all of it): DS_N tokens at positions DS_N .. 2 DS_N - 1, each
  * scoring every key it has in an FP8 key cache (e4m3 codes, a scale a row) and selecting
  * 2,048. Rows: wk_cuda_dsa_topk on the f32 pipes (path 1: a warp a query and key) and on the
- * tensor cores (path 2: query tiles), the select in both; TFLOPS of the scores' 2 H D a query
- * and key. The scores are checked on the first DS_NC queries against cpu_ref_dsa_score, and
- * path 2's against path 1's on every query. */
+ * tensor cores (path 2: query tiles, each key read once for 4 queries; path 3, the decode
+ * kernel: a block a query's 512 keys), the select in each; TFLOPS of the scores' 2 H D a
+ * query and key. The scores are checked on the first DS_NC queries against
+ * cpu_ref_dsa_score, and the tensor cores' against path 1's on every query. */
 #define DS_N 2048
 #define DS_NC 16
 
@@ -505,9 +511,11 @@ int lab_dsa_prefill(void)
 					hq + (size_t)i * H * D, hk + (size_t)t * D, DT_F8_E4M3,
 					hks + t, hw + (size_t)i * H, H, D, d.qk_scale, d.w_scale);
 		double flops = 2.0 * H * D * ((double)DS_N * DS_N + (double)DS_N * (DS_N + 1) / 2);
-		for (int path = 1; path <= 2; path++) {
+		for (int path = 1; path <= 3; path++) {
 			failed |= lab_prefill_row(
-				path == 1 ? "a warp a query and key (f32)" : "query tiles, tensor cores",
+				path == 1   ? "a warp a query and key (f32)"
+				: path == 2 ? "query tiles, tensor cores"
+					    : "a query's keys, tensor cores",
 				wk_cuda_dsa_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_dsa_topk(sel, ns, q, w, &d, DS_N, DS_N, sc, no,
@@ -537,6 +545,108 @@ out:
 	wk_cuda_free(count);
 	free(hk);
 	free(hks);
+	free(hq);
+	free(hw);
+	free(got);
+	free(base);
+	free(want);
+	return failed ? WK_EIO : WK_OK;
+}
+
+/* GLM-5's DSA indexer in a batched decode step: DD_B sequences of DD_CTX keys each (bf16,
+ * the default cache), one query each at its last position, one call (several sequences):
+ * a warp a key on the f32 pipes (path 1) against the keys on the tensor cores (path 3), the
+ * select in both. Both are bound by reading the keys (GB/s of them beside the copy); the
+ * calls rotate over DD_LAYERS layers' caches, so that the keys stream from HBM and not from
+ * L2. Checked on layer 0: query 0's scores against cpu_ref_dsa_score, and path 3's against
+ * path 1's for every query. */
+#define DD_B 4
+#define DD_CTX 32768
+#define DD_LAYERS 4
+
+int lab_dsa_decode(double ceil_gbs)
+{
+	char err[WK_ERRSZ] = "";
+	const int H = 32, D = 128, topk = 2048;
+	size_t nk = (size_t)DD_B * DD_CTX * D, nq = (size_t)DD_B * H * D, nw = (size_t)DD_B * H;
+	size_t no = (size_t)DD_B * DD_CTX;
+	void *k[DD_LAYERS] = {};
+	float *q = NULL, *w = NULL, *sc = NULL;
+	int *sel = NULL, *ns = NULL, *dseq = NULL, *dpos = NULL;
+	unsigned *count = NULL;
+	uint16_t *hk = (uint16_t *)malloc((size_t)DD_CTX * D * 2);
+	float *hq = (float *)malloc((size_t)H * D * 4), *hw = (float *)malloc((size_t)H * 4);
+	float *got = (float *)malloc(no * 4), *base = (float *)malloc(no * 4);
+	float *want = (float *)malloc((size_t)DD_CTX * 4);
+	int seq[DD_B], pos[DD_B], failed = 0, layer = 0;
+	double ms1 = 0;
+	for (int b = 0; b < DD_B; b++)
+		seq[b] = b, pos[b] = DD_CTX - 1;
+	printf("\n%-40s %10s %10s   (%d sequences of %d keys, %d heads of %d, top %d, bf16 keys)\n",
+	       "kernel (decode, DSA indexer)", "TFLOPS", "vs warps", DD_B, DD_CTX, H, D, topk);
+	bool ok = hk && hq && hw && got && base && want;
+	for (int l = 0; l < DD_LAYERS && ok; l++)
+		ok = !wk_cuda_alloc(&k[l], nk * 2, err, sizeof err) &&
+		     !fill_random(k[l], nk * 2, false, -1, 1);
+	if (!ok || wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&w, nw * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&sc, no * 4, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&sel, (size_t)DD_B * topk * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&ns, DD_B * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&dseq, sizeof seq, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&dpos, sizeof pos, err, sizeof err) ||
+	    wk_cuda_alloc((void **)&count, DD_B * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_zero(count, DD_B * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_zero(sc, no * 4, err, sizeof err) ||
+	    wk_cuda_upload(dseq, seq, sizeof seq, err, sizeof err) ||
+	    wk_cuda_upload(dpos, pos, sizeof pos, err, sizeof err) ||
+	    fill_random(q, nq * 4, true, -1, 1) || fill_random(w, nw * 4, true, -1, 1) ||
+	    wk_cuda_download(hk, k[0], (size_t)DD_CTX * D * 2, err, sizeof err) ||
+	    wk_cuda_download(hq, q, (size_t)H * D * 4, err, sizeof err) ||
+	    wk_cuda_download(hw, w, (size_t)H * 4, err, sizeof err)) {
+		printf("%-40s %10s   (%s)\n", "decode, DSA indexer", "FAILED",
+		       err[0] ? err : "out of memory, or the fill failed");
+		failed = 1;
+		goto out;
+	}
+	{
+		struct cpu_dsa d;
+		memset(&d, 0, sizeof d);
+		d.kv = DT_BF16, d.n_heads = H, d.head_dim = D, d.topk = topk;
+		d.qk_scale = 1.0f / sqrtf((float)D), d.w_scale = 1.0f / sqrtf((float)H);
+		d.seq = dseq, d.pos = dpos, d.seq_rows = DD_CTX, d.keys_max = DD_CTX;
+		for (int t = 0; t < DD_CTX; t++) /* query 0 over sequence 0 of layer 0 */
+			want[t] = cpu_ref_dsa_score(hq, hk + (size_t)t * D, DT_BF16, NULL, hw, H, D,
+						    d.qk_scale, d.w_scale);
+		double flops = 2.0 * H * D * (double)DD_B * DD_CTX;
+		for (int path = 1; path <= 3; path += 2) {
+			layer = 0;
+			failed |= lab_prefill_row(
+				path == 1 ? "a warp a key (f32)" : "keys on the tensor cores",
+				wk_cuda_dsa_force, path, flops,
+				[&]() -> int {
+					d.k = k[layer++ % DD_LAYERS];
+					return wk_cuda_dsa_topk(sel, ns, q, w, &d, DD_B, 0, sc, no,
+								count, DD_B, err, sizeof err);
+				},
+				[&](const float *dst) -> double {
+					return lab_rel(dst, want, 1, 0, 0, DD_CTX);
+				},
+				sc, no, base, got, &ms1, err, (double)nk * 2, ceil_gbs);
+		}
+	}
+out:
+	for (int l = 0; l < DD_LAYERS; l++)
+		wk_cuda_free(k[l]);
+	wk_cuda_free(q);
+	wk_cuda_free(w);
+	wk_cuda_free(sc);
+	wk_cuda_free(sel);
+	wk_cuda_free(ns);
+	wk_cuda_free(dseq);
+	wk_cuda_free(dpos);
+	wk_cuda_free(count);
+	free(hk);
 	free(hq);
 	free(hw);
 	free(got);

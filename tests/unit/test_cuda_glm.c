@@ -938,9 +938,10 @@ static float dsa_ref_row(float *sc, int len, const float *q, const float *k, con
 	return mx;
 }
 
-/* dsa_topk on both paths (wk_cuda_dsa_path: 1, a warp a query and key on the f32 pipes; 2,
- * the tensor cores, where the shape lets it) against the reference: the selections, and the
- * scores each path leaves in the scratch. */
+/* dsa_topk on its three paths (wk_cuda_dsa_path: 1, a warp a query and key on the f32 pipes;
+ * 2, query tiles on the tensor cores; 3, a query's keys on the tensor cores; 2 and 3 where
+ * the shape lets them) against the reference: the selections, and the scores each path
+ * leaves in the scratch. */
 Test(cuda_kernels, dsa_topk_matches_ref)
 {
 	NEED_GPU();
@@ -953,7 +954,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 	 * a 0.875, so that each scale is 2^-9 and the cache holds the keys exactly), one of keys
 	 * of 160 (a second, partial scale block: path 1 only). For path 2: head_dim 128 and 32
 	 * heads (GLM-5's indexer: 4 queries a block), 12 heads (10 queries, 8 rows of a warp
-	 * empty), head_dim 40 (a k-step half past it), more than 1,024 keys (two chunks). */
+	 * empty), head_dim 40 (a k-step half past it), more than 1,024 keys (two chunks). For
+	 * path 3 the same (it takes up to 32 heads): 2,000 keys are 4 of its blocks. */
 	static const int cases[][7] = {
 		{6, 300, 64, 0, DT_F32, 4, 32},		{40, 40, 64, 0, DT_F32, 4, 32},
 		{2, 2000, 512, 1, DT_F32, 4, 32},	{30, 100, 64, 1, DT_F32, 4, 32},
@@ -1042,11 +1044,12 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
 		unsigned *zero = calloc(65535, sizeof *zero);
 		unsigned *dcount = to_dev(zero, 65535 * sizeof *zero);
-		for (int path = 1; path <= 2; path++) {
+		for (int path = 1; path <= 3; path++) {
 			wk_cuda_dsa_force(path);
 			int on = wk_cuda_dsa_path(&dd, n, pos0);
 			cr_expect_eq(on, ID <= 128 ? path : 1, "case %zu: path %d", c, on);
-			for (size_t v = 0; v < sizeof shape / sizeof shape[0]; v++) {
+			/* one query a launch on path 1 alone (2 and 3 share its groups) */
+			for (size_t v = path > 1; v < sizeof shape / sizeof shape[0]; v++) {
 				size_t rows = shape[v][0] ? (size_t)shape[v][0] : (size_t)n;
 				float *dsc = dev_alloc(rows * T * 4);
 				int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
@@ -1135,25 +1138,33 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 	}
 }
 
-/* wk_cuda_dsa_path's rule: the tensor cores for one sequence's 16 or more queries past topk,
- * at most 128 heads of at most 128 (a multiple of 8, the cache 16-byte aligned); the f32
- * pipes for the rest (a decode, several sequences, other heads), forced or not. */
+/* wk_cuda_dsa_path's rule: query tiles on the tensor cores (2) for one sequence's 16 or more
+ * queries past topk, at most 128 heads of at most 128; a query's keys on the tensor cores (3)
+ * for the rest (a decode, several sequences) of at most 32 heads of at most 128; both with
+ * head_dim a multiple of 8 and the cache 16-byte aligned; else a warp a key (1). Forced, a
+ * path where it can run, else 1. */
 Test(cuda_kernels, dsa_path_rule)
 {
+	NEED_GPU(); /* a build without CUDA has only cuda_none.c's stub */
 	struct cpu_dsa d = {.kv = DT_F32, .n_heads = 32, .head_dim = 128, .topk = 2048};
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 2, "a prefill of 4,096");
-	cr_expect_eq(wk_cuda_dsa_path(&d, 2063, 0), 1, "15 queries past topk");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 2063, 0), 3, "15 queries past topk");
 	cr_expect_eq(wk_cuda_dsa_path(&d, 2064, 0), 2, "16 queries past topk");
 	cr_expect_eq(wk_cuda_dsa_path(&d, 16, 5000), 2, "a chunk of 16 after 5,000");
-	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 1, "a decode");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 3, "a decode");
 	d.head_dim = 129;
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "head_dim 129");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 1, "head_dim 129, a decode");
 	d.head_dim = 36;
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "head_dim 36 (8 columns a load)");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 1, "head_dim 36, a decode");
 	d.head_dim = 128;
 	d.k = (const void *)(uintptr_t)8;
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "a cache 8 bytes past 16");
 	d.k = NULL;
+	d.n_heads = 64;
+	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 2, "64 heads");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 1, "64 heads, a decode");
 	d.n_heads = 129;
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "129 heads");
 	d.n_heads = 32;
@@ -1161,11 +1172,16 @@ Test(cuda_kernels, dsa_path_rule)
 	d.seq = seq;
 	d.pos = pos;
 	d.keys_max = 1;
-	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "several sequences");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 3, "several sequences");
 	wk_cuda_dsa_force(2);
-	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "several sequences, forced");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "several sequences, forced to 2");
 	d.seq = NULL;
-	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 2, "a decode, forced");
+	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 2, "a decode, forced to 2");
+	wk_cuda_dsa_force(3);
+	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 3, "a prefill, forced to 3");
+	d.n_heads = 33;
+	cr_expect_eq(wk_cuda_dsa_path(&d, 1, 5000), 1, "33 heads, forced to 3");
+	d.n_heads = 32;
 	wk_cuda_dsa_force(1);
 	cr_expect_eq(wk_cuda_dsa_path(&d, 4096, 0), 1, "forced to 1");
 	wk_cuda_dsa_force(0);
@@ -1176,16 +1192,18 @@ Test(cuda_kernels, dsa_path_rule)
  * reference equals itself query by query on each sequence's cache alone (memcmp); the
  * kernel, on exact scores (dyadic q, k, w and power-of-two scales, as above, so that the
  * order of the sums does not matter), equals the reference: one query a launch, groups of 3,
- * and all in one launch. Each sequence's keys are drawn apart, so a query that read another
- * sequence's rows, or as many keys as its place in the call, would select otherwise. */
+ * and all in one launch, with the keys scored a warp a key (path 1) and on the tensor cores
+ * (path 3; FP8 keys of 128 for it, 160 for path 1 alone). Each sequence's keys are drawn
+ * apart, so a query that read another sequence's rows, or as many keys as its place in the
+ * call, would select otherwise. */
 Test(cuda_kernels, dsa_topk_over_several_sequences)
 {
 	NEED_GPU();
 	enum { NQ = 7, NSEQ = 3, ROWS = 400, IH = 4, TOPK = 64 };
 	int seq[NQ] = {2, 2, 2, 0, 1, 1, 0}, pos[NQ] = {40, 41, 120, 300, 63, 64, 399};
-	for (int c = 0; c < 3; c++) {
+	for (int c = 0; c < 4; c++) {
 		enum dt_type kv = c == 0 ? DT_F32 : c == 1 ? DT_BF16 : DT_F8_E4M3;
-		int ID = kv == DT_F8_E4M3 ? 160 : 32;
+		int ID = c == 2 ? 160 : c == 3 ? 128 : 32;
 		size_t T = (size_t)NSEQ * ROWS, nb = (size_t)cpu_kv_blocks(ID);
 		float *q = malloc((size_t)NQ * IH * ID * 4), *k = malloc(T * ID * 4);
 		float *w = malloc((size_t)NQ * IH * 4);
@@ -1199,8 +1217,8 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 		for (size_t t = 0; t < T; t++) {
 			if (t % 7 == 3 && t % ROWS >= 10) /* ties within a sequence */
 				memcpy(k + t * ID, k + (t - 10) * ID, (size_t)ID * 4);
-			if (kv == DT_F8_E4M3) /* every scale 2^-9: the cache holds k exactly */
-				k[t * ID] = k[t * ID + 128] = 0.875f;
+			for (int b = 0; kv == DT_F8_E4M3 && b < ID; b += 128)
+				k[t * ID + b] = 0.875f; /* every scale 2^-9: the cache holds k exactly */
 		}
 		float *ks = NULL;
 		uint8_t *k8 = kv == DT_F8_E4M3 ? to_fp8(k, T, ID, &ks) : NULL;
@@ -1239,12 +1257,15 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 		unsigned zero[NQ] = {0}, left[NQ];
 		unsigned *dcount = to_dev(zero, sizeof zero);
 		static const int shape[][2] = {{1, 1}, {3, 3}, {NQ, NQ}}; /* score rows, group */
-		for (int v = 0; v < 3; v++) {
-			float *dsc = dev_alloc((size_t)shape[v][0] * ROWS * 4);
+		for (int v = 0; v < 6; v++) {
+			int path = v < 3 ? 1 : 3;
+			wk_cuda_dsa_force(path);
+			cr_expect_eq(wk_cuda_dsa_path(&dd, NQ, 0), ID <= 128 ? path : 1);
+			float *dsc = dev_alloc((size_t)shape[v % 3][0] * ROWS * 4);
 			int *dsel = dev_alloc(sizeof got), *dn = dev_alloc(sizeof gn);
 			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dw, &dd, NQ, 0, dsc,
-						      (size_t)shape[v][0] * ROWS, dcount,
-						      shape[v][1], err, sizeof err),
+						      (size_t)shape[v % 3][0] * ROWS, dcount,
+						      shape[v % 3][1], err, sizeof err),
 				     WK_OK, "%s", err);
 			from_dev(got, dsel, sizeof got);
 			from_dev(gn, dn, sizeof gn);
@@ -1262,6 +1283,7 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 			wk_cuda_free(dsel);
 			wk_cuda_free(dn);
 		}
+		wk_cuda_dsa_force(0);
 		struct cpu_dsa bad = dd; /* several sequences without their longest */
 		bad.keys_max = 0;
 		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, NQ, 0, NULL, ROWS, dcount,
