@@ -804,12 +804,12 @@ struct dsa_smem { /* the select's shared memory */
 	int last; /* dsa_finish: this block is its query's last */
 };
 
-/* The whole block: the reference's top-k of scores[0..len) (len > topk), positions
- * ascending. The order is (key desc, position asc) with key = order_key(score), a total
- * order, so the chosen set is unique: every key above the k-th largest key K, then the lowest
- * positions among those equal to K. K comes from a radix select, 8 bits a pass from the top:
- * a histogram of the next digit among keys matching the digits fixed so far, and the digit
- * where the count from the top reaches the number still needed. Then one pass in position
+/* The whole block (blockDim.x >= 256): the reference's top-k of scores[0..len) (len > topk),
+ * positions ascending. The order is (key desc, position asc) with key = order_key(score), a
+ * total order, so the chosen set is unique: every key above the k-th largest key K, then the
+ * lowest positions among those equal to K. K comes from a radix select, 8 bits a pass from
+ * the top: a histogram of the next digit among keys matching the digits fixed so far, and the
+ * digit where the count from the top reaches the number still needed. Then one pass in position
  * order writes each chosen position at its rank among the chosen: (keys > K before it) +
  * min(keys == K before it, need). No scratch beyond shared memory. */
 __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int len, int topk,
@@ -827,16 +827,15 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 				atomicAdd(&sm->hist[(key >> shift) & 255u], 1u);
 		}
 		__syncthreads();
-		if (threadIdx.x == 0) {
-			/* at least need keys match: find b with above < need <= above + hist[b] */
-			int above = 0, b = 255;
-			for (; b > 0; b--) {
-				if (above + (int)sm->hist[b] >= need)
-					break;
-				above += (int)sm->hist[b];
-			}
-			sm->prefix = prefix | ((unsigned)b << shift);
-			sm->need = need - above;
+		/* at least need keys match: the digit b with above < need <= above + hist[b],
+		 * above the count in the digits past b: a scan of the counts from the top, thread
+		 * t taking digit 255 - t (a loop of 256 dependent steps in one thread was a
+		 * latency a pass) */
+		int t = threadIdx.x, hb = t < 256 ? (int)sm->hist[255 - t] : 0, all;
+		int upto = block_scan(hb, sm->scratch, &all); /* digits 255 - t .. 255 */
+		if (t < 256 && upto - hb < need && need <= upto) {
+			sm->prefix = prefix | ((unsigned)(255 - t) << shift);
+			sm->need = need - (upto - hb);
 		}
 		__syncthreads();
 		prefix = sm->prefix; /* rewritten only after the next pass's two barriers */
