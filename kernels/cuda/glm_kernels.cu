@@ -795,6 +795,8 @@ __device__ __forceinline__ unsigned order_key(float f)
 }
 
 #define DSA_THREADS 1024 /* a block: 32 keys scored, then (the last block) the select */
+#define DSA_ILP 8 /* the select's scores a thread a step: its loads in flight at once (one at a
+		   * time, a pass over 100K scores waited on L2 about 100 times a thread) */
 
 struct dsa_smem { /* the select's shared memory */
 	unsigned hist[256];
@@ -809,9 +811,10 @@ struct dsa_smem { /* the select's shared memory */
  * total order, so the chosen set is unique: every key above the k-th largest key K, then the
  * lowest positions among those equal to K. K comes from a radix select, 8 bits a pass from
  * the top: a histogram of the next digit among keys matching the digits fixed so far, and the
- * digit where the count from the top reaches the number still needed. Then one pass in position
- * order writes each chosen position at its rank among the chosen: (keys > K before it) +
- * min(keys == K before it, need). No scratch beyond shared memory. */
+ * digit where the count from the top reaches the number still needed. Then one pass in
+ * position order writes each chosen position at its rank among the chosen: (keys > K before
+ * it) + min(keys == K before it, need), a thread DSA_ILP consecutive positions of a chunk. No
+ * scratch beyond shared memory. */
 __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int len, int topk,
 				 struct dsa_smem *sm)
 {
@@ -821,10 +824,20 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 		for (int b = threadIdx.x; b < 256; b += blockDim.x)
 			sm->hist[b] = 0;
 		__syncthreads();
-		for (int t = threadIdx.x; t < len; t += blockDim.x) {
-			unsigned key = order_key(scores[t]);
-			if ((key & mask) == prefix)
-				atomicAdd(&sm->hist[(key >> shift) & 255u], 1u);
+		for (int c0 = 0; c0 < len; c0 += DSA_ILP * blockDim.x) {
+			float v[DSA_ILP]; /* all loads first: DSA_ILP in flight, not one */
+#pragma unroll
+			for (int u = 0; u < DSA_ILP; u++) {
+				int t = c0 + u * (int)blockDim.x + (int)threadIdx.x;
+				v[u] = t < len ? scores[t] : 0.0f;
+			}
+#pragma unroll
+			for (int u = 0; u < DSA_ILP; u++) {
+				unsigned key = order_key(v[u]);
+				if (c0 + u * (int)blockDim.x + (int)threadIdx.x < len &&
+				    (key & mask) == prefix)
+					atomicAdd(&sm->hist[(key >> shift) & 255u], 1u);
+			}
 		}
 		__syncthreads();
 		/* at least need keys match: the digit b with above < need <= above + hist[b],
@@ -844,15 +857,31 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 	}
 	/* prefix is K; topk - need keys are above it, need of those equal to it are taken */
 	int gt_base = 0, eq_base = 0; /* counts in the chunks before this one */
-	for (int c0 = 0; c0 < len; c0 += blockDim.x) { /* block-uniform loop */
-		int t = c0 + (int)threadIdx.x;
-		unsigned key = t < len ? order_key(scores[t]) : 0;
-		int gt = t < len && key > prefix, eq = t < len && key == prefix;
-		int packed = gt | eq << 16, total; /* a chunk counts <= 1024 each: no carry */
+	for (int c0 = 0; c0 < len; c0 += DSA_ILP * blockDim.x) { /* block-uniform loop */
+		int t0 = c0 + DSA_ILP * (int)threadIdx.x; /* this thread's run of positions */
+		unsigned key[DSA_ILP];
+		int gt = 0, eq = 0;
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++)
+			key[u] = t0 + u < len ? order_key(scores[t0 + u]) : 0;
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++) {
+			gt += t0 + u < len && key[u] > prefix;
+			eq += t0 + u < len && key[u] == prefix;
+		}
+		/* a chunk counts at most DSA_ILP x 1,024 of each: no carry into eq's half */
+		int packed = gt | eq << 16, total;
 		int excl = block_scan(packed, sm->scratch, &total) - packed;
 		int gt_before = gt_base + (excl & 0xffff), eq_before = eq_base + (excl >> 16);
-		if (gt || (eq && eq_before < need))
-			sel[gt_before + min(eq_before, need)] = t;
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++) {
+			bool g = t0 + u < len && key[u] > prefix;
+			bool e = t0 + u < len && key[u] == prefix;
+			if (g || (e && eq_before < need))
+				sel[gt_before + min(eq_before, need)] = t0 + u;
+			gt_before += g;
+			eq_before += e;
+		}
 		gt_base += total & 0xffff;
 		eq_base += total >> 16;
 	}

@@ -955,7 +955,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 	 * of 160 (a second, partial scale block: path 1 only). For path 2: head_dim 128 and 32
 	 * heads (GLM-5's indexer: 4 queries a block), 12 heads (10 queries, 8 rows of a warp
 	 * empty), head_dim 40 (a k-step half past it), more than 1,024 keys (two chunks). For
-	 * path 3 the same (it takes up to 32 heads): 2,000 keys are 4 of its blocks. */
+	 * path 3 the same (it takes up to 32 heads): 2,000 keys are 4 of its blocks. 9,000 keys:
+	 * the select's last pass in two chunks of 8,192 (counts carried across). */
 	static const int cases[][7] = {
 		{6, 300, 64, 0, DT_F32, 4, 32},		{40, 40, 64, 0, DT_F32, 4, 32},
 		{2, 2000, 512, 1, DT_F32, 4, 32},	{30, 100, 64, 1, DT_F32, 4, 32},
@@ -963,7 +964,7 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		{4, 200, 48, 0, DT_F8_E4M3, 4, 160},	{30, 100, 64, 1, DT_F8_E4M3, 4, 160},
 		{9, 150, 64, 0, DT_F8_E4M3, 32, 128},	{24, 60, 40, 1, DT_F8_E4M3, 12, 128},
 		{21, 90, 32, 0, DT_F32, 12, 40},	{8, 1040, 300, 1, DT_BF16, 4, 64},
-		{12, 200, 100, 0, DT_BF16, 32, 128}};
+		{12, 200, 100, 0, DT_BF16, 32, 128},	{2, 9000, 700, 1, DT_BF16, 4, 32}};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		int n = cases[c][0], pos0 = cases[c][1], topk = cases[c][2], T = pos0 + n;
 		bool exact = cases[c][3];
