@@ -415,8 +415,9 @@ __device__ __forceinline__ void bf16_split(float x, uint32_t *hi, uint32_t *lo)
 }
 
 /* The bf16 operands of the split tensor-core kernels (attention.cu's k_att_mma and k_mla_lat,
- * glm_kernels.cu's k_dsa_score_mma): a f32 is split into hi and lo (bf16_split), held as bf16
- * bits, and the mma.sync m16n8k16 fragments are 32-bit loads of two of them. */
+ * glm_kernels.cu's k_dsa_score_mma and k_dsa_topk_tc): an f32 is split into hi and lo
+ * (bf16_split), held as bf16 bits, and the mma.sync m16n8k16 fragments are 32-bit loads of
+ * two of them. */
 
 /* Two bf16 (bits) as an mma operand register: a in the low half (the lower k). */
 __device__ __forceinline__ uint32_t am_pack(uint32_t a, uint32_t b) { return a | b << 16; }

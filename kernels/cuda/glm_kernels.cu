@@ -796,7 +796,7 @@ __device__ __forceinline__ unsigned order_key(float f)
 
 #define DSA_THREADS 1024 /* a block: 32 keys scored, then (the last block) the select */
 #define DSA_ILP 8 /* the select's scores a thread a step: its loads in flight at once (one at a
-		   * time, a pass over 100K scores waited on L2 about 100 times a thread) */
+		   * time, a pass over 100K scores could wait on L2 about 100 times a thread) */
 
 struct dsa_smem { /* the select's shared memory */
 	unsigned hist[256];

@@ -142,18 +142,19 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
-/* One row of a prefill table: forces path (force: wk_cuda_attention_force, or
- * wk_cuda_dsa_force for the indexer's table), runs run() (one call
- * into o, no floats: WK_OK, or an error in err) once, downloads o into dst (path 1's: base;
- * the others': got) and takes its worst error: ref(dst) against the CPU reference and, past
- * path 1, got against base on every output (INFINITY when it could not); then times run()
+/* One row of a table of paths (the prefill tables, the DSA decode table): forces path
+ * (force: wk_cuda_attention_force, or wk_cuda_dsa_force for the indexer's tables), runs run()
+ * (one call into o, no floats: WK_OK, or an error in err) once, downloads o into dst (path
+ * 1's: base; the others': got) and takes its worst error: ref(dst) against the CPU reference
+ * and, past path 1, got against base on every output (INFINITY when it could not); then times
+ * run()
  * and prints name's TFLOPS (flops a call) and its speed-up on *ms1 (path 1 sets it), and
  * with bytes (read a call) its GB/s against ceil_gbs (the device copy). Returns 0, or 1 for a
  * failed or wrong row. */
 template <typename R, typename C>
-static int lab_prefill_row(const char *name, void (*force)(int), int path, double flops, R run,
-			   C ref, const float *o, size_t no, float *base, float *got, double *ms1,
-			   char *err, double bytes = 0, double ceil_gbs = 0)
+static int lab_path_row(const char *name, void (*force)(int), int path, double flops, R run,
+			C ref, const float *o, size_t no, float *base, float *got, double *ms1,
+			char *err, double bytes = 0, double ceil_gbs = 0)
 {
 	float *dst = path == 1 ? base : got;
 	force(path);
@@ -242,7 +243,7 @@ int lab_attention_prefill(void)
 			const char *name = path == 1   ? "a block a token"
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
-			failed |= lab_prefill_row(
+			failed |= lab_path_row(
 				name, wk_cuda_attention_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_attention(o, q, &d, AP_N, 0, NULL, err,
@@ -322,7 +323,7 @@ int lab_mla_prefill(void)
 			const char *name = path == 1   ? "a block a (token, head)"
 					   : path == 2 ? "query tiles, f32"
 						       : "query tiles, tensor cores";
-			failed |= lab_prefill_row(
+			failed |= lab_path_row(
 				name, wk_cuda_attention_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_mla_attention(o, q, &d, AP_N, 0, 0, AP_N, 0, H,
@@ -418,7 +419,7 @@ int lab_mla_latent(void)
 		cpu_ref_mla_attention(want, hq, &hs, nc, AL_N, 0, nc, 0, H);
 		double flops = 2.0 * H * (lora + rope + lora) * (double)AL_TOPK * AL_N;
 		for (int path = 1; path <= 3; path += 2) {
-			failed |= lab_prefill_row(
+			failed |= lab_path_row(
 				path == 1 ? "a block a token's heads" : "latent tiles, tensor cores",
 				wk_cuda_attention_force, path, flops,
 				[&]() -> int {
@@ -512,7 +513,7 @@ int lab_dsa_prefill(void)
 					hks + t, hw + (size_t)i * H, H, D, d.qk_scale, d.w_scale);
 		double flops = 2.0 * H * D * ((double)DS_N * DS_N + (double)DS_N * (DS_N + 1) / 2);
 		for (int path = 1; path <= 3; path++) {
-			failed |= lab_prefill_row(
+			failed |= lab_path_row(
 				path == 1   ? "a warp a query and key (f32)"
 				: path == 2 ? "query tiles, tensor cores"
 					    : "a query's keys, tensor cores",
@@ -621,7 +622,7 @@ int lab_dsa_decode(double ceil_gbs)
 		double flops = 2.0 * H * D * (double)DD_B * DD_CTX;
 		for (int path = 1; path <= 3; path += 2) {
 			layer = 0;
-			failed |= lab_prefill_row(
+			failed |= lab_path_row(
 				path == 1 ? "a warp a key (f32)" : "keys on the tensor cores",
 				wk_cuda_dsa_force, path, flops,
 				[&]() -> int {
