@@ -1163,7 +1163,7 @@ template <typename KV> static cudaError_t dm_launch(struct dsa_args a, int longe
  * keys the m16 side (a query has few heads to fill it: GLM-5's 32), each warp DT_KEYS keys
  * against up to DT_HEADS heads (4 n-tiles) over head_dim <= DT_DIM. At 100K keys the warp a
  * key of k_dsa_topk_n spends about 1,000 instructions a key (a warp sum a head); here a key
- * costs 4 mma.sync (bf16 and FP8 keys; 6 on f32), so the pass is bound by reading the keys.
+ * costs 4 mma.sync (bf16 and FP8 keys; 6 on f32): the pass should be bound by reading keys.
  * A lane reads 8 consecutive elements of each of its two key rows (gq, gq + 8) at once, for
  * two k-steps: a dot product may sum its d in any order, so k-step 2 p + s takes d = 32 p +
  * 8 qq + 4 s .. + 3 in lane qq's slots (A's columns 2 qq, 2 qq + 1 and 2 qq + 8, 2 qq + 9),
