@@ -92,6 +92,8 @@
 #define SNAP_VERSION 2 /* written; 1 is read too (no meaning hash) */
 #define SNAP_ALIGN 4096
 #define SNAP_SINK_ALIGN 256                    /* a sink's images (cudaMalloc's guarantee) */
+#define SNAP_SINK_PIECE (2u << 20)             /* bytes a copy into a sink (raw chunks) */
+#define SNAP_SINK_SLOTS 3                      /* a reader's piece buffers for a sink */
 #define SNAP_MAX_MANIFEST (256u << 20)
 #define SNAP_MAX_RANKS 64
 #define SNAP_DEFAULT_CHUNK (16u << 20)
@@ -183,14 +185,20 @@ struct snap_allocator {
  * is made. After the manifest is read, accept(ctx, world) says whether to stream (false:
  * restore into host memory as without a sink). Then each rank's image is image(ctx, rank,
  * size) in the sink's memory, SNAP_SINK_ALIGN-aligned (NULL when out of memory; freed with
- * release). Each reader thread takes two staging buffers from stage_alloc (pinned host
- * memory, so that the copies run at full speed; SNAP_ALIGN-aligned for O_DIRECT; bytes: the
- * largest work item) and alternates between them: it reads a work item into one
- * (decompressing lz4 chunks into it), verifies its chunks there, and hands the item's image
- * bytes to put, which starts an asynchronous copy into the image and returns; before a
- * buffer is filled again, wait(ctx, buffer) returns once every copy from it is done. So the
- * disk reads, checksums and copies overlap, and host memory is bounded by 2 buffers per
- * reader. snap_open waits for every copy before it returns, failed or not. put and wait are
+ * release). Staging buffers come from stage_alloc (pinned host memory, so that the copies
+ * run at full speed; SNAP_ALIGN-aligned for O_DIRECT), and each reader thread uses its own in
+ * turn. Raw chunks go in pieces: the reader reads a piece of a work item (o->sink_piece
+ * bytes, default SNAP_SINK_PIECE) into the next of its SNAP_SINK_SLOTS piece buffers, adds it
+ * to the running checksums of the chunks it covers, and hands it to put, which starts an
+ * asynchronous copy into the image and returns. A chunk is checked when its last piece has
+ * been read, so a bad chunk's first pieces may already be copied: the restore then fails
+ * whole and releases the images. lz4 chunks go whole: a work item is read and decompressed
+ * into one of two more buffers (bytes: the largest lz4 item, made only for a snapshot that
+ * has one), its chunks verified there, then put. Before a buffer is filled again, wait(ctx,
+ * buffer) returns once every copy from it is done. So the disk reads, checksums and copies
+ * overlap, and the pinned memory is bounded by SNAP_SINK_SLOTS pieces (and 2 lz4 items) a
+ * reader, whatever the chunk size: pinning costs time on a cold start, in proportion to the
+ * bytes. snap_open waits for every copy before it returns, failed or not. put and wait are
  * called from many threads at once. Tensor data pointers then point into the sink's images
  * (snap_on_sink). */
 struct snap_sink {
@@ -211,6 +219,8 @@ struct snap_open_opts {
 	int threads;       /* reader threads; <= 0 picks a default: 4 per rank file, at most 16
 			    * and at most max(4, 2 per CPU) */
 	size_t read_size;  /* bytes per read; 0 means 16 MiB (rounded up to 4 KiB, <= 256 MiB) */
+	size_t sink_piece; /* bytes per read and copy of raw chunks into a sink; 0 means
+			    * SNAP_SINK_PIECE (rounded up to 4 KiB, <= read_size's bound) */
 	bool progress;     /* draw a progress bar on stderr when it is a TTY */
 	const struct snap_allocator *allocator; /* NULL: anonymous mmap */
 	int map;           /* 0: auto, 1: whenever possible, -1: never (see snap_open) */

@@ -60,7 +60,9 @@ struct restore {
 	size_t nw;
 	uint64_t total;              /* file bytes to read */
 	uint64_t stage_need;         /* largest lz4 item */
-	uint64_t item_need;          /* largest item's image bytes (a sink's staging buffers) */
+	uint64_t item_need;          /* largest lz4 item's image bytes (a sink's lz4 buffers) */
+	uint64_t piece;              /* bytes a read and copy of raw chunks into a sink */
+	uint64_t raw_need;           /* largest raw item's file bytes */
 	long page;
 	atomic_size_t next;
 	atomic_bool failed;
@@ -76,9 +78,13 @@ struct reader {
 	struct restore *rs;
 	pthread_t th;
 	unsigned char *stage;
-	unsigned char *ring[2];      /* a sink's staging buffers, used in turn */
+	unsigned char *ring[2];      /* a sink's buffers for lz4 items, used in turn */
 	bool ring_busy[2];           /* copies from ring[i] may be in flight */
 	int ring_next;
+	unsigned char *slot[SNAP_SINK_SLOTS]; /* a sink's piece buffers for raw chunks, in turn */
+	bool slot_busy[SNAP_SINK_SLOTS];
+	int slot_next;
+	XXH3_state_t *xs;            /* the running checksum of a chunk read in pieces */
 	unsigned char *vec;          /* mincore output */
 	size_t vec_cap;
 	double verify_s, decompress_s;
@@ -163,20 +169,26 @@ static int populate(struct reader *rd, struct snap_rank *rk, uint64_t foff, uint
 	return WK_OK;
 }
 
-/* Verifies chunk ci, whose image bytes are at bytes. */
-static int check_chunk(struct reader *rd, const struct snap_rank *rk, size_t ci,
-		       const unsigned char *bytes, char *err, size_t errsz)
+/* Chunk ci's checksum h against the manifest's. */
+static int chunk_sum(const struct snap_rank *rk, size_t ci, uint64_t h, char *err, size_t errsz)
 {
 	const struct snap_chunk *c = &rk->c[ci];
 	char held[ST_SHOWN * 4];
-	double t0 = wk_now();
-	uint64_t h = XXH3_64bits(bytes, c->size);
-	rd->verify_s += wk_now() - t0;
 	if (h == c->xxh3)
 		return WK_OK;
 	return wk_errf(err, errsz, WK_EFORMAT, "%s: chunk %zu (bytes %" PRIu64 "..%" PRIu64 ") "
 		       "failed its checksum; %s", rk->path, ci, c->offset, c->offset + c->size,
 		       snap__chunk_tensors(rk, c->offset, c->size, held, sizeof held));
+}
+
+/* Verifies chunk ci, whose image bytes are at bytes. */
+static int check_chunk(struct reader *rd, const struct snap_rank *rk, size_t ci,
+		       const unsigned char *bytes, char *err, size_t errsz)
+{
+	double t0 = wk_now();
+	uint64_t h = XXH3_64bits(bytes, rk->c[ci].size);
+	rd->verify_s += wk_now() - t0;
+	return chunk_sum(rk, ci, h, err, errsz);
 }
 
 /* Decompresses chunk ci of an lz4 item read into rd->stage (from file offset foff) to dst. */
@@ -206,33 +218,44 @@ static int stage_lz4(struct reader *rd, struct snap_rank *rk, const struct work 
 	return read_into(rd, rk, rd->stage, w->flen, w->foff, err, errsz);
 }
 
-/* A work item through a sink: read (and decompress) into the next staging buffer, verify
+/* The staging buffer *b of bytes bytes, made when missing (SNAP_ALIGN-aligned), once every
+ * copy from it has finished (*busy). */
+static int stage_ready(struct reader *rd, const struct snap_rank *rk, unsigned char **b,
+		       bool *busy, uint64_t bytes, char *err, size_t errsz)
+{
+	const struct snap_sink *k = &rd->rs->s->sink;
+	int rc;
+	if (!*b && !(*b = k->stage_alloc(k->ctx, bytes)))
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate a %" PRIu64 "-byte "
+			       "staging buffer", rk->path, bytes);
+	if ((uintptr_t)*b % SNAP_ALIGN)
+		return wk_errf(err, errsz, WK_EINVAL, "%s: the sink's staging buffer is not aligned "
+			       "to %d", rk->path, SNAP_ALIGN);
+	if (*busy && (rc = k->wait(k->ctx, *b, err, errsz)))
+		return rc;
+	*busy = false;
+	return WK_OK;
+}
+
+/* An lz4 work item through a sink: read and decompress into the next lz4 buffer, verify
  * there, and start the copy into the sink's image. */
-static int do_work_sink(struct reader *rd, const struct work *w, char *err, size_t errsz)
+static int sink_lz4(struct reader *rd, const struct work *w, char *err, size_t errsz)
 {
 	struct restore *rs = rd->rs;
 	const struct snap_sink *k = &rs->s->sink;
 	struct snap_rank *rk = &rs->s->r[w->rank];
 	int i = rd->ring_next, rc;
-	if (!rd->ring[i] && !(rd->ring[i] = k->stage_alloc(k->ctx, rs->item_need)))
-		return wk_errf(err, errsz, WK_ENOMEM, "%s: cannot allocate a %" PRIu64 "-byte "
-			       "staging buffer", rk->path, rs->item_need);
-	if ((uintptr_t)rd->ring[i] % SNAP_ALIGN)
-		return wk_errf(err, errsz, WK_EINVAL, "%s: the sink's staging buffer is not aligned "
-			       "to %d", rk->path, SNAP_ALIGN);
-	if (rd->ring_busy[i] && (rc = k->wait(k->ctx, rd->ring[i], err, errsz)))
+	if ((rc = stage_ready(rd, rk, &rd->ring[i], &rd->ring_busy[i], rs->item_need, err,
+			      errsz)))
 		return rc;
-	rd->ring_busy[i] = false;
 	unsigned char *buf = rd->ring[i];
 	uint64_t img0 = rk->c[w->c0].offset;
 	uint64_t len = rk->c[w->c1 - 1].offset + rk->c[w->c1 - 1].size - img0;
-	if (!w->lz4 && (rc = read_into(rd, rk, buf, w->flen, w->foff, err, errsz)))
-		return rc;
-	if (w->lz4 && (rc = stage_lz4(rd, rk, w, err, errsz)))
+	if ((rc = stage_lz4(rd, rk, w, err, errsz)))
 		return rc;
 	for (size_t ci = w->c0; ci < w->c1; ci++) {
 		unsigned char *at = buf + (rk->c[ci].offset - img0);
-		if (w->lz4 && (rc = inflate(rd, rk, ci, w->foff, at, err, errsz)))
+		if ((rc = inflate(rd, rk, ci, w->foff, at, err, errsz)))
 			return rc;
 		if (rs->verify && (rc = check_chunk(rd, rk, ci, at, err, errsz)))
 			return rc;
@@ -241,29 +264,114 @@ static int do_work_sink(struct reader *rd, const struct work *w, char *err, size
 		return rc;
 	rd->ring_busy[i] = true;
 	rd->ring_next = !i;
-	atomic_fetch_add(&rs->done, w->flen);
 	return WK_OK;
+}
+
+/* Adds image bytes [p, e) of a raw work item (at buf, relative to the item's first chunk)
+ * to the running checksums of the chunks they cover, from chunk *ci on, and checks each
+ * chunk that ends within them. Raw chunks lie in the file as in the image. */
+static int sum_piece(struct reader *rd, const struct snap_rank *rk, const struct work *w,
+		     size_t *ci, bool *open, const unsigned char *buf, uint64_t p, uint64_t e,
+		     char *err, size_t errsz)
+{
+	uint64_t img0 = rk->c[w->c0].offset;
+	double t0 = wk_now();
+	int rc = WK_OK;
+	for (; *ci < w->c1 && rc == WK_OK; (*ci)++) {
+		const struct snap_chunk *c = &rk->c[*ci];
+		uint64_t cs = c->offset - img0, ce = cs + c->size;
+		if (cs > e || (cs == e && c->size))
+			break; /* starts in a later piece */
+		if (!*open)
+			XXH3_64bits_reset(rd->xs);
+		*open = true;
+		uint64_t a = cs > p ? cs : p, b = ce < e ? ce : e;
+		if (b > a)
+			XXH3_64bits_update(rd->xs, buf + (a - p), (size_t)(b - a));
+		if (ce > e)
+			break; /* goes on in the next piece */
+		*open = false;
+		rc = chunk_sum(rk, *ci, XXH3_64bits_digest(rd->xs), err, errsz);
+	}
+	rd->verify_s += wk_now() - t0;
+	return rc;
+}
+
+/* A raw work item through a sink, in pieces of rs->piece bytes: each read into the next of
+ * the reader's piece buffers (once its last copy is done), summed into its chunks'
+ * checksums, and its copy into the sink's image started. */
+static int sink_raw(struct reader *rd, const struct work *w, char *err, size_t errsz)
+{
+	struct restore *rs = rd->rs;
+	const struct snap_sink *k = &rs->s->sink;
+	struct snap_rank *rk = &rs->s->r[w->rank];
+	uint64_t img0 = rk->c[w->c0].offset;
+	uint64_t len = rk->c[w->c1 - 1].offset + rk->c[w->c1 - 1].size - img0;
+	size_t ci = w->c0;
+	bool open = false;
+	int rc;
+	if (rs->verify && !rd->xs && !(rd->xs = XXH3_createState()))
+		return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", rk->path);
+	for (uint64_t p = 0; p < w->flen; p += rs->piece) {
+		int i = rd->slot_next;
+		uint64_t n = w->flen - p < rs->piece ? w->flen - p : rs->piece;
+		uint64_t e = p + n < len ? p + n : len; /* image bytes [p, e): the rest is padding */
+		if ((rc = stage_ready(rd, rk, &rd->slot[i], &rd->slot_busy[i], rs->piece, err,
+				      errsz)) ||
+		    (rc = read_into(rd, rk, rd->slot[i], n, w->foff + p, err, errsz)))
+			return rc;
+		if (rs->verify &&
+		    (rc = sum_piece(rd, rk, w, &ci, &open, rd->slot[i], p, e, err, errsz)))
+			return rc;
+		if (e > p && (rc = k->put(k->ctx, w->rank, rk->image + img0 + p, rd->slot[i],
+					  e - p, err, errsz)))
+			return rc;
+		rd->slot_busy[i] = e > p;
+		rd->slot_next = (i + 1) % SNAP_SINK_SLOTS;
+	}
+	if (rs->verify && ci < w->c1) /* cannot happen: every chunk ends by the item's end */
+		return wk_errf(err, errsz, WK_EFORMAT, "%s: chunk %zu was not read whole",
+			       rk->path, ci);
+	return WK_OK;
+}
+
+/* A work item through a sink: read (and decompress) into staging buffers, verify there, and
+ * start the copies into the sink's image. */
+static int do_work_sink(struct reader *rd, const struct work *w, char *err, size_t errsz)
+{
+	int rc = w->lz4 ? sink_lz4(rd, w, err, errsz) : sink_raw(rd, w, err, errsz);
+	if (rc == WK_OK)
+		atomic_fetch_add(&rd->rs->done, w->flen);
+	return rc;
+}
+
+/* Waits for the copies from a staging buffer, then frees it; the first error goes to err. */
+static void stage_drop(struct reader *rd, unsigned char **b, bool *busy, int *rc, char *err,
+		       size_t errsz)
+{
+	const struct snap_sink *k = &rd->rs->s->sink;
+	if (*busy) {
+		char e2[WK_ERRSZ];
+		int r2 = k->wait(k->ctx, *b, e2, sizeof e2);
+		if (r2 && !*rc) {
+			*rc = r2;
+			snprintf(err, errsz, "%s", e2);
+		}
+		*busy = false;
+	}
+	if (*b)
+		k->stage_free(k->ctx, *b);
+	*b = NULL;
 }
 
 /* Waits for the copies from a reader's staging buffers and frees them. */
 static int ring_drain(struct reader *rd, char *err, size_t errsz)
 {
-	const struct snap_sink *k = &rd->rs->s->sink;
 	int rc = WK_OK;
-	for (int i = 0; i < 2; i++) {
-		if (rd->ring_busy[i]) {
-			char e2[WK_ERRSZ];
-			int r2 = k->wait(k->ctx, rd->ring[i], e2, sizeof e2);
-			if (r2 && !rc) {
-				rc = r2;
-				snprintf(err, errsz, "%s", e2);
-			}
-			rd->ring_busy[i] = false;
-		}
-		if (rd->ring[i])
-			k->stage_free(k->ctx, rd->ring[i]);
-		rd->ring[i] = NULL;
-	}
+	for (int i = 0; i < 2; i++)
+		stage_drop(rd, &rd->ring[i], &rd->ring_busy[i], &rc, err, errsz);
+	for (int i = 0; i < SNAP_SINK_SLOTS; i++)
+		stage_drop(rd, &rd->slot[i], &rd->slot_busy[i], &rc, err, errsz);
 	return rc;
 }
 
@@ -488,8 +596,10 @@ static int plan(struct restore *rs, uint64_t read_size, char *err, size_t errsz)
 			if (w->lz4 && w->flen > rs->stage_need)
 				rs->stage_need = w->flen;
 			uint64_t span = rk->c[i - 1].offset + rk->c[i - 1].size - rk->c[w->c0].offset;
-			if (span > rs->item_need)
+			if (w->lz4 && span > rs->item_need)
 				rs->item_need = span;
+			if (!w->lz4 && w->flen > rs->raw_need)
+				rs->raw_need = w->flen;
 		}
 	}
 	free(cur);
@@ -580,6 +690,7 @@ static int run_readers(struct restore *rs, int nthreads, bool progress, char *er
 	for (int i = 0; i < nthreads; i++) {
 		free(rd[i].stage);
 		free(rd[i].vec);
+		XXH3_freeState(rd[i].xs);
 	}
 	free(rd);
 	pthread_cond_destroy(&rs->cv);
@@ -661,14 +772,20 @@ int snap_open(const char *dir, const struct snap_open_opts *o, struct snap **out
 	rs.verify = o->verify;
 	if ((rc = plan(&rs, read_size, err, errsz)))
 		goto fail;
+	rs.piece = o->sink_piece ? snap__align(o->sink_piece) : SNAP_SINK_PIECE;
+	if (rs.piece > SNAP_MAX_CHUNK)
+		rs.piece = SNAP_MAX_CHUNK;
+	if (rs.piece > rs.raw_need && rs.raw_need) /* a small snapshot: no bigger than an item */
+		rs.piece = rs.raw_need;
 	s->tm.open_s = wk_now() - t0;
 
 	/* Default: 4 per rank file, at most 16, and at most 2 per CPU: beyond that, threads only
 	 * fight over cores and caches when the data comes from the page cache or lz4 (on 2
 	 * cores, 8 threads restored a warm lz4 snapshot 2.5x slower than 2). Into a GPU too: on
 	 * an H200 machine (16 CPUs) a warm one-rank 1.2 GB snapshot took 0.195 s with 4 threads
-	 * and 0.361 s with 16 (not yet measured why; a suspect: each reader pins two staging
-	 * buffers of a chunk, 128 MiB against 512 MiB of cudaHostAlloc). */
+	 * and 0.361 s with 16 (not measured why; the suspect: each reader then pinned two
+	 * staging buffers of a 16 MiB item, 128 MiB against 512 MiB of cudaHostAlloc, which is
+	 * why raw chunks now go in pieces, SNAP_SINK_SLOTS of 2 MiB a reader: 24 and 96 MiB). */
 	int nthreads = o->threads;
 	if (nthreads <= 0) {
 		long cpus = sysconf(_SC_NPROCESSORS_ONLN);

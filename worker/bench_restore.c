@@ -377,18 +377,19 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 			goto done;
 		}
 	out->link_s = median(v, runs);
-	/* What the restore's staging costs to pin, timed alone: each reader thread's two
-	 * buffers of a 16 MiB read (SNAP's default item), allocated, then freed. */
-	out->pins = 2 * (out->threads > 0 ? out->threads : 1);
+	/* What the restore's staging costs to pin, timed alone: each reader thread's piece
+	 * buffers (SNAP_SINK_SLOTS of SNAP_SINK_PIECE: the snapshot's raw chunks), allocated,
+	 * then freed. */
+	out->pins = SNAP_SINK_SLOTS * (out->threads > 0 ? out->threads : 1);
 	if (out->pins > 64)
 		out->pins = 64;
 	{
 		void *pin[64] = {0};
 		double t0 = wk_now();
 		for (int i = 0; i < out->pins; i++)
-			if (!(pin[i] = b->stage_alloc(k.rctx[0], (size_t)16 << 20)))
+			if (!(pin[i] = b->stage_alloc(k.rctx[0], SNAP_SINK_PIECE)))
 				rc = wk_errf(err, errsz, WK_ENOMEM, "cannot pin %d staging buffers of "
-					     "16 MiB", out->pins);
+					     "%u bytes", out->pins, SNAP_SINK_PIECE);
 		double t1 = wk_now();
 		for (int i = 0; i < out->pins; i++)
 			if (pin[i])
@@ -656,8 +657,8 @@ int bench_restore(int argc, char **argv)
 		printf("  of which: open %.3f s (manifest, files, device images), readers %.3f s "
 		       "(%d threads; hashing %.3f s summed over them)\n", db.open_s, db.read_s,
 		       db.threads, db.verify_s);
-		printf("  pinning its staging alone (%d x 16 MiB): %.3f s, unpinning %.3f s\n",
-		       db.pins, db.pin_s, db.unpin_s);
+		printf("  pinning its staging alone (%d x %u MiB): %.3f s, unpinning %.3f s\n",
+		       db.pins, SNAP_SINK_PIECE >> 20, db.pin_s, db.unpin_s);
 		printf("%-42s %10.3f %8.2f\n", db.devices == 1 ? "pinned copy (one buffer, no disk)"
 		       : "pinned copies (a buffer a device, no disk)", db.link_s,
 		       db.bytes / db.link_s / 1e9);

@@ -44,7 +44,7 @@ struct bench_device {
 	 * images), the readers' wall time, and their hashing summed over threads */
 	double open_s, read_s, verify_s;
 	int threads;
-	/* pinning what the readers stage through, alone: pins buffers of 16 MiB */
+	/* pinning what the readers stage through, alone: pins buffers of SNAP_SINK_PIECE */
 	int pins;
 	double pin_s, unpin_s;
 };

@@ -32,6 +32,7 @@ struct fake {
 		size_t bytes;
 	} st[MAX_STAGES];
 	int n_st, stage_allocs, peak_st;
+	size_t max_stage; /* the largest staging buffer asked for */
 	int puts, waits;
 	bool refilled; /* a put on a buffer whose copy was not waited for */
 	bool freed_pending;
@@ -90,6 +91,8 @@ static void *f_stage_alloc(void *ctx, size_t size)
 	void *p = aligned_alloc(SNAP_ALIGN, (size + SNAP_ALIGN - 1) / SNAP_ALIGN * SNAP_ALIGN);
 	pthread_mutex_lock(&f->mu);
 	cr_assert_lt(f->n_st, MAX_STAGES);
+	if (size > f->max_stage)
+		f->max_stage = size;
 	f->st[f->n_st].buf = p;
 	f->st[f->n_st].dst = NULL;
 	f->n_st++;
@@ -184,15 +187,18 @@ static void restore_through_sink(bool lz4)
 	make_fixture();
 	char *d = tmpdir(), *out = path2(d, "snap");
 	write_snap(out, lz4);
+	/* pieces: of a chunk (4096), across chunk ends (12288, 20480), the default */
 	struct {
 		int threads;
-		size_t read_size;
-	} runs[] = {{1, 4096}, {3, 0}, {7, 3 * CHUNK + 1}, {2, 2 * CHUNK}};
+		size_t read_size, piece;
+	} runs[] = {{1, 4096, 4096},	       {3, 0, 0},	   {7, 3 * CHUNK + 1, 12288},
+		    {2, 2 * CHUNK, 0},	       {4, 0, 4096},	   {3, 4 * CHUNK, 20480}};
 	for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
 		struct fake f = {.accept = true};
 		struct snap_sink sk = sink_of(&f);
 		struct snap_open_opts o = {.verify = true, .sink = &sk, .threads = runs[k].threads,
-					   .read_size = runs[k].read_size, .map = 1};
+					   .read_size = runs[k].read_size,
+					   .sink_piece = runs[k].piece, .map = 1};
 		struct snap *s = open_ok(out, &o);
 		check_device(s, &f);
 		const struct snap_timings *tm = snap_timings(s);
@@ -204,8 +210,12 @@ static void restore_through_sink(bool lz4)
 		cr_assert(!f.refilled, "run %zu: a buffer was refilled before its copy finished", k);
 		cr_assert(!f.freed_pending, "run %zu: a buffer was freed before its copy", k);
 		cr_assert_eq(f.n_st, 0, "run %zu: every staging buffer is freed", k);
-		cr_assert_leq(f.stage_allocs, 2 * tm->threads, "run %zu: at most 2 buffers a reader",
-			      k);
+		int most = (SNAP_SINK_SLOTS + (lz4 ? 2 : 0)) * tm->threads;
+		cr_assert_leq(f.stage_allocs, most, "run %zu: %d buffers, at most %d", k,
+			      f.stage_allocs, most);
+		if (!lz4) /* raw chunks: pieces, never a whole item */
+			cr_assert_leq(f.max_stage, runs[k].piece ? runs[k].piece : SNAP_SINK_PIECE,
+				      "run %zu: a staging buffer of %zu bytes", k, f.max_stage);
 		uint64_t a;
 		cr_assert_eq(snap_image(s, 0, &a), f.img[0].none);
 		snap_close(s);
@@ -248,20 +258,31 @@ Test(snapshot_sink, declined)
 }
 
 /* A chunk that fails its checksum (raw, then lz4) fails the restore by name, and everything
- * the sink handed out is given back, after every copy in flight was waited for. */
+ * the sink handed out is given back, after every copy in flight was waited for. Raw chunks
+ * go in pieces: the bad byte in a chunk's first piece, in its second (the first already
+ * copied), and in a piece that spans chunks. */
 Test(snapshot_sink, bad_chunk_fails_and_releases)
 {
 	make_fixture();
-	for (int lz4 = 0; lz4 < 2; lz4++) {
+	struct {
+		int lz4;
+		long at;
+		size_t read_size, piece;
+	} cases[] = {{0, 10, 4096, 0}, {0, 4096 + 10, 4096, 4096}, {0, 10, 0, 3 * 4096},
+		     {1, 10, 4096, 0}};
+	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+		int lz4 = cases[k].lz4;
 		char *d = tmpdir(), *out = path2(d, "snap"), *rf = path2(out, "rank-001.bin");
 		write_snap(out, lz4);
 		json_t *m = load_manifest(out);
 		json_t *c = chunk_of(m, 1, chunk_inside(m, 1, lz4 ? "zeros" : "big"));
-		flip(rf, jint(c, "file_offset") + 10);
+		cr_assert_gt((long)jint(c, "size"), cases[k].at, "case %zu: the chunk is too small", k);
+		flip(rf, jint(c, "file_offset") + cases[k].at);
 		struct fake f = {.accept = true};
 		struct snap_sink sk = sink_of(&f);
 		struct snap_open_opts o = {.verify = true, .sink = &sk, .threads = 3,
-					   .read_size = 4096};
+					   .read_size = cases[k].read_size,
+					   .sink_piece = cases[k].piece};
 		open_fails(out, &o, WK_EFORMAT, lz4 ? "rank-001.bin: chunk" : "failed its checksum");
 		cr_assert_eq(f.n_released, f.n_images);
 		cr_assert_eq(f.n_st, 0);
