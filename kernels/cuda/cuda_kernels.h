@@ -313,6 +313,12 @@ int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
  * the rule above (tests and the kernel lab). */
 int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0);
 void wk_cuda_dsa_force(int path);
+/* The select's candidate list (the tests' and the kernel lab's knob; not thread-safe): a
+ * query's top-k is chosen in two passes over its scores, not five, when the keys at or above
+ * its top-k boundary's bin (an eighth of an octave) number at most cap (default and most
+ * DSA_CAP, 12,288, in 112 KiB of the launch's dynamic shared memory); else, or with cap 0, by
+ * the radix select of five passes. A negative cap restores the default. */
+void wk_cuda_dsa_cap(int cap);
 
 /* ---- grouped MoE experts (moe_kernels.cu) ---- */
 

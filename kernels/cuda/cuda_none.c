@@ -137,6 +137,11 @@ void wk_cuda_dsa_force(int path)
 	(void)path;
 }
 
+void wk_cuda_dsa_cap(int cap)
+{
+	(void)cap;
+}
+
 int wk_cuda_cast_n(const struct wk_cast *c, int count, char *err, size_t errsz)
 {
 	(void)c, (void)count;

@@ -802,6 +802,7 @@ struct dsa_smem { /* the select's shared memory */
 	unsigned hist[256];
 	unsigned prefix;
 	int need;
+	int list; /* dsa_digit: the keys in the chosen digit and above */
 	int scratch[32];
 	int last; /* dsa_finish: this block is its query's last */
 };
@@ -889,6 +890,141 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 		*nsel = topk;
 }
 
+/* dsa_select_block's answer in two passes over the scores, not five, when the candidates fit
+ * the block's dynamic shared memory (dsa_dyn: DSA_HBINS counts, then cap keys and cap
+ * positions). Pass 1 counts the keys' top DSA_HB bits (DSA_HBINS digits: a bin is an eighth
+ * of an octave of the scores, where 256 bins of 8 bits are two octaves, which may hold most
+ * of a long context's keys at the top-k boundary); the digit b where the count from the top
+ * reaches topk leaves a list of the keys in digits >= b, at most topk plus b's count. When
+ * that list fits (cap entries), pass 2 copies its keys and positions into shared memory in
+ * position order (a block scan a chunk, DSA_ILP consecutive positions a thread); two radix
+ * passes of 10 bits over the list's keys in digit b fix K; and one walk of the list in order
+ * writes the chosen positions as dsa_select_block's last pass does. False (nothing written)
+ * when the list would not fit: the caller then runs dsa_select_block. blockDim.x must be
+ * DSA_THREADS (DSA_HBINS / blockDim.x digits a thread in the digit scans). Every branch is
+ * block-uniform (it depends on shared values only). */
+#define DSA_HB 12
+#define DSA_HBINS (1 << DSA_HB)
+#define DSA_CAP 12288 /* the list's default capacity: 112 KiB of dynamic shared memory */
+#define DSA_DYN(cap) ((size_t)DSA_HBINS * 4 + (size_t)(cap) * 8)
+
+/* The digit where the count from the top of hist[0, nb) reaches need (>= 1, at most the
+ * total), for the whole block: sm->prefix = prefix | digit << shift, sm->need = need less the
+ * keys in the digits above, sm->list = those keys plus the digit's own. */
+__device__ void dsa_digit(const unsigned *hist, int nb, int need, unsigned prefix, int shift,
+			  struct dsa_smem *sm)
+{
+	int per = nb / (int)blockDim.x, t = threadIdx.x, top = nb - 1 - per * t, hb = 0, all;
+	for (int j = 0; j < per; j++) /* this thread's digits, from the top: top .. top - per + 1 */
+		hb += (int)hist[top - j];
+	int upto = block_scan(hb, sm->scratch, &all); /* the keys in digits >= top - per + 1 */
+	if (upto - hb < need && need <= upto) {
+		int above = upto - hb;
+		for (int j = 0; j < per; j++) {
+			int c = (int)hist[top - j];
+			if (above + c >= need) {
+				sm->prefix = prefix | ((unsigned)(top - j) << shift);
+				sm->need = need - above;
+				sm->list = above + c;
+				break;
+			}
+			above += c;
+		}
+	}
+	__syncthreads();
+}
+
+__device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float *scores, int len,
+				   int topk, struct dsa_smem *sm, int cap)
+{
+	extern __shared__ uint4 dsa_dyn[];
+	unsigned *hist = (unsigned *)dsa_dyn, *lk = hist + DSA_HBINS;
+	int *lp = (int *)(lk + cap);
+	const int step = DSA_ILP * (int)blockDim.x, sh = 32 - DSA_HB;
+	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x)
+		hist[b] = 0;
+	__syncthreads();
+	for (int c0 = 0; c0 < len; c0 += step) { /* pass 1: the top DSA_HB bits of every key */
+		float v[DSA_ILP];
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++) {
+			int t = c0 + u * (int)blockDim.x + (int)threadIdx.x;
+			v[u] = t < len ? scores[t] : 0.0f;
+		}
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++)
+			if (c0 + u * (int)blockDim.x + (int)threadIdx.x < len)
+				atomicAdd(&hist[order_key(v[u]) >> sh], 1u);
+	}
+	__syncthreads();
+	dsa_digit(hist, DSA_HBINS, topk, 0, sh, sm);
+	unsigned lo = sm->prefix; /* the list: keys >= lo */
+	int need = sm->need, n = sm->list;
+	if (n > cap)
+		return false;
+	int base = 0; /* pass 2: the list, in position order */
+	for (int c0 = 0; c0 < len; c0 += step) {
+		int t0 = c0 + DSA_ILP * (int)threadIdx.x, in = 0, total;
+		unsigned key[DSA_ILP];
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++)
+			key[u] = t0 + u < len ? order_key(scores[t0 + u]) : 0;
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++)
+			in += t0 + u < len && key[u] >= lo;
+		int at = base + block_scan(in, sm->scratch, &total) - in;
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++)
+			if (t0 + u < len && key[u] >= lo) {
+				lk[at] = key[u];
+				lp[at++] = t0 + u;
+			}
+		base += total;
+	}
+	/* K's last 20 bits: two radix passes over the list's keys in digit lo >> sh */
+	unsigned prefix = lo, mask = ~0u << sh;
+	for (int shift = sh - 10; shift >= 0; shift -= 10) {
+		for (int b = threadIdx.x; b < 1024; b += blockDim.x)
+			hist[b] = 0;
+		__syncthreads(); /* also: the list is complete */
+		for (int j = threadIdx.x; j < n; j += blockDim.x)
+			if ((lk[j] & mask) == prefix)
+				atomicAdd(&hist[(lk[j] >> shift) & 1023u], 1u);
+		__syncthreads();
+		dsa_digit(hist, 1024, need, prefix, shift, sm);
+		prefix = sm->prefix;
+		need = sm->need;
+		mask |= 1023u << shift;
+	}
+	/* prefix is K: every listed key above it, and the first need equal to it */
+	int gt_base = 0, eq_base = 0;
+	for (int c0 = 0; c0 < n; c0 += step) {
+		int j0 = c0 + DSA_ILP * (int)threadIdx.x, gt = 0, eq = 0, total;
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++) {
+			gt += j0 + u < n && lk[j0 + u] > prefix;
+			eq += j0 + u < n && lk[j0 + u] == prefix;
+		}
+		int packed = gt | eq << 16;
+		int excl = block_scan(packed, sm->scratch, &total) - packed;
+		int gt_before = gt_base + (excl & 0xffff), eq_before = eq_base + (excl >> 16);
+#pragma unroll
+		for (int u = 0; u < DSA_ILP; u++) {
+			bool g = j0 + u < n && lk[j0 + u] > prefix;
+			bool e = j0 + u < n && lk[j0 + u] == prefix;
+			if (g || (e && eq_before < need))
+				sel[gt_before + min(eq_before, need)] = lp[j0 + u];
+			gt_before += g;
+			eq_before += e;
+		}
+		gt_base += total & 0xffff;
+		eq_base += total >> 16;
+	}
+	if (threadIdx.x == 0)
+		*nsel = topk;
+	return true;
+}
+
 struct dsa_args {
 	int *sel, *nsel;
 	float *scores; /* [group][stride] */
@@ -900,6 +1036,7 @@ struct dsa_args {
 	int scored;      /* k_dsa_topk_n: the scores are in already (k_dsa_score_mma's) */
 	int ng, qb;      /* k_dsa_score_mma: the group's queries, and a block's; */
 	int chunk;       /* and a block's keys (a multiple of DM_KT) */
+	int cap;         /* dsa_select_compact's list (the launch's DSA_DYN(cap) bytes); 0: not */
 };
 
 /* The end of a block of k_dsa_topk_n or k_dsa_topk_tc, query i (group row g) of len keys
@@ -920,7 +1057,9 @@ __device__ void dsa_finish(const struct dsa_args &a, int g, int i, int len, cons
 	__threadfence();
 	int *sel = a.sel + (size_t)i * d.topk;
 	if (len > d.topk) {
-		dsa_select_block(sel, a.nsel + i, sc, len, d.topk, sm);
+		if (a.cap <= 0 || blockDim.x != DSA_THREADS ||
+		    !dsa_select_compact(sel, a.nsel + i, sc, len, d.topk, sm, a.cap))
+			dsa_select_block(sel, a.nsel + i, sc, len, d.topk, sm);
 	} else {
 		for (int j = threadIdx.x; j < len; j += blockDim.x)
 			sel[j] = j;
@@ -1152,7 +1291,11 @@ template <typename KV> static cudaError_t dm_launch(struct dsa_args a, int longe
 	dim3 grid((unsigned)tiles, (unsigned)((longest + a.chunk - 1) / a.chunk));
 	k_dsa_score_mma<KV><<<grid, DM_THREADS, DM_SMEM, wk_st()>>>(a);
 	a.scored = 1;
-	k_dsa_topk_n<KV><<<dim3(1, (unsigned)a.ng), DSA_THREADS, 0, wk_st()>>>(a);
+	size_t dyn = a.cap > 0 ? DSA_DYN(a.cap) : 0;
+	if ((e = cudaFuncSetAttribute((k_dsa_topk_n<KV>),
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn)))
+		return e;
+	k_dsa_topk_n<KV><<<dim3(1, (unsigned)a.ng), DSA_THREADS, dyn, wk_st()>>>(a);
 	return cudaSuccess;
 }
 
@@ -1260,10 +1403,16 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_tc(struct dsa_args a)
 }
 
 static int dsa_forced; /* wk_cuda_dsa_force */
+static int dsa_cap = DSA_CAP; /* wk_cuda_dsa_cap */
 
 extern "C" void wk_cuda_dsa_force(int path)
 {
 	dsa_forced = path;
+}
+
+extern "C" void wk_cuda_dsa_cap(int cap)
+{
+	dsa_cap = cap < 0 ? DSA_CAP : cap > DSA_CAP ? DSA_CAP : cap;
 }
 
 /* The queries of one sequence's n at pos0 with no more keys than topk (they take them all). */
@@ -1288,16 +1437,27 @@ extern "C" int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
 
 /* One group's launches on path (wk_cuda_dsa_path) over keys of up to longest: the scores
  * and the select (paths 1 and 3: one launch; 2: dm_launch's two). */
-template <typename KV> static cudaError_t dsa_group(int path, const struct dsa_args &a, int longest)
+template <typename KV> static cudaError_t dsa_group(int path, struct dsa_args a, int longest)
 {
 	dim3 grid((unsigned)((longest + DT_BLOCK - 1) / DT_BLOCK), (unsigned)a.ng);
+	a.cap = dsa_cap; /* the select's list in dynamic shared memory */
+	size_t dyn = a.cap > 0 ? DSA_DYN(a.cap) : 0;
+	cudaError_t e;
 	if (path == 2)
 		return dm_launch<KV>(a, longest);
 	if (path == 3) {
-		k_dsa_topk_tc<KV><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+		if ((e = cudaFuncSetAttribute((k_dsa_topk_tc<KV>),
+					      cudaFuncAttributeMaxDynamicSharedMemorySize,
+					      (int)dyn)))
+			return e;
+		k_dsa_topk_tc<KV><<<grid, DSA_THREADS, dyn, wk_st()>>>(a);
 	} else {
 		grid.x = (unsigned)(((size_t)longest * 32 + DSA_THREADS - 1) / DSA_THREADS);
-		k_dsa_topk_n<KV><<<grid, DSA_THREADS, 0, wk_st()>>>(a);
+		if ((e = cudaFuncSetAttribute((k_dsa_topk_n<KV>),
+					      cudaFuncAttributeMaxDynamicSharedMemorySize,
+					      (int)dyn)))
+			return e;
+		k_dsa_topk_n<KV><<<grid, DSA_THREADS, dyn, wk_st()>>>(a);
 	}
 	return cudaSuccess;
 }
@@ -1341,7 +1501,8 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 	for (int i0 = all; i0 < n; i0 += group) {
 		int g = n - i0 < group ? n - i0 : group;
 		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
-		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g, 0, 0};
+		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g,
+				     0, 0, 0};
 		cudaError_t e = kv == DT_F8_E4M3 ? dsa_group<__nv_fp8_e4m3>(path, a, (int)len)
 				: kv == DT_BF16	 ? dsa_group<uint16_t>(path, a, (int)len)
 						 : dsa_group<float>(path, a, (int)len);

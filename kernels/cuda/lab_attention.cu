@@ -557,34 +557,52 @@ out:
 /* GLM-5's DSA indexer in a batched decode step: DD_B sequences of DD_CTX keys each (bf16,
  * the default cache), one query each at its last position, one call (several sequences):
  * a warp a key on the f32 pipes (path 1) against the keys on the tensor cores (path 3), the
- * select in both. Both are bound by reading the keys (GB/s of them beside the copy); the
- * calls rotate over DD_LAYERS layers' caches, so that the keys stream from HBM and not from
- * L2. Checked on layer 0: query 0's scores against cpu_ref_dsa_score, and path 3's against
- * path 1's for every query. */
+ * select in both (its two-pass form, wk_cuda_dsa_cap), and path 3 again with the select's
+ * five-pass radix form. Both are bound by reading the keys (GB/s of them beside the copy);
+ * the calls rotate over DD_LAYERS layers' caches, so that the keys stream from HBM and not
+ * from L2. Checked on layer 0: query 0's scores against cpu_ref_dsa_score, and path 3's
+ * against path 1's for every query. Then the same at one sequence of DD_B x DD_CTX keys
+ * (long context at batch 1: one block selects while the others idle). */
 #define DD_B 4
 #define DD_CTX 32768
 #define DD_LAYERS 4
 
+/* Path 3 with the five-pass select (lab_path_row's force: 0 restores both defaults). */
+static void dsa_force_radix(int path)
+{
+	wk_cuda_dsa_force(path);
+	wk_cuda_dsa_cap(path ? 0 : -1);
+}
+
+static int dsa_decode_at(int nb, int ctx, double ceil_gbs);
+
 int lab_dsa_decode(double ceil_gbs)
+{
+	return dsa_decode_at(DD_B, DD_CTX, ceil_gbs) | dsa_decode_at(1, DD_B * DD_CTX, ceil_gbs)
+		       ? WK_EIO
+		       : WK_OK;
+}
+
+static int dsa_decode_at(int nb, int ctx, double ceil_gbs)
 {
 	char err[WK_ERRSZ] = "";
 	const int H = 32, D = 128, topk = 2048;
-	size_t nk = (size_t)DD_B * DD_CTX * D, nq = (size_t)DD_B * H * D, nw = (size_t)DD_B * H;
-	size_t no = (size_t)DD_B * DD_CTX;
+	size_t nk = (size_t)nb * ctx * D, nq = (size_t)nb * H * D, nw = (size_t)nb * H;
+	size_t no = (size_t)nb * ctx;
 	void *k[DD_LAYERS] = {};
 	float *q = NULL, *w = NULL, *sc = NULL;
 	int *sel = NULL, *ns = NULL, *dseq = NULL, *dpos = NULL;
 	unsigned *count = NULL;
-	uint16_t *hk = (uint16_t *)malloc((size_t)DD_CTX * D * 2);
+	uint16_t *hk = (uint16_t *)malloc((size_t)ctx * D * 2);
 	float *hq = (float *)malloc((size_t)H * D * 4), *hw = (float *)malloc((size_t)H * 4);
 	float *got = (float *)malloc(no * 4), *base = (float *)malloc(no * 4);
-	float *want = (float *)malloc((size_t)DD_CTX * 4);
-	int seq[DD_B], pos[DD_B], failed = 0, layer = 0;
+	float *want = (float *)malloc((size_t)ctx * 4);
+	int seq[DD_B] = {}, pos[DD_B] = {}, failed = 0, layer = 0;
 	double ms1 = 0;
-	for (int b = 0; b < DD_B; b++)
-		seq[b] = b, pos[b] = DD_CTX - 1;
+	for (int b = 0; b < nb; b++)
+		seq[b] = b, pos[b] = ctx - 1;
 	printf("\n%-40s %10s %10s   (%d sequences of %d keys, %d heads of %d, top %d, bf16 keys)\n",
-	       "kernel (decode, DSA indexer)", "TFLOPS", "vs warps", DD_B, DD_CTX, H, D, topk);
+	       "kernel (decode, DSA indexer)", "TFLOPS", "vs warps", nb, ctx, H, D, topk);
 	bool ok = hk && hq && hw && got && base && want;
 	for (int l = 0; l < DD_LAYERS && ok; l++)
 		ok = !wk_cuda_alloc(&k[l], nk * 2, err, sizeof err) &&
@@ -592,17 +610,17 @@ int lab_dsa_decode(double ceil_gbs)
 	if (!ok || wk_cuda_alloc((void **)&q, nq * 4, err, sizeof err) ||
 	    wk_cuda_alloc((void **)&w, nw * 4, err, sizeof err) ||
 	    wk_cuda_alloc((void **)&sc, no * 4, err, sizeof err) ||
-	    wk_cuda_alloc((void **)&sel, (size_t)DD_B * topk * sizeof(int), err, sizeof err) ||
-	    wk_cuda_alloc((void **)&ns, DD_B * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&sel, (size_t)nb * topk * sizeof(int), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&ns, nb * sizeof(int), err, sizeof err) ||
 	    wk_cuda_alloc((void **)&dseq, sizeof seq, err, sizeof err) ||
 	    wk_cuda_alloc((void **)&dpos, sizeof pos, err, sizeof err) ||
-	    wk_cuda_alloc((void **)&count, DD_B * sizeof(unsigned), err, sizeof err) ||
-	    wk_cuda_zero(count, DD_B * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&count, nb * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_zero(count, nb * sizeof(unsigned), err, sizeof err) ||
 	    wk_cuda_zero(sc, no * 4, err, sizeof err) ||
 	    wk_cuda_upload(dseq, seq, sizeof seq, err, sizeof err) ||
 	    wk_cuda_upload(dpos, pos, sizeof pos, err, sizeof err) ||
 	    fill_random(q, nq * 4, true, -1, 1) || fill_random(w, nw * 4, true, -1, 1) ||
-	    wk_cuda_download(hk, k[0], (size_t)DD_CTX * D * 2, err, sizeof err) ||
+	    wk_cuda_download(hk, k[0], (size_t)ctx * D * 2, err, sizeof err) ||
 	    wk_cuda_download(hq, q, (size_t)H * D * 4, err, sizeof err) ||
 	    wk_cuda_download(hw, w, (size_t)H * 4, err, sizeof err)) {
 		printf("%-40s %10s   (%s)\n", "decode, DSA indexer", "FAILED",
@@ -615,23 +633,26 @@ int lab_dsa_decode(double ceil_gbs)
 		memset(&d, 0, sizeof d);
 		d.kv = DT_BF16, d.n_heads = H, d.head_dim = D, d.topk = topk;
 		d.qk_scale = 1.0f / sqrtf((float)D), d.w_scale = 1.0f / sqrtf((float)H);
-		d.seq = dseq, d.pos = dpos, d.seq_rows = DD_CTX, d.keys_max = DD_CTX;
-		for (int t = 0; t < DD_CTX; t++) /* query 0 over sequence 0 of layer 0 */
+		d.seq = dseq, d.pos = dpos, d.seq_rows = ctx, d.keys_max = ctx;
+		for (int t = 0; t < ctx; t++) /* query 0 over sequence 0 of layer 0 */
 			want[t] = cpu_ref_dsa_score(hq, hk + (size_t)t * D, DT_BF16, NULL, hw, H, D,
 						    d.qk_scale, d.w_scale);
-		double flops = 2.0 * H * D * (double)DD_B * DD_CTX;
-		for (int path = 1; path <= 3; path += 2) {
+		double flops = 2.0 * H * D * (double)nb * ctx;
+		for (int row = 0; row < 3; row++) {
+			int path = row ? 3 : 1;
 			layer = 0;
 			failed |= lab_path_row(
-				path == 1 ? "a warp a key (f32)" : "keys on the tensor cores",
-				wk_cuda_dsa_force, path, flops,
+				row == 0   ? "a warp a key (f32)"
+				: row == 1 ? "keys on the tensor cores"
+					   : "tensor cores, 5-pass select",
+				row == 2 ? dsa_force_radix : wk_cuda_dsa_force, path, flops,
 				[&]() -> int {
 					d.k = k[layer++ % DD_LAYERS];
-					return wk_cuda_dsa_topk(sel, ns, q, w, &d, DD_B, 0, sc, no,
-								count, DD_B, err, sizeof err);
+					return wk_cuda_dsa_topk(sel, ns, q, w, &d, nb, 0, sc, no,
+								count, nb, err, sizeof err);
 				},
 				[&](const float *dst) -> double {
-					return lab_rel(dst, want, 1, 0, 0, DD_CTX);
+					return lab_rel(dst, want, 1, 0, 0, ctx);
 				},
 				sc, no, base, got, &ms1, err, (double)nk * 2, ceil_gbs);
 		}

@@ -146,6 +146,7 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 #define __grid_constant__
 /* cu2cpp.py rewrites `__shared__ T x[N];` as a static plus a simt_shared call */

@@ -1045,14 +1045,22 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
 		unsigned *zero = calloc(65535, sizeof *zero);
 		unsigned *dcount = to_dev(zero, 65535 * sizeof *zero);
-		for (int path = 1; path <= 3; path++) {
+		/* path, and the select's list (wk_cuda_dsa_cap): the three paths with the default
+		 * list, then path 3 with none (the five-pass radix select) and with one of topk +
+		 * 64 keys (enough for some queries' and not for others') */
+		const int runs[][2] = {{1, -1}, {2, -1}, {3, -1}, {3, 0}, {3, topk + 64}};
+		for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+			int path = runs[r][0], cap = runs[r][1];
 			if (T > 4096 && path != 3) /* the select's chunks: one path is enough */
 				continue;
 			wk_cuda_dsa_force(path);
+			wk_cuda_dsa_cap(cap);
 			int on = wk_cuda_dsa_path(&dd, n, pos0);
 			cr_expect_eq(on, ID <= 128 ? path : 1, "case %zu: path %d", c, on);
-			/* one query a launch on path 1 alone (2 and 3 share its groups) */
-			for (size_t v = path > 1; v < sizeof shape / sizeof shape[0]; v++) {
+			/* one query a launch on path 1 alone (2 and 3 share its groups); the lists'
+			 * runs in one group */
+			size_t v0 = path == 1 && cap < 0 ? 0 : cap < 0 ? 1 : 2;
+			for (size_t v = v0; v < sizeof shape / sizeof shape[0]; v++) {
 				size_t rows = shape[v][0] ? (size_t)shape[v][0] : (size_t)n;
 				float *dsc = dev_alloc(rows * T * 4);
 				int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
@@ -1065,14 +1073,15 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 				from_dev(gn, dn, (size_t)n * sizeof(int));
 				for (int i = 0; i < n; i++) {
 					cr_expect_eq(gn[i], wn[i],
-						     "case %zu/%d/%zu query %d: nsel %d, want %d", c,
-						     on, v, i, gn[i], wn[i]);
+						     "case %zu/%d/%zu/%d query %d: nsel %d, want %d",
+						     c, on, v, cap, i, gn[i], wn[i]);
 					for (int j = 0; j < wn[i] && j < gn[i] && !close[i]; j++)
 						cr_expect_eq(got[(size_t)i * topk + j],
 							     want[(size_t)i * topk + j],
-							     "case %zu/%d/%zu query %d: sel[%d] = %d, "
-							     "want %d",
-							     c, on, v, i, j, got[(size_t)i * topk + j],
+							     "case %zu/%d/%zu/%d query %d: sel[%d] = "
+							     "%d, want %d",
+							     c, on, v, cap, i, j,
+							     got[(size_t)i * topk + j],
 							     want[(size_t)i * topk + j]);
 				}
 				/* all in one group: row i - all holds query i's scores */
@@ -1101,6 +1110,7 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 			}
 		}
 		wk_cuda_dsa_force(0);
+		wk_cuda_dsa_cap(-1);
 		char e2[WK_ERRSZ]; /* a scratch shorter than one row is refused */
 		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &dd, n, pos0, NULL, (size_t)T - 1,
 					      dcount, 1, e2, sizeof e2),
