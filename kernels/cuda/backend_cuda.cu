@@ -58,6 +58,10 @@ struct cuda_ctx {
 	float *aq_scales;         /* matmul_fp8w's bf16 halves of x: grown on demand (dev_grow; */
 	uint16_t *xb;             /* the caps in bytes) */
 	size_t aq_cap, aq_scap, xb_cap;
+	unsigned *dsa_hist;       /* DSA_HIST_ROWS rows of dsa_topk's bin counts (a decode step's
+				   * select: one pass over its scores fewer): zero, each launch
+				   * leaving them zero; NULL until needed or when refused */
+	bool dsa_hist_refused;
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
 				   * moe_route_experts), then WK_CHAIN_SYNC of the chained launches:
 				   * moe_route_experts): zero, each launch leaving them zero */
@@ -173,6 +177,7 @@ static void shutdown(void *ctx)
 	cudaFree(c->dsa_scores);
 	cudaFree(c->att_part);
 	cudaFree(c->dsa_count);
+	cudaFree(c->dsa_hist);
 	pthread_mutex_destroy(&c->stage_mu);
 	free(c);
 }
@@ -660,6 +665,7 @@ static struct cpu_mla to_cpu_mla(const struct be_mla *s)
  * rare, load-time-like cost); where that fails, the engine's scratch, one query at a time. */
 #define DSA_GROUPS 4096
 #define DSA_BUDGET ((size_t)64 << 20)
+#define DSA_HIST_ROWS 256 /* decode steps of up to 256 sequences: 4 MiB of bin counts */
 
 /* The zeroed counters, made on first use; NULL (the failure kept) when CUDA refuses. */
 static unsigned *counters(struct cuda_ctx *c)
@@ -789,8 +795,19 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float
 			cudaGetLastError(); /* out of memory: the engine's scratch below */
 	}
 	bool own = c->dsa_cap >= row;
+	if (!c->dsa_hist && !c->dsa_hist_refused) { /* made once; refused: the select counts */
+		size_t hb = (size_t)DSA_HIST_ROWS * WK_DSA_BINS * sizeof(unsigned);
+		if (cudaMalloc((void **)&c->dsa_hist, hb) != cudaSuccess) {
+			cudaGetLastError();
+			c->dsa_hist = NULL;
+			c->dsa_hist_refused = true;
+		} else if (!ok_cuda(c, cudaMemset(c->dsa_hist, 0, hb), "dsa bin counts")) {
+			return;
+		}
+	}
 	ok(c, wk_cuda_dsa_topk(sel, nsel, q, w, &d, n, pos0, own ? c->dsa_scores : scores,
-			       own ? c->dsa_cap : row, c->dsa_count, DSA_GROUPS, err, sizeof err),
+			       own ? c->dsa_cap : row, c->dsa_count, DSA_GROUPS, c->dsa_hist,
+			       DSA_HIST_ROWS, err, sizeof err),
 	   err);
 }
 

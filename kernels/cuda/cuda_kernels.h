@@ -297,10 +297,16 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
  * scoring and then selecting (the last block of each query selects, or takes every key of a
  * query within topk), so a decode step's queries, one sequence's or several's, are one launch
  * and a prefill's are a few (two a group on path 2). count:
- * max_group unsigned ints of device memory, zero before and left zero. */
+ * max_group unsigned ints of device memory, zero before and left zero. hist: NULL, or
+ * hist_rows x WK_DSA_BINS unsigned ints of device memory, zero before and left zero: a group
+ * of at most hist_rows queries on path 3 (a decode step's) then has its scoring blocks count
+ * the top bits of their scores there for the select, which is then one pass over the scores
+ * (wk_cuda_dsa_cap), not two. */
+#define WK_DSA_BINS 4096
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 		     const struct cpu_dsa *d, int n, int pos0, float *scores, size_t score_floats,
-		     unsigned *count, int max_group, char *err, size_t errsz);
+		     unsigned *count, int max_group, unsigned *hist, int hist_rows, char *err,
+		     size_t errsz);
 /* Which kernels score wk_cuda_dsa_topk's queries: 1, k_dsa_topk_n on the f32 pipes (a warp a
  * query and key, the select in the same launch); 2, k_dsa_score_mma on the tensor cores (a
  * block runs 128 rows of (query, head) over each key read, bf16 hi + lo products, f32 within

@@ -332,10 +332,11 @@ int wk_cuda_mla_absorbed(float *o, float *qa, float *lat, const float *q, const 
 
 int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 		     const struct cpu_dsa *d, int n, int pos0, float *scores, size_t score_floats,
-		     unsigned *count, int max_group, char *err, size_t errsz)
+		     unsigned *count, int max_group, unsigned *hist, int hist_rows, char *err,
+		     size_t errsz)
 {
 	(void)sel, (void)nsel, (void)q, (void)w, (void)d, (void)n, (void)pos0, (void)scores,
-		(void)score_floats, (void)count, (void)max_group;
+		(void)score_floats, (void)count, (void)max_group, (void)hist, (void)hist_rows;
 	return none(err, errsz);
 }
 

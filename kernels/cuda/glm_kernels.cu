@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 
 extern "C" {
@@ -892,7 +893,9 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 
 /* dsa_select_block's answer in two passes over the scores, not five, when the candidates fit
  * the block's dynamic shared memory (dsa_dyn: DSA_HBINS counts, then cap keys and cap
- * positions). Pass 1 counts the keys' top DSA_HB bits (DSA_HBINS digits: a bin is an eighth
+ * positions); in one when gh holds pass 1's counts already (made by the scoring blocks,
+ * dsa_hist_add: taken and left zero here, whatever the answer). Pass 1 counts the keys' top
+ * DSA_HB bits (DSA_HBINS digits: a bin is an eighth
  * of an octave of the scores, where 256 bins of 8 bits are two octaves, which may hold most
  * of a long context's keys at the top-k boundary); the digit b where the count from the top
  * reaches topk leaves a list of the keys in digits >= b, at most topk plus b's count. When
@@ -905,6 +908,7 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
  * block-uniform (it depends on shared values only). */
 #define DSA_HB 12
 #define DSA_HBINS (1 << DSA_HB)
+static_assert(DSA_HBINS == WK_DSA_BINS, "cuda_kernels.h's count of the select's bins");
 #define DSA_CAP 12288 /* the list's default capacity: 112 KiB of dynamic shared memory */
 #define DSA_DYN(cap) ((size_t)DSA_HBINS * 4 + (size_t)(cap) * 8)
 
@@ -917,6 +921,8 @@ __device__ void dsa_digit(const unsigned *hist, int nb, int need, unsigned prefi
 	int per = nb / (int)blockDim.x, t = threadIdx.x, top = nb - 1 - per * t, hb = 0, all;
 	for (int j = 0; j < per; j++) /* this thread's digits, from the top: top .. top - per + 1 */
 		hb += (int)hist[top - j];
+	if (t == 0) /* counts of fewer than need keys (never, unless a caller's bug): no list */
+		sm->list = INT_MAX;
 	int upto = block_scan(hb, sm->scratch, &all); /* the keys in digits >= top - per + 1 */
 	if (upto - hb < need && need <= upto) {
 		int above = upto - hb;
@@ -935,16 +941,16 @@ __device__ void dsa_digit(const unsigned *hist, int nb, int need, unsigned prefi
 }
 
 __device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float *scores, int len,
-				   int topk, struct dsa_smem *sm, int cap)
+				   int topk, struct dsa_smem *sm, int cap, unsigned *gh)
 {
 	extern __shared__ uint4 dsa_dyn[];
 	unsigned *hist = (unsigned *)dsa_dyn, *lk = hist + DSA_HBINS;
 	int *lp = (int *)(lk + cap);
 	const int step = DSA_ILP * (int)blockDim.x, sh = 32 - DSA_HB;
-	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x)
-		hist[b] = 0;
+	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x) /* atomics: past L1 */
+		hist[b] = gh ? atomicExch(&gh[b], 0u) : 0;
 	__syncthreads();
-	for (int c0 = 0; c0 < len; c0 += step) { /* pass 1: the top DSA_HB bits of every key */
+	for (int c0 = 0; !gh && c0 < len; c0 += step) { /* pass 1: the top DSA_HB bits */
 		float v[DSA_ILP];
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++) {
@@ -1025,6 +1031,25 @@ __device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float
 	return true;
 }
 
+/* Adds this block's keys, scores [k0, k1) (just written by its threads), to a query's counts
+ * of their top DSA_HB bits in global memory (gh: dsa_select_compact's pass 1, made by the
+ * scoring blocks), through counts in the dynamic shared memory: a global atomic a bin the
+ * block's keys fall in, not one a key. */
+__device__ void dsa_hist_add(unsigned *gh, const float *sc, int k0, int k1)
+{
+	extern __shared__ uint4 dsa_dyn[];
+	unsigned *h = (unsigned *)dsa_dyn;
+	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x)
+		h[b] = 0;
+	__syncthreads(); /* also: the block's scores are written */
+	for (int t = k0 + (int)threadIdx.x; t < k1; t += blockDim.x)
+		atomicAdd(&h[order_key(sc[t]) >> (32 - DSA_HB)], 1u);
+	__syncthreads();
+	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x)
+		if (h[b])
+			atomicAdd(&gh[b], h[b]);
+}
+
 struct dsa_args {
 	int *sel, *nsel;
 	float *scores; /* [group][stride] */
@@ -1037,6 +1062,8 @@ struct dsa_args {
 	int ng, qb;      /* k_dsa_score_mma: the group's queries, and a block's; */
 	int chunk;       /* and a block's keys (a multiple of DM_KT) */
 	int cap;         /* dsa_select_compact's list (the launch's DSA_DYN(cap) bytes); 0: not */
+	unsigned *hist;  /* [group][DSA_HBINS], zero, left zero: k_dsa_topk_tc's blocks count
+			  * their keys' top bits there for the select (only with cap > 0); or NULL */
 };
 
 /* The end of a block of k_dsa_topk_n or k_dsa_topk_tc, query i (group row g) of len keys
@@ -1056,9 +1083,10 @@ __device__ void dsa_finish(const struct dsa_args &a, int g, int i, int len, cons
 		return;
 	__threadfence();
 	int *sel = a.sel + (size_t)i * d.topk;
+	unsigned *gh = a.hist ? a.hist + (size_t)g * DSA_HBINS : NULL;
 	if (len > d.topk) {
 		if (a.cap <= 0 || blockDim.x != DSA_THREADS ||
-		    !dsa_select_compact(sel, a.nsel + i, sc, len, d.topk, sm, a.cap))
+		    !dsa_select_compact(sel, a.nsel + i, sc, len, d.topk, sm, a.cap, gh))
 			dsa_select_block(sel, a.nsel + i, sc, len, d.topk, sm);
 	} else {
 		for (int j = threadIdx.x; j < len; j += blockDim.x)
@@ -1398,6 +1426,9 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_tc(struct dsa_args a)
 			sc[key] = t0;
 		if (qq == 0 && in1)
 			sc[key + 8] = t1;
+		if (a.hist)
+			dsa_hist_add(a.hist + (size_t)g * DSA_HBINS, sc, k0,
+				     k0 + DT_BLOCK < len ? k0 + DT_BLOCK : len);
 	}
 	dsa_finish(a, g, i, len, sc, &sm);
 }
@@ -1436,12 +1467,15 @@ extern "C" int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
 }
 
 /* One group's launches on path (wk_cuda_dsa_path) over keys of up to longest: the scores
- * and the select (paths 1 and 3: one launch; 2: dm_launch's two). */
-template <typename KV> static cudaError_t dsa_group(int path, struct dsa_args a, int longest)
+ * and the select (paths 1 and 3: one launch; 2: dm_launch's two). hist: the group's rows of
+ * counts for path 3's blocks to fill (a.hist), or NULL. */
+template <typename KV>
+static cudaError_t dsa_group(int path, struct dsa_args a, int longest, unsigned *hist)
 {
 	dim3 grid((unsigned)((longest + DT_BLOCK - 1) / DT_BLOCK), (unsigned)a.ng);
 	a.cap = dsa_cap; /* the select's list in dynamic shared memory */
 	size_t dyn = a.cap > 0 ? DSA_DYN(a.cap) : 0;
+	a.hist = path == 3 && a.cap > 0 ? hist : NULL;
 	cudaError_t e;
 	if (path == 2)
 		return dm_launch<KV>(a, longest);
@@ -1464,8 +1498,8 @@ template <typename KV> static cudaError_t dsa_group(int path, struct dsa_args a,
 
 extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 				const struct cpu_dsa *d, int n, int pos0, float *scores,
-				size_t score_floats, unsigned *count, int max_group, char *err,
-				size_t errsz)
+				size_t score_floats, unsigned *count, int max_group, unsigned *hist,
+				int hist_rows, char *err, size_t errsz)
 {
 	enum dt_type kv = d->kv;
 	if (d->topk < 0 || pos0 < 0 || d->n_heads < 0 || d->head_dim < 0 || max_group < 1 ||
@@ -1502,10 +1536,11 @@ extern "C" int wk_cuda_dsa_topk(int *sel, int *nsel, const float *q, const float
 		int g = n - i0 < group ? n - i0 : group;
 		size_t len = d->seq ? stride : (size_t)pos0 + i0 + g; /* the longest here */
 		struct dsa_args a = {sel, nsel, scores, stride, q, w, *d, pos0, i0, count, 0, g,
-				     0, 0, 0};
-		cudaError_t e = kv == DT_F8_E4M3 ? dsa_group<__nv_fp8_e4m3>(path, a, (int)len)
-				: kv == DT_BF16	 ? dsa_group<uint16_t>(path, a, (int)len)
-						 : dsa_group<float>(path, a, (int)len);
+				     0, 0, 0, NULL};
+		unsigned *h = hist && g <= hist_rows ? hist : NULL; /* rows for the group's */
+		cudaError_t e = kv == DT_F8_E4M3 ? dsa_group<__nv_fp8_e4m3>(path, a, (int)len, h)
+				: kv == DT_BF16	 ? dsa_group<uint16_t>(path, a, (int)len, h)
+						 : dsa_group<float>(path, a, (int)len, h);
 		if (e != cudaSuccess)
 			return check(e, "dsa_topk (tensor cores) shared memory", err, errsz);
 		int rc = launched("dsa_topk", err, errsz);

@@ -520,7 +520,8 @@ int lab_dsa_prefill(void)
 				wk_cuda_dsa_force, path, flops,
 				[&]() -> int {
 					return wk_cuda_dsa_topk(sel, ns, q, w, &d, DS_N, DS_N, sc, no,
-								count, DS_N, err, sizeof err);
+								count, DS_N, NULL, 0, err,
+								sizeof err);
 				},
 				[&](const float *dst) -> double {
 					double e = 0, m = 0;
@@ -592,7 +593,7 @@ static int dsa_decode_at(int nb, int ctx, double ceil_gbs)
 	void *k[DD_LAYERS] = {};
 	float *q = NULL, *w = NULL, *sc = NULL;
 	int *sel = NULL, *ns = NULL, *dseq = NULL, *dpos = NULL;
-	unsigned *count = NULL;
+	unsigned *count = NULL, *hist = NULL;
 	uint16_t *hk = (uint16_t *)malloc((size_t)ctx * D * 2);
 	float *hq = (float *)malloc((size_t)H * D * 4), *hw = (float *)malloc((size_t)H * 4);
 	float *got = (float *)malloc(no * 4), *base = (float *)malloc(no * 4);
@@ -616,6 +617,8 @@ static int dsa_decode_at(int nb, int ctx, double ceil_gbs)
 	    wk_cuda_alloc((void **)&dpos, sizeof pos, err, sizeof err) ||
 	    wk_cuda_alloc((void **)&count, nb * sizeof(unsigned), err, sizeof err) ||
 	    wk_cuda_zero(count, nb * sizeof(unsigned), err, sizeof err) ||
+	    wk_cuda_alloc((void **)&hist, (size_t)nb * WK_DSA_BINS * 4, err, sizeof err) ||
+	    wk_cuda_zero(hist, (size_t)nb * WK_DSA_BINS * 4, err, sizeof err) ||
 	    wk_cuda_zero(sc, no * 4, err, sizeof err) ||
 	    wk_cuda_upload(dseq, seq, sizeof seq, err, sizeof err) ||
 	    wk_cuda_upload(dpos, pos, sizeof pos, err, sizeof err) ||
@@ -638,18 +641,21 @@ static int dsa_decode_at(int nb, int ctx, double ceil_gbs)
 			want[t] = cpu_ref_dsa_score(hq, hk + (size_t)t * D, DT_BF16, NULL, hw, H, D,
 						    d.qk_scale, d.w_scale);
 		double flops = 2.0 * H * D * (double)nb * ctx;
-		for (int row = 0; row < 3; row++) {
+		static const char *name[] = {"a warp a key (f32)", "keys on the tensor cores",
+					     "tensor cores, select counts bins",
+					     "tensor cores, 5-pass select"};
+		for (int row = 0; row < 4; row++) {
 			int path = row ? 3 : 1;
+			unsigned *h = row == 1 ? hist : NULL; /* bins counted by the scoring */
 			layer = 0;
 			failed |= lab_path_row(
-				row == 0   ? "a warp a key (f32)"
-				: row == 1 ? "keys on the tensor cores"
-					   : "tensor cores, 5-pass select",
-				row == 2 ? dsa_force_radix : wk_cuda_dsa_force, path, flops,
+				name[row], row == 3 ? dsa_force_radix : wk_cuda_dsa_force, path,
+				flops,
 				[&]() -> int {
 					d.k = k[layer++ % DD_LAYERS];
 					return wk_cuda_dsa_topk(sel, ns, q, w, &d, nb, 0, sc, no,
-								count, nb, err, sizeof err);
+								count, nb, h, nb, err,
+								sizeof err);
 				},
 				[&](const float *dst) -> double {
 					return lab_rel(dst, want, 1, 0, 0, ctx);
@@ -668,6 +674,7 @@ out:
 	wk_cuda_free(dseq);
 	wk_cuda_free(dpos);
 	wk_cuda_free(count);
+	wk_cuda_free(hist);
 	free(hk);
 	free(hq);
 	free(hw);

@@ -387,6 +387,12 @@ template <typename T, typename U> static inline T atomicAdd(T *p, U v)
 	*p = old + (T)v;
 	return old;
 }
+template <typename T, typename U> static inline T atomicExch(T *p, U v)
+{
+	T old = *p;
+	*p = (T)v;
+	return old;
+}
 
 /* ---- the runtime API (simt_runtime.cpp), for the kernels and kernels/cuda/backend_cuda.cu ----
  *

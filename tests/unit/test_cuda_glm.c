@@ -1045,12 +1045,21 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		static const int shape[][2] = {{1, 1}, {4, 3}, {0, 65535}}; /* rows (0: n), group */
 		unsigned *zero = calloc(65535, sizeof *zero);
 		unsigned *dcount = to_dev(zero, 65535 * sizeof *zero);
-		/* path, and the select's list (wk_cuda_dsa_cap): the three paths with the default
-		 * list, then path 3 with none (the five-pass radix select) and with one of topk +
-		 * 64 keys (enough for some queries' and not for others') */
-		const int runs[][2] = {{1, -1}, {2, -1}, {3, -1}, {3, 0}, {3, topk + 64}};
+		enum { HR = 64 }; /* rows of bin counts: every group here */
+		unsigned *hzero = calloc((size_t)HR * WK_DSA_BINS, sizeof *hzero);
+		unsigned *hleft = malloc((size_t)HR * WK_DSA_BINS * sizeof *hleft);
+		unsigned *dhist = to_dev(hzero, (size_t)HR * WK_DSA_BINS * sizeof *hzero);
+		/* path, the select's list (wk_cuda_dsa_cap), and bin counts made by path 3's
+		 * scoring blocks: the three paths with the default list, path 1 and 2 counting
+		 * their bins in the select, path 3 given the counts; then path 3 with no list
+		 * (the five-pass radix select: the counts, given, left untouched) and with one
+		 * of topk + 64 keys (enough for some queries' and not for others'), not given
+		 * the counts */
+		const int runs[][3] = {{1, -1, 0}, {2, -1, 0}, {3, -1, 1}, {3, 0, 1},
+				       {3, topk + 64, 0}};
 		for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
 			int path = runs[r][0], cap = runs[r][1];
+			unsigned *hist = runs[r][2] ? dhist : NULL;
 			if (T > 4096 && (path != 3 || cap > 0)) /* the select's chunks: one path */
 				continue;
 			wk_cuda_dsa_force(path);
@@ -1066,8 +1075,8 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 				int *dsel = dev_alloc((size_t)n * topk * sizeof(int)),
 				    *dn = dev_alloc((size_t)n * sizeof(int));
 				cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dw, &dd, n, pos0, dsc,
-							      rows * T, dcount, shape[v][1], err,
-							      sizeof err),
+							      rows * T, dcount, shape[v][1], hist,
+							      HR, err, sizeof err),
 					     WK_OK, "%s", err);
 				from_dev(got, dsel, (size_t)n * topk * sizeof(int));
 				from_dev(gn, dn, (size_t)n * sizeof(int));
@@ -1104,6 +1113,10 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 						 "case %zu/%d/%zu: the counters were not left zero",
 						 c, on, v);
 				free(left);
+				from_dev(hleft, dhist, (size_t)HR * WK_DSA_BINS * sizeof *hleft);
+				cr_expect_arr_eq(hleft, hzero, (size_t)HR * WK_DSA_BINS * 4,
+						 "case %zu/%d/%zu/%d: the bin counts were not left "
+						 "zero", c, on, v, cap);
 				wk_cuda_free(dsc);
 				wk_cuda_free(dsel);
 				wk_cuda_free(dn);
@@ -1113,17 +1126,17 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		wk_cuda_dsa_cap(-1);
 		char e2[WK_ERRSZ]; /* a scratch shorter than one row is refused */
 		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &dd, n, pos0, NULL, (size_t)T - 1,
-					      dcount, 1, e2, sizeof e2),
+					      dcount, 1, NULL, 0, e2, sizeof e2),
 			     WK_EINVAL);
 		struct cpu_dsa bad = dd;
 		bad.kv = DT_F16;
 		bad.ks = NULL;
 		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, n, pos0, NULL, (size_t)T,
-					      dcount, 1, e2, sizeof e2),
+					      dcount, 1, NULL, 0, e2, sizeof e2),
 			     WK_EINVAL, "an f16 key cache is refused");
 		bad.kv = DT_F8_E4M3;
 		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, n, pos0, NULL, (size_t)T,
-					      dcount, 1, e2, sizeof e2),
+					      dcount, 1, NULL, 0, e2, sizeof e2),
 			     WK_EINVAL, "an FP8 key cache without its scales is refused");
 		free(k16);
 		free(k8);
@@ -1131,6 +1144,9 @@ Test(cuda_kernels, dsa_topk_matches_ref)
 		wk_cuda_free(dks);
 		wk_cuda_free(dcount);
 		free(zero);
+		wk_cuda_free(dhist);
+		free(hzero);
+		free(hleft);
 		wk_cuda_free(dq);
 		wk_cuda_free(dk);
 		wk_cuda_free(dw);
@@ -1269,6 +1285,10 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 		float *dw = to_dev(w, (size_t)NQ * IH * 4);
 		unsigned zero[NQ] = {0}, left[NQ];
 		unsigned *dcount = to_dev(zero, sizeof zero);
+		/* bin counts for path 3's scoring blocks (path 1 leaves them alone) */
+		unsigned *hzero = calloc((size_t)NQ * WK_DSA_BINS, sizeof *hzero);
+		unsigned *hleft = malloc((size_t)NQ * WK_DSA_BINS * sizeof *hleft);
+		unsigned *dhist = to_dev(hzero, (size_t)NQ * WK_DSA_BINS * sizeof *hzero);
 		static const int shape[][2] = {{1, 1}, {3, 3}, {NQ, NQ}}; /* score rows, group */
 		for (int v = 0; v < 6; v++) {
 			int path = v < 3 ? 1 : 3;
@@ -1278,7 +1298,7 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 			int *dsel = dev_alloc(sizeof got), *dn = dev_alloc(sizeof gn);
 			cr_assert_eq(wk_cuda_dsa_topk(dsel, dn, dq, dw, &dd, NQ, 0, dsc,
 						      (size_t)shape[v % 3][0] * ROWS, dcount,
-						      shape[v % 3][1], err, sizeof err),
+						      shape[v % 3][1], dhist, NQ, err, sizeof err),
 				     WK_OK, "%s", err);
 			from_dev(got, dsel, sizeof got);
 			from_dev(gn, dn, sizeof gn);
@@ -1292,6 +1312,9 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 					  gn[i], wn[i]);
 			cr_expect_arr_eq(left, zero, sizeof left,
 					 "case %d/%d: the counters were not left zero", c, v);
+			from_dev(hleft, dhist, (size_t)NQ * WK_DSA_BINS * sizeof *hleft);
+			cr_expect_arr_eq(hleft, hzero, (size_t)NQ * WK_DSA_BINS * 4,
+					 "case %d/%d: the bin counts were not left zero", c, v);
 			wk_cuda_free(dsc);
 			wk_cuda_free(dsel);
 			wk_cuda_free(dn);
@@ -1300,10 +1323,12 @@ Test(cuda_kernels, dsa_topk_over_several_sequences)
 		struct cpu_dsa bad = dd; /* several sequences without their longest */
 		bad.keys_max = 0;
 		cr_expect_eq(wk_cuda_dsa_topk(NULL, NULL, dq, dw, &bad, NQ, 0, NULL, ROWS, dcount,
-					      1, err, sizeof err),
+					      1, NULL, 0, err, sizeof err),
 			     WK_EINVAL);
+		free(hzero);
+		free(hleft);
 		void *dev[] = {(void *)dd.k, (void *)dd.ks, (void *)dd.seq, (void *)dd.pos, dq, dw,
-			       dcount};
+			       dcount, dhist};
 		for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
 			wk_cuda_free(dev[i]);
 		void *host[] = {q, k, w, ks, k8, k16, sc, work};
