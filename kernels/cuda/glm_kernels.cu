@@ -816,7 +816,10 @@ struct dsa_smem { /* the select's shared memory */
  * digit where the count from the top reaches the number still needed. Then one pass in
  * position order writes each chosen position at its rank among the chosen: (keys > K before
  * it) + min(keys == K before it, need), a thread DSA_ILP consecutive positions of a chunk. No
- * scratch beyond shared memory. */
+ * scratch beyond shared memory. The scores are read with __ldcg (from L2, not this SM's L1:
+ * other blocks of the launch wrote them, and a line of them cached here, by a block that
+ * selected for a neighbouring row, could be stale; the CUDA guide's last-block example reads
+ * its partial sums volatile for the same reason); dsa_select_compact reads them so too. */
 __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int len, int topk,
 				 struct dsa_smem *sm)
 {
@@ -831,7 +834,7 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 #pragma unroll
 			for (int u = 0; u < DSA_ILP; u++) {
 				int t = c0 + u * (int)blockDim.x + (int)threadIdx.x;
-				v[u] = t < len ? scores[t] : 0.0f;
+				v[u] = t < len ? __ldcg(scores + t) : 0.0f;
 			}
 #pragma unroll
 			for (int u = 0; u < DSA_ILP; u++) {
@@ -865,7 +868,7 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 		int gt = 0, eq = 0;
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++)
-			key[u] = t0 + u < len ? order_key(scores[t0 + u]) : 0;
+			key[u] = t0 + u < len ? order_key(__ldcg(scores + t0 + u)) : 0;
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++) {
 			gt += t0 + u < len && key[u] > prefix;
@@ -894,7 +897,7 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 /* dsa_select_block's answer in two passes over the scores, not five, when the candidates fit
  * the block's dynamic shared memory (dsa_dyn: DSA_HBINS counts, then cap keys and cap
  * positions); in one when gh holds pass 1's counts already (made by the scoring blocks,
- * dsa_hist_add: taken and left zero here, whatever the answer). Pass 1 counts the keys' top
+ * dsa_bins_add: taken and left zero here, whatever the answer). Pass 1 counts the keys' top
  * DSA_HB bits (DSA_HBINS digits: a bin is an eighth
  * of an octave of the scores, where 256 bins of 8 bits are two octaves, which may hold most
  * of a long context's keys at the top-k boundary); the digit b where the count from the top
@@ -955,7 +958,7 @@ __device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++) {
 			int t = c0 + u * (int)blockDim.x + (int)threadIdx.x;
-			v[u] = t < len ? scores[t] : 0.0f;
+			v[u] = t < len ? __ldcg(scores + t) : 0.0f;
 		}
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++)
@@ -974,7 +977,7 @@ __device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float
 		unsigned key[DSA_ILP];
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++)
-			key[u] = t0 + u < len ? order_key(scores[t0 + u]) : 0;
+			key[u] = t0 + u < len ? order_key(__ldcg(scores + t0 + u)) : 0;
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++)
 			in += t0 + u < len && key[u] >= lo;
@@ -1031,20 +1034,30 @@ __device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float
 	return true;
 }
 
-/* Adds this block's keys, scores [k0, k1) (just written by its threads), to a query's counts
- * of their top DSA_HB bits in global memory (gh: dsa_select_compact's pass 1, made by the
- * scoring blocks), through counts in the dynamic shared memory: a global atomic a bin the
- * block's keys fall in, not one a key. */
-__device__ void dsa_hist_add(unsigned *gh, const float *sc, int k0, int k1)
+/* A scoring block's counts of its keys' top DSA_HB bits (dsa_select_compact's pass 1, made
+ * by the scoring blocks), in the dynamic shared memory: dsa_bins_zero before the block's
+ * first count (and a barrier), dsa_bin for each score it computes (from the register, not
+ * read back from global memory: a line of another block's scores cached in this SM's L1
+ * could go stale before the select reads it), then dsa_bins_add adds them to the query's row
+ * in global memory (gh): a global atomic a bin the block's keys fall in, not one a key. */
+__device__ __forceinline__ void dsa_bins_zero(void)
 {
 	extern __shared__ uint4 dsa_dyn[];
-	unsigned *h = (unsigned *)dsa_dyn;
 	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x)
-		h[b] = 0;
-	__syncthreads(); /* also: the block's scores are written */
-	for (int t = k0 + (int)threadIdx.x; t < k1; t += blockDim.x)
-		atomicAdd(&h[order_key(sc[t]) >> (32 - DSA_HB)], 1u);
-	__syncthreads();
+		((unsigned *)dsa_dyn)[b] = 0;
+}
+
+__device__ __forceinline__ void dsa_bin(float score)
+{
+	extern __shared__ uint4 dsa_dyn[];
+	atomicAdd((unsigned *)dsa_dyn + (order_key(score) >> (32 - DSA_HB)), 1u);
+}
+
+__device__ void dsa_bins_add(unsigned *gh)
+{
+	extern __shared__ uint4 dsa_dyn[];
+	const unsigned *h = (const unsigned *)dsa_dyn;
+	__syncthreads(); /* every count of the block */
 	for (int b = threadIdx.x; b < DSA_HBINS; b += blockDim.x)
 		if (h[b])
 			atomicAdd(&gh[b], h[b]);
@@ -1369,7 +1382,9 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_tc(struct dsa_args a)
 			int h = x / DT_DIM, c = x % DT_DIM;
 			am_put(qh, ql, h * DT_QS + c, h < H && c < D ? q[(size_t)h * D + c] : 0.0f);
 		}
-		__syncthreads(); /* the query */
+		if (a.hist)
+			dsa_bins_zero();
+		__syncthreads(); /* the query, and the bins zero */
 		int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, qq = lane % 4;
 		int key = k0 + warp * DT_KEYS + gq; /* and key + 8 */
 		bool in0 = key < len, in1 = key + 8 < len;
@@ -1426,9 +1441,12 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_topk_tc(struct dsa_args a)
 			sc[key] = t0;
 		if (qq == 0 && in1)
 			sc[key + 8] = t1;
+		if (a.hist && qq == 0 && in0)
+			dsa_bin(t0);
+		if (a.hist && qq == 0 && in1)
+			dsa_bin(t1);
 		if (a.hist)
-			dsa_hist_add(a.hist + (size_t)g * DSA_HBINS, sc, k0,
-				     k0 + DT_BLOCK < len ? k0 + DT_BLOCK : len);
+			dsa_bins_add(a.hist + (size_t)g * DSA_HBINS);
 	}
 	dsa_finish(a, g, i, len, sc, &sm);
 }

@@ -387,6 +387,12 @@ template <typename T, typename U> static inline T atomicAdd(T *p, U v)
 	*p = old + (T)v;
 	return old;
 }
+/* A load cached in L2 only (ld.global.cg): here every load is from memory. */
+template <typename T> static inline T __ldcg(const T *p)
+{
+	return *p;
+}
+
 template <typename T, typename U> static inline T atomicExch(T *p, U v)
 {
 	T old = *p;
