@@ -1332,10 +1332,7 @@ template <typename KV> static cudaError_t dm_launch(struct dsa_args a, int longe
 	dim3 grid((unsigned)tiles, (unsigned)((longest + a.chunk - 1) / a.chunk));
 	k_dsa_score_mma<KV><<<grid, DM_THREADS, DM_SMEM, wk_st()>>>(a);
 	a.scored = 1;
-	size_t dyn = a.cap > 0 ? DSA_DYN(a.cap) : 0;
-	if ((e = cudaFuncSetAttribute((k_dsa_topk_n<KV>),
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn)))
-		return e;
+	size_t dyn = a.cap > 0 ? DSA_DYN(a.cap) : 0; /* allowed up to DSA_CAP's: dsa_group */
 	k_dsa_topk_n<KV><<<dim3(1, (unsigned)a.ng), DSA_THREADS, dyn, wk_st()>>>(a);
 	return cudaSuccess;
 }
@@ -1490,25 +1487,34 @@ extern "C" int wk_cuda_dsa_path(const struct cpu_dsa *d, int n, int pos0)
 template <typename KV>
 static cudaError_t dsa_group(int path, struct dsa_args a, int longest, unsigned *hist)
 {
+	/* The selecting kernels' dynamic shared memory allowed up to the largest list, once a
+	 * device (a decode step's call, one a layer: not a driver call each; path 2's select is
+	 * k_dsa_topk_n); a bit a device < 64 */
+	static unsigned long long opted[2];
+	int dev = 0;
+	cudaError_t e = cudaGetDevice(&dev);
+	unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+	const cudaFuncAttribute max_dyn = cudaFuncAttributeMaxDynamicSharedMemorySize;
+	if (e == cudaSuccess && !(__atomic_load_n(&opted[path == 3], __ATOMIC_ACQUIRE) & bit)) {
+		e = path == 3 ? cudaFuncSetAttribute((k_dsa_topk_tc<KV>), max_dyn,
+						     (int)DSA_DYN(DSA_CAP))
+			      : cudaFuncSetAttribute((k_dsa_topk_n<KV>), max_dyn,
+						     (int)DSA_DYN(DSA_CAP));
+		if (e == cudaSuccess)
+			__atomic_fetch_or(&opted[path == 3], bit, __ATOMIC_RELEASE);
+	}
+	if (e != cudaSuccess)
+		return e;
 	dim3 grid((unsigned)((longest + DT_BLOCK - 1) / DT_BLOCK), (unsigned)a.ng);
 	a.cap = dsa_cap; /* the select's list in dynamic shared memory */
 	size_t dyn = a.cap > 0 ? DSA_DYN(a.cap) : 0;
 	a.hist = path == 3 && a.cap > 0 ? hist : NULL;
-	cudaError_t e;
 	if (path == 2)
 		return dm_launch<KV>(a, longest);
 	if (path == 3) {
-		if ((e = cudaFuncSetAttribute((k_dsa_topk_tc<KV>),
-					      cudaFuncAttributeMaxDynamicSharedMemorySize,
-					      (int)dyn)))
-			return e;
 		k_dsa_topk_tc<KV><<<grid, DSA_THREADS, dyn, wk_st()>>>(a);
 	} else {
 		grid.x = (unsigned)(((size_t)longest * 32 + DSA_THREADS - 1) / DSA_THREADS);
-		if ((e = cudaFuncSetAttribute((k_dsa_topk_n<KV>),
-					      cudaFuncAttributeMaxDynamicSharedMemorySize,
-					      (int)dyn)))
-			return e;
 		k_dsa_topk_n<KV><<<grid, DSA_THREADS, dyn, wk_st()>>>(a);
 	}
 	return cudaSuccess;
