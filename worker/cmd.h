@@ -47,7 +47,12 @@ struct bench_device {
 	/* pinning what the readers stage through, alone: pins buffers of SNAP_SINK_PIECE */
 	int pins;
 	double pin_s, unpin_s;
+	/* the restore again with ALT_READERS reader threads (alt_threads: as it ran), when the
+	 * default took another number and no --threads was given; alt_s 0 otherwise */
+	int alt_threads;
+	double alt_s;
 };
+#define ALT_READERS 16
 int bench_restore_device(const char *dir, const struct backend *b, int runs, int threads,
 			 struct bench_device *out, char *err, size_t errsz);
 
