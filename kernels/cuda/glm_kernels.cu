@@ -808,6 +808,37 @@ struct dsa_smem { /* the select's shared memory */
 	int last; /* dsa_finish: this block is its query's last */
 };
 
+/* One chunk of the walk that writes a selection in position order, for the whole block:
+ * this thread's nv (<= DSA_ILP) consecutive keys of the chunk, key[0..nv), at positions
+ * at[u] (p0 + u where at is NULL). Every key above K is chosen, and the first need equal to
+ * it, each written at its rank among the chosen: (keys > K before it) + min(keys == K
+ * before it, need); *gt_base and *eq_base carry the chunks before. */
+__device__ __forceinline__ void dsa_emit(int *sel, const unsigned *key, int nv, const int *at,
+					 int p0, unsigned K, int need, int *gt_base, int *eq_base,
+					 struct dsa_smem *sm)
+{
+	int gt = 0, eq = 0, total;
+#pragma unroll
+	for (int u = 0; u < DSA_ILP; u++) {
+		gt += u < nv && key[u] > K;
+		eq += u < nv && key[u] == K;
+	}
+	/* a chunk counts at most DSA_ILP x 1,024 of each: no carry into eq's half */
+	int packed = gt | eq << 16;
+	int excl = block_scan(packed, sm->scratch, &total) - packed;
+	int gt_before = *gt_base + (excl & 0xffff), eq_before = *eq_base + (excl >> 16);
+#pragma unroll
+	for (int u = 0; u < DSA_ILP; u++) {
+		bool g = u < nv && key[u] > K, e = u < nv && key[u] == K;
+		if (g || (e && eq_before < need))
+			sel[gt_before + min(eq_before, need)] = at ? at[u] : p0 + u;
+		gt_before += g;
+		eq_before += e;
+	}
+	*gt_base += total & 0xffff;
+	*eq_base += total >> 16;
+}
+
 /* The whole block (blockDim.x >= 256): the reference's top-k of scores[0..len) (len > topk),
  * positions ascending. The order is (key desc, position asc) with key = order_key(score), a
  * total order, so the chosen set is unique: every key above the k-th largest key K, then the
@@ -865,30 +896,11 @@ __device__ void dsa_select_block(int *sel, int *nsel, const float *scores, int l
 	for (int c0 = 0; c0 < len; c0 += DSA_ILP * blockDim.x) { /* block-uniform loop */
 		int t0 = c0 + DSA_ILP * (int)threadIdx.x; /* this thread's run of positions */
 		unsigned key[DSA_ILP];
-		int gt = 0, eq = 0;
 #pragma unroll
 		for (int u = 0; u < DSA_ILP; u++)
 			key[u] = t0 + u < len ? order_key(__ldcg(scores + t0 + u)) : 0;
-#pragma unroll
-		for (int u = 0; u < DSA_ILP; u++) {
-			gt += t0 + u < len && key[u] > prefix;
-			eq += t0 + u < len && key[u] == prefix;
-		}
-		/* a chunk counts at most DSA_ILP x 1,024 of each: no carry into eq's half */
-		int packed = gt | eq << 16, total;
-		int excl = block_scan(packed, sm->scratch, &total) - packed;
-		int gt_before = gt_base + (excl & 0xffff), eq_before = eq_base + (excl >> 16);
-#pragma unroll
-		for (int u = 0; u < DSA_ILP; u++) {
-			bool g = t0 + u < len && key[u] > prefix;
-			bool e = t0 + u < len && key[u] == prefix;
-			if (g || (e && eq_before < need))
-				sel[gt_before + min(eq_before, need)] = t0 + u;
-			gt_before += g;
-			eq_before += e;
-		}
-		gt_base += total & 0xffff;
-		eq_base += total >> 16;
+		dsa_emit(sel, key, min(DSA_ILP, max(0, len - t0)), NULL, t0, prefix, need, &gt_base,
+			 &eq_base, sm);
 	}
 	if (threadIdx.x == 0)
 		*nsel = topk;
@@ -1008,26 +1020,9 @@ __device__ __noinline__ bool dsa_select_compact(int *sel, int *nsel, const float
 	/* prefix is K: every listed key above it, and the first need equal to it */
 	int gt_base = 0, eq_base = 0;
 	for (int c0 = 0; c0 < n; c0 += step) {
-		int j0 = c0 + DSA_ILP * (int)threadIdx.x, gt = 0, eq = 0, total;
-#pragma unroll
-		for (int u = 0; u < DSA_ILP; u++) {
-			gt += j0 + u < n && lk[j0 + u] > prefix;
-			eq += j0 + u < n && lk[j0 + u] == prefix;
-		}
-		int packed = gt | eq << 16;
-		int excl = block_scan(packed, sm->scratch, &total) - packed;
-		int gt_before = gt_base + (excl & 0xffff), eq_before = eq_base + (excl >> 16);
-#pragma unroll
-		for (int u = 0; u < DSA_ILP; u++) {
-			bool g = j0 + u < n && lk[j0 + u] > prefix;
-			bool e = j0 + u < n && lk[j0 + u] == prefix;
-			if (g || (e && eq_before < need))
-				sel[gt_before + min(eq_before, need)] = lp[j0 + u];
-			gt_before += g;
-			eq_before += e;
-		}
-		gt_base += total & 0xffff;
-		eq_base += total >> 16;
+		int j0 = c0 + DSA_ILP * (int)threadIdx.x;
+		dsa_emit(sel, lk + j0, min(DSA_ILP, max(0, n - j0)), lp + j0, 0, prefix, need,
+			 &gt_base, &eq_base, sm);
 	}
 	if (threadIdx.x == 0)
 		*nsel = topk;
