@@ -40,10 +40,12 @@
  * Padded tokens and columns are zeros (the split's padding, cp.async's zero fill) and
  * padded outputs are not stored.
  *
+ * wk_cuda_fp8w_rs(1) runs fp8w_tile_rs instead (fp8w_tile.cuh): the conversion in
+ * registers, the weights as wgmma's A operand from registers and the tokens its B operand
+ * (the Marlin / Machete layout), one barrier a stage and a 5-deep ring; not yet run on a GPU.
  * What is not here yet: a producer warpgroup on TMA and mbarriers with a persistent grid
  * (gemm_wgmma.cu's k_gemm_wgmma_tma), a second set of partials so that promotion overlaps
- * the next stage's wgmmas, the conversion in registers (weights as the A operand, the
- * Marlin/Machete layout), and any tuning on a GPU. The tensor-core work is twice
+ * the next stage's wgmmas, and any tuning on a GPU. The tensor-core work is twice
  * a bf16 GEMM's (the two halves). Nothing has run on a GPU yet: tests/tools/cuda_lab times it
  * beside cuBLASLt's bf16 GEMM when scripts/gpu-check runs on one. Under the emulator
  * (tests/simt/wgmma.cpp) the test checks the split, the swizzled bf16 layout, the
@@ -82,8 +84,8 @@ __global__ void k_act_split(uint16_t *xb, const float *x, int n, int cols, int c
 }
 
 /* A 128 x 128 tile of y = x . w^T: tokens [128 blockIdx.x, +128), weight rows
- * [128 blockIdx.y, +128) (fp8w_tile). */
-template <bool VEC>
+ * [128 blockIdx.y, +128) (fp8w_tile, or fp8w_tile_rs when RS). */
+template <bool VEC, bool RS>
 __global__ void __launch_bounds__(FTHREADS, 1)
 	k_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
 		    int rows, int cols)
@@ -94,9 +96,37 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 	for (int i = (int)threadIdx.x; i < FM; i += FTHREADS)
 		srow[i] = m0 + i < n ? m0 + i : -1;
 	__syncthreads();
-	fp8w_tile<VEC ? FILL_ASYNC : FILL_BYTES>((uint8_t *)fp8w_smem, srow, y + (size_t)m0 * rows,
-						 n - m0, xb, n, w, ws, (int)blockIdx.y * FN, rows,
-						 cols, VEC);
+	constexpr int FILL = VEC ? FILL_ASYNC : FILL_BYTES;
+	if constexpr (RS)
+		fp8w_tile_rs<FILL>((uint8_t *)fp8w_smem, srow, y + (size_t)m0 * rows, n - m0, xb,
+				   n, w, ws, (int)blockIdx.y * FN, rows, cols, VEC);
+	else
+		fp8w_tile<FILL>((uint8_t *)fp8w_smem, srow, y + (size_t)m0 * rows, n - m0, xb, n,
+				w, ws, (int)blockIdx.y * FN, rows, cols, VEC);
+}
+
+static int fp8w_rs; /* wk_cuda_fp8w_rs */
+
+extern "C" void wk_cuda_fp8w_rs(int on)
+{
+	fp8w_rs = on;
+}
+
+extern "C" int wk_cuda_fp8w_rs_on(void)
+{
+	return fp8w_rs;
+}
+
+template <bool VEC, bool RS>
+static cudaError_t fp8w_launch(dim3 grid, float *y, const uint16_t *xb, const uint8_t *w,
+			       const float *ws, int n, int rows, int cols)
+{
+	int smem = RS ? FSMEM_RS : FSMEM;
+	cudaError_t e = cudaFuncSetAttribute((k_gemm_fp8w<VEC, RS>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	if (e == cudaSuccess)
+		k_gemm_fp8w<VEC, RS><<<grid, FTHREADS, smem, wk_st()>>>(y, xb, w, ws, n, rows, cols);
+	return e;
 }
 
 extern "C" int wk_cuda_act_split(uint16_t *xb, const float *x, int n, int cols, char *err,
@@ -125,15 +155,12 @@ extern "C" int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w,
 		return WK_OK;
 	dim3 grid((unsigned)(n / FM + (n % FM != 0)), (unsigned)(rows / FN + (rows % FN != 0)));
 	bool vec = cols % 16 == 0 && (uintptr_t)w % 16 == 0;
-	cudaError_t e = vec ? cudaFuncSetAttribute(k_gemm_fp8w<true>,
-						   cudaFuncAttributeMaxDynamicSharedMemorySize, FSMEM)
-			    : cudaFuncSetAttribute(k_gemm_fp8w<false>,
-						   cudaFuncAttributeMaxDynamicSharedMemorySize, FSMEM);
+	cudaError_t e =
+		fp8w_rs ? (vec ? fp8w_launch<true, true>(grid, y, xb, w, ws, n, rows, cols)
+			       : fp8w_launch<false, true>(grid, y, xb, w, ws, n, rows, cols))
+			: (vec ? fp8w_launch<true, false>(grid, y, xb, w, ws, n, rows, cols)
+			       : fp8w_launch<false, false>(grid, y, xb, w, ws, n, rows, cols));
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8w shared memory", err, errsz);
-	if (vec)
-		k_gemm_fp8w<true><<<grid, FTHREADS, FSMEM, wk_st()>>>(y, xb, w, ws, n, rows, cols);
-	else
-		k_gemm_fp8w<false><<<grid, FTHREADS, FSMEM, wk_st()>>>(y, xb, w, ws, n, rows, cols);
 	return launched("gemm_fp8w", err, errsz);
 }

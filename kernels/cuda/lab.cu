@@ -197,8 +197,9 @@ out:
  * backend's matmul_fp8w runs, the split of x into bf16 halves and the GEMM, timed together,
  * on random finite f32 activations in [-1, 1), e4m3 codes and block scales, after four
  * tokens' rows were compared with cpu_ref_matmul_fp8 (1e-5 of the largest: the kernel's
- * contract). One line, its TFLOPS as a share of blas (cuBLASLt's bf16 TFLOPS on the same
- * shape: the GEMM runs bf16 wgmmas, two per product); WK_OK or WK_EIO. */
+ * contract). A line for each tile (fp8w_tile, then fp8w_tile_rs: "rs"), its TFLOPS as a
+ * share of blas (cuBLASLt's bf16 TFLOPS on the same shape: the GEMM runs bf16 wgmmas, two
+ * per product); WK_OK or WK_EIO. */
 static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 {
 	const size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
@@ -232,11 +233,20 @@ static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 	    wk_cuda_upload(dw, w, nw, err, sizeof err) ||
 	    wk_cuda_upload(dws, ws, nws, err, sizeof err))
 		goto fail;
-	rc = lab_gemm_row(name, [&] {
-		int r = wk_cuda_act_split((uint16_t *)dxb, (const float *)dx, n, cols, err, sizeof err);
-		return r ? r : wk_cuda_gemm_fp8w((float *)dy, (const uint16_t *)dxb, (const uint8_t *)dw,
-						 (const float *)dws, n, rows, cols, err, sizeof err);
-	}, dy, want, toks, n, rows, cols, 1e-5, blas, got, err, sizeof err);
+	for (int rs = 0; rs < 2; rs++) { /* the bf16 weight tile, then the register operand */
+		snprintf(name, sizeof name, "gemm fp8w %dx%dx%d (f32 x)%s", n, rows, cols,
+			 rs ? " rs" : "");
+		wk_cuda_fp8w_rs(rs);
+		int r = lab_gemm_row(name, [&] {
+			int e = wk_cuda_act_split((uint16_t *)dxb, (const float *)dx, n, cols, err,
+						  sizeof err);
+			return e ? e : wk_cuda_gemm_fp8w((float *)dy, (const uint16_t *)dxb,
+							 (const uint8_t *)dw, (const float *)dws, n,
+							 rows, cols, err, sizeof err);
+		}, dy, want, toks, n, rows, cols, 1e-5, blas, got, err, sizeof err);
+		wk_cuda_fp8w_rs(0);
+		rc = rs ? (rc ? rc : r) : r;
+	}
 	goto out;
 fail:
 	printf("%-40s %10s   (%s)\n", name, "FAILED", err);

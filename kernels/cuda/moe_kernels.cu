@@ -549,6 +549,7 @@ __device__ __forceinline__ bool tile_at(const struct moe_plan &p, const struct m
 /* The tile's weight: w [rows][cols] with scales ws, filled by cp.async when cols % 16 == 0
  * and w is 16-byte aligned, else by ordinary loads (FILL_EITHER). Without scales
  * (an FP8 expert the host could not refuse, see scale_at) the tile's outputs are NaN. */
+template <bool RS>
 __device__ __forceinline__ void gemm_tile(const int *srow, float *y, int n_out,
 					  const uint16_t *xb, int nsrc, const void *w,
 					  const float *ws, int r0, int rows, int cols)
@@ -560,13 +561,19 @@ __device__ __forceinline__ void gemm_tile(const int *srow, float *y, int n_out,
 			y[(size_t)(i / wr) * rows + r0 + i % wr] = NAN;
 		return;
 	}
-	fp8w_tile<FILL_EITHER>((uint8_t *)moe_smem, srow, y, n_out, xb, nsrc, (const uint8_t *)w,
-			       ws, r0, rows, cols, cols % 16 == 0 && (uintptr_t)w % 16 == 0);
+	bool vec = cols % 16 == 0 && (uintptr_t)w % 16 == 0;
+	if constexpr (RS)
+		fp8w_tile_rs<FILL_EITHER>((uint8_t *)moe_smem, srow, y, n_out, xb, nsrc,
+					  (const uint8_t *)w, ws, r0, rows, cols, vec);
+	else
+		fp8w_tile<FILL_EITHER>((uint8_t *)moe_smem, srow, y, n_out, xb, nsrc,
+				       (const uint8_t *)w, ws, r0, rows, cols, vec);
 }
 
 /* gate (blockIdx.z 0, into h / hs) or up (1, into u / us) = x[tok[g]] . w^T for tile
  * blockIdx.x's slots g and weight rows [128 blockIdx.y, +128): the token rows gathered
  * from the split x through tok[]. */
+template <bool RS>
 __global__ void __launch_bounds__(FTHREADS, 1)
 	k_moe_gemm_gate_up(struct moe_plan p, struct moe_args a)
 {
@@ -592,7 +599,8 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 		w = up ? ex->up : ex->gate;
 		ws = up ? ex->up_s : ex->gate_s;
 	}
-	gemm_tile(srow, y + (size_t)t.g0 * rows, t.g1 - t.g0, p.xb, a.n, w, ws, r0, rows, a.dim);
+	gemm_tile<RS>(srow, y + (size_t)t.g0 * rows, t.g1 - t.g0, p.xb, a.n, w, ws, r0, rows,
+		      a.dim);
 }
 
 /* hb / hsb = the bf16 halves of silu(gate) * up (as k_moe_gate_up's epilogue), per grouped
@@ -624,6 +632,7 @@ __global__ void k_moe_silu_split(struct moe_plan p, struct moe_args a)
 
 /* z / zs = h[g] . down^T for tile blockIdx.x's slots g (its own rows of hb / hsb) and dim
  * rows [128 blockIdx.y, +128). */
+template <bool RS>
 __global__ void __launch_bounds__(FTHREADS, 1)
 	k_moe_gemm_down(struct moe_plan p, struct moe_args a)
 {
@@ -640,9 +649,9 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 	const float *ws = sh ? a.sh.down_s : a.experts[t.e].down_s;
 	float *y = (sh ? p.zs : p.z) + (size_t)t.g0 * a.dim;
 	if (sh)
-		gemm_tile(srow, y, t.g1 - t.g0, p.hsb, a.n, w, ws, r0, a.dim, a.sh_inter);
+		gemm_tile<RS>(srow, y, t.g1 - t.g0, p.hsb, a.n, w, ws, r0, a.dim, a.sh_inter);
 	else
-		gemm_tile(srow, y, t.g1 - t.g0, p.hb, a.n * a.top_k, w, ws, r0, a.dim, a.inter);
+		gemm_tile<RS>(srow, y, t.g1 - t.g0, p.hb, a.n * a.top_k, w, ws, r0, a.dim, a.inter);
 }
 
 /* ---- entry points ---------------------------------------------------------------------------- */
@@ -732,6 +741,35 @@ static int experts_args(int n, int top_k, const struct wk_moe *m, const void *sc
 	return WK_OK;
 }
 
+/* grouped_gemms' gate/up GEMM, SiLU split and down GEMM, on fp8w_tile or (RS)
+ * fp8w_tile_rs (wk_cuda_fp8w_rs). */
+template <bool RS>
+static int grouped_launches(const struct moe_plan &p, const struct moe_args &a, size_t tiles,
+			    int wide, size_t ns, char *err, size_t errsz)
+{
+	int smem = RS ? FSMEM_RS : FSMEM, rc;
+	cudaError_t e = cudaFuncSetAttribute((k_moe_gemm_gate_up<RS>),
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	if (e == cudaSuccess)
+		e = cudaFuncSetAttribute((k_moe_gemm_down<RS>),
+					 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	if (e != cudaSuccess)
+		return check(e, "moe_experts GEMM shared memory", err, errsz);
+	dim3 gu((unsigned)tiles, blocks((size_t)wide, FN), 2);
+	k_moe_gemm_gate_up<RS><<<gu, FTHREADS, smem, wk_st()>>>(p, a);
+	if ((rc = launched("moe_experts gate/up GEMM", err, errsz)) != WK_OK)
+		return rc;
+	size_t elems = ns * WK_CUDA_SPLIT_COLS(a.inter) +
+		       (a.sh_inter > 0 ? (size_t)a.n * WK_CUDA_SPLIT_COLS(a.sh_inter) : 0);
+	unsigned sb = blocks(elems, 256);
+	k_moe_silu_split<<<sb < 8192 ? sb : 8192, 256, 0, wk_st()>>>(p, a);
+	if ((rc = launched("moe_experts SiLU split", err, errsz)) != WK_OK)
+		return rc;
+	dim3 dn((unsigned)tiles, blocks((size_t)a.dim, FN));
+	k_moe_gemm_down<RS><<<dn, FTHREADS, smem, wk_st()>>>(p, a);
+	return launched("moe_experts down GEMM", err, errsz);
+}
+
 /* The experts' launches once the plan is in the scratch: gate/up, down with the combine (or
  * down, then the combine). */
 static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, char *err,
@@ -812,26 +850,9 @@ static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, cha
 			       a.n, a.top_k, a.dim, wide);
 	if ((rc = wk_cuda_act_split(p.xb, a.x, a.n, a.dim, err, errsz)) != WK_OK)
 		return rc;
-	cudaError_t e = cudaFuncSetAttribute(k_moe_gemm_gate_up,
-					     cudaFuncAttributeMaxDynamicSharedMemorySize, FSMEM);
-	if (e == cudaSuccess)
-		e = cudaFuncSetAttribute(k_moe_gemm_down,
-					 cudaFuncAttributeMaxDynamicSharedMemorySize, FSMEM);
-	if (e != cudaSuccess)
-		return check(e, "moe_experts GEMM shared memory", err, errsz);
-	dim3 gu((unsigned)tiles, blocks((size_t)wide, FN), 2);
-	k_moe_gemm_gate_up<<<gu, FTHREADS, FSMEM, wk_st()>>>(p, a);
-	if ((rc = launched("moe_experts gate/up GEMM", err, errsz)) != WK_OK)
-		return rc;
-	size_t elems = ns * WK_CUDA_SPLIT_COLS(a.inter) +
-		       (a.sh_inter > 0 ? (size_t)a.n * WK_CUDA_SPLIT_COLS(a.sh_inter) : 0);
-	unsigned sb = blocks(elems, 256);
-	k_moe_silu_split<<<sb < 8192 ? sb : 8192, 256, 0, wk_st()>>>(p, a);
-	if ((rc = launched("moe_experts SiLU split", err, errsz)) != WK_OK)
-		return rc;
-	dim3 dn((unsigned)tiles, blocks((size_t)a.dim, FN));
-	k_moe_gemm_down<<<dn, FTHREADS, FSMEM, wk_st()>>>(p, a);
-	if ((rc = launched("moe_experts down GEMM", err, errsz)) != WK_OK)
+	rc = wk_cuda_fp8w_rs_on() ? grouped_launches<true>(p, a, tiles, wide, ns, err, errsz)
+				  : grouped_launches<false>(p, a, tiles, wide, ns, err, errsz);
+	if (rc != WK_OK)
 		return rc;
 	k_moe_combine<<<a.n, MOE_THREADS, 0, wk_st()>>>(p, a);
 	return launched("moe_experts combine", err, errsz);

@@ -240,6 +240,42 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
 #endif
 }
 
+/* The same product with A from registers (the "RS" form): a[4] holds this thread's 8 bf16 of
+ * the warpgroup's 64 x 16 A slice, B from a descriptor (K-major). The register fragment (PTX
+ * ISA, wgmma "Register fragment for matrix A", .bf16): warp w of the warpgroup, lane l,
+ * g = l / 4, q = l % 4: a[0] = row 16 w + g, columns 2 q, 2 q + 1 (the lower half first);
+ * a[1] = row + 8, the same columns; a[2] and a[3] = those rows at columns 2 q + 8, 2 q + 9:
+ * mma.sync m16n8k16's A layout, a warp a 16-row slice. The instruction reads a[] at some
+ * time before the wait that retires it: the registers must not change until then (the
+ * caller keeps them live past the wait with wgmma_reg_fence_u). No imm-trans-a operand. */
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4],
+							 uint64_t db, int scale_d)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_D64_TEXT
+		     ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+		     : WGMMA_D64_OPS(d)
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#elif defined(WICK_SIMT)
+	simt_wgmma_bf16_rs(d, 128, a, db, scale_d);
+#else
+	(void)d, (void)a, (void)db, (void)scale_d;
+#endif
+}
+
+/* Keeps a register live, unchanged, up to this point (an RS wgmma's A operand past the wait
+ * that retires it: otherwise the compiler may reuse it once the asm that names it is
+ * issued, while the tensor cores may still read it). */
+__device__ __forceinline__ void wgmma_reg_fence_u(uint32_t &r)
+{
+#if defined(__CUDA_ARCH__)
+	asm volatile("" : "+r"(r)::"memory");
+#else
+	(void)r;
+#endif
+}
+
 /* Where byte k (0..127) of row r (0..127) of a 128-row tile of 128-byte rows lives in the
  * 128-byte swizzle (16-byte chunk k / 16 at chunk (k / 16) ^ (r % 8)); the tile 1024-byte
  * aligned. One byte is one e4m3 or half a bf16. */

@@ -349,6 +349,9 @@ void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scal
 /* wgmma.mma_async.m64nNk16.f32.bf16.bf16, A and B K-major from descriptors (the same
  * 128-byte swizzle, 16 two-byte elements in a row's 32-byte k slice). */
 void simt_wgmma_bf16(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d);
+/* The same with A from registers (a: this thread's 4 registers of the warp's 16-row slice,
+ * mma.sync m16n8k16's A layout); they must hold the same values at the retiring wait. */
+void simt_wgmma_bf16_rs(float *d, int n, const uint32_t *a, uint64_t desc_b, int scale_d);
 /* mbarriers at shared addresses, and cp.async.bulk.tensor.2d (map: a CUtensorMap of
  * tests/simt/include/cuda.h): the copy is recorded on its mbarrier and lands when a thread
  * next waits on that mbarrier; see wgmma.cpp. arrive with tx > 0 is arrive.expect_tx. */

@@ -32,6 +32,13 @@
  *     shared memory may be accessed only after a wgmma.wait_group retires its group, and
  *     wgmma.fence must come before the first wgmma and between a register access and a
  *     wgmma that uses the register.
+ *   - "Register fragment for matrix A" (.bf16, m64nNk16, the RS form: A from registers, B
+ *     from a descriptor): warp w holds rows 16 w .. + 15 as mma.sync m16n8k16's A, lane
+ *     4 g + q: register 0 row g, columns 2 q, 2 q + 1 (the lower half first), register 1
+ *     row g + 8, registers 2 and 3 the same rows at columns 2 q + 8, 2 q + 9 (cute's
+ *     ALayout_64x16 says the same). The registers are read at the issue (gathered from the
+ *     warp's lanes) and must be unchanged at the retiring wait: each thread's are compared
+ *     there, and a change aborts by name.
  *
  * How it runs: a wgmma call only records the operation (the thread's accumulator array, the
  * descriptors, scale-d) in the thread's open group, after checking that the warp's 32 lanes
@@ -78,6 +85,8 @@ struct wgmma_op {
 	wgmma_type type;
 	std::vector<double> at_issue; /* A . B from shared memory as it was at the issue */
 	std::vector<uint8_t> rows;     /* and the operand rows it came from (operand_bytes) */
+	const uint32_t *areg;          /* A from registers (RS): this thread's 4, else NULL */
+	uint32_t aval[4];              /* and their values at the issue */
 };
 
 /* one thread's wgmma state; reset lazily when a new block starts in its slot */
@@ -202,8 +211,13 @@ static void operand_bytes(const wgmma_op &op, uint8_t *rows)
 {
 	int t = simt_thread_index(), w = (t >> 5) & 3, lane = t & 31, r0, c;
 	d_at(w, lane, 0, &r0, &c);
-	operand_row(op.da, r0, rows);
-	operand_row(op.da, r0 + 8, rows + 32);
+	if (op.areg) { /* A's two rows, as the warp's registers gave them at the issue */
+		if (rows != op.rows.data())
+			memcpy(rows, op.rows.data(), 64);
+	} else {
+		operand_row(op.da, r0, rows);
+		operand_row(op.da, r0 + 8, rows + 32);
+	}
 	for (int j = 0; j < op.n / 8; j++) {
 		d_at(w, lane, 4 * j, &r0, &c);
 		operand_row(op.db, c, rows + 64 + 64 * j);
@@ -243,6 +257,9 @@ static void compute(const wgmma_op &op)
 		products(op, rows, s);
 		now = s;
 	}
+	if (op.areg && memcmp(op.areg, op.aval, sizeof op.aval) != 0)
+		fail("a wgmma's A registers changed between its issue and the wait that retired it "
+		     "(the tensor cores may read them at any time in between)");
 	for (int i = 0; i < op.n / 2; i++) {
 		if (memcmp(&now[i], &op.at_issue[i], sizeof now[i]) != 0)
 			fail("a wgmma's operands in shared memory changed between its issue and the "
@@ -257,8 +274,29 @@ void simt_wgmma_fence(void)
 	me().fenced = true;
 }
 
+/* A's rows r0 and r0 + 8 of this thread's warp slice (r0 = the lane's g) from the warp's A
+ * registers (all: 4 a lane), as operand_row gives a descriptor's rows: 16 bf16 a row,
+ * little-endian. Lane 4 g + q holds columns 2 q, 2 q + 1 in registers 0 (row g) and 1
+ * (row g + 8), and 2 q + 8, 2 q + 9 in registers 2 and 3, the lower column in the lower
+ * half. */
+static void rows_from_regs(const uint32_t all[32][4], int lane, uint8_t out[64])
+{
+	int g = lane >> 2;
+	for (int half = 0; half < 2; half++)
+		for (int q = 0; q < 4; q++)
+			for (int hi8 = 0; hi8 < 2; hi8++) {
+				uint32_t v = all[4 * g + q][half + 2 * hi8];
+				int k = 2 * q + 8 * hi8;
+				uint8_t *p = out + 32 * half + 2 * k;
+				p[0] = (uint8_t)v;
+				p[1] = (uint8_t)(v >> 8);
+				p[2] = (uint8_t)(v >> 16);
+				p[3] = (uint8_t)(v >> 24);
+			}
+}
+
 static void issue(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d,
-		  wgmma_type type)
+		  wgmma_type type, const uint32_t *areg = NULL)
 {
 	static bool ready;
 	if (!ready) {
@@ -278,9 +316,17 @@ static void issue(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d
 	for (int l = 0; l < 32; l++)
 		if (all[l][0] != desc_a || all[l][1] != desc_b)
 			fail("the lanes of a warp gave different descriptors");
+	uint32_t aregs[4] = {0, 0, 0, 0}, alla[32][4];
+	if (areg) {
+		memcpy(aregs, areg, sizeof aregs);
+		simt_warp_gather(aregs, alla, sizeof aregs);
+	}
 	t.ops.push_back({d, n, desc_a, desc_b, scale_d, type, std::vector<double>((size_t)n / 2),
-			 std::vector<uint8_t>((size_t)(2 + n / 4) * 32)});
+			 std::vector<uint8_t>((size_t)(2 + n / 4) * 32), areg,
+			 {aregs[0], aregs[1], aregs[2], aregs[3]}});
 	wgmma_op &op = t.ops.back();
+	if (areg)
+		rows_from_regs(alla, simt_thread_index() & 31, op.rows.data());
 	operand_bytes(op, op.rows.data());
 	products(op, op.rows.data(), op.at_issue.data());
 }
@@ -293,6 +339,11 @@ void simt_wgmma_e4m3(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scal
 void simt_wgmma_bf16(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d)
 {
 	issue(d, n, desc_a, desc_b, scale_d, WG_BF16);
+}
+
+void simt_wgmma_bf16_rs(float *d, int n, const uint32_t *a, uint64_t desc_b, int scale_d)
+{
+	issue(d, n, 0, desc_b, scale_d, WG_BF16, a);
 }
 
 void simt_wgmma_commit(void)

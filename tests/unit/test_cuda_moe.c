@@ -286,7 +286,7 @@ Test(cuda_kernels, moe_experts_matches_ref)
  * groups (expert 5 in 140 tokens: two tiles, the second short), experts 7 and 12 chosen by
  * no token (empty groups), expert 9 by token 3 alone (a group of 1), ragged dims (cp.async
  * and ordinary-load weight paths both), with and without a shared expert (one more group,
- * narrower or wider). */
+ * narrower or wider); on both tiles (fp8w_tile, and fp8w_tile_rs: wk_cuda_fp8w_rs). */
 Test(cuda_kernels, moe_experts_gemm_matches_ref)
 {
 	NEED_GPU();
@@ -332,13 +332,17 @@ Test(cuda_kernels, moe_experts_gemm_matches_ref)
 		cpu_ref_moe_experts(want, x, idx, wt, n, top_k, m.host, ex0, n_local, t, dim, inter,
 				    sh ? &rsh : NULL, scr);
 		float *dx = to_dev(x, ny * 4), *dwt = to_dev(wt, ns * 4);
-		float *dy = to_dev(y0, ny * 4), *dy2 = to_dev(y0, ny * 4);
+		float *dy = to_dev(y0, ny * 4), *dy2 = to_dev(y0, ny * 4), *dy3 = to_dev(y0, ny * 4);
 		int *didx = to_dev(idx, ns * sizeof *idx);
 		void *dscr = dev_alloc(wk_cuda_moe_experts_scratch(n, top_k, &mo));
-		for (int run = 0; run < 2; run++)
-			cr_assert_eq(wk_cuda_moe_experts(run ? dy2 : dy, dx, didx, dwt, n, top_k, &mo,
-							 dscr, err, sizeof err),
-				     WK_OK, "%s", err);
+		for (int run = 0; run < 3; run++) { /* the third on fp8w_tile_rs */
+			float *to = run == 0 ? dy : run == 1 ? dy2 : dy3;
+			wk_cuda_fp8w_rs(run == 2);
+			int rc = wk_cuda_moe_experts(to, dx, didx, dwt, n, top_k, &mo, dscr, err,
+						     sizeof err);
+			wk_cuda_fp8w_rs(0);
+			cr_assert_eq(rc, WK_OK, "%s", err);
+		}
 		from_dev(got, dy, ny * 4);
 		from_dev(again, dy2, ny * 4);
 		double r = rel(got, want, ny);
@@ -347,6 +351,13 @@ Test(cuda_kernels, moe_experts_gemm_matches_ref)
 		cr_log_info("moe_experts GEMM n=%d dim=%d inter=%d shared %d: %.3g", n, dim, inter,
 			    sh, r);
 		cr_expect(memcmp(got, again, ny * 4) == 0, "GEMM n=%d: two runs differ", n);
+		from_dev(again, dy3, ny * 4);
+		r = rel(again, want, ny);
+		cr_expect_leq(r, 1e-5, "GEMM rs n=%d dim=%d inter=%d shared %d: %g", n, dim, inter,
+			      sh, r);
+		cr_log_info("moe_experts GEMM rs n=%d dim=%d inter=%d shared %d: %.3g", n, dim,
+			    inter, sh, r);
+		wk_cuda_free(dy3);
 		if (sh)
 			moe_set_free(&shared);
 		wk_cuda_free(dx);
