@@ -125,10 +125,12 @@ static void env_read(void)
 	 * "wgmma st"; the same sums, stored another way) */
 	const char *gm = getenv("WICK_CUDA_GEMM");
 	env_gemm_st = gm && strcmp(gm, "st") == 0;
-	/* WICK_CUDA_FP8W=rs: the f32-activation prefill GEMMs (dense and the MoE experts') with
-	 * the weights as wgmma's register operand (fp8w_tile_rs, the lab's "fp8w rs") */
+	/* WICK_CUDA_FP8W=rs, wf or rs,wf: the f32-activation prefill GEMMs (dense and the MoE
+	 * experts') with the weights as wgmma's register operand (fp8w_tile_rs), and/or the
+	 * dense one's weight tiles fastest in the grid (the lab's "fp8w ... rs / wf" rows) */
 	const char *fw = getenv("WICK_CUDA_FP8W");
-	wk_cuda_fp8w_rs(fw && strcmp(fw, "rs") == 0);
+	wk_cuda_fp8w_mode((fw && strstr(fw, "rs") ? WK_FP8W_RS : 0) |
+			  (fw && strstr(fw, "wf") ? WK_FP8W_WF : 0));
 }
 
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)

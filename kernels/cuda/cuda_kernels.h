@@ -494,11 +494,16 @@ int wk_cuda_act_split(uint16_t *xb, const float *x, int n, int cols, char *err, 
  * WK_EINVAL for cols < 0, rows > 8,388,480 or a misaligned xb. */
 int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
 		      int rows, int cols, char *err, size_t errsz);
-/* Which tile wk_cuda_gemm_fp8w and the MoE experts' grouped GEMMs run, process-wide: 0 the
- * weights converted into a bf16 tile in shared memory (fp8w_tile, measured), 1 the weights
- * as wgmma's register operand (fp8w_tile_rs, not yet run on a GPU). Set once before use
- * (the backend from WICK_CUDA_FP8W=rs; the tests and the lab). */
-void wk_cuda_fp8w_rs(int on);
+/* How wk_cuda_gemm_fp8w and the MoE experts' grouped GEMMs run, process-wide: 0 as measured
+ * on the H200 (the weights converted into a bf16 tile in shared memory, fp8w_tile; the token
+ * tiles fastest in the grid); WK_FP8W_RS the weights as wgmma's register operand
+ * (fp8w_tile_rs, both); WK_FP8W_WF the dense GEMM's weight tiles fastest in the grid
+ * (consecutive blocks share a token tile; the MoE GEMMs keep their order). Neither yet run on
+ * a GPU. Set before use (the backend from WICK_CUDA_FP8W=rs, wf or rs,wf; the tests and the
+ * lab). */
+#define WK_FP8W_RS 1
+#define WK_FP8W_WF 2
+void wk_cuda_fp8w_mode(int mode);
 
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
  * bandwidth measured first, and the FP8 GEMM's and the prefill attention's TFLOPS. only:

@@ -476,9 +476,9 @@ int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const floa
 	return none(err, errsz);
 }
 
-void wk_cuda_fp8w_rs(int on)
+void wk_cuda_fp8w_mode(int mode)
 {
-	(void)on;
+	(void)mode;
 }
 
 int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols, char *err,

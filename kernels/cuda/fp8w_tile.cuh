@@ -208,7 +208,7 @@ __device__ __forceinline__ void fp8w_tile(uint8_t *raw, const int *srow, float *
  * registers until then). The 32 KiB of the bf16 tiles go to a fifth stage. The Marlin /
  * Machete layout for mixed-input GEMMs on Hopper; written without a GPU: the lab's "fp8w rs"
  * row says whether it beats fp8w_tile. */
-extern "C" int wk_cuda_fp8w_rs_on(void); /* wk_cuda_fp8w_rs's setting (gemm_fp8w.cu) */
+extern "C" int wk_cuda_fp8w_mode_now(void); /* wk_cuda_fp8w_mode's setting (gemm_fp8w.cu) */
 
 #define FWS 80                              /* bytes between code rows in a stage */
 #define FSTAGES_RS 5

@@ -40,9 +40,12 @@
  * Padded tokens and columns are zeros (the split's padding, cp.async's zero fill) and
  * padded outputs are not stored.
  *
- * wk_cuda_fp8w_rs(1) runs fp8w_tile_rs instead (fp8w_tile.cuh): the conversion in
- * registers, the weights as wgmma's A operand from registers and the tokens its B operand
- * (the Marlin / Machete layout), one barrier a stage and a 5-deep ring; not yet run on a GPU.
+ * wk_cuda_fp8w_mode(WK_FP8W_RS) runs fp8w_tile_rs instead (fp8w_tile.cuh): the conversion
+ * in registers, the weights as wgmma's A operand from registers and the tokens its B operand
+ * (the Marlin / Machete layout), one barrier a stage and a 5-deep ring. WK_FP8W_WF puts the
+ * weight tiles fastest in the grid: the blocks resident at once then share a few token tiles
+ * (hi + lo, 4 bytes an activation) and read the weights (1 byte an element) across, instead
+ * of every token tile for a few weight tiles. Neither has run on a GPU yet.
  * What is not here yet: a producer warpgroup on TMA and mbarriers with a persistent grid
  * (gemm_wgmma.cu's k_gemm_wgmma_tma), a second set of partials so that promotion overlaps
  * the next stage's wgmmas, and any tuning on a GPU. The tensor-core work is twice
@@ -84,48 +87,50 @@ __global__ void k_act_split(uint16_t *xb, const float *x, int n, int cols, int c
 }
 
 /* A 128 x 128 tile of y = x . w^T: tokens [128 blockIdx.x, +128), weight rows
- * [128 blockIdx.y, +128) (fp8w_tile, or fp8w_tile_rs when RS). */
+ * [128 blockIdx.y, +128), or (wf) the other way round (fp8w_tile, or fp8w_tile_rs when RS). */
 template <bool VEC, bool RS>
 __global__ void __launch_bounds__(FTHREADS, 1)
 	k_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const float *ws, int n,
-		    int rows, int cols)
+		    int rows, int cols, bool wf)
 {
 	extern __shared__ uint4 fp8w_smem[];
 	__shared__ int srow[FM];
-	int m0 = (int)blockIdx.x * FM;
+	int m0 = (int)(wf ? blockIdx.y : blockIdx.x) * FM;
+	int r0 = (int)(wf ? blockIdx.x : blockIdx.y) * FN;
 	for (int i = (int)threadIdx.x; i < FM; i += FTHREADS)
 		srow[i] = m0 + i < n ? m0 + i : -1;
 	__syncthreads();
 	constexpr int FILL = VEC ? FILL_ASYNC : FILL_BYTES;
 	if constexpr (RS)
 		fp8w_tile_rs<FILL>((uint8_t *)fp8w_smem, srow, y + (size_t)m0 * rows, n - m0, xb,
-				   n, w, ws, (int)blockIdx.y * FN, rows, cols, VEC);
+				   n, w, ws, r0, rows, cols, VEC);
 	else
 		fp8w_tile<FILL>((uint8_t *)fp8w_smem, srow, y + (size_t)m0 * rows, n - m0, xb, n,
-				w, ws, (int)blockIdx.y * FN, rows, cols, VEC);
+				w, ws, r0, rows, cols, VEC);
 }
 
-static int fp8w_rs; /* wk_cuda_fp8w_rs */
+static int fp8w_mode; /* wk_cuda_fp8w_mode */
 
-extern "C" void wk_cuda_fp8w_rs(int on)
+extern "C" void wk_cuda_fp8w_mode(int mode)
 {
-	fp8w_rs = on;
+	fp8w_mode = mode;
 }
 
-extern "C" int wk_cuda_fp8w_rs_on(void)
+extern "C" int wk_cuda_fp8w_mode_now(void)
 {
-	return fp8w_rs;
+	return fp8w_mode;
 }
 
 template <bool VEC, bool RS>
 static cudaError_t fp8w_launch(dim3 grid, float *y, const uint16_t *xb, const uint8_t *w,
-			       const float *ws, int n, int rows, int cols)
+			       const float *ws, int n, int rows, int cols, bool wf)
 {
 	int smem = RS ? FSMEM_RS : FSMEM;
 	cudaError_t e = cudaFuncSetAttribute((k_gemm_fp8w<VEC, RS>),
 					     cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 	if (e == cudaSuccess)
-		k_gemm_fp8w<VEC, RS><<<grid, FTHREADS, smem, wk_st()>>>(y, xb, w, ws, n, rows, cols);
+		k_gemm_fp8w<VEC, RS><<<grid, FTHREADS, smem, wk_st()>>>(y, xb, w, ws, n, rows, cols,
+									 wf);
 	return e;
 }
 
@@ -153,13 +158,15 @@ extern "C" int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w,
 			       "CUDA gemm_fp8w: the split activations are not 16-byte aligned");
 	if (n <= 0 || rows <= 0)
 		return WK_OK;
-	dim3 grid((unsigned)(n / FM + (n % FM != 0)), (unsigned)(rows / FN + (rows % FN != 0)));
-	bool vec = cols % 16 == 0 && (uintptr_t)w % 16 == 0;
+	unsigned tt = (unsigned)(n / FM + (n % FM != 0)), wt = (unsigned)(rows / FN + (rows % FN != 0));
+	bool wf = (fp8w_mode & WK_FP8W_WF) && tt <= 65535; /* gridDim.y */
+	dim3 grid(wf ? wt : tt, wf ? tt : wt);
+	bool vec = cols % 16 == 0 && (uintptr_t)w % 16 == 0, rs = fp8w_mode & WK_FP8W_RS;
 	cudaError_t e =
-		fp8w_rs ? (vec ? fp8w_launch<true, true>(grid, y, xb, w, ws, n, rows, cols)
-			       : fp8w_launch<false, true>(grid, y, xb, w, ws, n, rows, cols))
-			: (vec ? fp8w_launch<true, false>(grid, y, xb, w, ws, n, rows, cols)
-			       : fp8w_launch<false, false>(grid, y, xb, w, ws, n, rows, cols));
+		rs ? (vec ? fp8w_launch<true, true>(grid, y, xb, w, ws, n, rows, cols, wf)
+			  : fp8w_launch<false, true>(grid, y, xb, w, ws, n, rows, cols, wf))
+		   : (vec ? fp8w_launch<true, false>(grid, y, xb, w, ws, n, rows, cols, wf)
+			  : fp8w_launch<false, false>(grid, y, xb, w, ws, n, rows, cols, wf));
 	if (e != cudaSuccess)
 		return check(e, "gemm_fp8w shared memory", err, errsz);
 	return launched("gemm_fp8w", err, errsz);

@@ -197,8 +197,8 @@ out:
  * backend's matmul_fp8w runs, the split of x into bf16 halves and the GEMM, timed together,
  * on random finite f32 activations in [-1, 1), e4m3 codes and block scales, after four
  * tokens' rows were compared with cpu_ref_matmul_fp8 (1e-5 of the largest: the kernel's
- * contract). A line for each tile (fp8w_tile, then fp8w_tile_rs: "rs"), its TFLOPS as a
- * share of blas (cuBLASLt's bf16 TFLOPS on the same shape: the GEMM runs bf16 wgmmas, two
+ * contract). A line for each wk_cuda_fp8w_mode (as measured; "wf": the weight tiles fastest
+ * in the grid; "rs": fp8w_tile_rs; both), its TFLOPS as a share of blas (cuBLASLt's bf16 TFLOPS on the same shape: the GEMM runs bf16 wgmmas, two
  * per product); WK_OK or WK_EIO. */
 static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 {
@@ -233,10 +233,11 @@ static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 	    wk_cuda_upload(dw, w, nw, err, sizeof err) ||
 	    wk_cuda_upload(dws, ws, nws, err, sizeof err))
 		goto fail;
-	for (int rs = 0; rs < 2; rs++) { /* the bf16 weight tile, then the register operand */
+	for (int mode = 0; mode < 4; mode++) { /* each wk_cuda_fp8w_mode, the measured one first */
+		static const char *names[4] = {"", " wf", " rs", " rs wf"};
 		snprintf(name, sizeof name, "gemm fp8w %dx%dx%d (f32 x)%s", n, rows, cols,
-			 rs ? " rs" : "");
-		wk_cuda_fp8w_rs(rs);
+			 names[mode]);
+		wk_cuda_fp8w_mode(mode);
 		int r = lab_gemm_row(name, [&] {
 			int e = wk_cuda_act_split((uint16_t *)dxb, (const float *)dx, n, cols, err,
 						  sizeof err);
@@ -244,8 +245,8 @@ static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 							 (const uint8_t *)dw, (const float *)dws, n,
 							 rows, cols, err, sizeof err);
 		}, dy, want, toks, n, rows, cols, 1e-5, blas, got, err, sizeof err);
-		wk_cuda_fp8w_rs(0);
-		rc = rs ? (rc ? rc : r) : r;
+		wk_cuda_fp8w_mode(0);
+		rc = mode ? (rc ? rc : r) : r;
 	}
 	goto out;
 fail:
@@ -307,7 +308,8 @@ int fill_random(void *dev, size_t bytes, bool f32, float lo, float hi)
  * GB. Checked first: four tokens' y rows against cpu_ref_moe_experts on the downloaded
  * weights of their experts (1e-4 of the largest). TFLOPS count 2 * 3 * dim * inter per slot,
  * printed beside blas (cuBLASLt's bf16 on the dense prefill shape; the GEMMs run bf16 wgmmas,
- * two per product, so half of it is their bound). 9.7 GB of weights; WK_OK or WK_EIO. */
+ * two per product, so half of it is their bound). Two lines, checked and timed each: the
+ * measured tile, then fp8w_tile_rs ("rs"). 9.7 GB of weights; WK_OK or WK_EIO. */
 #define MOE_DIM 6144
 #define MOE_INTER 2048
 #define MOE_EXPERTS 256
@@ -372,72 +374,79 @@ static int lab_moe_gemm(int n, double blas)
 		tab[e] = (struct cpu_expert){w, w + mat, w + 2 * mat, sc, sc + nsc, sc + 2 * nsc};
 	}
 	m.experts = (const struct cpu_expert *)dtab;
-	if (wk_cuda_upload(dtab, tab, MOE_EXPERTS * sizeof *tab, err, sizeof err) ||
-	    wk_cuda_upload(didx, idx, ns * sizeof *idx, err, sizeof err) ||
-	    wk_cuda_upload(dwt, wt, ns * 4, err, sizeof err) ||
-	    wk_cuda_upload(dx, x, ny * 4, err, sizeof err) || wk_cuda_zero(dy, ny * 4, err, sizeof err) ||
-	    wk_cuda_moe_experts((float *)dy, (const float *)dx, (const int *)didx, (const float *)dwt,
-				n, MOE_TOPK, &m, dscr, err, sizeof err) ||
-	    wk_cuda_sync(err, sizeof err))
-		goto fail;
-	for (int k = 0; k < 4; k++) {
-		int t = toks[k];
-		for (int j = 0; j < MOE_TOPK; j++) { /* the token's experts' weights, once */
-			int e = idx[(size_t)t * MOE_TOPK + j];
-			if (host[e].gate)
-				continue;
-			uint8_t *w = (uint8_t *)malloc(3 * mat);
-			float *sc = (float *)malloc(3 * nsc * 4);
-			if (!w || !sc) {
-				free(w);
-				free(sc);
-				snprintf(err, sizeof err, "out of host memory");
-				goto fail;
-			}
-			host[e] = (struct cpu_expert){w, w + mat, w + 2 * mat, sc, sc + nsc, sc + 2 * nsc};
-			if (wk_cuda_download(w, tab[e].gate, 3 * mat, err, sizeof err) ||
-			    wk_cuda_download(sc, tab[e].gate_s, 3 * nsc * 4, err, sizeof err))
-				goto fail;
-		}
-		memset(want, 0, MOE_DIM * 4);
-		cpu_ref_moe_experts(want, x + (size_t)t * MOE_DIM, idx + (size_t)t * MOE_TOPK,
-				    wt + (size_t)t * MOE_TOPK, 1, MOE_TOPK, host, 0, MOE_EXPERTS,
-				    DT_F8_E4M3, MOE_DIM, MOE_INTER, NULL, cscr);
-		if (wk_cuda_download(got, (const float *)dy + (size_t)t * MOE_DIM, MOE_DIM * 4, err,
-				     sizeof err))
+	for (int rs = 0; rs < 2; rs++) { /* fp8w_tile, then fp8w_tile_rs (WK_FP8W_RS) */
+		snprintf(name, sizeof name, "moe experts GEMM %d tok (GLM-5)%s", n, rs ? " rs" : "");
+		wk_cuda_fp8w_mode(rs ? WK_FP8W_RS : 0);
+		worst = 0;
+		if (wk_cuda_upload(dtab, tab, MOE_EXPERTS * sizeof *tab, err, sizeof err) ||
+		    wk_cuda_upload(didx, idx, ns * sizeof *idx, err, sizeof err) ||
+		    wk_cuda_upload(dwt, wt, ns * 4, err, sizeof err) ||
+		    wk_cuda_upload(dx, x, ny * 4, err, sizeof err) ||
+		    wk_cuda_zero(dy, ny * 4, err, sizeof err) ||
+		    wk_cuda_moe_experts((float *)dy, (const float *)dx, (const int *)didx,
+					(const float *)dwt, n, MOE_TOPK, &m, dscr, err, sizeof err) ||
+		    wk_cuda_sync(err, sizeof err))
 			goto fail;
-		double d = 0, mx = 0;
-		for (int c = 0; c < MOE_DIM; c++) {
-			d = fmax(d, isfinite(got[c]) ? fabs((double)got[c] - want[c]) : INFINITY);
-			mx = fmax(mx, fabs((double)want[c]));
+		for (int k = 0; k < 4; k++) {
+			int t = toks[k];
+			for (int j = 0; j < MOE_TOPK; j++) { /* the token's experts' weights, once */
+				int e = idx[(size_t)t * MOE_TOPK + j];
+				if (host[e].gate)
+					continue;
+				uint8_t *w = (uint8_t *)malloc(3 * mat);
+				float *sc = (float *)malloc(3 * nsc * 4);
+				if (!w || !sc) {
+					free(w);
+					free(sc);
+					snprintf(err, sizeof err, "out of host memory");
+					goto fail;
+				}
+				host[e] = (struct cpu_expert){w, w + mat, w + 2 * mat, sc, sc + nsc, sc + 2 * nsc};
+				if (wk_cuda_download(w, tab[e].gate, 3 * mat, err, sizeof err) ||
+				    wk_cuda_download(sc, tab[e].gate_s, 3 * nsc * 4, err, sizeof err))
+					goto fail;
+			}
+			memset(want, 0, MOE_DIM * 4);
+			cpu_ref_moe_experts(want, x + (size_t)t * MOE_DIM, idx + (size_t)t * MOE_TOPK,
+					    wt + (size_t)t * MOE_TOPK, 1, MOE_TOPK, host, 0, MOE_EXPERTS,
+					    DT_F8_E4M3, MOE_DIM, MOE_INTER, NULL, cscr);
+			if (wk_cuda_download(got, (const float *)dy + (size_t)t * MOE_DIM, MOE_DIM * 4, err,
+					     sizeof err))
+				goto fail;
+			double d = 0, mx = 0;
+			for (int c = 0; c < MOE_DIM; c++) {
+				d = fmax(d, isfinite(got[c]) ? fabs((double)got[c] - want[c]) : INFINITY);
+				mx = fmax(mx, fabs((double)want[c]));
+			}
+			worst = fmax(worst, mx > 0 ? d / mx : d);
 		}
-		worst = fmax(worst, mx > 0 ? d / mx : d);
-	}
-	if (!(worst <= 1e-4)) {
-		snprintf(err, sizeof err, "WRONG: %.3g of the largest output off", worst);
-		goto fail;
-	}
-	ms = time_ms([&] {
-		int r = wk_cuda_zero(dy, ny * 4, err, sizeof err);
-		return r ? r : wk_cuda_moe_experts((float *)dy, (const float *)dx, (const int *)didx,
-						   (const float *)dwt, n, MOE_TOPK, &m, dscr, err,
-						   sizeof err);
-	});
-	if (ms <= 0)
-		goto fail;
-	{
-		double tflops = 2.0 * ns * 3.0 * MOE_DIM * MOE_INTER / (ms * 1e-3) / 1e12;
-		char share[16] = "-";
-		if (blas > 0)
-			snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
-		printf("%-40s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name, tflops,
-		       share, ms, worst);
+		if (!(worst <= 1e-4)) {
+			snprintf(err, sizeof err, "WRONG: %.3g of the largest output off", worst);
+			goto fail;
+		}
+		ms = time_ms([&] {
+			int r = wk_cuda_zero(dy, ny * 4, err, sizeof err);
+			return r ? r : wk_cuda_moe_experts((float *)dy, (const float *)dx,
+							   (const int *)didx, (const float *)dwt, n,
+							   MOE_TOPK, &m, dscr, err, sizeof err);
+		});
+		if (ms <= 0)
+			goto fail;
+		{
+			double tflops = 2.0 * ns * 3.0 * MOE_DIM * MOE_INTER / (ms * 1e-3) / 1e12;
+			char share[16] = "-";
+			if (blas > 0)
+				snprintf(share, sizeof share, "%.0f%%", 100.0 * tflops / blas);
+			printf("%-40s %10.0f %12s   (%.3f ms; checked: %.1e of the largest)\n", name,
+			       tflops, share, ms, worst);
+		}
 	}
 	rc = WK_OK;
 	goto out;
 fail:
 	printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 out:
+	wk_cuda_fp8w_mode(0);
 	for (int e = 0; host && e < MOE_EXPERTS; e++) {
 		free((void *)host[e].gate);
 		free((void *)host[e].gate_s);

@@ -742,7 +742,7 @@ static int experts_args(int n, int top_k, const struct wk_moe *m, const void *sc
 }
 
 /* grouped_gemms' gate/up GEMM, SiLU split and down GEMM, on fp8w_tile or (RS)
- * fp8w_tile_rs (wk_cuda_fp8w_rs). */
+ * fp8w_tile_rs (wk_cuda_fp8w_mode's WK_FP8W_RS). */
 template <bool RS>
 static int grouped_launches(const struct moe_plan &p, const struct moe_args &a, size_t tiles,
 			    int wide, size_t ns, char *err, size_t errsz)
@@ -850,8 +850,9 @@ static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, cha
 			       a.n, a.top_k, a.dim, wide);
 	if ((rc = wk_cuda_act_split(p.xb, a.x, a.n, a.dim, err, errsz)) != WK_OK)
 		return rc;
-	rc = wk_cuda_fp8w_rs_on() ? grouped_launches<true>(p, a, tiles, wide, ns, err, errsz)
-				  : grouped_launches<false>(p, a, tiles, wide, ns, err, errsz);
+	rc = (wk_cuda_fp8w_mode_now() & WK_FP8W_RS)
+		     ? grouped_launches<true>(p, a, tiles, wide, ns, err, errsz)
+		     : grouped_launches<false>(p, a, tiles, wide, ns, err, errsz);
 	if (rc != WK_OK)
 		return rc;
 	k_moe_combine<<<a.n, MOE_THREADS, 0, wk_st()>>>(p, a);

@@ -512,6 +512,13 @@ Test(cuda_kernels, gemm_fp8_wgmma_n160_matches_ref)
 }
 
 
+/* wk_cuda_fp8w_mode's flags as the lab prints them */
+static const char *mode_name(int mode)
+{
+	static const char *names[4] = {"", " wf", " rs", " rs wf"};
+	return names[mode & 3];
+}
+
 /* max over tokens of max_r |got - want| / max_r |want|: each token's row on its own scale */
 static double rel_rows(const float *got, const float *want, int n, int rows)
 {
@@ -531,9 +538,10 @@ static double rel_rows(const float *got, const float *want, int n, int rows)
  * (subnormals and negatives included), block scales, activations over 6 binades; partial
  * tiles in every dimension (the block tile is 128 x 128, a stage 64 columns, a scale block
  * two), n from 64 to 300, cols % 16 != 0 (ordinary loads of the codes) and a weight one
- * byte off a 16-byte boundary; every output poisoned first; each case on both tiles (the
- * bf16 weight tile in shared memory, and the weights as the register operand: fp8w_tile_rs,
- * wk_cuda_fp8w_rs). Under the emulator this checks
+ * byte off a 16-byte boundary; every output poisoned first; each case in every
+ * wk_cuda_fp8w_mode (the bf16 weight tile in shared memory or the weights as the register
+ * operand, fp8w_tile_rs; the token or the weight tiles fastest in the grid). Under the
+ * emulator this checks
  * the bf16 swizzled tiles, descriptors, fragment and promotion against our reading of the
  * PTX ISA (tests/simt/wgmma.cpp); on a GPU, against the hardware. */
 Test(cuda_kernels, gemm_fp8w_matches_ref)
@@ -582,22 +590,23 @@ Test(cuda_kernels, gemm_fp8w_matches_ref)
 						  "want %04x %04x", n, cols, t, c, xb[i],
 						  xb[(size_t)n * cp + i], hi, lo);
 				}
-			for (int rs = 0; rs < 2; rs++) { /* both tiles (wk_cuda_fp8w_rs) */
+			for (int mode = 0; mode < 4; mode++) { /* each wk_cuda_fp8w_mode */
+				const char *mn = mode_name(mode);
 				for (size_t i = 0; i < ny; i++)
 					got[i] = NAN;
 				cr_assert_eq(wk_cuda_upload(dy, got, ny * 4, err, sizeof err), WK_OK,
 					     "%s", err);
-				wk_cuda_fp8w_rs(rs);
+				wk_cuda_fp8w_mode(mode);
 				int rc = wk_cuda_gemm_fp8w(dy, dxb, dw + off, dws, n, rows, cols, err,
 							   sizeof err);
-				wk_cuda_fp8w_rs(0);
+				wk_cuda_fp8w_mode(0);
 				cr_assert_eq(rc, WK_OK, "%s", err);
 				from_dev(got, dy, ny * 4);
 				double r = rel_rows(got, want, n, rows);
-				cr_expect_leq(r, 1e-5, "gemm_fp8w%s n=%d rows=%d cols=%d off=%d: %g",
-					      rs ? " rs" : "", n, rows, cols, off, r);
-				cr_log_info("gemm_fp8w%s n=%d rows=%d cols=%d off=%d: %.3g",
-					    rs ? " rs" : "", n, rows, cols, off, r);
+				cr_expect_leq(r, 1e-5, "gemm_fp8w%s n=%d rows=%d cols=%d off=%d: %g", mn,
+					      n, rows, cols, off, r);
+				cr_log_info("gemm_fp8w%s n=%d rows=%d cols=%d off=%d: %.3g", mn, n, rows,
+					    cols, off, r);
 			}
 			wk_cuda_free(dx);
 			wk_cuda_free(dws);

@@ -286,7 +286,7 @@ Test(cuda_kernels, moe_experts_matches_ref)
  * groups (expert 5 in 140 tokens: two tiles, the second short), experts 7 and 12 chosen by
  * no token (empty groups), expert 9 by token 3 alone (a group of 1), ragged dims (cp.async
  * and ordinary-load weight paths both), with and without a shared expert (one more group,
- * narrower or wider); on both tiles (fp8w_tile, and fp8w_tile_rs: wk_cuda_fp8w_rs). */
+ * narrower or wider); on both tiles (fp8w_tile, and fp8w_tile_rs: WK_FP8W_RS). */
 Test(cuda_kernels, moe_experts_gemm_matches_ref)
 {
 	NEED_GPU();
@@ -337,10 +337,10 @@ Test(cuda_kernels, moe_experts_gemm_matches_ref)
 		void *dscr = dev_alloc(wk_cuda_moe_experts_scratch(n, top_k, &mo));
 		for (int run = 0; run < 3; run++) { /* the third on fp8w_tile_rs */
 			float *to = run == 0 ? dy : run == 1 ? dy2 : dy3;
-			wk_cuda_fp8w_rs(run == 2);
+			wk_cuda_fp8w_mode(run == 2 ? WK_FP8W_RS : 0);
 			int rc = wk_cuda_moe_experts(to, dx, didx, dwt, n, top_k, &mo, dscr, err,
 						     sizeof err);
-			wk_cuda_fp8w_rs(0);
+			wk_cuda_fp8w_mode(0);
 			cr_assert_eq(rc, WK_OK, "%s", err);
 		}
 		from_dev(got, dy, ny * 4);
