@@ -198,8 +198,8 @@ out:
  * on random finite f32 activations in [-1, 1), e4m3 codes and block scales, after four
  * tokens' rows were compared with cpu_ref_matmul_fp8 (1e-5 of the largest: the kernel's
  * contract). A line for each wk_cuda_fp8w_mode (as measured; "wf": the weight tiles fastest
- * in the grid; "rs": fp8w_tile_rs; both), its TFLOPS as a share of blas (cuBLASLt's bf16 TFLOPS on the same shape: the GEMM runs bf16 wgmmas, two
- * per product); WK_OK or WK_EIO. */
+ * in the grid; "rs": fp8w_tile_rs; both), its TFLOPS as a share of blas (cuBLASLt's bf16
+ * TFLOPS on the same shape: the GEMM runs bf16 wgmmas, two per product); WK_OK or WK_EIO. */
 static int lab_gemm_fp8w(int n, int rows, int cols, double blas)
 {
 	const size_t nx = (size_t)n * cols, nw = (size_t)rows * cols, ny = (size_t)n * rows;
