@@ -27,6 +27,8 @@
  *                   descriptors, K-major: e4m3 has no transpose; .bf16 takes m64nNk16 and
  *                   the imm-trans-a / imm-trans-b operands, 0 for K-major), "wgmma.fence",
  *                   "wgmma.commit_group", "wgmma.wait_group" (same chapter, 9.7.15);
+ *   "Register fragment for matrix A" (.bf16, m64nNk16): the RS form's A from registers,
+ *                   mma.sync m16n8k16's A layout a warp (wgmma_m64n128k16_bf16_rs);
  *   "membar/fence"  fence.proxy.async: generic-proxy writes made visible to the async proxy,
  *                   through which the tensor cores read shared memory;
  *   "Cluster of Cooperative Thread Arrays", "mapa", "barrier.cluster", the special register
