@@ -437,6 +437,16 @@ struct backend {
 	void (*attach)(void *ctx);
 	/* Waits for the device; WK_EIO with the message once any op has failed (sticky). */
 	int (*sync)(void *ctx, char *err, size_t errsz);
+	/* The device's own clock, for timing ops where they run (engine/count.c's op times,
+	 * `wick bench launches --op-times`). mark records a point on the device's timeline
+	 * after the work issued so far (a cudaEventRecord on the compute stream) and returns
+	 * its number, 0, 1, ... since the last marks_ms, or -1 when it holds no more (then
+	 * read them and mark again). marks_ms waits for the last mark and writes ms[i] = the
+	 * device time from mark i to mark i + 1 for i < n - 1, n the marks made; the last
+	 * mark becomes mark 0 of the next ones. Returns WK_OK, or an error (sticky as sync's).
+	 * Optional, both or neither (NULL: the ops run on the host; their host time is theirs). */
+	int (*mark)(void *ctx);
+	int (*marks_ms)(void *ctx, float *ms, int n, char *err, size_t errsz);
 };
 
 /* Restoring a snapshot into a backend's memory (engine/backend.c): be_streams says whether b

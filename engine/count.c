@@ -21,12 +21,31 @@
 #include "common/wk.h"
 #include "engine/engine_int.h"
 
+/* The op times (eng_opts.op_times): each op's host time around its call into the inner
+ * backend and, where that backend has the device's clock (mark, marks_ms), a mark before and
+ * after the op on the device's timeline: the time from an op's first mark to its second is
+ * the op's on the device, from one op's second to the next op's first the device's time
+ * between ops (waiting for the host to issue the next, or for the host's own work). A
+ * host-memory backend runs each op before returning, so there its host time is its time. */
+#define OT_CAP 8192 /* marks held between reads */
+#define OT_GAP (-1) /* the interval ending at a mark is between ops */
+struct op_clock {
+	bool on;
+	int n;              /* marks made since the last read, the carried mark 0 included */
+	short what[OT_CAP]; /* the interval ending at mark i (i >= 1): its op's kind, or OT_GAP */
+	float ms[OT_CAP];
+	long ops[ENG_LAUNCH_KINDS];
+	double host_ms[ENG_LAUNCH_KINDS], dev_ms[ENG_LAUNCH_KINDS], gap_ms;
+	int rc; /* WK_OK until reading the device's clock fails (then the clock stops) */
+};
+
 struct counter {
 	struct backend be; /* what the engine calls: the inner backend's members, counted */
 	const struct backend *in;
 	void *ctx;
 	long n[ENG_LAUNCH_KINDS];
 	long chained[ENG_LAUNCH_KINDS]; /* ops run inside chains (not launches of their own) */
+	struct op_clock ot;
 };
 
 
@@ -50,10 +69,79 @@ const char *eng_launch_kind(int k, bool *is_copy, int *launches)
 }
 
 #define IN(ctx) ((struct counter *)(ctx))
+
+/* Attributes the marks made to their intervals, the last kept as the next ones' mark 0. */
+static void ot_read(struct counter *k)
+{
+	struct op_clock *o = &k->ot;
+	char err[WK_ERRSZ];
+	if (o->n < 1)
+		return;
+	if (k->in->marks_ms(k->ctx, o->ms, o->n, err, sizeof err) != WK_OK) {
+		o->rc = WK_EIO;
+		o->on = false;
+		o->n = 0;
+		return;
+	}
+	for (int i = 1; i < o->n; i++)
+		*(o->what[i] == OT_GAP ? &o->gap_ms : &o->dev_ms[o->what[i]]) += o->ms[i - 1];
+	o->n = 1;
+}
+
+/* A mark on the device's timeline, ending an interval of `what` (a kind or OT_GAP). */
+static void ot_mark(struct counter *k, int what)
+{
+	struct op_clock *o = &k->ot;
+	if (o->n >= OT_CAP)
+		ot_read(k);
+	int i = o->on ? k->in->mark(k->ctx) : -1;
+	if (i < 0 && o->on) { /* the backend's marks are full: read them, then mark again */
+		ot_read(k);
+		i = o->on ? k->in->mark(k->ctx) : -1;
+	}
+	if (i < 0 || i >= OT_CAP || i != o->n) {
+		o->rc = o->rc != WK_OK ? o->rc : WK_EIO;
+		o->on = false;
+		return;
+	}
+	o->what[i] = (short)what;
+	o->n = i + 1;
+}
+
+/* Around one op's call into the inner backend: ot_begin before (a mark ending the time
+ * between ops; the host's clock), ot_end after (a mark ending the op's time). */
+static double ot_begin(struct counter *k)
+{
+	if (!k->ot.on)
+		return 0.0;
+	if (k->in->mark)
+		ot_mark(k, OT_GAP);
+	return wk_now();
+}
+
+static void ot_end(struct counter *k, int kind, double t0)
+{
+	if (!k->ot.on)
+		return;
+	k->ot.host_ms[kind] += (wk_now() - t0) * 1e3;
+	k->ot.ops[kind]++;
+	if (k->in->mark)
+		ot_mark(k, kind);
+}
+
+/* An op already counted (or counted where the engine asks for it: copies), timed as kind. */
+#define TIMED(ctx, kind, call)                              \
+	do {                                                \
+		struct counter *k_ = IN(ctx);               \
+		double t_ = ot_begin(k_);                   \
+		k_->in->call;                               \
+		ot_end(k_, kind, t_);                       \
+	} while (0)
+/* An op counted as one of kind, and timed. */
 #define COUNT(ctx, kind, call)                    \
 	do {                                      \
 		IN(ctx)->n[kind]++;               \
-		IN(ctx)->in->call;                \
+		TIMED(ctx, kind, call);           \
 	} while (0)
 
 static void c_matmul(void *ctx, float *y, const float *x, const struct be_weight *w, int n)
@@ -111,7 +199,7 @@ static void c_matmul_n(void *ctx, float *const *y, const float *x,
 		       const struct be_weight *const *w, int count, int n)
 {
 	count_matmuls(IN(ctx), y, x, w, count, n, NULL);
-	IN(ctx)->in->matmul_n(IN(ctx)->ctx, y, x, w, count, n);
+	TIMED(ctx, ENG_K_MATMUL, matmul_n(IN(ctx)->ctx, y, x, w, count, n));
 }
 
 static void c_matmul_rope_n(void *ctx, float *const *y, const float *x,
@@ -119,7 +207,7 @@ static void c_matmul_rope_n(void *ctx, float *const *y, const float *x,
 			    const struct be_rope *r, float theta)
 {
 	count_matmuls(IN(ctx), y, x, w, count, n, r);
-	IN(ctx)->in->matmul_rope_n(IN(ctx)->ctx, y, x, w, count, n, r, theta);
+	TIMED(ctx, ENG_K_MATMUL, matmul_rope_n(IN(ctx)->ctx, y, x, w, count, n, r, theta));
 }
 
 static void c_rmsnorm(void *ctx, float *y, const float *x, const float *w, int n, int dim,
@@ -233,10 +321,12 @@ static void c_chain(void *ctx, const struct be_link *l, int count)
 	    (k->in->chain_plan(k->ctx, l, count, seg) == 1 && seg[0] == 0 &&
 	     seg[count - 1] == 0)) {
 		chained(k, l, count);
+		double t = ot_begin(k);
 		if (k->in->chain)
 			k->in->chain(k->ctx, l, count);
 		else
 			be_chain_each(k->in, k->ctx, l, count);
+		ot_end(k, ENG_K_CHAIN, t);
 		return;
 	}
 	for (int i = 0, j; i < count; i = j) {
@@ -244,7 +334,7 @@ static void c_chain(void *ctx, const struct be_link *l, int count)
 			;
 		if (seg[i] >= 0) {
 			chained(k, l + i, j - i);
-			k->in->chain(k->ctx, l + i, j - i);
+			TIMED(k, ENG_K_CHAIN, chain(k->ctx, l + i, j - i));
 		} else {
 			be_chain_each(&k->be, k, l + i, 1);
 		}
@@ -256,7 +346,7 @@ static void c_matmul_fp8act(void *ctx, float *const *y, const float *x,
 { /* the quantization, then a GEMM per weight */
 	IN(ctx)->n[ENG_K_ACT_QUANT]++;
 	IN(ctx)->n[ENG_K_MATMUL] += count;
-	IN(ctx)->in->matmul_fp8act(IN(ctx)->ctx, y, x, w, count, n);
+	TIMED(ctx, ENG_K_MATMUL, matmul_fp8act(IN(ctx)->ctx, y, x, w, count, n));
 }
 
 static void c_matmul_fp8w(void *ctx, float *const *y, const float *x,
@@ -264,7 +354,7 @@ static void c_matmul_fp8w(void *ctx, float *const *y, const float *x,
 { /* the bf16 split, then a GEMM per weight */
 	IN(ctx)->n[ENG_K_ACT_SPLIT]++;
 	IN(ctx)->n[ENG_K_MATMUL] += count;
-	IN(ctx)->in->matmul_fp8w(IN(ctx)->ctx, y, x, w, count, n);
+	TIMED(ctx, ENG_K_MATMUL, matmul_fp8w(IN(ctx)->ctx, y, x, w, count, n));
 }
 
 static void c_moe_route_experts(void *ctx, float *y, const float *x, const float *logits,
@@ -284,28 +374,28 @@ static void c_dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const flo
 
 static void c_zero(void *ctx, void *dst, size_t bytes)
 {
-	IN(ctx)->in->zero(IN(ctx)->ctx, dst, bytes);
+	TIMED(ctx, ENG_K_ZERO, zero(IN(ctx)->ctx, dst, bytes));
 }
 
 static void c_to_device(void *ctx, void *dst, const void *host, size_t bytes)
 {
-	IN(ctx)->in->to_device(IN(ctx)->ctx, dst, host, bytes);
+	TIMED(ctx, ENG_K_TO_DEVICE, to_device(IN(ctx)->ctx, dst, host, bytes));
 }
 
 static void c_to_host(void *ctx, void *host, const void *src, size_t bytes)
 {
-	IN(ctx)->in->to_host(IN(ctx)->ctx, host, src, bytes);
+	TIMED(ctx, ENG_K_TO_HOST, to_host(IN(ctx)->ctx, host, src, bytes));
 }
 
 static void c_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
-	IN(ctx)->in->copy(IN(ctx)->ctx, dst, src, bytes);
+	TIMED(ctx, ENG_K_COPY, copy(IN(ctx)->ctx, dst, src, bytes));
 }
 
 static void c_copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
 		      size_t width, size_t height)
 { /* counted by eng_dcopy_2d, as eng_dcopy counts copy */
-	IN(ctx)->in->copy_2d(IN(ctx)->ctx, dst, dpitch, src, spitch, width, height);
+	TIMED(ctx, ENG_K_COPY, copy_2d(IN(ctx)->ctx, dst, dpitch, src, spitch, width, height));
 }
 
 static void c_moe_experts(void *ctx, float *y, const float *x, const int *idx, const float *wt,
@@ -388,8 +478,9 @@ static void c_shutdown(void *ctx)
 	free(k);
 }
 
-/* Replaces the engine's started backend with the counting wrapper around it. */
-int eng_count_wrap(struct engine *e, char *err, size_t errsz)
+/* Replaces the engine's started backend with the counting wrapper around it (and with
+ * op_times, timing each op as well). */
+int eng_count_wrap(struct engine *e, bool op_times, char *err, size_t errsz)
 {
 	struct counter *k = calloc(1, sizeof *k);
 	if (!k)
@@ -397,6 +488,13 @@ int eng_count_wrap(struct engine *e, char *err, size_t errsz)
 	const struct backend *in = e->be;
 	k->in = in;
 	k->ctx = e->bctx;
+	k->ot.on = op_times;
+	k->ot.rc = WK_OK;
+	if (op_times && !in->mark != !in->marks_ms) {
+		free(k);
+		return wk_errf(err, errsz, WK_EINVAL, "the %s backend has only one of mark and "
+			       "marks_ms", in->name);
+	}
 	struct backend *b = &k->be;
 	b->name = in->name;
 	b->init = NULL; /* already started */
@@ -469,10 +567,18 @@ int eng_count_read(const struct engine *e, struct eng_launches *out)
 {
 	if (!e->counting)
 		return WK_EINVAL;
-	const struct counter *k = e->bctx;
+	struct counter *k = e->bctx;
+	if (k->ot.on && k->in->mark) /* waits for the device: its marks so far, attributed */
+		ot_read(k);
 	memset(out, 0, sizeof *out);
 	memcpy(out->n, k->n, sizeof out->n);
 	memcpy(out->chained, k->chained, sizeof out->chained);
 	out->collectives = e->n_collectives;
+	memcpy(out->timed, k->ot.ops, sizeof out->timed);
+	memcpy(out->host_ms, k->ot.host_ms, sizeof out->host_ms);
+	memcpy(out->dev_ms, k->ot.dev_ms, sizeof out->dev_ms);
+	out->gap_ms = k->ot.gap_ms;
+	out->dev_clock = k->in->mark != NULL;
+	out->op_times_rc = k->ot.rc;
 	return WK_OK;
 }

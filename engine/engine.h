@@ -40,6 +40,7 @@ struct eng_opts {
 	const struct comm_ops *comm_ops;   /* tests: these collectives instead of the
 					    * backend's (sharded snapshots) */
 	bool count_launches; /* count every op and copy (eng_launches; `wick bench launches`) */
+	bool op_times;       /* with count_launches: time every op too (eng_launches) */
 	bool experts_one_by_one; /* MoE: never the backend's grouped op (a baseline to compare) */
 	bool unfused;            /* a baseline: one matmul per weight (never matmul_n), and
 				  * the caches written through copies */
@@ -120,6 +121,16 @@ struct eng_launches {
 	long n[ENG_LAUNCH_KINDS];
 	long chained[ENG_LAUNCH_KINDS]; /* ops of each kind run inside chains (kind "chain") */
 	long collectives;
+	/* With eng_opts.op_times: the ops of each kind timed (a matmul_n is one, a chain one
+	 * "chain"), their time in ms on the host around each call, and where the backend has
+	 * the device's clock (dev_clock: the CUDA backend's events) on the device, with the
+	 * device's time between ops (gap_ms); a host-memory backend runs an op before
+	 * returning, so there host_ms is the op's time. Reading waits for the device.
+	 * op_times_rc: WK_OK, or WK_EIO once reading the device's clock failed (it stopped). */
+	long timed[ENG_LAUNCH_KINDS];
+	double host_ms[ENG_LAUNCH_KINDS], dev_ms[ENG_LAUNCH_KINDS], gap_ms;
+	bool dev_clock;
+	int op_times_rc;
 };
 int eng_launches(const struct engine *e, int rank, struct eng_launches *out);
 /* The name of kind k ("matmul", "to_host", ...), whether it is a copy rather than a kernel,

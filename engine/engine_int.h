@@ -288,7 +288,7 @@ enum eng_kind {
 	ENG_K_CHAIN, ENG_K_TO_DEVICE,
 	ENG_K_TO_HOST, ENG_K_COPY,
 };
-int eng_count_wrap(struct engine *e, char *err, size_t errsz);
+int eng_count_wrap(struct engine *e, bool op_times, char *err, size_t errsz);
 void eng_count(struct engine *e, enum eng_kind kind);
 int eng_count_read(const struct engine *e, struct eng_launches *out);
 /* Counts the tensors e's family did not look up into e->info.unused_tensors; eng_unused_at:

@@ -59,7 +59,8 @@ int eng_open_backend(struct engine *e, const struct eng_opts *o, int threads, in
 	}
 	if (rc != WK_OK)
 		e->be = NULL;
-	else if (o && o->count_launches && (rc = eng_count_wrap(e, err, errsz)) != WK_OK) {
+	else if (o && o->count_launches &&
+		 (rc = eng_count_wrap(e, o->op_times, err, errsz)) != WK_OK) {
 		e->be->shutdown(e->bctx);
 		e->be = NULL;
 	}
@@ -73,7 +74,8 @@ int eng_adopt_backend(struct engine *e, const struct backend *be, void *ctx, boo
 	e->bctx = ctx;
 	e->counting = counted;
 	int rc = WK_OK;
-	if (!counted && o && o->count_launches && (rc = eng_count_wrap(e, err, errsz)) != WK_OK) {
+	if (!counted && o && o->count_launches &&
+		 (rc = eng_count_wrap(e, o->op_times, err, errsz)) != WK_OK) {
 		be->shutdown(ctx);
 		e->be = NULL;
 	}

@@ -15,8 +15,11 @@
  * another as one launch) counts one; the ops inside chains are listed under it, and the same
  * steps are run again without chains (every op its own launch). Each run's decode steps are
  * timed too (ms per step, its logits back on the host): on a GPU that is what the launches
- * cost, chained against not; on the CPU it is the arithmetic alone. Prints a table, then one
- * JSON line.
+ * cost, chained against not; on the CPU it is the arithmetic alone. With --op-times the
+ * not-chained steps run once more with every op timed (engine/count.c's op clock): on the
+ * CUDA backend each op's time on the device between events recorded before and after it,
+ * the device's time between ops, and each kind's host time to issue its ops; on the CPU
+ * backend each op's own time. Prints a table, then one JSON line.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -46,7 +49,10 @@ static void usage(FILE *f)
 		"                     a step chosen on the device (default 1: one sequence whose\n"
 		"                     logits come to the host each step)\n"
 		"      --kv-dtype D   the KV cache's type: bf16, f32, fp8 or auto (default auto:\n"
-		"                     bf16 for a bfloat16 checkpoint)\n");
+		"                     bf16 for a bfloat16 checkpoint)\n"
+		"      --op-times     also time every op of the steps run without chains: per kind,\n"
+		"                     on the device's clock where the backend has one (cuda), else\n"
+		"                     the host's; and the device's time between ops\n");
 }
 
 static int parse_pos(const char *s, const char *what, int hi, int *out)
@@ -68,6 +74,11 @@ struct count_run {
 	double chained[ENG_LAUNCH_KINDS];  /* ops per step run inside chains */
 	double kernels, copies, coll, total; /* launches per step */
 	double step_ms; /* wall time of a decode step (its logits on the host) */
+	/* --op-times: per step, each kind's ops timed and their ms (on the device where it has
+	 * a clock, else on the host), the host's ms issuing them, the device's ms between ops */
+	double timed[ENG_LAUNCH_KINDS], op_ms[ENG_LAUNCH_KINDS], host_ms[ENG_LAUNCH_KINDS];
+	double gap_ms;
+	bool dev_clock;
 };
 
 /* Batch > 1: batch sequences, each prefilled with the same context tokens in one step, then
@@ -188,6 +199,19 @@ count:
 	}
 	r->coll = (double)(after.collectives - before.collectives) / steps;
 	r->total = r->kernels + r->copies + r->coll;
+	if (eo->op_times && after.op_times_rc != WK_OK) {
+		fprintf(stderr, "wick bench: the op clock failed: the device's timing events could "
+				"not be read\n");
+		goto done;
+	}
+	for (int k = 0; eo->op_times && k < ENG_LAUNCH_KINDS; k++) {
+		r->timed[k] = (double)(after.timed[k] - before.timed[k]) / steps;
+		r->host_ms[k] = (after.host_ms[k] - before.host_ms[k]) / steps;
+		r->op_ms[k] = after.dev_clock ? (after.dev_ms[k] - before.dev_ms[k]) / steps
+					      : r->host_ms[k];
+	}
+	r->gap_ms = (after.gap_ms - before.gap_ms) / steps;
+	r->dev_clock = after.dev_clock;
 	rc = 0;
 done:
 	eng_close(e);
@@ -196,9 +220,45 @@ done:
 	return rc;
 }
 
+/* --op-times: the timed run's table, kinds by time, and its JSON object. */
+static json_t *print_op_times(const struct count_run *t, double untimed_ms)
+{
+	const char *clock = t->dev_clock ? "device" : "host";
+	double sum = t->gap_ms;
+	int order[ENG_LAUNCH_KINDS], n = 0;
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		sum += t->op_ms[k];
+		if (t->timed[k] == 0)
+			continue;
+		int i = n++;
+		for (; i > 0 && t->op_ms[order[i - 1]] < t->op_ms[k]; i--)
+			order[i] = order[i - 1];
+		order[i] = k;
+	}
+	printf("op times           not chained, every op timed on the %s's clock: a step %.3f ms "
+	       "(%.3f ms untimed)\n", clock, t->step_ms, untimed_ms);
+	printf("  %-16s %8s %10s %6s %10s\n", "kind", "ops", "ms", "share", "host ms");
+	json_t *by = json_object();
+	for (int i = 0; i < n; i++) {
+		int k = order[i];
+		const char *name = eng_launch_kind(k, NULL, NULL);
+		printf("  %-16s %8.1f %10.4f %5.1f%% %10.4f\n", name, t->timed[k], t->op_ms[k],
+		       sum > 0 ? 100.0 * t->op_ms[k] / sum : 0.0, t->host_ms[k]);
+		json_object_set_new(by, name, json_pack("{s:f, s:f, s:f}", "ops", t->timed[k], "ms",
+							 t->op_ms[k], "host_ms", t->host_ms[k]));
+	}
+	if (t->dev_clock)
+		printf("  %-16s %8s %10.4f %5.1f%%  (the device between ops)\n", "(between ops)", "",
+		       t->gap_ms, sum > 0 ? 100.0 * t->gap_ms / sum : 0.0);
+	printf("  %-16s %8s %10.4f\n", "sum", "", sum);
+	return json_pack("{s:s, s:f, s:f, s:f, s:o}", "clock", clock, "step_ms", t->step_ms,
+			 "between_ops_ms", t->gap_ms, "sum_ms", sum, "by_kind", by);
+}
+
 int bench_launches(int argc, char **argv)
 {
 	int context = 64, steps = 4, threads = 0, target = 400, batch = 1;
+	bool op_times = false;
 	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"context", required_argument, NULL, 'c'},
@@ -208,6 +268,7 @@ int bench_launches(int argc, char **argv)
 		{"target", required_argument, NULL, 'T'},
 		{"kv-dtype", required_argument, NULL, 'k'},
 		{"batch", required_argument, NULL, 'B'},
+		{"op-times", no_argument, NULL, 'O'},
 		{"help", no_argument, NULL, 'h'},
 		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
@@ -225,6 +286,7 @@ int bench_launches(int argc, char **argv)
 		case 't': bad = parse_pos(optarg, "--threads", 1024, &threads); break;
 		case 'T': bad = parse_pos(optarg, "--target", 1 << 30, &target); break;
 		case 'k': kv = optarg; break;
+		case 'O': op_times = true; break;
 		case 'M': given = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -237,7 +299,8 @@ int bench_launches(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	struct count_run grouped, plain, one; /* fused and chained / not chained / unfused */
+	/* fused and chained / not chained / unfused / not chained, every op timed */
+	struct count_run grouped, plain, one, timed;
 	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
 			      .max_seqs = batch, .count_launches = true, .kv_dtype = kv};
 	if (count_step(model, &eo, context, steps, batch, &grouped))
@@ -245,6 +308,10 @@ int bench_launches(int argc, char **argv)
 	eo.no_chain = true; /* every op its own launch */
 	if (count_step(model, &eo, context, steps, batch, &plain))
 		return 1;
+	eo.op_times = op_times; /* the same, every op timed */
+	if (op_times && count_step(model, &eo, context, steps, batch, &timed))
+		return 1;
+	eo.op_times = false;
 	eo.experts_one_by_one = true; /* the baseline: MoE experts one at a time, */
 	eo.unfused = true;            /* one matmul per weight, cache writes by copy */
 	if (count_step(model, &eo, context, steps, batch, &one))
@@ -298,14 +365,16 @@ int bench_launches(int argc, char **argv)
 	       grouped.backend);
 	json_t *ms = json_pack("{s:f, s:f, s:f}", "chained", grouped.step_ms, "not_chained",
 			       plain.step_ms, "unfused", one.step_ms);
+	json_t *ot = op_times ? print_op_times(&timed, plain.step_ms) : NULL;
 	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, "
-			      "s:i, s:o, s:o, s:o}",
+			      "s:i, s:o, s:o, s:o, s:o*}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
 			      "kv_dtype", grouped.kv, "batch", batch,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
 			      grouped.total, "not_chained", plain.total, "unfused", one.total,
-			      "target", target, "by_kind", by, "chained", inside, "step_ms", ms);
+			      "target", target, "by_kind", by, "chained", inside, "step_ms", ms,
+			      "op_times", ot);
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	json_decref(j);
 	if (!s) {

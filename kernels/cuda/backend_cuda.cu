@@ -42,6 +42,8 @@ struct stage {
 	bool borrowed; /* another context's buffer (a sharded restore): forgotten, not freed */
 };
 
+#define MARKS 4096 /* the op clock's events a context holds between reads */
+
 struct cuda_ctx {
 	int device;
 	void **owned; /* uploaded weights, freed at shutdown */
@@ -65,6 +67,8 @@ struct cuda_ctx {
 	unsigned *dsa_count;      /* DSA_GROUPS counters of the last-block kernels (dsa_topk,
 				   * moe_route_experts), then WK_CHAIN_SYNC of the chained launches:
 				   * moe_route_experts): zero, each launch leaving them zero */
+	cudaEvent_t *marks; /* the op clock's points (mark, marks_ms): MARKS, created as used */
+	int n_marks;
 	bool gemv_mma;     /* 2..8 tokens through the tensor-core GEMV (gemv_route) */
 	bool gemm_st;      /* matmul_fp8act's GEMM with the TMA-store epilogue */
 	int rc;            /* WK_OK until an op fails */
@@ -184,6 +188,10 @@ static void shutdown(void *ctx)
 	cudaFree(c->att_part);
 	cudaFree(c->dsa_count);
 	cudaFree(c->dsa_hist);
+	for (int i = 0; c->marks && i < MARKS; i++)
+		if (c->marks[i])
+			cudaEventDestroy(c->marks[i]);
+	free(c->marks);
 	pthread_mutex_destroy(&c->stage_mu);
 	free(c);
 }
@@ -1172,6 +1180,48 @@ static int dev_sync(void *ctx, char *err, size_t errsz)
 	return WK_OK;
 }
 
+/* ---- the op clock (engine/count.c's op times) ------------------------------------------------ */
+
+extern cudaStream_t wk_compute_stream; /* kernels.cu: the stream every launch names */
+
+/* An event recorded on the compute stream after the work issued so far; MARKS of them,
+ * created at their first use and reused (the counter reads them, mark 0 carried over). */
+static int mark(void *ctx)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (c->rc != WK_OK || c->n_marks >= MARKS)
+		return -1;
+	if (!c->marks && !(c->marks = (cudaEvent_t *)calloc(MARKS, sizeof *c->marks)))
+		return -1;
+	cudaEvent_t *ev = &c->marks[c->n_marks];
+	if ((!*ev && !ok_cuda(c, cudaEventCreate(ev), "creating a timing event")) ||
+	    !ok_cuda(c, cudaEventRecord(*ev, wk_compute_stream), "recording a timing event"))
+		return -1;
+	return c->n_marks++;
+}
+
+static int marks_ms(void *ctx, float *ms, int n, char *err, size_t errsz)
+{
+	struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+	if (n != c->n_marks)
+		return wk_errf(err, errsz, WK_EINVAL, "CUDA marks_ms: %d marks asked for, %d made",
+			       n, c->n_marks);
+	if (n > 0 && ok_cuda(c, cudaEventSynchronize(c->marks[n - 1]), "waiting for a mark"))
+		for (int i = 0; i + 1 < n; i++)
+			if (!ok_cuda(c, cudaEventElapsedTime(&ms[i], c->marks[i], c->marks[i + 1]),
+				     "timing between marks"))
+				break;
+	if (c->rc != WK_OK)
+		return wk_errf(err, errsz, c->rc, "the CUDA backend failed: %s", c->err);
+	if (n > 1) { /* the last mark is the next ones' first */
+		cudaEvent_t t = c->marks[0];
+		c->marks[0] = c->marks[n - 1];
+		c->marks[n - 1] = t;
+	}
+	c->n_marks = n > 0;
+	return WK_OK;
+}
+
 /* ---- chained launches ---------------------------------------------------------------------- */
 
 /* The links as the chained launch (wk_cuda_chain) takes them, into wl [count], their MoE
@@ -1370,6 +1420,8 @@ static struct backend make_backend(void)
 	b.stage_wait = stage_wait;
 	b.attach = attach;
 	b.sync = dev_sync;
+	b.mark = mark;
+	b.marks_ms = marks_ms;
 	return b;
 }
 

@@ -62,8 +62,25 @@ grep -q "WICK_NO_CHAIN is 'yes'; it takes 0 or 1" "$TMPD/nc.err" || fail "$(cat 
 
 g=$TMPD/g5s
 "$WICK_TOOLS/gen_glm" --preset glm5-structure -o "$g" >/dev/null || fail "gen_glm"
-out=$("$WICK" bench launches "$g" --context 100 --steps 2 --threads 2)
+out=$("$WICK" bench launches "$g" --context 100 --steps 2 --threads 2 --op-times)
 echo "$out"
+# --op-times: the steps without chains once more, every op timed (on the CPU backend, by the
+# host's clock: each op's own time, inside the step's)
+python3 - "$(echo "$out" | tail -n 1)" <<'PY' || fail "GLM-5 structure op times"
+import json, sys
+t = json.loads(sys.argv[1])["op_times"]
+b = t["by_kind"]
+assert t["clock"] == "host" and t["between_ops_ms"] == 0, t
+assert b["mla_absorbed"]["ops"] == 78 and b["dsa_topk"]["ops"] == 78, b
+assert b["moe_experts"]["ops"] == 75 and "chain" not in b, b     # not chained: each op its own
+for n in ("matmul", "add_rmsnorm", "rmsnorm", "cast", "mla_absorbed", "moe_experts", "dsa_topk"):
+    assert b[n]["ms"] > 0 and b[n]["ms"] == b[n]["host_ms"], (n, b[n])
+s = sum(v["ms"] for v in b.values())
+assert abs(s - t["sum_ms"]) <= 1e-4 * s, (s, t)
+# the ops run inside the timed steps, and are most of them
+assert 0.5 * t["step_ms"] <= t["sum_ms"] <= t["step_ms"] * 1.001, t
+print(f"GLM-5 structure op times: {t['sum_ms']:.3f} of a {t['step_ms']:.3f} ms step in ops")
+PY
 python3 - "$(echo "$out" | tail -n 1)" "$g/config.json" <<'PY' || fail "GLM-5 structure counts"
 import json, sys
 j, cfg = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))

@@ -6,6 +6,7 @@
 # the emulation does not prove; the GPU (scripts/gpu-check) is still the judge.
 #   1. stories260K's golden text with --backend cuda at temperature 0, from a Hugging Face
 #      directory and from an lz4 snapshot streamed into (emulated) device memory: the CPU's text;
+#      its decode steps' op times on the device's clock (wick bench launches --op-times);
 #   2. tiny GLM-5 (FP8) and GLM-4.5 logits at every position, cuda against cpu, relative 1e-3
 #      as gpu-check, from the directory and from an lz4 snapshot; GLM-5's sparse prefill with MLA
 #      absorbed (as a GPU runs it, and decode steps) and expanded (forced), against the CPU's
@@ -88,6 +89,24 @@ if ! grep -q '(cpu backend)' "$TMPD/gen.err"; then
     fail "auto took another backend than cpu with no GPU: $(cat "$TMPD/gen.err")"
 fi
 echo "   --backend auto: cuda on the emulated device, cpu in the build without one visible"
+# where a step's time goes on the device (wick bench launches --op-times, engine/count.c's
+# op clock on the backend's events): every op timed between two of them, the device's time
+# between ops apart, the kinds and the between adding up to the sum, inside the step's time
+out=$("$EMU" bench launches "$m" --context 4 --steps 2 --op-times --backend cuda 2>"$TMPD/ot.err") \
+  || fail "bench launches --op-times: $(tail -n 3 "$TMPD/ot.err")"
+python3 - "$(echo "$out" | tail -n 1)" <<'PY' || fail "op times on cuda: $out"
+import json, sys
+t = json.loads(sys.argv[1])["op_times"]
+b = t["by_kind"]
+assert t["clock"] == "device", t
+for n in ("matmul", "attention", "add_rmsnorm", "rmsnorm", "silu_mul", "to_device", "to_host"):
+    assert b[n]["ops"] > 0 and b[n]["ms"] >= 0 and b[n]["host_ms"] > 0, (n, b)
+assert b["matmul"]["ms"] > 0 and "chain" not in b, b
+s = sum(v["ms"] for v in b.values()) + t["between_ops_ms"]
+assert abs(s - t["sum_ms"]) <= 1e-4 * s, (s, t)
+assert 0.5 * t["step_ms"] <= t["sum_ms"] <= 1.05 * t["step_ms"] + 1.0, t
+print(f"   op times on the device's clock: {t['sum_ms']:.1f} of a {t['step_ms']:.1f} ms step")
+PY
 
 section "tiny GLM-5 and GLM-4.5 logits, cuda against cpu"
 "$WICK_TOOLS/gen_glm" --family glm5 -o "$TMPD/glm5" --seed 7 >/dev/null || fail "gen_glm glm5"

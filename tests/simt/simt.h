@@ -444,6 +444,7 @@ enum {
 	cudaErrorInvalidConfiguration = 9,
 	cudaErrorInvalidDevice = 101,
 	cudaErrorInvalidResourceHandle = 400,
+	cudaErrorNotReady = 600,
 	cudaErrorIllegalAddress = 700,
 };
 enum cudaMemcpyKind {
@@ -498,6 +499,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e); /* success when never recorded, as CUDA */
 cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaDeviceSynchronize(void);
 
 /* the calling thread's last error, then cudaSuccess (a sticky error stays) */

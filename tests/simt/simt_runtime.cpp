@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <iterator>
 #include <map>
@@ -42,6 +43,10 @@ struct CUstream_st {
 struct CUevent_st {
 	cudaStream_t s; /* NULL: never recorded, or recorded on the default stream */
 	uint64_t seq;   /* the stream's work up to here */
+	bool timing;    /* created without cudaEventDisableTiming */
+	bool recorded;
+	double t;       /* the host's clock at the record, in ms (the emulator runs a kernel at
+			 * its launch, so the default stream's work before it is done then) */
 };
 
 std::mutex rt_mu; /* everything below */
@@ -640,7 +645,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 	if (flags & ~(unsigned)cudaEventDisableTiming)
 		return cudaErrorInvalidValue;
 	std::lock_guard<std::mutex> g(rt_mu);
-	*e = new CUevent_st{NULL, 0};
+	*e = new CUevent_st{NULL, 0, !(flags & cudaEventDisableTiming), false, 0.0};
 	events.insert(*e);
 	return cudaSuccess;
 }
@@ -660,6 +665,28 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 		return cudaErrorInvalidResourceHandle;
 	e->s = s; /* the default stream's work is done already */
 	e->seq = op_seq;
+	e->recorded = true;
+	e->t = std::chrono::duration<double, std::milli>(
+		       std::chrono::steady_clock::now().time_since_epoch())
+		       .count();
+	return cudaSuccess;
+}
+
+/* CUDA's errors: an event never recorded or made without timing, InvalidResourceHandle; one
+ * whose stream has not reached it, NotReady. The time is the records' host clocks apart. */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+	std::lock_guard<std::mutex> g(rt_mu);
+	if (sticky())
+		return sticky();
+	if (!ms || !events.count(a) || !events.count(b))
+		return cudaErrorInvalidValue;
+	if (!a->timing || !b->timing || !a->recorded || !b->recorded)
+		return cudaErrorInvalidResourceHandle;
+	for (cudaEvent_t e : {a, b})
+		if (e->s && !e->s->q.empty() && e->s->q.front().seq <= e->seq)
+			return cudaErrorNotReady;
+	*ms = (float)(b->t - a->t);
 	return cudaSuccess;
 }
 
@@ -712,6 +739,7 @@ const char *cudaGetErrorString(cudaError_t e)
 	case cudaErrorInvalidConfiguration: return "invalid configuration argument";
 	case cudaErrorInvalidDevice: return "invalid device ordinal";
 	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorNotReady: return "device not ready";
 	case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
 	default: return "unknown error";
 	}

@@ -815,6 +815,47 @@ Test(cuda_kernels, mla_attention_over_several_sequences)
 		free(host[k]);
 }
 
+/* The backend's clock (mark and marks_ms, engine/count.c's op times): marks count from 0, a
+ * read of them gives the times between them (the one around a kernel over 4 MB above 0),
+ * its last mark is the next read's first (the next mark is 1), a read of another count is
+ * refused by name, and a context holds a bounded number (then -1, until they are read). */
+Test(cuda_kernels, marks_time_the_device)
+{
+	NEED_GPU();
+	void *ctx;
+	struct be_config cfg = {.threads = 1};
+	cr_assert_eq(be_cuda.init(&ctx, &cfg, err, sizeof err), WK_OK, "%s", err);
+	size_t n = 1 << 20;
+	float *d = be_cuda.mem_alloc(ctx, n * sizeof(float));
+	cr_assert_not_null(d);
+	be_cuda.zero(ctx, d, n * sizeof(float));
+	cr_assert_eq(be_cuda.mark(ctx), 0);
+	be_cuda.add(ctx, d, d, n);
+	cr_assert_eq(be_cuda.mark(ctx), 1);
+	cr_assert_eq(be_cuda.mark(ctx), 2);
+	float *ms = malloc(8192 * sizeof *ms);
+	cr_assert_not_null(ms);
+	cr_expect_eq(be_cuda.marks_ms(ctx, ms, 2, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "2 marks asked for, 3 made"), "%s", err);
+	cr_assert_eq(be_cuda.marks_ms(ctx, ms, 3, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_gt(ms[0], 0.0f, "the add took %g ms", ms[0]);
+	cr_expect_geq(ms[1], 0.0f);
+	cr_assert_eq(be_cuda.mark(ctx), 1);
+	int i, last = 1;
+	while ((i = be_cuda.mark(ctx)) >= 0 && i < 8192)
+		last = i;
+	cr_assert_lt(last, 8191, "marks without bound");
+	cr_expect_gt(last, 100, "only %d marks", last);
+	cr_assert_eq(be_cuda.marks_ms(ctx, ms, last + 1, err, sizeof err), WK_OK, "%s", err);
+	for (int k = 0; k < last; k++)
+		cr_assert_geq(ms[k], 0.0f, "mark %d to %d: %g ms", k, k + 1, ms[k]);
+	cr_expect_eq(be_cuda.mark(ctx), 1);
+	cr_expect_eq(be_cuda.sync(ctx, err, sizeof err), WK_OK, "%s", err);
+	free(ms);
+	be_cuda.mem_free(ctx, d);
+	be_cuda.shutdown(ctx);
+}
+
 /* The backend's chain_plan (which its chain runs from) and matmul_launches, which the launch
  * counter counts by. chain_plan: at one token a chain is one launch; at 4 tokens a matmul
  * link whose weight the tensor-core GEMV takes (FP8, 128-multiple columns) runs on its own,

@@ -544,3 +544,113 @@ Test(engine, batched_prefill_attends_on_its_own)
 	free(want);
 	free(got);
 }
+
+/* The op clock (engine/count.c, eng_opts.op_times) on a backend with a device clock of its
+ * own: a fake whose clock moves only by what the test says, 1 ms in each attention call and
+ * 0.125 ms at each mark (the time that passes between any two marks), and that holds 5
+ * marks, so that the counter reads them every few ops and carries the last over. Each op
+ * is marked before and after, so every op of a kind must be charged 0.125 more than its
+ * own cost, and the time between ops 0.125 a gap: one gap fewer than the ops timed. A
+ * charge to the wrong interval, a mark not carried across a read, or a gap counted as an op
+ * fails it. */
+static struct {
+	double now, t[5];
+	int n;
+} fclock;
+
+static void fclock_attention(void *ctx, float *out, const float *q, const struct be_gqa *s,
+			     int n, int pos0)
+{
+	be_cpu.attention(ctx, out, q, s, n, pos0);
+	fclock.now += 1.0;
+}
+
+static int fclock_mark(void *ctx)
+{
+	(void)ctx;
+	if (fclock.n == 5)
+		return -1;
+	fclock.now += 0.125;
+	fclock.t[fclock.n] = fclock.now;
+	return fclock.n++;
+}
+
+static int fclock_marks_ms(void *ctx, float *ms, int n, char *err, size_t errsz)
+{
+	(void)ctx;
+	if (n != fclock.n)
+		return wk_errf(err, errsz, WK_EINVAL, "%d marks read, %d made", n, fclock.n);
+	for (int i = 0; i + 1 < n; i++)
+		ms[i] = (float)(fclock.t[i + 1] - fclock.t[i]);
+	if (n > 0)
+		fclock.t[0] = fclock.t[n - 1];
+	fclock.n = n > 0;
+	return WK_OK;
+}
+
+Test(engine, op_times_charge_each_op_its_interval)
+{
+	char err[WK_ERRSZ];
+	struct backend be = be_cpu;
+	be.attention = fclock_attention;
+	be.mark = fclock_mark;
+	be.marks_ms = fclock_marks_ms;
+	memset(&fclock, 0, sizeof fclock);
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .max_seq = 64, .backend_ops = &be,
+			     .count_launches = true, .op_times = true};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	int ids[] = {1, 403, 407, 261, 378}, V = eng_info(e)->vocab;
+	float *logits = malloc(sizeof(float) * V);
+	cr_assert_eq(eng_forward(e, ids, 4, 0, logits, false, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_forward(e, ids + 4, 1, 4, logits, false, err, sizeof err), WK_OK);
+	struct eng_launches L;
+	cr_assert_eq(eng_launches(e, 0, &L), WK_OK);
+	cr_assert(L.dev_clock);
+	cr_assert_eq(L.op_times_rc, WK_OK);
+	long ops = 0, att_ops = 0;
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
+		const char *name = eng_launch_kind(k, NULL, NULL);
+		bool att = !strcmp(name, "attention");
+		att_ops += att ? L.timed[k] : 0;
+		double want = (double)L.timed[k] * (att ? 1.125 : 0.125);
+		cr_expect_eq(L.dev_ms[k], want, "%s: %ld ops charged %g ms, not %g", name,
+			     L.timed[k], L.dev_ms[k], want);
+		cr_expect(L.timed[k] == 0 || L.host_ms[k] > 0, "%s: no host time", name);
+		ops += L.timed[k];
+	}
+	cr_expect_gt(att_ops, 0, "no attention timed");
+	cr_expect_gt(ops, 20, "%ld ops timed", ops);
+	cr_expect_eq(L.gap_ms, (double)(ops - 1) * 0.125, "between ops %g ms over %ld ops",
+		     L.gap_ms, ops);
+	free(logits);
+	eng_close(e);
+	/* a clock with half its members is refused by name */
+	be.marks_ms = NULL;
+	cr_expect_eq(eng_open(dir, &o, &e, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "mark and marks_ms"), "%s", err);
+}
+
+/* On the plain CPU backend (no device clock) the op clock is the host's, each op's own. */
+Test(engine, op_times_on_the_host)
+{
+	char err[WK_ERRSZ];
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .max_seq = 64, .count_launches = true,
+			     .op_times = true};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	int ids[] = {1, 403, 407}, V = eng_info(e)->vocab;
+	float *logits = malloc(sizeof(float) * V);
+	cr_assert_eq(eng_forward(e, ids, 3, 0, logits, false, err, sizeof err), WK_OK, "%s", err);
+	struct eng_launches L;
+	cr_assert_eq(eng_launches(e, 0, &L), WK_OK);
+	cr_expect(!L.dev_clock);
+	cr_expect_str_eq(eng_launch_kind(0, NULL, NULL), "matmul");
+	cr_expect_gt(L.timed[0], 0, "no matmul timed");
+	cr_expect_gt(L.host_ms[0], 0.0);
+	for (int k = 0; k < ENG_LAUNCH_KINDS; k++)
+		cr_expect_eq(L.dev_ms[k], 0.0);
+	cr_expect_eq(L.gap_ms, 0.0);
+	free(logits);
+	eng_close(e);
+}
