@@ -504,6 +504,11 @@ int wk_cuda_gemm_fp8w(float *y, const uint16_t *xb, const uint8_t *w, const floa
 #define WK_FP8W_RS 1
 #define WK_FP8W_WF 2
 void wk_cuda_fp8w_mode(int mode);
+/* How the MoE experts run below the grouped GEMMs (decode), process-wide: 0 (the default)
+ * streaming, 4 rows a warp in 16-byte chunks as the decode GEMV reads its weights; 1 the first
+ * version, a warp per row reading a byte a lane (the lab's baseline; the tests run both).
+ * Set before use. */
+void wk_cuda_moe_rows_v0(int on);
 
 /* The kernel lab's benchmark (lab.cu): prints each kernel's GB/s beside the device's copy
  * bandwidth measured first, and the FP8 GEMM's and the prefill attention's TFLOPS. only:

@@ -481,6 +481,11 @@ void wk_cuda_fp8w_mode(int mode)
 	(void)mode;
 }
 
+void wk_cuda_moe_rows_v0(int on)
+{
+	(void)on;
+}
+
 int wk_cuda_act_codes(uint8_t *xq, float *xs, const float *x, int n, int cols, char *err,
 		      size_t errsz)
 {

@@ -19,8 +19,10 @@
  * into bf16 halves, bf16 wgmmas) is printed beside cuBLASLt's bf16 on the same shapes; it
  * does twice a bf16 GEMM's tensor-core work, so half that ceiling is its bound. The grouped
  * MoE experts' GEMMs (moe_kernels.cu) on a GLM-5 MoE layer (4,096 tokens, dim 6144,
- * moe_intermediate 2048, 256 experts, top 8; lab_moe_gemm) are printed beside the same bf16
- * ceiling (on an H200: 76 TFLOPS, untuned). Timed with CUDA events, median of 5 after a warm-up (the
+ * moe_intermediate 2048, 256 experts, top 8; lab_moe) are printed beside the same bf16
+ * ceiling (on an H200: 76 TFLOPS, untuned), and at 1 and 8 tokens, a decode step's experts,
+ * as GB/s of the chosen experts' weights against the copy (the first version beside the
+ * streaming path; the decode GEMV's part). Timed with CUDA events, median of 5 after a warm-up (the
  * matrix products: MM_CALLS calls per timing). Run by tests/tools/cuda_lab (and
  * scripts/gpu-check).
  *
@@ -265,57 +267,80 @@ out:
 	return rc;
 }
 
-/* lab.cuh */
+/* A 32-bit hash of i (the finalizer of MurmurHash3): uniform bits for k_fill. */
+__device__ __forceinline__ uint32_t fill_hash(uint32_t i)
+{
+	i ^= i >> 16;
+	i *= 0x85ebca6bu;
+	i ^= i >> 13;
+	i *= 0xc2b2ae35u;
+	i ^= i >> 16;
+	return i;
+}
+
+__device__ __forceinline__ float fill_unit(uint32_t h) /* [0, 1) */
+{
+	return (float)(h >> 8) / 16777216.0f;
+}
+
+/* fill_random's values, made on the device from each 4-byte word's index and the seed. */
+__global__ void k_fill(uint8_t *p, size_t words, bool f32, float lo, float hi, uint32_t seed)
+{
+	for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < words;
+	     w += (size_t)gridDim.x * blockDim.x) {
+		uint32_t h = fill_hash((uint32_t)w * 2u + seed + fill_hash((uint32_t)(w >> 31))), u;
+		float v = lo + (hi - lo) * fill_unit(h);
+		if (f32) {
+			memcpy(&u, &v, 4);
+		} else {
+			float v2 = lo + (hi - lo) * fill_unit(fill_hash(h ^ 0x9e3779b9u));
+			uint32_t a, b;
+			memcpy(&a, &v, 4);
+			memcpy(&b, &v2, 4);
+			u = (a >> 16) | (b & 0xffff0000u); /* two bf16 */
+			for (int j = 0; j < 4; j++) /* no byte an e4m3 NaN (x111 1111) */
+				if (((u >> (8 * j)) & 0x7f) == 0x7f)
+					u ^= 1u << (8 * j);
+		}
+		memcpy(p + 4 * w, &u, 4);
+	}
+}
+
+/* lab.cuh. Made on the device (the host made 9.7 GB of MoE experts at a few hundred MB/s);
+ * the seed from lab_next(), so that each buffer differs. The bytes past the last whole
+ * 4-byte word are left as they are. */
 int fill_random(void *dev, size_t bytes, bool f32, float lo, float hi)
 {
-	const size_t piece = (size_t)64 << 20;
-	unsigned char *h = (unsigned char *)malloc(piece);
-	if (!h)
-		return WK_EIO;
-	int rc = WK_OK;
-	for (size_t off = 0; off < bytes && rc == WK_OK; off += piece) {
-		size_t n = bytes - off < piece ? bytes - off : piece;
-		for (size_t i = 0; i + 4 <= n; i += 4) {
-			float v = lo + (hi - lo) * (float)(lab_next() >> 8) / 16777216.0f;
-			if (f32) {
-				memcpy(h + i, &v, 4);
-				continue;
-			}
-			float v2 = lo + (hi - lo) * (float)(lab_next() >> 8) / 16777216.0f;
-			uint32_t u[2];
-			memcpy(&u[0], &v, 4);
-			memcpy(&u[1], &v2, 4);
-			for (int k = 0; k < 2; k++) { /* two bf16 per 4 bytes */
-				uint16_t b = (uint16_t)(u[k] >> 16);
-				for (int j = 0; j < 2; j++) {
-					unsigned char c = (unsigned char)(b >> (8 * j));
-					h[i + 2 * k + j] = (c & 0x7f) == 0x7f ? (unsigned char)(c ^ 1) : c;
-				}
-			}
-		}
-		if (cudaMemcpy((char *)dev + off, h, n, cudaMemcpyHostToDevice) != cudaSuccess)
-			rc = WK_EIO;
-	}
-	free(h);
-	return rc;
+	size_t words = bytes / 4;
+	if (words == 0)
+		return WK_OK;
+	size_t want = (words + 255) / 256;
+	unsigned grid = (unsigned)(want < 4096 ? want : 4096);
+	k_fill<<<grid, 256>>>((uint8_t *)dev, words, f32, lo, hi, lab_next());
+	return cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess
+		       ? WK_OK : WK_EIO;
 }
 
 /* The grouped MoE experts (moe_kernels.cu) on a GLM-5 MoE layer: n tokens, dim 6144,
  * moe_intermediate 2048, 256 experts (all on this device), top 8 chosen uniformly at random
  * per token (~128 slots an expert at 4,096 tokens), FP8 weights with block scales, no shared
- * expert: what a prefill runs (from 64 tokens the grouped GEMMs: the split of x, gate and up,
- * SiLU * up split, down, the combine), timed with a zeroing of y (the op adds to y) of ~0.1
- * GB. Checked first: four tokens' y rows against cpu_ref_moe_experts on the downloaded
- * weights of their experts (1e-4 of the largest). TFLOPS count 2 * 3 * dim * inter per slot,
- * printed beside blas (cuBLASLt's bf16 on the dense prefill shape; the GEMMs run bf16 wgmmas,
- * two per product, so half of it is their bound). Two lines, checked and timed each: the
- * measured tile, then fp8w_tile_rs ("rs"). 9.7 GB of weights; WK_OK or WK_EIO. */
+ * expert, timed with a zeroing of y (the op adds to y). Checked first: up to four tokens' y
+ * rows against cpu_ref_moe_experts on the downloaded weights of their experts (1e-4 of the
+ * largest). From 64 tokens, what a prefill runs (the grouped GEMMs: the split of x, gate and
+ * up, SiLU * up split, down, the combine): TFLOPS count 2 * 3 * dim * inter per slot, printed
+ * beside blas (cuBLASLt's bf16 on the dense prefill shape; the GEMMs run bf16 wgmmas, two per
+ * product, so half of it is their bound), two lines: the measured tile, then fp8w_tile_rs
+ * ("rs"). Below 64, what a decode step runs (gate/up, then down with the combine): GB/s of
+ * the chosen experts' weights and scales, each read once a call, against the copy ceil_gbs,
+ * two lines: the first version ("v0", a warp a row; wk_cuda_moe_rows_v0), then the
+ * streaming path (the default). 9.7 GB of weights; WK_OK or WK_EIO. */
 #define MOE_DIM 6144
 #define MOE_INTER 2048
 #define MOE_EXPERTS 256
 #define MOE_TOPK 8
-static int lab_moe_gemm(int n, double blas)
+static int lab_moe(int n, double blas, double ceil_gbs)
 {
+	const bool dec = n < 64; /* wk_cuda_moe_experts's grouped GEMMs from 64 tokens */
 	const size_t mat = (size_t)MOE_DIM * MOE_INTER, nsc = (size_t)(MOE_DIM / 128) * (MOE_INTER / 128);
 	const size_t ns = (size_t)n * MOE_TOPK, ny = (size_t)n * MOE_DIM;
 	char err[WK_ERRSZ] = "", name[64];
@@ -332,7 +357,7 @@ static int lab_moe_gemm(int n, double blas)
 	double worst = 0;
 	float ms = -1.0f;
 	int rc = WK_EIO;
-	snprintf(name, sizeof name, "moe experts GEMM %d tok (GLM-5)", n);
+	snprintf(name, sizeof name, "moe experts %s%d tok (GLM-5)", dec ? "" : "GEMM ", n);
 	if (!tab || !host || !idx || !wt || !x || !want || !got || !cscr) {
 		snprintf(err, sizeof err, "out of host memory");
 		goto fail;
@@ -374,9 +399,15 @@ static int lab_moe_gemm(int n, double blas)
 		tab[e] = (struct cpu_expert){w, w + mat, w + 2 * mat, sc, sc + nsc, sc + 2 * nsc};
 	}
 	m.experts = (const struct cpu_expert *)dtab;
-	for (int rs = 0; rs < 2; rs++) { /* fp8w_tile, then fp8w_tile_rs (WK_FP8W_RS) */
-		snprintf(name, sizeof name, "moe experts GEMM %d tok (GLM-5)%s", n, rs ? " rs" : "");
-		wk_cuda_fp8w_mode(rs ? WK_FP8W_RS : 0);
+	for (int rs = 0; rs < 2; rs++) { /* fp8w_tile, then fp8w_tile_rs (WK_FP8W_RS); decode:
+					   * v0, then the streaming path */
+		if (dec)
+			snprintf(name, sizeof name, "moe experts %d tok (GLM-5)%s", n, rs ? "" : " v0");
+		else
+			snprintf(name, sizeof name, "moe experts GEMM %d tok (GLM-5)%s", n,
+				 rs ? " rs" : "");
+		wk_cuda_fp8w_mode(rs && !dec ? WK_FP8W_RS : 0);
+		wk_cuda_moe_rows_v0(dec && !rs);
 		worst = 0;
 		if (wk_cuda_upload(dtab, tab, MOE_EXPERTS * sizeof *tab, err, sizeof err) ||
 		    wk_cuda_upload(didx, idx, ns * sizeof *idx, err, sizeof err) ||
@@ -388,7 +419,7 @@ static int lab_moe_gemm(int n, double blas)
 		    wk_cuda_sync(err, sizeof err))
 			goto fail;
 		for (int k = 0; k < 4; k++) {
-			int t = toks[k];
+			int t = toks[k] < n ? toks[k] : n - 1;
 			for (int j = 0; j < MOE_TOPK; j++) { /* the token's experts' weights, once */
 				int e = idx[(size_t)t * MOE_TOPK + j];
 				if (host[e].gate)
@@ -432,6 +463,15 @@ static int lab_moe_gemm(int n, double blas)
 		});
 		if (ms <= 0)
 			goto fail;
+		if (dec) { /* the distinct experts' bytes */
+			int seen[MOE_EXPERTS] = {0}, ne = 0;
+			for (size_t i = 0; i < ns; i++)
+				ne += seen[idx[i]]++ == 0;
+			double gbs = ne * 3.0 * (mat + nsc * 4) / (ms * 1e-3) / 1e9;
+			printf("%-40s %10.0f %9.0f%%   (%.3f ms, %d experts; checked: %.1e of the "
+			       "largest)\n", name, gbs, 100.0 * gbs / ceil_gbs, ms, ne, worst);
+			continue;
+		}
 		{
 			double tflops = 2.0 * ns * 3.0 * MOE_DIM * MOE_INTER / (ms * 1e-3) / 1e12;
 			char share[16] = "-";
@@ -447,6 +487,7 @@ fail:
 	printf("%-40s %10s   (%s)\n", name, "FAILED", err);
 out:
 	wk_cuda_fp8w_mode(0);
+	wk_cuda_moe_rows_v0(0);
 	for (int e = 0; host && e < MOE_EXPERTS; e++) {
 		free((void *)host[e].gate);
 		free((void *)host[e].gate_s);
@@ -957,6 +998,11 @@ extern "C" int wk_cuda_lab(const char *only)
 		lab_ceilings(&blas);
 		printf("\n");
 		rc = gemv ? lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x) : WK_OK;
+		if (gemv)
+			printf("\n%-40s %10s %10s   (a decode step's routed experts: top 8 of 256, "
+			       "6144 x 2048)\n", "kernel (decode MoE experts)", "GB/s", "of copy");
+		if (gemv && (lab_moe(1, 0, ceil_gbs) != WK_OK || lab_moe(8, 0, ceil_gbs) != WK_OK))
+			rc = WK_EIO;
 		if (gemv && lab_attention(ceil_gbs) != WK_OK)
 			rc = WK_EIO;
 		if (gemv && lab_mla(ceil_gbs) != WK_OK)
@@ -971,7 +1017,7 @@ extern "C" int wk_cuda_lab(const char *only)
 			     lab_gemm_fp8w(PREFILL_N, PREFILL_ROWS, PREFILL_COLS,
 					   blas.bf16_prefill) != WK_OK ||
 			     lab_gemm_fp8w(LARGE, LARGE, LARGE, blas.bf16_large) != WK_OK ||
-			     lab_moe_gemm(PREFILL_N, blas.bf16_prefill) != WK_OK))
+			     lab_moe(PREFILL_N, blas.bf16_prefill, ceil_gbs) != WK_OK))
 			rc = WK_EIO;
 		if (prefill && lab_attention_prefill() != WK_OK)
 			rc = WK_EIO;

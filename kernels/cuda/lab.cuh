@@ -74,7 +74,7 @@ static inline float lab_scale(float mid) /* mid * [0.5, 1.5) */
 /* Fills dev (bytes) with random data, never zeros (they can time faster than real data,
  * METHOD.md): f32 values in [lo, hi) (f32), or bf16 values in [-1, 1) (!f32) whose bytes are
  * also finite e4m3 codes (no 0x7f / 0xff), so one buffer serves the bf16 and the FP8 cases.
- * Uploaded in 64 MiB pieces. Returns WK_OK or WK_EIO. */
+ * Made on the device, from a hash of each word's index. Returns WK_OK or WK_EIO. */
 int fill_random(void *dev, size_t bytes, bool f32, float lo, float hi);
 
 /* max |got - want| / max |want| over rows [r0, r0 + nr) of got [n][rows] against want [n][nr];

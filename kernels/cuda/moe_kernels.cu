@@ -25,9 +25,15 @@
  * token, which the atomics also decide: the result is deterministic. With split_combine the
  * combine is a fourth launch, one block per token, with the same device code.
  *
- * First version, written for correctness: a warp per output row, MOE_TOK slots per pass
- * over the row so that it is read from memory once per MOE_TOK slots (and from cache
- * after the first pass); x and h are read from cache, not staged in shared memory.
+ * Decode (below the grouped GEMMs): a warp takes MOE_R = 4 rows of an expert's matrix and
+ * streams them in 16-byte chunks, as the decode GEMV does (stream_rows), one grouped slot a
+ * pass (a decode step's experts have one slot or a few; the next pass reads the rows from
+ * L2); x and h are read through L1, each 16-byte piece once for the 4 rows. Where a matrix's
+ * rows are not whole 16-byte chunks (or x is misaligned) it goes a row at a time, as the
+ * first version did everything: a warp per output row, a byte of it a lane at a time (a
+ * warp's load 32 bytes), MOE_TOK slots per pass (wk_cuda_moe_rows_v0 keeps that version for
+ * the lab's baseline). Not yet run on a GPU: the lab's "moe experts 1 tok" and "8 tok" rows
+ * print both as GB/s of the chosen experts against the copy.
  *
  * Prefill (n >= MOE_GEMM_TOKENS = 64 tokens, FP8 e4m3 weights with 128x128 block scales for
  * the routed experts and the shared one; other dtypes keep the path above): 2 and 3 run as
@@ -70,8 +76,10 @@ extern "C" {
 #include "kernels/cuda/moe_route.cuh"
 
 #define MOE_THREADS 256
-#define MOE_ROWS (MOE_THREADS / 32) /* output rows per block of 2 and 3: a warp each */
+#define MOE_ROWS (MOE_THREADS / 32) /* warps per block of 2 and 3 */
 #define MOE_TOK 4 /* slots per pass over a weight row, accumulated in registers */
+#define MOE_R 4   /* rows of a warp on the streaming path (moe_args.wr; the first version 1) */
+#define MOE_U 1   /* 16-byte chunks of each of those rows a lane loads before using any */
 #define PLAN_THREADS 1024
 #define MAX_GRID_Y 65535
 #define MOE_GEMM_TOKENS 64 /* from these tokens FP8 experts take the grouped GEMMs */
@@ -119,6 +127,7 @@ struct moe_args {
 	struct cpu_expert sh;
 	enum dt_type wdt, sh_wdt;
 	int n, top_k, dim, inter, sh_inter, n_local;
+	int wr;       /* rows a warp: MOE_R (streaming), or 1 (the first version, a baseline) */
 	bool combine; /* 3 combines (else the combine launch does) */
 };
 
@@ -318,23 +327,116 @@ __device__ void warp_dots(float *acc, const T *w, const float *s, int r, int col
 			acc[k] = warp_sum(acc[k]);
 }
 
-/* warp_dots on w of dtype dt (one of the four experts_args lets through; warp-uniform) */
-__device__ __forceinline__ void dots(float *acc, enum dt_type dt, const void *w, const float *s,
-				     int r, int cols, const float *const *in, int m)
+/* f(w as a pointer to its element type), dt one of the four experts_args lets through
+ * (warp-uniform) */
+template <typename F>
+__device__ __forceinline__ void by_dtype(enum dt_type dt, const void *w, F f)
 {
 	switch (dt) {
 	case DT_F32:
-		warp_dots(acc, (const float *)w, s, r, cols, in, m);
+		f((const float *)w);
 		break;
 	case DT_BF16:
-		warp_dots(acc, (const __nv_bfloat16 *)w, s, r, cols, in, m);
+		f((const __nv_bfloat16 *)w);
 		break;
 	case DT_F16:
-		warp_dots(acc, (const __half *)w, s, r, cols, in, m);
+		f((const __half *)w);
 		break;
 	default: /* DT_F8_E4M3 */
-		warp_dots(acc, (const __nv_fp8_e4m3 *)w, s, r, cols, in, m);
+		f((const __nv_fp8_e4m3 *)w);
 	}
+}
+
+/* warp_dots on w of dtype dt */
+__device__ __forceinline__ void dots(float *acc, enum dt_type dt, const void *w, const float *s,
+				     int r, int cols, const float *const *in, int m)
+{
+	by_dtype(dt, w, [&](auto wt) { warp_dots(acc, wt, s, r, cols, in, m); });
+}
+
+/* The streaming path: acc[i] = w[r0 + i] . x for i < MOE_R, one input row x, as warp_dots
+ * computes each row, for 16-byte aligned w and x and cols a whole number of 16-byte chunks
+ * (moe_vec). Built like the decode GEMV (gemv.cuh): the lanes stride over the warp's MOE_R
+ * rows in 16-byte chunks (16 e4m3, 8 bf16 or f16, 4 f32 weights; a warp's load is 512
+ * contiguous bytes of a row), each lane loading MOE_U chunks of every row before it uses any
+ * (8 loads of 16 bytes in flight, past L1: ld.global.nc, so that L1 keeps x), and each x
+ * piece, 4 floats, is read once for the MOE_R rows. An FP8 chunk lies in one 128-column
+ * scale block, so its sum takes the block's scale once. x is read with plain loads: in a
+ * chained launch another block wrote it earlier in the same launch. Rows past rows read row
+ * rows - 1 (the caller stores only rows that exist). One input row a pass: an expert's second
+ * slot reads the rows again, from L2 (a decode step's experts have one slot or a few), which
+ * keeps the registers to what the chained launch's GEMVs need (k_chain holds both). The first
+ * version read a byte of one row a lane at a time (a warp's load 32 bytes) and x once a
+ * weight: on an H200 the GEMV built that way ran at 4-16 % of the copy bandwidth. */
+template <typename T>
+__device__ __noinline__ void stream_rows(float (&acc)[MOE_R], const T *w, const float *s,
+					    int r0, int rows, int cols, const float *x)
+{
+	constexpr bool FP8 = mm_fp8<T>::v;
+	constexpr int E = 16 / (int)sizeof(T);
+	const T *tag = NULL;
+	int lane = threadIdx.x & 31, nch = cols / E, nb = (cols + FP8_BLOCK - 1) / FP8_BLOCK;
+	const T *wr[MOE_R];
+	const float *sr[MOE_R];
+#pragma unroll
+	for (int i = 0; i < MOE_R; i++) {
+		int r = min(r0 + i, rows - 1);
+		wr[i] = w + (size_t)r * cols;
+		sr[i] = FP8 && s ? s + (size_t)(r / FP8_BLOCK) * nb : NULL;
+		acc[i] = 0.0f;
+	}
+	for (int k0 = lane; k0 < nch; k0 += 32 * MOE_U) {
+		uint4 wv[MOE_U][MOE_R]; /* a chunk past the row's end loads its last, unused */
+#pragma unroll
+		for (int u = 0; u < MOE_U; u++)
+#pragma unroll
+			for (int i = 0; i < MOE_R; i++)
+				wv[u][i] = ld_stream16(wr[i] + (size_t)min(k0 + 32 * u, nch - 1) * E);
+#pragma unroll
+		for (int u = 0; u < MOE_U; u++) {
+			if (k0 + 32 * u >= nch)
+				break;
+			int c = (k0 + 32 * u) * E;
+			float p[MOE_R] = {};
+#pragma unroll
+			for (int q = 0; q < E / 4; q++) {
+				float xv[4];
+				ld_x4<true>(xv, x + c + 4 * q);
+#pragma unroll
+				for (int i = 0; i < MOE_R; i++) {
+					float f[4];
+					quad(wv[u][i], q, f, tag);
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						p[i] = fmaf(f[e], xv[e], p[i]);
+				}
+			}
+#pragma unroll
+			for (int i = 0; i < MOE_R; i++)
+				acc[i] = FP8 ? fmaf(p[i], sr[i] ? sr[i][c / FP8_BLOCK] : NAN, acc[i])
+					     : acc[i] + p[i];
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < MOE_R; i++)
+		acc[i] = warp_sum(acc[i]);
+}
+
+/* Whether the streaming path takes a weight of dtype dt at w with cols columns against input
+ * rows at x, stride floats apart (warp-uniform). */
+__device__ __forceinline__ bool moe_vec(enum dt_type dt, const void *w, int cols, const float *x,
+					size_t stride)
+{
+	int e = dt == DT_F32 ? 4 : dt == DT_F8_E4M3 ? 16 : 8; /* elements in 16 bytes */
+	return ((uintptr_t)w % 16) == 0 && cols % e == 0 && ((uintptr_t)x % 16) == 0 &&
+	       stride % 4 == 0;
+}
+
+/* stream_rows on w of dtype dt */
+__device__ __forceinline__ void stream(float (&acc)[MOE_R], enum dt_type dt, const void *w,
+				       const float *s, int r0, int rows, int cols, const float *x)
+{
+	by_dtype(dt, w, [&](auto wt) { stream_rows(acc, wt, s, r0, rows, cols, x); });
 }
 
 /* Group i of 2 and 3: active expert i's grouped slots, or (i == n_active) the shared
@@ -380,27 +482,45 @@ __device__ __forceinline__ struct moe_group group_at(const struct moe_plan &p,
 __device__ void gate_up_block(const struct moe_plan &p, const struct moe_args &a, int bx, int by,
 			      int gy)
 {
-	int r = bx * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	int r0 = (bx * MOE_ROWS + (threadIdx.x >> 5)) * a.wr, lane = threadIdx.x & 31;
 	int na = *p.n_active, ng = na + (a.sh_inter > 0);
 	for (int i = by; i < ng; i += gy) {
 		struct moe_group gr = group_at(p, a, i, na);
-		if (r >= gr.inter)
+		if (r0 >= gr.inter)
 			continue;
-		for (int g0 = gr.g0; g0 < gr.g1; g0 += MOE_TOK) {
-			int m = min(MOE_TOK, gr.g1 - g0);
-			const float *in[MOE_TOK];
+		if (a.wr == MOE_R && moe_vec(gr.dt, gr.ex.gate, a.dim, a.x, (size_t)a.dim) &&
+		    moe_vec(gr.dt, gr.ex.up, a.dim, a.x, (size_t)a.dim)) {
+			for (int g = gr.g0; g < gr.g1; g++) { /* the streaming path: a slot a pass */
+				const float *x = a.x + (size_t)(gr.tok ? gr.tok[g] : g) * a.dim;
+				float gs[MOE_R], us[MOE_R];
+				stream(gs, gr.dt, gr.ex.gate, gr.ex.gate_s, r0, gr.inter, a.dim, x);
+				stream(us, gr.dt, gr.ex.up, gr.ex.up_s, r0, gr.inter, a.dim, x);
+				if (lane == 0)
 #pragma unroll
-			for (int k = 0; k < MOE_TOK; k++)
-				in[k] = k < m ? a.x + (size_t)(gr.tok ? gr.tok[g0 + k] : g0 + k) * a.dim
-					      : NULL;
-			float gs[MOE_TOK], us[MOE_TOK];
-			dots(gs, gr.dt, gr.ex.gate, gr.ex.gate_s, r, a.dim, in, m);
-			dots(us, gr.dt, gr.ex.up, gr.ex.up_s, r, a.dim, in, m);
-			if (lane == 0)
-				for (int k = 0; k < m; k++)
-					gr.h[(size_t)(g0 + k) * gr.inter + r] =
-						gs[k] / (1.0f + expf(-gs[k])) * us[k];
+					for (int j = 0; j < MOE_R; j++)
+						if (r0 + j < gr.inter)
+							gr.h[(size_t)g * gr.inter + r0 + j] =
+								gs[j] / (1.0f + expf(-gs[j])) * us[j];
+			}
+			continue;
 		}
+		for (int r = r0; r < r0 + a.wr && r < gr.inter; r++) /* a row at a time */
+			for (int g0 = gr.g0; g0 < gr.g1; g0 += MOE_TOK) {
+				int m = min(MOE_TOK, gr.g1 - g0);
+				const float *in[MOE_TOK];
+#pragma unroll
+				for (int k = 0; k < MOE_TOK; k++)
+					in[k] = k < m ? a.x + (size_t)(gr.tok ? gr.tok[g0 + k] : g0 + k) *
+								      a.dim
+						      : NULL;
+				float gs[MOE_TOK], us[MOE_TOK];
+				dots(gs, gr.dt, gr.ex.gate, gr.ex.gate_s, r, a.dim, in, m);
+				dots(us, gr.dt, gr.ex.up, gr.ex.up_s, r, a.dim, in, m);
+				if (lane == 0)
+					for (int k = 0; k < m; k++)
+						gr.h[(size_t)(g0 + k) * gr.inter + r] =
+							gs[k] / (1.0f + expf(-gs[k])) * us[k];
+			}
 	}
 }
 
@@ -476,21 +596,36 @@ __device__ void down_block(const struct moe_plan &p, const struct moe_args &a, i
 {
 	__shared__ int ready[MOE_THREADS];
 	__shared__ int n_ready;
-	int r = bx * MOE_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	int r0 = (bx * MOE_ROWS + (threadIdx.x >> 5)) * a.wr, lane = threadIdx.x & 31;
 	int na = *p.n_active, ng = na + (a.sh_inter > 0);
 	for (int i = by; i < ng; i += gy) { /* block-uniform */
 		struct moe_group gr = group_at(p, a, i, na);
-		for (int g0 = gr.g0; g0 < gr.g1 && r < a.dim; g0 += MOE_TOK) {
-			int m = min(MOE_TOK, gr.g1 - g0);
-			const float *in[MOE_TOK];
+		if (r0 < a.dim && a.wr == MOE_R &&
+		    moe_vec(gr.dt, gr.ex.down, gr.inter, gr.h, (size_t)gr.inter)) {
+			for (int g = gr.g0; g < gr.g1; g++) { /* the streaming path: a slot a pass */
+				float zs[MOE_R];
+				stream(zs, gr.dt, gr.ex.down, gr.ex.down_s, r0, a.dim, gr.inter,
+				       gr.h + (size_t)g * gr.inter);
+				if (lane == 0)
 #pragma unroll
-			for (int k = 0; k < MOE_TOK; k++)
-				in[k] = k < m ? gr.h + (size_t)(g0 + k) * gr.inter : NULL;
-			float zs[MOE_TOK];
-			dots(zs, gr.dt, gr.ex.down, gr.ex.down_s, r, gr.inter, in, m);
-			if (lane == 0)
-				for (int k = 0; k < m; k++)
-					gr.z[(size_t)(g0 + k) * a.dim + r] = zs[k];
+					for (int j = 0; j < MOE_R; j++)
+						if (r0 + j < a.dim)
+							gr.z[(size_t)g * a.dim + r0 + j] = zs[j];
+			}
+		} else {
+			for (int r = r0; r < r0 + a.wr && r < a.dim; r++) /* a row at a time */
+				for (int g0 = gr.g0; g0 < gr.g1; g0 += MOE_TOK) {
+					int m = min(MOE_TOK, gr.g1 - g0);
+					const float *in[MOE_TOK];
+#pragma unroll
+					for (int k = 0; k < MOE_TOK; k++)
+						in[k] = k < m ? gr.h + (size_t)(g0 + k) * gr.inter : NULL;
+					float zs[MOE_TOK];
+					dots(zs, gr.dt, gr.ex.down, gr.ex.down_s, r, gr.inter, in, m);
+					if (lane == 0)
+						for (int k = 0; k < m; k++)
+							gr.z[(size_t)(g0 + k) * a.dim + r] = zs[k];
+				}
 		}
 		if (a.combine)
 			count_and_combine(p, a, gr, ready, &n_ready, gx);
@@ -776,6 +911,14 @@ static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, cha
 			 size_t errsz);
 
 /* What 2 and 3 read, and (the warp-per-row path) their grids. */
+/* wk_cuda_moe_rows_v0: the warp-per-row decode path (the first version: the lab's baseline) */
+static bool moe_rows_v0;
+
+extern "C" void wk_cuda_moe_rows_v0(int on)
+{
+	moe_rows_v0 = on != 0;
+}
+
 static struct moe_args make_args(float *y, const float *x, const float *wt, int n, int top_k,
 				 const struct wk_moe *m)
 {
@@ -796,6 +939,7 @@ static struct moe_args make_args(float *y, const float *x, const float *wt, int 
 	a.inter = m->inter;
 	a.n_local = m->n_local;
 	a.combine = !m->split_combine;
+	a.wr = moe_rows_v0 ? 1 : MOE_R;
 	return a;
 }
 
@@ -807,8 +951,8 @@ static void moe_grids(const struct moe_args &a, dim3 *gu, dim3 *dn)
 	int most = (a.n_local < nslots ? a.n_local : nslots) + (a.sh_inter > 0);
 	int wide = a.sh_inter > a.inter ? a.sh_inter : a.inter;
 	unsigned ey = (unsigned)(most < MAX_GRID_Y ? most : MAX_GRID_Y);
-	*gu = dim3(blocks((size_t)wide, MOE_ROWS), ey);
-	*dn = dim3(blocks((size_t)a.dim, MOE_ROWS), ey);
+	*gu = dim3(blocks((size_t)wide, (unsigned)(MOE_ROWS * a.wr)), ey);
+	*dn = dim3(blocks((size_t)a.dim, (unsigned)(MOE_ROWS * a.wr)), ey);
 }
 
 static int after_plan(const struct moe_plan &p, float *y, const float *x, const float *wt,

@@ -142,8 +142,19 @@ Test(cuda_kernels, moe_experts_matches_ref)
 		{DT_F16, 9, 130, 33, 0, 0},          {DT_F8_E4M3, 37, 200, 144, 72, DT_F8_E4M3},
 		{DT_F8_E4M3, 1, 200, 144, 300, DT_F8_E4M3}, {DT_BF16, 9, 96, 70, 70, DT_BF16},
 		{DT_F8_E4M3, 9, 200, 144, 72, DT_F32},
+		/* every matrix whole 16-byte chunks: all on the streaming path; 336 and 176 rows
+		 * leave the last block of 32 rows half used */
+		{DT_F8_E4M3, 9, 256, 208, 0, 0},     {DT_F8_E4M3, 2, 336, 176, 96, DT_F8_E4M3},
+		{DT_BF16, 5, 104, 72, 40, DT_BF16},  {DT_F32, 3, 68, 36, 0, 0},
 	};
-	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+	/* both decode paths: streaming (4 rows a warp in 16-byte chunks), then the first
+	 * version (a warp a row, the lab's baseline); the scalar path takes what streaming
+	 * cannot (a row not a whole number of chunks) */
+	const size_t nc = sizeof cases / sizeof cases[0];
+	for (size_t run2 = 0; run2 < 2 * nc; run2++) {
+		size_t c = run2 % nc;
+		bool v0 = run2 >= nc;
+		wk_cuda_moe_rows_v0(v0);
 		enum dt_type t = cases[c].t, st = cases[c].st;
 		int n = cases[c].n, dim = cases[c].dim, inter = cases[c].inter, sh = cases[c].sh;
 		size_t ny = (size_t)n * dim, ns = (size_t)n * top_k;
@@ -180,8 +191,8 @@ Test(cuda_kernels, moe_experts_matches_ref)
 		from_dev(got, dy, ny * 4);
 		from_dev(again, dy2, ny * 4);
 		double r = rel(got, want, ny);
-		cr_expect_leq(r, 1e-3, "%s n=%d dim=%d inter=%d shared %d %s: %g", dt_name(t), n,
-			      dim, inter, sh, dt_name(st), r);
+		cr_expect_leq(r, 1e-3, "%s n=%d dim=%d inter=%d shared %d %s%s: %g", dt_name(t), n,
+			      dim, inter, sh, dt_name(st), v0 ? " (v0)" : "", r);
 		/* the plan's grouping order and the combining blocks may change between runs; the
 		 * values may not */
 		cr_expect(memcmp(got, again, ny * 4) == 0, "%s n=%d: two runs differ", dt_name(t), n);
@@ -206,6 +217,7 @@ Test(cuda_kernels, moe_experts_matches_ref)
 		free(again);
 		free(scr);
 	}
+	wk_cuda_moe_rows_v0(0);
 	/* refused, or nothing to do, before any launch */
 	float dummy;
 	struct cpu_expert nowt = {0};
