@@ -359,15 +359,18 @@ __device__ __forceinline__ void dots(float *acc, enum dt_type dt, const void *w,
  * (moe_vec). Built like the decode GEMV (gemv.cuh): the lanes stride over the warp's MOE_R
  * rows in 16-byte chunks (16 e4m3, 8 bf16 or f16, 4 f32 weights; a warp's load is 512
  * contiguous bytes of a row), each lane loading MOE_U chunks of every row before it uses any
- * (8 loads of 16 bytes in flight, past L1: ld.global.nc, so that L1 keeps x), and each x
+ * (4 loads of 16 bytes in flight, past L1: ld.global.nc, so that L1 keeps x), and each x
  * piece, 4 floats, is read once for the MOE_R rows. An FP8 chunk lies in one 128-column
  * scale block, so its sum takes the block's scale once. x is read with plain loads: in a
  * chained launch another block wrote it earlier in the same launch. Rows past rows read row
  * rows - 1 (the caller stores only rows that exist). One input row a pass: an expert's second
  * slot reads the rows again, from L2 (a decode step's experts have one slot or a few), which
- * keeps the registers to what the chained launch's GEMVs need (k_chain holds both). The first
+ * keeps the registers to what the chained launch's GEMVs need (k_chain holds both; not
+ * inlined for the same reason: inlined, k_chain<1> took 212-248 registers against its 128,
+ * and with MOE_U 2, 144: an SM then holds one block of it, not two). The first
  * version read a byte of one row a lane at a time (a warp's load 32 bytes) and x once a
- * weight: on an H200 the GEMV built that way ran at 4-16 % of the copy bandwidth. */
+ * weight: on an H200 the GEMV built that way (the lab's v0) read FP8 7168 x 2048 at 16 % of
+ * the copy bandwidth at 1 token, 4 % at 8. */
 template <typename T>
 __device__ __noinline__ void stream_rows(float (&acc)[MOE_R], const T *w, const float *s,
 					    int r0, int rows, int cols, const float *x)
