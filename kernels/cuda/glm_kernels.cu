@@ -21,6 +21,7 @@ extern "C" {
 #include "kernels/cuda/cuda_kernels.h"
 }
 #include "kernels/cuda/cuda_int.cuh"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_route.cuh"
 
@@ -234,14 +235,41 @@ __global__ void k_absorb_q(float *qa, const float *q, const T *w, const float *s
 			  blockIdx.x == 0, (int)blockIdx.z, (int)gridDim.z);
 }
 
-/* W[r] . l over lora columns by one warp: lane's columns c = lane, lane + 32, ... summed in
- * order, then across the warp (every lane gets the dot). k_absorb_out and k_mla_absorbed
- * both compute each output with it. */
+/* W[r] . l over lora columns by one warp, every lane getting the dot; k_absorb_out and
+ * k_mla_absorbed both compute each output with it. Where W's rows are whole 16-byte chunks
+ * and both are 16-byte aligned (GLM-5's lora of 512: an FP8 row is one 512-byte load of the
+ * warp), each lane streams chunks k = lane, lane + 32, ... (16 e4m3, 8 bf16 or f16, 4 f32
+ * weights; past L1, which keeps l) and sums its chunk's products before the FP8 block's
+ * scale; l is read with plain loads (mla_absorbed's stage B wrote it in the same launch).
+ * Otherwise a lane takes columns c = lane, lane + 32, ... one weight at a time, each times
+ * its scale. The lanes' sums then meet across the warp. */
 template <typename T>
 __device__ __forceinline__ float absorb_out_dot(const float *l, const T *w, const float *scale,
 						int lora, size_t r, int lane)
 {
+	constexpr int E = 16 / (int)sizeof(T);
+	const T *wr = w + r * (size_t)lora;
 	float acc = 0.0f;
+	if (lora % E == 0 && ((uintptr_t)wr % 16) == 0 && ((uintptr_t)l % 16) == 0) {
+		const T *tag = NULL;
+		size_t nb = ((size_t)lora + FP8_BLOCK - 1) / FP8_BLOCK;
+		const float *srow = mm_fp8<T>::v ? scale + (r / FP8_BLOCK) * nb : NULL;
+		for (int k = lane; k < lora / E; k += 32) {
+			uint4 v = ld_stream16(wr + (size_t)k * E);
+			float p = 0.0f;
+#pragma unroll
+			for (int q = 0; q < E / 4; q++) {
+				float f[4], xv[4];
+				quad(v, q, f, tag);
+				ld_x4<true>(xv, l + (size_t)k * E + 4 * q);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					p = fmaf(f[e], xv[e], p);
+			}
+			acc += srow ? p * srow[k * E / FP8_BLOCK] : p;
+		}
+		return warp_sum(acc);
+	}
 	for (int c = lane; c < lora; c += 32)
 		acc += l[c] * wget(w, scale, lora, r, c);
 	return warp_sum(acc);

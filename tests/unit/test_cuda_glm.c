@@ -195,6 +195,9 @@ Test(cuda_kernels, mla_absorb_matches_ref)
 		{300, 4, 24, 8, 20, 11, 1, 3},
 		{512, 3, 192, 64, 256, 1, 0, 3}, /* GLM-5's sizes, fewer heads */
 		{64, 2, 16, 4, 16, 9, 0, 2},
+		/* whole 16-byte chunks of FP8 (absorb_out_dot's streaming path) with the scales'
+		 * last block 16 columns wide */
+		{400, 2, 40, 8, 36, 2, 0, 2},
 	};
 	enum dt_type types[] = {DT_F32, DT_BF16, DT_F16, DT_F8_E4M3};
 	for (size_t ti = 0; ti < 4; ti++)
