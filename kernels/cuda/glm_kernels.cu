@@ -193,11 +193,91 @@ __device__ __forceinline__ void absorb_q_col(float *oh, size_t ostride, const fl
 			oh[t * ostride + c] = acc[t];
 }
 
+/* The decode step's absorb_q (one token, m == 1) for the block's columns c0 .. c0 +
+ * blockDim.x - 1 of qa's latent part (none past lora), head h; every thread of the block
+ * calls it, blockDim.x a multiple of 128 (k_absorb_q's 128, mla_absorbed's 256). Each warp
+ * takes 128 columns, 4 adjacent ones a lane (one load of 4 weights: 128 bytes a warp a row in
+ * FP8, where a thread a column loaded 32), and one of AQ_RG groups of W_uk,h's d_nope rows, so
+ * that AQ_RG times as many rows are in flight; the groups' sums meet in shared memory, added
+ * in group order, so each column's sum is the same whichever of the two kernels runs it. Each
+ * weight times its block's scale, as wget. Needs lora % 4 == 0 and w 16-byte aligned. */
+#define AQ_RG 4
+#define AQ_COLS 256 /* the most columns a block: MLA_THREADS */
+
+/* 4 weights at p (4 * sizeof(T)-byte aligned) in the low bytes of a uint4, read-only */
+template <typename T>
+__device__ __forceinline__ uint4 ld_w4(const T *p)
+{
+	uint4 v = {0u, 0u, 0u, 0u};
+#ifdef WICK_SIMT
+	if ((uintptr_t)p % (4 * sizeof(T))) {
+		fprintf(stderr, "glm_kernels.cu: a %zu-byte load from %p, misaligned\n",
+			4 * sizeof(T), (const void *)p);
+		abort();
+	}
+	simt_ld_nc(&v, p, 4 * sizeof(T));
+#else
+	if constexpr (sizeof(T) == 1) {
+		v.x = __ldg((const unsigned *)p);
+	} else if constexpr (sizeof(T) == 2) {
+		uint2 u = __ldg((const uint2 *)p);
+		v.x = u.x;
+		v.y = u.y;
+	} else {
+		v = __ldg((const uint4 *)p);
+	}
+#endif
+	return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void absorb_q_quad(float *oh, const float *qh, const T *w,
+					      const float *scale, int lora, size_t r0, int d_nope,
+					      int c0)
+{
+	__shared__ float part[AQ_RG][AQ_COLS];
+	const T *tag = NULL;
+	int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+	int cg = warp / AQ_RG, rg = warp % AQ_RG, cb = 128 * cg + 4 * lane, c = c0 + cb;
+	int per = (d_nope + AQ_RG - 1) / AQ_RG, d0 = rg * per, d1 = min(d0 + per, d_nope);
+	size_t nb = ((size_t)lora + FP8_BLOCK - 1) / FP8_BLOCK;
+	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+	if (c < lora) {
+#pragma unroll 8
+		for (int d = d0; d < d1; d++) {
+			const T *wp = w + (r0 + d) * (size_t)lora + c;
+			uint4 v = ld_w4(wp);
+			float f[4], sc = 1.0f, qv = qh[d];
+			quad(v, 0, f, tag);
+			if constexpr (mm_fp8<T>::v)
+				sc = scale[((r0 + d) / FP8_BLOCK) * nb + c / FP8_BLOCK];
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[e] += qv * (mm_fp8<T>::v ? f[e] * sc : f[e]);
+		}
+	}
+#pragma unroll
+	for (int e = 0; e < 4; e++)
+		part[rg][cb + e] = acc[e];
+	__syncthreads();
+	int t = (int)threadIdx.x;
+	if (c0 + t < lora) {
+		float sum = 0.0f;
+#pragma unroll
+		for (int k = 0; k < AQ_RG; k++)
+			sum += part[k][t];
+		oh[c0 + t] = sum;
+	}
+	__syncthreads(); /* part is the next call's */
+}
+
 /* A thread's column c of qa's latent part (none past lora), head h, token chunks z, z +
- * zstep, ... of ABSORB_TOK tokens. Each thread walks W_uk,h's d_nope rows down its column c
- * (reads coalesced across the block) and accumulates
- *   qa[i][h][c] = sum_d q[i][h][d] * W[h*(d_nope+d_v) + d][c]
- * for the chunk's tokens, in the reference's order of d; pe: the block also copies q_pe.
+ * zstep, ... of ABSORB_TOK tokens:
+ *   qa[i][h][c] = sum_d q[i][h][d] * W[h*(d_nope+d_v) + d][c].
+ * A chunk of one token (a decode step's) goes through absorb_q_quad where lora and w allow
+ * (the whole block: 4 columns a lane, the rows in AQ_RG groups); otherwise each thread walks
+ * W_uk,h's d_nope rows down its column c (reads coalesced across the block) for the chunk's
+ * tokens, in the reference's order of d. pe: the block also copies q_pe.
  * k_absorb_q's block (x, y, z): columns x*128 + thread, head h0 + y, chunks z, z + gridDim.z,
  * ... */
 template <typename T>
@@ -213,7 +293,9 @@ __device__ __forceinline__ void absorb_q_block(float *qa, const float *q, const 
 		const float *qh = q + ((size_t)i0 * n_heads + h) * (d_nope + d_rope);
 		float *oh = qa + ((size_t)i0 * n_heads + h) * (lora + d_rope);
 		size_t ostride = (size_t)n_heads * (lora + d_rope);
-		if (c < lora && m == 1) /* a decode step's: no registers for 7 more tokens */
+		if (m == 1 && lora % 4 == 0 && (uintptr_t)w % 16 == 0) /* block-uniform */
+			absorb_q_quad<T>(oh, qh, w, scale, lora, r0, d_nope, c - (int)threadIdx.x);
+		else if (c < lora && m == 1) /* no registers for 7 more tokens */
 			absorb_q_col<T, 1>(oh, ostride, qh, qstride, m, w, scale, lora, r0, d_nope,
 					   c);
 		else if (c < lora)
@@ -392,6 +474,8 @@ extern "C" int wk_cuda_mla_absorb_out(float *o, const float *lat, const void *w,
 /* ---- mla_attention (cpu_ref_mla_attention): blocks of (token, heads, part of the keys) ------- */
 
 #define MLA_THREADS 256
+static_assert(MLA_THREADS <= AQ_COLS && MLA_THREADS % 128 == 0 && ABSORB_THREADS % 128 == 0,
+	      "absorb_q_quad's blocks");
 #define MLA_TILE 64 /* keys scored per step */
 #define MLA_GM 8    /* heads a block at most (of a latent that every head reads) */
 #define MLA_SMEM_MAX (48 * 1024) /* shared memory of a block without an opt-in */
