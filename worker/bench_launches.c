@@ -237,13 +237,15 @@ static json_t *print_op_times(const struct count_run *t, double untimed_ms)
 	}
 	printf("op times           not chained, every op timed on the %s's clock: a step %.3f ms "
 	       "(%.3f ms untimed)\n", clock, t->step_ms, untimed_ms);
-	printf("  %-16s %8s %10s %6s %10s\n", "kind", "ops", "ms", "share", "host ms");
+	printf("  %-16s %8s %10s %6s %10s %10s\n", "kind", "ops", "ms", "share", "us an op",
+	       "host ms");
 	json_t *by = json_object();
 	for (int i = 0; i < n; i++) {
 		int k = order[i];
 		const char *name = eng_launch_kind(k, NULL, NULL);
-		printf("  %-16s %8.1f %10.4f %5.1f%% %10.4f\n", name, t->timed[k], t->op_ms[k],
-		       sum > 0 ? 100.0 * t->op_ms[k] / sum : 0.0, t->host_ms[k]);
+		printf("  %-16s %8.1f %10.4f %5.1f%% %10.2f %10.4f\n", name, t->timed[k], t->op_ms[k],
+		       sum > 0 ? 100.0 * t->op_ms[k] / sum : 0.0, 1e3 * t->op_ms[k] / t->timed[k],
+		       t->host_ms[k]);
 		json_object_set_new(by, name, json_pack("{s:f, s:f, s:f}", "ops", t->timed[k], "ms",
 							 t->op_ms[k], "host_ms", t->host_ms[k]));
 	}
