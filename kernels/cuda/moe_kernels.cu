@@ -913,7 +913,6 @@ static int grouped_launches(const struct moe_plan &p, const struct moe_args &a, 
 static int grouped_gemms(const struct moe_plan &p, const struct moe_args &a, char *err,
 			 size_t errsz);
 
-/* What 2 and 3 read, and (the warp-per-row path) their grids. */
 /* wk_cuda_moe_rows_v0: the warp-per-row decode path (the first version: the lab's baseline) */
 static bool moe_rows_v0;
 
@@ -922,6 +921,7 @@ extern "C" void wk_cuda_moe_rows_v0(int on)
 	moe_rows_v0 = on != 0;
 }
 
+/* What 2 and 3 read, and (below the grouped GEMMs) their grids. */
 static struct moe_args make_args(float *y, const float *x, const float *wt, int n, int top_k,
 				 const struct wk_moe *m)
 {
