@@ -49,6 +49,8 @@ for check in "chained launches (k_chain)" "cuda kernel tests" "stories260K golde
 done
 echo "$table" | has "^GLM-5 decode step (wick bench launches, --backend cuda): launches [0-9]" \
   || { echo "$table"; fail "no launch count in the table"; }
+echo "$table" | has "^plain read (1 MiB buffered, rank files) [0-9.]* [0-9.]*$" \
+  || { echo "$table"; fail "no storage baseline beside the restore into GPU memory"; }
 echo "$table" | has "^pinned copies (a buffer a device, no disk)" \
   || { echo "$table"; fail "no multi-GPU restore figures in the table"; }
 echo "$table" | grep -E '^[a-zA-Z0-9].* (PASS|SKIP)  ' | sed 's/^/   /'
