@@ -93,6 +93,18 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p)
 	return v;
 }
 
+/* A hint: the line holding p fetched into L2 (prefetch.global.L2), nothing loaded into a
+ * register. The emulator reads a byte of p, so that an address outside device memory faults
+ * there and is named. */
+__device__ __forceinline__ void prefetch_l2(const void *p)
+{
+#ifdef WICK_SIMT
+	simt_prefetch(p);
+#else
+	asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
+#endif
+}
+
 /* prmt.b32 (PTX's default mode): byte i of the result is byte (sel >> 4i) & 7 of {b, a} (a's
  * bytes 0..3, b's 4..7), or, when (sel >> 4i) & 8, that byte's sign bit copied over all 8 */
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
@@ -504,6 +516,31 @@ __device__ void mm_mixed(const struct mm_set &s, const float *x, int n, int b, f
 					       p->rows, s.cols, a.g, a.tl, a.tt, a.live, red, p);
 		break;
 	}
+}
+
+/* Block b of a set, before it waits for the work before it (a chained launch's link waiting
+ * for the link before, k_chain): the weight bytes its lanes' first batch of fast-path loads
+ * will read (mm_vec: MM_U chunks of each of the team's MM_R rows) fetched into L2, as a
+ * programmatic dependent issues those loads before its grid_dep_wait (k_matmul). Weights
+ * only: x may not be written yet. The same rows and chunks as mm_vec's first batch, clamped
+ * the same way to the last row and the row's last chunk; nothing where the rows are not whole
+ * aligned chunks (mm_scalar's rows). */
+__device__ __forceinline__ void mm_prefetch(const struct mm_set &s, int b)
+{
+	struct mm_at a = mm_where(s, b);
+	const struct wk_mm *p = &s.p[a.k];
+	size_t esz = p->dtype == DT_F32 ? 4 : p->dtype == DT_F8_E4M3 ? 1 : 2;
+	size_t row = (size_t)s.cols * esz;
+	const uint8_t *w = (const uint8_t *)p->w;
+	if (!a.live || row < 16 || row % 16 || ((uintptr_t)w & 15))
+		return;
+	int nch = (int)(row / 16);
+#pragma unroll
+	for (int u = 0; u < MM_U; u++)
+#pragma unroll
+		for (int r = 0; r < MM_R; r++)
+			prefetch_l2(w + (size_t)min(a.g * MM_R + r, p->rows - 1) * row +
+				    (size_t)min(a.tl + u * a.tt, nch - 1) * 16);
 }
 
 /* tokens per pass: 1, 2, 4 or 8 (n = 3 runs as 4 with one masked, n > 8 in groups of 8) */

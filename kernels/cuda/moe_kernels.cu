@@ -1063,6 +1063,8 @@ __global__ void __launch_bounds__(MM_THREADS, 1) k_chain(struct chain_set c, uns
 	int t = s_ticket, k = set_part(c.bstart, t);
 	int b = t - c.bstart[k];
 	if (k > 0) { /* every block of link k - 1 has finished (and so, of every link before) */
+		if (c.l[k].kind == CH_MATMUL) /* its first weights on their way meanwhile */
+			mm_prefetch(c.l[k].mm.s, b);
 		wait_blocks(sync + k, (unsigned)(c.bstart[k] - c.bstart[k - 1]));
 	}
 	const struct chain_link &l = c.l[k];

@@ -261,6 +261,11 @@ void simt_nanosleep(unsigned ns);
  * read-only cache may answer after another block's write (simt_mem.cpp, cow); else src now. */
 void simt_ld_nc(void *dst, const void *src, size_t n);
 
+/* prefetch.global.L2: a hint, nothing loaded; here one byte of p is read, so that an address
+ * a kernel may not reach (the host's, another device's, freed, past an allocation's last
+ * page) faults and is named, as a load there would be. */
+void simt_prefetch(const void *p);
+
 /* The thread's lane in its warp (warps are consecutive threads in x, then y, then z). */
 int simt_lane(void);
 /* Every lane of the warp calls it; *v becomes lane src's *v. */

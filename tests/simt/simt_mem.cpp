@@ -360,6 +360,11 @@ void cow_end(void)
 	cow_used.clear();
 }
 
+void simt_prefetch(const void *p)
+{
+	(void)*(const volatile char *)p;
+}
+
 void simt_ld_nc(void *dst, const void *src, size_t n)
 {
 	uintptr_t a = (uintptr_t)src, pg = a & ~(uintptr_t)(PAGE - 1);
