@@ -22,7 +22,9 @@
  * moe_intermediate 2048, 256 experts, top 8; lab_moe) are printed beside the same bf16
  * ceiling (on an H200: 76 TFLOPS, untuned), and at 1 and 8 tokens, a decode step's experts,
  * as GB/s of the chosen experts' weights against the copy (the first version beside the
- * streaming path; the decode GEMV's part). Timed with CUDA events, median of 5 after a warm-up (the
+ * streaming path; the decode GEMV's part). Six one-token FP8 GEMVs chained into one launch
+ * are timed against the same six as launches of their own (lab_chain): what a chained link's
+ * boundary costs against a kernel's. Timed with CUDA events, median of 5 after a warm-up (the
  * matrix products: MM_CALLS calls per timing). Run by tests/tools/cuda_lab (and
  * scripts/gpu-check).
  *
@@ -797,6 +799,117 @@ out:
 	return failed ? WK_EIO : WK_OK;
 }
 
+/* ---- what a link boundary costs: a chained launch against launches of their own -----------
+ * CHAIN_LINKS FP8 GEMVs at one token, 7168 x 2048 and 2048 x 7168 in turn, each link's y the
+ * next one's x (as a decode layer's projections follow one another), each with weights of its
+ * own (CHAIN_STRIDE apart, and the whole run's CHAIN_SET apart from one run to the next, so
+ * that they stream from HBM, not L2), run three ways: as one chained launch (wk_cuda_chain:
+ * a link's blocks wait on counters in device memory for the link before, its first weights
+ * sent to L2 meanwhile), as launches of their own that are programmatic dependents (k_matmul,
+ * as the backend runs an op outside a chain), and as ordinary launches. The three compute
+ * every row with the same code (gemv.cuh), so the last link's outputs must be the same bits
+ * each way: checked first. A row: the weights' GB/s over a run and the time a link. */
+#define CHAIN_LINKS 6
+#define CHAIN_STRIDE ((size_t)16 << 20)
+#define CHAIN_SET (CHAIN_LINKS * CHAIN_STRIDE)
+#define CHAIN_RUNS 4 /* chains (or runs of CHAIN_LINKS launches) a timing */
+
+/* One run, the way v says (0 chained, 1 launches with PDL, 2 without), on weight set set of
+ * those at w. */
+static int lab_chain_run(int v, struct wk_link *l, unsigned *sync, const void *w, size_t set,
+			 char *err, size_t errsz)
+{
+	size_t off = set % (GEMV_W_BYTES / CHAIN_SET) * CHAIN_SET;
+	for (int i = 0; i < CHAIN_LINKS; i++)
+		l[i].mm[0].w = (const char *)w + off + (size_t)i * CHAIN_STRIDE;
+	if (v == 0)
+		return wk_cuda_chain(l, CHAIN_LINKS, sync, err, errsz);
+	wk_cuda_set_pdl(v == 1);
+	int rc = WK_OK;
+	for (int i = 0; i < CHAIN_LINKS && rc == WK_OK; i++)
+		rc = wk_cuda_matmul_fp8(l[i].mm[0].y, l[i].x, (const uint8_t *)l[i].mm[0].w,
+					l[i].mm[0].scale, 1, l[i].mm[0].rows, l[i].cols, err, errsz);
+	wk_cuda_set_pdl(1);
+	return rc;
+}
+
+/* Prints the three rows; WK_OK, or WK_EIO when a step failed or the outputs differ. w:
+ * GEMV_W_BYTES of random finite e4m3 codes, scale: GEMV_SCALES positive floats, x: at least
+ * 2048 floats, all device memory. */
+static int lab_chain(double ceil_gbs, const void *w, const float *scale, const float *x)
+{
+	static const int shape[2][2] = {{7168, 2048}, {2048, 7168}}; /* rows, cols */
+	static const char *const names[3] = {"6 fp8 GEMVs, 1 token, chained",
+					     "6 fp8 GEMVs, 1 token, launches", "6 fp8 GEMVs, 1 token, no PDL"};
+	char err[WK_ERRSZ] = "";
+	struct wk_link *l = (struct wk_link *)calloc(CHAIN_LINKS, sizeof *l);
+	float *y[CHAIN_LINKS] = {}, *got[3] = {};
+	unsigned *sync = NULL;
+	int failed = 0, last = shape[(CHAIN_LINKS - 1) % 2][0];
+	size_t bytes = 0;
+	printf("\n%-40s %10s %10s   (7168 x 2048 and 2048 x 7168 in turn, y the next x: a link's "
+	       "cost, chained or launched)\n", "kernel (chained GEMVs)", "GB/s", "of copy");
+	bool ok = l && wk_cuda_alloc((void **)&sync, WK_CHAIN_SYNC * sizeof *sync, err,
+				     sizeof err) == WK_OK &&
+		  wk_cuda_zero(sync, WK_CHAIN_SYNC * sizeof *sync, err, sizeof err) == WK_OK;
+	for (int i = 0; ok && i < CHAIN_LINKS; i++) {
+		const int *sh = shape[i % 2];
+		ok = wk_cuda_alloc((void **)&y[i], (size_t)sh[0] * 4, err, sizeof err) == WK_OK;
+		l[i].kind = WK_LINK_MATMUL;
+		l[i].n = 1;
+		l[i].mm_count = 1;
+		l[i].cols = sh[1];
+		l[i].x = i ? y[i - 1] : x;
+		l[i].mm[0].y = y[i];
+		l[i].mm[0].scale = scale;
+		l[i].mm[0].dtype = DT_F8_E4M3;
+		l[i].mm[0].rows = sh[0];
+		bytes += (size_t)sh[0] * sh[1];
+	}
+	for (int v = 0; ok && v < 3; v++)
+		ok = (got[v] = (float *)malloc((size_t)last * 4)) &&
+		     lab_chain_run(v, l, sync, w, 0, err, sizeof err) == WK_OK &&
+		     wk_cuda_sync(err, sizeof err) == WK_OK &&
+		     wk_cuda_download(got[v], y[CHAIN_LINKS - 1], (size_t)last * 4, err,
+				      sizeof err) == WK_OK;
+	if (!ok) {
+		printf("%-40s %10s   (%s)\n", "chained GEMVs", "FAILED", err[0] ? err : "out of host "
+		       "memory");
+		failed = 1;
+		goto out;
+	}
+	for (int v = 0; v < 3; v++) {
+		bool same = !memcmp(got[v], got[0], (size_t)last * 4);
+		size_t set = 0;
+		float ms = time_ms([&]() -> int {
+			for (int r = 0; r < CHAIN_RUNS; r++) {
+				int rc = lab_chain_run(v, l, sync, w, set++, err, sizeof err);
+				if (rc != WK_OK)
+					return rc;
+			}
+			return WK_OK;
+		});
+		if (ms <= 0 || !same) {
+			printf("%-40s %10s   (%s)\n", names[v], "FAILED", ms <= 0 ? err :
+			       "the last link's outputs differ from the chained run's");
+			failed = 1;
+			continue;
+		}
+		double gbs = (double)bytes * CHAIN_RUNS / (ms * 1e-3) / 1e9;
+		printf("%-40s %10.0f %9.0f%%   %.2f us a link%s\n", names[v], gbs,
+		       100.0 * gbs / ceil_gbs, 1e3 * ms / (CHAIN_RUNS * CHAIN_LINKS),
+		       v ? "" : "; the same bits as launched");
+	}
+out:
+	for (int i = 0; i < CHAIN_LINKS; i++)
+		wk_cuda_free(y[i]);
+	for (int v = 0; v < 3; v++)
+		free(got[v]);
+	wk_cuda_free(sync);
+	free(l);
+	return failed ? WK_EIO : WK_OK;
+}
+
 /* cuBLASLt's FP8 and bf16 TFLOPS on the GEMM lab's two shapes: the matrix ceilings of its
  * table (bf16 for the f32-activation GEMM, whose tensor-core work is bf16). */
 struct blas_ceilings {
@@ -998,6 +1111,8 @@ extern "C" int wk_cuda_lab(const char *only)
 		lab_ceilings(&blas);
 		printf("\n");
 		rc = gemv ? lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x) : WK_OK;
+		if (gemv && lab_chain(ceil_gbs, w, (const float *)scale, (const float *)x) != WK_OK)
+			rc = WK_EIO;
 		if (gemv)
 			printf("\n%-40s %10s %10s   (a decode step's routed experts: top 8 of 256, "
 			       "6144 x 2048)\n", "kernel (decode MoE experts)", "GB/s", "of copy");
