@@ -833,22 +833,30 @@ static int lab_chain_run(int v, struct wk_link *l, unsigned *sync, const void *w
 	return rc;
 }
 
-/* Prints the three rows; WK_OK, or WK_EIO when a step failed or the outputs differ. w:
- * GEMV_W_BYTES of random finite e4m3 codes, scale: GEMV_SCALES positive floats, x: at least
- * 2048 floats, all device memory. */
-static int lab_chain(double ceil_gbs, const void *w, const float *scale, const float *x)
+/* Prints the three rows, on GLM-5's decode shapes (7168 x 2048 and 2048 x 7168) or, tiny,
+ * on 128 x 128 (a link's cost with next to nothing to read: the boundary alone); WK_OK, or
+ * WK_EIO when a step failed or the outputs differ. w: GEMV_W_BYTES of random finite e4m3
+ * codes, scale: GEMV_SCALES positive floats, x: at least 2048 floats, all device memory. */
+static int lab_chain(double ceil_gbs, const void *w, const float *scale, const float *x,
+		     bool tiny)
 {
-	static const int shape[2][2] = {{7168, 2048}, {2048, 7168}}; /* rows, cols */
-	static const char *const names[3] = {"6 fp8 GEMVs, 1 token, chained",
-					     "6 fp8 GEMVs, 1 token, launches", "6 fp8 GEMVs, 1 token, no PDL"};
+	static const int shapes[2][2][2] = {{{7168, 2048}, {2048, 7168}}, {{128, 128}, {128, 128}}};
+	static const char *const names[2][3] = {
+		{"6 fp8 GEMVs, 1 token, chained", "6 fp8 GEMVs, 1 token, launches",
+		 "6 fp8 GEMVs, 1 token, no PDL"},
+		{"6 fp8 128 x 128, 1 token, chained", "6 fp8 128 x 128, 1 token, launches",
+		 "6 fp8 128 x 128, 1 token, no PDL"}};
+	const int(*shape)[2] = shapes[tiny];
 	char err[WK_ERRSZ] = "";
 	struct wk_link *l = (struct wk_link *)calloc(CHAIN_LINKS, sizeof *l);
 	float *y[CHAIN_LINKS] = {}, *got[3] = {};
 	unsigned *sync = NULL;
 	int failed = 0, last = shape[(CHAIN_LINKS - 1) % 2][0];
 	size_t bytes = 0;
-	printf("\n%-40s %10s %10s   (7168 x 2048 and 2048 x 7168 in turn, y the next x: a link's "
-	       "cost, chained or launched)\n", "kernel (chained GEMVs)", "GB/s", "of copy");
+	if (!tiny)
+		printf("\n%-40s %10s %10s   (7168 x 2048 and 2048 x 7168 in turn, y the next x: a "
+		       "link's cost, chained or launched)\n", "kernel (chained GEMVs)", "GB/s",
+		       "of copy");
 	bool ok = l && wk_cuda_alloc((void **)&sync, WK_CHAIN_SYNC * sizeof *sync, err,
 				     sizeof err) == WK_OK &&
 		  wk_cuda_zero(sync, WK_CHAIN_SYNC * sizeof *sync, err, sizeof err) == WK_OK;
@@ -890,13 +898,13 @@ static int lab_chain(double ceil_gbs, const void *w, const float *scale, const f
 			return WK_OK;
 		});
 		if (ms <= 0 || !same) {
-			printf("%-40s %10s   (%s)\n", names[v], "FAILED", ms <= 0 ? err :
+			printf("%-40s %10s   (%s)\n", names[tiny][v], "FAILED", ms <= 0 ? err :
 			       "the last link's outputs differ from the chained run's");
 			failed = 1;
 			continue;
 		}
 		double gbs = (double)bytes * CHAIN_RUNS / (ms * 1e-3) / 1e9;
-		printf("%-40s %10.0f %9.0f%%   %.2f us a link%s\n", names[v], gbs,
+		printf("%-40s %10.0f %9.0f%%   %.2f us a link%s\n", names[tiny][v], gbs,
 		       100.0 * gbs / ceil_gbs, 1e3 * ms / (CHAIN_RUNS * CHAIN_LINKS),
 		       v ? "" : "; the same bits as launched");
 	}
@@ -1111,8 +1119,9 @@ extern "C" int wk_cuda_lab(const char *only)
 		lab_ceilings(&blas);
 		printf("\n");
 		rc = gemv ? lab_gemv(ceil_gbs, w, (const float *)scale, (const float *)x) : WK_OK;
-		if (gemv && lab_chain(ceil_gbs, w, (const float *)scale, (const float *)x) != WK_OK)
-			rc = WK_EIO;
+		for (int tiny = 0; gemv && tiny < 2; tiny++)
+			if (lab_chain(ceil_gbs, w, (const float *)scale, (const float *)x, tiny))
+				rc = WK_EIO;
 		if (gemv)
 			printf("\n%-40s %10s %10s   (a decode step's routed experts: top 8 of 256, "
 			       "6144 x 2048)\n", "kernel (decode MoE experts)", "GB/s", "of copy");
