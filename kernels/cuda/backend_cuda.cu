@@ -70,6 +70,7 @@ struct cuda_ctx {
 	cudaEvent_t *marks; /* the op clock's points (mark, marks_ms): MARKS, created as used */
 	int n_marks;
 	bool gemv_mma;     /* 2..8 tokens through the tensor-core GEMV (gemv_route) */
+	bool gemv_v3;      /* and that GEMV the pipelined one (wk_cuda_gemv_mma3) */
 	bool gemm_st;      /* matmul_fp8act's GEMM with the TMA-store epilogue */
 	int rc;            /* WK_OK until an op fails */
 	char err[WK_ERRSZ]; /* the first failure */
@@ -106,7 +107,7 @@ static int own_upload(struct cuda_ctx *c, const void *host, size_t bytes, void *
 		      size_t errsz);
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
-static bool env_gemv_mma, env_gemm_st;
+static bool env_gemv_mma, env_gemv_v3, env_gemm_st;
 
 /* The environment's settings, read once for the process. */
 static void env_read(void)
@@ -122,9 +123,12 @@ static void env_read(void)
 	const char *st = getenv("WICK_CUDA_STREAM");
 	wk_cuda_set_stream(st && strcmp(st, "pt") == 0);
 	/* the GEMVs of 2..8 tokens on the tensor cores (gemv_route), unless WICK_CUDA_GEMV=v1:
-	 * on an H200, v2 read FP8 weights at 2.5-4.6x v1's rate at 8 tokens, bf16 at 1.8-2.9x */
+	 * on an H200, v2 read FP8 weights at 2.5-4.6x v1's rate at 8 tokens, bf16 at 1.8-2.9x;
+	 * WICK_CUDA_GEMV=v3: those GEMVs software-pipelined (wk_cuda_gemv_mma3, the same sums;
+	 * not yet run on a GPU), for gpu-check to time a batched step both ways */
 	const char *gv = getenv("WICK_CUDA_GEMV");
 	env_gemv_mma = !(gv && strcmp(gv, "v1") == 0);
+	env_gemv_v3 = gv && strcmp(gv, "v3") == 0;
 	/* WICK_CUDA_GEMM=st: the FP8 prefill GEMM with the TMA-store epilogue (the lab's
 	 * "wgmma st"; the same sums, stored another way) */
 	const char *gm = getenv("WICK_CUDA_GEMM");
@@ -158,6 +162,7 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 	 * threads of their own at once (be_sink) */
 	pthread_once(&env_once, env_read);
 	c->gemv_mma = env_gemv_mma && !cfg->fp8_act;
+	c->gemv_v3 = env_gemv_v3;
 	c->gemm_st = env_gemm_st;
 	*ctx = c;
 	return WK_OK;
@@ -225,8 +230,9 @@ static bool supports(void *ctx, enum be_op op, enum dt_type wt)
 
 /* ---- ops ------------------------------------------------------------------------------------ */
 
-/* Whether y = x . w^T of n tokens goes to the tensor-core GEMV (wk_cuda_gemv_mma, ~1e-5 of
- * the largest output off the f32 reference where k_matmul is ~1e-6) rather than k_matmul:
+/* Whether y = x . w^T of n tokens goes to the tensor-core GEMV (wk_cuda_gemv_mma, or with
+ * WICK_CUDA_GEMV=v3 wk_cuda_gemv_mma3; ~1e-5 of the largest output off the f32 reference
+ * where k_matmul is ~1e-6) rather than k_matmul:
  * for 2..8 tokens of FP8 or bf16 weights it takes (columns a multiple of 128), unless
  * WICK_CUDA_GEMV=v1 or the engine quantizes activations (be_config.fp8_act). One token
  * stays on k_matmul, level with v2 or faster on most shapes. */
@@ -244,8 +250,8 @@ static void matmul(void *ctx, float *y, const float *x, const struct be_weight *
 	if (c->rc != WK_OK)
 		return;
 	if (gemv_route(c, x, w, n)) {
-		ok(c, wk_cuda_gemv_mma(y, x, w->data, w->dtype, w->scale, n, w->rows, w->cols, err,
-				       sizeof err), err);
+		auto gv = c->gemv_v3 ? wk_cuda_gemv_mma3 : wk_cuda_gemv_mma;
+		ok(c, gv(y, x, w->data, w->dtype, w->scale, n, w->rows, w->cols, err, sizeof err), err);
 		return;
 	}
 	int rc = w->dtype == DT_F8_E4M3

@@ -355,6 +355,33 @@ for c in "glm4-fp8 70 12" "glm5-dense 40 5" "glm5 40 13"; do
     >"$TMPD/f32-$1.cuda.json" 2>"$TMPD/err" || fail "$1 f32 prefill: cuda logits: $(tail -n 3 "$TMPD/err")"
   close "$1, a $2-token prefill" "$TMPD/f32-$1.cpu.json" "$TMPD/f32-$1.cuda.json"
 done
+# The GEMVs of 2..8 tokens go to the tensor-core GEMV (v2, k_gemv_mma), to its pipelined form
+# with WICK_CUDA_GEMV=v3 (k_gemv_mma3) and to k_matmul with WICK_CUDA_GEMV=v1: each setting
+# launches its own kernel (the emulator's launch log says which) and gives the CPU's logits.
+# A GLM-5 whose matrices' columns are multiples of 128, as the tensor-core GEMVs need.
+section "the GEMVs of 8 tokens: v2, v3 and v1, cuda against cpu"
+"$WICK_TOOLS/gen_glm" --family glm5 --hidden 256 --intermediate 384 --moe-intermediate 128 \
+  --q-lora-rank 128 --kv-lora-rank 128 -o "$TMPD/glm5-128" --seed 3 >/dev/null ||
+  fail "gen_glm glm5-128"
+"$WICK" logits "$TMPD/glm5-128" --tokens 1,5,9,42,7,3,100,64 --all-positions --backend cpu $KV32 \
+  >"$TMPD/g128.cpu.json" 2>/dev/null || fail "glm5-128: cpu logits"
+for v in v2 v3 v1; do
+  WICK_CUDA_GEMV=$v WICK_SIMT_LAUNCHES="$TMPD/launches-$v" "$EMU" logits "$TMPD/glm5-128" \
+    --tokens 1,5,9,42,7,3,100,64 --all-positions --backend cuda $KV32 >"$TMPD/g128.$v.json" \
+    2>"$TMPD/err" || fail "glm5-128, WICK_CUDA_GEMV=$v: $(tail -n 3 "$TMPD/err")"
+  close "WICK_CUDA_GEMV=$v" "$TMPD/g128.cpu.json" "$TMPD/g128.$v.json"
+  n2=$(grep -c '^k_gemv_mma<' "$TMPD/launches-$v" || :)
+  n3=$(grep -c '^k_gemv_mma3<' "$TMPD/launches-$v" || :)
+  case $v in
+    v2) [ "$n2" -gt 0 ] && [ "$n3" = 0 ] ;;
+    v3) [ "$n3" -gt 0 ] && [ "$n2" = 0 ] ;;
+    v1) [ "$n2" = 0 ] && [ "$n3" = 0 ] ;;
+  esac || fail "WICK_CUDA_GEMV=$v launched $n2 k_gemv_mma and $n3 k_gemv_mma3"
+  echo "   WICK_CUDA_GEMV=$v: $n2 k_gemv_mma, $n3 k_gemv_mma3 launches"
+  # the shapes into make test's log as well, for the launch-fit check
+  [ -z "${WICK_SIMT_LAUNCHES:-}" ] || cat "$TMPD/launches-$v" >>"$WICK_SIMT_LAUNCHES"
+done
+
 # A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
 # one reader refills each several times, and the emulator makes a copy only when its event
 # is waited for, reading the buffer then, so a refill before the wait lands the wrong bytes.

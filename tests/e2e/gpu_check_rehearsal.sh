@@ -40,6 +40,7 @@ for check in "chained launches (k_chain)" "cuda kernel tests" "stories260K golde
   "GLM-5 structure decode on cuda" "fp8 activations gpu vs cpu" \
   "f32-activation prefill GEMM gpu vs cpu" "restore into GPU memory" \
   "restore into 2 GPUs (tp 2)" "tiny glm5, v2 GEMVs, gpu vs cpu" "tiny glm4, v2 GEMVs, gpu vs cpu" \
+  "tiny glm5, v3 GEMVs, gpu vs cpu" "tiny glm4, v3 GEMVs, gpu vs cpu" \
   "tiny glm5, per-thread stream, gpu vs cpu" "TMA-store GEMM vs plain, in GLM-5" \
   "bf16 KV cache gpu vs cpu" "bf16 KV cache decode on gpu" "fp8 KV cache gpu vs cpu" \
   "fp8 KV cache decode on gpu" "fp8 KV cache glm4 gpu vs cpu" "fp8 KV cache stories gpu vs cpu" \
