@@ -681,10 +681,14 @@ static struct cpu_mla to_cpu_mla(const struct be_mla *s)
 
 /* dsa_topk scores a group of queries at once in the backend's own scratch: up to DSA_GROUPS
  * rows of pos0 + n floats, within DSA_BUDGET floats (a 4,096-token prefill at 16K keys
- * fits whole). Grown when a step needs more (cudaFree and cudaMalloc wait for the device: a
- * rare, load-time-like cost); where that fails, the engine's scratch, one query at a time. */
+ * fits whole). Grown when a step needs more, its rows then as long as the next power of two
+ * keys, DSA_KEYS_MIN at least: cudaFree and cudaMalloc wait for the device, and a batched
+ * decode step's rows grow by a key a step, so growing them to fit would stall every step
+ * (it did, where the sequences' prefills had made it smaller: short prompts, long answers);
+ * where that fails, the engine's scratch, one query at a time. */
 #define DSA_GROUPS 4096
 #define DSA_BUDGET ((size_t)64 << 20)
+#define DSA_KEYS_MIN 1024
 #define DSA_HIST_ROWS 256 /* decode steps of up to 256 sequences: 4 MiB of bin counts */
 
 /* The zeroed counters, made on first use; NULL (the failure kept) when CUDA refuses. */
@@ -806,11 +810,15 @@ static void dsa_topk(void *ctx, int *sel, int *nsel, const float *q, const float
 	if (rows * row > DSA_BUDGET)
 		rows = DSA_BUDGET / row > 0 ? DSA_BUDGET / row : 1;
 	if (c->dsa_cap < rows * row && rows > 1) {
+		size_t keys = DSA_KEYS_MIN;
+		while (keys < row)
+			keys *= 2;
+		size_t want = rows * keys <= DSA_BUDGET ? rows * keys : rows * row;
 		cudaFree(c->dsa_scores);
 		c->dsa_scores = NULL;
 		c->dsa_cap = 0;
-		if (cudaMalloc((void **)&c->dsa_scores, rows * row * sizeof(float)) == cudaSuccess)
-			c->dsa_cap = rows * row;
+		if (cudaMalloc((void **)&c->dsa_scores, want * sizeof(float)) == cudaSuccess)
+			c->dsa_cap = want;
 		else
 			cudaGetLastError(); /* out of memory: the engine's scratch below */
 	}

@@ -382,6 +382,23 @@ for v in v2 v3 v1; do
   [ -z "${WICK_SIMT_LAUNCHES:-}" ] || cat "$TMPD/launches-$v" >>"$WICK_SIMT_LAUNCHES"
 done
 
+# A decode step allocates and frees no device memory: a cudaFree waits for the device, so one
+# a step would stall a GPU's pipeline every step. Batched steps of 4 sequences whose prefills
+# were short (2 tokens), so that the indexer's score rows, which grow by a key a step, outgrow
+# what the prefills made: 2 steps and 6 (after the bench's warm-up step) make as many
+# cudaMalloc and cudaFree calls (the emulator counts them: WICK_SIMT_ALLOCS). Before the
+# scores grew to the next power of two keys they made two more a step.
+section "no device allocations in decode steps"
+for s in 2 6; do
+  WICK_SIMT_ALLOCS="$TMPD/allocs-$s" "$EMU" bench launches "$TMPD/glm5" --backend cuda --batch 4 \
+    --context 2 --steps $s >"$TMPD/bench-$s.txt" 2>&1 ||
+    { tail -n 5 "$TMPD/bench-$s.txt"; fail "bench launches --batch 4 --steps $s on cuda"; }
+done
+[ -s "$TMPD/allocs-2" ] && cmp -s "$TMPD/allocs-2" "$TMPD/allocs-6" ||
+  fail "decode steps allocate device memory: 2 steps: $(cat "$TMPD/allocs-2"), 6:" \
+    "$(cat "$TMPD/allocs-6")"
+echo "   2 and 6 batched decode steps: $(cat "$TMPD/allocs-6") each"
+
 # A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
 # one reader refills each several times, and the emulator makes a copy only when its event
 # is waited for, reading the buffer then, so a refill before the wait lands the wrong bytes.

@@ -448,6 +448,28 @@ static cudaError_t alloc(void **p, size_t n, size_t align, std::map<uintptr_t, s
 	return cudaSuccess;
 }
 
+/* WICK_SIMT_ALLOCS=FILE: at exit, "cudaMalloc N cudaFree M" appended to FILE, the process's
+ * device allocations and frees (a free waits for the device, so one per decode step stalls
+ * a GPU's pipeline: tests/e2e/cuda_emulated.sh compares the counts of runs of 2 and 6 steps). */
+static std::atomic<unsigned long> n_mallocs, n_frees;
+
+static void allocs_report(void)
+{
+	const char *path = getenv("WICK_SIMT_ALLOCS");
+	FILE *f = path && *path ? fopen(path, "a") : NULL;
+	if (f) {
+		fprintf(f, "cudaMalloc %lu cudaFree %lu\n", n_mallocs.load(), n_frees.load());
+		fclose(f);
+	}
+}
+
+static void allocs_count(std::atomic<unsigned long> &n)
+{
+	static std::once_flag once;
+	std::call_once(once, [] { atexit(allocs_report); });
+	n++;
+}
+
 /* cudaFree and cudaFreeHost wait for the device first, as CUDA's do: for another thread's
  * launch too (launch_mu), so that nothing is freed while an interleaved launch protects it. */
 static cudaError_t release(void *p, std::map<uintptr_t, size_t> &m)
@@ -473,6 +495,7 @@ static cudaError_t release(void *p, std::map<uintptr_t, size_t> &m)
 cudaError_t cudaMalloc(void **p, size_t n)
 {
 	cudaError_t e = alloc(p, n, 256, dev_allocs);
+	allocs_count(n_mallocs);
 	if (e == cudaSuccess && *p) {
 		std::lock_guard<std::mutex> g(rt_mu);
 		dev_of[(uintptr_t)*p] = cur_device;
@@ -482,6 +505,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
 
 cudaError_t cudaFree(void *p)
 {
+	if (p)
+		allocs_count(n_frees);
 	return release(p, dev_allocs);
 }
 
