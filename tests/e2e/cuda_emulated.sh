@@ -382,6 +382,22 @@ for v in v2 v3 v1; do
   [ -z "${WICK_SIMT_LAUNCHES:-}" ] || cat "$TMPD/launches-$v" >>"$WICK_SIMT_LAUNCHES"
 done
 
+# The backend's settings refuse a value they do not know, by name, rather than run the
+# default (WICK_CUDA_GEMV=v4 would otherwise have been v2).
+section "the backend's settings: a value they do not know is refused"
+for bad in WICK_CUDA_GEMV=v4 WICK_CUDA_PDL=2 WICK_CUDA_STREAM=per-thread WICK_CUDA_GEMM=tma \
+    WICK_CUDA_FP8W=rs,,wf WICK_CUDA_FP8W=rsx; do
+  env "$bad" "$EMU" logits "$TMPD/glm5" --tokens 1,2 --backend cuda >/dev/null 2>"$TMPD/err" &&
+    fail "$bad: the cuda backend started"
+  grep -q "${bad%%=*}=${bad#*=}: not " "$TMPD/err" || fail "$bad: $(tail -n 1 "$TMPD/err")"
+done
+for good in WICK_CUDA_GEMV=v2 WICK_CUDA_STREAM=legacy WICK_CUDA_GEMM=plain WICK_CUDA_FP8W=wf,rs \
+    WICK_CUDA_PDL=1; do
+  env "$good" "$EMU" logits "$TMPD/glm5" --tokens 1,2 --backend cuda >/dev/null 2>"$TMPD/err" ||
+    fail "$good: $(tail -n 1 "$TMPD/err")"
+done
+echo "   refused by name: WICK_CUDA_GEMV=v4, ...; taken: WICK_CUDA_GEMV=v2, ..."
+
 # A decode step allocates and frees no device memory: a cudaFree waits for the device, so one
 # a step would stall a GPU's pipeline every step. Batched steps of 4 sequences whose prefills
 # were short (2 tokens), so that the indexer's score rows, which grow by a key a step, outgrow
