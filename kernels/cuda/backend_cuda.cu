@@ -110,12 +110,12 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static bool env_gemv_mma, env_gemv_v3, env_gemm_st;
 static char env_bad[160]; /* the first setting env_read refused: init fails naming it */
 
-/* The value of the variable name when it is set and not empty, else NULL; a value that is
- * none of the comma-separated words of allowed, nor (list) several of them joined by
+/* v, the value of the variable name (getenv's, called at the caller with the name written
+ * out, which the deploy check lists), when it is set and not empty, else NULL; a value that
+ * is none of the comma-separated words of allowed, nor (list) several of them joined by
  * commas, is kept in env_bad and read as unset. */
-static const char *env_word(const char *name, const char *allowed, bool list)
+static const char *env_word(const char *name, const char *v, const char *allowed, bool list)
 {
-	const char *v = getenv(name);
 	if (!v || !*v)
 		return NULL;
 	char words[64];
@@ -146,29 +146,30 @@ static void env_read(void)
 {
 	/* WICK_CUDA_PDL=0: the GEMVs launched as ordinary kernels, not programmatic dependents
 	 * (an operator's escape hatch, and the baseline gpu-check times them against) */
-	const char *pdl = env_word("WICK_CUDA_PDL", "0,1", false);
+	const char *pdl = env_word("WICK_CUDA_PDL", getenv("WICK_CUDA_PDL"), "0,1", false);
 	if (pdl && strcmp(pdl, "0") == 0)
 		wk_cuda_set_pdl(0);
 	/* WICK_CUDA_STREAM=pt: compute on each thread's per-thread default stream rather than
 	 * the legacy one (whether PDL acts on the legacy stream is for the GPU to say: the lab's
 	 * launch-floor rows and gpu-check's decode step time both) */
-	const char *st = env_word("WICK_CUDA_STREAM", "pt,legacy", false);
+	const char *st =
+		env_word("WICK_CUDA_STREAM", getenv("WICK_CUDA_STREAM"), "pt,legacy", false);
 	wk_cuda_set_stream(st && strcmp(st, "pt") == 0);
 	/* the GEMVs of 2..8 tokens on the tensor cores (gemv_route), unless WICK_CUDA_GEMV=v1:
 	 * on an H200, v2 read FP8 weights at 2.5-4.6x v1's rate at 8 tokens, bf16 at 1.8-2.9x;
 	 * WICK_CUDA_GEMV=v3: those GEMVs software-pipelined (wk_cuda_gemv_mma3, the same sums;
 	 * not yet run on a GPU), for gpu-check to time a batched step both ways */
-	const char *gv = env_word("WICK_CUDA_GEMV", "v1,v2,v3", false);
+	const char *gv = env_word("WICK_CUDA_GEMV", getenv("WICK_CUDA_GEMV"), "v1,v2,v3", false);
 	env_gemv_mma = !(gv && strcmp(gv, "v1") == 0);
 	env_gemv_v3 = gv && strcmp(gv, "v3") == 0;
 	/* WICK_CUDA_GEMM=st: the FP8 prefill GEMM with the TMA-store epilogue (the lab's
 	 * "wgmma st"; the same sums, stored another way) */
-	const char *gm = env_word("WICK_CUDA_GEMM", "st,plain", false);
+	const char *gm = env_word("WICK_CUDA_GEMM", getenv("WICK_CUDA_GEMM"), "st,plain", false);
 	env_gemm_st = gm && strcmp(gm, "st") == 0;
 	/* WICK_CUDA_FP8W=rs, wf or rs,wf: the f32-activation prefill GEMMs (dense and the MoE
 	 * experts') with the weights as wgmma's register operand (fp8w_tile_rs), and/or the
 	 * dense one's weight tiles fastest in the grid (the lab's "fp8w ... rs / wf" rows) */
-	const char *fw = env_word("WICK_CUDA_FP8W", "rs,wf", true);
+	const char *fw = env_word("WICK_CUDA_FP8W", getenv("WICK_CUDA_FP8W"), "rs,wf", true);
 	wk_cuda_fp8w_mode((fw && strstr(fw, "rs") ? WK_FP8W_RS : 0) |
 			  (fw && strstr(fw, "wf") ? WK_FP8W_WF : 0));
 }
