@@ -19,7 +19,9 @@
  * not-chained steps run once more with every op timed (engine/count.c's op clock): on the
  * CUDA backend each op's time on the device between events recorded before and after it,
  * the device's time between ops, and each kind's host time to issue its ops; on the CPU
- * backend each op's own time. Prints a table, then one JSON line.
+ * backend each op's own time. Then the chained steps, every chain timed as one op beside
+ * the ops between them: whether a chain takes less of the device than its ops alone did.
+ * Prints a table, then one JSON line.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -52,7 +54,8 @@ static void usage(FILE *f)
 		"                     bf16 for a bfloat16 checkpoint)\n"
 		"      --op-times     also time every op of the steps run without chains: per kind,\n"
 		"                     on the device's clock where the backend has one (cuda), else\n"
-		"                     the host's; and the device's time between ops\n");
+		"                     the host's; and the device's time between ops; then the\n"
+		"                     chained steps, each chain timed as one op\n");
 }
 
 static int parse_pos(const char *s, const char *what, int hi, int *out)
@@ -220,8 +223,9 @@ done:
 	return rc;
 }
 
-/* --op-times: the timed run's table, kinds by time, and its JSON object. */
-static json_t *print_op_times(const struct count_run *t, double untimed_ms)
+/* --op-times: a timed run's table, kinds by time, and its JSON object; how: how its ops
+ * ran ("not chained, every op", or "chained, every chain and op"). */
+static json_t *print_op_times(const struct count_run *t, double untimed_ms, const char *how)
 {
 	const char *clock = t->dev_clock ? "device" : "host";
 	double sum = t->gap_ms;
@@ -235,8 +239,8 @@ static json_t *print_op_times(const struct count_run *t, double untimed_ms)
 			order[i] = order[i - 1];
 		order[i] = k;
 	}
-	printf("op times           not chained, every op timed on the %s's clock: a step %.3f ms "
-	       "(%.3f ms untimed)\n", clock, t->step_ms, untimed_ms);
+	printf("op times           %s timed on the %s's clock: a step %.3f ms (%.3f ms "
+	       "untimed)\n", how, clock, t->step_ms, untimed_ms);
 	printf("  %-16s %8s %10s %6s %10s %10s\n", "kind", "ops", "ms", "share", "us an op",
 	       "host ms");
 	json_t *by = json_object();
@@ -301,8 +305,9 @@ int bench_launches(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	/* fused and chained / not chained / unfused / not chained, every op timed */
-	struct count_run grouped, plain, one, timed;
+	/* fused and chained / not chained / unfused / not chained, every op timed / chained,
+	 * every chain and op timed */
+	struct count_run grouped, plain, one, timed, timed_ch;
 	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
 			      .max_seqs = batch, .count_launches = true, .kv_dtype = kv};
 	if (count_step(model, &eo, context, steps, batch, &grouped))
@@ -313,7 +318,11 @@ int bench_launches(int argc, char **argv)
 	eo.op_times = op_times; /* the same, every op timed */
 	if (op_times && count_step(model, &eo, context, steps, batch, &timed))
 		return 1;
+	eo.no_chain = false; /* chained, each chain timed as one op */
+	if (op_times && count_step(model, &eo, context, steps, batch, &timed_ch))
+		return 1;
 	eo.op_times = false;
+	eo.no_chain = true;
 	eo.experts_one_by_one = true; /* the baseline: MoE experts one at a time, */
 	eo.unfused = true;            /* one matmul per weight, cache writes by copy */
 	if (count_step(model, &eo, context, steps, batch, &one))
@@ -367,16 +376,19 @@ int bench_launches(int argc, char **argv)
 	       grouped.backend);
 	json_t *ms = json_pack("{s:f, s:f, s:f}", "chained", grouped.step_ms, "not_chained",
 			       plain.step_ms, "unfused", one.step_ms);
-	json_t *ot = op_times ? print_op_times(&timed, plain.step_ms) : NULL;
+	json_t *ot = op_times ? print_op_times(&timed, plain.step_ms, "not chained, every op")
+			      : NULL;
+	json_t *otc = op_times ? print_op_times(&timed_ch, grouped.step_ms,
+						"chained, every chain and op") : NULL;
 	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, "
-			      "s:i, s:o, s:o, s:o, s:o*}",
+			      "s:i, s:o, s:o, s:o, s:o*, s:o*}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
 			      "kv_dtype", grouped.kv, "batch", batch,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
 			      grouped.total, "not_chained", plain.total, "unfused", one.total,
 			      "target", target, "by_kind", by, "chained", inside, "step_ms", ms,
-			      "op_times", ot);
+			      "op_times", ot, "op_times_chained", otc);
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	json_decref(j);
 	if (!s) {

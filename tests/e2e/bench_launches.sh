@@ -80,6 +80,14 @@ assert abs(s - t["sum_ms"]) <= 1e-4 * s, (s, t)
 # the ops run inside the timed steps, and are most of them
 assert 0.5 * t["step_ms"] <= t["sum_ms"] <= t["step_ms"] * 1.001, t
 print(f"GLM-5 structure op times: {t['sum_ms']:.3f} of a {t['step_ms']:.3f} ms step in ops")
+# and the chained steps, every chain timed as one op beside the ops between chains
+j = json.loads(sys.argv[1])
+c, cb = j["op_times_chained"], j["op_times_chained"]["by_kind"]
+assert cb["chain"]["ops"] == j["by_kind"]["chain"] > 0, (cb, j["by_kind"])
+assert cb["mla_absorbed"]["ops"] == 78 and cb["dsa_topk"]["ops"] == 78, cb
+assert "moe_experts" not in cb and "add_rmsnorm" not in cb, cb  # inside the chains
+assert cb["chain"]["ms"] > 0 and 0.5 * c["step_ms"] <= c["sum_ms"] <= c["step_ms"] * 1.001, c
+print(f"chained: {cb['chain']['ops']:.0f} chains {cb['chain']['ms']:.3f} ms of {c['sum_ms']:.3f}")
 PY
 python3 - "$(echo "$out" | tail -n 1)" "$g/config.json" <<'PY' || fail "GLM-5 structure counts"
 import json, sys

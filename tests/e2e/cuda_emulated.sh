@@ -106,6 +106,12 @@ s = sum(v["ms"] for v in b.values()) + t["between_ops_ms"]
 assert abs(s - t["sum_ms"]) <= 1e-4 * s, (s, t)
 assert 0.5 * t["step_ms"] <= t["sum_ms"] <= 1.05 * t["step_ms"] + 1.0, t
 print(f"   op times on the device's clock: {t['sum_ms']:.1f} of a {t['step_ms']:.1f} ms step")
+c = json.loads(sys.argv[1])["op_times_chained"]
+cb = c["by_kind"]
+assert c["clock"] == "device" and cb["chain"]["ops"] > 0 and cb["chain"]["ms"] > 0, c
+s = sum(v["ms"] for v in cb.values()) + c["between_ops_ms"]
+assert abs(s - c["sum_ms"]) <= 1e-4 * s and c["sum_ms"] <= 1.05 * c["step_ms"] + 1.0, c
+print(f"   chained: {cb['chain']['ops']:.0f} chains a step, {cb['chain']['ms']:.1f} ms of it")
 PY
 
 section "tiny GLM-5 and GLM-4.5 logits, cuda against cpu"
