@@ -229,9 +229,17 @@ static int read_cfg(struct engine *e, struct glm_model *m, struct g5 *a, char *e
 	a->topk = topk < m->c.max_seq ? (int)topk : m->c.max_seq;
 	a->scale = 1.0f / sqrtf((float)qk);
 	m->c.theta = (float)theta;
+	/* a developer's override; a value it does not know is refused, not taken for auto */
 	const char *mode = getenv("WICK_GLM_MLA");
-	a->mode = !mode ? MLA_AUTO : !strcmp(mode, "absorb") ? MLA_ABSORB
-				   : !strcmp(mode, "expand") ? MLA_EXPAND : MLA_AUTO;
+	if (!mode || !*mode || !strcmp(mode, "auto"))
+		a->mode = MLA_AUTO;
+	else if (!strcmp(mode, "absorb"))
+		a->mode = MLA_ABSORB;
+	else if (!strcmp(mode, "expand"))
+		a->mode = MLA_EXPAND;
+	else
+		return wk_errf(err, errsz, WK_EINVAL, "WICK_GLM_MLA is '%.40s'; it takes auto, "
+			       "absorb or expand", mode);
 	return WK_OK;
 }
 

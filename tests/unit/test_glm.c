@@ -189,6 +189,17 @@ Test(glm, config_refusals)
 	expect_refused(dir, "\"quant_method\": \"fp8\"", "\"quant_method\": \"compressed-tensors\"",
 		       "quant_method");
 	expect_refused(dir, "[128, 128]", "[64, 64]", "weight_block_size");
+	/* the developer's override of the MLA path: a value it does not know is refused, not
+	 * taken for auto */
+	char err[WK_ERRSZ];
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .threads = 1};
+	set_mla("absorbed");
+	int rc = eng_open(dir, &o, &e, err, sizeof err);
+	set_mla(NULL);
+	cr_assert_neq(rc, WK_OK, "WICK_GLM_MLA=absorbed was taken");
+	cr_expect(strstr(err, "WICK_GLM_MLA is 'absorbed'; it takes auto, absorb or expand"),
+		  "%s", err);
 	rm_rf(dir);
 	free(dir);
 }
