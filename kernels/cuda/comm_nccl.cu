@@ -40,6 +40,7 @@
  */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -149,6 +150,14 @@ static int init(void **ctx, int world, char *err, size_t errsz)
 	if (world < 1 || world > COMM_MAX_WORLD)
 		return wk_errf(err, errsz, WK_EINVAL, "comm nccl: world %d is outside 1..%d", world,
 			       COMM_MAX_WORLD);
+	/* seconds a collective may wait: a positive number, or unset for 600; anything else is
+	 * refused by name rather than taken for the default */
+	const char *t = getenv("WICK_NCCL_TIMEOUT");
+	char *end = NULL;
+	double timeout_s = t && *t ? strtod(t, &end) : 600.0;
+	if (t && *t && (*end || !(timeout_s > 0) || !isfinite(timeout_s)))
+		return wk_errf(err, errsz, WK_EINVAL, "comm nccl: WICK_NCCL_TIMEOUT is '%.40s'; it "
+			       "takes a positive number of seconds", t);
 	int ndev = 0;
 	cudaError_t ce = cudaGetDeviceCount(&ndev);
 	if (ce != cudaSuccess || ndev < world)
@@ -186,8 +195,7 @@ static int init(void **ctx, int world, char *err, size_t errsz)
 			return rc;
 		}
 	}
-	const char *t = getenv("WICK_NCCL_TIMEOUT");
-	c->timeout_s = t && atof(t) > 0 ? atof(t) : 600.0;
+	c->timeout_s = timeout_s;
 	*ctx = c;
 	return WK_OK;
 }
