@@ -94,7 +94,9 @@
  *   - the GPU's memory limit, beyond a count: each device holds WICK_SIMT_DEVICE_MB MiB
  *     (default 141 GiB, an H200's), a cudaMalloc past it fails and cudaMemGetInfo reports
  *     what is left, but the CUDA context's own memory, the allocator's granularity and
- *     fragmentation are not modelled, so what just fits here may not on a GPU;
+ *     fragmentation are not modelled, so what just fits here may not on a GPU; what an
+ *     allocation costs is not modelled either, but WICK_SIMT_ALLOCS=FILE counts cudaMalloc
+ *     and cudaFree (a cudaFree waits for the device: none may come in a decode step);
  *   - devices kept apart: WICK_SIMT_DEVICES devices (default 1) can be selected, per host
  *     thread, and share one memory; each cudaMalloc is tagged with the current device and a
  *     copy to or from another device's memory is refused (stricter than CUDA), and a kernel
