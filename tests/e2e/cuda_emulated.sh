@@ -20,6 +20,8 @@
 #      run as bf16-split GEMMs (matmul_fp8w): relative 1e-3 (the FP8-activation GEMMs and
 #      GLM-5's 150-token prefill with its grouped MoE GEMMs: gpu-check's checks, rehearsed on
 #      the emulator by gpu_check_rehearsal.sh);
+#   3b. no device allocation in a decode step (WICK_SIMT_ALLOCS); the emulator's launch profile
+#      (WICK_SIMT_PROFILE, tests/simt/profile.py) of generate's decode steps: bench launches' count;
 #   4. the restore's staging buffers reused: a 54 MB snapshot through one reader thread, the
 #      device's bytes against a host restore (wick bench restore);
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
@@ -420,6 +422,37 @@ done
   fail "decode steps allocate device memory: 2 steps: $(cat "$TMPD/allocs-2"), 6:" \
     "$(cat "$TMPD/allocs-6")"
 echo "   2 and 6 batched decode steps: $(cat "$TMPD/allocs-6") each"
+
+# The emulator's launch profile (WICK_SIMT_PROFILE: a line a launch, its threads' busy time;
+# tests/simt/profile.py sums it by kernel): generate's launches past those of the same command
+# stopped a token earlier are its decode steps, and timed from WICK_SIMT_PROFILE_FROM on. Two
+# steps' worth must be as many launches a step as bench launches counts at that position, the
+# launches before it must be untimed (zeros) and every one from it timed.
+section "the emulator's launch profile"
+ids=1,5,9,42,7,3,100,64
+for n in 1 3; do
+  from=1
+  [ $n = 3 ] && from=$(($(wc -l <"$TMPD/prof-1") + 1))
+  WICK_SIMT_PROFILE="$TMPD/prof-$n" WICK_SIMT_PROFILE_FROM=$from "$EMU" generate "$TMPD/glm5" \
+    --tokens $ids -n $n --temperature 0 --backend cuda >/dev/null 2>"$TMPD/gen.err" ||
+    fail "generate -n $n under WICK_SIMT_PROFILE: $(tail -n 1 "$TMPD/gen.err")"
+  grep -q "8 prompt + $n generated" "$TMPD/gen.err" ||
+    fail "generate -n $n: $(tail -n 1 "$TMPD/gen.err")"
+done
+k=$(wc -l <"$TMPD/prof-1")
+awk -F'\t' -v k="$k" 'NF != 6 || (NR <= k) != ($4 == 0) { bad = NR } END { exit bad ? 1 : 0 }' \
+  "$TMPD/prof-3" || fail "WICK_SIMT_PROFILE_FROM=$((k + 1)): not every launch before it" \
+  "untimed and every one from it timed"
+python3 tests/simt/profile.py "$TMPD/prof-3" --skip "$k" --per 2 >"$TMPD/prof.txt" ||
+  fail "profile.py"
+"$EMU" bench launches "$TMPD/glm5" --context 8 --steps 2 --backend cuda >"$TMPD/bench.txt" 2>&1 ||
+  fail "bench launches --context 8 on cuda"
+per=$(awk '$1 == "sum" { print $2 }' "$TMPD/prof.txt")
+want=$(awk '$1 == "kernels" { print $2 }' "$TMPD/bench.txt")
+[ -n "$per" ] && [ "$per" = "$want" ] ||
+  { cat "$TMPD/prof.txt"; fail "profile: $per launches a decode step, bench launches: $want"; }
+echo "   $k launches before the decode steps, $per a step (bench launches: $want); the busiest:"
+sed -n 3,4p "$TMPD/prof.txt" | sed 's/^/   /'
 
 # A reader's two staging buffers are reused only past two work items of 16 MiB: 54 MB through
 # one reader refills each several times, and the emulator makes a copy only when its event

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <ucontext.h>
 #include <functional>
 #include <utility>
@@ -49,6 +50,8 @@ static jmp_buf sched_jb;
 const std::function<void()> *body;
 static unsigned long progress; /* arrivals and returns: unchanged over a round = deadlock */
 static unsigned long block_serial;
+bool profiling; /* this launch's threads are timed (simt_run: WICK_SIMT_PROFILE) */
+launch_prof prof;
 
 /* A static __shared__ variable: one copy (the generated code's static), holding the bytes of
  * the block whose serial it carries; switching blocks swaps them (switch_to). */
@@ -152,6 +155,28 @@ static void resume(fiber *f)
 	setcontext(&f->uc);
 	abort(); /* setcontext returns only on failure */
 #endif
+}
+
+/* The monotonic clock (the vDSO's: the thread's CPU clock is a system call, which made the
+ * emulator ten times slower): a turn during which the OS ran another process counts that
+ * time too, so a profile is taken with nothing else running. */
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* resume, its time added to the thread's busy time unless the turn moved nothing (a
+ * spin-wait's poll, which on a GPU would be the wait, not the thread's work) */
+static void timed_resume(fiber *f)
+{
+	unsigned long p0 = progress;
+	uint64_t t0 = now_ns();
+	resume(f);
+	uint64_t dt = now_ns() - t0;
+	if (progress != p0 || f->done)
+		f->busy_ns += dt;
 }
 
 /* Each stack's top is moved by a different multiple of 64 bytes (its colour, below 128 KiB,
@@ -488,6 +513,7 @@ static void start_block(block_ctx &b, dim3 idx, size_t nt)
 				fiber &f = b.fibers[i];
 				f.tid = dim3(x, y, z);
 				f.done = false;
+				f.busy_ns = 0;
 				f.copies.clear(); /* a returned thread's copies never land */
 				f.group_ends.clear();
 			}
@@ -552,10 +578,29 @@ static bool block_run(size_t nt, unsigned budget)
 			continue;
 		cur = f;
 		threadIdx = f->tid;
-		resume(f);
+		if (profiling)
+			timed_resume(f);
+		else
+			resume(f);
 		n++;
 	}
 	return progress != start;
+}
+
+/* A block whose threads have all returned: its busy times into prof. */
+static void prof_block(const block_ctx &b, size_t nt)
+{
+	if (!profiling)
+		return;
+	uint64_t sum = 0, most = 0;
+	for (size_t i = 0; i < nt; i++) {
+		sum += b.fibers[i].busy_ns;
+		most = b.fibers[i].busy_ns > most ? b.fibers[i].busy_ns : most;
+	}
+	prof.blocks++;
+	prof.work_ns += (double)sum;
+	prof.serial_ns += (double)most;
+	prof.max_ns = (double)most > prof.max_ns ? (double)most : prof.max_ns;
 }
 
 /* A whole round of the running block (the rest of the one it is in first). */
@@ -621,6 +666,7 @@ void run_grid(dim3 grid, size_t nt)
 			while (slots[0].live > 0)
 				if (!block_round(nt))
 					deadlock(nt, "");
+			prof_block(slots[0], nt);
 		}
 		return;
 	}
@@ -670,8 +716,10 @@ void run_grid(dim3 grid, size_t nt)
 				moved |= block_round(nt);
 			else if ((int)pick(RESIDENT) >= i) /* the i-th newest stalls i times in 3 */
 				moved |= block_run(nt, 1 + pick(128));
-			if (res[s]->live == 0)
+			if (res[s]->live == 0) {
+				prof_block(*res[s], nt);
 				res[s] = NULL;
+			}
 		}
 		if (moved) {
 			full = false;

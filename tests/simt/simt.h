@@ -23,7 +23,11 @@
  * dynamic shared memory as CUDA does and report cudaErrorInvalidConfiguration.
  *
  * What it does NOT prove, and the GPU (scripts/gpu-check) remains the judge of:
- *   - speed: nothing here says how fast a kernel is on a GPU;
+ *   - speed: nothing here says how fast a kernel is on a GPU (WICK_SIMT_PROFILE=FILE logs
+ *     each launch's blocks and its threads' busy time here, the time of their turns that
+ *     moved something, spin-waits' polls left out, and tests/simt/profile.py sums it
+ *     by kernel: where the emulated work is, and which kernel has a thread or a few blocks
+ *     doing far more than the rest, a serial path a GPU cannot spread either; no more);
  *   - the GPU memory model: threads switch only at barriers, shuffles and __nanosleep, in
  *     the orders above, so a race is found only where those orders expose it; between
  *     blocks, only in the interleaved launches (a chained launch's missing wait fails its

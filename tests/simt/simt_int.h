@@ -53,6 +53,7 @@ struct fiber {
 	char *stack;
 	dim3 tid;
 	bool started, done;
+	uint64_t busy_ns; /* WICK_SIMT_PROFILE: its turns' time this block, spin-waits left out */
 	std::vector<async_copy> copies; /* its cp.async copies not yet landed, in order */
 	std::vector<size_t> group_ends; /* committed group k: copies[..group_ends[k]) */
 };
@@ -111,6 +112,17 @@ void fiber_make(fiber *f);
 void switch_to(block_ctx *to);
 bool interleaved(const char *kernel);
 void run_grid(dim3 grid, size_t nt);
+
+/* WICK_SIMT_PROFILE (simt_runtime.cpp writes it): what run_grid measured of the launch now
+ * running, its blocks' threads' busy time (fiber::busy_ns) */
+struct launch_prof {
+	unsigned long blocks;
+	double work_ns; /* every thread's, summed */
+	double serial_ns; /* each block's busiest thread's, summed */
+	double max_ns; /* the busiest thread's of the launch */
+};
+extern bool profiling; /* this launch's threads are timed */
+extern launch_prof prof;
 
 /* ---- simt_mem.cpp: device memory's guard, the read-only path ----------------------------- */
 

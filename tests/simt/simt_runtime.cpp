@@ -65,6 +65,7 @@ static std::atomic<int> fault{NO_FAULT};
  * launches from a thread per rank (one per emulated device); their kernels take turns. */
 static std::mutex launch_mu;
 static unsigned long launches, fault_at;
+static unsigned long profile_from; /* the first launch timed (WICK_SIMT_PROFILE); 0: none */
 
 /* The error every call returns once the context is lost; cudaSuccess before. */
 static cudaError_t sticky(void)
@@ -221,6 +222,12 @@ static void launch_fault_init(void)
 {
 	const char *f = getenv("WICK_SIMT_FAULT_LAUNCH");
 	fault_at = f ? strtoul(f, NULL, 10) : 0;
+	const char *p = getenv("WICK_SIMT_PROFILE"), *from = getenv("WICK_SIMT_PROFILE_FROM");
+	char *end = NULL;
+	if (p && *p)
+		profile_from = from ? strtoul(from, &end, 10) : 1;
+	if (p && *p && from && (!*from || *end || profile_from == 0))
+		fail("WICK_SIMT_PROFILE_FROM: not a launch's number (1, 2, ...)");
 }
 
 /* WICK_SIMT_LAUNCHES=FILE: each distinct launch shape of this process appended to FILE as
@@ -249,6 +256,32 @@ static void launch_log(const char *kernel, size_t nt, size_t smem)
 	if (fd < 0 || write(fd, line, (size_t)len) != len)
 		fail("WICK_SIMT_LAUNCHES: cannot append to its file");
 	close(fd);
+}
+
+/* WICK_SIMT_PROFILE=FILE: every launch of this process appended to FILE as "kernel<TAB>blocks
+ * <TAB>threads a block<TAB>work us<TAB>serial us<TAB>busiest thread us", one write() a line:
+ * the busy time of its threads (each turn's time, turns that only polled a spin-wait left
+ * out; the monotonic clock, so a turn the OS stopped to run another process counts that
+ * time too: run nothing else beside it) summed over all of them, the busiest thread's of each
+ * block summed over the blocks, and the busiest thread's of all. Not a GPU's time; what it
+ * shows is where the emulated work is and how long a kernel's longest serial path is beside
+ * the others' (tests/simt/profile.py sums it by kernel). Only the launches from the
+ * WICK_SIMT_PROFILE_FROM-th (counted from 1; default 1) are timed: the earlier ones (a
+ * prefill before the decode steps to be measured) log zeros. Under launch_mu. */
+static void profile_log(const char *kernel, dim3 grid, size_t nt)
+{
+	static const char *path = getenv("WICK_SIMT_PROFILE");
+	static int fd = path && *path ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)
+				      : -2;
+	if (fd == -2)
+		return;
+	char line[512];
+	int len = snprintf(line, sizeof line, "%s\t%lu\t%zu\t%.2f\t%.2f\t%.2f\n",
+			   kernel ? kernel_key(kernel).c_str() : "?",
+			   (unsigned long)grid.x * grid.y * grid.z, nt, prof.work_ns / 1e3,
+			   prof.serial_ns / 1e3, prof.max_ns / 1e3);
+	if (fd < 0 || len <= 0 || (size_t)len >= sizeof line || write(fd, line, (size_t)len) != len)
+		fail("WICK_SIMT_PROFILE: cannot append to its file");
 }
 
 /* cudaStreamPerThread: a blocking stream that the legacy default stream orders itself with,
@@ -322,7 +355,11 @@ void simt_run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
 	launching = true;
 	if (interleaving)
 		cow_begin();
+	prof = launch_prof{};
+	profiling = profile_from && launches >= profile_from;
 	run_grid(grid, nt);
+	profiling = false;
+	profile_log(kernel, grid, nt);
 	if (interleaving)
 		cow_end();
 	launching = false;
