@@ -47,8 +47,11 @@ def read(path, skip):
             if len(parts) != 6:
                 sys.exit(f"profile.py: {path}:{n}: not a WICK_SIMT_PROFILE line")
             kernel = parts[0]
-            blocks, _threads = int(parts[1]), int(parts[2])
-            work, serial, busiest = (float(x) for x in parts[3:])
+            try:
+                blocks, _threads = int(parts[1]), int(parts[2])
+                work, serial, busiest = (float(x) for x in parts[3:])
+            except ValueError:
+                sys.exit(f"profile.py: {path}:{n}: a field that is not a number")
             s = sums[kernel]
             s[0] += 1
             s[1] += blocks
@@ -70,8 +73,11 @@ def main():
     a = ap.parse_args()
     if a.per <= 0 or a.skip < 0:
         sys.exit("profile.py: --per wants a positive number, --skip one >= 0")
-    skip = count(a.minus) if a.minus else a.skip
-    run = read(a.run, skip)
+    try:
+        skip = count(a.minus) if a.minus else a.skip
+        run = read(a.run, skip)
+    except OSError as e:
+        sys.exit(f"profile.py: {e.filename}: {e.strerror}")
     rows = [(k, v) for k, v in run.items() if v[0] > 0]
     if not rows:
         sys.exit("profile.py: no launches left")
