@@ -120,8 +120,11 @@ static __device__ int warp_argmax_skip(const float *v, int n, int skip)
  *   1. s = sigmoid(logits), choice = s + bias;
  *   2. (n_group > 1) a warp per group sums its two best choices; topk_group block argmaxes
  *      keep the best groups; experts of the other groups become ineligible;
- *   3. top_k block argmaxes pick the experts, best first; thread 0 normalises the weights
- *      in the reference's order of additions.
+ *   3. top_k argmaxes by warp 0 pick the experts, best first (a lane scans n_experts / 32 of
+ *      them each time: at one token this block is the whole launch, or a chain's link that
+ *      every later one waits for, and a block argmax each would put two block barriers and
+ *      two warp reductions in that path 8 times over); thread 0 normalises the weights in
+ *      the reference's order of additions.
  * Every float operation is the reference's, in its order, so idx and wt equal the reference's
  * bit for bit but where the sigmoid's exp rounds differently (see there). */
 static __device__ void route_token(int *idx, float *wt, const float *logits, const float *bias,
@@ -172,13 +175,21 @@ static __device__ void route_token(int *idx, float *wt, const float *logits, con
 	}
 	int *it = idx + (size_t)t * top_k;
 	float *wv = wt + (size_t)t * top_k;
-	float *chosen = gscore; /* free again: block_argmax_ok below syncs before it is written */
-	for (int k = 0; k < top_k; k++) {
-		int e = block_argmax_ok(choice, ok, n_experts);
-		if (threadIdx.x == 0) {
-			ok[e] = 0; /* e >= 0: the host checked top_k <= eligible experts */
-			it[k] = e;
-			chosen[k] = s[e]; /* the unbiased score: the bias only chooses */
+	float *chosen = gscore; /* free again: its last reads were before the barrier below */
+	__syncthreads(); /* choice and ok are complete */
+	if (threadIdx.x < 32) { /* warp 0 alone: the top_k argmaxes with no block barrier between */
+		for (int k = 0; k < top_k; k++) {
+			amax a = amax_none();
+			for (int x = threadIdx.x; x < n_experts; x += 32)
+				if (ok[x])
+					amax_add(a, choice[x], x);
+			int e = amax_result(warp_amax(a), choice);
+			if (threadIdx.x == 0) {
+				ok[e] = 0; /* e >= 0: the host checked top_k <= eligible experts */
+				it[k] = e;
+				chosen[k] = s[e]; /* the unbiased score: the bias only chooses */
+			}
+			__syncwarp(); /* ok[e] = 0 seen by the warp's next pass */
 		}
 	}
 	if (threadIdx.x == 0) {

@@ -305,6 +305,14 @@ template <typename T> static inline T __shfl_up_sync(unsigned mask, T v, int o)
 	return simt_shfl(v, lane >= o ? lane - o : lane);
 }
 
+/* The warp's lanes meet, as at a shuffle (the mask is not checked: whole warps only). Threads
+ * switch only at such meetings and barriers here, so a missing __syncwarp still passes. */
+static inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+	(void)mask;
+	(void)simt_shfl(0, simt_lane());
+}
+
 /* Every lane of the warp calls it with its n bytes (n <= 64); all [lane * n ..) gets each
  * lane's bytes in lane order. Returns the number of lanes in the warp. */
 int simt_warp_gather(const void *mine, void *all, size_t n);
