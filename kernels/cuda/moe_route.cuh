@@ -104,6 +104,16 @@ static __device__ int block_argmax_ok(const float *v, const unsigned char *ok, i
 	return amax_result(warp_amax(a), v);
 }
 
+/* argmax_ok(v, ok, n) by one warp, no block barrier; every lane gets the answer. */
+static __device__ int warp_argmax_ok(const float *v, const unsigned char *ok, int n)
+{
+	amax a = amax_none();
+	for (int i = threadIdx.x & 31; i < n; i += 32)
+		if (ok[i])
+			amax_add(a, v[i], i);
+	return amax_result(warp_amax(a), v);
+}
+
 /* argmax_ok over one warp's elements v[0..n) except skip (-1: none); every lane gets it. */
 static __device__ int warp_argmax_skip(const float *v, int n, int skip)
 {
@@ -179,11 +189,7 @@ static __device__ void route_token(int *idx, float *wt, const float *logits, con
 	__syncthreads(); /* choice and ok are complete */
 	if (threadIdx.x < 32) { /* warp 0 alone: the top_k argmaxes with no block barrier between */
 		for (int k = 0; k < top_k; k++) {
-			amax a = amax_none();
-			for (int x = threadIdx.x; x < n_experts; x += 32)
-				if (ok[x])
-					amax_add(a, choice[x], x);
-			int e = amax_result(warp_amax(a), choice);
+			int e = warp_argmax_ok(choice, ok, n_experts);
 			if (threadIdx.x == 0) {
 				ok[e] = 0; /* e >= 0: the host checked top_k <= eligible experts */
 				it[k] = e;
