@@ -276,6 +276,7 @@ static int write_rank(struct wr *w, const char *tmp, int rank, const struct snap
 	}
 	rc = WK_OK;
 fail:
+	w->path = NULL; /* path is this frame's */
 	if (w->fd >= 0)
 		close(w->fd);
 	w->fd = -1;

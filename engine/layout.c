@@ -696,7 +696,8 @@ int eng_naive_load(const char *hf_dir, const struct eng_snap_opts *o, struct eng
 		goto fail;
 	for (size_t i = 0; i < hf_shard_count(p.hf); i++)
 		st_advise(hf_shard(p.hf, i), MADV_SEQUENTIAL);
-	qsort(p.specs, p.n, sizeof *p.specs, by_source_offset);
+	if (p.n) /* specs is NULL in a plan of no tensors */
+		qsort(p.specs, p.n, sizeof *p.specs, by_source_offset);
 	size_t names = 0;
 	for (size_t i = 0; i < p.n; i++) {
 		nv->bytes += p.specs[i].nbytes;

@@ -310,8 +310,7 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 	struct be_sink k = {.be = b, .ctx = ctx, .raw = b, .threads = 1};
 	struct snap_sink sk = be_snap_sink(&k);
 	struct snap_open_opts o = {.verify = true, .threads = threads, .sink = &sk};
-	double *v = calloc((size_t)4 * runs, sizeof *v);
-	double *vo = v + runs, *vr = v + 2 * runs, *vv = v + 3 * runs; /* snap_timings' parts */
+	double *v = calloc((size_t)4 * runs, sizeof *v), *vo, *vr, *vv; /* snap_timings' parts */
 	const uint64_t piece = 64u << 20;
 	struct link_job jobs[BE_SINK_MAX];
 	memset(jobs, 0, sizeof jobs);
@@ -320,6 +319,7 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto done;
 	}
+	vo = v + runs, vr = v + 2 * runs, vv = v + 3 * runs;
 	/* run -1, not timed: starts the other ranks' contexts and checks every device's bytes */
 	for (int r = -1; r < runs; r++) {
 		struct snap *s;

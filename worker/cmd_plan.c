@@ -563,7 +563,7 @@ int cmd_plan(int argc, char **argv)
 	struct plan_opts po = {.tp = 1, .ep = 1, .batch = DEFAULT_BATCH, .weights = PLAN_NDTYPE,
 			       .kv = PLAN_NDTYPE}; /* PLAN_NDTYPE: auto, the engine's default */
 	const char *config = NULL, *format = "table";
-	int64_t v;
+	int64_t v = 0; /* read only when its flag parsed */
 	int c, rc = 0;
 	bool layout_given = false, weights_given = false;
 	plan_parse_size(DEFAULT_GPU_MEM, &po.gpu_mem, NULL, 0);

@@ -108,7 +108,7 @@ int cmd_worker(int argc, char **argv)
 	struct worker_opts w = WORKER_OPTS_DEFAULT;
 	int64_t price_gpu_s = 0;
 	bool have_gpu_price = false, seen_price = false;
-	double v;
+	double v = 0; /* read only when its flag parsed */
 	int c, bad = 0;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {

@@ -1404,7 +1404,7 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 			     strerror(errno));
 		goto fail;
 	}
-	struct sockaddr_storage ss;
+	struct sockaddr_storage ss = {0}; /* AF_UNSPEC where getsockname fails */
 	socklen_t sl = sizeof ss;
 	char addr[INET6_ADDRSTRLEN] = "?";
 	int bport = port;

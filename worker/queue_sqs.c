@@ -1233,7 +1233,7 @@ static int sqs_complete(struct queue *q, struct queue_result *r, int n, char *er
 	}
 	for (int i = 0; i < n; i++)
 		o[i] = (struct out){.id = r[i].job->id, .json = r[i].json, .len = r[i].len};
-	int rc = send_results(q, o, n, err, errsz);
+	send_results(q, o, n, err, errsz); /* each result's outcome in o[i].rc */
 	/* A result SQS refused as such (too large, most likely) is replaced by a small FAILED one,
 	 * so the job does not come back for ever. */
 	for (int i = 0; i < n; i++) {
@@ -1259,7 +1259,7 @@ static int sqs_complete(struct queue *q, struct queue_result *r, int n, char *er
 			del[nd++] = receipt_of(s, r[i].job);
 		}
 	}
-	rc = WK_OK; /* else the first failure; err still holds what SQS said about it */
+	int rc = WK_OK; /* else the first failure; err still holds what SQS said about it */
 	for (int i = 0; i < n && rc == WK_OK; i++)
 		rc = r[i].rc;
 	if (nd) {

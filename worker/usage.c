@@ -427,7 +427,8 @@ static int settle(struct book *b, bool spread, char *err, size_t errsz)
 					" s are billed $0\n", r->worker, r->boot, r->billed);
 		}
 	}
-	qsort(b->reqs, (size_t)b->n_reqs, sizeof *b->reqs, cmp_req_time);
+	if (b->n_reqs) /* reqs is NULL in a ledger without request lines */
+		qsort(b->reqs, (size_t)b->n_reqs, sizeof *b->reqs, cmp_req_time);
 	/* superseded lines withdraw the latest terminal line of their attempt in their run */
 	for (int k = 0; k < b->n_sups; k++)
 		for (int i = b->n_reqs - 1; i >= 0; i--) {

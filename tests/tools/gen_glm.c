@@ -496,11 +496,12 @@ static int write_weights(const char *dir, const struct dims *d, const struct lis
 			start[k++] = i;
 		run += l->v[i].nbytes;
 	}
-	if (k < ns) {
+	if (!rc && k < ns) {
 		fprintf(stderr, "gen_glm: too few tensors for %d shards\n", ns);
 		rc = -1;
 	}
-	start[ns] = l->n;
+	if (!rc)
+		start[ns] = l->n;
 	for (int s = 0; s < ns && !rc; s++) {
 		char file[64], path[4096], err[WK_ERRSZ];
 		if (ns == 1)
