@@ -135,7 +135,7 @@ FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/%)
 FUZZ_SECONDS ?= 60
 FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm
 
-.PHONY: all test demo clean unit tools fuzz asan-unit simt
+.PHONY: all test demo clean unit tools fuzz asan-unit simt analyze
 .SECONDARY:
 all: $(BUILD)/wick
 
@@ -261,8 +261,9 @@ $(BUILD)/simt/wick: $(MAIN_OBJ) $(SIMT_OBJ) $(BUILD)/simt/comm_simt.o \
 
 simt: $(BUILD)/simt/unit $(BUILD)/simt/wick
 
-# In release mode `make test` also builds the unit tests and fuzz replayers under ASan+UBSan
-# (build/asan, CPU-only) and tests/run runs them as the unit-asan and fuzz-asan stages.
+# In release mode `make test` also builds the unit tests, the fuzz replayers and wick under
+# ASan+UBSan (build/asan, CPU-only); tests/run runs them as the unit-asan and fuzz-asan
+# stages and a few e2e scripts against that wick (asan-*).
 # It also runs the CUDA kernels' tests under the emulator (the cuda-simt stage) and the
 # emulated wick (e2e/cuda_emulated), in release mode only: under ASan they pass, but ASan
 # warns at each fiber's first stack switch that it cannot follow it, and they take minutes
@@ -275,10 +276,19 @@ SIMT_ENV   := WICK_SIMT=$(BUILD)/simt/unit WICK_SIMT_WICK=$(BUILD)/simt/wick
 endif
 
 asan-unit:
-	$(MAKE) MODE=asan CUDA=0 build/asan/tests/unit $(FUZZ_TARGETS:%=build/asan/fuzz-replay/%)
+	$(MAKE) MODE=asan CUDA=0 build/asan/tests/unit build/asan/wick \
+	  $(FUZZ_TARGETS:%=build/asan/fuzz-replay/%)
 
 test: $(BUILD)/wick $(BUILD)/tests/unit $(TOOLS) $(FUZZ_REPLAY) $(ASAN_STAGE) $(SIMT_STAGE)
 	@WICK_BUILD=$(BUILD) WICK_SHARED=$(SHARED) MODE=$(MODE) $(ASAN_ENV) $(SIMT_ENV) tests/run
+
+# clang's static analyzer (scan-build, Debian's clang-tools) over the CPU build, in its own
+# build directory; the reports go to build/analyze/report, one HTML page each.
+analyze:
+	@command -v scan-build >/dev/null || \
+	  { echo "make analyze: no scan-build (apt-get install clang-tools)"; exit 1; }
+	rm -rf build/analyze
+	scan-build -o build/analyze/report $(MAKE) BUILD=build/analyze CUDA=0 all tools
 
 demo: $(BUILD)/wick
 	@scripts/demo $(BUILD) $(SHARED)

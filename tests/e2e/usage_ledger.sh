@@ -213,8 +213,10 @@ def usage(files, *args):
     for i, lines in enumerate(files):
         paths.append(f"{tmp}/h{len(paths)}-{i}.jsonl")
         open(paths[-1], "w").write("\n".join(lines) + "\n")
-    out = subprocess.run([wick, "usage", *paths, "--format", "json", *args], check=True,
+    out = subprocess.run([wick, "usage", *paths, "--format", "json", *args],
                          capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"wick usage {' '.join(args)} exited {out.returncode}: {out.stderr.strip()}")
     return json.loads(out.stdout)
 
 T = 1767225600.0  # 2026-01-01T00:00:00Z
