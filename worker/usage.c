@@ -22,11 +22,15 @@
  * seconds) is spread over that run's billed requests in proportion to their gpu_seconds, in
  * integer micro-dollars by largest remainder, so the tenants' costs add up to the workers'.
  *
- * Lines that are not JSON objects are counted and reported, never dropped silently.
+ * Lines that are not JSON objects, or whose numbers are not of their kind or out of range (a
+ * negative or non-finite time, a price above MONEY_MAX_DOLLARS an hour), are counted and
+ * reported, never dropped silently and never billed; a book whose amounts add up past
+ * BOOK_MAX_MICRO is refused as a whole.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -177,6 +181,51 @@ static const char *jstr(json_t *o, const char *k)
 
 static double jnum(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
+/* The most the amounts of one book (runs' and requests' costs) may add up to, about $1.15
+ * trillion, so that no sum or share of them overflows an int64_t. */
+#define BOOK_MAX_MICRO ((int64_t)1 << 60)
+
+/* The numbers the reader takes from an event: where present, each must be of its kind and in
+ * its range, else the line is not read. */
+static const struct field {
+	const char *key;
+	bool integer;
+	double max;
+} fields[] = {
+	{"mono", false, MONEY_MAX_SECONDS},
+	{"seconds", false, MONEY_MAX_SECONDS},
+	{"mono_end", false, MONEY_MAX_SECONDS},
+	{"lifetime_seconds", false, MONEY_MAX_SECONDS},
+	{"gpu_seconds", false, MONEY_MAX_SECONDS},
+	{"queue_seconds", false, MONEY_MAX_SECONDS},
+	{"price_micro_usd_per_hour", true, MONEY_MAX_DOLLARS * 1e6},
+	{"cost_micro_usd", true, (double)BOOK_MAX_MICRO},
+	{"attempt", true, INT_MAX},
+	{"prompt_tokens", true, INT_MAX},
+	{"completion_tokens", true, INT_MAX},
+	{"gpu_count", true, INT_MAX},
+};
+
+/* The first of fields that j holds out of kind or range (NULL: none); *what says how. */
+static const char *bad_field(json_t *j, const char **what)
+{
+	for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+		const struct field *f = &fields[i];
+		json_t *v = json_object_get(j, f->key);
+		if (!v)
+			continue;
+		double x = json_number_value(v);
+		if (f->integer ? !json_is_integer(v) || json_integer_value(v) < 0 ||
+					 (double)json_integer_value(v) > f->max
+			       : !json_is_number(v) || !(x >= 0 && x <= f->max)) {
+			*what = f->integer ? "not a whole number in range" :
+					     "not a number of seconds in [0, 1e9]";
+			return f->key;
+		}
+	}
+	return NULL;
+}
+
 static int state_index(const char *s)
 {
 	for (int i = 0; i < LEDGER_NSTATES; i++)
@@ -224,6 +273,15 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 					fprintf(stderr, "wick usage: %s:%ld: not a ledger event; "
 						"skipped\n", path, lineno);
 			}
+			json_decref(j);
+			continue;
+		}
+		const char *what, *bad = bad_field(j, &what);
+		if (bad) {
+			b->bad_lines++;
+			if (b->bad_lines - skipped <= 5)
+				fprintf(stderr, "wick usage: %s:%ld: \"%s\" is %s; line skipped\n", path,
+					lineno, bad, what);
 			json_decref(j);
 			continue;
 		}
@@ -326,7 +384,7 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 	else if (rc == WK_OK && lineno == 0)
 		fprintf(stderr, "wick usage: %s: empty; nothing billed from it\n", path);
 	if (rc == WK_OK && b->bad_lines - skipped > 5)
-		fprintf(stderr, "wick usage: %s: %ld more lines that are not ledger events skipped\n",
+		fprintf(stderr, "wick usage: %s: %ld more unreadable lines skipped\n",
 			path, b->bad_lines - skipped - 5);
 	free(line);
 	fclose(f);
@@ -362,35 +420,36 @@ static int cmp_ix_by_run(const void *a, const void *b)
 }
 
 struct frac {
-	double f;
+	__int128 r; /* the remainder of a share's division */
 	int k;
 };
 
 static int cmp_frac_desc(const void *a, const void *b)
 {
 	const struct frac *x = a, *y = b;
-	return x->f < y->f ? 1 : x->f > y->f ? -1 : x->k - y->k;
+	return x->r < y->r ? 1 : x->r > y->r ? -1 : x->k - y->k;
 }
 
 /* Spreads over (positive or negative: the requests' own costs are each rounded, so they may
  * add up to a few micro-dollars more than the run's) over the requests ix[0..n) in proportion
- * to their gpu_seconds, in integer micro-dollars by largest remainder. Returns false when
- * none has gpu time to weigh by (the caller keeps it unallocated). */
+ * to their gpu_seconds, in integer micro-dollars by largest remainder. The weights are whole
+ * nanoseconds and the shares exact integer divisions, so they add up to over exactly (a
+ * floating-point quotient can round a share's floor up past it). Returns false when none has
+ * gpu time to weigh by (the caller keeps it unallocated). */
 static bool spread_run(struct req *reqs, const int *ix, int n, int64_t over, struct frac *fr)
 {
-	double gsum = 0;
+	__int128 wsum = 0; /* each weight at most 1e18 (gpu_seconds <= 1e9), mag below 2^61 */
 	for (int k = 0; k < n; k++)
-		gsum += reqs[ix[k]].gpu > 0 ? reqs[ix[k]].gpu : 0;
-	if (!(gsum > 0))
+		wsum += reqs[ix[k]].gpu > 0 ? llround(reqs[ix[k]].gpu * 1e9) : 0;
+	if (wsum <= 0)
 		return false;
 	int64_t mag = over < 0 ? -over : over, given = 0;
 	for (int k = 0; k < n; k++) {
-		double g = reqs[ix[k]].gpu > 0 ? reqs[ix[k]].gpu : 0;
-		double exact = g / gsum * (double)mag;
-		int64_t fl = (int64_t)floor(exact);
-		reqs[ix[k]].overhead_share = fl;
-		given += fl;
-		fr[k] = (struct frac){exact - (double)fl, k};
+		__int128 w = reqs[ix[k]].gpu > 0 ? llround(reqs[ix[k]].gpu * 1e9) : 0;
+		__int128 num = w * mag;
+		reqs[ix[k]].overhead_share = (int64_t)(num / wsum);
+		given += reqs[ix[k]].overhead_share;
+		fr[k] = (struct frac){num % wsum, k};
 	}
 	qsort(fr, (size_t)n, sizeof *fr, cmp_frac_desc);
 	for (int k = 0; given < mag; k = (k + 1) % n, given++)
@@ -402,9 +461,13 @@ static bool spread_run(struct req *reqs, const int *ix, int n, int64_t over, str
 }
 
 /* Settles runs (crashed ones up to their last event), picks the billed attempt of each job,
- * and spreads overhead when asked. WK_OK or WK_ENOMEM. */
+ * and spreads overhead when asked. WK_OK, WK_ELIMIT (amounts past BOOK_MAX_MICRO) or
+ * WK_ENOMEM. */
 static int settle(struct book *b, bool spread, char *err, size_t errsz)
 {
+	__int128 total = 0; /* every amount of the book, each at most BOOK_MAX_MICRO */
+	for (int i = 0; i < b->n_reqs; i++)
+		total += b->reqs[i].cost;
 	for (int i = 0; i < b->n_runs; i++) {
 		struct run *r = &b->runs[i];
 		if (!r->exited) { /* crashed: the open interval runs to the last event */
@@ -417,6 +480,10 @@ static int settle(struct book *b, bool spread, char *err, size_t errsz)
 		r->billed = money_billed_seconds(r->lifetime);
 		if (!*r->start_ts && r->exit_price >= 0) /* no worker_start: the exit's price */
 			r->price = r->exit_price;
+		if ((__int128)r->billed * r->price > (__int128)BOOK_MAX_MICRO * 3600)
+			return wk_errf(err, errsz, WK_ELIMIT, "worker %s (boot %lld): %" PRId64 " s at "
+				       "%" PRId64 " micro-dollars an hour is more than a bill can hold",
+				       r->worker, r->boot, r->billed, r->price);
 		r->cost = money_cost_micro((double)r->billed, r->price);
 		if (!*r->start_ts && r->exit_price < 0 && r->exit_cost >= 0) {
 			r->cost = r->exit_cost; /* an older exit line: its cost as written */
@@ -426,7 +493,12 @@ static int settle(struct book *b, bool spread, char *err, size_t errsz)
 					"no worker_exit to price it (a ledger cut or rotated?): its %" PRId64
 					" s are billed $0\n", r->worker, r->boot, r->billed);
 		}
+		total += r->cost;
 	}
+	if (total > BOOK_MAX_MICRO)
+		return wk_errf(err, errsz, WK_ELIMIT, "the ledgers' amounts add up to more than $%"
+			       PRId64 ": not a bill (a damaged or edited ledger?)",
+			       BOOK_MAX_MICRO / 1000000);
 	if (b->n_reqs) /* reqs is NULL in a ledger without request lines */
 		qsort(b->reqs, (size_t)b->n_reqs, sizeof *b->reqs, cmp_req_time);
 	/* superseded lines withdraw the latest terminal line of their attempt in their run */
@@ -917,10 +989,14 @@ int cmd_usage(int argc, char **argv)
 			"unpriced_runs", (json_int_t)b.unpriced);
 		json_t *out = json_pack("{s:s, s:o, s:o}", "by", by, "rows", arr, "totals", tot);
 		char *s = json_dumps(out, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
-		if (s)
-			puts(s);
-		free(s);
 		json_decref(out);
+		if (!s) {
+			fprintf(stderr, "wick usage: out of memory\n");
+			book_free(&b);
+			return 1;
+		}
+		puts(s);
+		free(s);
 	} else {
 		json_decref(arr);
 		if (f == F_TABLE) {

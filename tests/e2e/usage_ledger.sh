@@ -167,7 +167,7 @@ PY
 # line ignored, a job of no gpu time given a whole run's overhead, a run's cost put on its
 # start day, a ledger given twice counted twice)
 python3 - "$WICK" "$TMPD" <<'PY'
-import datetime, json, subprocess, sys
+import datetime, decimal, json, subprocess, sys
 wick, tmp = sys.argv[1:3]
 PRICE = 36310000  # micro-dollars an hour
 
@@ -270,10 +270,34 @@ u = usage([a.lines, a.lines])
 t = u["totals"]
 assert t["duplicate_lines"] == len(a.lines) and t["cost_micro_usd"] == ca, t
 assert abs(t["start_seconds"] + t["busy_seconds"] + t["idle_seconds"] - 2.5) < 1e-6, t
+# a line with a number out of its kind or range (damaged, or edited): skipped and counted,
+# never billed; amounts no bill can hold (a 31-year run at $1e9 an hour): refused, by name
+h = Run("h", T); h.req(1.0, "ok", "t", 0.5); h.req(1.5, "neg", "t", 0.5)
+h.lines[-1] = h.lines[-1].replace('"gpu_seconds": 0.5', '"gpu_seconds": -2.0')
+h.req(1.6, "str", "t", 0.5)
+h.lines[-1] = h.lines[-1].replace('"attempt": 1', '"attempt": "1"'); ch = h.exit(3.0)
+u = usage([h.lines], "--by", "request")
+assert [r["id"] for r in u["rows"]] == ["ok"] and u["totals"]["bad_lines"] == 2, u
+assert u["totals"]["cost_micro_usd"] == ch, u["totals"]
+g = Run("g", T); g.lines[0] = g.lines[0].replace(f"{PRICE}", f"{10 ** 15}"); g.exit(1e9)
+# large amounts spread exactly: a 48-day run at $1e9 an hour (its cost just under the
+# limit) over two equal requests; shares of a floating-point quotient came to 5
+# micro-dollars more than the run's cost
+def micro(s):
+    return int((decimal.Decimal(s) * 1000000).to_integral_exact())
+v = Run("v", T); v.lines[0] = v.lines[0].replace(f"{PRICE}", f"{10 ** 15}")
+v.state("busy", 0.0); v.req(1.0, "v1", "p", 1.0); v.req(2.0, "v2", "q", 1.0); v.exit(4150003.0)
+u = usage([v.lines], "--by", "tenant", "--bill-overhead", "proportional")
+rows = [micro(r["cost_usd"]) for r in u["rows"]]
+assert sum(rows) == micro(u["totals"]["cost_usd"]) == 1152778611111111111, (rows, u["totals"])
+open(f"{tmp}/huge.jsonl", "w").write("\n".join(g.lines) + "\n")
+out = subprocess.run([wick, "usage", f"{tmp}/huge.jsonl"], capture_output=True, text=True)
+assert out.returncode == 1 and "more than a bill can hold" in out.stderr, out
 print("hand-written ledgers: proportional overhead adds up (an idle run's shown apart, a "
       "negative one spread), a run priced from its exit, one id of two tenants billed twice, "
       "a superseded line out of order, a never-run job free, a run split at midnight, "
-      "a crash's open interval, a ledger given twice counted once")
+      "a crash's open interval, a ledger given twice counted once, numbers out of range "
+      "skipped, a bill too large refused, large amounts spread exactly")
 PY
 # Not a ledger: a directory, a file of other lines: exit 1 by name, not a $0.00 bill
 rc=0; "$WICK" usage "$TMPD" >/dev/null 2>"$TMPD/notl1" || rc=$?
