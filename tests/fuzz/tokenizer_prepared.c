@@ -15,6 +15,7 @@
 #include "common/wk.h"
 #include "engine/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/fuzz/tok_fuzz.h"
 
 #define HDR 48     /* tokenizer_prepared.c's header */
 #define VERSION 1  /* and its format version */
@@ -52,13 +53,7 @@ static void use(const struct tok *t, const uint8_t *data, size_t size)
 			for (int k = 0; k < n; k++)
 				if (ids[k] < 0 || ids[k] >= nv)
 					abort(); /* every id in the tables is checked at load */
-			char *s;
-			size_t len;
-			if (tok_decode(t, ids, n, !special, &s, &len, NULL, 0) == WK_OK)
-				free(s);
-			if (tok_decode_utf8(t, ids, n, special, &s, &len, NULL, 0) == WK_OK)
-				free(s);
-			free(ids);
+			decode_both_and_free(t, ids, n, special);
 		}
 	/* ids from the input's first bytes, and their pieces looked up and back */
 	int raw[64], m = 0;
