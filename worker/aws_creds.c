@@ -120,6 +120,24 @@ bool aws_creds_due(const struct aws_creds *c, time_t now)
 	return c->expires > 0 && now >= c->expires - REFRESH_S;
 }
 
+/* Where v (a key, secret or token) has a byte that cannot stand in a request header (a space,
+ * a control character such as the newline a Secret made from a file keeps, or a non-ASCII
+ * byte), an error naming what and where, never the value; else WK_OK. */
+static int header_safe(const char *v, const char *what, const char *source, char *err,
+		       size_t errsz)
+{
+	for (size_t i = 0; v && v[i]; i++) {
+		unsigned char ch = (unsigned char)v[i];
+		if (ch > 0x20 && ch < 0x7f)
+			continue;
+		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): the %s has %s at byte %zu "
+			       "(a value read from a file with its newline?)", source, what,
+			       ch == '\n' || ch == '\r' ? "a line break" : ch == ' ' ? "a space" :
+			       "a control or non-ASCII byte", i);
+	}
+	return WK_OK;
+}
+
 /* Takes the four values into *c (copies; token may be NULL). */
 static int set(struct aws_creds *c, const char *key, const char *secret, const char *token,
 	       const char *expiration, const char *source, char *err, size_t errsz)
@@ -127,6 +145,11 @@ static int set(struct aws_creds *c, const char *key, const char *secret, const c
 	if (!key || !*key || !secret || !*secret)
 		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): the answer lacks an "
 			       "access key id or a secret key", source);
+	int rc;
+	if ((rc = header_safe(key, "access key id", source, err, errsz)) != WK_OK ||
+	    (rc = header_safe(secret, "secret access key", source, err, errsz)) != WK_OK ||
+	    (rc = header_safe(token, "session token", source, err, errsz)) != WK_OK)
+		return rc;
 	time_t exp = 0;
 	if (expiration && (exp = aws_creds_parse_time(expiration)) < 0)
 		return wk_errf(err, errsz, WK_EINVAL, "aws credentials (%s): expiration '%.40s' is "

@@ -604,6 +604,16 @@ Test(aws_creds, environment_and_its_errors)
 	cr_expect_eq(c.expires, 0);
 	aws_creds_free(&c);
 	cr_expect_null(c.key);
+	/* a value that cannot stand in a header (a Secret made from a file keeps its newline):
+	 * named, where, never shown */
+	setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t\n", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "secret access key has a line break at byte 6"), "%s", err);
+	cr_expect_null(strstr(err, "s3cr3t"), "%s", err);
+	setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t", 1);
+	setenv("AWS_SESSION_TOKEN", "to\x01k", 1);
+	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "session token has a control or non-ASCII byte at byte 2"), "%s", err);
 	/* nothing anywhere (metadata disabled): every source is named */
 	no_aws_env();
 	cr_assert_eq(aws_creds_load(&c, "us-east-1", err, sizeof err), WK_EINVAL);
