@@ -25,7 +25,7 @@ $(error MODE must be release or asan, not '$(MODE)')
 endif
 
 # Dependencies install themselves: when pkg-config cannot find one, run scripts/install-deps.
-PKGS := jansson libcurl libevent liblz4 libxxhash hiredis criterion
+PKGS := jansson libcurl libevent liblz4 libxxhash hiredis openssl criterion
 ifneq ($(shell pkg-config --exists $(PKGS) 2>/dev/null && echo ok),ok)
 ifneq ($(shell scripts/install-deps 1>&2 && echo ok),ok)
 $(error scripts/install-deps failed; see the messages above)
@@ -36,7 +36,8 @@ CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wpointer-arith -Werror -pthread -I. $(MODEFLAGS) \
            $(shell pkg-config --cflags jansson liblz4 libxxhash libcurl libevent) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(MODEFLAGS) $(EXTRA_LDFLAGS)
-CPU_LDLIBS := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm
+CPU_LDLIBS := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis openssl libcurl \
+                libevent) -lm
 LDLIBS  := $(CPU_LDLIBS)
 
 # Files named *_avx2.c are compiled for AVX2/FMA/F16C and only called after a runtime CPU check.
@@ -133,7 +134,8 @@ TOOLS    := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 FUZZ_TARGETS := $(basename $(notdir $(filter-out tests/fuzz/replay.c,$(wildcard tests/fuzz/*.c))))
 FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/%)
 FUZZ_SECONDS ?= 60
-FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis libcurl libevent) -lm
+FUZZ_LIBS    := $(shell pkg-config --libs jansson liblz4 libxxhash hiredis openssl libcurl \
+                  libevent) -lm
 
 .PHONY: all test demo clean unit tools fuzz asan-unit simt analyze
 .SECONDARY:

@@ -96,7 +96,7 @@ static const struct queue_ops *driver_of(const char *url, const char **rest, cha
 		return NULL;
 	}
 	if (!strncmp(url, "redis://", 8) || !strncmp(url, "rediss://", 9))
-		return &queue_redis_ops; /* rediss://: refused by its parser, saying why */
+		return &queue_redis_ops;
 	if (!strncmp(url, "sqs://", 6))
 		return &queue_sqs_ops;
 	if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))

@@ -2,8 +2,8 @@
  * queue.h - where jobs come from and where results go: one interface, a driver per URL scheme.
  *
  *   spool:DIR                                  worker/queue_spool.c  (embedded default)
- *   redis://HOST:PORT/STREAM?group=G&dead=D&max_deliveries=N&result_ttl=S
- *                                              worker/queue_redis.c  (hiredis)
+ *   redis[s]://HOST:PORT/STREAM?group=G&dead=D&max_deliveries=N&result_ttl=S
+ *                                              worker/queue_redis.c  (hiredis; rediss: TLS)
  *   sqs://HOST[:PORT]/ACCOUNT/QUEUE?region=R&results=RESULTQUEUE&tls=0|1&max_deliveries=N
  *                                              worker/queue_sqs.c    (libcurl, SigV4, JSON protocol)
  *   http(s)://.../job-take/...                 worker/queue_http.c   (RunPod's job API)

@@ -90,11 +90,12 @@ bool queue_spool_parse_claim(const char *name, char *id, int *attempt, long *pid
 			     long long *expiry_ms);
 bool queue_spool_parse_new(const char *name, char *id, int *prev);
 
-/* redis:// URLs, pure (fuzzed). Defaults: port 6379, group "wick", dead "STREAM:dead",
- * max_deliveries 0 (= the queue_opts value), result_ttl 7 days. */
+/* redis:// and rediss:// URLs, pure (fuzzed). Defaults: port 6379, group "wick", dead
+ * "STREAM:dead", max_deliveries 0 (= the queue_opts value), result_ttl 7 days. */
 struct queue_redis_url {
 	char host[256];
 	int port;
+	bool tls; /* rediss:// */
 	char stream[101], group[101], dead[112];
 	int max_deliveries;
 	long long result_ttl; /* seconds; 0 = results never expire */

@@ -35,9 +35,17 @@
  * read again for every new connection: a rotated secret (a Kubernetes Secret's mounted file
  * is replaced in place) is taken at the next reconnect, with no restart. Rotation moves the
  * server and the file at different moments, so after the first connection a refused AUTH
- * (or a file missing for a moment) is retried with the reconnect's backoff. TLS
- * (rediss://) is not built in (Debian's hiredis 0.14 has none): a TLS tunnel on loopback
- * (stunnel, spiped) reaches a TLS-only Redis.
+ * (or a file missing for a moment) is retried with the reconnect's backoff.
+ *
+ * TLS: rediss://HOST:PORT/... (worker/redis_conn.c: OpenSSL under hiredis's protocol). The
+ * server's certificate is verified against WICK_REDIS_CA_FILE (a PEM bundle) or else the
+ * system's CAs, and its name against HOST; there is no switch to skip that.
+ * WICK_REDIS_CERT_FILE and WICK_REDIS_KEY_FILE are a client certificate, for a server that
+ * asks for one (tls-auth-clients). The files are read on every connection, so rotated ones
+ * are taken at the next reconnect. Any of the three with a plain redis:// URL is refused: a
+ * deployment that meant TLS must not fall back to plain text. On the first connection an
+ * untrusted certificate or a refused client certificate fails the open at once, by name;
+ * later, as with the password file, it is retried with the reconnect's backoff.
  *
  * Failures: any I/O error, or a -LOADING reply (Redis replaying its log), drops the
  * connection; the operation is retried on a new one with backoff (50 ms doubling to 2 s)
@@ -48,7 +56,6 @@
 #include "worker/queue_impl.h"
 
 #include <errno.h>
-#include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +64,7 @@
 #include <unistd.h>
 
 #include "common/wk.h"
+#include "worker/redis_conn.h"
 
 #define NAME_LEN 100          /* stream, group and dead-letter stream names */
 #define ENTRY_ID_MAX 48       /* "<ms>-<seq>" */
@@ -66,7 +74,7 @@
 
 struct rq {
 	struct queue_redis_url u;
-	redisContext *c;
+	struct rconn *c;
 	double io_extra_s;     /* added to IO_TIMEOUT_S while a BLOCK is in flight */
 	bool scan_own;         /* re-read our own PEL before new entries */
 	bool connected_once;   /* a later connect is a reconnect */
@@ -76,6 +84,7 @@ struct rq {
 	int n_held, cap_held;
 	char *user, *pass;     /* WICK_REDIS_USERNAME, WICK_REDIS_PASSWORD (malloc'd, wiped) */
 	char *pass_file;       /* WICK_REDIS_PASSWORD_FILE: pass is read from it on a connect */
+	struct rconn_tls tls;  /* rediss://: WICK_REDIS_CA_FILE, _CERT_FILE, _KEY_FILE (malloc'd) */
 };
 
 /* ---- URL: pure ---- */
@@ -105,13 +114,10 @@ int queue_redis_parse_url(const char *url, struct queue_redis_url *u, char *err,
 		return wk_errf(err, errsz, WK_EINVAL, "redis://...@%.*s: credentials do not go in the "
 			       "URL (it is logged): set WICK_REDIS_PASSWORD, and WICK_REDIS_USERNAME "
 			       "for an ACL user", (int)(queue_url_at_end(url) - at - 1), at + 1);
-	if (!strncmp(url, "rediss://", 9))
-		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%.200s: TLS (rediss://) is not built in "
-			       "(hiredis 0.14); reach a TLS-only Redis through a tunnel on loopback "
-			       "(stunnel, spiped) and give its redis:// address", url);
-	if (strncmp(url, "redis://", 8))
-		return wk_errf(err, errsz, WK_EINVAL, "%.200s: not a redis:// URL", url);
-	const char *p = url + 8, *slash = strchr(p, '/');
+	u->tls = !strncmp(url, "rediss://", 9);
+	if (!u->tls && strncmp(url, "redis://", 8))
+		return wk_errf(err, errsz, WK_EINVAL, "%.200s: not a redis:// or rediss:// URL", url);
+	const char *p = url + 8 + u->tls, *slash = strchr(p, '/');
 	if (!slash)
 		return wk_errf(err, errsz, WK_EINVAL, "%.200s: no stream (redis://HOST:PORT/STREAM)", url);
 	const char *colon;
@@ -229,9 +235,9 @@ static void a_ll(struct args *a, long long x)
 	snprintf(a->num[a->nn], sizeof a->num[0], "%lld", x);
 	a_s(a, a->num[a->nn++]);
 }
-static void send_args(redisContext *c, struct args *a)
+static void send_args(struct rconn *c, struct args *a)
 {
-	redisAppendCommandArgv(c, a->n, a->v, a->l);
+	rconn_append_argv(c, a->n, a->v, a->l);
 }
 
 static bool is_err(const redisReply *r, const char *prefix)
@@ -241,8 +247,7 @@ static bool is_err(const redisReply *r, const char *prefix)
 
 static void drop(struct rq *r)
 {
-	if (r->c)
-		redisFree(r->c);
+	rconn_free(r->c);
 	r->c = NULL;
 }
 
@@ -250,19 +255,32 @@ static void set_timeout(struct rq *r)
 {
 	if (!r->c)
 		return;
-	double s = IO_TIMEOUT_S + r->io_extra_s;
-	struct timeval tv = {.tv_sec = (time_t)s, .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
-	redisSetTimeout(r->c, tv);
+	rconn_set_timeout(r->c, IO_TIMEOUT_S + r->io_extra_s);
+}
+
+/* A command on a new connection failed: why, and whether to retry. A TLS server that
+ * refuses our client certificate says so only after the handshake, at the first command: on
+ * the first connection that is WK_EINVAL (the settings are wrong), later WK_EIO (a rotation
+ * may be under way). Frees the connection. */
+static int lost(struct rq *r, char *err, size_t errsz)
+{
+	int rc = rconn_tls_refused(r->c) && !r->connected_once
+		 ? wk_errf(err, errsz, WK_EINVAL, "redis %s:%d: %s%s", r->u.host, r->u.port,
+			   rconn_errstr(r->c), r->tls.cert_file ? "" : " (does it want a client "
+			   "certificate? set WICK_REDIS_CERT_FILE and WICK_REDIS_KEY_FILE)")
+		 : wk_errf(err, errsz, WK_EIO, "connection lost: %s%s", rconn_errstr(r->c),
+			   r->u.tls || r->connected_once ? ""
+			   : " (a server that speaks only TLS drops plain text: rediss://)");
+	drop(r);
+	return rc;
 }
 
 /* XGROUP CREATE stream group 0 MKSTREAM; BUSYGROUP (it exists) is success. */
 static int create_group(struct rq *r, char *err, size_t errsz)
 {
-	redisReply *rep = redisCommand(r->c, "XGROUP CREATE %s %s 0 MKSTREAM", r->u.stream, r->u.group);
-	if (!rep) {
-		drop(r);
-		return wk_errf(err, errsz, WK_EIO, "redis: connection lost");
-	}
+	redisReply *rep = rconn_command(r->c, "XGROUP CREATE %s %s 0 MKSTREAM", r->u.stream, r->u.group);
+	if (!rep)
+		return lost(r, err, errsz);
 	int rc = WK_OK;
 	if (is_err(rep, "NOAUTH"))
 		rc = wk_errf(err, errsz, WK_EINVAL, "redis %s:%d wants a password (%.60s): set "
@@ -308,12 +326,10 @@ static int authenticate(struct rq *r, char *err, size_t errsz)
 		return r->connected_once ? WK_EIO : frc;
 	if (!r->pass)
 		return WK_OK;
-	redisReply *rep = r->user ? redisCommand(r->c, "AUTH %s %s", r->user, r->pass)
-				  : redisCommand(r->c, "AUTH %s", r->pass);
-	if (!rep) {
-		drop(r);
-		return wk_errf(err, errsz, WK_EIO, "redis: connection lost");
-	}
+	redisReply *rep = r->user ? rconn_command(r->c, "AUTH %s %s", r->user, r->pass)
+				  : rconn_command(r->c, "AUTH %s", r->pass);
+	if (!rep)
+		return lost(r, err, errsz);
 	int rc = WK_OK;
 	bool retry = is_err(rep, "LOADING") || (r->pass_file && r->connected_once);
 	if (rep->type == REDIS_REPLY_ERROR)
@@ -339,11 +355,12 @@ static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
 	struct rq *r = q->impl;
 	double delay = 0.05, t0 = wk_now();
 	while (!r->c) {
-		struct timeval tv = {.tv_sec = 2};
-		redisContext *c = redisConnectWithTimeout(r->u.host, r->u.port, tv);
-		char why[160] = "";
-		if (c && !c->err) {
-			r->c = c;
+		char why[WK_ERRSZ] = "";
+		int orc = rconn_open(r->u.host, r->u.port, r->u.tls ? &r->tls : NULL, 2.0, &r->c, why,
+				     sizeof why);
+		if (orc == WK_ENOMEM || (orc == WK_EINVAL && !r->connected_once))
+			return wk_errf(err, errsz, orc, "redis %s:%d: %s", r->u.host, r->u.port, why);
+		if (orc == WK_OK) {
 			set_timeout(r);
 			int rc = authenticate(r, why, sizeof why);
 			if (rc == WK_OK)
@@ -359,10 +376,6 @@ static int ensure(struct queue *q, double deadline, char *err, size_t errsz)
 				return wk_errf(err, errsz, rc, "%s", why);
 			}
 			drop(r);
-		} else {
-			snprintf(why, sizeof why, "%s", c ? c->errstr : "out of memory");
-			if (c)
-				redisFree(c);
 		}
 		if (wk_now() + delay > deadline || queue_stopping(q))
 			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: %s (gave up after %.1f s%s)",
@@ -395,6 +408,7 @@ static int exec(struct queue *q, append_fn fn, void *ctx, int ncmd, redisReply *
 	struct rq *r = q->impl;
 	double deadline = wk_now() + q->o.reconnect_s;
 	int nogroup = 0;
+	char why[200] = "";
 	for (;;) {
 		int rc = ensure(q, deadline, err, errsz);
 		if (rc != WK_OK)
@@ -402,13 +416,13 @@ static int exec(struct queue *q, append_fn fn, void *ctx, int ncmd, redisReply *
 		fn(q, ctx);
 		bool broken = false, loading = false, nog = false;
 		for (int i = 0; i < ncmd; i++) {
-			void *x = NULL;
 			rep[i] = NULL;
-			if (broken || redisGetReply(r->c, &x) != REDIS_OK) {
+			if (broken || rconn_get_reply(r->c, &rep[i]) != WK_OK) {
+				if (!broken)
+					snprintf(why, sizeof why, ": %s", rconn_errstr(r->c));
 				broken = true;
 				continue;
 			}
-			rep[i] = x;
 			loading |= is_err(rep[i], "LOADING");
 			nog |= is_err(rep[i], "NOGROUP");
 		}
@@ -420,8 +434,9 @@ static int exec(struct queue *q, append_fn fn, void *ctx, int ncmd, redisReply *
 		else if ((rc = create_group(r, err, errsz)) != WK_OK && rc != WK_EIO)
 			return rc;
 		if (wk_now() > deadline || queue_stopping(q))
-			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: lost the connection (gave up after %.1f s)",
-				       r->u.host, r->u.port, wk_now() - (deadline - q->o.reconnect_s));
+			return wk_errf(err, errsz, WK_EIO, "redis %s:%d: lost the connection%s (gave up "
+				       "after %.1f s)", r->u.host, r->u.port, why,
+				       wk_now() - (deadline - q->o.reconnect_s));
 	}
 }
 
@@ -488,8 +503,36 @@ static void redis_close(struct queue *q)
 	wk_free_secret(r->user);
 	wk_free_secret(r->pass);
 	free(r->pass_file);
+	free((char *)r->tls.ca_file);
+	free((char *)r->tls.cert_file);
+	free((char *)r->tls.key_file);
 	free(r);
 	q->impl = NULL;
+}
+
+/* WICK_REDIS_CA_FILE, _CERT_FILE and _KEY_FILE into r->tls: only with rediss://, and the
+ * certificate and its key together. The files themselves are read at each connection. */
+static int tls_settings(struct rq *r, char *err, size_t errsz)
+{
+	static const char *const names[3] = {"WICK_REDIS_CA_FILE", "WICK_REDIS_CERT_FILE",
+					      "WICK_REDIS_KEY_FILE"};
+	const char *v[3] = {getenv("WICK_REDIS_CA_FILE"), getenv("WICK_REDIS_CERT_FILE"),
+			    getenv("WICK_REDIS_KEY_FILE")};
+	const char **dst[3] = {&r->tls.ca_file, &r->tls.cert_file, &r->tls.key_file};
+	for (int i = 0; i < 3; i++) {
+		if (!v[i] || !*v[i])
+			continue;
+		if (!r->u.tls)
+			return wk_errf(err, errsz, WK_EINVAL, "%s is set but the queue URL is redis:// "
+				       "(plain text): use rediss:// for TLS, or unset it", names[i]);
+		if (!(*dst[i] = strdup(v[i])))
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	if (!r->tls.cert_file != !r->tls.key_file)
+		return wk_errf(err, errsz, WK_EINVAL, "%s is set without %s: a client certificate "
+			       "needs both", names[r->tls.cert_file ? 1 : 2],
+			       names[r->tls.cert_file ? 2 : 1]);
+	return WK_OK;
 }
 
 static int redis_open(struct queue *q, const char *url, char *err, size_t errsz)
@@ -512,6 +555,8 @@ static int redis_open(struct queue *q, const char *url, char *err, size_t errsz)
 	    ((has_pass && !(r->pass = strdup(pass))) || (has_file && !(r->pass_file = strdup(pf))) ||
 	     (user && *user && !(r->user = strdup(user)))))
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	if (rc == WK_OK)
+		rc = tls_settings(r, err, errsz);
 	if (rc == WK_OK) {
 		if (r->u.max_deliveries > 0)
 			q->o.max_deliveries = r->u.max_deliveries;

@@ -194,4 +194,44 @@ rc=0; wait $i || rc=$?
 grep -q "unhealthy: every call on the queue has failed for" "$TMPD/i.log" &&
   grep -q "exit: reason queue_lost" "$TMPD/i.log" || fail "no queue_lost: $(tail -3 "$TMPD/i.log")"
 echo "redis gone: SIGTERM obeyed at once; --queue-outage 3 gave up with exit 4"
+
+# 7. TLS (rediss://): a server that speaks TLS on one port (plain text stays on another, for
+#    the checks here), wants a client certificate and a password. Jobs submitted and a worker
+#    run over TLS: one COMPLETED result each, and `wick submit --wait` gets its result back.
+#    Without the client certificate, the worker fails at start, saying what to set.
+command -v openssl >/dev/null || fail "openssl is not installed (scripts/install-deps)"
+tests/tools/tls_certs.sh "$TMPD/pki" || fail "tls_certs.sh"
+free() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+port=$(free) tport=$(free)
+redis-server --port "$port" --bind 127.0.0.1 --save '' --dir "$TMPD" --requirepass tls-pw \
+  --tls-port "$tport" --tls-cert-file "$TMPD/pki/server.pem" --tls-key-file "$TMPD/pki/server.key" \
+  --tls-ca-cert-file "$TMPD/pki/ca.pem" --tls-auth-clients yes >/dev/null &
+rpid=$!
+for _ in $(seq 200); do redis-cli -p "$port" ping 2>&1 | has NOAUTH && break; sleep 0.05; done
+export REDISCLI_AUTH=tls-pw
+printf 'tls-pw\n' >"$TMPD/pw"
+export WICK_REDIS_PASSWORD_FILE=$TMPD/pw WICK_REDIS_CA_FILE=$TMPD/pki/ca.pem
+export WICK_REDIS_CERT_FILE=$TMPD/pki/client.pem WICK_REDIS_KEY_FILE=$TMPD/pki/client.key
+Q="rediss://localhost:$tport/jobs?group=wick"
+submit_many 20 12 s
+"$WICK" worker --model "$m" --queue "$Q" --concurrency 4 --idle-timeout 2 --worker-id s \
+  2>"$TMPD/s.log" &
+s=$!
+out=$("$WICK" submit --queue "$Q" --id s-wait -p "Once upon a time" -n 8 --wait --timeout 60) ||
+  fail "submit --wait over TLS: $out"
+echo "$out" | has '"status": "COMPLETED"' || fail "submit --wait over TLS: $out"
+wait $s || fail "worker s over TLS exited $?: $(tail -3 "$TMPD/s.log")"
+grep -q "queue rediss://localhost:$tport/jobs" "$TMPD/s.log" ||
+  fail "the log does not name the queue"
+rc=0
+WICK_REDIS_CERT_FILE='' WICK_REDIS_KEY_FILE='' "$WICK" worker --model "$m" --queue "$Q" \
+  --idle-timeout 1 2>"$TMPD/s2.log" || rc=$?
+[ $rc = 1 ] || fail "a worker without its client certificate exited $rc"
+grep -q "certificate required.*WICK_REDIS_CERT_FILE and WICK_REDIS_KEY_FILE" "$TMPD/s2.log" ||
+  fail "no reason for the refused client: $(tail -2 "$TMPD/s2.log")"
+check s 20 || fail "jobs over TLS"
+kill -9 $rpid
+echo "TLS: 21 jobs submitted, run and answered over rediss:// with a client certificate"
 echo ok

@@ -184,6 +184,7 @@ Test(queue_redis, url_parser, .init = NULL, .fini = NULL)
 	cr_expect_str_eq(u.group, "wick");
 	cr_expect_str_eq(u.dead, "s:dead");
 	cr_expect_eq(u.result_ttl, 7 * 86400);
+	cr_expect(!u.tls);
 	cr_assert_eq(queue_redis_parse_url("redis://[::1]/a:b?group=g1&dead=d&max_deliveries=3&result_ttl=0",
 					   &u, err, sizeof err), WK_OK, "%s", err);
 	cr_expect_str_eq(u.host, "::1");
@@ -212,9 +213,10 @@ Test(queue_redis, url_parser, .init = NULL, .fini = NULL)
 	cr_expect_eq(queue_check_url("sqs://AKID:hunter2pw@sqs.us-east-1.amazonaws.com/1/q", err, sizeof err),
 		     WK_EINVAL);
 	cr_expect(strstr(err, "AWS_ACCESS_KEY_ID") && !strstr(err, "hunter"), "%s", err);
-	cr_expect_eq(queue_check_url("rediss://h:6380/s", err, sizeof err), WK_EUNSUPPORTED);
-	cr_expect_eq(queue_redis_parse_url("rediss://h:6380/s", &u, err, sizeof err), WK_EUNSUPPORTED);
-	cr_expect(strstr(err, "TLS") && strstr(err, "tunnel"), "%s", err);
+	cr_expect_eq(queue_check_url("rediss://h:6380/s", err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(queue_redis_parse_url("rediss://h:6380/s?group=g", &u, err, sizeof err), WK_OK);
+	cr_expect(u.tls && !strcmp(u.host, "h") && u.port == 6380 && !strcmp(u.group, "g"));
+	cr_expect_neq(queue_redis_parse_url("redisss://h/s", &u, err, sizeof err), WK_OK);
 }
 
 Test(queue_redis, submit_take_complete_cancel)
@@ -854,4 +856,245 @@ Test(queue_redis, waits_while_redis_is_loading)
 	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
 	queue_close(q);
 	queue_close(p);
+}
+
+/* ---- TLS (rediss://) ---- */
+
+static int tls_port;
+static char pki[96], tls_url[200];
+
+static bool have_openssl(void) { return system("command -v openssl >/dev/null 2>&1") == 0; }
+
+#define NEED_TLS()                                                                                 \
+	do {                                                                                       \
+		NEED_REDIS();                                                                      \
+		if (!have_openssl())                                                               \
+			cr_skip_test("the openssl command is not installed (scripts/install-deps)"); \
+	} while (0)
+
+/* (Re)starts redis-server with TLS on tls_port beside plain text on port (the tests' own
+ * checks), serving pki/CERT.pem; with auth_clients it wants a client certificate that the
+ * test CA signed. The PKI (tests/tools/tls_certs.sh) is made on the first call. */
+static void start_tls(const char *cert, bool auth_clients, const char *const *more)
+{
+	if (!pki[0]) {
+		snprintf(pki, sizeof pki, "%s/pki", dir);
+		char cmd[200];
+		snprintf(cmd, sizeof cmd, "tests/tools/tls_certs.sh '%s'", pki);
+		cr_assert_eq(system(cmd), 0, "%s failed (run from the repository's root)", cmd);
+		tls_port = free_port();
+	}
+	static char tp[16], crt[160], key[160], ca[160];
+	snprintf(tp, sizeof tp, "%d", tls_port);
+	snprintf(crt, sizeof crt, "%s/%s.pem", pki, cert);
+	snprintf(key, sizeof key, "%s/%s.key", pki, cert);
+	snprintf(ca, sizeof ca, "%s/ca.pem", pki);
+	const char *argv[20] = {"--tls-port", tp, "--tls-cert-file", crt, "--tls-key-file", key,
+				"--tls-ca-cert-file", ca, "--tls-auth-clients", auth_clients ? "yes" : "no"};
+	int n = 10;
+	for (int i = 0; more && more[i] && n < 19; i++)
+		argv[n++] = more[i];
+	stop_redis();
+	server = start_redis_with(false, argv, !more); /* a password: PING answers NOAUTH */
+	cr_assert_gt(server, 0, "redis-server with TLS did not start");
+}
+
+/* WICK_REDIS_CA_FILE, _CERT_FILE and _KEY_FILE as pki/NAME, or unset for NULL. */
+static void tls_env(const char *ca, const char *cert, const char *key)
+{
+	const char *names[3] = {"WICK_REDIS_CA_FILE", "WICK_REDIS_CERT_FILE", "WICK_REDIS_KEY_FILE"};
+	const char *v[3] = {ca, cert, key};
+	for (int i = 0; i < 3; i++) {
+		char p[160];
+		snprintf(p, sizeof p, "%s/%s", pki, v[i] ? v[i] : "");
+		if (v[i])
+			setenv(names[i], p, 1);
+		else
+			unsetenv(names[i]);
+	}
+}
+
+static const char *tls_at(const char *host)
+{
+	snprintf(tls_url, sizeof tls_url, "rediss://%s:%d/jobs", host, tls_port);
+	return tls_url;
+}
+
+/* open must fail with rc, at once (under a second: no retries), and name each of want. */
+static void refused_open(const char *u, int rc, const char *const *want)
+{
+	struct queue_opts o = {.consumer = "w", .lease_s = 30, .reconnect_s = 20};
+	struct queue *q = NULL;
+	double t0 = wk_now();
+	cr_assert_eq(queue_open(u, &o, &q, err, sizeof err), rc, "%s: %s", u, err);
+	cr_expect_lt(wk_now() - t0, 2.5, "%s: refused after %.1f s", u, wk_now() - t0);
+	for (int i = 0; want[i]; i++)
+		cr_expect(strstr(err, want[i]), "%s: '%s' is not in: %s", u, want[i], err);
+}
+
+/* The whole queue over TLS (a job submitted, taken with a blocking read, completed, its
+ * result read), and each way a connection must not be made, refused by name at open. */
+Test(queue_redis, tls_round_trip_and_refusals)
+{
+	NEED_TLS();
+	start_tls("server", false, NULL);
+	tls_env("ca.pem", NULL, NULL);
+	struct queue *p = open_q(tls_at("localhost"), "producer", 30);
+	struct queue *q = open_q(tls_at("localhost"), "w", 30);
+	submit(p, "t1");
+	struct queue_job j[2];
+	int n;
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_expect_str_eq(j[0].id, "t1");
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	char *res;
+	size_t len;
+	cr_assert_eq(queue_wait_result(p, "t1", 2, &res, &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_not_null(strstr(res, "\"status\": \"COMPLETED\""), "%s", res);
+	free(res);
+	double t0 = wk_now(); /* a blocking read that times out, over TLS */
+	cr_assert_eq(queue_take(q, j, 2, 0.4, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(n, 0);
+	cr_expect_geq(wk_now() - t0, 0.35);
+	queue_close(q);
+	queue_close(p);
+	cr_expect_eq(redis_int("EXISTS jobs:result:t1"), 1, "the result is not in the server");
+
+	/* the server's certificate: the system's CAs do not know it; nor does another CA; it is
+	 * not for 127.0.0.1 (its one name is localhost) */
+	tls_env(NULL, NULL, NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"not trusted", "set WICK_REDIS_CA_FILE", NULL});
+	tls_env("other-ca.pem", NULL, NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"not trusted", "checked against WICK_REDIS_CA_FILE", NULL});
+	tls_env("ca.pem", NULL, NULL);
+	refused_open(tls_at("127.0.0.1"), WK_EINVAL,
+		     (const char *[]){"not for this host", "IP address mismatch", NULL});
+	/* the settings: files that are not there or not certificates, half a client pair, TLS
+	 * settings with a plain URL */
+	tls_env("nope.pem", NULL, NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"WICK_REDIS_CA_FILE", "nope.pem", "No such file", NULL});
+	tls_env("client.key", NULL, NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"WICK_REDIS_CA_FILE", "client.key", NULL});
+	tls_env("ca.pem", "client.pem", NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"WICK_REDIS_CERT_FILE is set without WICK_REDIS_KEY_FILE", NULL});
+	tls_env("ca.pem", "client.pem", "server.key");
+	refused_open(tls_at("localhost"), WK_EINVAL, (const char *[]){"WICK_REDIS_KEY_FILE", NULL});
+	tls_env("ca.pem", NULL, NULL);
+	refused_open(url, WK_EINVAL, (const char *[]){"WICK_REDIS_CA_FILE", "rediss://", NULL});
+	/* the wrong protocol on either port */
+	tls_env(NULL, NULL, NULL);
+	char plain_to_tls[120];
+	snprintf(plain_to_tls, sizeof plain_to_tls, "redis://localhost:%d/jobs", tls_port);
+	refused_open(plain_to_tls, WK_EIO, (const char *[]){"rediss://", NULL});
+	tls_env("ca.pem", NULL, NULL);
+	char tls_to_plain[120];
+	snprintf(tls_to_plain, sizeof tls_to_plain, "rediss://localhost:%d/jobs", port);
+	refused_open(tls_to_plain, WK_EIO, (const char *[]){"TLS handshake", NULL});
+	tls_env(NULL, NULL, NULL);
+}
+
+/* A server that wants a client certificate (tls-auth-clients yes), and a password too: without
+ * the certificate the open fails at once, saying which variables to set; with it, and the
+ * password sent over TLS, the queue works. */
+Test(queue_redis, tls_client_certificate_and_password)
+{
+	NEED_TLS();
+	const char *const pw[] = {"--requirepass", "tls-pw", NULL};
+	start_tls("server", true, pw);
+	setenv("WICK_REDIS_PASSWORD", "tls-pw", 1);
+	tls_env("ca.pem", NULL, NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"certificate required", "WICK_REDIS_CERT_FILE", NULL});
+	tls_env("ca.pem", "client.pem", "client.key");
+	struct queue *q = open_q(tls_at("localhost"), "w", 30);
+	submit(q, "m1");
+	struct queue_job j[2];
+	int n;
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	queue_close(q);
+	unsetenv("WICK_REDIS_PASSWORD");
+	tls_env(NULL, NULL, NULL);
+}
+
+/* A certificate for an IP address is checked against the URL's address; an expired one is
+ * refused as expired. */
+Test(queue_redis, tls_ip_address_and_expired_certificates)
+{
+	NEED_TLS();
+	start_tls("server-ip", false, NULL);
+	tls_env("ca.pem", NULL, NULL);
+	struct queue *q = open_q(tls_at("127.0.0.1"), "w", 30);
+	submit(q, "ip1");
+	queue_close(q);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"not for this host", "hostname mismatch", NULL});
+	start_tls("expired", false, NULL);
+	refused_open(tls_at("localhost"), WK_EINVAL,
+		     (const char *[]){"not trusted", "certificate has expired", NULL});
+	tls_env(NULL, NULL, NULL);
+}
+
+static char ca_path[160];
+
+/* The CA file put back 0.6 s after the connections were cut (a Secret's file catching up). */
+static void *restore_ca(void *arg)
+{
+	(void)arg;
+	usleep(600000);
+	char src[200], cmd[420];
+	snprintf(src, sizeof src, "%s/ca.pem", pki);
+	snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, ca_path);
+	cr_assert_eq(system(cmd), 0);
+	return NULL;
+}
+
+/* After the first connection, a TLS connection lost is made again with the files read anew:
+ * with the CA file briefly holding the wrong CA (a rotation half done), the reconnect is
+ * retried, not fatal, and goes through once the file is right; then a server restart. */
+Test(queue_redis, tls_reconnects_and_reads_the_files_again)
+{
+	NEED_TLS();
+	start_tls("server", false, NULL);
+	snprintf(ca_path, sizeof ca_path, "%s/current-ca.pem", dir);
+	char cmd[420];
+	snprintf(cmd, sizeof cmd, "cp '%s/ca.pem' '%s'", pki, ca_path);
+	cr_assert_eq(system(cmd), 0);
+	setenv("WICK_REDIS_CA_FILE", ca_path, 1);
+	struct queue *p = open_q(tls_at("localhost"), "producer", 30);
+	struct queue *q = open_q(tls_at("localhost"), "w", 30);
+	submit(p, "x1");
+	snprintf(cmd, sizeof cmd, "cp '%s/other-ca.pem' '%s'", pki, ca_path);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_geq(redis_int("CLIENT KILL TYPE normal"), 2); /* p, q (and this one) */
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, restore_ca, NULL), 0);
+	struct queue_job j[2];
+	int n;
+	double t0 = wk_now();
+	cr_assert_eq(queue_take(q, j, 2, 2, &n, err, sizeof err), WK_OK, "%s", err);
+	pthread_join(th, NULL);
+	cr_assert_eq(n, 1);
+	cr_expect_geq(wk_now() - t0, 0.5, "the wrong CA was not in the way");
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	struct queue_stats s;
+	queue_get_stats(q, &s);
+	cr_expect_geq(s.reconnects, 1);
+	/* a restart (no persistence here: the group is made again) */
+	start_tls("server", false, NULL);
+	submit(p, "x2");
+	cr_assert_eq(queue_take(q, j, 2, 2, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_expect_str_eq(j[0].id, "x2");
+	cr_assert_eq(complete(q, j, n), WK_OK, "%s", err);
+	queue_close(q);
+	queue_close(p);
+	unsetenv("WICK_REDIS_CA_FILE");
 }
