@@ -9,7 +9,8 @@
 # Work, per queue kind (the same rules as deploy/k8s):
 #   spool:DIR      a job in DIR/new, or a claim in DIR/claimed whose lease expired or whose
 #                  process is gone (the next worker reclaims it)
-#   redis://HOST:PORT/STREAM?group=G
+#   redis://HOST:PORT/STREAM?group=G (or rediss://: TLS, with the worker's WICK_REDIS_CA_FILE,
+#                  WICK_REDIS_CERT_FILE and WICK_REDIS_KEY_FILE)
 #                  the group's lag (XINFO GROUPS, Redis >= 7: entries never delivered), or a
 #                  pending entry idle longer than --lease (XPENDING IDLE: its worker died or
 #                  drained it back)
@@ -62,7 +63,7 @@ work_spool() {
 }
 
 work_redis() {
-  local rest=${1#redis://} hostport path stream group host port lag idle info
+  local rest=${1#redis*://} hostport path stream group host port lag idle info
   hostport=${rest%%/*}; path=${rest#*/}
   stream=${path%%\?*}; group=wick
   if [[ $path == *\?* ]]; then
@@ -74,10 +75,21 @@ work_redis() {
   [ "$host" != "$hostport" ] || port=6379
   command -v redis-cli >/dev/null || { echo "wick-scale: redis-cli is not installed" >&2; return 2; }
   local rc=(redis-cli -h "$host" -p "$port" --raw)
-  # the worker's credentials (WICK_REDIS_PASSWORD, WICK_REDIS_USERNAME); redis-cli takes the
-  # password from REDISCLI_AUTH, off its command line
+  # TLS as the worker makes it: the server verified (the CA file, else the system's CAs) and
+  # SNI sent; a client certificate when the worker has one
+  if [[ $1 == rediss://* ]]; then
+    rc+=(--tls --sni "$host")
+    [ -n "${WICK_REDIS_CA_FILE:-}" ] && rc+=(--cacert "$WICK_REDIS_CA_FILE")
+    [ -n "${WICK_REDIS_CERT_FILE:-}" ] && rc+=(--cert "$WICK_REDIS_CERT_FILE" --key "${WICK_REDIS_KEY_FILE:-}")
+  fi
+  # the worker's credentials (WICK_REDIS_PASSWORD or _FILE, WICK_REDIS_USERNAME); redis-cli
+  # takes the password from REDISCLI_AUTH, off its command line
   [ -n "${WICK_REDIS_USERNAME:-}" ] && rc+=(--user "$WICK_REDIS_USERNAME")
   [ -n "${WICK_REDIS_PASSWORD:-}" ] && export REDISCLI_AUTH=$WICK_REDIS_PASSWORD
+  if [ -n "${WICK_REDIS_PASSWORD_FILE:-}" ]; then
+    REDISCLI_AUTH=$(cat "$WICK_REDIS_PASSWORD_FILE") || return 2
+    export REDISCLI_AUTH
+  fi
   # redis-cli --raw exits 0 on an error reply (ERR, NOAUTH, WRONGPASS, ...): an upper-case
   # word first is one (the replies' own lines are field names, ids and numbers)
   if ! info=$("${rc[@]}" XINFO GROUPS "$stream" 2>&1) || [[ $info =~ ^[A-Z]{3,}( |$) ]]; then
@@ -105,13 +117,13 @@ work_redis() {
 check() {
   case $queue in
     spool:*) work_spool "${queue#spool:}" ;;
-    redis://*) work_redis "$queue" ;;
+    redis://* | rediss://*) work_redis "$queue" ;;
     *) echo "wick-scale: $queue: only spool: and redis:// queues (SQS and RunPod scale on their platform)" >&2; return 2 ;;
   esac
 }
 
 case $queue in
-  spool:* | redis://*) ;;
+  spool:* | redis://* | rediss://*) ;;
   *) echo "wick-scale: $queue: only spool: and redis:// queues (SQS and RunPod scale on their platform)" >&2; exit 2 ;;
 esac
 while :; do

@@ -157,6 +157,21 @@ scale 1 idle --queue "spool:$TMPD/empty"
 redis-cli -p "$port" CONFIG SET requirepass scale-pw >/dev/null
 scale 2 "NOAUTH" --queue "$Q"
 WICK_REDIS_PASSWORD=scale-pw scale 0 "work 2 (lag=0 idle_pending=2)" --queue "$Q" --lease 0
+# the same Redis over TLS (a second server on the same data would need persistence: this one
+# is restarted with a TLS port beside its plain one), its certificate checked as wick does
+tests/tools/tls_certs.sh "$TMPD/pki" || fail "tls_certs.sh"
+kill $rpid; wait $rpid 2>/dev/null
+tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMPD" \
+  --tls-port "$tport" --tls-cert-file "$TMPD/pki/server.pem" --tls-key-file "$TMPD/pki/server.key" \
+  --tls-ca-cert-file "$TMPD/pki/ca.pem" --tls-auth-clients no >/dev/null &
+rpid=$!
+for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | has PONG && break; sleep 0.05; done
+T="rediss://localhost:$tport/jobs?group=wick"
+WICK_REDIS_CA_FILE=$TMPD/pki/ca.pem "$WICK" submit --queue "$T" -p "Once upon a time" -n 4 \
+  >/dev/null || fail "wick submit over TLS"
+WICK_REDIS_CA_FILE=$TMPD/pki/ca.pem scale 0 "work 1 (lag=1 idle_pending=0)" --queue "$T"
+WICK_REDIS_CA_FILE=$TMPD/pki/other-ca.pem scale 2 "certificate verify failed" --queue "$T"
 
 section "the README's quoted bills"
 grep -E '^wick usage --quote [0-9]+ --price-per-hour [0-9.]+ +# .*\$[0-9.]+$' deploy/README.md >"$TMPD/quotes.txt"

@@ -49,7 +49,13 @@ AWS_ACCESS_KEY_ID=AKIA$secret AWS_SECRET_ACCESS_KEY=$secret AWS_SESSION_TOKEN=$s
 AWS_ACCESS_KEY_ID=AKIA$secret AWS_SECRET_ACCESS_KEY=$secret \
   timeout 5 "$WICK" submit --queue "sqs://127.0.0.1:9/123456789012/q?tls=0" -p hi \
   >>"$TMPD/sqs.out" 2>>"$TMPD/sqs.err" || true
-[ -s "$TMPD/rp.err" ] && [ -s "$TMPD/sqs.err" ] || fail "the failing drivers logged nothing"
+# Redis: the password is sent with AUTH and never printed, even when Redis is down
+WICK_REDIS_PASSWORD=$secret timeout 5 "$WICK" worker --model "$m" \
+  --queue "redis://127.0.0.1:9/jobs" --idle-timeout 1 >"$TMPD/redis.out" 2>"$TMPD/redis.err" || true
+WICK_REDIS_PASSWORD=$secret timeout 5 "$WICK" submit --queue "rediss://127.0.0.1:9/jobs" -p hi \
+  >>"$TMPD/redis.out" 2>>"$TMPD/redis.err" || true
+[ -s "$TMPD/rp.err" ] && [ -s "$TMPD/sqs.err" ] && [ -s "$TMPD/redis.err" ] ||
+  fail "the failing drivers logged nothing"
 if grep -rl -- "$secret" "$TMPD" --include='*.err' --include='*.out' --include='*.json' \
      --include='*.jsonl' 2>/dev/null | grep .; then
   fail "a secret reached the files above"
