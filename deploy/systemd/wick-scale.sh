@@ -80,7 +80,8 @@ work_redis() {
   if [[ $1 == rediss://* ]]; then
     rc+=(--tls --sni "$host")
     [ -n "${WICK_REDIS_CA_FILE:-}" ] && rc+=(--cacert "$WICK_REDIS_CA_FILE")
-    [ -n "${WICK_REDIS_CERT_FILE:-}" ] && rc+=(--cert "$WICK_REDIS_CERT_FILE" --key "${WICK_REDIS_KEY_FILE:-}")
+    [ -n "${WICK_REDIS_CERT_FILE:-}" ] &&
+      rc+=(--cert "$WICK_REDIS_CERT_FILE" --key "${WICK_REDIS_KEY_FILE:-}")
   fi
   # the worker's credentials (WICK_REDIS_PASSWORD or _FILE, WICK_REDIS_USERNAME); redis-cli
   # takes the password from REDISCLI_AUTH, off its command line

@@ -161,7 +161,8 @@ WICK_REDIS_PASSWORD=scale-pw scale 0 "work 2 (lag=0 idle_pending=2)" --queue "$Q
 # is restarted with a TLS port beside its plain one), its certificate checked as wick does
 tests/tools/tls_certs.sh "$TMPD/pki" || fail "tls_certs.sh"
 kill $rpid; wait $rpid 2>/dev/null
-tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMPD" \
   --tls-port "$tport" --tls-cert-file "$TMPD/pki/server.pem" --tls-key-file "$TMPD/pki/server.key" \
   --tls-ca-cert-file "$TMPD/pki/ca.pem" --tls-auth-clients no >/dev/null &
