@@ -326,6 +326,19 @@ static void tl_free(struct tlist *l)
 	free(l->sp);
 }
 
+static int byte_token(const char *p, size_t n);
+
+bool tok_is_byte_fallback(const struct tok *t, int id)
+{
+	const char *p = tok_piece(t, id);
+	if (!p || byte_token(p, strlen(p)) < 0)
+		return false;
+	for (int k = 0; k < t->n_dec; k++)
+		if (t->dec[k].type == TOK_STEP_BYTE_FALLBACK)
+			return true;
+	return false;
+}
+
 /* The byte of a "<0xXX>" token, or -1. Mirrors HF: the token is 6 bytes, "<0x" .. ">",
  * and the middle parses as u8 in base 16 (Rust's from_str_radix takes a leading '+'). */
 static int byte_token(const char *p, size_t n)

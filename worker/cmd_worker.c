@@ -53,7 +53,9 @@ static void usage(FILE *f)
 		"  --done-url URL, --ping-url URL\n"
 		"                        http(s):// (RunPod) queues: job-done and ping URLs\n"
 		"                        (default: RUNPOD_WEBHOOK_POST_OUTPUT, RUNPOD_WEBHOOK_PING)\n"
-		"  --stream-url URL      accepted for RunPod; wick does not stream partial output yet\n"
+		"  --stream-url URL      http(s):// (RunPod) queues: where a job with \"stream\": true\n"
+		"                        posts its text as it is made (default:\n"
+		"                        RUNPOD_WEBHOOK_POST_STREAM; neither: results come whole)\n"
 		"  --backend null        answers at once, no arithmetic (for measuring the queue);\n"
 		"                        cpu, cuda and auto as below\n"
 		HTTP_API_HELP CMD_ENGINE_HELP);

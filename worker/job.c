@@ -264,6 +264,11 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 		j->seed = (uint64_t)json_integer_value(v);
 		j->has_seed = true;
 	}
+	if ((v = json_object_get(in, "stream")) && !json_is_null(v)) {
+		if (!json_is_boolean(v))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.stream must be true or false");
+		j->stream = json_is_true(v);
+	}
 	if ((v = json_object_get(in, "stop")) && !json_is_null(v))
 		return decode_stop(v, j, err, errsz);
 	return JOB_OK;
@@ -448,6 +453,22 @@ static void put_str(struct wk_buf *b, const char *s, size_t n)
 }
 
 static void put_cstr(struct wk_buf *b, const char *s) { put_str(b, s, s ? strlen(s) : 0); }
+
+char *job_stream_chunk(const char *text, size_t len, size_t *out_len)
+{
+	struct wk_buf b = {0};
+	puts_(&b, "{\"output\": {\"text\": ");
+	put_str(&b, text, len);
+	puts_(&b, "}}");
+	put(&b, "", 1);
+	if (b.oom) {
+		free(b.p);
+		return NULL;
+	}
+	if (out_len)
+		*out_len = b.len - 1;
+	return b.p;
+}
 
 /* A finite double for JSON (JSON has no NaN or infinity: those print as 0). */
 static void put_seconds(struct wk_buf *b, double x)

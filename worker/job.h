@@ -8,8 +8,10 @@
  *   {"id": "abc", "tenant": "t1", "timeout_s": 600,
  *    "input": {"prompt": "..."  |  "messages": [{"role": "user", "content": "..."}, ...],
  *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
- *              "seed": 1, "stop": "\n" | ["a", "b"]}}
+ *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false}}
  * Unknown members are ignored, so producers may add fields. Every input has a limit below.
+ * "stream": true asks for the text as it is made, where the queue has a channel for it (the
+ * RunPod job API's stream URL); the result is whole either way.
  *
  * Result:
  *   {"id", "status": "COMPLETED"|"FAILED"|"TIMED_OUT"|"CANCELLED",
@@ -81,6 +83,7 @@ struct job {
 	char *stop[JOB_STOP_MAX]; /* malloc'd, NUL-terminated */
 	int n_stop;
 	double timeout_s;
+	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
 };
 
 /* True when s is a valid id: [A-Za-z0-9._-]{1,JOB_ID_MAX}, and not "." or "..". */
@@ -118,6 +121,11 @@ struct job_result {
  * NULL) gets its length. Returns NULL only when out of memory. Strings that are not valid
  * UTF-8 are encoded with U+FFFD in place of each bad byte, so a result always encodes. */
 char *job_encode_result(const struct job_result *r, size_t *len);
+
+/* A piece of a streamed job's text as the chunk a stream channel carries:
+ * {"output": {"text": "..."}}, invalid UTF-8 as in job_encode_result. malloc'd, NULL only
+ * when out of memory. */
+char *job_stream_chunk(const char *text, size_t len, size_t *len_out);
 
 /* A FAILED (or other non-COMPLETED) result with no output: the shortcut for jobs that never
  * ran. Same return contract as job_encode_result. */

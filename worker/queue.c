@@ -261,6 +261,17 @@ int queue_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err
 	return q->ops->check_cancel(q, jobs, n, err, errsz);
 }
 
+bool queue_streams(const struct queue *q)
+{
+	return q->ops->streams && q->ops->stream && q->ops->streams(q);
+}
+
+void queue_stream(struct queue *q, const struct queue_job *j, const char *text, size_t len)
+{
+	if (queue_streams(q))
+		q->ops->stream(q, j, text, len);
+}
+
 int queue_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,
 		 size_t errsz)
 {

@@ -50,8 +50,8 @@ struct queue_opts {
 	/* Optional: while *stop is nonzero, a network driver's retries give up at once (WK_EIO,
 	 * "interrupted"), so a signal is not held up by an outage (the worker's got_signal). */
 	const volatile sig_atomic_t *stop;
-	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT and
-	 * RUNPOD_WEBHOOK_PING (stream_url is accepted and not used yet) */
+	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT,
+	 * RUNPOD_WEBHOOK_PING and RUNPOD_WEBHOOK_POST_STREAM (no stream URL: no streaming) */
 	const char *done_url, *ping_url, *stream_url;
 	/* Optional: told of each input the driver ends by itself on sight instead of returning
 	 * it from queue_take (too large, not a regular file, a name or id that is not a job id),
@@ -155,6 +155,15 @@ int queue_release(struct queue *q, struct queue_job *jobs, int n, char *err, siz
 
 /* Sets jobs[i].cancelled for each job cancelled through the queue's channel. */
 int queue_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
+
+/* Streaming: whether the queue has a channel for a job's text as it is made (the RunPod job
+ * API with a stream URL), and text[0..len) handed on to it for job j, after the text before.
+ * Never blocks: the driver sends in the background, at most one message a job in flight, so
+ * text that arrives meanwhile goes out together in the next. Best effort: what the channel
+ * loses is still in the result, which queue_complete posts only after the job's last piece
+ * was answered. len 0 only registers the job. */
+bool queue_streams(const struct queue *q);
+void queue_stream(struct queue *q, const struct queue_job *j, const char *text, size_t len);
 
 /* ---- the producer's side (wick submit) ---- */
 

@@ -11,13 +11,26 @@
  *              error object, or a missing one, as COMPLETED: runpod-python#299, #309)
  *   ping  GET  PING?job_id=ID,ID,...&runpod_version=V  every RUNPOD_PING_INTERVAL ms (10000)
  *   stop  GET  TAKE with /job-take/ -> /job-stop/       long-poll; 200 = {"jobsToStop": [ids]}
+ *   stream POST STREAM?isStream=false  {"output": {"text": "..."}} (a job with "stream": true)
  * TAKE is the --queue URL; DONE and PING come from queue_opts (--done-url, --ping-url), else
  * RUNPOD_WEBHOOK_POST_OUTPUT and RUNPOD_WEBHOOK_PING. "$ID" and "$RUNPOD_POD_ID" become the
  * worker id (RUNPOD_POD_ID when set, else the consumer name), except "$ID" in DONE, which
  * becomes the job id. RUNPOD_AI_API_KEY goes as it is into an Authorization header on every
- * call (no "Bearer", like runpod-python) and is never printed. The stream URL is accepted
- * and unused: wick posts whole results. RESULT is wick's result JSON (job.h); RunPod's job
- * input becomes wick's job as queue_http_decode_take says (queue_impl.h).
+ * call (no "Bearer", like runpod-python) and is never printed. RESULT is wick's result JSON
+ * (job.h); RunPod's job input becomes wick's job as queue_http_decode_take says
+ * (queue_impl.h).
+ *
+ * Streaming (STREAM from --stream-url, else RUNPOD_WEBHOOK_POST_STREAM; "$ID" the job id): a
+ * job whose input has "stream": true has its text posted as it is made, each piece as
+ * {"output": {"text": PIECE}}, which RunPod's /stream/ID hands to its client, as
+ * runpod-python posts what a generator handler yields. One post a job is in flight at a
+ * time; text made meanwhile goes in the next, so the pieces follow the network's pace and
+ * arrive in order. A failed piece is retried with backoff for STREAM_RETRY_S (reconnect_s if
+ * less); after that, or after a refusal, the job's stream ends there (noted once) and its
+ * text is still whole in the result. The job-done post waits until the job's pieces were
+ * answered (so the result never overtakes them) and goes with isStream=true, as a
+ * generator's does; its output is the whole result, as for a job that did not stream
+ * (runpod-python posts a list of the pieces, or an empty one, there).
  *
  * Threads: each handle has one network thread that runs every transfer on a curl multi
  * handle: the take long-poll (asking for the free slots the last queue_take reported; its
@@ -76,6 +89,7 @@
 #define SMALL_RESP 65536      /* bytes kept of a ping, stop or done answer */
 #define TAKE_RESP_MAX (1024ull << 20)
 #define RUNPOD_VERSION "wick-1"
+#define STREAM_RETRY_S 10.0   /* how long a piece of a stream is retried */
 
 /* ---- URLs and bodies: pure ---- */
 
@@ -321,7 +335,7 @@ static char *error_body(const char *msg, bool retry, size_t *out_len)
 
 /* ---- driver state ---- */
 
-enum kind { R_TAKE, R_STOP, R_PING, R_DONE };
+enum kind { R_TAKE, R_STOP, R_PING, R_DONE, R_STREAM };
 
 struct req {
 	enum kind kind;
@@ -336,7 +350,7 @@ struct req {
 	double started;
 	char cerr[CURL_ERROR_SIZE];
 	int asked;               /* R_TAKE: jobs asked for */
-	/* R_DONE */
+	/* R_DONE and R_STREAM */
 	char id[QUEUE_HTTP_RAW_ID_MAX + 1];
 	char *body;
 	size_t body_len;
@@ -353,10 +367,22 @@ struct idset {
 	int n, cap;
 };
 
+/* A job that streams: its text not yet posted, and its one piece in flight or waiting to be
+ * tried again. */
+struct sjob {
+	char id[JOB_ID_MAX + 1];
+	struct wk_buf pending;
+	struct req *post;     /* NULL when none */
+	bool dead;            /* the channel failed or refused: nothing more is sent */
+	bool over;            /* the job's job-done post ended: the network thread frees it */
+	struct sjob *next;
+};
+
 struct hq {
 	const struct queue *q;
 	char worker[256];
 	char *take_tmpl, *batch_tmpl, *stop_tmpl, *done_tmpl, *ping_tmpl; /* NULL: none */
+	char *stream_tmpl;       /* NULL: no streaming */
 	struct curl_slist *get_hdrs;
 	char *auth;              /* "Authorization: KEY", NULL without a key */
 	double ping_every;
@@ -374,12 +400,13 @@ struct hq {
 	struct idset held, stopped;
 	struct req take, stop, ping;
 	struct req *posts;       /* job-done posts: pending, in flight or finished */
+	struct sjob *sjobs;      /* jobs that stream, until their job-done post ends */
 	double take_next, stop_next, ping_next;
 	double take_fail_since, take_delay, take_told;
 	double release_failed_at; /* a release post's last try failed then: the next try once */
 	char take_err[WK_ERRSZ];
 	char note[WK_ERRSZ];     /* a one-off problem for the next queue_take that returns nothing */
-	uint64_t posts_ok, reconnects;
+	uint64_t posts_ok, reconnects, pieces_ok;
 };
 
 static int ids_find(const struct idset *s, const char *id)
@@ -468,7 +495,7 @@ static bool start(struct hq *h, struct req *r, long timeout_s, size_t rmax)
 	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
 	if (r->hdrs)
 		curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->hdrs);
-	if (r->kind == R_DONE) {
+	if (r->kind == R_DONE || r->kind == R_STREAM) {
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body);
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
 	}
@@ -536,8 +563,10 @@ static void finish_post(struct hq *h, struct req *r, int rc)
 	}
 }
 
-/* A job-done post for id with body (owned). NULL when out of memory (body freed). */
-static struct req *new_post(struct hq *h, const char *id, char *body, size_t len, bool fall_back)
+/* A post for job id with body (owned) to tmpl (the job-done or stream URL) with query.
+ * NULL when out of memory (body freed). */
+static struct req *new_post_to(struct hq *h, enum kind kind, const char *tmpl, const char *query,
+			       const char *id, char *body, size_t len, bool fall_back)
 {
 	struct req *r = calloc(1, sizeof *r);
 	if (!r || !body) {
@@ -545,13 +574,13 @@ static struct req *new_post(struct hq *h, const char *id, char *body, size_t len
 		free(body);
 		return NULL;
 	}
-	r->kind = R_DONE;
+	r->kind = kind;
 	snprintf(r->id, sizeof r->id, "%s", id);
 	r->body = body;
 	r->body_len = len;
 	r->can_fall_back = fall_back;
 	r->deadline = wk_now() + h->q->o.reconnect_s;
-	r->url = queue_http_url(h->done_tmpl, h->worker, id, "isStream=false");
+	r->url = queue_http_url(tmpl, h->worker, id, query);
 	r->e = curl_easy_init();
 	/* runpod-python sends the JSON with this content type; X-Request-ID is the job id */
 	struct wk_buf rid = {0};
@@ -572,6 +601,12 @@ static struct req *new_post(struct hq *h, const char *id, char *body, size_t len
 		return NULL;
 	}
 	return r;
+}
+
+/* A job-done post (isStream=false: see http_complete for a streaming job's). */
+static struct req *new_post(struct hq *h, const char *id, char *body, size_t len, bool fall_back)
+{
+	return new_post_to(h, R_DONE, h->done_tmpl, "isStream=false", id, body, len, fall_back);
 }
 
 /* Answers a job the worker will never see (bad input, surplus, close), in the background. */
@@ -777,6 +812,23 @@ static void start_ping(struct hq *h)
 
 /* ---- job-done posts ---- */
 
+/* A failed post: 1 when it is tried again later (a network error, 408, 429 or 5xx, with
+ * backoff until its deadline or the close's), 0 when such a failure ran out of time, -1 when
+ * the server refused it. */
+static int backoff(struct hq *h, struct req *r, CURLcode cc, long status)
+{
+	double now = wk_now();
+	if (!(cc != CURLE_OK || status == 408 || status == 429 || status >= 500))
+		return -1;
+	r->delay = r->delay ? r->delay * 2 : BACKOFF_MIN_S;
+	if (r->delay > POST_BACKOFF_MAX_S)
+		r->delay = POST_BACKOFF_MAX_S;
+	if (now + r->delay >= r->deadline || (h->closing && now > h->close_deadline))
+		return 0;
+	r->next_try = now + r->delay;
+	return 1;
+}
+
 static void post_done(struct hq *h, struct req *r, CURLcode cc, long status)
 {
 	double now = wk_now();
@@ -789,16 +841,10 @@ static void post_done(struct hq *h, struct req *r, CURLcode cc, long status)
 		finish_post(h, r, r->fell_back ? WK_EFORMAT : WK_OK);
 		return;
 	}
-	bool retry = cc != CURLE_OK || status == 408 || status == 429 || status >= 500;
-	bool closed = h->closing && now > h->close_deadline;
-	if (retry) {
-		r->delay = r->delay ? r->delay * 2 : BACKOFF_MIN_S;
-		if (r->delay > POST_BACKOFF_MAX_S)
-			r->delay = POST_BACKOFF_MAX_S;
-		if (now + r->delay < r->deadline && !closed) {
-			r->next_try = now + r->delay;
-			return;
-		}
+	int b = backoff(h, r, cc, status);
+	if (b > 0)
+		return;
+	if (b == 0) {
 		snprintf(r->err, sizeof r->err, "job %.140s: job-done failed for %.0f s: %.250s", r->id,
 			 h->q->o.reconnect_s, what(r, cc, status, tmp, sizeof tmp));
 		finish_post(h, r, WK_EIO);
@@ -825,6 +871,103 @@ static void post_done(struct hq *h, struct req *r, CURLcode cc, long status)
 	finish_post(h, r, WK_EIO);
 }
 
+/* ---- streams ---- */
+
+/* Job id's stream, while its job runs; NULL when it does not stream. */
+static struct sjob *sjob_find(struct hq *h, const char *id)
+{
+	for (struct sjob *s = h->sjobs; s; s = s->next)
+		if (!s->over && !strcmp(s->id, id))
+			return s;
+	return NULL;
+}
+
+/* Whether job id still has pieces to post: its job-done post waits for them. */
+static bool stream_busy(struct hq *h, const char *id)
+{
+	struct sjob *s = sjob_find(h, id);
+	return s && !s->dead && (s->post || s->pending.len);
+}
+
+static void drop_piece(struct hq *h, struct sjob *s)
+{
+	if (s->post) {
+		stop_transfer(h, s->post);
+		free_post(s->post);
+		s->post = NULL;
+	}
+}
+
+/* The job's stream ends here (said once, through the note); its result is whole anyway. */
+static void stream_dead(struct hq *h, struct sjob *s, const char *why)
+{
+	drop_piece(h, s);
+	free(s->pending.p);
+	s->pending = (struct wk_buf){0};
+	s->dead = true;
+	snprintf(h->note, sizeof h->note, "job %.140s: its stream stopped (%.250s); its whole text "
+		 "is in its result", s->id, why);
+}
+
+static void stream_done(struct hq *h, struct req *r, CURLcode cc, long status)
+{
+	struct sjob *s = h->sjobs;
+	while (s && s->post != r)
+		s = s->next;
+	if (!s) { /* not expected: a piece always belongs to its job's stream */
+		free_post(r);
+		return;
+	}
+	char tmp[300];
+	if (cc == CURLE_OK && status / 100 == 2) {
+		h->pieces_ok++;
+		drop_piece(h, s);
+	} else if (backoff(h, r, cc, status) <= 0) {
+		stream_dead(h, s, what(r, cc, status, tmp, sizeof tmp));
+	}
+}
+
+/* Starts each stream's next piece, frees the streams of finished jobs, and lowers *next to
+ * the earliest retry. */
+static void schedule_streams(struct hq *h, double now, double *next)
+{
+	for (struct sjob **p = &h->sjobs; *p;) {
+		struct sjob *s = *p;
+		bool closed = h->closing && (now > h->close_deadline || !s->post || !s->post->active);
+		if (s->over || closed) {
+			*p = s->next;
+			drop_piece(h, s);
+			free(s->pending.p);
+			free(s);
+			continue;
+		}
+		p = &s->next;
+		if (!s->dead && !s->post && s->pending.len) {
+			size_t len = 0;
+			char *body = s->pending.oom ? NULL
+				     : job_stream_chunk(s->pending.p, s->pending.len, &len);
+			free(s->pending.p);
+			s->pending = (struct wk_buf){0};
+			s->post = new_post_to(h, R_STREAM, h->stream_tmpl, "isStream=false", s->id, body,
+					      len, false);
+			if (!s->post) {
+				stream_dead(h, s, "out of memory");
+				continue;
+			}
+			s->post->deadline = now + (h->q->o.reconnect_s < STREAM_RETRY_S
+						   ? h->q->o.reconnect_s : STREAM_RETRY_S);
+		}
+		if (!s->post || s->post->active)
+			continue;
+		if (now >= s->post->next_try) {
+			if (!start(h, s->post, POST_TIMEOUT_S, SMALL_RESP))
+				stream_dead(h, s, "could not start the post");
+		} else if (s->post->next_try < *next) {
+			*next = s->post->next_try;
+		}
+	}
+}
+
 /* ---- the network thread ---- */
 
 /* Starts what is due and says how long to sleep. True when the thread should end. */
@@ -847,7 +990,8 @@ static bool schedule(struct hq *h, double now, int *wait_ms)
 				finish_post(h, r, WK_EIO);
 			}
 		}
-		if (!h->take.active && !h->posts)
+		schedule_streams(h, now, &next);
+		if (!h->take.active && !h->posts && !h->sjobs)
 			return true;
 		if (h->close_deadline < next)
 			next = h->close_deadline;
@@ -877,9 +1021,10 @@ static bool schedule(struct hq *h, double now, int *wait_ms)
 			if (h->ping_next < next)
 				next = h->ping_next;
 		}
+		schedule_streams(h, now, &next);
 	}
 	for (struct req *r = h->posts; r; r = r->next) {
-		if (r->active || r->finished)
+		if (r->active || r->finished || stream_busy(h, r->id))
 			continue;
 		if (now >= r->next_try) {
 			if (!start(h, r, POST_TIMEOUT_S, SMALL_RESP)) {
@@ -933,6 +1078,7 @@ static void *net_main(void *arg)
 				}
 				break;
 			case R_DONE: post_done(h, r, cc, status); break;
+			case R_STREAM: stream_done(h, r, cc, status); break;
 			}
 		}
 	}
@@ -969,6 +1115,12 @@ static void http_close(struct queue *q)
 		next = r->next;
 		free_post(r);
 	}
+	for (struct sjob *s = h->sjobs, *next; s; s = next) {
+		next = s->next;
+		drop_piece(h, s);
+		free(s->pending.p);
+		free(s);
+	}
 	struct req *fixed[] = {&h->take, &h->stop, &h->ping};
 	for (int i = 0; i < 3; i++) {
 		if (fixed[i]->e) {
@@ -992,6 +1144,7 @@ static void http_close(struct queue *q)
 	free(h->stop_tmpl);
 	free(h->done_tmpl);
 	free(h->ping_tmpl);
+	free(h->stream_tmpl);
 	pthread_mutex_destroy(&h->mu);
 	pthread_cond_destroy(&h->cv);
 	free(h);
@@ -1042,6 +1195,8 @@ static int http_open(struct queue *q, const char *url, char *err, size_t errsz)
 	snprintf(h->worker, sizeof h->worker, "%s", pod && *pod ? pod : q->consumer);
 	const char *done = q->o.done_url && *q->o.done_url ? q->o.done_url : getenv("RUNPOD_WEBHOOK_POST_OUTPUT");
 	const char *ping = q->o.ping_url && *q->o.ping_url ? q->o.ping_url : getenv("RUNPOD_WEBHOOK_PING");
+	const char *stream = q->o.stream_url && *q->o.stream_url ? q->o.stream_url
+				: getenv("RUNPOD_WEBHOOK_POST_STREAM");
 	const char *every = getenv("RUNPOD_PING_INTERVAL");
 	const char *key = getenv("RUNPOD_AI_API_KEY");
 	h->ping_every = 10.0;
@@ -1055,6 +1210,8 @@ static int http_open(struct queue *q, const char *url, char *err, size_t errsz)
 	if ((rc = queue_http_check_url("job-done", done, err, errsz)) != WK_OK)
 		goto fail;
 	if (ping && *ping && (rc = queue_http_check_url("ping", ping, err, errsz)) != WK_OK)
+		goto fail;
+	if (stream && *stream && (rc = queue_http_check_url("stream", stream, err, errsz)) != WK_OK)
 		goto fail;
 	if (every && *every) {
 		char *end;
@@ -1081,7 +1238,8 @@ static int http_open(struct queue *q, const char *url, char *err, size_t errsz)
 			goto oom;
 	}
 	if (!(h->take_tmpl = dup_str(url)) || !(h->done_tmpl = dup_str(done)) ||
-	    (ping && *ping && !(h->ping_tmpl = dup_str(ping))))
+	    (ping && *ping && !(h->ping_tmpl = dup_str(ping))) ||
+	    (stream && *stream && !(h->stream_tmpl = dup_str(stream))))
 		goto oom;
 	/* batch take and the stop channel need the standard path; without it, one job per take
 	 * and no stop signals */
@@ -1197,11 +1355,15 @@ static int post_and_wait(struct hq *h, struct req **posts, struct queue_job **jo
 				      : wk_errf(err, errsz, WK_ENOMEM, "job %s: out of memory", jobs[i]->id);
 		ids_del(&h->held, jobs[i]->id);
 		ids_del(&h->stopped, jobs[i]->id);
+		struct sjob *sj = sjob_find(h, jobs[i]->id);
+		if (sj)
+			sj->over = true; /* freed by the network thread, which owns its transfer */
 		if (posts[i]) {
 			unlink_post(h, posts[i]);
 			free_post(posts[i]);
 		}
 	}
+	wake(h);
 	pthread_mutex_unlock(&h->mu);
 	return rc;
 }
@@ -1220,7 +1382,12 @@ static int http_complete(struct queue *q, struct queue_result *res, int n, char 
 		size_t len = 0;
 		char *body = done_body(res[i].json, res[i].len, &len);
 		jobs[i] = res[i].job;
-		posts[i] = new_post(h, res[i].job->id, body, len, true);
+		pthread_mutex_lock(&h->mu);
+		bool streamed = sjob_find(h, res[i].job->id) != NULL;
+		pthread_mutex_unlock(&h->mu);
+		/* a streaming job's end, as runpod-python posts a generator's */
+		posts[i] = new_post_to(h, R_DONE, h->done_tmpl, streamed ? "isStream=true"
+				       : "isStream=false", res[i].job->id, body, len, true);
 	}
 	int rc = post_and_wait(h, posts, jobs, n, rcs, err, errsz);
 	for (int i = 0; i < n; i++) {
@@ -1280,6 +1447,30 @@ static int http_release(struct queue *q, struct queue_job *jobs, int n, char *er
 	return rc;
 }
 
+static bool http_streams(const struct queue *q)
+{
+	return ((const struct hq *)q->impl)->stream_tmpl != NULL;
+}
+
+static void http_stream(struct queue *q, const struct queue_job *j, const char *text, size_t len)
+{
+	struct hq *h = q->impl;
+	pthread_mutex_lock(&h->mu);
+	struct sjob *s = sjob_find(h, j->id);
+	if (!s && (s = calloc(1, sizeof *s))) {
+		snprintf(s->id, sizeof s->id, "%s", j->id);
+		s->next = h->sjobs;
+		h->sjobs = s;
+	}
+	if (!s) {
+		snprintf(h->note, sizeof h->note, "job %.140s: out of memory for its stream", j->id);
+	} else if (!s->dead && len) {
+		wk_buf_add(&s->pending, text, len);
+		wake(h);
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
 static int http_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err,
 			     size_t errsz)
 {
@@ -1330,4 +1521,6 @@ const struct queue_ops queue_http_ops = {
 	.submit = http_submit,
 	.wait_result = http_wait_result,
 	.cancel = http_cancel,
+	.streams = http_streams,
+	.stream = http_stream,
 };

@@ -162,17 +162,17 @@ static void fin_push(struct sched *s, struct sched_req *r)
 }
 
 /* Decodes the output; a stop string cuts the text (and ends the request). */
-/* Decodes out[from..n_out) as it reads after what precedes it: up to SCHED_CTX tokens
+/* Decodes out[from..to) as it reads after what precedes it: up to SCHED_CTX tokens
  * before `from` (of the output, or the prompt's last ones) are decoded with it and their own
  * text is cut off again. A SentencePiece decoder strips the first piece's leading space,
  * which inside the text is real: after the prompt "Once upon a time" the output is
  * ", there was", and after "there was" it is " a little girl". Falls back to the tokens
  * alone when the context's text is not a prefix (a byte split across the boundary). */
 #define SCHED_CTX 4
-static int decode_from(struct sched *s, const struct sched_req *r, int from, char **t,
-		       size_t *len)
+static int decode_range(struct sched *s, const struct sched_req *r, int from, int to, char **t,
+			size_t *len)
 {
-	int n = r->n_out - from, k = 0, ctx[SCHED_CTX];
+	int n = to - from, k = 0, ctx[SCHED_CTX];
 	for (int i = from - 1; i >= 0 && k < SCHED_CTX; i--)
 		ctx[SCHED_CTX - 1 - k++] = r->out[i];
 	for (int i = r->n_prompt - 1; from - k <= 0 && i >= 0 && k < SCHED_CTX; i--)
@@ -198,6 +198,13 @@ static int decode_from(struct sched *s, const struct sched_req *r, int from, cha
 	free(full);
 	free(ids);
 	return tok_decode_utf8(s->tok, r->out + from, n, true, t, len, NULL, 0);
+}
+
+/* out[from..n_out). */
+static int decode_from(struct sched *s, const struct sched_req *r, int from, char **t,
+		       size_t *len)
+{
+	return decode_range(s, r, from, r->n_out, t, len);
 }
 
 static bool decode_and_stop(struct sched *s, struct sched_req *r)
@@ -283,7 +290,9 @@ static size_t held_back(const struct sched_req *r, const char *t, size_t len)
  * became final. Only a window of the last tokens is decoded, so a long stream costs O(1) per
  * token. The window keeps a few tokens before the new ones so that the decoder treats the
  * new ones as it does in the whole text (a SentencePiece decoder strips the first piece's
- * leading space); its tail that could still become a stop string is held back. */
+ * leading space); its tail that could still become a stop string is held back. The window
+ * moves on only to where it decodes as the tail of the text before, so the pieces add up to
+ * the whole text exactly. */
 static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 {
 	char *t = NULL;
@@ -293,6 +302,21 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 		return;
 	}
 	size_t safe = len - held_back(r, t, len);
+	/* A run of <0xXX> tokens at the end decodes as one group (HF's ByteFallback: a group
+	 * that is not valid UTF-8 becomes one U+FFFD a byte, so a later byte can turn an earlier
+	 * one into U+FFFD): its text waits for the run to end. */
+	int run = r->n_out;
+	while (run > r->win && tok_is_byte_fallback(s->tok, r->out[run - 1]))
+		run--;
+	if (run < r->n_out) {
+		char *t3 = NULL;
+		size_t len3 = 0;
+		if (decode_range(s, r, r->win, run, &t3, &len3) != WK_OK)
+			len3 = 0;
+		if (len3 < safe)
+			safe = len3;
+		free(t3);
+	}
 	size_t n = safe > r->win_sent ? safe - r->win_sent : 0;
 	r->on_token(ctx, r, t + r->win_sent, n);
 	r->sent += n;
@@ -301,7 +325,11 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 		char *t2 = NULL;
 		size_t len2 = 0;
 		int from = r->n_out - 4;
-		if (decode_from(s, r, from, &t2, &len2) == WK_OK) {
+		/* only where the new window's text is the old one's tail: a window that starts
+		 * inside a run of byte tokens decodes its first bytes otherwise, and the stream
+		 * would part from the whole text */
+		if (decode_from(s, r, from, &t2, &len2) == WK_OK && len2 <= len &&
+		    !memcmp(t + len - len2, t2, len2)) {
 			r->win = from;
 			r->win_sent = len2;
 		}

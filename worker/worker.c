@@ -719,6 +719,16 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 	return rc;
 }
 
+/* A queue job that asked to stream ("stream": true): its text as it is made, to the
+ * queue's stream channel (RunPod's stream URL); the driver sends it in the background. */
+static void on_job_token(void *ctx, struct sched_req *r, const char *piece, size_t len)
+{
+	struct worker *w = ctx;
+	struct held *h = r->user;
+	if (len)
+		queue_stream(w->q, &h->qj, piece, len);
+}
+
 static void admit(struct worker *w, struct held *h)
 {
 	char err[WK_ERRSZ];
@@ -781,6 +791,10 @@ static void admit(struct worker *w, struct held *h)
 		sched_req_free(r);
 	} else {
 		h->req = r;
+		if (j.stream && !h->http && queue_streams(w->q)) {
+			r->on_token = on_job_token;
+			queue_stream(w->q, &h->qj, "", 0);
+		}
 		if (ledger_current(w->ledger) != LEDGER_BUSY) /* the scheduler was empty */
 			ledger_state(w->ledger, LEDGER_BUSY, sched_mark(w->s), err, sizeof err);
 	}

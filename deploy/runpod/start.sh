@@ -9,8 +9,8 @@
 #   RUNPOD_PING_INTERVAL        -> read by wick: heartbeat period, ms (default 10000)
 #   RUNPOD_POD_ID               -> read by wick: the worker id in the URLs
 #   RUNPOD_AI_API_KEY           -> read by wick: sent as the Authorization header
-#   RUNPOD_WEBHOOK_POST_STREAM  -> not used: wick posts whole results (--stream-url is accepted
-#                                  and ignored)
+#   RUNPOD_WEBHOOK_POST_STREAM  -> read by wick: where jobs with "stream": true post their text
+#                                  as it is made (or --stream-url)
 #
 # Settings of this script (endpoint environment variables; wick does not read them):
 #   WICK_SNAPSHOT      the snapshot on the network volume (default /runpod-volume/snapshots/glm5-fp8)

@@ -2,8 +2,9 @@
 # started here on a free loopback port with an API key and a ping lease: 200 jobs and two
 # workers (one result each, idle exit), job-done posts failed with 500 and retried, bad jobs
 # answered FAILED, pings every RUNPOD_PING_INTERVAL listing the held ids, a stop signal ending
-# a running job CANCELLED, a SIGTERM drain that hands jobs back, and kill -9 (the pings stop,
-# the server requeues). Results are checked from the server's record of job-done posts.
+# a running job CANCELLED, a SIGTERM drain that hands jobs back, kill -9 (the pings stop,
+# the server requeues), and jobs that stream their text to the stream URL while a client reads
+# it. Results are checked from the server's record of job-done posts.
 source tests/e2e/lib.sh
 m=$(stories)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -23,6 +24,7 @@ export RUNPOD_WEBHOOK_PING="$B/ping/\$RUNPOD_POD_ID?gpu=test"
 Q="$B/job-take/\$RUNPOD_POD_ID?gpu=test"
 
 # The test's side of the server: rp enqueue PREFIX N MAX_TOKENS [greedy] | rp cancel ID | rp fail N |
+# rp fail_stream N CODE |
 # rp check PREFIX N (exactly one COMPLETED result per job) | rp state
 cat >"$TMPD/rp.py" <<'PY'
 import json, statistics, sys, urllib.request
@@ -42,6 +44,8 @@ elif cmd == "cancel":
     call("/cancel/" + args[0], {})
 elif cmd == "fail":
     call(f"/fail_done?n={args[0]}", {})
+elif cmd == "fail_stream":
+    call(f"/fail_stream?n={args[0]}&code={args[1]}", {})
 elif cmd == "check":
     s = call("/state")
     prefix, n = args[0], int(args[1])
@@ -228,4 +232,87 @@ unfinished = {i for i, (_, by) in ks.items() if by != ["k1"]}
 assert exp and exp == unfinished, (exp, ks)
 assert all(ks[i] == (2, ["k2"]) for i in exp), ks
 print(f"kill -9: {len(exp)} jobs requeued by the ping lease and finished by another worker")' || fail "lease"
+
+# 7. Streaming. Jobs with "stream": true have their text posted to the stream URL
+#    (RUNPOD_WEBHOOK_POST_STREAM) as it is made, and a client reads it meanwhile through the
+#    platform's /stream/ID: it sees text on several reads before the job ends; the pieces, in
+#    order, are exactly the result's text; all of them were posted before the job-done, which
+#    says isStream=true; a job that did not ask streams nothing. Then stream posts that fail
+#    (HTTP 500, three times) are retried and lose nothing; a refused one (400) ends that job's
+#    stream, and its result is still whole; with no stream URL a streaming job comes whole.
+export RUNPOD_WEBHOOK_POST_STREAM="$B/job-stream/\$RUNPOD_POD_ID/\$ID?gpu=test"
+streaming() { # ID MAX_TOKENS: a greedy job that asks to stream
+  rp raw "[{\"id\": \"$1\", \"input\": {\"prompt\": \"Once upon a time\", \"temperature\": 0,
+    \"max_tokens\": $2, \"stream\": true}}]"
+}
+rp raw '[{"id": "s-1", "input": {"prompt": "Once", "temperature": 0, "max_tokens": 600,
+   "stream": true}},
+  {"id": "s-2", "input": {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 40}},
+  {"id": "s-3", "input": {"prompt": "Once upon a time", "temperature": 0.8, "seed": 3,
+   "max_tokens": 200, "stream": true}}]'
+run_worker s1 "$slow" --concurrency 4 --idle-timeout 1
+ps=$!
+python3 - "$port" "$KEY" >"$TMPD/client.json" <<'PY' || fail "the stream client"
+import json, sys, time, urllib.request
+port, key = sys.argv[1], sys.argv[2]
+text, reads_with_text, t0 = [], 0, time.time()
+while time.time() - t0 < 120:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/ep/stream/s-1",
+                                 headers={"Authorization": key})
+    r = json.load(urllib.request.urlopen(req))
+    reads_with_text += bool(r["stream"])
+    text += [p["output"]["text"] for p in r["stream"]]
+    if r["status"] != "IN_PROGRESS" and r["status"] != "IN_QUEUE":
+        break
+    time.sleep(0.1)
+json.dump({"text": "".join(text), "reads": reads_with_text, "status": r["status"]}, sys.stdout)
+PY
+wait $ps
+exited s1
+rp fail_stream 3 500
+streaming s-4 120
+run_worker s4 "$m" --idle-timeout 1
+wait $!
+exited s4
+rp fail_stream 1 400
+streaming s-5 120
+run_worker s5 "$m" --idle-timeout 1
+wait $!
+exited s5
+grep -q "job s-5: its stream stopped (HTTP 400)" "$TMPD/s5.log" ||
+  fail "the refused stream is not in the log: $(tail -3 "$TMPD/s5.log")"
+unset RUNPOD_WEBHOOK_POST_STREAM
+rp raw '[{"id": "s-6", "input": {"prompt": "Once upon a time", "max_tokens": 20, "stream": true}}]'
+run_worker s6 "$m" --idle-timeout 1
+wait $!
+exited s6
+rp state >"$TMPD/state7.json"
+python3 - "$TMPD/state7.json" "$TMPD/client.json" <<'PY' || fail "streaming"
+import json, sys
+s, c = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+jobs = s["jobs"]
+def done(i):
+    (p,) = [p for p in s["posts"] if p["id"] == i and p["code"] == 200]
+    return p
+def text(i):
+    return done(i)["body"]["output"]["output"]["text"]
+def streamed(i):
+    return "".join(p["output"]["text"] for p in jobs[i]["stream"])
+assert all(jobs[i]["status"] == "COMPLETED" for i in jobs if i.startswith("s-")), jobs
+assert c["status"] == "COMPLETED" and c["text"] == text("s-1"), (c, text("s-1")[:80])
+assert c["reads"] >= 3, f"the client saw text on {c['reads']} reads: not streamed"
+for i in ("s-1", "s-3"):
+    assert len(jobs[i]["stream"]) >= 3 and streamed(i) == text(i), i
+    assert not any(p["done_before"] for p in jobs[i]["stream"]), f"{i}: a piece after the end"
+    assert done(i)["stream"] == "true", (i, done(i)["stream"])
+assert jobs["s-2"]["stream"] == [] and done("s-2")["stream"] == "false", jobs["s-2"]
+print(f"streaming: s-1's {len(text('s-1'))} bytes in {len(jobs['s-1']['stream'])} pieces, read "
+      f"by a client on {c['reads']} reads before it ended; s-2 not streamed")
+assert s.get("stream_failures") == 4, s.get("stream_failures")
+assert streamed("s-4") == text("s-4"), "s-4 lost text"
+assert jobs["s-5"]["stream"] == [] and done("s-5")["stream"] == "true" and text("s-5"), jobs["s-5"]
+assert jobs["s-6"]["stream"] == [] and done("s-6")["stream"] == "false", jobs["s-6"]
+print("streaming: 3 failed pieces retried, nothing lost; a refused one ended that stream, the "
+      "result whole; no stream URL, no stream")
+PY
 echo ok

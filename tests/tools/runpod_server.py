@@ -7,6 +7,7 @@ The worker's side (the paths of runpod-python 1.12; EP is any endpoint name):
   GET  /v2/EP/job-stop/WORKER                         {"jobsToStop": [ids]}, or 204 (long-poll)
   POST /v2/EP/job-done/WORKER/JOB?isStream=false      {"output"} | {"error", "output"} |
                                                       {"error", "retry": true} (requeued)
+  POST /v2/EP/job-stream/WORKER/JOB?isStream=false   {"output": PIECE}, kept in order
   GET  /v2/EP/ping/WORKER?job_id=a,b&runpod_version=V
 The test's side:
   POST /admin/enqueue        a job {"id", "input"} or a list of them
@@ -14,7 +15,10 @@ The test's side:
   POST /admin/fail_done?n=N  the next N job-done posts get HTTP 500 (nothing is recorded)
   POST /admin/refuse_done?n=N&code=C&min=B  the next N job-done posts of at least B bytes
                              get HTTP C (default 413), as a platform refuses a large result
-  GET  /admin/state          jobs, takes, pings and posts, as JSON
+  POST /admin/fail_stream?n=N&code=C  the next N stream posts get HTTP C (default 500)
+  GET  /v2/EP/stream/JOB     the client's side of a stream, as RunPod's /stream/ID: the
+                             pieces not read before, {"status", "stream": [{"output"}]}
+  GET  /admin/state          jobs (each with its "stream" pieces), takes, pings and posts
 Options: --port P; --long-poll S (default 2) holds an empty take or stop poll that long;
 --lease S (default 0 = off) puts a running job back in the queue when its worker's pings
 have not listed it for S seconds (the ping is the lease); --api-key KEY makes every worker
@@ -36,6 +40,7 @@ stops = {}          # worker -> [job ids to stop]
 log = {"takes": [], "pings": [], "posts": [], "expired": [], "unauthorized": 0, "failed_posts": 0}
 fail_next = 0
 refuse = {"n": 0, "code": 413, "min": 0}
+fail_stream = {"n": 0, "code": 500}
 opts = None
 
 
@@ -164,6 +169,36 @@ class Handler(BaseHTTPRequestHandler):
                     j["status"] = "FAILED" if "error" in body else "COMPLETED"
         self.reply(200, {})
 
+    def stream_piece(self, worker, job_id, raw, q):
+        with lock:
+            if fail_stream["n"] > 0:
+                fail_stream["n"] -= 1
+                log["stream_failures"] = log.get("stream_failures", 0) + 1
+                return self.reply(fail_stream["code"], {"error": "injected failure"})
+            j = jobs.get(job_id)
+            if j is None:
+                return self.reply(404, {"error": "no such job"})
+            try:
+                body = json.loads(raw)
+                assert isinstance(body, dict) and "output" in body
+            except (ValueError, AssertionError):
+                return self.reply(400, {"error": "the body is not {\"output\": ...}"})
+            j["stream"].append({"t": now(), "worker": worker, "output": body["output"],
+                                "isStream": q.get("isStream"),
+                                "done_before": bool(j["results"])})
+            lock.notify_all()
+        self.reply(200, {})
+
+    def client_stream(self, job_id):
+        with lock:
+            j = jobs.get(job_id)
+            if j is None:
+                return self.reply(404, {"error": "no such job"})
+            new = j["stream"][j["read"]:]
+            j["read"] = len(j["stream"])
+            status = j["status"]
+        self.reply(200, {"status": status, "stream": [{"output": p["output"]} for p in new]})
+
     def ping(self, worker, q):
         ids = [i for i in q.get("job_id", "").split(",") if i]
         with lock:
@@ -185,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
                 for j in new if isinstance(new, list) else [new]:
                     jobs[j["id"]] = {"id": j["id"], "input": j.get("input"), "status": "IN_QUEUE",
                                      "worker": None, "last_seen": 0, "deliveries": 0,
-                                     "released": 0, "results": []}
+                                     "released": 0, "results": [], "stream": [], "read": 0}
                     queue.append(j["id"])
                 lock.notify_all()
                 return self.reply(200, {"queued": len(queue)})
@@ -200,6 +235,9 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(200, {})
             if p[1] == "refuse_done":
                 refuse.update(n=int(q.get("n", "1")), code=int(q.get("code", "413")), min=int(q.get("min", "0")))
+                return self.reply(200, {})
+            if p[1] == "fail_stream":
+                fail_stream.update(n=int(q.get("n", "1")), code=int(q.get("code", "500")))
                 return self.reply(200, {})
             if p[1] == "fail_done":
                 fail_next = int(q.get("n", "1"))
@@ -228,6 +266,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.ping(worker, q)
         if method == "POST" and kind == "job-done" and len(p) == 5:
             return self.done(worker, p[4], raw)
+        if method == "POST" and kind == "job-stream" and len(p) == 5:
+            return self.stream_piece(worker, p[4], raw, q)
+        if method == "GET" and kind == "stream":
+            return self.client_stream(p[3])
         self.reply(404, {"error": "unknown path"})
 
     def do_GET(self):

@@ -177,3 +177,59 @@ Test(sched_stream, held_back_text_is_never_streamed_then_cut)
 	sched_req_free(p.done);
 	sched_free(s);
 }
+
+/* Random weights (tests/tools/gen_llama) with stories260K's tokenizer generate runs of
+ * <0xXX> byte tokens that are not valid UTF-8, which HF's ByteFallback decodes as one U+FFFD a
+ * byte for the whole run: a later byte turns an earlier, valid one into U+FFFD. The stream
+ * holds a run's text back until it ends, so the pieces still add up to the text exactly
+ * (before, they parted from it at the first such run). */
+Test(sched_stream, byte_token_runs_add_up_too)
+{
+	const char *tools = getenv("WICK_TOOLS");
+	char def[512], rnd[300], cmd[2048], err[WK_ERRSZ];
+	if (!tools) {
+		snprintf(def, sizeof def, "%s/tools", getenv("WICK_BUILD") ? getenv("WICK_BUILD")
+									   : "build");
+		tools = def;
+	}
+	snprintf(rnd, sizeof rnd, "%s/random", dir);
+	snprintf(cmd, sizeof cmd, "'%s/gen_llama' -o '%s' --vocab 512 --max-pos 256 --dtype f32 "
+		 "--seed 9 >/dev/null && cp '%s/tokenizer.json' '%s/'", tools, rnd, dir, rnd);
+	cr_assert_eq(system(cmd), 0, "%s failed (is $WICK_TOOLS/gen_llama built?)", cmd);
+	struct engine *re;
+	struct eng_opts o = {.backend = "cpu", .max_seq = 256, .max_seqs = 4};
+	cr_assert_eq(eng_open(rnd, &o, &re, err, sizeof err), WK_OK, "%s", err);
+	struct engine *saved = eng;
+	eng = re; /* req() encodes with eng's tokenizer */
+	struct sched *s = sched_create(re, NULL);
+	struct stream st = {0};
+	struct sched_req *all[4] = {req("a", "", 240), req("b", "", 240), req("c", "Once", 240),
+				    req("d", "", 240)};
+	for (int i = 0; i < 4; i++) {
+		all[i]->samp = (struct samp_cfg){.temperature = i == 3 ? 0 : 1.0f, .top_p = 1,
+						 .seed = 11 + (uint64_t)i};
+		cr_assert_eq(sched_submit(s, all[i], err, sizeof err), WK_OK);
+	}
+	for (int k = 0; sched_pending(s) > 0; k++) {
+		cr_assert_geq(sched_step(s, on_done, &st), 0);
+		cr_assert_lt(k, 1000);
+	}
+	cr_assert_eq(st.n_done, 4);
+	int runs = 0;
+	for (int k = 0; k < 4; k++) {
+		struct sched_req *r = st.done[k];
+		int i = index_of(r);
+		for (int t = 1; t < r->n_out; t++)
+			runs += tok_is_byte_fallback(eng_tokenizer(re), r->out[t - 1]) &&
+				tok_is_byte_fallback(eng_tokenizer(re), r->out[t]);
+		cr_expect_eq(st.len[i], r->text_len, "%s: streamed %zu bytes, text %zu", r->id,
+			     st.len[i], r->text_len);
+		cr_expect(st.len[i] == r->text_len && !memcmp(st.text[i], r->text, r->text_len),
+			  "request %s: the stream parted from the text", r->id);
+		sched_req_free(r);
+	}
+	cr_expect_gt(runs, 10, "only %d adjacent byte tokens: the case is not exercised", runs);
+	sched_free(s);
+	eng = saved;
+	eng_close(re);
+}
