@@ -36,6 +36,7 @@ Test(job, minimal_prompt_and_defaults)
 	cr_expect(!j.has_seed);
 	cr_expect_eq(j.n_stop, 0);
 	cr_expect_float_eq(j.timeout_s, JOB_TIMEOUT_DEFAULT, 1e-9);
+	cr_expect(!j.stream);
 	job_free(&j);
 	job_free(&j); /* twice is fine */
 }
@@ -47,7 +48,7 @@ Test(job, all_fields)
 			"\"input\": {\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
 			"{\"role\": \"user\", \"content\": \"Hi \\u00e9\"}],"
 			"\"max_tokens\": 16, \"temperature\": 0, \"top_p\": 0.9, \"top_k\": 40,"
-			"\"seed\": 9007199254740993, \"stop\": [\"\\n\", \"END\"]}}";
+			"\"seed\": 9007199254740993, \"stop\": [\"\\n\", \"END\"], \"stream\": true}}";
 	cr_assert_eq(dec(s, &j), JOB_OK, "%s", msg);
 	cr_expect_str_eq(j.tenant, "acme");
 	cr_expect_float_eq(j.timeout_s, 2.5, 1e-9);
@@ -64,6 +65,7 @@ Test(job, all_fields)
 	cr_assert_eq(j.n_stop, 2);
 	cr_expect_str_eq(j.stop[0], "\n");
 	cr_expect_str_eq(j.stop[1], "END");
+	cr_expect(j.stream);
 	job_free(&j);
 	/* a single stop string, nulls as absent, max_tokens 16.0 */
 	cr_assert_eq(dec("{\"id\": \"x\", \"tenant\": null, \"input\": {\"prompt\": \"p\", \"stop\": \"s\","
@@ -130,6 +132,8 @@ Test(job, invalid_input)
 	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": [\"\"]}}", JOB_EINVALID_INPUT);
 	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": [1]}}", JOB_EINVALID_INPUT);
 	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": \"\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stream\": 1}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stream\": \"yes\"}}", JOB_EINVALID_INPUT);
 }
 
 Test(job, ranges_at_their_edges)
@@ -344,6 +348,17 @@ Test(job, encode_invalid_utf8_and_nulls)
 	struct job_result r2 = {.id = "n", .text = "a\0b", .text_len = 3};
 	s = job_encode_result(&r2, NULL);
 	cr_expect_not_null(strstr(s, "\"a\\u0000b\""), "%s", s);
+	free(s);
+	/* a stream's piece: the same repair, as {"output": {"text": ...}} */
+	size_t n = 0;
+	s = job_stream_chunk(text, sizeof text - 1, &n);
+	cr_assert_not_null(s);
+	cr_expect_eq(n, strlen(s));
+	v = parse(s);
+	const char *pt = json_string_value(json_object_get(json_object_get(v, "output"), "text"));
+	cr_expect_not_null(pt && strstr(pt, "ok \xef\xbf\xbd"), "%s", s);
+	cr_expect_not_null(pt && strstr(pt, "\xf0\x9f\x98\x80 end"), "%s", s);
+	json_decref(v);
 	free(s);
 	/* NaN and infinite seconds still make JSON */
 	struct job_result r3 = {.id = "n", .queue_seconds = 0.0 / 0.0, .gpu_seconds = 1e300};
