@@ -34,6 +34,10 @@ static void usage(FILE *f)
 		"      --seed S           input.seed\n"
 		"      --no-check         enqueue the job even when it would fail validation\n"
 		"  -w, --wait             wait for the result and print it (exit 1 unless COMPLETED)\n"
+		"      --stream           --wait, with input.stream true: first the text as it is made,\n"
+		"                         a line {\"output\": {\"text\": PIECE}, \"attempt\": N} a piece\n"
+		"                         (a job run again starts again: attempt N+1), then the result\n"
+		"                         (redis:// queues)\n"
 		"      --timeout S        how long --wait waits (default 600)\n"
 		"      --cancel ID        ask that job ID be cancelled, and exit\n");
 }
@@ -84,7 +88,7 @@ static char *read_stream(FILE *f, size_t max, size_t *len)
 
 struct sub_opts {
 	const char *prompt, *file, *id, *tenant;
-	bool from_stdin, no_check, wait;
+	bool from_stdin, no_check, wait, stream;
 	json_int_t max_tokens, seed;
 	double temperature;
 	bool has_max_tokens, has_seed, has_temperature;
@@ -160,6 +164,8 @@ static int build(const struct sub_opts *o, char *id, size_t idsz, char **out, si
 				json_object_set_new(in, "seed", json_integer(o->seed));
 			if (o->has_temperature)
 				json_object_set_new(in, "temperature", json_real(o->temperature));
+			if (o->stream)
+				json_object_set_new(in, "stream", json_true());
 		}
 		*out = json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		if (!*out) {
@@ -202,6 +208,20 @@ out:
 	return rc;
 }
 
+/* --stream: a piece of the text as it comes, one JSON line. */
+static void print_piece(void *ctx, const char *text, size_t len, int attempt)
+{
+	(void)ctx;
+	size_t n = 0;
+	char *line = job_stream_chunk(text, len, attempt, &n);
+	if (line) {
+		fwrite(line, 1, n, stdout);
+		putchar('\n');
+		fflush(stdout);
+	}
+	free(line);
+}
+
 static int number(const char *arg, const char *flag, double lo, double hi, double *v)
 {
 	char *end;
@@ -224,6 +244,7 @@ int cmd_submit(int argc, char **argv)
 		{"seed", required_argument, 0, 's'},   {"no-check", no_argument, 0, 'N'},
 		{"wait", no_argument, 0, 'w'},         {"timeout", required_argument, 0, 'W'},
 		{"cancel", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'},
+		{"stream", no_argument, 0, 'R'},
 		{0, 0, 0, 0}};
 	struct sub_opts o = {0};
 	const char *url = NULL, *cancel = NULL;
@@ -255,6 +276,7 @@ int cmd_submit(int argc, char **argv)
 			break;
 		case 'N': o.no_check = true; break;
 		case 'w': o.wait = true; break;
+		case 'R': o.stream = o.wait = true; break;
 		case 'W':
 			if (number(optarg, "--timeout", 0, 86400 * 7, &timeout))
 				return 2;
@@ -291,6 +313,12 @@ int cmd_submit(int argc, char **argv)
 		queue_close(q);
 		return rc;
 	}
+	if (o.stream && strcmp(queue_driver(q), "redis")) {
+		fprintf(stderr, "wick: --stream reads the job's text from Redis as it is made; a %s "
+			"queue has no such stream (--wait gets the whole result)\n", queue_driver(q));
+		queue_close(q);
+		return 2;
+	}
 	char id[JOB_ID_MAX + 16];
 	char *body = NULL;
 	size_t len = 0;
@@ -307,7 +335,9 @@ int cmd_submit(int argc, char **argv)
 	}
 	char *res = NULL;
 	size_t rlen = 0;
-	if (queue_wait_result(q, id, timeout, &res, &rlen, err, sizeof err) != WK_OK) {
+	if ((o.stream ? queue_wait_stream(q, id, timeout, print_piece, NULL, &res, &rlen, err,
+					  sizeof err)
+		      : queue_wait_result(q, id, timeout, &res, &rlen, err, sizeof err)) != WK_OK) {
 		fprintf(stderr, "wick: %s\n", err);
 		goto out;
 	}

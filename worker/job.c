@@ -454,12 +454,15 @@ static void put_str(struct wk_buf *b, const char *s, size_t n)
 
 static void put_cstr(struct wk_buf *b, const char *s) { put_str(b, s, s ? strlen(s) : 0); }
 
-char *job_stream_chunk(const char *text, size_t len, size_t *out_len)
+char *job_stream_chunk(const char *text, size_t len, int attempt, size_t *out_len)
 {
 	struct wk_buf b = {0};
 	puts_(&b, "{\"output\": {\"text\": ");
 	put_str(&b, text, len);
-	puts_(&b, "}}");
+	puts_(&b, "}");
+	if (attempt > 0)
+		putf(&b, ", \"attempt\": %d", attempt);
+	puts_(&b, "}");
 	put(&b, "", 1);
 	if (b.oom) {
 		free(b.p);

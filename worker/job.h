@@ -10,8 +10,8 @@
  *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
  *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false}}
  * Unknown members are ignored, so producers may add fields. Every input has a limit below.
- * "stream": true asks for the text as it is made, where the queue has a channel for it (the
- * RunPod job API's stream URL); the result is whole either way.
+ * "stream": true asks for the text as it is made, where the queue has a channel for it (Redis:
+ * STREAM:stream:<id>; the RunPod job API's stream URL); the result is whole either way.
  *
  * Result:
  *   {"id", "status": "COMPLETED"|"FAILED"|"TIMED_OUT"|"CANCELLED",
@@ -123,9 +123,9 @@ struct job_result {
 char *job_encode_result(const struct job_result *r, size_t *len);
 
 /* A piece of a streamed job's text as the chunk a stream channel carries:
- * {"output": {"text": "..."}}, invalid UTF-8 as in job_encode_result. malloc'd, NULL only
- * when out of memory. */
-char *job_stream_chunk(const char *text, size_t len, size_t *len_out);
+ * {"output": {"text": "..."}}, with "attempt": N after it when attempt > 0; invalid UTF-8 as
+ * in job_encode_result. malloc'd, NULL only when out of memory. */
+char *job_stream_chunk(const char *text, size_t len, int attempt, size_t *len_out);
 
 /* A FAILED (or other non-COMPLETED) result with no output: the shortcut for jobs that never
  * ran. Same return contract as job_encode_result. */

@@ -272,6 +272,21 @@ void queue_stream(struct queue *q, const struct queue_job *j, const char *text, 
 		q->ops->stream(q, j, text, len);
 }
 
+int queue_flush_streams(struct queue *q, char *err, size_t errsz)
+{
+	return q->ops->flush_streams ? q->ops->flush_streams(q, err, errsz) : WK_OK;
+}
+
+int queue_wait_stream(struct queue *q, const char *id, double timeout_s,
+		      void (*on_piece)(void *ctx, const char *text, size_t len, int attempt),
+		      void *ctx, char **json, size_t *len, char *err, size_t errsz)
+{
+	if (!q->ops->wait_stream)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s queues have no stream a client can "
+			       "read (redis:// has)", q->ops->name);
+	return q->ops->wait_stream(q, id, timeout_s, on_piece, ctx, json, len, err, errsz);
+}
+
 int queue_submit(struct queue *q, const char *id, const char *json, size_t len, char *err,
 		 size_t errsz)
 {

@@ -156,14 +156,24 @@ int queue_release(struct queue *q, struct queue_job *jobs, int n, char *err, siz
 /* Sets jobs[i].cancelled for each job cancelled through the queue's channel. */
 int queue_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
 
-/* Streaming: whether the queue has a channel for a job's text as it is made (the RunPod job
- * API with a stream URL), and text[0..len) handed on to it for job j, after the text before.
- * Never blocks: the driver sends in the background, at most one message a job in flight, so
- * text that arrives meanwhile goes out together in the next. Best effort: what the channel
- * loses is still in the result, which queue_complete posts only after the job's last piece
- * was answered. len 0 only registers the job. */
+/* Streaming: whether the queue has a channel for a job's text as it is made (Redis: the key
+ * STREAM:stream:<id>; the RunPod job API with a stream URL), and text[0..len) handed on to
+ * it for job j, after the text before. Never blocks. RunPod: the driver sends in the
+ * background, at most one post a job in flight, so text that arrives meanwhile goes out
+ * together in the next. Redis: buffered until queue_flush_streams, which the worker calls
+ * after each step (one pipeline for all jobs). Best effort: what the channel loses is still
+ * in the result, which queue_complete stores only after the job's last piece. len 0 only
+ * registers the job. */
 bool queue_streams(const struct queue *q);
 void queue_stream(struct queue *q, const struct queue_job *j, const char *text, size_t len);
+int queue_flush_streams(struct queue *q, char *err, size_t errsz);
+
+/* wait_result that hands on job id's pieces as they come (Redis; WK_EUNSUPPORTED elsewhere):
+ * on_piece gets each piece with the attempt that made it (a job run again streams again
+ * from its start under the next attempt). */
+int queue_wait_stream(struct queue *q, const char *id, double timeout_s,
+		      void (*on_piece)(void *ctx, const char *text, size_t len, int attempt),
+		      void *ctx, char **json, size_t *len, char *err, size_t errsz);
 
 /* ---- the producer's side (wick submit) ---- */
 

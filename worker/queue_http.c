@@ -375,6 +375,8 @@ struct sjob {
 	struct req *post;     /* NULL when none */
 	bool dead;            /* the channel failed or refused: nothing more is sent */
 	bool over;            /* the job's job-done post ended: the network thread frees it */
+	double retry_s;       /* how long a piece is retried (set on the worker's thread, which
+			       * owns q->o.reconnect_s) */
 	struct sjob *next;
 };
 
@@ -407,6 +409,9 @@ struct hq {
 	char take_err[WK_ERRSZ];
 	char note[WK_ERRSZ];     /* a one-off problem for the next queue_take that returns nothing */
 	uint64_t posts_ok, reconnects, pieces_ok;
+	/* q->o.reconnect_s as of the worker's last call: queue_set_reconnect writes that on the
+	 * worker's thread, so this thread reads the copy, which calls refresh under mu */
+	double reconnect_s;
 };
 
 static int ids_find(const struct idset *s, const char *id)
@@ -579,7 +584,7 @@ static struct req *new_post_to(struct hq *h, enum kind kind, const char *tmpl, c
 	r->body = body;
 	r->body_len = len;
 	r->can_fall_back = fall_back;
-	r->deadline = wk_now() + h->q->o.reconnect_s;
+	r->deadline = wk_now() + h->reconnect_s;
 	r->url = queue_http_url(tmpl, h->worker, id, query);
 	r->e = curl_easy_init();
 	/* runpod-python sends the JSON with this content type; X-Request-ID is the job id */
@@ -846,7 +851,7 @@ static void post_done(struct hq *h, struct req *r, CURLcode cc, long status)
 		return;
 	if (b == 0) {
 		snprintf(r->err, sizeof r->err, "job %.140s: job-done failed for %.0f s: %.250s", r->id,
-			 h->q->o.reconnect_s, what(r, cc, status, tmp, sizeof tmp));
+			 h->reconnect_s, what(r, cc, status, tmp, sizeof tmp));
 		finish_post(h, r, WK_EIO);
 		return;
 	}
@@ -945,7 +950,7 @@ static void schedule_streams(struct hq *h, double now, double *next)
 		if (!s->dead && !s->post && s->pending.len) {
 			size_t len = 0;
 			char *body = s->pending.oom ? NULL
-				     : job_stream_chunk(s->pending.p, s->pending.len, &len);
+				     : job_stream_chunk(s->pending.p, s->pending.len, 0, &len);
 			free(s->pending.p);
 			s->pending = (struct wk_buf){0};
 			s->post = new_post_to(h, R_STREAM, h->stream_tmpl, "isStream=false", s->id, body,
@@ -954,8 +959,7 @@ static void schedule_streams(struct hq *h, double now, double *next)
 				stream_dead(h, s, "out of memory");
 				continue;
 			}
-			s->post->deadline = now + (h->q->o.reconnect_s < STREAM_RETRY_S
-						   ? h->q->o.reconnect_s : STREAM_RETRY_S);
+			s->post->deadline = now + s->retry_s;
 		}
 		if (!s->post || s->post->active)
 			continue;
@@ -1184,6 +1188,7 @@ static int http_open(struct queue *q, const char *url, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	q->impl = h;
 	h->q = q;
+	h->reconnect_s = q->o.reconnect_s;
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1291,6 +1296,7 @@ static int http_take(struct queue *q, struct queue_job *jobs, int max, double wa
 	until.tv_nsec = (long)(ns % 1000000000LL);
 	double deadline = wk_now() + wait_s;
 	pthread_mutex_lock(&h->mu);
+	h->reconnect_s = q->o.reconnect_s;
 	sync_stats(q);
 	for (;;) {
 		int k = h->nbuf < max - *n ? h->nbuf : max - *n;
@@ -1334,6 +1340,7 @@ static int post_and_wait(struct hq *h, struct req **posts, struct queue_job **jo
 {
 	int rc = WK_OK;
 	pthread_mutex_lock(&h->mu);
+	h->reconnect_s = h->q->o.reconnect_s;
 	for (int i = 0; i < n; i++)
 		if (posts[i]) {
 			posts[i]->next = h->posts;
@@ -1456,9 +1463,11 @@ static void http_stream(struct queue *q, const struct queue_job *j, const char *
 {
 	struct hq *h = q->impl;
 	pthread_mutex_lock(&h->mu);
+	h->reconnect_s = q->o.reconnect_s;
 	struct sjob *s = sjob_find(h, j->id);
 	if (!s && (s = calloc(1, sizeof *s))) {
 		snprintf(s->id, sizeof s->id, "%s", j->id);
+		s->retry_s = q->o.reconnect_s < STREAM_RETRY_S ? q->o.reconnect_s : STREAM_RETRY_S;
 		s->next = h->sjobs;
 		h->sjobs = s;
 	}

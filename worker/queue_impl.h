@@ -31,6 +31,10 @@ struct queue_ops {
 	/* optional: NULL, or false from streams, where the queue has no stream channel */
 	bool (*streams)(const struct queue *q);
 	void (*stream)(struct queue *q, const struct queue_job *j, const char *text, size_t len);
+	int (*flush_streams)(struct queue *q, char *err, size_t errsz); /* optional */
+	int (*wait_stream)(struct queue *q, const char *id, double timeout_s,
+			   void (*on_piece)(void *ctx, const char *text, size_t len, int attempt),
+			   void *ctx, char **json, size_t *len, char *err, size_t errsz); /* optional */
 };
 
 struct queue {

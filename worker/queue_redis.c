@@ -11,6 +11,8 @@
  *   jobs:queued:<id>     set by submit (with the result's ttl): one enqueue per id
  *   jobs:dead            dead letters: {id, job, reason, entry} (the `dead` parameter),
  *                        capped near 100,000
+ *   jobs:stream:<id>     a streaming job's text as it is made ("stream": true): entries
+ *                        {text, attempt}, expiring an hour after the last (or result_ttl)
  * Group G (default "wick") is created from id 0 with MKSTREAM by every opener, so jobs
  * submitted before any worker existed are seen.
  *
@@ -47,6 +49,13 @@
  * untrusted certificate or a refused client certificate fails the open at once, by name;
  * later, as with the password file, it is retried with the reconnect's backoff.
  *
+ * Streaming: queue_stream only buffers; queue_flush_streams, which the worker calls after
+ * each step, sends what each job made in that step as one entry, all jobs in one pipeline,
+ * and queue_complete flushes first, so a job's pieces are in before its result. A reader
+ * (queue_wait_stream, `wick submit --stream`) XREADs the job's stream and the announcements
+ * together, and once the result is there reads the pieces left. A job run again (a lease
+ * lost, a drain) streams again from its start under the next attempt number.
+ *
  * Failures: any I/O error, or a -LOADING reply (Redis replaying its log), drops the
  * connection; the operation is retried on a new one with backoff (50 ms doubling to 2 s)
  * for up to reconnect_s. Every operation is idempotent (the announcement rides on SET NX in
@@ -71,6 +80,7 @@
 #define RESULTS_MAXLEN 100000 /* approximate cap of the announcement stream */
 #define DEAD_MAXLEN 100000    /* approximate cap of the dead-letter stream */
 #define IO_TIMEOUT_S 10       /* a reply slower than this (beyond a BLOCK) is a dead server */
+#define STREAM_TTL_S 3600     /* a job's stream key lives this long after its last piece */
 
 struct rq {
 	struct queue_redis_url u;
@@ -85,6 +95,15 @@ struct rq {
 	char *user, *pass;     /* WICK_REDIS_USERNAME, WICK_REDIS_PASSWORD (malloc'd, wiped) */
 	char *pass_file;       /* WICK_REDIS_PASSWORD_FILE: pass is read from it on a connect */
 	struct rconn_tls tls;  /* rediss://: WICK_REDIS_CA_FILE, _CERT_FILE, _KEY_FILE (malloc'd) */
+	struct rstream *streams; /* jobs that stream, until completed or released */
+};
+
+/* A streaming job's text made since the last flush. */
+struct rstream {
+	char id[JOB_ID_MAX + 1];
+	int attempt;
+	struct wk_buf pending;
+	struct rstream *next;
 };
 
 /* ---- URL: pure ---- */
@@ -506,6 +525,11 @@ static void redis_close(struct queue *q)
 	free((char *)r->tls.ca_file);
 	free((char *)r->tls.cert_file);
 	free((char *)r->tls.key_file);
+	for (struct rstream *x = r->streams, *next; x; x = next) {
+		next = x->next;
+		free(x->pending.p);
+		free(x);
+	}
 	free(r);
 	q->impl = NULL;
 }
@@ -939,6 +963,102 @@ out:
 	return rc;
 }
 
+/* ---- streaming: the worker's side (the reader's is with the producer's) ---- */
+
+static bool redis_streams(const struct queue *q)
+{
+	(void)q;
+	return true;
+}
+
+static struct rstream *rstream_find(struct rq *r, const char *id)
+{
+	for (struct rstream *x = r->streams; x; x = x->next)
+		if (!strcmp(x->id, id))
+			return x;
+	return NULL;
+}
+
+static void redis_stream(struct queue *q, const struct queue_job *j, const char *text, size_t len)
+{
+	struct rq *r = q->impl;
+	struct rstream *x = rstream_find(r, j->id);
+	if (!x && (x = calloc(1, sizeof *x))) {
+		snprintf(x->id, sizeof x->id, "%s", j->id);
+		x->next = r->streams;
+		r->streams = x;
+	}
+	if (x) {
+		x->attempt = j->attempt;
+		wk_buf_add(&x->pending, text, len);
+	}
+}
+
+/* Forgets the streams of jobs that ended or went back (what they had not sent is lost: the
+ * result has it, or the next attempt makes it again). */
+static void rstream_drop(struct rq *r, const struct queue_job *jobs, int n,
+			 const struct queue_result *res)
+{
+	for (int i = 0; i < n; i++) {
+		const char *id = res ? res[i].job->id : jobs[i].id;
+		for (struct rstream **p = &r->streams; *p; p = &(*p)->next)
+			if (!strcmp((*p)->id, id)) {
+				struct rstream *x = *p;
+				*p = x->next;
+				free(x->pending.p);
+				free(x);
+				break;
+			}
+	}
+}
+
+static void append_pieces(struct queue *q, void *ctx)
+{
+	struct rq *r = q->impl;
+	(void)ctx;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	long long ttl = r->u.result_ttl > 0 && r->u.result_ttl < STREAM_TTL_S ? r->u.result_ttl
+									      : STREAM_TTL_S;
+	for (struct rstream *x = r->streams; x; x = x->next) {
+		if (!x->pending.len)
+			continue;
+		struct args a = {0};
+		key(k, sizeof k, r, "stream", x->id);
+		a_s(&a, "XADD"), a_s(&a, k), a_s(&a, "*"), a_s(&a, "text");
+		a_b(&a, x->pending.p, x->pending.len), a_s(&a, "attempt"), a_ll(&a, x->attempt);
+		send_args(r->c, &a);
+		a = (struct args){0};
+		a_s(&a, "EXPIRE"), a_s(&a, k), a_ll(&a, ttl);
+		send_args(r->c, &a);
+	}
+}
+
+static int redis_flush_streams(struct queue *q, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	int n = 0;
+	for (struct rstream *x = r->streams; x; x = x->next)
+		n += x->pending.len > 0;
+	if (!n)
+		return WK_OK;
+	redisReply **rep = calloc((size_t)n * 2, sizeof *rep);
+	int rc = rep ? exec(q, append_pieces, NULL, n * 2, rep, err, errsz)
+		     : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int i = 0; rc == WK_OK && i < n; i++)
+		if (rep[2 * i]->type == REDIS_REPLY_ERROR)
+			rc = wk_errf(err, errsz, WK_EIO, "redis XADD of a job's stream: %s",
+				     rep[2 * i]->str);
+	if (rep)
+		free_replies(rep, n * 2);
+	free(rep);
+	/* sent or not, the pieces are gone: the results hold the whole texts */
+	for (struct rstream *x = r->streams; x; x = x->next) {
+		free(x->pending.p);
+		x->pending = (struct wk_buf){0};
+	}
+	return rc;
+}
+
 /* ---- complete ---- */
 
 struct complete_ctx {
@@ -998,6 +1118,10 @@ static int redis_complete(struct queue *q, struct queue_result *res, int n, char
 	if (!rep)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	struct complete_ctx t = {.r = res, .n = n};
+	/* a job's last pieces go before its result (best effort: the result is whole anyway) */
+	char ferr[WK_ERRSZ];
+	redis_flush_streams(q, ferr, sizeof ferr);
+	rstream_drop(r, NULL, n, res);
 	int rc = exec(q, append_complete, &t, n * 4 + 1, rep, err, errsz);
 	q->st.syncs++;
 	if (rc == WK_OK) {
@@ -1094,6 +1218,7 @@ static int redis_release(struct queue *q, struct queue_job *jobs, int n, char *e
 	int rc = claims(q, jobs, n, 1000LL * 86400 * 365, tmp, err, errsz);
 	for (int i = 0; i < n; i++)
 		held_del(r, jobs[i].handle);
+	rstream_drop(r, jobs, n, NULL);
 	return rc == WK_ENOTFOUND ? WK_OK : rc;
 }
 
@@ -1176,6 +1301,57 @@ static int redis_cancel(struct queue *q, const char *id, char *err, size_t errsz
 	return rc;
 }
 
+/* The id of list's last entry into last (unchanged when list is empty). */
+static void pieces_last(const redisReply *list, char *last)
+{
+	if (!list || list->type != REDIS_REPLY_ARRAY || list->elements == 0)
+		return;
+	const redisReply *e = list->element[list->elements - 1];
+	if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 &&
+	    e->element[0]->type == REDIS_REPLY_STRING && e->element[0]->len < ENTRY_ID_MAX)
+		memcpy(last, e->element[0]->str, e->element[0]->len + 1);
+}
+
+/* XREAD BLOCK (left seconds, 2 s at most) on n streams from their ids; the connection's
+ * timeout stretched by the block meanwhile. */
+static int xread_block(struct queue *q, const char *const *keys, char *const *ids, int n,
+		       double left, redisReply **rep, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	long long block = (long long)(left * 1000) + 1;
+	if (block > 2000)
+		block = 2000;
+	struct args a = {0};
+	a_s(&a, "XREAD"), a_s(&a, "COUNT"), a_s(&a, "1000"), a_s(&a, "BLOCK"), a_ll(&a, block);
+	a_s(&a, "STREAMS");
+	for (int i = 0; i < n; i++)
+		a_s(&a, keys[i]);
+	for (int i = 0; i < n; i++)
+		a_s(&a, ids[i]);
+	r->io_extra_s = (double)block / 1000;
+	set_timeout(r);
+	int rc = exec1(q, &a, rep, err, errsz);
+	r->io_extra_s = 0;
+	set_timeout(r);
+	return rc;
+}
+
+/* The announcement stream's last id into last (unchanged when it is empty), before a first
+ * look for a result: an announcement after it is not missed. */
+static int last_announcement(struct queue *q, const char *ann, char *last, char *err,
+			     size_t errsz)
+{
+	redisReply *rep = NULL;
+	struct args a = {0};
+	a_s(&a, "XREVRANGE"), a_s(&a, ann), a_s(&a, "+"), a_s(&a, "-"), a_s(&a, "COUNT"), a_s(&a, "1");
+	int rc = exec1(q, &a, &rep, err, errsz);
+	if (rc == WK_OK) {
+		pieces_last(rep, last);
+		freeReplyObject(rep);
+	}
+	return rc;
+}
+
 static int redis_wait_result(struct queue *q, const char *id, double timeout_s, char **json,
 			     size_t *len, char *err, size_t errsz)
 {
@@ -1185,16 +1361,10 @@ static int redis_wait_result(struct queue *q, const char *id, double timeout_s, 
 	key(ann, sizeof ann, r, "results", NULL);
 	double deadline = wk_now() + timeout_s;
 	redisReply *rep = NULL;
-	/* the announcement stream's last id before the first GET: nothing is missed between */
-	struct args a = {0};
-	a_s(&a, "XREVRANGE"), a_s(&a, ann), a_s(&a, "+"), a_s(&a, "-"), a_s(&a, "COUNT"), a_s(&a, "1");
-	int rc = exec1(q, &a, &rep, err, errsz);
+	struct args a;
+	int rc = last_announcement(q, ann, last, err, errsz);
 	if (rc != WK_OK)
 		return rc;
-	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 && rep->element[0]->type == REDIS_REPLY_ARRAY &&
-	    rep->element[0]->elements == 2 && rep->element[0]->element[0]->len < ENTRY_ID_MAX)
-		memcpy(last, rep->element[0]->element[0]->str, rep->element[0]->element[0]->len + 1);
-	freeReplyObject(rep);
 	for (;;) {
 		a = (struct args){0};
 		a_s(&a, "GET"), a_s(&a, k);
@@ -1217,26 +1387,97 @@ static int redis_wait_result(struct queue *q, const char *id, double timeout_s, 
 		double left = deadline - wk_now();
 		if (left <= 0)
 			return wk_errf(err, errsz, WK_ENOTFOUND, "no result for job %s after %.1f s", id, timeout_s);
-		long long block = (long long)(left * 1000) + 1;
-		if (block > 2000)
-			block = 2000;
-		a = (struct args){0};
-		a_s(&a, "XREAD"), a_s(&a, "COUNT"), a_s(&a, "1000"), a_s(&a, "BLOCK"), a_ll(&a, block);
-		a_s(&a, "STREAMS"), a_s(&a, ann), a_s(&a, last);
-		r->io_extra_s = (double)block / 1000;
-		set_timeout(r);
-		rc = exec1(q, &a, &rep, err, errsz);
-		r->io_extra_s = 0;
-		set_timeout(r);
-		if (rc != WK_OK)
+		const char *keys[1] = {ann};
+		char *ids[1] = {last};
+		if ((rc = xread_block(q, keys, ids, 1, left, &rep, err, errsz)) != WK_OK)
 			return rc;
-		const redisReply *list = xread_entries(rep);
-		if (list && list->type == REDIS_REPLY_ARRAY && list->elements > 0) {
-			const redisReply *e = list->element[list->elements - 1];
-			if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 && e->element[0]->len < ENTRY_ID_MAX)
-				memcpy(last, e->element[0]->str, e->element[0]->len + 1);
-		}
+		pieces_last(xread_entries(rep), last);
 		freeReplyObject(rep); /* any announcement (or none): GET again */
+	}
+}
+
+/* The entries of XREAD's answer for key, or NULL. */
+static const redisReply *xread_key(const redisReply *rep, const char *key)
+{
+	for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+		const redisReply *s = rep->element[i];
+		if (s->type == REDIS_REPLY_ARRAY && s->elements == 2 &&
+		    s->element[0]->type == REDIS_REPLY_STRING && !strcmp(s->element[0]->str, key))
+			return s->element[1];
+	}
+	return NULL;
+}
+
+/* Hands on each {text, attempt} entry of list and moves *last past it. */
+static void pieces(const redisReply *list, char *last,
+		   void (*on_piece)(void *ctx, const char *text, size_t len, int attempt), void *ctx)
+{
+	for (size_t i = 0; list && list->type == REDIS_REPLY_ARRAY && i < list->elements; i++) {
+		const redisReply *e = list->element[i];
+		if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+		    e->element[0]->type != REDIS_REPLY_STRING || e->element[0]->len >= ENTRY_ID_MAX)
+			continue;
+		memcpy(last, e->element[0]->str, e->element[0]->len + 1);
+		const redisReply *f = e->element[1];
+		const redisReply *text = NULL;
+		int attempt = 0;
+		for (size_t k = 0; f->type == REDIS_REPLY_ARRAY && k + 1 < f->elements; k += 2) {
+			const redisReply *n = f->element[k], *v = f->element[k + 1];
+			if (n->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+				continue;
+			if (!strcmp(n->str, "text"))
+				text = v;
+			else if (!strcmp(n->str, "attempt"))
+				attempt = atoi(v->str);
+		}
+		if (text)
+			on_piece(ctx, text->str, text->len, attempt);
+	}
+}
+
+/* wait_result, handing on the job's pieces as they come: XREAD on the job's stream and the
+ * announcements together; once the result is there, the pieces left are read first. */
+static int redis_wait_stream(struct queue *q, const char *id, double timeout_s,
+			     void (*on_piece)(void *ctx, const char *text, size_t len, int attempt),
+			     void *ctx, char **json, size_t *len, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	char sk[NAME_LEN + JOB_ID_MAX + 16], ann[NAME_LEN + 16];
+	char last[ENTRY_ID_MAX] = "0-0", last_ann[ENTRY_ID_MAX] = "0-0";
+	key(sk, sizeof sk, r, "stream", id);
+	key(ann, sizeof ann, r, "results", NULL);
+	double deadline = wk_now() + timeout_s;
+	redisReply *rep = NULL;
+	int rc0 = last_announcement(q, ann, last_ann, err, errsz);
+	if (rc0 != WK_OK)
+		return rc0;
+	for (;;) {
+		/* the result first: when it is there, every piece is in */
+		int rc = redis_wait_result(q, id, 0, json, len, err, errsz);
+		if (rc != WK_ENOTFOUND) {
+			if (rc != WK_OK)
+				return rc;
+			struct args a = {0};
+			char from[ENTRY_ID_MAX + 1];
+			snprintf(from, sizeof from, "(%s", last);
+			a_s(&a, "XRANGE"), a_s(&a, sk), a_s(&a, from), a_s(&a, "+");
+			if (exec1(q, &a, &rep, err, errsz) == WK_OK) {
+				pieces(rep, last, on_piece, ctx);
+				freeReplyObject(rep);
+			}
+			return WK_OK;
+		}
+		double left = deadline - wk_now();
+		if (left <= 0)
+			return wk_errf(err, errsz, WK_ENOTFOUND, "no result for job %s after %.1f s", id,
+				       timeout_s);
+		const char *keys[2] = {sk, ann};
+		char *ids[2] = {last, last_ann};
+		if ((rc = xread_block(q, keys, ids, 2, left, &rep, err, errsz)) != WK_OK)
+			return rc;
+		pieces(xread_key(rep, sk), last, on_piece, ctx);
+		pieces_last(xread_key(rep, ann), last_ann);
+		freeReplyObject(rep);
 	}
 }
 
@@ -1300,4 +1541,8 @@ const struct queue_ops queue_redis_ops = {
 	.wait_result = redis_wait_result,
 	.cancel = redis_cancel,
 	.backlog = redis_backlog,
+	.streams = redis_streams,
+	.stream = redis_stream,
+	.flush_streams = redis_flush_streams,
+	.wait_stream = redis_wait_stream,
 };

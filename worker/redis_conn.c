@@ -393,6 +393,12 @@ static int flush_out(struct rconn *c)
 			continue;
 		if (w <= 0) {
 			io_fail(c, w, "write");
+			/* a TLS server that refused us (a client certificate it wanted) sent its
+			 * alert before it closed: read it, for the reason */
+			char one;
+			int r = c->ssl && !c->tls_refused ? tls_call(c, false, &one, 1) : 1;
+			if (r <= 0 && SSL_get_error(c->ssl, r) == SSL_ERROR_SSL)
+				tls_fail(c, r, "reply");
 			return WK_EIO;
 		}
 		off += (size_t)w;

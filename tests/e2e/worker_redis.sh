@@ -195,7 +195,30 @@ grep -q "unhealthy: every call on the queue has failed for" "$TMPD/i.log" &&
   grep -q "exit: reason queue_lost" "$TMPD/i.log" || fail "no queue_lost: $(tail -3 "$TMPD/i.log")"
 echo "redis gone: SIGTERM obeyed at once; --queue-outage 3 gave up with exit 4"
 
-# 7. TLS (rediss://): a server that speaks TLS on one port (plain text stays on another, for
+# 7. Streaming: a job with "stream": true has its text added to jobs:stream:ID after each step;
+#    `wick submit --stream`, waiting from before the worker starts, prints it piece by piece
+#    and then the result: the pieces add up to the result's text exactly.
+start_redis
+"$WICK" submit --queue "$Q" --id st-1 -p "Once upon a time" -n 120 --temperature 0 --stream \
+  >"$TMPD/st.out" 2>"$TMPD/st.err" &
+sp=$!
+sleep 0.3
+"$WICK" worker --model "$m" --queue "$Q" --idle-timeout 1 --worker-id st 2>"$TMPD/st.log" ||
+  fail "worker st: $(tail -3 "$TMPD/st.log")"
+wait $sp || fail "submit --stream: $(cat "$TMPD/st.err")"
+python3 - "$TMPD/st.out" <<'PY' || fail "submit --stream"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+res, pieces = lines[-1], lines[:-1]
+assert res["status"] == "COMPLETED", res
+assert len(pieces) >= 3 and all(p["attempt"] == 1 for p in pieces), pieces[:3]
+assert "".join(p["output"]["text"] for p in pieces) == res["output"]["text"], (pieces, res)
+print(f"submit --stream: {len(pieces)} pieces, then the result; they add up to its text")
+PY
+kill -9 $rpid
+wait $rpid 2>/dev/null || true
+
+# 8. TLS (rediss://): a server that speaks TLS on one port (plain text stays on another, for
 #    the checks here), wants a client certificate and a password. Jobs submitted and a worker
 #    run over TLS: one COMPLETED result each, and `wick submit --wait` gets its result back.
 #    Without the client certificate, the worker fails at start, saying what to set.

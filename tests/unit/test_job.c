@@ -351,14 +351,18 @@ Test(job, encode_invalid_utf8_and_nulls)
 	free(s);
 	/* a stream's piece: the same repair, as {"output": {"text": ...}} */
 	size_t n = 0;
-	s = job_stream_chunk(text, sizeof text - 1, &n);
+	s = job_stream_chunk(text, sizeof text - 1, 0, &n);
 	cr_assert_not_null(s);
 	cr_expect_eq(n, strlen(s));
 	v = parse(s);
 	const char *pt = json_string_value(json_object_get(json_object_get(v, "output"), "text"));
 	cr_expect_not_null(pt && strstr(pt, "ok \xef\xbf\xbd"), "%s", s);
 	cr_expect_not_null(pt && strstr(pt, "\xf0\x9f\x98\x80 end"), "%s", s);
+	cr_expect_null(json_object_get(v, "attempt"));
 	json_decref(v);
+	free(s);
+	s = job_stream_chunk("a\"b", 3, 2, NULL);
+	cr_expect_str_eq(s, "{\"output\": {\"text\": \"a\\\"b\"}, \"attempt\": 2}");
 	free(s);
 	/* NaN and infinite seconds still make JSON */
 	struct job_result r3 = {.id = "n", .queue_seconds = 0.0 / 0.0, .gpu_seconds = 1e300};

@@ -858,6 +858,108 @@ Test(queue_redis, waits_while_redis_is_loading)
 	queue_close(p);
 }
 
+/* ---- streaming ---- */
+
+struct reader {
+	const char *id;
+	char text[256];
+	int attempts[16], n;
+	double first_at;
+	char *res;
+	int rc;
+};
+
+static void on_piece(void *ctx, const char *text, size_t len, int attempt)
+{
+	struct reader *rd = ctx;
+	if (!rd->n)
+		rd->first_at = wk_now();
+	strncat(rd->text, text, len < sizeof rd->text - strlen(rd->text) - 1 ? len : 0);
+	if (rd->n < 16)
+		rd->attempts[rd->n] = attempt;
+	rd->n++;
+}
+
+static void *read_stream(void *arg)
+{
+	struct reader *rd = arg;
+	struct queue *p = open_q(url, "reader", 30);
+	size_t len;
+	char e[WK_ERRSZ];
+	rd->rc = queue_wait_stream(p, rd->id, 10, on_piece, rd, &rd->res, &len, e, sizeof e);
+	queue_close(p);
+	return NULL;
+}
+
+/* A streaming job's pieces: buffered by queue_stream, sent by queue_flush_streams as one entry
+ * each, the last ones flushed by queue_complete before the result; a reader that waits from
+ * before the job ran gets each piece as it is sent, then the result. A job released and run
+ * again streams again under its next attempt. */
+Test(queue_redis, stream_pieces_come_before_the_result)
+{
+	NEED_REDIS();
+	struct queue *p = open_q(url, "producer", 30), *q = open_q(url, "w", 30);
+	cr_expect(queue_streams(q));
+	struct reader rd = {.id = "s1"};
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, read_stream, &rd), 0);
+	submit(p, "s1");
+	struct queue_job j[2];
+	int n;
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	queue_stream(q, &j[0], "", 0);
+	queue_stream(q, &j[0], "Once", 4);
+	queue_stream(q, &j[0], " upon", 5);
+	cr_assert_eq(queue_flush_streams(q, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(queue_flush_streams(q, err, sizeof err), WK_OK, "%s", err); /* nothing new */
+	usleep(300000);
+	double sent_last = wk_now();
+	queue_stream(q, &j[0], " a time", 7); /* not flushed: complete sends it first */
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	pthread_join(th, NULL);
+	cr_assert_eq(rd.rc, WK_OK);
+	cr_expect_str_eq(rd.text, "Once upon a time");
+	cr_expect_eq(rd.n, 2, "%d pieces", rd.n);
+	cr_expect_lt(rd.first_at, sent_last, "the first piece came only with the result");
+	cr_expect(rd.res && strstr(rd.res, "\"status\": \"COMPLETED\""), "%s", rd.res);
+	free(rd.res);
+	cr_expect_eq(redis_int("XLEN jobs:stream:s1"), 2);
+	long long ttl = redis_int("TTL jobs:stream:s1");
+	cr_expect(ttl > 3500 && ttl <= 3600, "ttl %lld", ttl);
+
+	/* released after a piece, then run again: the reader sees both attempts' pieces */
+	struct reader r2 = {.id = "s2"};
+	submit(p, "s2");
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	queue_stream(q, &j[0], "x", 1);
+	cr_assert_eq(queue_flush_streams(q, err, sizeof err), WK_OK, "%s", err);
+	queue_stream(q, &j[0], "lost", 4); /* dropped with the release */
+	cr_assert_eq(queue_release(q, j, 1, err, sizeof err), WK_OK, "%s", err);
+	queue_job_free(&j[0]);
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(n, 1);
+	cr_expect_eq(j[0].attempt, 2);
+	queue_stream(q, &j[0], "y", 1);
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	read_stream(&r2);
+	cr_assert_eq(r2.rc, WK_OK);
+	cr_expect_str_eq(r2.text, "xy");
+	cr_expect(r2.n == 2 && r2.attempts[0] == 1 && r2.attempts[1] == 2, "%d pieces", r2.n);
+	free(r2.res);
+	/* a job that does not stream: the reader gets the result alone */
+	struct reader r3 = {.id = "s3"};
+	submit(p, "s3");
+	cr_assert_eq(queue_take(q, j, 2, 1, &n, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	read_stream(&r3);
+	cr_expect(r3.rc == WK_OK && r3.n == 0 && r3.res, "rc %d, %d pieces", r3.rc, r3.n);
+	free(r3.res);
+	queue_close(q);
+	queue_close(p);
+}
+
 /* ---- TLS (rediss://) ---- */
 
 static int tls_port;
