@@ -27,14 +27,18 @@ extern char **environ;
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: wick bench queue MODEL [-n TOKENS] [--jobs N] [options]\n"
-		   "       wick bench queue MODEL --queue URL [--jobs N] [--concurrency C]\n\n"
+		   "       wick bench queue MODEL --queue URL [--jobs N] [--concurrency C] [-n TOKENS]\n"
+		   "                        [--stream]\n\n"
 		   "Times N equal requests (default 8) of TOKENS generated tokens (default 64) at\n"
 		   "concurrency N against one request alone, through the worker's scheduler.\n"
 		   "Target: N together take less than 2x one alone.\n\n"
-		   "With --queue: submits N one-token jobs (default 2000) to URL, then runs a real\n"
-		   "`wick worker --backend null` child on it (the engine answers at once, results are\n"
-		   "stored durably as in production) and reports jobs/s from ready to exit, with the\n"
-		   "queue's syncs per job. Target: >= 2,000 jobs/s.\n" CMD_ENGINE_HELP);
+		   "With --queue: submits N jobs (default 2000) of TOKENS tokens (default 1) to URL,\n"
+		   "then runs a real `wick worker --backend null` child on it (the engine answers at\n"
+		   "once, results are stored durably as in production) and reports jobs/s from ready\n"
+		   "to exit, with the queue's syncs per job. Target: >= 2,000 jobs/s.\n"
+		   "--stream: the same again with jobs that stream their text (redis://: a pipeline\n"
+		   "after each step), beside the first run: the streaming's cost on the queue side.\n"
+		   CMD_ENGINE_HELP);
 }
 
 /* The integer just before `word` in msg ("... 2000 completed ..."), or -1. */
@@ -51,8 +55,10 @@ static long long number_before(const char *msg, const char *word)
 	return b < p ? atoll(b) : -1;
 }
 
-/* Submits `jobs` jobs, then times a `wick worker --backend null` child draining them. */
-static int queue_throughput(const char *model, const char *url, int jobs, int conc)
+/* Submits `jobs` jobs of `tokens` tokens (streaming ones with stream), then times a `wick
+ * worker --backend null` child draining them: its jobs/s into *rate. */
+static int queue_run(const char *model, const char *url, int jobs, int conc, int tokens,
+		     bool stream, double *rate)
 {
 	char err[WK_ERRSZ];
 	struct queue *q;
@@ -77,9 +83,10 @@ static int queue_throughput(const char *model, const char *url, int jobs, int co
 	double t0 = wk_now();
 	for (int i = 0; i < jobs; i++) {
 		char id[64], body[256];
-		snprintf(id, sizeof id, "bench-%d-%d", (int)getpid(), i);
+		snprintf(id, sizeof id, "bench-%d-%s%d", (int)getpid(), stream ? "s" : "", i);
 		int len = snprintf(body, sizeof body, "{\"id\": \"%s\", \"input\": {\"prompt\": "
-				   "\"Once upon a time\", \"max_tokens\": 1}}", id);
+				   "\"Once upon a time\", \"max_tokens\": %d%s}}", id, tokens,
+				   stream ? ", \"stream\": true" : "");
 		if (queue_submit(q, id, body, (size_t)len, err, sizeof err) != WK_OK) {
 			fprintf(stderr, "wick bench queue: submit: %s\n", err);
 			queue_close(q);
@@ -139,14 +146,48 @@ static int queue_throughput(const char *model, const char *url, int jobs, int co
 		return 1;
 	}
 	double run = t_end - t_ready;
-	printf("queue            %s\n", url);
+	*rate = jobs / run;
+	printf("queue            %s%s\n", url, stream ? " (jobs that stream)" : "");
 	printf("submit           %d jobs in %.3f s (%.0f jobs/s)\n", jobs, t_submit, jobs / t_submit);
-	printf("worker (null)    %d jobs in %.3f s from ready to exit: %.0f jobs/s (target >= 2000), "
-	       "%.3f syncs per job, start-up %.1f ms\n", jobs, run, jobs / run,
-	       syncs >= 0 ? (double)syncs / jobs : -1.0, (t_ready - t1) * 1e3);
+	printf("worker (null)    %d jobs of %d tokens in %.3f s from ready to exit: %.0f jobs/s "
+	       "(target >= 2000), %.3f syncs per job, start-up %.1f ms\n", jobs, tokens, run,
+	       jobs / run, syncs >= 0 ? (double)syncs / jobs : -1.0, (t_ready - t1) * 1e3);
 	printf("{\"bench\":\"queue\",\"mode\":\"throughput\",\"queue\":\"%s\",\"jobs\":%d,"
-	       "\"worker_s\":%.6f,\"jobs_per_s\":%.1f,\"syncs_per_job\":%.4f,\"submit_per_s\":%.1f}\n",
-	       url, jobs, run, jobs / run, syncs >= 0 ? (double)syncs / jobs : -1.0, jobs / t_submit);
+	       "\"tokens\":%d,\"stream\":%s,\"worker_s\":%.6f,\"jobs_per_s\":%.1f,"
+	       "\"syncs_per_job\":%.4f,\"submit_per_s\":%.1f}\n", url, jobs, tokens,
+	       stream ? "true" : "false", run, jobs / run,
+	       syncs >= 0 ? (double)syncs / jobs : -1.0, jobs / t_submit);
+	return 0;
+}
+
+/* The throughput, and with stream the same with streaming jobs after it, and their ratio. */
+static int queue_throughput(const char *model, const char *url, int jobs, int conc, int tokens,
+			    bool stream)
+{
+	double plain = 0, streamed = 0;
+	if (stream) { /* before the first run: it would run on a queue the second refuses */
+		char err[WK_ERRSZ];
+		struct queue *q;
+		if (queue_open(url, NULL, &q, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench queue: %s\n", err);
+			return 1;
+		}
+		bool ok = queue_streams(q);
+		if (!ok)
+			fprintf(stderr, "wick bench queue: --stream: a %s queue has no stream channel "
+					"(redis:// has)\n", queue_driver(q));
+		queue_close(q);
+		if (!ok)
+			return 1;
+	}
+	if (queue_run(model, url, jobs, conc, tokens, false, &plain))
+		return 1;
+	if (!stream)
+		return 0;
+	if (queue_run(model, url, jobs, conc, tokens, true, &streamed))
+		return 1;
+	printf("streaming        %.0f jobs/s against %.0f without: %.2fx\n", streamed, plain,
+	       streamed / plain);
 	return 0;
 }
 
@@ -206,9 +247,11 @@ int bench_queue(int argc, char **argv)
 					     {"jobs", required_argument, 0, 'j'},
 					     {"queue", required_argument, 0, 'q'},
 					     {"concurrency", required_argument, 0, 'c'},
+					     {"stream", no_argument, 0, 's'},
 					     {"help", no_argument, 0, 'h'}, CMD_ENGINE_OPTIONS,
 					     {0, 0, 0, 0}};
-	int tokens = 64, jobs = -1, conc = 64, c;
+	int tokens = -1, jobs = -1, conc = 64, c;
+	bool stream = false;
 	const char *url = NULL;
 	struct cmd_engine ce = {.o = {.backend = "cpu"}};
 	while ((c = getopt_long(argc, argv, "n:j:h", opts, NULL)) != -1) {
@@ -229,6 +272,7 @@ int bench_queue(int argc, char **argv)
 			break;
 		}
 		case 'q': url = optarg; break;
+		case 's': stream = true; break;
 		case 'h': usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -239,6 +283,12 @@ int bench_queue(int argc, char **argv)
 	}
 	if (jobs < 0)
 		jobs = url ? 2000 : 8;
+	if (tokens < 0)
+		tokens = url ? 1 : 64;
+	if (stream && !url) {
+		fprintf(stderr, "wick bench queue: --stream goes with --queue URL\n");
+		return 2;
+	}
 	if (!url && jobs > 4096) {
 		fprintf(stderr, "wick bench queue: --jobs %d: at most 4096 without --queue (they "
 				"share one engine)\n", jobs);
@@ -249,7 +299,7 @@ int bench_queue(int argc, char **argv)
 		return 2;
 	}
 	if (url)
-		return queue_throughput(ce.model, url, jobs, conc);
+		return queue_throughput(ce.model, url, jobs, conc, tokens, stream);
 	ce.o.max_seqs = jobs;
 	ce.o.max_seq = tokens + 4;
 	struct engine *e;

@@ -1041,9 +1041,14 @@ static int redis_flush_streams(struct queue *q, char *err, size_t errsz)
 		n += x->pending.len > 0;
 	if (!n)
 		return WK_OK;
-	redisReply **rep = calloc((size_t)n * 2, sizeof *rep);
-	int rc = rep ? exec(q, append_pieces, NULL, n * 2, rep, err, errsz)
-		     : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	/* not connected (Redis gone): the pieces are dropped rather than a step held up by a
+	 * reconnect; the next take or complete reconnects */
+	redisReply **rep = r->c ? calloc((size_t)n * 2, sizeof *rep) : NULL;
+	int rc = !r->c ? wk_errf(err, errsz, WK_EIO, "redis %s:%d: not connected; the pieces of "
+				 "%d streaming job%s were dropped", r->u.host, r->u.port, n,
+				 n == 1 ? "" : "s")
+		 : rep ? exec(q, append_pieces, NULL, n * 2, rep, err, errsz)
+		 : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	for (int i = 0; rc == WK_OK && i < n; i++)
 		if (rep[2 * i]->type == REDIS_REPLY_ERROR)
 			rc = wk_errf(err, errsz, WK_EIO, "redis XADD of a job's stream: %s",

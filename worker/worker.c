@@ -1273,10 +1273,12 @@ static const char *serve(struct worker *w)
 			account_step_end(w);
 			/* the step's pieces of streaming jobs (Redis: one pipeline), before any of
 			 * those jobs' results */
-			if (w->q && queue_streams(w->q) &&
-			    queue_flush_streams(w->q, err, sizeof err) != WK_OK)
-				wlog(w, "stream_error", "%s: the step's pieces are lost; the results "
-							 "hold the whole texts", err);
+			if (w->q && queue_streams(w->q)) {
+				int src = queue_flush_streams(w->q, err, sizeof err);
+				if (src != WK_OK) /* said once, then every 10 s, as a queue failure */
+					queue_note(w, src, "stream (the results hold the whole texts)",
+						   err);
+			}
 			const char *what;
 			if (sched_engine_failed(w->s, &what) != WK_OK) {
 				/* a failed engine is not trusted again (a sticky device error) */

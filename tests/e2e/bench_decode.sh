@@ -57,4 +57,25 @@ rc=0
 [ $rc = 1 ] && grep -q "holds 1 job(s) queued or running" "$TMPD/bq.err" ||
   fail "bench queue on a queue with a job: exit $rc: $(cat "$TMPD/bq.err")"
 [ -f "$TMPD/bq/new/real-1.json" ] && [ -z "$(ls "$TMPD/bq/done")" ] || fail "the job was touched"
+
+# --stream: a second run of jobs that stream, on a real redis-server (each wrote its stream
+# key), beside the first (stories260K: the jobs' prompts need a tokenizer); a spool queue, which has no stream, is refused before any run.
+rc=0
+"$WICK" bench queue "$m" --queue "spool:$TMPD/bq2" --jobs 5 --stream 2>"$TMPD/bq2.err" || rc=$?
+[ $rc = 1 ] && grep -q "a spool queue has no stream channel" "$TMPD/bq2.err" &&
+  [ -z "$(find "$TMPD/bq2" -type f)" ] ||
+  fail "bench queue --stream on a spool: exit $rc: $(cat "$TMPD/bq2.err")"
+command -v redis-server >/dev/null || fail "redis-server is not installed (scripts/install-deps)"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save '' --dir "$TMPD" >/dev/null &
+rpid=$!
+trap 'kill -9 $rpid 2>/dev/null || true; rm -rf "$TMPD"' EXIT
+for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | has PONG && break; sleep 0.05; done
+out=$("$WICK" bench queue "$(stories)" --queue "redis://127.0.0.1:$port/bench" --jobs 50 -n 4 \
+  --stream) ||
+  fail "bench queue --stream on redis"
+echo "$out" | grep -E '^streaming +[0-9]+ jobs/s against [0-9]+ without: [0-9.]+x$' ||
+  fail "no streaming line: $out"
+streams=$(redis-cli -p "$port" --scan --pattern 'bench:stream:*' | grep -c .)
+[ "$streams" = 50 ] || fail "$streams stream keys, not one for each of the 50 jobs that stream"
 echo ok
