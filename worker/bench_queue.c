@@ -120,10 +120,11 @@ static int queue_run(const char *model, const char *url, int jobs, int conc, int
 	}
 	/* Read the child's JSON log lines: the "ready" line's time marks the start. */
 	FILE *f = fdopen(pfd[0], "r");
-	char line[4096];
+	char line[4096], last[4096] = "";
 	double t_ready = 0;
 	long long syncs = -1, completed = -1;
 	while (f && fgets(line, sizeof line, f)) {
+		snprintf(last, sizeof last, "%s", line);
 		json_t *j = json_loads(line, 0, NULL);
 		const char *ev = json_string_value(json_object_get(j, "event"));
 		if (ev && !strcmp(ev, "ready"))
@@ -141,8 +142,12 @@ static int queue_run(const char *model, const char *url, int jobs, int conc, int
 	waitpid(pid, &st, 0);
 	double t_end = wk_now();
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || t_ready == 0 || completed != jobs) {
+		last[strcspn(last, "\n")] = 0;
 		fprintf(stderr, "wick bench queue: the worker did not finish the %d jobs (completed "
-				"%lld)\n", jobs, completed);
+				"%lld; %s %d%s; its last line: %s)\n", jobs, completed,
+			WIFEXITED(st) ? "exit status" : "signal",
+			WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), t_ready ? "" : ", never ready",
+			last);
 		return 1;
 	}
 	double run = t_end - t_ready;

@@ -173,6 +173,11 @@ static int decode_range(struct sched *s, const struct sched_req *r, int from, in
 			size_t *len)
 {
 	int n = to - from, k = 0, ctx[SCHED_CTX];
+	if (n <= 0) { /* no tokens (an EOS first): out may be NULL, and no decoder is needed */
+		*t = calloc(1, 1);
+		*len = 0;
+		return *t ? WK_OK : WK_ENOMEM;
+	}
 	for (int i = from - 1; i >= 0 && k < SCHED_CTX; i--)
 		ctx[SCHED_CTX - 1 - k++] = r->out[i];
 	for (int i = r->n_prompt - 1; from - k <= 0 && i >= 0 && k < SCHED_CTX; i--)

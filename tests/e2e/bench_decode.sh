@@ -76,6 +76,21 @@ out=$("$WICK" bench queue "$(stories)" --queue "redis://127.0.0.1:$port/bench" -
   fail "bench queue --stream on redis"
 echo "$out" | grep -E '^streaming +[0-9]+ jobs/s against [0-9]+ without: [0-9.]+x$' ||
   fail "no streaming line: $out"
-streams=$(redis-cli -p "$port" --scan --pattern 'bench:stream:*' | grep -c .)
-[ "$streams" = 50 ] || fail "$streams stream keys, not one for each of the 50 jobs that stream"
+python3 - "$port" <<'PY' || fail "the streaming jobs' streams"
+import json, subprocess, sys
+def cli(*a):
+    return json.loads(subprocess.run(["redis-cli", "-p", sys.argv[1], "--json", *a],
+                                     capture_output=True, text=True).stdout)
+ids = [k.split(":", 2)[2] for k in subprocess.run(
+    ["redis-cli", "-p", sys.argv[1], "--scan", "--pattern", "bench:result:*"],
+    capture_output=True, text=True).stdout.split()]
+streamed = [i for i in ids if "-s" in i.split("bench-", 1)[1]]
+assert len(ids) == 100 and len(streamed) == 50, (len(ids), len(streamed))
+for i in streamed:
+    text = json.loads(cli("GET", f"bench:result:{i}"))["output"]["text"]
+    pieces = "".join(e[1][e[1].index("text") + 1] for e in cli("XRANGE", f"bench:stream:{i}",
+                                                               "-", "+"))
+    assert pieces == text, (i, pieces, text)
+print(f"{len(streamed)} streaming jobs: each stream adds up to its result's text")
+PY
 echo ok
