@@ -720,7 +720,8 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 }
 
 /* A queue job that asked to stream ("stream": true): its text as it is made, to the
- * queue's stream channel (RunPod's stream URL); the driver sends it in the background. */
+ * queue's stream channel (Redis: sent by the flush after the step; RunPod's stream URL: by
+ * the driver's thread). */
 static void on_job_token(void *ctx, struct sched_req *r, const char *piece, size_t len)
 {
 	struct worker *w = ctx;
