@@ -1049,7 +1049,7 @@ static int redis_flush_streams(struct queue *q, char *err, size_t errsz)
 				 n == 1 ? "" : "s")
 		 : rep ? exec(q, append_pieces, NULL, n * 2, rep, err, errsz)
 		 : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	for (int i = 0; rc == WK_OK && i < n; i++)
+	for (int i = 0; rc == WK_OK && rep && i < n; i++)
 		if (rep[2 * i]->type == REDIS_REPLY_ERROR)
 			rc = wk_errf(err, errsz, WK_EIO, "redis XADD of a job's stream: %s",
 				     rep[2 * i]->str);
