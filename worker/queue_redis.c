@@ -994,22 +994,18 @@ static void redis_stream(struct queue *q, const struct queue_job *j, const char 
 	}
 }
 
-/* Forgets the streams of jobs that ended or went back (what they had not sent is lost: the
+/* Forgets job id's stream when it ended or went back (what it had not sent is lost: the
  * result has it, or the next attempt makes it again). */
-static void rstream_drop(struct rq *r, const struct queue_job *jobs, int n,
-			 const struct queue_result *res)
+static void rstream_drop(struct rq *r, const char *id)
 {
-	for (int i = 0; i < n; i++) {
-		const char *id = res ? res[i].job->id : jobs[i].id;
-		for (struct rstream **p = &r->streams; *p; p = &(*p)->next)
-			if (!strcmp((*p)->id, id)) {
-				struct rstream *x = *p;
-				*p = x->next;
-				free(x->pending.p);
-				free(x);
-				break;
-			}
-	}
+	for (struct rstream **p = &r->streams; *p; p = &(*p)->next)
+		if (!strcmp((*p)->id, id)) {
+			struct rstream *x = *p;
+			*p = x->next;
+			free(x->pending.p);
+			free(x);
+			return;
+		}
 }
 
 static void append_pieces(struct queue *q, void *ctx)
@@ -1126,7 +1122,8 @@ static int redis_complete(struct queue *q, struct queue_result *res, int n, char
 	/* a job's last pieces go before its result (best effort: the result is whole anyway) */
 	char ferr[WK_ERRSZ];
 	redis_flush_streams(q, ferr, sizeof ferr);
-	rstream_drop(r, NULL, n, res);
+	for (int i = 0; i < n; i++)
+		rstream_drop(r, res[i].job->id);
 	int rc = exec(q, append_complete, &t, n * 4 + 1, rep, err, errsz);
 	q->st.syncs++;
 	if (rc == WK_OK) {
@@ -1221,9 +1218,10 @@ static int redis_release(struct queue *q, struct queue_job *jobs, int n, char *e
 	int tmp[n > 0 ? n : 1];
 	/* an idle time far past any lease: the next XAUTOCLAIM by anyone takes it */
 	int rc = claims(q, jobs, n, 1000LL * 86400 * 365, tmp, err, errsz);
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
 		held_del(r, jobs[i].handle);
-	rstream_drop(r, jobs, n, NULL);
+		rstream_drop(r, jobs[i].id);
+	}
 	return rc == WK_ENOTFOUND ? WK_OK : rc;
 }
 
@@ -1357,38 +1355,47 @@ static int last_announcement(struct queue *q, const char *ann, char *last, char 
 	return rc;
 }
 
-static int redis_wait_result(struct queue *q, const char *id, double timeout_s, char **json,
-			     size_t *len, char *err, size_t errsz)
+/* Job id's result, when stored: WK_OK with *json (malloc'd), or WK_ENOTFOUND. */
+static int get_result(struct queue *q, const char *id, char **json, size_t *len, char *err,
+		      size_t errsz)
 {
-	struct rq *r = q->impl;
-	char k[NAME_LEN + JOB_ID_MAX + 16], ann[NAME_LEN + 16], last[ENTRY_ID_MAX] = "0-0";
-	key(k, sizeof k, r, "result", id);
-	key(ann, sizeof ann, r, "results", NULL);
-	double deadline = wk_now() + timeout_s;
+	char k[NAME_LEN + JOB_ID_MAX + 16];
+	key(k, sizeof k, q->impl, "result", id);
 	redisReply *rep = NULL;
-	struct args a;
-	int rc = last_announcement(q, ann, last, err, errsz);
+	struct args a = {0};
+	a_s(&a, "GET"), a_s(&a, k);
+	int rc = exec1(q, &a, &rep, err, errsz);
 	if (rc != WK_OK)
 		return rc;
-	for (;;) {
-		a = (struct args){0};
-		a_s(&a, "GET"), a_s(&a, k);
-		if ((rc = exec1(q, &a, &rep, err, errsz)) != WK_OK)
-			return rc;
-		if (rep->type == REDIS_REPLY_STRING) {
-			*json = malloc(rep->len + 1);
-			if (!*json) {
-				freeReplyObject(rep);
-				return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-			}
+	rc = WK_ENOTFOUND;
+	if (rep->type == REDIS_REPLY_STRING) {
+		rc = (*json = malloc(rep->len + 1)) ? WK_OK
+						     : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		if (rc == WK_OK) {
 			memcpy(*json, rep->str, rep->len);
 			(*json)[rep->len] = 0;
 			if (len)
 				*len = rep->len;
-			freeReplyObject(rep);
-			return WK_OK;
 		}
-		freeReplyObject(rep);
+	}
+	freeReplyObject(rep);
+	return rc;
+}
+
+static int redis_wait_result(struct queue *q, const char *id, double timeout_s, char **json,
+			     size_t *len, char *err, size_t errsz)
+{
+	struct rq *r = q->impl;
+	char ann[NAME_LEN + 16], last[ENTRY_ID_MAX] = "0-0";
+	key(ann, sizeof ann, r, "results", NULL);
+	double deadline = wk_now() + timeout_s;
+	redisReply *rep = NULL;
+	int rc = last_announcement(q, ann, last, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	for (;;) {
+		if ((rc = get_result(q, id, json, len, err, errsz)) != WK_ENOTFOUND)
+			return rc;
 		double left = deadline - wk_now();
 		if (left <= 0)
 			return wk_errf(err, errsz, WK_ENOTFOUND, "no result for job %s after %.1f s", id, timeout_s);
@@ -1458,7 +1465,7 @@ static int redis_wait_stream(struct queue *q, const char *id, double timeout_s,
 		return rc0;
 	for (;;) {
 		/* the result first: when it is there, every piece is in */
-		int rc = redis_wait_result(q, id, 0, json, len, err, errsz);
+		int rc = get_result(q, id, json, len, err, errsz);
 		if (rc != WK_ENOTFOUND) {
 			if (rc != WK_OK)
 				return rc;
