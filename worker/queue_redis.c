@@ -1382,32 +1382,6 @@ static int get_result(struct queue *q, const char *id, char **json, size_t *len,
 	return rc;
 }
 
-static int redis_wait_result(struct queue *q, const char *id, double timeout_s, char **json,
-			     size_t *len, char *err, size_t errsz)
-{
-	struct rq *r = q->impl;
-	char ann[NAME_LEN + 16], last[ENTRY_ID_MAX] = "0-0";
-	key(ann, sizeof ann, r, "results", NULL);
-	double deadline = wk_now() + timeout_s;
-	redisReply *rep = NULL;
-	int rc = last_announcement(q, ann, last, err, errsz);
-	if (rc != WK_OK)
-		return rc;
-	for (;;) {
-		if ((rc = get_result(q, id, json, len, err, errsz)) != WK_ENOTFOUND)
-			return rc;
-		double left = deadline - wk_now();
-		if (left <= 0)
-			return wk_errf(err, errsz, WK_ENOTFOUND, "no result for job %s after %.1f s", id, timeout_s);
-		const char *keys[1] = {ann};
-		char *ids[1] = {last};
-		if ((rc = xread_block(q, keys, ids, 1, left, &rep, err, errsz)) != WK_OK)
-			return rc;
-		pieces_last(xread_entries(rep), last);
-		freeReplyObject(rep); /* any announcement (or none): GET again */
-	}
-}
-
 /* The entries of XREAD's answer for key, or NULL. */
 static const redisReply *xread_key(const redisReply *rep, const char *key)
 {
@@ -1447,8 +1421,9 @@ static void pieces(const redisReply *list, char *last,
 	}
 }
 
-/* wait_result, handing on the job's pieces as they come: XREAD on the job's stream and the
- * announcements together; once the result is there, the pieces left are read first. */
+/* Waits for job id's result, handing on its pieces as they come when on_piece is not NULL:
+ * XREAD on the announcements (and the job's stream) from ids read before the first look, so
+ * nothing is missed between; once the result is there, the pieces left are read first. */
 static int redis_wait_stream(struct queue *q, const char *id, double timeout_s,
 			     void (*on_piece)(void *ctx, const char *text, size_t len, int attempt),
 			     void *ctx, char **json, size_t *len, char *err, size_t errsz)
@@ -1467,7 +1442,7 @@ static int redis_wait_stream(struct queue *q, const char *id, double timeout_s,
 		/* the result first: when it is there, every piece is in */
 		int rc = get_result(q, id, json, len, err, errsz);
 		if (rc != WK_ENOTFOUND) {
-			if (rc != WK_OK)
+			if (rc != WK_OK || !on_piece)
 				return rc;
 			struct args a = {0};
 			char from[ENTRY_ID_MAX + 1];
@@ -1483,14 +1458,21 @@ static int redis_wait_stream(struct queue *q, const char *id, double timeout_s,
 		if (left <= 0)
 			return wk_errf(err, errsz, WK_ENOTFOUND, "no result for job %s after %.1f s", id,
 				       timeout_s);
-		const char *keys[2] = {sk, ann};
-		char *ids[2] = {last, last_ann};
-		if ((rc = xread_block(q, keys, ids, 2, left, &rep, err, errsz)) != WK_OK)
+		const char *keys[2] = {ann, sk};
+		char *ids[2] = {last_ann, last};
+		if ((rc = xread_block(q, keys, ids, on_piece ? 2 : 1, left, &rep, err, errsz)) != WK_OK)
 			return rc;
-		pieces(xread_key(rep, sk), last, on_piece, ctx);
-		pieces_last(xread_key(rep, ann), last_ann);
+		if (on_piece)
+			pieces(xread_key(rep, sk), last, on_piece, ctx);
+		pieces_last(xread_key(rep, ann), last_ann); /* any announcement (or none): GET again */
 		freeReplyObject(rep);
 	}
+}
+
+static int redis_wait_result(struct queue *q, const char *id, double timeout_s, char **json,
+			     size_t *len, char *err, size_t errsz)
+{
+	return redis_wait_stream(q, id, timeout_s, NULL, NULL, json, len, err, errsz);
 }
 
 /* The group's pending entries and lag (XINFO GROUPS: entries not yet delivered to it; Redis
