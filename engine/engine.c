@@ -627,8 +627,8 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 	return WK_OK;
 }
 
-int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
-		int vocab, char *err, size_t errsz)
+static int outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
+		   int vocab, char *err, size_t errsz)
 {
 	bool greedy = false, sampled = false;
 	for (int i = 0; i < n; i++) {
@@ -640,6 +640,47 @@ int eng_outputs(struct engine *e, const struct eng_item *items, int n, const flo
 	int rc = greedy ? outputs_argmax(e, items, n, lg, vocab, err, errsz) : WK_OK;
 	if (rc == WK_OK && sampled)
 		rc = outputs_sampled(e, items, n, lg, vocab, err, errsz);
+	return rc;
+}
+
+int eng_out_rows(const struct eng_item *items, int n)
+{
+	int r = 0;
+	for (int i = 0; i < n; i++)
+		r += items[i].rows > 1 ? items[i].rows : 1;
+	return r;
+}
+
+void eng_pick_rows(struct engine *e, float *y, const float *x, const struct eng_item *items,
+		   int n, int dim)
+{
+	for (int i = 0, t = 0, r = 0; i < n; i++) {
+		int k = items[i].rows > 1 ? items[i].rows : 1;
+		t += items[i].n;
+		eng_dcopy(e, y + (size_t)r * dim, x + (size_t)(t - k) * dim,
+			  (size_t)k * dim * sizeof(float));
+		r += k;
+	}
+}
+
+int eng_outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
+		int vocab, char *err, size_t errsz)
+{
+	int rows = eng_out_rows(items, n);
+	if (rows == n)
+		return outputs(e, items, n, lg, vocab, err, errsz);
+	struct eng_item *one = malloc((size_t)rows * sizeof *one);
+	if (!one)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for %d output rows", rows);
+	for (int i = 0, r = 0; i < n; i++)
+		for (int j = 0; j < (items[i].rows > 1 ? items[i].rows : 1); j++, r++) {
+			one[r] = items[i];
+			one[r].rows = 1;
+			one[r].logits = items[i].logits ? items[i].logits + (size_t)j * vocab : NULL;
+			one[r].token = items[i].token ? items[i].token + j : NULL;
+		}
+	int rc = outputs(e, one, rows, lg, vocab, err, errsz);
+	free(one);
 	return rc;
 }
 
@@ -1172,6 +1213,16 @@ int eng_seq_len(const struct engine *e, int seq)
 	return seq >= 0 && seq < e->max_seqs ? e->seq_len[seq] : -1;
 }
 
+int eng_seq_truncate(struct engine *e, int seq, int len)
+{
+	if (seq < 0 || seq >= e->max_seqs || !e->seq_used[seq] || len < 0 ||
+	    len > e->seq_len[seq])
+		return WK_EINVAL;
+	e->seq_len[seq] = len; /* every cache is indexed by position: the rows past len are
+				* written again before a step reads them */
+	return WK_OK;
+}
+
 int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)
 {
 	if (n <= 0 || n > e->max_seqs)
@@ -1189,6 +1240,12 @@ int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, s
 			return wk_errf(err, errsz, WK_EINVAL,
 				       "sequence %d: %d + %d tokens exceed the context of %d",
 				       it->seq, e->seq_len[it->seq], it->n, e->info.max_seq);
+		if (it->rows < 0 || it->rows > it->n)
+			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: outputs for %d of its %d "
+				       "tokens", it->seq, it->rows, it->n);
+		if (it->rows > 1 && it->token && it->sample.temperature > 0)
+			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: a sampled token a row for "
+				       "%d rows (only the argmax has several)", it->seq, it->rows);
 		for (int k = 0; k < it->n; k++)
 			if (it->tokens[k] < 0 || it->tokens[k] >= e->info.vocab)
 				return wk_errf(err, errsz, WK_EINVAL,

@@ -180,6 +180,10 @@ struct eng_item {
 		int top_k;
 		double u;
 	} sample;
+	/* Outputs for the last `rows` tokens (0 or 1: the last only), in order: logits
+	 * [rows][vocab] and token [rows], the argmax of each (greedy only: a sampled item has
+	 * one row). Speculative decoding's verification: the argmax after each draft token. */
+	int rows;
 };
 /* The most candidates per row a device's sample_cand sends to the host: 8 KiB per row (at
  * batch 64, 0.5 MiB a step instead of GLM's 38 MiB of logits), enough for any top_k up to
@@ -191,6 +195,10 @@ struct eng_item {
 int eng_seq_alloc(struct engine *e, int *seq);
 void eng_seq_free(struct engine *e, int seq);
 int eng_seq_len(const struct engine *e, int seq);
+/* Forgets the tokens of sequence seq past its first len (the drafts a verification
+ * rejected): the next step appends at position len. WK_EINVAL unless 0 <= len <= its length.
+ */
+int eng_seq_truncate(struct engine *e, int seq, int len);
 
 /* Runs one batched step. Each sequence may appear once. Returns WK_OK, or WK_EINVAL (a bad
  * sequence, an id outside the vocabulary, or a sequence past max_seq) before any work. */

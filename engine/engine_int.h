@@ -428,8 +428,15 @@ void eng_norm_n(struct engine *e, const struct be_norm *r, int count);
  * eng_opts.unfused is off), else count ropes. */
 void eng_rope_n(struct engine *e, const struct be_rope *r, int count, float theta,
 		bool interleaved);
-/* A step's outputs from lg [n][vocab] (backend memory; rank 0 of a sharded model, where the
- * gathered rows are host memory): each item's logits row to items[i].logits when set, its
+/* The output rows of a step's items: each item's last max(rows, 1) tokens. */
+int eng_out_rows(const struct eng_item *items, int n);
+/* Copies the items' output rows of x [T][dim] (the step's tokens, item after item) to y
+ * [eng_out_rows][dim], in order. */
+void eng_pick_rows(struct engine *e, float *y, const float *x, const struct eng_item *items,
+		   int n, int dim);
+/* A step's outputs from lg [eng_out_rows(items, n)][vocab] (backend memory; rank 0 of a
+ * sharded model, where the gathered rows are host memory; an item of several rows has them
+ * one after another): each row's logits to items[i].logits when set, its
  * argmax to *items[i].token when set (on the backend when it has argmax and lg is device
  * memory: one launch and n ids copied), or with temperature > 0 its sampled token (with
  * sample_cand and lg device memory: one launch, one copy of the candidates, and a logits row

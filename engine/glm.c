@@ -678,7 +678,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	/* whole-vocabulary rows needed outside the items' own buffers (in host memory, the
 	 * logits of every position go straight into items[0].logits) */
 	bool host = eng_host_mem(e);
-	int lg_rows = all_logits ? (e->world > 1 || !host ? T : 0) : n_items;
+	int rows_out = eng_out_rows(items, n_items);
+	int lg_rows = all_logits ? (e->world > 1 || !host ? T : 0) : rows_out;
 	int rc = grow(e, m, T, n_items, lg_rows, e->world) != WK_OK
 			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
 			 : WK_OK;
@@ -741,22 +742,19 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 			eng_gather_vocab(e, items[0].logits, true, m->lg, T, m->c.l_vocab, m->gath);
 		return eng_sync(e, err, errsz);
 	}
-	/* Only each item's last token needs logits: lm_head over those rows, then (sharded) the
-	 * vocabulary slices gathered in order into lg, rank 0 only. */
-	if (T == n_items && !e->unfused) { /* decode only: the rows are the last ones */
+	/* Only each item's last token (its last `rows`) needs logits: lm_head over those rows,
+	 * then (sharded) the vocabulary slices gathered in order into lg, rank 0 only. */
+	if (T == rows_out && !e->unfused) { /* every row is an output (decode) */
 		eng_chain_begin(e); /* the final norm and lm_head: one launch */
-		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, n_items, dim, m->c.eps);
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->c.eps);
 	} else {
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
-		for (int i = 0; i < n_items; i++)
-			eng_dcopy(e, m->xb + (size_t)i * dim,
-				  m->x + (size_t)(m->seg[i].off + m->seg[i].n - 1) * dim,
-				  dim * sizeof(float));
-		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->c.eps);
+		eng_pick_rows(e, m->xb, m->x, items, n_items, dim);
+		be->rmsnorm(c, m->xb, m->xb, m->final_norm, rows_out, dim, m->c.eps);
 	}
-	eng_matmul(e, m->lg, m->xb, &m->lm_head, n_items);
+	eng_matmul(e, m->lg, m->xb, &m->lm_head, rows_out);
 	eng_chain_end(e);
-	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, false, m->lg, n_items, m->c.l_vocab,
+	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, false, m->lg, rows_out, m->c.l_vocab,
 			 m->gath);
 	if (e->rank != 0)
 		return WK_OK;

@@ -295,7 +295,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	int T = 0;
 	for (int i = 0; i < n_items; i++)
 		T += items[i].n;
-	int rows_out = all_logits ? T : n_items;
+	int rows_out = all_logits ? T : eng_out_rows(items, n_items);
 	int rc = grow_scratch(e, m, T > rows_out ? T : rows_out, e->world) != WK_OK
 			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
 			 : WK_OK;
@@ -391,22 +391,18 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 			eng_gather_vocab(e, items[0].logits, true, m->tmp, T, m->vocab, m->gath);
 		return eng_sync(e, err, errsz);
 	}
-	/* Only each item's last token needs logits. */
-	if (T == n_items && !e->unfused) { /* decode only: the rows are the last ones */
+	/* Only each item's last token (its last `rows`) needs logits. */
+	if (T == rows_out && !e->unfused) { /* every row is an output (decode) */
 		eng_chain_begin(e); /* the final norm and lm_head: one launch */
-		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, n_items, dim, m->eps);
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->eps);
 	} else {
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
-		for (int i = 0, t = 0; i < n_items; i++) {
-			t += items[i].n;
-			eng_dcopy(e, m->xb + (size_t)i * dim, m->x + (size_t)(t - 1) * dim,
-				  dim * sizeof(float));
-		}
-		be->rmsnorm(c, m->xb, m->xb, m->final_norm, n_items, dim, m->eps);
+		eng_pick_rows(e, m->xb, m->x, items, n_items, dim);
+		be->rmsnorm(c, m->xb, m->xb, m->final_norm, rows_out, dim, m->eps);
 	}
-	eng_matmul(e, m->tmp, m->xb, &m->lm_head, n_items);
+	eng_matmul(e, m->tmp, m->xb, &m->lm_head, rows_out);
 	eng_chain_end(e);
-	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, false, m->tmp, n_items, m->vocab,
+	eng_gather_vocab(e, e->rank == 0 ? m->tmp : NULL, false, m->tmp, rows_out, m->vocab,
 			 m->gath);
 	if (e->rank != 0)
 		return WK_OK;
