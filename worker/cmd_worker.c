@@ -13,6 +13,7 @@
 #include "worker/job.h"
 #include "worker/ledger.h"
 #include "worker/queue.h"
+#include "worker/sched.h"
 #include "worker/worker.h"
 
 static const char *cmd_name = "wick worker"; /* its messages' name: wick dev's through it */
@@ -29,6 +30,9 @@ static void usage(FILE *f)
 		"serves the OpenAI API; its requests share the batch with the queue's jobs.\n"
 		"When the engine fails a step, the jobs held go back to the queue and it exits 3.\n"
 		"  --concurrency N       jobs held and batched at once (default 8)\n"
+		"  --speculate N         greedy jobs draft up to N tokens a step by prompt lookup\n"
+		"                        (1-16; default 0: off): the same output, in fewer steps\n"
+		"                        where it repeats its prompt or itself\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -84,7 +88,8 @@ int cmd_worker(int argc, char **argv)
 {
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
-	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE };
+	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
+	       O_SPEC };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -94,6 +99,7 @@ int cmd_worker(int argc, char **argv)
 		{"max-lifetime", required_argument, 0, O_LIFE},
 		{"max-jobs", required_argument, 0, O_MAXJOBS}, {"lease", required_argument, 0, O_LEASE},
 		{"queue-outage", required_argument, 0, O_OUTAGE},
+		{"speculate", required_argument, 0, O_SPEC},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -118,6 +124,10 @@ int cmd_worker(int argc, char **argv)
 		case O_CONC:
 			bad = parse_num(optarg, "--concurrency", 1, WORKER_MAX_CONCURRENCY, &v);
 			w.concurrency = (int)v;
+			break;
+		case O_SPEC:
+			bad = parse_num(optarg, "--speculate", 0, SCHED_DRAFT_MAX, &v);
+			w.speculate = (int)v;
 			break;
 		case O_IDLE: bad = parse_num(optarg, "--idle-timeout", 0, 1e9, &w.idle_timeout); break;
 		case O_STARTUP:

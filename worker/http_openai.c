@@ -431,12 +431,18 @@ void oai_result_error(const struct oai_result *r, struct oai_err *e)
 
 static json_t *usage_json(const struct oai_result *r)
 {
-	return json_pack("{s:I, s:I, s:I, s:f, s:f, s:I}", "prompt_tokens",
-			 (json_int_t)r->prompt_tokens, "completion_tokens",
-			 (json_int_t)r->completion_tokens, "total_tokens",
-			 (json_int_t)(r->prompt_tokens + r->completion_tokens), "queue_seconds",
-			 r->queue_seconds, "gpu_seconds", r->gpu_seconds, "cost_micro_usd",
-			 (json_int_t)r->cost_micro_usd);
+	json_t *u = json_pack("{s:I, s:I, s:I, s:f, s:f, s:I}", "prompt_tokens",
+			      (json_int_t)r->prompt_tokens, "completion_tokens",
+			      (json_int_t)r->completion_tokens, "total_tokens",
+			      (json_int_t)(r->prompt_tokens + r->completion_tokens), "queue_seconds",
+			      r->queue_seconds, "gpu_seconds", r->gpu_seconds, "cost_micro_usd",
+			      (json_int_t)r->cost_micro_usd);
+	/* speculative decoding's drafts, kept and not (OpenAI's names, as for its predicted
+	 * outputs) */
+	json_t *d = json_object_get(json_object_get(r->root, "usage"), "completion_tokens_details");
+	if (u && json_is_object(d))
+		json_object_set(u, "completion_tokens_details", d);
+	return u;
 }
 
 json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,

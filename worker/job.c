@@ -512,6 +512,10 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 	putf(&b, ", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"queue_seconds\": ",
 	     r->prompt_tokens, r->completion_tokens);
 	put_seconds(&b, r->queue_seconds);
+	if (r->accepted_prediction_tokens || r->rejected_prediction_tokens)
+		putf(&b, ", \"completion_tokens_details\": {\"accepted_prediction_tokens\": %d, "
+		     "\"rejected_prediction_tokens\": %d}", r->accepted_prediction_tokens,
+		     r->rejected_prediction_tokens);
 	puts_(&b, ", \"gpu_seconds\": ");
 	put_seconds(&b, r->gpu_seconds);
 	putf(&b, ", \"cost_usd\": %s%" PRIu64 ".%06" PRIu64 ", \"cost_micro_usd\": %" PRId64 "}",

@@ -111,6 +111,9 @@ struct job_result {
 	enum job_err err;           /* used when status != COMPLETED (JOB_OK then means internal) */
 	const char *message;        /* error message */
 	int prompt_tokens, completion_tokens;
+	/* speculative decoding's drafts (sched.h), kept and thrown away; both 0: none (and
+	 * not encoded), else usage.completion_tokens_details as OpenAI names them */
+	int accepted_prediction_tokens, rejected_prediction_tokens;
 	double queue_seconds, gpu_seconds;
 	int64_t cost_micro_usd;
 	const char *worker;

@@ -19,6 +19,9 @@ struct sched {
 	struct eng_item *items;  /* [slots] */
 	int *item_slot;          /* [slots] */
 	struct sched_req **item_req; /* [slots]: the request of each item of the current step */
+	int spec;                /* speculative decoding's max_draft (0: off) */
+	int *spec_in, *spec_out; /* [slots][SCHED_DRAFT_MAX + 1]: a step's tokens and argmaxes */
+	int *spec_k;             /* [slots]: the draft tokens of this step (0: none) */
 	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
 	int engine_rc;           /* WK_OK until a step fails in the engine */
@@ -46,12 +49,32 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	s->next_tok = calloc((size_t)s->slots, sizeof *s->next_tok);
 	s->item_slot = calloc((size_t)s->slots, sizeof *s->item_slot);
 	s->item_req = calloc((size_t)s->slots, sizeof *s->item_req);
-	if (!s->run || !s->items || !s->next_tok || !s->item_slot || !s->item_req) {
+	s->spec_k = calloc((size_t)s->slots, sizeof *s->spec_k);
+	if (!s->run || !s->items || !s->next_tok || !s->item_slot || !s->item_req || !s->spec_k) {
 		sched_free(s);
 		return NULL;
 	}
 	s->t0 = wk_now();
 	return s;
+}
+
+int sched_set_speculate(struct sched *s, int max_draft)
+{
+	if (max_draft < 0 || max_draft > SCHED_DRAFT_MAX)
+		return WK_EINVAL;
+	size_t w = SCHED_DRAFT_MAX + 1;
+	if (max_draft > 0 && !s->spec_in) {
+		s->spec_in = calloc((size_t)s->slots * w, sizeof *s->spec_in);
+		s->spec_out = calloc((size_t)s->slots * w, sizeof *s->spec_out);
+		if (!s->spec_in || !s->spec_out) {
+			free(s->spec_in);
+			free(s->spec_out);
+			s->spec_in = s->spec_out = NULL;
+			return WK_ENOMEM;
+		}
+	}
+	s->spec = max_draft;
+	return WK_OK;
 }
 
 void sched_req_free(struct sched_req *r)
@@ -85,6 +108,9 @@ void sched_free(struct sched *s)
 	free(s->next_tok);
 	free(s->items);
 	free(s->item_slot);
+	free(s->spec_in);
+	free(s->spec_out);
+	free(s->spec_k);
 	free(s->item_req);
 	free(s);
 }
@@ -394,11 +420,104 @@ static void log_step(struct sched *s, int n, double t)
 	fprintf(s->log, "{\"step\": %ld, \"t\": %.6f, \"items\": [", s->steps, t - s->t0);
 	for (int i = 0; i < n; i++) {
 		struct sched_req *r = s->run[s->item_slot[i]];
-		fprintf(s->log, "%s{\"id\": \"%s\", \"phase\": \"%s\", \"tokens\": %d}", i ? ", " : "",
+		fprintf(s->log, "%s{\"id\": \"%s\", \"phase\": \"%s\", \"tokens\": %d", i ? ", " : "",
 			r->id, r->steps == 0 ? "prefill" : "decode", s->items[i].n);
+		if (s->spec_k[s->item_slot[i]])
+			fprintf(s->log, ", \"draft\": %d", s->spec_k[s->item_slot[i]]);
+		fprintf(s->log, "}");
 	}
 	fprintf(s->log, "]}\n");
 	fflush(s->log);
+}
+
+/* ---- speculative decoding (sched_set_speculate) ---- */
+
+/* Token i of the request's prompt followed by its output. */
+static int ctx_tok(const struct sched_req *r, int i)
+{
+	return i < r->n_prompt ? r->prompt[i] : r->out[i - r->n_prompt];
+}
+
+/* Prompt lookup: the last n tokens (n from SCHED_NGRAM_MAX down) found earlier in the prompt
+ * and output, the most recent place first; up to max of the tokens that followed there go to
+ * d. Returns how many (0: no match). */
+static int draft(const struct sched_req *r, int *d, int max)
+{
+	int len = r->n_prompt + r->n_out;
+	for (int n = SCHED_NGRAM_MAX; n >= SCHED_NGRAM_MIN; n--)
+		for (int p = len - n - 1; p >= 0; p--) {
+			int m = 0;
+			while (m < n && ctx_tok(r, p + m) == ctx_tok(r, len - n + m))
+				m++;
+			if (m < n)
+				continue;
+			int k = 0;
+			for (; k < max && p + n + k < len; k++)
+				d[k] = ctx_tok(r, p + n + k);
+			return k;
+		}
+	return 0;
+}
+
+/* A decode item for the request in slot i: its last token, and where it speculates a draft
+ * after it (its tokens at spec_in, the argmax of each row to spec_out). */
+static void decode_item(struct sched *s, int i, struct eng_item *it)
+{
+	struct sched_req *r = s->run[i];
+	int last = r->out[r->n_out - 1], len = eng_seq_len(s->e, r->seq);
+	int max = s->spec;
+	if (max > r->max_tokens - r->n_out - 1)
+		max = r->max_tokens - r->n_out - 1;
+	if (max > s->max_seq - len - 2)
+		max = s->max_seq - len - 2;
+	int *in = s->spec_in ? s->spec_in + (size_t)i * (SCHED_DRAFT_MAX + 1) : NULL;
+	int k = s->spec && r->samp.temperature <= 0 && max > 0 ? draft(r, in + 1, max) : 0;
+	s->spec_k[i] = k;
+	if (!k) {
+		it->tokens = &r->out[r->n_out - 1];
+		it->n = 1;
+		return;
+	}
+	in[0] = last;
+	it->tokens = in;
+	it->n = it->rows = 1 + k;
+	it->token = s->spec_out + (size_t)i * (SCHED_DRAFT_MAX + 1);
+}
+
+/* Appends token next to the request in slot i, as after a decode step that left len tokens
+ * in its cache; finishes it on a stop id, a stop string, max_tokens or the context's end.
+ * Returns whether it finished. */
+static bool take(struct sched *s, int i, int next, int len,
+		 void (*done)(void *ctx, struct sched_req *r), void *ctx)
+{
+	struct sched_req *r = s->run[i];
+	if (eng_is_stop(&s->stops, next)) { /* as wick generate stops */
+		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
+		return true;
+	}
+	if (r->n_out == r->cap_out) {
+		int cap = r->cap_out ? 2 * r->cap_out : 64;
+		int *o = realloc(r->out, (size_t)cap * sizeof *o);
+		if (!o) {
+			snprintf(r->error, sizeof r->error, "out of memory");
+			finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
+			return true;
+		}
+		r->out = o;
+		r->cap_out = cap;
+	}
+	r->out[r->n_out++] = next;
+	if (r->n_stop && stop_seen(s, r)) {
+		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
+		return true;
+	}
+	if (r->on_token)
+		stream_token(s, r, ctx);
+	if (r->n_out >= r->max_tokens || len + 1 >= s->max_seq) {
+		finish(s, i, SCHED_DONE, SCHED_FIN_LENGTH, done, ctx);
+		return true;
+	}
+	return false;
 }
 
 /* One step without the accounting: finished requests go to the fin list. */
@@ -450,14 +569,15 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		bool greedy = r->samp.temperature <= 0;
 		it->logits = NULL;
 		it->token = &s->next_tok[i];
+		it->rows = 0;
+		s->spec_k[i] = 0;
 		it->sample = (struct eng_sample){r->samp.temperature, r->samp.top_p, r->samp.top_k,
 						 greedy ? 0 : samp_draw(r->sampler)};
 		if (r->steps == 0) {
 			it->tokens = r->prompt;
 			it->n = r->n_prompt;
 		} else {
-			it->tokens = &r->out[r->n_out - 1];
-			it->n = 1;
+			decode_item(s, i, it);
 		}
 		s->item_req[n] = r;
 		s->item_slot[n++] = i;
@@ -486,33 +606,27 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		int i = s->item_slot[k];
 		struct sched_req *r = s->run[i];
 		r->steps++;
-		int next = s->next_tok[i];
 		if (r->n_out == 0)
 			r->t_first = t;
-		if (eng_is_stop(&s->stops, next)) { /* as wick generate stops */
-			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
+		int d = s->spec_k[i], len = eng_seq_len(s->e, r->seq);
+		if (!d) {
+			take(s, i, s->next_tok[i], len, done, ctx);
 			continue;
 		}
-		if (r->n_out == r->cap_out) {
-			int cap = r->cap_out ? 2 * r->cap_out : 64;
-			int *o = realloc(r->out, (size_t)cap * sizeof *o);
-			if (!o) {
-				snprintf(r->error, sizeof r->error, "out of memory");
-				finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
-				continue;
-			}
-			r->out = o;
-			r->cap_out = cap;
-		}
-		r->out[r->n_out++] = next;
-		if (r->n_stop && stop_seen(s, r)) {
-			finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
-			continue;
-		}
-		if (r->on_token)
-			stream_token(s, r, ctx);
-		if (r->n_out >= r->max_tokens || eng_seq_len(s->e, r->seq) + 1 >= s->max_seq)
-			finish(s, i, SCHED_DONE, SCHED_FIN_LENGTH, done, ctx);
+		/* the drafts that equal the argmax before them are kept, and the argmax after the
+		 * last kept one; the cache forgets the rest */
+		const int *in = s->spec_in + (size_t)i * (SCHED_DRAFT_MAX + 1) + 1;
+		const int *g = s->spec_out + (size_t)i * (SCHED_DRAFT_MAX + 1);
+		int a = 0;
+		while (a < d && in[a] == g[a])
+			a++;
+		r->drafted += d;
+		r->accepted += a;
+		len -= d - a;
+		eng_seq_truncate(s->e, r->seq, len);
+		for (int j = 0; j <= a; j++)
+			if (take(s, i, g[j], len - a + j, done, ctx))
+				break;
 	}
 	return WK_OK;
 }

@@ -9,7 +9,8 @@
  *
  * Every step is recorded in the step log (a JSON line per step, when a FILE is given):
  *   {"step": N, "t": seconds, "items": [{"id": ID, "phase": "prefill"|"decode", "tokens": K}]}
- * which is how tests see that requests share steps.
+ * which is how tests see that requests share steps; a speculative decode item also has
+ * "draft": D, the draft tokens among its K.
  *
  * Not thread-safe: one thread drives a scheduler.
  */
@@ -59,6 +60,7 @@ struct sched_req {
 	char error[WK_ERRSZ];  /* for SCHED_FAILED */
 	double t_admit, t_first, t_done; /* wk_now() */
 	int steps;            /* engine steps this request took part in */
+	int drafted, accepted; /* speculative decoding: draft tokens proposed, and kept */
 	double gpu_seconds;   /* its share of the busy time: see sched_mark() */
 
 	/* private */
@@ -76,6 +78,25 @@ struct sched;
 /* Returns NULL when out of memory. log may be NULL. */
 struct sched *sched_create(struct engine *e, FILE *log);
 void sched_free(struct sched *s); /* frees requests still held */
+
+/* Speculative decoding by prompt lookup (n-gram drafts), for greedy requests (temperature
+ * 0; a sampled request decodes a token a step as before). Before a decode step, the last
+ * SCHED_NGRAM_MAX (down to SCHED_NGRAM_MIN) tokens of the request's prompt and output are
+ * looked up earlier in them, most recent first; the up to max_draft tokens that followed there
+ * are the draft. The step runs the last token and the draft together and returns the argmax
+ * after each (eng_item.rows): the draft tokens that equal the argmax before them are kept,
+ * and the argmax after the last kept one is one more token, so a step gives 1 to
+ * max_draft + 1 tokens. The rest of the draft is truncated from the cache. The output is the
+ * same as without (each kept token is the argmax the model gives after the tokens before it),
+ * up to the rounding of a batched step against a single one. It pays where the output repeats
+ * its prompt or itself (edits of code or text, extraction, quoting) and costs the compute of
+ * the rejected drafts where not: a GPU step of a few tokens costs about what one does (it is
+ * bound by reading the weights), a CPU step costs more. max_draft 0 (the default): off; at
+ * most SCHED_DRAFT_MAX (WK_EINVAL past it). */
+#define SCHED_DRAFT_MAX 16
+#define SCHED_NGRAM_MAX 3
+#define SCHED_NGRAM_MIN 2
+int sched_set_speculate(struct sched *s, int max_draft);
 
 /* Queues r (admitted at the next step when a sequence is free). The prompt must be
  * non-empty. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller

@@ -664,6 +664,8 @@ static void job_done(struct worker *w, struct sched_req *r)
 			   : r->status == SCHED_TIMED_OUT ? "the job ran past its timeout_s"
 			   : r->status == SCHED_CANCELLED ? "cancelled" : NULL,
 		.prompt_tokens = r->n_prompt, .completion_tokens = r->n_out,
+		.accepted_prediction_tokens = r->accepted,
+		.rejected_prediction_tokens = r->drafted - r->accepted,
 		.queue_seconds = queue_s, .gpu_seconds = r->gpu_seconds,
 		.cost_micro_usd = cost_micro(w, r->gpu_seconds), .worker = w->name,
 		.attempt = h->qj.attempt};
@@ -674,8 +676,13 @@ static void job_done(struct worker *w, struct sched_req *r)
 		w->jobs_done++;
 	else
 		w->jobs_failed++;
-	wlog(w, "job_done", "job %s: %s, %d prompt + %d completion tokens, %d steps, %.3f s",
-	     h->qj.id, job_status_name(st), r->n_prompt, r->n_out, r->steps, r->t_done - r->t_admit);
+	char spec[96] = "";
+	if (r->drafted)
+		snprintf(spec, sizeof spec, " (%d of %d draft tokens kept)", r->accepted,
+			 r->drafted);
+	wlog(w, "job_done", "job %s: %s, %d prompt + %d completion tokens, %d steps%s, %.3f s",
+	     h->qj.id, job_status_name(st), r->n_prompt, r->n_out, r->steps, spec,
+	     r->t_done - r->t_admit);
 	h->req = NULL;
 	sched_req_free(r);
 	push_result(w, h, json, len, false);
@@ -1153,6 +1160,10 @@ static int start(struct worker *w, const char **why)
 		return 1;
 	}
 	w->s = sched_create(w->e, w->step_log);
+	if (w->s && sched_set_speculate(w->s, w->o.speculate) != WK_OK) {
+		sched_free(w->s);
+		w->s = NULL;
+	}
 	struct queue_opts qo = {.consumer = w->name, .lease_s = w->o.lease_s, .done_url = w->o.done_url,
 				.ping_url = w->o.ping_url, .stream_url = w->o.stream_url,
 				.on_refused = job_refused, .on_refused_ctx = w,
@@ -1192,11 +1203,12 @@ static void log_ready(struct worker *w)
 		snprintf(comm, sizeof comm, "; communicator %.1f ms, %.1f ms of it after them",
 			 su->comm_s * 1e3, su->comm_wait_s * 1e3);
 	wlog(w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
-	     "beside them%s), backend %s, %d x %d positions of %s KV cache",
+	     "beside them%s), backend %s, %d x %d positions of %s KV cache%s",
 	     (wk_now() - w->t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
 	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
 	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
-	     ei->max_seqs, ei->max_seq, ei->kv_dtype);
+	     ei->max_seqs, ei->max_seq, ei->kv_dtype,
+	     w->o.speculate ? ", speculative decoding on" : "");
 	set_state(w, ST_READY);
 	w->t_last_activity = wk_now();
 	if (ledger_state(w->ledger, LEDGER_IDLE, w->t_last_activity, err, sizeof err) != WK_OK)

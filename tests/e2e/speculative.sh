@@ -1,0 +1,125 @@
+# Speculative decoding by prompt lookup (wick worker --speculate N) on the real stories260K
+# model, against the same jobs run without it:
+#   1. the same 14 jobs on two spool queues, one worker each: every result's text, token ids
+#      and finish reason are the same; the speculating worker took fewer steps, its greedy
+#      jobs report the drafts they kept and threw away (usage.completion_tokens_details), its
+#      sampled jobs and the other worker's report none
+#   2. bad values of --speculate are usage errors (exit 2) that name the flag
+#   3. wick dev --speculate: an OpenAI completion gives the same text as without, with
+#      usage.completion_tokens_details
+source tests/e2e/lib.sh
+m=$(stories)
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
+
+# 1. Fourteen jobs, greedy ones that repeat their prompts or not, two sampled, a stop string.
+python3 - "$TMPD/jobs" <<'PY'
+import json, os, sys
+os.makedirs(sys.argv[1])
+prompts = ["Lily and Ben went to the park. Lily and Ben played. Lily and Ben",
+           "Once upon a time", "The dog ran. The dog ran. The dog", "",
+           "Tom had a red ball. Tom had a red ball. Tom", "One day, a little bird"]
+n = 0
+for p in prompts:
+    for sampled in (False, True) if p in ("", "Once upon a time") else (False,):
+        for mt in (40, 150) if not sampled else (60,):
+            n += 1
+            inp = {"prompt": p, "max_tokens": mt, "temperature": 0.8 if sampled else 0}
+            if sampled:
+                inp["seed"] = n
+            if p.startswith("Tom"):
+                inp["stop"] = ["ball.\nOne"]
+            json.dump({"id": f"s-{n}", "input": inp}, open(f"{sys.argv[1]}/{n}.json", "w"))
+print(n, "jobs")
+PY
+for q in plain spec; do
+  for f in "$TMPD"/jobs/*.json; do
+    "$WICK" submit --queue "spool:$TMPD/$q" --file "$f" >/dev/null || fail "submit $f"
+  done
+done
+"$WICK" worker --model "$m" --queue "spool:$TMPD/plain" --idle-timeout 1 \
+  --step-log "$TMPD/plain.steps" 2>"$TMPD/plain.log" || fail "the plain worker exited $?"
+"$WICK" worker --model "$m" --queue "spool:$TMPD/spec" --idle-timeout 1 --speculate 4 \
+  --step-log "$TMPD/spec.steps" 2>"$TMPD/spec.log" || fail "the speculating worker exited $?"
+grep -q "speculative decoding on" "$TMPD/spec.log" || fail "no word of speculation at ready"
+! grep -q "speculative decoding on" "$TMPD/plain.log" || fail "the plain worker speculated"
+grep -q "draft tokens kept" "$TMPD/spec.log" || fail "no job_done line with its drafts"
+python3 - "$TMPD" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+def results(q):
+    return {f[:-5]: json.load(open(f"{d}/{q}/done/{f}")) for f in os.listdir(f"{d}/{q}/done")}
+plain, spec = results("plain"), results("spec")
+assert len(plain) == len(spec) == 14, (len(plain), len(spec))
+kept = drafted = 0
+none = []
+for k, a in sorted(plain.items()):
+    b = spec[k]
+    assert a["status"] == b["status"] == "COMPLETED", (a, b)
+    for f in ("text", "token_ids", "finish_reason"):
+        assert a["output"][f] == b["output"][f], f"{k}: {f} differs:\n{a['output'][f]!r}\n{b['output'][f]!r}"
+    assert "completion_tokens_details" not in a["usage"], a["usage"]
+    det = b["usage"].get("completion_tokens_details")
+    job = json.load(open(f"{d}/jobs/{k[2:]}.json"))
+    if job["input"]["temperature"] > 0:
+        assert det is None, f"{k}: a sampled job speculated: {det}"
+        continue
+    if det is None:  # nothing in it repeated (no 2-token match): no drafts
+        none.append(k)
+        continue
+    kept += det["accepted_prediction_tokens"]
+    drafted += det["accepted_prediction_tokens"] + det["rejected_prediction_tokens"]
+    assert b["usage"]["completion_tokens"] == len(b["output"]["token_ids"])
+assert kept > drafted // 4, f"kept {kept} of {drafted} draft tokens"
+assert len(none) <= 2, f"greedy jobs without drafts: {none}"
+steps = {q: sum(1 for _ in open(f"{d}/{q}.steps")) for q in ("plain", "spec")}
+assert steps["spec"] < steps["plain"], steps
+stops = [k for k, v in spec.items() if v["output"]["finish_reason"] == "stop"]
+print(f"14 jobs the same with and without; {steps['spec']} steps against {steps['plain']}; "
+      f"kept {kept} of {drafted} draft tokens; {len(none)} greedy jobs without a draft; "
+      f"{len(stops)} ended by a stop string or EOS")
+PY
+
+# 2. Bad values.
+for v in 17 -1 x 2.5.1; do
+  set +e
+  "$WICK" worker --model "$m" --queue "spool:$TMPD/plain" --speculate "$v" 2>"$TMPD/bad.log"
+  rc=$?
+  set -e
+  [ $rc = 2 ] || fail "--speculate $v: exit $rc, want 2"
+  grep -q -- "--speculate wants a number" "$TMPD/bad.log" || fail "--speculate $v: $(cat "$TMPD/bad.log")"
+done
+echo "refused: --speculate 17, -1, x, 2.5.1 (exit 2, the flag named)"
+
+# 3. A dev session.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+ask() { # PORT: a greedy completion's JSON
+  curl -sf "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "Lily and Ben went to the park. Lily and Ben", "max_tokens": 80, "temperature": 0}'
+}
+for mode in plain spec; do
+  P=$(free_port)
+  args=()
+  [ $mode = spec ] && args=(--speculate 6)
+  "$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 30 ${args[@]+"${args[@]}"} \
+    2>"$TMPD/dev-$mode.log" &
+  pid=$!
+  for _ in $(seq 1 100); do
+    curl -sf -o /dev/null "http://127.0.0.1:$P/health" && break
+    kill -0 $pid 2>/dev/null || fail "wick dev exited during start-up"
+    sleep 0.1
+  done
+  ask $P >"$TMPD/dev-$mode.json" || fail "the $mode completion failed"
+  kill -TERM $pid
+  wait $pid || fail "wick dev ($mode) exited $?"
+done
+python3 - "$TMPD/dev-plain.json" "$TMPD/dev-spec.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["choices"][0]["text"] == b["choices"][0]["text"], (a, b)
+assert "completion_tokens_details" not in a["usage"], a["usage"]
+d = b["usage"]["completion_tokens_details"]
+assert d["accepted_prediction_tokens"] > 0 and d["rejected_prediction_tokens"] >= 0, d
+print(f"wick dev: the same text; {d['accepted_prediction_tokens']} draft tokens kept, "
+      f"{d['rejected_prediction_tokens']} thrown away")
+PY
+echo "PASS"
