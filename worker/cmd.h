@@ -14,6 +14,7 @@ int cmd_logits(int argc, char **argv);   /* worker/cmd_generate.c */
 int cmd_bench(int argc, char **argv);    /* worker/cmd_bench.c */
 int bench_restore(int argc, char **argv); /* worker/bench_restore.c, via cmd_bench */
 int bench_queue(int argc, char **argv);   /* worker/bench_queue.c, via cmd_bench */
+int bench_spec(int argc, char **argv);    /* worker/bench_spec.c, via cmd_bench */
 int bench_launches(int argc, char **argv); /* worker/bench_launches.c, via cmd_bench */
 int cmd_worker(int argc, char **argv);   /* worker/cmd_worker.c: runs worker/worker.c */
 int cmd_worker_as(const char *name, int argc, char **argv); /* the same, its messages as NAME */

@@ -27,7 +27,8 @@ static void bench_usage(FILE *f)
 		   "  wick bench decode MODEL [-n N] [--threads T] [--backend B]\n"
 		   "  wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n"
 		   "  wick bench queue MODEL [-n TOKENS] [--jobs N]\n"
-		   "  wick bench launches MODEL [--context N] [--steps S] [--backend B]\n");
+		   "  wick bench launches MODEL [--context N] [--steps S] [--backend B]\n"
+		   "  wick bench speculate MODEL [-n TOKENS] [--draft K] [--prompt TEXT]...\n");
 }
 
 static void decode_usage(FILE *f)
@@ -253,6 +254,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_queue(argc - 1, argv + 1);
 	if (!strcmp(sub, "launches"))
 		return bench_launches(argc - 1, argv + 1);
+	if (!strcmp(sub, "speculate"))
+		return bench_spec(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

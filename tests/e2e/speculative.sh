@@ -7,6 +7,7 @@
 #   2. bad values of --speculate are usage errors (exit 2) that name the flag
 #   3. wick dev --speculate: an OpenAI completion gives the same text as without, with
 #      usage.completion_tokens_details
+#   4. wick bench speculate runs both modes and finds the same outputs
 source tests/e2e/lib.sh
 m=$(stories)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -122,4 +123,13 @@ assert d["accepted_prediction_tokens"] > 0 and d["rejected_prediction_tokens"] >
 print(f"wick dev: the same text; {d['accepted_prediction_tokens']} draft tokens kept, "
       f"{d['rejected_prediction_tokens']} thrown away")
 PY
+# 4. wick bench speculate: both modes, the same outputs, its JSON line.
+"$WICK" bench speculate "$m" -n 40 --runs 1 >"$TMPD/bench.txt" || fail "bench speculate exited $?"
+grep -q "the outputs are the same" "$TMPD/bench.txt" || fail "$(cat "$TMPD/bench.txt")"
+tail -1 "$TMPD/bench.txt" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["bench"] == "speculate" and j["speculate_steps"] < j["plain_steps"], j
+assert 0 < j["accepted"] <= j["drafted"] and j["verify_step_ms"] > 0 < j["step_ms"], j
+print("bench speculate: %d steps against %d" % (j["speculate_steps"], j["plain_steps"]))'
 echo "PASS"
