@@ -465,7 +465,7 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 {
 	struct sched_req *r = s->run[i];
 	int last = r->out[r->n_out - 1], len = eng_seq_len(s->e, r->seq);
-	int max = s->spec;
+	int max = r->draft_len > 0 && r->draft_len < s->spec ? r->draft_len : s->spec;
 	if (max > r->max_tokens - r->n_out - 1)
 		max = r->max_tokens - r->n_out - 1;
 	if (max > s->max_seq - len - 2)
@@ -622,6 +622,9 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			a++;
 		r->drafted += d;
 		r->accepted += a;
+		/* the next draft: one longer after a draft kept whole, else one past what was kept
+		 * (a request whose drafts fail drafts one token, and wastes little) */
+		r->draft_len = a == d ? d + 1 : a + 1;
 		len -= d - a;
 		eng_seq_truncate(s->e, r->seq, len);
 		for (int j = 0; j <= a; j++)

@@ -67,6 +67,7 @@ struct sched_req {
 	int seq;
 	size_t sent;          /* bytes of text handed to on_token */
 	int win;              /* on_token, no stop strings: first token of the decode window */
+	int draft_len;        /* speculation: the most draft tokens of its next step (0: max) */
 	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
 	bool cancel;
