@@ -67,7 +67,8 @@ static void strip_input(char *dst, size_t n, const char *src)
 static const char *error_param(const char *msg)
 {
 	static const char *const names[] = {"temperature", "top_p",    "top_k",  "seed",
-					    "stop",        "max_tokens", "prompt", "messages"};
+					    "stop",        "max_tokens", "prompt", "messages",
+					    "prediction"};
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
 		size_t k = strlen(names[i]);
 		if (!strncmp(msg, names[i], k) && !(isalnum((unsigned char)msg[k]) || msg[k] == '_'))
@@ -81,23 +82,24 @@ static const char *error_param(const char *msg)
  * function_call), as OpenAI allows: that is the one message whose text may be nothing, and it
  * renders as empty; in any other message it is a 400 naming the field, not an empty prompt.
  * Returns a new JSON string, or NULL with *e set. */
-static json_t *content_text(const json_t *m, const char *role, size_t i, struct oai_err *e)
+static json_t *content_text(const json_t *m, const char *role, const char *param,
+			    const char *what, struct oai_err *e)
 {
 	const json_t *c = json_object_get(m, "content");
 	if (absent(c)) {
 		if (!strcmp(role, "assistant") && (!absent(json_object_get(m, "tool_calls")) ||
 						   !absent(json_object_get(m, "function_call"))))
 			return json_string("");
-		oai_errf(e, 400, IRE, "invalid_input", "messages",
-			 "messages[%zu].content: %s (role %.40s); it must be a string or a list of "
-			 "text parts", i, c ? "null" : "missing", role);
+		oai_errf(e, 400, IRE, "invalid_input", param,
+			 "%s.content: %s (role %.40s); it must be a string or a list of "
+			 "text parts", what, c ? "null" : "missing", role);
 		return NULL;
 	}
 	if (json_is_string(c))
 		return json_stringn(json_string_value(c), json_string_length(c));
 	if (!json_is_array(c)) {
-		oai_errf(e, 400, IRE, "invalid_input", "messages",
-			 "messages[%zu].content must be a string or a list of text parts", i);
+		oai_errf(e, 400, IRE, "invalid_input", param,
+			 "%s.content must be a string or a list of text parts", what);
 		return NULL;
 	}
 	size_t total = 0, k;
@@ -107,15 +109,15 @@ static json_t *content_text(const json_t *m, const char *role, size_t i, struct 
 		if (!json_is_object(part) || !json_is_string(json_object_get(part, "type")) ||
 		    strcmp(json_string_value(json_object_get(part, "type")), "text") ||
 		    !json_is_string(t)) {
-			oai_errf(e, 400, IRE, "invalid_input", "messages",
-				 "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": "
-				 "STRING} parts are supported", i, k);
+			oai_errf(e, 400, IRE, "invalid_input", param,
+				 "%s.content[%zu]: only {\"type\": \"text\", \"text\": "
+				 "STRING} parts are supported", what, k);
 			return NULL;
 		}
 		total += json_string_length(t);
 		if (total > JOB_PROMPT_MAX) {
-			oai_errf(e, 400, IRE, "prompt_too_long", "messages",
-				 "messages hold more than %u bytes of content", JOB_PROMPT_MAX);
+			oai_errf(e, 400, IRE, "prompt_too_long", param,
+				 "%s holds more than %u bytes of content", param, JOB_PROMPT_MAX);
 			return NULL;
 		}
 	}
@@ -133,6 +135,29 @@ static json_t *content_text(const json_t *m, const char *role, size_t i, struct 
 	json_t *s = json_stringn(buf, o);
 	free(buf);
 	return s;
+}
+
+/* OpenAI's predicted output, {"type": "content", "content": TEXT or text parts}, into
+ * input.prediction: a source of speculative drafts (wick worker --speculate), never of the
+ * output itself. */
+static int prediction(const json_t *root, json_t *input, struct oai_err *e)
+{
+	const json_t *p = json_object_get(root, "prediction");
+	if (absent(p))
+		return 0;
+	const json_t *t = json_is_object(p) ? json_object_get(p, "type") : NULL;
+	if (!json_is_string(t) || strcmp(json_string_value(t), "content"))
+		return oai_errf(e, 400, IRE, "invalid_input", "prediction",
+				"prediction must be {\"type\": \"content\", \"content\": ...}");
+	if (absent(json_object_get(p, "content")))
+		return oai_errf(e, 400, IRE, "invalid_input", "prediction",
+				"prediction.content must be a string or a list of text parts");
+	json_t *text = content_text(p, "prediction", "prediction", "prediction", e);
+	if (!text)
+		return e->status;
+	if (json_object_set_new(input, "prediction", text))
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	return 0;
 }
 
 static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
@@ -158,7 +183,9 @@ static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
 			return oai_errf(e, 400, IRE, "invalid_input", "messages",
 					"messages[%zu].role '%.40s' is not system, developer, user, "
 					"assistant or tool", i, json_string_value(role));
-		json_t *text = content_text(m, json_string_value(role), i, e);
+		char what[32];
+		snprintf(what, sizeof what, "messages[%zu]", i);
+		json_t *text = content_text(m, json_string_value(role), "messages", what, e);
 		if (!text)
 			return e->status;
 		if (json_array_append_new(out, json_pack("{s:s, s:o}", "role", r, "content", text)))
@@ -339,7 +366,8 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 		st = chat_messages(json_object_get(root, "messages"), input, e);
 	else
 		st = completion_prompt(json_object_get(root, "prompt"), input, e);
-	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)))
+	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)) ||
+	    (st = prediction(root, input, e)))
 		goto out;
 	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)

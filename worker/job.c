@@ -269,6 +269,18 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 			return fail(err, errsz, JOB_EINVALID_INPUT, "input.stream must be true or false");
 		j->stream = json_is_true(v);
 	}
+	if ((v = json_object_get(in, "prediction")) && !json_is_null(v)) {
+		if (!json_is_string(v))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.prediction must be a string");
+		if (json_string_length(v) > JOB_PROMPT_MAX)
+			return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
+				    "input.prediction has %zu bytes; the limit is %u",
+				    json_string_length(v), JOB_PROMPT_MAX);
+		if ((e = dup_member(v, JOB_PROMPT_MAX, &j->prediction, "input.prediction", err,
+				    errsz)) != JOB_OK)
+			return e;
+	}
 	if ((v = json_object_get(in, "stop")) && !json_is_null(v))
 		return decode_stop(v, j, err, errsz);
 	return JOB_OK;
@@ -359,6 +371,8 @@ void job_free(struct job *j)
 		return;
 	free(j->prompt);
 	j->prompt = NULL;
+	free(j->prediction);
+	j->prediction = NULL;
 	for (int i = 0; i < j->n_messages; i++)
 		free(j->messages[i].content);
 	free(j->messages);

@@ -84,6 +84,8 @@ struct job {
 	int n_stop;
 	double timeout_s;
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
+	char *prediction; /* input.prediction: text the output is expected to repeat (malloc'd;
+			   * NULL: none), a source of speculative drafts (wick worker --speculate) */
 };
 
 /* True when s is a valid id: [A-Za-z0-9._-]{1,JOB_ID_MAX}, and not "." or "..". */

@@ -85,6 +85,7 @@ void sched_req_free(struct sched_req *r)
 	for (int i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->out);
+	free(r->pred);
 	free(r->text);
 	samp_free(r->sampler);
 	free(r);
@@ -438,12 +439,39 @@ static int ctx_tok(const struct sched_req *r, int i)
 	return i < r->n_prompt ? r->prompt[i] : r->out[i - r->n_prompt];
 }
 
-/* Prompt lookup: the last n tokens (n from SCHED_NGRAM_MAX down) found earlier in the prompt
- * and output, the most recent place first; up to max of the tokens that followed there go to
- * d. Returns how many (0: no match). */
-static int draft(const struct sched_req *r, int *d, int max)
+/* Where in a[0..na) the n tokens key[] first occur with a token after them, looking from
+ * `from` on, then from the start; -1 when nowhere. */
+static int find_after(const int *a, int na, const int *key, int n, int from)
 {
-	int len = r->n_prompt + r->n_out;
+	for (int pass = 0; pass < 2; pass++)
+		for (int p = pass ? 0 : from; p + n < na && (!pass || p < from); p++)
+			if (!memcmp(a + p, key, (size_t)n * sizeof *key))
+				return p;
+	return -1;
+}
+
+/* The draft, up to max tokens to d; returns how many (0: none). The last n tokens of the
+ * prompt and output are looked up first in the request's prediction (n from SCHED_NGRAM_MAX
+ * down to 1), from where the last draft came from on (a prediction is read in order), then in
+ * the prompt and output themselves (n down to SCHED_NGRAM_MIN), the most recent place first;
+ * the tokens that followed there are the draft. */
+static int draft(struct sched_req *r, int *d, int max)
+{
+	int len = r->n_prompt + r->n_out, key[SCHED_NGRAM_MAX];
+	for (int n = SCHED_NGRAM_MAX; r->pred && n >= 1; n--) {
+		if (n > len)
+			continue;
+		for (int m = 0; m < n; m++)
+			key[m] = ctx_tok(r, len - n + m);
+		int p = find_after(r->pred, r->n_pred, key, n, r->pred_at);
+		if (p < 0)
+			continue;
+		int k = 0;
+		for (; k < max && p + n + k < r->n_pred; k++)
+			d[k] = r->pred[p + n + k];
+		r->pred_at = p + n;
+		return k;
+	}
 	for (int n = SCHED_NGRAM_MAX; n >= SCHED_NGRAM_MIN; n--)
 		for (int p = len - n - 1; p >= 0; p--) {
 			int m = 0;

@@ -40,6 +40,10 @@ struct sched_req {
 	struct samp_cfg samp;
 	char *stop[SCHED_MAX_STOP]; /* malloc'd strings, owned after submit */
 	int n_stop;
+	int *pred;            /* token ids of text the output is expected to repeat (malloc'd,
+			       * owned after submit; NULL: none): the first place speculation
+			       * looks for a draft */
+	int n_pred;
 	double deadline;      /* wk_now() seconds; 0 = none */
 	void *user;           /* the caller's */
 	/* Optional streaming hook, called during sched_step (ctx is the step's ctx) once after
@@ -68,6 +72,7 @@ struct sched_req {
 	size_t sent;          /* bytes of text handed to on_token */
 	int win;              /* on_token, no stop strings: first token of the decode window */
 	int draft_len;        /* speculation: the most draft tokens of its next step (0: max) */
+	int pred_at;          /* speculation: where in pred the last draft came from */
 	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
 	bool cancel;

@@ -767,6 +767,15 @@ static void admit(struct worker *w, struct held *h)
 		job_free(&j);
 		return;
 	}
+	if (j.prediction && w->tok && j.prediction[0] &&
+	    (rc = tok_encode(w->tok, j.prediction, strlen(j.prediction), false, &r->pred,
+			     &r->n_pred, err, sizeof err)) != WK_OK) {
+		fail_job(w, h, JOB_FAILED, rc == WK_EINVAL ? JOB_EINVALID_INPUT : JOB_EINTERNAL, err,
+			 false);
+		sched_req_free(r);
+		job_free(&j);
+		return;
+	}
 	snprintf(r->id, sizeof r->id, "%s", h->qj.id);
 	r->max_tokens = j.max_tokens;
 	r->samp = (struct samp_cfg){.temperature = j.temperature, .top_p = j.top_p,

@@ -6,7 +6,8 @@
 #      sampled jobs and the other worker's report none
 #   2. bad values of --speculate are usage errors (exit 2) that name the flag
 #   3. wick dev --speculate: an OpenAI completion gives the same text as without, with
-#      usage.completion_tokens_details
+#      usage.completion_tokens_details; given that text as its predicted output
+#      ("prediction"), nearly every token is a draft kept; a bad prediction is a 400
 #   4. wick bench speculate runs both modes and finds the same outputs
 source tests/e2e/lib.sh
 m=$(stories)
@@ -115,18 +116,35 @@ for mode in plain spec; do
     sleep 0.1
   done
   ask $P >"$TMPD/dev-$mode.json" || fail "the $mode completion failed"
+  if [ $mode = spec ]; then
+    # OpenAI's predicted output: the text without speculation, given as the prediction
+    body=$(python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["choices"][0]["text"]
+print(json.dumps({"prompt": "Lily and Ben went to the park. Lily and Ben", "max_tokens": 80,
+  "temperature": 0, "prediction": {"type": "content", "content": t}}))' "$TMPD/dev-plain.json")
+    curl -sf "http://127.0.0.1:$P/v1/completions" -H 'Content-Type: application/json' -d "$body" \
+      >"$TMPD/dev-pred.json" || fail "the completion with a prediction failed"
+    code=$(curl -s -o "$TMPD/dev-badpred.json" -w '%{http_code}' "http://127.0.0.1:$P/v1/completions" \
+      -H 'Content-Type: application/json' -d '{"prompt": "a", "prediction": {"type": "x"}}')
+    [ "$code" = 400 ] && grep -q '"param": *"prediction"' "$TMPD/dev-badpred.json" ||
+      fail "a bad prediction: $code $(cat "$TMPD/dev-badpred.json")"
+  fi
   kill -TERM $pid
   wait $pid || fail "wick dev ($mode) exited $?"
 done
-python3 - "$TMPD/dev-plain.json" "$TMPD/dev-spec.json" <<'PY'
+python3 - "$TMPD/dev-plain.json" "$TMPD/dev-spec.json" "$TMPD/dev-pred.json" <<'PY'
 import json, sys
-a, b = (json.load(open(f)) for f in sys.argv[1:])
+a, b, c = (json.load(open(f)) for f in sys.argv[1:])
+assert c["choices"][0]["text"] == a["choices"][0]["text"], (a, c)
+dc = c["usage"]["completion_tokens_details"]
+assert dc["accepted_prediction_tokens"] >= 0.75 * c["usage"]["completion_tokens"], c["usage"]  # (one step in 7 gives a token of its own)
 assert a["choices"][0]["text"] == b["choices"][0]["text"], (a, b)
 assert "completion_tokens_details" not in a["usage"], a["usage"]
 d = b["usage"]["completion_tokens_details"]
 assert d["accepted_prediction_tokens"] > 0 and d["rejected_prediction_tokens"] >= 0, d
 print(f"wick dev: the same text; {d['accepted_prediction_tokens']} draft tokens kept, "
-      f"{d['rejected_prediction_tokens']} thrown away")
+      f"{d['rejected_prediction_tokens']} thrown away; with the text as the prediction, "
+      f"{dc['accepted_prediction_tokens']} of {c['usage']['completion_tokens']} tokens were "
+      f"drafts kept; a bad prediction is a 400 naming it")
 PY
 # 4. wick bench speculate: both modes, the same outputs, its JSON line.
 "$WICK" bench speculate "$m" -n 40 --runs 1 >"$TMPD/bench.txt" || fail "bench speculate exited $?"

@@ -122,6 +122,33 @@ Test(http, completion_becomes_a_job)
 	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"), "max_tokens")), 2);
 	json_decref(j);
 	free(r.job);
+	/* a predicted output becomes input.prediction, text parts joined; a bad one is refused */
+	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+			     "\"prediction\": {\"type\": \"content\", \"content\": [{\"type\": "
+			     "\"text\", \"text\": \"def f():\"}, {\"type\": \"text\", \"text\": "
+			     "\" pass\"}]}}", &r);
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "input"),
+							   "prediction")), "def f(): pass");
+	json_decref(j);
+	free(r.job);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"Once\", \"prediction\": {\"type\": "
+				   "\"content\", \"content\": \"upon a time\"}}", &r);
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "input"),
+							   "prediction")), "upon a time");
+	json_decref(j);
+	free(r.job);
+	static const char *const bad_pred[] = {
+		"\"prediction\": \"text\"", "\"prediction\": {\"type\": \"text\", \"content\": \"x\"}",
+		"\"prediction\": {\"type\": \"content\"}",
+		"\"prediction\": {\"type\": \"content\", \"content\": 5}",
+		"\"prediction\": {\"type\": \"content\", \"content\": [{\"type\": \"image\"}]}"};
+	for (size_t i = 0; i < sizeof bad_pred / sizeof bad_pred[0]; i++) {
+		char body[256];
+		snprintf(body, sizeof body, "{\"prompt\": \"a\", %s}", bad_pred[i]);
+		struct oai_err pe = err_of(OAI_COMPLETION, body);
+		cr_expect_eq(pe.status, 400, "%s", body);
+		cr_expect_str_eq(pe.param, "prediction", "%s", body);
+	}
 	/* max_completion_tokens wins over max_tokens for chat */
 	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
 			     "\"max_tokens\": 50, \"max_completion_tokens\": 9}", &r);

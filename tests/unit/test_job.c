@@ -48,7 +48,8 @@ Test(job, all_fields)
 			"\"input\": {\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
 			"{\"role\": \"user\", \"content\": \"Hi \\u00e9\"}],"
 			"\"max_tokens\": 16, \"temperature\": 0, \"top_p\": 0.9, \"top_k\": 40,"
-			"\"seed\": 9007199254740993, \"stop\": [\"\\n\", \"END\"], \"stream\": true}}";
+			"\"seed\": 9007199254740993, \"stop\": [\"\\n\", \"END\"], \"stream\": true,"
+			"\"prediction\": \"Hello \\u00e9\"}}";
 	cr_assert_eq(dec(s, &j), JOB_OK, "%s", msg);
 	cr_expect_str_eq(j.tenant, "acme");
 	cr_expect_float_eq(j.timeout_s, 2.5, 1e-9);
@@ -66,6 +67,7 @@ Test(job, all_fields)
 	cr_expect_str_eq(j.stop[0], "\n");
 	cr_expect_str_eq(j.stop[1], "END");
 	cr_expect(j.stream);
+	cr_expect_str_eq(j.prediction, "Hello \xc3\xa9");
 	job_free(&j);
 	/* a single stop string, nulls as absent, max_tokens 16.0 */
 	cr_assert_eq(dec("{\"id\": \"x\", \"tenant\": null, \"input\": {\"prompt\": \"p\", \"stop\": \"s\","
@@ -134,6 +136,9 @@ Test(job, invalid_input)
 	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stop\": \"\"}}", JOB_EINVALID_INPUT);
 	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stream\": 1}}", JOB_EINVALID_INPUT);
 	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"stream\": \"yes\"}}", JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"prediction\": [\"a\"]}}",
+	       JOB_EINVALID_INPUT);
+	expect("{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"prediction\": 3}}", JOB_EINVALID_INPUT);
 }
 
 Test(job, ranges_at_their_edges)

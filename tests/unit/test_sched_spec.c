@@ -182,3 +182,62 @@ Test(sched_spec, refusals)
 	cr_expect_eq(sched_set_speculate(s, 0), WK_OK);
 	sched_free(s);
 }
+
+/* One greedy request of max_tokens on prompt with prediction pred[0..np) (copied; NULL:
+ * none), speculating up to spec tokens; returns it finished. */
+static struct sched_req *one(const char *prompt, int max_tokens, const int *pred, int np,
+			     int spec)
+{
+	struct sched *s = sched_create(eng, NULL);
+	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	struct sched_req *r = calloc(1, sizeof *r);
+	snprintf(r->id, sizeof r->id, "a");
+	char err[WK_ERRSZ];
+	cr_assert_eq(tok_encode(eng_tokenizer(eng), prompt, strlen(prompt), true, &r->prompt,
+				&r->n_prompt, err, sizeof err), WK_OK);
+	r->max_tokens = max_tokens;
+	r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+	if (pred) {
+		r->pred = malloc((size_t)np * sizeof *r->pred);
+		memcpy(r->pred, pred, (size_t)np * sizeof *r->pred);
+		r->n_pred = np;
+	}
+	cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
+	struct run f = {0};
+	while (sched_pending(s) > 0)
+		cr_assert_geq(sched_step(s, on_done, &f), 0);
+	sched_free(s);
+	return f.r[0];
+}
+
+/* A prediction of the output (OpenAI's predicted outputs: an edit's original text) is drafted
+ * from in order: a right one is kept nearly whole, a wrong one costs drafts but not tokens. */
+Test(sched_spec, a_prediction_is_drafted_from)
+{
+	const char *p = "One day, a little bird";
+	struct sched_req *plain = one(p, 120, NULL, 0, 0);
+	cr_assert_eq(plain->n_out, 120);
+	/* right: the output itself, with the first token (the prefill's) left out */
+	struct sched_req *right = one(p, 120, plain->out + 1, plain->n_out - 1, 8);
+	cr_expect(!memcmp(right->out, plain->out, sizeof(int) * 120), "right: the tokens differ");
+	cr_expect_geq(right->accepted, 100, "kept %d of %d", right->accepted, right->drafted);
+	cr_expect_leq(right->steps, 25, "%d steps for 120 tokens", right->steps);
+	/* wrong: the output backwards */
+	int rev[120];
+	for (int i = 0; i < 120; i++)
+		rev[i] = plain->out[119 - i];
+	struct sched_req *wrong = one(p, 120, rev, 120, 8);
+	cr_expect(!memcmp(wrong->out, plain->out, sizeof(int) * 120), "wrong: the tokens differ");
+	cr_expect_lt(wrong->accepted * 2, wrong->drafted);
+	/* off: a prediction drafts nothing */
+	struct sched_req *off = one(p, 120, plain->out + 1, plain->n_out - 1, 0);
+	cr_expect_eq(off->drafted, 0);
+	cr_expect_eq(off->steps, 120);
+	fprintf(stderr, "prediction: right %d steps, kept %d of %d; wrong %d steps, kept %d of "
+		"%d; without %d steps\n", right->steps, right->accepted, right->drafted,
+		wrong->steps, wrong->accepted, wrong->drafted, plain->steps);
+	sched_req_free(plain);
+	sched_req_free(right);
+	sched_req_free(wrong);
+	sched_req_free(off);
+}
