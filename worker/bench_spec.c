@@ -35,6 +35,9 @@ static void usage(FILE *f)
 		"                        a tokenizer)\n"
 		"      --concurrency C   requests at once (default 1: one after another)\n"
 		"      --runs R          runs of each mode (default 3)\n"
+		"      --predict         the speculating runs get each request's output (from the\n"
+		"                        first run without) as its prediction: an edit that changes\n"
+		"                        nothing, the best case of OpenAI's predicted outputs\n"
 		CMD_ENGINE_HELP);
 }
 
@@ -58,9 +61,10 @@ static void on_done(void *ctx, struct sched_req *r)
 	sched_req_free(r);
 }
 
-/* One run of every prompt, conc at a time, with max_draft (0: off). */
+/* One run of every prompt, conc at a time, with max_draft (0: off); with pred, request i
+ * gets the output pred->out[i] as its prediction. */
 static int run(struct engine *e, int max_draft, int *const *ids, const int *n_ids, int n,
-	       int tokens, int conc, struct run_out *o)
+	       int tokens, int conc, const struct run_out *pred, struct run_out *o)
 {
 	memset(o, 0, sizeof *o);
 	struct sched *s = sched_create(e, NULL);
@@ -84,6 +88,16 @@ static int run(struct engine *e, int max_draft, int *const *ids, const int *n_id
 			r->n_prompt = n_ids[next];
 			r->max_tokens = tokens;
 			r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+			if (pred && pred->n_out[next] > 1) { /* less the prefill's token */
+				int np = pred->n_out[next] - 1;
+				if (!(r->pred = malloc((size_t)np * sizeof(int)))) {
+					sched_req_free(r);
+					rc = WK_ENOMEM;
+					break;
+				}
+				memcpy(r->pred, pred->out[next] + 1, (size_t)np * sizeof(int));
+				r->n_pred = np;
+			}
 			if ((rc = sched_submit(s, r, err, sizeof err)) != WK_OK) {
 				fprintf(stderr, "wick bench speculate: prompt %d: %s\n", next, err);
 				sched_req_free(r);
@@ -162,7 +176,7 @@ int bench_spec(int argc, char **argv)
 		{"tokens", required_argument, 0, 'n'}, {"draft", required_argument, 0, 'd'},
 		{"prompt", required_argument, 0, 'p'}, {"concurrency", required_argument, 0, 'c'},
 		{"runs", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
-		{"prompt-ids", required_argument, 0, 'i'},
+		{"prompt-ids", required_argument, 0, 'i'}, {"predict", no_argument, 0, 'P'},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	static const char *const dflt[] = {
 		"Lily and Ben went to the park. Lily and Ben played with a ball. Lily and Ben",
@@ -173,6 +187,7 @@ int bench_spec(int argc, char **argv)
 	const char *prompts[SPEC_MAX_PROMPTS];
 	int *ids[SPEC_MAX_PROMPTS] = {0}, n_ids[SPEC_MAX_PROMPTS] = {0}, rc = 0;
 	int np = 0, tokens = 128, draft = 4, conc = 1, runs = 3, c, bad = 0;
+	bool predict = false;
 	struct cmd_engine ce = {.o = {.backend = "cpu"}};
 	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
 		switch (c) {
@@ -194,6 +209,7 @@ int bench_spec(int argc, char **argv)
 			}
 			np++;
 			break;
+		case 'P': predict = true; break;
 		case 'h': usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -243,11 +259,18 @@ int bench_spec(int argc, char **argv)
 			}
 	}
 	double tps[2][99], steps[2] = {0};
-	struct run_out ref = {0}, o;
+	struct run_out ref = {0}, o = {0};
 	int drafted = 0, accepted = 0, differ = -1;
+	/* a warm-up run, untimed: the first touches of the weights and buffers */
+	if (!rc && run(e, 0, ids, n_ids, np, tokens < 8 ? tokens : 8, conc, NULL, &o) != WK_OK) {
+		fprintf(stderr, "wick bench speculate: a run failed\n");
+		rc = 1;
+	}
+	free_out(&o);
 	for (int k = 0; k < runs && !rc; k++)
 		for (int mode = 0; mode < 2 && !rc; mode++) {
-			if (run(e, mode ? draft : 0, ids, n_ids, np, tokens, conc, &o) != WK_OK) {
+			if (run(e, mode ? draft : 0, ids, n_ids, np, tokens, conc,
+				mode && predict ? &ref : NULL, &o) != WK_OK) {
 				fprintf(stderr, "wick bench speculate: a run failed\n");
 				rc = 1;
 				free_out(&o);
@@ -282,8 +305,9 @@ int bench_spec(int argc, char **argv)
 	}
 	if (!rc) {
 		double p = median(tps[0], runs), s = median(tps[1], runs);
-		printf("%d greedy requests of %d tokens, %d at a time, on %s (%s)\n", np, tokens,
-		       conc, ce.model, eng_info(e)->backend);
+		printf("%d greedy requests of %d tokens, %d at a time, on %s (%s)%s\n", np, tokens,
+		       conc, ce.model, eng_info(e)->backend,
+		       predict ? ", each predicted by its own output" : "");
 		printf("%-22s %12s %8s\n", "", "tokens/s", "steps");
 		printf("%-22s %12.1f %8.0f\n", "plain", p, steps[0]);
 		printf("%-22s %12.1f %8.0f\n", "speculate", s, steps[1]);
@@ -293,11 +317,12 @@ int bench_spec(int argc, char **argv)
 		printf("a step of %d tokens (one and %d drafts) takes %.2fx a step of one "
 		       "(%.2f ms against %.2f, medians of 9)\n", draft + 1, draft, cn / c1, cn * 1e3,
 		       c1 * 1e3);
-		printf("{\"bench\": \"speculate\", \"requests\": %d, \"tokens\": %d, \"concurrency\": "
-		       "%d, \"draft\": %d, \"runs\": %d, \"plain_tokens_per_s\": %.2f, "
+		printf("{\"bench\": \"speculate\", \"predict\": %s, \"requests\": %d, \"tokens\": %d, "
+		       "\"concurrency\": %d, \"draft\": %d, \"runs\": %d, \"plain_tokens_per_s\": %.2f, "
 		       "\"speculate_tokens_per_s\": %.2f, \"ratio\": %.3f, \"plain_steps\": %.0f, "
 		       "\"speculate_steps\": %.0f, \"drafted\": %d, \"accepted\": %d, "
-		       "\"step_ms\": %.3f, \"verify_step_ms\": %.3f}\n", np, tokens, conc, draft, runs,
+		       "\"step_ms\": %.3f, \"verify_step_ms\": %.3f}\n", predict ? "true" : "false", np,
+		       tokens, conc, draft, runs,
 		       p, s, s / p, steps[0], steps[1], drafted, accepted, c1 * 1e3, cn * 1e3);
 	}
 	free_out(&ref);

@@ -87,18 +87,22 @@ void sched_free(struct sched *s); /* frees requests still held */
 
 /* Speculative decoding by prompt lookup (n-gram drafts), for greedy requests (temperature
  * 0; a sampled request decodes a token a step as before). Before a decode step, the last
- * SCHED_NGRAM_MAX (down to SCHED_NGRAM_MIN) tokens of the request's prompt and output are
- * looked up earlier in them, most recent first; the up to max_draft tokens that followed there
- * are the draft. The step runs the last token and the draft together and returns the argmax
- * after each (eng_item.rows): the draft tokens that equal the argmax before them are kept,
- * and the argmax after the last kept one is one more token, so a step gives 1 to
- * max_draft + 1 tokens. The rest of the draft is truncated from the cache. The output is the
- * same as without (each kept token is the argmax the model gives after the tokens before it),
- * up to the rounding of a batched step against a single one. It pays where the output repeats
- * its prompt or itself (edits of code or text, extraction, quoting) and costs the compute of
- * the rejected drafts where not: a GPU step of a few tokens costs about what one does (it is
- * bound by reading the weights), a CPU step costs more. max_draft 0 (the default): off; at
- * most SCHED_DRAFT_MAX (WK_EINVAL past it). */
+ * tokens of the request's prompt and output are looked up in its prediction (sched_req.pred:
+ * text the caller expects the output to repeat, read in order), then earlier in the prompt and
+ * output themselves, most recent first (SCHED_NGRAM_MAX tokens down to SCHED_NGRAM_MIN); the
+ * tokens that followed there are the draft. The step runs the last token and the draft
+ * together and returns the argmax after each (eng_item.rows): the draft tokens that equal the
+ * argmax before them are kept, and the argmax after the last kept one is one more token, so a
+ * step gives 1 to max_draft + 1 tokens. The rest of the draft is truncated from the cache. A
+ * request's next draft is one token longer than a draft it kept whole, else one past what it
+ * kept (up to max_draft), so one whose drafts fail drafts little. The output is the same as
+ * without (each kept token is the argmax the model gives after the tokens before it), up to
+ * the rounding of a step of several tokens against a step of one. It pays where the output
+ * repeats its prompt, its prediction or itself (edits of code or text, extraction, quoting)
+ * and costs the compute of the rejected drafts where not: a GPU step of a few tokens costs
+ * about what one does (it is bound by reading the weights), a CPU step more (wick bench
+ * speculate measures both). max_draft 0 (the default): off; at most SCHED_DRAFT_MAX
+ * (WK_EINVAL past it). */
 #define SCHED_DRAFT_MAX 16
 #define SCHED_NGRAM_MAX 3
 #define SCHED_NGRAM_MIN 2

@@ -33,7 +33,8 @@
 #      device r, each rank file streamed into its device's memory: GLM-5 tp 2 x ep 4 (4 ranks)
 #      and GLM-4.5 tp 2 logits against the CPU's unsharded ones (1e-3), stories260K tp 2's
 #      golden text through generate and through a worker; too few devices is refused by name;
-#      wick bench restore of the 4-rank snapshot into 4 devices, every device's bytes checked.
+#      wick bench restore of the 4-rank snapshot into 4 devices, every device's bytes checked;
+#   8. speculative decoding (wick bench speculate --backend cuda): the same tokens in fewer steps.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -596,5 +597,17 @@ PY
 # its ready line says what the communicator, made beside the restore, cost the start
 grep -q 'ready: .*restored from a snapshot.*; communicator [0-9.]* ms, [0-9.]* ms of it after them' \
   "$TMPD/tp2.log" || fail "the tp 2 worker's ready line: $(grep 'ready:' "$TMPD/tp2.log")"
+section "speculative decoding on the cuda backend"
+# drafts verified in one step (eng_item.rows: the argmax of every row on the device), the
+# rest truncated from the device's cache: the same tokens as a token a step
+"$EMU" bench speculate "$m" --backend cuda -n 24 --runs 1 >"$TMPD/spec.txt" 2>&1 ||
+  { cat "$TMPD/spec.txt"; fail "bench speculate --backend cuda"; }
+grep -q "the outputs are the same" "$TMPD/spec.txt" || fail "$(cat "$TMPD/spec.txt")"
+tail -1 "$TMPD/spec.txt" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["accepted"] > 0 and j["speculate_steps"] < j["plain_steps"], j
+print("   %d of %d drafts kept, %d steps against %d: the same tokens" % (j["accepted"],
+      j["drafted"], j["speculate_steps"], j["plain_steps"]))' || fail "bench speculate's line"
 section "done"
 echo ok

@@ -8,7 +8,8 @@
 #   3. wick dev --speculate: an OpenAI completion gives the same text as without, with
 #      usage.completion_tokens_details; given that text as its predicted output
 #      ("prediction"), nearly every token is a draft kept; a bad prediction is a 400
-#   4. wick bench speculate runs both modes and finds the same outputs
+#   4. wick bench speculate runs both modes and finds the same outputs; with --predict (each
+#      request's output its own prediction) it takes under a third of the steps
 source tests/e2e/lib.sh
 m=$(stories)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -155,4 +156,11 @@ j = json.load(sys.stdin)
 assert j["bench"] == "speculate" and j["speculate_steps"] < j["plain_steps"], j
 assert 0 < j["accepted"] <= j["drafted"] and j["verify_step_ms"] > 0 < j["step_ms"], j
 print("bench speculate: %d steps against %d" % (j["speculate_steps"], j["plain_steps"]))'
+"$WICK" bench speculate "$m" -n 40 --runs 1 --predict >"$TMPD/bench.txt" || fail "bench --predict exited $?"
+tail -1 "$TMPD/bench.txt" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["predict"] and j["accepted"] >= 0.9 * j["drafted"], j
+assert 3 * j["speculate_steps"] < j["plain_steps"], j
+print("bench speculate --predict: %d steps against %d" % (j["speculate_steps"], j["plain_steps"]))'
 echo "PASS"
