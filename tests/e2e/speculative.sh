@@ -59,7 +59,8 @@ for k, a in sorted(plain.items()):
     b = spec[k]
     assert a["status"] == b["status"] == "COMPLETED", (a, b)
     for f in ("text", "token_ids", "finish_reason"):
-        assert a["output"][f] == b["output"][f], f"{k}: {f} differs:\n{a['output'][f]!r}\n{b['output'][f]!r}"
+        x, y = a["output"][f], b["output"][f]
+        assert x == y, f"{k}: {f} differs:\n{x!r}\n{y!r}"
     assert "completion_tokens_details" not in a["usage"], a["usage"]
     det = b["usage"].get("completion_tokens_details")
     job = json.load(open(f"{d}/jobs/{k[2:]}.json"))
@@ -94,15 +95,19 @@ for v in 17 -1 x 2.5.1; do
   rc=$?
   set -e
   [ $rc = 2 ] || fail "--speculate $v: exit $rc, want 2"
-  grep -q -- "--speculate wants a number" "$TMPD/bad.log" || fail "--speculate $v: $(cat "$TMPD/bad.log")"
+  grep -q -- "--speculate wants a number" "$TMPD/bad.log" ||
+    fail "--speculate $v: $(cat "$TMPD/bad.log")"
 done
 echo "refused: --speculate 17, -1, x, 2.5.1 (exit 2, the flag named)"
 
 # 3. A dev session.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 ask() { # PORT: a greedy completion's JSON
   curl -sf "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": "Lily and Ben went to the park. Lily and Ben", "max_tokens": 80, "temperature": 0}'
+    -d '{"prompt": "Lily and Ben went to the park. Lily and Ben", "max_tokens": 80,
+         "temperature": 0}'
 }
 for mode in plain spec; do
   P=$(free_port)
@@ -124,7 +129,8 @@ print(json.dumps({"prompt": "Lily and Ben went to the park. Lily and Ben", "max_
   "temperature": 0, "prediction": {"type": "content", "content": t}}))' "$TMPD/dev-plain.json")
     curl -sf "http://127.0.0.1:$P/v1/completions" -H 'Content-Type: application/json' -d "$body" \
       >"$TMPD/dev-pred.json" || fail "the completion with a prediction failed"
-    code=$(curl -s -o "$TMPD/dev-badpred.json" -w '%{http_code}' "http://127.0.0.1:$P/v1/completions" \
+    code=$(curl -s -o "$TMPD/dev-badpred.json" -w '%{http_code}' \
+      "http://127.0.0.1:$P/v1/completions" \
       -H 'Content-Type: application/json' -d '{"prompt": "a", "prediction": {"type": "x"}}')
     [ "$code" = 400 ] && grep -q '"param": *"prediction"' "$TMPD/dev-badpred.json" ||
       fail "a bad prediction: $code $(cat "$TMPD/dev-badpred.json")"
@@ -137,7 +143,8 @@ import json, sys
 a, b, c = (json.load(open(f)) for f in sys.argv[1:])
 assert c["choices"][0]["text"] == a["choices"][0]["text"], (a, c)
 dc = c["usage"]["completion_tokens_details"]
-assert dc["accepted_prediction_tokens"] >= 0.75 * c["usage"]["completion_tokens"], c["usage"]  # (one step in 7 gives a token of its own)
+# (one step in 7 gives a token of its own)
+assert dc["accepted_prediction_tokens"] >= 0.75 * c["usage"]["completion_tokens"], c["usage"]
 assert a["choices"][0]["text"] == b["choices"][0]["text"], (a, b)
 assert "completion_tokens_details" not in a["usage"], a["usage"]
 d = b["usage"]["completion_tokens_details"]
@@ -156,7 +163,8 @@ j = json.load(sys.stdin)
 assert j["bench"] == "speculate" and j["speculate_steps"] < j["plain_steps"], j
 assert 0 < j["accepted"] <= j["drafted"] and j["verify_step_ms"] > 0 < j["step_ms"], j
 print("bench speculate: %d steps against %d" % (j["speculate_steps"], j["plain_steps"]))'
-"$WICK" bench speculate "$m" -n 40 --runs 1 --predict >"$TMPD/bench.txt" || fail "bench --predict exited $?"
+"$WICK" bench speculate "$m" -n 40 --runs 1 --predict >"$TMPD/bench.txt" ||
+  fail "bench --predict exited $?"
 tail -1 "$TMPD/bench.txt" | python3 -c '
 import json, sys
 j = json.load(sys.stdin)

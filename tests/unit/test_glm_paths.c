@@ -56,12 +56,15 @@ static void check_batched(const char *dir, int V, const char *what)
 		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
 	/* step 1: 0 and 1 prefill; step 2: 2 prefills while 0 and 1 decode; step 3: all decode;
 	 * step 4: 2 decodes alone */
-	struct eng_item s1[2] = {{seq[0], p[0], len[0], G(0, 0), NULL, {}, 0}, {seq[1], p[1], len[1], G(1, 0), NULL, {}, 0}};
+	struct eng_item s1[2] = {{seq[0], p[0], len[0], G(0, 0), NULL, {}, 0},
+				 {seq[1], p[1], len[1], G(1, 0), NULL, {}, 0}};
 	cr_assert_eq(eng_step(e, s1, 2, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item s2[3] = {{seq[2], p[2], len[2], G(2, 0), NULL, {}, 0}, {seq[0], &dec[0], 1, G(0, 1), NULL, {}, 0},
+	struct eng_item s2[3] = {{seq[2], p[2], len[2], G(2, 0), NULL, {}, 0},
+				 {seq[0], &dec[0], 1, G(0, 1), NULL, {}, 0},
 				 {seq[1], &dec[0], 1, G(1, 1), NULL, {}, 0}};
 	cr_assert_eq(eng_step(e, s2, 3, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item s3[3] = {{seq[1], &dec[1], 1, G(1, 2), NULL, {}, 0}, {seq[2], &dec[0], 1, G(2, 1), NULL, {}, 0},
+	struct eng_item s3[3] = {{seq[1], &dec[1], 1, G(1, 2), NULL, {}, 0},
+				 {seq[2], &dec[0], 1, G(2, 1), NULL, {}, 0},
 				 {seq[0], &dec[1], 1, G(0, 2), NULL, {}, 0}};
 	cr_assert_eq(eng_step(e, s3, 3, err, sizeof err), WK_OK, "%s", err);
 	struct eng_item s4 = {seq[2], &dec[1], 1, G(2, 2), NULL, {}, 0};
@@ -179,10 +182,12 @@ Test(glm, batched_prefill_scores_on_its_own)
 	eng_seq_free(e, 0);
 	for (int s = 0; s < 3; s++)
 		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
-	struct eng_item pre[2] = {{seq[0], ids, 6, NULL, NULL, {}, 0}, {seq[2], ids, 6, NULL, NULL, {}, 0}};
+	struct eng_item pre[2] = {{seq[0], ids, 6, NULL, NULL, {}, 0},
+				  {seq[2], ids, 6, NULL, NULL, {}, 0}};
 	cr_assert_eq(eng_step(e, pre, 2, err, sizeof err), WK_OK, "%s", err);
 	memset(&dsa_log, 0, sizeof dsa_log);
-	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}, 0}, {seq[1], p, 40, got + V, NULL, {}, 0},
+	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}, 0},
+				  {seq[1], p, 40, got + V, NULL, {}, 0},
 				  {seq[2], &t, 1, got + 2 * V, NULL, {}, 0}};
 	cr_assert_eq(eng_step(e, mix, 3, err, sizeof err), WK_OK, "%s", err);
 	int layers = dsa_log.calls / 3;
@@ -268,9 +273,11 @@ static void check_devsim(const char *dir, int V, const char *what)
 	for (int k = 0; k < NE; k++) {
 		int s1;
 		cr_assert_eq(eng_seq_alloc(e[k], &s1), WK_OK);
-		struct eng_item a[2] = {{0, ids + 3, 1, lg[k], NULL, {}, 0}, {s1, ids, 6, lg[k] + V, NULL, {}, 0}};
+		struct eng_item a[2] = {{0, ids + 3, 1, lg[k], NULL, {}, 0},
+					{s1, ids, 6, lg[k] + V, NULL, {}, 0}};
 		cr_assert_eq(eng_step(e[k], a, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
-		struct eng_item b[2] = {{s1, ids + 6, 1, lg[k] + 2 * V, NULL, {}, 0}, {0, ids + 4, 1, lg[k] + 3 * V, NULL, {}, 0}};
+		struct eng_item b[2] = {{s1, ids + 6, 1, lg[k] + 2 * V, NULL, {}, 0},
+					{0, ids + 4, 1, lg[k] + 3 * V, NULL, {}, 0}};
 		cr_assert_eq(eng_step(e[k], b, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
 	}
 	SAME(4, "%s: batched steps differ on devsim", what);
