@@ -1,5 +1,6 @@
 #include "worker/sched.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +59,94 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	return s;
 }
 
+/* ---- speculation's n-gram indexes ----
+ * For each n up to SCHED_NGRAM_MAX, an open-addressing table from an n-gram to a position it
+ * begins at, among those with a token after them. Two per request: its prompt + output's,
+ * which keeps the last start (the most recent place) and leaves out the current last n
+ * tokens themselves, filled as tokens come; and its prediction's, which keeps the first.
+ * A step's lookup costs O(1) however long the text: a scan of a 100K-token prompt each step
+ * would cost about what a GPU's decode step of 64 sequences does. */
+typedef int (*ix_tok_fn)(const struct sched_req *r, int i);
+struct sched_ix {
+	int *tab[SCHED_NGRAM_MAX + 1]; /* [cap[n]] start positions, -1 empty */
+	int cap[SCHED_NGRAM_MAX + 1], used[SCHED_NGRAM_MAX + 1];
+	int upto[SCHED_NGRAM_MAX + 1]; /* starts 0 .. upto-1 are in */
+	ix_tok_fn tok;                 /* the text's token i */
+	bool first;                    /* keep the first start of each n-gram, not the last */
+};
+
+static int ctx_tok(const struct sched_req *r, int i);
+
+static void ix_free(struct sched_ix *x)
+{
+	if (!x)
+		return;
+	for (int n = 0; n <= SCHED_NGRAM_MAX; n++)
+		free(x->tab[n]);
+	free(x);
+}
+
+/* The slot of the n tokens key: where they are, or the empty one they would go in. */
+static int ix_slot(const struct sched_ix *x, const struct sched_req *r, const int *key, int n)
+{
+	uint32_t h = 2166136261u;
+	for (int i = 0; i < n; i++)
+		h = (h ^ (uint32_t)key[i]) * 16777619u;
+	int mask = x->cap[n] - 1;
+	for (int k = (int)((h ^ (h >> 15)) & (uint32_t)mask);; k = (k + 1) & mask) {
+		int p = x->tab[n][k], i = 0;
+		while (p >= 0 && i < n && x->tok(r, p + i) == key[i])
+			i++;
+		if (p < 0 || i == n)
+			return k;
+	}
+}
+
+/* Puts start p of the n-gram in. */
+static void ix_put(struct sched_ix *x, const struct sched_req *r, int p, int n)
+{
+	int key[SCHED_NGRAM_MAX];
+	for (int i = 0; i < n; i++)
+		key[i] = x->tok(r, p + i);
+	int k = ix_slot(x, r, key, n);
+	if (x->tab[n][k] < 0)
+		x->used[n]++;
+	else if (x->first)
+		return;
+	x->tab[n][k] = p;
+}
+
+/* Adds the starts up to last. false when out of memory. */
+static bool ix_fill(struct sched_ix *x, const struct sched_req *r, int last, int n)
+{
+	for (; x->upto[n] <= last; x->upto[n]++) {
+		if (2 * (x->used[n] + 1) > x->cap[n]) { /* grow: reinsert every start so far */
+			int cap = x->cap[n] ? 2 * x->cap[n] : 64;
+			int *t = malloc((size_t)cap * sizeof *t);
+			if (!t)
+				return false;
+			free(x->tab[n]);
+			x->tab[n] = t;
+			x->cap[n] = cap;
+			x->used[n] = 0;
+			memset(t, 0xff, (size_t)cap * sizeof *t);
+			for (int p = 0; p < x->upto[n]; p++)
+				ix_put(x, r, p, n);
+		}
+		ix_put(x, r, x->upto[n], n);
+	}
+	return true;
+}
+
+/* Where the n tokens key begin in x's text (filled up to last), or -1; NULL x: -1. */
+static int ix_find(struct sched_ix *x, const struct sched_req *r, const int *key, int n,
+		   int last)
+{
+	if (!x || !ix_fill(x, r, last, n) || !x->cap[n])
+		return -1;
+	return x->tab[n][ix_slot(x, r, key, n)];
+}
+
 int sched_set_speculate(struct sched *s, int max_draft)
 {
 	if (max_draft < 0 || max_draft > SCHED_DRAFT_MAX)
@@ -86,6 +175,8 @@ void sched_req_free(struct sched_req *r)
 		free(r->stop[i]);
 	free(r->out);
 	free(r->pred);
+	ix_free(r->ix);
+	ix_free(r->pix);
 	free(r->text);
 	samp_free(r->sampler);
 	free(r);
@@ -439,22 +530,43 @@ static int ctx_tok(const struct sched_req *r, int i)
 	return i < r->n_prompt ? r->prompt[i] : r->out[i - r->n_prompt];
 }
 
-/* Where in a[0..na) the n tokens key[] first occur with a token after them, looking from
- * `from` on, then from the start; -1 when nowhere. */
-static int find_after(const int *a, int na, const int *key, int n, int from)
+static int pred_tok(const struct sched_req *r, int i)
 {
-	for (int pass = 0; pass < 2; pass++)
-		for (int p = pass ? 0 : from; p + n < na && (!pass || p < from); p++)
-			if (!memcmp(a + p, key, (size_t)n * sizeof *key))
-				return p;
-	return -1;
+	return r->pred[i];
+}
+
+static struct sched_ix *ix_new(ix_tok_fn tok, bool first)
+{
+	struct sched_ix *x = calloc(1, sizeof *x);
+	if (x) {
+		x->tok = tok;
+		x->first = first;
+	}
+	return x;
+}
+
+/* How far past where its last draft came from a prediction is scanned before its index is
+ * asked (which knows only each n-gram's first place). */
+#define SCHED_PRED_NEAR 256
+
+/* Where the n tokens key begin in the prediction: near where the last draft came from (a
+ * prediction is read in order), else their first place; -1 when nowhere (with a token after
+ * them). */
+static int pred_find(struct sched_req *r, const int *key, int n)
+{
+	int end = r->pred_at + SCHED_PRED_NEAR;
+	for (int p = r->pred_at; p < end && p + n < r->n_pred; p++)
+		if (!memcmp(r->pred + p, key, (size_t)n * sizeof *key))
+			return p;
+	if (!r->pix && !(r->pix = ix_new(pred_tok, true)))
+		return -1;
+	return ix_find(r->pix, r, key, n, r->n_pred - n - 1);
 }
 
 /* The draft, up to max tokens to d; returns how many (0: none). The last n tokens of the
  * prompt and output are looked up first in the request's prediction (n from SCHED_NGRAM_MAX
- * down to 1), from where the last draft came from on (a prediction is read in order), then in
- * the prompt and output themselves (n down to SCHED_NGRAM_MIN), the most recent place first;
- * the tokens that followed there are the draft. */
+ * down to 1), then in the prompt and output themselves (n down to SCHED_NGRAM_MIN), the most
+ * recent place first; the tokens that followed there are the draft. */
 static int draft(struct sched_req *r, int *d, int max)
 {
 	int len = r->n_prompt + r->n_out, key[SCHED_NGRAM_MAX];
@@ -463,7 +575,7 @@ static int draft(struct sched_req *r, int *d, int max)
 			continue;
 		for (int m = 0; m < n; m++)
 			key[m] = ctx_tok(r, len - n + m);
-		int p = find_after(r->pred, r->n_pred, key, n, r->pred_at);
+		int p = pred_find(r, key, n);
 		if (p < 0)
 			continue;
 		int k = 0;
@@ -472,18 +584,21 @@ static int draft(struct sched_req *r, int *d, int max)
 		r->pred_at = p + n;
 		return k;
 	}
-	for (int n = SCHED_NGRAM_MAX; n >= SCHED_NGRAM_MIN; n--)
-		for (int p = len - n - 1; p >= 0; p--) {
-			int m = 0;
-			while (m < n && ctx_tok(r, p + m) == ctx_tok(r, len - n + m))
-				m++;
-			if (m < n)
-				continue;
-			int k = 0;
-			for (; k < max && p + n + k < len; k++)
-				d[k] = ctx_tok(r, p + n + k);
-			return k;
-		}
+	if (!r->ix && !(r->ix = ix_new(ctx_tok, false)))
+		return 0;
+	for (int n = SCHED_NGRAM_MAX; n >= SCHED_NGRAM_MIN; n--) {
+		if (n > len)
+			continue;
+		for (int m = 0; m < n; m++)
+			key[m] = ctx_tok(r, len - n + m);
+		int p = ix_find(r->ix, r, key, n, len - n - 1);
+		if (p < 0)
+			continue;
+		int k = 0;
+		for (; k < max && p + n + k < len; k++)
+			d[k] = ctx_tok(r, p + n + k);
+		return k;
+	}
 	return 0;
 }
 

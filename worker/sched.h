@@ -24,6 +24,7 @@
 #include "engine/sampler.h"
 
 struct engine;
+struct sched_ix; /* sched.c: a request's n-gram index, for speculation */
 
 #define SCHED_MAX_STOP 16
 #define SCHED_MAX_ID 128
@@ -73,6 +74,7 @@ struct sched_req {
 	int win;              /* on_token, no stop strings: first token of the decode window */
 	int draft_len;        /* speculation: the most draft tokens of its next step (0: max) */
 	int pred_at;          /* speculation: where in pred the last draft came from */
+	struct sched_ix *ix, *pix; /* speculation: the n-grams of prompt + output, of pred */
 	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
 	bool cancel;
@@ -134,7 +136,9 @@ int sched_engine_failed(const struct sched *s, const char **why);
  * one per sched_step() call: from the end of the previous call (or the first submit) to the
  * end of this one, so the gaps between steps (admission, sampling, storing results) belong
  * to the step after them. A slice is split over the step's items in proportion to the
- * tokens each ran (prompt tokens for a prefill, 1 for a decode); a call that ran no item
+ * tokens each ran (prompt tokens for a prefill, 1 for a decode, 1 + its drafts for a
+ * speculative decode: the drafts thrown away cost the request that made them); a call that
+ * ran no item
  * splits it equally over the requests it finished. Each request's gpu_seconds is the sum of
  * its shares, final when done() is called, and the shares sum to the busy time.
  * sched_mark() is the end of the last slice (or the first submit): the worker takes its
