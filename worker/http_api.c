@@ -182,6 +182,7 @@ struct http_api {
 	double state_since, state_s[S_N];
 	uint64_t by_code[600];
 	uint64_t prompt_tokens, completion_tokens;
+	uint64_t draft_kept, draft_thrown; /* speculation's draft tokens */
 	int64_t cost_micro;
 	double gpu_seconds;
 	struct hist ttft, tpot;
@@ -598,6 +599,8 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		pthread_mutex_lock(&h->mu);
 		h->prompt_tokens += (uint64_t)r.prompt_tokens;
 		h->completion_tokens += (uint64_t)r.completion_tokens;
+		h->draft_kept += (uint64_t)r.accepted_prediction_tokens;
+		h->draft_thrown += (uint64_t)r.rejected_prediction_tokens;
 		h->gpu_seconds += r.gpu_seconds;
 		h->cost_micro += r.cost_micro_usd;
 		pthread_mutex_unlock(&h->mu);
@@ -945,12 +948,17 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_prompt_tokens_total counter\nwick_prompt_tokens_total %llu\n"
 		"# HELP wick_completion_tokens_total Generated tokens of finished HTTP requests.\n"
 		"# TYPE wick_completion_tokens_total counter\nwick_completion_tokens_total %llu\n"
+		"# HELP wick_draft_tokens_total Speculative decoding's draft tokens in finished HTTP "
+		"requests (wick worker --speculate), by whether they were kept.\n"
+		"# TYPE wick_draft_tokens_total counter\nwick_draft_tokens_total{kept=\"true\"} %llu\n"
+		"wick_draft_tokens_total{kept=\"false\"} %llu\n"
 		"# HELP wick_request_gpu_seconds_total GPU seconds billed to HTTP requests.\n"
 		"# TYPE wick_request_gpu_seconds_total counter\nwick_request_gpu_seconds_total %.6f\n"
 		"# HELP wick_request_cost_usd_total What HTTP requests were billed.\n"
 		"# TYPE wick_request_cost_usd_total counter\nwick_request_cost_usd_total %.6f\n",
 		h->n_flights, h->n_inbox, h->n_conns, (unsigned long long)h->prompt_tokens,
-		(unsigned long long)h->completion_tokens, h->gpu_seconds, h->cost_micro / 1e6);
+		(unsigned long long)h->completion_tokens, (unsigned long long)h->draft_kept,
+		(unsigned long long)h->draft_thrown, h->gpu_seconds, h->cost_micro / 1e6);
 	put_hist(b, "wick_time_to_first_token_seconds",
 		 "From a request's arrival to its first generated token.", &h->ttft);
 	put_hist(b, "wick_time_per_output_token_seconds",

@@ -64,6 +64,7 @@ struct oai_result {
 	const char *finish_reason; /* "stop", "length", or NULL */
 	const char *err_code, *err_message;
 	int64_t prompt_tokens, completion_tokens, cost_micro_usd;
+	int64_t accepted_prediction_tokens, rejected_prediction_tokens; /* speculation's */
 	double gpu_seconds, queue_seconds;
 };
 

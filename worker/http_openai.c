@@ -427,6 +427,11 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->err_message = json_string_value(json_object_get(err, "message"));
 	r->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
 	r->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
+	const json_t *det = json_object_get(u, "completion_tokens_details");
+	r->accepted_prediction_tokens =
+		json_integer_value(json_object_get(det, "accepted_prediction_tokens"));
+	r->rejected_prediction_tokens =
+		json_integer_value(json_object_get(det, "rejected_prediction_tokens"));
 	r->cost_micro_usd = json_integer_value(json_object_get(u, "cost_micro_usd"));
 	r->gpu_seconds = json_number_value(json_object_get(u, "gpu_seconds"));
 	r->queue_seconds = json_number_value(json_object_get(u, "queue_seconds"));

@@ -134,6 +134,7 @@ print(json.dumps({"prompt": "Lily and Ben went to the park. Lily and Ben", "max_
       -H 'Content-Type: application/json' -d '{"prompt": "a", "prediction": {"type": "x"}}')
     [ "$code" = 400 ] && grep -q '"param": *"prediction"' "$TMPD/dev-badpred.json" ||
       fail "a bad prediction: $code $(cat "$TMPD/dev-badpred.json")"
+    curl -sf "http://127.0.0.1:$P/metrics" >"$TMPD/metrics.txt" || fail "/metrics"
   fi
   kill -TERM $pid
   wait $pid || fail "wick dev ($mode) exited $?"
@@ -142,6 +143,14 @@ python3 - "$TMPD/dev-plain.json" "$TMPD/dev-spec.json" "$TMPD/dev-pred.json" <<'
 import json, sys
 a, b, c = (json.load(open(f)) for f in sys.argv[1:])
 assert c["choices"][0]["text"] == a["choices"][0]["text"], (a, c)
+# /metrics adds up the two completions' drafts (and the refused one's none)
+m = dict(l.rsplit(" ", 1) for l in open(sys.argv[1].rsplit("/", 1)[0] + "/metrics.txt")
+         if l.startswith("wick_draft_tokens_total"))
+for kept, field in (("true", "accepted"), ("false", "rejected")):
+    want = sum(x["usage"]["completion_tokens_details"][field + "_prediction_tokens"]
+               for x in (b, c))
+    got = int(m['wick_draft_tokens_total{kept="%s"}' % kept])
+    assert got == want, (kept, got, want)
 dc = c["usage"]["completion_tokens_details"]
 # (one step in 7 gives a token of its own)
 assert dc["accepted_prediction_tokens"] >= 0.75 * c["usage"]["completion_tokens"], c["usage"]
