@@ -575,12 +575,21 @@ static bool cand_grow(struct engine *e, int n)
 	return true;
 }
 
+/* A row's draft for speculative sampling: the token drafted after it (-1: none) and the
+ * draw that keeps it or not. */
+struct row_draft {
+	int d;
+	double u_acc;
+};
+
 /* The sampled items' tokens: the device's candidates where it selects them (one op and one
  * copy for the step, plus a logits row for each filtered row past ENG_CAND_CAP; temperature
  * alone is one candidate, the device's pick with the item's draw), else the host's pick
- * over each row. */
+ * over each row. A row with a draft (dr, when not NULL) is picked on the host from its
+ * logits row (samp_pick_draft). */
 static int outputs_sampled(struct engine *e, const struct eng_item *items, int n,
-			   const float *lg, int vocab, char *err, size_t errsz)
+			   const float *lg, int vocab, const struct row_draft *dr, char *err,
+			   size_t errsz)
 {
 	bool host = eng_host_mem(e), dev = !host && e->be->sample_cand;
 	if (!e->pick)
@@ -595,7 +604,7 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 	const struct samp_cand *cand = (const struct samp_cand *)(head + n);
 	if (dev) {
 		for (int i = 0; i < n; i++) /* temperature 0: the device skips the row */
-			e->samp_h[i] = wants(&items[i], true)
+			e->samp_h[i] = wants(&items[i], true) && !(dr && dr[i].d >= 0)
 					       ? (struct be_samp){items[i].sample.temperature,
 								  items[i].sample.top_p,
 								  items[i].sample.top_k, 0,
@@ -611,7 +620,8 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 		const struct eng_item *it = &items[i];
 		if (!wants(it, true))
 			continue;
-		if (dev && head[i].count > 0) {
+		bool drafted = dr && dr[i].d >= 0;
+		if (dev && head[i].count > 0 && !drafted) {
 			*it->token = samp_pick_cand(cand + (size_t)i * cand_cap(e), head[i].count,
 						    head[i].mass, it->sample.top_p, it->sample.u);
 			continue;
@@ -622,13 +632,15 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 			r = e->pick_row;
 		}
 		struct samp_cfg cfg = {it->sample.temperature, it->sample.top_p, it->sample.top_k, 0};
-		*it->token = samp_pick(r, vocab, &cfg, it->sample.u, e->pick);
+		*it->token = drafted ? samp_pick_draft(r, vocab, &cfg, dr[i].d, dr[i].u_acc,
+						       it->sample.u, e->pick)
+				     : samp_pick(r, vocab, &cfg, it->sample.u, e->pick);
 	}
 	return WK_OK;
 }
 
 static int outputs(struct engine *e, const struct eng_item *items, int n, const float *lg,
-		   int vocab, char *err, size_t errsz)
+		   int vocab, const struct row_draft *dr, char *err, size_t errsz)
 {
 	bool greedy = false, sampled = false;
 	for (int i = 0; i < n; i++) {
@@ -639,7 +651,7 @@ static int outputs(struct engine *e, const struct eng_item *items, int n, const 
 	}
 	int rc = greedy ? outputs_argmax(e, items, n, lg, vocab, err, errsz) : WK_OK;
 	if (rc == WK_OK && sampled)
-		rc = outputs_sampled(e, items, n, lg, vocab, err, errsz);
+		rc = outputs_sampled(e, items, n, lg, vocab, dr, err, errsz);
 	return rc;
 }
 
@@ -668,19 +680,35 @@ int eng_outputs(struct engine *e, const struct eng_item *items, int n, const flo
 {
 	int rows = eng_out_rows(items, n);
 	if (rows == n)
-		return outputs(e, items, n, lg, vocab, err, errsz);
+		return outputs(e, items, n, lg, vocab, NULL, err, errsz);
 	struct eng_item *one = malloc((size_t)rows * sizeof *one);
-	if (!one)
+	struct row_draft *dr = malloc((size_t)rows * sizeof *dr);
+	if (!one || !dr) {
+		free(one);
+		free(dr);
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for %d output rows", rows);
-	for (int i = 0, r = 0; i < n; i++)
-		for (int j = 0; j < (items[i].rows > 1 ? items[i].rows : 1); j++, r++) {
-			one[r] = items[i];
+	}
+	for (int i = 0, r = 0; i < n; i++) {
+		const struct eng_item *it = &items[i];
+		int k = it->rows > 1 ? it->rows : 1;
+		for (int j = 0; j < k; j++, r++) {
+			one[r] = *it;
 			one[r].rows = 1;
-			one[r].logits = items[i].logits ? items[i].logits + (size_t)j * vocab : NULL;
-			one[r].token = items[i].token ? items[i].token + j : NULL;
+			one[r].logits = it->logits ? it->logits + (size_t)j * vocab : NULL;
+			one[r].token = it->token ? it->token + j : NULL;
+			dr[r].d = -1;
+			if (k > 1 && it->sample.temperature > 0 && it->sample.u_rows) {
+				one[r].sample.u = it->sample.u_rows[2 * j + 1];
+				if (j < k - 1) {
+					dr[r].d = it->tokens[it->n - k + j + 1];
+					dr[r].u_acc = it->sample.u_rows[2 * j];
+				}
+			}
 		}
-	int rc = outputs(e, one, rows, lg, vocab, err, errsz);
+	}
+	int rc = outputs(e, one, rows, lg, vocab, dr, err, errsz);
 	free(one);
+	free(dr);
 	return rc;
 }
 
@@ -1243,9 +1271,9 @@ int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, s
 		if (it->rows < 0 || it->rows > it->n)
 			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: outputs for %d of its %d "
 				       "tokens", it->seq, it->rows, it->n);
-		if (it->rows > 1 && it->token && it->sample.temperature > 0)
-			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: a sampled token a row for "
-				       "%d rows (only the argmax has several)", it->seq, it->rows);
+		if (it->rows > 1 && it->token && it->sample.temperature > 0 && !it->sample.u_rows)
+			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: sampled tokens for %d rows "
+				       "without their draws (sample.u_rows)", it->seq, it->rows);
 		for (int k = 0; k < it->n; k++)
 			if (it->tokens[k] < 0 || it->tokens[k] >= e->info.vocab)
 				return wk_errf(err, errsz, WK_EINVAL,

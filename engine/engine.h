@@ -179,10 +179,15 @@ struct eng_item {
 		float temperature, top_p;
 		int top_k;
 		double u;
+		/* rows > 1, sampled: two draws a row, [2 * rows]; row j < rows - 1 is followed by
+		 * a draft (tokens[n - rows + j + 1]), kept when draw 2j says so and else replaced by
+		 * a pick with draw 2j + 1 (samp_pick_draft: the pick's distribution whatever the
+		 * draft); the last row's token is an ordinary pick with draw 2 * rows - 1 */
+		const double *u_rows;
 	} sample;
 	/* Outputs for the last `rows` tokens (0 or 1: the last only), in order: logits
-	 * [rows][vocab] and token [rows], the argmax of each (greedy only: a sampled item has
-	 * one row). Speculative decoding's verification: the argmax after each draft token. */
+	 * [rows][vocab] and token [rows], the argmax of each, or with temperature > 0 the picks
+	 * of sample.u_rows. Speculative decoding's verification: the token after each draft. */
 	int rows;
 };
 /* The most candidates per row a device's sample_cand sends to the host: 8 KiB per row (at

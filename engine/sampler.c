@@ -90,23 +90,38 @@ static bool top_p_on(float top_p)
 	return top_p > 0 && top_p < 1;
 }
 
-int samp_pick_cand(const struct samp_cand *c, int m, double mass, float top_p, double u)
+int samp_pick_cand_draft(const struct samp_cand *c, int m, double mass, float top_p, int d,
+			 double u_acc, double u)
 {
 	int n = m;
 	if (top_p_on(top_p)) {
 		int keep = top_p_cut(c, m, mass, top_p);
 		n = keep > 0 ? keep : m;
 	}
-	double sum = 0;
-	for (int i = 0; i < n; i++)
-		sum += c[i].p;
-	double r = u * sum, acc = 0;
+	double sum = 0, pd = 0;
 	for (int i = 0; i < n; i++) {
-		acc += c[i].p;
-		if (r < acc)
-			return c[i].id;
+		sum += c[i].p;
+		if (c[i].id == d)
+			pd = c[i].p;
 	}
-	return c[n - 1].id; /* rounding left r at the very top */
+	if (pd > 0 && u_acc * sum < pd)
+		return d;
+	double r = u * (sum - pd), acc = 0;
+	int last = -1;
+	for (int i = 0; i < n; i++) {
+		if (c[i].id == d)
+			continue;
+		acc += c[i].p;
+		last = c[i].id;
+		if (r < acc)
+			return last;
+	}
+	return last >= 0 ? last : d; /* rounding left r at the very top (d alone kept: taken) */
+}
+
+int samp_pick_cand(const struct samp_cand *c, int m, double mass, float top_p, double u)
+{
+	return samp_pick_cand_draft(c, m, mass, top_p, -1, 0, u);
 }
 
 static void swap(struct samp_cand *a, struct samp_cand *b)
@@ -185,8 +200,8 @@ static int select_mass(struct samp_cand *c, int n, double need)
  * if it does not, the whole row is sorted. */
 #define SELECT_SLACK 0x1p-20
 
-int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double u,
-	      struct samp_cand *c)
+int samp_pick_draft(const float *logits, int vocab, const struct samp_cfg *cfg, int d,
+		    double u_acc, double u, struct samp_cand *c)
 {
 	float mx = logits[samp_argmax(logits, vocab)];
 	double total = 0;
@@ -197,14 +212,14 @@ int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double
 	}
 	bool top_k = cfg->top_k > 0 && cfg->top_k < vocab, top_p = top_p_on(cfg->top_p);
 	if (!top_k && !top_p)
-		return samp_pick_cand(c, vocab, total, 1, u);
+		return samp_pick_cand_draft(c, vocab, total, 1, d, u_acc, u);
 	if (top_k) { /* typically small: sorted whole, so mass sums in the filters' order */
 		select_k(c, vocab, cfg->top_k);
 		qsort(c, (size_t)cfg->top_k, sizeof *c, by_prob_desc);
 		double mass = 0;
 		for (int i = 0; i < cfg->top_k; i++)
 			mass += c[i].p;
-		return samp_pick_cand(c, cfg->top_k, mass, cfg->top_p, u);
+		return samp_pick_cand_draft(c, cfg->top_k, mass, cfg->top_p, d, u_acc, u);
 	}
 	/* top_p alone: mass sums in id order (the full sort summed in the filters' order; the two
 	 * differ in the last bits only, which moves the cut only when the running sum lands that
@@ -215,7 +230,13 @@ int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double
 		qsort(c, (size_t)vocab, sizeof *c, by_prob_desc); /* never seen; correct anyway */
 		m = vocab;
 	}
-	return samp_pick_cand(c, m, total, cfg->top_p, u);
+	return samp_pick_cand_draft(c, m, total, cfg->top_p, d, u_acc, u);
+}
+
+int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double u,
+	      struct samp_cand *c)
+{
+	return samp_pick_draft(logits, vocab, cfg, -1, 0, u, c);
 }
 
 int samp_next(struct sampler *s, const float *logits)

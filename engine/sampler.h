@@ -55,6 +55,15 @@ int samp_pick_cand(const struct samp_cand *c, int m, double mass, float top_p, d
 int samp_pick(const float *logits, int vocab, const struct samp_cfg *cfg, double u,
 	      struct samp_cand *scratch);
 
+/* Speculative sampling, for a row whose next token was drafted as d without the model (a
+ * draft of probability 1, as prompt lookup's): d when u_acc * (the kept p's sum) < d's p
+ * (0 when the filters drop d), else the pick above by u from the kept candidates without d.
+ * Whatever d, the token has the pick's distribution exactly (so a draft costs nothing in
+ * what comes out); with d < 0 it is the pick itself. u_acc, like u, from samp_draw. */
+int samp_pick_cand_draft(const struct samp_cand *c, int m, double mass, float top_p, int d,
+			 double u_acc, double u);
+int samp_pick_draft(const float *logits, int vocab, const struct samp_cfg *cfg, int d,
+		    double u_acc, double u, struct samp_cand *scratch);
 /* The index of the largest logit (lowest index on ties). */
 int samp_argmax(const float *logits, int n);
 

@@ -23,6 +23,7 @@ struct sched {
 	int spec;                /* speculative decoding's max_draft (0: off) */
 	int *spec_in, *spec_out; /* [slots][SCHED_DRAFT_MAX + 1]: a step's tokens and argmaxes */
 	int *spec_k;             /* [slots]: the draft tokens of this step (0: none) */
+	double *spec_u;          /* [slots][2 * (SCHED_DRAFT_MAX + 1)]: a sampled one's draws */
 	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
 	int engine_rc;           /* WK_OK until a step fails in the engine */
@@ -155,10 +156,13 @@ int sched_set_speculate(struct sched *s, int max_draft)
 	if (max_draft > 0 && !s->spec_in) {
 		s->spec_in = calloc((size_t)s->slots * w, sizeof *s->spec_in);
 		s->spec_out = calloc((size_t)s->slots * w, sizeof *s->spec_out);
-		if (!s->spec_in || !s->spec_out) {
+		s->spec_u = calloc((size_t)s->slots * 2 * w, sizeof *s->spec_u);
+		if (!s->spec_in || !s->spec_out || !s->spec_u) {
 			free(s->spec_in);
 			free(s->spec_out);
+			free(s->spec_u);
 			s->spec_in = s->spec_out = NULL;
+			s->spec_u = NULL;
 			return WK_ENOMEM;
 		}
 	}
@@ -202,6 +206,7 @@ void sched_free(struct sched *s)
 	free(s->item_slot);
 	free(s->spec_in);
 	free(s->spec_out);
+	free(s->spec_u);
 	free(s->spec_k);
 	free(s->item_req);
 	free(s);
@@ -614,7 +619,7 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 	if (max > s->max_seq - len - 2)
 		max = s->max_seq - len - 2;
 	int *in = s->spec_in ? s->spec_in + (size_t)i * (SCHED_DRAFT_MAX + 1) : NULL;
-	int k = s->spec && r->samp.temperature <= 0 && max > 0 ? draft(r, in + 1, max) : 0;
+	int k = s->spec && max > 0 ? draft(r, in + 1, max) : 0;
 	s->spec_k[i] = k;
 	if (!k) {
 		it->tokens = &r->out[r->n_out - 1];
@@ -625,6 +630,12 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 	it->tokens = in;
 	it->n = it->rows = 1 + k;
 	it->token = s->spec_out + (size_t)i * (SCHED_DRAFT_MAX + 1);
+	if (r->samp.temperature > 0) { /* two draws a row: keep the draft or not, and a pick */
+		double *u = s->spec_u + (size_t)i * 2 * (SCHED_DRAFT_MAX + 1);
+		for (int j = 0; j < 2 * (1 + k); j++)
+			u[j] = samp_draw(r->sampler);
+		it->sample.u_rows = u;
+	}
 }
 
 /* Appends token next to the request in slot i, as after a decode step that left len tokens
@@ -715,7 +726,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		it->rows = 0;
 		s->spec_k[i] = 0;
 		it->sample = (struct eng_sample){r->samp.temperature, r->samp.top_p, r->samp.top_k,
-						 greedy ? 0 : samp_draw(r->sampler)};
+						 greedy ? 0 : samp_draw(r->sampler), NULL};
 		if (r->steps == 0) {
 			it->tokens = r->prompt;
 			it->n = r->n_prompt;

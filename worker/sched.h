@@ -87,19 +87,21 @@ struct sched;
 struct sched *sched_create(struct engine *e, FILE *log);
 void sched_free(struct sched *s); /* frees requests still held */
 
-/* Speculative decoding by prompt lookup (n-gram drafts), for greedy requests (temperature
- * 0; a sampled request decodes a token a step as before). Before a decode step, the last
+/* Speculative decoding by prompt lookup (n-gram drafts). Before a decode step, the last
  * tokens of the request's prompt and output are looked up in its prediction (sched_req.pred:
  * text the caller expects the output to repeat, read in order), then earlier in the prompt and
  * output themselves, most recent first (SCHED_NGRAM_MAX tokens down to SCHED_NGRAM_MIN); the
  * tokens that followed there are the draft. The step runs the last token and the draft
- * together and returns the argmax after each (eng_item.rows): the draft tokens that equal the
- * argmax before them are kept, and the argmax after the last kept one is one more token, so a
- * step gives 1 to max_draft + 1 tokens. The rest of the draft is truncated from the cache. A
+ * together and returns the token after each (eng_item.rows): the draft tokens that equal the
+ * token before them are kept, and the token after the last kept one is one more, so a step
+ * gives 1 to max_draft + 1 tokens. Greedy, the token after each is the argmax; sampled, a
+ * draft is kept with its probability and else replaced by a pick from the rest
+ * (samp_pick_draft), which leaves the distribution exactly as it was, but draws other
+ * numbers: a seeded sampled request gives another text with speculation than without. The rest of the draft is truncated from the cache. A
  * request's next draft is one token longer than a draft it kept whole, else one past what it
- * kept (up to max_draft), so one whose drafts fail drafts little. The output is the same as
- * without (each kept token is the argmax the model gives after the tokens before it), up to
- * the rounding of a step of several tokens against a step of one. It pays where the output
+ * kept (up to max_draft), so one whose drafts fail drafts little. A greedy request's output
+ * is the same as without (each kept token is the argmax the model gives after the tokens
+ * before it), up to the rounding of a step of several tokens against a step of one. It pays where the output
  * repeats its prompt, its prediction or itself (edits of code or text, extraction, quoting)
  * and costs the compute of the rejected drafts where not: a GPU step of a few tokens costs
  * about what one does (it is bound by reading the weights), a CPU step more (wick bench

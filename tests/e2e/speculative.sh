@@ -1,9 +1,10 @@
 # Speculative decoding by prompt lookup (wick worker --speculate N) on the real stories260K
 # model, against the same jobs run without it:
-#   1. the same 14 jobs on two spool queues, one worker each: every result's text, token ids
-#      and finish reason are the same; the speculating worker took fewer steps, its greedy
-#      jobs report the drafts they kept and threw away (usage.completion_tokens_details), its
-#      sampled jobs and the other worker's report none
+#   1. the same 14 jobs on two spool queues, one worker each: every greedy result's text,
+#      token ids and finish reason are the same; the speculating worker took fewer steps, its
+#      jobs report the drafts they kept and threw away (usage.completion_tokens_details), the
+#      sampled ones too (their drafts kept by draws: another draw of the same distribution);
+#      the other worker's report none
 #   2. bad values of --speculate are usage errors (exit 2) that name the flag
 #   3. wick dev --speculate: an OpenAI completion gives the same text as without, with
 #      usage.completion_tokens_details; given that text as its predicted output
@@ -53,20 +54,23 @@ def results(q):
     return {f[:-5]: json.load(open(f"{d}/{q}/done/{f}")) for f in os.listdir(f"{d}/{q}/done")}
 plain, spec = results("plain"), results("spec")
 assert len(plain) == len(spec) == 14, (len(plain), len(spec))
-kept = drafted = 0
+kept = drafted = sampled_drafts = n_sampled = 0
 none = []
 for k, a in sorted(plain.items()):
     b = spec[k]
     assert a["status"] == b["status"] == "COMPLETED", (a, b)
-    for f in ("text", "token_ids", "finish_reason"):
-        x, y = a["output"][f], b["output"][f]
-        assert x == y, f"{k}: {f} differs:\n{x!r}\n{y!r}"
     assert "completion_tokens_details" not in a["usage"], a["usage"]
     det = b["usage"].get("completion_tokens_details")
     job = json.load(open(f"{d}/jobs/{k[2:]}.json"))
     if job["input"]["temperature"] > 0:
-        assert det is None, f"{k}: a sampled job speculated: {det}"
+        # drafts kept or not by its own draws: the same distribution, another draw
+        assert b["usage"]["completion_tokens"] == len(b["output"]["token_ids"]) > 0, b
+        sampled_drafts += sum(det.values()) if det else 0
+        n_sampled += 1
         continue
+    for f in ("text", "token_ids", "finish_reason"):
+        x, y = a["output"][f], b["output"][f]
+        assert x == y, f"{k}: {f} differs:\n{x!r}\n{y!r}"
     if det is None:  # nothing in it repeated (no 2-token match): no drafts
         none.append(k)
         continue
@@ -75,6 +79,7 @@ for k, a in sorted(plain.items()):
     assert b["usage"]["completion_tokens"] == len(b["output"]["token_ids"])
 assert kept > drafted // 4, f"kept {kept} of {drafted} draft tokens"
 assert len(none) <= 2, f"greedy jobs without drafts: {none}"
+assert sampled_drafts > 0, "the sampled jobs drafted nothing"
 # the steps each job took part in (its job_done line): a job's own count, whatever shared them
 import re
 steps = {q: sum(int(m.group(1)) for m in re.finditer(r"completion tokens, (\d+) steps",
@@ -83,7 +88,8 @@ steps = {q: sum(int(m.group(1)) for m in re.finditer(r"completion tokens, (\d+) 
 assert steps["spec"] < steps["plain"] * 0.9, steps
 assert any('"draft": ' in l for l in open(f"{d}/spec.steps")), "no draft in the step log"
 stops = [k for k, v in spec.items() if v["output"]["finish_reason"] == "stop"]
-print(f"14 jobs the same with and without; {steps['spec']} job steps against {steps['plain']}; "
+print(f"{14 - n_sampled} greedy jobs the same with and without, {n_sampled} sampled ones "
+      f"drafted too; {steps['spec']} job steps against {steps['plain']}; "
       f"kept {kept} of {drafted} draft tokens; {len(none)} greedy jobs without a draft; "
       f"{len(stops)} ended by a stop string or EOS")
 PY

@@ -324,7 +324,7 @@ Test(devmem, sampled_tokens_chosen_on_the_device)
 				for (int k = 0; k < 2; k++)
 					d[k] = (struct eng_item){sd[e][k], in[k], len[k], NULL, &td[e][k],
 						{cf[k]->temperature, cf[k]->top_p, cf[k]->top_k,
-						 samp_draw(rd[e][k])}, 0};
+						 samp_draw(rd[e][k]), NULL}, 0};
 				cr_assert_eq(eng_step(dev[e], d, 2, err, sizeof err), WK_OK, "%s", err);
 			}
 			for (int k = 0; k < 2; k++) {

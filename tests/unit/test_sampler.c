@@ -245,3 +245,57 @@ Test(sampler, pick_from_candidates_equals_the_pick_from_logits)
 	}
 	free(scratch);
 }
+
+/* Speculative sampling (samp_pick_draft): whatever the draft, the token's distribution is the
+ * pick's. Over a grid of (u_acc, u) the frequencies are computed exactly (no RNG, so the
+ * check cannot be flaky): the grid's mean of each outcome against its probability after the
+ * filters, for a draft that is likely, one that is rare, and one the filters drop. With
+ * d < 0 it is samp_pick itself. */
+Test(sampler, a_draft_leaves_the_distribution_as_it_is)
+{
+	enum { V = 12, G = 400 };
+	float lg[V];
+	for (int i = 0; i < V; i++)
+		lg[i] = (float)(i % 5) * 0.7f - (float)i * 0.11f;
+	struct samp_cand scratch[V];
+	const struct samp_cfg cfgs[] = {{1.0f, 1, 0, 0}, {0.7f, 1, 5, 0}, {1.3f, 0.8f, 0, 0},
+					{0.9f, 0.9f, 6, 0}};
+	for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+		/* the probabilities after the filters: the pick's frequencies over a fine grid of u */
+		double want[V] = {0};
+		for (int j = 0; j < 20000; j++)
+			want[samp_pick(lg, V, &cfgs[k], (j + 0.5) / 20000, scratch)] += 1.0 / 20000;
+		int likely = 0, rare = -1, dropped = -1;
+		for (int i = 0; i < V; i++) {
+			if (want[i] > want[likely])
+				likely = i;
+			if (want[i] > 0 && (rare < 0 || want[i] < want[rare]))
+				rare = i;
+			if (want[i] == 0)
+				dropped = i;
+		}
+		const int drafts[] = {likely, rare, dropped >= 0 ? dropped : likely};
+		for (int t = 0; t < 3; t++) {
+			double got[V] = {0};
+			int kept = 0;
+			for (int a = 0; a < G; a++)
+				for (int b = 0; b < G; b++) {
+					int x = samp_pick_draft(lg, V, &cfgs[k], drafts[t], (a + 0.5) / G,
+								(b + 0.5) / G, scratch);
+					got[x] += 1.0 / (G * G);
+					kept += x == drafts[t];
+				}
+			for (int i = 0; i < V; i++)
+				cr_expect(fabs(got[i] - want[i]) < 4e-3,
+					  "cfg %zu, draft %d: token %d at %.4f, want %.4f", k, drafts[t],
+					  i, got[i], want[i]);
+			/* the draft is kept as often as it is likely: accepted, never resampled */
+			cr_expect(fabs(kept / (double)(G * G) - want[drafts[t]]) < 4e-3);
+		}
+		for (int j = 0; j < 100; j++) {
+			double u = (j + 0.25) / 100;
+			cr_expect_eq(samp_pick_draft(lg, V, &cfgs[k], -1, 0.3, u, scratch),
+				     samp_pick(lg, V, &cfgs[k], u, scratch));
+		}
+	}
+}

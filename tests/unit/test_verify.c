@@ -104,6 +104,30 @@ static void rows_and_truncate(struct engine *e, const int *prompt, int np, const
 	cr_expect_gt(rel(after, want + 2 * (size_t)V, V), 1e-3, "%s", what);
 	cr_expect_eq(eng_seq_len(e, s), np + 3);
 
+	/* (4) sampled: the rows' tokens are samp_pick_draft's on the logits one at a time, each
+	 * row's draft kept or replaced by its two draws, the last row an ordinary pick */
+	int s2;
+	cr_assert_eq(eng_seq_alloc(e, &s2), WK_OK);
+	struct samp_cfg cfg = {0.9f, 0.95f, 0, 0};
+	double u[32];
+	for (int j = 0; j < 2 * k; j++)
+		u[j] = (j * 0.37 + 0.11) - (int)(j * 0.37 + 0.11);
+	it[0] = (struct eng_item){.seq = s2, .tokens = prompt, .n = np};
+	cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
+	it[0] = (struct eng_item){.seq = s2, .tokens = draft, .n = k, .token = tok, .rows = k,
+				  .sample = {cfg.temperature, cfg.top_p, 0, 0.5, u}};
+	cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
+	struct samp_cand *scr = malloc(sizeof *scr * (size_t)V);
+	for (int j = 0; j < k; j++) {
+		const float *row = want + (size_t)(j + 1) * V;
+		int w = j < k - 1 ? samp_pick_draft(row, V, &cfg, draft[j + 1], u[2 * j],
+						    u[2 * j + 1], scr)
+				  : samp_pick(row, V, &cfg, u[2 * j + 1], scr);
+		cr_expect_eq(tok[j], w, "%s: sampled row %d", what, j);
+	}
+	free(scr);
+	eng_seq_free(e, s2);
+
 	/* refusals, before any work */
 	it[0] = (struct eng_item){.seq = s, .tokens = draft, .n = 2, .token = tok, .rows = 3};
 	cr_expect_eq(eng_step(e, it, 1, err, sizeof err), WK_EINVAL);
@@ -111,7 +135,7 @@ static void rows_and_truncate(struct engine *e, const int *prompt, int np, const
 	it[0].rows = 2;
 	it[0].sample = (struct eng_sample){.temperature = 0.8f, .top_p = 1, .u = 0.5};
 	cr_expect_eq(eng_step(e, it, 1, err, sizeof err), WK_EINVAL);
-	cr_expect(strstr(err, "sampled"), "%s", err);
+	cr_expect(strstr(err, "sampled tokens for 2 rows without their draws"), "%s", err);
 	cr_expect_eq(eng_seq_len(e, s), np + 3, "a refused step ran nothing");
 	cr_expect_eq(eng_seq_truncate(e, s, np + 4), WK_EINVAL);
 	cr_expect_eq(eng_seq_truncate(e, s, -1), WK_EINVAL);
