@@ -34,7 +34,8 @@
 #      and GLM-4.5 tp 2 logits against the CPU's unsharded ones (1e-3), stories260K tp 2's
 #      golden text through generate and through a worker; too few devices is refused by name;
 #      wick bench restore of the 4-rank snapshot into 4 devices, every device's bytes checked;
-#   8. speculative decoding (wick bench speculate --backend cuda): the same tokens in fewer steps.
+#   8. speculative decoding (wick bench speculate --backend cuda): the same tokens in fewer steps;
+#      seeded sampled jobs with --speculate on a cuda worker: the CPU worker's tokens.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -609,5 +610,30 @@ j = json.load(sys.stdin)
 assert j["accepted"] > 0 and j["speculate_steps"] < j["plain_steps"], j
 print("   %d of %d drafts kept, %d steps against %d: the same tokens" % (j["accepted"],
       j["drafted"], j["speculate_steps"], j["plain_steps"]))' || fail "bench speculate's line"
+# seeded sampled jobs with --speculate: a drafted row's pick is the host's from the row's
+# logits (samp_pick_draft), the others' the device's candidates: the CPU worker's token ids
+for q in sc sg; do
+  for i in 1 2 3; do
+    "$WICK" submit --queue "spool:$TMPD/$q" --id j$i -n 60 --temperature 0.7 --seed $i \
+      -p "Lily and Ben went to the park. Lily and Ben" >/dev/null || fail "submit"
+  done
+done
+"$WICK" worker --model "$m" --queue "spool:$TMPD/sc" --idle-timeout 0.3 --speculate 4 \
+  2>"$TMPD/sc.log" || fail "the cpu worker: $(tail -n 3 "$TMPD/sc.log")"
+"$EMU" worker --model "$m" --backend cuda --queue "spool:$TMPD/sg" --idle-timeout 0.3 \
+  --speculate 4 2>"$TMPD/sg.log" || fail "the cuda worker: $(tail -n 3 "$TMPD/sg.log")"
+python3 - "$TMPD" <<'PY' || fail "sampled speculation, cuda against cpu"
+import json, sys
+kept = 0
+for i in (1, 2, 3):
+    a, b = (json.load(open(f"{sys.argv[1]}/{q}/done/j{i}.json")) for q in ("sc", "sg"))
+    assert a["status"] == b["status"] == "COMPLETED", (a, b)
+    assert a["output"]["token_ids"] == b["output"]["token_ids"], (a["output"], b["output"])
+    d = b["usage"]["completion_tokens_details"]
+    assert d == a["usage"]["completion_tokens_details"], (a["usage"], b["usage"])
+    kept += d["accepted_prediction_tokens"]
+assert kept > 0, "no sampled draft was kept"
+print(f"   3 seeded sampled jobs with --speculate 4: the CPU worker's tokens; {kept} drafts kept")
+PY
 section "done"
 echo ok
