@@ -243,12 +243,14 @@ int bench_spec(int argc, char **argv)
 			fprintf(stderr, "wick bench speculate: %s has no tokenizer: give "
 					"--prompt-ids\n", ce.model);
 			rc = 1;
-		} else if (prompts[i] && (tok_encode(tk, prompts[i], strlen(prompts[i]), true,
-						     &ids[i], &n_ids[i], err, sizeof err) != WK_OK ||
-					  n_ids[i] == 0)) {
-			fprintf(stderr, "wick bench speculate: prompt %d: %s\n", i,
-				n_ids[i] ? err : "no tokens (a tokenizer without BOS?)");
-			rc = 1;
+		} else if (prompts[i]) {
+			int trc = tok_encode(tk, prompts[i], strlen(prompts[i]), true, &ids[i],
+					     &n_ids[i], err, sizeof err);
+			if (trc != WK_OK || n_ids[i] == 0) {
+				fprintf(stderr, "wick bench speculate: prompt %d: %s\n", i,
+					trc != WK_OK ? err : "no tokens (a tokenizer without BOS?)");
+				rc = 1;
+			}
 		}
 		for (int k = 0; !rc && k < n_ids[i]; k++)
 			if (ids[i][k] < 0 || ids[i][k] >= eng_info(e)->vocab) {
