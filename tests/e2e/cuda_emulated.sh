@@ -601,7 +601,7 @@ grep -q 'ready: .*restored from a snapshot.*; communicator [0-9.]* ms, [0-9.]* m
 section "speculative decoding on the cuda backend"
 # drafts verified in one step (eng_item.rows: the argmax of every row on the device), the
 # rest truncated from the device's cache: the same tokens as a token a step
-"$EMU" bench speculate "$m" --backend cuda -n 24 --runs 1 >"$TMPD/spec.txt" 2>&1 ||
+"$EMU" bench speculate "$m" --backend cuda -n 16 --runs 1 >"$TMPD/spec.txt" 2>&1 ||
   { cat "$TMPD/spec.txt"; fail "bench speculate --backend cuda"; }
 grep -q "the outputs are the same" "$TMPD/spec.txt" || fail "$(cat "$TMPD/spec.txt")"
 tail -1 "$TMPD/spec.txt" | python3 -c '
@@ -613,8 +613,8 @@ print("   %d of %d drafts kept, %d steps against %d: the same tokens" % (j["acce
 # seeded sampled jobs with --speculate: a drafted row's pick is the host's from the row's
 # logits (samp_pick_draft), the others' the device's candidates: the CPU worker's token ids
 for q in sc sg; do
-  for i in 1 2 3; do
-    "$WICK" submit --queue "spool:$TMPD/$q" --id j$i -n 60 --temperature 0.7 --seed $i \
+  for i in 1 2; do
+    "$WICK" submit --queue "spool:$TMPD/$q" --id j$i -n 40 --temperature 0.7 --seed $i \
       -p "Lily and Ben went to the park. Lily and Ben" >/dev/null || fail "submit"
   done
 done
@@ -625,7 +625,7 @@ done
 python3 - "$TMPD" <<'PY' || fail "sampled speculation, cuda against cpu"
 import json, sys
 kept = 0
-for i in (1, 2, 3):
+for i in (1, 2):
     a, b = (json.load(open(f"{sys.argv[1]}/{q}/done/j{i}.json")) for q in ("sc", "sg"))
     assert a["status"] == b["status"] == "COMPLETED", (a, b)
     assert a["output"]["token_ids"] == b["output"]["token_ids"], (a["output"], b["output"])
@@ -633,7 +633,7 @@ for i in (1, 2, 3):
     assert d == a["usage"]["completion_tokens_details"], (a["usage"], b["usage"])
     kept += d["accepted_prediction_tokens"]
 assert kept > 0, "no sampled draft was kept"
-print(f"   3 seeded sampled jobs with --speculate 4: the CPU worker's tokens; {kept} drafts kept")
+print(f"   2 seeded sampled jobs with --speculate 4: the CPU worker's tokens; {kept} drafts kept")
 PY
 section "done"
 echo ok
