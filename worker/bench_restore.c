@@ -208,7 +208,6 @@ static int check_identical(const char *dir, const char *src, const struct eng_sn
 
 /* ---- into device memory ---- */
 
-static double median(double *v, int n);
 
 /* Each rank's device image (rank r of dev, in k's context r) against a host restore of the
  * same snapshot. */
@@ -354,10 +353,10 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 			goto done;
 	}
 	out->devices = world;
-	out->restore_s = median(v, runs);
-	out->open_s = median(vo, runs);
-	out->read_s = median(vr, runs);
-	out->verify_s = median(vv, runs);
+	out->restore_s = cmd_median(v, runs);
+	out->open_s = cmd_median(vo, runs);
+	out->read_s = cmd_median(vr, runs);
+	out->verify_s = cmd_median(vv, runs);
 	/* The same with ALT_READERS readers where the default took another number: a warm
 	 * restore may be bound by the host's copies and hashing rather than the link, and the
 	 * one H200 run that found 4 readers beat 16 had each pin two whole 16 MiB items (the
@@ -373,7 +372,7 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 			out->alt_threads = snap_timings(s)->threads;
 			snap_close(s);
 		}
-		out->alt_s = median(v, runs);
+		out->alt_s = cmd_median(v, runs);
 	}
 	for (int i = 0; i < world; i++) {
 		struct link_job *j = &jobs[i];
@@ -393,7 +392,7 @@ int bench_restore_device(const char *dir, const struct backend *b, int runs, int
 			rc = WK_EIO;
 			goto done;
 		}
-	out->link_s = median(v, runs);
+	out->link_s = cmd_median(v, runs);
 	/* What the restore's staging costs to pin, timed alone: each reader thread's piece
 	 * buffers (SNAP_SINK_SLOTS of SNAP_SINK_PIECE: the snapshot's raw chunks), allocated,
 	 * then freed. */
@@ -425,18 +424,6 @@ done:
 	be_sink_close(&k);
 	b->shutdown(ctx);
 	return rc;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof *v, cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* One child `wick generate SNAP --tokens 0 -n 0 --verbose`: seconds from spawn to ready, and
@@ -612,7 +599,7 @@ int bench_restore(int argc, char **argv)
 					goto out;
 				}
 			}
-			t[which][mode] = median(v, runs);
+			t[which][mode] = cmd_median(v, runs);
 		}
 	}
 	free(v);
@@ -635,9 +622,9 @@ int bench_restore(int argc, char **argv)
 				fx[r] = a[r] - b[r];
 		}
 		if (ok) {
-			fixed = median(fx, sruns);
-			ready = median(a, sruns);
-			reading = median(b, sruns);
+			fixed = cmd_median(fx, sruns);
+			ready = cmd_median(a, sruns);
+			reading = cmd_median(b, sruns);
 		}
 		free(a);
 		free(b);

@@ -114,17 +114,6 @@ static int run(struct engine *e, int max_draft, int *const *ids, const int *n_id
 	return rc;
 }
 
-static double median(double *v, int n)
-{
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-			double t = v[j];
-			v[j] = v[j - 1];
-			v[j - 1] = t;
-		}
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* Seconds of a step of n tokens with the argmax after each (a verification of n - 1 drafts),
  * the median of reps, in one sequence after its prompt ids[0..np): what a step of drafts costs
  * against a step of one token, the other half of what speculation gives. */
@@ -147,7 +136,7 @@ static double step_cost(struct engine *e, const int *ids, int np, int n, int rep
 		eng_seq_truncate(e, seq, np);
 	}
 	eng_seq_free(e, seq);
-	return rc == WK_OK ? median(t, reps) : -1;
+	return rc == WK_OK ? cmd_median(t, reps) : -1;
 }
 
 static void free_out(struct run_out *o)
@@ -306,7 +295,7 @@ int bench_spec(int argc, char **argv)
 		rc = 1;
 	}
 	if (!rc) {
-		double p = median(tps[0], runs), s = median(tps[1], runs);
+		double p = cmd_median(tps[0], runs), s = cmd_median(tps[1], runs);
 		printf("%d greedy requests of %d tokens, %d at a time, on %s (%s)%s\n", np, tokens,
 		       conc, ce.model, eng_info(e)->backend,
 		       predict ? ", each predicted by its own output" : "");

@@ -115,6 +115,9 @@ int cmd_engine_model(struct cmd_engine *ce, int argc, char **argv, int optind_, 
  * one-line restore summary on stderr, and with --verbose the start-up timings as JSON. */
 int cmd_engine_open(struct cmd_engine *ce, struct engine **e);
 
+/* The median of v[0..n) (n > 0; the mean of the middle two when n is even); sorts v. */
+double cmd_median(double *v, int n);
+
 /* Parses "1,2,3" into a malloc'd array. Returns 0, or -1 with a message on stderr naming
  * what is wrong (empty list, not a number, out of int range). */
 int cmd_parse_ids(const char *s, int **ids, int *n);

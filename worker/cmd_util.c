@@ -7,6 +7,18 @@
 #include "common/wk.h"
 #include "worker/cmd.h"
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+double cmd_median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static int count(const char *arg, const char *flag, int lo, int hi, int *out)
 {
 	char *end;

@@ -34,8 +34,8 @@
 #      and GLM-4.5 tp 2 logits against the CPU's unsharded ones (1e-3), stories260K tp 2's
 #      golden text through generate and through a worker; too few devices is refused by name;
 #      wick bench restore of the 4-rank snapshot into 4 devices, every device's bytes checked;
-#   8. speculative decoding (wick bench speculate --backend cuda): the same tokens in fewer steps;
-#      seeded sampled jobs with --speculate on a cuda worker: the CPU worker's tokens.
+#   8. speculative decoding (--speculate 4) on a cuda worker, a greedy job and seeded sampled
+#      ones: the CPU worker's tokens and drafts kept.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -599,22 +599,15 @@ PY
 grep -q 'ready: .*restored from a snapshot.*; communicator [0-9.]* ms, [0-9.]* ms of it after them' \
   "$TMPD/tp2.log" || fail "the tp 2 worker's ready line: $(grep 'ready:' "$TMPD/tp2.log")"
 section "speculative decoding on the cuda backend"
-# drafts verified in one step (eng_item.rows: the argmax of every row on the device), the
-# rest truncated from the device's cache: the same tokens as a token a step
-"$EMU" bench speculate "$m" --backend cuda -n 16 --runs 1 >"$TMPD/spec.txt" 2>&1 ||
-  { cat "$TMPD/spec.txt"; fail "bench speculate --backend cuda"; }
-grep -q "the outputs are the same" "$TMPD/spec.txt" || fail "$(cat "$TMPD/spec.txt")"
-tail -1 "$TMPD/spec.txt" | python3 -c '
-import json, sys
-j = json.load(sys.stdin)
-assert j["accepted"] > 0 and j["speculate_steps"] < j["plain_steps"], j
-print("   %d of %d drafts kept, %d steps against %d: the same tokens" % (j["accepted"],
-      j["drafted"], j["speculate_steps"], j["plain_steps"]))' || fail "bench speculate's line"
-# seeded sampled jobs with --speculate: a drafted row's pick is the host's from the row's
-# logits (samp_pick_draft), the others' the device's candidates: the CPU worker's token ids
+# --speculate 4 on a cuda worker and a cpu worker, the same jobs: a greedy one (its drafts
+# checked by the device's argmax over every row, the rest truncated from the device's cache)
+# and two seeded sampled ones (a drafted row's pick the host's from the row's logits,
+# samp_pick_draft; the others' the device's candidates): the CPU worker's tokens and drafts
 for q in sc sg; do
-  for i in 1 2; do
-    "$WICK" submit --queue "spool:$TMPD/$q" --id j$i -n 40 --temperature 0.7 --seed $i \
+  for i in 0 1 2; do
+    t=0.7
+    [ $i = 0 ] && t=0
+    "$WICK" submit --queue "spool:$TMPD/$q" --id j$i -n 40 --temperature $t --seed $i \
       -p "Lily and Ben went to the park. Lily and Ben" >/dev/null || fail "submit"
   done
 done
@@ -622,18 +615,19 @@ done
   2>"$TMPD/sc.log" || fail "the cpu worker: $(tail -n 3 "$TMPD/sc.log")"
 "$EMU" worker --model "$m" --backend cuda --queue "spool:$TMPD/sg" --idle-timeout 0.3 \
   --speculate 4 2>"$TMPD/sg.log" || fail "the cuda worker: $(tail -n 3 "$TMPD/sg.log")"
-python3 - "$TMPD" <<'PY' || fail "sampled speculation, cuda against cpu"
+python3 - "$TMPD" <<'PY' || fail "speculation, cuda against cpu"
 import json, sys
-kept = 0
-for i in (1, 2):
+kept = [0, 0]
+for i in (0, 1, 2):
     a, b = (json.load(open(f"{sys.argv[1]}/{q}/done/j{i}.json")) for q in ("sc", "sg"))
     assert a["status"] == b["status"] == "COMPLETED", (a, b)
     assert a["output"]["token_ids"] == b["output"]["token_ids"], (a["output"], b["output"])
     d = b["usage"]["completion_tokens_details"]
     assert d == a["usage"]["completion_tokens_details"], (a["usage"], b["usage"])
-    kept += d["accepted_prediction_tokens"]
-assert kept > 0, "no sampled draft was kept"
-print(f"   2 seeded sampled jobs with --speculate 4: the CPU worker's tokens; {kept} drafts kept")
+    kept[i > 0] += d["accepted_prediction_tokens"]
+assert kept[0] > 0 and kept[1] > 0, f"drafts kept, greedy and sampled: {kept}"
+print(f"   --speculate 4, a greedy job and 2 seeded sampled ones: the CPU worker's tokens; "
+      f"{kept[0]} and {kept[1]} drafts kept")
 PY
 section "done"
 echo ok
