@@ -726,13 +726,15 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		it->rows = 0;
 		s->spec_k[i] = 0;
 		it->sample = (struct eng_sample){r->samp.temperature, r->samp.top_p, r->samp.top_k,
-						 greedy ? 0 : samp_draw(r->sampler), NULL};
+						 0, NULL};
 		if (r->steps == 0) {
 			it->tokens = r->prompt;
 			it->n = r->n_prompt;
 		} else {
 			decode_item(s, i, it);
 		}
+		if (!greedy && !it->sample.u_rows) /* a speculating one has its draws in u_rows */
+			it->sample.u = samp_draw(r->sampler);
 		s->item_req[n] = r;
 		s->item_slot[n++] = i;
 	}
