@@ -1122,20 +1122,23 @@ void eng_kv_get(struct engine *e, float *dst, enum dt_type t, const void *src, c
 }
 
 int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
-			enum dt_type kv, int *max_seq, uint64_t *bytes, char *err, size_t errsz)
+			enum dt_type kv, bool mtp, int *max_seq, uint64_t *bytes, char *err,
+			size_t errsz)
 {
 	bool glm = arch && (!strcmp(arch, "Glm4MoeForCausalLM") ||
 			    !strcmp(arch, "GlmMoeDsaForCausalLM"));
 	if (!arch || (!glm && strcmp(arch, "LlamaForCausalLM") != 0))
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "architecture '%s' is not supported",
 			       arch ? arch : "?");
-	long long layers, maxpos, per_tok; /* bytes a position takes, over all layers */
+	long long layers, maxpos, per_tok, nextn; /* per_tok: bytes a position takes */
 	long long es = (long long)dt_size(kv), bs = kv == DT_F8_E4M3 ? 2 : es;
 	int rc;
 	if ((rc = cfg_int(cfg, "num_hidden_layers", -1, 1, 4096, &layers, err, errsz)) ||
 	    (rc = cfg_int(cfg, "max_position_embeddings", glm ? 131072 : 2048, 1, 1 << 24, &maxpos,
-			  err, errsz)))
+			  err, errsz)) ||
+	    (rc = cfg_int(cfg, "num_nextn_predict_layers", 0, 0, 64, &nextn, err, errsz)))
 		return rc;
+	long long cached = layers + (mtp && glm && nextn > 0 ? 1 : 0); /* the MTP layer last */
 	if (!strcmp(arch, "GlmMoeDsaForCausalLM")) {
 		long long lora, rope, id;
 		int n_full = 0;
@@ -1153,7 +1156,8 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 		/* FP8: the latent's and the keys' codes with their scales, k_pe in bf16 */
 		long long sl = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)lora) * 4 : 0;
 		long long si = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)id) * 4 : 0;
-		per_tok = layers * (lora * es + sl + rope * bs) + n_full * (id * es + si);
+		n_full += (int)(cached - layers); /* the MTP layer runs its own indexer */
+		per_tok = cached * (lora * es + sl + rope * bs) + n_full * (id * es + si);
 	} else {
 		long long dim, heads, kvh, hd;
 		struct shard_heads sh;
@@ -1165,7 +1169,7 @@ int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
 			return rc;
 		/* FP8: each kv head's row of codes with its scales (struct eng_gqa) */
 		long long sh8 = kv == DT_F8_E4M3 ? (long long)eng_kv_blocks((int)hd) * 4 : 0;
-		per_tok = layers * 2 * (long long)sh.nkv * (hd * es + sh8);
+		per_tok = cached * 2 * (long long)sh.nkv * (hd * es + sh8);
 	}
 	*max_seq = max_seq_opt > 0 && max_seq_opt < maxpos ? max_seq_opt : (int)maxpos;
 	*bytes = (uint64_t)*max_seq * (uint64_t)per_tok;
@@ -1176,8 +1180,9 @@ int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t
 {
 	uint64_t want;
 	int ms;
-	int rc = eng_seq_cache_bytes(e->arch, e->config, e->max_seq_opt, e->tp, e->kv, &ms, &want,
-				     err, errsz);
+	int rc = eng_seq_cache_bytes(e->arch, e->config, e->max_seq_opt, e->tp, e->kv,
+				     e->mtp_opt != ENG_MTP_OFF && e->world == 1, &ms, &want, err,
+				     errsz);
 	if (rc == WK_OK && want != per_seq)
 		rc = wk_errf(err, errsz, WK_EINVAL, "%s: the KV caches take %llu bytes a sequence, "
 			     "but eng_seq_cache_bytes says %llu (the fit check before a restore "
@@ -1210,6 +1215,8 @@ int eng_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 				       e->info.vocab - 1);
 	e->seq_used[0] = true;
 	e->seq_len[0] = pos0; /* sequence 0 is truncated to pos0, then tokens appended */
+	if (e->mtp_len[0] > pos0)
+		e->mtp_len[0] = pos0;
 	int rc = e->shard ? shard_forward(e, tokens, n, pos0, logits, all, err, errsz)
 			  : e->fam->forward(e, tokens, n, pos0, logits, all, err, errsz);
 	e->seq_len[0] = rc == WK_OK ? pos0 + n : 0;
@@ -1222,6 +1229,7 @@ int eng_seq_alloc(struct engine *e, int *seq)
 		if (!e->seq_used[i]) {
 			e->seq_used[i] = true;
 			e->seq_len[i] = 0;
+			e->mtp_len[i] = 0;
 			*seq = i;
 			return WK_OK;
 		}
@@ -1248,8 +1256,12 @@ int eng_seq_truncate(struct engine *e, int seq, int len)
 		return WK_EINVAL;
 	e->seq_len[seq] = len; /* every cache is indexed by position: the rows past len are
 				* written again before a step reads them */
+	if (e->mtp_len[seq] > len)
+		e->mtp_len[seq] = len;
 	return WK_OK;
 }
+
+_Static_assert(ENG_DRAFT_MAX == 16, "eng_step's message says 16");
 
 int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)
 {
@@ -1271,6 +1283,14 @@ int eng_step(struct engine *e, const struct eng_item *items, int n, char *err, s
 		if (it->rows < 0 || it->rows > it->n)
 			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: outputs for %d of its %d "
 				       "tokens", it->seq, it->rows, it->n);
+		if (it->drafts < 0 || it->drafts > ENG_DRAFT_MAX ||
+		    (it->drafts > 0 && (!e->info.mtp || !it->token || !it->draft)))
+			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: %d drafts asked for%s",
+				       it->seq, it->drafts,
+				       it->drafts < 0 || it->drafts > ENG_DRAFT_MAX
+					       ? " (at most 16)"
+				       : !e->info.mtp ? ", but no MTP layer is loaded"
+						      : " without token and draft to put them in");
 		if (it->rows > 1 && it->token && it->sample.temperature > 0 && !it->sample.u_rows)
 			return wk_errf(err, errsz, WK_EINVAL, "sequence %d: sampled tokens for %d rows "
 				       "without their draws (sample.u_rows)", it->seq, it->rows);

@@ -57,7 +57,14 @@ struct eng_opts {
 	 * 1,152); for the GQA families (GLM-4.5, Llama) keys and values, a scale per kv head's
 	 * row of head_dim (132 bytes a head of 128 against bf16's 256). */
 	const char *kv_dtype;
+	/* The model's MTP layer (GLM's num_nextn_predict_layers; DeepSeek-V3's multi-token
+	 * prediction), for speculative decoding's drafts (eng_item.drafts): ENG_MTP_OFF leaves
+	 * it unloaded; ENG_MTP_ON loads it, and a model without one is refused by name;
+	 * ENG_MTP_AUTO loads it where the model has one (eng_info.mtp says). */
+	int mtp;
 };
+
+enum { ENG_MTP_OFF, ENG_MTP_ON, ENG_MTP_AUTO };
 
 struct eng_info {
 	const char *arch;          /* config.json architectures[0] */
@@ -76,6 +83,7 @@ struct eng_info {
 	uint64_t bytes_per_token;  /* weight bytes one batch-1 decode step reads (sharded: on
 				    * rank 0, as the ranks read in parallel) */
 	int mtp_layers_skipped;    /* MTP (num_nextn_predict_layers) layers left unloaded */
+	int mtp;                   /* MTP layers loaded (eng_opts.mtp): 0 or 1 */
 	int unused_tensors;        /* other tensors of the checkpoint the model never read (a
 				    * config that does not match the weights, e.g. biases with
 				    * attention_bias false); sharded: each name once */
@@ -189,7 +197,19 @@ struct eng_item {
 	 * [rows][vocab] and token [rows], the argmax of each, or with temperature > 0 the picks
 	 * of sample.u_rows. Speculative decoding's verification: the token after each draft. */
 	int rows;
+	/* With the MTP layer loaded (eng_info.mtp) and token set: `drafts` (up to
+	 * ENG_DRAFT_MAX) tokens the MTP layer predicts after this item's next token, into
+	 * draft[drafts] (-1 where the context ends first). The next token is token[a], after
+	 * the a drafts among the last rows that equal the output before them (the kept
+	 * drafts of a verification). Each draft is the MTP layer's argmax: the first from the
+	 * main model's hidden state, each further one from the MTP layer's own (chained, as
+	 * vLLM and SGLang run DeepSeek-V3's one MTP layer for k drafts). draft_logits, or NULL:
+	 * [drafts][vocab] the MTP layer's logits of each. */
+	int drafts;
+	int *draft;
+	float *draft_logits;
 };
+#define ENG_DRAFT_MAX 16
 /* The most candidates per row a device's sample_cand sends to the host: 8 KiB per row (at
  * batch 64, 0.5 MiB a step instead of GLM's 38 MiB of logits), enough for any top_k up to
  * 1024 and for top_p on a trained model's usual distributions; one block of the CUDA kernel

@@ -78,6 +78,8 @@ struct engine {
 	char step_err[WK_ERRSZ];
 	int max_seqs;   /* sequences the family holds (1 without step) */
 	int *seq_len;   /* [max_seqs] tokens in each sequence's cache */
+	int *mtp_len;   /* [max_seqs] positions with MTP cache rows (glm.c), at most seq_len */
+	int mtp_opt;    /* eng_opts.mtp */
 	bool *seq_used; /* [max_seqs] */
 
 	/* ---- sharding (shard.c) ----
@@ -163,10 +165,12 @@ void eng_gather_vocab(struct engine *e, float *out, bool out_host, const float *
  * num_hidden_layers x max_seq x (the rank's KV heads, shard_heads) x head_dim; GLM-5 the MLA
  * latent and its rotated key, num_hidden_layers x max_seq x (kv_lora_rank +
  * qk_rope_head_dim), and the indexer's key on its full layers (glm5_indexer_full) x max_seq x
- * index_head_dim, whole on every rank. For eng_open's check before a restore; each
- * family's load holds its own allocation to it (eng_cache_agrees), so they cannot drift. */
+ * index_head_dim, whole on every rank; mtp: and the MTP layer's (a full layer) where the
+ * model has one. For eng_open's check before a restore; each family's load holds its own
+ * allocation to it (eng_cache_agrees), so they cannot drift. */
 int eng_seq_cache_bytes(const char *arch, json_t *cfg, int max_seq_opt, int tp,
-			enum dt_type kv, int *max_seq, uint64_t *bytes, char *err, size_t errsz);
+			enum dt_type kv, bool mtp, int *max_seq, uint64_t *bytes, char *err,
+			size_t errsz);
 /* GLM-5's layers with their own DSA indexer, as GlmMoeDsaConfig derives indexer_types
  * (indexer_types, else index_topk_pattern, else index_topk_freq / index_skip_topk_offset):
  * full [n_layers], and how many (*n_full); the others reuse the previous full layer's

@@ -172,9 +172,10 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 	int max_seq;
 	char e2[WK_ERRSZ];
 	size_t free_b = 0, total_b = 0;
+	bool mtp = o && o->mtp != ENG_MTP_OFF && tp == 1; /* (sharded: not loaded) */
 	if (!arch || tp < 1 || tp > 4096 || !image ||
-	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, kvt, &max_seq, &per_seq,
-				e2, sizeof e2) != WK_OK ||
+	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, kvt, mtp, &max_seq,
+				&per_seq, e2, sizeof e2) != WK_OK ||
 	    e->be->mem_info(e->bctx, &free_b, &total_b, e2, sizeof e2) != WK_OK)
 		return WK_OK; /* the load will name what is wrong */
 	int seqs = o && o->max_seqs > 0 ? o->max_seqs : 1;
@@ -195,8 +196,8 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 					   DT_F8_E4M3, e2, sizeof e2) == WK_OK &&
 			 (!mla || eng_kv_check_arch(e, arch, BE_OP_DSA_TOPK, DT_F8_E4M3, e2,
 						    sizeof e2) == WK_OK) &&
-			 eng_seq_cache_bytes(arch, cfg, max_seq, (int)tp, DT_F8_E4M3, &ms8, &ps8,
-					     e2, sizeof e2) == WK_OK && ps8 && left / ps8)
+			 eng_seq_cache_bytes(arch, cfg, max_seq, (int)tp, DT_F8_E4M3, mtp, &ms8,
+					     &ps8, e2, sizeof e2) == WK_OK && ps8 && left / ps8)
 			snprintf(alt, sizeof alt, ", or --kv-dtype fp8: room for %llu sequence%s of "
 				 "%d positions", (unsigned long long)(left / ps8),
 				 left / ps8 == 1 ? "" : "s", max_seq);
@@ -433,7 +434,9 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 	e->info.max_seqs = e->max_seqs;
 	e->seq_len = calloc((size_t)e->max_seqs, sizeof *e->seq_len);
 	e->seq_used = calloc((size_t)e->max_seqs, sizeof *e->seq_used);
-	if (!e->seq_len || !e->seq_used) {
+	e->mtp_len = calloc((size_t)e->max_seqs, sizeof *e->mtp_len);
+	e->mtp_opt = opts ? opts->mtp : ENG_MTP_OFF;
+	if (!e->seq_len || !e->seq_used || !e->mtp_len) {
 		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -464,6 +467,10 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 										    "num_hidden_layers")));
 		}
 	}
+	if (rc == WK_OK && e->mtp_opt == ENG_MTP_ON && !e->info.mtp)
+		rc = wk_errf(err, errsz, WK_EUNSUPPORTED,
+			     "%s: %s has no MTP layer to draft with (num_nextn_predict_layers is "
+			     "%d)", e->dir, e->arch, e->info.mtp_layers_skipped);
 	if (rc != WK_OK)
 		goto fail;
 	e->info.startup.ready_mono = wk_now();
@@ -506,6 +513,7 @@ void eng_close(struct engine *e)
 	tok_free(e->tok);
 	free(e->seq_len);
 	free(e->seq_used);
+	free(e->mtp_len);
 	hf_close(e->hf);
 	snap_close(e->snap);
 	free(e);

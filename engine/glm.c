@@ -15,8 +15,9 @@
  * Hugging Face code fills their scores with 0.0 instead of -inf (the DeepSeek reference and
  * vLLM use -inf); the two agree unless a kept expert's biased score is negative. We exclude.
  *
- * The MTP layers (num_nextn_predict_layers, stored as model.layers.{num_hidden_layers}.*)
- * are not loaded, as in transformers; eng_info.mtp_layers_skipped says how many.
+ * The MTP layer (num_nextn_predict_layers, stored as model.layers.{num_hidden_layers}.*) is
+ * loaded only for speculative decoding's drafts (eng_opts.mtp; "MTP drafts" below), as
+ * transformers never loads it; eng_info.mtp_layers_skipped says how many were left.
  *
  * Sharded (shard.c): a rank holds its vocabulary rows, its slice of the dense MLP and shared
  * experts, its routed experts [ex0, ex1) and its attention heads (glm4.c, glm5.c); the
@@ -265,6 +266,8 @@ static int layer_kinds(json_t *cfg, struct glm_model *m, char *err, size_t errsz
 				       "\"sparse\"", l);
 		m->layers[l].moe = !strcmp(t, "sparse");
 	}
+	if (m->c.n_attn > m->c.n_layers) /* the MTP layer: DeepSeek-V3's and GLM's are MoE */
+		m->layers[m->c.n_layers].moe = m->c.n_layers >= fkd;
 	return WK_OK;
 }
 
@@ -398,6 +401,35 @@ static int shard_cfg(const struct engine *e, struct glm_cfg *c, char *err, size_
 			  &c->ex1, err, errsz);
 }
 
+/* The MTP layer's own tensors beside its decoder layer (glm.md section 3.6). Its copies of
+ * embed_tokens and shared_head.head, where a checkpoint ships them, are not read: the main
+ * model's embedding and lm_head serve (DeepSeek-V3 ships the same tensors twice, and vLLM
+ * had to point GLM-5's shared_head.head at lm_head for its logits to be right). */
+static int mtp_load(struct engine *e, struct glm_model *m, char *err, size_t errsz)
+{
+	char nm[256];
+	int l = m->c.n_layers, dim = m->c.dim, rc;
+#define MTP_NAME(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+	if ((rc = glm_weight(e, m, MTP_NAME("eh_proj.weight"), dim, 2 * dim, &m->eh_proj, err,
+			     errsz)) ||
+	    (rc = glm_vector(e, m, MTP_NAME("enorm.weight"), dim, &m->enorm, err, errsz)) ||
+	    (rc = glm_vector(e, m, MTP_NAME("hnorm.weight"), dim, &m->hnorm, err, errsz)) ||
+	    (rc = glm_vector(e, m, MTP_NAME("shared_head.norm.weight"), dim, &m->head_norm, err,
+			     errsz)))
+		return rc;
+#undef MTP_NAME
+	size_t ns = (size_t)m->max_seqs;
+	m->pend = eng_calloc(e, ns * dim * sizeof(float));
+	m->mseg = glm_own(m, calloc(ns, sizeof *m->mseg));
+	m->dtok = glm_own(m, calloc(ns, sizeof *m->dtok));
+	m->dj = glm_own(m, calloc(ns, sizeof *m->dj));
+	m->di = glm_own(m, calloc(ns, sizeof *m->di));
+	m->ditem = glm_own(m, calloc(ns, sizeof *m->ditem));
+	if (!m->pend || !m->mseg || !m->dtok || !m->dj || !m->di || !m->ditem)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for the MTP layer's state");
+	return WK_OK;
+}
+
 static const enum be_op glm_ops[] = {BE_OP_MATMUL,      BE_OP_RMSNORM,       BE_OP_ROPE,
 				     BE_OP_SILU_MUL,    BE_OP_ADD,           BE_OP_MOE_ROUTE,
 				     BE_OP_GATHER_ROWS, BE_OP_SCATTER_ADD_ROWS};
@@ -418,6 +450,12 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 	int rc = read_cfg(&m->c, cfg, e->max_seq_opt, err, errsz);
 	if (rc || (rc = shard_cfg(e, &m->c, err, errsz)))
 		return rc;
+	if (e->mtp_opt == ENG_MTP_ON && m->c.mtp > 0 && e->world > 1)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED,
+			       "%s: MTP drafts on a sharded engine (tp %d, ep %d) are not supported "
+			       "yet", e->dir, e->tp, e->ep);
+	m->mtp = e->mtp_opt != ENG_MTP_OFF && m->c.mtp > 0 && e->world == 1;
+	m->c.n_attn = m->c.n_layers + (m->mtp ? 1 : 0);
 	for (size_t i = 0; i < sizeof glm_ops / sizeof glm_ops[0]; i++)
 		if (!e->be->supports(e->bctx, glm_ops[i], DT_F32))
 			return wk_errf(err, errsz, WK_EUNSUPPORTED,
@@ -444,12 +482,12 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 				   errsz)))
 		return rc;
 
-	m->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *m->layers));
+	m->layers = glm_own(m, calloc((size_t)m->c.n_attn, sizeof *m->layers));
 	if (!m->layers)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	if ((rc = layer_kinds(cfg, m, err, errsz)))
 		return rc;
-	for (int l = 0; l < m->c.n_layers; l++) {
+	for (int l = 0; l < m->c.n_attn; l++) {
 		struct glm_layer *L = &m->layers[l];
 		char nm[256];
 		snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
@@ -460,7 +498,7 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 		    (rc = load_ffn(e, m, l, err, errsz)))
 			return rc;
 	}
-	if ((rc = ops->load(e, m, err, errsz)))
+	if ((rc = ops->load(e, m, err, errsz)) || (m->mtp && (rc = mtp_load(e, m, err, errsz))))
 		return rc;
 
 	/* Bytes one decode step reads: attention, the FFN's active part (router, shared and
@@ -483,7 +521,8 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 	e->info.bytes_per_token = per_tok;
 	e->info.vocab = m->c.vocab;
 	e->info.max_seq = m->c.max_seq;
-	e->info.mtp_layers_skipped = m->c.mtp;
+	e->info.mtp_layers_skipped = m->c.mtp - (m->mtp ? 1 : 0);
+	e->info.mtp = m->mtp ? 1 : 0;
 	return WK_OK;
 }
 
@@ -501,10 +540,12 @@ void glm_free(struct engine *e)
 		eng_release(e, m->downed[i]);
 	free(m->downed);
 	void *dev[] = {m->pos, m->x, m->xb, m->tmp, m->g, m->u, m->logits, m->idx, m->wt,
-		       m->rows, m->rw, m->xg, m->yg, m->lg, m->moe_scr, m->gath};
+		       m->rows, m->rw, m->xg, m->yg, m->lg, m->moe_scr, m->gath, m->hid, m->mh,
+		       m->mcat, m->pend};
 	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
 		eng_release(e, dev[i]);
-	void *host[] = {m->pos_h, m->tok, m->xh, m->idx_h, m->wt_h, m->rows_h, m->rw_h, m->count};
+	void *host[] = {m->pos_h, m->tok, m->xh, m->idx_h, m->wt_h, m->rows_h, m->rw_h, m->count,
+			m->mtok};
 	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
 		free(host[i]);
 	free(m);
@@ -555,7 +596,9 @@ static int grow(struct engine *e, struct glm_model *m, int T, int nseg, int lg_r
 		    !eng_regrow(e, &m->xg, nd) || !eng_regrow(e, &m->yg, nd) ||
 		    !re(&m->count, ((size_t)c->n_experts + 1) * 4) ||
 		    (m->bex0 && !eng_regrow(e, &m->moe_scr,
-					    e->be->moe_scratch(e->bctx, n, m->bex0))))
+					    e->be->moe_scratch(e->bctx, n, m->bex0))) ||
+		    (m->mtp && (!eng_regrow(e, &m->hid, nd) || !eng_regrow(e, &m->mh, nd) ||
+				!eng_regrow(e, &m->mcat, 2 * nd) || !re(&m->mtok, (size_t)n * 4))))
 			return WK_ENOMEM; /* cap unchanged; the buffers that grew are valid */
 		m->cap = n;
 	}
@@ -654,6 +697,188 @@ static void moe_forward(struct engine *e, const struct backend *be, void *c,
 	}
 }
 
+/* Decoder layer l over the T rows of m->x in these segments: m->x += the attention's output;
+ * then m->tmp = the FFN's, which the caller adds (fused with the norm after it). first: m->x
+ * holds the layer's input as it is (else the last layer's FFN output is still in m->tmp). */
+static void layer(struct engine *e, struct glm_model *m, int l, bool first, int T,
+		  const struct eng_seg *seg, int nseg)
+{
+	struct glm_layer *L = &m->layers[l];
+	int dim = m->c.dim;
+	bool lead = eng_tp_lead(e);
+	/* Two chained launches a layer where the backend chains (eng_chain_begin): the norm
+	 * with the attention's first projections (the family's forward ends it before its
+	 * first op that is not held), and o_proj (the forward begins it) with the residual add,
+	 * the norm, the router's matmul and the grouped MoE op (a dense layer: the MLP's gate
+	 * and up; ended before its SiLU). */
+	eng_chain_begin(e);
+	if (first) {
+		struct be_norm n0 = {.y = m->xb, .x = m->x, .w = L->attn_norm, .n = T, .dim = dim,
+				     .eps = m->c.eps};
+		eng_norm_n(e, &n0, 1);
+	} else {
+		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->c.eps);
+	}
+	m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, seg, nseg);
+	eng_chain_begin(e); /* on, where the forward did not begin it before o_proj */
+	if (!lead)
+		eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
+	eng_all_reduce(e, m->tmp, (size_t)T * dim);
+	eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->mlp_norm, T, dim, m->c.eps);
+	if (L->moe) {
+		moe_forward(e, e->be, e->bctx, m, &L->ffn, m->tmp, m->xb, T);
+	} else {
+		mlp_forward(e, m, &L->mlp, m->tmp, m->xb, T);
+		if (!lead)
+			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
+	}
+	eng_chain_end(e);
+	eng_all_reduce(e, m->tmp, (size_t)T * dim);
+}
+
+/* ---- MTP drafts ----------------------------------------------------------------------------
+ *
+ * The MTP layer at position q reads the main model's hidden state h_q (after the final norm)
+ * and the token at q + 1, and predicts the token at q + 2 (DeepSeek-V3's multi-token
+ * prediction, glm.md section 3.6): x = eh_proj([enorm(embed(t_{q+1})) | hnorm(h_q)]), its own
+ * decoder layer (attention over its own caches of positions 0..q), shared_head.norm, then the
+ * main lm_head. The embedding at q = 0 is zero (vLLM's DeepSeek MTP masks it there).
+ *
+ * After each step, an item's positions whose next token is now known (the prompt's, the kept
+ * drafts', and the last kept one's: the step's own output) go through the MTP layer, which
+ * keeps its caches as long as the main ones (e->mtp_len); a position whose next token is not
+ * known yet (an item without token: a chunk of a prompt) waits in pend for the next step.
+ * The last row's prediction is the first draft; each further draft runs the MTP layer on the
+ * draft before it and the MTP layer's own hidden state (before shared_head.norm), at the
+ * positions after, whose cache rows the next step writes again. */
+
+/* One MTP pass over R rows in m->mseg[0..nseg): tokens m->mtok (-1: a zero embedding), the
+ * hidden states m->mh. Leaves the MTP layer's output hidden states (before
+ * shared_head.norm) in m->x. */
+static int mtp_pass(struct engine *e, struct glm_model *m, int R, int nseg, char *err,
+		    size_t errsz)
+{
+	int dim = m->c.dim;
+	size_t row = (size_t)dim * sizeof(float);
+	m->keys_max = 0;
+	for (int s = 0; s < nseg; s++) {
+		const struct eng_seg *g = &m->mseg[s];
+		for (int j = 0; j < g->n; j++) {
+			m->pos_h[g->off + j] = g->pos0 + j;
+			m->pos_h[R + g->off + j] = g->seq;
+		}
+		if (g->pos0 + g->n > m->keys_max)
+			m->keys_max = g->pos0 + g->n;
+	}
+	if (m->attn_ops->grow(m, R, m->mseg, nseg) != WK_OK)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for an MTP pass of %d rows", R);
+	eng_to_dev(e, m->pos, m->pos_h, (size_t)2 * R * sizeof *m->pos);
+	eng_embed(e, m->x, eng_host_mem(e) ? NULL : m->xh, m->mtok, R, m->embed, m->c.vocab0, dim);
+	struct be_norm nr[2] = {
+		{.y = m->xb, .x = m->x, .w = m->enorm, .n = R, .dim = dim, .eps = m->c.eps},
+		{.y = m->tmp, .x = m->mh, .w = m->hnorm, .n = R, .dim = dim, .eps = m->c.eps}};
+	eng_norm_n(e, nr, 2);
+	eng_dcopy_2d(e, m->mcat, 2 * row, m->xb, row, row, (size_t)R);
+	eng_dcopy_2d(e, m->mcat + dim, 2 * row, m->tmp, row, row, (size_t)R);
+	eng_matmul(e, m->x, m->mcat, &m->eh_proj, R);
+	layer(e, m, m->c.n_layers, true, R, m->mseg, nseg);
+	e->be->add(e->bctx, m->x, m->tmp, (size_t)R * dim);
+	return WK_OK;
+}
+
+/* The drafts of the items that ask for them (eng_item.drafts), after the main pass of the
+ * step that left its hidden states after the final norm in hid (the items' rows, as
+ * m->seg lays them out). */
+static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_item *items,
+		      int n_items, const float *hid, char *err, size_t errsz)
+{
+	int dim = m->c.dim, R = 0, ns = 0, nd = 0, most = 0;
+	size_t row = (size_t)dim * sizeof(float);
+	for (int i = 0; i < n_items; i++) {
+		const struct eng_item *it = &items[i];
+		const struct eng_seg *g = &m->seg[i];
+		int seq = it->seq, p0 = g->pos0, k = it->rows > 1 ? it->rows : 1, a = 0, end;
+		int q0 = e->mtp_len[seq];
+		if (q0 != p0 - 1)
+			q0 = p0; /* (a gap: eng_forward's steps run no MTP pass; those rows stay) */
+		if (it->token) {
+			while (a < k - 1 && it->token[a] == it->tokens[it->n - k + a + 1])
+				a++;
+			end = p0 + it->n - k + a + 1;
+		} else {
+			end = p0 + it->n - 1; /* the last row waits for its next token */
+			eng_dcopy(e, m->pend + (size_t)seq * dim, hid + (size_t)(g->off + it->n - 1) * dim,
+				  row);
+		}
+		e->mtp_len[seq] = end;
+		if (end <= q0)
+			continue;
+		for (int q = q0; q < end; q++) {
+			int t = q == end - 1 && it->token ? it->token[a] : it->tokens[q + 1 - p0];
+			m->mtok[R + q - q0] = q == 0 ? -1 : t;
+		}
+		if (q0 < p0)
+			eng_dcopy(e, m->mh + (size_t)R * dim, m->pend + (size_t)seq * dim, row);
+		if (end > p0)
+			eng_dcopy(e, m->mh + (size_t)(R + p0 - q0) * dim, hid + (size_t)g->off * dim,
+				  (size_t)(end - p0) * row);
+		m->mseg[ns++] = (struct eng_seg){.seq = seq, .pos0 = q0, .n = end - q0, .off = R};
+		R += end - q0;
+		if (it->token && it->drafts > 0) {
+			m->dj[nd] = ns - 1; /* its segment and its item */
+			m->di[nd++] = i;
+			if (it->drafts > most)
+				most = it->drafts;
+		}
+	}
+	int rc = R > 0 ? mtp_pass(e, m, R, ns, err, errsz) : WK_OK;
+	for (int d = 0; d < most && nd > 0 && rc == WK_OK; d++) {
+		/* each drafting item's last row: its logits, and the next pass's hidden input */
+		for (int j = 0; j < nd; j++) {
+			const struct eng_seg *g = &m->mseg[m->dj[j]];
+			eng_dcopy(e, m->mh + (size_t)j * dim, m->x + (size_t)(g->off + g->n - 1) * dim,
+				  row);
+		}
+		e->be->rmsnorm(e->bctx, m->xb, m->mh, m->head_norm, nd, dim, m->c.eps);
+		eng_matmul(e, m->lg, m->xb, &m->lm_head, nd);
+		for (int j = 0; j < nd; j++) {
+			const struct eng_item *it = &items[m->di[j]];
+			m->ditem[j] = (struct eng_item){
+				.seq = it->seq, .token = &m->dtok[j],
+				.logits = it->draft_logits ? it->draft_logits + (size_t)d * m->c.vocab
+							   : NULL};
+		}
+		if ((rc = eng_outputs(e, m->ditem, nd, m->lg, m->c.vocab, err, errsz)) != WK_OK ||
+		    (rc = eng_sync(e, err, errsz)) != WK_OK)
+			break;
+		/* the items that want another draft, at the position after, within the context */
+		int keep = 0;
+		for (int j = 0; j < nd; j++) {
+			const struct eng_item *it = &items[m->di[j]];
+			const struct eng_seg *g = &m->mseg[m->dj[j]];
+			int pos = g->pos0 + g->n; /* the next pass's position for it */
+			it->draft[d] = m->dtok[j];
+			if (d + 1 >= it->drafts)
+				continue;
+			if (pos >= m->c.max_seq) {
+				for (int x = d + 1; x < it->drafts; x++)
+					it->draft[x] = -1;
+				continue;
+			}
+			if (keep != j)
+				eng_dcopy(e, m->mh + (size_t)keep * dim, m->mh + (size_t)j * dim, row);
+			m->mtok[keep] = m->dtok[j];
+			m->mseg[keep] = (struct eng_seg){.seq = it->seq, .pos0 = pos, .n = 1, .off = keep};
+			m->dj[keep] = keep;
+			m->di[keep++] = m->di[j];
+		}
+		nd = keep;
+		if (nd > 0)
+			rc = mtp_pass(e, m, nd, nd, err, errsz);
+	}
+	return rc;
+}
+
 /* One batched pass over every item's tokens (continuous batching), as llama.c's run: the
  * embedding, norms, MLP/MoE and lm_head see all T tokens at once; the family's attention
  * takes the step's segments. all_logits (one item only): logits of every token into
@@ -680,13 +905,15 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	bool host = eng_host_mem(e);
 	int rows_out = eng_out_rows(items, n_items);
 	int lg_rows = all_logits ? (e->world > 1 || !host ? T : 0) : rows_out;
-	int rc = grow(e, m, T, n_items, lg_rows, e->world) != WK_OK
+	if (m->mtp && !all_logits && lg_rows < n_items)
+		lg_rows = n_items; /* a draft row an item */
+	/* an MTP pass has a row more an item, its next token's (mtp_pass) */
+	int rc = grow(e, m, T + (m->mtp ? n_items : 0), n_items, lg_rows, e->world) != WK_OK
 			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for a step of %d tokens", T)
 			 : WK_OK;
 	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
 		return rc;
 	int dim = m->c.dim;
-	bool lead = eng_tp_lead(e);
 	for (int i = 0; i < n_items; i++)
 		for (int j = 0; j < items[i].n; j++) {
 			m->tok[m->seg[i].off + j] = items[i].tokens[j];
@@ -698,37 +925,8 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	eng_embed(e, m->x, host ? NULL : m->xh, m->tok, T, m->embed, m->c.vocab0, dim);
 	/* Each residual add is fused with the norm after it (the next layer's, or the final
 	 * one): m->tmp holds the last FFN's output until then. */
-	for (int l = 0; l < m->c.n_layers; l++) {
-		struct glm_layer *L = &m->layers[l];
-		/* Two chained launches a layer where the backend chains (eng_chain_begin): the
-		 * norm with the attention's first projections (the family's forward ends it before
-		 * its first op that is not held), and o_proj (the forward begins it) with the
-		 * residual add, the norm, the router's matmul and the grouped MoE op (a dense
-		 * layer: the MLP's gate and up; ended before its SiLU). */
-		eng_chain_begin(e);
-		if (l == 0) {
-			struct be_norm n0 = {.y = m->xb, .x = m->x, .w = L->attn_norm, .n = T,
-					     .dim = dim, .eps = m->c.eps};
-			eng_norm_n(e, &n0, 1);
-		} else {
-			eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->attn_norm, T, dim, m->c.eps);
-		}
-		m->attn_ops->forward(e, m, l, m->tmp, m->xb, T, m->seg, n_items);
-		eng_chain_begin(e); /* on, where the forward did not begin it before o_proj */
-		if (!lead)
-			eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
-		eng_all_reduce(e, m->tmp, (size_t)T * dim);
-		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, L->mlp_norm, T, dim, m->c.eps);
-		if (L->moe) {
-			moe_forward(e, be, c, m, &L->ffn, m->tmp, m->xb, T);
-		} else {
-			mlp_forward(e, m, &L->mlp, m->tmp, m->xb, T);
-			if (!lead)
-				eng_dzero(e, m->tmp, (size_t)T * dim * sizeof *m->tmp);
-		}
-		eng_chain_end(e);
-		eng_all_reduce(e, m->tmp, (size_t)T * dim);
-	}
+	for (int l = 0; l < m->c.n_layers; l++)
+		layer(e, m, l, l == 0, T, m->seg, n_items);
 	if (all_logits) {
 		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->c.eps);
 		if (e->world == 1 && host) {
@@ -744,9 +942,15 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	}
 	/* Only each item's last token (its last `rows`) needs logits: lm_head over those rows,
 	 * then (sharded) the vocabulary slices gathered in order into lg, rank 0 only. */
+	const float *hid = m->xb; /* the hidden states after the final norm, for the MTP layer */
 	if (T == rows_out && !e->unfused) { /* every row is an output (decode) */
 		eng_chain_begin(e); /* the final norm and lm_head: one launch */
 		eng_add_rmsnorm(e, m->x, m->tmp, m->xb, m->final_norm, T, dim, m->c.eps);
+	} else if (m->mtp) { /* the MTP layer reads every row's */
+		be->add(c, m->x, m->tmp, (size_t)T * dim);
+		be->rmsnorm(c, m->hid, m->x, m->final_norm, T, dim, m->c.eps);
+		eng_pick_rows(e, m->xb, m->hid, items, n_items, dim);
+		hid = m->hid;
 	} else {
 		be->add(c, m->x, m->tmp, (size_t)T * dim);
 		eng_pick_rows(e, m->xb, m->x, items, n_items, dim);
@@ -759,7 +963,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	if (e->rank != 0)
 		return WK_OK;
 	rc = eng_outputs(e, items, n_items, m->lg, m->c.vocab, err, errsz);
-	return rc != WK_OK ? rc : eng_sync(e, err, errsz);
+	if (rc == WK_OK)
+		rc = eng_sync(e, err, errsz);
+	return rc == WK_OK && m->mtp ? mtp_drafts(e, m, items, n_items, hid, err, errsz) : rc;
 }
 
 int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)
@@ -778,7 +984,16 @@ int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 
 /* ---- snapshot layout ------------------------------------------------------------------------ */
 
-/* Unsharded: every tensor whole on rank 0, except the MTP layers (not loaded). FP8 block
+/* The MTP layer's copies of the embedding and lm_head (never read: mtp_load), and any MTP
+ * layer past the first (the engine runs one). */
+static bool mtp_unread(const char *leaf, int l, int layers)
+{
+	return l > layers || !strcmp(leaf, "embed_tokens.weight") ||
+	       !strncmp(leaf, "shared_head.head.", 17);
+}
+
+/* Unsharded: every tensor whole on rank 0, the MTP layer's too (loaded for drafts) but for
+ * what it never reads (mtp_unread). FP8 block
  * scales and the router bias keep F32 whatever --dtype says: the kernels read them as F32.
  *
  * Sharded (layout.c has the mechanics, shard.c the run): embed_tokens and lm_head split their
@@ -811,10 +1026,12 @@ static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn,
 		if (wk_ends_with(name, "_scale_inv"))
 			continue; /* sliced with its FP8 weight */
 		if (sscanf(name, "model.layers.%d.%n", &l, &at) == 1 && at > 0) {
-			if (l >= c.n_layers)
-				continue; /* MTP */
 			leaf = name + at;
+			if (l >= c.n_layers && mtp_unread(leaf, l, c.n_layers))
+				continue;
 			if (!strcmp(leaf, "input_layernorm.weight") ||
+			    !strcmp(leaf, "enorm.weight") || !strcmp(leaf, "hnorm.weight") ||
+			    !strcmp(leaf, "eh_proj.weight") || !strcmp(leaf, "shared_head.norm.weight") ||
 			    !strcmp(leaf, "post_attention_layernorm.weight") ||
 			    !strcmp(leaf, "mlp.gate.weight") ||
 			    !strcmp(leaf, "mlp.gate.e_score_correction_bias"))
@@ -858,8 +1075,9 @@ int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
 	enum dt_type cast = p->cast;
 	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
 		const char *name = hf_tensor_at(hf, i)->name;
-		int l;
-		if (sscanf(name, "model.layers.%d.", &l) == 1 && l >= layers)
+		int l, at = 0;
+		if (sscanf(name, "model.layers.%d.%n", &l, &at) == 1 && at > 0 && l >= layers &&
+		    mtp_unread(name + at, l, (int)layers))
 			continue;
 		p->cast = wk_ends_with(name, "_scale_inv") ||
 					  wk_ends_with(name, "e_score_correction_bias")

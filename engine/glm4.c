@@ -27,7 +27,7 @@ struct g4_layer {
 
 struct g4 {
 	int n_heads, n_kv, head_dim, rot;
-	struct g4_layer *layers; /* [n_layers] */
+	struct g4_layer *layers; /* [n_attn]: the MTP layer's last when it is loaded */
 	struct eng_gqa kv;       /* the KV caches */
 	int cap;
 	float *q, *att; /* (cap, n_heads * head_dim) */
@@ -73,10 +73,10 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 	if ((rc = eng_kv_check(e, BE_OP_ATTENTION, err, errsz)))
 		return rc;
 
-	a->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *a->layers));
+	a->layers = glm_own(m, calloc((size_t)m->c.n_attn, sizeof *a->layers));
 	if (!a->layers)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	for (int l = 0; l < m->c.n_layers; l++) {
+	for (int l = 0; l < m->c.n_attn; l++) {
 		struct g4_layer *L = &a->layers[l];
 		char nm[256];
 #define NAME(s) (snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s", l, s), nm)
@@ -98,7 +98,7 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		m->attn_bytes += glm_weight_bytes(&L->wq) + glm_weight_bytes(&L->wk) +
 				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
-	return eng_gqa_alloc(e, &a->kv, m->c.n_layers, m->c.max_seq, a->n_kv, a->head_dim, err,
+	return eng_gqa_alloc(e, &a->kv, m->c.n_attn, m->c.max_seq, a->n_kv, a->head_dim, err,
 			     errsz);
 }
 

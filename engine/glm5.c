@@ -67,11 +67,11 @@ struct g5 {
 	float scale;
 	enum mla_mode mode;
 	bool split;                /* kv_a is bound as kv_c and kv_r (see g5_forward) */
-	struct g5_layer *layers;   /* [n_layers] */
-	/* caches, per sequence: index ((seq * n_layers + layer) * max_seq + position), elements
+	struct g5_layer *layers;   /* [n_attn]: the MTP layer's last when it is loaded */
+	/* caches, per sequence: index ((seq * n_attn + layer) * max_seq + position), elements
 	 * of the engine's KV type (eng_kv_at), k_pe's of eng_kv_b_type */
-	void *ckv;                 /* (max_seqs, n_layers, max_seq, lora) */
-	void *kpe;                 /* (max_seqs, n_layers, max_seq, d_rope) */
+	void *ckv;                 /* (max_seqs, n_attn, max_seq, lora) */
+	void *kpe;                 /* (max_seqs, n_attn, max_seq, d_rope) */
 	void *ikc;                 /* (max_seqs, n_full, max_seq, i_dim) the full layers' indexer
 				    * keys */
 	float *ckv_s, *ikc_s;      /* FP8: their scales, eng_kv_blocks a row; else NULL */
@@ -160,6 +160,10 @@ static int indexer_kinds(json_t *cfg, struct glm_model *m, struct g5 *a, char *e
 	for (int l = 0, f = 0; l < nl && rc == WK_OK; l++) {
 		a->layers[l].full = full[l];
 		a->layers[l].fi = full[l] ? f++ : -1;
+	}
+	if (rc == WK_OK && m->c.n_attn > nl) { /* the MTP layer runs its own indexer */
+		a->layers[nl].full = true;
+		a->layers[nl].fi = a->n_full++;
 	}
 	free(full);
 	return rc;
@@ -263,14 +267,14 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 	if ((rc = eng_kv_check(e, BE_OP_MLA_ATTENTION, err, errsz)) ||
 	    (rc = eng_kv_check(e, BE_OP_DSA_TOPK, err, errsz)))
 		return rc;
-	a->layers = glm_own(m, calloc((size_t)m->c.n_layers, sizeof *a->layers));
+	a->layers = glm_own(m, calloc((size_t)m->c.n_attn, sizeof *a->layers));
 	if (!a->layers)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	if ((rc = indexer_kinds(e->config, m, a, err, errsz)))
 		return rc;
 	int dim = m->c.dim, H = a->n_heads;
 	a->split = true;
-	for (int l = 0; l < m->c.n_layers; l++) {
+	for (int l = 0; l < m->c.n_attn; l++) {
 		struct g5_layer *L = &a->layers[l];
 		char nm[256];
 		/* Binds self_attn.<s> as a [r][c] weight, or a [r] vector. */
@@ -313,13 +317,13 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		m->attn_bytes += glm_weight_bytes(&L->iq) + glm_weight_bytes(&L->ik) +
 				 glm_weight_bytes(&L->iw);
 	}
-	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_layers;
+	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_attn;
 	size_t kvs = eng_kv_size(e), bs = dt_size(eng_kv_b_type(e));
 	size_t nf = (size_t)m->max_seqs * a->n_full;
 	bool fp8 = e->kv == DT_F8_E4M3; /* and the scales */
 	size_t sl = fp8 ? eng_kv_blocks(a->lora) * 4 : 0;
 	size_t si = fp8 ? eng_kv_blocks(a->i_dim) * 4 : 0;
-	size_t per_pos = (size_t)m->c.n_layers * (a->lora * kvs + sl + a->d_rope * bs) +
+	size_t per_pos = (size_t)m->c.n_attn * (a->lora * kvs + sl + a->d_rope * bs) +
 			 (size_t)a->n_full * (a->i_dim * kvs + si); /* bytes a position takes */
 	if ((rc = eng_cache_agrees(e, (uint64_t)T * per_pos, err, errsz)))
 		return rc;
@@ -474,7 +478,7 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 	const struct backend *be = e->be;
 	void *c = e->bctx;
 	int H = a->n_heads, lora = a->lora, nope = a->d_nope, rope = a->d_rope, dv = a->d_v;
-	size_t S = (size_t)m->c.max_seq, nl = (size_t)m->c.n_layers;
+	size_t S = (size_t)m->c.max_seq, nl = (size_t)m->c.n_attn;
 	float theta = m->c.theta;
 	/* sequence seq's caches of this layer at position pos: the latent (CKV, FP8 scales CKS),
 	 * k_pe (KPE, bytes of eng_kv_b_type) */

@@ -47,7 +47,9 @@ struct glm_cfg {
 	float routed_scale;
 	float eps, theta;                    /* rms_norm_eps, rope theta */
 	bool tied;
-	int mtp;                             /* num_nextn_predict_layers (skipped) */
+	int mtp;                             /* num_nextn_predict_layers */
+	int n_attn;                          /* layers with weights and caches: n_layers, +1
+					      * with the MTP layer loaded (layers[n_layers]) */
 	/* this rank's shard (shard.c; all of it when unsharded) */
 	int l_inter, l_shared;               /* dense MLP and shared-expert widths here */
 	int ex0, ex1;                        /* routed experts [ex0, ex1) live here */
@@ -117,6 +119,23 @@ struct glm_model {
 	const struct be_experts *bex0;     /* a grouped MoE layer's (one with the shared expert
 					    * if any has it), for sizing moe_scr */
 	void *moe_scr;                     /* moe_experts' scratch for cap tokens */
+	/* The MTP layer (eng_opts.mtp; glm.c "MTP drafts"): layers[n_layers] its decoder layer.
+	 * Per sequence, e->mtp_len positions have their MTP cache rows; pend holds the main
+	 * model's hidden state at the last of them when its next token was not known yet. */
+	bool mtp;
+	struct be_weight eh_proj;          /* (dim, 2 dim) */
+	float *enorm, *hnorm, *head_norm;  /* (dim) the embedding's, the hidden state's and
+					    * shared_head's norms */
+	float *hid;                        /* (cap, dim) the step's hidden states after the
+					    * final norm, where the decode path does not keep
+					    * them in xb */
+	float *mh;                         /* (cap, dim) an MTP pass's hidden input rows */
+	float *mcat;                       /* (cap, 2 dim) [enorm(embedding) | hnorm(hidden)] */
+	float *pend;                       /* (max_seqs, dim) */
+	struct eng_seg *mseg;              /* (max_seqs) host: an MTP pass's segments */
+	int *mtok, *dtok, *dj, *di;        /* (cap), then (max_seqs) host: a pass's tokens;
+					    * a chain step's drafts, their segments, their items */
+	struct eng_item *ditem;            /* (max_seqs) host: the argmax of each draft row */
 };
 
 /* Keeps p (malloc'd) until the model is freed. Returns p, or NULL (and frees p) when the list

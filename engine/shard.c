@@ -446,6 +446,8 @@ static int rank_open(struct engine *e, const struct eng_opts *o, int r, int thre
 	re->max_seqs = e->max_seqs;
 	re->seq_len = e->seq_len;
 	re->seq_used = e->seq_used;
+	re->mtp_len = e->mtp_len;
+	re->mtp_opt = e->mtp_opt;
 	re->rank = r;
 	re->world = e->world;
 	re->tp = e->tp;
@@ -546,6 +548,7 @@ int shard_open(struct engine *e, const struct eng_opts *o, char *err, size_t err
 	e->info.max_seq = r0->info.max_seq;
 	e->info.bytes_per_token = r0->info.bytes_per_token;
 	e->info.mtp_layers_skipped = r0->info.mtp_layers_skipped;
+	e->info.mtp = r0->info.mtp;
 	int layers = (int)json_integer_value(json_object_get(e->config, "num_hidden_layers"));
 	/* a name no rank read, once however many ranks hold a piece of it: skipped when another
 	 * rank read its piece, or when an earlier rank holds it too (counted there) */

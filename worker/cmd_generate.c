@@ -1,6 +1,7 @@
 /*
  * cmd_generate.c - `wick generate` (stream text) and `wick logits` (raw logits as JSON).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -240,27 +241,128 @@ out:
 static void logits_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: wick logits MODEL --tokens 1,2,3 [--all-positions] [options]\n\n"
+		"usage: wick logits MODEL --tokens 1,2,3 [--all-positions] [options]\n"
+		"       wick logits MODEL --tokens 1,2,3 --mtp N [--drafts K] [options]\n\n"
 		"Runs the ids exactly as given (nothing is added) and prints\n"
 		"{\"vocab\": V, \"positions\": [...], \"logits\": [[...], ...]}: raw f32 logits, %%.9g,\n"
 		"for the last position (0-based) or, with --all-positions, for every one.\n"
+		"--mtp N: the model's MTP layer (speculative decoding's drafter) instead. N greedy\n"
+		"steps from the ids, each with K drafts (default 1); prints the tokens generated and,\n"
+		"per step, the MTP layer's position q (it reads the hidden state at q and the token\n"
+		"at q + 1), \"logits\": its logits there, \"chain\": the K - 1 further drafts' logits,\n"
+		"\"drafts\": the K drafts.\n"
 		CMD_ENGINE_HELP);
+}
+
+static void print_row(const float *x, int V)
+{
+	printf("[");
+	for (int i = 0; i < V; i++) {
+		if (isfinite(x[i]))
+			printf(i ? ", %.9g" : "%.9g", x[i]);
+		else
+			printf(i ? ", null" : "null");
+	}
+	printf("]");
+}
+
+/* A whole number in [lo, hi] for flag, or a message and -1. */
+static int parse_count(const char *flag, const char *arg, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(arg, &end, 10);
+	if (end == arg || *end || errno || v < lo || v > hi) {
+		fprintf(stderr, "wick logits: %s wants a whole number in [%ld, %ld], not '%s'\n", flag,
+			lo, hi, arg);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+/* --mtp: steps greedy steps from ids, each asking the MTP layer for k drafts. */
+static int logits_mtp(struct engine *e, const int *ids, int n, int steps, int k)
+{
+	int V = eng_info(e)->vocab, seq, rc = 1;
+	char err[WK_ERRSZ];
+	float *dl = malloc((size_t)steps * k * V * sizeof *dl);
+	int *tok = malloc((size_t)steps * sizeof *tok), *dr = malloc((size_t)steps * k * sizeof *dr);
+	if (!dl || !tok || !dr) {
+		fprintf(stderr, "wick logits: out of memory\n");
+		goto out;
+	}
+	if (eng_seq_alloc(e, &seq) != WK_OK)
+		goto out;
+	for (int s = 0; s < steps; s++) {
+		struct eng_item it = {.seq = seq, .tokens = s ? &tok[s - 1] : ids, .n = s ? 1 : n,
+				      .token = &tok[s], .drafts = k, .draft = dr + (size_t)s * k,
+				      .draft_logits = dl + (size_t)s * k * V};
+		if (eng_step(e, &it, 1, err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick logits: step %d: %s\n", s, err);
+			goto out;
+		}
+	}
+	printf("{\"vocab\": %d, \"tokens\": [", V);
+	for (int s = 0; s < steps; s++)
+		printf("%s%d", s ? ", " : "", tok[s]);
+	printf("], \"positions\": [");
+	for (int s = 0; s < steps; s++)
+		printf("%s%d", s ? ", " : "", n - 1 + s);
+	printf("], \"drafts\": [");
+	for (int s = 0; s < steps; s++) {
+		printf("%s[", s ? ", " : "");
+		for (int j = 0; j < k; j++)
+			printf("%s%d", j ? ", " : "", dr[(size_t)s * k + j]);
+		printf("]");
+	}
+	printf("], \"logits\": [");
+	for (int s = 0; s < steps; s++) {
+		printf(s ? ", " : "");
+		print_row(dl + (size_t)s * k * V, V);
+	}
+	printf("], \"chain\": [");
+	for (int s = 0; s < steps; s++) {
+		printf("%s[", s ? ", " : "");
+		for (int j = 1; j < k; j++) {
+			printf(j > 1 ? ", " : "");
+			print_row(dl + ((size_t)s * k + j) * V, V);
+		}
+		printf("]");
+	}
+	printf("]}\n");
+	rc = 0;
+out:
+	free(dl);
+	free(tok);
+	free(dr);
+	return rc;
 }
 
 int cmd_logits(int argc, char **argv)
 {
-	enum { O_TOKENS = 256, O_ALL };
+	enum { O_TOKENS = 256, O_ALL, O_MTP, O_DRAFTS };
 	static const struct option opts[] = {
 		{"tokens", required_argument, 0, O_TOKENS}, {"all-positions", no_argument, 0, O_ALL},
+		{"mtp", required_argument, 0, O_MTP}, {"drafts", required_argument, 0, O_DRAFTS},
 		{"help", no_argument, 0, 'h'}, CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	const char *tokens = NULL;
 	bool all = false;
 	int c;
+	long mtp = 0, drafts = 1;
 	struct cmd_engine ce = {0};
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case O_TOKENS: tokens = optarg; break;
 		case O_ALL: all = true; break;
+		case O_MTP:
+			if (parse_count("--mtp", optarg, 1, 4096, &mtp))
+				return 2;
+			break;
+		case O_DRAFTS:
+			if (parse_count("--drafts", optarg, 1, ENG_DRAFT_MAX, &drafts))
+				return 2;
+			break;
 		case 'h': logits_usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -274,6 +376,10 @@ int cmd_logits(int argc, char **argv)
 		logits_usage(stderr);
 		return 2;
 	}
+	if (mtp && all) {
+		fprintf(stderr, "wick logits: --mtp and --all-positions do not go together\n");
+		return 2;
+	}
 	if (cmd_engine_model(&ce, argc, argv, optind, 0)) {
 		logits_usage(stderr);
 		return 2;
@@ -282,6 +388,8 @@ int cmd_logits(int argc, char **argv)
 	if (cmd_parse_ids(tokens, &ids, &n))
 		return 2;
 	ce.o.no_tokenizer = true; /* ids only: a tokenizer.json wick cannot read is no obstacle */
+	if (mtp)
+		ce.o.mtp = ENG_MTP_ON;
 	struct engine *e;
 	if (cmd_engine_open(&ce, &e)) {
 		free(ids);
@@ -289,7 +397,12 @@ int cmd_logits(int argc, char **argv)
 	}
 	int V = eng_info(e)->vocab, rows = all ? n : 1, rc = 1;
 	char err[WK_ERRSZ];
-	float *lg = malloc((size_t)rows * V * sizeof *lg);
+	float *lg = NULL;
+	if (mtp) {
+		rc = logits_mtp(e, ids, n, (int)mtp, (int)drafts);
+		goto out;
+	}
+	lg = malloc((size_t)rows * V * sizeof *lg);
 	if (!lg) {
 		fprintf(stderr, "wick logits: out of memory\n");
 		goto out;
@@ -303,15 +416,8 @@ int cmd_logits(int argc, char **argv)
 		printf("%s%d", r ? ", " : "", all ? r : n - 1);
 	printf("], \"logits\": [");
 	for (int r = 0; r < rows; r++) {
-		printf("%s[", r ? ", " : "");
-		for (int i = 0; i < V; i++) {
-			float x = lg[(size_t)r * V + i];
-			if (isfinite(x))
-				printf(i ? ", %.9g" : "%.9g", x);
-			else
-				printf(i ? ", null" : "null");
-		}
-		printf("]");
+		printf(r ? ", " : "");
+		print_row(lg + (size_t)r * V, V);
 	}
 	printf("]}\n");
 	rc = 0;

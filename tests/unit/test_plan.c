@@ -381,8 +381,8 @@ Test(plan, kv_cache_is_the_engines)
 			uint64_t bytes;
 			int ms; /* 4096, or the model's max_position_embeddings below it */
 			enum dt_type kv = kvs[i % 3];
-			int rc = eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, &ms, &bytes, err,
-						     sizeof err);
+			int rc = eng_seq_cache_bytes(arch, cfg, 4096, tp, kv, false, &ms, &bytes,
+						     err, sizeof err);
 			cr_assert_eq(rc, WK_OK, "%s: %s", name, err);
 			struct plan_opts o = opts(tp, 1);
 			o.kv = pks[i % 3];

@@ -1,0 +1,257 @@
+/*
+ * The MTP layer's drafts (eng_item.drafts, engine/glm.c "MTP drafts") hold to one contract
+ * whatever way the tokens came: the drafts after a sequence's committed tokens are the same
+ * whether those tokens came one step at a time, through verification steps that kept some
+ * drafts and forgot the rest (eng_seq_truncate), or as a prompt in chunks whose last position
+ * waited for its next token; and a sequence's drafts do not depend on the other sequences in
+ * its steps. The main model's outputs are the same with the MTP layer loaded as without.
+ * tests/e2e/glm_reference.sh holds the drafts' logits to an independent float64 reference
+ * (scripts/glm_ref.py --mtp); this file holds the engine to itself. Tiny GLM-5 (MLA, an
+ * indexer that selects: index_topk 4) and GLM-4.5 (GQA) checkpoints from gen_glm --mtp, on
+ * the CPU backend and on devsim (device memory the host cannot touch).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "glm_test.h"
+#include "tests/unit/devsim.h"
+
+TestSuite(mtp);
+
+enum { K = 3, STEPS = 12, NP = 6, MAXLEN = 40 };
+
+static char err[WK_ERRSZ];
+
+/* gen_glm --family fam --mtp args into a new directory. */
+static char *gen(const char *fam, const char *args)
+{
+	const char *tools = getenv("WICK_TOOLS") ? getenv("WICK_TOOLS") : "build/tools";
+	char *dir = mkdir_tmp(), cmd[2048];
+	snprintf(cmd, sizeof cmd, "'%s/gen_glm' --family %s -o '%s' %s >/dev/null", tools, fam,
+		 dir, args);
+	cr_assert_eq(system(cmd), 0, "%s failed (is $WICK_TOOLS/gen_glm built?)", cmd);
+	return dir;
+}
+
+static struct engine *open_with(const char *dir, const struct backend *be, int mtp)
+{
+	struct engine *e;
+	/* f32 caches: a bf16 cache rounds what a later step reads and not what the step that
+	 * wrote it reads, so chunks would differ in the third digit */
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = 4,
+			     .backend_ops = be, .mtp = mtp, .kv_dtype = "f32"};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	return e;
+}
+
+/* What the drafts were after a committed length: their tokens and logits [K][V]. */
+struct seen {
+	bool set;
+	int d[K];
+	float *lg;
+};
+
+static void record(struct seen *s, int len, const int *d, const float *lg, int V)
+{
+	cr_assert(len < MAXLEN);
+	s[len].set = true;
+	memcpy(s[len].d, d, sizeof s[len].d);
+	if (!s[len].lg)
+		s[len].lg = malloc(sizeof(float) * K * V);
+	memcpy(s[len].lg, lg, sizeof(float) * K * V);
+}
+
+/* The drafts after len committed tokens agree with want's (the same tokens; logits within
+ * 1e-4 of the row's largest). Returns whether want had them. */
+static bool agree(const struct seen *want, int len, const int *d, const float *lg, int V,
+		  const char *what)
+{
+	if (!want[len].set)
+		return false;
+	for (int j = 0; j < K; j++) {
+		double r = rel(lg + (size_t)j * V, want[len].lg + (size_t)j * V, V);
+		cr_expect_leq(r, 1e-4, "%s: after %d tokens, draft %d's logits differ by %g", what,
+			      len, j, r);
+		cr_expect_eq(d[j], want[len].d[j], "%s: after %d tokens, draft %d is %d, not %d",
+			     what, len, j, d[j], want[len].d[j]);
+	}
+	return true;
+}
+
+/* The checks on the model in dir, on backend be (NULL: cpu). */
+static void consistent(const char *dir, const struct backend *be, const char *what)
+{
+	struct engine *e = open_with(dir, be, ENG_MTP_ON), *plain = open_with(dir, be, ENG_MTP_OFF);
+	cr_assert_eq(eng_info(e)->mtp, 1, "%s: the MTP layer is loaded", what);
+	cr_assert_eq(eng_info(e)->mtp_layers_skipped, 0);
+	cr_assert_eq(eng_info(plain)->mtp, 0);
+	cr_assert_eq(eng_info(plain)->mtp_layers_skipped, 1);
+	int V = eng_info(e)->vocab;
+	const int prompt[NP] = {3, 17, 42, 5, 20, 11};
+	struct seen seen[MAXLEN] = {0};
+	float *lg = malloc(sizeof(float) * K * V), *lg2 = malloc(sizeof(float) * K * V);
+	float *main1 = malloc(sizeof(float) * V), *main2 = malloc(sizeof(float) * V);
+
+	/* (1) one token a step, on both engines: the main model's logits the same; the drafts
+	 * after each length recorded */
+	int a, p, out[STEPS + 1], d[K], po;
+	cr_assert_eq(eng_seq_alloc(e, &a), WK_OK);
+	cr_assert_eq(eng_seq_alloc(plain, &p), WK_OK);
+	for (int s = 0; s <= STEPS; s++) {
+		const int *in = s ? &out[s - 1] : prompt;
+		int n = s ? 1 : NP;
+		struct eng_item it = {.seq = a, .tokens = in, .n = n, .logits = main1,
+				      .token = &out[s], .drafts = K, .draft = d, .draft_logits = lg};
+		struct eng_item ip = {.seq = p, .tokens = in, .n = n, .logits = main2, .token = &po};
+		cr_assert_eq(eng_step(e, &it, 1, err, sizeof err), WK_OK, "%s: %s", what, err);
+		cr_assert_eq(eng_step(plain, &ip, 1, err, sizeof err), WK_OK, "%s: %s", what, err);
+		cr_expect_eq(rel(main1, main2, V), 0.0, "%s: step %d: the main logits moved", what, s);
+		cr_expect_eq(out[s], po);
+		/* the drafts follow the output token: NP + s + 1 tokens are then known */
+		record(seen, NP + s + 1, d, lg, V);
+		for (int j = 0; j < K; j++)
+			cr_assert(d[j] >= 0 && d[j] < V && d[j] == samp_argmax(lg + (size_t)j * V, V),
+				  "%s: draft %d is its logits' argmax", what, j);
+	}
+	/* the drafts are not the main model's next tokens (else nothing here would show that
+	 * the MTP layer ran): on random weights they differ somewhere */
+	int differ = 0;
+	for (int s = 0; s + 1 <= STEPS; s++)
+		differ += seen[NP + s + 1].d[0] != out[s + 1];
+	cr_expect_gt(differ, 0, "%s: every first draft is the main model's token", what);
+
+	/* (2) verification steps beside a sequence that prefills in two chunks and then decodes
+	 * one token a step: drafts that are all right (the tokens of (1)), half right, all
+	 * wrong; after each, the drafts must be (1)'s after the same length */
+	int b, c;
+	cr_assert_eq(eng_seq_alloc(e, &b), WK_OK);
+	cr_assert_eq(eng_seq_alloc(e, &c), WK_OK);
+	int tb[K + 1], ob[K + 1], db[K], oc, dc[K];
+	/* step 0: b's prompt whole; c's first 4 tokens, no token wanted (its last position waits
+	 * for its next token) */
+	struct eng_item st[2] = {
+		{.seq = b, .tokens = prompt, .n = NP, .token = ob, .drafts = K, .draft = db,
+		 .draft_logits = lg},
+		{.seq = c, .tokens = prompt, .n = 4}};
+	cr_assert_eq(eng_step(e, st, 2, err, sizeof err), WK_OK, "%s", err);
+	cr_assert(agree(seen, NP + 1, db, lg, V, what));
+	int len_b = NP + 1, len_c = 4, cin[NP];
+	memcpy(cin, prompt + 4, 2 * sizeof *cin);
+	int n_c = 2, kept = 0, checked = 0;
+	for (int s = 0; len_b + K + 1 <= NP + STEPS + 1; s++) {
+		/* b verifies the tokens after its last output: (1)'s own next tokens for the first
+		 * `good` of them, then a wrong one */
+		int good = s % 3 == 0 ? K : s % 3 == 1 ? 1 : 0;
+		tb[0] = ob[kept];
+		for (int j = 0; j < K; j++) {
+			int want = out[len_b - NP + j]; /* (1)'s token at position len_b + j */
+			tb[j + 1] = j < good ? want : (want + 1) % V;
+		}
+		st[0] = (struct eng_item){.seq = b, .tokens = tb, .n = K + 1, .rows = K + 1,
+					  .token = ob, .drafts = K, .draft = db, .draft_logits = lg};
+		st[1] = (struct eng_item){.seq = c, .tokens = cin, .n = n_c, .token = &oc,
+					  .drafts = K, .draft = dc, .draft_logits = lg2};
+		cr_assert_eq(eng_step(e, st, 2, err, sizeof err), WK_OK, "%s", err);
+		kept = 0;
+		while (kept < K && ob[kept] == tb[kept + 1])
+			kept++;
+		cr_expect_eq(kept, good, "%s: (1)'s tokens are the argmaxes", what);
+		len_b += kept + 1;
+		cr_assert_eq(eng_seq_truncate(e, b, len_b - 1), WK_OK);
+		checked += agree(seen, len_b, db, lg, V, what);
+		len_c += n_c;
+		checked += agree(seen, len_c + 1, dc, lg2, V, what);
+		cin[0] = oc;
+		n_c = 1;
+	}
+	cr_expect_geq(checked, 5, "%s: %d steps compared", what, checked);
+	for (int i = 0; i < MAXLEN; i++)
+		free(seen[i].lg);
+	free(lg);
+	free(lg2);
+	free(main1);
+	free(main2);
+	eng_close(e);
+	eng_close(plain);
+}
+
+static const struct backend *const backends[] = {NULL, &be_devsim};
+static const char *const names[] = {"cpu", "devsim"};
+
+Test(mtp, glm5_drafts_hold_whatever_way_the_tokens_came)
+{
+	char *dir = gen("glm5", "--mtp --seed 11 --index-topk 4");
+	for (int i = 0; i < 2; i++) {
+		char what[64];
+		snprintf(what, sizeof what, "glm5 on %s", names[i]);
+		consistent(dir, backends[i], what);
+	}
+	rm_rf(dir);
+	free(dir);
+}
+
+Test(mtp, glm4_drafts_hold_whatever_way_the_tokens_came)
+{
+	char *dir = gen("glm4", "--mtp --seed 12");
+	consistent(dir, NULL, "glm4 on cpu");
+	rm_rf(dir);
+	free(dir);
+}
+
+Test(mtp, refusals_name_the_problem)
+{
+	char *dir = gen("glm5", "--mtp --seed 11 --layers 2"), *bare = mkdir_tmp();
+	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_BF16, .seed = 1};
+	write_glm5(bare, &d); /* an MTP layer without its decoder layer's tensors */
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .threads = 1, .max_seq = 32, .mtp = ENG_MTP_ON};
+	int rc = eng_open(bare, &o, &e, err, sizeof err);
+	cr_expect_neq(rc, WK_OK);
+	cr_expect(strstr(err, "model.layers.3."), "the missing tensor is named: %s", err);
+	/* auto on a model with one loads it; off leaves it */
+	o.mtp = ENG_MTP_AUTO;
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(eng_info(e)->mtp, 1);
+	int seq, tok, dr[17];
+	cr_assert_eq(eng_seq_alloc(e, &seq), WK_OK);
+	int ids3[3] = {1, 2, 3};
+	struct eng_item it = {.seq = seq, .tokens = ids3, .n = 3, .token = &tok, .drafts = 17,
+			      .draft = dr};
+	cr_expect_eq(eng_step(e, &it, 1, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "at most 16"), "%s", err);
+	it.drafts = 2;
+	it.token = NULL;
+	cr_expect_eq(eng_step(e, &it, 1, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "without token"), "%s", err);
+	eng_close(e);
+	o.mtp = ENG_MTP_OFF;
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(eng_seq_alloc(e, &seq), WK_OK);
+	it = (struct eng_item){.seq = seq, .tokens = ids3, .n = 3, .token = &tok, .drafts = 1,
+			       .draft = dr};
+	cr_expect_eq(eng_step(e, &it, 1, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "no MTP layer is loaded"), "%s", err);
+	eng_close(e);
+	/* a model without one: refused when asked for; auto and off load the same */
+	char *none = gen("glm4", "--seed 3 --layers 2");
+	o.mtp = ENG_MTP_ON;
+	cr_expect_eq(eng_open(none, &o, &e, err, sizeof err), WK_EUNSUPPORTED);
+	cr_expect(strstr(err, "has no MTP layer to draft with (num_nextn_predict_layers is 0)"),
+		  "%s", err);
+	o.mtp = ENG_MTP_AUTO;
+	cr_assert_eq(eng_open(none, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(eng_info(e)->mtp, 0);
+	eng_close(e);
+	rm_rf(none);
+	free(none);
+	rm_rf(dir);
+	rm_rf(bare);
+	free(dir);
+	free(bare);
+}
