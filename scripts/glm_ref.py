@@ -2,10 +2,14 @@
 """glm_ref.py - an independent float64 forward pass for GLM checkpoints, to test wick against.
 
     scripts/glm_ref.py MODEL_DIR --tokens 1,2,3 [--all-positions]
+    scripts/glm_ref.py MODEL_DIR --tokens 1,2,3 --mtp [--chain K] [--from Q]
 
 Prints what `wick logits` prints: {"vocab": V, "positions": [...], "logits": [[...], ...]}
-for the last position or, with --all-positions, every one. Needs only numpy (Debian's
-python3-numpy, importable from /usr/bin/python3).
+for the last position or, with --all-positions, every one. With --mtp it prints the MTP
+layer's logits instead, {"vocab": V, "positions": [q, ...], "logits": [[...], ...],
+"chain": [[[...] x (K-1)], ...]}, for rows q = Q..T-2 (row q predicts token q + 2): "logits"
+the MTP logits of row q, "chain" the logits of K-1 greedy drafts chained from row q (see
+mtp()). Needs only numpy (Debian's python3-numpy, importable from /usr/bin/python3).
 
 Written from the published model code, not from wick's engine (see
 ../shared/reference/glm.md for every fact and its source):
@@ -28,7 +32,16 @@ Choices where implementations disagree (glm.md flags these; the current transfor
   - Router: the group step fills dropped experts' choice scores with 0.0, as transformers
     does (the DeepSeek reference uses -inf; the two agree whenever choice scores are positive).
   - Indexer top-k ties go to the lower position (torch.topk leaves ties unspecified).
-The MTP layer (num_nextn_predict_layers) does not take part in the logits and is not read.
+The MTP layer (num_nextn_predict_layers; layer index L = num_hidden_layers) takes no part in the
+main logits; --mtp runs it as vLLM's DeepSeek / GLM-4 MoE MTP does (glm.md 3.6):
+  - row q (q = 0..T-2, at position q) gets eh_proj(concat[enorm(embed(t_{q+1})), hnorm(h_q)]),
+    h_q the main hidden state after model.norm; the embedding of row 0 is zeroed, as vLLM masks
+    position 0. Then a full decoder layer (GLM-5: MLA with its own indexer, which selects for
+    itself; MoE feed-forward), causal over the MTP rows; shared_head.norm; the main lm_head.
+    The layer's own embed_tokens and shared_head.head are not read.
+  - a chained draft row c from row q takes the argmax d_c of the previous row's logits (lowest
+    id on ties) and that row's MTP hidden state (before shared_head.norm), at position q + c,
+    attending over real MTP rows 0..q and the chained rows before it.
 """
 
 import argparse
@@ -357,42 +370,141 @@ def check_config(cfg):
         raise SystemExit("glm_ref: tied embeddings are not GLM")
 
 
-def forward(d, tokens):
+def load(d):
+    """The config, the weights and what every layer needs: (cfg, arch, W, freq, itypes)."""
     cfg = json.load(open(os.path.join(d, "config.json")))
     arch = (cfg.get("architectures") or [None])[0]
     if arch not in ("GlmMoeDsaForCausalLM", "Glm4MoeForCausalLM"):
         raise SystemExit(f"glm_ref: architecture {arch} is not GLM-5 or GLM-4.5")
     check_config(cfg)
     W = Weights(d)
-    V = cfg["vocab_size"]
-    if any(t < 0 or t >= V for t in tokens):
-        raise SystemExit("glm_ref: a token id is outside the vocabulary")
-    T = len(tokens)
-    pos = np.arange(T, dtype=np.float64)
     theta = rope_theta(cfg)
+    itypes = None
     if arch == "GlmMoeDsaForCausalLM":
         freq = inv_freq(cfg["qk_rope_head_dim"], theta)
         itypes = indexer_types(cfg)
     else:
         hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         freq = inv_freq(int(hd * cfg.get("partial_rotary_factor", 1.0)), theta)
-    eps = cfg["rms_norm_eps"]
+    return cfg, arch, W, freq, itypes
 
+
+def decoder_layer(m, i, x, pos, shared, prev_sel, sparse):
+    """Layer i on the residual stream x [T, H] at positions pos: returns (x, the DSA selection
+    (GLM-5; None for GLM-4.5)). shared: reuse prev_sel instead of running layer i's indexer;
+    sparse: an MoE feed-forward rather than a dense MLP."""
+    cfg, arch, W, freq, _ = m
+    eps = cfg["rms_norm_eps"]
+    pre = f"model.layers.{i}"
+    h = rms_norm(x, W.get(pre + ".input_layernorm.weight"), eps)
+    sel = None
+    if arch == "GlmMoeDsaForCausalLM":
+        a, sel = glm5_attention(cfg, W, i, h, pos, freq, shared, prev_sel)
+    else:
+        a = glm4_attention(cfg, W, i, h, pos, freq)
+    x = x + a
+    h = rms_norm(x, W.get(pre + ".post_attention_layernorm.weight"), eps)
+    x = x + (moe(cfg, W, pre + ".mlp", h) if sparse else mlp(W, pre + ".mlp", h))
+    return x, sel
+
+
+def check_tokens(cfg, tokens):
+    if any(t < 0 or t >= cfg["vocab_size"] for t in tokens):
+        raise SystemExit("glm_ref: a token id is outside the vocabulary")
+
+
+def hidden(m, tokens):
+    """The main model's final hidden states, after model.norm: [T, H]."""
+    cfg, arch, W, _, itypes = m
+    check_tokens(cfg, tokens)
+    pos = np.arange(len(tokens), dtype=np.float64)
     x = W.get("model.embed_tokens.weight")[tokens]
     sel = None
     for i in range(cfg["num_hidden_layers"]):
-        pre = f"model.layers.{i}"
-        h = rms_norm(x, W.get(pre + ".input_layernorm.weight"), eps)
-        if arch == "GlmMoeDsaForCausalLM":
-            a, s = glm5_attention(cfg, W, i, h, pos, freq, itypes[i] == "shared", sel)
-            sel = s
-        else:
-            a = glm4_attention(cfg, W, i, h, pos, freq)
-        x = x + a
-        h = rms_norm(x, W.get(pre + ".post_attention_layernorm.weight"), eps)
-        x = x + (moe(cfg, W, pre + ".mlp", h) if is_moe_layer(cfg, i) else mlp(W, pre + ".mlp", h))
-    x = rms_norm(x, W.get("model.norm.weight"), eps)
-    return V, x @ W.get("lm_head.weight").T
+        shared = itypes is not None and itypes[i] == "shared"
+        x, sel = decoder_layer(m, i, x, pos, shared, sel, is_moe_layer(cfg, i))
+    return rms_norm(x, W.get("model.norm.weight"), cfg["rms_norm_eps"])
+
+
+def forward(d, tokens):
+    m = load(d)
+    cfg, W = m[0], m[2]
+    return cfg["vocab_size"], hidden(m, tokens) @ W.get("lm_head.weight").T
+
+
+# ---- the MTP layer (DeepSeek-V3 layout, as vLLM's DeepSeek / GLM-4 MoE MTP runs it) -----------
+
+
+def mtp_layer_index(m):
+    """The MTP layer's index L = num_hidden_layers, after checking it is there."""
+    cfg, W = m[0], m[2]
+    if not cfg.get("num_nextn_predict_layers"):
+        raise SystemExit("glm_ref: the config has no MTP layer "
+                         "(num_nextn_predict_layers is 0 or missing)")
+    L = cfg["num_hidden_layers"]
+    for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+              "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate.weight"):
+        if not W.has(f"model.layers.{L}.{n}"):
+            raise SystemExit(f"glm_ref: the MTP tensor model.layers.{L}.{n} is missing")
+    return L
+
+
+def mtp_input(m, L, emb, h):
+    """eh_proj(concat[enorm(emb), hnorm(h)]): the embedding half first. emb, h: [R, H]."""
+    cfg, W = m[0], m[2]
+    eps, pre = cfg["rms_norm_eps"], f"model.layers.{L}"
+    e = rms_norm(emb, W.get(pre + ".enorm.weight"), eps)
+    g = rms_norm(h, W.get(pre + ".hnorm.weight"), eps)
+    return np.concatenate([e, g], axis=-1) @ W.get(pre + ".eh_proj.weight").T
+
+
+def mtp_layer(m, L, x):
+    """The MTP decoder layer over rows x [R, H] at positions 0..R-1, causal: a full (indexer)
+    layer that selects for itself, with an MoE feed-forward. Returns the hidden states [R, H]."""
+    pos = np.arange(x.shape[0], dtype=np.float64)
+    return decoder_layer(m, L, x, pos, False, None, True)[0]
+
+
+def mtp_logits(m, L, h):
+    """shared_head.norm, then the main model's lm_head (shared_head.head is not read)."""
+    cfg, W = m[0], m[2]
+    h = rms_norm(h, W.get(f"model.layers.{L}.shared_head.norm.weight"), cfg["rms_norm_eps"])
+    return h @ W.get("lm_head.weight").T
+
+
+def mtp(d, tokens, chain=1, start=0):
+    """MTP logits for rows q = start..T-2 (each predicts token q + 2) and, per row, the logits of
+    chain - 1 greedy chained drafts. Returns (V, rows, [R, V] logits, [R][chain-1] logits)."""
+    m = load(d)
+    cfg, W = m[0], m[2]
+    L = mtp_layer_index(m)
+    T = len(tokens)
+    if T < 2:
+        raise SystemExit("glm_ref: --mtp needs at least 2 tokens")
+    if chain < 1:
+        raise SystemExit("glm_ref: --chain must be at least 1")
+    if not 0 <= start <= T - 2:
+        raise SystemExit(f"glm_ref: --from must be in 0..{T - 2}")
+    h = hidden(m, tokens)
+    E = W.get("model.embed_tokens.weight")
+    emb = E[tokens[1:]]  # row q sees token q + 1 (a copy: fancy indexing)
+    emb[0] = 0.0  # vLLM zeroes the embedding at position 0
+    x = mtp_input(m, L, emb, h[:-1])  # [T-1, H]
+    mh = mtp_layer(m, L, x)
+    logits = mtp_logits(m, L, mh)
+    rows, chains = list(range(start, T - 1)), []
+    for q in rows:
+        # chained rows continue the MTP sequence after real row q; the layer is causal, so
+        # rerunning it over rows 0..q plus the chained rows reproduces rows 0..q exactly
+        xs, prev, lg, out = x[: q + 1], mh[q], logits[q], []
+        for _ in range(chain - 1):
+            draft = int(np.argmax(lg))  # first maximum: the lowest id on ties
+            xs = np.concatenate([xs, mtp_input(m, L, E[[draft]], prev[None])])
+            prev = mtp_layer(m, L, xs)[-1]
+            lg = mtp_logits(m, L, prev[None])[0]
+            out.append(lg)
+        chains.append(out)
+    return cfg["vocab_size"], rows, logits[start:], chains
 
 
 def main():
@@ -400,14 +512,31 @@ def main():
     ap.add_argument("model")
     ap.add_argument("--tokens", required=True, help="comma-separated token ids")
     ap.add_argument("--all-positions", action="store_true")
+    ap.add_argument("--mtp", action="store_true", help="the MTP layer's logits instead")
+    ap.add_argument("--chain", type=int, default=None,
+                    help="with --mtp: K drafts per row (default 1)")
+    ap.add_argument("--from", dest="start", type=int, default=None,
+                    help="with --mtp: the first row Q (default 0)")
     a = ap.parse_args()
     try:
         tokens = [int(t) for t in a.tokens.split(",")]
     except ValueError:
         ap.error("--tokens wants comma-separated integers")
-    V, logits = forward(a.model, tokens)
-    rows = range(len(tokens)) if a.all_positions else [len(tokens) - 1]
-    out = {"vocab": V, "positions": list(rows), "logits": [[float(v) for v in logits[r]] for r in rows]}
+    if a.mtp:
+        if a.all_positions:
+            ap.error("--mtp prints every row from --from on; --all-positions does not apply")
+        chain = 1 if a.chain is None else a.chain
+        V, rows, logits, chains = mtp(a.model, tokens, chain, a.start or 0)
+        out = {"vocab": V, "positions": rows,
+               "logits": [[float(v) for v in r] for r in logits],
+               "chain": [[[float(v) for v in r] for r in c] for c in chains]}
+    else:
+        if a.chain is not None or a.start is not None:
+            ap.error("--chain and --from need --mtp")
+        V, logits = forward(a.model, tokens)
+        rows = range(len(tokens)) if a.all_positions else [len(tokens) - 1]
+        out = {"vocab": V, "positions": list(rows),
+               "logits": [[float(v) for v in logits[r]] for r in rows]}
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
 

@@ -109,4 +109,47 @@ print(f"{name}: max|d|/max|ref| = {rel:.3g}")
 assert rel <= 1e-3, f"{name}: relative error {rel:.3g} > 1e-3"
 PY
 done
+
+# ---- the MTP layer's drafts against the reference ------------------------------------------------
+# wick logits --mtp: 6 greedy steps after the 12 tokens, each with 3 drafts (the first from the
+# main model's hidden state, two chained); glm_ref.py --mtp on the 12 + 6 tokens gives the MTP
+# layer's logits at each position and the chained drafts' after it. A snapshot (the MTP layer
+# is in its layout) gives wick's logits bit for bit.
+"$WICK" snapshot "$TMPD/g5s" -o "$TMPD/g5s.snap" >/dev/null 2>"$TMPD/snap.err" ||
+  fail "wick snapshot g5s: $(head -c 300 "$TMPD/snap.err")"
+for m in g5s g4s g5s.snap; do
+  "$WICK" logits "$TMPD/$m" --tokens $TOKENS --mtp 6 --drafts 3 --kv-dtype f32 \
+    >"$TMPD/$m.mtp.json" 2>"$TMPD/$m.err" ||
+    fail "wick logits --mtp on $m: $(head -c 300 "$TMPD/$m.err")"
+done
+cmp -s "$TMPD/g5s.mtp.json" "$TMPD/g5s.snap.mtp.json" ||
+  fail "the snapshot's MTP drafts differ from the checkpoint's"
+"$WICK" logits "$TMPD/g5" --tokens $TOKENS --mtp 2 >/dev/null 2>"$TMPD/none.err" &&
+  fail "wick logits --mtp on a model without an MTP layer succeeded"
+grep -q "has no MTP layer" "$TMPD/none.err" || fail "no MTP layer, not named: $(cat "$TMPD/none.err")"
+for m in g5s g4s; do
+  $PY - "$TMPD/$m.mtp.json" "$TMPD/$m" "$REF" "$TOKENS" "$m" <<'PY' || fail "$m: wick's MTP drafts differ from the reference"
+import json, subprocess, sys
+import numpy as np
+w = json.load(open(sys.argv[1]))
+model, ref, tokens, name = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+n = len(tokens.split(","))
+seq = tokens + "," + ",".join(str(t) for t in w["tokens"])
+r = json.loads(subprocess.run([sys.executable, ref, model, "--tokens", seq, "--mtp", "--chain", "3",
+                               "--from", str(n - 1)], check=True, capture_output=True, text=True).stdout)
+assert w["positions"] == r["positions"] == list(range(n - 1, n + 5)), (w["positions"], r["positions"])
+f = lambda x: np.array([[np.nan if v is None else v for v in row] for row in x], dtype=np.float64)
+worst = 0.0
+for i, q in enumerate(w["positions"]):
+    a = np.vstack([f([w["logits"][i]]), f(w["chain"][i])])
+    b = np.vstack([np.array([r["logits"][i]]), np.array(r["chain"][i])])
+    assert a.shape == b.shape == (3, w["vocab"]) and np.isfinite(a).all(), (name, q, a.shape)
+    worst = max(worst, np.abs(a - b).max() / np.abs(b).max())
+    # each draft is wick's own argmax, and the reference chained on the same tokens
+    assert w["drafts"][i] == [int(np.argmax(x)) for x in a], (name, q, w["drafts"][i])
+    assert w["drafts"][i] == [int(np.argmax(x)) for x in b], (name, q, "reference argmax")
+print(f"{name}: MTP drafts at {len(w['positions'])} positions, max|d|/max|ref| = {worst:.3g}")
+assert worst <= 1e-3, f"{name}: relative error {worst:.3g} > 1e-3"
+PY
+done
 echo ok
