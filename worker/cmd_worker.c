@@ -33,6 +33,10 @@ static void usage(FILE *f)
 		"  --speculate N         jobs draft up to N tokens a step from their prediction and\n"
 		"                        their own text (1-16; default 0: off): fewer steps where\n"
 		"                        the output repeats them; greedy, the same output\n"
+		"  --drafter D           with --speculate, where drafts come from after a job's\n"
+		"                        prediction: mtp (the model's MTP layer, loaded for it),\n"
+		"                        lookup (the job's own text) or auto (default: mtp where\n"
+		"                        the model has one)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -89,7 +93,7 @@ int cmd_worker(int argc, char **argv)
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
-	       O_SPEC };
+	       O_SPEC, O_DRAFTER };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -100,6 +104,7 @@ int cmd_worker(int argc, char **argv)
 		{"max-jobs", required_argument, 0, O_MAXJOBS}, {"lease", required_argument, 0, O_LEASE},
 		{"queue-outage", required_argument, 0, O_OUTAGE},
 		{"speculate", required_argument, 0, O_SPEC},
+		{"drafter", required_argument, 0, O_DRAFTER},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -118,6 +123,7 @@ int cmd_worker(int argc, char **argv)
 	bool have_gpu_price = false, seen_price = false;
 	double v = 0; /* read only when its flag parsed */
 	int c, bad = 0;
+	const char *drafter = NULL;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case O_QUEUE: w.queue_url = optarg; break;
@@ -128,6 +134,14 @@ int cmd_worker(int argc, char **argv)
 		case O_SPEC:
 			bad = parse_num(optarg, "--speculate", 0, SCHED_DRAFT_MAX, &v);
 			w.speculate = (int)v;
+			break;
+		case O_DRAFTER:
+			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {
+				fprintf(stderr, "%s: --drafter is auto, mtp or lookup, not '%s'\n",
+					cmd_name, optarg);
+				return 2;
+			}
+			drafter = optarg;
 			break;
 		case O_IDLE: bad = parse_num(optarg, "--idle-timeout", 0, 1e9, &w.idle_timeout); break;
 		case O_STARTUP:
@@ -189,6 +203,15 @@ int cmd_worker(int argc, char **argv)
 		if (bad)
 			return 2;
 	}
+	if (drafter && !w.speculate) {
+		fprintf(stderr, "%s: --drafter %s drafts for --speculate N, which is off\n", cmd_name,
+			drafter);
+		return 2;
+	}
+	/* the MTP layer is loaded only to draft with */
+	w.ce.o.mtp = !w.speculate || (drafter && !strcmp(drafter, "lookup")) ? ENG_MTP_OFF
+		     : drafter && !strcmp(drafter, "mtp")			 ? ENG_MTP_ON
+										 : ENG_MTP_AUTO;
 	if (cmd_engine_model(&w.ce, argc, argv, optind, 0) || (!w.queue_url && !w.ho.listen)) {
 		if (!w.queue_url && !w.ho.listen)
 			fprintf(stderr, "%s: --queue URL or --listen HOST:PORT is required\n", cmd_name);

@@ -24,6 +24,8 @@ struct sched {
 	int *spec_in, *spec_out; /* [slots][SCHED_DRAFT_MAX + 1]: a step's tokens and argmaxes */
 	int *spec_k;             /* [slots]: the draft tokens of this step (0: none) */
 	double *spec_u;          /* [slots][2 * (SCHED_DRAFT_MAX + 1)]: a sampled one's draws */
+	bool mtp;                /* the engine's MTP layer drafts (sched.h) */
+	int *spec_d;             /* [slots][SCHED_DRAFT_MAX]: the MTP drafts a step returns */
 	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
 	int engine_rc;           /* WK_OK until a step fails in the engine */
@@ -148,6 +150,9 @@ static int ix_find(struct sched_ix *x, const struct sched_req *r, const int *key
 	return x->tab[n][ix_slot(x, r, key, n)];
 }
 
+_Static_assert(SCHED_DRAFT_MAX == ENG_DRAFT_MAX && SCHED_DRAFT_MAX <= 16,
+	       "sched_req.mtp_d holds an engine step's drafts");
+
 int sched_set_speculate(struct sched *s, int max_draft)
 {
 	if (max_draft < 0 || max_draft > SCHED_DRAFT_MAX)
@@ -157,16 +162,19 @@ int sched_set_speculate(struct sched *s, int max_draft)
 		s->spec_in = calloc((size_t)s->slots * w, sizeof *s->spec_in);
 		s->spec_out = calloc((size_t)s->slots * w, sizeof *s->spec_out);
 		s->spec_u = calloc((size_t)s->slots * 2 * w, sizeof *s->spec_u);
-		if (!s->spec_in || !s->spec_out || !s->spec_u) {
+		s->spec_d = calloc((size_t)s->slots * SCHED_DRAFT_MAX, sizeof *s->spec_d);
+		if (!s->spec_in || !s->spec_out || !s->spec_u || !s->spec_d) {
 			free(s->spec_in);
 			free(s->spec_out);
 			free(s->spec_u);
-			s->spec_in = s->spec_out = NULL;
+			free(s->spec_d);
+			s->spec_in = s->spec_out = s->spec_d = NULL;
 			s->spec_u = NULL;
 			return WK_ENOMEM;
 		}
 	}
 	s->spec = max_draft;
+	s->mtp = max_draft > 0 && eng_info(s->e)->mtp;
 	return WK_OK;
 }
 
@@ -207,6 +215,7 @@ void sched_free(struct sched *s)
 	free(s->spec_in);
 	free(s->spec_out);
 	free(s->spec_u);
+	free(s->spec_d);
 	free(s->spec_k);
 	free(s->item_req);
 	free(s);
@@ -571,8 +580,9 @@ static int pred_find(struct sched_req *r, const int *key, int n)
 /* The draft, up to max tokens to d; returns how many (0: none). The last n tokens of the
  * prompt and output are looked up first in the request's prediction (n from SCHED_NGRAM_MAX
  * down to 1), then in the prompt and output themselves (n down to SCHED_NGRAM_MIN), the most
- * recent place first; the tokens that followed there are the draft. */
-static int draft(struct sched_req *r, int *d, int max)
+ * recent place first; the tokens that followed there are the draft. With mtp, the MTP
+ * layer's drafts instead of the prompt and output's. */
+static int draft(struct sched_req *r, int *d, int max, bool mtp)
 {
 	int len = r->n_prompt + r->n_out, key[SCHED_NGRAM_MAX];
 	for (int n = SCHED_NGRAM_MAX; r->pred && n >= 1; n--) {
@@ -587,6 +597,13 @@ static int draft(struct sched_req *r, int *d, int max)
 		for (; k < max && p + n + k < r->n_pred; k++)
 			d[k] = r->pred[p + n + k];
 		r->pred_at = p + n;
+		if (k > 0 || !mtp) /* (the MTP layer drafts past the prediction's end) */
+			return k;
+		break;
+	}
+	if (mtp) { /* the MTP layer's, from the last step */
+		int k = r->mtp_n < max ? r->mtp_n : max;
+		memcpy(d, r->mtp_d, (size_t)k * sizeof *d);
 		return k;
 	}
 	if (!r->ix && !(r->ix = ix_new(ctx_tok, false)))
@@ -619,7 +636,7 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 	if (max > s->max_seq - len - 2)
 		max = s->max_seq - len - 2;
 	int *in = s->spec_in ? s->spec_in + (size_t)i * (SCHED_DRAFT_MAX + 1) : NULL;
-	int k = s->spec && max > 0 ? draft(r, in + 1, max) : 0;
+	int k = s->spec && max > 0 ? draft(r, in + 1, max, s->mtp) : 0;
 	s->spec_k[i] = k;
 	if (!k) {
 		it->tokens = &r->out[r->n_out - 1];
@@ -724,6 +741,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		it->logits = NULL;
 		it->token = &s->next_tok[i];
 		it->rows = 0;
+		it->drafts = 0;
 		s->spec_k[i] = 0;
 		it->sample = (struct eng_sample){r->samp.temperature, r->samp.top_p, r->samp.top_k,
 						 0, NULL};
@@ -735,6 +753,12 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		}
 		if (!greedy && !it->sample.u_rows) /* a speculating one has its draws in u_rows */
 			it->sample.u = samp_draw(r->sampler);
+		if (s->mtp) { /* the drafts for its next step, after this step's token */
+			int want = r->draft_len > 0 && r->draft_len < s->spec ? r->draft_len : s->spec;
+			it->drafts = want;
+			it->draft = s->spec_d + (size_t)i * SCHED_DRAFT_MAX;
+			r->mtp_n = 0;
+		}
 		s->item_req[n] = r;
 		s->item_slot[n++] = i;
 	}
@@ -764,6 +788,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		r->steps++;
 		if (r->n_out == 0)
 			r->t_first = t;
+		for (int j = 0; j < s->items[k].drafts && s->items[k].draft[j] >= 0; j++)
+			r->mtp_d[r->mtp_n++] = s->items[k].draft[j];
 		int d = s->spec_k[i], len = eng_seq_len(s->e, r->seq);
 		if (!d) {
 			take(s, i, s->next_tok[i], len, done, ctx);

@@ -75,6 +75,7 @@ struct sched_req {
 	int draft_len;        /* speculation: the most draft tokens of its next step (0: max) */
 	int pred_at;          /* speculation: where in pred the last draft came from */
 	struct sched_ix *ix, *pix; /* speculation: the n-grams of prompt + output, of pred */
+	int mtp_d[16], mtp_n;  /* speculation: the MTP layer's drafts after its last token */
 	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
 	bool cancel;
@@ -106,7 +107,14 @@ void sched_free(struct sched *s); /* frees requests still held */
  * and costs the compute of the rejected drafts where not: a GPU step of a few tokens costs
  * about what one does (it is bound by reading the weights), a CPU step more (wick bench
  * speculate measures both). max_draft 0 (the default): off; at most SCHED_DRAFT_MAX
- * (WK_EINVAL past it). */
+ * (WK_EINVAL past it).
+ *
+ * Where the engine has the model's MTP layer loaded (eng_info.mtp, eng_opts.mtp), it is the
+ * drafter instead of the lookup in the prompt and output (a prediction still comes first):
+ * each step's items ask the engine for the MTP layer's drafts after the token the step gives
+ * them (eng_item.drafts, as many as the request's next draft may have), and the next step
+ * verifies them. The drafts are the MTP layer's argmaxes: a sampled request keeps one with
+ * its probability, as any draft, and its distribution stays exact. */
 #define SCHED_DRAFT_MAX 16
 #define SCHED_NGRAM_MAX 3
 #define SCHED_NGRAM_MIN 2

@@ -1217,7 +1217,9 @@ static void log_ready(struct worker *w)
 	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
 	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
 	     ei->max_seqs, ei->max_seq, ei->kv_dtype,
-	     w->o.speculate ? ", speculative decoding on" : "");
+	     !w->o.speculate ? ""
+	     : ei->mtp	     ? ", speculative decoding on (the MTP layer drafts)"
+			     : ", speculative decoding on (prompt lookup drafts)");
 	set_state(w, ST_READY);
 	w->t_last_activity = wk_now();
 	if (ledger_state(w->ledger, LEDGER_IDLE, w->t_last_activity, err, sizeof err) != WK_OK)

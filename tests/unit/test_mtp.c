@@ -21,6 +21,7 @@
 #include "engine/sampler.h"
 #include "glm_test.h"
 #include "tests/unit/devsim.h"
+#include "worker/sched.h"
 
 TestSuite(mtp);
 
@@ -254,4 +255,95 @@ Test(mtp, refusals_name_the_problem)
 	rm_rf(bare);
 	free(dir);
 	free(bare);
+}
+
+/* ---- the scheduler drafting with it (worker/sched.h) ------------------------------------- */
+
+struct got {
+	struct sched_req *r[8];
+};
+
+static void got_done(void *ctx, struct sched_req *r)
+{
+	((struct got *)ctx)->r[r->id[0] - 'a'] = r;
+}
+
+enum { NREQ = 5 };
+
+/* NREQ requests on e with speculation spec; the last two predict want[0] and want[1]'s
+ * outputs (NULL: none). Returns the step log (malloc'd). */
+static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *const *want)
+{
+	static const int prompts[NREQ][6] = {{3, 17, 42, 5, 20, 11}, {7, 7, 7}, {250, 1, 99, 4},
+					     {3, 17, 42, 5, 20, 11}, {7, 7, 7}};
+	static const int np[NREQ] = {6, 3, 4, 6, 3}, max[NREQ] = {40, 57, 9, 40, 57};
+	char *log;
+	size_t len;
+	FILE *lf = open_memstream(&log, &len);
+	struct sched *s = sched_create(e, lf);
+	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	for (int i = 0; i < NREQ; i++) {
+		struct sched_req *r = calloc(1, sizeof *r);
+		snprintf(r->id, sizeof r->id, "%c", 'a' + i);
+		r->prompt = malloc(sizeof prompts[i]);
+		memcpy(r->prompt, prompts[i], sizeof prompts[i]);
+		r->n_prompt = np[i];
+		r->max_tokens = max[i];
+		/* c is sampled with top_k 1: greedy in all but name */
+		r->samp = (struct samp_cfg){.temperature = i == 2 ? 0.7f : 0, .top_p = 1,
+					    .top_k = i == 2 ? 1 : 0, .seed = 4};
+		if (i >= 3 && want) { /* the first 30 tokens after the first of a's or b's */
+			const struct sched_req *w = want[i - 3];
+			r->n_pred = w->n_out - 1 < 30 ? w->n_out - 1 : 30;
+			r->pred = malloc(sizeof(int) * (size_t)r->n_pred);
+			memcpy(r->pred, w->out + 1, sizeof(int) * (size_t)r->n_pred);
+		}
+		cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
+	}
+	while (sched_pending(s) > 0)
+		cr_assert_geq(sched_step(s, got_done, g), 0);
+	sched_free(s);
+	fclose(lf);
+	return log;
+}
+
+Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
+{
+	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
+	struct engine *e = open_with(dir, NULL, ENG_MTP_ON), *plain = open_with(dir, NULL,
+										  ENG_MTP_OFF);
+	struct got p = {0}, m = {0};
+	char *plog = serve(plain, 0, &p, NULL);
+	char *mlog = serve(e, 4, &m, p.r);
+	int drafted = 0, accepted = 0;
+	for (int i = 0; i < NREQ; i++) {
+		struct sched_req *a = p.r[i], *b = m.r[i];
+		cr_assert(a && b);
+		cr_expect_eq(b->status, SCHED_DONE);
+		cr_expect(a->n_out == b->n_out && !memcmp(a->out, b->out, sizeof(int) * a->n_out),
+			  "request %c: the tokens differ with MTP drafts", 'a' + i);
+		cr_expect_gt(b->drafted, 0, "request %c drafted nothing", 'a' + i);
+		cr_expect_leq(b->accepted, b->drafted);
+		drafted += b->drafted;
+		accepted += b->accepted;
+	}
+	/* d and e drafted from their predictions first (kept), then (e, whose prediction ends
+	 * before its output) from the MTP layer */
+	for (int i = 3; i < NREQ; i++)
+		cr_expect_geq(m.r[i]->accepted, 10, "request %c kept %d of %d", 'a' + i,
+			      m.r[i]->accepted, m.r[i]->drafted);
+	cr_expect_gt(m.r[4]->drafted, m.r[4]->accepted + 5, "e: the MTP layer drafted after");
+	cr_expect_null(strstr(plog, "\"draft\""));
+	cr_expect_not_null(strstr(mlog, "\"draft\": "));
+	fprintf(stderr, "mtp scheduler: kept %d of %d drafts\n", accepted, drafted);
+	for (int i = 0; i < NREQ; i++) {
+		sched_req_free(p.r[i]);
+		sched_req_free(m.r[i]);
+	}
+	free(plog);
+	free(mlog);
+	eng_close(e);
+	eng_close(plain);
+	rm_rf(dir);
+	free(dir);
 }
