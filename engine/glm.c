@@ -750,7 +750,12 @@ static void layer(struct engine *e, struct glm_model *m, int l, bool first, int 
  * known yet (an item without token: a chunk of a prompt) waits in pend for the next step.
  * The last row's prediction is the first draft; each further draft runs the MTP layer on the
  * draft before it and the MTP layer's own hidden state (before shared_head.norm), at the
- * positions after, whose cache rows the next step writes again. */
+ * positions after, whose cache rows the next step writes again.
+ *
+ * A step in which no item asks for drafts runs no MTP pass (a caller that never drafts pays
+ * nothing for the layer); the positions it added keep no MTP cache rows, so drafts after them
+ * attend to stale rows there: worse drafts, never other outputs (the scheduler's items all ask
+ * for drafts once it drafts with the MTP layer). */
 
 /* One MTP pass over R rows in m->mseg[0..nseg): tokens m->mtok (-1: a zero embedding), the
  * hidden states m->mh. Leaves the MTP layer's output hidden states (before
@@ -794,6 +799,10 @@ static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_it
 {
 	int dim = m->c.dim, R = 0, ns = 0, nd = 0, most = 0;
 	size_t row = (size_t)dim * sizeof(float);
+	for (int i = 0; i < n_items; i++)
+		most = items[i].drafts > most ? items[i].drafts : most;
+	if (most == 0)
+		return WK_OK; /* nobody drafts: the MTP layer costs nothing (see above) */
 	for (int i = 0; i < n_items; i++) {
 		const struct eng_item *it = &items[i];
 		const struct eng_seg *g = &m->seg[i];
@@ -827,8 +836,6 @@ static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_it
 		if (it->token && it->drafts > 0) {
 			m->dj[nd] = ns - 1; /* its segment and its item */
 			m->di[nd++] = i;
-			if (it->drafts > most)
-				most = it->drafts;
 		}
 	}
 	int rc = R > 0 ? mtp_pass(e, m, R, ns, err, errsz) : WK_OK;

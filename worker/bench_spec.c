@@ -23,10 +23,10 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: wick bench speculate MODEL [options]\n\n"
-		"Runs greedy requests through the scheduler with speculative decoding by prompt\n"
-		"lookup (wick worker --speculate) and without, alternating, and prints tokens/s,\n"
-		"steps and the draft tokens kept, then one JSON line. Exits 1 when the outputs\n"
-		"differ.\n"
+		"Runs greedy requests through the scheduler with speculative decoding (wick worker\n"
+		"--speculate: prompt lookup or the MTP layer) and without, alternating, and prints\n"
+		"tokens/s, steps and the draft tokens kept, then one JSON line. Exits 1 when the\n"
+		"outputs differ.\n"
 		"  -n, --tokens N        tokens a request (default 128)\n"
 		"      --draft K         draft tokens a step at most (default 4)\n"
 		"      --prompt TEXT     a request's prompt (repeatable; default: four of\n"
@@ -35,6 +35,8 @@ static void usage(FILE *f)
 		"                        a tokenizer)\n"
 		"      --concurrency C   requests at once (default 1: one after another)\n"
 		"      --runs R          runs of each mode (default 3)\n"
+		"      --drafter D       mtp (the model's MTP layer), lookup, or auto (default: mtp\n"
+		"                        where the model has one), as wick worker --drafter\n"
 		"      --predict         the speculating runs get each request's output (from the\n"
 		"                        first run without) as its prediction: an edit that changes\n"
 		"                        nothing, the best case of OpenAI's predicted outputs\n"
@@ -117,9 +119,9 @@ static int run(struct engine *e, int max_draft, int *const *ids, const int *n_id
 /* Seconds of a step of n tokens with the argmax after each (a verification of n - 1 drafts),
  * the median of reps, in one sequence after its prompt ids[0..np): what a step of drafts costs
  * against a step of one token, the other half of what speculation gives. */
-static double step_cost(struct engine *e, const int *ids, int np, int n, int reps)
+static double step_cost(struct engine *e, const int *ids, int np, int n, int drafts, int reps)
 {
-	int seq, tok[SCHED_DRAFT_MAX + 1], in[SCHED_DRAFT_MAX + 1];
+	int seq, tok[SCHED_DRAFT_MAX + 1], in[SCHED_DRAFT_MAX + 1], dr[SCHED_DRAFT_MAX];
 	double t[9];
 	char err[WK_ERRSZ];
 	if (eng_seq_alloc(e, &seq) != WK_OK)
@@ -129,7 +131,8 @@ static double step_cost(struct engine *e, const int *ids, int np, int n, int rep
 		in[k] = ids[k % np];
 	int rc = eng_step(e, &it, 1, err, sizeof err);
 	for (int r = 0; r < reps && rc == WK_OK; r++) {
-		it = (struct eng_item){.seq = seq, .tokens = in, .n = n, .token = tok, .rows = n};
+		it = (struct eng_item){.seq = seq, .tokens = in, .n = n, .token = tok, .rows = n,
+				       .drafts = drafts, .draft = dr};
 		double t0 = wk_now();
 		rc = eng_step(e, &it, 1, err, sizeof err);
 		t[r] = wk_now() - t0;
@@ -166,6 +169,7 @@ int bench_spec(int argc, char **argv)
 		{"prompt", required_argument, 0, 'p'}, {"concurrency", required_argument, 0, 'c'},
 		{"runs", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
 		{"prompt-ids", required_argument, 0, 'i'}, {"predict", no_argument, 0, 'P'},
+		{"drafter", required_argument, 0, 'D'},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	static const char *const dflt[] = {
 		"Lily and Ben went to the park. Lily and Ben played with a ball. Lily and Ben",
@@ -177,7 +181,7 @@ int bench_spec(int argc, char **argv)
 	int *ids[SPEC_MAX_PROMPTS] = {0}, n_ids[SPEC_MAX_PROMPTS] = {0}, rc = 0;
 	int np = 0, tokens = 128, draft = 4, conc = 1, runs = 3, c, bad = 0;
 	bool predict = false;
-	struct cmd_engine ce = {.o = {.backend = "cpu"}};
+	struct cmd_engine ce = {.o = {.backend = "cpu", .mtp = ENG_MTP_AUTO}};
 	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'n': bad = parse(optarg, "-n", 1, 100000, &tokens); break;
@@ -199,6 +203,16 @@ int bench_spec(int argc, char **argv)
 			np++;
 			break;
 		case 'P': predict = true; break;
+		case 'D':
+			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {
+				fprintf(stderr, "wick bench speculate: --drafter is auto, mtp or lookup, "
+					"not '%s'\n", optarg);
+				bad = 2;
+			}
+			ce.o.mtp = !strcmp(optarg, "mtp")      ? ENG_MTP_ON
+				   : !strcmp(optarg, "lookup") ? ENG_MTP_OFF
+							       : ENG_MTP_AUTO;
+			break;
 		case 'h': usage(stdout); return 0;
 		default:
 			if (c < CMD_OPT_BASE || cmd_engine_flag(&ce, c, optarg)) {
@@ -288,16 +302,20 @@ int bench_spec(int argc, char **argv)
 			differ);
 		rc = 1;
 	}
-	double c1 = rc ? -1 : step_cost(e, ids[0], n_ids[0], 1, 9);
-	double cn = rc ? -1 : step_cost(e, ids[0], n_ids[0], draft + 1, 9);
-	if (!rc && (c1 <= 0 || cn <= 0)) {
+	double c1 = rc ? -1 : step_cost(e, ids[0], n_ids[0], 1, 0, 9);
+	double cn = rc ? -1 : step_cost(e, ids[0], n_ids[0], draft + 1, 0, 9);
+	/* with the MTP layer: that step, and the MTP layer's draft tokens for the next */
+	bool mtp = eng_info(e)->mtp;
+	double cm = rc || !mtp ? 0 : step_cost(e, ids[0], n_ids[0], draft + 1, draft, 9);
+	if (!rc && (c1 <= 0 || cn <= 0 || cm < 0)) {
 		fprintf(stderr, "wick bench speculate: timing a step failed\n");
 		rc = 1;
 	}
 	if (!rc) {
 		double p = cmd_median(tps[0], runs), s = cmd_median(tps[1], runs);
-		printf("%d greedy requests of %d tokens, %d at a time, on %s (%s)%s\n", np, tokens,
-		       conc, ce.model, eng_info(e)->backend,
+		printf("%d greedy requests of %d tokens, %d at a time, on %s (%s), %s drafts%s\n", np,
+		       tokens, conc, ce.model, eng_info(e)->backend,
+		       eng_info(e)->mtp ? "MTP" : "prompt lookup",
 		       predict ? ", each predicted by its own output" : "");
 		printf("%-22s %12s %8s\n", "", "tokens/s", "steps");
 		printf("%-22s %12.1f %8.0f\n", "plain", p, steps[0]);
@@ -308,13 +326,19 @@ int bench_spec(int argc, char **argv)
 		printf("a step of %d tokens (one and %d drafts) takes %.2fx a step of one "
 		       "(%.2f ms against %.2f, medians of 9)\n", draft + 1, draft, cn / c1, cn * 1e3,
 		       c1 * 1e3);
-		printf("{\"bench\": \"speculate\", \"predict\": %s, \"requests\": %d, \"tokens\": %d, "
+		if (mtp)
+			printf("that step and the MTP layer's %d drafts for the next: %.2fx a step of "
+			       "one (%.2f ms)\n", draft, cm / c1, cm * 1e3);
+		printf("{\"bench\": \"speculate\", \"drafter\": \"%s\", \"predict\": %s, "
+		       "\"requests\": %d, \"tokens\": %d, "
 		       "\"concurrency\": %d, \"draft\": %d, \"runs\": %d, \"plain_tokens_per_s\": %.2f, "
 		       "\"speculate_tokens_per_s\": %.2f, \"ratio\": %.3f, \"plain_steps\": %.0f, "
 		       "\"speculate_steps\": %.0f, \"drafted\": %d, \"accepted\": %d, "
-		       "\"step_ms\": %.3f, \"verify_step_ms\": %.3f}\n", predict ? "true" : "false", np,
+		       "\"step_ms\": %.3f, \"verify_step_ms\": %.3f, \"mtp_step_ms\": %.3f}\n",
+		       eng_info(e)->mtp ? "mtp" : "lookup", predict ? "true" : "false", np,
 		       tokens, conc, draft, runs,
-		       p, s, s / p, steps[0], steps[1], drafted, accepted, c1 * 1e3, cn * 1e3);
+		       p, s, s / p, steps[0], steps[1], drafted, accepted, c1 * 1e3, cn * 1e3,
+		       cm * 1e3);
 	}
 	free_out(&ref);
 	for (int i = 0; i < np; i++)
