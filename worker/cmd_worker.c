@@ -203,7 +203,7 @@ int cmd_worker(int argc, char **argv)
 		if (bad)
 			return 2;
 	}
-	if (drafter && !w.speculate) {
+	if (drafter && strcmp(drafter, "auto") && !w.speculate) {
 		fprintf(stderr, "%s: --drafter %s drafts for --speculate N, which is off\n", cmd_name,
 			drafter);
 		return 2;

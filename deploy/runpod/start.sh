@@ -20,8 +20,10 @@
 #   WICK_MAX_SEQ       positions a sequence's KV cache holds (default 32768)
 #   WICK_KV_DTYPE      the KV cache's type (default auto: bf16 for GLM-5; fp8 holds about 1.8
 #                      times the tokens, wick plan --kv-dtype fp8 says how many sequences)
-#   WICK_SPECULATE     draft tokens a step for greedy jobs (default 0: off; see wick worker
-#                      --speculate: prompt lookup and the jobs' predictions)
+#   WICK_SPECULATE     draft tokens a step (default 0: off; see wick worker --speculate: the
+#                      jobs' predictions, then the model's MTP layer or prompt lookup)
+#   WICK_DRAFTER       where drafts come from (default auto: the MTP layer where the model
+#                      has one and the engine runs it; mtp; lookup)
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -45,6 +47,7 @@ trap - TERM INT
 exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
 	--backend cuda --concurrency "${WICK_CONCURRENCY:-4}" --max-seq "${WICK_MAX_SEQ:-32768}" \
 	--kv-dtype "${WICK_KV_DTYPE:-auto}" --speculate "${WICK_SPECULATE:-0}" \
+	--drafter "${WICK_DRAFTER:-auto}" \
 	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \

@@ -150,6 +150,32 @@ for fam in glm5 glm4; do
   echo "   $fam: 12 greedy decode steps on cuda, the CPU's ids: ${got##*$'\n'}"
 done
 
+# the MTP layer's drafts (speculative decoding's drafter): 4 greedy steps, 3 drafts each (two
+# chained), its logits on cuda within 1e-3 of the CPU's and the same draft ids
+section "the MTP layer's drafts, cuda against cpu"
+for fam in glm5 glm4; do
+  "$WICK_TOOLS/gen_glm" --family $fam --mtp -o "$TMPD/$fam-mtp" --seed 7 >/dev/null ||
+    fail "gen_glm $fam --mtp"
+  "$WICK" logits "$TMPD/$fam-mtp" --tokens $ids --mtp 4 --drafts 3 --backend cpu $KV32 \
+    >"$TMPD/$fam-mtp.cpu.json" 2>"$TMPD/err" || fail "$fam: cpu MTP: $(tail -n 3 "$TMPD/err")"
+  "$EMU" logits "$TMPD/$fam-mtp" --tokens $ids --mtp 4 --drafts 3 --backend cuda $KV32 \
+    >"$TMPD/$fam-mtp.cuda.json" 2>"$TMPD/err" || fail "$fam: cuda MTP: $(tail -n 3 "$TMPD/err")"
+  python3 - "$fam" "$TMPD/$fam-mtp.cpu.json" "$TMPD/$fam-mtp.cuda.json" <<'PY' ||
+import json, sys
+fam, a, b = sys.argv[1], *(json.load(open(p)) for p in sys.argv[2:4])
+assert a["tokens"] == b["tokens"] and a["drafts"] == b["drafts"], (a["drafts"], b["drafts"])
+worst = 0.0
+for x, y in zip([a["logits"]] + a["chain"], [b["logits"]] + b["chain"]):
+    for r, s in zip(x, y):
+        m = max(abs(v) for v in r)
+        worst = max(worst, max(abs(u - v) for u, v in zip(r, s)) / m)
+assert worst <= 1e-3, worst
+print(f"   {fam}: {len(a['drafts'])} steps of 3 MTP drafts on cuda, the CPU's ids; "
+      f"max|d|/max|cpu| {worst:.2g}")
+PY
+    fail "$fam: the MTP drafts on cuda differ from the CPU's"
+done
+
 # bf16 KV caches (auto: what a bfloat16 checkpoint gets), cuda against cpu on bf16 caches of
 # their own: each backend rounds its f32 rows into the cache (cast_n, in a decode step as a
 # link of the chained launch), and where the two backends' sums part by an ulp a cached
