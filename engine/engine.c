@@ -1181,8 +1181,7 @@ int eng_cache_agrees(const struct engine *e, uint64_t per_seq, char *err, size_t
 	uint64_t want;
 	int ms;
 	int rc = eng_seq_cache_bytes(e->arch, e->config, e->max_seq_opt, e->tp, e->kv,
-				     e->mtp_opt != ENG_MTP_OFF && e->world == 1, &ms, &want, err,
-				     errsz);
+				     e->info.mtp > 0, &ms, &want, err, errsz);
 	if (rc == WK_OK && want != per_seq)
 		rc = wk_errf(err, errsz, WK_EINVAL, "%s: the KV caches take %llu bytes a sequence, "
 			     "but eng_seq_cache_bytes says %llu (the fit check before a restore "

@@ -237,6 +237,10 @@ struct eng_snap_opts {
 	const char *dtype;   /* "keep", "bf16", "f32" ("fp8" arrives with the FP8 kernels) */
 	bool lz4;            /* compress chunks with lz4 where that saves >= 10% */
 	size_t chunk_size;   /* 0: the default */
+	bool mtp;            /* the MTP layer too (num_nextn_predict_layers), so that the
+			      * snapshot can draft (eng_opts.mtp); default: left out, as
+			      * transformers leaves it. Its copies of the embedding and
+			      * lm_head are never stored (the model's serve) */
 	struct eng_snap_report { /* optional, filled on success: what opening the model found */
 		int unused_tensors;    /* eng_info.unused_tensors (stored in the snapshot all the
 					* same: the checkpoint's every tensor is) */

@@ -310,6 +310,10 @@ int eng_adopt_backend(struct engine *e, const struct backend *be, void *ctx, boo
 void eng_free_host_copies(struct engine *e); /* eng_tensor_host's copies */
 /* Rank engine `rank` of a sharded top engine. */
 struct engine *shard_rank(struct engine *e, int rank);
+/* A rank engine's step: the caller's items, whose outputs (token, draft) rank 0 writes, for
+ * the other ranks to read after a collective that follows the writes (glm.c's MTP drafts);
+ * NULL when e is not a rank engine or runs no step. */
+const struct eng_item *shard_items(const struct engine *e);
 /* eng_forward / eng_step of a sharded model: the family's forward (or step) on every rank at
  * once; rank 0 writes the logits. */
 int shard_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits,

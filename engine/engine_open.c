@@ -172,7 +172,7 @@ static int fit_check(void *ctx, json_t *m, char *err, size_t errsz)
 	int max_seq;
 	char e2[WK_ERRSZ];
 	size_t free_b = 0, total_b = 0;
-	bool mtp = o && o->mtp != ENG_MTP_OFF && tp == 1; /* (sharded: not loaded) */
+	bool mtp = o && o->mtp != ENG_MTP_OFF;
 	if (!arch || tp < 1 || tp > 4096 || !image ||
 	    eng_seq_cache_bytes(arch, cfg, o ? o->max_seq : 0, (int)tp, kvt, mtp, &max_seq,
 				&per_seq, e2, sizeof e2) != WK_OK ||

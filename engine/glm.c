@@ -424,8 +424,9 @@ static int mtp_load(struct engine *e, struct glm_model *m, char *err, size_t err
 	m->dtok = glm_own(m, calloc(ns, sizeof *m->dtok));
 	m->dj = glm_own(m, calloc(ns, sizeof *m->dj));
 	m->di = glm_own(m, calloc(ns, sizeof *m->di));
+	m->q0 = glm_own(m, calloc(ns, sizeof *m->q0));
 	m->ditem = glm_own(m, calloc(ns, sizeof *m->ditem));
-	if (!m->pend || !m->mseg || !m->dtok || !m->dj || !m->di || !m->ditem)
+	if (!m->pend || !m->mseg || !m->dtok || !m->dj || !m->di || !m->q0 || !m->ditem)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for the MTP layer's state");
 	return WK_OK;
 }
@@ -450,11 +451,17 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 	int rc = read_cfg(&m->c, cfg, e->max_seq_opt, err, errsz);
 	if (rc || (rc = shard_cfg(e, &m->c, err, errsz)))
 		return rc;
-	if (e->mtp_opt == ENG_MTP_ON && m->c.mtp > 0 && e->world > 1)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED,
-			       "%s: MTP drafts on a sharded engine (tp %d, ep %d) are not supported "
-			       "yet", e->dir, e->tp, e->ep);
-	m->mtp = e->mtp_opt != ENG_MTP_OFF && m->c.mtp > 0 && e->world == 1;
+	/* auto: where the checkpoint or snapshot holds the layer (a snapshot keeps it only when
+	 * made with --mtp) */
+	char probe[96];
+	snprintf(probe, sizeof probe, "model.layers.%d.eh_proj.weight", m->c.n_layers);
+	bool held = m->c.mtp > 0 && e->mtp_opt != ENG_MTP_OFF && eng_tensor(e, probe);
+	if (m->c.mtp > 0 && e->mtp_opt == ENG_MTP_ON && !held)
+		return wk_errf(err, errsz, WK_ENOTFOUND,
+			       "%s holds no MTP layer (no %s): a snapshot keeps it only when made "
+			       "with wick snapshot --mtp", e->dir, probe);
+	m->mtp = held;
+	e->info.mtp = m->mtp ? 1 : 0; /* (eng_cache_agrees reads it) */
 	m->c.n_attn = m->c.n_layers + (m->mtp ? 1 : 0);
 	for (size_t i = 0; i < sizeof glm_ops / sizeof glm_ops[0]; i++)
 		if (!e->be->supports(e->bctx, glm_ops[i], DT_F32))
@@ -799,15 +806,17 @@ static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_it
 {
 	int dim = m->c.dim, R = 0, ns = 0, nd = 0, most = 0;
 	size_t row = (size_t)dim * sizeof(float);
+	bool lead = e->rank == 0; /* writes the outputs; sharded, the others read them */
+	const struct eng_item *src = e->world > 1 ? shard_items(e) : items;
 	for (int i = 0; i < n_items; i++)
 		most = items[i].drafts > most ? items[i].drafts : most;
 	if (most == 0)
 		return WK_OK; /* nobody drafts: the MTP layer costs nothing (see above) */
 	for (int i = 0; i < n_items; i++) {
-		const struct eng_item *it = &items[i];
+		const struct eng_item *it = &src[i]; /* its token: rank 0's outputs */
 		const struct eng_seg *g = &m->seg[i];
 		int seq = it->seq, p0 = g->pos0, k = it->rows > 1 ? it->rows : 1, a = 0, end;
-		int q0 = e->mtp_len[seq];
+		int q0 = m->q0[i];
 		if (q0 != p0 - 1)
 			q0 = p0; /* (a gap: eng_forward's steps run no MTP pass; those rows stay) */
 		if (it->token) {
@@ -819,7 +828,8 @@ static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_it
 			eng_dcopy(e, m->pend + (size_t)seq * dim, hid + (size_t)(g->off + it->n - 1) * dim,
 				  row);
 		}
-		e->mtp_len[seq] = end;
+		if (lead)
+			e->mtp_len[seq] = end;
 		if (end <= q0)
 			continue;
 		for (int q = q0; q < end; q++) {
@@ -848,27 +858,34 @@ static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_it
 		}
 		e->be->rmsnorm(e->bctx, m->xb, m->mh, m->head_norm, nd, dim, m->c.eps);
 		eng_matmul(e, m->lg, m->xb, &m->lm_head, nd);
-		for (int j = 0; j < nd; j++) {
-			const struct eng_item *it = &items[m->di[j]];
+		eng_gather_vocab(e, lead ? m->lg : NULL, false, m->lg, nd, m->c.l_vocab, m->gath);
+		for (int j = 0; j < nd && lead; j++) {
+			const struct eng_item *it = &src[m->di[j]];
 			m->ditem[j] = (struct eng_item){
 				.seq = it->seq, .token = &m->dtok[j],
 				.logits = it->draft_logits ? it->draft_logits + (size_t)d * m->c.vocab
 							   : NULL};
 		}
-		if ((rc = eng_outputs(e, m->ditem, nd, m->lg, m->c.vocab, err, errsz)) != WK_OK ||
-		    (rc = eng_sync(e, err, errsz)) != WK_OK)
+		if (lead && (rc = eng_outputs(e, m->ditem, nd, m->lg, m->c.vocab, err, errsz)) ==
+				    WK_OK)
+			rc = eng_sync(e, err, errsz);
+		for (int j = 0; j < nd && lead && rc == WK_OK; j++)
+			src[m->di[j]].draft[d] = m->dtok[j];
+		/* sharded: the drafts are rank 0's, read after this */
+		if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
 			break;
+		for (int j = 0; j < nd && !lead; j++)
+			m->dtok[j] = src[m->di[j]].draft[d];
 		/* the items that want another draft, at the position after, within the context */
 		int keep = 0;
 		for (int j = 0; j < nd; j++) {
-			const struct eng_item *it = &items[m->di[j]];
+			const struct eng_item *it = &src[m->di[j]];
 			const struct eng_seg *g = &m->mseg[m->dj[j]];
 			int pos = g->pos0 + g->n; /* the next pass's position for it */
-			it->draft[d] = m->dtok[j];
 			if (d + 1 >= it->drafts)
 				continue;
 			if (pos >= m->c.max_seq) {
-				for (int x = d + 1; x < it->drafts; x++)
+				for (int x = d + 1; x < it->drafts && lead; x++)
 					it->draft[x] = -1;
 				continue;
 			}
@@ -907,6 +924,9 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		if (m->seg[i].pos0 + items[i].n > m->keys_max)
 			m->keys_max = m->seg[i].pos0 + items[i].n;
 	}
+	if (m->mtp) /* read before the step's first collective: rank 0 writes them after it */
+		for (int i = 0; i < n_items; i++)
+			m->q0[i] = e->mtp_len[items[i].seq];
 	/* whole-vocabulary rows needed outside the items' own buffers (in host memory, the
 	 * logits of every position go straight into items[0].logits) */
 	bool host = eng_host_mem(e);
@@ -967,12 +987,15 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	eng_chain_end(e);
 	eng_gather_vocab(e, e->rank == 0 ? m->lg : NULL, false, m->lg, rows_out, m->c.l_vocab,
 			 m->gath);
-	if (e->rank != 0)
-		return WK_OK;
-	rc = eng_outputs(e, items, n_items, m->lg, m->c.vocab, err, errsz);
-	if (rc == WK_OK)
+	if (e->rank == 0 && (rc = eng_outputs(e, items, n_items, m->lg, m->c.vocab, err, errsz)) ==
+				   WK_OK)
 		rc = eng_sync(e, err, errsz);
-	return rc == WK_OK && m->mtp ? mtp_drafts(e, m, items, n_items, hid, err, errsz) : rc;
+	if (!m->mtp)
+		return rc;
+	/* sharded: the other ranks read rank 0's tokens after this (shard_items) */
+	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
+		return rc;
+	return mtp_drafts(e, m, items, n_items, hid, err, errsz);
 }
 
 int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz)
@@ -991,16 +1014,17 @@ int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *log
 
 /* ---- snapshot layout ------------------------------------------------------------------------ */
 
-/* The MTP layer's copies of the embedding and lm_head (never read: mtp_load), and any MTP
- * layer past the first (the engine runs one). */
-static bool mtp_unread(const char *leaf, int l, int layers)
+/* Left out of a snapshot: the MTP layer unless asked for (eng_snap_opts.mtp), and then its
+ * copies of the embedding and lm_head (never read: mtp_load) and any MTP layer past the first
+ * (the engine runs one). */
+static bool mtp_unread(const char *leaf, int l, int layers, bool mtp)
 {
-	return l > layers || !strcmp(leaf, "embed_tokens.weight") ||
+	return !mtp || l > layers || !strcmp(leaf, "embed_tokens.weight") ||
 	       !strncmp(leaf, "shared_head.head.", 17);
 }
 
-/* Unsharded: every tensor whole on rank 0, the MTP layer's too (loaded for drafts) but for
- * what it never reads (mtp_unread). FP8 block
+/* Unsharded: every tensor whole on rank 0, but the MTP layer's (with mtp: but what it never
+ * reads, mtp_unread). FP8 block
  * scales and the router bias keep F32 whatever --dtype says: the kernels read them as F32.
  *
  * Sharded (layout.c has the mechanics, shard.c the run): embed_tokens and lm_head split their
@@ -1012,8 +1036,8 @@ static bool mtp_unread(const char *leaf, int l, int layers)
  * e_score_correction_bias) and every norm are replicated, so every rank makes the same
  * routing choice; the attention tensors follow the family's rule (attn). A tensor without a
  * rule is refused rather than guessed. */
-static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
-			size_t errsz)
+static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn, bool mtp,
+			char *err, size_t errsz)
 {
 	json_t *cfg = hf_config(hf);
 	struct glm_cfg c;
@@ -1034,7 +1058,7 @@ static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn,
 			continue; /* sliced with its FP8 weight */
 		if (sscanf(name, "model.layers.%d.%n", &l, &at) == 1 && at > 0) {
 			leaf = name + at;
-			if (l >= c.n_layers && mtp_unread(leaf, l, c.n_layers))
+			if (l >= c.n_layers && mtp_unread(leaf, l, c.n_layers, mtp))
 				continue;
 			if (!strcmp(leaf, "input_layernorm.weight") ||
 			    !strcmp(leaf, "enorm.weight") || !strcmp(leaf, "hnorm.weight") ||
@@ -1071,20 +1095,25 @@ static int plan_sharded(struct hf_model *hf, struct plan *p, glm_attn_plan attn,
 	return WK_OK;
 }
 
-int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err, size_t errsz)
+int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, bool mtp, char *err,
+	     size_t errsz)
 {
-	if (p->world > 1)
-		return plan_sharded(hf, p, attn, err, errsz);
-	long long layers;
+	long long layers, nextn;
 	int rc = cfg_int(hf_config(hf), "num_hidden_layers", -1, 1, 4096, &layers, err, errsz);
-	if (rc)
+	if (rc || (rc = cfg_int(hf_config(hf), "num_nextn_predict_layers", 0, 0, 64, &nextn, err,
+				errsz)))
 		return rc;
+	if (mtp && nextn == 0)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s: the model has no MTP layer to keep "
+			       "(num_nextn_predict_layers is 0)", hf_dir(hf));
+	if (p->world > 1)
+		return plan_sharded(hf, p, attn, mtp, err, errsz);
 	enum dt_type cast = p->cast;
 	for (size_t i = 0; i < hf_tensor_count(hf); i++) {
 		const char *name = hf_tensor_at(hf, i)->name;
 		int l, at = 0;
 		if (sscanf(name, "model.layers.%d.%n", &l, &at) == 1 && at > 0 && l >= layers &&
-		    mtp_unread(name + at, l, (int)layers))
+		    mtp_unread(name + at, l, (int)layers, mtp))
 			continue;
 		p->cast = wk_ends_with(name, "_scale_inv") ||
 					  wk_ends_with(name, "e_score_correction_bias")

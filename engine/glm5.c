@@ -768,8 +768,7 @@ static int g5_plan_attn(struct plan *p, json_t *cfg, const char *name, const cha
 static int g5_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *p,
 		   char *err, size_t errsz)
 {
-	(void)o;
-	return glm_plan(hf, p, g5_plan_attn, err, errsz);
+	return glm_plan(hf, p, g5_plan_attn, o->mtp, err, errsz);
 }
 
 static const struct glm_attn g5_attn = {

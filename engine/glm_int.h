@@ -133,8 +133,9 @@ struct glm_model {
 	float *mcat;                       /* (cap, 2 dim) [enorm(embedding) | hnorm(hidden)] */
 	float *pend;                       /* (max_seqs, dim) */
 	struct eng_seg *mseg;              /* (max_seqs) host: an MTP pass's segments */
-	int *mtok, *dtok, *dj, *di;        /* (cap), then (max_seqs) host: a pass's tokens;
-					    * a chain step's drafts, their segments, their items */
+	int *mtok, *dtok, *dj, *di, *q0;   /* (cap), then (max_seqs) host: a pass's tokens;
+					    * a chain step's drafts, their segments, their items;
+					    * each item's e->mtp_len at the step's start */
 	struct eng_item *ditem;            /* (max_seqs) host: the argmax of each draft row */
 };
 
@@ -169,7 +170,7 @@ void glm_free(struct engine *e);
  * own rule: attn() plans the tensor `name` of layer l whose name ends in self_attn.<leaf>. */
 typedef int (*glm_attn_plan)(struct plan *p, json_t *cfg, const char *name, const char *leaf,
 			     char *err, size_t errsz);
-int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, char *err,
+int glm_plan(struct hf_model *hf, struct plan *p, glm_attn_plan attn, bool mtp, char *err,
 	     size_t errsz);
 
 /* Test hook (glm5.c): sequence 0's MLA cache of the last layer, (max_seq, lora) and

@@ -636,7 +636,8 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 	 * backend, weights mapped and bound, one position of KV cache), so that a snapshot that
 	 * cannot serve is refused here, not at a worker's cold start. */
 	struct engine *e = NULL;
-	struct eng_opts eo = {.backend = "cpu", .threads = 1, .max_seq = 1};
+	struct eng_opts eo = {.backend = "cpu", .threads = 1, .max_seq = 1,
+			      .mtp = o->mtp ? ENG_MTP_ON : ENG_MTP_OFF};
 	char why[WK_ERRSZ];
 	if ((rc = eng_open(hf_dir, &eo, &e, why, sizeof why)) != WK_OK) {
 		wk_errf(err, errsz, rc, "%s will not load, so no snapshot was written: %s", hf_dir,

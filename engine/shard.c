@@ -232,9 +232,17 @@ struct shard {
 	char err[COMM_MAX_WORLD][WK_ERRSZ];
 };
 
+static int job_step(struct shard *sh, int r, char *err, size_t errsz);
+
 struct engine *shard_rank(struct engine *e, int rank)
 {
 	return e->shard && rank >= 0 && rank < e->shard->world ? e->shard->r[rank] : NULL;
+}
+
+const struct eng_item *shard_items(const struct engine *e)
+{
+	return e->top && e->top->shard && e->top->shard->job == job_step ? e->top->shard->items
+									 : NULL;
 }
 
 /* Runs the job on rank r and folds in a collective that failed during it. */

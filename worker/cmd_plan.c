@@ -28,7 +28,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: wick plan --config CONFIG_JSON [--tp N] [--ep N] [--gpus N] [--gpu-mem SIZE]\n"
 		"                 [--context N] [--batch N] [--weights-dtype fp8|bf16]\n"
-		"                 [--kv-dtype auto|bf16|f32|fp8] [--reserve SIZE]\n"
+		"                 [--kv-dtype auto|bf16|f32|fp8] [--reserve SIZE] [--mtp]\n"
 		"                 [--format table|json]\n"
 		"\n"
 		"Plans GPU memory from config.json alone (no weights are read): parameter bytes per\n"
@@ -54,6 +54,8 @@ static void usage(FILE *f)
 		"                       for a bfloat16 checkpoint, else f32)\n"
 		"  --reserve SIZE       per GPU, kept back for the CUDA context, NCCL buffers and\n"
 		"                       allocator slack (default " DEFAULT_RESERVE ")\n"
+		"  --mtp                the MTP layer loaded to draft (wick worker --speculate with\n"
+		"                       --drafter mtp or auto): in the weights and the KV cache\n"
 		"  --format F           table (default) or json\n"
 		"  -h, --help           this text\n"
 		"\n"
@@ -269,13 +271,19 @@ static int assumptions(const struct run *u, char out[NASSUME][512])
 			 "eh_proj; e_score_correction_bias f32",
 			 (long long)(m->fp8 ? m->block_rows : 128),
 			 (long long)(m->fp8 ? m->block_cols : 128), plan_dtype_name(m->base));
-	if (m->mtp_layers)
+	if (m->mtp_layers && !r->mtp_counted)
 		snprintf(out[n++], 512,
 			 "MTP: the %lld num_nextn_predict_layers layer(s) (%s params, %s) are NOT "
-			 "in weights/GPU: wick skips them at load (loaded, they would add %s per "
-			 "GPU)",
+			 "in weights/GPU: wick loads the MTP layer only to draft (--mtp: it would "
+			 "add %s per GPU, and a layer's KV cache)",
 			 (long long)m->mtp_layers, bparams(r->mtp.params, b1), gb(r->mtp.bytes, b2),
 			 gb(r->mtp.gpu, (char[32]){0}));
+	else if (m->mtp_layers)
+		snprintf(out[n++], 512,
+			 "MTP (--mtp): the one MTP layer wick runs to draft (%s params, %s per GPU) "
+			 "is in weights/GPU, and its caches (a full layer's, with its own indexer) "
+			 "in the KV cache; its embedding and lm_head are the model's",
+			 bparams(r->mtp.params, b1), gb(r->mtp.gpu, b2));
 	if (m->mla)
 		snprintf(out[n++], 512,
 			 "KV cache: MLA keeps only the compressed latent (kv_lora_rank %lld + "
@@ -356,7 +364,9 @@ static void print_table(const struct run *u)
 	printf("wick plan: %s (%s) from %s\n", m->arch, m->model_type, u->config);
 	printf("model      %lld layers (%lld dense, %lld MoE)", (long long)m->layers,
 	       (long long)m->dense_layers, (long long)m->moe_layers);
-	if (m->mtp_layers)
+	if (m->mtp_layers && r->mtp_counted)
+		printf(" + 1 MTP (loaded to draft)");
+	else if (m->mtp_layers)
 		printf(" + %lld MTP (not loaded)", (long long)m->mtp_layers);
 	printf(", hidden %lld, vocab %lld, %s attention, %lld heads", (long long)m->dim,
 	       (long long)m->vocab, m->mla ? (m->dsa ? "MLA+DSA" : "MLA") : "GQA",
@@ -385,11 +395,15 @@ static void print_table(const struct run *u)
 		printf("  %-28s %12s %14s %12s   %s\n", p->name, bparams(p->params, b1),
 		       human(p->bytes, b2), human(p->gpu, b3), p->split);
 	}
+	if (r->mtp_counted)
+		printf("  %-28s %12s %14s %12s   %s\n", "MTP (loaded to draft)",
+		       bparams(r->mtp.params, b1), human(r->mtp.bytes, b2), human(r->mtp.gpu, b3),
+		       r->mtp.split);
 	printf("  %-28s %12s %14s %12s\n", "total", bparams(r->params, b1), human(r->bytes, b2),
 	       human(r->gpu, b3));
 	printf("  %-28s %12s %14s %12s   %s replicated copies\n", "sum over all GPUs", "",
 	       human(r->all_gpus, b1), "", human(r->all_gpus - r->bytes, b2));
-	if (m->mtp_layers) {
+	if (m->mtp_layers && !r->mtp_counted) {
 		snprintf(lbl, sizeof lbl, "MTP x%lld (not loaded)", (long long)m->mtp_layers);
 		printf("  %-28s %12s %14s %12s   %s\n", lbl, bparams(r->mtp.params, b1),
 		       human(r->mtp.bytes, b2), human(r->mtp.gpu, b3), r->mtp.split);
@@ -506,7 +520,7 @@ static json_t *report_json(const struct run *u)
 				    JI(r->all_gpus - r->bytes), "parts", parts);
 	json_t *mtp = json_pack("{s:o, s:o, s:o, s:o, s:b}", "layers", JI(m->mtp_layers), "params",
 				JI(r->mtp.params), "bytes", JI(r->mtp.bytes), "per_gpu_bytes",
-				JI(r->mtp.gpu), "counted", 0);
+				JI(r->mtp.gpu), "counted", r->mtp_counted);
 	json_t *ws = json_pack("{s:o, s:o, s:o}", "per_gpu_bytes", JI(r->ws.total), "batch",
 			       JI(r->batch), "context", JI(r->context));
 	struct ws_term t[WS_TERMS];
@@ -544,7 +558,7 @@ static json_t *report_json(const struct run *u)
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_CONFIG = 1, O_TP, O_EP, O_GPUS, O_MEM, O_CTX, O_BATCH, O_WDT, O_KVDT, O_RES, O_FMT };
+	enum { O_CONFIG = 1, O_TP, O_EP, O_GPUS, O_MEM, O_CTX, O_BATCH, O_WDT, O_KVDT, O_RES, O_FMT, O_MTP };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, O_CONFIG},
 		{"tp", required_argument, NULL, O_TP},
@@ -556,6 +570,7 @@ int cmd_plan(int argc, char **argv)
 		{"weights-dtype", required_argument, NULL, O_WDT},
 		{"kv-dtype", required_argument, NULL, O_KVDT},
 		{"reserve", required_argument, NULL, O_RES},
+		{"mtp", no_argument, NULL, O_MTP},
 		{"format", required_argument, NULL, O_FMT},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -596,6 +611,7 @@ int cmd_plan(int argc, char **argv)
 			else
 				rc = dtype_flag(optarg, "--kv-dtype", &po.kv);
 			break;
+		case O_MTP: po.mtp = true; break;
 		case O_RES:
 			if (!strcmp(optarg, "0"))
 				po.reserve = 0;

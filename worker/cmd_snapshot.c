@@ -16,7 +16,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: wick snapshot HF_DIR -o SNAP [--tp N] [--ep N] [--dtype keep|fp8|bf16|f32]\n"
-		"                     [--compress lz4] [--chunk-mib N]\n\n"
+		"                     [--compress lz4] [--chunk-mib N] [--mtp]\n\n"
 		"Writes a snapshot: each rank's tensors in the layout its kernels read, 4 KiB\n"
 		"aligned, with an xxh3 checksum per chunk, so that start-up only streams bytes.\n"
 		"  --tp N, --ep N     tensor / expert parallel degree; world = max(tp, ep), the smaller\n"
@@ -26,17 +26,21 @@ static void usage(FILE *f)
 		"                     widens them); fp8: decoder-layer projections to float8_e4m3fn\n"
 		"                     with 128x128 block scales (the GLM-5-FP8 convention)\n"
 		"  --compress lz4     compress chunks where that saves at least 10%%\n"
-		"  --chunk-mib N      chunk size in MiB (default 16)\n");
+		"  --chunk-mib N      chunk size in MiB (default 16)\n"
+		"  --mtp              keep the model's MTP layer, so that a worker can draft with it\n"
+		"                     (wick worker --speculate; without it the snapshot leaves the\n"
+		"                     layer out and the worker drafts by lookup)\n");
 }
 
 int cmd_snapshot(int argc, char **argv)
 {
-	enum { O_TP = 256, O_EP, O_DTYPE, O_COMPRESS, O_CHUNK };
+	enum { O_TP = 256, O_EP, O_DTYPE, O_COMPRESS, O_CHUNK, O_MTP };
 	static const struct option opts[] = {
 		{"output", required_argument, 0, 'o'}, {"tp", required_argument, 0, O_TP},
 		{"ep", required_argument, 0, O_EP}, {"dtype", required_argument, 0, O_DTYPE},
 		{"compress", required_argument, 0, O_COMPRESS},
 		{"chunk-mib", required_argument, 0, O_CHUNK}, {"help", no_argument, 0, 'h'},
+		{"mtp", no_argument, 0, O_MTP},
 		{0, 0, 0, 0}};
 	struct eng_snap_opts o = {.tp = 1, .ep = 1, .dtype = "keep"};
 	const char *out = NULL;
@@ -89,6 +93,7 @@ int cmd_snapshot(int argc, char **argv)
 			}
 			o.lz4 = !strcmp(optarg, "lz4");
 			break;
+		case O_MTP: o.mtp = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}

@@ -716,14 +716,16 @@ static uint64_t kv_row(int64_t w, enum plan_dtype k)
 static void kv_cache(const struct plan_model *m, struct plan_result *r)
 {
 	enum plan_dtype k = r->kv;
+	uint64_t extra = r->mtp_counted ? 1 : 0; /* the MTP layer: a full layer's caches */
 	if (m->mla) { /* FP8: the rope keys in bf16 */
 		uint64_t rope = (uint64_t)m->qk_rope * (k == PLAN_FP8 ? 2 : dsize(k));
-		r->kv_main = (uint64_t)m->layers * (kv_row(m->kv_lora, k) + rope);
+		r->kv_main = ((uint64_t)m->layers + extra) * (kv_row(m->kv_lora, k) + rope);
 		if (m->dsa)
-			r->kv_index = (uint64_t)m->index_full_layers * kv_row(m->index_dim, k);
+			r->kv_index = ((uint64_t)m->index_full_layers + extra) *
+				      kv_row(m->index_dim, k);
 		r->kv_replicated = true;
 	} else {
-		r->kv_main = (uint64_t)m->layers * 2 * (uint64_t)r->kv_heads_per_gpu *
+		r->kv_main = ((uint64_t)m->layers + extra) * 2 * (uint64_t)r->kv_heads_per_gpu *
 			     kv_row(m->head_dim, k);
 		r->kv_replicated = m->kv_heads < r->tp;
 	}
@@ -799,11 +801,14 @@ int plan_compute(const struct plan_model *m, const struct plan_opts *o, struct p
 
 	/* MTP: full decoder layers (MoE when the model has experts; indexer on), eh_proj
 	 * [dim][2 dim] and enorm, hnorm, shared_head.norm; embed and head shared with the
-	 * model's. */
+	 * model's. Counted (o->mtp): the one layer wick runs, in the totals. */
+	if (o->mtp && !m->mtp_layers)
+		return wk_errf(err, errsz, WK_EINVAL, "--mtp: the model has no MTP layer "
+			       "(num_nextn_predict_layers is 0)");
 	if (m->mtp_layers) {
 		struct plan_part t[PLAN_NPARTS];
 		memset(t, 0, sizeof t);
-		int64_t n = m->mtp_layers;
+		int64_t n = o->mtp ? 1 : m->mtp_layers;
 		attention(&c, t, n, m->dsa ? n : 0);
 		if (m->n_routed)
 			moe(&c, t, n);
@@ -812,11 +817,19 @@ int plan_compute(const struct plan_model *m, const struct plan_opts *o, struct p
 		rep(&c, &t[PLAN_ATTN], n, m->dim, 2 * m->dim, W_KEEP); /* eh_proj */
 		rep(&c, &t[PLAN_NORMS], 3 * n, m->dim, 1, W_VEC);
 		r->mtp.name = "mtp";
-		r->mtp.split = "not loaded (wick skips MTP layers)";
+		r->mtp.split = o->mtp ? "loaded to draft (--mtp): in the totals"
+				      : "not loaded (wick loads it only to draft: --mtp)";
 		for (int i = 0; i < PLAN_NPARTS; i++) {
 			r->mtp.params += t[i].params;
 			r->mtp.bytes += t[i].bytes;
 			r->mtp.gpu += t[i].gpu;
+		}
+		if (o->mtp) {
+			r->mtp_counted = true;
+			acc(&c, &r->params, r->mtp.params);
+			acc(&c, &r->bytes, r->mtp.bytes);
+			acc(&c, &r->gpu, r->mtp.gpu);
+			r->all_gpus = mul(&c, r->gpu, (uint64_t)r->world);
 		}
 	}
 

@@ -67,6 +67,8 @@ struct plan_opts {
 	int64_t batch;           /* tokens in one forward step (workspace) */
 	enum plan_dtype weights; /* PLAN_NDTYPE: the config's (quantization_config, else base) */
 	enum plan_dtype kv;
+	bool mtp;                /* the MTP layer loaded to draft (wick worker --speculate with
+				  * its MTP drafter): in the totals and the KV cache */
 };
 
 enum plan_part_id {
@@ -90,7 +92,9 @@ struct plan_result {
 	int64_t context, batch;
 	struct plan_part part[PLAN_NPARTS];
 	uint64_t params, bytes, gpu, all_gpus; /* totals; all_gpus = gpu * world */
-	struct plan_part mtp;        /* the MTP layers: not loaded, not in the totals */
+	struct plan_part mtp;        /* the MTP layers: in the totals only with plan_opts.mtp
+				      * (then the one wick runs) */
+	bool mtp_counted;
 	struct {
 		uint64_t hidden, attn, indexer, ffn, logits, total;
 	} ws;                        /* workspace per GPU; see plan.c for the formula */

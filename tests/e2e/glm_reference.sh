@@ -113,11 +113,22 @@ done
 # ---- the MTP layer's drafts against the reference ------------------------------------------------
 # wick logits --mtp: 6 greedy steps after the 12 tokens, each with 3 drafts (the first from the
 # main model's hidden state, two chained); glm_ref.py --mtp on the 12 + 6 tokens gives the MTP
-# layer's logits at each position and the chained drafts' after it. A snapshot (the MTP layer
-# is in its layout) gives wick's logits bit for bit.
-"$WICK" snapshot "$TMPD/g5s" -o "$TMPD/g5s.snap" >/dev/null 2>"$TMPD/snap.err" ||
+# layer's logits at each position and the chained drafts' after it. A snapshot that keeps the
+# MTP layer (--mtp) gives wick's logits bit for bit; one sharded over 4 ranks (tp 2, ep 2) is
+# held to the reference too; one without the layer cannot draft.
+"$WICK" snapshot "$TMPD/g5s" -o "$TMPD/g5s.snap" --mtp >/dev/null 2>"$TMPD/snap.err" ||
   fail "wick snapshot g5s: $(head -c 300 "$TMPD/snap.err")"
-for m in g5s g4s g5s.snap; do
+"$WICK" snapshot "$TMPD/g5s" -o "$TMPD/g5s.tp2" --tp 2 --ep 2 --mtp >/dev/null 2>"$TMPD/snap.err" ||
+  fail "wick snapshot g5s --tp 2 --ep 2: $(head -c 300 "$TMPD/snap.err")"
+"$WICK" snapshot "$TMPD/g5s" -o "$TMPD/g5s.nomtp" >/dev/null 2>&1 || fail "wick snapshot g5s"
+"$WICK" logits "$TMPD/g5s.nomtp" --tokens $TOKENS --mtp 2 >/dev/null 2>"$TMPD/nomtp.err" &&
+  fail "a snapshot without the MTP layer drafted"
+grep -q "holds no MTP layer (no model.layers.4.eh_proj.weight)" "$TMPD/nomtp.err" ||
+  fail "a snapshot without the MTP layer: $(cat "$TMPD/nomtp.err")"
+"$WICK" snapshot "$TMPD/g5" -o "$TMPD/g5.mtp" --mtp >/dev/null 2>"$TMPD/snap.err" &&
+  fail "wick snapshot --mtp of a model without an MTP layer succeeded"
+grep -q "no MTP layer" "$TMPD/snap.err" || fail "snapshot --mtp: $(cat "$TMPD/snap.err")"
+for m in g5s g4s g5s.snap g5s.tp2; do
   "$WICK" logits "$TMPD/$m" --tokens $TOKENS --mtp 6 --drafts 3 --kv-dtype f32 \
     >"$TMPD/$m.mtp.json" 2>"$TMPD/$m.err" ||
     fail "wick logits --mtp on $m: $(head -c 300 "$TMPD/$m.err")"
@@ -127,8 +138,8 @@ cmp -s "$TMPD/g5s.mtp.json" "$TMPD/g5s.snap.mtp.json" ||
 "$WICK" logits "$TMPD/g5" --tokens $TOKENS --mtp 2 >/dev/null 2>"$TMPD/none.err" &&
   fail "wick logits --mtp on a model without an MTP layer succeeded"
 grep -q "has no MTP layer" "$TMPD/none.err" || fail "no MTP layer, not named: $(cat "$TMPD/none.err")"
-for m in g5s g4s; do
-  $PY - "$TMPD/$m.mtp.json" "$TMPD/$m" "$REF" "$TOKENS" "$m" <<'PY' || fail "$m: wick's MTP drafts differ from the reference"
+for m in g5s g4s g5s.tp2; do
+  $PY - "$TMPD/$m.mtp.json" "$TMPD/${m%.tp2}" "$REF" "$TOKENS" "$m" <<'PY' || fail "$m: wick's MTP drafts differ from the reference"
 import json, subprocess, sys
 import numpy as np
 w = json.load(open(sys.argv[1]))

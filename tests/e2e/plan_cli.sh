@@ -113,6 +113,7 @@ plan g5_fp8kv "${G5[@]}" --context 200000 --kv-dtype fp8
 plan g5_f32kv "${G5[@]}" --context 200000 --kv-dtype f32
 plan g5_auto "${G5[@]}" --context 200000 --kv-dtype f32 --kv-dtype auto
 plan g5_bf16 "${G5[@]}" --context 131072 --weights-dtype bf16
+plan g5_mtp "${G5[@]}" --context 131072 --mtp
 plan g5_tp4 --config "$TMPD/glm5.json" --tp 4 --ep 8 --gpu-mem 141GB --context 131072
 plan g5_ep4 --config "$TMPD/glm5.json" --tp 8 --ep 4 --gpu-mem 141GiB --context 131072 --batch 512
 plan g45 --config "$TMPD/glm45.json" --tp 8 --ep 8 --gpus 8 --gpu-mem 141GB --context 131072
@@ -278,6 +279,15 @@ mp = sum(r_ * k * (c5["n_routed_experts"] if ".experts.*." in n else 1)
          for n, r_, k, s in tensors(c5, mtp=True)) - params
 check(mtp["params"] == mp, f"MTP params {mtp['params']} != {mp}")
 check(abs(params + mp - 754e9) / 754e9 < 0.01, "with MTP the total should be ~754B")
+# --mtp: the one MTP layer wick loads to draft, in the weights and (a full layer with its own
+# indexer) in the KV cache
+jm = load("g5_mtp")
+check(jm["mtp"]["counted"] is True, "--mtp counts the MTP layer")
+check(jm["weights"]["params"] == params + mp, "--mtp: the weights with the MTP layer")
+check(jm["weights"]["per_gpu_bytes"] == j["weights"]["per_gpu_bytes"] + jm["mtp"]["per_gpu_bytes"],
+      "--mtp: per GPU")
+check(jm["kv_cache"]["bytes_per_token_per_gpu"] == 79 * 576 * 2 + 79 * 128 * 2, "--mtp: KV of 79 layers")
+check(jm["kv_cache"]["max_sequences"] <= j["kv_cache"]["max_sequences"], "--mtp holds no more")
 check(abs(total - 746e9) / 746e9 < 0.01, f"GLM-5-FP8 bytes {total} vs ~746 GB in glm.md 2.2")
 # weights per GPU = the sharded parts / 8 + the replicated parts (attention down-projections,
 # indexer, router, norms): about 93 GB + a few

@@ -8,7 +8,7 @@
  * tests/e2e/glm_reference.sh holds the drafts' logits to an independent float64 reference
  * (scripts/glm_ref.py --mtp); this file holds the engine to itself. Tiny GLM-5 (MLA, an
  * indexer that selects: index_topk 4) and GLM-4.5 (GQA) checkpoints from gen_glm --mtp, on
- * the CPU backend and on devsim (device memory the host cannot touch).
+ * the CPU backend and on devsim (device memory the host cannot touch), and GLM-5 sharded.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -197,6 +197,47 @@ Test(mtp, glm5_drafts_hold_whatever_way_the_tokens_came)
 	free(dir);
 }
 
+/* Sharded (tp 2, ep 2: four ranks on the CPU's collectives): the drafts are rank 0's, which
+ * the other ranks read to run the MTP layer's next pass on their shards; the same contract,
+ * and the same drafts as the unsharded engine's. */
+Test(mtp, glm5_sharded_drafts_hold_and_match_unsharded)
+{
+	char *dir = gen("glm5", "--mtp --seed 11 --index-topk 4"), *snap = mkdir_tmp();
+	struct eng_snap_opts so = {.tp = 2, .ep = 2, .dtype = "keep", .mtp = true};
+	cr_assert_eq(eng_snapshot(dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
+	consistent(snap, NULL, "glm5 tp2 ep2");
+	/* against the unsharded engine, step by step */
+	struct engine *one = open_with(dir, NULL, ENG_MTP_ON), *four = open_with(snap, NULL,
+										  ENG_MTP_ON);
+	int V = eng_info(one)->vocab, s1, s4, t1, t4, d1[K], d4[K];
+	const int prompt[4] = {9, 1, 250, 33};
+	float *l1 = malloc(sizeof(float) * K * V), *l4 = malloc(sizeof(float) * K * V);
+	cr_assert_eq(eng_seq_alloc(one, &s1), WK_OK);
+	cr_assert_eq(eng_seq_alloc(four, &s4), WK_OK);
+	for (int s = 0; s < 6; s++) {
+		struct eng_item a = {.seq = s1, .tokens = s ? &t1 : prompt, .n = s ? 1 : 4,
+				     .token = &t1, .drafts = K, .draft = d1, .draft_logits = l1};
+		struct eng_item b = {.seq = s4, .tokens = s ? &t4 : prompt, .n = s ? 1 : 4,
+				     .token = &t4, .drafts = K, .draft = d4, .draft_logits = l4};
+		cr_assert_eq(eng_step(one, &a, 1, err, sizeof err), WK_OK, "%s", err);
+		cr_assert_eq(eng_step(four, &b, 1, err, sizeof err), WK_OK, "%s", err);
+		cr_expect_eq(t1, t4);
+		for (int j = 0; j < K; j++) {
+			double r = rel(l4 + (size_t)j * V, l1 + (size_t)j * V, V);
+			cr_expect_leq(r, 1e-4, "step %d draft %d: sharded logits differ by %g", s, j, r);
+			cr_expect_eq(d1[j], d4[j], "step %d draft %d", s, j);
+		}
+	}
+	free(l1);
+	free(l4);
+	eng_close(one);
+	eng_close(four);
+	rm_rf(snap);
+	rm_rf(dir);
+	free(snap);
+	free(dir);
+}
+
 Test(mtp, glm4_drafts_hold_whatever_way_the_tokens_came)
 {
 	char *dir = gen("glm4", "--mtp --seed 12");
@@ -239,6 +280,20 @@ Test(mtp, refusals_name_the_problem)
 	cr_expect_eq(eng_step(e, &it, 1, err, sizeof err), WK_EINVAL);
 	cr_expect(strstr(err, "no MTP layer is loaded"), "%s", err);
 	eng_close(e);
+	/* a snapshot made without --mtp: auto loads no MTP layer, on is refused naming it */
+	char *snap = mkdir_tmp();
+	struct eng_snap_opts so = {.tp = 1, .ep = 1, .dtype = "keep"};
+	cr_assert_eq(eng_snapshot(dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
+	o.mtp = ENG_MTP_AUTO;
+	cr_assert_eq(eng_open(snap, &o, &e, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(eng_info(e)->mtp, 0);
+	cr_expect_eq(eng_info(e)->mtp_layers_skipped, 1);
+	eng_close(e);
+	o.mtp = ENG_MTP_ON;
+	cr_expect_neq(eng_open(snap, &o, &e, err, sizeof err), WK_OK);
+	cr_expect(strstr(err, "holds no MTP layer (no model.layers.2.eh_proj.weight)"), "%s", err);
+	rm_rf(snap);
+	free(snap);
 	/* a model without one: refused when asked for; auto and off load the same */
 	char *none = gen("glm4", "--seed 3 --layers 2");
 	o.mtp = ENG_MTP_ON;
