@@ -782,8 +782,11 @@ static int mtp_pass(struct engine *e, struct glm_model *m, int R, int nseg, char
 		if (g->pos0 + g->n > m->keys_max)
 			m->keys_max = g->pos0 + g->n;
 	}
-	if (m->attn_ops->grow(m, R, m->mseg, nseg) != WK_OK)
-		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for an MTP pass of %d rows", R);
+	int rc = m->attn_ops->grow(m, R, m->mseg, nseg) != WK_OK
+			 ? wk_errf(err, errsz, WK_ENOMEM, "out of memory for an MTP pass of %d rows", R)
+			 : WK_OK;
+	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK) /* sharded: every rank stops */
+		return rc;
 	eng_to_dev(e, m->pos, m->pos_h, (size_t)2 * R * sizeof *m->pos);
 	eng_embed(e, m->x, eng_host_mem(e) ? NULL : m->xh, m->mtok, R, m->embed, m->c.vocab0, dim);
 	struct be_norm nr[2] = {

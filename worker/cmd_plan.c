@@ -558,7 +558,8 @@ static json_t *report_json(const struct run *u)
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_CONFIG = 1, O_TP, O_EP, O_GPUS, O_MEM, O_CTX, O_BATCH, O_WDT, O_KVDT, O_RES, O_FMT, O_MTP };
+	enum { O_CONFIG = 1, O_TP, O_EP, O_GPUS, O_MEM, O_CTX, O_BATCH, O_WDT, O_KVDT, O_RES, O_FMT,
+	       O_MTP };
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, O_CONFIG},
 		{"tp", required_argument, NULL, O_TP},

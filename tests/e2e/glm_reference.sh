@@ -137,18 +137,21 @@ cmp -s "$TMPD/g5s.mtp.json" "$TMPD/g5s.snap.mtp.json" ||
   fail "the snapshot's MTP drafts differ from the checkpoint's"
 "$WICK" logits "$TMPD/g5" --tokens $TOKENS --mtp 2 >/dev/null 2>"$TMPD/none.err" &&
   fail "wick logits --mtp on a model without an MTP layer succeeded"
-grep -q "has no MTP layer" "$TMPD/none.err" || fail "no MTP layer, not named: $(cat "$TMPD/none.err")"
+grep -q "has no MTP layer" "$TMPD/none.err" ||
+  fail "no MTP layer, not named: $(cat "$TMPD/none.err")"
 for m in g5s g4s g5s.tp2; do
-  $PY - "$TMPD/$m.mtp.json" "$TMPD/${m%.tp2}" "$REF" "$TOKENS" "$m" <<'PY' || fail "$m: wick's MTP drafts differ from the reference"
+  $PY - "$TMPD/$m.mtp.json" "$TMPD/${m%.tp2}" "$REF" "$TOKENS" "$m" <<'PY' ||
 import json, subprocess, sys
 import numpy as np
 w = json.load(open(sys.argv[1]))
 model, ref, tokens, name = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 n = len(tokens.split(","))
 seq = tokens + "," + ",".join(str(t) for t in w["tokens"])
-r = json.loads(subprocess.run([sys.executable, ref, model, "--tokens", seq, "--mtp", "--chain", "3",
-                               "--from", str(n - 1)], check=True, capture_output=True, text=True).stdout)
-assert w["positions"] == r["positions"] == list(range(n - 1, n + 5)), (w["positions"], r["positions"])
+r = json.loads(subprocess.run([sys.executable, ref, model, "--tokens", seq, "--mtp", "--chain",
+                               "3", "--from", str(n - 1)],
+                              check=True, capture_output=True, text=True).stdout)
+assert w["positions"] == r["positions"] == list(range(n - 1, n + 5)), (w["positions"],
+                                                                      r["positions"])
 f = lambda x: np.array([[np.nan if v is None else v for v in row] for row in x], dtype=np.float64)
 worst = 0.0
 for i, q in enumerate(w["positions"]):
@@ -162,5 +165,6 @@ for i, q in enumerate(w["positions"]):
 print(f"{name}: MTP drafts at {len(w['positions'])} positions, max|d|/max|ref| = {worst:.3g}")
 assert worst <= 1e-3, f"{name}: relative error {worst:.3g} > 1e-3"
 PY
+    fail "$m: wick's MTP drafts differ from the reference"
 done
 echo ok

@@ -286,7 +286,8 @@ check(jm["mtp"]["counted"] is True, "--mtp counts the MTP layer")
 check(jm["weights"]["params"] == params + mp, "--mtp: the weights with the MTP layer")
 check(jm["weights"]["per_gpu_bytes"] == j["weights"]["per_gpu_bytes"] + jm["mtp"]["per_gpu_bytes"],
       "--mtp: per GPU")
-check(jm["kv_cache"]["bytes_per_token_per_gpu"] == 79 * 576 * 2 + 79 * 128 * 2, "--mtp: KV of 79 layers")
+check(jm["kv_cache"]["bytes_per_token_per_gpu"] == 79 * 576 * 2 + 79 * 128 * 2,
+      "--mtp: KV of 79 layers")
 check(jm["kv_cache"]["max_sequences"] <= j["kv_cache"]["max_sequences"], "--mtp holds no more")
 check(abs(total - 746e9) / 746e9 < 0.01, f"GLM-5-FP8 bytes {total} vs ~746 GB in glm.md 2.2")
 # weights per GPU = the sharded parts / 8 + the replicated parts (attention down-projections,

@@ -87,7 +87,8 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 	cr_assert_eq(eng_seq_alloc(dev, &s0), WK_OK);
 	cr_assert_eq(eng_seq_alloc(dev, &s1), WK_OK);
 	float g0[512], g1[512];
-	struct eng_item a[2] = {{s0, toks, 4, g0, NULL, {}, 0, 0, NULL, NULL}, {s1, toks, 2, g1, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item a[2] = {{s0, toks, 4, g0, NULL, {}, 0, 0, NULL, NULL},
+				{s1, toks, 2, g1, NULL, {}, 0, 0, NULL, NULL}};
 	cr_assert_eq(eng_step(dev, a, 2, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_forward(cpu, toks, 4, 0, want, false, err, sizeof err), WK_OK, "%s", err);
 	/* the batch's 6 tokens take another matmul path than 4 alone: the order of the sums
@@ -98,7 +99,8 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 		lmax = fmaxf(lmax, fabsf(want[v]));
 	}
 	cr_expect_leq(dmax, 1e-5f * lmax, "batched sequence 0 differs by %g", dmax);
-	struct eng_item b[2] = {{s0, &t, 1, g0, NULL, {}, 0, 0, NULL, NULL}, {s1, &t, 1, g1, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item b[2] = {{s0, &t, 1, g0, NULL, {}, 0, 0, NULL, NULL},
+				{s1, &t, 1, g1, NULL, {}, 0, 0, NULL, NULL}};
 	cr_assert_eq(eng_step(dev, b, 2, err, sizeof err), WK_OK, "%s", err);
 	eng_close(cpu);
 	eng_close(dev);

@@ -352,7 +352,8 @@ static float *device_run(const char *dir, const struct backend *be, bool one_by_
 				  {b, &t, 1, g + 3 * V, &ids[1], {}, 0, 0, NULL, NULL}};
 	cr_assert_eq(eng_step(e, dec, 2, err, sizeof err), WK_OK, "%s", err);
 	for (int i = 0; i < 3; i++) {
-		struct eng_item one = {a, i ? &ids[1 + i] : &ids[0], 1, g + (4 + i) * (size_t)V, &ids[2 + i], {}, 0, 0, NULL, NULL};
+		struct eng_item one = {a, i ? &ids[1 + i] : &ids[0], 1, g + (4 + i) * (size_t)V,
+				       &ids[2 + i], {}, 0, 0, NULL, NULL};
 		cr_assert_eq(eng_step(e, &one, 1, err, sizeof err), WK_OK, "%s", err);
 	}
 	struct eng_item quiet = {b, &t, 1, NULL, &ids[5], {}, 0, 0, NULL, NULL}; /* only the id crosses */
