@@ -52,6 +52,9 @@ static void usage(FILE *f)
 		"                     logits come to the host each step)\n"
 		"      --kv-dtype D   the KV cache's type: bf16, f32, fp8 or auto (default auto:\n"
 		"                     bf16 for a bfloat16 checkpoint)\n"
+		"      --drafts K     each step also drafts K tokens with the model's MTP layer\n"
+		"                     (speculative decoding's drafter; not verified: one token a\n"
+		"                     step, then the MTP layer's passes)\n"
 		"      --op-times     also time every op of the steps run without chains: per kind,\n"
 		"                     on the device's clock where the backend has one (cuda), else\n"
 		"                     the host's; and the device's time between ops; then the\n"
@@ -88,12 +91,13 @@ struct count_run {
  * a step more, then the counted and timed steps: every sequence a token, its argmax chosen
  * where the logits are (eng_item.token), as the worker's greedy requests decode. */
 static int batch_steps(struct engine *e, const int *ids, int context, int steps, int batch,
-		       struct eng_launches *before, double *ms)
+		       int drafts, struct eng_launches *before, double *ms)
 {
 	char err[WK_ERRSZ];
 	struct eng_item *it = calloc((size_t)batch, sizeof *it);
 	int *tok = calloc((size_t)batch, sizeof *tok), rc = 1;
-	if (!it || !tok) {
+	int *dr = calloc((size_t)batch * (drafts + 1), sizeof *dr);
+	if (!it || !tok || !dr) {
 		fprintf(stderr, "wick bench: out of memory\n");
 		goto done;
 	}
@@ -106,6 +110,8 @@ static int batch_steps(struct engine *e, const int *ids, int context, int steps,
 		it[b].tokens = ids;
 		it[b].n = context;
 		it[b].token = &tok[b];
+		it[b].drafts = drafts; /* the MTP layer's, after each step's token */
+		it[b].draft = dr + (size_t)b * (drafts + 1);
 	}
 	for (int i = -1; i <= steps; i++) { /* the prefill, one step more, then the counted */
 		if (i == 1 && eng_launches(e, 0, before) != WK_OK) {
@@ -129,11 +135,12 @@ static int batch_steps(struct engine *e, const int *ids, int context, int steps,
 done:
 	free(it);
 	free(tok);
+	free(dr);
 	return rc;
 }
 
 static int count_step(const char *model, const struct eng_opts *eo, int context, int steps,
-		      int batch, struct count_run *r)
+		      int batch, int drafts, struct count_run *r)
 {
 	char err[WK_ERRSZ];
 	struct engine *e = NULL;
@@ -154,15 +161,15 @@ static int count_step(const char *model, const struct eng_opts *eo, int context,
 		fprintf(stderr, "wick bench: out of memory\n");
 		goto done;
 	}
-	if (info->max_seq < context + steps + 1) {
+	if (info->max_seq < context + steps + 1 + drafts) {
 		fprintf(stderr, "wick bench: the model holds %d positions, fewer than --context %d + "
 				"--steps %d + 1\n", info->max_seq, context, steps);
 		goto done;
 	}
 	for (int i = 0; i < context; i++) /* any tokens: the count does not depend on them */
 		ids[i] = (int)((1 + 7919u * (unsigned)i) % (unsigned)V);
-	if (batch > 1) {
-		if (batch_steps(e, ids, context, steps, batch, &before, &r->step_ms))
+	if (batch > 1 || drafts > 0) {
+		if (batch_steps(e, ids, context, steps, batch, drafts, &before, &r->step_ms))
 			goto done;
 		goto count;
 	}
@@ -263,7 +270,7 @@ static json_t *print_op_times(const struct count_run *t, double untimed_ms, cons
 
 int bench_launches(int argc, char **argv)
 {
-	int context = 64, steps = 4, threads = 0, target = 400, batch = 1;
+	int context = 64, steps = 4, threads = 0, target = 400, batch = 1, drafts = 0;
 	bool op_times = false;
 	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
@@ -275,6 +282,7 @@ int bench_launches(int argc, char **argv)
 		{"kv-dtype", required_argument, NULL, 'k'},
 		{"batch", required_argument, NULL, 'B'},
 		{"op-times", no_argument, NULL, 'O'},
+		{"drafts", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'},
 		CMD_MODEL_OPTIONS,
 		{NULL, 0, NULL, 0},
@@ -293,6 +301,7 @@ int bench_launches(int argc, char **argv)
 		case 'T': bad = parse_pos(optarg, "--target", 1 << 30, &target); break;
 		case 'k': kv = optarg; break;
 		case 'O': op_times = true; break;
+		case 'D': bad = parse_pos(optarg, "--drafts", ENG_DRAFT_MAX, &drafts); break;
 		case 'M': given = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -308,31 +317,36 @@ int bench_launches(int argc, char **argv)
 	/* fused and chained / not chained / unfused / not chained, every op timed / chained,
 	 * every chain and op timed */
 	struct count_run grouped, plain, one, timed, timed_ch;
-	struct eng_opts eo = {.backend = backend, .threads = threads, .max_seq = context + steps + 1,
-			      .max_seqs = batch, .count_launches = true, .kv_dtype = kv};
-	if (count_step(model, &eo, context, steps, batch, &grouped))
+	struct eng_opts eo = {.backend = backend, .threads = threads,
+			      .max_seq = context + steps + 1 + drafts, .max_seqs = batch,
+			      .count_launches = true, .kv_dtype = kv,
+			      .mtp = drafts ? ENG_MTP_ON : ENG_MTP_OFF};
+	if (count_step(model, &eo, context, steps, batch, drafts, &grouped))
 		return 1;
 	eo.no_chain = true; /* every op its own launch */
-	if (count_step(model, &eo, context, steps, batch, &plain))
+	if (count_step(model, &eo, context, steps, batch, drafts, &plain))
 		return 1;
 	eo.op_times = op_times; /* the same, every op timed */
-	if (op_times && count_step(model, &eo, context, steps, batch, &timed))
+	if (op_times && count_step(model, &eo, context, steps, batch, drafts, &timed))
 		return 1;
 	eo.no_chain = false; /* chained, each chain timed as one op */
-	if (op_times && count_step(model, &eo, context, steps, batch, &timed_ch))
+	if (op_times && count_step(model, &eo, context, steps, batch, drafts, &timed_ch))
 		return 1;
 	eo.op_times = false;
 	eo.no_chain = true;
 	eo.experts_one_by_one = true; /* the baseline: MoE experts one at a time, */
 	eo.unfused = true;            /* one matmul per weight, cache writes by copy */
-	if (count_step(model, &eo, context, steps, batch, &one))
+	if (count_step(model, &eo, context, steps, batch, drafts, &one))
 		return 1;
 
 	printf("model            %s (%s)\n", model, grouped.arch);
 	printf("backend          %s\n", grouped.backend);
 	printf("kv cache         %s\n", grouped.kv);
-	printf("decode step      batch %d at position %d..%d, %d steps averaged (after one more)\n",
-	       batch, context + 1, context + steps, steps);
+	printf("decode step      batch %d at position %d..%d, %d steps averaged (after one more)%s\n",
+	       batch, context + 1, context + steps, steps,
+	       drafts ? ", each with the MTP layer's drafts" : "");
+	if (drafts)
+		printf("MTP drafts       %d a sequence a step\n", drafts);
 	printf("%-18s %10s\n", "kind", "per step");
 	json_t *by = json_object();
 	for (int k = 0; k < ENG_LAUNCH_KINDS; k++) {
@@ -381,14 +395,14 @@ int bench_launches(int argc, char **argv)
 	json_t *otc = op_times ? print_op_times(&timed_ch, grouped.step_ms,
 						"chained, every chain and op") : NULL;
 	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, "
-			      "s:i, s:o, s:o, s:o, s:o*, s:o*}",
+			      "s:i, s:o, s:o, s:o, s:o*, s:o*, s:i}",
 			      "bench", "launches", "model", model, "backend", grouped.backend,
 			      "kv_dtype", grouped.kv, "batch", batch,
 			      "context", context, "steps", steps, "kernels", grouped.kernels,
 			      "copies", grouped.copies, "collectives", grouped.coll, "launches",
 			      grouped.total, "not_chained", plain.total, "unfused", one.total,
 			      "target", target, "by_kind", by, "chained", inside, "step_ms", ms,
-			      "op_times", ot, "op_times_chained", otc);
+			      "op_times", ot, "op_times_chained", otc, "drafts", drafts);
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
 	json_decref(j);
 	if (!s) {

@@ -15,7 +15,7 @@
 #      stories260K's tokenizer), the same 6 greedy jobs give the same tokens with its drafts
 #      as without; --drafter lookup drafts by lookup instead; --drafter mtp on a model without
 #      one exits 1 naming it; --drafter without --speculate, or a wrong name, exits 2; wick
-#      bench speculate drafts with it
+#      bench speculate drafts with it; wick bench launches --drafts counts its launches
 source tests/e2e/lib.sh
 m=$(stories)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -262,4 +262,18 @@ j = json.load(sys.stdin)
 assert j["drafter"] == "mtp" and j["drafted"] > 0 and j["mtp_step_ms"] > 0, j
 print("bench speculate with the MTP layer: %d drafts, a step with them %.2f ms" %
       (j["drafted"], j["mtp_step_ms"]))'
+# the launches of a step that drafts with it (wick bench launches --drafts)
+"$WICK" bench launches "$g" --steps 2 --drafts 2 | tail -1 >"$TMPD/l2.json" ||
+  fail "bench launches --drafts exited $?"
+"$WICK" bench launches "$g" --steps 2 --batch 1 | tail -1 >"$TMPD/l0.json" ||
+  fail "bench launches exited $?"
+python3 - "$TMPD/l0.json" "$TMPD/l2.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert b["drafts"] == 2 and a["drafts"] == 0, (a, b)
+k = "mla_absorbed"
+assert b["launches"] > a["launches"] and b["by_kind"][k] > a["by_kind"][k], (a, b)
+print(f"bench launches: a step with 2 MTP drafts {b['launches']:.0f} launches, "
+      f"without {a['launches']:.0f}")
+PY
 echo "PASS"
