@@ -225,8 +225,8 @@ struct be_link {
 #define BE_CAND_MAX 1024 /* = WK_CUDA_CAND_MAX */
 struct be_samp {
 	float temperature, top_p;
-	int top_k, pad;
-	double u;
+	int top_k, draft; /* draft: the drafted id + 1 (0: none) */
+	double u, u_acc;
 };
 struct be_cand_head {
 	double mass;

@@ -585,8 +585,10 @@ struct row_draft {
 /* The sampled items' tokens: the device's candidates where it selects them (one op and one
  * copy for the step, plus a logits row for each filtered row past ENG_CAND_CAP; temperature
  * alone is one candidate, the device's pick with the item's draw), else the host's pick
- * over each row. A row with a draft (dr, when not NULL) is picked on the host from its
- * logits row (samp_pick_draft). */
+ * over each row. A row with a draft (dr, when not NULL; samp_pick_draft's rule): with a
+ * filter the host applies the rule to the device's candidates (samp_pick_cand_draft); with
+ * temperature alone the device applies it and sends the one token, so a drafted row costs
+ * no logits row; without a device, samp_pick_draft on the row. */
 static int outputs_sampled(struct engine *e, const struct eng_item *items, int n,
 			   const float *lg, int vocab, const struct row_draft *dr, char *err,
 			   size_t errsz)
@@ -603,13 +605,15 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 	const struct be_cand_head *head = e->cand_h;
 	const struct samp_cand *cand = (const struct samp_cand *)(head + n);
 	if (dev) {
-		for (int i = 0; i < n; i++) /* temperature 0: the device skips the row */
-			e->samp_h[i] = wants(&items[i], true) && !(dr && dr[i].d >= 0)
-					       ? (struct be_samp){items[i].sample.temperature,
-								  items[i].sample.top_p,
-								  items[i].sample.top_k, 0,
-								  items[i].sample.u}
-					       : (struct be_samp){0, 1, 0, 0, 0};
+		for (int i = 0; i < n; i++) { /* temperature 0: the device skips the row */
+			const struct eng_sample *sm = &items[i].sample;
+			bool drafted = dr && dr[i].d >= 0;
+			e->samp_h[i] = wants(&items[i], true)
+					       ? (struct be_samp){sm->temperature, sm->top_p, sm->top_k,
+								  drafted ? dr[i].d + 1 : 0, sm->u,
+								  drafted ? dr[i].u_acc : 0}
+					       : (struct be_samp){0, 1, 0, 0, 0, 0};
+		}
 		eng_to_dev(e, e->samp_d, e->samp_h, (size_t)n * sizeof *e->samp_h);
 		struct be_cand_head *hd = e->cand_d;
 		e->be->sample_cand(e->bctx, (struct samp_cand *)(hd + n), hd, lg, e->samp_d, n, vocab,
@@ -621,9 +625,17 @@ static int outputs_sampled(struct engine *e, const struct eng_item *items, int n
 		if (!wants(it, true))
 			continue;
 		bool drafted = dr && dr[i].d >= 0;
-		if (dev && head[i].count > 0 && !drafted) {
-			*it->token = samp_pick_cand(cand + (size_t)i * cand_cap(e), head[i].count,
-						    head[i].mass, it->sample.top_p, it->sample.u);
+		if (dev && head[i].count > 0) { /* a draft: the device kept it or not where no
+						 * filter is on (one candidate), else the list */
+			bool filter = (it->sample.top_k > 0 && it->sample.top_k < vocab) ||
+				      (it->sample.top_p > 0 && it->sample.top_p < 1);
+			const struct samp_cand *c = cand + (size_t)i * cand_cap(e);
+			*it->token = drafted && filter
+					     ? samp_pick_cand_draft(c, head[i].count, head[i].mass,
+								    it->sample.top_p, dr[i].d,
+								    dr[i].u_acc, it->sample.u)
+					     : samp_pick_cand(c, head[i].count, head[i].mass,
+							      it->sample.top_p, it->sample.u);
 			continue;
 		}
 		const float *r = lg + (size_t)i * vocab;

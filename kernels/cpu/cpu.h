@@ -329,7 +329,10 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
  *   - neither filter: the pick itself, with the row's draw u, as samp_pick makes it over
  *     every id in id order: the first id j whose running sum (double, id order) of p exceeds
  *     u * mass (the last id when rounding leaves none), a list of one; so temperature alone
- *     over a vocabulary of any size sends one candidate, not the whole row.
+ *     over a vocabulary of any size sends one candidate, not the whole row. With a draft d
+ *     (draft = d + 1; speculative decoding, samp_pick_draft's rule): d when u_acc * mass <
+ *     p_d, else that pick over the ids but d with u * (mass - p_d). With a filter on, the
+ *     draft is ignored here: the host applies the rule to the list (samp_pick_cand_draft).
  * cand[i][0..count) = {p, id} of that list in that order, head[i] = {mass, count}; count =
  * -1 (overflow; cand[i] unspecified) when the list is longer than cap. The slack makes the
  * list reach a little past top_p, so that the pick's own cut (its running sum of p / mass,
@@ -337,8 +340,10 @@ void cpu_ref_dsa_topk(int *sel, int *nsel, const float *q, const float *w,
 #define CPU_CAND_SLACK (1.0 / 1048576) /* 2^-20 of the mass */
 struct cpu_samp {
 	float temperature, top_p;
-	int32_t top_k, pad;
-	double u; /* the request's draw in [0, 1): used where neither filter is on */
+	int32_t top_k;
+	int32_t draft; /* the drafted id + 1 (0: none): used where neither filter is on */
+	double u;      /* the request's draw in [0, 1): used where neither filter is on */
+	double u_acc;  /* with a draft: the draw that keeps it or not */
 };
 struct cpu_cand {
 	float p;

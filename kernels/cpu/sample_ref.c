@@ -37,14 +37,16 @@ static void row_cand(struct cpu_cand *cand, struct cpu_cand_head *h, const float
 	bool top_k = s->top_k > 0 && s->top_k < vocab, top_p = s->top_p > 0 && s->top_p < 1;
 	int count = vocab;
 	h->mass = total;
-	if (!top_k && !top_p) { /* the pick itself, as samp_pick_cand over the row in id order */
-		double r = s->u * total, acc = 0;
-		int id = vocab - 1;
-		for (int j = 0; j < vocab; j++)
-			if (r < (acc += w[j].p)) {
+	if (!top_k && !top_p) { /* the pick itself, as samp_pick_cand_draft over the row in id
+				  * order: with a draft, kept by u_acc or else skipped */
+		int d = s->draft > 0 && s->draft <= vocab ? s->draft - 1 : -1;
+		double pd = d >= 0 ? w[d].p : 0, r = s->u * (total - pd), acc = 0;
+		int id = d >= 0 && s->u_acc * total < pd ? d : -1;
+		for (int j = 0; j < vocab && id < 0; j++)
+			if (j != d && r < (acc += w[j].p))
 				id = j;
-				break;
-			}
+		if (id < 0) /* rounding left r at the very top: the last id (but d) */
+			id = d == vocab - 1 && vocab > 1 ? vocab - 2 : vocab - 1;
 		cand[0] = w[id];
 		h->count = 1;
 		return;

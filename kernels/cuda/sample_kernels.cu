@@ -122,11 +122,15 @@ static __device__ unsigned long long select_key(const float *r, float mx, float 
  * otherwise than the host's single running sum (double: the last bits), so only a draw that
  * close to a boundary could land on the neighbour; with none found (rounding at the very top)
  * the last id, as the host. Every thread of the block calls it and gets the id, and the
- * row's whole mass (the runs' sums added in order) in *total. */
+ * row's whole mass (the runs' sums added in order) in *total. With a draft d >= 0
+ * (samp_pick_draft's rule): d when u_acc times the whole is below p_d; else the pick over
+ * the ids but d with u * (whole - p_d), which is the pick over every id with that target,
+ * moved past d's own mass where it lies at or after the mass before d. */
 static __device__ int pick_id_order(const float *r, float mx, float temperature, int vocab,
-				    double u, double *total)
+				    double u, int d, double u_acc, double *total)
 {
 	__shared__ double start[CAND_THREADS + 1];
+	__shared__ double s_before;
 	__shared__ int s_id;
 	int per = (vocab + (int)blockDim.x - 1) / (int)blockDim.x;
 	int j0 = min((int)threadIdx.x * per, vocab), j1 = min(j0 + per, vocab);
@@ -143,13 +147,27 @@ static __device__ int pick_id_order(const float *r, float mx, float temperature,
 			acc += v;
 		}
 		start[blockDim.x] = acc;
-		s_id = vocab - 1;
+		s_id = d == vocab - 1 && vocab > 1 ? vocab - 2 : vocab - 1;
 	}
 	__syncthreads();
 	*total = start[blockDim.x];
-	double want = u * *total, acc = start[threadIdx.x];
+	double pd = d >= 0 ? cand_p(r[d], mx, temperature) : 0;
+	if (d >= 0 && u_acc * *total < pd)
+		return d; /* the same on every thread: the draft kept */
+	double want = u * (*total - pd), acc = start[threadIdx.x];
+	if (d >= 0) { /* the mass before d, summed as the walk below sums it */
+		if (d >= j0 && d < j1) {
+			double b = acc;
+			for (int j = j0; j < d; j++)
+				b += cand_p(r[j], mx, temperature);
+			s_before = b;
+		}
+		__syncthreads();
+		if (want >= s_before)
+			want += pd;
+	}
 	if (j0 < j1 && want >= acc && want < start[threadIdx.x + 1]) {
-		int id = j1 - 1;
+		int id = j1 - 1 == d && j1 - 2 >= j0 ? j1 - 2 : j1 - 1;
 		for (int j = j0; j < j1; j++)
 			if (want < (acc += cand_p(r[j], mx, temperature))) {
 				id = j;
@@ -184,7 +202,8 @@ __global__ void k_sample_cand(struct cpu_cand *cand, struct cpu_cand_head *head,
 	bool top_k = s.top_k > 0 && s.top_k < vocab, top_p = s.top_p > 0 && s.top_p < 1;
 	double total;
 	if (!top_k && !top_p) { /* the pick itself; its runs' sums give the mass */
-		int id = pick_id_order(r, mx, s.temperature, vocab, s.u, &total);
+		int d = s.draft > 0 && s.draft <= vocab ? s.draft - 1 : -1;
+		int id = pick_id_order(r, mx, s.temperature, vocab, s.u, d, s.u_acc, &total);
 		if (threadIdx.x == 0) {
 			cand[0] = cpu_cand{cand_p(r[id], mx, s.temperature), id};
 			*h = cpu_cand_head{total, 1, 0};

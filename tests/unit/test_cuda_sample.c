@@ -44,7 +44,7 @@ static int whole_list(struct cpu_cand *w, double *mass, const float *l, int voca
 		return vocab;
 	}
 	struct cpu_cand_head h;
-	struct cpu_samp all = {s->temperature, 1, s->top_k, 0, 0};
+	struct cpu_samp all = {s->temperature, 1, s->top_k, 0, 0, 0};
 	cpu_ref_sample_cand(w, &h, l, &all, 1, vocab, vocab, w + vocab);
 	*mass = h.mass;
 	return h.count;
@@ -114,7 +114,7 @@ Test(cuda_kernels, sample_cand_matches_ref)
 			cand_logits(l + (size_t)i * vocab, vocab, (c + i) % 4);
 			int ks[] = {0, 1, 5, 40, vocab - 1, vocab, vocab + 5, 2000};
 			s[i] = (struct cpu_samp){temps[rnd_int(4)], top_ps[rnd_int(6)], ks[rnd_int(8)],
-						 0, (rnd() + 1.0) * 0.5};
+						 0, (rnd() + 1.0) * 0.5, 0};
 		}
 		if (!(s[0].temperature > 0))
 			s[0].temperature = 1;
@@ -197,4 +197,80 @@ Test(cuda_kernels, sample_cand_matches_ref)
 	cr_log_info("sample_cand: %d rows, %d past the cap, %d picked on the device; %d draws "
 		    "give samp_pick's token but %d of the %d within 1e-5 of a boundary", rows,
 		    overflows, picks, draws + picks, near_differ, near);
+}
+
+/* With a draft and neither filter the kernel applies speculative sampling's rule where the
+ * logits are (one candidate crosses, not the row): on random rows (vocabularies of 2 to
+ * 3,000, drafts likely, rare and random, many draws), its token is the reference's (which
+ * is samp_pick_draft's exactly: test_sampler.c), but where a draw is within 1e-5 of a
+ * boundary: of keeping the draft (u_acc against p_d / mass), or of the pick among the other
+ * ids (u against their running shares). */
+Test(cuda_kernels, sample_cand_keeps_a_draft_as_the_reference)
+{
+	NEED_GPU();
+	static const int vocabs[] = {2, 7, 300, 3000};
+	enum { ROWS = 8 };
+	int checks = 0, near = 0, kept = 0;
+	for (int c = 0; c < 16; c++) {
+		int vocab = vocabs[c % 4];
+		float *l = malloc((size_t)ROWS * vocab * sizeof *l);
+		struct cpu_samp s[ROWS];
+		for (int i = 0; i < ROWS; i++) {
+			float *li = l + (size_t)i * vocab;
+			cand_logits(li, vocab, (c + i) % 3);
+			int amax = 0, amin = 0;
+			for (int j = 1; j < vocab; j++) {
+				amax = li[j] > li[amax] ? j : amax;
+				amin = li[j] < li[amin] ? j : amin;
+			}
+			int d = i % 3 == 0 ? amax : i % 3 == 1 ? amin : rnd_int(vocab);
+			s[i] = (struct cpu_samp){i % 2 ? 0.6f : 1.5f, 1, 0, d + 1, (rnd() + 1.0) * 0.5,
+						 (rnd() + 1.0) * 0.5};
+		}
+		struct cpu_cand want[ROWS], got[ROWS], *w = malloc((size_t)vocab * sizeof *w);
+		struct cpu_cand_head wh[ROWS], gh[ROWS];
+		cpu_ref_sample_cand(want, wh, l, s, ROWS, vocab, 1, w);
+		float *dl = to_dev(l, (size_t)ROWS * vocab * sizeof *l);
+		struct cpu_samp *ds = to_dev(s, sizeof s);
+		struct cpu_cand *dc = dev_alloc(sizeof got);
+		struct cpu_cand_head *dh = dev_alloc(sizeof gh);
+		cr_assert_eq(wk_cuda_sample_cand(dc, dh, dl, ds, ROWS, vocab, 1, err, sizeof err),
+			     WK_OK, "%s", err);
+		from_dev(gh, dh, sizeof gh);
+		from_dev(got, dc, sizeof got);
+		for (int i = 0; i < ROWS; i++, checks++) {
+			const float *li = l + (size_t)i * vocab;
+			int d = s[i].draft - 1;
+			cr_assert(wh[i].count == 1 && gh[i].count == 1);
+			kept += want[i].id == d;
+			if (got[i].id == want[i].id)
+				continue;
+			/* a boundary within 1e-5: keeping the draft, or the pick among the others */
+			float mx = li[0];
+			for (int j = 1; j < vocab; j++)
+				mx = li[j] > mx ? li[j] : mx;
+			double mass = 0, pd = expf((li[d] - mx) / s[i].temperature), acc = 0;
+			for (int j = 0; j < vocab; j++)
+				mass += expf((li[j] - mx) / s[i].temperature);
+			bool nb = fabs(s[i].u_acc - pd / mass) < 1e-5;
+			for (int j = 0; j < vocab && !nb; j++)
+				if (j != d) {
+					acc += expf((li[j] - mx) / s[i].temperature);
+					nb = fabs(acc / (mass - pd) - s[i].u) < 1e-5;
+				}
+			cr_assert(nb, "case %d row %d (vocab %d, draft %d, draws %.17g %.17g): %d, "
+				  "not %d", c, i, vocab, d, s[i].u_acc, s[i].u, got[i].id, want[i].id);
+			near++;
+		}
+		wk_cuda_free(dl);
+		wk_cuda_free(ds);
+		wk_cuda_free(dc);
+		wk_cuda_free(dh);
+		free(l);
+		free(w);
+	}
+	cr_assert_gt(kept, 0, "no draft kept");
+	cr_assert_lt(kept, checks, "every draft kept");
+	cr_log_info("sample_cand with drafts: %d rows, %d drafts kept, %d differ within 1e-5 of "
+		    "a boundary", checks, kept, near);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "engine/sampler.h"
+#include "kernels/cpu/cpu.h"
 
 static void logits(float *l, int n)
 {
@@ -298,4 +299,50 @@ Test(sampler, a_draft_leaves_the_distribution_as_it_is)
 				     samp_pick(lg, V, &cfgs[k], u, scratch));
 		}
 	}
+}
+
+/* The sampling candidates' reference with a draft and neither filter (kernels/cpu/cpu.h:
+ * what a device sends for a drafted row of temperature alone, the draft rule applied where
+ * the logits are): samp_pick_draft's token exactly, for every draw of a grid, drafts likely,
+ * rare and random, on rows of 1 to 300 ids. */
+Test(sampler, the_candidates_reference_keeps_a_draft_as_samp_pick_draft)
+{
+	static const int vocabs[] = {1, 2, 7, 300};
+	int checks = 0, kept = 0;
+	for (int c = 0; c < 4; c++) {
+		int V = vocabs[c];
+		float *l = malloc(sizeof(float) * V);
+		struct samp_cand *scratch = malloc(sizeof *scratch * V);
+		struct cpu_cand *work = malloc(sizeof *work * V), cand[1];
+		uint64_t x = 88172645463325252ull + (uint64_t)c;
+		int amax = 0, amin = 0;
+		for (int j = 0; j < V; j++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			l[j] = (float)((x >> 11) * 0x1.0p-53) * 6.0f;
+			amax = l[j] > l[amax] ? j : amax;
+			amin = l[j] < l[amin] ? j : amin;
+		}
+		int drafts[] = {amax, amin, (int)(x % (uint64_t)V), V - 1};
+		for (int k = 0; k < 4; k++)
+			for (int a = 0; a < 40; a++)
+				for (int b = 0; b < 40; b++) {
+					double ua = (a + 0.5) / 40, u = (b + 0.5) / 40;
+					float T = k == 1 ? 2.5f : 0.7f;
+					struct cpu_samp s = {T, 1, 0, drafts[k] + 1, u, ua};
+					struct cpu_cand_head h;
+					cpu_ref_sample_cand(cand, &h, l, &s, 1, V, 1, work);
+					struct samp_cfg cfg = {T, 1, 0, 0};
+					int want = samp_pick_draft(l, V, &cfg, drafts[k], ua, u, scratch);
+					cr_assert_eq(h.count, 1);
+					cr_assert_eq(cand[0].id, want, "vocab %d draft %d draws %g %g: %d, "
+						     "not %d", V, drafts[k], ua, u, cand[0].id, want);
+					checks++;
+					kept += want == drafts[k];
+				}
+		free(l);
+		free(scratch);
+		free(work);
+	}
+	cr_assert_gt(kept, 0);
+	cr_assert_lt(kept, checks);
 }

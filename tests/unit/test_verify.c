@@ -105,28 +105,53 @@ static void rows_and_truncate(struct engine *e, const int *prompt, int np, const
 	cr_expect_eq(eng_seq_len(e, s), np + 3);
 
 	/* (4) sampled: the rows' tokens are samp_pick_draft's on the logits one at a time, each
-	 * row's draft kept or replaced by its two draws, the last row an ordinary pick */
-	int s2;
-	cr_assert_eq(eng_seq_alloc(e, &s2), WK_OK);
-	struct samp_cfg cfg = {0.9f, 0.95f, 0, 0};
-	double u[32];
-	for (int j = 0; j < 2 * k; j++)
-		u[j] = (j * 0.37 + 0.11) - (int)(j * 0.37 + 0.11);
-	it[0] = (struct eng_item){.seq = s2, .tokens = prompt, .n = np};
+	 * row's draft kept or replaced by its two draws, the last row an ordinary pick; with
+	 * top_p (the draft rule on the host, over the device's candidates where there is a
+	 * device) and with temperature alone (on a device, the rule where the logits are). The
+	 * drafts are the greedy tokens after draft[0], so that they are likely and some are
+	 * kept (an unlikely draft is never kept, and its row is the ordinary pick). */
+	float *gl = malloc(sizeof(float) * (size_t)(k + 1) * V);
+	int gd[16], held = 0;
+	gd[0] = draft[0];
+	int s3;
+	cr_assert_eq(eng_seq_alloc(e, &s3), WK_OK);
+	it[0] = (struct eng_item){.seq = s3, .tokens = prompt, .n = np};
 	cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
-	it[0] = (struct eng_item){.seq = s2, .tokens = draft, .n = k, .token = tok, .rows = k,
-				  .sample = {cfg.temperature, cfg.top_p, 0, 0.5, u}};
-	cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
-	struct samp_cand *scr = malloc(sizeof *scr * (size_t)V);
 	for (int j = 0; j < k; j++) {
-		const float *row = want + (size_t)(j + 1) * V;
-		int w = j < k - 1 ? samp_pick_draft(row, V, &cfg, draft[j + 1], u[2 * j],
-						    u[2 * j + 1], scr)
-				  : samp_pick(row, V, &cfg, u[2 * j + 1], scr);
-		cr_expect_eq(tok[j], w, "%s: sampled row %d", what, j);
+		it[0] = (struct eng_item){.seq = s3, .tokens = &gd[j], .n = 1,
+					  .logits = gl + (size_t)j * V};
+		cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
+		if (j + 1 < k)
+			gd[j + 1] = samp_argmax(gl + (size_t)j * V, V);
 	}
+	eng_seq_free(e, s3);
+	struct samp_cand *scr = malloc(sizeof *scr * (size_t)V);
+	for (int f = 0; f < 2; f++) {
+		int s2;
+		cr_assert_eq(eng_seq_alloc(e, &s2), WK_OK);
+		struct samp_cfg cfg = {f ? 1.3f : 0.9f, f ? 1 : 0.95f, 0, 0};
+		double u[32];
+		for (int j = 0; j < 2 * k; j++)
+			u[j] = (j * 0.37 + 0.11 + f * 0.2) - (int)(j * 0.37 + 0.11 + f * 0.2);
+		it[0] = (struct eng_item){.seq = s2, .tokens = prompt, .n = np};
+		cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
+		it[0] = (struct eng_item){.seq = s2, .tokens = gd, .n = k, .token = tok, .rows = k,
+					  .sample = {cfg.temperature, cfg.top_p, 0, 0.5, u}};
+		cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s", err);
+		for (int j = 0; j < k; j++) {
+			const float *row = gl + (size_t)j * V;
+			int w = j < k - 1 ? samp_pick_draft(row, V, &cfg, gd[j + 1], u[2 * j],
+							    u[2 * j + 1], scr)
+					  : samp_pick(row, V, &cfg, u[2 * j + 1], scr);
+			cr_expect_eq(tok[j], w, "%s: sampled row %d (temperature %g, top_p %g)",
+				     what, j, cfg.temperature, cfg.top_p);
+			held += j < k - 1 && w == gd[j + 1];
+		}
+		eng_seq_free(e, s2);
+	}
+	cr_expect_gt(held, 0, "%s: no draft kept: the sampled rows' rule went unseen", what);
 	free(scr);
-	eng_seq_free(e, s2);
+	free(gl);
 
 	/* refusals, before any work */
 	it[0] = (struct eng_item){.seq = s, .tokens = draft, .n = 2, .token = tok, .rows = 3};
