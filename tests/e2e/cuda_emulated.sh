@@ -627,8 +627,9 @@ grep -q 'ready: .*restored from a snapshot.*; communicator [0-9.]* ms, [0-9.]* m
 section "speculative decoding on the cuda backend"
 # --speculate 4 on a cuda worker and a cpu worker, the same jobs: a greedy one (its drafts
 # checked by the device's argmax over every row, the rest truncated from the device's cache)
-# and two seeded sampled ones (a drafted row's pick the host's from the row's logits,
-# samp_pick_draft; the others' the device's candidates): the CPU worker's tokens and drafts
+# and two seeded sampled ones (temperature alone: a drafted row kept or replaced by the
+# candidates kernel itself, the others picked there too; the CPU worker applies
+# samp_pick_draft to the row): the CPU worker's tokens and drafts
 for q in sc sg; do
   for i in 0 1 2; do
     t=0.7
