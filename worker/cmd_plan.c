@@ -37,7 +37,8 @@ static void usage(FILE *f)
 		"holds. Says whether the model fits, and by how much it does not.\n"
 		"\n"
 		"  --config PATH        config.json, a Hugging Face directory or a wick snapshot (a\n"
-		"                       snapshot's tp, ep and --dtype are the defaults below)\n"
+		"                       snapshot's tp, ep and --dtype are the defaults below, and\n"
+		"                       one made with --mtp plans as --mtp)\n"
 		"  --tp N, --ep N       tensor / expert parallel sizes (default 1); the world size is\n"
 		"                       max(tp, ep), and the smaller must divide it\n"
 		"  --gpus N             GPUs in the node; must equal the world size (default: it)\n"
@@ -65,11 +66,28 @@ static void usage(FILE *f)
 		DEFAULT_BATCH);
 }
 
-/* What a snapshot was written with (its manifest's tp, ep and dtype); tp 0 for a config. */
+/* What a snapshot was written with (its manifest's tp, ep and dtype, and whether it kept the
+ * MTP layer: wick snapshot --mtp); tp 0 for a config. */
 struct snap_made {
 	int tp, ep;
 	char dtype[16];
+	bool mtp;
 };
+
+/* Whether rank 0's tensor table in manifest mf lists the MTP layer's eh_proj. */
+static bool holds_mtp(json_t *mf, json_t *cfg)
+{
+	char want[96];
+	snprintf(want, sizeof want, "model.layers.%lld.eh_proj.weight",
+		 (long long)json_integer_value(json_object_get(cfg, "num_hidden_layers")));
+	json_t *t = json_object_get(json_array_get(json_object_get(mf, "ranks"), 0), "tensors");
+	for (size_t i = 0; i < json_array_size(t); i++) {
+		const char *n = json_string_value(json_object_get(json_array_get(t, i), "name"));
+		if (n && !strcmp(n, want))
+			return true;
+	}
+	return false;
+}
 
 /* Loads CONFIG: a file, a directory's config.json, or a snapshot's manifest config (and then
  * *made, what the snapshot was written with). */
@@ -93,6 +111,7 @@ static int load_config(const char *path, json_t **out, struct snap_made *made, c
 		made->ep = (int)json_integer_value(json_object_get(mf, "ep"));
 		snprintf(made->dtype, sizeof made->dtype, "%s",
 			 json_string_value(json_object_get(mf, "dtype")) ?: "keep");
+		made->mtp = *out && holds_mtp(mf, *out);
 		snap_close(sn);
 		if (!*out)
 			return wk_errf(err, errsz, WK_EFORMAT, "%s: the manifest has no config", path);
@@ -659,6 +678,7 @@ int cmd_plan(int argc, char **argv)
 		po.tp = made.tp;
 		po.ep = made.ep > 0 ? made.ep : 1;
 	}
+	po.mtp |= made.mtp; /* a restore puts its MTP layer in GPU memory */
 	bool weights_from_snap = false;
 	if (made.tp > 0 && !weights_given &&
 	    (!strcmp(made.dtype, "fp8") || (!m.fp8 && (!strcmp(made.dtype, "bf16") ||

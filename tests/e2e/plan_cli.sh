@@ -384,13 +384,17 @@ cmp -s <(grep -v '"config"' "$TMPD/t5s_p.json") <(grep -v '"config"' "$TMPD/t5_p
 # per GPU = the largest rank file of a sharded snapshot (tensor bytes, from its manifest), and
 # all GPUs = their sum: FP8 shards on and off the 128 grid (off: stored f32), bf16, GQA, dense
 "$WICK_TOOLS/gen_glm" --family glm5 --dtype bf16 -o "$TMPD/t5b" >/dev/null
-for spec in "t5 2 2" "t5 4 4" "t5 1 2" "t5 2 4" "t5 4 2" "t5b 2 4" "t4 2 2" "t4 1 4" "st 2 1"; do
+# (t5m: snapshots that keep the MTP layer, --mtp, planned with --mtp and from their manifests)
+for spec in "t5 2 2" "t5 4 4" "t5 1 2" "t5 2 4" "t5 4 2" "t5b 2 4" "t4 2 2" "t4 1 4" "st 2 1" \
+            "t5m 1 1" "t5m 2 2" "t5m 2 4" "t5m 4 2"; do
   set -- $spec
   src=$TMPD/$1; [ "$1" = st ] && src=$m
   d="$TMPD/snap-$1-$2-$3"
-  "$WICK" snapshot "$src" -o "$d" --tp "$2" --ep "$3" >/dev/null 2>&1 ||
-    fail "wick snapshot $src --tp $2 --ep $3"
-  "$WICK" plan --config "$src" --tp "$2" --ep "$3" --format json >"$d.plan.json"
+  mtp=(); [ "$1" = t5m ] && mtp=(--mtp)
+  "$WICK" snapshot "$src" -o "$d" --tp "$2" --ep "$3" ${mtp[@]+"${mtp[@]}"} >/dev/null 2>&1 ||
+    fail "wick snapshot $src --tp $2 --ep $3 ${mtp[*]+"${mtp[*]}"}"
+  "$WICK" plan --config "$src" --tp "$2" --ep "$3" ${mtp[@]+"${mtp[@]}"} --format json \
+    >"$d.plan.json"
   # the snapshot itself, no flags: its own layout
   "$WICK" plan --config "$d" --format json >"$d.self.json" || fail "wick plan --config $d"
 done
