@@ -3,6 +3,7 @@
  * the real ones, for tests and benchmarks that need the architecture but not a trained model.
  *
  *   gen_glm --family glm5|glm4 -o DIR [--seed S] [size flags] [--shards N] [--mtp]
+ *           [--mtp-oracle]
  *   gen_glm --preset bench-1g -o DIR
  *
  * glm5 is GlmMoeDsaForCausalLM (GLM-5-FP8): MLA attention, the DSA lightning indexer, a
@@ -28,6 +29,15 @@
  * Why the router bias is non-negative: transformers fills the choice scores of experts in
  * dropped groups with 0.0, the DeepSeek reference with -inf. With positive choice scores both
  * pick the same experts, so tests do not depend on that disagreement.
+ *
+ * --mtp-oracle (with --mtp): a model whose MTP layer is always right, the best case of its
+ * drafts, for tests and benches: every decoder layer adds nothing (o_proj and every MLP's,
+ * expert's and shared expert's down_proj are zero; the rest is read and computed as ever),
+ * every norm weight is 1, and the MTP layer's eh_proj is [I | 0]. The model's hidden state is
+ * then its token's embedding, its next token a function of the token alone, f(t) = argmax of
+ * lm_head . rmsnorm(embed(t)); the MTP layer, given the token after (and its hidden state,
+ * multiplied by 0), computes rmsnorm(rmsnorm(embed)) (the same but for eps), so its drafts are
+ * f applied in turn: the tokens greedy decoding gives.
  *
  * The tool prints the bytes one decoded token reads (embedding row, attention and indexer,
  * router, the active routed experts only, shared experts, dense MLPs, lm_head; the MTP layer
@@ -61,7 +71,7 @@ struct dims {
 	int q_lora, kv_lora, nope, rope, v_head, index_heads, index_dim, index_topk; /* glm5 */
 	int kv_heads, head_dim, qk_norm;                                            /* glm4 */
 	double scaling, partial_rotary;
-	int shards, mtp;
+	int shards, mtp, oracle;
 	uint64_t seed;
 };
 
@@ -316,18 +326,36 @@ static uint8_t to_e4m3(float f)
 	return (uint8_t)((u >> 24 & 0x80u) | code);
 }
 
+/* --mtp-oracle: what tensor `name` holds instead of random values: 0 zero, 1 ones (a norm),
+ * 2 [I | 0] (eh_proj); -1 random as ever. */
+static int oracle_kind(const struct dims *d, const char *name, enum init in)
+{
+	if (!d->oracle)
+		return -1;
+	if (wk_ends_with(name, "self_attn.o_proj.weight") || wk_ends_with(name, "down_proj.weight"))
+		return 0;
+	if (in == I_NORM)
+		return 1;
+	return wk_ends_with(name, "eh_proj.weight") ? 2 : -1;
+}
+
 /* Fills s's data (and, for an FP8 weight, its scale_inv at *scale) into fresh buffers. */
 static int materialize(const struct dims *d, const struct spec *s, void **data, void **scale)
 {
 	struct rng r = rng_for(d->seed, s->name);
 	int64_t rows = s->rows, cols = s->cols ? s->cols : 1;
+	int ok = oracle_kind(d, s->name, s->init);
 	*data = malloc(s->nbytes ? s->nbytes : 1);
 	*scale = NULL;
 	if (!*data)
 		return -1;
 	if (s->dt != DT_F8_E4M3) {
-		for (size_t i = 0; i < (size_t)(rows * cols); i++)
-			put(*data, s->dt, i, draw(&r, s->init, cols));
+		for (size_t i = 0; i < (size_t)(rows * cols); i++) {
+			float v = draw(&r, s->init, cols);
+			if (ok >= 0)
+				v = ok == 1 ? 1.0f : ok == 2 && (int64_t)i % cols == (int64_t)i / cols;
+			put(*data, s->dt, i, v);
+		}
 		return 0;
 	}
 	/* FP8: one strip of up to 128 rows at a time; scale = block amax / 448. */
@@ -343,7 +371,7 @@ static int materialize(const struct dims *d, const struct spec *s, void **data, 
 	for (int64_t b = 0; b < br; b++) {
 		int64_t r0 = b * BLK, nr = rows - r0 < BLK ? rows - r0 : BLK;
 		for (int64_t i = 0; i < nr * cols; i++)
-			strip[i] = draw(&r, I_LINEAR, cols);
+			strip[i] = ok == 0 ? 0.0f : draw(&r, I_LINEAR, cols);
 		for (int64_t c = 0; c < bc; c++) {
 			int64_t c0 = c * BLK, nc = cols - c0 < BLK ? cols - c0 : BLK;
 			float amax = 0.0f;
@@ -610,6 +638,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: gen_glm --family glm5|glm4 -o DIR [--seed S] [--shards N] [--mtp] [sizes]\n"
 		"       gen_glm --preset bench-1g|glm5-structure -o DIR [--seed S] [--shards N]\n"
+		"--mtp-oracle (with --mtp): layers that add nothing and an MTP layer that is always\n"
+		"  right (the best case of its drafts; see the top of gen_glm.c)\n"
 		"sizes (tiny defaults in brackets, glm5 / glm4 where they differ):\n"
 		"  --hidden 200  --layers 4  --first-dense 1  --heads 4/6  --vocab 300  --max-pos 256\n"
 		"  --intermediate 320  --moe-intermediate 80  --experts 16  --experts-per-tok 4\n"
@@ -707,6 +737,8 @@ static void preset_structure(struct dims *d)
 
 static const char *check(const struct dims *d)
 {
+	if (d->oracle && !d->mtp)
+		return "--mtp-oracle needs --mtp (it is about the MTP layer)";
 	if (d->first_dense > d->layers)
 		return "--first-dense is more than --layers";
 	if (d->experts % d->n_group || d->experts / d->n_group < 2)
@@ -734,7 +766,7 @@ static const char *check(const struct dims *d)
 int main(int argc, char **argv)
 {
 	enum { O_FAMILY = 256, O_PRESET, O_SEED, O_SHARDS, O_MTP, O_DTYPE, O_NOQKN, O_SCALING,
-	       O_PARTIAL, O_INT };
+	       O_PARTIAL, O_ORACLE, O_INT };
 	static const char *int_names[] = {
 		"hidden", "layers", "first-dense", "heads", "vocab", "max-pos", "intermediate",
 		"moe-intermediate", "experts", "experts-per-tok", "shared-experts", "n-group",
@@ -749,6 +781,7 @@ int main(int argc, char **argv)
 	opts[n++] = (struct option){"seed", required_argument, NULL, O_SEED};
 	opts[n++] = (struct option){"shards", required_argument, NULL, O_SHARDS};
 	opts[n++] = (struct option){"mtp", no_argument, NULL, O_MTP};
+	opts[n++] = (struct option){"mtp-oracle", no_argument, NULL, O_ORACLE};
 	opts[n++] = (struct option){"dtype", required_argument, NULL, O_DTYPE};
 	opts[n++] = (struct option){"no-qk-norm", no_argument, NULL, O_NOQKN};
 	opts[n++] = (struct option){"routed-scaling", required_argument, NULL, O_SCALING};
@@ -809,6 +842,7 @@ int main(int argc, char **argv)
 		case O_SEED: d.seed = strtoull(optarg, NULL, 10); break;
 		case O_SHARDS: bad |= parse_int(optarg, "shards", &d.shards); break;
 		case O_MTP: d.mtp = 1; break;
+		case O_ORACLE: d.oracle = 1; break;
 		case O_NOQKN: d.qk_norm = 0; break;
 		case O_DTYPE:
 			if (!strcmp(optarg, "fp8") || !strcmp(optarg, "bf16")) {

@@ -402,3 +402,41 @@ Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
 	rm_rf(dir);
 	free(dir);
 }
+
+/* An MTP layer that is always right (gen_glm --mtp-oracle: the model's next token depends on
+ * its token alone, and the MTP layer computes the same function): the scheduler keeps nearly
+ * every draft, so a greedy request of n tokens takes about n / (1 + K) steps, with the tokens
+ * it gets without drafts; a sampled one with top_k 1 too. A draft the scheduler garbled, or
+ * took from the wrong place, would be thrown away: this is where the drafter's wiring shows. */
+Test(mtp, an_mtp_layer_that_is_right_saves_the_steps)
+{
+	char *dir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
+	struct engine *e = open_with(dir, NULL, ENG_MTP_ON), *plain = open_with(dir, NULL,
+										  ENG_MTP_OFF);
+	struct got p = {0}, m = {0};
+	char *plog = serve(plain, 0, &p, NULL), *mlog = serve(e, 3, &m, NULL);
+	for (int i = 0; i < NREQ; i++) {
+		struct sched_req *a = p.r[i], *b = m.r[i];
+		cr_expect(a->n_out == b->n_out && !memcmp(a->out, b->out, sizeof(int) * a->n_out),
+			  "request %c: the tokens differ", 'a' + i);
+		if (b->n_out < 8)
+			continue;
+		cr_expect_geq(b->accepted * 10, b->drafted * 9, "request %c kept %d of %d drafts",
+			      'a' + i, b->accepted, b->drafted);
+		/* up to 4 tokens a step (1 + 3 drafts), the first draft-free */
+		cr_expect_leq(b->steps, 2 + b->n_out / 3, "request %c: %d steps for %d tokens",
+			      'a' + i, b->steps, b->n_out);
+		fprintf(stderr, "mtp oracle: request %c, %d tokens in %d steps (%d without), kept %d "
+			"of %d\n", 'a' + i, b->n_out, b->steps, a->steps, b->accepted, b->drafted);
+	}
+	for (int i = 0; i < NREQ; i++) {
+		sched_req_free(p.r[i]);
+		sched_req_free(m.r[i]);
+	}
+	free(plog);
+	free(mlog);
+	eng_close(e);
+	eng_close(plain);
+	rm_rf(dir);
+	free(dir);
+}
