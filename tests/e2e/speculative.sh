@@ -11,9 +11,9 @@
 #      ("prediction"), nearly every token is a draft kept; a bad prediction is a 400
 #   4. wick bench speculate runs both modes and finds the same outputs; with --predict (each
 #      request's output its own prediction) it takes under a third of the steps
-#   5. the MTP layer drafts (--drafter, default auto): on a tiny GLM-5 with an MTP layer (and
-#      stories260K's tokenizer), the same 6 greedy jobs give the same tokens with its drafts
-#      as without; --drafter lookup drafts by lookup instead; --drafter mtp on a model without
+#   5. the MTP layer drafts (--drafter, default auto): on a tiny GLM-5 with an MTP layer that
+#      is always right (gen_glm --mtp-oracle; stories260K's tokenizer), the same 6 greedy
+#      jobs give the same tokens with its drafts as without, nearly all of them kept; --drafter lookup drafts by lookup instead; --drafter mtp on a model without
 #      one exits 1 naming it; --drafter without --speculate, or a wrong name, exits 2; wick
 #      bench speculate drafts with it; wick bench launches --drafts counts its launches
 source tests/e2e/lib.sh
@@ -194,7 +194,9 @@ print("bench speculate --predict: %d steps against %d" % (j["speculate_steps"], 
 
 # 5. The MTP layer.
 g="$TMPD/g5mtp"
-"$WICK_TOOLS/gen_glm" --family glm5 --mtp --vocab 512 --seed 3 -o "$g" >/dev/null || fail "gen_glm"
+# (--mtp-oracle: an MTP layer that is always right, so that the jobs keep its drafts)
+"$WICK_TOOLS/gen_glm" --family glm5 --mtp --mtp-oracle --vocab 512 --seed 3 -o "$g" >/dev/null ||
+  fail "gen_glm"
 cp "$m/tokenizer.json" "$g/"
 python3 - "$TMPD/mjobs" <<'PY'
 import json, os, sys
@@ -225,7 +227,7 @@ d = sys.argv[1]
 res = {q: {f: json.load(open(f"{d}/{q}/done/{f}")) for f in os.listdir(f"{d}/{q}/done")}
        for q in ("mplain", "mspec", "mlook")}
 assert len(res["mplain"]) == len(res["mspec"]) == len(res["mlook"]) == 6, res
-drafted = 0
+drafted = kept = 0
 for k, a in sorted(res["mplain"].items()):
     for q in ("mspec", "mlook"):
         b = res[q][k]
@@ -233,10 +235,12 @@ for k, a in sorted(res["mplain"].items()):
         assert a["output"]["token_ids"] == b["output"]["token_ids"], (q, k, a, b)
     det = res["mspec"][k]["usage"]["completion_tokens_details"]
     drafted += det["accepted_prediction_tokens"] + det["rejected_prediction_tokens"]
-# the MTP layer drafts at every decode step: a job of n tokens has at least n - 1 drafts
-want = sum(len(v["output"]["token_ids"]) - 1 for v in res["mplain"].values())
-assert drafted >= want, (drafted, want)
-print(f"MTP drafts: 6 greedy jobs the same with and without; {drafted} draft tokens")
+    kept += det["accepted_prediction_tokens"]
+# an MTP layer that is always right: nearly every draft kept, up to 4 tokens a step
+n = sum(len(v["output"]["token_ids"]) for v in res["mplain"].values())
+assert kept >= 0.9 * drafted and kept >= n / 2, (kept, drafted, n)
+print(f"MTP drafts: 6 greedy jobs the same with and without; kept {kept} of {drafted} drafts "
+      f"for {n} tokens")
 PY
 grep -q '"draft": ' "$TMPD/mspec.steps" || fail "no MTP draft in the step log"
 set +e
