@@ -95,8 +95,9 @@ static int g4_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 		     (rc = glm_vector(e, m, NAME("k_norm.weight"), a->head_dim, &L->kn, err, errsz))))
 			return rc;
 #undef NAME
-		m->attn_bytes += glm_weight_bytes(&L->wq) + glm_weight_bytes(&L->wk) +
-				 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
+		if (l < m->c.n_layers) /* (the MTP layer's are not a decode step's) */
+			m->attn_bytes += glm_weight_bytes(&L->wq) + glm_weight_bytes(&L->wk) +
+					 glm_weight_bytes(&L->wv) + glm_weight_bytes(&L->wo);
 	}
 	return eng_gqa_alloc(e, &a->kv, m->c.n_attn, m->c.max_seq, a->n_kv, a->head_dim, err,
 			     errsz);

@@ -300,9 +300,10 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 			       (size_t)a->lora * dim * dt_size(L->kv_a.dtype);
 		if (L->kv_a.scale)
 			L->kv_r.scale = L->kv_a.scale + (size_t)(a->lora / 128) * ((dim + 127) / 128);
-		m->attn_bytes += glm_weight_bytes(&L->q_a) + glm_weight_bytes(&L->q_b) +
-				 glm_weight_bytes(&L->kv_a) + glm_weight_bytes(&L->kv_b) +
-				 glm_weight_bytes(&L->o);
+		if (l < m->c.n_layers) /* (the MTP layer's are not a decode step's) */
+			m->attn_bytes += glm_weight_bytes(&L->q_a) + glm_weight_bytes(&L->q_b) +
+					 glm_weight_bytes(&L->kv_a) + glm_weight_bytes(&L->kv_b) +
+					 glm_weight_bytes(&L->o);
 		if (!L->full)
 			continue;
 		if ((rc = W("indexer.wq_b.weight", a->i_heads * a->i_dim, a->q_lora, &L->iq)) ||
@@ -314,8 +315,9 @@ static int g5_load(struct engine *e, struct glm_model *m, char *err, size_t errs
 #undef P
 #undef V
 #undef W
-		m->attn_bytes += glm_weight_bytes(&L->iq) + glm_weight_bytes(&L->ik) +
-				 glm_weight_bytes(&L->iw);
+		if (l < m->c.n_layers)
+			m->attn_bytes += glm_weight_bytes(&L->iq) + glm_weight_bytes(&L->ik) +
+					 glm_weight_bytes(&L->iw);
 	}
 	size_t T = (size_t)m->c.max_seq, nl = (size_t)m->max_seqs * m->c.n_attn;
 	size_t kvs = eng_kv_size(e), bs = dt_size(eng_kv_b_type(e));
