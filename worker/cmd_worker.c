@@ -37,6 +37,9 @@ static void usage(FILE *f)
 		"                        prediction: mtp (the model's MTP layer, loaded for it),\n"
 		"                        lookup (the job's own text) or auto (default: mtp where\n"
 		"                        the model has one)\n"
+		"  --speculate-max-batch N  no drafts in a step of more than N jobs (default 0:\n"
+		"                        no limit): a big batch is bound by compute, not by\n"
+		"                        reading the weights\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -93,7 +96,7 @@ int cmd_worker(int argc, char **argv)
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
-	       O_SPEC, O_DRAFTER };
+	       O_SPEC, O_DRAFTER, O_SPEC_BATCH };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -105,6 +108,7 @@ int cmd_worker(int argc, char **argv)
 		{"queue-outage", required_argument, 0, O_OUTAGE},
 		{"speculate", required_argument, 0, O_SPEC},
 		{"drafter", required_argument, 0, O_DRAFTER},
+		{"speculate-max-batch", required_argument, 0, O_SPEC_BATCH},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -134,6 +138,10 @@ int cmd_worker(int argc, char **argv)
 		case O_SPEC:
 			bad = parse_num(optarg, "--speculate", 0, SCHED_DRAFT_MAX, &v);
 			w.speculate = (int)v;
+			break;
+		case O_SPEC_BATCH:
+			bad = parse_num(optarg, "--speculate-max-batch", 0, WORKER_MAX_CONCURRENCY, &v);
+			w.speculate_max_batch = (int)v;
 			break;
 		case O_DRAFTER:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {

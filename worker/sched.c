@@ -25,6 +25,8 @@ struct sched {
 	int *spec_k;             /* [slots]: the draft tokens of this step (0: none) */
 	double *spec_u;          /* [slots][2 * (SCHED_DRAFT_MAX + 1)]: a sampled one's draws */
 	bool mtp;                /* the engine's MTP layer drafts (sched.h) */
+	int spec_max_batch;      /* sched_set_speculate_max_batch (0: no limit) */
+	bool spec_now;           /* this step drafts */
 	int *spec_d;             /* [slots][SCHED_DRAFT_MAX]: the MTP drafts a step returns */
 	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
@@ -175,6 +177,14 @@ int sched_set_speculate(struct sched *s, int max_draft)
 	}
 	s->spec = max_draft;
 	s->mtp = max_draft > 0 && eng_info(s->e)->mtp;
+	return WK_OK;
+}
+
+int sched_set_speculate_max_batch(struct sched *s, int max_batch)
+{
+	if (max_batch < 0)
+		return WK_EINVAL;
+	s->spec_max_batch = max_batch;
 	return WK_OK;
 }
 
@@ -636,7 +646,7 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 	if (max > s->max_seq - len - 2)
 		max = s->max_seq - len - 2;
 	int *in = s->spec_in ? s->spec_in + (size_t)i * (SCHED_DRAFT_MAX + 1) : NULL;
-	int k = s->spec && max > 0 ? draft(r, in + 1, max, s->mtp) : 0;
+	int k = s->spec && s->spec_now && max > 0 ? draft(r, in + 1, max, s->mtp) : 0;
 	s->spec_k[i] = k;
 	if (!k) {
 		it->tokens = &r->out[r->n_out - 1];
@@ -727,7 +737,10 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		r->t_admit = now;
 		s->run[i] = r;
 	}
-	int n = 0;
+	int n = 0, running = 0;
+	for (int i = 0; i < s->slots; i++)
+		running += s->run[i] != NULL;
+	s->spec_now = !s->spec_max_batch || running <= s->spec_max_batch;
 	for (int i = 0; i < s->slots; i++) {
 		struct sched_req *r = s->run[i];
 		if (!r)
@@ -755,7 +768,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			it->sample.u = samp_draw(r->sampler);
 		if (s->mtp) { /* the drafts for its next step, after this step's token */
 			int want = r->draft_len > 0 && r->draft_len < s->spec ? r->draft_len : s->spec;
-			it->drafts = want;
+			it->drafts = s->spec_now ? want : 1; /* (off: only to keep its caches) */
 			it->draft = s->spec_d + (size_t)i * SCHED_DRAFT_MAX;
 			r->mtp_n = 0;
 		}

@@ -119,6 +119,12 @@ void sched_free(struct sched *s); /* frees requests still held */
 #define SCHED_NGRAM_MAX 3
 #define SCHED_NGRAM_MIN 2
 int sched_set_speculate(struct sched *s, int max_draft);
+/* No drafts in a step that runs more than max_batch requests (0, the default: no limit), as
+ * vLLM's speculative_disable_by_batch_size: a big batch is bound by compute rather than by
+ * reading the weights, and every rejected draft costs it. With the MTP layer the items still
+ * ask it for one draft, unused, so that its caches keep up (a pass of one layer and the
+ * lm_head's rows). WK_EINVAL when negative. */
+int sched_set_speculate_max_batch(struct sched *s, int max_batch);
 
 /* Queues r (admitted at the next step when a sequence is free). The prompt must be
  * non-empty. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller

@@ -1169,7 +1169,8 @@ static int start(struct worker *w, const char **why)
 		return 1;
 	}
 	w->s = sched_create(w->e, w->step_log);
-	if (w->s && sched_set_speculate(w->s, w->o.speculate) != WK_OK) {
+	if (w->s && (sched_set_speculate(w->s, w->o.speculate) != WK_OK ||
+		     sched_set_speculate_max_batch(w->s, w->o.speculate_max_batch) != WK_OK)) {
 		sched_free(w->s);
 		w->s = NULL;
 	}

@@ -23,6 +23,7 @@ struct worker_opts {
 	const char *done_url, *ping_url, *stream_url; /* http(s):// queues (RunPod) */
 	int concurrency, max_jobs; /* [1, WORKER_MAX_CONCURRENCY]; 0: no limit */
 	int speculate;          /* sched_set_speculate's max_draft: 0 off */
+	int speculate_max_batch; /* sched_set_speculate_max_batch: 0 no limit */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	bool json_logs;

@@ -24,6 +24,8 @@
 #                      jobs' predictions, then the model's MTP layer or prompt lookup)
 #   WICK_DRAFTER       where drafts come from (default auto: the MTP layer where the model
 #                      has one and the engine runs it; mtp; lookup)
+#   WICK_SPECULATE_MAX_BATCH  no drafts in a step of more jobs than this (default 0: no
+#                      limit; a big batch is bound by compute)
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -47,7 +49,7 @@ trap - TERM INT
 exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
 	--backend cuda --concurrency "${WICK_CONCURRENCY:-4}" --max-seq "${WICK_MAX_SEQ:-32768}" \
 	--kv-dtype "${WICK_KV_DTYPE:-auto}" --speculate "${WICK_SPECULATE:-0}" \
-	--drafter "${WICK_DRAFTER:-auto}" \
+	--drafter "${WICK_DRAFTER:-auto}" --speculate-max-batch "${WICK_SPECULATE_MAX_BATCH:-0}" \
 	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \

@@ -109,7 +109,14 @@ for v in 17 -1 x 2.5.1; do
   grep -q -- "--speculate wants a number" "$TMPD/bad.log" ||
     fail "--speculate $v: $(cat "$TMPD/bad.log")"
 done
-echo "refused: --speculate 17, -1, x, 2.5.1 (exit 2, the flag named)"
+set +e
+"$WICK" worker --model "$m" --queue "spool:$TMPD/plain" --speculate 2 --speculate-max-batch -1 \
+  2>"$TMPD/bad.log"
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q -- "--speculate-max-batch wants a number" "$TMPD/bad.log" ||
+  fail "--speculate-max-batch -1: exit $rc: $(cat "$TMPD/bad.log")"
+echo "refused: --speculate 17, -1, x, 2.5.1, --speculate-max-batch -1 (exit 2, the flag named)"
 
 # 3. A dev session.
 free_port() {

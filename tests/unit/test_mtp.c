@@ -327,7 +327,8 @@ enum { NREQ = 5 };
 
 /* NREQ requests on e with speculation spec; the last two predict want[0] and want[1]'s
  * outputs (NULL: none). Returns the step log (malloc'd). */
-static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *const *want)
+static char *serve_batch(struct engine *e, int spec, int max_batch, struct got *g,
+			 struct sched_req *const *want)
 {
 	static const int prompts[NREQ][6] = {{3, 17, 42, 5, 20, 11}, {7, 7, 7}, {250, 1, 99, 4},
 					     {3, 17, 42, 5, 20, 11}, {7, 7, 7}};
@@ -337,6 +338,7 @@ static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *
 	FILE *lf = open_memstream(&log, &len);
 	struct sched *s = sched_create(e, lf);
 	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	cr_assert_eq(sched_set_speculate_max_batch(s, max_batch), WK_OK);
 	for (int i = 0; i < NREQ; i++) {
 		struct sched_req *r = calloc(1, sizeof *r);
 		snprintf(r->id, sizeof r->id, "%c", 'a' + i);
@@ -360,6 +362,11 @@ static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *
 	sched_free(s);
 	fclose(lf);
 	return log;
+}
+
+static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *const *want)
+{
+	return serve_batch(e, spec, 0, g, want);
 }
 
 Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
@@ -437,6 +444,48 @@ Test(mtp, an_mtp_layer_that_is_right_saves_the_steps)
 	free(mlog);
 	eng_close(e);
 	eng_close(plain);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* sched_set_speculate_max_batch: no drafts in a step of more than 2 requests (the step log's
+ * items), drafts again once fewer run, every one kept (the oracle), the same tokens. */
+Test(mtp, no_drafts_in_a_big_batch)
+{
+	char *dir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
+	struct engine *e = open_with(dir, NULL, ENG_MTP_ON);
+	struct got p = {0}, m = {0};
+	char *plog = serve(e, 0, &p, NULL), *mlog = serve_batch(e, 3, 2, &m, NULL);
+	for (int i = 0; i < NREQ; i++)
+		cr_expect(p.r[i]->n_out == m.r[i]->n_out &&
+				  !memcmp(p.r[i]->out, m.r[i]->out, sizeof(int) * p.r[i]->n_out),
+			  "request %c: the tokens differ", 'a' + i);
+	int big = 0, small = 0, drafted_big = 0, drafted_small = 0;
+	for (char *line = strtok(mlog, "\n"); line; line = strtok(NULL, "\n")) {
+		int items = 0, drafts = 0;
+		for (char *q = strstr(line, "\"phase\""); q; q = strstr(q + 1, "\"phase\""))
+			items++;
+		for (char *q = strstr(line, "\"draft\": "); q; q = strstr(q + 1, "\"draft\": "))
+			drafts++;
+		*(items > 2 ? &big : &small) += 1;
+		*(items > 2 ? &drafted_big : &drafted_small) += drafts > 0;
+	}
+	cr_expect_gt(big, 0);
+	cr_expect_eq(drafted_big, 0, "%d steps of more than 2 requests drafted", drafted_big);
+	cr_expect_gt(drafted_small, 0, "no step of 2 or fewer drafted (%d such steps)", small);
+	int kept = 0, drafted = 0;
+	for (int i = 0; i < NREQ; i++) {
+		kept += m.r[i]->accepted;
+		drafted += m.r[i]->drafted;
+	}
+	cr_expect_eq(kept, drafted, "kept %d of %d", kept, drafted);
+	for (int i = 0; i < NREQ; i++) {
+		sched_req_free(p.r[i]);
+		sched_req_free(m.r[i]);
+	}
+	free(plog);
+	free(mlog);
+	eng_close(e);
 	rm_rf(dir);
 	free(dir);
 }

@@ -438,6 +438,8 @@ Test(sched, speculation_refusals)
 	cr_expect_eq(sched_set_speculate(s, SCHED_DRAFT_MAX + 1), WK_EINVAL);
 	cr_expect_eq(sched_set_speculate(s, SCHED_DRAFT_MAX), WK_OK);
 	cr_expect_eq(sched_set_speculate(s, 0), WK_OK);
+	cr_expect_eq(sched_set_speculate_max_batch(s, -1), WK_EINVAL);
+	cr_expect_eq(sched_set_speculate_max_batch(s, 3), WK_OK);
 	sched_free(s);
 }
 
