@@ -369,6 +369,17 @@ static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *
 	return serve_batch(e, spec, 0, g, want);
 }
 
+/* Frees two runs' requests and step logs. */
+static void release(struct got *a, struct got *b, char *la, char *lb)
+{
+	for (int i = 0; i < NREQ; i++) {
+		sched_req_free(a->r[i]);
+		sched_req_free(b->r[i]);
+	}
+	free(la);
+	free(lb);
+}
+
 Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
 {
 	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
@@ -398,12 +409,7 @@ Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
 	cr_expect_null(strstr(plog, "\"draft\""));
 	cr_expect_not_null(strstr(mlog, "\"draft\": "));
 	fprintf(stderr, "mtp scheduler: kept %d of %d drafts\n", accepted, drafted);
-	for (int i = 0; i < NREQ; i++) {
-		sched_req_free(p.r[i]);
-		sched_req_free(m.r[i]);
-	}
-	free(plog);
-	free(mlog);
+	release(&p, &m, plog, mlog);
 	eng_close(e);
 	eng_close(plain);
 	rm_rf(dir);
@@ -436,12 +442,7 @@ Test(mtp, an_mtp_layer_that_is_right_saves_the_steps)
 		fprintf(stderr, "mtp oracle: request %c, %d tokens in %d steps (%d without), kept %d "
 			"of %d\n", 'a' + i, b->n_out, b->steps, a->steps, b->accepted, b->drafted);
 	}
-	for (int i = 0; i < NREQ; i++) {
-		sched_req_free(p.r[i]);
-		sched_req_free(m.r[i]);
-	}
-	free(plog);
-	free(mlog);
+	release(&p, &m, plog, mlog);
 	eng_close(e);
 	eng_close(plain);
 	rm_rf(dir);
@@ -479,12 +480,7 @@ Test(mtp, no_drafts_in_a_big_batch)
 		drafted += m.r[i]->drafted;
 	}
 	cr_expect_eq(kept, drafted, "kept %d of %d", kept, drafted);
-	for (int i = 0; i < NREQ; i++) {
-		sched_req_free(p.r[i]);
-		sched_req_free(m.r[i]);
-	}
-	free(plog);
-	free(mlog);
+	release(&p, &m, plog, mlog);
 	eng_close(e);
 	rm_rf(dir);
 	free(dir);
