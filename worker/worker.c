@@ -1212,15 +1212,20 @@ static void log_ready(struct worker *w)
 	if (su->comm_s > 0)
 		snprintf(comm, sizeof comm, "; communicator %.1f ms, %.1f ms of it after them",
 			 su->comm_s * 1e3, su->comm_wait_s * 1e3);
+	char spec_cap[64] = ""; /* --speculate-max-batch */
+	if (w->o.speculate && w->o.speculate_max_batch)
+		snprintf(spec_cap, sizeof spec_cap, ", none in a step of more than %d jobs",
+			 w->o.speculate_max_batch);
 	wlog(w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
-	     "beside them%s), backend %s, %d x %d positions of %s KV cache%s",
+	     "beside them%s), backend %s, %d x %d positions of %s KV cache%s%s",
 	     (wk_now() - w->t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
 	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
 	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
 	     ei->max_seqs, ei->max_seq, ei->kv_dtype,
 	     !w->o.speculate ? ""
 	     : ei->mtp	     ? ", speculative decoding on (the MTP layer drafts)"
-			     : ", speculative decoding on (prompt lookup drafts)");
+			     : ", speculative decoding on (prompt lookup drafts)",
+	     spec_cap);
 	set_state(w, ST_READY);
 	w->t_last_activity = wk_now();
 	if (ledger_state(w->ledger, LEDGER_IDLE, w->t_last_activity, err, sizeof err) != WK_OK)
