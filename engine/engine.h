@@ -59,8 +59,9 @@ struct eng_opts {
 	const char *kv_dtype;
 	/* The model's MTP layer (GLM's num_nextn_predict_layers; DeepSeek-V3's multi-token
 	 * prediction), for speculative decoding's drafts (eng_item.drafts): ENG_MTP_OFF leaves
-	 * it unloaded; ENG_MTP_ON loads it, and a model without one is refused by name;
-	 * ENG_MTP_AUTO loads it where the model has one (eng_info.mtp says). */
+	 * it unloaded; ENG_MTP_ON loads it, and a model without one (or a snapshot made
+	 * without wick snapshot --mtp) is refused by name; ENG_MTP_AUTO loads it where the
+	 * checkpoint or snapshot holds it (eng_info.mtp says). Sharded too. */
 	int mtp;
 };
 
