@@ -811,10 +811,8 @@ static int mtp_drafts(struct engine *e, struct glm_model *m, const struct eng_it
 	size_t row = (size_t)dim * sizeof(float);
 	bool lead = e->rank == 0; /* writes the outputs; sharded, the others read them */
 	const struct eng_item *src = e->world > 1 ? shard_items(e) : items;
-	for (int i = 0; i < n_items; i++)
+	for (int i = 0; i < n_items; i++) /* (run() calls this where one drafts) */
 		most = items[i].drafts > most ? items[i].drafts : most;
-	if (most == 0)
-		return WK_OK; /* nobody drafts: the MTP layer costs nothing (see above) */
 	for (int i = 0; i < n_items; i++) {
 		const struct eng_item *it = &src[i]; /* its token: rank 0's outputs */
 		const struct eng_seg *g = &m->seg[i];
@@ -993,7 +991,10 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 	if (e->rank == 0 && (rc = eng_outputs(e, items, n_items, m->lg, m->c.vocab, err, errsz)) ==
 				   WK_OK)
 		rc = eng_sync(e, err, errsz);
-	if (!m->mtp)
+	bool drafting = false; /* (every rank sees the same items) */
+	for (int i = 0; i < n_items && m->mtp; i++)
+		drafting |= items[i].drafts > 0;
+	if (!drafting)
 		return rc;
 	/* sharded: the other ranks read rank 0's tokens after this (shard_items) */
 	if ((rc = eng_agree(e, rc, err, errsz)) != WK_OK)
