@@ -209,6 +209,11 @@ struct eng_item {
 	int drafts;
 	int *draft;
 	float *draft_logits;
+	/* With the MTP layer loaded, token set and drafts 0: the MTP layer still runs over this
+	 * item's rows (no lm_head, no drafts), so that its caches keep up and a later step's
+	 * drafts attend to these positions. A caller that drafts only now and then sets it on
+	 * the steps between (a pass of one layer, against the drafts' layer and lm_head each). */
+	bool mtp_cache;
 };
 #define ENG_DRAFT_MAX 16
 /* The most candidates per row a device's sample_cand sends to the host: 8 KiB per row (at

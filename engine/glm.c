@@ -759,10 +759,12 @@ static void layer(struct engine *e, struct glm_model *m, int l, bool first, int 
  * draft before it and the MTP layer's own hidden state (before shared_head.norm), at the
  * positions after, whose cache rows the next step writes again.
  *
- * A step in which no item asks for drafts runs no MTP pass (a caller that never drafts pays
- * nothing for the layer); the positions it added keep no MTP cache rows, so drafts after them
- * attend to stale rows there: worse drafts, never other outputs (the scheduler's items all ask
- * for drafts once it drafts with the MTP layer). */
+ * A step in which no item asks for drafts (nor sets mtp_cache) runs no MTP pass (a caller
+ * that never drafts pays nothing for the layer); the positions it added keep no MTP cache
+ * rows, so drafts after them attend to stale rows there: worse drafts, never other outputs
+ * (the scheduler's items all ask for drafts or set mtp_cache once it drafts with the MTP
+ * layer). An item with mtp_cache and no drafts has its rows run through the layer, and no
+ * lm_head. */
 
 /* One MTP pass over R rows in m->mseg[0..nseg): tokens m->mtok (-1: a zero embedding), the
  * hidden states m->mh. Leaves the MTP layer's output hidden states (before
@@ -993,7 +995,7 @@ static int run(struct engine *e, const struct eng_item *items, int n_items, bool
 		rc = eng_sync(e, err, errsz);
 	bool drafting = false; /* (every rank sees the same items) */
 	for (int i = 0; i < n_items && m->mtp; i++)
-		drafting |= items[i].drafts > 0;
+		drafting |= items[i].drafts > 0 || items[i].mtp_cache;
 	if (!drafting)
 		return rc;
 	/* sharded: the other ranks read rank 0's tokens after this (shard_items) */

@@ -37,6 +37,8 @@ static void usage(FILE *f)
 		"      --runs R          runs of each mode (default 3)\n"
 		"      --drafter D       mtp (the model's MTP layer), lookup, or auto (default: mtp\n"
 		"                        where the model has one), as wick worker --drafter\n"
+		"      --draft-cost C    a draft's cost against a step's (0-16), or auto (default:\n"
+		"                        measured from the steps), as wick worker --draft-cost\n"
 		"      --predict         the speculating runs get each request's output (from the\n"
 		"                        first run without) as its prediction: an edit that changes\n"
 		"                        nothing, the best case of OpenAI's predicted outputs\n"
@@ -44,7 +46,7 @@ static void usage(FILE *f)
 }
 
 struct run_out {
-	double seconds;
+	double seconds, cost; /* cost: a draft's at the end (sched_draft_cost) */
 	long steps;
 	int tokens, drafted, accepted;
 	int *out[SPEC_MAX_PROMPTS], n_out[SPEC_MAX_PROMPTS];
@@ -65,12 +67,13 @@ static void on_done(void *ctx, struct sched_req *r)
 
 /* One run of every prompt, conc at a time, with max_draft (0: off); with pred, request i
  * gets the output pred->out[i] as its prediction. */
-static int run(struct engine *e, int max_draft, int *const *ids, const int *n_ids, int n,
-	       int tokens, int conc, const struct run_out *pred, struct run_out *o)
+static int run(struct engine *e, int max_draft, double cost, int *const *ids, const int *n_ids,
+	       int n, int tokens, int conc, const struct run_out *pred, struct run_out *o)
 {
 	memset(o, 0, sizeof *o);
 	struct sched *s = sched_create(e, NULL);
-	if (!s || sched_set_speculate(s, max_draft) != WK_OK) {
+	if (!s || sched_set_speculate(s, max_draft) != WK_OK ||
+	    sched_set_draft_cost(s, cost) != WK_OK) {
 		sched_free(s);
 		return WK_ENOMEM;
 	}
@@ -112,6 +115,7 @@ static int run(struct engine *e, int max_draft, int *const *ids, const int *n_id
 	}
 	o->seconds = wk_now() - t0;
 	o->steps = sched_steps(s);
+	o->cost = sched_draft_cost(s);
 	sched_free(s);
 	return rc;
 }
@@ -169,7 +173,7 @@ int bench_spec(int argc, char **argv)
 		{"prompt", required_argument, 0, 'p'}, {"concurrency", required_argument, 0, 'c'},
 		{"runs", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
 		{"prompt-ids", required_argument, 0, 'i'}, {"predict", no_argument, 0, 'P'},
-		{"drafter", required_argument, 0, 'D'},
+		{"drafter", required_argument, 0, 'D'}, {"draft-cost", required_argument, 0, 'C'},
 		CMD_ENGINE_OPTIONS, {0, 0, 0, 0}};
 	static const char *const dflt[] = {
 		"Lily and Ben went to the park. Lily and Ben played with a ball. Lily and Ben",
@@ -181,6 +185,7 @@ int bench_spec(int argc, char **argv)
 	int *ids[SPEC_MAX_PROMPTS] = {0}, n_ids[SPEC_MAX_PROMPTS] = {0}, rc = 0;
 	int np = 0, tokens = 128, draft = 4, conc = 1, runs = 3, c, bad = 0;
 	bool predict = false;
+	double cost = SCHED_COST_AUTO;
 	struct cmd_engine ce = {.o = {.backend = "cpu", .mtp = ENG_MTP_AUTO}};
 	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
 		switch (c) {
@@ -203,6 +208,17 @@ int bench_spec(int argc, char **argv)
 			np++;
 			break;
 		case 'P': predict = true; break;
+		case 'C':
+			if (strcmp(optarg, "auto")) {
+				char *end;
+				cost = strtod(optarg, &end);
+				if (end == optarg || *end || !(cost >= 0 && cost <= SCHED_COST_MAX)) {
+					fprintf(stderr, "wick bench speculate: --draft-cost wants auto or "
+						"a number from 0 to %g, not '%s'\n", SCHED_COST_MAX, optarg);
+					bad = 2;
+				}
+			}
+			break;
 		case 'D':
 			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {
 				fprintf(stderr, "wick bench speculate: --drafter is auto, mtp or lookup, "
@@ -266,15 +282,16 @@ int bench_spec(int argc, char **argv)
 	double tps[2][99], steps[2] = {0};
 	struct run_out ref = {0}, o = {0};
 	int drafted = 0, accepted = 0, differ = -1;
+	double cost_end = 0; /* the last speculating run's draft cost */
 	/* a warm-up run, untimed: the first touches of the weights and buffers */
-	if (!rc && run(e, 0, ids, n_ids, np, tokens < 8 ? tokens : 8, conc, NULL, &o) != WK_OK) {
+	if (!rc && run(e, 0, cost, ids, n_ids, np, tokens < 8 ? tokens : 8, conc, NULL, &o) != WK_OK) {
 		fprintf(stderr, "wick bench speculate: a run failed\n");
 		rc = 1;
 	}
 	free_out(&o);
 	for (int k = 0; k < runs && !rc; k++)
 		for (int mode = 0; mode < 2 && !rc; mode++) {
-			if (run(e, mode ? draft : 0, ids, n_ids, np, tokens, conc,
+			if (run(e, mode ? draft : 0, cost, ids, n_ids, np, tokens, conc,
 				mode && predict ? &ref : NULL, &o) != WK_OK) {
 				fprintf(stderr, "wick bench speculate: a run failed\n");
 				rc = 1;
@@ -286,6 +303,7 @@ int bench_spec(int argc, char **argv)
 			if (mode) {
 				drafted = o.drafted;
 				accepted = o.accepted;
+				cost_end = o.cost;
 			}
 			if (k == 0 && mode == 0) {
 				ref = o;
@@ -323,6 +341,8 @@ int bench_spec(int argc, char **argv)
 		printf("ratio %.2fx in tokens/s, %.2fx fewer steps; kept %d of %d draft tokens "
 		       "(%.0f%%); the outputs are the same\n", s / p, steps[0] / steps[1], accepted,
 		       drafted, drafted ? 100.0 * accepted / drafted : 0.0);
+		printf("a draft costs %.3f of a step (%s), drafted where that pays\n", cost_end,
+		       cost == SCHED_COST_AUTO ? "measured from the steps, at the end" : "--draft-cost");
 		printf("a step of %d tokens (one and %d drafts) takes %.2fx a step of one "
 		       "(%.2f ms against %.2f, medians of 9)\n", draft + 1, draft, cn / c1, cn * 1e3,
 		       c1 * 1e3);
@@ -334,11 +354,12 @@ int bench_spec(int argc, char **argv)
 		       "\"concurrency\": %d, \"draft\": %d, \"runs\": %d, \"plain_tokens_per_s\": %.2f, "
 		       "\"speculate_tokens_per_s\": %.2f, \"ratio\": %.3f, \"plain_steps\": %.0f, "
 		       "\"speculate_steps\": %.0f, \"drafted\": %d, \"accepted\": %d, "
-		       "\"step_ms\": %.3f, \"verify_step_ms\": %.3f, \"mtp_step_ms\": %.3f}\n",
+		       "\"step_ms\": %.3f, \"verify_step_ms\": %.3f, \"mtp_step_ms\": %.3f, "
+		       "\"draft_cost\": %.4f, \"draft_cost_measured\": %s}\n",
 		       eng_info(e)->mtp ? "mtp" : "lookup", predict ? "true" : "false", np,
 		       tokens, conc, draft, runs,
 		       p, s, s / p, steps[0], steps[1], drafted, accepted, c1 * 1e3, cn * 1e3,
-		       cm * 1e3);
+		       cm * 1e3, cost_end, cost == SCHED_COST_AUTO ? "true" : "false");
 	}
 	free_out(&ref);
 	for (int i = 0; i < np; i++)

@@ -40,6 +40,9 @@ static void usage(FILE *f)
 		"  --speculate-max-batch N  no drafts in a step of more than N jobs (default 0:\n"
 		"                        no limit): a big batch is bound by compute, not by\n"
 		"                        reading the weights\n"
+		"  --draft-cost C        a draft token's cost against a step's, for how many\n"
+		"                        drafts pay (0-16; default auto: measured from the\n"
+		"                        steps)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -96,7 +99,7 @@ int cmd_worker(int argc, char **argv)
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
-	       O_SPEC, O_DRAFTER, O_SPEC_BATCH };
+	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -109,6 +112,7 @@ int cmd_worker(int argc, char **argv)
 		{"speculate", required_argument, 0, O_SPEC},
 		{"drafter", required_argument, 0, O_DRAFTER},
 		{"speculate-max-batch", required_argument, 0, O_SPEC_BATCH},
+		{"draft-cost", required_argument, 0, O_DRAFT_COST},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -142,6 +146,13 @@ int cmd_worker(int argc, char **argv)
 		case O_SPEC_BATCH:
 			bad = parse_num(optarg, "--speculate-max-batch", 0, WORKER_MAX_CONCURRENCY, &v);
 			w.speculate_max_batch = (int)v;
+			break;
+		case O_DRAFT_COST:
+			if (strcmp(optarg, "auto"))
+				bad = parse_num(optarg, "--draft-cost", 0, SCHED_COST_MAX,
+						&w.draft_cost);
+			else
+				w.draft_cost = SCHED_COST_AUTO;
 			break;
 		case O_DRAFTER:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {

@@ -8,6 +8,17 @@
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 
+/* How many drafts pay (plan_drafts): */
+#define SCHED_COST_PRIOR 0.2   /* a draft's cost against a step, before any is measured */
+#define SCHED_COST_PRIOR_W 2.0 /* ... its weight, in steps with drafts */
+#define SCHED_COST_DECAY 0.98  /* a measured step's weight, one of its kind later */
+#define SCHED_ACC_PRIOR 0.6    /* a draft kept, before any has been verified */
+#define SCHED_ACC_WEIGHT 2.0   /* the prior's weight, in verifications */
+#define SCHED_ACC_DECAY 0.8    /* a verification's weight in its request's, one later */
+#define SCHED_ACC_GLOBAL_DECAY 0.99 /* ... in every request's */
+#define SCHED_PROBE_MIN 4      /* steps between probes where no draft pays */
+#define SCHED_PROBE_MAX 32
+
 struct sched {
 	struct engine *e;
 	const struct tok *tok;
@@ -28,6 +39,9 @@ struct sched {
 	int spec_max_batch;      /* sched_set_speculate_max_batch (0: no limit) */
 	bool spec_now;           /* this step drafts */
 	int *spec_d;             /* [slots][SCHED_DRAFT_MAX]: the MTP drafts a step returns */
+	double draft_cost;       /* sched_set_draft_cost (SCHED_COST_AUTO: cost measured) */
+	struct sched_cost cost;  /* decode steps' seconds against their drafts */
+	double acc_s, acc_f;     /* every request's drafts kept and failed, decayed (a prior) */
 	struct sched_req *fin_head, *fin_tail; /* finished in this call; done() after accounting */
 	long steps;
 	int engine_rc;           /* WK_OK until a step fails in the engine */
@@ -61,6 +75,9 @@ struct sched *sched_create(struct engine *e, FILE *log)
 		return NULL;
 	}
 	s->t0 = wk_now();
+	s->draft_cost = SCHED_COST_AUTO;
+	s->acc_s = SCHED_ACC_PRIOR * SCHED_ACC_WEIGHT;
+	s->acc_f = (1 - SCHED_ACC_PRIOR) * SCHED_ACC_WEIGHT;
 	return s;
 }
 
@@ -186,6 +203,109 @@ int sched_set_speculate_max_batch(struct sched *s, int max_batch)
 		return WK_EINVAL;
 	s->spec_max_batch = max_batch;
 	return WK_OK;
+}
+
+int sched_set_draft_cost(struct sched *s, double cost)
+{
+	if (cost != SCHED_COST_AUTO && !(cost >= 0 && cost <= SCHED_COST_MAX))
+		return WK_EINVAL;
+	s->draft_cost = cost;
+	return WK_OK;
+}
+
+/* ---- how many drafts pay ----
+ * A request's next step verifies K drafts, K chosen to give the most tokens for the time:
+ * each draft is expected kept with probability alpha once the one before it was (so a step
+ * gives 1 + alpha + ... + alpha^K tokens), and costs `cost` of a step without drafts (its
+ * row in the verification, and with the MTP layer its pass of that layer). alpha is the
+ * request's own kept and failed drafts, decayed, after a prior of every request's; the cost
+ * is measured from the decode steps (sched_cost), or fixed (sched_set_draft_cost). */
+
+int sched_draft_len(double alpha, double cost, int max)
+{
+	int best = 0;
+	double gain = 1, tokens = 1, a = 1;
+	for (int k = 1; k <= max; k++) {
+		a *= alpha;
+		tokens += a;
+		double g = tokens / (1 + cost * k);
+		if (g > gain * (1 + 1e-9)) {
+			gain = g;
+			best = k;
+		}
+	}
+	return best;
+}
+
+void sched_cost_add(struct sched_cost *c, double z, double y)
+{
+	const double l = SCHED_COST_DECAY;
+	if (!(z >= 0 && y >= 0))
+		return;
+	if (z == 0) {
+		c->w0 = l * c->w0 + 1;
+		c->y0 = l * c->y0 + y;
+	} else {
+		c->w1 = l * c->w1 + 1;
+		c->y1 = l * c->y1 + y;
+		c->z1 = l * c->z1 + z;
+	}
+}
+
+double sched_cost_ratio(const struct sched_cost *c)
+{
+	if (c->w0 <= 0 || c->w1 <= 0)
+		return SCHED_COST_PRIOR;
+	double base = c->y0 / c->w0, unit = (c->y1 - c->w1 * base) / c->z1;
+	double r = !(unit > 0) ? 0 : unit >= SCHED_COST_MAX * base ? SCHED_COST_MAX : unit / base;
+	/* pulled toward the prior by the weight of SCHED_COST_PRIOR_W steps */
+	return (r * c->w1 + SCHED_COST_PRIOR * SCHED_COST_PRIOR_W) / (c->w1 + SCHED_COST_PRIOR_W);
+}
+
+double sched_draft_cost(const struct sched *s)
+{
+	return s->draft_cost != SCHED_COST_AUTO ? s->draft_cost
+						: sched_cost_ratio(&s->cost) * (s->mtp ? 2 : 1);
+}
+
+/* The most draft tokens request r's next verification may have (and with the MTP layer, how
+ * many drafts it asks the layer for now). 0 where drafts do not pay; then a probe of one
+ * draft every probe_gap steps keeps its alpha current (the gap doubles while probes fail). */
+static int plan_drafts(struct sched *s, struct sched_req *r)
+{
+	double alpha = (r->acc_s + SCHED_ACC_WEIGHT * s->acc_s / (s->acc_s + s->acc_f)) /
+		       (r->acc_s + r->acc_f + SCHED_ACC_WEIGHT);
+	int k = sched_draft_len(alpha, sched_draft_cost(s), s->spec);
+	if (k == 0 && r->pred && r->pred_at < r->n_pred)
+		k = 1; /* the caller expects the output to repeat its prediction: always look */
+	if (k > 0) {
+		r->probe_in = 0;
+		return k;
+	}
+	if (!r->probe_gap)
+		r->probe_gap = SCHED_PROBE_MIN;
+	if (r->probe_in <= 0)
+		r->probe_in = r->probe_gap;
+	if (--r->probe_in > 0)
+		return 0;
+	r->probe = true;
+	return 1;
+}
+
+/* After a verification of d drafts that kept a: the request's and every request's counts. */
+static void drafts_kept(struct sched *s, struct sched_req *r, int d, int a)
+{
+	const double l = SCHED_ACC_DECAY, g = SCHED_ACC_GLOBAL_DECAY;
+	bool failed = a < d;
+	r->acc_s = l * r->acc_s + a;
+	r->acc_f = l * r->acc_f + failed;
+	s->acc_s = g * s->acc_s + a;
+	s->acc_f = g * s->acc_f + failed;
+	if (r->probe) /* a probe's outcome sets the next gap */
+		r->probe_gap = failed ? (r->probe_gap * 2 < SCHED_PROBE_MAX ? r->probe_gap * 2
+									 : SCHED_PROBE_MAX)
+				      : SCHED_PROBE_MIN;
+	r->probe = false;
 }
 
 void sched_req_free(struct sched_req *r)
@@ -640,7 +760,9 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 {
 	struct sched_req *r = s->run[i];
 	int last = r->out[r->n_out - 1], len = eng_seq_len(s->e, r->seq);
-	int max = r->draft_len > 0 && r->draft_len < s->spec ? r->draft_len : s->spec;
+	int max = r->draft_len;
+	if (s->mtp && r->mtp_n > max) /* (the MTP layer's drafts were asked for last step) */
+		max = r->mtp_n;
 	if (max > r->max_tokens - r->n_out - 1)
 		max = r->max_tokens - r->n_out - 1;
 	if (max > s->max_seq - len - 2)
@@ -741,6 +863,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 	for (int i = 0; i < s->slots; i++)
 		running += s->run[i] != NULL;
 	s->spec_now = !s->spec_max_batch || running <= s->spec_max_batch;
+	bool decoding = true; /* every item a decode: a step the cost is measured from */
 	for (int i = 0; i < s->slots; i++) {
 		struct sched_req *r = s->run[i];
 		if (!r)
@@ -758,17 +881,20 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		s->spec_k[i] = 0;
 		it->sample = (struct eng_sample){r->samp.temperature, r->samp.top_p, r->samp.top_k,
 						 0, NULL};
+		it->mtp_cache = false;
+		r->draft_len = s->spec && s->spec_now ? plan_drafts(s, r) : 0;
 		if (r->steps == 0) {
 			it->tokens = r->prompt;
 			it->n = r->n_prompt;
+			decoding = false;
 		} else {
 			decode_item(s, i, it);
 		}
 		if (!greedy && !it->sample.u_rows) /* a speculating one has its draws in u_rows */
 			it->sample.u = samp_draw(r->sampler);
 		if (s->mtp) { /* the drafts for its next step, after this step's token */
-			int want = r->draft_len > 0 && r->draft_len < s->spec ? r->draft_len : s->spec;
-			it->drafts = s->spec_now ? want : 1; /* (off: only to keep its caches) */
+			it->drafts = r->draft_len;
+			it->mtp_cache = true; /* (none: its caches keep up all the same) */
 			it->draft = s->spec_d + (size_t)i * SCHED_DRAFT_MAX;
 			r->mtp_n = 0;
 		}
@@ -795,6 +921,11 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		return rc;
 	}
 	double t = wk_now();
+	int work = 0, most = 0; /* the step's draft work: its drafts, and the MTP layer's passes */
+	for (int k = 0; k < n; k++) {
+		work += s->spec_k[s->item_slot[k]];
+		most = s->items[k].drafts > most ? s->items[k].drafts : most;
+	}
 	for (int k = 0; k < n; k++) {
 		int i = s->item_slot[k];
 		struct sched_req *r = s->run[i];
@@ -817,15 +948,18 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			a++;
 		r->drafted += d;
 		r->accepted += a;
-		/* the next draft: one longer after a draft kept whole, else one past what was kept
-		 * (a request whose drafts fail drafts one token, and wastes little) */
-		r->draft_len = a == d ? d + 1 : a + 1;
+		drafts_kept(s, r, d, a);
 		len -= d - a;
 		eng_seq_truncate(s->e, r->seq, len);
 		for (int j = 0; j <= a; j++)
 			if (take(s, i, g[j], len - a + j, done, ctx))
 				break;
 	}
+	/* the step's seconds an item, from admission to its tokens taken (what a step costs the
+	 * caller, more than the engine's part where the model is small), against its draft work
+	 * an item */
+	if (decoding && s->spec)
+		sched_cost_add(&s->cost, (double)(work + most) / n, (wk_now() - now) / n);
 	return WK_OK;
 }
 

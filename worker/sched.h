@@ -72,7 +72,11 @@ struct sched_req {
 	int seq;
 	size_t sent;          /* bytes of text handed to on_token */
 	int win;              /* on_token, no stop strings: first token of the decode window */
-	int draft_len;        /* speculation: the most draft tokens of its next step (0: max) */
+	int draft_len;        /* speculation: the most draft tokens of this step's plan */
+	double acc_s, acc_f;  /* speculation: its drafts kept, and its verifications that failed
+			       * one, decayed (sched_set_draft_cost) */
+	int probe_gap, probe_in; /* speculation: steps between drafts where none pay, and left */
+	bool probe;           /* speculation: this plan's draft is a probe */
 	int pred_at;          /* speculation: where in pred the last draft came from */
 	struct sched_ix *ix, *pix; /* speculation: the n-grams of prompt + output, of pred */
 	int mtp_d[16], mtp_n;  /* speculation: the MTP layer's drafts after its last token */
@@ -98,9 +102,10 @@ void sched_free(struct sched *s); /* frees requests still held */
  * gives 1 to max_draft + 1 tokens. Greedy, the token after each is the argmax; sampled, a
  * draft is kept with its probability and else replaced by a pick from the rest
  * (samp_pick_draft), which leaves the distribution exactly as it was, but draws other
- * numbers: a seeded sampled request gives another text with speculation than without. The rest of the draft is truncated from the cache. A
- * request's next draft is one token longer than a draft it kept whole, else one past what it
- * kept (up to max_draft), so one whose drafts fail drafts little. A greedy request's output
+ * numbers: a seeded sampled request gives another text with speculation than without. The
+ * rest of the draft is truncated from the cache. A request drafts as many tokens (up to
+ * max_draft) as are expected to pay (sched_set_draft_cost), so one whose drafts fail drafts
+ * none but a probe now and then. A greedy request's output
  * is the same as without (each kept token is the argmax the model gives after the tokens
  * before it), up to the rounding of a step of several tokens against a step of one. It pays where the output
  * repeats its prompt, its prediction or itself (edits of code or text, extraction, quoting)
@@ -122,9 +127,47 @@ int sched_set_speculate(struct sched *s, int max_draft);
 /* No drafts in a step that runs more than max_batch requests (0, the default: no limit), as
  * vLLM's speculative_disable_by_batch_size: a big batch is bound by compute rather than by
  * reading the weights, and every rejected draft costs it. With the MTP layer the items still
- * ask it for one draft, unused, so that its caches keep up (a pass of one layer and the
- * lm_head's rows). WK_EINVAL when negative. */
+ * run it over their rows (eng_item.mtp_cache), so that its caches keep up (a pass of one
+ * layer). WK_EINVAL when negative. */
 int sched_set_speculate_max_batch(struct sched *s, int max_batch);
+
+/* How many drafts a request's step verifies: as many as pay. Each draft is expected kept with
+ * probability alpha once the one before it was, alpha from the request's own drafts (the
+ * recent ones weigh most) after a prior of every request's; a step with K drafts is expected
+ * to give 1 + alpha + ... + alpha^K tokens for 1 + K * cost the time of a step without, and
+ * K (up to max_draft) is the one that gives the most tokens a second. cost is a draft's:
+ * measured from the scheduler's own decode steps (SCHED_COST_AUTO, the default: a least-
+ * squares line of a step's seconds against its drafts, an item each, the recent steps
+ * weighing most; with the MTP layer a draft is counted twice, its row in the verification and
+ * its pass of the layer), or fixed here (0 to SCHED_COST_MAX; WK_EINVAL else). On a GPU a
+ * step of a few tokens costs about what one does and drafts pay from a low alpha; on a CPU
+ * a row costs more and they pay only where most are kept. Where none pays, the request
+ * drafts one token every few steps (a probe: 4 steps, doubling up to 32 while probes fail)
+ * to see whether that has changed, and with the MTP layer its items still run the layer over
+ * their rows (eng_item.mtp_cache) so that its drafts, when they come, attend to every
+ * position. A request with a prediction drafts at least one token while the prediction lasts.
+ * The outputs do not depend on any of this: only how many steps they take. */
+#define SCHED_COST_AUTO (-1.0)
+#define SCHED_COST_MAX 16.0
+int sched_set_draft_cost(struct sched *s, double cost);
+/* The cost a draft has now: the fixed one, or the measured one (a draft's, with the MTP
+ * layer two units). */
+double sched_draft_cost(const struct sched *s);
+/* The K in 0..max that gives the most tokens a second for alpha and cost (the smallest of
+ * equals). */
+int sched_draft_len(double alpha, double cost, int max);
+/* The measured cost: sched_cost_add(c, z, y) adds a step of y seconds an item with z units
+ * of draft work an item; sched_cost_ratio is what a unit adds to a step without drafts, as a
+ * part of one: (the mean y of the steps with drafts - the mean y of those without) / their
+ * mean z / the mean y of those without, within 0..SCHED_COST_MAX, pulled toward a prior of
+ * 0.2 by the weight of two steps (the prior alone until both kinds have been seen). Each
+ * kind's means weigh its recent steps most (x 0.98 a step of that kind). */
+struct sched_cost {
+	double w0, y0;     /* steps without drafts: decayed count, and sum of y */
+	double w1, y1, z1; /* with: decayed count, sum of y, sum of z */
+};
+void sched_cost_add(struct sched_cost *c, double z, double y);
+double sched_cost_ratio(const struct sched_cost *c);
 
 /* Queues r (admitted at the next step when a sequence is free). The prompt must be
  * non-empty. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller

@@ -46,6 +46,8 @@
 #include "worker/http_api.h"
 #include "worker/worker.h"
 
+_Static_assert((int)SCHED_COST_AUTO == -1, "WORKER_OPTS_DEFAULT's draft_cost is SCHED_COST_AUTO");
+
 enum state { ST_STARTING, ST_READY, ST_BUSY, ST_IDLE, ST_DRAINING };
 static const char *const state_names[] = {"STARTING", "READY", "BUSY", "IDLE", "DRAINING"};
 
@@ -1170,7 +1172,8 @@ static int start(struct worker *w, const char **why)
 	}
 	w->s = sched_create(w->e, w->step_log);
 	if (w->s && (sched_set_speculate(w->s, w->o.speculate) != WK_OK ||
-		     sched_set_speculate_max_batch(w->s, w->o.speculate_max_batch) != WK_OK)) {
+		     sched_set_speculate_max_batch(w->s, w->o.speculate_max_batch) != WK_OK ||
+		     sched_set_draft_cost(w->s, w->o.draft_cost) != WK_OK)) {
 		sched_free(w->s);
 		w->s = NULL;
 	}
@@ -1212,10 +1215,17 @@ static void log_ready(struct worker *w)
 	if (su->comm_s > 0)
 		snprintf(comm, sizeof comm, "; communicator %.1f ms, %.1f ms of it after them",
 			 su->comm_s * 1e3, su->comm_wait_s * 1e3);
-	char spec_cap[64] = ""; /* --speculate-max-batch */
-	if (w->o.speculate && w->o.speculate_max_batch)
-		snprintf(spec_cap, sizeof spec_cap, ", none in a step of more than %d jobs",
-			 w->o.speculate_max_batch);
+	char spec_cap[128] = ""; /* --draft-cost, --speculate-max-batch */
+	if (w->o.speculate) {
+		int n = w->o.draft_cost == SCHED_COST_AUTO
+				? snprintf(spec_cap, sizeof spec_cap, ", drafts where they pay (their "
+					   "cost measured)")
+				: snprintf(spec_cap, sizeof spec_cap, ", drafts where they pay (%.3g of a "
+					   "step each)", w->o.draft_cost);
+		if (w->o.speculate_max_batch)
+			snprintf(spec_cap + n, sizeof spec_cap - (size_t)n,
+				 ", none in a step of more than %d jobs", w->o.speculate_max_batch);
+	}
 	wlog(w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
 	     "beside them%s), backend %s, %d x %d positions of %s KV cache%s%s",
 	     (wk_now() - w->t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,

@@ -26,6 +26,8 @@
 #                      has one and the engine runs it; mtp; lookup)
 #   WICK_SPECULATE_MAX_BATCH  no drafts in a step of more jobs than this (default 0: no
 #                      limit; a big batch is bound by compute)
+#   WICK_DRAFT_COST    a draft token's cost against a step's, for how many drafts pay
+#                      (default auto: measured from the worker's own steps)
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -50,6 +52,7 @@ exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
 	--backend cuda --concurrency "${WICK_CONCURRENCY:-4}" --max-seq "${WICK_MAX_SEQ:-32768}" \
 	--kv-dtype "${WICK_KV_DTYPE:-auto}" --speculate "${WICK_SPECULATE:-0}" \
 	--drafter "${WICK_DRAFTER:-auto}" --speculate-max-batch "${WICK_SPECULATE_MAX_BATCH:-0}" \
+	--draft-cost "${WICK_DRAFT_COST:-auto}" \
 	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \

@@ -629,7 +629,8 @@ section "speculative decoding on the cuda backend"
 # checked by the device's argmax over every row, the rest truncated from the device's cache)
 # and two seeded sampled ones (temperature alone: a drafted row kept or replaced by the
 # candidates kernel itself, the others picked there too; the CPU worker applies
-# samp_pick_draft to the row): the CPU worker's tokens and drafts
+# samp_pick_draft to the row): the CPU worker's tokens and drafts (a draft's cost fixed,
+# --draft-cost, so that both plan the same drafts however fast each runs)
 for q in sc sg; do
   for i in 0 1 2; do
     t=0.7
@@ -639,9 +640,10 @@ for q in sc sg; do
   done
 done
 "$WICK" worker --model "$m" --queue "spool:$TMPD/sc" --idle-timeout 0.3 --speculate 4 \
-  2>"$TMPD/sc.log" || fail "the cpu worker: $(tail -n 3 "$TMPD/sc.log")"
+  --draft-cost 0.1 2>"$TMPD/sc.log" || fail "the cpu worker: $(tail -n 3 "$TMPD/sc.log")"
 "$EMU" worker --model "$m" --backend cuda --queue "spool:$TMPD/sg" --idle-timeout 0.3 \
-  --speculate 4 2>"$TMPD/sg.log" || fail "the cuda worker: $(tail -n 3 "$TMPD/sg.log")"
+  --speculate 4 --draft-cost 0.1 2>"$TMPD/sg.log" ||
+  fail "the cuda worker: $(tail -n 3 "$TMPD/sg.log")"
 python3 - "$TMPD" <<'PY' || fail "speculation, cuda against cpu"
 import json, sys
 kept = [0, 0]

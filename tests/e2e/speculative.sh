@@ -1,11 +1,13 @@
 # Speculative decoding by prompt lookup (wick worker --speculate N) on the real stories260K
+# (the workers whose draft counts are checked have a draft's cost fixed, --draft-cost 0.1, as
+# on a GPU, so that the counts do not depend on this machine's timing; the benches measure it)
 # model, against the same jobs run without it:
 #   1. the same 14 jobs on two spool queues, one worker each: every greedy result's text,
 #      token ids and finish reason are the same; the speculating worker took fewer steps, its
 #      jobs report the drafts they kept and threw away (usage.completion_tokens_details), the
 #      sampled ones too (their drafts kept by draws: another draw of the same distribution);
 #      the other worker's report none
-#   2. bad values of --speculate are usage errors (exit 2) that name the flag
+#   2. bad values of --speculate and --draft-cost are usage errors (exit 2) that name the flag
 #   3. wick dev --speculate: an OpenAI completion gives the same text as without, with
 #      usage.completion_tokens_details; given that text as its predicted output
 #      ("prediction"), nearly every token is a draft kept; a bad prediction is a 400
@@ -48,8 +50,11 @@ done
 "$WICK" worker --model "$m" --queue "spool:$TMPD/plain" --idle-timeout 1 \
   --step-log "$TMPD/plain.steps" 2>"$TMPD/plain.log" || fail "the plain worker exited $?"
 "$WICK" worker --model "$m" --queue "spool:$TMPD/spec" --idle-timeout 1 --speculate 4 \
-  --step-log "$TMPD/spec.steps" 2>"$TMPD/spec.log" || fail "the speculating worker exited $?"
+  --draft-cost 0.1 --step-log "$TMPD/spec.steps" 2>"$TMPD/spec.log" ||
+  fail "the speculating worker exited $?"
 grep -q "speculative decoding on" "$TMPD/spec.log" || fail "no word of speculation at ready"
+grep -q "drafts where they pay (0.1 of a step each)" "$TMPD/spec.log" ||
+  fail "no word of the draft cost at ready: $(grep ready "$TMPD/spec.log")"
 ! grep -q "speculative decoding on" "$TMPD/plain.log" || fail "the plain worker speculated"
 grep -q "draft tokens kept" "$TMPD/spec.log" || fail "no job_done line with its drafts"
 python3 - "$TMPD" <<'PY'
@@ -116,7 +121,17 @@ rc=$?
 set -e
 [ $rc = 2 ] && grep -q -- "--speculate-max-batch wants a number" "$TMPD/bad.log" ||
   fail "--speculate-max-batch -1: exit $rc: $(cat "$TMPD/bad.log")"
-echo "refused: --speculate 17, -1, x, 2.5.1, --speculate-max-batch -1 (exit 2, the flag named)"
+for v in -0.1 17 x; do
+  set +e
+  "$WICK" worker --model "$m" --queue "spool:$TMPD/plain" --speculate 2 --draft-cost "$v" \
+    2>"$TMPD/bad.log"
+  rc=$?
+  set -e
+  [ $rc = 2 ] && grep -q -- "--draft-cost wants a number" "$TMPD/bad.log" ||
+    fail "--draft-cost $v: exit $rc: $(cat "$TMPD/bad.log")"
+done
+echo "refused: --speculate 17, -1, x, 2.5.1, --speculate-max-batch -1, --draft-cost -0.1, 17," \
+  "x (exit 2, the flag named)"
 
 # 3. A dev session.
 free_port() {
@@ -130,7 +145,7 @@ ask() { # PORT: a greedy completion's JSON
 for mode in plain spec; do
   P=$(free_port)
   args=()
-  [ $mode = spec ] && args=(--speculate 6)
+  [ $mode = spec ] && args=(--speculate 6 --draft-cost 0.1)
   "$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 30 ${args[@]+"${args[@]}"} \
     2>"$TMPD/dev-$mode.log" &
   pid=$!
@@ -181,21 +196,24 @@ print(f"wick dev: the same text; {d['accepted_prediction_tokens']} draft tokens 
       f"{dc['accepted_prediction_tokens']} of {c['usage']['completion_tokens']} tokens were "
       f"drafts kept; a bad prediction is a 400 naming it")
 PY
-# 4. wick bench speculate: both modes, the same outputs, its JSON line.
+# 4. wick bench speculate: both modes, the same outputs, its JSON line; the draft cost measured
 "$WICK" bench speculate "$m" -n 40 --runs 1 >"$TMPD/bench.txt" || fail "bench speculate exited $?"
 grep -q "the outputs are the same" "$TMPD/bench.txt" || fail "$(cat "$TMPD/bench.txt")"
+grep -q "measured from the steps" "$TMPD/bench.txt" || fail "$(cat "$TMPD/bench.txt")"
 tail -1 "$TMPD/bench.txt" | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 assert j["bench"] == "speculate" and j["speculate_steps"] < j["plain_steps"], j
 assert 0 < j["accepted"] <= j["drafted"] and j["verify_step_ms"] > 0 < j["step_ms"], j
+assert j["draft_cost_measured"] and 0 < j["draft_cost"] <= 16, j
 print("bench speculate: %d steps against %d" % (j["speculate_steps"], j["plain_steps"]))'
-"$WICK" bench speculate "$m" -n 40 --runs 1 --predict >"$TMPD/bench.txt" ||
+"$WICK" bench speculate "$m" -n 40 --runs 1 --predict --draft-cost 0.1 >"$TMPD/bench.txt" ||
   fail "bench --predict exited $?"
 tail -1 "$TMPD/bench.txt" | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 assert j["predict"] and j["accepted"] >= 0.9 * j["drafted"], j
+assert not j["draft_cost_measured"] and j["draft_cost"] == 0.1, j
 assert 3 * j["speculate_steps"] < j["plain_steps"], j
 print("bench speculate --predict: %d steps against %d" % (j["speculate_steps"], j["plain_steps"]))'
 
@@ -221,7 +239,8 @@ done
 "$WICK" worker --model "$g" --queue "spool:$TMPD/mplain" --idle-timeout 1 \
   2>"$TMPD/mplain.log" || fail "the plain GLM worker exited $?"
 "$WICK" worker --model "$g" --queue "spool:$TMPD/mspec" --idle-timeout 1 --speculate 3 \
-  --step-log "$TMPD/mspec.steps" 2>"$TMPD/mspec.log" || fail "the MTP worker exited $?"
+  --draft-cost 0.1 --step-log "$TMPD/mspec.steps" 2>"$TMPD/mspec.log" ||
+  fail "the MTP worker exited $?"
 "$WICK" worker --model "$g" --queue "spool:$TMPD/mlook" --idle-timeout 1 --speculate 3 \
   --drafter lookup 2>"$TMPD/mlook.log" || fail "the lookup GLM worker exited $?"
 grep -q "speculative decoding on (the MTP layer drafts)" "$TMPD/mspec.log" ||

@@ -87,8 +87,8 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 	cr_assert_eq(eng_seq_alloc(dev, &s0), WK_OK);
 	cr_assert_eq(eng_seq_alloc(dev, &s1), WK_OK);
 	float g0[512], g1[512];
-	struct eng_item a[2] = {{s0, toks, 4, g0, NULL, {}, 0, 0, NULL, NULL},
-				{s1, toks, 2, g1, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item a[2] = {{s0, toks, 4, g0, NULL, {}, 0, 0, NULL, NULL, false},
+				{s1, toks, 2, g1, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(dev, a, 2, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(eng_forward(cpu, toks, 4, 0, want, false, err, sizeof err), WK_OK, "%s", err);
 	/* the batch's 6 tokens take another matmul path than 4 alone: the order of the sums
@@ -99,8 +99,8 @@ Test(devmem, stories_through_untouchable_memory_matches_cpu)
 		lmax = fmaxf(lmax, fabsf(want[v]));
 	}
 	cr_expect_leq(dmax, 1e-5f * lmax, "batched sequence 0 differs by %g", dmax);
-	struct eng_item b[2] = {{s0, &t, 1, g0, NULL, {}, 0, 0, NULL, NULL},
-				{s1, &t, 1, g1, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item b[2] = {{s0, &t, 1, g0, NULL, {}, 0, 0, NULL, NULL, false},
+				{s1, &t, 1, g1, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(dev, b, 2, err, sizeof err), WK_OK, "%s", err);
 	eng_close(cpu);
 	eng_close(dev);
@@ -259,10 +259,10 @@ Test(devmem, greedy_tokens_chosen_on_the_device)
 	const int *in[2] = {toks, toks + 3};
 	int len[2] = {5, 4};
 	for (int step = 0; step < 6; step++) {
-		struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL, {}, 0, 0, NULL, NULL},
-					{sc[1], in[1], len[1], lc[1], NULL, {}, 0, 0, NULL, NULL}};
-		struct eng_item d[2] = {{sd[0], in[0], len[0], NULL, &td[0], {}, 0, 0, NULL, NULL},
-					{sd[1], in[1], len[1], step % 2 ? ld : NULL, &td[1], {}, 0, 0, NULL, NULL}};
+		struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL, {}, 0, 0, NULL, NULL, false},
+					{sc[1], in[1], len[1], lc[1], NULL, {}, 0, 0, NULL, NULL, false}};
+		struct eng_item d[2] = {{sd[0], in[0], len[0], NULL, &td[0], {}, 0, 0, NULL, NULL, false},
+					{sd[1], in[1], len[1], step % 2 ? ld : NULL, &td[1], {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(cpu, c, 2, err, sizeof err), WK_OK, "%s", err);
 		cr_assert_eq(eng_step(dev, d, 2, err, sizeof err), WK_OK, "%s", err);
 		for (int k = 0; k < 2; k++)
@@ -318,15 +318,15 @@ Test(devmem, sampled_tokens_chosen_on_the_device)
 		const int *in[2] = {toks, toks + 3};
 		int len[2] = {5, 4};
 		for (int step = 0; step < 5; step++) {
-			struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL, {}, 0, 0, NULL, NULL},
-						{sc[1], in[1], len[1], lc[1], NULL, {}, 0, 0, NULL, NULL}};
+			struct eng_item c[2] = {{sc[0], in[0], len[0], lc[0], NULL, {}, 0, 0, NULL, NULL, false},
+						{sc[1], in[1], len[1], lc[1], NULL, {}, 0, 0, NULL, NULL, false}};
 			cr_assert_eq(eng_step(cpu, c, 2, err, sizeof err), WK_OK, "%s", err);
 			for (int e = 0; e < 2; e++) {
 				struct eng_item d[2];
 				for (int k = 0; k < 2; k++)
 					d[k] = (struct eng_item){sd[e][k], in[k], len[k], NULL, &td[e][k],
 						{cf[k]->temperature, cf[k]->top_p, cf[k]->top_k,
-						 samp_draw(rd[e][k]), NULL}, 0, 0, NULL, NULL};
+						 samp_draw(rd[e][k]), NULL}, 0, 0, NULL, NULL, false};
 				cr_assert_eq(eng_step(dev[e], d, 2, err, sizeof err), WK_OK, "%s", err);
 			}
 			for (int k = 0; k < 2; k++) {

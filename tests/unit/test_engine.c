@@ -351,17 +351,17 @@ static void batched_sequences_match_single(const char *kv)
 	cr_expect_eq(eng_seq_alloc(e, &extra), WK_ELIMIT);
 	float got[3][512];
 	/* step 1: sequences 0 and 1 prefill together */
-	struct eng_item it[3] = {{seq[0], p0, 5, got[0], NULL, {}, 0, 0, NULL, NULL},
-				 {seq[1], p1, 2, got[1], NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item it[3] = {{seq[0], p0, 5, got[0], NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[1], p1, 2, got[1], NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, it, 2, err, sizeof err), WK_OK, "%s", err);
 	/* step 2: 0 and 1 decode while 2 prefills */
 	int t = 42;
 	float g2[3][512];
-	struct eng_item it2[3] = {{seq[2], p2, 4, got[2], NULL, {}, 0, 0, NULL, NULL},
-				  {seq[0], &t, 1, g2[0], NULL, {}, 0, 0, NULL, NULL},
-				 {seq[1], &t, 1, g2[1], NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item it2[3] = {{seq[2], p2, 4, got[2], NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[0], &t, 1, g2[0], NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[1], &t, 1, g2[1], NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, it2, 3, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item it3 = {seq[2], &t, 1, g2[2], NULL, {}, 0, 0, NULL, NULL};
+	struct eng_item it3 = {seq[2], &t, 1, g2[2], NULL, {}, 0, 0, NULL, NULL, false};
 	cr_assert_eq(eng_step(e, &it3, 1, err, sizeof err), WK_OK, "%s", err);
 	float maxd = 0;
 	for (int s = 0; s < 3; s++)
@@ -374,11 +374,11 @@ static void batched_sequences_match_single(const char *kv)
 	cr_expect_eq(eng_seq_len(e, seq[0]), 6);
 	cr_expect_eq(eng_seq_len(e, seq[2]), 5);
 	/* refusals: a sequence twice, a free sequence */
-	struct eng_item dup[2] = {{seq[0], &t, 1, g2[0], NULL, {}, 0, 0, NULL, NULL},
-				  {seq[0], &t, 1, g2[1], NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item dup[2] = {{seq[0], &t, 1, g2[0], NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[0], &t, 1, g2[1], NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_expect_eq(eng_step(e, dup, 2, err, sizeof err), WK_EINVAL);
 	eng_seq_free(e, seq[1]);
-	struct eng_item freed = {seq[1], &t, 1, g2[1], NULL, {}, 0, 0, NULL, NULL};
+	struct eng_item freed = {seq[1], &t, 1, g2[1], NULL, {}, 0, 0, NULL, NULL, false};
 	cr_expect_eq(eng_step(e, &freed, 1, err, sizeof err), WK_EINVAL);
 	eng_close(e);
 }
@@ -512,13 +512,13 @@ Test(engine, batched_prefill_attends_on_its_own)
 	eng_seq_free(e, 0);
 	for (int s = 0; s < 3; s++)
 		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
-	struct eng_item pre[2] = {{seq[0], two, 2, NULL, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[2], two, 2, NULL, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item pre[2] = {{seq[0], two, 2, NULL, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[2], two, 2, NULL, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, pre, 2, err, sizeof err), WK_OK, "%s", err);
 	memset(&att_log, 0, sizeof att_log);
-	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[1], p, 40, got + V, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[2], &t, 1, got + 2 * V, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[1], p, 40, got + V, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[2], &t, 1, got + 2 * V, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, mix, 3, err, sizeof err), WK_OK, "%s", err);
 	int layers = att_log.calls / 3;
 	cr_expect_eq(att_log.calls, 3 * layers, "%d calls", att_log.calls);
@@ -530,9 +530,9 @@ Test(engine, batched_prefill_attends_on_its_own)
 			     att_log.several[c]);
 	}
 	memset(&att_log, 0, sizeof att_log);
-	struct eng_item dec[3] = {{seq[0], &t, 1, got + 3 * V, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[1], &t, 1, got + 4 * V, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[2], &t, 1, NULL, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item dec[3] = {{seq[0], &t, 1, got + 3 * V, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[1], &t, 1, got + 4 * V, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[2], &t, 1, NULL, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, dec, 3, err, sizeof err), WK_OK, "%s", err);
 	cr_expect_eq(att_log.calls, layers, "decodes: one call a layer, not %d", att_log.calls);
 	for (int c = 0; c < att_log.calls && c < 64; c++)

@@ -56,23 +56,23 @@ static void check_batched(const char *dir, int V, const char *what)
 		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
 	/* step 1: 0 and 1 prefill; step 2: 2 prefills while 0 and 1 decode; step 3: all decode;
 	 * step 4: 2 decodes alone */
-	struct eng_item s1[2] = {{seq[0], p[0], len[0], G(0, 0), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[1], p[1], len[1], G(1, 0), NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item s1[2] = {{seq[0], p[0], len[0], G(0, 0), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[1], p[1], len[1], G(1, 0), NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, s1, 2, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item s2[3] = {{seq[2], p[2], len[2], G(2, 0), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[0], &dec[0], 1, G(0, 1), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[1], &dec[0], 1, G(1, 1), NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item s2[3] = {{seq[2], p[2], len[2], G(2, 0), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[0], &dec[0], 1, G(0, 1), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[1], &dec[0], 1, G(1, 1), NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, s2, 3, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item s3[3] = {{seq[1], &dec[1], 1, G(1, 2), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[2], &dec[0], 1, G(2, 1), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[0], &dec[1], 1, G(0, 2), NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item s3[3] = {{seq[1], &dec[1], 1, G(1, 2), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[2], &dec[0], 1, G(2, 1), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[0], &dec[1], 1, G(0, 2), NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, s3, 3, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item s4 = {seq[2], &dec[1], 1, G(2, 2), NULL, {}, 0, 0, NULL, NULL};
+	struct eng_item s4 = {seq[2], &dec[1], 1, G(2, 2), NULL, {}, 0, 0, NULL, NULL, false};
 	cr_assert_eq(eng_step(e, &s4, 1, err, sizeof err), WK_OK, "%s", err);
 	/* step 5: all three decode (sequences 2, 0 and 1, at positions 7, 9 and 4) */
-	struct eng_item s5[3] = {{seq[2], &dec[2], 1, G(2, 3), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[0], &dec[2], 1, G(0, 3), NULL, {}, 0, 0, NULL, NULL},
-				 {seq[1], &dec[2], 1, G(1, 3), NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item s5[3] = {{seq[2], &dec[2], 1, G(2, 3), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[0], &dec[2], 1, G(0, 3), NULL, {}, 0, 0, NULL, NULL, false},
+				 {seq[1], &dec[2], 1, G(1, 3), NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, s5, 3, err, sizeof err), WK_OK, "%s", err);
 	double worst = 0;
 	for (int s = 0; s < 3; s++)
@@ -182,13 +182,13 @@ Test(glm, batched_prefill_scores_on_its_own)
 	eng_seq_free(e, 0);
 	for (int s = 0; s < 3; s++)
 		cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
-	struct eng_item pre[2] = {{seq[0], ids, 6, NULL, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[2], ids, 6, NULL, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item pre[2] = {{seq[0], ids, 6, NULL, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[2], ids, 6, NULL, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, pre, 2, err, sizeof err), WK_OK, "%s", err);
 	memset(&dsa_log, 0, sizeof dsa_log);
-	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[1], p, 40, got + V, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[2], &t, 1, got + 2 * V, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item mix[3] = {{seq[0], &t, 1, got, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[1], p, 40, got + V, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[2], &t, 1, got + 2 * V, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, mix, 3, err, sizeof err), WK_OK, "%s", err);
 	int layers = dsa_log.calls / 3;
 	cr_expect_eq(dsa_log.calls, 3 * layers, "%d calls", dsa_log.calls);
@@ -200,9 +200,9 @@ Test(glm, batched_prefill_scores_on_its_own)
 			     dsa_log.several[c]);
 	}
 	memset(&dsa_log, 0, sizeof dsa_log);
-	struct eng_item dec[3] = {{seq[0], &t, 1, got + 3 * V, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[1], &t, 1, got + 4 * V, NULL, {}, 0, 0, NULL, NULL},
-				  {seq[2], &t, 1, NULL, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item dec[3] = {{seq[0], &t, 1, got + 3 * V, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[1], &t, 1, got + 4 * V, NULL, {}, 0, 0, NULL, NULL, false},
+				  {seq[2], &t, 1, NULL, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, dec, 3, err, sizeof err), WK_OK, "%s", err);
 	cr_expect_eq(dsa_log.calls, layers, "decodes: one call a layer, not %d", dsa_log.calls);
 	for (int c = 0; c < dsa_log.calls && c < 64; c++)
@@ -273,11 +273,11 @@ static void check_devsim(const char *dir, int V, const char *what)
 	for (int k = 0; k < NE; k++) {
 		int s1;
 		cr_assert_eq(eng_seq_alloc(e[k], &s1), WK_OK);
-		struct eng_item a[2] = {{0, ids + 3, 1, lg[k], NULL, {}, 0, 0, NULL, NULL},
-					{s1, ids, 6, lg[k] + V, NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item a[2] = {{0, ids + 3, 1, lg[k], NULL, {}, 0, 0, NULL, NULL, false},
+					{s1, ids, 6, lg[k] + V, NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e[k], a, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
-		struct eng_item b[2] = {{s1, ids + 6, 1, lg[k] + 2 * V, NULL, {}, 0, 0, NULL, NULL},
-					{0, ids + 4, 1, lg[k] + 3 * V, NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item b[2] = {{s1, ids + 6, 1, lg[k] + 2 * V, NULL, {}, 0, 0, NULL, NULL, false},
+					{0, ids + 4, 1, lg[k] + 3 * V, NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e[k], b, 2, err, sizeof err), WK_OK, "%s: %s", what, err);
 	}
 	SAME(4, "%s: batched steps differ on devsim", what);

@@ -3,8 +3,9 @@
  * whatever way the tokens came: the drafts after a sequence's committed tokens are the same
  * whether those tokens came one step at a time, through verification steps that kept some
  * drafts and forgot the rest (eng_seq_truncate), or as a prompt in chunks whose last position
- * waited for its next token; and a sequence's drafts do not depend on the other sequences in
- * its steps. The main model's outputs are the same with the MTP layer loaded as without.
+ * waited for its next token, or in steps that drafted nothing but kept the layer's caches
+ * (eng_item.mtp_cache); and a sequence's drafts do not depend on the other sequences in its
+ * steps. The main model's outputs are the same with the MTP layer loaded as without.
  * tests/e2e/glm_reference.sh holds the drafts' logits to an independent float64 reference
  * (scripts/glm_ref.py --mtp); this file holds the engine to itself. Tiny GLM-5 (MLA, an
  * indexer that selects: index_topk 4) and GLM-4.5 (GQA) checkpoints from gen_glm --mtp, on
@@ -172,6 +173,22 @@ static void consistent(const char *dir, const struct backend *be, const char *wh
 		n_c = 1;
 	}
 	cr_expect_geq(checked, 5, "%s: %d steps compared", what, checked);
+
+	/* (3) steps in which nothing drafts, with mtp_cache (the scheduler's steps between
+	 * drafts where drafts do not pay): the MTP layer's caches keep up all the same, so the
+	 * drafts of the step after are (1)'s */
+	int q, oq, dq[K];
+	cr_assert_eq(eng_seq_alloc(e, &q), WK_OK);
+	for (int s = 0; s <= STEPS; s++) {
+		bool drafts = s == 0 || s % 4 == 3;
+		struct eng_item it = {.seq = q, .tokens = s ? &out[s - 1] : prompt, .n = s ? 1 : NP,
+				      .token = &oq, .drafts = drafts ? K : 0, .draft = dq,
+				      .draft_logits = lg, .mtp_cache = !drafts};
+		cr_assert_eq(eng_step(e, &it, 1, err, sizeof err), WK_OK, "%s: %s", what, err);
+		cr_expect_eq(oq, out[s]);
+		if (drafts && s > 0)
+			cr_expect(agree(seen, NP + s + 1, dq, lg, V, what), "%s: step %d", what, s);
+	}
 	for (int i = 0; i < MAXLEN; i++)
 		free(seen[i].lg);
 	free(lg);
@@ -325,9 +342,10 @@ static void got_done(void *ctx, struct sched_req *r)
 
 enum { NREQ = 5 };
 
-/* NREQ requests on e with speculation spec; the last two predict want[0] and want[1]'s
- * outputs (NULL: none). Returns the step log (malloc'd). */
-static char *serve_batch(struct engine *e, int spec, int max_batch, struct got *g,
+/* NREQ requests on e with speculation spec, a draft costing cost (fixed: the counts do not
+ * depend on this machine's timing); the last two predict want[0] and want[1]'s outputs (NULL:
+ * none). Returns the step log (malloc'd). */
+static char *serve_batch(struct engine *e, int spec, int max_batch, double cost, struct got *g,
 			 struct sched_req *const *want)
 {
 	static const int prompts[NREQ][6] = {{3, 17, 42, 5, 20, 11}, {7, 7, 7}, {250, 1, 99, 4},
@@ -339,6 +357,7 @@ static char *serve_batch(struct engine *e, int spec, int max_batch, struct got *
 	struct sched *s = sched_create(e, lf);
 	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
 	cr_assert_eq(sched_set_speculate_max_batch(s, max_batch), WK_OK);
+	cr_assert_eq(sched_set_draft_cost(s, cost), WK_OK);
 	for (int i = 0; i < NREQ; i++) {
 		struct sched_req *r = calloc(1, sizeof *r);
 		snprintf(r->id, sizeof r->id, "%c", 'a' + i);
@@ -366,7 +385,7 @@ static char *serve_batch(struct engine *e, int spec, int max_batch, struct got *
 
 static char *serve(struct engine *e, int spec, struct got *g, struct sched_req *const *want)
 {
-	return serve_batch(e, spec, 0, g, want);
+	return serve_batch(e, spec, 0, 0.1, g, want); /* 0.1: as a GPU's step of a few tokens */
 }
 
 /* Frees two runs' requests and step logs. */
@@ -456,7 +475,7 @@ Test(mtp, no_drafts_in_a_big_batch)
 	char *dir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
 	struct engine *e = open_with(dir, NULL, ENG_MTP_ON);
 	struct got p = {0}, m = {0};
-	char *plog = serve(e, 0, &p, NULL), *mlog = serve_batch(e, 3, 2, &m, NULL);
+	char *plog = serve(e, 0, &p, NULL), *mlog = serve_batch(e, 3, 2, 0.1, &m, NULL);
 	for (int i = 0; i < NREQ; i++)
 		cr_expect(p.r[i]->n_out == m.r[i]->n_out &&
 				  !memcmp(p.r[i]->out, m.r[i]->out, sizeof(int) * p.r[i]->n_out),
@@ -484,4 +503,50 @@ Test(mtp, no_drafts_in_a_big_batch)
 	eng_close(e);
 	rm_rf(dir);
 	free(dir);
+}
+
+/* Drafts where they pay (sched_set_draft_cost): where a draft costs half a step, drafts kept
+ * a fifth of the time (this random MTP layer's) do not pay, and the requests stop drafting
+ * but for a probe now and then; an MTP layer that is always right drafts all it may. The
+ * same tokens either way. Without the plan (drafting on whatever is kept) a and b draft
+ * about once a step. */
+Test(mtp, drafts_that_do_not_pay_stop)
+{
+	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
+	char *odir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
+	struct engine *e = open_with(dir, NULL, ENG_MTP_ON), *o = open_with(odir, NULL, ENG_MTP_ON);
+	struct got p = {0}, m = {0}, op = {0}, om = {0};
+	char *plog = serve(e, 0, &p, NULL), *mlog = serve_batch(e, 4, 0, 0.5, &m, NULL);
+	char *oplog = serve(o, 0, &op, NULL), *omlog = serve_batch(o, 4, 0, 0.5, &om, NULL);
+	for (int i = 0; i < NREQ; i++) {
+		struct sched_req *a = p.r[i], *b = m.r[i];
+		cr_expect(a->n_out == b->n_out && !memcmp(a->out, b->out, sizeof(int) * a->n_out),
+			  "request %c: the tokens differ", 'a' + i);
+		a = op.r[i], b = om.r[i];
+		cr_expect(a->n_out == b->n_out && !memcmp(a->out, b->out, sizeof(int) * a->n_out),
+			  "oracle request %c: the tokens differ", 'a' + i);
+	}
+	int drafted = 0, n_out = 0;
+	for (int i = 0; i < 2; i++) { /* a and b: greedy, 15 and 57 tokens on this model */
+		struct sched_req *b = m.r[i], *ob = om.r[i];
+		cr_expect_gt(b->drafted, 0, "request %c: no probe", 'a' + i);
+		drafted += b->drafted;
+		n_out += b->n_out;
+		cr_expect_eq(ob->accepted, ob->drafted);
+		cr_expect_leq(ob->steps, 2 + ob->n_out / 4, "oracle request %c: %d steps for %d "
+			      "tokens", 'a' + i, ob->steps, ob->n_out);
+		fprintf(stderr, "drafts that pay: request %c drafted %d for %d tokens (kept %d); the "
+			"oracle's %d in %d steps (kept %d of %d)\n", 'a' + i, b->drafted, b->n_out,
+			b->accepted, ob->n_out, ob->steps, ob->accepted, ob->drafted);
+	}
+	cr_expect_geq(n_out, 60);
+	cr_expect_leq(4 * drafted, n_out, "a and b drafted %d for %d tokens", drafted, n_out);
+	release(&p, &m, plog, mlog);
+	release(&op, &om, oplog, omlog);
+	eng_close(e);
+	eng_close(o);
+	rm_rf(dir);
+	rm_rf(odir);
+	free(dir);
+	free(odir);
 }

@@ -297,6 +297,9 @@ Test(sched, busy_time_is_conserved_over_random_mixes)
  * say; sampled requests do not speculate; a prediction is drafted from in order. */
 
 #define NREQ 8
+/* A draft's cost, fixed (sched_set_draft_cost), as on a GPU where a step of a few tokens costs
+ * about what one does: the counts below do not depend on this machine's timing. */
+#define SPEC_COST 0.1
 
 struct spec_run {
 	struct sched_req *r[NREQ];
@@ -357,6 +360,7 @@ static long spec_run_all(struct spec_run *f, int spec, char **log)
 	FILE *lf = open_memstream(log, &loglen);
 	struct sched *s = sched_create(eng, lf);
 	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	cr_assert_eq(sched_set_draft_cost(s, SPEC_COST), WK_OK);
 	char err[WK_ERRSZ];
 	for (int i = 0; i < NREQ; i++)
 		cr_assert_eq(sched_submit(s, spec_req(i), err, sizeof err), WK_OK, "%s", err);
@@ -440,7 +444,71 @@ Test(sched, speculation_refusals)
 	cr_expect_eq(sched_set_speculate(s, 0), WK_OK);
 	cr_expect_eq(sched_set_speculate_max_batch(s, -1), WK_EINVAL);
 	cr_expect_eq(sched_set_speculate_max_batch(s, 3), WK_OK);
+	cr_expect_eq(sched_set_draft_cost(s, -0.5), WK_EINVAL);
+	cr_expect_eq(sched_set_draft_cost(s, SCHED_COST_MAX + 1), WK_EINVAL);
+	cr_expect_eq(sched_set_draft_cost(s, NAN), WK_EINVAL);
+	cr_expect_eq(sched_set_draft_cost(s, 0), WK_OK);
+	cr_expect_eq(sched_set_draft_cost(s, SCHED_COST_AUTO), WK_OK);
 	sched_free(s);
+}
+
+/* How many drafts pay: worked by hand from tokens (1 + alpha + ... + alpha^K) against time
+ * (1 + cost K). */
+Test(sched, draft_len_is_the_one_that_pays_most)
+{
+	cr_expect_eq(sched_draft_len(0, 0.01, 8), 0);   /* nothing is kept */
+	cr_expect_eq(sched_draft_len(1, 0.5, 8), 8);    /* everything is: as many as allowed */
+	cr_expect_eq(sched_draft_len(1, 1, 8), 0);      /* ... at a step's cost a draft: even */
+	cr_expect_eq(sched_draft_len(0.9, 0, 16), 16);  /* free drafts */
+	cr_expect_eq(sched_draft_len(0.9, 0.2, 0), 0);  /* off */
+	/* 0.5 at 0.2: 1.25, 1.25, 1.17 for K = 1, 2, 3: the smaller of equals */
+	cr_expect_eq(sched_draft_len(0.5, 0.2, 8), 1);
+	/* 0.8 at 0.1: 1.64 2.03 2.27 2.40 2.459 2.469 2.448 for K = 1..7 */
+	cr_expect_eq(sched_draft_len(0.8, 0.1, 16), 6);
+	cr_expect_eq(sched_draft_len(0.8, 0.1, 4), 4);
+	/* a draft is worth it alone when alpha > cost */
+	cr_expect_eq(sched_draft_len(0.29, 0.3, 8), 0);
+	cr_expect_eq(sched_draft_len(0.31, 0.3, 1), 1);
+}
+
+/* The measured cost: what a unit of draft work adds to a step, against a step without; the
+ * prior until steps with and without drafts have both been seen; the recent steps weigh
+ * most. */
+Test(sched, draft_cost_is_measured_from_the_steps)
+{
+	struct sched_cost c = {0};
+	cr_expect_float_eq(sched_cost_ratio(&c), 0.2, 1e-12); /* nothing measured: the prior */
+	for (int i = 0; i < 40; i++) /* no step with drafts: still the prior */
+		sched_cost_add(&c, 0, 0.010);
+	cr_expect_float_eq(sched_cost_ratio(&c), 0.2, 1e-12);
+	struct sched_cost one = c; /* one step of 2 units at 13 ms: 0.15 a unit, and the prior */
+	sched_cost_add(&one, 2, 0.013);
+	cr_expect_float_eq(sched_cost_ratio(&one), (0.15 + 0.2 * 2) / 3, 1e-9);
+	/* 10 ms a step and 3 ms a unit of work, 5 % noise, one step in three with 2 units */
+	unsigned x = 7;
+	for (int i = 0; i < 200; i++) {
+		x = x * 1103515245u + 12345u;
+		double z = i % 3 == 0 ? 2 : 0, noise = 1 + 0.05 * ((double)(x >> 16 & 0x7fff) / 0x7fff
+								  - 0.5) * 2;
+		sched_cost_add(&c, z, (0.010 + 0.003 * z) * noise);
+	}
+	double r = sched_cost_ratio(&c);
+	cr_expect(r > 0.25 && r < 0.35, "measured %.3f, want about 0.3", r);
+	/* then drafts get cheap (a GPU): the old steps fade */
+	for (int i = 0; i < 300; i++)
+		sched_cost_add(&c, i % 2 ? 4 : 0, 0.010 + 0.0002 * (i % 2 ? 4 : 0));
+	r = sched_cost_ratio(&c);
+	cr_expect(r > 0.01 && r < 0.04, "measured %.3f, want about 0.02", r);
+	/* steps with drafts faster than without: drafts cost nothing (less the prior's pull),
+	 * not less; steps without that take no time: the most */
+	struct sched_cost d = {0};
+	for (int i = 0; i < 200; i++)
+		sched_cost_add(&d, i % 2, 0.010 - 0.001 * (i % 2));
+	cr_expect_lt(sched_cost_ratio(&d), 0.01);
+	struct sched_cost f = {0};
+	for (int i = 0; i < 200; i++)
+		sched_cost_add(&f, i % 2, 0.001 * (i % 2));
+	cr_expect_gt(sched_cost_ratio(&f), 0.9 * SCHED_COST_MAX);
 }
 
 /* One greedy request of max_tokens on prompt with prediction pred[0..np) (copied; NULL:
@@ -460,6 +528,7 @@ static struct sched_req *spec_one_cfg(const char *prompt, int max_tokens, const 
 {
 	struct sched *s = sched_create(eng, NULL);
 	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	cr_assert_eq(sched_set_draft_cost(s, SPEC_COST), WK_OK);
 	struct sched_req *r = calloc(1, sizeof *r);
 	snprintf(r->id, sizeof r->id, "a");
 	char err[WK_ERRSZ];

@@ -189,14 +189,14 @@ Test(shard, stories_batched_step_matches_unsharded)
 		for (int s = 0; s < 3; s++)
 			cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
 		float tmp[3][512];
-		struct eng_item a[2] = {{seq[0], p0, 5, tmp[0], NULL, {}, 0, 0, NULL, NULL},
-					{seq[1], p1, 2, tmp[1], NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item a[2] = {{seq[0], p0, 5, tmp[0], NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[1], p1, 2, tmp[1], NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e, a, 2, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item b[3] = {{seq[2], p2, 4, tmp[2], NULL, {}, 0, 0, NULL, NULL},
-					{seq[0], &t, 1, got[which][0], NULL, {}, 0, 0, NULL, NULL},
-					{seq[1], &t, 1, got[which][1], NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item b[3] = {{seq[2], p2, 4, tmp[2], NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[0], &t, 1, got[which][0], NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[1], &t, 1, got[which][1], NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e, b, 3, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item c = {seq[2], &t, 1, got[which][2], NULL, {}, 0, 0, NULL, NULL};
+		struct eng_item c = {seq[2], &t, 1, got[which][2], NULL, {}, 0, 0, NULL, NULL, false};
 		cr_assert_eq(eng_step(e, &c, 1, err, sizeof err), WK_OK, "%s", err);
 		cr_expect_eq(eng_seq_len(e, seq[2]), 5);
 		eng_close(e);
@@ -227,15 +227,15 @@ static void glm_batched_matches(const char *hf, const char *label, int tp, int e
 		int seq[3];
 		for (int s = 0; s < 3; s++)
 			cr_assert_eq(eng_seq_alloc(e, &seq[s]), WK_OK);
-		struct eng_item a[2] = {{seq[0], p[0], len[0], g, NULL, {}, 0, 0, NULL, NULL},
-					{seq[1], p[1], len[1], g + V, NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item a[2] = {{seq[0], p[0], len[0], g, NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[1], p[1], len[1], g + V, NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e, a, 2, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item b[3] = {{seq[2], p[2], len[2], g + 2 * V, NULL, {}, 0, 0, NULL, NULL},
-					{seq[0], &t, 1, g + 3 * V, NULL, {}, 0, 0, NULL, NULL},
-					{seq[1], &t, 1, tmp, NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item b[3] = {{seq[2], p[2], len[2], g + 2 * V, NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[0], &t, 1, g + 3 * V, NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[1], &t, 1, tmp, NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e, b, 3, err, sizeof err), WK_OK, "%s", err);
-		struct eng_item c[2] = {{seq[2], &t, 1, g + 4 * V, NULL, {}, 0, 0, NULL, NULL},
-					{seq[1], &t, 1, tmp + V, NULL, {}, 0, 0, NULL, NULL}};
+		struct eng_item c[2] = {{seq[2], &t, 1, g + 4 * V, NULL, {}, 0, 0, NULL, NULL, false},
+					{seq[1], &t, 1, tmp + V, NULL, {}, 0, 0, NULL, NULL, false}};
 		cr_assert_eq(eng_step(e, c, 2, err, sizeof err), WK_OK, "%s", err);
 		free(tmp);
 		eng_close(e);
@@ -345,18 +345,18 @@ static float *device_run(const char *dir, const struct backend *be, bool one_by_
 	cr_assert_eq(eng_seq_alloc(e, &a), WK_OK);
 	cr_assert_eq(eng_seq_alloc(e, &b), WK_OK);
 	int t = 4;
-	struct eng_item two[2] = {{a, gtoks, 3, g, NULL, {}, 0, 0, NULL, NULL},
-				  {b, gtoks + 2, 4, g + V, NULL, {}, 0, 0, NULL, NULL}};
+	struct eng_item two[2] = {{a, gtoks, 3, g, NULL, {}, 0, 0, NULL, NULL, false},
+				  {b, gtoks + 2, 4, g + V, NULL, {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, two, 2, err, sizeof err), WK_OK, "%s", err);
-	struct eng_item dec[2] = {{a, &t, 1, g + 2 * V, &ids[0], {}, 0, 0, NULL, NULL},
-				  {b, &t, 1, g + 3 * V, &ids[1], {}, 0, 0, NULL, NULL}};
+	struct eng_item dec[2] = {{a, &t, 1, g + 2 * V, &ids[0], {}, 0, 0, NULL, NULL, false},
+				  {b, &t, 1, g + 3 * V, &ids[1], {}, 0, 0, NULL, NULL, false}};
 	cr_assert_eq(eng_step(e, dec, 2, err, sizeof err), WK_OK, "%s", err);
 	for (int i = 0; i < 3; i++) {
 		struct eng_item one = {a, i ? &ids[1 + i] : &ids[0], 1, g + (4 + i) * (size_t)V,
-				       &ids[2 + i], {}, 0, 0, NULL, NULL};
+				       &ids[2 + i], {}, 0, 0, NULL, NULL, false};
 		cr_assert_eq(eng_step(e, &one, 1, err, sizeof err), WK_OK, "%s", err);
 	}
-	struct eng_item quiet = {b, &t, 1, NULL, &ids[5], {}, 0, 0, NULL, NULL}; /* only the id crosses */
+	struct eng_item quiet = {b, &t, 1, NULL, &ids[5], {}, 0, 0, NULL, NULL, false}; /* only the id crosses */
 	cr_assert_eq(eng_step(e, &quiet, 1, err, sizeof err), WK_OK, "%s", err);
 	eng_close(e);
 	return lg;
