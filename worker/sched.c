@@ -12,6 +12,7 @@
 #define SCHED_COST_PRIOR 0.2   /* a draft's cost against a step, before any is measured */
 #define SCHED_COST_PRIOR_W 2.0 /* ... its weight, in steps with drafts */
 #define SCHED_COST_DECAY 0.98  /* a measured step's weight, one of its kind later */
+#define SCHED_COST_CLIP 4.0    /* a step counts as at most this times its kind's mean */
 #define SCHED_ACC_PRIOR 0.6    /* a draft kept, before any has been verified */
 #define SCHED_ACC_WEIGHT 2.0   /* the prior's weight, in verifications */
 #define SCHED_ACC_DECAY 0.8    /* a verification's weight in its request's, one later */
@@ -242,6 +243,11 @@ void sched_cost_add(struct sched_cost *c, double z, double y)
 	const double l = SCHED_COST_DECAY;
 	if (!(z >= 0 && y >= 0))
 		return;
+	/* a step far slower than the others of its kind (a page fault, the machine's other
+	 * work) counts as SCHED_COST_CLIP times their mean */
+	double w = z == 0 ? c->w0 : c->w1, sum = z == 0 ? c->y0 : c->y1;
+	if (w >= SCHED_COST_CLIP && y > SCHED_COST_CLIP * sum / w)
+		y = SCHED_COST_CLIP * sum / w;
 	if (z == 0) {
 		c->w0 = l * c->w0 + 1;
 		c->y0 = l * c->y0 + y;

@@ -161,7 +161,8 @@ int sched_draft_len(double alpha, double cost, int max);
  * part of one: (the mean y of the steps with drafts - the mean y of those without) / their
  * mean z / the mean y of those without, within 0..SCHED_COST_MAX, pulled toward a prior of
  * 0.2 by the weight of two steps (the prior alone until both kinds have been seen). Each
- * kind's means weigh its recent steps most (x 0.98 a step of that kind). */
+ * kind's means weigh its recent steps most (x 0.98 a step of that kind), and a step slower
+ * than 4 times its kind's mean so far counts as 4 times it. */
 struct sched_cost {
 	double w0, y0;     /* steps without drafts: decayed count, and sum of y */
 	double w1, y1, z1; /* with: decayed count, sum of y, sum of z */

@@ -494,6 +494,10 @@ Test(sched, draft_cost_is_measured_from_the_steps)
 	}
 	double r = sched_cost_ratio(&c);
 	cr_expect(r > 0.25 && r < 0.35, "measured %.3f, want about 0.3", r);
+	struct sched_cost slow = c; /* a step with drafts that stalled 100x: counted as 4x */
+	sched_cost_add(&slow, 2, 1.6);
+	r = sched_cost_ratio(&slow);
+	cr_expect(r > 0.25 && r < 0.45, "after a stall %.3f, want about 0.3", r);
 	/* then drafts get cheap (a GPU): the old steps fade */
 	for (int i = 0; i < 300; i++)
 		sched_cost_add(&c, i % 2 ? 4 : 0, 0.010 + 0.0002 * (i % 2 ? 4 : 0));
