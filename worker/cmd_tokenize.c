@@ -30,8 +30,10 @@ static const char usage_text[] =
 	"                with one {\"ids\": [...]} line, or a JSON array of ids, answered with one\n"
 	"                {\"text\": \"...\"} line; blank lines are skipped\n"
 	"  --chat F      render the chat messages in JSON file F (\"-\": stdin; a list of\n"
-	"                {\"role\", \"content\"}) with the model's chat template, encode the\n"
-	"                result and print {\"text\": \"...\", \"ids\": [...]}\n"
+	"                {\"role\", \"content\"}, or {\"messages\": [...], \"tools\": [...]}\n"
+	"                with OpenAI's tools and an assistant's tool_calls) with the model's\n"
+	"                chat template, encode the result and print {\"text\": \"...\",\n"
+	"                \"ids\": [...]}\n"
 	"  --chat-format NAME   glm, glm45 or plain (default: from the model directory's chat\n"
 	"                template or config.json, see engine/chat.h)\n"
 	"  --no-think    --chat: GLM's thinking-off markers\n"
@@ -197,12 +199,15 @@ static int run_chat(const struct tok *t, const struct chat_opts *c, bool special
 	if (read_input(c->file, &buf, &len))
 		return 1;
 	struct chat_msg *m;
-	size_t n;
-	rc = chat_parse_json(buf, len, &m, &n, err, sizeof err);
+	size_t n, tools_len;
+	char *tools;
+	rc = chat_parse_json_tools(buf, len, &m, &n, &tools, &tools_len, err, sizeof err);
 	free(buf);
 	if (rc == WK_OK) {
-		rc = chat_render(f, m, n, c->gen, c->think, &text, &tlen, err, sizeof err);
+		rc = chat_render_tools(f, m, n, tools, tools_len, c->gen, c->think, &text, &tlen, err,
+				       sizeof err);
 		free(m);
+		free(tools);
 	}
 	int *ids = NULL, nids = 0;
 	if (rc == WK_OK)

@@ -108,6 +108,7 @@ struct http_flight {
 	bool stream, include_usage;
 	bool max_given;        /* the request named max_tokens (OpenAI: its sum with the
 				* prompt must fit the context) */
+	bool tools;            /* a chat with tools: its stream holds back what may be a call */
 	long created;          /* unix seconds */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
@@ -123,6 +124,9 @@ struct http_flight {
 	struct evhttp_request *req; /* NULL once answered or when the client went away */
 	struct hconn *conn;         /* NULL when the connection is gone */
 	bool started;               /* the stream's headers are sent */
+	char *held;                 /* with tools: text not yet sent (malloc'd), held_len bytes */
+	size_t held_len, sent;      /* ... and the bytes of content sent */
+	bool in_calls;              /* ... a "<tool_call>" came: no more content until the end */
 	struct http_flight *all_prev, *all_next;
 };
 
@@ -547,6 +551,7 @@ static void flight_free(struct http_api *h, struct http_flight *f)
 	if (f->conn && f->conn->cur == f)
 		f->conn->cur = NULL;
 	free(f->body);
+	free(f->held);
 	free(f);
 }
 
@@ -580,15 +585,56 @@ static void client_gone(struct http_api *h, struct http_flight *f)
 		flight_free(h, f);
 }
 
+/* The bytes of a chat stream's held text (with tools) that cannot be a tool call's start:
+ * up to "<tool_call>" or a tail that could begin it, less the whitespace before that (the
+ * content before a call ends without it). */
+static size_t tools_safe(struct http_flight *f)
+{
+	static const char tag[] = "<tool_call>";
+	const size_t tl = sizeof tag - 1;
+	const char *hit = memmem(f->held, f->held_len, tag, tl);
+	size_t safe = hit ? (size_t)(hit - f->held) : f->held_len;
+	if (hit) {
+		f->in_calls = true;
+	} else {
+		for (size_t k = tl - 1; k > 0; k--) /* the longest tail that begins the tag */
+			if (k <= f->held_len && !memcmp(f->held + f->held_len - k, tag, k)) {
+				safe = f->held_len - k;
+				break;
+			}
+	}
+	while (safe && strchr(" \t\r\n", f->held[safe - 1]))
+		safe--;
+	return safe;
+}
+
 static void on_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
 {
 	if (!f->req || !f->stream)
 		return;
 	if (!f->started)
 		sse_start(h, f);
+	if (f->tools && len) { /* held until it cannot be the start of a tool call */
+		if (f->in_calls)
+			return;
+		char *p = realloc(f->held, f->held_len + len);
+		if (!p)
+			return; /* (the result's text still comes whole at the end) */
+		memcpy(p + f->held_len, text, len);
+		f->held = p;
+		f->held_len += len;
+		size_t safe = tools_safe(f);
+		text = f->held;
+		len = safe;
+		f->sent += safe;
+	}
 	if (len)
 		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len, false, NULL),
 			 NULL);
+	if (f->tools && len) {
+		memmove(f->held, f->held + len, f->held_len - len);
+		f->held_len -= len;
+	}
 }
 
 static void on_done(struct http_api *h, struct http_flight *f, const char *json, size_t len)
@@ -616,6 +662,15 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		if (f->stream && (f->started || ok)) {
 			if (!f->started)
 				sse_start(h, f);
+			if (ok && f->tools) { /* the content not sent, then the calls */
+				if (r.text_len > f->sent)
+					sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model,
+							      r.text + f->sent, r.text_len - f->sent,
+							      false, NULL), NULL);
+				if (r.tool_calls)
+					sse_send(f, oai_calls_chunk(f->id, f->created, h->model, &r),
+						 NULL);
+			}
 			if (ok) {
 				sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, false,
 						      r.finish_reason ? r.finish_reason : "stop"),
@@ -1050,6 +1105,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->stream = r.stream;
 	f->include_usage = r.include_usage;
 	f->max_given = r.max_given;
+	f->tools = r.tools;
 	f->created = (long)ts.tv_sec;
 	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
 	f->t_arrived = wk_now();

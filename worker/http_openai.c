@@ -188,7 +188,12 @@ static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
 		json_t *text = content_text(m, json_string_value(role), "messages", what, e);
 		if (!text)
 			return e->status;
-		if (json_array_append_new(out, json_pack("{s:s, s:o}", "role", r, "content", text)))
+		json_t *msg = json_pack("{s:s, s:o}", "role", r, "content", text);
+		/* an assistant's tool calls go as they are (job_decode checks them); a tool
+		 * message's tool_call_id is not rendered (GLM's template has no place for it) */
+		const json_t *calls = json_object_get(m, "tool_calls");
+		if (!msg || (!absent(calls) && json_object_set(msg, "tool_calls", (json_t *)calls)) ||
+		    json_array_append_new(out, msg))
 			return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	}
 	return 0;
@@ -236,23 +241,24 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 					"(no constrained JSON output)");
 	}
 	if (kind == OAI_CHAT) {
-		if (!absent(v = json_object_get(root, "tools")) &&
-		    !(json_is_array(v) && json_array_size(v) == 0))
+		if (!absent(v = json_object_get(root, "tools")) && !json_is_array(v))
 			return oai_errf(e, 400, IRE, "invalid_input", "tools",
-					"tools are not supported");
-		/* the older names of tools, and the choice among them: only "no tool" */
+					"tools must be an array of {\"type\": \"function\", "
+					"\"function\": {...}}");
+		/* the older names of tools, and the choice among them: the model chooses (auto) or
+		 * calls none; a forced call would need constrained decoding */
 		if (!absent(v = json_object_get(root, "functions")) &&
 		    !(json_is_array(v) && json_array_size(v) == 0))
 			return oai_errf(e, 400, IRE, "invalid_input", "functions",
-					"functions are not supported");
+					"functions (the older form) are not supported: give tools");
 		static const char *const choice[] = {"tool_choice", "function_call"};
 		for (int i = 0; i < 2; i++)
 			if (!absent(v = json_object_get(root, choice[i])) &&
 			    !(json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
 						    !strcmp(json_string_value(v), "auto"))))
 				return oai_errf(e, 400, IRE, "invalid_input", choice[i],
-						"%s: only \"none\" or \"auto\" (there are no tools)",
-						choice[i]);
+						"%s: only \"none\" or \"auto\" (a call the model "
+						"must make is not supported)", choice[i]);
 		if (!absent(v = json_object_get(root, "top_logprobs")) &&
 		    !(json_is_integer(v) && json_integer_value(v) == 0))
 			return oai_errf(e, 400, IRE, "invalid_input", "top_logprobs",
@@ -369,6 +375,16 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)) ||
 	    (st = prediction(root, input, e)))
 		goto out;
+	v = json_object_get(root, "tool_choice");
+	const json_t *tools = json_object_get(root, "tools");
+	if (kind == OAI_CHAT && json_array_size(tools) &&
+	    !(json_is_string(v) && !strcmp(json_string_value(v), "none"))) {
+		if (json_object_set(input, "tools", (json_t *)tools)) {
+			st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+			goto out;
+		}
+		r->tools = true;
+	}
 	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
 		if (!absent(v = json_object_get(root, copied[i])) &&
@@ -423,6 +439,9 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->text = json_is_string(t) ? json_string_value(t) : "";
 	r->text_len = json_is_string(t) ? json_string_length(t) : 0;
 	r->finish_reason = json_string_value(json_object_get(out, "finish_reason"));
+	r->tool_calls = json_array_size(json_object_get(out, "tool_calls"))
+				? json_object_get(out, "tool_calls")
+				: NULL;
 	r->err_code = json_string_value(json_object_get(err, "code"));
 	r->err_message = json_string_value(json_object_get(err, "message"));
 	r->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
@@ -490,6 +509,12 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 			    "logprobs", "finish_reason", fin);
 	if (!choice)
 		return NULL;
+	if (kind == OAI_CHAT && r->tool_calls) { /* OpenAI's: content null when there is none */
+		json_t *msg = json_object_get(choice, "message");
+		if (!r->text_len)
+			json_object_set_new(msg, "content", json_null());
+		json_object_set(msg, "tool_calls", (json_t *)r->tool_calls);
+	}
 	return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
 			 kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
 			 (json_int_t)created, "model", model, "choices", choice, "usage",
@@ -525,6 +550,32 @@ json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *
 	return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
 			 kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
 			 (json_int_t)created, "model", model, "choices", choice);
+}
+
+json_t *oai_calls_chunk(const char *id, long created, const char *model,
+			const struct oai_result *r)
+{
+	json_t *calls = json_array();
+	size_t i;
+	json_t *c;
+	json_array_foreach(r->tool_calls, i, c) { /* each whole, with its index */
+		json_t *d = json_deep_copy(c);
+		if (!d || json_object_set_new(d, "index", json_integer((json_int_t)i))) {
+			json_decref(d);
+			json_decref(calls);
+			return NULL;
+		}
+		if (json_array_append_new(calls, d)) { /* (which took d) */
+			json_decref(calls);
+			return NULL;
+		}
+	}
+	json_t *choice = json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "tool_calls",
+				   calls, "logprobs", "finish_reason");
+	if (!choice)
+		return NULL;
+	return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "chat.completion.chunk",
+			 "created", (json_int_t)created, "model", model, "choices", choice);
 }
 
 json_t *oai_usage_chunk(enum oai_kind kind, const char *id, long created, const char *model,

@@ -141,6 +141,88 @@ static enum job_err decode_stop(const json_t *stop, struct job *j, char *err, si
 	return JOB_OK;
 }
 
+/* An assistant message's tool_calls: [{"type": "function", "function": {"name": S,
+ * "arguments": S or an object}}] (OpenAI's; "arguments" a JSON object's text), each counted
+ * in total (the bytes of the messages). */
+static enum job_err decode_calls(const json_t *calls, struct job_message *m, size_t i,
+				 size_t *total, char *err, size_t errsz)
+{
+	size_t n = json_array_size(calls);
+	if (!json_is_array(calls) || n > JOB_CALLS_MAX)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.messages[%zu].tool_calls must be "
+			    "an array of at most %d calls", i, JOB_CALLS_MAX);
+	if (n && !(m->calls = calloc(n, sizeof *m->calls)))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	for (size_t k = 0; k < n; k++) {
+		const json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
+		const json_t *ty = json_object_get(c, "type"), *name = json_object_get(f, "name");
+		const json_t *args = json_object_get(f, "arguments");
+		if (!json_is_object(c) || (ty && !(json_is_string(ty) &&
+						   !strcmp(json_string_value(ty), "function"))) ||
+		    !json_is_string(name) || json_string_length(name) == 0 ||
+		    json_string_length(name) > JOB_NAME_MAX ||
+		    strlen(json_string_value(name)) != json_string_length(name))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.messages[%zu].tool_calls"
+				    "[%zu] must be {\"type\": \"function\", \"function\": {\"name\": "
+				    "a string of 1 to %d bytes, \"arguments\": ...}}", i, k,
+				    JOB_NAME_MAX);
+		json_t *obj = NULL;
+		if (json_is_string(args))
+			obj = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+		else if (json_is_object(args))
+			obj = json_incref((json_t *)args);
+		else if (!args || json_is_null(args))
+			obj = json_object();
+		char *text = json_is_object(obj) ? json_dumps(obj, JSON_COMPACT) : NULL;
+		json_decref(obj);
+		if (!text)
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.messages[%zu].tool_calls"
+				    "[%zu].function.arguments must be a JSON object (or its text)", i,
+				    k);
+		m->calls[k].arguments = text;
+		m->n_calls = (int)k + 1;
+		if (!(m->calls[k].name = strdup(json_string_value(name))))
+			return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+		*total += strlen(text) + json_string_length(name);
+		if (*total > JOB_PROMPT_MAX)
+			return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
+				    "input.messages hold more than %u bytes of content", JOB_PROMPT_MAX);
+	}
+	return JOB_OK;
+}
+
+/* input.tools: [{"type": "function", "function": {"name": S, ...}}], at most JOB_TOOLS_MAX,
+ * kept as compact JSON text (their keys in order). */
+static enum job_err decode_tools(const json_t *tools, struct job *j, char *err, size_t errsz)
+{
+	size_t n = json_array_size(tools);
+	if (!json_is_array(tools) || n > JOB_TOOLS_MAX)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.tools must be an array of at most "
+			    "%d tools", JOB_TOOLS_MAX);
+	if (!j->messages)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.tools needs input.messages (a "
+			    "chat): a prompt is the model's text as it is");
+	for (size_t k = 0; k < n; k++) {
+		const json_t *t = json_array_get(tools, k), *ty = json_object_get(t, "type");
+		const json_t *f = json_object_get(t, "function"), *name = json_object_get(f, "name");
+		const json_t *params = json_object_get(f, "parameters");
+		if (!json_is_string(ty) || strcmp(json_string_value(ty), "function") ||
+		    !json_is_object(f) || !json_is_string(name) || json_string_length(name) == 0 ||
+		    json_string_length(name) > JOB_NAME_MAX || (params && !json_is_object(params)))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.tools[%zu] must be "
+				    "{\"type\": \"function\", \"function\": {\"name\": a string of 1 "
+				    "to %d bytes, \"parameters\": an object, ...}}", k, JOB_NAME_MAX);
+	}
+	if (!n)
+		return JOB_OK;
+	if (!(j->tools = json_dumps(tools, JSON_COMPACT)))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	if (strlen(j->tools) > JOB_PROMPT_MAX)
+		return fail(err, errsz, JOB_EPROMPT_TOO_LONG, "input.tools hold more than %u bytes",
+			    JOB_PROMPT_MAX);
+	return JOB_OK;
+}
+
 static enum job_err decode_messages(const json_t *msgs, struct job *j, char *err, size_t errsz)
 {
 	if (!json_is_array(msgs))
@@ -164,7 +246,13 @@ static enum job_err decode_messages(const json_t *msgs, struct job *j, char *err
 			return fail(err, errsz, JOB_EINVALID_INPUT,
 				    "input.messages[%zu].role must be a string of 1 to %d bytes", i,
 				    JOB_ROLE_MAX);
-		if (!json_is_string(content))
+		const json_t *calls = json_object_get(m, "tool_calls");
+		bool has_calls = calls && !json_is_null(calls);
+		if (has_calls && strcmp(json_string_value(role), "assistant"))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.messages[%zu].tool_calls: only an assistant message has them",
+				    i);
+		if (!json_is_string(content) && !(has_calls && (!content || json_is_null(content))))
 			return fail(err, errsz, JOB_EINVALID_INPUT,
 				    "input.messages[%zu].content must be a string", i);
 		size_t len = json_string_length(content);
@@ -176,8 +264,14 @@ static enum job_err decode_messages(const json_t *msgs, struct job *j, char *err
 		j->n_messages = (int)i + 1;
 		char what[48];
 		snprintf(what, sizeof what, "input.messages[%zu].content", i);
-		enum job_err e = dup_member(content, JOB_PROMPT_MAX, &j->messages[i].content, what,
-					    err, errsz);
+		enum job_err e = JOB_OK;
+		if (json_is_string(content))
+			e = dup_member(content, JOB_PROMPT_MAX, &j->messages[i].content, what, err,
+				       errsz);
+		else if (!(j->messages[i].content = strdup(""))) /* null beside tool_calls */
+			e = fail(err, errsz, JOB_EINTERNAL, "out of memory");
+		if (e == JOB_OK && has_calls)
+			e = decode_calls(calls, &j->messages[i], i, &total, err, errsz);
 		if (e != JOB_OK)
 			return e;
 	}
@@ -219,6 +313,9 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 	} else if ((e = decode_messages(msgs, j, err, errsz)) != JOB_OK) {
 		return e;
 	}
+	const json_t *tools = json_object_get(in, "tools");
+	if (tools && !json_is_null(tools) && (e = decode_tools(tools, j, err, errsz)) != JOB_OK)
+		return e;
 
 	const json_t *v;
 	double d;
@@ -373,8 +470,16 @@ void job_free(struct job *j)
 	j->prompt = NULL;
 	free(j->prediction);
 	j->prediction = NULL;
-	for (int i = 0; i < j->n_messages; i++)
+	free(j->tools);
+	j->tools = NULL;
+	for (int i = 0; i < j->n_messages; i++) {
 		free(j->messages[i].content);
+		for (int k = 0; k < j->messages[i].n_calls; k++) {
+			free(j->messages[i].calls[k].name);
+			free(j->messages[i].calls[k].arguments);
+		}
+		free(j->messages[i].calls);
+	}
 	free(j->messages);
 	j->messages = NULL;
 	j->n_messages = 0;
@@ -512,6 +617,24 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 		put_cstr(&b, r->finish_reason);
 	else
 		puts_(&b, "null");
+	json_t *calls = r->tool_calls ? json_loads(r->tool_calls, 0, NULL) : NULL;
+	if (json_array_size(calls)) { /* OpenAI's shape, an id each */
+		puts_(&b, ", \"tool_calls\": [");
+		size_t k;
+		json_t *c;
+		json_array_foreach(calls, k, c) {
+			const json_t *nm = json_object_get(c, "name"), *a = json_object_get(c, "arguments");
+			puts_(&b, k ? ", {\"id\": \"call_" : "{\"id\": \"call_");
+			puts_(&b, r->id ? r->id : "");
+			putf(&b, "_%zu\", \"type\": \"function\", \"function\": {\"name\": ", k);
+			put_str(&b, json_string_value(nm), json_string_length(nm));
+			puts_(&b, ", \"arguments\": ");
+			put_str(&b, json_string_value(a), json_string_length(a));
+			puts_(&b, "}}");
+		}
+		puts_(&b, "]");
+	}
+	json_decref(calls);
 	puts_(&b, "}");
 	if (r->status != JOB_COMPLETED) {
 		enum job_err e = r->err == JOB_OK ? JOB_EINTERNAL : r->err;

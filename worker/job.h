@@ -35,6 +35,9 @@
 #define JOB_MESSAGES_MAX 512       /* messages in one chat */
 #define JOB_ROLE_MAX 32            /* bytes of a message role */
 #define JOB_STOP_MAX 16            /* stop strings */
+#define JOB_TOOLS_MAX 128          /* input.tools: functions */
+#define JOB_CALLS_MAX 64           /* tool calls in one assistant message */
+#define JOB_NAME_MAX 256           /* bytes of a function's name */
 #define JOB_STOP_LEN_MAX 256       /* bytes of one stop string (at least 1) */
 #define JOB_MAX_TOKENS_MAX 131072  /* max_tokens must be 1..this */
 #define JOB_MAX_TOKENS_DEFAULT 256
@@ -63,9 +66,16 @@ enum job_status { JOB_COMPLETED, JOB_FAILED, JOB_TIMED_OUT, JOB_CANCELLED };
 /* "COMPLETED", ...; never NULL. */
 const char *job_status_name(enum job_status s);
 
+struct job_call {        /* an assistant message's tool call */
+	char *name;      /* malloc'd, NUL-terminated */
+	char *arguments; /* malloc'd: a JSON object's text */
+};
+
 struct job_message {
 	char role[JOB_ROLE_MAX + 1];
 	char *content; /* malloc'd, NUL-terminated (a NUL inside is refused) */
+	struct job_call *calls; /* an assistant's tool_calls [n_calls] (malloc'd), or NULL */
+	int n_calls;
 };
 
 struct job {
@@ -86,6 +96,8 @@ struct job {
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
 	char *prediction; /* input.prediction: text the output is expected to repeat (malloc'd;
 			   * NULL: none), a source of speculative drafts (wick worker --speculate) */
+	char *tools;      /* input.tools: OpenAI's function tools as a JSON array's text (malloc'd;
+			   * NULL: none), rendered into the chat prompt (engine/chat.h) */
 };
 
 /* True when s is a valid id: [A-Za-z0-9._-]{1,JOB_ID_MAX}, and not "." or "..". */
@@ -110,6 +122,10 @@ struct job_result {
 	const int *token_ids;       /* may be NULL when n_tokens == 0 */
 	int n_tokens;
 	const char *finish_reason;  /* "stop", "length", ...; NULL: null */
+	/* the tool calls the text made (chat_tool_calls' JSON: [{"name", "arguments"}], with
+	 * text the content before them), or NULL: output.tool_calls, OpenAI's
+	 * [{"id", "type": "function", "function": {"name", "arguments"}}], ids call_ID_N */
+	const char *tool_calls;
 	enum job_err err;           /* used when status != COMPLETED (JOB_OK then means internal) */
 	const char *message;        /* error message */
 	int prompt_tokens, completion_tokens;

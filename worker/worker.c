@@ -59,6 +59,7 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	char tenant[JOB_ID_MAX + 1];
 	bool used;
 	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
+	char *tools;            /* its input.tools (malloc'd JSON), to read its tool calls back */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
 	/* what an attempt the engine failed had run, for its RELEASED line (req is gone) */
@@ -514,6 +515,8 @@ static int commit_reap(struct worker *w, bool wait)
 				note_superseded(w, h);
 			free(c->json[i]);
 			queue_job_free(&h->qj);
+			free(h->tools);
+			h->tools = NULL;
 			h->used = false;
 			h->req = NULL;
 			freed++;
@@ -590,6 +593,8 @@ static void flush_results(struct worker *w)
 			note_superseded(w, h);
 		free(w->out_json[i]);
 		queue_job_free(&h->qj);
+		free(h->tools);
+		h->tools = NULL;
 		h->used = false;
 		h->req = NULL;
 	}
@@ -671,8 +676,22 @@ static void job_done(struct worker *w, struct sched_req *r)
 		.queue_seconds = queue_s, .gpu_seconds = r->gpu_seconds,
 		.cost_micro_usd = cost_micro(w, r->gpu_seconds), .worker = w->name,
 		.attempt = h->qj.attempt};
+	char *calls = NULL; /* with tools: the calls in its text, and the content before them */
+	size_t content = 0;
+	if (h->tools && st == JOB_COMPLETED &&
+	    chat_tool_calls(w->chat, jr.text, r->text_len, h->tools, strlen(h->tools), &content,
+			    &calls, NULL, 0) == WK_OK && calls) {
+		jr.tool_calls = calls;
+		jr.finish_reason = "tool_calls";
+		jr.text_len = content;
+		if (!content)
+			jr.text = "";
+	}
+	free(h->tools);
+	h->tools = NULL;
 	size_t len;
 	char *json = job_encode_result(&jr, &len);
+	free(calls);
 	set_bill(h, st, r->n_prompt, r->n_out, queue_s, r->gpu_seconds, jr.cost_micro_usd);
 	if (st == JOB_COMPLETED)
 		w->jobs_done++;
@@ -707,21 +726,38 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the model has no tokenizer.json");
 	if (j->prompt)
 		return tok_encode(w->tok, j->prompt, strlen(j->prompt), true, ids, n, err, errsz);
+	if (j->tools && w->chat == CHAT_PLAIN)
+		return wk_errf(err, errsz, WK_EINVAL, "input.tools: this model's chat format (%s) "
+			       "has no tool calls", chat_format_name(w->chat));
+	int n_calls = 0;
+	for (int i = 0; i < j->n_messages; i++)
+		n_calls += j->messages[i].n_calls;
 	struct chat_msg *m = calloc((size_t)j->n_messages, sizeof *m);
-	if (!m)
-		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	int rc = WK_OK;
-	for (int i = 0; i < j->n_messages && rc == WK_OK; i++) {
-		rc = chat_role_parse(j->messages[i].role, &m[i].role, err, errsz);
-		m[i].content = j->messages[i].content;
-		m[i].len = strlen(j->messages[i].content);
+	struct chat_call *calls = calloc((size_t)n_calls + 1, sizeof *calls);
+	int rc = m && calls ? WK_OK : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	for (int i = 0, c = 0; i < j->n_messages && rc == WK_OK; i++) {
+		const struct job_message *jm = &j->messages[i];
+		rc = chat_role_parse(jm->role, &m[i].role, err, errsz);
+		m[i].content = jm->content;
+		m[i].len = strlen(jm->content);
+		m[i].calls = jm->n_calls ? calls + c : NULL;
+		m[i].n_calls = (size_t)jm->n_calls;
+		for (int k = 0; k < jm->n_calls; k++, c++)
+			calls[c] = (struct chat_call){
+				.name = jm->calls[k].name, .name_len = strlen(jm->calls[k].name),
+				.args = jm->calls[k].arguments,
+				.args_len = strlen(jm->calls[k].arguments)};
 	}
 	char *text = NULL;
 	size_t len = 0;
 	if (rc == WK_OK)
-		rc = chat_render(w->chat, m, (size_t)j->n_messages, true, false, &text, &len, err,
-				 errsz);
+		rc = chat_render_tools(w->chat, m, (size_t)j->n_messages, j->tools,
+				       j->tools ? strlen(j->tools) : 0, true, false, &text, &len, err,
+				       errsz);
+	if (rc == WK_EFORMAT) /* (a call's arguments, checked by job_decode: not expected) */
+		rc = WK_EINVAL;
 	free(m);
+	free(calls);
 	if (rc == WK_OK)
 		rc = tok_encode(w->tok, text, len, w->chat == CHAT_PLAIN, ids, n, err, errsz);
 	free(text);
@@ -810,6 +846,8 @@ static void admit(struct worker *w, struct held *h)
 		sched_req_free(r);
 	} else {
 		h->req = r;
+		h->tools = j.tools; /* its tool calls are read back when it finishes */
+		j.tools = NULL;
 		if (j.stream && !h->http && queue_streams(w->q)) {
 			r->on_token = on_job_token;
 			queue_stream(w->q, &h->qj, "", 0);
@@ -1051,6 +1089,8 @@ static void release_all(struct worker *w)
 		else
 			wlog(w, "released", "job %s handed back to the queue", h->qj.id);
 		queue_job_free(&h->qj);
+		free(h->tools);
+		h->tools = NULL;
 		h->used = false;
 	}
 }

@@ -11,7 +11,8 @@
 #  3. the GLM chat template through `wick tokenize --chat` on that stand-in: the special ids
 #     at the right places and HF's ids for the rendered text (chat_check.js); and, when
 #     python3 has jinja2, wick's text equals GLM-4.7-Flash's and GLM-4.6's own Jinja
-#     templates (from the same llama.cpp release) rendered as transformers renders them;
+#     templates (from the same llama.cpp release) rendered as transformers renders them, with
+#     OpenAI tools and an assistant's tool calls too;
 #  4. encoding 100 KB takes well under a second.
 # Everything downloaded goes under $WICK_BUILD (node/, npm-pack/); nothing is committed.
 source tests/e2e/lib.sh
@@ -82,7 +83,25 @@ if [ -f "$VEC/GLM-4.7-Flash.jinja" ] && python3 -c 'import jinja2' 2>/dev/null; 
  {"m": [{"role": "assistant", "content": "a<think>b<think>c</think>d</think>e"},
         {"role": "user", "content": [{"type": "text", "text": "part1 "}, {"type": "text", "text": "part2"}]}]},
  {"m": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\u3000x\u00a0 "},
-        {"role": "assistant", "content": "<think> r </think>"}], "gen": false, "think": false}]
+        {"role": "assistant", "content": "<think> r </think>"}], "gen": false, "think": false},
+ {"m": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"name": "get_weather",
+           "arguments": "{\"city\": \"Paris\", \"n\": 3, \"x\": {\"z\": [1, 0.1, 1e-7, 1e16]}}"}},
+          {"type": "function", "function": {"name": "add", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "{\"t\": 21}"},
+        {"role": "assistant", "content": null, "tool_calls": [
+          {"function": {"name": "add", "arguments": {"b": 1, "a": "x",
+                                                    "z": [-0.0, 123456789.25, null, true]}}}]},
+        {"role": "user", "content": "ok"}],
+  "tools": [{"type": "function", "function": {"name": "get_weather",
+             "description": "W\u00e9ather \"q\"\n\u0001\u2028",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}},
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+             "properties": {"a": {"type": "number", "minimum": 0.1, "maximum": 1e300}}}}}],
+  "think": false},
+ {"m": [{"role": "user", "content": "u"}], "tools": []}]
 EOF
   python3 - "$TMPD/convs.json" "$VEC" "$WICK" "$GLM" "$TMPD" <<'EOF'
 # Renders each conversation with the real templates (as transformers does: trim_blocks,
@@ -99,8 +118,20 @@ for fmt, name in (("glm", "GLM-4.7-Flash.jinja"), ("glm45", "GLM-4.6.jinja")):
     bad = 0
     for i, c in enumerate(convs):
         think, gen = c.get("think", True), c.get("gen", True)
-        want = tpl.render(messages=c["m"], add_generation_prompt=gen, enable_thinking=think)
-        json.dump(c["m"], open(f"{tmp}/c.json", "w"))
+        # an assistant's tool call arguments are a JSON string in OpenAI's messages and a
+        # mapping in the template's (vLLM and transformers' callers parse them first); a
+        # null content, which the template would print as "None", is empty, as wick reads it
+        msgs = json.loads(json.dumps(c["m"]))
+        for m in msgs:
+            if m.get("content", "") is None:
+                m["content"] = ""
+            for tc in m.get("tool_calls", []):
+                if isinstance(tc["function"]["arguments"], str):
+                    tc["function"]["arguments"] = json.loads(tc["function"]["arguments"])
+        want = tpl.render(messages=msgs, tools=c.get("tools"), add_generation_prompt=gen,
+                          enable_thinking=think)
+        json.dump({"messages": c["m"], "tools": c["tools"]} if "tools" in c else c["m"],
+                  open(f"{tmp}/c.json", "w"))
         args = [wick, "tokenize", model, "--chat", f"{tmp}/c.json", "--chat-format", fmt]
         args += [] if think else ["--no-think"]
         args += [] if gen else ["--no-generation-prompt"]

@@ -42,6 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		json_decref(oai_response(OAI_CHAT, "x", 1, "m", &res));
 		json_decref(oai_chunk(OAI_COMPLETION, "x", 1, "m", res.text, res.text_len, false, NULL));
 		json_decref(oai_usage_chunk(OAI_CHAT, "x", 1, "m", &res));
+		if (res.tool_calls)
+			json_decref(oai_calls_chunk("x", 1, "m", &res));
 		struct oai_err e;
 		oai_result_error(&res, &e);
 		oai_result_free(&res);

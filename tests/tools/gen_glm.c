@@ -39,6 +39,12 @@
  * multiplied by 0), computes rmsnorm(rmsnorm(embed)) (the same but for eps), so its drafts are
  * f applied in turn: the tokens greedy decoding gives.
  *
+ * --say T0,T1,...,Tn: a model that says T1..Tn in turn after a prompt that ends with T0 (for
+ * tests of what the text becomes: tool calls, stop strings). Its layers add nothing, as
+ * --mtp-oracle's, and its embedding and lm_head are zero but for Ti's row, the unit vector
+ * e_i, and lm_head row T(i+1) column i (4): after Ti the largest logit is T(i+1)'s, after any
+ * other token all are 0 (token 0). Each Ti before Tn appears once.
+ *
  * The tool prints the bytes one decoded token reads (embedding row, attention and indexer,
  * router, the active routed experts only, shared experts, dense MLPs, lm_head; the MTP layer
  * is not run) against the last-level cache size, for the decode benchmark.
@@ -72,6 +78,7 @@ struct dims {
 	int kv_heads, head_dim, qk_norm;                                            /* glm4 */
 	double scaling, partial_rotary;
 	int shards, mtp, oracle;
+	int say[64], n_say; /* --say: the tokens greedy decoding gives in turn */
 	uint64_t seed;
 };
 
@@ -330,13 +337,26 @@ static uint8_t to_e4m3(float f)
  * 2 [I | 0] (eh_proj); -1 random as ever. */
 static int oracle_kind(const struct dims *d, const char *name, enum init in)
 {
-	if (!d->oracle)
+	if (d->n_say && (!strcmp(name, "model.embed_tokens.weight") ||
+			 !strcmp(name, "lm_head.weight")))
+		return 3;
+	if (!d->oracle && !d->n_say)
 		return -1;
 	if (wk_ends_with(name, "self_attn.o_proj.weight") || wk_ends_with(name, "down_proj.weight"))
 		return 0;
 	if (in == I_NORM)
 		return 1;
 	return wk_ends_with(name, "eh_proj.weight") ? 2 : -1;
+}
+
+/* --say: the embedding's or lm_head's value at (row, col). */
+static float say_value(const struct dims *d, const char *name, int64_t row, int64_t col)
+{
+	bool head = !strcmp(name, "lm_head.weight");
+	for (int i = 0; i + 1 < d->n_say; i++)
+		if (col == i && row == d->say[i + (head ? 1 : 0)])
+			return head ? 4.0f : 1.0f;
+	return 0.0f;
 }
 
 /* Fills s's data (and, for an FP8 weight, its scale_inv at *scale) into fresh buffers. */
@@ -354,6 +374,8 @@ static int materialize(const struct dims *d, const struct spec *s, void **data, 
 			float v = draw(&r, s->init, cols);
 			if (ok >= 0)
 				v = ok == 1 ? 1.0f : ok == 2 && (int64_t)i % cols == (int64_t)i / cols;
+			if (ok == 3)
+				v = say_value(d, s->name, (int64_t)i / cols, (int64_t)i % cols);
 			put(*data, s->dt, i, v);
 		}
 		return 0;
@@ -422,10 +444,13 @@ static int write_config(const char *dir, const struct dims *d, const struct list
 	SETS("model_type", g5 ? "glm_moe_dsa" : "glm4_moe");
 	SETB("attention_bias", !g5);
 	SETR("attention_dropout", 0.0);
-	/* the real stop ids are past a tiny vocabulary: use the last ids instead */
+	/* the real stop ids (GLM-5's <|endoftext|>, <|user|>, <|observation|>) where the
+	 * vocabulary is GLM-5's; past a tiny one, its last ids instead */
+	bool real = g5 && d->vocab >= 154880;
 	json_object_set_new(c, "eos_token_id",
-			    json_pack("[i,i,i]", d->vocab - 4, d->vocab - 3, d->vocab - 2));
-	SETI("pad_token_id", d->vocab - 4);
+			    real ? json_pack("[i,i,i]", 154820, 154827, 154829)
+				 : json_pack("[i,i,i]", d->vocab - 4, d->vocab - 3, d->vocab - 2));
+	SETI("pad_token_id", real ? 154820 : d->vocab - 4);
 	SETI("first_k_dense_replace", d->first_dense);
 	SETS("hidden_act", "silu");
 	SETI("hidden_size", d->hidden);
@@ -640,6 +665,7 @@ static void usage(FILE *f)
 		"       gen_glm --preset bench-1g|glm5-structure -o DIR [--seed S] [--shards N]\n"
 		"--mtp-oracle (with --mtp): layers that add nothing and an MTP layer that is always\n"
 		"  right (the best case of its drafts; see the top of gen_glm.c)\n"
+		"--say T0,T1,...: a model that says T1, T2, ... after a prompt that ends with T0\n"
 		"sizes (tiny defaults in brackets, glm5 / glm4 where they differ):\n"
 		"  --hidden 200  --layers 4  --first-dense 1  --heads 4/6  --vocab 300  --max-pos 256\n"
 		"  --intermediate 320  --moe-intermediate 80  --experts 16  --experts-per-tok 4\n"
@@ -739,6 +765,15 @@ static const char *check(const struct dims *d)
 {
 	if (d->oracle && !d->mtp)
 		return "--mtp-oracle needs --mtp (it is about the MTP layer)";
+	for (int i = 0; i < d->n_say; i++) {
+		if (d->say[i] < 0 || d->say[i] >= d->vocab)
+			return "--say: a token id outside --vocab";
+		for (int k = 0; k < i && i + 1 < d->n_say; k++)
+			if (d->say[k] == d->say[i])
+				return "--say: a token before the last appears twice";
+	}
+	if (d->n_say > d->hidden)
+		return "--say: more tokens than --hidden";
 	if (d->first_dense > d->layers)
 		return "--first-dense is more than --layers";
 	if (d->experts % d->n_group || d->experts / d->n_group < 2)
@@ -766,7 +801,7 @@ static const char *check(const struct dims *d)
 int main(int argc, char **argv)
 {
 	enum { O_FAMILY = 256, O_PRESET, O_SEED, O_SHARDS, O_MTP, O_DTYPE, O_NOQKN, O_SCALING,
-	       O_PARTIAL, O_ORACLE, O_INT };
+	       O_PARTIAL, O_ORACLE, O_SAY, O_INT };
 	static const char *int_names[] = {
 		"hidden", "layers", "first-dense", "heads", "vocab", "max-pos", "intermediate",
 		"moe-intermediate", "experts", "experts-per-tok", "shared-experts", "n-group",
@@ -774,7 +809,7 @@ int main(int argc, char **argv)
 		"v-head-dim", "index-heads", "index-head-dim", "index-topk", "kv-heads", "head-dim",
 	};
 	enum { NI = sizeof int_names / sizeof int_names[0] };
-	struct option opts[NI + 12];
+	struct option opts[NI + 14];
 	int n = 0;
 	opts[n++] = (struct option){"family", required_argument, NULL, O_FAMILY};
 	opts[n++] = (struct option){"preset", required_argument, NULL, O_PRESET};
@@ -782,6 +817,7 @@ int main(int argc, char **argv)
 	opts[n++] = (struct option){"shards", required_argument, NULL, O_SHARDS};
 	opts[n++] = (struct option){"mtp", no_argument, NULL, O_MTP};
 	opts[n++] = (struct option){"mtp-oracle", no_argument, NULL, O_ORACLE};
+	opts[n++] = (struct option){"say", required_argument, NULL, O_SAY};
 	opts[n++] = (struct option){"dtype", required_argument, NULL, O_DTYPE};
 	opts[n++] = (struct option){"no-qk-norm", no_argument, NULL, O_NOQKN};
 	opts[n++] = (struct option){"routed-scaling", required_argument, NULL, O_SCALING};
@@ -843,6 +879,18 @@ int main(int argc, char **argv)
 		case O_SHARDS: bad |= parse_int(optarg, "shards", &d.shards); break;
 		case O_MTP: d.mtp = 1; break;
 		case O_ORACLE: d.oracle = 1; break;
+		case O_SAY:
+			for (char *p = optarg; *p;) {
+				long v = strtol(p, &end, 10);
+				if (end == p || d.n_say == 64 || (*end && *end != ',')) {
+					fprintf(stderr, "gen_glm: --say wants up to 64 ids, 1,2,3\n");
+					bad = 1;
+					break;
+				}
+				d.say[d.n_say++] = (int)v;
+				p = *end ? end + 1 : end;
+			}
+			break;
 		case O_NOQKN: d.qk_norm = 0; break;
 		case O_DTYPE:
 			if (!strcmp(optarg, "fp8") || !strcmp(optarg, "bf16")) {

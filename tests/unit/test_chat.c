@@ -251,3 +251,142 @@ Test(chat, parse_json)
 		cr_assert(strstr(err, bad[i].msg), "case %zu: '%s' lacks '%s'", i, err, bad[i].msg);
 	}
 }
+
+/* Tools and an assistant's tool calls, golden (each text the GLM-4.7-Flash and GLM-4.6
+ * templates' own, rendered by jinja2 as transformers does; tokenizer_bytelevel.sh checks more
+ * against the templates themselves). */
+Test(chat, tools_and_tool_calls)
+{
+	const char *tools = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+			    "\"parameters\": {\"type\": \"object\", \"properties\": {\"a\": "
+			    "{\"type\": \"number\", \"minimum\": 0.1}}}}}]";
+#define ARGS "{\"a\": 1.50, \"s\": \"x y\", \"o\": [true]}"
+	const struct chat_call calls[] = {
+		{.name = "f", .name_len = 1, .args = ARGS, .args_len = sizeof ARGS - 1},
+		{.name = "g", .name_len = 1}};
+	const struct chat_msg m[] = {MSG(CHAT_USER, "q"),
+				     {.role = CHAT_ASSISTANT, .content = "ok", .len = 2,
+				      .calls = calls, .n_calls = 2},
+				     MSG(CHAT_TOOL, "r")};
+	const char *head = "[gMASK]<sop><|system|>\n# Tools\n\nYou may call one or more functions "
+			   "to assist with the user query.\n\nYou are provided with function "
+			   "signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": "
+			   "\"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+			   "\"object\", \"properties\": {\"a\": {\"type\": \"number\", \"minimum\": "
+			   "0.1}}}}}\n</tools>\n\nFor each function call, output the function name "
+			   "and arguments within the following XML format:\n";
+	char want[2048], *out, err[WK_ERRSZ];
+	size_t len;
+	snprintf(want, sizeof want, "%s<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key>"
+		 "<arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>"
+		 "{arg-value-2}</arg_value>...</tool_call><|user|>q<|assistant|></think>ok"
+		 "<tool_call>f<arg_key>a</arg_key><arg_value>1.5</arg_value><arg_key>s</arg_key>"
+		 "<arg_value>x y</arg_value><arg_key>o</arg_key><arg_value>[true]</arg_value>"
+		 "</tool_call><tool_call>g</tool_call><|observation|><tool_response>r"
+		 "</tool_response><|assistant|></think>", head);
+	cr_assert_eq(chat_render_tools(CHAT_GLM, m, 3, tools, strlen(tools), true, false, &out,
+				       &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(out, want);
+	free(out);
+	snprintf(want, sizeof want, "%s<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>"
+		 "\n<arg_value>{arg-value-1}</arg_value>\n<arg_key>{arg-key-2}</arg_key>\n"
+		 "<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call><|user|>\nq/nothink"
+		 "<|assistant|>\n<think></think>\nok\n<tool_call>f\n<arg_key>a</arg_key>\n"
+		 "<arg_value>1.5</arg_value>\n<arg_key>s</arg_key>\n<arg_value>x y</arg_value>\n"
+		 "<arg_key>o</arg_key>\n<arg_value>[true]</arg_value>\n</tool_call>\n"
+		 "<tool_call>g\n</tool_call><|observation|>\n<tool_response>\nr\n"
+		 "</tool_response><|assistant|>\n<think></think>", head);
+	cr_assert_eq(chat_render_tools(CHAT_GLM45, m, 3, tools, strlen(tools), true, false, &out,
+				       &len, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_str_eq(out, want);
+	free(out);
+	/* no tools, or an empty list: no block */
+	cr_assert_eq(chat_render_tools(CHAT_GLM, m, 1, "[]", 2, true, false, &out, &len, err,
+				       sizeof err), WK_OK);
+	cr_expect_str_eq(out, "[gMASK]<sop><|user|>q<|assistant|></think>");
+	free(out);
+	/* bad: tools not a list, arguments not an object */
+	cr_expect_eq(chat_render_tools(CHAT_GLM, m, 1, "{}", 2, true, false, &out, &len, err,
+				       sizeof err), WK_EFORMAT);
+	const struct chat_call badc = {.name = "f", .name_len = 1, .args = "[1]", .args_len = 3};
+	const struct chat_msg bm[] = {{.role = CHAT_ASSISTANT, .calls = &badc, .n_calls = 1}};
+	cr_expect_eq(chat_render_tools(CHAT_GLM, bm, 1, NULL, 0, true, false, &out, &len, err,
+				       sizeof err), WK_EFORMAT);
+	cr_expect(strstr(err, "arguments are not a JSON object"), "%s", err);
+}
+
+/* Python's json.dumps: floats as repr, escapes as Python writes them, keys in order. */
+Test(chat, py_json)
+{
+	static const struct {
+		const char *in, *want;
+	} cases[] = {
+		{"[1.0, 0.1, 1e-5, 0.0001, 1e16, 1e15, 123.456, -0.0, 2.5e-300, 1e22]",
+		 "[1.0, 0.1, 1e-05, 0.0001, 1e+16, 1000000000000000.0, 123.456, -0.0, 2.5e-300, "
+		 "1e+22]"},
+		{"{\"b\": 1, \"a\": [], \"c\": {}}", "{\"b\": 1, \"a\": [], \"c\": {}}"},
+		{"\"a\\\"\\\\\\n\\t\\u0001\\u007f\\u00e9/\"", "\"a\\\"\\\\\\n\\t\\u0001\x7f\xc3\xa9/\""},
+		{"[true, false, null, -12]", "[true, false, null, -12]"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char *out, err[WK_ERRSZ];
+		size_t len;
+		cr_assert_eq(chat_py_json(cases[i].in, strlen(cases[i].in), &out, &len, err,
+					  sizeof err), WK_OK, "%s", err);
+		cr_expect_str_eq(out, cases[i].want);
+		free(out);
+	}
+	char *out, err[WK_ERRSZ];
+	size_t len;
+	cr_expect_eq(chat_py_json("{", 1, &out, &len, err, sizeof err), WK_EFORMAT);
+}
+
+/* Tool calls read back out of generated text: both forms, values typed by the tool's schema,
+ * content before the calls, and text that is not a whole call left as content. */
+Test(chat, tool_calls_from_text)
+{
+	const char *tools = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+			    "\"parameters\": {\"properties\": {\"n\": {\"type\": \"integer\"}, "
+			    "\"s\": {\"type\": \"string\"}, \"o\": {\"type\": \"object\"}}}}}]";
+	static const struct {
+		enum chat_format f;
+		const char *text, *calls;
+		size_t content;
+	} cases[] = {
+		{CHAT_GLM, "Sure. <tool_call>f<arg_key>n</arg_key><arg_value>42</arg_value>"
+			   "<arg_key>s</arg_key><arg_value>42</arg_value><arg_key>o</arg_key>"
+			   "<arg_value>{\"k\": [1]}</arg_value></tool_call>",
+		 "[{\"name\":\"f\",\"arguments\":\"{\\\"n\\\":42,\\\"s\\\":\\\"42\\\",\\\"o\\\":"
+		 "{\\\"k\\\":[1]}}\"}]", 5},
+		{CHAT_GLM45, "\n<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>7</arg_value>\n"
+			     "</tool_call>\n<tool_call>g\n</tool_call>",
+		 "[{\"name\":\"f\",\"arguments\":\"{\\\"n\\\":7}\"},{\"name\":\"g\",\"arguments\":"
+		 "\"{}\"}]", 0},
+		/* an unknown tool's values: JSON where they are JSON, else strings */
+		{CHAT_GLM, "<tool_call>h<arg_key>x</arg_key><arg_value>[1, 2]</arg_value><arg_key>"
+			   "y</arg_key><arg_value>not json</arg_value></tool_call>",
+		 "[{\"name\":\"h\",\"arguments\":\"{\\\"x\\\":[1,2],\\\"y\\\":\\\"not json\\\"}\"}]",
+		 0},
+		/* not whole: cut short, text after, a malformed body, no name */
+		{CHAT_GLM, "a <tool_call>f<arg_key>n</arg_key><arg_value>4", NULL, 0},
+		{CHAT_GLM, "<tool_call>g</tool_call> and more", NULL, 0},
+		{CHAT_GLM, "<tool_call>f<arg_key>n</arg_key>4</tool_call>", NULL, 0},
+		{CHAT_GLM, "<tool_call> </tool_call>", NULL, 0},
+		{CHAT_GLM, "no calls", NULL, 0},
+		{CHAT_PLAIN, "<tool_call>g</tool_call>", NULL, 0},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char *calls, err[WK_ERRSZ];
+		size_t content, len = strlen(cases[i].text);
+		cr_assert_eq(chat_tool_calls(cases[i].f, cases[i].text, len, tools, strlen(tools),
+					     &content, &calls, err, sizeof err), WK_OK);
+		if (cases[i].calls) {
+			cr_expect_str_eq(calls ? calls : "(none)", cases[i].calls, "case %zu", i);
+			cr_expect_eq(content, cases[i].content, "case %zu", i);
+		} else {
+			cr_expect_null(calls, "case %zu: %s", i, calls);
+			cr_expect_eq(content, len, "case %zu", i);
+		}
+		free(calls);
+	}
+}

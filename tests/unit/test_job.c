@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/wk.h"
 #include "worker/job.h"
 
 static char msg[512];
@@ -373,5 +374,84 @@ Test(job, encode_invalid_utf8_and_nulls)
 	struct job_result r3 = {.id = "n", .queue_seconds = 0.0 / 0.0, .gpu_seconds = 1e300};
 	s = job_encode_result(&r3, NULL);
 	json_decref(parse(s));
+	free(s);
+}
+
+/* OpenAI's tools in a chat job: input.tools kept as JSON text, an assistant's tool_calls with
+ * arguments as a JSON object's text or an object (content null beside them), and what is
+ * refused, by the field. */
+Test(job, tools_and_tool_calls)
+{
+	const char *body =
+		"{\"id\": \"t\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, "
+		"{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c\", \"type\": "
+		"\"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{\\\"b\\\": 1, \\\"a\\\": "
+		"[2]}\"}}, {\"function\": {\"name\": \"g\", \"arguments\": {\"x\": \"y\"}}}]}, {\"role\": "
+		"\"tool\", \"content\": \"r\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+		"{\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}]}}";
+	struct job j;
+	char err[WK_ERRSZ];
+	cr_assert_eq(job_decode(body, strlen(body), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect_str_eq(j.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+				  "\"parameters\":{\"type\":\"object\"}}}]");
+	cr_assert_eq(j.n_messages, 3);
+	cr_expect_str_eq(j.messages[1].content, "");
+	cr_assert_eq(j.messages[1].n_calls, 2);
+	cr_expect_str_eq(j.messages[1].calls[0].name, "f");
+	cr_expect_str_eq(j.messages[1].calls[0].arguments, "{\"b\":1,\"a\":[2]}");
+	cr_expect_str_eq(j.messages[1].calls[1].arguments, "{\"x\":\"y\"}");
+	cr_expect_eq(j.messages[0].n_calls, 0);
+	job_free(&j);
+	static const char *const bad[] = {
+		/* tools with a prompt; not an array; not a function; no name */
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"tools\": []}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+		"\"tools\": {}}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+		"\"tools\": [{\"type\": \"retrieval\"}]}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+		"\"tools\": [{\"type\": \"function\", \"function\": {}}]}}",
+		/* calls on a user message; arguments not an object; no name; content null alone */
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"q\", "
+		"\"tool_calls\": []}]}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": \"\", "
+		"\"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"[1]\"}}]}]}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": \"\", "
+		"\"tool_calls\": [{\"function\": {\"arguments\": \"{}\"}}]}]}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": null}]}}",
+	};
+	static const char *const named[] = {"input.tools", "input.tools", "input.tools[0]",
+					    "input.tools[0]", "tool_calls", "arguments",
+					    "tool_calls[0]", "content"};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		cr_expect_eq(job_decode(bad[i], strlen(bad[i]), NULL, &j, err, sizeof err),
+			     JOB_EINVALID_INPUT, "case %zu", i);
+		cr_expect(strstr(err, named[i]), "case %zu: %s", i, err);
+		job_free(&j);
+	}
+}
+
+/* A result with tool calls: output.tool_calls in OpenAI's shape, an id each. */
+Test(job, encode_tool_calls)
+{
+	struct job_result r = {.id = "j9", .status = JOB_COMPLETED, .text = "Sure.",
+			       .finish_reason = "tool_calls",
+			       .tool_calls = "[{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"},"
+					     "{\"name\":\"g\",\"arguments\":\"{}\"}]"};
+	char *s = job_encode_result(&r, NULL);
+	json_t *v = parse(s), *calls = json_object_get(json_object_get(v, "output"), "tool_calls");
+	cr_assert_eq(json_array_size(calls), 2, "%s", s);
+	json_t *c = json_array_get(calls, 1);
+	cr_expect_str_eq(json_string_value(json_object_get(c, "id")), "call_j9_1");
+	cr_expect_str_eq(json_string_value(json_object_get(c, "type")), "function");
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(c, "function"), "name")),
+			 "g");
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(json_array_get(calls,
+		0), "function"), "arguments")), "{\"a\":1}");
+	json_decref(v);
+	free(s);
+	r.tool_calls = NULL; /* none: no member */
+	s = job_encode_result(&r, NULL);
+	cr_expect_null(strstr(s, "tool_calls\":"), "%s", s);
 	free(s);
 }

