@@ -109,6 +109,7 @@ struct http_flight {
 	bool max_given;        /* the request named max_tokens (OpenAI: its sum with the
 				* prompt must fit the context) */
 	bool tools;            /* a chat with tools: its stream holds back what may be a call */
+	bool thinking;         /* a chat with thinking on: its stream starts with reasoning */
 	long created;          /* unix seconds */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
@@ -124,9 +125,11 @@ struct http_flight {
 	struct evhttp_request *req; /* NULL once answered or when the client went away */
 	struct hconn *conn;         /* NULL when the connection is gone */
 	bool started;               /* the stream's headers are sent */
-	char *held;                 /* with tools: text not yet sent (malloc'd), held_len bytes */
-	size_t held_len, sent;      /* ... and the bytes of content sent */
-	bool in_calls;              /* ... a "<tool_call>" came: no more content until the end */
+	char *held;                 /* with tools or thinking: text not yet sent (malloc'd) */
+	size_t held_len, sent;      /* ... held_len bytes; the bytes of content sent */
+	size_t rsent;               /* ... and of reasoning */
+	bool in_reasoning;          /* thinking: no "</think>" yet */
+	bool in_calls;              /* tools: a "<tool_call>" came: no more content until the end */
 	struct http_flight *all_prev, *all_next;
 };
 
@@ -585,27 +588,62 @@ static void client_gone(struct http_api *h, struct http_flight *f)
 		flight_free(h, f);
 }
 
-/* The bytes of a chat stream's held text (with tools) that cannot be a tool call's start:
- * up to "<tool_call>" or a tail that could begin it, less the whitespace before that (the
- * content before a call ends without it). */
-static size_t tools_safe(struct http_flight *f)
+/* Where in the held text tag begins (*hit), or else the bytes before the longest tail that
+ * could begin it. */
+static size_t before_tag(const struct http_flight *f, const char *tag, bool *hit)
 {
-	static const char tag[] = "<tool_call>";
-	const size_t tl = sizeof tag - 1;
-	const char *hit = memmem(f->held, f->held_len, tag, tl);
-	size_t safe = hit ? (size_t)(hit - f->held) : f->held_len;
-	if (hit) {
-		f->in_calls = true;
-	} else {
-		for (size_t k = tl - 1; k > 0; k--) /* the longest tail that begins the tag */
-			if (k <= f->held_len && !memcmp(f->held + f->held_len - k, tag, k)) {
-				safe = f->held_len - k;
-				break;
-			}
+	size_t tl = strlen(tag);
+	const char *at = memmem(f->held, f->held_len, tag, tl);
+	*hit = at != NULL;
+	if (at)
+		return (size_t)(at - f->held);
+	for (size_t k = tl - 1; k > 0; k--)
+		if (k <= f->held_len && !memcmp(f->held + f->held_len - k, tag, k))
+			return f->held_len - k;
+	return f->held_len;
+}
+
+/* Sends the held text's first n bytes as content (reasoning: as reasoning) and drops them
+ * and skip bytes more. */
+static void send_held(struct http_api *h, struct http_flight *f, size_t n, size_t skip,
+		      bool reasoning)
+{
+	if (n)
+		sse_send(f, reasoning ? oai_reasoning_chunk(f->id, f->created, h->model, f->held, n)
+				      : oai_chunk(f->kind, f->id, f->created, h->model, f->held, n,
+						  false, NULL),
+			 NULL);
+	*(reasoning ? &f->rsent : &f->sent) += n;
+	memmove(f->held, f->held + n + skip, f->held_len - n - skip);
+	f->held_len -= n + skip;
+}
+
+/* A piece of a chat with thinking or tools: its reasoning up to "</think>" as reasoning
+ * deltas; then its content, with tools held back from where a "<tool_call>" may begin (and
+ * the whitespace before it: the content before a call ends without it). */
+static void held_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
+{
+	if (f->in_calls || !len)
+		return;
+	char *p = realloc(f->held, f->held_len + len);
+	if (!p)
+		return; /* (the result's text still comes whole at the end) */
+	memcpy(p + f->held_len, text, len);
+	f->held = p;
+	f->held_len += len;
+	bool hit;
+	if (f->in_reasoning) {
+		size_t n = before_tag(f, "</think>", &hit);
+		send_held(h, f, n, hit ? 8 : 0, true);
+		if (!hit)
+			return;
+		f->in_reasoning = false;
 	}
-	while (safe && strchr(" \t\r\n", f->held[safe - 1]))
-		safe--;
-	return safe;
+	size_t n = f->tools ? before_tag(f, "<tool_call>", &hit) : f->held_len;
+	f->in_calls = f->tools && hit;
+	while (f->tools && n && strchr(" \t\r\n", f->held[n - 1]))
+		n--;
+	send_held(h, f, n, 0, false);
 }
 
 static void on_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
@@ -614,27 +652,11 @@ static void on_piece(struct http_api *h, struct http_flight *f, const char *text
 		return;
 	if (!f->started)
 		sse_start(h, f);
-	if (f->tools && len) { /* held until it cannot be the start of a tool call */
-		if (f->in_calls)
-			return;
-		char *p = realloc(f->held, f->held_len + len);
-		if (!p)
-			return; /* (the result's text still comes whole at the end) */
-		memcpy(p + f->held_len, text, len);
-		f->held = p;
-		f->held_len += len;
-		size_t safe = tools_safe(f);
-		text = f->held;
-		len = safe;
-		f->sent += safe;
-	}
-	if (len)
+	if (f->tools || f->thinking)
+		held_piece(h, f, text, len);
+	else if (len)
 		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len, false, NULL),
 			 NULL);
-	if (f->tools && len) {
-		memmove(f->held, f->held + len, f->held_len - len);
-		f->held_len -= len;
-	}
 }
 
 static void on_done(struct http_api *h, struct http_flight *f, const char *json, size_t len)
@@ -662,7 +684,12 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		if (f->stream && (f->started || ok)) {
 			if (!f->started)
 				sse_start(h, f);
-			if (ok && f->tools) { /* the content not sent, then the calls */
+			if (ok && (f->tools || f->thinking)) { /* what was held, then the calls */
+				if (r.reasoning && r.reasoning_len > f->rsent)
+					sse_send(f, oai_reasoning_chunk(f->id, f->created, h->model,
+									r.reasoning + f->rsent,
+									r.reasoning_len - f->rsent),
+						 NULL);
 				if (r.text_len > f->sent)
 					sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model,
 							      r.text + f->sent, r.text_len - f->sent,
@@ -1106,6 +1133,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->include_usage = r.include_usage;
 	f->max_given = r.max_given;
 	f->tools = r.tools;
+	f->thinking = f->in_reasoning = r.thinking;
 	f->created = (long)ts.tv_sec;
 	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
 	f->t_arrived = wk_now();

@@ -40,6 +40,7 @@ struct oai_req {
 	bool include_usage;  /* stream_options.include_usage */
 	bool max_given;      /* max_tokens or max_completion_tokens was in the request */
 	bool tools;          /* chat with tools (and tool_choice not "none"): input.tools */
+	bool thinking;       /* chat with thinking on: input.thinking */
 	char *job;           /* the job document (job.h), malloc'd; the caller frees */
 	size_t job_len;
 };
@@ -65,6 +66,8 @@ struct oai_result {
 	const char *finish_reason; /* "stop", "length", "tool_calls", or NULL */
 	const json_t *tool_calls;  /* output.tool_calls (OpenAI's), or NULL when none; text is
 				    * then the content before them */
+	const char *reasoning;     /* output.reasoning_content (thinking on), or NULL */
+	size_t reasoning_len;
 	const char *err_code, *err_message;
 	int64_t prompt_tokens, completion_tokens, cost_micro_usd;
 	int64_t accepted_prediction_tokens, rejected_prediction_tokens; /* speculation's */
@@ -89,6 +92,9 @@ json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *
 		  const char *text, size_t len, bool role, const char *finish_reason);
 
 /* The usage chunk of stream_options.include_usage: "choices": [] and "usage". */
+/* A chat stream's chunk of reasoning (delta.reasoning_content). */
+json_t *oai_reasoning_chunk(const char *id, long created, const char *model, const char *text,
+			    size_t len);
 /* A chat stream's chunk with the result's tool calls (r->tool_calls, not NULL), each whole
  * with its index, as one delta. */
 json_t *oai_calls_chunk(const char *id, long created, const char *model,

@@ -188,6 +188,25 @@ static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
 		json_t *text = content_text(m, json_string_value(role), "messages", what, e);
 		if (!text)
 			return e->status;
+		/* an assistant's reasoning_content (what a thinking turn gave) goes back into its
+		 * text as <think>...</think>, where the template finds it */
+		const json_t *rc = json_object_get(m, "reasoning_content");
+		if (!strcmp(r, "assistant") && json_is_string(rc) && json_string_length(rc)) {
+			size_t a = json_string_length(rc), b = json_string_length(text);
+			char *cat = malloc(a + b + 16);
+			if (cat) {
+				memcpy(cat, "<think>", 7);
+				memcpy(cat + 7, json_string_value(rc), a);
+				memcpy(cat + 7 + a, "</think>", 8);
+				memcpy(cat + 15 + a, json_string_value(text), b);
+			}
+			json_decref(text);
+			text = cat ? json_stringn(cat, a + b + 15) : NULL;
+			free(cat);
+			if (!text)
+				return oai_errf(e, 500, "server_error", "internal", NULL,
+						"out of memory");
+		}
 		json_t *msg = json_pack("{s:s, s:o}", "role", r, "content", text);
 		/* an assistant's tool calls go as they are (job_decode checks them); a tool
 		 * message's tool_call_id is not rendered (GLM's template has no place for it) */
@@ -273,6 +292,50 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 		    !(json_is_integer(v) && json_integer_value(v) == 1))
 			return oai_errf(e, 400, IRE, "invalid_input", "best_of",
 					"only best_of = 1 is supported");
+	}
+	return 0;
+}
+
+/* Whether a chat reasons first (GLM's thinking): vLLM's and SGLang's
+ * chat_template_kwargs.enable_thinking, Z.ai's thinking.type ("enabled" or "disabled"), or
+ * OpenAI's reasoning_effort ("none" and "minimal" off, "low", "medium" and "high" on); off
+ * when none is given. Into input.thinking. */
+static int thinking(const json_t *root, json_t *input, struct oai_req *r, struct oai_err *e)
+{
+	const json_t *kw = json_object_get(root, "chat_template_kwargs"), *v;
+	int on = -1;
+	if (!absent(kw) && !json_is_object(kw))
+		return oai_errf(e, 400, IRE, "invalid_input", "chat_template_kwargs",
+				"chat_template_kwargs must be an object");
+	if (!absent(v = json_object_get(kw, "enable_thinking"))) {
+		if (!json_is_boolean(v))
+			return oai_errf(e, 400, IRE, "invalid_input", "chat_template_kwargs",
+					"chat_template_kwargs.enable_thinking must be true or false");
+		on = json_is_true(v);
+	}
+	if (!absent(v = json_object_get(root, "thinking"))) {
+		const char *t = json_string_value(json_object_get(v, "type"));
+		if (!t || (strcmp(t, "enabled") && strcmp(t, "disabled")))
+			return oai_errf(e, 400, IRE, "invalid_input", "thinking",
+					"thinking must be {\"type\": \"enabled\"} or "
+					"{\"type\": \"disabled\"}");
+		on = !strcmp(t, "enabled");
+	}
+	if (!absent(v = json_object_get(root, "reasoning_effort"))) {
+		static const char *const names[] = {"none", "minimal", "low", "medium", "high"};
+		const char *t = json_string_value(v);
+		int k = 0;
+		while (t && k < 5 && strcmp(t, names[k]))
+			k++;
+		if (!t || k == 5)
+			return oai_errf(e, 400, IRE, "invalid_input", "reasoning_effort",
+					"reasoning_effort is none, minimal, low, medium or high");
+		on = k >= 2;
+	}
+	if (on > 0) {
+		r->thinking = true;
+		if (json_object_set_new(input, "thinking", json_true()))
+			return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	}
 	return 0;
 }
@@ -375,6 +438,8 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)) ||
 	    (st = prediction(root, input, e)))
 		goto out;
+	if (kind == OAI_CHAT && (st = thinking(root, input, r, e)))
+		goto out;
 	v = json_object_get(root, "tool_choice");
 	const json_t *tools = json_object_get(root, "tools");
 	if (kind == OAI_CHAT && json_array_size(tools) &&
@@ -439,6 +504,9 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->text = json_is_string(t) ? json_string_value(t) : "";
 	r->text_len = json_is_string(t) ? json_string_length(t) : 0;
 	r->finish_reason = json_string_value(json_object_get(out, "finish_reason"));
+	const json_t *rs = json_object_get(out, "reasoning_content");
+	r->reasoning = json_string_value(rs);
+	r->reasoning_len = json_string_length(rs);
 	r->tool_calls = json_array_size(json_object_get(out, "tool_calls"))
 				? json_object_get(out, "tool_calls")
 				: NULL;
@@ -509,6 +577,9 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 			    "logprobs", "finish_reason", fin);
 	if (!choice)
 		return NULL;
+	if (kind == OAI_CHAT && r->reasoning) /* vLLM's and DeepSeek's name */
+		json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
+				    json_stringn(r->reasoning, r->reasoning_len));
 	if (kind == OAI_CHAT && r->tool_calls) { /* OpenAI's: content null when there is none */
 		json_t *msg = json_object_get(choice, "message");
 		if (!r->text_len)
@@ -550,6 +621,20 @@ json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *
 	return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
 			 kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
 			 (json_int_t)created, "model", model, "choices", choice);
+}
+
+json_t *oai_reasoning_chunk(const char *id, long created, const char *model, const char *text,
+			    size_t len)
+{
+	json_t *s = json_stringn(text, len);
+	if (!s)
+		return NULL;
+	json_t *choice = json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta",
+				   "reasoning_content", s, "logprobs", "finish_reason");
+	if (!choice)
+		return NULL;
+	return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "chat.completion.chunk",
+			 "created", (json_int_t)created, "model", model, "choices", choice);
 }
 
 json_t *oai_calls_chunk(const char *id, long created, const char *model,

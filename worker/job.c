@@ -366,6 +366,15 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 			return fail(err, errsz, JOB_EINVALID_INPUT, "input.stream must be true or false");
 		j->stream = json_is_true(v);
 	}
+	if ((v = json_object_get(in, "thinking")) && !json_is_null(v)) {
+		if (!json_is_boolean(v))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.thinking must be true or false");
+		if (json_is_true(v) && !j->messages)
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.thinking needs "
+				    "input.messages (a chat): a prompt is the model's text as it is");
+		j->thinking = json_is_true(v);
+	}
 	if ((v = json_object_get(in, "prediction")) && !json_is_null(v)) {
 		if (!json_is_string(v))
 			return fail(err, errsz, JOB_EINVALID_INPUT,
@@ -617,6 +626,10 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 		put_cstr(&b, r->finish_reason);
 	else
 		puts_(&b, "null");
+	if (r->has_reasoning) {
+		puts_(&b, ", \"reasoning_content\": ");
+		put_str(&b, r->reasoning, r->reasoning_len);
+	}
 	json_t *calls = r->tool_calls ? json_loads(r->tool_calls, 0, NULL) : NULL;
 	if (json_array_size(calls)) { /* OpenAI's shape, an id each */
 		puts_(&b, ", \"tool_calls\": [");
@@ -649,10 +662,16 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 	putf(&b, ", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"queue_seconds\": ",
 	     r->prompt_tokens, r->completion_tokens);
 	put_seconds(&b, r->queue_seconds);
-	if (r->accepted_prediction_tokens || r->rejected_prediction_tokens)
-		putf(&b, ", \"completion_tokens_details\": {\"accepted_prediction_tokens\": %d, "
-		     "\"rejected_prediction_tokens\": %d}", r->accepted_prediction_tokens,
-		     r->rejected_prediction_tokens);
+	bool spec = r->accepted_prediction_tokens || r->rejected_prediction_tokens;
+	if (spec || r->has_reasoning) {
+		puts_(&b, ", \"completion_tokens_details\": {");
+		if (spec)
+			putf(&b, "\"accepted_prediction_tokens\": %d, \"rejected_prediction_tokens\": "
+			     "%d", r->accepted_prediction_tokens, r->rejected_prediction_tokens);
+		if (r->has_reasoning)
+			putf(&b, "%s\"reasoning_tokens\": %d", spec ? ", " : "", r->reasoning_tokens);
+		puts_(&b, "}");
+	}
 	puts_(&b, ", \"gpu_seconds\": ");
 	put_seconds(&b, r->gpu_seconds);
 	putf(&b, ", \"cost_usd\": %s%" PRIu64 ".%06" PRIu64 ", \"cost_micro_usd\": %" PRId64 "}",

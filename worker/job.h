@@ -94,6 +94,8 @@ struct job {
 	int n_stop;
 	double timeout_s;
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
+	bool thinking; /* input.thinking (a chat): the model reasons first (GLM's thinking on);
+			* the result's output.reasoning_content holds what it reasoned */
 	char *prediction; /* input.prediction: text the output is expected to repeat (malloc'd;
 			   * NULL: none), a source of speculative drafts (wick worker --speculate) */
 	char *tools;      /* input.tools: OpenAI's function tools as a JSON array's text (malloc'd;
@@ -126,6 +128,13 @@ struct job_result {
 	 * text the content before them), or NULL: output.tool_calls, OpenAI's
 	 * [{"id", "type": "function", "function": {"name", "arguments"}}], ids call_ID_N */
 	const char *tool_calls;
+	/* a chat with thinking on: its reasoning (the text before </think>), encoded as
+	 * output.reasoning_content, and its tokens as usage.completion_tokens_details
+	 * .reasoning_tokens (OpenAI's name); text is then what follows */
+	bool has_reasoning;
+	const char *reasoning;
+	size_t reasoning_len;
+	int reasoning_tokens;
 	enum job_err err;           /* used when status != COMPLETED (JOB_OK then means internal) */
 	const char *message;        /* error message */
 	int prompt_tokens, completion_tokens;

@@ -60,6 +60,7 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	bool used;
 	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
 	char *tools;            /* its input.tools (malloc'd JSON), to read its tool calls back */
+	bool thinking;          /* its input.thinking: the text starts with its reasoning */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
 	/* what an attempt the engine failed had run, for its RELEASED line (req is gone) */
@@ -82,6 +83,7 @@ struct worker {
 	struct engine *e;
 	const struct tok *tok;
 	enum chat_format chat;
+	int think_end;          /* the id of "</think>" (one added token), or -1 */
 	struct queue *q;
 	struct sched *s;
 	FILE *step_log;
@@ -676,10 +678,28 @@ static void job_done(struct worker *w, struct sched_req *r)
 		.queue_seconds = queue_s, .gpu_seconds = r->gpu_seconds,
 		.cost_micro_usd = cost_micro(w, r->gpu_seconds), .worker = w->name,
 		.attempt = h->qj.attempt};
+	size_t text_len = r->text_len; /* (what follows its reasoning, with thinking) */
+	if (h->thinking) { /* its reasoning: all until "</think>" (all of it when none came) */
+		const char *end = memmem(jr.text, text_len, "</think>", 8);
+		jr.has_reasoning = true;
+		jr.reasoning = jr.text;
+		jr.reasoning_len = end ? (size_t)(end - jr.text) : text_len;
+		jr.text = end ? end + 8 : "";
+		text_len = end ? text_len - jr.reasoning_len - 8 : 0;
+		jr.text_len = text_len;
+		jr.reasoning_tokens = r->n_out;
+		for (int k = 0; k < r->n_out && w->think_end >= 0; k++)
+			if (r->out[k] == w->think_end) {
+				jr.reasoning_tokens = k;
+				break;
+			}
+		if (!text_len)
+			jr.text = "";
+	}
 	char *calls = NULL; /* with tools: the calls in its text, and the content before them */
 	size_t content = 0;
 	if (h->tools && st == JOB_COMPLETED &&
-	    chat_tool_calls(w->chat, jr.text, r->text_len, h->tools, strlen(h->tools), &content,
+	    chat_tool_calls(w->chat, jr.text, text_len, h->tools, strlen(h->tools), &content,
 			    &calls, NULL, 0) == WK_OK && calls) {
 		jr.tool_calls = calls;
 		jr.finish_reason = "tool_calls";
@@ -729,6 +749,9 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 	if (j->tools && w->chat == CHAT_PLAIN)
 		return wk_errf(err, errsz, WK_EINVAL, "input.tools: this model's chat format (%s) "
 			       "has no tool calls", chat_format_name(w->chat));
+	if (j->thinking && w->chat == CHAT_PLAIN)
+		return wk_errf(err, errsz, WK_EINVAL, "input.thinking: this model's chat format "
+			       "(%s) has no thinking", chat_format_name(w->chat));
 	int n_calls = 0;
 	for (int i = 0; i < j->n_messages; i++)
 		n_calls += j->messages[i].n_calls;
@@ -752,8 +775,8 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 	size_t len = 0;
 	if (rc == WK_OK)
 		rc = chat_render_tools(w->chat, m, (size_t)j->n_messages, j->tools,
-				       j->tools ? strlen(j->tools) : 0, true, false, &text, &len, err,
-				       errsz);
+				       j->tools ? strlen(j->tools) : 0, true, j->thinking, &text, &len,
+				       err, errsz);
 	if (rc == WK_EFORMAT) /* (a call's arguments, checked by job_decode: not expected) */
 		rc = WK_EINVAL;
 	free(m);
@@ -848,6 +871,7 @@ static void admit(struct worker *w, struct held *h)
 		h->req = r;
 		h->tools = j.tools; /* its tool calls are read back when it finishes */
 		j.tools = NULL;
+		h->thinking = j.thinking;
 		if (j.stream && !h->http && queue_streams(w->q)) {
 			r->on_token = on_job_token;
 			queue_stream(w->q, &h->qj, "", 0);
@@ -1206,6 +1230,13 @@ static int start(struct worker *w, const char **why)
 		     eng_info(w->e)->unused_example);
 	w->tok = eng_tokenizer(w->e);
 	w->chat = chat_format_for(eng_info(w->e)->arch);
+	int *te = NULL, nte = 0;
+	w->think_end = w->tok && w->chat != CHAT_PLAIN &&
+				       tok_encode(w->tok, "</think>", 8, false, &te, &nte, NULL, 0) ==
+					       WK_OK && nte == 1
+			       ? te[0]
+			       : -1;
+	free(te);
 	if (w->o.step_log_path && !(w->step_log = fopen(w->o.step_log_path, "a"))) {
 		wlog(w, "startup_failed", "%s: %s", w->o.step_log_path, strerror(errno));
 		return 1;

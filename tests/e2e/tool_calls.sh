@@ -1,8 +1,10 @@
-# Tool calls (OpenAI's tools) through wick dev and a queue job, with the official `openai` npm
-# package, on a GLM-5 whose output is known: gen_glm --say makes a model that, after the chat
-# prompt's last token (</think>: thinking off), says "Sure." and then GLM's call
+# Tool calls (OpenAI's tools) and reasoning (GLM's thinking) through wick dev and a queue job,
+# with the official `openai` npm package, on a GLM-5 whose output is known: gen_glm --say
+# makes a model that, after the chat prompt's last token (</think>: thinking off), says
+# "Sure." and then GLM's call
 # <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call> and
-# <|observation|> (a stop token), under a stand-in for GLM-5's tokenizer (glm_tokenizer.js).
+# <|observation|> (a stop token); with thinking on (the prompt ends with <think>) it first says
+# "Let me see</think>". Under a stand-in for GLM-5's tokenizer (glm_tokenizer.js).
 #   1. chat with tools: message.tool_calls [{id, type: function, function: {name: get_weather,
 #      arguments: {"city":"Paris"}}}], content "Sure.", finish_reason tool_calls
 #   2. streamed: "Sure." as content deltas, never a piece of the call; the call as a
@@ -10,7 +12,12 @@
 #   3. the next turn (the assistant's tool_calls and the tool's answer in the messages) is
 #      served; tool_choice "none" leaves the tools out and the text is the content; "required"
 #      is a 400 naming tool_choice; a tools entry that is not a function is a 400
-#   4. a queue job with input.tools: output.tool_calls in its result
+#   4. thinking (chat_template_kwargs.enable_thinking, Z.ai's thinking, reasoning_effort):
+#      message.reasoning_content "Let me see" (3 reasoning_tokens), content "Sure." and the
+#      call; streamed, the reasoning as reasoning_content deltas and never "</think>"; the next
+#      turn with the reasoning in the messages is served; thinking disabled gives none
+#   5. a queue job with input.tools and input.thinking: output.tool_calls and
+#      output.reasoning_content in its result
 # The prompt wick renders with tools is held to GLM's own templates by tokenizer_bytelevel.sh.
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -36,10 +43,10 @@ tok=$TMPD/tok
 node tests/tools/glm_tokenizer.js "$QWEN" "$tok" >/dev/null || fail "glm_tokenizer.js"
 ids() { "$WICK" tokenize "$tok" --text "$1" | python3 -c 'import json, sys
 print(",".join(map(str, json.load(sys.stdin)["ids"])))'; }
-# </think> Sure . <tool_call> get_weather <arg_key> city </arg_key> <arg_value> Paris
-# </arg_value> </tool_call> <|observation|>
-say="154842,$(ids Sure),$(ids .),154843,$(ids get_weather),154847,$(ids city),154848,154849"
-say="$say,$(ids Paris),154850,154844,154829"
+# <think> Let me see </think> Sure . <tool_call> get_weather <arg_key> city </arg_key>
+# <arg_value> Paris </arg_value> </tool_call> <|observation|>
+say="154841,$(ids Let),$(ids ' me'),$(ids ' see'),154842,$(ids Sure),$(ids .),154843"
+say="$say,$(ids get_weather),154847,$(ids city),154848,154849,$(ids Paris),154850,154844,154829"
 g=$TMPD/g5
 "$WICK_TOOLS/gen_glm" --family glm5 --vocab 154880 --hidden 64 --say "$say" -o "$g" \
   >/dev/null || fail "gen_glm --say $say"
@@ -57,8 +64,8 @@ for _ in $(seq 1 200); do
 done
 
 # 1-3 with the openai client
-node - "$(realpath "$OPENAI")" "http://127.0.0.1:$P/v1" "$(basename "$g")" <<'EOF' ||
-  fail "the openai client"
+url=http://127.0.0.1:$P/v1
+node - "$(realpath "$OPENAI")" "$url" "$(basename "$g")" <<'EOF' || fail "the openai client"
 const [openaiDir, base, model] = process.argv.slice(2);
 const OpenAI = require(openaiDir);
 const client = new OpenAI({ apiKey: 'none', baseURL: base });
@@ -121,17 +128,56 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
   console.log(`tools: a call (${tc[0].id}: get_weather ${tc[0].function.arguments}) after ` +
               `"Sure.", whole and in ${chunks} stream chunks; the next turn served; ` +
               `tool_choice none gives the text; required and a non-function tool are 400s`);
+  // 4. thinking, three ways of asking
+  for (const ask of [{ chat_template_kwargs: { enable_thinking: true } },
+                     { thinking: { type: 'enabled' } }, { reasoning_effort: 'high' }]) {
+    const t = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
+                                                     ...ask });
+    const m = t.choices[0].message;
+    assert(m.reasoning_content === 'Let me see' && m.content === 'Sure.' &&
+           m.tool_calls?.[0]?.function.name === 'get_weather', JSON.stringify(t.choices[0]));
+    assert(t.usage.completion_tokens_details?.reasoning_tokens === 3, JSON.stringify(t.usage));
+  }
+  const ts = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
+    stream: true, reasoning_effort: 'low' });
+  let reasoning = '', tcontent = '', tcalls = 0;
+  for await (const ch of ts) {
+    const d = ch.choices[0]?.delta || {};
+    if (d.reasoning_content) reasoning += d.reasoning_content;
+    if (d.content) tcontent += d.content;
+    tcalls += (d.tool_calls || []).length;
+  }
+  assert(reasoning === 'Let me see' && tcontent === 'Sure.' && tcalls === 1,
+         JSON.stringify({ reasoning, tcontent, tcalls }));
+  const t2 = await client.chat.completions.create({ model, tools, max_tokens: 30,
+    reasoning_effort: 'high', messages: [...messages,
+      { role: 'assistant', content: 'Sure.', reasoning_content: 'Let me see', tool_calls: tc },
+      { role: 'tool', tool_call_id: tc[0].id, content: 'clear' }] });
+  assert(t2.choices[0].message.reasoning_content === 'Let me see', JSON.stringify(t2.choices[0]));
+  const off = await client.chat.completions.create({ model, messages, max_tokens: 30,
+                                                     thinking: { type: 'disabled' } });
+  assert(off.choices[0].message.reasoning_content === undefined &&
+         off.choices[0].message.content.startsWith('Sure.'), JSON.stringify(off.choices[0]));
+  let bad = 0;
+  try {
+    await client.chat.completions.create({ model, messages, reasoning_effort: 'max' });
+  } catch (e) { bad = e.status; }
+  assert(bad === 400, `reasoning_effort max: ${bad}`);
+  console.log('thinking: reasoning_content "Let me see" (3 tokens) before the content and ' +
+              'the call, whole and streamed, asked three ways; the next turn with it served; ' +
+              'disabled gives none; a bad reasoning_effort is a 400');
 })().catch((e) => { console.error(e); process.exit(1); });
 EOF
 kill -TERM $pid
 wait $pid || fail "wick dev exited $?"
 
-# 4. a queue job with input.tools
+# 5. a queue job with input.tools and input.thinking
 mkdir -p "$TMPD/jobs"
 cat >"$TMPD/jobs/j.json" <<'EOF'
 {"id": "tj", "input": {"messages": [{"role": "user", "content": "Weather in Paris?"}],
- "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-   "properties": {"city": {"type": "string"}}}}}], "max_tokens": 30}}
+ "tools": [{"type": "function", "function": {"name": "get_weather",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+ "max_tokens": 30, "thinking": true}}
 EOF
 "$WICK" submit --queue "spool:$TMPD/q" --file "$TMPD/jobs/j.json" >/dev/null || fail "submit"
 "$WICK" worker --model "$g" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>"$TMPD/w.log" ||
@@ -143,6 +189,9 @@ o = r["output"]
 assert r["status"] == "COMPLETED" and o["finish_reason"] == "tool_calls", r
 assert o["text"] == "Sure." and o["tool_calls"] == [{"id": "call_tj_0", "type": "function",
     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}], o
-print("a queue job: output.tool_calls", json.dumps(o["tool_calls"]))
+assert o["reasoning_content"] == "Let me see", o
+assert r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3, r["usage"]
+print("a queue job: output.tool_calls", json.dumps(o["tool_calls"]), "after reasoning",
+      json.dumps(o["reasoning_content"]))
 EOF
 echo PASS

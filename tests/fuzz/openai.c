@@ -44,6 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		json_decref(oai_usage_chunk(OAI_CHAT, "x", 1, "m", &res));
 		if (res.tool_calls)
 			json_decref(oai_calls_chunk("x", 1, "m", &res));
+		if (res.reasoning)
+			json_decref(oai_reasoning_chunk("x", 1, "m", res.reasoning, res.reasoning_len));
 		struct oai_err e;
 		oai_result_error(&res, &e);
 		oai_result_free(&res);

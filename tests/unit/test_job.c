@@ -455,3 +455,39 @@ Test(job, encode_tool_calls)
 	cr_expect_null(strstr(s, "tool_calls\":"), "%s", s);
 	free(s);
 }
+
+/* input.thinking: a chat's, a boolean; a result's reasoning as output.reasoning_content and
+ * usage.completion_tokens_details.reasoning_tokens (beside speculation's counts). */
+Test(job, thinking)
+{
+	const char *on = "{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", "
+			 "\"content\": \"q\"}], \"thinking\": true}}";
+	struct job j;
+	char err[WK_ERRSZ];
+	cr_assert_eq(job_decode(on, strlen(on), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(j.thinking);
+	job_free(&j);
+	static const char *const bad[] = {
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"thinking\": true}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+		"\"thinking\": \"yes\"}}"};
+	for (size_t i = 0; i < 2; i++) {
+		cr_expect_eq(job_decode(bad[i], strlen(bad[i]), NULL, &j, err, sizeof err),
+			     JOB_EINVALID_INPUT);
+		cr_expect(strstr(err, "input.thinking"), "%s", err);
+		job_free(&j);
+	}
+	struct job_result r = {.id = "r", .status = JOB_COMPLETED, .text = "Sure.",
+			       .has_reasoning = true, .reasoning = "Let me see", .reasoning_len = 10,
+			       .reasoning_tokens = 3, .accepted_prediction_tokens = 2,
+			       .rejected_prediction_tokens = 1};
+	char *s = job_encode_result(&r, NULL);
+	json_t *v = parse(s);
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(v, "output"),
+							   "reasoning_content")), "Let me see");
+	json_t *d = json_object_get(json_object_get(v, "usage"), "completion_tokens_details");
+	cr_expect_eq(json_integer_value(json_object_get(d, "reasoning_tokens")), 3, "%s", s);
+	cr_expect_eq(json_integer_value(json_object_get(d, "accepted_prediction_tokens")), 2);
+	json_decref(v);
+	free(s);
+}
