@@ -1133,7 +1133,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->include_usage = r.include_usage;
 	f->max_given = r.max_given;
 	f->tools = r.tools;
-	f->thinking = f->in_reasoning = r.thinking;
+	f->thinking = f->in_reasoning = r.thinking && !r.forced; /* (forced: thinking off) */
+	f->in_calls = r.forced; /* its answer is a call: no content to stream */
 	f->created = (long)ts.tv_sec;
 	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
 	f->t_arrived = wk_now();

@@ -41,6 +41,7 @@ struct oai_req {
 	bool max_given;      /* max_tokens or max_completion_tokens was in the request */
 	bool tools;          /* chat with tools (and tool_choice not "none"): input.tools */
 	bool thinking;       /* chat with thinking on: input.thinking */
+	bool forced;         /* tool_choice "required" or a function: the answer is a call */
 	char *job;           /* the job document (job.h), malloc'd; the caller frees */
 	size_t job_len;
 };

@@ -265,19 +265,28 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 					"tools must be an array of {\"type\": \"function\", "
 					"\"function\": {...}}");
 		/* the older names of tools, and the choice among them: the model chooses (auto) or
-		 * calls none; a forced call would need constrained decoding */
+		 * calls none; "required" or a function by name (the answer then starts with the
+		 * call: worker.c); the older function_call only auto or none */
 		if (!absent(v = json_object_get(root, "functions")) &&
 		    !(json_is_array(v) && json_array_size(v) == 0))
 			return oai_errf(e, 400, IRE, "invalid_input", "functions",
 					"functions (the older form) are not supported: give tools");
-		static const char *const choice[] = {"tool_choice", "function_call"};
-		for (int i = 0; i < 2; i++)
-			if (!absent(v = json_object_get(root, choice[i])) &&
-			    !(json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
-						    !strcmp(json_string_value(v), "auto"))))
-				return oai_errf(e, 400, IRE, "invalid_input", choice[i],
-						"%s: only \"none\" or \"auto\" (a call the model "
-						"must make is not supported)", choice[i]);
+		if (!absent(v = json_object_get(root, "function_call")) &&
+		    !(json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
+					    !strcmp(json_string_value(v), "auto"))))
+			return oai_errf(e, 400, IRE, "invalid_input", "function_call",
+					"function_call: only \"none\" or \"auto\" (give tools and "
+					"tool_choice)");
+		const char *name = json_string_value(
+			json_object_get(json_object_get(v = json_object_get(root, "tool_choice"),
+							"function"), "name"));
+		if (!absent(v) && !(json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
+							  !strcmp(json_string_value(v), "auto") ||
+							  !strcmp(json_string_value(v), "required"))) &&
+		    !name)
+			return oai_errf(e, 400, IRE, "invalid_input", "tool_choice",
+					"tool_choice is \"none\", \"auto\", \"required\" or "
+					"{\"type\": \"function\", \"function\": {\"name\": ...}}");
 		if (!absent(v = json_object_get(root, "top_logprobs")) &&
 		    !(json_is_integer(v) && json_integer_value(v) == 0))
 			return oai_errf(e, 400, IRE, "invalid_input", "top_logprobs",
@@ -444,11 +453,20 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	const json_t *tools = json_object_get(root, "tools");
 	if (kind == OAI_CHAT && json_array_size(tools) &&
 	    !(json_is_string(v) && !strcmp(json_string_value(v), "none"))) {
-		if (json_object_set(input, "tools", (json_t *)tools)) {
+		if (json_object_set(input, "tools", (json_t *)tools) ||
+		    (!absent(v) && json_object_set(input, "tool_choice", (json_t *)v))) {
 			st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 			goto out;
 		}
 		r->tools = true;
+		r->forced = !absent(v) && !(json_is_string(v) && !strcmp(json_string_value(v),
+									  "auto"));
+	} else if (kind == OAI_CHAT && !absent(v) &&
+		   (json_is_object(v) ||
+		    (json_is_string(v) && !strcmp(json_string_value(v), "required")))) {
+		st = oai_errf(e, 400, IRE, "invalid_input", "tool_choice",
+			      "tool_choice asks for a call, and there are no tools");
+		goto out;
 	}
 	static const char *const copied[] = {"temperature", "top_p", "top_k", "seed", "stop"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)

@@ -223,6 +223,44 @@ static enum job_err decode_tools(const json_t *tools, struct job *j, char *err, 
 	return JOB_OK;
 }
 
+/* input.tool_choice: "auto" (the default), "none" (the tools are left out), "required" or
+ * {"type": "function", "function": {"name": one of the tools'}}: j->forced. */
+static enum job_err decode_choice(const json_t *c, struct job *j, char *err, size_t errsz)
+{
+	const char *s = json_string_value(c);
+	if (!c || json_is_null(c) || (s && !strcmp(s, "auto")))
+		return JOB_OK;
+	if (s && !strcmp(s, "none")) {
+		free(j->tools);
+		j->tools = NULL;
+		return JOB_OK;
+	}
+	const json_t *f = json_object_get(c, "function"), *ty = json_object_get(c, "type");
+	const char *name = json_string_value(json_object_get(f, "name"));
+	if (!(s && !strcmp(s, "required")) &&
+	    !(name && json_is_string(ty) && !strcmp(json_string_value(ty), "function")))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.tool_choice is \"auto\", "
+			    "\"none\", \"required\" or {\"type\": \"function\", \"function\": "
+			    "{\"name\": ...}}");
+	json_t *tools = j->tools ? json_loads(j->tools, 0, NULL) : NULL;
+	bool found = false;
+	size_t i;
+	json_t *t;
+	json_array_foreach(tools, i, t) {
+		const char *n = json_string_value(json_object_get(json_object_get(t, "function"),
+								  "name"));
+		found |= name && n && !strcmp(n, name);
+	}
+	json_decref(tools);
+	if (!j->tools || (name && !found))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.tool_choice: %s%.*s%s is not "
+			    "among input.tools", name ? "the function '" : "a call",
+			    name ? JOB_NAME_MAX : 0, name ? name : "", name ? "'" : "");
+	if (!(j->forced = strdup(name ? name : "")))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	return JOB_OK;
+}
+
 static enum job_err decode_messages(const json_t *msgs, struct job *j, char *err, size_t errsz)
 {
 	if (!json_is_array(msgs))
@@ -315,6 +353,8 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 	}
 	const json_t *tools = json_object_get(in, "tools");
 	if (tools && !json_is_null(tools) && (e = decode_tools(tools, j, err, errsz)) != JOB_OK)
+		return e;
+	if ((e = decode_choice(json_object_get(in, "tool_choice"), j, err, errsz)) != JOB_OK)
 		return e;
 
 	const json_t *v;
@@ -481,6 +521,8 @@ void job_free(struct job *j)
 	j->prediction = NULL;
 	free(j->tools);
 	j->tools = NULL;
+	free(j->forced);
+	j->forced = NULL;
 	for (int i = 0; i < j->n_messages; i++) {
 		free(j->messages[i].content);
 		for (int k = 0; k < j->messages[i].n_calls; k++) {

@@ -100,6 +100,9 @@ struct job {
 			   * NULL: none), a source of speculative drafts (wick worker --speculate) */
 	char *tools;      /* input.tools: OpenAI's function tools as a JSON array's text (malloc'd;
 			   * NULL: none), rendered into the chat prompt (engine/chat.h) */
+	char *forced;     /* input.tool_choice "required" ("") or {"type": "function", "function":
+			   * {"name": NAME}} (NAME): the answer starts with that call (malloc'd;
+			   * NULL: "auto", the model chooses) */
 };
 
 /* True when s is a valid id: [A-Za-z0-9._-]{1,JOB_ID_MAX}, and not "." or "..". */

@@ -61,6 +61,8 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
 	char *tools;            /* its input.tools (malloc'd JSON), to read its tool calls back */
 	bool thinking;          /* its input.thinking: the text starts with its reasoning */
+	char *forced;           /* its input.tool_choice's call opening, which the prompt ends
+				 * with ("<tool_call>" NAME; malloc'd), or NULL */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
 	/* what an attempt the engine failed had run, for its RELEASED line (req is gone) */
@@ -519,6 +521,8 @@ static int commit_reap(struct worker *w, bool wait)
 			queue_job_free(&h->qj);
 			free(h->tools);
 			h->tools = NULL;
+			free(h->forced);
+			h->forced = NULL;
 			h->used = false;
 			h->req = NULL;
 			freed++;
@@ -597,6 +601,8 @@ static void flush_results(struct worker *w)
 		queue_job_free(&h->qj);
 		free(h->tools);
 		h->tools = NULL;
+		free(h->forced);
+		h->forced = NULL;
 		h->used = false;
 		h->req = NULL;
 	}
@@ -698,6 +704,14 @@ static void job_done(struct worker *w, struct sched_req *r)
 	}
 	char *calls = NULL; /* with tools: the calls in its text, and the content before them */
 	size_t content = 0;
+	char *whole = NULL; /* a forced call: its opening (from the prompt) and the text */
+	if (h->forced && (whole = malloc(strlen(h->forced) + text_len + 1))) {
+		memcpy(whole, h->forced, strlen(h->forced));
+		memcpy(whole + strlen(h->forced), jr.text, text_len);
+		text_len += strlen(h->forced);
+		jr.text = whole;
+		jr.text_len = text_len;
+	}
 	if (h->tools && st == JOB_COMPLETED &&
 	    chat_tool_calls(w->chat, jr.text, text_len, h->tools, strlen(h->tools), &content,
 			    &calls, NULL, 0) == WK_OK && calls) {
@@ -709,9 +723,12 @@ static void job_done(struct worker *w, struct sched_req *r)
 	}
 	free(h->tools);
 	h->tools = NULL;
+	free(h->forced);
+	h->forced = NULL;
 	size_t len;
 	char *json = job_encode_result(&jr, &len);
 	free(calls);
+	free(whole);
 	set_bill(h, st, r->n_prompt, r->n_out, queue_s, r->gpu_seconds, jr.cost_micro_usd);
 	if (st == JOB_COMPLETED)
 		w->jobs_done++;
@@ -773,10 +790,22 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 	}
 	char *text = NULL;
 	size_t len = 0;
-	if (rc == WK_OK)
+	if (rc == WK_OK) /* (a forced call: thinking off, the answer opening with the call) */
 		rc = chat_render_tools(w->chat, m, (size_t)j->n_messages, j->tools,
-				       j->tools ? strlen(j->tools) : 0, true, j->thinking, &text, &len,
-				       err, errsz);
+				       j->tools ? strlen(j->tools) : 0, true,
+				       j->thinking && !j->forced, &text, &len, err, errsz);
+	if (rc == WK_OK && j->forced) {
+		size_t fl = strlen(j->forced);
+		char *t = realloc(text, len + 11 + fl + 1);
+		if (t) {
+			memcpy(t + len, "<tool_call>", 11);
+			memcpy(t + len + 11, j->forced, fl + 1);
+			len += 11 + fl;
+			text = t;
+		} else {
+			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		}
+	}
 	if (rc == WK_EFORMAT) /* (a call's arguments, checked by job_decode: not expected) */
 		rc = WK_EINVAL;
 	free(m);
@@ -871,7 +900,9 @@ static void admit(struct worker *w, struct held *h)
 		h->req = r;
 		h->tools = j.tools; /* its tool calls are read back when it finishes */
 		j.tools = NULL;
-		h->thinking = j.thinking;
+		h->thinking = j.thinking && !j.forced;
+		if (j.forced && (h->forced = malloc(strlen(j.forced) + 12)))
+			sprintf(h->forced, "<tool_call>%s", j.forced);
 		if (j.stream && !h->http && queue_streams(w->q)) {
 			r->on_token = on_job_token;
 			queue_stream(w->q, &h->qj, "", 0);
@@ -1115,6 +1146,8 @@ static void release_all(struct worker *w)
 		queue_job_free(&h->qj);
 		free(h->tools);
 		h->tools = NULL;
+		free(h->forced);
+		h->forced = NULL;
 		h->used = false;
 	}
 }

@@ -116,8 +116,30 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
   assert(!none.choices[0].message.tool_calls && none.choices[0].finish_reason === 'stop' &&
          none.choices[0].message.content.includes('<tool_call>get_weather'),
          JSON.stringify(none.choices[0]));
-  for (const [body, param] of [[{ tool_choice: 'required' }, 'tool_choice'],
-                               [{ tools: [{ type: 'retrieval' }] }, 'tools']]) {
+  // a call the model must make: the answer opens with it (no "Sure." before it)
+  for (const choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const f = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
+      tool_choice: choice, reasoning_effort: 'high' });
+    const fm = f.choices[0].message;
+    assert(fm.content === null && fm.reasoning_content === undefined &&
+           fm.tool_calls?.[0]?.function.name === 'get_weather' &&
+           JSON.parse(fm.tool_calls[0].function.arguments).city === 'Paris' &&
+           f.choices[0].finish_reason === 'tool_calls', JSON.stringify(f.choices[0]));
+  }
+  const fs = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
+    tool_choice: 'required', stream: true });
+  let fcontent = '', fcalls = [];
+  for await (const ch of fs) {
+    fcontent += ch.choices[0]?.delta?.content || '';
+    fcalls.push(...(ch.choices[0]?.delta?.tool_calls || []));
+  }
+  assert(fcontent === '' && fcalls.length === 1 && fcalls[0].function.name === 'get_weather',
+         JSON.stringify({ fcontent, fcalls }));
+  for (const [body, param] of [
+    [{ tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice'],
+    [{ tools: undefined, tool_choice: 'required' }, 'tool_choice'],
+    [{ tool_choice: 'sometimes' }, 'tool_choice'],
+    [{ tools: [{ type: 'retrieval' }] }, 'tools']]) {
     let status = 0, got = '';
     try {
       await client.chat.completions.create({ model, messages, tools, max_tokens: 5, ...body });
@@ -127,7 +149,9 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
   }
   console.log(`tools: a call (${tc[0].id}: get_weather ${tc[0].function.arguments}) after ` +
               `"Sure.", whole and in ${chunks} stream chunks; the next turn served; ` +
-              `tool_choice none gives the text; required and a non-function tool are 400s`);
+              `tool_choice none gives the text; required and by name give the call alone ` +
+              `(streamed too); an unknown name, required without tools and a non-function ` +
+              `tool are 400s`);
   // 4. thinking, three ways of asking
   for (const ask of [{ chat_template_kwargs: { enable_thinking: true } },
                      { thinking: { type: 'enabled' } }, { reasoning_effort: 'high' }]) {

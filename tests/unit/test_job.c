@@ -491,3 +491,44 @@ Test(job, thinking)
 	json_decref(v);
 	free(s);
 }
+
+/* input.tool_choice: a call the answer must open with ("required": "", a name: that name),
+ * "none" (the tools left out), "auto"; a name not among the tools, or no tools, refused. */
+Test(job, tool_choice)
+{
+	static const struct {
+		const char *choice, *forced;
+		bool tools;
+	} ok[] = {{"\"required\"", "", true}, {"{\"type\": \"function\", \"function\": {\"name\": "
+					      "\"f\"}}", "f", true},
+		  {"\"none\"", NULL, false}, {"\"auto\"", NULL, true}};
+	char body[512], err[WK_ERRSZ];
+	struct job j;
+	const char *head = "{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", "
+			   "\"content\": \"q\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+			   "{\"name\": \"f\"}}], \"tool_choice\": ";
+	for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+		snprintf(body, sizeof body, "%s%s}}", head, ok[i].choice);
+		cr_assert_eq(job_decode(body, strlen(body), NULL, &j, err, sizeof err), JOB_OK,
+			     "%s", err);
+		cr_expect_str_eq(j.forced ? j.forced : "(null)", ok[i].forced ? ok[i].forced
+								     : "(null)");
+		cr_expect_eq(j.tools != NULL, ok[i].tools, "%s", ok[i].choice);
+		job_free(&j);
+	}
+	static const char *const bad[] = {
+		"{\"type\": \"function\", \"function\": {\"name\": \"g\"}}", "\"always\"", "3",
+		"{\"type\": \"function\"}"};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		snprintf(body, sizeof body, "%s%s}}", head, bad[i]);
+		cr_expect_eq(job_decode(body, strlen(body), NULL, &j, err, sizeof err),
+			     JOB_EINVALID_INPUT, "%s", bad[i]);
+		cr_expect(strstr(err, "input.tool_choice"), "%s", err);
+		job_free(&j);
+	}
+	const char *none = "{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", "
+			   "\"content\": \"q\"}], \"tool_choice\": \"required\"}}";
+	cr_expect_eq(job_decode(none, strlen(none), NULL, &j, err, sizeof err), JOB_EINVALID_INPUT);
+	cr_expect(strstr(err, "not among input.tools"), "%s", err);
+	job_free(&j);
+}
