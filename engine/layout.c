@@ -623,7 +623,7 @@ int eng_snapshot(const char *hf_dir, const char *out_dir, const struct eng_snap_
 		goto out;
 	}
 	static const char *const copy[] = {"tokenizer_config.json", "generation_config.json",
-					   "config.json", NULL};
+					   "config.json", "chat_template.jinja", NULL};
 	if ((rc = prepare_tokenizer(hf_dir, made, &n_made, &tok_json, &tok_prep, err, errsz)))
 		goto out;
 	struct snap_write_opts wo = {.world = p.world, .tp = p.tp, .ep = p.ep,

@@ -129,6 +129,7 @@ struct http_flight {
 	size_t held_len, sent;      /* ... held_len bytes; the bytes of content sent */
 	size_t rsent;               /* ... and of reasoning */
 	bool in_reasoning;          /* thinking: no "</think>" yet */
+	bool opened;                /* thinking: past a "<think>" the model wrote first (GLM-4.5) */
 	bool in_calls;              /* tools: a "<tool_call>" came: no more content until the end */
 	struct http_flight *all_prev, *all_next;
 };
@@ -632,6 +633,17 @@ static void held_piece(struct http_api *h, struct http_flight *f, const char *te
 	f->held = p;
 	f->held_len += len;
 	bool hit;
+	if (f->in_reasoning && !f->opened) { /* as the worker's reasoning: a leading <think> out */
+		size_t k = 0;
+		while (k < f->held_len && (f->held[k] == ' ' || f->held[k] == '\n'))
+			k++;
+		size_t m = f->held_len - k < 7 ? f->held_len - k : 7;
+		if (m < 7 && !memcmp(f->held + k, "<think>", m))
+			return; /* (it may still be one) */
+		if (m == 7 && !memcmp(f->held + k, "<think>", 7))
+			send_held(h, f, 0, k + 7, true);
+		f->opened = true;
+	}
 	if (f->in_reasoning) {
 		size_t n = before_tag(f, "</think>", &hit);
 		send_held(h, f, n, hit ? 8 : 0, true);
@@ -641,7 +653,7 @@ static void held_piece(struct http_api *h, struct http_flight *f, const char *te
 	}
 	size_t n = f->tools ? before_tag(f, "<tool_call>", &hit) : f->held_len;
 	f->in_calls = f->tools && hit;
-	while (f->tools && n && strchr(" \t\r\n", f->held[n - 1]))
+	while (f->tools && n && memchr(" \t\r\n", f->held[n - 1], 4))
 		n--;
 	send_held(h, f, n, 0, false);
 }

@@ -690,6 +690,13 @@ static void job_done(struct worker *w, struct sched_req *r)
 		jr.has_reasoning = true;
 		jr.reasoning = jr.text;
 		jr.reasoning_len = end ? (size_t)(end - jr.text) : text_len;
+		size_t k = 0; /* GLM-4.5's prompt ends before <think>: the model writes it */
+		while (k < jr.reasoning_len && (jr.reasoning[k] == ' ' || jr.reasoning[k] == '\n'))
+			k++;
+		if (jr.reasoning_len - k >= 7 && !memcmp(jr.reasoning + k, "<think>", 7)) {
+			jr.reasoning += k + 7;
+			jr.reasoning_len -= k + 7;
+		}
 		jr.text = end ? end + 8 : "";
 		text_len = end ? text_len - jr.reasoning_len - 8 : 0;
 		jr.text_len = text_len;
@@ -1262,7 +1269,17 @@ static int start(struct worker *w, const char **why)
 		     "e.g. '%s': does config.json match the weights?", eng_info(w->e)->unused_tensors,
 		     eng_info(w->e)->unused_example);
 	w->tok = eng_tokenizer(w->e);
-	w->chat = chat_format_for(eng_info(w->e)->arch);
+	/* the chat format from the model's own template (GLM-4.5/4.6's is not GLM-4.7's, with
+	 * one architecture), else from its architecture */
+	char ferr[WK_ERRSZ];
+	enum chat_format cf;
+	if (chat_format_for_model(w->o.ce.model, &cf, ferr, sizeof ferr) == WK_OK) {
+		w->chat = cf;
+	} else {
+		w->chat = chat_format_for(eng_info(w->e)->arch);
+		wlog(w, "chat_format", "%s; rendering chats as %s (its architecture's)", ferr,
+		     chat_format_name(w->chat));
+	}
 	int *te = NULL, nte = 0;
 	w->think_end = w->tok && w->chat != CHAT_PLAIN &&
 				       tok_encode(w->tok, "</think>", 8, false, &te, &nte, NULL, 0) ==
@@ -1331,11 +1348,11 @@ static void log_ready(struct worker *w)
 				 ", none in a step of more than %d jobs", w->o.speculate_max_batch);
 	}
 	wlog(w, "ready", "started in %.1f ms (weights %.1f ms, %.1f MB%s; tokenizer %.1f ms%s "
-	     "beside them%s), backend %s, %d x %d positions of %s KV cache%s%s",
+	     "beside them%s), backend %s, %d x %d positions of %s KV cache, chat format %s%s%s",
 	     (wk_now() - w->t_start) * 1e3, su->weights_s * 1e3, su->bytes / 1e6,
 	     su->snapshot ? " restored from a snapshot" : "", su->tokenizer_s * 1e3,
 	     su->tokenizer_prepared ? " prepared" : "", comm, ei->backend,
-	     ei->max_seqs, ei->max_seq, ei->kv_dtype,
+	     ei->max_seqs, ei->max_seq, ei->kv_dtype, chat_format_name(w->chat),
 	     !w->o.speculate ? ""
 	     : ei->mtp	     ? ", speculative decoding on (the MTP layer drafts)"
 			     : ", speculative decoding on (prompt lookup drafts)",

@@ -18,6 +18,8 @@
 #      turn with the reasoning in the messages is served; thinking disabled gives none
 #   5. a queue job with input.tools and input.thinking: output.tool_calls and
 #      output.reasoning_content in its result
+#   6. a GLM-4.5/4.6 chat template in the model (kept by wick snapshot): the worker renders
+#      GLM-4.5's format, and the call comes back the same
 # The prompt wick renders with tools is held to GLM's own templates by tokenizer_bytelevel.sh.
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -217,5 +219,29 @@ assert o["reasoning_content"] == "Let me see", o
 assert r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3, r["usage"]
 print("a queue job: output.tool_calls", json.dumps(o["tool_calls"]), "after reasoning",
       json.dumps(o["reasoning_content"]))
+EOF
+# 6. the chat format from the model's own template: a GLM-4.5/4.6 template (its "/nothink"),
+# kept by a snapshot, makes the worker render GLM-4.5's form (a newline after each marker);
+# the same model's call comes back all the same
+g45=$TMPD/g45
+cp -r "$g" "$g45"
+printf '%s\n' '[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>' \
+  "{{ m.content }}{{ '/nothink' if not enable_thinking else '' }}{% endfor %}" \
+  >"$g45/chat_template.jinja"
+"$WICK" snapshot "$g45" -o "$TMPD/g45.snap" >/dev/null 2>&1 || fail "wick snapshot of $g45"
+[ -f "$TMPD/g45.snap/chat_template.jinja" ] || fail "the snapshot left chat_template.jinja out"
+sed 's/"tj"/"tj45"/; s/, "thinking": true//' "$TMPD/jobs/j.json" >"$TMPD/jobs/j45.json"
+"$WICK" submit --queue "spool:$TMPD/q45" --file "$TMPD/jobs/j45.json" >/dev/null || fail "submit"
+"$WICK" worker --model "$TMPD/g45.snap" --queue "spool:$TMPD/q45" --idle-timeout 0.5 \
+  2>"$TMPD/w45.log" || fail "the glm45 worker exited $?: $(tail -n 3 "$TMPD/w45.log")"
+grep -q "ready: .*chat format glm45" "$TMPD/w45.log" ||
+  fail "the snapshot's template: $(grep ready "$TMPD/w45.log")"
+grep -q "ready: .*chat format glm," "$TMPD/w.log" || grep -q "ready: .*chat format glm$" \
+  "$TMPD/w.log" || fail "GLM-5's format: $(grep ready "$TMPD/w.log")"
+python3 - "$TMPD/q45/done/tj45.json" <<'EOF' || fail "the glm45 job's result"
+import json, sys
+o = json.load(open(sys.argv[1]))["output"]
+assert o["tool_calls"][0]["function"]["name"] == "get_weather" and o["text"] == "Sure.", o
+print("chat format glm45 from the template a snapshot kept: the same call")
 EOF
 echo PASS
