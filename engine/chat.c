@@ -908,7 +908,8 @@ static json_t *parse_call(struct span b, const json_t *tools)
 }
 
 int chat_tool_calls(enum chat_format f, const char *text, size_t len, const char *tools_json,
-		    size_t tools_len, size_t *content_len, char **calls, char *err, size_t errsz)
+		    size_t tools_len, size_t max_calls, size_t *content_len, char **calls,
+		    char *err, size_t errsz)
 {
 	*calls = NULL;
 	*content_len = len;
@@ -937,6 +938,8 @@ int chat_tool_calls(enum chat_format f, const char *text, size_t len, const char
 	}
 	json_decref(tools);
 	int rc = WK_OK;
+	while (whole && max_calls && json_array_size(list) > max_calls)
+		json_array_remove(list, json_array_size(list) - 1);
 	if (whole && json_array_size(list)) {
 		size_t i;
 		json_t *c;

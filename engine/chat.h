@@ -93,10 +93,12 @@ int chat_render_tools(enum chat_format f, const struct chat_msg *m, size_t n,
  * other than "string" and the value is JSON, which it then is. *calls: a malloc'd JSON array's
  * text of the calls, or NULL when the text has none or an unfinished one (a call cut short
  * by max_tokens: then the text is all content); *content_len: the length of the text before
- * the first call, with trailing whitespace left out (len when there are no calls). WK_OK or
- * WK_ENOMEM. */
+ * the first call, with trailing whitespace left out (len when there are no calls). With
+ * max_calls (0: all), only the first max_calls of the calls (OpenAI's parallel_tool_calls
+ * false: one). WK_OK or WK_ENOMEM. */
 int chat_tool_calls(enum chat_format f, const char *text, size_t len, const char *tools_json,
-		    size_t tools_len, size_t *content_len, char **calls, char *err, size_t errsz);
+		    size_t tools_len, size_t max_calls, size_t *content_len, char **calls,
+		    char *err, size_t errsz);
 
 /* Python's json.dumps(value, ensure_ascii=False) of the JSON text json[0..len), into *out
  * (malloc'd, NUL-terminated, *out_len bytes): ", " and ": " between items, keys in their order,

@@ -453,8 +453,10 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	const json_t *tools = json_object_get(root, "tools");
 	if (kind == OAI_CHAT && json_array_size(tools) &&
 	    !(json_is_string(v) && !strcmp(json_string_value(v), "none"))) {
+		const json_t *par = json_object_get(root, "parallel_tool_calls");
 		if (json_object_set(input, "tools", (json_t *)tools) ||
-		    (!absent(v) && json_object_set(input, "tool_choice", (json_t *)v))) {
+		    (!absent(v) && json_object_set(input, "tool_choice", (json_t *)v)) ||
+		    (!absent(par) && json_object_set(input, "parallel_tool_calls", (json_t *)par))) {
 			st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 			goto out;
 		}

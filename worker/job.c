@@ -356,6 +356,11 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 		return e;
 	if ((e = decode_choice(json_object_get(in, "tool_choice"), j, err, errsz)) != JOB_OK)
 		return e;
+	const json_t *par = json_object_get(in, "parallel_tool_calls");
+	if (par && !json_is_null(par) && !json_is_boolean(par))
+		return fail(err, errsz, JOB_EINVALID_INPUT,
+			    "input.parallel_tool_calls must be true or false");
+	j->one_call = json_is_false(par);
 
 	const json_t *v;
 	double d;

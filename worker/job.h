@@ -94,6 +94,7 @@ struct job {
 	int n_stop;
 	double timeout_s;
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
+	bool one_call; /* input.parallel_tool_calls false: a result has its first tool call only */
 	bool thinking; /* input.thinking (a chat): the model reasons first (GLM's thinking on);
 			* the result's output.reasoning_content holds what it reasoned */
 	char *prediction; /* input.prediction: text the output is expected to repeat (malloc'd;

@@ -61,6 +61,7 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
 	char *tools;            /* its input.tools (malloc'd JSON), to read its tool calls back */
 	bool thinking;          /* its input.thinking: the text starts with its reasoning */
+	bool one_call;          /* its input.parallel_tool_calls false: its first call only */
 	char *forced;           /* its input.tool_choice's call opening, which the prompt ends
 				 * with ("<tool_call>" NAME; malloc'd), or NULL */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
@@ -720,8 +721,8 @@ static void job_done(struct worker *w, struct sched_req *r)
 		jr.text_len = text_len;
 	}
 	if (h->tools && st == JOB_COMPLETED &&
-	    chat_tool_calls(w->chat, jr.text, text_len, h->tools, strlen(h->tools), &content,
-			    &calls, NULL, 0) == WK_OK && calls) {
+	    chat_tool_calls(w->chat, jr.text, text_len, h->tools, strlen(h->tools),
+			    h->one_call ? 1 : 0, &content, &calls, NULL, 0) == WK_OK && calls) {
 		jr.tool_calls = calls;
 		jr.finish_reason = "tool_calls";
 		jr.text_len = content;
@@ -908,6 +909,7 @@ static void admit(struct worker *w, struct held *h)
 		h->tools = j.tools; /* its tool calls are read back when it finishes */
 		j.tools = NULL;
 		h->thinking = j.thinking && !j.forced;
+		h->one_call = j.one_call;
 		if (j.forced && (h->forced = malloc(strlen(j.forced) + 12)))
 			sprintf(h->forced, "<tool_call>%s", j.forced);
 		if (j.stream && !h->http && queue_streams(w->q)) {

@@ -121,7 +121,7 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
   // a call the model must make: the answer opens with it (no "Sure." before it)
   for (const choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
     const f = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
-      tool_choice: choice, reasoning_effort: 'high' });
+      tool_choice: choice, reasoning_effort: 'high', parallel_tool_calls: false });
     const fm = f.choices[0].message;
     assert(fm.content === null && fm.reasoning_content === undefined &&
            fm.tool_calls?.[0]?.function.name === 'get_weather' &&

@@ -37,7 +37,7 @@ static void render_all(const struct chat_msg *m, size_t n, const char *tools, si
 				abort();
 			char *calls = NULL;
 			size_t content = 0;
-			if (chat_tool_calls(fmts[f], out, len, tools, tools_len, &content, &calls, err,
+			if (chat_tool_calls(fmts[f], out, len, tools, tools_len, k, &content, &calls, err,
 					    sizeof err) == WK_OK && content > len)
 				abort();
 			free(calls);

@@ -378,7 +378,7 @@ Test(chat, tool_calls_from_text)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char *calls, err[WK_ERRSZ];
 		size_t content, len = strlen(cases[i].text);
-		cr_assert_eq(chat_tool_calls(cases[i].f, cases[i].text, len, tools, strlen(tools),
+		cr_assert_eq(chat_tool_calls(cases[i].f, cases[i].text, len, tools, strlen(tools), 0,
 					     &content, &calls, err, sizeof err), WK_OK);
 		if (cases[i].calls) {
 			cr_expect_str_eq(calls ? calls : "(none)", cases[i].calls, "case %zu", i);
@@ -389,4 +389,12 @@ Test(chat, tool_calls_from_text)
 		}
 		free(calls);
 	}
+	/* parallel_tool_calls false: the first call only */
+	const char *two = "<tool_call>f</tool_call><tool_call>g</tool_call>";
+	char *calls, err[WK_ERRSZ];
+	size_t content;
+	cr_assert_eq(chat_tool_calls(CHAT_GLM, two, strlen(two), NULL, 0, 1, &content, &calls, err,
+				     sizeof err), WK_OK);
+	cr_expect_str_eq(calls, "[{\"name\":\"f\",\"arguments\":\"{}\"}]");
+	free(calls);
 }

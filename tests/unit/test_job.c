@@ -526,6 +526,14 @@ Test(job, tool_choice)
 		cr_expect(strstr(err, "input.tool_choice"), "%s", err);
 		job_free(&j);
 	}
+	snprintf(body, sizeof body, "%s\"auto\", \"parallel_tool_calls\": false}}", head);
+	cr_assert_eq(job_decode(body, strlen(body), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(j.one_call);
+	job_free(&j);
+	snprintf(body, sizeof body, "%s\"auto\", \"parallel_tool_calls\": 0}}", head);
+	cr_expect_eq(job_decode(body, strlen(body), NULL, &j, err, sizeof err), JOB_EINVALID_INPUT);
+	cr_expect(strstr(err, "input.parallel_tool_calls"), "%s", err);
+	job_free(&j);
 	const char *none = "{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", "
 			   "\"content\": \"q\"}], \"tool_choice\": \"required\"}}";
 	cr_expect_eq(job_decode(none, strlen(none), NULL, &j, err, sizeof err), JOB_EINVALID_INPUT);
