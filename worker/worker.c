@@ -691,6 +691,7 @@ static void job_done(struct worker *w, struct sched_req *r)
 		jr.has_reasoning = true;
 		jr.reasoning = jr.text;
 		jr.reasoning_len = end ? (size_t)(end - jr.text) : text_len;
+		text_len = end ? text_len - jr.reasoning_len - 8 : 0;
 		size_t k = 0; /* GLM-4.5's prompt ends before <think>: the model writes it */
 		while (k < jr.reasoning_len && (jr.reasoning[k] == ' ' || jr.reasoning[k] == '\n'))
 			k++;
@@ -699,7 +700,6 @@ static void job_done(struct worker *w, struct sched_req *r)
 			jr.reasoning_len -= k + 7;
 		}
 		jr.text = end ? end + 8 : "";
-		text_len = end ? text_len - jr.reasoning_len - 8 : 0;
 		jr.text_len = text_len;
 		jr.reasoning_tokens = r->n_out;
 		for (int k = 0; k < r->n_out && w->think_end >= 0; k++)
