@@ -45,9 +45,10 @@ tok=$TMPD/tok
 node tests/tools/glm_tokenizer.js "$QWEN" "$tok" >/dev/null || fail "glm_tokenizer.js"
 ids() { "$WICK" tokenize "$tok" --text "$1" | python3 -c 'import json, sys
 print(",".join(map(str, json.load(sys.stdin)["ids"])))'; }
-# <think> Let me see </think> Sure . <tool_call> get_weather <arg_key> city </arg_key>
-# <arg_value> Paris </arg_value> </tool_call> <|observation|>
-say="154841,$(ids Let),$(ids ' me'),$(ids ' see'),154842,$(ids Sure),$(ids .),154843"
+# <|assistant|> <think> Let me see </think> Sure . <tool_call> get_weather <arg_key> city
+# </arg_key> <arg_value> Paris </arg_value> </tool_call> <|observation|> (GLM-4.5's thinking
+# prompt ends with <|assistant|>: the model writes <think> itself)
+say="154828,154841,$(ids Let),$(ids ' me'),$(ids ' see'),154842,$(ids Sure),$(ids .),154843"
 say="$say,$(ids get_weather),154847,$(ids city),154848,154849,$(ids Paris),154850,154844,154829"
 g=$TMPD/g5
 "$WICK_TOOLS/gen_glm" --family glm5 --vocab 154880 --hidden 64 --say "$say" -o "$g" \
@@ -231,17 +232,24 @@ printf '%s\n' '[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>' \
 "$WICK" snapshot "$g45" -o "$TMPD/g45.snap" >/dev/null 2>&1 || fail "wick snapshot of $g45"
 [ -f "$TMPD/g45.snap/chat_template.jinja" ] || fail "the snapshot left chat_template.jinja out"
 sed 's/"tj"/"tj45"/; s/, "thinking": true//' "$TMPD/jobs/j.json" >"$TMPD/jobs/j45.json"
-"$WICK" submit --queue "spool:$TMPD/q45" --file "$TMPD/jobs/j45.json" >/dev/null || fail "submit"
+sed 's/"tj"/"tj45t"/' "$TMPD/jobs/j.json" >"$TMPD/jobs/j45t.json"
+for f in j45 j45t; do
+  "$WICK" submit --queue "spool:$TMPD/q45" --file "$TMPD/jobs/$f.json" >/dev/null || fail "submit"
+done
 "$WICK" worker --model "$TMPD/g45.snap" --queue "spool:$TMPD/q45" --idle-timeout 0.5 \
   2>"$TMPD/w45.log" || fail "the glm45 worker exited $?: $(tail -n 3 "$TMPD/w45.log")"
 grep -q "ready: .*chat format glm45" "$TMPD/w45.log" ||
   fail "the snapshot's template: $(grep ready "$TMPD/w45.log")"
 grep -q "ready: .*chat format glm," "$TMPD/w.log" || grep -q "ready: .*chat format glm$" \
   "$TMPD/w.log" || fail "GLM-5's format: $(grep ready "$TMPD/w.log")"
-python3 - "$TMPD/q45/done/tj45.json" <<'EOF' || fail "the glm45 job's result"
+python3 - "$TMPD/q45/done/tj45.json" "$TMPD/q45/done/tj45t.json" <<'EOF' ||
 import json, sys
-o = json.load(open(sys.argv[1]))["output"]
-assert o["tool_calls"][0]["function"]["name"] == "get_weather" and o["text"] == "Sure.", o
-print("chat format glm45 from the template a snapshot kept: the same call")
+o, t = (json.load(open(p))["output"] for p in sys.argv[1:])
+for x in (o, t):
+    assert x["tool_calls"][0]["function"]["name"] == "get_weather" and x["text"] == "Sure.", x
+assert "reasoning_content" not in o and t["reasoning_content"] == "Let me see", (o, t)
+print("chat format glm45 from the template a snapshot kept: the same call, and with thinking "
+      "the same reasoning (the <think> GLM-4.5 writes itself left out)")
 EOF
+  fail "the glm45 jobs' results"
 echo PASS
