@@ -496,6 +496,15 @@ static bool commit_handoff(struct worker *w, int n)
 	return true;
 }
 
+/* Frees what a held job keeps for reading its result back (its tools, its forced call). */
+static void held_forget(struct held *h)
+{
+	free(h->tools);
+	h->tools = NULL;
+	free(h->forced);
+	h->forced = NULL;
+}
+
 /* Frees the slots of the batches the committer finished. With wait, first waits until it
  * has nothing left (drain, exit). Returns the number of slots freed. */
 static int commit_reap(struct worker *w, bool wait)
@@ -520,10 +529,7 @@ static int commit_reap(struct worker *w, bool wait)
 				note_superseded(w, h);
 			free(c->json[i]);
 			queue_job_free(&h->qj);
-			free(h->tools);
-			h->tools = NULL;
-			free(h->forced);
-			h->forced = NULL;
+			held_forget(h);
 			h->used = false;
 			h->req = NULL;
 			freed++;
@@ -600,10 +606,7 @@ static void flush_results(struct worker *w)
 			note_superseded(w, h);
 		free(w->out_json[i]);
 		queue_job_free(&h->qj);
-		free(h->tools);
-		h->tools = NULL;
-		free(h->forced);
-		h->forced = NULL;
+		held_forget(h);
 		h->used = false;
 		h->req = NULL;
 	}
@@ -729,10 +732,7 @@ static void job_done(struct worker *w, struct sched_req *r)
 		if (!content)
 			jr.text = "";
 	}
-	free(h->tools);
-	h->tools = NULL;
-	free(h->forced);
-	h->forced = NULL;
+	held_forget(h);
 	size_t len;
 	char *json = job_encode_result(&jr, &len);
 	free(calls);
@@ -1153,10 +1153,7 @@ static void release_all(struct worker *w)
 		else
 			wlog(w, "released", "job %s handed back to the queue", h->qj.id);
 		queue_job_free(&h->qj);
-		free(h->tools);
-		h->tools = NULL;
-		free(h->forced);
-		h->forced = NULL;
+		held_forget(h);
 		h->used = false;
 	}
 }
