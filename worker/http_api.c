@@ -110,6 +110,7 @@ struct http_flight {
 				* prompt must fit the context) */
 	bool tools;            /* a chat with tools: its stream holds back what may be a call */
 	bool thinking;         /* a chat with thinking on: its stream starts with reasoning */
+	bool logprobs;         /* logprobs asked for: its stream's chunks carry them */
 	long created;          /* unix seconds */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
@@ -131,6 +132,9 @@ struct http_flight {
 	bool in_reasoning;          /* thinking: no "</think>" yet */
 	bool opened;                /* thinking: past a "<think>" the model wrote first (GLM-4.5) */
 	bool in_calls;              /* tools: a "<tool_call>" came: no more content until the end */
+	json_t *lp_pending;         /* logprobs: entries that came, for the next chunk sent */
+	size_t lp_sent;             /* ... and the entries sent */
+	size_t lp_offset;           /* ... and the characters they cover (text_offset) */
 	struct http_flight *all_prev, *all_next;
 };
 
@@ -150,7 +154,7 @@ struct hconn {
 	struct hconn *prev, *next;
 };
 
-enum msg_type { M_PIECE, M_DONE };
+enum msg_type { M_PIECE, M_LOGPROBS, M_DONE };
 struct msg {
 	struct msg *next;
 	struct http_flight *f;
@@ -336,6 +340,11 @@ bool http_flight_max_given(const struct http_flight *f)
 	return f->max_given;
 }
 
+bool http_flight_stream(const struct http_flight *f)
+{
+	return f->stream;
+}
+
 int http_api_waiting(struct http_api *h)
 {
 	pthread_mutex_lock(&h->mu);
@@ -389,6 +398,16 @@ void http_api_token(struct http_api *h, struct http_flight *f, int n_tokens, con
 		f->piece_sent = true;
 		post_locked(h, f, M_PIECE, piece, len);
 	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+void http_api_logprobs(struct http_api *h, struct http_flight *f, const char *json,
+		       size_t len)
+{
+	if (!f->stream || !f->logprobs)
+		return;
+	pthread_mutex_lock(&h->mu);
+	post_locked(h, f, M_LOGPROBS, json, len);
 	pthread_mutex_unlock(&h->mu);
 }
 
@@ -556,7 +575,31 @@ static void flight_free(struct http_api *h, struct http_flight *f)
 		f->conn->cur = NULL;
 	free(f->body);
 	free(f->held);
+	json_decref(f->lp_pending);
 	free(f);
+}
+
+/* A chunk of text with the logprobs that came since the last one (none: null). */
+static json_t *with_lp(struct http_flight *f, json_t *chunk)
+{
+	if (chunk && json_array_size(f->lp_pending)) {
+		json_t *lp = oai_logprobs(f->kind, f->lp_pending, &f->lp_offset);
+		oai_chunk_logprobs(chunk, lp);
+		json_decref(lp);
+		f->lp_sent += json_array_size(f->lp_pending);
+		json_array_clear(f->lp_pending);
+	}
+	return chunk;
+}
+
+static void on_logprobs(struct http_flight *f, const char *json, size_t len)
+{
+	json_t *a = json_loadb(json, len, JSON_ALLOW_NUL, NULL);
+	if (!f->lp_pending)
+		f->lp_pending = json_array();
+	if (json_is_array(a) && f->lp_pending)
+		json_array_extend(f->lp_pending, a);
+	json_decref(a);
 }
 
 /* The client went away (its connection closed) while f was pending. */
@@ -610,9 +653,10 @@ static void send_held(struct http_api *h, struct http_flight *f, size_t n, size_
 		      bool reasoning)
 {
 	if (n)
-		sse_send(f, reasoning ? oai_reasoning_chunk(f->id, f->created, h->model, f->held, n)
-				      : oai_chunk(f->kind, f->id, f->created, h->model, f->held, n,
-						  false, NULL),
+		sse_send(f, with_lp(f, reasoning ? oai_reasoning_chunk(f->id, f->created, h->model,
+									f->held, n)
+						 : oai_chunk(f->kind, f->id, f->created, h->model,
+							     f->held, n, false, NULL)),
 			 NULL);
 	*(reasoning ? &f->rsent : &f->sent) += n;
 	memmove(f->held, f->held + n + skip, f->held_len - n - skip);
@@ -667,7 +711,8 @@ static void on_piece(struct http_api *h, struct http_flight *f, const char *text
 	if (f->tools || f->thinking)
 		held_piece(h, f, text, len);
 	else if (len)
-		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len, false, NULL),
+		sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len,
+						 false, NULL)),
 			 NULL);
 }
 
@@ -696,23 +741,35 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		if (f->stream && (f->started || ok)) {
 			if (!f->started)
 				sse_start(h, f);
+			if (ok && r.logprobs) { /* the rest: those not sent yet */
+				json_decref(f->lp_pending);
+				f->lp_pending = json_array();
+				for (size_t k = f->lp_sent; k < json_array_size(r.logprobs); k++)
+					json_array_append(f->lp_pending,
+							  json_array_get(r.logprobs, k));
+			}
 			if (ok && (f->tools || f->thinking)) { /* what was held, then the calls */
 				if (r.reasoning && r.reasoning_len > f->rsent)
-					sse_send(f, oai_reasoning_chunk(f->id, f->created, h->model,
-									r.reasoning + f->rsent,
-									r.reasoning_len - f->rsent),
+					sse_send(f, with_lp(f, oai_reasoning_chunk(
+								    f->id, f->created, h->model,
+								    r.reasoning + f->rsent,
+								    r.reasoning_len - f->rsent)),
 						 NULL);
 				if (r.text_len > f->sent)
-					sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model,
-							      r.text + f->sent, r.text_len - f->sent,
-							      false, NULL), NULL);
+					sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created,
+									 h->model, r.text + f->sent,
+									 r.text_len - f->sent, false,
+									 NULL)),
+						 NULL);
 				if (r.tool_calls)
 					sse_send(f, oai_calls_chunk(f->id, f->created, h->model, &r),
 						 NULL);
 			}
 			if (ok) {
-				sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, false,
-						      r.finish_reason ? r.finish_reason : "stop"),
+				sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created, h->model,
+								 "", 0, false,
+								 r.finish_reason ? r.finish_reason
+										 : "stop")),
 					 NULL);
 				if (f->include_usage)
 					sse_send(f, oai_usage_chunk(f->kind, f->id, f->created,
@@ -754,6 +811,8 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 		struct msg *next = m->next;
 		if (m->type == M_PIECE)
 			on_piece(h, m->f, m->data, m->len);
+		else if (m->type == M_LOGPROBS)
+			on_logprobs(m->f, m->data, m->len);
 		else
 			on_done(h, m->f, m->data, m->len);
 		free(m);
@@ -1145,6 +1204,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->include_usage = r.include_usage;
 	f->max_given = r.max_given;
 	f->tools = r.tools;
+	f->logprobs = r.logprobs;
 	f->thinking = f->in_reasoning = r.thinking && !r.forced; /* (forced: thinking off) */
 	f->in_calls = r.forced; /* its answer is a call: no content to stream */
 	f->created = (long)ts.tv_sec;

@@ -133,6 +133,14 @@ int http_api_cancelled(struct http_api *h, struct http_flight **out, int max);
 void http_api_token(struct http_api *h, struct http_flight *f, int n_tokens, const char *piece,
 		    size_t len);
 
+/* Whether the client asked for a stream. */
+bool http_flight_stream(const struct http_flight *f);
+/* Before the piece of http_api_token: the logprobs of the tokens since the last call, as the
+ * JSON array of output.logprobs.content (job_logprobs_json; copied); they go with the next
+ * chunk of the stream. Nothing unless the request streams with logprobs. */
+void http_api_logprobs(struct http_api *h, struct http_flight *f, const char *json,
+		       size_t len);
+
 /* The request's end: json is its result document (job_encode_result/job_encode_error;
  * copied). The client gets the OpenAI response or error built from it, and f is no longer
  * the worker's. */

@@ -42,6 +42,7 @@ struct oai_req {
 	bool tools;          /* chat with tools (and tool_choice not "none"): input.tools */
 	bool thinking;       /* chat with thinking on: input.thinking */
 	bool forced;         /* tool_choice "required" or a function: the answer is a call */
+	bool logprobs;       /* logprobs asked for: the stream's chunks carry them */
 	char *job;           /* the job document (job.h), malloc'd; the caller frees */
 	size_t job_len;
 };
@@ -67,6 +68,7 @@ struct oai_result {
 	const char *finish_reason; /* "stop", "length", "tool_calls", or NULL */
 	const json_t *tool_calls;  /* output.tool_calls (OpenAI's), or NULL when none; text is
 				    * then the content before them */
+	const json_t *logprobs;    /* output.logprobs.content (an array), or NULL */
 	const char *reasoning;     /* output.reasoning_content (thinking on), or NULL */
 	size_t reasoning_len;
 	const char *err_code, *err_message;
@@ -91,6 +93,14 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
  * memory or text is not valid UTF-8. */
 json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *model,
 		  const char *text, size_t len, bool role, const char *finish_reason);
+
+/* A choice's logprobs for the entries content (output.logprobs.content's): chat's
+ * {"content": [...]}, or the legacy completions' {"tokens", "token_logprobs",
+ * "top_logprobs" ({token: logprob} each), "text_offset"}, the offsets in characters from
+ * *offset on, which it advances past them. NULL when out of memory. */
+json_t *oai_logprobs(enum oai_kind kind, const json_t *content, size_t *offset);
+/* Sets a chunk's choice's logprobs to lp (a reference of its own; NULL: leaves null). */
+void oai_chunk_logprobs(json_t *chunk, json_t *lp);
 
 /* The usage chunk of stream_options.include_usage: "choices": [] and "usage". */
 /* A chat stream's chunk of reasoning (delta.reasoning_content). */

@@ -4,8 +4,8 @@
  *
  * A request becomes the contract's job document (job.h) and is then checked by job_decode,
  * so the HTTP path and the queue path share every limit and message. What the contract cannot
- * express (n > 1, logprobs, tools, echo, suffix, token-id prompts, presence and frequency
- * penalties, logit_bias, a response_format other than text) is refused with a 400 rather than
+ * express (n > 1, echo, suffix, token-id prompts, presence and frequency penalties,
+ * logit_bias, a response_format other than text) is refused with a 400 rather than
  * silently ignored; each one's neutral value (n 1, penalties 0, an empty logit_bias, ...) is
  * accepted, as clients send them by default.
  */
@@ -68,7 +68,7 @@ static const char *error_param(const char *msg)
 {
 	static const char *const names[] = {"temperature", "top_p",    "top_k",  "seed",
 					    "stop",        "max_tokens", "prompt", "messages",
-					    "prediction"};
+					    "prediction",  "top_logprobs", "logprobs"};
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
 		size_t k = strlen(names[i]);
 		if (!strncmp(msg, names[i], k) && !(isalnum((unsigned char)msg[k]) || msg[k] == '_'))
@@ -238,10 +238,6 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 	if (!absent(v = json_object_get(root, "n")) &&
 	    !(json_is_integer(v) && json_integer_value(v) == 1))
 		return oai_errf(e, 400, IRE, "invalid_input", "n", "only n = 1 is supported");
-	if (!absent(v = json_object_get(root, "logprobs")) && !json_is_false(v) &&
-	    !(json_is_integer(v) && json_integer_value(v) == 0))
-		return oai_errf(e, 400, IRE, "invalid_input", "logprobs",
-				"logprobs are not supported");
 	static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
 	for (int i = 0; i < 2; i++)
 		if (!absent(v = json_object_get(root, penalties[i])) &&
@@ -287,10 +283,6 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 			return oai_errf(e, 400, IRE, "invalid_input", "tool_choice",
 					"tool_choice is \"none\", \"auto\", \"required\" or "
 					"{\"type\": \"function\", \"function\": {\"name\": ...}}");
-		if (!absent(v = json_object_get(root, "top_logprobs")) &&
-		    !(json_is_integer(v) && json_integer_value(v) == 0))
-			return oai_errf(e, 400, IRE, "invalid_input", "top_logprobs",
-					"top_logprobs is not supported (only 0)");
 	} else {
 		if (!absent(v = json_object_get(root, "echo")) && !json_is_false(v))
 			return oai_errf(e, 400, IRE, "invalid_input", "echo", "echo is not supported");
@@ -346,6 +338,34 @@ static int thinking(const json_t *root, json_t *input, struct oai_req *r, struct
 		if (json_object_set_new(input, "thinking", json_true()))
 			return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	}
+	return 0;
+}
+
+/* Log probabilities: chat's logprobs (true or false) and top_logprobs (0 to 20, with logprobs
+ * true); the legacy completions' logprobs, the number of top tokens (0 to 20: OpenAI allows 5,
+ * vLLM 20), on for any integer. Into input.logprobs and input.top_logprobs (job_decode checks
+ * chat's). */
+static int logprobs(enum oai_kind kind, const json_t *root, json_t *input, struct oai_req *r,
+		    struct oai_err *e)
+{
+	const json_t *v = json_object_get(root, "logprobs");
+	const json_t *top = kind == OAI_CHAT ? json_object_get(root, "top_logprobs") : v;
+	if (kind == OAI_COMPLETION) {
+		if (absent(v) || json_is_false(v))
+			return 0;
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > JOB_TOP_LOGPROBS_MAX)
+			return oai_errf(e, 400, IRE, "invalid_input", "logprobs",
+					"logprobs is the number of most likely tokens to list with "
+					"each token: an integer from 0 to %d", JOB_TOP_LOGPROBS_MAX);
+		v = json_true();
+	} else if (!absent(v)) {
+		json_incref((json_t *)v);
+	}
+	r->logprobs = json_is_true(v);
+	if ((!absent(v) && json_object_set_new(input, "logprobs", (json_t *)v)) ||
+	    (!absent(top) && json_object_set(input, "top_logprobs", (json_t *)top)))
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	return 0;
 }
 
@@ -447,7 +467,8 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)) ||
 	    (st = prediction(root, input, e)))
 		goto out;
-	if (kind == OAI_CHAT && (st = thinking(root, input, r, e)))
+	if ((kind == OAI_CHAT && (st = thinking(root, input, r, e))) ||
+	    (st = logprobs(kind, root, input, r, e)))
 		goto out;
 	v = json_object_get(root, "tool_choice");
 	const json_t *tools = json_object_get(root, "tools");
@@ -527,6 +548,8 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	const json_t *rs = json_object_get(out, "reasoning_content");
 	r->reasoning = json_string_value(rs);
 	r->reasoning_len = json_string_length(rs);
+	const json_t *lp = json_object_get(json_object_get(out, "logprobs"), "content");
+	r->logprobs = json_is_array(lp) ? lp : NULL;
 	r->tool_calls = json_array_size(json_object_get(out, "tool_calls"))
 				? json_object_get(out, "tool_calls")
 				: NULL;
@@ -585,6 +608,57 @@ static json_t *usage_json(const struct oai_result *r)
 	return u;
 }
 
+/* Characters of UTF-8 bytes s[0..n): the bytes that do not continue a sequence (a token that
+ * ends inside a character counts it once, where it begins). */
+static size_t chars(const char *s, size_t n)
+{
+	size_t c = 0;
+	for (size_t i = 0; i < n; i++)
+		c += ((unsigned char)s[i] & 0xC0) != 0x80;
+	return c;
+}
+
+/* The legacy completions' shape of entries (output.logprobs.content's). */
+static json_t *legacy_logprobs(const json_t *content, size_t *offset)
+{
+	json_t *o = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+			      "top_logprobs", "text_offset");
+	json_t *tokens = json_object_get(o, "tokens"), *lps = json_object_get(o, "token_logprobs");
+	json_t *tops = json_object_get(o, "top_logprobs"), *offs = json_object_get(o, "text_offset");
+	size_t i, k;
+	const json_t *en, *t;
+	json_array_foreach(content, i, en) {
+		const json_t *tok = json_object_get(en, "token");
+		json_t *top = json_object();
+		json_array_foreach(json_object_get(en, "top_logprobs"), k, t)
+			json_object_set(top, json_string_value(json_object_get(t, "token")),
+					json_object_get(t, "logprob"));
+		if (!o || !top || json_array_append(tokens, (json_t *)tok) ||
+		    json_array_append(lps, json_object_get(en, "logprob")) ||
+		    json_array_append_new(tops, top) ||
+		    json_array_append_new(offs, json_integer((json_int_t)*offset))) {
+			json_decref(o);
+			return NULL;
+		}
+		*offset += chars(json_string_value(tok), json_string_length(tok));
+	}
+	return o;
+}
+
+json_t *oai_logprobs(enum oai_kind kind, const json_t *content, size_t *offset)
+{
+	if (kind == OAI_COMPLETION)
+		return legacy_logprobs(content, offset);
+	return json_pack("{s:o}", "content", json_copy((json_t *)content)); /* (its own array) */
+}
+
+void oai_chunk_logprobs(json_t *chunk, json_t *lp)
+{
+	json_t *c = json_array_get(json_object_get(chunk, "choices"), 0);
+	if (c && lp)
+		json_object_set(c, "logprobs", lp);
+}
+
 json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
 		     const struct oai_result *r)
 {
@@ -597,6 +671,9 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 			    "logprobs", "finish_reason", fin);
 	if (!choice)
 		return NULL;
+	size_t offset = 0;
+	if (r->logprobs)
+		json_object_set_new(choice, "logprobs", oai_logprobs(kind, r->logprobs, &offset));
 	if (kind == OAI_CHAT && r->reasoning) /* vLLM's and DeepSeek's name */
 		json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
 				    json_stringn(r->reasoning, r->reasoning_len));

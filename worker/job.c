@@ -9,6 +9,7 @@
 
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,6 +412,23 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 			return fail(err, errsz, JOB_EINVALID_INPUT, "input.stream must be true or false");
 		j->stream = json_is_true(v);
 	}
+	if ((v = json_object_get(in, "logprobs")) && !json_is_null(v)) {
+		if (!json_is_boolean(v))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.logprobs must be true or false");
+		j->logprobs = json_is_true(v);
+	}
+	if ((v = json_object_get(in, "top_logprobs")) && !json_is_null(v)) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > JOB_TOP_LOGPROBS_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.top_logprobs must be an integer from 0 to %d",
+				    JOB_TOP_LOGPROBS_MAX);
+		j->top_logprobs = (int)json_integer_value(v);
+		if (j->top_logprobs && !j->logprobs)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.top_logprobs needs input.logprobs true");
+	}
 	if ((v = json_object_get(in, "thinking")) && !json_is_null(v)) {
 		if (!json_is_boolean(v))
 			return fail(err, errsz, JOB_EINVALID_INPUT,
@@ -648,6 +666,50 @@ char *job_stream_chunk(const char *text, size_t len, int attempt, size_t *out_le
 	return b.p;
 }
 
+/* One token's text, logprob and bytes (the members an entry and its alternatives share). */
+static void put_token(struct wk_buf *b, const char *tok, size_t len, float lp)
+{
+	puts_(b, "{\"token\": ");
+	put_str(b, tok, len);
+	putf(b, ", \"logprob\": %.9g, \"bytes\": [", isfinite(lp) ? lp : -9999.0);
+	for (size_t i = 0; i < len; i++)
+		putf(b, i ? ", %u" : "%u", (unsigned)(unsigned char)tok[i]);
+	puts_(b, "]");
+}
+
+static void put_logprobs(struct wk_buf *b, const struct job_logprob *lp, int n)
+{
+	puts_(b, "[");
+	for (int i = 0; i < n; i++) {
+		if (i)
+			puts_(b, ", ");
+		put_token(b, lp[i].tok, lp[i].len, lp[i].lp);
+		puts_(b, ", \"top_logprobs\": [");
+		for (int k = 0; k < lp[i].n_top; k++) {
+			if (k)
+				puts_(b, ", ");
+			put_token(b, lp[i].top[k].tok, lp[i].top[k].len, lp[i].top[k].lp);
+			puts_(b, "}");
+		}
+		puts_(b, "]}");
+	}
+	puts_(b, "]");
+}
+
+char *job_logprobs_json(const struct job_logprob *lp, int n, size_t *len)
+{
+	struct wk_buf b = {0};
+	put_logprobs(&b, lp, n);
+	put(&b, "", 1);
+	if (b.oom) {
+		free(b.p);
+		return NULL;
+	}
+	if (len)
+		*len = b.len - 1;
+	return b.p;
+}
+
 /* A finite double for JSON (JSON has no NaN or infinity: those print as 0). */
 static void put_seconds(struct wk_buf *b, double x)
 {
@@ -695,6 +757,11 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 		puts_(&b, "]");
 	}
 	json_decref(calls);
+	if (r->has_logprobs) {
+		puts_(&b, ", \"logprobs\": {\"content\": ");
+		put_logprobs(&b, r->logprobs, r->n_logprobs);
+		puts_(&b, "}");
+	}
 	puts_(&b, "}");
 	if (r->status != JOB_COMPLETED) {
 		enum job_err e = r->err == JOB_OK ? JOB_EINTERNAL : r->err;

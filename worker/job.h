@@ -8,7 +8,8 @@
  *   {"id": "abc", "tenant": "t1", "timeout_s": 600,
  *    "input": {"prompt": "..."  |  "messages": [{"role": "user", "content": "..."}, ...],
  *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
- *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false}}
+ *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false,
+ *              "logprobs": false, "top_logprobs": 0}}
  * Unknown members are ignored, so producers may add fields. Every input has a limit below.
  * "stream": true asks for the text as it is made, where the queue has a channel for it (Redis:
  * STREAM:stream:<id>; the RunPod job API's stream URL); the result is whole either way.
@@ -16,6 +17,9 @@
  * Result:
  *   {"id", "status": "COMPLETED"|"FAILED"|"TIMED_OUT"|"CANCELLED",
  *    "output": {"text", "token_ids", "finish_reason"}, "error": {"code", "message"},
+ *    (with input.logprobs, output.logprobs: {"content": [{"token", "logprob", "bytes",
+ *    "top_logprobs": [{"token", "logprob", "bytes"}]}]}, OpenAI's chat shape, an entry for each
+ *    of token_ids: the model's own log probabilities, before temperature and the filters)
  *    "usage": {"prompt_tokens", "completion_tokens", "queue_seconds", "gpu_seconds",
  *              "cost_usd", "cost_micro_usd"}, "worker", "attempt"}
  * "error" is present exactly when status is not COMPLETED. cost_usd is cost_micro_usd / 1e6,
@@ -43,6 +47,7 @@
 #define JOB_MAX_TOKENS_DEFAULT 256
 #define JOB_TEMPERATURE_MAX 2.0    /* temperature in [0, 2]; 0 is greedy */
 #define JOB_TOP_K_MAX 1000000      /* top_k in [0, this]; 0 disables */
+#define JOB_TOP_LOGPROBS_MAX 20    /* top_logprobs in [0, this] (OpenAI's limit) */
 #define JOB_TIMEOUT_MAX 86400.0    /* timeout_s in (0, one day] */
 #define JOB_TIMEOUT_DEFAULT 600.0
 
@@ -94,6 +99,8 @@ struct job {
 	int n_stop;
 	double timeout_s;
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
+	bool logprobs; /* input.logprobs: each token's log probability in the result */
+	int top_logprobs; /* input.top_logprobs: and the most likely tokens in its place */
 	bool one_call; /* input.parallel_tool_calls false: a result has its first tool call only */
 	bool thinking; /* input.thinking (a chat): the model reasons first (GLM's thinking on);
 			* the result's output.reasoning_content holds what it reasoned */
@@ -119,6 +126,27 @@ enum job_err job_decode(const char *body, size_t len, const char *queue_id, stru
 			char *err, size_t errsz);
 void job_free(struct job *j); /* frees what job_decode allocated; safe twice, and on {0} */
 
+/* A generated token's log probability (output.logprobs.content[i]): its text (bytes, which
+ * may cut a UTF-8 sequence: "token" has U+FFFD for each invalid byte, "bytes" the bytes
+ * themselves), and the n_top most likely tokens in its place, in the same form. */
+struct job_top {
+	const char *tok;
+	size_t len;
+	float lp;
+};
+struct job_logprob {
+	const char *tok;
+	size_t len;
+	float lp;
+	int n_top;
+	const struct job_top *top;
+};
+
+/* lp[0..n) as the JSON array of output.logprobs.content (OpenAI's entries), malloc'd and
+ * NUL-terminated: what a stream's chunk carries for its tokens. NULL only when out of
+ * memory. A logprob that is not finite is written as -9999 (JSON has no -Infinity). */
+char *job_logprobs_json(const struct job_logprob *lp, int n, size_t *len);
+
 /* A result to encode. Strings may be NULL (encoded as "" except where noted). */
 struct job_result {
 	const char *id;
@@ -132,6 +160,10 @@ struct job_result {
 	 * text the content before them), or NULL: output.tool_calls, OpenAI's
 	 * [{"id", "type": "function", "function": {"name", "arguments"}}], ids call_ID_N */
 	const char *tool_calls;
+	/* with has_logprobs: output.logprobs {"content": [logprobs[0..n_logprobs)]} */
+	bool has_logprobs;
+	const struct job_logprob *logprobs;
+	int n_logprobs;
 	/* a chat with thinking on: its reasoning (the text before </think>), encoded as
 	 * output.reasoning_content, and its tokens as usage.completion_tokens_details
 	 * .reasoning_tokens (OpenAI's name); text is then what follows */

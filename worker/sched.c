@@ -1,5 +1,6 @@
 #include "worker/sched.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +327,8 @@ void sched_req_free(struct sched_req *r)
 	ix_free(r->ix);
 	ix_free(r->pix);
 	free(r->text);
+	free(r->lp);
+	free(r->lp_rows);
 	samp_free(r->sampler);
 	free(r);
 }
@@ -430,35 +433,38 @@ static void fin_push(struct sched *s, struct sched_req *r)
 }
 
 /* Decodes the output; a stop string cuts the text (and ends the request). */
-/* Decodes out[from..to) as it reads after what precedes it: up to SCHED_CTX tokens
- * before `from` (of the output, or the prompt's last ones) are decoded with it and their own
- * text is cut off again. A SentencePiece decoder strips the first piece's leading space,
- * which inside the text is real: after the prompt "Once upon a time" the output is
- * ", there was", and after "there was" it is " a little girl". Falls back to the tokens
- * alone when the context's text is not a prefix (a byte split across the boundary). */
+/* Decodes the n tokens ids (that follow prev[0..n_prev), and before them prompt[0..n_prompt))
+ * as they read after what precedes them: up to SCHED_CTX tokens before them are decoded with
+ * them and their own text is cut off again. A SentencePiece decoder strips the first piece's
+ * leading space, which inside the text is real: after the prompt "Once upon a time" the
+ * output is ", there was", and after "there was" it is " a little girl". Falls back to the
+ * tokens alone when the context's text is not a prefix (a byte split across the boundary).
+ * raw: tok_decode's exact bytes, else tok_decode_utf8's text. */
 #define SCHED_CTX 4
-static int decode_range(struct sched *s, const struct sched_req *r, int from, int to, char **t,
-			size_t *len)
+static int decode_after(const struct tok *tk, const int *prompt, int n_prompt, const int *prev,
+			int n_prev, const int *tokens, int n, bool raw, char **t, size_t *len)
 {
-	int n = to - from, k = 0, ctx[SCHED_CTX];
+	int k = 0, ctx[SCHED_CTX];
 	if (n <= 0) { /* no tokens (an EOS first): out may be NULL, and no decoder is needed */
 		*t = calloc(1, 1);
 		*len = 0;
 		return *t ? WK_OK : WK_ENOMEM;
 	}
-	for (int i = from - 1; i >= 0 && k < SCHED_CTX; i--)
-		ctx[SCHED_CTX - 1 - k++] = r->out[i];
-	for (int i = r->n_prompt - 1; from - k <= 0 && i >= 0 && k < SCHED_CTX; i--)
-		ctx[SCHED_CTX - 1 - k++] = r->prompt[i];
+	int (*dec)(const struct tok *, const int *, int, bool, char **, size_t *, char *,
+		   size_t) = raw ? tok_decode : tok_decode_utf8;
+	for (int i = n_prev - 1; i >= 0 && k < SCHED_CTX; i--)
+		ctx[SCHED_CTX - 1 - k++] = prev[i];
+	for (int i = n_prompt - 1; n_prev - k <= 0 && i >= 0 && k < SCHED_CTX; i--)
+		ctx[SCHED_CTX - 1 - k++] = prompt[i];
 	int *ids = malloc((size_t)(k + n + 1) * sizeof *ids);
 	char *pre = NULL, *full = NULL;
 	size_t plen = 0, flen = 0;
 	if (ids && k > 0) {
 		memcpy(ids, ctx + SCHED_CTX - k, (size_t)k * sizeof *ids);
-		memcpy(ids + k, r->out + from, (size_t)n * sizeof *ids);
-		if (tok_decode_utf8(s->tok, ids, k, true, &pre, &plen, NULL, 0) == WK_OK &&
-		    tok_decode_utf8(s->tok, ids, k + n, true, &full, &flen, NULL, 0) == WK_OK &&
-		    flen >= plen && !memcmp(full, pre, plen)) {
+		memcpy(ids + k, tokens, (size_t)n * sizeof *ids);
+		if (dec(tk, ids, k, true, &pre, &plen, NULL, 0) == WK_OK &&
+		    dec(tk, ids, k + n, true, &full, &flen, NULL, 0) == WK_OK && flen >= plen &&
+		    !memcmp(full, pre, plen)) {
 			memmove(full, full + plen, flen - plen + 1);
 			*t = full;
 			*len = flen - plen;
@@ -470,7 +476,51 @@ static int decode_range(struct sched *s, const struct sched_req *r, int from, in
 	free(pre);
 	free(full);
 	free(ids);
-	return tok_decode_utf8(s->tok, r->out + from, n, true, t, len, NULL, 0);
+	return dec(tk, tokens, n, true, t, len, NULL, 0);
+}
+
+/* out[from..to). */
+static int decode_range(struct sched *s, const struct sched_req *r, int from, int to, char **t,
+			size_t *len)
+{
+	return decode_after(s->tok, r->prompt, r->n_prompt, r->out, from, r->out + from,
+			    to - from, false, t, len);
+}
+
+int sched_token_bytes(const struct sched *s, const struct sched_req *r, int k, int id,
+		      char **bytes, size_t *len)
+{
+	if (!s->tok)
+		return WK_EINVAL;
+	return decode_after(s->tok, r->prompt, r->n_prompt, r->out, k < r->n_out ? k : r->n_out,
+			    &id, 1, true, bytes, len);
+}
+
+void sched_logprob_of(struct sched_logprob *o, const float *l, int vocab, int tok, int top)
+{
+	top = top < 0 ? 0 : top > SCHED_TOP_LOGPROBS_MAX ? SCHED_TOP_LOGPROBS_MAX : top;
+	float m = -INFINITY;
+	for (int i = 0; i < vocab; i++)
+		m = l[i] > m ? l[i] : m;
+	double sum = 0;
+	for (int i = 0; i < vocab; i++)
+		sum += expf(l[i] - m);
+	double lse = m + log(sum);
+	o->lp = (float)(l[tok] - lse);
+	o->n_top = 0;
+	for (int i = 0; i < vocab && top; i++) { /* an insertion into the few highest so far */
+		if (o->n_top == top && !(l[i] > o->top_lp[top - 1]))
+			continue;
+		int j = o->n_top < top ? o->n_top++ : top - 1;
+		for (; j > 0 && l[i] > o->top_lp[j - 1]; j--) {
+			o->top_lp[j] = o->top_lp[j - 1];
+			o->top_id[j] = o->top_id[j - 1];
+		}
+		o->top_lp[j] = l[i];
+		o->top_id[j] = i;
+	}
+	for (int j = 0; j < o->n_top; j++)
+		o->top_lp[j] = (float)(o->top_lp[j] - lse);
 }
 
 /* out[from..n_out). */
@@ -796,7 +846,7 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 /* Appends token next to the request in slot i, as after a decode step that left len tokens
  * in its cache; finishes it on a stop id, a stop string, max_tokens or the context's end.
  * Returns whether it finished. */
-static bool take(struct sched *s, int i, int next, int len,
+static bool take(struct sched *s, int i, int next, int len, const float *row,
 		 void (*done)(void *ctx, struct sched_req *r), void *ctx)
 {
 	struct sched_req *r = s->run[i];
@@ -807,14 +857,21 @@ static bool take(struct sched *s, int i, int next, int len,
 	if (r->n_out == r->cap_out) {
 		int cap = r->cap_out ? 2 * r->cap_out : 64;
 		int *o = realloc(r->out, (size_t)cap * sizeof *o);
-		if (!o) {
+		if (o)
+			r->out = o;
+		struct sched_logprob *lp = o && r->logprobs
+						   ? realloc(r->lp, (size_t)cap * sizeof *lp) : NULL;
+		if (lp)
+			r->lp = lp;
+		if (!o || (r->logprobs && !lp)) {
 			snprintf(r->error, sizeof r->error, "out of memory");
 			finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
 			return true;
 		}
-		r->out = o;
 		r->cap_out = cap;
 	}
+	if (r->logprobs && row)
+		sched_logprob_of(&r->lp[r->n_out], row, s->vocab, next, r->top_logprobs);
 	r->out[r->n_out++] = next;
 	if (r->n_stop && stop_seen(s, r)) {
 		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
@@ -864,6 +921,14 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		r->seq = seq;
 		r->t_admit = now;
 		s->run[i] = r;
+		int rows = 1 + (s->spec > 0 ? s->spec : 0); /* a step's rows for its logprobs */
+		if (r->logprobs && !(r->lp_rows = malloc((size_t)rows * s->vocab * sizeof(float)))) {
+			snprintf(r->error, sizeof r->error, "out of memory for the logits of %d rows "
+				 "(logprobs)", rows);
+			finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
+			continue;
+		}
+		r->lp_cap = rows;
 	}
 	int n = 0, running = 0;
 	for (int i = 0; i < s->slots; i++)
@@ -898,6 +963,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		}
 		if (!greedy && !it->sample.u_rows) /* a speculating one has its draws in u_rows */
 			it->sample.u = samp_draw(r->sampler);
+		if (r->logprobs) /* each row's logits come to the host (rows <= lp_cap) */
+			it->logits = r->lp_rows;
 		if (s->mtp) { /* the drafts for its next step, after this step's token */
 			it->drafts = r->draft_len;
 			it->mtp_cache = true; /* (none: its caches keep up all the same) */
@@ -942,7 +1009,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			r->mtp_d[r->mtp_n++] = s->items[k].draft[j];
 		int d = s->spec_k[i], len = eng_seq_len(s->e, r->seq);
 		if (!d) {
-			take(s, i, s->next_tok[i], len, done, ctx);
+			take(s, i, s->next_tok[i], len, r->lp_rows, done, ctx);
 			continue;
 		}
 		/* the drafts that equal the argmax before them are kept, and the argmax after the
@@ -958,7 +1025,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		len -= d - a;
 		eng_seq_truncate(s->e, r->seq, len);
 		for (int j = 0; j <= a; j++)
-			if (take(s, i, g[j], len - a + j, done, ctx))
+			if (take(s, i, g[j], len - a + j,
+				 r->lp_rows ? r->lp_rows + (size_t)j * s->vocab : NULL, done, ctx))
 				break;
 	}
 	/* the step's seconds an item, from admission to its tokens taken (what a step costs the

@@ -28,6 +28,18 @@ struct sched_ix; /* sched.c: a request's n-gram index, for speculation */
 
 #define SCHED_MAX_STOP 16
 #define SCHED_MAX_ID 128
+#define SCHED_TOP_LOGPROBS_MAX 20 /* OpenAI's limit on top_logprobs */
+
+/* A generated token's log probability, and the most likely tokens in its place, under the
+ * model's own distribution: the raw logits' log-softmax, before temperature and the filters
+ * (as vLLM's logprobs), so the same whatever the sampling settings. top: the n_top ids of
+ * the highest logits, highest first (the lower id first among equals). */
+struct sched_logprob {
+	float lp;
+	int n_top;
+	int top_id[SCHED_TOP_LOGPROBS_MAX];
+	float top_lp[SCHED_TOP_LOGPROBS_MAX];
+};
 
 enum sched_status { SCHED_RUNNING, SCHED_DONE, SCHED_FAILED, SCHED_TIMED_OUT, SCHED_CANCELLED };
 enum sched_finish { SCHED_FIN_NONE, SCHED_FIN_STOP, SCHED_FIN_LENGTH };
@@ -46,6 +58,8 @@ struct sched_req {
 			       * looks for a draft */
 	int n_pred;
 	double deadline;      /* wk_now() seconds; 0 = none */
+	bool logprobs;        /* fill lp[n_out]: each generated token's log probability */
+	int top_logprobs;     /* and its n_top alternatives, 0..SCHED_TOP_LOGPROBS_MAX */
 	void *user;           /* the caller's */
 	/* Optional streaming hook, called during sched_step (ctx is the step's ctx) once after
 	 * each token the request generates, with the text that became final since the last call
@@ -60,6 +74,8 @@ struct sched_req {
 	enum sched_finish finish;
 	int *out;             /* generated ids [n_out] */
 	int n_out, cap_out;
+	struct sched_logprob *lp; /* with logprobs: [n_out] (the engine copies each row's logits
+				   * to the host for them: a row of vocab floats a token) */
 	char *text;           /* decoded output (after the stop string is cut), on finish */
 	size_t text_len;
 	char error[WK_ERRSZ];  /* for SCHED_FAILED */
@@ -82,6 +98,8 @@ struct sched_req {
 	int mtp_d[16], mtp_n;  /* speculation: the MTP layer's drafts after its last token */
 	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
+	float *lp_rows;        /* with logprobs: the step's logits rows [lp_cap][vocab] */
+	int lp_cap;
 	bool cancel;
 	struct sched_req *next;
 };
@@ -206,5 +224,18 @@ int sched_engine_failed(const struct sched *s, const char **why);
 double sched_mark(const struct sched *s);
 
 void sched_req_free(struct sched_req *r);
+
+/* The log probability of token tok in a logits row of vocab, and the top most likely
+ * (struct sched_logprob's rule; top is clamped to 0..SCHED_TOP_LOGPROBS_MAX). */
+void sched_logprob_of(struct sched_logprob *o, const float *logits, int vocab, int tok, int top);
+
+/* The bytes token id adds to r's text in place of its output token k (after out[0..k) and
+ * the prompt; as the output's text is decoded, special tokens left out), malloc'd and
+ * NUL-terminated (length *len). A byte-level piece may end inside a UTF-8 sequence: these
+ * are its raw bytes, so the pieces of an output concatenate to its text. Decoded with the
+ * few tokens before it, so the cost is the same at any length. WK_OK, or WK_ENOMEM, or
+ * WK_EINVAL (no tokenizer, or id outside it). */
+int sched_token_bytes(const struct sched *s, const struct sched_req *r, int k, int id,
+		      char **bytes, size_t *len);
 
 #endif

@@ -64,6 +64,8 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	bool one_call;          /* its input.parallel_tool_calls false: its first call only */
 	char *forced;           /* its input.tool_choice's call opening, which the prompt ends
 				 * with ("<tool_call>" NAME; malloc'd), or NULL */
+	int lp_sent;            /* a streamed HTTP request with logprobs: the tokens whose
+				 * logprobs went with its pieces */
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
 	/* what an attempt the engine failed had run, for its RELEASED line (req is gone) */
@@ -639,6 +641,61 @@ static void job_refused(void *ctx, const char *id, const char *why)
 	w->jobs_failed++;
 }
 
+/* r's logprobs for its tokens from..to as the job contract's entries (job.h), each token's
+ * bytes and its alternatives' in strings of their own. */
+struct lp_set {
+	struct job_logprob *lp;
+	struct job_top *top;
+	int n, n_top;
+};
+
+static void lp_set_free(struct lp_set *o)
+{
+	for (int i = 0; i < o->n; i++)
+		free((char *)o->lp[i].tok);
+	for (int i = 0; i < o->n_top; i++)
+		free((char *)o->top[i].tok);
+	free(o->lp);
+	free(o->top);
+	*o = (struct lp_set){0};
+}
+
+static int lp_build(struct worker *w, const struct sched_req *r, int from, int to,
+		    struct lp_set *o)
+{
+	*o = (struct lp_set){0};
+	int tops = 0;
+	for (int k = from; k < to; k++)
+		tops += r->lp[k].n_top;
+	o->lp = calloc((size_t)(to - from) + 1, sizeof *o->lp);
+	o->top = calloc((size_t)tops + 1, sizeof *o->top);
+	if (!o->lp || !o->top) {
+		lp_set_free(o);
+		return WK_ENOMEM;
+	}
+	for (int k = from; k < to; k++) {
+		const struct sched_logprob *l = &r->lp[k];
+		struct job_logprob *e = &o->lp[o->n];
+		char *b;
+		size_t len;
+		int rc = sched_token_bytes(w->s, r, k, r->out[k], &b, &len);
+		if (rc != WK_OK) {
+			lp_set_free(o);
+			return rc;
+		}
+		*e = (struct job_logprob){b, len, l->lp, l->n_top, o->top + o->n_top};
+		o->n++;
+		for (int t = 0; t < l->n_top; t++) {
+			if ((rc = sched_token_bytes(w->s, r, k, l->top_id[t], &b, &len)) != WK_OK) {
+				lp_set_free(o);
+				return rc;
+			}
+			o->top[o->n_top++] = (struct job_top){b, len, l->top_lp[t]};
+		}
+	}
+	return WK_OK;
+}
+
 static void job_done(struct worker *w, struct sched_req *r)
 {
 	struct held *h = r->user;
@@ -733,8 +790,17 @@ static void job_done(struct worker *w, struct sched_req *r)
 			jr.text = "";
 	}
 	held_forget(h);
+	struct lp_set lp = {0};
+	if (r->logprobs && r->lp && lp_build(w, r, 0, r->n_out, &lp) == WK_OK) {
+		jr.has_logprobs = true;
+		jr.logprobs = lp.lp;
+		jr.n_logprobs = lp.n;
+	} else if (r->logprobs && st == JOB_COMPLETED) {
+		jr.has_logprobs = r->n_out == 0; /* (none to give; else out of memory: left out) */
+	}
 	size_t len;
 	char *json = job_encode_result(&jr, &len);
+	lp_set_free(&lp);
 	free(calls);
 	free(whole);
 	set_bill(h, st, r->n_prompt, r->n_out, queue_s, r->gpu_seconds, jr.cost_micro_usd);
@@ -885,6 +951,8 @@ static void admit(struct worker *w, struct held *h)
 		r->n_stop++;
 	}
 	r->deadline = h->taken_at + j.timeout_s;
+	r->logprobs = j.logprobs;
+	r->top_logprobs = j.top_logprobs;
 	r->user = h;
 	const struct eng_info *in = eng_info(w->e);
 	if (r->n_prompt + 1 > in->max_seq) {
@@ -1017,6 +1085,17 @@ static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t l
 	struct worker *w = ctx;
 	struct held *h = r->user;
 	step_hold();
+	struct lp_set lp;
+	if (r->logprobs && r->n_out > h->lp_sent && http_flight_stream(h->http) &&
+	    lp_build(w, r, h->lp_sent, r->n_out, &lp) == WK_OK) { /* they go with the piece */
+		size_t n;
+		char *json = job_logprobs_json(lp.lp, lp.n, &n);
+		if (json)
+			http_api_logprobs(w->http, h->http, json, n);
+		h->lp_sent = r->n_out;
+		free(json);
+		lp_set_free(&lp);
+	}
 	http_api_token(w->http, h->http, r->n_out, piece, len);
 	step_release();
 }

@@ -183,7 +183,9 @@ Test(http, errors_are_openai_shaped)
 		{"\"functions\": [{\"name\": \"f\"}]", "functions"},
 		{"\"function_call\": {\"name\": \"f\"}", "function_call"},
 		{"\"tool_choice\": \"required\"", "tool_choice"},
-		{"\"top_logprobs\": 3", "top_logprobs"},
+		{"\"top_logprobs\": 3", "top_logprobs"}, /* (without logprobs true) */
+		{"\"logprobs\": true, \"top_logprobs\": 21", "top_logprobs"},
+		{"\"logprobs\": 1", "logprobs"},
 		{"\"stream_options\": {\"include_usage\": true}", "stream_options"}};
 	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
 		char body[256];
@@ -569,4 +571,77 @@ Test(http_server, a_client_that_leaves_before_its_reply_is_reported)
 	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
 	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
 	cr_expect(strstr(out, "wick_http_requests_in_flight 0") != NULL, "%s", out);
+}
+
+/* logprobs: chat's (logprobs, top_logprobs) and the legacy completions' (an integer) become
+ * the job's; the result's entries become chat's logprobs.content, or the legacy shape. */
+Test(http, logprobs)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+				     "\"logprobs\": true, \"top_logprobs\": 3}", &r);
+	json_t *in = json_object_get(j, "input");
+	cr_expect(json_is_true(json_object_get(in, "logprobs")));
+	cr_expect_eq(json_integer_value(json_object_get(in, "top_logprobs")), 3);
+	cr_expect(r.logprobs);
+	json_decref(j);
+	free(r.job);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 0}", &r);
+	in = json_object_get(j, "input");
+	cr_expect(json_is_true(json_object_get(in, "logprobs")), "an integer, 0 too, asks for them");
+	cr_expect_eq(json_integer_value(json_object_get(in, "top_logprobs")), 0);
+	json_decref(j);
+	free(r.job);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": null}", &r);
+	cr_expect_null(json_object_get(json_object_get(j, "input"), "logprobs"));
+	cr_expect(!r.logprobs);
+	json_decref(j);
+	free(r.job);
+	cr_expect_str_eq(err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 21}").param,
+			 "logprobs");
+	cr_expect_str_eq(err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}").param,
+			 "logprobs");
+
+	const char *doc = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \" h\\u00e9\", "
+			  "\"token_ids\": [1, 2], \"finish_reason\": \"length\", \"logprobs\": "
+			  "{\"content\": [{\"token\": \" h\", \"logprob\": -0.5, \"bytes\": [32, 104], "
+			  "\"top_logprobs\": [{\"token\": \" h\", \"logprob\": -0.5, \"bytes\": [32, "
+			  "104]}, {\"token\": \"x\", \"logprob\": -2, \"bytes\": [120]}]}, "
+			  "{\"token\": \"\\u00e9\", \"logprob\": -1, \"bytes\": [195, 169], "
+			  "\"top_logprobs\": []}]}}, \"usage\": {}}";
+	struct oai_result res;
+	cr_assert_eq(oai_result_parse(doc, strlen(doc), &res), WK_OK);
+	j = oai_response(OAI_CHAT, "c", 5, "m", &res);
+	json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+	json_t *c = json_object_get(lp, "content");
+	cr_assert_eq(json_array_size(c), 2);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(c, 1), "token")), "\xc3\xa9");
+	json_decref(j);
+	j = oai_response(OAI_COMPLETION, "c", 5, "m", &res);
+	lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+	cr_expect_str_eq(json_string_value(json_array_get(json_object_get(lp, "tokens"), 1)),
+			 "\xc3\xa9");
+	cr_expect_float_eq(json_number_value(json_array_get(json_object_get(lp, "token_logprobs"),
+							    0)), -0.5, 1e-9);
+	json_t *top0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+	cr_expect_eq(json_object_size(top0), 2);
+	cr_expect_float_eq(json_number_value(json_object_get(top0, "x")), -2, 1e-9);
+	json_t *off = json_object_get(lp, "text_offset");
+	cr_expect_eq(json_integer_value(json_array_get(off, 0)), 0);
+	cr_expect_eq(json_integer_value(json_array_get(off, 1)), 2, "offsets in characters");
+	json_decref(j);
+	/* a chunk's: its own copy (the caller's array may change after) */
+	json_t *pending = json_deep_copy(res.logprobs);
+	size_t at = 0;
+	json_t *chunk = oai_chunk(OAI_CHAT, "c", 5, "m", "x", 1, false, NULL);
+	json_t *l = oai_logprobs(OAI_CHAT, pending, &at);
+	oai_chunk_logprobs(chunk, l);
+	json_decref(l);
+	json_array_clear(pending);
+	c = json_object_get(json_object_get(json_array_get(json_object_get(chunk, "choices"), 0),
+					    "logprobs"), "content");
+	cr_expect_eq(json_array_size(c), 2);
+	json_decref(chunk);
+	json_decref(pending);
+	oai_result_free(&res);
 }

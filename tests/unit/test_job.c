@@ -1,5 +1,6 @@
 /* The job decoder and result encoder: every error code and limit. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -539,4 +540,68 @@ Test(job, tool_choice)
 	cr_expect_eq(job_decode(none, strlen(none), NULL, &j, err, sizeof err), JOB_EINVALID_INPUT);
 	cr_expect(strstr(err, "not among input.tools"), "%s", err);
 	job_free(&j);
+}
+
+/* input.logprobs and input.top_logprobs; output.logprobs in OpenAI's chat shape. */
+Test(job, logprobs)
+{
+	const char *on = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"logprobs\": true, "
+			 "\"top_logprobs\": 20}}";
+	struct job j;
+	char err[WK_ERRSZ];
+	cr_assert_eq(job_decode(on, strlen(on), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(j.logprobs);
+	cr_expect_eq(j.top_logprobs, 20);
+	job_free(&j);
+	static const char *const bad[] = {
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"logprobs\": 1}}",
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"logprobs\": true, "
+		"\"top_logprobs\": 21}}",
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"logprobs\": true, "
+		"\"top_logprobs\": -1}}",
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"top_logprobs\": 2}}"};
+	static const char *const named[] = {"input.logprobs", "input.top_logprobs",
+					    "input.top_logprobs", "input.top_logprobs"};
+	for (size_t i = 0; i < 4; i++) {
+		cr_expect_eq(job_decode(bad[i], strlen(bad[i]), NULL, &j, err, sizeof err),
+			     JOB_EINVALID_INPUT, "%s", bad[i]);
+		cr_expect(strstr(err, named[i]) == err, "%s", err);
+		job_free(&j);
+	}
+	/* a piece that ends inside a UTF-8 sequence: "token" has U+FFFD, "bytes" the byte */
+	struct job_top top[2] = {{" a", 2, -0.25f}, {"\xe2\x82", 2, -1.5f}};
+	struct job_logprob lp[2] = {{" a", 2, -0.25f, 2, top}, {"\xe2", 1, -INFINITY, 0, NULL}};
+	struct job_result r = {.id = "r", .status = JOB_COMPLETED, .text = " a\xe2",
+			       .has_logprobs = true, .logprobs = lp, .n_logprobs = 2};
+	char *s = job_encode_result(&r, NULL);
+	json_t *v = parse(s);
+	json_t *c = json_object_get(json_object_get(json_object_get(v, "output"), "logprobs"),
+				    "content");
+	cr_assert_eq(json_array_size(c), 2, "%s", s);
+	json_t *e0 = json_array_get(c, 0), *e1 = json_array_get(c, 1);
+	cr_expect_str_eq(json_string_value(json_object_get(e0, "token")), " a");
+	cr_expect_float_eq(json_real_value(json_object_get(e0, "logprob")), -0.25, 1e-9);
+	cr_expect_eq(json_integer_value(json_array_get(json_object_get(e0, "bytes"), 1)), 'a');
+	json_t *t1 = json_array_get(json_object_get(e0, "top_logprobs"), 1);
+	cr_expect_str_eq(json_string_value(json_object_get(t1, "token")), "\xef\xbf\xbd\xef\xbf\xbd");
+	cr_expect_eq(json_integer_value(json_array_get(json_object_get(t1, "bytes"), 0)), 0xe2);
+	cr_expect_eq(json_integer_value(json_array_get(json_object_get(t1, "bytes"), 1)), 0x82);
+	cr_expect_float_eq(json_number_value(json_object_get(e1, "logprob")), -9999, 1e-9,
+			   "-inf is -9999 (JSON has no -Infinity)");
+	cr_expect_eq(json_array_size(json_object_get(e1, "top_logprobs")), 0);
+	json_decref(v);
+	free(s);
+	r.has_logprobs = false; /* not asked for: no member */
+	s = job_encode_result(&r, NULL);
+	v = parse(s);
+	cr_expect_null(json_object_get(json_object_get(v, "output"), "logprobs"));
+	json_decref(v);
+	free(s);
+	size_t n;
+	s = job_logprobs_json(lp, 2, &n); /* a stream's entries: the same array */
+	cr_expect_eq(strlen(s), n);
+	v = parse(s);
+	cr_expect_eq(json_array_size(v), 2);
+	json_decref(v);
+	free(s);
 }

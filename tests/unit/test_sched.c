@@ -612,3 +612,140 @@ Test(sched, speculation_sampled_keeps_what_the_distribution_allows)
 	sched_req_free(k1);
 	sched_req_free(t);
 }
+
+/* ---- logprobs ---- */
+
+Test(sched, logprob_of_is_the_log_softmax)
+{
+	const float l[5] = {1, 3, 3, -INFINITY, 0};
+	double lse = log(exp(1.0) + 2 * exp(3.0) + 1);
+	struct sched_logprob o;
+	sched_logprob_of(&o, l, 5, 0, 3);
+	cr_expect_float_eq(o.lp, 1 - lse, 1e-6);
+	cr_assert_eq(o.n_top, 3);
+	cr_expect_eq(o.top_id[0], 1, "equal logits: the lower id first");
+	cr_expect_eq(o.top_id[1], 2);
+	cr_expect_eq(o.top_id[2], 0);
+	cr_expect_float_eq(o.top_lp[0], 3 - lse, 1e-6);
+	cr_expect_float_eq(o.top_lp[2], 1 - lse, 1e-6);
+	sched_logprob_of(&o, l, 5, 3, 50);
+	cr_expect_eq(o.n_top, 5, "top is clamped to the vocabulary");
+	cr_expect(isinf(o.lp) && o.lp < 0, "a -inf logit: %f", o.lp);
+	cr_expect_eq(o.top_id[3], 4);
+	cr_expect_eq(o.top_id[4], 3);
+	sched_logprob_of(&o, l, 5, 4, 0);
+	cr_expect_eq(o.n_top, 0);
+	cr_expect_float_eq(o.lp, -lse, 1e-6);
+}
+
+/* Runs one request with logprobs (top 5) through a scheduler that speculates spec drafts. */
+static struct sched_req *lp_run(const char *prompt, int max_tokens, int spec, bool logprobs,
+				struct samp_cfg cfg, char **pieces, size_t *plen)
+{
+	struct sched *s = sched_create(eng, NULL);
+	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	cr_assert_eq(sched_set_draft_cost(s, SPEC_COST), WK_OK);
+	struct sched_req *r = calloc(1, sizeof *r);
+	snprintf(r->id, sizeof r->id, "a");
+	char err[WK_ERRSZ];
+	cr_assert_eq(tok_encode(eng_tokenizer(eng), prompt, strlen(prompt), true, &r->prompt,
+				&r->n_prompt, err, sizeof err), WK_OK);
+	r->max_tokens = max_tokens;
+	r->samp = cfg;
+	r->logprobs = logprobs;
+	r->top_logprobs = 5;
+	cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
+	struct spec_run f = {0};
+	while (sched_pending(s) > 0)
+		cr_assert_geq(sched_step(s, spec_done, &f), 0);
+	if (pieces) { /* each token's bytes, concatenated */
+		*pieces = calloc(1, 1);
+		*plen = 0;
+		for (int k = 0; k < r->n_out; k++) {
+			char *b;
+			size_t n;
+			cr_assert_eq(sched_token_bytes(s, r, k, r->out[k], &b, &n), WK_OK);
+			*pieces = realloc(*pieces, *plen + n + 1);
+			memcpy(*pieces + *plen, b, n);
+			*plen += n;
+			free(b);
+		}
+	}
+	sched_free(s);
+	return f.r[0];
+}
+
+/* Each token's logprob and top 5 against the engine's own logits for the same text, one
+ * prefill each (another path: no scheduler, no speculation, a step of its own). */
+static void lp_check(const struct sched_req *r, const char *what)
+{
+	int vocab = eng_info(eng)->vocab, seq, *ids = malloc((size_t)(r->n_prompt + r->n_out) *
+							      sizeof *ids);
+	float *lg = malloc((size_t)vocab * sizeof *lg);
+	memcpy(ids, r->prompt, (size_t)r->n_prompt * sizeof *ids);
+	memcpy(ids + r->n_prompt, r->out, (size_t)r->n_out * sizeof *ids);
+	double worst = 0;
+	char err[WK_ERRSZ];
+	for (int k = 0; k < r->n_out; k++) {
+		cr_assert_eq(eng_seq_alloc(eng, &seq), WK_OK);
+		struct eng_item it = {.seq = seq, .tokens = ids, .n = r->n_prompt + k, .logits = lg};
+		cr_assert_eq(eng_step(eng, &it, 1, err, sizeof err), WK_OK, "%s", err);
+		eng_seq_free(eng, seq);
+		double m = -INFINITY, sum = 0;
+		for (int v = 0; v < vocab; v++)
+			m = lg[v] > m ? lg[v] : m;
+		for (int v = 0; v < vocab; v++)
+			sum += exp((double)lg[v] - m);
+		double lse = m + log(sum), d = fabs(r->lp[k].lp - (lg[r->out[k]] - lse));
+		worst = d > worst ? d : worst;
+		cr_assert_eq(r->lp[k].n_top, 5);
+		for (int t = 0; t < 5; t++) {
+			int id = r->lp[k].top_id[t], above = 0;
+			for (int v = 0; v < vocab; v++)
+				above += lg[v] > lg[id] || (lg[v] == lg[id] && v < id);
+			cr_expect_eq(above, t, "%s: token %d, top %d is id %d, the %dth", what, k, t,
+				     id, above);
+			cr_expect_float_eq(r->lp[k].top_lp[t], lg[id] - lse, 1e-3);
+		}
+	}
+	cr_expect_lt(worst, 1e-3, "%s: logprobs off by %g", what, worst);
+	fprintf(stderr, "logprobs (%s): %d tokens, max |d| %.2g against the engine's logits\n",
+		what, r->n_out, worst);
+	free(lg);
+	free(ids);
+}
+
+Test(sched, logprobs_are_the_models)
+{
+	const char *p = "Lily and Ben went to the park. Lily and Ben";
+	struct samp_cfg greedy = {.temperature = 0, .top_p = 1};
+	char *text;
+	size_t tlen;
+	struct sched_req *off = lp_run(p, 40, 0, false, greedy, NULL, NULL);
+	struct sched_req *on = lp_run(p, 40, 0, true, greedy, &text, &tlen);
+	cr_assert_null(off->lp);
+	cr_assert_eq(on->n_out, off->n_out);
+	cr_expect(!memcmp(on->out, off->out, sizeof(int) * (size_t)on->n_out),
+		  "logprobs changed the tokens");
+	cr_expect(tlen == on->text_len && !memcmp(text, on->text, tlen),
+		  "the tokens' bytes do not make the text: [%.*s] [%s]", (int)tlen, text, on->text);
+	lp_check(on, "greedy");
+	for (int k = 0; k < on->n_out; k++)
+		cr_expect_eq(on->lp[k].top_id[0], on->out[k], "greedy: the token is the top one");
+	/* speculation: the same tokens, and each logprob from its row of the verification */
+	struct sched_req *spec = lp_run(p, 40, 4, true, greedy, NULL, NULL);
+	cr_expect_gt(spec->accepted, 0, "no draft kept: the rows past the first are not tested");
+	cr_expect(spec->n_out == on->n_out &&
+		  !memcmp(spec->out, on->out, sizeof(int) * (size_t)on->n_out));
+	lp_check(spec, "speculating");
+	/* sampled: the model's distribution, not the sampler's (temperature, top_k) */
+	struct sched_req *hot = lp_run(p, 40, 4, true,
+				       (struct samp_cfg){.temperature = 1.5f, .top_p = 1,
+							 .top_k = 3, .seed = 7}, NULL, NULL);
+	lp_check(hot, "sampled at 1.5, top_k 3");
+	free(text);
+	sched_req_free(off);
+	sched_req_free(on);
+	sched_req_free(spec);
+	sched_req_free(hot);
+}
