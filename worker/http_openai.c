@@ -627,15 +627,17 @@ static json_t *legacy_logprobs(const json_t *content, size_t *offset)
 	json_t *tops = json_object_get(o, "top_logprobs"), *offs = json_object_get(o, "text_offset");
 	size_t i, k;
 	const json_t *en, *t;
+	if (!o)
+		return NULL;
 	json_array_foreach(content, i, en) {
 		const json_t *tok = json_object_get(en, "token");
 		json_t *top = json_object();
 		json_array_foreach(json_object_get(en, "top_logprobs"), k, t)
 			json_object_set(top, json_string_value(json_object_get(t, "token")),
 					json_object_get(t, "logprob"));
-		if (!o || !top || json_array_append(tokens, (json_t *)tok) ||
+		if (!top || json_array_append_new(tops, top) /* (which takes top either way) */ ||
+		    json_array_append(tokens, (json_t *)tok) ||
 		    json_array_append(lps, json_object_get(en, "logprob")) ||
-		    json_array_append_new(tops, top) ||
 		    json_array_append_new(offs, json_integer((json_int_t)*offset))) {
 			json_decref(o);
 			return NULL;

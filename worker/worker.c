@@ -784,7 +784,8 @@ static void job_done(struct worker *w, struct sched_req *r)
 	    chat_tool_calls(w->chat, jr.text, text_len, h->tools, strlen(h->tools),
 			    h->one_call ? 1 : 0, &content, &calls, NULL, 0) == WK_OK && calls) {
 		jr.tool_calls = calls;
-		jr.finish_reason = "tool_calls";
+		/* a function named by tool_choice ends "stop", as OpenAI's API ends it */
+		jr.finish_reason = h->forced && strlen(h->forced) > 11 ? "stop" : "tool_calls";
 		jr.text_len = content;
 		if (!content)
 			jr.text = "";

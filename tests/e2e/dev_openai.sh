@@ -14,15 +14,8 @@
 #      new requests get 503, exit 0
 #   9. idle exit: the session ends by itself, exit 0, and prints its bill
 source tests/e2e/lib.sh
-command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
 command -v curl >/dev/null || fail "curl is needed"
-NODE_DIR=$WICK_BUILD/node-openai
-OPENAI=$NODE_DIR/node_modules/openai
-if [ ! -f "$OPENAI/package.json" ]; then
-  mkdir -p "$NODE_DIR"
-  npm install --prefix "$NODE_DIR" --no-audit --no-fund --no-save openai@6 >&2 ||
-    fail "npm install openai into $NODE_DIR failed"
-fi
+need_openai
 m=$(stories)
 # on exit, stop what is still running of ours (jobs -p: this shell's live background jobs only)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT

@@ -28,6 +28,20 @@ stories() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# The official `openai` npm client, installed from the registry into $WICK_BUILD/node-openai
+# (once, under a lock: scripts run side by side): sets OPENAI to its package directory.
+need_openai() {
+  command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
+  local d=$WICK_BUILD/node-openai
+  mkdir -p "$d"
+  (
+    flock 9
+    [ -f "$d/node_modules/openai/package.json" ] ||
+      npm install --prefix "$d" --no-audit --no-fund --no-save openai@6 >&2
+  ) 9>"$d/.lock" || fail "npm install openai into $d failed"
+  OPENAI=$(realpath "$d/node_modules/openai")
+}
+
 # `cmd | has PATTERN`: grep -q over the whole of stdin. Under pipefail, `cmd | grep -q` fails
 # now and then: grep exits at its first match, and cmd's next write dies of SIGPIPE (bash's
 # echo writes a line at a time). CI failed once on just that.

@@ -1,5 +1,5 @@
 /* Fuzz target: an OpenAI request body through oai_to_job (chat and completion), the API keys
- * file parser, and the response builders on a result: no crash, no leak; a request that is
+ * file parser, and the response builders on a result (logprobs in both shapes): no crash, no leak; a request that is
  * accepted always yields a job document job_decode accepts, and every error has a message. */
 #include <jansson.h>
 #include <stdlib.h>
@@ -46,6 +46,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			json_decref(oai_calls_chunk("x", 1, "m", &res));
 		if (res.reasoning)
 			json_decref(oai_reasoning_chunk("x", 1, "m", res.reasoning, res.reasoning_len));
+		if (res.logprobs) { /* the legacy shape, and a chunk's */
+			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));
+			size_t at = 0;
+			json_t *c = oai_chunk(OAI_CHAT, "x", 1, "m", "", 0, false, NULL);
+			json_t *l = oai_logprobs(OAI_COMPLETION, res.logprobs, &at);
+			oai_chunk_logprobs(c, l);
+			json_decref(l);
+			json_decref(c);
+		}
 		struct oai_err e;
 		oai_result_error(&res, &e);
 		oai_result_free(&res);

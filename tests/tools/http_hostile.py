@@ -121,7 +121,8 @@ wrong = [
     {"messages": good_msgs, "seed": "s"}, {"messages": good_msgs, "stop": 7},
     {"messages": good_msgs, "stop": [""]}, {"messages": good_msgs, "stop": ["a"] * 40},
     {"messages": good_msgs, "n": 3}, {"messages": good_msgs, "model": 5},
-    {"messages": good_msgs, "logprobs": True}, {"messages": good_msgs, "tools": [{"type": "function"}]},
+    {"messages": good_msgs, "logprobs": "yes"}, {"messages": good_msgs, "tools": [{"type": "function"}]},
+    {"messages": good_msgs, "logprobs": True, "top_logprobs": 99}, {"messages": good_msgs, "top_logprobs": 3},
     {"messages": good_msgs, "stream_options": 3}, {"messages": [{"role": "user", "content": "a\u0000b"}]},
     {"messages": good_msgs, "presence_penalty": 1}, {"messages": good_msgs, "logit_bias": {"5": 9}},
     {"messages": good_msgs, "response_format": {"type": "json_object"}},
@@ -133,7 +134,8 @@ for i, b in enumerate(wrong):
 for i, b in enumerate([{}, {"prompt": 5}, {"prompt": [1, 2, 3]}, {"prompt": ["a", "b"]},
                        {"prompt": "x", "echo": True}, {"prompt": "x", "suffix": "y"},
                        {"prompt": "x", "best_of": 3}, {"prompt": "x", "max_tokens": 0},
-                       {"prompt": "x", "stream": 1}, {"prompt": None}]):
+                       {"prompt": "x", "stream": 1}, {"prompt": None},
+                       {"prompt": "x", "logprobs": 99}, {"prompt": "x", "logprobs": "2"}]):
     expect(f"wrong completion {i}", req("POST", COMPL, json.dumps(b)))
 
 # 4. Another model: 404 model_not_found.

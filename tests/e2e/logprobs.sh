@@ -1,0 +1,180 @@
+# Log probabilities (OpenAI's logprobs) through wick dev and a queue job on stories260K, with
+# the official `openai` npm client:
+#   1. a queue job (input.logprobs, top_logprobs 3, greedy): an entry for each of token_ids,
+#      each logprob and its top 3 the log-softmax of `wick logits` over the same ids (another
+#      path: no scheduler, no worker, one prefill), the tokens' bytes make the text
+#   2. /v1/completions with the same prompt (logprobs 3): the legacy shape (tokens,
+#      token_logprobs, top_logprobs, text_offset) with the job's very numbers, whole and
+#      streamed
+#   3. a chat (logprobs, top_logprobs 2), whole and streamed: the same entries, spread over
+#      the chunks, the tokens making the content; sampled (temperature 1.3, top_k 4, with
+#      speculation) the logprobs are still the model's, not the sampler's
+#   4. refusals: top_logprobs 21, top_logprobs without logprobs, completions logprobs 21
+source tests/e2e/lib.sh
+need_openai
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
+m=$(stories)
+PROMPT="Once upon a time, Lily"
+
+# 1. a queue job, against wick logits
+mkdir -p "$TMPD/jobs"
+python3 - "$PROMPT" >"$TMPD/jobs/j.json" <<'EOF' || fail "the job"
+import json, sys
+print(json.dumps({"id": "lp1", "input": {"prompt": sys.argv[1], "max_tokens": 24,
+                  "temperature": 0, "logprobs": True, "top_logprobs": 3}}))
+EOF
+"$WICK" submit --queue "spool:$TMPD/q" --file "$TMPD/jobs/j.json" >/dev/null || fail "submit"
+"$WICK" worker --model "$m" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>"$TMPD/w.log" ||
+  fail "the worker: $(tail -n 3 "$TMPD/w.log")"
+[ -f "$TMPD/q/done/lp1.json" ] || fail "no result for the job: $(ls -R "$TMPD/q")"
+cp "$TMPD/q/done/lp1.json" "$TMPD/job.json"
+pids=$("$WICK" tokenize "$m" --text "$PROMPT" | python3 -c 'import json, sys
+print(",".join(map(str, json.load(sys.stdin)["ids"])))')
+python3 - "$TMPD/job.json" "$pids" >"$TMPD/ids" <<'EOF' || fail "the job's result"
+import json, sys
+r = json.load(open(sys.argv[1]))
+o, u = r["output"], r["usage"]
+ids = [int(x) for x in sys.argv[2].split(",")]
+if u["prompt_tokens"] == len(ids) + 1:
+    ids = [1] + ids  # the BOS the tokenizer's post-processor adds
+assert u["prompt_tokens"] == len(ids), (u, ids)
+print(",".join(map(str, ids + o["token_ids"])))
+EOF
+"$WICK" logits "$m" --tokens "$(cat "$TMPD/ids")" --all-positions >"$TMPD/logits.json" ||
+  fail "wick logits"
+python3 - "$TMPD/job.json" "$TMPD/logits.json" <<'EOF' || fail "the job's logprobs"
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+rows = json.load(open(sys.argv[2]))["logits"]
+o = r["output"]
+lp = o["logprobs"]["content"]
+n = len(o["token_ids"])
+assert len(lp) == n == r["usage"]["completion_tokens"], (len(lp), n)
+text = b"".join(bytes(e["bytes"]) for e in lp).decode()
+assert text == o["text"], (text, o["text"])
+worst = 0
+for k, (tok, e) in enumerate(zip(o["token_ids"], lp)):
+    row = rows[len(rows) - n - 1 + k]  # the logits before token k
+    m = max(row)
+    lse = m + math.log(sum(math.exp(x - m) for x in row))
+    worst = max(worst, abs(e["logprob"] - (row[tok] - lse)))
+    order = sorted(range(len(row)), key=lambda v: (-row[v], v))[:3]
+    assert len(e["top_logprobs"]) == 3, e
+    for t, v in zip(e["top_logprobs"], order):
+        assert abs(t["logprob"] - (row[v] - lse)) < 1e-3, (k, t, v)
+    assert e["top_logprobs"][0]["bytes"] == e["bytes"], (k, e)  # greedy: the top one
+assert worst < 1e-3, worst
+print(f"1. a queue job: {n} tokens, each logprob and top 3 within {worst:.1g} of the "
+      f"log-softmax of wick logits; the bytes make the text")
+EOF
+
+# 2-4 through wick dev (with speculation, so that a step's rows past the first give tokens)
+P=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+"$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 60 --speculate 3 \
+  --draft-cost 0.1 2>"$TMPD/dev.log" &
+pid=$!
+for _ in $(seq 1 200); do
+  curl -sf -o /dev/null "http://127.0.0.1:$P/health" && break
+  kill -0 $pid 2>/dev/null || fail "wick dev exited: $(tail -n 3 "$TMPD/dev.log")"
+  sleep 0.1
+done
+node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$PROMPT" \
+  "$TMPD/job.json" <<'EOF' || fail "the openai client"
+const [openaiDir, base, model, prompt, jobPath] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const fs = require('fs');
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const job = JSON.parse(fs.readFileSync(jobPath)).output;
+const text = (entries) => Buffer.concat(entries.map((e) => Buffer.from(e.bytes))).toString();
+const near = (a, b) => Math.abs(a - b) < 1e-6;
+(async () => {
+  // 2. legacy completions: the job's numbers
+  const c = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0,
+                                              logprobs: 3 });
+  const l = c.choices[0].logprobs;
+  assert(c.choices[0].text === job.text, `completion text ${c.choices[0].text}`);
+  const want = job.logprobs.content;
+  assert(l.tokens.length === want.length && l.tokens.join('') === c.choices[0].text,
+         `tokens ${JSON.stringify(l.tokens)}`);
+  let off = 0;
+  for (let k = 0; k < want.length; k++) {
+    assert(near(l.token_logprobs[k], want[k].logprob), `token_logprobs[${k}]`);
+    assert(l.text_offset[k] === off, `text_offset[${k}] ${l.text_offset[k]}, want ${off}`);
+    off += [...l.tokens[k]].length;
+    const top = l.top_logprobs[k];
+    for (const t of want[k].top_logprobs)
+      assert(near(top[t.token], t.logprob), `top_logprobs[${k}][${t.token}]`);
+  }
+  const cs = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0,
+                                               logprobs: 3, stream: true });
+  const sl = [];
+  for await (const ch of cs)
+    if (ch.choices[0].logprobs) sl.push(...ch.choices[0].logprobs.token_logprobs);
+  assert(sl.length === want.length && sl.every((x, k) => near(x, want[k].logprob)),
+         `streamed token_logprobs ${JSON.stringify(sl)}`);
+  console.log(`2. completions: the job's ${want.length} logprobs, tokens and text offsets; ` +
+              'streamed the same');
+
+  // 3. chat, whole and streamed
+  const messages = [{ role: 'user', content: 'Tell me a story.' }];
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 30,
+                                                   temperature: 0, logprobs: true,
+                                                   top_logprobs: 2 });
+  const e = r.choices[0].logprobs.content;
+  assert(e.length === r.usage.completion_tokens, `${e.length} entries, ` +
+         `${r.usage.completion_tokens} tokens`);
+  assert(text(e) === r.choices[0].message.content, 'the bytes do not make the content');
+  for (const x of e) {
+    assert(x.logprob <= 0 && x.top_logprobs.length === 2, JSON.stringify(x));
+    assert(x.top_logprobs[0].token === x.token && near(x.top_logprobs[0].logprob, x.logprob),
+           `greedy, not the top token: ${JSON.stringify(x)}`);
+    assert(x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob, 'tops out of order');
+  }
+  const s = await client.chat.completions.create({ model, messages, max_tokens: 30,
+                                                   temperature: 0, logprobs: true,
+                                                   top_logprobs: 2, stream: true });
+  const se = [];
+  let chunks = 0, content = '';
+  for await (const ch of s) {
+    const d = ch.choices[0];
+    if (d && d.delta && d.delta.content) content += d.delta.content;
+    if (d && d.logprobs) { se.push(...d.logprobs.content); chunks++; }
+  }
+  assert(content === r.choices[0].message.content, 'streamed content');
+  assert(se.length === e.length && se.every((x, k) => x.token === e[k].token &&
+                                            near(x.logprob, e[k].logprob)),
+         `streamed entries ${JSON.stringify(se.map((x) => x.token))}`);
+  assert(chunks > 1, `the entries came in ${chunks} chunk(s)`);
+  // sampled: the model's logprobs, not the sampler's
+  const h = await client.chat.completions.create({ model, messages, max_tokens: 30,
+                                                   temperature: 1.3, top_k: 4, seed: 5,
+                                                   logprobs: true, top_logprobs: 5 });
+  const he = h.choices[0].logprobs.content;
+  assert(text(he) === h.choices[0].message.content, 'sampled: the bytes');
+  for (const x of he) {
+    const t = x.top_logprobs.find((y) => y.token === x.token);
+    assert(t && near(t.logprob, x.logprob), `sampled outside the top 4? ${JSON.stringify(x)}`);
+    const mass = x.top_logprobs.reduce((a, y) => a + Math.exp(y.logprob), 0);
+    assert(mass <= 1 + 1e-5, `top 5 mass ${mass}`);
+  }
+  console.log(`3. chat: ${e.length} entries (the tokens make the content), streamed the same ` +
+              `in ${chunks} chunks; sampled at 1.3, top_k 4: the model's own logprobs`);
+
+  // 4. refusals
+  const bad = [
+    [() => client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 21 }),
+     'top_logprobs'],
+    [() => client.chat.completions.create({ model, messages, top_logprobs: 2 }), 'top_logprobs'],
+    [() => client.completions.create({ model, prompt, logprobs: 21 }), 'logprobs']];
+  for (const [call, param] of bad) {
+    let err = null;
+    try { await call(); } catch (x) { err = x; }
+    assert(err && err.status === 400 && err.param === param,
+           `want a 400 naming ${param}: ${err && err.status} ${err && err.message}`);
+  }
+  console.log('4. refused: top_logprobs 21, top_logprobs without logprobs, logprobs 21');
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+echo "logprobs: ok"
