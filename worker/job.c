@@ -7,6 +7,8 @@
  */
 #include "worker/job.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -326,6 +328,39 @@ static bool number(const json_t *v, double *out)
 	return true;
 }
 
+/* input.logit_bias: {"ID": bias}, ID a token id's decimal digits. */
+static enum job_err decode_bias(const json_t *v, struct job *j, char *err, size_t errsz)
+{
+	if (!json_is_object(v))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.logit_bias must be an object of "
+			    "token ids (as strings) to biases");
+	size_t n = json_object_size(v);
+	if (n > JOB_BIAS_IDS_MAX)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.logit_bias has %zu ids; the "
+			    "limit is %d", n, JOB_BIAS_IDS_MAX);
+	j->bias_id = malloc((n + 1) * sizeof *j->bias_id);
+	j->bias = malloc((n + 1) * sizeof *j->bias);
+	if (!j->bias_id || !j->bias)
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	const char *key;
+	const json_t *b;
+	double d;
+	json_object_foreach((json_t *)v, key, b) {
+		char *end;
+		errno = 0;
+		long id = strtol(key, &end, 10);
+		if (!*key || *end || !isdigit((unsigned char)*key) || errno || id > INT32_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.logit_bias: \"%.40s\" is "
+				    "not a token id", key);
+		if (!number(b, &d) || d < -JOB_BIAS_MAX || d > JOB_BIAS_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.logit_bias[\"%s\"] must be "
+				    "a number from %g to %g", key, -JOB_BIAS_MAX, JOB_BIAS_MAX);
+		j->bias_id[j->n_bias] = (int)id;
+		j->bias[j->n_bias++] = (float)d;
+	}
+	return JOB_OK;
+}
+
 static enum job_err decode_input(const json_t *in, struct job *j, char *err, size_t errsz)
 {
 	if (!in)
@@ -412,6 +447,26 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 			return fail(err, errsz, JOB_EINVALID_INPUT, "input.stream must be true or false");
 		j->stream = json_is_true(v);
 	}
+	static const char *const pen[] = {"presence_penalty", "frequency_penalty"};
+	float *pv[] = {&j->presence_penalty, &j->frequency_penalty};
+	for (int k = 0; k < 2; k++)
+		if ((v = json_object_get(in, pen[k])) && !json_is_null(v)) {
+			if (!number(v, &d) || d < -JOB_PENALTY_MAX || d > JOB_PENALTY_MAX)
+				return fail(err, errsz, JOB_EINVALID_INPUT,
+					    "input.%s must be a number from %g to %g", pen[k],
+					    -JOB_PENALTY_MAX, JOB_PENALTY_MAX);
+			*pv[k] = (float)d;
+		}
+	if ((v = json_object_get(in, "repetition_penalty")) && !json_is_null(v)) {
+		if (!number(v, &d) || !(d > 0) || d > JOB_REPETITION_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.repetition_penalty must be a number in (0, %g] (1: off)",
+				    JOB_REPETITION_MAX);
+		j->repetition_penalty = (float)d;
+	}
+	if ((v = json_object_get(in, "logit_bias")) && !json_is_null(v) &&
+	    (e = decode_bias(v, j, err, errsz)) != JOB_OK)
+		return e;
 	if ((v = json_object_get(in, "logprobs")) && !json_is_null(v)) {
 		if (!json_is_boolean(v))
 			return fail(err, errsz, JOB_EINVALID_INPUT,
@@ -462,6 +517,7 @@ enum job_err job_decode(const char *body, size_t len, const char *queue_id, stru
 	j->max_tokens = JOB_MAX_TOKENS_DEFAULT;
 	j->temperature = 1.0f;
 	j->top_p = 1.0f;
+	j->repetition_penalty = 1.0f;
 	j->timeout_s = JOB_TIMEOUT_DEFAULT;
 	if (queue_id && job_id_valid(queue_id))
 		strcpy(j->id, queue_id);
@@ -546,6 +602,11 @@ void job_free(struct job *j)
 	j->tools = NULL;
 	free(j->forced);
 	j->forced = NULL;
+	free(j->bias_id);
+	j->bias_id = NULL;
+	free(j->bias);
+	j->bias = NULL;
+	j->n_bias = 0;
 	for (int i = 0; i < j->n_messages; i++) {
 		free(j->messages[i].content);
 		for (int k = 0; k < j->messages[i].n_calls; k++) {

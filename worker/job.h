@@ -9,7 +9,8 @@
  *    "input": {"prompt": "..."  |  "messages": [{"role": "user", "content": "..."}, ...],
  *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
  *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false,
- *              "logprobs": false, "top_logprobs": 0}}
+ *              "logprobs": false, "top_logprobs": 0, "presence_penalty": 0,
+ *              "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {"ID": bias}}}
  * Unknown members are ignored, so producers may add fields. Every input has a limit below.
  * "stream": true asks for the text as it is made, where the queue has a channel for it (Redis:
  * STREAM:stream:<id>; the RunPod job API's stream URL); the result is whole either way.
@@ -48,6 +49,10 @@
 #define JOB_TEMPERATURE_MAX 2.0    /* temperature in [0, 2]; 0 is greedy */
 #define JOB_TOP_K_MAX 1000000      /* top_k in [0, this]; 0 disables */
 #define JOB_TOP_LOGPROBS_MAX 20    /* top_logprobs in [0, this] (OpenAI's limit) */
+#define JOB_PENALTY_MAX 2.0        /* presence and frequency penalties in [-this, this] */
+#define JOB_REPETITION_MAX 10.0    /* repetition_penalty in (0, this] */
+#define JOB_BIAS_MAX 100.0         /* a logit_bias value in [-this, this] */
+#define JOB_BIAS_IDS_MAX 1024      /* ids in logit_bias */
 #define JOB_TIMEOUT_MAX 86400.0    /* timeout_s in (0, one day] */
 #define JOB_TIMEOUT_DEFAULT 600.0
 
@@ -101,6 +106,12 @@ struct job {
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
 	bool logprobs; /* input.logprobs: each token's log probability in the result */
 	int top_logprobs; /* input.top_logprobs: and the most likely tokens in its place */
+	/* OpenAI's penalties (0: off) and vLLM's repetition_penalty (1: off): sched_req's */
+	float presence_penalty, frequency_penalty, repetition_penalty;
+	int *bias_id;     /* input.logit_bias: {"ID": bias} as ids (< 2^31; the worker checks
+			   * them against the vocabulary) and biases [n_bias], malloc'd */
+	float *bias;
+	int n_bias;
 	bool one_call; /* input.parallel_tool_calls false: a result has its first tool call only */
 	bool thinking; /* input.thinking (a chat): the model reasons first (GLM's thinking on);
 			* the result's output.reasoning_content holds what it reasoned */

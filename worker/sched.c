@@ -37,6 +37,8 @@ struct sched {
 	int *spec_in, *spec_out; /* [slots][SCHED_DRAFT_MAX + 1]: a step's tokens and argmaxes */
 	int *spec_k;             /* [slots]: the draft tokens of this step (0: none) */
 	double *spec_u;          /* [slots][2 * (SCHED_DRAFT_MAX + 1)]: a sampled one's draws */
+	float *pick_row;         /* [vocab]: a row processed for a host pick (sched_req.proc) */
+	struct samp_cand *pick_cand; /* [vocab]: the pick's scratch */
 	bool mtp;                /* the engine's MTP layer drafts (sched.h) */
 	int spec_max_batch;      /* sched_set_speculate_max_batch (0: no limit) */
 	bool spec_now;           /* this step drafts */
@@ -329,6 +331,10 @@ void sched_req_free(struct sched_req *r)
 	free(r->text);
 	free(r->lp);
 	free(r->lp_rows);
+	free(r->bias_id);
+	free(r->bias);
+	free(r->counts);
+	free(r->in_prompt);
 	samp_free(r->sampler);
 	free(r);
 }
@@ -357,6 +363,8 @@ void sched_free(struct sched *s)
 	free(s->spec_d);
 	free(s->spec_k);
 	free(s->item_req);
+	free(s->pick_row);
+	free(s->pick_cand);
 	free(s);
 }
 
@@ -843,6 +851,82 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 	}
 }
 
+/* A request's host buffers, at admission: the logits rows of its steps (logprobs or
+ * processing), its counts (penalties), its prompt's ids (the repetition penalty). */
+static int admit_rows(struct sched *s, struct sched_req *r)
+{
+	bool rep = r->repetition_penalty > 0 && r->repetition_penalty != 1;
+	r->proc = r->n_bias > 0 || rep || r->presence_penalty != 0 || r->frequency_penalty != 0;
+	int rows = 1 + (s->spec > 0 ? s->spec : 0);
+	r->lp_cap = rows;
+	if (r->proc && !s->pick_row) {
+		s->pick_row = malloc((size_t)s->vocab * sizeof *s->pick_row);
+		s->pick_cand = malloc((size_t)s->vocab * sizeof *s->pick_cand);
+	}
+	if (((r->logprobs || r->proc) &&
+	     !(r->lp_rows = malloc((size_t)rows * s->vocab * sizeof(float)))) ||
+	    (r->proc && (!s->pick_row || !s->pick_cand)) ||
+	    ((rep || r->presence_penalty != 0 || r->frequency_penalty != 0) &&
+	     !(r->counts = calloc((size_t)s->vocab, sizeof *r->counts))) ||
+	    (rep && !(r->in_prompt = calloc((size_t)s->vocab, 1)))) {
+		snprintf(r->error, sizeof r->error, "out of memory for the logits of %d rows", rows);
+		return WK_ENOMEM;
+	}
+	for (int k = 0; r->in_prompt && k < r->n_prompt; k++)
+		if (r->prompt[k] >= 0 && r->prompt[k] < s->vocab)
+			r->in_prompt[r->prompt[k]] = 1;
+	return WK_OK;
+}
+
+/* A logits row x [vocab] processed for request r: its bias, its repetition penalty, its
+ * frequency and presence penalties (sched_req's rule), with r->counts as they stand. */
+static void process_row(const struct sched *s, const struct sched_req *r, float *x)
+{
+	for (int b = 0; b < r->n_bias; b++)
+		x[r->bias_id[b]] += r->bias[b];
+	float p = r->repetition_penalty;
+	if (r->in_prompt)
+		for (int v = 0; v < s->vocab; v++)
+			if (r->in_prompt[v] || r->counts[v])
+				x[v] = x[v] > 0 ? x[v] / p : x[v] * p;
+	if (r->counts && (r->frequency_penalty != 0 || r->presence_penalty != 0))
+		for (int v = 0; v < s->vocab; v++)
+			if (r->counts[v])
+				x[v] -= r->counts[v] * r->frequency_penalty + r->presence_penalty;
+}
+
+/* The token after each of the item's rows, picked on the host from its processed logits
+ * with the draws the engine would have used (eng_item.sample): into next_tok, or with
+ * drafts into spec_out as far as the drafts are kept (the row after a draft sees it in the
+ * counts). */
+static void host_pick(struct sched *s, int i, const struct eng_item *it)
+{
+	struct sched_req *r = s->run[i];
+	int d = s->spec_k[i], w = SCHED_DRAFT_MAX + 1;
+	const int *in = d ? s->spec_in + (size_t)i * w + 1 : NULL;
+	int *g = d ? s->spec_out + (size_t)i * w : &s->next_tok[i], j = 0;
+	for (; j <= d; j++) {
+		memcpy(s->pick_row, r->lp_rows + (size_t)j * s->vocab, s->vocab * sizeof(float));
+		process_row(s, r, s->pick_row);
+		if (r->samp.temperature <= 0)
+			g[j] = samp_argmax(s->pick_row, s->vocab);
+		else if (j < d) /* a draft follows: kept or not, samp_pick_draft's rule */
+			g[j] = samp_pick_draft(s->pick_row, s->vocab, &r->samp, in[j],
+					       it->sample.u_rows[2 * j], it->sample.u_rows[2 * j + 1],
+					       s->pick_cand);
+		else
+			g[j] = samp_pick(s->pick_row, s->vocab, &r->samp,
+					 d ? it->sample.u_rows[2 * j + 1] : it->sample.u,
+					 s->pick_cand);
+		if (j == d || g[j] != in[j])
+			break;
+		if (r->counts)
+			r->counts[in[j]]++; /* (the rows after it see it; undone below) */
+	}
+	for (int k = 0; k < j && k < d && r->counts; k++)
+		r->counts[in[k]]--;
+}
+
 /* Appends token next to the request in slot i, as after a decode step that left len tokens
  * in its cache; finishes it on a stop id, a stop string, max_tokens or the context's end.
  * Returns whether it finished. */
@@ -872,6 +956,8 @@ static bool take(struct sched *s, int i, int next, int len, const float *row,
 	}
 	if (r->logprobs && row)
 		sched_logprob_of(&r->lp[r->n_out], row, s->vocab, next, r->top_logprobs);
+	if (r->counts)
+		r->counts[next]++;
 	r->out[r->n_out++] = next;
 	if (r->n_stop && stop_seen(s, r)) {
 		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
@@ -921,14 +1007,10 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		r->seq = seq;
 		r->t_admit = now;
 		s->run[i] = r;
-		int rows = 1 + (s->spec > 0 ? s->spec : 0); /* a step's rows for its logprobs */
-		if (r->logprobs && !(r->lp_rows = malloc((size_t)rows * s->vocab * sizeof(float)))) {
-			snprintf(r->error, sizeof r->error, "out of memory for the logits of %d rows "
-				 "(logprobs)", rows);
+		if (admit_rows(s, r) != WK_OK) {
 			finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
 			continue;
 		}
-		r->lp_cap = rows;
 	}
 	int n = 0, running = 0;
 	for (int i = 0; i < s->slots; i++)
@@ -963,13 +1045,18 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		}
 		if (!greedy && !it->sample.u_rows) /* a speculating one has its draws in u_rows */
 			it->sample.u = samp_draw(r->sampler);
-		if (r->logprobs) /* each row's logits come to the host (rows <= lp_cap) */
+		if (r->logprobs || r->proc) /* each row's logits come to the host (<= lp_cap) */
 			it->logits = r->lp_rows;
 		if (s->mtp) { /* the drafts for its next step, after this step's token */
 			it->drafts = r->draft_len;
 			it->mtp_cache = true; /* (none: its caches keep up all the same) */
 			it->draft = s->spec_d + (size_t)i * SCHED_DRAFT_MAX;
 			r->mtp_n = 0;
+		}
+		if (r->proc) { /* the host picks: no token from the engine, so no MTP drafts */
+			it->token = NULL;
+			it->drafts = 0;
+			it->mtp_cache = false;
 		}
 		s->item_req[n] = r;
 		s->item_slot[n++] = i;
@@ -1005,6 +1092,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		r->steps++;
 		if (r->n_out == 0)
 			r->t_first = t;
+		if (r->proc)
+			host_pick(s, i, &s->items[k]);
 		for (int j = 0; j < s->items[k].drafts && s->items[k].draft[j] >= 0; j++)
 			r->mtp_d[r->mtp_n++] = s->items[k].draft[j];
 		int d = s->spec_k[i], len = eng_seq_len(s->e, r->seq);

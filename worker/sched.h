@@ -58,6 +58,19 @@ struct sched_req {
 			       * looks for a draft */
 	int n_pred;
 	double deadline;      /* wk_now() seconds; 0 = none */
+	/* Logit processing before each pick (the caller's settings; all off by default): a bias
+	 * added to the logits of some ids (OpenAI's logit_bias: bias_id[n_bias] < vocab, bias
+	 * [n_bias], malloc'd, owned after submit); the repetition penalty (vLLM's and Hugging
+	 * Face's: each id of the prompt or the output so far has its logit divided by it where
+	 * positive, else multiplied; 0 or 1: off); then OpenAI's penalties, each id's logit less
+	 * frequency_penalty times its count in the output so far and presence_penalty once it is
+	 * there. Such a request's logits come to the host and the scheduler picks there, with
+	 * the same rule and draws as the engine (speculation still verifies its drafts; the MTP
+	 * layer does not draft for it, as its drafts follow the engine's own pick). */
+	float presence_penalty, frequency_penalty, repetition_penalty;
+	int *bias_id;
+	float *bias;
+	int n_bias;
 	bool logprobs;        /* fill lp[n_out]: each generated token's log probability */
 	int top_logprobs;     /* and its n_top alternatives, 0..SCHED_TOP_LOGPROBS_MAX */
 	void *user;           /* the caller's */
@@ -98,8 +111,11 @@ struct sched_req {
 	int mtp_d[16], mtp_n;  /* speculation: the MTP layer's drafts after its last token */
 	size_t win_sent;      /* bytes of decode(out[win..n_out)) handed to on_token */
 	struct sampler *sampler;
-	float *lp_rows;        /* with logprobs: the step's logits rows [lp_cap][vocab] */
+	float *lp_rows;        /* with logprobs or processing: the step's logits [lp_cap][vocab] */
 	int lp_cap;
+	bool proc;             /* its logits are processed and picked on the host */
+	int *counts;           /* processing with penalties: each id's count in out [vocab] */
+	unsigned char *in_prompt; /* the repetition penalty: the ids of the prompt [vocab] */
 	bool cancel;
 	struct sched_req *next;
 };

@@ -954,9 +954,26 @@ static void admit(struct worker *w, struct held *h)
 	r->deadline = h->taken_at + j.timeout_s;
 	r->logprobs = j.logprobs;
 	r->top_logprobs = j.top_logprobs;
+	r->presence_penalty = j.presence_penalty;
+	r->frequency_penalty = j.frequency_penalty;
+	r->repetition_penalty = j.repetition_penalty;
+	r->bias_id = j.bias_id;
+	r->bias = j.bias;
+	r->n_bias = j.n_bias;
+	j.bias_id = NULL;
+	j.bias = NULL;
 	r->user = h;
 	const struct eng_info *in = eng_info(w->e);
-	if (r->n_prompt + 1 > in->max_seq) {
+	int bad = -1;
+	for (int k = 0; k < r->n_bias && bad < 0; k++)
+		if (r->bias_id[k] >= in->vocab)
+			bad = r->bias_id[k];
+	if (bad >= 0) {
+		snprintf(err, sizeof err, "input.logit_bias: token id %d is outside the vocabulary "
+			 "(ids 0 to %d)", bad, in->vocab - 1);
+		fail_job(w, h, JOB_FAILED, JOB_EINVALID_INPUT, err, false);
+		sched_req_free(r);
+	} else if (r->n_prompt + 1 > in->max_seq) {
 		snprintf(err, sizeof err, "the prompt is %d tokens; the context holds %d, so a "
 			 "prompt may have at most %d (one position for a generated token)",
 			 r->n_prompt, in->max_seq, in->max_seq - 1);

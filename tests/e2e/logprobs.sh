@@ -10,6 +10,9 @@
 #      the chunks, the tokens making the content; sampled (temperature 1.3, top_k 4, with
 #      speculation) the logprobs are still the model's, not the sampler's
 #   4. refusals: top_logprobs 21, top_logprobs without logprobs, completions logprobs 21
+#   5. the logit processing the same requests take: logit_bias (a token banned never comes, one
+#      favoured is all that comes, an id outside the vocabulary a 400), frequency_penalty and
+#      presence_penalty (greedy: the text changes, and its logprobs stay the model's own)
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -175,6 +178,41 @@ const near = (a, b) => Math.abs(a - b) < 1e-6;
            `want a 400 naming ${param}: ${err && err.status} ${err && err.message}`);
   }
   console.log('4. refused: top_logprobs 21, top_logprobs without logprobs, logprobs 21');
+
+  // 5. logit processing
+  const ids = job.token_ids;
+  const first = job.logprobs.content[0].token;
+  const ban = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0,
+                                                logit_bias: { [ids[0]]: -100 }, logprobs: 1 });
+  const bt = ban.choices[0].logprobs.tokens;
+  assert(!bt.includes(first) && ban.choices[0].text !== job.text,
+         `banned ${JSON.stringify(first)}: ${JSON.stringify(bt)}`);
+  const up = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0.8,
+                                               seed: 3, logit_bias: { [ids[2]]: 100 } });
+  const want8 = job.logprobs.content[2].token.repeat(8);
+  assert(up.choices[0].text === want8, `favoured: ${JSON.stringify(up.choices[0].text)}`);
+  const plain = await client.completions.create({ model, prompt, max_tokens: 60,
+                                                  temperature: 0 });
+  for (const pen of [{ frequency_penalty: 1.5 }, { presence_penalty: 2 }]) {
+    const q = await client.completions.create({ model, prompt, max_tokens: 60, temperature: 0,
+                                                logprobs: 1, ...pen });
+    const ql = q.choices[0].logprobs;
+    assert(q.choices[0].text !== plain.choices[0].text, `${JSON.stringify(pen)}: the same text`);
+    // the tokens before the first that differs: the job's own logprobs (raw, unpenalized)
+    for (let k = 0; k < want.length && ql.tokens[k] === want[k].token; k++)
+      assert(near(ql.token_logprobs[k], job.logprobs.content[k].logprob),
+             `${JSON.stringify(pen)}: token ${k}'s logprob is not the model's`);
+  }
+  let err = null;
+  try {
+    await client.completions.create({ model, prompt, logit_bias: { 100000: 1 } });
+  } catch (x) { err = x; }
+  assert(err && err.status === 400 && /outside the vocabulary/.test(err.message),
+         `an id outside the vocabulary: ${err && err.message}`);
+  console.log(`5. logit_bias: ${JSON.stringify(first)} banned never comes, ` +
+              `${JSON.stringify(job.logprobs.content[2].token)} at +100 is all that comes ` +
+              '(sampled); frequency and presence penalties change the text; an id outside ' +
+              'the vocabulary is a 400');
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 echo "logprobs: ok"

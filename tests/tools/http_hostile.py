@@ -124,7 +124,8 @@ wrong = [
     {"messages": good_msgs, "logprobs": "yes"}, {"messages": good_msgs, "tools": [{"type": "function"}]},
     {"messages": good_msgs, "logprobs": True, "top_logprobs": 99}, {"messages": good_msgs, "top_logprobs": 3},
     {"messages": good_msgs, "stream_options": 3}, {"messages": [{"role": "user", "content": "a\u0000b"}]},
-    {"messages": good_msgs, "presence_penalty": 1}, {"messages": good_msgs, "logit_bias": {"5": 9}},
+    {"messages": good_msgs, "presence_penalty": 3}, {"messages": good_msgs, "logit_bias": {"5": 900}},
+    {"messages": good_msgs, "logit_bias": {"99999999": 1}}, {"messages": good_msgs, "repetition_penalty": -1},
     {"messages": good_msgs, "response_format": {"type": "json_object"}},
 ]
 for i, b in enumerate(wrong):

@@ -173,11 +173,14 @@ Test(http, errors_are_openai_shaped)
 	cr_expect(strstr(e.message, "1 to 100") != NULL, "%s", e.message);
 	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"n\": 2}");
 	cr_expect_str_eq(e.param, "n");
-	/* what sampling cannot honour is refused by name, not ignored; neutral values pass */
+	/* what sampling cannot honour, or a value out of range, is refused by name, not
+	 * ignored; neutral values pass */
 	static const char *const refused[][2] = {
-		{"\"presence_penalty\": 0.5", "presence_penalty"},
-		{"\"frequency_penalty\": -1", "frequency_penalty"},
-		{"\"logit_bias\": {\"50\": -100}", "logit_bias"},
+		{"\"presence_penalty\": 2.5", "presence_penalty"},
+		{"\"frequency_penalty\": \"x\"", "frequency_penalty"},
+		{"\"repetition_penalty\": 0", "repetition_penalty"},
+		{"\"logit_bias\": {\"a\": -100}", "logit_bias"},
+		{"\"logit_bias\": {\"50\": -101}", "logit_bias"},
 		{"\"response_format\": {\"type\": \"json_object\"}", "response_format"},
 		{"\"response_format\": \"json\"", "response_format"},
 		{"\"functions\": [{\"name\": \"f\"}]", "functions"},
@@ -644,4 +647,21 @@ Test(http, logprobs)
 	json_decref(chunk);
 	json_decref(pending);
 	oai_result_free(&res);
+}
+
+/* OpenAI's penalties and logit_bias, and vLLM's repetition_penalty, go into the job. */
+Test(http, penalties_and_bias)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+				     "\"presence_penalty\": 0.5, \"frequency_penalty\": -1, "
+				     "\"repetition_penalty\": 1.2, \"logit_bias\": {\"50\": -100}}", &r);
+	json_t *in = json_object_get(j, "input");
+	cr_expect_float_eq(json_number_value(json_object_get(in, "presence_penalty")), 0.5, 1e-9);
+	cr_expect_float_eq(json_number_value(json_object_get(in, "frequency_penalty")), -1, 1e-9);
+	cr_expect_float_eq(json_number_value(json_object_get(in, "repetition_penalty")), 1.2, 1e-9);
+	cr_expect_float_eq(json_number_value(json_object_get(json_object_get(in, "logit_bias"),
+							     "50")), -100, 1e-9);
+	json_decref(j);
+	free(r.job);
 }

@@ -605,3 +605,60 @@ Test(job, logprobs)
 	json_decref(v);
 	free(s);
 }
+
+/* input.presence_penalty, frequency_penalty, repetition_penalty and logit_bias. */
+Test(job, penalties_and_bias)
+{
+	const char *on = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"presence_penalty\": -2, "
+			 "\"frequency_penalty\": 2, \"repetition_penalty\": 1.3, \"logit_bias\": "
+			 "{\"0\": 100, \"2147483647\": -100, \"7\": 0.5}}}";
+	struct job j;
+	char err[WK_ERRSZ];
+	cr_assert_eq(job_decode(on, strlen(on), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect_float_eq(j.presence_penalty, -2, 1e-6);
+	cr_expect_float_eq(j.frequency_penalty, 2, 1e-6);
+	cr_expect_float_eq(j.repetition_penalty, 1.3, 1e-6);
+	cr_assert_eq(j.n_bias, 3);
+	int found = 0;
+	for (int k = 0; k < 3; k++)
+		found += (j.bias_id[k] == 0 && j.bias[k] == 100) +
+			 (j.bias_id[k] == 2147483647 && j.bias[k] == -100) +
+			 (j.bias_id[k] == 7 && j.bias[k] == 0.5f);
+	cr_expect_eq(found, 3);
+	job_free(&j);
+	const char *plain = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\"}}";
+	cr_assert_eq(job_decode(plain, strlen(plain), NULL, &j, err, sizeof err), JOB_OK);
+	cr_expect(j.presence_penalty == 0 && j.frequency_penalty == 0 &&
+		  j.repetition_penalty == 1 && j.n_bias == 0, "the defaults are off");
+	job_free(&j);
+	static const char *const bad[][2] = {
+		{"\"presence_penalty\": 2.01", "input.presence_penalty"},
+		{"\"frequency_penalty\": \"1\"", "input.frequency_penalty"},
+		{"\"repetition_penalty\": 0", "input.repetition_penalty"},
+		{"\"repetition_penalty\": 11", "input.repetition_penalty"},
+		{"\"logit_bias\": [1]", "input.logit_bias"},
+		{"\"logit_bias\": {\"-1\": 1}", "input.logit_bias"},
+		{"\"logit_bias\": {\"1x\": 1}", "input.logit_bias"},
+		{"\"logit_bias\": {\"\": 1}", "input.logit_bias"},
+		{"\"logit_bias\": {\"2147483648\": 1}", "input.logit_bias"},
+		{"\"logit_bias\": {\"5\": 100.5}", "input.logit_bias"},
+		{"\"logit_bias\": {\"5\": null}", "input.logit_bias"}};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char doc[256];
+		snprintf(doc, sizeof doc, "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", %s}}",
+			 bad[i][0]);
+		cr_expect_eq(job_decode(doc, strlen(doc), NULL, &j, err, sizeof err),
+			     JOB_EINVALID_INPUT, "%s", doc);
+		cr_expect(strstr(err, bad[i][1]) == err, "%s: %s", doc, err);
+		job_free(&j);
+	}
+	char *big = malloc(20 * (JOB_BIAS_IDS_MAX + 2) + 64), *q = big;
+	q += sprintf(q, "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"logit_bias\": {");
+	for (int k = 0; k <= JOB_BIAS_IDS_MAX; k++)
+		q += sprintf(q, "%s\"%d\": 1", k ? ", " : "", k);
+	sprintf(q, "}}}");
+	cr_expect_eq(job_decode(big, strlen(big), NULL, &j, err, sizeof err), JOB_EINVALID_INPUT);
+	cr_expect(strstr(err, "limit"), "%s", err);
+	job_free(&j);
+	free(big);
+}

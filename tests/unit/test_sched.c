@@ -519,6 +519,10 @@ Test(sched, draft_cost_is_measured_from_the_steps)
  * none), speculating up to spec tokens; returns it finished. */
 static struct sched_req *spec_one_cfg(const char *prompt, int max_tokens, const int *pred,
 				      int np, int spec, struct samp_cfg cfg);
+static struct sched_req *proc_run_pred(const char *prompt, int max_tokens, int spec,
+				       struct samp_cfg cfg, float pres, float freq, float repn,
+				       const int *bias_id, const float *bias, int n_bias,
+				       const int *pred, int np);
 
 static struct sched_req *spec_one(const char *prompt, int max_tokens, const int *pred, int np,
 			     int spec)
@@ -527,30 +531,13 @@ static struct sched_req *spec_one(const char *prompt, int max_tokens, const int 
 			    (struct samp_cfg){.temperature = 0, .top_p = 1});
 }
 
+static struct sched_req *run_req(struct sched_req *r, const char *prompt, int max_tokens,
+				 int spec, char **pieces, size_t *plen);
+
 static struct sched_req *spec_one_cfg(const char *prompt, int max_tokens, const int *pred,
 				      int np, int spec, struct samp_cfg cfg)
 {
-	struct sched *s = sched_create(eng, NULL);
-	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
-	cr_assert_eq(sched_set_draft_cost(s, SPEC_COST), WK_OK);
-	struct sched_req *r = calloc(1, sizeof *r);
-	snprintf(r->id, sizeof r->id, "a");
-	char err[WK_ERRSZ];
-	cr_assert_eq(tok_encode(eng_tokenizer(eng), prompt, strlen(prompt), true, &r->prompt,
-				&r->n_prompt, err, sizeof err), WK_OK);
-	r->max_tokens = max_tokens;
-	r->samp = cfg;
-	if (pred) {
-		r->pred = malloc((size_t)np * sizeof *r->pred);
-		memcpy(r->pred, pred, (size_t)np * sizeof *r->pred);
-		r->n_pred = np;
-	}
-	cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
-	struct spec_run f = {0};
-	while (sched_pending(s) > 0)
-		cr_assert_geq(sched_step(s, spec_done, &f), 0);
-	sched_free(s);
-	return f.r[0];
+	return proc_run_pred(prompt, max_tokens, spec, cfg, 0, 0, 1, NULL, NULL, 0, pred, np);
 }
 
 /* A prediction of the output (OpenAI's predicted outputs: an edit's original text) is drafted
@@ -638,27 +625,24 @@ Test(sched, logprob_of_is_the_log_softmax)
 	cr_expect_float_eq(o.lp, -lse, 1e-6);
 }
 
-/* Runs one request with logprobs (top 5) through a scheduler that speculates spec drafts. */
-static struct sched_req *lp_run(const char *prompt, int max_tokens, int spec, bool logprobs,
-				struct samp_cfg cfg, char **pieces, size_t *plen)
+/* Runs r (its settings filled in) on prompt through a scheduler that speculates spec drafts;
+ * with pieces, each token's bytes (sched_token_bytes), concatenated. */
+static struct sched_req *run_req(struct sched_req *r, const char *prompt, int max_tokens,
+				 int spec, char **pieces, size_t *plen)
 {
 	struct sched *s = sched_create(eng, NULL);
 	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
 	cr_assert_eq(sched_set_draft_cost(s, SPEC_COST), WK_OK);
-	struct sched_req *r = calloc(1, sizeof *r);
 	snprintf(r->id, sizeof r->id, "a");
 	char err[WK_ERRSZ];
 	cr_assert_eq(tok_encode(eng_tokenizer(eng), prompt, strlen(prompt), true, &r->prompt,
 				&r->n_prompt, err, sizeof err), WK_OK);
 	r->max_tokens = max_tokens;
-	r->samp = cfg;
-	r->logprobs = logprobs;
-	r->top_logprobs = 5;
 	cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
 	struct spec_run f = {0};
 	while (sched_pending(s) > 0)
 		cr_assert_geq(sched_step(s, spec_done, &f), 0);
-	if (pieces) { /* each token's bytes, concatenated */
+	if (pieces) {
 		*pieces = calloc(1, 1);
 		*plen = 0;
 		for (int k = 0; k < r->n_out; k++) {
@@ -675,22 +659,41 @@ static struct sched_req *lp_run(const char *prompt, int max_tokens, int spec, bo
 	return f.r[0];
 }
 
+/* One request with logprobs (top 5), or without. */
+static struct sched_req *lp_run(const char *prompt, int max_tokens, int spec, bool logprobs,
+				struct samp_cfg cfg, char **pieces, size_t *plen)
+{
+	struct sched_req *r = calloc(1, sizeof *r);
+	r->samp = cfg;
+	r->logprobs = logprobs;
+	r->top_logprobs = 5;
+	return run_req(r, prompt, max_tokens, spec, pieces, plen);
+}
+
+/* The engine's logits lg after r's prompt and its first k output tokens (ids: the two, in
+ * order), from a prefill of their own. */
+static void before(const struct sched_req *r, const int *ids, int k, float *lg)
+{
+	int seq;
+	char err[WK_ERRSZ];
+	cr_assert_eq(eng_seq_alloc(eng, &seq), WK_OK);
+	struct eng_item it = {.seq = seq, .tokens = ids, .n = r->n_prompt + k, .logits = lg};
+	cr_assert_eq(eng_step(eng, &it, 1, err, sizeof err), WK_OK, "%s", err);
+	eng_seq_free(eng, seq);
+}
+
 /* Each token's logprob and top 5 against the engine's own logits for the same text, one
  * prefill each (another path: no scheduler, no speculation, a step of its own). */
 static void lp_check(const struct sched_req *r, const char *what)
 {
-	int vocab = eng_info(eng)->vocab, seq, *ids = malloc((size_t)(r->n_prompt + r->n_out) *
-							      sizeof *ids);
+	int vocab = eng_info(eng)->vocab, *ids = malloc((size_t)(r->n_prompt + r->n_out) *
+							 sizeof *ids);
 	float *lg = malloc((size_t)vocab * sizeof *lg);
 	memcpy(ids, r->prompt, (size_t)r->n_prompt * sizeof *ids);
 	memcpy(ids + r->n_prompt, r->out, (size_t)r->n_out * sizeof *ids);
 	double worst = 0;
-	char err[WK_ERRSZ];
 	for (int k = 0; k < r->n_out; k++) {
-		cr_assert_eq(eng_seq_alloc(eng, &seq), WK_OK);
-		struct eng_item it = {.seq = seq, .tokens = ids, .n = r->n_prompt + k, .logits = lg};
-		cr_assert_eq(eng_step(eng, &it, 1, err, sizeof err), WK_OK, "%s", err);
-		eng_seq_free(eng, seq);
+		before(r, ids, k, lg);
 		double m = -INFINITY, sum = 0;
 		for (int v = 0; v < vocab; v++)
 			m = lg[v] > m ? lg[v] : m;
@@ -748,4 +751,132 @@ Test(sched, logprobs_are_the_models)
 	sched_req_free(on);
 	sched_req_free(spec);
 	sched_req_free(hot);
+}
+
+/* ---- logit processing: logit_bias, the repetition penalty, OpenAI's penalties ---- */
+
+static struct sched_req *proc_run_pred(const char *prompt, int max_tokens, int spec,
+				       struct samp_cfg cfg, float pres, float freq, float repn,
+				       const int *bias_id, const float *bias, int n_bias,
+				       const int *pred, int np)
+{
+	struct sched_req *r = calloc(1, sizeof *r);
+	r->samp = cfg;
+	r->presence_penalty = pres;
+	r->frequency_penalty = freq;
+	r->repetition_penalty = repn;
+	if (pred) {
+		r->pred = malloc((size_t)np * sizeof *r->pred);
+		memcpy(r->pred, pred, (size_t)np * sizeof *r->pred);
+		r->n_pred = np;
+	}
+	if (n_bias) {
+		r->bias_id = malloc(sizeof(int) * (size_t)n_bias);
+		r->bias = malloc(sizeof(float) * (size_t)n_bias);
+		memcpy(r->bias_id, bias_id, sizeof(int) * (size_t)n_bias);
+		memcpy(r->bias, bias, sizeof(float) * (size_t)n_bias);
+		r->n_bias = n_bias;
+	}
+	return run_req(r, prompt, max_tokens, spec, NULL, NULL);
+}
+
+static struct sched_req *proc_run(const char *prompt, int max_tokens, int spec,
+				  struct samp_cfg cfg, float pres, float freq, float repn,
+				  const int *bias_id, const float *bias, int n_bias)
+{
+	return proc_run_pred(prompt, max_tokens, spec, cfg, pres, freq, repn, bias_id, bias,
+			     n_bias, NULL, 0);
+}
+
+/* Each greedy token is the argmax of the engine's logits for its text (a prefill of its own)
+ * after the processing, written out here again from its definition. */
+static void proc_check(const struct sched_req *r, const char *what)
+{
+	int vocab = eng_info(eng)->vocab, *counts = calloc((size_t)vocab, sizeof(int));
+	int *ids = malloc((size_t)(r->n_prompt + r->n_out) * sizeof *ids);
+	bool *seen = calloc((size_t)vocab, sizeof(bool));
+	float *lg = malloc((size_t)vocab * sizeof *lg);
+	memcpy(ids, r->prompt, (size_t)r->n_prompt * sizeof *ids);
+	memcpy(ids + r->n_prompt, r->out, (size_t)r->n_out * sizeof *ids);
+	for (int k = 0; k < r->n_prompt; k++)
+		seen[r->prompt[k]] = true;
+	for (int k = 0; k < r->n_out; k++) {
+		before(r, ids, k, lg);
+		for (int b = 0; b < r->n_bias; b++)
+			lg[r->bias_id[b]] += r->bias[b];
+		int best = 0;
+		for (int v = 0; v < vocab; v++) {
+			if (r->repetition_penalty != 1 && (seen[v] || counts[v]))
+				lg[v] = lg[v] > 0 ? lg[v] / r->repetition_penalty
+						  : lg[v] * r->repetition_penalty;
+			lg[v] -= counts[v] * r->frequency_penalty + (counts[v] > 0) * r->presence_penalty;
+			best = lg[v] > lg[best] ? v : best;
+		}
+		cr_assert_eq(r->out[k], best, "%s: token %d is %d, the processed argmax %d", what, k,
+			     r->out[k], best);
+		counts[r->out[k]]++;
+	}
+	free(lg);
+	free(seen);
+	free(ids);
+	free(counts);
+}
+
+Test(sched, penalties_and_bias_are_applied_before_the_pick)
+{
+	const char *p = "Lily and Ben went to the park. Lily and Ben";
+	struct samp_cfg greedy = {.temperature = 0, .top_p = 1};
+	struct sched_req *plain = proc_run(p, 60, 0, greedy, 0, 0, 1, NULL, NULL, 0);
+	int ban[2] = {plain->out[1], plain->out[3]}; /* two of the plain text's tokens */
+	float bias[2] = {-100, -100};
+	struct {
+		float pres, freq, repn;
+		int n_bias;
+		const char *what;
+	} c[] = {{0, 0.8f, 1, 0, "frequency 0.8"}, {1.5f, 0, 1, 0, "presence 1.5"},
+		 {0, 0, 1.4f, 0, "repetition 1.4"}, {0, 0, 1, 2, "two ids banned"},
+		 {0.3f, 0.5f, 1.2f, 2, "all four"}};
+	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+		struct sched_req *a = proc_run(p, 60, 0, greedy, c[i].pres, c[i].freq, c[i].repn,
+					       ban, bias, c[i].n_bias);
+		cr_expect(a->n_out != plain->n_out ||
+			  memcmp(a->out, plain->out, sizeof(int) * (size_t)a->n_out),
+			  "%s: the same text as without", c[i].what);
+		proc_check(a, c[i].what);
+		/* speculating: the same tokens (each draft's row sees the drafts before it) */
+		struct sched_req *b = proc_run(p, 60, 4, greedy, c[i].pres, c[i].freq, c[i].repn,
+					       ban, bias, c[i].n_bias);
+		cr_expect(b->n_out == a->n_out &&
+			  !memcmp(b->out, a->out, sizeof(int) * (size_t)a->n_out),
+			  "%s: speculating changed the tokens", c[i].what);
+		/* the output itself as the prediction: most drafts kept, so a row's pick sees the
+		 * kept drafts before it in the same step */
+		struct sched_req *e = proc_run_pred(p, 60, 8, greedy, c[i].pres, c[i].freq,
+						    c[i].repn, ban, bias, c[i].n_bias, a->out + 1,
+						    a->n_out - 1);
+		cr_expect(e->n_out == a->n_out &&
+			  !memcmp(e->out, a->out, sizeof(int) * (size_t)a->n_out),
+			  "%s: a right prediction changed the tokens", c[i].what);
+		cr_expect_gt(e->accepted, 30, "%s: kept %d", c[i].what, e->accepted);
+		fprintf(stderr, "processing (%s): %d tokens, the processed argmax each; speculating "
+			"the same, %d of %d drafts kept (%d of %d with the output as the "
+			"prediction)\n", c[i].what, a->n_out, b->accepted, b->drafted, e->accepted,
+			e->drafted);
+		sched_req_free(a);
+		sched_req_free(b);
+		sched_req_free(e);
+	}
+	/* sampled, speculating: a banned id never comes; a favoured one always does */
+	struct samp_cfg hot = {.temperature = 1.0f, .top_p = 1, .seed = 11};
+	struct sched_req *h = proc_run(p, 60, 4, hot, 0, 0, 1, ban, bias, 2);
+	for (int k = 0; k < h->n_out; k++)
+		cr_expect(h->out[k] != ban[0] && h->out[k] != ban[1], "sampled: a banned id came");
+	float up = 100;
+	struct sched_req *u = proc_run(p, 20, 4, hot, 0, 0, 1, ban, &up, 1);
+	cr_expect_eq(u->n_out, 20);
+	for (int k = 0; k < u->n_out; k++)
+		cr_expect_eq(u->out[k], ban[0], "a +100 bias: token %d is %d", k, u->out[k]);
+	sched_req_free(h);
+	sched_req_free(u);
+	sched_req_free(plain);
 }
