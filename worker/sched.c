@@ -831,6 +831,8 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 		max = r->max_tokens - r->n_out - 1;
 	if (max > s->max_seq - len - 2)
 		max = s->max_seq - len - 2;
+	if ((r->logprobs || r->proc) && max > r->lp_cap - 1) /* (its rows' logits buffer) */
+		max = r->lp_cap - 1;
 	int *in = s->spec_in ? s->spec_in + (size_t)i * (SCHED_DRAFT_MAX + 1) : NULL;
 	int k = s->spec && s->spec_now && max > 0 ? draft(r, in + 1, max, s->mtp) : 0;
 	s->spec_k[i] = k;

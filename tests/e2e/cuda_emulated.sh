@@ -27,7 +27,9 @@
 #   5. a device fault (the emulator's WICK_SIMT_FAULT_LAUNCH): wick logits fails with the CUDA
 #      error, and a worker hands its job back and exits 3; a healthy one then completes it;
 #   6. seeded non-greedy jobs (top_p, top_k, temperature alone, top_k 1) on a cuda worker, the
-#      token chosen from the candidates the device selects: the CPU worker's token ids;
+#      token chosen from the candidates the device selects: the CPU worker's token ids; jobs
+#      with logprobs and the logit processing (the rows' logits copied from the device, the
+#      pick on the host): the CPU's ids and logprobs;
 #   7. sharded snapshots on emulated devices (WICK_SIMT_DEVICES; the collectives are comm_cpu's
 #      under NCCL's name, tests/simt/comm_simt.c): one process, a thread per rank, rank r on
 #      device r, each rank file streamed into its device's memory: GLM-5 tp 2 x ep 4 (4 ranks)
@@ -540,17 +542,32 @@ for b in cpu cuda; do
       "$@" >"$TMPD/$1.json"
     "$WICK" submit --queue "spool:$TMPD/qs-$b" --file "$TMPD/$1.json" >/dev/null || fail "submit $1"
   done
+  printf '{"id": "p5", "input": {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "seed": 9, "logprobs": true, "top_logprobs": 3, "frequency_penalty": 1, "logit_bias": {"261": -100}}}' >"$TMPD/p5.json"
+  printf '{"id": "p6", "input": {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": true, "repetition_penalty": 1.3}}' >"$TMPD/p6.json"
+  for j in p5 p6; do
+    "$WICK" submit --queue "spool:$TMPD/qs-$b" --file "$TMPD/$j.json" >/dev/null || fail "submit $j"
+  done
   W=$WICK; [ $b = cuda ] && W=$EMU
   "$W" worker --model "$TMPD/stories-snap" --backend $b --queue "spool:$TMPD/qs-$b" \
     --concurrency 4 --idle-timeout 0.3 2>"$TMPD/qs-$b.log" || fail "the $b worker: $(tail -n 3 "$TMPD/qs-$b.log")"
 done
 python3 - "$TMPD/qs-cpu/done" "$TMPD/qs-cuda/done" <<'PY' || fail "sampled jobs differ between the workers"
 import json, os, sys
-for j in ("p1", "p2", "p3", "p4"):
+for j in ("p1", "p2", "p3", "p4", "p5", "p6"):
     a, b = (json.load(open(os.path.join(d, j + ".json"))) for d in sys.argv[1:3])
     assert a["status"] == b["status"] == "COMPLETED", (a, b)
     assert a["output"]["token_ids"] == b["output"]["token_ids"], (j, a["output"], b["output"])
-    print(f"   {j}: {b['output']['text']!r}")
+    d = 0
+    if "logprobs" in a["output"]:
+        la, lb = a["output"]["logprobs"]["content"], b["output"]["logprobs"]["content"]
+        assert len(la) == len(lb) == len(a["output"]["token_ids"]), j
+        for x, y in zip(la, lb):
+            assert x["token"] == y["token"], (j, x, y)
+            assert [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
+            d = max([d, abs(x["logprob"] - y["logprob"])] +
+                    [abs(s["logprob"] - t["logprob"]) for s, t in zip(x["top_logprobs"], y["top_logprobs"])])
+        assert d < 1e-3, (j, d)
+    print(f"   {j}: {b['output']['text']!r}" + (f" (logprobs within {d:.1g})" if d else ""))
 PY
 section "sharded snapshots on emulated devices"
 ids=1,5,9,42,7,3,100,64
