@@ -4,8 +4,7 @@
  *
  * A request becomes the contract's job document (job.h) and is then checked by job_decode,
  * so the HTTP path and the queue path share every limit and message. What the contract cannot
- * express (n > 1, echo, suffix, token-id prompts, a response_format other than text) is
- * refused with a 400 rather than
+ * express (n > 1, echo, suffix, token-id prompts) is refused with a 400 rather than
  * silently ignored; each one's neutral value (n 1, penalties 0, an empty logit_bias, ...) is
  * accepted, as clients send them by default.
  */
@@ -69,7 +68,8 @@ static const char *error_param(const char *msg)
 	static const char *const names[] = {"temperature", "top_p",    "top_k",  "seed",
 					    "stop",        "max_tokens", "prompt", "messages",
 					    "prediction",  "top_logprobs", "logprobs", "presence_penalty",
-					    "frequency_penalty", "repetition_penalty", "logit_bias"};
+					    "frequency_penalty", "repetition_penalty", "logit_bias",
+					    "response_format"};
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
 		size_t k = strlen(names[i]);
 		if (!strncmp(msg, names[i], k) && !(isalnum((unsigned char)msg[k]) || msg[k] == '_'))
@@ -239,13 +239,6 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 	if (!absent(v = json_object_get(root, "n")) &&
 	    !(json_is_integer(v) && json_integer_value(v) == 1))
 		return oai_errf(e, 400, IRE, "invalid_input", "n", "only n = 1 is supported");
-	if (!absent(v = json_object_get(root, "response_format"))) {
-		const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-		if (!(json_is_string(t) && !strcmp(json_string_value(t), "text")))
-			return oai_errf(e, 400, IRE, "invalid_input", "response_format",
-					"only response_format {\"type\": \"text\"} is supported "
-					"(no constrained JSON output)");
-	}
 	if (kind == OAI_CHAT) {
 		if (!absent(v = json_object_get(root, "tools")) && !json_is_array(v))
 			return oai_errf(e, 400, IRE, "invalid_input", "tools",
@@ -486,7 +479,7 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 					     "top_k",		  "seed",
 					     "stop",		  "presence_penalty",
 					     "frequency_penalty", "repetition_penalty",
-					     "logit_bias"};
+					     "logit_bias",	  "response_format"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
 		if (!absent(v = json_object_get(root, copied[i])) &&
 		    json_object_set(input, copied[i], (json_t *)v)) {

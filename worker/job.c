@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/wk.h"
+#include "worker/grammar.h"
 
 const char *job_err_code(enum job_err e)
 {
@@ -328,6 +329,38 @@ static bool number(const json_t *v, double *out)
 	return true;
 }
 
+/* input.response_format: text, json_object, or json_schema with its schema (compiled here,
+ * so that a schema wick cannot honour is refused with the job). */
+static enum job_err decode_format(const json_t *v, struct job *j, char *err, size_t errsz)
+{
+	const char *t = json_string_value(json_object_get(v, "type"));
+	if (!json_is_object(v) || !t ||
+	    (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema")))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.response_format must be "
+			    "{\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
+			    "\"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+	if (!strcmp(t, "text"))
+		return JOB_OK;
+	j->json = true;
+	const json_t *js = json_object_get(v, "json_schema");
+	if (!strcmp(t, "json_object"))
+		return JOB_OK;
+	const json_t *sch = json_object_get(js, "schema");
+	if (!json_is_object(js) || !(json_is_object(sch) || json_is_boolean(sch)))
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.response_format.json_schema "
+			    "must be an object with a \"schema\" (a JSON Schema)");
+	if (!(j->schema = json_dumps(sch, JSON_COMPACT | JSON_ENCODE_ANY)))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	struct gram *g;
+	char msg[WK_ERRSZ];
+	int rc = gram_compile(j->schema, strlen(j->schema), &g, msg, sizeof msg);
+	gram_free(g);
+	if (rc != WK_OK)
+		return fail(err, errsz, rc == WK_ENOMEM ? JOB_EINTERNAL : JOB_EINVALID_INPUT,
+			    "input.response_format.json_schema.schema: %s", msg);
+	return JOB_OK;
+}
+
 /* input.logit_bias: {"ID": bias}, ID a token id's decimal digits. */
 static enum job_err decode_bias(const json_t *v, struct job *j, char *err, size_t errsz)
 {
@@ -467,6 +500,9 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 	if ((v = json_object_get(in, "logit_bias")) && !json_is_null(v) &&
 	    (e = decode_bias(v, j, err, errsz)) != JOB_OK)
 		return e;
+	if ((v = json_object_get(in, "response_format")) && !json_is_null(v) &&
+	    (e = decode_format(v, j, err, errsz)) != JOB_OK)
+		return e;
 	if ((v = json_object_get(in, "logprobs")) && !json_is_null(v)) {
 		if (!json_is_boolean(v))
 			return fail(err, errsz, JOB_EINVALID_INPUT,
@@ -585,6 +621,10 @@ enum job_err job_decode(const char *body, size_t len, const char *queue_id, stru
 		j->timeout_s = d;
 	}
 	e = decode_input(json_object_get(root, "input"), j, err, errsz);
+	if (e == JOB_OK && j->json && (j->thinking || j->tools))
+		e = fail(err, errsz, JOB_EINVALID_INPUT, "input.response_format: a JSON format "
+			 "cannot be combined with %s", j->thinking ? "input.thinking (the "
+			 "reasoning would have to be JSON too)" : "input.tools");
 out:
 	json_decref(root);
 	return e;
@@ -604,6 +644,8 @@ void job_free(struct job *j)
 	j->forced = NULL;
 	free(j->bias_id);
 	j->bias_id = NULL;
+	free(j->schema);
+	j->schema = NULL;
 	free(j->bias);
 	j->bias = NULL;
 	j->n_bias = 0;

@@ -10,7 +10,9 @@
  *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
  *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false,
  *              "logprobs": false, "top_logprobs": 0, "presence_penalty": 0,
- *              "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {"ID": bias}}}
+ *              "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {"ID": bias},
+ *              "response_format": {"type": "text" | "json_object" | "json_schema",
+ *                                  "json_schema": {"name", "schema", "strict"}}}}
  * Unknown members are ignored, so producers may add fields. Every input has a limit below.
  * "stream": true asks for the text as it is made, where the queue has a channel for it (Redis:
  * STREAM:stream:<id>; the RunPod job API's stream URL); the result is whole either way.
@@ -108,6 +110,10 @@ struct job {
 	int top_logprobs; /* input.top_logprobs: and the most likely tokens in its place */
 	/* OpenAI's penalties (0: off) and vLLM's repetition_penalty (1: off): sched_req's */
 	float presence_penalty, frequency_penalty, repetition_penalty;
+	/* input.response_format: json (json_object or json_schema), schema the json_schema's
+	 * text (malloc'd; NULL: any JSON object); checked by gram_compile (grammar.h) */
+	bool json;
+	char *schema;
 	int *bias_id;     /* input.logit_bias: {"ID": bias} as ids (< 2^31; the worker checks
 			   * them against the vocabulary) and biases [n_bias], malloc'd */
 	float *bias;

@@ -39,6 +39,10 @@ struct sched {
 	double *spec_u;          /* [slots][2 * (SCHED_DRAFT_MAX + 1)]: a sampled one's draws */
 	float *pick_row;         /* [vocab]: a row processed for a host pick (sched_req.proc) */
 	struct samp_cand *pick_cand; /* [vocab]: the pick's scratch */
+	struct gram_vocab *gvocab; /* structured output: the tokens' bytes as a trie */
+	char **gpiece;           /* [vocab]: each token's bytes (NULL: a special token) */
+	size_t *glen;
+	unsigned char *gallowed; /* [vocab]: a row's allowed tokens */
 	bool mtp;                /* the engine's MTP layer drafts (sched.h) */
 	int spec_max_batch;      /* sched_set_speculate_max_batch (0: no limit) */
 	bool spec_now;           /* this step drafts */
@@ -335,6 +339,7 @@ void sched_req_free(struct sched_req *r)
 	free(r->bias);
 	free(r->counts);
 	free(r->in_prompt);
+	gram_free(r->gram);
 	samp_free(r->sampler);
 	free(r);
 }
@@ -365,6 +370,12 @@ void sched_free(struct sched *s)
 	free(s->item_req);
 	free(s->pick_row);
 	free(s->pick_cand);
+	gram_vocab_free(s->gvocab);
+	for (int v = 0; s->gpiece && v < s->vocab; v++)
+		free(s->gpiece[v]);
+	free(s->gpiece);
+	free(s->glen);
+	free(s->gallowed);
 	free(s);
 }
 
@@ -855,10 +866,64 @@ static void decode_item(struct sched *s, int i, struct eng_item *it)
 
 /* A request's host buffers, at admission: the logits rows of its steps (logprobs or
  * processing), its counts (penalties), its prompt's ids (the repetition penalty). */
+/* Structured output's vocabulary, at its first request: each token's bytes as they read after
+ * a plain token (so a SentencePiece piece keeps its leading space), as a trie. */
+static int gram_vocab_init(struct sched *s)
+{
+	if (s->gvocab)
+		return WK_OK;
+	if (!s->tok)
+		return WK_EINVAL;
+	int *ctx = NULL, n_ctx = 0;
+	char *pre = NULL;
+	size_t plen = 0;
+	s->gpiece = calloc((size_t)s->vocab, sizeof *s->gpiece);
+	s->glen = calloc((size_t)s->vocab, sizeof *s->glen);
+	s->gallowed = malloc((size_t)s->vocab);
+	if (!s->gpiece || !s->glen || !s->gallowed ||
+	    tok_encode(s->tok, "a", 1, false, &ctx, &n_ctx, NULL, 0) != WK_OK || n_ctx < 1 ||
+	    tok_decode(s->tok, ctx, 1, false, &pre, &plen, NULL, 0) != WK_OK) {
+		free(ctx);
+		free(pre);
+		return WK_ENOMEM;
+	}
+	for (int v = 0; v < s->vocab; v++) {
+		if (tok_is_special(s->tok, v))
+			continue;
+		int two[2] = {ctx[0], v};
+		char *t = NULL;
+		size_t n = 0;
+		if (tok_decode(s->tok, two, 2, false, &t, &n, NULL, 0) == WK_OK && n >= plen &&
+		    !memcmp(t, pre, plen)) {
+			memmove(t, t + plen, n - plen + 1);
+			n -= plen;
+		} else {
+			free(t);
+			t = NULL;
+			if (tok_decode(s->tok, &v, 1, false, &t, &n, NULL, 0) != WK_OK)
+				continue;
+		}
+		s->gpiece[v] = t;
+		s->glen[v] = n;
+	}
+	free(ctx);
+	free(pre);
+	return gram_vocab_new((const char *const *)s->gpiece, s->glen, s->vocab, &s->gvocab);
+}
+
 static int admit_rows(struct sched *s, struct sched_req *r)
 {
 	bool rep = r->repetition_penalty > 0 && r->repetition_penalty != 1;
-	r->proc = r->n_bias > 0 || rep || r->presence_penalty != 0 || r->frequency_penalty != 0;
+	r->proc = r->n_bias > 0 || rep || r->presence_penalty != 0 || r->frequency_penalty != 0 ||
+		  r->gram;
+	if (r->gram) {
+		if (gram_vocab_init(s) != WK_OK) {
+			snprintf(r->error, sizeof r->error, "structured output: the tokenizer's "
+				 "pieces could not be read");
+			return WK_EINVAL;
+		}
+		gram_start(r->gram, &r->gst);
+	}
 	int rows = 1 + (s->spec > 0 ? s->spec : 0);
 	r->lp_cap = rows;
 	if (r->proc && !s->pick_row) {
@@ -881,8 +946,11 @@ static int admit_rows(struct sched *s, struct sched_req *r)
 }
 
 /* A logits row x [vocab] processed for request r: its bias, its repetition penalty, its
- * frequency and presence penalties (sched_req's rule), with r->counts as they stand. */
-static void process_row(const struct sched *s, const struct sched_req *r, float *x)
+ * frequency and presence penalties (sched_req's rule), with r->counts as they stand; with a
+ * grammar, -inf for each token that cannot continue gst (a stop id where it may end).
+ * Returns false when no token can. */
+static bool process_row(struct sched *s, const struct sched_req *r, float *x,
+			const struct gram_state *gst)
 {
 	for (int b = 0; b < r->n_bias; b++)
 		x[r->bias_id[b]] += r->bias[b];
@@ -895,6 +963,17 @@ static void process_row(const struct sched *s, const struct sched_req *r, float 
 		for (int v = 0; v < s->vocab; v++)
 			if (r->counts[v])
 				x[v] -= r->counts[v] * r->frequency_penalty + r->presence_penalty;
+	if (!r->gram)
+		return true;
+	int n = gram_allowed(r->gram, s->gvocab, gst, s->gallowed);
+	if (gram_complete(r->gram, gst))
+		for (int k = 0; k < s->stops.n_stop; k++)
+			if (s->stops.stop[k] >= 0 && s->stops.stop[k] < s->vocab)
+				n += !s->gallowed[s->stops.stop[k]]++;
+	for (int v = 0; v < s->vocab; v++)
+		if (!s->gallowed[v])
+			x[v] = -INFINITY;
+	return n > 0;
 }
 
 /* The token after each of the item's rows, picked on the host from its processed logits
@@ -907,9 +986,11 @@ static void host_pick(struct sched *s, int i, const struct eng_item *it)
 	int d = s->spec_k[i], w = SCHED_DRAFT_MAX + 1;
 	const int *in = d ? s->spec_in + (size_t)i * w + 1 : NULL;
 	int *g = d ? s->spec_out + (size_t)i * w : &s->next_tok[i], j = 0;
+	struct gram_state gst = r->gst; /* (advanced through the drafts kept in this step) */
 	for (; j <= d; j++) {
 		memcpy(s->pick_row, r->lp_rows + (size_t)j * s->vocab, s->vocab * sizeof(float));
-		process_row(s, r, s->pick_row);
+		if (!process_row(s, r, s->pick_row, &gst))
+			r->gram_dead = true;
 		if (r->samp.temperature <= 0)
 			g[j] = samp_argmax(s->pick_row, s->vocab);
 		else if (j < d) /* a draft follows: kept or not, samp_pick_draft's rule */
@@ -924,6 +1005,8 @@ static void host_pick(struct sched *s, int i, const struct eng_item *it)
 			break;
 		if (r->counts)
 			r->counts[in[j]]++; /* (the rows after it see it; undone below) */
+		if (r->gram && s->gpiece[in[j]])
+			gram_feed(r->gram, &gst, s->gpiece[in[j]], s->glen[in[j]]);
 	}
 	for (int k = 0; k < j && k < d && r->counts; k++)
 		r->counts[in[k]]--;
@@ -962,6 +1045,19 @@ static bool take(struct sched *s, int i, int next, int len, const float *row,
 		r->counts[next]++;
 	r->out[r->n_out++] = next;
 	if (r->n_stop && stop_seen(s, r)) {
+		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
+		return true;
+	}
+	if (r->gram && (r->gram_dead || !s->gpiece[next] ||
+			!gram_feed(r->gram, &r->gst, s->gpiece[next], s->glen[next]))) {
+		snprintf(r->error, sizeof r->error, "structured output: no token could continue "
+			 "the document (at %d tokens)", r->n_out);
+		finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
+		return true;
+	}
+	if (r->gram && r->gst.done) { /* the document is whole: nothing may follow */
+		if (r->on_token)
+			stream_token(s, r, ctx);
 		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
 		return true;
 	}

@@ -22,6 +22,7 @@
 
 #include "common/wk.h"
 #include "engine/sampler.h"
+#include "worker/grammar.h"
 
 struct engine;
 struct sched_ix; /* sched.c: a request's n-gram index, for speculation */
@@ -71,6 +72,11 @@ struct sched_req {
 	int *bias_id;
 	float *bias;
 	int n_bias;
+	/* Structured output (owned after submit; NULL: none): each pick is among the tokens whose
+	 * bytes continue a document the grammar accepts (grammar.h), a stop id only once the
+	 * document may end, and the request ends (SCHED_FIN_STOP) the moment it is whole. Its
+	 * logits come to the host, as with the processing above. */
+	struct gram *gram;
 	bool logprobs;        /* fill lp[n_out]: each generated token's log probability */
 	int top_logprobs;     /* and its n_top alternatives, 0..SCHED_TOP_LOGPROBS_MAX */
 	void *user;           /* the caller's */
@@ -116,6 +122,8 @@ struct sched_req {
 	bool proc;             /* its logits are processed and picked on the host */
 	int *counts;           /* processing with penalties: each id's count in out [vocab] */
 	unsigned char *in_prompt; /* the repetition penalty: the ids of the prompt [vocab] */
+	struct gram_state gst;  /* structured output: where the output stands */
+	bool gram_dead;         /* ... no token could continue it (the request fails) */
 	bool cancel;
 	struct sched_req *next;
 };

@@ -965,6 +965,13 @@ static void admit(struct worker *w, struct held *h)
 	r->user = h;
 	const struct eng_info *in = eng_info(w->e);
 	int bad = -1;
+	if (j.json && gram_compile(j.schema, j.schema ? strlen(j.schema) : 0, &r->gram, err,
+				   sizeof err) != WK_OK) { /* (job_decode compiled it: memory) */
+		fail_job(w, h, JOB_FAILED, JOB_EINTERNAL, err, false);
+		sched_req_free(r);
+		job_free(&j);
+		return;
+	}
 	for (int k = 0; k < r->n_bias && bad < 0; k++)
 		if (r->bias_id[k] >= in->vocab)
 			bad = r->bias_id[k];

@@ -1,0 +1,1037 @@
+/*
+ * grammar.c - a JSON Schema compiled into nodes, a byte-at-a-time recognizer over them (a
+ * stack of frames: the values the bytes are inside), and a vocabulary's trie walked with it.
+ * See grammar.h for what is supported.
+ */
+#include "worker/grammar.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+
+/* ---- the compiled schema ---- */
+
+enum gn { GN_ANY, GN_OBJECT, GN_ARRAY, GN_STRING, GN_NUMBER, GN_INTEGER, GN_LIT, GN_ANYOF };
+
+struct gnode {
+	uint8_t kind;
+	bool free_keys;       /* object: any keys (their values of node items), not props */
+	int first, n;         /* object: props[first..+n); lit: lits; anyof: alts */
+	uint64_t required;    /* object: the props that must come */
+	int items;            /* array: the items' node; an object with free keys: its values' */
+	int min_items, max_items; /* array: max -1 for none */
+};
+
+struct gram {
+	struct gnode *nodes;
+	int n_nodes, cap_nodes;
+	char **text;          /* props: a key's JSON text with its quotes; lits: a value's */
+	size_t *len;
+	int *val;             /* props: the value's node; alts: the alternative's node */
+	int n_items, cap_items;
+	int root;
+};
+
+/* The nodes every grammar has: any value, and its parts. */
+enum { N_ANY, N_ANY_OBJECT, N_ANY_ARRAY, N_STRING, N_NUMBER, N_WORDS, N_FIXED };
+
+static int add_node(struct gram *g, struct gnode n)
+{
+	if (g->n_nodes == g->cap_nodes) {
+		int cap = g->cap_nodes ? 2 * g->cap_nodes : 16;
+		struct gnode *p = realloc(g->nodes, (size_t)cap * sizeof *p);
+		if (!p)
+			return -1;
+		g->nodes = p;
+		g->cap_nodes = cap;
+	}
+	if (g->n_nodes >= UINT16_MAX)
+		return -1;
+	g->nodes[g->n_nodes] = n;
+	return g->n_nodes++;
+}
+
+/* Appends an item (a text and a node) and returns its index, or -1. text is taken. */
+static int add_item(struct gram *g, char *text, int val)
+{
+	if (g->n_items == g->cap_items) {
+		int cap = g->cap_items ? 2 * g->cap_items : 32;
+		char **t = realloc(g->text, (size_t)cap * sizeof *t);
+		if (t)
+			g->text = t;
+		size_t *l = t ? realloc(g->len, (size_t)cap * sizeof *l) : NULL;
+		if (l)
+			g->len = l;
+		int *v = l ? realloc(g->val, (size_t)cap * sizeof *v) : NULL;
+		if (!v) {
+			free(text);
+			return -1;
+		}
+		g->val = v;
+		g->cap_items = cap;
+	}
+	g->text[g->n_items] = text;
+	g->len[g->n_items] = text ? strlen(text) : 0;
+	g->val[g->n_items] = val;
+	return g->n_items++;
+}
+
+struct compile {
+	struct gram *g;
+	json_t *doc;
+	const json_t *seen[256]; /* schema objects compiled (for $ref's recursion) */
+	int seen_node[256], n_seen;
+	char *err;
+	size_t errsz;
+	int rc;
+};
+
+static int cfail(struct compile *c, const char *path, const char *fmt, ...)
+{
+	char msg[WK_ERRSZ];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (c->rc == WK_OK)
+		c->rc = wk_errf(c->err, c->errsz, WK_EINVAL, "%s (at %s)", msg, *path ? path : "/");
+	return -1;
+}
+
+static int lit_node(struct gram *g, const char *const *words, int n)
+{
+	int first = g->n_items;
+	for (int i = 0; i < n; i++) {
+		char *t = strdup(words[i]);
+		if (!t || add_item(g, t, -1) < 0)
+			return -1;
+	}
+	return add_node(g, (struct gnode){.kind = GN_LIT, .first = first, .n = n});
+}
+
+/* The first bytes a node's values may begin with, as a 256-bit set. */
+static void first_bytes(const struct gram *g, int node, uint64_t set[4], int depth)
+{
+	const struct gnode *n = &g->nodes[node];
+	const char *s = NULL;
+	switch (n->kind) {
+	case GN_ANY:
+		s = "{[\"-0123456789tfn";
+		break;
+	case GN_OBJECT:
+		s = "{";
+		break;
+	case GN_ARRAY:
+		s = "[";
+		break;
+	case GN_STRING:
+		s = "\"";
+		break;
+	case GN_NUMBER:
+	case GN_INTEGER:
+		s = "-0123456789";
+		break;
+	case GN_LIT:
+		for (int i = 0; i < n->n; i++) {
+			unsigned char c = (unsigned char)g->text[n->first + i][0];
+			set[c >> 6] |= 1ull << (c & 63);
+		}
+		return;
+	case GN_ANYOF:
+		for (int i = 0; i < n->n && depth < 16; i++)
+			first_bytes(g, g->val[n->first + i], set, depth + 1);
+		return;
+	}
+	for (; *s; s++)
+		set[(unsigned char)*s >> 6] |= 1ull << ((unsigned char)*s & 63);
+}
+
+static int compile_node(struct compile *c, const json_t *sch, const char *path);
+
+/* anyOf/oneOf (or a list of types): alternatives whose first bytes differ. */
+static int anyof_node(struct compile *c, int *alt, int n, const char *path, const char *what)
+{
+	struct gram *g = c->g;
+	uint64_t all[4] = {0};
+	for (int i = 0; i < n; i++) {
+		uint64_t one[4] = {0};
+		first_bytes(g, alt[i], one, 0);
+		for (int k = 0; k < 4; k++) {
+			if (all[k] & one[k])
+				return cfail(c, path, "%s: alternatives %d and another can begin with the "
+					     "same character (a type each is supported)", what, i);
+			all[k] |= one[k];
+		}
+	}
+	int first = g->n_items;
+	for (int i = 0; i < n; i++)
+		if (add_item(g, NULL, alt[i]) < 0)
+			return -1;
+	return add_node(g, (struct gnode){.kind = GN_ANYOF, .first = first, .n = n});
+}
+
+static int type_node(struct compile *c, const json_t *sch, const char *type, const char *path)
+{
+	struct gram *g = c->g;
+	static const char *const tf[] = {"true", "false"}, *const nul[] = {"null"};
+	if (!strcmp(type, "string"))
+		return N_STRING;
+	if (!strcmp(type, "number"))
+		return N_NUMBER;
+	if (!strcmp(type, "integer"))
+		return add_node(g, (struct gnode){.kind = GN_INTEGER});
+	if (!strcmp(type, "boolean"))
+		return lit_node(g, tf, 2);
+	if (!strcmp(type, "null"))
+		return lit_node(g, nul, 1);
+	char sub[512];
+	if (!strcmp(type, "array")) {
+		const json_t *it = json_object_get(sch, "items"), *mn, *mx;
+		int items = N_ANY;
+		snprintf(sub, sizeof sub, "%s/items", path);
+		if (it && (items = compile_node(c, it, sub)) < 0)
+			return -1;
+		int lo = 0, hi = -1;
+		if ((mn = json_object_get(sch, "minItems"))) {
+			if (!json_is_integer(mn) || json_integer_value(mn) < 0 ||
+			    json_integer_value(mn) > 65535)
+				return cfail(c, path, "minItems must be an integer from 0 to 65535");
+			lo = (int)json_integer_value(mn);
+		}
+		if ((mx = json_object_get(sch, "maxItems"))) {
+			if (!json_is_integer(mx) || json_integer_value(mx) < lo ||
+			    json_integer_value(mx) > 65535)
+				return cfail(c, path, "maxItems must be an integer from minItems to "
+					     "65535");
+			hi = (int)json_integer_value(mx);
+		}
+		return add_node(g, (struct gnode){.kind = GN_ARRAY, .items = items,
+						  .min_items = lo, .max_items = hi});
+	}
+	if (!strcmp(type, "object")) {
+		const json_t *props = json_object_get(sch, "properties"), *req, *v;
+		const json_t *addl = json_object_get(sch, "additionalProperties");
+		if (props && !json_is_object(props))
+			return cfail(c, path, "properties must be an object");
+		size_t n = json_object_size(props);
+		if (!props && json_is_object(addl) && json_object_size(addl)) { /* its values' */
+			snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+			int val = compile_node(c, addl, sub);
+			return val < 0 ? -1
+				       : add_node(g, (struct gnode){.kind = GN_OBJECT,
+								    .free_keys = true, .items = val});
+		}
+		if (!props && !json_is_false(addl))
+			return N_ANY_OBJECT;
+		if (n > GRAM_ALTS_MAX)
+			return cfail(c, path, "an object has %zu properties; at most %d are supported",
+				     n, GRAM_ALTS_MAX);
+		int *vals = malloc((n + 1) * sizeof *vals);
+		const char **keys = malloc((n + 1) * sizeof *keys);
+		if (!vals || !keys) {
+			free(vals);
+			free(keys);
+			c->rc = WK_ENOMEM;
+			return -1;
+		}
+		const char *key;
+		size_t k = 0;
+		json_object_foreach((json_t *)props, key, v) {
+			snprintf(sub, sizeof sub, "%s/properties/%s", path, key);
+			keys[k] = key;
+			if ((vals[k++] = compile_node(c, v, sub)) < 0) {
+				free(vals);
+				free(keys);
+				return -1;
+			}
+		}
+		uint64_t required = 0;
+		if ((req = json_object_get(sch, "required"))) {
+			size_t i;
+			if (!json_is_array(req)) {
+				free(vals);
+				free(keys);
+				return cfail(c, path, "required must be an array of names");
+			}
+			json_array_foreach(req, i, v) {
+				size_t j = 0;
+				while (j < n && (!json_is_string(v) || strcmp(keys[j], json_string_value(v))))
+					j++;
+				if (j == n) {
+					free(vals);
+					free(keys);
+					return cfail(c, path, "required names \"%s\", which is not among "
+						     "the properties", json_is_string(v)
+						     ? json_string_value(v) : "?");
+				}
+				required |= 1ull << j;
+			}
+		}
+		int first = g->n_items;
+		for (k = 0; k < n; k++) {
+			json_t *s = json_string(keys[k]);
+			char *t = s ? json_dumps(s, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+			json_decref(s);
+			if (!t || add_item(g, t, vals[k]) < 0) {
+				free(vals);
+				free(keys);
+				c->rc = WK_ENOMEM;
+				return -1;
+			}
+		}
+		free(vals);
+		free(keys);
+		return add_node(g, (struct gnode){.kind = GN_OBJECT, .first = first, .n = (int)n,
+						  .required = required});
+	}
+	return cfail(c, path, "type \"%s\" is not a JSON Schema type", type);
+}
+
+static const char *const annotations[] = {
+	"title",    "description", "default",  "examples",  "$schema",  "$id",
+	"$comment", "strict",      "readOnly", "writeOnly", "deprecated", "name",
+	"$defs",    "definitions", "additionalProperties"};
+static const char *const handled[] = {"type",  "properties", "required", "items", "minItems",
+				      "maxItems", "enum", "const",   "anyOf", "oneOf", "$ref"};
+
+static int compile_node(struct compile *c, const json_t *sch, const char *path)
+{
+	struct gram *g = c->g;
+	if (json_is_true(sch) || (json_is_object(sch) && json_object_size(sch) == 0))
+		return N_ANY;
+	if (!json_is_object(sch))
+		return cfail(c, path, "a schema must be an object or true");
+	const char *key;
+	const json_t *v;
+	json_object_foreach((json_t *)sch, key, v) {
+		bool ok = false;
+		for (size_t i = 0; i < sizeof annotations / sizeof *annotations && !ok; i++)
+			ok = !strcmp(key, annotations[i]);
+		for (size_t i = 0; i < sizeof handled / sizeof *handled && !ok; i++)
+			ok = !strcmp(key, handled[i]);
+		if (!ok)
+			return cfail(c, path, "the keyword \"%s\" is not supported in structured "
+				     "output", key);
+	}
+	v = json_object_get(sch, "additionalProperties");
+	if (v && !json_is_boolean(v) && !json_is_object(v))
+		return cfail(c, path, "additionalProperties must be a boolean or a schema");
+	char sub[512];
+	if ((v = json_object_get(sch, "$ref"))) {
+		const char *ref = json_string_value(v), *name = NULL;
+		const json_t *defs = NULL;
+		if (ref && !strncmp(ref, "#/$defs/", 8))
+			defs = json_object_get(c->doc, "$defs"), name = ref + 8;
+		else if (ref && !strncmp(ref, "#/definitions/", 14))
+			defs = json_object_get(c->doc, "definitions"), name = ref + 14;
+		const json_t *target = name ? json_object_get(defs, name) : NULL;
+		if (!target)
+			return cfail(c, path, "$ref \"%s\": only \"#/$defs/NAME\" or "
+				     "\"#/definitions/NAME\" of this schema", ref ? ref : "?");
+		for (int i = 0; i < c->n_seen; i++)
+			if (c->seen[i] == target)
+				return c->seen_node[i];
+		if (c->n_seen == 256)
+			return cfail(c, path, "too many schemas");
+		/* a node of its own, filled once the target is compiled: recursion sees it */
+		int self = add_node(g, (struct gnode){.kind = GN_ANYOF, .n = 0});
+		if (self < 0) {
+			c->rc = WK_ENOMEM;
+			return -1;
+		}
+		c->seen[c->n_seen] = target;
+		c->seen_node[c->n_seen++] = self;
+		snprintf(sub, sizeof sub, "%s", ref + 1);
+		int t = compile_node(c, target, sub);
+		if (t < 0)
+			return -1;
+		g->nodes[self] = g->nodes[t];
+		return self;
+	}
+	if ((v = json_object_get(sch, "const")) || (v = json_object_get(sch, "enum"))) {
+		bool one = json_object_get(sch, "const") != NULL;
+		size_t n = one ? 1 : json_array_size(v);
+		if (!one && (!json_is_array(v) || n == 0))
+			return cfail(c, path, "enum must be a non-empty array");
+		if (n > GRAM_ALTS_MAX)
+			return cfail(c, path, "enum has %zu values; at most %d are supported", n,
+				     GRAM_ALTS_MAX);
+		int first = g->n_items;
+		for (size_t i = 0; i < n; i++) {
+			char *t = json_dumps(one ? v : json_array_get(v, i),
+					     JSON_ENCODE_ANY | JSON_COMPACT);
+			if (!t || add_item(g, t, -1) < 0) {
+				c->rc = WK_ENOMEM;
+				return -1;
+			}
+		}
+		return add_node(g, (struct gnode){.kind = GN_LIT, .first = first, .n = (int)n});
+	}
+	const json_t *alts = json_object_get(sch, "anyOf");
+	const char *what = "anyOf";
+	if (!alts && (alts = json_object_get(sch, "oneOf")))
+		what = "oneOf";
+	if (alts) {
+		size_t n = json_array_size(alts);
+		if (!json_is_array(alts) || n == 0 || n > 8)
+			return cfail(c, path, "%s must be an array of 1 to 8 schemas", what);
+		int alt[8];
+		for (size_t i = 0; i < n; i++) {
+			snprintf(sub, sizeof sub, "%s/%s/%zu", path, what, i);
+			if ((alt[i] = compile_node(c, json_array_get(alts, i), sub)) < 0)
+				return -1;
+		}
+		return n == 1 ? alt[0] : anyof_node(c, alt, (int)n, path, what);
+	}
+	v = json_object_get(sch, "type");
+	if (!v)
+		return json_object_get(sch, "properties") ? type_node(c, sch, "object", path)
+		       : json_object_get(sch, "items")    ? type_node(c, sch, "array", path)
+							   : N_ANY;
+	if (json_is_string(v))
+		return type_node(c, sch, json_string_value(v), path);
+	size_t n = json_array_size(v);
+	if (!json_is_array(v) || n == 0 || n > 8)
+		return cfail(c, path, "type must be a string or a list of 1 to 8 types");
+	int alt[8];
+	for (size_t i = 0; i < n; i++) {
+		const char *t = json_string_value(json_array_get(v, i));
+		if (!t)
+			return cfail(c, path, "type must be a string or a list of 1 to 8 types");
+		if ((alt[i] = type_node(c, sch, t, path)) < 0)
+			return -1;
+	}
+	return n == 1 ? alt[0] : anyof_node(c, alt, (int)n, path, "type");
+}
+
+void gram_free(struct gram *g)
+{
+	if (!g)
+		return;
+	for (int i = 0; i < g->n_items; i++)
+		free(g->text[i]);
+	free(g->text);
+	free(g->len);
+	free(g->val);
+	free(g->nodes);
+	free(g);
+}
+
+int gram_compile(const char *schema, size_t len, struct gram **out, char *err, size_t errsz)
+{
+	*out = NULL;
+	struct gram *g = calloc(1, sizeof *g);
+	if (!g)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	static const char *const words[] = {"true", "false", "null"};
+	/* N_ANY, N_ANY_OBJECT, N_ANY_ARRAY, N_STRING, N_NUMBER, N_WORDS, in that order */
+	if (add_node(g, (struct gnode){.kind = GN_ANY}) != N_ANY ||
+	    add_node(g, (struct gnode){.kind = GN_OBJECT, .free_keys = true, .items = N_ANY}) !=
+		    N_ANY_OBJECT ||
+	    add_node(g, (struct gnode){.kind = GN_ARRAY, .items = N_ANY, .max_items = -1}) !=
+		    N_ANY_ARRAY ||
+	    add_node(g, (struct gnode){.kind = GN_STRING}) != N_STRING ||
+	    add_node(g, (struct gnode){.kind = GN_NUMBER}) != N_NUMBER ||
+	    lit_node(g, words, 3) != N_WORDS) {
+		gram_free(g);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	g->root = N_ANY_OBJECT;
+	if (schema) {
+		json_error_t je;
+		json_t *doc = json_loadb(schema, len, JSON_DECODE_ANY, &je);
+		if (!doc) {
+			gram_free(g);
+			return wk_errf(err, errsz, WK_EINVAL, "the schema is not JSON: %s", je.text);
+		}
+		struct compile c = {.g = g, .doc = doc, .err = err, .errsz = errsz, .rc = WK_OK};
+		g->root = compile_node(&c, doc, "");
+		json_decref(doc);
+		if (g->root < 0) {
+			int rc = c.rc != WK_OK ? c.rc : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+			gram_free(g);
+			return rc;
+		}
+	}
+	*out = g;
+	return WK_OK;
+}
+
+/* ---- the recognizer ---- */
+
+enum fk { F_VALUE, F_OBJ, F_ARR, F_STR, F_NUM, F_LIT };
+enum { OB_OPEN, OB_KEY, OB_COLON, OB_VAL, OB_AFTER, OB_NEXT };     /* F_OBJ phases */
+enum { AR_OPEN, AR_VAL, AR_AFTER, AR_NEXT };                       /* F_ARR */
+enum { ST_IN, ST_ESC, ST_HEX };                                    /* F_STR */
+enum { NU_MINUS, NU_ZERO, NU_INT, NU_DOT, NU_FRAC, NU_E, NU_ESIGN, NU_EXP }; /* F_NUM */
+
+static bool is_ws(unsigned char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+void gram_start(const struct gram *g, struct gram_state *s)
+{
+	s->depth = 1;
+	s->done = false;
+	s->f[0] = (struct gram_frame){.node = (uint16_t)g->root, .kind = F_VALUE};
+}
+
+static bool push(struct gram_state *s, struct gram_frame f)
+{
+	if (s->depth == GRAM_DEPTH)
+		return false;
+	s->f[s->depth++] = f;
+	return true;
+}
+
+/* The value on top is whole: its frame goes, and its parent moves on. */
+static void value_done(const struct gram *g, struct gram_state *s)
+{
+	s->depth--;
+	if (s->depth == 0) {
+		s->done = true;
+		return;
+	}
+	struct gram_frame *p = &s->f[s->depth - 1];
+	if (p->kind == F_OBJ && p->phase == OB_KEY) { /* a free key's string */
+		p->phase = OB_COLON;
+	} else if (p->kind == F_OBJ) {
+		if (!g->nodes[p->node].free_keys)
+			p->seen |= 1ull << p->aux;
+		p->phase = OB_AFTER;
+	} else if (p->kind == F_ARR) {
+		p->pos += p->pos < UINT16_MAX;
+		p->phase = AR_AFTER;
+	}
+	p->ws = 0;
+}
+
+/* Whitespace c where it may be: one space or tab, or a newline and then up to GRAM_WS_MAX
+ * spaces or tabs (f->ws: 0 none yet, 1 after a space, 2 + k after a newline and k more). */
+static bool ws(struct gram_frame *f, unsigned char c)
+{
+	if (f->ws == 0) {
+		f->ws = c == '\n' ? 2 : 1;
+		return c != '\r';
+	}
+	if (f->ws == 1 || c == '\n' || c == '\r' || f->ws - 2 >= GRAM_WS_MAX)
+		return false;
+	f->ws++;
+	return true;
+}
+
+/* A value of node begins with c: the frame f (which held F_VALUE) becomes its kind. */
+static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c);
+
+static bool lit_cand_begin(const struct gram *g, struct gram_frame *f, int node,
+			   unsigned char c)
+{
+	const struct gnode *n = &g->nodes[node];
+	uint64_t cand = 0;
+	for (int i = 0; i < n->n; i++)
+		if ((unsigned char)g->text[n->first + i][0] == c)
+			cand |= 1ull << i;
+	if (!cand)
+		return false;
+	*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_LIT, .pos = 1, .cand = cand};
+	return true;
+}
+
+/* Whether a literal candidate is whole at f->pos. */
+static bool lit_whole(const struct gram *g, const struct gram_frame *f, bool *longer)
+{
+	const struct gnode *n = &g->nodes[f->node];
+	bool whole = false;
+	*longer = false;
+	for (int i = 0; i < n->n; i++)
+		if (f->cand >> i & 1) {
+			if (g->len[n->first + i] == f->pos)
+				whole = true;
+			else
+				*longer = true;
+		}
+	return whole;
+}
+
+static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c)
+{
+	struct gram_frame *f = &s->f[s->depth - 1];
+	const struct gnode *n = &g->nodes[node];
+	switch (n->kind) {
+	case GN_ANY:
+		if (c == '{')
+			return value_begin(g, s, N_ANY_OBJECT, c);
+		if (c == '[')
+			return value_begin(g, s, N_ANY_ARRAY, c);
+		if (c == '"')
+			return value_begin(g, s, N_STRING, c);
+		if (c == 't' || c == 'f' || c == 'n')
+			return value_begin(g, s, N_WORDS, c);
+		return value_begin(g, s, N_NUMBER, c);
+	case GN_ANYOF:
+		for (int i = 0; i < n->n; i++) {
+			uint64_t set[4] = {0};
+			int alt = g->val[n->first + i];
+			first_bytes(g, alt, set, 0);
+			if (set[c >> 6] >> (c & 63) & 1)
+				return value_begin(g, s, alt, c);
+		}
+		return false;
+	case GN_OBJECT:
+		if (c != '{')
+			return false;
+		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_OBJ, .phase = OB_OPEN};
+		return true;
+	case GN_ARRAY:
+		if (c != '[')
+			return false;
+		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_ARR, .phase = AR_OPEN};
+		return true;
+	case GN_STRING:
+		if (c != '"')
+			return false;
+		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_STR, .phase = ST_IN};
+		return true;
+	case GN_NUMBER:
+	case GN_INTEGER:
+		if (c != '-' && !(c >= '0' && c <= '9'))
+			return false;
+		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_NUM, .pos = 1,
+					 .phase = c == '-' ? NU_MINUS : c == '0' ? NU_ZERO : NU_INT};
+		return true;
+	case GN_LIT:
+		if (!lit_cand_begin(g, f, node, c))
+			return false;
+		bool longer, whole = lit_whole(g, f, &longer);
+		if (whole && !longer)
+			value_done(g, s);
+		return true;
+	}
+	return false;
+}
+
+static uint64_t all_props(const struct gnode *n)
+{
+	return n->n >= 64 ? ~0ull : (1ull << n->n) - 1;
+}
+
+/* The next property key's first byte (after its opening quote) in an object frame. */
+static bool key_begin(const struct gram *g, struct gram_state *s, struct gram_frame *f)
+{
+	const struct gnode *n = &g->nodes[f->node];
+	f->phase = OB_KEY;
+	f->ws = 0;
+	if (n->free_keys) /* any keys: a string of its own */
+		return push(s, (struct gram_frame){.node = N_STRING, .kind = F_STR});
+	f->cand = all_props(n) & ~f->seen;
+	f->pos = 1;
+	return f->cand != 0;
+}
+
+static bool number_byte(struct gram_frame *f, unsigned char c, bool integer, bool *end)
+{
+	bool digit = c >= '0' && c <= '9';
+	*end = false;
+	switch (f->phase) {
+	case NU_MINUS:
+		if (!digit)
+			return false;
+		f->phase = c == '0' ? NU_ZERO : NU_INT;
+		break;
+	case NU_ZERO:
+	case NU_INT:
+	case NU_FRAC:
+	case NU_EXP:
+		if (digit && f->phase != NU_ZERO) {
+			break;
+		} else if (c == '.' && !integer && (f->phase == NU_ZERO || f->phase == NU_INT)) {
+			f->phase = NU_DOT;
+		} else if ((c == 'e' || c == 'E') && !integer && f->phase != NU_EXP) {
+			f->phase = NU_E;
+		} else {
+			*end = true; /* the number is over: c is the parent's */
+			return true;
+		}
+		break;
+	case NU_DOT:
+		if (!digit)
+			return false;
+		f->phase = NU_FRAC;
+		break;
+	case NU_E:
+		if (c == '+' || c == '-')
+			f->phase = NU_ESIGN;
+		else if (digit)
+			f->phase = NU_EXP;
+		else
+			return false;
+		break;
+	case NU_ESIGN:
+		if (!digit)
+			return false;
+		f->phase = NU_EXP;
+		break;
+	}
+	return ++f->pos <= GRAM_NUM_MAX;
+}
+
+static bool hex(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
+{
+	for (;;) { /* again when a value ends on a byte that is its parent's */
+		if (s->done || s->depth == 0)
+			return false;
+		struct gram_frame *f = &s->f[s->depth - 1];
+		const struct gnode *n = &g->nodes[f->node];
+		switch (f->kind) {
+		case F_VALUE:
+			if (is_ws(c))
+				return ws(f, c);
+			return value_begin(g, s, f->node, c);
+		case F_STR:
+			if (f->phase == ST_ESC) {
+				if (c == 'u') {
+					f->phase = ST_HEX;
+					f->pos = 0;
+					return true;
+				}
+				f->phase = ST_IN;
+				return strchr("\"\\/bfnrt", c) && c;
+			}
+			if (f->phase == ST_HEX) {
+				if (!hex(c))
+					return false;
+				if (++f->pos == 4)
+					f->phase = ST_IN;
+				return true;
+			}
+			if (c == '"') {
+				value_done(g, s);
+				return true;
+			}
+			if (c == '\\')
+				f->phase = ST_ESC;
+			return c >= 0x20;
+		case F_NUM: {
+			bool end;
+			if (!number_byte(f, c, n->kind == GN_INTEGER, &end))
+				return false;
+			if (!end)
+				return true;
+			if (f->phase == NU_MINUS || f->phase == NU_DOT || f->phase == NU_E ||
+			    f->phase == NU_ESIGN)
+				return false;
+			value_done(g, s);
+			continue;
+		}
+		case F_LIT: {
+			uint64_t next = 0;
+			for (int i = 0; i < n->n; i++)
+				if ((f->cand >> i & 1) && g->len[n->first + i] > f->pos &&
+				    (unsigned char)g->text[n->first + i][f->pos] == c)
+					next |= 1ull << i;
+			if (!next) {
+				bool longer;
+				if (!lit_whole(g, f, &longer))
+					return false;
+				value_done(g, s); /* (a number that may have gone on: 1 of 1, 10) */
+				continue;
+			}
+			f->cand = next;
+			f->pos++;
+			bool longer, whole = lit_whole(g, f, &longer);
+			if (whole && !longer)
+				value_done(g, s);
+			return true;
+		}
+		case F_OBJ:
+			switch (f->phase) {
+			case OB_OPEN:
+			case OB_NEXT:
+				if (is_ws(c))
+					return ws(f, c);
+				if (c == '"')
+					return key_begin(g, s, f);
+				if (c != '}' || f->phase == OB_NEXT ||
+				    (f->seen & n->required) != n->required)
+					return false;
+				value_done(g, s);
+				return true;
+			case OB_KEY: { /* a listed key: its JSON text, the closing quote included */
+				uint64_t next = 0;
+				int hit = -1;
+				for (int i = 0; i < n->n; i++)
+					if ((f->cand >> i & 1) && g->len[n->first + i] > f->pos &&
+					    (unsigned char)g->text[n->first + i][f->pos] == c) {
+						next |= 1ull << i;
+						if (g->len[n->first + i] == (size_t)f->pos + 1u)
+							hit = i;
+					}
+				if (!next)
+					return false;
+				f->cand = next;
+				f->pos++;
+				if (hit >= 0) {
+					f->aux = (int16_t)hit;
+					f->phase = OB_COLON;
+					f->ws = 0;
+				}
+				return true;
+			}
+			case OB_COLON:
+				if (is_ws(c))
+					return ws(f, c);
+				if (c != ':')
+					return false;
+				f->phase = OB_VAL;
+				f->ws = 0;
+				return push(s, (struct gram_frame){
+						       .node = (uint16_t)(n->free_keys
+									      ? n->items
+									      : g->val[n->first + f->aux]),
+						       .kind = F_VALUE});
+			case OB_AFTER:
+				if (is_ws(c))
+					return ws(f, c);
+				if (c == '}') {
+					if ((f->seen & n->required) != n->required)
+						return false;
+					value_done(g, s);
+					return true;
+				}
+				if (c != ',')
+					return false;
+				if (!n->free_keys && (f->seen & all_props(n)) == all_props(n))
+					return false; /* every key is there */
+				f->phase = OB_NEXT;
+				f->ws = 0;
+				return true;
+			}
+			return false;
+		case F_ARR:
+			switch (f->phase) {
+			case AR_OPEN:
+			case AR_NEXT:
+				if (is_ws(c))
+					return ws(f, c);
+				if (c == ']' && f->phase == AR_OPEN) {
+					if (f->pos < n->min_items)
+						return false;
+					value_done(g, s);
+					return true;
+				}
+				if (n->max_items >= 0 && f->pos >= n->max_items)
+					return false;
+				f->phase = AR_VAL;
+				f->ws = 0;
+				if (!push(s, (struct gram_frame){.node = (uint16_t)n->items,
+								 .kind = F_VALUE}))
+					return false;
+				continue; /* c begins the item */
+			case AR_AFTER:
+				if (is_ws(c))
+					return ws(f, c);
+				if (c == ']') {
+					if (f->pos < n->min_items)
+						return false;
+					value_done(g, s);
+					return true;
+				}
+				if (c != ',')
+					return false;
+				f->phase = AR_NEXT;
+				f->ws = 0;
+				return true;
+			}
+			return false;
+		}
+		return false;
+	}
+}
+
+bool gram_feed(const struct gram *g, struct gram_state *s, const char *bytes, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!step(g, s, (unsigned char)bytes[i]))
+			return false;
+	return true;
+}
+
+bool gram_complete(const struct gram *g, const struct gram_state *s)
+{
+	if (s->done)
+		return true;
+	if (s->depth != 1)
+		return false;
+	const struct gram_frame *f = &s->f[0];
+	if (f->kind == F_NUM)
+		return f->phase == NU_ZERO || f->phase == NU_INT || f->phase == NU_FRAC ||
+		       f->phase == NU_EXP;
+	bool longer;
+	return f->kind == F_LIT && lit_whole(g, f, &longer);
+}
+
+/* ---- the vocabulary ---- */
+
+struct tnode {
+	int child, sibling; /* first child, next sibling (-1: none) */
+	int tok;            /* the first token whose bytes end here (-1: none); same[] chains */
+	unsigned char byte;
+};
+
+struct gram_vocab {
+	int n;
+	struct tnode *t;
+	int n_t, cap_t;
+	int *same;          /* [n]: the next token with the same bytes */
+	unsigned char *plain; /* [n]: no '"', '\\' or control byte: a string's text whole */
+	int *other;         /* the tokens with bytes but not plain */
+	int n_other;
+	const char *const *pieces;
+	size_t *lens;
+	int max_len;
+};
+
+static int tnode_new(struct gram_vocab *v, unsigned char b)
+{
+	if (v->n_t == v->cap_t) {
+		int cap = v->cap_t ? 2 * v->cap_t : 1024;
+		struct tnode *p = realloc(v->t, (size_t)cap * sizeof *p);
+		if (!p)
+			return -1;
+		v->t = p;
+		v->cap_t = cap;
+	}
+	v->t[v->n_t] = (struct tnode){-1, -1, -1, b};
+	return v->n_t++;
+}
+
+void gram_vocab_free(struct gram_vocab *v)
+{
+	if (!v)
+		return;
+	free(v->t);
+	free(v->same);
+	free(v->plain);
+	free(v->other);
+	free(v->lens);
+	free(v);
+}
+
+int gram_vocab_new(const char *const *pieces, const size_t *lens, int n,
+		   struct gram_vocab **out)
+{
+	*out = NULL;
+	struct gram_vocab *v = calloc(1, sizeof *v);
+	if (!v)
+		return WK_ENOMEM;
+	v->n = n;
+	v->pieces = pieces;
+	v->same = malloc((size_t)(n + 1) * sizeof *v->same);
+	v->plain = calloc((size_t)n + 1, 1);
+	v->other = malloc((size_t)(n + 1) * sizeof *v->other);
+	v->lens = malloc((size_t)(n + 1) * sizeof *v->lens);
+	if (!v->same || !v->plain || !v->other || !v->lens || tnode_new(v, 0) != 0) {
+		gram_vocab_free(v);
+		return WK_ENOMEM;
+	}
+	for (int id = 0; id < n; id++) {
+		size_t len = pieces[id] ? lens[id] : 0;
+		v->lens[id] = len;
+		v->same[id] = -1;
+		if (!len)
+			continue;
+		bool plain = true;
+		for (size_t k = 0; k < len; k++) {
+			unsigned char c = (unsigned char)pieces[id][k];
+			plain &= c != '"' && c != '\\' && c >= 0x20;
+		}
+		v->plain[id] = plain;
+		if (!plain)
+			v->other[v->n_other++] = id;
+		v->max_len = len > (size_t)v->max_len ? (int)len : v->max_len;
+		int at = 0;
+		for (size_t k = 0; k < len; k++) {
+			unsigned char c = (unsigned char)pieces[id][k];
+			int ch = v->t[at].child, prev = -1;
+			while (ch >= 0 && v->t[ch].byte != c) {
+				prev = ch;
+				ch = v->t[ch].sibling;
+			}
+			if (ch < 0) {
+				if ((ch = tnode_new(v, c)) < 0) {
+					gram_vocab_free(v);
+					return WK_ENOMEM;
+				}
+				if (prev >= 0)
+					v->t[prev].sibling = ch;
+				else
+					v->t[at].child = ch;
+			}
+			at = ch;
+		}
+		v->same[id] = v->t[at].tok;
+		v->t[at].tok = id;
+	}
+	*out = v;
+	return WK_OK;
+}
+
+/* Marks the tokens below trie node `at` whose bytes s (a state after the bytes down to it)
+ * accepts; st: a state for each depth below. */
+static int walk(const struct gram *g, const struct gram_vocab *v, int at,
+		const struct gram_state *s, struct gram_state *st, unsigned char *allowed)
+{
+	int count = 0;
+	for (int ch = v->t[at].child; ch >= 0; ch = v->t[ch].sibling) {
+		struct gram_state *t = st;
+		t->depth = s->depth;
+		t->done = s->done;
+		memcpy(t->f, s->f, (size_t)s->depth * sizeof *s->f);
+		if (!step(g, t, v->t[ch].byte))
+			continue;
+		for (int id = v->t[ch].tok; id >= 0; id = v->same[id]) {
+			allowed[id] = 1;
+			count++;
+		}
+		count += walk(g, v, ch, t, st + 1, allowed);
+	}
+	return count;
+}
+
+int gram_allowed(const struct gram *g, const struct gram_vocab *v, const struct gram_state *s,
+		 unsigned char *allowed)
+{
+	int count = 0;
+	const struct gram_frame *top = s->depth ? &s->f[s->depth - 1] : NULL;
+	if (!s->done && top && top->kind == F_STR && top->phase == ST_IN) {
+		memcpy(allowed, v->plain, (size_t)v->n);
+		for (int i = 0; i < v->n; i++)
+			count += allowed[i];
+		for (int k = 0; k < v->n_other; k++) {
+			int id = v->other[k];
+			struct gram_state t = *s;
+			allowed[id] = gram_feed(g, &t, v->pieces[id], v->lens[id]);
+			count += allowed[id];
+		}
+		return count;
+	}
+	memset(allowed, 0, (size_t)v->n);
+	if (s->done)
+		return 0;
+	struct gram_state *st = malloc((size_t)(v->max_len + 1) * sizeof *st);
+	if (!st)
+		return 0;
+	count = walk(g, v, 0, s, st, allowed);
+	free(st);
+	return count;
+}
