@@ -88,6 +88,7 @@ struct compile {
 	char *err;
 	size_t errsz;
 	int rc;
+	int depth;
 };
 
 static int cfail(struct compile *c, const char *path, const char *fmt, ...)
@@ -298,7 +299,19 @@ static const char *const annotations[] = {
 static const char *const handled[] = {"type",  "properties", "required", "items", "minItems",
 				      "maxItems", "enum", "const",   "anyOf", "oneOf", "$ref"};
 
+static int compile_one(struct compile *c, const json_t *sch, const char *path);
+
 static int compile_node(struct compile *c, const json_t *sch, const char *path)
+{
+	if (c->depth >= 64)
+		return cfail(c, path, "the schema is nested more than 64 deep");
+	c->depth++;
+	int n = compile_one(c, sch, path);
+	c->depth--;
+	return n;
+}
+
+static int compile_one(struct compile *c, const json_t *sch, const char *path)
 {
 	struct gram *g = c->g;
 	if (json_is_true(sch) || (json_is_object(sch) && json_object_size(sch) == 0))
@@ -450,6 +463,13 @@ int gram_compile(const char *schema, size_t len, struct gram **out, char *err, s
 		}
 		struct compile c = {.g = g, .doc = doc, .err = err, .errsz = errsz, .rc = WK_OK};
 		g->root = compile_node(&c, doc, "");
+		for (int i = N_FIXED; g->root >= 0 && i < g->n_nodes; i++) {
+			uint64_t set[4] = {0};
+			first_bytes(g, i, set, 0);
+			if (!(set[0] | set[1] | set[2] | set[3]))
+				g->root = cfail(&c, "", "a schema can match no value (a $ref that "
+					       "refers only to itself)");
+		}
 		json_decref(doc);
 		if (g->root < 0) {
 			int rc = c.rc != WK_OK ? c.rc : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
@@ -526,7 +546,8 @@ static bool ws(struct gram_frame *f, unsigned char c)
 }
 
 /* A value of node begins with c: the frame f (which held F_VALUE) becomes its kind. */
-static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c);
+static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c,
+			int depth);
 
 static bool lit_cand_begin(const struct gram *g, struct gram_frame *f, int node,
 			   unsigned char c)
@@ -558,28 +579,27 @@ static bool lit_whole(const struct gram *g, const struct gram_frame *f, bool *lo
 	return whole;
 }
 
-static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c)
+static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c,
+			int depth)
 {
 	struct gram_frame *f = &s->f[s->depth - 1];
 	const struct gnode *n = &g->nodes[node];
 	switch (n->kind) {
 	case GN_ANY:
-		if (c == '{')
-			return value_begin(g, s, N_ANY_OBJECT, c);
-		if (c == '[')
-			return value_begin(g, s, N_ANY_ARRAY, c);
-		if (c == '"')
-			return value_begin(g, s, N_STRING, c);
-		if (c == 't' || c == 'f' || c == 'n')
-			return value_begin(g, s, N_WORDS, c);
-		return value_begin(g, s, N_NUMBER, c);
-	case GN_ANYOF:
-		for (int i = 0; i < n->n; i++) {
+		return value_begin(g, s,
+				   c == '{'   ? N_ANY_OBJECT
+				   : c == '[' ? N_ANY_ARRAY
+				   : c == '"' ? N_STRING
+				   : c == 't' || c == 'f' || c == 'n' ? N_WORDS
+								       : N_NUMBER,
+				   c, depth);
+	case GN_ANYOF: /* (a $ref to itself among the alternatives: the depth ends it) */
+		for (int i = 0; i < n->n && depth < 16; i++) {
 			uint64_t set[4] = {0};
 			int alt = g->val[n->first + i];
 			first_bytes(g, alt, set, 0);
-			if (set[c >> 6] >> (c & 63) & 1)
-				return value_begin(g, s, alt, c);
+			if ((set[c >> 6] >> (c & 63) & 1) && value_begin(g, s, alt, c, depth + 1))
+				return true;
 		}
 		return false;
 	case GN_OBJECT:
@@ -696,7 +716,7 @@ static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
 		case F_VALUE:
 			if (is_ws(c))
 				return ws(f, c);
-			return value_begin(g, s, f->node, c);
+			return value_begin(g, s, f->node, c, 0);
 		case F_STR:
 			if (f->phase == ST_ESC) {
 				if (c == 'u') {

@@ -28,6 +28,18 @@ stories() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# Submits each job file to the spool queue QDIR, then runs a worker on MODEL until it is idle
+# (0.5 s); its log is QDIR.log, and each result QDIR/done/ID.json.
+spool_jobs() { # MODEL QDIR JOB_FILE...
+  local model=$1 q=$2 f
+  shift 2
+  for f in "$@"; do
+    "$WICK" submit --queue "spool:$q" --file "$f" >/dev/null || fail "submit $f"
+  done
+  "$WICK" worker --model "$model" --queue "spool:$q" --idle-timeout 0.5 2>"$q.log" ||
+    fail "the worker on $model exited $?: $(tail -n 3 "$q.log")"
+}
+
 # The official `openai` npm client, installed from the registry into $WICK_BUILD/node-openai
 # (once, under a lock: scripts run side by side): sets OPENAI to its package directory.
 need_openai() {

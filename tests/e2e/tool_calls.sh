@@ -202,9 +202,7 @@ cat >"$TMPD/jobs/j.json" <<'EOF'
    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
  "max_tokens": 30, "thinking": true}}
 EOF
-"$WICK" submit --queue "spool:$TMPD/q" --file "$TMPD/jobs/j.json" >/dev/null || fail "submit"
-"$WICK" worker --model "$g" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>"$TMPD/w.log" ||
-  fail "the worker exited $?: $(tail -n 3 "$TMPD/w.log")"
+spool_jobs "$g" "$TMPD/q" "$TMPD/jobs/j.json"
 python3 - "$TMPD/q/done/tj.json" <<'EOF' || fail "the job's result"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -229,15 +227,11 @@ printf '%s\n' '[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>' \
 [ -f "$TMPD/g45.snap/chat_template.jinja" ] || fail "the snapshot left chat_template.jinja out"
 sed 's/"tj"/"tj45"/; s/, "thinking": true//' "$TMPD/jobs/j.json" >"$TMPD/jobs/j45.json"
 sed 's/"tj"/"tj45t"/' "$TMPD/jobs/j.json" >"$TMPD/jobs/j45t.json"
-for f in j45 j45t; do
-  "$WICK" submit --queue "spool:$TMPD/q45" --file "$TMPD/jobs/$f.json" >/dev/null || fail "submit"
-done
-"$WICK" worker --model "$TMPD/g45.snap" --queue "spool:$TMPD/q45" --idle-timeout 0.5 \
-  2>"$TMPD/w45.log" || fail "the glm45 worker exited $?: $(tail -n 3 "$TMPD/w45.log")"
-grep -q "ready: .*chat format glm45" "$TMPD/w45.log" ||
-  fail "the snapshot's template: $(grep ready "$TMPD/w45.log")"
-grep -q "ready: .*chat format glm," "$TMPD/w.log" || grep -q "ready: .*chat format glm$" \
-  "$TMPD/w.log" || fail "GLM-5's format: $(grep ready "$TMPD/w.log")"
+spool_jobs "$TMPD/g45.snap" "$TMPD/q45" "$TMPD/jobs/j45.json" "$TMPD/jobs/j45t.json"
+grep -q "ready: .*chat format glm45" "$TMPD/q45.log" ||
+  fail "the snapshot's template: $(grep ready "$TMPD/q45.log")"
+grep -q "ready: .*chat format glm," "$TMPD/q.log" || grep -q "ready: .*chat format glm$" \
+  "$TMPD/q.log" || fail "GLM-5's format: $(grep ready "$TMPD/q.log")"
 python3 - "$TMPD/q45/done/tj45.json" "$TMPD/q45/done/tj45t.json" <<'EOF' ||
 import json, sys
 o, t = (json.load(open(p))["output"] for p in sys.argv[1:])

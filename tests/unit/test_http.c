@@ -181,8 +181,12 @@ Test(http, errors_are_openai_shaped)
 		{"\"repetition_penalty\": 0", "repetition_penalty"},
 		{"\"logit_bias\": {\"a\": -100}", "logit_bias"},
 		{"\"logit_bias\": {\"50\": -101}", "logit_bias"},
-		{"\"response_format\": {\"type\": \"json_object\"}", "response_format"},
+		{"\"response_format\": {\"type\": \"xml\"}", "response_format"},
 		{"\"response_format\": \"json\"", "response_format"},
+		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
+		 "{\"type\": \"string\", \"pattern\": \"a\"}}}", "response_format"},
+		{"\"response_format\": {\"type\": \"json_object\"}, \"reasoning_effort\": \"high\"",
+		 "response_format"},
 		{"\"functions\": [{\"name\": \"f\"}]", "functions"},
 		{"\"function_call\": {\"name\": \"f\"}", "function_call"},
 		{"\"tool_choice\": \"required\"", "tool_choice"},
@@ -191,7 +195,7 @@ Test(http, errors_are_openai_shaped)
 		{"\"logprobs\": 1", "logprobs"},
 		{"\"stream_options\": {\"include_usage\": true}", "stream_options"}};
 	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-		char body[256];
+		char body[512];
 		snprintf(body, sizeof body,
 			 "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], %s}",
 			 refused[i][0]);
@@ -664,4 +668,32 @@ Test(http, penalties_and_bias)
 							     "50")), -100, 1e-9);
 	json_decref(j);
 	free(r.job);
+}
+
+/* response_format json_object and json_schema go into the job; text is the default. */
+Test(http, response_format)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+				     "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+				     "{\"name\": \"p\", \"strict\": true, \"schema\": {\"type\": "
+				     "\"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, "
+				     "\"required\": [\"a\"], \"additionalProperties\": false}}}}", &r);
+	json_t *f = json_object_get(json_object_get(j, "input"), "response_format");
+	cr_expect_str_eq(json_string_value(json_object_get(f, "type")), "json_schema");
+	cr_expect(json_is_object(json_object_get(json_object_get(f, "json_schema"), "schema")));
+	json_decref(j);
+	free(r.job);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": "
+				   "\"json_object\"}}", &r);
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(
+				 json_object_get(j, "input"), "response_format"), "type")),
+			 "json_object");
+	json_decref(j);
+	free(r.job);
+	struct oai_err e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": "
+					    "\"a\"}], \"response_format\": {\"type\": \"json_schema\", "
+					    "\"json_schema\": {\"schema\": {\"type\": \"string\", "
+					    "\"format\": \"date\"}}}}");
+	cr_expect(strstr(e.message, "\"format\"") != NULL, "names the keyword: %s", e.message);
 }

@@ -662,3 +662,49 @@ Test(job, penalties_and_bias)
 	job_free(&j);
 	free(big);
 }
+
+/* input.response_format: json_object, json_schema (compiled with the job), text. */
+Test(job, response_format)
+{
+	struct job j;
+	char err[WK_ERRSZ];
+	const char *obj = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"response_format\": "
+			  "{\"type\": \"json_object\"}}}";
+	cr_assert_eq(job_decode(obj, strlen(obj), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(j.json);
+	cr_expect_null(j.schema);
+	job_free(&j);
+	const char *sch = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"response_format\": "
+			  "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"schema\": "
+			  "{\"type\": \"array\", \"items\": {\"type\": \"integer\"}}}}}}";
+	cr_assert_eq(job_decode(sch, strlen(sch), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(j.json);
+	cr_expect(j.schema && strstr(j.schema, "\"items\""), "%s", j.schema);
+	job_free(&j);
+	const char *txt = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"response_format\": "
+			  "{\"type\": \"text\"}}}";
+	cr_assert_eq(job_decode(txt, strlen(txt), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(!j.json);
+	job_free(&j);
+	static const char *const bad[][2] = {
+		{"\"response_format\": {\"type\": \"yaml\"}", "input.response_format must"},
+		{"\"response_format\": {\"type\": \"json_schema\"}", "input.response_format.json_schema"},
+		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
+		 "{\"type\": \"string\", \"minLength\": 2}}}", "\"minLength\""},
+		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
+		 "{\"$ref\": \"#/$defs/x\"}}}", "$ref"},
+		{"\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"thinking\": true, "
+		 "\"response_format\": {\"type\": \"json_object\"}", "input.thinking"},
+		{"\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": [{\"type\": "
+		 "\"function\", \"function\": {\"name\": \"f\"}}], \"response_format\": {\"type\": "
+		 "\"json_object\"}", "input.tools"}};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char doc[512];
+		snprintf(doc, sizeof doc, "{\"id\": \"a\", \"input\": {%s%s}}",
+			 strstr(bad[i][0], "messages") ? "" : "\"prompt\": \"x\", ", bad[i][0]);
+		cr_expect_eq(job_decode(doc, strlen(doc), NULL, &j, err, sizeof err),
+			     JOB_EINVALID_INPUT, "%s", doc);
+		cr_expect(strstr(err, bad[i][1]), "%s: %s", doc, err);
+		job_free(&j);
+	}
+}

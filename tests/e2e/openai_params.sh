@@ -1,5 +1,6 @@
-# Log probabilities (OpenAI's logprobs) through wick dev and a queue job on stories260K, with
-# the official `openai` npm client:
+# OpenAI's request parameters beyond the basics, through wick dev and a queue job on
+# stories260K, with the official `openai` npm client: log probabilities, logit processing and
+# structured output.
 #   1. a queue job (input.logprobs, top_logprobs 3, greedy): an entry for each of token_ids,
 #      each logprob and its top 3 the log-softmax of `wick logits` over the same ids (another
 #      path: no scheduler, no worker, one prefill), the tokens' bytes make the text
@@ -13,6 +14,10 @@
 #   5. the logit processing the same requests take: logit_bias (a token banned never comes, one
 #      favoured is all that comes, an id outside the vocabulary a 400), frequency_penalty and
 #      presence_penalty (greedy: the text changes, and its logprobs stay the model's own)
+#   6. structured output: response_format json_schema (greedy with a free string, sampled, and
+#      streamed: each ends with the document, which parses and has the schema's keys and
+#      types), json_object (an object, or cut by max_tokens where it began one), a schema
+#      keyword not supported a 400 naming it, a queue job's output.text
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -26,9 +31,7 @@ import json, sys
 print(json.dumps({"id": "lp1", "input": {"prompt": sys.argv[1], "max_tokens": 24,
                   "temperature": 0, "logprobs": True, "top_logprobs": 3}}))
 EOF
-"$WICK" submit --queue "spool:$TMPD/q" --file "$TMPD/jobs/j.json" >/dev/null || fail "submit"
-"$WICK" worker --model "$m" --queue "spool:$TMPD/q" --idle-timeout 0.5 2>"$TMPD/w.log" ||
-  fail "the worker: $(tail -n 3 "$TMPD/w.log")"
+spool_jobs "$m" "$TMPD/q" "$TMPD/jobs/j.json"
 [ -f "$TMPD/q/done/lp1.json" ] || fail "no result for the job: $(ls -R "$TMPD/q")"
 cp "$TMPD/q/done/lp1.json" "$TMPD/job.json"
 pids=$("$WICK" tokenize "$m" --text "$PROMPT" | python3 -c 'import json, sys
@@ -92,6 +95,19 @@ const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1);
 const job = JSON.parse(fs.readFileSync(jobPath)).output;
 const text = (entries) => Buffer.concat(entries.map((e) => Buffer.from(e.bytes))).toString();
 const near = (a, b) => Math.abs(a - b) < 1e-6;
+let section6 = false;
+const person = (names) => ({ type: 'object', required: ['age', 'happy', 'pet', 'name'],
+  properties: { age: { type: 'integer' }, happy: { type: 'boolean' },
+                pet: { enum: ['cat', 'dog'] },
+                name: names ? { enum: names } : { type: 'string' } } });
+const checkPerson = (text, what) => {
+  let v = null;
+  try { v = JSON.parse(text); } catch (x) { assert(false, `${what}: not JSON: ${text}`); }
+  assert(Object.keys(v).sort().join() === 'age,happy,name,pet' && Number.isInteger(v.age) &&
+         typeof v.happy === 'boolean' && ['cat', 'dog'].includes(v.pet) &&
+         typeof v.name === 'string', `${what}: not the schema's: ${text}`);
+  return v;
+};
 (async () => {
   // 2. legacy completions: the job's numbers
   const c = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0,
@@ -209,10 +225,72 @@ const near = (a, b) => Math.abs(a - b) < 1e-6;
   } catch (x) { err = x; }
   assert(err && err.status === 400 && /outside the vocabulary/.test(err.message),
          `an id outside the vocabulary: ${err && err.message}`);
+  section6 = true;
   console.log(`5. logit_bias: ${JSON.stringify(first)} banned never comes, ` +
               `${JSON.stringify(job.logprobs.content[2].token)} at +100 is all that comes ` +
               '(sampled); frequency and presence penalties change the text; an id outside ' +
               'the vocabulary is a 400');
+
+  // 6. structured output
+  assert(section6, 'section 5 did not run');
+  const fmt = (names) => ({ type: 'json_schema',
+                            json_schema: { name: 'person', strict: true, schema: person(names) } });
+  const g = await client.chat.completions.create({ model, messages, max_tokens: 400,
+                                                   temperature: 0, response_format: fmt() });
+  assert(g.choices[0].finish_reason === 'stop', `greedy: ${g.choices[0].finish_reason}`);
+  const gv = checkPerson(g.choices[0].message.content, 'greedy');
+  const names = ['Lily', 'Ben', 'Tom'];
+  for (const seed of [1, 2, 3]) {
+    const h = await client.chat.completions.create({ model, messages, max_tokens: 400, seed,
+                                                     temperature: 0.7, response_format: fmt(names) });
+    assert(h.choices[0].finish_reason === 'stop', `seed ${seed}: ${h.choices[0].finish_reason}`);
+    assert(names.includes(checkPerson(h.choices[0].message.content, `seed ${seed}`).name),
+           'a name outside the enum');
+  }
+  const st = await client.chat.completions.create({ model, messages, max_tokens: 400,
+                                                    temperature: 0, response_format: fmt(),
+                                                    stream: true });
+  let sc = '';
+  for await (const ch of st) sc += ch.choices[0]?.delta?.content || '';
+  assert(sc === g.choices[0].message.content, `streamed: ${sc}`);
+  const o = await client.completions.create({ model, prompt, max_tokens: 60, temperature: 0,
+                                              response_format: { type: 'json_object' } });
+  const ot = o.choices[0].text;
+  if (o.choices[0].finish_reason === 'stop')
+    assert(typeof JSON.parse(ot) === 'object' && !Array.isArray(JSON.parse(ot)), ot);
+  else
+    assert(/^\s*\{/.test(ot), `json_object: ${ot}`);
+  let err6 = null;
+  try {
+    await client.chat.completions.create({ model, messages, response_format: {
+      type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: 'a+' } } } });
+  } catch (x) { err6 = x; }
+  assert(err6 && err6.status === 400 && /"pattern"/.test(err6.message),
+         `a pattern: ${err6 && err6.message}`);
+  console.log(`6. structured output: ${JSON.stringify(gv)} (greedy, whole and streamed), ` +
+              `3 sampled from the enum of names; json_object ${o.choices[0].finish_reason}; ` +
+              'a pattern is a 400 naming it');
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
-echo "logprobs: ok"
+
+# 6 (continued). a queue job with response_format
+python3 - >"$TMPD/jobs/s.json" <<'EOF' || fail "the structured job"
+import json
+schema = {"type": "object", "required": ["pet", "happy"],
+          "properties": {"pet": {"enum": ["cat", "dog"]}, "happy": {"type": "boolean"}}}
+print(json.dumps({"id": "s1", "input": {"prompt": "Once upon a time", "max_tokens": 200,
+                  "temperature": 0, "response_format": {"type": "json_schema",
+                  "json_schema": {"name": "s", "schema": schema}}}}))
+EOF
+spool_jobs "$m" "$TMPD/q" "$TMPD/jobs/s.json"
+python3 - "$TMPD/q/done/s1.json" <<'EOF' || fail "the structured job's result"
+import json, sys
+r = json.load(open(sys.argv[1]))
+o = r["output"]
+assert r["status"] == "COMPLETED" and o["finish_reason"] == "stop", r
+v = json.loads(o["text"])
+assert sorted(v) == ["happy", "pet"] and v["pet"] in ("cat", "dog"), o["text"]
+assert isinstance(v["happy"], bool), o["text"]
+print("6. a queue job with response_format json_schema:", json.dumps(v))
+EOF
+echo "openai_params: ok"
