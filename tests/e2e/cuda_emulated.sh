@@ -563,9 +563,10 @@ for j in ("p1", "p2", "p3", "p4", "p5", "p6"):
         assert len(la) == len(lb) == len(a["output"]["token_ids"]), j
         for x, y in zip(la, lb):
             assert x["token"] == y["token"], (j, x, y)
-            assert [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
+            tx, ty = x["top_logprobs"], y["top_logprobs"]
+            assert [t["token"] for t in tx] == [t["token"] for t in ty], (j, tx, ty)
             d = max([d, abs(x["logprob"] - y["logprob"])] +
-                    [abs(s["logprob"] - t["logprob"]) for s, t in zip(x["top_logprobs"], y["top_logprobs"])])
+                    [abs(s["logprob"] - t["logprob"]) for s, t in zip(tx, ty)])
         assert d < 1e-3, (j, d)
     print(f"   {j}: {b['output']['text']!r}" + (f" (logprobs within {d:.1g})" if d else ""))
 PY

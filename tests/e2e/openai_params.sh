@@ -242,7 +242,8 @@ const checkPerson = (text, what) => {
   const names = ['Lily', 'Ben', 'Tom'];
   for (const seed of [1, 2, 3]) {
     const h = await client.chat.completions.create({ model, messages, max_tokens: 400, seed,
-                                                     temperature: 0.7, response_format: fmt(names) });
+                                                     temperature: 0.7,
+                                                     response_format: fmt(names) });
     assert(h.choices[0].finish_reason === 'stop', `seed ${seed}: ${h.choices[0].finish_reason}`);
     assert(names.includes(checkPerson(h.choices[0].message.content, `seed ${seed}`).name),
            'a name outside the enum');
@@ -262,8 +263,9 @@ const checkPerson = (text, what) => {
     assert(/^\s*\{/.test(ot), `json_object: ${ot}`);
   let err6 = null;
   try {
+    const schema = { type: 'string', pattern: 'a+' };
     await client.chat.completions.create({ model, messages, response_format: {
-      type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: 'a+' } } } });
+      type: 'json_schema', json_schema: { name: 'x', schema } } });
   } catch (x) { err6 = x; }
   assert(err6 && err6.status === 400 && /"pattern"/.test(err6.message),
          `a pattern: ${err6 && err6.message}`);

@@ -1,6 +1,7 @@
 /* Fuzz target: an OpenAI request body through oai_to_job (chat and completion), the API keys
- * file parser, and the response builders on a result (logprobs in both shapes): no crash, no leak; a request that is
- * accepted always yields a job document job_decode accepts, and every error has a message. */
+ * file parser, and the response builders on a result (logprobs in both shapes): no crash, no
+ * leak; a request that is accepted always yields a job document job_decode accepts, and every
+ * error has a message. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
