@@ -621,10 +621,9 @@ enum job_err job_decode(const char *body, size_t len, const char *queue_id, stru
 		j->timeout_s = d;
 	}
 	e = decode_input(json_object_get(root, "input"), j, err, errsz);
-	if (e == JOB_OK && j->json && (j->thinking || j->tools))
+	if (e == JOB_OK && j->json && j->tools)
 		e = fail(err, errsz, JOB_EINVALID_INPUT, "input.response_format: a JSON format "
-			 "cannot be combined with %s", j->thinking ? "input.thinking (the "
-			 "reasoning would have to be JSON too)" : "input.tools");
+			 "cannot be combined with input.tools");
 out:
 	json_decref(root);
 	return e;

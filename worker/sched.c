@@ -923,6 +923,7 @@ static int admit_rows(struct sched *s, struct sched_req *r)
 			return WK_EINVAL;
 		}
 		gram_start(r->gram, &r->gst);
+		r->gram_on = r->gram_after <= 0;
 	}
 	int rows = 1 + (s->spec > 0 ? s->spec : 0);
 	r->lp_cap = rows;
@@ -950,7 +951,7 @@ static int admit_rows(struct sched *s, struct sched_req *r)
  * grammar, -inf for each token that cannot continue gst (a stop id where it may end).
  * Returns false when no token can. */
 static bool process_row(struct sched *s, const struct sched_req *r, float *x,
-			const struct gram_state *gst)
+			const struct gram_state *gst, bool gram_on)
 {
 	for (int b = 0; b < r->n_bias; b++)
 		x[r->bias_id[b]] += r->bias[b];
@@ -963,7 +964,7 @@ static bool process_row(struct sched *s, const struct sched_req *r, float *x,
 		for (int v = 0; v < s->vocab; v++)
 			if (r->counts[v])
 				x[v] -= r->counts[v] * r->frequency_penalty + r->presence_penalty;
-	if (!r->gram)
+	if (!r->gram || !gram_on)
 		return true;
 	int n = gram_allowed(r->gram, s->gvocab, gst, s->gallowed);
 	if (gram_complete(r->gram, gst))
@@ -987,9 +988,10 @@ static void host_pick(struct sched *s, int i, const struct eng_item *it)
 	const int *in = d ? s->spec_in + (size_t)i * w + 1 : NULL;
 	int *g = d ? s->spec_out + (size_t)i * w : &s->next_tok[i], j = 0;
 	struct gram_state gst = r->gst; /* (advanced through the drafts kept in this step) */
+	bool on = r->gram_on;
 	for (; j <= d; j++) {
 		memcpy(s->pick_row, r->lp_rows + (size_t)j * s->vocab, s->vocab * sizeof(float));
-		if (!process_row(s, r, s->pick_row, &gst))
+		if (!process_row(s, r, s->pick_row, &gst, on))
 			r->gram_dead = true;
 		if (r->samp.temperature <= 0)
 			g[j] = samp_argmax(s->pick_row, s->vocab);
@@ -1005,8 +1007,10 @@ static void host_pick(struct sched *s, int i, const struct eng_item *it)
 			break;
 		if (r->counts)
 			r->counts[in[j]]++; /* (the rows after it see it; undone below) */
-		if (r->gram && s->gpiece[in[j]])
+		if (r->gram && on && s->gpiece[in[j]])
 			gram_feed(r->gram, &gst, s->gpiece[in[j]], s->glen[in[j]]);
+		else if (r->gram && in[j] == r->gram_after - 1)
+			on = true;
 	}
 	for (int k = 0; k < j && k < d && r->counts; k++)
 		r->counts[in[k]]--;
@@ -1048,8 +1052,10 @@ static bool take(struct sched *s, int i, int next, int len, const float *row,
 		finish(s, i, SCHED_DONE, SCHED_FIN_STOP, done, ctx);
 		return true;
 	}
-	if (r->gram && (r->gram_dead || !s->gpiece[next] ||
-			!gram_feed(r->gram, &r->gst, s->gpiece[next], s->glen[next]))) {
+	if (r->gram && !r->gram_on) {
+		r->gram_on = next == r->gram_after - 1; /* (the reasoning's end: free text before) */
+	} else if (r->gram && (r->gram_dead || !s->gpiece[next] ||
+			       !gram_feed(r->gram, &r->gst, s->gpiece[next], s->glen[next]))) {
 		snprintf(r->error, sizeof r->error, "structured output: no token could continue "
 			 "the document (at %d tokens)", r->n_out);
 		finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);

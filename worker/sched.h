@@ -75,8 +75,11 @@ struct sched_req {
 	/* Structured output (owned after submit; NULL: none): each pick is among the tokens whose
 	 * bytes continue a document the grammar accepts (grammar.h), a stop id only once the
 	 * document may end, and the request ends (SCHED_FIN_STOP) the moment it is whole. Its
-	 * logits come to the host, as with the processing above. */
+	 * logits come to the host, as with the processing above. gram_after: the token id + 1
+	 * after which the grammar applies (GLM's "</think>": the reasoning before it is free
+	 * text, and the token itself is not fed to the grammar); 0: from the first token. */
 	struct gram *gram;
+	int gram_after;
 	bool logprobs;        /* fill lp[n_out]: each generated token's log probability */
 	int top_logprobs;     /* and its n_top alternatives, 0..SCHED_TOP_LOGPROBS_MAX */
 	void *user;           /* the caller's */
@@ -123,6 +126,7 @@ struct sched_req {
 	int *counts;           /* processing with penalties: each id's count in out [vocab] */
 	unsigned char *in_prompt; /* the repetition penalty: the ids of the prompt [vocab] */
 	struct gram_state gst;  /* structured output: where the output stands */
+	bool gram_on;           /* ... the grammar applies (past gram_after) */
 	bool gram_dead;         /* ... no token could continue it (the request fails) */
 	bool cancel;
 	struct sched_req *next;

@@ -965,6 +965,8 @@ static void admit(struct worker *w, struct held *h)
 	r->user = h;
 	const struct eng_info *in = eng_info(w->e);
 	int bad = -1;
+	if (j.json && j.thinking && !j.forced && w->think_end >= 0)
+		r->gram_after = w->think_end + 1; /* the reasoning is free, the answer JSON */
 	if (j.json && gram_compile(j.schema, j.schema ? strlen(j.schema) : 0, &r->gram, err,
 				   sizeof err) != WK_OK) { /* (job_decode compiled it: memory) */
 		fail_job(w, h, JOB_FAILED, JOB_EINTERNAL, err, false);

@@ -15,7 +15,8 @@
 #   4. thinking (chat_template_kwargs.enable_thinking, Z.ai's thinking, reasoning_effort):
 #      message.reasoning_content "Let me see" (3 reasoning_tokens), content "Sure." and the
 #      call; streamed, the reasoning as reasoning_content deltas and never "</think>"; the next
-#      turn with the reasoning in the messages is served; thinking disabled gives none
+#      turn with the reasoning in the messages is served; thinking disabled gives none; with
+#      response_format json_schema the reasoning is free and the content the document
 #   5. a queue job with input.tools and input.thinking: output.tool_calls and
 #      output.reasoning_content in its result
 #   6. a GLM-4.5/4.6 chat template in the model (kept by wick snapshot): the worker renders
@@ -186,9 +187,31 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
     await client.chat.completions.create({ model, messages, reasoning_effort: 'max' });
   } catch (e) { bad = e.status; }
   assert(bad === 400, `reasoning_effort max: ${bad}`);
+  // with a JSON schema: the reasoning free, then the document. After "</think>" this model
+  // would say "Sure."; the grammar leaves it tokens of equal logits, and the lowest id wins
+  for (const stream of [false, true]) {
+    const js = await client.chat.completions.create({ model, messages, max_tokens: 60, stream,
+      reasoning_effort: 'high', response_format: { type: 'json_schema', json_schema: {
+        name: 'pet', schema: { type: 'object', required: ['pet'],
+                               properties: { pet: { enum: ['cat', 'dog'] } } } } } });
+    let jr = '', jc = '', fin = null;
+    if (stream) {
+      for await (const ch of js) {
+        jr += ch.choices[0]?.delta?.reasoning_content || '';
+        jc += ch.choices[0]?.delta?.content || '';
+        fin = ch.choices[0]?.finish_reason || fin;
+      }
+    } else {
+      [jr, jc, fin] = [js.choices[0].message.reasoning_content, js.choices[0].message.content,
+                       js.choices[0].finish_reason];
+    }
+    assert(jr === 'Let me see' && ['cat', 'dog'].includes(JSON.parse(jc).pet) && fin === 'stop',
+           `thinking and a json_schema (stream ${stream}): ${JSON.stringify({ jr, jc, fin })}`);
+  }
   console.log('thinking: reasoning_content "Let me see" (3 tokens) before the content and ' +
               'the call, whole and streamed, asked three ways; the next turn with it served; ' +
-              'disabled gives none; a bad reasoning_effort is a 400');
+              'disabled gives none; a bad reasoning_effort is a 400; with a json_schema the ' +
+              'reasoning, then the document (whole and streamed)');
 })().catch((e) => { console.error(e); process.exit(1); });
 EOF
 kill -TERM $pid

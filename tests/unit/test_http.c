@@ -185,8 +185,6 @@ Test(http, errors_are_openai_shaped)
 		{"\"response_format\": \"json\"", "response_format"},
 		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
 		 "{\"type\": \"string\", \"pattern\": \"a\"}}}", "response_format"},
-		{"\"response_format\": {\"type\": \"json_object\"}, \"reasoning_effort\": \"high\"",
-		 "response_format"},
 		{"\"functions\": [{\"name\": \"f\"}]", "functions"},
 		{"\"function_call\": {\"name\": \"f\"}", "function_call"},
 		{"\"tool_choice\": \"required\"", "tool_choice"},

@@ -914,10 +914,13 @@ static void expect_person(const struct sched_req *r, const char *what)
 	cr_assert_eq(r->finish, SCHED_FIN_STOP, "%s: not ended by the document (%d tokens): %s",
 		     what, r->n_out, r->text);
 	json_error_t je;
-	json_t *v = json_loadb(r->text, r->text_len, 0, &je);
+	/* (as reals: an integer of 30 digits is JSON, but past jansson's integers) */
+	json_t *v = json_loadb(r->text, r->text_len, JSON_DECODE_INT_AS_REAL, &je);
 	cr_assert_not_null(v, "%s: not JSON (%s): %s", what, je.text, r->text);
 	cr_expect_eq(json_object_size(v), 4, "%s: %s", what, r->text);
-	cr_expect(json_is_integer(json_object_get(v, "age")), "%s: %s", what, r->text);
+	double age = json_number_value(json_object_get(v, "age"));
+	cr_expect(json_is_number(json_object_get(v, "age")) && age == floor(age), "%s: %s", what,
+		  r->text);
 	cr_expect(json_is_boolean(json_object_get(v, "happy")), "%s: %s", what, r->text);
 	const char *pet = json_string_value(json_object_get(v, "pet"));
 	cr_expect(pet && (!strcmp(pet, "cat") || !strcmp(pet, "dog")), "%s: %s", what, r->text);
@@ -960,4 +963,37 @@ Test(sched, structured_output_follows_the_schema)
 	sched_req_free(a);
 	sched_req_free(b);
 	sched_req_free(o);
+}
+
+/* gram_after: the output is free text up to that token (GLM's reasoning up to "</think>"),
+ * then the document; here the token is the first one of the free text's own output. */
+Test(sched, structured_output_after_a_token)
+{
+	struct samp_cfg greedy = {.temperature = 0, .top_p = 1};
+	struct sched_req *plain = lp_run("Once upon a time", 8, 0, false, greedy, NULL, NULL);
+	int mark = plain->out[2]; /* ", there was": the third token ends the free part */
+	for (int spec = 0; spec <= 4; spec += 4) {
+		struct sched_req *r = calloc(1, sizeof *r);
+		char err[WK_ERRSZ];
+		cr_assert_eq(gram_compile(person3, strlen(person3), &r->gram, err, sizeof err), WK_OK);
+		r->gram_after = mark + 1;
+		r->samp = greedy;
+		r = run_req(r, "Once upon a time", 400, spec, NULL, NULL);
+		cr_assert_geq(r->n_out, 3);
+		cr_expect(!memcmp(r->out, plain->out, 3 * sizeof(int)),
+			  "the free part is not the model's own text");
+		char *rest = NULL;
+		size_t n = 0;
+		cr_assert_eq(tok_decode(eng_tokenizer(eng), r->out + 3, r->n_out - 3, true, &rest, &n,
+					err, sizeof err), WK_OK);
+		struct sched_req view = *r;
+		view.text = rest;
+		view.text_len = n;
+		expect_person(&view, spec ? "after a token, speculating" : "after a token");
+		fprintf(stderr, "structured output after token %d (spec %d): %s | %s\n", mark, spec,
+			r->text, rest);
+		free(rest);
+		sched_req_free(r);
+	}
+	sched_req_free(plain);
 }
