@@ -55,6 +55,7 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 #include "worker/ledger.h"
+#include "worker/split.h"
 
 /* A request body: a queue's job document's limit (JOB_BODY_MAX, 4 MiB), so that a prompt at
  * JOB_PROMPT_MAX (1 MiB of text: a 200K-token context) still fits when a client escapes it,
@@ -126,12 +127,7 @@ struct http_flight {
 	struct evhttp_request *req; /* NULL once answered or when the client went away */
 	struct hconn *conn;         /* NULL when the connection is gone */
 	bool started;               /* the stream's headers are sent */
-	char *held;                 /* with tools or thinking: text not yet sent (malloc'd) */
-	size_t held_len, sent;      /* ... held_len bytes; the bytes of content sent */
-	size_t rsent;               /* ... and of reasoning */
-	bool in_reasoning;          /* thinking: no "</think>" yet */
-	bool opened;                /* thinking: past a "<think>" the model wrote first (GLM-4.5) */
-	bool in_calls;              /* tools: a "<tool_call>" came: no more content until the end */
+	struct split sp;            /* with tools or thinking: its reasoning and content so far */
 	json_t *lp_pending;         /* logprobs: entries that came, for the next chunk sent */
 	size_t lp_sent;             /* ... and the entries sent */
 	size_t lp_offset;           /* ... and the characters they cover (text_offset) */
@@ -574,7 +570,7 @@ static void flight_free(struct http_api *h, struct http_flight *f)
 	if (f->conn && f->conn->cur == f)
 		f->conn->cur = NULL;
 	free(f->body);
-	free(f->held);
+	split_free(&f->sp);
 	json_decref(f->lp_pending);
 	free(f);
 }
@@ -632,74 +628,21 @@ static void client_gone(struct http_api *h, struct http_flight *f)
 		flight_free(h, f);
 }
 
-/* Where in the held text tag begins (*hit), or else the bytes before the longest tail that
- * could begin it. */
-static size_t before_tag(const struct http_flight *f, const char *tag, bool *hit)
-{
-	size_t tl = strlen(tag);
-	const char *at = memmem(f->held, f->held_len, tag, tl);
-	*hit = at != NULL;
-	if (at)
-		return (size_t)(at - f->held);
-	for (size_t k = tl - 1; k > 0; k--)
-		if (k <= f->held_len && !memcmp(f->held + f->held_len - k, tag, k))
-			return f->held_len - k;
-	return f->held_len;
-}
+/* split_piece's emit for a stream: a reasoning or content chunk (with the logprobs that came). */
+struct emit_ctx {
+	struct http_api *h;
+	struct http_flight *f;
+};
 
-/* Sends the held text's first n bytes as content (reasoning: as reasoning) and drops them
- * and skip bytes more. */
-static void send_held(struct http_api *h, struct http_flight *f, size_t n, size_t skip,
-		      bool reasoning)
+static void emit_chunk(void *ctx, bool reasoning, const char *text, size_t n)
 {
-	if (n)
-		sse_send(f, with_lp(f, reasoning ? oai_reasoning_chunk(f->id, f->created, h->model,
-									f->held, n)
-						 : oai_chunk(f->kind, f->id, f->created, h->model,
-							     f->held, n, false, NULL)),
-			 NULL);
-	*(reasoning ? &f->rsent : &f->sent) += n;
-	memmove(f->held, f->held + n + skip, f->held_len - n - skip);
-	f->held_len -= n + skip;
-}
-
-/* A piece of a chat with thinking or tools: its reasoning up to "</think>" as reasoning
- * deltas; then its content, with tools held back from where a "<tool_call>" may begin (and
- * the whitespace before it: the content before a call ends without it). */
-static void held_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
-{
-	if (f->in_calls || !len)
-		return;
-	char *p = realloc(f->held, f->held_len + len);
-	if (!p)
-		return; /* (the result's text still comes whole at the end) */
-	memcpy(p + f->held_len, text, len);
-	f->held = p;
-	f->held_len += len;
-	bool hit;
-	if (f->in_reasoning && !f->opened) { /* as the worker's reasoning: a leading <think> out */
-		size_t k = 0;
-		while (k < f->held_len && (f->held[k] == ' ' || f->held[k] == '\n'))
-			k++;
-		size_t m = f->held_len - k < 7 ? f->held_len - k : 7;
-		if (m < 7 && !memcmp(f->held + k, "<think>", m))
-			return; /* (it may still be one) */
-		if (m == 7 && !memcmp(f->held + k, "<think>", 7))
-			send_held(h, f, 0, k + 7, true);
-		f->opened = true;
-	}
-	if (f->in_reasoning) {
-		size_t n = before_tag(f, "</think>", &hit);
-		send_held(h, f, n, hit ? 8 : 0, true);
-		if (!hit)
-			return;
-		f->in_reasoning = false;
-	}
-	size_t n = f->tools ? before_tag(f, "<tool_call>", &hit) : f->held_len;
-	f->in_calls = f->tools && hit;
-	while (f->tools && n && memchr(" \t\r\n", f->held[n - 1], 4))
-		n--;
-	send_held(h, f, n, 0, false);
+	struct emit_ctx *e = ctx;
+	struct http_flight *f = e->f;
+	sse_send(f, with_lp(f, reasoning ? oai_reasoning_chunk(f->id, f->created, e->h->model,
+								text, n)
+					 : oai_chunk(f->kind, f->id, f->created, e->h->model, text,
+						     n, false, NULL)),
+		 NULL);
 }
 
 static void on_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
@@ -709,7 +652,7 @@ static void on_piece(struct http_api *h, struct http_flight *f, const char *text
 	if (!f->started)
 		sse_start(h, f);
 	if (f->tools || f->thinking)
-		held_piece(h, f, text, len);
+		split_piece(&f->sp, text, len, emit_chunk, &(struct emit_ctx){h, f});
 	else if (len)
 		sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len,
 						 false, NULL)),
@@ -749,16 +692,16 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 							  json_array_get(r.logprobs, k));
 			}
 			if (ok && (f->tools || f->thinking)) { /* what was held, then the calls */
-				if (r.reasoning && r.reasoning_len > f->rsent)
+				if (r.reasoning && r.reasoning_len > f->sp.rsent)
 					sse_send(f, with_lp(f, oai_reasoning_chunk(
 								    f->id, f->created, h->model,
-								    r.reasoning + f->rsent,
-								    r.reasoning_len - f->rsent)),
+								    r.reasoning + f->sp.rsent,
+								    r.reasoning_len - f->sp.rsent)),
 						 NULL);
-				if (r.text_len > f->sent)
+				if (r.text_len > f->sp.sent)
 					sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created,
-									 h->model, r.text + f->sent,
-									 r.text_len - f->sent, false,
+									 h->model, r.text + f->sp.sent,
+									 r.text_len - f->sp.sent, false,
 									 NULL)),
 						 NULL);
 				if (r.tool_calls)
@@ -1205,8 +1148,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->max_given = r.max_given;
 	f->tools = r.tools;
 	f->logprobs = r.logprobs;
-	f->thinking = f->in_reasoning = r.thinking && !r.forced; /* (forced: thinking off) */
-	f->in_calls = r.forced; /* its answer is a call: no content to stream */
+	f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
+	split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content to stream */
 	f->created = (long)ts.tv_sec;
 	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
 	f->t_arrived = wk_now();

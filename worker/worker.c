@@ -43,6 +43,7 @@
 #include <xxhash.h>
 #include "worker/queue.h"
 #include "worker/sched.h"
+#include "worker/split.h"
 #include "worker/http_api.h"
 #include "worker/worker.h"
 
@@ -66,6 +67,9 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 				 * with ("<tool_call>" NAME; malloc'd), or NULL */
 	int lp_sent;            /* a streamed HTTP request with logprobs: the tokens whose
 				 * logprobs went with its pieces */
+	bool split;             /* a streamed queue job with thinking or tools: its stream carries
+				 * its content only (split.h), as its result's output.text */
+	struct split sp;
 	struct ledger_req bill;  /* its request line, filled when it finishes */
 	char bill_status[16];
 	/* what an attempt the engine failed had run, for its RELEASED line (req is gone) */
@@ -505,6 +509,9 @@ static void held_forget(struct held *h)
 	h->tools = NULL;
 	free(h->forced);
 	h->forced = NULL;
+	if (h->split)
+		split_free(&h->sp);
+	h->split = false;
 }
 
 /* Frees the slots of the batches the committer finished. With wait, first waits until it
@@ -790,6 +797,8 @@ static void job_done(struct worker *w, struct sched_req *r)
 		if (!content)
 			jr.text = "";
 	}
+	if (h->split && st == JOB_COMPLETED && jr.text_len > h->sp.sent) /* what it held back */
+		queue_stream(w->q, &h->qj, jr.text + h->sp.sent, jr.text_len - h->sp.sent);
 	held_forget(h);
 	struct lp_set lp = {0};
 	if (r->logprobs && r->lp && lp_build(w, r, 0, r->n_out, &lp) == WK_OK) {
@@ -894,11 +903,26 @@ static int render_prompt(struct worker *w, const struct job *j, int **ids, int *
 /* A queue job that asked to stream ("stream": true): its text as it is made, to the
  * queue's stream channel (Redis: sent by the flush after the step; RunPod's stream URL: by
  * the driver's thread). */
+struct stream_ctx {
+	struct worker *w;
+	struct held *h;
+};
+
+/* split_piece's emit for a queue stream: the content; the reasoning stays in the result */
+static void emit_content(void *ctx, bool reasoning, const char *bytes, size_t n)
+{
+	struct stream_ctx *c = ctx;
+	if (!reasoning)
+		queue_stream(c->w->q, &c->h->qj, bytes, n);
+}
+
 static void on_job_token(void *ctx, struct sched_req *r, const char *piece, size_t len)
 {
 	struct worker *w = ctx;
 	struct held *h = r->user;
-	if (len)
+	if (h->split)
+		split_piece(&h->sp, piece, len, emit_content, &(struct stream_ctx){w, h});
+	else if (len)
 		queue_stream(w->q, &h->qj, piece, len);
 }
 
@@ -1010,6 +1034,8 @@ static void admit(struct worker *w, struct held *h)
 		if (j.stream && !h->http && queue_streams(w->q)) {
 			r->on_token = on_job_token;
 			queue_stream(w->q, &h->qj, "", 0);
+			if ((h->split = h->thinking || h->tools || h->forced))
+				split_init(&h->sp, h->thinking, h->tools != NULL, h->forced != NULL);
 		}
 		if (ledger_current(w->ledger) != LEDGER_BUSY) /* the scheduler was empty */
 			ledger_state(w->ledger, LEDGER_BUSY, sched_mark(w->s), err, sizeof err);

@@ -21,6 +21,9 @@
 #      output.reasoning_content in its result
 #   6. a GLM-4.5/4.6 chat template in the model (kept by wick snapshot): the worker renders
 #      GLM-4.5's format, and the call comes back the same
+#   7. the same job streamed through a Redis queue (redis-server started here): the stream
+#      carries the content alone ("Sure."), as the result's output.text, never the reasoning,
+#      the "</think>" marker or the call's text
 # The prompt wick renders with tools is held to GLM's own templates by tokenizer_bytelevel.sh.
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -265,4 +268,32 @@ print("chat format glm45 from the template a snapshot kept: the same call, and w
       "the same reasoning (the <think> GLM-4.5 writes itself left out)")
 EOF
   fail "the glm45 jobs' results"
+
+# 7. streamed through a Redis queue: the pieces are the content alone
+command -v redis-server >/dev/null || fail "redis-server is not installed (scripts/install-deps)"
+rport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+redis-server --port "$rport" --bind 127.0.0.1 --save '' --dir "$TMPD" >/dev/null &
+for _ in $(seq 200); do redis-cli -p "$rport" ping 2>/dev/null | has PONG && break; sleep 0.05; done
+RQ="redis://127.0.0.1:$rport/jobs?group=wick"
+sed 's/"tj"/"ts"/; s/"thinking": true/"thinking": true, "stream": true/' "$TMPD/jobs/j.json" \
+  >"$TMPD/jobs/js.json"
+"$WICK" submit --queue "$RQ" --file "$TMPD/jobs/js.json" --stream >"$TMPD/st.out" \
+  2>"$TMPD/st.err" &
+sp=$!
+sleep 0.3
+"$WICK" worker --model "$g" --queue "$RQ" --idle-timeout 1 2>"$TMPD/rw.log" ||
+  fail "the redis worker: $(tail -n 3 "$TMPD/rw.log")"
+wait $sp || fail "submit --stream: $(cat "$TMPD/st.err")"
+python3 - "$TMPD/st.out" <<'EOF' || fail "the streamed job"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+res, pieces = lines[-1], lines[:-1]
+o = res["output"]
+assert res["status"] == "COMPLETED" and o["tool_calls"] and o["reasoning_content"], res
+text = "".join(p["output"]["text"] for p in pieces)
+assert text == o["text"] == "Sure.", (text, o)
+print(f"a Redis stream: {len(pieces)} pieces adding up to the content {text!r} (the result's "
+      "output.text), without the reasoning, the marker or the call")
+EOF
 echo PASS
