@@ -1056,6 +1056,7 @@ static bool take(struct sched *s, int i, int next, int len, const float *row,
 		r->gram_on = next == r->gram_after - 1; /* (the reasoning's end: free text before) */
 	} else if (r->gram && (r->gram_dead || !s->gpiece[next] ||
 			       !gram_feed(r->gram, &r->gst, s->gpiece[next], s->glen[next]))) {
+		r->gram_dead = true; /* (the request's schema, not the engine: invalid_input) */
 		snprintf(r->error, sizeof r->error, "structured output: no token could continue "
 			 "the document (at %d tokens)", r->n_out);
 		finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);

@@ -127,7 +127,8 @@ struct sched_req {
 	unsigned char *in_prompt; /* the repetition penalty: the ids of the prompt [vocab] */
 	struct gram_state gst;  /* structured output: where the output stands */
 	bool gram_on;           /* ... the grammar applies (past gram_after) */
-	bool gram_dead;         /* ... no token could continue it (the request fails) */
+	bool gram_dead;         /* ... no token could continue it (the request fails: its
+				 * schema's doing, not the engine's) */
 	bool cancel;
 	struct sched_req *next;
 };

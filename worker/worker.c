@@ -726,6 +726,7 @@ static void job_done(struct worker *w, struct sched_req *r)
 	enum job_status st = map[r->status];
 	enum job_err code = r->status == SCHED_TIMED_OUT  ? JOB_ETIMEOUT
 			    : r->status == SCHED_CANCELLED ? JOB_ECANCELLED
+			    : r->status == SCHED_FAILED && r->gram_dead ? JOB_EINVALID_INPUT
 			    : r->status == SCHED_FAILED    ? JOB_EENGINE
 							   : JOB_OK;
 	double queue_s = r->t_admit - h->taken_at;
