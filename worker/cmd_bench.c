@@ -28,7 +28,8 @@ static void bench_usage(FILE *f)
 		   "  wick bench restore SNAP [--source HF_DIR] [--runs N] [--no-cold]\n"
 		   "  wick bench queue MODEL [-n TOKENS] [--jobs N]\n"
 		   "  wick bench launches MODEL [--context N] [--steps S] [--backend B]\n"
-		   "  wick bench speculate MODEL [-n TOKENS] [--draft K] [--prompt TEXT]...\n");
+		   "  wick bench speculate MODEL [-n TOKENS] [--draft K] [--prompt TEXT]...\n"
+		   "  wick bench picks MODEL [-n TOKENS] [--runs N] [--backend B]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -256,6 +257,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_launches(argc - 1, argv + 1);
 	if (!strcmp(sub, "speculate"))
 		return bench_spec(argc - 1, argv + 1);
+	if (!strcmp(sub, "picks"))
+		return bench_picks(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

@@ -295,4 +295,12 @@ assert sorted(v) == ["happy", "pet"] and v["pet"] in ("cat", "dog"), o["text"]
 assert isinstance(v["happy"], bool), o["text"]
 print("6. a queue job with response_format json_schema:", json.dumps(v))
 EOF
+# the benchmark of the host's part of these picks runs (its figures: README)
+"$WICK" bench picks "$m" -n 20 --runs 1 >"$TMPD/picks.txt" || fail "wick bench picks"
+tail -n 1 "$TMPD/picks.txt" | python3 -c 'import json, sys
+t = json.load(sys.stdin)["ms_per_token"]
+assert sorted(t) == sorted(["plain", "logprobs", "penalties", "logit_bias", "json_object",
+                            "json_schema"]) and all(v > 0 for v in t.values()), t' ||
+  fail "wick bench picks: $(cat "$TMPD/picks.txt")"
+echo "wick bench picks: $(sed -n 1p "$TMPD/picks.txt")"
 echo "openai_params: ok"
