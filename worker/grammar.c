@@ -915,7 +915,7 @@ struct gram_vocab {
 	int *same;          /* [n]: the next token with the same bytes */
 	unsigned char *plain; /* [n]: no '"', '\\' or control byte: a string's text whole */
 	int *other;         /* the tokens with bytes but not plain */
-	int n_other;
+	int n_other, n_plain;
 	const char *const *pieces;
 	size_t *lens;
 	int max_len;
@@ -976,6 +976,7 @@ int gram_vocab_new(const char *const *pieces, const size_t *lens, int n,
 			plain &= c != '"' && c != '\\' && c >= 0x20;
 		}
 		v->plain[id] = plain;
+		v->n_plain += plain;
 		if (!plain)
 			v->other[v->n_other++] = id;
 		v->max_len = len > (size_t)v->max_len ? (int)len : v->max_len;
@@ -1035,8 +1036,7 @@ int gram_allowed(const struct gram *g, const struct gram_vocab *v, const struct 
 	const struct gram_frame *top = s->depth ? &s->f[s->depth - 1] : NULL;
 	if (!s->done && top && top->kind == F_STR && top->phase == ST_IN) {
 		memcpy(allowed, v->plain, (size_t)v->n);
-		for (int i = 0; i < v->n; i++)
-			count += allowed[i];
+		count = v->n_plain;
 		for (int k = 0; k < v->n_other; k++) {
 			int id = v->other[k];
 			struct gram_state t = *s;
