@@ -26,6 +26,7 @@ struct sched {
 	const struct tok *tok;
 	FILE *log;
 	int vocab, max_seq, slots;
+	int prompt_rows;         /* sched_set_prompt_rows */
 	struct eng_info stops;   /* n_stop and stop: the ids that end a generation */
 	struct sched_req *wait_head, *wait_tail;
 	struct sched_req **run;  /* [slots]: running requests, NULL when free */
@@ -72,6 +73,8 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	memcpy(s->stops.stop, in->stop, sizeof s->stops.stop);
 	s->max_seq = in->max_seq;
 	s->slots = in->max_seqs;
+	size_t rows = SCHED_PROMPT_ROWS_BYTES / ((size_t)s->vocab * sizeof(float));
+	s->prompt_rows = rows < 1 ? 1 : rows > 256 ? 256 : (int)rows;
 	s->run = calloc((size_t)s->slots, sizeof *s->run);
 	s->items = calloc((size_t)s->slots, sizeof *s->items);
 	s->next_tok = calloc((size_t)s->slots, sizeof *s->next_tok);
@@ -205,6 +208,14 @@ int sched_set_speculate(struct sched *s, int max_draft)
 	return WK_OK;
 }
 
+int sched_set_prompt_rows(struct sched *s, int rows)
+{
+	if (rows < 1 || rows > SCHED_PROMPT_ROWS_MAX)
+		return WK_EINVAL;
+	s->prompt_rows = rows;
+	return WK_OK;
+}
+
 int sched_set_speculate_max_batch(struct sched *s, int max_batch)
 {
 	if (max_batch < 0)
@@ -335,6 +346,8 @@ void sched_req_free(struct sched_req *r)
 	free(r->text);
 	free(r->lp);
 	free(r->lp_rows);
+	free(r->plp);
+	free(r->plp_rows);
 	free(r->bias_id);
 	free(r->bias);
 	free(r->counts);
@@ -513,6 +526,15 @@ int sched_token_bytes(const struct sched *s, const struct sched_req *r, int k, i
 		return WK_EINVAL;
 	return decode_after(s->tok, r->prompt, r->n_prompt, r->out, k < r->n_out ? k : r->n_out,
 			    &id, 1, true, bytes, len);
+}
+
+int sched_prompt_bytes(const struct sched *s, const struct sched_req *r, int k, int id,
+		       char **bytes, size_t *len)
+{
+	if (!s->tok)
+		return WK_EINVAL;
+	return decode_after(s->tok, r->prompt, k < r->n_prompt ? k : r->n_prompt, NULL, 0, &id,
+			    1, true, bytes, len);
 }
 
 void sched_logprob_of(struct sched_logprob *o, const float *l, int vocab, int tok, int top)
@@ -732,7 +754,7 @@ static void log_step(struct sched *s, int n, double t)
 	for (int i = 0; i < n; i++) {
 		struct sched_req *r = s->run[s->item_slot[i]];
 		fprintf(s->log, "%s{\"id\": \"%s\", \"phase\": \"%s\", \"tokens\": %d", i ? ", " : "",
-			r->id, r->steps == 0 ? "prefill" : "decode", s->items[i].n);
+			r->id, r->pre < r->n_prompt ? "prefill" : "decode", s->items[i].n);
 		if (s->spec_k[s->item_slot[i]])
 			fprintf(s->log, ", \"draft\": %d", s->spec_k[s->item_slot[i]]);
 		fprintf(s->log, "}");
@@ -926,14 +948,22 @@ static int admit_rows(struct sched *s, struct sched_req *r)
 		r->gram_on = r->gram_after <= 0;
 	}
 	int rows = 1 + (s->spec > 0 ? s->spec : 0);
+	int prows = r->n_prompt < s->prompt_rows ? r->n_prompt : s->prompt_rows;
 	r->lp_cap = rows;
-	if (r->proc && !s->pick_row) {
+	if (r->prompt_logprobs &&
+	    (!(r->plp = calloc((size_t)r->n_prompt, sizeof *r->plp)) ||
+	     !(r->plp_rows = malloc((size_t)prows * s->vocab * sizeof(float))))) {
+		snprintf(r->error, sizeof r->error, "out of memory for the logits of %d prompt "
+			 "rows", prows);
+		return WK_ENOMEM;
+	}
+	if ((r->proc || r->prompt_logprobs) && !s->pick_row) {
 		s->pick_row = malloc((size_t)s->vocab * sizeof *s->pick_row);
 		s->pick_cand = malloc((size_t)s->vocab * sizeof *s->pick_cand);
 	}
 	if (((r->logprobs || r->proc) &&
 	     !(r->lp_rows = malloc((size_t)rows * s->vocab * sizeof(float)))) ||
-	    (r->proc && (!s->pick_row || !s->pick_cand)) ||
+	    ((r->proc || r->prompt_logprobs) && (!s->pick_row || !s->pick_cand)) ||
 	    ((rep || r->presence_penalty != 0 || r->frequency_penalty != 0) &&
 	     !(r->counts = calloc((size_t)s->vocab, sizeof *r->counts))) ||
 	    (rep && !(r->in_prompt = calloc((size_t)s->vocab, 1)))) {
@@ -1077,6 +1107,40 @@ static bool take(struct sched *s, int i, int next, int len, const float *row,
 	return false;
 }
 
+/* After a step that ran the item it of the prompt of the request in slot i: its prompt
+ * logprobs, and where its prompt is all in, its first token picked from the last row when
+ * the host picks (into next_tok, or lp_rows' first row for host_pick). Returns whether a
+ * token is to be taken now (false: more of the prompt to come, or max_tokens 0 and the
+ * request finished). */
+static bool prompt_done(struct sched *s, int i, const struct eng_item *it,
+			void (*done)(void *ctx, struct sched_req *r), void *ctx)
+{
+	struct sched_req *r = s->run[i];
+	size_t V = (size_t)s->vocab;
+	for (int j = 0; r->plp_rows && j < it->n && r->pre + j + 1 < r->n_prompt; j++)
+		sched_logprob_of(&r->plp[r->pre + j + 1], r->plp_rows + j * V, s->vocab,
+				 r->prompt[r->pre + j + 1], r->prompt_top);
+	r->pre += it->n;
+	if (r->pre < r->n_prompt)
+		return false;
+	if (r->max_tokens <= 0) {
+		finish(s, i, SCHED_DONE, SCHED_FIN_LENGTH, done, ctx);
+		return false;
+	}
+	if (!r->plp_rows)
+		return true;
+	const float *last = r->plp_rows + (size_t)(it->n - 1) * V;
+	if (r->lp_rows) /* (its logprob, or host_pick's row) */
+		memcpy(r->lp_rows, last, V * sizeof *last);
+	if (!r->proc)
+		s->next_tok[i] = r->samp.temperature <= 0
+					 ? samp_argmax(last, s->vocab)
+					 : samp_pick(last, s->vocab, &r->samp, it->sample.u, s->pick_cand);
+	free(r->plp_rows);
+	r->plp_rows = NULL;
+	return true;
+}
+
 /* One step without the accounting: finished requests go to the fin list. */
 static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r), void *ctx,
 		    int *n_items)
@@ -1141,14 +1205,20 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 						 0, NULL};
 		it->mtp_cache = false;
 		r->draft_len = s->spec && s->spec_now ? plan_drafts(s, r) : 0;
-		if (r->steps == 0) {
-			it->tokens = r->prompt;
-			it->n = r->n_prompt;
+		bool pre = r->pre < r->n_prompt, first = true; /* the step gives it a token */
+		if (pre) { /* its prompt (a chunk of it, with prompt logprobs) */
+			it->tokens = r->prompt + r->pre;
+			it->n = r->n_prompt - r->pre;
+			if (r->plp_rows && it->n > s->prompt_rows)
+				it->n = s->prompt_rows;
+			first = r->pre + it->n == r->n_prompt;
 			decoding = false;
 		} else {
 			decode_item(s, i, it);
 		}
-		if (!greedy && !it->sample.u_rows) /* a speculating one has its draws in u_rows */
+		/* (a speculating one has its draws in u_rows; a chunk before the prompt's last
+		 * makes no pick) */
+		if (!greedy && !it->sample.u_rows && first)
 			it->sample.u = samp_draw(r->sampler);
 		if (r->logprobs || r->proc) /* each row's logits come to the host (<= lp_cap) */
 			it->logits = r->lp_rows;
@@ -1162,6 +1232,12 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			it->token = NULL;
 			it->drafts = 0;
 			it->mtp_cache = false;
+		}
+		if (pre && r->plp_rows) { /* every row's logits, and the host picks */
+			it->logits = r->plp_rows;
+			it->rows = it->n;
+			it->token = NULL;
+			it->drafts = 0;
 		}
 		s->item_req[n] = r;
 		s->item_slot[n++] = i;
@@ -1197,6 +1273,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		r->steps++;
 		if (r->n_out == 0)
 			r->t_first = t;
+		if (r->pre < r->n_prompt && !prompt_done(s, i, &s->items[k], done, ctx))
+			continue;
 		if (r->proc)
 			host_pick(s, i, &s->items[k]);
 		for (int j = 0; j < s->items[k].drafts && s->items[k].draft[j] >= 0; j++)

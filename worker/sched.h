@@ -82,6 +82,15 @@ struct sched_req {
 	int gram_after;
 	bool logprobs;        /* fill lp[n_out]: each generated token's log probability */
 	int top_logprobs;     /* and its n_top alternatives, 0..SCHED_TOP_LOGPROBS_MAX */
+	/* Prompt logprobs (vLLM's prompt_logprobs, and what OpenAI's legacy echo + logprobs
+	 * returns): fill plp[1..n_prompt), each prompt token's log probability after the tokens
+	 * before it, with prompt_top alternatives (the first token has none: nothing precedes
+	 * it). Such a prompt is prefilled in chunks of at most sched_set_prompt_rows tokens, each
+	 * chunk's logits coming to the host, and its first token is picked there from the last
+	 * row (the same rule and draw as the engine's). With max_tokens 0 the request ends after
+	 * its prompt (SCHED_FIN_LENGTH), nothing generated: a scoring request. */
+	bool prompt_logprobs;
+	int prompt_top;
 	void *user;           /* the caller's */
 	/* Optional streaming hook, called during sched_step (ctx is the step's ctx) once after
 	 * each token the request generates, with the text that became final since the last call
@@ -98,6 +107,7 @@ struct sched_req {
 	int n_out, cap_out;
 	struct sched_logprob *lp; /* with logprobs: [n_out] (the engine copies each row's logits
 				   * to the host for them: a row of vocab floats a token) */
+	struct sched_logprob *plp; /* with prompt_logprobs: [n_prompt] (plp[0] unfilled) */
 	char *text;           /* decoded output (after the stop string is cut), on finish */
 	size_t text_len;
 	char error[WK_ERRSZ];  /* for SCHED_FAILED */
@@ -108,6 +118,8 @@ struct sched_req {
 
 	/* private */
 	int seq;
+	int pre;              /* prompt tokens in the cache (the prefill is done at n_prompt) */
+	float *plp_rows;      /* prompt_logprobs, during the prefill: a chunk's logits */
 	size_t sent;          /* bytes of text handed to on_token */
 	int win;              /* on_token, no stop strings: first token of the decode window */
 	int draft_len;        /* speculation: the most draft tokens of this step's plan */
@@ -217,8 +229,15 @@ struct sched_cost {
 void sched_cost_add(struct sched_cost *c, double z, double y);
 double sched_cost_ratio(const struct sched_cost *c);
 
+/* The most prompt tokens a request with prompt_logprobs prefills in one step: a row of
+ * logits (vocab floats) each comes to the host. Default: as many as 64 MiB holds, 1 to 256.
+ * WK_EINVAL outside 1..4096. */
+#define SCHED_PROMPT_ROWS_BYTES (64u << 20)
+#define SCHED_PROMPT_ROWS_MAX 4096
+int sched_set_prompt_rows(struct sched *s, int rows);
+
 /* Queues r (admitted at the next step when a sequence is free). The prompt must be
- * non-empty. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller
+ * non-empty; max_tokens 0 prefills it and ends. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller
  * reports prompt_too_long) with a message. */
 int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errsz);
 
@@ -266,5 +285,8 @@ void sched_logprob_of(struct sched_logprob *o, const float *logits, int vocab, i
  * WK_EINVAL (no tokenizer, or id outside it). */
 int sched_token_bytes(const struct sched *s, const struct sched_req *r, int k, int id,
 		      char **bytes, size_t *len);
+/* The same for token id in place of prompt token k (after prompt[0..k)). */
+int sched_prompt_bytes(const struct sched *s, const struct sched_req *r, int k, int id,
+		       char **bytes, size_t *len);
 
 #endif

@@ -626,6 +626,8 @@ Test(sched, logprob_of_is_the_log_softmax)
 	cr_expect_float_eq(o.lp, -lse, 1e-6);
 }
 
+static int run_prompt_rows; /* run_req: sched_set_prompt_rows (0: the default) */
+
 /* Runs r (its settings filled in) on prompt through a scheduler that speculates spec drafts;
  * with pieces, each token's bytes (sched_token_bytes), concatenated. */
 static struct sched_req *run_req(struct sched_req *r, const char *prompt, int max_tokens,
@@ -633,6 +635,8 @@ static struct sched_req *run_req(struct sched_req *r, const char *prompt, int ma
 {
 	struct sched *s = sched_create(eng, NULL);
 	cr_assert_eq(sched_set_speculate(s, spec), WK_OK);
+	if (run_prompt_rows)
+		cr_assert_eq(sched_set_prompt_rows(s, run_prompt_rows), WK_OK);
 	cr_assert_eq(sched_set_draft_cost(s, SPEC_COST), WK_OK);
 	snprintf(r->id, sizeof r->id, "a");
 	char err[WK_ERRSZ];
@@ -646,10 +650,12 @@ static struct sched_req *run_req(struct sched_req *r, const char *prompt, int ma
 	if (pieces) {
 		*pieces = calloc(1, 1);
 		*plen = 0;
-		for (int k = 0; k < r->n_out; k++) {
-			char *b;
+		for (int k = r->prompt_logprobs ? -r->n_prompt : 0; k < r->n_out; k++) {
+			char *b; /* (with prompt logprobs, the prompt's pieces first) */
 			size_t n;
-			cr_assert_eq(sched_token_bytes(s, r, k, r->out[k], &b, &n), WK_OK);
+			cr_assert_eq(k < 0 ? sched_prompt_bytes(s, r, r->n_prompt + k,
+								r->prompt[r->n_prompt + k], &b, &n)
+					   : sched_token_bytes(s, r, k, r->out[k], &b, &n), WK_OK);
 			*pieces = realloc(*pieces, *plen + n + 1);
 			memcpy(*pieces + *plen, b, n);
 			*plen += n;
@@ -752,6 +758,131 @@ Test(sched, logprobs_are_the_models)
 	sched_req_free(on);
 	sched_req_free(spec);
 	sched_req_free(hot);
+}
+
+/* ---- prompt logprobs ---- */
+
+/* r's prompt logprobs (top 4) against the engine's own logits for each prefix of its prompt,
+ * a prefill each. */
+static void plp_check(const struct sched_req *r, const char *what)
+{
+	int vocab = eng_info(eng)->vocab;
+	float *lg = malloc((size_t)vocab * sizeof *lg);
+	double worst = 0;
+	cr_assert_not_null(r->plp, "%s: no prompt logprobs", what);
+	for (int k = 1; k < r->n_prompt; k++) {
+		int seq;
+		char err[WK_ERRSZ];
+		cr_assert_eq(eng_seq_alloc(eng, &seq), WK_OK);
+		struct eng_item it = {.seq = seq, .tokens = r->prompt, .n = k, .logits = lg};
+		cr_assert_eq(eng_step(eng, &it, 1, err, sizeof err), WK_OK, "%s", err);
+		eng_seq_free(eng, seq);
+		double m = -INFINITY, sum = 0;
+		for (int v = 0; v < vocab; v++)
+			m = lg[v] > m ? lg[v] : m;
+		for (int v = 0; v < vocab; v++)
+			sum += exp((double)lg[v] - m);
+		double lse = m + log(sum), d = fabs(r->plp[k].lp - (lg[r->prompt[k]] - lse));
+		worst = d > worst ? d : worst;
+		cr_assert_eq(r->plp[k].n_top, r->prompt_top, "%s: position %d", what, k);
+		for (int t = 0; t < r->prompt_top; t++) {
+			int id = r->plp[k].top_id[t], above = 0;
+			for (int v = 0; v < vocab; v++)
+				above += lg[v] > lg[id] || (lg[v] == lg[id] && v < id);
+			cr_expect_eq(above, t, "%s: position %d, top %d is id %d, the %dth", what, k,
+				     t, id, above);
+			cr_expect_float_eq(r->plp[k].top_lp[t], lg[id] - lse, 1e-3);
+		}
+	}
+	cr_expect_lt(worst, 1e-3, "%s: prompt logprobs off by %g", what, worst);
+	fprintf(stderr, "prompt logprobs (%s): %d positions, max |d| %.2g\n", what,
+		r->n_prompt - 1, worst);
+	free(lg);
+}
+
+static struct sched_req *plp_run(const char *prompt, int max_tokens, int spec, bool plp,
+				 struct samp_cfg cfg, float freq, char **pieces, size_t *plen)
+{
+	struct sched_req *r = calloc(1, sizeof *r);
+	r->samp = cfg;
+	r->logprobs = true;
+	r->top_logprobs = 2;
+	r->prompt_logprobs = plp;
+	r->prompt_top = 4;
+	r->frequency_penalty = freq;
+	return run_req(r, prompt, max_tokens, spec, pieces, plen);
+}
+
+static void same_tokens(const struct sched_req *a, const struct sched_req *b, const char *what)
+{
+	cr_assert_eq(a->n_out, b->n_out, "%s: %d tokens against %d", what, a->n_out, b->n_out);
+	cr_expect(!memcmp(a->out, b->out, sizeof(int) * (size_t)a->n_out),
+		  "%s: prompt logprobs changed the tokens", what);
+	for (int k = 0; k < a->n_out; k++)
+		cr_expect_float_eq(a->lp[k].lp, b->lp[k].lp, 1e-4, "%s: token %d's logprob", what,
+				   k);
+}
+
+/* Each prompt token's logprob is the model's, whatever the chunks its prefill is cut into,
+ * and asking for them changes nothing else: not the tokens, their draws, their logprobs. */
+Test(sched, prompt_logprobs_are_the_models)
+{
+	const char *p = "Lily and Ben went to the park. They saw a big dog and a small cat. "
+			"Lily and Ben";
+	struct samp_cfg greedy = {.temperature = 0, .top_p = 1};
+	struct samp_cfg hot = {.temperature = 1.2f, .top_p = 0.9f, .top_k = 20, .seed = 11};
+	char *text, *ptext;
+	size_t tlen, plen;
+	struct sched_req *off = plp_run(p, 30, 0, false, greedy, 0, &text, &tlen);
+	cr_expect_null(off->plp);
+	int rows[] = {0, 1, 7, 1000};
+	for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++) {
+		run_prompt_rows = rows[c];
+		char what[64];
+		snprintf(what, sizeof what, "greedy, %d rows a step", rows[c]);
+		struct sched_req *on = plp_run(p, 30, 0, true, greedy, 0, &ptext, &plen);
+		plp_check(on, what);
+		same_tokens(on, off, what);
+		int chunks = rows[c] ? (on->n_prompt + rows[c] - 1) / rows[c] : 1;
+		cr_expect_eq(on->steps, chunks + on->n_out - 1, "%s: %d steps", what, on->steps);
+		/* the prompt's pieces (after the first, BOS) and the output's make its text */
+		char *pt = NULL;
+		size_t pn = 0;
+		cr_assert_eq(tok_decode_utf8(eng_tokenizer(eng), on->prompt, on->n_prompt, true, &pt,
+					     &pn, NULL, 0), WK_OK);
+		cr_expect(plen == pn + tlen && !memcmp(ptext, pt, pn) &&
+			  !memcmp(ptext + pn, text, tlen), "%s: the pieces [%.*s]", what, (int)plen,
+			  ptext);
+		free(pt);
+		free(ptext);
+		sched_req_free(on);
+	}
+	run_prompt_rows = 5;
+	/* sampled, speculating, and with a penalty (the host picks every token) */
+	struct sched_req *a = plp_run(p, 30, 3, false, hot, 0, NULL, NULL);
+	struct sched_req *b = plp_run(p, 30, 3, true, hot, 0, NULL, NULL);
+	plp_check(b, "sampled, speculating");
+	same_tokens(b, a, "sampled, speculating");
+	struct sched_req *c = plp_run(p, 30, 0, false, hot, 0.7f, NULL, NULL);
+	struct sched_req *d = plp_run(p, 30, 0, true, hot, 0.7f, NULL, NULL);
+	plp_check(d, "sampled, frequency 0.7");
+	same_tokens(d, c, "sampled, frequency 0.7");
+	/* max_tokens 0: the prompt scored, nothing generated */
+	struct sched_req *z = plp_run(p, 0, 0, true, greedy, 0, NULL, NULL);
+	cr_expect_eq(z->status, SCHED_DONE);
+	cr_expect_eq(z->finish, SCHED_FIN_LENGTH);
+	cr_expect_eq(z->n_out, 0);
+	cr_expect_eq(z->steps, (z->n_prompt + 4) / 5);
+	cr_expect_str_eq(z->text, "");
+	plp_check(z, "max_tokens 0");
+	run_prompt_rows = 0;
+	free(text);
+	sched_req_free(off);
+	sched_req_free(a);
+	sched_req_free(b);
+	sched_req_free(c);
+	sched_req_free(d);
+	sched_req_free(z);
 }
 
 /* ---- logit processing: logit_bias, the repetition penalty, OpenAI's penalties ---- */
