@@ -394,6 +394,29 @@ static enum job_err decode_bias(const json_t *v, struct job *j, char *err, size_
 	return JOB_OK;
 }
 
+/* input.prompt as token ids. */
+static enum job_err decode_ids(const json_t *a, struct job *j, char *err, size_t errsz)
+{
+	size_t n = json_array_size(a), i;
+	const json_t *v;
+	if (n == 0)
+		return fail(err, errsz, JOB_EINVALID_INPUT, "input.prompt has no token ids");
+	if (n > JOB_PROMPT_IDS_MAX)
+		return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
+			    "input.prompt has %zu token ids; the limit is %d", n, JOB_PROMPT_IDS_MAX);
+	if (!(j->prompt_ids = malloc(n * sizeof *j->prompt_ids)))
+		return fail(err, errsz, JOB_EINTERNAL, "out of memory");
+	json_array_foreach(a, i, v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > INT32_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.prompt[%zu] must be a "
+				    "token id (an integer from 0)", i);
+		j->prompt_ids[i] = (int)json_integer_value(v);
+	}
+	j->n_prompt_ids = (int)n;
+	return JOB_OK;
+}
+
 static enum job_err decode_input(const json_t *in, struct job *j, char *err, size_t errsz)
 {
 	if (!in)
@@ -407,9 +430,13 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 			    "input has both \"prompt\" and \"messages\"; give one");
 	if (!prompt && !msgs)
 		return fail(err, errsz, JOB_EINVALID_INPUT, "input needs \"prompt\" or \"messages\"");
-	if (prompt) {
+	if (json_is_array(prompt)) {
+		if ((e = decode_ids(prompt, j, err, errsz)) != JOB_OK)
+			return e;
+	} else if (prompt) {
 		if (!json_is_string(prompt))
-			return fail(err, errsz, JOB_EINVALID_INPUT, "input.prompt must be a string");
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.prompt must be a string "
+				    "or an array of token ids");
 		size_t len = json_string_length(prompt);
 		if (len > JOB_PROMPT_MAX)
 			return fail(err, errsz, JOB_EPROMPT_TOO_LONG,
@@ -444,8 +471,10 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 		} else {
 			return fail(err, errsz, JOB_EINVALID_INPUT, "input.max_tokens must be an integer");
 		}
-		if (d < 1 || d > JOB_MAX_TOKENS_MAX)
-			return fail(err, errsz, JOB_EMAX_TOKENS, "input.max_tokens is %.0f; it must be 1 to %d",
+		if (d < 0 || d > JOB_MAX_TOKENS_MAX ||
+		    (d == 0 && !json_is_integer(json_object_get(in, "prompt_logprobs"))))
+			return fail(err, errsz, JOB_EMAX_TOKENS, "input.max_tokens is %.0f; it must be "
+				    "1 to %d (0 only with input.prompt_logprobs: the prompt scored)",
 				    d, JOB_MAX_TOKENS_MAX);
 		j->max_tokens = (int)d;
 	}
@@ -519,6 +548,15 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 		if (j->top_logprobs && !j->logprobs)
 			return fail(err, errsz, JOB_EINVALID_INPUT,
 				    "input.top_logprobs needs input.logprobs true");
+	}
+	if ((v = json_object_get(in, "prompt_logprobs")) && !json_is_null(v)) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > JOB_TOP_LOGPROBS_MAX)
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.prompt_logprobs must be an integer from 0 to %d",
+				    JOB_TOP_LOGPROBS_MAX);
+		j->prompt_logprobs = true;
+		j->prompt_top = (int)json_integer_value(v);
 	}
 	if ((v = json_object_get(in, "thinking")) && !json_is_null(v)) {
 		if (!json_is_boolean(v))
@@ -635,6 +673,8 @@ void job_free(struct job *j)
 		return;
 	free(j->prompt);
 	j->prompt = NULL;
+	free(j->prompt_ids);
+	j->prompt_ids = NULL;
 	free(j->prediction);
 	j->prediction = NULL;
 	free(j->tools);
@@ -773,7 +813,10 @@ static void put_token(struct wk_buf *b, const char *tok, size_t len, float lp)
 {
 	puts_(b, "{\"token\": ");
 	put_str(b, tok, len);
-	putf(b, ", \"logprob\": %.9g, \"bytes\": [", isfinite(lp) ? lp : -9999.0);
+	if (isnan(lp)) /* (a prompt's first token: nothing before it) */
+		puts_(b, ", \"logprob\": null, \"bytes\": [");
+	else
+		putf(b, ", \"logprob\": %.9g, \"bytes\": [", isfinite(lp) ? lp : -9999.0);
 	for (size_t i = 0; i < len; i++)
 		putf(b, i ? ", %u" : "%u", (unsigned)(unsigned char)tok[i]);
 	puts_(b, "]");
@@ -863,6 +906,14 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 		puts_(&b, ", \"logprobs\": {\"content\": ");
 		put_logprobs(&b, r->logprobs, r->n_logprobs);
 		puts_(&b, "}");
+	}
+	if (r->has_prompt_logprobs) {
+		puts_(&b, ", \"prompt_logprobs\": ");
+		put_logprobs(&b, r->prompt_logprobs, r->n_prompt_logprobs);
+		puts_(&b, ", \"prompt_token_ids\": [");
+		for (int i = 0; r->prompt_ids && i < r->n_prompt_logprobs; i++)
+			putf(&b, i ? ", %d" : "%d", r->prompt_ids[i]);
+		puts_(&b, "]");
 	}
 	puts_(&b, "}");
 	if (r->status != JOB_COMPLETED) {

@@ -6,14 +6,19 @@
  *
  * Job (the contract in BRIEF.md):
  *   {"id": "abc", "tenant": "t1", "timeout_s": 600,
- *    "input": {"prompt": "..."  |  "messages": [{"role": "user", "content": "..."}, ...],
+ *    "input": {"prompt": "..." | [token ids]  |  "messages": [{"role": "user", ...}, ...],
  *              "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
  *              "seed": 1, "stop": "\n" | ["a", "b"], "stream": false,
  *              "logprobs": false, "top_logprobs": 0, "presence_penalty": 0,
  *              "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {"ID": bias},
+ *              "prompt_logprobs": N,
  *              "response_format": {"type": "text" | "json_object" | "json_schema",
  *                                  "json_schema": {"name", "schema", "strict"}}}}
  * Unknown members are ignored, so producers may add fields. Every input has a limit below.
+ * A prompt of token ids is the model's input as it is (no BOS added; the worker checks each
+ * id against the vocabulary). prompt_logprobs (0 to 20, vLLM's) scores the prompt: each of
+ * its tokens' log probability after those before it, and N alternatives; with it max_tokens
+ * may be 0 (the prompt scored, nothing generated).
  * "stream": true asks for the text as it is made, where the queue has a channel for it (Redis:
  * STREAM:stream:<id>; the RunPod job API's stream URL); the result is whole either way.
  *
@@ -22,7 +27,10 @@
  *    "output": {"text", "token_ids", "finish_reason"}, "error": {"code", "message"},
  *    (with input.logprobs, output.logprobs: {"content": [{"token", "logprob", "bytes",
  *    "top_logprobs": [{"token", "logprob", "bytes"}]}]}, OpenAI's chat shape, an entry for each
- *    of token_ids: the model's own log probabilities, before temperature and the filters)
+ *    of token_ids: the model's own log probabilities, before temperature and the filters;
+ *    with input.prompt_logprobs, output.prompt_logprobs: the same entries for each token of
+ *    the prompt as the model read it, the first with "logprob": null, and its token_ids
+ *    output.prompt_token_ids)
  *    "usage": {"prompt_tokens", "completion_tokens", "queue_seconds", "gpu_seconds",
  *              "cost_usd", "cost_micro_usd"}, "worker", "attempt"}
  * "error" is present exactly when status is not COMPLETED. cost_usd is cost_micro_usd / 1e6,
@@ -39,6 +47,7 @@
 #define JOB_ID_MAX 128             /* id and tenant: [A-Za-z0-9._-]{1,128} */
 #define JOB_BODY_MAX (4u << 20)    /* a whole job document */
 #define JOB_PROMPT_MAX (1u << 20)  /* prompt, or the sum of all message contents */
+#define JOB_PROMPT_IDS_MAX 262144  /* a prompt of token ids: 1 to this many */
 #define JOB_MESSAGES_MAX 512       /* messages in one chat */
 #define JOB_ROLE_MAX 32            /* bytes of a message role */
 #define JOB_STOP_MAX 16            /* stop strings */
@@ -46,7 +55,7 @@
 #define JOB_CALLS_MAX 64           /* tool calls in one assistant message */
 #define JOB_NAME_MAX 256           /* bytes of a function's name */
 #define JOB_STOP_LEN_MAX 256       /* bytes of one stop string (at least 1) */
-#define JOB_MAX_TOKENS_MAX 131072  /* max_tokens must be 1..this */
+#define JOB_MAX_TOKENS_MAX 131072  /* max_tokens must be 1..this (0: prompt_logprobs) */
 #define JOB_MAX_TOKENS_DEFAULT 256
 #define JOB_TEMPERATURE_MAX 2.0    /* temperature in [0, 2]; 0 is greedy */
 #define JOB_TOP_K_MAX 1000000      /* top_k in [0, this]; 0 disables */
@@ -93,7 +102,9 @@ struct job_message {
 struct job {
 	char id[JOB_ID_MAX + 1];
 	char tenant[JOB_ID_MAX + 1]; /* "" when absent */
-	char *prompt;                /* malloc'd; NULL when messages are given */
+	char *prompt;                /* malloc'd; NULL when messages or token ids are given */
+	int *prompt_ids;             /* input.prompt as token ids [n_prompt_ids], malloc'd */
+	int n_prompt_ids;
 	struct job_message *messages;
 	int n_messages;
 	int max_tokens;
@@ -108,6 +119,8 @@ struct job {
 	bool stream; /* input.stream: the text as it is made, where the queue can carry it */
 	bool logprobs; /* input.logprobs: each token's log probability in the result */
 	int top_logprobs; /* input.top_logprobs: and the most likely tokens in its place */
+	bool prompt_logprobs; /* input.prompt_logprobs given: the prompt's tokens' too, */
+	int prompt_top;       /* ... with this many alternatives */
 	/* OpenAI's penalties (0: off) and vLLM's repetition_penalty (1: off): sched_req's */
 	float presence_penalty, frequency_penalty, repetition_penalty;
 	/* input.response_format: json (json_object or json_schema), schema the json_schema's
@@ -181,6 +194,12 @@ struct job_result {
 	bool has_logprobs;
 	const struct job_logprob *logprobs;
 	int n_logprobs;
+	/* with has_prompt_logprobs: output.prompt_logprobs [n_prompt_logprobs] (entry 0's
+	 * logprob written null) and output.prompt_token_ids [n_prompt_logprobs] */
+	bool has_prompt_logprobs;
+	const struct job_logprob *prompt_logprobs;
+	const int *prompt_ids;
+	int n_prompt_logprobs;
 	/* a chat with thinking on: its reasoning (the text before </think>), encoded as
 	 * output.reasoning_content, and its tokens as usage.completion_tokens_details
 	 * .reasoning_tokens (OpenAI's name); text is then what follows */

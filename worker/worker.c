@@ -672,8 +672,11 @@ static int lp_build(struct worker *w, const struct sched_req *r, int from, int t
 {
 	*o = (struct lp_set){0};
 	int tops = 0;
-	for (int k = from; k < to; k++)
+	for (int k = from > 0 ? from : 0; k < to; k++)
 		tops += r->lp[k].n_top;
+	if (from < 0) /* (-n_prompt: the prompt's tokens first, plp[k]; the first has none) */
+		for (int k = 1; k < r->n_prompt; k++)
+			tops += r->plp[k].n_top;
 	o->lp = calloc((size_t)(to - from) + 1, sizeof *o->lp);
 	o->top = calloc((size_t)tops + 1, sizeof *o->top);
 	if (!o->lp || !o->top) {
@@ -681,11 +684,14 @@ static int lp_build(struct worker *w, const struct sched_req *r, int from, int t
 		return WK_ENOMEM;
 	}
 	for (int k = from; k < to; k++) {
-		const struct sched_logprob *l = &r->lp[k];
+		int p = r->n_prompt + k; /* k < 0: prompt token p */
+		const struct sched_logprob none = {.lp = NAN},
+					   *l = k >= 0 ? &r->lp[k] : p ? &r->plp[p] : &none;
 		struct job_logprob *e = &o->lp[o->n];
 		char *b;
 		size_t len;
-		int rc = sched_token_bytes(w->s, r, k, r->out[k], &b, &len);
+		int rc = k >= 0 ? sched_token_bytes(w->s, r, k, r->out[k], &b, &len)
+				: sched_prompt_bytes(w->s, r, p, r->prompt[p], &b, &len);
 		if (rc != WK_OK) {
 			lp_set_free(o);
 			return rc;
@@ -693,7 +699,9 @@ static int lp_build(struct worker *w, const struct sched_req *r, int from, int t
 		*e = (struct job_logprob){b, len, l->lp, l->n_top, o->top + o->n_top};
 		o->n++;
 		for (int t = 0; t < l->n_top; t++) {
-			if ((rc = sched_token_bytes(w->s, r, k, l->top_id[t], &b, &len)) != WK_OK) {
+			if ((rc = k >= 0 ? sched_token_bytes(w->s, r, k, l->top_id[t], &b, &len)
+					 : sched_prompt_bytes(w->s, r, p, l->top_id[t], &b, &len)) !=
+			    WK_OK) {
 				lp_set_free(o);
 				return rc;
 			}
@@ -801,7 +809,7 @@ static void job_done(struct worker *w, struct sched_req *r)
 	if (h->split && st == JOB_COMPLETED && jr.text_len > h->sp.sent) /* what it held back */
 		queue_stream(w->q, &h->qj, jr.text + h->sp.sent, jr.text_len - h->sp.sent);
 	held_forget(h);
-	struct lp_set lp = {0};
+	struct lp_set lp = {0}, plp = {0};
 	if (r->logprobs && r->lp && lp_build(w, r, 0, r->n_out, &lp) == WK_OK) {
 		jr.has_logprobs = true;
 		jr.logprobs = lp.lp;
@@ -809,9 +817,17 @@ static void job_done(struct worker *w, struct sched_req *r)
 	} else if (r->logprobs && st == JOB_COMPLETED) {
 		jr.has_logprobs = r->n_out == 0; /* (none to give; else out of memory: left out) */
 	}
+	if (r->prompt_logprobs && st == JOB_COMPLETED && r->plp &&
+	    lp_build(w, r, -r->n_prompt, 0, &plp) == WK_OK) {
+		jr.has_prompt_logprobs = true;
+		jr.prompt_logprobs = plp.lp;
+		jr.prompt_ids = r->prompt;
+		jr.n_prompt_logprobs = plp.n;
+	}
 	size_t len;
 	char *json = job_encode_result(&jr, &len);
 	lp_set_free(&lp);
+	lp_set_free(&plp);
 	free(calls);
 	free(whole);
 	set_bill(h, st, r->n_prompt, r->n_out, queue_s, r->gpu_seconds, jr.cost_micro_usd);
@@ -844,6 +860,19 @@ static void on_done(void *ctx, struct sched_req *r)
 static int render_prompt(struct worker *w, const struct job *j, int **ids, int *n, char *err,
 			 size_t errsz)
 {
+	if (j->prompt_ids) { /* the model's input as it is */
+		int V = eng_info(w->e)->vocab;
+		for (int k = 0; k < j->n_prompt_ids; k++)
+			if (j->prompt_ids[k] >= V)
+				return wk_errf(err, errsz, WK_EINVAL, "input.prompt[%d]: token id %d "
+					       "is outside the vocabulary (ids 0 to %d)", k,
+					       j->prompt_ids[k], V - 1);
+		if (!(*ids = malloc((size_t)j->n_prompt_ids * sizeof **ids)))
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		memcpy(*ids, j->prompt_ids, (size_t)j->n_prompt_ids * sizeof **ids);
+		*n = j->n_prompt_ids;
+		return WK_OK;
+	}
 	if (!w->tok)
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the model has no tokenizer.json");
 	if (j->prompt)
@@ -979,6 +1008,8 @@ static void admit(struct worker *w, struct held *h)
 	r->deadline = h->taken_at + j.timeout_s;
 	r->logprobs = j.logprobs;
 	r->top_logprobs = j.top_logprobs;
+	r->prompt_logprobs = j.prompt_logprobs;
+	r->prompt_top = j.prompt_top;
 	r->presence_penalty = j.presence_penalty;
 	r->frequency_penalty = j.frequency_penalty;
 	r->repetition_penalty = j.repetition_penalty;

@@ -543,6 +543,87 @@ Test(job, tool_choice)
 }
 
 /* input.logprobs and input.top_logprobs; output.logprobs in OpenAI's chat shape. */
+/* A prompt of token ids, prompt_logprobs, and max_tokens 0 with them (a prompt scored). */
+Test(job, prompt_ids_and_prompt_logprobs)
+{
+	const char *on = "{\"id\": \"a\", \"input\": {\"prompt\": [1, 0, 2147483647], "
+			 "\"prompt_logprobs\": 20, \"max_tokens\": 0}}";
+	struct job j;
+	char err[WK_ERRSZ];
+	cr_assert_eq(job_decode(on, strlen(on), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect_null(j.prompt);
+	cr_assert_eq(j.n_prompt_ids, 3);
+	cr_expect(j.prompt_ids[0] == 1 && j.prompt_ids[1] == 0 && j.prompt_ids[2] == 2147483647);
+	cr_expect(j.prompt_logprobs);
+	cr_expect_eq(j.prompt_top, 20);
+	cr_expect_eq(j.max_tokens, 0);
+	job_free(&j);
+	const char *text = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", "
+			   "\"prompt_logprobs\": 0}}";
+	cr_assert_eq(job_decode(text, strlen(text), NULL, &j, err, sizeof err), JOB_OK, "%s", err);
+	cr_expect(j.prompt_logprobs && j.prompt_top == 0 && j.max_tokens == JOB_MAX_TOKENS_DEFAULT);
+	job_free(&j);
+	static const struct {
+		const char *body, *named;
+		enum job_err e;
+	} bad[] = {
+		{"{\"input\": {\"prompt\": []}}", "input.prompt has no", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": [1, -2]}}", "input.prompt[1]", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": [1, 2.5]}}", "input.prompt[1]", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": [\"a\"]}}", "input.prompt[0]", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": [2147483648]}}", "input.prompt[0]", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": 7}}", "input.prompt must", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": \"x\", \"max_tokens\": 0}}", "input.max_tokens is 0",
+		 JOB_EMAX_TOKENS},
+		{"{\"input\": {\"prompt\": \"x\", \"prompt_logprobs\": 21}}",
+		 "input.prompt_logprobs", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": \"x\", \"prompt_logprobs\": true}}",
+		 "input.prompt_logprobs", JOB_EINVALID_INPUT},
+		{"{\"input\": {\"prompt\": \"x\", \"prompt_logprobs\": -1, \"max_tokens\": 0}}",
+		 "input.prompt_logprobs", JOB_EINVALID_INPUT},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		cr_expect_eq(job_decode(bad[i].body, strlen(bad[i].body), "q", &j, err, sizeof err),
+			     bad[i].e, "%s", bad[i].body);
+		cr_expect(strstr(err, bad[i].named) == err, "%s: %s", bad[i].body, err);
+		job_free(&j);
+	}
+	/* too many ids: prompt_too_long */
+	size_t n = JOB_PROMPT_IDS_MAX + 1, at = 0;
+	char *big = malloc(n * 2 + 64);
+	at += (size_t)sprintf(big, "{\"input\": {\"prompt\": [");
+	for (size_t i = 0; i < n; i++)
+		at += (size_t)sprintf(big + at, i ? ",1" : "1");
+	strcpy(big + at, "]}}");
+	cr_expect_eq(job_decode(big, strlen(big), "q", &j, err, sizeof err), JOB_EPROMPT_TOO_LONG);
+	cr_expect(strstr(err, "token ids; the limit is") != NULL, "%s", err);
+	job_free(&j);
+	free(big);
+	/* the result: entries for the prompt, the first one's logprob null, and its ids */
+	struct job_top top[1] = {{" b", 2, -0.5f}};
+	struct job_logprob lp[2] = {{"", 0, NAN, 0, NULL}, {" a", 2, -0.25f, 1, top}};
+	int ids[2] = {1, 7};
+	struct job_result r = {.id = "r", .status = JOB_COMPLETED, .text = "",
+			       .has_prompt_logprobs = true, .prompt_logprobs = lp,
+			       .prompt_ids = ids, .n_prompt_logprobs = 2};
+	char *s = job_encode_result(&r, NULL);
+	json_t *v = parse(s), *o = json_object_get(v, "output");
+	json_t *c = json_object_get(o, "prompt_logprobs");
+	cr_assert_eq(json_array_size(c), 2, "%s", s);
+	cr_expect(json_is_null(json_object_get(json_array_get(c, 0), "logprob")), "%s", s);
+	cr_expect_float_eq(json_real_value(json_object_get(json_array_get(c, 1), "logprob")), -0.25,
+			   1e-9);
+	cr_expect_str_eq(json_string_value(json_object_get(
+				 json_array_get(json_object_get(json_array_get(c, 1), "top_logprobs"), 0),
+				 "token")), " b");
+	json_t *pi = json_object_get(o, "prompt_token_ids");
+	cr_expect(json_array_size(pi) == 2 && json_integer_value(json_array_get(pi, 1)) == 7, "%s",
+		  s);
+	cr_expect_null(json_object_get(o, "logprobs"));
+	json_decref(v);
+	free(s);
+}
+
 Test(job, logprobs)
 {
 	const char *on = "{\"id\": \"a\", \"input\": {\"prompt\": \"x\", \"logprobs\": true, "
