@@ -112,6 +112,7 @@ struct http_flight {
 	bool tools;            /* a chat with tools: its stream holds back what may be a call */
 	bool thinking;         /* a chat with thinking on: its stream starts with reasoning */
 	bool logprobs;         /* logprobs asked for: its stream's chunks carry them */
+	bool echo;             /* completions' echo: the prompt first */
 	long created;          /* unix seconds */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
@@ -127,6 +128,7 @@ struct http_flight {
 	struct evhttp_request *req; /* NULL once answered or when the client went away */
 	struct hconn *conn;         /* NULL when the connection is gone */
 	bool started;               /* the stream's headers are sent */
+	bool echo_sent;             /* echo: the prompt's chunk is sent */
 	struct split sp;            /* with tools or thinking: its reasoning and content so far */
 	json_t *lp_pending;         /* logprobs: entries that came, for the next chunk sent */
 	size_t lp_sent;             /* ... and the entries sent */
@@ -150,7 +152,7 @@ struct hconn {
 	struct hconn *prev, *next;
 };
 
-enum msg_type { M_PIECE, M_LOGPROBS, M_DONE };
+enum msg_type { M_PIECE, M_LOGPROBS, M_PROMPT, M_DONE };
 struct msg {
 	struct msg *next;
 	struct http_flight *f;
@@ -407,6 +409,15 @@ void http_api_logprobs(struct http_api *h, struct http_flight *f, const char *js
 	pthread_mutex_unlock(&h->mu);
 }
 
+void http_api_prompt(struct http_api *h, struct http_flight *f, const char *json, size_t len)
+{
+	if (!f->stream || !f->echo)
+		return;
+	pthread_mutex_lock(&h->mu);
+	post_locked(h, f, M_PROMPT, json, len);
+	pthread_mutex_unlock(&h->mu);
+}
+
 void http_api_finish(struct http_api *h, struct http_flight *f, const char *json, size_t len)
 {
 	pthread_mutex_lock(&h->mu);
@@ -645,6 +656,26 @@ static void emit_chunk(void *ctx, bool reasoning, const char *text, size_t n)
 		 NULL);
 }
 
+/* echo: the prompt's chunk, first (entries: output.prompt_logprobs') */
+static void send_echo(struct http_api *h, struct http_flight *f, const json_t *entries)
+{
+	if (!f->started)
+		sse_start(h, f);
+	sse_send(f, oai_echo_chunk(f->id, f->created, h->model, entries, f->logprobs,
+				   &f->lp_offset), NULL);
+	f->echo_sent = true;
+}
+
+static void on_prompt(struct http_api *h, struct http_flight *f, const char *json, size_t len)
+{
+	if (!f->req || !f->stream || f->echo_sent)
+		return;
+	json_t *a = json_loadb(json, len, JSON_ALLOW_NUL, NULL);
+	if (json_is_array(a))
+		send_echo(h, f, a);
+	json_decref(a);
+}
+
 static void on_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
 {
 	if (!f->req || !f->stream)
@@ -684,6 +715,8 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		if (f->stream && (f->started || ok)) {
 			if (!f->started)
 				sse_start(h, f);
+			if (ok && f->echo && !f->echo_sent && r.prompt_logprobs)
+				send_echo(h, f, r.prompt_logprobs); /* (no token came: max_tokens 0) */
 			if (ok && r.logprobs) { /* the rest: those not sent yet */
 				json_decref(f->lp_pending);
 				f->lp_pending = json_array();
@@ -724,6 +757,7 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 			evhttp_send_reply_end(f->req);
 			conn_idle(c);
 		} else if (ok) {
+			r.echo = f->echo;
 			reply_json(h, f->req, c, 200, oai_response(f->kind, f->id, f->created, h->model,
 								   &r));
 		} else {
@@ -756,6 +790,8 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 			on_piece(h, m->f, m->data, m->len);
 		else if (m->type == M_LOGPROBS)
 			on_logprobs(m->f, m->data, m->len);
+		else if (m->type == M_PROMPT)
+			on_prompt(h, m->f, m->data, m->len);
 		else
 			on_done(h, m->f, m->data, m->len);
 		free(m);
@@ -1148,6 +1184,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	f->max_given = r.max_given;
 	f->tools = r.tools;
 	f->logprobs = r.logprobs;
+	f->echo = r.echo;
 	f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
 	split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content to stream */
 	f->created = (long)ts.tv_sec;

@@ -140,6 +140,10 @@ bool http_flight_stream(const struct http_flight *f);
  * chunk of the stream. Nothing unless the request streams with logprobs. */
 void http_api_logprobs(struct http_api *h, struct http_flight *f, const char *json,
 		       size_t len);
+/* Before the first piece: the prompt's entries (output.prompt_logprobs' JSON array; copied),
+ * which a streamed completion with echo sends first. Nothing unless the request streams with
+ * echo. */
+void http_api_prompt(struct http_api *h, struct http_flight *f, const char *json, size_t len);
 
 /* The request's end: json is its result document (job_encode_result/job_encode_error;
  * copied). The client gets the OpenAI response or error built from it, and f is no longer

@@ -43,6 +43,8 @@ struct oai_req {
 	bool thinking;       /* chat with thinking on: input.thinking */
 	bool forced;         /* tool_choice "required" or a function: the answer is a call */
 	bool logprobs;       /* logprobs asked for: the stream's chunks carry them */
+	bool echo;           /* completions' echo: the prompt comes first in the text (and its
+			      * tokens in the logprobs): input.prompt_logprobs */
 	char *job;           /* the job document (job.h), malloc'd; the caller frees */
 	size_t job_len;
 };
@@ -50,7 +52,7 @@ struct oai_req {
 /* Checks an OpenAI request body for kind and writes its job document into r: id and tenant
  * as given, input from messages (chat; content as a string or text parts, null only in an
  * assistant message with tool_calls) or prompt
- * (a string or a list of one string), max_tokens (max_completion_tokens for chat wins; absent
+ * (a string, a list of token ids, or a list of one of those), max_tokens (max_completion_tokens for chat wins; absent
  * means max_tokens_limit), temperature, top_p, top_k, seed, stop. model, when present, must be
  * model_name. The job document is then checked with job_decode, so every limit of the
  * contract applies. Returns 0, or the HTTP status of the error in *e (400, or 404 for another
@@ -69,6 +71,9 @@ struct oai_result {
 	const json_t *tool_calls;  /* output.tool_calls (OpenAI's), or NULL when none; text is
 				    * then the content before them */
 	const json_t *logprobs;    /* output.logprobs.content (an array), or NULL */
+	const json_t *prompt_logprobs; /* output.prompt_logprobs (an array), or NULL */
+	bool echo;                 /* set by the caller: the request's echo (oai_response puts
+				    * the prompt first, from prompt_logprobs) */
 	const char *reasoning;     /* output.reasoning_content (thinking on), or NULL */
 	size_t reasoning_len;
 	const char *err_code, *err_message;
@@ -101,6 +106,11 @@ json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *
 json_t *oai_logprobs(enum oai_kind kind, const json_t *content, size_t *offset);
 /* Sets a chunk's choice's logprobs to lp (a reference of its own; NULL: leaves null). */
 void oai_chunk_logprobs(json_t *chunk, json_t *lp);
+/* The completions stream's first chunk with echo: the prompt's text (its entries' bytes,
+ * output.prompt_logprobs'), and with logprobs their legacy shape from *offset on. NULL when
+ * out of memory. */
+json_t *oai_echo_chunk(const char *id, long created, const char *model, const json_t *entries,
+		       bool logprobs, size_t *offset);
 
 /* The usage chunk of stream_options.include_usage: "choices": [] and "usage". */
 /* A chat stream's chunk of reasoning (delta.reasoning_content). */

@@ -4,7 +4,7 @@
  *
  * A request becomes the contract's job document (job.h) and is then checked by job_decode,
  * so the HTTP path and the queue path share every limit and message. What the contract cannot
- * express (n > 1, echo, suffix, token-id prompts) is refused with a 400 rather than
+ * express (n > 1, suffix, several prompts) is refused with a 400 rather than
  * silently ignored; each one's neutral value (n 1, penalties 0, an empty logit_bias, ...) is
  * accepted, as clients send them by default.
  */
@@ -219,14 +219,20 @@ static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
 	return 0;
 }
 
+/* A string, a list of token ids (job_decode checks them), or a list of one of those. */
 static int completion_prompt(const json_t *p, json_t *input, struct oai_err *e)
 {
-	if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-		p = json_array_get(p, 0);
-	if (!json_is_string(p))
+	const json_t *p0 = json_array_get(p, 0);
+	if (json_array_size(p) == 1 && (json_is_string(p0) || json_is_array(p0)))
+		p = p0;
+	else if (json_array_size(p) > 1 && (json_is_string(p0) || json_is_array(p0)))
 		return oai_errf(e, 400, IRE, "invalid_input", "prompt",
-				"prompt must be a string (or a list of one string; token-id "
-				"prompts are not supported)");
+				"prompt is a list of %zu prompts; this server takes one a request",
+				json_array_size(p));
+	if (!json_is_string(p) && !(json_array_size(p) && json_is_integer(json_array_get(p, 0))))
+		return oai_errf(e, 400, IRE, "invalid_input", "prompt",
+				"prompt must be a string or a list of token ids (or a list of one "
+				"of those)");
 	if (json_object_set(input, "prompt", (json_t *)p))
 		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	return 0;
@@ -268,8 +274,9 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 					"tool_choice is \"none\", \"auto\", \"required\" or "
 					"{\"type\": \"function\", \"function\": {\"name\": ...}}");
 	} else {
-		if (!absent(v = json_object_get(root, "echo")) && !json_is_false(v))
-			return oai_errf(e, 400, IRE, "invalid_input", "echo", "echo is not supported");
+		if (!absent(v = json_object_get(root, "echo")) && !json_is_boolean(v))
+			return oai_errf(e, 400, IRE, "invalid_input", "echo",
+					"echo must be true or false");
 		if (!absent(json_object_get(root, "suffix")))
 			return oai_errf(e, 400, IRE, "invalid_input", "suffix",
 					"suffix is not supported");
@@ -380,7 +387,7 @@ static int stream_flags(const json_t *root, struct oai_req *r, struct oai_err *e
 #define COMPLETION_DEFAULT_MAX 16
 
 static int max_tokens(enum oai_kind kind, const json_t *root, int limit, json_t *input,
-		      bool *given, struct oai_err *e)
+		      bool echo, bool *given, struct oai_err *e)
 {
 	const char *name = "max_tokens";
 	const json_t *v = json_object_get(root, name);
@@ -397,10 +404,10 @@ static int max_tokens(enum oai_kind kind, const json_t *root, int limit, json_t 
 			return oai_errf(e, 400, IRE, "invalid_input", name, "%s must be an integer",
 					name);
 		n = json_integer_value(v);
-		if (n < 1 || n > limit)
+		if (n < !echo || n > limit) /* (0 with echo: the prompt scored) */
 			return oai_errf(e, 400, IRE, "max_tokens_range", name,
-					"%s is %lld; this server allows 1 to %d", name, (long long)n,
-					limit);
+					"%s is %lld; this server allows %d to %d%s", name,
+					(long long)n, !echo, limit, echo ? "" : " (0 with echo)");
 	}
 	if (json_object_set_new(input, "max_tokens", json_integer(n)))
 		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
@@ -448,12 +455,21 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 		st = chat_messages(json_object_get(root, "messages"), input, e);
 	else
 		st = completion_prompt(json_object_get(root, "prompt"), input, e);
-	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, &r->max_given, e)) ||
+	r->echo = kind == OAI_COMPLETION && json_is_true(json_object_get(root, "echo"));
+	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, r->echo, &r->max_given,
+				   e)) ||
 	    (st = prediction(root, input, e)))
 		goto out;
 	if ((kind == OAI_CHAT && (st = thinking(root, input, r, e))) ||
 	    (st = logprobs(kind, root, input, r, e)))
 		goto out;
+	/* echo: the prompt's tokens as the model read them, scored where logprobs are asked */
+	v = json_object_get(root, "logprobs");
+	if (r->echo && json_object_set_new(input, "prompt_logprobs",
+					   json_integer(r->logprobs ? json_integer_value(v) : 0))) {
+		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+		goto out;
+	}
 	v = json_object_get(root, "tool_choice");
 	const json_t *tools = json_object_get(root, "tools");
 	if (kind == OAI_CHAT && json_array_size(tools) &&
@@ -538,6 +554,8 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->reasoning_len = json_string_length(rs);
 	const json_t *lp = json_object_get(json_object_get(out, "logprobs"), "content");
 	r->logprobs = json_is_array(lp) ? lp : NULL;
+	lp = json_object_get(out, "prompt_logprobs");
+	r->prompt_logprobs = json_is_array(lp) ? lp : NULL;
 	r->tool_calls = json_array_size(json_object_get(out, "tool_calls"))
 				? json_object_get(out, "tool_calls")
 				: NULL;
@@ -619,7 +637,9 @@ static json_t *legacy_logprobs(const json_t *content, size_t *offset)
 		return NULL;
 	json_array_foreach(content, i, en) {
 		const json_t *tok = json_object_get(en, "token");
-		json_t *top = json_object();
+		/* (a prompt's first token: null, and no alternatives) */
+		bool none = json_is_null(json_object_get(en, "logprob"));
+		json_t *top = none ? json_null() : json_object();
 		json_array_foreach(json_object_get(en, "top_logprobs"), k, t)
 			json_object_set(top, json_string_value(json_object_get(t, "token")),
 					json_object_get(t, "logprob"));
@@ -649,10 +669,92 @@ void oai_chunk_logprobs(json_t *chunk, json_t *lp)
 		json_object_set(c, "logprobs", lp);
 }
 
+/* The text of entries (output.prompt_logprobs'): their bytes, or where those are not UTF-8
+ * (a prompt of token ids may cut a character) their tokens. */
+static json_t *entries_text(const json_t *entries)
+{
+	size_t n = 0, nt = 0, i, k;
+	const json_t *en, *b;
+	json_array_foreach(entries, i, en) {
+		n += json_array_size(json_object_get(en, "bytes"));
+		nt += json_string_length(json_object_get(en, "token"));
+	}
+	char *t = malloc((n > nt ? n : nt) + 1);
+	if (!t)
+		return NULL;
+	n = 0;
+	json_array_foreach(entries, i, en)
+		json_array_foreach(json_object_get(en, "bytes"), k, b)
+			t[n++] = (char)json_integer_value(b);
+	json_t *s = json_stringn(t, n);
+	if (!s) {
+		n = 0;
+		json_array_foreach(entries, i, en) {
+			const json_t *tok = json_object_get(en, "token");
+			if (json_is_string(tok))
+				memcpy(t + n, json_string_value(tok), json_string_length(tok));
+			n += json_string_length(tok);
+		}
+		s = json_stringn(t, n);
+	}
+	free(t);
+	return s;
+}
+
+json_t *oai_echo_chunk(const char *id, long created, const char *model, const json_t *entries,
+		       bool logprobs, size_t *offset)
+{
+	json_t *text = entries_text(entries);
+	json_t *c = text ? oai_chunk(OAI_COMPLETION, id, created, model, json_string_value(text),
+				     json_string_length(text), false, NULL)
+			 : NULL;
+	json_decref(text);
+	if (c && logprobs) {
+		json_t *lp = legacy_logprobs(entries, offset);
+		oai_chunk_logprobs(c, lp);
+		json_decref(lp);
+	}
+	return c;
+}
+
+/* echo: the prompt's entries and the output's, one array */
+static json_t *echoed(const json_t *prompt, const json_t *content)
+{
+	json_t *all = json_copy((json_t *)prompt);
+	if (all && content && json_array_extend(all, (json_t *)content)) {
+		json_decref(all);
+		return NULL;
+	}
+	return all;
+}
+
 json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
 		     const struct oai_result *r)
 {
 	const char *fin = r->finish_reason ? r->finish_reason : "stop";
+	if (kind == OAI_COMPLETION && r->echo && r->prompt_logprobs) { /* the prompt first */
+		json_t *pt = entries_text(r->prompt_logprobs);
+		size_t pl = json_string_length(pt), offset = 0;
+		char *t = pt ? malloc(pl + r->text_len + 1) : NULL;
+		json_t *all = r->logprobs ? echoed(r->prompt_logprobs, r->logprobs) : NULL;
+		json_t *choice = NULL;
+		if (t && (all || !r->logprobs)) {
+			memcpy(t, json_string_value(pt), pl);
+			memcpy(t + pl, r->text, r->text_len);
+			choice = json_pack("{s:i, s:s%, s:o?, s:s}", "index", 0, "text", t,
+					   pl + r->text_len, "logprobs",
+					   all ? legacy_logprobs(all, &offset) : json_null(),
+					   "finish_reason", fin);
+		}
+		free(t);
+		json_decref(pt);
+		json_decref(all);
+		if (!choice)
+			return NULL;
+		return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+				 "text_completion", "created", (json_int_t)created, "model", model,
+				 "choices", choice, "usage", usage_json(r));
+	}
 	json_t *choice = kind == OAI_CHAT
 		? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
 			    "assistant", "content", r->text, r->text_len, "logprobs", "finish_reason",

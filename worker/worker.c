@@ -67,6 +67,7 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 				 * with ("<tool_call>" NAME; malloc'd), or NULL */
 	int lp_sent;            /* a streamed HTTP request with logprobs: the tokens whose
 				 * logprobs went with its pieces */
+	bool plp_sent;          /* ... with echo: its prompt's entries went first */
 	bool split;             /* a streamed queue job with thinking or tools: its stream carries
 				 * its content only (split.h), as its result's output.text */
 	struct split sp;
@@ -1171,6 +1172,16 @@ static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t l
 	struct held *h = r->user;
 	step_hold();
 	struct lp_set lp;
+	if (r->prompt_logprobs && !h->plp_sent && http_flight_stream(h->http) &&
+	    lp_build(w, r, -r->n_prompt, 0, &lp) == WK_OK) { /* echo: the prompt goes first */
+		size_t n;
+		char *json = job_logprobs_json(lp.lp, lp.n, &n);
+		if (json)
+			http_api_prompt(w->http, h->http, json, n);
+		h->plp_sent = true;
+		free(json);
+		lp_set_free(&lp);
+	}
 	if (r->logprobs && r->n_out > h->lp_sent && http_flight_stream(h->http) &&
 	    lp_build(w, r, h->lp_sent, r->n_out, &lp) == WK_OK) { /* they go with the piece */
 		size_t n;

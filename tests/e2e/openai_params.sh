@@ -18,6 +18,10 @@
 #      streamed: each ends with the document, which parses and has the schema's keys and
 #      types), json_object (an object, or cut by max_tokens where it began one), a schema
 #      keyword not supported a 400 naming it, a queue job's output.text
+#   7. scoring (lm-evaluation-harness's requests): a queue job with a prompt of token ids,
+#      prompt_logprobs 3 and max_tokens 0, each entry against wick logits; /v1/completions
+#      with echo (max_tokens 0 and 1, a token-id prompt and a batch of one), its numbers the
+#      job's, whole and streamed (the prompt's chunk first)
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -295,6 +299,129 @@ assert sorted(v) == ["happy", "pet"] and v["pet"] in ("cat", "dog"), o["text"]
 assert isinstance(v["happy"], bool), o["text"]
 print("6. a queue job with response_format json_schema:", json.dumps(v))
 EOF
+# 7. scoring a text (lm-evaluation-harness's way): prompt logprobs, echo, token-id prompts.
+# A queue job scores section 1's ids (its prompt and its 24 tokens) with max_tokens 0: each
+# entry is the log-softmax of wick logits' row before it, the first null.
+python3 - "$(cat "$TMPD/ids")" >"$TMPD/jobs/p.json" <<'EOF' || fail "the scoring job"
+import json, sys
+ids = [int(x) for x in sys.argv[1].split(",")]
+print(json.dumps({"id": "pl1", "input": {"prompt": ids, "max_tokens": 0,
+                  "prompt_logprobs": 3}}))
+EOF
+spool_jobs "$m" "$TMPD/q" "$TMPD/jobs/p.json"
+python3 - "$TMPD/q/done/pl1.json" "$TMPD/logits.json" "$(cat "$TMPD/ids")" \
+  "$TMPD/job.json" <<'EOF' || fail "the scoring job's result"
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+rows = json.load(open(sys.argv[2]))["logits"]
+ids = [int(x) for x in sys.argv[3].split(",")]
+job = json.load(open(sys.argv[4]))["output"]
+o = r["output"]
+assert r["status"] == "COMPLETED" and o["token_ids"] == [] and o["finish_reason"] == "length", r
+assert o["prompt_token_ids"] == ids and r["usage"]["prompt_tokens"] == len(ids), o
+pl = o["prompt_logprobs"]
+assert len(pl) == len(ids) and pl[0]["logprob"] is None and pl[0]["top_logprobs"] == [], pl[0]
+worst = 0
+for k in range(1, len(ids)):
+    row = rows[k - 1]
+    m = max(row)
+    lse = m + math.log(sum(math.exp(x - m) for x in row))
+    worst = max(worst, abs(pl[k]["logprob"] - (row[ids[k]] - lse)))
+    order = sorted(range(len(row)), key=lambda v: (-row[v], v))[:3]
+    assert len(pl[k]["top_logprobs"]) == 3, pl[k]
+    for t, v in zip(pl[k]["top_logprobs"], order):
+        assert abs(t["logprob"] - (row[v] - lse)) < 1e-3, (k, t, v)
+assert worst < 1e-3, worst
+# the job of section 1 generated the last 24 of these: the same numbers
+n = len(job["token_ids"])
+d = max(abs(a["logprob"] - b["logprob"]) for a, b in zip(pl[-n:], job["logprobs"]["content"]))
+assert d < 1e-5, d
+text = b"".join(bytes(e["bytes"]) for e in pl).decode()
+assert text.endswith(job["text"]), (text, job["text"])
+print(f"7. a scoring job (max_tokens 0, {len(ids)} token ids): each prompt logprob and top 3 "
+      f"within {worst:.1g} of wick logits; its last {n} are the generating job's (within "
+      f"{d:.1g})")
+EOF
+node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$(cat "$TMPD/ids")" \
+  "$TMPD/q/done/pl1.json" <<'EOF' || fail "the openai client: echo"
+const [openaiDir, base, model, idList, scored] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const fs = require('fs');
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const near = (a, b) => Math.abs(a - b) < 1e-6;
+const ids = idList.split(',').map(Number);
+const pl = JSON.parse(fs.readFileSync(scored)).output.prompt_logprobs;
+const ptext = Buffer.concat(pl.map((e) => Buffer.from(e.bytes))).toString();
+(async () => {
+  // the job's numbers through echo: max_tokens 0, a token-id prompt
+  const a = await client.completions.create({ model, prompt: ids, max_tokens: 0, echo: true,
+                                              logprobs: 3 });
+  const l = a.choices[0].logprobs;
+  assert(a.choices[0].text === ptext, `echo text ${JSON.stringify(a.choices[0].text)}`);
+  assert(l.tokens.length === ids.length && l.token_logprobs[0] === null &&
+         l.top_logprobs[0] === null, `first entry ${l.tokens[0]} ${l.token_logprobs[0]}`);
+  for (let k = 1; k < ids.length; k++) {
+    assert(near(l.token_logprobs[k], pl[k].logprob), `token_logprobs[${k}]`);
+    for (const t of pl[k].top_logprobs)
+      assert(near(l.top_logprobs[k][t.token], t.logprob), `top_logprobs[${k}][${t.token}]`);
+  }
+  let off = 0;
+  for (let k = 0; k < ids.length; k++) {
+    assert(l.text_offset[k] === off, `text_offset[${k}]`);
+    off += [...l.tokens[k]].length;
+  }
+  assert(a.usage.prompt_tokens === ids.length && a.usage.completion_tokens === 0, 'usage');
+  // lm-evaluation-harness's loglikelihood request: a batch of one token-id context, one token
+  // more, greedy; the continuation's logprobs are token_logprobs[ctxlen:-1]
+  const ctxlen = 6;
+  const b = await client.completions.create({ model, prompt: [ids], max_tokens: 1,
+                                              temperature: 0, echo: true, logprobs: 1 });
+  const bl = b.choices[0].logprobs;
+  assert(bl.tokens.length === ids.length + 1, `${bl.tokens.length} tokens`);
+  const cont = bl.token_logprobs.slice(ctxlen, -1);
+  const sum = cont.reduce((x, y) => x + y, 0);
+  const want = pl.slice(ctxlen).reduce((x, e) => x + e.logprob, 0);
+  assert(Math.abs(sum - want) < 1e-4, `loglikelihood ${sum}, want ${want}`);
+  let greedy = true;
+  for (let k = ctxlen; k < ids.length; k++) {
+    const top = Object.values(bl.top_logprobs[k]);
+    greedy = greedy && near(bl.token_logprobs[k], Math.max(...top));
+  }
+  assert(b.choices[0].text.startsWith(ptext) && b.choices[0].text.length > ptext.length,
+         'echo + 1 token');
+  // streamed: the prompt's chunk first, then the tokens; the same text and numbers
+  const s = await client.completions.create({ model, prompt: ids, max_tokens: 5, temperature: 0,
+                                              echo: true, logprobs: 2, stream: true });
+  let st = '', sl = [], first = null;
+  for await (const ch of s) {
+    const c = ch.choices[0];
+    if (first === null) first = c.text;
+    st += c.text;
+    if (c.logprobs) sl.push(...c.logprobs.token_logprobs);
+  }
+  const w = await client.completions.create({ model, prompt: ids, max_tokens: 5, temperature: 0,
+                                              echo: true, logprobs: 2 });
+  assert(first === ptext, `the stream's first chunk ${JSON.stringify(first)}`);
+  assert(st === w.choices[0].text, `streamed ${JSON.stringify(st)}`);
+  const wl = w.choices[0].logprobs.token_logprobs;
+  assert(sl.length === wl.length && sl.every((x, k) => x === wl[k] || near(x, wl[k])),
+         `streamed token_logprobs ${sl.length} of ${wl.length}`);
+  // refused: max_tokens 0 without echo, an id outside the vocabulary
+  for (const [req, what] of [[{ prompt: ids, max_tokens: 0 }, /max_tokens/],
+                             [{ prompt: [1, 100000], echo: true }, /outside the vocabulary/]]) {
+    let err = null;
+    try { await client.completions.create({ model, ...req }); } catch (x) { err = x; }
+    assert(err && err.status === 400 && what.test(err.message), `${err && err.message}`);
+  }
+  console.log(`7. echo: a token-id prompt scored with max_tokens 0 gives the job's ` +
+              `${ids.length - 1} logprobs, text and offsets; lm-eval's request ` +
+              `(ctxlen ${ctxlen}): loglikelihood ${sum.toFixed(4)}, greedy ${greedy}; ` +
+              `streamed, the prompt's chunk first and the same numbers; max_tokens 0 ` +
+              'without echo and an id outside the vocabulary are 400s');
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+
 # the benchmark of the host's part of these picks runs (its figures: README)
 "$WICK" bench picks "$m" -n 20 --runs 1 >"$TMPD/picks.txt" || fail "wick bench picks"
 tail -n 1 "$TMPD/picks.txt" | python3 -c 'import json, sys

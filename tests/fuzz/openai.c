@@ -1,7 +1,7 @@
 /* Fuzz target: an OpenAI request body through oai_to_job (chat and completion), the API keys
- * file parser, and the response builders on a result (logprobs in both shapes): no crash, no
- * leak; a request that is accepted always yields a job document job_decode accepts, and every
- * error has a message. */
+ * file parser, and the response builders on a result (logprobs in both shapes, echo's): no
+ * crash, no leak; a request that is accepted always yields a job document job_decode accepts,
+ * and every error has a message. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +55,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			oai_chunk_logprobs(c, l);
 			json_decref(l);
 			json_decref(c);
+		}
+		if (res.prompt_logprobs) { /* echo: the prompt first, whole and a stream's */
+			res.echo = true;
+			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));
+			size_t at = 0;
+			json_decref(oai_echo_chunk("x", 1, "m", res.prompt_logprobs, true, &at));
 		}
 		struct oai_err e;
 		oai_result_error(&res, &e);

@@ -134,8 +134,11 @@ for i, b in enumerate(wrong):
     expect(f"wrong chat {i} {json.dumps(b)[:60]}", req("POST", CHAT, json.dumps(b)))
 
 # 3. Wrong types (completions).
-for i, b in enumerate([{}, {"prompt": 5}, {"prompt": [1, 2, 3]}, {"prompt": ["a", "b"]},
-                       {"prompt": "x", "echo": True}, {"prompt": "x", "suffix": "y"},
+for i, b in enumerate([{}, {"prompt": 5}, {"prompt": [1, -2, 3]}, {"prompt": ["a", "b"]},
+                       {"prompt": [1, 99999]}, {"prompt": []}, {"prompt": [[]]},
+                       {"prompt": [1, 2.5]}, {"prompt": "x", "echo": 1},
+                       {"prompt": "x", "echo": True, "max_tokens": -1},
+                       {"prompt": "x", "suffix": "y"},
                        {"prompt": "x", "best_of": 3}, {"prompt": "x", "max_tokens": 0},
                        {"prompt": "x", "stream": 1}, {"prompt": None},
                        {"prompt": "x", "logprobs": 99}, {"prompt": "x", "logprobs": "2"}]):

@@ -216,8 +216,9 @@ Test(http, errors_are_openai_shaped)
 	cr_expect(strstr(e.message, "top_p") == e.message, "the job's \"input.\" is dropped: %s",
 		  e.message);
 	cr_expect_str_eq(e.param, "top_p", "a job error names its parameter");
-	e = err_of(OAI_COMPLETION, "{\"prompt\": [1, 2]}");
+	e = err_of(OAI_COMPLETION, "{\"prompt\": [1, \"a\"]}");
 	cr_expect_str_eq(e.param, "prompt");
+	cr_expect(strstr(e.message, "prompt[1] must be a token id") == e.message, "%s", e.message);
 	e = err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}");
 	cr_expect_str_eq(e.param, "stream");
 	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
@@ -648,6 +649,89 @@ Test(http, logprobs)
 	cr_expect_eq(json_array_size(c), 2);
 	json_decref(chunk);
 	json_decref(pending);
+	oai_result_free(&res);
+}
+
+/* Token-id prompts, and echo: the prompt's entries first in the text and the logprobs. */
+Test(http, echo_and_token_ids)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_COMPLETION, "{\"prompt\": [[1, 403, 7]], \"echo\": true, "
+					   "\"max_tokens\": 0, \"logprobs\": 2}", &r);
+	json_t *in = json_object_get(j, "input");
+	json_t *p = json_object_get(in, "prompt");
+	cr_expect(json_array_size(p) == 3 && json_integer_value(json_array_get(p, 1)) == 403);
+	cr_expect_eq(json_integer_value(json_object_get(in, "prompt_logprobs")), 2);
+	cr_expect_eq(json_integer_value(json_object_get(in, "top_logprobs")), 2);
+	cr_expect_eq(json_integer_value(json_object_get(in, "max_tokens")), 0);
+	cr_expect(r.echo && r.logprobs);
+	json_decref(j);
+	free(r.job);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"echo\": true}", &r);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"),
+							 "prompt_logprobs")), 0,
+		     "echo without logprobs: the prompt's text from its entries");
+	json_decref(j);
+	free(r.job);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"echo\": false}", &r);
+	cr_expect_null(json_object_get(json_object_get(j, "input"), "prompt_logprobs"));
+	cr_expect(!r.echo);
+	json_decref(j);
+	free(r.job);
+	static const char *const bad[][2] = {
+		{"{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens"},
+		{"{\"prompt\": \"a\", \"echo\": \"yes\"}", "echo"},
+		{"{\"prompt\": [\"a\", \"b\"]}", "prompt"},
+		{"{\"prompt\": [[1], [2]]}", "prompt"},
+		{"{\"prompt\": []}", "prompt"},
+		{"{\"prompt\": [-1]}", "prompt"}};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct oai_err e = err_of(OAI_COMPLETION, bad[i][0]);
+		cr_expect_eq(e.status, 400, "%s", bad[i][0]);
+		cr_expect_str_eq(e.param, bad[i][1], "%s: %s", bad[i][0], e.message);
+	}
+	/* the response: the prompt's text, then the output's; the logprobs of both */
+	const char *doc =
+		"{\"status\": \"COMPLETED\", \"output\": {\"text\": \" d\", \"token_ids\": [9], "
+		"\"finish_reason\": \"length\", \"logprobs\": {\"content\": [{\"token\": \" d\", "
+		"\"logprob\": -0.5, \"bytes\": [32, 100], \"top_logprobs\": [{\"token\": \" d\", "
+		"\"logprob\": -0.5, \"bytes\": [32, 100]}]}]}, \"prompt_logprobs\": [{\"token\": "
+		"\"\", \"logprob\": null, \"bytes\": [], \"top_logprobs\": []}, {\"token\": "
+		"\"\u00e9\", \"logprob\": -2, \"bytes\": [195, 169], \"top_logprobs\": "
+		"[{\"token\": \"x\", \"logprob\": -1, \"bytes\": [120]}]}], \"prompt_token_ids\": "
+		"[1, 5]}, \"usage\": {\"prompt_tokens\": 2, \"completion_tokens\": 1}}";
+	struct oai_result res;
+	cr_assert_eq(oai_result_parse(doc, strlen(doc), &res), WK_OK);
+	res.echo = true;
+	j = oai_response(OAI_COMPLETION, "c", 5, "m", &res);
+	json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(ch, "text")), "\xc3\xa9 d");
+	json_t *lp = json_object_get(ch, "logprobs");
+	json_t *lps = json_object_get(lp, "token_logprobs"), *tops = json_object_get(lp,
+										     "top_logprobs");
+	cr_assert_eq(json_array_size(lps), 3);
+	cr_expect(json_is_null(json_array_get(lps, 0)) && json_is_null(json_array_get(tops, 0)));
+	cr_expect_float_eq(json_number_value(json_array_get(lps, 1)), -2, 1e-9);
+	cr_expect_float_eq(json_number_value(json_object_get(json_array_get(tops, 1), "x")), -1,
+			   1e-9);
+	cr_expect_str_eq(json_string_value(json_array_get(json_object_get(lp, "tokens"), 2)), " d");
+	json_t *off = json_object_get(lp, "text_offset");
+	cr_expect(json_integer_value(json_array_get(off, 1)) == 0 &&
+		  json_integer_value(json_array_get(off, 2)) == 1, "offsets in characters");
+	json_decref(j);
+	res.echo = false; /* not asked: the output alone */
+	j = oai_response(OAI_COMPLETION, "c", 5, "m", &res);
+	ch = json_array_get(json_object_get(j, "choices"), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(ch, "text")), " d");
+	json_decref(j);
+	/* a stream's first chunk */
+	size_t at = 0;
+	json_t *c = oai_echo_chunk("c", 5, "m", res.prompt_logprobs, true, &at);
+	ch = json_array_get(json_object_get(c, "choices"), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(ch, "text")), "\xc3\xa9");
+	cr_expect_eq(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")), 2);
+	cr_expect_eq(at, 1, "the stream's offset advances past the prompt");
+	json_decref(c);
 	oai_result_free(&res);
 }
 
