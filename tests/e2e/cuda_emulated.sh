@@ -544,7 +544,11 @@ for b in cpu cuda; do
   done
   printf '{"id": "p5", "input": {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "seed": 9, "logprobs": true, "top_logprobs": 3, "frequency_penalty": 1, "logit_bias": {"261": -100}}}' >"$TMPD/p5.json"
   printf '{"id": "p6", "input": {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": true, "repetition_penalty": 1.3}}' >"$TMPD/p6.json"
-  for j in p5 p6; do
+  # prompt logprobs: the prompt's rows to the host (eng_item rows = n, no token), then the
+  # first token picked there; and a prompt of ids scored alone (max_tokens 0)
+  printf '{"id": "p7", "input": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.8, "seed": 10, "logprobs": true, "prompt_logprobs": 3}}' >"$TMPD/p7.json"
+  printf '{"id": "p8", "input": {"prompt": [1, 403, 407, 261, 378, 270, 9, 17], "max_tokens": 0, "prompt_logprobs": 2}}' >"$TMPD/p8.json"
+  for j in p5 p6 p7 p8; do
     "$WICK" submit --queue "spool:$TMPD/qs-$b" --file "$TMPD/$j.json" >/dev/null || fail "submit $j"
   done
   W=$WICK; [ $b = cuda ] && W=$EMU
@@ -553,14 +557,22 @@ for b in cpu cuda; do
 done
 python3 - "$TMPD/qs-cpu/done" "$TMPD/qs-cuda/done" <<'PY' || fail "sampled jobs differ between the workers"
 import json, os, sys
-for j in ("p1", "p2", "p3", "p4", "p5", "p6"):
+for j in ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"):
     a, b = (json.load(open(os.path.join(d, j + ".json"))) for d in sys.argv[1:3])
     assert a["status"] == b["status"] == "COMPLETED", (a, b)
     assert a["output"]["token_ids"] == b["output"]["token_ids"], (j, a["output"], b["output"])
     d = 0
-    if "logprobs" in a["output"]:
-        la, lb = a["output"]["logprobs"]["content"], b["output"]["logprobs"]["content"]
-        assert len(la) == len(lb) == len(a["output"]["token_ids"]), j
+    for key in ("logprobs", "prompt_logprobs"):
+        if key not in a["output"]:
+            continue
+        la, lb = a["output"][key], b["output"][key]
+        if key == "logprobs":
+            la, lb = la["content"], lb["content"]
+        n = len(a["output"]["token_ids" if key == "logprobs" else "prompt_token_ids"])
+        assert len(la) == len(lb) == n, j
+        if key == "prompt_logprobs":
+            assert la[0]["logprob"] is None and lb[0]["logprob"] is None, j
+            la, lb = la[1:], lb[1:]
         for x, y in zip(la, lb):
             assert x["token"] == y["token"], (j, x, y)
             tx, ty = x["top_logprobs"], y["top_logprobs"]
