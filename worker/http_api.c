@@ -11,9 +11,13 @@
  *   outbox    pieces of text and final results for the server thread, which a byte written
  *             to a pipe wakes (written only when the outbox goes from empty to non-empty)
  *   metrics   counters, histograms, the state clock
- * A flight (one completion request) is created and freed by the server thread. Between
- * http_api_take and http_api_finish the worker holds it; its immutable fields (id, kind,
- * stream, t_arrived) are read by both threads, n_seen/t_last only by the worker.
+ * A call is one completion request; a flight is one of its choices (one job: a request with n
+ * or several prompts has several), which the worker runs as it would any other. Both are
+ * created and freed by the server thread; the call lives until its last flight is freed.
+ * Between http_api_take and http_api_finish the worker holds a flight; its immutable fields
+ * (id, kind, stream, t_arrived) are read by both threads, n_seen/t_last only by the worker.
+ * The call answers once every choice has its result, or at the first that fails (the others
+ * are then cancelled); a stream sends each choice's chunks, with its index, as they come.
  *
  * Connections. evhttp has no per-connection hooks for a limit or a whole-request deadline, so
  * the server makes each connection's bufferevent itself (evhttp_set_bevcb) and keeps a
@@ -101,10 +105,11 @@ static void hist_add(struct hist *h, double v)
 /* ---- types ---- */
 
 struct hconn;
+struct http_call;
 
 struct http_flight {
 	/* immutable once queued */
-	char id[48];
+	char id[48];           /* its job's (oai_choice_id) */
 	enum oai_kind kind;
 	bool stream, include_usage;
 	bool max_given;        /* the request named max_tokens (OpenAI: its sum with the
@@ -125,15 +130,31 @@ struct http_flight {
 	bool in_inbox, in_cancels, worker_done, piece_sent;
 	struct http_flight *inbox_next, *cancel_next;
 	/* the server thread's */
-	struct evhttp_request *req; /* NULL once answered or when the client went away */
-	struct hconn *conn;         /* NULL when the connection is gone */
-	bool started;               /* the stream's headers are sent */
+	struct http_call *call;     /* the request it is a choice of */
+	int index;                  /* ... and which */
 	bool echo_sent;             /* echo: the prompt's chunk is sent */
 	struct split sp;            /* with tools or thinking: its reasoning and content so far */
 	json_t *lp_pending;         /* logprobs: entries that came, for the next chunk sent */
 	size_t lp_sent;             /* ... and the entries sent */
 	size_t lp_offset;           /* ... and the characters they cover (text_offset) */
 	struct http_flight *all_prev, *all_next;
+};
+
+/* One completion request (the server thread's). */
+struct http_call {
+	char id[48];                /* the response's */
+	enum oai_kind kind;
+	bool stream, include_usage;
+	long created;
+	struct evhttp_request *req; /* NULL once answered or when the client went away */
+	struct hconn *conn;         /* NULL when the connection is gone */
+	bool started;               /* the stream's headers are sent */
+	int n, per_prompt;          /* choices, and of each prompt */
+	int live;                   /* flights not yet freed (and holds while a loop runs) */
+	int done;                   /* choices whose result came */
+	struct http_flight **fl;    /* [n]: each choice's flight, NULL once freed */
+	struct oai_result *res;     /* [n]: the results that came (have[i]) */
+	bool *have;
 };
 
 struct hconn {
@@ -143,7 +164,7 @@ struct hconn {
 	bool active;               /* a request is with us, not yet answered */
 	bool reject;               /* over --max-connections */
 	bool killed, closed, closecb_set;
-	struct http_flight *cur;
+	struct http_call *cur;
 	/* Watches the socket for the client's close while a request waits for its reply: evhttp
 	 * stops reading once a request is whole and resumes only when a reply is being written,
 	 * so without this a non-streamed request (or a stream before its first token) would run
@@ -179,7 +200,7 @@ struct http_api {
 	struct hconn *conns;
 	int n_conns;
 	struct http_flight *flights; /* every live flight */
-	int n_flights;
+	int n_flights, n_calls;
 
 	/* shared, under mu */
 	pthread_mutex_t mu;
@@ -539,7 +560,7 @@ static void reply_errf(struct http_api *h, struct evhttp_request *req, struct hc
 }
 
 /* Sends one SSE event "data: JSON" (or the literal text when j is NULL). */
-static void sse_send(struct http_flight *f, json_t *j, const char *literal)
+static void sse_send(struct http_call *k, json_t *j, const char *literal)
 {
 	char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
 	json_decref(j);
@@ -548,25 +569,57 @@ static void sse_send(struct http_flight *f, json_t *j, const char *literal)
 	struct evbuffer *b = evbuffer_new();
 	if (b) {
 		evbuffer_add_printf(b, "data: %s\n\n", s ? s : literal);
-		evhttp_send_reply_chunk(f->req, b);
+		evhttp_send_reply_chunk(k->req, b);
 		evbuffer_free(b);
 	}
 	free(s);
 }
 
-static void sse_start(struct http_api *h, struct http_flight *f)
+/* A choice's chunk, with its index. */
+static void send_choice(struct http_flight *f, json_t *chunk)
 {
-	struct evkeyvalq *hd = evhttp_request_get_output_headers(f->req);
+	if (chunk)
+		oai_chunk_index(chunk, f->index);
+	sse_send(f->call, chunk, NULL);
+}
+
+static void sse_start(struct http_api *h, struct http_call *k)
+{
+	struct evkeyvalq *hd = evhttp_request_get_output_headers(k->req);
 	evhttp_add_header(hd, "Content-Type", "text/event-stream");
 	evhttp_add_header(hd, "Cache-Control", "no-cache");
-	keepalive_header(h, f->req, f->conn);
-	evhttp_send_reply_start(f->req, 200, NULL);
-	f->started = true;
-	if (f->conn && f->conn->eof_ev)
-		event_del(f->conn->eof_ev); /* evhttp reads for the close itself while it writes */
+	keepalive_header(h, k->req, k->conn);
+	evhttp_send_reply_start(k->req, 200, NULL);
+	k->started = true;
+	if (k->conn && k->conn->eof_ev)
+		event_del(k->conn->eof_ev); /* evhttp reads for the close itself while it writes */
 	count_code(h, 200);
-	if (f->kind == OAI_CHAT)
-		sse_send(f, oai_chunk(f->kind, f->id, f->created, h->model, "", 0, true, NULL), NULL);
+	for (int i = 0; k->kind == OAI_CHAT && i < k->n; i++) { /* each choice's role */
+		json_t *c = oai_chunk(k->kind, k->id, k->created, h->model, "", 0, true, NULL);
+		if (c)
+			oai_chunk_index(c, i);
+		sse_send(k, c, NULL);
+	}
+}
+
+static void call_free(struct http_api *h, struct http_call *k)
+{
+	if (k->conn && k->conn->cur == k)
+		k->conn->cur = NULL;
+	for (int i = 0; i < k->n; i++)
+		if (k->have[i])
+			oai_result_free(&k->res[i]);
+	free(k->fl);
+	free(k->res);
+	free(k->have);
+	h->n_calls--;
+	free(k);
+}
+
+static void call_unref(struct http_api *h, struct http_call *k)
+{
+	if (--k->live == 0)
+		call_free(h, k);
 }
 
 static void flight_free(struct http_api *h, struct http_flight *f)
@@ -578,12 +631,16 @@ static void flight_free(struct http_api *h, struct http_flight *f)
 	if (f->all_next)
 		f->all_next->all_prev = f->all_prev;
 	h->n_flights--;
-	if (f->conn && f->conn->cur == f)
-		f->conn->cur = NULL;
 	free(f->body);
 	split_free(&f->sp);
 	json_decref(f->lp_pending);
+	struct http_call *k = f->call;
+	int index = f->index;
 	free(f);
+	if (k) {
+		k->fl[index] = NULL;
+		call_unref(h, k);
+	}
 }
 
 /* A chunk of text with the logprobs that came since the last one (none: null). */
@@ -609,8 +666,9 @@ static void on_logprobs(struct http_flight *f, const char *json, size_t len)
 	json_decref(a);
 }
 
-/* The client went away (its connection closed) while f was pending. */
-static void client_gone(struct http_api *h, struct http_flight *f)
+/* Takes f back: out of the inbox (true: the caller frees it), or onto the cancels for the
+ * worker, unless the worker is done with it. */
+static bool flight_cancel(struct http_api *h, struct http_flight *f)
 {
 	bool unqueued = false;
 	pthread_mutex_lock(&h->mu);
@@ -633,10 +691,27 @@ static void client_gone(struct http_api *h, struct http_flight *f)
 		f->cancel_next = h->cancels;
 		h->cancels = f;
 	}
+	pthread_mutex_unlock(&h->mu);
+	return unqueued;
+}
+
+/* Every choice of k still to run is taken back (k may be freed by the time this returns). */
+static void call_cancel(struct http_api *h, struct http_call *k)
+{
+	k->live++; /* held: freeing its last flight would free k inside the loop */
+	for (int i = 0; i < k->n; i++)
+		if (k->fl[i] && flight_cancel(h, k->fl[i]))
+			flight_free(h, k->fl[i]);
+	call_unref(h, k);
+}
+
+/* The client went away (its connection closed) while k was pending. */
+static void client_gone(struct http_api *h, struct http_call *k)
+{
+	pthread_mutex_lock(&h->mu);
 	h->by_code[499]++;
 	pthread_mutex_unlock(&h->mu);
-	if (unqueued)
-		flight_free(h, f);
+	call_cancel(h, k);
 }
 
 /* split_piece's emit for a stream: a reasoning or content chunk (with the logprobs that came). */
@@ -649,26 +724,27 @@ static void emit_chunk(void *ctx, bool reasoning, const char *text, size_t n)
 {
 	struct emit_ctx *e = ctx;
 	struct http_flight *f = e->f;
-	sse_send(f, with_lp(f, reasoning ? oai_reasoning_chunk(f->id, f->created, e->h->model,
-								text, n)
-					 : oai_chunk(f->kind, f->id, f->created, e->h->model, text,
-						     n, false, NULL)),
-		 NULL);
+	struct http_call *k = f->call;
+	send_choice(f, with_lp(f, reasoning ? oai_reasoning_chunk(k->id, k->created, e->h->model,
+								  text, n)
+					    : oai_chunk(f->kind, k->id, k->created, e->h->model,
+							text, n, false, NULL)));
 }
 
 /* echo: the prompt's chunk, first (entries: output.prompt_logprobs') */
 static void send_echo(struct http_api *h, struct http_flight *f, const json_t *entries)
 {
-	if (!f->started)
-		sse_start(h, f);
-	sse_send(f, oai_echo_chunk(f->id, f->created, h->model, entries, f->logprobs,
-				   &f->lp_offset), NULL);
+	struct http_call *k = f->call;
+	if (!k->started)
+		sse_start(h, k);
+	send_choice(f, oai_echo_chunk(k->id, k->created, h->model, entries, f->logprobs,
+				      &f->lp_offset));
 	f->echo_sent = true;
 }
 
 static void on_prompt(struct http_api *h, struct http_flight *f, const char *json, size_t len)
 {
-	if (!f->req || !f->stream || f->echo_sent)
+	if (!f->call->req || !f->stream || f->echo_sent)
 		return;
 	json_t *a = json_loadb(json, len, JSON_ALLOW_NUL, NULL);
 	if (json_is_array(a))
@@ -678,16 +754,84 @@ static void on_prompt(struct http_api *h, struct http_flight *f, const char *jso
 
 static void on_piece(struct http_api *h, struct http_flight *f, const char *text, size_t len)
 {
-	if (!f->req || !f->stream)
+	struct http_call *k = f->call;
+	if (!k->req || !f->stream)
 		return;
-	if (!f->started)
-		sse_start(h, f);
+	if (!k->started)
+		sse_start(h, k);
 	if (f->tools || f->thinking)
 		split_piece(&f->sp, text, len, emit_chunk, &(struct emit_ctx){h, f});
 	else if (len)
-		sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created, h->model, text, len,
-						 false, NULL)),
-			 NULL);
+		send_choice(f, with_lp(f, oai_chunk(f->kind, k->id, k->created, h->model, text, len,
+						    false, NULL)));
+}
+
+/* A streamed choice's end: its echo where no token came (max_tokens 0), the logprobs not
+ * sent yet, what a split held back and the tool calls, and its finish_reason. */
+static void stream_choice_end(struct http_api *h, struct http_flight *f,
+			      const struct oai_result *r)
+{
+	struct http_call *k = f->call;
+	if (f->echo && !f->echo_sent && r->prompt_logprobs)
+		send_echo(h, f, r->prompt_logprobs);
+	if (r->logprobs) { /* the rest: those not sent yet */
+		json_decref(f->lp_pending);
+		f->lp_pending = json_array();
+		for (size_t i = f->lp_sent; i < json_array_size(r->logprobs); i++)
+			json_array_append(f->lp_pending, json_array_get(r->logprobs, i));
+	}
+	if (f->tools || f->thinking) { /* what was held, then the calls */
+		if (r->reasoning && r->reasoning_len > f->sp.rsent)
+			send_choice(f, with_lp(f, oai_reasoning_chunk(k->id, k->created, h->model,
+								      r->reasoning + f->sp.rsent,
+								      r->reasoning_len -
+									      f->sp.rsent)));
+		if (r->text_len > f->sp.sent)
+			send_choice(f, with_lp(f, oai_chunk(f->kind, k->id, k->created, h->model,
+							    r->text + f->sp.sent,
+							    r->text_len - f->sp.sent, false, NULL)));
+		if (r->tool_calls)
+			send_choice(f, oai_calls_chunk(k->id, k->created, h->model, r));
+	}
+	send_choice(f, with_lp(f, oai_chunk(f->kind, k->id, k->created, h->model, "", 0, false,
+					    r->finish_reason ? r->finish_reason : "stop")));
+}
+
+/* Every choice came: the response, or the stream's usage and end. */
+static void call_end(struct http_api *h, struct http_call *k)
+{
+	if (k->stream) {
+		struct oai_result sum;
+		if (k->include_usage && oai_usage_sum(k->res, k->n, k->per_prompt, &sum) == WK_OK) {
+			sse_send(k, oai_usage_chunk(k->kind, k->id, k->created, h->model,
+						    k->n == 1 ? &k->res[0] : &sum), NULL);
+			oai_result_free(&sum);
+		}
+		sse_send(k, NULL, "[DONE]");
+		evhttp_send_reply_end(k->req);
+		conn_idle(k->conn);
+	} else {
+		reply_json(h, k->req, k->conn, 200, oai_response_n(k->kind, k->id, k->created,
+								   h->model, k->res, k->n,
+								   k->per_prompt));
+	}
+	k->req = NULL;
+}
+
+/* A choice failed: the request's answer is its error (a stream's last event), and the other
+ * choices are cancelled. */
+static void call_fail(struct http_api *h, struct http_call *k, const struct oai_err *e)
+{
+	if (k->stream && k->started) {
+		sse_send(k, oai_error_json(e), NULL);
+		sse_send(k, NULL, "[DONE]");
+		evhttp_send_reply_end(k->req);
+		conn_idle(k->conn);
+	} else {
+		reply_err(h, k->req, k->conn, e);
+	}
+	k->req = NULL;
+	call_cancel(h, k);
 }
 
 static void on_done(struct http_api *h, struct http_flight *f, const char *json, size_t len)
@@ -704,66 +848,28 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		h->cost_micro += r.cost_micro_usd;
 		pthread_mutex_unlock(&h->mu);
 	}
-	struct hconn *c = f->conn;
-	if (f->req) {
+	struct http_call *k = f->call;
+	if (k->req) {
 		struct oai_err e;
 		if (!parsed)
 			oai_errf(&e, 500, "server_error", "internal", NULL, "the result was unreadable");
 		else if (!r.completed)
 			oai_result_error(&r, &e);
-		bool ok = parsed && r.completed;
-		if (f->stream && (f->started || ok)) {
-			if (!f->started)
-				sse_start(h, f);
-			if (ok && f->echo && !f->echo_sent && r.prompt_logprobs)
-				send_echo(h, f, r.prompt_logprobs); /* (no token came: max_tokens 0) */
-			if (ok && r.logprobs) { /* the rest: those not sent yet */
-				json_decref(f->lp_pending);
-				f->lp_pending = json_array();
-				for (size_t k = f->lp_sent; k < json_array_size(r.logprobs); k++)
-					json_array_append(f->lp_pending,
-							  json_array_get(r.logprobs, k));
-			}
-			if (ok && (f->tools || f->thinking)) { /* what was held, then the calls */
-				if (r.reasoning && r.reasoning_len > f->sp.rsent)
-					sse_send(f, with_lp(f, oai_reasoning_chunk(
-								    f->id, f->created, h->model,
-								    r.reasoning + f->sp.rsent,
-								    r.reasoning_len - f->sp.rsent)),
-						 NULL);
-				if (r.text_len > f->sp.sent)
-					sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created,
-									 h->model, r.text + f->sp.sent,
-									 r.text_len - f->sp.sent, false,
-									 NULL)),
-						 NULL);
-				if (r.tool_calls)
-					sse_send(f, oai_calls_chunk(f->id, f->created, h->model, &r),
-						 NULL);
-			}
-			if (ok) {
-				sse_send(f, with_lp(f, oai_chunk(f->kind, f->id, f->created, h->model,
-								 "", 0, false,
-								 r.finish_reason ? r.finish_reason
-										 : "stop")),
-					 NULL);
-				if (f->include_usage)
-					sse_send(f, oai_usage_chunk(f->kind, f->id, f->created,
-								    h->model, &r), NULL);
-			} else {
-				sse_send(f, oai_error_json(&e), NULL);
-			}
-			sse_send(f, NULL, "[DONE]");
-			evhttp_send_reply_end(f->req);
-			conn_idle(c);
-		} else if (ok) {
-			r.echo = f->echo;
-			reply_json(h, f->req, c, 200, oai_response(f->kind, f->id, f->created, h->model,
-								   &r));
+		if (!parsed || !r.completed) {
+			call_fail(h, k, &e); /* (f holds k) */
 		} else {
-			reply_err(h, f->req, c, &e);
+			if (f->stream) {
+				if (!k->started)
+					sse_start(h, k);
+				stream_choice_end(h, f, &r);
+			}
+			r.echo = f->echo;
+			k->res[f->index] = r; /* the call's now */
+			k->have[f->index] = true;
+			parsed = false;
+			if (++k->done == k->n)
+				call_end(h, k);
 		}
-		f->req = NULL;
 	}
 	if (parsed)
 		oai_result_free(&r);
@@ -802,19 +908,20 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 	/* The worker is done: whatever is left will not run. */
 	while (h->flights) {
 		struct http_flight *f = h->flights;
-		if (f->req) {
-			if (f->started) {
+		struct http_call *k = f->call;
+		if (k->req) {
+			if (k->started) {
 				struct oai_err e;
 				oai_errf(&e, 503, "server_error", "unavailable", NULL,
 					 "the server is shutting down");
-				sse_send(f, oai_error_json(&e), NULL);
-				sse_send(f, NULL, "[DONE]");
-				evhttp_send_reply_end(f->req);
+				sse_send(k, oai_error_json(&e), NULL);
+				sse_send(k, NULL, "[DONE]");
+				evhttp_send_reply_end(k->req);
 			} else {
-				reply_errf(h, f->req, f->conn, 503, "server_error", "unavailable",
+				reply_errf(h, k->req, k->conn, 503, "server_error", "unavailable",
 					   "the server is shutting down");
 			}
-			f->req = NULL;
+			k->req = NULL;
 		}
 		pthread_mutex_lock(&h->mu);
 		if (f->in_inbox) {
@@ -878,18 +985,18 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 	c->closed = true;
 	if (c->eof_ev)
 		event_del(c->eof_ev); /* the socket stays open (our reference) until the sweep */
-	struct http_flight *f = c->cur;
+	struct http_call *k = c->cur;
 	c->cur = NULL;
-	if (!f)
+	if (!k)
 		return;
-	f->conn = NULL;
-	if (f->req) {
+	k->conn = NULL;
+	if (k->req) {
 		/* detached by evhttp when the client went away mid-request: then it is ours */
-		if (!evhttp_request_get_connection(f->req))
-			evhttp_request_free(f->req);
-		f->req = NULL;
+		if (!evhttp_request_get_connection(k->req))
+			evhttp_request_free(k->req);
+		k->req = NULL;
 	}
-	client_gone(c->h, f);
+	client_gone(c->h, k);
 }
 
 /* The socket of a connection whose request waits for its reply became readable: a close
@@ -937,12 +1044,12 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 		bufferevent_event_cb eventcb = NULL;
 		bufferevent_getcb(c->bev, NULL, NULL, &eventcb, NULL);
 		if (!eventcb) { /* evhttp freed it: drop our reference, which closes the socket */
-			struct http_flight *f = c->cur;
-			if (f) { /* not expected: on_conn_close runs first and takes it */
-				f->conn = NULL;
-				f->req = NULL; /* freed with the connection, or leaked: never reused */
+			struct http_call *k = c->cur;
+			if (k) { /* not expected: on_conn_close runs first and takes it */
+				k->conn = NULL;
+				k->req = NULL; /* freed with the connection, or leaked: never reused */
 				c->cur = NULL;
-				client_gone(h, f);
+				client_gone(h, k);
 			}
 			if (c->prev)
 				c->prev->next = c->next;
@@ -1034,7 +1141,7 @@ static void route_health(struct http_api *h, struct evhttp_request *req, struct 
 	pthread_mutex_unlock(&h->mu);
 	json_t *j = json_pack("{s:s, s:s, s:f, s:i, s:i}", "state", state_names[st], "model",
 			      h->model, "uptime_s", wk_now() - h->t_start, "requests_in_flight",
-			      h->n_flights, "requests_queued", queued);
+			      h->n_calls, "requests_queued", queued);
 	reply_json(h, req, c, st == S_STARTING || st == S_DRAINING ? 503 : 200, j);
 }
 
@@ -1072,7 +1179,8 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 	evbuffer_add_printf(b,
 		"# HELP wick_http_requests_in_flight Completion requests queued or running.\n"
 		"# TYPE wick_http_requests_in_flight gauge\nwick_http_requests_in_flight %d\n"
-		"# HELP wick_http_requests_queued Completion requests waiting for a batch slot.\n"
+		"# HELP wick_http_requests_queued Choices of completion requests (one each "
+		"unless n or a list of prompts asks for more) waiting for a batch slot.\n"
 		"# TYPE wick_http_requests_queued gauge\nwick_http_requests_queued %d\n"
 		"# HELP wick_http_connections Open HTTP connections.\n"
 		"# TYPE wick_http_connections gauge\nwick_http_connections %d\n"
@@ -1088,7 +1196,7 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_request_gpu_seconds_total counter\nwick_request_gpu_seconds_total %.6f\n"
 		"# HELP wick_request_cost_usd_total What HTTP requests were billed.\n"
 		"# TYPE wick_request_cost_usd_total counter\nwick_request_cost_usd_total %.6f\n",
-		h->n_flights, h->n_inbox, h->n_conns, (unsigned long long)h->prompt_tokens,
+		h->n_calls, h->n_inbox, h->n_conns, (unsigned long long)h->prompt_tokens,
 		(unsigned long long)h->completion_tokens, (unsigned long long)h->draft_kept,
 		(unsigned long long)h->draft_thrown, h->gpu_seconds, h->cost_micro / 1e6);
 	put_hist(b, "wick_time_to_first_token_seconds",
@@ -1162,53 +1270,92 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		return;
 	}
 	const char *body = (const char *)evbuffer_pullup(in, -1);
-	struct http_flight *f = calloc(1, sizeof *f);
-	if (!f || !body) {
-		free(f);
+	char id[48];
+	new_id(id, sizeof id, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+	struct oai_req r;
+	struct oai_err e;
+	if (!body) {
 		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
-	new_id(f->id, sizeof f->id, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
-	struct oai_req r;
-	struct oai_err e;
-	if (oai_to_job(kind, body, len, h->model, f->id, tenant, h->o.max_tokens_limit, &r, &e)) {
-		free(f);
+	if (oai_to_job(kind, body, len, h->model, id, tenant, h->o.max_tokens_limit, &r, &e)) {
 		reply_err(h, req, c, &e);
+		return;
+	}
+	int n = r.n_choices;
+	struct http_call *k = calloc(1, sizeof *k);
+	bool ok = k && (k->fl = calloc((size_t)n, sizeof *k->fl)) &&
+		  (k->res = calloc((size_t)n, sizeof *k->res)) &&
+		  (k->have = calloc((size_t)n, sizeof *k->have));
+	for (int i = 0; ok && i < n; i++)
+		ok = (k->fl[i] = calloc(1, sizeof *k->fl[i])) != NULL;
+	if (!ok) {
+		for (int i = 0; k && k->fl && i < n; i++)
+			free(k->fl[i]);
+		if (k) {
+			free(k->fl);
+			free(k->res);
+			free(k->have);
+		}
+		free(k);
+		oai_req_free(&r);
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	f->kind = kind;
-	f->stream = r.stream;
-	f->include_usage = r.include_usage;
-	f->max_given = r.max_given;
-	f->tools = r.tools;
-	f->logprobs = r.logprobs;
-	f->echo = r.echo;
-	f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
-	split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content to stream */
-	f->created = (long)ts.tv_sec;
-	f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
-	f->t_arrived = wk_now();
-	f->body = r.job;
-	f->len = r.job_len;
-	f->req = req;
-	f->conn = c;
-	c->cur = f;
+	snprintf(k->id, sizeof k->id, "%s", id);
+	k->kind = kind;
+	k->stream = r.stream;
+	k->include_usage = r.include_usage;
+	k->created = (long)ts.tv_sec;
+	k->n = n;
+	k->per_prompt = r.per_prompt;
+	k->live = n;
+	k->req = req;
+	k->conn = c;
+	c->cur = k;
 	watch_close(h, c);
-	f->all_next = h->flights;
-	if (h->flights)
-		h->flights->all_prev = f;
-	h->flights = f;
-	h->n_flights++;
+	h->n_calls++;
+	double now = wk_now();
+	for (int i = 0; i < n; i++) {
+		struct http_flight *f = k->fl[i];
+		oai_choice_id(f->id, sizeof f->id, id, i, n);
+		f->call = k;
+		f->index = i;
+		f->kind = kind;
+		f->stream = r.stream;
+		f->include_usage = r.include_usage;
+		f->max_given = r.max_given;
+		f->tools = r.tools;
+		f->logprobs = r.logprobs;
+		f->echo = r.echo;
+		f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
+		split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content */
+		f->created = k->created;
+		f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
+		f->t_arrived = now;
+		f->body = r.jobs[i];
+		f->len = r.job_lens[i];
+		r.jobs[i] = NULL;
+		f->all_next = h->flights;
+		if (h->flights)
+			h->flights->all_prev = f;
+		h->flights = f;
+		h->n_flights++;
+	}
+	oai_req_free(&r);
 	pthread_mutex_lock(&h->mu);
-	f->in_inbox = true;
-	if (h->in_tail)
-		h->in_tail->inbox_next = f;
-	else
-		h->in_head = f;
-	h->in_tail = f;
-	h->n_inbox++;
+	for (int i = 0; i < n; i++) {
+		struct http_flight *f = k->fl[i];
+		f->in_inbox = true;
+		if (h->in_tail)
+			h->in_tail->inbox_next = f;
+		else
+			h->in_head = f;
+		h->in_tail = f;
+		h->n_inbox++;
+	}
 	pthread_cond_signal(&h->cv);
 	pthread_mutex_unlock(&h->mu);
 }

@@ -45,18 +45,33 @@ struct oai_req {
 	bool logprobs;       /* logprobs asked for: the stream's chunks carry them */
 	bool echo;           /* completions' echo: the prompt comes first in the text (and its
 			      * tokens in the logprobs): input.prompt_logprobs */
-	char *job;           /* the job document (job.h), malloc'd; the caller frees */
-	size_t job_len;
+	int n_choices;       /* the jobs: n for each prompt, 1 to OAI_CHOICES_MAX */
+	int per_prompt;      /* n: job c is choice c % n of prompt c / n */
+	char **jobs;         /* [n_choices]: the job documents (job.h), malloc'd */
+	size_t *job_lens;
 };
 
-/* Checks an OpenAI request body for kind and writes its job document into r: id and tenant
- * as given, input from messages (chat; content as a string or text parts, null only in an
- * assistant message with tool_calls) or prompt
- * (a string, a list of token ids, or a list of one of those), max_tokens (max_completion_tokens for chat wins; absent
- * means max_tokens_limit), temperature, top_p, top_k, seed, stop. model, when present, must be
- * model_name. The job document is then checked with job_decode, so every limit of the
- * contract applies. Returns 0, or the HTTP status of the error in *e (400, or 404 for another
- * model); r->job is NULL then. */
+/* The most choices a request may ask for (n times its prompts), and the most bytes their job
+ * documents may come to (each copies its prompt). */
+#define OAI_CHOICES_MAX 128
+#define OAI_JOBS_BYTES_MAX (16 << 20)
+
+/* Frees r's jobs (NULL and 0 after). */
+void oai_req_free(struct oai_req *r);
+
+/* Choice index's job id: the request's id when it has one choice, else "ID-index". */
+void oai_choice_id(char *out, size_t size, const char *id, int index, int n_choices);
+
+/* Checks an OpenAI request body for kind and writes its job documents into r, one for each
+ * choice: ids from id (oai_choice_id) and tenant as given, input from messages (chat; content
+ * as a string or text parts, null only in an assistant message with tool_calls) or prompt (a
+ * string or a list of token ids, or a list of those: one prompt each), max_tokens
+ * (max_completion_tokens for chat wins; absent means max_tokens_limit), temperature, top_p,
+ * top_k, seed (choice i of a prompt draws from seed + i), stop, ...; n choices of each
+ * prompt. model, when present, must be model_name. The job documents are then checked with
+ * job_decode, so every limit of the contract applies. Returns 0 (the caller then calls
+ * oai_req_free), or the HTTP status of the error in *e (400, or 404 for another model); r
+ * holds no jobs then. */
 int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
 	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 	       struct oai_err *e);
@@ -92,6 +107,16 @@ void oai_result_error(const struct oai_result *r, struct oai_err *e);
 /* The whole response of a completed request: chat.completion or text_completion. */
 json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
 		     const struct oai_result *r);
+/* ... of n choices (rs[i] is choice i's result, per_prompt choices of each prompt): the
+ * choices in order, and their usage summed (oai_usage_sum). */
+json_t *oai_response_n(enum oai_kind kind, const char *id, long created, const char *model,
+		       const struct oai_result *rs, int n, int per_prompt);
+/* The usage of n choices as one result's (only its usage members are set; oai_result_free
+ * it): the prompt tokens of each prompt once (its first choice's), and the completion tokens,
+ * drafts, GPU seconds and cost of every choice summed; queue_seconds the longest wait. */
+int oai_usage_sum(const struct oai_result *rs, int n, int per_prompt, struct oai_result *sum);
+/* Sets a stream chunk's choice index (the chunk builders make index 0). */
+void oai_chunk_index(json_t *chunk, int index);
 
 /* One stream chunk: text[0..len) as delta.content (chat) or text (completion), with the
  * assistant role on a chat's first chunk, and finish_reason (NULL: null). NULL when out of

@@ -3,10 +3,11 @@
  * file. Pure: see http_int.h.
  *
  * A request becomes the contract's job document (job.h) and is then checked by job_decode,
- * so the HTTP path and the queue path share every limit and message. What the contract cannot
- * express (n > 1, suffix, several prompts) is refused with a 400 rather than
- * silently ignored; each one's neutral value (n 1, penalties 0, an empty logit_bias, ...) is
- * accepted, as clients send them by default.
+ * so the HTTP path and the queue path share every limit and message. A request for several
+ * choices (n, or a list of prompts) becomes one job a choice, which the server joins back into
+ * one response. What the contract cannot express (suffix, best_of > 1) is refused with a 400
+ * rather than silently ignored; each one's neutral value (best_of 1, penalties 0, an empty
+ * logit_bias, ...) is accepted, as clients send them by default.
  */
 #include <ctype.h>
 #include <stdarg.h>
@@ -219,21 +220,35 @@ static int chat_messages(const json_t *msgs, json_t *input, struct oai_err *e)
 	return 0;
 }
 
-/* A string, a list of token ids (job_decode checks them), or a list of one of those. */
-static int completion_prompt(const json_t *p, json_t *input, struct oai_err *e)
+/* Whether p is one prompt: a string, or a non-empty list of token ids (job_decode checks
+ * them). */
+static bool one_prompt(const json_t *p)
 {
-	const json_t *p0 = json_array_get(p, 0);
-	if (json_array_size(p) == 1 && (json_is_string(p0) || json_is_array(p0)))
-		p = p0;
-	else if (json_array_size(p) > 1 && (json_is_string(p0) || json_is_array(p0)))
+	return json_is_string(p) || (json_array_size(p) && json_is_integer(json_array_get(p, 0)));
+}
+
+/* The completions' prompts, into *out (a new array): a string or a list of token ids, or a
+ * list of those (lm-evaluation-harness sends a batch of id lists). */
+static int completion_prompts(const json_t *p, json_t **out, struct oai_err *e)
+{
+	*out = NULL;
+	if (!one_prompt(p) && !(json_array_size(p) && !json_is_integer(json_array_get(p, 0))))
 		return oai_errf(e, 400, IRE, "invalid_input", "prompt",
-				"prompt is a list of %zu prompts; this server takes one a request",
-				json_array_size(p));
-	if (!json_is_string(p) && !(json_array_size(p) && json_is_integer(json_array_get(p, 0))))
+				"prompt must be a string or a list of token ids, or a list of "
+				"those");
+	if (json_array_size(p) > OAI_CHOICES_MAX && !one_prompt(p))
 		return oai_errf(e, 400, IRE, "invalid_input", "prompt",
-				"prompt must be a string or a list of token ids (or a list of one "
-				"of those)");
-	if (json_object_set(input, "prompt", (json_t *)p))
+				"prompt is a list of %zu prompts; this server takes at most %d a "
+				"request", json_array_size(p), OAI_CHOICES_MAX);
+	size_t i;
+	const json_t *q;
+	json_array_foreach(one_prompt(p) ? NULL : p, i, q)
+		if (!one_prompt(q))
+			return oai_errf(e, 400, IRE, "invalid_input", "prompt",
+					"prompt[%zu] must be a string or a non-empty list of token "
+					"ids", i);
+	*out = one_prompt(p) ? json_pack("[O]", p) : json_copy((json_t *)p);
+	if (!*out)
 		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	return 0;
 }
@@ -243,8 +258,11 @@ static int unsupported(enum oai_kind kind, const json_t *root, struct oai_err *e
 {
 	const json_t *v;
 	if (!absent(v = json_object_get(root, "n")) &&
-	    !(json_is_integer(v) && json_integer_value(v) == 1))
-		return oai_errf(e, 400, IRE, "invalid_input", "n", "only n = 1 is supported");
+	    !(json_is_integer(v) && json_integer_value(v) >= 1 &&
+	      json_integer_value(v) <= OAI_CHOICES_MAX))
+		return oai_errf(e, 400, IRE, "invalid_input", "n",
+				"n is the number of choices: an integer from 1 to %d",
+				OAI_CHOICES_MAX);
 	if (kind == OAI_CHAT) {
 		if (!absent(v = json_object_get(root, "tools")) && !json_is_array(v))
 			return oai_errf(e, 400, IRE, "invalid_input", "tools",
@@ -414,6 +432,98 @@ static int max_tokens(enum oai_kind kind, const json_t *root, int limit, json_t 
 	return 0;
 }
 
+void oai_choice_id(char *out, size_t size, const char *id, int index, int n_choices)
+{
+	if (n_choices > 1)
+		snprintf(out, size, "%s-%d", id, index);
+	else
+		snprintf(out, size, "%s", id);
+}
+
+void oai_req_free(struct oai_req *r)
+{
+	for (int i = 0; i < r->n_choices && r->jobs; i++)
+		free(r->jobs[i]);
+	free(r->jobs);
+	free(r->job_lens);
+	r->jobs = NULL;
+	r->job_lens = NULL;
+	r->n_choices = 0;
+}
+
+/* The job documents of a request's choices: input with prompt p (prompts: NULL for chat),
+ * for each of n choices of each prompt, in that order; with a seed, the choice i of each
+ * prompt draws from seed + i (so a prompt's first choice is the one a lone request gives).
+ * The first choice of each prompt is checked with job_decode: the others differ only in
+ * their id and seed. */
+static int make_jobs(struct oai_req *r, const char *id, const char *tenant, const json_t *input,
+		     const json_t *prompts, int n, struct oai_err *e)
+{
+	int np = prompts ? (int)json_array_size(prompts) : 1;
+	if ((long)np * n > OAI_CHOICES_MAX)
+		return oai_errf(e, 400, IRE, "invalid_input", "n",
+				"%d prompts with n %d are %ld choices; this server makes at most %d "
+				"a request", np, n, (long)np * n, OAI_CHOICES_MAX);
+	r->per_prompt = n;
+	r->jobs = calloc((size_t)(np * n), sizeof *r->jobs);
+	r->job_lens = calloc((size_t)(np * n), sizeof *r->job_lens);
+	if (!r->jobs || !r->job_lens) {
+		oai_req_free(r);
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	}
+	const json_t *seed = json_object_get(input, "seed");
+	size_t total = 0;
+	for (int c = 0; c < np * n; c++) {
+		char cid[64];
+		oai_choice_id(cid, sizeof cid, id, c, np * n);
+		json_t *in = json_copy((json_t *)input), *job = NULL;
+		bool ok = in && (!prompts || !json_object_set(in, "prompt",
+							       json_array_get(prompts,
+									      (size_t)(c / n))));
+		if (ok && c % n && json_is_integer(seed) && json_integer_value(seed) >= 0)
+			ok = !json_object_set_new(in, "seed", json_integer((json_int_t)(
+				((uint64_t)json_integer_value(seed) + (uint64_t)(c % n)) &
+				(uint64_t)INT64_MAX)));
+		if (ok)
+			job = json_pack("{s:s, s:s, s:o}", "id", cid, "tenant", tenant, "input", in);
+		else
+			json_decref(in);
+		r->jobs[c] = job ? json_dumps(job, JSON_COMPACT) : NULL;
+		json_decref(job);
+		r->n_choices = c + 1;
+		if (!r->jobs[c]) {
+			oai_req_free(r);
+			return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+		}
+		r->job_lens[c] = strlen(r->jobs[c]);
+		if ((total += r->job_lens[c]) > OAI_JOBS_BYTES_MAX) {
+			oai_req_free(r);
+			return oai_errf(e, 400, IRE, "request_too_large", "n",
+					"the request's %d choices come to more than %d bytes of "
+					"jobs (each holds its prompt); ask for fewer", np * n,
+					OAI_JOBS_BYTES_MAX);
+		}
+		if (c % n)
+			continue;
+		struct job j;
+		char msg[WK_ERRSZ], clean[WK_ERRSZ];
+		enum job_err jerr = job_decode(r->jobs[c], r->job_lens[c], NULL, &j, msg, sizeof msg);
+		job_free(&j);
+		if (jerr == JOB_OK)
+			continue;
+		oai_req_free(r);
+		strip_input(clean, sizeof clean, msg);
+		if (jerr == JOB_EINTERNAL)
+			return oai_errf(e, 500, "server_error", job_err_code(jerr), NULL, "%s", clean);
+		const char *param = error_param(clean);
+		if (np > 1 && param && !strcmp(param, "prompt"))
+			return oai_errf(e, 400, IRE, job_err_code(jerr), param, "prompt[%d]: %s",
+					c / n, clean);
+		return oai_errf(e, 400, IRE, job_err_code(jerr), param, "%s", clean);
+	}
+	return 0;
+}
+
 int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
 	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 	       struct oai_err *e)
@@ -426,7 +536,7 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 				"the body is not valid JSON: %s (line %d, column %d)", je.text,
 				je.line, je.column);
 	int st = 0;
-	json_t *input = json_object(), *job = NULL;
+	json_t *input = json_object(), *prompts = NULL;
 	const json_t *v;
 	if (!input) {
 		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
@@ -454,7 +564,7 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	if (kind == OAI_CHAT)
 		st = chat_messages(json_object_get(root, "messages"), input, e);
 	else
-		st = completion_prompt(json_object_get(root, "prompt"), input, e);
+		st = completion_prompts(json_object_get(root, "prompt"), &prompts, e);
 	r->echo = kind == OAI_COMPLETION && json_is_true(json_object_get(root, "echo"));
 	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, r->echo, &r->max_given,
 				   e)) ||
@@ -502,27 +612,10 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 			st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 			goto out;
 		}
-	job = json_pack("{s:s, s:s, s:O}", "id", id, "tenant", tenant, "input", input);
-	if (!job || !(r->job = json_dumps(job, JSON_COMPACT))) {
-		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
-		goto out;
-	}
-	r->job_len = strlen(r->job);
-	struct job j;
-	char msg[WK_ERRSZ];
-	enum job_err jerr = job_decode(r->job, r->job_len, NULL, &j, msg, sizeof msg);
-	job_free(&j);
-	if (jerr != JOB_OK) {
-		char clean[WK_ERRSZ];
-		strip_input(clean, sizeof clean, msg);
-		st = oai_errf(e, jerr == JOB_EINTERNAL ? 500 : 400,
-			      jerr == JOB_EINTERNAL ? "server_error" : IRE, job_err_code(jerr),
-			      jerr == JOB_EINTERNAL ? NULL : error_param(clean), "%s", clean);
-		free(r->job);
-		r->job = NULL;
-	}
+	v = json_object_get(root, "n");
+	st = make_jobs(r, id, tenant, input, prompts, absent(v) ? 1 : (int)json_integer_value(v), e);
 out:
-	json_decref(job);
+	json_decref(prompts);
 	json_decref(input);
 	json_decref(root);
 	return st;
@@ -728,8 +821,9 @@ static json_t *echoed(const json_t *prompt, const json_t *content)
 	return all;
 }
 
-json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
-		     const struct oai_result *r)
+/* A choice of the response: r's text (after its prompt with echo), logprobs, reasoning and
+ * tool calls. */
+static json_t *choice_json(enum oai_kind kind, const struct oai_result *r, int index)
 {
 	const char *fin = r->finish_reason ? r->finish_reason : "stop";
 	if (kind == OAI_COMPLETION && r->echo && r->prompt_logprobs) { /* the prompt first */
@@ -741,7 +835,7 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 		if (t && (all || !r->logprobs)) {
 			memcpy(t, json_string_value(pt), pl);
 			memcpy(t + pl, r->text, r->text_len);
-			choice = json_pack("{s:i, s:s%, s:o?, s:s}", "index", 0, "text", t,
+			choice = json_pack("{s:i, s:s%, s:o?, s:s}", "index", index, "text", t,
 					   pl + r->text_len, "logprobs",
 					   all ? legacy_logprobs(all, &offset) : json_null(),
 					   "finish_reason", fin);
@@ -749,17 +843,13 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 		free(t);
 		json_decref(pt);
 		json_decref(all);
-		if (!choice)
-			return NULL;
-		return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
-				 "text_completion", "created", (json_int_t)created, "model", model,
-				 "choices", choice, "usage", usage_json(r));
+		return choice;
 	}
 	json_t *choice = kind == OAI_CHAT
-		? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
+		? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", index, "message", "role",
 			    "assistant", "content", r->text, r->text_len, "logprobs", "finish_reason",
 			    fin)
-		: json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", r->text, r->text_len,
+		: json_pack("{s:i, s:s%, s:n, s:s}", "index", index, "text", r->text, r->text_len,
 			    "logprobs", "finish_reason", fin);
 	if (!choice)
 		return NULL;
@@ -775,10 +865,67 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 			json_object_set_new(msg, "content", json_null());
 		json_object_set(msg, "tool_calls", (json_t *)r->tool_calls);
 	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
-			 kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
-			 (json_int_t)created, "model", model, "choices", choice, "usage",
-			 usage_json(r));
+	return choice;
+}
+
+int oai_usage_sum(const struct oai_result *rs, int n, int per_prompt, struct oai_result *sum)
+{
+	memset(sum, 0, sizeof *sum);
+	json_int_t kept = 0, thrown = 0;
+	bool details = false;
+	for (int i = 0; i < n; i++) {
+		const struct oai_result *r = &rs[i];
+		if (per_prompt < 1 || i % per_prompt == 0)
+			sum->prompt_tokens += r->prompt_tokens;
+		sum->completion_tokens += r->completion_tokens;
+		sum->cost_micro_usd += r->cost_micro_usd;
+		sum->gpu_seconds += r->gpu_seconds;
+		if (r->queue_seconds > sum->queue_seconds)
+			sum->queue_seconds = r->queue_seconds;
+		kept += r->accepted_prediction_tokens;
+		thrown += r->rejected_prediction_tokens;
+		details |= json_is_object(json_object_get(json_object_get(r->root, "usage"),
+							  "completion_tokens_details"));
+	}
+	sum->accepted_prediction_tokens = kept;
+	sum->rejected_prediction_tokens = thrown;
+	sum->completed = true;
+	sum->root = details ? json_pack("{s:{s:{s:I, s:I}}}", "usage", "completion_tokens_details",
+					"accepted_prediction_tokens", kept,
+					"rejected_prediction_tokens", thrown)
+			    : json_object();
+	return sum->root ? WK_OK : WK_ENOMEM;
+}
+
+json_t *oai_response_n(enum oai_kind kind, const char *id, long created, const char *model,
+		       const struct oai_result *rs, int n, int per_prompt)
+{
+	struct oai_result sum = {0};
+	json_t *choices = json_array();
+	bool ok = choices && oai_usage_sum(rs, n, per_prompt, &sum) == WK_OK;
+	for (int i = 0; ok && i < n; i++)
+		ok = !json_array_append_new(choices, choice_json(kind, &rs[i], i));
+	json_t *resp = ok ? json_pack("{s:s, s:s, s:I, s:s, s:O, s:o}", "id", id, "object",
+				      kind == OAI_CHAT ? "chat.completion" : "text_completion",
+				      "created", (json_int_t)created, "model", model, "choices",
+				      choices, "usage", usage_json(n == 1 ? &rs[0] : &sum))
+			  : NULL;
+	json_decref(choices);
+	oai_result_free(&sum);
+	return resp;
+}
+
+json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,
+		     const struct oai_result *r)
+{
+	return oai_response_n(kind, id, created, model, r, 1, 1);
+}
+
+void oai_chunk_index(json_t *chunk, int index)
+{
+	json_t *c = json_array_get(json_object_get(chunk, "choices"), 0);
+	if (c)
+		json_object_set_new(c, "index", json_integer(index));
 }
 
 json_t *oai_chunk(enum oai_kind kind, const char *id, long created, const char *model,

@@ -22,6 +22,9 @@
 #      prompt_logprobs 3 and max_tokens 0, each entry against wick logits; /v1/completions
 #      with echo (max_tokens 0 and 1, a token-id prompt and a batch of one), its numbers the
 #      job's, whole and streamed (the prompt's chunk first)
+#   8. several choices: a list of token-id prompts (lm-evaluation-harness's batches) scored in
+#      one request, each choice the job's numbers; n 3 with a seed, choice i the lone request
+#      with seed + i; a chat streamed with n 2, joined by index; n 129 refused
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -419,6 +422,79 @@ const ptext = Buffer.concat(pl.map((e) => Buffer.from(e.bytes))).toString();
               `(ctxlen ${ctxlen}): loglikelihood ${sum.toFixed(4)}, greedy ${greedy}; ` +
               `streamed, the prompt's chunk first and the same numbers; max_tokens 0 ` +
               'without echo and an id outside the vocabulary are 400s');
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+
+# 8. several choices: a batch of prompts (lm-evaluation-harness's batch_size > 1) and n, each
+# choice what the same request alone gives
+node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$(cat "$TMPD/ids")" \
+  "$TMPD/q/done/pl1.json" <<'EOF' || fail "the openai client: several choices"
+const [openaiDir, base, model, idList, scored] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const fs = require('fs');
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const ids = idList.split(',').map(Number);
+const pl = JSON.parse(fs.readFileSync(scored)).output.prompt_logprobs;
+(async () => {
+  // three contexts scored in one request: each choice the prefix's own logprobs
+  const lens = [7, 19, ids.length];
+  const a = await client.completions.create({ model, prompt: lens.map((n) => ids.slice(0, n)),
+                                              max_tokens: 0, echo: true, logprobs: 1 });
+  assert(a.choices.length === 3, `${a.choices.length} choices`);
+  let worst = 0;
+  a.choices.forEach((c, i) => {
+    assert(c.index === i, `choice ${i} has index ${c.index}`);
+    const l = c.logprobs.token_logprobs;
+    assert(l.length === lens[i] && l[0] === null, `choice ${i}: ${l.length} entries`);
+    for (let k = 1; k < l.length; k++) worst = Math.max(worst, Math.abs(l[k] - pl[k].logprob));
+  });
+  assert(worst < 1e-4, `a batch's logprobs are ${worst} from the job's`);
+  const want = lens.reduce((x, y) => x + y, 0);
+  assert(a.usage.prompt_tokens === want && a.usage.completion_tokens === 0,
+         `usage ${JSON.stringify(a.usage)}`);
+  // n 3 with a seed: choice i is the lone request with seed + i
+  const prompt = 'Once upon a time, Tom';
+  const req = { model, prompt, max_tokens: 12, temperature: 1.0 };
+  const n3 = await client.completions.create({ ...req, n: 3, seed: 5 });
+  assert(n3.choices.length === 3, `${n3.choices.length} choices`);
+  for (let i = 0; i < 3; i++) {
+    const one = await client.completions.create({ ...req, seed: 5 + i });
+    assert(n3.choices[i].index === i && n3.choices[i].text === one.choices[0].text,
+           `choice ${i}: ${JSON.stringify(n3.choices[i].text)} vs seed ${5 + i}: ` +
+           JSON.stringify(one.choices[0].text));
+  }
+  const distinct = new Set(n3.choices.map((c) => c.text)).size;
+  assert(distinct > 1, 'the three choices are one text');
+  const one = await client.completions.create({ ...req, seed: 5 });
+  assert(n3.usage.prompt_tokens === one.usage.prompt_tokens, 'the prompt counted once');
+  // a chat streamed with n 2: each choice's chunks by index make that choice's content
+  const chat = { model, messages: [{ role: 'user', content: 'Tell me about a cat.' }],
+                 max_tokens: 10, temperature: 0.9, seed: 11, n: 2 };
+  const whole = await client.chat.completions.create(chat);
+  const s = await client.chat.completions.create({ ...chat, stream: true,
+                                                   stream_options: { include_usage: true } });
+  const got = ['', ''], fins = [null, null];
+  let usage = null;
+  for await (const ch of s) {
+    if (ch.usage) usage = ch.usage;
+    for (const c of ch.choices) {
+      got[c.index] += c.delta.content || '';
+      if (c.finish_reason) fins[c.index] = c.finish_reason;
+    }
+  }
+  for (let i = 0; i < 2; i++)
+    assert(got[i] === whole.choices[i].message.content && fins[i],
+           `streamed choice ${i}: ${JSON.stringify(got[i])}`);
+  assert(usage && usage.completion_tokens === whole.usage.completion_tokens, 'stream usage');
+  let err = null;
+  try { await client.completions.create({ ...req, n: 129 }); } catch (x) { err = x; }
+  assert(err && err.status === 400 && /n is the number of choices/.test(err.message),
+         `n 129: ${err && err.message}`);
+  console.log(`8. several choices: 3 token-id contexts in one request scored within ` +
+              `${worst.toExponential(1)} of the job's; n 3 with seed 5 gives the lone requests ` +
+              `with seeds 5, 6, 7 (${distinct} distinct texts), the prompt counted once; a chat ` +
+              'streamed with n 2 joins by index into the whole response\'s choices; n 129 a 400');
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

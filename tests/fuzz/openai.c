@@ -1,7 +1,7 @@
 /* Fuzz target: an OpenAI request body through oai_to_job (chat and completion), the API keys
- * file parser, and the response builders on a result (logprobs in both shapes, echo's): no
- * crash, no leak; a request that is accepted always yields a job document job_decode accepts,
- * and every error has a message. */
+ * file parser, and the response builders on a result (logprobs in both shapes, echo's, several
+ * choices'): no crash, no leak; a request that is accepted always yields job documents (one a
+ * choice) that job_decode accepts, and every error has a message. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,17 +19,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		int st = oai_to_job(k ? OAI_COMPLETION : OAI_CHAT, (const char *)data, size, "m",
 				    "chatcmpl-1", "t", 64, &r, &e);
 		if (st) {
-			if (r.job || st < 400 || st > 599 || !e.message[0])
+			if (r.jobs || st < 400 || st > 599 || !e.message[0])
 				abort();
 			json_decref(oai_error_json(&e));
 			continue;
 		}
-		struct job j;
-		char err[WK_ERRSZ];
-		if (job_decode(r.job, r.job_len, NULL, &j, err, sizeof err) != JOB_OK)
+		if (r.n_choices < 1 || r.n_choices > OAI_CHOICES_MAX || r.per_prompt < 1 ||
+		    r.n_choices % r.per_prompt)
 			abort();
-		job_free(&j);
-		free(r.job);
+		for (int c = 0; c < r.n_choices; c++) { /* every choice's job, not only those checked */
+			struct job j;
+			char err[WK_ERRSZ];
+			if (job_decode(r.jobs[c], r.job_lens[c], NULL, &j, err, sizeof err) != JOB_OK)
+				abort();
+			job_free(&j);
+		}
+		oai_req_free(&r);
 	}
 	struct http_key *keys = NULL;
 	int n = 0;
@@ -56,6 +61,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			json_decref(l);
 			json_decref(c);
 		}
+		struct oai_result three[3] = {res, res, res}; /* several choices, usage summed */
+		json_decref(oai_response_n(OAI_COMPLETION, "x", 1, "m", three, 3, 2));
+		struct oai_result sum;
+		if (oai_usage_sum(three, 3, 1, &sum) == WK_OK)
+			json_decref(oai_usage_chunk(OAI_COMPLETION, "x", 1, "m", &sum));
+		oai_result_free(&sum);
 		if (res.prompt_logprobs) { /* echo: the prompt first, whole and a stream's */
 			res.echo = true;
 			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));

@@ -120,7 +120,8 @@ wrong = [
     {"messages": good_msgs, "top_p": 5}, {"messages": good_msgs, "top_k": -3},
     {"messages": good_msgs, "seed": "s"}, {"messages": good_msgs, "stop": 7},
     {"messages": good_msgs, "stop": [""]}, {"messages": good_msgs, "stop": ["a"] * 40},
-    {"messages": good_msgs, "n": 3}, {"messages": good_msgs, "model": 5},
+    {"messages": good_msgs, "n": 129}, {"messages": good_msgs, "n": 0},
+    {"messages": good_msgs, "model": 5},
     {"messages": good_msgs, "logprobs": "yes"}, {"messages": good_msgs, "tools": [{"type": "function"}]},
     {"messages": good_msgs, "logprobs": True, "top_logprobs": 99}, {"messages": good_msgs, "top_logprobs": 3},
     {"messages": good_msgs, "stream_options": 3}, {"messages": [{"role": "user", "content": "a\u0000b"}]},
@@ -134,7 +135,8 @@ for i, b in enumerate(wrong):
     expect(f"wrong chat {i} {json.dumps(b)[:60]}", req("POST", CHAT, json.dumps(b)))
 
 # 3. Wrong types (completions).
-for i, b in enumerate([{}, {"prompt": 5}, {"prompt": [1, -2, 3]}, {"prompt": ["a", "b"]},
+for i, b in enumerate([{}, {"prompt": 5}, {"prompt": [1, -2, 3]}, {"prompt": ["a", 5]},
+                       {"prompt": ["a", "b"], "n": 65}, {"prompt": [[1], [1, -1]]},
                        {"prompt": [1, 99999]}, {"prompt": []}, {"prompt": [[]]},
                        {"prompt": [1, 2.5]}, {"prompt": "x", "echo": 1},
                        {"prompt": "x", "echo": True, "max_tokens": -1},

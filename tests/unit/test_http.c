@@ -15,7 +15,7 @@ static json_t *job_of(enum oai_kind k, const char *body, struct oai_req *r)
 	struct oai_err e;
 	int st = oai_to_job(k, body, strlen(body), "stories260K", "chatcmpl-1", "team-a", 100, r, &e);
 	cr_assert_eq(st, 0, "%d %s", st, e.message);
-	json_t *j = json_loads(r->job, 0, NULL);
+	json_t *j = json_loads(r->jobs[0], 0, NULL);
 	cr_assert_not_null(j);
 	return j;
 }
@@ -27,7 +27,7 @@ static struct oai_err err_of(enum oai_kind k, const char *body)
 	int st = oai_to_job(k, body, strlen(body), "stories260K", "chatcmpl-1", "team-a", 100, &r, &e);
 	cr_assert_neq(st, 0, "accepted: %s", body);
 	cr_assert_eq(st, e.status);
-	cr_assert_null(r.job);
+	cr_assert_null(r.jobs);
 	return e;
 }
 
@@ -61,7 +61,7 @@ Test(http, chat_becomes_a_job)
 	cr_expect_str_eq(json_string_value(json_array_get(json_object_get(in, "stop"), 0)), "x");
 	cr_expect_null(json_object_get(in, "user"));
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 }
 
 /* OpenAI answers 400 for a message without content; only an assistant message that carries
@@ -102,7 +102,7 @@ Test(http, chat_content_is_required)
 	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(m, 2), "content")), "",
 			 "an empty string is content");
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 }
 
 Test(http, completion_becomes_a_job)
@@ -116,12 +116,12 @@ Test(http, completion_becomes_a_job)
 	cr_expect_eq(json_integer_value(json_object_get(in, "seed")), 3);
 	cr_expect(!r.stream);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	/* chat's max_completion_tokens is honoured on completions too, not ignored */
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"Once\", \"max_completion_tokens\": 2}", &r);
 	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"), "max_tokens")), 2);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	/* a predicted output becomes input.prediction, text parts joined; a bad one is refused */
 	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
 			     "\"prediction\": {\"type\": \"content\", \"content\": [{\"type\": "
@@ -130,13 +130,13 @@ Test(http, completion_becomes_a_job)
 	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "input"),
 							   "prediction")), "def f(): pass");
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"Once\", \"prediction\": {\"type\": "
 				   "\"content\", \"content\": \"upon a time\"}}", &r);
 	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "input"),
 							   "prediction")), "upon a time");
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	static const char *const bad_pred[] = {
 		"\"prediction\": \"text\"", "\"prediction\": {\"type\": \"text\", \"content\": \"x\"}",
 		"\"prediction\": {\"type\": \"content\"}",
@@ -154,7 +154,7 @@ Test(http, completion_becomes_a_job)
 			     "\"max_tokens\": 50, \"max_completion_tokens\": 9}", &r);
 	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"), "max_tokens")), 9);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 }
 
 Test(http, errors_are_openai_shaped)
@@ -171,8 +171,15 @@ Test(http, errors_are_openai_shaped)
 	cr_expect_str_eq(e.code, "max_tokens_range");
 	cr_expect_str_eq(e.param, "max_completion_tokens");
 	cr_expect(strstr(e.message, "1 to 100") != NULL, "%s", e.message);
-	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"n\": 2}");
-	cr_expect_str_eq(e.param, "n");
+	static const char *const bad_n[] = {"0", "129", "\"2\"", "1.5", "-1"};
+	for (size_t i = 0; i < sizeof bad_n / sizeof bad_n[0]; i++) {
+		char body[200];
+		snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": "
+			 "\"a\"}], \"n\": %s}", bad_n[i]);
+		e = err_of(OAI_CHAT, body);
+		cr_expect_str_eq(e.param, "n", "%s", body);
+		cr_expect(strstr(e.message, "1 to 128") != NULL, "%s", e.message);
+	}
 	/* what sampling cannot honour, or a value out of range, is refused by name, not
 	 * ignored; neutral values pass */
 	static const char *const refused[][2] = {
@@ -209,7 +216,7 @@ Test(http, errors_are_openai_shaped)
 				      "\"auto\", \"top_logprobs\": 0}",
 			    &r);
 	json_decref(ok);
-	free(r.job);
+	oai_req_free(&r);
 	e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
 			     "\"top_p\": 7}");
 	cr_expect_str_eq(e.code, "invalid_input");
@@ -591,18 +598,18 @@ Test(http, logprobs)
 	cr_expect_eq(json_integer_value(json_object_get(in, "top_logprobs")), 3);
 	cr_expect(r.logprobs);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 0}", &r);
 	in = json_object_get(j, "input");
 	cr_expect(json_is_true(json_object_get(in, "logprobs")), "an integer, 0 too, asks for them");
 	cr_expect_eq(json_integer_value(json_object_get(in, "top_logprobs")), 0);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": null}", &r);
 	cr_expect_null(json_object_get(json_object_get(j, "input"), "logprobs"));
 	cr_expect(!r.logprobs);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	cr_expect_str_eq(err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 21}").param,
 			 "logprobs");
 	cr_expect_str_eq(err_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}").param,
@@ -666,23 +673,25 @@ Test(http, echo_and_token_ids)
 	cr_expect_eq(json_integer_value(json_object_get(in, "max_tokens")), 0);
 	cr_expect(r.echo && r.logprobs);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"echo\": true}", &r);
 	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"),
 							 "prompt_logprobs")), 0,
 		     "echo without logprobs: the prompt's text from its entries");
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"echo\": false}", &r);
 	cr_expect_null(json_object_get(json_object_get(j, "input"), "prompt_logprobs"));
 	cr_expect(!r.echo);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	static const char *const bad[][2] = {
 		{"{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens"},
 		{"{\"prompt\": \"a\", \"echo\": \"yes\"}", "echo"},
-		{"{\"prompt\": [\"a\", \"b\"]}", "prompt"},
-		{"{\"prompt\": [[1], [2]]}", "prompt"},
+		{"{\"prompt\": [\"a\", 7]}", "prompt"},
+		{"{\"prompt\": [[1], []]}", "prompt"},
+		{"{\"prompt\": [[1], [\"a\"]]}", "prompt"},
+		{"{\"prompt\": [\"a\", \"b\"], \"n\": 65}", "n"},
 		{"{\"prompt\": []}", "prompt"},
 		{"{\"prompt\": [-1]}", "prompt"}};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -749,7 +758,7 @@ Test(http, penalties_and_bias)
 	cr_expect_float_eq(json_number_value(json_object_get(json_object_get(in, "logit_bias"),
 							     "50")), -100, 1e-9);
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 }
 
 /* response_format json_object and json_schema go into the job; text is the default. */
@@ -765,17 +774,331 @@ Test(http, response_format)
 	cr_expect_str_eq(json_string_value(json_object_get(f, "type")), "json_schema");
 	cr_expect(json_is_object(json_object_get(json_object_get(f, "json_schema"), "schema")));
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": "
 				   "\"json_object\"}}", &r);
 	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(
 				 json_object_get(j, "input"), "response_format"), "type")),
 			 "json_object");
 	json_decref(j);
-	free(r.job);
+	oai_req_free(&r);
 	struct oai_err e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": "
 					    "\"a\"}], \"response_format\": {\"type\": \"json_schema\", "
 					    "\"json_schema\": {\"schema\": {\"type\": \"string\", "
 					    "\"format\": \"date\"}}}}");
 	cr_expect(strstr(e.message, "\"format\"") != NULL, "names the keyword: %s", e.message);
+}
+
+/* ---- several choices: n, and a list of prompts ---- */
+
+/* One job a choice: n of each prompt in order, each with its own id, and with a seed, choice i
+ * of a prompt draws from seed + i. */
+Test(http, several_choices_make_one_job_each)
+{
+	struct oai_req r;
+	struct oai_err e;
+	const char *body = "{\"prompt\": [\"a b\", [1, 2, 3]], \"n\": 2, \"seed\": 7, "
+			   "\"max_tokens\": 3}";
+	cr_assert_eq(oai_to_job(OAI_COMPLETION, body, strlen(body), "m", "cmpl-x", "t", 100, &r,
+				&e), 0, "%s", e.message);
+	cr_assert_eq(r.n_choices, 4);
+	cr_expect_eq(r.per_prompt, 2);
+	for (int c = 0; c < 4; c++) {
+		json_t *j = json_loadb(r.jobs[c], r.job_lens[c], 0, NULL);
+		json_t *in = json_object_get(j, "input"), *p = json_object_get(in, "prompt");
+		char id[32];
+		snprintf(id, sizeof id, "cmpl-x-%d", c);
+		cr_expect_str_eq(json_string_value(json_object_get(j, "id")), id);
+		cr_expect_eq(json_integer_value(json_object_get(in, "seed")), 7 + c % 2, "%d", c);
+		cr_expect_eq(json_integer_value(json_object_get(in, "max_tokens")), 3);
+		if (c < 2)
+			cr_expect_str_eq(json_string_value(p), "a b", "%d", c);
+		else
+			cr_expect(json_array_size(p) == 3 &&
+				  json_integer_value(json_array_get(p, 2)) == 3, "%d", c);
+		json_decref(j);
+	}
+	oai_req_free(&r);
+	/* the largest seed wraps to 0; no seed stays none; one choice keeps the request's id */
+	body = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"n\": 3, "
+	       "\"seed\": 9223372036854775807}";
+	cr_assert_eq(oai_to_job(OAI_CHAT, body, strlen(body), "m", "chatcmpl-y", "t", 100, &r, &e),
+		     0, "%s", e.message);
+	cr_assert_eq(r.n_choices, 3);
+	cr_expect(strstr(r.jobs[1], "\"seed\":0") != NULL, "%s", r.jobs[1]);
+	cr_expect(strstr(r.jobs[2], "\"id\":\"chatcmpl-y-2\"") != NULL, "%s", r.jobs[2]);
+	cr_expect(strstr(r.jobs[2], "\"messages\":[{") != NULL, "%s", r.jobs[2]);
+	oai_req_free(&r);
+	body = "{\"prompt\": [\"a\", \"b\"]}";
+	cr_assert_eq(oai_to_job(OAI_COMPLETION, body, strlen(body), "m", "cmpl-z", "t", 100, &r,
+				&e), 0, "%s", e.message);
+	cr_expect(r.n_choices == 2 && r.per_prompt == 1);
+	cr_expect(strstr(r.jobs[0], "seed") == NULL, "%s", r.jobs[0]);
+	oai_req_free(&r);
+	body = "{\"prompt\": [\"a\"], \"n\": 1}";
+	cr_assert_eq(oai_to_job(OAI_COMPLETION, body, strlen(body), "m", "cmpl-z", "t", 100, &r,
+				&e), 0, "%s", e.message);
+	cr_expect(r.n_choices == 1 && strstr(r.jobs[0], "\"id\":\"cmpl-z\"") != NULL);
+	oai_req_free(&r);
+	/* a bad prompt is named by its place */
+	e = err_of(OAI_COMPLETION, "{\"prompt\": [\"fine\", [1, -2]]}");
+	cr_expect_str_eq(e.param, "prompt");
+	cr_expect(strstr(e.message, "prompt[1]: ") == e.message, "%s", e.message);
+	/* 128 choices at most, and 16 MiB of jobs */
+	e = err_of(OAI_COMPLETION, "{\"prompt\": [\"a\", \"b\", \"c\"], \"n\": 43}");
+	cr_expect_str_eq(e.param, "n");
+	cr_expect(strstr(e.message, "129 choices") != NULL, "%s", e.message);
+	size_t big = 600u << 10;
+	char *b = malloc(big + 64);
+	cr_assert_not_null(b);
+	int o = snprintf(b, 64, "{\"n\": 30, \"prompt\": \"");
+	memset(b + o, 'x', big);
+	strcpy(b + o + big, "\"}");
+	e = err_of(OAI_COMPLETION, b);
+	free(b);
+	cr_expect_str_eq(e.code, "request_too_large");
+	cr_expect_str_eq(e.param, "n");
+}
+
+/* The choices of a response in order, and their usage summed: each prompt's tokens once, the
+ * rest of every choice. */
+Test(http, several_choices_join_into_one_response)
+{
+	struct oai_result rs[3];
+	const char *docs[3] = {
+		"{\"status\": \"COMPLETED\", \"output\": {\"text\": \"zero\", \"finish_reason\": "
+		"\"stop\"}, \"usage\": {\"prompt_tokens\": 5, \"completion_tokens\": 1, "
+		"\"cost_micro_usd\": 10, \"gpu_seconds\": 0.5, \"queue_seconds\": 0.1}}",
+		"{\"status\": \"COMPLETED\", \"output\": {\"text\": \"one\", \"finish_reason\": "
+		"\"length\"}, \"usage\": {\"prompt_tokens\": 5, \"completion_tokens\": 2, "
+		"\"cost_micro_usd\": 11, \"gpu_seconds\": 0.25, \"queue_seconds\": 0.3, "
+		"\"completion_tokens_details\": {\"accepted_prediction_tokens\": 1, "
+		"\"rejected_prediction_tokens\": 2}}}",
+		"{\"status\": \"COMPLETED\", \"output\": {\"text\": \"two\"}, \"usage\": "
+		"{\"prompt_tokens\": 4, \"completion_tokens\": 3, \"cost_micro_usd\": 12, "
+		"\"gpu_seconds\": 0.25, \"queue_seconds\": 0.2}}"};
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(oai_result_parse(docs[i], strlen(docs[i]), &rs[i]), WK_OK);
+	json_t *resp = oai_response_n(OAI_COMPLETION, "cmpl-j", 1, "m", rs, 3, 1);
+	cr_assert_not_null(resp);
+	json_t *ch = json_object_get(resp, "choices"), *u = json_object_get(resp, "usage");
+	cr_assert_eq(json_array_size(ch), 3);
+	static const char *const texts[] = {"zero", "one", "two"};
+	for (int i = 0; i < 3; i++) {
+		json_t *c = json_array_get(ch, (size_t)i);
+		cr_expect_eq(json_integer_value(json_object_get(c, "index")), i);
+		cr_expect_str_eq(json_string_value(json_object_get(c, "text")), texts[i]);
+	}
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(ch, 1),
+							   "finish_reason")), "length");
+	cr_expect_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 14);
+	cr_expect_eq(json_integer_value(json_object_get(u, "completion_tokens")), 6);
+	cr_expect_eq(json_integer_value(json_object_get(u, "total_tokens")), 20);
+	cr_expect_eq(json_integer_value(json_object_get(u, "cost_micro_usd")), 33);
+	cr_expect_float_eq(json_real_value(json_object_get(u, "gpu_seconds")), 1.0, 1e-9);
+	cr_expect_float_eq(json_real_value(json_object_get(u, "queue_seconds")), 0.3, 1e-9);
+	json_t *d = json_object_get(u, "completion_tokens_details");
+	cr_expect_eq(json_integer_value(json_object_get(d, "accepted_prediction_tokens")), 1);
+	cr_expect_eq(json_integer_value(json_object_get(d, "rejected_prediction_tokens")), 2);
+	json_decref(resp);
+	/* n 3 of one prompt: its tokens once */
+	resp = oai_response_n(OAI_CHAT, "c", 1, "m", rs, 3, 3);
+	u = json_object_get(resp, "usage");
+	cr_expect_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 5);
+	cr_expect_eq(json_integer_value(json_object_get(u, "total_tokens")), 11);
+	cr_expect_str_eq(json_string_value(json_object_get(json_object_get(json_array_get(
+				 json_object_get(resp, "choices"), 2), "message"), "content")), "two");
+	json_decref(resp);
+	for (int i = 0; i < 3; i++)
+		oai_result_free(&rs[i]);
+}
+
+/* Takes n flights in order, waiting up to 5 s. */
+static void take_n(struct http_flight **f, struct queue_job *j, int n)
+{
+	int got = 0;
+	for (int i = 0; i < 100 && got < n; i++)
+		got += http_api_take(srv, f + got, n - got, 0.05);
+	cr_assert_eq(got, n, "%d of %d choices reached the inbox", got, n);
+	for (int i = 0; i < n; i++)
+		http_flight_job(f[i], &j[i]);
+}
+
+static void finish_text(struct http_flight *f, const char *text, int prompt, int completion)
+{
+	char res[512];
+	snprintf(res, sizeof res, "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"%s\", "
+				  "\"finish_reason\": \"length\"}, \"usage\": {\"prompt_tokens\": %d, "
+				  "\"completion_tokens\": %d}}", text, prompt, completion);
+	http_api_finish(srv, f, res, strlen(res));
+}
+
+/* Two prompts, n 2: four jobs, finished out of order, answered as one response in order. */
+Test(http_server, several_choices_are_joined)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123",
+			 .body = "{\"prompt\": [\"a\", [5, 6, 7]], \"n\": 2, \"max_tokens\": 3}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct http_flight *f[4];
+	struct queue_job j[4];
+	take_n(f, j, 4);
+	for (int i = 0; i < 4; i++) {
+		char tail[16];
+		snprintf(tail, sizeof tail, "-%d", i);
+		cr_expect(strcmp(j[i].id + strlen(j[i].id) - 2, tail) == 0, "%s", j[i].id);
+		cr_expect(strstr(j[i].body, i < 2 ? "\"prompt\":\"a\"" : "\"prompt\":[5,6,7]") != NULL,
+			  "%s", j[i].body);
+		free(j[i].body);
+	}
+	char out[8192];
+	for (int i = 3; i >= 0; i--) {
+		char text[16];
+		snprintf(text, sizeof text, "t%d", i);
+		finish_text(f[i], text, i < 2 ? 2 : 3, 1);
+		if (i == 1) { /* three of four in: no answer yet */
+			cr_expect_eq(c.status, 0);
+			cr_expect_eq(get("/health", NULL, out, sizeof out), 200);
+			cr_expect(strstr(out, "\"requests_in_flight\":1") != NULL, "%s", out);
+		}
+	}
+	pthread_join(t, NULL);
+	cr_assert_eq(c.status, 200, "%s", c.out);
+	json_t *resp = json_loads(c.out, 0, NULL), *ch = json_object_get(resp, "choices");
+	cr_assert_eq(json_array_size(ch), 4, "%s", c.out);
+	for (int i = 0; i < 4; i++) {
+		char text[16];
+		snprintf(text, sizeof text, "t%d", i);
+		json_t *x = json_array_get(ch, (size_t)i);
+		cr_expect_eq(json_integer_value(json_object_get(x, "index")), i);
+		cr_expect_str_eq(json_string_value(json_object_get(x, "text")), text);
+	}
+	cr_expect(strncmp(json_string_value(json_object_get(resp, "id")), j[0].id,
+			  strlen(j[0].id) - 2) == 0, "the response's id is the jobs' stem");
+	json_t *u = json_object_get(resp, "usage");
+	cr_expect_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 5);
+	cr_expect_eq(json_integer_value(json_object_get(u, "completion_tokens")), 4);
+	json_decref(resp);
+}
+
+/* A stream of n 2: each choice's chunks carry its index as they come; the usage comes once,
+ * after both have finished, then [DONE]. */
+Test(http_server, several_choices_stream_with_their_index)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123",
+			 .body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 2, "
+				 "\"stream\": true, \"stream_options\": {\"include_usage\": true}}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/chat/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct http_flight *f[2];
+	struct queue_job j[2];
+	take_n(f, j, 2);
+	free(j[0].body);
+	free(j[1].body);
+	http_api_token(srv, f[1], 1, "B", 1);
+	http_api_token(srv, f[0], 1, "A", 1);
+	http_api_token(srv, f[1], 2, "b", 1);
+	finish_text(f[1], "Bb", 2, 2);
+	finish_text(f[0], "A", 2, 1);
+	pthread_join(t, NULL);
+	cr_assert_eq(c.status, 200, "%s", c.out);
+	/* the events in order: index and content (or finish, or usage) of each */
+	char seen[512] = "";
+	size_t o = 0;
+	for (char *p = strstr(c.out, "data: "); p; p = strstr(p + 6, "data: ")) {
+		if (!strncmp(p + 6, "[DONE]", 6)) {
+			o += (size_t)snprintf(seen + o, sizeof seen - o, "DONE ");
+			continue;
+		}
+		json_t *ev = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, NULL);
+		json_t *x = json_array_get(json_object_get(ev, "choices"), 0);
+		json_t *d = json_object_get(x, "delta");
+		const char *fin = json_string_value(json_object_get(x, "finish_reason"));
+		if (!x)
+			o += (size_t)snprintf(seen + o, sizeof seen - o, "usage%lld ",
+					      json_integer_value(json_object_get(json_object_get(
+						      ev, "usage"), "completion_tokens")));
+		else
+			o += (size_t)snprintf(seen + o, sizeof seen - o, "%lld:%s%s ",
+					      json_integer_value(json_object_get(x, "index")),
+					      json_object_get(d, "role") ? "role" : fin ? fin
+					      : json_string_value(json_object_get(d, "content")) ?: "?",
+					      "");
+		json_decref(ev);
+	}
+	cr_expect_str_eq(seen, "0:role 1:role 1:B 0:A 1:b 1:length 0:length usage3 DONE ",
+			 "%s", c.out);
+}
+
+/* The first choice that fails is the request's answer; its other choices are cancelled: those
+ * the worker holds are reported, those still queued never run. */
+Test(http_server, a_failed_choice_fails_the_request)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123", .body = "{\"prompt\": \"a\", \"n\": 4}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct http_flight *f[2];
+	struct queue_job j[2];
+	take_n(f, j, 2); /* two run, two wait */
+	free(j[0].body);
+	free(j[1].body);
+	cr_expect_eq(http_api_waiting(srv), 2);
+	const char *bad = "{\"status\": \"FAILED\", \"error\": {\"code\": \"prompt_too_long\", "
+			  "\"message\": \"the prompt is 9 tokens; the context is 8\"}}";
+	http_api_finish(srv, f[1], bad, strlen(bad));
+	pthread_join(t, NULL);
+	cr_expect_eq(c.status, 400, "%s", c.out);
+	cr_expect(strstr(c.out, "\"code\":\"prompt_too_long\"") != NULL, "%s", c.out);
+	struct http_flight *gone = NULL;
+	for (int i = 0; i < 100 && !http_api_cancelled(srv, &gone, 1); i++)
+		usleep(10000);
+	cr_expect_eq(gone, f[0], "the running choice was not cancelled");
+	cr_expect_eq(http_api_waiting(srv), 0, "the queued choices were not taken back");
+	const char *res = "{\"status\": \"CANCELLED\", \"error\": {\"code\": \"cancelled\", "
+			  "\"message\": \"cancelled\"}}";
+	http_api_finish(srv, f[0], res, strlen(res));
+	char out[8192];
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_requests_in_flight 0") != NULL, "%s", out);
+	cr_expect(strstr(out, "wick_http_requests_total{code=\"400\"} 1") != NULL, "%s", out);
+}
+
+/* A client that leaves cancels every choice, and counts once. */
+Test(http_server, a_client_that_leaves_cancels_every_choice)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123", .timeout_ms = 300,
+			 .body = "{\"prompt\": [\"a\", \"b\", \"c\"], \"max_tokens\": 50}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct http_flight *f[2];
+	struct queue_job j[2];
+	take_n(f, j, 2);
+	free(j[0].body);
+	free(j[1].body);
+	pthread_join(t, NULL); /* the client gave up and closed */
+	struct http_flight *gone[4] = {0};
+	int n = 0;
+	for (int i = 0; i < 100 && n < 2; i++) {
+		n += http_api_cancelled(srv, gone + n, 4 - n);
+		usleep(10000);
+	}
+	cr_expect_eq(n, 2, "%d of the 2 running choices were cancelled", n);
+	cr_expect((gone[0] == f[0] && gone[1] == f[1]) || (gone[0] == f[1] && gone[1] == f[0]));
+	cr_expect_eq(http_api_waiting(srv), 0);
+	const char *res = "{\"status\": \"CANCELLED\", \"error\": {\"code\": \"cancelled\", "
+			  "\"message\": \"cancelled\"}}";
+	http_api_finish(srv, f[0], res, strlen(res));
+	http_api_finish(srv, f[1], res, strlen(res));
+	char out[8192];
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
+	cr_expect(strstr(out, "wick_http_requests_in_flight 0") != NULL, "%s", out);
 }
