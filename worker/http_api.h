@@ -29,8 +29,9 @@
  * a request must arrive whole within --http-timeout seconds of its connection opening (or of
  * the previous response), and a connection that makes no read/write progress for that long
  * while a response is being sent is closed. A client that disconnects before its response is
- * complete (queued, running, or mid-stream) cancels its request (the worker gets it from
- * http_api_cancelled). API keys are never logged.
+ * complete (queued, running, or mid-stream) cancels its request, every choice of it (the
+ * worker gets them from http_api_cancelled), as does the first choice that fails. API keys
+ * are never logged.
  */
 #ifndef HTTP_API_H
 #define HTTP_API_H
@@ -89,7 +90,9 @@ int http_api_flag(struct http_api_opts *o, int c, const char *arg);
 /* ---- life cycle (the worker thread) ---- */
 
 struct http_api;
-struct http_flight; /* one HTTP request handed to the worker */
+struct http_flight; /* one choice of an HTTP request, handed to the worker as a job: a
+		     * request has one, or n for each of its prompts; the server joins their
+		     * results into its one response */
 
 /* Loads the keys, binds, and starts the server thread (in state STARTING). Fails with
  * WK_EINVAL for a bad option (a malformed address or key file, or a non-loopback address
