@@ -43,6 +43,9 @@ static void usage(FILE *f)
 		"  --draft-cost C        a draft token's cost against a step's, for how many\n"
 		"                        drafts pay (0-16; default auto: measured from the\n"
 		"                        steps)\n"
+		"  --prefix-cache on|off a finished job's KV cache is kept until its sequence is\n"
+		"                        needed, and a later job of the same tenant that begins\n"
+		"                        with its tokens runs only the rest (default on)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -99,7 +102,7 @@ int cmd_worker(int argc, char **argv)
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
-	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST };
+	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -113,6 +116,7 @@ int cmd_worker(int argc, char **argv)
 		{"drafter", required_argument, 0, O_DRAFTER},
 		{"speculate-max-batch", required_argument, 0, O_SPEC_BATCH},
 		{"draft-cost", required_argument, 0, O_DRAFT_COST},
+		{"prefix-cache", required_argument, 0, O_PREFIX},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -153,6 +157,14 @@ int cmd_worker(int argc, char **argv)
 						&w.draft_cost);
 			else
 				w.draft_cost = SCHED_COST_AUTO;
+			break;
+		case O_PREFIX:
+			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+				fprintf(stderr, "%s: --prefix-cache is on or off, not '%s'\n", cmd_name,
+					optarg);
+				return 2;
+			}
+			w.no_prefix_cache = !strcmp(optarg, "off");
 			break;
 		case O_DRAFTER:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {

@@ -212,7 +212,7 @@ struct http_api {
 	int state;
 	double state_since, state_s[S_N];
 	uint64_t by_code[600];
-	uint64_t prompt_tokens, completion_tokens;
+	uint64_t prompt_tokens, completion_tokens, cached_tokens;
 	uint64_t draft_kept, draft_thrown; /* speculation's draft tokens */
 	int64_t cost_micro;
 	double gpu_seconds;
@@ -842,6 +842,7 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 		pthread_mutex_lock(&h->mu);
 		h->prompt_tokens += (uint64_t)r.prompt_tokens;
 		h->completion_tokens += (uint64_t)r.completion_tokens;
+		h->cached_tokens += (uint64_t)r.cached_tokens;
 		h->draft_kept += (uint64_t)r.accepted_prediction_tokens;
 		h->draft_thrown += (uint64_t)r.rejected_prediction_tokens;
 		h->gpu_seconds += r.gpu_seconds;
@@ -1188,6 +1189,10 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_prompt_tokens_total counter\nwick_prompt_tokens_total %llu\n"
 		"# HELP wick_completion_tokens_total Generated tokens of finished HTTP requests.\n"
 		"# TYPE wick_completion_tokens_total counter\nwick_completion_tokens_total %llu\n"
+		"# HELP wick_prompt_cached_tokens_total Prompt tokens of finished HTTP requests "
+		"whose KV cache an earlier request left (--prefix-cache): not run.\n"
+		"# TYPE wick_prompt_cached_tokens_total counter\nwick_prompt_cached_tokens_total "
+		"%llu\n"
 		"# HELP wick_draft_tokens_total Speculative decoding's draft tokens in finished HTTP "
 		"requests (wick worker --speculate), by whether they were kept.\n"
 		"# TYPE wick_draft_tokens_total counter\nwick_draft_tokens_total{kept=\"true\"} %llu\n"
@@ -1197,7 +1202,8 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# HELP wick_request_cost_usd_total What HTTP requests were billed.\n"
 		"# TYPE wick_request_cost_usd_total counter\nwick_request_cost_usd_total %.6f\n",
 		h->n_calls, h->n_inbox, h->n_conns, (unsigned long long)h->prompt_tokens,
-		(unsigned long long)h->completion_tokens, (unsigned long long)h->draft_kept,
+		(unsigned long long)h->completion_tokens, (unsigned long long)h->cached_tokens,
+		(unsigned long long)h->draft_kept,
 		(unsigned long long)h->draft_thrown, h->gpu_seconds, h->cost_micro / 1e6);
 	put_hist(b, "wick_time_to_first_token_seconds",
 		 "From a request's arrival to its first generated token.", &h->ttft);

@@ -93,6 +93,7 @@ struct oai_result {
 	size_t reasoning_len;
 	const char *err_code, *err_message;
 	int64_t prompt_tokens, completion_tokens, cost_micro_usd;
+	int64_t cached_tokens;     /* usage.prompt_tokens_details.cached_tokens (0: none) */
 	int64_t accepted_prediction_tokens, rejected_prediction_tokens; /* speculation's */
 	double gpu_seconds, queue_seconds;
 };
@@ -112,8 +113,9 @@ json_t *oai_response(enum oai_kind kind, const char *id, long created, const cha
 json_t *oai_response_n(enum oai_kind kind, const char *id, long created, const char *model,
 		       const struct oai_result *rs, int n, int per_prompt);
 /* The usage of n choices as one result's (only its usage members are set; oai_result_free
- * it): the prompt tokens of each prompt once (its first choice's), and the completion tokens,
- * drafts, GPU seconds and cost of every choice summed; queue_seconds the longest wait. */
+ * it): the prompt tokens of each prompt once (its first choice's, and its cached tokens), and
+ * the completion tokens, drafts, GPU seconds and cost of every choice summed; queue_seconds
+ * the longest wait. */
 int oai_usage_sum(const struct oai_result *rs, int n, int per_prompt, struct oai_result *sum);
 /* Sets a stream chunk's choice index (the chunk builders make index 0). */
 void oai_chunk_index(json_t *chunk, int index);

@@ -656,6 +656,8 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->err_message = json_string_value(json_object_get(err, "message"));
 	r->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
 	r->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
+	r->cached_tokens = json_integer_value(json_object_get(
+		json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
 	const json_t *det = json_object_get(u, "completion_tokens_details");
 	r->accepted_prediction_tokens =
 		json_integer_value(json_object_get(det, "accepted_prediction_tokens"));
@@ -704,6 +706,11 @@ static json_t *usage_json(const struct oai_result *r)
 	json_t *d = json_object_get(json_object_get(r->root, "usage"), "completion_tokens_details");
 	if (u && json_is_object(d))
 		json_object_set(u, "completion_tokens_details", d);
+	/* the prompt's tokens a prefix cache held (OpenAI's name) */
+	if (u && r->cached_tokens > 0)
+		json_object_set_new(u, "prompt_tokens_details",
+				    json_pack("{s:I}", "cached_tokens",
+					      (json_int_t)r->cached_tokens));
 	return u;
 }
 
@@ -875,8 +882,10 @@ int oai_usage_sum(const struct oai_result *rs, int n, int per_prompt, struct oai
 	bool details = false;
 	for (int i = 0; i < n; i++) {
 		const struct oai_result *r = &rs[i];
-		if (per_prompt < 1 || i % per_prompt == 0)
+		if (per_prompt < 1 || i % per_prompt == 0) {
 			sum->prompt_tokens += r->prompt_tokens;
+			sum->cached_tokens += r->cached_tokens;
+		}
 		sum->completion_tokens += r->completion_tokens;
 		sum->cost_micro_usd += r->cost_micro_usd;
 		sum->gpu_seconds += r->gpu_seconds;

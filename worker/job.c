@@ -929,6 +929,8 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 	putf(&b, ", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"queue_seconds\": ",
 	     r->prompt_tokens, r->completion_tokens);
 	put_seconds(&b, r->queue_seconds);
+	if (r->cached_tokens)
+		putf(&b, ", \"prompt_tokens_details\": {\"cached_tokens\": %d}", r->cached_tokens);
 	bool spec = r->accepted_prediction_tokens || r->rejected_prediction_tokens;
 	if (spec || r->has_reasoning) {
 		puts_(&b, ", \"completion_tokens_details\": {");

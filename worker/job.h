@@ -210,6 +210,9 @@ struct job_result {
 	enum job_err err;           /* used when status != COMPLETED (JOB_OK then means internal) */
 	const char *message;        /* error message */
 	int prompt_tokens, completion_tokens;
+	/* prompt tokens whose KV cache an earlier job left (the prefix cache: not run, and so not
+	 * billed as run): usage.prompt_tokens_details.cached_tokens, OpenAI's name; 0: none */
+	int cached_tokens;
 	/* speculative decoding's drafts (sched.h), kept and thrown away; both 0: none (and
 	 * not encoded), else usage.completion_tokens_details as OpenAI names them */
 	int accepted_prediction_tokens, rejected_prediction_tokens;

@@ -57,6 +57,17 @@ struct sched {
 	char engine_err[WK_ERRSZ];
 	double t0;
 	double t_mark;           /* end of the last accounted slice (see sched.h) */
+	/* the prefix cache (sched_set_prefix_cache): finished requests' sequences, kept */
+	bool pc_on;
+	struct pcache {
+		int seq;             /* the engine's, still allocated */
+		int *tok;            /* [n]: the tokens its cache holds, in order */
+		int n;
+		uint64_t key;        /* its request's cache_key */
+		long used;           /* s->steps when it was cached */
+	} *pc;                   /* [n_pc], at most slots */
+	int n_pc;
+	struct sched_cache_stats pc_stats;
 };
 
 struct sched *sched_create(struct engine *e, FILE *log)
@@ -371,6 +382,11 @@ void sched_free(struct sched *s)
 				eng_seq_free(s->e, s->run[i]->seq);
 				sched_req_free(s->run[i]);
 			}
+	for (int i = 0; i < s->n_pc; i++) {
+		eng_seq_free(s->e, s->pc[i].seq);
+		free(s->pc[i].tok);
+	}
+	free(s->pc);
 	free(s->run);
 	free(s->next_tok);
 	free(s->items);
@@ -702,12 +718,133 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 	free(t);
 }
 
+/* ---- the prefix cache ---- */
+
+/* Forgets entry i (its sequence stays allocated: the caller's now). */
+static void cache_remove(struct sched *s, int i)
+{
+	free(s->pc[i].tok);
+	s->pc[i] = s->pc[--s->n_pc];
+}
+
+/* Frees the sequences of the n least recently used entries. */
+static void cache_drop(struct sched *s, int n)
+{
+	while (n-- > 0 && s->n_pc > 0) {
+		int lru = 0;
+		for (int i = 1; i < s->n_pc; i++)
+			if (s->pc[i].used < s->pc[lru].used)
+				lru = i;
+		eng_seq_free(s->e, s->pc[lru].seq);
+		cache_remove(s, lru);
+		s->pc_stats.evicted++;
+	}
+}
+
+int sched_set_prefix_cache(struct sched *s, bool on)
+{
+	if (on && !s->pc && !(s->pc = calloc((size_t)s->slots, sizeof *s->pc)))
+		return WK_ENOMEM;
+	s->pc_on = on;
+	if (!on)
+		cache_drop(s, s->n_pc);
+	return WK_OK;
+}
+
+void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out)
+{
+	*out = s->pc_stats;
+	out->entries = s->n_pc;
+	out->tokens = 0;
+	for (int i = 0; i < s->n_pc; i++)
+		out->tokens += s->pc[i].n;
+}
+
+/* A free sequence, freeing the least recently used entry's where none is left. */
+static int seq_alloc(struct sched *s, int *seq)
+{
+	while (eng_seq_alloc(s->e, seq) != WK_OK) {
+		if (!s->n_pc)
+			return WK_ELIMIT;
+		cache_drop(s, 1);
+	}
+	return WK_OK;
+}
+
+/* Keeps r's sequence as an entry, with the tokens its cache holds (the prompt, then the
+ * output but its last token, which was never run); false when it is not to be kept: the
+ * cache is off, the engine failed, nothing is in it, or with the MTP layer a request picked
+ * on the host (its items skip the layer, whose cache would then miss those positions). */
+static bool cache_keep(struct sched *s, struct sched_req *r)
+{
+	int len = r->seq >= 0 ? eng_seq_len(s->e, r->seq) : 0;
+	if (!s->pc_on || s->engine_rc != WK_OK || len < 1 || len > r->n_prompt + r->n_out ||
+	    (s->mtp && r->proc) || s->n_pc >= s->slots)
+		return false;
+	int *tok = malloc((size_t)len * sizeof *tok);
+	if (!tok)
+		return false;
+	int np = len < r->n_prompt ? len : r->n_prompt;
+	memcpy(tok, r->prompt, (size_t)np * sizeof *tok);
+	memcpy(tok + np, r->out, (size_t)(len - np) * sizeof *tok);
+	s->pc[s->n_pc++] = (struct pcache){.seq = r->seq, .tok = tok, .n = len,
+					   .key = r->cache_key, .used = s->steps};
+	return true;
+}
+
+/* The entry whose tokens begin r's prompt the longest way (its cache_key's, the most recent
+ * of equals), truncated to that common prefix and taken for r: *seq is its sequence and the
+ * prefix's length is returned. At least the prompt's last token is left to run (its logits
+ * make the first pick). A prefix under SCHED_CACHE_MIN tokens is not worth an entry, nor one
+ * under half its entry's tokens and half the prompt's while a sequence is free (most of the
+ * entry would be lost for little). 0 (and *seq -1, or a fresh sequence) when none is taken;
+ * none for a request with prompt logprobs, whose every prompt row must run. */
+static int cache_take(struct sched *s, struct sched_req *r, int *seq)
+{
+	*seq = -1;
+	if (!s->pc_on || r->prompt_logprobs)
+		return 0;
+	int best = -1, bl = 0;
+	for (int i = 0; i < s->n_pc; i++) {
+		const struct pcache *c = &s->pc[i];
+		if (c->key != r->cache_key)
+			continue;
+		int l = 0, most = c->n < r->n_prompt - 1 ? c->n : r->n_prompt - 1;
+		while (l < most && c->tok[l] == r->prompt[l])
+			l++;
+		if (l > bl || (l == bl && best >= 0 && l > 0 && c->used > s->pc[best].used)) {
+			best = i;
+			bl = l;
+		}
+	}
+	if (best < 0 || bl < SCHED_CACHE_MIN) {
+		s->pc_stats.misses++;
+		return 0;
+	}
+	if (2 * bl < s->pc[best].n && 2 * bl < r->n_prompt &&
+	    eng_seq_alloc(s->e, seq) == WK_OK) {
+		s->pc_stats.misses++; /* a fresh sequence rather than most of an entry lost */
+		return 0;
+	}
+	*seq = s->pc[best].seq;
+	cache_remove(s, best);
+	if (eng_seq_truncate(s->e, *seq, bl) != WK_OK) {
+		eng_seq_free(s->e, *seq);
+		*seq = -1;
+		return 0;
+	}
+	s->pc_stats.hits++;
+	s->pc_stats.hit_tokens += bl;
+	return bl;
+}
+
 static void finish(struct sched *s, int slot, enum sched_status st, enum sched_finish fin,
 		   void (*done)(void *, struct sched_req *), void *ctx)
 {
 	struct sched_req *r = s->run[slot];
 	s->run[slot] = NULL;
-	eng_seq_free(s->e, r->seq);
+	if (!cache_keep(s, r))
+		eng_seq_free(s->e, r->seq);
 	r->seq = -1;
 	r->status = st;
 	r->finish = fin;
@@ -1161,8 +1298,8 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		if (s->run[i])
 			continue;
 		struct sched_req *r = s->wait_head;
-		int seq;
-		if (eng_seq_alloc(s->e, &seq) != WK_OK)
+		int seq = -1, reused = cache_take(s, r, &seq);
+		if (seq < 0 && seq_alloc(s, &seq) != WK_OK)
 			break;
 		r->sampler = samp_create(s->vocab, &r->samp);
 		if (!r->sampler) {
@@ -1174,6 +1311,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 			s->wait_tail = NULL;
 		r->next = NULL;
 		r->seq = seq;
+		r->pre = r->cached = reused; /* (those positions are in its cache already) */
 		r->t_admit = now;
 		s->run[i] = r;
 		if (admit_rows(s, r) != WK_OK) {
@@ -1259,6 +1397,7 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 				finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
 			}
 		finish_waiting(s, SCHED_FAILED, false, done, ctx, wk_now());
+		cache_drop(s, s->n_pc); /* what the engine holds is not to be trusted */
 		return rc;
 	}
 	double t = wk_now();

@@ -91,6 +91,10 @@ struct sched_req {
 	 * its prompt (SCHED_FIN_LENGTH), nothing generated: a scoring request. */
 	bool prompt_logprobs;
 	int prompt_top;
+	/* The prefix cache (sched_set_prefix_cache): only a request with the same key may reuse
+	 * what this one leaves in the cache (the worker's: its tenant's hash), so that one tenant
+	 * cannot time another's prompts. */
+	uint64_t cache_key;
 	void *user;           /* the caller's */
 	/* Optional streaming hook, called during sched_step (ctx is the step's ctx) once after
 	 * each token the request generates, with the text that became final since the last call
@@ -113,6 +117,7 @@ struct sched_req {
 	char error[WK_ERRSZ];  /* for SCHED_FAILED */
 	double t_admit, t_first, t_done; /* wk_now() */
 	int steps;            /* engine steps this request took part in */
+	int cached;           /* prompt tokens whose cache came from the prefix cache (not run) */
 	int drafted, accepted; /* speculative decoding: draft tokens proposed, and kept */
 	double gpu_seconds;   /* its share of the busy time: see sched_mark() */
 
@@ -235,6 +240,28 @@ double sched_cost_ratio(const struct sched_cost *c);
 #define SCHED_PROMPT_ROWS_BYTES (64u << 20)
 #define SCHED_PROMPT_ROWS_MAX 4096
 int sched_set_prompt_rows(struct sched *s, int rows);
+
+/* The prefix cache (off by default). A finished request's sequence is kept, with the tokens
+ * in its cache (its prompt and output), instead of being freed; a request admitted later whose
+ * prompt begins with some of those tokens (SCHED_CACHE_MIN at least, and the same cache_key)
+ * takes that sequence, truncated to the common prefix, and prefills only the rest of its
+ * prompt: a conversation's next turn runs only the new messages, a prompt sent again only its
+ * last token. An entry is evicted, least recently cached first, when a request needs its
+ * sequence and none is free, so it never holds a request back. A request with
+ * prompt_logprobs takes none (every row of its prompt must run). The reused positions' cache
+ * is what the earlier request computed: the same numbers a fresh prefill gives, up to the
+ * rounding of a prompt run in two parts against one (as prompt chunks). WK_ENOMEM. */
+#define SCHED_CACHE_MIN 2
+int sched_set_prefix_cache(struct sched *s, bool on);
+struct sched_cache_stats {
+	long hits, misses;      /* admissions that took an entry, and those that found none
+				 * worth taking (with the cache on, no prompt logprobs) */
+	long hit_tokens;        /* prompt tokens not run, summed over the hits */
+	long evicted;           /* entries freed for a request that needed a sequence */
+	int entries;            /* entries now, and the tokens they hold */
+	long tokens;
+};
+void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out);
 
 /* Queues r (admitted at the next step when a sequence is free). The prompt must be
  * non-empty; max_tokens 0 prefills it and ends. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller

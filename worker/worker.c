@@ -757,6 +757,7 @@ static void job_done(struct worker *w, struct sched_req *r)
 			   : r->status == SCHED_TIMED_OUT ? "the job ran past its timeout_s"
 			   : r->status == SCHED_CANCELLED ? "cancelled" : NULL,
 		.prompt_tokens = r->n_prompt, .completion_tokens = r->n_out,
+		.cached_tokens = r->cached,
 		.accepted_prediction_tokens = r->accepted,
 		.rejected_prediction_tokens = r->drafted - r->accepted,
 		.queue_seconds = queue_s, .gpu_seconds = r->gpu_seconds,
@@ -998,6 +999,7 @@ static void admit(struct worker *w, struct held *h)
 	}
 	snprintf(r->id, sizeof r->id, "%s", h->qj.id);
 	r->max_tokens = j.max_tokens;
+	r->cache_key = XXH3_64bits(j.tenant, strlen(j.tenant)); /* a tenant's prefixes its own */
 	r->samp = (struct samp_cfg){.temperature = j.temperature, .top_p = j.top_p,
 				    .top_k = j.top_k,
 				    .seed = j.has_seed ? j.seed : wk_random_seed()};
@@ -1467,6 +1469,7 @@ static int start(struct worker *w, const char **why)
 	}
 	w->s = sched_create(w->e, w->step_log);
 	if (w->s && (sched_set_speculate(w->s, w->o.speculate) != WK_OK ||
+		     sched_set_prefix_cache(w->s, !w->o.no_prefix_cache) != WK_OK ||
 		     sched_set_speculate_max_batch(w->s, w->o.speculate_max_batch) != WK_OK ||
 		     sched_set_draft_cost(w->s, w->o.draft_cost) != WK_OK)) {
 		sched_free(w->s);

@@ -25,6 +25,7 @@ struct worker_opts {
 	int speculate;          /* sched_set_speculate's max_draft: 0 off */
 	int speculate_max_batch; /* sched_set_speculate_max_batch: 0 no limit */
 	double draft_cost;      /* sched_set_draft_cost: SCHED_COST_AUTO measured */
+	bool no_prefix_cache;   /* --prefix-cache off: sched_set_prefix_cache stays off */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	bool json_logs;

@@ -28,6 +28,16 @@ stories() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# Waits up to 20 s for a wick dev (process PID, its stderr in LOG) to answer /health on PORT.
+wait_dev() { # PORT PID LOG
+  for _ in $(seq 1 200); do
+    curl -sf -o /dev/null "http://127.0.0.1:$1/health" && return 0
+    kill -0 "$2" 2>/dev/null || fail "wick dev exited: $(tail -n 3 "$3")"
+    sleep 0.1
+  done
+  fail "wick dev did not answer /health on port $1 within 20 s"
+}
+
 # Submits each job file to the spool queue QDIR, then runs a worker on MODEL until it is idle
 # (0.5 s); its log is QDIR.log, and each result QDIR/done/ID.json.
 spool_jobs() { # MODEL QDIR JOB_FILE...

@@ -25,6 +25,8 @@
 #   8. several choices: a list of token-id prompts (lm-evaluation-harness's batches) scored in
 #      one request, each choice the job's numbers; n 3 with a seed, choice i the lone request
 #      with seed + i; a chat streamed with n 2, joined by index; n 129 refused
+#   9. the prefix cache: a prompt sent again has all but its last token cached, a chat's next
+#      turn most of its prompt; the answers are those of a server with --prefix-cache off
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -86,12 +88,7 @@ P=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
 "$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 60 --speculate 3 \
   --draft-cost 0.1 2>"$TMPD/dev.log" &
-pid=$!
-for _ in $(seq 1 200); do
-  curl -sf -o /dev/null "http://127.0.0.1:$P/health" && break
-  kill -0 $pid 2>/dev/null || fail "wick dev exited: $(tail -n 3 "$TMPD/dev.log")"
-  sleep 0.1
-done
+wait_dev $P $! "$TMPD/dev.log"
 node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$PROMPT" \
   "$TMPD/job.json" <<'EOF' || fail "the openai client"
 const [openaiDir, base, model, prompt, jobPath] = process.argv.slice(2);
@@ -495,6 +492,62 @@ const pl = JSON.parse(fs.readFileSync(scored)).output.prompt_logprobs;
               `${worst.toExponential(1)} of the job's; n 3 with seed 5 gives the lone requests ` +
               `with seeds 5, 6, 7 (${distinct} distinct texts), the prompt counted once; a chat ` +
               'streamed with n 2 joins by index into the whole response\'s choices; n 129 a 400');
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+
+# 9. the prefix cache: a prompt sent again, a chat's next turn; against a server without it
+P2=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+"$WICK" dev --model "$m" --listen 127.0.0.1:$P2 --idle-timeout 60 --speculate 3 \
+  --draft-cost 0.1 --prefix-cache off 2>"$TMPD/dev2.log" &
+wait_dev $P2 $! "$TMPD/dev2.log"
+node - "$OPENAI" "http://127.0.0.1:$P/v1" "http://127.0.0.1:$P2/v1" "$(basename "$m")" \
+  <<'EOF' || fail "the openai client: prefix cache"
+const [openaiDir, base, base2, model] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const on = new OpenAI({ apiKey: 'none', baseURL: base });
+const off = new OpenAI({ apiKey: 'none', baseURL: base2 });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const cached = (r) => (r.usage.prompt_tokens_details || {}).cached_tokens || 0;
+const lpGap = (a, b) => Math.max(...a.map((x, k) => Math.abs(x - b[k])));
+(async () => {
+  // the same prompt twice: the second runs only its last token, and gives the same tokens
+  const req = { model, prompt: 'One sunny morning, a little bird named Pip flew over the',
+                max_tokens: 8, temperature: 0, logprobs: 1 };
+  const a = await on.completions.create(req);
+  const b = await on.completions.create(req);
+  assert(cached(b) === b.usage.prompt_tokens - 1,
+         `the prompt again: ${cached(b)} of ${b.usage.prompt_tokens} cached`);
+  assert(b.choices[0].text === a.choices[0].text, `${JSON.stringify(b.choices[0].text)}`);
+  const g1 = lpGap(a.choices[0].logprobs.token_logprobs, b.choices[0].logprobs.token_logprobs);
+  assert(g1 < 1e-4, `logprobs ${g1} apart`);
+  // a conversation's next turn runs only what is new; the answer is the one a server without
+  // the cache gives
+  const turn1 = [{ role: 'user', content: 'Tell me a story about a frog named Bob.' }];
+  const chat = { model, max_tokens: 16, temperature: 0, logprobs: true };
+  const r1 = await on.chat.completions.create({ ...chat, messages: turn1 });
+  const turn2 = [...turn1, { role: 'assistant', content: r1.choices[0].message.content },
+                 { role: 'user', content: 'What did Bob do next?' }];
+  const r2 = await on.chat.completions.create({ ...chat, messages: turn2 });
+  const w2 = await off.chat.completions.create({ ...chat, messages: turn2 });
+  assert(cached(r2) >= r1.usage.prompt_tokens / 2 && cached(r2) < r2.usage.prompt_tokens,
+         `turn 2: ${cached(r2)} of ${r2.usage.prompt_tokens} cached (turn 1: ` +
+         `${r1.usage.prompt_tokens} + ${r1.usage.completion_tokens})`);
+  assert(cached(w2) === 0 && !w2.usage.prompt_tokens_details, 'the cache off reports none');
+  assert(r2.choices[0].message.content === w2.choices[0].message.content,
+         `turn 2: ${JSON.stringify(r2.choices[0].message.content)} against ` +
+         JSON.stringify(w2.choices[0].message.content));
+  const lp = (r) => r.choices[0].logprobs.content.map((e) => e.logprob);
+  const g2 = lpGap(lp(r2), lp(w2));
+  assert(g2 < 1e-4, `turn 2's logprobs ${g2} from the uncached server's`);
+  const m = await (await fetch(base.replace('/v1', '/metrics'))).text();
+  const total = Number((m.match(/^wick_prompt_cached_tokens_total (\d+)/m) || [])[1]);
+  assert(total >= cached(b) + cached(r2), `metrics: ${total} cached tokens`);
+  console.log(`9. prefix cache: the same prompt again ran 1 of its ${b.usage.prompt_tokens} ` +
+              `tokens (the same text, logprobs within ${g1.toExponential(1)}); a chat's ` +
+              `second turn had ${cached(r2)} of its ${r2.usage.prompt_tokens} prompt tokens ` +
+              `cached and answered as a server with --prefix-cache off does (logprobs ` +
+              `within ${g2.toExponential(1)}); /metrics counts ${total} cached tokens`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

@@ -59,11 +59,7 @@ P=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
 "$WICK" dev --model "$g" --listen 127.0.0.1:$P --idle-timeout 60 2>"$TMPD/dev.log" &
 pid=$!
-for _ in $(seq 1 200); do
-  curl -sf -o /dev/null "http://127.0.0.1:$P/health" && break
-  kill -0 $pid 2>/dev/null || fail "wick dev exited: $(tail -n 3 "$TMPD/dev.log")"
-  sleep 0.1
-done
+wait_dev $P $pid "$TMPD/dev.log"
 
 # 1-3 with the openai client
 url=http://127.0.0.1:$P/v1

@@ -1128,3 +1128,125 @@ Test(sched, structured_output_after_a_token)
 	}
 	sched_req_free(plain);
 }
+
+/* ---- the prefix cache ---- */
+
+static struct sched_req *run_in(struct sched *s, struct sched_req *r)
+{
+	char err[WK_ERRSZ];
+	cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
+	struct finished f = {0};
+	run_all(s, &f);
+	cr_assert_eq(f.n, 1);
+	cr_assert_eq(f.r[0]->status, SCHED_DONE, "%s", f.r[0]->error);
+	return f.r[0];
+}
+
+static struct sched_req *ids_req(const char *id, const int *ids, int n, int max_tokens)
+{
+	struct sched_req *r = calloc(1, sizeof *r);
+	snprintf(r->id, sizeof r->id, "%s", id);
+	r->prompt = malloc((size_t)n * sizeof *r->prompt);
+	memcpy(r->prompt, ids, (size_t)n * sizeof *ids);
+	r->n_prompt = n;
+	r->max_tokens = max_tokens;
+	r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+	r->logprobs = true;
+	return r;
+}
+
+static void same_out(const struct sched_req *a, const struct sched_req *b, const char *what)
+{
+	cr_expect_eq(a->n_out, b->n_out, "%s: %d tokens against %d", what, a->n_out, b->n_out);
+	for (int k = 0; k < a->n_out && k < b->n_out; k++)
+		cr_expect_eq(a->out[k], b->out[k], "%s: token %d", what, k);
+}
+
+/* A request that begins with what an earlier one left in the cache runs only the rest: the same
+ * prompt again its last token, a conversation's next turn its new tokens; its tokens are those
+ * a fresh prefill gives. Another key, and prompt logprobs, take nothing; a full batch evicts. */
+Test(sched, prefix_cache_reuses_what_a_request_left)
+{
+	char *logbuf;
+	size_t loglen;
+	FILE *log = open_memstream(&logbuf, &loglen);
+	struct sched *s = sched_create(eng, log), *fresh = sched_create(eng, NULL);
+	cr_assert_eq(sched_set_prefix_cache(s, true), WK_OK);
+	const char *p = "Once upon a time, there was a little girl named Lily. She";
+	struct sched_req *a = run_in(s, req("a", p, 12));
+	cr_expect_eq(a->cached, 0);
+	struct sched_req *b = run_in(s, req("b", p, 12));
+	cr_expect_eq(b->cached, b->n_prompt - 1, "the same prompt again: %d of %d cached",
+		     b->cached, b->n_prompt);
+	same_out(a, b, "the same prompt again");
+	/* the next turn: b's prompt and output, and more */
+	int ids[256], n = 0, *more, nm;
+	char err[WK_ERRSZ];
+	cr_assert_eq(tok_encode(eng_tokenizer(eng), " The end.", 9, false, &more, &nm, err,
+				sizeof err), WK_OK);
+	memcpy(ids, b->prompt, (size_t)b->n_prompt * sizeof *ids);
+	n = b->n_prompt;
+	memcpy(ids + n, b->out, (size_t)b->n_out * sizeof *ids);
+	n += b->n_out;
+	memcpy(ids + n, more, (size_t)nm * sizeof *ids);
+	n += nm;
+	free(more);
+	struct sched_req *c = run_in(s, ids_req("c", ids, n, 10));
+	struct sched_req *c0 = run_in(fresh, ids_req("c0", ids, n, 10));
+	cr_expect_eq(c->cached, b->n_prompt + b->n_out - 1, "the next turn: %d cached", c->cached);
+	cr_expect_eq(c0->cached, 0);
+	same_out(c, c0, "the next turn against a fresh prefill");
+	float worst = 0;
+	for (int k = 0; k < c->n_out && k < c0->n_out; k++)
+		worst = fmaxf(worst, fabsf(c->lp[k].lp - c0->lp[k].lp));
+	cr_expect_lt(worst, 1e-4, "logprobs %g from a fresh prefill's", worst);
+	/* another key, and prompt logprobs: nothing taken */
+	struct sched_req *d = req("d", p, 4);
+	d->cache_key = 7;
+	d = run_in(s, d);
+	cr_expect_eq(d->cached, 0, "another key's prefix was taken");
+	struct sched_req *e = req("e", p, 2);
+	e->prompt_logprobs = true;
+	e = run_in(s, e);
+	cr_expect_eq(e->cached, 0);
+	/* sampled and seeded: the same draws and tokens from the cache */
+	struct sched_req *g[2];
+	for (int i = 0; i < 2; i++) {
+		g[i] = req(i ? "g1" : "g0", "The dog ran to the", 16);
+		g[i]->samp = (struct samp_cfg){.temperature = 0.9f, .top_p = 0.95f, .seed = 42};
+		g[i] = run_in(s, g[i]);
+	}
+	cr_expect_eq(g[1]->cached, g[1]->n_prompt - 1);
+	same_out(g[0], g[1], "sampled, seeded");
+	struct sched_cache_stats st;
+	sched_cache_stats(s, &st);
+	cr_expect_eq(st.hits, 3, "%ld hits", st.hits);
+	cr_expect_eq(st.hit_tokens, b->cached + c->cached + g[1]->cached);
+	/* 8 at once: every sequence is needed, the entries give theirs */
+	char id[16];
+	for (int i = 0; i < 8; i++) {
+		snprintf(id, sizeof id, "h%d", i);
+		cr_assert_eq(sched_submit(s, req(id, i % 2 ? "Tom had a" : "A big red", 3), err,
+					  sizeof err), WK_OK);
+	}
+	struct finished f = {0};
+	run_all(s, &f);
+	cr_expect_eq(f.n, 8);
+	sched_cache_stats(s, &st);
+	cr_expect_gt(st.evicted, 0);
+	cr_expect_eq(st.entries, 8);
+	fclose(log);
+	/* b's first step ran one token: its prompt's last */
+	char *line = strstr(logbuf, "\"id\": \"b\"");
+	cr_assert_not_null(line, "%s", logbuf);
+	cr_expect(strncmp(line, "\"id\": \"b\", \"phase\": \"prefill\", \"tokens\": 1}", 42) == 0,
+		  "%.80s", line);
+	for (int i = 0; i < f.n; i++)
+		sched_req_free(f.r[i]);
+	struct sched_req *all[] = {a, b, c, c0, d, e, g[0], g[1]};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		sched_req_free(all[i]);
+	sched_free(s);
+	sched_free(fresh);
+	free(logbuf);
+}
