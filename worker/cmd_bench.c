@@ -29,7 +29,8 @@ static void bench_usage(FILE *f)
 		   "  wick bench queue MODEL [-n TOKENS] [--jobs N]\n"
 		   "  wick bench launches MODEL [--context N] [--steps S] [--backend B]\n"
 		   "  wick bench speculate MODEL [-n TOKENS] [--draft K] [--prompt TEXT]...\n"
-		   "  wick bench picks MODEL [-n TOKENS] [--runs N] [--backend B]\n");
+		   "  wick bench picks MODEL [-n TOKENS] [--runs N] [--backend B]\n"
+		   "  wick bench prefix MODEL [--turns T] [--runs N] [--backend B]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -259,6 +260,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_spec(argc - 1, argv + 1);
 	if (!strcmp(sub, "picks"))
 		return bench_picks(argc - 1, argv + 1);
+	if (!strcmp(sub, "prefix"))
+		return bench_prefix(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

@@ -5,7 +5,9 @@
 # alone (concurrency 1): batching changes the schedule, never the answer. Both run again on
 # FP8 KV caches (--kv-dtype fp8: GLM-5's latent and indexer keys, GLM-4.5's keys and values,
 # e4m3 with a scale per 128 of a row), where the same must hold. A KV dtype wick does not
-# have is refused by name, and its job left queued.
+# have is refused by name, and its job left queued. The prefix cache on both, each KV dtype: a
+# conversation's turns reuse what the turn before left (wick bench prefix), and every reply is
+# the one the same turn gives without the cache.
 source tests/e2e/lib.sh
 m=$(stories)
 G="$WICK_TOOLS/gen_glm"
@@ -62,4 +64,17 @@ rc=0
   fail "GLM-4.5 on an fp4 cache: exit $rc, $(tail -2 "$TMPD/w-g4-fp4.log")"
 [ "$(ls "$Q/new" | wc -l)" = 1 ] || fail "the refused worker's job is not left queued: $(ls -R "$Q")"
 echo "GLM-4.5 --kv-dtype fp4: refused (exit $rc), its job left queued"
+
+for fam in g5 g4; do
+  for kv in bf16 fp8; do
+    "$WICK" bench prefix "$TMPD/$fam" --turns 5 --system 40 --user 16 --reply 8 --runs 1 \
+      --kv-dtype $kv >"$TMPD/prefix-$fam-$kv.txt" 2>&1 ||
+      fail "bench prefix $fam $kv: $(tail -2 "$TMPD/prefix-$fam-$kv.txt")"
+    tail -n 1 "$TMPD/prefix-$fam-$kv.txt" | python3 -c 'import json, sys
+j = json.load(sys.stdin)
+assert j["replies_differ"] == 0 and 0 < j["ran_on"] < j["ran_off"] / 3, j' ||
+      fail "the prefix cache on $fam, $kv: $(tail -n 2 "$TMPD/prefix-$fam-$kv.txt")"
+    echo "prefix cache, $fam, $kv: $(grep 'all:' "$TMPD/prefix-$fam-$kv.txt" | sed 's/^ *all: //')"
+  done
+done
 echo ok

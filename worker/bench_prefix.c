@@ -1,0 +1,202 @@
+/*
+ * bench_prefix.c - `wick bench prefix MODEL`: what the prefix cache (sched_set_prefix_cache)
+ * saves a conversation. A chat of T turns grows by a user message and the model's reply each
+ * turn, and each turn is a request whose prompt is the whole conversation so far, as a client
+ * sends it. The same conversation runs through a scheduler with the cache and one without, in
+ * the same run and on the same engine, and each turn's time to its first token and the prompt
+ * tokens it ran are printed side by side, with their ratios. Greedy, so the two give the same
+ * replies up to the rounding of a prompt run in two parts against one (the count of replies
+ * that differ is printed).
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "worker/cmd.h"
+#include "worker/sched.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: wick bench prefix MODEL [--turns T] [--system S] [--user U] [--reply R]\n"
+		   "                         [--runs N] [--backend B] [--kv-dtype D]\n\n"
+		   "A conversation of T turns (default 8): a system prompt of S tokens (default 64),\n"
+		   "then each turn a user message of U tokens (default 32) and a greedy reply of R\n"
+		   "(default 16; a stop token ends it sooner), each turn a request with the whole\n"
+		   "conversation as its prompt.\n"
+		   "It runs with the prefix cache and without, best of N runs (default 3), and\n"
+		   "prints each turn's time to first token and prompt tokens run, the totals and\n"
+		   "their ratios, then one JSON line. The token ids are a fixed sequence (no\n"
+		   "tokenizer needed).\n");
+}
+
+static void done(void *ctx, struct sched_req *r)
+{
+	*(struct sched_req **)ctx = r;
+}
+
+struct conv {
+	double ttft[64];   /* each turn's, best over the runs */
+	int ran[64];       /* prompt tokens it ran */
+	int prompt[64];
+	int *replies;      /* [turns][reply] the last run's (a stop token may end one early) */
+	int n_reply[64];
+};
+
+/* One conversation through a scheduler with the cache on or off; its turns' times into c
+ * (the best so far kept). WK_OK, or an error printed. */
+static int run_conv(struct engine *e, bool cache, int turns, int sys, int user, int reply,
+		    struct conv *c, bool first)
+{
+	int vocab = eng_info(e)->vocab, n = 0, rc = WK_OK;
+	int *ctx = malloc((size_t)(sys + turns * (user + reply)) * sizeof *ctx);
+	struct sched *s = sched_create(e, NULL);
+	char err[WK_ERRSZ];
+	if (!ctx || !s || sched_set_prefix_cache(s, cache) != WK_OK) {
+		fprintf(stderr, "wick bench prefix: out of memory\n");
+		free(ctx);
+		sched_free(s);
+		return WK_ENOMEM;
+	}
+	unsigned x = 12345; /* a fixed sequence of ids, away from the special ones */
+	for (int t = 0; t < turns && rc == WK_OK; t++) {
+		for (int i = 0; i < (t ? user : sys + user); i++) {
+			x = x * 1103515245u + 12345u;
+			ctx[n++] = 3 + (int)((x >> 8) % (unsigned)(vocab - 3));
+		}
+		struct sched_req *r = calloc(1, sizeof *r), *fin = NULL;
+		if (!r || !(r->prompt = malloc((size_t)n * sizeof *r->prompt))) {
+			free(r);
+			rc = WK_ENOMEM;
+			break;
+		}
+		snprintf(r->id, sizeof r->id, "turn-%d", t);
+		memcpy(r->prompt, ctx, (size_t)n * sizeof *ctx);
+		r->n_prompt = n;
+		r->max_tokens = reply;
+		r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+		if ((rc = sched_submit(s, r, err, sizeof err)) != WK_OK) {
+			fprintf(stderr, "wick bench prefix: turn %d: %s\n", t, err);
+			sched_req_free(r);
+			break;
+		}
+		while (sched_pending(s) > 0)
+			if (sched_step(s, done, &fin) < 0)
+				break;
+		if (!fin || fin->status != SCHED_DONE) {
+			fprintf(stderr, "wick bench prefix: turn %d failed: %s\n", t,
+				fin ? fin->error : "no result");
+			sched_req_free(fin);
+			rc = WK_EIO;
+			break;
+		}
+		double ttft = fin->t_first - fin->t_admit;
+		if (first || ttft < c->ttft[t])
+			c->ttft[t] = ttft;
+		c->ran[t] = fin->n_prompt - fin->cached;
+		c->prompt[t] = fin->n_prompt;
+		c->n_reply[t] = fin->n_out;
+		memcpy(c->replies + (size_t)t * reply, fin->out, (size_t)fin->n_out * sizeof *ctx);
+		memcpy(ctx + n, fin->out, (size_t)fin->n_out * sizeof *ctx);
+		n += fin->n_out;
+		sched_req_free(fin);
+	}
+	sched_free(s);
+	free(ctx);
+	return rc;
+}
+
+int bench_prefix(int argc, char **argv)
+{
+	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3;
+	const char *backend = "cpu", *kv = NULL;
+	static const struct option opts[] = {
+		{"kv-dtype", required_argument, 0, 'k'},
+		{"turns", required_argument, 0, 't'}, {"system", required_argument, 0, 's'},
+		{"user", required_argument, 0, 'u'},  {"reply", required_argument, 0, 'r'},
+		{"runs", required_argument, 0, 'n'},  {"backend", required_argument, 0, 'b'},
+		{"help", no_argument, 0, 'h'},	      {0, 0, 0, 0}};
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 't': turns = atoi(optarg); break;
+		case 's': sys = atoi(optarg); break;
+		case 'u': user = atoi(optarg); break;
+		case 'r': reply = atoi(optarg); break;
+		case 'n': runs = atoi(optarg); break;
+		case 'b': backend = optarg; break;
+		case 'k': kv = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc - 1 || turns < 1 || turns > 64 || sys < 0 || sys > 100000 || user < 1 ||
+	    user > 100000 || reply < 1 || reply > 100000 || runs < 1 || runs > 100) {
+		usage(stderr);
+		return 2;
+	}
+	int total = sys + turns * (user + reply);
+	char err[WK_ERRSZ];
+	struct eng_opts o = {.backend = backend, .max_seq = total + 1, .max_seqs = 2,
+			     .kv_dtype = kv};
+	struct engine *e;
+	if (eng_open(argv[optind], &o, &e, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench prefix: %s\n", err);
+		return 1;
+	}
+	struct conv cv[2]; /* [0]: without the cache, [1]: with */
+	memset(cv, 0, sizeof cv);
+	for (int k = 0; k < 2; k++)
+		cv[k].replies = calloc((size_t)turns * reply, sizeof *cv[k].replies);
+	int rc = cv[0].replies && cv[1].replies ? WK_OK : WK_ENOMEM;
+	for (int i = 0; i < runs && rc == WK_OK; i++) /* alternated, so drift hits both alike */
+		for (int k = 0; k < 2 && rc == WK_OK; k++)
+			rc = run_conv(e, k, turns, sys, user, reply, &cv[k], i == 0);
+	char kvname[16];
+	snprintf(kvname, sizeof kvname, "%s", eng_info(e)->kv_dtype);
+	eng_close(e);
+	if (rc != WK_OK) {
+		free(cv[0].replies);
+		free(cv[1].replies);
+		return 1;
+	}
+	int differ = 0;
+	for (int t = 0; t < turns; t++)
+		differ += cv[0].n_reply[t] != cv[1].n_reply[t] ||
+			  memcmp(cv[0].replies + (size_t)t * reply, cv[1].replies + (size_t)t * reply,
+				 (size_t)cv[0].n_reply[t] * sizeof *cv[0].replies) != 0;
+	printf("a conversation of %d turns, backend %s, KV cache %s (best of %d runs; system %d, "
+	       "user %d, reply %d tokens):\n", turns, backend, kvname, runs, sys, user, reply);
+	printf("  %4s %7s %12s %12s %12s %12s %8s\n", "turn", "prompt", "ran (off)", "ran (on)",
+	       "ttft ms off", "ttft ms on", "x faster");
+	double t0 = 0, t1 = 0;
+	long r0 = 0, r1 = 0;
+	for (int t = 0; t < turns; t++) {
+		printf("  %4d %7d %12d %12d %12.3f %12.3f %8.2f\n", t + 1, cv[1].prompt[t],
+		       cv[0].ran[t], cv[1].ran[t], cv[0].ttft[t] * 1e3, cv[1].ttft[t] * 1e3,
+		       cv[0].ttft[t] / cv[1].ttft[t]);
+		t0 += cv[0].ttft[t];
+		t1 += cv[1].ttft[t];
+		r0 += cv[0].ran[t];
+		r1 += cv[1].ran[t];
+	}
+	printf("  all: prompt tokens run %ld without the cache, %ld with (%.2fx fewer); time to "
+	       "first token summed %.3f ms against %.3f ms (%.2fx faster); replies that differ: "
+	       "%d of %d\n", r0, r1, (double)r0 / (double)r1, t0 * 1e3, t1 * 1e3, t0 / t1, differ,
+	       turns);
+	json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:f, s:f, s:i}", "backend", backend, "turns",
+			      turns, "ran_off", (json_int_t)r0, "ran_on", (json_int_t)r1,
+			      "ttft_ms_off", t0 * 1e3, "ttft_ms_on", t1 * 1e3, "replies_differ",
+			      differ);
+	char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	printf("%s\n", line ? line : "{}");
+	free(line);
+	json_decref(j);
+	free(cv[0].replies);
+	free(cv[1].replies);
+	return 0;
+}
