@@ -546,11 +546,12 @@ int ledger_requests(struct ledger *l, const struct ledger_req *r, int n, char *e
 	char *batch = NULL; /* all n lines, written at once: a group is billed whole or not at all */
 	size_t blen = 0;
 	for (int i = 0; i < n && rc == WK_OK; i++) {
-		json_t *ev = json_pack("{s:s, s:s, s:i, s:s, s:o, s:i, s:i, s:o}", "id", r[i].id,
+		json_t *ev = json_pack("{s:s, s:s, s:i, s:s, s:o, s:i, s:i, s:i, s:o}", "id", r[i].id,
 				       "tenant", r[i].tenant && *r[i].tenant ? r[i].tenant : "default",
 				       "attempt", r[i].attempt, "status", r[i].status,
 				       "queue_seconds", jsec(r[i].queue_seconds), "prompt_tokens",
-				       r[i].prompt_tokens, "completion_tokens", r[i].completion_tokens,
+				       r[i].prompt_tokens, "cached_tokens", r[i].cached_tokens,
+				       "completion_tokens", r[i].completion_tokens,
 				       "gpu_seconds", jsec(r[i].gpu_seconds));
 		if (!ev) {
 			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");

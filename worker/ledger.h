@@ -17,7 +17,8 @@
  *   (state lines also carry next: the state that begins at their end, none at exit)
  *   tick          state, lifetime_seconds: written every tick_s seconds (default 1), so a
  *                 worker killed -9 leaves its lifetime up to the last tick
- *   request       id, tenant, attempt, status, queue_seconds, prompt_tokens, completion_tokens,
+ *   request       id, tenant, attempt, status, queue_seconds, prompt_tokens, cached_tokens (of
+ *                 the prompt's, those the prefix cache held: not run), completion_tokens,
  *                 gpu_seconds, cost_micro_usd, cost_usd
  *   superseded    id, attempt: that attempt's result was dropped, the job having one already
  *                 (ledger_superseded); wick usage bills the attempt whose result stands
@@ -75,6 +76,7 @@ struct ledger_req {
 	int attempt;
 	double queue_seconds, gpu_seconds;
 	int prompt_tokens, completion_tokens;
+	int cached_tokens;
 	int64_t cost_micro_usd;
 };
 

@@ -72,7 +72,7 @@ struct run {
 struct req {
 	char id[160], tenant[160], status[16], ts[40];
 	int attempt, run;
-	int prompt, completion;
+	int prompt, cached, completion; /* cached: 0 in a ledger from before the prefix cache */
 	double gpu, queue;
 	int64_t cost, overhead_share;
 	bool billed, superseded;
@@ -202,6 +202,7 @@ static const struct field {
 	{"cost_micro_usd", true, (double)BOOK_MAX_MICRO},
 	{"attempt", true, INT_MAX},
 	{"prompt_tokens", true, INT_MAX},
+	{"cached_tokens", true, INT_MAX},
 	{"completion_tokens", true, INT_MAX},
 	{"gpu_count", true, INT_MAX},
 };
@@ -359,6 +360,7 @@ static int read_ledger(struct book *b, const char *path, char *err, size_t errsz
 			q->attempt = (int)json_integer_value(json_object_get(j, "attempt"));
 			q->run = ri;
 			q->prompt = (int)json_integer_value(json_object_get(j, "prompt_tokens"));
+			q->cached = (int)json_integer_value(json_object_get(j, "cached_tokens"));
 			q->completion = (int)json_integer_value(json_object_get(j, "completion_tokens"));
 			q->gpu = jnum(j, "gpu_seconds");
 			q->queue = jnum(j, "queue_seconds");
@@ -655,7 +657,7 @@ static void setm(struct col *c, const char *name, int64_t micro)
 struct agg {
 	char key[160];
 	long requests, overhead_attempts;
-	long long prompt, completion;
+	long long prompt, cached, completion;
 	double gpu, overhead_gpu;
 	int64_t cost, overhead_cost, workers_cost;
 };
@@ -876,6 +878,7 @@ int cmd_usage(int argc, char **argv)
 			setc(&cols[nc++], "status", "%s", q->status);
 			setc(&cols[nc++], "billed", "%s", q->billed ? "yes" : "overhead");
 			setc(&cols[nc++], "prompt_tokens", "%d", q->prompt);
+			setc(&cols[nc++], "cached_tokens", "%d", q->cached);
 			setc(&cols[nc++], "completion_tokens", "%d", q->completion);
 			setc(&cols[nc++], "gpu_seconds", "%.6f", q->gpu);
 			setm(&cols[nc++], "cost_usd", q->billed ? q->cost + q->overhead_share : 0);
@@ -919,6 +922,7 @@ int cmd_usage(int argc, char **argv)
 			if (q->billed) {
 				g->requests++;
 				g->prompt += q->prompt;
+				g->cached += q->cached;
 				g->completion += q->completion;
 				g->gpu += q->gpu;
 				g->cost += q->cost + q->overhead_share;
@@ -951,6 +955,7 @@ int cmd_usage(int argc, char **argv)
 			setc(&cols[nc++], day ? "day" : "tenant", "%s", g->key);
 			setc(&cols[nc++], "requests", "%ld", g->requests);
 			setc(&cols[nc++], "prompt_tokens", "%lld", g->prompt);
+			setc(&cols[nc++], "cached_tokens", "%lld", g->cached);
 			setc(&cols[nc++], "completion_tokens", "%lld", g->completion);
 			setc(&cols[nc++], "gpu_seconds", "%.6f", g->gpu);
 			setm(&cols[nc++], "cost_usd", g->cost);

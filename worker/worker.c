@@ -833,6 +833,7 @@ static void job_done(struct worker *w, struct sched_req *r)
 	free(calls);
 	free(whole);
 	set_bill(h, st, r->n_prompt, r->n_out, queue_s, r->gpu_seconds, jr.cost_micro_usd);
+	h->bill.cached_tokens = r->cached;
 	if (st == JOB_COMPLETED)
 		w->jobs_done++;
 	else
@@ -999,7 +1000,9 @@ static void admit(struct worker *w, struct held *h)
 	}
 	snprintf(r->id, sizeof r->id, "%s", h->qj.id);
 	r->max_tokens = j.max_tokens;
-	r->cache_key = XXH3_64bits(j.tenant, strlen(j.tenant)); /* a tenant's prefixes its own */
+	/* a tenant's prefixes are its own (no tenant: "default", as the ledger bills it) */
+	const char *tenant = *j.tenant ? j.tenant : "default";
+	r->cache_key = XXH3_64bits(tenant, strlen(tenant));
 	r->samp = (struct samp_cfg){.temperature = j.temperature, .top_p = j.top_p,
 				    .top_k = j.top_k,
 				    .seed = j.has_seed ? j.seed : wk_random_seed()};

@@ -87,7 +87,7 @@ EOF
 P=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
 "$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 60 --speculate 3 \
-  --draft-cost 0.1 2>"$TMPD/dev.log" &
+  --draft-cost 0.1 --ledger "$TMPD/ledger" 2>"$TMPD/dev.log" &
 wait_dev $P $! "$TMPD/dev.log"
 node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$PROMPT" \
   "$TMPD/job.json" <<'EOF' || fail "the openai client"
@@ -549,6 +549,21 @@ const lpGap = (a, b) => Math.max(...a.map((x, k) => Math.abs(x - b[k])));
               `cached and answered as a server with --prefix-cache off does (logprobs ` +
               `within ${g2.toExponential(1)}); /metrics counts ${total} cached tokens`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+# ... and the bills: each request's cached tokens in the ledger, as its usage said
+"$WICK" usage "$TMPD/ledger" --by request --format json >"$TMPD/usage.json" ||
+  fail "wick usage: $(tail -n 2 "$TMPD/usage.json")"
+curl -sf "http://127.0.0.1:$P/metrics" >"$TMPD/metrics.txt" || fail "/metrics"
+python3 - "$TMPD/usage.json" "$TMPD/metrics.txt" <<'EOF' || fail "the ledger's cached tokens"
+import json, re, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+total = int(re.search(r"^wick_prompt_cached_tokens_total (\d+)$", open(sys.argv[2]).read(),
+                      re.M).group(1))
+hit = [r for r in rows if r["cached_tokens"] > 0]
+assert hit and all(r["cached_tokens"] < r["prompt_tokens"] for r in hit), hit[:3]
+assert sum(r["cached_tokens"] for r in rows) == total, (sum(r["cached_tokens"] for r in rows), total)
+print(f"9. the ledger: {len(hit)} of {len(rows)} requests billed with cached tokens, "
+      f"{total} in all, as /metrics counts")
 EOF
 
 # the benchmark of the host's part of these picks runs (its figures: README)
