@@ -6,6 +6,7 @@
 #include "worker/grammar.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,9 @@ struct gnode {
 	int first, n;         /* object: props[first..+n); lit: lits; anyof: alts */
 	uint64_t required;    /* object: the props that must come */
 	int items;            /* array: the items' node; an object with free keys: its values' */
-	int min_items, max_items; /* array: max -1 for none */
+	int min_items, max_items; /* array: max -1 for none; a string: its characters' */
+	bool bounded;         /* integer: lo and hi apply */
+	int64_t lo, hi;       /* integer: its range, both ends in */
 };
 
 struct gram {
@@ -175,16 +178,92 @@ static int anyof_node(struct compile *c, int *alt, int n, const char *path, cons
 	return add_node(g, (struct gnode){.kind = GN_ANYOF, .first = first, .n = n});
 }
 
+/* A string, with minLength and maxLength (characters: code points) where given. */
+static int string_node(struct compile *c, const json_t *sch, const char *path)
+{
+	const json_t *mn = json_object_get(sch, "minLength"), *mx = json_object_get(sch, "maxLength");
+	if (!mn && !mx)
+		return N_STRING;
+	int lo = 0, hi = -1;
+	if (mn) {
+		if (!json_is_integer(mn) || json_integer_value(mn) < 0 ||
+		    json_integer_value(mn) > GRAM_LEN_MAX)
+			return cfail(c, path, "minLength must be an integer from 0 to %d",
+				     GRAM_LEN_MAX);
+		lo = (int)json_integer_value(mn);
+	}
+	if (mx) {
+		if (!json_is_integer(mx) || json_integer_value(mx) < lo ||
+		    json_integer_value(mx) > GRAM_LEN_MAX)
+			return cfail(c, path, "maxLength must be an integer from minLength to %d",
+				     GRAM_LEN_MAX);
+		hi = (int)json_integer_value(mx);
+	}
+	return add_node(c->g, (struct gnode){.kind = GN_STRING, .min_items = lo, .max_items = hi});
+}
+
+/* An integer bound: minimum and exclusiveMinimum (a number, or draft 4's boolean beside
+ * minimum) raise lo, maximum and exclusiveMaximum lower hi. false: not a number. */
+static bool int_bound(const json_t *sch, const char *name, const char *excl, bool low,
+		      int64_t *v)
+{
+	const json_t *b = json_object_get(sch, name), *x = json_object_get(sch, excl);
+	bool ok = true;
+	for (int k = 0; k < 2; k++) {
+		const json_t *e = k ? x : b;
+		bool strict = k == 1 || json_is_true(x);
+		if (!e || json_is_boolean(e))
+			continue;
+		if (!json_is_number(e)) {
+			ok = false;
+			continue;
+		}
+		double d = json_number_value(e); /* the integers within: ceil or floor, then past */
+		double r = low ? (strict ? floor(d) + 1 : ceil(d)) : (strict ? ceil(d) - 1 : floor(d));
+		int64_t i = r >= 9.2e18 ? INT64_MAX : r <= -9.2e18 ? INT64_MIN : (int64_t)r;
+		if (json_is_integer(e)) { /* exactly, where a double would round */
+			int64_t n = json_integer_value(e);
+			i = !strict ? n : low ? (n == INT64_MAX ? n : n + 1)
+					      : (n == INT64_MIN ? n : n - 1);
+		}
+		if (low ? i > *v : i < *v)
+			*v = i;
+	}
+	return ok && !(x && json_is_boolean(x) && !b);
+}
+
+/* An integer, in [minimum, maximum] (or their exclusive forms) where given. */
+static int integer_node(struct compile *c, const json_t *sch, const char *path)
+{
+	int64_t lo = INT64_MIN, hi = INT64_MAX;
+	if (!int_bound(sch, "minimum", "exclusiveMinimum", true, &lo) ||
+	    !int_bound(sch, "maximum", "exclusiveMaximum", false, &hi))
+		return cfail(c, path, "minimum, maximum, exclusiveMinimum and exclusiveMaximum "
+			     "must be numbers (exclusive ones also true or false beside theirs)");
+	if (lo > hi)
+		return cfail(c, path, "no integer is within its minimum and maximum");
+	bool bounded = lo != INT64_MIN || hi != INT64_MAX;
+	return add_node(c->g, (struct gnode){.kind = GN_INTEGER, .bounded = bounded, .lo = lo,
+					     .hi = hi});
+}
+
 static int type_node(struct compile *c, const json_t *sch, const char *type, const char *path)
 {
 	struct gram *g = c->g;
 	static const char *const tf[] = {"true", "false"}, *const nul[] = {"null"};
 	if (!strcmp(type, "string"))
-		return N_STRING;
-	if (!strcmp(type, "number"))
+		return string_node(c, sch, path);
+	if (!strcmp(type, "number")) {
+		static const char *const b[] = {"minimum", "maximum", "exclusiveMinimum",
+						 "exclusiveMaximum"};
+		for (size_t i = 0; i < 4; i++)
+			if (json_object_get(sch, b[i]))
+				return cfail(c, path, "%s on a number is not supported in structured "
+					     "output (on an integer it is)", b[i]);
 		return N_NUMBER;
+	}
 	if (!strcmp(type, "integer"))
-		return add_node(g, (struct gnode){.kind = GN_INTEGER});
+		return integer_node(c, sch, path);
 	if (!strcmp(type, "boolean"))
 		return lit_node(g, tf, 2);
 	if (!strcmp(type, "null"))
@@ -298,6 +377,10 @@ static const char *const annotations[] = {
 	"$defs",    "definitions", "additionalProperties"};
 static const char *const handled[] = {"type",  "properties", "required", "items", "minItems",
 				      "maxItems", "enum", "const",   "anyOf", "oneOf", "$ref"};
+/* handled by the types they bound (string_node, integer_node): where no type says which, they
+ * are refused rather than left unchecked */
+static const char *const bounds[] = {"minLength", "maxLength", "minimum", "maximum",
+				     "exclusiveMinimum", "exclusiveMaximum"};
 
 static int compile_one(struct compile *c, const json_t *sch, const char *path);
 
@@ -326,6 +409,16 @@ static int compile_one(struct compile *c, const json_t *sch, const char *path)
 			ok = !strcmp(key, annotations[i]);
 		for (size_t i = 0; i < sizeof handled / sizeof *handled && !ok; i++)
 			ok = !strcmp(key, handled[i]);
+		for (size_t i = 0; i < sizeof bounds / sizeof *bounds && !ok; i++)
+			if (!strcmp(key, bounds[i])) {
+				if (!json_object_get(sch, "type") || json_object_get(sch, "enum") ||
+				    json_object_get(sch, "const") || json_object_get(sch, "anyOf") ||
+				    json_object_get(sch, "oneOf") || json_object_get(sch, "$ref"))
+					return cfail(c, path, "\"%s\" is supported beside a \"type\" "
+						     "only (not with enum, const, anyOf, oneOf or $ref)",
+						     key);
+				ok = true;
+			}
 		if (!ok)
 			return cfail(c, path, "the keyword \"%s\" is not supported in structured "
 				     "output", key);
@@ -447,7 +540,7 @@ int gram_compile(const char *schema, size_t len, struct gram **out, char *err, s
 		    N_ANY_OBJECT ||
 	    add_node(g, (struct gnode){.kind = GN_ARRAY, .items = N_ANY, .max_items = -1}) !=
 		    N_ANY_ARRAY ||
-	    add_node(g, (struct gnode){.kind = GN_STRING}) != N_STRING ||
+	    add_node(g, (struct gnode){.kind = GN_STRING, .max_items = -1}) != N_STRING ||
 	    add_node(g, (struct gnode){.kind = GN_NUMBER}) != N_NUMBER ||
 	    lit_node(g, words, 3) != N_WORDS) {
 		gram_free(g);
@@ -579,6 +672,48 @@ static bool lit_whole(const struct gram *g, const struct gram_frame *f, bool *lo
 	return whole;
 }
 
+/* A bounded integer's digits so far (f->cand: their value; f->aux 1: after a '-') and
+ * whether some integer in [n->lo, n->hi] begins with them: the value itself, or it followed
+ * by j more digits (none after a lone 0). */
+static bool int_viable(const struct gnode *n, bool neg, bool digits, uint64_t p)
+{
+	if (!digits) /* "-": a negative integer, or -0 */
+		return n->lo <= 0 && n->lo <= n->hi;
+	for (int j = 0; j <= 19; j++) {
+		__int128 span = 1;
+		for (int k = 0; k < j; k++)
+			span *= 10;
+		__int128 a = (__int128)p * span, b = a + span - 1; /* the magnitudes */
+		if (a > (__int128)INT64_MAX + 1)
+			break;
+		__int128 lo = neg ? -b : a, hi = neg ? -a : b;
+		if (lo <= n->hi && hi >= n->lo)
+			return true;
+		if (p == 0)
+			break; /* no digit may follow a leading 0 */
+	}
+	return false;
+}
+
+static bool int_digit(const struct gnode *n, struct gram_frame *f, unsigned char c)
+{
+	if (c == '-') {
+		f->aux = 1;
+		return int_viable(n, true, false, 0);
+	}
+	if (f->cand > (UINT64_MAX - 9) / 10)
+		return false;
+	f->cand = f->cand * 10 + (uint64_t)(c - '0');
+	return int_viable(n, f->aux == 1, true, f->cand);
+}
+
+/* Whether a bounded integer's value is in its range. */
+static bool int_in(const struct gnode *n, const struct gram_frame *f)
+{
+	__int128 v = f->aux == 1 ? -(__int128)f->cand : (__int128)f->cand;
+	return v >= n->lo && v <= n->hi;
+}
+
 static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c,
 			int depth)
 {
@@ -623,7 +758,7 @@ static bool value_begin(const struct gram *g, struct gram_state *s, int node, un
 			return false;
 		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_NUM, .pos = 1,
 					 .phase = c == '-' ? NU_MINUS : c == '0' ? NU_ZERO : NU_INT};
-		return true;
+		return !n->bounded || int_digit(n, f, c);
 	case GN_LIT:
 		if (!lit_cand_begin(g, f, node, c))
 			return false;
@@ -717,26 +852,42 @@ static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
 			if (is_ws(c))
 				return ws(f, c);
 			return value_begin(g, s, f->node, c, 0);
-		case F_STR:
+		case F_STR: /* f->seen: the characters so far (code points), f->aux: a \u's */
 			if (f->phase == ST_ESC) {
 				if (c == 'u') {
 					f->phase = ST_HEX;
 					f->pos = 0;
+					f->aux = 0;
 					return true;
 				}
 				f->phase = ST_IN;
+				f->seen++;
 				return strchr("\"\\/bfnrt", c) && c;
 			}
 			if (f->phase == ST_HEX) {
 				if (!hex(c))
 					return false;
-				if (++f->pos == 4)
+				f->aux = (int16_t)(uint16_t)((uint16_t)f->aux << 4 |
+							     (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10));
+				if (++f->pos == 4) {
 					f->phase = ST_IN;
+					/* a high surrogate's \u is half of one character: the low's counts */
+					uint16_t u = (uint16_t)f->aux;
+					f->seen += !(u >= 0xD800 && u <= 0xDBFF);
+				}
 				return true;
 			}
 			if (c == '"') {
+				if (f->seen < (uint64_t)n->min_items)
+					return false; /* minLength */
 				value_done(g, s);
 				return true;
+			}
+			if (c < 0x80 || c >= 0xC0) { /* a character begins (not a UTF-8 continuation) */
+				if (n->max_items >= 0 && f->seen >= (uint64_t)n->max_items)
+					return false; /* maxLength */
+				if (c != '\\')
+					f->seen++; /* (an escape counts once its kind is known) */
 			}
 			if (c == '\\')
 				f->phase = ST_ESC;
@@ -746,9 +897,9 @@ static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
 			if (!number_byte(f, c, n->kind == GN_INTEGER, &end))
 				return false;
 			if (!end)
-				return true;
+				return !n->bounded || int_digit(n, f, c);
 			if (f->phase == NU_MINUS || f->phase == NU_DOT || f->phase == NU_E ||
-			    f->phase == NU_ESIGN)
+			    f->phase == NU_ESIGN || (n->bounded && !int_in(n, f)))
 				return false;
 			value_done(g, s);
 			continue;
@@ -894,8 +1045,9 @@ bool gram_complete(const struct gram *g, const struct gram_state *s)
 		return false;
 	const struct gram_frame *f = &s->f[0];
 	if (f->kind == F_NUM)
-		return f->phase == NU_ZERO || f->phase == NU_INT || f->phase == NU_FRAC ||
-		       f->phase == NU_EXP;
+		return (f->phase == NU_ZERO || f->phase == NU_INT || f->phase == NU_FRAC ||
+			f->phase == NU_EXP) &&
+		       (!g->nodes[f->node].bounded || int_in(&g->nodes[f->node], f));
 	bool longer;
 	return f->kind == F_LIT && lit_whole(g, f, &longer);
 }
@@ -914,6 +1066,7 @@ struct gram_vocab {
 	int n_t, cap_t;
 	int *same;          /* [n]: the next token with the same bytes */
 	unsigned char *plain; /* [n]: no '"', '\\' or control byte: a string's text whole */
+	int *chars;         /* [n]: a plain token's characters (its bytes not continuing one) */
 	int *other;         /* the tokens with bytes but not plain */
 	int n_other, n_plain;
 	const char *const *pieces;
@@ -942,6 +1095,7 @@ void gram_vocab_free(struct gram_vocab *v)
 	free(v->t);
 	free(v->same);
 	free(v->plain);
+	free(v->chars);
 	free(v->other);
 	free(v->lens);
 	free(v);
@@ -958,9 +1112,11 @@ int gram_vocab_new(const char *const *pieces, const size_t *lens, int n,
 	v->pieces = pieces;
 	v->same = malloc((size_t)(n + 1) * sizeof *v->same);
 	v->plain = calloc((size_t)n + 1, 1);
+	v->chars = calloc((size_t)n + 1, sizeof *v->chars);
 	v->other = malloc((size_t)(n + 1) * sizeof *v->other);
 	v->lens = malloc((size_t)(n + 1) * sizeof *v->lens);
-	if (!v->same || !v->plain || !v->other || !v->lens || tnode_new(v, 0) != 0) {
+	if (!v->same || !v->plain || !v->chars || !v->other || !v->lens ||
+	    tnode_new(v, 0) != 0) {
 		gram_vocab_free(v);
 		return WK_ENOMEM;
 	}
@@ -974,6 +1130,7 @@ int gram_vocab_new(const char *const *pieces, const size_t *lens, int n,
 		for (size_t k = 0; k < len; k++) {
 			unsigned char c = (unsigned char)pieces[id][k];
 			plain &= c != '"' && c != '\\' && c >= 0x20;
+			v->chars[id] += c < 0x80 || c >= 0xC0;
 		}
 		v->plain[id] = plain;
 		v->n_plain += plain;
@@ -1037,6 +1194,12 @@ int gram_allowed(const struct gram *g, const struct gram_vocab *v, const struct 
 	if (!s->done && top && top->kind == F_STR && top->phase == ST_IN) {
 		memcpy(allowed, v->plain, (size_t)v->n);
 		count = v->n_plain;
+		int max = g->nodes[top->node].max_items; /* maxLength: the plain tokens that fit */
+		for (int id = 0; max >= 0 && id < v->n; id++)
+			if (allowed[id] && top->seen + v->chars[id] > (uint64_t)max) {
+				allowed[id] = 0;
+				count--;
+			}
 		for (int k = 0; k < v->n_other; k++) {
 			int id = v->other[k];
 			struct gram_state t = *s;

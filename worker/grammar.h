@@ -10,16 +10,20 @@
  *   - "type": "object" with "properties": only those keys, each at most once, in any order,
  *     and every "required" one before "}" ("additionalProperties" is read as false). Without
  *     "properties": any keys, any values.
- *   - "string" (any text; \uXXXX and the other JSON escapes), "number", "integer", "boolean",
+ *   - "string" (any text; \uXXXX and the other JSON escapes) with "minLength" and "maxLength"
+ *     (characters: code points, an escape one, a surrogate pair's two \u one), "number",
+ *     "integer" with "minimum", "maximum", "exclusiveMinimum" and "exclusiveMaximum" (int64;
+ *     each digit only where some integer in range still begins with the digits), "boolean",
  *     "null"; "enum" and "const" (any JSON values: their compact JSON text, byte for byte);
  *     "array" with "items" (absent: any values), "minItems", "maxItems"; "type" as a list of
  *     types; "anyOf" / "oneOf" whose alternatives begin with different characters (a type
  *     each: an object and a string, a number and null, ...); "$ref" to "#/$defs/NAME" or
  *     "#/definitions/NAME" (recursion included); {} or true: any value.
  *   - Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
- *     strict, readOnly, ...). Any other keyword (pattern, format, minLength, minimum,
- *     uniqueItems, allOf, not, if, patternProperties, prefixItems, ...) is refused by name,
- *     rather than generating documents that would not validate.
+ *     strict, readOnly, ...). Any other keyword (pattern, format, multipleOf, minimum on a
+ *     number, uniqueItems, allOf, not, if, patternProperties, prefixItems, ...) is refused by
+ *     name, rather than generating documents that would not validate; so are the bounds where
+ *     no "type" says what they bound, or beside enum, const, anyOf, oneOf or $ref.
  * Whitespace between JSON tokens: none, one space or tab, or a newline and then at most
  * GRAM_WS_MAX spaces or tabs (llama.cpp's JSON grammar's rule: a document may be indented,
  * but a model cannot loop on blank lines or spaces); none after the whole document.
@@ -36,6 +40,7 @@
 #define GRAM_DEPTH 32
 #define GRAM_WS_MAX 20
 #define GRAM_NUM_MAX 32
+#define GRAM_LEN_MAX 1000000 /* minLength and maxLength */
 #define GRAM_ALTS_MAX 64 /* properties of one object, values of one enum */
 
 struct gram;

@@ -47,7 +47,6 @@
 #include "worker/http_api.h"
 #include "worker/worker.h"
 
-_Static_assert((int)SCHED_COST_AUTO == -1, "WORKER_OPTS_DEFAULT's draft_cost is SCHED_COST_AUTO");
 
 enum state { ST_STARTING, ST_READY, ST_BUSY, ST_IDLE, ST_DRAINING };
 static const char *const state_names[] = {"STARTING", "READY", "BUSY", "IDLE", "DRAINING"};

@@ -11,6 +11,7 @@
 
 #include "worker/cmd.h"
 #include "worker/http_api.h"
+#include "worker/sched.h"
 
 #define WORKER_MAX_CONCURRENCY 1024
 
@@ -42,7 +43,7 @@ struct worker_opts {
 #define WORKER_OPTS_DEFAULT                                                                    \
 	{ .concurrency = 8, .idle_timeout = 60, .startup_timeout = 600, .step_timeout = 300,     \
 	  .drain_timeout = 30, .lease_s = 60, .queue_outage = 60, .gpus = 8, .gpu_type = "H200",  \
-	  .price_micro = 36310000, .draft_cost = -1 /* SCHED_COST_AUTO */ }
+	  .price_micro = 36310000, .draft_cost = SCHED_COST_AUTO }
 
 /* Runs the worker from its start to its exit: starts the engine, takes and runs jobs until
  * it is idle, drained or told to stop, hands back what it holds and closes its books. The

@@ -38,6 +38,9 @@
 #      wick bench restore of the 4-rank snapshot into 4 devices, every device's bytes checked;
 #   8. speculative decoding (--speculate 4) on a cuda worker, a greedy job and seeded sampled
 #      ones: the CPU worker's tokens and drafts kept.
+#   9. the prefix cache on the cuda backend (wick bench prefix): a conversation's turns reuse
+#      the device's KV cache (GLM-5 on an fp8 cache, stories260K) and give the replies the
+#      same turns give without it.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -688,5 +691,21 @@ assert kept[0] > 0 and kept[1] > 0, f"drafts kept, greedy and sampled: {kept}"
 print(f"   --speculate 4, a greedy job and 2 seeded sampled ones: the CPU worker's tokens; "
       f"{kept[0]} and {kept[1]} drafts kept")
 PY
+
+section "the prefix cache"
+for spec in "glm5 fp8" "stories auto"; do
+  set -- $spec
+  model=$TMPD/glm5
+  [ $1 = stories ] && model=$m
+  "$EMU" bench prefix "$model" --backend cuda --turns 3 --system 20 --user 10 --reply 6 \
+    --runs 1 --kv-dtype $2 >"$TMPD/prefix-$1.txt" 2>&1 ||
+    fail "bench prefix $1: $(tail -n 2 "$TMPD/prefix-$1.txt")"
+  tail -n 1 "$TMPD/prefix-$1.txt" | python3 -c 'import json, sys
+j = json.load(sys.stdin)
+assert j["backend"] == "cuda" and j["replies_differ"] == 0 and j["ran_on"] < j["ran_off"], j' ||
+    fail "the prefix cache on cuda, $1: $(tail -n 2 "$TMPD/prefix-$1.txt")"
+  sum=$(grep 'all:' "$TMPD/prefix-$1.txt" | sed 's/^ *all: //; s/; time.*replies/; replies/')
+  echo "   $1, KV $2: $sum"
+done
 section "done"
 echo ok

@@ -14,7 +14,8 @@
 #   5. the logit processing the same requests take: logit_bias (a token banned never comes, one
 #      favoured is all that comes, an id outside the vocabulary a 400), frequency_penalty and
 #      presence_penalty (greedy: the text changes, and its logprobs stay the model's own)
-#   6. structured output: response_format json_schema (greedy with a free string, sampled, and
+#   6. structured output: response_format json_schema (greedy with a free string, sampled, with
+#      string lengths and integer ranges, and
 #      streamed: each ends with the document, which parses and has the schema's keys and
 #      types), json_object (an object, or cut by max_tokens where it began one), a schema
 #      keyword not supported a 400 naming it, a queue job's output.text
@@ -265,6 +266,23 @@ const checkPerson = (text, what) => {
     assert(typeof JSON.parse(ot) === 'object' && !Array.isArray(JSON.parse(ot)), ot);
   else
     assert(/^\s*\{/.test(ot), `json_object: ${ot}`);
+  // bounds: a name of 3 to 8 characters, an age from 18 to 99, a count above 0
+  const bounded = { type: 'object', additionalProperties: false, required: ['name', 'age', 'n'],
+                    properties: { name: { type: 'string', minLength: 3, maxLength: 8 },
+                                  age: { type: 'integer', minimum: 18, maximum: 99 },
+                                  n: { type: 'integer', exclusiveMinimum: 0 } } };
+  const seen = [];
+  for (const seed of [1, 2, 3, 4]) {
+    const b = await client.chat.completions.create({ model, messages, max_tokens: 120, seed,
+      temperature: 1.0, response_format: { type: 'json_schema',
+                                           json_schema: { name: 'b', schema: bounded } } });
+    assert(b.choices[0].finish_reason === 'stop', `bounded ${seed}: ${b.choices[0].finish_reason}`);
+    const v = JSON.parse(b.choices[0].message.content);
+    const len = [...v.name].length;
+    assert(len >= 3 && len <= 8 && Number.isInteger(v.age) && v.age >= 18 && v.age <= 99 &&
+           Number.isInteger(v.n) && v.n > 0, `bounded ${seed}: ${b.choices[0].message.content}`);
+    seen.push(v);
+  }
   let err6 = null;
   try {
     const schema = { type: 'string', pattern: 'a+' };
@@ -275,7 +293,8 @@ const checkPerson = (text, what) => {
          `a pattern: ${err6 && err6.message}`);
   console.log(`6. structured output: ${JSON.stringify(gv)} (greedy, whole and streamed), ` +
               `3 sampled from the enum of names; json_object ${o.choices[0].finish_reason}; ` +
-              'a pattern is a 400 naming it');
+              `4 sampled within minLength, maxLength, minimum, maximum and exclusiveMinimum ` +
+              `(${JSON.stringify(seen[0])}); a pattern is a 400 naming it`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

@@ -19,6 +19,12 @@
 #define S_ANYOF                                                                            \
 	"{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"object\",\"properties\":"          \
 	"{\"a\":{\"const\":1}},\"required\":[\"a\"]}]}"
+#define S_LEN "{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}"
+#define S_AGE "{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120}"
+#define S_OBJ_RANGE                                                                        \
+	"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"minimum\":0,"      \
+	"\"maximum\":150},\"name\":{\"type\":\"string\",\"maxLength\":3}},"                   \
+	"\"required\":[\"age\",\"name\"]}"
 #define S_LIST                                                                             \
 	"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"      \
 	"\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}}," \
@@ -208,6 +214,54 @@ static const struct doc_case doc_cases[] = {
 	{"{}", "12", true},
 	{"{}", "[1,]", false},
 	{"true", "{\"x\": 1}", true},
+	/* minLength and maxLength: characters (code points), an escape one, a surrogate pair's
+	 * two \u escapes one, raw UTF-8 one a sequence */
+	{S_LEN, "\"ab\"", true},
+	{S_LEN, "\"a\"", false},
+	{S_LEN, "\"\"", false},
+	{S_LEN, "\"abcd\"", true},
+	{S_LEN, "\"abcde\"", false},
+	{S_LEN, "\"\\u00e9\\n\"", true},
+	{S_LEN, "\"\xc3\xa9\"", false},
+	{S_LEN, "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"", true},
+	{S_LEN, "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"", false},
+	{S_LEN, "\"\\ud83d\\ude00x\"", true},
+	{S_LEN, "\"\xf0\x9f\x98\x80\"", false},
+	{S_LEN, "\"\\\\\\\"\\/\\t\"", true},
+	{S_LEN, "\"\\\\\\\"\\/\\t\\n\"", false},
+	{"{\"type\":\"string\",\"maxLength\":0}", "\"\"", true},
+	{"{\"type\":\"string\",\"maxLength\":0}", "\"a\"", false},
+	/* minimum and maximum on an integer, and their exclusive forms (draft 4's too) */
+	{S_AGE, "0", true},
+	{S_AGE, "-5", true},
+	{S_AGE, "-0", true},
+	{S_AGE, "120", true},
+	{S_AGE, "12", true},
+	{S_AGE, "121", false},
+	{S_AGE, "-6", false},
+	{S_AGE, "1000", false},
+	{S_AGE, "-", false},
+	{S_AGE, "-50", false},
+	{"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "0", false},
+	{"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "1", true},
+	{"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true}", "0", false},
+	{"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true}", "7", true},
+	{"{\"type\":\"integer\",\"minimum\":1.5,\"exclusiveMaximum\":3}", "1", false},
+	{"{\"type\":\"integer\",\"minimum\":1.5,\"exclusiveMaximum\":3}", "2", true},
+	{"{\"type\":\"integer\",\"minimum\":1.5,\"exclusiveMaximum\":3}", "3", false},
+	{"{\"type\":\"integer\",\"maximum\":-10}", "-10", true},
+	{"{\"type\":\"integer\",\"maximum\":-10}", "-9", false},
+	{"{\"type\":\"integer\",\"maximum\":-10}", "-123456789012345678", true},
+	{"{\"type\":\"integer\",\"minimum\":10}", "10", true},
+	{"{\"type\":\"integer\",\"minimum\":10}", "9", false},
+	{"{\"type\":\"integer\",\"minimum\":10}", "9223372036854775807", true},
+	{"{\"type\":\"integer\",\"minimum\":10}", "9223372036854775808", false},
+	{"{\"type\":[\"integer\",\"null\"],\"minimum\":3}", "null", true},
+	{"{\"type\":[\"integer\",\"null\"],\"minimum\":3}", "2", false},
+	{S_OBJ_RANGE, "{\"age\": 42, \"name\": \"Bob\"}", true},
+	{S_OBJ_RANGE, "{\"age\": 151, \"name\": \"Bob\"}", false},
+	{S_OBJ_RANGE, "{\"age\": -1, \"name\": \"Bob\"}", false},
+	{S_OBJ_RANGE, "{\"name\": \"Bobby\", \"age\": 1}", false},
 };
 
 Test(grammar, accepts_and_refuses_documents)
@@ -391,8 +445,17 @@ Test(grammar, refuses_what_it_cannot_honour)
 {
 	refuse("{\"type\":\"string\",\"pattern\":\"a+\"}", "pattern");
 	refuse("{\"type\":\"string\",\"format\":\"date\"}", "format");
-	refuse("{\"type\":\"string\",\"minLength\":1}", "minLength");
+	refuse("{\"minLength\":1}", "minLength"); /* no type says what it bounds */
+	refuse("{\"enum\":[\"a\"],\"type\":\"string\",\"minLength\":2}", "minLength");
+	refuse("{\"type\":\"string\",\"minLength\":-1}", "minLength");
+	refuse("{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "maxLength");
+	refuse("{\"type\":\"string\",\"maxLength\":\"2\"}", "maxLength");
 	refuse("{\"type\":\"number\",\"minimum\":0}", "minimum");
+	refuse("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
+	refuse("{\"type\":\"integer\",\"minimum\":1.2,\"maximum\":1.8}", "no integer");
+	refuse("{\"type\":\"integer\",\"minimum\":\"0\"}", "minimum");
+	refuse("{\"type\":\"integer\",\"exclusiveMinimum\":true}", "exclusive");
+	refuse("{\"type\":\"integer\",\"multipleOf\":2}", "multipleOf");
 	refuse("{\"allOf\":[{\"type\":\"string\"}]}", "allOf");
 	refuse("{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems");
 	refuse("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}]}", "prefixItems");
@@ -532,6 +595,12 @@ Test(grammar, allowed_matches_brute_force)
 		{S_BOOLS, "[true, false]"},
 		{S_LIST, "{\"v\": 1, \"next\": {\"next\": null, \"v\": 2}}"},
 		{"{\"type\": [\"string\", \"null\"]}", "\"a\\u00e9\""},
+		{S_LEN, "\"abc\""},
+		{S_LEN, "\"\\u00e9\xc3\xa9\\\"r\""},
+		{S_AGE, "-5"},
+		{S_AGE, "120"},
+		{S_AGE, "7"},
+		{S_OBJ_RANGE, "{\"name\": \"Bo\", \"age\": 12}"},
 	};
 	for (size_t w = 0; w < sizeof walks / sizeof walks[0]; w++) {
 		struct gram *g = comp(walks[w].schema);
@@ -646,4 +715,52 @@ Test(grammar, no_crash_on_garbage)
 		gram_free(g);
 	}
 	free(mut);
+}
+
+/* A bounded integer takes a digit only where some integer in range still begins with the
+ * digits, so a model is never led into a number it cannot finish; and its end (or its
+ * completeness at the top level) needs the value in range. */
+Test(grammar, integer_digits_stay_in_range)
+{
+	static const struct {
+		const char *schema, *prefix;
+		bool fed, complete;
+	} cases[] = {
+		{S_AGE, "12", true, true},       {S_AGE, "120", true, true},
+		{S_AGE, "121", false, false},    {S_AGE, "130", false, false},
+		{S_AGE, "-5", true, true},       {S_AGE, "-6", false, false},
+		{S_AGE, "-", true, false},       {S_AGE, "00", false, false},
+		{S_AGE, "1000", false, false},
+		{"{\"type\":\"integer\",\"minimum\":10}", "9", true, false},
+		{"{\"type\":\"integer\",\"minimum\":10}", "90", true, true},
+		{"{\"type\":\"integer\",\"minimum\":10}", "0", false, false},
+		{"{\"type\":\"integer\",\"minimum\":10}", "-", false, false},
+		{"{\"type\":\"integer\",\"maximum\":-10}", "-1", true, false},
+		{"{\"type\":\"integer\",\"maximum\":-10}", "-0", false, false},
+		{"{\"type\":\"integer\",\"minimum\":0,\"maximum\":0}", "-0", true, true},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct gram *g = comp(cases[i].schema);
+		struct gram_state s;
+		gram_start(g, &s);
+		bool fed = feeds(g, &s, cases[i].prefix);
+		cr_expect_eq(fed, cases[i].fed, "%s: '%s' fed %d", cases[i].schema,
+			     cases[i].prefix, fed);
+		if (fed)
+			cr_expect_eq(gram_complete(g, &s), cases[i].complete, "%s: '%s' complete",
+				     cases[i].schema, cases[i].prefix);
+		gram_free(g);
+	}
+	/* in an object: "1" then "5" then "1" is 151, past 150 */
+	struct gram *g = comp(S_OBJ_RANGE);
+	struct gram_state s;
+	gram_start(g, &s);
+	cr_expect(feeds(g, &s, "{\"age\": 15"));
+	struct gram_state t = s;
+	cr_expect(!feeds(g, &t, "1"), "151 taken");
+	t = s;
+	cr_expect(feeds(g, &t, "0, \"name\": \"abc\"}") && gram_complete(g, &t));
+	t = s;
+	cr_expect(!feeds(g, &t, "0, \"name\": \"abcd"), "a 4th character past maxLength 3");
+	gram_free(g);
 }
