@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/wk.h"
+#include "worker/grammar_re.h"
 
 /* ---- the compiled schema ---- */
 
@@ -27,6 +28,7 @@ struct gnode {
 	int min_items, max_items; /* array: max -1 for none; a string: its characters' */
 	bool bounded;         /* integer: lo and hi apply */
 	int64_t lo, hi;       /* integer: its range, both ends in */
+	int re;               /* string: its pattern's (or format's) automaton + 1; 0: none */
 };
 
 struct gram {
@@ -37,6 +39,8 @@ struct gram {
 	int *val;             /* props: the value's node; alts: the alternative's node */
 	int n_items, cap_items;
 	int root;
+	struct gre *re;       /* the strings' patterns */
+	int n_re;
 };
 
 /* The nodes every grammar has: any value, and its parts. */
@@ -178,11 +182,74 @@ static int anyof_node(struct compile *c, int *alt, int n, const char *path, cons
 	return add_node(g, (struct gnode){.kind = GN_ANYOF, .first = first, .n = n});
 }
 
-/* A string, with minLength and maxLength (characters: code points) where given. */
+/* The formats, as patterns. Where a validator checks more than the syntax (a date's day
+ * against its month) the pattern is narrower: every month's days, but February's 29th. */
+#define RE_DATE                                                                             \
+	"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|" \
+	"02-(0[1-9]|1[0-9]|2[0-8]))"
+#define RE_TIME                                                                             \
+	"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+static const char *const formats[][2] = {
+	{"date", "^" RE_DATE "$"},
+	{"time", "^" RE_TIME "$"},
+	{"date-time", "^" RE_DATE "T" RE_TIME "$"},
+	{"uuid", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"},
+	{"email", "^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9]+(-[A-Za-z0-9]+)*"
+		  "(\\.[A-Za-z0-9]+(-[A-Za-z0-9]+)*)*\\.[A-Za-z]{2,}$"},
+	{"ipv4", "^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}"
+		 "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$"},
+};
+
+/* A string's "pattern" or "format", compiled: its automaton's index + 1 (0: neither). */
+static int string_re(struct compile *c, const json_t *sch, const char *path)
+{
+	const json_t *pat = json_object_get(sch, "pattern"), *fmt = json_object_get(sch, "format");
+	if (!pat && !fmt)
+		return 0;
+	if (pat && fmt)
+		return cfail(c, path, "a pattern and a format together are not supported");
+	const char *text = json_string_value(pat);
+	size_t len = json_string_length(pat);
+	if (pat && !text)
+		return cfail(c, path, "pattern must be a string");
+	if (fmt) {
+		const char *f = json_string_value(fmt);
+		size_t i = 0, n = sizeof formats / sizeof formats[0];
+		while (f && i < n && strcmp(f, formats[i][0]))
+			i++;
+		if (i == n || !f)
+			return cfail(c, path, "the format \"%.40s\" is not supported in structured "
+				     "output (date, time, date-time, uuid, email and ipv4 are)",
+				     f ? f : "?");
+		text = formats[i][1];
+		len = strlen(text);
+	}
+	struct gre *re = realloc(c->g->re, (size_t)(c->g->n_re + 1) * sizeof *re);
+	if (!re) {
+		c->rc = WK_ENOMEM;
+		return -1;
+	}
+	c->g->re = re;
+	char msg[WK_ERRSZ];
+	int rc = gre_compile(text, len, &re[c->g->n_re], msg, sizeof msg);
+	if (rc == WK_ENOMEM) {
+		c->rc = rc;
+		return -1;
+	}
+	if (rc != WK_OK)
+		return cfail(c, path, "%s", msg);
+	return ++c->g->n_re;
+}
+
+/* A string, with minLength and maxLength (characters: code points), and a pattern or format,
+ * where given. */
 static int string_node(struct compile *c, const json_t *sch, const char *path)
 {
 	const json_t *mn = json_object_get(sch, "minLength"), *mx = json_object_get(sch, "maxLength");
-	if (!mn && !mx)
+	int re = string_re(c, sch, path);
+	if (re < 0)
+		return -1;
+	if (!mn && !mx && !re)
 		return N_STRING;
 	int lo = 0, hi = -1;
 	if (mn) {
@@ -199,7 +266,8 @@ static int string_node(struct compile *c, const json_t *sch, const char *path)
 				     GRAM_LEN_MAX);
 		hi = (int)json_integer_value(mx);
 	}
-	return add_node(c->g, (struct gnode){.kind = GN_STRING, .min_items = lo, .max_items = hi});
+	return add_node(c->g, (struct gnode){.kind = GN_STRING, .min_items = lo, .max_items = hi,
+					     .re = re});
 }
 
 /* An integer bound: minimum and exclusiveMinimum (a number, or draft 4's boolean beside
@@ -380,7 +448,7 @@ static const char *const handled[] = {"type",  "properties", "required", "items"
 /* handled by the types they bound (string_node, integer_node): where no type says which, they
  * are refused rather than left unchecked */
 static const char *const bounds[] = {"minLength", "maxLength", "minimum", "maximum",
-				     "exclusiveMinimum", "exclusiveMaximum"};
+				     "exclusiveMinimum", "exclusiveMaximum", "pattern", "format"};
 
 static int compile_one(struct compile *c, const json_t *sch, const char *path);
 
@@ -524,6 +592,7 @@ void gram_free(struct gram *g)
 	free(g->len);
 	free(g->val);
 	free(g->nodes);
+	free(g->re);
 	free(g);
 }
 
@@ -579,7 +648,7 @@ int gram_compile(const char *schema, size_t len, struct gram **out, char *err, s
 enum fk { F_VALUE, F_OBJ, F_ARR, F_STR, F_NUM, F_LIT };
 enum { OB_OPEN, OB_KEY, OB_COLON, OB_VAL, OB_AFTER, OB_NEXT };     /* F_OBJ phases */
 enum { AR_OPEN, AR_VAL, AR_AFTER, AR_NEXT };                       /* F_ARR */
-enum { ST_IN, ST_ESC, ST_HEX };                                    /* F_STR */
+enum { ST_IN, ST_ESC, ST_HEX, ST_UTF };                            /* F_STR */
 enum { NU_MINUS, NU_ZERO, NU_INT, NU_DOT, NU_FRAC, NU_E, NU_ESIGN, NU_EXP }; /* F_NUM */
 
 static bool is_ws(unsigned char c)
@@ -750,7 +819,8 @@ static bool value_begin(const struct gram *g, struct gram_state *s, int node, un
 	case GN_STRING:
 		if (c != '"')
 			return false;
-		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_STR, .phase = ST_IN};
+		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_STR, .phase = ST_IN,
+					 .cand = GRE_START};
 		return true;
 	case GN_NUMBER:
 	case GN_INTEGER:
@@ -840,6 +910,118 @@ static bool hex(unsigned char c)
 	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+/* A string's frame: f->seen's low 32 bits count its characters (code points), its high 32
+ * hold a UTF-8 sequence's bits so far (ST_UTF: f->pos bytes to come, f->aux its length);
+ * f->aux a \u's value; f->cand, with a pattern, the automaton's state. */
+#define STR_COUNT(f) ((uint32_t)(f)->seen)
+#define STR_PART(f) ((uint32_t)((f)->seen >> 32))
+
+/* Code point cp of the string: the pattern's automaton steps (false: it cannot come). */
+static bool str_cp(const struct gram *g, const struct gnode *n, struct gram_frame *f,
+		   uint32_t cp)
+{
+	if (!n->re)
+		return true;
+	uint64_t t = gre_step(&g->re[n->re - 1], f->cand, cp);
+	f->cand = t;
+	return t != 0;
+}
+
+/* With a pattern, a UTF-8 sequence is checked as it comes: its code point must be one the
+ * automaton may take, so no byte leads where none can follow. */
+static bool str_utf8(const struct gram *g, const struct gnode *n, struct gram_frame *f,
+		     unsigned char c)
+{
+	uint32_t part;
+	int left, total;
+	if (f->phase != ST_UTF) { /* a lead byte */
+		if (c < 0xC2 || c > 0xF4)
+			return false;
+		total = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+		left = total - 1;
+		part = c & (0x7Fu >> total);
+		f->phase = ST_UTF;
+		f->aux = (int16_t)total;
+	} else {
+		if ((c & 0xC0) != 0x80)
+			return false;
+		total = f->aux;
+		left = f->pos - 1;
+		part = STR_PART(f) << 6 | (c & 0x3Fu);
+	}
+	f->pos = (uint16_t)left;
+	f->seen = (uint64_t)STR_COUNT(f) | (uint64_t)part << 32;
+	if (!left) {
+		f->phase = ST_IN;
+		return part >= (total == 2 ? 0x80u : total == 3 ? 0x800u : 0x10000u) &&
+		       !(part >= 0xD800 && part <= 0xDFFF) && part <= 0x10FFFF &&
+		       str_cp(g, n, f, part);
+	}
+	uint32_t lo = part << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+	uint32_t least = total == 2 ? 0x80u : total == 3 ? 0x800u : 0x10000u;
+	if (lo < least)
+		lo = least;
+	if (hi > 0x10FFFF)
+		hi = 0x10FFFF;
+	return lo <= hi && gre_may(&g->re[n->re - 1], f->cand, lo, hi);
+}
+
+static bool str_byte(const struct gram *g, struct gram_state *s, struct gram_frame *f,
+		     const struct gnode *n, unsigned char c)
+{
+	if (f->phase == ST_ESC) {
+		static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+		if (c == 'u') {
+			f->phase = ST_HEX;
+			f->pos = 0;
+			f->aux = 0;
+			return true;
+		}
+		const char *k = c ? strchr(from, c) : NULL;
+		f->phase = ST_IN;
+		f->seen++;
+		return k && str_cp(g, n, f, (unsigned char)to[k - from]);
+	}
+	if (f->phase == ST_HEX) {
+		if (!hex(c))
+			return false;
+		f->aux = (int16_t)(uint16_t)((uint16_t)f->aux << 4 |
+					     (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10));
+		if (++f->pos < 4)
+			return true;
+		f->phase = ST_IN;
+		/* a high surrogate's \u is half of one character: the low's counts; a pattern's
+		 * strings take no surrogate escapes (raw UTF-8 says the same) */
+		uint16_t u = (uint16_t)f->aux;
+		f->seen += !(u >= 0xD800 && u <= 0xDBFF);
+		return !(n->re && u >= 0xD800 && u <= 0xDFFF) && str_cp(g, n, f, u);
+	}
+	if (f->phase == ST_UTF)
+		return str_utf8(g, n, f, c);
+	if (c == '"') {
+		if (STR_COUNT(f) < (uint32_t)n->min_items ||
+		    (n->re && !gre_accepts(&g->re[n->re - 1], f->cand)))
+			return false; /* minLength, or the pattern not matched yet */
+		value_done(g, s);
+		return true;
+	}
+	if (c < 0x80 || c >= 0xC0) { /* a character begins (not a UTF-8 continuation) */
+		if (n->max_items >= 0 && STR_COUNT(f) >= (uint32_t)n->max_items)
+			return false; /* maxLength */
+		if (c != '\\')
+			f->seen++; /* (an escape counts once its kind is known) */
+	}
+	if (c == '\\') {
+		f->phase = ST_ESC;
+		return true;
+	}
+	if (c < 0x20)
+		return false;
+	if (!n->re || c < 0x80)
+		return str_cp(g, n, f, c);
+	return str_utf8(g, n, f, c);
+}
+
 static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
 {
 	for (;;) { /* again when a value ends on a byte that is its parent's */
@@ -852,46 +1034,8 @@ static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
 			if (is_ws(c))
 				return ws(f, c);
 			return value_begin(g, s, f->node, c, 0);
-		case F_STR: /* f->seen: the characters so far (code points), f->aux: a \u's */
-			if (f->phase == ST_ESC) {
-				if (c == 'u') {
-					f->phase = ST_HEX;
-					f->pos = 0;
-					f->aux = 0;
-					return true;
-				}
-				f->phase = ST_IN;
-				f->seen++;
-				return strchr("\"\\/bfnrt", c) && c;
-			}
-			if (f->phase == ST_HEX) {
-				if (!hex(c))
-					return false;
-				f->aux = (int16_t)(uint16_t)((uint16_t)f->aux << 4 |
-							     (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10));
-				if (++f->pos == 4) {
-					f->phase = ST_IN;
-					/* a high surrogate's \u is half of one character: the low's counts */
-					uint16_t u = (uint16_t)f->aux;
-					f->seen += !(u >= 0xD800 && u <= 0xDBFF);
-				}
-				return true;
-			}
-			if (c == '"') {
-				if (f->seen < (uint64_t)n->min_items)
-					return false; /* minLength */
-				value_done(g, s);
-				return true;
-			}
-			if (c < 0x80 || c >= 0xC0) { /* a character begins (not a UTF-8 continuation) */
-				if (n->max_items >= 0 && f->seen >= (uint64_t)n->max_items)
-					return false; /* maxLength */
-				if (c != '\\')
-					f->seen++; /* (an escape counts once its kind is known) */
-			}
-			if (c == '\\')
-				f->phase = ST_ESC;
-			return c >= 0x20;
+		case F_STR:
+			return str_byte(g, s, f, n, c);
 		case F_NUM: {
 			bool end;
 			if (!number_byte(f, c, n->kind == GN_INTEGER, &end))
@@ -1191,12 +1335,13 @@ int gram_allowed(const struct gram *g, const struct gram_vocab *v, const struct 
 {
 	int count = 0;
 	const struct gram_frame *top = s->depth ? &s->f[s->depth - 1] : NULL;
-	if (!s->done && top && top->kind == F_STR && top->phase == ST_IN) {
+	if (!s->done && top && top->kind == F_STR && top->phase == ST_IN &&
+	    !g->nodes[top->node].re) { /* (a pattern's strings walk the trie) */
 		memcpy(allowed, v->plain, (size_t)v->n);
 		count = v->n_plain;
 		int max = g->nodes[top->node].max_items; /* maxLength: the plain tokens that fit */
 		for (int id = 0; max >= 0 && id < v->n; id++)
-			if (allowed[id] && top->seen + v->chars[id] > (uint64_t)max) {
+			if (allowed[id] && STR_COUNT(top) + (uint32_t)v->chars[id] > (uint32_t)max) {
 				allowed[id] = 0;
 				count--;
 			}

@@ -11,7 +11,11 @@
  *     and every "required" one before "}" ("additionalProperties" is read as false). Without
  *     "properties": any keys, any values.
  *   - "string" (any text; \uXXXX and the other JSON escapes) with "minLength" and "maxLength"
- *     (characters: code points, an escape one, a surrogate pair's two \u one), "number",
+ *     (characters: code points, an escape one, a surrogate pair's two \u one), and "pattern"
+ *     (grammar_re.h's subset of ECMAScript regular expressions, matched on the decoded code
+ *     points as they come; such a string takes no \u escape of a surrogate) or "format" (date,
+ *     time, date-time, uuid, email, ipv4: written as patterns; a date's day within its month,
+ *     February to the 28th), "number",
  *     "integer" with "minimum", "maximum", "exclusiveMinimum" and "exclusiveMaximum" (int64;
  *     each digit only where some integer in range still begins with the digits), "boolean",
  *     "null"; "enum" and "const" (any JSON values: their compact JSON text, byte for byte);
@@ -20,10 +24,11 @@
  *     each: an object and a string, a number and null, ...); "$ref" to "#/$defs/NAME" or
  *     "#/definitions/NAME" (recursion included); {} or true: any value.
  *   - Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
- *     strict, readOnly, ...). Any other keyword (pattern, format, multipleOf, minimum on a
- *     number, uniqueItems, allOf, not, if, patternProperties, prefixItems, ...) is refused by
- *     name, rather than generating documents that would not validate; so are the bounds where
- *     no "type" says what they bound, or beside enum, const, anyOf, oneOf or $ref.
+ *     strict, readOnly, ...). Any other keyword (multipleOf, minimum on a number, another
+ *     format, uniqueItems, allOf, not, if, patternProperties, prefixItems, ...) is refused by
+ *     name, rather than generating documents that would not validate; so are the bounds and
+ *     patterns where no "type" says what they bound, or beside enum, const, anyOf, oneOf or
+ *     $ref, and a pattern with a format.
  * Whitespace between JSON tokens: none, one space or tab, or a newline and then at most
  * GRAM_WS_MAX spaces or tabs (llama.cpp's JSON grammar's rule: a document may be indented,
  * but a model cannot loop on blank lines or spaces); none after the whole document.

@@ -267,34 +267,41 @@ const checkPerson = (text, what) => {
   else
     assert(/^\s*\{/.test(ot), `json_object: ${ot}`);
   // bounds: a name of 3 to 8 characters, an age from 18 to 99, a count above 0
-  const bounded = { type: 'object', additionalProperties: false, required: ['name', 'age', 'n'],
+  const bounded = { type: 'object', additionalProperties: false,
+                    required: ['name', 'age', 'n', 'day', 'code'],
                     properties: { name: { type: 'string', minLength: 3, maxLength: 8 },
                                   age: { type: 'integer', minimum: 18, maximum: 99 },
-                                  n: { type: 'integer', exclusiveMinimum: 0 } } };
+                                  n: { type: 'integer', exclusiveMinimum: 0 },
+                                  day: { type: 'string', format: 'date' },
+                                  code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' } } };
   const seen = [];
   for (const seed of [1, 2, 3, 4]) {
-    const b = await client.chat.completions.create({ model, messages, max_tokens: 120, seed,
+    const b = await client.chat.completions.create({ model, messages, max_tokens: 200, seed,
       temperature: 1.0, response_format: { type: 'json_schema',
                                            json_schema: { name: 'b', schema: bounded } } });
     assert(b.choices[0].finish_reason === 'stop', `bounded ${seed}: ${b.choices[0].finish_reason}`);
     const v = JSON.parse(b.choices[0].message.content);
     const len = [...v.name].length;
+    const day = /^(\d{4})-(\d{2})-(\d{2})$/.exec(v.day);
+    const real = day && new Date(`${v.day}T00:00:00Z`).getUTCDate() === Number(day[3]);
     assert(len >= 3 && len <= 8 && Number.isInteger(v.age) && v.age >= 18 && v.age <= 99 &&
-           Number.isInteger(v.n) && v.n > 0, `bounded ${seed}: ${b.choices[0].message.content}`);
+           Number.isInteger(v.n) && v.n > 0 && real && /^[A-Z]{2}-\d{3}$/.test(v.code),
+           `bounded ${seed}: ${b.choices[0].message.content}`);
     seen.push(v);
   }
   let err6 = null;
   try {
-    const schema = { type: 'string', pattern: 'a+' };
+    const schema = { type: 'string', format: 'uri' };
     await client.chat.completions.create({ model, messages, response_format: {
       type: 'json_schema', json_schema: { name: 'x', schema } } });
   } catch (x) { err6 = x; }
-  assert(err6 && err6.status === 400 && /"pattern"/.test(err6.message),
-         `a pattern: ${err6 && err6.message}`);
+  assert(err6 && err6.status === 400 && /"uri"/.test(err6.message),
+         `format uri: ${err6 && err6.message}`);
   console.log(`6. structured output: ${JSON.stringify(gv)} (greedy, whole and streamed), ` +
               `3 sampled from the enum of names; json_object ${o.choices[0].finish_reason}; ` +
-              `4 sampled within minLength, maxLength, minimum, maximum and exclusiveMinimum ` +
-              `(${JSON.stringify(seen[0])}); a pattern is a 400 naming it`);
+              `4 sampled within minLength, maxLength, minimum, maximum, exclusiveMinimum, ` +
+              `format date and a pattern ` +
+              `(${JSON.stringify(seen[0])}); format uri is a 400 naming it`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

@@ -128,7 +128,7 @@ wrong = [
     {"messages": good_msgs, "presence_penalty": 3}, {"messages": good_msgs, "logit_bias": {"5": 900}},
     {"messages": good_msgs, "logit_bias": {"99999999": 1}}, {"messages": good_msgs, "repetition_penalty": -1},
     {"messages": good_msgs, "response_format": {"type": "xml"}},
-    {"messages": good_msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a"}}}},
+    {"messages": good_msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(?=a)"}}}},
     {"messages": good_msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}},
 ]
 for i, b in enumerate(wrong):

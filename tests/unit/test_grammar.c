@@ -443,8 +443,20 @@ static char *many(int n, bool is_enum)
 
 Test(grammar, refuses_what_it_cannot_honour)
 {
-	refuse("{\"type\":\"string\",\"pattern\":\"a+\"}", "pattern");
-	refuse("{\"type\":\"string\",\"format\":\"date\"}", "format");
+	refuse("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookaround");
+	refuse("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreference");
+	refuse("{\"type\":\"string\",\"pattern\":\"a\\\\bc\"}", "\\b");
+	refuse("{\"type\":\"string\",\"pattern\":\"a^b\"}", "^");
+	refuse("{\"type\":\"string\",\"pattern\":\"a{3\"}", "}");
+	refuse("{\"type\":\"string\",\"pattern\":\"[^\u00e9]\"}", "negated");
+	refuse("{\"type\":\"string\",\"pattern\":\"a{64}\"}", "63");
+	refuse("{\"type\":\"string\",\"pattern\":\"(a\"}", ")");
+	refuse("{\"type\":\"string\",\"pattern\":\"a)\"}", ")");
+	refuse("{\"type\":\"string\",\"pattern\":\"*a\"}", "nothing to repeat");
+	refuse("{\"type\":\"string\",\"pattern\":7}", "pattern");
+	refuse("{\"type\":\"string\",\"format\":\"uri\"}", "\"uri\"");
+	refuse("{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"a\"}", "together");
+	refuse("{\"pattern\":\"a\"}", "pattern");
 	refuse("{\"minLength\":1}", "minLength"); /* no type says what it bounds */
 	refuse("{\"enum\":[\"a\"],\"type\":\"string\",\"minLength\":2}", "minLength");
 	refuse("{\"type\":\"string\",\"minLength\":-1}", "minLength");
@@ -464,7 +476,7 @@ Test(grammar, refuses_what_it_cannot_honour)
 	refuse("{\"if\":{\"type\":\"string\"},\"then\":{}}", "if");
 	/* where: a JSON pointer */
 	refuse("{\"type\":\"object\",\"properties\":"
-	       "{\"x\":{\"type\":\"string\",\"pattern\":\"a\"}}}",
+	       "{\"x\":{\"type\":\"string\",\"pattern\":\"(?!a)\"}}}",
 	       "/properties/x");
 	/* alternatives that begin with the same character */
 	refuse("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{}}},"
@@ -601,6 +613,9 @@ Test(grammar, allowed_matches_brute_force)
 		{S_AGE, "120"},
 		{S_AGE, "7"},
 		{S_OBJ_RANGE, "{\"name\": \"Bo\", \"age\": 12}"},
+		{"{\"type\":\"string\",\"pattern\":\"^[a-z]{2}\\\\d+$\"}", "\"ab12\""},
+		{"{\"type\":\"string\",\"pattern\":\"e\"}", "\"r\\u00e9e\""},
+		{"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-01-05\""},
 	};
 	for (size_t w = 0; w < sizeof walks / sizeof walks[0]; w++) {
 		struct gram *g = comp(walks[w].schema);
@@ -763,4 +778,41 @@ Test(grammar, integer_digits_stay_in_range)
 	t = s;
 	cr_expect(!feeds(g, &t, "0, \"name\": \"abcd"), "a 4th character past maxLength 3");
 	gram_free(g);
+}
+
+/* A pattern's strings: a UTF-8 sequence is taken byte by byte only where some code point it
+ * may still become can come, so no lead byte is taken where no character can follow. */
+Test(grammar, pattern_takes_no_byte_that_leads_nowhere)
+{
+	static const struct {
+		const char *schema, *prefix;
+		bool fed;
+	} cases[] = {
+		{"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\"}", "\"ab", true},
+		{"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\"}", "\"\xc3", false},
+		{"{\"type\":\"string\",\"pattern\":\"^[\\u00e0-\\u00ff]+$\"}", "\"\xc3", true},
+		{"{\"type\":\"string\",\"pattern\":\"^[\\u00e0-\\u00ff]+$\"}", "\"\xc3\x80", false},
+		{"{\"type\":\"string\",\"pattern\":\"^[\\u00e0-\\u00ff]+$\"}", "\"\xc4", false},
+		{"{\"type\":\"string\",\"pattern\":\"^[\\u00e0-\\u00ff]+$\"}", "\"\xc3\xa9", true},
+		{"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\xe2\x80\xa8", false},
+		{"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\xf0\x9f\x98\x80", true},
+		{"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\xed\xa0", false},
+		{"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\\ud83d", false},
+		{"{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\"}", "\"12", true},
+		{"{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\"}", "\"12\"", false},
+		{"{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\"}", "\"1234", false},
+		{"{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\"}", "\"\\u0031", true},
+		{"{\"type\":\"string\",\"format\":\"date\"}", "\"2023-02-29", false},
+		{"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-04-30", true},
+		{"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-04-31", false},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct gram *g = comp(cases[i].schema);
+		struct gram_state s;
+		gram_start(g, &s);
+		bool fed = feeds(g, &s, cases[i].prefix);
+		cr_expect_eq(fed, cases[i].fed, "%s: '%s' fed %d", cases[i].schema,
+			     cases[i].prefix, fed);
+		gram_free(g);
+	}
 }

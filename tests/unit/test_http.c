@@ -191,7 +191,7 @@ Test(http, errors_are_openai_shaped)
 		{"\"response_format\": {\"type\": \"xml\"}", "response_format"},
 		{"\"response_format\": \"json\"", "response_format"},
 		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
-		 "{\"type\": \"string\", \"pattern\": \"a\"}}}", "response_format"},
+		 "{\"type\": \"string\", \"pattern\": \"(?=a)\"}}}", "response_format"},
 		{"\"functions\": [{\"name\": \"f\"}]", "functions"},
 		{"\"function_call\": {\"name\": \"f\"}", "function_call"},
 		{"\"tool_choice\": \"required\"", "tool_choice"},
@@ -785,8 +785,8 @@ Test(http, response_format)
 	struct oai_err e = err_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": "
 					    "\"a\"}], \"response_format\": {\"type\": \"json_schema\", "
 					    "\"json_schema\": {\"schema\": {\"type\": \"string\", "
-					    "\"format\": \"date\"}}}}");
-	cr_expect(strstr(e.message, "\"format\"") != NULL, "names the keyword: %s", e.message);
+					    "\"format\": \"uri\"}}}}");
+	cr_expect(strstr(e.message, "\"uri\"") != NULL, "names the format: %s", e.message);
 }
 
 /* ---- several choices: n, and a list of prompts ---- */

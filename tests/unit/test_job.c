@@ -777,7 +777,7 @@ Test(job, response_format)
 		{"\"response_format\": {\"type\": \"yaml\"}", "input.response_format must"},
 		{"\"response_format\": {\"type\": \"json_schema\"}", "input.response_format.json_schema"},
 		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
-		 "{\"type\": \"string\", \"pattern\": \"a+\"}}}", "\"pattern\""},
+		 "{\"type\": \"string\", \"format\": \"uri\"}}}", "\"uri\""},
 		{"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
 		 "{\"$ref\": \"#/$defs/x\"}}}", "$ref"},
 		{"\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": [{\"type\": "
