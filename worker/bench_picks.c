@@ -25,7 +25,8 @@ static void usage(FILE *f)
 		   "Runs one request of each kind, TOKENS tokens (default 200) each, best of N runs\n"
 		   "(default 3), through the scheduler on the cpu backend (or B), greedy: plain,\n"
 		   "logprobs (top 20), penalties (frequency, presence, repetition), logit_bias (ten\n"
-		   "ids), json_object and a json_schema; prints each one's milliseconds a token,\n"
+		   "ids), json_object, a json_schema, and a string with a pattern (a class, and\n"
+		   "\"holds a q\", where most tokens may come); prints each one's milliseconds a token,\n"
 		   "what it adds to the plain request's and the ratio, then one JSON line. MODEL\n"
 		   "needs its tokenizer.\n");
 }
@@ -36,9 +37,19 @@ static const char *const schema =
 	"\"array\", \"items\": {\"type\": \"integer\"}}}, \"required\": [\"id\", \"ok\", \"kind\", "
 	"\"tags\"]}";
 
-enum { K_PLAIN, K_LOGPROBS, K_PENALTIES, K_BIAS, K_OBJECT, K_SCHEMA, K_N };
-static const char *const names[K_N] = {"plain",     "logprobs",    "penalties",
-				      "logit_bias", "json_object", "json_schema"};
+/* a string of 150 or more characters: of a class (the automaton rules most tokens out at
+ * their first byte), and holding a "q" somewhere (most tokens may come at every step: the
+ * trie walked nearly whole) */
+static const char *const pattern = "{\"type\": \"string\", \"minLength\": 150, "
+				   "\"pattern\": \"^[a-z ,.]*$\"}";
+static const char *const pattern_any = "{\"type\": \"string\", \"minLength\": 150, "
+				       "\"pattern\": \"q\"}";
+
+enum { K_PLAIN, K_LOGPROBS, K_PENALTIES, K_BIAS, K_OBJECT, K_SCHEMA, K_PATTERN, K_PATTERN_ANY,
+       K_N };
+static const char *const names[K_N] = {"plain",	   "logprobs",	  "penalties",
+				      "logit_bias",  "json_object", "json_schema",
+				      "pattern",     "pattern_any"};
 
 static void done(void *ctx, struct sched_req *r)
 {
@@ -79,9 +90,10 @@ static double run_one(struct engine *e, int k, int n, int *made)
 		}
 		r->n_bias = 10;
 	}
-	if ((k == K_OBJECT || k == K_SCHEMA) &&
-	    gram_compile(k == K_SCHEMA ? schema : NULL, k == K_SCHEMA ? strlen(schema) : 0,
-			 &r->gram, err, sizeof err) != WK_OK) {
+	const char *sch = k == K_SCHEMA ? schema : k == K_PATTERN ? pattern
+			: k == K_PATTERN_ANY ? pattern_any : NULL;
+	if (k >= K_OBJECT && gram_compile(sch, sch ? strlen(sch) : 0, &r->gram, err,
+					  sizeof err) != WK_OK) {
 		fprintf(stderr, "wick bench picks: %s\n", err);
 		sched_req_free(r);
 		sched_free(s);

@@ -1216,6 +1216,17 @@ struct gram_vocab {
 	const char *const *pieces;
 	size_t *lens;
 	int max_len;
+	/* inside a pattern's strings: the plain tokens each automaton state takes, for the
+	 * states seen last (a copy of the automaton is the key, with the state) */
+	struct re_mask {
+		struct gre re;
+		uint64_t set;
+		unsigned char *mask; /* [n]: 1 for a plain token the state takes */
+		int count;
+		long used;
+		bool valid;
+	} cache[GRAM_RE_CACHE];
+	long tick;
 };
 
 static int tnode_new(struct gram_vocab *v, unsigned char b)
@@ -1242,6 +1253,8 @@ void gram_vocab_free(struct gram_vocab *v)
 	free(v->chars);
 	free(v->other);
 	free(v->lens);
+	for (int i = 0; i < GRAM_RE_CACHE; i++)
+		free(v->cache[i].mask);
 	free(v);
 }
 
@@ -1330,15 +1343,69 @@ static int walk(const struct gram *g, const struct gram_vocab *v, int at,
 	return count;
 }
 
-int gram_allowed(const struct gram *g, const struct gram_vocab *v, const struct gram_state *s,
+/* The plain tokens below trie node `at` that a pattern's string takes from frame f: the trie
+ * walked with that one frame, the branches through '"', '\\' or control bytes left out (no
+ * plain token is down them). n: the string's node without its length bounds. */
+static void walk_str(const struct gram *g, const struct gram_vocab *v, const struct gnode *n,
+		     int at, const struct gram_frame *f, unsigned char *mask, int *count)
+{
+	for (int ch = v->t[at].child; ch >= 0; ch = v->t[ch].sibling) {
+		unsigned char b = v->t[ch].byte;
+		struct gram_frame t = *f;
+		if (b == '"' || b == '\\' || b < 0x20 || !str_byte(g, NULL, &t, n, b))
+			continue;
+		for (int id = v->t[ch].tok; id >= 0; id = v->same[id]) {
+			mask[id] = 1;
+			(*count)++;
+		}
+		walk_str(g, v, n, ch, &t, mask, count);
+	}
+}
+
+/* The cached plain-token mask of a pattern's string in frame top (ST_IN), made on a miss;
+ * NULL when out of memory. */
+static const struct re_mask *re_mask(const struct gram *g, struct gram_vocab *v,
+				     const struct gram_frame *top)
+{
+	const struct gnode *n = &g->nodes[top->node];
+	const struct gre *re = &g->re[n->re - 1];
+	struct re_mask *e = NULL;
+	v->tick++;
+	for (int i = 0; i < GRAM_RE_CACHE; i++) {
+		struct re_mask *c = &v->cache[i];
+		if (c->valid && c->set == top->cand && !memcmp(&c->re, re, sizeof *re)) {
+			c->used = v->tick;
+			return c;
+		}
+		if (!e || !c->valid || (e->valid && c->used < e->used))
+			e = c; /* the slot to fill: a free one, else the least recently used */
+	}
+	if (!e->mask && !(e->mask = malloc((size_t)v->n)))
+		return NULL;
+	memset(e->mask, 0, (size_t)v->n);
+	memcpy(&e->re, re, sizeof *re); /* (bytes, padding too: the key is compared as bytes) */
+	e->set = top->cand;
+	e->count = 0;
+	struct gnode free_len = *n;
+	free_len.min_items = 0;
+	free_len.max_items = -1;
+	struct gram_frame f = {.node = top->node, .kind = F_STR, .phase = ST_IN, .cand = top->cand};
+	walk_str(g, v, &free_len, 0, &f, e->mask, &e->count);
+	e->valid = true;
+	e->used = v->tick;
+	return e;
+}
+
+int gram_allowed(const struct gram *g, struct gram_vocab *v, const struct gram_state *s,
 		 unsigned char *allowed)
 {
 	int count = 0;
 	const struct gram_frame *top = s->depth ? &s->f[s->depth - 1] : NULL;
+	const struct re_mask *m = NULL;
 	if (!s->done && top && top->kind == F_STR && top->phase == ST_IN &&
-	    !g->nodes[top->node].re) { /* (a pattern's strings walk the trie) */
-		memcpy(allowed, v->plain, (size_t)v->n);
-		count = v->n_plain;
+	    (!g->nodes[top->node].re || (m = re_mask(g, v, top)))) {
+		memcpy(allowed, m ? m->mask : v->plain, (size_t)v->n);
+		count = m ? m->count : v->n_plain;
 		int max = g->nodes[top->node].max_items; /* maxLength: the plain tokens that fit */
 		for (int id = 0; max >= 0 && id < v->n; id++)
 			if (allowed[id] && STR_COUNT(top) + (uint32_t)v->chars[id] > (uint32_t)max) {

@@ -89,9 +89,13 @@ int gram_vocab_new(const char *const *pieces, const size_t *lens, int n,
 void gram_vocab_free(struct gram_vocab *v);
 /* allowed[id] = 1 for each token whose bytes continue s, else 0 (allowed [n]). Returns how
  * many are allowed. Inside a string the tokens without '"', '\\' or control bytes are taken
- * whole and the others tried; elsewhere the trie is walked, each branch as far as its bytes
- * are accepted. */
-int gram_allowed(const struct gram *g, const struct gram_vocab *v, const struct gram_state *s,
+ * whole (those that fit its maxLength) and the others tried; inside a string with a pattern,
+ * which of those plain tokens the automaton's state takes is found by a walk of the trie with
+ * the string's frame alone, and kept in v for the GRAM_RE_CACHE states used last (so v is
+ * written: one thread at a time); elsewhere the trie is walked, each branch as far as its
+ * bytes are accepted. */
+#define GRAM_RE_CACHE 8
+int gram_allowed(const struct gram *g, struct gram_vocab *v, const struct gram_state *s,
 		 unsigned char *allowed);
 
 #endif

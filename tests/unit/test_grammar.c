@@ -544,7 +544,7 @@ static const char *const pieces[] = {
 };
 
 /* At every prefix of doc: gram_allowed agrees with feeding each piece to a copy. */
-static void walk(const struct gram *g, const struct gram_vocab *v, const size_t *lens, int n,
+static void walk(const struct gram *g, struct gram_vocab *v, const size_t *lens, int n,
 		 const char *schema, const char *doc)
 {
 	unsigned char allowed[sizeof pieces / sizeof pieces[0]];
