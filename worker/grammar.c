@@ -26,8 +26,10 @@ struct gnode {
 	uint64_t required;    /* object: the props that must come */
 	int items;            /* array: the items' node; an object with free keys: its values' */
 	int min_items, max_items; /* array: max -1 for none; a string: its characters' */
-	bool bounded;         /* integer: lo and hi apply */
+	bool bounded;         /* integer: lo and hi apply; number: dlo and dhi */
 	int64_t lo, hi;       /* integer: its range, both ends in */
+	double dlo, dhi;      /* number: its range, each end in unless dlo_x, dhi_x */
+	bool dlo_x, dhi_x;
 	int re;               /* string: its pattern's (or format's) automaton + 1; 0: none */
 };
 
@@ -315,21 +317,52 @@ static int integer_node(struct compile *c, const json_t *sch, const char *path)
 					     .hi = hi});
 }
 
+/* A number's bound: minimum (or maximum) and its exclusive form, a number or draft 4's
+ * boolean beside it, into *v and *x (the end left out). false: not a number. */
+static bool num_bound(const json_t *sch, const char *name, const char *excl, bool low,
+		      double *v, bool *x)
+{
+	const json_t *b = json_object_get(sch, name), *e = json_object_get(sch, excl);
+	if ((b && !json_is_number(b)) || (e && !json_is_number(e) && !json_is_boolean(e)) ||
+	    (json_is_boolean(e) && !b))
+		return false;
+	if (b) {
+		*v = json_number_value(b);
+		*x = json_is_true(e);
+	}
+	if (json_is_number(e)) {
+		double d = json_number_value(e);
+		if (!b || (low ? d >= *v : d <= *v)) {
+			*v = d;
+			*x = true;
+		}
+	}
+	return true;
+}
+
+/* A number, in its minimum and maximum (or their exclusive forms) where given: a decimal
+ * then, without an exponent, of at most 18 digits before its point and 17 after. */
+static int number_node(struct compile *c, const json_t *sch, const char *path)
+{
+	struct gnode n = {.kind = GN_NUMBER, .dlo = -INFINITY, .dhi = INFINITY};
+	if (!num_bound(sch, "minimum", "exclusiveMinimum", true, &n.dlo, &n.dlo_x) ||
+	    !num_bound(sch, "maximum", "exclusiveMaximum", false, &n.dhi, &n.dhi_x))
+		return cfail(c, path, "minimum, maximum, exclusiveMinimum and exclusiveMaximum "
+			     "must be numbers (exclusive ones also true or false beside theirs)");
+	if (n.dlo > n.dhi || (n.dlo == n.dhi && (n.dlo_x || n.dhi_x)))
+		return cfail(c, path, "no number is within its minimum and maximum");
+	n.bounded = n.dlo != -INFINITY || n.dhi != INFINITY;
+	return n.bounded ? add_node(c->g, n) : N_NUMBER;
+}
+
 static int type_node(struct compile *c, const json_t *sch, const char *type, const char *path)
 {
 	struct gram *g = c->g;
 	static const char *const tf[] = {"true", "false"}, *const nul[] = {"null"};
 	if (!strcmp(type, "string"))
 		return string_node(c, sch, path);
-	if (!strcmp(type, "number")) {
-		static const char *const b[] = {"minimum", "maximum", "exclusiveMinimum",
-						 "exclusiveMaximum"};
-		for (size_t i = 0; i < 4; i++)
-			if (json_object_get(sch, b[i]))
-				return cfail(c, path, "%s on a number is not supported in structured "
-					     "output (on an integer it is)", b[i]);
-		return N_NUMBER;
-	}
+	if (!strcmp(type, "number"))
+		return number_node(c, sch, path);
 	if (!strcmp(type, "integer"))
 		return integer_node(c, sch, path);
 	if (!strcmp(type, "boolean"))
@@ -783,6 +816,82 @@ static bool int_in(const struct gnode *n, const struct gram_frame *f)
 	return v >= n->lo && v <= n->hi;
 }
 
+/* A bounded number's digits so far: f->cand the integer part's value, f->seen the fraction's,
+ * f->aux bit 0 a '-', bits 8.. the fraction's digits. */
+#define NUM_FRAC(f) ((uint16_t)(f)->aux >> 8)
+
+/* The magnitude of a bounded number's digits so far, as a validator reads it: the double
+ * nearest the decimal (strtod's). */
+static double num_mag(const struct gram_frame *f)
+{
+	char t[64];
+	if (NUM_FRAC(f))
+		snprintf(t, sizeof t, "%llu.%0*llu", (unsigned long long)f->cand, NUM_FRAC(f),
+			 (unsigned long long)f->seen);
+	else
+		snprintf(t, sizeof t, "%llu", (unsigned long long)f->cand);
+	return strtod(t, NULL);
+}
+
+/* Whether the values the digits so far may still become meet n's range. The magnitudes
+ * reachable are [a, b): a the digits' own value (in the validator's doubles, so that a bound
+ * such as 0.3 is met by "0.3"), b past every longer decimal; an end the range leaves out is
+ * not met by a value on it. */
+static bool num_viable(const struct gnode *n, const struct gram_frame *f)
+{
+	bool neg = f->aux & 1;
+	double a = 0, b = INFINITY;
+	if (f->phase != NU_MINUS) {
+		a = num_mag(f);
+		if (f->phase == NU_FRAC || f->phase == NU_DOT)
+			b = a + pow(10, -(int)NUM_FRAC(f));
+		else if (!f->cand) /* a leading 0: only a fraction may follow */
+			b = 1;
+	}
+	if (!neg) /* [a, b): a itself, or what lies above it */
+		return (n->dhi_x ? a < n->dhi : a <= n->dhi) &&
+		       ((!n->dlo_x && a >= n->dlo) || b > n->dlo);
+	return (n->dlo_x ? -a > n->dlo : -a >= n->dlo) && /* (-b, -a] */
+	       ((!n->dhi_x && -a <= n->dhi) || -b < n->dhi);
+}
+
+static bool num_digit(const struct gnode *n, struct gram_frame *f, unsigned char c)
+{
+	if (c == '-') {
+		f->aux |= 1;
+	} else if (c >= '0' && c <= '9' && f->phase == NU_FRAC) {
+		if (NUM_FRAC(f) >= 17)
+			return false;
+		f->seen = f->seen * 10 + (uint64_t)(c - '0');
+		f->aux = (int16_t)(uint16_t)(((uint16_t)f->aux & 0xFF) | (NUM_FRAC(f) + 1) << 8);
+	} else if (c >= '0' && c <= '9') {
+		if (f->cand >= 100000000000000000ull)
+			return false; /* 18 digits before the point */
+		f->cand = f->cand * 10 + (uint64_t)(c - '0');
+	}
+	return num_viable(n, f);
+}
+
+/* Whether a bounded number's value is in its range: as a validator reads it, the double
+ * nearest the decimal (strtod's), compared with the bounds' doubles. */
+static bool num_in(const struct gnode *n, const struct gram_frame *f)
+{
+	double v = f->aux & 1 ? -num_mag(f) : num_mag(f);
+	return (n->dlo_x ? v > n->dlo : v >= n->dlo) && (n->dhi_x ? v < n->dhi : v <= n->dhi);
+}
+
+/* A bounded number's or integer's digit: still viable. */
+static bool bound_digit(const struct gnode *n, struct gram_frame *f, unsigned char c)
+{
+	return !n->bounded || (n->kind == GN_INTEGER ? int_digit(n, f, c) : num_digit(n, f, c));
+}
+
+/* A bounded number's or integer's value: in range. */
+static bool bound_in(const struct gnode *n, const struct gram_frame *f)
+{
+	return !n->bounded || (n->kind == GN_INTEGER ? int_in(n, f) : num_in(n, f));
+}
+
 static bool value_begin(const struct gram *g, struct gram_state *s, int node, unsigned char c,
 			int depth)
 {
@@ -828,7 +937,7 @@ static bool value_begin(const struct gram *g, struct gram_state *s, int node, un
 			return false;
 		*f = (struct gram_frame){.node = (uint16_t)node, .kind = F_NUM, .pos = 1,
 					 .phase = c == '-' ? NU_MINUS : c == '0' ? NU_ZERO : NU_INT};
-		return !n->bounded || int_digit(n, f, c);
+		return bound_digit(n, f, c);
 	case GN_LIT:
 		if (!lit_cand_begin(g, f, node, c))
 			return false;
@@ -858,7 +967,8 @@ static bool key_begin(const struct gram *g, struct gram_state *s, struct gram_fr
 	return f->cand != 0;
 }
 
-static bool number_byte(struct gram_frame *f, unsigned char c, bool integer, bool *end)
+static bool number_byte(struct gram_frame *f, unsigned char c, bool integer, bool exp_ok,
+			bool *end)
 {
 	bool digit = c >= '0' && c <= '9';
 	*end = false;
@@ -876,7 +986,7 @@ static bool number_byte(struct gram_frame *f, unsigned char c, bool integer, boo
 			break;
 		} else if (c == '.' && !integer && (f->phase == NU_ZERO || f->phase == NU_INT)) {
 			f->phase = NU_DOT;
-		} else if ((c == 'e' || c == 'E') && !integer && f->phase != NU_EXP) {
+		} else if ((c == 'e' || c == 'E') && !integer && exp_ok && f->phase != NU_EXP) {
 			f->phase = NU_E;
 		} else {
 			*end = true; /* the number is over: c is the parent's */
@@ -1038,12 +1148,12 @@ static bool step(const struct gram *g, struct gram_state *s, unsigned char c)
 			return str_byte(g, s, f, n, c);
 		case F_NUM: {
 			bool end;
-			if (!number_byte(f, c, n->kind == GN_INTEGER, &end))
+			if (!number_byte(f, c, n->kind == GN_INTEGER, !n->bounded, &end))
 				return false;
 			if (!end)
-				return !n->bounded || int_digit(n, f, c);
+				return bound_digit(n, f, c);
 			if (f->phase == NU_MINUS || f->phase == NU_DOT || f->phase == NU_E ||
-			    f->phase == NU_ESIGN || (n->bounded && !int_in(n, f)))
+			    f->phase == NU_ESIGN || !bound_in(n, f))
 				return false;
 			value_done(g, s);
 			continue;
@@ -1191,7 +1301,7 @@ bool gram_complete(const struct gram *g, const struct gram_state *s)
 	if (f->kind == F_NUM)
 		return (f->phase == NU_ZERO || f->phase == NU_INT || f->phase == NU_FRAC ||
 			f->phase == NU_EXP) &&
-		       (!g->nodes[f->node].bounded || int_in(&g->nodes[f->node], f));
+		       bound_in(&g->nodes[f->node], f);
 	bool longer;
 	return f->kind == F_LIT && lit_whole(g, f, &longer);
 }

@@ -15,7 +15,9 @@
  *     (grammar_re.h's subset of ECMAScript regular expressions, matched on the decoded code
  *     points as they come; such a string takes no \u escape of a surrogate) or "format" (date,
  *     time, date-time, uuid, email, ipv4: written as patterns; a date's day within its month,
- *     February to the 28th), "number",
+ *     February to the 28th), "number" with the same four bounds (then a decimal without an
+ *     exponent, at most 18 digits before its point and 17 after, compared as a validator
+ *     compares it: the double nearest the decimal against the bounds' doubles),
  *     "integer" with "minimum", "maximum", "exclusiveMinimum" and "exclusiveMaximum" (int64;
  *     each digit only where some integer in range still begins with the digits), "boolean",
  *     "null"; "enum" and "const" (any JSON values: their compact JSON text, byte for byte);
@@ -24,9 +26,8 @@
  *     each: an object and a string, a number and null, ...); "$ref" to "#/$defs/NAME" or
  *     "#/definitions/NAME" (recursion included); {} or true: any value.
  *   - Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
- *     strict, readOnly, ...). Any other keyword (multipleOf, minimum on a number, another
- *     format, uniqueItems, allOf, not, if, patternProperties, prefixItems, ...) is refused by
- *     name, rather than generating documents that would not validate; so are the bounds and
+ *     strict, readOnly, ...). Any other keyword (multipleOf, another format, uniqueItems,
+ *     allOf, not, if, patternProperties, prefixItems, ...) is refused by name, rather than generating documents that would not validate; so are the bounds and
  *     patterns where no "type" says what they bound, or beside enum, const, anyOf, oneOf or
  *     $ref, and a pattern with a format.
  * Whitespace between JSON tokens: none, one space or tab, or a newline and then at most

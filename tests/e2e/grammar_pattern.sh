@@ -1,11 +1,13 @@
-# Structured output's patterns and formats against independent references: for each pattern
+# Structured output's patterns, formats and number ranges against independent references:
+# for each pattern
 # (anchored or not, classes, escapes, groups, alternation, bounded and unbounded repetition,
 # text beyond ASCII), strings made by mutating strings that match and at random, sent as JSON
 # strings raw and \u-escaped, are put to the recognizer (tests/tools/gram_check) and to
 # Python's re (ECMAScript's \d \w \s: re.ASCII; "$": \Z). The recognizer must never take a
 # string re refuses, and over ASCII the two must agree exactly (beyond ASCII it may take
 # fewer: grammar_re.h). Each format's accepted strings must pass Python's own parser of that
-# format (datetime, uuid, ipaddress), and its examples be taken.
+# format (datetime, uuid, ipaddress), and its examples be taken. Numbers with a minimum or
+# maximum: near the bounds and past them, decided as Python's float comparison decides.
 source tests/e2e/lib.sh
 CHECK="$WICK_TOOLS/gram_check"
 [ -x "$CHECK" ] || fail "$CHECK is missing (make tools)"
@@ -118,6 +120,53 @@ for fmt, (ok, pos) in checks.items():
     fmt_took[fmt] = sum(got)
 print(f"{len(patterns)} patterns: {total} strings, {took} taken, none that re refuses; "
       f"{agree} over ASCII, all as re decides")
+
+# number ranges: decimals near and past the bounds; a number taken is a JSON number whose
+# float is in range, and every decimal within the digit limits (no exponent, 18 digits before
+# the point, 17 after) is decided as Python's float comparison decides it
+ranges = [{"minimum": 0, "maximum": 1}, {"exclusiveMinimum": 0.1, "exclusiveMaximum": 0.3},
+          {"minimum": -2.5, "maximum": -1}, {"minimum": 100}, {"exclusiveMaximum": 0},
+          {"minimum": 0.3, "maximum": 0.3}, {"minimum": -1e-3, "exclusiveMaximum": 1e3}]
+num_total = num_took = 0
+for r in ranges:
+    lo, hi = r.get("minimum", r.get("exclusiveMinimum")), r.get("maximum",
+                                                                  r.get("exclusiveMaximum"))
+    seeds = [str(x) for x in (lo, hi) if x is not None] + ["0", "-0", "0.5", "1", "-1", "99"]
+    strings = set(seeds)
+    for _ in range(400):
+        x = rng.choice(seeds)
+        op = rng.randint(0, 3)
+        if op == 0:
+            step = rng.choice([-1, 1]) * 10 ** -rng.randint(0, 17)
+            x = f"{float(x) + step:.{rng.randint(0, 17)}f}"
+        elif op == 1:
+            x = x + str(rng.randint(0, 9)) if "." in x else x + "." + str(rng.randint(0, 9))
+        elif op == 2:
+            x = ("-" + x) if not x.startswith("-") else x[1:]
+        else:
+            x = f"{rng.uniform(-3, 3):.{rng.randint(0, 4)}f}"
+        strings.add(x)
+    strings = sorted(strings)
+    got = [x == "1" for x in subprocess.run(
+        [tool, json.dumps({"type": "number", **r})], input="\n".join(strings) + "\n",
+        capture_output=True, text=True, check=True).stdout.split()]
+    for s, g in zip(strings, got):
+        def within(v):
+            return all([("minimum" not in r or v >= r["minimum"]),
+                        ("maximum" not in r or v <= r["maximum"]),
+                        ("exclusiveMinimum" not in r or v > r["exclusiveMinimum"]),
+                        ("exclusiveMaximum" not in r or v < r["exclusiveMaximum"])])
+        ok = re.fullmatch(r"-?(0|[1-9]\d*)(\.\d+)?", s) is not None
+        want = ok and within(float(s))
+        assert not (g and not want), f"{r}: took {s}, out of range or not a number"
+        small = ok and len(s.lstrip("-").split(".")[0]) <= 18 and \
+            len((s.split(".") + [""])[1]) <= 17
+        if small:
+            assert g == want, f"{r}: {s}: ours {g}, Python {want}"
+        num_total += 1
+        num_took += g
+print(f"{len(ranges)} number ranges: {num_total} decimals, {num_took} taken, each as "
+      f"Python's float comparison decides")
 print("formats, strings taken (each passing Python's parser): " +
       ", ".join(f"{k} {v}" for k, v in fmt_took.items()))
 EOF

@@ -268,12 +268,13 @@ const checkPerson = (text, what) => {
     assert(/^\s*\{/.test(ot), `json_object: ${ot}`);
   // bounds: a name of 3 to 8 characters, an age from 18 to 99, a count above 0
   const bounded = { type: 'object', additionalProperties: false,
-                    required: ['name', 'age', 'n', 'day', 'code'],
+                    required: ['name', 'age', 'n', 'day', 'code', 'score'],
                     properties: { name: { type: 'string', minLength: 3, maxLength: 8 },
                                   age: { type: 'integer', minimum: 18, maximum: 99 },
                                   n: { type: 'integer', exclusiveMinimum: 0 },
                                   day: { type: 'string', format: 'date' },
-                                  code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' } } };
+                                  code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' },
+                                  score: { type: 'number', minimum: 0, maximum: 1 } } };
   const seen = [];
   for (const seed of [1, 2, 3, 4]) {
     const b = await client.chat.completions.create({ model, messages, max_tokens: 200, seed,
@@ -285,7 +286,8 @@ const checkPerson = (text, what) => {
     const day = /^(\d{4})-(\d{2})-(\d{2})$/.exec(v.day);
     const real = day && new Date(`${v.day}T00:00:00Z`).getUTCDate() === Number(day[3]);
     assert(len >= 3 && len <= 8 && Number.isInteger(v.age) && v.age >= 18 && v.age <= 99 &&
-           Number.isInteger(v.n) && v.n > 0 && real && /^[A-Z]{2}-\d{3}$/.test(v.code),
+           Number.isInteger(v.n) && v.n > 0 && real && /^[A-Z]{2}-\d{3}$/.test(v.code) &&
+           typeof v.score === 'number' && v.score >= 0 && v.score <= 1,
            `bounded ${seed}: ${b.choices[0].message.content}`);
     seen.push(v);
   }
@@ -300,7 +302,7 @@ const checkPerson = (text, what) => {
   console.log(`6. structured output: ${JSON.stringify(gv)} (greedy, whole and streamed), ` +
               `3 sampled from the enum of names; json_object ${o.choices[0].finish_reason}; ` +
               `4 sampled within minLength, maxLength, minimum, maximum, exclusiveMinimum, ` +
-              `format date and a pattern ` +
+              `format date, a pattern and a number in [0, 1] ` +
               `(${JSON.stringify(seen[0])}); format uri is a 400 naming it`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF

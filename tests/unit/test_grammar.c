@@ -25,6 +25,7 @@
 	"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"minimum\":0,"      \
 	"\"maximum\":150},\"name\":{\"type\":\"string\",\"maxLength\":3}},"                   \
 	"\"required\":[\"age\",\"name\"]}"
+#define S_UNIT "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}"
 #define S_LIST                                                                             \
 	"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"      \
 	"\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}}," \
@@ -262,6 +263,31 @@ static const struct doc_case doc_cases[] = {
 	{S_OBJ_RANGE, "{\"age\": 151, \"name\": \"Bob\"}", false},
 	{S_OBJ_RANGE, "{\"age\": -1, \"name\": \"Bob\"}", false},
 	{S_OBJ_RANGE, "{\"name\": \"Bobby\", \"age\": 1}", false},
+	/* a number's range: decimals without an exponent, compared as a validator's doubles */
+	{S_UNIT, "0.5", true},
+	{S_UNIT, "1", true},
+	{S_UNIT, "1.000", true},
+	{S_UNIT, "0", true},
+	{S_UNIT, "-0", true},
+	{S_UNIT, "-0.0", true},
+	{S_UNIT, "1.0001", false},
+	{S_UNIT, "-0.01", false},
+	{S_UNIT, "2", false},
+	{S_UNIT, "1e0", false},
+	{S_UNIT, "0.123456789012345678", false},
+	{"{\"type\":\"number\",\"maximum\":0.3}", "0.3", true},
+	{"{\"type\":\"number\",\"maximum\":0.3}", "0.30000000000000004", false},
+	{"{\"type\":\"number\",\"exclusiveMaximum\":0.3}", "0.3", false},
+	{"{\"type\":\"number\",\"exclusiveMaximum\":0.3}", "0.29999", true},
+	{"{\"type\":\"number\",\"exclusiveMinimum\":0.1}", "0.10000000000000001", false},
+	{"{\"type\":\"number\",\"exclusiveMinimum\":0.1}", "0.100000000000001", true},
+	{"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":-1}", "-2.5", true},
+	{"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":-1}", "-2.51", false},
+	{"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":-1}", "-1", true},
+	{"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":-1}", "-0.5", false},
+	{"{\"type\":\"number\",\"minimum\":100}", "12345.5", true},
+	{"{\"type\":\"number\",\"minimum\":100}", "99.99", false},
+	{"{\"type\":\"number\"}", "1e300", true}, /* unbounded: exponents as before */
 };
 
 Test(grammar, accepts_and_refuses_documents)
@@ -462,7 +488,10 @@ Test(grammar, refuses_what_it_cannot_honour)
 	refuse("{\"type\":\"string\",\"minLength\":-1}", "minLength");
 	refuse("{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "maxLength");
 	refuse("{\"type\":\"string\",\"maxLength\":\"2\"}", "maxLength");
-	refuse("{\"type\":\"number\",\"minimum\":0}", "minimum");
+	refuse("{\"type\":\"number\",\"minimum\":1,\"maximum\":0.5}", "no number");
+	refuse("{\"type\":\"number\",\"minimum\":1,\"exclusiveMaximum\":1}", "no number");
+	refuse("{\"type\":\"number\",\"maximum\":\"1\"}", "maximum");
+	refuse("{\"type\":\"number\",\"exclusiveMaximum\":false}", "exclusive");
 	refuse("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
 	refuse("{\"type\":\"integer\",\"minimum\":1.2,\"maximum\":1.8}", "no integer");
 	refuse("{\"type\":\"integer\",\"minimum\":\"0\"}", "minimum");
@@ -616,6 +645,9 @@ Test(grammar, allowed_matches_brute_force)
 		{"{\"type\":\"string\",\"pattern\":\"^[a-z]{2}\\\\d+$\"}", "\"ab12\""},
 		{"{\"type\":\"string\",\"pattern\":\"e\"}", "\"r\\u00e9e\""},
 		{"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-01-05\""},
+		{S_UNIT, "0.75"},
+		{"{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-3,"
+		 "\"exclusiveMaximum\":12.5}}", "[-3, 12, 0.5, 12.49]"},
 	};
 	for (size_t w = 0; w < sizeof walks / sizeof walks[0]; w++) {
 		struct gram *g = comp(walks[w].schema);
@@ -766,6 +798,21 @@ Test(grammar, integer_digits_stay_in_range)
 		{"{\"type\":\"integer\",\"maximum\":-10}", "-1", true, false},
 		{"{\"type\":\"integer\",\"maximum\":-10}", "-0", false, false},
 		{"{\"type\":\"integer\",\"minimum\":0,\"maximum\":0}", "-0", true, true},
+		/* numbers: a digit only where the decimal may still land in range */
+		{S_UNIT, "0.", true, false},
+		{S_UNIT, "1.", true, false},
+		{S_UNIT, "1.0", true, true},
+		{S_UNIT, "1.1", false, false},
+		{S_UNIT, "10", false, false},
+		{S_UNIT, "-", true, false},
+		{S_UNIT, "-1", false, false},
+		{S_UNIT, "0.5e", false, false},
+		{"{\"type\":\"number\",\"minimum\":100}", "9", true, false},
+		{"{\"type\":\"number\",\"minimum\":100}", "9.", false, false},
+		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "-", true, false},
+		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "-0", true, false},
+		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "-0.001", true, true},
+		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "0", false, false},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		expect_prefix(cases[i].schema, cases[i].prefix, cases[i].fed, cases[i].complete);
