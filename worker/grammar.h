@@ -27,9 +27,10 @@
  *     "#/definitions/NAME" (recursion included); {} or true: any value.
  *   - Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
  *     strict, readOnly, ...). Any other keyword (multipleOf, another format, uniqueItems,
- *     allOf, not, if, patternProperties, prefixItems, ...) is refused by name, rather than generating documents that would not validate; so are the bounds and
- *     patterns where no "type" says what they bound, or beside enum, const, anyOf, oneOf or
- *     $ref, and a pattern with a format.
+ *     allOf, not, if, patternProperties, prefixItems, ...) is refused by name, rather than
+ *     generating documents that would not validate; so are the bounds and patterns where no
+ *     "type" says what they bound, or beside enum, const, anyOf, oneOf or $ref, and a
+ *     pattern with a format.
  * Whitespace between JSON tokens: none, one space or tab, or a newline and then at most
  * GRAM_WS_MAX spaces or tabs (llama.cpp's JSON grammar's rule: a document may be indented,
  * but a model cannot loop on blank lines or spaces); none after the whole document.
