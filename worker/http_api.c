@@ -816,6 +816,7 @@ static void call_end(struct http_api *h, struct http_call *k)
 								   k->per_prompt));
 	}
 	k->req = NULL;
+	k->conn = NULL; /* the connection is its next request's (and may be freed before k) */
 }
 
 /* A choice failed: the request's answer is its error (a stream's last event), and the other
@@ -831,6 +832,7 @@ static void call_fail(struct http_api *h, struct http_call *k, const struct oai_
 		reply_err(h, k->req, k->conn, e);
 	}
 	k->req = NULL;
+	k->conn = NULL; /* (as in call_end: its other choices may outlive the connection) */
 	call_cancel(h, k);
 }
 
@@ -923,6 +925,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 					   "the server is shutting down");
 			}
 			k->req = NULL;
+			k->conn = NULL;
 		}
 		pthread_mutex_lock(&h->mu);
 		if (f->in_inbox) {

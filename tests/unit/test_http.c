@@ -1060,6 +1060,7 @@ Test(http_server, a_failed_choice_fails_the_request)
 		usleep(10000);
 	cr_expect_eq(gone, f[0], "the running choice was not cancelled");
 	cr_expect_eq(http_api_waiting(srv), 0, "the queued choices were not taken back");
+	usleep(600000); /* the answered client's connection is closed and swept meanwhile */
 	const char *res = "{\"status\": \"CANCELLED\", \"error\": {\"code\": \"cancelled\", "
 			  "\"message\": \"cancelled\"}}";
 	http_api_finish(srv, f[0], res, strlen(res));
