@@ -111,14 +111,13 @@ struct http_flight {
 	/* immutable once queued */
 	char id[48];           /* its job's (oai_choice_id) */
 	enum oai_kind kind;
-	bool stream, include_usage;
+	bool stream;
 	bool max_given;        /* the request named max_tokens (OpenAI: its sum with the
 				* prompt must fit the context) */
 	bool tools;            /* a chat with tools: its stream holds back what may be a call */
 	bool thinking;         /* a chat with thinking on: its stream starts with reasoning */
 	bool logprobs;         /* logprobs asked for: its stream's chunks carry them */
 	bool echo;             /* completions' echo: the prompt first */
-	long created;          /* unix seconds */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
 	char *body;            /* the job document until http_flight_job moves it */
@@ -1334,14 +1333,12 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		f->index = i;
 		f->kind = kind;
 		f->stream = r.stream;
-		f->include_usage = r.include_usage;
 		f->max_given = r.max_given;
 		f->tools = r.tools;
 		f->logprobs = r.logprobs;
 		f->echo = r.echo;
 		f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
 		split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content */
-		f->created = k->created;
 		f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
 		f->t_arrived = now;
 		f->body = r.jobs[i];
