@@ -1019,6 +1019,27 @@ void eng_gqa_free(struct engine *e, struct eng_gqa *g)
 	g->k = g->v = g->ks = g->vs = NULL;
 }
 
+void eng_cache_copy(struct engine *e, void *base, size_t row_bytes, int layers, int max_seq,
+		    int dst, int src, int len)
+{
+	if (!base || len <= 0)
+		return;
+	size_t pitch = (size_t)max_seq * row_bytes, per_seq = (size_t)layers * pitch;
+	eng_dcopy_2d(e, (char *)base + (size_t)dst * per_seq, pitch,
+		     (char *)base + (size_t)src * per_seq, pitch, (size_t)len * row_bytes,
+		     (size_t)layers);
+}
+
+void eng_gqa_copy(struct engine *e, const struct eng_gqa *g, int dst, int src, int len)
+{
+	size_t row = (size_t)g->n_kv * g->head_dim * eng_kv_size(e);
+	size_t srow = (size_t)g->n_kv * eng_kv_blocks(g->head_dim) * sizeof(float);
+	eng_cache_copy(e, g->k, row, g->n_layers, g->max_seq, dst, src, len);
+	eng_cache_copy(e, g->v, row, g->n_layers, g->max_seq, dst, src, len);
+	eng_cache_copy(e, g->ks, srow, g->n_layers, g->max_seq, dst, src, len);
+	eng_cache_copy(e, g->vs, srow, g->n_layers, g->max_seq, dst, src, len);
+}
+
 /* The row of head_dim that position pos's kv head 0 of sequence seq's layer l starts */
 static size_t gqa_row(const struct eng_gqa *g, int seq, int l, int pos)
 {
@@ -1269,6 +1290,34 @@ int eng_seq_truncate(struct engine *e, int seq, int len)
 				* written again before a step reads them */
 	if (e->mtp_len[seq] > len)
 		e->mtp_len[seq] = len;
+	return WK_OK;
+}
+
+int eng_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz)
+{
+	for (int k = 0; k < 2; k++) {
+		int q = k ? src : dst;
+		if (q < 0 || q >= e->max_seqs || !e->seq_used[q])
+			return wk_errf(err, errsz, WK_EINVAL, "sequence %d is not allocated", q);
+	}
+	if (dst == src)
+		return wk_errf(err, errsz, WK_EINVAL, "sequence %d copied onto itself", src);
+	if (len < 1 || len > e->seq_len[src])
+		return wk_errf(err, errsz, WK_EINVAL, "%d positions of sequence %d copied (it "
+			       "holds %d)", len, src, e->seq_len[src]);
+	const struct family *f = e->fam;
+	if (!f || !f->seq_copy)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s holds one sequence: no copies",
+			       e->arch);
+	int rc = WK_OK;
+	if (e->shard)
+		rc = shard_seq_copy(e, dst, src, len, err, errsz);
+	else
+		f->seq_copy(e, dst, src, len);
+	if (rc != WK_OK)
+		return rc;
+	e->seq_len[dst] = len; /* as eng_seq_truncate leaves src at len */
+	e->mtp_len[dst] = e->mtp_len[src] < len ? e->mtp_len[src] : len;
 	return WK_OK;
 }
 

@@ -230,6 +230,13 @@ int eng_seq_len(const struct engine *e, int seq);
  * rejected): the next step appends at position len. WK_EINVAL unless 0 <= len <= its length.
  */
 int eng_seq_truncate(struct engine *e, int seq, int len);
+/* Sequence dst (allocated) becomes what src would be truncated to its first len tokens: the
+ * caches of those positions are copied into dst's (every layer's, the MTP layer's too, on every
+ * rank), and src is unchanged. So several sequences may share one prompt's prefill: the next
+ * step appends to dst at position len. The copy is queued on the device like a step's work.
+ * WK_EINVAL (a sequence not allocated, dst == src, len outside 1 .. src's length) or
+ * WK_EUNSUPPORTED (a family that holds one sequence), with a message. */
+int eng_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz);
 
 /* Runs one batched step. Each sequence may appear once. Returns WK_OK, or WK_EINVAL (a bad
  * sequence, an id outside the vocabulary, or a sequence past max_seq) before any work. */

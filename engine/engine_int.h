@@ -29,6 +29,9 @@ struct family {
 	 * validated; positions start at e->seq_len[item.seq]. */
 	int (*step)(struct engine *e, const struct eng_item *items, int n, char *err,
 		    size_t errsz);
+	/* Optional (families with step): copies the caches of sequence src's first len
+	 * positions into sequence dst's (eng_seq_copy, validated; on each rank). */
+	void (*seq_copy)(struct engine *e, int dst, int src, int len);
 	/* Snapshot layout: which tensors a rank holds, in what dtype and shape. Appends specs
 	 * to *plan (see layout.c). */
 	int (*plan)(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *plan,
@@ -234,6 +237,12 @@ struct eng_gqa {
 int eng_gqa_alloc(struct engine *e, struct eng_gqa *g, int n_layers, int max_seq, int n_kv,
 		  int head_dim, char *err, size_t errsz);
 void eng_gqa_free(struct engine *e, struct eng_gqa *g);
+/* Sequence src's first len positions of every layer into sequence dst's. */
+void eng_gqa_copy(struct engine *e, const struct eng_gqa *g, int dst, int src, int len);
+/* The same for any per-sequence cache laid out (max_seqs, layers, max_seq) rows of row_bytes:
+ * one 2-D copy of `layers` rows of len * row_bytes. Nothing when base is NULL. */
+void eng_cache_copy(struct engine *e, void *base, size_t row_bytes, int layers, int max_seq,
+		    int dst, int src, int len);
 /* An f32 cache's keys (v: values) at position pos of sequence seq's layer l, where a step
  * may write its new rows directly; NULL for any other cache type. */
 float *eng_gqa_f32(const struct engine *e, const struct eng_gqa *g, bool v, int seq, int l,
@@ -320,6 +329,8 @@ int shard_forward(struct engine *e, const int *tokens, int n, int pos0, float *l
 		  bool all, char *err, size_t errsz);
 int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
 	       size_t errsz);
+/* eng_seq_copy of a sharded model: the family's seq_copy on every rank. */
+int shard_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz);
 
 /* Test hook: what rank engine `rank` bound from its snapshot file. */
 struct eng_rank_stats {

@@ -803,6 +803,15 @@ static int mtp_pass(struct engine *e, struct glm_model *m, int R, int nseg, char
 	return WK_OK;
 }
 
+void glm_seq_copy(struct engine *e, int dst, int src, int len)
+{
+	struct glm_model *m = e->model;
+	m->attn_ops->copy(e, m, dst, src, len);
+	if (m->pend) /* the MTP layer's waiting hidden state (eng_seq_copy keeps its mtp_len) */
+		eng_dcopy(e, m->pend + (size_t)dst * m->c.dim, m->pend + (size_t)src * m->c.dim,
+			  (size_t)m->c.dim * sizeof(float));
+}
+
 /* The drafts of the items that ask for them (eng_item.drafts), after the main pass of the
  * step that left its hidden states after the final norm in hid (the items' rows, as
  * m->seg lays them out). */

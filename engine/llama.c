@@ -486,11 +486,18 @@ static int llama_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct
 	return WK_OK;
 }
 
+static void llama_seq_copy(struct engine *e, int dst, int src, int len)
+{
+	struct llama *m = e->model;
+	eng_gqa_copy(e, &m->kv, dst, src, len);
+}
+
 const struct family fam_llama = {
 	.plan = llama_plan,
 	.arch = "LlamaForCausalLM",
 	.load = llama_load,
 	.forward = llama_forward,
 	.step = llama_step,
+	.seq_copy = llama_seq_copy,
 	.free = llama_free,
 };

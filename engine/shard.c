@@ -227,6 +227,7 @@ struct shard {
 	float *logits;
 	bool all;
 	const struct eng_item *items;
+	int dst, src; /* job_copy: n positions */
 	struct eng_item *ritems[COMM_MAX_WORLD]; /* per rank: items with its own logits */
 	int rc[COMM_MAX_WORLD];
 	char err[COMM_MAX_WORLD][WK_ERRSZ];
@@ -358,6 +359,25 @@ int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
 	sh->job = job_step;
 	sh->items = items;
 	sh->n = n;
+	return dispatch(sh, err, errsz);
+}
+
+static int job_copy(struct shard *sh, int r, char *err, size_t errsz)
+{
+	(void)err;
+	(void)errsz;
+	struct engine *re = sh->r[r];
+	re->fam->seq_copy(re, sh->dst, sh->src, sh->n);
+	return WK_OK;
+}
+
+int shard_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz)
+{
+	struct shard *sh = e->shard;
+	sh->job = job_copy;
+	sh->dst = dst;
+	sh->src = src;
+	sh->n = len;
 	return dispatch(sh, err, errsz);
 }
 

@@ -1,0 +1,264 @@
+/*
+ * eng_seq_copy: a sequence made from another's first len positions must be, bit for bit, the
+ * source truncated to len. Each check runs the same prompt into two sequences A and D, then
+ * truncates D to `cut` and copies A's first `cut` positions into a third, B. B and D then take
+ * the same tokens in steps of the same shape, and every output (logits, tokens, MTP drafts and
+ * their logits) must be equal, not close: both read caches that one computation wrote. A then
+ * goes on beside them and must give what a sequence that never lent its caches gives.
+ *
+ * The families: Llama (stories260K), GLM-5 (MLA, the indexer's key cache; f32, bf16 and FP8
+ * KV caches, the FP8 ones with their scales), GLM-4.5 (GQA). Also on devsim (device memory the
+ * host cannot touch: the copies are device-to-device), with the MTP layer (its caches and the
+ * hidden state a prompt's last position leaves waiting), and sharded (every rank copies).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wk.h"
+#include "engine/convert.h"
+#include "engine/engine.h"
+#include "engine/engine_int.h" /* e->world */
+#include "glm_test.h"
+#include "tests/unit/devsim.h"
+
+TestSuite(seq_copy, .timeout = 120);
+
+static char err[WK_ERRSZ];
+
+enum { NP = 11, CUT = 6, DEC = 3, KD = 3 };
+static const int prompt[NP] = {1, 17, 42, 5, 60, 11, 29, 8, 33, 50, 21};
+
+static struct engine *open_dir(const char *dir, const struct backend *be, const char *kv,
+			       int mtp)
+{
+	struct engine *e;
+	struct eng_opts o = {.backend = "cpu", .threads = 2, .max_seq = 64, .max_seqs = 4,
+			     .backend_ops = be, .kv_dtype = kv, .mtp = mtp};
+	cr_assert_eq(eng_open(dir, &o, &e, err, sizeof err), WK_OK, "%s: %s", dir, err);
+	return e;
+}
+
+static void step1(struct engine *e, struct eng_item *it, const char *what)
+{
+	cr_assert_eq(eng_step(e, it, 1, err, sizeof err), WK_OK, "%s: %s", what, err);
+}
+
+/* One sequence's outputs: after its prompt's rest, then DEC decodes. */
+struct run {
+	float *lg;          /* [1 + DEC][V] */
+	int tok[1 + DEC];
+	int draft[1 + DEC][KD];
+	float *dlg;         /* [1 + DEC][KD][V] with the MTP layer */
+};
+
+static void run_free(struct run *r)
+{
+	free(r->lg);
+	free(r->dlg);
+}
+
+/* Steps seq from position `from` through the rest of the prompt, then DEC tokens (each the
+ * previous argmax), recording everything; with mtp, each step also drafts KD tokens. */
+static void go_on(struct engine *e, int seq, int from, bool mtp, struct run *r, const char *what)
+{
+	int V = eng_info(e)->vocab;
+	r->lg = malloc(sizeof(float) * (1 + DEC) * V);
+	r->dlg = mtp ? malloc(sizeof(float) * (1 + DEC) * KD * V) : NULL;
+	cr_assert(r->lg && (!mtp || r->dlg));
+	for (int s = 0; s <= DEC; s++) {
+		struct eng_item it = {.seq = seq, .tokens = s ? &r->tok[s - 1] : prompt + from,
+				      .n = s ? 1 : NP - from, .logits = r->lg + (size_t)s * V,
+				      .token = &r->tok[s]};
+		if (mtp) {
+			it.drafts = KD;
+			it.draft = r->draft[s];
+			it.draft_logits = r->dlg + (size_t)s * KD * V;
+		}
+		step1(e, &it, what);
+		cr_assert_eq(eng_seq_len(e, seq), NP + s, "%s", what);
+	}
+}
+
+static void same(const struct run *a, const struct run *b, int V, bool mtp, const char *what,
+		 const char *which)
+{
+	cr_expect_eq(memcmp(a->lg, b->lg, sizeof(float) * (1 + DEC) * V), 0,
+		     "%s: %s: the logits differ", what, which);
+	cr_expect_eq(memcmp(a->tok, b->tok, sizeof a->tok), 0, "%s: %s: the tokens differ", what,
+		     which);
+	if (mtp) {
+		cr_expect_eq(memcmp(a->draft, b->draft, sizeof a->draft), 0,
+			     "%s: %s: the drafts differ", what, which);
+		cr_expect_eq(memcmp(a->dlg, b->dlg, sizeof(float) * (1 + DEC) * KD * V), 0,
+			     "%s: %s: the drafts' logits differ", what, which);
+	}
+}
+
+/* The check described at the top, on engine e. With waiting (the MTP layer loaded), the
+ * prompts go in without a token wanted but with the MTP layer's caches kept up (as the
+ * scheduler's prompt chunks), so that their last position's hidden state waits for its next
+ * token (glm.c's pend); B then copies all of A's NP - 1 positions. */
+static void check(struct engine *e, bool mtp, bool waiting, const char *what)
+{
+	int V = eng_info(e)->vocab, a, b, d, f;
+	cr_assert_eq(eng_seq_alloc(e, &a), WK_OK);
+	cr_assert_eq(eng_seq_alloc(e, &d), WK_OK);
+	cr_assert_eq(eng_seq_alloc(e, &b), WK_OK);
+	int cut = waiting ? NP - 1 : CUT, t0, t1, dr[KD];
+	/* A and D take the prompt alike: whole, a token and (with the MTP layer) drafts wanted;
+	 * or waiting, its first NP - 1 tokens and no token */
+	for (int k = 0; k < 2; k++) {
+		struct eng_item it = {.seq = k ? d : a, .tokens = prompt, .n = waiting ? cut : NP,
+				      .token = waiting ? NULL : k ? &t1 : &t0, .mtp_cache = mtp};
+		if (mtp && !waiting) {
+			it.drafts = KD;
+			it.draft = dr;
+		}
+		step1(e, &it, what);
+	}
+	if (!waiting)
+		cr_assert_eq(eng_seq_truncate(e, d, cut), WK_OK);
+	cr_assert_eq(eng_seq_copy(e, b, a, cut, err, sizeof err), WK_OK, "%s: %s", what, err);
+	cr_assert_eq(eng_seq_len(e, b), cut);
+	cr_assert_eq(eng_seq_len(e, a), waiting ? cut : NP, "%s: the source is unchanged", what);
+	struct run rb, rd, ra, rf;
+	go_on(e, b, cut, mtp, &rb, what);
+	go_on(e, d, cut, mtp, &rd, what);
+	same(&rb, &rd, V, mtp, what, "the copy against the truncated sequence");
+	/* A itself goes on from where it was, as a sequence that lent nothing: F */
+	eng_seq_free(e, d);
+	cr_assert_eq(eng_seq_alloc(e, &f), WK_OK);
+	if (waiting) {
+		struct eng_item it = {.seq = f, .tokens = prompt, .n = cut, .mtp_cache = mtp};
+		step1(e, &it, what);
+		go_on(e, a, cut, mtp, &ra, what);
+		go_on(e, f, cut, mtp, &rf, what);
+	} else {
+		struct eng_item it = {.seq = f, .tokens = prompt, .n = NP, .token = &t1};
+		if (mtp) {
+			it.drafts = KD;
+			it.draft = dr;
+		}
+		step1(e, &it, what);
+		cr_assert_eq(eng_seq_truncate(e, f, cut), WK_OK);
+		cr_assert_eq(eng_seq_truncate(e, a, cut), WK_OK);
+		go_on(e, a, cut, mtp, &ra, what);
+		go_on(e, f, cut, mtp, &rf, what);
+	}
+	same(&ra, &rf, V, mtp, what, "the source against one that lent nothing");
+	/* and the copy's outputs are the model's: close to a fresh prefill's (the order of its
+	 * sums differs), so a copy of the wrong rows would not pass for one */
+	cr_assert_eq(eng_seq_truncate(e, f, 0), WK_OK);
+	struct eng_item it = {.seq = f, .tokens = prompt, .n = NP, .logits = rf.lg, .token = &t1};
+	step1(e, &it, what);
+	double r = rel(rb.lg, rf.lg, V);
+	cr_expect_leq(r, 2e-2, "%s: the copy's first logits are %g from a fresh prefill's", what, r);
+	fprintf(stderr, "seq_copy: %s: copy vs fresh prefill %.2g\n", what, r);
+	run_free(&rb);
+	run_free(&rd);
+	run_free(&ra);
+	run_free(&rf);
+	/* refusals */
+	cr_expect_eq(eng_seq_copy(e, b, b, 1, err, sizeof err), WK_EINVAL);
+	cr_expect_eq(eng_seq_copy(e, b, a, 0, err, sizeof err), WK_EINVAL);
+	cr_expect_eq(eng_seq_copy(e, b, a, eng_seq_len(e, a) + 1, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "copied"), "%s", err);
+	eng_seq_free(e, b);
+	cr_expect_eq(eng_seq_copy(e, b, a, 1, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "not allocated"), "%s", err);
+	cr_expect_eq(eng_seq_copy(e, a, 9, 1, err, sizeof err), WK_EINVAL);
+	eng_seq_free(e, a);
+	eng_seq_free(e, f);
+}
+
+static char *gen(const char *fam, const char *args)
+{
+	const char *tools = getenv("WICK_TOOLS") ? getenv("WICK_TOOLS") : "build/tools";
+	char *dir = mkdir_tmp(), cmd[2048];
+	snprintf(cmd, sizeof cmd, "'%s/gen_glm' --family %s -o '%s' %s >/dev/null", tools, fam,
+		 dir, args);
+	cr_assert_eq(system(cmd), 0, "%s failed (is $WICK_TOOLS/gen_glm built?)", cmd);
+	return dir;
+}
+
+static void each_kv(const char *dir, const struct backend *be, const char *label)
+{
+	const char *kvs[] = {"f32", "bf16", "fp8"};
+	for (int k = 0; k < 3; k++) {
+		char what[128];
+		snprintf(what, sizeof what, "%s, %s cache%s", label, kvs[k], be ? ", devsim" : "");
+		struct engine *e = open_dir(dir, be, kvs[k], ENG_MTP_OFF);
+		check(e, false, false, what);
+		eng_close(e);
+	}
+}
+
+Test(seq_copy, llama_is_the_source_truncated)
+{
+	const char *sh = getenv("WICK_SHARED") ? getenv("WICK_SHARED") : "../shared";
+	char bin[512], tok[512];
+	snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", sh);
+	snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", sh);
+	char *dir = mkdir_tmp();
+	cr_assert_eq(conv_llama2c(bin, tok, dir, err, sizeof err), WK_OK, "convert: %s", err);
+	each_kv(dir, NULL, "stories260K");
+	each_kv(dir, &be_devsim, "stories260K");
+	rm_rf(dir);
+	free(dir);
+}
+
+Test(seq_copy, glm_families_are_the_source_truncated)
+{
+	char *g5 = gen("glm5", "--index-topk 4"), *g4 = gen("glm4", "");
+	each_kv(g5, NULL, "GLM-5");
+	each_kv(g5, &be_devsim, "GLM-5");
+	each_kv(g4, NULL, "GLM-4.5");
+	each_kv(g4, &be_devsim, "GLM-4.5");
+	rm_rf(g5);
+	rm_rf(g4);
+	free(g5);
+	free(g4);
+}
+
+/* The MTP layer's caches are copied with the main model's, and the hidden state a prompt's
+ * last position leaves waiting for its next token: the copy's drafts are the truncated
+ * sequence's, and with nothing truncated the waiting row's. */
+Test(seq_copy, mtp_drafts_follow_the_copy)
+{
+	const char *fams[] = {"glm5", "glm4"};
+	for (int k = 0; k < 2; k++) {
+		char *dir = gen(fams[k], k ? "--mtp" : "--mtp --index-topk 4"), what[64];
+		for (int dev = 0; dev < 2; dev++) {
+			struct engine *e = open_dir(dir, dev ? &be_devsim : NULL, "f32", ENG_MTP_ON);
+			cr_assert_eq(eng_info(e)->mtp, 1);
+			snprintf(what, sizeof what, "%s mtp%s", fams[k], dev ? ", devsim" : "");
+			check(e, true, false, what);
+			snprintf(what, sizeof what, "%s mtp, waiting%s", fams[k], dev ? ", devsim" : "");
+			check(e, true, true, what);
+			eng_close(e);
+		}
+		rm_rf(dir);
+		free(dir);
+	}
+}
+
+/* Sharded: the copy runs on every rank (tp 2 splits the heads and so each rank's caches; ep 2
+ * the experts), and the sharded copy is the sharded source truncated. */
+Test(seq_copy, every_rank_copies)
+{
+	char *hf = gen("glm5", "--index-topk 4"), *sn = mkdir_tmp();
+	char out[600];
+	snprintf(out, sizeof out, "%s/s", sn);
+	struct eng_snap_opts so = {.tp = 2, .ep = 2, .dtype = "keep"};
+	cr_assert_eq(eng_snapshot(hf, out, &so, err, sizeof err), WK_OK, "%s", err);
+	struct engine *e = open_dir(out, NULL, "bf16", ENG_MTP_OFF);
+	cr_assert_eq(e->world, 2);
+	check(e, false, false, "GLM-5 tp 2 ep 2");
+	eng_close(e);
+	rm_rf(hf);
+	rm_rf(sn);
+	free(hf);
+	free(sn);
+}
