@@ -727,18 +727,27 @@ static void cache_remove(struct sched *s, int i)
 	s->pc[i] = s->pc[--s->n_pc];
 }
 
-/* Frees the sequences of the n least recently used entries. */
-static void cache_drop(struct sched *s, int n)
+/* Frees the sequences of the n least recently used entries but the one in sequence keep (-1:
+ * none kept); false when none is left to free. */
+static bool cache_drop_but(struct sched *s, int n, int keep)
 {
-	while (n-- > 0 && s->n_pc > 0) {
-		int lru = 0;
-		for (int i = 1; i < s->n_pc; i++)
-			if (s->pc[i].used < s->pc[lru].used)
+	while (n-- > 0) {
+		int lru = -1;
+		for (int i = 0; i < s->n_pc; i++)
+			if (s->pc[i].seq != keep && (lru < 0 || s->pc[i].used < s->pc[lru].used))
 				lru = i;
+		if (lru < 0)
+			return false;
 		eng_seq_free(s->e, s->pc[lru].seq);
 		cache_remove(s, lru);
 		s->pc_stats.evicted++;
 	}
+	return true;
+}
+
+static void cache_drop(struct sched *s, int n)
+{
+	cache_drop_but(s, n, -1);
 }
 
 int sched_set_prefix_cache(struct sched *s, bool on)
@@ -760,15 +769,19 @@ void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out)
 		out->tokens += s->pc[i].n;
 }
 
-/* A free sequence, freeing the least recently used entry's where none is left. */
+/* A free sequence, freeing the least recently used entry's where none is left (never the
+ * entry in sequence keep, -1 for none). */
+static int seq_alloc_but(struct sched *s, int *seq, int keep)
+{
+	while (eng_seq_alloc(s->e, seq) != WK_OK)
+		if (!cache_drop_but(s, 1, keep))
+			return WK_ELIMIT;
+	return WK_OK;
+}
+
 static int seq_alloc(struct sched *s, int *seq)
 {
-	while (eng_seq_alloc(s->e, seq) != WK_OK) {
-		if (!s->n_pc)
-			return WK_ELIMIT;
-		cache_drop(s, 1);
-	}
-	return WK_OK;
+	return seq_alloc_but(s, seq, -1);
 }
 
 /* Keeps r's sequence as an entry, with the tokens its cache holds (the prompt, then the
@@ -792,50 +805,120 @@ static bool cache_keep(struct sched *s, struct sched_req *r)
 	return true;
 }
 
-/* The entry whose tokens begin r's prompt the longest way (its cache_key's, the most recent
- * of equals), truncated to that common prefix and taken for r: *seq is its sequence and the
- * prefix's length is returned. At least the prompt's last token is left to run (its logits
- * make the first pick). A prefix under SCHED_CACHE_MIN tokens is not worth an entry, nor one
- * under half its entry's tokens and half the prompt's while a sequence is free (most of the
- * entry would be lost for little). 0 (and *seq -1, or a fresh sequence) when none is taken;
- * none for a request with prompt logprobs, whose every prompt row must run. */
-static int cache_take(struct sched *s, struct sched_req *r, int *seq)
+/* Where r's prompt may begin (the prefix cache): the entry, or the running request, of r's
+ * cache_key whose cache holds the longest run of tokens that begins r's prompt, at most its
+ * n_prompt - 1 (the last token runs: its logits make the first pick). */
+struct prefix {
+	int len;   /* those tokens */
+	int entry; /* the entry that holds them, or -1 */
+	int from;  /* else the slot of the running request that does, or -1 */
+	int wait;  /* the most a running request still in its prefill will hold once it is in */
+};
+
+static void prefix_find(const struct sched *s, const struct sched_req *r, struct prefix *p)
 {
-	*seq = -1;
-	if (!s->pc_on || r->prompt_logprobs)
-		return 0;
-	int best = -1, bl = 0;
+	*p = (struct prefix){.entry = -1, .from = -1};
+	int most = r->n_prompt - 1;
 	for (int i = 0; i < s->n_pc; i++) {
 		const struct pcache *c = &s->pc[i];
 		if (c->key != r->cache_key)
 			continue;
-		int l = 0, most = c->n < r->n_prompt - 1 ? c->n : r->n_prompt - 1;
-		while (l < most && c->tok[l] == r->prompt[l])
+		int l = 0, m = c->n < most ? c->n : most;
+		while (l < m && c->tok[l] == r->prompt[l])
 			l++;
-		if (l > bl || (l == bl && best >= 0 && l > 0 && c->used > s->pc[best].used)) {
-			best = i;
-			bl = l;
+		if (l > p->len || (l == p->len && p->entry >= 0 && c->used > s->pc[p->entry].used)) {
+			p->len = l;
+			p->entry = i;
 		}
 	}
-	if (best < 0 || bl < SCHED_CACHE_MIN) {
-		s->pc_stats.misses++;
-		return 0;
+	for (int i = 0; i < s->slots; i++) {
+		const struct sched_req *q = s->run[i];
+		/* (with the MTP layer, one the host picks for lacks the layer's rows, as in
+		 * cache_keep) */
+		if (!q || q->cache_key != r->cache_key || q->seq < 0 || (s->mtp && q->proc))
+			continue;
+		int held = eng_seq_len(s->e, q->seq), l = 0, m = held < most ? held : most;
+		while (l < m && ctx_tok(q, l) == r->prompt[l])
+			l++;
+		if (l > p->len) { /* (an entry of the same length is taken, not copied) */
+			p->len = l;
+			p->entry = -1;
+			p->from = i;
+		}
+		if (q->pre < q->n_prompt) {
+			int w = 0, mw = q->n_prompt < most ? q->n_prompt : most;
+			while (w < mw && q->prompt[w] == r->prompt[w])
+				w++;
+			p->wait = w > p->wait ? w : p->wait;
+		}
 	}
-	if (2 * bl < s->pc[best].n && 2 * bl < r->n_prompt &&
-	    eng_seq_alloc(s->e, seq) == WK_OK) {
-		s->pc_stats.misses++; /* a fresh sequence rather than most of an entry lost */
-		return 0;
+}
+
+enum { PREFIX_ADMIT, PREFIX_WAIT, PREFIX_FULL };
+
+/* A sequence for r (*seq) and the positions of its prompt already in it (*reused), with the
+ * prefix cache on and no prompt logprobs (every prompt row of those must run) from the
+ * longest prefix prefix_find sees, SCHED_CACHE_MIN tokens at least:
+ *   - an entry that holds nothing past the prefix is taken (no copy: while r runs, others
+ *     may copy from it);
+ *   - an entry that holds more is copied into a free sequence (eng_seq_copy), so it stays
+ *     for others (another entry is evicted for it where none is free; with no other entry,
+ *     it is taken and truncated);
+ *   - a running request's cache is copied (several choices of one prompt, and requests that
+ *     share a system prompt, run it once).
+ * PREFIX_WAIT, with no sequence, when a running request still in its prefill will hold a
+ * longer prefix, at least half r's prompt: r waits for it and copies then (its prefill
+ * would cost more than the wait). PREFIX_FULL when no sequence is free, none held by an entry
+ * either. */
+static int prefix_seq(struct sched *s, struct sched_req *r, int *seq, int *reused)
+{
+	*seq = -1;
+	*reused = 0;
+	struct prefix p = {.entry = -1, .from = -1};
+	bool on = s->pc_on && !r->prompt_logprobs;
+	if (on)
+		prefix_find(s, r, &p);
+	if (p.wait > p.len && p.wait >= SCHED_CACHE_MIN && 2 * p.wait >= r->n_prompt) {
+		s->pc_stats.waits++;
+		return PREFIX_WAIT;
 	}
-	*seq = s->pc[best].seq;
-	cache_remove(s, best);
-	if (eng_seq_truncate(s->e, *seq, bl) != WK_OK) {
-		eng_seq_free(s->e, *seq);
-		*seq = -1;
-		return 0;
+	if (p.len < SCHED_CACHE_MIN) {
+		s->pc_stats.misses += on;
+		return seq_alloc(s, seq) == WK_OK ? PREFIX_ADMIT : PREFIX_FULL;
+	}
+	int from;
+	if (p.entry >= 0) {
+		from = s->pc[p.entry].seq;
+		if (p.len == s->pc[p.entry].n || seq_alloc_but(s, seq, from) != WK_OK) {
+			*seq = from;
+			cache_remove(s, p.entry);
+			if (eng_seq_truncate(s->e, *seq, p.len) != WK_OK) {
+				eng_seq_free(s->e, *seq);
+				return seq_alloc(s, seq) == WK_OK ? PREFIX_ADMIT : PREFIX_FULL;
+			}
+			s->pc_stats.hits++;
+			s->pc_stats.hit_tokens += p.len;
+			*reused = p.len;
+			return PREFIX_ADMIT;
+		}
+		for (int i = 0; i < s->n_pc; i++) /* (evictions moved the entries) */
+			if (s->pc[i].seq == from)
+				s->pc[i].used = s->steps;
+	} else {
+		from = s->run[p.from]->seq;
+		if (seq_alloc(s, seq) != WK_OK) /* (evicts only entries, never a running one) */
+			return PREFIX_FULL;
+	}
+	char err[WK_ERRSZ];
+	if (eng_seq_copy(s->e, *seq, from, p.len, err, sizeof err) != WK_OK) {
+		s->pc_stats.misses++; /* (a fresh sequence: its length is still 0) */
+		return PREFIX_ADMIT;
 	}
 	s->pc_stats.hits++;
-	s->pc_stats.hit_tokens += bl;
-	return bl;
+	s->pc_stats.copies++;
+	s->pc_stats.hit_tokens += p.len;
+	*reused = p.len;
+	return PREFIX_ADMIT;
 }
 
 static void finish(struct sched *s, int slot, enum sched_status st, enum sched_finish fin,
@@ -1293,30 +1376,42 @@ static int step_run(struct sched *s, void (*done)(void *ctx, struct sched_req *r
 		else if (r && r->deadline > 0 && now > r->deadline)
 			finish(s, i, SCHED_TIMED_OUT, SCHED_FIN_NONE, done, ctx);
 	}
-	/* Admit waiting requests into free sequences. */
-	for (int i = 0; i < s->slots && s->wait_head; i++) {
-		if (s->run[i])
-			continue;
-		struct sched_req *r = s->wait_head;
-		int seq = -1, reused = cache_take(s, r, &seq);
-		if (seq < 0 && seq_alloc(s, &seq) != WK_OK)
+	/* Admit waiting requests into free slots, in order. One that waits for a running
+	 * request's prefill (prefix_seq) keeps its place and holds a slot for when it is in. */
+	int free_slots = 0, held = 0, slot = 0;
+	for (int i = 0; i < s->slots; i++)
+		free_slots += !s->run[i];
+	struct sched_req **link = &s->wait_head, *prev = NULL;
+	while (*link && free_slots > held) {
+		struct sched_req *r = *link;
+		int seq, reused, how = prefix_seq(s, r, &seq, &reused);
+		if (how == PREFIX_FULL)
 			break;
+		if (how == PREFIX_WAIT) {
+			held++;
+			prev = r;
+			link = &r->next;
+			continue;
+		}
 		r->sampler = samp_create(s->vocab, &r->samp);
 		if (!r->sampler) {
 			eng_seq_free(s->e, seq);
 			break;
 		}
-		s->wait_head = r->next;
-		if (!s->wait_head)
-			s->wait_tail = NULL;
+		*link = r->next;
+		if (s->wait_tail == r)
+			s->wait_tail = prev;
 		r->next = NULL;
 		r->seq = seq;
 		r->pre = r->cached = reused; /* (those positions are in its cache already) */
 		r->t_admit = now;
-		s->run[i] = r;
+		while (s->run[slot])
+			slot++;
+		s->run[slot] = r;
+		free_slots--;
 		if (admit_rows(s, r) != WK_OK) {
-			finish(s, i, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
-			continue;
+			finish(s, slot, SCHED_FAILED, SCHED_FIN_NONE, done, ctx);
+			free_slots++;
 		}
 	}
 	int n = 0, running = 0;

@@ -244,18 +244,26 @@ int sched_set_prompt_rows(struct sched *s, int rows);
 /* The prefix cache (off by default). A finished request's sequence is kept, with the tokens
  * in its cache (its prompt and output), instead of being freed; a request admitted later whose
  * prompt begins with some of those tokens (SCHED_CACHE_MIN at least, and the same cache_key)
- * takes that sequence, truncated to the common prefix, and prefills only the rest of its
- * prompt: a conversation's next turn runs only the new messages, a prompt sent again only its
- * last token. An entry is evicted, least recently cached first, when a request needs its
- * sequence and none is free, so it never holds a request back. A request with
- * prompt_logprobs takes none (every row of its prompt must run). The reused positions' cache
- * is what the earlier request computed: the same numbers a fresh prefill gives, up to the
- * rounding of a prompt run in two parts against one (as prompt chunks). WK_ENOMEM. */
+ * begins with that prefix and prefills only the rest of its prompt: a conversation's next
+ * turn runs only the new messages, a prompt sent again only its last token. It takes the
+ * entry's sequence where the entry holds nothing more, and else copies the prefix into a
+ * free sequence (eng_seq_copy), leaving the entry for others. A running request's cache is
+ * a prefix too, copied: the choices of one prompt (n) and requests with one system prompt
+ * run it once. A request whose prompt shares at least half its tokens with a running
+ * request's that is still being prefilled waits for that prefill (keeping its place and a
+ * slot), then copies. An entry is evicted, least recently cached first, when a request needs
+ * its sequence and none is free, so it never holds a request back. A request with
+ * prompt_logprobs reuses nothing (every row of its prompt must run). The reused positions'
+ * cache is what the earlier request computed: the same numbers a fresh prefill gives, up to
+ * the rounding of a prompt run in two parts against one (as prompt chunks). WK_ENOMEM. */
 #define SCHED_CACHE_MIN 2
 int sched_set_prefix_cache(struct sched *s, bool on);
 struct sched_cache_stats {
-	long hits, misses;      /* admissions that took an entry, and those that found none
-				 * worth taking (with the cache on, no prompt logprobs) */
+	long hits, misses;      /* admissions that began with a cached prefix, and those that
+				 * found none worth it (with the cache on, no prompt logprobs) */
+	long copies;            /* of the hits, those copied (eng_seq_copy) from an entry or a
+				 * running request rather than taking an entry */
+	long waits;             /* steps a request waited for a running one's prefill */
 	long hit_tokens;        /* prompt tokens not run, summed over the hits */
 	long evicted;           /* entries freed for a request that needed a sequence */
 	int entries;            /* entries now, and the tokens they hold */

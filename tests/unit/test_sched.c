@@ -1162,6 +1162,152 @@ static void same_out(const struct sched_req *a, const struct sched_req *b, const
 		cr_expect_eq(a->out[k], b->out[k], "%s: token %d", what, k);
 }
 
+/* Runs r alone in a scheduler of its own without the cache: what a fresh prefill gives. */
+static struct sched_req *alone(struct sched_req *r)
+{
+	struct sched *s = sched_create(eng, NULL);
+	r = run_in(s, r);
+	sched_free(s);
+	return r;
+}
+
+static struct sched_req *seeded(const char *id, const char *p, int max_tokens, int seed)
+{
+	struct sched_req *r = req(id, p, max_tokens);
+	if (seed)
+		r->samp = (struct samp_cfg){.temperature = 1.0f, .top_p = 0.95f, .seed = seed};
+	return r;
+}
+
+/* The steps an id's lines show, in the log: each step's "tokens" for it (0: not in it). */
+static int id_tokens(const char *log, const char *id, int *tok, int max)
+{
+	char key[64];
+	snprintf(key, sizeof key, "{\"id\": \"%s\", ", id);
+	int n = 0;
+	for (const char *line = log; line && *line && n < max; n++) {
+		const char *end = strchr(line, '\n'), *at = strstr(line, key);
+		tok[n] = 0;
+		if (at && (!end || at < end))
+			sscanf(strstr(at, "\"tokens\": ") + 10, "%d", &tok[n]);
+		line = end ? end + 1 : NULL;
+	}
+	return n;
+}
+
+/* A running request's cache is a prefix too. Four choices of one prompt submitted at once
+ * (greedy and sampled, as an OpenAI request's n): the first prefills; the other three wait
+ * that one step, then copy its prompt and run only the last token, and each gives what it
+ * gives alone. A request whose prompt begins with a running one's (a shared system prompt)
+ * copies it while that one decodes, and neither's tokens move. An entry that holds more than
+ * the prefix is copied and stays; one that holds no more is taken, as before. */
+Test(sched, prefix_cache_shares_a_running_prefill)
+{
+	char *logbuf;
+	size_t loglen;
+	FILE *log = open_memstream(&logbuf, &loglen);
+	struct sched *s = sched_create(eng, log);
+	cr_assert_eq(sched_set_prefix_cache(s, true), WK_OK);
+	char err[WK_ERRSZ];
+	const char *p = "Once upon a time, there was a little girl named Lily. She liked to";
+	const int seeds[4] = {0, 7, 8, 9};
+	for (int i = 0; i < 4; i++) {
+		char id[8];
+		snprintf(id, sizeof id, "n%d", i);
+		cr_assert_eq(sched_submit(s, seeded(id, p, 12, seeds[i]), err, sizeof err), WK_OK);
+	}
+	/* u, behind them, is admitted past the three that wait; v comes after that step */
+	cr_assert_eq(sched_submit(s, seeded("u", "The dog ran", 3, 0), err, sizeof err), WK_OK);
+	struct finished f = {0};
+	cr_assert_geq(sched_step(s, on_done, &f), 0);
+	cr_assert_eq(sched_submit(s, seeded("v", "A big red", 3, 0), err, sizeof err), WK_OK);
+	run_all(s, &f);
+	cr_assert_eq(f.n, 6);
+	for (int i = 0; i < 6; i++)
+		if (f.r[i]->id[0] != 'n') { /* (u and v: not needed below) */
+			sched_req_free(f.r[i]);
+			f.r[i--] = f.r[--f.n];
+		}
+	struct sched_cache_stats st;
+	sched_cache_stats(s, &st);
+	cr_expect_eq(st.copies, 3, "%ld copies", st.copies);
+	cr_expect_eq(st.waits, 3, "%ld waits", st.waits);
+	for (int i = 0; i < 4; i++) {
+		struct sched_req *r = f.r[i];
+		int k = r->id[1] - '0';
+		cr_expect_eq(r->cached, k ? r->n_prompt - 1 : 0, "%s: %d cached", r->id, r->cached);
+		struct sched_req *a = alone(seeded("a", p, 12, seeds[k]));
+		same_out(r, a, r->id);
+		sched_req_free(a);
+	}
+	/* a shared system prompt: x decodes while y, whose prompt begins with x's, copies it */
+	const char *sys = "Tom had a big red ball. He liked to play with it in the park. One day,";
+	char longer[256];
+	snprintf(longer, sizeof longer, "%s a dog came", sys);
+	struct sched_req *x = seeded("x", sys, 20, 0), *y = seeded("y", longer, 10, 0);
+	cr_assert_eq(sched_submit(s, x, err, sizeof err), WK_OK);
+	for (int i = 0; i < 3; i++)
+		cr_assert_geq(sched_step(s, on_done, &f), 0);
+	cr_assert_eq(sched_submit(s, y, err, sizeof err), WK_OK);
+	run_all(s, &f);
+	cr_assert_eq(f.n, 6);
+	cr_expect_eq(y->cached, x->n_prompt, "a shared system prompt: %d of %d", y->cached,
+		     x->n_prompt);
+	/* an entry: y's holds its prompt and output. A prompt that goes another way after y's
+	 * prompt copies it, and y's entry stays: another is evicted (every sequence is held by
+	 * the 8 entries). Prompts that go on from y's output, and from z's, take theirs. */
+	sched_cache_stats(s, &st);
+	long copies = st.copies, evicted = st.evicted;
+	cr_expect_eq(st.entries, 8);
+	char other[300];
+	snprintf(other, sizeof other, "%s and a cat sat", longer);
+	struct sched_req *z = run_in(s, seeded("z", other, 4, 0));
+	sched_cache_stats(s, &st);
+	cr_expect_eq(z->cached, y->n_prompt, "%d cached", z->cached);
+	cr_expect_eq(st.copies, copies + 1);
+	cr_expect_eq(st.evicted, evicted + 1);
+	struct sched_req *w[2];
+	for (int k = 0; k < 2; k++) {
+		const struct sched_req *from = k ? z : y;
+		int ids[256], n = 0;
+		memcpy(ids, from->prompt, (size_t)from->n_prompt * sizeof *ids);
+		n = from->n_prompt;
+		memcpy(ids + n, from->out, (size_t)from->n_out * sizeof *ids);
+		n += from->n_out;
+		ids[n++] = z->prompt[1];
+		w[k] = run_in(s, ids_req(k ? "w1" : "w0", ids, n, 4));
+		sched_cache_stats(s, &st);
+		cr_expect_eq(w[k]->cached, n - 2, "%s: %d cached", w[k]->id, w[k]->cached);
+		cr_expect_eq(st.copies, copies + 1, "an entry that holds no more is taken");
+	}
+	/* (alone() runs on the same engine: the entries give their sequences back first) */
+	cr_assert_eq(sched_set_prefix_cache(s, false), WK_OK);
+	struct sched_req *x0 = alone(seeded("x0", sys, 20, 0)),
+			 *y0 = alone(seeded("y0", longer, 10, 0));
+	same_out(x, x0, "the running request that lent its prefix");
+	same_out(y, y0, "the one that copied it");
+	fclose(log);
+	/* n1..n3 were in no step before n0's prefill, then ran 1 token each */
+	int t0[64], t1[64];
+	int steps = id_tokens(logbuf, "n0", t0, 64);
+	cr_expect_gt(t0[0], 1, "n0 prefills first");
+	for (int k = 1; k < 4; k++) {
+		char id[8];
+		snprintf(id, sizeof id, "n%d", k);
+		id_tokens(logbuf, id, t1, 64);
+		cr_expect_eq(t1[0], 0, "%s ran beside n0's prefill", id);
+		cr_expect_eq(t1[1], 1, "%s's prefill ran %d tokens", id, t1[1]);
+	}
+	cr_expect_gt(steps, 10);
+	for (int i = 0; i < f.n; i++)
+		sched_req_free(f.r[i]);
+	struct sched_req *all[] = {x0, y0, z, w[0], w[1]};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		sched_req_free(all[i]);
+	sched_free(s);
+	free(logbuf);
+}
+
 /* A request that begins with what an earlier one left in the cache runs only the rest: the same
  * prompt again its last token, a conversation's next turn its new tokens; its tokens are those
  * a fresh prefill gives. Another key, and prompt logprobs, take nothing; a full batch evicts. */
