@@ -1025,9 +1025,13 @@ void eng_cache_copy(struct engine *e, void *base, size_t row_bytes, int layers, 
 	if (!base || len <= 0)
 		return;
 	size_t pitch = (size_t)max_seq * row_bytes, per_seq = (size_t)layers * pitch;
-	eng_dcopy_2d(e, (char *)base + (size_t)dst * per_seq, pitch,
-		     (char *)base + (size_t)src * per_seq, pitch, (size_t)len * row_bytes,
-		     (size_t)layers);
+	char *d = (char *)base + (size_t)dst * per_seq, *s = (char *)base + (size_t)src * per_seq;
+	if (pitch >= (size_t)1 << 31) { /* past a 2-D copy's pitch on CUDA (cudaDevAttrMaxPitch) */
+		for (int l = 0; l < layers; l++)
+			eng_dcopy(e, d + l * pitch, s + l * pitch, (size_t)len * row_bytes);
+		return;
+	}
+	eng_dcopy_2d(e, d, pitch, s, pitch, (size_t)len * row_bytes, (size_t)layers);
 }
 
 void eng_gqa_copy(struct engine *e, const struct eng_gqa *g, int dst, int src, int len)

@@ -240,7 +240,8 @@ void eng_gqa_free(struct engine *e, struct eng_gqa *g);
 /* Sequence src's first len positions of every layer into sequence dst's. */
 void eng_gqa_copy(struct engine *e, const struct eng_gqa *g, int dst, int src, int len);
 /* The same for any per-sequence cache laid out (max_seqs, layers, max_seq) rows of row_bytes:
- * one 2-D copy of `layers` rows of len * row_bytes. Nothing when base is NULL. */
+ * one 2-D copy of `layers` rows of len * row_bytes (a copy a layer where a layer's rows span
+ * 2 GiB or more). Nothing when base is NULL. */
 void eng_cache_copy(struct engine *e, void *base, size_t row_bytes, int layers, int max_seq,
 		    int dst, int src, int len);
 /* An f32 cache's keys (v: values) at position pos of sequence seq's layer l, where a step

@@ -7,6 +7,12 @@
  * tokens it ran are printed side by side, with their ratios. Greedy, so the two give the same
  * replies up to the rounding of a prompt run in two parts against one (the count of replies
  * that differ is printed).
+ *
+ * Then N choices of one prompt (an OpenAI request's n), submitted at once and sampled with
+ * seeds of their own: with the cache, the first prefills the prompt and the others copy it
+ * from its sequence (eng_seq_copy); without, each prefills it. The prompt tokens run, the time
+ * until every choice has its first token, and the time until all are done are printed beside
+ * each other, with the choices whose tokens differ.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -22,15 +28,20 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: wick bench prefix MODEL [--turns T] [--system S] [--user U] [--reply R]\n"
-		   "                         [--runs N] [--backend B] [--kv-dtype D]\n\n"
+		   "                         [--choices C] [--prompt P] [--runs N] [--backend B]\n"
+		   "                         [--kv-dtype D]\n\n"
 		   "A conversation of T turns (default 8): a system prompt of S tokens (default 64),\n"
 		   "then each turn a user message of U tokens (default 32) and a greedy reply of R\n"
 		   "(default 16; a stop token ends it sooner), each turn a request with the whole\n"
 		   "conversation as its prompt.\n"
 		   "It runs with the prefix cache and without, best of N runs (default 3), and\n"
 		   "prints each turn's time to first token and prompt tokens run, the totals and\n"
-		   "their ratios, then one JSON line. The token ids are a fixed sequence (no\n"
-		   "tokenizer needed).\n");
+		   "their ratios.\n"
+		   "Then C choices (default 8) of one prompt of P tokens (default 256), submitted\n"
+		   "at once and sampled (temperature 0.8, a seed each), R tokens each, with the\n"
+		   "cache (one prefill, copied) and without (C prefills): the prompt tokens run,\n"
+		   "the time until every choice has its first token and until all are done.\n"
+		   "Last, one JSON line. The token ids are a fixed sequence (no tokenizer needed).\n");
 }
 
 static void done(void *ctx, struct sched_req *r)
@@ -109,15 +120,99 @@ static int run_conv(struct engine *e, bool cache, int turns, int sys, int user, 
 	return rc;
 }
 
+struct choices {
+	double first_s, all_s; /* until every choice's first token, until all are done (best) */
+	int ran;               /* prompt tokens run */
+	int *out;              /* [n][reply] the last run's tokens */
+	int *n_out;            /* [n] */
+};
+
+static void done_n(void *ctx, struct sched_req *r)
+{
+	struct sched_req **fin = ctx;
+	int i = atoi(r->id + 7); /* "choice-i" */
+	fin[i] = r;
+}
+
+/* n choices of one prompt of np tokens at once, through a scheduler with the cache on or off;
+ * the times into c (the best so far kept). WK_OK, or an error printed. */
+static int run_choices(struct engine *e, bool cache, int n, int np, int reply,
+		       struct choices *c, bool first)
+{
+	int vocab = eng_info(e)->vocab, rc = WK_OK;
+	struct sched *s = sched_create(e, NULL);
+	struct sched_req **fin = calloc((size_t)n, sizeof *fin);
+	char err[WK_ERRSZ];
+	if (!s || !fin || sched_set_prefix_cache(s, cache) != WK_OK) {
+		fprintf(stderr, "wick bench prefix: out of memory\n");
+		sched_free(s);
+		free(fin);
+		return WK_ENOMEM;
+	}
+	double t0 = wk_now();
+	for (int i = 0; i < n && rc == WK_OK; i++) {
+		struct sched_req *r = calloc(1, sizeof *r);
+		if (!r || !(r->prompt = malloc((size_t)np * sizeof *r->prompt))) {
+			free(r);
+			rc = WK_ENOMEM;
+			break;
+		}
+		unsigned x = 777; /* the same fixed ids for every choice */
+		for (int k = 0; k < np; k++) {
+			x = x * 1103515245u + 12345u;
+			r->prompt[k] = 3 + (int)((x >> 8) % (unsigned)(vocab - 3));
+		}
+		snprintf(r->id, sizeof r->id, "choice-%d", i);
+		r->n_prompt = np;
+		r->max_tokens = reply;
+		r->samp = (struct samp_cfg){.temperature = 0.8f, .top_p = 1, .seed = 1000 + i};
+		if ((rc = sched_submit(s, r, err, sizeof err)) != WK_OK) {
+			fprintf(stderr, "wick bench prefix: choice %d: %s\n", i, err);
+			sched_req_free(r);
+		}
+	}
+	while (rc == WK_OK && sched_pending(s) > 0)
+		if (sched_step(s, done_n, fin) < 0)
+			break;
+	double t1 = wk_now(), last = 0;
+	int ran = 0;
+	for (int i = 0; i < n && rc == WK_OK; i++) {
+		struct sched_req *r = fin[i];
+		if (!r || r->status != SCHED_DONE) {
+			fprintf(stderr, "wick bench prefix: choice %d failed: %s\n", i,
+				r ? r->error : "no result");
+			rc = WK_EIO;
+			break;
+		}
+		last = r->t_first > last ? r->t_first : last;
+		ran += r->n_prompt - r->cached;
+		c->n_out[i] = r->n_out;
+		memcpy(c->out + (size_t)i * reply, r->out, (size_t)r->n_out * sizeof *r->out);
+	}
+	if (rc == WK_OK) {
+		if (first || last - t0 < c->first_s)
+			c->first_s = last - t0;
+		if (first || t1 - t0 < c->all_s)
+			c->all_s = t1 - t0;
+		c->ran = ran;
+	}
+	for (int i = 0; i < n; i++)
+		sched_req_free(fin[i]);
+	free(fin);
+	sched_free(s);
+	return rc;
+}
+
 int bench_prefix(int argc, char **argv)
 {
-	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3;
+	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3, nch = 8, np = 256;
 	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"kv-dtype", required_argument, 0, 'k'},
 		{"turns", required_argument, 0, 't'}, {"system", required_argument, 0, 's'},
 		{"user", required_argument, 0, 'u'},  {"reply", required_argument, 0, 'r'},
 		{"runs", required_argument, 0, 'n'},  {"backend", required_argument, 0, 'b'},
+		{"choices", required_argument, 0, 'c'}, {"prompt", required_argument, 0, 'p'},
 		{"help", no_argument, 0, 'h'},	      {0, 0, 0, 0}};
 	int c;
 	optind = 1;
@@ -130,18 +225,22 @@ int bench_prefix(int argc, char **argv)
 		case 'n': runs = atoi(optarg); break;
 		case 'b': backend = optarg; break;
 		case 'k': kv = optarg; break;
+		case 'c': nch = atoi(optarg); break;
+		case 'p': np = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
 	if (optind != argc - 1 || turns < 1 || turns > 64 || sys < 0 || sys > 100000 || user < 1 ||
-	    user > 100000 || reply < 1 || reply > 100000 || runs < 1 || runs > 100) {
+	    user > 100000 || reply < 1 || reply > 100000 || runs < 1 || runs > 100 || nch < 2 ||
+	    nch > 64 || np < 2 || np > 100000) {
 		usage(stderr);
 		return 2;
 	}
 	int total = sys + turns * (user + reply);
+	total = total > np + reply ? total : np + reply;
 	char err[WK_ERRSZ];
-	struct eng_opts o = {.backend = backend, .max_seq = total + 1, .max_seqs = 2,
+	struct eng_opts o = {.backend = backend, .max_seq = total + 1, .max_seqs = nch,
 			     .kv_dtype = kv};
 	struct engine *e;
 	if (eng_open(argv[optind], &o, &e, err, sizeof err) != WK_OK) {
@@ -152,16 +251,27 @@ int bench_prefix(int argc, char **argv)
 	memset(cv, 0, sizeof cv);
 	for (int k = 0; k < 2; k++)
 		cv[k].replies = calloc((size_t)turns * reply, sizeof *cv[k].replies);
+	struct choices ch[2] = {0}; /* the same */
 	int rc = cv[0].replies && cv[1].replies ? WK_OK : WK_ENOMEM;
+	for (int k = 0; k < 2 && rc == WK_OK; k++)
+		if (!(ch[k].out = calloc((size_t)nch * reply, sizeof *ch[k].out)) ||
+		    !(ch[k].n_out = calloc((size_t)nch, sizeof *ch[k].n_out)))
+			rc = WK_ENOMEM;
 	for (int i = 0; i < runs && rc == WK_OK; i++) /* alternated, so drift hits both alike */
 		for (int k = 0; k < 2 && rc == WK_OK; k++)
 			rc = run_conv(e, k, turns, sys, user, reply, &cv[k], i == 0);
+	for (int i = 0; i < runs && rc == WK_OK; i++)
+		for (int k = 0; k < 2 && rc == WK_OK; k++)
+			rc = run_choices(e, k, nch, np, reply, &ch[k], i == 0);
 	char kvname[16];
 	snprintf(kvname, sizeof kvname, "%s", eng_info(e)->kv_dtype);
 	eng_close(e);
 	if (rc != WK_OK) {
-		free(cv[0].replies);
-		free(cv[1].replies);
+		for (int k = 0; k < 2; k++) {
+			free(cv[k].replies);
+			free(ch[k].out);
+			free(ch[k].n_out);
+		}
 		return 1;
 	}
 	int differ = 0;
@@ -188,15 +298,38 @@ int bench_prefix(int argc, char **argv)
 	       "first token summed %.3f ms against %.3f ms (%.2fx faster); replies that differ: "
 	       "%d of %d\n", r0, r1, (double)r0 / (double)r1, t0 * 1e3, t1 * 1e3, t0 / t1, differ,
 	       turns);
-	json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:f, s:f, s:i}", "backend", backend, "turns",
+	int cdiff = 0;
+	for (int i = 0; i < nch; i++)
+		cdiff += ch[0].n_out[i] != ch[1].n_out[i] ||
+			 memcmp(ch[0].out + (size_t)i * reply, ch[1].out + (size_t)i * reply,
+				(size_t)ch[0].n_out[i] * sizeof *ch[0].out) != 0;
+	printf("%d choices of one prompt of %d tokens, %d tokens each, sampled (best of %d runs):\n",
+	       nch, np, reply, runs);
+	printf("  %-14s %12s %18s %14s\n", "", "prompt ran", "all first tokens", "all done");
+	printf("  %-14s %12d %15.3f ms %11.3f ms\n", "without cache", ch[0].ran,
+	       ch[0].first_s * 1e3, ch[0].all_s * 1e3);
+	printf("  %-14s %12d %15.3f ms %11.3f ms\n", "with cache", ch[1].ran, ch[1].first_s * 1e3,
+	       ch[1].all_s * 1e3);
+	printf("  choices: %.2fx fewer prompt tokens run; every first token %.2fx sooner, all done "
+	       "%.2fx sooner; choices that differ: %d of %d\n", (double)ch[0].ran / ch[1].ran,
+	       ch[0].first_s / ch[1].first_s, ch[0].all_s / ch[1].all_s, cdiff, nch);
+	json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:f, s:f, s:i, s:i, s:i, s:i, s:f, s:f, s:f, "
+			      "s:f, s:i}", "backend", backend, "turns",
 			      turns, "ran_off", (json_int_t)r0, "ran_on", (json_int_t)r1,
 			      "ttft_ms_off", t0 * 1e3, "ttft_ms_on", t1 * 1e3, "replies_differ",
-			      differ);
+			      differ, "choices", nch, "choices_ran_off", ch[0].ran,
+			      "choices_ran_on", ch[1].ran, "choices_first_ms_off",
+			      ch[0].first_s * 1e3, "choices_first_ms_on", ch[1].first_s * 1e3,
+			      "choices_all_ms_off", ch[0].all_s * 1e3, "choices_all_ms_on",
+			      ch[1].all_s * 1e3, "choices_differ", cdiff);
 	char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	printf("%s\n", line ? line : "{}");
 	free(line);
 	json_decref(j);
-	free(cv[0].replies);
-	free(cv[1].replies);
+	for (int k = 0; k < 2; k++) {
+		free(cv[k].replies);
+		free(ch[k].out);
+		free(ch[k].n_out);
+	}
 	return 0;
 }

@@ -40,7 +40,8 @@
 #      ones: the CPU worker's tokens and drafts kept.
 #   9. the prefix cache on the cuda backend (wick bench prefix): a conversation's turns reuse
 #      the device's KV cache (GLM-5 on an fp8 cache, stories260K) and give the replies the
-#      same turns give without it.
+#      same turns give without it; three choices of one prompt copy the first one's prefill
+#      on the device (eng_seq_copy) and sample what three prefills sample.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -663,7 +664,9 @@ section "speculative decoding on the cuda backend"
 # and two seeded sampled ones (temperature alone: a drafted row kept or replaced by the
 # candidates kernel itself, the others picked there too; the CPU worker applies
 # samp_pick_draft to the row): the CPU worker's tokens and drafts (a draft's cost fixed,
-# --draft-cost, so that both plan the same drafts however fast each runs)
+# --draft-cost, so that both plan the same drafts however fast each runs; the prefix cache
+# off, since with it the job the queue hands over first prefills and the others copy it a
+# step later, and the spool's order is the directory's)
 for q in sc sg; do
   for i in 0 1 2; do
     t=0.7
@@ -673,9 +676,10 @@ for q in sc sg; do
   done
 done
 "$WICK" worker --model "$m" --queue "spool:$TMPD/sc" --idle-timeout 0.3 --speculate 4 \
-  --draft-cost 0.1 2>"$TMPD/sc.log" || fail "the cpu worker: $(tail -n 3 "$TMPD/sc.log")"
+  --draft-cost 0.1 --prefix-cache off 2>"$TMPD/sc.log" ||
+  fail "the cpu worker: $(tail -n 3 "$TMPD/sc.log")"
 "$EMU" worker --model "$m" --backend cuda --queue "spool:$TMPD/sg" --idle-timeout 0.3 \
-  --speculate 4 --draft-cost 0.1 2>"$TMPD/sg.log" ||
+  --speculate 4 --draft-cost 0.1 --prefix-cache off 2>"$TMPD/sg.log" ||
   fail "the cuda worker: $(tail -n 3 "$TMPD/sg.log")"
 python3 - "$TMPD" <<'PY' || fail "speculation, cuda against cpu"
 import json, sys
@@ -698,14 +702,17 @@ for spec in "glm5 fp8" "stories auto"; do
   model=$TMPD/glm5
   [ $1 = stories ] && model=$m
   "$EMU" bench prefix "$model" --backend cuda --turns 3 --system 20 --user 10 --reply 6 \
-    --runs 1 --kv-dtype $2 >"$TMPD/prefix-$1.txt" 2>&1 ||
+    --choices 3 --prompt 16 --runs 1 --kv-dtype $2 >"$TMPD/prefix-$1.txt" 2>&1 ||
     fail "bench prefix $1: $(tail -n 2 "$TMPD/prefix-$1.txt")"
   tail -n 1 "$TMPD/prefix-$1.txt" | python3 -c 'import json, sys
 j = json.load(sys.stdin)
-assert j["backend"] == "cuda" and j["replies_differ"] == 0 and j["ran_on"] < j["ran_off"], j' ||
+assert j["backend"] == "cuda" and j["replies_differ"] == 0 and j["ran_on"] < j["ran_off"], j
+assert j["choices_differ"] == 0 and j["choices_ran_on"] == 16 + 2, j
+' ||
     fail "the prefix cache on cuda, $1: $(tail -n 2 "$TMPD/prefix-$1.txt")"
   sum=$(grep 'all:' "$TMPD/prefix-$1.txt" | sed 's/^ *all: //; s/; time.*replies/; replies/')
   echo "   $1, KV $2: $sum"
+  echo "   $(grep 'choices:' "$TMPD/prefix-$1.txt" | sed 's/^ *//')"
 done
 section "done"
 echo ok

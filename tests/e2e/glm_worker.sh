@@ -68,13 +68,16 @@ echo "GLM-4.5 --kv-dtype fp4: refused (exit $rc), its job left queued"
 for fam in g5 g4; do
   for kv in bf16 fp8; do
     "$WICK" bench prefix "$TMPD/$fam" --turns 5 --system 40 --user 16 --reply 8 --runs 1 \
-      --kv-dtype $kv >"$TMPD/prefix-$fam-$kv.txt" 2>&1 ||
+      --choices 4 --prompt 40 --kv-dtype $kv >"$TMPD/prefix-$fam-$kv.txt" 2>&1 ||
       fail "bench prefix $fam $kv: $(tail -2 "$TMPD/prefix-$fam-$kv.txt")"
     tail -n 1 "$TMPD/prefix-$fam-$kv.txt" | python3 -c 'import json, sys
 j = json.load(sys.stdin)
-assert j["replies_differ"] == 0 and 0 < j["ran_on"] < j["ran_off"] / 3, j' ||
+assert j["replies_differ"] == 0 and 0 < j["ran_on"] < j["ran_off"] / 3, j
+assert j["choices_differ"] == 0 and j["choices_ran_on"] == 40 + 3 and j["choices_ran_off"] == 160, j
+' ||
       fail "the prefix cache on $fam, $kv: $(tail -n 2 "$TMPD/prefix-$fam-$kv.txt")"
     echo "prefix cache, $fam, $kv: $(grep 'all:' "$TMPD/prefix-$fam-$kv.txt" | sed 's/^ *all: //')"
+    echo "  $(grep 'choices:' "$TMPD/prefix-$fam-$kv.txt" | sed 's/^ *//')"
   done
 done
 echo ok

@@ -27,7 +27,8 @@
 #      one request, each choice the job's numbers; n 3 with a seed, choice i the lone request
 #      with seed + i; a chat streamed with n 2, joined by index; n 129 refused
 #   9. the prefix cache: a prompt sent again has all but its last token cached, a chat's next
-#      turn most of its prompt; the answers are those of a server with --prefix-cache off
+#      turn most of its prompt, and n 4 choices run one prefill (3 copies of it); the answers
+#      are those of a server with --prefix-cache off
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -568,14 +569,35 @@ const lpGap = (a, b) => Math.max(...a.map((x, k) => Math.abs(x - b[k])));
   const lp = (r) => r.choices[0].logprobs.content.map((e) => e.logprob);
   const g2 = lpGap(lp(r2), lp(w2));
   assert(g2 < 1e-4, `turn 2's logprobs ${g2} from the uncached server's`);
-  const m = await (await fetch(base.replace('/v1', '/metrics'))).text();
-  const total = Number((m.match(/^wick_prompt_cached_tokens_total (\d+)/m) || [])[1]);
-  assert(total >= cached(b) + cached(r2), `metrics: ${total} cached tokens`);
+  const cachedTotal = async () => {
+    const m = await (await fetch(base.replace('/v1', '/metrics'))).text();
+    return Number((m.match(/^wick_prompt_cached_tokens_total (\d+)/m) || [])[1]);
+  };
+  // four choices of a new prompt: the first prefills it, the other three copy that prefill
+  // (each has all but the last token cached, as /metrics counts per choice); they sample what
+  // four prefills on the server without the cache sample
+  const before = await cachedTotal();
+  const four = { model, prompt: 'Anna found a shiny blue stone under the old oak tree, and',
+                 max_tokens: 10, temperature: 0.9, seed: 11, n: 4 };
+  const c4 = await on.completions.create(four);
+  const w4 = await off.completions.create(four);
+  const copied = (await cachedTotal()) - before;
+  assert(copied === 3 * (c4.usage.prompt_tokens - 1),
+         `4 choices of ${c4.usage.prompt_tokens} tokens: ${copied} cached`);
+  for (let i = 0; i < 4; i++)
+    assert(c4.choices[i].text === w4.choices[i].text,
+           `choice ${i}: ${JSON.stringify(c4.choices[i].text)} against ` +
+           JSON.stringify(w4.choices[i].text));
+  assert(new Set(c4.choices.map((c) => c.text)).size > 1, 'the 4 choices are all one text');
+  const total = await cachedTotal();
+  assert(total >= cached(b) + cached(r2) + copied, `metrics: ${total} cached tokens`);
   console.log(`9. prefix cache: the same prompt again ran 1 of its ${b.usage.prompt_tokens} ` +
               `tokens (the same text, logprobs within ${g1.toExponential(1)}); a chat's ` +
               `second turn had ${cached(r2)} of its ${r2.usage.prompt_tokens} prompt tokens ` +
               `cached and answered as a server with --prefix-cache off does (logprobs ` +
-              `within ${g2.toExponential(1)}); /metrics counts ${total} cached tokens`);
+              `within ${g2.toExponential(1)}); 4 choices of one ${c4.usage.prompt_tokens}-` +
+              `token prompt ran it once (${copied} tokens copied) and sampled what the ` +
+              `uncached server sampled; /metrics counts ${total} cached tokens`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 # ... and the bills: each request's cached tokens in the ledger, as its usage said
