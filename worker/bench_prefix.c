@@ -37,7 +37,8 @@ static void usage(FILE *f)
 		   "It runs with the prefix cache and without, best of N runs (default 3), and\n"
 		   "prints each turn's time to first token and prompt tokens run, the totals and\n"
 		   "their ratios.\n"
-		   "Then C choices (default 8) of one prompt of P tokens (default 256), submitted\n"
+		   "Then C choices (default 8) of one prompt of P tokens (default 256, or what\n"
+		   "the model's context leaves), submitted\n"
 		   "at once and sampled (temperature 0.8, a seed each), R tokens each, with the\n"
 		   "cache (one prefill, copied) and without (C prefills): the prompt tokens run,\n"
 		   "the time until every choice has its first token and until all are done.\n"
@@ -205,7 +206,7 @@ static int run_choices(struct engine *e, bool cache, int n, int np, int reply,
 
 int bench_prefix(int argc, char **argv)
 {
-	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3, nch = 8, np = 256;
+	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3, nch = 8, np = 0;
 	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"kv-dtype", required_argument, 0, 'k'},
@@ -226,25 +227,34 @@ int bench_prefix(int argc, char **argv)
 		case 'b': backend = optarg; break;
 		case 'k': kv = optarg; break;
 		case 'c': nch = atoi(optarg); break;
-		case 'p': np = atoi(optarg); break;
+		case 'p': np = atoi(optarg) >= 2 ? atoi(optarg) : -1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
 	if (optind != argc - 1 || turns < 1 || turns > 64 || sys < 0 || sys > 100000 || user < 1 ||
 	    user > 100000 || reply < 1 || reply > 100000 || runs < 1 || runs > 100 || nch < 2 ||
-	    nch > 64 || np < 2 || np > 100000) {
+	    nch > 64 || np < 0 || np > 100000) {
 		usage(stderr);
 		return 2;
 	}
 	int total = sys + turns * (user + reply);
-	total = total > np + reply ? total : np + reply;
+	total = total > (np ? np : 256) + reply ? total : (np ? np : 256) + reply;
 	char err[WK_ERRSZ];
 	struct eng_opts o = {.backend = backend, .max_seq = total + 1, .max_seqs = nch,
 			     .kv_dtype = kv};
 	struct engine *e;
 	if (eng_open(argv[optind], &o, &e, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick bench prefix: %s\n", err);
+		return 1;
+	}
+	int ctx = eng_info(e)->max_seq;
+	if (!np) /* the default: 256, or what the model's context leaves */
+		np = 256 < ctx - reply ? 256 : ctx - reply;
+	if (np < 2 || np + reply > ctx) {
+		fprintf(stderr, "wick bench prefix: a prompt of %d tokens and %d more do not fit the "
+			"model's context of %d\n", np, reply, ctx);
+		eng_close(e);
 		return 1;
 	}
 	struct conv cv[2]; /* [0]: without the cache, [1]: with */
