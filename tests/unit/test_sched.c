@@ -1212,7 +1212,7 @@ Test(sched, prefix_cache_shares_a_running_prefill)
 	const char *p = "Once upon a time, there was a little girl named Lily. She liked to";
 	const int seeds[4] = {0, 7, 8, 9};
 	for (int i = 0; i < 4; i++) {
-		char id[8];
+		char id[16];
 		snprintf(id, sizeof id, "n%d", i);
 		cr_assert_eq(sched_submit(s, seeded(id, p, 12, seeds[i]), err, sizeof err), WK_OK);
 	}
@@ -1292,7 +1292,7 @@ Test(sched, prefix_cache_shares_a_running_prefill)
 	int steps = id_tokens(logbuf, "n0", t0, 64);
 	cr_expect_gt(t0[0], 1, "n0 prefills first");
 	for (int k = 1; k < 4; k++) {
-		char id[8];
+		char id[16];
 		snprintf(id, sizeof id, "n%d", k);
 		id_tokens(logbuf, id, t1, 64);
 		cr_expect_eq(t1[0], 0, "%s ran beside n0's prefill", id);
