@@ -118,6 +118,7 @@ struct http_flight {
 	bool thinking;         /* a chat with thinking on: its stream starts with reasoning */
 	bool logprobs;         /* logprobs asked for: its stream's chunks carry them */
 	bool echo;             /* completions' echo: the prompt first */
+	int echo_top, plp_top; /* oai_req's (oai_result's, set from them) */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
 	char *body;            /* the job document until http_flight_job moves it */
@@ -866,6 +867,9 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 				stream_choice_end(h, f, &r);
 			}
 			r.echo = f->echo;
+			r.echo_top = f->echo_top;
+			r.plp = f->plp_top >= 0;
+			r.plp_top = f->plp_top;
 			k->res[f->index] = r; /* the call's now */
 			k->have[f->index] = true;
 			parsed = false;
@@ -1337,6 +1341,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		f->tools = r.tools;
 		f->logprobs = r.logprobs;
 		f->echo = r.echo;
+		f->echo_top = r.echo_top;
+		f->plp_top = r.plp_top;
 		f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
 		split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content */
 		f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;

@@ -45,6 +45,9 @@ struct oai_req {
 	bool logprobs;       /* logprobs asked for: the stream's chunks carry them */
 	bool echo;           /* completions' echo: the prompt comes first in the text (and its
 			      * tokens in the logprobs): input.prompt_logprobs */
+	int echo_top;        /* ... with logprobs: its alternatives (the legacy logprobs N) */
+	int plp_top;         /* vLLM's prompt_logprobs: its alternatives (0 to 20), or -1 when
+			      * not asked: input.prompt_logprobs, the larger of the two */
 	int n_choices;       /* the jobs: n for each prompt, 1 to OAI_CHOICES_MAX */
 	int per_prompt;      /* n: job c is choice c % n of prompt c / n */
 	char **jobs;         /* [n_choices]: the job documents (job.h), malloc'd */
@@ -89,6 +92,11 @@ struct oai_result {
 	const json_t *prompt_logprobs; /* output.prompt_logprobs (an array), or NULL */
 	bool echo;                 /* set by the caller: the request's echo (oai_response puts
 				    * the prompt first, from prompt_logprobs) */
+	int echo_top;              /* ... and oai_req's echo_top (read with plp: the prompt's
+				    * entries may then hold more alternatives than echo shows) */
+	bool plp;                  /* ... and whether its plp_top is >= 0: the response has
+				    * prompt_logprobs (vLLM's shape) with plp_top alternatives */
+	int plp_top;
 	const char *reasoning;     /* output.reasoning_content (thinking on), or NULL */
 	size_t reasoning_len;
 	const char *err_code, *err_message;

@@ -566,17 +566,38 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	else
 		st = completion_prompts(json_object_get(root, "prompt"), &prompts, e);
 	r->echo = kind == OAI_COMPLETION && json_is_true(json_object_get(root, "echo"));
-	if (st || (st = max_tokens(kind, root, max_tokens_limit, input, r->echo, &r->max_given,
-				   e)) ||
+	if (st || (st = max_tokens(kind, root, max_tokens_limit, input,
+				   r->echo || !absent(json_object_get(root, "prompt_logprobs")),
+				   &r->max_given, e)) ||
 	    (st = prediction(root, input, e)))
 		goto out;
 	if ((kind == OAI_CHAT && (st = thinking(root, input, r, e))) ||
 	    (st = logprobs(kind, root, input, r, e)))
 		goto out;
-	/* echo: the prompt's tokens as the model read them, scored where logprobs are asked */
+	/* echo: the prompt's tokens as the model read them, scored where logprobs are asked;
+	 * vLLM's prompt_logprobs: the prompt scored, with that many alternatives */
 	v = json_object_get(root, "logprobs");
-	if (r->echo && json_object_set_new(input, "prompt_logprobs",
-					   json_integer(r->logprobs ? json_integer_value(v) : 0))) {
+	r->echo_top = r->echo && r->logprobs ? (int)json_integer_value(v) : 0;
+	r->plp_top = -1;
+	if (!absent(v = json_object_get(root, "prompt_logprobs"))) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > JOB_TOP_LOGPROBS_MAX) {
+			st = oai_errf(e, 400, IRE, "invalid_input", "prompt_logprobs",
+				      "prompt_logprobs is the number of most likely tokens to list "
+				      "with each prompt token: an integer from 0 to %d",
+				      JOB_TOP_LOGPROBS_MAX);
+			goto out;
+		}
+		if (r->stream) {
+			st = oai_errf(e, 400, IRE, "invalid_input", "prompt_logprobs",
+				      "prompt_logprobs is not available with stream: true");
+			goto out;
+		}
+		r->plp_top = (int)json_integer_value(v);
+	}
+	int plp = r->echo && r->echo_top > r->plp_top ? r->echo_top : r->plp_top;
+	if (plp >= 0 &&
+	    json_object_set_new(input, "prompt_logprobs", json_integer(plp > 0 ? plp : 0))) {
 		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 		goto out;
 	}
@@ -724,8 +745,9 @@ static size_t chars(const char *s, size_t n)
 	return c;
 }
 
-/* The legacy completions' shape of entries (output.logprobs.content's). */
-static json_t *legacy_logprobs(const json_t *content, size_t *offset)
+/* The legacy completions' shape of entries (output.logprobs.content's), each with at most
+ * `most` alternatives (-1: all). */
+static json_t *legacy_logprobs_n(const json_t *content, size_t *offset, int most)
 {
 	json_t *o = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
 			      "top_logprobs", "text_offset");
@@ -741,8 +763,9 @@ static json_t *legacy_logprobs(const json_t *content, size_t *offset)
 		bool none = json_is_null(json_object_get(en, "logprob"));
 		json_t *top = none ? json_null() : json_object();
 		json_array_foreach(json_object_get(en, "top_logprobs"), k, t)
-			json_object_set(top, json_string_value(json_object_get(t, "token")),
-					json_object_get(t, "logprob"));
+			if (most < 0 || (int)k < most)
+				json_object_set(top, json_string_value(json_object_get(t, "token")),
+						json_object_get(t, "logprob"));
 		if (!top || json_array_append_new(tops, top) /* (which takes top either way) */ ||
 		    json_array_append(tokens, (json_t *)tok) ||
 		    json_array_append(lps, json_object_get(en, "logprob")) ||
@@ -753,6 +776,54 @@ static json_t *legacy_logprobs(const json_t *content, size_t *offset)
 		*offset += chars(json_string_value(tok), json_string_length(tok));
 	}
 	return o;
+}
+
+static json_t *legacy_logprobs(const json_t *content, size_t *offset)
+{
+	return legacy_logprobs_n(content, offset, -1);
+}
+
+/* vLLM's prompt_logprobs from entries (output.prompt_logprobs') and their token ids
+ * (output.prompt_token_ids): [null, {"ID": {"logprob", "rank", "decoded_token"}, ...}, ...],
+ * each position's token first (its rank among the vocabulary), then its `most` likeliest
+ * tokens (ranks 1, 2, ...), the token itself once. NULL when out of memory. */
+static json_t *vllm_prompt_logprobs(const json_t *entries, const json_t *ids, int most)
+{
+	json_t *out = json_array();
+	size_t i, k;
+	const json_t *en, *t;
+	json_array_foreach(entries, i, en) {
+		if (!out)
+			return NULL;
+		const json_t *lp = json_object_get(en, "logprob");
+		json_t *pos = json_is_null(lp) ? json_null() : json_object();
+		char key[24];
+		snprintf(key, sizeof key, "%lld", (long long)json_integer_value(json_array_get(ids, i)));
+		bool ok = pos && !json_array_append_new(out, pos);
+		if (ok && !json_is_null(lp))
+			ok = !json_object_set_new(pos, key, json_pack("{s:O, s:O, s:O}", "logprob", lp,
+								       "rank", json_object_get(en, "rank"),
+								       "decoded_token",
+								       json_object_get(en, "token")));
+		json_array_foreach(json_object_get(en, "top_logprobs"), k, t) {
+			if (!ok || (int)k >= most)
+				break;
+			snprintf(key, sizeof key, "%lld",
+				 (long long)json_integer_value(json_object_get(t, "id")));
+			if (!json_object_get(pos, key))
+				ok = !json_object_set_new(pos, key,
+							  json_pack("{s:O, s:I, s:O}", "logprob",
+								    json_object_get(t, "logprob"),
+								    "rank", (json_int_t)k + 1,
+								    "decoded_token",
+								    json_object_get(t, "token")));
+		}
+		if (!ok) {
+			json_decref(out);
+			return NULL;
+		}
+	}
+	return out;
 }
 
 json_t *oai_logprobs(enum oai_kind kind, const json_t *content, size_t *offset)
@@ -828,8 +899,26 @@ static json_t *echoed(const json_t *prompt, const json_t *content)
 	return all;
 }
 
+/* With vLLM's prompt_logprobs asked (r->plp), o's "prompt_logprobs" from r's; returns o,
+ * or NULL (o freed) when out of memory. */
+static json_t *prompt_logprobs_set(json_t *o, const struct oai_result *r)
+{
+	if (!o || !r->plp)
+		return o;
+	const json_t *out = json_object_get(r->root, "output");
+	json_t *v = r->prompt_logprobs ? vllm_prompt_logprobs(r->prompt_logprobs,
+							      json_object_get(out, "prompt_token_ids"),
+							      r->plp_top)
+				       : json_null();
+	if (!v || json_object_set_new(o, "prompt_logprobs", v)) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
 /* A choice of the response: r's text (after its prompt with echo), logprobs, reasoning and
- * tool calls. */
+ * tool calls; a completion's prompt_logprobs (vLLM's). */
 static json_t *choice_json(enum oai_kind kind, const struct oai_result *r, int index)
 {
 	const char *fin = r->finish_reason ? r->finish_reason : "stop";
@@ -844,13 +933,15 @@ static json_t *choice_json(enum oai_kind kind, const struct oai_result *r, int i
 			memcpy(t + pl, r->text, r->text_len);
 			choice = json_pack("{s:i, s:s%, s:o?, s:s}", "index", index, "text", t,
 					   pl + r->text_len, "logprobs",
-					   all ? legacy_logprobs(all, &offset) : json_null(),
+					   all ? legacy_logprobs_n(all, &offset,
+								   r->plp ? r->echo_top : -1)
+					       : json_null(),
 					   "finish_reason", fin);
 		}
 		free(t);
 		json_decref(pt);
 		json_decref(all);
-		return choice;
+		return prompt_logprobs_set(choice, r);
 	}
 	json_t *choice = kind == OAI_CHAT
 		? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", index, "message", "role",
@@ -872,7 +963,7 @@ static json_t *choice_json(enum oai_kind kind, const struct oai_result *r, int i
 			json_object_set_new(msg, "content", json_null());
 		json_object_set(msg, "tool_calls", (json_t *)r->tool_calls);
 	}
-	return choice;
+	return kind == OAI_COMPLETION ? prompt_logprobs_set(choice, r) : choice;
 }
 
 int oai_usage_sum(const struct oai_result *rs, int n, int per_prompt, struct oai_result *sum)
@@ -921,7 +1012,8 @@ json_t *oai_response_n(enum oai_kind kind, const char *id, long created, const c
 			  : NULL;
 	json_decref(choices);
 	oai_result_free(&sum);
-	return resp;
+	/* (a chat's one prompt: vLLM puts its prompt_logprobs beside the choices) */
+	return kind == OAI_CHAT && n > 0 ? prompt_logprobs_set(resp, &rs[0]) : resp;
 }
 
 json_t *oai_response(enum oai_kind kind, const char *id, long created, const char *model,

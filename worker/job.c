@@ -829,11 +829,15 @@ static void put_logprobs(struct wk_buf *b, const struct job_logprob *lp, int n)
 		if (i)
 			puts_(b, ", ");
 		put_token(b, lp[i].tok, lp[i].len, lp[i].lp);
+		if (lp[i].rank > 0)
+			putf(b, ", \"rank\": %d", lp[i].rank);
 		puts_(b, ", \"top_logprobs\": [");
 		for (int k = 0; k < lp[i].n_top; k++) {
 			if (k)
 				puts_(b, ", ");
 			put_token(b, lp[i].top[k].tok, lp[i].top[k].len, lp[i].top[k].lp);
+			if (lp[i].rank > 0)
+				putf(b, ", \"id\": %d", lp[i].top[k].id);
 			puts_(b, "}");
 		}
 		puts_(b, "]}");

@@ -30,7 +30,8 @@
  *    of token_ids: the model's own log probabilities, before temperature and the filters;
  *    with input.prompt_logprobs, output.prompt_logprobs: the same entries for each token of
  *    the prompt as the model read it, the first with "logprob": null, and its token_ids
- *    output.prompt_token_ids)
+ *    output.prompt_token_ids; each of these entries also has "rank" (1 + the tokens the
+ *    model found likelier, vLLM's), and each alternative its token's "id")
  *    "usage": {"prompt_tokens", "completion_tokens", "queue_seconds", "gpu_seconds",
  *              "cost_usd", "cost_micro_usd"}, "worker", "attempt"}
  * "error" is present exactly when status is not COMPLETED. cost_usd is cost_micro_usd / 1e6,
@@ -163,6 +164,7 @@ struct job_top {
 	const char *tok;
 	size_t len;
 	float lp;
+	int id;        /* written as "id" where its entry has a rank */
 };
 struct job_logprob {
 	const char *tok;
@@ -170,6 +172,8 @@ struct job_logprob {
 	float lp;
 	int n_top;
 	const struct job_top *top;
+	int rank;      /* written as "rank" where > 0, with the alternatives' ids
+			* (output.prompt_logprobs') */
 };
 
 /* lp[0..n) as the JSON array of output.logprobs.content (OpenAI's entries), malloc'd and

@@ -560,10 +560,14 @@ void sched_logprob_of(struct sched_logprob *o, const float *l, int vocab, int to
 	for (int i = 0; i < vocab; i++)
 		m = l[i] > m ? l[i] : m;
 	double sum = 0;
-	for (int i = 0; i < vocab; i++)
+	int above = 0;
+	for (int i = 0; i < vocab; i++) {
 		sum += expf(l[i] - m);
+		above += l[i] > l[tok];
+	}
 	double lse = m + log(sum);
 	o->lp = (float)(l[tok] - lse);
+	o->rank = 1 + above;
 	o->n_top = 0;
 	for (int i = 0; i < vocab && top; i++) { /* an insertion into the few highest so far */
 		if (o->n_top == top && !(l[i] > o->top_lp[top - 1]))

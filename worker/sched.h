@@ -37,6 +37,7 @@ struct sched_ix; /* sched.c: a request's n-gram index, for speculation */
  * the highest logits, highest first (the lower id first among equals). */
 struct sched_logprob {
 	float lp;
+	int rank;             /* 1 + the tokens whose logit is higher (vLLM's rank) */
 	int n_top;
 	int top_id[SCHED_TOP_LOGPROBS_MAX];
 	float top_lp[SCHED_TOP_LOGPROBS_MAX];

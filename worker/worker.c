@@ -696,7 +696,9 @@ static int lp_build(struct worker *w, const struct sched_req *r, int from, int t
 			lp_set_free(o);
 			return rc;
 		}
-		*e = (struct job_logprob){b, len, l->lp, l->n_top, o->top + o->n_top};
+		/* (the prompt's entries: the rank, and the alternatives' ids, vLLM's shape) */
+		*e = (struct job_logprob){b, len, l->lp, l->n_top, o->top + o->n_top,
+					  k < 0 && p ? l->rank : 0};
 		o->n++;
 		for (int t = 0; t < l->n_top; t++) {
 			if ((rc = k >= 0 ? sched_token_bytes(w->s, r, k, l->top_id[t], &b, &len)
@@ -705,7 +707,8 @@ static int lp_build(struct worker *w, const struct sched_req *r, int from, int t
 				lp_set_free(o);
 				return rc;
 			}
-			o->top[o->n_top++] = (struct job_top){b, len, l->top_lp[t]};
+			o->top[o->n_top++] = (struct job_top){b, len, l->top_lp[t],
+							      l->top_id[t]};
 		}
 	}
 	return WK_OK;

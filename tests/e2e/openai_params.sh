@@ -20,7 +20,8 @@
 #      types), json_object (an object, or cut by max_tokens where it began one), a schema
 #      keyword not supported a 400 naming it, a queue job's output.text
 #   7. scoring (lm-evaluation-harness's requests): a queue job with a prompt of token ids,
-#      prompt_logprobs 3 and max_tokens 0, each entry against wick logits; /v1/completions
+#      prompt_logprobs 3 and max_tokens 0, each entry against wick logits (its rank too);
+#      vLLM's prompt_logprobs member, keyed by id, the job's numbers; /v1/completions
 #      with echo (max_tokens 0 and 1, a token-id prompt and a batch of one), its numbers the
 #      job's, whole and streamed (the prompt's chunk first)
 #   8. several choices: a list of token-id prompts (lm-evaluation-harness's batches) scored in
@@ -359,7 +360,9 @@ for k in range(1, len(ids)):
     order = sorted(range(len(row)), key=lambda v: (-row[v], v))[:3]
     assert len(pl[k]["top_logprobs"]) == 3, pl[k]
     for t, v in zip(pl[k]["top_logprobs"], order):
-        assert abs(t["logprob"] - (row[v] - lse)) < 1e-3, (k, t, v)
+        assert abs(t["logprob"] - (row[v] - lse)) < 1e-3 and t["id"] == v, (k, t, v)
+    # vLLM's rank: 1 + the tokens the model found likelier
+    assert pl[k]["rank"] == 1 + sum(x > row[ids[k]] for x in row), (k, pl[k]["rank"])
 assert worst < 1e-3, worst
 # the job of section 1 generated the last 24 of these: the same numbers
 n = len(job["token_ids"])
@@ -368,8 +371,8 @@ assert d < 1e-5, d
 text = b"".join(bytes(e["bytes"]) for e in pl).decode()
 assert text.endswith(job["text"]), (text, job["text"])
 print(f"7. a scoring job (max_tokens 0, {len(ids)} token ids): each prompt logprob and top 3 "
-      f"within {worst:.1g} of wick logits; its last {n} are the generating job's (within "
-      f"{d:.1g})")
+      f"within {worst:.1g} of wick logits, each rank and alternative's id theirs; its last "
+      f"{n} are the generating job's (within {d:.1g})")
 EOF
 node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$(cat "$TMPD/ids")" \
   "$TMPD/q/done/pl1.json" <<'EOF' || fail "the openai client: echo"
@@ -448,6 +451,68 @@ const ptext = Buffer.concat(pl.map((e) => Buffer.from(e.bytes))).toString();
               `(ctxlen ${ctxlen}): loglikelihood ${sum.toFixed(4)}, greedy ${greedy}; ` +
               `streamed, the prompt's chunk first and the same numbers; max_tokens 0 ` +
               'without echo and an id outside the vocabulary are 400s');
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+
+# ... and vLLM's prompt_logprobs member: the same job's numbers, keyed by token id, with ranks
+node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$(cat "$TMPD/ids")" \
+  "$TMPD/q/done/pl1.json" <<'EOF' || fail "the openai client: prompt_logprobs"
+const [openaiDir, base, model, idList, scored] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const fs = require('fs');
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const near = (a, b) => Math.abs(a - b) < 1e-6;
+const ids = idList.split(',').map(Number);
+const pl = JSON.parse(fs.readFileSync(scored)).output.prompt_logprobs;
+// one position's dict against the job's entry k, with `most` alternatives
+const check = (d, k, most, what) => {
+  const e = pl[k], own = d[String(ids[k])];
+  assert(own && near(own.logprob, e.logprob) && own.rank === e.rank,
+         `${what}: position ${k}: ${JSON.stringify(own)} against ${e.logprob}, rank ${e.rank}`);
+  const tops = e.top_logprobs.slice(0, most);
+  tops.forEach((t, j) => {
+    const x = d[String(t.id)];
+    assert(x && near(x.logprob, t.logprob) && x.rank === j + 1 && x.decoded_token === t.token,
+           `${what}: position ${k}, alternative ${j}: ${JSON.stringify(x)}`);
+  });
+  const extra = tops.some((t) => t.id === ids[k]) ? 0 : 1;
+  assert(Object.keys(d).length === tops.length + extra, `${what}: position ${k}: ` +
+         `${Object.keys(d).length} keys`);
+};
+(async () => {
+  const a = await client.completions.create({ model, prompt: ids, max_tokens: 1,
+                                              temperature: 0, prompt_logprobs: 3 });
+  const p = a.choices[0].prompt_logprobs;
+  assert(Array.isArray(p) && p.length === ids.length && p[0] === null, `${JSON.stringify(p)}`);
+  for (let k = 1; k < ids.length; k++) check(p[k], k, 3, 'prompt_logprobs 3');
+  const ranked = pl.slice(1).filter((e) => e.rank > 3).length;
+  // beside echo with logprobs 1: the prompt scored with the larger, each shown as asked
+  const b = await client.completions.create({ model, prompt: ids, max_tokens: 0, echo: true,
+                                              logprobs: 1, prompt_logprobs: 2 });
+  const bl = b.choices[0].logprobs;
+  for (let k = 1; k < ids.length; k++) {
+    assert(Object.keys(bl.top_logprobs[k]).length === 1, `echo's top_logprobs[${k}]`);
+    check(b.choices[0].prompt_logprobs[k], k, 2, 'beside echo');
+  }
+  // a chat: its one prompt's, beside the choices (vLLM's place)
+  const c = await client.chat.completions.create({ model, max_tokens: 2,
+    messages: [{ role: 'user', content: 'Once upon a time' }], prompt_logprobs: 1 });
+  assert(Array.isArray(c.prompt_logprobs) && c.prompt_logprobs.length === c.usage.prompt_tokens &&
+         c.prompt_logprobs[0] === null && !('prompt_logprobs' in c.choices[0]),
+         `chat: ${JSON.stringify(c.prompt_logprobs)}`);
+  // refused: with stream, and past 20
+  for (const [req, what] of [[{ stream: true, prompt_logprobs: 1 }, /stream/],
+                             [{ prompt_logprobs: 21 }, /0 to 20/]]) {
+    let err = null;
+    try { await client.completions.create({ model, prompt: ids, ...req }); } catch (x) { err = x; }
+    assert(err && err.status === 400 && err.param === 'prompt_logprobs' && what.test(err.message),
+           `${err && err.message}`);
+  }
+  console.log(`7. vLLM's prompt_logprobs: ${ids.length - 1} positions, each the job's ` +
+              `logprob and rank keyed by its id (${ranked} ranked past 3, listed beside the ` +
+              'top 3), beside echo each shown as asked, a chat\'s beside its choices; with ' +
+              'stream and past 20 400s');
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

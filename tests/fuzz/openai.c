@@ -72,6 +72,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));
 			size_t at = 0;
 			json_decref(oai_echo_chunk("x", 1, "m", res.prompt_logprobs, true, &at));
+			res.plp = true; /* vLLM's prompt_logprobs, a completion's and a chat's */
+			res.plp_top = data[0] % 4;
+			res.echo_top = data[size - 1] % 3;
+			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));
+			json_decref(oai_response(OAI_CHAT, "x", 1, "m", &res));
 		}
 		struct oai_err e;
 		oai_result_error(&res, &e);

@@ -660,6 +660,103 @@ Test(http, logprobs)
 }
 
 /* Token-id prompts, and echo: the prompt's entries first in the text and the logprobs. */
+/* vLLM's prompt_logprobs: the prompt scored (input.prompt_logprobs, the larger of it and echo's
+ * logprobs), and in the response each position's token (its rank) and its likeliest tokens,
+ * keyed by id; a completion's on each choice, a chat's beside the choices. */
+Test(http, vllm_prompt_logprobs)
+{
+	struct oai_req r;
+	json_t *j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"prompt_logprobs\": 3, "
+			   "\"max_tokens\": 0}", &r);
+	json_t *in = json_object_get(j, "input");
+	cr_expect_eq(json_integer_value(json_object_get(in, "prompt_logprobs")), 3);
+	cr_expect_eq(json_integer_value(json_object_get(in, "max_tokens")), 0);
+	cr_expect(r.plp_top == 3 && !r.echo);
+	json_decref(j);
+	oai_req_free(&r);
+	j = job_of(OAI_COMPLETION, "{\"prompt\": \"a\", \"echo\": true, \"logprobs\": 4, "
+		   "\"prompt_logprobs\": 1}", &r);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"),
+							 "prompt_logprobs")), 4);
+	cr_expect(r.plp_top == 1 && r.echo_top == 4);
+	json_decref(j);
+	oai_req_free(&r);
+	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+		   "\"prompt_logprobs\": 0}", &r);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "input"),
+							 "prompt_logprobs")), 0);
+	json_decref(j);
+	oai_req_free(&r);
+	j = job_of(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+		   "\"prompt_logprobs\": null}", &r);
+	cr_expect_null(json_object_get(json_object_get(j, "input"), "prompt_logprobs"));
+	cr_expect_eq(r.plp_top, -1);
+	json_decref(j);
+	oai_req_free(&r);
+	static const char *const bad[] = {
+		"{\"prompt\": \"a\", \"prompt_logprobs\": 21}",
+		"{\"prompt\": \"a\", \"prompt_logprobs\": -1}",
+		"{\"prompt\": \"a\", \"prompt_logprobs\": true}",
+		"{\"prompt\": \"a\", \"prompt_logprobs\": 2, \"stream\": true}"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct oai_err e = err_of(OAI_COMPLETION, bad[i]);
+		cr_expect_eq(e.status, 400, "%s", bad[i]);
+		cr_expect_str_eq(e.param, "prompt_logprobs", "%s: %s", bad[i], e.message);
+	}
+	cr_expect(strstr(err_of(OAI_COMPLETION, bad[3]).message, "stream"));
+	/* the response: position 1's token (id 5) ranks 3rd; its two likeliest, ids 120 and 7 */
+	const char *doc =
+		"{\"status\": \"COMPLETED\", \"output\": {\"text\": \" d\", \"token_ids\": [9], "
+		"\"finish_reason\": \"length\", \"prompt_logprobs\": [{\"token\": \"\", \"logprob\": "
+		"null, \"bytes\": [], \"top_logprobs\": []}, {\"token\": \"\u00e9\", \"logprob\": -2, "
+		"\"bytes\": [195, 169], \"rank\": 3, \"top_logprobs\": [{\"token\": \"x\", "
+		"\"logprob\": -1, \"bytes\": [120], \"id\": 120}, {\"token\": \"y\", \"logprob\": "
+		"-1.5, \"bytes\": [121], \"id\": 7}]}, {\"token\": \"z\", \"logprob\": -0.5, \"bytes\": "
+		"[122], \"rank\": 1, \"top_logprobs\": [{\"token\": \"z\", \"logprob\": -0.5, "
+		"\"bytes\": [122], \"id\": 8}, {\"token\": \"w\", \"logprob\": -3, \"bytes\": [119], "
+		"\"id\": 2}]}], \"prompt_token_ids\": [1, 5, 8]}, \"usage\": {\"prompt_tokens\": 3, "
+		"\"completion_tokens\": 1}}";
+	for (int kind = 0; kind < 2; kind++) {
+		struct oai_result res;
+		cr_assert_eq(oai_result_parse(doc, strlen(doc), &res), WK_OK);
+		res.plp = true;
+		res.plp_top = 2;
+		j = oai_response(kind ? OAI_CHAT : OAI_COMPLETION, "c", 5, "m", &res);
+		json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+		json_t *pl = json_object_get(kind ? j : ch, "prompt_logprobs");
+		cr_assert_eq(json_array_size(pl), 3, "%s", json_dumps(j, 0));
+		cr_expect(json_is_null(json_array_get(pl, 0)));
+		json_t *p1 = json_array_get(pl, 1), *p2 = json_array_get(pl, 2);
+		cr_expect_eq(json_object_size(p1), 3, "the token, then its 2 likeliest");
+		cr_expect_eq(json_integer_value(json_object_get(json_object_get(p1, "5"), "rank")), 3);
+		cr_expect_float_eq(json_number_value(json_object_get(json_object_get(p1, "5"),
+								     "logprob")), -2, 1e-9);
+		cr_expect_str_eq(json_string_value(json_object_get(json_object_get(p1, "5"),
+								    "decoded_token")), "\xc3\xa9");
+		cr_expect_eq(json_integer_value(json_object_get(json_object_get(p1, "7"), "rank")), 2);
+		cr_expect_str_eq(json_string_value(json_object_get(json_object_get(p1, "120"),
+								    "decoded_token")), "x");
+		cr_expect_eq(json_object_size(p2), 2, "the token is the likeliest: once");
+		cr_expect_eq(json_integer_value(json_object_get(json_object_get(p2, "8"), "rank")), 1);
+		cr_expect_null(json_object_get(kind ? ch : j, "prompt_logprobs"));
+		json_decref(j);
+		/* one alternative asked: the token and the likeliest only */
+		res.plp_top = 1;
+		res.echo = !kind;
+		res.echo_top = 0;
+		j = oai_response(kind ? OAI_CHAT : OAI_COMPLETION, "c", 5, "m", &res);
+		ch = json_array_get(json_object_get(j, "choices"), 0);
+		pl = json_object_get(kind ? j : ch, "prompt_logprobs");
+		cr_expect_eq(json_object_size(json_array_get(pl, 1)), 2);
+		cr_expect_eq(json_object_size(json_array_get(pl, 2)), 1);
+		if (!kind) /* echo with no logprobs asked: the text only */
+			cr_expect_str_eq(json_string_value(json_object_get(ch, "text")),
+					 "\xc3\xa9z d");
+		json_decref(j);
+		oai_result_free(&res);
+	}
+}
+
 Test(http, echo_and_token_ids)
 {
 	struct oai_req r;

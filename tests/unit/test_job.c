@@ -599,9 +599,10 @@ Test(job, prompt_ids_and_prompt_logprobs)
 	cr_expect(strstr(err, "token ids; the limit is") != NULL, "%s", err);
 	job_free(&j);
 	free(big);
-	/* the result: entries for the prompt, the first one's logprob null, and its ids */
-	struct job_top top[1] = {{" b", 2, -0.5f}};
-	struct job_logprob lp[2] = {{"", 0, NAN, 0, NULL}, {" a", 2, -0.25f, 1, top}};
+	/* the result: entries for the prompt, the first one's logprob null, and its ids; an
+	 * entry with a rank has it, and its alternatives their ids */
+	struct job_top top[1] = {{" b", 2, -0.5f, 42}};
+	struct job_logprob lp[2] = {{"", 0, NAN, 0, NULL, 0}, {" a", 2, -0.25f, 1, top, 2}};
 	int ids[2] = {1, 7};
 	struct job_result r = {.id = "r", .status = JOB_COMPLETED, .text = "",
 			       .has_prompt_logprobs = true, .prompt_logprobs = lp,
@@ -613,9 +614,11 @@ Test(job, prompt_ids_and_prompt_logprobs)
 	cr_expect(json_is_null(json_object_get(json_array_get(c, 0), "logprob")), "%s", s);
 	cr_expect_float_eq(json_real_value(json_object_get(json_array_get(c, 1), "logprob")), -0.25,
 			   1e-9);
-	cr_expect_str_eq(json_string_value(json_object_get(
-				 json_array_get(json_object_get(json_array_get(c, 1), "top_logprobs"), 0),
-				 "token")), " b");
+	json_t *t0 = json_array_get(json_object_get(json_array_get(c, 1), "top_logprobs"), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(t0, "token")), " b");
+	cr_expect_eq(json_integer_value(json_object_get(t0, "id")), 42, "%s", s);
+	cr_expect_eq(json_integer_value(json_object_get(json_array_get(c, 1), "rank")), 2, "%s", s);
+	cr_expect_null(json_object_get(json_array_get(c, 0), "rank"), "%s", s);
 	json_t *pi = json_object_get(o, "prompt_token_ids");
 	cr_expect(json_array_size(pi) == 2 && json_integer_value(json_array_get(pi, 1)) == 7, "%s",
 		  s);
@@ -650,8 +653,9 @@ Test(job, logprobs)
 		job_free(&j);
 	}
 	/* a piece that ends inside a UTF-8 sequence: "token" has U+FFFD, "bytes" the byte */
-	struct job_top top[2] = {{" a", 2, -0.25f}, {"\xe2\x82", 2, -1.5f}};
-	struct job_logprob lp[2] = {{" a", 2, -0.25f, 2, top}, {"\xe2", 1, -INFINITY, 0, NULL}};
+	struct job_top top[2] = {{" a", 2, -0.25f, 9}, {"\xe2\x82", 2, -1.5f, 10}};
+	struct job_logprob lp[2] = {{" a", 2, -0.25f, 2, top, 0},
+				    {"\xe2", 1, -INFINITY, 0, NULL, 0}};
 	struct job_result r = {.id = "r", .status = JOB_COMPLETED, .text = " a\xe2",
 			       .has_logprobs = true, .logprobs = lp, .n_logprobs = 2};
 	char *s = job_encode_result(&r, NULL);
@@ -667,6 +671,8 @@ Test(job, logprobs)
 	cr_expect_str_eq(json_string_value(json_object_get(t1, "token")), "\xef\xbf\xbd\xef\xbf\xbd");
 	cr_expect_eq(json_integer_value(json_array_get(json_object_get(t1, "bytes"), 0)), 0xe2);
 	cr_expect_eq(json_integer_value(json_array_get(json_object_get(t1, "bytes"), 1)), 0x82);
+	cr_expect_null(json_object_get(t1, "id"), "no rank: no ids (OpenAI's entries)");
+	cr_expect_null(json_object_get(e0, "rank"));
 	cr_expect_float_eq(json_number_value(json_object_get(e1, "logprob")), -9999, 1e-9,
 			   "-inf is -9999 (JSON has no -Infinity)");
 	cr_expect_eq(json_array_size(json_object_get(e1, "top_logprobs")), 0);

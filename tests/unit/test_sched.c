@@ -785,6 +785,10 @@ static void plp_check(const struct sched_req *r, const char *what)
 		double lse = m + log(sum), d = fabs(r->plp[k].lp - (lg[r->prompt[k]] - lse));
 		worst = d > worst ? d : worst;
 		cr_assert_eq(r->plp[k].n_top, r->prompt_top, "%s: position %d", what, k);
+		int above = 0; /* vLLM's rank: 1 + the tokens with a higher logit */
+		for (int v = 0; v < vocab; v++)
+			above += lg[v] > lg[r->prompt[k]];
+		cr_expect_eq(r->plp[k].rank, 1 + above, "%s: position %d's rank", what, k);
 		for (int t = 0; t < r->prompt_top; t++) {
 			int id = r->plp[k].top_id[t], above = 0;
 			for (int v = 0; v < vocab; v++)
