@@ -890,19 +890,21 @@ static int prefix_seq(struct sched *s, struct sched_req *r, int *seq, int *reuse
 		s->pc_stats.misses += on;
 		return seq_alloc(s, seq) == WK_OK ? PREFIX_ADMIT : PREFIX_FULL;
 	}
-	int from;
+	/* With the MTP layer, one position fewer: its row at the prefix's last position was made
+	 * from the token after it, which r's prompt need not share; r makes that row again */
+	int use = p.len - s->mtp, from;
 	if (p.entry >= 0) {
 		from = s->pc[p.entry].seq;
 		if (p.len == s->pc[p.entry].n || seq_alloc_but(s, seq, from) != WK_OK) {
 			*seq = from;
 			cache_remove(s, p.entry);
-			if (eng_seq_truncate(s->e, *seq, p.len) != WK_OK) {
+			if (eng_seq_truncate(s->e, *seq, use) != WK_OK) {
 				eng_seq_free(s->e, *seq);
 				return seq_alloc(s, seq) == WK_OK ? PREFIX_ADMIT : PREFIX_FULL;
 			}
 			s->pc_stats.hits++;
-			s->pc_stats.hit_tokens += p.len;
-			*reused = p.len;
+			s->pc_stats.hit_tokens += use;
+			*reused = use;
 			return PREFIX_ADMIT;
 		}
 		for (int i = 0; i < s->n_pc; i++) /* (evictions moved the entries) */
@@ -914,14 +916,14 @@ static int prefix_seq(struct sched *s, struct sched_req *r, int *seq, int *reuse
 			return PREFIX_FULL;
 	}
 	char err[WK_ERRSZ];
-	if (eng_seq_copy(s->e, *seq, from, p.len, err, sizeof err) != WK_OK) {
+	if (eng_seq_copy(s->e, *seq, from, use, err, sizeof err) != WK_OK) {
 		s->pc_stats.misses++; /* (a fresh sequence: its length is still 0) */
 		return PREFIX_ADMIT;
 	}
 	s->pc_stats.hits++;
 	s->pc_stats.copies++;
-	s->pc_stats.hit_tokens += p.len;
-	*reused = p.len;
+	s->pc_stats.hit_tokens += use;
+	*reused = use;
 	return PREFIX_ADMIT;
 }
 

@@ -254,7 +254,9 @@ int sched_set_prompt_rows(struct sched *s, int rows);
  * request's that is still being prefilled waits for that prefill (keeping its place and a
  * slot), then copies. An entry is evicted, least recently cached first, when a request needs
  * its sequence and none is free, so it never holds a request back. A request with
- * prompt_logprobs reuses nothing (every row of its prompt must run). The reused positions'
+ * prompt_logprobs reuses nothing (every row of its prompt must run). With the MTP layer
+ * drafting, a prefix is reused one position short: the layer's row at its last position was
+ * made from the token after it, which the new prompt need not share. The reused positions'
  * cache is what the earlier request computed: the same numbers a fresh prefill gives, up to
  * the rounding of a prompt run in two parts against one (as prompt chunks). WK_ENOMEM. */
 #define SCHED_CACHE_MIN 2

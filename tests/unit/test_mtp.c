@@ -550,3 +550,66 @@ Test(mtp, drafts_that_do_not_pay_stop)
 	free(dir);
 	free(odir);
 }
+
+/* The prefix cache with the MTP layer: the layer's row at position p is made from the token
+ * at p + 1, so a sequence copied (or truncated) to a prefix that a prompt leaves at p + 1
+ * holds a row of the other prompt's. The drafts then differ from a fresh prefill's; one
+ * position fewer makes that row again and gives them. The scheduler reuses one fewer. */
+Test(mtp, a_reused_prefix_makes_its_last_row_again)
+{
+	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
+	struct engine *e = open_with(dir, NULL, ENG_MTP_ON);
+	int V = eng_info(e)->vocab;
+	const int x[NP] = {3, 17, 42, 5, 20, 11}, y[NP] = {3, 17, 42, 5, 99, 7};
+	int a, t, d[K];
+	float *lg[3];
+	for (int i = 0; i < 3; i++)
+		lg[i] = malloc(sizeof(float) * K * V);
+	cr_assert_eq(eng_seq_alloc(e, &a), WK_OK);
+	struct eng_item it = {.seq = a, .tokens = x, .n = NP, .token = &t, .drafts = K, .draft = d,
+			      .draft_logits = lg[0]};
+	cr_assert_eq(eng_step(e, &it, 1, err, sizeof err), WK_OK, "%s", err);
+	/* [0]: a copy of 4 positions (x and y share them), [1]: of 3, [2]: y fresh */
+	for (int i = 0; i < 3; i++) {
+		int b, from = i == 2 ? 0 : 4 - i;
+		cr_assert_eq(eng_seq_alloc(e, &b), WK_OK);
+		if (from)
+			cr_assert_eq(eng_seq_copy(e, b, a, from, err, sizeof err), WK_OK, "%s", err);
+		it = (struct eng_item){.seq = b, .tokens = y + from, .n = NP - from, .token = &t,
+				       .drafts = K, .draft = d, .draft_logits = lg[i]};
+		cr_assert_eq(eng_step(e, &it, 1, err, sizeof err), WK_OK, "%s", err);
+		eng_seq_free(e, b);
+	}
+	double stale = rel(lg[0], lg[2], K * V), again = rel(lg[1], lg[2], K * V);
+	fprintf(stderr, "mtp: drafts after a reused prefix: %.2g from a fresh prefill's, %.2g with "
+		"its last row made again\n", stale, again);
+	cr_expect_gt(stale, 1e-3, "the stale row did not show (%g)", stale);
+	cr_expect_leq(again, 1e-4);
+	/* the scheduler: b shares 4 tokens with a's prompt and reuses 3 */
+	struct sched *s = sched_create(e, NULL);
+	cr_assert_eq(sched_set_speculate(s, 2), WK_OK);
+	cr_assert_eq(sched_set_prefix_cache(s, true), WK_OK);
+	struct got g = {0};
+	for (int i = 0; i < 2; i++) {
+		struct sched_req *r = calloc(1, sizeof *r);
+		snprintf(r->id, sizeof r->id, "%c", 'a' + i);
+		r->prompt = malloc(sizeof x);
+		memcpy(r->prompt, i ? y : x, sizeof x);
+		r->n_prompt = NP;
+		r->max_tokens = 6;
+		r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+		cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
+		while (sched_pending(s) > 0)
+			cr_assert_geq(sched_step(s, got_done, &g), 0);
+	}
+	cr_expect_eq(g.r[0]->cached, 0);
+	cr_expect_eq(g.r[1]->cached, 3, "%d cached", g.r[1]->cached);
+	sched_req_free(g.r[0]);
+	sched_req_free(g.r[1]);
+	sched_free(s);
+	for (int i = 0; i < 3; i++)
+		free(lg[i]);
+	eng_close(e);
+	rm_rf(dir);
+	free(dir);
+}
