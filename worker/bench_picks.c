@@ -44,12 +44,16 @@ static const char *const pattern = "{\"type\": \"string\", \"minLength\": 150, "
 				   "\"pattern\": \"^[a-z ,.]*$\"}";
 static const char *const pattern_any = "{\"type\": \"string\", \"minLength\": 150, "
 				       "\"pattern\": \"q\"}";
+/* dates, one after another: the automaton's state changes at every character, through a cycle
+ * of a dozen states */
+static const char *const pattern_dates = "{\"type\": \"string\", \"minLength\": 150, "
+					 "\"pattern\": \"^(\\\\d{4}-\\\\d{2}-\\\\d{2} )*$\"}";
 
 enum { K_PLAIN, K_LOGPROBS, K_PENALTIES, K_BIAS, K_OBJECT, K_SCHEMA, K_PATTERN, K_PATTERN_ANY,
-       K_N };
+       K_PATTERN_DATES, K_N };
 static const char *const names[K_N] = {"plain",	   "logprobs",	  "penalties",
 				      "logit_bias",  "json_object", "json_schema",
-				      "pattern",     "pattern_any"};
+				      "pattern",     "pattern_any", "pattern_dates"};
 
 static void done(void *ctx, struct sched_req *r)
 {
@@ -91,7 +95,8 @@ static double run_one(struct engine *e, int k, int n, int *made)
 		r->n_bias = 10;
 	}
 	const char *sch = k == K_SCHEMA ? schema : k == K_PATTERN ? pattern
-			: k == K_PATTERN_ANY ? pattern_any : NULL;
+			: k == K_PATTERN_ANY ? pattern_any : k == K_PATTERN_DATES ? pattern_dates
+			: NULL;
 	if (k >= K_OBJECT && gram_compile(sch, sch ? strlen(sch) : 0, &r->gram, err,
 					  sizeof err) != WK_OK) {
 		fprintf(stderr, "wick bench picks: %s\n", err);

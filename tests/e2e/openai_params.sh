@@ -686,7 +686,7 @@ EOF
 tail -n 1 "$TMPD/picks.txt" | python3 -c 'import json, sys
 t = json.load(sys.stdin)["ms_per_token"]
 assert sorted(t) == sorted(["plain", "logprobs", "penalties", "logit_bias", "json_object",
-                            "json_schema", "pattern", "pattern_any"]) and \
+                            "json_schema", "pattern", "pattern_any", "pattern_dates"]) and \
        all(v > 0 for v in t.values()), t' ||
   fail "wick bench picks: $(cat "$TMPD/picks.txt")"
 echo "wick bench picks: $(sed -n 1p "$TMPD/picks.txt")"
