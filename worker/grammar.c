@@ -1076,6 +1076,19 @@ static bool str_utf8(const struct gram *g, const struct gnode *n, struct gram_fr
 	return lo <= hi && gre_may(&g->re[n->re - 1], f->cand, lo, hi);
 }
 
+/* With a pattern, a \u escape is checked as its hex digits come: some code point they may
+ * still make, [lo, hi], must be one the automaton may take (a pattern's strings take no
+ * surrogate escapes), so no digit, and no backslash, leads where none can follow. */
+static bool str_hex_may(const struct gram *g, const struct gnode *n, const struct gram_frame *f,
+			uint32_t lo, uint32_t hi)
+{
+	if (!n->re)
+		return true;
+	const struct gre *re = &g->re[n->re - 1];
+	return (lo < 0xD800 && gre_may(re, f->cand, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
+	       (hi > 0xDFFF && gre_may(re, f->cand, lo > 0xE000 ? lo : 0xE000, hi));
+}
+
 static bool str_byte(const struct gram *g, struct gram_state *s, struct gram_frame *f,
 		     const struct gnode *n, unsigned char c)
 {
@@ -1085,7 +1098,7 @@ static bool str_byte(const struct gram *g, struct gram_state *s, struct gram_fra
 			f->phase = ST_HEX;
 			f->pos = 0;
 			f->aux = 0;
-			return true;
+			return str_hex_may(g, n, f, 0, 0xFFFF);
 		}
 		const char *k = c ? strchr(from, c) : NULL;
 		f->phase = ST_IN;
@@ -1097,8 +1110,10 @@ static bool str_byte(const struct gram *g, struct gram_state *s, struct gram_fra
 			return false;
 		f->aux = (int16_t)(uint16_t)((uint16_t)f->aux << 4 |
 					     (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10));
-		if (++f->pos < 4)
-			return true;
+		if (++f->pos < 4) {
+			uint32_t lo = (uint32_t)(uint16_t)f->aux << (4 * (4 - f->pos));
+			return str_hex_may(g, n, f, lo, lo | ((1u << (4 * (4 - f->pos))) - 1));
+		}
 		f->phase = ST_IN;
 		/* a high surrogate's \u is half of one character: the low's counts; a pattern's
 		 * strings take no surrogate escapes (raw UTF-8 says the same) */
@@ -1121,9 +1136,9 @@ static bool str_byte(const struct gram *g, struct gram_state *s, struct gram_fra
 		if (c != '\\')
 			f->seen++; /* (an escape counts once its kind is known) */
 	}
-	if (c == '\\') {
+	if (c == '\\') { /* (with a pattern: where some escape's character may come) */
 		f->phase = ST_ESC;
-		return true;
+		return !n->re || str_hex_may(g, n, f, 0, 0xFFFF);
 	}
 	if (c < 0x20)
 		return false;
