@@ -59,6 +59,7 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 #include "worker/ledger.h"
+#include "worker/prompt.h"
 #include "worker/split.h"
 
 /* A request body: a queue's job document's limit (JOB_BODY_MAX, 4 MiB), so that a prompt at
@@ -217,6 +218,11 @@ struct http_api {
 	int64_t cost_micro;
 	double gpu_seconds;
 	struct hist ttft, tpot;
+	/* the model's tokenizer and chat format (http_api_set_model), for /tokenize and
+	 * /detokenize; set once (tok NULL until then) */
+	struct job_model jm;
+	int max_model_len;
+	bool model_set;
 };
 
 /* ---- flags ---- */
@@ -319,6 +325,17 @@ void http_api_set_state(struct http_api *h, const char *state)
 			pthread_mutex_unlock(&h->mu);
 			return;
 		}
+}
+
+void http_api_set_model(struct http_api *h, const struct job_model *m, int max_model_len)
+{
+	pthread_mutex_lock(&h->mu);
+	if (!h->model_set) {
+		h->jm = *m;
+		h->max_model_len = max_model_len;
+		h->model_set = true;
+	}
+	pthread_mutex_unlock(&h->mu);
 }
 
 int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s)
@@ -1141,6 +1158,168 @@ static void route_models(struct http_api *h, struct evhttp_request *req, struct 
 	json_decref(arr);
 }
 
+/* The model, once http_api_set_model has given it (else a 503 answered). */
+static const struct job_model *model_of(struct http_api *h, struct evhttp_request *req,
+					struct hconn *c)
+{
+	pthread_mutex_lock(&h->mu);
+	bool set = h->model_set;
+	pthread_mutex_unlock(&h->mu);
+	if (!set) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+		reply_errf(h, req, c, 503, "server_error", "unavailable",
+			   "the model is still loading");
+		return NULL;
+	}
+	if (!h->jm.tok) {
+		reply_errf(h, req, c, 400, "invalid_request_error", "no_tokenizer",
+			   "the model has no tokenizer.json");
+		return NULL;
+	}
+	return &h->jm;
+}
+
+/* The request's JSON object body, or NULL with the error answered. */
+static json_t *body_object(struct http_api *h, struct evhttp_request *req, struct hconn *c)
+{
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : NULL;
+	json_error_t je;
+	json_t *j = body ? json_loadb(body, len, 0, &je) : NULL;
+	if (!json_is_object(j)) {
+		json_decref(j);
+		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_json", "%s",
+			   !len ? "the request has no body"
+				: body ? "the body is not a JSON object" : "out of memory");
+		return NULL;
+	}
+	return j;
+}
+
+/* vLLM's /tokenize: {"prompt": TEXT} (add_special_tokens, default true: the BOS a Llama
+ * tokenizer adds) or a chat's {"messages": [...]} (tools, chat_template_kwargs;
+ * add_generation_prompt, default true), the tokens a completion request with them runs:
+ * {"count", "max_model_len", "tokens", "token_strs" (with return_token_strs, else null)}. */
+static void route_tokenize(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			   const char *tenant)
+{
+	const struct job_model *jm = model_of(h, req, c);
+	json_t *b = jm ? body_object(h, req, c) : NULL;
+	if (!b)
+		return;
+	const json_t *msgs = json_object_get(b, "messages"), *p = json_object_get(b, "prompt");
+	const json_t *gen = json_object_get(b, "add_generation_prompt");
+	const json_t *spec = json_object_get(b, "add_special_tokens");
+	const json_t *strs = json_object_get(b, "return_token_strs");
+	const json_t *model = json_object_get(b, "model");
+	const char *bad = !json_is_string(p) == !msgs ? "give a prompt (a string) or messages"
+			: json_string_length(p) > JOB_PROMPT_MAX
+				? "the prompt is over 1 MiB, a job's limit"
+			: (gen && !json_is_boolean(gen)) ? "add_generation_prompt must be true or false"
+			: (spec && !json_is_boolean(spec)) ? "add_special_tokens must be true or false"
+			: (strs && !json_is_boolean(strs) && !json_is_null(strs))
+				? "return_token_strs must be true or false"
+				: NULL;
+	if (bad) {
+		json_decref(b);
+		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_input", "%s", bad);
+		return;
+	}
+	if (json_is_string(model) && strcmp(json_string_value(model), h->model)) {
+		reply_errf(h, req, c, 404, "invalid_request_error", "model_not_found",
+			   "The model '%.200s' does not exist; this server serves '%s'",
+			   json_string_value(model), h->model);
+		json_decref(b);
+		return;
+	}
+	int *ids = NULL, n = 0, rc;
+	char err[WK_ERRSZ];
+	if (msgs) { /* the chat request's own job, rendered as the worker renders it */
+		char *body = json_dumps(b, JSON_COMPACT);
+		struct oai_req r = {0};
+		struct oai_err e;
+		if (!body) {
+			json_decref(b);
+			reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+			return;
+		}
+		int st = oai_to_job(OAI_CHAT, body, strlen(body), h->model, "tokenize", tenant, 1,
+				    &r, &e);
+		free(body);
+		if (st) {
+			json_decref(b);
+			reply_err(h, req, c, &e);
+			return;
+		}
+		struct job j;
+		rc = job_decode(r.jobs[0], r.job_lens[0], NULL, &j, err, sizeof err) == JOB_OK
+			     ? job_prompt(jm, &j, !json_is_false(gen), &ids, &n, err, sizeof err)
+			     : WK_EINVAL;
+		job_free(&j);
+		oai_req_free(&r);
+	} else {
+		rc = tok_encode(jm->tok, json_string_value(p), json_string_length(p),
+				!json_is_false(spec), &ids, &n, err, sizeof err);
+	}
+	if (rc != WK_OK) {
+		json_decref(b);
+		free(ids);
+		reply_errf(h, req, c, rc == WK_ENOMEM ? 500 : 400, rc == WK_ENOMEM
+			   ? "server_error" : "invalid_request_error", rc == WK_ENOMEM ? "internal"
+			   : "invalid_input", "%s", err);
+		return;
+	}
+	json_t *toks = json_array(), *ts = json_is_true(strs) ? json_array() : json_null();
+	for (int i = 0; toks && ts && i < n; i++) {
+		json_array_append_new(toks, json_integer(ids[i]));
+		if (json_is_array(ts)) { /* (the vocabulary's string: a byte-level one's as it is) */
+			const char *piece = tok_piece(jm->tok, ids[i]);
+			json_array_append_new(ts, piece ? json_string(piece) : json_null());
+		}
+	}
+	free(ids);
+	json_decref(b);
+	reply_json(h, req, c, 200, json_pack("{s:i, s:i, s:o, s:o}", "count", n, "max_model_len",
+					     h->max_model_len, "tokens", toks, "token_strs", ts));
+}
+
+/* vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": TEXT}, the ids decoded as they are
+ * (special tokens kept; bytes that are not UTF-8 as U+FFFD). */
+static void route_detokenize(struct http_api *h, struct evhttp_request *req, struct hconn *c)
+{
+	const struct job_model *jm = model_of(h, req, c);
+	json_t *b = jm ? body_object(h, req, c) : NULL;
+	if (!b)
+		return;
+	const json_t *t = json_object_get(b, "tokens"), *v;
+	size_t n = json_array_size(t), i;
+	int *ids = malloc((n ? n : 1) * sizeof *ids);
+	const char *bad = !json_is_array(t) ? "tokens must be a list of token ids" : NULL;
+	json_array_foreach(t, i, v) {
+		if (bad || !ids)
+			break;
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) >= jm->vocab)
+			bad = "tokens: each is a token id of the vocabulary";
+		else
+			ids[i] = (int)json_integer_value(v);
+	}
+	char err[WK_ERRSZ], *text = NULL;
+	size_t len = 0;
+	int rc = bad || !ids ? WK_EINVAL
+			     : tok_decode_utf8(jm->tok, ids, (int)n, false, &text, &len, err, sizeof err);
+	free(ids);
+	json_decref(b);
+	if (rc != WK_OK) {
+		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_input", "%s",
+			   bad ? bad : err);
+		return;
+	}
+	reply_json(h, req, c, 200, json_pack("{s:s%}", "prompt", text, len));
+	free(text);
+}
+
 static void route_health(struct http_api *h, struct evhttp_request *req, struct hconn *c)
 {
 	pthread_mutex_lock(&h->mu);
@@ -1378,7 +1557,8 @@ static const char *route_methods(const char *path)
 	if (!strcmp(path, "/health") || !strcmp(path, "/v1/models") ||
 	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
 		return "GET, HEAD, OPTIONS";
-	if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions"))
+	if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions") ||
+	    !strcmp(path, "/tokenize") || !strcmp(path, "/detokenize"))
 		return "POST, OPTIONS";
 	return NULL;
 }
@@ -1485,13 +1665,14 @@ static void on_request(struct evhttp_request *req, void *arg)
 	bool chat = !strcmp(path, "/v1/chat/completions");
 	bool compl = !strcmp(path, "/v1/completions");
 	bool metrics = !strcmp(path, "/metrics");
-	if (!models && !chat && !compl && !metrics) {
+	bool tokenize = !strcmp(path, "/tokenize"), detokenize = !strcmp(path, "/detokenize");
+	if (!models && !chat && !compl && !metrics && !tokenize && !detokenize) {
 		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
 			   "no route %.200s (try /v1/chat/completions, /v1/completions, /v1/models, "
-			   "/health, /metrics)", path);
+			   "/tokenize, /detokenize, /health, /metrics)", path);
 		return;
 	}
-	if (((models || metrics) && !get) || ((chat || compl) && !post)) {
+	if (((models || metrics) && !get) || ((chat || compl || tokenize || detokenize) && !post)) {
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
 				  route_methods(path));
 		reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed", "%s wants %s",
@@ -1502,6 +1683,10 @@ static void on_request(struct evhttp_request *req, void *arg)
 		route_models(h, req, c, path);
 	else if (metrics)
 		route_metrics(h, req, c);
+	else if (tokenize)
+		route_tokenize(h, req, c, tenant);
+	else if (detokenize)
+		route_detokenize(h, req, c);
 	else
 		route_completion(h, req, c, chat ? OAI_CHAT : OAI_COMPLETION, tenant);
 }

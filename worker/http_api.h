@@ -109,6 +109,11 @@ void http_api_stop(struct http_api *h);
 /* "STARTING", "READY", "BUSY", "IDLE" or "DRAINING": what /health answers, and the clock of
  * /metrics' seconds per state. New completion requests get 503 while DRAINING. */
 void http_api_set_state(struct http_api *h, const char *state);
+/* The model the worker opened: its tokenizer (m->tok, NULL for none; the caller's, kept until
+ * http_api_stop) and chat format for /tokenize and /detokenize, which answer 503 before this,
+ * and max_model_len (the context) for /tokenize's answer. Once. */
+struct job_model;
+void http_api_set_model(struct http_api *h, const struct job_model *m, int max_model_len);
 
 /* ---- requests (the worker thread) ---- */
 

@@ -37,6 +37,7 @@
 #include "engine/tokenizer.h"
 #include "worker/cmd.h"
 #include "worker/job.h"
+#include "worker/prompt.h"
 #include "worker/ledger.h"
 #include "worker/export.h"
 #include "coldstart/snapshot.h"
@@ -865,74 +866,8 @@ static void on_done(void *ctx, struct sched_req *r)
 static int render_prompt(struct worker *w, const struct job *j, int **ids, int *n, char *err,
 			 size_t errsz)
 {
-	if (j->prompt_ids) { /* the model's input as it is */
-		int V = eng_info(w->e)->vocab;
-		for (int k = 0; k < j->n_prompt_ids; k++)
-			if (j->prompt_ids[k] >= V)
-				return wk_errf(err, errsz, WK_EINVAL, "input.prompt[%d]: token id %d "
-					       "is outside the vocabulary (ids 0 to %d)", k,
-					       j->prompt_ids[k], V - 1);
-		if (!(*ids = malloc((size_t)j->n_prompt_ids * sizeof **ids)))
-			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-		memcpy(*ids, j->prompt_ids, (size_t)j->n_prompt_ids * sizeof **ids);
-		*n = j->n_prompt_ids;
-		return WK_OK;
-	}
-	if (!w->tok)
-		return wk_errf(err, errsz, WK_EUNSUPPORTED, "the model has no tokenizer.json");
-	if (j->prompt)
-		return tok_encode(w->tok, j->prompt, strlen(j->prompt), true, ids, n, err, errsz);
-	if (j->tools && w->chat == CHAT_PLAIN)
-		return wk_errf(err, errsz, WK_EINVAL, "input.tools: this model's chat format (%s) "
-			       "has no tool calls", chat_format_name(w->chat));
-	if (j->thinking && w->chat == CHAT_PLAIN)
-		return wk_errf(err, errsz, WK_EINVAL, "input.thinking: this model's chat format "
-			       "(%s) has no thinking", chat_format_name(w->chat));
-	int n_calls = 0;
-	for (int i = 0; i < j->n_messages; i++)
-		n_calls += j->messages[i].n_calls;
-	struct chat_msg *m = calloc((size_t)j->n_messages, sizeof *m);
-	struct chat_call *calls = calloc((size_t)n_calls + 1, sizeof *calls);
-	int rc = m && calls ? WK_OK : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-	for (int i = 0, c = 0; i < j->n_messages && rc == WK_OK; i++) {
-		const struct job_message *jm = &j->messages[i];
-		rc = chat_role_parse(jm->role, &m[i].role, err, errsz);
-		m[i].content = jm->content;
-		m[i].len = strlen(jm->content);
-		m[i].calls = jm->n_calls ? calls + c : NULL;
-		m[i].n_calls = (size_t)jm->n_calls;
-		for (int k = 0; k < jm->n_calls; k++, c++)
-			calls[c] = (struct chat_call){
-				.name = jm->calls[k].name, .name_len = strlen(jm->calls[k].name),
-				.args = jm->calls[k].arguments,
-				.args_len = strlen(jm->calls[k].arguments)};
-	}
-	char *text = NULL;
-	size_t len = 0;
-	if (rc == WK_OK) /* (a forced call: thinking off, the answer opening with the call) */
-		rc = chat_render_tools(w->chat, m, (size_t)j->n_messages, j->tools,
-				       j->tools ? strlen(j->tools) : 0, true,
-				       j->thinking && !j->forced, &text, &len, err, errsz);
-	if (rc == WK_OK && j->forced) {
-		size_t fl = strlen(j->forced);
-		char *t = realloc(text, len + 11 + fl + 1);
-		if (t) {
-			memcpy(t + len, "<tool_call>", 11);
-			memcpy(t + len + 11, j->forced, fl + 1);
-			len += 11 + fl;
-			text = t;
-		} else {
-			rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
-		}
-	}
-	if (rc == WK_EFORMAT) /* (a call's arguments, checked by job_decode: not expected) */
-		rc = WK_EINVAL;
-	free(m);
-	free(calls);
-	if (rc == WK_OK)
-		rc = tok_encode(w->tok, text, len, w->chat == CHAT_PLAIN, ids, n, err, errsz);
-	free(text);
-	return rc;
+	struct job_model jm = {w->tok, w->chat, eng_info(w->e)->vocab};
+	return job_prompt(&jm, j, true, ids, n, err, errsz);
 }
 
 /* A queue job that asked to stream ("stream": true): its text as it is made, to the
@@ -1468,6 +1403,10 @@ static int start(struct worker *w, const char **why)
 			       ? te[0]
 			       : -1;
 	free(te);
+	if (w->http) /* /tokenize and /detokenize */
+		http_api_set_model(w->http, &(struct job_model){w->tok, w->chat,
+								eng_info(w->e)->vocab},
+				   eng_info(w->e)->max_seq);
 	if (w->o.step_log_path && !(w->step_log = fopen(w->o.step_log_path, "a"))) {
 		wlog(w, "startup_failed", "%s: %s", w->o.step_log_path, strerror(errno));
 		return 1;

@@ -30,6 +30,8 @@
 #   9. the prefix cache: a prompt sent again has all but its last token cached, a chat's next
 #      turn most of its prompt, and n 4 choices run one prefill (3 copies of it); the answers
 #      are those of a server with --prefix-cache off
+#  10. vLLM's /tokenize (a prompt's and a chat's count, as their requests bill them) and
+#      /detokenize (the ids back into the prompt)
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -679,6 +681,40 @@ assert hit and all(r["cached_tokens"] < r["prompt_tokens"] for r in hit), hit[:3
 assert sum(r["cached_tokens"] for r in rows) == total, (sum(r["cached_tokens"] for r in rows), total)
 print(f"9. the ledger: {len(hit)} of {len(rows)} requests billed with cached tokens, "
       f"{total} in all, as /metrics counts")
+EOF
+
+# 10. vLLM's /tokenize and /detokenize: a prompt's and a chat's count is the prompt_tokens
+# their completion requests bill; the ids decode back into the text
+node - "http://127.0.0.1:$P" "$(basename "$m")" <<'EOF' || fail "/tokenize and /detokenize"
+const [base, model] = process.argv.slice(2);
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const post = async (path, body) => {
+  const r = await fetch(base + path, { method: 'POST', body: JSON.stringify(body),
+                                       headers: { 'Content-Type': 'application/json' } });
+  return [r.status, await r.json()];
+};
+(async () => {
+  const prompt = 'One sunny morning, a little bird named Pip flew over the';
+  const [s1, t1] = await post('/tokenize', { model, prompt });
+  const [, c1] = await post('/v1/completions', { model, prompt, max_tokens: 1 });
+  assert(s1 === 200 && t1.count === t1.tokens.length && t1.count === c1.usage.prompt_tokens,
+         `prompt: ${JSON.stringify(t1)} against ${JSON.stringify(c1.usage)}`);
+  const messages = [{ role: 'system', content: 'Be brief.' },
+                    { role: 'user', content: 'Tell me about Pip.' }];
+  const [, t2] = await post('/tokenize', { model, messages });
+  const [, c2] = await post('/v1/chat/completions', { model, messages, max_tokens: 1 });
+  assert(t2.count === c2.usage.prompt_tokens, `chat: ${t2.count} against ` +
+         `${c2.usage.prompt_tokens}`);
+  const [, t3] = await post('/tokenize', { model, prompt, add_special_tokens: false });
+  const [s4, d] = await post('/detokenize', { model, tokens: t3.tokens });
+  assert(t3.count === t1.count - 1 && s4 === 200 && d.prompt === prompt,
+         `detokenize: ${JSON.stringify(d)}`);
+  const [s5, e5] = await post('/detokenize', { model, tokens: [1, 1 << 30] });
+  assert(s5 === 400 && /token id/.test(e5.error.message), `${s5} ${JSON.stringify(e5)}`);
+  console.log(`10. /tokenize: a prompt's ${t1.count} tokens and a chat's ${t2.count}, as their ` +
+              'requests bill them; /detokenize gives the prompt back; an id past the ' +
+              'vocabulary a 400');
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 
 # the benchmark of the host's part of these picks runs (its figures: README)

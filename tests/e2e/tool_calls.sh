@@ -104,10 +104,18 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
   assert(calls[0] && calls[0].name === 'get_weather' &&
          JSON.parse(calls[0].arguments).city === 'Paris', JSON.stringify(calls));
   // 3. the next turn, with the call and its answer
+  const turn = [...messages, c.message,
+                { role: 'tool', tool_call_id: tc[0].id, content: '{"sky": "clear"}' }];
   const next = await client.chat.completions.create({ model, tools, max_tokens: 30,
-    messages: [...messages, c.message,
-               { role: 'tool', tool_call_id: tc[0].id, content: '{"sky": "clear"}' }] });
+                                                      messages: turn });
   assert(next.choices[0].finish_reason === 'tool_calls', JSON.stringify(next.choices[0]));
+  // vLLM's /tokenize of the same chat (GLM's template, the tools, the call and its answer):
+  // the prompt tokens the request billed; without the generation prompt, fewer
+  const tokenize = async (body) => (await fetch(base.replace('/v1', '/tokenize'), {
+    method: 'POST', body: JSON.stringify({ model, tools, messages: turn, ...body }) })).json();
+  const tk = await tokenize({}), open = await tokenize({ add_generation_prompt: false });
+  assert(tk.count === next.usage.prompt_tokens && open.count < tk.count,
+         `/tokenize: ${tk.count} and ${open.count} against ${next.usage.prompt_tokens}`);
   // tool_choice none: no tools in the prompt, no calls read; the model's text is the content
   const none = await client.chat.completions.create({ model, messages, tools, max_tokens: 30,
                                                       tool_choice: 'none' });

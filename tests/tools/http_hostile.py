@@ -146,6 +146,20 @@ for i, b in enumerate([{}, {"prompt": 5}, {"prompt": [1, -2, 3]}, {"prompt": ["a
                        {"prompt": "x", "logprobs": 99}, {"prompt": "x", "logprobs": "2"}]):
     expect(f"wrong completion {i}", req("POST", COMPL, json.dumps(b)))
 
+# 3b. /tokenize and /detokenize (vLLM's): bodies that are not objects, wrong types.
+for i, b in enumerate(["", "[]", "{", "5", json.dumps({}), json.dumps({"prompt": 5}),
+                       json.dumps({"prompt": "x", "messages": good_msgs}),
+                       json.dumps({"messages": "hi"}), json.dumps({"messages": [{"role": "x"}]}),
+                       json.dumps({"prompt": "x", "add_special_tokens": "no"}),
+                       json.dumps({"messages": good_msgs, "add_generation_prompt": 1}),
+                       json.dumps({"prompt": "x", "return_token_strs": 2}),
+                       json.dumps({"prompt": "x" * (2 << 20)})]):
+    expect(f"tokenize {i}", req("POST", "/tokenize", b))
+for i, b in enumerate(["", "[]", json.dumps({}), json.dumps({"tokens": "1"}),
+                       json.dumps({"tokens": [1, -1]}), json.dumps({"tokens": [1, 2.5]}),
+                       json.dumps({"tokens": [1, 10 ** 12]}), json.dumps({"tokens": [None]})]):
+    expect(f"detokenize {i}", req("POST", "/detokenize", b))
+
 # 4. Another model: 404 model_not_found.
 for m in ("gpt-4o", "", a.model + "x", a.model.upper()):
     expect(f"model {m!r}", req("POST", CHAT, json.dumps({"model": m, "messages": good_msgs})), 404)
@@ -153,7 +167,8 @@ expect("models/other", req("GET", "/v1/models/gpt-4o"), 404)
 
 # 5. Keys: missing, wrong, malformed, on every authenticated route.
 for route, method, body in ((CHAT, "POST", json.dumps({"messages": good_msgs})),
-                            ("/v1/models", "GET", None), ("/metrics", "GET", None)):
+                            ("/v1/models", "GET", None), ("/metrics", "GET", None),
+                            ("/tokenize", "POST", json.dumps({"prompt": "x"}))):
     expect(f"no key {route}", req(method, route, body, key=None), 401)
     expect(f"wrong key {route}", req(method, route, body, key="Bearer nope"), 401)
     expect(f"basic auth {route}", req(method, route, body, key="Basic dXNlcjpwYXNz"), 401)
@@ -165,7 +180,8 @@ for path in ("/", "/v1", "/v2/chat/completions", "/admin", "/../../etc/passwd", 
              "/v1/completions/x", "/health/x", "/v1/models/../../x", "/%00", "/" + "a" * 2000):
     expect(f"junk path {path[:30]}", req("GET", path), 404)
 for method, path in (("GET", CHAT), ("PUT", CHAT), ("DELETE", "/v1/models"), ("POST", "/v1/models"),
-                     ("POST", "/health"), ("GET", COMPL), ("PATCH", "/metrics")):
+                     ("POST", "/health"), ("GET", COMPL), ("PATCH", "/metrics"),
+                     ("GET", "/tokenize"), ("PUT", "/detokenize")):
     expect(f"method {method} {path}", req(method, path, "{}" if method != "GET" else None), 405)
 
 # 7. Broken HTTP and size limits (past twice the body limit, and for broken HTTP, libevent

@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/convert.h"
+#include "engine/tokenizer.h"
 #include "worker/http_int.h"
 #include "worker/job.h"
+#include "worker/prompt.h"
 
 static json_t *job_of(enum oai_kind k, const char *body, struct oai_req *r)
 {
@@ -447,6 +450,93 @@ Test(http_server, health_follows_the_state)
 	cr_expect(strstr(out, "wick_state{state=\"BUSY\"} 1") != NULL, "%s", out);
 	http_api_set_state(srv, "DRAINING");
 	cr_expect_eq(get("/health", NULL, out, sizeof out), 503);
+}
+
+static long post(const char *path, const char *body, char *out, size_t n)
+{
+	struct call c = {.key = "k-123", .body = body};
+	snprintf(c.url, sizeof c.url, "%s%s", base, path);
+	do_call(&c);
+	snprintf(out, n, "%s", c.out);
+	return c.status;
+}
+
+/* vLLM's /tokenize and /detokenize, with stories260K's tokenizer: 503 until the worker gives
+ * the model; a prompt's ids (BOS added unless add_special_tokens is false) and their strings;
+ * a chat's the tokens its completion request runs (a GLM format: with the assistant's header
+ * unless add_generation_prompt is false); ids back into text; the refusals. */
+Test(http_server, tokenize_and_detokenize)
+{
+	char out[8192], err[WK_ERRSZ], bin[512], tk[512];
+	http_api_set_state(srv, "READY");
+	cr_expect_eq(post("/tokenize", "{\"prompt\": \"a\"}", out, sizeof out), 503, "%s", out);
+	cr_expect(strstr(out, "still loading"), "%s", out);
+	const char *sh = getenv("WICK_SHARED") ? getenv("WICK_SHARED") : "../shared";
+	snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", sh);
+	snprintf(tk, sizeof tk, "%s/models/stories260K/tok512.bin", sh);
+	char dir[] = "/tmp/wick-tok-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char conv[600];
+	snprintf(conv, sizeof conv, "%s/m", dir);
+	cr_assert_eq(conv_llama2c(bin, tk, conv, err, sizeof err), WK_OK, "%s", err);
+	struct tok *t;
+	bool prepared;
+	cr_assert_eq(tok_load_dir(conv, &t, &prepared, err, sizeof err), WK_OK, "%s", err);
+	struct job_model jm = {t, CHAT_GLM, 512};
+	http_api_set_model(srv, &jm, 256);
+	cr_expect_eq(post("/tokenize", "{\"prompt\": \"Once upon a time\", "
+			  "\"return_token_strs\": true}", out, sizeof out), 200, "%s", out);
+	cr_expect_str_eq(out, "{\"count\":5,\"max_model_len\":256,\"tokens\":[1,403,407,261,378],"
+			 "\"token_strs\":[\"<s>\",\"\u2581Once\",\"\u2581upon\",\"\u2581a\","
+			 "\"\u2581time\"]}\n");
+	cr_expect_eq(post("/tokenize", "{\"prompt\": \"Once upon a time\", \"add_special_tokens\": "
+			  "false}", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, "\"count\":4,") && strstr(out, "\"token_strs\":null"), "%s", out);
+	/* a chat: what its completion request would run */
+	const char *msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}]";
+	char body[512], gen[8192];
+	snprintf(body, sizeof body, "{%s}", msgs);
+	cr_expect_eq(post("/tokenize", body, gen, sizeof gen), 200, "%s", gen);
+	struct job j = {0};
+	j.n_messages = 1;
+	struct job_message m = {.role = "user", .content = "Once upon a time"};
+	j.messages = &m;
+	int *ids, n;
+	cr_assert_eq(job_prompt(&jm, &j, true, &ids, &n, err, sizeof err), WK_OK, "%s", err);
+	char want[64];
+	snprintf(want, sizeof want, "{\"count\":%d,", n);
+	cr_expect(strstr(gen, want) == gen, "%s against %d", gen, n);
+	free(ids);
+	snprintf(body, sizeof body, "{%s, \"add_generation_prompt\": false}", msgs);
+	cr_expect_eq(post("/tokenize", body, out, sizeof out), 200, "%s", out);
+	cr_expect(atoi(out + 9) < atoi(gen + 9), "no assistant header: %s against %s", out, gen);
+	cr_expect_eq(post("/detokenize", "{\"tokens\": [1, 403, 407, 261, 378]}", out, sizeof out),
+		     200, "%s", out);
+	cr_expect_str_eq(out, "{\"prompt\":\"<s> Once upon a time\"}\n");
+	static const char *const bad[][3] = {
+		{"/tokenize", "{}", "a prompt"},
+		{"/tokenize", "{\"prompt\": \"a\", \"messages\": []}", "a prompt"},
+		{"/tokenize", "{\"prompt\": 5}", "a prompt"},
+		{"/tokenize", "{\"prompt\": \"a\", \"add_special_tokens\": 1}", "add_special_tokens"},
+		{"/tokenize", "{\"messages\": [{\"role\": \"x\", \"content\": \"a\"}]}", "role"},
+		{"/tokenize", "[1]", "JSON object"},
+		{"/detokenize", "{\"tokens\": [1, 512]}", "token id"},
+		{"/detokenize", "{\"tokens\": \"a\"}", "a list"}};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		cr_expect_eq(post(bad[i][0], bad[i][1], out, sizeof out), 400, "%s: %s", bad[i][1],
+			     out);
+		cr_expect(strstr(out, bad[i][2]), "%s: %s", bad[i][1], out);
+	}
+	cr_expect_eq(post("/tokenize", "{\"prompt\": \"a\", \"model\": \"other\"}", out, sizeof out),
+		     404, "%s", out);
+	cr_expect_eq(get("/tokenize", "k-123", out, sizeof out), 405, "%s", out);
+	cr_expect_eq(get("/tokenize", NULL, out, sizeof out), 401, "%s", out);
+	http_api_stop(srv); /* (before the tokenizer it reads goes) */
+	srv = NULL;
+	start_server();
+	tok_free(t);
+	snprintf(conv, sizeof conv, "rm -rf '%s'", dir);
+	cr_expect_eq(system(conv), 0);
 }
 
 /* A 404 names the path as the client sent it: evhttp's URI parser alone would read
