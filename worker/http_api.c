@@ -1128,11 +1128,18 @@ static const char *authenticate(struct http_api *h, struct evhttp_request *req, 
 	return tenant;
 }
 
+/* The model's card: OpenAI's members, and once the model is loaded vLLM's max_model_len (the
+ * context a prompt and its completion share), which clients read to fit their prompts. */
 static void model_json_add(struct http_api *h, json_t *arr)
 {
-	json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:s}", "id", h->model, "object",
-					     "model", "created", (json_int_t)h->created, "owned_by",
-					     "wick"));
+	json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", h->model, "object", "model", "created",
+			      (json_int_t)h->created, "owned_by", "wick");
+	pthread_mutex_lock(&h->mu);
+	int ctx = h->model_set ? h->max_model_len : 0;
+	pthread_mutex_unlock(&h->mu);
+	if (m && ctx > 0)
+		json_object_set_new(m, "max_model_len", json_integer(ctx));
+	json_array_append_new(arr, m);
 }
 
 static void route_models(struct http_api *h, struct evhttp_request *req, struct hconn *c,

@@ -709,11 +709,14 @@ const post = async (path, body) => {
   const [s4, d] = await post('/detokenize', { model, tokens: t3.tokens });
   assert(t3.count === t1.count - 1 && s4 === 200 && d.prompt === prompt,
          `detokenize: ${JSON.stringify(d)}`);
+  const card = (await (await fetch(base + '/v1/models')).json()).data[0];
+  assert(card.max_model_len === t1.max_model_len && card.max_model_len > 0,
+         `the model card: ${JSON.stringify(card)}`);
   const [s5, e5] = await post('/detokenize', { model, tokens: [1, 1 << 30] });
   assert(s5 === 400 && /token id/.test(e5.error.message), `${s5} ${JSON.stringify(e5)}`);
   console.log(`10. /tokenize: a prompt's ${t1.count} tokens and a chat's ${t2.count}, as their ` +
               'requests bill them; /detokenize gives the prompt back; an id past the ' +
-              'vocabulary a 400');
+              `vocabulary a 400; /v1/models says max_model_len ${card.max_model_len}`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

@@ -483,7 +483,11 @@ Test(http_server, tokenize_and_detokenize)
 	bool prepared;
 	cr_assert_eq(tok_load_dir(conv, &t, &prepared, err, sizeof err), WK_OK, "%s", err);
 	struct job_model jm = {t, CHAT_GLM, 512};
+	cr_expect_eq(get("/v1/models", "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect_null(strstr(out, "max_model_len"), "before the model: %s", out);
 	http_api_set_model(srv, &jm, 256);
+	cr_expect_eq(get("/v1/models/tiny", "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, "\"max_model_len\":256"), "the model card: %s", out);
 	cr_expect_eq(post("/tokenize", "{\"prompt\": \"Once upon a time\", "
 			  "\"return_token_strs\": true}", out, sizeof out), 200, "%s", out);
 	cr_expect_str_eq(out, "{\"count\":5,\"max_model_len\":256,\"tokens\":[1,403,407,261,378],"
