@@ -28,8 +28,8 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: wick bench prefix MODEL [--turns T] [--system S] [--user U] [--reply R]\n"
-		   "                         [--choices C] [--prompt P] [--runs N] [--backend B]\n"
-		   "                         [--kv-dtype D]\n\n"
+		   "                         [--choices C] [--prompt P] [--prefix-wait W] [--runs N]\n"
+		   "                         [--backend B] [--kv-dtype D]\n\n"
 		   "A conversation of T turns (default 8): a system prompt of S tokens (default 64),\n"
 		   "then each turn a user message of U tokens (default 32) and a greedy reply of R\n"
 		   "(default 16; a stop token ends it sooner), each turn a request with the whole\n"
@@ -41,7 +41,9 @@ static void usage(FILE *f)
 		   "the model's context leaves), submitted\n"
 		   "at once and sampled (temperature 0.8, a seed each), R tokens each, with the\n"
 		   "cache (one prefill, copied) and without (C prefills): the prompt tokens run,\n"
-		   "the time until every choice has its first token and until all are done.\n"
+		   "the time until every choice has its first token and until all are done. The\n"
+		   "choices wait for the first's prefill where they share W tokens or more\n"
+		   "(default: the scheduler's, 2 on the CPU backend, 1024 on a GPU).\n"
 		   "Last, one JSON line. The token ids are a fixed sequence (no tokenizer needed).\n");
 }
 
@@ -137,14 +139,15 @@ static void done_n(void *ctx, struct sched_req *r)
 
 /* n choices of one prompt of np tokens at once, through a scheduler with the cache on or off;
  * the times into c (the best so far kept). WK_OK, or an error printed. */
-static int run_choices(struct engine *e, bool cache, int n, int np, int reply,
+static int run_choices(struct engine *e, bool cache, int n, int np, int reply, int wait,
 		       struct choices *c, bool first)
 {
 	int vocab = eng_info(e)->vocab, rc = WK_OK;
 	struct sched *s = sched_create(e, NULL);
 	struct sched_req **fin = calloc((size_t)n, sizeof *fin);
 	char err[WK_ERRSZ];
-	if (!s || !fin || sched_set_prefix_cache(s, cache) != WK_OK) {
+	if (!s || !fin || sched_set_prefix_cache(s, cache) != WK_OK ||
+	    (wait >= 0 && sched_set_prefix_wait(s, wait) != WK_OK)) {
 		fprintf(stderr, "wick bench prefix: out of memory\n");
 		sched_free(s);
 		free(fin);
@@ -206,7 +209,7 @@ static int run_choices(struct engine *e, bool cache, int n, int np, int reply,
 
 int bench_prefix(int argc, char **argv)
 {
-	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3, nch = 8, np = 0;
+	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3, nch = 8, np = 0, wait = -1;
 	const char *backend = "cpu", *kv = NULL;
 	static const struct option opts[] = {
 		{"kv-dtype", required_argument, 0, 'k'},
@@ -214,6 +217,7 @@ int bench_prefix(int argc, char **argv)
 		{"user", required_argument, 0, 'u'},  {"reply", required_argument, 0, 'r'},
 		{"runs", required_argument, 0, 'n'},  {"backend", required_argument, 0, 'b'},
 		{"choices", required_argument, 0, 'c'}, {"prompt", required_argument, 0, 'p'},
+		{"prefix-wait", required_argument, 0, 'w'},
 		{"help", no_argument, 0, 'h'},	      {0, 0, 0, 0}};
 	int c;
 	optind = 1;
@@ -227,6 +231,7 @@ int bench_prefix(int argc, char **argv)
 		case 'b': backend = optarg; break;
 		case 'k': kv = optarg; break;
 		case 'c': nch = atoi(optarg); break;
+		case 'w': wait = atoi(optarg) >= 0 ? atoi(optarg) : -2; break;
 		case 'p': np = atoi(optarg) >= 2 ? atoi(optarg) : -1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -234,7 +239,7 @@ int bench_prefix(int argc, char **argv)
 	}
 	if (optind != argc - 1 || turns < 1 || turns > 64 || sys < 0 || sys > 100000 || user < 1 ||
 	    user > 100000 || reply < 1 || reply > 100000 || runs < 1 || runs > 100 || nch < 2 ||
-	    nch > 64 || np < 0 || np > 100000) {
+	    nch > 64 || np < 0 || np > 100000 || wait < -1) {
 		usage(stderr);
 		return 2;
 	}
@@ -272,7 +277,7 @@ int bench_prefix(int argc, char **argv)
 			rc = run_conv(e, k, turns, sys, user, reply, &cv[k], i == 0);
 	for (int i = 0; i < runs && rc == WK_OK; i++)
 		for (int k = 0; k < 2 && rc == WK_OK; k++)
-			rc = run_choices(e, k, nch, np, reply, &ch[k], i == 0);
+			rc = run_choices(e, k, nch, np, reply, wait, &ch[k], i == 0);
 	char kvname[16];
 	snprintf(kvname, sizeof kvname, "%s", eng_info(e)->kv_dtype);
 	eng_close(e);

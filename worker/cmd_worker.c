@@ -46,6 +46,11 @@ static void usage(FILE *f)
 		"  --prefix-cache on|off a finished job's KV cache is kept until its sequence is\n"
 		"                        needed, and a later job of the same tenant that begins\n"
 		"                        with its tokens runs only the rest (default on)\n"
+		"  --prefix-wait N|auto  a job that shares N or more prompt tokens (and half its\n"
+		"                        prompt) with a running job's prefill waits a step to\n"
+		"                        copy it instead of running them beside it (0 never;\n"
+		"                        default auto: 1024 on a GPU, where a step runs short\n"
+		"                        prompts nearly free, 2 on the CPU backend)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -102,7 +107,7 @@ int cmd_worker(int argc, char **argv)
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
-	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX };
+	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX, O_PREFIX_WAIT };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -117,6 +122,7 @@ int cmd_worker(int argc, char **argv)
 		{"speculate-max-batch", required_argument, 0, O_SPEC_BATCH},
 		{"draft-cost", required_argument, 0, O_DRAFT_COST},
 		{"prefix-cache", required_argument, 0, O_PREFIX},
+		{"prefix-wait", required_argument, 0, O_PREFIX_WAIT},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -165,6 +171,14 @@ int cmd_worker(int argc, char **argv)
 				return 2;
 			}
 			w.no_prefix_cache = !strcmp(optarg, "off");
+			break;
+		case O_PREFIX_WAIT:
+			if (strcmp(optarg, "auto")) {
+				bad = parse_num(optarg, "--prefix-wait", 0, 1 << 30, &v);
+				w.prefix_wait = (int)v;
+			} else {
+				w.prefix_wait = -1;
+			}
 			break;
 		case O_DRAFTER:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "mtp") && strcmp(optarg, "lookup")) {

@@ -59,6 +59,7 @@ struct sched {
 	double t_mark;           /* end of the last accounted slice (see sched.h) */
 	/* the prefix cache (sched_set_prefix_cache): finished requests' sequences, kept */
 	bool pc_on;
+	int pc_wait;             /* sched_set_prefix_wait */
 	struct pcache {
 		int seq;             /* the engine's, still allocated */
 		int *tok;            /* [n]: the tokens its cache holds, in order */
@@ -86,6 +87,7 @@ struct sched *sched_create(struct engine *e, FILE *log)
 	s->slots = in->max_seqs;
 	size_t rows = SCHED_PROMPT_ROWS_BYTES / ((size_t)s->vocab * sizeof(float));
 	s->prompt_rows = rows < 1 ? 1 : rows > 256 ? 256 : (int)rows;
+	s->pc_wait = strcmp(in->backend, "cpu") ? SCHED_WAIT_DEVICE : SCHED_CACHE_MIN;
 	s->run = calloc((size_t)s->slots, sizeof *s->run);
 	s->items = calloc((size_t)s->slots, sizeof *s->items);
 	s->next_tok = calloc((size_t)s->slots, sizeof *s->next_tok);
@@ -754,6 +756,14 @@ static void cache_drop(struct sched *s, int n)
 	cache_drop_but(s, n, -1);
 }
 
+int sched_set_prefix_wait(struct sched *s, int min_tokens)
+{
+	if (min_tokens < 0)
+		return WK_EINVAL;
+	s->pc_wait = min_tokens;
+	return WK_OK;
+}
+
 int sched_set_prefix_cache(struct sched *s, bool on)
 {
 	if (on && !s->pc && !(s->pc = calloc((size_t)s->slots, sizeof *s->pc)))
@@ -871,8 +881,8 @@ enum { PREFIX_ADMIT, PREFIX_WAIT, PREFIX_FULL };
  *   - a running request's cache is copied (several choices of one prompt, and requests that
  *     share a system prompt, run it once).
  * PREFIX_WAIT, with no sequence, when a running request still in its prefill will hold a
- * longer prefix, at least half r's prompt: r waits for it and copies then (its prefill
- * would cost more than the wait). PREFIX_FULL when no sequence is free, none held by an entry
+ * longer prefix, at least half r's prompt and sched_set_prefix_wait's tokens: r waits for it
+ * and copies then (its prefill would cost more than the wait). PREFIX_FULL when no sequence is free, none held by an entry
  * either. */
 static int prefix_seq(struct sched *s, struct sched_req *r, int *seq, int *reused)
 {
@@ -882,7 +892,8 @@ static int prefix_seq(struct sched *s, struct sched_req *r, int *seq, int *reuse
 	bool on = s->pc_on && !r->prompt_logprobs;
 	if (on)
 		prefix_find(s, r, &p);
-	if (p.wait > p.len && p.wait >= SCHED_CACHE_MIN && 2 * p.wait >= r->n_prompt) {
+	if (p.wait > p.len && p.wait >= SCHED_CACHE_MIN && 2 * p.wait >= r->n_prompt &&
+	    s->pc_wait > 0 && p.wait >= s->pc_wait) {
 		s->pc_stats.waits++;
 		return PREFIX_WAIT;
 	}

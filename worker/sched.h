@@ -250,9 +250,9 @@ int sched_set_prompt_rows(struct sched *s, int rows);
  * entry's sequence where the entry holds nothing more, and else copies the prefix into a
  * free sequence (eng_seq_copy), leaving the entry for others. A running request's cache is
  * a prefix too, copied: the choices of one prompt (n) and requests with one system prompt
- * run it once. A request whose prompt shares at least half its tokens with a running
- * request's that is still being prefilled waits for that prefill (keeping its place and a
- * slot), then copies. An entry is evicted, least recently cached first, when a request needs
+ * run it once. A request whose prompt shares at least half its tokens, and at least
+ * sched_set_prefix_wait's, with a running request's that is still being prefilled waits for
+ * that prefill (keeping its place and a slot), then copies. An entry is evicted, least recently cached first, when a request needs
  * its sequence and none is free, so it never holds a request back. A request with
  * prompt_logprobs reuses nothing (every row of its prompt must run). With the MTP layer
  * drafting, a prefix is reused one position short: the layer's row at its last position was
@@ -261,6 +261,16 @@ int sched_set_prompt_rows(struct sched *s, int rows);
  * the rounding of a prompt run in two parts against one (as prompt chunks). WK_ENOMEM. */
 #define SCHED_CACHE_MIN 2
 int sched_set_prefix_cache(struct sched *s, bool on);
+/* The fewest shared prompt tokens a request waits a step for (a running request's prefill, to
+ * copy it) rather than prefilling them beside it (0: never wait). A step costs a fixed time
+ * and a prefill row a little more. On a GPU the rows of a prefill beside others are nearly
+ * free until compute binds, around a thousand rows of a GLM-5 step, while a step of eager
+ * GLM-5 costs tens of milliseconds: the default on a device backend (SCHED_WAIT_DEVICE)
+ * waits only for long prefixes (a RAG context, a long system prompt) and lets short
+ * prompts' choices prefill together. On the CPU backend a row costs more than a step's fixed
+ * part, and the default waits from SCHED_CACHE_MIN tokens. WK_EINVAL when negative. */
+#define SCHED_WAIT_DEVICE 1024
+int sched_set_prefix_wait(struct sched *s, int min_tokens);
 struct sched_cache_stats {
 	long hits, misses;      /* admissions that began with a cached prefix, and those that
 				 * found none worth it (with the cache on, no prompt logprobs) */

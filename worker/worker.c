@@ -1414,6 +1414,8 @@ static int start(struct worker *w, const char **why)
 	w->s = sched_create(w->e, w->step_log);
 	if (w->s && (sched_set_speculate(w->s, w->o.speculate) != WK_OK ||
 		     sched_set_prefix_cache(w->s, !w->o.no_prefix_cache) != WK_OK ||
+		     (w->o.prefix_wait >= 0 &&
+		      sched_set_prefix_wait(w->s, w->o.prefix_wait) != WK_OK) ||
 		     sched_set_speculate_max_batch(w->s, w->o.speculate_max_batch) != WK_OK ||
 		     sched_set_draft_cost(w->s, w->o.draft_cost) != WK_OK)) {
 		sched_free(w->s);

@@ -27,6 +27,7 @@ struct worker_opts {
 	int speculate_max_batch; /* sched_set_speculate_max_batch: 0 no limit */
 	double draft_cost;      /* sched_set_draft_cost: SCHED_COST_AUTO measured */
 	bool no_prefix_cache;   /* --prefix-cache off: sched_set_prefix_cache stays off */
+	int prefix_wait;        /* --prefix-wait: sched_set_prefix_wait (-1: its default) */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	bool json_logs;
@@ -43,7 +44,8 @@ struct worker_opts {
 #define WORKER_OPTS_DEFAULT                                                                    \
 	{ .concurrency = 8, .idle_timeout = 60, .startup_timeout = 600, .step_timeout = 300,     \
 	  .drain_timeout = 30, .lease_s = 60, .queue_outage = 60, .gpus = 8, .gpu_type = "H200",  \
-	  .price_micro = 36310000, .draft_cost = SCHED_COST_AUTO }
+	  .price_micro = 36310000, .draft_cost = SCHED_COST_AUTO,                               \
+	  .prefix_wait = -1 }
 
 /* Runs the worker from its start to its exit: starts the engine, takes and runs jobs until
  * it is idle, drained or told to stop, hands back what it holds and closes its books. The

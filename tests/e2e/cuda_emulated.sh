@@ -702,7 +702,7 @@ for spec in "glm5 fp8" "stories auto"; do
   model=$TMPD/glm5
   [ $1 = stories ] && model=$m
   "$EMU" bench prefix "$model" --backend cuda --turns 3 --system 20 --user 10 --reply 6 \
-    --choices 3 --prompt 16 --runs 1 --kv-dtype $2 >"$TMPD/prefix-$1.txt" 2>&1 ||
+    --choices 3 --prompt 16 --prefix-wait 2 --runs 1 --kv-dtype $2 >"$TMPD/prefix-$1.txt" 2>&1 ||
     fail "bench prefix $1: $(tail -n 2 "$TMPD/prefix-$1.txt")"
   tail -n 1 "$TMPD/prefix-$1.txt" | python3 -c 'import json, sys
 j = json.load(sys.stdin)

@@ -1212,6 +1212,7 @@ Test(sched, prefix_cache_shares_a_running_prefill)
 	FILE *log = open_memstream(&logbuf, &loglen);
 	struct sched *s = sched_create(eng, log);
 	cr_assert_eq(sched_set_prefix_cache(s, true), WK_OK);
+	cr_expect_eq(sched_set_prefix_wait(s, -1), WK_EINVAL); /* (the CPU's default: from 2) */
 	char err[WK_ERRSZ];
 	const char *p = "Once upon a time, there was a little girl named Lily. She liked to";
 	const int seeds[4] = {0, 7, 8, 9};
@@ -1310,6 +1311,38 @@ Test(sched, prefix_cache_shares_a_running_prefill)
 		sched_req_free(all[i]);
 	sched_free(s);
 	free(logbuf);
+}
+
+/* sched_set_prefix_wait: choices whose shared prompt is under the threshold (0: never) prefill
+ * together, as a device's default lets short prompts do; at or over it, they wait and copy. */
+Test(sched, prefix_wait_sets_how_long_a_prefix_is_worth_a_step)
+{
+	const char *p = "Once upon a time, there was a little girl named Lily. She liked to";
+	struct sched_req *probe = seeded("p", p, 4, 0);
+	int n_prompt = probe->n_prompt, shared = n_prompt - 1; /* (the last token runs) */
+	sched_req_free(probe);
+	for (int k = 0; k < 4; k++) {
+		struct sched *s = sched_create(eng, NULL);
+		cr_assert_eq(sched_set_prefix_cache(s, true), WK_OK);
+		int wait = k == 0 ? 0 : k == 1 ? 1000 : k == 2 ? shared + 1 : shared;
+		cr_assert_eq(sched_set_prefix_wait(s, wait), WK_OK);
+		char err[WK_ERRSZ];
+		for (int i = 0; i < 3; i++)
+			cr_assert_eq(sched_submit(s, seeded(i ? "b" : "a", p, 4, 0), err, sizeof err),
+				     WK_OK);
+		struct finished f = {0};
+		run_all(s, &f);
+		struct sched_cache_stats st;
+		sched_cache_stats(s, &st);
+		bool waits = k == 3;
+		cr_expect_eq(st.waits, waits ? 2 : 0, "wait %d: %ld waits", wait, st.waits);
+		for (int i = 0; i < f.n; i++) {
+			cr_expect_eq(f.r[i]->cached, waits && f.r[i]->id[0] == 'b' ? n_prompt - 1 : 0,
+				     "wait %d: %s: %d cached", wait, f.r[i]->id, f.r[i]->cached);
+			sched_req_free(f.r[i]);
+		}
+		sched_free(s);
+	}
 }
 
 /* A request that begins with what an earlier one left in the cache runs only the rest: the same
