@@ -882,8 +882,8 @@ enum { PREFIX_ADMIT, PREFIX_WAIT, PREFIX_FULL };
  *     share a system prompt, run it once).
  * PREFIX_WAIT, with no sequence, when a running request still in its prefill will hold a
  * longer prefix, at least half r's prompt and sched_set_prefix_wait's tokens: r waits for it
- * and copies then (its prefill would cost more than the wait). PREFIX_FULL when no sequence is free, none held by an entry
- * either. */
+ * and copies then (its prefill would cost more than the wait). PREFIX_FULL when no sequence
+ * is free, none held by an entry either. */
 static int prefix_seq(struct sched *s, struct sched_req *r, int *seq, int *reused)
 {
 	*seq = -1;

@@ -252,8 +252,9 @@ int sched_set_prompt_rows(struct sched *s, int rows);
  * a prefix too, copied: the choices of one prompt (n) and requests with one system prompt
  * run it once. A request whose prompt shares at least half its tokens, and at least
  * sched_set_prefix_wait's, with a running request's that is still being prefilled waits for
- * that prefill (keeping its place and a slot), then copies. An entry is evicted, least recently cached first, when a request needs
- * its sequence and none is free, so it never holds a request back. A request with
+ * that prefill (keeping its place and a slot), then copies. An entry is evicted, least
+ * recently cached first, when a request needs its sequence and none is free, so it never
+ * holds a request back. A request with
  * prompt_logprobs reuses nothing (every row of its prompt must run). With the MTP layer
  * drafting, a prefix is reused one position short: the layer's row at its last position was
  * made from the token after it, which the new prompt need not share. The reused positions'
