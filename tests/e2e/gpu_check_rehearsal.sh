@@ -45,7 +45,7 @@ for check in "chained launches (k_chain)" "cuda kernel tests" "stories260K golde
   "bf16 KV cache gpu vs cpu" "bf16 KV cache decode on gpu" "fp8 KV cache gpu vs cpu" \
   "fp8 KV cache decode on gpu" "fp8 KV cache glm4 gpu vs cpu" "fp8 KV cache stories gpu vs cpu" \
   "fp8 KV cache decode glm4, stories" "batched glm5 decode on gpu" \
-  "batched stories decode on gpu"; do
+  "batched stories decode on gpu" "prefix cache stories on gpu"; do
   echo "$table" | has "^$check  *PASS" || { echo "$table"; fail "'$check' did not pass"; }
 done
 echo "$table" | has "^GLM-5 decode step (wick bench launches, --backend cuda): launches [0-9]" \
