@@ -60,6 +60,7 @@
 #include "worker/job.h"
 #include "worker/ledger.h"
 #include "worker/prompt.h"
+#include "worker/sched.h"
 #include "worker/split.h"
 
 /* A request body: a queue's job document's limit (JOB_BODY_MAX, 4 MiB), so that a prompt at
@@ -223,6 +224,7 @@ struct http_api {
 	struct job_model jm;
 	int max_model_len;
 	bool model_set;
+	struct sched_cache_stats pc; /* http_api_set_cache_stats' */
 };
 
 /* ---- flags ---- */
@@ -335,6 +337,13 @@ void http_api_set_model(struct http_api *h, const struct job_model *m, int max_m
 		h->max_model_len = max_model_len;
 		h->model_set = true;
 	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+void http_api_set_cache_stats(struct http_api *h, const struct sched_cache_stats *st)
+{
+	pthread_mutex_lock(&h->mu);
+	h->pc = *st;
 	pthread_mutex_unlock(&h->mu);
 }
 
@@ -1397,6 +1406,31 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		(unsigned long long)h->completion_tokens, (unsigned long long)h->cached_tokens,
 		(unsigned long long)h->draft_kept,
 		(unsigned long long)h->draft_thrown, h->gpu_seconds, h->cost_micro / 1e6);
+	const struct sched_cache_stats *pc = &h->pc;
+	evbuffer_add_printf(b,
+		"# HELP wick_prefix_cache_admissions_total Requests (queue jobs too) admitted with "
+		"the prefix cache on and no prompt logprobs, by how they began: with an entry's "
+		"sequence taken, with a prefix copied (from an entry or a running request), or "
+		"with nothing cached.\n"
+		"# TYPE wick_prefix_cache_admissions_total counter\n"
+		"wick_prefix_cache_admissions_total{result=\"taken\"} %ld\n"
+		"wick_prefix_cache_admissions_total{result=\"copied\"} %ld\n"
+		"wick_prefix_cache_admissions_total{result=\"miss\"} %ld\n"
+		"# HELP wick_prefix_cache_tokens_total Prompt tokens those admissions did not run.\n"
+		"# TYPE wick_prefix_cache_tokens_total counter\nwick_prefix_cache_tokens_total %ld\n"
+		"# HELP wick_prefix_cache_waits_total Steps a request waited for a running "
+		"request's prefill, to copy it (--prefix-wait).\n"
+		"# TYPE wick_prefix_cache_waits_total counter\nwick_prefix_cache_waits_total %ld\n"
+		"# HELP wick_prefix_cache_evictions_total Entries freed for a request that needed "
+		"a sequence.\n"
+		"# TYPE wick_prefix_cache_evictions_total counter\n"
+		"wick_prefix_cache_evictions_total %ld\n"
+		"# HELP wick_prefix_cache_entries Finished requests' sequences kept, and the tokens "
+		"they hold.\n"
+		"# TYPE wick_prefix_cache_entries gauge\nwick_prefix_cache_entries %d\n"
+		"# TYPE wick_prefix_cache_entry_tokens gauge\nwick_prefix_cache_entry_tokens %ld\n",
+		pc->hits - pc->copies, pc->copies, pc->misses, pc->hit_tokens, pc->waits,
+		pc->evicted, pc->entries, pc->tokens);
 	put_hist(b, "wick_time_to_first_token_seconds",
 		 "From a request's arrival to its first generated token.", &h->ttft);
 	put_hist(b, "wick_time_per_output_token_seconds",

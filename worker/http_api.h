@@ -114,6 +114,9 @@ void http_api_set_state(struct http_api *h, const char *state);
  * and max_model_len (the context) for /tokenize's answer. Once. */
 struct job_model;
 void http_api_set_model(struct http_api *h, const struct job_model *m, int max_model_len);
+/* The scheduler's prefix cache counts (all its requests', queue jobs' too), for /metrics. */
+struct sched_cache_stats;
+void http_api_set_cache_stats(struct http_api *h, const struct sched_cache_stats *st);
 
 /* ---- requests (the worker thread) ---- */
 

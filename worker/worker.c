@@ -234,6 +234,11 @@ static int run_step(struct worker *w)
 	step_hold();
 	step_since = 0;
 	step_release();
+	if (w->http) { /* the prefix cache's counts, for /metrics */
+		struct sched_cache_stats st;
+		sched_cache_stats(w->s, &st);
+		http_api_set_cache_stats(w->http, &st);
+	}
 	return rc;
 }
 

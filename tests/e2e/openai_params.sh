@@ -679,8 +679,16 @@ total = int(re.search(r"^wick_prompt_cached_tokens_total (\d+)$", open(sys.argv[
 hit = [r for r in rows if r["cached_tokens"] > 0]
 assert hit and all(r["cached_tokens"] < r["prompt_tokens"] for r in hit), hit[:3]
 assert sum(r["cached_tokens"] for r in rows) == total, (sum(r["cached_tokens"] for r in rows), total)
+# the scheduler's own counts (wick_prefix_cache_*): the same tokens, every hit a request's
+m = open(sys.argv[2]).read()
+get = lambda k: int(re.search(r"^" + re.escape(k) + r" (\d+)$", m, re.M).group(1))
+adm = {r: get(f'wick_prefix_cache_admissions_total{{result="{r}"}}')
+       for r in ("taken", "copied", "miss")}
+assert get("wick_prefix_cache_tokens_total") == total, (m, total)
+assert adm["taken"] + adm["copied"] == len(hit) and adm["copied"] >= 3, (adm, len(hit))
 print(f"9. the ledger: {len(hit)} of {len(rows)} requests billed with cached tokens, "
-      f"{total} in all, as /metrics counts")
+      f"{total} in all, as /metrics counts; the scheduler's counts agree ({adm['taken']} "
+      f"taken, {adm['copied']} copied, {adm['miss']} missed)")
 EOF
 
 # 10. vLLM's /tokenize and /detokenize: a prompt's and a chat's count is the prompt_tokens

@@ -12,6 +12,7 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 #include "worker/prompt.h"
+#include "worker/sched.h"
 
 static json_t *job_of(enum oai_kind k, const char *body, struct oai_req *r)
 {
@@ -448,6 +449,19 @@ Test(http_server, health_follows_the_state)
 	cr_expect(strstr(out, "\"tiny\"") != NULL, "%s", out);
 	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
 	cr_expect(strstr(out, "wick_state{state=\"BUSY\"} 1") != NULL, "%s", out);
+	struct sched_cache_stats pc = {.hits = 5, .copies = 2, .misses = 7, .hit_tokens = 90,
+				       .waits = 1, .evicted = 3, .entries = 4, .tokens = 60};
+	http_api_set_cache_stats(srv, &pc);
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	static const char *const lines[] = {
+		"wick_prefix_cache_admissions_total{result=\"taken\"} 3\n",
+		"wick_prefix_cache_admissions_total{result=\"copied\"} 2\n",
+		"wick_prefix_cache_admissions_total{result=\"miss\"} 7\n",
+		"wick_prefix_cache_tokens_total 90\n", "wick_prefix_cache_waits_total 1\n",
+		"wick_prefix_cache_evictions_total 3\n", "wick_prefix_cache_entries 4\n",
+		"wick_prefix_cache_entry_tokens 60\n"};
+	for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+		cr_expect(strstr(out, lines[i]), "%s not in %s", lines[i], out);
 	http_api_set_state(srv, "DRAINING");
 	cr_expect_eq(get("/health", NULL, out, sizeof out), 503);
 }
