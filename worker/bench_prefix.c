@@ -113,8 +113,11 @@ static int run_conv(struct engine *e, bool cache, int turns, int sys, int user, 
 		c->ran[t] = fin->n_prompt - fin->cached;
 		c->prompt[t] = fin->n_prompt;
 		c->n_reply[t] = fin->n_out;
-		memcpy(c->replies + (size_t)t * reply, fin->out, (size_t)fin->n_out * sizeof *ctx);
-		memcpy(ctx + n, fin->out, (size_t)fin->n_out * sizeof *ctx);
+		if (fin->n_out > 0) { /* (a reply may be empty: a stop token first; out NULL) */
+			memcpy(c->replies + (size_t)t * reply, fin->out,
+			       (size_t)fin->n_out * sizeof *ctx);
+			memcpy(ctx + n, fin->out, (size_t)fin->n_out * sizeof *ctx);
+		}
 		n += fin->n_out;
 		sched_req_free(fin);
 	}
@@ -191,7 +194,8 @@ static int run_choices(struct engine *e, bool cache, int n, int np, int reply, i
 		last = r->t_first > last ? r->t_first : last;
 		ran += r->n_prompt - r->cached;
 		c->n_out[i] = r->n_out;
-		memcpy(c->out + (size_t)i * reply, r->out, (size_t)r->n_out * sizeof *r->out);
+		if (r->n_out > 0)
+			memcpy(c->out + (size_t)i * reply, r->out, (size_t)r->n_out * sizeof *r->out);
 	}
 	if (rc == WK_OK) {
 		if (first || last - t0 < c->first_s)

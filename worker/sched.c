@@ -813,7 +813,8 @@ static bool cache_keep(struct sched *s, struct sched_req *r)
 		return false;
 	int np = len < r->n_prompt ? len : r->n_prompt;
 	memcpy(tok, r->prompt, (size_t)np * sizeof *tok);
-	memcpy(tok + np, r->out, (size_t)(len - np) * sizeof *tok);
+	if (len > np) /* (r->out is NULL where nothing was generated: max_tokens 0) */
+		memcpy(tok + np, r->out, (size_t)(len - np) * sizeof *tok);
 	s->pc[s->n_pc++] = (struct pcache){.seq = r->seq, .tok = tok, .n = len,
 					   .key = r->cache_key, .used = s->steps};
 	return true;
