@@ -128,6 +128,16 @@ void rm_rf(const char *d)
 	cr_assert_eq(system(cmd), 0);
 }
 
+char *gen_glm_dir(const char *fam, const char *args)
+{
+	const char *tools = getenv("WICK_TOOLS") ? getenv("WICK_TOOLS") : "build/tools";
+	char *dir = mkdir_tmp(), cmd[2048];
+	snprintf(cmd, sizeof cmd, "'%s/gen_glm' --family %s -o '%s' %s >/dev/null", tools, fam,
+		 dir, args);
+	cr_assert_eq(system(cmd), 0, "%s failed (is $WICK_TOOLS/gen_glm built?)", cmd);
+	return dir;
+}
+
 /* ---- the two tiny models ------------------------------------------------------------------- */
 
 void write_glm5(const char *dir, const struct g5dims *d)

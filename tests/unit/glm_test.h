@@ -43,6 +43,9 @@ void tensor(struct ckpt *c, const char *name, enum dt_type dt, int rows, int col
 /* A fresh directory under /tmp (to free), and rm -rf of one. */
 char *mkdir_tmp(void);
 void rm_rf(const char *d);
+/* gen_glm --family fam -o DIR args (tests/tools/gen_glm.c, from $WICK_TOOLS) into a new
+ * directory, returned (malloc'd). */
+char *gen_glm_dir(const char *fam, const char *args);
 
 /* ---- the two tiny models ------------------------------------------------------------------- */
 

@@ -30,17 +30,6 @@ enum { K = 3, STEPS = 12, NP = 6, MAXLEN = 40 };
 
 static char err[WK_ERRSZ];
 
-/* gen_glm --family fam --mtp args into a new directory. */
-static char *gen(const char *fam, const char *args)
-{
-	const char *tools = getenv("WICK_TOOLS") ? getenv("WICK_TOOLS") : "build/tools";
-	char *dir = mkdir_tmp(), cmd[2048];
-	snprintf(cmd, sizeof cmd, "'%s/gen_glm' --family %s -o '%s' %s >/dev/null", tools, fam,
-		 dir, args);
-	cr_assert_eq(system(cmd), 0, "%s failed (is $WICK_TOOLS/gen_glm built?)", cmd);
-	return dir;
-}
-
 static struct engine *open_with(const char *dir, const struct backend *be, int mtp)
 {
 	struct engine *e;
@@ -204,7 +193,7 @@ static const char *const names[] = {"cpu", "devsim"};
 
 Test(mtp, glm5_drafts_hold_whatever_way_the_tokens_came)
 {
-	char *dir = gen("glm5", "--mtp --seed 11 --index-topk 4");
+	char *dir = gen_glm_dir("glm5", "--mtp --seed 11 --index-topk 4");
 	for (int i = 0; i < 2; i++) {
 		char what[64];
 		snprintf(what, sizeof what, "glm5 on %s", names[i]);
@@ -219,7 +208,7 @@ Test(mtp, glm5_drafts_hold_whatever_way_the_tokens_came)
  * and the same drafts as the unsharded engine's. */
 Test(mtp, glm5_sharded_drafts_hold_and_match_unsharded)
 {
-	char *dir = gen("glm5", "--mtp --seed 11 --index-topk 4"), *snap = mkdir_tmp();
+	char *dir = gen_glm_dir("glm5", "--mtp --seed 11 --index-topk 4"), *snap = mkdir_tmp();
 	struct eng_snap_opts so = {.tp = 2, .ep = 2, .dtype = "keep", .mtp = true};
 	cr_assert_eq(eng_snapshot(dir, snap, &so, err, sizeof err), WK_OK, "%s", err);
 	consistent(snap, NULL, "glm5 tp2 ep2");
@@ -257,7 +246,7 @@ Test(mtp, glm5_sharded_drafts_hold_and_match_unsharded)
 
 Test(mtp, glm4_drafts_hold_whatever_way_the_tokens_came)
 {
-	char *dir = gen("glm4", "--mtp --seed 12");
+	char *dir = gen_glm_dir("glm4", "--mtp --seed 12");
 	consistent(dir, NULL, "glm4 on cpu");
 	rm_rf(dir);
 	free(dir);
@@ -265,7 +254,7 @@ Test(mtp, glm4_drafts_hold_whatever_way_the_tokens_came)
 
 Test(mtp, refusals_name_the_problem)
 {
-	char *dir = gen("glm5", "--mtp --seed 11 --layers 2"), *bare = mkdir_tmp();
+	char *dir = gen_glm_dir("glm5", "--mtp --seed 11 --layers 2"), *bare = mkdir_tmp();
 	struct g5dims d = {.topk = 4, .n_group = 1, .topk_group = 1, .wdt = DT_BF16, .seed = 1};
 	write_glm5(bare, &d); /* an MTP layer without its decoder layer's tensors */
 	struct engine *e;
@@ -312,7 +301,7 @@ Test(mtp, refusals_name_the_problem)
 	rm_rf(snap);
 	free(snap);
 	/* a model without one: refused when asked for; auto and off load the same */
-	char *none = gen("glm4", "--seed 3 --layers 2");
+	char *none = gen_glm_dir("glm4", "--seed 3 --layers 2");
 	o.mtp = ENG_MTP_ON;
 	cr_expect_eq(eng_open(none, &o, &e, err, sizeof err), WK_EUNSUPPORTED);
 	cr_expect(strstr(err, "has no MTP layer to draft with (num_nextn_predict_layers is 0)"),
@@ -401,7 +390,7 @@ static void release(struct got *a, struct got *b, char *la, char *lb)
 
 Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
 {
-	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
+	char *dir = gen_glm_dir("glm5", "--mtp --seed 5 --index-topk 4");
 	struct engine *e = open_with(dir, NULL, ENG_MTP_ON), *plain = open_with(dir, NULL,
 										  ENG_MTP_OFF);
 	struct got p = {0}, m = {0};
@@ -442,7 +431,7 @@ Test(mtp, the_scheduler_drafts_with_it_and_the_output_stays)
  * took from the wrong place, would be thrown away: this is where the drafter's wiring shows. */
 Test(mtp, an_mtp_layer_that_is_right_saves_the_steps)
 {
-	char *dir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
+	char *dir = gen_glm_dir("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
 	struct engine *e = open_with(dir, NULL, ENG_MTP_ON), *plain = open_with(dir, NULL,
 										  ENG_MTP_OFF);
 	struct got p = {0}, m = {0};
@@ -472,7 +461,7 @@ Test(mtp, an_mtp_layer_that_is_right_saves_the_steps)
  * items), drafts again once fewer run, every one kept (the oracle), the same tokens. */
 Test(mtp, no_drafts_in_a_big_batch)
 {
-	char *dir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
+	char *dir = gen_glm_dir("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
 	struct engine *e = open_with(dir, NULL, ENG_MTP_ON);
 	struct got p = {0}, m = {0};
 	char *plog = serve(e, 0, &p, NULL), *mlog = serve_batch(e, 3, 2, 0.1, &m, NULL);
@@ -512,8 +501,8 @@ Test(mtp, no_drafts_in_a_big_batch)
  * about once a step. */
 Test(mtp, drafts_that_do_not_pay_stop)
 {
-	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
-	char *odir = gen("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
+	char *dir = gen_glm_dir("glm5", "--mtp --seed 5 --index-topk 4");
+	char *odir = gen_glm_dir("glm5", "--mtp --mtp-oracle --seed 4 --index-topk 4");
 	struct engine *e = open_with(dir, NULL, ENG_MTP_ON), *o = open_with(odir, NULL, ENG_MTP_ON);
 	struct got p = {0}, m = {0}, op = {0}, om = {0};
 	char *plog = serve(e, 0, &p, NULL), *mlog = serve_batch(e, 4, 0, 0.5, &m, NULL);
@@ -557,7 +546,7 @@ Test(mtp, drafts_that_do_not_pay_stop)
  * position fewer makes that row again and gives them. The scheduler reuses one fewer. */
 Test(mtp, a_reused_prefix_makes_its_last_row_again)
 {
-	char *dir = gen("glm5", "--mtp --seed 5 --index-topk 4");
+	char *dir = gen_glm_dir("glm5", "--mtp --seed 5 --index-topk 4");
 	struct engine *e = open_with(dir, NULL, ENG_MTP_ON);
 	int V = eng_info(e)->vocab;
 	const int x[NP] = {3, 17, 42, 5, 20, 11}, y[NP] = {3, 17, 42, 5, 99, 7};

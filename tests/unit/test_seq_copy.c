@@ -173,16 +173,6 @@ static void check(struct engine *e, bool mtp, bool waiting, const char *what)
 	eng_seq_free(e, f);
 }
 
-static char *gen(const char *fam, const char *args)
-{
-	const char *tools = getenv("WICK_TOOLS") ? getenv("WICK_TOOLS") : "build/tools";
-	char *dir = mkdir_tmp(), cmd[2048];
-	snprintf(cmd, sizeof cmd, "'%s/gen_glm' --family %s -o '%s' %s >/dev/null", tools, fam,
-		 dir, args);
-	cr_assert_eq(system(cmd), 0, "%s failed (is $WICK_TOOLS/gen_glm built?)", cmd);
-	return dir;
-}
-
 static void each_kv(const char *dir, const struct backend *be, const char *label)
 {
 	const char *kvs[] = {"f32", "bf16", "fp8"};
@@ -211,7 +201,7 @@ Test(seq_copy, llama_is_the_source_truncated)
 
 Test(seq_copy, glm_families_are_the_source_truncated)
 {
-	char *g5 = gen("glm5", "--index-topk 4"), *g4 = gen("glm4", "");
+	char *g5 = gen_glm_dir("glm5", "--index-topk 4"), *g4 = gen_glm_dir("glm4", "");
 	each_kv(g5, NULL, "GLM-5");
 	each_kv(g5, &be_devsim, "GLM-5");
 	each_kv(g4, NULL, "GLM-4.5");
@@ -229,7 +219,7 @@ Test(seq_copy, mtp_drafts_follow_the_copy)
 {
 	const char *fams[] = {"glm5", "glm4"};
 	for (int k = 0; k < 2; k++) {
-		char *dir = gen(fams[k], k ? "--mtp" : "--mtp --index-topk 4"), what[64];
+		char *dir = gen_glm_dir(fams[k], k ? "--mtp" : "--mtp --index-topk 4"), what[64];
 		for (int dev = 0; dev < 2; dev++) {
 			struct engine *e = open_dir(dir, dev ? &be_devsim : NULL, "f32", ENG_MTP_ON);
 			cr_assert_eq(eng_info(e)->mtp, 1);
@@ -248,7 +238,7 @@ Test(seq_copy, mtp_drafts_follow_the_copy)
  * the experts), and the sharded copy is the sharded source truncated. */
 Test(seq_copy, every_rank_copies)
 {
-	char *hf = gen("glm5", "--index-topk 4"), *sn = mkdir_tmp();
+	char *hf = gen_glm_dir("glm5", "--index-topk 4"), *sn = mkdir_tmp();
 	char out[600];
 	snprintf(out, sizeof out, "%s/s", sn);
 	struct eng_snap_opts so = {.tp = 2, .ep = 2, .dtype = "keep"};
