@@ -288,6 +288,8 @@ bool snap_on_sink(const struct snap *s);
  * Returns WK_OK, or WK_EINVAL naming the first file that was added, removed, resized, touched
  * or whose sampled bytes differ; WK_ENOTFOUND when the snapshot recorded no source. */
 int snap_source_check(const struct snap *s, const char *src_dir, char *err, size_t errsz);
+/* The source identity's hash of src_dir (its "xxh3": sampled, see the format notes). */
+int snap_source_hash(const char *src_dir, uint64_t *out, char *err, size_t errsz);
 
 /* ---- prefetch ---- */
 

@@ -194,6 +194,21 @@ fail:
 	return rc;
 }
 
+int snap_source_hash(const char *src_dir, uint64_t *out, char *err, size_t errsz)
+{
+	json_t *id = NULL;
+	int rc = snap__source_identity(src_dir, &id, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	const char *hex = json_string_value(json_object_get(id, "xxh3"));
+	char *end = NULL;
+	*out = hex ? strtoull(hex, &end, 16) : 0;
+	rc = hex && end && !*end ? WK_OK
+				 : wk_errf(err, errsz, WK_EFORMAT, "%s: no source hash", src_dir);
+	json_decref(id);
+	return rc;
+}
+
 static const char *fstr(json_t *f, const char *k)
 {
 	json_t *v = json_object_get(f, k);

@@ -1019,29 +1019,78 @@ void eng_gqa_free(struct engine *e, struct eng_gqa *g)
 	g->k = g->v = g->ks = g->vs = NULL;
 }
 
-void eng_cache_copy(struct engine *e, void *base, size_t row_bytes, int layers, int max_seq,
-		    int dst, int src, int len)
-{
-	if (!base || len <= 0)
-		return;
-	size_t pitch = (size_t)max_seq * row_bytes, per_seq = (size_t)layers * pitch;
-	char *d = (char *)base + (size_t)dst * per_seq, *s = (char *)base + (size_t)src * per_seq;
-	if (pitch >= (size_t)1 << 31) { /* past a 2-D copy's pitch on CUDA (cudaDevAttrMaxPitch) */
-		for (int l = 0; l < layers; l++)
-			eng_dcopy(e, d + l * pitch, s + l * pitch, (size_t)len * row_bytes);
-		return;
-	}
-	eng_dcopy_2d(e, d, pitch, s, pitch, (size_t)len * row_bytes, (size_t)layers);
-}
-
-void eng_gqa_copy(struct engine *e, const struct eng_gqa *g, int dst, int src, int len)
+int eng_gqa_caches(const struct engine *e, const struct eng_gqa *g, struct eng_cache *c)
 {
 	size_t row = (size_t)g->n_kv * g->head_dim * eng_kv_size(e);
 	size_t srow = (size_t)g->n_kv * eng_kv_blocks(g->head_dim) * sizeof(float);
-	eng_cache_copy(e, g->k, row, g->n_layers, g->max_seq, dst, src, len);
-	eng_cache_copy(e, g->v, row, g->n_layers, g->max_seq, dst, src, len);
-	eng_cache_copy(e, g->ks, srow, g->n_layers, g->max_seq, dst, src, len);
-	eng_cache_copy(e, g->vs, srow, g->n_layers, g->max_seq, dst, src, len);
+	c[0] = (struct eng_cache){g->k, row, g->n_layers, g->max_seq};
+	c[1] = (struct eng_cache){g->v, row, g->n_layers, g->max_seq};
+	c[2] = (struct eng_cache){g->ks, srow, g->n_layers, g->max_seq};
+	c[3] = (struct eng_cache){g->vs, srow, g->n_layers, g->max_seq};
+	return 4;
+}
+
+/* The family's arrays (none without the hook). */
+static int caches_of(struct engine *e, struct eng_cache *c)
+{
+	return e->fam && e->fam->caches ? e->fam->caches(e, c) : 0;
+}
+
+/* Where sequence seq's part of array c begins, and the bytes of one of its layers (its pitch)
+ * and of the first len positions of a layer (all of a row-a-sequence array's). */
+static char *cache_at(const struct eng_cache *c, int seq, size_t *pitch, size_t *used, int len)
+{
+	*pitch = (size_t)c->rows * c->row_bytes;
+	*used = c->rows == 1 ? c->row_bytes : (size_t)len * c->row_bytes;
+	return (char *)c->base + (size_t)seq * c->layers * *pitch;
+}
+
+void eng_caches_copy(struct engine *e, int dst, int src, int len)
+{
+	struct eng_cache c[ENG_CACHES];
+	for (int i = 0, n = caches_of(e, c); i < n; i++) {
+		if (!c[i].base)
+			continue;
+		size_t pitch, used;
+		char *d = cache_at(&c[i], dst, &pitch, &used, len);
+		const char *s = cache_at(&c[i], src, &pitch, &used, len);
+		if (pitch >= (size_t)1 << 31) { /* past a 2-D copy's pitch on CUDA
+						 * (cudaDevAttrMaxPitch) */
+			for (int l = 0; l < c[i].layers; l++)
+				eng_dcopy(e, d + l * pitch, s + l * pitch, used);
+			continue;
+		}
+		eng_dcopy_2d(e, d, pitch, s, pitch, used, (size_t)c[i].layers);
+	}
+}
+
+size_t eng_caches_bytes(struct engine *e, int len)
+{
+	struct eng_cache c[ENG_CACHES];
+	size_t sum = 0;
+	for (int i = 0, n = caches_of(e, c); i < n; i++)
+		if (c[i].base)
+			sum += (size_t)c[i].layers * (c[i].rows == 1 ? 1 : (size_t)len) *
+			       c[i].row_bytes;
+	return sum;
+}
+
+void eng_caches_io(struct engine *e, int seq, int len, void *host, bool save)
+{
+	struct eng_cache c[ENG_CACHES];
+	char *h = host;
+	for (int i = 0, n = caches_of(e, c); i < n; i++) {
+		if (!c[i].base)
+			continue;
+		size_t pitch, used;
+		char *d = cache_at(&c[i], seq, &pitch, &used, len);
+		for (int l = 0; l < c[i].layers; l++, h += used) {
+			if (save)
+				eng_to_host(e, h, d + l * pitch, used);
+			else
+				eng_to_dev(e, d + l * pitch, h, used);
+		}
+	}
 }
 
 /* The row of head_dim that position pos's kv head 0 of sequence seq's layer l starts */
@@ -1310,18 +1359,76 @@ int eng_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t 
 		return wk_errf(err, errsz, WK_EINVAL, "%d positions of sequence %d copied (it "
 			       "holds %d)", len, src, e->seq_len[src]);
 	const struct family *f = e->fam;
-	if (!f || !f->seq_copy)
+	if (!f || !f->caches)
 		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s holds one sequence: no copies",
 			       e->arch);
 	int rc = WK_OK;
 	if (e->shard)
 		rc = shard_seq_copy(e, dst, src, len, err, errsz);
 	else
-		f->seq_copy(e, dst, src, len);
+		eng_caches_copy(e, dst, src, len);
 	if (rc != WK_OK)
 		return rc;
 	e->seq_len[dst] = len; /* as eng_seq_truncate leaves src at len */
 	e->mtp_len[dst] = e->mtp_len[src] < len ? e->mtp_len[src] : len;
+	return WK_OK;
+}
+
+/* eng_seq_save's bytes begin with the positions and the MTP layer's (int32 each) */
+enum { SEQ_HEAD = 8 };
+
+size_t eng_seq_bytes(struct engine *e, int len)
+{
+	if (!e->fam || !e->fam->caches || len < 1 || len > e->info.max_seq)
+		return 0;
+	return SEQ_HEAD + (e->shard ? shard_seq_bytes(e, len) : eng_caches_bytes(e, len));
+}
+
+int eng_seq_save(struct engine *e, int seq, int len, void *buf, size_t n, char *err,
+		 size_t errsz)
+{
+	if (seq < 0 || seq >= e->max_seqs || !e->seq_used[seq])
+		return wk_errf(err, errsz, WK_EINVAL, "sequence %d is not allocated", seq);
+	if (len < 1 || len > e->seq_len[seq])
+		return wk_errf(err, errsz, WK_EINVAL, "%d positions of sequence %d saved (it holds "
+			       "%d)", len, seq, e->seq_len[seq]);
+	size_t need = eng_seq_bytes(e, len);
+	if (!need)
+		return wk_errf(err, errsz, WK_EUNSUPPORTED, "%s holds one sequence: no saved "
+			       "caches", e->arch);
+	if (n != need)
+		return wk_errf(err, errsz, WK_EINVAL, "%zu bytes for %d positions' caches: they "
+			       "take %zu", n, len, need);
+	int32_t head[2] = {len, e->mtp_len[seq] < len ? e->mtp_len[seq] : len};
+	memcpy(buf, head, sizeof head);
+	if (e->shard)
+		return shard_seq_io(e, seq, len, (char *)buf + SEQ_HEAD, true, err, errsz);
+	eng_caches_io(e, seq, len, (char *)buf + SEQ_HEAD, true);
+	return eng_sync(e, err, errsz);
+}
+
+int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err, size_t errsz)
+{
+	if (seq < 0 || seq >= e->max_seqs || !e->seq_used[seq])
+		return wk_errf(err, errsz, WK_EINVAL, "sequence %d is not allocated", seq);
+	int32_t head[2] = {0, 0};
+	if (n >= SEQ_HEAD)
+		memcpy(head, buf, sizeof head);
+	size_t need = eng_seq_bytes(e, head[0]);
+	if (!need || n != need || head[1] < 0 || head[1] > head[0])
+		return wk_errf(err, errsz, WK_EFORMAT, "%zu bytes of caches do not hold the %d "
+			       "positions they name (%zu bytes here)", n, head[0], need);
+	int rc;
+	if (e->shard) {
+		rc = shard_seq_io(e, seq, head[0], (char *)buf + SEQ_HEAD, false, err, errsz);
+	} else {
+		eng_caches_io(e, seq, head[0], (char *)buf + SEQ_HEAD, false);
+		rc = eng_sync(e, err, errsz);
+	}
+	if (rc != WK_OK)
+		return rc;
+	e->seq_len[seq] = head[0];
+	e->mtp_len[seq] = head[1];
 	return WK_OK;
 }
 

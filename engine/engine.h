@@ -237,6 +237,23 @@ int eng_seq_truncate(struct engine *e, int seq, int len);
  * WK_EINVAL (a sequence not allocated, dst == src, len outside 1 .. src's length) or
  * WK_EUNSUPPORTED (a family that holds one sequence), with a message. */
 int eng_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz);
+/* A sequence's caches as host bytes, so that a prefix outlives the process (the prefix cache
+ * written at exit and read at start). eng_seq_bytes: the bytes of len positions' (every
+ * array of every layer, the MTP layer's waiting state, every rank's), or 0 where the family
+ * holds one sequence or len is outside 1 .. max_seq. eng_seq_save writes sequence seq's
+ * first len positions into buf (n must be eng_seq_bytes(len)); eng_seq_load makes sequence
+ * seq (allocated) hold what such bytes hold, at their length. The bytes name their length;
+ * they mean something only to an engine of the same eng_cache_id. WK_EINVAL, WK_EFORMAT
+ * (bytes that do not hold what they name) or a device error, with a message. */
+size_t eng_seq_bytes(struct engine *e, int len);
+/* What saved caches mean (*id): the weights (a snapshot's manifest, or a checkpoint's sampled
+ * source identity), config.json, the KV cache's type, the backend, FP8 activations, the MTP
+ * layer, and the world's tp x ep. Saved bytes load only into an engine of the same id. */
+int eng_cache_id(struct engine *e, uint64_t *id, char *err, size_t errsz);
+int eng_seq_save(struct engine *e, int seq, int len, void *buf, size_t n, char *err,
+		 size_t errsz);
+int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err,
+		 size_t errsz);
 
 /* Runs one batched step. Each sequence may appear once. Returns WK_OK, or WK_EINVAL (a bad
  * sequence, an id outside the vocabulary, or a sequence past max_seq) before any work. */

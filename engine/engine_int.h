@@ -17,6 +17,17 @@
 struct plan;
 
 /* A model family: how to check a config, load the weights and run a forward pass. */
+/* One per-sequence array of a family's caches, laid out (max_seqs, layers, rows) rows of
+ * row_bytes. rows is max_seq (a row a position: a sequence's first len positions are its
+ * cache) or 1 (a row a sequence, taken whole: the MTP layer's waiting hidden state). A NULL
+ * base is an array this model lacks (skipped). */
+struct eng_cache {
+	void *base;
+	size_t row_bytes;
+	int layers, rows;
+};
+enum { ENG_CACHES = 8 };
+
 struct family {
 	const char *arch; /* config.json architectures[0] */
 	/* Reads the config and binds the weights; stores its state in e->model. */
@@ -29,9 +40,10 @@ struct family {
 	 * validated; positions start at e->seq_len[item.seq]. */
 	int (*step)(struct engine *e, const struct eng_item *items, int n, char *err,
 		    size_t errsz);
-	/* Optional (families with step): copies the caches of sequence src's first len
-	 * positions into sequence dst's (eng_seq_copy, validated; on each rank). */
-	void (*seq_copy)(struct engine *e, int dst, int src, int len);
+	/* Optional (families with step): the per-sequence arrays of its caches, at most
+	 * ENG_CACHES, returning how many (eng_seq_copy, eng_seq_save and eng_seq_load move
+	 * them; on each rank). */
+	int (*caches)(struct engine *e, struct eng_cache *c);
 	/* Snapshot layout: which tensors a rank holds, in what dtype and shape. Appends specs
 	 * to *plan (see layout.c). */
 	int (*plan)(struct hf_model *hf, const struct eng_snap_opts *o, struct plan *plan,
@@ -237,13 +249,13 @@ struct eng_gqa {
 int eng_gqa_alloc(struct engine *e, struct eng_gqa *g, int n_layers, int max_seq, int n_kv,
 		  int head_dim, char *err, size_t errsz);
 void eng_gqa_free(struct engine *e, struct eng_gqa *g);
-/* Sequence src's first len positions of every layer into sequence dst's. */
-void eng_gqa_copy(struct engine *e, const struct eng_gqa *g, int dst, int src, int len);
-/* The same for any per-sequence cache laid out (max_seqs, layers, max_seq) rows of row_bytes:
- * one 2-D copy of `layers` rows of len * row_bytes (a copy a layer where a layer's rows span
- * 2 GiB or more). Nothing when base is NULL. */
-void eng_cache_copy(struct engine *e, void *base, size_t row_bytes, int layers, int max_seq,
-		    int dst, int src, int len);
+/* g's four arrays (k, v and the FP8 scales'), into c; returns 4. */
+int eng_gqa_caches(const struct engine *e, const struct eng_gqa *g, struct eng_cache *c);
+/* eng_seq_copy, eng_seq_save and eng_seq_load on one rank (validated): every array of the
+ * family's caches, len positions of sequence seq (or src into dst) to or from host bytes. */
+void eng_caches_copy(struct engine *e, int dst, int src, int len);
+size_t eng_caches_bytes(struct engine *e, int len);
+void eng_caches_io(struct engine *e, int seq, int len, void *host, bool save);
 /* An f32 cache's keys (v: values) at position pos of sequence seq's layer l, where a step
  * may write its new rows directly; NULL for any other cache type. */
 float *eng_gqa_f32(const struct engine *e, const struct eng_gqa *g, bool v, int seq, int l,
@@ -330,8 +342,13 @@ int shard_forward(struct engine *e, const int *tokens, int n, int pos0, float *l
 		  bool all, char *err, size_t errsz);
 int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
 	       size_t errsz);
-/* eng_seq_copy of a sharded model: the family's seq_copy on every rank. */
+/* eng_seq_copy of a sharded model: eng_caches_copy on every rank. */
 int shard_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz);
+/* eng_seq_save and eng_seq_load's bytes of a sharded model: every rank's eng_caches_bytes,
+ * rank 0's first; the io on every rank, each at its own offset. */
+size_t shard_seq_bytes(struct engine *e, int len);
+int shard_seq_io(struct engine *e, int seq, int len, void *host, bool save, char *err,
+		 size_t errsz);
 
 /* Test hook: what rank engine `rank` bound from its snapshot file. */
 struct eng_rank_stats {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "common/wk.h"
 #include "engine/comm.h"
@@ -519,3 +520,34 @@ void eng_close(struct engine *e)
 	free(e);
 }
 
+
+int eng_cache_id(struct engine *e, uint64_t *id, char *err, size_t errsz)
+{
+	uint64_t w = 0;
+	char hex[17];
+	if (e->snap) {
+		char *m = json_dumps(snap_manifest(e->snap), JSON_SORT_KEYS | JSON_COMPACT);
+		if (!m)
+			return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+		w = XXH3_64bits(m, strlen(m));
+		free(m);
+	} else {
+		int rc = snap_source_hash(e->dir, &w, err, errsz);
+		if (rc != WK_OK)
+			return rc;
+	}
+	snprintf(hex, sizeof hex, "%016llx", (unsigned long long)w);
+	/* (format: what eng_seq_save writes; 1 for this layout) */
+	json_t *o = json_pack("{si ss sO ss ss sb si si si si}", "format", 1, "weights", hex,
+			      "config", e->config, "kv", e->info.kv_dtype ? e->info.kv_dtype : "",
+			      "backend", e->info.backend ? e->info.backend : "", "fp8_act",
+			      e->fp8_act, "mtp", e->info.mtp, "world", e->world, "tp", e->tp, "ep",
+			      e->ep);
+	char *s = o ? json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!s)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	*id = XXH3_64bits(s, strlen(s));
+	free(s);
+	return WK_OK;
+}

@@ -803,13 +803,13 @@ static int mtp_pass(struct engine *e, struct glm_model *m, int R, int nseg, char
 	return WK_OK;
 }
 
-void glm_seq_copy(struct engine *e, int dst, int src, int len)
+int glm_caches(struct engine *e, struct eng_cache *c)
 {
 	struct glm_model *m = e->model;
-	m->attn_ops->copy(e, m, dst, src, len);
-	if (m->pend) /* the MTP layer's waiting hidden state (eng_seq_copy keeps its mtp_len) */
-		eng_dcopy(e, m->pend + (size_t)dst * m->c.dim, m->pend + (size_t)src * m->c.dim,
-			  (size_t)m->c.dim * sizeof(float));
+	int n = m->attn_ops->caches(e, m, c);
+	/* the MTP layer's waiting hidden state (its cache is a layer of the attention's) */
+	c[n++] = (struct eng_cache){m->pend, (size_t)m->c.dim * sizeof(float), 1, 1};
+	return n;
 }
 
 /* The drafts of the items that ask for them (eng_item.drafts), after the main pass of the

@@ -220,17 +220,17 @@ static int g4_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct pl
 	return glm_plan(hf, p, g4_plan_attn, o->mtp, err, errsz);
 }
 
-static void g4_copy(struct engine *e, struct glm_model *m, int dst, int src, int len)
+static int g4_caches(struct engine *e, struct glm_model *m, struct eng_cache *c)
 {
 	struct g4 *a = m->attn;
-	eng_gqa_copy(e, &a->kv, dst, src, len);
+	return eng_gqa_caches(e, &a->kv, c);
 }
 
 static const struct glm_attn g4_attn = {
 	.load = g4_load,
 	.grow = g4_grow,
 	.forward = g4_forward,
-	.copy = g4_copy,
+	.caches = g4_caches,
 	.free = g4_free,
 };
 
@@ -244,7 +244,7 @@ const struct family fam_glm4 = {
 	.load = g4_family_load,
 	.forward = glm_forward,
 	.step = glm_step,
-	.seq_copy = glm_seq_copy,
+	.caches = glm_caches,
 	.free = glm_free,
 	.plan = g4_plan,
 };

@@ -710,16 +710,17 @@ static void g5_forward(struct engine *e, struct glm_model *m, int l, float *out,
 #undef ROW
 }
 
-static void g5_copy(struct engine *e, struct glm_model *m, int dst, int src, int len)
+static int g5_caches(struct engine *e, struct glm_model *m, struct eng_cache *c)
 {
 	struct g5 *a = m->attn;
 	int nl = m->c.n_attn, S = m->c.max_seq;
 	size_t kvs = eng_kv_size(e), bs = dt_size(eng_kv_b_type(e));
-	eng_cache_copy(e, a->ckv, a->lora * kvs, nl, S, dst, src, len);
-	eng_cache_copy(e, a->kpe, a->d_rope * bs, nl, S, dst, src, len);
-	eng_cache_copy(e, a->ckv_s, eng_kv_blocks(a->lora) * 4, nl, S, dst, src, len);
-	eng_cache_copy(e, a->ikc, a->i_dim * kvs, a->n_full, S, dst, src, len);
-	eng_cache_copy(e, a->ikc_s, eng_kv_blocks(a->i_dim) * 4, a->n_full, S, dst, src, len);
+	c[0] = (struct eng_cache){a->ckv, a->lora * kvs, nl, S};
+	c[1] = (struct eng_cache){a->kpe, a->d_rope * bs, nl, S};
+	c[2] = (struct eng_cache){a->ckv_s, eng_kv_blocks(a->lora) * 4, nl, S};
+	c[3] = (struct eng_cache){a->ikc, a->i_dim * kvs, a->n_full, S};
+	c[4] = (struct eng_cache){a->ikc_s, eng_kv_blocks(a->i_dim) * 4, a->n_full, S};
+	return 5;
 }
 
 static void g5_free(struct glm_model *m)
@@ -789,7 +790,7 @@ static const struct glm_attn g5_attn = {
 	.load = g5_load,
 	.grow = g5_grow,
 	.forward = g5_forward,
-	.copy = g5_copy,
+	.caches = g5_caches,
 	.free = g5_free,
 };
 
@@ -803,7 +804,7 @@ const struct family fam_glm5 = {
 	.load = g5_family_load,
 	.forward = glm_forward,
 	.step = glm_step,
-	.seq_copy = glm_seq_copy,
+	.caches = glm_caches,
 	.free = glm_free,
 	.plan = g5_plan,
 };

@@ -70,8 +70,8 @@ struct glm_attn {
 	int (*grow)(struct glm_model *m, int T, const struct eng_seg *seg, int nseg);
 	void (*forward)(struct engine *e, struct glm_model *m, int l, float *out, const float *x,
 			int T, const struct eng_seg *seg, int nseg);
-	/* eng_seq_copy: sequence src's first len positions of every cache into dst's */
-	void (*copy)(struct engine *e, struct glm_model *m, int dst, int src, int len);
+	/* the per-sequence arrays of its caches (family.caches), into c; returns how many */
+	int (*caches)(struct engine *e, struct glm_model *m, struct eng_cache *c);
 	void (*free)(struct glm_model *m);
 };
 
@@ -167,7 +167,7 @@ int glm_load(struct engine *e, const struct glm_attn *ops, char *err, size_t err
 int glm_forward(struct engine *e, const int *tokens, int n, int pos0, float *logits, bool all,
 		char *err, size_t errsz);
 int glm_step(struct engine *e, const struct eng_item *items, int n, char *err, size_t errsz);
-void glm_seq_copy(struct engine *e, int dst, int src, int len);
+int glm_caches(struct engine *e, struct eng_cache *c);
 void glm_free(struct engine *e);
 /* The snapshot layout of both families. Sharded, a family's attention tensors follow its
  * own rule: attn() plans the tensor `name` of layer l whose name ends in self_attn.<leaf>. */

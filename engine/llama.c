@@ -486,10 +486,10 @@ static int llama_plan(struct hf_model *hf, const struct eng_snap_opts *o, struct
 	return WK_OK;
 }
 
-static void llama_seq_copy(struct engine *e, int dst, int src, int len)
+static int llama_caches(struct engine *e, struct eng_cache *c)
 {
 	struct llama *m = e->model;
-	eng_gqa_copy(e, &m->kv, dst, src, len);
+	return eng_gqa_caches(e, &m->kv, c);
 }
 
 const struct family fam_llama = {
@@ -498,6 +498,6 @@ const struct family fam_llama = {
 	.load = llama_load,
 	.forward = llama_forward,
 	.step = llama_step,
-	.seq_copy = llama_seq_copy,
+	.caches = llama_caches,
 	.free = llama_free,
 };

@@ -228,6 +228,9 @@ struct shard {
 	bool all;
 	const struct eng_item *items;
 	int dst, src; /* job_copy: n positions */
+	char *host;   /* job_io: rank r's bytes at host + io_off[r]; save or load */
+	bool save;
+	size_t io_off[COMM_MAX_WORLD];
 	struct eng_item *ritems[COMM_MAX_WORLD]; /* per rank: items with its own logits */
 	int rc[COMM_MAX_WORLD];
 	char err[COMM_MAX_WORLD][WK_ERRSZ];
@@ -367,8 +370,41 @@ static int job_copy(struct shard *sh, int r, char *err, size_t errsz)
 	(void)err;
 	(void)errsz;
 	struct engine *re = sh->r[r];
-	re->fam->seq_copy(re, sh->dst, sh->src, sh->n);
+	eng_caches_copy(re, sh->dst, sh->src, sh->n);
 	return WK_OK;
+}
+
+static int job_io(struct shard *sh, int r, char *err, size_t errsz)
+{
+	struct engine *re = sh->r[r];
+	eng_caches_io(re, sh->dst, sh->n, sh->host + sh->io_off[r], sh->save);
+	return eng_sync(re, err, errsz);
+}
+
+size_t shard_seq_bytes(struct engine *e, int len)
+{
+	struct shard *sh = e->shard;
+	size_t sum = 0;
+	for (int r = 0; r < sh->world; r++)
+		sum += eng_caches_bytes(sh->r[r], len);
+	return sum;
+}
+
+int shard_seq_io(struct engine *e, int seq, int len, void *host, bool save, char *err,
+		 size_t errsz)
+{
+	struct shard *sh = e->shard;
+	size_t off = 0;
+	for (int r = 0; r < sh->world; r++) {
+		sh->io_off[r] = off;
+		off += eng_caches_bytes(sh->r[r], len);
+	}
+	sh->job = job_io;
+	sh->dst = seq;
+	sh->n = len;
+	sh->host = host;
+	sh->save = save;
+	return dispatch(sh, err, errsz);
 }
 
 int shard_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz)
