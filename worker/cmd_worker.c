@@ -51,6 +51,10 @@ static void usage(FILE *f)
 		"                        copy it instead of running them beside it (0 never;\n"
 		"                        default auto: 1024 on a GPU, where a step runs short\n"
 		"                        prompts nearly free, 2 on the CPU backend)\n"
+		"  --prefix-cache-dir DIR  the prefix cache is written to DIR at exit and read\n"
+		"                        back at start, so a cold start's first requests reuse\n"
+		"                        what the last worker of this model prefilled (a file\n"
+		"                        per model, backend and KV cache type; default: none)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -107,7 +111,8 @@ int cmd_worker(int argc, char **argv)
 	enum { O_QUEUE = 256, O_CONC, O_IDLE, O_STARTUP, O_STEP, O_DRAIN, O_LIFE, O_MAXJOBS, O_LEASE,
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
-	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX, O_PREFIX_WAIT };
+	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX, O_PREFIX_WAIT,
+	       O_PREFIX_DIR };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -123,6 +128,7 @@ int cmd_worker(int argc, char **argv)
 		{"draft-cost", required_argument, 0, O_DRAFT_COST},
 		{"prefix-cache", required_argument, 0, O_PREFIX},
 		{"prefix-wait", required_argument, 0, O_PREFIX_WAIT},
+		{"prefix-cache-dir", required_argument, 0, O_PREFIX_DIR},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -172,6 +178,7 @@ int cmd_worker(int argc, char **argv)
 			}
 			w.no_prefix_cache = !strcmp(optarg, "off");
 			break;
+		case O_PREFIX_DIR: w.prefix_dir = optarg; break;
 		case O_PREFIX_WAIT:
 			if (strcmp(optarg, "auto")) {
 				bad = parse_num(optarg, "--prefix-wait", 0, 1 << 30, &v);

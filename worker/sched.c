@@ -783,6 +783,42 @@ void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out)
 		out->tokens += s->pc[i].n;
 }
 
+int sched_cache_entry(const struct sched *s, int i, struct sched_cache_entry *out)
+{
+	if (i < 0 || i >= s->n_pc)
+		return WK_EINVAL;
+	/* the i-th most recently used: the entry with i others used later (ties by index) */
+	for (int k = 0; k < s->n_pc; k++) {
+		int later = 0;
+		for (int j = 0; j < s->n_pc; j++)
+			later += s->pc[j].used > s->pc[k].used ||
+				 (s->pc[j].used == s->pc[k].used && j < k);
+		if (later == i) {
+			const struct pcache *c = &s->pc[k];
+			*out = (struct sched_cache_entry){c->seq, c->n, c->tok, c->key};
+			return WK_OK;
+		}
+	}
+	return WK_EINVAL;
+}
+
+int sched_cache_add(struct sched *s, int seq, const int *tok, int n, uint64_t key)
+{
+	if (!s->pc_on || n < 1 || eng_seq_len(s->e, seq) != n)
+		return WK_EINVAL;
+	if (s->n_pc >= s->slots)
+		return WK_ELIMIT;
+	int *t = malloc((size_t)n * sizeof *t);
+	if (!t)
+		return WK_ENOMEM;
+	memcpy(t, tok, (size_t)n * sizeof *t);
+	long used = s->steps;
+	for (int i = 0; i < s->n_pc; i++)
+		used = s->pc[i].used <= used ? s->pc[i].used - 1 : used;
+	s->pc[s->n_pc++] = (struct pcache){.seq = seq, .tok = t, .n = n, .key = key, .used = used};
+	return WK_OK;
+}
+
 /* A free sequence, freeing the least recently used entry's where none is left (never the
  * entry in sequence keep, -1 for none). */
 static int seq_alloc_but(struct sched *s, int *seq, int keep)

@@ -284,6 +284,20 @@ struct sched_cache_stats {
 	long tokens;
 };
 void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out);
+/* The prefix cache's entries, for keeping them past the process (prefix_store.c): entry i of
+ * sched_cache_stats' entries, in order of use, the most recent first: its sequence (the
+ * engine's), its tokens (borrowed) and its cache_key. */
+struct sched_cache_entry {
+	int seq, n;
+	const int *tok;
+	uint64_t key;
+};
+int sched_cache_entry(const struct sched *s, int i, struct sched_cache_entry *out);
+/* Makes sequence seq (allocated; its caches hold tok[0..n)) an entry, used less recently than
+ * those there: the cache's from now on (tok is copied). WK_EINVAL (the cache off, n < 1, or
+ * seq not holding n positions), WK_ELIMIT (as many entries as slots) or WK_ENOMEM; the
+ * sequence stays the caller's then. */
+int sched_cache_add(struct sched *s, int seq, const int *tok, int n, uint64_t key);
 
 /* Queues r (admitted at the next step when a sequence is free). The prompt must be
  * non-empty; max_tokens 0 prefills it and ends. Returns WK_OK, or WK_EINVAL (prompt + max_tokens past the context: the caller

@@ -38,6 +38,7 @@
 #include "worker/cmd.h"
 #include "worker/job.h"
 #include "worker/prompt.h"
+#include "worker/prefix_store.h"
 #include "worker/ledger.h"
 #include "worker/export.h"
 #include "coldstart/snapshot.h"
@@ -91,6 +92,8 @@ struct worker {
 
 	char name[160];
 	struct engine *e;
+	uint64_t cache_id;      /* eng_cache_id, with --prefix-cache-dir (prefix_store.h) */
+	bool cache_kept;        /* ... known: the cache is written at exit */
 	const struct tok *tok;
 	enum chat_format chat;
 	int think_end;          /* the id of "</think>" (one added token), or -1 */
@@ -1454,6 +1457,50 @@ static int start(struct worker *w, const char **why)
 	return 0;
 }
 
+/* --prefix-cache-dir: the entries a worker of this model left at its exit, read back (a
+ * damaged or unreadable file is said and passed over: the start goes on, and the exit
+ * writes the file again). */
+static void prefix_load(struct worker *w)
+{
+	char err[WK_ERRSZ];
+	struct prefix_store_stats st;
+	if (!w->o.prefix_dir || w->o.no_prefix_cache)
+		return;
+	if (eng_cache_id(w->e, &w->cache_id, err, sizeof err) != WK_OK) {
+		wlog(w, "prefix_cache", "not kept across restarts: %s", err);
+		return;
+	}
+	w->cache_kept = true;
+	int rc = prefix_store_load(w->s, w->e, w->o.prefix_dir, w->cache_id, &st, err,
+				   sizeof err);
+	if (rc != WK_OK)
+		wlog(w, "prefix_cache", "%s; %d entries read before it, the rest passed over", err,
+		     st.entries);
+	else if (st.entries || st.skipped)
+		wlog(w, "prefix_cache", "read %d entries (%ld tokens, %.1f MB) from %s in %.1f ms%s",
+		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3,
+		     st.skipped ? "; some not: no sequence free or past the context" : "");
+	else
+		wlog(w, "prefix_cache", "none kept at %s yet", st.path);
+}
+
+/* ... and written at the exit, unless the engine failed (its caches are not trusted). */
+static void prefix_save(struct worker *w)
+{
+	char err[WK_ERRSZ];
+	struct prefix_store_stats st;
+	if (!w->cache_kept || sched_engine_failed(w->s, NULL) != WK_OK)
+		return;
+	if (prefix_store_save(w->s, w->e, w->o.prefix_dir, w->cache_id, &st, err,
+			      sizeof err) != WK_OK)
+		wlog(w, "prefix_cache", "not written: %s", err);
+	else if (!st.entries)
+		wlog(w, "prefix_cache", "nothing to keep (no file at %s)", st.path);
+	else
+		wlog(w, "prefix_cache", "wrote %d entries (%ld tokens, %.1f MB) to %s in %.1f ms",
+		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3);
+}
+
 /* The ready line: how long the start took and where its time went. */
 static void log_ready(struct worker *w)
 {
@@ -1595,6 +1642,7 @@ static int finish(struct worker *w, const char *why)
 	if (w->http)
 		cancel_http(w);
 	hand_back(w, sched_mark(w->s));
+	prefix_save(w);
 	struct queue_stats qs = {0}, qcs = {0};
 	if (w->q)
 		queue_get_stats(w->q, &qs);
@@ -1655,6 +1703,7 @@ int worker_run(const struct worker_opts *o)
 	int rc = start(&w, &why);
 	startup_done = 1;
 	if (rc == 0) {
+		prefix_load(&w);
 		log_ready(&w);
 		why = serve(&w);
 		rc = finish(&w, why);

@@ -28,6 +28,8 @@ struct worker_opts {
 	double draft_cost;      /* sched_set_draft_cost: SCHED_COST_AUTO measured */
 	bool no_prefix_cache;   /* --prefix-cache off: sched_set_prefix_cache stays off */
 	int prefix_wait;        /* --prefix-wait: sched_set_prefix_wait (-1: its default) */
+	const char *prefix_dir; /* --prefix-cache-dir: the cache kept across restarts
+				 * (prefix_store.h), or NULL */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	bool json_logs;

@@ -1,0 +1,119 @@
+# The prefix cache kept across restarts (--prefix-cache-dir), through wick dev on stories260K:
+#   1. a first session answers a long prompt (nothing cached) and at its exit writes its
+#      entries to DIR/prefix-<id>.wpc (mode 0600)
+#   2. the next session reads them at its start: the same request has all but its last prompt
+#      token cached, and the same answer; a longer prompt reuses the shared part
+#   3. another KV cache type is another cache: it starts empty, and both files stay
+#   4. a damaged file (one byte flipped) is said and passed over: the session serves, caches
+#      nothing from it, and its exit writes the file whole again, which the next start reads
+#   5. --prefix-cache off leaves the file alone; a session whose cache holds nothing at its
+#      exit removes it
+source tests/e2e/lib.sh
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
+m=$(stories)
+PC=$TMPD/pc
+PROMPT="Once upon a time, there was a little girl named Lily. She loved to play outside in the \
+park with her friends. One day, she saw a big red ball under a tree. She ran to get it, but a \
+small dog was already playing with it. Lily asked the dog if she could play too, and the dog"
+
+# session ARGS...: starts wick dev (log $TMPD/dev.N.log), waits for it; S is its port
+N=0
+session() {
+  N=$((N + 1))
+  S=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+  "$WICK" dev --model "$m" --listen 127.0.0.1:$S --idle-timeout 60 --prefix-cache-dir "$PC" \
+    "$@" 2>"$TMPD/dev.$N.log" &
+  SPID=$!
+  wait_dev $S $SPID "$TMPD/dev.$N.log"
+}
+# stop: SIGTERM, and the session's exit status 0
+stop() {
+  kill -TERM $SPID
+  wait $SPID || fail "session $N exited $?: $(tail -n 3 "$TMPD/dev.$N.log")"
+}
+# ask PROMPT OUT: a greedy completion of 12 tokens; prints "cached prompt_tokens"
+ask() {
+  python3 - "$1" >"$TMPD/req.json" <<'EOF'
+import json, sys
+print(json.dumps({"model": "stories260K", "prompt": sys.argv[1], "max_tokens": 12, "temperature": 0}))
+EOF
+  curl -sf "http://127.0.0.1:$S/v1/completions" -H 'Content-Type: application/json' \
+    -d @"$TMPD/req.json" >"$2" || fail "the request to session $N"
+  python3 - "$2" <<'EOF'
+import json, sys
+u = json.load(open(sys.argv[1]))["usage"]
+print((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0), u["prompt_tokens"])
+EOF
+}
+text() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' "$1"; }
+
+# 1. the first session
+session
+read -r c0 p0 < <(ask "$PROMPT" "$TMPD/a0.json")
+[ "$c0" = 0 ] || fail "a first session had $c0 tokens cached"
+[ "$p0" -gt 60 ] || fail "the prompt is $p0 tokens"
+stop
+has "wrote 1 entries" <"$TMPD/dev.$N.log" || fail "no entries written: $(grep prefix_cache "$TMPD/dev.$N.log")"
+f=$(ls "$PC"/prefix-*.wpc) || fail "no file in $PC: $(ls -la "$PC")"
+[ "$(stat -c %a "$f")" = 600 ] || fail "$f has mode $(stat -c %a "$f")"
+echo "1. written: $f, $(stat -c %s "$f") bytes"
+
+# 2. the next session reads it
+session
+has "read 1 entries" <"$TMPD/dev.$N.log" || fail "not read: $(grep prefix_cache "$TMPD/dev.$N.log")"
+read -r c1 p1 < <(ask "$PROMPT" "$TMPD/a1.json")
+[ "$p1" = "$p0" ] && [ "$c1" = $((p0 - 1)) ] ||
+  fail "after the restart, $c1 of $p1 tokens cached (want $((p0 - 1)) of $p0)"
+[ "$(text "$TMPD/a1.json")" = "$(text "$TMPD/a0.json")" ] ||
+  fail "another answer from the kept cache: '$(text "$TMPD/a1.json")' vs '$(text "$TMPD/a0.json")'"
+read -r c2 p2 < <(ask "$PROMPT said yes. They played" "$TMPD/a2.json")
+[ "$c2" -ge $((p0 - 2)) ] && [ "$c2" -lt "$p2" ] || fail "a longer prompt: $c2 of $p2 cached"
+stop
+echo "2. read back: $c1 of $p1 prompt tokens cached, the same answer; a longer prompt $c2 of $p2"
+
+# 3. another KV cache type: another file
+session --kv-dtype bf16
+has "none kept at" <"$TMPD/dev.$N.log" || fail "bf16 read a cache: $(grep prefix_cache "$TMPD/dev.$N.log")"
+read -r c3 _ < <(ask "$PROMPT" "$TMPD/a3.json")
+[ "$c3" = 0 ] || fail "bf16 had $c3 tokens cached"
+stop
+[ "$(ls "$PC"/prefix-*.wpc | wc -l)" = 2 ] || fail "files: $(ls "$PC")"
+echo "3. bf16: its own file, nothing cached at its start"
+
+# 4. a damaged file (a byte of the first entry's caches: past the two headers and its tokens)
+size=$(stat -c %s "$f")
+python3 - "$f" <<'EOF'
+import os, sys
+with open(sys.argv[1], "r+b") as h:
+    h.seek(64 + 4 * 120)
+    b = h.read(1)
+    h.seek(-1, 1)
+    h.write(bytes([b[0] ^ 0x40]))
+EOF
+session
+has "checksum does not match" <"$TMPD/dev.$N.log" ||
+  fail "the damage not said: $(grep prefix_cache "$TMPD/dev.$N.log")"
+read -r c4 _ < <(ask "$PROMPT" "$TMPD/a4.json")
+[ "$c4" = 0 ] || fail "$c4 tokens cached from a damaged file"
+[ "$(text "$TMPD/a4.json")" = "$(text "$TMPD/a0.json")" ] || fail "another answer after the damage"
+stop
+session
+has "read 1 entries" <"$TMPD/dev.$N.log" || fail "not written whole again: $(grep prefix_cache "$TMPD/dev.$N.log")"
+read -r c5 _ < <(ask "$PROMPT" "$TMPD/a5.json")
+[ "$c5" = $((p0 - 1)) ] || fail "$c5 tokens cached after the rewrite"
+stop
+echo "4. damaged: said, passed over, written whole again at the exit (was $size bytes)"
+
+# 5. --prefix-cache off leaves the file alone; a session that reads a damaged file and runs
+#    nothing holds no entries at its exit, and removes the file
+session --prefix-cache off
+stop
+[ -f "$f" ] || fail "--prefix-cache off removed the file"
+printf 'WICKPFX1' | dd of="$f" bs=1 seek=40 conv=notrunc status=none
+session
+has "entry 1:" <"$TMPD/dev.$N.log" || fail "the damage not said: $(grep prefix_cache "$TMPD/dev.$N.log")"
+stop
+[ ! -f "$f" ] || fail "an empty cache left the damaged file"
+echo "5. off: the file stays; nothing to keep: the file goes"
+echo "prefix_persist: ok"

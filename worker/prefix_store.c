@@ -1,0 +1,279 @@
+/*
+ * The prefix cache kept across restarts: see prefix_store.h for the why and the format.
+ */
+#include "worker/prefix_store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "common/wk.h"
+#include "engine/engine.h"
+#include "worker/sched.h"
+
+#define MAGIC "WICKPFX1"
+enum { VERSION = 1, HEAD = 32, ENTRY_HEAD = 32 };
+
+static void put32(unsigned char *b, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put64(unsigned char *b, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get32(const unsigned char *b)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = v << 8 | b[i];
+	return v;
+}
+
+static uint64_t get64(const unsigned char *b)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | b[i];
+	return v;
+}
+
+static void path_of(const char *dir, uint64_t id, struct prefix_store_stats *st)
+{
+	snprintf(st->path, sizeof st->path, "%s/prefix-%016llx.wpc", dir, (unsigned long long)id);
+}
+
+/* An entry's cache bytes for n positions: eng_seq_bytes' fixed part plus a position's each
+ * (so an entry longer than this engine's context can be sized and passed over). */
+static uint64_t bytes_for(struct engine *e, uint64_t n)
+{
+	uint64_t one = eng_seq_bytes(e, 1), two = eng_seq_bytes(e, 2);
+	return one + (two - one) * (n - 1);
+}
+
+/* An entry's hash: its header's first 24 bytes, its tokens' (little-endian) and its caches'. */
+static uint64_t entry_hash(const unsigned char *head, const unsigned char *tok, size_t ntok,
+			   const void *blob, size_t m)
+{
+	XXH3_state_t *h = XXH3_createState();
+	if (!h)
+		return 0;
+	XXH3_64bits_reset(h);
+	XXH3_64bits_update(h, head, 24);
+	XXH3_64bits_update(h, tok, ntok);
+	XXH3_64bits_update(h, blob, m);
+	uint64_t v = XXH3_64bits_digest(h);
+	XXH3_freeState(h);
+	return v;
+}
+
+static int write_all(FILE *f, const void *p, size_t n)
+{
+	return fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+/* One entry's record into f; its bytes added to st. */
+static int save_entry(FILE *f, struct engine *e, const struct sched_cache_entry *c,
+		      struct prefix_store_stats *st, char *err, size_t errsz)
+{
+	size_t m = eng_seq_bytes(e, c->n), nt = (size_t)c->n * 4;
+	unsigned char *buf = malloc(nt + m), head[ENTRY_HEAD] = {0};
+	if (!buf)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a prefix of %d tokens",
+			       c->n);
+	for (int i = 0; i < c->n; i++)
+		put32(buf + 4 * i, (uint32_t)c->tok[i]);
+	int rc = eng_seq_save(e, c->seq, c->n, buf + nt, m, err, errsz);
+	if (rc == WK_OK) {
+		put32(head, (uint32_t)c->n);
+		put64(head + 8, c->key);
+		put64(head + 16, m);
+		put64(head + 24, entry_hash(head, buf, nt, buf + nt, m));
+		if (write_all(f, head, sizeof head) || write_all(f, buf, nt + m))
+			rc = wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
+	}
+	free(buf);
+	st->bytes += ENTRY_HEAD + nt + m;
+	st->tokens += c->n;
+	return rc;
+}
+
+static int save_dir(const char *dir, char *err, size_t errsz)
+{
+	if (mkdir(dir, 0700) == 0 || errno == EEXIST)
+		return WK_OK;
+	return wk_errf(err, errsz, WK_EIO, "%s: %s", dir, strerror(errno));
+}
+
+int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64_t id,
+		      struct prefix_store_stats *st, char *err, size_t errsz)
+{
+	memset(st, 0, sizeof *st);
+	path_of(dir, id, st);
+	double t0 = wk_now();
+	struct sched_cache_stats cs;
+	sched_cache_stats(s, &cs);
+	int rc = save_dir(dir, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	if (cs.entries == 0) { /* nothing to keep: an older file would bring back what was
+				* evicted */
+		if (unlink(st->path) != 0 && errno != ENOENT)
+			return wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
+		return WK_OK;
+	}
+	char tmp[4300];
+	snprintf(tmp, sizeof tmp, "%s.%ld.tmp", st->path, (long)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+	if (!f) {
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	unsigned char head[HEAD] = {0};
+	memcpy(head, MAGIC, 8);
+	put32(head + 8, VERSION);
+	put32(head + 12, (uint32_t)cs.entries);
+	put64(head + 16, id);
+	put64(head + 24, XXH3_64bits(head, 24));
+	st->bytes = HEAD;
+	if (write_all(f, head, sizeof head))
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+	for (int i = 0; rc == WK_OK && i < cs.entries; i++) {
+		struct sched_cache_entry c;
+		if ((rc = sched_cache_entry(s, i, &c)) == WK_OK &&
+		    (rc = save_entry(f, e, &c, st, err, errsz)) == WK_OK)
+			st->entries++;
+	}
+	if (rc == WK_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+	if (fclose(f) != 0 && rc == WK_OK)
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+	if (rc == WK_OK && rename(tmp, st->path) != 0)
+		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
+	if (rc != WK_OK) {
+		unlink(tmp);
+		return rc;
+	}
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the rename, durable */
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+	st->seconds = wk_now() - t0;
+	return WK_OK;
+}
+
+static int bad(struct prefix_store_stats *st, char *err, size_t errsz, int entry,
+	       const char *what)
+{
+	return wk_errf(err, errsz, WK_EFORMAT, "%s: entry %d: %s", st->path, entry + 1, what);
+}
+
+/* Entry k of f into a free sequence and the cache; *stop where no more can be taken. */
+static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
+		      struct prefix_store_stats *st, bool *stop, char *err, size_t errsz)
+{
+	unsigned char head[ENTRY_HEAD];
+	if (fread(head, 1, sizeof head, f) != sizeof head)
+		return bad(st, err, errsz, k, "the file ends inside it (cut short)");
+	const struct eng_info *in = eng_info(e);
+	uint64_t n = get32(head), m = get64(head + 16);
+	if (n < 1 || get32(head + 4) != 0)
+		return bad(st, err, errsz, k, "no tokens");
+	if (m != bytes_for(e, n))
+		return bad(st, err, errsz, k, "its caches' size is not this model's");
+	st->bytes += ENTRY_HEAD + 4 * n + m;
+	if (n > (uint64_t)in->max_seq) { /* a longer context then: passed over */
+		st->skipped++;
+		return fseeko(f, (off_t)(4 * n + m), SEEK_CUR) == 0
+			       ? WK_OK : bad(st, err, errsz, k, "cut short");
+	}
+	unsigned char *buf = malloc(4 * n + m);
+	int *tok = malloc(n * sizeof *tok), seq = -1, rc = WK_OK;
+	if (!buf || !tok) {
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory for a prefix of %d tokens",
+			     (int)n);
+	} else if (fread(buf, 1, 4 * n + m, f) != 4 * n + m) {
+		rc = bad(st, err, errsz, k, "the file ends inside it (cut short)");
+	} else if (entry_hash(head, buf, 4 * n, buf + 4 * n, m) != get64(head + 24)) {
+		rc = bad(st, err, errsz, k, "its checksum does not match (the file is damaged)");
+	} else {
+		for (uint64_t i = 0; i < n && rc == WK_OK; i++)
+			if ((tok[i] = (int32_t)get32(buf + 4 * i)) < 0 || tok[i] >= in->vocab)
+				rc = bad(st, err, errsz, k, "a token outside the vocabulary");
+	}
+	if (rc == WK_OK && eng_seq_alloc(e, &seq) != WK_OK) {
+		*stop = true; /* every sequence is in use */
+	} else if (rc == WK_OK) {
+		char lerr[WK_ERRSZ];
+		if (eng_seq_load(e, seq, buf + 4 * n, m, lerr, sizeof lerr) != WK_OK)
+			rc = bad(st, err, errsz, k, lerr);
+		else if (eng_seq_len(e, seq) != (int)n)
+			rc = bad(st, err, errsz, k, "its caches hold another length");
+		else if (sched_cache_add(s, seq, tok, (int)n, get64(head + 8)) != WK_OK)
+			*stop = true; /* as many entries as slots */
+		else
+			seq = -1; /* the cache's now */
+		if (seq >= 0)
+			eng_seq_free(e, seq);
+		if (rc == WK_OK && !*stop) {
+			st->entries++;
+			st->tokens += (long)n;
+		}
+	}
+	free(buf);
+	free(tok);
+	return rc;
+}
+
+int prefix_store_load(struct sched *s, struct engine *e, const char *dir, uint64_t id,
+		      struct prefix_store_stats *st, char *err, size_t errsz)
+{
+	memset(st, 0, sizeof *st);
+	path_of(dir, id, st);
+	double t0 = wk_now();
+	FILE *f = fopen(st->path, "rbe");
+	if (!f)
+		return errno == ENOENT ? WK_OK
+				       : wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
+	unsigned char head[HEAD];
+	int rc = WK_OK;
+	if (fread(head, 1, sizeof head, f) != sizeof head || memcmp(head, MAGIC, 8))
+		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: not a wick prefix cache", st->path);
+	else if (get64(head + 24) != XXH3_64bits(head, 24))
+		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: its header's checksum does not match",
+			     st->path);
+	else if (get32(head + 8) != VERSION)
+		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: version %u (this wick reads %d)",
+			     st->path, get32(head + 8), VERSION);
+	else if (get64(head + 16) != id)
+		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: made by another model or cache layout",
+			     st->path);
+	st->bytes = HEAD;
+	int n = rc == WK_OK ? (int)get32(head + 12) : 0;
+	bool stop = false;
+	for (int k = 0; rc == WK_OK && k < n; k++) {
+		if (stop) {
+			st->skipped += n - k;
+			break;
+		}
+		rc = load_entry(f, s, e, k, st, &stop, err, errsz);
+		if (stop && rc == WK_OK)
+			st->skipped++;
+	}
+	fclose(f);
+	st->seconds = wk_now() - t0;
+	return rc;
+}
