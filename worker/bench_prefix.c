@@ -13,16 +13,24 @@
  * from its sequence (eng_seq_copy); without, each prefills it. The prompt tokens run, the time
  * until every choice has its first token, and the time until all are done are printed beside
  * each other, with the choices whose tokens differ.
+ *
+ * Last, a restart (--prefix-cache-dir): a worker runs that prompt and writes its cache at its
+ * exit (prefix_store_save); the engine is opened again, as by the next worker, and the prompt
+ * sent again runs once with nothing kept (a whole prefill) and once with the file read at the
+ * start (its last token only). Printed: the file's size, the time to write it and to read it,
+ * and the time to the first token each way, with the ratio counting the read.
  */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/wk.h"
 #include "engine/engine.h"
 #include "worker/cmd.h"
+#include "worker/prefix_store.h"
 #include "worker/sched.h"
 
 static void usage(FILE *f)
@@ -44,6 +52,9 @@ static void usage(FILE *f)
 		   "the time until every choice has its first token and until all are done. The\n"
 		   "choices wait for the first's prefill where they share W tokens or more\n"
 		   "(default: the scheduler's, 2 on the CPU backend, 1024 on a GPU).\n"
+		   "Then a restart: that prompt's cache written at a worker's exit and read by\n"
+		   "the next one's start (--prefix-cache-dir), against the next one without it:\n"
+		   "the file's size, the write, the read and the time to the first token.\n"
 		   "Last, one JSON line. The token ids are a fixed sequence (no tokenizer needed).\n");
 }
 
@@ -211,6 +222,124 @@ static int run_choices(struct engine *e, bool cache, int n, int np, int reply, i
 	return rc;
 }
 
+struct restart {
+	double save_s, load_s, ttft[2]; /* best; [0] nothing kept, [1] the file read */
+	uint64_t bytes;
+	int ran[2], *out[2], n_out[2];
+	char file[4200]; /* written */
+};
+
+/* The prompt of run_choices (ids x) through a scheduler with the cache: WK_OK and *fin, or
+ * an error printed. */
+static int run_one(struct sched *s, const int *p, int np, int reply, struct sched_req **fin)
+{
+	char err[WK_ERRSZ];
+	struct sched_req *r = calloc(1, sizeof *r);
+	*fin = NULL;
+	if (!r || !(r->prompt = malloc((size_t)np * sizeof *p))) {
+		free(r);
+		return WK_ENOMEM;
+	}
+	snprintf(r->id, sizeof r->id, "restart");
+	memcpy(r->prompt, p, (size_t)np * sizeof *p);
+	r->n_prompt = np;
+	r->max_tokens = reply;
+	r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+	int rc = sched_submit(s, r, err, sizeof err);
+	if (rc != WK_OK) {
+		fprintf(stderr, "wick bench prefix: %s\n", err);
+		sched_req_free(r);
+		return rc;
+	}
+	while (sched_pending(s) > 0)
+		if (sched_step(s, done, fin) < 0)
+			break;
+	if (!*fin || (*fin)->status != SCHED_DONE) {
+		fprintf(stderr, "wick bench prefix: the restart's request failed: %s\n",
+			*fin ? (*fin)->error : "no result");
+		sched_req_free(*fin);
+		return WK_EIO;
+	}
+	return WK_OK;
+}
+
+/* The restart: run 0 writes the file (on *e, then opened again as o says); each run then
+ * sends the prompt to a scheduler with nothing kept and to one that read the file. */
+static int run_restart(struct engine **e, const char *model, const struct eng_opts *o,
+		       const char *dir, int np, int reply, struct restart *rs, bool first)
+{
+	char err[WK_ERRSZ];
+	int vocab = eng_info(*e)->vocab, rc = WK_OK;
+	int *p = malloc((size_t)np * sizeof *p);
+	uint64_t id;
+	if (!p)
+		return WK_ENOMEM;
+	unsigned x = 777; /* a fixed sequence of ids, away from the special ones */
+	for (int i = 0; i < np; i++) {
+		x = x * 1103515245u + 12345u;
+		p[i] = 3 + (int)((x >> 8) % (unsigned)(vocab - 3));
+	}
+	struct sched_req *fin = NULL;
+	struct prefix_store_stats st;
+	struct sched *s = NULL;
+	if (first) {
+		s = sched_create(*e, NULL);
+		if (!s || sched_set_prefix_cache(s, true) != WK_OK ||
+		    (rc = run_one(s, p, np, reply, &fin)) != WK_OK)
+			goto out;
+		sched_req_free(fin);
+		if ((rc = eng_cache_id(*e, &id, err, sizeof err)) != WK_OK ||
+		    (rc = prefix_store_save(s, *e, dir, id, &st, err, sizeof err)) != WK_OK)
+			goto out;
+		rs->save_s = st.seconds;
+		rs->bytes = st.bytes;
+		snprintf(rs->file, sizeof rs->file, "%s", st.path);
+		sched_free(s);
+		s = NULL;
+		eng_close(*e);
+		if ((rc = eng_open(model, o, e, err, sizeof err)) != WK_OK)
+			goto out;
+	}
+	if ((rc = eng_cache_id(*e, &id, err, sizeof err)) != WK_OK)
+		goto out;
+	for (int k = 0; k < 2 && rc == WK_OK; k++) {
+		s = sched_create(*e, NULL);
+		if (!s || sched_set_prefix_cache(s, true) != WK_OK) {
+			rc = WK_ENOMEM;
+			break;
+		}
+		if (k) {
+			if ((rc = prefix_store_load(s, *e, dir, id, &st, err, sizeof err)) != WK_OK)
+				break;
+			if (st.entries != 1) {
+				rc = wk_errf(err, sizeof err, WK_EIO, "%s: %d entries read, not 1",
+					     st.path, st.entries);
+				break;
+			}
+			if (first || st.seconds < rs->load_s)
+				rs->load_s = st.seconds;
+		}
+		if ((rc = run_one(s, p, np, reply, &fin)) != WK_OK)
+			break;
+		double ttft = fin->t_first - fin->t_admit;
+		if (first || ttft < rs->ttft[k])
+			rs->ttft[k] = ttft;
+		rs->ran[k] = fin->n_prompt - fin->cached;
+		rs->n_out[k] = fin->n_out;
+		if (fin->n_out)
+			memcpy(rs->out[k], fin->out, (size_t)fin->n_out * sizeof *p);
+		sched_req_free(fin);
+		sched_free(s);
+		s = NULL;
+	}
+out:
+	if (rc != WK_OK && rc != WK_EIO)
+		fprintf(stderr, "wick bench prefix: the restart: %s\n", err);
+	sched_free(s);
+	free(p);
+	return rc;
+}
+
 int bench_prefix(int argc, char **argv)
 {
 	int turns = 8, sys = 64, user = 32, reply = 16, runs = 3, nch = 8, np = 0, wait = -1;
@@ -282,14 +411,29 @@ int bench_prefix(int argc, char **argv)
 	for (int i = 0; i < runs && rc == WK_OK; i++)
 		for (int k = 0; k < 2 && rc == WK_OK; k++)
 			rc = run_choices(e, k, nch, np, reply, wait, &ch[k], i == 0);
+	struct restart rs = {0};
+	char pdir[] = "/tmp/wick-bench-prefix-XXXXXX";
+	if (rc == WK_OK && !mkdtemp(pdir)) {
+		fprintf(stderr, "wick bench prefix: %s: cannot make a directory\n", pdir);
+		rc = WK_EIO;
+	}
+	for (int k = 0; k < 2 && rc == WK_OK; k++)
+		if (!(rs.out[k] = calloc((size_t)reply, sizeof *rs.out[k])))
+			rc = WK_ENOMEM;
+	for (int i = 0; i < runs && rc == WK_OK; i++)
+		rc = run_restart(&e, argv[optind], &o, pdir, np, reply, &rs, i == 0);
+	if (rs.file[0])
+		unlink(rs.file);
+	rmdir(pdir);
 	char kvname[16];
-	snprintf(kvname, sizeof kvname, "%s", eng_info(e)->kv_dtype);
+	snprintf(kvname, sizeof kvname, "%s", e ? eng_info(e)->kv_dtype : "");
 	eng_close(e);
 	if (rc != WK_OK) {
 		for (int k = 0; k < 2; k++) {
 			free(cv[k].replies);
 			free(ch[k].out);
 			free(ch[k].n_out);
+			free(rs.out[k]);
 		}
 		return 1;
 	}
@@ -332,6 +476,18 @@ int bench_prefix(int argc, char **argv)
 	printf("  choices: %.2fx fewer prompt tokens run; every first token %.2fx sooner, all done "
 	       "%.2fx sooner; choices that differ: %d of %d\n", (double)ch[0].ran / ch[1].ran,
 	       ch[0].first_s / ch[1].first_s, ch[0].all_s / ch[1].all_s, cdiff, nch);
+	int rdiff = rs.n_out[0] != rs.n_out[1] ||
+		    memcmp(rs.out[0], rs.out[1], (size_t)rs.n_out[0] * sizeof *rs.out[0]) != 0;
+	printf("a restart: the prompt of %d tokens again, at the next worker's start (best of %d "
+	       "runs):\n", np, runs);
+	printf("  the file: %.3f MB, written at the exit in %.3f ms, read at the start in %.3f "
+	       "ms\n", rs.bytes / 1e6, rs.save_s * 1e3, rs.load_s * 1e3);
+	printf("  %-14s %12s %18s\n", "", "prompt ran", "first token");
+	printf("  %-14s %12d %15.3f ms\n", "nothing kept", rs.ran[0], rs.ttft[0] * 1e3);
+	printf("  %-14s %12d %15.3f ms (+ %.3f ms read)\n", "file read", rs.ran[1],
+	       rs.ttft[1] * 1e3, rs.load_s * 1e3);
+	printf("  restart: first token %.2fx sooner, the read counted; replies that differ: %d "
+	       "of 1\n", rs.ttft[0] / (rs.ttft[1] + rs.load_s), rdiff);
 	json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:f, s:f, s:i, s:i, s:i, s:i, s:f, s:f, s:f, "
 			      "s:f, s:i}", "backend", backend, "turns",
 			      turns, "ran_off", (json_int_t)r0, "ran_on", (json_int_t)r1,
@@ -341,6 +497,15 @@ int bench_prefix(int argc, char **argv)
 			      ch[0].first_s * 1e3, "choices_first_ms_on", ch[1].first_s * 1e3,
 			      "choices_all_ms_off", ch[0].all_s * 1e3, "choices_all_ms_on",
 			      ch[1].all_s * 1e3, "choices_differ", cdiff);
+	json_t *rj = json_pack("{s:I, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "bytes",
+			       (json_int_t)rs.bytes, "save_ms", rs.save_s * 1e3, "load_ms",
+			       rs.load_s * 1e3, "ran_off", rs.ran[0], "ran_on", rs.ran[1],
+			       "first_ms_off", rs.ttft[0] * 1e3, "first_ms_on", rs.ttft[1] * 1e3,
+			       "differ", rdiff);
+	if (j && rj)
+		json_object_set_new(j, "restart", rj);
+	else
+		json_decref(rj);
 	char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	printf("%s\n", line ? line : "{}");
 	free(line);
@@ -349,6 +514,7 @@ int bench_prefix(int argc, char **argv)
 		free(cv[k].replies);
 		free(ch[k].out);
 		free(ch[k].n_out);
+		free(rs.out[k]);
 	}
 	return 0;
 }
