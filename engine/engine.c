@@ -1023,10 +1023,10 @@ int eng_gqa_caches(const struct engine *e, const struct eng_gqa *g, struct eng_c
 {
 	size_t row = (size_t)g->n_kv * g->head_dim * eng_kv_size(e);
 	size_t srow = (size_t)g->n_kv * eng_kv_blocks(g->head_dim) * sizeof(float);
-	c[0] = (struct eng_cache){g->k, row, g->n_layers, g->max_seq};
-	c[1] = (struct eng_cache){g->v, row, g->n_layers, g->max_seq};
-	c[2] = (struct eng_cache){g->ks, srow, g->n_layers, g->max_seq};
-	c[3] = (struct eng_cache){g->vs, srow, g->n_layers, g->max_seq};
+	c[0] = (struct eng_cache){g->k, row, g->n_layers, g->max_seq, false};
+	c[1] = (struct eng_cache){g->v, row, g->n_layers, g->max_seq, false};
+	c[2] = (struct eng_cache){g->ks, srow, g->n_layers, g->max_seq, false};
+	c[3] = (struct eng_cache){g->vs, srow, g->n_layers, g->max_seq, false};
 	return 4;
 }
 
@@ -1064,25 +1064,43 @@ void eng_caches_copy(struct engine *e, int dst, int src, int len)
 	}
 }
 
+/* Array c's bytes of len positions. */
+static size_t cache_bytes(const struct eng_cache *c, int len)
+{
+	return c->base ? (size_t)c->layers * (c->rows == 1 ? 1 : (size_t)len) * c->row_bytes : 0;
+}
+
 size_t eng_caches_bytes(struct engine *e, int len)
 {
 	struct eng_cache c[ENG_CACHES];
-	size_t sum = 0;
-	for (int i = 0, n = caches_of(e, c); i < n; i++)
-		if (c[i].base)
-			sum += (size_t)c[i].layers * (c[i].rows == 1 ? 1 : (size_t)len) *
-			       c[i].row_bytes;
-	return sum;
+	size_t first = 0, other = 0; /* the sections' */
+	for (int i = 0, n = caches_of(e, c); i < n; i++) {
+		first += cache_bytes(&c[i], len);
+		other += c[i].whole ? 0 : cache_bytes(&c[i], len);
+	}
+	return first + (size_t)(e->tp - 1) * other;
 }
 
 void eng_caches_io(struct engine *e, int seq, int len, void *host, bool save)
 {
 	struct eng_cache c[ENG_CACHES];
-	char *h = host;
-	for (int i = 0, n = caches_of(e, c); i < n; i++) {
-		if (!c[i].base)
+	int n = caches_of(e, c), k = eng_tp_rank(e);
+	size_t first = 0, other = 0, at0 = 0, atk = 0;
+	for (int i = 0; i < n; i++) {
+		first += cache_bytes(&c[i], len);
+		other += c[i].whole ? 0 : cache_bytes(&c[i], len);
+	}
+	char *mine = (char *)host + (k ? first + (size_t)(k - 1) * other : 0); /* shard k's */
+	for (int i = 0; i < n; i++) {
+		size_t pitch, used, sz = cache_bytes(&c[i], len);
+		/* from (to) section 0 when whole or in shard 0; else shard k's, past its split
+		 * arrays before this one */
+		char *h = c[i].whole || !k ? (char *)host + at0 : mine + atk;
+		bool mine_to_save = e->rank == 0 || (e->rank < e->tp && !c[i].whole);
+		at0 += sz;
+		atk += c[i].whole ? 0 : sz;
+		if (!sz || (save && !mine_to_save))
 			continue;
-		size_t pitch, used;
 		char *d = cache_at(&c[i], seq, &pitch, &used, len);
 		for (int l = 0; l < c[i].layers; l++, h += used) {
 			if (save)

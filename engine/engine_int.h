@@ -20,11 +20,14 @@ struct plan;
 /* One per-sequence array of a family's caches, laid out (max_seqs, layers, rows) rows of
  * row_bytes. rows is max_seq (a row a position: a sequence's first len positions are its
  * cache) or 1 (a row a sequence, taken whole: the MTP layer's waiting hidden state). A NULL
- * base is an array this model lacks (skipped). */
+ * base is an array this model lacks (skipped). whole: every rank holds the same rows (MLA's
+ * latent, which TP replicates), else rank r's are TP shard r % tp's (eng_seq_save keeps
+ * each once). */
 struct eng_cache {
 	void *base;
 	size_t row_bytes;
 	int layers, rows;
+	bool whole;
 };
 enum { ENG_CACHES = 8 };
 
@@ -252,7 +255,10 @@ void eng_gqa_free(struct engine *e, struct eng_gqa *g);
 /* g's four arrays (k, v and the FP8 scales'), into c; returns 4. */
 int eng_gqa_caches(const struct engine *e, const struct eng_gqa *g, struct eng_cache *c);
 /* eng_seq_copy, eng_seq_save and eng_seq_load on one rank (validated): every array of the
- * family's caches, len positions of sequence seq (or src into dst) to or from host bytes. */
+ * family's caches, len positions of sequence seq (or src into dst) to or from host bytes.
+ * The bytes (eng_caches_bytes, the same on every rank) hold tp sections: the first every
+ * array of TP shard 0, each other shard's the arrays that are not whole. Rank 0 and ranks
+ * 1 .. tp-1 save their sections; every rank loads what it holds from them. */
 void eng_caches_copy(struct engine *e, int dst, int src, int len);
 size_t eng_caches_bytes(struct engine *e, int len);
 void eng_caches_io(struct engine *e, int seq, int len, void *host, bool save);
@@ -344,8 +350,8 @@ int shard_step(struct engine *e, const struct eng_item *items, int n, char *err,
 	       size_t errsz);
 /* eng_seq_copy of a sharded model: eng_caches_copy on every rank. */
 int shard_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t errsz);
-/* eng_seq_save and eng_seq_load's bytes of a sharded model: every rank's eng_caches_bytes,
- * rank 0's first; the io on every rank, each at its own offset. */
+/* eng_seq_save and eng_seq_load of a sharded model: rank 0's eng_caches_bytes (every rank's
+ * are alike), and eng_caches_io on every rank. */
 size_t shard_seq_bytes(struct engine *e, int len);
 int shard_seq_io(struct engine *e, int seq, int len, void *host, bool save, char *err,
 		 size_t errsz);

@@ -808,7 +808,7 @@ int glm_caches(struct engine *e, struct eng_cache *c)
 	struct glm_model *m = e->model;
 	int n = m->attn_ops->caches(e, m, c);
 	/* the MTP layer's waiting hidden state (its cache is a layer of the attention's) */
-	c[n++] = (struct eng_cache){m->pend, (size_t)m->c.dim * sizeof(float), 1, 1};
+	c[n++] = (struct eng_cache){m->pend, (size_t)m->c.dim * sizeof(float), 1, 1, true};
 	return n;
 }
 

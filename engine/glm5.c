@@ -715,11 +715,12 @@ static int g5_caches(struct engine *e, struct glm_model *m, struct eng_cache *c)
 	struct g5 *a = m->attn;
 	int nl = m->c.n_attn, S = m->c.max_seq;
 	size_t kvs = eng_kv_size(e), bs = dt_size(eng_kv_b_type(e));
-	c[0] = (struct eng_cache){a->ckv, a->lora * kvs, nl, S};
-	c[1] = (struct eng_cache){a->kpe, a->d_rope * bs, nl, S};
-	c[2] = (struct eng_cache){a->ckv_s, eng_kv_blocks(a->lora) * 4, nl, S};
-	c[3] = (struct eng_cache){a->ikc, a->i_dim * kvs, a->n_full, S};
-	c[4] = (struct eng_cache){a->ikc_s, eng_kv_blocks(a->i_dim) * 4, a->n_full, S};
+	/* (all whole: TP replicates the latent, the rope key and the indexer, g5_plan_attn) */
+	c[0] = (struct eng_cache){a->ckv, a->lora * kvs, nl, S, true};
+	c[1] = (struct eng_cache){a->kpe, a->d_rope * bs, nl, S, true};
+	c[2] = (struct eng_cache){a->ckv_s, eng_kv_blocks(a->lora) * 4, nl, S, true};
+	c[3] = (struct eng_cache){a->ikc, a->i_dim * kvs, a->n_full, S, true};
+	c[4] = (struct eng_cache){a->ikc_s, eng_kv_blocks(a->i_dim) * 4, a->n_full, S, true};
 	return 5;
 }
 

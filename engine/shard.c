@@ -228,9 +228,8 @@ struct shard {
 	bool all;
 	const struct eng_item *items;
 	int dst, src; /* job_copy: n positions */
-	char *host;   /* job_io: rank r's bytes at host + io_off[r]; save or load */
+	char *host;   /* job_io: the bytes (eng_caches_io); save or load */
 	bool save;
-	size_t io_off[COMM_MAX_WORLD];
 	struct eng_item *ritems[COMM_MAX_WORLD]; /* per rank: items with its own logits */
 	int rc[COMM_MAX_WORLD];
 	char err[COMM_MAX_WORLD][WK_ERRSZ];
@@ -377,28 +376,19 @@ static int job_copy(struct shard *sh, int r, char *err, size_t errsz)
 static int job_io(struct shard *sh, int r, char *err, size_t errsz)
 {
 	struct engine *re = sh->r[r];
-	eng_caches_io(re, sh->dst, sh->n, sh->host + sh->io_off[r], sh->save);
+	eng_caches_io(re, sh->dst, sh->n, sh->host, sh->save);
 	return eng_sync(re, err, errsz);
 }
 
 size_t shard_seq_bytes(struct engine *e, int len)
 {
-	struct shard *sh = e->shard;
-	size_t sum = 0;
-	for (int r = 0; r < sh->world; r++)
-		sum += eng_caches_bytes(sh->r[r], len);
-	return sum;
+	return eng_caches_bytes(e->shard->r[0], len);
 }
 
 int shard_seq_io(struct engine *e, int seq, int len, void *host, bool save, char *err,
 		 size_t errsz)
 {
 	struct shard *sh = e->shard;
-	size_t off = 0;
-	for (int r = 0; r < sh->world; r++) {
-		sh->io_off[r] = off;
-		off += eng_caches_bytes(sh->r[r], len);
-	}
 	sh->job = job_io;
 	sh->dst = seq;
 	sh->n = len;

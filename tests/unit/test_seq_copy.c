@@ -286,7 +286,8 @@ Test(seq_copy, mtp_drafts_follow_the_copy)
 }
 
 /* Sharded: the copy runs on every rank (tp 2 splits the heads and so each rank's caches; ep 2
- * the experts), and the sharded copy is the sharded source truncated. */
+ * the experts), and the sharded copy is the sharded source truncated. Saved, the rows every
+ * rank holds alike are kept once (GLM-5's latent: rank 1 loads rank 0's). */
 Test(seq_copy, every_rank_copies)
 {
 	const char *fams[] = {"glm5", "glm4"}, *labels[] = {"GLM-5", "GLM-4.5"};
@@ -299,6 +300,12 @@ Test(seq_copy, every_rank_copies)
 		cr_assert_eq(eng_snapshot(hf, out, &so, err, sizeof err), WK_OK, "%s", err);
 		struct engine *e = open_dir(out, NULL, "bf16", ENG_MTP_OFF);
 		cr_assert_eq(e->world, 2);
+		/* saved, each row once: GLM-5's whole latent from rank 0 alone, GLM-4.5's heads
+		 * from each rank: the bytes of the model unsharded */
+		struct engine *one = open_dir(hf, NULL, "bf16", ENG_MTP_OFF);
+		cr_expect_eq(eng_seq_bytes(e, 5), eng_seq_bytes(one, 5), "%s: %zu bytes sharded, "
+			     "%zu not", labels[k], eng_seq_bytes(e, 5), eng_seq_bytes(one, 5));
+		eng_close(one);
 		for (int sv = 1; sv >= 0; sv--) { /* saved: every rank's bytes at its offset */
 			saved = sv;
 			snprintf(what, sizeof what, "%s tp 2 ep 2%s", labels[k], sv ? ", saved" : "");
