@@ -131,9 +131,9 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 			return wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
 		return WK_OK;
 	}
-	char tmp[4300];
-	snprintf(tmp, sizeof tmp, "%s.%ld.tmp", st->path, (long)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	char tmp[4300]; /* unique, so that workers sharing DIR (a network volume) never meet */
+	snprintf(tmp, sizeof tmp, "%s.XXXXXX", st->path);
+	int fd = mkostemp(tmp, O_CLOEXEC); /* (mode 0600) */
 	FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
 	if (!f) {
 		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));

@@ -28,6 +28,9 @@
 #                      limit; a big batch is bound by compute)
 #   WICK_DRAFT_COST    a draft token's cost against a step's, for how many drafts pay
 #                      (default auto: measured from the worker's own steps)
+#   WICK_PREFIX_CACHE_DIR  where the prefix cache is written at exit and read at the next
+#                      start (default: none; the workers of an endpoint share its file, the
+#                      last one out writes it; its read is part of the start)
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -53,6 +56,7 @@ exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
 	--kv-dtype "${WICK_KV_DTYPE:-auto}" --speculate "${WICK_SPECULATE:-0}" \
 	--drafter "${WICK_DRAFTER:-auto}" --speculate-max-batch "${WICK_SPECULATE_MAX_BATCH:-0}" \
 	--draft-cost "${WICK_DRAFT_COST:-auto}" \
+	${WICK_PREFIX_CACHE_DIR:+--prefix-cache-dir "$WICK_PREFIX_CACHE_DIR"} \
 	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \
