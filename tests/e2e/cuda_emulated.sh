@@ -41,7 +41,9 @@
 #   9. the prefix cache on the cuda backend (wick bench prefix): a conversation's turns reuse
 #      the device's KV cache (GLM-5 on an fp8 cache, stories260K) and give the replies the
 #      same turns give without it; three choices of one prompt copy the first one's prefill
-#      on the device (eng_seq_copy) and sample what three prefills sample.
+#      on the device (eng_seq_copy) and sample what three prefills sample; the prompt's cache
+#      saved from the device to a file and loaded into a reopened engine's device memory
+#      (eng_seq_save, eng_seq_load) runs its last token only and gives the same reply.
 source tests/e2e/lib.sh
 case ${MODE:-release} in asan) echo "SKIP: the emulator is built in release mode only"; exit 0 ;; esac
 : "${WICK_SIMT_WICK:=$WICK_BUILD/simt/wick}"
@@ -708,11 +710,14 @@ for spec in "glm5 fp8" "stories auto"; do
 j = json.load(sys.stdin)
 assert j["backend"] == "cuda" and j["replies_differ"] == 0 and j["ran_on"] < j["ran_off"], j
 assert j["choices_differ"] == 0 and j["choices_ran_on"] == 16 + 2, j
+r = j["restart"]
+assert r["differ"] == 0 and r["ran_on"] == 1 and r["ran_off"] == 16, j
 ' ||
     fail "the prefix cache on cuda, $1: $(tail -n 2 "$TMPD/prefix-$1.txt")"
   sum=$(grep 'all:' "$TMPD/prefix-$1.txt" | sed 's/^ *all: //; s/; time.*replies/; replies/')
   echo "   $1, KV $2: $sum"
   echo "   $(grep 'choices:' "$TMPD/prefix-$1.txt" | sed 's/^ *//')"
+  echo "   $(grep 'restart:' "$TMPD/prefix-$1.txt" | sed 's/^ *//')"
 done
 section "done"
 echo ok
