@@ -1477,7 +1477,7 @@ static void prefix_load(struct worker *w)
 		wlog(w, "prefix_cache", "%s; %d entries read before it, the rest passed over", err,
 		     st.entries);
 	else if (st.entries || st.skipped)
-		wlog(w, "prefix_cache", "read %d entries (%ld tokens, %.1f MB) from %s in %.1f ms%s",
+		wlog(w, "prefix_cache", "read %d entries (%ld tokens, %.3f MB) from %s in %.1f ms%s",
 		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3,
 		     st.skipped ? "; some not: no sequence free or past the context" : "");
 	else
@@ -1497,7 +1497,7 @@ static void prefix_save(struct worker *w)
 	else if (!st.entries)
 		wlog(w, "prefix_cache", "nothing to keep (no file at %s)", st.path);
 	else
-		wlog(w, "prefix_cache", "wrote %d entries (%ld tokens, %.1f MB) to %s in %.1f ms",
+		wlog(w, "prefix_cache", "wrote %d entries (%ld tokens, %.3f MB) to %s in %.1f ms",
 		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3);
 }
 
