@@ -717,7 +717,7 @@ assert r["differ"] == 0 and r["ran_on"] == 1 and r["ran_off"] == 16, j
   sum=$(grep 'all:' "$TMPD/prefix-$1.txt" | sed 's/^ *all: //; s/; time.*replies/; replies/')
   echo "   $1, KV $2: $sum"
   echo "   $(grep 'choices:' "$TMPD/prefix-$1.txt" | sed 's/^ *//')"
-  echo "   $(grep 'restart:' "$TMPD/prefix-$1.txt" | sed 's/^ *//')"
+  echo "   $(grep '^  restart:' "$TMPD/prefix-$1.txt" | sed 's/^ *//')"
 done
 section "done"
 echo ok
