@@ -26,8 +26,11 @@ struct gnode {
 	uint64_t required;    /* object: the props that must come */
 	int items;            /* array: the items' node; an object with free keys: its values' */
 	int min_items, max_items; /* array: max -1 for none; a string: its characters' */
-	bool bounded;         /* integer: lo and hi apply; number: dlo and dhi */
+	bool bounded;         /* integer: lo, hi and mult apply; number: dlo, dhi and frac */
 	int64_t lo, hi;       /* integer: its range, both ends in */
+	int64_t mult;         /* integer: a multiple of it (multipleOf; 1 for any) */
+	int frac;             /* number: at most this many digits after the point (multipleOf
+			       * 10^-frac; 17 for any) */
 	double dlo, dhi;      /* number: its range, each end in unless dlo_x, dhi_x */
 	bool dlo_x, dhi_x;
 	int re;               /* string: its pattern's (or format's) automaton + 1; 0: none */
@@ -302,19 +305,61 @@ static bool int_bound(const json_t *sch, const char *name, const char *excl, boo
 	return ok && !(x && json_is_boolean(x) && !b);
 }
 
-/* An integer, in [minimum, maximum] (or their exclusive forms) where given. */
+/* Whether some multiple of m lies in [lo, hi]. */
+static bool has_multiple(__int128 lo, __int128 hi, int64_t m)
+{
+	__int128 q = lo / m; /* (toward 0: one multiple up where lo is positive) */
+	if (q * m < lo)
+		q++;
+	return lo <= hi && q * m <= hi;
+}
+
+/* A schema's multipleOf: *m a positive integer it is, *k where it is 10^-k (k 1..9), else 0
+ * each; false when it is not a positive number. */
+static bool multiple_of(const json_t *sch, int64_t *m, int *k)
+{
+	const json_t *v = json_object_get(sch, "multipleOf");
+	*m = 1;
+	*k = 0;
+	if (!v)
+		return true;
+	double d = json_number_value(v);
+	if (!json_is_number(v) || !(d > 0))
+		return false;
+	*m = 0;
+	if (json_is_integer(v))
+		*m = json_integer_value(v);
+	else if (d == floor(d) && d < 9e18)
+		*m = (int64_t)d;
+	for (int j = 1; j <= 9 && !*m; j++)
+		if (fabs(d * pow(10, j) - 1) < 1e-9)
+			*k = j;
+	return true;
+}
+
+/* An integer, in [minimum, maximum] (or their exclusive forms) where given, and a multiple
+ * of multipleOf (a positive integer). */
 static int integer_node(struct compile *c, const json_t *sch, const char *path)
 {
-	int64_t lo = INT64_MIN, hi = INT64_MAX;
+	int64_t lo = INT64_MIN, hi = INT64_MAX, m;
+	int k;
 	if (!int_bound(sch, "minimum", "exclusiveMinimum", true, &lo) ||
 	    !int_bound(sch, "maximum", "exclusiveMaximum", false, &hi))
 		return cfail(c, path, "minimum, maximum, exclusiveMinimum and exclusiveMaximum "
 			     "must be numbers (exclusive ones also true or false beside theirs)");
-	if (lo > hi)
-		return cfail(c, path, "no integer is within its minimum and maximum");
-	bool bounded = lo != INT64_MIN || hi != INT64_MAX;
+	if (!multiple_of(sch, &m, &k))
+		return cfail(c, path, "multipleOf must be a number greater than 0");
+	if (k) /* every integer is a multiple of 10^-k */
+		m = 1;
+	if (!m)
+		return cfail(c, path, "an integer's multipleOf is supported as a positive integer "
+			     "(or 10^-k) only");
+	if (lo > hi || !has_multiple(lo, hi, m))
+		return cfail(c, path, "no integer is within its minimum and maximum%s",
+			     m > 1 ? " and a multiple of its multipleOf" : "");
+	bool bounded = lo != INT64_MIN || hi != INT64_MAX || m > 1;
 	return add_node(c->g, (struct gnode){.kind = GN_INTEGER, .bounded = bounded, .lo = lo,
-					     .hi = hi});
+					     .hi = hi, .mult = m});
 }
 
 /* A number's bound: minimum (or maximum) and its exclusive form, a number or draft 4's
@@ -341,17 +386,29 @@ static bool num_bound(const json_t *sch, const char *name, const char *excl, boo
 }
 
 /* A number, in its minimum and maximum (or their exclusive forms) where given: a decimal
- * then, without an exponent, of at most 18 digits before its point and 17 after. */
+ * then, without an exponent, of at most 18 digits before its point and 17 after. With
+ * multipleOf 10^-k (0.01: cents), at most k digits after the point; with a positive integer
+ * multipleOf, an integer of its multiples in that range (as integer_node). */
 static int number_node(struct compile *c, const json_t *sch, const char *path)
 {
-	struct gnode n = {.kind = GN_NUMBER, .dlo = -INFINITY, .dhi = INFINITY};
+	struct gnode n = {.kind = GN_NUMBER, .dlo = -INFINITY, .dhi = INFINITY, .frac = 17};
+	int64_t m;
+	int k;
 	if (!num_bound(sch, "minimum", "exclusiveMinimum", true, &n.dlo, &n.dlo_x) ||
 	    !num_bound(sch, "maximum", "exclusiveMaximum", false, &n.dhi, &n.dhi_x))
 		return cfail(c, path, "minimum, maximum, exclusiveMinimum and exclusiveMaximum "
 			     "must be numbers (exclusive ones also true or false beside theirs)");
+	if (!multiple_of(sch, &m, &k))
+		return cfail(c, path, "multipleOf must be a number greater than 0");
+	if (!m && !k)
+		return cfail(c, path, "a number's multipleOf is supported as a positive integer or "
+			     "as 10^-k (0.1, 0.01, ... 1e-9) only");
 	if (n.dlo > n.dhi || (n.dlo == n.dhi && (n.dlo_x || n.dhi_x)))
 		return cfail(c, path, "no number is within its minimum and maximum");
-	n.bounded = n.dlo != -INFINITY || n.dhi != INFINITY;
+	if (m > 1 || (m == 1 && json_object_get(sch, "multipleOf")))
+		return integer_node(c, sch, path); /* (its bounds read as an integer's) */
+	n.frac = k ? k : 17;
+	n.bounded = n.dlo != -INFINITY || n.dhi != INFINITY || k;
 	return n.bounded ? add_node(c->g, n) : N_NUMBER;
 }
 
@@ -481,7 +538,8 @@ static const char *const handled[] = {"type",  "properties", "required", "items"
 /* handled by the types they bound (string_node, integer_node): where no type says which, they
  * are refused rather than left unchecked */
 static const char *const bounds[] = {"minLength", "maxLength", "minimum", "maximum",
-				     "exclusiveMinimum", "exclusiveMaximum", "pattern", "format"};
+				     "exclusiveMinimum", "exclusiveMaximum", "pattern", "format",
+				     "multipleOf"};
 
 static int compile_one(struct compile *c, const json_t *sch, const char *path);
 
@@ -775,12 +833,12 @@ static bool lit_whole(const struct gram *g, const struct gram_frame *f, bool *lo
 }
 
 /* A bounded integer's digits so far (f->cand: their value; f->aux 1: after a '-') and
- * whether some integer in [n->lo, n->hi] begins with them: the value itself, or it followed
- * by j more digits (none after a lone 0). */
+ * whether some multiple of n->mult in [n->lo, n->hi] begins with them: the value itself, or
+ * it followed by j more digits (none after a lone 0). */
 static bool int_viable(const struct gnode *n, bool neg, bool digits, uint64_t p)
 {
 	if (!digits) /* "-": a negative integer, or -0 */
-		return n->lo <= 0 && n->lo <= n->hi;
+		return n->lo <= 0 && has_multiple(n->lo, n->hi < 0 ? n->hi : 0, n->mult);
 	for (int j = 0; j <= 19; j++) {
 		__int128 span = 1;
 		for (int k = 0; k < j; k++)
@@ -789,7 +847,7 @@ static bool int_viable(const struct gnode *n, bool neg, bool digits, uint64_t p)
 		if (a > (__int128)INT64_MAX + 1)
 			break;
 		__int128 lo = neg ? -b : a, hi = neg ? -a : b;
-		if (lo <= n->hi && hi >= n->lo)
+		if (has_multiple(lo > n->lo ? lo : n->lo, hi < n->hi ? hi : n->hi, n->mult))
 			return true;
 		if (p == 0)
 			break; /* no digit may follow a leading 0 */
@@ -813,7 +871,7 @@ static bool int_digit(const struct gnode *n, struct gram_frame *f, unsigned char
 static bool int_in(const struct gnode *n, const struct gram_frame *f)
 {
 	__int128 v = f->aux == 1 ? -(__int128)f->cand : (__int128)f->cand;
-	return v >= n->lo && v <= n->hi;
+	return v >= n->lo && v <= n->hi && v % n->mult == 0;
 }
 
 /* A bounded number's digits so far: f->cand the integer part's value, f->seen the fraction's,
@@ -860,7 +918,7 @@ static bool num_digit(const struct gnode *n, struct gram_frame *f, unsigned char
 	if (c == '-') {
 		f->aux |= 1;
 	} else if (c >= '0' && c <= '9' && f->phase == NU_FRAC) {
-		if (NUM_FRAC(f) >= 17)
+		if (NUM_FRAC(f) >= n->frac)
 			return false;
 		f->seen = f->seen * 10 + (uint64_t)(c - '0');
 		f->aux = (int16_t)(uint16_t)(((uint16_t)f->aux & 0xFF) | (NUM_FRAC(f) + 1) << 8);

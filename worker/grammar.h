@@ -17,16 +17,18 @@
  *     time, date-time, uuid, email, ipv4: written as patterns; a date's day within its month,
  *     February to the 28th), "number" with the same four bounds (then a decimal without an
  *     exponent, at most 18 digits before its point and 17 after, compared as a validator
- *     compares it: the double nearest the decimal against the bounds' doubles),
- *     "integer" with "minimum", "maximum", "exclusiveMinimum" and "exclusiveMaximum" (int64;
- *     each digit only where some integer in range still begins with the digits), "boolean",
+ *     compares it: the double nearest the decimal against the bounds' doubles) and
+ *     "multipleOf" 10^-k (k 1..9: at most k digits after the point) or a positive integer
+ *     (its multiples, written as integers), "integer" with "minimum", "maximum",
+ *     "exclusiveMinimum", "exclusiveMaximum" and "multipleOf" a positive integer (int64;
+ *     each digit only where some multiple in range still begins with the digits), "boolean",
  *     "null"; "enum" and "const" (any JSON values: their compact JSON text, byte for byte);
  *     "array" with "items" (absent: any values), "minItems", "maxItems"; "type" as a list of
  *     types; "anyOf" / "oneOf" whose alternatives begin with different characters (a type
  *     each: an object and a string, a number and null, ...); "$ref" to "#/$defs/NAME" or
  *     "#/definitions/NAME" (recursion included); {} or true: any value.
  *   - Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
- *     strict, readOnly, ...). Any other keyword (multipleOf, another format, uniqueItems,
+ *     strict, readOnly, ...). Any other keyword (another multipleOf, another format, uniqueItems,
  *     allOf, not, if, patternProperties, prefixItems, ...) is refused by name, rather than
  *     generating documents that would not validate; so are the bounds and patterns where no
  *     "type" says what they bound, or beside enum, const, anyOf, oneOf or $ref, and a

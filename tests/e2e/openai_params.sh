@@ -272,13 +272,16 @@ const checkPerson = (text, what) => {
     assert(/^\s*\{/.test(ot), `json_object: ${ot}`);
   // bounds: a name of 3 to 8 characters, an age from 18 to 99, a count above 0
   const bounded = { type: 'object', additionalProperties: false,
-                    required: ['name', 'age', 'n', 'day', 'code', 'score'],
+                    required: ['name', 'age', 'n', 'day', 'code', 'score', 'price', 'dozens'],
                     properties: { name: { type: 'string', minLength: 3, maxLength: 8 },
                                   age: { type: 'integer', minimum: 18, maximum: 99 },
                                   n: { type: 'integer', exclusiveMinimum: 0 },
                                   day: { type: 'string', format: 'date' },
                                   code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' },
-                                  score: { type: 'number', minimum: 0, maximum: 1 } } };
+                                  score: { type: 'number', minimum: 0, maximum: 1 },
+                                  price: { type: 'number', minimum: 0, multipleOf: 0.01 },
+                                  dozens: { type: 'integer', minimum: 1, maximum: 100,
+                                            multipleOf: 12 } } };
   const seen = [];
   for (const seed of [1, 2, 3, 4]) {
     const b = await client.chat.completions.create({ model, messages, max_tokens: 200, seed,
@@ -289,9 +292,12 @@ const checkPerson = (text, what) => {
     const len = [...v.name].length;
     const day = /^(\d{4})-(\d{2})-(\d{2})$/.exec(v.day);
     const real = day && new Date(`${v.day}T00:00:00Z`).getUTCDate() === Number(day[3]);
+    // (the price's text: at most 2 digits after its point, a multiple of 0.01)
+    const cents = /"price"\s*:\s*-?(\d+)(\.(\d{1,2}))?\s*[,}]/.test(b.choices[0].message.content);
     assert(len >= 3 && len <= 8 && Number.isInteger(v.age) && v.age >= 18 && v.age <= 99 &&
            Number.isInteger(v.n) && v.n > 0 && real && /^[A-Z]{2}-\d{3}$/.test(v.code) &&
-           typeof v.score === 'number' && v.score >= 0 && v.score <= 1,
+           typeof v.score === 'number' && v.score >= 0 && v.score <= 1 && cents &&
+           Number.isInteger(v.dozens) && v.dozens % 12 === 0 && v.dozens >= 12 && v.dozens <= 96,
            `bounded ${seed}: ${b.choices[0].message.content}`);
     seen.push(v);
   }
@@ -303,11 +309,19 @@ const checkPerson = (text, what) => {
   } catch (x) { err6 = x; }
   assert(err6 && err6.status === 400 && /"uri"/.test(err6.message),
          `format uri: ${err6 && err6.message}`);
+  err6 = null;
+  try {
+    const schema = { type: 'number', multipleOf: 0.3 };
+    await client.chat.completions.create({ model, messages, response_format: {
+      type: 'json_schema', json_schema: { name: 'x', schema } } });
+  } catch (x) { err6 = x; }
+  assert(err6 && err6.status === 400 && /multipleOf/.test(err6.message),
+         `multipleOf 0.3: ${err6 && err6.message}`);
   console.log(`6. structured output: ${JSON.stringify(gv)} (greedy, whole and streamed), ` +
               `3 sampled from the enum of names; json_object ${o.choices[0].finish_reason}; ` +
               `4 sampled within minLength, maxLength, minimum, maximum, exclusiveMinimum, ` +
-              `format date, a pattern and a number in [0, 1] ` +
-              `(${JSON.stringify(seen[0])}); format uri is a 400 naming it`);
+              `format date, a pattern, a number in [0, 1], multipleOf 0.01 and 12 ` +
+              `(${JSON.stringify(seen[0])}); format uri and multipleOf 0.3 are 400s naming them`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 

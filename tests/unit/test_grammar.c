@@ -26,6 +26,8 @@
 	"\"maximum\":150},\"name\":{\"type\":\"string\",\"maxLength\":3}},"                   \
 	"\"required\":[\"age\",\"name\"]}"
 #define S_UNIT "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}"
+#define S_SEVENS "{\"type\":\"integer\",\"minimum\":100,\"maximum\":110,\"multipleOf\":7}"
+#define S_CENTS "{\"type\":\"number\",\"minimum\":0,\"multipleOf\":0.01}"
 #define S_LIST                                                                             \
 	"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"      \
 	"\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}}," \
@@ -257,6 +259,31 @@ static const struct doc_case doc_cases[] = {
 	{"{\"type\":\"integer\",\"minimum\":10}", "9", false},
 	{"{\"type\":\"integer\",\"minimum\":10}", "9223372036854775807", true},
 	{"{\"type\":\"integer\",\"minimum\":10}", "9223372036854775808", false},
+	/* multipleOf: an integer's, a number's as an integer's, a number's 10^-k as its
+	 * digits after the point (a number's multiples of 3 as integers only: "9.0" is one, but
+	 * not one this grammar writes) */
+	{"{\"type\":\"integer\",\"multipleOf\":5}", "15", true},
+	{"{\"type\":\"integer\",\"multipleOf\":5}", "17", false},
+	{"{\"type\":\"integer\",\"multipleOf\":5}", "-10", true},
+	{"{\"type\":\"integer\",\"multipleOf\":5}", "0", true},
+	{"{\"type\":\"integer\",\"multipleOf\":5}", "9223372036854775805", true},
+	{"{\"type\":\"integer\",\"multipleOf\":5}", "9223372036854775807", false},
+	{"{\"type\":\"integer\",\"minimum\":1,\"maximum\":12,\"multipleOf\":5}", "10", true},
+	{"{\"type\":\"integer\",\"minimum\":1,\"maximum\":12,\"multipleOf\":5}", "0", false},
+	{"{\"type\":\"integer\",\"minimum\":1,\"maximum\":12,\"multipleOf\":5}", "15", false},
+	{"{\"type\":\"integer\",\"multipleOf\":0.01}", "7", true},
+	{"{\"type\":\"number\",\"multipleOf\":3}", "-9", true},
+	{"{\"type\":\"number\",\"multipleOf\":3}", "10", false},
+	{"{\"type\":\"number\",\"multipleOf\":3}", "9.0", false},
+	{"{\"type\":\"number\",\"multipleOf\":1,\"minimum\":0.5}", "1", true},
+	{"{\"type\":\"number\",\"multipleOf\":1,\"minimum\":0.5}", "0", false},
+	{"{\"type\":\"number\",\"multipleOf\":0.01}", "1.25", true},
+	{"{\"type\":\"number\",\"multipleOf\":0.01}", "-0.07", true},
+	{"{\"type\":\"number\",\"multipleOf\":0.01}", "3", true},
+	{"{\"type\":\"number\",\"multipleOf\":0.01}", "1.255", false},
+	{"{\"type\":\"number\",\"multipleOf\":0.01}", "1e2", false},
+	{"{\"type\":\"number\",\"multipleOf\":0.1,\"maximum\":1}", "0.9", true},
+	{"{\"type\":\"number\",\"multipleOf\":0.1,\"maximum\":1}", "1.1", false},
 	{"{\"type\":[\"integer\",\"null\"],\"minimum\":3}", "null", true},
 	{"{\"type\":[\"integer\",\"null\"],\"minimum\":3}", "2", false},
 	{S_OBJ_RANGE, "{\"age\": 42, \"name\": \"Bob\"}", true},
@@ -496,7 +523,13 @@ Test(grammar, refuses_what_it_cannot_honour)
 	refuse("{\"type\":\"integer\",\"minimum\":1.2,\"maximum\":1.8}", "no integer");
 	refuse("{\"type\":\"integer\",\"minimum\":\"0\"}", "minimum");
 	refuse("{\"type\":\"integer\",\"exclusiveMinimum\":true}", "exclusive");
-	refuse("{\"type\":\"integer\",\"multipleOf\":2}", "multipleOf");
+	refuse("{\"type\":\"integer\",\"multipleOf\":2.5}", "multipleOf");
+	refuse("{\"type\":\"integer\",\"multipleOf\":0}", "multipleOf");
+	refuse("{\"type\":\"integer\",\"multipleOf\":\"2\"}", "multipleOf");
+	refuse("{\"type\":\"number\",\"multipleOf\":0.3}", "multipleOf");
+	refuse("{\"type\":\"integer\",\"minimum\":1,\"maximum\":4,\"multipleOf\":5}",
+	       "multiple");
+	refuse("{\"multipleOf\":2}", "multipleOf");
 	refuse("{\"allOf\":[{\"type\":\"string\"}]}", "allOf");
 	refuse("{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems");
 	refuse("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}]}", "prefixItems");
@@ -646,6 +679,10 @@ Test(grammar, allowed_matches_brute_force)
 		{"{\"type\":\"string\",\"pattern\":\"e\"}", "\"r\\u00e9e\""},
 		{"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-01-05\""},
 		{S_UNIT, "0.75"},
+		{S_SEVENS, "105"},
+		{S_CENTS, "12.5"},
+		{"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"multipleOf\":3}}",
+		 "[12, -3, 0]"},
 		{"{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-3,"
 		 "\"exclusiveMaximum\":12.5}}", "[-3, 12, 0.5, 12.49]"},
 	};
@@ -813,6 +850,17 @@ Test(grammar, integer_digits_stay_in_range)
 		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "-0", true, false},
 		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "-0.001", true, true},
 		{"{\"type\":\"number\",\"exclusiveMaximum\":0}", "0", false, false},
+		/* multipleOf: a digit only where a multiple may still follow */
+		{S_SEVENS, "10", true, false},  {S_SEVENS, "105", true, true},
+		{S_SEVENS, "101", false, false}, {S_SEVENS, "11", false, false},
+		{S_SEVENS, "1", true, false},   {S_SEVENS, "2", false, false},
+		{S_SEVENS, "-", false, false},
+		{"{\"type\":\"integer\",\"maximum\":0,\"multipleOf\":4}", "-", true, false},
+		{"{\"type\":\"integer\",\"maximum\":-1,\"multipleOf\":4}", "-3", true, false},
+		{"{\"type\":\"integer\",\"maximum\":-1,\"multipleOf\":4}", "-4", true, true},
+		{"{\"type\":\"integer\",\"maximum\":-1,\"multipleOf\":4}", "-0", false, false},
+		{S_CENTS, "1.2", true, true},   {S_CENTS, "1.23", true, true},
+		{S_CENTS, "1.234", false, false},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		expect_prefix(cases[i].schema, cases[i].prefix, cases[i].fed, cases[i].complete);
