@@ -289,7 +289,8 @@ static int run_restart(struct engine **e, const char *model, const struct eng_op
 			goto out;
 		sched_req_free(fin);
 		if ((rc = eng_cache_id(*e, &id, err, sizeof err)) != WK_OK ||
-		    (rc = prefix_store_save(s, *e, dir, id, &st, err, sizeof err)) != WK_OK)
+		    (rc = prefix_store_save(s, *e, dir, id, NULL, &st, err, sizeof err)) !=
+			    WK_OK)
 			goto out;
 		rs->save_s = st.seconds;
 		rs->bytes = st.bytes;

@@ -12,6 +12,7 @@
 #include "worker/cmd.h"
 #include "worker/job.h"
 #include "worker/ledger.h"
+#include "worker/plan.h"
 #include "worker/queue.h"
 #include "worker/sched.h"
 #include "worker/worker.h"
@@ -55,6 +56,9 @@ static void usage(FILE *f)
 		"                        back at start, so a cold start's first requests reuse\n"
 		"                        what the last worker of this model prefilled (a file\n"
 		"                        per model, backend and KV cache type; default: none)\n"
+		"  --prefix-cache-max SIZE  at most SIZE bytes of it (e.g. 4GB), the most recent\n"
+		"                        entries first; after SIGTERM, what the drain's deadline\n"
+		"                        leaves (default: no bound)\n"
 		"  --idle-timeout S      exit after S quiet seconds (default 60; 0 never)\n"
 		"  --startup-timeout S   exit 1 if restore + init take longer (default 600)\n"
 		"  --step-timeout S      a step running longer is taken for a hung engine: the\n"
@@ -112,7 +116,7 @@ int cmd_worker(int argc, char **argv)
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
 	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX, O_PREFIX_WAIT,
-	       O_PREFIX_DIR };
+	       O_PREFIX_DIR, O_PREFIX_MAX };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -129,6 +133,7 @@ int cmd_worker(int argc, char **argv)
 		{"prefix-cache", required_argument, 0, O_PREFIX},
 		{"prefix-wait", required_argument, 0, O_PREFIX_WAIT},
 		{"prefix-cache-dir", required_argument, 0, O_PREFIX_DIR},
+		{"prefix-cache-max", required_argument, 0, O_PREFIX_MAX},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -179,6 +184,14 @@ int cmd_worker(int argc, char **argv)
 			w.no_prefix_cache = !strcmp(optarg, "off");
 			break;
 		case O_PREFIX_DIR: w.prefix_dir = optarg; break;
+		case O_PREFIX_MAX: {
+			char perr[WK_ERRSZ];
+			if (plan_parse_size(optarg, &w.prefix_max, perr, sizeof perr) != WK_OK) {
+				fprintf(stderr, "%s: --prefix-cache-max: %s\n", cmd_name, perr);
+				return 2;
+			}
+			break;
+		}
 		case O_PREFIX_WAIT:
 			if (strcmp(optarg, "auto")) {
 				bad = parse_num(optarg, "--prefix-wait", 0, 1 << 30, &v);

@@ -3,12 +3,14 @@
  */
 #include "worker/prefix_store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -107,6 +109,47 @@ static int save_entry(FILE *f, struct engine *e, const struct sched_cache_entry 
 	return rc;
 }
 
+/* Temporaries of this file (path.XXXXXX) older than 10 minutes: a writer killed mid-write
+ * left them (a live one touches its own as it writes). */
+static void tidy(const char *dir, const char *path)
+{
+	const char *base = strrchr(path, '/') + 1;
+	size_t bl = strlen(base);
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	while (d && (de = readdir(d))) {
+		char p[4400];
+		struct stat sb;
+		if (strncmp(de->d_name, base, bl) || de->d_name[bl] != '.' ||
+		    strlen(de->d_name + bl + 1) != 6)
+			continue;
+		snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+		if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && time(NULL) - sb.st_mtime > 600)
+			unlink(p);
+	}
+	if (d)
+		closedir(d);
+}
+
+/* Whether an entry of `bytes` more stays within lim: the file's size, and at the rate of the
+ * bytes written so far (none yet: the entry is taken where the deadline has not passed) its
+ * end before the deadline. */
+static bool fits(const struct prefix_store_limits *lim, const struct prefix_store_stats *st,
+		 uint64_t bytes, double t0)
+{
+	if (!lim)
+		return true;
+	if (lim->max_bytes && st->bytes + bytes > lim->max_bytes)
+		return false;
+	if (lim->deadline <= 0)
+		return true;
+	double now = wk_now(), spent = now - t0;
+	if (now >= lim->deadline)
+		return false;
+	return st->bytes <= HEAD || spent <= 0 ||
+	       now + spent * (double)bytes / (double)(st->bytes - HEAD) < lim->deadline;
+}
+
 static int save_dir(const char *dir, char *err, size_t errsz)
 {
 	if (mkdir(dir, 0700) == 0 || errno == EEXIST)
@@ -115,7 +158,8 @@ static int save_dir(const char *dir, char *err, size_t errsz)
 }
 
 int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64_t id,
-		      struct prefix_store_stats *st, char *err, size_t errsz)
+		      const struct prefix_store_limits *lim, struct prefix_store_stats *st,
+		      char *err, size_t errsz)
 {
 	memset(st, 0, sizeof *st);
 	path_of(dir, id, st);
@@ -131,6 +175,7 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 			return wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
 		return WK_OK;
 	}
+	tidy(dir, st->path);
 	char tmp[4300]; /* unique, so that workers sharing DIR (a network volume) never meet */
 	snprintf(tmp, sizeof tmp, "%s.XXXXXX", st->path);
 	int fd = mkostemp(tmp, O_CLOEXEC); /* (mode 0600) */
@@ -152,9 +197,27 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
 	for (int i = 0; rc == WK_OK && i < cs.entries; i++) {
 		struct sched_cache_entry c;
-		if ((rc = sched_cache_entry(s, i, &c)) == WK_OK &&
-		    (rc = save_entry(f, e, &c, st, err, errsz)) == WK_OK)
+		if ((rc = sched_cache_entry(s, i, &c)) != WK_OK)
+			break;
+		if (!fits(lim, st, ENTRY_HEAD + (uint64_t)c.n * 4 + eng_seq_bytes(e, c.n), t0)) {
+			st->skipped = cs.entries - i; /* (and those after it: the older ones) */
+			break;
+		}
+		if ((rc = save_entry(f, e, &c, st, err, errsz)) == WK_OK)
 			st->entries++;
+	}
+	if (rc == WK_OK && st->skipped) { /* the header counts what was written */
+		put32(head + 12, (uint32_t)st->entries);
+		put64(head + 24, XXH3_64bits(head, 24));
+		if (fseeko(f, 0, SEEK_SET) != 0 || write_all(f, head, sizeof head))
+			rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+	}
+	if (rc == WK_OK && !st->entries) { /* nothing fit: the older file stays */
+		fclose(f);
+		unlink(tmp);
+		st->bytes = 0;
+		st->seconds = wk_now() - t0;
+		return WK_OK;
 	}
 	if (rc == WK_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
 		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));

@@ -19,7 +19,11 @@
  *     then n i32 tokens, m bytes
  *     (eng_seq_save's: they name their own length, which must be n)
  * The file is written whole beside its name and renamed over it (fsync'd, mode 0600: it holds
- * what tenants' prompts computed), so a crash or a full disk leaves the old file or none.
+ * what tenants' prompts computed), so a crash or a full disk leaves the old file or none. A
+ * write may be bounded in bytes (--prefix-cache-max) and in time (a signal's drain, before
+ * the platform's kill): the most recent entries go first, and the file ends before the first
+ * entry that would pass either bound (its header counting those written). Temporaries left
+ * by a writer killed mid-write are removed by the next write.
  */
 #ifndef WICK_PREFIX_STORE_H
 #define WICK_PREFIX_STORE_H
@@ -33,17 +37,29 @@ struct sched;
 struct prefix_store_stats {
 	char path[4200]; /* the file */
 	int entries;     /* written or loaded */
-	int skipped;     /* load: entries left (no sequence free, or longer than the context) */
+	int skipped;     /* load: entries left (no sequence free, or longer than the context);
+			  * save: entries left out by a bound */
 	long tokens;     /* their tokens */
 	uint64_t bytes;  /* the file's bytes written or read */
 	double seconds;
 };
 
+/* A write's bounds: the file's bytes (0: none) and a wk_now() by which it must be done (0:
+ * none). An entry is left out, with those after it, where the file would pass max_bytes, or
+ * where at the rate of the entries written so far it would end past the deadline. */
+struct prefix_store_limits {
+	uint64_t max_bytes;
+	double deadline;
+};
+
 /* Writes the entries of s's prefix cache (on e, whose cache id is id) to DIR's file (DIR is
- * made where missing). WK_OK with 0 entries writes none and removes an older file: a cache
- * emptied is not read again. WK_EIO (naming the path; the older file stays) or WK_ENOMEM. */
+ * made where missing), within lim (NULL: none). WK_OK with 0 entries in the cache writes none
+ * and removes an older file: a cache emptied is not read again; where the bounds leave no
+ * entry in, the older file stays. WK_EIO (naming the path; the older file stays) or
+ * WK_ENOMEM. */
 int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64_t id,
-		      struct prefix_store_stats *st, char *err, size_t errsz);
+		      const struct prefix_store_limits *lim, struct prefix_store_stats *st,
+		      char *err, size_t errsz);
 
 /* Reads DIR's file of id into s's prefix cache, each entry into a free sequence, until none
  * is free. WK_OK with 0 entries where there is no file. WK_EFORMAT naming the file and what

@@ -1484,21 +1484,32 @@ static void prefix_load(struct worker *w)
 		wlog(w, "prefix_cache", "none kept at %s yet", st.path);
 }
 
-/* ... and written at the exit, unless the engine failed (its caches are not trusted). */
+/* ... and written at the exit, unless the engine failed (its caches are not trusted):
+ * within --prefix-cache-max, and after a drain within what is left of its deadline (the
+ * platform's kill follows its grace period). */
 static void prefix_save(struct worker *w)
 {
 	char err[WK_ERRSZ];
 	struct prefix_store_stats st;
 	if (!w->cache_kept || sched_engine_failed(w->s, NULL) != WK_OK)
 		return;
-	if (prefix_store_save(w->s, w->e, w->o.prefix_dir, w->cache_id, &st, err,
+	struct prefix_store_limits lim = {
+		.max_bytes = w->o.prefix_max,
+		.deadline = w->state == ST_DRAINING ? w->t_drain_deadline : 0};
+	if (prefix_store_save(w->s, w->e, w->o.prefix_dir, w->cache_id, &lim, &st, err,
 			      sizeof err) != WK_OK)
 		wlog(w, "prefix_cache", "not written: %s", err);
+	else if (!st.entries && st.skipped)
+		wlog(w, "prefix_cache", "none of %d entries written: past %s; %s stays as it was",
+		     st.skipped, lim.max_bytes ? "--prefix-cache-max or the drain's deadline"
+					       : "the drain's deadline", st.path);
 	else if (!st.entries)
 		wlog(w, "prefix_cache", "nothing to keep (no file at %s)", st.path);
 	else
-		wlog(w, "prefix_cache", "wrote %d entries (%ld tokens, %.3f MB) to %s in %.1f ms",
-		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3);
+		wlog(w, "prefix_cache", "wrote %d entries (%ld tokens, %.3f MB) to %s in %.1f ms%s",
+		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3,
+		     st.skipped ? "; the older ones left out: past --prefix-cache-max or the "
+				  "drain's deadline" : "");
 }
 
 /* The ready line: how long the start took and where its time went. */

@@ -30,6 +30,7 @@ struct worker_opts {
 	int prefix_wait;        /* --prefix-wait: sched_set_prefix_wait (-1: its default) */
 	const char *prefix_dir; /* --prefix-cache-dir: the cache kept across restarts
 				 * (prefix_store.h), or NULL */
+	uint64_t prefix_max;    /* --prefix-cache-max: its file's bytes at most (0: no bound) */
 	double idle_timeout, startup_timeout, drain_timeout, max_lifetime, lease_s, step_timeout;
 	double queue_outage;    /* --queue-outage: how long a queue outage is ridden out */
 	bool json_logs;

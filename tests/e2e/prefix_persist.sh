@@ -8,6 +8,8 @@
 #      nothing from it, and its exit writes the file whole again, which the next start reads
 #   5. --prefix-cache off leaves the file alone; a session whose cache holds nothing at its
 #      exit removes it
+#   6. --prefix-cache-max keeps the most recent entries that fit; a SIGTERM whose drain
+#      deadline has passed writes none and leaves the file as it was; a bad size is refused
 source tests/e2e/lib.sh
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
 m=$(stories)
@@ -116,4 +118,24 @@ has "entry 1:" <"$TMPD/dev.$N.log" || fail "the damage not said: $(grep prefix_c
 stop
 [ ! -f "$f" ] || fail "an empty cache left the damaged file"
 echo "5. off: the file stays; nothing to keep: the file goes"
+
+# 6. bounds: --prefix-cache-max keeps the most recent entries that fit; a drain whose
+#    deadline has passed writes none, and the file stays as it was
+session --prefix-cache-max 100KB
+ask "$PROMPT" "$TMPD/b1.json" >/dev/null
+ask "The dog ran to the park. It saw a big red ball and" "$TMPD/b2.json" >/dev/null
+stop
+has "wrote 1 entries" <"$TMPD/dev.$N.log" && has "older ones left out" <"$TMPD/dev.$N.log" ||
+  fail "--prefix-cache-max 100KB: $(grep prefix_cache "$TMPD/dev.$N.log")"
+[ "$(stat -c %s "$f")" -le 100000 ] || fail "$f is $(stat -c %s "$f") bytes"
+kept=$(md5sum <"$f")
+session --drain-timeout 0
+ask "$PROMPT" "$TMPD/b3.json" >/dev/null
+stop
+has "none of 2 entries written" <"$TMPD/dev.$N.log" ||
+  fail "past the drain's deadline: $(grep prefix_cache "$TMPD/dev.$N.log")"
+[ "$(md5sum <"$f")" = "$kept" ] || fail "the file changed after a drain past its deadline"
+"$WICK" dev --model "$m" --prefix-cache-max 12XB 2>"$TMPD/bad.log" && fail "12XB taken"
+has "prefix-cache-max" <"$TMPD/bad.log" || fail "12XB: $(cat "$TMPD/bad.log")"
+echo "6. bounded: the most recent entry within 100KB; none after a drain past its deadline"
 echo "prefix_persist: ok"

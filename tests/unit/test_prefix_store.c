@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+#include <utime.h>
 
 #include "common/wk.h"
 #include "engine/convert.h"
@@ -115,7 +117,8 @@ static void fresh_file(struct engine *e, uint64_t *id, char *path, size_t n)
 		sched_req_free(run(e, s, prompts[i], keys[i]));
 	cr_assert_eq(eng_cache_id(e, id, err, sizeof err), WK_OK, "%s", err);
 	struct prefix_store_stats st;
-	cr_assert_eq(prefix_store_save(s, e, pc, *id, &st, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(prefix_store_save(s, e, pc, *id, NULL, &st, err, sizeof err), WK_OK, "%s",
+		     err);
 	cr_assert_eq(st.entries, 3);
 	snprintf(path, n, "%s", st.path);
 	sched_free(s);
@@ -133,7 +136,8 @@ Test(prefix_store, entries_outlive_the_engine)
 	uint64_t id;
 	cr_assert_eq(eng_cache_id(e, &id, err, sizeof err), WK_OK, "%s", err);
 	struct prefix_store_stats st;
-	cr_assert_eq(prefix_store_save(s, e, pc, id, &st, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(prefix_store_save(s, e, pc, id, NULL, &st, err, sizeof err), WK_OK, "%s",
+		     err);
 	cr_expect_eq(st.entries, 3);
 	struct stat fs;
 	cr_assert_eq(stat(st.path, &fs), 0, "%s", st.path);
@@ -296,13 +300,95 @@ Test(prefix_store, damage_is_named)
 	copy_file(good, path, -1);
 	struct sched *s = cached(e);
 	struct prefix_store_stats st;
-	cr_assert_eq(prefix_store_save(s, e, pc, id, &st, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(prefix_store_save(s, e, pc, id, NULL, &st, err, sizeof err), WK_OK, "%s",
+		     err);
 	cr_expect_eq(st.entries, 0);
 	cr_expect_neq(access(path, F_OK), 0, "an empty cache left %s", path);
 	char bad[600];
 	snprintf(bad, sizeof bad, "%s/model.safetensors/pc", dir); /* under a file */
-	cr_expect_eq(prefix_store_save(s, e, bad, id, &st, err, sizeof err), WK_EIO);
+	cr_expect_eq(prefix_store_save(s, e, bad, id, NULL, &st, err, sizeof err), WK_EIO);
 	cr_expect(strstr(err, bad), "%s", err);
 	sched_free(s);
+	eng_close(e);
+}
+
+/* The same file's identity and contents, to tell whether a save left it alone. */
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert(f, "%s", path);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	rewind(f);
+	char *b = malloc(*n + 1);
+	cr_assert_eq(fread(b, 1, *n, f), *n);
+	fclose(f);
+	return b;
+}
+
+/* Bounds: --prefix-cache-max keeps the most recent entries that fit (the header counting
+ * them), a drain's deadline passed writes none and leaves the older file; temporaries a
+ * killed writer left are removed, a live writer's are not. */
+Test(prefix_store, bounds_keep_the_most_recent)
+{
+	struct engine *e = open_eng(256, 4);
+	uint64_t id;
+	char path[4200];
+	fresh_file(e, &id, path, sizeof path);
+	struct sched *s = cached(e);
+	struct prefix_store_stats st;
+	cr_assert_eq(prefix_store_load(s, e, pc, id, &st, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(st.entries, 3);
+	struct sched_cache_entry c0;
+	cr_assert_eq(sched_cache_entry(s, 0, &c0), WK_OK);
+	uint64_t one = 32 + 32 + (uint64_t)c0.n * 4 + eng_seq_bytes(e, c0.n);
+
+	/* a killed writer's temporary (an hour old), a live one's, and another name */
+	char old[4300], live[4300], other[4300];
+	snprintf(old, sizeof old, "%s.Ab3xYz", path);
+	snprintf(live, sizeof live, "%s.Qw9rTy", path);
+	snprintf(other, sizeof other, "%s.tmp", path);
+	const char *made[] = {old, live, other};
+	for (int i = 0; i < 3; i++)
+		fclose(fopen(made[i], "w"));
+	struct utimbuf ut = {time(NULL) - 3600, time(NULL) - 3600};
+	cr_assert_eq(utime(old, &ut), 0);
+	cr_assert_eq(utime(other, &ut), 0);
+
+	struct prefix_store_limits lim = {.max_bytes = one + 10};
+	cr_assert_eq(prefix_store_save(s, e, pc, id, &lim, &st, err, sizeof err), WK_OK, "%s",
+		     err);
+	cr_expect_eq(st.entries, 1);
+	cr_expect_eq(st.skipped, 2);
+	cr_expect_eq(st.bytes, one);
+	cr_expect_neq(access(old, F_OK), 0, "a killed writer's temporary stayed");
+	cr_expect_eq(access(live, F_OK), 0, "a live writer's temporary was removed");
+	cr_expect_eq(access(other, F_OK), 0, "another file was removed");
+	struct sched *t = cached(e); /* (s's sequences: this one reads into the free one) */
+	sched_free(s);
+	struct prefix_store_stats ld;
+	cr_assert_eq(prefix_store_load(t, e, pc, id, &ld, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(ld.entries, 1);
+	struct sched_cache_entry c;
+	cr_assert_eq(sched_cache_entry(t, 0, &c), WK_OK);
+	cr_expect_eq(c.n, c0.n, "not the most recent entry");
+	size_t n0, n1;
+	char *before = slurp(path, &n0);
+	lim = (struct prefix_store_limits){.max_bytes = 40}; /* no entry fits */
+	cr_assert_eq(prefix_store_save(t, e, pc, id, &lim, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.entries, 0);
+	cr_expect_eq(st.skipped, 1);
+	lim = (struct prefix_store_limits){.deadline = wk_now() - 1}; /* the drain is over */
+	cr_assert_eq(prefix_store_save(t, e, pc, id, &lim, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.entries, 0);
+	char *after = slurp(path, &n1);
+	cr_expect(n0 == n1 && !memcmp(before, after, n0), "the older file changed");
+	free(before);
+	free(after);
+	lim = (struct prefix_store_limits){.deadline = wk_now() + 3600};
+	cr_assert_eq(prefix_store_save(t, e, pc, id, &lim, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.entries, 1);
+	cr_expect_eq(st.skipped, 0);
+	sched_free(t);
 	eng_close(e);
 }
