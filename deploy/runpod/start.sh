@@ -31,6 +31,8 @@
 #   WICK_PREFIX_CACHE_DIR  where the prefix cache is written at exit and read at the next
 #                      start (default: none; the workers of an endpoint share its file, the
 #                      last one out writes it; its read is part of the start)
+#   WICK_PREFIX_CACHE_MAX  that file's size at most (e.g. 8GB; default: no bound): the
+#                      read at the start takes its size over the volume's bandwidth
 set -eu
 
 : "${RUNPOD_WEBHOOK_GET_JOB:?is not set: this container runs as a RunPod serverless worker}"
@@ -57,6 +59,7 @@ exec wick worker --model "$snap" --queue "$RUNPOD_WEBHOOK_GET_JOB" \
 	--drafter "${WICK_DRAFTER:-auto}" --speculate-max-batch "${WICK_SPECULATE_MAX_BATCH:-0}" \
 	--draft-cost "${WICK_DRAFT_COST:-auto}" \
 	${WICK_PREFIX_CACHE_DIR:+--prefix-cache-dir "$WICK_PREFIX_CACHE_DIR"} \
+	${WICK_PREFIX_CACHE_MAX:+--prefix-cache-max "$WICK_PREFIX_CACHE_MAX"} \
 	--step-timeout 20 --idle-timeout "${WICK_IDLE_TIMEOUT:-300}" \
 	--drain-timeout 25 --startup-timeout 1800 \
 	--ledger "$ledgers/${RUNPOD_POD_ID:-$(hostname)}.jsonl" \
