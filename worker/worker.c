@@ -228,6 +228,17 @@ static void step_release(void)
 
 static void on_done(void *ctx, struct sched_req *r);
 
+/* The prefix cache's counts, for /metrics (after each step, and once the kept entries are
+ * read). */
+static void push_cache_stats(struct worker *w)
+{
+	if (w->http) {
+		struct sched_cache_stats st;
+		sched_cache_stats(w->s, &st);
+		http_api_set_cache_stats(w->http, &st);
+	}
+}
+
 static int run_step(struct worker *w)
 {
 	step_hold();
@@ -237,11 +248,7 @@ static int run_step(struct worker *w)
 	step_hold();
 	step_since = 0;
 	step_release();
-	if (w->http) { /* the prefix cache's counts, for /metrics */
-		struct sched_cache_stats st;
-		sched_cache_stats(w->s, &st);
-		http_api_set_cache_stats(w->http, &st);
-	}
+	push_cache_stats(w);
 	return rc;
 }
 
@@ -1473,6 +1480,7 @@ static void prefix_load(struct worker *w)
 	w->cache_kept = true;
 	int rc = prefix_store_load(w->s, w->e, w->o.prefix_dir, w->cache_id, &st, err,
 				   sizeof err);
+	push_cache_stats(w); /* (the entries read are gauges in /metrics from the start) */
 	if (rc != WK_OK)
 		wlog(w, "prefix_cache", "%s; %d entries read before it, the rest passed over", err,
 		     st.entries);

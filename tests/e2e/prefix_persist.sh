@@ -1,8 +1,9 @@
 # The prefix cache kept across restarts (--prefix-cache-dir), through wick dev on stories260K:
 #   1. a first session answers a long prompt (nothing cached) and at its exit writes its
 #      entries to DIR/prefix-<id>.wpc (mode 0600)
-#   2. the next session reads them at its start: the same request has all but its last prompt
-#      token cached, and the same answer; a longer prompt reuses the shared part
+#   2. the next session reads them at its start (/metrics counts the entry before any
+#      request): the same request has all but its last prompt token cached, and the same
+#      answer; a longer prompt reuses the shared part
 #   3. another KV cache type is another cache: it starts empty, and both files stay
 #   4. a damaged file (one byte flipped) is said and passed over: the session serves, caches
 #      nothing from it, and its exit writes the file whole again, which the next start reads
@@ -64,6 +65,8 @@ echo "1. written: $f, $(stat -c %s "$f") bytes"
 # 2. the next session reads it
 session
 has "read 1 entries" <"$TMPD/dev.$N.log" || fail "not read: $(grep prefix_cache "$TMPD/dev.$N.log")"
+curl -sf "http://127.0.0.1:$S/metrics" | grep -q '^wick_prefix_cache_entries 1$' ||
+  fail "/metrics before a request: $(curl -s "http://127.0.0.1:$S/metrics" | grep entries)"
 read -r c1 p1 < <(ask "$PROMPT" "$TMPD/a1.json")
 [ "$p1" = "$p0" ] && [ "$c1" = $((p0 - 1)) ] ||
   fail "after the restart, $c1 of $p1 tokens cached (want $((p0 - 1)) of $p0)"
