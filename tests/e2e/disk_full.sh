@@ -1,5 +1,5 @@
-# A full disk, on a small tmpfs this test mounts: writing a snapshot, a spool result or the
-# usage ledger fails with a clear error, nothing already written is corrupted, and no job is
+# A full disk, on a small tmpfs this test mounts: writing a snapshot, a spool result, the
+# usage ledger or the kept prefix cache fails with a clear error, nothing already written is corrupted, and no job is
 # lost - once there is room again, every job completes.
 source tests/e2e/lib.sh
 mnt=$TMPD/mnt
@@ -91,4 +91,25 @@ rows = json.load(open(sys.argv[1]))['rows']
 billed = [r['id'] for r in rows if r['billed'] == 'yes']
 assert sorted(billed) == ['l0', 'l1', 'l2', 'l3'], billed
 " "$TMPD/u.json" || fail "billing after the full disk"
+
+# 4. The kept prefix cache (--prefix-cache-dir) on a full disk: not written, said with its
+#    cause, the worker exits 0, the file kept before stays as it was and no temporary is left.
+Q=$TMPD/q3
+PC=$mnt/pc
+"$WICK" submit --queue "spool:$Q" --id p1 -p "Once upon a time" -n 4 >/dev/null
+"$WICK" worker --model "$m" --queue "spool:$Q" --idle-timeout 0.3 --prefix-cache-dir "$PC" \
+  2>"$TMPD/p1.log" || fail "the first prefix cache run"
+grep -q "wrote 1 entries" "$TMPD/p1.log" || fail "no cache kept: $(grep prefix_cache "$TMPD/p1.log")"
+kept=$(md5sum "$PC"/prefix-*.wpc)
+"$WICK" submit --queue "spool:$Q" --id p2 -p "The dog ran to the park" -n 4 >/dev/null
+fill
+"$WICK" worker --model "$m" --queue "spool:$Q" --idle-timeout 0.3 --prefix-cache-dir "$PC" \
+  2>"$TMPD/p2.log" || fail "the worker's exit with the cache on a full disk"
+grep -q "prefix_cache: not written: .*No space left on device" "$TMPD/p2.log" ||
+  fail "no clear error: $(grep prefix_cache "$TMPD/p2.log")"
+[ "$(md5sum "$PC"/prefix-*.wpc)" = "$kept" ] || fail "the kept file changed on a full disk"
+[ "$(ls "$PC" | wc -l)" = 1 ] || fail "left in $PC: $(ls "$PC")"
+grep -q '"status": "COMPLETED"' "$Q/done/p2.json" || fail "p2 did not complete"
+unfill
+echo "4. the prefix cache on a full disk: not written (said), the kept file unchanged"
 echo ok
