@@ -1070,14 +1070,22 @@ static size_t cache_bytes(const struct eng_cache *c, int len)
 	return c->base ? (size_t)c->layers * (c->rows == 1 ? 1 : (size_t)len) * c->row_bytes : 0;
 }
 
+/* The bytes of len positions in the first section (every array) and in each other one (the
+ * arrays that are not whole). */
+static void sections(const struct eng_cache *c, int n, int len, size_t *first, size_t *other)
+{
+	*first = *other = 0;
+	for (int i = 0; i < n; i++) {
+		*first += cache_bytes(&c[i], len);
+		*other += c[i].whole ? 0 : cache_bytes(&c[i], len);
+	}
+}
+
 size_t eng_caches_bytes(struct engine *e, int len)
 {
 	struct eng_cache c[ENG_CACHES];
-	size_t first = 0, other = 0; /* the sections' */
-	for (int i = 0, n = caches_of(e, c); i < n; i++) {
-		first += cache_bytes(&c[i], len);
-		other += c[i].whole ? 0 : cache_bytes(&c[i], len);
-	}
+	size_t first, other;
+	sections(c, caches_of(e, c), len, &first, &other);
 	return first + (size_t)(e->tp - 1) * other;
 }
 
@@ -1085,11 +1093,8 @@ void eng_caches_io(struct engine *e, int seq, int len, void *host, bool save)
 {
 	struct eng_cache c[ENG_CACHES];
 	int n = caches_of(e, c), k = eng_tp_rank(e);
-	size_t first = 0, other = 0, at0 = 0, atk = 0;
-	for (int i = 0; i < n; i++) {
-		first += cache_bytes(&c[i], len);
-		other += c[i].whole ? 0 : cache_bytes(&c[i], len);
-	}
+	size_t first, other, at0 = 0, atk = 0;
+	sections(c, n, len, &first, &other);
 	char *mine = (char *)host + (k ? first + (size_t)(k - 1) * other : 0); /* shard k's */
 	for (int i = 0; i < n; i++) {
 		size_t pitch, used, sz = cache_bytes(&c[i], len);

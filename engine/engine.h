@@ -246,14 +246,14 @@ int eng_seq_copy(struct engine *e, int dst, int src, int len, char *err, size_t 
  * they mean something only to an engine of the same eng_cache_id. WK_EINVAL, WK_EFORMAT
  * (bytes that do not hold what they name) or a device error, with a message. */
 size_t eng_seq_bytes(struct engine *e, int len);
-/* What saved caches mean (*id): the weights (a snapshot's manifest, or a checkpoint's sampled
- * source identity), config.json, the KV cache's type, the backend, FP8 activations, the MTP
- * layer, and the world's tp x ep. Saved bytes load only into an engine of the same id. */
-int eng_cache_id(struct engine *e, uint64_t *id, char *err, size_t errsz);
 int eng_seq_save(struct engine *e, int seq, int len, void *buf, size_t n, char *err,
 		 size_t errsz);
 int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err,
 		 size_t errsz);
+/* What saved caches mean (*id): the weights (a snapshot's manifest, or a checkpoint's sampled
+ * source identity), config.json, the KV cache's type, the backend, FP8 activations, the MTP
+ * layer, and the world's tp x ep. Saved bytes load only into an engine of the same id. */
+int eng_cache_id(struct engine *e, uint64_t *id, char *err, size_t errsz);
 
 /* Runs one batched step. Each sequence may appear once. Returns WK_OK, or WK_EINVAL (a bad
  * sequence, an id outside the vocabulary, or a sequence past max_seq) before any work. */

@@ -16,7 +16,6 @@
 
 struct plan;
 
-/* A model family: how to check a config, load the weights and run a forward pass. */
 /* One per-sequence array of a family's caches, laid out (max_seqs, layers, rows) rows of
  * row_bytes. rows is max_seq (a row a position: a sequence's first len positions are its
  * cache) or 1 (a row a sequence, taken whole: the MTP layer's waiting hidden state). A NULL
@@ -31,6 +30,7 @@ struct eng_cache {
 };
 enum { ENG_CACHES = 8 };
 
+/* A model family: how to check a config, load the weights and run a forward pass. */
 struct family {
 	const char *arch; /* config.json architectures[0] */
 	/* Reads the config and binds the weights; stores its state in e->model. */
