@@ -195,17 +195,19 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 	st->bytes = HEAD;
 	if (write_all(f, head, sizeof head))
 		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
+	struct sched_cache_entry *ce = NULL;
+	if (rc == WK_OK && sched_cache_entries(s, &ce) != WK_OK)
+		rc = wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	for (int i = 0; rc == WK_OK && i < cs.entries; i++) {
-		struct sched_cache_entry c;
-		if ((rc = sched_cache_entry(s, i, &c)) != WK_OK)
-			break;
-		if (!fits(lim, st, ENTRY_HEAD + (uint64_t)c.n * 4 + eng_seq_bytes(e, c.n), t0)) {
+		const struct sched_cache_entry *c = &ce[i];
+		if (!fits(lim, st, ENTRY_HEAD + (uint64_t)c->n * 4 + eng_seq_bytes(e, c->n), t0)) {
 			st->skipped = cs.entries - i; /* (and those after it: the older ones) */
 			break;
 		}
-		if ((rc = save_entry(f, e, &c, st, err, errsz)) == WK_OK)
+		if ((rc = save_entry(f, e, c, st, err, errsz)) == WK_OK)
 			st->entries++;
 	}
+	free(ce);
 	if (rc == WK_OK && st->skipped) { /* the header counts what was written */
 		put32(head + 12, (uint32_t)st->entries);
 		put64(head + 24, XXH3_64bits(head, 24));

@@ -783,23 +783,25 @@ void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out)
 		out->tokens += s->pc[i].n;
 }
 
-int sched_cache_entry(const struct sched *s, int i, struct sched_cache_entry *out)
+static int by_use(const void *a, const void *b)
 {
-	if (i < 0 || i >= s->n_pc)
-		return WK_EINVAL;
-	/* the i-th most recently used: the entry with i others used later (ties by index) */
-	for (int k = 0; k < s->n_pc; k++) {
-		int later = 0;
-		for (int j = 0; j < s->n_pc; j++)
-			later += s->pc[j].used > s->pc[k].used ||
-				 (s->pc[j].used == s->pc[k].used && j < k);
-		if (later == i) {
-			const struct pcache *c = &s->pc[k];
-			*out = (struct sched_cache_entry){c->seq, c->n, c->tok, c->key};
-			return WK_OK;
-		}
+	const struct sched_cache_entry *x = a, *y = b;
+	return (x->used < y->used) - (x->used > y->used); /* the most recent first */
+}
+
+int sched_cache_entries(const struct sched *s, struct sched_cache_entry **out)
+{
+	*out = NULL;
+	if (!s->n_pc)
+		return WK_OK;
+	if (!(*out = malloc((size_t)s->n_pc * sizeof **out)))
+		return WK_ENOMEM;
+	for (int i = 0; i < s->n_pc; i++) {
+		const struct pcache *c = &s->pc[i];
+		(*out)[i] = (struct sched_cache_entry){c->seq, c->n, c->tok, c->key, c->used};
 	}
-	return WK_EINVAL;
+	qsort(*out, (size_t)s->n_pc, sizeof **out, by_use);
+	return WK_OK;
 }
 
 int sched_cache_add(struct sched *s, int seq, const int *tok, int n, uint64_t key)

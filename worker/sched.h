@@ -284,15 +284,17 @@ struct sched_cache_stats {
 	long tokens;
 };
 void sched_cache_stats(const struct sched *s, struct sched_cache_stats *out);
-/* The prefix cache's entries, for keeping them past the process (prefix_store.c): entry i of
- * sched_cache_stats' entries, in order of use, the most recent first: its sequence (the
- * engine's), its tokens (borrowed) and its cache_key. */
+/* The prefix cache's entries, for keeping them past the process (prefix_store.c), in order
+ * of use, the most recent first: each one's sequence (the engine's), its tokens (borrowed
+ * until the next step) and its cache_key. *out is a new array of sched_cache_stats' entries
+ * (NULL with none); WK_ENOMEM. */
 struct sched_cache_entry {
 	int seq, n;
 	const int *tok;
 	uint64_t key;
+	long used;
 };
-int sched_cache_entry(const struct sched *s, int i, struct sched_cache_entry *out);
+int sched_cache_entries(const struct sched *s, struct sched_cache_entry **out);
 /* Makes sequence seq (allocated; its caches hold tok[0..n)) an entry, used less recently than
  * those there: the cache's from now on (tok is copied). WK_EINVAL (the cache off, n < 1, or
  * seq not holding n positions), WK_ELIMIT (as many entries as slots) or WK_ENOMEM; the

@@ -99,15 +99,18 @@ static void entries_of(struct sched *s, char *out, size_t n)
 	sched_cache_stats(s, &st);
 	size_t at = 0;
 	out[0] = 0;
+	struct sched_cache_entry *ce;
+	cr_assert_eq(sched_cache_entries(s, &ce), WK_OK);
 	for (int i = 0; i < st.entries; i++) {
-		struct sched_cache_entry c;
-		cr_assert_eq(sched_cache_entry(s, i, &c), WK_OK);
-		at += (size_t)snprintf(out + at, n - at, "[%llu:%d:", (unsigned long long)c.key, c.n);
-		for (int k = 0; k < c.n && at < n; k++)
-			at += (size_t)snprintf(out + at, n - at, "%d,", c.tok[k]);
+		const struct sched_cache_entry *c = &ce[i];
+		at += (size_t)snprintf(out + at, n - at, "[%llu:%d:", (unsigned long long)c->key,
+				       c->n);
+		for (int k = 0; k < c->n && at < n; k++)
+			at += (size_t)snprintf(out + at, n - at, "%d,", c->tok[k]);
 		at += (size_t)snprintf(out + at, n - at, "]");
 		cr_assert_lt(at, n);
 	}
+	free(ce);
 }
 
 static void fresh_file(struct engine *e, uint64_t *id, char *path, size_t n)
@@ -339,9 +342,11 @@ Test(prefix_store, bounds_keep_the_most_recent)
 	struct prefix_store_stats st;
 	cr_assert_eq(prefix_store_load(s, e, pc, id, &st, err, sizeof err), WK_OK, "%s", err);
 	cr_assert_eq(st.entries, 3);
-	struct sched_cache_entry c0;
-	cr_assert_eq(sched_cache_entry(s, 0, &c0), WK_OK);
-	uint64_t one = 32 + 32 + (uint64_t)c0.n * 4 + eng_seq_bytes(e, c0.n);
+	struct sched_cache_entry *ce;
+	cr_assert_eq(sched_cache_entries(s, &ce), WK_OK);
+	int n0_tok = ce[0].n; /* the most recent */
+	free(ce);
+	uint64_t one = 32 + 32 + (uint64_t)n0_tok * 4 + eng_seq_bytes(e, n0_tok);
 
 	/* a killed writer's temporary (an hour old), a live one's, and another name */
 	char old[4300], live[4300], other[4300];
@@ -369,9 +374,9 @@ Test(prefix_store, bounds_keep_the_most_recent)
 	struct prefix_store_stats ld;
 	cr_assert_eq(prefix_store_load(t, e, pc, id, &ld, err, sizeof err), WK_OK, "%s", err);
 	cr_expect_eq(ld.entries, 1);
-	struct sched_cache_entry c;
-	cr_assert_eq(sched_cache_entry(t, 0, &c), WK_OK);
-	cr_expect_eq(c.n, c0.n, "not the most recent entry");
+	cr_assert_eq(sched_cache_entries(t, &ce), WK_OK);
+	cr_expect_eq(ce[0].n, n0_tok, "not the most recent entry");
+	free(ce);
 	size_t n0, n1;
 	char *before = slurp(path, &n0);
 	lim = (struct prefix_store_limits){.max_bytes = 40}; /* no entry fits */
