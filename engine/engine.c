@@ -1430,10 +1430,9 @@ int eng_seq_save(struct engine *e, int seq, int len, void *buf, size_t n, char *
 	return eng_sync(e, err, errsz);
 }
 
-int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err, size_t errsz)
+int eng_seq_check(struct engine *e, const void *buf, size_t n, int *len, char *err,
+		  size_t errsz)
 {
-	if (seq < 0 || seq >= e->max_seqs || !e->seq_used[seq])
-		return wk_errf(err, errsz, WK_EINVAL, "sequence %d is not allocated", seq);
 	int32_t head[2] = {0, 0};
 	if (n >= SEQ_HEAD)
 		memcpy(head, buf, sizeof head);
@@ -1441,7 +1440,19 @@ int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err
 	if (!need || n != need || head[1] < 0 || head[1] > head[0])
 		return wk_errf(err, errsz, WK_EFORMAT, "%zu bytes of caches do not hold the %d "
 			       "positions they name (%zu bytes here)", n, head[0], need);
-	int rc;
+	*len = head[0];
+	return WK_OK;
+}
+
+int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err, size_t errsz)
+{
+	if (seq < 0 || seq >= e->max_seqs || !e->seq_used[seq])
+		return wk_errf(err, errsz, WK_EINVAL, "sequence %d is not allocated", seq);
+	int len, rc = eng_seq_check(e, buf, n, &len, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	int32_t head[2];
+	memcpy(head, buf, sizeof head);
 	if (e->shard) {
 		rc = shard_seq_io(e, seq, head[0], (char *)buf + SEQ_HEAD, false, err, errsz);
 	} else {

@@ -250,6 +250,10 @@ int eng_seq_save(struct engine *e, int seq, int len, void *buf, size_t n, char *
 		 size_t errsz);
 int eng_seq_load(struct engine *e, int seq, const void *buf, size_t n, char *err,
 		 size_t errsz);
+/* What eng_seq_load checks before it copies: that the bytes hold what they name (*len: their
+ * positions). WK_EFORMAT with a message. */
+int eng_seq_check(struct engine *e, const void *buf, size_t n, int *len, char *err,
+		  size_t errsz);
 /* What saved caches mean (*id): the weights (a snapshot's manifest, or a checkpoint's sampled
  * source identity), config.json, the KV cache's type, the backend, FP8 activations, the MTP
  * layer, and the world's tp x ep. Saved bytes load only into an engine of the same id. */

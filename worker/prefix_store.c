@@ -150,6 +150,107 @@ static bool fits(const struct prefix_store_limits *lim, const struct prefix_stor
 	       now + spent * (double)bytes / (double)(st->bytes - HEAD) < lim->deadline;
 }
 
+/* What is wrong with an entry's header for engine e, or NULL. */
+static const char *head_fault(struct engine *e, const unsigned char *eh)
+{
+	uint64_t n = get32(eh);
+	if (n < 1 || get32(eh + 4) != 0)
+		return "no tokens";
+	return get64(eh + 16) != bytes_for(e, n) ? "its caches' size is not this model's" : NULL;
+}
+
+/* Whether an entry's tokens and caches (buf: n tokens, then m bytes of caches) are ones
+ * engine e takes: the checks past its checksum. WK_EFORMAT with what is wrong in why. */
+static int entry_check(struct engine *e, const unsigned char *buf, uint64_t n, uint64_t m,
+		       char *why, size_t wsz)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		int32_t t = (int32_t)get32(buf + 4 * i);
+		if (t < 0 || t >= eng_info(e)->vocab)
+			return wk_errf(why, wsz, WK_EFORMAT, "a token outside the vocabulary");
+	}
+	int len, rc = eng_seq_check(e, buf + 4 * n, m, &len, why, wsz);
+	if (rc == WK_OK && len != (int)n)
+		rc = wk_errf(why, wsz, WK_EFORMAT, "its caches hold %d positions, not %d", len,
+			     (int)n);
+	return rc;
+}
+
+/* Whether one of our entries (ce[0..n), written or left out by a bound: the fresher copy)
+ * holds what an older entry holds: the same key, and its tokens beginning with the older
+ * one's (tok, nt little-endian i32). */
+static bool covered(const struct sched_cache_entry *ce, int n, uint64_t key,
+		    const unsigned char *tok, uint64_t nt)
+{
+	for (int i = 0; i < n; i++) {
+		if (ce[i].key != key || (uint64_t)ce[i].n < nt)
+			continue;
+		uint64_t k = 0;
+		while (k < nt && ce[i].tok[k] == (int)get32(tok + 4 * k))
+			k++;
+		if (k == nt)
+			return true;
+	}
+	return false;
+}
+
+/* The entries of the file already at st->path (another worker's, or this model's last)
+ * that ours do not hold, appended to f after ours while lim allows and the file holds fewer
+ * than `most` (what an engine like this one can read back): so that workers sharing a
+ * directory keep the union, not the last one's alone. Each is checked against its hash and
+ * copied as it is; the first damaged or cut one ends the merge, as does any error (the file
+ * written so far stands). */
+static void merge_older(FILE *f, struct engine *e, const struct sched_cache_entry *ce,
+			int n_ours, uint64_t id, const struct prefix_store_limits *lim,
+			struct prefix_store_stats *st, double t0)
+{
+	int most = eng_info(e)->max_seqs;
+	FILE *old = fopen(st->path, "rbe");
+	unsigned char head[HEAD], eh[ENTRY_HEAD], *buf = NULL;
+	char why[WK_ERRSZ];
+	struct stat sb;
+	if (!old)
+		return;
+	uint64_t size = fstat(fileno(old), &sb) == 0 ? (uint64_t)sb.st_size : 0;
+	if (fread(head, 1, sizeof head, old) != sizeof head || memcmp(head, MAGIC, 8) ||
+	    get64(head + 24) != XXH3_64bits(head, 24) || get32(head + 8) != VERSION ||
+	    get64(head + 16) != id) {
+		fclose(old);
+		return;
+	}
+	for (uint32_t k = 0, n = get32(head + 12); k < n && st->entries < most; k++) {
+		if (fread(eh, 1, sizeof eh, old) != sizeof eh)
+			break;
+		uint64_t nt = get32(eh), m = get64(eh + 16), len = 4 * nt + m;
+		/* (an entry longer than this engine's context is kept as well: the file is
+		 * this model's, and a worker with a longer context reads it) */
+		if (head_fault(e, eh) || (uint64_t)ftello(old) + len > size)
+			break;
+		unsigned char *b = realloc(buf, len);
+		if (!b)
+			break;
+		buf = b;
+		if (fread(buf, 1, len, old) != len ||
+		    entry_hash(eh, buf, 4 * nt, buf + 4 * nt, m) != get64(eh + 24) ||
+		    entry_check(e, buf, nt, m, why, sizeof why) != WK_OK)
+			break;
+		if (covered(ce, n_ours, get64(eh + 8), buf, nt))
+			continue;
+		if (!fits(lim, st, ENTRY_HEAD + len, t0)) {
+			st->skipped++;
+			continue; /* (a smaller one after it may still fit) */
+		}
+		if (write_all(f, eh, sizeof eh) || write_all(f, buf, len))
+			break;
+		st->entries++;
+		st->merged++;
+		st->tokens += (long)nt;
+		st->bytes += ENTRY_HEAD + len;
+	}
+	free(buf);
+	fclose(old);
+}
+
 static int save_dir(const char *dir, char *err, size_t errsz)
 {
 	if (mkdir(dir, 0700) == 0 || errno == EEXIST)
@@ -169,12 +270,8 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 	int rc = save_dir(dir, err, errsz);
 	if (rc != WK_OK)
 		return rc;
-	if (cs.entries == 0) { /* nothing to keep: an older file would bring back what was
-				* evicted */
-		if (unlink(st->path) != 0 && errno != ENOENT)
-			return wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
+	if (cs.entries == 0) /* nothing of ours: the older file is all a merge would hold */
 		return WK_OK;
-	}
 	tidy(dir, st->path);
 	char tmp[4300]; /* unique, so that workers sharing DIR (a network volume) never meet */
 	snprintf(tmp, sizeof tmp, "%s.XXXXXX", st->path);
@@ -207,8 +304,10 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 		if ((rc = save_entry(f, e, c, st, err, errsz)) == WK_OK)
 			st->entries++;
 	}
+	if (rc == WK_OK)
+		merge_older(f, e, ce, cs.entries, id, lim, st, t0);
 	free(ce);
-	if (rc == WK_OK && st->skipped) { /* the header counts what was written */
+	if (rc == WK_OK && st->entries != cs.entries) { /* the header counts what was written */
 		put32(head + 12, (uint32_t)st->entries);
 		put64(head + 24, XXH3_64bits(head, 24));
 		if (fseeko(f, 0, SEEK_SET) != 0 || write_all(f, head, sizeof head))
@@ -255,10 +354,9 @@ static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
 		return bad(st, err, errsz, k, "the file ends inside it (cut short)");
 	const struct eng_info *in = eng_info(e);
 	uint64_t n = get32(head), m = get64(head + 16);
-	if (n < 1 || get32(head + 4) != 0)
-		return bad(st, err, errsz, k, "no tokens");
-	if (m != bytes_for(e, n))
-		return bad(st, err, errsz, k, "its caches' size is not this model's");
+	const char *why = head_fault(e, head);
+	if (why)
+		return bad(st, err, errsz, k, why);
 	st->bytes += ENTRY_HEAD + 4 * n + m;
 	if (n > (uint64_t)in->max_seq) { /* a longer context then: passed over */
 		st->skipped++;
@@ -275,9 +373,11 @@ static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
 	} else if (entry_hash(head, buf, 4 * n, buf + 4 * n, m) != get64(head + 24)) {
 		rc = bad(st, err, errsz, k, "its checksum does not match (the file is damaged)");
 	} else {
+		char why[WK_ERRSZ];
+		if (entry_check(e, buf, n, m, why, sizeof why) != WK_OK)
+			rc = bad(st, err, errsz, k, why);
 		for (uint64_t i = 0; i < n && rc == WK_OK; i++)
-			if ((tok[i] = (int32_t)get32(buf + 4 * i)) < 0 || tok[i] >= in->vocab)
-				rc = bad(st, err, errsz, k, "a token outside the vocabulary");
+			tok[i] = (int32_t)get32(buf + 4 * i);
 	}
 	if (rc == WK_OK && eng_seq_alloc(e, &seq) != WK_OK) {
 		*stop = true; /* every sequence is in use */
@@ -285,8 +385,6 @@ static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
 		char lerr[WK_ERRSZ];
 		if (eng_seq_load(e, seq, buf + 4 * n, m, lerr, sizeof lerr) != WK_OK)
 			rc = bad(st, err, errsz, k, lerr);
-		else if (eng_seq_len(e, seq) != (int)n)
-			rc = bad(st, err, errsz, k, "its caches hold another length");
 		else if (sched_cache_add(s, seq, tok, (int)n, get64(head + 8)) != WK_OK)
 			*stop = true; /* as many entries as slots */
 		else

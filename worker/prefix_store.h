@@ -23,7 +23,10 @@
  * write may be bounded in bytes (--prefix-cache-max) and in time (a signal's drain, before
  * the platform's kill): the most recent entries go first, and the file ends before the first
  * entry that would pass either bound (its header counting those written). Temporaries left
- * by a writer killed mid-write are removed by the next write.
+ * by a writer killed mid-write are removed by the next write. After its own entries a write
+ * keeps those of the file it replaces that its own do not hold (the same key, and tokens that
+ * begin one of its own), within the bounds: workers that share DIR (a network volume) keep
+ * the union of their caches, not the last one's alone.
  */
 #ifndef WICK_PREFIX_STORE_H
 #define WICK_PREFIX_STORE_H
@@ -39,6 +42,7 @@ struct prefix_store_stats {
 	int entries;     /* written or loaded */
 	int skipped;     /* load: entries left (no sequence free, or longer than the context);
 			  * save: entries left out by a bound */
+	int merged;      /* save: of the entries written, those kept from the older file */
 	long tokens;     /* their tokens */
 	uint64_t bytes;  /* the file's bytes written or read */
 	double seconds;
@@ -53,9 +57,9 @@ struct prefix_store_limits {
 };
 
 /* Writes the entries of s's prefix cache (on e, whose cache id is id) to DIR's file (DIR is
- * made where missing), within lim (NULL: none). WK_OK with 0 entries in the cache writes none
- * and removes an older file: a cache emptied is not read again; where the bounds leave no
- * entry in, the older file stays. WK_EIO (naming the path; the older file stays) or
+ * made where missing), within lim (NULL: none), then the older file's that they do not hold,
+ * up to e's sequences. With no entry in the cache, or where the bounds leave none of them
+ * in, the older file stays as it is. WK_EIO (naming the path; the older file stays) or
  * WK_ENOMEM. */
 int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64_t id,
 		      const struct prefix_store_limits *lim, struct prefix_store_stats *st,

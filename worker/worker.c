@@ -1512,10 +1512,11 @@ static void prefix_save(struct worker *w)
 		     st.skipped, lim.max_bytes ? "--prefix-cache-max or the drain's deadline"
 					       : "the drain's deadline", st.path);
 	else if (!st.entries)
-		wlog(w, "prefix_cache", "nothing to keep (no file at %s)", st.path);
+		wlog(w, "prefix_cache", "no entries of its own: %s left as it was", st.path);
 	else
-		wlog(w, "prefix_cache", "wrote %d entries (%ld tokens, %.3f MB) to %s in %.1f ms%s",
-		     st.entries, st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3,
+		wlog(w, "prefix_cache", "wrote %d entries, %d of them kept from the file it "
+		     "replaced (%ld tokens, %.3f MB) to %s in %.1f ms%s", st.entries, st.merged,
+		     st.tokens, st.bytes / 1e6, st.path, st.seconds * 1e3,
 		     st.skipped ? "; the older ones left out: past --prefix-cache-max or the "
 				  "drain's deadline" : "");
 }

@@ -29,8 +29,8 @@
 #   WICK_DRAFT_COST    a draft token's cost against a step's, for how many drafts pay
 #                      (default auto: measured from the worker's own steps)
 #   WICK_PREFIX_CACHE_DIR  where the prefix cache is written at exit and read at the next
-#                      start (default: none; the workers of an endpoint share its file, the
-#                      last one out writes it; its read is part of the start)
+#                      start (default: none; the workers of an endpoint share its file, each
+#                      one out adding its entries to it; its read is part of the start)
 #   WICK_PREFIX_CACHE_MAX  that file's size at most (e.g. 8GB; default: no bound): the
 #                      read at the start takes its size over the volume's bandwidth
 set -eu

@@ -7,10 +7,12 @@
 #   3. another KV cache type is another cache: it starts empty, and both files stay
 #   4. a damaged file (one byte flipped) is said and passed over: the session serves, caches
 #      nothing from it, and its exit writes the file whole again, which the next start reads
-#   5. --prefix-cache off leaves the file alone; a session whose cache holds nothing at its
-#      exit removes it
+#   5. --prefix-cache off leaves the file alone; a session with nothing of its own to write
+#      leaves it too (damaged), and the next one's write drops the damage
 #   6. --prefix-cache-max keeps the most recent entries that fit; a SIGTERM whose drain
 #      deadline has passed writes none and leaves the file as it was; a bad size is refused
+#   7. two sessions sharing the directory: the second one out keeps the first one's entry
+#      beside its own
 source tests/e2e/lib.sh
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
 m=$(stories)
@@ -111,16 +113,24 @@ stop
 echo "4. damaged: said, passed over, written whole again at the exit (was $size bytes)"
 
 # 5. --prefix-cache off leaves the file alone; a session that reads a damaged file and runs
-#    nothing holds no entries at its exit, and removes the file
+#    nothing has nothing of its own to write, and leaves it; the next one that runs a request
+#    writes its own entry, and none of the damaged file's
 session --prefix-cache off
 stop
 [ -f "$f" ] || fail "--prefix-cache off removed the file"
 printf 'WICKPFX1' | dd of="$f" bs=1 seek=40 conv=notrunc status=none
+damaged=$(md5sum <"$f")
 session
 has "entry 1:" <"$TMPD/dev.$N.log" || fail "the damage not said: $(grep prefix_cache "$TMPD/dev.$N.log")"
 stop
-[ ! -f "$f" ] || fail "an empty cache left the damaged file"
-echo "5. off: the file stays; nothing to keep: the file goes"
+has "no entries of its own" <"$TMPD/dev.$N.log" || fail "$(grep prefix_cache "$TMPD/dev.$N.log")"
+[ "$(md5sum <"$f")" = "$damaged" ] || fail "a session with nothing to write changed the file"
+session
+ask "$PROMPT" "$TMPD/a6.json" >/dev/null
+stop
+has "wrote 1 entries, 0 of them kept" <"$TMPD/dev.$N.log" ||
+  fail "after the damage: $(grep prefix_cache "$TMPD/dev.$N.log")"
+echo "5. off: the file stays; nothing of its own: the file stays; then written whole"
 
 # 6. bounds: --prefix-cache-max keeps the most recent entries that fit; a drain whose
 #    deadline has passed writes none, and the file stays as it was
@@ -141,4 +151,28 @@ has "none of 2 entries written" <"$TMPD/dev.$N.log" ||
 "$WICK" dev --model "$m" --prefix-cache-max 12XB 2>"$TMPD/bad.log" && fail "12XB taken"
 has "prefix-cache-max" <"$TMPD/bad.log" || fail "12XB: $(cat "$TMPD/bad.log")"
 echo "6. bounded: the most recent entry within 100KB; none after a drain past its deadline"
+
+# 7. two sessions sharing the directory at once, each with a prompt of its own: the file the
+#    second one out writes holds both (its own, then the first one's it does not hold)
+rm -f "$PC"/prefix-*.wpc
+session
+S1=$S P1=$SPID N1=$N
+session
+ask "$PROMPT" "$TMPD/c1.json" >/dev/null
+S2=$S P2=$SPID N2=$N
+S=$S1
+ask "The dog ran to the park. It saw a big red ball and" "$TMPD/c2.json" >/dev/null
+kill -TERM $P1 && wait $P1 || fail "the first session's exit"
+kill -TERM $P2 && wait $P2 || fail "the second session's exit"
+has "wrote 1 entries, 0 of them kept" <"$TMPD/dev.$N1.log" ||
+  fail "the first out: $(grep prefix_cache "$TMPD/dev.$N1.log")"
+has "wrote 2 entries, 1 of them kept" <"$TMPD/dev.$N2.log" ||
+  fail "the second out: $(grep prefix_cache "$TMPD/dev.$N2.log")"
+session
+has "read 2 entries" <"$TMPD/dev.$N.log" ||
+  fail "the union: $(grep prefix_cache "$TMPD/dev.$N.log")"
+read -r c7 p7 < <(ask "The dog ran to the park. It saw a big red ball and" "$TMPD/c3.json")
+[ "$c7" = $((p7 - 1)) ] || fail "the first session's entry: $c7 of $p7 cached"
+stop
+echo "7. shared: the second session out kept the first one's entry beside its own"
 echo "prefix_persist: ok"

@@ -1,11 +1,13 @@
-/* Fuzz target: the kept prefix cache's reader (worker/prefix_store.c) on arbitrary files. The
+/* Fuzz target: the kept prefix cache's reader and merge (worker/prefix_store.c) on arbitrary
+ * files. The
  * engine is stories260K (from $WICK_SHARED, default ../shared, converted once per process;
  * f32 caches, 4 sequences of 256 positions). An input that starts with the file's magic is the
  * whole file; any other is a payload behind a valid header: its first byte the entry count,
  * the rest the entries, each entry's checksum set right where its sizes fit the input, so
  * that the field checks, not the checksums, stand between the bytes and the caches. A refusal
  * must name the file; whatever was read must then serve: a request is run through the
- * scheduler, and once it is freed every sequence is free again (none leaked). */
+ * scheduler; the cache is written over the input's file (merging what it does not hold) and
+ * must read back without a refusal; once all is freed every sequence is free again. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +101,12 @@ static uint8_t *file_of(const uint8_t *data, size_t size, size_t *n)
 	return f;
 }
 
+static _Noreturn void die(const char *what, const char *err)
+{
+	fprintf(stderr, "fuzz prefix_store: %s: %s\n", what, err);
+	abort();
+}
+
 static void on_done(void *ctx, struct sched_req *r)
 {
 	*(struct sched_req **)ctx = r;
@@ -146,6 +154,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (got != r || r->status != SCHED_DONE)
 		abort();
 	sched_req_free(r);
+	/* and written again over the input's file, which the write merges: its own entries,
+	 * then the input's it does not hold; the result must read back whole */
+	if (prefix_store_save(s, eng, path, id, NULL, &st, err, sizeof err) != WK_OK)
+		die("the write", err);
+	sched_free(s);
+	s = sched_create(eng, NULL);
+	if (!s || sched_set_prefix_cache(s, true) != WK_OK ||
+	    prefix_store_load(s, eng, path, id, &st, err, sizeof err) != WK_OK)
+		die("the written file read back", err);
 	sched_free(s);
 	int seq[4];
 	for (int i = 0; i < 4; i++)

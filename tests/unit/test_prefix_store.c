@@ -299,14 +299,16 @@ Test(prefix_store, damage_is_named)
 	copy_file(good, other, -1);
 	refused(e, id ^ 1, 0, "made by another model");
 
-	/* nothing to keep: the file goes */
+	/* nothing of its own: the file stays as it was */
 	copy_file(good, path, -1);
 	struct sched *s = cached(e);
 	struct prefix_store_stats st;
 	cr_assert_eq(prefix_store_save(s, e, pc, id, NULL, &st, err, sizeof err), WK_OK, "%s",
 		     err);
 	cr_expect_eq(st.entries, 0);
-	cr_expect_neq(access(path, F_OK), 0, "an empty cache left %s", path);
+	struct stat after;
+	cr_expect(stat(path, &after) == 0 && after.st_size == fs.st_size,
+		  "an empty cache changed %s", path);
 	char bad[600];
 	snprintf(bad, sizeof bad, "%s/model.safetensors/pc", dir); /* under a file */
 	cr_expect_eq(prefix_store_save(s, e, bad, id, NULL, &st, err, sizeof err), WK_EIO);
@@ -395,5 +397,76 @@ Test(prefix_store, bounds_keep_the_most_recent)
 	cr_expect_eq(st.entries, 1);
 	cr_expect_eq(st.skipped, 0);
 	sched_free(t);
+	eng_close(e);
+}
+
+/* The entries a save finds in the file it replaces, in the order written (keys and lengths),
+ * read into a fresh scheduler. */
+static int order_of(struct engine *e, uint64_t id, int *n_tok, uint64_t *key)
+{
+	struct sched *s = cached(e);
+	struct prefix_store_stats ld;
+	cr_assert_eq(prefix_store_load(s, e, pc, id, &ld, err, sizeof err), WK_OK, "%s", err);
+	struct sched_cache_entry *ce;
+	cr_assert_eq(sched_cache_entries(s, &ce), WK_OK);
+	for (int i = 0; i < ld.entries; i++) {
+		n_tok[i] = ce[i].n;
+		key[i] = ce[i].key;
+	}
+	free(ce);
+	sched_free(s);
+	return ld.entries;
+}
+
+/* Workers that share a directory: each save keeps, after its own entries, those of the file
+ * it replaces that its own do not hold (the same key and tokens), up to the sequences an
+ * engine like it can read back. */
+Test(prefix_store, workers_sharing_a_directory_keep_the_union)
+{
+	struct engine *e = open_eng(256, 4);
+	uint64_t id;
+	cr_assert_eq(eng_cache_id(e, &id, err, sizeof err), WK_OK);
+	struct prefix_store_stats st;
+	struct sched *a = cached(e); /* worker A: prompts 0 and 1, tenant 1 */
+	sched_req_free(run(e, a, prompts[0], 1));
+	sched_req_free(run(e, a, prompts[1], 1));
+	cr_assert_eq(prefix_store_save(a, e, pc, id, NULL, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.merged, 0);
+	sched_free(a);
+	struct sched *b = cached(e); /* worker B, which never read A's: prompt 2, tenant 2 */
+	sched_req_free(run(e, b, prompts[2], 2));
+	cr_assert_eq(prefix_store_save(b, e, pc, id, NULL, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.entries, 3);
+	cr_expect_eq(st.merged, 2, "A's entries not kept: %d", st.merged);
+	sched_free(b);
+	int n_tok[8];
+	uint64_t key[8];
+	cr_assert_eq(order_of(e, id, n_tok, key), 3);
+	cr_expect(key[0] == 2 && key[1] == 1 && key[2] == 1, "order %llu %llu %llu",
+		  (unsigned long long)key[0], (unsigned long long)key[1],
+		  (unsigned long long)key[2]);
+	/* worker C: prompt 2 again as tenant 2 (its entry holds the older one's tokens: that one
+	 * goes) and prompt 1 as tenant 2 (another key: tenant 1's stays) */
+	struct sched *c = cached(e);
+	sched_req_free(run(e, c, prompts[2], 2));
+	sched_req_free(run(e, c, prompts[1], 2));
+	cr_assert_eq(prefix_store_save(c, e, pc, id, NULL, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.entries, 4);
+	cr_expect_eq(st.merged, 2, "%d kept: tenant 1's prompts 1 and 0", st.merged);
+	sched_free(c);
+	cr_assert_eq(order_of(e, id, n_tok, key), 4);
+	cr_expect(key[0] == 2 && key[1] == 2 && key[2] == 1 && key[3] == 1,
+		  "keys %llu %llu %llu %llu: a duplicate kept", (unsigned long long)key[0],
+		  (unsigned long long)key[1], (unsigned long long)key[2],
+		  (unsigned long long)key[3]);
+	eng_close(e);
+	/* an engine of 2 sequences keeps at most 2 */
+	e = open_eng(256, 2);
+	struct sched *d = cached(e);
+	sched_req_free(run(e, d, "A frog sat on a log by the pond and sang", 3));
+	cr_assert_eq(prefix_store_save(d, e, pc, id, NULL, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.entries, 2);
+	cr_expect_eq(st.merged, 1);
+	sched_free(d);
 	eng_close(e);
 }
