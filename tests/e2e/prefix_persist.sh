@@ -67,8 +67,9 @@ echo "1. written: $f, $(stat -c %s "$f") bytes"
 # 2. the next session reads it
 session
 has "read 1 entries" <"$TMPD/dev.$N.log" || fail "not read: $(grep prefix_cache "$TMPD/dev.$N.log")"
-curl -sf "http://127.0.0.1:$S/metrics" | grep -q '^wick_prefix_cache_entries 1$' ||
-  fail "/metrics before a request: $(curl -s "http://127.0.0.1:$S/metrics" | grep entries)"
+metrics=$(curl -sf "http://127.0.0.1:$S/metrics") || fail "/metrics"
+grep -q '^wick_prefix_cache_entries 1$' <<<"$metrics" ||
+  fail "/metrics before a request: $(grep entries <<<"$metrics")"
 read -r c1 p1 < <(ask "$PROMPT" "$TMPD/a1.json")
 [ "$p1" = "$p0" ] && [ "$c1" = $((p0 - 1)) ] ||
   fail "after the restart, $c1 of $p1 tokens cached (want $((p0 - 1)) of $p0)"
