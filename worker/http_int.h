@@ -90,6 +90,7 @@ struct oai_result {
 				    * then the content before them */
 	const json_t *logprobs;    /* output.logprobs.content (an array), or NULL */
 	const json_t *prompt_logprobs; /* output.prompt_logprobs (an array), or NULL */
+	const json_t *prompt_ids;      /* output.prompt_token_ids, or NULL */
 	bool echo;                 /* set by the caller: the request's echo (oai_response puts
 				    * the prompt first, from prompt_logprobs) */
 	int echo_top;              /* ... and oai_req's echo_top (read with plp: the prompt's

@@ -454,11 +454,17 @@ void oai_req_free(struct oai_req *r)
 /* The job documents of a request's choices: input with prompt p (prompts: NULL for chat),
  * for each of n choices of each prompt, in that order; with a seed, the choice i of each
  * prompt draws from seed + i (so a prompt's first choice is the one a lone request gives).
- * The first choice of each prompt is checked with job_decode: the others differ only in
- * their id and seed. */
+ * Not streamed, and generating, only a prompt's first choice scores the prompt
+ * (prompt_logprobs, echo): the response gives the others its entries (oai_response_n), and
+ * they copy its prefill rather than run every prompt row again. The first choice of each
+ * prompt is checked with job_decode: the others differ only in their id, seed and scoring. */
 static int make_jobs(struct oai_req *r, const char *id, const char *tenant, const json_t *input,
 		     const json_t *prompts, int n, struct oai_err *e)
 {
+	const json_t *mt = json_object_get(input, "max_tokens");
+	bool once = !r->stream && json_object_get(input, "prompt_logprobs") &&
+		    !(json_is_integer(mt) && json_integer_value(mt) == 0); /* (a job of max_tokens 0
+									       * scores or is refused) */
 	int np = prompts ? (int)json_array_size(prompts) : 1;
 	if ((long)np * n > OAI_CHOICES_MAX)
 		return oai_errf(e, 400, IRE, "invalid_input", "n",
@@ -484,6 +490,8 @@ static int make_jobs(struct oai_req *r, const char *id, const char *tenant, cons
 			ok = !json_object_set_new(in, "seed", json_integer((json_int_t)(
 				((uint64_t)json_integer_value(seed) + (uint64_t)(c % n)) &
 				(uint64_t)INT64_MAX)));
+		if (ok && c % n && once)
+			ok = !json_object_del(in, "prompt_logprobs");
 		if (ok)
 			job = json_pack("{s:s, s:s, s:o}", "id", cid, "tenant", tenant, "input", in);
 		else
@@ -670,6 +678,7 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->logprobs = json_is_array(lp) ? lp : NULL;
 	lp = json_object_get(out, "prompt_logprobs");
 	r->prompt_logprobs = json_is_array(lp) ? lp : NULL;
+	r->prompt_ids = json_object_get(out, "prompt_token_ids");
 	r->tool_calls = json_array_size(json_object_get(out, "tool_calls"))
 				? json_object_get(out, "tool_calls")
 				: NULL;
@@ -905,9 +914,7 @@ static json_t *prompt_logprobs_set(json_t *o, const struct oai_result *r)
 {
 	if (!o || !r->plp)
 		return o;
-	const json_t *out = json_object_get(r->root, "output");
-	json_t *v = r->prompt_logprobs ? vllm_prompt_logprobs(r->prompt_logprobs,
-							      json_object_get(out, "prompt_token_ids"),
+	json_t *v = r->prompt_logprobs ? vllm_prompt_logprobs(r->prompt_logprobs, r->prompt_ids,
 							      r->plp_top)
 				       : json_null();
 	if (!v || json_object_set_new(o, "prompt_logprobs", v)) {
@@ -1003,8 +1010,14 @@ json_t *oai_response_n(enum oai_kind kind, const char *id, long created, const c
 	struct oai_result sum = {0};
 	json_t *choices = json_array();
 	bool ok = choices && oai_usage_sum(rs, n, per_prompt, &sum) == WK_OK;
-	for (int i = 0; ok && i < n; i++)
-		ok = !json_array_append_new(choices, choice_json(kind, &rs[i], i));
+	for (int i = 0; ok && i < n; i++) {
+		struct oai_result ri = rs[i]; /* (a prompt's first choice scored it for all) */
+		if (!ri.prompt_logprobs && per_prompt > 0) {
+			ri.prompt_logprobs = rs[i - i % per_prompt].prompt_logprobs;
+			ri.prompt_ids = rs[i - i % per_prompt].prompt_ids;
+		}
+		ok = !json_array_append_new(choices, choice_json(kind, &ri, i));
+	}
 	json_t *resp = ok ? json_pack("{s:s, s:s, s:I, s:s, s:O, s:o}", "id", id, "object",
 				      kind == OAI_CHAT ? "chat.completion" : "text_completion",
 				      "created", (json_int_t)created, "model", model, "choices",

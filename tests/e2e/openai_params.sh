@@ -28,8 +28,9 @@
 #      one request, each choice the job's numbers; n 3 with a seed, choice i the lone request
 #      with seed + i; a chat streamed with n 2, joined by index; n 129 refused
 #   9. the prefix cache: a prompt sent again has all but its last token cached, a chat's next
-#      turn most of its prompt, and n 4 choices run one prefill (3 copies of it); the answers
-#      are those of a server with --prefix-cache off
+#      turn most of its prompt, and n 4 choices run one prefill (3 copies of it), n 3 with
+#      prompt_logprobs too (the first choice scores the prompt for all); the answers are
+#      those of a server with --prefix-cache off
 #  10. vLLM's /tokenize (a prompt's and a chat's count, as their requests bill them) and
 #      /detokenize (the ids back into the prompt)
 source tests/e2e/lib.sh
@@ -670,15 +671,35 @@ const lpGap = (a, b) => Math.max(...a.map((x, k) => Math.abs(x - b[k])));
            `choice ${i}: ${JSON.stringify(c4.choices[i].text)} against ` +
            JSON.stringify(w4.choices[i].text));
   assert(new Set(c4.choices.map((c) => c.text)).size > 1, 'the 4 choices are all one text');
+  // three choices with prompt_logprobs: the first scores the prompt for all three, the
+  // other two copy its prefill; every choice shows the same entries, the uncached server's
+  const before3 = await cachedTotal();
+  const three = { model, prompt: 'Tim had a red kite that flew over the hill and', n: 3,
+                  max_tokens: 4, temperature: 0.9, seed: 3, prompt_logprobs: 2 };
+  const c3 = await on.completions.create(three);
+  const w3 = await off.completions.create(three);
+  const copied3 = (await cachedTotal()) - before3;
+  assert(copied3 === 2 * (c3.usage.prompt_tokens - 1),
+         `3 scored choices of ${c3.usage.prompt_tokens} tokens: ${copied3} cached`);
+  const plp0 = JSON.stringify(w3.choices[0].prompt_logprobs);
+  assert(plp0.length > 20, `prompt_logprobs: ${plp0}`);
+  for (let i = 0; i < 3; i++)
+    assert(JSON.stringify(c3.choices[i].prompt_logprobs) === plp0 &&
+           JSON.stringify(w3.choices[i].prompt_logprobs) === plp0 &&
+           c3.choices[i].text === w3.choices[i].text,
+           `scored choice ${i}: ${JSON.stringify(c3.choices[i])} against ` +
+           JSON.stringify(w3.choices[i]));
   const total = await cachedTotal();
-  assert(total >= cached(b) + cached(r2) + copied, `metrics: ${total} cached tokens`);
+  assert(total >= cached(b) + cached(r2) + copied + copied3, `metrics: ${total} cached tokens`);
   console.log(`9. prefix cache: the same prompt again ran 1 of its ${b.usage.prompt_tokens} ` +
               `tokens (the same text, logprobs within ${g1.toExponential(1)}); a chat's ` +
               `second turn had ${cached(r2)} of its ${r2.usage.prompt_tokens} prompt tokens ` +
               `cached and answered as a server with --prefix-cache off does (logprobs ` +
               `within ${g2.toExponential(1)}); 4 choices of one ${c4.usage.prompt_tokens}-` +
               `token prompt ran it once (${copied} tokens copied) and sampled what the ` +
-              `uncached server sampled; /metrics counts ${total} cached tokens`);
+              `uncached server sampled; 3 with prompt_logprobs scored it once ` +
+              `(${copied3} tokens copied), each with the uncached server's entries; ` +
+              `/metrics counts ${total} cached tokens`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 # ... and the bills: each request's cached tokens in the ledger, as its usage said

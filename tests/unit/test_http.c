@@ -1045,6 +1045,27 @@ Test(http, several_choices_make_one_job_each)
 				&e), 0, "%s", e.message);
 	cr_expect(r.n_choices == 1 && strstr(r.jobs[0], "\"id\":\"cmpl-z\"") != NULL);
 	oai_req_free(&r);
+	/* not streamed, a prompt's first choice alone scores it; streamed (echo), each does */
+	body = "{\"prompt\": [\"a b\", \"c\"], \"n\": 3, \"prompt_logprobs\": 2, "
+	       "\"max_tokens\": 1}";
+	cr_assert_eq(oai_to_job(OAI_COMPLETION, body, strlen(body), "m", "cmpl-p", "t", 100, &r,
+				&e), 0, "%s", e.message);
+	cr_assert_eq(r.n_choices, 6);
+	for (int c = 0; c < 6; c++)
+		cr_expect_eq(strstr(r.jobs[c], "\"prompt_logprobs\":2") != NULL, c % 3 == 0, "%d: %s",
+			     c, r.jobs[c]);
+	oai_req_free(&r);
+	static const char *const each[] = { /* streamed; max_tokens 0 (a job that only scores) */
+		"{\"prompt\": \"a b\", \"n\": 2, \"echo\": true, \"logprobs\": 1, \"stream\": true}",
+		"{\"prompt\": \"a b\", \"n\": 2, \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0}"};
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(oai_to_job(OAI_COMPLETION, each[k], strlen(each[k]), "m", "cmpl-q",
+					"t", 100, &r, &e), 0, "%s", e.message);
+		for (int c = 0; c < 2; c++)
+			cr_expect(strstr(r.jobs[c], "\"prompt_logprobs\":1") != NULL, "%s %d: %s",
+				  each[k], c, r.jobs[c]);
+		oai_req_free(&r);
+	}
 	/* a bad prompt is named by its place */
 	e = err_of(OAI_COMPLETION, "{\"prompt\": [\"fine\", [1, -2]]}");
 	cr_expect_str_eq(e.param, "prompt");
@@ -1115,6 +1136,37 @@ Test(http, several_choices_join_into_one_response)
 				 json_object_get(resp, "choices"), 2), "message"), "content")), "two");
 	json_decref(resp);
 	for (int i = 0; i < 3; i++)
+		oai_result_free(&rs[i]);
+	/* a prompt's first choice scored it (prompt_logprobs, echo) for the others, whose jobs
+	 * did not: each choice shows its entries and echoes its text */
+	const char *scored =
+		"{\"status\": \"COMPLETED\", \"output\": {\"text\": \" d\", \"token_ids\": [9], "
+		"\"prompt_logprobs\": [{\"token\": \"a\", \"logprob\": null, \"bytes\": [97], "
+		"\"top_logprobs\": []}, {\"token\": \"b\", \"logprob\": -2, \"bytes\": [98], "
+		"\"rank\": 2, \"top_logprobs\": [{\"token\": \"x\", \"logprob\": -1, \"bytes\": "
+		"[120], \"id\": 120}]}], \"prompt_token_ids\": [1, 5]}, \"usage\": "
+		"{\"prompt_tokens\": 2, \"completion_tokens\": 1}}",
+	*plain = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \" e\", \"token_ids\": "
+		"[3]}, \"usage\": {\"prompt_tokens\": 2, \"completion_tokens\": 1}}";
+	cr_assert_eq(oai_result_parse(scored, strlen(scored), &rs[0]), WK_OK);
+	cr_assert_eq(oai_result_parse(plain, strlen(plain), &rs[1]), WK_OK);
+	for (int i = 0; i < 2; i++) {
+		rs[i].plp = true;
+		rs[i].plp_top = 1;
+		rs[i].echo = true;
+	}
+	resp = oai_response_n(OAI_COMPLETION, "c", 1, "m", rs, 2, 2);
+	ch = json_object_get(resp, "choices");
+	char *c0 = json_dumps(json_object_get(json_array_get(ch, 0), "prompt_logprobs"),
+			      JSON_SORT_KEYS);
+	char *c1 = json_dumps(json_object_get(json_array_get(ch, 1), "prompt_logprobs"),
+			      JSON_SORT_KEYS);
+	cr_expect(c0 && c1 && !strcmp(c0, c1) && strstr(c0, "\"5\""), "%s\nagainst %s", c0, c1);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(ch, 1), "text")), "ab e");
+	free(c0);
+	free(c1);
+	json_decref(resp);
+	for (int i = 0; i < 2; i++)
 		oai_result_free(&rs[i]);
 }
 
