@@ -222,10 +222,14 @@ static void merge_older(FILE *f, struct engine *e, const struct sched_cache_entr
 		if (fread(eh, 1, sizeof eh, old) != sizeof eh)
 			break;
 		uint64_t nt = get32(eh), m = get64(eh + 16), len = 4 * nt + m;
-		/* (an entry longer than this engine's context is kept as well: the file is
-		 * this model's, and a worker with a longer context reads it) */
 		if (head_fault(e, eh) || (uint64_t)ftello(old) + len > size)
 			break;
+		if (nt > (uint64_t)eng_info(e)->max_seq) { /* longer than this engine's context:
+							     * not checked here, so not kept */
+			if (fseeko(old, (off_t)len, SEEK_CUR) != 0)
+				break;
+			continue;
+		}
 		unsigned char *b = realloc(buf, len);
 		if (!b)
 			break;

@@ -26,7 +26,8 @@
  * by a writer killed mid-write are removed by the next write. After its own entries a write
  * keeps those of the file it replaces that its own do not hold (the same key, and tokens that
  * begin one of its own), within the bounds: workers that share DIR (a network volume) keep
- * the union of their caches, not the last one's alone.
+ * the union of their caches, not the last one's alone. (Entries longer than the writer's
+ * context, which it cannot check, are left out.)
  */
 #ifndef WICK_PREFIX_STORE_H
 #define WICK_PREFIX_STORE_H

@@ -468,5 +468,19 @@ Test(prefix_store, workers_sharing_a_directory_keep_the_union)
 	cr_expect_eq(st.entries, 2);
 	cr_expect_eq(st.merged, 1);
 	sched_free(d);
+	/* a file of a short entry behind a long one (most recent first), merged by an engine
+	 * of 16 positions: the long one is passed over, the short one after it kept */
+	d = cached(e);
+	sched_req_free(run(e, d, "Once", 4));
+	sched_req_free(run(e, d, prompts[1], 4));
+	cr_assert_eq(prefix_store_save(d, e, pc, id, NULL, &st, err, sizeof err), WK_OK);
+	sched_free(d);
+	eng_close(e);
+	e = open_eng(16, 2);
+	d = cached(e);
+	sched_req_free(run(e, d, "A dog", 5));
+	cr_assert_eq(prefix_store_save(d, e, pc, id, NULL, &st, err, sizeof err), WK_OK);
+	cr_expect_eq(st.merged, 1, "the short entry behind a long one: %d kept", st.merged);
+	sched_free(d);
 	eng_close(e);
 }
