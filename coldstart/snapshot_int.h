@@ -94,10 +94,6 @@ const char *snap__chunk_tensors(const struct snap_rank *r, uint64_t off, uint64_
 
 void snap__hex(uint64_t v, char out[17]);
 int snap__unhex(const char *s, uint64_t *out); /* 16 lowercase hex digits; 0 or -1 */
-void snap__le32(unsigned char *p, uint32_t v);
-void snap__le64(unsigned char *p, uint64_t v);
-uint32_t snap__get32(const unsigned char *p);
-uint64_t snap__get64(const unsigned char *p);
 
 /* Removes path and everything under it (no symlinks followed). Returns 0 or -1 (errno). */
 int snap__rmtree(const char *path);

@@ -51,46 +51,18 @@ int snap__unhex(const char *s, uint64_t *out)
 	return 0;
 }
 
-void snap__le32(unsigned char *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
-}
-
-void snap__le64(unsigned char *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
-}
-
-uint32_t snap__get32(const unsigned char *p)
-{
-	uint32_t v = 0;
-	for (int i = 3; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
-uint64_t snap__get64(const unsigned char *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
 void snap__header(unsigned char *buf, uint32_t version, uint32_t rank, uint32_t world,
 		  uint64_t image_size, uint64_t nchunks, uint64_t xxh3, uint64_t meaning)
 {
 	memset(buf, 0, SNAP_ALIGN);
 	memcpy(buf, SNAP_MAGIC, 8);
-	snap__le32(buf + 8, version);
-	snap__le32(buf + 12, rank);
-	snap__le64(buf + 16, image_size);
-	snap__le64(buf + 24, nchunks);
-	snap__le32(buf + 32, world);
-	snap__le64(buf + 40, xxh3);
-	snap__le64(buf + 48, meaning);
+	wk_put32(buf + 8, version);
+	wk_put32(buf + 12, rank);
+	wk_put64(buf + 16, image_size);
+	wk_put64(buf + 24, nchunks);
+	wk_put32(buf + 32, world);
+	wk_put64(buf + 40, xxh3);
+	wk_put64(buf + 48, meaning);
 }
 
 const char *snap__file_name(const json_t *v)
@@ -152,26 +124,26 @@ static int hash_json(XXH3_state_t *h, const json_t *v, int depth)
 		return -1;
 	switch (json_typeof(v)) {
 	case JSON_INTEGER:
-		snap__le64(b + 1, (uint64_t)json_integer_value(v));
+		wk_put64(b + 1, (uint64_t)json_integer_value(v));
 		XXH3_64bits_update(h, b, 9);
 		return 0;
 	case JSON_REAL: {
 		double d = json_real_value(v);
 		uint64_t u;
 		memcpy(&u, &d, 8);
-		snap__le64(b + 1, u);
+		wk_put64(b + 1, u);
 		XXH3_64bits_update(h, b, 9);
 		return 0;
 	}
 	case JSON_STRING:
-		snap__le64(b + 1, (uint64_t)json_string_length(v));
+		wk_put64(b + 1, (uint64_t)json_string_length(v));
 		XXH3_64bits_update(h, b, 9);
 		XXH3_64bits_update(h, json_string_value(v), json_string_length(v));
 		return 0;
 	case JSON_ARRAY: {
 		size_t i;
 		json_t *e;
-		snap__le64(b + 1, (uint64_t)json_array_size(v));
+		wk_put64(b + 1, (uint64_t)json_array_size(v));
 		XXH3_64bits_update(h, b, 9);
 		json_array_foreach((json_t *)v, i, e)
 			if (hash_json(h, e, depth + 1))
@@ -187,11 +159,11 @@ static int hash_json(XXH3_state_t *h, const json_t *v, int depth)
 		json_object_foreach((json_t *)v, k, e)
 			keys[i++] = k;
 		qsort(keys, n, sizeof *keys, cmp_str);
-		snap__le64(b + 1, (uint64_t)n);
+		wk_put64(b + 1, (uint64_t)n);
 		XXH3_64bits_update(h, b, 9);
 		int rc = 0;
 		for (i = 0; i < n && !rc; i++) {
-			snap__le64(b + 1, (uint64_t)strlen(keys[i]));
+			wk_put64(b + 1, (uint64_t)strlen(keys[i]));
 			XXH3_64bits_update(h, b + 1, 8);
 			XXH3_64bits_update(h, keys[i], strlen(keys[i]));
 			rc = hash_json(h, json_object_get(v, keys[i]), depth + 1);
@@ -228,7 +200,7 @@ int snap__rank_hash(const struct snap_chunk *c, size_t nc, uint64_t *out)
 	XXH3_64bits_reset(st);
 	for (size_t i = 0; i < nc; i++) {
 		unsigned char b[8];
-		snap__le64(b, c[i].xxh3);
+		wk_put64(b, c[i].xxh3);
 		XXH3_64bits_update(st, b, 8);
 	}
 	*out = XXH3_64bits_digest(st);

@@ -478,9 +478,9 @@ int snap__rank_check(const struct snap *s, int ri, int fd, char *err, size_t err
 	if (memcmp(hdr, SNAP_MAGIC, 8))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: not a wick snapshot rank file (bad "
 			       "magic)", r->path);
-	if (snap__get32(hdr + 8) != (uint32_t)s->version)
+	if (wk_get32(hdr + 8) != (uint32_t)s->version)
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: snapshot format version %u, the "
-			       "manifest's is %d", r->path, snap__get32(hdr + 8), s->version);
+			       "manifest's is %d", r->path, wk_get32(hdr + 8), s->version);
 	snap__header(want, (uint32_t)s->version, (uint32_t)ri, (uint32_t)s->world, r->image_size,
 		     r->nc, r->xxh3, r->meaning);
 	if (!memcmp(hdr, want, 48) && memcmp(hdr, want, SNAP_ALIGN))
@@ -491,8 +491,8 @@ int snap__rank_check(const struct snap *s, int ri, int fd, char *err, size_t err
 	if (memcmp(hdr, want, SNAP_ALIGN))
 		return wk_errf(err, errsz, WK_EFORMAT, "%s: header block does not match the "
 			       "manifest (rank %u of %u, image %" PRIu64 " bytes, %" PRIu64 " chunks;"
-			       " from another snapshot?)", r->path, snap__get32(hdr + 12),
-			       snap__get32(hdr + 32), snap__get64(hdr + 16), snap__get64(hdr + 24));
+			       " from another snapshot?)", r->path, wk_get32(hdr + 12),
+			       wk_get32(hdr + 32), wk_get64(hdr + 16), wk_get64(hdr + 24));
 	return WK_OK;
 }
 

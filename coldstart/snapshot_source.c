@@ -75,9 +75,9 @@ static int sample_file(const char *path, unsigned char *buf, uint64_t *size, int
 		return wk_errf(err, errsz, WK_ENOMEM, "%s: out of memory", path);
 	}
 	XXH3_64bits_reset(hs);
-	snap__le64(b, *size);
+	wk_put64(b, *size);
 	XXH3_64bits_update(hs, b, 8);
-	snap__le64(b, (uint64_t)*mtime_ns);
+	wk_put64(b, (uint64_t)*mtime_ns);
 	XXH3_64bits_update(hs, b, 8);
 	uint64_t head = *size < SAMPLE ? *size : SAMPLE;
 	uint64_t tail = *size - head < SAMPLE ? *size - head : SAMPLE;
@@ -157,7 +157,7 @@ int snap__source_identity(const char *src_dir, json_t **out, char *err, size_t e
 		if ((rc = sample_file(path, buf, &size, &mt, &h, err, errsz)))
 			goto fail;
 		XXH3_64bits_update(all, names[i], strlen(names[i]) + 1);
-		snap__le64(b, h);
+		wk_put64(b, h);
 		XXH3_64bits_update(all, b, 8);
 		snap__hex(h, hex);
 		json_t *f = json_pack("{ss sI sI ss}", "name", names[i], "size", (json_int_t)size,

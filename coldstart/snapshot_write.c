@@ -134,7 +134,7 @@ static int flush_chunk(struct wr *w)
 	if ((rc = put_chunk_json(w, size, w->file_off + w->wpos, stored, lz4, h)))
 		return rc;
 	unsigned char hb[8];
-	snap__le64(hb, h);
+	wk_put64(hb, h);
 	XXH3_64bits_update(w->rh, hb, 8);
 	w->wpos += padded;
 	w->nchunks++;

@@ -43,6 +43,33 @@ int wk_write_file(const char *path, const void *buf, size_t len, char *err, size
 /* Monotonic seconds, for timing. */
 double wk_now(void);
 
+/* Little-endian integers in bytes (the on-disk formats: snapshot headers, the prefix cache's
+ * file). */
+static inline void wk_put32(unsigned char *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline void wk_put64(unsigned char *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint32_t wk_get32(const unsigned char *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+static inline uint64_t wk_get64(const unsigned char *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
 /* A sampling seed for a request that names none: 8 bytes from the kernel's random source
  * (getrandom), else the clock's nanoseconds, the process id and a per-process counter mixed,
  * so that requests in the same second, or from the same slot, draw differently. */

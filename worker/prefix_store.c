@@ -21,34 +21,6 @@
 #define MAGIC "WICKPFX1"
 enum { VERSION = 1, HEAD = 32, ENTRY_HEAD = 32 };
 
-static void put32(unsigned char *b, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		b[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put64(unsigned char *b, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		b[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get32(const unsigned char *b)
-{
-	uint32_t v = 0;
-	for (int i = 3; i >= 0; i--)
-		v = v << 8 | b[i];
-	return v;
-}
-
-static uint64_t get64(const unsigned char *b)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | b[i];
-	return v;
-}
-
 static void path_of(const char *dir, uint64_t id, struct prefix_store_stats *st)
 {
 	snprintf(st->path, sizeof st->path, "%s/prefix-%016llx.wpc", dir, (unsigned long long)id);
@@ -93,13 +65,13 @@ static int save_entry(FILE *f, struct engine *e, const struct sched_cache_entry 
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory for a prefix of %d tokens",
 			       c->n);
 	for (int i = 0; i < c->n; i++)
-		put32(buf + 4 * i, (uint32_t)c->tok[i]);
+		wk_put32(buf + 4 * i, (uint32_t)c->tok[i]);
 	int rc = eng_seq_save(e, c->seq, c->n, buf + nt, m, err, errsz);
 	if (rc == WK_OK) {
-		put32(head, (uint32_t)c->n);
-		put64(head + 8, c->key);
-		put64(head + 16, m);
-		put64(head + 24, entry_hash(head, buf, nt, buf + nt, m));
+		wk_put32(head, (uint32_t)c->n);
+		wk_put64(head + 8, c->key);
+		wk_put64(head + 16, m);
+		wk_put64(head + 24, entry_hash(head, buf, nt, buf + nt, m));
 		if (write_all(f, head, sizeof head) || write_all(f, buf, nt + m))
 			rc = wk_errf(err, errsz, WK_EIO, "%s: %s", st->path, strerror(errno));
 	}
@@ -153,10 +125,10 @@ static bool fits(const struct prefix_store_limits *lim, const struct prefix_stor
 /* What is wrong with an entry's header for engine e, or NULL. */
 static const char *head_fault(struct engine *e, const unsigned char *eh)
 {
-	uint64_t n = get32(eh);
-	if (n < 1 || get32(eh + 4) != 0)
+	uint64_t n = wk_get32(eh);
+	if (n < 1 || wk_get32(eh + 4) != 0)
 		return "no tokens";
-	return get64(eh + 16) != bytes_for(e, n) ? "its caches' size is not this model's" : NULL;
+	return wk_get64(eh + 16) != bytes_for(e, n) ? "its caches' size is not this model's" : NULL;
 }
 
 /* Whether an entry's tokens and caches (buf: n tokens, then m bytes of caches) are ones
@@ -165,7 +137,7 @@ static int entry_check(struct engine *e, const unsigned char *buf, uint64_t n, u
 		       char *why, size_t wsz)
 {
 	for (uint64_t i = 0; i < n; i++) {
-		int32_t t = (int32_t)get32(buf + 4 * i);
+		int32_t t = (int32_t)wk_get32(buf + 4 * i);
 		if (t < 0 || t >= eng_info(e)->vocab)
 			return wk_errf(why, wsz, WK_EFORMAT, "a token outside the vocabulary");
 	}
@@ -186,7 +158,7 @@ static bool covered(const struct sched_cache_entry *ce, int n, uint64_t key,
 		if (ce[i].key != key || (uint64_t)ce[i].n < nt)
 			continue;
 		uint64_t k = 0;
-		while (k < nt && ce[i].tok[k] == (int)get32(tok + 4 * k))
+		while (k < nt && ce[i].tok[k] == (int)wk_get32(tok + 4 * k))
 			k++;
 		if (k == nt)
 			return true;
@@ -213,15 +185,15 @@ static void merge_older(FILE *f, struct engine *e, const struct sched_cache_entr
 		return;
 	uint64_t size = fstat(fileno(old), &sb) == 0 ? (uint64_t)sb.st_size : 0;
 	if (fread(head, 1, sizeof head, old) != sizeof head || memcmp(head, MAGIC, 8) ||
-	    get64(head + 24) != XXH3_64bits(head, 24) || get32(head + 8) != VERSION ||
-	    get64(head + 16) != id) {
+	    wk_get64(head + 24) != XXH3_64bits(head, 24) || wk_get32(head + 8) != VERSION ||
+	    wk_get64(head + 16) != id) {
 		fclose(old);
 		return;
 	}
-	for (uint32_t k = 0, n = get32(head + 12); k < n && st->entries < most; k++) {
+	for (uint32_t k = 0, n = wk_get32(head + 12); k < n && st->entries < most; k++) {
 		if (fread(eh, 1, sizeof eh, old) != sizeof eh)
 			break;
-		uint64_t nt = get32(eh), m = get64(eh + 16), len = 4 * nt + m;
+		uint64_t nt = wk_get32(eh), m = wk_get64(eh + 16), len = 4 * nt + m;
 		if (head_fault(e, eh) || (uint64_t)ftello(old) + len > size)
 			break;
 		if (nt > (uint64_t)eng_info(e)->max_seq) { /* longer than this engine's context:
@@ -235,10 +207,10 @@ static void merge_older(FILE *f, struct engine *e, const struct sched_cache_entr
 			break;
 		buf = b;
 		if (fread(buf, 1, len, old) != len ||
-		    entry_hash(eh, buf, 4 * nt, buf + 4 * nt, m) != get64(eh + 24) ||
+		    entry_hash(eh, buf, 4 * nt, buf + 4 * nt, m) != wk_get64(eh + 24) ||
 		    entry_check(e, buf, nt, m, why, sizeof why) != WK_OK)
 			break;
-		if (covered(ce, n_ours, get64(eh + 8), buf, nt))
+		if (covered(ce, n_ours, wk_get64(eh + 8), buf, nt))
 			continue;
 		if (!fits(lim, st, ENTRY_HEAD + len, t0)) {
 			st->skipped++;
@@ -289,10 +261,10 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 	}
 	unsigned char head[HEAD] = {0};
 	memcpy(head, MAGIC, 8);
-	put32(head + 8, VERSION);
-	put32(head + 12, (uint32_t)cs.entries);
-	put64(head + 16, id);
-	put64(head + 24, XXH3_64bits(head, 24));
+	wk_put32(head + 8, VERSION);
+	wk_put32(head + 12, (uint32_t)cs.entries);
+	wk_put64(head + 16, id);
+	wk_put64(head + 24, XXH3_64bits(head, 24));
 	st->bytes = HEAD;
 	if (write_all(f, head, sizeof head))
 		rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
@@ -312,8 +284,8 @@ int prefix_store_save(struct sched *s, struct engine *e, const char *dir, uint64
 		merge_older(f, e, ce, cs.entries, id, lim, st, t0);
 	free(ce);
 	if (rc == WK_OK && st->entries != cs.entries) { /* the header counts what was written */
-		put32(head + 12, (uint32_t)st->entries);
-		put64(head + 24, XXH3_64bits(head, 24));
+		wk_put32(head + 12, (uint32_t)st->entries);
+		wk_put64(head + 24, XXH3_64bits(head, 24));
 		if (fseeko(f, 0, SEEK_SET) != 0 || write_all(f, head, sizeof head))
 			rc = wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
 	}
@@ -357,7 +329,7 @@ static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
 	if (fread(head, 1, sizeof head, f) != sizeof head)
 		return bad(st, err, errsz, k, "the file ends inside it (cut short)");
 	const struct eng_info *in = eng_info(e);
-	uint64_t n = get32(head), m = get64(head + 16);
+	uint64_t n = wk_get32(head), m = wk_get64(head + 16);
 	const char *why = head_fault(e, head);
 	if (why)
 		return bad(st, err, errsz, k, why);
@@ -374,14 +346,14 @@ static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
 			     (int)n);
 	} else if (fread(buf, 1, 4 * n + m, f) != 4 * n + m) {
 		rc = bad(st, err, errsz, k, "the file ends inside it (cut short)");
-	} else if (entry_hash(head, buf, 4 * n, buf + 4 * n, m) != get64(head + 24)) {
+	} else if (entry_hash(head, buf, 4 * n, buf + 4 * n, m) != wk_get64(head + 24)) {
 		rc = bad(st, err, errsz, k, "its checksum does not match (the file is damaged)");
 	} else {
 		char why[WK_ERRSZ];
 		if (entry_check(e, buf, n, m, why, sizeof why) != WK_OK)
 			rc = bad(st, err, errsz, k, why);
 		for (uint64_t i = 0; i < n && rc == WK_OK; i++)
-			tok[i] = (int32_t)get32(buf + 4 * i);
+			tok[i] = (int32_t)wk_get32(buf + 4 * i);
 	}
 	if (rc == WK_OK && eng_seq_alloc(e, &seq) != WK_OK) {
 		*stop = true; /* every sequence is in use */
@@ -389,7 +361,7 @@ static int load_entry(FILE *f, struct sched *s, struct engine *e, int k,
 		char lerr[WK_ERRSZ];
 		if (eng_seq_load(e, seq, buf + 4 * n, m, lerr, sizeof lerr) != WK_OK)
 			rc = bad(st, err, errsz, k, lerr);
-		else if (sched_cache_add(s, seq, tok, (int)n, get64(head + 8)) != WK_OK)
+		else if (sched_cache_add(s, seq, tok, (int)n, wk_get64(head + 8)) != WK_OK)
 			*stop = true; /* as many entries as slots */
 		else
 			seq = -1; /* the cache's now */
@@ -419,17 +391,17 @@ int prefix_store_load(struct sched *s, struct engine *e, const char *dir, uint64
 	int rc = WK_OK;
 	if (fread(head, 1, sizeof head, f) != sizeof head || memcmp(head, MAGIC, 8))
 		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: not a wick prefix cache", st->path);
-	else if (get64(head + 24) != XXH3_64bits(head, 24))
+	else if (wk_get64(head + 24) != XXH3_64bits(head, 24))
 		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: its header's checksum does not match",
 			     st->path);
-	else if (get32(head + 8) != VERSION)
+	else if (wk_get32(head + 8) != VERSION)
 		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: version %u (this wick reads %d)",
-			     st->path, get32(head + 8), VERSION);
-	else if (get64(head + 16) != id)
+			     st->path, wk_get32(head + 8), VERSION);
+	else if (wk_get64(head + 16) != id)
 		rc = wk_errf(err, errsz, WK_EFORMAT, "%s: made by another model or cache layout",
 			     st->path);
 	st->bytes = HEAD;
-	int n = rc == WK_OK ? (int)get32(head + 12) : 0;
+	int n = rc == WK_OK ? (int)wk_get32(head + 12) : 0;
 	bool stop = false;
 	for (int k = 0; rc == WK_OK && k < n; k++) {
 		if (stop) {

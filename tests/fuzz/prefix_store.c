@@ -53,20 +53,6 @@ static void load(void)
 	atexit(cleanup);
 }
 
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-	for (int i = n - 1; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
 /* The file the input stands for (see the top); *n its size. */
 static uint8_t *file_of(const uint8_t *data, size_t size, size_t *n)
 {
@@ -81,20 +67,20 @@ static uint8_t *file_of(const uint8_t *data, size_t size, size_t *n)
 	memcpy(f, "WICKPFX1", 8);
 	f[8] = 1; /* version */
 	f[12] = size ? data[0] % 8 : 0;
-	put64(f + 16, id);
-	put64(f + 24, XXH3_64bits(f, 24));
+	wk_put64(f + 16, id);
+	wk_put64(f + 24, XXH3_64bits(f, 24));
 	if (body)
 		memcpy(f + 32, data + 1, body);
 	*n = 32 + body;
 	for (size_t at = 32; at + 32 <= *n;) { /* each entry whose sizes fit: its checksum */
-		uint64_t nt = get(f + at, 4), m = get(f + at + 16, 8);
+		uint64_t nt = wk_get32(f + at), m = wk_get64(f + at + 16);
 		if (nt > *n || m > *n || at + 32 + 4 * nt + m > *n)
 			break;
 		XXH3_state_t *h = XXH3_createState();
 		XXH3_64bits_reset(h);
 		XXH3_64bits_update(h, f + at, 24);
 		XXH3_64bits_update(h, f + at + 32, 4 * nt + m);
-		put64(f + at + 24, XXH3_64bits_digest(h));
+		wk_put64(f + at + 24, XXH3_64bits_digest(h));
 		XXH3_freeState(h);
 		at += 32 + 4 * nt + m;
 	}
