@@ -17,8 +17,9 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: wick dev --model MODEL [--listen HOST:PORT] [--idle-timeout S] [options]\n\n"
 		"Serves MODEL (a Hugging Face directory or a snapshot) through an OpenAI-compatible\n"
-		"API: POST /v1/chat/completions, POST /v1/completions (\"stream\": true for Server-Sent\n"
-		"Events), GET /v1/models, GET /health, GET /metrics. Requests are batched together.\n"
+		"API: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (\"stream\":\n"
+		"true for Server-Sent Events), GET /v1/models, GET /health, GET /metrics, POST\n"
+		"/tokenize and /detokenize. Requests are batched together.\n"
 		"After --idle-timeout seconds without a request the session ends (exit 0) and prints\n"
 		"its bill; SIGTERM drains. Defaults: --listen 127.0.0.1:8000 --idle-timeout 600.\n"
 		"  --api-key KEY         require \"Authorization: Bearer KEY\" (or env WICK_API_KEY);\n"

@@ -157,6 +157,9 @@ struct http_call {
 	struct http_flight **fl;    /* [n]: each choice's flight, NULL once freed */
 	struct oai_result *res;     /* [n]: the results that came (have[i]) */
 	bool *have;
+	bool responses;             /* POST /v1/responses (http_responses.c; one choice) */
+	json_t *skel;               /* ... the members of its response that say what was asked */
+	struct oai_rstream rs;      /* ... and its stream */
 };
 
 struct hconn {
@@ -601,6 +604,26 @@ static void sse_send(struct http_call *k, json_t *j, const char *literal)
 	free(s);
 }
 
+/* A response's stream's events (evs, taken): "event: TYPE" and "data: JSON" each. */
+static void sse_events(struct http_call *k, json_t *evs)
+{
+	struct evbuffer *b = evbuffer_new();
+	size_t i;
+	json_t *ev;
+	json_array_foreach(b ? evs : NULL, i, ev) {
+		char *s = json_dumps(ev, JSON_COMPACT | JSON_REAL_PRECISION(9));
+		if (s)
+			evbuffer_add_printf(b, "event: %s\ndata: %s\n\n",
+					    json_string_value(json_object_get(ev, "type")), s);
+		free(s);
+	}
+	if (b && evbuffer_get_length(b))
+		evhttp_send_reply_chunk(k->req, b);
+	if (b)
+		evbuffer_free(b);
+	json_decref(evs);
+}
+
 /* A choice's chunk, with its index. */
 static void send_choice(struct http_flight *f, json_t *chunk)
 {
@@ -620,6 +643,10 @@ static void sse_start(struct http_api *h, struct http_call *k)
 	if (k->conn && k->conn->eof_ev)
 		event_del(k->conn->eof_ev); /* evhttp reads for the close itself while it writes */
 	count_code(h, 200);
+	if (k->responses) {
+		sse_events(k, oai_rstream_start(&k->rs));
+		return;
+	}
 	for (int i = 0; k->kind == OAI_CHAT && i < k->n; i++) { /* each choice's role */
 		json_t *c = oai_chunk(k->kind, k->id, k->created, h->model, "", 0, true, NULL);
 		if (c)
@@ -638,6 +665,10 @@ static void call_free(struct http_api *h, struct http_call *k)
 	free(k->fl);
 	free(k->res);
 	free(k->have);
+	if (k->responses) {
+		json_decref(k->skel);
+		oai_rstream_free(&k->rs);
+	}
 	h->n_calls--;
 	free(k);
 }
@@ -740,6 +771,19 @@ static void client_gone(struct http_api *h, struct http_call *k)
 	call_cancel(h, k);
 }
 
+/* A response's text (reasoning or the answer's), with the answer's logprobs that came; a
+ * reasoning's entries wait for the answer's next text (the message holds every token's). */
+static void resp_text(struct http_flight *f, bool reasoning, const char *text, size_t n)
+{
+	struct http_call *k = f->call;
+	json_t *lp = !reasoning && json_array_size(f->lp_pending) ? f->lp_pending : NULL;
+	sse_events(k, oai_rstream_text(&k->rs, reasoning, text, n, lp));
+	if (lp) {
+		f->lp_sent += json_array_size(lp);
+		json_array_clear(lp);
+	}
+}
+
 /* split_piece's emit for a stream: a reasoning or content chunk (with the logprobs that came). */
 struct emit_ctx {
 	struct http_api *h;
@@ -751,6 +795,10 @@ static void emit_chunk(void *ctx, bool reasoning, const char *text, size_t n)
 	struct emit_ctx *e = ctx;
 	struct http_flight *f = e->f;
 	struct http_call *k = f->call;
+	if (k->responses) {
+		resp_text(f, reasoning, text, n);
+		return;
+	}
 	send_choice(f, with_lp(f, reasoning ? oai_reasoning_chunk(k->id, k->created, e->h->model,
 								  text, n)
 					    : oai_chunk(f->kind, k->id, k->created, e->h->model,
@@ -787,6 +835,8 @@ static void on_piece(struct http_api *h, struct http_flight *f, const char *text
 		sse_start(h, k);
 	if (f->tools || f->thinking)
 		split_piece(&f->sp, text, len, emit_chunk, &(struct emit_ctx){h, f});
+	else if (len && k->responses)
+		resp_text(f, false, text, len);
 	else if (len)
 		send_choice(f, with_lp(f, oai_chunk(f->kind, k->id, k->created, h->model, text, len,
 						    false, NULL)));
@@ -805,6 +855,14 @@ static void stream_choice_end(struct http_api *h, struct http_flight *f,
 		f->lp_pending = json_array();
 		for (size_t i = f->lp_sent; i < json_array_size(r->logprobs); i++)
 			json_array_append(f->lp_pending, json_array_get(r->logprobs, i));
+	}
+	if (k->responses) { /* what was held, the logprobs not sent, the items done */
+		if (r->reasoning && r->reasoning_len > f->sp.rsent)
+			resp_text(f, true, r->reasoning + f->sp.rsent, r->reasoning_len - f->sp.rsent);
+		size_t sent = f->tools || f->thinking ? f->sp.sent : r->text_len;
+		resp_text(f, false, r->text + sent, r->text_len - sent);
+		sse_events(k, oai_rstream_end(&k->rs, r));
+		return;
 	}
 	if (f->tools || f->thinking) { /* what was held, then the calls */
 		if (r->reasoning && r->reasoning_len > f->sp.rsent)
@@ -826,7 +884,13 @@ static void stream_choice_end(struct http_api *h, struct http_flight *f,
 /* Every choice came: the response, or the stream's usage and end. */
 static void call_end(struct http_api *h, struct http_call *k)
 {
-	if (k->stream) {
+	if (k->stream && k->responses) { /* (response.completed was its choice's end) */
+		evhttp_send_reply_end(k->req);
+		conn_idle(k->conn);
+	} else if (k->responses) {
+		reply_json(h, k->req, k->conn, 200, oai_responses_object(k->skel, k->id, k->created,
+									  h->model, &k->res[0]));
+	} else if (k->stream) {
 		struct oai_result sum;
 		if (k->include_usage && oai_usage_sum(k->res, k->n, k->per_prompt, &sum) == WK_OK) {
 			sse_send(k, oai_usage_chunk(k->kind, k->id, k->created, h->model,
@@ -845,14 +909,24 @@ static void call_end(struct http_api *h, struct http_call *k)
 	k->conn = NULL; /* the connection is its next request's (and may be freed before k) */
 }
 
+/* A started stream's end with an error: its last event (a response's response.failed). */
+static void stream_fail(struct http_call *k, const struct oai_err *e)
+{
+	if (k->responses) {
+		sse_events(k, oai_rstream_fail(&k->rs, e));
+	} else {
+		sse_send(k, oai_error_json(e), NULL);
+		sse_send(k, NULL, "[DONE]");
+	}
+	evhttp_send_reply_end(k->req);
+}
+
 /* A choice failed: the request's answer is its error (a stream's last event), and the other
  * choices are cancelled. */
 static void call_fail(struct http_api *h, struct http_call *k, const struct oai_err *e)
 {
 	if (k->stream && k->started) {
-		sse_send(k, oai_error_json(e), NULL);
-		sse_send(k, NULL, "[DONE]");
-		evhttp_send_reply_end(k->req);
+		stream_fail(k, e);
 		conn_idle(k->conn);
 	} else {
 		reply_err(h, k->req, k->conn, e);
@@ -946,9 +1020,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 				struct oai_err e;
 				oai_errf(&e, 503, "server_error", "unavailable", NULL,
 					 "the server is shutting down");
-				sse_send(k, oai_error_json(&e), NULL);
-				sse_send(k, NULL, "[DONE]");
-				evhttp_send_reply_end(k->req);
+				stream_fail(k, &e);
 			} else {
 				reply_errf(h, k->req, k->conn, 503, "server_error", "unavailable",
 					   "the server is shutting down");
@@ -1479,8 +1551,30 @@ static void new_id(char *out, size_t n, const char *prefix)
 		o += snprintf(out + o, n - (size_t)o, "%02x", r[i]);
 }
 
+/* POST /v1/responses: its body as the chat request that runs it (*chat_body, malloc'd), and
+ * the members of its response that say what was asked (*skel); false after answering the
+ * error. */
+static bool responses_body(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			   const char *body, size_t len, char **chat_body, json_t **skel)
+{
+	struct oai_err e;
+	json_t *chat;
+	if (oai_responses_to_chat(body, len, &chat, skel, &e)) {
+		reply_err(h, req, c, &e);
+		return false;
+	}
+	*chat_body = json_dumps(chat, JSON_COMPACT);
+	json_decref(chat);
+	if (!*chat_body) {
+		json_decref(*skel);
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+		return false;
+	}
+	return true;
+}
+
 static void route_completion(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-			     enum oai_kind kind, const char *tenant)
+			     enum oai_kind kind, bool responses, const char *tenant)
 {
 	pthread_mutex_lock(&h->mu);
 	int st = state_now(h);
@@ -1503,14 +1597,27 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	}
 	const char *body = (const char *)evbuffer_pullup(in, -1);
 	char id[48];
-	new_id(id, sizeof id, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+	new_id(id, sizeof id, responses ? "resp_" : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
 	struct oai_req r;
 	struct oai_err e;
 	if (!body) {
 		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
-	if (oai_to_job(kind, body, len, h->model, id, tenant, h->o.max_tokens_limit, &r, &e)) {
+	char *chat_body = NULL;
+	json_t *skel = NULL;
+	if (responses && !responses_body(h, req, c, body, len, &chat_body, &skel))
+		return;
+	if (chat_body) {
+		body = chat_body;
+		len = strlen(chat_body);
+	}
+	int rc = oai_to_job(kind, body, len, h->model, id, tenant, h->o.max_tokens_limit, &r, &e);
+	free(chat_body);
+	if (rc) {
+		if (responses)
+			oai_responses_err(&e);
+		json_decref(skel);
 		reply_err(h, req, c, &e);
 		return;
 	}
@@ -1531,12 +1638,29 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		}
 		free(k);
 		oai_req_free(&r);
+		json_decref(skel);
 		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(k->id, sizeof k->id, "%s", id);
+	if (responses) {
+		k->responses = true;
+		k->skel = skel; /* (freed with k from here) */
+		if (oai_rstream_init(&k->rs, skel, id, (long)ts.tv_sec, h->model, r.logprobs)) {
+			oai_rstream_free(&k->rs);
+			json_decref(skel);
+			free(k->fl[0]);
+			free(k->fl);
+			free(k->res);
+			free(k->have);
+			free(k);
+			oai_req_free(&r);
+			reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+			return;
+		}
+	}
 	k->kind = kind;
 	k->stream = r.stream;
 	k->include_usage = r.include_usage;
@@ -1599,7 +1723,7 @@ static const char *route_methods(const char *path)
 	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
 		return "GET, HEAD, OPTIONS";
 	if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions") ||
-	    !strcmp(path, "/tokenize") || !strcmp(path, "/detokenize"))
+	    !strcmp(path, "/v1/responses") || !strcmp(path, "/tokenize") || !strcmp(path, "/detokenize"))
 		return "POST, OPTIONS";
 	return NULL;
 }
@@ -1705,15 +1829,18 @@ static void on_request(struct evhttp_request *req, void *arg)
 	bool models = !strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11);
 	bool chat = !strcmp(path, "/v1/chat/completions");
 	bool compl = !strcmp(path, "/v1/completions");
+	bool resp = !strcmp(path, "/v1/responses");
 	bool metrics = !strcmp(path, "/metrics");
 	bool tokenize = !strcmp(path, "/tokenize"), detokenize = !strcmp(path, "/detokenize");
-	if (!models && !chat && !compl && !metrics && !tokenize && !detokenize) {
+	if (!models && !chat && !compl && !resp && !metrics && !tokenize && !detokenize) {
 		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
-			   "no route %.200s (try /v1/chat/completions, /v1/completions, /v1/models, "
-			   "/tokenize, /detokenize, /health, /metrics)", path);
+			   "no route %.200s (try /v1/chat/completions, /v1/completions, "
+			   "/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics)",
+			   path);
 		return;
 	}
-	if (((models || metrics) && !get) || ((chat || compl || tokenize || detokenize) && !post)) {
+	if (((models || metrics) && !get) ||
+	    ((chat || compl || resp || tokenize || detokenize) && !post)) {
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
 				  route_methods(path));
 		reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed", "%s wants %s",
@@ -1729,7 +1856,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	else if (detokenize)
 		route_detokenize(h, req, c);
 	else
-		route_completion(h, req, c, chat ? OAI_CHAT : OAI_COMPLETION, tenant);
+		route_completion(h, req, c, compl ? OAI_COMPLETION : OAI_CHAT, resp, tenant);
 }
 
 /* ---- life cycle ---- */

@@ -59,6 +59,9 @@ struct oai_req {
 #define OAI_CHOICES_MAX 128
 #define OAI_JOBS_BYTES_MAX (16 << 20)
 
+/* A request body parsed: a JSON object, or NULL after a 400 in *e (invalid_json). */
+json_t *oai_load_object(const char *body, size_t len, struct oai_err *e);
+
 /* Frees r's jobs (NULL and 0 after). */
 void oai_req_free(struct oai_req *r);
 
@@ -78,6 +81,10 @@ void oai_choice_id(char *out, size_t size, const char *id, int index, int n_choi
 int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
 	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 	       struct oai_err *e);
+
+/* The "text" members of parts (each a string, checked), total bytes in all, joined; NULL
+ * when out of memory. */
+json_t *oai_join_text(const json_t *parts, size_t total);
 
 /* A result document (job.h), parsed. Strings point into root. */
 struct oai_result {
@@ -158,6 +165,55 @@ json_t *oai_calls_chunk(const char *id, long created, const char *model,
 			const struct oai_result *r);
 json_t *oai_usage_chunk(enum oai_kind kind, const char *id, long created, const char *model,
 			const struct oai_result *r);
+
+/* ---- the Responses API (http_responses.c) ---- */
+
+/* A POST /v1/responses body into the chat completions request that runs it (*chat, for
+ * oai_to_job's OAI_CHAT) and the response's members that say what was asked (*skel:
+ * instructions, tools, text, temperature, ...). Returns 0, or the HTTP status of the error in
+ * *e; both NULL then. */
+int oai_responses_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
+			  struct oai_err *e);
+/* An error of oai_to_job on such a chat request, named as the Responses API names its
+ * members (max_output_tokens, text.format, reasoning.effort, input). */
+void oai_responses_err(struct oai_err *e);
+/* The response object of a completed result (status completed, or incomplete at
+ * max_output_tokens): output items reasoning, message (unless the answer is calls alone) and
+ * function_call; usage in the Responses API's names. Item ids come from id (resp_HEX). */
+json_t *oai_responses_object(const json_t *skel, const char *id, long created,
+			     const char *model, const struct oai_result *r);
+
+/* A response's stream: the typed events (each {"type", "sequence_number", ...}) in the order
+ * OpenAI's clients accumulate them. Each call returns an array of events to send (NULL only
+ * when out of memory). */
+struct oai_rstream {
+	const json_t *skel;
+	char id[48];
+	long created;
+	char model[256];
+	int seq;       /* the next sequence_number */
+	int n_items;   /* output items begun */
+	int open;      /* the item open: none, reasoning or message */
+	char item[64]; /* ... and its id */
+	char *acc;     /* ... and its text so far */
+	size_t acc_len, acc_cap;
+	json_t *items; /* the items done */
+	json_t *lp;    /* the message's logprobs so far (NULL: not asked) */
+};
+int oai_rstream_init(struct oai_rstream *s, const json_t *skel, const char *id, long created,
+		     const char *model, bool logprobs);
+void oai_rstream_free(struct oai_rstream *s);
+/* response.created and response.in_progress */
+json_t *oai_rstream_start(struct oai_rstream *s);
+/* Text of the reasoning or of the answer (closing the item open when it is the other's, and
+ * opening its own), with the logprobs entries that came with it (NULL: none). */
+json_t *oai_rstream_text(struct oai_rstream *s, bool reasoning, const char *text, size_t len,
+			 const json_t *lp);
+/* The end: the items open done, the function calls, and response.completed (or
+ * response.incomplete) with the whole response, its output the items streamed. */
+json_t *oai_rstream_end(struct oai_rstream *s, const struct oai_result *r);
+/* response.failed, with the error. */
+json_t *oai_rstream_fail(struct oai_rstream *s, const struct oai_err *e);
 
 /* ---- API keys ---- */
 

@@ -123,13 +123,20 @@ static json_t *content_text(const json_t *m, const char *role, const char *param
 			return NULL;
 		}
 	}
-	char *buf = malloc(total + 1);
-	if (!buf) {
+	json_t *s = oai_join_text(c, total);
+	if (!s)
 		oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	return s;
+}
+
+json_t *oai_join_text(const json_t *parts, size_t total)
+{
+	char *buf = malloc(total + 1);
+	if (!buf)
 		return NULL;
-	}
-	size_t o = 0;
-	json_array_foreach(c, k, part) {
+	size_t o = 0, k;
+	json_t *part;
+	json_array_foreach(parts, k, part) {
 		const json_t *t = json_object_get(part, "text");
 		memcpy(buf + o, json_string_value(t), json_string_length(t));
 		o += json_string_length(t);
@@ -532,26 +539,35 @@ static int make_jobs(struct oai_req *r, const char *id, const char *tenant, cons
 	return 0;
 }
 
+json_t *oai_load_object(const char *body, size_t len, struct oai_err *e)
+{
+	json_error_t je;
+	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+	if (!root) {
+		oai_errf(e, 400, IRE, "invalid_json", NULL,
+			 "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
+			 je.column);
+	} else if (!json_is_object(root)) {
+		oai_errf(e, 400, IRE, "invalid_json", NULL, "the body must be a JSON object");
+		json_decref(root);
+		root = NULL;
+	}
+	return root;
+}
+
 int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
 	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 	       struct oai_err *e)
 {
 	memset(r, 0, sizeof *r);
-	json_error_t je;
-	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+	json_t *root = oai_load_object(body, len, e);
 	if (!root)
-		return oai_errf(e, 400, IRE, "invalid_json", NULL,
-				"the body is not valid JSON: %s (line %d, column %d)", je.text,
-				je.line, je.column);
+		return e->status;
 	int st = 0;
 	json_t *input = json_object(), *prompts = NULL;
 	const json_t *v;
 	if (!input) {
 		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
-		goto out;
-	}
-	if (!json_is_object(root)) {
-		st = oai_errf(e, 400, IRE, "invalid_json", NULL, "the body must be a JSON object");
 		goto out;
 	}
 	if (!absent(v = json_object_get(root, "model"))) {

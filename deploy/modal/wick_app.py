@@ -150,7 +150,7 @@ class DevServer:
 
     @modal.web_server(8000, startup_timeout=STARTUP_S)
     def api(self):
-        pass  # wick serves /v1/chat/completions, /v1/completions, /v1/models, /health
+        pass  # wick serves /v1/chat/completions, /v1/responses, /v1/models, /health, ...
 
     @modal.exit()
     def stop(self):

@@ -33,6 +33,10 @@
 #      those of a server with --prefix-cache off
 #  10. vLLM's /tokenize (a prompt's and a chat's count, as their requests bill them) and
 #      /detokenize (the ids back into the prompt)
+#  11. OpenAI's Responses API (client.responses): the chat's very text, usage and logprobs
+#      (greedy, and sampled with a seed), whole, streamed (responses.stream's events in order,
+#      numbered, its final response the same) and cut at max_output_tokens (incomplete);
+#      instructions billed as a system message; text.format json_schema; the refusals
 source tests/e2e/lib.sh
 need_openai
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
@@ -762,6 +766,118 @@ const post = async (path, body) => {
               `vocabulary a 400; /v1/models says max_model_len ${card.max_model_len}`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
+
+# 11. OpenAI's Responses API: a request runs as the chat of the same messages
+node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$PROMPT" <<'EOF' ||
+const [openaiDir, base, model, prompt] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const messages = [{ role: 'user', content: prompt }];
+const text = (r) => r.output.filter((o) => o.type === 'message')
+  .map((o) => o.content.map((c) => c.text).join('')).join('');
+(async () => {
+  // greedy, with logprobs: the chat's text, usage and entries
+  const lp = { include: ['message.output_text.logprobs'], top_logprobs: 2 };
+  const r = await client.responses.create({ model, input: prompt, temperature: 0,
+                                            max_output_tokens: 40, ...lp });
+  const c = await client.chat.completions.create({ model, messages, temperature: 0,
+    max_tokens: 40, logprobs: true, top_logprobs: 2 });
+  const ct = c.choices[0].message.content;
+  assert(r.object === 'response' && r.id.startsWith('resp_') && r.model === model,
+         JSON.stringify(r).slice(0, 300));
+  assert(r.output_text === ct && text(r) === ct, `${JSON.stringify(r.output_text)} against ` +
+         `the chat's ${JSON.stringify(ct)}`);
+  assert(r.usage.input_tokens === c.usage.prompt_tokens &&
+         r.usage.output_tokens === c.usage.completion_tokens &&
+         r.usage.total_tokens === c.usage.total_tokens, `${JSON.stringify(r.usage)} against ` +
+         JSON.stringify(c.usage));
+  const fin = c.choices[0].finish_reason;
+  assert(r.status === (fin === 'length' ? 'incomplete' : 'completed'), `${r.status} ${fin}`);
+  const rl = r.output[0].content[0].logprobs, cl = c.choices[0].logprobs.content;
+  assert(rl.length === cl.length && rl.length === r.usage.output_tokens &&
+         rl.every((e, i) => e.token === cl[i].token && e.logprob === cl[i].logprob &&
+                  e.top_logprobs.length === 2 &&
+                  e.top_logprobs[1].logprob === cl[i].top_logprobs[1].logprob),
+         `logprobs: ${JSON.stringify(rl.slice(0, 2))} against ${JSON.stringify(cl.slice(0, 2))}`);
+  // streamed: the events in order and numbered; the deltas, their logprobs and the final
+  // response are the response not streamed
+  const s = client.responses.stream({ model, input: prompt, temperature: 0,
+                                      max_output_tokens: 40, ...lp });
+  const types = [];
+  let deltas = '', dlp = 0, seq = 0;
+  for await (const ev of s) {
+    assert(ev.sequence_number === seq++, `event ${types.length}: ${JSON.stringify(ev)}`);
+    types.push(ev.type);
+    if (ev.type === 'response.output_text.delta') {
+      deltas += ev.delta;
+      dlp += ev.logprobs.length;
+    }
+  }
+  const sf = await s.finalResponse();
+  const want = ['response.created', 'response.in_progress', 'response.output_item.added',
+                'response.content_part.added'];
+  assert(want.every((t, i) => types[i] === t) &&
+         types.slice(-4).join() === ['response.output_text.done', 'response.content_part.done',
+                                     'response.output_item.done', 'response.' + r.status].join(),
+         types.join());
+  assert(deltas === ct && dlp === rl.length && sf.output_text === ct &&
+         sf.usage.output_tokens === r.usage.output_tokens && sf.status === r.status,
+         `streamed: ${JSON.stringify(deltas)}, ${dlp} entries, ${JSON.stringify(sf.output_text)}`);
+  // cut at max_output_tokens
+  const cut = await client.responses.create({ model, input: prompt, temperature: 0,
+                                              max_output_tokens: 3 });
+  assert(cut.status === 'incomplete' && cut.incomplete_details?.reason === 'max_output_tokens' &&
+         cut.usage.output_tokens === 3 && ct.startsWith(cut.output_text),
+         JSON.stringify(cut).slice(0, 400));
+  // sampled with a seed: the chat's draw
+  const samp = { temperature: 1.0, top_p: 0.9, seed: 7 };
+  const rs = await client.responses.create({ model, input: prompt, max_output_tokens: 30,
+                                             ...samp });
+  const cs = await client.chat.completions.create({ model, messages, max_tokens: 30, ...samp });
+  assert(rs.output_text === cs.choices[0].message.content,
+         `seeded: ${JSON.stringify(rs.output_text)} against ` +
+         JSON.stringify(cs.choices[0].message.content));
+  // instructions: a system message, billed as the chat's
+  const ri = await client.responses.create({ model, input: prompt, instructions: 'Be brief.',
+                                             max_output_tokens: 1 });
+  const ci = await client.chat.completions.create({ model, max_tokens: 1, messages: [
+    { role: 'system', content: 'Be brief.' }, ...messages] });
+  assert(ri.usage.input_tokens === ci.usage.prompt_tokens &&
+         ri.usage.input_tokens > r.usage.input_tokens && ri.instructions === 'Be brief.',
+         `instructions: ${ri.usage.input_tokens} against ${ci.usage.prompt_tokens}`);
+  // structured output
+  const js = await client.responses.create({ model, input: prompt, max_output_tokens: 60,
+    text: { format: { type: 'json_schema', name: 'pet', schema: { type: 'object',
+      required: ['pet'], properties: { pet: { enum: ['cat', 'dog'] } } } } } });
+  assert(['cat', 'dog'].includes(JSON.parse(js.output_text).pet) &&
+         js.text.format.type === 'json_schema', js.output_text);
+  // refusals, each naming its member
+  const refusals = [[{ previous_response_id: 'resp_1' }, 'previous_response_id'],
+                    [{ max_output_tokens: 0 }, 'max_output_tokens'],
+                    [{ tools: [{ type: 'web_search' }] }, 'tools'],
+                    [{ input: [{ role: 'user', content: [{ type: 'input_image',
+                                                            image_url: 'http://x/a.png' }] }] },
+                     'input'],
+                    [{ text: { format: { type: 'json_schema', name: 'x' } } }, 'text.format'],
+                    [{ reasoning: { effort: 'max' } }, 'reasoning.effort'],
+                    [{ model: 'other' }, 'model']];
+  for (const [body, param] of refusals) {
+    let st = 0, got = null;
+    try {
+      await client.responses.create({ model, input: prompt, ...body });
+    } catch (e) { st = e.status; got = e.param; }
+    assert((st === 400 || (st === 404 && param === 'model')) && got === param,
+           `${JSON.stringify(body)}: ${st} ${got}`);
+  }
+  console.log(`11. responses: ${r.usage.output_tokens} tokens, the chat's text, usage and ` +
+              `logprobs (greedy and seeded), whole and in ${types.length} stream events; ` +
+              `cut at 3 tokens incomplete; instructions billed as a system message ` +
+              `(${ri.usage.input_tokens} against ${r.usage.input_tokens}); a json_schema ` +
+              `answer ${js.output_text}; ${refusals.length} refusals, each naming its member`);
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+  fail "the Responses API"
 
 # the benchmark of the host's part of these picks runs (its figures: README)
 "$WICK" bench picks "$m" -n 20 --runs 1 >"$TMPD/picks.txt" || fail "wick bench picks"

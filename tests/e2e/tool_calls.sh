@@ -24,6 +24,12 @@
 #   7. the same job streamed through a Redis queue (redis-server started here): the stream
 #      carries the content alone ("Sure."), as the result's output.text, never the reasoning,
 #      the "</think>" marker or the call's text
+#   8. the Responses API (POST /v1/responses): output [message "Sure.", function_call], usage
+#      as chat's; streamed (stream() and stream: true), typed events numbered from 0 ending in
+#      response.completed, to the same response; the next turn from the output items billed as
+#      chat's; reasoning.effort a reasoning item first (3 reasoning_tokens); tool_choice
+#      required the call alone, none the text; web_search, previous_response_id, images and
+#      max_output_tokens 0 are 400s naming them; instructions billed
 # The prompt wick renders with tools is held to GLM's own templates by tokenizer_bytelevel.sh.
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -219,6 +225,145 @@ const messages = [{ role: 'user', content: 'Weather in Paris?' }];
               'the call, whole and streamed, asked three ways; the next turn with it served; ' +
               'disabled gives none; a bad reasoning_effort is a 400; with a json_schema the ' +
               'reasoning, then the document (whole and streamed)');
+})().catch((e) => { console.error(e); process.exit(1); });
+EOF
+# 8. the Responses API (POST /v1/responses) with the same client and server
+node - "$OPENAI" "$url" "$(basename "$g")" <<'EOF' || fail "the openai client's responses"
+const [openaiDir, base, model] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const J = JSON.stringify;
+const parameters = { type: 'object', properties: { city: { type: 'string' } },
+                     required: ['city'] };
+const chatTools = [{ type: 'function', function: { name: 'get_weather',
+                                                    description: 'The weather', parameters } }];
+const flatTools = [{ type: 'function', name: 'get_weather', description: 'The weather',
+                    parameters }];
+const user = { role: 'user', content: 'Weather in Paris?' };
+const ask = { model, input: 'Weather in Paris?', tools: flatTools, max_output_tokens: 30 };
+const types = (r) => r.output.map((o) => o.type);
+// what a response says, ids left out
+const said = (r) => r.output.map((o) => ({ type: o.type, name: o.name, arguments: o.arguments,
+  text: (o.content || []).map((p) => p.text).join('') }));
+const events = async (s) => { const evs = []; for await (const ev of s) evs.push(ev); return evs; };
+// a stream's events: in order, numbered from 0, the text and the call as the response's
+const checkEvents = (evs, what, text) => {
+  const ts = evs.map((ev) => ev.type);
+  assert(ts[0] === 'response.created' && ts[1] === 'response.in_progress' &&
+         ts[ts.length - 1] === 'response.completed', `${what}: ${J(ts)}`);
+  assert(evs.every((ev, i) => ev.sequence_number === i),
+         `${what}: sequence_number ${J(evs.map((ev) => ev.sequence_number))}`);
+  const delta = evs.filter((ev) => ev.type === 'response.output_text.delta')
+    .map((ev) => ev.delta).join('');
+  assert(delta === text, `${what}: output_text deltas ${J(delta)}`);
+  const done = evs.filter((ev) => ev.type === 'response.function_call_arguments.done');
+  assert(done.length === 1 && JSON.parse(done[0].arguments).city === 'Paris',
+         `${what}: function_call_arguments.done ${J(done)}`);
+  return ts;
+};
+(async () => {
+  // a. not streamed: a message, then the call; usage as chat's for the same request
+  const r = await client.responses.create(ask);
+  assert(r.object === 'response' && r.id.startsWith('resp_') && r.status === 'completed',
+         J(r));
+  assert(J(types(r)) === '["message","function_call"]', J(r.output));
+  assert(r.output_text === 'Sure.', `output_text ${J(r.output_text)}`);
+  const fc = r.output[1];
+  assert(fc.name === 'get_weather' && JSON.parse(fc.arguments).city === 'Paris' &&
+         fc.call_id.startsWith('call_') && fc.id.startsWith('fc_') &&
+         fc.status === 'completed', J(fc));
+  const chat = await client.chat.completions.create({ model, messages: [user],
+                                                      tools: chatTools, max_tokens: 30 });
+  const u = r.usage;
+  assert(u.input_tokens === chat.usage.prompt_tokens &&
+         u.output_tokens === chat.usage.completion_tokens &&
+         u.total_tokens === u.input_tokens + u.output_tokens &&
+         typeof u.input_tokens_details?.cached_tokens === 'number',
+         `usage ${J(u)} against chat's ${J(chat.usage)}`);
+  // b. streamed, with the SDK's helper and as raw events
+  const stream = client.responses.stream(ask);
+  const sts = checkEvents(await events(stream), 'responses.stream', 'Sure.');
+  const fin = await stream.finalResponse();
+  assert(fin.status === 'completed' && fin.output_text === 'Sure.' &&
+         J(said(fin)) === J(said(r)) && fin.output[1].call_id.startsWith('call_') &&
+         fin.output[1].id.startsWith('fc_'), `finalResponse ${J(fin.output)}`);
+  const raw = await events(await client.responses.create({ ...ask, stream: true }));
+  checkEvents(raw, 'stream: true', 'Sure.');
+  const last = raw[raw.length - 1].response;
+  assert(J(said(last)) === J(said(r)) && last.usage.input_tokens === u.input_tokens &&
+         last.usage.output_tokens === u.output_tokens, `response.completed ${J(last)}`);
+  // c. the next turn: the output spread into the input, with the call's output
+  const out = '{"sky": "clear"}';
+  const next = await client.responses.create({ ...ask, input: [user, ...r.output,
+    { type: 'function_call_output', call_id: fc.call_id, output: out }] });
+  assert(next.status === 'completed' && types(next).includes('function_call'), J(next));
+  const chatNext = await client.chat.completions.create({ model, tools: chatTools,
+    max_tokens: 30, messages: [user, { role: 'assistant', content: 'Sure.', tool_calls: [
+      { id: fc.call_id, type: 'function', function: { name: fc.name, arguments: fc.arguments } }
+    ] }, { role: 'tool', tool_call_id: fc.call_id, content: out }] });
+  assert(next.usage.input_tokens === chatNext.usage.prompt_tokens,
+         `next turn: ${next.usage.input_tokens} against chat's ${chatNext.usage.prompt_tokens}`);
+  console.log(`responses: [message "Sure.", function_call ${fc.call_id} get_weather ` +
+              `${fc.arguments}] with chat's usage (${u.input_tokens} in, ${u.output_tokens} ` +
+              `out); streamed in ${sts.length} events (stream() and stream: true) to the same ` +
+              `response; the next turn from the output items served, billed as chat's`);
+  // d. reasoning: a reasoning item first, whole and streamed
+  const rr = await client.responses.create({ ...ask, reasoning: { effort: 'high' } });
+  assert(J(types(rr)) === '["reasoning","message","function_call"]', J(rr.output));
+  assert(rr.output[0].content?.[0]?.text === 'Let me see' && rr.output_text === 'Sure.',
+         J(rr.output));
+  assert(rr.usage.output_tokens_details?.reasoning_tokens === 3, J(rr.usage));
+  const rs = client.responses.stream({ ...ask, reasoning: { effort: 'high' } });
+  const revs = await events(rs);
+  const rts = checkEvents(revs, 'reasoning streamed', 'Sure.');
+  const thought = revs.filter((ev) => ev.type === 'response.reasoning_text.delta')
+    .map((ev) => ev.delta).join('');
+  assert(thought === 'Let me see', `reasoning_text deltas ${J(thought)}`);
+  const at = (t, type) => revs.findIndex((ev) => ev.type === t && ev.item?.type === type);
+  const rdone = at('response.output_item.done', 'reasoning');
+  const madd = at('response.output_item.added', 'message');
+  assert(rdone >= 0 && madd > rdone, `reasoning done at ${rdone}, message added at ${madd}`);
+  const rfin = await rs.finalResponse();
+  assert(J(said(rfin)) === J(said(rr)), `finalResponse ${J(rfin.output)}`);
+  const rnext = await client.responses.create({ ...ask, reasoning: { effort: 'high' },
+    input: [user, ...rr.output,
+            { type: 'function_call_output', call_id: rr.output[2].call_id, output: out }] });
+  assert(rnext.status === 'completed', J(rnext));
+  // e. tool_choice: required, the call alone; none, the text and no call
+  const req = await client.responses.create({ ...ask, tool_choice: 'required' });
+  assert(J(types(req)) === '["function_call"]' && req.output[0].name === 'get_weather',
+         `required: ${J(req.output)}`);
+  const byName = await client.responses.create({ ...ask,
+    tool_choice: { type: 'function', name: 'get_weather' } });
+  assert(J(types(byName)) === '["function_call"]', `by name: ${J(byName.output)}`);
+  const none = await client.responses.create({ ...ask, tool_choice: 'none' });
+  assert(J(types(none)) === '["message"]' &&
+         none.output_text.includes('<tool_call>get_weather'), `none: ${J(none.output)}`);
+  // f. what this server cannot do: 400s naming the member
+  for (const [body, param] of [
+    [{ tools: [{ type: 'web_search' }] }, 'tools'],
+    [{ previous_response_id: 'resp_x' }, 'previous_response_id'],
+    [{ input: [{ role: 'user', content: [{ type: 'input_text', text: 'What is this?' },
+       { type: 'input_image', image_url: 'data:image/png;base64,AAAA' }] }] }, 'input'],
+    [{ input: [{ type: 'input_image', image_url: 'data:image/png;base64,AAAA' }] }, 'input'],
+    [{ max_output_tokens: 0 }, 'max_output_tokens']]) {
+    let status = 0, got = '';
+    try {
+      await client.responses.create({ ...ask, ...body });
+    } catch (e) { status = e.status; got = e.param || e.message; }
+    assert(status === 400 && String(got).includes(param), `${J(body)}: ${status} ${got}`);
+  }
+  // g. instructions: a system message, billed
+  const ins = await client.responses.create({ ...ask, instructions: 'Answer briefly.' });
+  assert(ins.status === 'completed' && ins.instructions === 'Answer briefly.' &&
+         ins.usage.input_tokens > r.usage.input_tokens,
+         `instructions: ${ins.usage.input_tokens} tokens against ${r.usage.input_tokens}`);
+  console.log(`responses: reasoning "Let me see" (3 tokens) as a reasoning item before the ` +
+              `message, streamed in ${rts.length} events and sent back; tool_choice required ` +
+              `and by name give the call alone, none the text; web_search, ` +
+              `previous_response_id, images and max_output_tokens 0 are 400s; instructions ` +
+              `billed (${ins.usage.input_tokens} tokens against ${r.usage.input_tokens})`);
 })().catch((e) => { console.error(e); process.exit(1); });
 EOF
 kill -TERM $pid

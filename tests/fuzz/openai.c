@@ -1,7 +1,9 @@
-/* Fuzz target: an OpenAI request body through oai_to_job (chat and completion), the API keys
- * file parser, and the response builders on a result (logprobs in both shapes, echo's, several
- * choices'): no crash, no leak; a request that is accepted always yields job documents (one a
- * choice) that job_decode accepts, and every error has a message. */
+/* Fuzz target: an OpenAI request body through oai_to_job (chat and completion) and through
+ * the Responses API's translation (oai_responses_to_chat, then oai_to_job), the API keys file
+ * parser, and the response builders on a result (logprobs in both shapes, echo's, several
+ * choices', a response object and its stream's events): no crash, no leak; a request that is
+ * accepted always yields job documents (one a choice) that job_decode accepts, and every error
+ * has a message. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +13,63 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 
+/* The body as a POST /v1/responses: accepted, its chat request runs as one job. */
+static json_t *responses(const uint8_t *data, size_t size)
+{
+	json_t *chat, *skel;
+	struct oai_err e;
+	int st = oai_responses_to_chat((const char *)data, size, &chat, &skel, &e);
+	if (st) {
+		if (chat || skel || st < 400 || st > 599 || !e.message[0])
+			abort();
+		return NULL;
+	}
+	char *body = json_dumps(chat, JSON_COMPACT);
+	json_decref(chat);
+	struct oai_req r;
+	st = body ? oai_to_job(OAI_CHAT, body, strlen(body), "m", "resp_1", "t", 64, &r, &e) : 500;
+	free(body);
+	if (st) {
+		oai_responses_err(&e);
+		if (!e.message[0])
+			abort();
+		return skel;
+	}
+	struct job j;
+	char err[WK_ERRSZ];
+	if (r.n_choices != 1 || job_decode(r.jobs[0], r.job_lens[0], NULL, &j, err, sizeof err))
+		abort();
+	job_free(&j);
+	oai_req_free(&r);
+	return skel;
+}
+
+/* A result as a response, whole and streamed (its text in two pieces, its reasoning first). */
+static void response_of(const uint8_t *data, size_t size, const struct oai_result *res)
+{
+	json_t *skel = json_object();
+	json_decref(oai_responses_object(skel, "resp_1", 1, "m", res));
+	struct oai_rstream s;
+	if (oai_rstream_init(&s, skel, "resp_1", 1, "m", data[0] & 1) == WK_OK) {
+		json_decref(oai_rstream_start(&s));
+		if (res->reasoning)
+			json_decref(oai_rstream_text(&s, true, res->reasoning, res->reasoning_len,
+						     NULL));
+		size_t cut = res->text_len ? data[size - 1] % (res->text_len + 1) : 0;
+		json_decref(oai_rstream_text(&s, false, res->text, cut, res->logprobs));
+		json_decref(oai_rstream_text(&s, false, res->text + cut, res->text_len - cut, NULL));
+		json_decref(oai_rstream_end(&s, res));
+		struct oai_err e;
+		oai_errf(&e, 500, "server_error", NULL, NULL, "x");
+		json_decref(oai_rstream_fail(&s, &e));
+	}
+	oai_rstream_free(&s);
+	json_decref(skel);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+	json_decref(responses(data, size));
 	for (int k = 0; k < 2; k++) {
 		struct oai_req r;
 		struct oai_err e;
@@ -78,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));
 			json_decref(oai_response(OAI_CHAT, "x", 1, "m", &res));
 		}
+		response_of(data, size, &res);
 		struct oai_err e;
 		oai_result_error(&res, &e);
 		oai_result_free(&res);

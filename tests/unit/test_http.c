@@ -1360,3 +1360,77 @@ Test(http_server, a_client_that_leaves_cancels_every_choice)
 	cr_expect(strstr(out, "wick_http_requests_total{code=\"499\"} 1") != NULL, "%s", out);
 	cr_expect(strstr(out, "wick_http_requests_in_flight 0") != NULL, "%s", out);
 }
+
+/* POST /v1/responses: the job is its chat's; streamed, its events go out as "event: TYPE" and
+ * "data: JSON" (no [DONE]), ending response.completed with the usage; a failure after the
+ * first event ends it response.failed; not streamed, the answer is the response object. */
+Test(http_server, a_response_streams_its_events)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.key = "k-123",
+			 .body = "{\"input\": \"hi\", \"instructions\": \"Be brief.\", "
+				 "\"max_output_tokens\": 5, \"stream\": true}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/responses", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct queue_job j;
+	struct http_flight *f = take_one(&j);
+	cr_expect(strncmp(j.id, "resp_", 5) == 0, "%s", j.id);
+	cr_expect(strstr(j.body, "\"max_tokens\":5") && strstr(j.body, "\"role\":\"system\"") &&
+		  strstr(j.body, "\"content\":\"Be brief.\""), "%s", j.body);
+	free(j.body);
+	http_api_token(srv, f, 1, "Hel", 3);
+	http_api_token(srv, f, 2, "lo", 2);
+	const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Hello\", "
+			  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 4, "
+			  "\"completion_tokens\": 2}}";
+	http_api_finish(srv, f, res, strlen(res));
+	pthread_join(t, NULL);
+	cr_expect_eq(c.status, 200, "%s", c.out);
+	cr_expect(strstr(c.out, "event: response.created\ndata: {") == c.out, "%s", c.out);
+	cr_expect(strstr(c.out, "event: response.output_text.delta\ndata: {\"item_id\":\"msg_") &&
+		  strstr(c.out, "\"delta\":\"Hel\"") && strstr(c.out, "\"delta\":\"lo\""), "%s", c.out);
+	const char *end = strstr(c.out, "event: response.completed\ndata: {");
+	cr_expect(end && strstr(end, "\"output_text\",\"text\":\"Hello\"") &&
+		  strstr(end, "\"input_tokens\":4") && strstr(end, "\"output_tokens\":2") &&
+		  strcmp(c.out + c.len - 3, "}\n\n") == 0, "%s", c.out);
+	cr_expect_null(strstr(c.out, "[DONE]"), "%s", c.out);
+	/* a failure mid-stream */
+	struct call d = {.key = "k-123", .body = "{\"input\": \"hi\", \"stream\": true}"};
+	snprintf(d.url, sizeof d.url, "%s/v1/responses", base);
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &d), 0);
+	f = take_one(&j);
+	free(j.body);
+	http_api_token(srv, f, 1, "Hel", 3);
+	const char *bad = "{\"status\": \"TIMED_OUT\", \"error\": {\"code\": \"timeout\", "
+			  "\"message\": \"the job ran past its timeout_s\"}}";
+	http_api_finish(srv, f, bad, strlen(bad));
+	pthread_join(t, NULL);
+	end = strstr(d.out, "event: response.failed\ndata: {");
+	cr_expect(end && strstr(end, "\"status\":\"failed\"") &&
+		  strstr(end, "\"error\":{\"code\":\"timeout\"") &&
+		  strcmp(d.out + d.len - 3, "}\n\n") == 0, "%s", d.out);
+	/* not streamed */
+	struct call g = {.key = "k-123", .body = "{\"input\": [{\"role\": \"user\", \"content\": "
+						 "[{\"type\": \"input_text\", \"text\": \"hi\"}]}]}"};
+	snprintf(g.url, sizeof g.url, "%s/v1/responses", base);
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &g), 0);
+	f = take_one(&j);
+	free(j.body);
+	http_api_finish(srv, f, res, strlen(res));
+	pthread_join(t, NULL);
+	cr_expect_eq(g.status, 200, "%s", g.out);
+	json_t *o = json_loads(g.out, 0, NULL);
+	cr_expect_str_eq(json_string_value(json_object_get(o, "object")), "response", "%s", g.out);
+	cr_expect_str_eq(json_string_value(json_object_get(o, "status")), "completed", "%s", g.out);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(
+				 json_array_get(json_object_get(o, "output"), 0), "content"), 0),
+							   "text")), "Hello", "%s", g.out);
+	json_decref(o);
+	/* refused before it runs, named as the Responses API names it */
+	char out[8192];
+	cr_expect_eq(post("/v1/responses", "{\"input\": \"hi\", \"max_output_tokens\": 0}", out,
+			  sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "\"param\":\"max_output_tokens\""), "%s", out);
+	cr_expect_eq(get("/v1/responses", "k-123", out, sizeof out), 405, "%s", out);
+}
