@@ -157,7 +157,7 @@ struct http_call {
 	struct http_flight **fl;    /* [n]: each choice's flight, NULL once freed */
 	struct oai_result *res;     /* [n]: the results that came (have[i]) */
 	bool *have;
-	bool responses;             /* POST /v1/responses (http_responses.c; one choice) */
+	const struct oai_api *api;  /* the Responses or Messages API (one choice), or NULL */
 	json_t *skel;               /* ... the members of its response that say what was asked */
 	struct oai_rstream rs;      /* ... and its stream */
 };
@@ -568,10 +568,18 @@ static void reply_json(struct http_api *h, struct evhttp_request *req, struct hc
 	conn_idle(c);
 }
 
+/* Whether req is for Anthropic's Messages API (its errors take that API's shape). */
+static bool anthropic_req(struct evhttp_request *req)
+{
+	const char *u = evhttp_request_get_uri(req);
+	return u && !strncmp(u, "/v1/messages", 12) && strchr("/?", u[12]);
+}
+
 static void reply_err(struct http_api *h, struct evhttp_request *req, struct hconn *c,
 		      const struct oai_err *e)
 {
-	reply_json(h, req, c, e->status, oai_error_json(e));
+	reply_json(h, req, c, e->status,
+		   anthropic_req(req) ? oai_messages_error(e) : oai_error_json(e));
 }
 
 static void reply_errf(struct http_api *h, struct evhttp_request *req, struct hconn *c,
@@ -643,8 +651,8 @@ static void sse_start(struct http_api *h, struct http_call *k)
 	if (k->conn && k->conn->eof_ev)
 		event_del(k->conn->eof_ev); /* evhttp reads for the close itself while it writes */
 	count_code(h, 200);
-	if (k->responses) {
-		sse_events(k, oai_rstream_start(&k->rs));
+	if (k->api) {
+		sse_events(k, k->api->start(&k->rs));
 		return;
 	}
 	for (int i = 0; k->kind == OAI_CHAT && i < k->n; i++) { /* each choice's role */
@@ -665,7 +673,7 @@ static void call_free(struct http_api *h, struct http_call *k)
 	free(k->fl);
 	free(k->res);
 	free(k->have);
-	if (k->responses) {
+	if (k->api) {
 		json_decref(k->skel);
 		oai_rstream_free(&k->rs);
 	}
@@ -777,7 +785,7 @@ static void resp_text(struct http_flight *f, bool reasoning, const char *text, s
 {
 	struct http_call *k = f->call;
 	json_t *lp = !reasoning && json_array_size(f->lp_pending) ? f->lp_pending : NULL;
-	sse_events(k, oai_rstream_text(&k->rs, reasoning, text, n, lp));
+	sse_events(k, k->api->text(&k->rs, reasoning, text, n, lp));
 	if (lp) {
 		f->lp_sent += json_array_size(lp);
 		json_array_clear(lp);
@@ -795,7 +803,7 @@ static void emit_chunk(void *ctx, bool reasoning, const char *text, size_t n)
 	struct emit_ctx *e = ctx;
 	struct http_flight *f = e->f;
 	struct http_call *k = f->call;
-	if (k->responses) {
+	if (k->api) {
 		resp_text(f, reasoning, text, n);
 		return;
 	}
@@ -835,7 +843,7 @@ static void on_piece(struct http_api *h, struct http_flight *f, const char *text
 		sse_start(h, k);
 	if (f->tools || f->thinking)
 		split_piece(&f->sp, text, len, emit_chunk, &(struct emit_ctx){h, f});
-	else if (len && k->responses)
+	else if (len && k->api)
 		resp_text(f, false, text, len);
 	else if (len)
 		send_choice(f, with_lp(f, oai_chunk(f->kind, k->id, k->created, h->model, text, len,
@@ -856,12 +864,12 @@ static void stream_choice_end(struct http_api *h, struct http_flight *f,
 		for (size_t i = f->lp_sent; i < json_array_size(r->logprobs); i++)
 			json_array_append(f->lp_pending, json_array_get(r->logprobs, i));
 	}
-	if (k->responses) { /* what was held, the logprobs not sent, the items done */
+	if (k->api) { /* what was held, the logprobs not sent, the items done */
 		if (r->reasoning && r->reasoning_len > f->sp.rsent)
 			resp_text(f, true, r->reasoning + f->sp.rsent, r->reasoning_len - f->sp.rsent);
 		size_t sent = f->tools || f->thinking ? f->sp.sent : r->text_len;
 		resp_text(f, false, r->text + sent, r->text_len - sent);
-		sse_events(k, oai_rstream_end(&k->rs, r));
+		sse_events(k, k->api->end(&k->rs, r));
 		return;
 	}
 	if (f->tools || f->thinking) { /* what was held, then the calls */
@@ -884,12 +892,12 @@ static void stream_choice_end(struct http_api *h, struct http_flight *f,
 /* Every choice came: the response, or the stream's usage and end. */
 static void call_end(struct http_api *h, struct http_call *k)
 {
-	if (k->stream && k->responses) { /* (response.completed was its choice's end) */
+	if (k->stream && k->api) { /* (its last event was its choice's end) */
 		evhttp_send_reply_end(k->req);
 		conn_idle(k->conn);
-	} else if (k->responses) {
-		reply_json(h, k->req, k->conn, 200, oai_responses_object(k->skel, k->id, k->created,
-									  h->model, &k->res[0]));
+	} else if (k->api) {
+		reply_json(h, k->req, k->conn, 200, k->api->object(k->skel, k->id, k->created,
+								    h->model, &k->res[0]));
 	} else if (k->stream) {
 		struct oai_result sum;
 		if (k->include_usage && oai_usage_sum(k->res, k->n, k->per_prompt, &sum) == WK_OK) {
@@ -912,8 +920,8 @@ static void call_end(struct http_api *h, struct http_call *k)
 /* A started stream's end with an error: its last event (a response's response.failed). */
 static void stream_fail(struct http_call *k, const struct oai_err *e)
 {
-	if (k->responses) {
-		sse_events(k, oai_rstream_fail(&k->rs, e));
+	if (k->api) {
+		sse_events(k, k->api->fail(&k->rs, e));
 	} else {
 		sse_send(k, oai_error_json(e), NULL);
 		sse_send(k, NULL, "[DONE]");
@@ -1183,20 +1191,22 @@ static const char *authenticate(struct http_api *h, struct evhttp_request *req, 
 {
 	if (h->n_keys == 0)
 		return "default";
-	const char *a = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-	if (!a) {
+	struct evkeyvalq *hd = evhttp_request_get_input_headers(req);
+	const char *a = evhttp_find_header(hd, "Authorization");
+	const char *x = evhttp_find_header(hd, "x-api-key"); /* (Anthropic's clients') */
+	if (!a && !x) {
 		reply_errf(h, req, c, 401, "invalid_request_error", "invalid_api_key",
-			   "no API key: send \"Authorization: Bearer KEY\"");
+			   "no API key: send \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\")");
 		return NULL;
 	}
-	while (*a == ' ')
+	while (a && *a == ' ')
 		a++;
-	if (strncasecmp(a, "Bearer ", 7)) {
+	if (a && strncasecmp(a, "Bearer ", 7)) {
 		reply_errf(h, req, c, 401, "invalid_request_error", "invalid_api_key",
 			   "the Authorization header must be \"Bearer KEY\"");
 		return NULL;
 	}
-	a += 7;
+	a = a ? a + 7 : x;
 	while (*a == ' ')
 		a++;
 	size_t len = strlen(a);
@@ -1285,6 +1295,64 @@ static json_t *body_object(struct http_api *h, struct evhttp_request *req, struc
 	return j;
 }
 
+/* The prompt of a chat request (an object), its own job's, rendered as the worker renders it
+ * (gen: with the assistant's header); 0, or the HTTP status of the error in *e. */
+static int chat_prompt(struct http_api *h, const struct job_model *jm, const json_t *chat,
+		       bool gen, const char *tenant, int **ids, int *n, struct oai_err *e)
+{
+	char *body = json_dumps(chat, JSON_COMPACT);
+	struct oai_req r = {0};
+	if (!body)
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	int st = oai_to_job(OAI_CHAT, body, strlen(body), h->model, "tokenize", tenant, 1, &r, e);
+	free(body);
+	if (st)
+		return st;
+	struct job j;
+	char err[WK_ERRSZ];
+	int rc = job_decode(r.jobs[0], r.job_lens[0], NULL, &j, err, sizeof err) == JOB_OK
+			 ? job_prompt(jm, &j, gen, ids, n, err, sizeof err)
+			 : WK_EINVAL;
+	job_free(&j);
+	oai_req_free(&r);
+	if (rc != WK_OK)
+		return oai_errf(e, rc == WK_ENOMEM ? 500 : 400, rc == WK_ENOMEM ? "server_error"
+				: "invalid_request_error", rc == WK_ENOMEM ? "internal"
+				: "invalid_input", NULL, "%s", err);
+	return 0;
+}
+
+/* Anthropic's POST /v1/messages/count_tokens: a Messages request's prompt tokens, as the
+ * request bills them: {"input_tokens"}. */
+static void route_count_tokens(struct http_api *h, struct evhttp_request *req,
+			       struct hconn *c, const char *tenant)
+{
+	const struct job_model *jm = model_of(h, req, c);
+	json_t *b = jm ? body_object(h, req, c) : NULL;
+	if (!b)
+		return;
+	/* (counting asks for no tokens; the translation wants a max_tokens, and any is fine) */
+	json_object_set_new(b, "max_tokens", json_integer(1));
+	json_object_del(b, "stream");
+	char *body = json_dumps(b, JSON_COMPACT);
+	json_decref(b);
+	json_t *chat = NULL, *skel = NULL;
+	struct oai_err e;
+	int st = body ? oai_messages_to_chat(body, strlen(body), &chat, &skel, &e)
+		      : oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory");
+	free(body);
+	json_decref(skel);
+	int *ids = NULL, n = 0;
+	if (!st && (st = chat_prompt(h, jm, chat, true, tenant, &ids, &n, &e)))
+		oai_messages_err(&e);
+	json_decref(chat);
+	free(ids);
+	if (st)
+		reply_err(h, req, c, &e);
+	else
+		reply_json(h, req, c, 200, json_pack("{s:i}", "input_tokens", n));
+}
+
 /* vLLM's /tokenize: {"prompt": TEXT} (add_special_tokens, default true: the BOS a Llama
  * tokenizer adds) or a chat's {"messages": [...]} (tools, chat_template_kwargs;
  * add_generation_prompt, default true), the tokens a completion request with them runs:
@@ -1323,29 +1391,15 @@ static void route_tokenize(struct http_api *h, struct evhttp_request *req, struc
 	}
 	int *ids = NULL, n = 0, rc;
 	char err[WK_ERRSZ];
-	if (msgs) { /* the chat request's own job, rendered as the worker renders it */
-		char *body = json_dumps(b, JSON_COMPACT);
-		struct oai_req r = {0};
+	if (msgs) {
 		struct oai_err e;
-		if (!body) {
-			json_decref(b);
-			reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
-			return;
-		}
-		int st = oai_to_job(OAI_CHAT, body, strlen(body), h->model, "tokenize", tenant, 1,
-				    &r, &e);
-		free(body);
+		int st = chat_prompt(h, jm, b, !json_is_false(gen), tenant, &ids, &n, &e);
 		if (st) {
 			json_decref(b);
 			reply_err(h, req, c, &e);
 			return;
 		}
-		struct job j;
-		rc = job_decode(r.jobs[0], r.job_lens[0], NULL, &j, err, sizeof err) == JOB_OK
-			     ? job_prompt(jm, &j, !json_is_false(gen), &ids, &n, err, sizeof err)
-			     : WK_EINVAL;
-		job_free(&j);
-		oai_req_free(&r);
+		rc = WK_OK;
 	} else {
 		rc = tok_encode(jm->tok, json_string_value(p), json_string_length(p),
 				!json_is_false(spec), &ids, &n, err, sizeof err);
@@ -1551,18 +1605,22 @@ static void new_id(char *out, size_t n, const char *prefix)
 		o += snprintf(out + o, n - (size_t)o, "%02x", r[i]);
 }
 
-/* POST /v1/responses: its body as the chat request that runs it (*chat_body, malloc'd), and
- * the members of its response that say what was asked (*skel); false after answering the
- * error. */
-static bool responses_body(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-			   const char *body, size_t len, char **chat_body, json_t **skel)
+/* An API on the chat path (POST /v1/responses, /v1/messages): its body as the chat request
+ * that runs it (*chat_body, malloc'd), and the members of its response that say what was
+ * asked (*skel); false after answering the error. */
+static bool api_body(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+		     const struct oai_api *api, const char *body, size_t len, char **chat_body,
+		     json_t **skel)
 {
 	struct oai_err e;
 	json_t *chat;
-	if (oai_responses_to_chat(body, len, &chat, skel, &e)) {
+	if (api->to_chat(body, len, &chat, skel, &e)) {
 		reply_err(h, req, c, &e);
 		return false;
 	}
+	const json_t *mt = json_object_get(chat, "max_tokens");
+	if (api->hold_max_tokens && json_integer_value(mt) > h->o.max_tokens_limit)
+		json_object_set_new(chat, "max_tokens", json_integer(h->o.max_tokens_limit));
 	*chat_body = json_dumps(chat, JSON_COMPACT);
 	json_decref(chat);
 	if (!*chat_body) {
@@ -1574,7 +1632,7 @@ static bool responses_body(struct http_api *h, struct evhttp_request *req, struc
 }
 
 static void route_completion(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-			     enum oai_kind kind, bool responses, const char *tenant)
+			     enum oai_kind kind, const struct oai_api *api, const char *tenant)
 {
 	pthread_mutex_lock(&h->mu);
 	int st = state_now(h);
@@ -1597,7 +1655,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	}
 	const char *body = (const char *)evbuffer_pullup(in, -1);
 	char id[48];
-	new_id(id, sizeof id, responses ? "resp_" : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+	new_id(id, sizeof id, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
 	struct oai_req r;
 	struct oai_err e;
 	if (!body) {
@@ -1606,7 +1664,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	}
 	char *chat_body = NULL;
 	json_t *skel = NULL;
-	if (responses && !responses_body(h, req, c, body, len, &chat_body, &skel))
+	if (api && !api_body(h, req, c, api, body, len, &chat_body, &skel))
 		return;
 	if (chat_body) {
 		body = chat_body;
@@ -1615,8 +1673,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	int rc = oai_to_job(kind, body, len, h->model, id, tenant, h->o.max_tokens_limit, &r, &e);
 	free(chat_body);
 	if (rc) {
-		if (responses)
-			oai_responses_err(&e);
+		if (api)
+			api->err(&e);
 		json_decref(skel);
 		reply_err(h, req, c, &e);
 		return;
@@ -1645,8 +1703,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(k->id, sizeof k->id, "%s", id);
-	if (responses) {
-		k->responses = true;
+	if (api) {
+		k->api = api;
 		k->skel = skel; /* (freed with k from here) */
 		if (oai_rstream_init(&k->rs, skel, id, (long)ts.tv_sec, h->model, r.logprobs)) {
 			oai_rstream_free(&k->rs);
@@ -1681,7 +1739,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		f->index = i;
 		f->kind = kind;
 		f->stream = r.stream;
-		f->max_given = r.max_given;
+		/* (held: it runs to the context's end) */
+		f->max_given = r.max_given && !(api && api->hold_max_tokens);
 		f->tools = r.tools;
 		f->logprobs = r.logprobs;
 		f->echo = r.echo;
@@ -1723,7 +1782,9 @@ static const char *route_methods(const char *path)
 	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
 		return "GET, HEAD, OPTIONS";
 	if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions") ||
-	    !strcmp(path, "/v1/responses") || !strcmp(path, "/tokenize") || !strcmp(path, "/detokenize"))
+	    !strcmp(path, "/v1/responses") || !strcmp(path, "/v1/messages") ||
+	    !strcmp(path, "/v1/messages/count_tokens") || !strcmp(path, "/tokenize") ||
+	    !strcmp(path, "/detokenize"))
 		return "POST, OPTIONS";
 	return NULL;
 }
@@ -1829,18 +1890,19 @@ static void on_request(struct evhttp_request *req, void *arg)
 	bool models = !strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11);
 	bool chat = !strcmp(path, "/v1/chat/completions");
 	bool compl = !strcmp(path, "/v1/completions");
-	bool resp = !strcmp(path, "/v1/responses");
+	bool resp = !strcmp(path, "/v1/responses"), msgs = !strcmp(path, "/v1/messages");
+	bool count = !strcmp(path, "/v1/messages/count_tokens");
 	bool metrics = !strcmp(path, "/metrics");
 	bool tokenize = !strcmp(path, "/tokenize"), detokenize = !strcmp(path, "/detokenize");
-	if (!models && !chat && !compl && !resp && !metrics && !tokenize && !detokenize) {
+	bool posts = chat || compl || resp || msgs || count || tokenize || detokenize;
+	if (!models && !metrics && !posts) {
 		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
 			   "no route %.200s (try /v1/chat/completions, /v1/completions, "
-			   "/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics)",
-			   path);
+			   "/v1/responses, /v1/messages, /v1/models, /tokenize, /detokenize, "
+			   "/health, /metrics)", path);
 		return;
 	}
-	if (((models || metrics) && !get) ||
-	    ((chat || compl || resp || tokenize || detokenize) && !post)) {
+	if (((models || metrics) && !get) || (posts && !post)) {
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
 				  route_methods(path));
 		reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed", "%s wants %s",
@@ -1855,8 +1917,11 @@ static void on_request(struct evhttp_request *req, void *arg)
 		route_tokenize(h, req, c, tenant);
 	else if (detokenize)
 		route_detokenize(h, req, c);
+	else if (count)
+		route_count_tokens(h, req, c, tenant);
 	else
-		route_completion(h, req, c, compl ? OAI_COMPLETION : OAI_CHAT, resp, tenant);
+		route_completion(h, req, c, compl ? OAI_COMPLETION : OAI_CHAT,
+				 resp ? &oai_responses_api : msgs ? &oai_messages_api : NULL, tenant);
 }
 
 /* ---- life cycle ---- */

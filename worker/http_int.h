@@ -62,6 +62,16 @@ struct oai_req {
 /* A request body parsed: a JSON object, or NULL after a 400 in *e (invalid_json). */
 json_t *oai_load_object(const char *body, size_t len, struct oai_err *e);
 
+/* The frame of an API on the chat path (oai_responses_to_chat, oai_messages_to_chat): the
+ * body parsed, the chat request {"messages": msgs} made and filled by fill, *skel made by
+ * skeleton. 0, or the HTTP status of the error in *e (*chat and *skel NULL). */
+int oai_api_chat(const char *body, size_t len, json_t **chat, json_t **skel,
+		 int (*fill)(const json_t *root, json_t *chat, json_t *msgs, struct oai_err *e),
+		 json_t *(*skeleton)(const json_t *root), struct oai_err *e);
+/* Copies root's members names[i][0] (those present and not null) into chat as names[i][1]. */
+int oai_copy_members(const json_t *root, json_t *chat, const char *const (*names)[2], size_t n,
+		     struct oai_err *e);
+
 /* Frees r's jobs (NULL and 0 after). */
 void oai_req_free(struct oai_req *r);
 
@@ -105,6 +115,7 @@ struct oai_result {
 	bool plp;                  /* ... and whether its plp_top is >= 0: the response has
 				    * prompt_logprobs (vLLM's shape) with plp_top alternatives */
 	int plp_top;
+	const char *stop_sequence; /* output.stop_sequence: the stop string that ended it, or NULL */
 	const char *reasoning;     /* output.reasoning_content (thinking on), or NULL */
 	size_t reasoning_len;
 	const char *err_code, *err_message;
@@ -214,6 +225,43 @@ json_t *oai_rstream_text(struct oai_rstream *s, bool reasoning, const char *text
 json_t *oai_rstream_end(struct oai_rstream *s, const struct oai_result *r);
 /* response.failed, with the error. */
 json_t *oai_rstream_fail(struct oai_rstream *s, const struct oai_err *e);
+
+/* ---- Anthropic's Messages API (http_anthropic.c) ---- */
+
+/* As oai_responses_to_chat, for a POST /v1/messages body (*skel is an empty object). */
+int oai_messages_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
+			 struct oai_err *e);
+/* chat's error named as Anthropic's API names its members (stop_sequences) */
+void oai_messages_err(struct oai_err *e);
+/* An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}. */
+json_t *oai_messages_error(const struct oai_err *e);
+/* The message of a completed result: content blocks thinking, text and tool_use;
+ * stop_reason end_turn, max_tokens, stop_sequence or tool_use; usage in Anthropic's names
+ * (input_tokens those not read from the cache). */
+json_t *oai_messages_object(const json_t *skel, const char *id, long created,
+			    const char *model, const struct oai_result *r);
+
+/* An API served on the chat path: its request into chat's, and chat's results in its
+ * shapes, whole or streamed (an oai_rstream, oai_rstream_init'd). */
+struct oai_api {
+	const char *name;
+	const char *id_prefix; /* its ids': "resp_", "msg_" */
+	bool hold_max_tokens;  /* a max_tokens over the server's limit is held to it, and one past
+				* the context runs to its end, not refused (Anthropic's clients ask
+				* 32,000 and more by default) */
+	int (*to_chat)(const char *body, size_t len, json_t **chat, json_t **skel,
+		       struct oai_err *e);
+	void (*err)(struct oai_err *e);            /* chat's error in its names */
+	json_t *(*error)(const struct oai_err *e); /* an error's body */
+	json_t *(*object)(const json_t *skel, const char *id, long created, const char *model,
+			  const struct oai_result *r);
+	json_t *(*start)(struct oai_rstream *s);
+	json_t *(*text)(struct oai_rstream *s, bool reasoning, const char *text, size_t len,
+			const json_t *lp);
+	json_t *(*end)(struct oai_rstream *s, const struct oai_result *r);
+	json_t *(*fail)(struct oai_rstream *s, const struct oai_err *e);
+};
+extern const struct oai_api oai_responses_api, oai_messages_api;
 
 /* ---- API keys ---- */
 

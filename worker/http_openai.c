@@ -555,6 +555,41 @@ json_t *oai_load_object(const char *body, size_t len, struct oai_err *e)
 	return root;
 }
 
+int oai_api_chat(const char *body, size_t len, json_t **chat, json_t **skel,
+		 int (*fill)(const json_t *root, json_t *chat, json_t *msgs, struct oai_err *e),
+		 json_t *(*skeleton)(const json_t *root), struct oai_err *e)
+{
+	*chat = *skel = NULL;
+	json_t *root = oai_load_object(body, len, e);
+	if (!root)
+		return e->status;
+	json_t *c = json_object(), *msgs = json_array();
+	int st = !c || !msgs || json_object_set(c, "messages", msgs)
+			 ? oai_errf(e, 500, "server_error", "internal", NULL, "out of memory")
+			 : fill(root, c, msgs, e);
+	if (!st && !(*skel = skeleton(root)))
+		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	if (!st) {
+		*chat = c;
+		c = NULL;
+	}
+	json_decref(msgs);
+	json_decref(c);
+	json_decref(root);
+	return st;
+}
+
+int oai_copy_members(const json_t *root, json_t *chat, const char *const (*names)[2], size_t n,
+		     struct oai_err *e)
+{
+	for (size_t i = 0; i < n; i++) {
+		json_t *v = json_object_get(root, names[i][0]);
+		if (!absent(v) && json_object_set(chat, names[i][1], v))
+			return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	}
+	return 0;
+}
+
 int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
 	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 	       struct oai_err *e)
@@ -687,6 +722,7 @@ int oai_result_parse(const char *json, size_t len, struct oai_result *r)
 	r->text = json_is_string(t) ? json_string_value(t) : "";
 	r->text_len = json_is_string(t) ? json_string_length(t) : 0;
 	r->finish_reason = json_string_value(json_object_get(out, "finish_reason"));
+	r->stop_sequence = json_string_value(json_object_get(out, "stop_sequence"));
 	const json_t *rs = json_object_get(out, "reasoning_content");
 	r->reasoning = json_string_value(rs);
 	r->reasoning_len = json_string_length(rs);

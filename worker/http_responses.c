@@ -411,93 +411,65 @@ static json_t *skeleton(const json_t *root)
 	return s;
 }
 
-int oai_responses_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
-			  struct oai_err *e)
+/* The chat request of a Responses request (root) into chat and msgs. */
+static int responses_fill(const json_t *root, json_t *c, json_t *msgs, struct oai_err *e)
 {
-	*chat = *skel = NULL;
-	json_t *root = oai_load_object(body, len, e);
-	if (!root)
-		return e->status;
-	int st = 0;
-	json_t *c = json_object(), *msgs = json_array();
+	int st;
 	const json_t *v;
-	if (!c || !msgs || json_object_set(c, "messages", msgs)) {
-		st = nomem(e);
-		goto out;
-	}
 	if ((st = refused(root, e)))
-		goto out;
+		return st;
 	if (!absent(v = json_object_get(root, "instructions"))) {
-		if (!json_is_string(v)) {
-			st = oai_errf(e, 400, IRE, "invalid_input", "instructions",
-				      "instructions must be a string");
-			goto out;
-		}
+		if (!json_is_string(v))
+			return oai_errf(e, 400, IRE, "invalid_input", "instructions",
+					"instructions must be a string");
 		if (json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content",
-							  v))) {
-			st = nomem(e);
-			goto out;
-		}
+							  v)))
+			return nomem(e);
 	}
 	v = json_object_get(root, "input");
 	if (json_is_string(v)) {
 		if (json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content",
 							  v)))
-			st = nomem(e);
-	} else if (json_array_size(v)) {
-		st = input_items(v, msgs, e);
-	} else {
-		st = oai_errf(e, 400, IRE, "invalid_input", "input",
-			      "input must be a string or a non-empty list of input items");
+			return nomem(e);
+	} else if (!json_array_size(v)) {
+		return oai_errf(e, 400, IRE, "invalid_input", "input",
+				"input must be a string or a non-empty list of input items");
+	} else if ((st = input_items(v, msgs, e))) {
+		return st;
 	}
-	if (st)
-		goto out;
 	/* chat's own members, checked there: those of the same name, and the extensions wick
 	 * takes on chat (sampling, penalties, thinking's switches) */
-	static const char *const same[] = {
-		"model", "stream", "temperature", "top_p", "top_k", "seed", "stop",
-		"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-		"parallel_tool_calls", "tool_choice", "chat_template_kwargs", "thinking"};
-	for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
-		if (!absent(v = json_object_get(root, same[i])) &&
-		    json_object_set(c, same[i], (json_t *)v)) {
-			st = nomem(e);
-			goto out;
-		}
-	if (!absent(v = json_object_get(root, "max_output_tokens")) &&
-	    json_object_set(c, "max_completion_tokens", (json_t *)v)) {
-		st = nomem(e);
-		goto out;
-	}
+	static const char *const same[][2] = {
+		{"model", "model"}, {"stream", "stream"}, {"temperature", "temperature"},
+		{"top_p", "top_p"}, {"top_k", "top_k"}, {"seed", "seed"}, {"stop", "stop"},
+		{"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"},
+		{"repetition_penalty", "repetition_penalty"}, {"logit_bias", "logit_bias"},
+		{"parallel_tool_calls", "parallel_tool_calls"}, {"tool_choice", "tool_choice"},
+		{"chat_template_kwargs", "chat_template_kwargs"}, {"thinking", "thinking"},
+		{"max_output_tokens", "max_completion_tokens"}};
+	if ((st = oai_copy_members(root, c, same, sizeof same / sizeof same[0], e)))
+		return st;
 	v = json_object_get(root, "reasoning");
 	if (!absent(v)) {
 		const json_t *eff = json_object_get(v, "effort");
-		if (!json_is_object(v) || (!absent(eff) && !json_is_string(eff))) {
-			st = oai_errf(e, 400, IRE, "invalid_input", "reasoning",
-				      "reasoning must be an object; reasoning.effort a string");
-			goto out;
-		}
+		if (!json_is_object(v) || (!absent(eff) && !json_is_string(eff)))
+			return oai_errf(e, 400, IRE, "invalid_input", "reasoning",
+					"reasoning must be an object; reasoning.effort a string");
 		const char *ef = json_string_value(eff);
 		if (ef && json_object_set_new(c, "reasoning_effort",
-					      json_string(!strcmp(ef, "xhigh") ? "high" : ef))) {
-			st = nomem(e);
-			goto out;
-		}
+					      json_string(!strcmp(ef, "xhigh") ? "high" : ef)))
+			return nomem(e);
 	}
 	if ((st = tools_chat(json_object_get(root, "tools"), c, e)) ||
-	    (st = text_format(json_object_get(root, "text"), c, e)) || (st = include(root, c, e)))
-		goto out;
-	if (!(*skel = skeleton(root))) {
-		st = nomem(e);
-		goto out;
-	}
-	*chat = c;
-	c = NULL;
-out:
-	json_decref(msgs);
-	json_decref(c);
-	json_decref(root);
-	return st;
+	    (st = text_format(json_object_get(root, "text"), c, e)))
+		return st;
+	return include(root, c, e);
+}
+
+int oai_responses_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
+			  struct oai_err *e)
+{
+	return oai_api_chat(body, len, chat, skel, responses_fill, skeleton, e);
 }
 
 /* s with every "from" replaced by "to", into out (cut to n bytes). */
@@ -694,11 +666,11 @@ void oai_rstream_free(struct oai_rstream *s)
 /* Appends event type (its members in ev, taken) with its sequence number. */
 static void push(struct oai_rstream *s, json_t *evs, const char *type, json_t *ev)
 {
-	if (!ev)
-		return;
-	json_object_set_new(ev, "type", json_string(type));
-	json_object_set_new(ev, "sequence_number", json_integer(s->seq++));
-	json_array_append_new(evs, ev);
+	json_t *o = ev ? json_pack("{s:s, s:i}", "type", type, "sequence_number", s->seq++) : NULL;
+	if (o && !json_object_update(o, ev))
+		json_array_append(evs, o);
+	json_decref(o);
+	json_decref(ev);
 }
 
 static void acc_add(struct oai_rstream *s, const char *t, size_t n)
@@ -880,3 +852,16 @@ json_t *oai_rstream_fail(struct oai_rstream *s, const struct oai_err *e)
 	push(s, evs, "response.failed", json_pack("{s:o}", "response", o));
 	return evs;
 }
+
+const struct oai_api oai_responses_api = {
+	.name = "responses",
+	.id_prefix = "resp_",
+	.to_chat = oai_responses_to_chat,
+	.err = oai_responses_err,
+	.error = oai_error_json,
+	.object = oai_responses_object,
+	.start = oai_rstream_start,
+	.text = oai_rstream_text,
+	.end = oai_rstream_end,
+	.fail = oai_rstream_fail,
+};

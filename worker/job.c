@@ -884,6 +884,10 @@ char *job_encode_result(const struct job_result *r, size_t *len)
 		put_cstr(&b, r->finish_reason);
 	else
 		puts_(&b, "null");
+	if (r->stop_sequence) {
+		puts_(&b, ", \"stop_sequence\": ");
+		put_cstr(&b, r->stop_sequence);
+	}
 	if (r->has_reasoning) {
 		puts_(&b, ", \"reasoning_content\": ");
 		put_str(&b, r->reasoning, r->reasoning_len);

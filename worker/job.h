@@ -25,6 +25,7 @@
  * Result:
  *   {"id", "status": "COMPLETED"|"FAILED"|"TIMED_OUT"|"CANCELLED",
  *    "output": {"text", "token_ids", "finish_reason"}, "error": {"code", "message"},
+ *    (output.stop_sequence: the stop string that ended the text, where one did)
  *    (with input.logprobs, output.logprobs: {"content": [{"token", "logprob", "bytes",
  *    "top_logprobs": [{"token", "logprob", "bytes"}]}]}, OpenAI's chat shape, an entry for each
  *    of token_ids: the model's own log probabilities, before temperature and the filters;
@@ -190,6 +191,8 @@ struct job_result {
 	const int *token_ids;       /* may be NULL when n_tokens == 0 */
 	int n_tokens;
 	const char *finish_reason;  /* "stop", "length", ...; NULL: null */
+	const char *stop_sequence;  /* the stop string that ended it (output.stop_sequence), or
+				     * NULL: none did */
 	/* the tool calls the text made (chat_tool_calls' JSON: [{"name", "arguments"}], with
 	 * text the content before them), or NULL: output.tool_calls, OpenAI's
 	 * [{"id", "type": "function", "function": {"name", "arguments"}}], ids call_ID_N */

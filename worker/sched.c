@@ -613,6 +613,7 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 		if (hit) {
 			*hit = 0;
 			r->text_len = (size_t)(hit - r->text);
+			r->stop_hit = i + 1;
 			return true;
 		}
 	}

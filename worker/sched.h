@@ -55,6 +55,7 @@ struct sched_req {
 	struct samp_cfg samp;
 	char *stop[SCHED_MAX_STOP]; /* malloc'd strings, owned after submit */
 	int n_stop;
+	int stop_hit;               /* 1 + the index of the stop string that ended it; 0: none */
 	int *pred;            /* token ids of text the output is expected to repeat (malloc'd,
 			       * owned after submit; NULL: none): the first place speculation
 			       * looks for a draft */

@@ -770,6 +770,8 @@ static void job_done(struct worker *w, struct sched_req *r)
 		.text_len = r->text_len, .token_ids = r->out, .n_tokens = r->n_out,
 		.finish_reason = r->finish == SCHED_FIN_STOP ? "stop"
 				 : r->finish == SCHED_FIN_LENGTH ? "length" : NULL,
+		.stop_sequence = r->stop_hit > 0 && r->stop_hit <= r->n_stop
+					 ? r->stop[r->stop_hit - 1] : NULL,
 		.err = code,
 		.message = r->status == SCHED_FAILED ? r->error
 			   : r->status == SCHED_TIMED_OUT ? "the job ran past its timeout_s"

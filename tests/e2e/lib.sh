@@ -50,19 +50,24 @@ spool_jobs() { # MODEL QDIR JOB_FILE...
     fail "the worker on $model exited $?: $(tail -n 3 "$q.log")"
 }
 
-# The official `openai` npm client, installed from the registry into $WICK_BUILD/node-openai
-# (once, under a lock: scripts run side by side): sets OPENAI to its package directory.
-need_openai() {
+# npm_pkg DIR SPEC NAME: the npm package SPEC, installed from the registry into
+# $WICK_BUILD/DIR (once, under a lock: scripts run side by side); sets PKG to its directory.
+npm_pkg() {
   command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
-  local d=$WICK_BUILD/node-openai
+  local d=$WICK_BUILD/$1
   mkdir -p "$d"
   (
     flock 9
-    [ -f "$d/node_modules/openai/package.json" ] ||
-      npm install --prefix "$d" --no-audit --no-fund --no-save openai@6 >&2
-  ) 9>"$d/.lock" || fail "npm install openai into $d failed"
-  OPENAI=$(realpath "$d/node_modules/openai")
+    [ -f "$d/node_modules/$3/package.json" ] ||
+      npm install --prefix "$d" --no-audit --no-fund --no-save "$2" >&2
+  ) 9>"$d/.lock" || fail "npm install $2 into $d failed"
+  PKG=$(realpath "$d/node_modules/$3")
 }
+
+# The official clients: `openai` (OPENAI, its package directory) and `@anthropic-ai/sdk`
+# (ANTHROPIC: require(ANTHROPIC) gives the module, its client class .default).
+need_openai() { npm_pkg node-openai openai@6 openai; OPENAI=$PKG; }
+need_anthropic() { npm_pkg node-anthropic @anthropic-ai/sdk@1 @anthropic-ai/sdk; ANTHROPIC=$PKG; }
 
 # `cmd | has PATTERN`: grep -q over the whole of stdin. Under pipefail, `cmd | grep -q` fails
 # now and then: grep exits at its first match, and cmd's next write dies of SIGPIPE (bash's

@@ -37,8 +37,16 @@
 #      (greedy, and sampled with a seed), whole, streamed (responses.stream's events in order,
 #      numbered, its final response the same) and cut at max_output_tokens (incomplete);
 #      instructions billed as a system message; text.format json_schema; the refusals
+#  12. Anthropic's Messages API (@anthropic-ai/sdk's messages): the chat's text and usage
+#      (input_tokens + cache_read_input_tokens its prompt_tokens), whole and streamed
+#      (messages.stream's events in order, its final message the same); stop_sequences cut
+#      the text (stop_reason stop_sequence, the string); system (a string or text blocks)
+#      billed as a system message, as countTokens counts; max_tokens 100000 held to the
+#      limit; refusals in Anthropic's shape (no max_tokens, an image, a server tool: 400
+#      invalid_request_error; an unknown model: 404 not_found_error)
 source tests/e2e/lib.sh
 need_openai
+need_anthropic
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
 m=$(stories)
 PROMPT="Once upon a time, Lily"
@@ -878,6 +886,124 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
   fail "the Responses API"
+
+# 12. Anthropic's Messages API (@anthropic-ai/sdk): a request runs as the chat of the same
+# messages
+node - "$ANTHROPIC" "$OPENAI" "http://127.0.0.1:$P" "$(basename "$m")" "$PROMPT" <<'EOF' ||
+const [anthropicDir, openaiDir, base, model, prompt] = process.argv.slice(2);
+const Anthropic = require(anthropicDir).default;
+const OpenAI = require(openaiDir);
+const client = new Anthropic({ apiKey: 'none', baseURL: base });
+const openai = new OpenAI({ apiKey: 'none', baseURL: base + '/v1' });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const J = JSON.stringify;
+const messages = [{ role: 'user', content: prompt }];
+const billed = (u) => u.input_tokens + u.cache_read_input_tokens; // the prompt, cached or not
+const text = (r) => r.content.map((b) => b.text).join('');
+(async () => {
+  // a. greedy: the chat's text and usage
+  const ask = { model, max_tokens: 40, temperature: 0, messages };
+  const r = await client.messages.create(ask);
+  const c = await openai.chat.completions.create({ model, messages, temperature: 0,
+                                                   max_tokens: 40 });
+  const ct = c.choices[0].message.content;
+  const stop = c.choices[0].finish_reason === 'length' ? 'max_tokens' : 'end_turn';
+  assert(r.type === 'message' && r.id.startsWith('msg_') && r.role === 'assistant' &&
+         r.model === model && r.stop_sequence === null, J(r).slice(0, 300));
+  assert(r.content.length === 1 && r.content[0].type === 'text' && r.content[0].text === ct,
+         `${J(r.content)} against the chat's ${J(ct)}`);
+  assert(billed(r.usage) === c.usage.prompt_tokens &&
+         r.usage.output_tokens === c.usage.completion_tokens &&
+         r.usage.cache_creation_input_tokens === 0 && r.stop_reason === stop,
+         `${J(r.usage)} ${r.stop_reason} against ${J(c.usage)} ${c.choices[0].finish_reason}`);
+  // b. streamed: the events in order, the deltas the text, the final message the same
+  const s = client.messages.stream(ask);
+  const types = [];
+  let deltas = '';
+  for await (const ev of s) {
+    types.push(ev.type);
+    if (ev.type === 'content_block_delta' && ev.delta.type === 'text_delta')
+      deltas += ev.delta.text;
+  }
+  const sf = await s.finalMessage();
+  assert(types.slice(0, 2).join() === 'message_start,content_block_start' &&
+         types.slice(-3).join() === 'content_block_stop,message_delta,message_stop',
+         types.join());
+  assert(deltas === ct && text(sf) === ct && sf.stop_reason === r.stop_reason &&
+         sf.usage.output_tokens === r.usage.output_tokens && sf.id.startsWith('msg_'),
+         `streamed: ${J(deltas)}, final ${J(sf).slice(0, 300)}`);
+  // c. stop_sequences: a word of the text cuts it before that word, whole and streamed
+  const word = ct.trim().split(/\s+/)[2];
+  const cutText = ct.slice(0, ct.indexOf(word));
+  const sq = { ...ask, stop_sequences: [word, 'zzzq'] };
+  const cut = await client.messages.create(sq);
+  const sc = await client.messages.stream(sq).finalMessage();
+  for (const [how, x] of [['whole', cut], ['streamed', sc]])
+    assert(text(x) === cutText && x.stop_reason === 'stop_sequence' && x.stop_sequence === word,
+           `stop_sequences [${word}] (${how}): ${J(x.content)} ${x.stop_reason} ` +
+           `${J(x.stop_sequence)}, not ${J(cutText)}`);
+  // d. system, a string or text blocks: billed as the chat's system message; e. countTokens
+  // counts what the same request bills
+  const one = { model, max_tokens: 1, messages };
+  const bare = await client.messages.create(one);
+  const csys = await openai.chat.completions.create({ model, max_tokens: 1, messages: [
+    { role: 'system', content: 'Be brief.' }, ...messages] });
+  let counted = 0;
+  for (const system of ['Be brief.', [{ type: 'text', text: 'Be brief.' }]]) {
+    const rs = await client.messages.create({ ...one, system });
+    const n = await client.messages.countTokens({ model, messages, system });
+    assert(billed(rs.usage) > billed(bare.usage) &&
+           billed(rs.usage) === csys.usage.prompt_tokens,
+           `system ${J(system)}: ${J(rs.usage)} against ${J(bare.usage)} without, the ` +
+           `chat's ${csys.usage.prompt_tokens}`);
+    assert(n.input_tokens === billed(rs.usage), `countTokens ${J(n)} against ${J(rs.usage)}`);
+    counted = n.input_tokens;
+  }
+  const n0 = await client.messages.countTokens({ model, messages });
+  assert(n0.input_tokens === billed(bare.usage), `countTokens ${J(n0)} against ${J(bare.usage)}`);
+  // f. max_tokens past the server's limit is held to it (the SDK's own timeout check set aside)
+  let big = null, bigErr = null;
+  try {
+    big = await client.messages.create({ ...ask, max_tokens: 100000 }, { timeout: 60000 });
+  } catch (x) { bigErr = x; }
+  assert(big?.type === 'message' && big.usage.output_tokens > 0 &&
+         big.usage.output_tokens <= 4096 &&
+         ['end_turn', 'max_tokens', 'stop_sequence'].includes(big.stop_reason),
+         'max_tokens 100000: ' + (bigErr ? `${bigErr.status} ${J(bigErr.error)}`
+                                         : J(big).slice(0, 300)));
+  // g. refusals, Anthropic's shape: 400 invalid_request_error, an unknown model 404
+  const raw = await fetch(base + '/v1/messages', { method: 'POST', body: J({ model, messages }),
+    headers: { 'content-type': 'application/json', 'x-api-key': 'none' } });
+  const rawBody = await raw.json();
+  assert(raw.status === 400 && rawBody.type === 'error' &&
+         rawBody.error?.type === 'invalid_request_error' &&
+         /max_tokens/.test(rawBody.error.message), `no max_tokens: ${raw.status} ${J(rawBody)}`);
+  const image = { type: 'image', source: { type: 'base64', media_type: 'image/png',
+                                           data: 'AAAA' } };
+  const refusals = [
+    [{ messages: [{ role: 'user', content: [image, { type: 'text', text: 'What is it?' }] }] },
+     400, 'invalid_request_error', /image/],
+    [{ tools: [{ type: 'web_search_20250305', name: 'web_search' }] }, 400,
+     'invalid_request_error', /web_search_20250305/],
+    [{ model: 'other' }, 404, 'not_found_error', /other/]];
+  for (const [body, status, type, says] of refusals) {
+    let err = null;
+    try { await client.messages.create({ ...ask, ...body }); } catch (x) { err = x; }
+    assert(err && err.status === status && err.error?.type === 'error' &&
+           err.error?.error?.type === type && says.test(err.error.error.message),
+           `${J(body)}: ${err && err.status} ${J(err && err.error)}`);
+  }
+  console.log(`12. messages: ${r.usage.output_tokens} tokens, the chat's text and usage ` +
+              `(${r.usage.input_tokens} + ${r.usage.cache_read_input_tokens} cached input ` +
+              `tokens), stop_reason ${r.stop_reason}, whole and in ${types.length} stream ` +
+              `events; stop_sequences [${J(word)}] cut it (${J(cutText)}); system billed as ` +
+              `a system message (${counted} tokens against ${billed(bare.usage)}), as ` +
+              `countTokens counts; max_tokens 100000 held (${big.usage.output_tokens} tokens, ` +
+              `${big.stop_reason}); no max_tokens, an image, web_search a 400 ` +
+              `invalid_request_error, an unknown model a 404 not_found_error`);
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+  fail "the Messages API"
 
 # the benchmark of the host's part of these picks runs (its figures: README)
 "$WICK" bench picks "$m" -n 20 --runs 1 >"$TMPD/picks.txt" || fail "wick bench picks"

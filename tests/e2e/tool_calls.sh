@@ -30,6 +30,12 @@
 #      chat's; reasoning.effort a reasoning item first (3 reasoning_tokens); tool_choice
 #      required the call alone, none the text; web_search, previous_response_id, images and
 #      max_output_tokens 0 are 400s naming them; instructions billed
+#   9. Anthropic's Messages API (POST /v1/messages, @anthropic-ai/sdk): content [text "Sure.",
+#      tool_use get_weather {city: Paris}], stop_reason tool_use, usage as chat's; streamed
+#      (messages.stream: text_delta, input_json_delta) to the same message; the next turn with
+#      a tool_result billed as chat's, as countTokens counts; thinking enabled a thinking
+#      block "Let me see" first (streamed as thinking_delta), sent back as reasoning_content;
+#      tool_choice any and by name the call alone, none the text
 # The prompt wick renders with tools is held to GLM's own templates by tokenizer_bytelevel.sh.
 source tests/e2e/lib.sh
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
@@ -43,6 +49,7 @@ if [ ! -f "$NODE_DIR/node_modules/tokenizers/package.json" ] || [ ! -f "$QWEN" ]
     fail "npm install into $NODE_DIR failed"
 fi
 need_openai
+need_anthropic
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$TMPD"' EXIT
 
 # The model: the stand-in tokenizer, the ids of the words, then gen_glm --say.
@@ -366,6 +373,121 @@ const checkEvents = (evs, what, text) => {
               `billed (${ins.usage.input_tokens} tokens against ${r.usage.input_tokens})`);
 })().catch((e) => { console.error(e); process.exit(1); });
 EOF
+# 9. Anthropic's Messages API (POST /v1/messages) with @anthropic-ai/sdk, on the same server
+node - "$ANTHROPIC" "$OPENAI" "http://127.0.0.1:$P" "$(basename "$g")" <<'EOF' ||
+const [anthropicDir, openaiDir, base, model] = process.argv.slice(2);
+const Anthropic = require(anthropicDir).default;
+const OpenAI = require(openaiDir);
+const client = new Anthropic({ apiKey: 'none', baseURL: base });
+const openai = new OpenAI({ apiKey: 'none', baseURL: base + '/v1' });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const J = JSON.stringify;
+const input_schema = { type: 'object', properties: { city: { type: 'string' } },
+                       required: ['city'] };
+const tools = [{ name: 'get_weather', description: 'The weather', input_schema }];
+const chatTools = [{ type: 'function', function: { name: 'get_weather',
+                                                    description: 'The weather',
+                                                    parameters: input_schema } }];
+const user = { role: 'user', content: 'Weather in Paris?' };
+const ask = { model, max_tokens: 30, tools, messages: [user] };
+const billed = (u) => u.input_tokens + u.cache_read_input_tokens; // the prompt, cached or not
+// what a message says, ids left out
+const said = (r) => r.content.map((b) => ({ type: b.type, text: b.text, thinking: b.thinking,
+                                            name: b.name, input: b.input }));
+const want = [{ type: 'text', text: 'Sure.' },
+              { type: 'tool_use', name: 'get_weather', input: { city: 'Paris' } }];
+const events = async (s) => { const evs = []; for await (const ev of s) evs.push(ev); return evs; };
+const deltas = (evs, type, key) => evs.filter((ev) => ev.type === 'content_block_delta' &&
+                                              ev.delta.type === type).map((ev) => ev.delta[key]);
+const out = '{"sky": "clear"}';
+// the next turn: the message's content sent back, then the call's result
+const nextTurn = (r, content = out) => [user, { role: 'assistant', content: r.content },
+  { role: 'user', content: [{ type: 'tool_result', tool_use_id: r.content.at(-1).id,
+                              content }] }];
+(async () => {
+  // a. not streamed: the text, then the call; usage as chat's for the same request
+  const r = await client.messages.create(ask);
+  const tu = r.content[1];
+  assert(r.type === 'message' && r.id.startsWith('msg_') && r.stop_reason === 'tool_use' &&
+         J(said(r)) === J(want) && typeof tu.id === 'string' && tu.id.length > 0,
+         `${J(r)}`);
+  const chat = await openai.chat.completions.create({ model, messages: [user],
+                                                      tools: chatTools, max_tokens: 30 });
+  assert(billed(r.usage) === chat.usage.prompt_tokens &&
+         r.usage.output_tokens === chat.usage.completion_tokens,
+         `usage ${J(r.usage)} against chat's ${J(chat.usage)}`);
+  // b. streamed: the text as text_delta, the call's input as input_json_delta, to the same
+  const s = client.messages.stream(ask);
+  const evs = await events(s);
+  const ts = evs.map((ev) => ev.type);
+  const partial = deltas(evs, 'input_json_delta', 'partial_json').join('');
+  assert(ts[0] === 'message_start' && ts.slice(-2).join() === 'message_delta,message_stop' &&
+         deltas(evs, 'text_delta', 'text').join('') === 'Sure.' &&
+         J(JSON.parse(partial)) === '{"city":"Paris"}', `stream: ${J(evs)}`);
+  const fin = await s.finalMessage();
+  assert(J(said(fin)) === J(want) && fin.stop_reason === 'tool_use' && fin.content[1].id &&
+         fin.usage.output_tokens === r.usage.output_tokens, `finalMessage ${J(fin)}`);
+  // c. the next turn: the call's result in a tool_result block, billed as chat's next turn;
+  // its content as text blocks the same, and countTokens counts it
+  const next = await client.messages.create({ ...ask, messages: nextTurn(r) });
+  const chatNext = await openai.chat.completions.create({ model, tools: chatTools,
+    max_tokens: 30, messages: [user, { role: 'assistant', content: 'Sure.', tool_calls: [
+      { id: tu.id, type: 'function', function: { name: tu.name, arguments: J(tu.input) } }
+    ] }, { role: 'tool', tool_call_id: tu.id, content: out }] });
+  assert(next.stop_reason === 'tool_use' && billed(next.usage) === chatNext.usage.prompt_tokens,
+         `next turn: ${J(next)} against chat's ${J(chatNext.usage)}`);
+  const nextB = await client.messages.create({ ...ask,
+    messages: nextTurn(r, [{ type: 'text', text: out }]) });
+  const nc = await client.messages.countTokens({ model, tools, messages: nextTurn(r) });
+  assert(billed(nextB.usage) === billed(next.usage) && nc.input_tokens === billed(next.usage),
+         `tool_result as blocks: ${J(nextB.usage)}; countTokens ${J(nc)}; ${J(next.usage)}`);
+  console.log(`messages: [text "Sure.", tool_use ${tu.id} get_weather ${J(tu.input)}], ` +
+              `stop_reason tool_use, chat's usage (${billed(r.usage)} in, ` +
+              `${r.usage.output_tokens} out); streamed in ${evs.length} events to the same ` +
+              `message; the next turn with a tool_result billed as chat's ` +
+              `(${billed(next.usage)} tokens, as countTokens counts)`);
+  // d. thinking: a thinking block first, whole and streamed, sent back in the next turn
+  const think = { ...ask, thinking: { type: 'enabled', budget_tokens: 1024 } };
+  const rt = await client.messages.create(think);
+  assert(J(said(rt)) === J([{ type: 'thinking', thinking: 'Let me see' }, ...want]) &&
+         typeof rt.content[0].signature === 'string' && rt.stop_reason === 'tool_use',
+         `thinking: ${J(rt)}`);
+  const st = client.messages.stream(think);
+  const tevs = await events(st);
+  const firstOf = (type) => tevs.findIndex((ev) => ev.delta?.type === type);
+  assert(deltas(tevs, 'thinking_delta', 'thinking').join('') === 'Let me see' &&
+         deltas(tevs, 'text_delta', 'text').join('') === 'Sure.' &&
+         firstOf('thinking_delta') >= 0 && firstOf('thinking_delta') < firstOf('text_delta'),
+         `thinking streamed: ${J(tevs)}`);
+  const tfin = await st.finalMessage();
+  assert(J(said(tfin)) === J(said(rt)), `thinking finalMessage ${J(tfin)}`);
+  const tnext = await client.messages.create({ ...think, messages: nextTurn(rt) });
+  const ctnext = await openai.chat.completions.create({ model, tools: chatTools,
+    max_tokens: 30, thinking: { type: 'enabled' }, messages: [user, { role: 'assistant',
+      content: 'Sure.', reasoning_content: 'Let me see', tool_calls: [{ id: rt.content[2].id,
+        type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }]
+    }, { role: 'tool', tool_call_id: rt.content[2].id, content: out }] });
+  assert(tnext.stop_reason === 'tool_use' && tnext.content[0].thinking === 'Let me see' &&
+         billed(tnext.usage) === ctnext.usage.prompt_tokens,
+         `thinking, next turn: ${J(tnext)} against chat's ${J(ctnext.usage)}`);
+  // e. tool_choice: any and by name, the call alone; none, the text and no call
+  for (const tool_choice of [{ type: 'any' }, { type: 'tool', name: 'get_weather' }]) {
+    const f = await client.messages.create({ ...ask, tool_choice });
+    assert(J(said(f)) === J(want.slice(1)) && f.stop_reason === 'tool_use',
+           `tool_choice ${J(tool_choice)}: ${J(f)}`);
+  }
+  const none = await client.messages.create({ ...ask, tool_choice: { type: 'none' } });
+  assert(J(none.content.map((b) => b.type)) === '["text"]' &&
+         none.content[0].text.includes('<tool_call>get_weather') &&
+         none.stop_reason === 'end_turn', `tool_choice none: ${J(none)}`);
+  console.log(`messages: thinking enabled gives a thinking block "Let me see" before the text ` +
+              `and the call (streamed in ${tevs.length} events, thinking_delta before ` +
+              `text_delta), sent back in the next turn as chat's reasoning_content ` +
+              `(${billed(tnext.usage)} tokens); tool_choice any and by name give the call ` +
+              `alone, none the text`);
+})().catch((e) => { console.error(e); process.exit(1); });
+EOF
+  fail "the Messages API"
 kill -TERM $pid
 wait $pid || fail "wick dev exited $?"
 

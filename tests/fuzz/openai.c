@@ -1,5 +1,5 @@
 /* Fuzz target: an OpenAI request body through oai_to_job (chat and completion) and through
- * the Responses API's translation (oai_responses_to_chat, then oai_to_job), the API keys file
+ * the Responses and Messages APIs' translations (then oai_to_job), the API keys file
  * parser, and the response builders on a result (logprobs in both shapes, echo's, several
  * choices', a response object and its stream's events): no crash, no leak; a request that is
  * accepted always yields job documents (one a choice) that job_decode accepts, and every error
@@ -13,12 +13,13 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 
-/* The body as a POST /v1/responses: accepted, its chat request runs as one job. */
-static json_t *responses(const uint8_t *data, size_t size)
+/* The body as a POST /v1/responses or /v1/messages: accepted, its chat request runs as one
+ * job. */
+static json_t *api_request(const struct oai_api *api, const uint8_t *data, size_t size)
 {
 	json_t *chat, *skel;
 	struct oai_err e;
-	int st = oai_responses_to_chat((const char *)data, size, &chat, &skel, &e);
+	int st = api->to_chat((const char *)data, size, &chat, &skel, &e);
 	if (st) {
 		if (chat || skel || st < 400 || st > 599 || !e.message[0])
 			abort();
@@ -30,7 +31,8 @@ static json_t *responses(const uint8_t *data, size_t size)
 	st = body ? oai_to_job(OAI_CHAT, body, strlen(body), "m", "resp_1", "t", 64, &r, &e) : 500;
 	free(body);
 	if (st) {
-		oai_responses_err(&e);
+		api->err(&e);
+		json_decref(api->error(&e));
 		if (!e.message[0])
 			abort();
 		return skel;
@@ -44,24 +46,25 @@ static json_t *responses(const uint8_t *data, size_t size)
 	return skel;
 }
 
-/* A result as a response, whole and streamed (its text in two pieces, its reasoning first). */
-static void response_of(const uint8_t *data, size_t size, const struct oai_result *res)
+/* A result in an API's shape, whole and streamed (its text in two pieces, its reasoning
+ * first). */
+static void response_of(const struct oai_api *api, const uint8_t *data, size_t size,
+			const struct oai_result *res)
 {
 	json_t *skel = json_object();
-	json_decref(oai_responses_object(skel, "resp_1", 1, "m", res));
+	json_decref(api->object(skel, "resp_1", 1, "m", res));
 	struct oai_rstream s;
 	if (oai_rstream_init(&s, skel, "resp_1", 1, "m", data[0] & 1) == WK_OK) {
-		json_decref(oai_rstream_start(&s));
+		json_decref(api->start(&s));
 		if (res->reasoning)
-			json_decref(oai_rstream_text(&s, true, res->reasoning, res->reasoning_len,
-						     NULL));
+			json_decref(api->text(&s, true, res->reasoning, res->reasoning_len, NULL));
 		size_t cut = res->text_len ? data[size - 1] % (res->text_len + 1) : 0;
-		json_decref(oai_rstream_text(&s, false, res->text, cut, res->logprobs));
-		json_decref(oai_rstream_text(&s, false, res->text + cut, res->text_len - cut, NULL));
-		json_decref(oai_rstream_end(&s, res));
+		json_decref(api->text(&s, false, res->text, cut, res->logprobs));
+		json_decref(api->text(&s, false, res->text + cut, res->text_len - cut, NULL));
+		json_decref(api->end(&s, res));
 		struct oai_err e;
 		oai_errf(&e, 500, "server_error", NULL, NULL, "x");
-		json_decref(oai_rstream_fail(&s, &e));
+		json_decref(api->fail(&s, &e));
 	}
 	oai_rstream_free(&s);
 	json_decref(skel);
@@ -69,7 +72,8 @@ static void response_of(const uint8_t *data, size_t size, const struct oai_resul
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	json_decref(responses(data, size));
+	json_decref(api_request(&oai_responses_api, data, size));
+	json_decref(api_request(&oai_messages_api, data, size));
 	for (int k = 0; k < 2; k++) {
 		struct oai_req r;
 		struct oai_err e;
@@ -135,7 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			json_decref(oai_response(OAI_COMPLETION, "x", 1, "m", &res));
 			json_decref(oai_response(OAI_CHAT, "x", 1, "m", &res));
 		}
-		response_of(data, size, &res);
+		response_of(&oai_responses_api, data, size, &res);
+		response_of(&oai_messages_api, data, size, &res);
 		struct oai_err e;
 		oai_result_error(&res, &e);
 		oai_result_free(&res);

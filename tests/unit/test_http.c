@@ -360,6 +360,7 @@ struct call {
 	char url[256];
 	const char *body;      /* NULL: GET */
 	const char *key;
+	const char *x_api_key; /* sent as Anthropic's clients send a key */
 	int abort_after;       /* >0: drop the connection after this many bytes */
 	long timeout_ms;       /* >0: drop it after this long (20 s otherwise) */
 	long status;
@@ -387,6 +388,10 @@ static void *do_call(void *arg)
 	char auth[300];
 	if (c->key) {
 		snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->key);
+		hd = curl_slist_append(hd, auth);
+	}
+	if (c->x_api_key) {
+		snprintf(auth, sizeof auth, "x-api-key: %s", c->x_api_key);
 		hd = curl_slist_append(hd, auth);
 	}
 	curl_easy_setopt(h, CURLOPT_URL, c->url);
@@ -1388,7 +1393,9 @@ Test(http_server, a_response_streams_its_events)
 	pthread_join(t, NULL);
 	cr_expect_eq(c.status, 200, "%s", c.out);
 	cr_expect(strstr(c.out, "event: response.created\ndata: {") == c.out, "%s", c.out);
-	cr_expect(strstr(c.out, "event: response.output_text.delta\ndata: {\"item_id\":\"msg_") &&
+	cr_expect(strstr(c.out, "event: response.output_text.delta\ndata: {\"type\":"
+			 "\"response.output_text.delta\",\"sequence_number\":") &&
+		  strstr(c.out, "\"item_id\":\"msg_") &&
 		  strstr(c.out, "\"delta\":\"Hel\"") && strstr(c.out, "\"delta\":\"lo\""), "%s", c.out);
 	const char *end = strstr(c.out, "event: response.completed\ndata: {");
 	cr_expect(end && strstr(end, "\"output_text\",\"text\":\"Hello\"") &&
@@ -1433,4 +1440,58 @@ Test(http_server, a_response_streams_its_events)
 			  sizeof out), 400, "%s", out);
 	cr_expect(strstr(out, "\"param\":\"max_output_tokens\""), "%s", out);
 	cr_expect_eq(get("/v1/responses", "k-123", out, sizeof out), 405, "%s", out);
+}
+
+/* POST /v1/messages (Anthropic's): a key as x-api-key, errors in Anthropic's shape on its
+ * route, max_tokens held to the server's limit, the stream's events and a mid-stream failure
+ * as an error event. */
+Test(http_server, a_message_streams_anthropics_events)
+{
+	http_api_set_state(srv, "READY");
+	struct call c = {.body = "{\"max_tokens\": 5}"};
+	snprintf(c.url, sizeof c.url, "%s/v1/messages", base);
+	do_call(&c); /* no key */
+	cr_expect_eq(c.status, 401, "%s", c.out);
+	cr_expect(strstr(c.out, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\""),
+		  "%s", c.out);
+	char out[8192];
+	cr_expect_eq(post("/v1/messages", "{\"messages\": [{\"role\": \"user\", \"content\": "
+			  "\"hi\"}]}", out, sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "\"type\":\"invalid_request_error\",\"message\":\"max_tokens: field "
+			 "required\""), "%s", out);
+	cr_expect_eq(post("/v1/messages", "{\"model\": \"other\", \"max_tokens\": 5, \"messages\": "
+			  "[{\"role\": \"user\", \"content\": \"hi\"}]}", out, sizeof out), 404, "%s",
+		     out);
+	cr_expect(strstr(out, "\"type\":\"not_found_error\""), "%s", out);
+	cr_expect_eq(post("/v1/chat/completions", "{}", out, sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "{\"error\":{"), "other routes keep OpenAI's shape: %s", out);
+	/* streamed, with the key as x-api-key */
+	struct call d = {.x_api_key = "k-123",
+			 .body = "{\"max_tokens\": 100000, \"stream\": true, \"system\": \"Be "
+				 "brief.\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}"};
+	snprintf(d.url, sizeof d.url, "%s/v1/messages", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &d), 0);
+	struct queue_job j;
+	struct http_flight *f = take_one(&j);
+	cr_expect(strncmp(j.id, "msg_", 4) == 0, "%s", j.id);
+	cr_expect(strstr(j.body, "\"max_tokens\":50") && strstr(j.body, "\"role\":\"system\""),
+		  "held to the limit (50): %s", j.body);
+	free(j.body);
+	http_api_token(srv, f, 1, "Hel", 3);
+	const char *bad = "{\"status\": \"FAILED\", \"error\": {\"code\": \"engine_error\", "
+			  "\"message\": \"the engine failed\"}}";
+	http_api_finish(srv, f, bad, strlen(bad));
+	pthread_join(t, NULL);
+	cr_expect_eq(d.status, 200, "%s", d.out);
+	cr_expect(strstr(d.out, "event: message_start\ndata: {\"type\":\"message_start\"") == d.out,
+		  "%s", d.out);
+	cr_expect(strstr(d.out, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\""
+			 ",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}"), "%s",
+		  d.out);
+	const char *end = strstr(d.out, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
+				 "\"api_error\",\"message\":\"the engine failed\"}}\n\n");
+	cr_expect(end && !end[strlen("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
+				     "\"api_error\",\"message\":\"the engine failed\"}}\n\n")],
+		  "%s", d.out);
 }

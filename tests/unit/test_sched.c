@@ -349,8 +349,10 @@ static struct sched_req *spec_req(int i)
 	r->samp = (struct samp_cfg){.temperature = i == 7 ? 0.8f : 0, .top_p = 1, .seed = 5};
 	if (i == 4)
 		r->stop[r->n_stop++] = strdup("with his ball.\nOne");
-	if (i == 6)
+	if (i == 6) { /* (a stop string that never comes first) */
+		r->stop[r->n_stop++] = strdup("zebra");
 		r->stop[r->n_stop++] = strdup("play with the ball.\nBobo");
+	}
 	r->on_token = spec_token;
 	return r;
 }
@@ -411,6 +413,9 @@ Test(sched, speculation_same_output_in_fewer_steps)
 	cr_expect_eq(spec.r[4]->finish, SCHED_FIN_STOP);
 	cr_expect_eq(spec.r[6]->finish, SCHED_FIN_STOP);
 	cr_expect_eq(spec.r[5]->finish, SCHED_FIN_LENGTH);
+	cr_expect_eq(spec.r[4]->stop_hit, 1, "which stop string ended it (output.stop_sequence)");
+	cr_expect_eq(spec.r[6]->stop_hit, 2);
+	cr_expect_eq(spec.r[5]->stop_hit, 0);
 	cr_expect_eq(spec.r[5]->n_prompt + spec.r[5]->n_out, 256);
 	cr_expect_lt(ss, ps, "%ld steps with speculation against %ld", ss, ps);
 	cr_expect_gt(accepted, drafted / 4, "kept %d of %d drafts", accepted, drafted);
