@@ -19,8 +19,9 @@
  *     disable_parallel_tool_use               parallel_tool_calls false
  *   thinking enabled (or adaptive), disabled  thinking on, off (budget_tokens is not kept to)
  *   temperature, top_p, top_k                 the same
- * Refused by name: image and document blocks, server tools (web search, code execution,
- * computer use: this server runs no tools), and anything not an object where one must be.
+ * Refused by name: image and document blocks in a turn, server tools (web search, code
+ * execution, computer use: this server runs no tools), and anything not an object where one
+ * must be. An image or document in a tool's result stands as a note saying so.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,38 @@ static json_t *blocks_text(const json_t *c, const char *param, const char *what,
 	return s;
 }
 
+/* A tool_result's content: as blocks_text, but an image or document a tool returned (a
+ * screenshot, a file read) stands as a note, not a refusal: an agent's loop goes on, and the
+ * model knows something was there that it cannot read. */
+#define UNREAD_NOTE "[%s the tool returned, left out: this model reads text]"
+static json_t *tool_result_text(const json_t *c, const char *what, struct oai_err *e)
+{
+	if (!json_is_array(c))
+		return blocks_text(c, "messages", what, e);
+	json_t *as_text = json_array();
+	size_t k;
+	json_t *b;
+	json_array_foreach(as_text ? c : NULL, k, b) {
+		const char *t = json_string_value(json_object_get(b, "type"));
+		char note[96];
+		if (t && (!strcmp(t, "image") || !strcmp(t, "document"))) {
+			snprintf(note, sizeof note, UNREAD_NOTE, *t == 'i' ? "an image" : "a document");
+			json_array_append_new(as_text, json_pack("{s:s, s:s}", "type", "text", "text",
+								  note));
+		} else {
+			json_array_append(as_text, b);
+		}
+	}
+	if (!as_text || json_array_size(as_text) != json_array_size(c)) {
+		json_decref(as_text);
+		nomem(e);
+		return NULL;
+	}
+	json_t *s = blocks_text(as_text, "messages", what, e);
+	json_decref(as_text);
+	return s;
+}
+
 /* Appends text to *acc (a string, NULL at first). */
 static int cat(json_t **acc, const char *t, size_t n)
 {
@@ -114,7 +147,7 @@ static int user_blocks(const json_t *blocks, size_t i, json_t *msgs, struct oai_
 			const char *id = json_string_value(json_object_get(b, "tool_use_id"));
 			const json_t *c = json_object_get(b, "content");
 			snprintf(what, sizeof what, "messages[%zu].content[%zu].content", i, k);
-			json_t *out = absent(c) ? json_string("") : blocks_text(c, "messages", what, e);
+			json_t *out = absent(c) ? json_string("") : tool_result_text(c, what, e);
 			if (!id) {
 				json_decref(out);
 				st = oai_errf(e, 400, IRE, "invalid_input", "messages",

@@ -160,6 +160,9 @@ struct http_call {
 	const struct oai_api *api;  /* the Responses or Messages API (one choice), or NULL */
 	json_t *skel;               /* ... the members of its response that say what was asked */
 	struct oai_rstream rs;      /* ... and its stream */
+	json_t *conv;               /* a response to keep: its conversation (chat messages, not
+				     * the instructions), the answer still to come; else NULL */
+	char tenant[129];           /* ... whose it is */
 };
 
 struct hconn {
@@ -228,7 +231,12 @@ struct http_api {
 	int max_model_len;
 	bool model_set;
 	struct sched_cache_stats pc; /* http_api_set_cache_stats' */
+	struct oai_kept *kept;       /* the responses kept (the server thread's) */
 };
+
+/* What the kept responses may hold, at most: the most recently used are kept. */
+#define KEPT_ENTRIES 4096
+#define KEPT_BYTES ((size_t)512 << 20)
 
 /* ---- flags ---- */
 
@@ -675,6 +683,7 @@ static void call_free(struct http_api *h, struct http_call *k)
 	free(k->have);
 	if (k->api) {
 		json_decref(k->skel);
+		json_decref(k->conv);
 		oai_rstream_free(&k->rs);
 	}
 	h->n_calls--;
@@ -889,9 +898,24 @@ static void stream_choice_end(struct http_api *h, struct http_flight *f,
 					    r->finish_reason ? r->finish_reason : "stop")));
 }
 
+/* A response kept (store): its conversation, with the answer, and its object. */
+static void keep_response(struct http_api *h, struct http_call *k)
+{
+	json_t *conv = json_copy(k->conv); /* (the messages are shared, not copied) */
+	json_t *answer = oai_result_message(&k->res[0]);
+	json_t *obj = k->api->object(k->skel, k->id, k->created, h->model, &k->res[0]);
+	if (conv && answer && obj && !json_array_append(conv, answer))
+		oai_kept_put(h->kept, k->id, k->tenant, conv, obj); /* (out of memory: not kept) */
+	json_decref(conv);
+	json_decref(answer);
+	json_decref(obj);
+}
+
 /* Every choice came: the response, or the stream's usage and end. */
 static void call_end(struct http_api *h, struct http_call *k)
 {
+	if (k->conv)
+		keep_response(h, k);
 	if (k->stream && k->api) { /* (its last event was its choice's end) */
 		evhttp_send_reply_end(k->req);
 		conn_idle(k->conn);
@@ -1605,16 +1629,60 @@ static void new_id(char *out, size_t n, const char *prefix)
 		o += snprintf(out + o, n - (size_t)o, "%02x", r[i]);
 }
 
+/* A response's chat request (chat, its skel) going on from previous_response_id: that
+ * response's conversation put after the instructions and before the input; *conv the
+ * conversation to keep with this one (store), else NULL. 0, or the HTTP status of the error
+ * in *e. */
+static int respond_from(struct http_api *h, const char *tenant, json_t *chat, const json_t *skel,
+			json_t **conv, struct oai_err *e)
+{
+	const char *prev = json_string_value(json_object_get(skel, "previous_response_id"));
+	const json_t *before = NULL;
+	if (prev && !oai_kept_get(h->kept, prev, tenant, &before, NULL))
+		return oai_errf(e, 400, "invalid_request_error", "previous_response_not_found",
+				"previous_response_id", "previous_response_id: no response '%.60s' "
+				"is kept here (responses live in this server's memory, the last %d "
+				"at most, and not across restarts)", prev, KEPT_ENTRIES);
+	json_t *msgs = json_object_get(chat, "messages");
+	size_t head = json_is_string(json_object_get(skel, "instructions")) ? 1 : 0;
+	json_t *all = json_array(), *tail = json_array();
+	for (size_t i = 0; all && tail && i < json_array_size(msgs); i++)
+		json_array_append(i < head ? all : tail, json_array_get(msgs, i));
+	if (!all || !tail || (before && json_array_extend(all, (json_t *)before)) ||
+	    json_array_extend(all, tail) || json_object_set(chat, "messages", all)) {
+		json_decref(all);
+		json_decref(tail);
+		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	}
+	if (json_is_true(json_object_get(skel, "store"))) { /* the conversation, less the head */
+		*conv = json_array();
+		if (*conv && before)
+			json_array_extend(*conv, (json_t *)before);
+		if (*conv)
+			json_array_extend(*conv, tail);
+	}
+	json_decref(all);
+	json_decref(tail);
+	return 0;
+}
+
 /* An API on the chat path (POST /v1/responses, /v1/messages): its body as the chat request
  * that runs it (*chat_body, malloc'd), and the members of its response that say what was
  * asked (*skel); false after answering the error. */
 static bool api_body(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-		     const struct oai_api *api, const char *body, size_t len, char **chat_body,
-		     json_t **skel)
+		     const struct oai_api *api, const char *tenant, const char *body, size_t len,
+		     char **chat_body, json_t **skel, json_t **conv)
 {
 	struct oai_err e;
 	json_t *chat;
+	*conv = NULL;
 	if (api->to_chat(body, len, &chat, skel, &e)) {
+		reply_err(h, req, c, &e);
+		return false;
+	}
+	if (api == &oai_responses_api && respond_from(h, tenant, chat, *skel, conv, &e)) {
+		json_decref(chat);
+		json_decref(*skel);
 		reply_err(h, req, c, &e);
 		return false;
 	}
@@ -1663,8 +1731,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		return;
 	}
 	char *chat_body = NULL;
-	json_t *skel = NULL;
-	if (api && !api_body(h, req, c, api, body, len, &chat_body, &skel))
+	json_t *skel = NULL, *conv = NULL;
+	if (api && !api_body(h, req, c, api, tenant, body, len, &chat_body, &skel, &conv))
 		return;
 	if (chat_body) {
 		body = chat_body;
@@ -1676,6 +1744,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		if (api)
 			api->err(&e);
 		json_decref(skel);
+		json_decref(conv);
 		reply_err(h, req, c, &e);
 		return;
 	}
@@ -1697,6 +1766,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		free(k);
 		oai_req_free(&r);
 		json_decref(skel);
+		json_decref(conv);
 		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
@@ -1706,9 +1776,12 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	if (api) {
 		k->api = api;
 		k->skel = skel; /* (freed with k from here) */
+		k->conv = conv;
+		snprintf(k->tenant, sizeof k->tenant, "%s", tenant);
 		if (oai_rstream_init(&k->rs, skel, id, (long)ts.tv_sec, h->model, r.logprobs)) {
 			oai_rstream_free(&k->rs);
 			json_decref(skel);
+			json_decref(conv);
 			free(k->fl[0]);
 			free(k->fl);
 			free(k->res);
@@ -1775,9 +1848,29 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	pthread_mutex_unlock(&h->mu);
 }
 
+/* GET /v1/responses/ID: a kept response (tenant's); DELETE drops it. */
+static void route_kept(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+		       const char *id, const char *tenant, bool del)
+{
+	const json_t *obj = NULL;
+	bool found = del ? oai_kept_delete(h->kept, id, tenant)
+			 : oai_kept_get(h->kept, id, tenant, NULL, &obj);
+	if (!found)
+		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
+			   "no response '%.60s' is kept here (responses live in this server's "
+			   "memory, the last %d at most, and not across restarts)", id, KEPT_ENTRIES);
+	else if (del)
+		reply_json(h, req, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object",
+						     "response", "deleted", 1));
+	else
+		reply_json(h, req, c, 200, json_incref((json_t *)obj));
+}
+
 /* The methods a route takes, NULL for no route. */
 static const char *route_methods(const char *path)
 {
+	if (!strncmp(path, "/v1/responses/", 14) && path[14])
+		return "GET, HEAD, DELETE, OPTIONS";
 	if (!strcmp(path, "/health") || !strcmp(path, "/v1/models") ||
 	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
 		return "GET, HEAD, OPTIONS";
@@ -1891,10 +1984,22 @@ static void on_request(struct evhttp_request *req, void *arg)
 	bool chat = !strcmp(path, "/v1/chat/completions");
 	bool compl = !strcmp(path, "/v1/completions");
 	bool resp = !strcmp(path, "/v1/responses"), msgs = !strcmp(path, "/v1/messages");
+	bool kept = !strncmp(path, "/v1/responses/", 14) && path[14];
 	bool count = !strcmp(path, "/v1/messages/count_tokens");
 	bool metrics = !strcmp(path, "/metrics");
 	bool tokenize = !strcmp(path, "/tokenize"), detokenize = !strcmp(path, "/detokenize");
 	bool posts = chat || compl || resp || msgs || count || tokenize || detokenize;
+	if (kept) {
+		if (get || m == EVHTTP_REQ_DELETE) {
+			route_kept(h, req, c, path + 14, tenant, m == EVHTTP_REQ_DELETE);
+		} else {
+			evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+					  route_methods(path));
+			reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed",
+				   "%s wants GET or DELETE", path);
+		}
+		return;
+	}
 	if (!models && !metrics && !posts) {
 		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
 			   "no route %.200s (try /v1/chat/completions, /v1/completions, "
@@ -2052,6 +2157,7 @@ static void free_api(struct http_api *h)
 	for (int i = 0; i < h->n_keys; i++)
 		free(h->keys[i].key);
 	free(h->keys);
+	oai_kept_free(h->kept);
 	pthread_mutex_destroy(&h->mu);
 	pthread_cond_destroy(&h->cv);
 	free(h);
@@ -2078,6 +2184,10 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 		h->o.timeout_s = 30;
 	if (!h->o.max_tokens_limit)
 		h->o.max_tokens_limit = 4096;
+	if (!(h->kept = oai_kept_new(KEPT_ENTRIES, KEPT_BYTES))) {
+		free_api(h);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
 	h->t_start = h->state_since = wk_now();
 	h->created = (long)time(NULL);
 	h->ttft = (struct hist){.le = ttft_le, .n = sizeof ttft_le / sizeof ttft_le[0]};

@@ -226,6 +226,26 @@ json_t *oai_rstream_end(struct oai_rstream *s, const struct oai_result *r);
 /* response.failed, with the error. */
 json_t *oai_rstream_fail(struct oai_rstream *s, const struct oai_err *e);
 
+/* Kept responses (POST /v1/responses with store, the default): previous_response_id goes on
+ * from one, GET and DELETE /v1/responses/ID read and drop one. In the server's memory, the
+ * most recently used first, bounded by entries and bytes; a tenant sees only its own. */
+struct oai_kept;
+struct oai_kept *oai_kept_new(int max_entries, size_t max_bytes);
+void oai_kept_free(struct oai_kept *k);
+/* Keeps response id of tenant: the conversation through it (chat messages: the input and the
+ * answer, not the instructions) and its response object (references taken); the least
+ * recently used go past the bounds (never the one just kept). WK_OK or WK_ENOMEM. */
+int oai_kept_put(struct oai_kept *k, const char *id, const char *tenant, json_t *conversation,
+		 json_t *object);
+/* Whether tenant has response id kept: then its conversation and object (either pointer may
+ * be NULL), borrowed until the next put or delete. */
+bool oai_kept_get(struct oai_kept *k, const char *id, const char *tenant,
+		  const json_t **conversation, const json_t **object);
+bool oai_kept_delete(struct oai_kept *k, const char *id, const char *tenant);
+int oai_kept_count(const struct oai_kept *k);
+/* A result as the assistant's chat message: its content, reasoning_content and tool_calls. */
+json_t *oai_result_message(const struct oai_result *r);
+
 /* ---- Anthropic's Messages API (http_anthropic.c) ---- */
 
 /* As oai_responses_to_chat, for a POST /v1/messages body (*skel is an empty object). */

@@ -17,9 +17,10 @@
  *   text.format                  response_format
  *   reasoning.effort             reasoning_effort (none and minimal: thinking off)
  *   include's message.output_text.logprobs, top_logprobs     logprobs, top_logprobs
- * Refused, each with a 400 naming it: previous_response_id and conversation (this server
- * keeps no responses: store is taken and answered false), background, prompt (stored
- * templates), truncation "auto", tools other than functions, and parts other than text.
+ * previous_response_id goes on from a response the server kept (oai_kept: the route puts its
+ * conversation before the input). Refused, each with a 400 naming it: conversation,
+ * background, prompt (stored templates), truncation "auto", tools other than functions, and
+ * parts other than text.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -328,12 +329,15 @@ static int text_format(const json_t *text, json_t *chat, struct oai_err *e)
 /* Members this server cannot honour: refused so that the client is not misled. */
 static int refused(const json_t *root, struct oai_err *e)
 {
-	static const char *const keeps[] = {"previous_response_id", "conversation"};
-	for (size_t i = 0; i < 2; i++)
-		if (!absent(json_object_get(root, keeps[i])))
-			return oai_errf(e, 400, IRE, "invalid_input", keeps[i],
-					"%s is not supported: this server keeps no responses or "
-					"conversations; send the whole conversation in input", keeps[i]);
+	const json_t *prev = json_object_get(root, "previous_response_id");
+	if (!absent(prev) && !json_is_string(prev))
+		return oai_errf(e, 400, IRE, "invalid_input", "previous_response_id",
+				"previous_response_id must be a string (a response's id)");
+	if (!absent(json_object_get(root, "conversation")))
+		return oai_errf(e, 400, IRE, "invalid_input", "conversation",
+				"conversation is not supported: this server keeps responses, not "
+				"conversations; give previous_response_id, or the whole "
+				"conversation in input");
 	if (json_is_true(json_object_get(root, "background")))
 		return oai_errf(e, 400, IRE, "invalid_input", "background",
 				"background responses are not supported: ask with stream true, or "
@@ -395,13 +399,14 @@ static json_t *skeleton(const json_t *root)
 			      "status", "in_progress", "error",
 			      "incomplete_details", "instructions", "max_output_tokens", "output",
 			      "parallel_tool_calls", 1, "previous_response_id", "reasoning",
-			      "store", 0, "temperature", 1.0, "text", "format", "type", "text",
+			      "store", 1, "temperature", 1.0, "text", "format", "type", "text",
 			      "tool_choice", "auto", "tools", "top_p", 1.0, "truncation", "disabled",
 			      "usage", "metadata");
 	static const char *const given[] = {"instructions", "max_output_tokens",
 					    "parallel_tool_calls", "reasoning", "temperature",
 					    "text", "tool_choice", "tools", "top_p", "metadata",
-					    "user", "top_logprobs", "service_tier"};
+					    "user", "top_logprobs", "service_tier", "store",
+					    "previous_response_id"};
 	for (size_t i = 0; s && i < sizeof given / sizeof given[0]; i++)
 		if (!absent(v = json_object_get(root, given[i])) &&
 		    json_object_set(s, given[i], (json_t *)v)) {
@@ -865,3 +870,149 @@ const struct oai_api oai_responses_api = {
 	.end = oai_rstream_end,
 	.fail = oai_rstream_fail,
 };
+
+/* ---- kept responses ---- */
+
+struct kept_entry {
+	char id[48];
+	char tenant[129];
+	json_t *conversation, *object;
+	size_t bytes;
+	struct kept_entry *prev, *next; /* most recently used first */
+};
+
+struct oai_kept {
+	int max_entries, n;
+	size_t max_bytes, bytes;
+	struct kept_entry *head, *tail;
+};
+
+struct oai_kept *oai_kept_new(int max_entries, size_t max_bytes)
+{
+	struct oai_kept *k = calloc(1, sizeof *k);
+	if (k) {
+		k->max_entries = max_entries;
+		k->max_bytes = max_bytes;
+	}
+	return k;
+}
+
+static void kept_unlink(struct oai_kept *k, struct kept_entry *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		k->head = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	else
+		k->tail = e->prev;
+	e->prev = e->next = NULL;
+}
+
+static void kept_push(struct oai_kept *k, struct kept_entry *e)
+{
+	e->next = k->head;
+	if (k->head)
+		k->head->prev = e;
+	k->head = e;
+	if (!k->tail)
+		k->tail = e;
+}
+
+static void kept_drop(struct oai_kept *k, struct kept_entry *e)
+{
+	kept_unlink(k, e);
+	k->n--;
+	k->bytes -= e->bytes;
+	json_decref(e->conversation);
+	json_decref(e->object);
+	free(e);
+}
+
+void oai_kept_free(struct oai_kept *k)
+{
+	while (k && k->head)
+		kept_drop(k, k->head);
+	free(k);
+}
+
+static struct kept_entry *kept_find(struct oai_kept *k, const char *id, const char *tenant)
+{
+	for (struct kept_entry *e = k ? k->head : NULL; e; e = e->next)
+		if (!strcmp(e->id, id))
+			return strcmp(e->tenant, tenant) ? NULL : e; /* (another tenant's: none) */
+	return NULL;
+}
+
+/* The bytes a JSON value takes written out (what an entry is counted as). */
+static size_t json_bytes(const json_t *v)
+{
+	return json_dumpb(v, NULL, 0, JSON_COMPACT);
+}
+
+int oai_kept_put(struct oai_kept *k, const char *id, const char *tenant, json_t *conversation,
+		 json_t *object)
+{
+	struct kept_entry *e = calloc(1, sizeof *e);
+	if (!e)
+		return WK_ENOMEM;
+	snprintf(e->id, sizeof e->id, "%s", id);
+	snprintf(e->tenant, sizeof e->tenant, "%s", tenant);
+	e->conversation = json_incref(conversation);
+	e->object = json_incref(object);
+	e->bytes = json_bytes(conversation) + json_bytes(object);
+	struct kept_entry *old = kept_find(k, id, tenant);
+	if (old)
+		kept_drop(k, old);
+	kept_push(k, e);
+	k->n++;
+	k->bytes += e->bytes;
+	while (k->tail && k->tail != e && (k->n > k->max_entries || k->bytes > k->max_bytes))
+		kept_drop(k, k->tail);
+	return WK_OK;
+}
+
+bool oai_kept_get(struct oai_kept *k, const char *id, const char *tenant,
+		  const json_t **conversation, const json_t **object)
+{
+	struct kept_entry *e = kept_find(k, id, tenant);
+	if (!e)
+		return false;
+	kept_unlink(k, e); /* (the most recently used now) */
+	kept_push(k, e);
+	if (conversation)
+		*conversation = e->conversation;
+	if (object)
+		*object = e->object;
+	return true;
+}
+
+bool oai_kept_delete(struct oai_kept *k, const char *id, const char *tenant)
+{
+	struct kept_entry *e = kept_find(k, id, tenant);
+	if (e)
+		kept_drop(k, e);
+	return e != NULL;
+}
+
+int oai_kept_count(const struct oai_kept *k)
+{
+	return k ? k->n : 0;
+}
+
+json_t *oai_result_message(const struct oai_result *r)
+{
+	json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", r->text, r->text_len);
+	if (m && r->reasoning_len &&
+	    json_object_set_new(m, "reasoning_content",
+				json_stringn(r->reasoning, r->reasoning_len))) {
+		json_decref(m);
+		return NULL;
+	}
+	if (m && r->tool_calls && json_object_set(m, "tool_calls", (json_t *)r->tool_calls)) {
+		json_decref(m);
+		return NULL;
+	}
+	return m;
+}

@@ -36,7 +36,9 @@
 #  11. OpenAI's Responses API (client.responses): the chat's very text, usage and logprobs
 #      (greedy, and sampled with a seed), whole, streamed (responses.stream's events in order,
 #      numbered, its final response the same) and cut at max_output_tokens (incomplete);
-#      instructions billed as a system message; text.format json_schema; the refusals
+#      instructions billed as a system message; text.format json_schema; previous_response_id
+#      (the chat of the whole conversation), a kept response read back and deleted, store
+#      false keeping none; the refusals
 #  12. Anthropic's Messages API (@anthropic-ai/sdk's messages): the chat's text and usage
 #      (input_tokens + cache_read_input_tokens its prompt_tokens), whole and streamed
 #      (messages.stream's events in order, its final message the same); stop_sequences cut
@@ -860,6 +862,30 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
       required: ['pet'], properties: { pet: { enum: ['cat', 'dog'] } } } } } });
   assert(['cat', 'dog'].includes(JSON.parse(js.output_text).pet) &&
          js.text.format.type === 'json_schema', js.output_text);
+  // a conversation kept by the server: previous_response_id runs the chat of the whole
+  // conversation (the new instructions first, the old ones not carried), and the kept
+  // response is read back and dropped
+  const t1 = await client.responses.create({ model, input: prompt, temperature: 0,
+                                             max_output_tokens: 12, instructions: 'Be brief.' });
+  const t2 = await client.responses.create({ model, input: 'Then', temperature: 0,
+    max_output_tokens: 12, previous_response_id: t1.id, instructions: 'Go on.' });
+  const cc = await client.chat.completions.create({ model, temperature: 0, max_tokens: 12,
+    messages: [{ role: 'system', content: 'Go on.' }, ...messages,
+               { role: 'assistant', content: t1.output_text }, { role: 'user', content: 'Then' }] });
+  assert(t2.output_text === cc.choices[0].message.content &&
+         t2.usage.input_tokens === cc.usage.prompt_tokens && t2.previous_response_id === t1.id &&
+         t1.store === true, `previous_response_id: ${JSON.stringify(t2.output_text)} ` +
+         `(${t2.usage.input_tokens}) against the chat's ` +
+         `${JSON.stringify(cc.choices[0].message.content)} (${cc.usage.prompt_tokens})`);
+  const back = await client.responses.retrieve(t1.id);
+  assert(back.id === t1.id && back.output_text === t1.output_text, JSON.stringify(back));
+  const del = await client.responses.delete(t1.id).then(() => 'deleted', (e) => e.status);
+  const gone = await client.responses.retrieve(t1.id).then(() => 200, (e) => e.status);
+  assert(del === 'deleted' && gone === 404, `delete: ${del}, then ${gone}`);
+  const unkept = await client.responses.create({ model, input: prompt, max_output_tokens: 1,
+                                                 store: false });
+  const ugone = await client.responses.retrieve(unkept.id).then(() => 200, (e) => e.status);
+  assert(unkept.store === false && ugone === 404, `store false: ${ugone}`);
   // refusals, each naming its member
   const refusals = [[{ previous_response_id: 'resp_1' }, 'previous_response_id'],
                     [{ max_output_tokens: 0 }, 'max_output_tokens'],
@@ -882,7 +908,9 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
               `logprobs (greedy and seeded), whole and in ${types.length} stream events; ` +
               `cut at 3 tokens incomplete; instructions billed as a system message ` +
               `(${ri.usage.input_tokens} against ${r.usage.input_tokens}); a json_schema ` +
-              `answer ${js.output_text}; ${refusals.length} refusals, each naming its member`);
+              `answer ${js.output_text}; previous_response_id ran the chat of the whole ` +
+              `conversation (${t2.usage.input_tokens} tokens), the kept response read back ` +
+              `and deleted; ${refusals.length} refusals, each naming its member`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
   fail "the Responses API"

@@ -1495,3 +1495,85 @@ Test(http_server, a_message_streams_anthropics_events)
 				     "\"api_error\",\"message\":\"the engine failed\"}}\n\n")],
 		  "%s", d.out);
 }
+
+/* Runs one response request (body) to its end with the answer text; its id into id. */
+static void respond(const char *body, const char *text, char *id, size_t n, struct queue_job *job)
+{
+	struct call c = {.key = "k-123", .body = body};
+	snprintf(c.url, sizeof c.url, "%s/v1/responses", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	struct http_flight *f = take_one(job);
+	char res[512];
+	snprintf(res, sizeof res, "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"%s\", "
+				  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 4, "
+				  "\"completion_tokens\": 2}}", text);
+	http_api_finish(srv, f, res, strlen(res));
+	pthread_join(t, NULL);
+	cr_assert_eq(c.status, 200, "%s", c.out);
+	json_t *o = json_loads(c.out, 0, NULL);
+	snprintf(id, n, "%s", json_string_value(json_object_get(o, "id")));
+	json_decref(o);
+}
+
+/* previous_response_id: the kept conversation (not its instructions) before the new input,
+ * after the new instructions; GET and DELETE /v1/responses/ID; store false keeps none. */
+Test(http_server, a_response_goes_on_from_a_kept_one)
+{
+	http_api_set_state(srv, "READY");
+	char id1[64], id2[64], body[512], out[8192];
+	struct queue_job j;
+	respond("{\"input\": \"hi\", \"instructions\": \"Be brief.\"}", "Hello", id1, sizeof id1, &j);
+	free(j.body);
+	snprintf(body, sizeof body, "{\"input\": \"more\", \"instructions\": \"New.\", "
+		 "\"previous_response_id\": \"%s\"}", id1);
+	respond(body, "Done", id2, sizeof id2, &j);
+	json_t *jb = json_loads(j.body, 0, NULL);
+	free(j.body);
+	json_t *msgs = json_object_get(json_object_get(jb, "input"), "messages");
+	static const char *const want[][2] = {{"system", "New."}, {"user", "hi"},
+					      {"assistant", "Hello"}, {"user", "more"}};
+	cr_assert_eq(json_array_size(msgs), 4, "%s", json_dumps(msgs, JSON_COMPACT));
+	for (size_t i = 0; i < 4; i++) {
+		json_t *m = json_array_get(msgs, i);
+		cr_expect_str_eq(json_string_value(json_object_get(m, "role")), want[i][0]);
+		cr_expect_str_eq(json_string_value(json_object_get(m, "content")), want[i][1]);
+	}
+	json_decref(jb);
+	/* the second's conversation holds the first's: a third goes on from it */
+	snprintf(body, sizeof body, "{\"input\": \"end\", \"previous_response_id\": \"%s\"}", id2);
+	char id3[64];
+	respond(body, "Bye", id3, sizeof id3, &j);
+	cr_expect(strstr(j.body, "\"content\":\"hi\"") && strstr(j.body, "\"content\":\"Done\"") &&
+		  !strstr(j.body, "New."), "%s", j.body);
+	free(j.body);
+	/* read and dropped */
+	char path[80];
+	snprintf(path, sizeof path, "/v1/responses/%s", id1);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, id1) && strstr(out, "\"text\":\"Hello\""), "%s", out);
+	struct call d = {.key = "k-123"};
+	snprintf(d.url, sizeof d.url, "%s%s", base, path);
+	CURL *cu = curl_easy_init();
+	curl_easy_setopt(cu, CURLOPT_URL, d.url);
+	curl_easy_setopt(cu, CURLOPT_CUSTOMREQUEST, "DELETE");
+	struct curl_slist *hd = curl_slist_append(NULL, "Authorization: Bearer k-123");
+	curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hd);
+	curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(cu, CURLOPT_WRITEDATA, &d);
+	curl_easy_perform(cu);
+	curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &d.status);
+	curl_slist_free_all(hd);
+	curl_easy_cleanup(cu);
+	cr_expect_eq(d.status, 200, "%s", d.out);
+	cr_expect(strstr(d.out, "\"deleted\":true"), "%s", d.out);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
+	snprintf(body, sizeof body, "{\"input\": \"x\", \"previous_response_id\": \"%s\"}", id1);
+	cr_expect_eq(post("/v1/responses", body, out, sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "\"code\":\"previous_response_not_found\""), "%s", out);
+	/* store false: not kept */
+	respond("{\"input\": \"hi\", \"store\": false}", "Hello", id1, sizeof id1, &j);
+	free(j.body);
+	snprintf(path, sizeof path, "/v1/responses/%s", id1);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
+}

@@ -145,6 +145,15 @@ Test(messages, what_cannot_be_honoured_is_refused_by_name)
 			cr_expect(e.param && !strcmp(e.param, bad[i][1]), "%s: param %s (%s)",
 				  bad[i][0], e.param ? e.param : "null", e.message);
 	}
+	/* an image a tool returned is a note, not a refusal: the agent's loop goes on */
+	json_t *c = chat_of("{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", \"content\": "
+			    "[{\"type\": \"tool_result\", \"tool_use_id\": \"a\", \"content\": "
+			    "[{\"type\": \"text\", \"text\": \"shot: \"}, {\"type\": \"image\", "
+			    "\"source\": {}}]}]}]}");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(
+				 c, "messages"), 0), "content")),
+			 "shot: [an image the tool returned, left out: this model reads text]");
+	json_decref(c);
 	struct oai_err e = refusal_of("{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", "
 				      "\"content\": [{\"type\": \"image\"}]}]}");
 	cr_expect(strstr(e.message, "messages[0].content[0]: image blocks are not supported"),

@@ -64,10 +64,10 @@ Test(responses, a_request_becomes_a_chat_request)
 		       "\"seed\": 3, \"stream\": true, \"reasoning_effort\": \"high\", "
 		       "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
 		       "{\"name\": \"x\", \"schema\": {\"type\": \"object\"}, \"strict\": true}}}");
-	/* what was asked, as the response says it; store false: nothing is kept */
+	/* what was asked, as the response says it */
 	cr_expect_str_eq(json_string_value(json_object_get(skel, "instructions")), "Be brief.");
 	cr_expect_eq(json_integer_value(json_object_get(skel, "max_output_tokens")), 7);
-	cr_expect(json_is_false(json_object_get(skel, "store")));
+	cr_expect(json_is_true(json_object_get(skel, "store")));
 	cr_expect_str_eq(json_string_value(json_object_get(skel, "user")), "u1");
 	expect_json(json_object_get(skel, "metadata"), "{\"k\": \"v\"}");
 	expect_json(json_object_get(skel, "text"), "{\"format\": {\"type\": \"json_schema\", "
@@ -173,7 +173,7 @@ Test(responses, logprobs_are_asked_by_include_or_top_logprobs)
 Test(responses, what_cannot_be_honoured_is_refused_by_name)
 {
 	static const char *const bad[][2] = {
-		{"{\"input\": \"x\", \"previous_response_id\": \"resp_1\"}", "previous_response_id"},
+		{"{\"input\": \"x\", \"previous_response_id\": 5}", "previous_response_id"},
 		{"{\"input\": \"x\", \"conversation\": \"conv_1\"}", "conversation"},
 		{"{\"input\": \"x\", \"background\": true}", "background"},
 		{"{\"input\": \"x\", \"prompt\": {\"id\": \"p\"}}", "prompt"},
@@ -430,4 +430,69 @@ Test(responses, an_empty_or_cut_stream_still_ends_whole)
 	json_decref(all);
 	oai_rstream_free(&s);
 	json_decref(skel);
+}
+
+/* Kept responses: the most recently used kept within the bounds (entries and bytes), a
+ * tenant's own only, a get making one the most recent, a delete; and a result as the
+ * assistant's message a conversation goes on from. */
+Test(responses, kept_responses_are_bounded_and_a_tenants_own)
+{
+	struct oai_kept *k = oai_kept_new(3, 1 << 20);
+	cr_assert_not_null(k);
+	char id[32];
+	for (int i = 0; i < 4; i++) {
+		json_t *conv = json_pack("[{s:s, s:i}]", "role", "user", "content", i);
+		json_t *obj = json_pack("{s:i}", "n", i);
+		snprintf(id, sizeof id, "resp_%d", i);
+		if (i == 3) /* resp_0 used last: resp_1 goes */
+			cr_expect(oai_kept_get(k, "resp_0", "a", NULL, NULL));
+		cr_assert_eq(oai_kept_put(k, id, "a", conv, obj), WK_OK);
+		json_decref(conv);
+		json_decref(obj);
+	}
+	cr_expect_eq(oai_kept_count(k), 3);
+	const json_t *conv, *obj;
+	cr_expect(!oai_kept_get(k, "resp_1", "a", &conv, &obj), "the least recently used went");
+	cr_expect(oai_kept_get(k, "resp_0", "a", &conv, &obj));
+	cr_expect_eq(json_integer_value(json_object_get(obj, "n")), 0);
+	cr_expect_eq(json_integer_value(json_object_get(json_array_get(conv, 0), "content")), 0);
+	cr_expect(!oai_kept_get(k, "resp_0", "b", &conv, &obj), "another tenant's");
+	cr_expect(!oai_kept_delete(k, "resp_0", "b"));
+	cr_expect(oai_kept_delete(k, "resp_0", "a"));
+	cr_expect(!oai_kept_get(k, "resp_0", "a", NULL, NULL));
+	cr_expect_eq(oai_kept_count(k), 2);
+	oai_kept_free(k);
+	/* bytes: one entry of ~600 bytes fits 1000, two do not; the one just kept always stays */
+	k = oai_kept_new(100, 1000);
+	char big[520];
+	memset(big, 'x', sizeof big - 1);
+	big[sizeof big - 1] = 0;
+	for (int i = 0; i < 2; i++) {
+		json_t *c = json_pack("[{s:s}]", "content", big), *o = json_object();
+		snprintf(id, sizeof id, "resp_%d", i);
+		cr_assert_eq(oai_kept_put(k, id, "a", c, o), WK_OK);
+		json_decref(c);
+		json_decref(o);
+	}
+	cr_expect_eq(oai_kept_count(k), 1);
+	cr_expect(oai_kept_get(k, "resp_1", "a", NULL, NULL));
+	json_t *c = json_pack("[{s:s}, {s:s}]", "content", big, "content", big), *o = json_object();
+	cr_assert_eq(oai_kept_put(k, "resp_2", "a", c, o), WK_OK);
+	cr_expect_eq(oai_kept_count(k), 1, "over the bound alone, and kept");
+	json_decref(c);
+	json_decref(o);
+	oai_kept_free(k);
+	/* the answer as a message */
+	struct oai_result r;
+	const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Sure.\", "
+			  "\"reasoning_content\": \"Hm\", \"tool_calls\": [{\"id\": \"call_1\", "
+			  "\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+			  "\"{}\"}}]}}";
+	cr_assert_eq(oai_result_parse(res, strlen(res), &r), WK_OK);
+	json_t *m = oai_result_message(&r);
+	expect_json(m, "{\"role\": \"assistant\", \"content\": \"Sure.\", \"reasoning_content\": "
+		       "\"Hm\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", "
+		       "\"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}");
+	json_decref(m);
+	oai_result_free(&r);
 }
