@@ -50,7 +50,7 @@
 #define JOB_BODY_MAX (4u << 20)    /* a whole job document */
 #define JOB_PROMPT_MAX (1u << 20)  /* prompt, or the sum of all message contents */
 #define JOB_PROMPT_IDS_MAX 262144  /* a prompt of token ids: 1 to this many */
-#define JOB_MESSAGES_MAX 512       /* messages in one chat */
+#define JOB_MESSAGES_MAX 8192      /* messages in one chat (an agent's many tool calls) */
 #define JOB_ROLE_MAX 32            /* bytes of a message role */
 #define JOB_STOP_MAX 16            /* stop strings */
 #define JOB_TOOLS_MAX 128          /* input.tools: functions */

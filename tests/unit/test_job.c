@@ -184,8 +184,14 @@ Test(job, limits)
 		 "{\"role\": \"user\", \"content\": \"%s\"}]}}", big, big);
 	expect(s, JOB_EPROMPT_TOO_LONG);
 	free(big);
-	/* message count */
+	/* message count: an agent's session of thousands of turns is one chat */
 	size_t off = (size_t)snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"messages\": [");
+	for (int i = 0; i < JOB_MESSAGES_MAX; i++)
+		off += (size_t)snprintf(s + off, cap - off, "%s{\"role\": \"user\", \"content\": \"m\"}", i ? "," : "");
+	snprintf(s + off, cap - off, "]}}");
+	cr_expect_geq(JOB_MESSAGES_MAX, 4096);
+	expect(s, JOB_OK);
+	off = (size_t)snprintf(s, cap, "{\"id\": \"a\", \"input\": {\"messages\": [");
 	for (int i = 0; i <= JOB_MESSAGES_MAX; i++)
 		off += (size_t)snprintf(s + off, cap - off, "%s{\"role\": \"user\", \"content\": \"m\"}", i ? "," : "");
 	snprintf(s + off, cap - off, "]}}");
