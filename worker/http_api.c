@@ -157,6 +157,8 @@ struct http_call {
 	struct http_flight **fl;    /* [n]: each choice's flight, NULL once freed */
 	struct oai_result *res;     /* [n]: the results that came (have[i]) */
 	bool *have;
+	double t_sent;              /* wk_now() when its stream last sent bytes (or it came) */
+	double ka_seen;             /* the sweep that last looked at it (keepalive) */
 	const struct oai_api *api;  /* the Responses or Messages API (one choice), or NULL */
 	json_t *skel;               /* ... the members of its response that say what was asked */
 	struct oai_rstream rs;      /* ... and its stream */
@@ -280,6 +282,15 @@ int http_api_flag(struct http_api_opts *o, int c, const char *arg)
 			return 2;
 		}
 		o->max_tokens_limit = (int)v;
+		return 0;
+	case 7:
+		v = strtod(arg, &end);
+		if (end == arg || *end || !(v >= 0 && v <= 3600)) {
+			fprintf(stderr, "wick: --sse-keepalive wants seconds in [0, 3600] (0: never), "
+				"not '%s'\n", arg);
+			return 2;
+		}
+		o->keepalive_s = v > 0 ? v : -1;
 		return 0;
 	}
 	fprintf(stderr, "wick: unknown HTTP option\n");
@@ -615,6 +626,7 @@ static void sse_send(struct http_call *k, json_t *j, const char *literal)
 	if (b) {
 		evbuffer_add_printf(b, "data: %s\n\n", s ? s : literal);
 		evhttp_send_reply_chunk(k->req, b);
+		k->t_sent = wk_now();
 		evbuffer_free(b);
 	}
 	free(s);
@@ -633,11 +645,42 @@ static void sse_events(struct http_call *k, json_t *evs)
 					    json_string_value(json_object_get(ev, "type")), s);
 		free(s);
 	}
-	if (b && evbuffer_get_length(b))
+	if (b && evbuffer_get_length(b)) {
 		evhttp_send_reply_chunk(k->req, b);
+		k->t_sent = wk_now();
+	}
 	if (b)
 		evbuffer_free(b);
 	json_decref(evs);
+}
+
+static void sse_start(struct http_api *h, struct http_call *k);
+
+/* Streams that have sent nothing for --sse-keepalive seconds (queued behind others, or in a
+ * long prefill): started, then an SSE comment (Anthropic's ping event on its API) every so
+ * often, so that a proxy's idle timeout (100 s at some) does not cut them. A stream so
+ * started reports a later failure as its last event, not as an HTTP status. */
+static void keepalive(struct http_api *h, double now)
+{
+	if (h->o.keepalive_s <= 0)
+		return;
+	for (struct http_flight *f = h->flights; f; f = f->all_next) {
+		struct http_call *k = f->call;
+		if (!k || k->ka_seen == now || !k->stream || !k->req ||
+		    now - k->t_sent < h->o.keepalive_s)
+			continue;
+		k->ka_seen = now;
+		if (!k->started)
+			sse_start(h, k);
+		struct evbuffer *b = evbuffer_new();
+		if (!b)
+			continue;
+		evbuffer_add_printf(b, "%s", k->api == &oai_messages_api
+				    ? "event: ping\ndata: {\"type\":\"ping\"}\n\n" : ": keepalive\n\n");
+		evhttp_send_reply_chunk(k->req, b);
+		evbuffer_free(b);
+		k->t_sent = now;
+	}
 }
 
 /* A choice's chunk, with its index. */
@@ -1206,6 +1249,8 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 			bufferevent_trigger_event(c->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, 0);
 		}
 	}
+	if (fd != -1 || what) /* (the timer's sweep, not make_bev's count) */
+		keepalive(h, now);
 }
 
 /* ---- routes ---- */
@@ -1793,6 +1838,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		}
 	}
 	k->kind = kind;
+	k->t_sent = wk_now();
 	k->stream = r.stream;
 	k->include_usage = r.include_usage;
 	k->created = (long)ts.tv_sec;
@@ -2184,6 +2230,8 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 		h->o.timeout_s = 30;
 	if (!h->o.max_tokens_limit)
 		h->o.max_tokens_limit = 4096;
+	if (!h->o.keepalive_s)
+		h->o.keepalive_s = 15;
 	if (!(h->kept = oai_kept_new(KEPT_ENTRIES, KEPT_BYTES))) {
 		free_api(h);
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");

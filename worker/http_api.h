@@ -53,7 +53,8 @@
 	{"api-keys", required_argument, 0, HTTP_OPT_BASE + 3},                              \
 	{"max-connections", required_argument, 0, HTTP_OPT_BASE + 4},                       \
 	{"http-timeout", required_argument, 0, HTTP_OPT_BASE + 5},                          \
-	{"max-tokens-limit", required_argument, 0, HTTP_OPT_BASE + 6}
+	{"max-tokens-limit", required_argument, 0, HTTP_OPT_BASE + 6},                      \
+	{"sse-keepalive", required_argument, 0, HTTP_OPT_BASE + 7}
 
 #define HTTP_API_HELP                                                                       \
 	"  --listen HOST:PORT    also serve the OpenAI API over HTTP (wick dev: 127.0.0.1:8000)\n" \
@@ -65,7 +66,10 @@
 	"  --http-timeout S      slow clients: a request must arrive within S seconds, and a\n" \
 	"                        response that makes no progress for S seconds is cut (default 30)\n" \
 	"  --max-tokens-limit N  the largest max_tokens a request may ask for; also the default\n" \
-	"                        (default 4096; generation also stops at the context's end)\n"
+	"                        (default 4096; generation also stops at the context's end)\n" \
+	"  --sse-keepalive S     a stream that has sent nothing for S seconds (queued, or in a\n" \
+	"                        long prefill) starts, and says it is alive every S seconds, so\n" \
+	"                        that proxies with idle timeouts keep it (default 15; 0: never)\n"
 
 struct http_api_opts {
 	const char *listen;        /* "HOST:PORT" ("[::1]:PORT" for IPv6); NULL: no server */
@@ -76,6 +80,7 @@ struct http_api_opts {
 	int max_connections;       /* 0: 256 */
 	double timeout_s;          /* 0: 30 */
 	int max_tokens_limit;      /* 0: 4096 */
+	double keepalive_s;        /* --sse-keepalive: 0: 15; < 0: never */
 	int64_t price_micro;       /* per hour of the whole machine, for /metrics' cost */
 	/* set by a signal handler when the process is to drain: from then on the server acts
 	 * as DRAINING (new completions 503, /health 503) before the worker thread has seen it,

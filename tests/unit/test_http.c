@@ -1577,3 +1577,46 @@ Test(http_server, a_response_goes_on_from_a_kept_one)
 	snprintf(path, sizeof path, "/v1/responses/%s", id1);
 	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
 }
+
+/* --sse-keepalive: a stream that waits (queued, or a long prefill) starts, then says it is
+ * alive (an SSE comment; Anthropic's ping event on its API), so that a proxy's idle timeout
+ * keeps it; its tokens then come as ever. */
+Test(http_server, a_waiting_stream_is_kept_alive)
+{
+	stop_server();
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
+				  .max_tokens_limit = 50, .keepalive_s = 0.3};
+	char bound[100], err[WK_ERRSZ];
+	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
+	snprintf(base, sizeof base, "http://%s", bound);
+	http_api_set_state(srv, "READY");
+	static const char *const paths[] = {"/v1/chat/completions", "/v1/messages"};
+	static const char *const alive[] = {"\n\n: keepalive\n\n",
+					    "event: ping\ndata: {\"type\":\"ping\"}\n\n"};
+	for (int i = 0; i < 2; i++) {
+		struct call c = {.key = "k-123", .body = "{\"max_tokens\": 5, \"stream\": true, "
+							 "\"messages\": [{\"role\": \"user\", "
+							 "\"content\": \"hi\"}]}"};
+		snprintf(c.url, sizeof c.url, "%s%s", base, paths[i]);
+		pthread_t t;
+		cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+		struct queue_job j;
+		struct http_flight *f = take_one(&j);
+		free(j.body);
+		usleep(1600000); /* no token for 1.6 s: a keepalive each other sweep (0.25 s) */
+		http_api_token(srv, f, 1, "Hi", 2);
+		const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Hi\", "
+				  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 4, "
+				  "\"completion_tokens\": 1}}";
+		http_api_finish(srv, f, res, strlen(res));
+		pthread_join(t, NULL);
+		cr_expect_eq(c.status, 200, "%s", c.out);
+		int n = 0;
+		for (const char *p = strstr(c.out, alive[i]); p; p = strstr(p + 1, alive[i]))
+			n++;
+		cr_expect(n >= 2 && n <= 7, "%s: %d keepalives in %s", paths[i], n, c.out);
+		const char *first = strstr(c.out, alive[i]), *tok = strstr(c.out, "Hi\"");
+		cr_expect(first && tok && first < tok, "%s", c.out);
+		cr_expect(strstr(c.out, i ? "event: message_stop" : "data: [DONE]"), "%s", c.out);
+	}
+}
