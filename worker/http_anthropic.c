@@ -330,6 +330,32 @@ static int tools_chat(const json_t *root, json_t *chat, struct oai_err *e)
 	return 0;
 }
 
+/* A last message of the assistant's is a prefill: the answer's start, continued (chat's
+ * continue_final_message). Not with thinking, a forced tool, or its own tool calls. */
+static int prefill(json_t *c, const json_t *msgs, bool thinking, struct oai_err *e)
+{
+	const json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+	const char *role = json_string_value(json_object_get(last, "role"));
+	if (!role || strcmp(role, "assistant"))
+		return 0;
+	const json_t *tc = json_object_get(c, "tool_choice");
+	if (json_object_get(last, "tool_calls"))
+		return oai_errf(e, 400, IRE, "invalid_input", "messages",
+				"messages: the last message is the assistant's with tool_use "
+				"blocks; their tool_result is to follow in a user message");
+	if (thinking)
+		return oai_errf(e, 400, IRE, "invalid_input", "thinking",
+				"thinking cannot be on when the last message is the assistant's "
+				"(a prefill: the answer's start, continued)");
+	if (json_is_object(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "required")))
+		return oai_errf(e, 400, IRE, "invalid_input", "tool_choice",
+				"tool_choice cannot force a tool when the last message is the "
+				"assistant's (a prefill: the answer's start, continued)");
+	if (json_object_set_new(c, "continue_final_message", json_true()))
+		return nomem(e);
+	return 0;
+}
+
 /* The chat request of a Messages request (root) into chat and msgs. */
 static int messages_fill(const json_t *root, json_t *c, json_t *msgs, struct oai_err *e)
 {
@@ -356,17 +382,17 @@ static int messages_fill(const json_t *root, json_t *c, json_t *msgs, struct oai
 	if ((st = oai_copy_members(root, c, same, sizeof same / sizeof same[0], e)))
 		return st;
 	v = json_object_get(root, "thinking");
-	if (absent(v))
-		return 0;
 	const char *t = json_string_value(json_object_get(v, "type"));
-	if (!t || (strcmp(t, "enabled") && strcmp(t, "disabled") && strcmp(t, "adaptive")))
+	if (!absent(v) &&
+	    (!t || (strcmp(t, "enabled") && strcmp(t, "disabled") && strcmp(t, "adaptive"))))
 		return oai_errf(e, 400, IRE, "invalid_input", "thinking",
 				"thinking must be {\"type\": \"enabled\", ...}, {\"type\": "
 				"\"adaptive\"} or {\"type\": \"disabled\"}");
-	if (json_object_set_new(c, "thinking", json_pack("{s:s}", "type", strcmp(t, "disabled")
-								  ? "enabled" : "disabled")))
+	bool thinking = t && strcmp(t, "disabled");
+	if (t && json_object_set_new(c, "thinking", json_pack("{s:s}", "type", thinking
+								       ? "enabled" : "disabled")))
 		return nomem(e);
-	return 0;
+	return prefill(c, msgs, thinking, e);
 }
 
 static json_t *no_skeleton(const json_t *root)

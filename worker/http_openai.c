@@ -685,7 +685,8 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 					     "top_k",		  "seed",
 					     "stop",		  "presence_penalty",
 					     "frequency_penalty", "repetition_penalty",
-					     "logit_bias",	  "response_format"};
+					     "logit_bias",	  "response_format",
+					     "continue_final_message"};
 	for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
 		if (!absent(v = json_object_get(root, copied[i])) &&
 		    json_object_set(input, copied[i], (json_t *)v)) {

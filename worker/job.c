@@ -567,6 +567,22 @@ static enum job_err decode_input(const json_t *in, struct job *j, char *err, siz
 				    "input.messages (a chat): a prompt is the model's text as it is");
 		j->thinking = json_is_true(v);
 	}
+	if ((v = json_object_get(in, "continue_final_message")) && !json_is_null(v)) {
+		const struct job_message *last = j->messages ? &j->messages[j->n_messages - 1] : NULL;
+		if (!json_is_boolean(v))
+			return fail(err, errsz, JOB_EINVALID_INPUT,
+				    "input.continue_final_message must be true or false");
+		j->continue_final = json_is_true(v);
+		if (j->continue_final &&
+		    (!last || strcmp(last->role, "assistant") || last->n_calls))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.continue_final_message: "
+				    "the last message must be the assistant's, without tool calls (the "
+				    "answer's start, continued)");
+		if (j->continue_final && (j->thinking || j->forced))
+			return fail(err, errsz, JOB_EINVALID_INPUT, "input.continue_final_message: "
+				    "the answer's start is given, so thinking must be off and no call "
+				    "forced (tool_choice)");
+	}
 	if ((v = json_object_get(in, "prediction")) && !json_is_null(v)) {
 		if (!json_is_string(v))
 			return fail(err, errsz, JOB_EINVALID_INPUT,

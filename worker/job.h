@@ -136,6 +136,9 @@ struct job {
 	bool one_call; /* input.parallel_tool_calls false: a result has its first tool call only */
 	bool thinking; /* input.thinking (a chat): the model reasons first (GLM's thinking on);
 			* the result's output.reasoning_content holds what it reasoned */
+	bool continue_final; /* input.continue_final_message (vLLM's; Anthropic's prefill): the
+			      * last message, the assistant's, is the answer's start, continued
+			      * (no generation prompt after it); thinking off, no forced call */
 	char *prediction; /* input.prediction: text the output is expected to repeat (malloc'd;
 			   * NULL: none), a source of speculative drafts (wick worker --speculate) */
 	char *tools;      /* input.tools: OpenAI's function tools as a JSON array's text (malloc'd;

@@ -56,7 +56,8 @@ int job_prompt(const struct job_model *md, const struct job *j, bool add_generat
 	size_t len = 0;
 	if (rc == WK_OK) /* (a forced call: thinking off, the answer opening with the call) */
 		rc = chat_render_tools(md->chat, m, (size_t)j->n_messages, j->tools,
-				       j->tools ? strlen(j->tools) : 0, add_generation_prompt,
+				       j->tools ? strlen(j->tools) : 0,
+				       add_generation_prompt && !j->continue_final,
 				       j->thinking && !j->forced, &text, &len, err, errsz);
 	if (rc == WK_OK && j->forced) {
 		size_t fl = strlen(j->forced);

@@ -989,6 +989,18 @@ const text = (r) => r.content.map((b) => b.text).join('');
   }
   const n0 = await client.messages.countTokens({ model, messages });
   assert(n0.input_tokens === billed(bare.usage), `countTokens ${J(n0)} against ${J(bare.usage)}`);
+  // a prefill (a last message of the assistant's) is continued: its answer goes on where the
+  // greedy text went on after those words, and chat's continue_final_message runs the same
+  const words = ct.split(' ').slice(0, 4).join(' '); // (the text's first words)
+  const pre = await client.messages.create({ model, max_tokens: 12, temperature: 0,
+    messages: [...messages, { role: 'assistant', content: words }] });
+  const cpre = await openai.chat.completions.create({ model, max_tokens: 12, temperature: 0,
+    messages: [...messages, { role: 'assistant', content: words }],
+    continue_final_message: true });
+  assert(ct.startsWith(words + text(pre)) && text(pre).length > 0 &&
+         text(pre) === cpre.choices[0].message.content,
+         `prefill ${J(words)}: ${J(text(pre))} (chat ${J(cpre.choices[0].message.content)}), ` +
+         `against the text ${J(ct)}`);
   // f. max_tokens past the server's limit is held to it (the SDK's own timeout check set aside)
   let big = null, bigErr = null;
   try {

@@ -530,6 +530,22 @@ Test(http_server, tokenize_and_detokenize)
 	snprintf(want, sizeof want, "{\"count\":%d,", n);
 	cr_expect(strstr(gen, want) == gen, "%s against %d", gen, n);
 	free(ids);
+	/* continue_final_message (a prefill): the assistant's start ends the prompt, no
+	 * generation prompt after it, as rendering without one; not so without the flag */
+	struct job_message two[2] = {{.role = "user", .content = "Once upon a time"},
+				     {.role = "assistant", .content = "there was"}};
+	struct job jc = {.messages = two, .n_messages = 2, .continue_final = true};
+	int *cids, cn, *nids, nn;
+	cr_assert_eq(job_prompt(&jm, &jc, true, &cids, &cn, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(job_prompt(&jm, &jc, false, &nids, &nn, err, sizeof err), WK_OK, "%s", err);
+	cr_expect(cn == nn && !memcmp(cids, nids, (size_t)cn * sizeof *cids), "%d against %d", cn,
+		  nn);
+	free(nids);
+	jc.continue_final = false;
+	cr_assert_eq(job_prompt(&jm, &jc, true, &nids, &nn, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_gt(nn, cn, "a generation prompt after the assistant's turn");
+	free(nids);
+	free(cids);
 	snprintf(body, sizeof body, "{%s, \"add_generation_prompt\": false}", msgs);
 	cr_expect_eq(post("/tokenize", body, out, sizeof out), 200, "%s", out);
 	cr_expect(atoi(out + 9) < atoi(gen + 9), "no assistant header: %s against %s", out, gen);

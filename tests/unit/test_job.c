@@ -805,3 +805,45 @@ Test(job, response_format)
 		job_free(&j);
 	}
 }
+
+/* vLLM's continue_final_message (Anthropic's prefill): the last message, the assistant's
+ * without calls, is the answer's start; thinking off and no forced call; a stop string that
+ * ends a result is named in it (output.stop_sequence) */
+Test(job, continue_final_message)
+{
+	struct job j;
+	const char *ok = "{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", "
+			 "\"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"Sure, \"}], "
+			 "\"continue_final_message\": true}}";
+	cr_assert_eq(dec(ok, &j), JOB_OK, "%s", msg);
+	cr_expect(j.continue_final);
+	job_free(&j);
+	static const char *const bad[] = {
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+		"\"continue_final_message\": true}}",
+		"{\"id\": \"a\", \"input\": {\"prompt\": \"hi\", \"continue_final_message\": true}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+		"\"continue_final_message\": 1}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+		"\"continue_final_message\": true, \"thinking\": true}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": \"\", "
+		"\"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", \"function\": {\"name\": "
+		"\"f\", \"arguments\": \"{}\"}}]}], \"continue_final_message\": true}}",
+		"{\"id\": \"a\", \"input\": {\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+		"\"continue_final_message\": true, \"tools\": [{\"type\": \"function\", \"function\": "
+		"{\"name\": \"f\"}}], \"tool_choice\": \"required\"}}"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		expect(bad[i], JOB_EINVALID_INPUT);
+		cr_expect(strstr(msg, "continue_final_message"), "%s: %s", bad[i], msg);
+	}
+	struct job_result r = {.id = "a", .status = JOB_COMPLETED, .text = "x", .finish_reason = "stop",
+			       .stop_sequence = "END"};
+	size_t len;
+	char *s = job_encode_result(&r, &len);
+	cr_expect(strstr(s, "\"finish_reason\": \"stop\", \"stop_sequence\": \"END\""), "%s", s);
+	free(s);
+	r.stop_sequence = NULL;
+	s = job_encode_result(&r, &len);
+	cr_expect_null(strstr(s, "stop_sequence"), "%s", s);
+	free(s);
+}

@@ -107,6 +107,32 @@ Test(messages, a_request_becomes_a_chat_request)
 	}
 }
 
+/* A last message of the assistant's is a prefill: chat's continue_final_message; not with
+ * thinking, a forced tool, or its own tool_use. */
+Test(messages, a_final_assistant_message_is_continued)
+{
+	json_t *c = chat_of("{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", \"content\": "
+			    "\"Name a pet.\"}, {\"role\": \"assistant\", \"content\": \"A\"}]}");
+	cr_expect(json_is_true(json_object_get(c, "continue_final_message")));
+	json_decref(c);
+	c = chat_of("{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}");
+	cr_expect_null(json_object_get(c, "continue_final_message"));
+	json_decref(c);
+	static const char *const bad[][2] = {
+		{"{\"max_tokens\": 5, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 9}, "
+		 "\"messages\": [{\"role\": \"assistant\", \"content\": \"A\"}]}", "thinking"},
+		{"{\"max_tokens\": 5, \"tools\": [{\"name\": \"f\", \"input_schema\": {}}], "
+		 "\"tool_choice\": {\"type\": \"any\"}, \"messages\": [{\"role\": \"assistant\", "
+		 "\"content\": \"A\"}]}", "tool_choice"},
+		{"{\"max_tokens\": 5, \"messages\": [{\"role\": \"assistant\", \"content\": "
+		 "[{\"type\": \"tool_use\", \"id\": \"t\", \"name\": \"f\", \"input\": {}}]}]}",
+		 "messages"}};
+	for (size_t i = 0; i < 3; i++) {
+		struct oai_err e = refusal_of(bad[i][0]);
+		cr_expect(e.param && !strcmp(e.param, bad[i][1]), "%s: %s", bad[i][0], e.message);
+	}
+}
+
 Test(messages, what_cannot_be_honoured_is_refused_by_name)
 {
 	static const char *const bad[][2] = {
