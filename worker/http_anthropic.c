@@ -42,47 +42,14 @@ static int nomem(struct oai_err *e)
 	return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 }
 
-/* The text of a string or of text blocks (what names them); NULL after an error. */
-static json_t *blocks_text(const json_t *c, const char *param, const char *what,
-			   struct oai_err *e)
-{
-	if (json_is_string(c))
-		return json_stringn(json_string_value(c), json_string_length(c));
-	if (!json_is_array(c)) {
-		oai_errf(e, 400, IRE, "invalid_input", param,
-			 "%s must be a string or a list of text blocks", what);
-		return NULL;
-	}
-	size_t total = 0, k;
-	json_t *b;
-	json_array_foreach(c, k, b) {
-		const char *t = json_string_value(json_object_get(b, "type"));
-		if (!t || strcmp(t, "text") || !json_is_string(json_object_get(b, "text"))) {
-			oai_errf(e, 400, IRE, "invalid_input", param,
-				 "%s[%zu]: only {\"type\": \"text\", \"text\": STRING} blocks are "
-				 "supported here", what, k);
-			return NULL;
-		}
-		if ((total += json_string_length(json_object_get(b, "text"))) > JOB_PROMPT_MAX) {
-			oai_errf(e, 400, IRE, "prompt_too_long", param,
-				 "%s holds more than %u bytes of text", what, JOB_PROMPT_MAX);
-			return NULL;
-		}
-	}
-	json_t *s = oai_join_text(c, total);
-	if (!s)
-		nomem(e);
-	return s;
-}
-
-/* A tool_result's content: as blocks_text, but an image or document a tool returned (a
+/* A tool_result's content: as oai_text_parts, but an image or document a tool returned (a
  * screenshot, a file read) stands as a note, not a refusal: an agent's loop goes on, and the
  * model knows something was there that it cannot read. */
 #define UNREAD_NOTE "[%s the tool returned, left out: this model reads text]"
 static json_t *tool_result_text(const json_t *c, const char *what, struct oai_err *e)
 {
 	if (!json_is_array(c))
-		return blocks_text(c, "messages", what, e);
+		return oai_text_parts(c, "messages", what, "blocks", e);
 	json_t *as_text = json_array();
 	size_t k;
 	json_t *b;
@@ -102,7 +69,7 @@ static json_t *tool_result_text(const json_t *c, const char *what, struct oai_er
 		nomem(e);
 		return NULL;
 	}
-	json_t *s = blocks_text(as_text, "messages", what, e);
+	json_t *s = oai_text_parts(as_text, "messages", what, "blocks", e);
 	json_decref(as_text);
 	return s;
 }
@@ -361,11 +328,8 @@ static int messages_fill(const json_t *root, json_t *c, json_t *msgs, struct oai
 {
 	int st;
 	const json_t *v;
-	if (absent(json_object_get(root, "max_tokens"))) /* (Anthropic's API requires it) */
-		return oai_errf(e, 400, IRE, "invalid_input", "max_tokens",
-				"max_tokens: field required");
 	if (!absent(v = json_object_get(root, "system"))) {
-		json_t *s = blocks_text(v, "system", "system", e);
+		json_t *s = oai_text_parts(v, "system", "system", "blocks", e);
 		if (!s)
 			return e->status;
 		if (json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content",
@@ -401,10 +365,31 @@ static json_t *no_skeleton(const json_t *root)
 	return json_object();
 }
 
+/* ... as a request to run: max_tokens required, as Anthropic's API requires it */
+static int messages_run_fill(const json_t *root, json_t *c, json_t *msgs, struct oai_err *e)
+{
+	if (absent(json_object_get(root, "max_tokens")))
+		return oai_errf(e, 400, IRE, "invalid_input", "max_tokens",
+				"max_tokens: field required");
+	return messages_fill(root, c, msgs, e);
+}
+
 int oai_messages_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
 			 struct oai_err *e)
 {
-	return oai_api_chat(body, len, chat, skel, messages_fill, no_skeleton, e);
+	return oai_api_chat(body, len, chat, skel, messages_run_fill, no_skeleton, e);
+}
+
+int oai_messages_count_chat(const char *body, size_t len, json_t **chat, struct oai_err *e)
+{
+	json_t *skel;
+	int st = oai_api_chat(body, len, chat, &skel, messages_fill, no_skeleton, e);
+	json_decref(skel);
+	if (!st) { /* (counting runs nothing) */
+		json_object_del(*chat, "max_tokens");
+		json_object_del(*chat, "stream");
+	}
+	return st;
 }
 
 void oai_messages_err(struct oai_err *e)

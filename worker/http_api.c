@@ -1369,12 +1369,8 @@ static json_t *body_object(struct http_api *h, struct evhttp_request *req, struc
 static int chat_prompt(struct http_api *h, const struct job_model *jm, const json_t *chat,
 		       bool gen, const char *tenant, int **ids, int *n, struct oai_err *e)
 {
-	char *body = json_dumps(chat, JSON_COMPACT);
 	struct oai_req r = {0};
-	if (!body)
-		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
-	int st = oai_to_job(OAI_CHAT, body, strlen(body), h->model, "tokenize", tenant, 1, &r, e);
-	free(body);
+	int st = oai_json_to_job(OAI_CHAT, chat, h->model, "tokenize", tenant, 1, &r, e);
 	if (st)
 		return st;
 	struct job j;
@@ -1397,20 +1393,15 @@ static void route_count_tokens(struct http_api *h, struct evhttp_request *req,
 			       struct hconn *c, const char *tenant)
 {
 	const struct job_model *jm = model_of(h, req, c);
-	json_t *b = jm ? body_object(h, req, c) : NULL;
-	if (!b)
+	if (!jm)
 		return;
-	/* (counting asks for no tokens; the translation wants a max_tokens, and any is fine) */
-	json_object_set_new(b, "max_tokens", json_integer(1));
-	json_object_del(b, "stream");
-	char *body = json_dumps(b, JSON_COMPACT);
-	json_decref(b);
-	json_t *chat = NULL, *skel = NULL;
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+	json_t *chat = NULL;
 	struct oai_err e;
-	int st = body ? oai_messages_to_chat(body, strlen(body), &chat, &skel, &e)
+	int st = body ? oai_messages_count_chat(body, len, &chat, &e)
 		      : oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory");
-	free(body);
-	json_decref(skel);
 	int *ids = NULL, n = 0;
 	if (!st && (st = chat_prompt(h, jm, chat, true, tenant, &ids, &n, &e)))
 		oai_messages_err(&e);
@@ -1712,35 +1703,27 @@ static int respond_from(struct http_api *h, const char *tenant, json_t *chat, co
 }
 
 /* An API on the chat path (POST /v1/responses, /v1/messages): its body as the chat request
- * that runs it (*chat_body, malloc'd), and the members of its response that say what was
- * asked (*skel); false after answering the error. */
+ * that runs it (*chat), and the members of its response that say what was asked (*skel);
+ * false after answering the error. */
 static bool api_body(struct http_api *h, struct evhttp_request *req, struct hconn *c,
 		     const struct oai_api *api, const char *tenant, const char *body, size_t len,
-		     char **chat_body, json_t **skel, json_t **conv)
+		     json_t **chat, json_t **skel, json_t **conv)
 {
 	struct oai_err e;
-	json_t *chat;
 	*conv = NULL;
-	if (api->to_chat(body, len, &chat, skel, &e)) {
+	if (api->to_chat(body, len, chat, skel, &e)) {
 		reply_err(h, req, c, &e);
 		return false;
 	}
-	if (api == &oai_responses_api && respond_from(h, tenant, chat, *skel, conv, &e)) {
-		json_decref(chat);
+	if (api == &oai_responses_api && respond_from(h, tenant, *chat, *skel, conv, &e)) {
+		json_decref(*chat);
 		json_decref(*skel);
 		reply_err(h, req, c, &e);
 		return false;
 	}
-	const json_t *mt = json_object_get(chat, "max_tokens");
+	const json_t *mt = json_object_get(*chat, "max_tokens");
 	if (api->hold_max_tokens && json_integer_value(mt) > h->o.max_tokens_limit)
-		json_object_set_new(chat, "max_tokens", json_integer(h->o.max_tokens_limit));
-	*chat_body = json_dumps(chat, JSON_COMPACT);
-	json_decref(chat);
-	if (!*chat_body) {
-		json_decref(*skel);
-		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
-		return false;
-	}
+		json_object_set_new(*chat, "max_tokens", json_integer(h->o.max_tokens_limit));
 	return true;
 }
 
@@ -1775,16 +1758,13 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
-	char *chat_body = NULL;
-	json_t *skel = NULL, *conv = NULL;
-	if (api && !api_body(h, req, c, api, tenant, body, len, &chat_body, &skel, &conv))
+	json_t *chat = NULL, *skel = NULL, *conv = NULL;
+	if (api && !api_body(h, req, c, api, tenant, body, len, &chat, &skel, &conv))
 		return;
-	if (chat_body) {
-		body = chat_body;
-		len = strlen(chat_body);
-	}
-	int rc = oai_to_job(kind, body, len, h->model, id, tenant, h->o.max_tokens_limit, &r, &e);
-	free(chat_body);
+	int lim = h->o.max_tokens_limit;
+	int rc = chat ? oai_json_to_job(kind, chat, h->model, id, tenant, lim, &r, &e)
+		      : oai_to_job(kind, body, len, h->model, id, tenant, lim, &r, &e);
+	json_decref(chat);
 	if (rc) {
 		if (api)
 			api->err(&e);

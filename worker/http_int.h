@@ -91,10 +91,20 @@ void oai_choice_id(char *out, size_t size, const char *id, int index, int n_choi
 int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *model_name,
 	       const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 	       struct oai_err *e);
+/* As oai_to_job, for a body already parsed (an object; not taken): the chat request an API on
+ * the chat path made. */
+int oai_json_to_job(enum oai_kind kind, const json_t *root, const char *model_name,
+		    const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
+		    struct oai_err *e);
 
 /* The "text" members of parts (each a string, checked), total bytes in all, joined; NULL
  * when out of memory. */
 json_t *oai_join_text(const json_t *parts, size_t total);
+/* The text of c, a string or a list of {"type": "text", "text": STRING} items (what names c
+ * in a message, items what its entries are called: "parts", "blocks"), joined; NULL after a
+ * 400 naming param (over JOB_PROMPT_MAX bytes: prompt_too_long) or a 500 in *e. */
+json_t *oai_text_parts(const json_t *c, const char *param, const char *what, const char *items,
+		       struct oai_err *e);
 
 /* A result document (job.h), parsed. Strings point into root. */
 struct oai_result {
@@ -251,6 +261,9 @@ json_t *oai_result_message(const struct oai_result *r);
 /* As oai_responses_to_chat, for a POST /v1/messages body (*skel is an empty object). */
 int oai_messages_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
 			 struct oai_err *e);
+/* ... for POST /v1/messages/count_tokens: the same, max_tokens not required (nor kept), no
+ * skeleton. */
+int oai_messages_count_chat(const char *body, size_t len, json_t **chat, struct oai_err *e);
 /* chat's error named as Anthropic's API names its members (stop_sequences) */
 void oai_messages_err(struct oai_err *e);
 /* An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}. */

@@ -97,11 +97,19 @@ static json_t *content_text(const json_t *m, const char *role, const char *param
 			 "text parts", what, c ? "null" : "missing", role);
 		return NULL;
 	}
+	char full[64];
+	snprintf(full, sizeof full, "%s.content", what);
+	return oai_text_parts(c, param, full, "parts", e);
+}
+
+json_t *oai_text_parts(const json_t *c, const char *param, const char *what, const char *items,
+		       struct oai_err *e)
+{
 	if (json_is_string(c))
 		return json_stringn(json_string_value(c), json_string_length(c));
 	if (!json_is_array(c)) {
 		oai_errf(e, 400, IRE, "invalid_input", param,
-			 "%s.content must be a string or a list of text parts", what);
+			 "%s must be a string or a list of text %s", what, items);
 		return NULL;
 	}
 	size_t total = 0, k;
@@ -112,14 +120,14 @@ static json_t *content_text(const json_t *m, const char *role, const char *param
 		    strcmp(json_string_value(json_object_get(part, "type")), "text") ||
 		    !json_is_string(t)) {
 			oai_errf(e, 400, IRE, "invalid_input", param,
-				 "%s.content[%zu]: only {\"type\": \"text\", \"text\": "
-				 "STRING} parts are supported", what, k);
+				 "%s[%zu]: only {\"type\": \"text\", \"text\": STRING} %s are "
+				 "supported", what, k, items);
 			return NULL;
 		}
 		total += json_string_length(t);
 		if (total > JOB_PROMPT_MAX) {
 			oai_errf(e, 400, IRE, "prompt_too_long", param,
-				 "%s holds more than %u bytes of content", param, JOB_PROMPT_MAX);
+				 "%s holds more than %u bytes of text", what, JOB_PROMPT_MAX);
 			return NULL;
 		}
 	}
@@ -598,6 +606,16 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	json_t *root = oai_load_object(body, len, e);
 	if (!root)
 		return e->status;
+	int st = oai_json_to_job(kind, root, model_name, id, tenant, max_tokens_limit, r, e);
+	json_decref(root);
+	return st;
+}
+
+int oai_json_to_job(enum oai_kind kind, const json_t *root, const char *model_name,
+		    const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
+		    struct oai_err *e)
+{
+	memset(r, 0, sizeof *r);
 	int st = 0;
 	json_t *input = json_object(), *prompts = NULL;
 	const json_t *v;
@@ -698,7 +716,6 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 out:
 	json_decref(prompts);
 	json_decref(input);
-	json_decref(root);
 	return st;
 }
 

@@ -7,39 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/api_test.h"
 #include "worker/http_int.h"
 
 static json_t *chat_of(const char *body)
 {
-	json_t *chat, *skel;
-	struct oai_err e;
-	int st = oai_messages_to_chat(body, strlen(body), &chat, &skel, &e);
-	cr_assert_eq(st, 0, "%s: %d %s", body, st, e.message);
-	json_decref(skel);
-	return chat;
+	return api_chat_of(&oai_messages_api, body, NULL);
 }
 
 static struct oai_err refusal_of(const char *body)
 {
-	json_t *chat, *skel;
-	struct oai_err e;
-	int st = oai_messages_to_chat(body, strlen(body), &chat, &skel, &e);
-	cr_assert_neq(st, 0, "accepted: %s", body);
-	cr_assert_eq(st, e.status);
-	cr_assert(!chat && !skel);
-	return e;
-}
-
-static void expect_json(const json_t *got, const char *want)
-{
-	json_t *w = json_loads(want, JSON_DECODE_ANY, NULL);
-	cr_assert_not_null(w, "bad test JSON: %s", want);
-	char *g = json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS);
-	char *ws = json_dumps(w, JSON_COMPACT | JSON_SORT_KEYS);
-	cr_expect(json_equal((json_t *)got, w), "got %s\nwant %s", g, ws);
-	free(g);
-	free(ws);
-	json_decref(w);
+	return api_refusal_of(&oai_messages_api, body);
 }
 
 /* A tool-using conversation: system blocks, a user's text, an assistant's thinking, text and
@@ -206,13 +184,6 @@ Test(messages, what_cannot_be_honoured_is_refused_by_name)
 	cr_expect_str_eq(e.message, "stop_sequences must be a string or a list of strings");
 }
 
-static struct oai_result result_of(const char *json)
-{
-	struct oai_result r;
-	cr_assert_eq(oai_result_parse(json, strlen(json), &r), WK_OK);
-	return r;
-}
-
 static const char *const RESULT_CALL =
 	"{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Sure.\", \"reasoning_content\": "
 	"\"Let me see\", \"finish_reason\": \"tool_calls\", \"tool_calls\": [{\"id\": "
@@ -257,13 +228,6 @@ Test(messages, a_result_becomes_a_message)
 		oai_result_free(&r);
 	}
 	json_decref(skel);
-}
-
-static void take(json_t *all, json_t *evs)
-{
-	cr_assert_not_null(evs);
-	json_array_extend(all, evs);
-	json_decref(evs);
 }
 
 /* Thinking, text and a call: message_start, a block each (the call's input whole as one

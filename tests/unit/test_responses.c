@@ -7,43 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/api_test.h"
 #include "worker/http_int.h"
 
-/* The chat request of a Responses body (and its skeleton, when skel is not NULL). */
 static json_t *chat_of(const char *body, json_t **skel)
 {
-	json_t *chat, *sk;
-	struct oai_err e;
-	int st = oai_responses_to_chat(body, strlen(body), &chat, &sk, &e);
-	cr_assert_eq(st, 0, "%s: %d %s", body, st, e.message);
-	if (skel)
-		*skel = sk;
-	else
-		json_decref(sk);
-	return chat;
+	return api_chat_of(&oai_responses_api, body, skel);
 }
 
 static struct oai_err refusal_of(const char *body)
 {
-	json_t *chat, *sk;
-	struct oai_err e;
-	int st = oai_responses_to_chat(body, strlen(body), &chat, &sk, &e);
-	cr_assert_neq(st, 0, "accepted: %s", body);
-	cr_assert_eq(st, e.status);
-	cr_assert(!chat && !sk);
-	return e;
-}
-
-static void expect_json(const json_t *got, const char *want)
-{
-	json_t *w = json_loads(want, 0, NULL);
-	cr_assert_not_null(w, "bad test JSON: %s", want);
-	char *g = json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS);
-	char *ws = json_dumps(w, JSON_COMPACT | JSON_SORT_KEYS);
-	cr_expect(json_equal((json_t *)got, w), "got %s\nwant %s", g, ws);
-	free(g);
-	free(ws);
-	json_decref(w);
+	return api_refusal_of(&oai_responses_api, body);
 }
 
 /* input as a string, instructions, and the members of chat's that keep their names or change
@@ -229,13 +203,6 @@ Test(responses, chats_errors_take_the_responses_names)
 	cr_expect_str_eq(e.message, "reasoning.effort is none, minimal, low, medium or high");
 }
 
-static struct oai_result result_of(const char *json)
-{
-	struct oai_result r;
-	cr_assert_eq(oai_result_parse(json, strlen(json), &r), WK_OK);
-	return r;
-}
-
 static const char *const RESULT_CALL =
 	"{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Sure.\", \"reasoning_content\": "
 	"\"Let me see\", \"finish_reason\": \"tool_calls\", \"tool_calls\": [{\"id\": "
@@ -302,14 +269,6 @@ Test(responses, a_result_becomes_a_response)
 	json_decref(o);
 	oai_result_free(&r);
 	json_decref(skel);
-}
-
-/* Appends evs' events to all (taking evs). */
-static void take(json_t *all, json_t *evs)
-{
-	cr_assert_not_null(evs);
-	json_array_extend(all, evs);
-	json_decref(evs);
 }
 
 /* A stream of reasoning, text with logprobs, and a call: the events in the order OpenAI's
