@@ -81,10 +81,16 @@ int wk_read_file(const char *path, size_t max, char **buf, size_t *len, char *er
 
 int wk_write_file(const char *path, const void *buf, size_t len, char *err, size_t errsz)
 {
+	return wk_write_file_mode(path, buf, len, 0644, err, errsz);
+}
+
+int wk_write_file_mode(const char *path, const void *buf, size_t len, unsigned mode, char *err,
+		       size_t errsz)
+{
 	char tmp[4096];
 	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
 		return wk_errf(err, errsz, WK_ELIMIT, "%s: path too long", path);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (mode_t)mode);
 	if (fd < 0)
 		return wk_errf(err, errsz, WK_EIO, "%s: %s", tmp, strerror(errno));
 	const char *p = buf;

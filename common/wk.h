@@ -39,6 +39,9 @@ int wk_read_file(const char *path, size_t max, char **buf, size_t *len, char *er
 
 /* Writes len bytes to path atomically (path.tmp, fsync, rename). */
 int wk_write_file(const char *path, const void *buf, size_t len, char *err, size_t errsz);
+/* ... with the file's mode (0600 for what tenants sent). */
+int wk_write_file_mode(const char *path, const void *buf, size_t len, unsigned mode, char *err,
+		       size_t errsz);
 
 /* Monotonic seconds, for timing. */
 double wk_now(void);

@@ -59,7 +59,9 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 #include "worker/ledger.h"
+#include "worker/plan.h"
 #include "worker/prompt.h"
+#include "worker/resp_store.h"
 #include "worker/sched.h"
 #include "worker/split.h"
 
@@ -234,10 +236,14 @@ struct http_api {
 	bool model_set;
 	struct sched_cache_stats pc; /* http_api_set_cache_stats' */
 	struct oai_kept *kept;       /* the responses kept (the server thread's) */
+	struct resp_store *store;    /* and on disk (--responses-dir), NULL: none */
+	uint64_t store_errors;
 };
 
 /* What the kept responses may hold, at most: the most recently used are kept. */
 #define KEPT_ENTRIES 4096
+#define STR_(x) #x
+#define STR(x) STR_(x)
 #define KEPT_BYTES ((size_t)512 << 20)
 
 /* ---- flags ---- */
@@ -292,6 +298,15 @@ int http_api_flag(struct http_api_opts *o, int c, const char *arg)
 		}
 		o->keepalive_s = v > 0 ? v : -1;
 		return 0;
+	case 8: o->responses_dir = arg; return 0;
+	case 9: {
+		char perr[256];
+		if (plan_parse_size(arg, &o->responses_max, perr, sizeof perr) != WK_OK) {
+			fprintf(stderr, "wick: --responses-max: %s\n", perr);
+			return 2;
+		}
+		return 0;
+	}
 	}
 	fprintf(stderr, "wick: unknown HTTP option\n");
 	return 2;
@@ -941,14 +956,64 @@ static void stream_choice_end(struct http_api *h, struct http_flight *f,
 					    r->finish_reason ? r->finish_reason : "stop")));
 }
 
-/* A response kept (store): its conversation, with the answer, and its object. */
+/* The server's own event: to the worker's log (http_api_opts.log), else stderr. */
+static void server_log(struct http_api *h, const char *event, const char *msg)
+{
+	if (h->o.log)
+		h->o.log(h->o.log_ctx, event, msg);
+	else
+		fprintf(stderr, "wick: %s: %s\n", event, msg);
+}
+
+/* Where responses are kept, for the errors that name one not kept. */
+static const char *kept_where(const struct http_api *h)
+{
+	return h->store ? "in this server's memory (the last " STR(KEPT_ENTRIES) " at most) and in "
+			  "--responses-dir (within --responses-max)"
+			: "in this server's memory, the last " STR(KEPT_ENTRIES) " at most, and not "
+			  "across restarts: see --responses-dir";
+}
+
+/* Response id of tenant, kept in memory or (--responses-dir) on disk, read back into memory:
+ * its conversation and object as oai_kept_get's. */
+static bool kept_get(struct http_api *h, const char *id, const char *tenant,
+		     const json_t **conv, const json_t **obj)
+{
+	if (oai_kept_get(h->kept, id, tenant, conv, obj))
+		return true;
+	json_t *c, *o;
+	char err[WK_ERRSZ];
+	int rc = h->store ? resp_store_get(h->store, id, tenant, &c, &o, err, sizeof err)
+			  : WK_ENOTFOUND;
+	if (rc != WK_OK) {
+		if (rc != WK_ENOTFOUND) {
+			h->store_errors++;
+			server_log(h, "responses_dir", err);
+		}
+		return false;
+	}
+	rc = oai_kept_put(h->kept, id, tenant, c, o);
+	json_decref(c);
+	json_decref(o);
+	return rc == WK_OK && oai_kept_get(h->kept, id, tenant, conv, obj);
+}
+
+/* A response kept (store): its conversation, with the answer, and its object; in memory, and
+ * with --responses-dir as a file (one that cannot be written is logged, and kept in memory). */
 static void keep_response(struct http_api *h, struct http_call *k)
 {
 	json_t *conv = json_copy(k->conv); /* (the messages are shared, not copied) */
 	json_t *answer = oai_result_message(&k->res[0]);
 	json_t *obj = k->api->object(k->skel, k->id, k->created, h->model, &k->res[0]);
-	if (conv && answer && obj && !json_array_append(conv, answer))
+	char err[WK_ERRSZ];
+	if (conv && answer && obj && !json_array_append(conv, answer)) {
 		oai_kept_put(h->kept, k->id, k->tenant, conv, obj); /* (out of memory: not kept) */
+		if (h->store &&
+		    resp_store_put(h->store, k->id, k->tenant, conv, obj, err, sizeof err) != WK_OK) {
+			h->store_errors++;
+			server_log(h, "responses_dir", err);
+		}
+	}
 	json_decref(conv);
 	json_decref(answer);
 	json_decref(obj);
@@ -1617,6 +1682,18 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_prefix_cache_entry_tokens gauge\nwick_prefix_cache_entry_tokens %ld\n",
 		pc->hits - pc->copies, pc->copies, pc->misses, pc->hit_tokens, pc->waits,
 		pc->evicted, pc->entries, pc->tokens);
+	uint64_t disk_bytes = 0;
+	int on_disk = resp_store_count(h->store, &disk_bytes);
+	evbuffer_add_printf(b,
+		"# HELP wick_responses_kept The Responses API's kept responses (store), in memory and "
+		"in --responses-dir.\n# TYPE wick_responses_kept gauge\n"
+		"wick_responses_kept{where=\"memory\"} %d\nwick_responses_kept{where=\"disk\"} %d\n"
+		"# TYPE wick_responses_kept_disk_bytes gauge\nwick_responses_kept_disk_bytes %llu\n"
+		"# HELP wick_responses_dir_errors_total Kept responses not written to or read from "
+		"--responses-dir (each logged).\n# TYPE wick_responses_dir_errors_total counter\n"
+		"wick_responses_dir_errors_total %llu\n",
+		oai_kept_count(h->kept), on_disk, (unsigned long long)disk_bytes,
+		(unsigned long long)h->store_errors);
 	put_hist(b, "wick_time_to_first_token_seconds",
 		 "From a request's arrival to its first generated token.", &h->ttft);
 	put_hist(b, "wick_time_per_output_token_seconds",
@@ -1674,11 +1751,10 @@ static int respond_from(struct http_api *h, const char *tenant, json_t *chat, co
 {
 	const char *prev = json_string_value(json_object_get(skel, "previous_response_id"));
 	const json_t *before = NULL;
-	if (prev && !oai_kept_get(h->kept, prev, tenant, &before, NULL))
+	if (prev && !kept_get(h, prev, tenant, &before, NULL))
 		return oai_errf(e, 400, "invalid_request_error", "previous_response_not_found",
 				"previous_response_id", "previous_response_id: no response '%.60s' "
-				"is kept here (responses live in this server's memory, the last %d "
-				"at most, and not across restarts)", prev, KEPT_ENTRIES);
+				"is kept here (responses are kept %s)", prev, kept_where(h));
 	json_t *msgs = json_object_get(chat, "messages");
 	size_t head = json_is_string(json_object_get(skel, "instructions")) ? 1 : 0;
 	json_t *all = json_array(), *tail = json_array();
@@ -1880,11 +1956,13 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 {
 	const json_t *obj = NULL;
 	bool found = del ? oai_kept_delete(h->kept, id, tenant)
-			 : oai_kept_get(h->kept, id, tenant, NULL, &obj);
+			 : kept_get(h, id, tenant, NULL, &obj);
+	if (del && h->store)
+		found = resp_store_delete(h->store, id, tenant) || found;
 	if (!found)
 		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
-			   "no response '%.60s' is kept here (responses live in this server's "
-			   "memory, the last %d at most, and not across restarts)", id, KEPT_ENTRIES);
+			   "no response '%.60s' is kept here (responses are kept %s)", id,
+			   kept_where(h));
 	else if (del)
 		reply_json(h, req, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object",
 						     "response", "deleted", 1));
@@ -2184,6 +2262,7 @@ static void free_api(struct http_api *h)
 		free(h->keys[i].key);
 	free(h->keys);
 	oai_kept_free(h->kept);
+	resp_store_close(h->store);
 	pthread_mutex_destroy(&h->mu);
 	pthread_cond_destroy(&h->cv);
 	free(h);
@@ -2215,6 +2294,21 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 	if (!(h->kept = oai_kept_new(KEPT_ENTRIES, KEPT_BYTES))) {
 		free_api(h);
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	if (h->o.responses_dir) {
+		char serr[WK_ERRSZ];
+		int src = resp_store_open(h->o.responses_dir, h->o.responses_max, &h->store, serr,
+					  sizeof serr);
+		if (src != WK_OK) {
+			free_api(h);
+			return wk_errf(err, errsz, src == WK_ENOMEM ? src : WK_EINVAL,
+				       "--responses-dir: %s", serr);
+		}
+		uint64_t bytes;
+		int n = resp_store_count(h->store, &bytes);
+		snprintf(serr, sizeof serr, "%s: %d kept responses (%.1f MB) to go on from",
+			 h->o.responses_dir, n, (double)bytes / 1e6);
+		server_log(h, "responses_dir", serr);
 	}
 	h->t_start = h->state_since = wk_now();
 	h->created = (long)time(NULL);

@@ -54,7 +54,9 @@
 	{"max-connections", required_argument, 0, HTTP_OPT_BASE + 4},                       \
 	{"http-timeout", required_argument, 0, HTTP_OPT_BASE + 5},                          \
 	{"max-tokens-limit", required_argument, 0, HTTP_OPT_BASE + 6},                      \
-	{"sse-keepalive", required_argument, 0, HTTP_OPT_BASE + 7}
+	{"sse-keepalive", required_argument, 0, HTTP_OPT_BASE + 7},                         \
+	{"responses-dir", required_argument, 0, HTTP_OPT_BASE + 8},                         \
+	{"responses-max", required_argument, 0, HTTP_OPT_BASE + 9}
 
 #define HTTP_API_HELP                                                                       \
 	"  --listen HOST:PORT    also serve the OpenAI API over HTTP (wick dev: 127.0.0.1:8000)\n" \
@@ -69,7 +71,12 @@
 	"                        (default 4096; generation also stops at the context's end)\n" \
 	"  --sse-keepalive S     a stream that has sent nothing for S seconds (queued, or in a\n" \
 	"                        long prefill) starts, and says it is alive every S seconds, so\n" \
-	"                        that proxies with idle timeouts keep it (default 15; 0: never)\n"
+	"                        that proxies with idle timeouts keep it (default 15; 0: never)\n" \
+	"  --responses-dir DIR   the Responses API's kept responses are also files in DIR, so\n" \
+	"                        previous_response_id goes on from them after a restart (the\n" \
+	"                        worker scaled to zero, a dev session ended; default: memory)\n" \
+	"  --responses-max SIZE  DIR's responses, at most (e.g. 4GB): the least recently used\n" \
+	"                        go first (default 1GB)\n"
 
 struct http_api_opts {
 	const char *listen;        /* "HOST:PORT" ("[::1]:PORT" for IPv6); NULL: no server */
@@ -82,6 +89,12 @@ struct http_api_opts {
 	int max_tokens_limit;      /* 0: 4096 */
 	double keepalive_s;        /* --sse-keepalive: 0: 15; < 0: never */
 	int64_t price_micro;       /* per hour of the whole machine, for /metrics' cost */
+	const char *responses_dir; /* --responses-dir: NULL, kept in memory only */
+	uint64_t responses_max;    /* --responses-max: 0, 1 GiB */
+	/* where the server's own events go (a kept response that could not be written, ...),
+	 * from the server thread: event names the kind, msg what happened; NULL: stderr */
+	void (*log)(void *ctx, const char *event, const char *msg);
+	void *log_ctx;
 	/* set by a signal handler when the process is to drain: from then on the server acts
 	 * as DRAINING (new completions 503, /health 503) before the worker thread has seen it,
 	 * and http_api_take returns within ~10 ms; NULL: none */

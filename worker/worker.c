@@ -163,6 +163,12 @@ static void wlog(struct worker *w, const char *event, const char *fmt, ...)
 	}
 }
 
+/* The HTTP server's own events (http_api_opts.log), from its thread. */
+static void http_log(void *ctx, const char *event, const char *msg)
+{
+	wlog(ctx, event, "%s", msg);
+}
+
 static void set_state(struct worker *w, enum state st)
 {
 	if (w->state == st)
@@ -1363,6 +1369,8 @@ static int start(struct worker *w, const char **why)
 		w->o.ho.model = w->o.ce.model;
 		w->o.ho.price_micro = w->o.price_micro;
 		w->o.ho.stop = &got_signal;
+		w->o.ho.log = http_log;
+		w->o.ho.log_ctx = w;
 		int hrc = http_api_start(&w->o.ho, &w->http, bound, sizeof bound, err, sizeof err);
 		if (hrc != WK_OK) {
 			wlog(w, "startup_failed", "%s", err);

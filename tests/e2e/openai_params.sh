@@ -46,6 +46,10 @@
 #      billed as a system message, as countTokens counts; max_tokens 100000 held to the
 #      limit; refusals in Anthropic's shape (no max_tokens, an image, a server tool: 400
 #      invalid_request_error; an unknown model: 404 not_found_error)
+#  13. --responses-dir: a dev session ends idle and a new one goes on from its response
+#      (previous_response_id through the official client: the chat of the whole
+#      conversation, its turns before read from the prefix cache the first left with
+#      --prefix-cache-dir), reads it back and deletes it, and a third has it not
 source tests/e2e/lib.sh
 need_openai
 need_anthropic
@@ -1044,6 +1048,72 @@ const text = (r) => r.content.map((b) => b.text).join('');
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
   fail "the Messages API"
+
+# 13. --responses-dir: the kept responses outlive the dev session. One ends when idle; the
+# next, on the same directories, goes on from its response, its earlier turns read from the
+# prefix cache the first wrote at its exit.
+P3=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+kept_dev() { # LOG: a dev session on $P3, over $TMPD/kept and $TMPD/pc
+  "$WICK" dev --model "$m" --listen 127.0.0.1:$P3 --idle-timeout 3 --responses-dir \
+    "$TMPD/kept" --prefix-cache-dir "$TMPD/pc" --ledger "$TMPD/ledger3" 2>"$1" &
+  DEV3=$!
+  wait_dev $P3 $DEV3 "$1"
+}
+kept_client() { # STEP [ID]
+  node - "$OPENAI" "http://127.0.0.1:$P3/v1" "$(basename "$m")" "$PROMPT" "$@" <<'EOF'
+const [openaiDir, base, model, prompt, step, id] = process.argv.slice(2);
+const OpenAI = require(openaiDir);
+const client = new OpenAI({ apiKey: 'none', baseURL: base });
+const assert = (c, m) => { if (!c) { console.error('FAIL:', m); process.exit(1); } };
+const ask = { model, temperature: 0, max_output_tokens: 12 };
+(async () => {
+  if (step === 'first') {
+    const r = await client.responses.create({ ...ask, input: prompt });
+    assert(r.store !== false && r.output_text.length > 0, JSON.stringify(r));
+    console.log(`${r.id} ${JSON.stringify(r.output_text)}`);
+  } else if (step === 'next') {
+    const before = await client.responses.retrieve(id);
+    const r = await client.responses.create({ ...ask, input: 'And then?',
+                                              previous_response_id: id });
+    const c = await client.chat.completions.create({ model, temperature: 0, max_tokens: 12,
+      messages: [{ role: 'user', content: prompt },
+                 { role: 'assistant', content: before.output_text },
+                 { role: 'user', content: 'And then?' }] });
+    assert(r.output_text === c.choices[0].message.content &&
+           r.usage.input_tokens === c.usage.prompt_tokens,
+           `${JSON.stringify(r.output_text)} (${r.usage.input_tokens} tokens) against the ` +
+           `chat's ${JSON.stringify(c.choices[0].message.content)} (${c.usage.prompt_tokens})`);
+    const cached = r.usage.input_tokens_details.cached_tokens;
+    assert(cached > 0, `no prompt token cached: ${JSON.stringify(r.usage)}`);
+    const del = await client.responses.delete(id).then(() => 'deleted', (e) => e.status);
+    assert(del === 'deleted', `delete: ${del}`);
+    console.log(`${r.usage.input_tokens} prompt tokens, ${cached} of them cached`);
+  } else {
+    const st = await client.responses.retrieve(id).then(() => 200, (e) => e.status);
+    let err = null;
+    try {
+      await client.responses.create({ ...ask, input: 'x', previous_response_id: id });
+    } catch (e) { err = e; }
+    assert(st === 404 && err?.status === 400 && err?.code === 'previous_response_not_found',
+           `deleted, yet: ${st}, ${err?.status} ${err?.code}`);
+  }
+})().catch((x) => { console.error('FAIL:', x); process.exit(1); });
+EOF
+}
+kept_dev "$TMPD/kept1.log"
+first=$(kept_client first) || fail "--responses-dir: the first session's response"
+wait $DEV3 || fail "the first kept session did not end idle with 0: $(tail -n 3 "$TMPD/kept1.log")"
+ls "$TMPD/kept" | has "^${first%% *}\." || fail "--responses-dir: no file of ${first%% *}"
+kept_dev "$TMPD/kept2.log"
+has ": 1 kept responses" <"$TMPD/kept2.log" || fail "the second session: $(cat "$TMPD/kept2.log")"
+next=$(kept_client next "${first%% *}") || fail "--responses-dir: the next session"
+kill -TERM $DEV3 && wait $DEV3 || fail "the second kept session"
+kept_dev "$TMPD/kept3.log"
+kept_client gone "${first%% *}" || fail "--responses-dir: a deleted response"
+kill -TERM $DEV3 && wait $DEV3 || fail "the third kept session"
+echo "13. --responses-dir: $first kept by a session that ended idle; the next went on from it" \
+  "as the chat of the whole conversation ($next), then deleted it; the third has it not"
 
 # the benchmark of the host's part of these picks runs (its figures: README)
 "$WICK" bench picks "$m" -n 20 --runs 1 >"$TMPD/picks.txt" || fail "wick bench picks"

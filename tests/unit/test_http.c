@@ -1532,6 +1532,26 @@ static void respond(const char *body, const char *text, char *id, size_t n, stru
 	json_decref(o);
 }
 
+/* DELETE path (key k-123): its status and body in out. */
+static long delete(const char *path, char *out, size_t n)
+{
+	struct call d = {.key = "k-123"};
+	snprintf(d.url, sizeof d.url, "%s%s", base, path);
+	CURL *cu = curl_easy_init();
+	curl_easy_setopt(cu, CURLOPT_URL, d.url);
+	curl_easy_setopt(cu, CURLOPT_CUSTOMREQUEST, "DELETE");
+	struct curl_slist *hd = curl_slist_append(NULL, "Authorization: Bearer k-123");
+	curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hd);
+	curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(cu, CURLOPT_WRITEDATA, &d);
+	curl_easy_perform(cu);
+	curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &d.status);
+	curl_slist_free_all(hd);
+	curl_easy_cleanup(cu);
+	snprintf(out, n, "%s", d.out);
+	return d.status;
+}
+
 /* previous_response_id: the kept conversation (not its instructions) before the new input,
  * after the new instructions; GET and DELETE /v1/responses/ID; store false keeps none. */
 Test(http_server, a_response_goes_on_from_a_kept_one)
@@ -1568,21 +1588,8 @@ Test(http_server, a_response_goes_on_from_a_kept_one)
 	snprintf(path, sizeof path, "/v1/responses/%s", id1);
 	cr_expect_eq(get(path, "k-123", out, sizeof out), 200, "%s", out);
 	cr_expect(strstr(out, id1) && strstr(out, "\"text\":\"Hello\""), "%s", out);
-	struct call d = {.key = "k-123"};
-	snprintf(d.url, sizeof d.url, "%s%s", base, path);
-	CURL *cu = curl_easy_init();
-	curl_easy_setopt(cu, CURLOPT_URL, d.url);
-	curl_easy_setopt(cu, CURLOPT_CUSTOMREQUEST, "DELETE");
-	struct curl_slist *hd = curl_slist_append(NULL, "Authorization: Bearer k-123");
-	curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hd);
-	curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, on_data);
-	curl_easy_setopt(cu, CURLOPT_WRITEDATA, &d);
-	curl_easy_perform(cu);
-	curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &d.status);
-	curl_slist_free_all(hd);
-	curl_easy_cleanup(cu);
-	cr_expect_eq(d.status, 200, "%s", d.out);
-	cr_expect(strstr(d.out, "\"deleted\":true"), "%s", d.out);
+	cr_expect_eq(delete(path, out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, "\"deleted\":true"), "%s", out);
 	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
 	snprintf(body, sizeof body, "{\"input\": \"x\", \"previous_response_id\": \"%s\"}", id1);
 	cr_expect_eq(post("/v1/responses", body, out, sizeof out), 400, "%s", out);
@@ -1592,6 +1599,101 @@ Test(http_server, a_response_goes_on_from_a_kept_one)
 	free(j.body);
 	snprintf(path, sizeof path, "/v1/responses/%s", id1);
 	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
+}
+
+static char logged[4096]; /* the server's events (http_api_opts.log) */
+
+static void on_log(void *ctx, const char *event, const char *msg)
+{
+	(void)ctx;
+	size_t o = strlen(logged);
+	snprintf(logged + o, sizeof logged - o, "%s: %s\n", event, msg);
+}
+
+/* A server on --responses-dir DIR. */
+static void start_kept(const char *dir)
+{
+	stop_server();
+	logged[0] = 0;
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
+				  .max_tokens_limit = 50, .responses_dir = dir, .log = on_log};
+	char bound[100], err[WK_ERRSZ];
+	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
+	snprintf(base, sizeof base, "http://%s", bound);
+	http_api_set_state(srv, "READY");
+}
+
+/* --responses-dir: a kept response outlives the server (a worker scaled to zero, a dev
+ * session ended): the next one goes on from it, reads it and deletes it; a file that is not
+ * a kept response is logged and counted, not served. */
+Test(http_server, a_kept_response_outlives_the_server)
+{
+	char tmp[] = "/tmp/wick-kept-XXXXXX", dir[64], body[512], out[8192], id1[64], id2[64];
+	cr_assert_not_null(mkdtemp(tmp));
+	snprintf(dir, sizeof dir, "%s/kept", tmp);
+	start_kept(dir);
+	cr_expect(strstr(logged, "responses_dir: ") && strstr(logged, ": 0 kept responses"), "%s",
+		  logged);
+	struct queue_job j;
+	respond("{\"input\": \"hi\", \"instructions\": \"Be brief.\"}", "Hello", id1, sizeof id1, &j);
+	free(j.body);
+	respond("{\"input\": \"other\"}", "Other", id2, sizeof id2, &j);
+	free(j.body);
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_responses_kept{where=\"disk\"} 2\n") &&
+		  strstr(out, "wick_responses_kept{where=\"memory\"} 2\n"), "%s", out);
+
+	start_kept(dir); /* a new process: memory empty */
+	cr_expect(strstr(logged, ": 2 kept responses"), "%s", logged);
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_responses_kept{where=\"memory\"} 0\n"), "%s", out);
+	snprintf(body, sizeof body, "{\"input\": \"more\", \"previous_response_id\": \"%s\"}", id1);
+	char id3[64];
+	respond(body, "Done", id3, sizeof id3, &j);
+	json_t *jb = json_loads(j.body, 0, NULL);
+	free(j.body);
+	json_t *msgs = json_object_get(json_object_get(jb, "input"), "messages");
+	static const char *const want[][2] = {{"user", "hi"}, {"assistant", "Hello"},
+					      {"user", "more"}};
+	cr_assert_eq(json_array_size(msgs), 3, "%s", json_dumps(msgs, JSON_COMPACT));
+	for (size_t i = 0; i < 3; i++) {
+		json_t *m = json_array_get(msgs, i);
+		cr_expect_str_eq(json_string_value(json_object_get(m, "role")), want[i][0]);
+		cr_expect_str_eq(json_string_value(json_object_get(m, "content")), want[i][1]);
+	}
+	json_decref(jb);
+	char path[80];
+	snprintf(path, sizeof path, "/v1/responses/%s", id1);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, id1) && strstr(out, "\"text\":\"Hello\""), "%s", out);
+	/* deleted in memory and on disk: the next server has it not */
+	snprintf(path, sizeof path, "/v1/responses/%s", id2);
+	cr_expect_eq(delete(path, out, sizeof out), 200, "%s", out);
+	start_kept(dir);
+	cr_expect(strstr(logged, ": 2 kept responses"), "%s", logged); /* the first and third */
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
+	cr_expect(strstr(out, "--responses-dir"), "%s", out);
+	cr_expect_eq(delete(path, out, sizeof out), 404, "%s", out);
+	/* a file cut short: logged, counted, not found (and removed) */
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "truncate -s 10 %s/%s.*.json", dir, id3);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(body, sizeof body, "{\"input\": \"x\", \"previous_response_id\": \"%s\"}", id3);
+	cr_expect_eq(post("/v1/responses", body, out, sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "previous_response_not_found"), "%s", out);
+	cr_expect(strstr(logged, "not a kept response"), "%s", logged);
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_responses_dir_errors_total 1\n") &&
+		  strstr(out, "wick_responses_kept{where=\"disk\"} 1\n"), "%s", out);
+	/* a directory that cannot be one: named at start */
+	stop_server();
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .api_key = "k-123",
+				  .responses_dir = "/dev/null/kept"};
+	char bound[100], err[WK_ERRSZ];
+	cr_expect_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_EINVAL);
+	cr_expect(strstr(err, "--responses-dir") && strstr(err, "/dev/null/kept"), "%s", err);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+	cr_assert_eq(system(cmd), 0);
 }
 
 /* --sse-keepalive: a stream that waits (queued, or a long prefill) starts, then says it is

@@ -1,0 +1,267 @@
+/* Kept responses on disk (--responses-dir): they outlive the store that wrote them, a tenant
+ * sees only its own, the least recently used go past the bound, and a bad file or id is
+ * named, never a crash or a path outside the directory. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "worker/resp_store.h"
+
+static char dir[256], sub[300];
+static char err[WK_ERRSZ];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof dir, "/tmp/wick-rstore-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(sub, sizeof sub, "%s/kept", dir);
+}
+
+static void teardown(void)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(resp_store, .init = setup, .fini = teardown, .timeout = 60);
+
+static struct resp_store *open_store(uint64_t max)
+{
+	struct resp_store *s = NULL;
+	cr_assert_eq(resp_store_open(sub, max, &s, err, sizeof err), WK_OK, "%s", err);
+	return s;
+}
+
+/* A conversation of one user message of n bytes, and its object. */
+static void put(struct resp_store *s, const char *id, const char *tenant, const char *text)
+{
+	json_t *c = json_pack("[{s:s, s:s}]", "role", "user", "content", text);
+	json_t *o = json_pack("{s:s, s:s}", "id", id, "object", "response");
+	cr_assert_eq(resp_store_put(s, id, tenant, c, o, err, sizeof err), WK_OK, "%s", err);
+	json_decref(c);
+	json_decref(o);
+}
+
+/* The content of id's kept conversation, or NULL (and its status in *rc). */
+static char *got(struct resp_store *s, const char *id, const char *tenant, int *rc)
+{
+	json_t *c, *o;
+	*rc = resp_store_get(s, id, tenant, &c, &o, err, sizeof err);
+	if (*rc != WK_OK) {
+		cr_assert(!c && !o);
+		return NULL;
+	}
+	cr_expect_str_eq(json_string_value(json_object_get(o, "id")), id);
+	char *t = strdup(json_string_value(json_object_get(json_array_get(c, 0), "content")));
+	json_decref(c);
+	json_decref(o);
+	return t;
+}
+
+static int files_in(const char *d, const char *suffix)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -c '%s$'", d, suffix);
+	FILE *p = popen(cmd, "r");
+	int n = -1;
+	cr_assert_eq(fscanf(p, "%d", &n), 1);
+	pclose(p);
+	return n;
+}
+
+Test(resp_store, a_response_outlives_its_store)
+{
+	struct resp_store *s = open_store(0);
+	put(s, "resp_a1", "acme", "hello there");
+	put(s, "resp_b2", "acme", "second");
+	resp_store_close(s);
+
+	s = open_store(0); /* a new process: only the files */
+	uint64_t bytes = 0;
+	cr_expect_eq(resp_store_count(s, &bytes), 2);
+	cr_expect_gt(bytes, 50);
+	int rc;
+	char *t = got(s, "resp_a1", "acme", &rc);
+	cr_assert_eq(rc, WK_OK, "%s", err);
+	cr_expect_str_eq(t, "hello there");
+	free(t);
+	/* kept private: the directory 0700, each file 0600 */
+	struct stat st;
+	cr_assert_eq(stat(sub, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0700);
+	cr_expect_eq(files_in(sub, ".json"), 2);
+	char cmd[600], name[300] = "";
+	snprintf(cmd, sizeof cmd, "ls '%s' | head -1", sub);
+	FILE *p = popen(cmd, "r");
+	cr_assert(fgets(name, sizeof name, p));
+	pclose(p);
+	name[strcspn(name, "\n")] = 0;
+	char path[700];
+	snprintf(path, sizeof path, "%s/%s", sub, name);
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0600, "%s: %o", path, st.st_mode & 0777);
+	/* deleted: gone from disk, and from the next store */
+	cr_expect(resp_store_delete(s, "resp_a1", "acme"));
+	cr_expect_not(resp_store_delete(s, "resp_a1", "acme"));
+	cr_expect_null(got(s, "resp_a1", "acme", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND);
+	resp_store_close(s);
+	s = open_store(0);
+	cr_expect_eq(resp_store_count(s, NULL), 1);
+	cr_expect_null(got(s, "resp_a1", "acme", &rc));
+	t = got(s, "resp_b2", "acme", &rc);
+	cr_expect_str_eq(t, "second");
+	free(t);
+	resp_store_close(s);
+}
+
+Test(resp_store, a_tenant_sees_only_its_own)
+{
+	struct resp_store *s = open_store(0);
+	put(s, "resp_x", "acme", "acme's");
+	int rc;
+	cr_expect_null(got(s, "resp_x", "globex", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_not(resp_store_delete(s, "resp_x", "globex"));
+	put(s, "resp_x", "globex", "globex's"); /* the same id: another file */
+	char *t = got(s, "resp_x", "acme", &rc);
+	cr_expect_str_eq(t, "acme's");
+	free(t);
+	t = got(s, "resp_x", "globex", &rc);
+	cr_expect_str_eq(t, "globex's");
+	free(t);
+	cr_expect(resp_store_delete(s, "resp_x", "globex"));
+	t = got(s, "resp_x", "acme", &rc);
+	cr_expect_str_eq(t, "acme's");
+	free(t);
+	/* a file whose name is acme's but which says it is another tenant's: not acme's */
+	char cmd[900];
+	snprintf(cmd, sizeof cmd, "cd '%s' && f=$(ls resp_x.*.json) && "
+		 "sed -i 's/\"tenant\":\"acme\"/\"tenant\":\"other\"/' \"$f\"", sub);
+	cr_assert_eq(system(cmd), 0);
+	cr_expect_null(got(s, "resp_x", "acme", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND);
+	resp_store_close(s);
+}
+
+/* Ids that cannot be a file's name are not found and not written: no path outside DIR. */
+Test(resp_store, an_id_is_never_a_path)
+{
+	struct resp_store *s = open_store(0);
+	put(s, "resp_ok", "t", "x");
+	static const char *const bad[] = {"", "../resp_ok", "a/b", ".", "..", "resp ok",
+					  "resp_ok.json",
+					  "r23456789012345678901234567890123456789012345678"};
+	json_t *c = json_array(), *o = json_object();
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		int rc;
+		cr_expect_null(got(s, bad[i], "t", &rc), "%s", bad[i]);
+		cr_expect_eq(rc, WK_ENOTFOUND, "%s", bad[i]);
+		cr_expect_not(resp_store_delete(s, bad[i], "t"));
+		cr_expect_eq(resp_store_put(s, bad[i], "t", c, o, err, sizeof err), WK_EINVAL,
+			     "%s", bad[i]);
+	}
+	json_decref(c);
+	json_decref(o);
+	cr_expect_eq(files_in(sub, ".json"), 1);
+	cr_expect_eq(files_in(dir, ".json"), 0);
+	resp_store_close(s);
+}
+
+/* Past the bound the least recently used go: a read is a use, and survives a reopen. */
+Test(resp_store, the_least_recently_used_go_past_the_bound)
+{
+	char big[1001];
+	memset(big, 'x', 1000);
+	big[1000] = 0;
+	struct resp_store *s = open_store(3500); /* three files of ~1.1 KB */
+	put(s, "resp_1", "t", big);
+	usleep(20000);
+	put(s, "resp_2", "t", big);
+	usleep(20000);
+	put(s, "resp_3", "t", big);
+	cr_expect_eq(resp_store_count(s, NULL), 3);
+	usleep(20000);
+	int rc;
+	free(got(s, "resp_1", "t", &rc)); /* 1 is now the most recently used */
+	cr_expect_eq(rc, WK_OK);
+	usleep(20000);
+	put(s, "resp_4", "t", big); /* 2 goes */
+	cr_expect_eq(resp_store_count(s, NULL), 3);
+	cr_expect_null(got(s, "resp_2", "t", &rc));
+	usleep(20000); /* (a file's time is as fine as the kernel's tick) */
+	free(got(s, "resp_1", "t", &rc));
+	cr_expect_eq(rc, WK_OK);
+	resp_store_close(s);
+	/* a smaller bound at the next open: the oldest go (3, then 4; 1 was read last) */
+	s = open_store(1500);
+	cr_expect_eq(resp_store_count(s, NULL), 1);
+	free(got(s, "resp_1", "t", &rc));
+	cr_expect_eq(rc, WK_OK, "%s", err);
+	cr_expect_eq(files_in(sub, ".json"), 1);
+	/* one bigger than the bound alone is not written; the others stay */
+	char huge[2001];
+	memset(huge, 'y', 2000);
+	huge[2000] = 0;
+	json_t *c = json_pack("[{s:s}]", "content", huge), *o = json_object();
+	cr_expect_eq(resp_store_put(s, "resp_5", "t", c, o, err, sizeof err), WK_ELIMIT);
+	cr_expect(strstr(err, "past the bound"), "%s", err);
+	json_decref(c);
+	json_decref(o);
+	cr_expect_eq(resp_store_count(s, NULL), 1);
+	resp_store_close(s);
+}
+
+/* A file cut short (a crash on another host) is named and removed; a writer's stale
+ * temporary is removed at the next open, a fresh one (a writer at work) is left. */
+Test(resp_store, a_bad_file_is_named_and_removed)
+{
+	struct resp_store *s = open_store(0);
+	put(s, "resp_cut", "t", "will be cut");
+	put(s, "resp_odd", "t", "will be odd");
+	char cmd[900];
+	snprintf(cmd, sizeof cmd, "cd '%s' && truncate -s 20 resp_cut.*.json && "
+		 "f=$(ls resp_odd.*.json) && echo '{\"id\": \"resp_odd\"}' > \"$f\" && "
+		 "echo junk > stale.json.tmp && touch -d '-2 minutes' stale.json.tmp && "
+		 "echo junk > fresh.json.tmp && echo x > notes.txt", sub);
+	cr_assert_eq(system(cmd), 0);
+	int rc;
+	cr_expect_null(got(s, "resp_cut", "t", &rc));
+	cr_expect_eq(rc, WK_EFORMAT);
+	cr_expect(strstr(err, "resp_cut.") && strstr(err, "not a kept response"), "%s", err);
+	cr_expect_null(got(s, "resp_odd", "t", &rc));
+	cr_expect_eq(rc, WK_EFORMAT);
+	cr_expect(strstr(err, "no id, tenant, conversation or object"), "%s", err);
+	cr_expect_eq(files_in(sub, ".json"), 0);
+	cr_expect_eq(resp_store_count(s, NULL), 0);
+	resp_store_close(s);
+	s = open_store(0);
+	cr_expect_eq(files_in(sub, ".json.tmp"), 1); /* fresh.json.tmp */
+	cr_expect_eq(files_in(sub, ".txt"), 1);      /* not ours: left alone */
+	cr_expect_eq(resp_store_count(s, NULL), 0);
+	resp_store_close(s);
+}
+
+/* A directory that cannot be one is named at open. */
+Test(resp_store, a_bad_directory_is_named)
+{
+	char file[400];
+	snprintf(file, sizeof file, "%s/file", dir);
+	FILE *f = fopen(file, "w");
+	cr_assert_not_null(f);
+	fclose(f);
+	struct resp_store *s = NULL;
+	cr_expect_eq(resp_store_open(file, 0, &s, err, sizeof err), WK_EIO);
+	cr_expect(strstr(err, file) && strstr(err, "not a directory"), "%s", err);
+	cr_expect_null(s);
+	snprintf(file, sizeof file, "%s/no/such/dir", dir);
+	cr_expect_eq(resp_store_open(file, 0, &s, err, sizeof err), WK_EIO);
+	cr_expect(strstr(err, file), "%s", err);
+}

@@ -1,0 +1,318 @@
+/* resp_store.c - kept responses on disk (resp_store.h). */
+#include "worker/resp_store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "common/wk.h"
+
+#define ID_MAX 47
+#define NAME_MAX_ 80                  /* ID.T.json */
+#define DEFAULT_BYTES ((uint64_t)1 << 30)
+#define FILE_MAX ((size_t)1 << 30)    /* a file read, at most */
+#define STALE_TMP_S 60
+
+struct entry {
+	char name[NAME_MAX_];
+	uint64_t bytes;
+	double used; /* the file's mtime: its last write or read */
+};
+
+struct resp_store {
+	int dfd;
+	char dir[4096];
+	uint64_t max_bytes, bytes;
+	struct entry *e;
+	size_t n, cap;
+};
+
+static bool id_ok(const char *id)
+{
+	size_t n = strlen(id);
+	if (n < 1 || n > ID_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') ||
+		      (id[i] >= '0' && id[i] <= '9') || id[i] == '_' || id[i] == '-'))
+			return false;
+	return true;
+}
+
+/* Whether name is a kept response's file: ID.T.json. */
+static bool name_ok(const char *name)
+{
+	const char *dot = strchr(name, '.');
+	if (!dot || (size_t)(dot - name) > ID_MAX || dot == name || strlen(dot) != 22 ||
+	    strcmp(dot + 17, ".json"))
+		return false;
+	for (const char *p = dot + 1; p < dot + 17; p++)
+		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+			return false;
+	char id[ID_MAX + 1];
+	snprintf(id, sizeof id, "%.*s", (int)(dot - name), name);
+	return id_ok(id);
+}
+
+static void file_name(char *out, const char *id, const char *tenant)
+{
+	snprintf(out, NAME_MAX_, "%s.%016llx.json", id,
+		 (unsigned long long)XXH3_64bits(tenant, strlen(tenant)));
+}
+
+static double mtime_of(const struct stat *st)
+{
+	return (double)st->st_mtim.tv_sec + (double)st->st_mtim.tv_nsec * 1e-9;
+}
+
+static double now_real(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static struct entry *find(struct resp_store *s, const char *name)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (!strcmp(s->e[i].name, name))
+			return &s->e[i];
+	return NULL;
+}
+
+static void forget(struct resp_store *s, struct entry *x)
+{
+	s->bytes -= x->bytes;
+	*x = s->e[--s->n];
+}
+
+/* Indexes name at bytes and used (replacing what was known of it). WK_OK or WK_ENOMEM. */
+static int note(struct resp_store *s, const char *name, uint64_t bytes, double used)
+{
+	struct entry *x = find(s, name);
+	if (x) {
+		s->bytes -= x->bytes;
+	} else {
+		if (s->n == s->cap) {
+			size_t cap = s->cap ? s->cap * 2 : 64;
+			struct entry *e = realloc(s->e, cap * sizeof *e);
+			if (!e)
+				return WK_ENOMEM;
+			s->e = e;
+			s->cap = cap;
+		}
+		x = &s->e[s->n++];
+		snprintf(x->name, sizeof x->name, "%s", name);
+	}
+	x->bytes = bytes;
+	x->used = used;
+	s->bytes += bytes;
+	return WK_OK;
+}
+
+/* The least recently used files go, but keep, while the bytes pass the bound. */
+static void evict(struct resp_store *s, const char *keep)
+{
+	while (s->bytes > s->max_bytes) {
+		struct entry *old = NULL;
+		for (size_t i = 0; i < s->n; i++)
+			if ((!keep || strcmp(s->e[i].name, keep)) && (!old || s->e[i].used < old->used))
+				old = &s->e[i];
+		if (!old)
+			return;
+		unlinkat(s->dfd, old->name, 0); /* (gone already: another worker's eviction) */
+		forget(s, old);
+	}
+}
+
+void resp_store_close(struct resp_store *s)
+{
+	if (!s)
+		return;
+	if (s->dfd >= 0)
+		close(s->dfd);
+	free(s->e);
+	free(s);
+}
+
+/* Reads DIR: its responses indexed, stale temporaries removed. */
+static int scan(struct resp_store *s, char *err, size_t errsz)
+{
+	int fd = dup(s->dfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return wk_errf(err, errsz, WK_EIO, "%s: %s", s->dir, strerror(errno));
+	}
+	double now = now_real();
+	int rc = WK_OK;
+	struct dirent *de;
+	while (rc == WK_OK && (de = readdir(d))) {
+		struct stat st;
+		bool tmp = wk_ends_with(de->d_name, ".json.tmp");
+		if ((!tmp && !name_ok(de->d_name)) ||
+		    fstatat(s->dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+			continue;
+		if (tmp) {
+			if (now - mtime_of(&st) > STALE_TMP_S)
+				unlinkat(s->dfd, de->d_name, 0);
+			continue;
+		}
+		rc = note(s, de->d_name, (uint64_t)st.st_size, mtime_of(&st));
+	}
+	closedir(d);
+	if (rc != WK_OK)
+		return wk_errf(err, errsz, rc, "out of memory");
+	return WK_OK;
+}
+
+int resp_store_open(const char *dir, uint64_t max_bytes, struct resp_store **out, char *err,
+		    size_t errsz)
+{
+	*out = NULL;
+	struct resp_store *s = calloc(1, sizeof *s);
+	if (!s)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	s->max_bytes = max_bytes ? max_bytes : DEFAULT_BYTES;
+	if (snprintf(s->dir, sizeof s->dir, "%s", dir) >= (int)sizeof s->dir) {
+		free(s);
+		return wk_errf(err, errsz, WK_EINVAL, "%.100s...: path too long", dir);
+	}
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+		free(s);
+		return wk_errf(err, errsz, WK_EIO, "%s: cannot make it: %s", dir, strerror(errno));
+	}
+	s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->dfd < 0 || faccessat(s->dfd, ".", W_OK | X_OK, AT_EACCESS)) {
+		int e = errno;
+		resp_store_close(s);
+		return wk_errf(err, errsz, WK_EIO, "%s: %s", dir,
+			       e == ENOTDIR ? "not a directory" : strerror(e));
+	}
+	int rc = scan(s, err, errsz);
+	if (rc != WK_OK) {
+		resp_store_close(s);
+		return rc;
+	}
+	evict(s, NULL);
+	*out = s;
+	return WK_OK;
+}
+
+int resp_store_put(struct resp_store *s, const char *id, const char *tenant,
+		   const json_t *conversation, const json_t *object, char *err, size_t errsz)
+{
+	if (!id_ok(id))
+		return wk_errf(err, errsz, WK_EINVAL, "'%.60s' cannot be a kept response's id", id);
+	json_t *doc = json_pack("{s:s, s:s, s:O, s:O}", "id", id, "tenant", tenant, "conversation",
+				conversation, "object", object);
+	char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+	json_decref(doc);
+	if (!text)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	size_t len = strlen(text);
+	char name[NAME_MAX_], path[4200];
+	file_name(name, id, tenant);
+	snprintf(path, sizeof path, "%s/%s", s->dir, name);
+	int rc = len > s->max_bytes
+			 ? wk_errf(err, errsz, WK_ELIMIT, "%s: %zu bytes, past the bound of %llu", path,
+				   len, (unsigned long long)s->max_bytes)
+			 : wk_write_file_mode(path, text, len, 0600, err, errsz);
+	free(text);
+	if (rc == WK_OK && (rc = note(s, name, len, now_real())) != WK_OK)
+		rc = wk_errf(err, errsz, rc, "out of memory");
+	if (rc == WK_OK)
+		evict(s, name);
+	return rc;
+}
+
+/* A file read that is not a kept response of id: removed, and named. */
+static int bad_file(struct resp_store *s, const char *name, const char *path, const char *why,
+		    char *err, size_t errsz)
+{
+	unlinkat(s->dfd, name, 0);
+	struct entry *x = find(s, name);
+	if (x)
+		forget(s, x);
+	return wk_errf(err, errsz, WK_EFORMAT, "%s: not a kept response (%s): removed", path, why);
+}
+
+int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
+		   json_t **conversation, json_t **object, char *err, size_t errsz)
+{
+	*conversation = *object = NULL;
+	if (!id_ok(id))
+		return WK_ENOTFOUND;
+	char name[NAME_MAX_], path[4200];
+	file_name(name, id, tenant);
+	snprintf(path, sizeof path, "%s/%s", s->dir, name);
+	struct stat st;
+	if (fstatat(s->dfd, name, &st, 0) != 0 && errno == ENOENT) {
+		struct entry *x = find(s, name); /* (another worker's eviction, or a delete) */
+		if (x)
+			forget(s, x);
+		return WK_ENOTFOUND;
+	}
+	char *buf;
+	size_t len;
+	int rc = wk_read_file(path, FILE_MAX, &buf, &len, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	json_error_t je;
+	json_t *doc = json_loadb(buf, len, 0, &je);
+	free(buf);
+	if (!doc)
+		return bad_file(s, name, path, je.text, err, errsz);
+	json_t *c = json_object_get(doc, "conversation"), *o = json_object_get(doc, "object");
+	const char *fid = json_string_value(json_object_get(doc, "id"));
+	const char *ften = json_string_value(json_object_get(doc, "tenant"));
+	if (!json_is_array(c) || !json_is_object(o) || !fid || !ften) {
+		json_decref(doc);
+		return bad_file(s, name, path, "no id, tenant, conversation or object", err, errsz);
+	}
+	if (strcmp(fid, id) || strcmp(ften, tenant)) { /* (a hash's collision: another's) */
+		json_decref(doc);
+		return WK_ENOTFOUND;
+	}
+	*conversation = json_incref(c);
+	*object = json_incref(o);
+	json_decref(doc);
+	utimensat(s->dfd, name, NULL, 0); /* a use: the most recent now */
+	if (note(s, name, len, now_real()) == WK_OK)
+		evict(s, name);
+	return WK_OK;
+}
+
+bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant)
+{
+	if (!id_ok(id))
+		return false;
+	char name[NAME_MAX_];
+	file_name(name, id, tenant);
+	json_t *c, *o;
+	char err[256];
+	if (resp_store_get(s, id, tenant, &c, &o, err, sizeof err) != WK_OK)
+		return false; /* (not tenant's: left alone) */
+	json_decref(c);
+	json_decref(o);
+	bool gone = unlinkat(s->dfd, name, 0) == 0;
+	struct entry *x = find(s, name);
+	if (x)
+		forget(s, x);
+	return gone;
+}
+
+int resp_store_count(const struct resp_store *s, uint64_t *bytes)
+{
+	if (bytes)
+		*bytes = s ? s->bytes : 0;
+	return s ? (int)s->n : 0;
+}

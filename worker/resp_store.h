@@ -1,0 +1,64 @@
+/*
+ * resp_store.h - kept responses on disk (--responses-dir), so that they outlive the process.
+ *
+ * The Responses API keeps each response (store, the default) so that previous_response_id can
+ * go on from it. In memory alone (oai_kept) a worker that scales to zero forgets them all at
+ * its exit: a developer's agent that comes back after the idle timeout gets
+ * previous_response_not_found and loses its conversation. With a directory, each kept
+ * response is also a file there, read back when memory no longer holds it (after a restart,
+ * or past the memory's bounds).
+ *
+ * A response is the file DIR/ID.T.json, T being the 16 hex digits of XXH3_64bits of its
+ * tenant: {"id", "tenant", "conversation", "object"} (the chat messages through it, and its
+ * response object). Another tenant's lookup names another file, and the tenant inside is
+ * checked too. IDs are [A-Za-z0-9_-]{1,47}; any other is not found, and no path is built from
+ * it. Each file is written whole beside its name, fsync'd and renamed over it (mode 0600, in
+ * a directory made 0700: they hold tenants' conversations), so a crash leaves the file or
+ * none. A file that is not a kept response (cut short by a full disk on another host, edited)
+ * is removed when read, and reported.
+ *
+ * Bounded in bytes: past max_bytes the least recently used files go (a read counts as a use:
+ * it touches the file's time). The store knows the files that were there when it opened and
+ * those it wrote or read since; workers sharing DIR (a network volume) each bound what they
+ * know. Temporaries left by a writer killed mid-write are removed at the next open once a
+ * minute old.
+ *
+ * Not thread-safe: one thread (the HTTP server's) calls it.
+ */
+#ifndef WICK_RESP_STORE_H
+#define WICK_RESP_STORE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct resp_store;
+
+/* Opens DIR (made, mode 0700, where missing) bounded to max_bytes (0: 1 GiB), indexing the
+ * files there and removing the least recently used past the bound. WK_EIO naming the path
+ * (not a directory, no access), WK_ENOMEM. */
+int resp_store_open(const char *dir, uint64_t max_bytes, struct resp_store **out, char *err,
+		    size_t errsz);
+void resp_store_close(struct resp_store *s);
+
+/* Writes response id of tenant: {"id", "tenant", "conversation", "object"}. Then the least
+ * recently used others go while the files pass the bound (a response bigger than the bound
+ * alone is not written: WK_ELIMIT). WK_EINVAL for an id that cannot be a file name, WK_EIO
+ * naming the path (the older file, if any, stays), WK_ENOMEM. */
+int resp_store_put(struct resp_store *s, const char *id, const char *tenant,
+		   const json_t *conversation, const json_t *object, char *err, size_t errsz);
+
+/* Reads response id of tenant into *conversation and *object (new references). WK_OK;
+ * WK_ENOTFOUND where tenant has no such response (another's included); WK_EFORMAT where the
+ * file is not a kept response (it is removed; err names it); WK_EIO. */
+int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
+		   json_t **conversation, json_t **object, char *err, size_t errsz);
+
+/* Removes response id of tenant: whether there was one. */
+bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant);
+
+/* The files the store knows and their bytes. */
+int resp_store_count(const struct resp_store *s, uint64_t *bytes);
+
+#endif
