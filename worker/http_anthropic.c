@@ -421,12 +421,15 @@ json_t *oai_messages_error(const struct oai_err *e)
 
 /* ---- the message ---- */
 
-static const char *stop_reason(const struct oai_result *r)
+/* Why it stopped; skel holds the max_tokens it ran with (held to the server's limit): cut
+ * short of them, it met the context's end. */
+static const char *stop_reason(const json_t *skel, const struct oai_result *r)
 {
 	if (r->tool_calls)
 		return "tool_use";
+	json_int_t max = json_integer_value(json_object_get(skel, "max_tokens"));
 	if (r->finish_reason && !strcmp(r->finish_reason, "length"))
-		return "max_tokens";
+		return r->completion_tokens < max ? "model_context_window_exceeded" : "max_tokens";
 	return r->stop_sequence ? "stop_sequence" : "end_turn";
 }
 
@@ -460,7 +463,6 @@ static json_t *tool_use(const json_t *call, bool empty)
 json_t *oai_messages_object(const json_t *skel, const char *id, long created,
 			    const char *model, const struct oai_result *r)
 {
-	(void)skel;
 	(void)created;
 	json_t *content = json_array();
 	if (content && r->reasoning_len)
@@ -476,7 +478,8 @@ json_t *oai_messages_object(const json_t *skel, const char *id, long created,
 		json_array_append_new(content, tool_use(c, false));
 	return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:s?, s:o}", "id", id, "type", "message",
 			 "role", "assistant", "model", model, "content", content, "stop_reason",
-			 stop_reason(r), "stop_sequence", r->stop_sequence, "usage", usage(r));
+			 stop_reason(skel, r), "stop_sequence", r->stop_sequence, "usage",
+			 usage(r));
 }
 
 /* ---- the stream ---- */
@@ -570,7 +573,7 @@ static json_t *ms_end(struct oai_rstream *s, const struct oai_result *r)
 	}
 	json_t *u = usage(r);
 	push(evs, "message_delta", json_pack("{s:{s:s, s:s?}, s:o}", "delta", "stop_reason",
-					     stop_reason(r), "stop_sequence", r->stop_sequence,
+					     stop_reason(s->skel, r), "stop_sequence", r->stop_sequence,
 					     "usage", u));
 	push(evs, "message_stop", json_object());
 	return evs;

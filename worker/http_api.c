@@ -1800,6 +1800,14 @@ static bool api_body(struct http_api *h, struct evhttp_request *req, struct hcon
 	const json_t *mt = json_object_get(*chat, "max_tokens");
 	if (api->hold_max_tokens && json_integer_value(mt) > h->o.max_tokens_limit)
 		json_object_set_new(*chat, "max_tokens", json_integer(h->o.max_tokens_limit));
+	mt = json_object_get(*chat, "max_tokens");
+	if (api->hold_max_tokens && mt && /* (what it ran with, for why it stopped) */
+	    json_object_set(*skel, "max_tokens", (json_t *)mt)) {
+		json_decref(*chat);
+		json_decref(*skel);
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+		return false;
+	}
 	return true;
 }
 

@@ -1510,6 +1510,26 @@ Test(http_server, a_message_streams_anthropics_events)
 	cr_expect(end && !end[strlen("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
 				     "\"api_error\",\"message\":\"the engine failed\"}}\n\n")],
 		  "%s", d.out);
+	/* cut at the limit it was held to (50): max_tokens; cut before it, the context ended */
+	static const char *const why[][2] = {{"50", "max_tokens"},
+					     {"20", "model_context_window_exceeded"}};
+	for (int i = 0; i < 2; i++) {
+		struct call e = {.x_api_key = "k-123",
+				 .body = "{\"max_tokens\": 100000, \"messages\": [{\"role\": "
+					 "\"user\", \"content\": \"hi\"}]}"};
+		snprintf(e.url, sizeof e.url, "%s/v1/messages", base);
+		cr_assert_eq(pthread_create(&t, NULL, do_call, &e), 0);
+		f = take_one(&j);
+		free(j.body);
+		char res[300], want[100];
+		snprintf(res, sizeof res, "{\"status\": \"COMPLETED\", \"output\": {\"text\": "
+			 "\"Hi\", \"finish_reason\": \"length\"}, \"usage\": {\"prompt_tokens\": "
+			 "4, \"completion_tokens\": %s}}", why[i][0]);
+		http_api_finish(srv, f, res, strlen(res));
+		pthread_join(t, NULL);
+		snprintf(want, sizeof want, "\"stop_reason\":\"%s\"", why[i][1]);
+		cr_expect(e.status == 200 && strstr(e.out, want), "%s: %s", want, e.out);
+	}
 }
 
 /* Runs one response request (body) to its end with the answer text; its id into id. */

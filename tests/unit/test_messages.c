@@ -208,15 +208,19 @@ Test(messages, a_result_becomes_a_message)
 		       "\"cache_read_input_tokens\": 4, \"output_tokens\": 6}}");
 	json_decref(m);
 	oai_result_free(&r);
-	static const char *const ends[][3] = {
-		{"\"finish_reason\": \"length\"", "max_tokens", "null"},
-		{"\"finish_reason\": \"stop\"", "end_turn", "null"},
+	/* (the skeleton holds the max_tokens it ran with: 8; cut before them, the context ended) */
+	json_object_set_new(skel, "max_tokens", json_integer(8));
+	static const char *const ends[][4] = {
+		{"\"finish_reason\": \"length\"", "max_tokens", "null", "8"},
+		{"\"finish_reason\": \"length\"", "model_context_window_exceeded", "null", "5"},
+		{"\"finish_reason\": \"stop\"", "end_turn", "null", "5"},
 		{"\"finish_reason\": \"stop\", \"stop_sequence\": \"END\"", "stop_sequence",
-		 "\"END\""}};
-	for (size_t i = 0; i < 3; i++) {
+		 "\"END\"", "2"}};
+	for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
 		char res[300], want[100];
 		snprintf(res, sizeof res, "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"a\", "
-			 "%s}}", ends[i][0]);
+			 "%s}, \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": %s}}",
+			 ends[i][0], ends[i][3]);
 		r = result_of(res);
 		m = oai_messages_object(skel, "msg_abc", 1, "glm", &r);
 		cr_expect_str_eq(json_string_value(json_object_get(m, "stop_reason")), ends[i][1]);
