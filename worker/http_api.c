@@ -197,6 +197,7 @@ struct msg {
 struct http_api {
 	struct http_api_opts o;
 	char model[256];
+	char names[256 + HTTP_ALIASES_MAX * 130]; /* model, then the aliases: oai_model_ok's */
 	struct http_key *keys;
 	int n_keys;
 	double t_start;
@@ -299,6 +300,15 @@ int http_api_flag(struct http_api_opts *o, int c, const char *arg)
 		o->keepalive_s = v > 0 ? v : -1;
 		return 0;
 	case 8: o->responses_dir = arg; return 0;
+	case 10:
+		if (o->n_model_aliases == HTTP_ALIASES_MAX || !*arg || strlen(arg) > 128 ||
+		    strpbrk(arg, " \t\r\n")) {
+			fprintf(stderr, "wick: --model-alias wants a pattern of 1 to 128 characters and "
+				"no spaces, at most %d of them, not '%s'\n", HTTP_ALIASES_MAX, arg);
+			return 2;
+		}
+		o->model_aliases[o->n_model_aliases++] = arg;
+		return 0;
 	case 9: {
 		char perr[256];
 		if (plan_parse_size(arg, &o->responses_max, perr, sizeof perr) != WK_OK) {
@@ -1378,7 +1388,7 @@ static void route_models(struct http_api *h, struct evhttp_request *req, struct 
 		return;
 	}
 	const char *id = path + strlen("/v1/models/");
-	if (strcmp(id, h->model)) {
+	if (!oai_model_ok(h->names, id)) {
 		reply_errf(h, req, c, 404, "invalid_request_error", "model_not_found",
 			   "The model '%.200s' does not exist; this server serves '%s'", id, h->model);
 		return;
@@ -1435,7 +1445,7 @@ static int chat_prompt(struct http_api *h, const struct job_model *jm, const jso
 		       bool gen, const char *tenant, int **ids, int *n, struct oai_err *e)
 {
 	struct oai_req r = {0};
-	int st = oai_json_to_job(OAI_CHAT, chat, h->model, "tokenize", tenant, 1, &r, e);
+	int st = oai_json_to_job(OAI_CHAT, chat, h->names, "tokenize", tenant, 1, &r, e);
 	if (st)
 		return st;
 	struct job j;
@@ -1507,7 +1517,7 @@ static void route_tokenize(struct http_api *h, struct evhttp_request *req, struc
 		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_input", "%s", bad);
 		return;
 	}
-	if (json_is_string(model) && strcmp(json_string_value(model), h->model)) {
+	if (json_is_string(model) && !oai_model_ok(h->names, json_string_value(model))) {
 		reply_errf(h, req, c, 404, "invalid_request_error", "model_not_found",
 			   "The model '%.200s' does not exist; this server serves '%s'",
 			   json_string_value(model), h->model);
@@ -1846,8 +1856,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	if (api && !api_body(h, req, c, api, tenant, body, len, &chat, &skel, &conv))
 		return;
 	int lim = h->o.max_tokens_limit;
-	int rc = chat ? oai_json_to_job(kind, chat, h->model, id, tenant, lim, &r, &e)
-		      : oai_to_job(kind, body, len, h->model, id, tenant, lim, &r, &e);
+	int rc = chat ? oai_json_to_job(kind, chat, h->names, id, tenant, lim, &r, &e)
+		      : oai_to_job(kind, body, len, h->names, id, tenant, lim, &r, &e);
 	json_decref(chat);
 	if (rc) {
 		if (api)
@@ -2332,6 +2342,10 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 		const char *base = strrchr(p, '/');
 		snprintf(h->model, sizeof h->model, "%.255s", base && base[1] ? base + 1 : p);
 	}
+	size_t nl = (size_t)snprintf(h->names, sizeof h->names, "%s", h->model);
+	for (int i = 0; i < h->o.n_model_aliases && nl < sizeof h->names; i++)
+		nl += (size_t)snprintf(h->names + nl, sizeof h->names - nl, "\n%s",
+				       h->o.model_aliases[i]);
 
 	char host[256];
 	int port = 0, rc;

@@ -56,11 +56,15 @@
 	{"max-tokens-limit", required_argument, 0, HTTP_OPT_BASE + 6},                      \
 	{"sse-keepalive", required_argument, 0, HTTP_OPT_BASE + 7},                         \
 	{"responses-dir", required_argument, 0, HTTP_OPT_BASE + 8},                         \
-	{"responses-max", required_argument, 0, HTTP_OPT_BASE + 9}
+	{"responses-max", required_argument, 0, HTTP_OPT_BASE + 9},                         \
+	{"model-alias", required_argument, 0, HTTP_OPT_BASE + 10}
 
 #define HTTP_API_HELP                                                                       \
 	"  --listen HOST:PORT    also serve the OpenAI API over HTTP (wick dev: 127.0.0.1:8000)\n" \
 	"  --served-name NAME    the model id the API shows (default: the model's directory name)\n" \
+	"  --model-alias GLOB    a request may also name its model so (a shell pattern, repeatable\n" \
+	"                        up to 16): 'claude-*' lets Claude Code come with its own model\n" \
+	"                        names, '*' takes any; the API still shows NAME\n" \
 	"  --api-key KEY         require \"Authorization: Bearer KEY\" (tenant \"default\"; also\n" \
 	"                        the env var WICK_API_KEY); needed to listen on a non-loopback address\n" \
 	"  --api-keys FILE       keys and their tenants, one \"KEY TENANT\" per line (# comments)\n" \
@@ -78,9 +82,14 @@
 	"  --responses-max SIZE  DIR's responses, at most (e.g. 4GB): the least recently used\n" \
 	"                        go first (default 1GB)\n"
 
+#define HTTP_ALIASES_MAX 16
+
 struct http_api_opts {
 	const char *listen;        /* "HOST:PORT" ("[::1]:PORT" for IPv6); NULL: no server */
 	const char *served_name;   /* NULL: the basename of model */
+	const char *model_aliases[HTTP_ALIASES_MAX]; /* --model-alias: globs a request's model may
+						      * match instead */
+	int n_model_aliases;
 	const char *model;         /* the model path (for the default name) */
 	const char *api_key;       /* NULL: WICK_API_KEY when set */
 	const char *api_keys_file;

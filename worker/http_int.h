@@ -84,7 +84,7 @@ void oai_choice_id(char *out, size_t size, const char *id, int index, int n_choi
  * string or a list of token ids, or a list of those: one prompt each), max_tokens
  * (max_completion_tokens for chat wins; absent means max_tokens_limit), temperature, top_p,
  * top_k, seed (choice i of a prompt draws from seed + i), stop, ...; n choices of each
- * prompt. model, when present, must be model_name. The job documents are then checked with
+ * prompt. model, when present, must be model_name (oai_model_ok). The job documents are then checked with
  * job_decode, so every limit of the contract applies. Returns 0 (the caller then calls
  * oai_req_free), or the HTTP status of the error in *e (400, or 404 for another model); r
  * holds no jobs then. */
@@ -96,6 +96,10 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 int oai_json_to_job(enum oai_kind kind, const json_t *root, const char *model_name,
 		    const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 		    struct oai_err *e);
+/* Whether a request's model is the one served. names is model_name as oai_to_job takes it:
+ * the served name, then its aliases (--model-alias), each after a newline and each a shell
+ * glob (fnmatch: "claude-*", "*"). */
+bool oai_model_ok(const char *names, const char *model);
 
 /* The "text" members of parts (each a string, checked), total bytes in all, joined; NULL
  * when out of memory. */

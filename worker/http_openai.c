@@ -10,6 +10,7 @@
  * logit_bias, ...) is accepted, as clients send them by default.
  */
 #include <ctype.h>
+#include <fnmatch.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -611,6 +612,22 @@ int oai_to_job(enum oai_kind kind, const char *body, size_t len, const char *mod
 	return st;
 }
 
+bool oai_model_ok(const char *names, const char *model)
+{
+	size_t n = strcspn(names, "\n");
+	if (strlen(model) == n && !strncmp(names, model, n))
+		return true;
+	char pat[256];
+	for (const char *p = names + n; *p == '\n'; p += n) {
+		p++;
+		n = strcspn(p, "\n");
+		snprintf(pat, sizeof pat, "%.*s", (int)n, p);
+		if (n < sizeof pat && !fnmatch(pat, model, 0))
+			return true;
+	}
+	return false;
+}
+
 int oai_json_to_job(enum oai_kind kind, const json_t *root, const char *model_name,
 		    const char *id, const char *tenant, int max_tokens_limit, struct oai_req *r,
 		    struct oai_err *e)
@@ -628,11 +645,12 @@ int oai_json_to_job(enum oai_kind kind, const json_t *root, const char *model_na
 			st = oai_errf(e, 400, IRE, "invalid_input", "model", "model must be a string");
 			goto out;
 		}
-		if (strcmp(json_string_value(v), model_name) ||
+		if (!oai_model_ok(model_name, json_string_value(v)) ||
 		    strlen(json_string_value(v)) != json_string_length(v)) {
 			st = oai_errf(e, 404, IRE, "model_not_found", "model",
-				      "The model '%.200s' does not exist; this server serves '%s'",
-				      json_string_value(v), model_name);
+				      "The model '%.200s' does not exist; this server serves '%.*s'",
+				      json_string_value(v), (int)strcspn(model_name, "\n"),
+				      model_name);
 			goto out;
 		}
 	}

@@ -41,7 +41,8 @@
 #      false keeping none; the refusals
 #  12. Anthropic's Messages API (@anthropic-ai/sdk's messages): the chat's text and usage
 #      (input_tokens + cache_read_input_tokens its prompt_tokens), whole and streamed
-#      (messages.stream's events in order, its final message the same); stop_sequences cut
+#      (messages.stream's events in order, its final message the same), also under Claude
+#      Code's own model name (--model-alias 'claude-*'); stop_sequences cut
 #      the text (stop_reason stop_sequence, the string); system (a string or text blocks)
 #      billed as a system message, as countTokens counts; max_tokens 100000 held to the
 #      limit; refusals in Anthropic's shape (no max_tokens, an image, a server tool: 400
@@ -111,7 +112,7 @@ EOF
 P=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
 "$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 60 --speculate 3 \
-  --draft-cost 0.1 --ledger "$TMPD/ledger" 2>"$TMPD/dev.log" &
+  --draft-cost 0.1 --ledger "$TMPD/ledger" --model-alias 'claude-*' 2>"$TMPD/dev.log" &
 wait_dev $P $! "$TMPD/dev.log"
 node - "$OPENAI" "http://127.0.0.1:$P/v1" "$(basename "$m")" "$PROMPT" \
   "$TMPD/job.json" <<'EOF' || fail "the openai client"
@@ -948,6 +949,9 @@ const text = (r) => r.content.map((b) => b.text).join('');
          r.usage.output_tokens === c.usage.completion_tokens &&
          r.usage.cache_creation_input_tokens === 0 && r.stop_reason === stop,
          `${J(r.usage)} ${r.stop_reason} against ${J(c.usage)} ${c.choices[0].finish_reason}`);
+  // Claude Code's own model name, an alias (--model-alias 'claude-*'): the same message
+  const aliased = await client.messages.create({ ...ask, model: 'claude-sonnet-4-5-20250929' });
+  assert(text(aliased) === ct && aliased.model === model, `aliased: ${J(aliased).slice(0, 300)}`);
   // b. streamed: the events in order, the deltas the text, the final message the same
   const s = client.messages.stream(ask);
   const types = [];
@@ -1039,7 +1043,8 @@ const text = (r) => r.content.map((b) => b.text).join('');
   }
   console.log(`12. messages: ${r.usage.output_tokens} tokens, the chat's text and usage ` +
               `(${r.usage.input_tokens} + ${r.usage.cache_read_input_tokens} cached input ` +
-              `tokens), stop_reason ${r.stop_reason}, whole and in ${types.length} stream ` +
+              `tokens), stop_reason ${r.stop_reason}, also as claude-sonnet-4-5-20250929 ` +
+              `(--model-alias), whole and in ${types.length} stream ` +
               `events; stop_sequences [${J(word)}] cut it (${J(cutText)}); system billed as ` +
               `a system message (${counted} tokens against ${billed(bare.usage)}), as ` +
               `countTokens counts; max_tokens 100000 held (${big.usage.output_tokens} tokens, ` +

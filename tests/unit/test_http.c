@@ -161,6 +161,31 @@ Test(http, completion_becomes_a_job)
 	oai_req_free(&r);
 }
 
+/* --model-alias: the served name exactly, or an alias's glob; the error names the served one */
+Test(http, a_model_alias_is_a_glob)
+{
+	const char *names = "glm-5\nclaude-*\ngpt-4?";
+	static const char *const ok[] = {"glm-5", "claude-sonnet-4-5-20250929", "claude-", "gpt-4o"};
+	static const char *const no[] = {"glm", "glm-5x", "glm-5\nclaude-x", "gpt-4", "gpt-4oo",
+					 "Claude-x", ""};
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+		cr_expect(oai_model_ok(names, ok[i]), "%s", ok[i]);
+	for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+		cr_expect_not(oai_model_ok(names, no[i]), "%s", no[i]);
+	cr_expect(oai_model_ok("m\n*", "anything/at-all:1"));
+	cr_expect_not(oai_model_ok("m", "*"));
+	struct oai_req r;
+	struct oai_err e;
+	const char *body = "{\"model\": \"claude-haiku\", \"messages\": [{\"role\": \"user\", "
+			   "\"content\": \"a\"}]}";
+	cr_expect_eq(oai_to_job(OAI_CHAT, body, strlen(body), names, "c-1", "t", 100, &r, &e), 0);
+	oai_req_free(&r);
+	body = "{\"model\": \"llama\", \"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}";
+	cr_expect_eq(oai_to_job(OAI_CHAT, body, strlen(body), names, "c-1", "t", 100, &r, &e), 404);
+	cr_expect(strstr(e.message, "serves 'glm-5'") && !strstr(e.message, "claude"), "%s",
+		  e.message);
+}
+
 Test(http, errors_are_openai_shaped)
 {
 	struct oai_err e = err_of(OAI_CHAT, "{nope");
@@ -1530,6 +1555,50 @@ Test(http_server, a_message_streams_anthropics_events)
 		snprintf(want, sizeof want, "\"stop_reason\":\"%s\"", why[i][1]);
 		cr_expect(e.status == 200 && strstr(e.out, want), "%s: %s", want, e.out);
 	}
+}
+
+/* --model-alias: a request naming an alias runs on the served model, whose name the answer
+ * shows; another name is still a 404 on every route. */
+Test(http_server, a_model_alias_is_served)
+{
+	stop_server();
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
+				  .max_tokens_limit = 50, .model_aliases = {"claude-*", "gpt-4o"},
+				  .n_model_aliases = 2};
+	char bound[100], err[WK_ERRSZ], out[8192];
+	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
+	snprintf(base, sizeof base, "http://%s", bound);
+	http_api_set_state(srv, "READY");
+	static const char *const paths[] = {"/v1/messages", "/v1/chat/completions"};
+	static const char *const models[] = {"claude-sonnet-4-5-20250929", "gpt-4o"};
+	for (int i = 0; i < 2; i++) {
+		struct call c = {.key = "k-123"};
+		char body[300];
+		snprintf(body, sizeof body, "{\"model\": \"%s\", \"max_tokens\": 5, \"messages\": "
+			 "[{\"role\": \"user\", \"content\": \"hi\"}]}", models[i]);
+		c.body = body;
+		snprintf(c.url, sizeof c.url, "%s%s", base, paths[i]);
+		pthread_t t;
+		cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+		struct queue_job j;
+		struct http_flight *f = take_one(&j);
+		free(j.body);
+		const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Hi\", "
+				  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 4, "
+				  "\"completion_tokens\": 1}}";
+		http_api_finish(srv, f, res, strlen(res));
+		pthread_join(t, NULL);
+		cr_expect(c.status == 200 && strstr(c.out, "\"model\":\"tiny\""), "%s: %ld %s",
+			  models[i], c.status, c.out);
+		snprintf(body, sizeof body, "{\"model\": \"gpt-4o-mini\", \"max_tokens\": 5, "
+			 "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}");
+		cr_expect_eq(post(paths[i], body, out, sizeof out), 404, "%s", out);
+	}
+	cr_expect_eq(get("/v1/models/claude-opus-4-1", "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, "\"id\":\"tiny\""), "%s", out);
+	cr_expect_eq(get("/v1/models/llama", "k-123", out, sizeof out), 404, "%s", out);
+	cr_expect_eq(get("/v1/models", "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, "\"id\":\"tiny\"") && !strstr(out, "claude"), "%s", out);
 }
 
 /* Runs one response request (body) to its end with the answer text; its id into id. */
