@@ -975,6 +975,12 @@ static void server_log(struct http_api *h, const char *event, const char *msg)
 		fprintf(stderr, "wick: %s: %s\n", event, msg);
 }
 
+/* The writer of --responses-dir's failed writes (from its thread). */
+static void store_log(void *ctx, const char *msg)
+{
+	server_log(ctx, "responses_dir", msg);
+}
+
 /* Where responses are kept, for the errors that name one not kept. */
 static const char *kept_where(const struct http_api *h)
 {
@@ -1692,8 +1698,8 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_prefix_cache_entry_tokens gauge\nwick_prefix_cache_entry_tokens %ld\n",
 		pc->hits - pc->copies, pc->copies, pc->misses, pc->hit_tokens, pc->waits,
 		pc->evicted, pc->entries, pc->tokens);
-	uint64_t disk_bytes = 0;
-	int on_disk = resp_store_count(h->store, &disk_bytes);
+	uint64_t disk_bytes = 0, disk_errors = 0;
+	int on_disk = resp_store_count(h->store, &disk_bytes, &disk_errors);
 	evbuffer_add_printf(b,
 		"# HELP wick_responses_kept The Responses API's kept responses (store), in memory and "
 		"in --responses-dir.\n# TYPE wick_responses_kept gauge\n"
@@ -1703,7 +1709,7 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"--responses-dir (each logged).\n# TYPE wick_responses_dir_errors_total counter\n"
 		"wick_responses_dir_errors_total %llu\n",
 		oai_kept_count(h->kept), on_disk, (unsigned long long)disk_bytes,
-		(unsigned long long)h->store_errors);
+		(unsigned long long)(h->store_errors + disk_errors));
 	put_hist(b, "wick_time_to_first_token_seconds",
 		 "From a request's arrival to its first generated token.", &h->ttft);
 	put_hist(b, "wick_time_per_output_token_seconds",
@@ -2315,15 +2321,15 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 	}
 	if (h->o.responses_dir) {
 		char serr[WK_ERRSZ];
-		int src = resp_store_open(h->o.responses_dir, h->o.responses_max, &h->store, serr,
-					  sizeof serr);
+		int src = resp_store_open(h->o.responses_dir, h->o.responses_max, store_log, h,
+					  &h->store, serr, sizeof serr);
 		if (src != WK_OK) {
 			free_api(h);
 			return wk_errf(err, errsz, src == WK_ENOMEM ? src : WK_EINVAL,
 				       "--responses-dir: %s", serr);
 		}
 		uint64_t bytes;
-		int n = resp_store_count(h->store, &bytes);
+		int n = resp_store_count(h->store, &bytes, NULL);
 		snprintf(serr, sizeof serr, "%s: %d kept responses (%.1f MB) to go on from",
 			 h->o.responses_dir, n, (double)bytes / 1e6);
 		server_log(h, "responses_dir", serr);

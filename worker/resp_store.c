@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +27,31 @@ struct entry {
 	double used; /* the file's mtime: its last write or read */
 };
 
+/* A file to write: its name and whole text. */
+struct pending {
+	char name[NAME_MAX_];
+	char *text;
+	size_t len;
+	struct pending *next;
+};
+
 struct resp_store {
 	int dfd;
 	char dir[4096];
-	uint64_t max_bytes, bytes;
+	uint64_t max_bytes;
+	void (*log)(void *ctx, const char *msg);
+	void *log_ctx;
+	/* under mu: the index, the files waiting for the writer, its errors */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t bytes;
 	struct entry *e;
 	size_t n, cap;
+	struct pending *head, *tail, *busy; /* busy: the one being written (out of the list) */
+	size_t n_pending;
+	uint64_t pending_bytes, errors;
+	bool stop, thread_started;
+	pthread_t thread;
 };
 
 static bool id_ok(const char *id)
@@ -117,7 +137,7 @@ static int note(struct resp_store *s, const char *name, uint64_t bytes, double u
 	return WK_OK;
 }
 
-/* The least recently used files go, but keep, while the bytes pass the bound. */
+/* The least recently used files go, but keep, while the bytes pass the bound (under mu). */
 static void evict(struct resp_store *s, const char *keep)
 {
 	while (s->bytes > s->max_bytes) {
@@ -132,14 +152,74 @@ static void evict(struct resp_store *s, const char *keep)
 	}
 }
 
+/* The writer thread: each pending file written whole (fsync'd, renamed), indexed, and the
+ * least recently used past the bound removed; a failure logged and counted. */
+static void *writer(void *arg)
+{
+	struct resp_store *s = arg;
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		while (!s->head && !s->stop)
+			pthread_cond_wait(&s->cv, &s->mu);
+		struct pending *p = s->head;
+		if (!p)
+			break; /* (stopping, nothing left) */
+		s->head = p->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->busy = p;
+		pthread_mutex_unlock(&s->mu);
+		char path[4200], err[512];
+		snprintf(path, sizeof path, "%s/%s", s->dir, p->name);
+		int rc = wk_write_file_mode(path, p->text, p->len, 0600, err, sizeof err);
+		pthread_mutex_lock(&s->mu);
+		s->busy = NULL;
+		s->n_pending--;
+		s->pending_bytes -= p->len;
+		if (rc == WK_OK && note(s, p->name, p->len, now_real()) != WK_OK)
+			rc = wk_errf(err, sizeof err, WK_ENOMEM, "%s: out of memory", path);
+		if (rc == WK_OK)
+			evict(s, p->name);
+		else
+			s->errors++;
+		pthread_cond_broadcast(&s->cv); /* (resp_store_flush) */
+		if (rc != WK_OK && s->log) {
+			pthread_mutex_unlock(&s->mu);
+			s->log(s->log_ctx, err);
+			pthread_mutex_lock(&s->mu);
+		}
+		free(p->text);
+		free(p);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
 void resp_store_close(struct resp_store *s)
 {
 	if (!s)
 		return;
+	if (s->thread_started) { /* (it writes what is pending first) */
+		pthread_mutex_lock(&s->mu);
+		s->stop = true;
+		pthread_cond_signal(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+		pthread_join(s->thread, NULL);
+	}
 	if (s->dfd >= 0)
 		close(s->dfd);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
 	free(s->e);
 	free(s);
+}
+
+void resp_store_flush(struct resp_store *s)
+{
+	pthread_mutex_lock(&s->mu);
+	while (s->head || s->busy)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
 }
 
 /* Reads DIR: its responses indexed, stale temporaries removed. */
@@ -174,21 +254,27 @@ static int scan(struct resp_store *s, char *err, size_t errsz)
 	return WK_OK;
 }
 
-int resp_store_open(const char *dir, uint64_t max_bytes, struct resp_store **out, char *err,
-		    size_t errsz)
+int resp_store_open(const char *dir, uint64_t max_bytes, void (*log)(void *ctx, const char *msg),
+		    void *log_ctx, struct resp_store **out, char *err, size_t errsz)
 {
 	*out = NULL;
 	struct resp_store *s = calloc(1, sizeof *s);
 	if (!s)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	s->dfd = -1;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
 	s->max_bytes = max_bytes ? max_bytes : DEFAULT_BYTES;
+	s->log = log;
+	s->log_ctx = log_ctx;
 	if (snprintf(s->dir, sizeof s->dir, "%s", dir) >= (int)sizeof s->dir) {
-		free(s);
+		resp_store_close(s);
 		return wk_errf(err, errsz, WK_EINVAL, "%.100s...: path too long", dir);
 	}
 	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-		free(s);
-		return wk_errf(err, errsz, WK_EIO, "%s: cannot make it: %s", dir, strerror(errno));
+		int e = errno;
+		resp_store_close(s);
+		return wk_errf(err, errsz, WK_EIO, "%s: cannot make it: %s", dir, strerror(e));
 	}
 	s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (s->dfd < 0 || faccessat(s->dfd, ".", W_OK | X_OK, AT_EACCESS)) {
@@ -203,6 +289,11 @@ int resp_store_open(const char *dir, uint64_t max_bytes, struct resp_store **out
 		return rc;
 	}
 	evict(s, NULL);
+	if ((rc = pthread_create(&s->thread, NULL, writer, s))) {
+		resp_store_close(s);
+		return wk_errf(err, errsz, WK_ENOMEM, "the writer thread: %s", strerror(rc));
+	}
+	s->thread_started = true;
 	*out = s;
 	return WK_OK;
 }
@@ -219,19 +310,42 @@ int resp_store_put(struct resp_store *s, const char *id, const char *tenant,
 	if (!text)
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	size_t len = strlen(text);
-	char name[NAME_MAX_], path[4200];
-	file_name(name, id, tenant);
-	snprintf(path, sizeof path, "%s/%s", s->dir, name);
-	int rc = len > s->max_bytes
-			 ? wk_errf(err, errsz, WK_ELIMIT, "%s: %zu bytes, past the bound of %llu", path,
-				   len, (unsigned long long)s->max_bytes)
-			 : wk_write_file_mode(path, text, len, 0600, err, errsz);
-	free(text);
-	if (rc == WK_OK && (rc = note(s, name, len, now_real())) != WK_OK)
-		rc = wk_errf(err, errsz, rc, "out of memory");
-	if (rc == WK_OK)
-		evict(s, name);
-	return rc;
+	struct pending *p = calloc(1, sizeof *p);
+	if (!p) {
+		free(text);
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	}
+	file_name(p->name, id, tenant);
+	if (len > s->max_bytes) {
+		free(text);
+		free(p);
+		return wk_errf(err, errsz, WK_ELIMIT, "%s/%s: %zu bytes, past the bound of %llu",
+			       s->dir, p->name, len, (unsigned long long)s->max_bytes);
+	}
+	p->text = text;
+	p->len = len;
+	pthread_mutex_lock(&s->mu);
+	if (s->tail)
+		s->tail->next = p;
+	else
+		s->head = p;
+	s->tail = p;
+	s->n_pending++;
+	s->pending_bytes += len;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return WK_OK;
+}
+
+/* The pending file of name, or NULL (under mu). */
+static struct pending *pending_of(struct resp_store *s, const char *name)
+{
+	if (s->busy && !strcmp(s->busy->name, name))
+		return s->busy;
+	for (struct pending *p = s->head; p; p = p->next)
+		if (!strcmp(p->name, name))
+			return p;
+	return NULL;
 }
 
 /* A file read that is not a kept response of id: removed, and named. */
@@ -239,10 +353,39 @@ static int bad_file(struct resp_store *s, const char *name, const char *path, co
 		    char *err, size_t errsz)
 {
 	unlinkat(s->dfd, name, 0);
+	pthread_mutex_lock(&s->mu);
 	struct entry *x = find(s, name);
 	if (x)
 		forget(s, x);
+	pthread_mutex_unlock(&s->mu);
 	return wk_errf(err, errsz, WK_EFORMAT, "%s: not a kept response (%s): removed", path, why);
+}
+
+/* The text of name: still pending (a copy), else its file's. WK_OK, WK_ENOTFOUND, WK_EIO. */
+static int text_of(struct resp_store *s, const char *name, const char *path, char **buf,
+		   size_t *len, bool *from_file, char *err, size_t errsz)
+{
+	pthread_mutex_lock(&s->mu);
+	struct pending *p = pending_of(s, name);
+	*buf = p ? malloc(p->len + 1) : NULL;
+	if (*buf) {
+		memcpy(*buf, p->text, p->len + 1);
+		*len = p->len;
+	}
+	pthread_mutex_unlock(&s->mu);
+	*from_file = !p;
+	if (p)
+		return *buf ? WK_OK : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	struct stat st;
+	if (fstatat(s->dfd, name, &st, 0) != 0 && errno == ENOENT) {
+		pthread_mutex_lock(&s->mu);
+		struct entry *x = find(s, name); /* (another worker's eviction, or a delete) */
+		if (x)
+			forget(s, x);
+		pthread_mutex_unlock(&s->mu);
+		return WK_ENOTFOUND;
+	}
+	return wk_read_file(path, FILE_MAX, buf, len, err, errsz);
 }
 
 int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
@@ -254,16 +397,10 @@ int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
 	char name[NAME_MAX_], path[4200];
 	file_name(name, id, tenant);
 	snprintf(path, sizeof path, "%s/%s", s->dir, name);
-	struct stat st;
-	if (fstatat(s->dfd, name, &st, 0) != 0 && errno == ENOENT) {
-		struct entry *x = find(s, name); /* (another worker's eviction, or a delete) */
-		if (x)
-			forget(s, x);
-		return WK_ENOTFOUND;
-	}
 	char *buf;
 	size_t len;
-	int rc = wk_read_file(path, FILE_MAX, &buf, &len, err, errsz);
+	bool from_file;
+	int rc = text_of(s, name, path, &buf, &len, &from_file, err, errsz);
 	if (rc != WK_OK)
 		return rc;
 	json_error_t je;
@@ -285,9 +422,13 @@ int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
 	*conversation = json_incref(c);
 	*object = json_incref(o);
 	json_decref(doc);
-	utimensat(s->dfd, name, NULL, 0); /* a use: the most recent now */
-	if (note(s, name, len, now_real()) == WK_OK)
-		evict(s, name);
+	if (from_file) {
+		utimensat(s->dfd, name, NULL, 0); /* a use: the most recent now */
+		pthread_mutex_lock(&s->mu);
+		if (note(s, name, len, now_real()) == WK_OK)
+			evict(s, name);
+		pthread_mutex_unlock(&s->mu);
+	}
 	return WK_OK;
 }
 
@@ -303,16 +444,47 @@ bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant)
 		return false; /* (not tenant's: left alone) */
 	json_decref(c);
 	json_decref(o);
-	bool gone = unlinkat(s->dfd, name, 0) == 0;
+	pthread_mutex_lock(&s->mu);
+	while (s->busy && !strcmp(s->busy->name, name)) /* (being written: let it end) */
+		pthread_cond_wait(&s->cv, &s->mu);
+	for (struct pending **pp = &s->head, *prev = NULL; *pp;) {
+		struct pending *p = *pp;
+		if (strcmp(p->name, name)) {
+			prev = p;
+			pp = &p->next;
+			continue;
+		}
+		*pp = p->next;
+		if (s->tail == p)
+			s->tail = prev;
+		s->n_pending--;
+		s->pending_bytes -= p->len;
+		free(p->text);
+		free(p);
+	}
 	struct entry *x = find(s, name);
 	if (x)
 		forget(s, x);
-	return gone;
+	pthread_mutex_unlock(&s->mu);
+	unlinkat(s->dfd, name, 0); /* (none: it was still pending) */
+	return true;
 }
 
-int resp_store_count(const struct resp_store *s, uint64_t *bytes)
+int resp_store_count(struct resp_store *s, uint64_t *bytes, uint64_t *errors)
 {
+	if (!s) {
+		if (bytes)
+			*bytes = 0;
+		if (errors)
+			*errors = 0;
+		return 0;
+	}
+	pthread_mutex_lock(&s->mu);
+	int n = (int)(s->n + s->n_pending);
 	if (bytes)
-		*bytes = s ? s->bytes : 0;
-	return s ? (int)s->n : 0;
+		*bytes = s->bytes + s->pending_bytes;
+	if (errors)
+		*errors = s->errors;
+	pthread_mutex_unlock(&s->mu);
+	return n;
 }

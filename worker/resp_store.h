@@ -17,13 +17,19 @@
  * none. A file that is not a kept response (cut short by a full disk on another host, edited)
  * is removed when read, and reported.
  *
+ * Files are written by the store's own thread, so that a slow disk or a network volume
+ * (fsync and close are round trips there) never holds up the caller (the HTTP server's event
+ * loop): a put hands the text over and returns; a get finds a response still waiting to be
+ * written; closing writes what is waiting first. A write that fails is logged through the
+ * callback given at open (from the writer thread) and counted.
+ *
  * Bounded in bytes: past max_bytes the least recently used files go (a read counts as a use:
  * it touches the file's time). The store knows the files that were there when it opened and
  * those it wrote or read since; workers sharing DIR (a network volume) each bound what they
  * know. Temporaries left by a writer killed mid-write are removed at the next open once a
  * minute old.
  *
- * Not thread-safe: one thread (the HTTP server's) calls it.
+ * One thread calls it (the HTTP server's), beside the store's writer.
  */
 #ifndef WICK_RESP_STORE_H
 #define WICK_RESP_STORE_H
@@ -36,16 +42,21 @@
 struct resp_store;
 
 /* Opens DIR (made, mode 0700, where missing) bounded to max_bytes (0: 1 GiB), indexing the
- * files there and removing the least recently used past the bound. WK_EIO naming the path
- * (not a directory, no access), WK_ENOMEM. */
-int resp_store_open(const char *dir, uint64_t max_bytes, struct resp_store **out, char *err,
-		    size_t errsz);
+ * files there and removing the least recently used past the bound, and starts the writer;
+ * log (NULL: none) gets each failed write's message. WK_EIO naming the path (not a
+ * directory, no access), WK_ENOMEM. */
+int resp_store_open(const char *dir, uint64_t max_bytes, void (*log)(void *ctx, const char *msg),
+		    void *log_ctx, struct resp_store **out, char *err, size_t errsz);
+/* Writes what is waiting, then ends the writer and frees s. NULL is fine. */
 void resp_store_close(struct resp_store *s);
+/* Waits until every response put has been written (or has failed). */
+void resp_store_flush(struct resp_store *s);
 
-/* Writes response id of tenant: {"id", "tenant", "conversation", "object"}. Then the least
- * recently used others go while the files pass the bound (a response bigger than the bound
- * alone is not written: WK_ELIMIT). WK_EINVAL for an id that cannot be a file name, WK_EIO
- * naming the path (the older file, if any, stays), WK_ENOMEM. */
+/* Keeps response id of tenant: {"id", "tenant", "conversation", "object"}, handed to the
+ * writer; once written, the least recently used others go while the files pass the bound. A
+ * response bigger than the bound alone is not kept (WK_ELIMIT); WK_EINVAL for an id that
+ * cannot be a file name; WK_ENOMEM. A failed write (the older file, if any, stays) is the
+ * writer's to log. */
 int resp_store_put(struct resp_store *s, const char *id, const char *tenant,
 		   const json_t *conversation, const json_t *object, char *err, size_t errsz);
 
@@ -58,7 +69,8 @@ int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
 /* Removes response id of tenant: whether there was one. */
 bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant);
 
-/* The files the store knows and their bytes. */
-int resp_store_count(const struct resp_store *s, uint64_t *bytes);
+/* The responses the store knows (files, and those waiting to be written), their bytes, and
+ * the writes that failed; NULL s: none. */
+int resp_store_count(struct resp_store *s, uint64_t *bytes, uint64_t *errors);
 
 #endif

@@ -10,6 +10,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "common/wk.h"
 #include "worker/resp_store.h"
 
@@ -32,21 +34,38 @@ static void teardown(void)
 
 TestSuite(resp_store, .init = setup, .fini = teardown, .timeout = 60);
 
+static char logged[2048]; /* the writer's messages */
+
+static void on_log(void *ctx, const char *msg)
+{
+	(void)ctx;
+	size_t o = strlen(logged);
+	snprintf(logged + o, sizeof logged - o, "%s\n", msg);
+}
+
 static struct resp_store *open_store(uint64_t max)
 {
 	struct resp_store *s = NULL;
-	cr_assert_eq(resp_store_open(sub, max, &s, err, sizeof err), WK_OK, "%s", err);
+	logged[0] = 0;
+	cr_assert_eq(resp_store_open(sub, max, on_log, NULL, &s, err, sizeof err), WK_OK, "%s", err);
 	return s;
 }
 
-/* A conversation of one user message of n bytes, and its object. */
-static void put(struct resp_store *s, const char *id, const char *tenant, const char *text)
+/* Keeps a conversation of one user message, and its object (not waiting for the writer). */
+static void put_async(struct resp_store *s, const char *id, const char *tenant, const char *text)
 {
 	json_t *c = json_pack("[{s:s, s:s}]", "role", "user", "content", text);
 	json_t *o = json_pack("{s:s, s:s}", "id", id, "object", "response");
 	cr_assert_eq(resp_store_put(s, id, tenant, c, o, err, sizeof err), WK_OK, "%s", err);
 	json_decref(c);
 	json_decref(o);
+}
+
+/* ... and waits until it is written. */
+static void put(struct resp_store *s, const char *id, const char *tenant, const char *text)
+{
+	put_async(s, id, tenant, text);
+	resp_store_flush(s);
 }
 
 /* The content of id's kept conversation, or NULL (and its status in *rc). */
@@ -85,7 +104,7 @@ Test(resp_store, a_response_outlives_its_store)
 
 	s = open_store(0); /* a new process: only the files */
 	uint64_t bytes = 0;
-	cr_expect_eq(resp_store_count(s, &bytes), 2);
+	cr_expect_eq(resp_store_count(s, &bytes, NULL), 2);
 	cr_expect_gt(bytes, 50);
 	int rc;
 	char *t = got(s, "resp_a1", "acme", &rc);
@@ -114,7 +133,7 @@ Test(resp_store, a_response_outlives_its_store)
 	cr_expect_eq(rc, WK_ENOTFOUND);
 	resp_store_close(s);
 	s = open_store(0);
-	cr_expect_eq(resp_store_count(s, NULL), 1);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
 	cr_expect_null(got(s, "resp_a1", "acme", &rc));
 	t = got(s, "resp_b2", "acme", &rc);
 	cr_expect_str_eq(t, "second");
@@ -187,14 +206,14 @@ Test(resp_store, the_least_recently_used_go_past_the_bound)
 	put(s, "resp_2", "t", big);
 	usleep(20000);
 	put(s, "resp_3", "t", big);
-	cr_expect_eq(resp_store_count(s, NULL), 3);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 3);
 	usleep(20000);
 	int rc;
 	free(got(s, "resp_1", "t", &rc)); /* 1 is now the most recently used */
 	cr_expect_eq(rc, WK_OK);
 	usleep(20000);
 	put(s, "resp_4", "t", big); /* 2 goes */
-	cr_expect_eq(resp_store_count(s, NULL), 3);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 3);
 	cr_expect_null(got(s, "resp_2", "t", &rc));
 	usleep(20000); /* (a file's time is as fine as the kernel's tick) */
 	free(got(s, "resp_1", "t", &rc));
@@ -202,7 +221,7 @@ Test(resp_store, the_least_recently_used_go_past_the_bound)
 	resp_store_close(s);
 	/* a smaller bound at the next open: the oldest go (3, then 4; 1 was read last) */
 	s = open_store(1500);
-	cr_expect_eq(resp_store_count(s, NULL), 1);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
 	free(got(s, "resp_1", "t", &rc));
 	cr_expect_eq(rc, WK_OK, "%s", err);
 	cr_expect_eq(files_in(sub, ".json"), 1);
@@ -215,7 +234,7 @@ Test(resp_store, the_least_recently_used_go_past_the_bound)
 	cr_expect(strstr(err, "past the bound"), "%s", err);
 	json_decref(c);
 	json_decref(o);
-	cr_expect_eq(resp_store_count(s, NULL), 1);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
 	resp_store_close(s);
 }
 
@@ -240,12 +259,12 @@ Test(resp_store, a_bad_file_is_named_and_removed)
 	cr_expect_eq(rc, WK_EFORMAT);
 	cr_expect(strstr(err, "no id, tenant, conversation or object"), "%s", err);
 	cr_expect_eq(files_in(sub, ".json"), 0);
-	cr_expect_eq(resp_store_count(s, NULL), 0);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 0);
 	resp_store_close(s);
 	s = open_store(0);
 	cr_expect_eq(files_in(sub, ".json.tmp"), 1); /* fresh.json.tmp */
 	cr_expect_eq(files_in(sub, ".txt"), 1);      /* not ours: left alone */
-	cr_expect_eq(resp_store_count(s, NULL), 0);
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 0);
 	resp_store_close(s);
 }
 
@@ -258,10 +277,49 @@ Test(resp_store, a_bad_directory_is_named)
 	cr_assert_not_null(f);
 	fclose(f);
 	struct resp_store *s = NULL;
-	cr_expect_eq(resp_store_open(file, 0, &s, err, sizeof err), WK_EIO);
+	cr_expect_eq(resp_store_open(file, 0, NULL, NULL, &s, err, sizeof err), WK_EIO);
 	cr_expect(strstr(err, file) && strstr(err, "not a directory"), "%s", err);
 	cr_expect_null(s);
 	snprintf(file, sizeof file, "%s/no/such/dir", dir);
-	cr_expect_eq(resp_store_open(file, 0, &s, err, sizeof err), WK_EIO);
+	cr_expect_eq(resp_store_open(file, 0, NULL, NULL, &s, err, sizeof err), WK_EIO);
 	cr_expect(strstr(err, file), "%s", err);
+}
+
+/* The writer's thread writes: a put returns at once, a get finds a response still waiting, a
+ * close writes what waits, and a write that fails is logged and counted, not a crash. */
+Test(resp_store, the_writer_writes_and_a_failure_is_logged)
+{
+	struct resp_store *s = open_store(0);
+	int rc;
+	for (int i = 0; i < 50; i++) { /* each readable at once, written or waiting */
+		char id[32], text[32];
+		snprintf(id, sizeof id, "resp_w%d", i);
+		snprintf(text, sizeof text, "turn %d", i);
+		put_async(s, id, "t", text);
+		char *t = got(s, id, "t", &rc);
+		cr_expect(rc == WK_OK && t && !strcmp(t, text), "%s: %d %s", id, rc, err);
+		free(t);
+	}
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 50);
+	put_async(s, "resp_gone", "t", "deleted before or after its write");
+	cr_expect(resp_store_delete(s, "resp_gone", "t"));
+	resp_store_close(s); /* writes what waits */
+	cr_expect_eq(files_in(sub, ".json"), 50);
+	/* a write that fails: its temporary's name taken by a directory */
+	s = open_store(0);
+	char tmp[700];
+	snprintf(tmp, sizeof tmp, "%s/resp_bad.%016llx.json.tmp", sub,
+		 (unsigned long long)XXH3_64bits("t", 1));
+	cr_assert_eq(mkdir(tmp, 0700), 0);
+	put(s, "resp_bad", "t", "x");
+	uint64_t errors = 0;
+	cr_expect_eq(resp_store_count(s, NULL, &errors), 50);
+	cr_expect_eq(errors, 1);
+	cr_expect(strstr(logged, "resp_bad.") && strstr(logged, ".json.tmp"), "%s", logged);
+	cr_expect_null(got(s, "resp_bad", "t", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND);
+	put(s, "resp_good", "t", "y"); /* the writer goes on */
+	cr_expect_eq(resp_store_count(s, NULL, &errors), 51);
+	cr_expect_eq(errors, 1);
+	resp_store_close(s);
 }
