@@ -1468,10 +1468,14 @@ static int chat_prompt(struct http_api *h, const struct job_model *jm, const jso
 	return 0;
 }
 
-/* Anthropic's POST /v1/messages/count_tokens: a Messages request's prompt tokens, as the
- * request bills them: {"input_tokens"}. */
+static int respond_from(struct http_api *h, const char *tenant, json_t *chat, const json_t *skel,
+			json_t **conv, struct oai_err *e);
+
+/* Anthropic's POST /v1/messages/count_tokens and OpenAI's POST /v1/responses/input_tokens
+ * (api): a request's prompt tokens, as the request bills them (a response's with the
+ * conversation of its previous_response_id): {"input_tokens"}. */
 static void route_count_tokens(struct http_api *h, struct evhttp_request *req,
-			       struct hconn *c, const char *tenant)
+			       struct hconn *c, const struct oai_api *api, const char *tenant)
 {
 	const struct job_model *jm = model_of(h, req, c);
 	if (!jm)
@@ -1479,19 +1483,32 @@ static void route_count_tokens(struct http_api *h, struct evhttp_request *req,
 	struct evbuffer *in = evhttp_request_get_input_buffer(req);
 	size_t len = evbuffer_get_length(in);
 	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
-	json_t *chat = NULL;
+	json_t *chat = NULL, *skel = NULL, *conv = NULL;
 	struct oai_err e;
-	int st = body ? oai_messages_count_chat(body, len, &chat, &e)
-		      : oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory");
+	int st = !body ? oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory")
+		 : api == &oai_messages_api ? oai_messages_count_chat(body, len, &chat, &e)
+					    : api->to_chat(body, len, &chat, &skel, &e);
+	if (!st && api == &oai_responses_api)
+		st = respond_from(h, tenant, chat, skel, &conv, &e);
 	int *ids = NULL, n = 0;
+	if (!st && chat) { /* (counting runs nothing) */
+		json_object_del(chat, "max_tokens");
+		json_object_del(chat, "max_completion_tokens");
+		json_object_del(chat, "stream");
+	}
 	if (!st && (st = chat_prompt(h, jm, chat, true, tenant, &ids, &n, &e)))
-		oai_messages_err(&e);
+		api->err(&e);
 	json_decref(chat);
+	json_decref(skel);
+	json_decref(conv);
 	free(ids);
 	if (st)
 		reply_err(h, req, c, &e);
-	else
+	else if (api == &oai_messages_api)
 		reply_json(h, req, c, 200, json_pack("{s:i}", "input_tokens", n));
+	else
+		reply_json(h, req, c, 200, json_pack("{s:s, s:i}", "object", "response.input_tokens",
+						     "input_tokens", n));
 }
 
 /* vLLM's /tokenize: {"prompt": TEXT} (add_special_tokens, default true: the BOS a Llama
@@ -1997,7 +2014,8 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 /* The methods a route takes, NULL for no route. */
 static const char *route_methods(const char *path)
 {
-	if (!strncmp(path, "/v1/responses/", 14) && path[14])
+	if (!strncmp(path, "/v1/responses/", 14) && path[14] &&
+	    strcmp(path, "/v1/responses/input_tokens"))
 		return "GET, HEAD, DELETE, OPTIONS";
 	if (!strcmp(path, "/health") || !strcmp(path, "/v1/models") ||
 	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
@@ -2005,7 +2023,7 @@ static const char *route_methods(const char *path)
 	if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions") ||
 	    !strcmp(path, "/v1/responses") || !strcmp(path, "/v1/messages") ||
 	    !strcmp(path, "/v1/messages/count_tokens") || !strcmp(path, "/tokenize") ||
-	    !strcmp(path, "/detokenize"))
+	    !strcmp(path, "/detokenize") || !strcmp(path, "/v1/responses/input_tokens"))
 		return "POST, OPTIONS";
 	return NULL;
 }
@@ -2112,8 +2130,9 @@ static void on_request(struct evhttp_request *req, void *arg)
 	bool chat = !strcmp(path, "/v1/chat/completions");
 	bool compl = !strcmp(path, "/v1/completions");
 	bool resp = !strcmp(path, "/v1/responses"), msgs = !strcmp(path, "/v1/messages");
-	bool kept = !strncmp(path, "/v1/responses/", 14) && path[14];
-	bool count = !strcmp(path, "/v1/messages/count_tokens");
+	bool rcount = !strcmp(path, "/v1/responses/input_tokens");
+	bool kept = !strncmp(path, "/v1/responses/", 14) && path[14] && !rcount;
+	bool count = !strcmp(path, "/v1/messages/count_tokens") || rcount;
 	bool metrics = !strcmp(path, "/metrics");
 	bool tokenize = !strcmp(path, "/tokenize"), detokenize = !strcmp(path, "/detokenize");
 	bool posts = chat || compl || resp || msgs || count || tokenize || detokenize;
@@ -2151,7 +2170,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 	else if (detokenize)
 		route_detokenize(h, req, c);
 	else if (count)
-		route_count_tokens(h, req, c, tenant);
+		route_count_tokens(h, req, c, rcount ? &oai_responses_api : &oai_messages_api,
+				   tenant);
 	else
 		route_completion(h, req, c, compl ? OAI_COMPLETION : OAI_CHAT,
 				 resp ? &oai_responses_api : msgs ? &oai_messages_api : NULL, tenant);

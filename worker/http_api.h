@@ -11,8 +11,13 @@
  * Routes (every one but /health needs "Authorization: Bearer KEY" when keys are configured):
  *   POST /v1/chat/completions, POST /v1/completions   OpenAI request and response shapes;
  *        "stream": true answers with Server-Sent Events ending "data: [DONE]"
+ *   POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/ID (a kept
+ *        response: in memory, and in --responses-dir), POST /v1/responses/input_tokens
+ *   POST /v1/messages, POST /v1/messages/count_tokens   Anthropic's Messages API
+ *   POST /tokenize, POST /detokenize                     vLLM's
  *   GET  /v1/models, GET /v1/models/ID                 one model (--served-name, else the
- *        model directory's name); a request naming another model is a 404
+ *        model directory's name); a request naming another model (not a --model-alias)
+ *        is a 404
  *   GET  /health    {"state": ...}: 200 in READY, IDLE, BUSY; 503 in STARTING, DRAINING
  *   GET  /metrics   Prometheus text: requests by status, tokens, time-to-first-token and
  *        per-token latency histograms, seconds per state, cost so far

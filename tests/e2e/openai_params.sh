@@ -37,7 +37,8 @@
 #      (greedy, and sampled with a seed), whole, streamed (responses.stream's events in order,
 #      numbered, its final response the same) and cut at max_output_tokens (incomplete);
 #      instructions billed as a system message; text.format json_schema; previous_response_id
-#      (the chat of the whole conversation), a kept response read back and deleted, store
+#      (the chat of the whole conversation; inputTokens.count counts what these bill), a
+#      kept response read back and deleted, store
 #      false keeping none; the refusals
 #  12. Anthropic's Messages API (@anthropic-ai/sdk's messages): the chat's text and usage
 #      (input_tokens + cache_read_input_tokens its prompt_tokens), whole and streamed
@@ -882,6 +883,15 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
          t1.store === true, `previous_response_id: ${JSON.stringify(t2.output_text)} ` +
          `(${t2.usage.input_tokens}) against the chat's ` +
          `${JSON.stringify(cc.choices[0].message.content)} (${cc.usage.prompt_tokens})`);
+  // inputTokens.count: what a request would bill, the kept conversation's turns included
+  const n1 = await client.responses.inputTokens.count({ model, input: prompt,
+                                                        instructions: 'Be brief.' });
+  const n2 = await client.responses.inputTokens.count({ model, input: 'Then',
+    previous_response_id: t1.id, instructions: 'Go on.' });
+  assert(n1.object === 'response.input_tokens' && n1.input_tokens === ri.usage.input_tokens &&
+         n2.input_tokens === t2.usage.input_tokens,
+         `inputTokens.count: ${JSON.stringify(n1)} against ${ri.usage.input_tokens}, ` +
+         `${JSON.stringify(n2)} against ${t2.usage.input_tokens}`);
   const back = await client.responses.retrieve(t1.id);
   assert(back.id === t1.id && back.output_text === t1.output_text, JSON.stringify(back));
   const del = await client.responses.delete(t1.id).then(() => 'deleted', (e) => e.status);
@@ -914,7 +924,8 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
               `cut at 3 tokens incomplete; instructions billed as a system message ` +
               `(${ri.usage.input_tokens} against ${r.usage.input_tokens}); a json_schema ` +
               `answer ${js.output_text}; previous_response_id ran the chat of the whole ` +
-              `conversation (${t2.usage.input_tokens} tokens), the kept response read back ` +
+              `conversation (${t2.usage.input_tokens} tokens, as inputTokens.count counts), ` +
+              `the kept response read back ` +
               `and deleted; ${refusals.length} refusals, each naming its member`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF

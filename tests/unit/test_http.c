@@ -554,6 +554,17 @@ Test(http_server, tokenize_and_detokenize)
 	char want[64];
 	snprintf(want, sizeof want, "{\"count\":%d,", n);
 	cr_expect(strstr(gen, want) == gen, "%s against %d", gen, n);
+	/* the Responses API's count of the same: its own route, not a kept response's */
+	cr_expect_eq(post("/v1/responses/input_tokens", "{\"input\": \"Once upon a time\", "
+			  "\"max_output_tokens\": 9999, \"stream\": true}", out, sizeof out), 200,
+		     "%s", out);
+	snprintf(want, sizeof want, "{\"object\":\"response.input_tokens\",\"input_tokens\":%d}", n);
+	cr_expect(strstr(out, want) == out, "%s against %d", out, n);
+	cr_expect_eq(get("/v1/responses/input_tokens", "k-123", out, sizeof out), 405, "%s", out);
+	cr_expect(strstr(out, "wants POST"), "%s", out);
+	cr_expect_eq(post("/v1/responses/input_tokens", "{\"input\": \"x\", "
+			  "\"previous_response_id\": \"resp_none\"}", out, sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "previous_response_not_found"), "%s", out);
 	free(ids);
 	/* continue_final_message (a prefill): the assistant's start ends the prompt, no
 	 * generation prompt after it, as rendering without one; not so without the flag */
