@@ -1371,10 +1371,18 @@ static const char *authenticate(struct http_api *h, struct evhttp_request *req, 
 
 /* The model's card: OpenAI's members, and once the model is loaded vLLM's max_model_len (the
  * context a prompt and its completion share), which clients read to fit their prompts. */
+/* The model, in OpenAI's shape and Anthropic's at once (type, display_name, created_at), so
+ * that either's client lists it. */
 static void model_json_add(struct http_api *h, json_t *arr)
 {
-	json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", h->model, "object", "model", "created",
-			      (json_int_t)h->created, "owned_by", "wick");
+	char when[32];
+	struct tm tm;
+	time_t t = (time_t)h->created;
+	gmtime_r(&t, &tm);
+	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+	json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", h->model, "object",
+			      "model", "created", (json_int_t)h->created, "owned_by", "wick",
+			      "type", "model", "display_name", h->model, "created_at", when);
 	pthread_mutex_lock(&h->mu);
 	int ctx = h->model_set ? h->max_model_len : 0;
 	pthread_mutex_unlock(&h->mu);
@@ -1390,7 +1398,9 @@ static void route_models(struct http_api *h, struct evhttp_request *req, struct 
 		json_t *arr = json_array();
 		if (arr)
 			model_json_add(h, arr);
-		reply_json(h, req, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", arr));
+		reply_json(h, req, c, 200, json_pack("{s:s, s:o, s:b, s:s, s:s}", "object", "list",
+						     "data", arr, "has_more", 0, "first_id", h->model,
+						     "last_id", h->model));
 		return;
 	}
 	const char *id = path + strlen("/v1/models/");

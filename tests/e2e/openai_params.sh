@@ -963,6 +963,15 @@ const text = (r) => r.content.map((b) => b.text).join('');
   // Claude Code's own model name, an alias (--model-alias 'claude-*'): the same message
   const aliased = await client.messages.create({ ...ask, model: 'claude-sonnet-4-5-20250929' });
   assert(text(aliased) === ct && aliased.model === model, `aliased: ${J(aliased).slice(0, 300)}`);
+  // the models, listed and read by both clients (one shape serves both)
+  const listed = [];
+  for await (const x of client.models.list()) listed.push(x);
+  const card = await client.models.retrieve(model);
+  const oaiListed = (await openai.models.list()).data;
+  assert(listed.length === 1 && listed[0].id === model && listed[0].type === 'model' &&
+         listed[0].display_name === model && !isNaN(Date.parse(listed[0].created_at)) &&
+         card.id === model && oaiListed.length === 1 && oaiListed[0].id === model,
+         `models: ${J(listed)} ${J(card)} ${J(oaiListed)}`);
   // b. streamed: the events in order, the deltas the text, the final message the same
   const s = client.messages.stream(ask);
   const types = [];
@@ -1055,7 +1064,8 @@ const text = (r) => r.content.map((b) => b.text).join('');
   console.log(`12. messages: ${r.usage.output_tokens} tokens, the chat's text and usage ` +
               `(${r.usage.input_tokens} + ${r.usage.cache_read_input_tokens} cached input ` +
               `tokens), stop_reason ${r.stop_reason}, also as claude-sonnet-4-5-20250929 ` +
-              `(--model-alias), whole and in ${types.length} stream ` +
+              `(--model-alias; models.list and retrieve in Anthropic's shape), ` +
+              `whole and in ${types.length} stream ` +
               `events; stop_sequences [${J(word)}] cut it (${J(cutText)}); system billed as ` +
               `a system message (${counted} tokens against ${billed(bare.usage)}), as ` +
               `countTokens counts; max_tokens 100000 held (${big.usage.output_tokens} tokens, ` +
