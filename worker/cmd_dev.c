@@ -26,6 +26,12 @@ static void usage(FILE *f)
 		"                        a key is required to listen on a non-loopback address\n"
 		"  --api-keys FILE       \"KEY TENANT\" lines: each key bills its tenant\n"
 		"  --served-name NAME    the model id (default: the model directory's name)\n"
+		"  --model-alias GLOB    other model names a request may give ('claude-*' for\n"
+		"                        Claude Code's own; repeatable)\n"
+		"  --responses-dir DIR   the Responses API's kept responses also as files there, so\n"
+		"                        previous_response_id outlives the session; with\n"
+		"                        --prefix-cache-dir on the same volume, the next session\n"
+		"                        also has their turns' KV cache\n"
 		"  --price-per-hour USD, --ledger PATH   what the bill uses (see wick worker --help)\n"
 		"Every `wick worker` flag applies too (--concurrency, --max-connections,\n"
 		"--http-timeout, --max-tokens-limit, --step-log, --queue ...): wick worker --help.\n");
