@@ -34,6 +34,8 @@ struct eng_opts {
 	bool no_verify;      /* snapshots: skip the chunk checksums */
 	bool no_tokenizer;   /* leave tokenizer.json unread (eng_tokenizer NULL): for callers
 			      * that take token ids only, as `wick logits` */
+	size_t tok_memo;     /* bytes of the tokenizer's memo of long segments (tok_memo_set:
+			      * a conversation's turns encoded once); 0: none */
 	int tp, ep;          /* snapshots: the parallelism to run with; 0 means the manifest's */
 	const char *source;  /* snapshots: when set, refuse if this checkpoint changed since */
 	const struct backend *backend_ops; /* tests: this backend instead of o->backend */

@@ -415,6 +415,11 @@ int eng_open(const char *model_dir, const struct eng_opts *opts, struct engine *
 		e->tok = NULL; /* token ids still work */
 	else if (rc != WK_OK)
 		goto fail;
+	if (e->tok && opts && opts->tok_memo &&
+	    (rc = tok_memo_set(e->tok, opts->tok_memo)) != WK_OK) {
+		rc = wk_errf(err, errsz, rc, "out of memory");
+		goto fail;
+	}
 
 	if ((rc = eng_kv_type(opts ? opts->kv_dtype : NULL, cfg, &e->kv, err, errsz)) != WK_OK)
 		goto fail;

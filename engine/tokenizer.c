@@ -861,6 +861,7 @@ void tok_free(struct tok *t)
 	free(t->flags);
 	free(t->prefix);
 	free(t->suffix);
+	tok_memo_set(t, 0);
 	free(t);
 }
 

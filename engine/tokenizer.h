@@ -51,6 +51,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define TOK_MAX_FILE (64u << 20)   /* bytes of tokenizer.json */
 #define TOK_MAX_VOCAB (1 << 22)    /* entries in the vocabulary */
@@ -117,6 +118,19 @@ int tok_eos(const struct tok *t);
  * WK_ELIMIT when len > TOK_MAX_TEXT. */
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_special,
 	       int **ids, int *n, char *err, size_t errsz);
+
+/* Keeps the ids of segments of TOK_MEMO_MIN bytes or more (the text between two added tokens:
+ * a chat's message, a tool's output), within max_bytes (0: none kept, the memo dropped), the
+ * least recently used going first: a conversation encoded again at its next turn then costs
+ * its new messages (tokenizer_memo.c). tok_encode's ids are the same either way. Call it
+ * before the tokenizer is shared between threads. WK_OK or WK_ENOMEM. */
+#define TOK_MEMO_MIN 1024
+int tok_memo_set(struct tok *t, size_t max_bytes);
+struct tok_memo_stats {
+	uint64_t hits, misses, evicted, hit_bytes; /* segments, and the bytes the hits held */
+	size_t entries, bytes;
+};
+void tok_memo_stats(const struct tok *t, struct tok_memo_stats *st);
 
 /* Decodes n ids through the tokenizer's decoder into a malloc'd NUL-terminated string
  * (*text, length *len; caller frees). With skip_special, special added tokens are dropped.

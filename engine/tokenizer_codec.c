@@ -236,14 +236,22 @@ static int seg_model(struct enc *e, const char *s, size_t n, bool at_start)
 	return WK_OK;
 }
 
-/* Normalizer, then the normalized added tokens, for one raw segment. */
+/* Normalizer, then the normalized added tokens, for one raw segment (its ids from the memo
+ * when it holds them, and kept there when it may). */
 static int seg_raw(struct enc *e, const char *s, size_t n, bool at_start)
 {
-	int rc = tok_normalize(e->t, s, n, &e->nb, &e->tmp);
-	if (rc != WK_OK)
-		return rc;
-	return split_added(e, &e->t->norm_match, e->t->has_norm, e->nb.p, e->nb.n, at_start,
-			   seg_model);
+	int rc = tok_memo_get(e->t, s, n, at_start, &e->out);
+	if (rc)
+		return rc > 0 ? WK_OK : rc;
+	size_t from = e->out.n;
+	rc = tok_normalize(e->t, s, n, &e->nb, &e->tmp);
+	if (rc == WK_OK)
+		rc = split_added(e, &e->t->norm_match, e->t->has_norm, e->nb.p, e->nb.n, at_start,
+				 seg_model);
+	if (rc == WK_OK)
+		tok_memo_put(e->t, s, n, at_start, e->out.v ? e->out.v + from : NULL,
+			     (int)(e->out.n - from));
+	return rc;
 }
 
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_special,

@@ -212,7 +212,17 @@ struct tok {
 	int *prefix, *suffix;
 	int n_prefix, n_suffix;
 	int bos, eos;
+
+	struct tok_memo *memo; /* tok_memo_set: long segments' ids kept (NULL: none) */
 };
+
+/* The memo (tokenizer_memo.c): a raw segment's ids (s[0..n), beginning the text or not),
+ * appended to out: 1 when kept, 0 when not (or no memo, or a short segment), WK_ENOMEM.
+ * tok_memo_put keeps them. Any thread. */
+int tok_memo_get(const struct tok *t, const char *s, size_t n, bool at_start,
+		 struct tok_ivec *out);
+void tok_memo_put(const struct tok *t, const char *s, size_t n, bool at_start, const int *ids,
+		  int n_ids);
 
 /* Fills m with the added tokens whose normalized flag is normalized and whose pattern is not
  * empty, grouped by first byte and longest first. Returns their count, or WK_ENOMEM. */

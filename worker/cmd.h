@@ -17,6 +17,7 @@ int bench_queue(int argc, char **argv);   /* worker/bench_queue.c, via cmd_bench
 int bench_spec(int argc, char **argv);    /* worker/bench_spec.c, via cmd_bench */
 int bench_launches(int argc, char **argv); /* worker/bench_launches.c, via cmd_bench */
 int bench_picks(int argc, char **argv);   /* worker/bench_picks.c, via cmd_bench */
+int bench_prompt(int argc, char **argv);  /* worker/bench_prompt.c, via cmd_bench */
 int bench_prefix(int argc, char **argv);  /* worker/bench_prefix.c, via cmd_bench */
 int cmd_worker(int argc, char **argv);   /* worker/cmd_worker.c: runs worker/worker.c */
 int cmd_worker_as(const char *name, int argc, char **argv); /* the same, its messages as NAME */

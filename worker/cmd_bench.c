@@ -30,7 +30,8 @@ static void bench_usage(FILE *f)
 		   "  wick bench launches MODEL [--context N] [--steps S] [--backend B]\n"
 		   "  wick bench speculate MODEL [-n TOKENS] [--draft K] [--prompt TEXT]...\n"
 		   "  wick bench picks MODEL [-n TOKENS] [--runs N] [--backend B]\n"
-		   "  wick bench prefix MODEL [--turns T] [--runs N] [--backend B]\n");
+		   "  wick bench prefix MODEL [--turns T] [--runs N] [--backend B]\n"
+		   "  wick bench prompt MODEL [--turns N] [--bytes B]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -262,6 +263,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_picks(argc - 1, argv + 1);
 	if (!strcmp(sub, "prefix"))
 		return bench_prefix(argc - 1, argv + 1);
+	if (!strcmp(sub, "prompt"))
+		return bench_prompt(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

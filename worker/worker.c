@@ -1395,6 +1395,8 @@ static int start(struct worker *w, const char **why)
 		return 1;
 	}
 	w->o.ce.o.max_seqs = w->o.concurrency;
+	if (!w->o.ce.o.tok_memo) /* an agent's conversation is encoded again at every turn */
+		w->o.ce.o.tok_memo = (size_t)64 << 20;
 	w->cap = 2 * w->o.concurrency; /* a committer may hold a batch while the engine runs the next */
 	w->held = calloc((size_t)w->cap, sizeof *w->held);
 	w->out = calloc((size_t)w->cap, sizeof *w->out);

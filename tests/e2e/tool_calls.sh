@@ -567,4 +567,15 @@ assert text == o["text"] == "Sure.", (text, o)
 print(f"a Redis stream: {len(pieces)} pieces adding up to the content {text!r} (the result's "
       "output.text), without the reasoning, the marker or the call")
 EOF
+
+# an agent's conversation, turn after turn, through the tokenizer's memo and without it:
+# the same ids (the bench fails otherwise), in GLM's chat format
+"$WICK" bench prompt "$g" --turns 6 --bytes 3000 >"$TMPD/prompt.txt" ||
+  fail "wick bench prompt: $(cat "$TMPD/prompt.txt")"
+tail -n 1 "$TMPD/prompt.txt" | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+assert r["turns"] == 6 and r["tokens"] > 3000 and r["last_ms"]["memo"] > 0, r' ||
+  fail "wick bench prompt: $(cat "$TMPD/prompt.txt")"
+head -n 1 "$TMPD/prompt.txt" | has "glm chat format" || fail "$(cat "$TMPD/prompt.txt")"
+echo "wick bench prompt: $(sed -n 1p "$TMPD/prompt.txt")"
 echo PASS

@@ -1,5 +1,7 @@
 /* Fuzz target: the tokenizer on arbitrary bytes (encode, then decode must give the bytes back)
- * and on arbitrary ids (decode never fails on ids inside the vocabulary). The tokenizer is
+ * and on arbitrary ids (decode never fails on ids inside the vocabulary); the bytes repeated
+ * past TOK_MEMO_MIN, twice around an added token, encode to the same ids through the memo
+ * (tok_memo_set, small enough to evict) as without it. The tokenizer is
  * wick's conversion of stories260K's tok512 (from $WICK_SHARED, default ../shared), made once
  * per process. */
 #include <stdio.h>
@@ -11,7 +13,7 @@
 #include "engine/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 
-static struct tok *tok;
+static struct tok *tok, *memo;
 
 static void load(void)
 {
@@ -21,7 +23,9 @@ static void load(void)
 	snprintf(out, sizeof out, "/tmp/wick-fuzz-tok-%d.json", (int)getpid());
 	char err[WK_ERRSZ];
 	if (tok_convert_llama2c(bin, 512, out, err, sizeof err) != WK_OK ||
-	    tok_load(out, &tok, err, sizeof err) != WK_OK) {
+	    tok_load(out, &tok, err, sizeof err) != WK_OK ||
+	    tok_load(out, &memo, err, sizeof err) != WK_OK ||
+	    tok_memo_set(memo, 16 << 10) != WK_OK) {
 		fprintf(stderr, "fuzz tokenizer: %s\n", err);
 		abort();
 	}
@@ -45,6 +49,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		free(text);
 		free(ids);
+	}
+	/* Long segments, through the memo and without it. */
+	if (size) {
+		size_t reps = TOK_MEMO_MIN / size + 1, seg = reps * size, tl = 2 * seg + 4;
+		char *t = malloc(tl);
+		for (size_t r = 0; r < reps; r++)
+			memcpy(t + r * size, data, size);
+		memcpy(t + seg, "</s>", 4);
+		memcpy(t + seg + 4, t, seg);
+		int *a, *b, na, nb;
+		int ra = tok_encode(tok, t, tl, true, &a, &na, NULL, 0);
+		int rb = tok_encode(memo, t, tl, true, &b, &nb, NULL, 0);
+		if (ra != rb || (ra == WK_OK && (na != nb || memcmp(a, b, (size_t)na * sizeof *a))))
+			abort();
+		if (ra == WK_OK) {
+			free(a);
+			free(b);
+		}
+		free(t);
 	}
 	/* The same bytes as ids. */
 	int m = (int)(size / 2);

@@ -5,6 +5,7 @@
  * strings is tests/e2e/tokenizer_hf.sh.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,4 +415,106 @@ Test(tokenizer, convert_errors)
 	snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", shared());
 	cr_assert_neq(tok_convert_llama2c(bin, 512, out, err, sizeof err), WK_OK);
 	cr_assert_eq(access(out, F_OK), -1);
+}
+
+/* The memo of long segments (tok_memo_set): the same ids as without it, a segment that
+ * begins the text kept apart from the same bytes after an added token (a metaspace that
+ * prepends "▁" to the first word only encodes them apart), bounded, and shared by threads. */
+static char *story(size_t bytes, const char *tail)
+{
+	static const char *const s = "Once upon a time, there was a little girl named Lily. ";
+	char *p = malloc(bytes + strlen(tail) + 64);
+	size_t n = 0;
+	while (n < bytes)
+		n += (size_t)sprintf(p + n, "%s", s);
+	strcpy(p + n, tail);
+	return p;
+}
+
+static void expect_same(const struct tok *plain, const struct tok *memo, const char *s)
+{
+	int *a, *b, na, nb;
+	char err[WK_ERRSZ];
+	cr_assert_eq(tok_encode(plain, s, strlen(s), true, &a, &na, err, sizeof err), WK_OK);
+	for (int k = 0; k < 2; k++) { /* kept, then read back */
+		cr_assert_eq(tok_encode(memo, s, strlen(s), true, &b, &nb, err, sizeof err), WK_OK);
+		cr_assert(na == nb && !memcmp(a, b, (size_t)na * sizeof *a), "%.40s: %d against %d ids",
+			  s, na, nb);
+		free(b);
+	}
+	free(a);
+}
+
+struct memo_run {
+	const struct tok *plain, *memo;
+	char *texts[4];
+};
+
+static void *memo_thread(void *arg)
+{
+	struct memo_run *r = arg;
+	for (int i = 0; i < 40; i++)
+		expect_same(r->plain, r->memo, r->texts[i % 4]);
+	return NULL;
+}
+
+Test(tokenizer, memo_gives_the_same_ids)
+{
+	struct tok *plain = load(), *memo = load();
+	cr_assert_eq(tok_memo_set(memo, 1 << 20), WK_OK);
+	char *seg = story(2000, "");
+	char *texts[4];
+	size_t sl = strlen(seg);
+	texts[0] = strdup(seg);
+	texts[1] = malloc(2 * sl + 16);
+	sprintf(texts[1], "%s</s>%s", seg, seg);
+	texts[2] = malloc(sl + 16);
+	sprintf(texts[2], "<s>%s", seg);
+	texts[3] = malloc(3 * sl + 32);
+	sprintf(texts[3], "%s<s>%s<unk>%s", seg, seg, seg);
+	for (int i = 0; i < 4; i++)
+		expect_same(plain, memo, texts[i]);
+	struct tok_memo_stats st;
+	tok_memo_stats(memo, &st);
+	cr_expect_eq(st.entries, 2, "the segment at the start and after a token: %zu", st.entries);
+	cr_expect_geq(st.hits, 8);
+	cr_expect_gt(st.bytes, 0);
+	/* a short segment is not kept */
+	tok_memo_stats(memo, &st);
+	size_t before = st.entries;
+	expect_same(plain, memo, "Once upon a time</s>there was");
+	tok_memo_stats(memo, &st);
+	cr_expect_eq(st.entries, before);
+	/* bounded: room for one entry and a half, the least recently used going */
+	cr_assert_eq(tok_memo_set(memo, 1 << 20), WK_OK);
+	expect_same(plain, memo, seg);
+	tok_memo_stats(memo, &st);
+	size_t one = st.bytes;
+	cr_assert_eq(tok_memo_set(memo, one + one / 2), WK_OK);
+	char *other = story(2000, "The end.");
+	expect_same(plain, memo, seg);
+	expect_same(plain, memo, other);
+	expect_same(plain, memo, seg);
+	tok_memo_stats(memo, &st);
+	cr_expect_eq(st.entries, 1);
+	cr_expect_eq(st.evicted, 2);
+	cr_expect_leq(st.bytes, one + one / 2);
+	/* threads share it */
+	cr_assert_eq(tok_memo_set(memo, 1 << 20), WK_OK);
+	struct memo_run r = {plain, memo, {texts[0], texts[1], texts[2], texts[3]}};
+	pthread_t th[3];
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, memo_thread, &r), 0);
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+	cr_assert_eq(tok_memo_set(memo, 0), WK_OK); /* dropped */
+	tok_memo_stats(memo, &st);
+	cr_expect_eq(st.entries, 0);
+	expect_same(plain, memo, texts[3]);
+	for (int i = 0; i < 4; i++)
+		free(texts[i]);
+	free(seg);
+	free(other);
+	tok_free(plain);
+	tok_free(memo);
 }

@@ -395,3 +395,43 @@ Test(tokenizer_prepared, every_payload_byte_changed, .timeout = 60)
 	tok_free(a);
 	free(buf);
 }
+
+/* The memo (tok_memo_set) keeps a segment that begins the text apart from the same bytes
+ * after an added token: with a Metaspace that prepends "▁" to the first word only, their ids
+ * differ, and the memo's are the plain tokenizer's for both. */
+Test(tokenizer_prepared, the_memo_keeps_the_first_segment_apart)
+{
+	struct tok *plain, *memo;
+	char err[WK_ERRSZ];
+	cr_assert_eq(tok_load(metaspace_json(), &plain, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(tok_load(metaspace_json(), &memo, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(tok_memo_set(memo, 1 << 20), WK_OK);
+	char seg[1400] = "";
+	while (strlen(seg) < 1200)
+		strcat(seg, "Once upon a time there was a girl. ");
+	char both[3000];
+	snprintf(both, sizeof both, "%s</s>%s", seg, seg);
+	int *a, *b, na, nb;
+	/* the second copy's ids, after </s>, are not the first's */
+	cr_assert_eq(tok_encode(plain, both, strlen(both), false, &a, &na, err, sizeof err), WK_OK);
+	cr_assert_eq(na % 2, 1, "%d ids", na);
+	cr_expect(memcmp(a, a + na / 2 + 1, (size_t)(na / 2) * sizeof *a) != 0 ||
+		  tok_id(plain, "</s>") != a[na / 2], "no ▁ before the first word only?");
+	for (int k = 0; k < 3; k++) { /* (both copies' keys, then hits) */
+		const char *s = k == 1 ? seg : both;
+		int *p, np;
+		cr_assert_eq(tok_encode(plain, s, strlen(s), false, &p, &np, err, sizeof err), WK_OK);
+		cr_assert_eq(tok_encode(memo, s, strlen(s), false, &b, &nb, err, sizeof err), WK_OK);
+		cr_expect(np == nb && !memcmp(p, b, (size_t)np * sizeof *p), "pass %d: %d and %d ids",
+			  k, np, nb);
+		free(p);
+		free(b);
+	}
+	struct tok_memo_stats st;
+	tok_memo_stats(memo, &st);
+	cr_expect_eq(st.entries, 2);
+	cr_expect_eq(st.hits, 3);
+	free(a);
+	tok_free(plain);
+	tok_free(memo);
+}
