@@ -317,10 +317,11 @@ int resp_store_put(struct resp_store *s, const char *id, const char *tenant,
 	}
 	file_name(p->name, id, tenant);
 	if (len > s->max_bytes) {
+		wk_errf(err, errsz, WK_ELIMIT, "%s/%s: %zu bytes, past the bound of %llu", s->dir,
+			p->name, len, (unsigned long long)s->max_bytes);
 		free(text);
 		free(p);
-		return wk_errf(err, errsz, WK_ELIMIT, "%s/%s: %zu bytes, past the bound of %llu",
-			       s->dir, p->name, len, (unsigned long long)s->max_bytes);
+		return WK_ELIMIT;
 	}
 	p->text = text;
 	p->len = len;
