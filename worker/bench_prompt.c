@@ -8,9 +8,12 @@
  * request in the batch waits. The conversation here grows by a user message (a tool's output:
  * generated C-like code) and an assistant's answer a turn; each turn's prompt is made the
  * way the worker admits a job (job_prompt), by a tokenizer without the memo and by one with
- * it, kept across the turns as the worker keeps it. The ids must be the same.
+ * it, kept across the turns as the worker keeps it. The ids must be the same. Beside them,
+ * the job document's decode (job_decode), which a queue job's admission pays too; an HTTP
+ * request's job comes decoded by the HTTP thread's check (http_flight_take_job).
  */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +32,9 @@ static void usage(FILE *f)
 		   "bytes of code (default 12000: a tool's output) and a short answer, rendered in\n"
 		   "MODEL's chat format and encoded as the worker admits a job, at every turn: with\n"
 		   "the tokenizer's memo of long segments (as the worker runs) and without; prints\n"
-		   "the milliseconds of the last turn and of all of them, the ratio, then one JSON\n"
-		   "line. MODEL needs its tokenizer.json.\n");
+		   "the milliseconds of the last turn and of all of them (and of decoding the job\n"
+		   "document, which both pay), the ratio, then one JSON line. MODEL needs its\n"
+		   "tokenizer.json.\n");
 }
 
 /* A deterministic stream of code-like text. */
@@ -99,6 +103,23 @@ static int turn(const struct job_model *jm, const struct job *j, double *ms, int
 	return rc;
 }
 
+/* The job document of the conversation so far, decoded as the worker decodes it: its
+ * milliseconds into *ms. */
+static int decode(const json_t *msgs, struct job *j, double *ms, char *err, size_t errsz)
+{
+	json_t *doc = json_pack("{s:s, s:{s:O, s:i}}", "id", "bench", "input", "messages", msgs,
+				"max_tokens", 16);
+	char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+	json_decref(doc);
+	if (!text)
+		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+	double t0 = wk_now();
+	enum job_err je = job_decode(text, strlen(text), NULL, j, err, errsz);
+	*ms = (wk_now() - t0) * 1e3;
+	free(text);
+	return je == JOB_OK ? WK_OK : WK_EINVAL;
+}
+
 int bench_prompt(int argc, char **argv)
 {
 	int turns = 40;
@@ -152,26 +173,32 @@ int bench_prompt(int argc, char **argv)
 		return 1;
 	}
 	int rc = tok_memo_set(memo, (size_t)64 << 20);
-	struct job j = {0};
-	j.messages = calloc((size_t)(2 * turns + 1), sizeof *j.messages);
-	if (rc != WK_OK || !j.messages) {
+	json_t *msgs = json_pack("[{s:s, s:s}]", "role", "system", "content",
+				 "You are a coding agent. Read the files, then answer.");
+	if (rc != WK_OK || !msgs) {
 		fprintf(stderr, "wick bench prompt: out of memory\n");
 		tok_free(plain);
 		tok_free(memo);
-		free(j.messages);
+		json_decref(msgs);
 		return 1;
 	}
-	snprintf(j.messages[0].role, sizeof j.messages[0].role, "system");
-	j.messages[0].content = strdup("You are a coding agent. Read the files, then answer.");
-	double last[2] = {0, 0}, total[2] = {0, 0};
+	double last[3] = {0, 0, 0}, total[3] = {0, 0, 0}; /* plain, memo, decode */
 	int n_last = 0, status = 0;
 	for (int t = 0; t < turns && !status; t++) {
-		struct job_message *u = &j.messages[1 + 2 * t], *a = &j.messages[2 + 2 * t];
-		snprintf(u->role, sizeof u->role, "user");
-		u->content = code((size_t)bytes);
-		j.n_messages = 2 + 2 * t; /* ... the user's message last */
+		char *c = code((size_t)bytes);
+		if (json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content",
+							  c ? c : ""))) {
+			fprintf(stderr, "wick bench prompt: out of memory\n");
+			status = 1;
+		}
+		free(c);
+		struct job j = {0};
 		int *ids[2] = {NULL, NULL}, n[2] = {0, 0};
-		double ms[2];
+		double ms[3] = {0, 0, 0};
+		if (!status && decode(msgs, &j, &ms[2], err, sizeof err) != WK_OK) {
+			fprintf(stderr, "wick bench prompt: turn %d: %s\n", t + 1, err);
+			status = 1;
+		}
 		for (int k = 0; k < 2 && !status; k++) {
 			struct job_model jm = {k ? memo : plain, cf, tok_vocab_size(plain)};
 			if (turn(&jm, &j, &ms[k], &ids[k], &n[k], err, sizeof err) != WK_OK) {
@@ -184,34 +211,40 @@ int bench_prompt(int argc, char **argv)
 				"tokens)\n", t + 1, n[0], n[1]);
 			status = 1;
 		}
-		for (int k = 0; k < 2 && !status; k++) {
+		for (int k = 0; k < 3 && !status; k++) {
 			total[k] += ms[k];
 			last[k] = ms[k];
 		}
 		n_last = n[0];
 		free(ids[0]);
 		free(ids[1]);
-		snprintf(a->role, sizeof a->role, "assistant");
-		a->content = strdup("I read it. Next, the file that calls it.");
+		job_free(&j);
+		json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
+						      "I read it. Next, the file that calls it."));
 	}
 	struct tok_memo_stats st;
 	tok_memo_stats(memo, &st);
 	if (!status) {
 		printf("%d turns, the last one's prompt %d tokens (%s chat format)\n", turns, n_last,
 		       chat_format_name(cf));
-		printf("                 last turn ms   all turns ms\n");
-		printf("without memo     %12.2f   %12.2f\n", last[0], total[0]);
-		printf("with memo        %12.2f   %12.2f\n", last[1], total[1]);
-		printf("ratio            %11.1fx   %11.1fx   (memo: %zu segments, %.1f MB; %llu hits)\n",
-		       last[0] / last[1], total[0] / total[1], st.entries, (double)st.bytes / 1e6,
-		       (unsigned long long)st.hits);
-		printf("{\"turns\": %d, \"tokens\": %d, \"last_ms\": {\"plain\": %.3f, \"memo\": %.3f}, "
-		       "\"total_ms\": {\"plain\": %.3f, \"memo\": %.3f}}\n", turns, n_last, last[0],
-		       last[1], total[0], total[1]);
+		printf("prompt (render + encode)  last turn ms   all turns ms\n");
+		printf("  without memo            %12.2f   %12.2f\n", last[0], total[0]);
+		printf("  with memo               %12.2f   %12.2f\n", last[1], total[1]);
+		printf("  ratio                   %11.1fx   %11.1fx   (memo: %zu segments, %.1f MB; "
+		       "%llu hits)\n", last[0] / last[1], total[0] / total[1], st.entries,
+		       (double)st.bytes / 1e6, (unsigned long long)st.hits);
+		printf("job document decode       %12.2f   %12.2f\n", last[2], total[2]);
+		printf("on the worker's thread, the last turn: %.2f ms without the memo (decode and\n"
+		       "prompt); a queue job's %.2f with it (%.1fx), an HTTP request's %.2f (%.1fx: its\n"
+		       "document was decoded by the HTTP thread's check)\n", last[2] + last[0],
+		       last[2] + last[1], (last[2] + last[0]) / (last[2] + last[1]), last[1],
+		       (last[2] + last[0]) / last[1]);
+		printf("{\"turns\": %d, \"tokens\": %d, \"last_ms\": {\"plain\": %.3f, \"memo\": %.3f, "
+		       "\"decode\": %.3f}, \"total_ms\": {\"plain\": %.3f, \"memo\": %.3f, "
+		       "\"decode\": %.3f}}\n", turns, n_last, last[0], last[1], last[2], total[0],
+		       total[1], total[2]);
 	}
-	for (int i = 0; i < 2 * turns + 1; i++)
-		free(j.messages[i].content);
-	free(j.messages);
+	json_decref(msgs);
 	tok_free(plain);
 	tok_free(memo);
 	return status;

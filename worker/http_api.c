@@ -127,6 +127,8 @@ struct http_flight {
 	double wall_arrived;   /* unix seconds */
 	char *body;            /* the job document until http_flight_job moves it */
 	size_t len;
+	struct job *job;       /* ... decoded by the request's check, until the worker takes it
+				* (http_flight_take_job); NULL: none */
 	/* the worker thread's */
 	int n_seen;
 	double t_last;
@@ -443,6 +445,13 @@ int http_api_waiting(struct http_api *h)
 	int n = h->n_inbox;
 	pthread_mutex_unlock(&h->mu);
 	return n;
+}
+
+struct job *http_flight_take_job(struct http_flight *f)
+{
+	struct job *j = f->job;
+	f->job = NULL;
+	return j;
 }
 
 void http_flight_job(struct http_flight *f, struct queue_job *j)
@@ -774,6 +783,8 @@ static void flight_free(struct http_api *h, struct http_flight *f)
 		f->all_next->all_prev = f->all_prev;
 	h->n_flights--;
 	free(f->body);
+	job_free(f->job);
+	free(f->job);
 	split_free(&f->sp);
 	json_decref(f->lp_pending);
 	struct http_call *k = f->call;
@@ -1464,9 +1475,10 @@ static int chat_prompt(struct http_api *h, const struct job_model *jm, const jso
 	int st = oai_json_to_job(OAI_CHAT, chat, h->names, "tokenize", tenant, 1, &r, e);
 	if (st)
 		return st;
-	struct job j;
+	struct job j = {0};
 	char err[WK_ERRSZ];
-	int rc = job_decode(r.jobs[0], r.job_lens[0], NULL, &j, err, sizeof err) == JOB_OK
+	int rc = r.decoded[0] ? job_prompt(jm, r.decoded[0], gen, ids, n, err, sizeof err)
+		 : job_decode(r.jobs[0], r.job_lens[0], NULL, &j, err, sizeof err) == JOB_OK
 			 ? job_prompt(jm, &j, gen, ids, n, err, sizeof err)
 			 : WK_EINVAL;
 	job_free(&j);
@@ -1979,6 +1991,8 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		f->body = r.jobs[i];
 		f->len = r.job_lens[i];
 		r.jobs[i] = NULL;
+		f->job = r.decoded[i];
+		r.decoded[i] = NULL;
 		f->all_next = h->flights;
 		if (h->flights)
 			h->flights->all_prev = f;

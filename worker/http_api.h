@@ -163,6 +163,11 @@ int http_api_waiting(struct http_api *h);
  * prompt and max_tokens past the context are refused rather than cut short. */
 bool http_flight_max_given(const struct http_flight *f);
 
+/* The flight's job as the request's check decoded it from its document (the caller's: then
+ * job_free and free it), or NULL (decode the document). Once. */
+struct job;
+struct job *http_flight_take_job(struct http_flight *f);
+
 /* Moves a flight's job document into j (id, body, len, attempt 1, enqueued_at), as a queue
  * would deliver it; j's body is then the caller's (queue_job_free). */
 void http_flight_job(struct http_flight *f, struct queue_job *j);

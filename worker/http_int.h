@@ -35,6 +35,8 @@ int oai_errf(struct oai_err *e, int status, const char *type, const char *code,
 /* {"error": {...}}; NULL only when out of memory. */
 json_t *oai_error_json(const struct oai_err *e);
 
+struct job;
+
 struct oai_req {
 	bool stream;
 	bool include_usage;  /* stream_options.include_usage */
@@ -52,6 +54,8 @@ struct oai_req {
 	int per_prompt;      /* n: job c is choice c % n of prompt c / n */
 	char **jobs;         /* [n_choices]: the job documents (job.h), malloc'd */
 	size_t *job_lens;
+	struct job **decoded; /* [n_choices]: each job as job_decode made it when checking it
+			       * (malloc'd), or NULL: the worker need not decode it again */
 };
 
 /* The most choices a request may ask for (n times its prompts), and the most bytes their job

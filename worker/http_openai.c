@@ -460,10 +460,16 @@ void oai_req_free(struct oai_req *r)
 {
 	for (int i = 0; i < r->n_choices && r->jobs; i++)
 		free(r->jobs[i]);
+	for (int i = 0; i < r->n_choices && r->decoded; i++) {
+		job_free(r->decoded[i]);
+		free(r->decoded[i]);
+	}
 	free(r->jobs);
 	free(r->job_lens);
+	free(r->decoded);
 	r->jobs = NULL;
 	r->job_lens = NULL;
+	r->decoded = NULL;
 	r->n_choices = 0;
 }
 
@@ -489,7 +495,8 @@ static int make_jobs(struct oai_req *r, const char *id, const char *tenant, cons
 	r->per_prompt = n;
 	r->jobs = calloc((size_t)(np * n), sizeof *r->jobs);
 	r->job_lens = calloc((size_t)(np * n), sizeof *r->job_lens);
-	if (!r->jobs || !r->job_lens) {
+	r->decoded = calloc((size_t)(np * n), sizeof *r->decoded);
+	if (!r->jobs || !r->job_lens || !r->decoded) {
 		oai_req_free(r);
 		return oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
 	}
@@ -532,6 +539,10 @@ static int make_jobs(struct oai_req *r, const char *id, const char *tenant, cons
 		struct job j;
 		char msg[WK_ERRSZ], clean[WK_ERRSZ];
 		enum job_err jerr = job_decode(r->jobs[c], r->job_lens[c], NULL, &j, msg, sizeof msg);
+		if (jerr == JOB_OK && (r->decoded[c] = malloc(sizeof j))) {
+			*r->decoded[c] = j; /* (kept: the worker takes it, not the document again) */
+			continue;
+		}
 		job_free(&j);
 		if (jerr == JOB_OK)
 			continue;

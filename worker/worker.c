@@ -923,7 +923,16 @@ static void admit(struct worker *w, struct held *h)
 {
 	char err[WK_ERRSZ];
 	struct job j;
-	enum job_err je = job_decode(h->qj.body, h->qj.len, h->qj.id, &j, err, sizeof err);
+	/* an HTTP request's job was decoded by the HTTP thread's check: not again here, between
+	 * engine steps (a long conversation's document takes milliseconds) */
+	struct job *pre = h->http ? http_flight_take_job(h->http) : NULL;
+	enum job_err je = JOB_OK;
+	if (pre) {
+		j = *pre;
+		free(pre);
+	} else {
+		je = job_decode(h->qj.body, h->qj.len, h->qj.id, &j, err, sizeof err);
+	}
 	snprintf(h->tenant, sizeof h->tenant, "%s", j.tenant);
 	if (je != JOB_OK) {
 		fail_job(w, h, JOB_FAILED, je, err, je == JOB_EINVALID_JSON);

@@ -1594,6 +1594,13 @@ Test(http_server, a_model_alias_is_served)
 		struct queue_job j;
 		struct http_flight *f = take_one(&j);
 		free(j.body);
+		/* the job as the request's check decoded it: the worker need not decode it again */
+		struct job *dj = http_flight_take_job(f);
+		cr_expect(dj && dj->n_messages == 1 && !strcmp(dj->messages[0].content, "hi") &&
+			  !strcmp(dj->id, j.id) && dj->max_tokens == 5, "%s", models[i]);
+		cr_expect_null(http_flight_take_job(f));
+		job_free(dj);
+		free(dj);
 		const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Hi\", "
 				  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 4, "
 				  "\"completion_tokens\": 1}}";
