@@ -202,7 +202,7 @@ void resp_store_close(struct resp_store *s)
 	if (s->thread_started) { /* (it writes what is pending first) */
 		pthread_mutex_lock(&s->mu);
 		s->stop = true;
-		pthread_cond_signal(&s->cv);
+		pthread_cond_broadcast(&s->cv); /* (the writer, beside any flush) */
 		pthread_mutex_unlock(&s->mu);
 		pthread_join(s->thread, NULL);
 	}
@@ -333,7 +333,7 @@ int resp_store_put(struct resp_store *s, const char *id, const char *tenant,
 	s->tail = p;
 	s->n_pending++;
 	s->pending_bytes += len;
-	pthread_cond_signal(&s->cv);
+	pthread_cond_broadcast(&s->cv); /* (the writer, beside any flush) */
 	pthread_mutex_unlock(&s->mu);
 	return WK_OK;
 }
