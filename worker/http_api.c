@@ -1749,6 +1749,21 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"wick_responses_dir_errors_total %llu\n",
 		oai_kept_count(h->kept), on_disk, (unsigned long long)disk_bytes,
 		(unsigned long long)(h->store_errors + disk_errors));
+	const struct tok *tok = h->model_set ? h->jm.tok : NULL; /* (under mu) */
+	struct tok_memo_stats ms = {0};
+	if (tok)
+		tok_memo_stats(tok, &ms);
+	evbuffer_add_printf(b,
+		"# HELP wick_tokenizer_memo_segments_total Long text segments (a message, a tool's "
+		"output) the tokenizer encoded, by whether its memo held their ids.\n"
+		"# TYPE wick_tokenizer_memo_segments_total counter\n"
+		"wick_tokenizer_memo_segments_total{result=\"hit\"} %llu\n"
+		"wick_tokenizer_memo_segments_total{result=\"miss\"} %llu\n"
+		"# TYPE wick_tokenizer_memo_hit_bytes_total counter\n"
+		"wick_tokenizer_memo_hit_bytes_total %llu\n"
+		"# TYPE wick_tokenizer_memo_bytes gauge\nwick_tokenizer_memo_bytes %zu\n",
+		(unsigned long long)ms.hits, (unsigned long long)ms.misses,
+		(unsigned long long)ms.hit_bytes, ms.bytes);
 	put_hist(b, "wick_time_to_first_token_seconds",
 		 "From a request's arrival to its first generated token.", &h->ttft);
 	put_hist(b, "wick_time_per_output_token_seconds",

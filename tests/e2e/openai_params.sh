@@ -777,9 +777,24 @@ const post = async (path, body) => {
          `the model card: ${JSON.stringify(card)}`);
   const [s5, e5] = await post('/detokenize', { model, tokens: [1, 1 << 30] });
   assert(s5 === 400 && /token id/.test(e5.error.message), `${s5} ${JSON.stringify(e5)}`);
+  // a long message counted twice: the second time its ids come from the tokenizer's memo
+  const memo = async () => {
+    const t = await (await fetch(base + '/metrics')).text();
+    const hit = t.match(/^wick_tokenizer_memo_segments_total\{result="hit"\} (\d+)$/m);
+    assert(hit, `no memo counts in /metrics`);
+    return Number(hit[1]);
+  };
+  const long = [{ role: 'user', content: 'Pip flew over the hill. '.repeat(60) }];
+  const h0 = await memo();
+  const [, l1] = await post('/tokenize', { model, messages: long });
+  const [, l2] = await post('/tokenize', { model, messages: long });
+  const h1 = await memo();
+  assert(l1.count === l2.count && l1.tokens.join() === l2.tokens.join() && h1 === h0 + 1,
+         `the memo: ${h0} then ${h1} hits, ${l1.count} and ${l2.count} tokens`);
   console.log(`10. /tokenize: a prompt's ${t1.count} tokens and a chat's ${t2.count}, as their ` +
               'requests bill them; /detokenize gives the prompt back; an id past the ' +
-              `vocabulary a 400; /v1/models says max_model_len ${card.max_model_len}`);
+              `vocabulary a 400; /v1/models says max_model_len ${card.max_model_len}; a long ` +
+              `message counted again came from the tokenizer's memo (${l2.count} tokens)`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
 
