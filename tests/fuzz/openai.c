@@ -77,8 +77,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int k = 0; k < 2; k++) {
 		struct oai_req r;
 		struct oai_err e;
-		int st = oai_to_job(k ? OAI_COMPLETION : OAI_CHAT, (const char *)data, size, "m",
-				    "chatcmpl-1", "t", 64, &r, &e);
+		int st = oai_to_job(k ? OAI_COMPLETION : OAI_CHAT, (const char *)data, size,
+				    k ? "m" : "m\nclaude-*\ngpt-[0-9]?*", "chatcmpl-1", "t", 64, &r,
+				    &e); /* (chat: with --model-alias globs) */
 		if (st) {
 			if (r.jobs || st < 400 || st > 599 || !e.message[0])
 				abort();
