@@ -302,6 +302,15 @@ int http_api_flag(struct http_api_opts *o, int c, const char *arg)
 		o->keepalive_s = v > 0 ? v : -1;
 		return 0;
 	case 8: o->responses_dir = arg; return 0;
+	case 11:
+		v = strtod(arg, &end);
+		if (end == arg || *end || !(v >= 0 && v <= 10 * 365 * 86400.0)) {
+			fprintf(stderr, "wick: --responses-max-age wants seconds in [0, 315360000] (0: "
+				"no bound; 2592000 is 30 days), not '%s'\n", arg);
+			return 2;
+		}
+		o->responses_max_age = v;
+		return 0;
 	case 10:
 		if (o->n_model_aliases == HTTP_ALIASES_MAX || !*arg || strlen(arg) > 128 ||
 		    strpbrk(arg, " \t\r\n")) {
@@ -2380,8 +2389,9 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 	}
 	if (h->o.responses_dir) {
 		char serr[WK_ERRSZ];
-		int src = resp_store_open(h->o.responses_dir, h->o.responses_max, store_log, h,
-					  &h->store, serr, sizeof serr);
+		int src = resp_store_open(h->o.responses_dir, h->o.responses_max,
+					  h->o.responses_max_age, store_log, h, &h->store, serr,
+					  sizeof serr);
 		if (src != WK_OK) {
 			free_api(h);
 			return wk_errf(err, errsz, src == WK_ENOMEM ? src : WK_EINVAL,

@@ -62,7 +62,8 @@
 	{"sse-keepalive", required_argument, 0, HTTP_OPT_BASE + 7},                         \
 	{"responses-dir", required_argument, 0, HTTP_OPT_BASE + 8},                         \
 	{"responses-max", required_argument, 0, HTTP_OPT_BASE + 9},                         \
-	{"model-alias", required_argument, 0, HTTP_OPT_BASE + 10}
+	{"model-alias", required_argument, 0, HTTP_OPT_BASE + 10},                          \
+	{"responses-max-age", required_argument, 0, HTTP_OPT_BASE + 11}
 
 #define HTTP_API_HELP                                                                       \
 	"  --listen HOST:PORT    also serve the OpenAI API over HTTP (wick dev: 127.0.0.1:8000)\n" \
@@ -85,7 +86,9 @@
 	"                        previous_response_id goes on from them after a restart (the\n" \
 	"                        worker scaled to zero, a dev session ended; default: memory)\n" \
 	"  --responses-max SIZE  DIR's responses, at most (e.g. 4GB): the least recently used\n" \
-	"                        go first (default 1GB)\n"
+	"                        go first (default 1GB)\n"                                   \
+	"  --responses-max-age S a kept response not used for S seconds is removed from DIR\n" \
+	"                        (2592000: 30 days; default 0: kept while within SIZE)\n"
 
 #define HTTP_ALIASES_MAX 16
 
@@ -105,6 +108,7 @@ struct http_api_opts {
 	int64_t price_micro;       /* per hour of the whole machine, for /metrics' cost */
 	const char *responses_dir; /* --responses-dir: NULL, kept in memory only */
 	uint64_t responses_max;    /* --responses-max: 0, 1 GiB */
+	double responses_max_age;  /* --responses-max-age: 0, none */
 	/* where the server's own events go (a kept response that could not be written, ...),
 	 * from the server thread: event names the kind, msg what happened; NULL: stderr */
 	void (*log)(void *ctx, const char *event, const char *msg);

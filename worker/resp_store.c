@@ -39,6 +39,7 @@ struct resp_store {
 	int dfd;
 	char dir[4096];
 	uint64_t max_bytes;
+	double max_age_s; /* 0: none */
 	void (*log)(void *ctx, const char *msg);
 	void *log_ctx;
 	/* under mu: the index, the files waiting for the writer, its errors */
@@ -137,9 +138,24 @@ static int note(struct resp_store *s, const char *name, uint64_t bytes, double u
 	return WK_OK;
 }
 
-/* The least recently used files go, but keep, while the bytes pass the bound (under mu). */
+/* Whether a file last used at used is past the age bound. */
+static bool expired(const struct resp_store *s, double used)
+{
+	return s->max_age_s > 0 && used < now_real() - s->max_age_s;
+}
+
+/* The files past the age bound go, then the least recently used, but keep, while the bytes
+ * pass the bound (under mu). */
 static void evict(struct resp_store *s, const char *keep)
 {
+	for (size_t i = 0; i < s->n;) {
+		if (expired(s, s->e[i].used) && (!keep || strcmp(s->e[i].name, keep))) {
+			unlinkat(s->dfd, s->e[i].name, 0);
+			forget(s, &s->e[i]); /* (the last one moves to i) */
+		} else {
+			i++;
+		}
+	}
 	while (s->bytes > s->max_bytes) {
 		struct entry *old = NULL;
 		for (size_t i = 0; i < s->n; i++)
@@ -254,8 +270,9 @@ static int scan(struct resp_store *s, char *err, size_t errsz)
 	return WK_OK;
 }
 
-int resp_store_open(const char *dir, uint64_t max_bytes, void (*log)(void *ctx, const char *msg),
-		    void *log_ctx, struct resp_store **out, char *err, size_t errsz)
+int resp_store_open(const char *dir, uint64_t max_bytes, double max_age_s,
+		    void (*log)(void *ctx, const char *msg), void *log_ctx, struct resp_store **out,
+		    char *err, size_t errsz)
 {
 	*out = NULL;
 	struct resp_store *s = calloc(1, sizeof *s);
@@ -265,6 +282,7 @@ int resp_store_open(const char *dir, uint64_t max_bytes, void (*log)(void *ctx, 
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	s->max_bytes = max_bytes ? max_bytes : DEFAULT_BYTES;
+	s->max_age_s = max_age_s > 0 ? max_age_s : 0;
 	s->log = log;
 	s->log_ctx = log_ctx;
 	if (snprintf(s->dir, sizeof s->dir, "%s", dir) >= (int)sizeof s->dir) {
@@ -378,7 +396,10 @@ static int text_of(struct resp_store *s, const char *name, const char *path, cha
 	if (p)
 		return *buf ? WK_OK : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	struct stat st;
-	if (fstatat(s->dfd, name, &st, 0) != 0 && errno == ENOENT) {
+	bool stat_ok = fstatat(s->dfd, name, &st, 0) == 0;
+	if (stat_ok && expired(s, mtime_of(&st))) /* (not yet evicted: nothing ran since) */
+		unlinkat(s->dfd, name, 0);
+	if ((!stat_ok && errno == ENOENT) || (stat_ok && expired(s, mtime_of(&st)))) {
 		pthread_mutex_lock(&s->mu);
 		struct entry *x = find(s, name); /* (another worker's eviction, or a delete) */
 		if (x)

@@ -24,7 +24,8 @@
  * callback given at open (from the writer thread) and counted.
  *
  * Bounded in bytes: past max_bytes the least recently used files go (a read counts as a use:
- * it touches the file's time). The store knows the files that were there when it opened and
+ * it touches the file's time). Bounded in age too where asked: a file not used for
+ * max_age_s seconds is gone (removed at the next open, write or read; never read back). The store knows the files that were there when it opened and
  * those it wrote or read since; workers sharing DIR (a network volume) each bound what they
  * know. Temporaries left by a writer killed mid-write are removed at the next open once a
  * minute old.
@@ -41,12 +42,14 @@
 
 struct resp_store;
 
-/* Opens DIR (made, mode 0700, where missing) bounded to max_bytes (0: 1 GiB), indexing the
- * files there and removing the least recently used past the bound, and starts the writer;
+/* Opens DIR (made, mode 0700, where missing) bounded to max_bytes (0: 1 GiB) and max_age_s
+ * seconds since a file's last use (0: no bound), indexing the files there and removing those
+ * past the bounds (the least recently used first), and starts the writer;
  * log (NULL: none) gets each failed write's message. WK_EIO naming the path (not a
  * directory, no access), WK_ENOMEM. */
-int resp_store_open(const char *dir, uint64_t max_bytes, void (*log)(void *ctx, const char *msg),
-		    void *log_ctx, struct resp_store **out, char *err, size_t errsz);
+int resp_store_open(const char *dir, uint64_t max_bytes, double max_age_s,
+		    void (*log)(void *ctx, const char *msg), void *log_ctx, struct resp_store **out,
+		    char *err, size_t errsz);
 /* Writes what is waiting, then ends the writer and frees s. NULL is fine. */
 void resp_store_close(struct resp_store *s);
 /* Waits until every response put has been written (or has failed). */

@@ -43,12 +43,18 @@ static void on_log(void *ctx, const char *msg)
 	snprintf(logged + o, sizeof logged - o, "%s\n", msg);
 }
 
-static struct resp_store *open_store(uint64_t max)
+static struct resp_store *open_aged(uint64_t max, double max_age)
 {
 	struct resp_store *s = NULL;
 	logged[0] = 0;
-	cr_assert_eq(resp_store_open(sub, max, on_log, NULL, &s, err, sizeof err), WK_OK, "%s", err);
+	cr_assert_eq(resp_store_open(sub, max, max_age, on_log, NULL, &s, err, sizeof err), WK_OK,
+		     "%s", err);
 	return s;
+}
+
+static struct resp_store *open_store(uint64_t max)
+{
+	return open_aged(max, 0);
 }
 
 /* Keeps a conversation of one user message, and its object (not waiting for the writer). */
@@ -277,11 +283,11 @@ Test(resp_store, a_bad_directory_is_named)
 	cr_assert_not_null(f);
 	fclose(f);
 	struct resp_store *s = NULL;
-	cr_expect_eq(resp_store_open(file, 0, NULL, NULL, &s, err, sizeof err), WK_EIO);
+	cr_expect_eq(resp_store_open(file, 0, 0, NULL, NULL, &s, err, sizeof err), WK_EIO);
 	cr_expect(strstr(err, file) && strstr(err, "not a directory"), "%s", err);
 	cr_expect_null(s);
 	snprintf(file, sizeof file, "%s/no/such/dir", dir);
-	cr_expect_eq(resp_store_open(file, 0, NULL, NULL, &s, err, sizeof err), WK_EIO);
+	cr_expect_eq(resp_store_open(file, 0, 0, NULL, NULL, &s, err, sizeof err), WK_EIO);
 	cr_expect(strstr(err, file), "%s", err);
 }
 
@@ -321,5 +327,42 @@ Test(resp_store, the_writer_writes_and_a_failure_is_logged)
 	put(s, "resp_good", "t", "y"); /* the writer goes on */
 	cr_expect_eq(resp_store_count(s, NULL, &errors), 51);
 	cr_expect_eq(errors, 1);
+	resp_store_close(s);
+}
+
+/* --responses-max-age: a file not used for that long is gone at the next open, write or
+ * read, and never read back; one used since stays. */
+Test(resp_store, a_response_past_the_age_bound_is_gone)
+{
+	struct resp_store *s = open_store(0);
+	put(s, "resp_old", "t", "old");
+	put(s, "resp_used", "t", "used");
+	put(s, "resp_stale", "t", "read after its time");
+	resp_store_close(s);
+	char cmd[900]; /* two days untouched */
+	snprintf(cmd, sizeof cmd, "cd '%s' && touch -d '-2 days' resp_old.*.json resp_used.*.json "
+		 "resp_stale.*.json", sub);
+	cr_assert_eq(system(cmd), 0);
+	s = open_store(0); /* no age bound: all three */
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 3);
+	int rc;
+	free(got(s, "resp_used", "t", &rc)); /* used now */
+	cr_expect_eq(rc, WK_OK);
+	resp_store_close(s);
+	s = open_aged(0, 86400); /* a day: the two untouched ones go at the open */
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
+	cr_expect_null(got(s, "resp_old", "t", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND);
+	char *t = got(s, "resp_used", "t", &rc);
+	cr_expect(rc == WK_OK && t && !strcmp(t, "used"), "%d", rc);
+	free(t);
+	/* a file that ages while the store is open is not read back, and goes */
+	snprintf(cmd, sizeof cmd, "cd '%s' && touch -d '-2 days' resp_used.*.json", sub);
+	cr_assert_eq(system(cmd), 0);
+	cr_expect_null(got(s, "resp_used", "t", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(files_in(sub, ".json"), 0);
+	put(s, "resp_new", "t", "new"); /* a new one is kept */
+	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
 	resp_store_close(s);
 }
