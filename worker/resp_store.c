@@ -188,22 +188,19 @@ static void *writer(void *arg)
 		char path[4200], err[512];
 		snprintf(path, sizeof path, "%s/%s", s->dir, p->name);
 		int rc = wk_write_file_mode(path, p->text, p->len, 0600, err, sizeof err);
+		if (rc != WK_OK && s->log) /* (logged before a flush can return) */
+			s->log(s->log_ctx, err);
 		pthread_mutex_lock(&s->mu);
 		s->busy = NULL;
 		s->n_pending--;
 		s->pending_bytes -= p->len;
 		if (rc == WK_OK && note(s, p->name, p->len, now_real()) != WK_OK)
-			rc = wk_errf(err, sizeof err, WK_ENOMEM, "%s: out of memory", path);
+			rc = WK_ENOMEM; /* (written, not indexed: the next open finds it) */
 		if (rc == WK_OK)
 			evict(s, p->name);
 		else
 			s->errors++;
 		pthread_cond_broadcast(&s->cv); /* (resp_store_flush) */
-		if (rc != WK_OK && s->log) {
-			pthread_mutex_unlock(&s->mu);
-			s->log(s->log_ctx, err);
-			pthread_mutex_lock(&s->mu);
-		}
 		free(p->text);
 		free(p);
 	}
