@@ -114,10 +114,12 @@ static void forget(struct resp_store *s, struct entry *x)
 	*x = s->e[--s->n];
 }
 
-/* Indexes name at bytes and used (replacing what was known of it). WK_OK or WK_ENOMEM. */
-static int note(struct resp_store *s, const char *name, uint64_t bytes, double used)
+/* Indexes name at bytes and used: a name not indexed yet (known: without looking), else
+ * replacing what was known of it. WK_OK or WK_ENOMEM. */
+static int note_as(struct resp_store *s, const char *name, uint64_t bytes, double used,
+		   bool known_new)
 {
-	struct entry *x = find(s, name);
+	struct entry *x = known_new ? NULL : find(s, name);
 	if (x) {
 		s->bytes -= x->bytes;
 	} else {
@@ -136,6 +138,33 @@ static int note(struct resp_store *s, const char *name, uint64_t bytes, double u
 	x->used = used;
 	s->bytes += bytes;
 	return WK_OK;
+}
+
+static int note(struct resp_store *s, const char *name, uint64_t bytes, double used)
+{
+	return note_as(s, name, bytes, used, false);
+}
+
+static int by_use(const void *a, const void *b)
+{
+	double x = ((const struct entry *)a)->used, y = ((const struct entry *)b)->used;
+	return x < y ? -1 : x > y;
+}
+
+/* At open, with every file indexed: the least recently used go while the bytes pass the
+ * bound, in one sort rather than a search a file (a directory of 100,000 responses). */
+static void trim(struct resp_store *s)
+{
+	if (s->bytes <= s->max_bytes)
+		return;
+	qsort(s->e, s->n, sizeof *s->e, by_use);
+	size_t k = 0;
+	for (; k < s->n && s->bytes > s->max_bytes; k++) {
+		unlinkat(s->dfd, s->e[k].name, 0);
+		s->bytes -= s->e[k].bytes;
+	}
+	memmove(s->e, s->e + k, (s->n - k) * sizeof *s->e);
+	s->n -= k;
 }
 
 /* Whether a file last used at used is past the age bound. */
@@ -259,7 +288,7 @@ static int scan(struct resp_store *s, char *err, size_t errsz)
 				unlinkat(s->dfd, de->d_name, 0);
 			continue;
 		}
-		rc = note(s, de->d_name, (uint64_t)st.st_size, mtime_of(&st));
+		rc = note_as(s, de->d_name, (uint64_t)st.st_size, mtime_of(&st), true);
 	}
 	closedir(d);
 	if (rc != WK_OK)
@@ -303,7 +332,8 @@ int resp_store_open(const char *dir, uint64_t max_bytes, double max_age_s,
 		resp_store_close(s);
 		return rc;
 	}
-	evict(s, NULL);
+	trim(s);
+	evict(s, NULL); /* (the age bound; the bytes are within theirs) */
 	if ((rc = pthread_create(&s->thread, NULL, writer, s))) {
 		resp_store_close(s);
 		return wk_errf(err, errsz, WK_ENOMEM, "the writer thread: %s", strerror(rc));
