@@ -44,6 +44,7 @@ APP_NAME = "wick"
 WICK_IMAGE = os.environ.get("WICK_IMAGE", "REPLACE-ME/wick:latest")
 SNAPSHOT_DIR = "/snapshots"
 LEDGER_DIR = "/ledgers"
+SESSIONS_DIR = "/sessions"  # DevServer: what a session leaves for the next one
 SNAPSHOT = SNAPSHOT_DIR + "/glm5-fp8"
 GPU = "H200:8"
 H200_PER_SECOND = "0.001261"  # Modal's published H200 price, $/GPU-second
@@ -67,6 +68,7 @@ image = modal.Image.from_registry(WICK_IMAGE, setup_dockerfile_commands=["USER r
                                   add_python="3.12").entrypoint([])
 snapshots = modal.Volume.from_name("wick-snapshots", create_if_missing=True)
 ledgers = modal.Volume.from_name("wick-ledgers", create_if_missing=True)
+sessions = modal.Volume.from_name("wick-sessions", create_if_missing=True)
 volumes = {SNAPSHOT_DIR: snapshots, LEDGER_DIR: ledgers}
 
 
@@ -76,15 +78,17 @@ def _prefetch():
     subprocess.run(["wick", "prefetch", "--threads", "32", SNAPSHOT], check=True)
 
 
-def _stop(proc, volume):
-    """SIGTERM wick (drain), wait for it, and commit its ledger to the volume."""
+def _stop(proc, *vols):
+    """SIGTERM wick (drain), wait for it, and commit what it wrote (its ledger, and a
+    session's kept responses and prefix cache) to the volumes."""
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=DRAIN_S + 3)
         except subprocess.TimeoutExpired:
             proc.kill()
-    volume.commit()
+    for v in vols:
+        v.commit()
 
 
 @app.cls(image=image, gpu=GPU, volumes=volumes,
@@ -125,7 +129,7 @@ class QueueWorker:
         _stop(self.proc, ledgers)
 
 
-@app.cls(image=image, gpu=GPU, volumes=volumes,
+@app.cls(image=image, gpu=GPU, volumes={**volumes, SESSIONS_DIR: sessions},
          secrets=[modal.Secret.from_name("wick-api")],
          scaledown_window=IDLE_S, startup_timeout=STARTUP_S, timeout=24 * 3600,
          max_containers=1)
@@ -138,7 +142,10 @@ class DevServer:
         _prefetch()
         # --listen on all addresses needs a key: WICK_API_KEY comes from the wick-api secret.
         # --idle-timeout past Modal's window: Modal stops the container first; wick's own timer
-        # only ends a session that Modal failed to stop.
+        # only ends a session that Modal failed to stop. The next session goes on where this
+        # one ended: its agents' kept responses (previous_response_id, for 30 days) and their
+        # turns' KV cache stay on the sessions volume. Claude Code comes with its own model
+        # names (claude-*), served as the snapshot's model.
         self.proc = subprocess.Popen([
             "wick", "dev", "--model", SNAPSHOT, "--listen", "0.0.0.0:8000",
             "--backend", "cuda", "--concurrency", str(CONCURRENCY), "--max-seq", str(MAX_SEQ),
@@ -146,6 +153,10 @@ class DevServer:
             "--idle-timeout", str(IDLE_S + 60), "--drain-timeout", str(DRAIN_S),
             "--ledger", LEDGER_DIR + "/dev-" + os.environ.get("MODAL_TASK_ID", "local") + ".jsonl",
             "--price-per-gpu-second", H200_PER_SECOND, "--gpus", "8", "--gpu-type", "H200",
+            "--responses-dir", SESSIONS_DIR + "/responses", "--responses-max", "4GB",
+            "--responses-max-age", str(30 * 86400),
+            "--prefix-cache-dir", SESSIONS_DIR + "/prefix", "--prefix-cache-max", "8GB",
+            "--model-alias", "claude-*",
         ])
 
     @modal.web_server(8000, startup_timeout=STARTUP_S)
@@ -154,7 +165,7 @@ class DevServer:
 
     @modal.exit()
     def stop(self):
-        _stop(self.proc, ledgers)
+        _stop(self.proc, ledgers, sessions)
 
 
 def _queue_work(url: str, lease_s: int) -> int:

@@ -771,6 +771,8 @@ SMOKE_DROP = {"--model", "--snapshot", "--queue", "--listen", "--ledger", "--ste
               "--usage-url", "--done-url", "--ping-url", "--stream-url", "--backend",
               "--threads", "--idle-timeout", "--source"}
 UNRESOLVED = re.compile(r"[$<%{}]")
+# directories a deployment puts on its volumes: run in the scratch directory instead
+SMOKE_DIRS = {"--responses-dir", "--prefix-cache-dir"}
 
 
 def smoke_one(wick, k, inv, model, workdir):
@@ -800,6 +802,8 @@ def smoke_one(wick, k, inv, model, workdir):
             if val is not None and UNRESOLVED.search(val):
                 dropped += 1
                 continue
+            if f in SMOKE_DIRS and val is not None:
+                val = os.path.join(workdir, f"{k}{f.replace('--', '-')}")
             args += [f] if val is None else [f, val]
         q = os.path.join(workdir, f"q{k}")
         r = subprocess.run([wick.exe, "submit", "--queue", "spool:" + q, "--id", f"smoke-{k}",
@@ -839,8 +843,9 @@ def smoke_one(wick, k, inv, model, workdir):
 def smoke(wick, found, model, workdir):
     """Runs each `wick worker`, `wick dev` and `wick prefetch` line with its own flags and
     values, but on MODEL, a spool queue holding one job, a ledger in WORKDIR, the CPU backend
-    and a short idle timeout. Flags whose values are only known at run time ($VAR, %i, a
-    Python expression) are left out. Each must exit 0; each worker must complete its job.
+    and a short idle timeout; the directories a deployment keeps on its volumes
+    (--responses-dir, --prefix-cache-dir) in WORKDIR. Flags whose values are only known at
+    run time ($VAR, %i, a Python expression) are left out. Each must exit 0; each worker must complete its job.
     The runs mostly sleep through their idle timeout, so four go at once."""
     from concurrent.futures import ThreadPoolExecutor
     todo = [(k, inv) for k, inv in enumerate(found) if inv.sub in ("worker", "dev", "prefetch")]
