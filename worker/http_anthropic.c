@@ -385,10 +385,6 @@ int oai_messages_count_chat(const char *body, size_t len, json_t **chat, struct 
 	json_t *skel;
 	int st = oai_api_chat(body, len, chat, &skel, messages_fill, no_skeleton, e);
 	json_decref(skel);
-	if (!st) { /* (counting runs nothing) */
-		json_object_del(*chat, "max_tokens");
-		json_object_del(*chat, "stream");
-	}
 	return st;
 }
 

@@ -269,8 +269,8 @@ json_t *oai_result_message(const struct oai_result *r);
 /* As oai_responses_to_chat, for a POST /v1/messages body (*skel is an empty object). */
 int oai_messages_to_chat(const char *body, size_t len, json_t **chat, json_t **skel,
 			 struct oai_err *e);
-/* ... for POST /v1/messages/count_tokens: the same, max_tokens not required (nor kept), no
- * skeleton. */
+/* ... for POST /v1/messages/count_tokens: the same, max_tokens not required, no skeleton
+ * (the route drops the members that counting does not run: max_tokens, stream). */
 int oai_messages_count_chat(const char *body, size_t len, json_t **chat, struct oai_err *e);
 /* chat's error named as Anthropic's API names its members (stop_sequences) */
 void oai_messages_err(struct oai_err *e);

@@ -394,16 +394,28 @@ static struct pending *pending_of(struct resp_store *s, const char *name)
 	return NULL;
 }
 
+/* Name's file no longer indexed, if it was (under mu). */
+static void forget_name(struct resp_store *s, const char *name)
+{
+	struct entry *x = find(s, name);
+	if (x)
+		forget(s, x);
+}
+
+/* ... taking mu. */
+static void forget_locked(struct resp_store *s, const char *name)
+{
+	pthread_mutex_lock(&s->mu);
+	forget_name(s, name);
+	pthread_mutex_unlock(&s->mu);
+}
+
 /* A file read that is not a kept response of id: removed, and named. */
 static int bad_file(struct resp_store *s, const char *name, const char *path, const char *why,
 		    char *err, size_t errsz)
 {
 	unlinkat(s->dfd, name, 0);
-	pthread_mutex_lock(&s->mu);
-	struct entry *x = find(s, name);
-	if (x)
-		forget(s, x);
-	pthread_mutex_unlock(&s->mu);
+	forget_locked(s, name);
 	return wk_errf(err, errsz, WK_EFORMAT, "%s: not a kept response (%s): removed", path, why);
 }
 
@@ -424,14 +436,12 @@ static int text_of(struct resp_store *s, const char *name, const char *path, cha
 		return *buf ? WK_OK : wk_errf(err, errsz, WK_ENOMEM, "out of memory");
 	struct stat st;
 	bool stat_ok = fstatat(s->dfd, name, &st, 0) == 0;
-	if (stat_ok && expired(s, mtime_of(&st))) /* (not yet evicted: nothing ran since) */
-		unlinkat(s->dfd, name, 0);
-	if ((!stat_ok && errno == ENOENT) || (stat_ok && expired(s, mtime_of(&st)))) {
-		pthread_mutex_lock(&s->mu);
-		struct entry *x = find(s, name); /* (another worker's eviction, or a delete) */
-		if (x)
-			forget(s, x);
-		pthread_mutex_unlock(&s->mu);
+	bool gone = stat_ok ? expired(s, mtime_of(&st)) /* (not yet evicted: nothing ran since) */
+			    : errno == ENOENT; /* (another worker's eviction, or a delete) */
+	if (gone) {
+		if (stat_ok)
+			unlinkat(s->dfd, name, 0);
+		forget_locked(s, name);
 		return WK_ENOTFOUND;
 	}
 	return wk_read_file(path, FILE_MAX, buf, len, err, errsz);
@@ -511,9 +521,7 @@ bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant)
 		free(p->text);
 		free(p);
 	}
-	struct entry *x = find(s, name);
-	if (x)
-		forget(s, x);
+	forget_name(s, name);
 	pthread_mutex_unlock(&s->mu);
 	unlinkat(s->dfd, name, 0); /* (none: it was still pending) */
 	return true;
