@@ -107,6 +107,9 @@ int tok_id(const struct tok *t, const char *piece); /* -1 when absent */
 bool tok_is_special(const struct tok *t, int id);   /* an added token marked special */
 /* A "<0xXX>" byte token that the decoder's ByteFallback step turns into its byte. */
 bool tok_is_byte_fallback(const struct tok *t, int id);
+/* A token that decoding with skip_special drops (HF: a special added token), so that the
+ * decoder's steps never see it: a run of byte tokens goes on across it. */
+bool tok_is_skipped(const struct tok *t, int id);
 int tok_bos(const struct tok *t); /* id of the BOS the post-processor adds, or -1 */
 /* id of the first added or vocabulary token among "</s>", "<|endoftext|>", "<eos>",
  * "<|end_of_text|>"; or -1 */

@@ -347,6 +347,11 @@ bool tok_is_byte_fallback(const struct tok *t, int id)
 	return false;
 }
 
+bool tok_is_skipped(const struct tok *t, int id)
+{
+	return id >= 0 && id < t->n_ids && (t->flags[id] & TOK_F_SKIP);
+}
+
 /* The byte of a "<0xXX>" token, or -1. Mirrors HF: the token is 6 bytes, "<0x" .. ">",
  * and the middle parses as u8 in base 16 (Rust's from_str_radix takes a leading '+'). */
 static int byte_token(const char *p, size_t n)

@@ -691,11 +691,18 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 	size_t safe = len - held_back(r, t, len);
 	/* A run of <0xXX> tokens at the end decodes as one group (HF's ByteFallback: a group
 	 * that is not valid UTF-8 becomes one U+FFFD a byte, so a later byte can turn an earlier
-	 * one into U+FFFD): its text waits for the run to end. */
+	 * one into U+FFFD): its text waits for the run to end. A token the decoder drops (a
+	 * special one, such as <unk>) does not end the run. */
 	int run = r->n_out;
-	while (run > r->win && tok_is_byte_fallback(s->tok, r->out[run - 1]))
-		run--;
-	if (run < r->n_out) {
+	bool bytes = false;
+	for (; run > r->win; run--) {
+		int id = r->out[run - 1];
+		if (tok_is_byte_fallback(s->tok, id))
+			bytes = true;
+		else if (!tok_is_skipped(s->tok, id))
+			break;
+	}
+	if (bytes) {
 		char *t3 = NULL;
 		size_t len3 = 0;
 		if (decode_range(s, r, r->win, run, &t3, &len3) != WK_OK)

@@ -79,8 +79,12 @@ echo "$out" | grep -E '^streaming +[0-9]+ jobs/s against [0-9]+ without: [0-9.]+
 python3 - "$port" <<'PY' || fail "the streaming jobs' streams"
 import json, subprocess, sys
 def cli(*a):
-    return json.loads(subprocess.run(["redis-cli", "-p", sys.argv[1], "--json", *a],
-                                     capture_output=True, text=True).stdout)
+    out = subprocess.run(["redis-cli", "-p", sys.argv[1], "--json", *a],
+                         capture_output=True).stdout
+    try:  # a stream piece cut inside a character is not UTF-8
+        return json.loads(out.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        sys.exit(f"redis-cli {' '.join(a)}: not UTF-8 ({e}): {out[:400]!r}")
 ids = [k.split(":", 2)[2] for k in subprocess.run(
     ["redis-cli", "-p", sys.argv[1], "--scan", "--pattern", "bench:result:*"],
     capture_output=True, text=True).stdout.split()]
