@@ -112,6 +112,11 @@ static struct span py_rstrip(struct span s)
 	}
 }
 
+size_t chat_rstrip_len(const char *s, size_t n)
+{
+	return py_rstrip((struct span){s, n}).n;
+}
+
 /* Python's s.strip(). */
 static struct span py_strip(struct span s)
 {

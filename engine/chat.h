@@ -100,6 +100,10 @@ int chat_tool_calls(enum chat_format f, const char *text, size_t len, const char
 		    size_t tools_len, size_t max_calls, size_t *content_len, char **calls,
 		    char *err, size_t errsz);
 
+/* The length of s[0..n) without its trailing whitespace, as Python's str.rstrip() (Unicode's
+ * spaces too; bytes that are not valid UTF-8 are never whitespace). */
+size_t chat_rstrip_len(const char *s, size_t n);
+
 /* Python's json.dumps(value, ensure_ascii=False) of the JSON text json[0..len), into *out
  * (malloc'd, NUL-terminated, *out_len bytes): ", " and ": " between items, keys in their order,
  * floats as Python's repr. WK_EFORMAT when json is not JSON. */

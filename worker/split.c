@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/chat.h"
+
 void split_init(struct split *s, bool thinking, bool tools, bool call)
 {
 	*s = (struct split){.reasoning = thinking, .tools = tools, .in_calls = call};
@@ -43,6 +45,19 @@ static void send(struct split *s, size_t n, size_t skip, bool reasoning,
 	s->held_len -= n + skip;
 }
 
+/* n less the bytes of a UTF-8 sequence that s[0..n) ends inside of (it may be whitespace). */
+static size_t whole_chars(const char *s, size_t n)
+{
+	for (size_t k = 1; k <= 3 && k <= n; k++) {
+		unsigned char c = (unsigned char)s[n - k];
+		if ((c & 0xC0) != 0x80) {
+			size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+			return need > k ? n - k : n;
+		}
+	}
+	return n;
+}
+
 void split_piece(struct split *s, const char *text, size_t len,
 		 void (*emit)(void *ctx, bool reasoning, const char *bytes, size_t n), void *ctx)
 {
@@ -77,7 +92,26 @@ void split_piece(struct split *s, const char *text, size_t len,
 		return;
 	size_t n = s->tools ? before_tag(s, "<tool_call>", &hit) : s->held_len;
 	s->in_calls = s->tools && hit;
-	while (s->tools && n && memchr(" \t\r\n", s->held[n - 1], 4))
-		n--;
+	if (s->tools) /* whitespace before a call is not content (chat_tool_calls' rstrip) */
+		n = chat_rstrip_len(s->held, whole_chars(s->held, n));
 	send(s, n, 0, false, emit, ctx);
+}
+
+void split_whole(const char *text, size_t len, bool thinking, struct split_cut *c)
+{
+	*c = (struct split_cut){.text = text, .text_len = len};
+	if (!thinking)
+		return;
+	const char *end = memmem(text, len, "</think>", 8);
+	c->reasoning = text;
+	c->reasoning_len = end ? (size_t)(end - text) : len;
+	size_t k = 0; /* GLM-4.5's prompt ends before <think>: the model writes it */
+	while (k < c->reasoning_len && (text[k] == ' ' || text[k] == '\n'))
+		k++;
+	if (c->reasoning_len - k >= 7 && !memcmp(text + k, "<think>", 7)) {
+		c->reasoning += k + 7;
+		c->reasoning_len -= k + 7;
+	}
+	c->text = end ? end + 8 : "";
+	c->text_len = end ? len - (size_t)(end - text) - 8 : 0;
 }

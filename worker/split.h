@@ -5,8 +5,10 @@
  * content is held back from where a "<tool_call>" may begin, and the whitespace before it;
  * once one has begun, nothing more is content: the calls come whole with the result). So
  * the content emitted is a prefix of the result's text, and the reasoning of its
- * reasoning_content. Pure; used by the OpenAI stream (http_api.c) and queue streams
- * (worker.c).
+ * reasoning_content: of split_whole's cut, and of the content before the calls that
+ * chat_tool_calls finds in its text (Python's rstrip: the whitespace before a call that may
+ * come is held back, Unicode's spaces too). The fuzz target tests/fuzz/split.c checks it.
+ * Pure; used by the OpenAI stream (http_api.c) and queue streams (worker.c).
  */
 #ifndef SPLIT_H
 #define SPLIT_H
@@ -33,5 +35,15 @@ void split_free(struct split *s);
  * in order. Out of memory, the piece is dropped (the result still has the whole text). */
 void split_piece(struct split *s, const char *text, size_t len,
 		 void (*emit)(void *ctx, bool reasoning, const char *bytes, size_t n), void *ctx);
+
+/* The whole text's cut, which the stream's pieces are a prefix of: the reasoning (with
+ * thinking: the text before the first "</think>", all of it when none came, and a leading
+ * "<think>" after whitespace left out) and the text after it (without thinking: all). The
+ * spans point into text. */
+struct split_cut {
+	const char *reasoning, *text;
+	size_t reasoning_len, text_len;
+};
+void split_whole(const char *text, size_t len, bool thinking, struct split_cut *c);
 
 #endif

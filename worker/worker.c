@@ -791,20 +791,13 @@ static void job_done(struct worker *w, struct sched_req *r)
 		.attempt = h->qj.attempt};
 	size_t text_len = r->text_len; /* (what follows its reasoning, with thinking) */
 	if (h->thinking) { /* its reasoning: all until "</think>" (all of it when none came) */
-		const char *end = memmem(jr.text, text_len, "</think>", 8);
+		struct split_cut cut;
+		split_whole(jr.text, text_len, true, &cut);
 		jr.has_reasoning = true;
-		jr.reasoning = jr.text;
-		jr.reasoning_len = end ? (size_t)(end - jr.text) : text_len;
-		text_len = end ? text_len - jr.reasoning_len - 8 : 0;
-		size_t k = 0; /* GLM-4.5's prompt ends before <think>: the model writes it */
-		while (k < jr.reasoning_len && (jr.reasoning[k] == ' ' || jr.reasoning[k] == '\n'))
-			k++;
-		if (jr.reasoning_len - k >= 7 && !memcmp(jr.reasoning + k, "<think>", 7)) {
-			jr.reasoning += k + 7;
-			jr.reasoning_len -= k + 7;
-		}
-		jr.text = end ? end + 8 : "";
-		jr.text_len = text_len;
+		jr.reasoning = cut.reasoning;
+		jr.reasoning_len = cut.reasoning_len;
+		jr.text = cut.text;
+		jr.text_len = text_len = cut.text_len;
 		jr.reasoning_tokens = r->n_out;
 		for (int k = 0; k < r->n_out && w->think_end >= 0; k++)
 			if (r->out[k] == w->think_end) {

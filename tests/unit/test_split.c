@@ -55,4 +55,9 @@ Test(split, reasoning_content_and_calls)
 	expect_cut("a <b> c", false, true, false, "", "a <b> c");
 	expect_cut("get_weather<arg_key>c</arg_key>", false, true, true, "", "");
 	expect_cut("no tools <tool_call>", false, false, false, "", "no tools <tool_call>");
+	/* Python's whitespace before a call, as chat_tool_calls strips it: Unicode's spaces
+	 * (U+3000, U+00A0) and \f too, even cut inside a character */
+	expect_cut("Sure.\xE3\x80\x80\xC2\xA0\f<tool_call>f</tool_call>", false, true, false, "",
+		   "Sure.");
+	expect_cut("Sure.\xE3\x80\x80 ok", false, true, false, "", "Sure.\xE3\x80\x80 ok");
 }

@@ -1,0 +1,159 @@
+/* Fuzz target: the scheduler's stream (sched_req.on_token) on arbitrary output tokens. The
+ * input names the tokens a request generates and up to three stop strings (each the text of
+ * one to three of those ids, so that they occur); the stream's pieces must each be valid
+ * UTF-8 and add up to the request's final text exactly, whatever runs of <0xXX> byte tokens,
+ * skipped specials (<unk>, <s>) and stop strings come. The model is stories260K (its
+ * tokenizer has byte fallback) on the null backend, whose logits are all zero: a bias of 1 on
+ * the next input id, moved before each step, makes the greedy pick that id. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/wk.h"
+#include "engine/convert.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "tests/fuzz/fuzz.h"
+#include "worker/sched.h"
+
+#define MAX_OUT 160
+
+static struct engine *eng;
+
+static void load(void)
+{
+	const char *sh = getenv("WICK_SHARED") ? getenv("WICK_SHARED") : "../shared";
+	char bin[1024], tok[1024], dir[64], cmd[128], err[WK_ERRSZ];
+	snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", sh);
+	snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", sh);
+	snprintf(dir, sizeof dir, "/tmp/wick-fuzz-stream-%d", (int)getpid());
+	struct eng_opts o = {.backend = "null", .max_seq = 256, .max_seqs = 1};
+	int rc = conv_llama2c(bin, tok, dir, err, sizeof err);
+	if (rc == WK_OK)
+		rc = eng_open(dir, &o, &eng, err, sizeof err);
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	if (system(cmd) != 0 || rc != WK_OK) {
+		fprintf(stderr, "fuzz stream: %s\n", err);
+		abort();
+	}
+}
+
+/* Whether s[0..n) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
+static bool utf8_ok(const unsigned char *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned c = s[i];
+		size_t k = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
+			 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+		if (!k || i + k > n)
+			return false;
+		unsigned cp = k == 1 ? c : c & (0x7F >> k);
+		for (size_t j = 1; j < k; j++) {
+			if ((s[i + j] & 0xC0) != 0x80)
+				return false;
+			cp = cp << 6 | (s[i + j] & 0x3F);
+		}
+		if ((k == 3 && (cp < 0x800 || (cp >= 0xD800 && cp < 0xE000))) ||
+		    (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+			return false;
+		i += k;
+	}
+	return true;
+}
+
+struct seen {
+	char text[MAX_OUT * 16 + 1];
+	size_t len;
+	struct sched_req *done;
+};
+
+static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t len)
+{
+	(void)r;
+	struct seen *s = ctx;
+	if (!utf8_ok((const unsigned char *)piece, len) || s->len + len >= sizeof s->text)
+		abort();
+	memcpy(s->text + s->len, piece, len);
+	s->len += len;
+}
+
+static void on_done(void *ctx, struct sched_req *r)
+{
+	((struct seen *)ctx)->done = r;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (!eng)
+		load();
+	if (size < 1)
+		return 0;
+	const struct tok *tk = eng_tokenizer(eng);
+	int vocab = tok_vocab_size(tk), ids[MAX_OUT], n = 0;
+	size_t at = 1;
+	int n_stop = data[0] & 3;
+	struct { int first, count; } stops[3];
+	for (int i = 0; i < n_stop && at < size; i++) { /* where in the ids, and how many */
+		stops[i].first = data[at] >> 2;
+		stops[i].count = 1 + (data[at] & 3) % 3;
+		at++;
+	}
+	n_stop = n_stop < (int)(at - 1) ? n_stop : (int)(at - 1);
+	for (; at + 1 < size && n < MAX_OUT; at += 2)
+		ids[n++] = (data[at] | data[at + 1] << 8) % vocab;
+	if (n == 0)
+		return 0;
+	struct sched_req *r = calloc(1, sizeof *r);
+	snprintf(r->id, sizeof r->id, "fuzz");
+	r->prompt = malloc(sizeof *r->prompt);
+	r->bias_id = malloc(sizeof *r->bias_id);
+	r->bias = malloc(sizeof *r->bias);
+	if (!r->prompt || !r->bias_id || !r->bias)
+		abort();
+	r->prompt[0] = tok_bos(tk) >= 0 ? tok_bos(tk) : 1;
+	r->n_prompt = 1;
+	r->max_tokens = n;
+	r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
+	r->bias_id[0] = ids[0];
+	r->bias[0] = 1;
+	r->n_bias = 1;
+	r->on_token = on_token;
+	for (int i = 0; i < n_stop; i++) {
+		int f = stops[i].first % n, c = stops[i].count < n - f ? stops[i].count : n - f;
+		char *t;
+		size_t len;
+		if (tok_decode_utf8(tk, ids + f, c, true, &t, &len, NULL, 0) != WK_OK)
+			abort();
+		if (len && strlen(t) == len)
+			r->stop[r->n_stop++] = t;
+		else
+			free(t);
+	}
+	struct sched *s = sched_create(eng, NULL);
+	char err[WK_ERRSZ];
+	if (!s || sched_submit(s, r, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "fuzz stream: %s\n", s ? err : "out of memory");
+		abort();
+	}
+	static struct seen seen;
+	memset(&seen, 0, sizeof seen);
+	for (int k = 0; sched_pending(s) > 0; k++) {
+		if (k > MAX_OUT + 4)
+			abort(); /* a step that picked no token */
+		if (!seen.done && r->n_out < n)
+			r->bias_id[0] = ids[r->n_out];
+		if (sched_step(s, on_done, &seen) < 0)
+			abort();
+	}
+	if (seen.done != r || r->status != SCHED_DONE || seen.len != r->text_len ||
+	    memcmp(seen.text, r->text, r->text_len))
+		abort();
+	/* the request generated the input's ids, up to an end-of-sequence or a stop */
+	for (int i = 0; i < r->n_out; i++)
+		if (r->out[i] != ids[i])
+			abort();
+	sched_req_free(r);
+	sched_free(s);
+	return 0;
+}
