@@ -502,10 +502,15 @@ static int decode_after(const struct tok *tk, const int *prompt, int n_prompt, c
 	}
 	int (*dec)(const struct tok *, const int *, int, bool, char **, size_t *, char *,
 		   size_t) = raw ? tok_decode : tok_decode_utf8;
-	for (int i = n_prev - 1; i >= 0 && k < SCHED_CTX; i--)
-		ctx[SCHED_CTX - 1 - k++] = prev[i];
-	for (int i = n_prompt - 1; n_prev - k <= 0 && i >= 0 && k < SCHED_CTX; i--)
-		ctx[SCHED_CTX - 1 - k++] = prompt[i];
+	/* (tokens the decoder drops are no context: after four <unk> it would strip the leading
+	 * space of what follows) */
+	int i = n_prev - 1;
+	for (; i >= 0 && k < SCHED_CTX; i--)
+		if (!tok_is_skipped(tk, prev[i]))
+			ctx[SCHED_CTX - 1 - k++] = prev[i];
+	for (int j = n_prompt - 1; i < 0 && j >= 0 && k < SCHED_CTX; j--)
+		if (!tok_is_skipped(tk, prompt[j]))
+			ctx[SCHED_CTX - 1 - k++] = prompt[j];
 	int *ids = malloc((size_t)(k + n + 1) * sizeof *ids);
 	char *pre = NULL, *full = NULL;
 	size_t plen = 0, flen = 0;
@@ -533,8 +538,8 @@ static int decode_after(const struct tok *tk, const int *prompt, int n_prompt, c
 static int decode_range(struct sched *s, const struct sched_req *r, int from, int to, char **t,
 			size_t *len)
 {
-	return decode_after(s->tok, r->prompt, r->n_prompt, r->out, from, r->out + from,
-			    to - from, false, t, len);
+	return decode_after(s->tok, r->prompt, r->n_prompt, r->out, from,
+			    r->out ? r->out + from : NULL, to - from, false, t, len);
 }
 
 int sched_token_bytes(const struct sched *s, const struct sched_req *r, int k, int id,
@@ -691,8 +696,9 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 	size_t safe = len - held_back(r, t, len);
 	/* A run of <0xXX> tokens at the end decodes as one group (HF's ByteFallback: a group
 	 * that is not valid UTF-8 becomes one U+FFFD a byte, so a later byte can turn an earlier
-	 * one into U+FFFD): its text waits for the run to end. A token the decoder drops (a
-	 * special one, such as <unk>) does not end the run. */
+	 * one into U+FFFD): its text waits for the run to end, and so does the text before it
+	 * that could begin a stop string. A token the decoder drops (a special one, such as
+	 * <unk>) does not end the run. */
 	int run = r->n_out;
 	bool bytes = false;
 	for (; run > r->win; run--) {
@@ -707,6 +713,8 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 		size_t len3 = 0;
 		if (decode_range(s, r, r->win, run, &t3, &len3) != WK_OK)
 			len3 = 0;
+		else /* the run's text may still change: a stop may begin before it */
+			len3 -= held_back(r, t3, len3);
 		if (len3 < safe)
 			safe = len3;
 		free(t3);

@@ -4,7 +4,10 @@
  * UTF-8 and add up to the request's final text exactly, whatever runs of <0xXX> byte tokens,
  * skipped specials (<unk>, <s>) and stop strings come. The model is stories260K (its
  * tokenizer has byte fallback) on the null backend, whose logits are all zero: a bias of 1 on
- * the next input id, moved before each step, makes the greedy pick that id. */
+ * the next input id, moved before each step, makes the greedy pick that id. Input: a byte
+ * (bits 0-1: how many stop strings; bits 2-3: how many ids go to the prompt, after its BOS,
+ * as the text the first pieces follow), a byte for each stop string (where in the output
+ * ids, and how many), then the ids, two bytes each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,20 +105,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	n_stop = n_stop < (int)(at - 1) ? n_stop : (int)(at - 1);
 	for (; at + 1 < size && n < MAX_OUT; at += 2)
 		ids[n++] = (data[at] | data[at + 1] << 8) % vocab;
-	if (n == 0)
+	int np = (data[0] >> 2) & 3; /* the first np ids are the prompt's, after its BOS */
+	if (np >= n)
 		return 0;
 	struct sched_req *r = calloc(1, sizeof *r);
 	snprintf(r->id, sizeof r->id, "fuzz");
-	r->prompt = malloc(sizeof *r->prompt);
+	r->prompt = malloc((size_t)(1 + np) * sizeof *r->prompt);
 	r->bias_id = malloc(sizeof *r->bias_id);
 	r->bias = malloc(sizeof *r->bias);
 	if (!r->prompt || !r->bias_id || !r->bias)
 		abort();
 	r->prompt[0] = tok_bos(tk) >= 0 ? tok_bos(tk) : 1;
-	r->n_prompt = 1;
+	memcpy(r->prompt + 1, ids, (size_t)np * sizeof *ids);
+	r->n_prompt = 1 + np;
+	const int *want = ids + np;
+	n -= np;
 	r->max_tokens = n;
 	r->samp = (struct samp_cfg){.temperature = 0, .top_p = 1};
-	r->bias_id[0] = ids[0];
+	r->bias_id[0] = want[0];
 	r->bias[0] = 1;
 	r->n_bias = 1;
 	r->on_token = on_token;
@@ -123,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		int f = stops[i].first % n, c = stops[i].count < n - f ? stops[i].count : n - f;
 		char *t;
 		size_t len;
-		if (tok_decode_utf8(tk, ids + f, c, true, &t, &len, NULL, 0) != WK_OK)
+		if (tok_decode_utf8(tk, want + f, c, true, &t, &len, NULL, 0) != WK_OK)
 			abort();
 		if (len && strlen(t) == len)
 			r->stop[r->n_stop++] = t;
@@ -142,7 +149,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (k > MAX_OUT + 4)
 			abort(); /* a step that picked no token */
 		if (!seen.done && r->n_out < n)
-			r->bias_id[0] = ids[r->n_out];
+			r->bias_id[0] = want[r->n_out];
 		if (sched_step(s, on_done, &seen) < 0)
 			abort();
 	}
@@ -151,7 +158,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	/* the request generated the input's ids, up to an end-of-sequence or a stop */
 	for (int i = 0; i < r->n_out; i++)
-		if (r->out[i] != ids[i])
+		if (r->out[i] != want[i])
 			abort();
 	sched_req_free(r);
 	sched_free(s);
