@@ -491,10 +491,27 @@ static void fin_push(struct sched *s, struct sched_req *r)
  * tokens alone when the context's text is not a prefix (a byte split across the boundary).
  * raw: tok_decode's exact bytes, else tok_decode_utf8's text. */
 #define SCHED_CTX 4
+/* The context of tokens that follow prev[0..n_prev) (and before them prompt[0..n_prompt)):
+ * up to SCHED_CTX tokens before them, into ctx[SCHED_CTX - k..SCHED_CTX); returns k. Tokens
+ * the decoder drops are no context: after four <unk> it would strip the leading space of
+ * what follows. */
+static int context_of(const struct tok *tk, const int *prompt, int n_prompt, const int *prev,
+		      int n_prev, int ctx[SCHED_CTX])
+{
+	int k = 0, i = n_prev - 1;
+	for (; i >= 0 && k < SCHED_CTX; i--)
+		if (!tok_is_skipped(tk, prev[i]))
+			ctx[SCHED_CTX - 1 - k++] = prev[i];
+	for (int j = n_prompt - 1; i < 0 && j >= 0 && k < SCHED_CTX; j--)
+		if (!tok_is_skipped(tk, prompt[j]))
+			ctx[SCHED_CTX - 1 - k++] = prompt[j];
+	return k;
+}
+
 static int decode_after(const struct tok *tk, const int *prompt, int n_prompt, const int *prev,
 			int n_prev, const int *tokens, int n, bool raw, char **t, size_t *len)
 {
-	int k = 0, ctx[SCHED_CTX];
+	int ctx[SCHED_CTX];
 	if (n <= 0) { /* no tokens (an EOS first): out may be NULL, and no decoder is needed */
 		*t = calloc(1, 1);
 		*len = 0;
@@ -502,15 +519,7 @@ static int decode_after(const struct tok *tk, const int *prompt, int n_prompt, c
 	}
 	int (*dec)(const struct tok *, const int *, int, bool, char **, size_t *, char *,
 		   size_t) = raw ? tok_decode : tok_decode_utf8;
-	/* (tokens the decoder drops are no context: after four <unk> it would strip the leading
-	 * space of what follows) */
-	int i = n_prev - 1;
-	for (; i >= 0 && k < SCHED_CTX; i--)
-		if (!tok_is_skipped(tk, prev[i]))
-			ctx[SCHED_CTX - 1 - k++] = prev[i];
-	for (int j = n_prompt - 1; i < 0 && j >= 0 && k < SCHED_CTX; j--)
-		if (!tok_is_skipped(tk, prompt[j]))
-			ctx[SCHED_CTX - 1 - k++] = prompt[j];
+	int k = context_of(tk, prompt, n_prompt, prev, n_prev, ctx);
 	int *ids = malloc((size_t)(k + n + 1) * sizeof *ids);
 	char *pre = NULL, *full = NULL;
 	size_t plen = 0, flen = 0;
@@ -625,6 +634,27 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 	return false;
 }
 
+/* Whether the text before out[from] can no longer change, so that a window may start there:
+ * its context does not end in a run of byte tokens (a later byte may turn it into U+FFFD)
+ * nor in a UTF-8 sequence cut short (a byte-level token may finish it; the context then
+ * decodes apart from the tokens after it). */
+static bool settled_at(const struct sched *s, const struct sched_req *r, int from)
+{
+	int ctx[SCHED_CTX];
+	int k = context_of(s->tok, r->prompt, r->n_prompt, r->out, from, ctx);
+	if (k == 0)
+		return true;
+	if (tok_is_byte_fallback(s->tok, ctx[SCHED_CTX - 1]))
+		return false;
+	char *t = NULL;
+	size_t len = 0;
+	if (tok_decode_utf8(s->tok, ctx + SCHED_CTX - k, k, true, &t, &len, NULL, 0) != WK_OK)
+		return false;
+	bool ok = len < 3 || memcmp(t + len - 3, "\xEF\xBF\xBD", 3);
+	free(t);
+	return ok;
+}
+
 /* Whether a stop string has appeared, looking only at the decode of the last tokens (the
  * longest stop string's bytes in tokens, plus slack, each at least one byte; where their text
  * is shorter than that, the whole output), so that a long generation with stop strings costs
@@ -641,7 +671,9 @@ static bool stop_seen(struct sched *s, struct sched_req *r)
 	int from = r->n_out - (int)longest - 8;
 	char *t = NULL;
 	size_t len = 0;
-	bool hit = false, whole = from <= 0;
+	/* (and only where the text before them is settled: inside a run of byte tokens their
+	 * text depends on the run's first bytes) */
+	bool hit = false, whole = from <= 0 || !settled_at(s, r, from);
 	if (!whole && decode_from(s, r, from, &t, &len) == WK_OK && len >= longest + 8) {
 		for (int i = 0; i < r->n_stop && !hit; i++)
 			hit = memmem(t, len, r->stop[i], strlen(r->stop[i])) != NULL;
@@ -662,17 +694,18 @@ static bool stop_seen(struct sched *s, struct sched_req *r)
 /* ---- streaming (on_token) ---- */
 
 /* Bytes at the end of t[0..len) that a stream holds back: trailing U+FFFDs (an incomplete
- * UTF-8 sequence decodes to one until its last byte arrives) and the longest tail that is
- * the start of a stop string. */
+ * UTF-8 sequence decodes to one until its last byte arrives: they may still become any
+ * text), and before them the longest tail that is the start of a stop string. */
 static size_t held_back(const struct sched_req *r, const char *t, size_t len)
 {
-	size_t k = 0;
-	while (len - k >= 3 && !memcmp(t + len - k - 3, "\xEF\xBF\xBD", 3))
-		k += 3;
+	size_t open = 0;
+	while (len - open >= 3 && !memcmp(t + len - open - 3, "\xEF\xBF\xBD", 3))
+		open += 3;
+	size_t base = len - open, k = open;
 	for (int i = 0; i < r->n_stop; i++)
-		for (size_t m = strlen(r->stop[i]); m-- > k + 1;)
-			if (m <= len && !memcmp(t + len - m, r->stop[i], m)) {
-				k = m;
+		for (size_t m = strlen(r->stop[i]); m-- > 1;)
+			if (m <= base && m + open > k && !memcmp(t + base - m, r->stop[i], m)) {
+				k = m + open;
 				break;
 			}
 	return k;
@@ -727,11 +760,11 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 		char *t2 = NULL;
 		size_t len2 = 0;
 		int from = r->n_out - 4;
-		/* only where the new window's text is the old one's tail: a window that starts
-		 * inside a run of byte tokens decodes its first bytes otherwise, and the stream
-		 * would part from the whole text */
-		if (decode_from(s, r, from, &t2, &len2) == WK_OK && len2 <= len &&
-		    !memcmp(t + len - len2, t2, len2)) {
+		/* only where the new window's text is the old one's tail, and the text before it
+		 * is settled: a window that starts inside a run of byte tokens decodes its first
+		 * bytes otherwise, and the stream would part from the whole text */
+		if (settled_at(s, r, from) && decode_from(s, r, from, &t2, &len2) == WK_OK &&
+		    len2 <= len && !memcmp(t + len - len2, t2, len2)) {
 			r->win = from;
 			r->win_sent = len2;
 		}

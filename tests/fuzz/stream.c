@@ -4,14 +4,18 @@
  * UTF-8 and add up to the request's final text exactly, whatever runs of <0xXX> byte tokens,
  * skipped specials (<unk>, <s>) and stop strings come. The model is stories260K (its
  * tokenizer has byte fallback) on the null backend, whose logits are all zero: a bias of 1 on
- * the next input id, moved before each step, makes the greedy pick that id. Input: a byte
- * (bits 0-1: how many stop strings; bits 2-3: how many ids go to the prompt, after its BOS,
- * as the text the first pieces follow), a byte for each stop string (where in the output
- * ids, and how many), then the ids, two bytes each. */
+ * the next input id, moved before each step, makes the greedy pick that id. The same model
+ * also runs under a small byte-level tokenizer (GLM's kind: a character's bytes may come in
+ * several tokens, and a decode makes U+FFFD of what is cut). Input: a byte (bits 0-1: how
+ * many stop strings; bits 2-3: how many ids go to the prompt, after its BOS, as the text
+ * the first pieces follow; bit 4: the byte-level tokenizer), a byte for each stop string
+ * (where in the output ids, and how many), then the ids, two bytes each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "common/wk.h"
 #include "engine/convert.h"
@@ -22,19 +26,87 @@
 
 #define MAX_OUT 160
 
-static struct engine *eng;
+static struct engine *engs[2]; /* stories260K's tokenizer (byte fallback); a byte-level one */
+
+/* The ByteLevel alphabet's character for byte b (GPT-2's: printable bytes stand for
+ * themselves, the others for 256 + their rank), as UTF-8 into out. */
+static void bl_char(int b, char out[3])
+{
+	int c = b, next = 256;
+	for (int x = 0; x <= b; x++) {
+		bool printable = (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE;
+		c = printable ? x : next++;
+	}
+	out[0] = c < 0x80 ? (char)c : (char)(0xC0 | c >> 6);
+	out[1] = c < 0x80 ? 0 : (char)(0x80 | (c & 0x3F));
+	out[2] = 0;
+}
+
+/* A byte-level BPE tokenizer.json (GLM's kind) at path: specials at 0-2 (<|endoftext|> at
+ * 2, the model's EOS), the 256 bytes at 3-258, pieces that hold parts of UTF-8 characters
+ * (as GLM's and Qwen's vocabularies do: a CJK character in two tokens) at 259-266, and added
+ * tokens <think>, </think> (not special) and <|user|> (special: a decode skips it). */
+static int write_byte_level(const char *path, char *err, size_t errsz)
+{
+	static const char *const pieces[][2] = { /* (as bytes) */
+		{" ", "t"}, {"h", "e"}, {" t", "he"}, {"\xE4", "\xBD"}, /* e4 bd: U+4F60 but a0 */
+		{"\xA0", "\xE5"}, {"\xE2", "\x82"}, {"\xAC", " "}, {"\xF0", "\x9F"}};
+	json_t *vocab = json_object(), *merges = json_array();
+	const char *special[] = {"<unk>", "<s>", "<|endoftext|>"};
+	for (int i = 0; i < 3; i++)
+		json_object_set_new(vocab, special[i], json_integer(i));
+	for (int b = 0; b < 256; b++) {
+		char c[3];
+		bl_char(b, c);
+		json_object_set_new(vocab, c, json_integer(3 + b));
+	}
+	for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
+		char part[2][12] = {"", ""}, joined[24], merge[26];
+		for (int k = 0; k < 2; k++)
+			for (const char *b = pieces[i][k]; *b; b++) {
+				char c[3];
+				bl_char((unsigned char)*b, c);
+				strcat(part[k], c);
+			}
+		snprintf(joined, sizeof joined, "%s%s", part[0], part[1]);
+		snprintf(merge, sizeof merge, "%s %s", part[0], part[1]);
+		json_object_set_new(vocab, joined, json_integer(259 + (json_int_t)i));
+		json_array_append_new(merges, json_string(merge));
+	}
+	json_t *added = json_pack("[{s:i,s:s,s:b},{s:i,s:s,s:b},{s:i,s:s,s:b},{s:i,s:s,s:b},"
+				  "{s:i,s:s,s:b},{s:i,s:s,s:b}]",
+				  "id", 0, "content", "<unk>", "special", 1, "id", 1, "content",
+				  "<s>", "special", 1, "id", 2, "content", "<|endoftext|>", "special",
+				  1, "id", 267, "content", "<think>", "special", 0, "id", 268,
+				  "content", "</think>", "special", 0, "id", 269, "content",
+				  "<|user|>", "special", 1);
+	json_t *root = json_pack("{s:o,s:{s:s,s:b},s:{s:s},s:{s:s,s:o,s:o}}", "added_tokens",
+				 added, "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 0,
+				 "decoder", "type", "ByteLevel", "model", "type", "BPE", "vocab",
+				 vocab, "merges", merges);
+	int rc = root && json_dump_file(root, path, 0) == 0
+			 ? WK_OK
+			 : wk_errf(err, errsz, WK_EIO, "%s: the tokenizer could not be written", path);
+	json_decref(root);
+	return rc;
+}
 
 static void load(void)
 {
 	const char *sh = getenv("WICK_SHARED") ? getenv("WICK_SHARED") : "../shared";
-	char bin[1024], tok[1024], dir[64], cmd[128], err[WK_ERRSZ];
+	char bin[1024], tok[1024], dir[64], path[128], cmd[128], err[WK_ERRSZ];
 	snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", sh);
 	snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", sh);
 	snprintf(dir, sizeof dir, "/tmp/wick-fuzz-stream-%d", (int)getpid());
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
 	struct eng_opts o = {.backend = "null", .max_seq = 256, .max_seqs = 1};
 	int rc = conv_llama2c(bin, tok, dir, err, sizeof err);
 	if (rc == WK_OK)
-		rc = eng_open(dir, &o, &eng, err, sizeof err);
+		rc = eng_open(dir, &o, &engs[0], err, sizeof err);
+	if (rc == WK_OK)
+		rc = write_byte_level(path, err, sizeof err);
+	if (rc == WK_OK)
+		rc = eng_open(dir, &o, &engs[1], err, sizeof err);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	if (system(cmd) != 0 || rc != WK_OK) {
 		fprintf(stderr, "fuzz stream: %s\n", err);
@@ -88,10 +160,11 @@ static void on_done(void *ctx, struct sched_req *r)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (!eng)
+	if (!engs[0])
 		load();
 	if (size < 1)
 		return 0;
+	struct engine *eng = engs[data[0] >> 4 & 1];
 	const struct tok *tk = eng_tokenizer(eng);
 	int vocab = tok_vocab_size(tk), ids[MAX_OUT], n = 0;
 	size_t at = 1;
