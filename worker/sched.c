@@ -671,9 +671,14 @@ static bool stop_seen(struct sched *s, struct sched_req *r)
 	int from = r->n_out - (int)longest - 8;
 	char *t = NULL;
 	size_t len = 0;
-	/* (and only where the text before them is settled: inside a run of byte tokens their
-	 * text depends on the run's first bytes) */
-	bool hit = false, whole = from <= 0 || !settled_at(s, r, from);
+	/* (from where the text before them is settled: inside a run of byte tokens their text
+	 * depends on the run's first bytes, so from its start) */
+	while (from > 0 && (tok_is_byte_fallback(s->tok, r->out[from - 1]) ||
+			    tok_is_skipped(s->tok, r->out[from - 1])))
+		from--;
+	while (from > 0 && !settled_at(s, r, from))
+		from--;
+	bool hit = false, whole = from <= 0;
 	if (!whole && decode_from(s, r, from, &t, &len) == WK_OK && len >= longest + 8) {
 		for (int i = 0; i < r->n_stop && !hit; i++)
 			hit = memmem(t, len, r->stop[i], strlen(r->stop[i])) != NULL;
