@@ -634,6 +634,25 @@ static bool decode_and_stop(struct sched *s, struct sched_req *r)
 	return false;
 }
 
+/* The start of the run of <0xXX> byte tokens (with the tokens the decoder drops among them:
+ * they do not end a run) that ends at out[to), not before out[floor]; *bytes (may be NULL):
+ * whether it holds a byte token. */
+static int byte_run_start(const struct sched *s, const struct sched_req *r, int to, int floor,
+			  bool *bytes)
+{
+	bool b = false;
+	for (; to > floor; to--) {
+		int id = r->out[to - 1];
+		if (tok_is_byte_fallback(s->tok, id))
+			b = true;
+		else if (!tok_is_skipped(s->tok, id))
+			break;
+	}
+	if (bytes)
+		*bytes = b;
+	return to;
+}
+
 /* Whether the text before out[from] can no longer change, so that a window may start there:
  * its context does not end in a run of byte tokens (a later byte may turn it into U+FFFD)
  * nor in a UTF-8 sequence cut short (a byte-level token may finish it; the context then
@@ -673,9 +692,8 @@ static bool stop_seen(struct sched *s, struct sched_req *r)
 	size_t len = 0;
 	/* (from where the text before them is settled: inside a run of byte tokens their text
 	 * depends on the run's first bytes, so from its start) */
-	while (from > 0 && (tok_is_byte_fallback(s->tok, r->out[from - 1]) ||
-			    tok_is_skipped(s->tok, r->out[from - 1])))
-		from--;
+	if (from > 0)
+		from = byte_run_start(s, r, from, 0, NULL);
 	while (from > 0 && !settled_at(s, r, from))
 		from--;
 	bool hit = false, whole = from <= 0;
@@ -737,15 +755,8 @@ static void stream_token(struct sched *s, struct sched_req *r, void *ctx)
 	 * one into U+FFFD): its text waits for the run to end, and so does the text before it
 	 * that could begin a stop string. A token the decoder drops (a special one, such as
 	 * <unk>) does not end the run. */
-	int run = r->n_out;
-	bool bytes = false;
-	for (; run > r->win; run--) {
-		int id = r->out[run - 1];
-		if (tok_is_byte_fallback(s->tok, id))
-			bytes = true;
-		else if (!tok_is_skipped(s->tok, id))
-			break;
-	}
+	bool bytes;
+	int run = byte_run_start(s, r, r->n_out, r->win, &bytes);
 	if (bytes) {
 		char *t3 = NULL;
 		size_t len3 = 0;

@@ -73,6 +73,16 @@ static void on_done(void *ctx, struct sched_req *r)
 	s->done[s->n_done++] = r;
 }
 
+/* Steps s until nothing is pending (at most 1000 steps), and expects all four done. */
+static void run_to_end(struct sched *s, struct stream *st)
+{
+	for (int k = 0; sched_pending(s) > 0; k++) {
+		cr_assert_geq(sched_step(s, on_done, st), 0);
+		cr_assert_lt(k, 1000);
+	}
+	cr_assert_eq(st->n_done, 4);
+}
+
 static struct sched_req *req(const char *id, const char *prompt, int max_tokens)
 {
 	struct sched_req *r = calloc(1, sizeof *r);
@@ -103,11 +113,7 @@ Test(sched_stream, pieces_add_up_to_the_text)
 	struct sched_req *all[4] = {a, b, c, d};
 	for (int i = 0; i < 4; i++)
 		cr_assert_eq(sched_submit(s, all[i], err, sizeof err), WK_OK);
-	for (int k = 0; sched_pending(s) > 0; k++) {
-		cr_assert_geq(sched_step(s, on_done, &st), 0);
-		cr_assert_lt(k, 1000);
-	}
-	cr_assert_eq(st.n_done, 4);
+	run_to_end(s, &st);
 	for (int k = 0; k < 4; k++) {
 		struct sched_req *r = st.done[k];
 		int i = index_of(r);
@@ -217,11 +223,7 @@ Test(sched_stream, byte_token_runs_add_up_too)
 						 .seed = 11 + (uint64_t)i};
 		cr_assert_eq(sched_submit(s, all[i], err, sizeof err), WK_OK);
 	}
-	for (int k = 0; sched_pending(s) > 0; k++) {
-		cr_assert_geq(sched_step(s, on_done, &st), 0);
-		cr_assert_lt(k, 1000);
-	}
-	cr_assert_eq(st.n_done, 4);
+	run_to_end(s, &st);
 	int runs = 0;
 	for (int k = 0; k < 4; k++) {
 		struct sched_req *r = st.done[k];
@@ -276,11 +278,7 @@ Test(sched_stream, a_skipped_token_does_not_end_a_byte_run)
 		r->n_bias = n;
 		cr_assert_eq(sched_submit(s, r, err, sizeof err), WK_OK, "%s", err);
 	}
-	for (int k = 0; sched_pending(s) > 0; k++) {
-		cr_assert_geq(sched_step(s, on_done, &st), 0);
-		cr_assert_lt(k, 1000);
-	}
-	cr_assert_eq(st.n_done, 4);
+	run_to_end(s, &st);
 	int across = 0;
 	for (int k = 0; k < 4; k++) {
 		struct sched_req *r = st.done[k];
