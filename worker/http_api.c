@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -2059,12 +2060,68 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 		reply_json(h, req, c, 200, json_incref((json_t *)obj));
 }
 
+/* GET /v1/responses/ID/input_items: a kept response's input items, a page of them (the
+ * query's limit, 1 to 100, default 20; order asc or desc, the default; after, an item's id;
+ * include is let be: an item holds all it has). */
+static void route_input_items(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			      const char *id, const char *tenant)
+{
+	const char *target = evhttp_request_get_uri(req), *q = target ? strchr(target, '?') : NULL;
+	char query[2048];
+	snprintf(query, sizeof query, "%.*s", q ? (int)strcspn(q + 1, "#") : 0, q ? q + 1 : "");
+	struct evkeyvalq kv;
+	TAILQ_INIT(&kv);
+	if (q && (strlen(q + 1) >= sizeof query || evhttp_parse_query_str(query, &kv))) {
+		evhttp_clear_headers(&kv);
+		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_value",
+			   "the query '%.100s' is not a well-formed one of at most %zu bytes", q + 1,
+			   sizeof query - 1);
+		return;
+	}
+	const char *lim = evhttp_find_header(&kv, "limit"), *order = evhttp_find_header(&kv, "order");
+	char *end = NULL;
+	long limit = lim ? strtol(lim, &end, 10) : 20;
+	struct oai_err e = {0};
+	const json_t *conv = NULL;
+	json_t *list = NULL;
+	if (lim && (end == lim || *end || limit < 1 || limit > 100))
+		oai_errf(&e, 400, "invalid_request_error", "invalid_value", "limit",
+			 "limit must be an integer from 1 to 100, not '%.40s'", lim);
+	else if (order && strcmp(order, "asc") && strcmp(order, "desc"))
+		oai_errf(&e, 400, "invalid_request_error", "invalid_value", "order",
+			 "order must be \"asc\" or \"desc\", not '%.40s'", order);
+	else if (!kept_get(h, id, tenant, &conv, NULL))
+		oai_errf(&e, 404, "invalid_request_error", "not_found", NULL,
+			 "no response '%.60s' is kept here (responses are kept %s)", id,
+			 kept_where(h));
+	else
+		list = oai_input_items_list(conv, (int)limit, order && !strcmp(order, "asc"),
+					    evhttp_find_header(&kv, "after"), &e);
+	evhttp_clear_headers(&kv);
+	if (list)
+		reply_json(h, req, c, 200, list);
+	else
+		reply_err(h, req, c, &e);
+}
+
+/* A kept response's route, /v1/responses/ID or /v1/responses/ID/input_items: the id's length
+ * (0: neither), and whether it is the second. */
+static size_t kept_route(const char *path, bool *items)
+{
+	if (strncmp(path, "/v1/responses/", 14) || !path[14] ||
+	    !strcmp(path, "/v1/responses/input_tokens"))
+		return 0;
+	size_t n = strcspn(path + 14, "/");
+	*items = path[14 + n] != 0;
+	return n && (!*items || !strcmp(path + 14 + n, "/input_items")) ? n : 0;
+}
+
 /* The methods a route takes, NULL for no route. */
 static const char *route_methods(const char *path)
 {
-	if (!strncmp(path, "/v1/responses/", 14) && path[14] &&
-	    strcmp(path, "/v1/responses/input_tokens"))
-		return "GET, HEAD, DELETE, OPTIONS";
+	bool items;
+	if (kept_route(path, &items))
+		return items ? "GET, HEAD, OPTIONS" : "GET, HEAD, DELETE, OPTIONS";
 	if (!strcmp(path, "/health") || !strcmp(path, "/v1/models") ||
 	    !strncmp(path, "/v1/models/", 11) || !strcmp(path, "/metrics"))
 		return "GET, HEAD, OPTIONS";
@@ -2179,19 +2236,24 @@ static void on_request(struct evhttp_request *req, void *arg)
 	bool compl = !strcmp(path, "/v1/completions");
 	bool resp = !strcmp(path, "/v1/responses"), msgs = !strcmp(path, "/v1/messages");
 	bool rcount = !strcmp(path, "/v1/responses/input_tokens");
-	bool kept = !strncmp(path, "/v1/responses/", 14) && path[14] && !rcount;
+	bool items;
+	size_t kept = kept_route(path, &items);
 	bool count = !strcmp(path, "/v1/messages/count_tokens") || rcount;
 	bool metrics = !strcmp(path, "/metrics");
 	bool tokenize = !strcmp(path, "/tokenize"), detokenize = !strcmp(path, "/detokenize");
 	bool posts = chat || compl || resp || msgs || count || tokenize || detokenize;
 	if (kept) {
-		if (get || m == EVHTTP_REQ_DELETE) {
-			route_kept(h, req, c, path + 14, tenant, m == EVHTTP_REQ_DELETE);
+		char id[sizeof pathbuf];
+		snprintf(id, sizeof id, "%.*s", (int)kept, path + 14);
+		if (get && items) {
+			route_input_items(h, req, c, id, tenant);
+		} else if (get || (m == EVHTTP_REQ_DELETE && !items)) {
+			route_kept(h, req, c, id, tenant, m == EVHTTP_REQ_DELETE);
 		} else {
 			evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
 					  route_methods(path));
 			reply_errf(h, req, c, 405, "invalid_request_error", "method_not_allowed",
-				   "%s wants GET or DELETE", path);
+				   "%s wants GET%s", path, items ? "" : " or DELETE");
 		}
 		return;
 	}

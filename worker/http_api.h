@@ -12,7 +12,8 @@
  *   POST /v1/chat/completions, POST /v1/completions   OpenAI request and response shapes;
  *        "stream": true answers with Server-Sent Events ending "data: [DONE]"
  *   POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/ID (a kept
- *        response: in memory, and in --responses-dir), POST /v1/responses/input_tokens
+ *        response: in memory, and in --responses-dir), GET /v1/responses/ID/input_items
+ *        (its input, paged), POST /v1/responses/input_tokens
  *   POST /v1/messages, POST /v1/messages/count_tokens   Anthropic's Messages API
  *   POST /tokenize, POST /detokenize                     vLLM's
  *   GET  /v1/models, GET /v1/models/ID                 one model (--served-name, else the

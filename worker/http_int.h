@@ -261,6 +261,21 @@ bool oai_kept_get(struct oai_kept *k, const char *id, const char *tenant,
 		  const json_t **conversation, const json_t **object);
 bool oai_kept_delete(struct oai_kept *k, const char *id, const char *tenant);
 int oai_kept_count(const struct oai_kept *k);
+/* The first n chat messages as the Responses API's items: a message each (user, system and
+ * developer with an input_text part, assistant with an output_text part), an assistant's
+ * reasoning_content as a reasoning item before its message and its tool_calls as
+ * function_call items after it (the message left out when the turn is calls alone after
+ * another role's message), a tool message as a function_call_output. What
+ * oai_responses_to_chat reads back as the same messages. An item's id hashes the messages up
+ * to it, so that it is the same in every response whose conversation holds it. NULL when out
+ * of memory. */
+json_t *oai_messages_items(const json_t *msgs, size_t n);
+/* A kept response's input items (its conversation less the answer, which ends it): a list
+ * object {"object": "list", "data", "first_id", "last_id", "has_more"} of at most limit
+ * items, in order (asc) or newest first, those after item id after (NULL: from the first);
+ * NULL after the error in *e (a 400 for an after that names no item). */
+json_t *oai_input_items_list(const json_t *conversation, int limit, bool asc, const char *after,
+			     struct oai_err *e);
 /* A result as the assistant's chat message: its content, reasoning_content and tool_calls. */
 json_t *oai_result_message(const struct oai_result *r);
 

@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "worker/http_int.h"
 #include "worker/job.h"
 
@@ -1015,4 +1017,134 @@ json_t *oai_result_message(const struct oai_result *r)
 		return NULL;
 	}
 	return m;
+}
+
+/* ---- a kept response's input items (GET /v1/responses/ID/input_items) ---- */
+
+/* The hash chain's next link: h over s's bytes and their length. */
+static uint64_t chain(uint64_t h, const json_t *s)
+{
+	size_t n = json_is_string(s) ? json_string_length(s) : 0;
+	h = XXH3_64bits_withSeed(n ? json_string_value(s) : "", n, h);
+	return XXH3_64bits_withSeed(&n, sizeof n, h);
+}
+
+/* item, its id "PREFIX_HEX" (h), appended to items; false when out of memory. */
+static bool put_item(json_t *items, const char *prefix, uint64_t h, json_t *item)
+{
+	char id[48];
+	snprintf(id, sizeof id, "%s_%016llx", prefix, (unsigned long long)h);
+	return item && !json_object_set_new(item, "id", json_string(id)) &&
+	       !json_array_append_new(items, item);
+}
+
+/* One chat message's items (h: the chain through it; after_assistant: the message before it
+ * is an assistant's). */
+static bool message_items(json_t *items, const json_t *m, uint64_t h, bool after_assistant)
+{
+	const char *role = str_or(json_object_get(m, "role"));
+	const json_t *content = json_object_get(m, "content");
+	const char *text = str_or(content);
+	size_t len = json_is_string(content) ? json_string_length(content) : 0;
+	if (!strcmp(role, "tool"))
+		return put_item(items, "fco", h,
+				json_pack("{s:s, s:s, s:s%, s:s}", "type", "function_call_output",
+					  "call_id", str_or(json_object_get(m, "tool_call_id")),
+					  "output", text, len, "status", "completed"));
+	if (strcmp(role, "assistant"))
+		return put_item(items, "msg", h,
+				json_pack("{s:s, s:s, s:s, s:[{s:s, s:s%}]}", "type", "message",
+					  "role", role, "status", "completed", "content", "type",
+					  "input_text", "text", text, len));
+	const json_t *rc = json_object_get(m, "reasoning_content");
+	const json_t *calls = json_object_get(m, "tool_calls");
+	if (json_is_string(rc) && json_string_length(rc)) {
+		json_t *it = reasoning_item("", json_string_value(rc), json_string_length(rc));
+		if (!put_item(items, "rs", XXH3_64bits_withSeed("rs", 2, h), it))
+			return false;
+	}
+	/* the message unless the turn is calls alone (an empty one stays: the model said it),
+	 * and one to open the turn where the calls would join the assistant's turn before */
+	if (len || !json_array_size(calls) || after_assistant) {
+		json_t *it = message_item("", "completed", text_part(text, len, NULL));
+		if (!put_item(items, "msg", h, it))
+			return false;
+	}
+	size_t i;
+	const json_t *call;
+	json_array_foreach(calls, i, call) {
+		uint64_t hc = XXH3_64bits_withSeed(&i, sizeof i, h);
+		if (!put_item(items, "fc", hc, call_item("", call, "completed")))
+			return false;
+	}
+	return true;
+}
+
+json_t *oai_messages_items(const json_t *msgs, size_t n)
+{
+	json_t *items = json_array();
+	uint64_t h = 0x77696b6bULL; /* "wikk" */
+	for (size_t i = 0; items && i < n && i < json_array_size(msgs); i++) {
+		const json_t *m = json_array_get(msgs, i);
+		static const char *const keys[] = {"role", "content", "reasoning_content",
+						   "tool_call_id"};
+		for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+			h = chain(h, json_object_get(m, keys[k]));
+		size_t c;
+		const json_t *call;
+		json_array_foreach(json_object_get(m, "tool_calls"), c, call) {
+			const json_t *fn = json_object_get(call, "function");
+			h = chain(chain(chain(h, json_object_get(call, "id")),
+					json_object_get(fn, "name")),
+				  json_object_get(fn, "arguments"));
+		}
+		const char *prev = str_or(json_object_get(json_array_get(msgs, i - 1), "role"));
+		if (!message_items(items, m, h, i && !strcmp(prev, "assistant"))) {
+			json_decref(items);
+			items = NULL;
+		}
+	}
+	return items;
+}
+
+json_t *oai_input_items_list(const json_t *conversation, int limit, bool asc, const char *after,
+			     struct oai_err *e)
+{
+	size_t n = json_array_size(conversation);
+	json_t *items = oai_messages_items(conversation, n ? n - 1 : 0); /* less the answer */
+	if (!items) {
+		nomem(e);
+		return NULL;
+	}
+	long total = (long)json_array_size(items), at = asc ? 0 : total - 1, step = asc ? 1 : -1;
+	if (after) {
+		for (at = 0; at < total; at++)
+			if (!strcmp(str_or(json_object_get(json_array_get(items, (size_t)at), "id")),
+				    after))
+				break;
+		if (at == total) {
+			json_decref(items);
+			oai_errf(e, 400, IRE, "invalid_value", "after",
+				 "after: the response's input items hold no item '%.60s'", after);
+			return NULL;
+		}
+		at += step;
+	}
+	json_t *data = json_array();
+	for (; data && at >= 0 && at < total && (long)json_array_size(data) < limit; at += step)
+		if (json_array_append(data, json_array_get(items, (size_t)at))) {
+			json_decref(data);
+			data = NULL;
+		}
+	json_decref(items);
+	size_t got = json_array_size(data);
+	json_t *first = got ? json_object_get(json_array_get(data, 0), "id") : NULL;
+	json_t *last = got ? json_object_get(json_array_get(data, got - 1), "id") : NULL;
+	json_t *list = data ? json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data",
+					data, "first_id", first, "last_id", last, "has_more",
+					at >= 0 && at < total)
+			    : NULL;
+	if (!list)
+		nomem(e);
+	return list;
 }

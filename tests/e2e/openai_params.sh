@@ -37,8 +37,8 @@
 #      (greedy, and sampled with a seed), whole, streamed (responses.stream's events in order,
 #      numbered, its final response the same) and cut at max_output_tokens (incomplete);
 #      instructions billed as a system message; text.format json_schema; previous_response_id
-#      (the chat of the whole conversation; inputTokens.count counts what these bill), a
-#      kept response read back and deleted, store
+#      (the chat of the whole conversation; inputTokens.count counts what these bill), its
+#      input items paged through inputItems.list, a kept response read back and deleted, store
 #      false keeping none; the refusals
 #  12. Anthropic's Messages API (@anthropic-ai/sdk's messages): the chat's text and usage
 #      (input_tokens + cache_read_input_tokens its prompt_tokens), whole and streamed
@@ -907,6 +907,28 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
          n2.input_tokens === t2.usage.input_tokens,
          `inputTokens.count: ${JSON.stringify(n1)} against ${ri.usage.input_tokens}, ` +
          `${JSON.stringify(n2)} against ${t2.usage.input_tokens}`);
+  // the second's input items through the client's pager (two at a time, in order, and newest
+  // first): the first's input and answer, then its own, the first's item ids the same
+  const listed = async (id, query) => {
+    const all = [];
+    for await (const it of client.responses.inputItems.list(id, query)) all.push(it);
+    return all;
+  };
+  const asc = await listed(t2.id, { order: 'asc', limit: 2 });
+  const desc = await listed(t2.id, { limit: 1 });
+  const first = await listed(t1.id);
+  const said = asc.map((it) => `${it.role}:${it.content[0].text}`);
+  const wantSaid = [`user:${prompt}`, `assistant:${t1.output_text}`, 'user:Then'];
+  assert(JSON.stringify(said) === JSON.stringify(wantSaid) && asc[1].type === 'message' &&
+         asc[1].content[0].type === 'output_text' && asc[0].content[0].type === 'input_text' &&
+         JSON.stringify(desc.map((it) => it.id)) ===
+           JSON.stringify(asc.map((it) => it.id).reverse()) &&
+         first.length === 1 && first[0].id === asc[0].id,
+         `input items: ${JSON.stringify(asc)}, newest first ${JSON.stringify(desc)}, ` +
+         `the first's ${JSON.stringify(first)}`);
+  const badLimit = await client.responses.inputItems.list(t2.id, { limit: 0 })
+    .then(() => 200, (e) => `${e.status} ${e.param}`);
+  assert(badLimit === '400 limit', `input items with limit 0: ${badLimit}`);
   const back = await client.responses.retrieve(t1.id);
   assert(back.id === t1.id && back.output_text === t1.output_text, JSON.stringify(back));
   const del = await client.responses.delete(t1.id).then(() => 'deleted', (e) => e.status);
@@ -940,8 +962,9 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
               `(${ri.usage.input_tokens} against ${r.usage.input_tokens}); a json_schema ` +
               `answer ${js.output_text}; previous_response_id ran the chat of the whole ` +
               `conversation (${t2.usage.input_tokens} tokens, as inputTokens.count counts), ` +
-              `the kept response read back ` +
-              `and deleted; ${refusals.length} refusals, each naming its member`);
+              `its ${asc.length} input items listed (in pages of 2 and 1), the kept ` +
+              `response read back and deleted; ${refusals.length} refusals, each naming its ` +
+              `member`);
 })().catch((x) => { console.error('FAIL:', x); process.exit(1); });
 EOF
   fail "the Responses API"

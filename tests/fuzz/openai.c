@@ -5,6 +5,7 @@
  * accepted always yields job documents (one a choice) that job_decode accepts, and every error
  * has a message. */
 #include <jansson.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +14,28 @@
 #include "worker/http_int.h"
 #include "worker/job.h"
 
+/* msgs as the Responses API's items (what input_items lists), read back as a request's
+ * input: NULL where that is refused. */
+static json_t *items_back(const json_t *msgs)
+{
+	json_t *body = json_object(), *chat = NULL, *skel = NULL;
+	struct oai_err e;
+	char *text = NULL;
+	if (!body || json_object_set_new(body, "input", oai_messages_items(msgs, SIZE_MAX)) ||
+	    !(text = json_dumps(body, 0)) ||
+	    oai_responses_to_chat(text, strlen(text), &chat, &skel, &e))
+		chat = NULL;
+	json_t *back = json_incref(json_object_get(chat, "messages"));
+	json_decref(chat);
+	json_decref(skel);
+	free(text);
+	json_decref(body);
+	return back;
+}
+
 /* The body as a POST /v1/responses or /v1/messages: accepted, its chat request runs as one
- * job. */
+ * job; a response's messages, listed as items (as input_items lists them) and read back as
+ * input, are the same messages. */
 static json_t *api_request(const struct oai_api *api, const uint8_t *data, size_t size)
 {
 	json_t *chat, *skel;
@@ -24,6 +45,12 @@ static json_t *api_request(const struct oai_api *api, const uint8_t *data, size_
 		if (chat || skel || st < 400 || st > 599 || !e.message[0])
 			abort();
 		return NULL;
+	}
+	if (api == &oai_responses_api) {
+		json_t *back = items_back(json_object_get(chat, "messages"));
+		if (!back || !json_equal(back, json_object_get(chat, "messages")))
+			abort();
+		json_decref(back);
 	}
 	char *body = json_dumps(chat, JSON_COMPACT);
 	json_decref(chat);

@@ -382,7 +382,7 @@ Test(http, keys_file)
 #include "worker/http_api.h"
 
 struct call {
-	char url[256];
+	char url[512];
 	const char *body;      /* NULL: GET */
 	const char *key;
 	const char *x_api_key; /* sent as Anthropic's clients send a key */
@@ -1708,6 +1708,100 @@ Test(http_server, a_response_goes_on_from_a_kept_one)
 	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
 }
 
+/* GET path's list (200 wanted): its items' "role/type:text" joined by " | " into got, its
+ * ids into ids (at most 8); has_more. */
+static bool items_page(const char *path, char *got, size_t n, char ids[][40])
+{
+	char out[8192];
+	cr_assert_eq(get(path, "k-123", out, sizeof out), 200, "%s: %s", path, out);
+	json_t *o = json_loads(out, 0, NULL), *it;
+	size_t i;
+	got[0] = 0;
+	cr_expect_str_eq(json_string_value(json_object_get(o, "object")), "list");
+	json_array_foreach(json_object_get(o, "data"), i, it) {
+		const json_t *c = json_array_get(json_object_get(it, "content"), 0);
+		size_t l = strlen(got);
+		snprintf(got + l, n - l, "%s%s/%s:%s", i ? " | " : "",
+			 json_string_value(json_object_get(it, "role")),
+			 json_string_value(json_object_get(c, "type")),
+			 json_string_value(json_object_get(c, "text")));
+		if (i < 8)
+			snprintf(ids[i], 40, "%s", json_string_value(json_object_get(it, "id")));
+	}
+	size_t k = json_array_size(json_object_get(o, "data"));
+	if (k)
+		cr_expect(!strcmp(json_string_value(json_object_get(o, "first_id")), ids[0]) &&
+			  !strcmp(json_string_value(json_object_get(o, "last_id")), ids[k - 1]),
+			  "%s", out);
+	bool more = json_is_true(json_object_get(o, "has_more"));
+	json_decref(o);
+	return more;
+}
+
+/* GET /v1/responses/ID/input_items: the conversation less the answer, newest first or in
+ * order, paged by limit and after; an item's id the same in each response that holds it. */
+Test(http_server, a_kept_responses_input_items_are_listed)
+{
+	http_api_set_state(srv, "READY");
+	char id1[64], id2[64], path[160], got[1024], out[8192], ids[8][40], ids2[8][40];
+	struct queue_job j;
+	respond("{\"input\": \"hi\", \"instructions\": \"Be brief.\"}", "Hello", id1, sizeof id1, &j);
+	free(j.body);
+	char body[256];
+	snprintf(body, sizeof body, "{\"input\": [{\"role\": \"developer\", \"content\": "
+		 "\"Rules\"}, {\"role\": \"user\", \"content\": [{\"type\": \"input_text\", "
+		 "\"text\": \"more\"}]}], \"previous_response_id\": \"%s\"}", id1);
+	respond(body, "Done", id2, sizeof id2, &j);
+	free(j.body);
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id2);
+	cr_expect(!items_page(path, got, sizeof got, ids), "%s", got);
+	cr_expect_str_eq(got, "user/input_text:more | developer/input_text:Rules | "
+			      "assistant/output_text:Hello | user/input_text:hi");
+	/* in order, two at a time */
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items?order=asc&limit=2", id2);
+	cr_expect(items_page(path, got, sizeof got, ids2), "%s", got);
+	cr_expect_str_eq(got, "user/input_text:hi | assistant/output_text:Hello");
+	cr_expect(!strcmp(ids2[0], ids[3]) && !strcmp(ids2[1], ids[2]), "%s %s", ids2[0], ids[3]);
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items?limit=2&order=asc&after=%s", id2,
+		 ids2[1]);
+	cr_expect(!items_page(path, got, sizeof got, ids2), "%s", got);
+	cr_expect_str_eq(got, "developer/input_text:Rules | user/input_text:more");
+	/* newest first after the newest: the rest */
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items?after=%s&limit=100", id2,
+		 ids[0]);
+	cr_expect(!items_page(path, got, sizeof got, ids2), "%s", got);
+	cr_expect_str_eq(got, "developer/input_text:Rules | assistant/output_text:Hello | "
+			      "user/input_text:hi");
+	/* the first's items, their ids the second's */
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id1);
+	cr_expect(!items_page(path, got, sizeof got, ids2), "%s", got);
+	cr_expect_str_eq(got, "user/input_text:hi");
+	cr_expect_str_eq(ids2[0], ids[3]);
+	/* refusals, each naming its parameter */
+	static const char *const bad[][2] = {{"limit=0", "limit"}, {"limit=101", "limit"},
+					     {"limit=2x", "limit"}, {"order=up", "order"},
+					     {"after=msg_none", "after"}};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		snprintf(path, sizeof path, "/v1/responses/%s/input_items?%s", id2, bad[i][0]);
+		cr_expect_eq(get(path, "k-123", out, sizeof out), 400, "%s: %s", bad[i][0], out);
+		char want[48];
+		snprintf(want, sizeof want, "\"param\":\"%s\"", bad[i][1]);
+		cr_expect(strstr(out, want), "%s: %s", bad[i][0], out);
+	}
+	cr_expect_eq(get("/v1/responses/resp_none/input_items", "k-123", out, sizeof out), 404,
+		     "%s", out);
+	snprintf(path, sizeof path, "/v1/responses/%s/other", id2);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
+	cr_expect(strstr(out, "no route"), "%s", out);
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id2);
+	cr_expect_eq(delete(path, out, sizeof out), 405, "%s", out);
+	cr_expect_eq(get(path, "other-key", out, sizeof out), 401, "%s", out);
+	snprintf(path, sizeof path, "/v1/responses/%s", id2);
+	cr_expect_eq(delete(path, out, sizeof out), 200, "%s", out);
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id2);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
+}
+
 static char logged[4096]; /* the server's events (http_api_opts.log) */
 
 static void on_log(void *ctx, const char *event, const char *msg)
@@ -1754,6 +1848,11 @@ Test(http_server, a_kept_response_outlives_the_server)
 	cr_expect(strstr(logged, ": 2 kept responses"), "%s", logged);
 	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
 	cr_expect(strstr(out, "wick_responses_kept{where=\"memory\"} 0\n"), "%s", out);
+	char items[128]; /* the input items, read from the file */
+	snprintf(items, sizeof items, "/v1/responses/%s/input_items", id2);
+	cr_expect_eq(get(items, "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, "\"text\":\"other\"") && strstr(out, "\"has_more\":false"), "%s",
+		  out);
 	snprintf(body, sizeof body, "{\"input\": \"more\", \"previous_response_id\": \"%s\"}", id1);
 	char id3[64];
 	respond(body, "Done", id3, sizeof id3, &j);

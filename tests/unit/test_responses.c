@@ -104,6 +104,64 @@ Test(responses, input_items_become_messages)
 	json_decref(c);
 }
 
+/* A conversation's messages as items (what input_items lists) read back as the same messages
+ * (an assistant's calls after another assistant message open their turn with an empty
+ * message); each item's id is its own, and the same for the same messages before it. */
+Test(responses, messages_become_items_and_back)
+{
+	json_t *msgs = json_loads(
+		"[{\"role\": \"developer\", \"content\": \"Rules.\"},"
+		"{\"role\": \"user\", \"content\": \"Weather?\"},"
+		"{\"role\": \"assistant\", \"content\": \"Sure.\", \"reasoning_content\": \"Hm\","
+		"\"tool_calls\": [{\"id\": \"call_a\", \"type\": \"function\", \"function\": "
+		"{\"name\": \"get\", \"arguments\": \"{}\"}}, {\"id\": \"call_b\", \"type\": "
+		"\"function\", \"function\": {\"name\": \"get\", \"arguments\": \"{}\"}}]},"
+		"{\"role\": \"tool\", \"tool_call_id\": \"call_a\", \"content\": \"clear\"},"
+		"{\"role\": \"tool\", \"tool_call_id\": \"call_b\", \"content\": \"clear\"},"
+		"{\"role\": \"assistant\", \"content\": \"\", \"reasoning_content\": \"So\"},"
+		"{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"d\", "
+		"\"type\": \"function\", \"function\": {\"name\": \"get\", \"arguments\": "
+		"\"{}\"}}]},"
+		"{\"role\": \"user\", \"content\": \"And?\"},"
+		"{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c\", "
+		"\"type\": \"function\", \"function\": {\"name\": \"get\", \"arguments\": "
+		"\"{}\"}}]}, {\"role\": \"user\", \"content\": \"And?\"}]", 0, NULL);
+	cr_assert(msgs);
+	json_t *items = oai_messages_items(msgs, json_array_size(msgs));
+	static const char *const want[] = {"message", "message", "reasoning", "message",
+					   "function_call", "function_call", "function_call_output",
+					   "function_call_output", "reasoning", "message", "message",
+					   "function_call", "message", "function_call", "message"};
+	size_t n = sizeof want / sizeof *want;
+	cr_assert_eq(json_array_size(items), n, "%s", json_dumps(items, JSON_COMPACT));
+	for (size_t i = 0; i < n; i++) {
+		const json_t *it = json_array_get(items, i);
+		const char *id = json_string_value(json_object_get(it, "id"));
+		cr_expect_str_eq(json_string_value(json_object_get(it, "type")), want[i], "%zu", i);
+		cr_expect(id && strlen(id) > 4, "%zu", i);
+		for (size_t k = 0; id && k < i; k++)
+			cr_expect_str_neq(json_string_value(json_object_get(json_array_get(items, k),
+									     "id")), id);
+	}
+	json_t *body = json_pack("{s:O}", "input", items);
+	char *text = json_dumps(body, 0);
+	json_t *c = chat_of(text, NULL);
+	cr_assert(c, "%s", text);
+	cr_expect(json_equal(json_object_get(c, "messages"), msgs), "%s",
+		  json_dumps(json_object_get(c, "messages"), JSON_COMPACT));
+	/* the first three messages' items, ids and all, are the whole's first six */
+	json_t *head = oai_messages_items(msgs, 3);
+	cr_assert_eq(json_array_size(head), 6);
+	for (size_t i = 0; i < 6; i++)
+		cr_expect(json_equal(json_array_get(head, i), json_array_get(items, i)), "%zu", i);
+	json_decref(head);
+	json_decref(c);
+	free(text);
+	json_decref(body);
+	json_decref(items);
+	json_decref(msgs);
+}
+
 Test(responses, tools_and_their_choice_take_chats_shape)
 {
 	json_t *skel;
