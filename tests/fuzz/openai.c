@@ -34,8 +34,9 @@ static json_t *items_back(const json_t *msgs)
 }
 
 /* The body as a POST /v1/responses or /v1/messages: accepted, its chat request runs as one
- * job; a response's messages, listed as items (as input_items lists them) and read back as
- * input, are the same messages. */
+ * job; a response's messages (where it has any: an input of reasoning items alone has none),
+ * listed as items (as input_items lists them) and read back as input, are the same
+ * messages. */
 static json_t *api_request(const struct oai_api *api, const uint8_t *data, size_t size)
 {
 	json_t *chat, *skel;
@@ -46,7 +47,7 @@ static json_t *api_request(const struct oai_api *api, const uint8_t *data, size_
 			abort();
 		return NULL;
 	}
-	if (api == &oai_responses_api) {
+	if (api == &oai_responses_api && json_array_size(json_object_get(chat, "messages"))) {
 		json_t *back = items_back(json_object_get(chat, "messages"));
 		if (!back || !json_equal(back, json_object_get(chat, "messages")))
 			abort();
