@@ -41,8 +41,7 @@ static void usage(FILE *f)
 		   CMD_ENGINE_HELP);
 }
 
-/* The integer just before `word` in msg ("... 2000 completed ..."), or -1. */
-static long long number_before(const char *msg, const char *word)
+long long bench_number_before(const char *msg, const char *word)
 {
 	const char *p = msg ? strstr(msg, word) : NULL;
 	if (!p)
@@ -131,8 +130,8 @@ static int queue_run(const char *model, const char *url, int jobs, int conc, int
 			t_ready = wk_now();
 		if (ev && !strcmp(ev, "exit")) {
 			const char *msg = json_string_value(json_object_get(j, "msg"));
-			completed = number_before(msg, "completed");
-			syncs = number_before(msg, "syncs");
+			completed = bench_number_before(msg, "completed");
+			syncs = bench_number_before(msg, "syncs");
 		}
 		json_decref(j);
 	}

@@ -14,10 +14,14 @@ int cmd_logits(int argc, char **argv);   /* worker/cmd_generate.c */
 int cmd_bench(int argc, char **argv);    /* worker/cmd_bench.c */
 int bench_restore(int argc, char **argv); /* worker/bench_restore.c, via cmd_bench */
 int bench_queue(int argc, char **argv);   /* worker/bench_queue.c, via cmd_bench */
+/* The integer just before `word` in a worker's log line ("... 2000 completed ..."), or -1
+ * (bench_queue.c; its benchmarks read their worker's exit line). */
+long long bench_number_before(const char *msg, const char *word);
 int bench_spec(int argc, char **argv);    /* worker/bench_spec.c, via cmd_bench */
 int bench_launches(int argc, char **argv); /* worker/bench_launches.c, via cmd_bench */
 int bench_picks(int argc, char **argv);   /* worker/bench_picks.c, via cmd_bench */
 int bench_prompt(int argc, char **argv);  /* worker/bench_prompt.c, via cmd_bench */
+int bench_prepare(int argc, char **argv); /* worker/bench_prepare.c, via cmd_bench */
 int bench_prefix(int argc, char **argv);  /* worker/bench_prefix.c, via cmd_bench */
 int cmd_worker(int argc, char **argv);   /* worker/cmd_worker.c: runs worker/worker.c */
 int cmd_worker_as(const char *name, int argc, char **argv); /* the same, its messages as NAME */

@@ -31,7 +31,8 @@ static void bench_usage(FILE *f)
 		   "  wick bench speculate MODEL [-n TOKENS] [--draft K] [--prompt TEXT]...\n"
 		   "  wick bench picks MODEL [-n TOKENS] [--runs N] [--backend B]\n"
 		   "  wick bench prefix MODEL [--turns T] [--runs N] [--backend B]\n"
-		   "  wick bench prompt MODEL [--turns N] [--bytes B]\n");
+		   "  wick bench prompt MODEL [--turns N] [--bytes B]\n"
+		   "  wick bench prepare MODEL --queue URL [--big B] [--kb K] [--rounds R]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -265,6 +266,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_prefix(argc - 1, argv + 1);
 	if (!strcmp(sub, "prompt"))
 		return bench_prompt(argc - 1, argv + 1);
+	if (!strcmp(sub, "prepare"))
+		return bench_prepare(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

@@ -31,6 +31,10 @@ static void usage(FILE *f)
 		"serves the OpenAI API; its requests share the batch with the queue's jobs.\n"
 		"When the engine fails a step, the jobs held go back to the queue and it exits 3.\n"
 		"  --concurrency N       jobs held and batched at once (default 8)\n"
+		"  --prepare-threads N   threads that decode a big job (16 KB or more) and render\n"
+		"                        and encode its prompt while the engine steps, so that\n"
+		"                        the batch does not wait on it (0-16; default 1; 0: each\n"
+		"                        job between the engine's steps)\n"
 		"  --speculate N         jobs draft up to N tokens a step from their prediction and\n"
 		"                        their own text (1-16; default 0: off): fewer steps where\n"
 		"                        the output repeats them; greedy, the same output\n"
@@ -116,7 +120,7 @@ int cmd_worker(int argc, char **argv)
 	       O_PRICE, O_ID, O_STEPLOG, O_LOGFMT, O_DONE_URL, O_PING_URL, O_STREAM_URL,
 	       O_LEDGER, O_TICK, O_PRICE_GPU_S, O_GPUS, O_GPU_TYPE, O_USAGE_URL, O_OUTAGE,
 	       O_SPEC, O_DRAFTER, O_SPEC_BATCH, O_DRAFT_COST, O_PREFIX, O_PREFIX_WAIT,
-	       O_PREFIX_DIR, O_PREFIX_MAX };
+	       O_PREFIX_DIR, O_PREFIX_MAX, O_PREPARE };
 	static const struct option opts[] = {
 		{"queue", required_argument, 0, O_QUEUE}, {"concurrency", required_argument, 0, O_CONC},
 		{"idle-timeout", required_argument, 0, O_IDLE},
@@ -134,6 +138,7 @@ int cmd_worker(int argc, char **argv)
 		{"prefix-wait", required_argument, 0, O_PREFIX_WAIT},
 		{"prefix-cache-dir", required_argument, 0, O_PREFIX_DIR},
 		{"prefix-cache-max", required_argument, 0, O_PREFIX_MAX},
+		{"prepare-threads", required_argument, 0, O_PREPARE},
 		{"price-per-hour", required_argument, 0, O_PRICE},
 		{"worker-id", required_argument, 0, O_ID}, {"step-log", required_argument, 0, O_STEPLOG},
 		{"log-format", required_argument, 0, O_LOGFMT}, {"help", no_argument, 0, 'h'},
@@ -163,6 +168,10 @@ int cmd_worker(int argc, char **argv)
 		case O_SPEC:
 			bad = parse_num(optarg, "--speculate", 0, SCHED_DRAFT_MAX, &v);
 			w.speculate = (int)v;
+			break;
+		case O_PREPARE:
+			bad = parse_num(optarg, "--prepare-threads", 0, WORKER_MAX_PREPARERS, &v);
+			w.prepare_threads = (int)v;
 			break;
 		case O_SPEC_BATCH:
 			bad = parse_num(optarg, "--speculate-max-batch", 0, WORKER_MAX_CONCURRENCY, &v);

@@ -61,6 +61,7 @@ struct held {               /* a job taken from the queue (or HTTP) and not yet 
 	char tenant[JOB_ID_MAX + 1];
 	bool used;
 	struct http_flight *http; /* an HTTP request (http_api.h); NULL for a queue job */
+	struct prep *prep;      /* being prepared by a preparer (or prepared, not yet admitted) */
 	char *tools;            /* its input.tools (malloc'd JSON), to read its tool calls back */
 	bool thinking;          /* its input.thinking: the text starts with its reasoning */
 	bool one_call;          /* its input.parallel_tool_calls false: its first call only */
@@ -107,6 +108,7 @@ struct worker {
 	double q_fail_since, q_fail_told;
 	char q_fail_err[WK_ERRSZ];
 	long jobs_taken, jobs_done, jobs_failed;
+	long jobs_prepared;     /* by a preparer */
 	/* finished results waiting to be stored (group commit) */
 	struct queue_result *out;
 	char **out_json;
@@ -120,6 +122,16 @@ struct worker {
 	pthread_cond_t ccv;
 	struct commit *c_todo, *c_done; /* handed over, not started / finished, not reaped */
 	bool c_busy, c_stop, have_committer;
+	/* The preparers (--prepare-threads): a big job's document decoded and its prompt
+	 * rendered and encoded beside the engine's steps, not between them */
+	pthread_t preparer[WORKER_MAX_PREPARERS];
+	int n_preparers;
+	int n_preparing;        /* held slots with a prep (this thread's count) */
+	pthread_mutex_t pmu;
+	pthread_cond_t pcv, pdone; /* work or stop; a prep done */
+	struct prep *p_todo, *p_todo_tail, *p_done; /* under pmu */
+	int p_busy;
+	bool p_stop;
 };
 
 static volatile sig_atomic_t got_signal;
@@ -912,28 +924,77 @@ static void on_job_token(void *ctx, struct sched_req *r, const char *piece, size
 		queue_stream(w->q, &h->qj, piece, len);
 }
 
-static void admit(struct worker *w, struct held *h)
+/* What admitting a job needs that reads only the job and the model, not the scheduler: its
+ * document decoded, its prompt rendered and encoded, its prediction encoded. A preparer thread
+ * does it for a big job while the engine steps; a small one is prepared where it is taken. */
+struct prep {
+	struct held *h;
+	struct job *pre;  /* an HTTP request's job, decoded by its check (NULL: decode qj's) */
+	struct job j;
+	enum job_err je;  /* the decode's */
+	int rc;           /* the prompt's and the prediction's: WK_OK, else the error in err */
+	int *prompt, n_prompt, *pred, n_pred;
+	char err[WK_ERRSZ];
+	struct prep *next;
+};
+
+/* Touches nothing of the worker's but the model (the tokenizer and its memo are shared
+ * with the HTTP thread already) and p's job. */
+static void prepare(struct worker *w, struct prep *p)
+{
+	struct held *h = p->h;
+	if (p->pre) { /* not again here (a long conversation's document takes milliseconds) */
+		p->j = *p->pre;
+		free(p->pre);
+		p->pre = NULL;
+		p->je = JOB_OK;
+	} else {
+		p->je = job_decode(h->qj.body, h->qj.len, h->qj.id, &p->j, p->err, sizeof p->err);
+	}
+	if (p->je != JOB_OK)
+		return;
+	p->rc = render_prompt(w, &p->j, &p->prompt, &p->n_prompt, p->err, sizeof p->err);
+	if (p->rc == WK_OK && p->j.prediction && w->tok && p->j.prediction[0])
+		p->rc = tok_encode(w->tok, p->j.prediction, strlen(p->j.prediction), false,
+				   &p->pred, &p->n_pred, p->err, sizeof p->err);
+}
+
+static void prep_free(struct prep *p)
+{
+	if (p->pre) {
+		job_free(p->pre);
+		free(p->pre);
+	}
+	job_free(&p->j);
+	free(p->prompt);
+	free(p->pred);
+	free(p);
+}
+
+static void on_token(void *ctx, struct sched_req *r, const char *piece, size_t len);
+
+/* The rest of a job's admission, on this thread: a scheduler request from p (its job and ids
+ * taken; p itself is the caller's), or the job failed. */
+static void admit_prepared(struct worker *w, struct held *h, struct prep *p)
 {
 	char err[WK_ERRSZ];
-	struct job j;
-	/* an HTTP request's job was decoded by the HTTP thread's check: not again here, between
-	 * engine steps (a long conversation's document takes milliseconds) */
-	struct job *pre = h->http ? http_flight_take_job(h->http) : NULL;
-	enum job_err je = JOB_OK;
-	if (pre) {
-		j = *pre;
-		free(pre);
-	} else {
-		je = job_decode(h->qj.body, h->qj.len, h->qj.id, &j, err, sizeof err);
-	}
+	struct job j = p->j;
+	memset(&p->j, 0, sizeof p->j);
+	enum job_err je = p->je;
 	snprintf(h->tenant, sizeof h->tenant, "%s", j.tenant);
 	if (je != JOB_OK) {
-		fail_job(w, h, JOB_FAILED, je, err, je == JOB_EINVALID_JSON);
+		fail_job(w, h, JOB_FAILED, je, p->err, je == JOB_EINVALID_JSON);
 		job_free(&j);
 		return;
 	}
 	if (h->qj.cancelled) {
 		fail_job(w, h, JOB_CANCELLED, JOB_ECANCELLED, "cancelled before it ran", false);
+		job_free(&j);
+		return;
+	}
+	if (p->rc != WK_OK) {
+		fail_job(w, h, JOB_FAILED, p->rc == WK_EINVAL ? JOB_EINVALID_INPUT : JOB_EINTERNAL,
+			 p->err, false);
 		job_free(&j);
 		return;
 	}
@@ -943,23 +1004,11 @@ static void admit(struct worker *w, struct held *h)
 		job_free(&j);
 		return;
 	}
-	int rc = render_prompt(w, &j, &r->prompt, &r->n_prompt, err, sizeof err);
-	if (rc != WK_OK) {
-		fail_job(w, h, JOB_FAILED, rc == WK_EINVAL ? JOB_EINVALID_INPUT : JOB_EINTERNAL, err,
-			 false);
-		sched_req_free(r);
-		job_free(&j);
-		return;
-	}
-	if (j.prediction && w->tok && j.prediction[0] &&
-	    (rc = tok_encode(w->tok, j.prediction, strlen(j.prediction), false, &r->pred,
-			     &r->n_pred, err, sizeof err)) != WK_OK) {
-		fail_job(w, h, JOB_FAILED, rc == WK_EINVAL ? JOB_EINVALID_INPUT : JOB_EINTERNAL, err,
-			 false);
-		sched_req_free(r);
-		job_free(&j);
-		return;
-	}
+	r->prompt = p->prompt;
+	r->n_prompt = p->n_prompt;
+	r->pred = p->pred;
+	r->n_pred = p->n_pred;
+	p->prompt = p->pred = NULL;
 	snprintf(r->id, sizeof r->id, "%s", h->qj.id);
 	r->max_tokens = j.max_tokens;
 	/* a tenant's prefixes are its own (no tenant: "default", as the ledger bills it) */
@@ -1037,10 +1086,136 @@ static void admit(struct worker *w, struct held *h)
 			if ((h->split = h->thinking || h->tools || h->forced))
 				split_init(&h->sp, h->thinking, h->tools != NULL, h->forced != NULL);
 		}
+		if (h->http)
+			r->on_token = on_token;
 		if (ledger_current(w->ledger) != LEDGER_BUSY) /* the scheduler was empty */
 			ledger_state(w->ledger, LEDGER_BUSY, sched_mark(w->s), err, sizeof err);
 	}
 	job_free(&j);
+}
+
+/* A job taken: prepared by a preparer where it is big and the engine has work its preparing
+ * here would hold up (its steps' tokens), else here and now. */
+static void admit(struct worker *w, struct held *h)
+{
+	struct prep *p = calloc(1, sizeof *p);
+	struct job *pre = h->http ? http_flight_take_job(h->http) : NULL;
+	if (!p) {
+		struct prep q = {.h = h, .je = JOB_EINTERNAL, .pre = pre};
+		snprintf(q.err, sizeof q.err, "out of memory");
+		admit_prepared(w, h, &q);
+		if (pre) {
+			job_free(pre);
+			free(pre);
+		}
+		return;
+	}
+	p->h = h;
+	p->pre = pre;
+	if (w->n_preparers && h->qj.len >= WORKER_PREPARE_MIN && sched_pending(w->s) > 0) {
+		h->prep = p;
+		w->n_preparing++;
+		pthread_mutex_lock(&w->pmu);
+		if (w->p_todo_tail)
+			w->p_todo_tail->next = p;
+		else
+			w->p_todo = p;
+		w->p_todo_tail = p;
+		pthread_cond_signal(&w->pcv);
+		pthread_mutex_unlock(&w->pmu);
+		return;
+	}
+	prepare(w, p);
+	admit_prepared(w, h, p);
+	prep_free(p);
+}
+
+static void *prep_main(void *arg)
+{
+	struct worker *w = arg;
+	pthread_mutex_lock(&w->pmu);
+	for (;;) {
+		while (!w->p_todo && !w->p_stop)
+			pthread_cond_wait(&w->pcv, &w->pmu);
+		if (w->p_stop)
+			break;
+		struct prep *p = w->p_todo;
+		if (!(w->p_todo = p->next))
+			w->p_todo_tail = NULL;
+		w->p_busy++;
+		pthread_mutex_unlock(&w->pmu);
+		prepare(w, p);
+		pthread_mutex_lock(&w->pmu);
+		p->next = w->p_done;
+		w->p_done = p;
+		w->p_busy--;
+		pthread_cond_broadcast(&w->pdone);
+	}
+	pthread_mutex_unlock(&w->pmu);
+	return NULL;
+}
+
+/* Admits the jobs the preparers finished; with wait_s, first waits that long at most for one
+ * when none is. */
+static void prep_reap(struct worker *w, double wait_s)
+{
+	if (!w->n_preparing)
+		return;
+	pthread_mutex_lock(&w->pmu);
+	if (!w->p_done && wait_s > 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		long ns = ts.tv_nsec + (long)(wait_s * 1e9);
+		ts.tv_sec += ns / 1000000000L;
+		ts.tv_nsec = ns % 1000000000L;
+		pthread_cond_timedwait(&w->pdone, &w->pmu, &ts);
+	}
+	struct prep *done = w->p_done, *rev = NULL;
+	w->p_done = NULL;
+	pthread_mutex_unlock(&w->pmu);
+	while (done) { /* in the order they finished */
+		struct prep *n = done->next;
+		done->next = rev;
+		rev = done;
+		done = n;
+	}
+	while (rev) {
+		struct prep *n = rev->next;
+		rev->h->prep = NULL;
+		w->n_preparing--;
+		w->jobs_prepared++;
+		admit_prepared(w, rev->h, rev);
+		prep_free(rev);
+		rev = n;
+	}
+}
+
+/* The preparers stopped (each finishes the job it has), and every prep not admitted dropped:
+ * its slot goes back as a job not begun. */
+static void prep_stop(struct worker *w)
+{
+	if (!w->n_preparers)
+		return;
+	pthread_mutex_lock(&w->pmu);
+	w->p_stop = true;
+	pthread_cond_broadcast(&w->pcv);
+	while (w->p_busy)
+		pthread_cond_wait(&w->pdone, &w->pmu);
+	struct prep *lists[2] = {w->p_todo, w->p_done};
+	w->p_todo = w->p_todo_tail = w->p_done = NULL;
+	pthread_mutex_unlock(&w->pmu);
+	int dropped = 0;
+	for (int k = 0; k < 2; k++)
+		for (struct prep *p = lists[k], *n; p; p = n) {
+			n = p->next;
+			p->h->prep = NULL;
+			w->n_preparing--;
+			prep_free(p);
+			dropped++;
+		}
+	if (dropped)
+		wlog(w, "prepare", "%d job(s) taken and not yet admitted go back as not begun",
+		     dropped);
 }
 
 /* A snapshot's id for the ledger: its directory name and the xxh64 of its manifest. */
@@ -1184,8 +1359,6 @@ static void take_http(struct worker *w, double wait_s)
 		w->jobs_taken++;
 		w->t_last_activity = now;
 		admit(w, h);
-		if (h->req)
-			h->req->on_token = on_token;
 	}
 }
 
@@ -1197,10 +1370,14 @@ static void http_cancels(struct worker *w)
 	while ((n = http_api_cancelled(w->http, f, 64)) > 0)
 		for (int k = 0; k < n; k++)
 			for (int i = 0; i < w->cap; i++)
-				if (w->held[i].used && w->held[i].http == f[k] && w->held[i].req) {
+				if (w->held[i].used && w->held[i].http == f[k] &&
+				    (w->held[i].req || w->held[i].prep)) {
 					wlog(w, "client_gone", "request %s: the client went away; "
 							       "cancelled", w->held[i].qj.id);
-					sched_cancel(w->s, w->held[i].req);
+					if (w->held[i].req)
+						sched_cancel(w->s, w->held[i].req);
+					else /* being prepared: it ends when it is admitted */
+						w->held[i].qj.cancelled = true;
 				}
 }
 
@@ -1310,6 +1487,7 @@ static void hand_back(struct worker *w, double now)
 	commit_reap(w, true); /* every batch handed over is stored before anything is released */
 	if (ledger_current(w->ledger) == LEDGER_BUSY) /* drain timed out with jobs running */
 		ledger_state(w->ledger, LEDGER_DRAINING, now, err, sizeof err);
+	prep_stop(w); /* a job being prepared goes back as one not begun */
 	if (held_count(w))
 		release_all(w);
 	http_api_stop(w->http); /* every HTTP request has had its answer */
@@ -1475,6 +1653,12 @@ static int start(struct worker *w, const char **why)
 		pthread_cond_init(&w->ccv, NULL);
 		w->have_committer = pthread_create(&w->committer, NULL, commit_main, w) == 0;
 	}
+	pthread_mutex_init(&w->pmu, NULL);
+	pthread_cond_init(&w->pcv, NULL);
+	pthread_cond_init(&w->pdone, NULL);
+	while (w->n_preparers < w->o.prepare_threads &&
+	       !pthread_create(&w->preparer[w->n_preparers], NULL, prep_main, w))
+		w->n_preparers++;
 	return 0;
 }
 
@@ -1633,6 +1817,8 @@ static const char *serve(struct worker *w)
 		}
 		if (w->http)
 			http_cancels(w);
+		/* jobs the preparers finished (waiting a little for them when nothing else runs) */
+		prep_reap(w, sched_pending(w->s) ? 0 : 0.01);
 		held = held_count(w);
 		if (held && w->state != ST_DRAINING)
 			set_state(w, ST_BUSY);
@@ -1660,7 +1846,7 @@ static const char *serve(struct worker *w)
 		}
 		flush_results(w);
 		if (w->have_committer && !commit_reap(w, false) && sched_pending(w->s) == 0 &&
-		    held_count(w) > 0)
+		    held_count(w) > w->n_preparing)
 			commit_wait(w, 0.05); /* every held slot waits on the committer */
 		housekeeping(w, &t_lease, &t_cancel);
 		if (held_count(w) == 0 && w->state == ST_BUSY)
@@ -1685,8 +1871,9 @@ static int finish(struct worker *w, const char *why)
 		qs.syncs += qcs.syncs;
 	}
 	wlog(w, "exit", "reason %s; %ld jobs taken, %ld completed, %ld failed; lifetime %.1f s; "
-			 "%llu syncs", why, w->jobs_taken, w->jobs_done, w->jobs_failed,
-	     wk_now() - w->t_start, (unsigned long long)qs.syncs);
+			 "%llu syncs; %ld prepared beside the engine's steps", why, w->jobs_taken,
+	     w->jobs_done, w->jobs_failed, wk_now() - w->t_start, (unsigned long long)qs.syncs,
+	     w->jobs_prepared);
 	return sched_engine_failed(w->s, NULL) != WK_OK ? 3 : !strcmp(why, "queue_lost") ? 4 : 0;
 }
 
@@ -1696,6 +1883,14 @@ static void teardown(struct worker *w, const char *why)
 {
 	http_api_stop(w->http);
 	close_books(w, why);
+	if (w->n_preparers) {
+		pthread_mutex_lock(&w->pmu);
+		w->p_stop = true;
+		pthread_cond_broadcast(&w->pcv);
+		pthread_mutex_unlock(&w->pmu);
+		for (int i = 0; i < w->n_preparers; i++)
+			pthread_join(w->preparer[i], NULL);
+	}
 	if (w->have_committer) {
 		pthread_mutex_lock(&w->cmu);
 		w->c_stop = true;

@@ -14,6 +14,10 @@
 #include "worker/sched.h"
 
 #define WORKER_MAX_CONCURRENCY 1024
+#define WORKER_MAX_PREPARERS 16
+/* A job document of this many bytes or more is prepared (decoded, its prompt rendered and
+ * encoded) by a preparer thread while the engine has work, not between its steps. */
+#define WORKER_PREPARE_MIN (16u << 10)
 
 /* Every field is checked by the caller (cmd_worker.c): worker_run trusts them. The strings
  * are borrowed for the run. */
@@ -24,6 +28,8 @@ struct worker_opts {
 	const char *done_url, *ping_url, *stream_url; /* http(s):// queues (RunPod) */
 	int concurrency, max_jobs; /* [1, WORKER_MAX_CONCURRENCY]; 0: no limit */
 	int speculate;          /* sched_set_speculate's max_draft: 0 off */
+	int prepare_threads;    /* --prepare-threads: preparers (0: jobs are prepared between
+				 * the engine's steps) */
 	int speculate_max_batch; /* sched_set_speculate_max_batch: 0 no limit */
 	double draft_cost;      /* sched_set_draft_cost: SCHED_COST_AUTO measured */
 	bool no_prefix_cache;   /* --prefix-cache off: sched_set_prefix_cache stays off */
@@ -48,7 +54,7 @@ struct worker_opts {
 	{ .concurrency = 8, .idle_timeout = 60, .startup_timeout = 600, .step_timeout = 300,     \
 	  .drain_timeout = 30, .lease_s = 60, .queue_outage = 60, .gpus = 8, .gpu_type = "H200",  \
 	  .price_micro = 36310000, .draft_cost = SCHED_COST_AUTO,                               \
-	  .prefix_wait = -1 }
+	  .prefix_wait = -1, .prepare_threads = 1 }
 
 /* Runs the worker from its start to its exit: starts the engine, takes and runs jobs until
  * it is idle, drained or told to stop, hands back what it holds and closes its books. The
