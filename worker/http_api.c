@@ -374,7 +374,8 @@ static void set_state_locked(struct http_api *h, int st, double now)
 /* The state, DRAINING once the stop flag is up (under h->mu) */
 static int state_now(const struct http_api *h)
 {
-	return h->o.stop && *h->o.stop ? S_DRAINING : h->state;
+	return h->o.stop && atomic_load_explicit(h->o.stop, memory_order_relaxed) ? S_DRAINING
+										    : h->state;
 }
 
 void http_api_set_state(struct http_api *h, const char *state)
@@ -411,7 +412,8 @@ int http_api_take(struct http_api *h, struct http_flight **out, int max, double 
 	pthread_mutex_lock(&h->mu);
 	/* in slices of 10 ms when a signal may end the wait (a handler cannot signal cv) */
 	double end = wk_now() + wait_s;
-	while (!h->in_head && !h->stopping && !(h->o.stop && *h->o.stop)) {
+	while (!h->in_head && !h->stopping &&
+	       !(h->o.stop && atomic_load_explicit(h->o.stop, memory_order_relaxed))) {
 		double left = end - wk_now();
 		if (left <= 0)
 			break;

@@ -43,6 +43,7 @@
 #define HTTP_API_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -117,7 +118,7 @@ struct http_api_opts {
 	/* set by a signal handler when the process is to drain: from then on the server acts
 	 * as DRAINING (new completions 503, /health 503) before the worker thread has seen it,
 	 * and http_api_take returns within ~10 ms; NULL: none */
-	volatile sig_atomic_t *stop;
+	const atomic_int *stop;
 };
 
 /* Handles one of the HTTP_API_OPTIONS (c >= HTTP_OPT_BASE). Returns 0, or 2 with a usage

@@ -338,7 +338,10 @@ void queue_set_reconnect(struct queue *q, double seconds)
 		q->o.reconnect_s = seconds;
 }
 
-bool queue_stopping(const struct queue *q) { return q->o.stop && *q->o.stop; }
+bool queue_stopping(const struct queue *q)
+{
+	return q->o.stop && atomic_load_explicit(q->o.stop, memory_order_relaxed);
+}
 
 void queue_refused(struct queue *q, const char *id, const char *fmt, ...)
 {

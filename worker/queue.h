@@ -32,6 +32,7 @@
 #define QUEUE_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,7 +50,7 @@ struct queue_opts {
 				* (queue_set_reconnect changes it between calls) */
 	/* Optional: while *stop is nonzero, a network driver's retries give up at once (WK_EIO,
 	 * "interrupted"), so a signal is not held up by an outage (the worker's got_signal). */
-	const volatile sig_atomic_t *stop;
+	const atomic_int *stop;
 	/* http(s):// (RunPod job API) only; NULL: from RUNPOD_WEBHOOK_POST_OUTPUT,
 	 * RUNPOD_WEBHOOK_PING and RUNPOD_WEBHOOK_POST_STREAM (no stream URL: no streaming) */
 	const char *done_url, *ping_url, *stream_url;

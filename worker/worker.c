@@ -134,13 +134,14 @@ struct worker {
 	bool p_stop;
 };
 
-static volatile sig_atomic_t got_signal;
+static atomic_int got_signal; /* read by the HTTP and queue threads too: an atomic, not
+				 * a sig_atomic_t (lock-free, so a handler may store it) */
 /* "wick worker", or "wick dev" when cmd_dev runs it: what its messages are prefixed with */
 static atomic_int startup_done; /* read by the watchdog thread */
 
 static void on_signal(int sig)
 {
-	got_signal = sig;
+	atomic_store_explicit(&got_signal, sig, memory_order_relaxed);
 }
 
 /* ---- logs: a human line on a TTY, one JSON object per line with --log-format json ---- */
@@ -1766,8 +1767,9 @@ static const char *serve(struct worker *w)
 	double t_lease = wk_now(), t_cancel = wk_now();
 	for (;;) {
 		double now = wk_now();
-		if (got_signal && w->state != ST_DRAINING) {
-			wlog(w, "signal", "signal %d: draining (up to %.0f s)", (int)got_signal,
+		if (atomic_load_explicit(&got_signal, memory_order_relaxed) &&
+		    w->state != ST_DRAINING) {
+			wlog(w, "signal", "signal %d: draining (up to %.0f s)", atomic_load(&got_signal),
 			     w->o.drain_timeout);
 			set_state(w, ST_DRAINING);
 			w->t_drain_deadline = now + w->o.drain_timeout;
