@@ -182,3 +182,27 @@ bool wk_ends_with(const char *s, const char *suffix)
 	size_t a = strlen(s), b = strlen(suffix);
 	return a >= b && !strcmp(s + a - b, suffix);
 }
+
+void wk_lru_unlink(struct wk_lru *l, struct wk_node *n)
+{
+	if (n->prev)
+		n->prev->next = n->next;
+	else
+		l->head = n->next;
+	if (n->next)
+		n->next->prev = n->prev;
+	else
+		l->tail = n->prev;
+	n->prev = n->next = NULL;
+}
+
+void wk_lru_push(struct wk_lru *l, struct wk_node *n)
+{
+	n->prev = NULL;
+	n->next = l->head;
+	if (l->head)
+		l->head->prev = n;
+	l->head = n;
+	if (!l->tail)
+		l->tail = n;
+}

@@ -93,4 +93,16 @@ void wk_free_secret(char *s);
 /* Whether string s ends with suffix. */
 bool wk_ends_with(const char *s, const char *suffix);
 
+/* A list in recency order, for a cache that drops its least recently used entries: each entry
+ * holds a wk_node, and WK_OF gives the entry back from it. {0} is an empty list. */
+struct wk_node {
+	struct wk_node *prev, *next; /* more, less recently used */
+};
+struct wk_lru {
+	struct wk_node *head, *tail; /* the most, the least recently used */
+};
+void wk_lru_unlink(struct wk_lru *l, struct wk_node *n);
+void wk_lru_push(struct wk_lru *l, struct wk_node *n); /* as the most recently used */
+#define WK_OF(node, type, member) ((type *)(void *)((char *)(node) - offsetof(type, member)))
+
 #endif

@@ -25,7 +25,7 @@ struct memo_ent {
 	XXH128_hash_t key;
 	int *ids;
 	int n;
-	struct memo_ent *prev, *next; /* most recently used first */
+	struct wk_node lru;
 	struct memo_ent *chain;       /* the bucket's next */
 };
 
@@ -34,7 +34,7 @@ struct tok_memo {
 	size_t max_bytes, bytes;
 	struct memo_ent **bucket;
 	size_t n_buckets, n;
-	struct memo_ent *head, *tail;
+	struct wk_lru lru; /* most recently used first */
 	struct tok_memo_stats st;
 };
 
@@ -45,9 +45,9 @@ static size_t ent_bytes(const struct memo_ent *e)
 
 static void memo_clear(struct tok_memo *m)
 {
-	while (m->head) {
-		struct memo_ent *e = m->head;
-		m->head = e->next;
+	while (m->lru.head) {
+		struct memo_ent *e = WK_OF(m->lru.head, struct memo_ent, lru);
+		m->lru.head = e->lru.next;
 		free(e->ids);
 		free(e);
 	}
@@ -100,29 +100,6 @@ static struct memo_ent **slot_of(struct tok_memo *m, XXH128_hash_t k)
 	return p;
 }
 
-static void unlink_lru(struct tok_memo *m, struct memo_ent *e)
-{
-	if (e->prev)
-		e->prev->next = e->next;
-	else
-		m->head = e->next;
-	if (e->next)
-		e->next->prev = e->prev;
-	else
-		m->tail = e->prev;
-	e->prev = e->next = NULL;
-}
-
-static void push_lru(struct tok_memo *m, struct memo_ent *e)
-{
-	e->next = m->head;
-	if (m->head)
-		m->head->prev = e;
-	m->head = e;
-	if (!m->tail)
-		m->tail = e;
-}
-
 int tok_memo_get(const struct tok *t, const char *s, size_t n, bool at_start,
 		 struct tok_ivec *out)
 {
@@ -134,8 +111,8 @@ int tok_memo_get(const struct tok *t, const char *s, size_t n, bool at_start,
 	struct memo_ent *e = *slot_of(m, k);
 	int rc = 0;
 	if (e) {
-		unlink_lru(m, e);
-		push_lru(m, e);
+		wk_lru_unlink(&m->lru, &e->lru);
+		wk_lru_push(&m->lru, &e->lru);
 		rc = 1;
 		for (int i = 0; i < e->n && rc == 1; i++)
 			if (tok_ivec_push(out, e->ids[i]) != WK_OK)
@@ -178,12 +155,12 @@ void tok_memo_put(const struct tok *t, const char *s, size_t n, bool at_start, c
 		return;
 	}
 	*slot = e;
-	push_lru(m, e);
+	wk_lru_push(&m->lru, &e->lru);
 	m->n++;
 	m->bytes += ent_bytes(e);
-	while (m->bytes > m->max_bytes && m->tail != e) {
-		struct memo_ent *old = m->tail;
-		unlink_lru(m, old);
+	while (m->bytes > m->max_bytes && m->lru.tail != &e->lru) {
+		struct memo_ent *old = WK_OF(m->lru.tail, struct memo_ent, lru);
+		wk_lru_unlink(&m->lru, &old->lru);
 		*slot_of(m, old->key) = old->chain;
 		m->n--;
 		m->bytes -= ent_bytes(old);

@@ -880,13 +880,13 @@ struct kept_entry {
 	char tenant[129];
 	json_t *conversation, *object;
 	size_t bytes;
-	struct kept_entry *prev, *next; /* most recently used first */
+	struct wk_node lru;
 };
 
 struct oai_kept {
 	int max_entries, n;
 	size_t max_bytes, bytes;
-	struct kept_entry *head, *tail;
+	struct wk_lru lru; /* most recently used first */
 };
 
 struct oai_kept *oai_kept_new(int max_entries, size_t max_bytes)
@@ -899,32 +899,9 @@ struct oai_kept *oai_kept_new(int max_entries, size_t max_bytes)
 	return k;
 }
 
-static void kept_unlink(struct oai_kept *k, struct kept_entry *e)
-{
-	if (e->prev)
-		e->prev->next = e->next;
-	else
-		k->head = e->next;
-	if (e->next)
-		e->next->prev = e->prev;
-	else
-		k->tail = e->prev;
-	e->prev = e->next = NULL;
-}
-
-static void kept_push(struct oai_kept *k, struct kept_entry *e)
-{
-	e->next = k->head;
-	if (k->head)
-		k->head->prev = e;
-	k->head = e;
-	if (!k->tail)
-		k->tail = e;
-}
-
 static void kept_drop(struct oai_kept *k, struct kept_entry *e)
 {
-	kept_unlink(k, e);
+	wk_lru_unlink(&k->lru, &e->lru);
 	k->n--;
 	k->bytes -= e->bytes;
 	json_decref(e->conversation);
@@ -934,16 +911,18 @@ static void kept_drop(struct oai_kept *k, struct kept_entry *e)
 
 void oai_kept_free(struct oai_kept *k)
 {
-	while (k && k->head)
-		kept_drop(k, k->head);
+	while (k && k->lru.head)
+		kept_drop(k, WK_OF(k->lru.head, struct kept_entry, lru));
 	free(k);
 }
 
 static struct kept_entry *kept_find(struct oai_kept *k, const char *id, const char *tenant)
 {
-	for (struct kept_entry *e = k ? k->head : NULL; e; e = e->next)
+	for (struct wk_node *n = k ? k->lru.head : NULL; n; n = n->next) {
+		struct kept_entry *e = WK_OF(n, struct kept_entry, lru);
 		if (!strcmp(e->id, id))
 			return strcmp(e->tenant, tenant) ? NULL : e; /* (another tenant's: none) */
+	}
 	return NULL;
 }
 
@@ -967,11 +946,12 @@ int oai_kept_put(struct oai_kept *k, const char *id, const char *tenant, json_t 
 	struct kept_entry *old = kept_find(k, id, tenant);
 	if (old)
 		kept_drop(k, old);
-	kept_push(k, e);
+	wk_lru_push(&k->lru, &e->lru);
 	k->n++;
 	k->bytes += e->bytes;
-	while (k->tail && k->tail != e && (k->n > k->max_entries || k->bytes > k->max_bytes))
-		kept_drop(k, k->tail);
+	while (k->lru.tail && k->lru.tail != &e->lru &&
+	       (k->n > k->max_entries || k->bytes > k->max_bytes))
+		kept_drop(k, WK_OF(k->lru.tail, struct kept_entry, lru));
 	return WK_OK;
 }
 
@@ -981,8 +961,8 @@ bool oai_kept_get(struct oai_kept *k, const char *id, const char *tenant,
 	struct kept_entry *e = kept_find(k, id, tenant);
 	if (!e)
 		return false;
-	kept_unlink(k, e); /* (the most recently used now) */
-	kept_push(k, e);
+	wk_lru_unlink(&k->lru, &e->lru); /* (the most recently used now) */
+	wk_lru_push(&k->lru, &e->lru);
 	if (conversation)
 		*conversation = e->conversation;
 	if (object)
