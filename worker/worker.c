@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1134,6 +1136,9 @@ static void admit(struct worker *w, struct held *h)
 static void *prep_main(void *arg)
 {
 	struct worker *w = arg;
+	/* below the engine's threads: where they take every core (the CPU backend), a job's
+	 * preparing waits for them, not they for it (Linux's nice is a thread's own) */
+	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 	pthread_mutex_lock(&w->pmu);
 	for (;;) {
 		while (!w->p_todo && !w->p_stop)
