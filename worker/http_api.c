@@ -2062,6 +2062,34 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 		reply_json(h, req, c, 200, json_incref((json_t *)obj));
 }
 
+#define CHAIN_MAX 256 /* the answers of a conversation named by their responses' ids */
+
+/* The responses whose answers a kept conversation of n messages holds (obj: its response):
+ * its previous_response_id's answer, that one's, and so on while they are kept; answer_of[i]
+ * the id of message i's response (in ids, CHAIN_MAX of them), else NULL. */
+static void answers_of(struct http_api *h, const char *tenant, const json_t *conv,
+		       const json_t *obj, const char **answer_of, char (*ids)[64])
+{
+	const char *p = json_string_value(json_object_get(obj, "previous_response_id"));
+	char prev[64];
+	snprintf(prev, sizeof prev, "%s", p ? p : "");
+	size_t before = json_array_size(conv); /* an answer lies before the last found */
+	for (int k = 0; k < CHAIN_MAX && prev[0]; k++) {
+		const json_t *c, *o;
+		if (!kept_get(h, prev, tenant, &c, &o))
+			break;
+		size_t len = json_array_size(c);
+		if (!len || len - 1 >= before ||
+		    !json_equal(json_array_get(c, len - 1), json_array_get(conv, len - 1)))
+			break;
+		snprintf(ids[k], sizeof ids[k], "%s", prev);
+		answer_of[len - 1] = ids[k];
+		before = len - 1;
+		p = json_string_value(json_object_get(o, "previous_response_id"));
+		snprintf(prev, sizeof prev, "%s", p ? p : "");
+	}
+}
+
 /* GET /v1/responses/ID/input_items: a kept response's input items, a page of them (the
  * query's limit, 1 to 100, default 20; order asc or desc, the default; after, an item's id;
  * include is let be: an item holds all it has). */
@@ -2084,7 +2112,7 @@ static void route_input_items(struct http_api *h, struct evhttp_request *req, st
 	char *end = NULL;
 	long limit = lim ? strtol(lim, &end, 10) : 20;
 	struct oai_err e = {0};
-	const json_t *conv = NULL;
+	const json_t *conv = NULL, *obj = NULL;
 	json_t *list = NULL;
 	if (lim && (end == lim || *end || limit < 1 || limit > 100))
 		oai_errf(&e, 400, "invalid_request_error", "invalid_value", "limit",
@@ -2092,13 +2120,28 @@ static void route_input_items(struct http_api *h, struct evhttp_request *req, st
 	else if (order && strcmp(order, "asc") && strcmp(order, "desc"))
 		oai_errf(&e, 400, "invalid_request_error", "invalid_value", "order",
 			 "order must be \"asc\" or \"desc\", not '%.40s'", order);
-	else if (!kept_get(h, id, tenant, &conv, NULL))
+	else if (!kept_get(h, id, tenant, &conv, &obj))
 		oai_errf(&e, 404, "invalid_request_error", "not_found", NULL,
 			 "no response '%.60s' is kept here (responses are kept %s)", id,
 			 kept_where(h));
-	else
-		list = oai_input_items_list(conv, (int)limit, order && !strcmp(order, "asc"),
-					    evhttp_find_header(&kv, "after"), &e);
+	else {
+		/* its own (the chain's reads may push it out of memory meanwhile) */
+		json_t *c = json_incref((json_t *)conv), *o = json_incref((json_t *)obj);
+		const char **answer_of = calloc(json_array_size(c) + 1, sizeof *answer_of);
+		char (*ids)[64] = malloc(CHAIN_MAX * sizeof *ids);
+		if (answer_of && ids) {
+			answers_of(h, tenant, c, o, answer_of, ids);
+			list = oai_input_items_list(c, answer_of, (int)limit,
+						    order && !strcmp(order, "asc"),
+						    evhttp_find_header(&kv, "after"), &e);
+		} else {
+			oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory");
+		}
+		free(answer_of);
+		free(ids);
+		json_decref(c);
+		json_decref(o);
+	}
 	evhttp_clear_headers(&kv);
 	if (list)
 		reply_json(h, req, c, 200, list);

@@ -266,16 +266,19 @@ int oai_kept_count(const struct oai_kept *k);
  * reasoning_content as a reasoning item before its message and its tool_calls as
  * function_call items after it (the message left out when the turn is calls alone after
  * another role's message), a tool message as a function_call_output. What
- * oai_responses_to_chat reads back as the same messages. An item's id hashes the messages up
- * to it, so that it is the same in every response whose conversation holds it. NULL when out
- * of memory. */
-json_t *oai_messages_items(const json_t *msgs, size_t n);
-/* A kept response's input items (its conversation less the answer, which ends it): a list
- * object {"object": "list", "data", "first_id", "last_id", "has_more"} of at most limit
- * items, in order (asc) or newest first, those after item id after (NULL: from the first);
- * NULL after the error in *e (a 400 for an after that names no item). */
-json_t *oai_input_items_list(const json_t *conversation, int limit, bool asc, const char *after,
-			     struct oai_err *e);
+ * oai_responses_to_chat reads back as the same messages. An answer's items (answer_of[i]: the
+ * id of the response whose answer message i is; answer_of NULL, or an entry NULL: none
+ * known) have the ids that response's output gave them; another item's id hashes the
+ * messages up to it, so that it is the same in every response whose conversation holds it.
+ * NULL when out of memory. */
+json_t *oai_messages_items(const json_t *msgs, size_t n, const char *const *answer_of);
+/* A kept response's input items (its conversation less the answer, which ends it; answer_of
+ * as oai_messages_items'): a list object {"object": "list", "data", "first_id", "last_id",
+ * "has_more"} of at most limit items, in order (asc) or newest first, those after item id
+ * after (NULL: from the first); NULL after the error in *e (a 400 for an after that names no
+ * item). */
+json_t *oai_input_items_list(const json_t *conversation, const char *const *answer_of, int limit,
+			     bool asc, const char *after, struct oai_err *e);
 /* A result as the assistant's chat message: its content, reasoning_content and tool_calls. */
 json_t *oai_result_message(const struct oai_result *r);
 

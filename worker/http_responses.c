@@ -1009,30 +1009,36 @@ static uint64_t chain(uint64_t h, const json_t *s)
 	return XXH3_64bits_withSeed(&n, sizeof n, h);
 }
 
-/* item, its id "PREFIX_HEX" (h), appended to items; false when out of memory. */
-static bool put_item(json_t *items, const char *prefix, uint64_t h, json_t *item)
+/* item, its id "PREFIX_HEX" (h), or the one response resp gave it in its output (index: a
+ * call's), appended to items; false when out of memory. */
+static bool put_item(json_t *items, const char *prefix, uint64_t h, const char *resp, int index,
+		     json_t *item)
 {
-	char id[48];
-	snprintf(id, sizeof id, "%s_%016llx", prefix, (unsigned long long)h);
+	char id[80];
+	if (resp)
+		item_id(id, sizeof id, resp, prefix, index);
+	else
+		snprintf(id, sizeof id, "%s_%016llx", prefix, (unsigned long long)h);
 	return item && !json_object_set_new(item, "id", json_string(id)) &&
 	       !json_array_append_new(items, item);
 }
 
 /* One chat message's items (h: the chain through it; after_assistant: the message before it
- * is an assistant's). */
-static bool message_items(json_t *items, const json_t *m, uint64_t h, bool after_assistant)
+ * is an assistant's; resp: the response whose answer it is, NULL unknown). */
+static bool message_items(json_t *items, const json_t *m, uint64_t h, bool after_assistant,
+			  const char *resp)
 {
 	const char *role = str_or(json_object_get(m, "role"));
 	const json_t *content = json_object_get(m, "content");
 	const char *text = str_or(content);
 	size_t len = json_is_string(content) ? json_string_length(content) : 0;
 	if (!strcmp(role, "tool"))
-		return put_item(items, "fco", h,
+		return put_item(items, "fco", h, NULL, -1,
 				json_pack("{s:s, s:s, s:s%, s:s}", "type", "function_call_output",
 					  "call_id", str_or(json_object_get(m, "tool_call_id")),
 					  "output", text, len, "status", "completed"));
 	if (strcmp(role, "assistant"))
-		return put_item(items, "msg", h,
+		return put_item(items, "msg", h, NULL, -1,
 				json_pack("{s:s, s:s, s:s, s:[{s:s, s:s%}]}", "type", "message",
 					  "role", role, "status", "completed", "content", "type",
 					  "input_text", "text", text, len));
@@ -1040,27 +1046,27 @@ static bool message_items(json_t *items, const json_t *m, uint64_t h, bool after
 	const json_t *calls = json_object_get(m, "tool_calls");
 	if (json_is_string(rc) && json_string_length(rc)) {
 		json_t *it = reasoning_item("", json_string_value(rc), json_string_length(rc));
-		if (!put_item(items, "rs", XXH3_64bits_withSeed("rs", 2, h), it))
+		if (!put_item(items, "rs", XXH3_64bits_withSeed("rs", 2, h), resp, -1, it))
 			return false;
 	}
 	/* the message unless the turn is calls alone (an empty one stays: the model said it),
 	 * and one to open the turn where the calls would join the assistant's turn before */
 	if (len || !json_array_size(calls) || after_assistant) {
 		json_t *it = message_item("", "completed", text_part(text, len, NULL));
-		if (!put_item(items, "msg", h, it))
+		if (!put_item(items, "msg", h, resp, -1, it))
 			return false;
 	}
 	size_t i;
 	const json_t *call;
 	json_array_foreach(calls, i, call) {
 		uint64_t hc = XXH3_64bits_withSeed(&i, sizeof i, h);
-		if (!put_item(items, "fc", hc, call_item("", call, "completed")))
+		if (!put_item(items, "fc", hc, resp, (int)i, call_item("", call, "completed")))
 			return false;
 	}
 	return true;
 }
 
-json_t *oai_messages_items(const json_t *msgs, size_t n)
+json_t *oai_messages_items(const json_t *msgs, size_t n, const char *const *answer_of)
 {
 	json_t *items = json_array();
 	uint64_t h = 0x77696b6bULL; /* "wikk" */
@@ -1079,7 +1085,8 @@ json_t *oai_messages_items(const json_t *msgs, size_t n)
 				  json_object_get(fn, "arguments"));
 		}
 		const char *prev = str_or(json_object_get(json_array_get(msgs, i - 1), "role"));
-		if (!message_items(items, m, h, i && !strcmp(prev, "assistant"))) {
+		if (!message_items(items, m, h, i && !strcmp(prev, "assistant"),
+				   answer_of ? answer_of[i] : NULL)) {
 			json_decref(items);
 			items = NULL;
 		}
@@ -1087,11 +1094,12 @@ json_t *oai_messages_items(const json_t *msgs, size_t n)
 	return items;
 }
 
-json_t *oai_input_items_list(const json_t *conversation, int limit, bool asc, const char *after,
-			     struct oai_err *e)
+json_t *oai_input_items_list(const json_t *conversation, const char *const *answer_of, int limit,
+			     bool asc, const char *after, struct oai_err *e)
 {
 	size_t n = json_array_size(conversation);
-	json_t *items = oai_messages_items(conversation, n ? n - 1 : 0); /* less the answer */
+	/* less the answer */
+	json_t *items = oai_messages_items(conversation, n ? n - 1 : 0, answer_of);
 	if (!items) {
 		nomem(e);
 		return NULL;

@@ -908,7 +908,8 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
          `inputTokens.count: ${JSON.stringify(n1)} against ${ri.usage.input_tokens}, ` +
          `${JSON.stringify(n2)} against ${t2.usage.input_tokens}`);
   // the second's input items through the client's pager (two at a time, in order, and newest
-  // first): the first's input and answer, then its own, the first's item ids the same
+  // first): the first's input and answer, then its own, the first's item ids the same (its
+  // answer's the id of its output message)
   const listed = async (id, query) => {
     const all = [];
     for await (const it of client.responses.inputItems.list(id, query)) all.push(it);
@@ -923,7 +924,8 @@ const text = (r) => r.output.filter((o) => o.type === 'message')
          asc[1].content[0].type === 'output_text' && asc[0].content[0].type === 'input_text' &&
          JSON.stringify(desc.map((it) => it.id)) ===
            JSON.stringify(asc.map((it) => it.id).reverse()) &&
-         first.length === 1 && first[0].id === asc[0].id,
+         first.length === 1 && first[0].id === asc[0].id &&
+         asc[1].id === t1.output.find((o) => o.type === 'message').id,
          `input items: ${JSON.stringify(asc)}, newest first ${JSON.stringify(desc)}, ` +
          `the first's ${JSON.stringify(first)}`);
   const badLimit = await client.responses.inputItems.list(t2.id, { limit: 0 })

@@ -21,7 +21,7 @@ static json_t *items_back(const json_t *msgs)
 	json_t *body = json_object(), *chat = NULL, *skel = NULL;
 	struct oai_err e;
 	char *text = NULL;
-	if (!body || json_object_set_new(body, "input", oai_messages_items(msgs, SIZE_MAX)) ||
+	if (!body || json_object_set_new(body, "input", oai_messages_items(msgs, SIZE_MAX, NULL)) ||
 	    !(text = json_dumps(body, 0)) ||
 	    oai_responses_to_chat(text, strlen(text), &chat, &skel, &e))
 		chat = NULL;

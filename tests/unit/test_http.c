@@ -1739,7 +1739,8 @@ static bool items_page(const char *path, char *got, size_t n, char ids[][40])
 }
 
 /* GET /v1/responses/ID/input_items: the conversation less the answer, newest first or in
- * order, paged by limit and after; an item's id the same in each response that holds it. */
+ * order, paged by limit and after; an item's id the same in each response that holds it, an
+ * answer's the one its response's output gave it. */
 Test(http_server, a_kept_responses_input_items_are_listed)
 {
 	http_api_set_state(srv, "READY");
@@ -1777,6 +1778,13 @@ Test(http_server, a_kept_responses_input_items_are_listed)
 	cr_expect(!items_page(path, got, sizeof got, ids2), "%s", got);
 	cr_expect_str_eq(got, "user/input_text:hi");
 	cr_expect_str_eq(ids2[0], ids[3]);
+	/* the first's answer has the id of the first's output message */
+	snprintf(path, sizeof path, "/v1/responses/%s", id1);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 200, "%s", out);
+	json_t *o1 = json_loads(out, 0, NULL);
+	cr_expect_str_eq(ids[2], json_string_value(json_object_get(
+					 json_array_get(json_object_get(o1, "output"), 0), "id")));
+	json_decref(o1);
 	/* refusals, each naming its parameter */
 	static const char *const bad[][2] = {{"limit=0", "limit"}, {"limit=101", "limit"},
 					     {"limit=2x", "limit"}, {"order=up", "order"},

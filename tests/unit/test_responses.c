@@ -127,7 +127,7 @@ Test(responses, messages_become_items_and_back)
 		"\"type\": \"function\", \"function\": {\"name\": \"get\", \"arguments\": "
 		"\"{}\"}}]}, {\"role\": \"user\", \"content\": \"And?\"}]", 0, NULL);
 	cr_assert(msgs);
-	json_t *items = oai_messages_items(msgs, json_array_size(msgs));
+	json_t *items = oai_messages_items(msgs, json_array_size(msgs), NULL);
 	static const char *const want[] = {"message", "message", "reasoning", "message",
 					   "function_call", "function_call", "function_call_output",
 					   "function_call_output", "reasoning", "message", "message",
@@ -150,7 +150,7 @@ Test(responses, messages_become_items_and_back)
 	cr_expect(json_equal(json_object_get(c, "messages"), msgs), "%s",
 		  json_dumps(json_object_get(c, "messages"), JSON_COMPACT));
 	/* the first three messages' items, ids and all, are the whole's first six */
-	json_t *head = oai_messages_items(msgs, 3);
+	json_t *head = oai_messages_items(msgs, 3, NULL);
 	cr_assert_eq(json_array_size(head), 6);
 	for (size_t i = 0; i < 6; i++)
 		cr_expect(json_equal(json_array_get(head, i), json_array_get(items, i)), "%zu", i);
@@ -304,6 +304,19 @@ Test(responses, a_result_becomes_a_response)
 							"reasoning_tokens")), 3);
 	cr_expect_eq(json_integer_value(json_object_get(u, "total_tokens")), 15);
 	cr_expect_eq(json_integer_value(json_object_get(u, "cost_micro_usd")), 12);
+	/* the answer in a later response's input items: the same items, the same ids */
+	json_t *conv = json_pack("[{s:s, s:s}, o]", "role", "user", "content", "x",
+				 oai_result_message(&r));
+	const char *answer_of[] = {NULL, "resp_abc"};
+	json_t *items = oai_messages_items(conv, 2, answer_of);
+	json_t *output = json_object_get(o, "output");
+	cr_assert_eq(json_array_size(items), 1 + json_array_size(output), "%s",
+		     json_dumps(items, JSON_COMPACT));
+	for (size_t i = 0; i < json_array_size(output); i++)
+		cr_expect_str_eq(json_string_value(json_object_get(json_array_get(items, i + 1), "id")),
+				 json_string_value(json_object_get(json_array_get(output, i), "id")));
+	json_decref(items);
+	json_decref(conv);
 	json_decref(o);
 	oai_result_free(&r);
 	/* cut at max_output_tokens: incomplete; calls alone: no message */
