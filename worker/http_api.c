@@ -2064,9 +2064,11 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 
 #define CHAIN_MAX 256 /* the answers of a conversation named by their responses' ids */
 
-/* The responses whose answers a kept conversation of n messages holds (obj: its response):
- * its previous_response_id's answer, that one's, and so on while they are kept; answer_of[i]
- * the id of message i's response (in ids, CHAIN_MAX of them), else NULL. */
+/* The responses whose answers a kept conversation holds (obj: its response): its
+ * previous_response_id's answer, that one's, and so on while they are in memory (not read
+ * from --responses-dir: each file holds its whole conversation, so a long chain read here,
+ * on the event loop, would cost the square of its length); answer_of[i] the id of message
+ * i's response (in ids, CHAIN_MAX of them), else NULL. */
 static void answers_of(struct http_api *h, const char *tenant, const json_t *conv,
 		       const json_t *obj, const char **answer_of, char (*ids)[64])
 {
@@ -2076,7 +2078,7 @@ static void answers_of(struct http_api *h, const char *tenant, const json_t *con
 	size_t before = json_array_size(conv); /* an answer lies before the last found */
 	for (int k = 0; k < CHAIN_MAX && prev[0]; k++) {
 		const json_t *c, *o;
-		if (!kept_get(h, prev, tenant, &c, &o))
+		if (!oai_kept_get(h->kept, prev, tenant, &c, &o))
 			break;
 		size_t len = json_array_size(c);
 		if (!len || len - 1 >= before ||
@@ -2125,7 +2127,7 @@ static void route_input_items(struct http_api *h, struct evhttp_request *req, st
 			 "no response '%.60s' is kept here (responses are kept %s)", id,
 			 kept_where(h));
 	else {
-		/* its own (the chain's reads may push it out of memory meanwhile) */
+		/* its own (the chain's reads reorder the memory's entries) */
 		json_t *c = json_incref((json_t *)conv), *o = json_incref((json_t *)obj);
 		const char **answer_of = calloc(json_array_size(c) + 1, sizeof *answer_of);
 		char (*ids)[64] = malloc(CHAIN_MAX * sizeof *ids);
