@@ -49,12 +49,6 @@ struct prep_run {
 	long steps;
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 struct bench_cfg {
 	const char *model, *url, *backend, *threads;
 	int steady, tokens, big, kb, every, eos;
@@ -248,18 +242,11 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 		free(t);
 		return 1;
 	}
-	qsort(t, nt, sizeof *t, cmp_double);
-	o->median_ms = t[nt / 2];
+	o->median_ms = cmd_median(t, (int)nt); /* (t sorted) */
 	o->p99_ms = t[(size_t)((double)(nt - 1) * 0.99)];
 	o->max_ms = t[nt - 1];
 	free(t);
 	return 0;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof *v, cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 int bench_prepare(int argc, char **argv)
@@ -373,7 +360,7 @@ int bench_prepare(int argc, char **argv)
 		}
 		double md[5];
 		for (int k = 0; k < 5; k++)
-			md[k] = median(v[k], rounds);
+			md[k] = cmd_median(v[k], rounds);
 		mx[m] = md[2];
 		printf("%-20s %8.2f %8.2f %8.2f %8.0f %7.2f %6lld\n",
 		       m ? "--prepare-threads 1" : "--prepare-threads 0", md[0], md[1], md[2],
