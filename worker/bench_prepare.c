@@ -43,15 +43,10 @@ static void usage(FILE *f)
 		   "and --backend B go to the worker.\n");
 }
 
-struct prep_run {
-	double median_ms, p99_ms, max_ms, run_s;
-	long long prepared, completed;
-	long steps;
-};
-
 struct bench_cfg {
-	const char *model, *url, *backend, *threads;
-	int steady, tokens, big, kb, every, eos;
+	struct bench_load l;
+	const char *url;
+	int eos;
 	const char *filler; /* K KB of text */
 };
 
@@ -79,7 +74,7 @@ static char *big_doc(const struct bench_cfg *c, const char *id, size_t *len)
 }
 
 /* One worker run with `preparers`: its step gaps into *o. */
-static int one_run(const struct bench_cfg *c, int preparers, int round, struct prep_run *o)
+static int one_run(const struct bench_cfg *c, int preparers, int round, struct bench_gaps *o)
 {
 	char err[WK_ERRSZ];
 	struct queue *q;
@@ -95,11 +90,11 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 		queue_close(q);
 		return 1;
 	}
-	for (int i = 0; i < c->steady; i++) {
+	for (int i = 0; i < c->l.steady; i++) {
 		char id[64];
 		snprintf(id, sizeof id, "steady-%d-%d-%d-%d", (int)getpid(), round, preparers, i);
 		json_t *in = json_pack("{s:s, s:i, s:i, s:i}", "prompt", "Once upon a time",
-				       "max_tokens", c->tokens, "temperature", 1, "seed", i);
+				       "max_tokens", c->l.tokens, "temperature", 1, "seed", i);
 		if (in && c->eos >= 0) { /* it runs its tokens to the end */
 			char eos[16];
 			snprintf(eos, sizeof eos, "%d", c->eos);
@@ -123,16 +118,16 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 	char steplog[128], logpath[128], njobs[16], nconc[16], nprep[16];
 	snprintf(steplog, sizeof steplog, "%s/steps.jsonl", dir);
 	snprintf(logpath, sizeof logpath, "%s/worker.log", dir);
-	snprintf(njobs, sizeof njobs, "%d", c->steady + c->big);
-	snprintf(nconc, sizeof nconc, "%d", c->steady + c->big);
+	snprintf(njobs, sizeof njobs, "%d", c->l.steady + c->l.big);
+	snprintf(nconc, sizeof nconc, "%d", c->l.steady + c->l.big);
 	snprintf(nprep, sizeof nprep, "%d", preparers);
-	char *args[] = {"wick", "worker", "--model", (char *)c->model, "--queue", (char *)c->url,
-			"--backend", (char *)c->backend, "--max-jobs", njobs, "--concurrency",
+	char *args[] = {"wick", "worker", "--model", (char *)c->l.model, "--queue", (char *)c->url,
+			"--backend", (char *)c->l.backend, "--max-jobs", njobs, "--concurrency",
 			nconc, "--idle-timeout", "30", "--log-format", "json", "--step-log",
 			steplog, "--prepare-threads", nprep, NULL, NULL, NULL};
-	if (c->threads) {
+	if (c->l.threads) {
 		args[sizeof args / sizeof *args - 3] = "--threads";
-		args[sizeof args / sizeof *args - 2] = (char *)c->threads;
+		args[sizeof args / sizeof *args - 2] = (char *)c->l.threads;
 	}
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
@@ -158,7 +153,7 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 			steps += strchr(line, '\n') != NULL;
 		if (sl)
 			clearerr(sl);
-		while (sent < c->big && steps >= (long)(sent + 1) * c->every) {
+		while (sent < c->l.big && steps >= (long)(sent + 1) * c->l.every) {
 			char id[64];
 			size_t len;
 			snprintf(id, sizeof id, "big-%d-%d-%d-%d", (int)getpid(), round, preparers,
@@ -211,8 +206,8 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 	}
 	if (f)
 		fclose(f);
-	*o = (struct prep_run){.run_s = run_s, .prepared = -1, .completed = -1,
-			       .steps = (long)n_steps};
+	*o = (struct bench_gaps){.run_s = run_s, .beside = -1, .count = (long)n_steps};
+	long long completed = -1;
 	char last[4096] = "";
 	if ((f = fopen(logpath, "r"))) {
 		while (fgets(line, sizeof line, f)) {
@@ -220,8 +215,8 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 			const char *ev = json_string_value(json_object_get(j, "event"));
 			const char *msg = json_string_value(json_object_get(j, "msg"));
 			if (ev && !strcmp(ev, "exit")) {
-				o->completed = bench_number_before(msg, "completed");
-				o->prepared = bench_number_before(msg, "prepared beside");
+				completed = bench_number_before(msg, "completed");
+				o->beside = bench_number_before(msg, "prepared beside");
 			}
 			snprintf(last, sizeof last, "%.4000s", line);
 			json_decref(j);
@@ -231,97 +226,68 @@ static int one_run(const struct bench_cfg *c, int preparers, int round, struct p
 	unlink(steplog);
 	unlink(logpath);
 	rmdir(dir);
-	bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && sent == c->big &&
-		  o->completed == c->steady + c->big && nt > 1;
+	bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && sent == c->l.big &&
+		  completed == c->l.steady + c->l.big && nt > 1;
 	if (!ok) {
 		last[strcspn(last, "\n")] = 0;
 		fprintf(stderr, "wick bench prepare: the worker (--prepare-threads %d) did not run "
 				"the %d jobs (%d big ones sent, %lld completed, %zu steps; its last "
-				"line: %s)\n", preparers, c->steady + c->big, sent,
-			o->completed, n_steps, last);
+				"line: %s)\n", preparers, c->l.steady + c->l.big, sent,
+			completed, n_steps, last);
 		free(t);
 		return 1;
 	}
-	o->median_ms = cmd_median(t, (int)nt); /* (t sorted) */
-	o->p99_ms = t[(size_t)((double)(nt - 1) * 0.99)];
-	o->max_ms = t[nt - 1];
+	bench_gaps_of(t, nt, o);
 	free(t);
 	return 0;
 }
 
 int bench_prepare(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"queue", required_argument, 0, 'q'}, {"steady", required_argument, 0, 'c'},
-		{"tokens", required_argument, 0, 'n'}, {"big", required_argument, 0, 'b'},
-		{"kb", required_argument, 0, 'k'},     {"every", required_argument, 0, 'e'},
-		{"rounds", required_argument, 0, 'r'}, {"backend", required_argument, 0, 'B'},
-		{"threads", required_argument, 0, 'T'},
-		{"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-	struct bench_cfg c = {.backend = "cpu", .steady = 4, .tokens = 400, .big = 8, .kb = 512,
-			      .every = 40, .eos = -1};
-	int rounds = 2, ch;
+	static const struct option opts[] = {{"queue", required_argument, 0, 'q'},
+					     BENCH_LOAD_OPTIONS,
+					     {"help", no_argument, 0, 'h'},
+					     {0, 0, 0, 0}};
+	struct bench_cfg c = {.l = BENCH_LOAD_DEFAULT, .eos = -1};
+	int ch;
 	while ((ch = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
 		if (ch == 'q') {
 			c.url = optarg;
-			continue;
-		}
-		if (ch == 'B' || ch == 'T') {
-			*(ch == 'B' ? &c.backend : &c.threads) = optarg;
-			continue;
-		}
-		if (ch == 'h') {
+		} else if (ch == 'h') {
 			usage(stdout);
 			return 0;
-		}
-		if (!strchr("cnbker", ch)) {
+		} else if (bench_load_flag(&c.l, ch, optarg, "prepare")) {
 			usage(stderr);
 			return 2;
 		}
-		char *end;
-		long v = strtol(optarg, &end, 10);
-		long hi = ch == 'k' ? (JOB_PROMPT_MAX >> 10) - 1 : ch == 'n' ? 100000 : 1000;
-		if (end == optarg || *end || v < 1 || v > hi) {
-			fprintf(stderr, "wick bench prepare: -%c wants a number from 1 to %ld, not "
-					"'%s'\n", ch, hi, optarg);
-			return 2;
-		}
-		*(ch == 'c' ? &c.steady : ch == 'n' ? &c.tokens : ch == 'b' ? &c.big :
-		  ch == 'k' ? &c.kb : ch == 'e' ? &c.every : &rounds) = (int)v;
 	}
 	if (optind != argc - 1 || !c.url) {
 		usage(stderr);
 		return 2;
 	}
-	c.model = argv[optind];
-	if (c.steady + c.big > 1024) {
+	c.l.model = argv[optind];
+	if (c.l.steady + c.l.big > 1024) {
 		fprintf(stderr, "wick bench prepare: --steady and --big: at most 1024 jobs\n");
 		return 2;
 	}
 	char err[WK_ERRSZ];
 	struct tok *tk = NULL;
 	bool prepared;
-	if (tok_load_dir(c.model, &tk, &prepared, err, sizeof err) != WK_OK) {
+	if (tok_load_dir(c.l.model, &tk, &prepared, err, sizeof err) != WK_OK) {
 		fprintf(stderr, "wick bench prepare: %s\n", err);
 		return 1;
 	}
 	c.eos = tok_eos(tk);
-	/* the filler: words of a story, numbered so that no piece repeats another */
-	size_t flen = (size_t)c.kb << 10;
-	char *filler = malloc(flen + 64);
+	char *filler = bench_filler(c.l.kb);
 	if (!filler) {
 		tok_free(tk);
 		return 1;
 	}
-	size_t o = 0;
-	for (int i = 0; o < flen; i++)
-		o += (size_t)snprintf(filler + o, flen + 64 - o, "The cat sat on mat %d and ran. ", i);
-	filler[flen] = 0;
 	c.filler = filler;
 	/* a big job's preparing, timed here: its prediction's encode */
 	int *ids = NULL, nids = 0;
 	double te = wk_now();
-	int rc = tok_encode(tk, filler, flen, false, &ids, &nids, err, sizeof err);
+	int rc = tok_encode(tk, filler, strlen(filler), false, &ids, &nids, err, sizeof err);
 	te = wk_now() - te;
 	free(ids);
 	tok_free(tk);
@@ -330,9 +296,8 @@ int bench_prepare(int argc, char **argv)
 		free(filler);
 		return 1;
 	}
-	struct prep_run r[2][64];
-	if (rounds > 64)
-		rounds = 64;
+	struct bench_gaps r[2][BENCH_ROUNDS_MAX];
+	int rounds = c.l.rounds;
 	for (int i = 0; i < rounds; i++)
 		for (int m = 0; m < 2; m++)
 			if (one_run(&c, m, i, &r[m][i])) {
@@ -340,37 +305,21 @@ int bench_prepare(int argc, char **argv)
 				return 1;
 			}
 	free(filler);
-	printf("model            %s (worker backend %s), queue %s\n", c.model, c.backend, c.url);
+	printf("model            %s (worker backend %s), queue %s\n", c.l.model, c.l.backend,
+	       c.url);
 	printf("load             %d jobs of %d tokens decoding; %d jobs of %d KB (a prediction "
-	       "of %d tokens, encoded here in %.1f ms) arriving every %d steps\n", c.steady,
-	       c.tokens, c.big, c.kb, nids, te * 1e3, c.every);
+	       "of %d tokens, encoded here in %.1f ms) arriving every %d steps\n", c.l.steady,
+	       c.l.tokens, c.l.big, c.l.kb, nids, te * 1e3, c.l.every);
 	printf("gaps between two steps that decode the steady jobs, ms (median of %d rounds):\n",
 	       rounds);
-	printf("                       median      p99  longest    steps   run s   prepared "
-	       "beside\n");
+	static const char *const names[2] = {"--prepare-threads 0", "--prepare-threads 1"};
 	double mx[2];
-	for (int m = 0; m < 2; m++) {
-		double v[5][64];
-		for (int i = 0; i < rounds; i++) {
-			v[0][i] = r[m][i].median_ms;
-			v[1][i] = r[m][i].p99_ms;
-			v[2][i] = r[m][i].max_ms;
-			v[3][i] = (double)r[m][i].steps;
-			v[4][i] = r[m][i].run_s;
-		}
-		double md[5];
-		for (int k = 0; k < 5; k++)
-			md[k] = cmd_median(v[k], rounds);
-		mx[m] = md[2];
-		printf("%-20s %8.2f %8.2f %8.2f %8.0f %7.2f %6lld\n",
-		       m ? "--prepare-threads 1" : "--prepare-threads 0", md[0], md[1], md[2],
-		       md[3], md[4], r[m][rounds - 1].prepared);
-	}
+	bench_gaps_table(names, "steps", "prepared beside", r, rounds, mx);
 	printf("longest gap      %.2fx with a preparer (%.2f ms against %.2f)\n", mx[1] / mx[0],
 	       mx[1], mx[0]);
 	printf("{\"bench\":\"prepare\",\"steady\":%d,\"tokens\":%d,\"big\":%d,\"kb\":%d,"
 	       "\"encode_ms\":%.3f,\"longest_ms_inline\":%.3f,\"longest_ms_preparer\":%.3f,"
-	       "\"ratio\":%.4f,\"rounds\":%d}\n", c.steady, c.tokens, c.big, c.kb, te * 1e3,
-	       mx[0], mx[1], mx[1] / mx[0], rounds);
+	       "\"ratio\":%.4f,\"rounds\":%d}\n", c.l.steady, c.l.tokens, c.l.big, c.l.kb,
+	       te * 1e3, mx[0], mx[1], mx[1] / mx[0], rounds);
 	return 0;
 }

@@ -22,6 +22,41 @@ int bench_launches(int argc, char **argv); /* worker/bench_launches.c, via cmd_b
 int bench_picks(int argc, char **argv);   /* worker/bench_picks.c, via cmd_bench */
 int bench_prompt(int argc, char **argv);  /* worker/bench_prompt.c, via cmd_bench */
 int bench_prepare(int argc, char **argv); /* worker/bench_prepare.c, via cmd_bench */
+int bench_http(int argc, char **argv);    /* worker/bench_http.c, via cmd_bench */
+
+/* ---- what bench prepare and bench http share (worker/bench_gaps.c): a worker with steady
+ * jobs decoding while big ones arrive, without and then with a helper thread ---- */
+#include <stddef.h>
+#define BENCH_ROUNDS_MAX 64
+struct bench_load {
+	const char *model, *backend, *threads; /* --backend, --threads: the worker's */
+	int steady, tokens, big, kb, every, rounds;
+};
+#define BENCH_LOAD_DEFAULT                                                                 \
+	{.backend = "cpu", .steady = 4, .tokens = 400, .big = 8, .kb = 512, .every = 40,      \
+	 .rounds = 2}
+#define BENCH_LOAD_OPTIONS                                                                 \
+	{"steady", required_argument, 0, 'c'}, {"tokens", required_argument, 0, 'n'},         \
+	{"big", required_argument, 0, 'b'}, {"kb", required_argument, 0, 'k'},                \
+	{"every", required_argument, 0, 'e'}, {"rounds", required_argument, 0, 'r'},          \
+	{"backend", required_argument, 0, 'B'}, {"threads", required_argument, 0, 'T'}
+/* One of BENCH_LOAD_OPTIONS' flags (getopt's ch and its argument) into l: 0, or 2 (a bad
+ * value, said on stderr in the name of `wick bench who`; or a flag not of these, unsaid). */
+int bench_load_flag(struct bench_load *l, int ch, const char *arg, const char *who);
+/* kb KB of a story's words, numbered so that no piece repeats another (malloc'd), or NULL. */
+char *bench_filler(int kb);
+/* What one run's steady jobs saw. */
+struct bench_gaps {
+	double median_ms, p99_ms, max_ms, run_s;
+	long count;       /* steps, or chunks */
+	long long beside; /* the big ones the helper took, or -1 when unknown */
+};
+/* The gaps t[n] (ms, n >= 1; sorted here) into g's median, 99th percentile and longest. */
+void bench_gaps_of(double *t, size_t n, struct bench_gaps *g);
+/* The table: a row for each run (names[0] without the helper, names[1] with it), each column
+ * the median over the rounds; the longest gaps' medians into longest[2]. */
+void bench_gaps_table(const char *const names[2], const char *count, const char *beside,
+		      struct bench_gaps (*r)[BENCH_ROUNDS_MAX], int rounds, double longest[2]);
 int bench_prefix(int argc, char **argv);  /* worker/bench_prefix.c, via cmd_bench */
 int cmd_worker(int argc, char **argv);   /* worker/cmd_worker.c: runs worker/worker.c */
 int cmd_worker_as(const char *name, int argc, char **argv); /* the same, its messages as NAME */

@@ -32,7 +32,8 @@ static void bench_usage(FILE *f)
 		   "  wick bench picks MODEL [-n TOKENS] [--runs N] [--backend B]\n"
 		   "  wick bench prefix MODEL [--turns T] [--runs N] [--backend B]\n"
 		   "  wick bench prompt MODEL [--turns N] [--bytes B]\n"
-		   "  wick bench prepare MODEL --queue URL [--big B] [--kb K] [--rounds R]\n");
+		   "  wick bench prepare MODEL --queue URL [--big B] [--kb K] [--rounds R]\n"
+		   "  wick bench http MODEL [--big B] [--kb K] [--rounds R]\n");
 }
 
 static void decode_usage(FILE *f)
@@ -268,6 +269,8 @@ int cmd_bench(int argc, char **argv)
 		return bench_prompt(argc - 1, argv + 1);
 	if (!strcmp(sub, "prepare"))
 		return bench_prepare(argc - 1, argv + 1);
+	if (!strcmp(sub, "http"))
+		return bench_http(argc - 1, argv + 1);
 	fprintf(stderr, "wick bench: unknown benchmark '%s'\n", sub);
 	bench_usage(stderr);
 	return 2;

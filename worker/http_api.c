@@ -19,6 +19,14 @@
  * The call answers once every choice has its result, or at the first that fails (the others
  * are then cancelled); a stream sends each choice's chunks, with its index, as they come.
  *
+ * Parsers. A completion request is made into its job documents (its body parsed, a
+ * Responses API request joined to the conversation it goes on from, the documents written
+ * and checked): on the server thread, or, for a body of o.parse_min bytes or more, on one of
+ * o.parse_threads parser threads, so that an agent's long conversation (13 ms at 150K tokens)
+ * does not hold up the other clients' requests and the stream chunks this thread writes. The
+ * parsers take their work from a queue and give it back through the outbox's pipe, under
+ * h->mu; they read the kept responses (previous_response_id), which h->kept_mu guards.
+ *
  * Connections. evhttp has no per-connection hooks for a limit or a whole-request deadline, so
  * the server makes each connection's bufferevent itself (evhttp_set_bevcb) and keeps a
  * reference to it. A sweep every 250 ms finds the connections evhttp has freed (bufferevent_free
@@ -50,9 +58,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/queue.h>
+#include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -172,6 +182,8 @@ struct http_call {
 	char tenant[129];           /* ... whose it is */
 };
 
+struct http_parse;
+
 struct hconn {
 	struct http_api *h;
 	struct bufferevent *bev;   /* ours (a reference), evhttp's until it frees it */
@@ -180,12 +192,35 @@ struct hconn {
 	bool reject;               /* over --max-connections */
 	bool killed, closed, closecb_set;
 	struct http_call *cur;
+	struct http_parse *parse;  /* its request, being parsed beside the server thread */
 	/* Watches the socket for the client's close while a request waits for its reply: evhttp
 	 * stops reading once a request is whole and resumes only when a reply is being written,
 	 * so without this a non-streamed request (or a stream before its first token) would run
 	 * to the end for a client long gone. Added only while c->cur is set; NULL until needed. */
 	struct event *eof_ev;
 	struct hconn *prev, *next;
+};
+
+/* A completion request being made into its job documents (parse_run): on the server thread,
+ * or beside it (a parser's). */
+struct http_parse {
+	struct evhttp_request *req; /* NULL once the client went away (the server thread's) */
+	struct hconn *conn;
+	enum oai_kind kind;
+	const struct oai_api *api;  /* the Responses or Messages API, or NULL */
+	char tenant[129];
+	char id[48];
+	const char *body;           /* the request's bytes, or (beside) a copy of them */
+	size_t len;
+	double t_arrived;           /* wk_now() */
+	struct timespec wall_arrived;
+	bool beside;                /* a parser's: body, and this, are malloc'd */
+	/* what it made: status 0 and r, skel and conv, or the error e to answer */
+	int status;
+	struct oai_err e;
+	struct oai_req r;
+	json_t *skel, *conv;
+	struct http_parse *next;
 };
 
 enum msg_type { M_PIECE, M_LOGPROBS, M_PROMPT, M_DONE };
@@ -239,7 +274,17 @@ struct http_api {
 	int max_model_len;
 	bool model_set;
 	struct sched_cache_stats pc; /* http_api_set_cache_stats' */
-	struct oai_kept *kept;       /* the responses kept (the server thread's) */
+	/* the parsers, and their queue and what they made (under mu) */
+	pthread_t *parsers;
+	int n_parsers;
+	pthread_cond_t pcv;
+	struct http_parse *p_head, *p_tail, *p_done, *p_done_tail;
+	bool p_stop;
+	int n_parsing;               /* requests queued or being parsed beside */
+	uint64_t n_parsed_beside;
+	/* the responses kept, under kept_mu (the server thread's and the parsers') */
+	pthread_mutex_t kept_mu;
+	struct oai_kept *kept;
 	struct resp_store *store;    /* and on disk (--responses-dir), NULL: none */
 	uint64_t store_errors;
 };
@@ -303,6 +348,16 @@ int http_api_flag(struct http_api_opts *o, int c, const char *arg)
 		o->keepalive_s = v > 0 ? v : -1;
 		return 0;
 	case 8: o->responses_dir = arg; return 0;
+	case 12:
+		v = strtod(arg, &end);
+		if (end == arg || *end || !(v >= 0 && v <= HTTP_PARSERS_MAX) || v != (int)v) {
+			fprintf(stderr, "wick: --http-parse-threads wants an integer 0 to %d, not "
+				"'%s'\n", HTTP_PARSERS_MAX, arg);
+			return 2;
+		}
+		o->parse_threads = (int)v;
+		o->parse_threads_set = true;
+		return 0;
 	case 11:
 		v = strtod(arg, &end);
 		if (end == arg || *end || !(v >= 0 && v <= 10 * 365 * 86400.0)) {
@@ -1014,7 +1069,7 @@ static const char *kept_where(const struct http_api *h)
 }
 
 /* Response id of tenant, kept in memory or (--responses-dir) on disk, read back into memory:
- * its conversation and object as oai_kept_get's. */
+ * its conversation and object as oai_kept_get's (good while kept_mu is held). */
 static bool kept_get(struct http_api *h, const char *id, const char *tenant,
 		     const json_t **conv, const json_t **obj)
 {
@@ -1037,6 +1092,21 @@ static bool kept_get(struct http_api *h, const char *id, const char *tenant,
 	return rc == WK_OK && oai_kept_get(h->kept, id, tenant, conv, obj);
 }
 
+/* kept_get's conversation and object, each a reference of the caller's (either may be NULL). */
+static bool kept_take(struct http_api *h, const char *id, const char *tenant, json_t **conv,
+		      json_t **obj)
+{
+	const json_t *c, *o;
+	pthread_mutex_lock(&h->kept_mu);
+	bool found = kept_get(h, id, tenant, &c, &o);
+	if (conv)
+		*conv = found ? json_incref((json_t *)c) : NULL;
+	if (obj)
+		*obj = found ? json_incref((json_t *)o) : NULL;
+	pthread_mutex_unlock(&h->kept_mu);
+	return found;
+}
+
 /* A response kept (store): its conversation, with the answer, and its object; in memory, and
  * with --responses-dir as a file (one that cannot be written is logged, and kept in memory). */
 static void keep_response(struct http_api *h, struct http_call *k)
@@ -1046,12 +1116,14 @@ static void keep_response(struct http_api *h, struct http_call *k)
 	json_t *obj = k->api->object(k->skel, k->id, k->created, h->model, &k->res[0]);
 	char err[WK_ERRSZ];
 	if (conv && answer && obj && !json_array_append(conv, answer)) {
+		pthread_mutex_lock(&h->kept_mu);
 		oai_kept_put(h->kept, k->id, k->tenant, conv, obj); /* (out of memory: not kept) */
 		if (h->store &&
 		    resp_store_put(h->store, k->id, k->tenant, conv, obj, err, sizeof err) != WK_OK) {
 			h->store_errors++;
 			server_log(h, "responses_dir", err);
 		}
+		pthread_mutex_unlock(&h->kept_mu);
 	}
 	json_decref(conv);
 	json_decref(answer);
@@ -1162,6 +1234,9 @@ static void on_done(struct http_api *h, struct http_flight *f, const char *json,
 }
 
 /* Drains the outbox (the pipe woke us). */
+static void parse_end(struct http_api *h, struct http_parse *p);
+static void parse_reap(struct http_api *h);
+
 static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
 	(void)what;
@@ -1175,6 +1250,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 	h->signalled = false;
 	bool stopping = h->stopping;
 	pthread_mutex_unlock(&h->mu);
+	parse_reap(h);
 	while (m) {
 		struct msg *next = m->next;
 		if (m->type == M_PIECE)
@@ -1190,7 +1266,21 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 	}
 	if (!stopping)
 		return;
-	/* The worker is done: whatever is left will not run. */
+	/* The worker is done: whatever is left will not run; a request still being parsed is
+	 * answered when its parser gives it back (parse_end), or dropped at the loop's end. */
+	pthread_mutex_lock(&h->mu);
+	struct http_parse *queued = h->p_head;
+	h->p_head = h->p_tail = NULL;
+	h->p_stop = true;
+	pthread_cond_broadcast(&h->pcv);
+	for (struct http_parse *q = queued; q; q = q->next)
+		h->n_parsing--;
+	pthread_mutex_unlock(&h->mu);
+	while (queued) {
+		struct http_parse *next = queued->next;
+		parse_end(h, queued);
+		queued = next;
+	}
 	while (h->flights) {
 		struct http_flight *f = h->flights;
 		struct http_call *k = f->call;
@@ -1261,6 +1351,14 @@ static struct hconn *conn_of(struct http_api *h, struct evhttp_request *req)
 	return NULL;
 }
 
+/* A request whose client went away mid-request: evhttp has detached it, and then it is ours
+ * to free. */
+static void req_gone(struct evhttp_request *req)
+{
+	if (req && !evhttp_request_get_connection(req))
+		evhttp_request_free(req);
+}
+
 /* evhttp is freeing the connection (client gone, timeout, error, or shutdown). */
 static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 {
@@ -1269,17 +1367,20 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 	c->closed = true;
 	if (c->eof_ev)
 		event_del(c->eof_ev); /* the socket stays open (our reference) until the sweep */
+	struct http_parse *p = c->parse;
+	c->parse = NULL;
+	if (p) { /* its parser goes on; parse_end finds no one to answer */
+		p->conn = NULL;
+		req_gone(p->req);
+		p->req = NULL;
+	}
 	struct http_call *k = c->cur;
 	c->cur = NULL;
 	if (!k)
 		return;
 	k->conn = NULL;
-	if (k->req) {
-		/* detached by evhttp when the client went away mid-request: then it is ours */
-		if (!evhttp_request_get_connection(k->req))
-			evhttp_request_free(k->req);
-		k->req = NULL;
-	}
+	req_gone(k->req);
+	k->req = NULL;
 	client_gone(c->h, k);
 }
 
@@ -1328,6 +1429,11 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 		bufferevent_event_cb eventcb = NULL;
 		bufferevent_getcb(c->bev, NULL, NULL, &eventcb, NULL);
 		if (!eventcb) { /* evhttp freed it: drop our reference, which closes the socket */
+			if (c->parse) { /* (as for k) */
+				c->parse->conn = NULL;
+				c->parse->req = NULL;
+				c->parse = NULL;
+			}
 			struct http_call *k = c->cur;
 			if (k) { /* not expected: on_conn_close runs first and takes it */
 				k->conn = NULL;
@@ -1688,6 +1794,10 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		return;
 	}
 	double now = wk_now();
+	pthread_mutex_lock(&h->kept_mu);
+	int kept_n = oai_kept_count(h->kept);
+	uint64_t store_errors = h->store_errors;
+	pthread_mutex_unlock(&h->kept_mu);
 	pthread_mutex_lock(&h->mu);
 	evbuffer_add_printf(b, "# HELP wick_http_requests_total HTTP requests answered, by "
 			       "status code (499: the client went away first).\n"
@@ -1704,6 +1814,12 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_http_requests_queued gauge\nwick_http_requests_queued %d\n"
 		"# HELP wick_http_connections Open HTTP connections.\n"
 		"# TYPE wick_http_connections gauge\nwick_http_connections %d\n"
+		"# HELP wick_http_requests_parsing Completion requests of 16 KB or more (an agent's "
+		"long conversation) queued or being made into jobs by a parser thread, beside the "
+		"server's (wick worker --prepare-threads).\n"
+		"# TYPE wick_http_requests_parsing gauge\nwick_http_requests_parsing %d\n"
+		"# TYPE wick_http_requests_parsed_beside_total counter\n"
+		"wick_http_requests_parsed_beside_total %llu\n"
 		"# HELP wick_prompt_tokens_total Prompt tokens of finished HTTP requests.\n"
 		"# TYPE wick_prompt_tokens_total counter\nwick_prompt_tokens_total %llu\n"
 		"# HELP wick_completion_tokens_total Generated tokens of finished HTTP requests.\n"
@@ -1720,7 +1836,8 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_request_gpu_seconds_total counter\nwick_request_gpu_seconds_total %.6f\n"
 		"# HELP wick_request_cost_usd_total What HTTP requests were billed.\n"
 		"# TYPE wick_request_cost_usd_total counter\nwick_request_cost_usd_total %.6f\n",
-		h->n_calls, h->n_inbox, h->n_conns, (unsigned long long)h->prompt_tokens,
+		h->n_calls, h->n_inbox, h->n_conns, h->n_parsing,
+		(unsigned long long)h->n_parsed_beside, (unsigned long long)h->prompt_tokens,
 		(unsigned long long)h->completion_tokens, (unsigned long long)h->cached_tokens,
 		(unsigned long long)h->draft_kept,
 		(unsigned long long)h->draft_thrown, h->gpu_seconds, h->cost_micro / 1e6);
@@ -1759,8 +1876,8 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# HELP wick_responses_dir_errors_total Kept responses not written to or read from "
 		"--responses-dir (each logged).\n# TYPE wick_responses_dir_errors_total counter\n"
 		"wick_responses_dir_errors_total %llu\n",
-		oai_kept_count(h->kept), on_disk, (unsigned long long)disk_bytes,
-		(unsigned long long)(h->store_errors + disk_errors));
+		kept_n, on_disk, (unsigned long long)disk_bytes,
+		(unsigned long long)(store_errors + disk_errors));
 	const struct tok *tok = h->model_set ? h->jm.tok : NULL; /* (under mu) */
 	struct tok_memo_stats ms = {0};
 	if (tok)
@@ -1824,6 +1941,9 @@ static void new_id(char *out, size_t n, const char *prefix)
 		o += snprintf(out + o, n - (size_t)o, "%02x", r[i]);
 }
 
+static int respond_after(json_t *chat, const json_t *skel, const json_t *before, json_t **conv,
+			 struct oai_err *e);
+
 /* A response's chat request (chat, its skel) going on from previous_response_id: that
  * response's conversation put after the instructions and before the input; *conv the
  * conversation to keep with this one (store), else NULL. 0, or the HTTP status of the error
@@ -1833,10 +1953,22 @@ static int respond_from(struct http_api *h, const char *tenant, json_t *chat, co
 {
 	const char *prev = json_string_value(json_object_get(skel, "previous_response_id"));
 	const json_t *before = NULL;
-	if (prev && !kept_get(h, prev, tenant, &before, NULL))
+	pthread_mutex_lock(&h->kept_mu); /* (its messages are shared from here, not copied) */
+	if (prev && !kept_get(h, prev, tenant, &before, NULL)) {
+		pthread_mutex_unlock(&h->kept_mu);
 		return oai_errf(e, 400, "invalid_request_error", "previous_response_not_found",
 				"previous_response_id", "previous_response_id: no response '%.60s' "
 				"is kept here (responses are kept %s)", prev, kept_where(h));
+	}
+	int rc = respond_after(chat, skel, before, conv, e);
+	pthread_mutex_unlock(&h->kept_mu);
+	return rc;
+}
+
+/* respond_from's after the kept conversation before (or NULL) is found. */
+static int respond_after(json_t *chat, const json_t *skel, const json_t *before, json_t **conv,
+			 struct oai_err *e)
+{
 	json_t *msgs = json_object_get(chat, "messages");
 	size_t head = json_is_string(json_object_get(skel, "instructions")) ? 1 : 0;
 	json_t *all = json_array(), *tail = json_array();
@@ -1860,85 +1992,64 @@ static int respond_from(struct http_api *h, const char *tenant, json_t *chat, co
 	return 0;
 }
 
-/* An API on the chat path (POST /v1/responses, /v1/messages): its body as the chat request
- * that runs it (*chat), and the members of its response that say what was asked (*skel);
- * false after answering the error. */
-static bool api_body(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-		     const struct oai_api *api, const char *tenant, const char *body, size_t len,
-		     json_t **chat, json_t **skel, json_t **conv)
+/* An API on the chat path (POST /v1/responses, /v1/messages): p's body as the chat request
+ * that runs it (*chat), and the members of its response that say what was asked (p->skel);
+ * 0, or the HTTP status of the error in p->e. Any thread. */
+static int api_chat(struct http_api *h, struct http_parse *p, json_t **chat)
 {
-	struct oai_err e;
-	*conv = NULL;
-	if (api->to_chat(body, len, chat, skel, &e)) {
-		reply_err(h, req, c, &e);
-		return false;
-	}
-	if (api == &oai_responses_api && respond_from(h, tenant, *chat, *skel, conv, &e)) {
-		json_decref(*chat);
-		json_decref(*skel);
-		reply_err(h, req, c, &e);
-		return false;
-	}
-	const json_t *mt = json_object_get(*chat, "max_tokens");
-	if (api->hold_max_tokens && json_integer_value(mt) > h->o.max_tokens_limit)
+	struct oai_err *e = &p->e;
+	int st = p->api->to_chat(p->body, p->len, chat, &p->skel, e);
+	if (!st && p->api == &oai_responses_api)
+		st = respond_from(h, p->tenant, *chat, p->skel, &p->conv, e);
+	const json_t *mt = st ? NULL : json_object_get(*chat, "max_tokens");
+	if (p->api->hold_max_tokens && json_integer_value(mt) > h->o.max_tokens_limit)
 		json_object_set_new(*chat, "max_tokens", json_integer(h->o.max_tokens_limit));
-	mt = json_object_get(*chat, "max_tokens");
-	if (api->hold_max_tokens && mt && /* (what it ran with, for why it stopped) */
-	    json_object_set(*skel, "max_tokens", (json_t *)mt)) {
+	mt = st ? NULL : json_object_get(*chat, "max_tokens");
+	if (p->api->hold_max_tokens && mt && /* (what it ran with, for why it stopped) */
+	    json_object_set(p->skel, "max_tokens", (json_t *)mt))
+		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	if (st) {
 		json_decref(*chat);
-		json_decref(*skel);
-		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
-		return false;
+		*chat = NULL;
 	}
-	return true;
+	return st;
 }
 
-static void route_completion(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-			     enum oai_kind kind, const struct oai_api *api, const char *tenant)
+/* Makes p's request into its job documents (p->r; for an API on the chat path also p->skel
+ * and p->conv), or the error to answer (p->status, p->e). Any thread: reads only p and h's
+ * constants, and the kept responses under kept_mu. */
+static void parse_run(struct http_api *h, struct http_parse *p)
 {
-	pthread_mutex_lock(&h->mu);
-	int st = state_now(h);
-	pthread_mutex_unlock(&h->mu);
-	if (st == S_DRAINING) {
-		reply_errf(h, req, c, 503, "server_error", "unavailable",
-			   "the server is shutting down");
-		return;
-	}
-	if (!c) {
-		reply_errf(h, req, c, 503, "server_error", "unavailable", "out of memory");
-		return;
-	}
-	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in);
-	if (len == 0) {
-		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_json",
-			   "the request has no body");
-		return;
-	}
-	const char *body = (const char *)evbuffer_pullup(in, -1);
-	char id[48];
-	new_id(id, sizeof id, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
-	struct oai_req r;
-	struct oai_err e;
-	if (!body) {
-		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
-		return;
-	}
-	json_t *chat = NULL, *skel = NULL, *conv = NULL;
-	if (api && !api_body(h, req, c, api, tenant, body, len, &chat, &skel, &conv))
-		return;
+	json_t *chat = NULL;
 	int lim = h->o.max_tokens_limit;
-	int rc = chat ? oai_json_to_job(kind, chat, h->names, id, tenant, lim, &r, &e)
-		      : oai_to_job(kind, body, len, h->names, id, tenant, lim, &r, &e);
+	if (p->api && (p->status = api_chat(h, p, &chat)) != 0)
+		;
+	else if ((p->status = chat ? oai_json_to_job(p->kind, chat, h->names, p->id, p->tenant,
+						      lim, &p->r, &p->e)
+				   : oai_to_job(p->kind, p->body, p->len, h->names, p->id,
+						p->tenant, lim, &p->r, &p->e)) != 0 && p->api)
+		p->api->err(&p->e);
 	json_decref(chat);
-	if (rc) {
-		if (api)
-			api->err(&e);
-		json_decref(skel);
-		json_decref(conv);
-		reply_err(h, req, c, &e);
-		return;
+	if (p->status) {
+		json_decref(p->skel);
+		json_decref(p->conv);
+		p->skel = p->conv = NULL;
 	}
+}
+
+/* The request p made (parse_run) starts as a call: its flights go to the inbox. Takes p's r,
+ * skel and conv. */
+static void call_start(struct http_api *h, struct http_parse *p)
+{
+	struct evhttp_request *req = p->req;
+	struct hconn *c = p->conn;
+	struct oai_req r = p->r;
+	json_t *skel = p->skel, *conv = p->conv;
+	enum oai_kind kind = p->kind;
+	const struct oai_api *api = p->api;
+	const char *id = p->id, *tenant = p->tenant;
+	p->skel = p->conv = NULL;
+	memset(&p->r, 0, sizeof p->r);
 	int n = r.n_choices;
 	struct http_call *k = calloc(1, sizeof *k);
 	bool ok = k && (k->fl = calloc((size_t)n, sizeof *k->fl)) &&
@@ -1961,8 +2072,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
 		return;
 	}
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
+	struct timespec ts = p->wall_arrived;
 	snprintf(k->id, sizeof k->id, "%s", id);
 	if (api) {
 		k->api = api;
@@ -1996,7 +2106,7 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	c->cur = k;
 	watch_close(h, c);
 	h->n_calls++;
-	double now = wk_now();
+	double now = p->t_arrived;
 	for (int i = 0; i < n; i++) {
 		struct http_flight *f = k->fl[i];
 		oai_choice_id(f->id, sizeof f->id, id, i, n);
@@ -2042,15 +2152,168 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 	pthread_mutex_unlock(&h->mu);
 }
 
+/* p's parse is over (on this thread): the call starts, or its error is answered; nothing
+ * when the client went away. Frees what p holds, and p itself when it was a parser's. */
+static void parse_end(struct http_api *h, struct http_parse *p)
+{
+	if (p->conn)
+		p->conn->parse = NULL;
+	pthread_mutex_lock(&h->mu);
+	bool draining = p->beside && (h->stopping || state_now(h) == S_DRAINING);
+	pthread_mutex_unlock(&h->mu);
+	if (!p->req)
+		; /* (the client went away while it was parsed) */
+	else if (p->status)
+		reply_err(h, p->req, p->conn, &p->e);
+	else if (draining) /* as a request that came now */
+		reply_errf(h, p->req, p->conn, 503, "server_error", "unavailable",
+			   "the server is shutting down");
+	else
+		call_start(h, p);
+	oai_req_free(&p->r);
+	json_decref(p->skel);
+	json_decref(p->conv);
+	if (p->beside) {
+		free((char *)p->body);
+		free(p);
+	}
+}
+
+/* A parser thread: parses the queued requests (beside the server thread) until p_stop. */
+static void *parser_main(void *arg)
+{
+	struct http_api *h = arg;
+	/* below the engine's threads, as the worker's preparers are */
+	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+	pthread_mutex_lock(&h->mu);
+	for (;;) {
+		while (!h->p_head && !h->p_stop)
+			pthread_cond_wait(&h->pcv, &h->mu);
+		if (h->p_stop)
+			break; /* (what is queued is answered by the server thread) */
+		struct http_parse *p = h->p_head;
+		if (!(h->p_head = p->next))
+			h->p_tail = NULL;
+		pthread_mutex_unlock(&h->mu);
+		if (h->o.parse_hook)
+			h->o.parse_hook(h->o.parse_hook_ctx);
+		parse_run(h, p);
+		pthread_mutex_lock(&h->mu);
+		p->next = NULL;
+		if (h->p_done_tail)
+			h->p_done_tail->next = p;
+		else
+			h->p_done = p;
+		h->p_done_tail = p;
+		wake_server_locked(h);
+	}
+	pthread_mutex_unlock(&h->mu);
+	return NULL;
+}
+
+/* The requests the parsers finished (on_wake): each started or answered. */
+static void parse_reap(struct http_api *h)
+{
+	pthread_mutex_lock(&h->mu);
+	struct http_parse *p = h->p_done;
+	h->p_done = h->p_done_tail = NULL;
+	for (struct http_parse *q = p; q; q = q->next) {
+		h->n_parsing--;
+		h->n_parsed_beside++;
+	}
+	pthread_mutex_unlock(&h->mu);
+	while (p) {
+		struct http_parse *next = p->next;
+		parse_end(h, p);
+		p = next;
+	}
+}
+
+/* A big request's body goes to a parser: true, or false when there is none to take it (or
+ * no memory for the copy), and the server thread parses it itself. */
+static bool parse_beside(struct http_api *h, const struct http_parse *on_stack)
+{
+	if (!h->n_parsers || on_stack->len < h->o.parse_min)
+		return false;
+	struct http_parse *p = malloc(sizeof *p);
+	char *body = malloc(on_stack->len + 1);
+	if (!p || !body) {
+		free(p);
+		free(body);
+		return false;
+	}
+	memcpy(body, on_stack->body, on_stack->len);
+	body[on_stack->len] = 0;
+	*p = *on_stack;
+	p->body = body;
+	p->beside = true;
+	p->conn->parse = p;
+	watch_close(h, p->conn); /* a client that leaves now is not answered */
+	pthread_mutex_lock(&h->mu);
+	if (h->p_tail)
+		h->p_tail->next = p;
+	else
+		h->p_head = p;
+	h->p_tail = p;
+	h->n_parsing++;
+	pthread_cond_signal(&h->pcv);
+	pthread_mutex_unlock(&h->mu);
+	return true;
+}
+
+static void route_completion(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			     enum oai_kind kind, const struct oai_api *api, const char *tenant)
+{
+	pthread_mutex_lock(&h->mu);
+	int st = state_now(h);
+	pthread_mutex_unlock(&h->mu);
+	if (st == S_DRAINING) {
+		reply_errf(h, req, c, 503, "server_error", "unavailable",
+			   "the server is shutting down");
+		return;
+	}
+	if (!c) {
+		reply_errf(h, req, c, 503, "server_error", "unavailable", "out of memory");
+		return;
+	}
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	if (len == 0) {
+		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_json",
+			   "the request has no body");
+		return;
+	}
+	const char *body = (const char *)evbuffer_pullup(in, -1);
+	if (!body) {
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+		return;
+	}
+	struct http_parse p = {.req = req, .conn = c, .kind = kind, .api = api, .body = body,
+			       .len = len, .t_arrived = wk_now()};
+	clock_gettime(CLOCK_REALTIME, &p.wall_arrived);
+	snprintf(p.tenant, sizeof p.tenant, "%s", tenant);
+	new_id(p.id, sizeof p.id, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+	if (parse_beside(h, &p))
+		return;
+	parse_run(h, &p);
+	parse_end(h, &p);
+}
+
 /* GET /v1/responses/ID: a kept response (tenant's); DELETE drops it. */
 static void route_kept(struct http_api *h, struct evhttp_request *req, struct hconn *c,
 		       const char *id, const char *tenant, bool del)
 {
-	const json_t *obj = NULL;
-	bool found = del ? oai_kept_delete(h->kept, id, tenant)
-			 : kept_get(h, id, tenant, NULL, &obj);
-	if (del && h->store)
-		found = resp_store_delete(h->store, id, tenant) || found;
+	json_t *o = NULL;
+	bool found;
+	if (del) {
+		pthread_mutex_lock(&h->kept_mu);
+		found = oai_kept_delete(h->kept, id, tenant);
+		if (h->store)
+			found = resp_store_delete(h->store, id, tenant) || found;
+		pthread_mutex_unlock(&h->kept_mu);
+	} else {
+		found = kept_take(h, id, tenant, NULL, &o);
+	}
 	if (!found)
 		reply_errf(h, req, c, 404, "invalid_request_error", "not_found",
 			   "no response '%.60s' is kept here (responses are kept %s)", id,
@@ -2059,7 +2322,7 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 		reply_json(h, req, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object",
 						     "response", "deleted", 1));
 	else
-		reply_json(h, req, c, 200, json_incref((json_t *)obj));
+		reply_json(h, req, c, 200, o);
 }
 
 #define CHAIN_MAX 256 /* the answers of a conversation named by their responses' ids */
@@ -2076,6 +2339,7 @@ static void answers_of(struct http_api *h, const char *tenant, const json_t *con
 	char prev[64];
 	snprintf(prev, sizeof prev, "%s", p ? p : "");
 	size_t before = json_array_size(conv); /* an answer lies before the last found */
+	pthread_mutex_lock(&h->kept_mu);
 	for (int k = 0; k < CHAIN_MAX && prev[0]; k++) {
 		const json_t *c, *o;
 		if (!oai_kept_get(h->kept, prev, tenant, &c, &o))
@@ -2090,6 +2354,7 @@ static void answers_of(struct http_api *h, const char *tenant, const json_t *con
 		p = json_string_value(json_object_get(o, "previous_response_id"));
 		snprintf(prev, sizeof prev, "%s", p ? p : "");
 	}
+	pthread_mutex_unlock(&h->kept_mu);
 }
 
 /* GET /v1/responses/ID/input_items: a kept response's input items, a page of them (the
@@ -2114,26 +2379,23 @@ static void route_input_items(struct http_api *h, struct evhttp_request *req, st
 	char *end = NULL;
 	long limit = lim ? strtol(lim, &end, 10) : 20;
 	struct oai_err e = {0};
-	const json_t *conv = NULL, *obj = NULL;
-	json_t *list = NULL;
+	json_t *list = NULL, *conv, *obj;
 	if (lim && (end == lim || *end || limit < 1 || limit > 100))
 		oai_errf(&e, 400, "invalid_request_error", "invalid_value", "limit",
 			 "limit must be an integer from 1 to 100, not '%.40s'", lim);
 	else if (order && strcmp(order, "asc") && strcmp(order, "desc"))
 		oai_errf(&e, 400, "invalid_request_error", "invalid_value", "order",
 			 "order must be \"asc\" or \"desc\", not '%.40s'", order);
-	else if (!kept_get(h, id, tenant, &conv, &obj))
+	else if (!kept_take(h, id, tenant, &conv, &obj))
 		oai_errf(&e, 404, "invalid_request_error", "not_found", NULL,
 			 "no response '%.60s' is kept here (responses are kept %s)", id,
 			 kept_where(h));
 	else {
-		/* its own (the chain's reads reorder the memory's entries) */
-		json_t *c = json_incref((json_t *)conv), *o = json_incref((json_t *)obj);
-		const char **answer_of = calloc(json_array_size(c) + 1, sizeof *answer_of);
+		const char **answer_of = calloc(json_array_size(conv) + 1, sizeof *answer_of);
 		char (*ids)[64] = malloc(CHAIN_MAX * sizeof *ids);
 		if (answer_of && ids) {
-			answers_of(h, tenant, c, o, answer_of, ids);
-			list = oai_input_items_list(c, answer_of, (int)limit,
+			answers_of(h, tenant, conv, obj, answer_of, ids);
+			list = oai_input_items_list(conv, answer_of, (int)limit,
 						    order && !strcmp(order, "asc"),
 						    evhttp_find_header(&kv, "after"), &e);
 		} else {
@@ -2141,8 +2403,8 @@ static void route_input_items(struct http_api *h, struct evhttp_request *req, st
 		}
 		free(answer_of);
 		free(ids);
-		json_decref(c);
-		json_decref(o);
+		json_decref(conv);
+		json_decref(obj);
 	}
 	evhttp_clear_headers(&kv);
 	if (list)
@@ -2432,8 +2694,22 @@ static void free_api(struct http_api *h)
 {
 	if (!h)
 		return;
+	pthread_mutex_lock(&h->mu);
+	h->p_stop = true;
+	pthread_cond_broadcast(&h->pcv);
+	pthread_mutex_unlock(&h->mu);
+	for (int i = 0; i < h->n_parsers; i++)
+		pthread_join(h->parsers[i], NULL);
+	free(h->parsers);
 	if (h->http)
 		evhttp_free(h->http); /* closes the connections: their closecbs run */
+	for (int l = 0; l < 2; l++) /* the parses left: no one to answer */
+		for (struct http_parse *p = l ? h->p_done : h->p_head, *next; p; p = next) {
+			next = p->next;
+			p->req = NULL;
+			p->conn = NULL;
+			parse_end(h, p);
+		}
 	for (struct hconn *c = h->conns, *next; c; c = next) {
 		next = c->next;
 		if (c->eof_ev)
@@ -2465,7 +2741,9 @@ static void free_api(struct http_api *h)
 	oai_kept_free(h->kept);
 	resp_store_close(h->store);
 	pthread_mutex_destroy(&h->mu);
+	pthread_mutex_destroy(&h->kept_mu);
 	pthread_cond_destroy(&h->cv);
+	pthread_cond_destroy(&h->pcv);
 	free(h);
 }
 
@@ -2479,6 +2757,8 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 	h->o = *o;
 	h->wake[0] = h->wake[1] = -1;
 	pthread_mutex_init(&h->mu, NULL);
+	pthread_mutex_init(&h->kept_mu, NULL);
+	pthread_cond_init(&h->pcv, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -2492,6 +2772,8 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 		h->o.max_tokens_limit = 4096;
 	if (!h->o.keepalive_s)
 		h->o.keepalive_s = 15;
+	if (!h->o.parse_min)
+		h->o.parse_min = HTTP_PARSE_MIN;
 	if (!(h->kept = oai_kept_new(KEPT_ENTRIES, KEPT_BYTES))) {
 		free_api(h);
 		return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
@@ -2592,10 +2874,19 @@ int http_api_start(const struct http_api_opts *o, struct http_api **out, char *b
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
-	int prc = pthread_create(&h->thread, NULL, server_main, h);
+	int prc = 0;
+	if (h->o.parse_threads > 0 &&
+	    !(h->parsers = calloc((size_t)h->o.parse_threads, sizeof *h->parsers)))
+		prc = ENOMEM;
+	while (!prc && h->n_parsers < h->o.parse_threads &&
+	       !(prc = pthread_create(&h->parsers[h->n_parsers], NULL, parser_main, h)))
+		h->n_parsers++;
+	if (!prc)
+		prc = pthread_create(&h->thread, NULL, server_main, h);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (prc) {
-		rc = wk_errf(err, errsz, WK_ENOMEM, "cannot start the server thread");
+		rc = wk_errf(err, errsz, WK_ENOMEM, "cannot start the server's threads: %s",
+			     strerror(prc));
 		goto fail;
 	}
 	h->thread_started = true;

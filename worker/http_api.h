@@ -65,7 +65,8 @@
 	{"responses-dir", required_argument, 0, HTTP_OPT_BASE + 8},                         \
 	{"responses-max", required_argument, 0, HTTP_OPT_BASE + 9},                         \
 	{"model-alias", required_argument, 0, HTTP_OPT_BASE + 10},                          \
-	{"responses-max-age", required_argument, 0, HTTP_OPT_BASE + 11}
+	{"responses-max-age", required_argument, 0, HTTP_OPT_BASE + 11},                    \
+	{"http-parse-threads", required_argument, 0, HTTP_OPT_BASE + 12}
 
 #define HTTP_API_HELP                                                                       \
 	"  --listen HOST:PORT    also serve the OpenAI API over HTTP (wick dev: 127.0.0.1:8000)\n" \
@@ -90,7 +91,11 @@
 	"  --responses-max SIZE  DIR's responses, at most (e.g. 4GB): the least recently used\n" \
 	"                        go first (default 1GB)\n"                                   \
 	"  --responses-max-age S a kept response not used for S seconds is removed from DIR\n" \
-	"                        (2592000: 30 days; default 0: kept while within SIZE)\n"
+	"                        (2592000: 30 days; default 0: kept while within SIZE)\n" \
+	"  --http-parse-threads N  threads that make a big request (16 KB or more: an agent's\n" \
+	"                        long conversation) into its jobs beside the server's thread,\n" \
+	"                        which streams the other requests' tokens meanwhile (0-16;\n" \
+	"                        default: as many as --prepare-threads; 0: on its thread)\n"
 
 #define HTTP_ALIASES_MAX 16
 
@@ -119,7 +124,22 @@ struct http_api_opts {
 	 * as DRAINING (new completions 503, /health 503) before the worker thread has seen it,
 	 * and http_api_take returns within ~10 ms; NULL: none */
 	const atomic_int *stop;
+	/* parser threads: a completion request of parse_min bytes or more (0: HTTP_PARSE_MIN) is
+	 * made into its jobs by one of them, beside the server thread (wick worker
+	 * --prepare-threads: as many as the worker's preparers); 0: by the server thread */
+	int parse_threads;
+	bool parse_threads_set;    /* --http-parse-threads given (else the worker's preparers) */
+	size_t parse_min;
+	/* called by a parser thread as it takes a request, before it parses it (tests hold it
+	 * there); NULL: none */
+	void (*parse_hook)(void *ctx);
+	void *parse_hook_ctx;
 };
+
+/* A big request: an agent's long conversation, tens of thousands of tokens (13 ms to parse
+ * at 150K). */
+#define HTTP_PARSE_MIN ((size_t)16 << 10)
+#define HTTP_PARSERS_MAX 16
 
 /* Handles one of the HTTP_API_OPTIONS (c >= HTTP_OPT_BASE). Returns 0, or 2 with a usage
  * message on stderr. */

@@ -1557,6 +1557,8 @@ static int start(struct worker *w, const char **why)
 		w->o.ho.stop = &got_signal;
 		w->o.ho.log = http_log;
 		w->o.ho.log_ctx = w;
+		if (!w->o.ho.parse_threads_set) /* (a big request's, beside) */
+			w->o.ho.parse_threads = w->o.prepare_threads;
 		int hrc = http_api_start(&w->o.ho, &w->http, bound, sizeof bound, err, sizeof err);
 		if (hrc != WK_OK) {
 			wlog(w, "startup_failed", "%s", err);

@@ -9,7 +9,13 @@
 #   3. SIGTERM with --drain-timeout 0 while big jobs wait for the preparer: each goes back to
 #      the queue, and a second worker completes every job, one result each
 #   4. HTTP (wick dev): big requests while another streams are prepared beside the steps and
-#      answered as they are alone (the same text; the same 400 for a prompt past the context)
+#      answered as they are alone (the same text; the same 400 for a prompt past the context);
+#      each was also parsed by the HTTP server's parser, beside its thread (/metrics)
+#   5. wick bench http, small: with --http-parse-threads 1 every big request is parsed beside
+#      the server's thread, with 0 none is, and every stream and request is answered 200
+#   6. the Responses API from 4 clients at once, each a chain of turns in bodies of 20 KB (JSON
+#      whitespace), through 2 parsers: each turn goes on from the response before it (read
+#      from the kept ones beside the server thread, which keeps, reads and deletes others)
 source tests/e2e/lib.sh
 m=$(stories)
 
@@ -148,12 +154,73 @@ assert text(alone[0][1]) == text(beside[0][1]), (alone[0][1], beside[0][1])
 assert alone[1][0] == beside[1][0] == 400 and alone[1][1] == beside[1][1], (alone[1], beside[1])
 assert b"context" in beside[1][1], beside[1][1]
 assert len(chunks) > 400, len(chunks)
+with urllib.request.urlopen(url.replace("/v1/chat/completions", "/metrics")) as r:
+    metrics = r.read().decode()
+assert "\nwick_http_requests_parsed_beside_total 4\n" in metrics, metrics
+assert "\nwick_http_requests_parsing 0\n" in metrics, metrics
 PY
 wait $dpid || fail "wick dev exited $?"
 hn=$(prepared "$TMPD/dev.log")
 [ "$hn" = 2 ] || { grep exit "$TMPD/dev.log" >&2; fail "HTTP: $hn prepared beside, not 2"; }
 
+# 5.
+"$WICK" bench http "$m" --big 3 --kb 64 -n 200 --every 30 --rounds 1 >"$TMPD/bhttp.out" 2>&1 ||
+  { cat "$TMPD/bhttp.out" >&2; fail "bench http"; }
+grep -Eq -- '^--http-parse-threads 0 .* 0$' "$TMPD/bhttp.out" &&
+  grep -Eq -- '^--http-parse-threads 1 .* 3$' "$TMPD/bhttp.out" ||
+  { cat "$TMPD/bhttp.out" >&2; fail "bench http: not every big request parsed beside"; }
+
+# 6.
+"$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 2 --http-parse-threads 2 \
+  2>"$TMPD/dev6.log" &
+dpid=$!
+wait_dev $P $dpid "$TMPD/dev6.log"
+python3 - $P <<'PY' || fail "Responses API chains parsed beside"
+import json, sys, threading, urllib.request, urllib.error
+base = f"http://127.0.0.1:{sys.argv[1]}"
+def call(method, path, body=None):
+    data = None
+    if body is not None:
+        data = (json.dumps(body)[:-1] + " " * 20000 + "}").encode()  # past 16 KB
+    req = urllib.request.Request(base + path, data, {"Content-Type": "application/json"},
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+errors = []
+def chain(k):
+    prev = None
+    for turn in range(4):
+        body = {"input": f"Client {k} turn {turn}: once upon a time", "max_output_tokens": 6,
+                "temperature": 0}
+        if prev:
+            body["previous_response_id"] = prev
+        st, r = call("POST", "/v1/responses", body)
+        if st != 200:
+            errors.append((k, turn, st, r)); return
+        st, items = call("GET", f"/v1/responses/{r['id']}/input_items?order=asc&limit=100")
+        want = 2 * turn + 1  # every turn's input, the answers before this one
+        if st != 200 or len(items["data"]) != want:
+            errors.append((k, turn, "items", st, items)); return
+        if not items["data"][-1]["content"][0]["text"].startswith(f"Client {k} turn {turn}"):
+            errors.append((k, turn, "last item", items)); return
+        if prev and turn == 3 and call("DELETE", f"/v1/responses/{prev}")[0] != 200:
+            errors.append((k, turn, "delete")); return
+        prev = r["id"]
+ts = [threading.Thread(target=chain, args=(k,)) for k in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+assert not errors, errors
+with urllib.request.urlopen(base + "/metrics") as r:
+    metrics = r.read().decode()
+assert "\nwick_http_requests_parsed_beside_total 16\n" in metrics, metrics
+PY
+wait $dpid || fail "wick dev exited $?"
+
 echo "prepare: ok (bench: every big job prepared beside; the same 7 results with and without" \
   "a preparer; at SIGTERM $dropped job(s) were being prepared ($n prepared), $released handed" \
   "back, and all 7 ended after; HTTP: 2 big requests prepared beside a stream, answered as" \
-  "alone)"
+  "alone, and parsed beside the server's thread; bench http: every big request parsed beside;" \
+  "4 Responses API chains of 4 turns, each turn parsed beside)"

@@ -439,10 +439,12 @@ static void *do_call(void *arg)
 static struct http_api *srv;
 static char base[160];
 
+/* The suite's server makes every completion request into its jobs on a parser thread, beside
+ * its own (a_model_alias_is_served's on its own thread). */
 static void start_server(void)
 {
 	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
-				  .max_tokens_limit = 50};
+				  .max_tokens_limit = 50, .parse_threads = 1, .parse_min = 1};
 	char bound[100], err[WK_ERRSZ];
 	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
 	snprintf(base, sizeof base, "http://%s", bound);
@@ -1825,7 +1827,8 @@ static void start_kept(const char *dir)
 	stop_server();
 	logged[0] = 0;
 	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
-				  .max_tokens_limit = 50, .responses_dir = dir, .log = on_log};
+				  .max_tokens_limit = 50, .responses_dir = dir, .log = on_log,
+				  .parse_threads = 2, .parse_min = 1};
 	char bound[100], err[WK_ERRSZ];
 	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
 	snprintf(base, sizeof base, "http://%s", bound);
@@ -1951,4 +1954,203 @@ Test(http_server, a_waiting_stream_is_kept_alive)
 		cr_expect(first && tok && first < tok, "%s", c.out);
 		cr_expect(strstr(c.out, i ? "event: message_stop" : "data: [DONE]"), "%s", c.out);
 	}
+}
+
+/* The parsers' hook: a request taken waits here while held. */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int entered;
+	bool held;
+} ph = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+
+static void parse_hold(void *ctx)
+{
+	(void)ctx;
+	pthread_mutex_lock(&ph.mu);
+	ph.entered++;
+	pthread_cond_broadcast(&ph.cv);
+	while (ph.held)
+		pthread_cond_wait(&ph.cv, &ph.mu);
+	pthread_mutex_unlock(&ph.mu);
+}
+
+static int parse_entered(void)
+{
+	pthread_mutex_lock(&ph.mu);
+	int n = ph.entered;
+	pthread_mutex_unlock(&ph.mu);
+	return n;
+}
+
+/* Waits up to 5 s for the parsers to have taken n requests in all. */
+static void parse_wait(int n)
+{
+	pthread_mutex_lock(&ph.mu);
+	for (int i = 0; i < 500 && ph.entered < n; i++) {
+		pthread_mutex_unlock(&ph.mu);
+		usleep(10000);
+		pthread_mutex_lock(&ph.mu);
+	}
+	int got = ph.entered;
+	pthread_mutex_unlock(&ph.mu);
+	cr_assert_geq(got, n, "the parsers took %d requests, not %d", got, n);
+}
+
+/* From now on a request taken is held. */
+static void parse_holding(void)
+{
+	pthread_mutex_lock(&ph.mu);
+	ph.held = true;
+	pthread_mutex_unlock(&ph.mu);
+}
+
+static void parse_release(void)
+{
+	pthread_mutex_lock(&ph.mu);
+	ph.held = false;
+	pthread_cond_broadcast(&ph.cv);
+	pthread_mutex_unlock(&ph.mu);
+}
+
+/* The value of a /metrics line beginning name (and a space), or -1. */
+static long metric(const char *name)
+{
+	char out[8192], key[128];
+	cr_assert_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	snprintf(key, sizeof key, "\n%s ", name);
+	const char *p = strstr(out, key);
+	return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* A chat request with a user message of kb KB (a long conversation's size). */
+static char *big_chat(int kb, int seed)
+{
+	size_t n = (size_t)kb << 10;
+	char *body = malloc(n + 200);
+	cr_assert_not_null(body);
+	int o = snprintf(body, 200, "{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", "
+			 "\"content\": \"%d ", seed);
+	for (size_t i = 0; i < n; i++)
+		body[o + i] = "abcdefgh ij"[(i * 7 + (size_t)seed) % 11];
+	snprintf(body + o + n, 200, "\"}]}");
+	return body;
+}
+
+static void *stop_later(void *arg)
+{
+	(void)arg;
+	usleep(50000);
+	parse_release();
+	return NULL;
+}
+
+/* A request of 16 KB or more is made into its jobs on a parser thread, beside the server's:
+ * the server answers others while a parser holds one (a client that leaves meanwhile is
+ * answered by no one, and nothing of it runs), its jobs are what the server thread would
+ * have made, a drain or the server's end answers a request still being parsed 503, and a
+ * small request is parsed on the server thread. */
+Test(http_server, a_big_request_is_parsed_beside_the_server)
+{
+	stop_server();
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
+				  .max_tokens_limit = 50, .parse_threads = 1,
+				  .parse_hook = parse_hold};
+	char bound[100], err[WK_ERRSZ];
+	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
+	snprintf(base, sizeof base, "http://%s", bound);
+	http_api_set_state(srv, "READY");
+	parse_holding();
+
+	/* 1: held by its parser; the client leaves; the server answers /metrics meanwhile */
+	char *body = big_chat(64, 1);
+	struct call c = {.key = "k-123", .body = body, .timeout_ms = 400};
+	snprintf(c.url, sizeof c.url, "%s/v1/chat/completions", base);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c), 0);
+	parse_wait(1);
+	cr_expect_eq(metric("wick_http_requests_parsing"), 1);
+	pthread_join(t, NULL);
+	cr_expect_eq(c.status, 0, "the client timed out: %ld %s", c.status, c.out);
+	usleep(100000); /* the server sees the close */
+	parse_release();
+	struct http_flight *f = NULL;
+	cr_expect_eq(http_api_take(srv, &f, 1, 0.5), 0, "a request whose client left ran");
+	cr_expect_eq(metric("wick_http_requests_parsed_beside_total"), 1);
+	cr_expect_eq(metric("wick_http_requests_parsing"), 0);
+
+	/* 2: its job is the one the server thread makes of it (oai_to_job), its id aside */
+	struct call c2 = {.key = "k-123", .body = body};
+	snprintf(c2.url, sizeof c2.url, "%s/v1/chat/completions", base);
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c2), 0);
+	struct queue_job j;
+	f = take_one(&j);
+	struct oai_req r;
+	struct oai_err e;
+	cr_assert_eq(oai_to_job(OAI_CHAT, body, strlen(body), "tiny", j.id, "default", 50, &r, &e),
+		     0, "%s", e.message);
+	cr_expect(j.len == r.job_lens[0] && !memcmp(j.body, r.jobs[0], j.len),
+		  "%.200s\nagainst\n%.200s", j.body, r.jobs[0]);
+	struct job *dj = http_flight_take_job(f);
+	cr_expect(dj && dj->n_messages == 1 && strlen(dj->messages[0].content) > 64 << 10);
+	job_free(dj);
+	free(dj);
+	oai_req_free(&r);
+	free(j.body);
+	const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"Hi\", "
+			  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 4, "
+			  "\"completion_tokens\": 1}}";
+	http_api_finish(srv, f, res, strlen(res));
+	pthread_join(t, NULL);
+	cr_expect_eq(c2.status, 200, "%s", c2.out);
+	cr_expect(strstr(c2.out, "\"content\":\"Hi\""), "%s", c2.out);
+
+	/* 3: a small one and a big bad one: the server's, and the parser's error */
+	char out[8192];
+	long before = metric("wick_http_requests_parsed_beside_total");
+	cr_expect_eq(post("/v1/chat/completions", "{\"messages\": 1}", out, sizeof out), 400);
+	cr_expect_eq(metric("wick_http_requests_parsed_beside_total"), before);
+	memcpy(body + strlen(body) - 4, "\"}] ", 4); /* (not JSON: no closing brace) */
+	cr_expect_eq(post("/v1/chat/completions", body, out, sizeof out), 400, "%s", out);
+	cr_expect(strstr(out, "\"code\":\"invalid_json\""), "%s", out);
+	cr_expect_eq(metric("wick_http_requests_parsed_beside_total"), before + 1);
+	free(body);
+
+	/* 4: a drain while it is held: 503, as one that came then */
+	parse_holding();
+	int n = parse_entered();
+	body = big_chat(32, 2);
+	struct call c3 = {.key = "k-123", .body = body};
+	snprintf(c3.url, sizeof c3.url, "%s/v1/chat/completions", base);
+	cr_assert_eq(pthread_create(&t, NULL, do_call, &c3), 0);
+	parse_wait(n + 1);
+	http_api_set_state(srv, "DRAINING");
+	parse_release();
+	pthread_join(t, NULL);
+	cr_expect_eq(c3.status, 503, "%s", c3.out);
+	cr_expect(strstr(c3.out, "shutting down"), "%s", c3.out);
+
+	/* 5: the server's end while one is held and another queued: both answered 503 */
+	http_api_set_state(srv, "READY");
+	parse_holding();
+	n = parse_entered();
+	struct call c4 = {.key = "k-123", .body = body}, c5 = c4;
+	snprintf(c4.url, sizeof c4.url, "%s/v1/chat/completions", base);
+	snprintf(c5.url, sizeof c5.url, "%s/v1/chat/completions", base);
+	pthread_t t4, t5, rel;
+	cr_assert_eq(pthread_create(&t4, NULL, do_call, &c4), 0);
+	parse_wait(n + 1);
+	cr_assert_eq(pthread_create(&t5, NULL, do_call, &c5), 0);
+	for (int i = 0; i < 100 && metric("wick_http_requests_parsing") < 2; i++)
+		usleep(10000);
+	cr_expect_eq(metric("wick_http_requests_parsing"), 2);
+	cr_assert_eq(pthread_create(&rel, NULL, stop_later, NULL), 0);
+	stop_server();
+	pthread_join(rel, NULL);
+	pthread_join(t4, NULL);
+	pthread_join(t5, NULL);
+	free(body);
+	cr_expect_eq(c4.status, 503, "%s", c4.out);
+	cr_expect_eq(c5.status, 503, "%s", c5.out);
+	start_server(); /* (for the suite's fini) */
 }
