@@ -21,9 +21,10 @@
  *
  * Parsers. A completion request is made into its job documents (its body parsed, a
  * Responses API request joined to the conversation it goes on from, the documents written
- * and checked): on the server thread, or, for a body of o.parse_min bytes or more, on one of
- * o.parse_threads parser threads, so that an agent's long conversation (13 ms at 150K tokens)
- * does not hold up the other clients' requests and the stream chunks this thread writes. The
+ * and checked), and a token count or /tokenize rendered and encoded: on the server thread,
+ * or, for a body of o.parse_min bytes or more, on one of o.parse_threads parser threads, so
+ * that an agent's long conversation (13 ms at 150K tokens) does not hold up the other
+ * clients' requests and the stream chunks this thread writes. The
  * parsers take their work from a queue and give it back through the outbox's pipe, under
  * h->mu; they read the kept responses (previous_response_id), which h->kept_mu guards.
  *
@@ -201,11 +202,14 @@ struct hconn {
 	struct hconn *prev, *next;
 };
 
-/* A completion request being made into its job documents (parse_run): on the server thread,
- * or beside it (a parser's). */
+/* A request being parsed (parse_run): a completion made into its job documents, or a token
+ * count or /tokenize answered; on the server thread, or beside it (a parser's). */
+enum parse_what { P_COMPLETION, P_COUNT, P_TOKENIZE };
 struct http_parse {
 	struct evhttp_request *req; /* NULL once the client went away (the server thread's) */
 	struct hconn *conn;
+	enum parse_what what;
+	const struct job_model *jm; /* P_COUNT, P_TOKENIZE: the model's tokenizer and format */
 	enum oai_kind kind;
 	const struct oai_api *api;  /* the Responses or Messages API, or NULL */
 	char tenant[129];
@@ -215,8 +219,10 @@ struct http_parse {
 	double t_arrived;           /* wk_now() */
 	struct timespec wall_arrived;
 	bool beside;                /* a parser's: body, and this, are malloc'd */
-	/* what it made: status 0 and r, skel and conv, or the error e to answer */
+	/* what it made: status 0 and r, skel and conv (a completion) or the answer (the
+	 * others), or the error e to answer */
 	int status;
+	json_t *answer;
 	struct oai_err e;
 	struct oai_req r;
 	json_t *skel, *conv;
@@ -509,7 +515,7 @@ bool http_flight_stream(const struct http_flight *f)
 int http_api_waiting(struct http_api *h)
 {
 	pthread_mutex_lock(&h->mu);
-	int n = h->n_inbox;
+	int n = h->n_inbox + h->n_parsing;
 	pthread_mutex_unlock(&h->mu);
 	return n;
 }
@@ -1612,105 +1618,86 @@ static int respond_from(struct http_api *h, const char *tenant, json_t *chat, co
 			json_t **conv, struct oai_err *e);
 
 /* Anthropic's POST /v1/messages/count_tokens and OpenAI's POST /v1/responses/input_tokens
- * (api): a request's prompt tokens, as the request bills them (a response's with the
- * conversation of its previous_response_id): {"input_tokens"}. */
-static void route_count_tokens(struct http_api *h, struct evhttp_request *req,
-			       struct hconn *c, const struct oai_api *api, const char *tenant)
+ * (p->api): a request's prompt tokens, as the request bills them (a response's with the
+ * conversation of its previous_response_id): {"input_tokens"} into p->answer. Any thread. */
+static void count_run(struct http_api *h, struct http_parse *p)
 {
-	const struct job_model *jm = model_of(h, req, c);
-	if (!jm)
-		return;
-	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in);
-	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+	const struct oai_api *api = p->api;
 	json_t *chat = NULL, *skel = NULL, *conv = NULL;
-	struct oai_err e;
-	int st = !body ? oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory")
-		 : api == &oai_messages_api ? oai_messages_count_chat(body, len, &chat, &e)
-					    : api->to_chat(body, len, &chat, &skel, &e);
+	struct oai_err *e = &p->e;
+	int st = api == &oai_messages_api ? oai_messages_count_chat(p->body, p->len, &chat, e)
+					  : api->to_chat(p->body, p->len, &chat, &skel, e);
 	if (!st && api == &oai_responses_api)
-		st = respond_from(h, tenant, chat, skel, &conv, &e);
+		st = respond_from(h, p->tenant, chat, skel, &conv, e);
 	int *ids = NULL, n = 0;
 	if (!st && chat) { /* (counting runs nothing) */
 		json_object_del(chat, "max_tokens");
 		json_object_del(chat, "max_completion_tokens");
 		json_object_del(chat, "stream");
 	}
-	if (!st && (st = chat_prompt(h, jm, chat, true, tenant, &ids, &n, &e)))
-		api->err(&e);
+	if (!st && (st = chat_prompt(h, p->jm, chat, true, p->tenant, &ids, &n, e)))
+		api->err(e);
 	json_decref(chat);
 	json_decref(skel);
 	json_decref(conv);
 	free(ids);
-	if (st)
-		reply_err(h, req, c, &e);
-	else if (api == &oai_messages_api)
-		reply_json(h, req, c, 200, json_pack("{s:i}", "input_tokens", n));
-	else
-		reply_json(h, req, c, 200, json_pack("{s:s, s:i}", "object", "response.input_tokens",
-						     "input_tokens", n));
+	if (!st)
+		p->answer = api == &oai_messages_api
+				    ? json_pack("{s:i}", "input_tokens", n)
+				    : json_pack("{s:s, s:i}", "object", "response.input_tokens",
+						"input_tokens", n);
+	p->status = st;
 }
 
 /* vLLM's /tokenize: {"prompt": TEXT} (add_special_tokens, default true: the BOS a Llama
  * tokenizer adds) or a chat's {"messages": [...]} (tools, chat_template_kwargs;
  * add_generation_prompt, default true), the tokens a completion request with them runs:
- * {"count", "max_model_len", "tokens", "token_strs" (with return_token_strs, else null)}. */
-static void route_tokenize(struct http_api *h, struct evhttp_request *req, struct hconn *c,
-			   const char *tenant)
+ * {"count", "max_model_len", "tokens", "token_strs" (with return_token_strs, else null)}
+ * into p->answer. Any thread. */
+static void tokenize_run(struct http_api *h, struct http_parse *p)
 {
-	const struct job_model *jm = model_of(h, req, c);
-	json_t *b = jm ? body_object(h, req, c) : NULL;
-	if (!b)
+	const struct job_model *jm = p->jm;
+	struct oai_err *e = &p->e;
+	json_error_t je;
+	json_t *b = json_loadb(p->body, p->len, 0, &je);
+	if (!json_is_object(b)) {
+		json_decref(b);
+		p->status = oai_errf(e, 400, "invalid_request_error", "invalid_json", NULL, "%s",
+				     !p->len ? "the request has no body"
+					     : "the body is not a JSON object");
 		return;
-	const json_t *msgs = json_object_get(b, "messages"), *p = json_object_get(b, "prompt");
+	}
+	const json_t *msgs = json_object_get(b, "messages"), *pr = json_object_get(b, "prompt");
 	const json_t *gen = json_object_get(b, "add_generation_prompt");
 	const json_t *spec = json_object_get(b, "add_special_tokens");
 	const json_t *strs = json_object_get(b, "return_token_strs");
 	const json_t *model = json_object_get(b, "model");
-	const char *bad = !json_is_string(p) == !msgs ? "give a prompt (a string) or messages"
-			: json_string_length(p) > JOB_PROMPT_MAX
+	const char *bad = !json_is_string(pr) == !msgs ? "give a prompt (a string) or messages"
+			: json_string_length(pr) > JOB_PROMPT_MAX
 				? "the prompt is over 1 MiB, a job's limit"
 			: (gen && !json_is_boolean(gen)) ? "add_generation_prompt must be true or false"
 			: (spec && !json_is_boolean(spec)) ? "add_special_tokens must be true or false"
 			: (strs && !json_is_boolean(strs) && !json_is_null(strs))
 				? "return_token_strs must be true or false"
 				: NULL;
-	if (bad) {
-		json_decref(b);
-		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_input", "%s", bad);
-		return;
-	}
-	if (json_is_string(model) && !oai_model_ok(h->names, json_string_value(model))) {
-		reply_errf(h, req, c, 404, "invalid_request_error", "model_not_found",
-			   "The model '%.200s' does not exist; this server serves '%s'",
-			   json_string_value(model), h->model);
-		json_decref(b);
-		return;
-	}
 	int *ids = NULL, n = 0, rc;
 	char err[WK_ERRSZ];
-	if (msgs) {
-		struct oai_err e;
-		int st = chat_prompt(h, jm, b, !json_is_false(gen), tenant, &ids, &n, &e);
-		if (st) {
-			json_decref(b);
-			reply_err(h, req, c, &e);
-			return;
-		}
-		rc = WK_OK;
-	} else {
-		rc = tok_encode(jm->tok, json_string_value(p), json_string_length(p),
-				!json_is_false(spec), &ids, &n, err, sizeof err);
-	}
-	if (rc != WK_OK) {
-		json_decref(b);
-		free(ids);
-		reply_errf(h, req, c, rc == WK_ENOMEM ? 500 : 400, rc == WK_ENOMEM
-			   ? "server_error" : "invalid_request_error", rc == WK_ENOMEM ? "internal"
-			   : "invalid_input", "%s", err);
-		return;
-	}
-	json_t *toks = json_array(), *ts = json_is_true(strs) ? json_array() : json_null();
+	if (bad)
+		p->status = oai_errf(e, 400, "invalid_request_error", "invalid_input", NULL, "%s",
+				     bad);
+	else if (json_is_string(model) && !oai_model_ok(h->names, json_string_value(model)))
+		p->status = oai_errf(e, 404, "invalid_request_error", "model_not_found", NULL,
+				     "The model '%.200s' does not exist; this server serves '%s'",
+				     json_string_value(model), h->model);
+	else if (msgs)
+		p->status = chat_prompt(h, jm, b, !json_is_false(gen), p->tenant, &ids, &n, e);
+	else if ((rc = tok_encode(jm->tok, json_string_value(pr), json_string_length(pr),
+				  !json_is_false(spec), &ids, &n, err, sizeof err)) != WK_OK)
+		p->status = oai_errf(e, rc == WK_ENOMEM ? 500 : 400, rc == WK_ENOMEM
+				     ? "server_error" : "invalid_request_error", rc == WK_ENOMEM
+				     ? "internal" : "invalid_input", NULL, "%s", err);
+	json_t *toks = p->status ? NULL : json_array();
+	json_t *ts = !toks ? NULL : json_is_true(strs) ? json_array() : json_null();
 	for (int i = 0; toks && ts && i < n; i++) {
 		json_array_append_new(toks, json_integer(ids[i]));
 		if (json_is_array(ts)) { /* (the vocabulary's string: a byte-level one's as it is) */
@@ -1720,8 +1707,9 @@ static void route_tokenize(struct http_api *h, struct evhttp_request *req, struc
 	}
 	free(ids);
 	json_decref(b);
-	reply_json(h, req, c, 200, json_pack("{s:i, s:i, s:o, s:o}", "count", n, "max_model_len",
-					     h->max_model_len, "tokens", toks, "token_strs", ts));
+	if (!p->status)
+		p->answer = json_pack("{s:i, s:i, s:o, s:o}", "count", n, "max_model_len",
+				      h->max_model_len, "tokens", toks, "token_strs", ts);
 }
 
 /* vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": TEXT}, the ids decoded as they are
@@ -1814,9 +1802,9 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		"# TYPE wick_http_requests_queued gauge\nwick_http_requests_queued %d\n"
 		"# HELP wick_http_connections Open HTTP connections.\n"
 		"# TYPE wick_http_connections gauge\nwick_http_connections %d\n"
-		"# HELP wick_http_requests_parsing Completion requests of 16 KB or more (an agent's "
-		"long conversation) queued or being made into jobs by a parser thread, beside the "
-		"server's (wick worker --prepare-threads).\n"
+		"# HELP wick_http_requests_parsing Requests of 16 KB or more (an agent's long "
+		"conversation: completions, token counts, /tokenize) queued or being parsed by a "
+		"parser thread, beside the server's (--http-parse-threads).\n"
 		"# TYPE wick_http_requests_parsing gauge\nwick_http_requests_parsing %d\n"
 		"# TYPE wick_http_requests_parsed_beside_total counter\n"
 		"wick_http_requests_parsed_beside_total %llu\n"
@@ -2020,6 +2008,14 @@ static int api_chat(struct http_api *h, struct http_parse *p, json_t **chat)
  * constants, and the kept responses under kept_mu. */
 static void parse_run(struct http_api *h, struct http_parse *p)
 {
+	if (p->what == P_COUNT) {
+		count_run(h, p);
+		return;
+	}
+	if (p->what == P_TOKENIZE) {
+		tokenize_run(h, p);
+		return;
+	}
 	json_t *chat = NULL;
 	int lim = h->o.max_tokens_limit;
 	if (p->api && (p->status = api_chat(h, p, &chat)) != 0)
@@ -2158,18 +2154,23 @@ static void parse_end(struct http_api *h, struct http_parse *p)
 {
 	if (p->conn)
 		p->conn->parse = NULL;
-	pthread_mutex_lock(&h->mu);
-	bool draining = p->beside && (h->stopping || state_now(h) == S_DRAINING);
+	pthread_mutex_lock(&h->mu); /* (a drain serves what was accepted before it) */
+	bool stopping = p->beside && p->what == P_COMPLETION && h->stopping;
 	pthread_mutex_unlock(&h->mu);
 	if (!p->req)
 		; /* (the client went away while it was parsed) */
 	else if (p->status)
 		reply_err(h, p->req, p->conn, &p->e);
-	else if (draining) /* as a request that came now */
+	else if (p->what != P_COMPLETION && p->answer)
+		reply_json(h, p->req, p->conn, 200, json_incref(p->answer));
+	else if (p->what != P_COMPLETION)
+		reply_errf(h, p->req, p->conn, 500, "server_error", "internal", "out of memory");
+	else if (stopping) /* (no worker will take it) */
 		reply_errf(h, p->req, p->conn, 503, "server_error", "unavailable",
 			   "the server is shutting down");
 	else
 		call_start(h, p);
+	json_decref(p->answer);
 	oai_req_free(&p->r);
 	json_decref(p->skel);
 	json_decref(p->conv);
@@ -2261,6 +2262,31 @@ static bool parse_beside(struct http_api *h, const struct http_parse *on_stack)
 	return true;
 }
 
+/* A request whose body is parsed (parse_run): beside the server thread when it is big and
+ * there are parsers, else here. */
+static void route_parse(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			const struct http_parse *what)
+{
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+	if (!body) {
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+		return;
+	}
+	struct http_parse p = *what;
+	p.req = req;
+	p.conn = c;
+	p.body = body;
+	p.len = len;
+	p.t_arrived = wk_now();
+	clock_gettime(CLOCK_REALTIME, &p.wall_arrived);
+	if (c && parse_beside(h, &p))
+		return;
+	parse_run(h, &p);
+	parse_end(h, &p);
+}
+
 static void route_completion(struct http_api *h, struct evhttp_request *req, struct hconn *c,
 			     enum oai_kind kind, const struct oai_api *api, const char *tenant)
 {
@@ -2276,27 +2302,27 @@ static void route_completion(struct http_api *h, struct evhttp_request *req, str
 		reply_errf(h, req, c, 503, "server_error", "unavailable", "out of memory");
 		return;
 	}
-	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in);
-	if (len == 0) {
+	if (evbuffer_get_length(evhttp_request_get_input_buffer(req)) == 0) {
 		reply_errf(h, req, c, 400, "invalid_request_error", "invalid_json",
 			   "the request has no body");
 		return;
 	}
-	const char *body = (const char *)evbuffer_pullup(in, -1);
-	if (!body) {
-		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
-		return;
-	}
-	struct http_parse p = {.req = req, .conn = c, .kind = kind, .api = api, .body = body,
-			       .len = len, .t_arrived = wk_now()};
-	clock_gettime(CLOCK_REALTIME, &p.wall_arrived);
+	struct http_parse p = {.what = P_COMPLETION, .kind = kind, .api = api};
 	snprintf(p.tenant, sizeof p.tenant, "%s", tenant);
 	new_id(p.id, sizeof p.id, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
-	if (parse_beside(h, &p))
+	route_parse(h, req, c, &p);
+}
+
+/* A token count (api: Anthropic's or the Responses API's) or /tokenize (api NULL). */
+static void route_tokens(struct http_api *h, struct evhttp_request *req, struct hconn *c,
+			 const struct oai_api *api, const char *tenant)
+{
+	const struct job_model *jm = model_of(h, req, c);
+	if (!jm)
 		return;
-	parse_run(h, &p);
-	parse_end(h, &p);
+	struct http_parse p = {.what = api ? P_COUNT : P_TOKENIZE, .api = api, .jm = jm};
+	snprintf(p.tenant, sizeof p.tenant, "%s", tenant);
+	route_parse(h, req, c, &p);
 }
 
 /* GET /v1/responses/ID: a kept response (tenant's); DELETE drops it. */
@@ -2585,12 +2611,11 @@ static void on_request(struct evhttp_request *req, void *arg)
 	else if (metrics)
 		route_metrics(h, req, c);
 	else if (tokenize)
-		route_tokenize(h, req, c, tenant);
+		route_tokens(h, req, c, NULL, tenant);
 	else if (detokenize)
 		route_detokenize(h, req, c);
 	else if (count)
-		route_count_tokens(h, req, c, rcount ? &oai_responses_api : &oai_messages_api,
-				   tenant);
+		route_tokens(h, req, c, rcount ? &oai_responses_api : &oai_messages_api, tenant);
 	else
 		route_completion(h, req, c, compl ? OAI_COMPLETION : OAI_CHAT,
 				 resp ? &oai_responses_api : msgs ? &oai_messages_api : NULL, tenant);

@@ -182,7 +182,8 @@ void http_api_set_cache_stats(struct http_api *h, const struct sched_cache_stats
  * the worker's until it hands it back with http_api_finish. Returns the number taken. */
 int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s);
 
-/* Requests accepted and not yet taken (a draining worker still serves them). */
+/* Choices accepted and not yet taken, and requests still being parsed beside the server
+ * thread (a draining worker still serves them, and an idle one does not exit on them). */
 int http_api_waiting(struct http_api *h);
 
 /* Whether the request named max_tokens (or max_completion_tokens): then, as OpenAI does, a

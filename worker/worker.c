@@ -1814,7 +1814,8 @@ static const char *serve(struct worker *w)
 		if (w->state != ST_DRAINING) {
 			double idle_left = w->o.idle_timeout > 0
 						   ? w->o.idle_timeout - (now - w->t_last_activity) : 1.0;
-			if (held == 0 && w->o.idle_timeout > 0 && idle_left <= 0)
+			if (held == 0 && w->o.idle_timeout > 0 && idle_left <= 0 &&
+			    !(w->http && http_api_waiting(w->http) > 0)) /* (being parsed) */
 				break;
 			double wait = held ? 0 : (idle_left < 0.5 ? (idle_left > 0 ? idle_left : 0) : 0.5);
 			if (w->http) /* alone it waits on its inbox; with a queue, the queue is polled */

@@ -15,7 +15,8 @@
 #      the server's thread, with 0 none is, and every stream and request is answered 200
 #   6. the Responses API from 4 clients at once, each a chain of turns in bodies of 20 KB (JSON
 #      whitespace), through 2 parsers: each turn goes on from the response before it (read
-#      from the kept ones beside the server thread, which keeps, reads and deletes others)
+#      from the kept ones beside the server thread, which keeps, reads and deletes others);
+#      a token count and /tokenize in 20 KB bodies answer as they do in small ones
 source tests/e2e/lib.sh
 m=$(stories)
 
@@ -137,7 +138,7 @@ long = {"messages": [{"role": "user", "content": filler}], "max_tokens": 8}
 alone = [post(big), post(long)]  # the engine idle: prepared as they are taken
 chunks = []
 def stream():
-    body = {"messages": msgs, "max_tokens": 400, "stream": True, "logit_bias": {"2": -100}}
+    body = {"messages": msgs, "max_tokens": 400, "stream": True, "logit_bias": {"1": -100, "2": -100}}
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req) as r:
         for line in r:
@@ -171,17 +172,17 @@ grep -Eq -- '^--http-parse-threads 0 .* 0$' "$TMPD/bhttp.out" &&
   { cat "$TMPD/bhttp.out" >&2; fail "bench http: not every big request parsed beside"; }
 
 # 6.
-"$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 2 --http-parse-threads 2 \
+"$WICK" dev --model "$m" --listen 127.0.0.1:$P --idle-timeout 4 --http-parse-threads 2 \
   2>"$TMPD/dev6.log" &
 dpid=$!
 wait_dev $P $dpid "$TMPD/dev6.log"
 python3 - $P <<'PY' || fail "Responses API chains parsed beside"
 import json, sys, threading, urllib.request, urllib.error
 base = f"http://127.0.0.1:{sys.argv[1]}"
-def call(method, path, body=None):
+def call(method, path, body=None, pad=20000):
     data = None
     if body is not None:
-        data = (json.dumps(body)[:-1] + " " * 20000 + "}").encode()  # past 16 KB
+        data = (json.dumps(body)[:-1] + " " * pad + "}").encode()  # past 16 KB
     req = urllib.request.Request(base + path, data, {"Content-Type": "application/json"},
                                  method=method)
     try:
@@ -213,9 +214,16 @@ ts = [threading.Thread(target=chain, args=(k,)) for k in range(4)]
 [t.start() for t in ts]
 [t.join() for t in ts]
 assert not errors, errors
+# a token count and /tokenize, big and small: the same answers
+for path, body in [("/v1/messages/count_tokens",
+                    {"model": "stories260K",
+                     "messages": [{"role": "user", "content": "Once upon a time"}]}),
+                   ("/tokenize", {"prompt": "Once upon a time there was a cat"})]:
+    big, small = call("POST", path, body), call("POST", path, body, pad=0)
+    assert big[0] == 200 and big == small, (path, big, small)
 with urllib.request.urlopen(base + "/metrics") as r:
     metrics = r.read().decode()
-assert "\nwick_http_requests_parsed_beside_total 16\n" in metrics, metrics
+assert "\nwick_http_requests_parsed_beside_total 18\n" in metrics, metrics
 PY
 wait $dpid || fail "wick dev exited $?"
 
