@@ -20,6 +20,7 @@
 #define DEFAULT_BYTES ((uint64_t)1 << 30)
 #define FILE_MAX ((size_t)1 << 30)    /* a file read, at most */
 #define STALE_TMP_S 60
+#define RESCAN_S 30.0                 /* the directory read again, for other workers' files */
 
 struct entry {
 	char name[NAME_MAX_];
@@ -51,6 +52,7 @@ struct resp_store {
 	struct pending *head, *tail, *busy; /* busy: the one being written (out of the list) */
 	size_t n_pending;
 	uint64_t pending_bytes, errors;
+	double rescan_s, scanned_at;      /* (the writer's) */
 	bool stop, thread_started;
 	pthread_t thread;
 };
@@ -114,12 +116,10 @@ static void forget(struct resp_store *s, struct entry *x)
 	*x = s->e[--s->n];
 }
 
-/* Indexes name at bytes and used: a name not indexed yet (known: without looking), else
- * replacing what was known of it. WK_OK or WK_ENOMEM. */
-static int note_as(struct resp_store *s, const char *name, uint64_t bytes, double used,
-		   bool known_new)
+/* Indexes name at bytes and used, replacing what was known of it. WK_OK or WK_ENOMEM. */
+static int note(struct resp_store *s, const char *name, uint64_t bytes, double used)
 {
-	struct entry *x = known_new ? NULL : find(s, name);
+	struct entry *x = find(s, name);
 	if (x) {
 		s->bytes -= x->bytes;
 	} else {
@@ -140,19 +140,15 @@ static int note_as(struct resp_store *s, const char *name, uint64_t bytes, doubl
 	return WK_OK;
 }
 
-static int note(struct resp_store *s, const char *name, uint64_t bytes, double used)
-{
-	return note_as(s, name, bytes, used, false);
-}
-
 static int by_use(const void *a, const void *b)
 {
 	double x = ((const struct entry *)a)->used, y = ((const struct entry *)b)->used;
 	return x < y ? -1 : x > y;
 }
 
-/* At open, with every file indexed: the least recently used go while the bytes pass the
- * bound, in one sort rather than a search a file (a directory of 100,000 responses). */
+/* At open and at a rescan, with every file indexed: the least recently used go while the
+ * bytes pass the bound, in one sort rather than a search a file (a directory of 100,000
+ * responses). */
 static void trim(struct resp_store *s)
 {
 	if (s->bytes <= s->max_bytes)
@@ -197,6 +193,8 @@ static void evict(struct resp_store *s, const char *keep)
 	}
 }
 
+static void rescan(struct resp_store *s);
+
 /* The writer thread: each pending file written whole (fsync'd, renamed), indexed, and the
  * least recently used past the bound removed; a failure logged and counted. */
 static void *writer(void *arg)
@@ -219,6 +217,11 @@ static void *writer(void *arg)
 		int rc = wk_write_file_mode(path, p->text, p->len, 0600, err, sizeof err);
 		if (rc != WK_OK && s->log) /* (logged before a flush can return) */
 			s->log(s->log_ctx, err);
+		pthread_mutex_lock(&s->mu);
+		bool due = rc == WK_OK && now_real() - s->scanned_at >= s->rescan_s;
+		pthread_mutex_unlock(&s->mu);
+		if (due)
+			rescan(s);
 		pthread_mutex_lock(&s->mu);
 		s->busy = NULL;
 		s->n_pending--;
@@ -264,10 +267,16 @@ void resp_store_flush(struct resp_store *s)
 	pthread_mutex_unlock(&s->mu);
 }
 
-/* Reads DIR: its responses indexed, stale temporaries removed. */
-static int scan(struct resp_store *s, char *err, size_t errsz)
+/* Reads DIR: its responses into a new index (*e, *n of them, *bytes in all), stale
+ * temporaries removed. Takes no lock: the writer's rescans run it beside the caller. */
+static int scan_into(struct resp_store *s, struct entry **e, size_t *n, uint64_t *bytes,
+		     char *err, size_t errsz)
 {
-	int fd = dup(s->dfd);
+	*e = NULL;
+	*n = 0;
+	*bytes = 0;
+	/* (opened again, not a dup: a dup shares its offset, at the end after the first scan) */
+	int fd = openat(s->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
 	if (!d) {
 		if (fd >= 0)
@@ -275,9 +284,9 @@ static int scan(struct resp_store *s, char *err, size_t errsz)
 		return wk_errf(err, errsz, WK_EIO, "%s: %s", s->dir, strerror(errno));
 	}
 	double now = now_real();
-	int rc = WK_OK;
+	size_t cap = 0;
 	struct dirent *de;
-	while (rc == WK_OK && (de = readdir(d))) {
+	while ((de = readdir(d))) {
 		struct stat st;
 		bool tmp = wk_ends_with(de->d_name, ".json.tmp");
 		if ((!tmp && !name_ok(de->d_name)) ||
@@ -288,12 +297,47 @@ static int scan(struct resp_store *s, char *err, size_t errsz)
 				unlinkat(s->dfd, de->d_name, 0);
 			continue;
 		}
-		rc = note_as(s, de->d_name, (uint64_t)st.st_size, mtime_of(&st), true);
+		if (*n == cap) {
+			size_t c2 = cap ? cap * 2 : 64;
+			struct entry *e2 = realloc(*e, c2 * sizeof *e2);
+			if (!e2) {
+				closedir(d);
+				free(*e);
+				*e = NULL;
+				return wk_errf(err, errsz, WK_ENOMEM, "out of memory");
+			}
+			*e = e2;
+			cap = c2;
+		}
+		struct entry *x = &(*e)[(*n)++];
+		snprintf(x->name, sizeof x->name, "%.*s", (int)sizeof x->name - 1, de->d_name);
+		x->bytes = (uint64_t)st.st_size;
+		x->used = mtime_of(&st);
+		*bytes += x->bytes;
 	}
 	closedir(d);
-	if (rc != WK_OK)
-		return wk_errf(err, errsz, rc, "out of memory");
 	return WK_OK;
+}
+
+/* The writer, every rescan_s: DIR read again, so that the files other workers sharing it
+ * wrote (a network volume) count against the bound, and those they removed are forgotten;
+ * the least recently used of all go past it. Then under mu. */
+static void rescan(struct resp_store *s)
+{
+	struct entry *e;
+	size_t n;
+	uint64_t bytes;
+	char err[256];
+	s->scanned_at = now_real();
+	if (scan_into(s, &e, &n, &bytes, err, sizeof err) != WK_OK)
+		return; /* (the index it has stays) */
+	pthread_mutex_lock(&s->mu);
+	free(s->e);
+	s->e = e;
+	s->n = s->cap = n;
+	s->bytes = bytes;
+	trim(s);
+	pthread_mutex_unlock(&s->mu);
 }
 
 int resp_store_open(const char *dir, uint64_t max_bytes, double max_age_s,
@@ -327,11 +371,14 @@ int resp_store_open(const char *dir, uint64_t max_bytes, double max_age_s,
 		return wk_errf(err, errsz, WK_EIO, "%s: %s", dir,
 			       e == ENOTDIR ? "not a directory" : strerror(e));
 	}
-	int rc = scan(s, err, errsz);
+	s->rescan_s = RESCAN_S;
+	s->scanned_at = now_real();
+	int rc = scan_into(s, &s->e, &s->n, &s->bytes, err, errsz);
 	if (rc != WK_OK) {
 		resp_store_close(s);
 		return rc;
 	}
+	s->cap = s->n;
 	trim(s);
 	evict(s, NULL); /* (the age bound; the bytes are within theirs) */
 	if ((rc = pthread_create(&s->thread, NULL, writer, s))) {
@@ -525,6 +572,13 @@ bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant)
 	pthread_mutex_unlock(&s->mu);
 	unlinkat(s->dfd, name, 0); /* (none: it was still pending) */
 	return true;
+}
+
+void resp_store_rescan_every(struct resp_store *s, double seconds)
+{
+	pthread_mutex_lock(&s->mu);
+	s->rescan_s = seconds > 0 ? seconds : 0;
+	pthread_mutex_unlock(&s->mu);
 }
 
 int resp_store_count(struct resp_store *s, uint64_t *bytes, uint64_t *errors)

@@ -25,12 +25,15 @@
  *
  * Bounded in bytes: past max_bytes the least recently used files go (a read counts as a use:
  * it touches the file's time). Bounded in age too where asked: a file not used for
- * max_age_s seconds is gone (removed at the next open, write or read; never read back). The store knows the files that were there when it opened and
- * those it wrote or read since; workers sharing DIR (a network volume) each bound what they
- * know. Temporaries left by a writer killed mid-write are removed at the next open once a
- * minute old.
+ * max_age_s seconds is gone (removed at the next open, write or read; never read back). The
+ * store knows the files that were there when it opened and those it wrote or read since, and
+ * every 30 s (at a write) its writer reads DIR again: workers sharing DIR (a network volume)
+ * so bound it together, each counting the others' files and removing the least recently used
+ * of all. Temporaries left by a writer killed mid-write are removed at a scan once a minute
+ * old.
  *
- * One thread calls it (the HTTP server's), beside the store's writer.
+ * One caller at a time (the HTTP server's threads, under its lock), beside the store's
+ * writer.
  */
 #ifndef WICK_RESP_STORE_H
 #define WICK_RESP_STORE_H
@@ -71,6 +74,9 @@ int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
 
 /* Removes response id of tenant: whether there was one. */
 bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant);
+
+/* How often the writer reads DIR again (at a write): 30 s unless set; 0, at every write. */
+void resp_store_rescan_every(struct resp_store *s, double seconds);
 
 /* The responses the store knows (files, and those waiting to be written), their bytes, and
  * the writes that failed; NULL s: none. */

@@ -136,7 +136,7 @@ Test(resp_store, a_response_outlives_its_store)
 	cr_expect(resp_store_delete(s, "resp_a1", "acme"));
 	cr_expect_not(resp_store_delete(s, "resp_a1", "acme"));
 	cr_expect_null(got(s, "resp_a1", "acme", &rc));
-	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
 	resp_store_close(s);
 	s = open_store(0);
 	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
@@ -153,7 +153,7 @@ Test(resp_store, a_tenant_sees_only_its_own)
 	put(s, "resp_x", "acme", "acme's");
 	int rc;
 	cr_expect_null(got(s, "resp_x", "globex", &rc));
-	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
 	cr_expect_not(resp_store_delete(s, "resp_x", "globex"));
 	put(s, "resp_x", "globex", "globex's"); /* the same id: another file */
 	char *t = got(s, "resp_x", "acme", &rc);
@@ -172,7 +172,7 @@ Test(resp_store, a_tenant_sees_only_its_own)
 		 "sed -i 's/\"tenant\":\"acme\"/\"tenant\":\"other\"/' \"$f\"", sub);
 	cr_assert_eq(system(cmd), 0);
 	cr_expect_null(got(s, "resp_x", "acme", &rc));
-	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
 	resp_store_close(s);
 }
 
@@ -323,7 +323,7 @@ Test(resp_store, the_writer_writes_and_a_failure_is_logged)
 	cr_expect_eq(errors, 1);
 	cr_expect(strstr(logged, "resp_bad.") && strstr(logged, ".json.tmp"), "%s", logged);
 	cr_expect_null(got(s, "resp_bad", "t", &rc));
-	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
 	put(s, "resp_good", "t", "y"); /* the writer goes on */
 	cr_expect_eq(resp_store_count(s, NULL, &errors), 51);
 	cr_expect_eq(errors, 1);
@@ -352,7 +352,7 @@ Test(resp_store, a_response_past_the_age_bound_is_gone)
 	s = open_aged(0, 86400); /* a day: the two untouched ones go at the open */
 	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
 	cr_expect_null(got(s, "resp_old", "t", &rc));
-	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
 	char *t = got(s, "resp_used", "t", &rc);
 	cr_expect(rc == WK_OK && t && !strcmp(t, "used"), "%d", rc);
 	free(t);
@@ -360,9 +360,39 @@ Test(resp_store, a_response_past_the_age_bound_is_gone)
 	snprintf(cmd, sizeof cmd, "cd '%s' && touch -d '-2 days' resp_used.*.json", sub);
 	cr_assert_eq(system(cmd), 0);
 	cr_expect_null(got(s, "resp_used", "t", &rc));
-	cr_expect_eq(rc, WK_ENOTFOUND);
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
 	cr_expect_eq(files_in(sub, ".json"), 0);
 	put(s, "resp_new", "t", "new"); /* a new one is kept */
 	cr_expect_eq(resp_store_count(s, NULL, NULL), 1);
 	resp_store_close(s);
+}
+
+/* Workers sharing the directory (a network volume) bound it together: a store that reads it
+ * again at each write counts the files another wrote, and removes the least recently used of
+ * all; the other then finds its own gone (and forgets it). */
+Test(resp_store, workers_sharing_a_directory_bound_it_together)
+{
+	char big[1001];
+	memset(big, 'x', 1000);
+	big[1000] = 0;
+	struct resp_store *a = open_store(3500), *b = open_store(3500); /* three files of ~1.1 KB */
+	resp_store_rescan_every(b, 0);
+	put(a, "resp_1", "t", big);
+	usleep(20000); /* (a file's time is as fine as the kernel's tick) */
+	put(a, "resp_2", "t", big);
+	usleep(20000);
+	put(b, "resp_3", "t", big);
+	cr_expect_eq(files_in(sub, ".json"), 3);
+	cr_expect_eq(resp_store_count(b, NULL, NULL), 3, "b does not count a's files");
+	usleep(20000);
+	put(b, "resp_4", "t", big); /* past the bound: a's oldest goes */
+	cr_expect_eq(files_in(sub, ".json"), 3, "the directory is past its bound");
+	int rc;
+	cr_expect_null(got(a, "resp_1", "t", &rc));
+	cr_expect_eq(rc, WK_ENOTFOUND, "%d %s", rc, err);
+	cr_expect_eq(resp_store_count(a, NULL, NULL), 1, "a still counts the file b removed");
+	free(got(a, "resp_2", "t", &rc)); /* still there, read through a */
+	cr_expect_eq(rc, WK_OK, "%s", err);
+	resp_store_close(a);
+	resp_store_close(b);
 }
