@@ -214,7 +214,7 @@ struct http_parse {
 	const struct oai_api *api;  /* the Responses or Messages API, or NULL */
 	char tenant[129];
 	char id[48];
-	const char *body;           /* the request's bytes, or (beside) a copy of them */
+	const char *body;           /* the request's bytes, or (beside) moved out of its buffer */
 	size_t len;
 	double t_arrived;           /* wk_now() */
 	struct timespec wall_arrived;
@@ -2230,20 +2230,20 @@ static void parse_reap(struct http_api *h)
 	}
 }
 
-/* A big request's body goes to a parser: true, or false when there is none to take it (or
- * no memory for the copy), and the server thread parses it itself. */
-static bool parse_beside(struct http_api *h, const struct http_parse *on_stack)
+/* A big request goes to a parser, its body moved out of the request's buffer (in): true, or
+ * false when there is none to take it (or no memory), and the server thread parses it. */
+static bool parse_beside(struct http_api *h, const struct http_parse *on_stack,
+			 struct evbuffer *in)
 {
-	if (!h->n_parsers || on_stack->len < h->o.parse_min)
+	if (!h->n_parsers || !on_stack->conn || on_stack->len < h->o.parse_min)
 		return false;
 	struct http_parse *p = malloc(sizeof *p);
 	char *body = malloc(on_stack->len + 1);
-	if (!p || !body) {
+	if (!p || !body || evbuffer_remove(in, body, on_stack->len) != (int)on_stack->len) {
 		free(p);
 		free(body);
 		return false;
 	}
-	memcpy(body, on_stack->body, on_stack->len);
 	body[on_stack->len] = 0;
 	*p = *on_stack;
 	p->body = body;
@@ -2268,21 +2268,18 @@ static void route_parse(struct http_api *h, struct evhttp_request *req, struct h
 			const struct http_parse *what)
 {
 	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in);
-	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
-	if (!body) {
-		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
-		return;
-	}
 	struct http_parse p = *what;
 	p.req = req;
 	p.conn = c;
-	p.body = body;
-	p.len = len;
+	p.len = evbuffer_get_length(in);
 	p.t_arrived = wk_now();
 	clock_gettime(CLOCK_REALTIME, &p.wall_arrived);
-	if (c && parse_beside(h, &p))
+	if (parse_beside(h, &p, in))
 		return;
+	if (!(p.body = p.len ? (const char *)evbuffer_pullup(in, -1) : "")) {
+		reply_errf(h, req, c, 500, "server_error", "internal", "out of memory");
+		return;
+	}
 	parse_run(h, &p);
 	parse_end(h, &p);
 }
