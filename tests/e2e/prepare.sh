@@ -97,8 +97,8 @@ jobs_into "$Q" 19000 450
   --drain-timeout 0 --step-log "$TMPD/steps3" 2>"$TMPD/w3.log" &
 pid=$!
 big_jobs_arrive "$Q" "$TMPD/steps3"
-for _ in $(seq 1 2000); do # until the worker has taken all 7
-  [ "$(find "$Q/claimed" -type f | wc -l)" -ge 7 ] && break
+for _ in $(seq 1 2000); do # until the worker has taken all 7 (a bad one fails at once)
+  [ "$(find "$Q/new" -type f | wc -l)" -eq 0 ] && break
   sleep 0.005
 done
 kill -TERM $pid
