@@ -137,6 +137,7 @@ struct http_flight {
 	int echo_top, plp_top; /* oai_req's (oai_result's, set from them) */
 	double t_arrived;      /* wk_now() */
 	double wall_arrived;   /* unix seconds */
+	char tenant[129];      /* whose (its API key's) */
 	char *body;            /* the job document until http_flight_job moves it */
 	size_t len;
 	struct job *job;       /* ... decoded by the request's check, until the worker takes it
@@ -146,6 +147,7 @@ struct http_flight {
 	double t_last;
 	/* under h->mu */
 	bool in_inbox, in_cancels, worker_done, piece_sent;
+	int load;              /* taken: its tenant's entry in h->loads, else -1 */
 	struct http_flight *inbox_next, *cancel_next;
 	/* the server thread's */
 	struct http_call *call;     /* the request it is a choice of */
@@ -229,6 +231,13 @@ struct http_parse {
 	struct http_parse *next;
 };
 
+/* A tenant's choices taken by the worker and not yet finished, and when it was last served. */
+struct tenant_load {
+	char tenant[129];
+	int held;
+	uint64_t last; /* h->n_taken at its last take; 0: never */
+};
+
 enum msg_type { M_PIECE, M_LOGPROBS, M_PROMPT, M_DONE };
 struct msg {
 	struct msg *next;
@@ -264,6 +273,9 @@ struct http_api {
 	pthread_cond_t cv;
 	struct http_flight *in_head, *in_tail, *cancels;
 	int n_inbox;
+	struct tenant_load *loads;   /* each tenant's choices the worker holds (take_fair) */
+	int n_loads;
+	uint64_t n_taken;
 	struct msg *out_head, *out_tail;
 	bool signalled, stopping;
 	int state;
@@ -468,6 +480,61 @@ void http_api_set_cache_stats(struct http_api *h, const struct sched_cache_stats
 	pthread_mutex_unlock(&h->mu);
 }
 
+/* Tenant's entry in h->loads, made where missing (a tenant is an API key's: a few); -1 when
+ * out of memory (under mu). */
+static int load_of(struct http_api *h, const char *tenant)
+{
+	for (int i = 0; i < h->n_loads; i++)
+		if (!strcmp(h->loads[i].tenant, tenant))
+			return i;
+	struct tenant_load *l = realloc(h->loads, (size_t)(h->n_loads + 1) * sizeof *l);
+	if (!l)
+		return -1;
+	h->loads = l;
+	l[h->n_loads] = (struct tenant_load){.held = 0};
+	snprintf(l[h->n_loads].tenant, sizeof l->tenant, "%s", tenant);
+	return h->n_loads++;
+}
+
+/* The next choice to run, out of the inbox: the first to come of the tenant whose choices
+ * the worker holds fewest of, and of those the one served longest ago, so that one tenant's
+ * burst does not keep another's request waiting for a slot behind all of it (tenants take
+ * turns); one tenant: first come, first served. NULL when the inbox is empty (under mu). */
+static struct http_flight *take_fair(struct http_api *h)
+{
+	struct http_flight *best = NULL, *best_prev = NULL;
+	int best_held = 0;
+	uint64_t best_last = 0;
+	for (struct http_flight *f = h->in_head, *prev = NULL; f; prev = f, f = f->inbox_next) {
+		int l = load_of(h, f->tenant), held = l >= 0 ? h->loads[l].held : 0;
+		uint64_t last = l >= 0 ? h->loads[l].last : 0;
+		if (!best || held < best_held || (held == best_held && last < best_last)) {
+			best = f;
+			best_prev = prev;
+			best_held = held;
+			best_last = last;
+		}
+		if (best_held == 0 && best_last == 0)
+			break; /* (none goes before a tenant's first, never served) */
+	}
+	if (!best)
+		return NULL;
+	if (best_prev)
+		best_prev->inbox_next = best->inbox_next;
+	else
+		h->in_head = best->inbox_next;
+	if (h->in_tail == best)
+		h->in_tail = best_prev;
+	best->inbox_next = NULL;
+	best->in_inbox = false;
+	h->n_inbox--;
+	if ((best->load = load_of(h, best->tenant)) >= 0) {
+		h->loads[best->load].held++;
+		h->loads[best->load].last = ++h->n_taken;
+	}
+	return best;
+}
+
 int http_api_take(struct http_api *h, struct http_flight **out, int max, double wait_s)
 {
 	pthread_mutex_lock(&h->mu);
@@ -488,16 +555,9 @@ int http_api_take(struct http_api *h, struct http_flight **out, int max, double 
 		pthread_cond_timedwait(&h->cv, &h->mu, &ts);
 	}
 	int n = 0;
-	while (n < max && h->in_head) {
-		struct http_flight *f = h->in_head;
-		h->in_head = f->inbox_next;
-		if (!h->in_head)
-			h->in_tail = NULL;
-		f->inbox_next = NULL;
-		f->in_inbox = false;
-		h->n_inbox--;
+	struct http_flight *f;
+	while (n < max && (f = take_fair(h)) != NULL)
 		out[n++] = f;
-	}
 	pthread_mutex_unlock(&h->mu);
 	return n;
 }
@@ -606,6 +666,10 @@ void http_api_finish(struct http_api *h, struct http_flight *f, const char *json
 		f->in_cancels = false;
 	}
 	f->worker_done = true;
+	if (f->load >= 0) {
+		h->loads[f->load].held--;
+		f->load = -1;
+	}
 	post_locked(h, f, M_DONE, json, len);
 	pthread_mutex_unlock(&h->mu);
 }
@@ -2120,6 +2184,8 @@ static void call_start(struct http_api *h, struct http_parse *p)
 		f->thinking = r.thinking && !r.forced; /* (forced: thinking off) */
 		split_init(&f->sp, f->thinking, r.tools, r.forced); /* forced: no content */
 		f->wall_arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
+		snprintf(f->tenant, sizeof f->tenant, "%s", tenant);
+		f->load = -1;
 		f->t_arrived = now;
 		f->body = r.jobs[i];
 		f->len = r.job_lens[i];
@@ -2762,6 +2828,7 @@ static void free_api(struct http_api *h)
 	free(h->keys);
 	oai_kept_free(h->kept);
 	resp_store_close(h->store);
+	free(h->loads);
 	pthread_mutex_destroy(&h->mu);
 	pthread_mutex_destroy(&h->kept_mu);
 	pthread_cond_destroy(&h->cv);

@@ -10,6 +10,8 @@
 #   6. a queue job and HTTP requests in one step (wick worker --queue ... --listen ...)
 #   7. a client that disconnects mid-stream frees its slot for the next (--concurrency 1); one
 #      that disconnects from a request not streamed cancels it too
+#   7c. fairness between tenants (--concurrency 1): team-b's one request, sent after team-a's
+#      burst of 6, runs as soon as the slot frees, not after the whole burst
 #   8. SIGTERM drains: the running stream finishes, a request already accepted is served,
 #      new requests get 503, exit 0
 #   9. idle exit: the session ends by itself, exit 0, and prints its bill
@@ -268,6 +270,46 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -m 30 -H "Authorization: Bearer $K
   "http://127.0.0.1:$P/v1/completions" -d '{"prompt": "x", "max_tokens": 2}')
 [ "$code" = 200 ] || fail "the slot of the cancelled request was not freed: $code"
 echo "disconnect, not streamed: cancelled ($(grep -o 'job cmpl-.*: CANCELLED.*' "$TMPD/slow.log" | cut -d, -f2)), counted 499, its slot reused"
+
+# 7c. One slot, two tenants: team-a sends 6 requests at once, team-b one once they wait; the
+#     worker takes the first to come of the tenant it holds fewest of.
+P3=$(free_port)
+"$WICK" dev --model "$m" --listen 127.0.0.1:$P3 --api-keys "$TMPD/keys" --concurrency 1 \
+  --idle-timeout 60 2>"$TMPD/fair.log" &
+fd=$!
+wait_ready $P3 $fd
+python3 - $P3 "$K1" "$K2" <<'PY' || fail "team-b's request waited behind team-a's burst"
+import json, sys, threading, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+done = []
+def post(key, who):
+    body = {"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0,
+            "logit_bias": {"1": -100, "2": -100}}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Authorization": f"Bearer {key}",
+                                  "Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        assert r.status == 200
+    done.append(who)
+def queued():
+    req = urllib.request.Request(url + "/metrics", None, {"Authorization": f"Bearer {sys.argv[2]}"})
+    text = urllib.request.urlopen(req).read().decode()
+    return int(text.split("\nwick_http_requests_queued ")[1].split()[0])
+ts = [threading.Thread(target=post, args=(sys.argv[2], f"a{i}")) for i in range(6)]
+[t.start() for t in ts]
+for _ in range(500):  # one runs, five wait
+    if queued() == 5:
+        break
+    time.sleep(0.01)
+assert queued() == 5, queued()
+tb = threading.Thread(target=post, args=(sys.argv[3], "b"))
+tb.start()
+[t.join() for t in ts + [tb]]
+assert done.index("b") <= 1, done  # (FIFO: last)
+print(f"fairness: team-b's request finished {done.index('b') + 1} of 7, after team-a's burst of 6 came first")
+PY
+kill -TERM $fd
+wait $fd || fail "the fairness session exited $?"
 
 # 8. SIGTERM while a stream runs: it finishes, a request accepted before the signal (waiting
 # for the one slot) is still served, new requests get 503, exit 0.

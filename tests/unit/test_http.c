@@ -2160,3 +2160,86 @@ Test(http_server, a_big_request_is_parsed_beside_the_server)
 	cr_expect_eq(c5.status, 503, "%s", c5.out);
 	start_server(); /* (for the suite's fini) */
 }
+
+/* Choices wait in the inbox for a batch slot; the worker takes first the first to come of the
+ * tenant whose choices it holds fewest of (of those, the one served longest ago), so one
+ * tenant's burst does not keep another's request waiting behind all of it; within a tenant,
+ * first come, first served. */
+Test(http_server, a_tenants_burst_does_not_starve_another)
+{
+	stop_server();
+	char keys[300];
+	snprintf(keys, sizeof keys, "/tmp/wick-keys-%d", (int)getpid());
+	FILE *kf = fopen(keys, "w");
+	cr_assert_not_null(kf);
+	fputs("k-b team-b\n", kf);
+	fclose(kf);
+	struct http_api_opts o = {.listen = "127.0.0.1:0", .served_name = "tiny", .api_key = "k-123",
+				  .api_keys_file = keys, .max_tokens_limit = 50};
+	char bound[100], err[WK_ERRSZ];
+	cr_assert_eq(http_api_start(&o, &srv, bound, sizeof bound, err, sizeof err), WK_OK, "%s", err);
+	unlink(keys);
+	snprintf(base, sizeof base, "http://%s", bound);
+	http_api_set_state(srv, "READY");
+	struct call c[5];
+	pthread_t t[5];
+	for (int i = 0; i < 5; i++) { /* four of the default tenant's, then team-b's */
+		c[i] = (struct call){.key = i < 4 ? "k-123" : "k-b",
+				     .body = "{\"prompt\": \"hi\", \"max_tokens\": 5}"};
+		snprintf(c[i].url, sizeof c[i].url, "%s/v1/completions", base);
+		cr_assert_eq(pthread_create(&t[i], NULL, do_call, &c[i]), 0);
+		for (int k = 0; k < 500 && http_api_waiting(srv) < i + 1; k++)
+			usleep(10000);
+		cr_assert_eq(http_api_waiting(srv), i + 1);
+	}
+	static const char *const want[5] = {"default", "team-b", "default", "default", "default"};
+	struct http_flight *f[5];
+	for (int i = 0; i < 5; i++) {
+		struct queue_job j;
+		f[i] = take_one(&j);
+		char ten[64];
+		snprintf(ten, sizeof ten, "\"tenant\":\"%s\"", want[i]);
+		cr_expect(strstr(j.body, ten), "take %d: %s, not %s", i, j.body, want[i]);
+		free(j.body);
+		if (i == 1) { /* team-b's ends: its tenant holds none again */
+			const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"b\", "
+					  "\"finish_reason\": \"stop\"}, \"usage\": "
+					  "{\"prompt_tokens\": 2, \"completion_tokens\": 1}}";
+			http_api_finish(srv, f[i], res, strlen(res));
+		}
+	}
+	const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"a\", "
+			  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 2, "
+			  "\"completion_tokens\": 1}}";
+	for (int i = 0; i < 5; i++)
+		if (i != 1)
+			http_api_finish(srv, f[i], res, strlen(res));
+	for (int i = 0; i < 5; i++) {
+		pthread_join(t[i], NULL);
+		cr_expect_eq(c[i].status, 200, "%d: %s", i, c[i].out);
+	}
+	/* none held now: of two default requests and then team-b's, team-b's goes first, its
+	 * tenant served longer ago (one slot: tenants take turns) */
+	for (int i = 0; i < 3; i++) {
+		c[i] = (struct call){.key = i < 2 ? "k-123" : "k-b",
+				     .body = "{\"prompt\": \"hi\", \"max_tokens\": 5}"};
+		snprintf(c[i].url, sizeof c[i].url, "%s/v1/completions", base);
+		cr_assert_eq(pthread_create(&t[i], NULL, do_call, &c[i]), 0);
+		for (int k = 0; k < 500 && http_api_waiting(srv) < i + 1; k++)
+			usleep(10000);
+	}
+	static const char *const turns[3] = {"team-b", "default", "default"};
+	for (int i = 0; i < 3; i++) {
+		struct queue_job j;
+		struct http_flight *g = take_one(&j);
+		char ten[64];
+		snprintf(ten, sizeof ten, "\"tenant\":\"%s\"", turns[i]);
+		cr_expect(strstr(j.body, ten), "turn %d: %s, not %s", i, j.body, turns[i]);
+		free(j.body);
+		http_api_finish(srv, g, res, strlen(res));
+	}
+	for (int i = 0; i < 3; i++) {
+		pthread_join(t[i], NULL);
+		cr_expect_eq(c[i].status, 200, "%d: %s", i, c[i].out);
+	}
+}
