@@ -147,7 +147,8 @@ struct http_flight {
 	double t_last;
 	/* under h->mu */
 	bool in_inbox, in_cancels, worker_done, piece_sent;
-	int load;              /* taken: its tenant's entry in h->loads, else -1 */
+	int tix;               /* its tenant's entry in h->loads (-1: none, out of memory) */
+	int load;              /* taken: tix, else -1 */
 	struct http_flight *inbox_next, *cancel_next;
 	/* the server thread's */
 	struct http_call *call;     /* the request it is a choice of */
@@ -506,7 +507,7 @@ static struct http_flight *take_fair(struct http_api *h)
 	int best_held = 0;
 	uint64_t best_last = 0;
 	for (struct http_flight *f = h->in_head, *prev = NULL; f; prev = f, f = f->inbox_next) {
-		int l = load_of(h, f->tenant), held = l >= 0 ? h->loads[l].held : 0;
+		int l = f->tix, held = l >= 0 ? h->loads[l].held : 0;
 		uint64_t last = l >= 0 ? h->loads[l].last : 0;
 		if (!best || held < best_held || (held == best_held && last < best_last)) {
 			best = f;
@@ -528,7 +529,7 @@ static struct http_flight *take_fair(struct http_api *h)
 	best->inbox_next = NULL;
 	best->in_inbox = false;
 	h->n_inbox--;
-	if ((best->load = load_of(h, best->tenant)) >= 0) {
+	if ((best->load = best->tix) >= 0) {
 		h->loads[best->load].held++;
 		h->loads[best->load].last = ++h->n_taken;
 	}
@@ -2203,6 +2204,7 @@ static void call_start(struct http_api *h, struct http_parse *p)
 	for (int i = 0; i < n; i++) {
 		struct http_flight *f = k->fl[i];
 		f->in_inbox = true;
+		f->tix = load_of(h, f->tenant);
 		if (h->in_tail)
 			h->in_tail->inbox_next = f;
 		else
