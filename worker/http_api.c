@@ -1839,6 +1839,25 @@ static void put_hist(struct evbuffer *b, const char *name, const char *help,
 			    (unsigned long long)hs->count);
 }
 
+/* Each tenant's choices the worker holds and those waiting for a slot (take_fair's view),
+ * under mu. A tenant is a keys file's name ([A-Za-z0-9._-]: a label as it is). */
+static void tenant_metrics(struct http_api *h, struct evbuffer *b)
+{
+	evbuffer_add_printf(b, "# HELP wick_http_tenant_choices Choices of completion requests "
+			       "by tenant (its API key's): held by the worker, or waiting for a "
+			       "batch slot (tenants take turns at the slots).\n"
+			       "# TYPE wick_http_tenant_choices gauge\n");
+	for (int i = 0; i < h->n_loads; i++) {
+		int waiting = 0;
+		for (struct http_flight *f = h->in_head; f; f = f->inbox_next)
+			waiting += f->tix == i;
+		evbuffer_add_printf(b, "wick_http_tenant_choices{tenant=\"%s\",state=\"held\"} %d\n"
+				       "wick_http_tenant_choices{tenant=\"%s\",state=\"waiting\"} "
+				       "%d\n", h->loads[i].tenant, h->loads[i].held,
+				    h->loads[i].tenant, waiting);
+	}
+}
+
 static void route_metrics(struct http_api *h, struct evhttp_request *req, struct hconn *c)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -1894,6 +1913,7 @@ static void route_metrics(struct http_api *h, struct evhttp_request *req, struct
 		(unsigned long long)h->completion_tokens, (unsigned long long)h->cached_tokens,
 		(unsigned long long)h->draft_kept,
 		(unsigned long long)h->draft_thrown, h->gpu_seconds, h->cost_micro / 1e6);
+	tenant_metrics(h, b);
 	const struct sched_cache_stats *pc = &h->pc;
 	evbuffer_add_printf(b,
 		"# HELP wick_prefix_cache_admissions_total Requests (queue jobs too) admitted with "

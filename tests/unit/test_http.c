@@ -2192,6 +2192,12 @@ Test(http_server, a_tenants_burst_does_not_starve_another)
 			usleep(10000);
 		cr_assert_eq(http_api_waiting(srv), i + 1);
 	}
+	char out[8192];
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_tenant_choices{tenant=\"default\",state=\"waiting\"} 4\n") &&
+		  strstr(out, "wick_http_tenant_choices{tenant=\"team-b\",state=\"waiting\"} 1\n") &&
+		  strstr(out, "wick_http_tenant_choices{tenant=\"team-b\",state=\"held\"} 0\n"), "%s",
+		  out);
 	static const char *const want[5] = {"default", "team-b", "default", "default", "default"};
 	struct http_flight *f[5];
 	for (int i = 0; i < 5; i++) {
@@ -2208,6 +2214,10 @@ Test(http_server, a_tenants_burst_does_not_starve_another)
 			http_api_finish(srv, f[i], res, strlen(res));
 		}
 	}
+	cr_expect_eq(get("/metrics", "k-123", out, sizeof out), 200);
+	cr_expect(strstr(out, "wick_http_tenant_choices{tenant=\"default\",state=\"held\"} 4\n") &&
+		  strstr(out, "wick_http_tenant_choices{tenant=\"team-b\",state=\"held\"} 0\n"), "%s",
+		  out);
 	const char *res = "{\"status\": \"COMPLETED\", \"output\": {\"text\": \"a\", "
 			  "\"finish_reason\": \"stop\"}, \"usage\": {\"prompt_tokens\": 2, "
 			  "\"completion_tokens\": 1}}";
