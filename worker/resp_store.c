@@ -52,7 +52,8 @@ struct resp_store {
 	struct pending *head, *tail, *busy; /* busy: the one being written (out of the list) */
 	size_t n_pending;
 	uint64_t pending_bytes, errors;
-	double rescan_s, scanned_at;      /* (the writer's) */
+	double rescan_s;
+	double scanned_at, scan_s;        /* the last scan's end and its length (the writer's) */
 	bool stop, thread_started;
 	pthread_t thread;
 };
@@ -218,7 +219,10 @@ static void *writer(void *arg)
 		if (rc != WK_OK && s->log) /* (logged before a flush can return) */
 			s->log(s->log_ctx, err);
 		pthread_mutex_lock(&s->mu);
-		bool due = rc == WK_OK && now_real() - s->scanned_at >= s->rescan_s;
+		/* (at most a tenth of the writer's time: a network volume's stat is a round trip) */
+		double every = s->rescan_s > 0 && 10 * s->scan_s > s->rescan_s ? 10 * s->scan_s
+										: s->rescan_s;
+		bool due = rc == WK_OK && now_real() - s->scanned_at >= every;
 		pthread_mutex_unlock(&s->mu);
 		if (due)
 			rescan(s);
@@ -319,17 +323,21 @@ static int scan_into(struct resp_store *s, struct entry **e, size_t *n, uint64_t
 	return WK_OK;
 }
 
-/* The writer, every rescan_s: DIR read again, so that the files other workers sharing it
- * wrote (a network volume) count against the bound, and those they removed are forgotten;
- * the least recently used of all go past it. Then under mu. */
+/* The writer, every rescan_s (or ten times as long as the last scan took, if that is
+ * longer): DIR read again, so that the files other workers sharing it wrote (a network
+ * volume) count against the bound, and those they removed are forgotten; the least recently
+ * used of all go past it. Then under mu. */
 static void rescan(struct resp_store *s)
 {
 	struct entry *e;
 	size_t n;
 	uint64_t bytes;
 	char err[256];
+	double t0 = now_real();
+	int rc = scan_into(s, &e, &n, &bytes, err, sizeof err);
 	s->scanned_at = now_real();
-	if (scan_into(s, &e, &n, &bytes, err, sizeof err) != WK_OK)
+	s->scan_s = s->scanned_at - t0;
+	if (rc != WK_OK)
 		return; /* (the index it has stays) */
 	pthread_mutex_lock(&s->mu);
 	free(s->e);

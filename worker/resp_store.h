@@ -75,7 +75,9 @@ int resp_store_get(struct resp_store *s, const char *id, const char *tenant,
 /* Removes response id of tenant: whether there was one. */
 bool resp_store_delete(struct resp_store *s, const char *id, const char *tenant);
 
-/* How often the writer reads DIR again (at a write): 30 s unless set; 0, at every write. */
+/* How often the writer reads DIR again (at a write): 30 s unless set, and then never sooner
+ * than ten times the last scan's length (a network volume's directory of many files); 0, at
+ * every write. */
 void resp_store_rescan_every(struct resp_store *s, double seconds);
 
 /* The responses the store knows (files, and those waiting to be written), their bytes, and
