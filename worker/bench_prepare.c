@@ -31,16 +31,16 @@ static void usage(FILE *f)
 	fprintf(f, "usage: wick bench prepare MODEL --queue URL [--steady C] [-n TOKENS] [--big B]\n"
 		   "                        [--kb K] [--every S] [--rounds R] [--backend B]\n"
 		   "                        [--threads T]\n\n"
-		   "Runs a real `wick worker` on URL (an empty spool or redis queue) with C jobs of\n"
-		   "TOKENS tokens decoding (default 4 of 400, EOS banned) while B big jobs arrive, one\n"
-		   "every S steps (default 8 every 40): documents of K KB (default 512; a long\n"
-		   "input.prediction, which the worker decodes and encodes as it would a long\n"
-		   "conversation, and which does not take the model's context). Each round runs the\n"
-		   "worker with --prepare-threads 0 (big jobs prepared between the engine's steps)\n"
-		   "and 1 (by a preparer beside them), R rounds (default 2), and reports from its step\n"
-		   "log the gaps between two steps that decode them (how long the batch waited\n"
-		   "for a token): the median, the 99th percentile and the longest. --threads T\n"
-		   "and --backend B go to the worker.\n");
+		   "Runs a real `wick worker` on URL (an empty spool, redis or sqs queue) with C\n"
+		   "jobs of TOKENS tokens decoding (default 4 of 400, EOS banned) while B big jobs\n"
+		   "arrive, one every S steps (default 8 every 40): documents of K KB (default\n"
+		   "512; a long input.prediction, which the worker decodes and encodes as it would\n"
+		   "a long conversation, and which does not take the model's context). Each round\n"
+		   "runs the worker with --prepare-threads 0 (big jobs prepared between the\n"
+		   "engine's steps) and 1 (by a preparer beside them), R rounds (default 2), and\n"
+		   "reports from its step log the gaps between two steps that decode them (how\n"
+		   "long the batch waited for a token): the median, the 99th percentile and the\n"
+		   "longest. --threads T and --backend B go to the worker.\n");
 }
 
 struct bench_cfg {

@@ -74,7 +74,7 @@ static int queue_run(const char *model, const char *url, int jobs, int conc, int
 					"benchmark's worker would run them on the null engine: give it an "
 					"empty queue\n", url, backlog);
 		else
-			fprintf(stderr, "wick bench queue: %s (the benchmark needs a spool or redis queue "
+			fprintf(stderr, "wick bench queue: %s (the benchmark needs a spool, redis or sqs queue "
 					"it can see is empty)\n", err);
 		queue_close(q);
 		return 1;

@@ -1000,6 +1000,32 @@ static int read_redrive(struct queue *q, char *err, size_t errsz)
 	return rc;
 }
 
+/* The jobs queued or running: SQS's ApproximateNumberOfMessages (visible) and
+ * ...NotVisible (taken, within their visibility timeout), the figure an autoscaler reads;
+ * approximate (SQS's word: it may lag for a minute), and it counts messages, not jobs. */
+static int sqs_backlog(struct queue *q, long *n, char *err, size_t errsz)
+{
+	struct sq *s = q->impl;
+	json_t *resp = NULL;
+	int rc = call(q, "GetQueueAttributes",
+		      json_pack("{s:s, s:[s, s]}", "QueueUrl", s->qurl, "AttributeNames",
+				"ApproximateNumberOfMessages",
+				"ApproximateNumberOfMessagesNotVisible"), 0, &resp, err, errsz);
+	if (rc != WK_OK)
+		return rc;
+	const json_t *a = json_object_get(resp, "Attributes");
+	long long vis = 0, hidden = 0;
+	if (!attr_num(json_object_get(a, "ApproximateNumberOfMessages"), &vis) ||
+	    !attr_num(json_object_get(a, "ApproximateNumberOfMessagesNotVisible"), &hidden) ||
+	    vis < 0 || hidden < 0)
+		rc = wk_errf(err, errsz, WK_EFORMAT, "sqs %s: GetQueueAttributes gave no message "
+			     "counts", s->u.queue);
+	else
+		*n = (long)(vis + hidden);
+	json_decref(resp);
+	return rc;
+}
+
 /* ---- open / close ---- */
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -1429,5 +1455,6 @@ const struct queue_ops queue_sqs_ops = {
 	.check_cancel = sqs_check_cancel,
 	.submit = sqs_submit,
 	.wait_result = sqs_wait_result,
+	.backlog = sqs_backlog,
 	/* .cancel: SQS has no cancel channel; queue.c answers WK_EUNSUPPORTED */
 };

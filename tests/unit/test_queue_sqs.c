@@ -379,6 +379,9 @@ Test(queue_sqs_moto, submit_take_complete_wait)
 	}
 	cr_assert_eq(got, 12);
 	cr_assert_eq(take(q, j, 16, 0), 0);
+	long backlog = -1; /* (every job completed and deleted) */
+	cr_assert_eq(queue_backlog(q, &backlog, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(backlog, 0);
 
 	char *res = NULL;
 	size_t len = 0;
@@ -390,13 +393,30 @@ Test(queue_sqs_moto, submit_take_complete_wait)
 	cr_assert_eq(queue_wait_result(q, "j7", 1, &res, &len, err, sizeof err), WK_ENOTFOUND);
 	cr_assert_eq(queue_cancel(q, "j1", err, sizeof err), WK_EUNSUPPORTED);
 
+	/* the backlog: 2 queued, then 1 queued and 1 taken (visibility 30 s) */
+	submit(q, "k1");
+	submit(q, "k2");
+	cr_assert_eq(queue_backlog(q, &backlog, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(backlog, 2);
+	int nk = take(q, j, 1, 1);
+	cr_assert_eq(nk, 1);
+	cr_assert_eq(queue_backlog(q, &backlog, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(backlog, 2, "a taken job still counts");
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	nk = 0;
+	for (int round = 0; round < 5 && !nk; round++)
+		nk = take(q, j, 1, 1);
+	cr_assert_eq(nk, 1);
+	cr_assert_eq(complete(q, j, 1), WK_OK, "%s", err);
+	cr_assert_eq(queue_backlog(q, &backlog, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(backlog, 0);
 	/* the same id again: this process completed it, so it is deleted without running */
 	submit(q, "j3");
 	cr_assert_eq(take(q, j, 4, 1), 0);
 	struct queue_stats st;
 	queue_get_stats(q, &st);
-	cr_assert_eq(st.taken, 12);
-	cr_assert_eq(st.completed, 12);
+	cr_assert_eq(st.taken, 14); /* (with k1 and k2) */
+	cr_assert_eq(st.completed, 14);
 	cr_assert_eq(st.redelivered_done, 1);
 	cr_assert_geq(st.syncs, 2);
 	queue_close(q);
