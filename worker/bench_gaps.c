@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/wk.h"
+#include "engine/tokenizer.h"
 #include "worker/cmd.h"
 #include "worker/job.h"
 
@@ -31,6 +33,25 @@ int bench_load_flag(struct bench_load *l, int ch, const char *arg, const char *w
 	  ch == 'k' ? &l->kb : ch == 'e' ? &l->every : &l->rounds) = (int)v;
 	if (l->rounds > BENCH_ROUNDS_MAX)
 		l->rounds = BENCH_ROUNDS_MAX;
+	return 0;
+}
+
+int bench_load_model(struct bench_load *l, const char *model, const char *who, int max,
+		     const char *what, struct tok **tk)
+{
+	l->model = model;
+	*tk = NULL;
+	if (l->steady + l->big > max) {
+		fprintf(stderr, "wick bench %s: --steady and --big: at most %d %s\n", who, max,
+			what);
+		return 2;
+	}
+	char err[WK_ERRSZ];
+	bool prepared;
+	if (tok_load_dir(model, tk, &prepared, err, sizeof err) != WK_OK) {
+		fprintf(stderr, "wick bench %s: %s\n", who, err);
+		return 1;
+	}
 	return 0;
 }
 

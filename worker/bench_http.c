@@ -384,18 +384,10 @@ int bench_http(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	c.l.model = argv[optind];
-	if (c.l.steady + c.l.big > 256) {
-		fprintf(stderr, "wick bench http: --steady and --big: at most 256 requests\n");
-		return 2;
-	}
-	char err[WK_ERRSZ];
-	struct tok *tk = NULL;
-	bool prepared;
-	if (tok_load_dir(c.l.model, &tk, &prepared, err, sizeof err) != WK_OK) {
-		fprintf(stderr, "wick bench http: %s\n", err);
-		return 1;
-	}
+	struct tok *tk;
+	int rc = bench_load_model(&c.l, argv[optind], "http", 256, "requests", &tk);
+	if (rc)
+		return rc;
 	c.eos = tok_eos(tk);
 	c.bos = tok_bos(tk);
 	tok_free(tk);
@@ -406,7 +398,7 @@ int bench_http(int argc, char **argv)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	struct bench_gaps r[2][BENCH_ROUNDS_MAX];
 	double big[2][BENCH_ROUNDS_MAX];
-	int rounds = c.l.rounds, rc = 0;
+	int rounds = c.l.rounds;
 	for (int i = 0; !rc && i < rounds; i++)
 		for (int m = 0; !rc && m < 2; m++)
 			rc = one_run(&c, m, i, &r[m][i], &big[m][i]);

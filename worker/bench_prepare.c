@@ -265,18 +265,11 @@ int bench_prepare(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	c.l.model = argv[optind];
-	if (c.l.steady + c.l.big > 1024) {
-		fprintf(stderr, "wick bench prepare: --steady and --big: at most 1024 jobs\n");
-		return 2;
-	}
+	struct tok *tk;
+	int rc = bench_load_model(&c.l, argv[optind], "prepare", 1024, "jobs", &tk);
+	if (rc)
+		return rc;
 	char err[WK_ERRSZ];
-	struct tok *tk = NULL;
-	bool prepared;
-	if (tok_load_dir(c.l.model, &tk, &prepared, err, sizeof err) != WK_OK) {
-		fprintf(stderr, "wick bench prepare: %s\n", err);
-		return 1;
-	}
 	c.eos = tok_eos(tk);
 	char *filler = bench_filler(c.l.kb);
 	if (!filler) {
@@ -287,7 +280,7 @@ int bench_prepare(int argc, char **argv)
 	/* a big job's preparing, timed here: its prediction's encode */
 	int *ids = NULL, nids = 0;
 	double te = wk_now();
-	int rc = tok_encode(tk, filler, strlen(filler), false, &ids, &nids, err, sizeof err);
+	rc = tok_encode(tk, filler, strlen(filler), false, &ids, &nids, err, sizeof err);
 	te = wk_now() - te;
 	free(ids);
 	tok_free(tk);

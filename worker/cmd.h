@@ -43,6 +43,12 @@ struct bench_load {
 /* One of BENCH_LOAD_OPTIONS' flags (getopt's ch and its argument) into l: 0, or 2 (a bad
  * value, said on stderr in the name of `wick bench who`; or a flag not of these, unsaid). */
 int bench_load_flag(struct bench_load *l, int ch, const char *arg, const char *who);
+/* l's model (MODEL, the one argument) and its tokenizer into *tk (the caller frees it), with
+ * at most max steady and big jobs together (what: "jobs", "requests"): 0, or the exit status
+ * after saying why in the name of `wick bench who` (2: a usage error; 1: no tokenizer). */
+struct tok;
+int bench_load_model(struct bench_load *l, const char *model, const char *who, int max,
+		     const char *what, struct tok **tk);
 /* kb KB of a story's words, numbered so that no piece repeats another (malloc'd), or NULL. */
 char *bench_filler(int kb);
 /* What one run's steady jobs saw. */

@@ -2074,13 +2074,16 @@ static int api_chat(struct http_api *h, struct http_parse *p, json_t **chat)
 	int st = p->api->to_chat(p->body, p->len, chat, &p->skel, e);
 	if (!st && p->api == &oai_responses_api)
 		st = respond_from(h, p->tenant, *chat, p->skel, &p->conv, e);
-	const json_t *mt = st ? NULL : json_object_get(*chat, "max_tokens");
-	if (p->api->hold_max_tokens && json_integer_value(mt) > h->o.max_tokens_limit)
-		json_object_set_new(*chat, "max_tokens", json_integer(h->o.max_tokens_limit));
-	mt = st ? NULL : json_object_get(*chat, "max_tokens");
-	if (p->api->hold_max_tokens && mt && /* (what it ran with, for why it stopped) */
-	    json_object_set(p->skel, "max_tokens", (json_t *)mt))
-		st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	if (!st && p->api->hold_max_tokens) {
+		const json_t *mt = json_object_get(*chat, "max_tokens");
+		if (json_integer_value(mt) > h->o.max_tokens_limit)
+			json_object_set_new(*chat, "max_tokens",
+					    json_integer(h->o.max_tokens_limit));
+		mt = json_object_get(*chat, "max_tokens");
+		if (mt && /* (what it ran with, for why it stopped) */
+		    json_object_set(p->skel, "max_tokens", (json_t *)mt))
+			st = oai_errf(e, 500, "server_error", "internal", NULL, "out of memory");
+	}
 	if (st) {
 		json_decref(*chat);
 		*chat = NULL;
@@ -2103,13 +2106,15 @@ static void parse_run(struct http_api *h, struct http_parse *p)
 	}
 	json_t *chat = NULL;
 	int lim = h->o.max_tokens_limit;
-	if (p->api && (p->status = api_chat(h, p, &chat)) != 0)
-		;
-	else if ((p->status = chat ? oai_json_to_job(p->kind, chat, h->names, p->id, p->tenant,
-						      lim, &p->r, &p->e)
-				   : oai_to_job(p->kind, p->body, p->len, h->names, p->id,
-						p->tenant, lim, &p->r, &p->e)) != 0 && p->api)
-		p->api->err(&p->e);
+	p->status = p->api ? api_chat(h, p, &chat) : 0;
+	if (!p->status) {
+		p->status = chat ? oai_json_to_job(p->kind, chat, h->names, p->id, p->tenant, lim,
+						   &p->r, &p->e)
+				 : oai_to_job(p->kind, p->body, p->len, h->names, p->id, p->tenant,
+					      lim, &p->r, &p->e);
+		if (p->status && p->api)
+			p->api->err(&p->e);
+	}
 	json_decref(chat);
 	if (p->status) {
 		json_decref(p->skel);
