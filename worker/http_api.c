@@ -1178,6 +1178,31 @@ static bool kept_take(struct http_api *h, const char *id, const char *tenant, js
 	return found;
 }
 
+/* A kept response's object holds, under ANSWERS_KEY (never shown), the answers its
+ * conversation holds before its own, each named by its response: [[i, id], ...], message i
+ * the answer of response id. So its input items name each answer as that response's output
+ * did, from this one response read (in memory, or one file of --responses-dir), however long
+ * the chain before it. Files written without it give the answers hashed ids. */
+#define ANSWERS_KEY "_wick_answers"
+
+/* obj's answers (ANSWERS_KEY): its previous response's, and that one's own answer (the last
+ * message of its conversation); none where it has no previous one kept. Under kept_mu. */
+static json_t *answers_through(struct http_api *h, const char *tenant, const json_t *obj)
+{
+	const char *prev = json_string_value(json_object_get(obj, "previous_response_id"));
+	const json_t *c, *o;
+	if (!prev || !kept_get(h, prev, tenant, &c, &o) || !json_array_size(c))
+		return json_array();
+	const json_t *before = json_object_get(o, ANSWERS_KEY);
+	json_t *a = json_is_array(before) ? json_copy((json_t *)before) : json_array();
+	if (a && json_array_append_new(a, json_pack("[I, s]", (json_int_t)json_array_size(c) - 1,
+						    prev))) {
+		json_decref(a);
+		return NULL;
+	}
+	return a;
+}
+
 /* A response kept (store): its conversation, with the answer, and its object; in memory, and
  * with --responses-dir as a file (one that cannot be written is logged, and kept in memory). */
 static void keep_response(struct http_api *h, struct http_call *k)
@@ -1188,6 +1213,7 @@ static void keep_response(struct http_api *h, struct http_call *k)
 	char err[WK_ERRSZ];
 	if (conv && answer && obj && !json_array_append(conv, answer)) {
 		pthread_mutex_lock(&h->kept_mu);
+		json_object_set_new(obj, ANSWERS_KEY, answers_through(h, k->tenant, obj));
 		oai_kept_put(h->kept, k->id, k->tenant, conv, obj); /* (out of memory: not kept) */
 		if (h->store &&
 		    resp_store_put(h->store, k->id, k->tenant, conv, obj, err, sizeof err) != WK_OK) {
@@ -2415,6 +2441,16 @@ static void route_tokens(struct http_api *h, struct evhttp_request *req, struct 
 	route_parse(h, req, c, &p);
 }
 
+/* A kept response's object o as shown (o's reference taken; NULL when out of memory). */
+static json_t *shown(json_t *o)
+{
+	json_t *s = json_copy(o);
+	json_decref(o);
+	if (s)
+		json_object_del(s, ANSWERS_KEY);
+	return s;
+}
+
 /* GET /v1/responses/ID: a kept response (tenant's); DELETE drops it. */
 static void route_kept(struct http_api *h, struct evhttp_request *req, struct hconn *c,
 		       const char *id, const char *tenant, bool del)
@@ -2437,40 +2473,8 @@ static void route_kept(struct http_api *h, struct evhttp_request *req, struct hc
 	else if (del)
 		reply_json(h, req, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object",
 						     "response", "deleted", 1));
-	else
-		reply_json(h, req, c, 200, o);
-}
-
-#define CHAIN_MAX 256 /* the answers of a conversation named by their responses' ids */
-
-/* The responses whose answers a kept conversation holds (obj: its response): its
- * previous_response_id's answer, that one's, and so on while they are in memory (not read
- * from --responses-dir: each file holds its whole conversation, so a long chain read here,
- * on the event loop, would cost the square of its length); answer_of[i] the id of message
- * i's response (in ids, CHAIN_MAX of them), else NULL. */
-static void answers_of(struct http_api *h, const char *tenant, const json_t *conv,
-		       const json_t *obj, const char **answer_of, char (*ids)[64])
-{
-	const char *p = json_string_value(json_object_get(obj, "previous_response_id"));
-	char prev[64];
-	snprintf(prev, sizeof prev, "%s", p ? p : "");
-	size_t before = json_array_size(conv); /* an answer lies before the last found */
-	pthread_mutex_lock(&h->kept_mu);
-	for (int k = 0; k < CHAIN_MAX && prev[0]; k++) {
-		const json_t *c, *o;
-		if (!oai_kept_get(h->kept, prev, tenant, &c, &o))
-			break;
-		size_t len = json_array_size(c);
-		if (!len || len - 1 >= before ||
-		    !json_equal(json_array_get(c, len - 1), json_array_get(conv, len - 1)))
-			break;
-		snprintf(ids[k], sizeof ids[k], "%s", prev);
-		answer_of[len - 1] = ids[k];
-		before = len - 1;
-		p = json_string_value(json_object_get(o, "previous_response_id"));
-		snprintf(prev, sizeof prev, "%s", p ? p : "");
-	}
-	pthread_mutex_unlock(&h->kept_mu);
+	else /* (a shallow copy, less what is never shown) */
+		reply_json(h, req, c, 200, shown(o));
 }
 
 /* GET /v1/responses/ID/input_items: a kept response's input items, a page of them (the
@@ -2507,18 +2511,22 @@ static void route_input_items(struct http_api *h, struct evhttp_request *req, st
 			 "no response '%.60s' is kept here (responses are kept %s)", id,
 			 kept_where(h));
 	else {
-		const char **answer_of = calloc(json_array_size(conv) + 1, sizeof *answer_of);
-		char (*ids)[64] = malloc(CHAIN_MAX * sizeof *ids);
-		if (answer_of && ids) {
-			answers_of(h, tenant, conv, obj, answer_of, ids);
+		size_t n = json_array_size(conv), i;
+		const char **answer_of = calloc(n + 1, sizeof *answer_of);
+		const json_t *pair;
+		json_array_foreach(answer_of ? json_object_get(obj, ANSWERS_KEY) : NULL, i, pair) {
+			json_int_t at = json_integer_value(json_array_get(pair, 0));
+			const char *rid = json_string_value(json_array_get(pair, 1));
+			if (rid && at >= 0 && (size_t)at + 1 < n) /* (a file edited: let be) */
+				answer_of[at] = rid;
+		}
+		if (answer_of)
 			list = oai_input_items_list(conv, answer_of, (int)limit,
 						    order && !strcmp(order, "asc"),
 						    evhttp_find_header(&kv, "after"), &e);
-		} else {
+		else
 			oai_errf(&e, 500, "server_error", "internal", NULL, "out of memory");
-		}
 		free(answer_of);
-		free(ids);
 		json_decref(conv);
 		json_decref(obj);
 	}

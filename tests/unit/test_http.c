@@ -1787,6 +1787,9 @@ Test(http_server, a_kept_responses_input_items_are_listed)
 	cr_expect_str_eq(ids[2], json_string_value(json_object_get(
 					 json_array_get(json_object_get(o1, "output"), 0), "id")));
 	json_decref(o1);
+	snprintf(path, sizeof path, "/v1/responses/%s", id2); /* (what names them is not shown) */
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 200, "%s", out);
+	cr_expect(strstr(out, id1) && !strstr(out, "_wick"), "%s", out);
 	/* refusals, each naming its parameter */
 	static const char *const bad[][2] = {{"limit=0", "limit"}, {"limit=101", "limit"},
 					     {"limit=2x", "limit"}, {"order=up", "order"},
@@ -1806,6 +1809,12 @@ Test(http_server, a_kept_responses_input_items_are_listed)
 	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id2);
 	cr_expect_eq(delete(path, out, sizeof out), 405, "%s", out);
 	cr_expect_eq(get(path, "other-key", out, sizeof out), 401, "%s", out);
+	/* the first deleted: its answer in the second's items keeps its id */
+	snprintf(path, sizeof path, "/v1/responses/%s", id1);
+	cr_expect_eq(delete(path, out, sizeof out), 200, "%s", out);
+	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id2);
+	cr_expect(!items_page(path, got, sizeof got, ids2), "%s", got);
+	cr_expect_str_eq(ids2[2], ids[2]);
 	snprintf(path, sizeof path, "/v1/responses/%s", id2);
 	cr_expect_eq(delete(path, out, sizeof out), 200, "%s", out);
 	snprintf(path, sizeof path, "/v1/responses/%s/input_items", id2);
@@ -1888,6 +1897,25 @@ Test(http_server, a_kept_response_outlives_the_server)
 	cr_expect_eq(delete(path, out, sizeof out), 200, "%s", out);
 	start_kept(dir);
 	cr_expect(strstr(logged, ": 2 kept responses"), "%s", logged); /* the first and third */
+	/* the third's input items, read from disk with the first's: the first's answer has the id
+	 * the first's output gave it (asked before the first is read on its own) */
+	snprintf(items, sizeof items, "/v1/responses/%s/input_items?order=asc", id3);
+	cr_expect_eq(get(items, "k-123", out, sizeof out), 200, "%s", out);
+	json_t *li = json_loads(out, 0, NULL);
+	json_t *answer = json_array_get(json_object_get(li, "data"), 1);
+	char answer_id[80];
+	const char *aid = json_string_value(json_object_get(answer, "id"));
+	snprintf(answer_id, sizeof answer_id, "%s", aid ? aid : "(none)");
+	json_decref(li);
+	snprintf(path, sizeof path, "/v1/responses/%s", id1);
+	cr_expect_eq(get(path, "k-123", out, sizeof out), 200, "%s", out);
+	json_t *r1 = json_loads(out, 0, NULL);
+	const char *oid = json_string_value(
+		json_object_get(json_array_get(json_object_get(r1, "output"), 0), "id"));
+	cr_expect_str_eq(answer_id, oid ? oid : "(no output id)");
+	json_decref(r1);
+	start_kept(dir); /* memory empty again */
+	snprintf(path, sizeof path, "/v1/responses/%s", id2);
 	cr_expect_eq(get(path, "k-123", out, sizeof out), 404, "%s", out);
 	cr_expect(strstr(out, "--responses-dir"), "%s", out);
 	cr_expect_eq(delete(path, out, sizeof out), 404, "%s", out);
