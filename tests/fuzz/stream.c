@@ -21,26 +21,13 @@
 #include "engine/convert.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
+#include "tests/bytelevel.h"
 #include "tests/fuzz/fuzz.h"
 #include "worker/sched.h"
 
 #define MAX_OUT 160
 
 static struct engine *engs[2]; /* stories260K's tokenizer (byte fallback); a byte-level one */
-
-/* The ByteLevel alphabet's character for byte b (GPT-2's: printable bytes stand for
- * themselves, the others for 256 + their rank), as UTF-8 into out. */
-static void bl_char(int b, char out[3])
-{
-	int c = b, next = 256;
-	for (int x = 0; x <= b; x++) {
-		bool printable = (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE;
-		c = printable ? x : next++;
-	}
-	out[0] = c < 0x80 ? (char)c : (char)(0xC0 | c >> 6);
-	out[1] = c < 0x80 ? 0 : (char)(0x80 | (c & 0x3F));
-	out[2] = 0;
-}
 
 /* A byte-level BPE tokenizer.json (GLM's kind) at path: specials at 0-2 (<|endoftext|> at
  * 2, the model's EOS), the 256 bytes at 3-258, pieces that hold parts of UTF-8 characters

@@ -17,6 +17,7 @@
 #include "common/wk.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_int.h"
+#include "tests/bytelevel.h"
 
 /* Qwen2/3's pattern; GLM-4/5's is the same with \p{N}{1,3} */
 #define QWEN_RE                                                                              \
@@ -160,27 +161,6 @@ static void rmdir_all(void)
 	char cmd[600];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	cr_assert_eq(system(cmd), 0);
-}
-
-/* The byte alphabet character of byte b, as UTF-8. */
-static void bl_char(int b, char out[3])
-{
-	static const int printable[][2] = {{0x21, 0x7E}, {0xA1, 0xAC}, {0xAE, 0xFF}};
-	int c = -1, next = 256;
-	for (int x = 0; x <= b; x++) {
-		bool p = false;
-		for (int i = 0; i < 3; i++)
-			p = p || (x >= printable[i][0] && x <= printable[i][1]);
-		c = p ? x : next++;
-	}
-	if (c < 0x80) {
-		out[0] = (char)c;
-		out[1] = 0;
-	} else {
-		out[0] = (char)(0xC0 | c >> 6);
-		out[1] = (char)(0x80 | (c & 0x3F));
-		out[2] = 0;
-	}
 }
 
 /* vocab: byte b is id b; merges "Ġ t", "h e", "Ġt he"; added <|user|> (special) and
