@@ -8,6 +8,9 @@
  * (counted by sync, which the engine calls at the end of each) and every later one fail, as
  * a device with a sticky error would (tests/e2e/engine_failure.sh). With WICK_NULL_HANG_STEP=N
  * the Nth step never ends, as on a hung device (the worker's --step-timeout).
+ *
+ * For benchmarks: with WICK_NULL_STEP_MS=M each step takes M milliseconds (its sync sleeps),
+ * as a GPU's decode step keeps the engine's thread waiting (wick bench queue --step-ms).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 
 struct null_ctx {
 	long steps, fail_at, hang_at; /* 0: never */
+	long step_us;                  /* what a step takes (0: nothing) */
 };
 
 static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz)
@@ -31,6 +35,8 @@ static int init(void **ctx, const struct be_config *cfg, char *err, size_t errsz
 	c->fail_at = f ? atol(f) : 0;
 	const char *hang = getenv("WICK_NULL_HANG_STEP");
 	c->hang_at = hang ? atol(hang) : 0;
+	const char *ms = getenv("WICK_NULL_STEP_MS");
+	c->step_us = ms ? (long)(atof(ms) * 1000) : 0;
 	*ctx = c;
 	return WK_OK;
 }
@@ -46,6 +52,8 @@ static int null_sync(void *ctx, char *err, size_t errsz)
 	if (++c->steps >= c->hang_at && c->hang_at > 0)
 		for (;;)
 			sleep(60);
+	if (c->step_us > 0)
+		usleep((useconds_t)c->step_us);
 	if (c->steps >= c->fail_at && c->fail_at > 0)
 		return wk_errf(err, errsz, WK_EIO, "injected device failure at step %ld "
 			       "(WICK_NULL_FAIL_STEP=%ld)", c->steps, c->fail_at);

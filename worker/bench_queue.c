@@ -28,7 +28,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: wick bench queue MODEL [-n TOKENS] [--jobs N] [options]\n"
 		   "       wick bench queue MODEL --queue URL [--jobs N] [--concurrency C] [-n TOKENS]\n"
-		   "                        [--stream]\n\n"
+		   "                        [--stream] [--step-ms MS]\n\n"
 		   "Times N equal requests (default 8) of TOKENS generated tokens (default 64) at\n"
 		   "concurrency N against one request alone, through the worker's scheduler.\n"
 		   "Target: N together take less than 2x one alone.\n\n"
@@ -38,6 +38,9 @@ static void usage(FILE *f)
 		   "to exit, with the queue's syncs per job. Target: >= 2,000 jobs/s.\n"
 		   "--stream: the same again with jobs that stream their text (redis://: a pipeline\n"
 		   "after each step), beside the first run: the streaming's cost on the queue side.\n"
+		   "--step-ms MS: each of the null engine's steps takes MS milliseconds, as a GPU's\n"
+		   "decode step keeps the worker's thread waiting (what the queue's round trips on\n"
+		   "that thread cost shows then).\n"
 		   CMD_ENGINE_HELP);
 }
 
@@ -161,6 +164,12 @@ static int queue_run(const char *model, const char *url, int jobs, int conc, int
 	       "\"syncs_per_job\":%.4f,\"submit_per_s\":%.1f}\n", url, jobs, tokens,
 	       stream ? "true" : "false", run, jobs / run,
 	       syncs >= 0 ? (double)syncs / jobs : -1.0, jobs / t_submit);
+	const char *ms = getenv("WICK_NULL_STEP_MS");
+	if (ms && atof(ms) > 0) { /* each job's tokens take a step each, conc jobs a step */
+		double bound = (conc < jobs ? conc : jobs) / (tokens * atof(ms) / 1e3);
+		printf("steps' bound     %.0f jobs/s at %s ms a step (%d at once): the worker ran "
+		       "at %.2fx of it\n", bound, ms, conc < jobs ? conc : jobs, jobs / run / bound);
+	}
 	return 0;
 }
 
@@ -252,9 +261,10 @@ int bench_queue(int argc, char **argv)
 					     {"queue", required_argument, 0, 'q'},
 					     {"concurrency", required_argument, 0, 'c'},
 					     {"stream", no_argument, 0, 's'},
+					     {"step-ms", required_argument, 0, 'm'},
 					     {"help", no_argument, 0, 'h'}, CMD_ENGINE_OPTIONS,
 					     {0, 0, 0, 0}};
-	int tokens = -1, jobs = -1, conc = 64, c;
+	int tokens = -1, jobs = -1, conc = 64, step_ms = -1, c;
 	bool stream = false;
 	const char *url = NULL;
 	struct cmd_engine ce = {.o = {.backend = "cpu"}};
@@ -262,17 +272,19 @@ int bench_queue(int argc, char **argv)
 		switch (c) {
 		case 'n':
 		case 'j':
-		case 'c': {
+		case 'c':
+		case 'm': {
 			char *end;
 			long v = strtol(optarg, &end, 10);
-			long hi = c == 'n' ? 100000 : c == 'j' ? 1000000 : 1024;
-			if (end == optarg || *end || v < 1 || v > hi) {
-				fprintf(stderr, "wick bench queue: %s wants a number from 1 to %ld, not "
+			long lo = c == 'm' ? 0 : 1;
+			long hi = c == 'n' ? 100000 : c == 'j' ? 1000000 : c == 'm' ? 10000 : 1024;
+			if (end == optarg || *end || v < lo || v > hi) {
+				fprintf(stderr, "wick bench queue: %s wants a number from %ld to %ld, not "
 						"'%s'\n", c == 'n' ? "-n" : c == 'j' ? "--jobs" :
-						"--concurrency", hi, optarg);
+						c == 'm' ? "--step-ms" : "--concurrency", lo, hi, optarg);
 				return 2;
 			}
-			*(c == 'n' ? &tokens : c == 'j' ? &jobs : &conc) = (int)v;
+			*(c == 'n' ? &tokens : c == 'j' ? &jobs : c == 'm' ? &step_ms : &conc) = (int)v;
 			break;
 		}
 		case 'q': url = optarg; break;
@@ -289,9 +301,15 @@ int bench_queue(int argc, char **argv)
 		jobs = url ? 2000 : 8;
 	if (tokens < 0)
 		tokens = url ? 1 : 64;
-	if (stream && !url) {
-		fprintf(stderr, "wick bench queue: --stream goes with --queue URL\n");
+	if ((stream || step_ms >= 0) && !url) {
+		fprintf(stderr, "wick bench queue: %s goes with --queue URL\n",
+			stream ? "--stream" : "--step-ms");
 		return 2;
+	}
+	if (step_ms >= 0) { /* (read by the null backend of the worker it starts) */
+		char v[16];
+		snprintf(v, sizeof v, "%d", step_ms);
+		setenv("WICK_NULL_STEP_MS", v, 1);
 	}
 	if (!url && jobs > 4096) {
 		fprintf(stderr, "wick bench queue: --jobs %d: at most 4096 without --queue (they "

@@ -58,6 +58,21 @@ rc=0
   fail "bench queue on a queue with a job: exit $rc: $(cat "$TMPD/bq.err")"
 [ -f "$TMPD/bq/new/real-1.json" ] && [ -z "$(ls "$TMPD/bq/done")" ] || fail "the job was touched"
 
+# --step-ms: the null engine's steps take that long, so the worker cannot beat the steps'
+# bound it prints (free steps would put it hundreds of times over it); it needs --queue.
+out=$("$WICK" bench queue "$(stories)" --queue "spool:$TMPD/bq3" --jobs 8 -n 5 --concurrency 8 \
+  --step-ms 20) || fail "bench queue --step-ms: $out"
+echo "$out" | python3 -c '
+import re, sys
+m = re.search(r"^steps. bound +(\d+) jobs/s at 20 ms a step \(8 at once\): the worker ran at "
+              r"([0-9.]+)x of it$", sys.stdin.read(), re.M)
+assert m and m.group(1) == "80" and 0.1 < float(m.group(2)) <= 1.05, m and m.groups()
+print("--step-ms: the worker at", m.group(2), "of the steps bound")' || fail "no bound line: $out"
+rc=0
+"$WICK" bench queue "$m" --step-ms 20 2>"$TMPD/sm.err" >/dev/null || rc=$?
+[ $rc = 2 ] && grep -q -- "--step-ms goes with --queue URL" "$TMPD/sm.err" ||
+  fail "--step-ms without --queue: exit $rc: $(cat "$TMPD/sm.err")"
+
 # --stream: a second run of jobs that stream, on a real redis-server (each wrote its stream
 # key), beside the first (stories260K: the jobs' prompts need a tokenizer); a spool queue, which has no stream, is refused before any run.
 rc=0

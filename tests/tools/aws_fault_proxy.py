@@ -14,7 +14,9 @@ container sees behind a bridge when the instance's PUT response hop limit is 1):
 answers. GET /__counts answers {"sqs": N, "expired": N, "creds": N, "v1": N}: SQS requests
 seen, expiries sent, instance-metadata credential documents fetched (GETs of
 /latest/meta-data/iam/security-credentials/ROLE), so a test can see the credentials fetched
-again after the expiry, and metadata GETs without a token (IMDSv1).
+again after the expiry, and metadata GETs without a token (IMDSv1). With --delay-ms D every
+SQS request is answered D ms later than moto answered it (each on its own connection's
+thread, as a distant endpoint's round trip: wick bench queue against real SQS's latency).
 """
 import argparse
 import http.client
@@ -36,6 +38,7 @@ def main():
     ap.add_argument("--creds-expire-in", type=int, default=0)
     ap.add_argument("--fail-creds-after", type=int, default=-1)
     ap.add_argument("--imds-token", choices=("ok", "405", "hang"), default="ok")
+    ap.add_argument("--delay-ms", type=float, default=0)
     a = ap.parse_args()
 
     class H(http.server.BaseHTTPRequestHandler):
@@ -92,6 +95,8 @@ def main():
             c.request(self.command, self.path, body=body, headers=hdrs)
             r = c.getresponse()
             data = r.read()
+            if a.delay_ms > 0 and self.headers.get("X-Amz-Target"):
+                time.sleep(a.delay_ms / 1e3)
             if creds and a.creds_expire_in and r.status == 200:
                 doc = json.loads(data)
                 at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=a.creds_expire_in)
