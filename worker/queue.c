@@ -332,6 +332,12 @@ int queue_backlog(struct queue *q, long *n, char *err, size_t errsz)
 	return q->ops->backlog(q, n, err, errsz);
 }
 
+void queue_done_elsewhere(struct queue *q, const struct queue_job *j)
+{
+	if (q && q->ops->done_elsewhere)
+		q->ops->done_elsewhere(q, j);
+}
+
 void queue_set_reconnect(struct queue *q, double seconds)
 {
 	if (q && seconds > 0)

@@ -107,8 +107,13 @@ struct queue_stats {
 
 /* *n = the jobs queued or running (not finished), for a tool that must start from an empty
  * queue (wick bench queue). WK_OK, a driver's error, or WK_EUNSUPPORTED where the driver
- * cannot tell (SQS, HTTP). */
+ * cannot tell (HTTP). */
 int queue_backlog(struct queue *q, long *n, char *err, size_t errsz);
+
+/* Job j, taken through q, was completed through another handle of the same queue (the
+ * worker's committer thread stores results on its own): what q keeps of it is updated (SQS:
+ * the receipt it held is dropped, and a redelivery of the id is known as done). */
+void queue_done_elsewhere(struct queue *q, const struct queue_job *j);
 
 /* How long the next calls keep reconnecting (network drivers; > 0). The worker's main loop
  * takes and extends with a short budget, so an outage never holds up its engine steps for

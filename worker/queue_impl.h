@@ -28,6 +28,7 @@ struct queue_ops {
 			   size_t *len, char *err, size_t errsz); /* optional */
 	int (*cancel)(struct queue *q, const char *id, char *err, size_t errsz); /* optional */
 	int (*backlog)(struct queue *q, long *n, char *err, size_t errsz); /* optional */
+	void (*done_elsewhere)(struct queue *q, const struct queue_job *j); /* optional */
 	/* optional: NULL, or false from streams, where the queue has no stream channel */
 	bool (*streams)(const struct queue *q);
 	void (*stream)(struct queue *q, const struct queue_job *j, const char *text, size_t len);

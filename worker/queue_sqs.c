@@ -1026,6 +1026,15 @@ static int sqs_backlog(struct queue *q, long *n, char *err, size_t errsz)
 	return rc;
 }
 
+/* A job this handle took was completed (deleted) through another handle (the worker's
+ * committer): its receipt is no longer held here, and a redelivery of it is known as done. */
+static void sqs_done_elsewhere(struct queue *q, const struct queue_job *j)
+{
+	struct sq *s = q->impl;
+	done_add(s, j->id);
+	held_del(s, j->id);
+}
+
 /* ---- open / close ---- */
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -1456,5 +1465,6 @@ const struct queue_ops queue_sqs_ops = {
 	.submit = sqs_submit,
 	.wait_result = sqs_wait_result,
 	.backlog = sqs_backlog,
+	.done_elsewhere = sqs_done_elsewhere,
 	/* .cancel: SQS has no cancel channel; queue.c answers WK_EUNSUPPORTED */
 };

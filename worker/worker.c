@@ -564,11 +564,16 @@ static int commit_reap(struct worker *w, bool wait)
 	w->c_done = NULL;
 	pthread_mutex_unlock(&w->cmu);
 	int freed = 0;
+	bool network = strcmp(queue_driver(w->q), "spool");
 	while (c) {
 		struct commit *next = c->next;
+		if (network) /* an outage counts as it does for results stored inline */
+			queue_note(w, c->rc, "storing results", c->err);
 		for (int i = 0; i < c->n; i++) {
 			struct held *h =
 				(struct held *)((char *)c->r[i].job - offsetof(struct held, qj));
+			if (c->r[i].rc == WK_OK)
+				queue_done_elsewhere(w->q, &h->qj);
 			if (c->r[i].rc != WK_OK)
 				log_unstored(w, &c->r[i], h->qj.id, c->err);
 			else if (c->r[i].superseded)
@@ -1650,9 +1655,11 @@ static int start(struct worker *w, const char **why)
 	w->poll_s = w->q && (!strcmp(queue_driver(w->q), "redis") || !strcmp(queue_driver(w->q), "sqs"))
 			   ? QUEUE_POLL_S : QUEUE_STORE_S;
 	queue_set_reconnect(w->q, w->poll_s);
-	/* On a spool the file-system work of storing results is done by a committer thread
-	 * with its own handle, overlapped with the next steps. */
-	if (w->q && !strcmp(queue_driver(w->q), "spool")) {
+	/* On a spool the file-system work of storing results, and on SQS its round trips
+	 * (SendMessageBatch, DeleteMessageBatch), are done by a committer thread with its own
+	 * handle, overlapped with the next steps. (Redis stores on the main handle: a step's
+	 * stream pieces go first on the same connection, and a result never overtakes them.) */
+	if (w->q && (!strcmp(queue_driver(w->q), "spool") || !strcmp(queue_driver(w->q), "sqs"))) {
 		if (queue_open(w->o.queue_url, &qo, &w->qc, err, sizeof err) != WK_OK) {
 			wlog(w, "startup_failed", "%s", err);
 			return 1;

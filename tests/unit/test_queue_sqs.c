@@ -422,6 +422,43 @@ Test(queue_sqs_moto, submit_take_complete_wait)
 	queue_close(q);
 }
 
+/* The worker's committer stores results through a second handle: the job is deleted there,
+ * and the handle that took it, told so, no longer holds its receipt and knows a redelivery
+ * of its id as done (deleted without running). */
+Test(queue_sqs_moto, a_job_completed_through_another_handle)
+{
+	NEED_MOTO();
+	struct queue *q = open_q("jobs2", "", 30), *qc = open_q("jobs2", "", 30);
+	submit(q, "d1");
+	struct queue_job j[2];
+	int n = 0;
+	for (int round = 0; round < 5 && !n; round++)
+		n = take(q, j, 1, 1);
+	cr_assert_eq(n, 1);
+	struct queue_job copy = j[0];
+	copy.body = NULL; /* (complete frees the job's body; q is told of the copy) */
+	cr_assert_eq(complete(qc, j, 1), WK_OK, "%s", err);
+	long backlog = -1;
+	cr_assert_eq(queue_backlog(q, &backlog, err, sizeof err), WK_OK, "%s", err);
+	cr_expect_eq(backlog, 0, "the job was not deleted through the second handle");
+	queue_done_elsewhere(q, &copy);
+	submit(q, "d1"); /* the same id again: q knows it done */
+	cr_assert_eq(take(q, j, 2, 1), 0);
+	struct queue_stats st;
+	queue_get_stats(q, &st);
+	cr_expect_eq(st.redelivered_done, 1);
+	/* a job q took and that no one said was done stays its own to release */
+	submit(q, "d2");
+	n = 0;
+	for (int round = 0; round < 5 && !n; round++)
+		n = take(q, j, 1, 1);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(queue_release(q, j, 1, err, sizeof err), WK_OK, "%s", err);
+	queue_job_free(&j[0]);
+	queue_close(qc);
+	queue_close(q);
+}
+
 Test(queue_sqs_moto, release_extend_dead_letter)
 {
 	NEED_MOTO();
