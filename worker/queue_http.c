@@ -37,7 +37,9 @@
  * jobs wait in a buffer for the next queue_take), the stop long-poll (while jobs are held),
  * the pings, and the job-done posts that queue_complete and queue_release hand it and wait
  * for. The caller's thread blocks on the network only inside those two. Shared state is
- * under one mutex; the caller wakes the thread with curl_multi_wakeup.
+ * under one mutex; the caller wakes the thread with curl_multi_wakeup. queue_complete may
+ * be called from a second thread while the first takes, streams and checks (the worker's
+ * committer posts results beside its engine's steps).
  *
  * Delivery: a job is held from its take until its job-done post ends, and every ping lists
  * the held ids: that is the lease a RunPod-like platform keeps (a job it handed out that
@@ -60,6 +62,7 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -568,8 +571,9 @@ static void finish_post(struct hq *h, struct req *r, int rc)
 	}
 }
 
-/* A post for job id with body (owned) to tmpl (the job-done or stream URL) with query.
- * NULL when out of memory (body freed). */
+/* A post for job id with body (owned) to tmpl (the job-done or stream URL) with query, its
+ * deadline for the one who queues it to set (under mu). NULL when out of memory (body
+ * freed). Any thread: reads only what does not change after open. */
 static struct req *new_post_to(struct hq *h, enum kind kind, const char *tmpl, const char *query,
 			       const char *id, char *body, size_t len, bool fall_back)
 {
@@ -584,7 +588,6 @@ static struct req *new_post_to(struct hq *h, enum kind kind, const char *tmpl, c
 	r->body = body;
 	r->body_len = len;
 	r->can_fall_back = fall_back;
-	r->deadline = wk_now() + h->reconnect_s;
 	r->url = queue_http_url(tmpl, h->worker, id, query);
 	r->e = curl_easy_init();
 	/* runpod-python sends the JSON with this content type; X-Request-ID is the job id */
@@ -623,6 +626,7 @@ static void post_detached(struct hq *h, const char *id, char *body, size_t len)
 		return;
 	}
 	r->detached = true;
+	r->deadline = wk_now() + h->reconnect_s;
 	r->next = h->posts;
 	h->posts = r;
 }
@@ -1333,16 +1337,20 @@ static int http_take(struct queue *q, struct queue_job *jobs, int max, double wa
 	return rc;
 }
 
-/* Posts, waits for every one to end, and forgets the jobs (held, stopped). rcs[i] per job;
- * returns the first failure with its message. posts[i] may be NULL (out of memory). */
-static int post_and_wait(struct hq *h, struct req **posts, struct queue_job **jobs, int n, int *rcs,
-			 char *err, size_t errsz)
+/* Posts, waits for every one to end, and forgets the jobs (held, stopped). Each is tried
+ * for the reconnect budget, cap_s at most. rcs[i] per job; returns the first failure with
+ * its message. posts[i] may be NULL (out of memory). Called from the worker's thread and its
+ * committer's, at once. */
+static int post_and_wait(struct hq *h, struct req **posts, struct queue_job **jobs, int n,
+			 double cap_s, int *rcs, char *err, size_t errsz)
 {
 	int rc = WK_OK;
 	pthread_mutex_lock(&h->mu);
 	h->reconnect_s = h->q->o.reconnect_s;
+	double now = wk_now(), budget = h->reconnect_s < cap_s ? h->reconnect_s : cap_s;
 	for (int i = 0; i < n; i++)
 		if (posts[i]) {
+			posts[i]->deadline = now + budget;
 			posts[i]->next = h->posts;
 			h->posts = posts[i];
 		}
@@ -1396,7 +1404,7 @@ static int http_complete(struct queue *q, struct queue_result *res, int n, char 
 		posts[i] = new_post_to(h, R_DONE, h->done_tmpl, streamed ? "isStream=true"
 				       : "isStream=false", res[i].job->id, body, len, true);
 	}
-	int rc = post_and_wait(h, posts, jobs, n, rcs, err, errsz);
+	int rc = post_and_wait(h, posts, jobs, n, HUGE_VAL, rcs, err, errsz);
 	for (int i = 0; i < n; i++) {
 		res[i].rc = rcs[i];
 		res[i].replaced = rcs[i] == WK_EFORMAT; /* post_done: the FAILED fallback stood */
@@ -1430,8 +1438,8 @@ static int http_release(struct queue *q, struct queue_job *jobs, int n, char *er
 	}
 	/* a drain must not hang on a dead server: the job leaves the pings either way */
 	pthread_mutex_lock(&h->mu);
-	double now = wk_now(), grace = h->release_failed_at && now - h->release_failed_at < 10
-						  ? 0 : CLOSE_GRACE_S;
+	double grace = h->release_failed_at && wk_now() - h->release_failed_at < 10 ? 0
+										      : CLOSE_GRACE_S;
 	pthread_mutex_unlock(&h->mu);
 	for (int i = 0; i < n; i++) {
 		char msg[400];
@@ -1441,10 +1449,8 @@ static int http_release(struct queue *q, struct queue_job *jobs, int n, char *er
 		jp[i] = &jobs[i];
 		char *body = error_body(msg, true, &len);
 		posts[i] = new_post(h, jobs[i].id, body, len, false);
-		if (posts[i] && posts[i]->deadline > now + grace)
-			posts[i]->deadline = now + grace;
 	}
-	int rc = post_and_wait(h, posts, jp, n, rcs, err, errsz);
+	int rc = post_and_wait(h, posts, jp, n, grace, rcs, err, errsz);
 	if (rc != WK_OK) {
 		pthread_mutex_lock(&h->mu);
 		h->release_failed_at = wk_now();

@@ -115,10 +115,11 @@ struct worker {
 	struct queue_result *out;
 	char **out_json;
 	int n_out;
-	/* The committer (spool queues): a thread with its own queue handle that writes the
-	 * ledger lines and stores the results of one batch while this thread runs the next
-	 * steps; the slots of a batch stay held until it is reaped. */
-	struct queue *qc;
+	/* The committer (spool, SQS and HTTP queues): a thread that writes the ledger lines and
+	 * stores the results of one batch while this thread runs the next steps; the slots of a
+	 * batch stay held until it is reaped. Its handle (cq) is its own (qc: spool, SQS), or
+	 * the main one where the driver's calls may come from two threads (HTTP). */
+	struct queue *qc, *cq;
 	pthread_t committer;
 	pthread_mutex_t cmu;
 	pthread_cond_t ccv;
@@ -489,7 +490,7 @@ static void *commit_main(void *arg)
 			for (int i = 0; i < c->n; i++)
 				c->r[i].rc = c->rc;
 		else
-			c->rc = queue_complete(w->qc, c->r, c->n, c->err, sizeof c->err);
+			c->rc = queue_complete(w->cq, c->r, c->n, c->err, sizeof c->err);
 		pthread_mutex_lock(&w->cmu);
 		c->next = w->c_done;
 		w->c_done = c;
@@ -641,11 +642,12 @@ static void flush_results(struct worker *w)
 			w->out[i].rc = rc;
 	} else {
 		int nq = queue_results_first(w); /* HTTP requests are answered below */
-		queue_set_reconnect(w->q, store_budget(w));
-		rc = nq ? queue_complete(w->q, w->out, nq, err, sizeof err) : WK_OK;
-		queue_set_reconnect(w->q, w->poll_s);
-		if (nq)
+		if (nq) { /* (with a committer: only when it could not be handed one) */
+			queue_set_reconnect(w->q, store_budget(w));
+			rc = queue_complete(w->q, w->out, nq, err, sizeof err);
+			queue_set_reconnect(w->q, w->poll_s);
 			queue_note(w, rc, "storing results", err);
+		}
 	}
 	for (int i = 0; i < w->n_out; i++) {
 		struct held *h = (struct held *)((char *)w->out[i].job - offsetof(struct held, qj));
@@ -1655,15 +1657,22 @@ static int start(struct worker *w, const char **why)
 	w->poll_s = w->q && (!strcmp(queue_driver(w->q), "redis") || !strcmp(queue_driver(w->q), "sqs"))
 			   ? QUEUE_POLL_S : QUEUE_STORE_S;
 	queue_set_reconnect(w->q, w->poll_s);
-	/* On a spool the file-system work of storing results, and on SQS its round trips
-	 * (SendMessageBatch, DeleteMessageBatch), are done by a committer thread with its own
-	 * handle, overlapped with the next steps. (Redis stores on the main handle: a step's
-	 * stream pieces go first on the same connection, and a result never overtakes them.) */
-	if (w->q && (!strcmp(queue_driver(w->q), "spool") || !strcmp(queue_driver(w->q), "sqs"))) {
-		if (queue_open(w->o.queue_url, &qo, &w->qc, err, sizeof err) != WK_OK) {
+	/* On a spool the file-system work of storing results, on SQS its round trips
+	 * (SendMessageBatch, DeleteMessageBatch) and on the RunPod job API its job-done posts
+	 * are done by a committer thread, overlapped with the next steps: on its own handle
+	 * (spool, SQS), or on the main one (HTTP: the driver's network thread does the posts,
+	 * its calls are safe from two threads, and a streaming job's done post must wait for
+	 * the pieces that handle sent; a second handle would also ping without the jobs).
+	 * (Redis stores on the main handle: a step's stream pieces go first on the same
+	 * connection, and a result never overtakes them.) */
+	const char *drv = w->q ? queue_driver(w->q) : "";
+	if (!strcmp(drv, "spool") || !strcmp(drv, "sqs") || !strcmp(drv, "http")) {
+		if (strcmp(drv, "http") &&
+		    queue_open(w->o.queue_url, &qo, &w->qc, err, sizeof err) != WK_OK) {
 			wlog(w, "startup_failed", "%s", err);
 			return 1;
 		}
+		w->cq = w->qc ? w->qc : w->q;
 		pthread_mutex_init(&w->cmu, NULL);
 		pthread_cond_init(&w->ccv, NULL);
 		w->have_committer = pthread_create(&w->committer, NULL, commit_main, w) == 0;

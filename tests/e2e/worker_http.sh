@@ -315,4 +315,38 @@ assert jobs["s-6"]["stream"] == [] and done("s-6")["stream"] == "false", jobs["s
 print("streaming: 3 failed pieces retried, nothing lost; a refused one ended that stream, the "
       "result whole; no stream URL, no stream")
 PY
+
+# 8. A job-done post that takes a second (a platform's API at a distance) holds up no step:
+#    the committer makes it beside the steps, so the job running beside the one being posted
+#    decodes in its own steps' time (40 steps of 20 ms); posted from the worker's thread, it
+#    waited the second out too.
+port2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 tests/tools/runpod_server.py --port "$port2" --long-poll 2 --delay-ms 1000 \
+  >"$TMPD/server2.log" 2>&1 &
+spid2=$!
+trap 'kill $spid $spid2 2>/dev/null; rm -rf "$TMPD"' EXIT
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port2/admin/state" >/dev/null && break; sleep 0.05; done
+B2=http://127.0.0.1:$port2/v2/ep
+python3 - "$port2" <<'PY'
+import json, sys, urllib.request
+body = [{"id": "d-1", "input": {"prompt": "Once", "max_tokens": 2}},
+        {"id": "d-2", "input": {"prompt": "Once", "max_tokens": 40}}]
+urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/admin/enqueue",
+                                              data=json.dumps(body).encode(), method="POST"))
+PY
+WICK_NULL_STEP_MS=20 "$WICK" worker --model "$m" --queue "$B2/job-take/\$RUNPOD_POD_ID" \
+  --done-url "$B2/job-done/\$RUNPOD_POD_ID/\$ID" --ping-url "$B2/ping/\$RUNPOD_POD_ID" \
+  --worker-id far --backend null --concurrency 2 --max-jobs 2 2>"$TMPD/far.log" ||
+  fail "the worker on the distant API: $(tail -3 "$TMPD/far.log")"
+python3 - "$TMPD/far.log" <<'PY' || fail "a job-done post held up the steps"
+import re, sys
+log = open(sys.argv[1]).read()
+d = {m.group(1): (int(m.group(2)), float(m.group(3))) for m in re.finditer(
+    r"job (d-\d): COMPLETED, \d+ prompt \+ \d+ completion tokens, (\d+) steps.*?, ([0-9.]+) s$",
+    log, re.M)}
+assert set(d) == {"d-1", "d-2"}, log
+steps, secs = d["d-2"]
+assert steps >= 40 and secs < steps * 0.020 + 0.5, f"d-2: {steps} steps in {secs} s"
+print(f"a 1 s job-done post beside the steps: d-2's {steps} steps of 20 ms took {secs:.2f} s")
+PY
 echo ok

@@ -22,7 +22,10 @@ The test's side:
 Options: --port P; --long-poll S (default 2) holds an empty take or stop poll that long;
 --lease S (default 0 = off) puts a running job back in the queue when its worker's pings
 have not listed it for S seconds (the ping is the lease); --api-key KEY makes every worker
-call carry "Authorization: KEY" (else 401).
+call carry "Authorization: KEY" (else 401); --delay-ms D holds every job-done and
+job-stream post D ms before it is handled, as a platform's API at a distance answers
+(a round trip the worker's posts pay; wick bench queue's --step-ms and this show what the
+worker's thread would wait).
 """
 import argparse
 import json
@@ -256,6 +259,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         kind, worker = p[2], p[3]
+        if opts.delay_ms > 0 and method == "POST":
+            time.sleep(opts.delay_ms / 1e3)
         if method == "GET" and kind == "job-take":
             return self.take(worker, 1, q)
         if method == "GET" and kind == "job-take-batch":
@@ -298,6 +303,7 @@ def main():
     ap.add_argument("--long-poll", type=float, default=2.0)
     ap.add_argument("--lease", type=float, default=0)
     ap.add_argument("--api-key", default="")
+    ap.add_argument("--delay-ms", type=float, default=0)
     opts = ap.parse_args()
     ThreadingHTTPServer.request_queue_size = 128  # the default 5 drops SYNs of parallel posts
     srv = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
