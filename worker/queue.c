@@ -215,7 +215,9 @@ int queue_take(struct queue *q, struct queue_job *jobs, int max, double wait_s, 
 	return rc;
 }
 
-int queue_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz)
+/* queue_complete's, with budget_s (< 0: the handle's own). */
+static int complete(struct queue *q, struct queue_result *r, int n, double budget_s, char *err,
+		    size_t errsz)
 {
 	int rc = check_n(n, err, errsz);
 	if (rc != WK_OK || n == 0)
@@ -225,10 +227,30 @@ int queue_complete(struct queue *q, struct queue_result *r, int n, char *err, si
 		if (!r[i].job || !r[i].json)
 			return wk_errf(err, errsz, WK_EINVAL, "result %d has no job or no JSON", i);
 	}
-	rc = q->ops->complete(q, r, n, err, errsz);
+	if (budget_s >= 0 && q->ops->complete_within) {
+		rc = q->ops->complete_within(q, r, n, budget_s, err, errsz);
+	} else if (budget_s >= 0) {
+		double own = q->o.reconnect_s;
+		queue_set_reconnect(q, budget_s);
+		rc = q->ops->complete(q, r, n, err, errsz);
+		q->o.reconnect_s = own;
+	} else {
+		rc = q->ops->complete(q, r, n, err, errsz);
+	}
 	for (int i = 0; i < n; i++)
 		q->st.completed += r[i].rc == WK_OK;
 	return rc;
+}
+
+int queue_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz)
+{
+	return complete(q, r, n, -1, err, errsz);
+}
+
+int queue_complete_within(struct queue *q, struct queue_result *r, int n, double budget_s,
+			  char *err, size_t errsz)
+{
+	return complete(q, r, n, budget_s > 0 ? budget_s : 0, err, errsz);
 }
 
 int queue_extend(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc_, char *err,

@@ -149,6 +149,11 @@ int queue_take(struct queue *q, struct queue_job *jobs, int max, double wait_s, 
  * results with a few syncs. Returns WK_OK when every r[i].rc is WK_OK, else the first
  * failure (the others may still have succeeded: see r[i].rc). Does not free the jobs. */
 int queue_complete(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz);
+/* queue_complete with a reconnect budget of budget_s for this call alone (the handle's own
+ * stays): what a second thread that stores on a shared handle uses (the worker's committer
+ * on HTTP's), since queue_set_reconnect would change the other thread's calls too. */
+int queue_complete_within(struct queue *q, struct queue_result *r, int n, double budget_s,
+			  char *err, size_t errsz);
 
 /* Extends the lease of each job by lease_s from now. A job whose lease was lost (reclaimed by
  * another worker) gets WK_ENOTFOUND in rc[i] (rc may be NULL); the call then returns

@@ -1383,7 +1383,8 @@ static int post_and_wait(struct hq *h, struct req **posts, struct queue_job **jo
 	return rc;
 }
 
-static int http_complete(struct queue *q, struct queue_result *res, int n, char *err, size_t errsz)
+static int http_complete_within(struct queue *q, struct queue_result *res, int n, double budget_s,
+				char *err, size_t errsz)
 {
 	struct hq *h = q->impl;
 	struct req **posts = calloc((size_t)n, sizeof *posts);
@@ -1404,7 +1405,7 @@ static int http_complete(struct queue *q, struct queue_result *res, int n, char 
 		posts[i] = new_post_to(h, R_DONE, h->done_tmpl, streamed ? "isStream=true"
 				       : "isStream=false", res[i].job->id, body, len, true);
 	}
-	int rc = post_and_wait(h, posts, jobs, n, HUGE_VAL, rcs, err, errsz);
+	int rc = post_and_wait(h, posts, jobs, n, budget_s, rcs, err, errsz);
 	for (int i = 0; i < n; i++) {
 		res[i].rc = rcs[i];
 		res[i].replaced = rcs[i] == WK_EFORMAT; /* post_done: the FAILED fallback stood */
@@ -1414,6 +1415,11 @@ static int http_complete(struct queue *q, struct queue_result *res, int n, char 
 	pthread_mutex_unlock(&h->mu);
 	free(posts), free(jobs), free(rcs);
 	return rc;
+}
+
+static int http_complete(struct queue *q, struct queue_result *res, int n, char *err, size_t errsz)
+{
+	return http_complete_within(q, res, n, HUGE_VAL, err, errsz);
 }
 
 static int http_extend(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc,
@@ -1530,6 +1536,7 @@ const struct queue_ops queue_http_ops = {
 	.close = http_close,
 	.take = http_take,
 	.complete = http_complete,
+	.complete_within = http_complete_within,
 	.extend = http_extend,
 	.release = http_release,
 	.check_cancel = http_check_cancel,

@@ -18,6 +18,10 @@ struct queue_ops {
 	int (*take)(struct queue *q, struct queue_job *jobs, int max, double wait_s, int *n,
 		    char *err, size_t errsz);
 	int (*complete)(struct queue *q, struct queue_result *r, int n, char *err, size_t errsz);
+	/* optional: complete with its own budget, for a handle shared between threads; without
+	 * it queue_complete_within sets the handle's budget around the call */
+	int (*complete_within)(struct queue *q, struct queue_result *r, int n, double budget_s,
+			       char *err, size_t errsz);
 	int (*extend)(struct queue *q, struct queue_job *jobs, int n, double lease_s, int *rc,
 		      char *err, size_t errsz);
 	int (*release)(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);

@@ -456,6 +456,7 @@ struct commit {
 	struct queue_result *r;   /* [n] */
 	char **json;              /* [n] */
 	struct ledger_req *bills; /* [n] */
+	double budget;            /* the stores' reconnect budget (store_budget at the handoff) */
 	int rc;
 	char err[WK_ERRSZ];
 	struct commit *next;
@@ -490,7 +491,8 @@ static void *commit_main(void *arg)
 			for (int i = 0; i < c->n; i++)
 				c->r[i].rc = c->rc;
 		else
-			c->rc = queue_complete(w->cq, c->r, c->n, c->err, sizeof c->err);
+			c->rc = queue_complete_within(w->cq, c->r, c->n, c->budget, c->err,
+						      sizeof c->err);
 		pthread_mutex_lock(&w->cmu);
 		c->next = w->c_done;
 		w->c_done = c;
@@ -534,6 +536,7 @@ static bool commit_handoff(struct worker *w, int n)
 		c->bills[base + i] = h->bill;
 	}
 	c->n = base + n;
+	c->budget = store_budget(w); /* (in an outage, what is left of --queue-outage) */
 	w->c_todo = c;
 	pthread_cond_broadcast(&w->ccv);
 	pthread_mutex_unlock(&w->cmu);

@@ -383,7 +383,9 @@ static int take_n(struct queue *q, struct queue_job *jobs, int max, int want)
 
 static bool last_replaced; /* complete_as: the queue took a FAILED result in its place */
 
-static int complete_as(struct queue *q, struct queue_job *j, enum job_status st)
+/* Completes j as st, with queue_complete_within(budget_s) where budget_s >= 0. */
+static int complete_within_as(struct queue *q, struct queue_job *j, enum job_status st,
+			      double budget_s)
 {
 	size_t len;
 	char *res = st == JOB_COMPLETED
@@ -391,11 +393,17 @@ static int complete_as(struct queue *q, struct queue_job *j, enum job_status st)
 								     .worker = "t", .attempt = 1}, &len)
 			    : job_encode_error(j->id, st, JOB_ETIMEOUT, "too slow", "t", 1, &len);
 	struct queue_result r = {.job = j, .json = res, .len = len};
-	int rc = queue_complete(q, &r, 1, err, sizeof err);
+	int rc = budget_s >= 0 ? queue_complete_within(q, &r, 1, budget_s, err, sizeof err)
+			       : queue_complete(q, &r, 1, err, sizeof err);
 	cr_expect_eq(rc, r.rc);
 	last_replaced = r.replaced;
 	free(res);
 	return rc;
+}
+
+static int complete_as(struct queue *q, struct queue_job *j, enum job_status st)
+{
+	return complete_within_as(q, j, st, -1);
 }
 
 Test(queue_http_server, take_complete_and_ping)
@@ -484,20 +492,47 @@ Test(queue_http_server, a_result_with_a_nul_byte_is_posted)
 	queue_close(q);
 }
 
+/* Job PREFIX-1 taken by a new handle (into j), after the server was told to fail the next
+ * fails job-done posts. */
+static struct queue *take_one_failing(const char *prefix, int fails, struct queue_job *j)
+{
+	enqueue(prefix, 1);
+	char path[40];
+	snprintf(path, sizeof path, "fail_done?n=%d", fails);
+	json_decref(admin(path, ""));
+	struct queue *q = open_q("w1");
+	cr_assert_eq(take_n(q, j, 1, 1), 1);
+	return q;
+}
+
 Test(queue_http_server, failed_posts_are_retried)
 {
 	NEED_SERVER();
-	enqueue("f", 1);
-	json_decref(admin("fail_done?n=3", ""));
-	struct queue *q = open_q("w1");
 	struct queue_job j[1];
-	cr_assert_eq(take_n(q, j, 1, 1), 1);
+	struct queue *q = take_one_failing("f", 3, j);
 	cr_expect_eq(complete_as(q, &j[0], JOB_COMPLETED), WK_OK, "%s", err);
 	cr_expect(!last_replaced);
 	json_t *st = admin("state", NULL);
 	cr_expect_eq(json_integer_value(json_object_get(st, "failed_posts")), 3);
 	cr_expect_eq(json_array_size(json_object_get(state_job(st, "f-1"), "results")), 1);
 	json_decref(st);
+	queue_job_free(&j[0]);
+	queue_close(q);
+}
+
+/* queue_complete_within: the committer's budget for one store (what is left of
+ * --queue-outage), not the handle's 10 s, which the worker's own thread keeps using. */
+Test(queue_http_server, a_stores_budget_is_its_own)
+{
+	NEED_SERVER();
+	struct queue_job j[1];
+	struct queue *q = take_one_failing("b", 1000, j);
+	double t0 = wk_now();
+	int rc = complete_within_as(q, &j[0], JOB_COMPLETED, 1.0);
+	double took = wk_now() - t0;
+	cr_expect_neq(rc, WK_OK);
+	cr_expect(took < 4, "a 1 s budget took %.2f s (the handle's is 10 s)", took);
+	json_decref(admin("fail_done?n=0", ""));
 	queue_job_free(&j[0]);
 	queue_close(q);
 }
