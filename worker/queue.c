@@ -368,7 +368,14 @@ void queue_set_reconnect(struct queue *q, double seconds)
 
 bool queue_stopping(const struct queue *q)
 {
-	return q->o.stop && atomic_load_explicit(q->o.stop, memory_order_relaxed);
+	return (q->o.stop && atomic_load_explicit(q->o.stop, memory_order_relaxed)) ||
+	       atomic_load_explicit(&q->given_up, memory_order_relaxed);
+}
+
+void queue_give_up(struct queue *q)
+{
+	if (q)
+		atomic_store_explicit(&q->given_up, 1, memory_order_relaxed);
 }
 
 void queue_refused(struct queue *q, const char *id, const char *fmt, ...)

@@ -119,8 +119,13 @@ void queue_done_elsewhere(struct queue *q, const struct queue_job *j);
  * takes and extends with a short budget, so an outage never holds up its engine steps for
  * long, and stores results with a long one. */
 void queue_set_reconnect(struct queue *q, double seconds);
-/* Whether a network driver should stop retrying now (queue_opts.stop). */
+/* Whether a network driver should stop retrying now (queue_opts.stop, or queue_give_up). */
 bool queue_stopping(const struct queue *q);
+/* The caller has given up on the queue (the worker after --queue-outage): every retry and
+ * every store still in flight on q, from any thread, gives up at its next try (WK_EIO), so
+ * that nothing waits out its whole budget (HTTP: a job-done post that failed is not tried
+ * again, which a signal alone does not stop). NULL is fine. */
+void queue_give_up(struct queue *q);
 
 /* Opens the queue named by url (see the top). Creates what is missing: spool directories
  * (mode 0700), the redis stream and group (XGROUP CREATE ... MKSTREAM from id 0), the SQS

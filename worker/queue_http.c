@@ -84,6 +84,7 @@
 #define STOP_FLOOR_S 1.0      /* between empty stop polls (runpod-python: 1 s) */
 #define BACKOFF_MIN_S 0.1
 #define TAKE_BACKOFF_MAX_S 5.0
+#define TAKE_QUIET_S 2.0     /* takes failing this long (reconnect_s if less) are reported */
 #define POST_BACKOFF_MAX_S 2.0
 #define TOO_MANY_S 5.0        /* after a 429 (runpod-python's debounce) */
 #define NO_STOP_S 30.0        /* after a 404 from job-stop: a server without the stop channel */
@@ -360,6 +361,7 @@ struct req {
 	bool can_fall_back, fell_back, detached, finished;
 	long refused;            /* the status that refused the first body */
 	double deadline, next_try, delay;
+	double since;            /* when it was queued (posts) */
 	int rc;
 	char err[WK_ERRSZ];
 	struct req *next;
@@ -407,7 +409,9 @@ struct hq {
 	struct req *posts;       /* job-done posts: pending, in flight or finished */
 	struct sjob *sjobs;      /* jobs that stream, until their job-done post ends */
 	double take_next, stop_next, ping_next;
-	double take_fail_since, take_delay, take_told;
+	double take_fail_since, take_delay;
+	double ping_fail_since;       /* the pings failing since (0: the last one was answered) */
+	char ping_err[WK_ERRSZ];
 	double release_failed_at; /* a release post's last try failed then: the next try once */
 	char take_err[WK_ERRSZ];
 	char note[WK_ERRSZ];     /* a one-off problem for the next queue_take that returns nothing */
@@ -626,7 +630,8 @@ static void post_detached(struct hq *h, const char *id, char *body, size_t len)
 		return;
 	}
 	r->detached = true;
-	r->deadline = wk_now() + h->reconnect_s;
+	r->since = wk_now();
+	r->deadline = r->since + h->reconnect_s;
 	r->next = h->posts;
 	h->posts = r;
 }
@@ -819,7 +824,52 @@ static void start_ping(struct hq *h)
 		start(h, r, timeout < 1 ? 1 : timeout, SMALL_RESP);
 }
 
+/* A ping answered or failed: a failure is tried again soon, not a whole interval later, and
+ * its time counted for http_check_cancel. */
+static void ping_done(struct hq *h, struct req *r, CURLcode cc, long status)
+{
+	double now = wk_now();
+	if (cc == CURLE_OK && status / 100 == 2) {
+		h->ping_fail_since = 0;
+		return;
+	}
+	double soon = now + (h->ping_every < 1 ? h->ping_every : 1);
+	if (soon < h->ping_next)
+		h->ping_next = soon;
+	if (!h->ping_fail_since)
+		h->ping_fail_since = now;
+	char tmp[300], *u = queue_http_url(h->ping_tmpl, h->worker, NULL, NULL);
+	if (u) /* the URL without its query: a query may carry tokens */
+		u[strcspn(u, "?")] = 0;
+	snprintf(h->ping_err, sizeof h->ping_err, "ping %.300s: %s", u ? u : "",
+		 what(r, cc, status, tmp, sizeof tmp));
+	free(u);
+}
+
+/* The platform unreachable: the takes or the pings failing for TAKE_QUIET_S (reconnect_s if
+ * less), their error into err; WK_OK otherwise. Reported on every take and cancel check while
+ * it lasts, so that the caller's outage clock runs whichever it calls (an OK from the other
+ * would say "recovered"). Under mu. */
+static int unreachable(struct hq *h, char *err, size_t errsz)
+{
+	double now = wk_now(), quiet = fmin(h->q->o.reconnect_s, TAKE_QUIET_S);
+	if (h->take_fail_since && now - h->take_fail_since > quiet)
+		return wk_errf(err, errsz, WK_EIO, "%s (failing for %.0f s)", h->take_err,
+			       now - h->take_fail_since);
+	if (h->ping_fail_since && now - h->ping_fail_since > quiet)
+		return wk_errf(err, errsz, WK_EIO, "%s (failing for %.0f s)", h->ping_err,
+			       now - h->ping_fail_since);
+	return WK_OK;
+}
+
 /* ---- job-done posts ---- */
+
+/* queue_give_up was called: a post that failed is not tried again. (A signal alone is not
+ * enough: a drain's results and hand-backs keep their retries.) */
+static bool given_up(const struct hq *h)
+{
+	return atomic_load_explicit(&h->q->given_up, memory_order_relaxed);
+}
 
 /* A failed post: 1 when it is tried again later (a network error, 408, 429 or 5xx, with
  * backoff until its deadline or the close's), 0 when such a failure ran out of time, -1 when
@@ -832,7 +882,8 @@ static int backoff(struct hq *h, struct req *r, CURLcode cc, long status)
 	r->delay = r->delay ? r->delay * 2 : BACKOFF_MIN_S;
 	if (r->delay > POST_BACKOFF_MAX_S)
 		r->delay = POST_BACKOFF_MAX_S;
-	if (now + r->delay >= r->deadline || (h->closing && now > h->close_deadline))
+	if (now + r->delay >= r->deadline || (h->closing && now > h->close_deadline) ||
+	    given_up(h))
 		return 0;
 	r->next_try = now + r->delay;
 	return 1;
@@ -854,8 +905,8 @@ static void post_done(struct hq *h, struct req *r, CURLcode cc, long status)
 	if (b > 0)
 		return;
 	if (b == 0) {
-		snprintf(r->err, sizeof r->err, "job %.140s: job-done failed for %.0f s: %.250s", r->id,
-			 h->reconnect_s, what(r, cc, status, tmp, sizeof tmp));
+		snprintf(r->err, sizeof r->err, "job %.140s: job-done failed for %.1f s: %.250s", r->id,
+			 now - r->since, what(r, cc, status, tmp, sizeof tmp));
 		finish_post(h, r, WK_EIO);
 		return;
 	}
@@ -1034,6 +1085,12 @@ static bool schedule(struct hq *h, double now, int *wait_ms)
 	for (struct req *r = h->posts; r; r = r->next) {
 		if (r->active || r->finished || stream_busy(h, r->id))
 			continue;
+		if (r->delay > 0 && given_up(h)) { /* waiting to try again: no more */
+			snprintf(r->err, sizeof r->err, "job %.140s: job-done given up after %.1f s "
+				 "(the worker gave up on the queue)", r->id, now - r->since);
+			finish_post(h, r, WK_EIO);
+			break; /* the list may have changed */
+		}
 		if (now >= r->next_try) {
 			if (!start(h, r, POST_TIMEOUT_S, SMALL_RESP)) {
 				snprintf(r->err, sizeof r->err, "job %.140s: could not start the job-done post", r->id);
@@ -1078,13 +1135,7 @@ static void *net_main(void *arg)
 			switch (r->kind) {
 			case R_TAKE: take_done(h, r, cc, status); break;
 			case R_STOP: stop_done(h, r, cc, status); break;
-			case R_PING:
-				if (cc != CURLE_OK || status / 100 != 2) { /* try again soon, not a whole interval later */
-					double soon = wk_now() + (h->ping_every < 1 ? h->ping_every : 1);
-					if (soon < h->ping_next)
-						h->ping_next = soon;
-				}
-				break;
+			case R_PING: ping_done(h, r, cc, status); break;
 			case R_DONE: post_done(h, r, cc, status); break;
 			case R_STREAM: stream_done(h, r, cc, status); break;
 			}
@@ -1321,17 +1372,11 @@ static int http_take(struct queue *q, struct queue_job *jobs, int max, double wa
 		if (pthread_cond_timedwait(&h->cv, &h->mu, &until) != 0 && h->nbuf == 0)
 			break;
 	}
-	if (*n == 0) {
-		double now = wk_now();
-		if (h->note[0]) {
-			rc = wk_errf(err, errsz, WK_EFORMAT, "%s", h->note);
-			h->note[0] = 0;
-		} else if (h->take_fail_since && now - h->take_fail_since > q->o.reconnect_s &&
-			   now - h->take_told > 5) {
-			h->take_told = now;
-			rc = wk_errf(err, errsz, WK_EIO, "%s (failing for %.0f s)", h->take_err,
-				     now - h->take_fail_since);
-		}
+	if (*n == 0 && h->note[0]) {
+		rc = wk_errf(err, errsz, WK_EFORMAT, "%s", h->note);
+		h->note[0] = 0;
+	} else if (*n == 0) {
+		rc = unreachable(h, err, errsz);
 	}
 	pthread_mutex_unlock(&h->mu);
 	return rc;
@@ -1350,6 +1395,7 @@ static int post_and_wait(struct hq *h, struct req **posts, struct queue_job **jo
 	double now = wk_now(), budget = h->reconnect_s < cap_s ? h->reconnect_s : cap_s;
 	for (int i = 0; i < n; i++)
 		if (posts[i]) {
+			posts[i]->since = now;
 			posts[i]->deadline = now + budget;
 			posts[i]->next = h->posts;
 			h->posts = posts[i];
@@ -1496,13 +1542,15 @@ static int http_check_cancel(struct queue *q, struct queue_job *jobs, int n, cha
 			     size_t errsz)
 {
 	struct hq *h = q->impl;
-	(void)err, (void)errsz;
+	int rc = WK_OK;
 	pthread_mutex_lock(&h->mu);
 	for (int i = 0; i < n; i++)
 		if (ids_find(&h->stopped, jobs[i].id) >= 0)
 			jobs[i].cancelled = true;
+	/* (the pings fail too while every slot is busy and no take asks) */
+	rc = unreachable(h, err, errsz);
 	pthread_mutex_unlock(&h->mu);
-	return WK_OK;
+	return rc;
 }
 
 /* ---- the producer's side: not part of the worker protocol ---- */

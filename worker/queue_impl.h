@@ -47,6 +47,7 @@ struct queue {
 	struct queue_opts o;   /* defaults filled in */
 	char consumer[128];    /* o.consumer points here */
 	struct queue_stats st;
+	atomic_int given_up;   /* queue_give_up: queue_stopping from then on */
 	void *impl;
 };
 

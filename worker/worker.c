@@ -1304,7 +1304,8 @@ static void take_jobs(struct worker *w, double wait_s)
 	queue_note(w, rc, "take", err);
 	if (rc != WK_OK) {
 		free(jobs);
-		usleep(200000);
+		if (sched_pending(w->s) == 0) /* (running jobs' steps pace the loop) */
+			usleep(200000);
 		return;
 	}
 	double now = wk_now();
@@ -1816,6 +1817,8 @@ static const char *serve(struct worker *w)
 					      "exiting; the jobs held go back to the queue when their "
 					      "leases expire", now - w->q_fail_since, w->q_fail_err);
 			why = "queue_lost";
+			queue_give_up(w->q); /* (the committer's store in flight too) */
+			queue_give_up(w->qc);
 			break;
 		}
 		int held = held_count(w);

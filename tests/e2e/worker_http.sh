@@ -346,7 +346,43 @@ d = {m.group(1): (int(m.group(2)), float(m.group(3))) for m in re.finditer(
     log, re.M)}
 assert set(d) == {"d-1", "d-2"}, log
 steps, secs = d["d-2"]
-assert steps >= 40 and secs < steps * 0.020 + 0.5, f"d-2: {steps} steps in {secs} s"
+# (speculation may take fewer steps than tokens: the null engine's tokens repeat)
+assert steps >= 10 and secs < steps * 0.020 + 0.5, f"d-2: {steps} steps in {secs} s"
 print(f"a 1 s job-done post beside the steps: d-2's {steps} steps of 20 ms took {secs:.2f} s")
 PY
+
+# 9. The platform's API gone mid-run (the server killed while 2 jobs run, every slot busy):
+#    the pings' and then the takes' failures are reported on every call once they have
+#    lasted 2 s, so --queue-outage 3 gives up with exit 4 (the platform requeues the jobs when
+#    the pings stop), not after minutes of takes that said "recovered" between two reports;
+#    and the result of the job that ends meanwhile (g-1), which the committer is posting, is
+#    given up with the queue rather than retried for its whole minute.
+port3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 tests/tools/runpod_server.py --port "$port3" --long-poll 2 >"$TMPD/server3.log" 2>&1 &
+spid3=$!
+trap 'kill $spid $spid2 $spid3 2>/dev/null; rm -rf "$TMPD"' EXIT
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port3/admin/state" >/dev/null && break; sleep 0.05; done
+B3=http://127.0.0.1:$port3/v2/ep
+curl -sf -X POST "http://127.0.0.1:$port3/admin/enqueue" -d '[{"id": "g-1", "input": {"prompt":
+  "Once", "max_tokens": 40}}, {"id": "g-2", "input": {"prompt": "Once", "max_tokens": 400}}]' \
+  >/dev/null || fail "enqueue on the third server"
+WICK_NULL_STEP_MS=50 "$WICK" worker --model "$m" --queue "$B3/job-take/\$RUNPOD_POD_ID" \
+  --done-url "$B3/job-done/\$RUNPOD_POD_ID/\$ID" --ping-url "$B3/ping/\$RUNPOD_POD_ID" \
+  --worker-id gone --backend null --concurrency 2 --queue-outage 3 --idle-timeout 60 \
+  2>"$TMPD/gone.log" &
+gpid=$!
+for _ in $(seq 100); do grep -q 'BUSY' "$TMPD/gone.log" && break; sleep 0.05; done
+kill -9 $spid3
+t0=$(date +%s.%N)
+rc=0
+wait $gpid || rc=$?
+secs=$(python3 -c "import sys; print(round($(date +%s.%N) - $t0, 1))")
+[ $rc = 4 ] && grep -q 'unhealthy: every call on the queue has failed for' "$TMPD/gone.log" ||
+  fail "the API gone: exit $rc after $secs s: $(tail -3 "$TMPD/gone.log")"
+python3 -c "import sys; sys.exit(0 if $secs < 15 else 1)" ||
+  fail "the API gone: exit 4 only after $secs s: $(cut -c1-250 "$TMPD/gone.log" | tail -12)"
+! grep -q 'queue_recovered' "$TMPD/gone.log" || fail "a dead API said recovered: $(grep recovered "$TMPD/gone.log" | head -2)"
+grep -q 'job g-1: the result was not stored (job g-1: job-done' "$TMPD/gone.log" ||
+  fail "g-1's post was not given up with the queue: $(cut -c1-250 "$TMPD/gone.log" | tail -6)"
+echo "the API gone mid-run: exit 4 after $secs s (--queue-outage 3), g-1's post given up"
 echo ok
