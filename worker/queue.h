@@ -169,7 +169,8 @@ int queue_extend(struct queue *q, struct queue_job *jobs, int n, double lease_s,
 /* Hands jobs back undone (drain): they are delivered again at once, to any worker. */
 int queue_release(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
 
-/* Sets jobs[i].cancelled for each job cancelled through the queue's channel. */
+/* Sets jobs[i].cancelled for each job cancelled through the queue's channel. The marks set
+ * stand even when it fails (HTTP: the stop signals came, while the pings fail). */
 int queue_check_cancel(struct queue *q, struct queue_job *jobs, int n, char *err, size_t errsz);
 
 /* Streaming: whether the queue has a channel for a job's text as it is made (Redis: the key

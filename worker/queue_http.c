@@ -1547,7 +1547,7 @@ static int http_check_cancel(struct queue *q, struct queue_job *jobs, int n, cha
 	for (int i = 0; i < n; i++)
 		if (ids_find(&h->stopped, jobs[i].id) >= 0)
 			jobs[i].cancelled = true;
-	/* (the pings fail too while every slot is busy and no take asks) */
+	/* (the pings fail too while every slot is busy and no take asks; the marks above stand) */
 	rc = unreachable(h, err, errsz);
 	pthread_mutex_unlock(&h->mu);
 	return rc;

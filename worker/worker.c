@@ -1440,17 +1440,16 @@ static void housekeeping(struct worker *w, double *t_lease, double *t_cancel)
 	if (now - *t_cancel > 0.5) {
 		*t_cancel = now;
 		int rc = queue_check_cancel(w->q, tmp, n, err, sizeof err);
-		if (rc != WK_OK)
+		if (rc != WK_OK) /* (the marks it set still stand: HTTP's pings may fail alone) */
 			queue_note(w, rc, "cancel check", err);
-		else
-			for (int i = 0; i < n; i++)
-				if (tmp[i].cancelled && !jobs[i]->cancelled) {
-					jobs[i]->cancelled = true;
-					struct held *h = (struct held *)((char *)jobs[i] -
-									 offsetof(struct held, qj));
-					if (h->req)
-						sched_cancel(w->s, h->req);
-				}
+		for (int i = 0; i < n; i++)
+			if (tmp[i].cancelled && !jobs[i]->cancelled) {
+				jobs[i]->cancelled = true;
+				struct held *h =
+					(struct held *)((char *)jobs[i] - offsetof(struct held, qj));
+				if (h->req)
+					sched_cancel(w->s, h->req);
+			}
 	}
 	for (int i = 0; i < n; i++) /* the driver may have renamed a claim: keep its receipt */
 		memcpy(jobs[i]->handle, tmp[i].handle, sizeof tmp[i].handle);
