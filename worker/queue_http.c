@@ -647,6 +647,17 @@ static void release_detached(struct hq *h, const char *id, const char *why)
 
 /* ---- the take long-poll ---- */
 
+/* "WHAT URL: why" into out, the URL tmpl's without its query (a query may carry tokens). */
+static void fail_msg(const struct hq *h, char *out, size_t n, const char *what, const char *tmpl,
+		     const char *why)
+{
+	char *u = queue_http_url(tmpl, h->worker, NULL, NULL);
+	if (u)
+		u[strcspn(u, "?")] = 0;
+	snprintf(out, n, "%s %.300s: %s", what, u ? u : "", why);
+	free(u);
+}
+
 static void take_failed(struct hq *h, const char *why, double delay)
 {
 	double now = wk_now();
@@ -656,12 +667,7 @@ static void take_failed(struct hq *h, const char *why, double delay)
 	if (h->take_delay > TAKE_BACKOFF_MAX_S)
 		h->take_delay = TAKE_BACKOFF_MAX_S;
 	h->take_next = now + (delay > 0 ? delay : h->take_delay);
-	/* the URL without its query: a query may carry tokens */
-	char *u = queue_http_url(h->take_tmpl, h->worker, NULL, NULL);
-	if (u)
-		u[strcspn(u, "?")] = 0;
-	snprintf(h->take_err, sizeof h->take_err, "job-take %.300s: %s", u ? u : "", why);
-	free(u);
+	fail_msg(h, h->take_err, sizeof h->take_err, "job-take", h->take_tmpl, why);
 }
 
 static void take_ok(struct hq *h)
@@ -838,12 +844,9 @@ static void ping_done(struct hq *h, struct req *r, CURLcode cc, long status)
 		h->ping_next = soon;
 	if (!h->ping_fail_since)
 		h->ping_fail_since = now;
-	char tmp[300], *u = queue_http_url(h->ping_tmpl, h->worker, NULL, NULL);
-	if (u) /* the URL without its query: a query may carry tokens */
-		u[strcspn(u, "?")] = 0;
-	snprintf(h->ping_err, sizeof h->ping_err, "ping %.300s: %s", u ? u : "",
+	char tmp[300];
+	fail_msg(h, h->ping_err, sizeof h->ping_err, "ping", h->ping_tmpl,
 		 what(r, cc, status, tmp, sizeof tmp));
-	free(u);
 }
 
 /* The platform unreachable: the takes or the pings failing for TAKE_QUIET_S (reconnect_s if

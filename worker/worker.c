@@ -117,9 +117,9 @@ struct worker {
 	int n_out;
 	/* The committer (spool, SQS and HTTP queues): a thread that writes the ledger lines and
 	 * stores the results of one batch while this thread runs the next steps; the slots of a
-	 * batch stay held until it is reaped. Its handle (cq) is its own (qc: spool, SQS), or
-	 * the main one where the driver's calls may come from two threads (HTTP). */
-	struct queue *qc, *cq;
+	 * batch stay held until it is reaped. Its handle is its own (qc: spool, SQS), or the
+	 * main one where the driver's calls may come from two threads (HTTP: qc NULL). */
+	struct queue *qc;
 	pthread_t committer;
 	pthread_mutex_t cmu;
 	pthread_cond_t ccv;
@@ -491,8 +491,8 @@ static void *commit_main(void *arg)
 			for (int i = 0; i < c->n; i++)
 				c->r[i].rc = c->rc;
 		else
-			c->rc = queue_complete_within(w->cq, c->r, c->n, c->budget, c->err,
-						      sizeof c->err);
+			c->rc = queue_complete_within(w->qc ? w->qc : w->q, c->r, c->n, c->budget,
+						      c->err, sizeof c->err);
 		pthread_mutex_lock(&w->cmu);
 		c->next = w->c_done;
 		w->c_done = c;
@@ -646,9 +646,8 @@ static void flush_results(struct worker *w)
 	} else {
 		int nq = queue_results_first(w); /* HTTP requests are answered below */
 		if (nq) { /* (with a committer: only when it could not be handed one) */
-			queue_set_reconnect(w->q, store_budget(w));
-			rc = queue_complete(w->q, w->out, nq, err, sizeof err);
-			queue_set_reconnect(w->q, w->poll_s);
+			rc = queue_complete_within(w->q, w->out, nq, store_budget(w), err,
+						   sizeof err);
 			queue_note(w, rc, "storing results", err);
 		}
 	}
@@ -1675,7 +1674,6 @@ static int start(struct worker *w, const char **why)
 			wlog(w, "startup_failed", "%s", err);
 			return 1;
 		}
-		w->cq = w->qc ? w->qc : w->q;
 		pthread_mutex_init(&w->cmu, NULL);
 		pthread_cond_init(&w->ccv, NULL);
 		w->have_committer = pthread_create(&w->committer, NULL, commit_main, w) == 0;
